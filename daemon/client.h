@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* A Client is one D-Bus peer of the daemon: a unique name on a bus (tracked with
+ * sd_bus_track), or one connection on the direct socket (which ends with the
+ * connection). Everything a client allocates is a ClientObject linked to it; when the
+ * client goes away, each object's release function runs — the same function that the
+ * explicit Release method calls — so a dying worker leaves nothing behind. */
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <systemd/sd-bus.h>
+
+#include "list.h"
+
+typedef struct Manager Manager;
+typedef struct Client Client;
+typedef struct ClientObject ClientObject;
+typedef struct Worker Worker;
+
+/* Kinds of per-client objects, each with its own limit (config [Limits]). */
+typedef enum ClientObjectType {
+        CLIENT_OBJECT_WORKER,
+        CLIENT_OBJECT_SEQUENCE,
+        CLIENT_OBJECT_FEATURE_REF,
+        CLIENT_OBJECT_HANDOFF,
+        CLIENT_OBJECT_RING,
+        CLIENT_OBJECT_WORKFLOW,
+        CLIENT_OBJECT_PIN,
+        CLIENT_OBJECT_OTHER,
+        _CLIENT_OBJECT_TYPE_MAX,
+} ClientObjectType;
+
+struct ClientObject {
+        Client *owner;
+        ClientObjectType type;
+        /* Frees the object (and with it, the ClientObject). Called by the explicit
+         * release path and by client_free(); must unlink itself with
+         * client_object_unlink(). */
+        void (*release)(ClientObject *o);
+        LIST_FIELDS(ClientObject, objects);
+};
+
+struct Client {
+        Manager *manager;
+        uint64_t serial;      /* unique for the daemon's lifetime */
+        sd_bus *bus;          /* the connection the client speaks on */
+        char *unique_name;    /* on a bus; NULL on a direct connection */
+        char *key;            /* hashmap key: "<serial of connection>/<unique name or ->" */
+        sd_bus_track *track;  /* on a bus */
+        pid_t pid;            /* from the connection's credentials, 0 if unknown */
+        uid_t uid;
+        bool dying;
+        unsigned n_objects[_CLIENT_OBJECT_TYPE_MAX];
+        LIST_HEAD(ClientObject, objects);
+};
+
+/* Finds or creates the client that sent the message. */
+int manager_client_from_message(Manager *m, sd_bus_message *msg, Client **ret);
+/* Finds the client, without creating it; NULL if it has no state here. */
+Client *manager_client_lookup_message(Manager *m, sd_bus_message *msg);
+
+/* Links a new object to its owner, enforcing the per-type limit (-EDQUOT past it). */
+int client_object_link(Client *c, ClientObject *o, ClientObjectType type,
+                       void (*release)(ClientObject *o));
+void client_object_unlink(ClientObject *o);
+
+/* Releases all objects, then frees the client. */
+Client *client_free(Client *c);
+/* Called when a direct connection closes or a tracked name vanishes. */
+void client_gone(Client *c);
+
+/* The registered worker of this client, or NULL (one worker per client by default). */
+Worker *client_get_worker(Client *c);
+
+/* For method handlers: the calling client's worker, or a named NotRegistered error. */
+int manager_require_worker(Manager *m, sd_bus_message *msg, Worker **ret, sd_bus_error *error);

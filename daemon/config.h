@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* epd.conf: INI with [Daemon], [Limits], [Arena:NAME]... sections. Parsing is pure:
+ * every bad section, key or value is reported with file:line and what was expected,
+ * and a file with any error is rejected as a whole (nothing half-applied). Subsystems
+ * add their sections through the table in config.c. */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "arena.h"
+#include "time-util.h"
+
+typedef struct PeerConfig {
+        char *name;
+        char *address;  /* host:port */
+        char *host_id;
+} PeerConfig;
+
+typedef struct Config {
+        /* [Daemon] */
+        char *host_id;           /* default: /etc/machine-id or hostname */
+        char *socket_path;       /* direct socket, default /run/epd/bus */
+        char *bus_address;       /* NULL: the system bus if there is one */
+        bool system_bus;         /* try the system bus (default yes) */
+        int log_level;
+        char *state_dir;
+
+        /* [Limits] */
+        unsigned max_clients;
+        unsigned max_workers;
+        unsigned max_objects_per_client;
+        uint64_t max_request_bytes; /* largest size a client may ask for in one call */
+
+        /* [Arena:NAME] */
+        ArenaConfig *arenas;
+        size_t n_arenas;
+
+        /* [Peer:NAME] and [Cluster] (multi-host; see docs/config.md) */
+        PeerConfig *peers;
+        size_t n_peers;
+        char *listen_address;
+        char *cluster_key_file;
+        usec_t heartbeat_usec;
+        usec_t handoff_timeout_usec;
+
+        /* [Features] */
+        uint64_t feature_cache_bytes;
+        char *feature_store_dir;
+
+        /* Subsystem-private sections live beside the core: see config.c. */
+} Config;
+
+/* Fills in the embedded defaults (what runs with no config file at all). */
+int config_defaults(Config *c);
+/* Parses a whole file (or a string, for tests) over the defaults. On error, *errors
+ * receives a newline-separated list of "file:line: message" and nothing is applied. */
+int config_parse_file(Config *c, const char *path, char **errors);
+int config_parse_string(Config *c, const char *text, const char *name, char **errors);
+void config_done(Config *c);

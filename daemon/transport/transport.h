@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* The transport vtable: how bytes move between memory regions. A transport registers
+ * memory regions once, accepts batches of writes, and reports completions (per write,
+ * with an error code) through an fd that the daemon watches with sd-event. The
+ * implementations (local, tcp, cuda, rdma) live beside this header; the handoff code
+ * only sees this interface. */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct Transport Transport;
+typedef struct TransportRegion TransportRegion;
+
+typedef enum TransportKind {
+        TRANSPORT_LOCAL, /* same host: page handover or memcpy on worker threads */
+        TRANSPORT_TCP,
+        TRANSPORT_CUDA,
+        TRANSPORT_RDMA,
+        _TRANSPORT_KIND_MAX,
+} TransportKind;
+
+const char *transport_kind_to_string(TransportKind k);
+
+typedef enum MemoryDomain {
+        MEMORY_HOST,
+        MEMORY_GPU,
+} MemoryDomain;
+
+/* A registered memory region (normally a whole arena). */
+struct TransportRegion {
+        uint32_t id;          /* arena index on its host */
+        MemoryDomain domain;
+        int gpu_ordinal;      /* for MEMORY_GPU */
+        void *host_base;      /* for MEMORY_HOST: the daemon's mapping */
+        uint64_t device_base; /* for MEMORY_GPU: CUdeviceptr */
+        uint64_t size;
+        void *transport_data; /* owned by the transport (e.g. an ibv_mr) */
+};
+
+/* One write: bytes [src_offset, src_offset+length) of the source region to
+ * [dst_offset, ...) of the destination region. `cookie` comes back on completion. */
+typedef struct TransportWrite {
+        uint32_t src_region;
+        uint64_t src_offset;
+        uint32_t dst_region;
+        uint64_t dst_offset;
+        uint64_t length;
+        uint64_t cookie;
+} TransportWrite;
+
+typedef struct TransportCompletion {
+        uint64_t cookie;
+        int error; /* 0 or negative errno */
+        uint64_t bytes;
+} TransportCompletion;
+
+typedef struct TransportStats {
+        uint64_t bytes;
+        uint64_t writes;
+        uint64_t batches;
+        uint64_t failures;
+} TransportStats;
+
+typedef struct TransportOps {
+        TransportKind kind;
+        const char *name;
+        int (*register_region)(Transport *t, TransportRegion *r);
+        void (*unregister_region)(Transport *t, TransportRegion *r);
+        /* Queue a batch. Returns 0 if all were queued (each completes later), or a
+         * negative errno if none were. `peer` is transport-specific (NULL locally). */
+        int (*post)(Transport *t, void *peer, const TransportWrite *w, size_t n);
+        /* The fd that becomes readable when completions are ready (-1: none). */
+        int (*completion_fd)(Transport *t);
+        /* Fetch up to n completions without blocking; returns how many. */
+        size_t (*poll)(Transport *t, TransportCompletion *c, size_t n);
+        /* Cancels everything in flight for a peer: each write completes with
+         * -ECANCELED, after the transport guarantees no byte of it lands later. */
+        void (*cancel_peer)(Transport *t, void *peer);
+        void (*free)(Transport *t);
+} TransportOps;
+
+struct Transport {
+        const TransportOps *ops;
+        TransportStats stats;
+};

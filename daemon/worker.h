@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* A registered worker: an Encoder, Prefill or Decode process (or a tool). Registration
+ * bookkeeping is pure (worker.c); the bus object is in bus-worker.c. */
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "client.h"
+#include "id.h"
+
+typedef struct KvLayout KvLayout;
+
+typedef enum WorkerRole {
+        WORKER_ENCODER,
+        WORKER_PREFILL,
+        WORKER_DECODE,
+        WORKER_COLOCATED, /* prefill and decode in one process */
+        WORKER_SCHEDULER, /* proxies, schedulers: no KV of their own */
+        _WORKER_ROLE_MAX,
+} WorkerRole;
+
+#define WORKER_MODEL_MAX 256
+#define WORKER_DEVICE_MAX 64
+
+struct Worker {
+        ClientObject object; /* owner, release */
+        Manager *manager;
+        EpdId id;
+        char id_str[EPD_ID_STRING_MAX];
+        char *path; /* /org/epd1/worker/<id> */
+        WorkerRole role;
+        char *model;
+        char *device;
+        pid_t pid;
+        uid_t uid;
+        uint64_t registered_usec; /* CLOCK_REALTIME */
+        KvLayout *layout;         /* prefill/decode with a KV layout (issue: pages) */
+        uint64_t arena_mask;      /* arenas this worker may map (bit = arena index) */
+};
+
+const char *worker_role_to_string(WorkerRole r);
+int worker_role_from_string(const char *s);
+
+/* Validates the registration arguments; fills *error_text on failure. Pure. */
+int worker_validate(const char *role, const char *model, const char *device,
+                    const char **error_text);
+
+int worker_new(Manager *m, Client *c, WorkerRole role, const char *model,
+               const char *device, Worker **ret);
+/* Unregisters and frees: the same path as UnregisterWorker and client death. */
+void worker_free(Worker *w);
+Worker *manager_get_worker(Manager *m, const char *id_str);
