@@ -16,6 +16,9 @@ static const struct {
         { "float8_e4m3fn", 1 },  { "float8_e4m3fnuz", 1 }, { "float8_e5m2", 1 },
         { "float8_e5m2fnuz", 1 }, { "int8", 1 },         { "uint8", 1 },
         { "fp8", 1 },            { "fp8_e4m3", 1 },      { "fp8_e5m2", 1 },
+        /* Short names that engines use in their configs. */
+        { "fp32", 4 },           { "fp16", 2 },          { "bf16", 2 },
+        { "half", 2 },           { "float", 4 },
 };
 
 size_t kv_dtype_size(const char *dtype) {
