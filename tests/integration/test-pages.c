@@ -301,6 +301,42 @@ START_TEST(test_other_client_needs_grant) {
 }
 END_TEST
 
+static char *run_epdctl(const char *args) {
+        const char *build = getenv("BUILD_ROOT");
+        ck_assert_ptr_nonnull(build);
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "%s/tools/epdctl -A %s %s", build, address, args);
+        FILE *f = popen(cmd, "re");
+        ck_assert_ptr_nonnull(f);
+        static char out[16384];
+        size_t n = fread(out, 1, sizeof out - 1, f);
+        out[n] = 0;
+        ck_assert_int_eq(pclose(f), 0);
+        return out;
+}
+
+START_TEST(test_epdctl) {
+        epd_client *c = worker("prefill", NULL, NULL);
+        char *seq = NULL, *clone = NULL;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 6, &seq, NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_clone(c, seq, &clone), 0);
+        const char *out = run_epdctl("sequences");
+        ck_assert_ptr_nonnull(strstr(out, strrchr(seq, '/') + 1));
+        ck_assert_ptr_nonnull(strstr(out, strrchr(clone, '/') + 1));
+        ck_assert_ptr_nonnull(strstr(out, strrchr(epd_worker_path(c), '/') + 1));
+        out = run_epdctl("pages");
+        ck_assert_ptr_nonnull(strstr(out, "host0"));
+        ck_assert_ptr_nonnull(strstr(out, "Directory:"));
+        out = run_epdctl("--json pages");
+        ck_assert_ptr_nonnull(strstr(out, "\"shared\":6"));
+        out = run_epdctl("--json sequences");
+        ck_assert_ptr_nonnull(strstr(out, "\"shared_pages\":6"));
+        free(seq);
+        free(clone);
+        epd_disconnect(c);
+}
+END_TEST
+
 START_TEST(test_introspection) {
         sd_bus *bus;
         epd_client *c = worker("prefill", NULL, NULL);
@@ -328,6 +364,7 @@ int main(void) {
         tcase_add_test(tc, test_clone_write_release);
         tcase_add_test(tc, test_killed_client_leaves_nothing);
         tcase_add_test(tc, test_other_client_needs_grant);
+        tcase_add_test(tc, test_epdctl);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
