@@ -80,7 +80,7 @@ static void bench_clone(bool quick) {
 
         PagePool *pool;
         Sequence *s, *c;
-        CHECK(page_pool_new(&pool, arena_pages, l.page_size, 0) == 0);
+        CHECK(page_pool_new(arena_pages, l.page_size, 0, &pool) == 0);
         CHECK(sequence_new(pool, &s) == 0);
         CHECK(sequence_append(s, state_pages, NULL) == 0);
         for (size_t i = 0; i < state_pages; i++)
@@ -156,7 +156,7 @@ static void bench_alloc(bool quick, PagePool **ret_pool) {
         uint32_t *stack = malloc(n * sizeof *stack);
         double t[16];
         CHECK(ids && stack);
-        CHECK(page_pool_new(&pool, n, 4096, 0) == 0);
+        CHECK(page_pool_new(n, 4096, 0, &pool) == 0);
 
         /* The limit: the bare free list that any O(1) allocator of fixed-size slots is,
          * ids threaded through a next[] array, with no refcount or statistics. */

@@ -39,7 +39,7 @@ int page_manager_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool **
         }
         if (page_size == 0 || arena_data_size(a) / page_size == 0)
                 return -ENOSPC;
-        r = page_pool_new(&pool, arena_data_size(a) / page_size, page_size, a->data_offset);
+        r = page_pool_new(arena_data_size(a) / page_size, page_size, a->data_offset, &pool);
         if (r < 0)
                 return r;
         directory_attach_pool(pm->directory, pool);
