@@ -219,6 +219,17 @@ START_TEST(test_killed_client_leaves_nothing) {
         ck_assert_uint_eq(st.shared, 0);
         ck_assert_uint_eq(st.idle, 2); /* published blocks outlive their writer, unpinned */
         ck_assert_uint_eq(st.free + st.idle, st.total);
+
+        /* ...and nothing retains them: a client can take the whole arena (evicting the
+         * two cached blocks), and after it lets go every page is free. */
+        epd_client *c = worker("prefill", NULL, NULL);
+        char *all = NULL;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", (uint32_t)st.total, &all, NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_release(c, all), 0);
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.free, st.total);
+        free(all);
+        epd_disconnect(c);
 }
 END_TEST
 

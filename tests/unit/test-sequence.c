@@ -263,7 +263,9 @@ START_TEST(test_append_limits) {
         ck_assert_int_eq(sequence_append(s, 5, NULL), -ENOSPC);
         ck_assert_int_eq(sequence_append(s, (size_t)SEQUENCE_PAGES_MAX + 1, NULL), -E2BIG);
         ck_assert_int_eq(sequence_append(s, SIZE_MAX, NULL), -E2BIG);
+        ck_assert_int_eq(sequence_append(s, (size_t)SEQUENCE_PAGES_MAX, NULL), -ENOSPC);
         ck_assert_uint_eq(sequence_size(s), 0);
+        ck_assert_uint_le(s->n_allocated, 16); /* a refused request grew nothing */
         ck_assert_uint_eq(page_pool_free_count(p), 4);
         ck_assert_int_eq(sequence_append(s, 4, NULL), 0);
         sequence_release_pages(s);
