@@ -3,7 +3,8 @@
  * writes again (copy-on-write done by the daemon in the shared arena), publishes blocks
  * and finds them again by prefix, releases; a client killed mid-way leaves zero
  * retained pages; a second client cannot touch the first's sequences without a grant.
- * The live introspection matches dbus/org.epd1.Pages.xml and org.epd1.Sequence.xml. */
+ * The live introspection matches dbus/org.epd1.Pages.xml and org.epd1.Sequence.xml.
+ * Built twice: over the direct socket, and over a private dbus-daemon (OVER_BUS). */
 #include <check.h>
 #include <errno.h>
 #include <signal.h>
@@ -24,9 +25,45 @@ static const epd_kv_layout kv = { .layers = 4, .tokens_per_block = 16, .k_bytes_
                                   .v_bytes_per_token = 256, .dtype = "bf16" };
 #define PAGE_SIZE (4 * 16 * 512)
 
+static const char *dest(void) {
+#ifdef OVER_BUS
+        return "org.epd1";
+#else
+        return NULL;
+#endif
+}
+
+/* A raw connection to epdd: the private bus (OVER_BUS) or the direct socket. */
+static int raw_bus(sd_bus **ret) {
+#ifdef OVER_BUS
+        sd_bus *bus = NULL;
+        int r = sd_bus_new(&bus);
+        if (r >= 0)
+                r = sd_bus_set_address(bus, h.bus_address);
+        if (r >= 0)
+                r = sd_bus_set_bus_client(bus, true);
+        if (r >= 0)
+                r = sd_bus_start(bus);
+        *ret = bus;
+        return r;
+#else
+        return harness_direct_bus(&h, ret);
+#endif
+}
+
 static void setup(void) {
         ck_assert_int_eq(harness_init(&h, NULL), 0);
+#ifdef OVER_BUS
+        int r = harness_start_bus(&h);
+        if (r == -ENOENT) {
+                printf("SKIP: dbus-daemon is not installed\n");
+                exit(77);
+        }
+        ck_assert_int_eq(r, 0);
+        snprintf(address, sizeof address, "bus:%s", h.bus_address);
+#else
         harness_direct_address(&h, address, sizeof address);
+#endif
         ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
 }
 
@@ -43,10 +80,10 @@ static int pool_stats(PoolStats *ret) {
         sd_bus *bus;
         sd_bus_message *reply = NULL;
         sd_bus_error e = SD_BUS_ERROR_NULL;
-        int r = harness_direct_bus(&h, &bus);
+        int r = raw_bus(&bus);
         if (r < 0)
                 return r;
-        r = sd_bus_get_property(bus, NULL, "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
+        r = sd_bus_get_property(bus, dest(), "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
                                 "a(sttttttttttt)");
         sd_bus_error_free(&e);
         if (r >= 0)
@@ -237,7 +274,7 @@ static void expect_seq_error(sd_bus *bus, const char *path, const char *name, co
                              const char *types, ...) {
         sd_bus_message *m = NULL, *reply = NULL;
         sd_bus_error e = SD_BUS_ERROR_NULL;
-        ck_assert_int_ge(sd_bus_message_new_method_call(bus, &m, NULL, path, "org.epd1.Sequence", member), 0);
+        ck_assert_int_ge(sd_bus_message_new_method_call(bus, &m, dest(), path, "org.epd1.Sequence", member), 0);
         if (types) {
                 va_list ap;
                 va_start(ap, types);
@@ -275,7 +312,7 @@ START_TEST(test_other_client_needs_grant) {
         ck_assert_int_eq(epd_sequence_publish(b, seq, 0, &hh, 1), -EPERM);
 
         /* An unregistered connection gets nothing either. */
-        ck_assert_int_ge(harness_direct_bus(&h, &raw), 0);
+        ck_assert_int_ge(raw_bus(&raw), 0);
         expect_seq_error(raw, seq, "org.epd1.Error.PermissionDenied", "Release", NULL);
         expect_seq_error(raw, seq, "org.epd1.Error.PermissionDenied", "Clone", NULL);
         expect_seq_error(raw, "/org/epd1/sequence/00000000000000000000000000000000",
@@ -352,15 +389,15 @@ START_TEST(test_introspection) {
         sd_bus *bus;
         epd_client *c = worker("prefill", NULL, NULL);
         char *seq = NULL;
-        ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
+        ck_assert_int_ge(raw_bus(&bus), 0);
         ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &seq, NULL, NULL), 0);
         const char *src = getenv("SOURCE_ROOT");
         ck_assert_ptr_nonnull(src);
         char f[512];
         snprintf(f, sizeof f, "%s/dbus/org.epd1.Pages.xml", src);
-        ck_assert_int_eq(harness_check_introspection(bus, NULL, "/org/epd1/pages", f), 0);
+        ck_assert_int_eq(harness_check_introspection(bus, dest(), "/org/epd1/pages", f), 0);
         snprintf(f, sizeof f, "%s/dbus/org.epd1.Sequence.xml", src);
-        ck_assert_int_eq(harness_check_introspection(bus, NULL, seq, f), 0);
+        ck_assert_int_eq(harness_check_introspection(bus, dest(), seq, f), 0);
         free(seq);
         epd_disconnect(c);
         sd_bus_flush_close_unref(bus);
