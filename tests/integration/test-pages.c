@@ -349,6 +349,49 @@ START_TEST(test_other_client_needs_grant) {
 }
 END_TEST
 
+START_TEST(test_layouts) {
+        epd_client *c, *d;
+        char *seq = NULL;
+
+        /* Before any layout, the KV arena has no pages. */
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &seq, NULL, NULL), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+        epd_disconnect(c);
+
+        /* An invalid layout is refused at registration, by name. */
+        epd_kv_layout bad = kv;
+        bad.layers = 0;
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &bad, NULL), -EINVAL);
+        /* The subsystem hook returns -EINVAL; RegisterWorker (core) names it with
+         * sd_bus_error_set_errno(), which gives the standard InvalidArgs name. */
+        ck_assert_ptr_nonnull(epd_last_error_name(c));
+        ck_assert(strcmp(epd_last_error_name(c), "org.epd1.Error.InvalidArgument") == 0 ||
+                  strcmp(epd_last_error_name(c), "org.freedesktop.DBus.Error.InvalidArgs") == 0);
+        bad = kv;
+        bad.dtype = "float13";
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &bad, NULL), -EINVAL);
+        epd_disconnect(c);
+
+        /* The first layout fixes the arena's page size; another size is refused. */
+        c = worker("prefill", NULL, NULL);
+        ck_assert_int_eq(epd_connect(address, &d), 0);
+        epd_kv_layout other = kv;
+        other.layers = 8;
+        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", &other, NULL), -EINVAL);
+        /* ...unless the worker maps only other arenas. */
+        const char *const feat[] = { "feat0", NULL };
+        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", &other, feat), 0);
+        PoolStats st;
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.page_size, PAGE_SIZE);
+        epd_disconnect(d);
+        epd_disconnect(c);
+}
+END_TEST
+
 static char *run_epdctl(const char *args) {
         const char *build = getenv("BUILD_ROOT");
         ck_assert_ptr_nonnull(build);
@@ -412,6 +455,7 @@ int main(void) {
         tcase_add_test(tc, test_clone_write_release);
         tcase_add_test(tc, test_killed_client_leaves_nothing);
         tcase_add_test(tc, test_other_client_needs_grant);
+        tcase_add_test(tc, test_layouts);
         tcase_add_test(tc, test_epdctl);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
