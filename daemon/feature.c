@@ -113,6 +113,10 @@ void feature_cache_set_callback(FeatureCache *c, feature_state_cb cb, void *user
         c->userdata = userdata;
 }
 
+void *feature_cache_get_userdata(const FeatureCache *c) {
+        return c->userdata;
+}
+
 int feature_cache_add_arena(FeatureCache *c, uint32_t index, void *base, uint64_t data_offset,
                             uint64_t data_size, uint64_t chunk) {
         FeatureAllocator *a;

@@ -124,6 +124,7 @@ int feature_cache_new(const FeatureCacheConfig *config, FeatureCache **ret);
  * clients, go first at shutdown). */
 FeatureCache *feature_cache_free(FeatureCache *c);
 void feature_cache_set_callback(FeatureCache *c, feature_state_cb cb, void *userdata);
+void *feature_cache_get_userdata(const FeatureCache *c);
 /* Adds a feature arena: [data_offset, data_offset + data_size) of arena `index`, cut in
  * chunks of `chunk` bytes. `base` is the daemon's mapping of the whole arena (NULL for
  * memory the daemon does not map, e.g. GPU: such features are never spilled). */
