@@ -56,6 +56,7 @@ static const char *const desc_errors[_FEATURE_DESC_ERROR_MAX] = {
         [FEATURE_DESC_BAD_MAGIC] = "bad-magic",
         [FEATURE_DESC_BAD_VERSION] = "bad-version",
         [FEATURE_DESC_TRAILING_BYTES] = "trailing-bytes",
+        [FEATURE_DESC_RESERVED_NONZERO] = "reserved-nonzero",
         [FEATURE_DESC_NO_TENSORS] = "no-tensors",
         [FEATURE_DESC_TOO_MANY_TENSORS] = "too-many-tensors",
         [FEATURE_DESC_BAD_NAME] = "bad-name",
@@ -346,6 +347,8 @@ int feature_desc_parse(const void *data, size_t size, uint64_t region_bytes,
                 if (!read_u8(&r, &dtype) || !read_u8(&r, &rank) || !read_le16(&r, &pad) ||
                     !read_le64(&r, &t->offset))
                         return fail(issue, FEATURE_DESC_TRUNCATED, (int)i, -1);
+                if (pad != 0)
+                        return fail(issue, FEATURE_DESC_RESERVED_NONZERO, (int)i, -1);
                 t->dtype = dtype;
                 if (feature_dtype_size(t->dtype) == 0)
                         return fail(issue, FEATURE_DESC_UNKNOWN_DTYPE, (int)i, -1);

@@ -65,6 +65,7 @@ typedef enum FeatureDescError {
         FEATURE_DESC_BAD_MAGIC,
         FEATURE_DESC_BAD_VERSION,
         FEATURE_DESC_TRAILING_BYTES,
+        FEATURE_DESC_RESERVED_NONZERO, /* a reserved field of the binary form is not 0 */
         FEATURE_DESC_NO_TENSORS,
         FEATURE_DESC_TOO_MANY_TENSORS,
         FEATURE_DESC_BAD_NAME,         /* empty, too long, or characters outside [A-Za-z0-9_.:-] */

@@ -356,6 +356,10 @@ START_TEST(test_bad_binary) {
         EXPECT(FEATURE_DESC_BAD_RANK);
 
         memcpy(copy, bin, size);
+        copy[20] = 1; /* reserved u16 after the rank */
+        EXPECT(FEATURE_DESC_RESERVED_NONZERO);
+
+        memcpy(copy, bin, size);
         copy[size] = 0;
         n = size + 1;
         EXPECT(FEATURE_DESC_TRAILING_BYTES);
