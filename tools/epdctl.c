@@ -174,6 +174,7 @@ const EpdctlVerb epdctl_verbs[] = {
         { "status", NULL, "Daemon version, host, clients, workers, arenas", verb_status },
         { "workers", NULL, "Registered workers", verb_workers },
         { "arenas", NULL, "Memory arenas", verb_arenas },
+        { "features", NULL, "Feature cache: hits, misses, coalesced waits, bytes, evictions", verb_features },
         /* -- more verbs -- */
         {},
 };
