@@ -650,7 +650,8 @@ static int feature_init(Manager *m) {
                 return log_oom();
         }
         if (m->config.feature_store_dir) {
-                r = feature_store_open(m->config.feature_store_dir, &fb->store);
+                r = feature_store_open(m->config.feature_store_dir, m->config.feature_store_max_bytes,
+                                       &fb->store);
                 if (r < 0) {
                         hashmap_free(fb->handles);
                         free(fb);

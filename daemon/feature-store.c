@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "feature-store.h"
+#include <stdbool.h>
 #include "id.h"
 #include "macro.h"
 #include "siphash24.h"
@@ -23,10 +24,105 @@
 static const uint8_t name_key_a[16] = "epd-feature-nm-a";
 static const uint8_t name_key_b[16] = "epd-feature-nm-b";
 
+static int openat2_beneath(int dirfd, const char *name, int flags, mode_t mode);
+
 struct FeatureStore {
         int root_fd;
         char *root;
+        uint64_t max_bytes;
+        uint64_t bytes;   /* of f-*.feat files */
+        uint64_t trimmed;
 };
+
+static bool is_entry_name(const char *n) {
+        size_t l = strlen(n);
+        return l > 7 && strncmp(n, "f-", 2) == 0 && strcmp(n + l - 5, ".feat") == 0;
+}
+
+/* Size of the entry `name`, 0 if there is none (or it is not a regular file). */
+static uint64_t entry_size(FeatureStore *s, const char *name) {
+        struct stat st;
+        if (fstatat(s->root_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+                return 0;
+        return (uint64_t)st.st_size;
+}
+
+static void unlink_entry(FeatureStore *s, const char *name) {
+        uint64_t size = entry_size(s, name);
+        if (unlinkat(s->root_fd, name, 0) >= 0)
+                s->bytes -= MIN(size, s->bytes);
+}
+
+typedef struct TrimEntry {
+        struct timespec mtime;
+        uint64_t size;
+        char name[FEATURE_STORE_NAME_MAX];
+} TrimEntry;
+
+static int trim_cmp(const void *a, const void *b) {
+        const TrimEntry *x = a, *y = b;
+        if (x->mtime.tv_sec != y->mtime.tv_sec)
+                return x->mtime.tv_sec < y->mtime.tv_sec ? -1 : 1;
+        if (x->mtime.tv_nsec != y->mtime.tv_nsec)
+                return x->mtime.tv_nsec < y->mtime.tv_nsec ? -1 : 1;
+        return strcmp(x->name, y->name);
+}
+
+/* Scans the root: recounts the bytes, removes temporary files if asked, and removes
+ * the least recently used entries until the total is at most target. */
+static int scan(FeatureStore *s, bool remove_tmp, uint64_t target) {
+        _cleanup_(freep) TrimEntry *v = NULL;
+        size_t n = 0, cap = 0;
+        uint64_t total = 0;
+        struct dirent *de;
+        DIR *d;
+        int fd;
+
+        fd = openat2_beneath(s->root_fd, ".", O_RDONLY | O_DIRECTORY, 0);
+        if (fd < 0)
+                return fd;
+        d = fdopendir(fd);
+        if (!d) {
+                safe_close(fd);
+                return negative_errno();
+        }
+        while ((de = readdir(d))) {
+                struct stat st;
+                if (remove_tmp && strncmp(de->d_name, ".tmp-", 5) == 0) {
+                        (void)unlinkat(dirfd(d), de->d_name, 0);
+                        continue;
+                }
+                if (!is_entry_name(de->d_name) || strlen(de->d_name) >= FEATURE_STORE_NAME_MAX)
+                        continue;
+                if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+                        continue;
+                if (n == cap) {
+                        TrimEntry *nv = reallocarray(v, cap ? cap * 2 : 64, sizeof *nv);
+                        if (!nv) {
+                                closedir(d);
+                                return -ENOMEM;
+                        }
+                        v = nv;
+                        cap = cap ? cap * 2 : 64;
+                }
+                v[n].mtime = st.st_mtim;
+                v[n].size = (uint64_t)st.st_size;
+                strcpy(v[n].name, de->d_name);
+                total += v[n].size;
+                n++;
+        }
+        closedir(d);
+        if (total > target) {
+                qsort(v, n, sizeof *v, trim_cmp);
+                for (size_t i = 0; i < n && total > target; i++)
+                        if (unlinkat(s->root_fd, v[i].name, 0) >= 0) {
+                                total -= v[i].size;
+                                s->trimmed++;
+                        }
+        }
+        s->bytes = total;
+        return 0;
+}
 
 static int openat2_beneath(int dirfd, const char *name, int flags, mode_t mode) {
         struct open_how how = {
@@ -38,7 +134,7 @@ static int openat2_beneath(int dirfd, const char *name, int flags, mode_t mode) 
         return fd < 0 ? negative_errno() : (int)fd;
 }
 
-int feature_store_open(const char *root, FeatureStore **ret) {
+int feature_store_open(const char *root, uint64_t max_bytes, FeatureStore **ret) {
         _cleanup_(closep) int fd = -EBADF;
         FeatureStore *s;
         int probe;
@@ -62,8 +158,22 @@ int feature_store_open(const char *root, FeatureStore **ret) {
                 return -ENOMEM;
         }
         s->root_fd = TAKE_FD(fd);
+        s->max_bytes = max_bytes;
+        probe = scan(s, true, max_bytes ? max_bytes : UINT64_MAX);
+        if (probe < 0) {
+                feature_store_free(s);
+                return probe;
+        }
         *ret = s;
         return 0;
+}
+
+uint64_t feature_store_bytes(const FeatureStore *s) {
+        return s->bytes;
+}
+
+uint64_t feature_store_trimmed(const FeatureStore *s) {
+        return s->trimmed;
 }
 
 FeatureStore *feature_store_free(FeatureStore *s) {
@@ -182,11 +292,17 @@ int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const voi
                 r = write_all(fd, desc, desc_len);
         if (r >= 0)
                 r = write_all(fd, data, rec->size);
+        uint64_t old = r >= 0 ? entry_size(s, name) : 0;
         if (r >= 0 && renameat(s->root_fd, tmp, s->root_fd, name) < 0)
                 r = negative_errno();
-        if (r < 0)
+        if (r < 0) {
                 (void)unlinkat(s->root_fd, tmp, 0);
-        return r;
+                return r;
+        }
+        s->bytes = s->bytes - MIN(old, s->bytes) + HEADER_SIZE + key_len + desc_len + rec->size;
+        if (s->max_bytes && s->bytes > s->max_bytes)
+                (void)scan(s, false, s->max_bytes / 10 * 9);
+        return 0;
 }
 
 void feature_store_entry_done(FeatureStoreEntry *e) {
@@ -245,6 +361,7 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
                 goto bad;
         }
 
+        (void)futimens(fd, NULL); /* recently used: trimmed last */
         *ret = (FeatureStoreEntry){
                 .fd = TAKE_FD(fd),
                 .size = size,
@@ -255,7 +372,7 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
         return 0;
 
 bad:
-        (void)unlinkat(s->root_fd, name, 0);
+        unlink_entry(s, name);
         return r == -ENOMEM ? r : -EBADMSG;
 }
 
@@ -267,10 +384,15 @@ int feature_store_entry_read(FeatureStoreEntry *e, void *dst) {
 
 int feature_store_remove(FeatureStore *s, const char *key) {
         char name[FEATURE_STORE_NAME_MAX];
+        uint64_t size;
         int r = feature_store_name(key, name);
         if (r < 0)
                 return r;
-        return unlinkat(s->root_fd, name, 0) < 0 ? negative_errno() : 0;
+        size = entry_size(s, name);
+        if (unlinkat(s->root_fd, name, 0) < 0)
+                return negative_errno();
+        s->bytes -= MIN(size, s->bytes);
+        return 0;
 }
 
 int feature_store_usage(FeatureStore *s, uint64_t *ret_files, uint64_t *ret_bytes) {
@@ -289,8 +411,7 @@ int feature_store_usage(FeatureStore *s, uint64_t *ret_files, uint64_t *ret_byte
         }
         while ((de = readdir(d))) {
                 struct stat st;
-                size_t n = strlen(de->d_name);
-                if (n < 7 || strncmp(de->d_name, "f-", 2) != 0 || strcmp(de->d_name + n - 5, ".feat") != 0)
+                if (!is_entry_name(de->d_name))
                         continue;
                 if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
                         continue;

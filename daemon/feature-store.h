@@ -34,9 +34,12 @@ typedef struct FeatureStoreRecord {
         usec_t encode_usec;
 } FeatureStoreRecord;
 
-/* Opens the root (which must exist and be a directory). -EOPNOTSUPP if the kernel lacks
+/* Opens the root (which must exist and be a directory), removes temporary files a crash
+ * left behind, and counts what is there. The store keeps its files within max_bytes
+ * (0: no limit): when a save goes over, the least recently used files (by mtime; a
+ * load touches it) are removed until it is 10% under. -EOPNOTSUPP if the kernel lacks
  * openat2 (Linux < 5.6). */
-int feature_store_open(const char *root, FeatureStore **ret);
+int feature_store_open(const char *root, uint64_t max_bytes, FeatureStore **ret);
 FeatureStore *feature_store_free(FeatureStore *s);
 
 /* The file name of a key (never a path). */
@@ -69,6 +72,10 @@ int feature_store_remove(FeatureStore *s, const char *key);
 
 /* Number of entries and bytes in the root (a directory scan; for stats and tests). */
 int feature_store_usage(FeatureStore *s, uint64_t *ret_files, uint64_t *ret_bytes);
+/* Bytes of entries as the store counts them (kept up to date without a scan). */
+uint64_t feature_store_bytes(const FeatureStore *s);
+/* Files removed to stay within max_bytes, since open. */
+uint64_t feature_store_trimmed(const FeatureStore *s);
 
 static inline void feature_store_freep(FeatureStore **s) {
         feature_store_free(*s);

@@ -39,7 +39,7 @@ static void teardown(void) {
 
 static FeatureStore *store_open(void) {
         FeatureStore *s;
-        int r = feature_store_open(root, &s);
+        int r = feature_store_open(root, 0, &s);
         if (r == -EOPNOTSUPP) {
                 fprintf(stderr, "openat2 is not available (Linux < 5.6); skipping\n");
                 exit(77);
@@ -216,8 +216,60 @@ START_TEST(test_bad_files) {
         ck_assert_int_eq(feature_store_lookup(s, "keyE", &e), -EBADMSG);
 
         FeatureStore *x;
-        ck_assert_int_eq(feature_store_open("relative/dir", &x), -EINVAL);
-        ck_assert_int_eq(feature_store_open("/nonexistent-epd-dir", &x), -ENOENT);
+        ck_assert_int_eq(feature_store_open("relative/dir", 0, &x), -EINVAL);
+        ck_assert_int_eq(feature_store_open("/nonexistent-epd-dir", 0, &x), -ENOENT);
+}
+END_TEST
+
+/* The store stays within its size: the least recently used files go first, a load
+ * counts as a use, and temporary files left by a crash are removed at open. */
+START_TEST(test_bounded) {
+        _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(1000);
+        FeatureStore *s;
+        FeatureStoreEntry e = { .fd = -EBADF };
+        char key[32], p[256], buf[1000] = {};
+        uint64_t files, bytes, one;
+        int fd;
+
+        snprintf(p, sizeof p, "%s/.tmp-0123456789abcdef", root);
+        fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        /* one entry is 64 + key + descriptor + 1000 bytes; allow about ten */
+        ck_assert_int_eq(feature_store_open(root, 0, &s), 0);
+        ck_assert_int_eq(access(p, F_OK), -1);
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "k00", .size = 1000, .desc = d }, buf), 0);
+        one = feature_store_bytes(s);
+        feature_store_free(s);
+        ck_assert_int_eq(feature_store_open(root, 10 * one + one / 2, &s), 0);
+        ck_assert_uint_eq(feature_store_bytes(s), one); /* counted at open */
+        for (int i = 1; i < 40; i++) {
+                snprintf(key, sizeof key, "k%02d", i);
+                ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = key, .size = 1000, .desc = d }, buf), 0);
+                ck_assert_uint_le(feature_store_bytes(s), 10 * one + one / 2);
+                if (i == 5) {
+                        /* use k01: it must outlive its neighbours */
+                        usleep(20000);
+                        ck_assert_int_eq(feature_store_lookup(s, "k01", &e), 0);
+                        feature_store_entry_done(&e);
+                }
+                if (i == 12) {
+                        ck_assert_int_eq(feature_store_lookup(s, "k02", &e), -ENOENT);
+                        ck_assert_int_eq(feature_store_lookup(s, "k01", &e), 0);
+                        feature_store_entry_done(&e);
+                }
+                usleep(2000); /* distinct mtimes */
+        }
+        ck_assert_int_eq(feature_store_usage(s, &files, &bytes), 0);
+        ck_assert_uint_eq(bytes, feature_store_bytes(s));
+        ck_assert_uint_le(files, 10);
+        ck_assert_uint_gt(feature_store_trimmed(s), 0);
+        ck_assert_int_eq(feature_store_lookup(s, "k39", &e), 0); /* newest stays */
+        feature_store_entry_done(&e);
+        ck_assert_int_eq(feature_store_lookup(s, "k02", &e), -ENOENT); /* oldest went */
+        ck_assert_int_eq(feature_store_remove(s, "k39"), 0);
+        ck_assert_uint_eq(feature_store_bytes(s), bytes - one);
+        feature_store_free(s);
 }
 END_TEST
 
@@ -272,6 +324,7 @@ int main(void) {
         tcase_add_test(tc, test_openat_beneath);
         tcase_add_test(tc, test_planted_symlink);
         tcase_add_test(tc, test_bad_files);
+        tcase_add_test(tc, test_bounded);
         tcase_add_test(tc, test_cache_spill_load);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
