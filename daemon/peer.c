@@ -141,6 +141,8 @@ const char *peer_state_to_string(PeerState s) {
 static void peer_down(Peer *p, int error, const char *why);
 static int conn_io(sd_event_source *s, int fd, uint32_t revents, void *userdata);
 static int peer_dial(Peer *p, PeerRole role, unsigned stream_index);
+static int conn_read(Conn *c);
+static void conn_fail(Conn *c, int error, const char *what);
 
 /* ---- connections ---- */
 
@@ -381,6 +383,17 @@ static int heartbeat_cb(sd_event_source *s, uint64_t usec, void *userdata) {
 
         if (p->state != PEER_UP)
                 return 0;
+        if (now > p->stats.last_rx_usec + pm->heartbeat_usec) {
+                /* Our own loop may have been the slow one: read what already arrived
+                 * before calling the peer dead. */
+                r = conn_read(p->control);
+                if (r == 1)
+                        return 0;
+                if (r < 0) {
+                        conn_fail(p->control, r, r == -ECONNRESET ? "connection closed" : "reading");
+                        return 0;
+                }
+        }
         if (now > p->stats.last_rx_usec + pm->heartbeat_usec) {
                 p->stats.heartbeats_missed++;
                 peer_down(p, -ETIMEDOUT, "heartbeat timeout");
