@@ -630,6 +630,13 @@ static int acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t
         PeerManager *pm = c->pm;
         int r;
 
+        if (type == PEER_MSG_AUTH_FAIL && c->peer) {
+                PeerReason pr = {};
+                (void)peer_reason_decode(payload, len, &pr);
+                c->peer->stats.auth_failures++;
+                log_error("peer %s: refused our proof: %s", c->peer->name, peer_fail_reason_to_string(pr.reason));
+                return -EACCES;
+        }
         if (c->state == CONN_WAIT_HELLO && type == PEER_MSG_HELLO) {
                 PeerHello h;
                 PeerChallenge ch = {};
@@ -878,7 +885,8 @@ static int conn_io(sd_event_source *s, int fd, uint32_t revents, void *userdata)
                 if (r == 1)
                         return 0;
                 if (r < 0) {
-                        conn_fail(c, r, r == -ECONNRESET ? "connection closed" : "reading");
+                        conn_fail(c, r, r == -ECONNRESET ? "connection closed" :
+                                        r == -EACCES ? "authentication failed" : "reading");
                         return 0;
                 }
         }
