@@ -26,9 +26,13 @@
 /* Subsystems, in start order (stopped in reverse). Each defines its Subsystem in its
  * own file; add one extern and one table entry per subsystem, each on its own line. */
 /* -- subsystem declarations -- */
+extern const Subsystem peer_subsystem;
+extern const Subsystem topology_subsystem;
 
 static const Subsystem *const subsystems[] = {
         /* -- subsystem table -- */
+        &peer_subsystem,
+        &topology_subsystem,
         NULL,
 };
 

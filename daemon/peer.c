@@ -13,6 +13,7 @@
 #include "list.h"
 #include "log.h"
 #include "macro.h"
+#include "bus-peer.h"
 #include "peer-auth.h"
 #include "peer.h"
 #include "transport/tcp.h"
@@ -1252,6 +1253,27 @@ uint64_t peer_session_id(Peer *p) {
 
 /* ---- subsystem glue ---- */
 
+void peer_manager_set_heartbeat(PeerManager *pm, usec_t usec) {
+        if (usec < 40 * USEC_PER_MSEC)
+                return;
+        pm->heartbeat_usec = usec;
+}
+
+/* Telemetry hook point: the telemetry subsystem (daemon/telemetry.h, branch
+ * `telemetry`) provides telemetry_track_socket(Manager *, int fd, const char *peer) and
+ * telemetry_untrack_socket(); once it is on main, call them here for the control
+ * connection (peer_control_fd()) and the data streams, so that eBPF keys its
+ * per-connection stats (RTT, retransmits) by peer. */
+static void peer_telemetry_hook(Manager *m, Peer *p, bool up) {
+}
+
+static void peer_state_changed(Peer *p, bool up, void *userdata) {
+        Manager *m = userdata;
+
+        peer_telemetry_hook(m, p, up);
+        bus_peer_state_changed(m, p, up);
+}
+
 static int peer_subsystem_init(Manager *m) {
         const Config *c = &m->config;
         PeerManagerConfig pc = {
@@ -1270,7 +1292,7 @@ static int peer_subsystem_init(Manager *m) {
                 return 0;
         r = peer_manager_new(&pm, m->event, &pc);
         if (r < 0)
-                return r;
+                return log_error_errno(r, "peer: cannot set up the peer manager: %m");
         for (size_t i = 0; i < m->n_arenas; i++) {
                 Arena *a = m->arenas[i];
                 if (a->domain != MEMORY_HOST)
@@ -1281,10 +1303,12 @@ static int peer_subsystem_init(Manager *m) {
                         return log_error_errno(r, "peer: cannot register arena %s: %m", a->name);
                 }
         }
+        r = peer_manager_add_state_handler(pm, peer_state_changed, m);
+        if (r < 0) {
+                peer_manager_free(pm);
+                return r;
+        }
         m->peers = pm;
-        /* Telemetry hook point: when daemon/telemetry.h provides
-         * telemetry_track_socket(), call it for peer_control_fd() from a state
-         * handler; see docs/peer-protocol.md "Telemetry". */
         return peer_manager_start(pm);
 }
 
@@ -1292,8 +1316,19 @@ static void peer_subsystem_done(Manager *m) {
         m->peers = peer_manager_free(m->peers);
 }
 
+static int peer_subsystem_reload(Manager *m, const Config *n) {
+        /* Peers, addresses and the key take a restart; the heartbeat bound applies now. */
+        if (m->peers && n->heartbeat_usec != peer_manager_heartbeat_usec(m->peers)) {
+                peer_manager_set_heartbeat(m->peers, n->heartbeat_usec);
+                manager_emit_changed(m, PEER_OBJECT_PATH, PEER_INTERFACE, "HeartbeatUSec");
+        }
+        return 0;
+}
+
 const Subsystem peer_subsystem = {
         .name = "peer",
         .init = peer_subsystem_init,
         .done = peer_subsystem_done,
+        .add_bus = bus_peer_add,
+        .reload = peer_subsystem_reload,
 };

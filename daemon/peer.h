@@ -125,6 +125,9 @@ unsigned peer_n_streams_up(Peer *p);
 /* The control connection's fd (-1 when down), e.g. for per-connection telemetry. */
 int peer_control_fd(Peer *p);
 
+/* Applies a new heartbeat bound (config reload). */
+void peer_manager_set_heartbeat(PeerManager *pm, usec_t usec);
+
 /* Subsystem glue (manager.c's table): builds the PeerManager from Manager->config. */
 #include "manager.h"
 extern const Subsystem peer_subsystem;
