@@ -175,6 +175,7 @@ const EpdctlVerb epdctl_verbs[] = {
         { "workers", NULL, "Registered workers", verb_workers },
         { "arenas", NULL, "Memory arenas", verb_arenas },
         /* -- more verbs -- */
+        { "peers", NULL, "Peer hosts: state, streams, and the path to each with its reason", verb_peers },
         {},
 };
 

@@ -4,9 +4,10 @@
 (the daemon's real peer code: control protocol, authentication, tcp transport,
 topology), all joined by veth pairs to a bridge in one more namespace.
 
-    test-peer-netns.py TEST PEER_NODE
+    test-peer-netns.py TEST PEER_NODE [BUILD_ROOT SOURCE_ROOT]
 
-TEST: peer-two-hosts, peer-three-hosts, peer-wrong-key, peer-faults.
+TEST: peer-two-hosts, peer-three-hosts, peer-wrong-key, peer-faults, and peer-epdd
+(epdd itself in each namespace, seen through epdctl and org.epd1.Peer).
 Needs root (ip netns, nft); exits 77 (skip) without it."""
 
 import os
@@ -435,11 +436,93 @@ def test_faults(node_bin, tmp):
             fault_case(node_bin, tmp, name, inject, heal, expect_down=down)
 
 
+def test_epdd(node_bin, tmp):
+    build, src = ARGS[0], ARGS[1]
+    epdd = os.path.join(build, "daemon", "epdd")
+    epdctl = os.path.join(build, "tools", "epdctl")
+    introspect = os.path.join(build, "tests", "integration", "epd-introspect")
+    net = Net(3)
+    procs = {}
+    names = ["east", "north", "west"]
+    key = key_file(tmp, "key", "c" * 64)
+
+    def conf(i):
+        p = os.path.join(tmp, f"{names[i]}.conf")
+        with open(p, "w") as f:
+            f.write(f"[Daemon]\nHostId={names[i]}\nSystemBus=no\n"
+                    f"[Arena:kv]\nSize=16M\n"
+                    f"[Cluster]\nListen={net.ip(i)}:7200\nClusterKeyFile={key}\n"
+                    f"HeartbeatInterval={HEARTBEAT_MS}ms\n")
+            for j, n in enumerate(names):
+                if j != i:
+                    f.write(f"[Peer:{n}]\nAddress={net.ip(j)}:7200\nHostId={n}\n")
+        return p
+
+    def sock(i):
+        return os.path.join(tmp, f"{names[i]}.sock")
+
+    def start(i):
+        procs[i] = subprocess.Popen(["ip", "netns", "exec", net.hosts[i], epdd, "-c", conf(i), "-s", sock(i),
+                                     "--no-system-bus"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: os.path.exists(sock(i)), 10, f"{names[i]} socket")
+
+    def peers(i):
+        import json
+        r = subprocess.run([epdctl, "-A", f"direct:{sock(i)}", "--json", "peers"], stdout=subprocess.PIPE,
+                           text=True)
+        return json.loads(r.stdout) if r.returncode == 0 else []
+
+    def state(i, host):
+        return next((p for p in peers(i) if p["host_id"] == host), {}).get("state")
+
+    try:
+        for i in range(3):
+            start(i)
+        wait_until(lambda: all(p["state"] == "up" and p["streams"] == 2 for i in range(3) for p in peers(i)),
+                   15, "all epdd peers up")
+        for p in peers(0):
+            assert p["interface"] == "eth0" and "route to" in p["path_reason"], p
+        subprocess.run([epdctl, "-A", f"direct:{sock(0)}", "peers"])
+        # The bus object matches its contract.
+        live = subprocess.run([introspect, sock(0), "/org/epd1/peer"], stdout=subprocess.PIPE, text=True).stdout
+        with open(os.path.join(src, "dbus", "org.epd1.Peer.xml")) as f:
+            want = f.read()
+
+        def iface(x):
+            a = x.index('<interface name="org.epd1.Peer">')
+            return x[a:x.index("</interface>", a)]
+        assert iface(live) == iface(want), "org.epd1.Peer introspection differs from dbus/org.epd1.Peer.xml"
+        # kill -9 one daemon: both others see it down within the bound, then up again.
+        t0 = time.monotonic()
+        procs[1].kill()
+        procs[1].wait()
+        wait_until(lambda: state(0, "north") == "down" and state(2, "north") == "down", BOUND_S, "north down")
+        print(f"epdd kill -9: noticed after {time.monotonic() - t0:.3f}s")
+        assert state(0, "west") == "up"
+        os.unlink(sock(1))
+        start(1)
+        wait_until(lambda: all(p["state"] == "up" for i in range(3) for p in peers(i)), 15, "north back up")
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        net.close()
+
+
+ARGS = []
+
+
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 3:
         print(__doc__)
         return 2
     test, node_bin = sys.argv[1], sys.argv[2]
+    ARGS.extend(sys.argv[3:])
     if os.geteuid() != 0:
         skip("needs root for network namespaces")
     if not shutil.which("ip"):
@@ -453,6 +536,7 @@ def main():
         "peer-three-hosts": test_three_hosts,
         "peer-wrong-key": test_wrong_key,
         "peer-faults": test_faults,
+        "peer-epdd": test_epdd,
     }
     with tempfile.TemporaryDirectory() as tmp:
         tests[test](node_bin, tmp)
