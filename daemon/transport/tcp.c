@@ -509,7 +509,11 @@ static int stream_io(sd_event_source *es, int fd, uint32_t revents, void *userda
         int r;
 
         if (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+                /* The acknowledgements of everything this wakeup completes leave in
+                 * one write. */
+                peer_cork(p);
                 r = stream_recv(s);
+                peer_uncork(p);
                 if (r == 1)
                         return 0; /* the session was reset; s is gone */
                 if (r < 0) {
