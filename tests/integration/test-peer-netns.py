@@ -243,11 +243,23 @@ def test_two_hosts(node_bin, tmp):
         a.ok(f"post bravo 1 {3 * MiB + 17} 4093 4093 0")
         wait_until(lambda: settled(a, 18), 30, "odd write")
         assert b.ok(f"hash 4093 {3 * MiB + 17}") == h
+        # Many small writes of an odd size: several slices per sendmsg(), the next
+        # header read along with each payload.
+        a.ok("fill 9")
+        h = a.ok(f"hash {40 * MiB} {512 * 8192}")
+        b.ok("zero")
+        a.ok(f"post bravo 512 8192 {40 * MiB} {40 * MiB} 8192")
+        wait_until(lambda: settled(a, 530), 30, "small writes")
+        assert a.stats()["out_err"] == 0
+        assert b.ok(f"hash {40 * MiB} {512 * 8192}") == h, "small writes differ"
+        a.ok(f"post bravo 300 5001 {40 * MiB} {40 * MiB} 5001")
+        wait_until(lambda: settled(a, 830), 30, "odd small writes")
+        assert b.ok(f"hash {40 * MiB} {300 * 5001}") == a.ok(f"hash {40 * MiB} {300 * 5001}")
         # A refused write: nothing lands, the sender gets the error.
         b.ok("zero")
         b.ok("validator refuse")
         a.ok(f"post bravo 2 {2 * MiB} 0 0 {2 * MiB}")
-        wait_until(lambda: settled(a, 20), 30, "refused writes")
+        wait_until(lambda: settled(a, 832), 30, "refused writes")
         sb = b.stats()
         assert sb["refused"] == 2, sb
         assert a.stats()["out_err"] == 2
@@ -255,7 +267,7 @@ def test_two_hosts(node_bin, tmp):
         # Out of the receiver's region: refused before any byte.
         b.ok("validator accept")
         a.ok(f"post bravo 1 {MiB} 0 {64 * MiB - 4096} 0")
-        wait_until(lambda: settled(a, 21), 30, "out of range write")
+        wait_until(lambda: settled(a, 833), 30, "out of range write")
         assert a.stats()["out_err"] == 3
         # Orderly shutdown of one side: the other notices at once.
         t0 = time.monotonic()
@@ -274,7 +286,8 @@ def test_three_hosts(node_bin, tmp):
     try:
         key = key_file(tmp, "key", "a" * 64)
         names = ["h-one", "h-two", "h-three"]
-        nodes = [Node(node_bin, net, i, key, names, ["--streams", "3"]) for i in range(3)]
+        # Small slices: every 1 MiB write is 16 slices spread over 3 streams.
+        nodes = [Node(node_bin, net, i, key, names, ["--streams", "3", "--slice-size", "64K"]) for i in range(3)]
         wait_until(lambda: all_up(nodes), 10, "all peers up")
         for i, n in enumerate(nodes):
             n.ok(f"fill {i + 10}")
