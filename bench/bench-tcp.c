@@ -2,7 +2,7 @@
 /* bench-tcp: the tcp transport between two network namespaces joined by a veth pair,
  * against iperf3 between the same namespaces in the same run.
  *
- *   bench-tcp [--streams 1,4] [--sizes 64K,1M,64M,1G] [--seconds 1.5] [--iperf-seconds 1.5]
+ *   bench-tcp [--streams 1,4] [--sizes 64K,1M,64M,1G] [--seconds 1.5] [--iperf-seconds 1.5] [--span BYTES] [--no-thp]
  *
  * For each stream count N, a receiver PeerManager
  * (a child process in namespace B) and a sender PeerManager (this process, in namespace
@@ -39,6 +39,8 @@
 #define MiB (UINT64_C(1) << 20)
 
 static char key_path[] = "/tmp/epd-bench-key-XXXXXX";
+static bool arg_thp = true;
+static uint64_t arg_span = 0; /* bytes of the region the writes cycle through; 0: all */
 
 static int run(const char *cmd) {
         int r = system(cmd);
@@ -135,10 +137,13 @@ static int side_new(Side *s, const char *self, const char *listen, const char *p
         if (r < 0)
                 return r;
         s->region = (TransportRegion){ .id = 0, .domain = MEMORY_HOST, .size = region_size };
-        s->region.host_base = mmap(NULL, region_size, PROT_READ | PROT_WRITE,
-                                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        /* Like an arena with HugePages=try: transparent huge pages where the kernel
+         * gives them (madvise mode), so that a 1 GiB region is not 256k TLB entries. */
+        s->region.host_base = mmap(NULL, region_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (s->region.host_base == MAP_FAILED)
                 return -errno;
+        if (arg_thp)
+                (void)madvise(s->region.host_base, region_size, MADV_HUGEPAGE);
         memset(s->region.host_base, 0x5a, region_size);
         r = peer_manager_new(&s->pm, s->e, &c);
         if (r < 0)
@@ -187,7 +192,8 @@ static void drain(Side *s) {
 
 /* MB/s for writes of `size` over about `seconds`. */
 static double measure(Side *s, uint64_t size, double seconds) {
-        uint64_t window = MAX((uint64_t)2, 64 * MiB / size), slots = s->region.size / size, posted = 0;
+        uint64_t span = arg_span ? MAX(MIN(arg_span, s->region.size), size) : s->region.size;
+        uint64_t window = MAX((uint64_t)2, 64 * MiB / size), slots = span / size, posted = 0;
         usec_t start = now_usec(CLOCK_MONOTONIC), stop = start + (usec_t)(seconds * 1e6), end;
 
         s->done_bytes = s->errors = 0;
@@ -223,6 +229,8 @@ int main(int argc, char **argv) {
                 { "sizes", required_argument, NULL, 'z' },
                 { "seconds", required_argument, NULL, 't' },
                 { "iperf-seconds", required_argument, NULL, 'i' },
+                { "span", required_argument, NULL, 'S' },
+                { "no-thp", no_argument, NULL, 'N' },
                 {}
         };
         char streams_arg[64] = "1,4", sizes_arg[128] = "64K,1M,64M,1G";
@@ -244,6 +252,13 @@ int main(int argc, char **argv) {
                         break;
                 case 'i':
                         iperf_seconds = strtod(optarg, NULL);
+                        break;
+                case 'N':
+                        arg_thp = false;
+                        break;
+                case 'S':
+                        if (parse_size(optarg, &arg_span) < 0)
+                                return 2;
                         break;
                 default:
                         return 2;
