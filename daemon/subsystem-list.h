@@ -3,3 +3,5 @@
  * Included by manager.c with SUBSYSTEM() defined; no include guard on purpose. */
 SUBSYSTEM(pages)
 SUBSYSTEM(feature)
+SUBSYSTEM(peer)
+SUBSYSTEM(topology)
