@@ -27,10 +27,12 @@
  * own file; add one extern and one table entry per subsystem, each on its own line. */
 /* -- subsystem declarations -- */
 extern const Subsystem pages_subsystem;
+extern const Subsystem handoff_subsystem;
 
 static const Subsystem *const subsystems[] = {
         /* -- subsystem table -- */
         &pages_subsystem,
+        &handoff_subsystem,
         NULL,
 };
 
