@@ -208,8 +208,13 @@ BackpressureLevel backpressure_evaluate(const BackpressureState *s, const Backpr
         }
 
         if (x->have_kernel) {
+                /* The kernel's records lag one ACK (tcp_probe fires before the ACK is
+                 * processed), so an idle connection can look like it has data
+                 * outstanding. A stall is therefore: no ACK progress for stall_usec
+                 * *and* the kernel retransmitting (RTOs firing) meanwhile. */
                 bool outstanding = x->send_queue_bytes > 0 || x->inflight_bytes > 0;
-                if (c->stall_usec > 0 && outstanding && x->now >= s->last_progress &&
+                if (c->stall_usec > 0 && outstanding && x->retransmits > s->retransmits_at_progress &&
+                    x->now >= s->last_progress &&
                     x->now - s->last_progress >= c->stall_usec) {
                         if (ret_reason)
                                 *ret_reason = BACKPRESSURE_REASON_STALLED;
@@ -259,6 +264,7 @@ static void derive(BackpressureState *s, const BackpressureSample *x) {
                 s->retransmit_rate = 0;
                 s->send_queue_growth = 0;
                 s->last_progress = x->now;
+                s->retransmits_at_progress = x->retransmits;
                 return;
         }
 
@@ -269,6 +275,7 @@ static void derive(BackpressureState *s, const BackpressureSample *x) {
                 s->retransmit_rate = 0;
                 s->send_queue_growth = 0;
                 s->last_progress = x->now;
+                s->retransmits_at_progress = x->retransmits;
                 return;
         }
 
@@ -286,8 +293,10 @@ static void derive(BackpressureState *s, const BackpressureSample *x) {
         else
                 s->send_queue_growth = 0;
 
-        if (x->bytes_acked > p->bytes_acked || (x->send_queue_bytes == 0 && x->inflight_bytes == 0))
+        if (x->bytes_acked > p->bytes_acked || (x->send_queue_bytes == 0 && x->inflight_bytes == 0)) {
                 s->last_progress = x->now;
+                s->retransmits_at_progress = x->retransmits;
+        }
 }
 
 int backpressure_update(BackpressureState *s, const BackpressureConfig *c, const BackpressureSample *x) {

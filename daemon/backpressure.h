@@ -77,6 +77,7 @@ typedef struct BackpressureState {
         bool have_prev;
         BackpressureSample prev;
         usec_t last_progress;     /* last time bytes_acked moved or nothing was queued */
+        uint64_t retransmits_at_progress;
         usec_t below_since;       /* since when the target level is below `level` */
         double retransmit_rate;   /* last computed, for display */
         double rtt_inflation;

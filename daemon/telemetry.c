@@ -274,6 +274,8 @@ static int on_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         telemetry_evaluate(t);
 
         int r = sd_event_source_set_time_relative(s, t->config.backpressure.interval_usec);
+        if (r >= 0)
+                r = sd_event_source_set_enabled(s, SD_EVENT_ONESHOT);
         if (r < 0)
                 return log_error_errno(r, "Cannot rearm the telemetry timer: %m");
         return 0;

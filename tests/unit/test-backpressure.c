@@ -162,17 +162,33 @@ START_TEST(test_stall_and_disconnect) {
         BackpressureSample x = healthy(0, 1);
         ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
 
-        /* ACKs stop while data is queued. */
+        /* ACKs stop while data is queued, but no retransmits: the records just lag
+         * (an idle connection); not a stall. */
         usec_t t = 0;
         int r = 0;
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 10; i++) {
                 t += 200 * MS;
                 x = healthy(t, 1);
                 r = backpressure_update(&s, &c, &x);
                 ck_assert_int_eq(r, 0);
         }
+        /* Now the kernel retransmits (RTOs) and nothing is acked. */
+        x.retransmits = 1;
+        backpressure_state_init(&s);
+        x.now = t;
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+        for (int i = 0; i < 4; i++) {
+                t += 200 * MS;
+                x.now = t;
+                x.retransmits++;
+                x.segs_out += 1000; /* keep the rate below its thresholds */
+                r = backpressure_update(&s, &c, &x);
+                ck_assert_int_eq(r, 0);
+        }
         t += 200 * MS; /* 1000 ms without progress */
-        x = healthy(t, 1);
+        x.now = t;
+        x.retransmits++;
+        x.segs_out += 1000;
         ck_assert_int_eq(backpressure_update(&s, &c, &x), 1);
         ck_assert_int_eq(s.level, BACKPRESSURE_STALLED);
         ck_assert_int_eq(s.reason, BACKPRESSURE_REASON_STALLED);
