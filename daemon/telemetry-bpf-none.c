@@ -19,6 +19,10 @@ TelemetryBpf *telemetry_bpf_free(TelemetryBpf *b) {
         return NULL;
 }
 
+const char *telemetry_bpf_pin_dir(TelemetryBpf *b) {
+        return NULL;
+}
+
 int telemetry_bpf_ring_fd(TelemetryBpf *b) {
         return -EOPNOTSUPP;
 }

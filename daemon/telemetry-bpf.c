@@ -208,6 +208,10 @@ TelemetryBpf *telemetry_bpf_free(TelemetryBpf *b) {
         return NULL;
 }
 
+const char *telemetry_bpf_pin_dir(TelemetryBpf *b) {
+        return b->pin_dir;
+}
+
 int telemetry_bpf_ring_fd(TelemetryBpf *b) {
         return ring_buffer__epoll_fd(b->ring);
 }

@@ -25,6 +25,8 @@ int telemetry_bpf_open(TelemetryBpf **ret, const char *pin_dir, uint64_t sample_
 TelemetryBpf *telemetry_bpf_free(TelemetryBpf *b);
 DEFINE_TRIVIAL_CLEANUP_FUNC(TelemetryBpf *, telemetry_bpf_free);
 
+/* Where the maps are pinned, or NULL. */
+const char *telemetry_bpf_pin_dir(TelemetryBpf *b);
 /* An fd that polls readable when ring records are ready (an epoll fd). */
 int telemetry_bpf_ring_fd(TelemetryBpf *b);
 /* Drains the ring, calling fn for each record. Returns the number consumed. */

@@ -7,6 +7,7 @@
 
 #include "hashmap.h"
 #include "log.h"
+#include "bus-telemetry.h"
 #include "manager.h"
 #include "telemetry-bpf.h"
 #include "telemetry.h"
@@ -505,6 +506,7 @@ void telemetry_get_counters(Telemetry *t, TelemetryCounters *ret) {
         *ret = (TelemetryCounters){
                 .bpf_loaded = t->bpf != NULL,
                 .bpf_unavailable = t->bpf_unavailable,
+                .pin_dir = t->bpf ? telemetry_bpf_pin_dir(t->bpf) : NULL,
                 .ring_events = t->ring_events,
                 .ring_bad = t->ring_bad,
                 .ring_wakeups = t->ring_wakeups,
@@ -572,22 +574,22 @@ int telemetry_trace(Manager *m, const char *request_id, TraceEventType type, con
         return telemetry_record(m->telemetry, request_id, type, d);
 }
 
+static void on_backpressure_bus(Telemetry *t, const char *peer, BackpressureLevel level,
+                                BackpressureReason reason, void *userdata) {
+        Manager *m = userdata;
+        int r = bus_telemetry_emit_backpressure(m, peer, level, reason);
+        if (r < 0)
+                log_warning_errno(r, "Cannot emit Backpressure for %s: %m", peer);
+}
+
 static int subsystem_init(Manager *m) {
         _cleanup_(telemetry_freep) Telemetry *t = NULL;
-        TelemetryConfig c;
         int r;
 
-        /* Until config.c carries the [Telemetry] and [Backpressure] sections into
-         * Manager, the embedded defaults apply. */
-        r = telemetry_config_defaults(&c);
-        if (r < 0) {
-                telemetry_config_done(&c);
-                return log_oom();
-        }
-        r = telemetry_new(&t, m->event, &c);
-        telemetry_config_done(&c);
+        r = telemetry_new(&t, m->event, &m->config.telemetry);
         if (r < 0)
                 return log_error_errno(r, "Cannot set up telemetry: %m");
+        telemetry_set_backpressure_handler(t, on_backpressure_bus, m);
         r = telemetry_start(t);
         if (r < 0)
                 return r;
@@ -599,8 +601,16 @@ static void subsystem_done(Manager *m) {
         m->telemetry = telemetry_free(m->telemetry);
 }
 
+static int subsystem_reload(Manager *m, const Config *n) {
+        if (!m->telemetry)
+                return 0;
+        return telemetry_reconfigure(m->telemetry, &n->telemetry);
+}
+
 const Subsystem telemetry_subsystem = {
         .name = "telemetry",
         .init = subsystem_init,
         .done = subsystem_done,
+        .add_bus = bus_telemetry_add,
+        .reload = subsystem_reload,
 };

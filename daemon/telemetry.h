@@ -44,6 +44,7 @@ typedef struct TelemetryPeerStats {
 typedef struct TelemetryCounters {
         bool bpf_loaded;
         const char *bpf_unavailable;  /* why not, or NULL */
+        const char *pin_dir;          /* where the maps are pinned, or NULL */
         uint64_t ring_events;         /* decoded */
         uint64_t ring_bad;            /* failed to decode */
         uint64_t ring_wakeups;
