@@ -174,6 +174,8 @@ const EpdctlVerb epdctl_verbs[] = {
         { "status", NULL, "Daemon version, host, clients, workers, arenas", verb_status },
         { "workers", NULL, "Registered workers", verb_workers },
         { "arenas", NULL, "Memory arenas", verb_arenas },
+        { "trace", "trace REQUEST_ID", "One request's path with timings, encode to decode", epdctl_verb_trace },
+        { "peers", NULL, "Peer paths: RTT, retransmits, backpressure", epdctl_verb_peers },
         /* -- more verbs -- */
         {},
 };
