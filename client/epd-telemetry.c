@@ -74,6 +74,18 @@ int epd_trace_get(epd_client *c, const char *request_id, epd_trace_event **ret, 
         return 0;
 }
 
+int epd_telemetry_track_socket(epd_client *c, int fd, const char *peer) {
+        if (!c || fd < 0 || !peer)
+                return -EINVAL;
+        return epd__call(c, TELEMETRY_PATH, TELEMETRY_IFACE, "TrackSocket", NULL, "hs", fd, peer);
+}
+
+int epd_telemetry_untrack_socket(epd_client *c, int fd) {
+        if (!c || fd < 0)
+                return -EINVAL;
+        return epd__call(c, TELEMETRY_PATH, TELEMETRY_IFACE, "UntrackSocket", NULL, "h", fd);
+}
+
 typedef struct BackpressureSubscription {
         epd_client *client;
         epd_backpressure_fn fn;

@@ -1,10 +1,16 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* org.epd1.Telemetry at /org/epd1/telemetry: vtable glue only; telemetry.c does the work. */
 #include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "bus-error.h"
 #include "bus-telemetry.h"
+#include "client.h"
 #include "log.h"
 #include "manager.h"
 #include "telemetry.h"
@@ -162,6 +168,114 @@ static int method_get_trace(sd_bus_message *msg, void *userdata, sd_bus_error *e
         return sd_bus_send(NULL, reply, NULL);
 }
 
+/* A TCP connection of a client's own (a worker's transfer socket), tracked for
+ * kernel telemetry until the client untracks it or goes away. The daemon keeps a
+ * duplicate of the fd, so that the socket's cookie stays valid while tracked. */
+typedef struct TrackedSocket {
+        ClientObject object;
+        Manager *manager;
+        int fd;
+        uint64_t cookie;
+} TrackedSocket;
+
+static void tracked_socket_release(ClientObject *o) {
+        TrackedSocket *t = container_of(o, TrackedSocket, object);
+        if (t->manager->telemetry)
+                (void)telemetry_untrack(t->manager->telemetry, t->fd);
+        client_object_unlink(o);
+        safe_close(t->fd);
+        free(t);
+}
+
+static uint64_t socket_cookie(int fd) {
+        uint64_t c = 0;
+        socklen_t l = sizeof c;
+        return getsockopt(fd, SOL_SOCKET, SO_COOKIE, &c, &l) < 0 ? 0 : c;
+}
+
+static int check_tcp_socket(int fd, sd_bus_error *error) {
+        int v = 0;
+        socklen_t l = sizeof v;
+        if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &v, &l) < 0 || v != IPPROTO_TCP)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Not a TCP socket");
+        return 0;
+}
+
+static int method_track_socket(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *peer;
+        Client *c;
+        int fd, r;
+
+        r = sd_bus_message_read(msg, "hs", &fd, &peer);
+        if (r < 0)
+                return r;
+        r = check_tcp_socket(fd, error);
+        if (r < 0)
+                return r;
+        if (!*peer || strlen(peer) >= 32)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Peer names are 1-31 bytes");
+        if (!m->telemetry)
+                return epd_bus_error(error, EPD_ERROR_UNSUPPORTED, "Telemetry is not running");
+
+        r = manager_client_from_message(m, msg, &c);
+        if (r < 0)
+                return r;
+        TrackedSocket *t = calloc(1, sizeof *t);
+        if (!t)
+                return -ENOMEM;
+        t->manager = m;
+        t->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (t->fd < 0) {
+                r = -errno;
+                free(t);
+                return r;
+        }
+        t->cookie = socket_cookie(t->fd);
+        r = client_object_link(c, &t->object, CLIENT_OBJECT_OTHER, tracked_socket_release);
+        if (r < 0) {
+                safe_close(t->fd);
+                free(t);
+                if (r == -EDQUOT)
+                        return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many objects for this client");
+                return r;
+        }
+        r = telemetry_track(m->telemetry, t->fd, peer);
+        if (r < 0) {
+                tracked_socket_release(&t->object);
+                if (r == -EEXIST)
+                        return epd_bus_error(error, EPD_ERROR_EXISTS, "This socket is already tracked");
+                if (r == -ENOSPC)
+                        return epd_bus_error(error, EPD_ERROR_NO_SPACE, "Too many tracked connections or peers");
+                if (r == -EINVAL)
+                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Invalid peer name");
+                return r;
+        }
+        return sd_bus_reply_method_return(msg, NULL);
+}
+
+static int method_untrack_socket(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        Client *c = manager_client_lookup_message(m, msg);
+        int fd, r;
+
+        r = sd_bus_message_read(msg, "h", &fd);
+        if (r < 0)
+                return r;
+        uint64_t cookie = socket_cookie(fd);
+        if (c && cookie)
+                LIST_FOREACH(objects, o, c->objects) {
+                        if (o->release != tracked_socket_release)
+                                continue;
+                        TrackedSocket *t = container_of(o, TrackedSocket, object);
+                        if (t->cookie != cookie)
+                                continue;
+                        tracked_socket_release(o);
+                        return sd_bus_reply_method_return(msg, NULL);
+                }
+        return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "This client does not track that socket");
+}
+
 static const sd_bus_vtable telemetry_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY("KernelTelemetry", "b", property_kernel, 0, 0),
@@ -174,6 +288,10 @@ static const sd_bus_vtable telemetry_vtable[] = {
         SD_BUS_METHOD_WITH_ARGS("GetTrace", SD_BUS_ARGS("s", request_id),
                                 SD_BUS_RESULT("a(tsittsss)", events, "t", dropped), method_get_trace,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("TrackSocket", SD_BUS_ARGS("h", socket, "s", peer), SD_BUS_NO_RESULT,
+                                method_track_socket, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("UntrackSocket", SD_BUS_ARGS("h", socket), SD_BUS_NO_RESULT,
+                                method_untrack_socket, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_SIGNAL_WITH_ARGS("Backpressure", SD_BUS_ARGS("s", peer, "u", level, "s", reason), 0),
         SD_BUS_VTABLE_END,
 };

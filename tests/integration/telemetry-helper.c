@@ -10,6 +10,9 @@
  *        (rate 0: as fast as the path takes it) inside an sd-event loop, and prints one
  *        JSON object per line: "sample" every 250 ms, "signal" on every backpressure
  *        change (what the Backpressure D-Bus signal carries), and a final "summary".
+ *        With --daemon ADDR, the socket is handed to a running epdd instead
+ *        (org.epd1.Telemetry.TrackSocket) and "signal" lines are the daemon's
+ *        Backpressure D-Bus signals, received through libepd.
  * Exit status 77 when kernel telemetry cannot load here (the reason is printed). */
 
 #include <arpa/inet.h>
@@ -26,6 +29,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "epd-internal.h"
+#include "epd/epd-telemetry.h"
 #include "log.h"
 #include "manager.h"
 #include "telemetry.h"
@@ -42,13 +47,41 @@ typedef struct Sender {
         BackpressureLevel max_level;
         BackpressureReason max_reason;
         const char *peer;
+        epd_client *daemon;
         usec_t start;
         char buf[256 * 1024];
 } Sender;
 
+static void print_daemon_summary(Sender *s) {
+        printf("{\"type\":\"summary\",\"daemon\":true,\"peer\":\"%s\",\"written\":%llu,\"signals\":%u,"
+               "\"max_level\":\"%s\",\"max_reason\":\"%s\"}\n",
+               s->peer, (unsigned long long)s->written, s->n_signals, backpressure_level_to_string(s->max_level),
+               backpressure_reason_to_string(s->max_reason));
+        fflush(stdout);
+}
+
+static void on_daemon_backpressure(epd_client *c, const char *peer, unsigned level, const char *reason,
+                                   void *userdata) {
+        Sender *s = userdata;
+        s->n_signals++;
+        if (level > (unsigned)s->max_level && level < _BACKPRESSURE_LEVEL_MAX) {
+                s->max_level = (BackpressureLevel)level;
+                for (int i = 0; i < _BACKPRESSURE_REASON_MAX; i++)
+                        if (strcmp(reason, backpressure_reason_to_string(i)) == 0)
+                                s->max_reason = (BackpressureReason)i;
+        }
+        printf("{\"type\":\"signal\",\"source\":\"dbus\",\"t_ms\":%llu,\"peer\":\"%s\",\"level\":\"%s\","
+               "\"reason\":\"%s\"}\n",
+               (unsigned long long)((now_usec(CLOCK_MONOTONIC) - s->start) / 1000), peer,
+               level < _BACKPRESSURE_LEVEL_MAX ? backpressure_level_to_string(level) : "?", reason);
+        fflush(stdout);
+}
+
 static void print_stats(Sender *s, const char *what) {
         TelemetryPeerStats p;
         TelemetryCounters c;
+        if (s->daemon)
+                return;
         telemetry_get_counters(s->m.telemetry, &c);
         if (telemetry_peer_stats(&s->m, s->peer, &p) < 0)
                 return;
@@ -190,6 +223,7 @@ int main(int argc, char **argv) {
                 { "rate", required_argument, NULL, 'r' },
                 { "peer", required_argument, NULL, 'p' },
                 { "set", required_argument, NULL, 'S' },
+                { "daemon", required_argument, NULL, 'D' },
                 {},
         };
         int c;
@@ -204,6 +238,13 @@ int main(int argc, char **argv) {
                         break;
                 case 'p':
                         s->peer = optarg;
+                        break;
+                case 'D':
+                        r = epd_connect(optarg, &s->daemon);
+                        if (r < 0) {
+                                fprintf(stderr, "cannot connect to epdd at %s: %s\n", optarg, strerror(-r));
+                                return 1;
+                        }
                         break;
                 case 'S': {
                         char *sec = strdupa(optarg), *key, *val;
@@ -235,19 +276,30 @@ int main(int argc, char **argv) {
         r = sd_event_default(&s->m.event);
         if (r < 0)
                 return 1;
-        r = telemetry_new(&s->m.telemetry, s->m.event, &cfg);
-        telemetry_config_done(&cfg);
-        if (r < 0)
-                return 1;
-        telemetry_set_backpressure_handler(s->m.telemetry, on_backpressure, s);
-        r = telemetry_start(s->m.telemetry);
-        if (r < 0)
-                return 1;
-        TelemetryCounters counters;
-        telemetry_get_counters(s->m.telemetry, &counters);
-        if (!counters.bpf_loaded) {
-                printf("{\"type\":\"skip\",\"why\":\"%s\"}\n", counters.bpf_unavailable);
-                return 77;
+        if (!s->daemon) {
+                r = telemetry_new(&s->m.telemetry, s->m.event, &cfg);
+                telemetry_config_done(&cfg);
+                if (r < 0)
+                        return 1;
+                telemetry_set_backpressure_handler(s->m.telemetry, on_backpressure, s);
+                r = telemetry_start(s->m.telemetry);
+                if (r < 0)
+                        return 1;
+                TelemetryCounters counters;
+                telemetry_get_counters(s->m.telemetry, &counters);
+                if (!counters.bpf_loaded) {
+                        printf("{\"type\":\"skip\",\"why\":\"%s\"}\n", counters.bpf_unavailable);
+                        return 77;
+                }
+        } else {
+                telemetry_config_done(&cfg);
+                r = sd_bus_attach_event(s->daemon->bus, s->m.event, 0);
+                if (r >= 0)
+                        r = epd_backpressure_subscribe(s->daemon, on_daemon_backpressure, s);
+                if (r < 0) {
+                        fprintf(stderr, "cannot subscribe to Backpressure: %s\n", strerror(-r));
+                        return 1;
+                }
         }
 
         s->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -265,7 +317,10 @@ int main(int argc, char **argv) {
                 }
                 usleep(100000);
         }
-        r = telemetry_track_socket(&s->m, s->fd, s->peer);
+        if (s->daemon)
+                r = epd_telemetry_track_socket(s->daemon, s->fd, s->peer);
+        else
+                r = telemetry_track_socket(&s->m, s->fd, s->peer);
         if (r < 0) {
                 fprintf(stderr, "track: %s\n", strerror(-r));
                 return 1;
@@ -287,10 +342,18 @@ int main(int argc, char **argv) {
         r = sd_event_loop(s->m.event);
         if (r < 0)
                 return 1;
-        telemetry_evaluate(s->m.telemetry);
-        print_stats(s, "summary");
-
-        (void)telemetry_untrack_socket(&s->m, s->fd);
+        if (s->daemon) {
+                print_daemon_summary(s);
+                r = epd_telemetry_untrack_socket(s->daemon, s->fd);
+                if (r < 0)
+                        fprintf(stderr, "UntrackSocket: %s\n", strerror(-r));
+                sd_bus_detach_event(s->daemon->bus);
+                s->daemon = epd_disconnect(s->daemon);
+        } else {
+                telemetry_evaluate(s->m.telemetry);
+                print_stats(s, "summary");
+                (void)telemetry_untrack_socket(&s->m, s->fd);
+        }
         sd_event_source_disable_unref(s->io);
         sd_event_source_disable_unref(s->tick);
         sd_event_source_disable_unref(s->report);

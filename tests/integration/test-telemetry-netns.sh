@@ -5,9 +5,13 @@
 #     "conns" map with plausible RTT and byte counts; an untracked one does not;
 #  2. nftables random drop raises retransmits and the backpressure level (signal);
 #  3. a tbf-shaped link builds a queue and the RTT inflation shows up;
-#  4. a cut link drives the level to its maximum (stalled).
+#  4. a cut link drives the level to its maximum (stalled);
+#  5. the same through epdd: a socket handed over with TrackSocket shows up in
+#     `epdctl peers`, and a cut link makes epdd emit the Backpressure D-Bus signal.
 set -u
-HELPER=${1:?usage: $0 PATH/TO/telemetry-helper}
+HELPER=${1:?usage: $0 PATH/TO/telemetry-helper PATH/TO/epdd PATH/TO/epdctl}
+EPDD=${2:-}
+EPDCTL=${3:-}
 
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
@@ -20,8 +24,10 @@ NS_A=epdtA-$$ NS_B=epdtB-$$
 TMP=$(mktemp -d /tmp/epd-telemetry-test.XXXXXX)
 BPFFS=$TMP/bpffs
 SINK_PID=
+EPDD_PID=
 cleanup() {
         [ -n "$SINK_PID" ] && kill $SINK_PID 2>/dev/null
+        [ -n "$EPDD_PID" ] && kill $EPDD_PID 2>/dev/null
         ip netns del $NS_A 2>/dev/null
         ip netns del $NS_B 2>/dev/null
         umount $BPFFS 2>/dev/null
@@ -123,5 +129,52 @@ echo "cut: $(summary cut)"
 check cut '.max_level == "stalled"' "cut link did not reach the maximum level"
 grep -q '"level":"stalled"' $TMP/cut.jsonl || fail "cut: no stalled signal"
 ip netns exec $NS_B nft delete table inet epdcut
+
+# 5. Through epdd.
+if [ -n "$EPDD" ]; then
+        mkdir -p $TMP/state
+        cat > $TMP/epd.conf <<CONF
+[Daemon]
+StateDirectory=$TMP/state
+[Telemetry]
+PinDirectory=$BPFFS/epdd
+[Backpressure]
+Interval=100ms
+Hold=300ms
+StallTimeout=1s
+CONF
+        ip netns exec $NS_A "$EPDD" --config=$TMP/epd.conf --no-system-bus --socket=$TMP/bus \
+                > $TMP/epdd.log 2>&1 &
+        EPDD_PID=$!
+        for i in $(seq 50); do [ -S $TMP/bus ] && break; sleep 0.1; done
+        [ -S $TMP/bus ] || { cat $TMP/epdd.log; fail "epdd did not start"; }
+        grep -q "Kernel telemetry loaded" $TMP/epdd.log || { cat $TMP/epdd.log; fail "epdd did not load telemetry"; }
+        ( sleep 1.5
+          "$EPDCTL" -A direct:$TMP/bus --json peers > $TMP/peers.json 2>&1
+          ip netns exec $NS_B nft -f - <<NFT || echo "FAIL: nft cut"
+table inet epdcut {
+        chain in {
+                type filter hook prerouting priority 0;
+                tcp dport $PORT drop
+        }
+}
+NFT
+        ) &
+        CUT=$!
+        send daemon 4 10000000 --daemon direct:$TMP/bus
+        wait $CUT
+        ip netns exec $NS_B nft delete table inet epdcut
+        echo "daemon: $(summary daemon)"
+        jq -e 'length == 1 and .[0].peer == "peerB" and .[0].connections == 1 and .[0].bytes_acked > 1000000 and .[0].srtt_us > 0' \
+                $TMP/peers.json > /dev/null || { cat $TMP/peers.json; fail "epdctl peers: expected peerB with traffic"; }
+        grep -q '"source":"dbus".*"level":"stalled"' $TMP/daemon.jsonl || \
+                { cat $TMP/daemon.jsonl; cat $TMP/epdd.log; fail "no Backpressure stalled signal from epdd"; }
+        check daemon '.max_level == "stalled"' "epdd's signals did not reach the maximum"
+        grep -q "Backpressure towards peerB: stalled" $TMP/epdd.log || fail "epdd did not log the stall"
+        # The client untracked its socket (and disconnected): nothing is left tracked.
+        "$EPDCTL" -A direct:$TMP/bus --json peers | jq -e '.[0].connections == 0' > /dev/null || \
+                fail "socket still tracked after UntrackSocket"
+        kill $EPDD_PID; wait $EPDD_PID; EPDD_PID=
+fi
 
 echo "PASS"

@@ -30,6 +30,13 @@ typedef struct epd_trace_event {
 int epd_trace_get(epd_client *c, const char *request_id, epd_trace_event **ret, size_t *n,
                   uint64_t *dropped);
 
+/* Tracks a TCP connection of the caller's own (e.g. a worker's transfer socket) for
+ * kernel telemetry and backpressure, under the peer name given; the daemon keeps a
+ * duplicate of the fd until epd_telemetry_untrack_socket() or until this client
+ * disconnects. */
+int epd_telemetry_track_socket(epd_client *c, int fd, const char *peer);
+int epd_telemetry_untrack_socket(epd_client *c, int fd);
+
 /* Backpressure levels of org.epd1.Telemetry.Backpressure(peer, level, reason). */
 enum {
         EPD_BACKPRESSURE_NONE = 0,
