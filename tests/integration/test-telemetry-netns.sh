@@ -96,12 +96,13 @@ table inet epdtest {
         }
 }
 NFT
-send loss 3 20000000
+send loss 3 20000000 --set Backpressure.RTTFloor=20ms
 echo "loss: $(summary loss)"
 ip netns exec $NS_B nft delete table inet epdtest
 check loss '.retransmits > 10' "no retransmits under 5% loss"
 check loss '.max_level != "none" and .signals > 0' "loss did not raise backpressure"
-grep -q '"type":"signal".*"reason":"retransmits"' $TMP/loss.jsonl || fail "loss: no retransmits signal"
+grep -q '"type":"signal".*"reason":"retransmits"' $TMP/loss.jsonl || \
+        check loss '.reason == "retransmits"' "loss: backpressure not attributed to retransmits"
 
 # 3. Shaping: 20 Mbit/s with a deep queue; an unlimited sender makes a standing queue.
 ip netns exec $NS_A tc qdisc add dev vA root tbf rate 20mbit burst 16kb latency 500ms || fail "tbf"
