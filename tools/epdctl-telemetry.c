@@ -12,7 +12,7 @@
 #include "macro.h"
 #include "parse-util.h"
 
-int epdctl_verb_trace(epd_client *c, int argc, char **argv) {
+int verb_trace(epd_client *c, int argc, char **argv) {
         epd_trace_event *ev = NULL;
         size_t n = 0;
         uint64_t dropped = 0;
@@ -78,7 +78,7 @@ int epdctl_verb_trace(epd_client *c, int argc, char **argv) {
         return 0;
 }
 
-int epdctl_verb_peers(epd_client *c, int argc, char **argv) {
+int verb_peers(epd_client *c, int argc, char **argv) {
         sd_bus_message *reply = NULL;
         int r = epd__call(c, "/org/epd1/telemetry", "org.epd1.Telemetry", "GetPeers", &reply, NULL);
         if (r < 0)

@@ -174,8 +174,10 @@ const EpdctlVerb epdctl_verbs[] = {
         { "status", NULL, "Daemon version, host, clients, workers, arenas", verb_status },
         { "workers", NULL, "Registered workers", verb_workers },
         { "arenas", NULL, "Memory arenas", verb_arenas },
-        { "trace", "trace REQUEST_ID", "One request's path with timings, encode to decode", epdctl_verb_trace },
-        { "peers", NULL, "Peer paths: RTT, retransmits, backpressure", epdctl_verb_peers },
+        { "pages", NULL, "KV page pools per arena and the block directory", verb_pages },
+        { "sequences", NULL, "KV sequences: owner, arena, pages, sharing", verb_sequences },
+        { "trace", "trace REQUEST_ID", "One request's path with timings, encode to decode", verb_trace },
+        { "peers", NULL, "Peer paths: RTT, retransmits, backpressure", verb_peers },
         /* -- more verbs -- */
         {},
 };

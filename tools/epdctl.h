@@ -22,6 +22,8 @@ int epdctl_fail(epd_client *c, int r, const char *what);
 int epdctl_get_property(epd_client *c, const char *path, const char *interface,
                         const char *property, const char *type, sd_bus_message **reply);
 
-/* Verbs defined in their area's file (epdctl-<area>.c). */
-int epdctl_verb_trace(epd_client *c, int argc, char **argv);
-int epdctl_verb_peers(epd_client *c, int argc, char **argv);
+/* Verbs of the subsystems, each in its own file. */
+int verb_pages(epd_client *c, int argc, char **argv);     /* epdctl-pages.c */
+int verb_sequences(epd_client *c, int argc, char **argv); /* epdctl-pages.c */
+int verb_trace(epd_client *c, int argc, char **argv); /* epdctl-telemetry.c */
+int verb_peers(epd_client *c, int argc, char **argv); /* epdctl-telemetry.c */
