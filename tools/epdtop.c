@@ -80,6 +80,30 @@ static int read_manager(Source *src, TopSnapshot *s) {
                 a->size = size;
         }
 
+        /* Page pools of KV arenas (org.epd1.Pages), when the daemon has them. */
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *pools = NULL;
+        r = get_property(src, "/org/epd1/pages", "org.epd1.Pages", "Pools", "a(sttttttttttt)", &pools);
+        if (r >= 0)
+                r = sd_bus_message_enter_container(pools, 'a', "(sttttttttttt)");
+        while (r > 0) {
+                const char *name;
+                uint64_t page_size, total, free_pages, live, cached, shared, leased, cow, saved, ev, fails;
+                r = sd_bus_message_read(pools, "(sttttttttttt)", &name, &page_size, &total, &free_pages, &live,
+                                        &cached, &shared, &leased, &cow, &saved, &ev, &fails);
+                if (r <= 0)
+                        break;
+                for (size_t i = 0; i < s->n_arenas; i++)
+                        if (strcmp(s->arenas[i].name, name) == 0) {
+                                TopArena *a = &s->arenas[i];
+                                a->have_pages = true;
+                                a->pages_total = total;
+                                a->pages_free = free_pages;
+                                a->pages_used = total >= free_pages ? total - free_pages : 0;
+                                a->pages_shared = shared;
+                                a->pages_leased = leased;
+                        }
+        }
+
         r = get_property(src, "/org/epd1", "org.epd1.Manager", "Workers", "a(osssu)", &workers);
         if (r >= 0)
                 r = sd_bus_message_enter_container(workers, 'a', "(osssu)");
