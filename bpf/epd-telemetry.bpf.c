@@ -66,7 +66,12 @@ static __always_inline void count(__u32 which) {
 
 static __always_inline struct epd_conn_stats *conn_lookup(const struct sock *sk, __u64 *ret_cookie,
                                                           __u32 *ret_peer) {
-        __u64 cookie = bpf_get_socket_cookie((void *)sk);
+        /* Read the cookie, do not create one: bpf_get_socket_cookie() would assign a
+         * cookie (an atomic on a global counter) to every socket on the host that
+         * passes here. Tracked sockets always have one: the daemon asked SO_COOKIE. */
+        __u64 cookie = (__u64)BPF_CORE_READ(sk, __sk_common.skc_cookie.counter);
+        if (cookie == 0)
+                return NULL;
         struct epd_conn_info *info = bpf_map_lookup_elem(&tracked, &cookie);
         if (!info)
                 return NULL;

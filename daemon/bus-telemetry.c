@@ -54,7 +54,7 @@ static int method_get_stats(sd_bus_message *msg, void *userdata, sd_bus_error *e
         r = sd_bus_message_new_method_return(msg, &reply);
         if (r < 0)
                 return r;
-        r = sd_bus_message_append(reply, "a{st}", 10,
+        r = sd_bus_message_append(reply, "a{st}", 12,
                                   "ring_events", c.ring_events,
                                   "ring_bad", c.ring_bad,
                                   "ring_wakeups", c.ring_wakeups,
@@ -64,7 +64,9 @@ static int method_get_stats(sd_bus_message *msg, void *userdata, sd_bus_error *e
                                   "peers", (uint64_t)c.peers,
                                   "traces", (uint64_t)c.traces,
                                   "traces_evicted", c.traces_evicted,
-                                  "kernel_telemetry", (uint64_t)c.bpf_loaded);
+                                  "kernel_telemetry", (uint64_t)c.bpf_loaded,
+                                  "kernel_run_nsec", c.kernel_run_nsec,
+                                  "kernel_runs", c.kernel_runs);
         if (r < 0)
                 return r;
         return sd_bus_send(NULL, reply, NULL);

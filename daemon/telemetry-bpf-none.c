@@ -46,3 +46,11 @@ int telemetry_bpf_conn_stats(TelemetryBpf *b, uint64_t cookie, struct epd_conn_s
 int telemetry_bpf_counters(TelemetryBpf *b, uint64_t ret[_EPD_COUNTER_MAX]) {
         return -EOPNOTSUPP;
 }
+
+int telemetry_bpf_prog_stats(TelemetryBpf *b, uint64_t *ret_run_nsec, uint64_t *ret_runs) {
+        return -EOPNOTSUPP;
+}
+
+int telemetry_bpf_enable_stats(void) {
+        return -EOPNOTSUPP;
+}

@@ -256,3 +256,26 @@ int telemetry_bpf_counters(TelemetryBpf *b, uint64_t ret[_EPD_COUNTER_MAX]) {
         }
         return 0;
 }
+
+int telemetry_bpf_prog_stats(TelemetryBpf *b, uint64_t *ret_run_nsec, uint64_t *ret_runs) {
+        struct bpf_program *progs[] = { b->skel->progs.epd_tcp_probe, b->skel->progs.epd_tcp_retransmit,
+                                        b->skel->progs.epd_sock_set_state };
+        uint64_t ns = 0, runs = 0;
+        for (size_t i = 0; i < ELEMENTSOF(progs); i++) {
+                struct bpf_prog_info info = {};
+                uint32_t len = sizeof info;
+                int r = bpf_obj_get_info_by_fd(bpf_program__fd(progs[i]), &info, &len);
+                if (r < 0)
+                        return r;
+                ns += info.run_time_ns;
+                runs += info.run_cnt;
+        }
+        *ret_run_nsec = ns;
+        *ret_runs = runs;
+        return 0;
+}
+
+int telemetry_bpf_enable_stats(void) {
+        int fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
+        return fd < 0 ? (errno > 0 ? -errno : fd) : fd;
+}

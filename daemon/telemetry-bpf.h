@@ -36,5 +36,11 @@ int telemetry_bpf_track(TelemetryBpf *b, uint64_t cookie, uint32_t peer_id, cons
 int telemetry_bpf_untrack(TelemetryBpf *b, uint64_t cookie);
 /* -ENOENT when the kernel has seen nothing of the connection yet. */
 int telemetry_bpf_conn_stats(TelemetryBpf *b, uint64_t cookie, struct epd_conn_stats *ret);
+/* Time spent in the programs and how often they ran, summed over all of them; only
+ * counted while BPF run-time statistics are enabled (kernel.bpf_stats_enabled=1 or
+ * telemetry_bpf_enable_stats()). */
+int telemetry_bpf_prog_stats(TelemetryBpf *b, uint64_t *ret_run_nsec, uint64_t *ret_runs);
+/* Enables run-time statistics while the returned fd is open (for benchmarks). */
+int telemetry_bpf_enable_stats(void);
 /* Sums the per-CPU counters (enum epd_counter). */
 int telemetry_bpf_counters(TelemetryBpf *b, uint64_t ret[_EPD_COUNTER_MAX]);

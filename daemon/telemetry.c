@@ -520,6 +520,8 @@ void telemetry_get_counters(Telemetry *t, TelemetryCounters *ret) {
                 ret->kernel_events = k[EPD_COUNTER_EVENTS];
                 ret->kernel_dropped = k[EPD_COUNTER_DROPPED];
         }
+        if (t->bpf)
+                (void)telemetry_bpf_prog_stats(t->bpf, &ret->kernel_run_nsec, &ret->kernel_runs);
 }
 
 int telemetry_record(Telemetry *t, const char *request_id, TraceEventType type, const TraceDetail *d) {

@@ -50,6 +50,8 @@ typedef struct TelemetryCounters {
         uint64_t ring_wakeups;
         uint64_t kernel_events;       /* from the BPF counters */
         uint64_t kernel_dropped;
+        uint64_t kernel_run_nsec;     /* time in the BPF programs (when stats are on) */
+        uint64_t kernel_runs;
         unsigned tracked;
         unsigned peers;
         size_t traces;
