@@ -6,7 +6,7 @@
 
 #include "hashmap.h"
 #include "list.h"
-#include "sched.h"
+#include "scheduler.h"
 
 #define TOP_CANDIDATES 4
 

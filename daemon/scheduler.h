@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #pragma once
 
+/* (Named scheduler.h, not sched.h: daemon/ is on the include path and sched.h would
+ * shadow the C library's <sched.h>, which <pthread.h> includes.) */
+
 /* Admission and routing (docs/scheduler.md). Pure: no bus, no clock of its own —
  * every call takes `now` (CLOCK_MONOTONIC in epdd, a simulated clock in the tests).
  *

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched.h"
+#include "scheduler.h"
 
 #define MS USEC_PER_MSEC
 #define SEC USEC_PER_SEC
