@@ -26,9 +26,11 @@
 /* Subsystems, in start order (stopped in reverse). Each defines its Subsystem in its
  * own file; add one extern and one table entry per subsystem, each on its own line. */
 /* -- subsystem declarations -- */
+extern const Subsystem scheduler_subsystem;
 
 static const Subsystem *const subsystems[] = {
         /* -- subsystem table -- */
+        &scheduler_subsystem,
         NULL,
 };
 

@@ -60,6 +60,7 @@ typedef struct Pool {
 struct Scheduler {
         SchedConfig config;
         SchedOps ops;
+        void *userdata;
         Hashmap *requests; /* SchedRequest* by id */
         SchedWorker **workers[_SCHED_STAGE_MAX];
         size_t n_workers[_SCHED_STAGE_MAX];
@@ -267,6 +268,14 @@ Scheduler *sched_free(Scheduler *s) {
 
 void sched_set_ops(Scheduler *s, const SchedOps *ops) {
         s->ops = ops ? *ops : (SchedOps){};
+}
+
+void sched_set_userdata(Scheduler *s, void *userdata) {
+        s->userdata = userdata;
+}
+
+void *sched_get_userdata(const Scheduler *s) {
+        return s->userdata;
 }
 
 int sched_reconfigure(Scheduler *s, const SchedConfig *c) {

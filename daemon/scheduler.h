@@ -160,6 +160,9 @@ int sched_new(const SchedConfig *c, Scheduler **ret);
 Scheduler *sched_free(Scheduler *s);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Scheduler *, sched_free);
 void sched_set_ops(Scheduler *s, const SchedOps *ops);
+/* A pointer for the owner (epdd's glue keeps its event sources there). */
+void sched_set_userdata(Scheduler *s, void *userdata);
+void *sched_get_userdata(const Scheduler *s);
 /* Applies a new config (reload): pool policies and limits; outstanding requests stay. */
 int sched_reconfigure(Scheduler *s, const SchedConfig *c);
 

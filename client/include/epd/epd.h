@@ -75,6 +75,31 @@ int epd_get_fd(epd_client *c);
 int epd_process(epd_client *c);
 int epd_wait(epd_client *c, uint64_t timeout_usec);
 
+/* -- admission (org.epd1.Scheduler; docs/scheduler.md) --
+ * Admit a request of a task type ("thinking", "interactive", "hybrid") with a deadline
+ * relative to now (0: the pool's default). The answer says admit (with the workers to
+ * use, as object paths; "" for a stage not used), defer (come back after
+ * retry_after_usec) or reject, and why. Each worker reports each stage it finished
+ * with epd_complete() ("encode", "prefill", "decode"); the decode stage, or ok=false,
+ * ends the request. */
+typedef enum epd_verdict { EPD_ADMIT, EPD_DEFER, EPD_REJECT } epd_verdict;
+
+typedef struct epd_admission {
+        epd_verdict verdict;
+        char reason[32];
+        uint64_t retry_after_usec;
+        uint64_t predicted_usec;
+        int priority;            /* serve waiting requests by it, FIFO within it */
+        char encoder[96], prefill[96], decode[96];
+} epd_admission;
+
+int epd_admit(epd_client *c, const char *request_id, const char *task_type, uint64_t deadline_usec,
+              uint64_t pages_needed, bool multimodal, epd_admission *ret);
+int epd_complete(epd_client *c, const char *request_id, const char *stage, uint64_t service_usec, bool ok);
+/* This worker's capacity for the scheduler: requests it runs at once, its queue bound
+ * (0: 4 x slots), and (decode) its free KV pages. */
+int epd_configure_worker(epd_client *c, uint32_t slots, uint32_t queue_limit, uint64_t free_pages);
+
 const char *epd_last_error_name(const epd_client *c);
 const char *epd_last_error_message(const epd_client *c);
 
