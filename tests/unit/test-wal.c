@@ -435,12 +435,15 @@ START_TEST(test_crash) {
                         }
                 }
                 close(p[1]);
-                usleep(1000 + rand() % 20000);
+                /* Kill it at a random point after it started appending. */
+                uint64_t lsn, acked = acked_total;
+                if (read(p[0], &lsn, sizeof lsn) == sizeof lsn)
+                        acked = lsn;
+                usleep(rand() % 20000);
                 kill(pid, SIGKILL);
                 int status;
                 ck_assert_int_eq(waitpid(pid, &status, 0), pid);
                 ck_assert(WIFSIGNALED(status));
-                uint64_t lsn, acked = acked_total;
                 while (read(p[0], &lsn, sizeof lsn) == sizeof lsn)
                         acked = lsn;
                 close(p[0]);
