@@ -50,6 +50,10 @@ typedef struct Config {
         uint64_t feature_cache_bytes;
         char *feature_store_dir;
 
+        /* [Wal] (docs/wal.md) */
+        int wal_sync;            /* WalSyncPolicy: always, batch (default), none */
+        uint64_t wal_compact_bytes; /* compact when the log grows past this */
+
         /* Subsystem-private sections live beside the core: see config.c. */
 } Config;
 

@@ -29,11 +29,15 @@
 /* -- subsystem declarations -- */
 extern const Subsystem pages_subsystem;
 extern const Subsystem scheduler_subsystem;
+extern const Subsystem workflows_subsystem;
+extern const Subsystem wal_subsystem;
 
 static const Subsystem *const subsystems[] = {
         /* -- subsystem table -- */
         &pages_subsystem,
         &scheduler_subsystem,
+        &workflows_subsystem,
+        &wal_subsystem,
         NULL,
 };
 

@@ -35,6 +35,7 @@ struct Wal {
         void *buf;           /* encode buffer */
         size_t buf_size;
         WalStats stats;
+        void *userdata;
 };
 
 struct WalSnapshot {
@@ -575,6 +576,14 @@ WalSyncPolicy wal_get_policy(const Wal *w) {
 
 const WalStats *wal_get_stats(const Wal *w) {
         return &w->stats;
+}
+
+void wal_set_userdata(Wal *w, void *userdata) {
+        w->userdata = userdata;
+}
+
+void *wal_get_userdata(const Wal *w) {
+        return w->userdata;
 }
 
 int wal_snapshot_add(WalSnapshot *s, uint16_t type, const void *payload, size_t len) {

@@ -145,6 +145,9 @@ uint64_t wal_synced_lsn(const Wal *w); /* durable under the policy */
 void wal_set_policy(Wal *w, WalSyncPolicy p);
 WalSyncPolicy wal_get_policy(const Wal *w);
 const WalStats *wal_get_stats(const Wal *w);
+/* A pointer for the owner (epdd's glue keeps its event sources there). */
+void wal_set_userdata(Wal *w, void *userdata);
+void *wal_get_userdata(const Wal *w);
 
 /* Compaction: fn writes the whole current state with wal_snapshot_add(); the
  * snapshot replaces the log atomically (write, fsync, rename, fsync dir), so a crash

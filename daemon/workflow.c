@@ -237,6 +237,10 @@ WorkflowManager *workflow_manager_free(WorkflowManager *wm) {
         return NULL;
 }
 
+void *workflow_manager_userdata(const WorkflowManager *wm) {
+        return wm->ops.userdata;
+}
+
 Workflow *workflow_get(WorkflowManager *wm, const char *id_str) {
         return id_str ? hashmap_get(wm->workflows, id_str) : NULL;
 }

@@ -91,6 +91,9 @@ int workflow_manager_new(const WorkflowOps *ops, unsigned max_workflows, Workflo
 WorkflowManager *workflow_manager_free(WorkflowManager *wm);
 DEFINE_TRIVIAL_CLEANUP_FUNC(WorkflowManager *, workflow_manager_free);
 
+/* The ops' userdata. */
+void *workflow_manager_userdata(const WorkflowManager *wm);
+
 Workflow *workflow_get(WorkflowManager *wm, const char *id_str);
 size_t workflow_count(const WorkflowManager *wm);
 /* Iteration, as hashmap_iterate. */
