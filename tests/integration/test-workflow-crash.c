@@ -163,7 +163,7 @@ START_TEST(test_crash_loop) {
                 acked.alive[0] = true;
                 acked.n_tokens[0] = 64;
 
-                pid_t killer = kill_after(h.epdd_pid, 2000 + (unsigned)(rand() % 60000));
+                pid_t killer = kill_after(h.epdd_pid, 5000 + (unsigned)(rand() % 200000));
                 for (int op = 0;; op++) {
                         x = x * 6364136223846793005ULL + 1442695040888963407ULL;
                         unsigned k = (unsigned)(x >> 33), b = k % acked.n_branches;
