@@ -176,6 +176,8 @@ const EpdctlVerb epdctl_verbs[] = {
         { "arenas", NULL, "Memory arenas", verb_arenas },
         { "pages", NULL, "KV page pools per arena and the block directory", verb_pages },
         { "sequences", NULL, "KV sequences: owner, arena, pages, sharing", verb_sequences },
+        { "scheduler", NULL, "Admission pools: queues, rates, rho, verdicts and their reasons", verb_scheduler },
+        { "journal", NULL, "The WAL (sync policy, LSNs, size) and the number of workflows", verb_journal },
         /* -- more verbs -- */
         {},
 };
