@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "crc32c.h"
 #include "macro.h"
 #include "wal.h"
@@ -464,11 +465,32 @@ START_TEST(test_crash) {
 }
 END_TEST
 
+START_TEST(test_config) {
+        Config c;
+        char *errors = NULL;
+        ck_assert_int_eq(config_defaults(&c), 0);
+        ck_assert_int_eq(c.wal_sync, WAL_SYNC_BATCH);
+        ck_assert_int_eq(config_parse_string(&c, "[Wal]\nSync=always\nCompactSize=1M\n", "t", &errors), 0);
+        ck_assert_int_eq(c.wal_sync, WAL_SYNC_ALWAYS);
+        ck_assert_uint_eq(c.wal_compact_bytes, 1 << 20);
+        ck_assert_int_eq(config_parse_string(&c, "[Wal]\nSync=sometimes\n", "t", &errors), -EINVAL);
+        ck_assert_ptr_nonnull(errors);
+        ck_assert_ptr_nonnull(strstr(errors, "always, batch or none"));
+        free(errors);
+        ck_assert_int_eq(c.wal_sync, WAL_SYNC_ALWAYS); /* nothing half-applied */
+        config_done(&c);
+        for (int p = 0; p < _WAL_SYNC_POLICY_MAX; p++)
+                ck_assert_int_eq(wal_sync_policy_from_string(wal_sync_policy_to_string(p)), p);
+        ck_assert_int_eq(wal_sync_policy_from_string("fast"), -EINVAL);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("wal");
         TCase *tc = tcase_create("wal");
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_crc32c);
+        tcase_add_test(tc, test_config);
         tcase_add_test(tc, test_record_parse);
         tcase_add_test(tc, test_append_replay);
         tcase_add_test(tc, test_truncated);
