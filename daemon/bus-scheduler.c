@@ -67,6 +67,7 @@ static int method_admit(sd_bus_message *msg, void *userdata, sd_bus_error *error
         usec_t now = now_usec(CLOCK_MONOTONIC);
         if (deadline_rel > 24ULL * 3600 * USEC_PER_SEC)
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Deadline beyond one day.");
+        scheduler_refresh_pages(m);
         r = sched_admit(m->scheduler, request_id, t, deadline_rel > 0 ? now + deadline_rel : 0, &hints, now, &d);
         if (r == -EINVAL)
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,

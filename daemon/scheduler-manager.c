@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "log.h"
+#include "pages.h"
 #include "scheduler-manager.h"
 #include "worker.h"
 
@@ -89,6 +90,30 @@ static int scheduler_worker_added(Manager *m, Worker *w) {
                 }
         }
         return 0;
+}
+
+void scheduler_refresh_pages(Manager *m) {
+        Worker *w;
+        size_t it = 0;
+
+        while (hashmap_iterate(m->workers, &it, (void **)&w, NULL)) {
+                uint64_t free_pages = 0;
+                bool any = false;
+                if (!(scheduler_stages_of_role(w->role) & (1u << SCHED_STAGE_DECODE)))
+                        continue;
+                for (size_t i = 0; i < m->n_arenas && i < 64; i++) {
+                        Arena *a = m->arenas[i];
+                        PagePoolStats st;
+                        if (!(w->arena_mask & (UINT64_C(1) << i)) || a->usage != ARENA_USAGE_KV || !a->pages)
+                                continue;
+                        page_pool_stats(a->pages, &st);
+                        free_pages += st.free + st.cached_idle; /* idle cached pages are evictable */
+                        any = true;
+                }
+                /* Without a page pool yet, ConfigureWorker(FreePages=) is what counts. */
+                if (any)
+                        (void)sched_worker_set_free_pages(m->scheduler, w->id_str, free_pages);
+        }
 }
 
 static void scheduler_worker_gone(Manager *m, Worker *w) {

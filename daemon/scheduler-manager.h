@@ -14,3 +14,6 @@ extern const Subsystem scheduler_subsystem;
 /* The stages a worker role serves (bit per SchedStage). */
 unsigned scheduler_stages_of_role(int role);
 int bus_scheduler_add(Manager *m, sd_bus *bus);
+/* Sets each decode worker's free pages from the KV page pools of the arenas it maps
+ * (free + evictable idle pages); called before each admission. */
+void scheduler_refresh_pages(Manager *m);

@@ -91,6 +91,20 @@ START_TEST(test_admit_complete) {
         ck_assert_str_eq(a.reason, "no-workers");
         ck_assert_uint_eq(outstanding(), 0);
 
+        /* A decode worker with a KV layout: its free pages come from its arena's pool. */
+        static const epd_kv_layout kv = { .layers = 4, .tokens_per_block = 16, .k_bytes_per_token = 256,
+                                          .v_bytes_per_token = 256, .dtype = "bf16" };
+        epd_client *d2;
+        ck_assert_int_eq(epd_connect(address, &d2), 0);
+        ck_assert_int_eq(epd_register(d2, "decode", "m", "cpu", &kv, NULL), 0);
+        ck_assert_int_eq(epd_admit(tool, "r6", "hybrid", 0, 1000000, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_DEFER);
+        ck_assert_str_eq(a.reason, "no-pages");
+        ck_assert_int_eq(epd_admit(tool, "r6", "hybrid", 0, 100, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        ck_assert_str_eq(a.decode, epd_worker_path(d2));
+        epd_disconnect(d2);
+
         epd_disconnect(p);
         epd_disconnect(tool);
 }
