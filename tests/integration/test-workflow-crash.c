@@ -291,11 +291,66 @@ START_TEST(test_errors_introspection) {
 }
 END_TEST
 
+/* The same through libepd, as a worker would. */
+START_TEST(test_libepd) {
+        static const epd_kv_layout kv = { .layers = 2, .tokens_per_block = 16, .k_bytes_per_token = 64,
+                                          .v_bytes_per_token = 64, .dtype = "bf16" };
+        char address[512];
+        epd_client *c;
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &kv, NULL), 0);
+        char *seq = NULL, *wf = NULL, *head = NULL, *head2 = NULL, *head3 = NULL;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 4, &seq, NULL, NULL), 0);
+        uint32_t t[64], t2[96];
+        for (unsigned i = 0; i < 64; i++)
+                t[i] = 1000 + i;
+        ck_assert_int_eq(epd_workflow_create(c, seq, t, 64, &wf, &head), 0);
+        ck_assert_uint_eq(strlen(wf), 32);
+        uint32_t b;
+        ck_assert_int_eq(epd_workflow_fork(c, wf, 0, &b, &head2), 0);
+        ck_assert_uint_eq(b, 1);
+        /* Same first 32 tokens (2 pages), then page 3 of the predecessor at token 64. */
+        memcpy(t2, t, 32 * sizeof *t);
+        for (unsigned i = 32; i < 64; i++)
+                t2[i] = 5000 + i;
+        memcpy(t2 + 64, t + 48, 16 * sizeof *t);
+        for (unsigned i = 80; i < 96; i++)
+                t2[i] = 7000 + i;
+        uint32_t prefix;
+        epd_segment *segs = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_workflow_advance(c, wf, 1, t2, 96, true, &head3, &prefix, &segs, &n), 0);
+        ck_assert_uint_eq(prefix, 2);
+        ck_assert_uint_eq(n, 1);
+        ck_assert_uint_eq(segs[0].prev_block, 3);
+        ck_assert_uint_eq(segs[0].new_offset, 64);
+        ck_assert(segs[0].aligned);
+        free(segs);
+        ck_assert_int_eq(epd_workflow_attach(c, wf), 0);
+        ck_assert_int_eq(epd_workflow_drop(c, wf, 1), 0);
+        ck_assert_int_eq(epd_workflow_drop(c, wf, 1), -ENOENT);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.NotFound");
+        ck_assert_int_eq(epd_workflow_release(c, wf), 0);
+        free(seq);
+        free(wf);
+        free(head);
+        free(head2);
+        free(head3);
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("workflow-crash");
         TCase *tc = tcase_create("workflow-crash");
         tcase_set_timeout(tc, 240);
         tcase_add_test(tc, test_errors_introspection);
+        tcase_add_test(tc, test_libepd);
         tcase_add_test(tc, test_crash_loop);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);

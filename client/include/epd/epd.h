@@ -142,6 +142,32 @@ int epd_complete(epd_client *c, const char *request_id, const char *stage, uint6
  * (0: 4 x slots), and (decode) its free KV pages. */
 int epd_configure_worker(epd_client *c, uint32_t slots, uint32_t queue_limit, uint64_t free_pages);
 
+/* -- agent workflows (org.epd1.Workflow; docs/scheduler.md#workflows) --
+ * A workflow (named by a 32-hex-digit id) holds branches; each branch's head is a
+ * sequence (object path). Strings returned are the caller's to free(). Every call is in
+ * the daemon's WAL before it returns; after an epdd restart, epd_workflow_attach() takes
+ * a workflow back (same uid). A workflow whose sequences are not on the daemon fails
+ * with org.epd1.Error.Stale (-ESTALE). */
+typedef struct epd_segment {
+        uint32_t prev_block;  /* first block (page) of the predecessor */
+        uint32_t n_blocks;
+        uint32_t new_offset;  /* token offset in the new sequence */
+        bool aligned;         /* at a page boundary: the pages can be shared as they are */
+} epd_segment;
+
+int epd_workflow_create(epd_client *c, const char *sequence, const uint32_t *tokens, size_t n_tokens,
+                        char **ret_workflow, char **ret_head);
+int epd_workflow_fork(epd_client *c, const char *workflow, uint32_t branch, uint32_t *ret_branch, char **ret_head);
+/* The new head shares *ret_prefix_blocks pages with the predecessor; with segments,
+ * *ret_segments (malloc()ed) lists predecessor blocks found elsewhere in tokens. */
+int epd_workflow_advance(epd_client *c, const char *workflow, uint32_t branch, const uint32_t *tokens,
+                         size_t n_tokens, bool segments, char **ret_head, uint32_t *ret_prefix_blocks,
+                         epd_segment **ret_segments, size_t *ret_n_segments);
+int epd_workflow_merge(epd_client *c, const char *workflow, uint32_t from, uint32_t into);
+int epd_workflow_drop(epd_client *c, const char *workflow, uint32_t branch);
+int epd_workflow_release(epd_client *c, const char *workflow);
+int epd_workflow_attach(epd_client *c, const char *workflow);
+
 const char *epd_last_error_name(const epd_client *c);
 const char *epd_last_error_message(const epd_client *c);
 
