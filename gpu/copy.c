@@ -39,6 +39,9 @@ struct GpuCopyJob {
         int slot_dev[_GPU_COPY_PATH_MAX * 4];
         int slot_idx[_GPU_COPY_PATH_MAX * 4];
         size_t n_slots;
+        /* Arrays handed to cuMemcpyBatchAsync, kept until the batch completes. */
+        CUdeviceptr *batch_dst, *batch_src;
+        size_t *batch_size;
         LIST_FIELDS(GpuCopyJob, done);
 };
 
@@ -51,6 +54,7 @@ struct GpuCopyEngine {
         size_t in_flight;
         bool kernel_batching;
         size_t kernel_min_segments;
+        bool batch_api;              /* cuMemcpyBatchAsync for multi-segment D2D groups */
         GpuCopyStats stats;
 };
 
@@ -98,6 +102,9 @@ static void job_free(GpuCopyJob *j) {
                 gpu_arena_unref(j->arenas[i]);
         if (j->arenas != j->arenas_inline)
                 free(j->arenas);
+        free(j->batch_dst);
+        free(j->batch_src);
+        free(j->batch_size);
         free(j);
 }
 
@@ -251,6 +258,54 @@ static int group_try_kernel(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPat
         return 1;
 }
 
+/* One cuMemcpyBatchAsync for a group of device-to-device segments: one driver call for
+ * the whole group, still on the copy engines. Returns 1 if done, 0 if the caller should
+ * enqueue the segments one by one, <0 on error. */
+static int group_try_batch_api(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPath p,
+                               const GpuCopySeg *segs, const size_t *idx, size_t pos, size_t n,
+                               size_t total) {
+        CudaDriver *d = e->system->driver;
+        CUmemcpyAttributes attr = {
+                .srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+                .srcLocHint = { .type = CU_MEM_LOCATION_TYPE_DEVICE },
+                .dstLocHint = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev },
+        };
+        size_t attr_idx = 0;
+        int r;
+
+        if (!e->batch_api || !d->cuMemcpyBatchAsync || n < 2 ||
+            (p != GPU_COPY_SAME_GPU && p != GPU_COPY_PEER))
+                return 0;
+        if (p == GPU_COPY_PEER && !gpu_system_can_access_peer(e->system, dev, segs[idx[0]].src->ordinal))
+                return 0;
+        if (!j->batch_dst) {
+                j->batch_dst = malloc(total * sizeof *j->batch_dst);
+                j->batch_src = malloc(total * sizeof *j->batch_src);
+                j->batch_size = malloc(total * sizeof *j->batch_size);
+                if (!j->batch_dst || !j->batch_src || !j->batch_size)
+                        return -ENOMEM;
+        }
+        attr.srcLocHint.id = segs[idx[0]].src->ordinal;
+        for (size_t k = 0; k < n; k++) {
+                const GpuCopySeg *g = &segs[idx[k]];
+                j->batch_dst[pos + k] = g->dst->base + g->dst_offset;
+                j->batch_src[pos + k] = g->src->base + g->src_offset;
+                j->batch_size[pos + k] = g->length;
+        }
+        r = CU(d, cuMemcpyBatchAsync, j->batch_dst + pos, j->batch_src + pos, j->batch_size + pos,
+               n, &attr, &attr_idx, 1, e->lanes[dev].streams[p]);
+        if (r == -EINVAL || r == -EOPNOTSUPP) {
+                /* Nothing was queued: this driver refuses it; do without from now on. */
+                log_debug_errno(r, "cuMemcpyBatchAsync refused (%m), copying segment by segment");
+                e->batch_api = false;
+                return 0;
+        }
+        if (r < 0)
+                return r;
+        e->stats.batch_api_calls++;
+        return 1;
+}
+
 int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t cookie) {
         _cleanup_(freep) size_t *order = NULL;
         GpuCopyJob *j;
@@ -306,6 +361,9 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                         r = gpu_device_make_current(e->system, &e->system->devices[dev]);
                         if (r >= 0)
                                 r = group_try_kernel(e, j, (int)dev, p, segs, order + start, m);
+                        if (r == 0)
+                                r = group_try_batch_api(e, j, (int)dev, p, segs, order + start,
+                                                        start, m, n);
                         for (size_t k = 0; r == 0 && k < m; k++)
                                 r = seg_enqueue(e, p, &segs[order[start + k]], st);
                         if (r < 0) {
@@ -417,6 +475,10 @@ size_t gpu_copy_engine_in_flight(const GpuCopyEngine *e) {
         return e->in_flight;
 }
 
+void gpu_copy_engine_set_batch_api(GpuCopyEngine *e, bool enable) {
+        e->batch_api = enable;
+}
+
 void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t min_segments) {
         e->kernel_batching = enable;
         e->kernel_min_segments = MAX(min_segments, (size_t)1);
@@ -474,6 +536,7 @@ int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
         e->efd = -EBADF;
         pthread_mutex_init(&e->lock, NULL);
         e->kernel_min_segments = 16;
+        e->batch_api = true;
         e->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (e->efd < 0)
                 return -errno;

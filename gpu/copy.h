@@ -18,6 +18,8 @@
  * also reports failed work) queues the completion and writes to an eventfd; the event
  * loop watches that fd and calls gpu_copy_reap(). Nothing spins on the host.
  *
+ * A group of several device-to-device segments is one cuMemcpyBatchAsync call where
+ * the driver has it (13.0+; still the copy engines), else one cuMemcpyDtoDAsync each.
  * Batches of many small same-GPU or peer segments can optionally go through one launch
  * of the batched copy kernel (pack.h) instead of one copy-engine operation per segment;
  * this uses SMs of the GPU, which the workers' kernels share, so it is off unless
@@ -65,6 +67,7 @@ typedef struct GpuCopyStats {
         uint64_t segments;      /* after coalescing */
         uint64_t bytes;
         uint64_t kernel_launches;
+        uint64_t batch_api_calls;
         uint64_t failures;
         uint64_t bytes_by_path[_GPU_COPY_PATH_MAX];
 } GpuCopyStats;
@@ -80,6 +83,9 @@ GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e);
 DEFINE_TRIVIAL_CLEANUP_FUNC(GpuCopyEngine *, gpu_copy_engine_free);
 
 void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t min_segments);
+/* cuMemcpyBatchAsync (driver 13.0+) for multi-segment device-to-device groups: on by
+ * default where the driver has it; off, every segment is its own cuMemcpyDtoDAsync. */
+void gpu_copy_engine_set_batch_api(GpuCopyEngine *e, bool enable);
 const GpuCopyStats *gpu_copy_engine_stats(const GpuCopyEngine *e);
 
 /* Readable (eventfd, O_CLOEXEC|O_NONBLOCK) when completions are waiting. */

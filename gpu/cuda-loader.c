@@ -166,16 +166,32 @@ int cuda_driver_open(const char *library, CudaDriver **ret) {
         EPD_CUDA_FUNCTIONS(EPD_CUDA_RESOLVE)
 #undef EPD_CUDA_RESOLVE
 
-        r = CU(d, cuInit, 0);
-        if (r == -ENODEV)
-                return -ENODEV;
-        if (r < 0)
-                return r;
         r = CU(d, cuDriverGetVersion, &d->driver_version);
         if (r < 0)
                 return r;
         if (d->driver_version < EPD_CUDA_API_VERSION)
                 return -EOPNOTSUPP;
+
+        /* Optional ones: only where the driver is new enough for the declared version. */
+#define EPD_CUDA_RESOLVE_OPT(name, version, params)                                      \
+        if (d->driver_version >= (version)) {                                            \
+                void *p_ = NULL;                                                         \
+                int status_ = 0;                                                         \
+                CUresult cr_ = gpa2 ? gpa2(#name, &p_, (version),                        \
+                                           CU_GET_PROC_ADDRESS_DEFAULT, &status_)        \
+                                    : gpa1(#name, &p_, (version),                        \
+                                           CU_GET_PROC_ADDRESS_DEFAULT);                 \
+                if (cr_ == CUDA_SUCCESS && p_)                                           \
+                        memcpy(&d->name, &p_, sizeof p_);                                \
+        }
+        EPD_CUDA_OPTIONAL_FUNCTIONS(EPD_CUDA_RESOLVE_OPT)
+#undef EPD_CUDA_RESOLVE_OPT
+
+        r = CU(d, cuInit, 0);
+        if (r == -ENODEV)
+                return -ENODEV;
+        if (r < 0)
+                return r;
         r = CU(d, cuDeviceGetCount, &d->n_devices);
         if (r < 0)
                 return r;

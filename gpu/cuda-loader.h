@@ -131,6 +131,18 @@ typedef struct CUmemAllocationProp {
         } allocFlags;
 } CUmemAllocationProp;
 
+/* For cuMemcpyBatchAsync (CUDA 12.8+, optional). */
+enum {
+        CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 0x1,
+};
+
+typedef struct CUmemcpyAttributes {
+        int srcAccessOrder;
+        CUmemLocation srcLocHint;
+        CUmemLocation dstLocHint;
+        unsigned flags;
+} CUmemcpyAttributes;
+
 typedef struct CUmemAccessDesc {
         CUmemLocation location;
         CUmemAccess_flags flags;
@@ -211,6 +223,13 @@ typedef struct CUmemAccessDesc {
                            unsigned bx, unsigned by, unsigned bz, unsigned shared_bytes, \
                            CUstream stream, void **params, void **extra))
 
+/* Entry points used when the driver has them (NULL otherwise), with the API version
+ * whose signature is declared. */
+#define EPD_CUDA_OPTIONAL_FUNCTIONS(X)                                                   \
+        X(cuMemcpyBatchAsync, 13000,                                                     \
+          (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,            \
+           CUmemcpyAttributes *attrs, size_t *attr_idxs, size_t n_attrs, CUstream s))
+
 typedef struct CudaDriver {
         void *dl;
         int driver_version; /* e.g. 13000 */
@@ -218,6 +237,9 @@ typedef struct CudaDriver {
 #define EPD_CUDA_DECLARE_FN(name, params) CUresult (*name) params;
         EPD_CUDA_FUNCTIONS(EPD_CUDA_DECLARE_FN)
 #undef EPD_CUDA_DECLARE_FN
+#define EPD_CUDA_DECLARE_OPT(name, version, params) CUresult (*name) params;
+        EPD_CUDA_OPTIONAL_FUNCTIONS(EPD_CUDA_DECLARE_OPT)
+#undef EPD_CUDA_DECLARE_OPT
 } CudaDriver;
 
 /* Loads the driver (library NULL: "libcuda.so.1"; a path for tests), resolves every

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: LGPL-2.1-or-later
+# Builds epd on a GPU machine, runs the unit tests, the GPU device tests (also under
+# ASan+UBSan) and the GPU benchmarks, and prints a short table last.
+#
+#   bench/gpu/run-device.sh            (from anywhere; builds in build-device*/)
+#
+# Needs: a CUDA driver and GPU, nvcc, meson + ninja, libsystemd. Logs go to $OUT when
+# it is set (the device tool's output folder), else to build-device/logs.
+set -u
+export NCCL_NVLS_ENABLE=0
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+LOGS=${OUT:-$ROOT/build-device/logs}
+mkdir -p "$LOGS"
+
+# Toolchain: nvcc from PATH or the usual CUDA prefixes; meson/ninja from PATH or pip.
+for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
+        [ -x "$d/nvcc" ] && case ":$PATH:" in *":$d:"*) ;; *) PATH=$PATH:$d ;; esac
+done
+export PATH
+if command -v meson >/dev/null; then MESON=(meson); else MESON=(python3 -m mesonbuild.mesonmain); fi
+status() { printf '%-28s %s\n' "$1" "$2" | tee -a "$LOGS/summary.txt"; }
+: >"$LOGS/summary.txt"
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv,noheader 2>&1 | tee "$LOGS/gpu.txt"
+echo "nvcc: $(command -v nvcc || echo none)"
+
+build() { # dir, extra meson args...
+        local dir=$1; shift
+        if [ ! -f "$dir/build.ninja" ]; then
+                "${MESON[@]}" setup "$dir" -Dbpf=disabled -Dcuda=enabled -Dwerror=true "$@" \
+                        >>"$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; return 1; }
+        fi
+        ninja -C "$dir" >>"$LOGS/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$LOGS/build.log" | head -40; return 1; }
+}
+
+t0=$(date +%s)
+if build build-device; then status build ok; else status build FAILED; exit 1; fi
+if build build-device-asan -Db_sanitize=address,undefined; then status "build (asan,ubsan)" ok; else status "build (asan,ubsan)" FAILED; fi
+status "build time" "$(( $(date +%s) - t0 )) s"
+
+if [ -f build-device/tests/unit/meson.build ] || ls build-device/tests/unit/test-* >/dev/null 2>&1; then
+        if "${MESON[@]}" test -C build-device --suite unit >"$LOGS/unit.log" 2>&1; then
+                status "unit tests" "ok ($(grep -c '^ *[0-9]*/[0-9]* .* OK' "$LOGS/unit.log") passed)"
+        else
+                status "unit tests" FAILED; grep -E "FAIL|ERROR" "$LOGS/unit.log" | head
+        fi
+else
+        status "unit tests" "skipped: no libcheck on this machine"
+fi
+
+rc=0
+./build-device/bench/gpu/gpu-device-test >"$LOGS/device-test.log" 2>&1; r=$?
+cat "$LOGS/device-test.log"
+if [ $r -eq 0 ]; then status "gpu device tests" ok; else status "gpu device tests" "FAILED (rc=$r)"; rc=1; fi
+
+if [ -x build-device-asan/bench/gpu/gpu-device-test ]; then
+        # CUDA needs the shadow gap unprotected; libcuda's own allocations are not ours.
+        ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+                ./build-device-asan/bench/gpu/gpu-device-test >"$LOGS/device-test-asan.log" 2>&1; r=$?
+        if [ $r -eq 0 ]; then status "gpu device tests (asan)" ok; else status "gpu device tests (asan)" "FAILED (rc=$r)"; tail -30 "$LOGS/device-test-asan.log"; rc=1; fi
+fi
+
+./build-device/bench/gpu/gpu-bench >"$LOGS/bench.log" 2>&1; r=$?
+if [ $r -ne 0 ]; then status "gpu bench" "FAILED (rc=$r)"; tail -30 "$LOGS/bench.log"; rc=1; fi
+
+echo
+echo "== summary =="
+cat "$LOGS/summary.txt"
+grep '^RESULT' "$LOGS/device-test.log" || true
+echo
+echo "== benchmarks ($(head -1 "$LOGS/gpu.txt")) =="
+sed -n '/^| benchmark/,$p' "$LOGS/bench.log"
+exit $rc
