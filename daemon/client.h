@@ -7,6 +7,7 @@
  * client goes away, each object's release function runs — the same function that the
  * explicit Release method calls — so a dying worker leaves nothing behind. */
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <systemd/sd-bus.h>

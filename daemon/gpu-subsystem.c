@@ -24,6 +24,19 @@ int manager_gpu_arena_new(Manager *m, const ArenaConfig *c, uint32_t index, Aren
         return gpu_context_arena_new(m->gpu, c, index, ret);
 }
 
+void manager_arena_free(Manager *m, Arena *a) {
+        if (!a)
+                return;
+        if (a->gpu) {
+                if (m->gpu)
+                        gpu_context_arena_forget(m->gpu, a);
+                /* The last reference: unmaps and releases the allocation (workers that
+                 * still map it keep it alive until they unmap). */
+                a->gpu = gpu_arena_unref(a->gpu);
+        }
+        arena_free(a);
+}
+
 static int gpu_init(Manager *m) {
         char *text = NULL;
 

@@ -8,3 +8,4 @@ extern const Subsystem gpu_subsystem;
 /* For the arena setup: creates a configured Domain=gpu arena, loading the driver on
  * first use. Fails with a clear "no GPU" message where there is none. */
 int manager_gpu_arena_new(Manager *m, const ArenaConfig *c, uint32_t index, Arena **ret);
+void manager_arena_free(Manager *m, Arena *a);

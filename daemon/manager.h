@@ -13,6 +13,7 @@
 #include "hashmap.h"
 
 typedef struct Manager Manager;
+typedef struct Worker Worker;
 
 /* Subsystems hook into the manager through this table, so that adding one does not
  * touch every other: each may be NULL. See manager.c:subsystems[]. */
@@ -22,6 +23,10 @@ typedef struct Subsystem {
         void (*done)(Manager *m);                /* at shutdown, before arenas go */
         int (*add_bus)(Manager *m, sd_bus *bus); /* on every connection */
         int (*reload)(Manager *m, const Config *new_config);
+        /* A worker registered / is about to be freed (unregistered or its client died):
+         * drop anything of the subsystem that refers to it. */
+        int (*worker_added)(Manager *m, Worker *w);
+        void (*worker_gone)(Manager *m, Worker *w);
 } Subsystem;
 
 struct Manager {
@@ -62,6 +67,20 @@ Manager *manager_free(Manager *m);
 int manager_startup(Manager *m);
 int manager_run(Manager *m);
 int manager_reload(Manager *m);
+
+/* The serial of a direct connection, 0 if `bus` is not one. */
+uint64_t manager_connection_serial(Manager *m, sd_bus *bus);
+
+/* Runs the subsystems' worker_added hooks (a failure undoes the registration) and
+ * worker_gone hooks. */
+int manager_worker_added(Manager *m, Worker *w);
+void manager_worker_removed(Manager *m, Worker *w);
+
+/* Arenas: GPU arenas come from the GPU domain; freeing goes through the manager so
+ * that the domain that made an arena releases it. */
+int manager_gpu_arena_new(Manager *m, const ArenaConfig *c, uint32_t index, Arena **ret);
+void manager_arena_free(Manager *m, Arena *a);
+Arena *manager_find_arena(Manager *m, const char *name);
 
 /* Emits PropertiesChanged for an org.epd1.Manager property on every connection. */
 void manager_emit_changed(Manager *m, const char *path, const char *interface,

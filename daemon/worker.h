@@ -4,6 +4,7 @@
 /* A registered worker: an Encoder, Prefill or Decode process (or a tool). Registration
  * bookkeeping is pure (worker.c); the bus object is in bus-worker.c. */
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -21,6 +22,19 @@ typedef enum WorkerRole {
         _WORKER_ROLE_MAX,
 } WorkerRole;
 
+/* The KV layout a prefill/decode worker describes at registration (options
+ * "kv.layers", "kv.tokens_per_block", "kv.k_bytes_per_token", "kv.v_bytes_per_token",
+ * "kv.dtype"); the pages subsystem derives its KvLayout from it. Byte counts are per
+ * token per layer. */
+typedef struct WorkerKvOptions {
+        bool set;
+        uint32_t layers;
+        uint32_t tokens_per_block;
+        uint64_t k_bytes_per_token;
+        uint64_t v_bytes_per_token;
+        char dtype[16];
+} WorkerKvOptions;
+
 #define WORKER_MODEL_MAX 256
 #define WORKER_DEVICE_MAX 64
 
@@ -36,7 +50,9 @@ struct Worker {
         pid_t pid;
         uid_t uid;
         uint64_t registered_usec; /* CLOCK_REALTIME */
-        KvLayout *layout;         /* prefill/decode with a KV layout (issue: pages) */
+        WorkerKvOptions kv;       /* as registered */
+        KvLayout *layout;         /* derived by the pages subsystem; freed by its
+                                   * worker_gone hook */
         uint64_t arena_mask;      /* arenas this worker may map (bit = arena index) */
 };
 

@@ -1,0 +1,31 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* Shared by the files of libepd (one per API area); not installed. */
+
+#include <systemd/sd-bus.h>
+
+#include "epd/epd.h"
+
+struct epd_client {
+        sd_bus *bus;
+        bool direct;       /* peer-to-peer: no destination names */
+        char *worker_path;
+        epd_arena *arenas;
+        size_t n_arenas;
+        char error_name[128];
+        char error_message[512];
+};
+
+#define EPD_DESTINATION(c) ((c)->direct ? NULL : "org.epd1")
+
+/* Records the error of a failed call and returns it as a negative errno. */
+int epd__error(epd_client *c, int r, const sd_bus_error *e);
+void epd__clear_error(epd_client *c);
+/* A method call on org.epd1.<interface> at path; on failure, records the error. */
+int epd__call(epd_client *c, const char *path, const char *interface, const char *member,
+              sd_bus_message **reply, const char *types, ...);
+/* Like epd__call, with a message the caller filled (sd_bus_message_new_method_call). */
+int epd__new_call(epd_client *c, const char *path, const char *interface, const char *member,
+                  sd_bus_message **ret);
+int epd__send(epd_client *c, sd_bus_message *m, sd_bus_message **reply);

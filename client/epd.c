@@ -1,0 +1,344 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "bus-error.h"
+#include "epd-internal.h"
+#include "macro.h"
+
+#define DEFAULT_SOCKET "/run/epd/bus"
+
+void epd__clear_error(epd_client *c) {
+        c->error_name[0] = c->error_message[0] = 0;
+}
+
+int epd__error(epd_client *c, int r, const sd_bus_error *e) {
+        if (e && sd_bus_error_is_set(e)) {
+                snprintf(c->error_name, sizeof c->error_name, "%s", e->name);
+                snprintf(c->error_message, sizeof c->error_message, "%s", e->message ? e->message : "");
+                int m = sd_bus_error_get_errno(e);
+                return m > 0 ? -m : (r < 0 ? r : -EIO);
+        }
+        snprintf(c->error_name, sizeof c->error_name, "errno.%d", -r);
+        snprintf(c->error_message, sizeof c->error_message, "%s", strerror(-r));
+        return r;
+}
+
+const char *epd_last_error_name(const epd_client *c) {
+        return c && c->error_name[0] ? c->error_name : NULL;
+}
+
+const char *epd_last_error_message(const epd_client *c) {
+        return c && c->error_message[0] ? c->error_message : NULL;
+}
+
+int epd__new_call(epd_client *c, const char *path, const char *interface, const char *member,
+                  sd_bus_message **ret) {
+        int r = sd_bus_message_new_method_call(c->bus, ret, EPD_DESTINATION(c), path, interface, member);
+        return r < 0 ? epd__error(c, r, NULL) : 0;
+}
+
+int epd__send(epd_client *c, sd_bus_message *m, sd_bus_message **reply) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        epd__clear_error(c);
+        int r = sd_bus_call(c->bus, m, 0, &e, reply);
+        if (r < 0)
+                r = epd__error(c, r, &e);
+        sd_bus_error_free(&e);
+        return r < 0 ? r : 0;
+}
+
+int epd__call(epd_client *c, const char *path, const char *interface, const char *member,
+              sd_bus_message **reply, const char *types, ...) {
+        sd_bus_message *m = NULL;
+        int r = epd__new_call(c, path, interface, member, &m);
+        if (r < 0)
+                return r;
+        if (types) {
+                va_list ap;
+                va_start(ap, types);
+                r = sd_bus_message_appendv(m, types, ap);
+                va_end(ap);
+                if (r < 0) {
+                        sd_bus_message_unref(m);
+                        return epd__error(c, r, NULL);
+                }
+        }
+        r = epd__send(c, m, reply);
+        sd_bus_message_unref(m);
+        return r;
+}
+
+static int connect_direct(epd_client *c, const char *path) {
+        char *addr;
+        if (asprintf(&addr, "unix:path=%s", path) < 0)
+                return -ENOMEM;
+        int r = sd_bus_new(&c->bus);
+        if (r >= 0)
+                r = sd_bus_set_address(c->bus, addr);
+        if (r >= 0)
+                r = sd_bus_negotiate_fds(c->bus, true);
+        if (r >= 0)
+                r = sd_bus_start(c->bus);
+        free(addr);
+        c->direct = true;
+        return r;
+}
+
+static int connect_bus(epd_client *c, const char *address) {
+        int r;
+        if (!address)
+                return sd_bus_open_system(&c->bus);
+        r = sd_bus_new(&c->bus);
+        if (r >= 0)
+                r = sd_bus_set_address(c->bus, address);
+        if (r >= 0)
+                r = sd_bus_set_bus_client(c->bus, true);
+        if (r >= 0)
+                r = sd_bus_negotiate_fds(c->bus, true);
+        if (r >= 0)
+                r = sd_bus_start(c->bus);
+        return r;
+}
+
+int epd_connect(const char *address, epd_client **ret) {
+        epd_client *c = calloc(1, sizeof *c);
+        int r;
+        if (!c)
+                return -ENOMEM;
+        (void)epd_bus_error_register();
+        const char *e;
+        if (address && strncmp(address, "direct:", 7) == 0)
+                r = connect_direct(c, address + 7);
+        else if (address && strncmp(address, "bus:", 4) == 0)
+                r = connect_bus(c, address + 4);
+        else if (address && strcmp(address, "system") == 0)
+                r = connect_bus(c, NULL);
+        else if (address)
+                r = -EINVAL;
+        else if ((e = getenv("EPD_SOCKET")) && *e)
+                r = connect_direct(c, e);
+        else if ((e = getenv("EPD_BUS_ADDRESS")) && *e)
+                r = connect_bus(c, e);
+        else if (access(DEFAULT_SOCKET, F_OK) == 0)
+                r = connect_direct(c, DEFAULT_SOCKET);
+        else
+                r = connect_bus(c, NULL);
+        if (r < 0) {
+                sd_bus_unref(c->bus);
+                free(c);
+                return r;
+        }
+        *ret = c;
+        return 0;
+}
+
+static void drop_arenas(epd_client *c) {
+        for (size_t i = 0; i < c->n_arenas; i++) {
+                epd_arena *a = &c->arenas[i];
+                if (a->base)
+                        munmap(a->base, a->size);
+                safe_close(a->fd);
+                free((char *)a->name);
+                free((char *)a->domain);
+                free((char *)a->usage);
+        }
+        free(c->arenas);
+        c->arenas = NULL;
+        c->n_arenas = 0;
+}
+
+epd_client *epd_disconnect(epd_client *c) {
+        if (!c)
+                return NULL;
+        if (c->worker_path)
+                (void)epd_unregister(c);
+        drop_arenas(c);
+        sd_bus_flush_close_unref(c->bus);
+        free(c);
+        return NULL;
+}
+
+int epd_register(epd_client *c, const char *role, const char *model, const char *device,
+                 const epd_kv_layout *kv, const char *const *arenas) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        int r;
+        if (!c || !role || !model || !device)
+                return -EINVAL;
+        if (c->worker_path)
+                return -EALREADY;
+        r = epd__new_call(c, "/org/epd1", "org.epd1.Manager", "RegisterWorker", &m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(m, "sss", role, model, device);
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'a', "{sv}");
+        if (r >= 0 && kv) {
+                r = sd_bus_message_append(m, "{sv}{sv}{sv}{sv}", "kv.layers", "u", kv->layers,
+                                          "kv.tokens_per_block", "u", kv->tokens_per_block,
+                                          "kv.k_bytes_per_token", "t", kv->k_bytes_per_token,
+                                          "kv.v_bytes_per_token", "t", kv->v_bytes_per_token);
+                if (r >= 0 && kv->dtype)
+                        r = sd_bus_message_append(m, "{sv}", "kv.dtype", "s", kv->dtype);
+        }
+        if (r >= 0 && arenas) {
+                r = sd_bus_message_open_container(m, 'e', "sv");
+                if (r >= 0)
+                        r = sd_bus_message_append(m, "s", "arenas");
+                if (r >= 0)
+                        r = sd_bus_message_open_container(m, 'v', "as");
+                if (r >= 0)
+                        r = sd_bus_message_append_strv(m, (char **)arenas);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(m);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(m);
+        }
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        r = epd__send(c, m, &reply);
+        if (r < 0)
+                return r;
+
+        const char *path;
+        r = sd_bus_message_read(reply, "o", &path);
+        if (r >= 0)
+                r = sd_bus_message_enter_container(reply, 'a', "(sssttuh)");
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        drop_arenas(c);
+        for (;;) {
+                const char *name, *domain, *usage;
+                uint64_t size, data_offset;
+                uint32_t gpu;
+                int fd;
+                r = sd_bus_message_read(reply, "(sssttuh)", &name, &domain, &usage, &size,
+                                        &data_offset, &gpu, &fd);
+                if (r < 0)
+                        goto fail;
+                if (r == 0)
+                        break;
+                epd_arena *n = realloc(c->arenas, (c->n_arenas + 1) * sizeof *n);
+                if (!n) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                c->arenas = n;
+                epd_arena *a = &c->arenas[c->n_arenas];
+                *a = (epd_arena){
+                        .size = size,
+                        .data_offset = data_offset,
+                        .gpu = gpu == UINT32_MAX ? -1 : (int)gpu,
+                        .fd = fcntl(fd, F_DUPFD_CLOEXEC, 3),
+                        .name = strdup(name),
+                        .domain = strdup(domain),
+                        .usage = strdup(usage),
+                };
+                c->n_arenas++;
+                if (a->fd < 0 || !a->name || !a->domain || !a->usage) {
+                        r = a->fd < 0 ? -errno : -ENOMEM;
+                        goto fail;
+                }
+        }
+        c->worker_path = strdup(path);
+        if (!c->worker_path) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        return 0;
+fail:
+        drop_arenas(c);
+        /* The daemon registered us: undo, so that nothing is left behind. */
+        (void)epd__call(c, "/org/epd1", "org.epd1.Manager", "UnregisterWorker", NULL, "o", path);
+        return epd__error(c, r, NULL);
+}
+
+int epd_unregister(epd_client *c) {
+        if (!c || !c->worker_path)
+                return -ENOTCONN;
+        int r = epd__call(c, "/org/epd1", "org.epd1.Manager", "UnregisterWorker", NULL, "o",
+                          c->worker_path);
+        free(c->worker_path);
+        c->worker_path = NULL;
+        drop_arenas(c);
+        return r;
+}
+
+const char *epd_worker_path(const epd_client *c) {
+        return c ? c->worker_path : NULL;
+}
+
+size_t epd_arena_count(const epd_client *c) {
+        return c ? c->n_arenas : 0;
+}
+
+const epd_arena *epd_arena_get(const epd_client *c, size_t i) {
+        return c && i < c->n_arenas ? &c->arenas[i] : NULL;
+}
+
+int epd_arena_find(const epd_client *c, const char *name) {
+        for (size_t i = 0; c && i < c->n_arenas; i++)
+                if (strcmp(c->arenas[i].name, name) == 0)
+                        return (int)i;
+        return -ENOENT;
+}
+
+int epd_arena_map(epd_client *c, size_t i, void **ret) {
+        if (!c || i >= c->n_arenas)
+                return -EINVAL;
+        epd_arena *a = &c->arenas[i];
+        if (strcmp(a->domain, "host") != 0)
+                return -EOPNOTSUPP; /* GPU arenas: epd_gpu_arena_map() */
+        if (!a->base) {
+                void *p = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+                if (p == MAP_FAILED)
+                        return -errno;
+                a->base = p;
+        }
+        *ret = a->base;
+        return 0;
+}
+
+static int get_string_property(epd_client *c, const char *property, char **ret) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        epd__clear_error(c);
+        int r = sd_bus_get_property_string(c->bus, EPD_DESTINATION(c), "/org/epd1",
+                                           "org.epd1.Manager", property, &e, ret);
+        if (r < 0)
+                r = epd__error(c, r, &e);
+        sd_bus_error_free(&e);
+        return r;
+}
+
+int epd_get_version(epd_client *c, char **ret) {
+        return get_string_property(c, "Version", ret);
+}
+
+int epd_get_host_id(epd_client *c, char **ret) {
+        return get_string_property(c, "HostId", ret);
+}
+
+int epd_get_fd(epd_client *c) {
+        return sd_bus_get_fd(c->bus);
+}
+
+int epd_process(epd_client *c) {
+        int r, n = 0;
+        while ((r = sd_bus_process(c->bus, NULL)) > 0)
+                n++;
+        return r < 0 ? r : n;
+}
+
+int epd_wait(epd_client *c, uint64_t timeout_usec) {
+        int r = sd_bus_wait(c->bus, timeout_usec);
+        return r < 0 ? r : epd_process(c);
+}

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "bus-error.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "macro.h"
+
+static const sd_bus_error_map epd_error_map[] = {
+        SD_BUS_ERROR_MAP(EPD_ERROR_NOT_FOUND, ENOENT),
+        SD_BUS_ERROR_MAP(EPD_ERROR_INVALID_ARGUMENT, EINVAL),
+        SD_BUS_ERROR_MAP(EPD_ERROR_NO_SPACE, ENOSPC),
+        SD_BUS_ERROR_MAP(EPD_ERROR_BUSY, EBUSY),
+        SD_BUS_ERROR_MAP(EPD_ERROR_PERMISSION_DENIED, EPERM),
+        SD_BUS_ERROR_MAP(EPD_ERROR_NOT_REGISTERED, ENOTCONN),
+        SD_BUS_ERROR_MAP(EPD_ERROR_LIMIT_EXCEEDED, EDQUOT),
+        SD_BUS_ERROR_MAP(EPD_ERROR_EXISTS, EEXIST),
+        SD_BUS_ERROR_MAP(EPD_ERROR_TIMEOUT, ETIMEDOUT),
+        SD_BUS_ERROR_MAP(EPD_ERROR_FAILED, EIO),
+        SD_BUS_ERROR_MAP(EPD_ERROR_UNSUPPORTED, EOPNOTSUPP),
+        SD_BUS_ERROR_MAP(EPD_ERROR_STALE, ESTALE),
+        SD_BUS_ERROR_MAP(EPD_ERROR_PEER_UNAVAILABLE, EHOSTUNREACH),
+        SD_BUS_ERROR_MAP_END,
+};
+
+int epd_bus_error_register(void) {
+        int r = sd_bus_error_add_map(epd_error_map);
+        return r < 0 ? r : 0;
+}
+
+int epd_bus_error_to_errno(const char *name) {
+        if (!name)
+                return -EIO;
+        for (const sd_bus_error_map *e = epd_error_map; e->name; e++)
+                if (strcmp(e->name, name) == 0)
+                        return -e->code;
+        return -EIO;
+}
+
+int epd_bus_error(sd_bus_error *error, const char *name, const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        int r = sd_bus_error_setfv(error, name, fmt, ap);
+        va_end(ap);
+        (void)r;
+        return epd_bus_error_to_errno(name);
+}

@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* org.epd1.Worker objects at /org/epd1/worker/<id>: vtable glue only. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bus-manager.h"
+#include "log.h"
+#include "manager.h"
+#include "worker.h"
+
+#define WORKER_PREFIX "/org/epd1/worker"
+
+static int worker_find(sd_bus *bus, const char *path, const char *interface, void *userdata,
+                       void **found, sd_bus_error *error) {
+        Manager *m = userdata;
+        if (strncmp(path, WORKER_PREFIX "/", strlen(WORKER_PREFIX) + 1) != 0)
+                return 0;
+        Worker *w = manager_get_worker(m, path + strlen(WORKER_PREFIX) + 1);
+        if (!w)
+                return 0;
+        *found = w;
+        return 1;
+}
+
+static int worker_enumerate(sd_bus *bus, const char *path, void *userdata, char ***nodes,
+                            sd_bus_error *error) {
+        Manager *m = userdata;
+        size_t n = hashmap_size(m->workers), i = 0, it = 0;
+        char **l = calloc(n + 1, sizeof *l);
+        Worker *w;
+        if (!l)
+                return -ENOMEM;
+        while (hashmap_iterate(m->workers, &it, (void **)&w, NULL)) {
+                l[i] = strdup(w->path);
+                if (!l[i]) {
+                        for (size_t j = 0; j < i; j++)
+                                free(l[j]);
+                        free(l);
+                        return -ENOMEM;
+                }
+                i++;
+        }
+        *nodes = l;
+        return 0;
+}
+
+static int property_role(sd_bus *bus, const char *path, const char *interface,
+                         const char *property, sd_bus_message *reply, void *userdata,
+                         sd_bus_error *error) {
+        Worker *w = userdata;
+        return sd_bus_message_append(reply, "s", worker_role_to_string(w->role));
+}
+
+static int property_id(sd_bus *bus, const char *path, const char *interface,
+                       const char *property, sd_bus_message *reply, void *userdata,
+                       sd_bus_error *error) {
+        Worker *w = userdata;
+        return sd_bus_message_append(reply, "s", w->id_str);
+}
+
+static int property_layout(sd_bus *bus, const char *path, const char *interface,
+                           const char *property, sd_bus_message *reply, void *userdata,
+                           sd_bus_error *error) {
+        Worker *w = userdata;
+        return sd_bus_message_append(reply, "(uutts)", w->kv.layers, w->kv.tokens_per_block,
+                                     w->kv.k_bytes_per_token, w->kv.v_bytes_per_token, w->kv.dtype);
+}
+
+static const sd_bus_vtable worker_vtable[] = {
+        SD_BUS_VTABLE_START(0),
+        SD_BUS_PROPERTY("Id", "s", property_id, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Role", "s", property_role, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Model", "s", NULL, offsetof(Worker, model), SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Device", "s", NULL, offsetof(Worker, device), SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Pid", "u", NULL, offsetof(Worker, pid), SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Uid", "u", NULL, offsetof(Worker, uid), SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("RegisteredAt", "t", NULL, offsetof(Worker, registered_usec),
+                        SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("KvLayout", "(uutts)", property_layout, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_VTABLE_END,
+};
+
+int bus_worker_add(Manager *m, sd_bus *bus) {
+        int r = sd_bus_add_fallback_vtable(bus, NULL, WORKER_PREFIX, "org.epd1.Worker",
+                                           worker_vtable, worker_find, m);
+        if (r >= 0)
+                r = sd_bus_add_node_enumerator(bus, NULL, WORKER_PREFIX, worker_enumerate, m);
+        if (r < 0)
+                return log_error_errno(r, "Cannot add the Worker objects: %m");
+        return 0;
+}

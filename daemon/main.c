@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* epdd: parses arguments, builds the Manager, runs the loop. Nothing else. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "manager.h"
+
+static const char *arg_config = NULL;
+static const char *arg_bus_address = NULL;
+static const char *arg_socket = NULL;
+static const char *arg_host_id = NULL;
+static int arg_log_level = -1;
+static int arg_system_bus = -1;
+static bool arg_check_config = false;
+
+static void help(void) {
+        printf("Usage: epdd [OPTIONS]\n\n"
+               "The epd daemon: owns feature buffers and KV pages for Encoder, Prefill and\n"
+               "Decode workers, serves org.epd1 on D-Bus and on a direct socket.\n\n"
+               "  -c --config=PATH        Configuration file (default " EPD_CONFIG_FILE ")\n"
+               "     --bus-address=ADDR   Serve this bus instead of the system bus\n"
+               "     --no-system-bus      Serve the direct socket only\n"
+               "  -s --socket=PATH        Direct socket (default " EPD_SOCKET_PATH ")\n"
+               "     --host-id=ID         This host's id in a cluster\n"
+               "     --log-level=LEVEL    emerg..debug\n"
+               "     --check-config       Validate the configuration and exit\n"
+               "  -h --help               Show this help\n"
+               "     --version            Show the version\n");
+}
+
+static int parse_argv(int argc, char *argv[]) {
+        enum { ARG_BUS = 0x100, ARG_NO_SYSTEM_BUS, ARG_HOST_ID, ARG_LOG_LEVEL, ARG_CHECK, ARG_VERSION };
+        static const struct option options[] = {
+                { "config", required_argument, NULL, 'c' },
+                { "bus-address", required_argument, NULL, ARG_BUS },
+                { "no-system-bus", no_argument, NULL, ARG_NO_SYSTEM_BUS },
+                { "socket", required_argument, NULL, 's' },
+                { "host-id", required_argument, NULL, ARG_HOST_ID },
+                { "log-level", required_argument, NULL, ARG_LOG_LEVEL },
+                { "check-config", no_argument, NULL, ARG_CHECK },
+                { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, ARG_VERSION },
+                {},
+        };
+        int c;
+        while ((c = getopt_long(argc, argv, "c:s:h", options, NULL)) >= 0)
+                switch (c) {
+                case 'c':
+                        arg_config = optarg;
+                        break;
+                case ARG_BUS:
+                        arg_bus_address = optarg;
+                        break;
+                case ARG_NO_SYSTEM_BUS:
+                        arg_system_bus = 0;
+                        break;
+                case 's':
+                        if (optarg[0] != '/' || strlen(optarg) >= 108) {
+                                log_error("--socket= needs an absolute path shorter than 108 bytes.");
+                                return -EINVAL;
+                        }
+                        arg_socket = optarg;
+                        break;
+                case ARG_HOST_ID:
+                        arg_host_id = optarg;
+                        break;
+                case ARG_LOG_LEVEL:
+                        arg_log_level = log_level_from_string(optarg);
+                        if (arg_log_level < 0) {
+                                log_error("Invalid --log-level=%s.", optarg);
+                                return -EINVAL;
+                        }
+                        break;
+                case ARG_CHECK:
+                        arg_check_config = true;
+                        break;
+                case 'h':
+                        help();
+                        return 0;
+                case ARG_VERSION:
+                        printf("epdd " EPD_VERSION "\n");
+                        return 0;
+                default:
+                        return -EINVAL;
+                }
+        if (optind < argc) {
+                log_error("epdd takes no positional arguments.");
+                return -EINVAL;
+        }
+        return 1;
+}
+
+static int replace(char **dst, const char *v) {
+        char *n = strdup(v);
+        if (!n)
+                return -ENOMEM;
+        free(*dst);
+        *dst = n;
+        return 0;
+}
+
+int main(int argc, char *argv[]) {
+        Manager *m = NULL;
+        int r = parse_argv(argc, argv);
+        if (r <= 0)
+                return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+
+        r = manager_new(&m, arg_config);
+        if (r < 0)
+                return EXIT_FAILURE;
+        if (arg_check_config) {
+                printf("Configuration OK: %zu arena(s), %zu peer(s).\n", m->config.n_arenas,
+                       m->config.n_peers);
+                manager_free(m);
+                return EXIT_SUCCESS;
+        }
+        if ((arg_bus_address && replace(&m->config.bus_address, arg_bus_address) < 0) ||
+            (arg_socket && replace(&m->config.socket_path, arg_socket) < 0) ||
+            (arg_host_id && replace(&m->config.host_id, arg_host_id) < 0)) {
+                log_oom();
+                manager_free(m);
+                return EXIT_FAILURE;
+        }
+        if (arg_log_level >= 0)
+                m->config.log_level = arg_log_level;
+        if (arg_system_bus >= 0)
+                m->config.system_bus = arg_system_bus;
+
+        r = manager_startup(m);
+        if (r >= 0)
+                r = manager_run(m);
+        manager_free(m);
+        return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}

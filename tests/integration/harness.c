@@ -1,0 +1,362 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *harness_epdd(void) {
+        const char *e = getenv("EPDD");
+        return e ? e : "epdd";
+}
+
+static int write_file(const char *path, const char *text) {
+        FILE *f = fopen(path, "we");
+        if (!f)
+                return -errno;
+        fputs(text, f);
+        return fclose(f) == 0 ? 0 : -errno;
+}
+
+int harness_init(Harness *h, const char *extra) {
+        memset(h, 0, sizeof *h);
+        snprintf(h->dir, sizeof h->dir, "/tmp/epd-test-XXXXXX");
+        if (!mkdtemp(h->dir))
+                return -errno;
+        snprintf(h->socket, sizeof h->socket, "%s/bus", h->dir);
+        snprintf(h->config, sizeof h->config, "%s/epd.conf", h->dir);
+        snprintf(h->log, sizeof h->log, "%s/epdd.log", h->dir);
+        char *text;
+        if (asprintf(&text,
+                     "[Daemon]\nSocket=%s\nSystemBus=no\nStateDirectory=%s/state\nLogLevel=debug\n"
+                     "HostId=test-host\n%s\n",
+                     h->socket, h->dir, extra ? extra : "") < 0)
+                return -ENOMEM;
+        int r = write_file(h->config, text);
+        free(text);
+        return r;
+}
+
+int harness_start_bus(Harness *h) {
+        char conf[300];
+        snprintf(conf, sizeof conf, "%s/dbus.conf", h->dir);
+        char *text;
+        if (asprintf(&text,
+                     "<!DOCTYPE busconfig PUBLIC \"-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN\"\n"
+                     " \"http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd\">\n"
+                     "<busconfig><type>system</type><listen>unix:path=%s/dbus.sock</listen>\n"
+                     "<auth>EXTERNAL</auth>\n"
+                     "<policy context=\"default\"><allow user=\"*\"/><allow own=\"*\"/>\n"
+                     "<allow send_type=\"method_call\"/><allow send_type=\"signal\"/>\n"
+                     "<allow send_requested_reply=\"true\" send_type=\"method_return\"/>\n"
+                     "<allow send_requested_reply=\"true\" send_type=\"error\"/>\n"
+                     "<allow receive_type=\"method_call\"/><allow receive_type=\"method_return\"/>\n"
+                     "<allow receive_type=\"error\"/><allow receive_type=\"signal\"/>\n"
+                     "<allow send_destination=\"*\"/></policy></busconfig>\n",
+                     h->dir) < 0)
+                return -ENOMEM;
+        int r = write_file(conf, text);
+        free(text);
+        if (r < 0)
+                return r;
+        if (access("/usr/bin/dbus-daemon", X_OK) != 0)
+                return -ENOENT;
+        pid_t pid = fork();
+        if (pid < 0)
+                return -errno;
+        if (pid == 0) {
+                char arg[400];
+                snprintf(arg, sizeof arg, "--config-file=%s", conf);
+                int null = open("/dev/null", O_RDWR);
+                dup2(null, 0);
+                execl("/usr/bin/dbus-daemon", "dbus-daemon", "--nofork", "--nopidfile", "--nosyslog", arg,
+                      (char *)NULL);
+                _exit(127);
+        }
+        h->dbus_pid = pid;
+        snprintf(h->bus_address, sizeof h->bus_address, "unix:path=%s/dbus.sock", h->dir);
+        char sock[320];
+        snprintf(sock, sizeof sock, "%s/dbus.sock", h->dir);
+        for (int i = 0; i < 500; i++) {
+                if (access(sock, F_OK) == 0)
+                        return 0;
+                usleep(10000);
+        }
+        return -ETIMEDOUT;
+}
+
+static bool socket_serves(const char *path) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        if (strlen(path) >= sizeof sa.sun_path) {
+                if (fd >= 0)
+                        close(fd);
+                return false;
+        }
+        memcpy(sa.sun_path, path, strlen(path) + 1);
+        bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+        if (fd >= 0)
+                close(fd);
+        return ok;
+}
+
+/* Plays systemd's part: a datagram socket whose path goes to epdd as NOTIFY_SOCKET. */
+static int notify_socket(Harness *h, char *path, size_t n) {
+        snprintf(path, n, "%s/notify", h->dir);
+        (void)unlink(path);
+        int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        if (fd < 0)
+                return -errno;
+        if (strlen(path) >= sizeof sa.sun_path) {
+                close(fd);
+                return -ENAMETOOLONG;
+        }
+        memcpy(sa.sun_path, path, strlen(path) + 1);
+        if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+                int r = -errno;
+                close(fd);
+                return r;
+        }
+        return fd;
+}
+
+int harness_start_epdd(Harness *h, const char *const *extra_args) {
+        const char *argv[32];
+        size_t n = 0;
+        char cfg[320], busarg[420];
+        argv[n++] = harness_epdd();
+        snprintf(cfg, sizeof cfg, "--config=%s", h->config);
+        argv[n++] = cfg;
+        if (h->bus_address[0]) {
+                snprintf(busarg, sizeof busarg, "--bus-address=%s", h->bus_address);
+                argv[n++] = busarg;
+        }
+        for (size_t i = 0; extra_args && extra_args[i] && n < 30; i++)
+                argv[n++] = extra_args[i];
+        argv[n] = NULL;
+        char npath[320];
+        int nfd = notify_socket(h, npath, sizeof npath);
+        if (nfd < 0)
+                return nfd;
+        pid_t pid = fork();
+        if (pid < 0)
+                return -errno;
+        if (pid == 0) {
+                int fd = open(h->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+                if (fd >= 0) {
+                        dup2(fd, 2);
+                        dup2(fd, 1);
+                }
+                setenv("NOTIFY_SOCKET", npath, 1);
+                execv(argv[0], (char **)argv);
+                _exit(127);
+        }
+        h->epdd_pid = pid;
+        /* Serving means READY=1: the direct socket listens and the bus name is owned. */
+        for (int i = 0; i < 1000; i++) {
+                int status;
+                char buf[4096];
+                ssize_t k;
+                while ((k = recv(nfd, buf, sizeof buf - 1, 0)) > 0) {
+                        buf[k] = 0;
+                        if (strstr(buf, "READY=1")) {
+                                close(nfd);
+                                return socket_serves(h->socket) ? 0 : -EPROTO;
+                        }
+                }
+                if (waitpid(pid, &status, WNOHANG) == pid) {
+                        close(nfd);
+                        h->epdd_pid = 0;
+                        fprintf(stderr, "epdd exited during startup; its log:\n");
+                        char cmd[400];
+                        snprintf(cmd, sizeof cmd, "cat %s >&2", h->log);
+                        if (system(cmd) < 0)
+                                perror("system");
+                        return -ECHILD;
+                }
+                usleep(10000);
+        }
+        close(nfd);
+        return -ETIMEDOUT;
+}
+
+static int stop_pid(pid_t *pid, int sig, unsigned timeout_ms) {
+        int status;
+        if (*pid <= 0)
+                return 0;
+        kill(*pid, sig);
+        for (unsigned i = 0; i < timeout_ms / 10; i++) {
+                if (waitpid(*pid, &status, WNOHANG) == *pid) {
+                        *pid = 0;
+                        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+                }
+                usleep(10000);
+        }
+        kill(*pid, SIGKILL);
+        waitpid(*pid, &status, 0);
+        *pid = 0;
+        return -ETIMEDOUT;
+}
+
+int harness_stop_epdd(Harness *h) {
+        return stop_pid(&h->epdd_pid, SIGTERM, 10000);
+}
+
+void harness_done(Harness *h) {
+        int r = stop_pid(&h->epdd_pid, SIGTERM, 10000);
+        if (r != 0) {
+                fprintf(stderr, "epdd did not stop cleanly (%d); its log:\n", r);
+                char cmd[400];
+                snprintf(cmd, sizeof cmd, "tail -n 50 %s >&2", h->log);
+                if (system(cmd) < 0)
+                        perror("system");
+        }
+        stop_pid(&h->dbus_pid, SIGTERM, 5000);
+        if (h->dir[0] && strncmp(h->dir, "/tmp/epd-test-", 14) == 0) {
+                char cmd[300];
+                snprintf(cmd, sizeof cmd, "rm -rf '%s'", h->dir);
+                if (system(cmd) < 0)
+                        perror("system");
+        }
+}
+
+const char *harness_direct_address(Harness *h, char *buf, size_t n) {
+        snprintf(buf, n, "direct:%s", h->socket);
+        return buf;
+}
+
+bool harness_wait_for(bool (*cond)(void *userdata), void *userdata, unsigned timeout_ms) {
+        for (unsigned i = 0; i <= timeout_ms / 10; i++) {
+                if (cond(userdata))
+                        return true;
+                usleep(10000);
+        }
+        return false;
+}
+
+int harness_direct_bus(Harness *h, sd_bus **ret) {
+        sd_bus *bus = NULL;
+        char addr[320];
+        snprintf(addr, sizeof addr, "unix:path=%s", h->socket);
+        int r = sd_bus_new(&bus);
+        if (r >= 0)
+                r = sd_bus_set_address(bus, addr);
+        if (r >= 0)
+                r = sd_bus_negotiate_fds(bus, true);
+        if (r >= 0)
+                r = sd_bus_start(bus);
+        if (r < 0) {
+                sd_bus_unref(bus);
+                return r;
+        }
+        *ret = bus;
+        return 0;
+}
+
+/* Whitespace-insensitive extraction of <interface name="X">...</interface>. */
+static char *extract_interface(const char *xml, const char *name) {
+        char open[256];
+        snprintf(open, sizeof open, "<interface name=\"%s\">", name);
+        const char *a = strstr(xml, open);
+        if (!a)
+                return NULL;
+        const char *b = strstr(a, "</interface>");
+        if (!b)
+                return NULL;
+        size_t len = (size_t)(b - a) + strlen("</interface>");
+        char *out = malloc(len + 1), *o = out;
+        if (!out)
+                return NULL;
+        bool in_comment = false;
+        for (size_t i = 0; i < len; i++) {
+                if (!in_comment && strncmp(a + i, "<!--", 4) == 0)
+                        in_comment = true;
+                if (in_comment) {
+                        if (strncmp(a + i, "-->", 3) == 0) {
+                                in_comment = false;
+                                i += 2;
+                        }
+                        continue;
+                }
+                if (a[i] == ' ' || a[i] == '\n' || a[i] == '\t' || a[i] == '\r')
+                        continue;
+                *o++ = a[i];
+        }
+        *o = 0;
+        return out;
+}
+
+int harness_check_introspection(sd_bus *bus, const char *destination, const char *path,
+                                const char *xml_file) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        const char *live;
+        int r = sd_bus_call_method(bus, destination, path, "org.freedesktop.DBus.Introspectable",
+                                   "Introspect", &e, &reply, NULL);
+        if (r < 0) {
+                fprintf(stderr, "Introspect %s: %s\n", path, e.message);
+                sd_bus_error_free(&e);
+                return r;
+        }
+        r = sd_bus_message_read(reply, "s", &live);
+        if (r < 0) {
+                sd_bus_message_unref(reply);
+                return r;
+        }
+        FILE *f = fopen(xml_file, "re");
+        if (!f) {
+                sd_bus_message_unref(reply);
+                return -errno;
+        }
+        char *file = NULL;
+        size_t n = 0;
+        ssize_t len = getdelim(&file, &n, 0, f);
+        fclose(f);
+        if (len < 0) {
+                sd_bus_message_unref(reply);
+                free(file);
+                return -EIO;
+        }
+        const char *p = strstr(file, "<interface name=\"");
+        char name[200] = { 0 };
+        if (p)
+                sscanf(p, "<interface name=\"%199[^\"]\"", name);
+        char *want = name[0] ? extract_interface(file, name) : NULL;
+        char *got = name[0] ? extract_interface(live, name) : NULL;
+        r = want && got && strcmp(want, got) == 0 ? 0 : -EBADMSG;
+        if (r < 0)
+                fprintf(stderr, "Introspection of %s differs from %s for %s:\nfile: %s\nlive: %s\n",
+                        path, xml_file, name, want ? want : "(none)", got ? got : "(none)");
+        free(want);
+        free(got);
+        free(file);
+        sd_bus_message_unref(reply);
+        return r;
+}
+
+int harness_count_workers(sd_bus *bus, const char *destination) {
+        sd_bus_message *reply = NULL;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        int r = sd_bus_get_property(bus, destination, "/org/epd1", "org.epd1.Manager", "Workers", &e,
+                                    &reply, "a(osssu)");
+        sd_bus_error_free(&e);
+        if (r < 0)
+                return r;
+        int n = 0;
+        r = sd_bus_message_enter_container(reply, 'a', "(osssu)");
+        while (r >= 0 && (r = sd_bus_message_skip(reply, "(osssu)")) > 0)
+                n++;
+        sd_bus_message_unref(reply);
+        return r < 0 ? r : n;
+}

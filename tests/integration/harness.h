@@ -1,0 +1,56 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* Integration-test harness: starts what a test needs itself (a private dbus-daemon,
+ * epdd on a direct socket in a private directory, optionally inside a network
+ * namespace) and stops it, checking that epdd exits cleanly. */
+
+#include <stdbool.h>
+#include <sys/types.h>
+#include <systemd/sd-bus.h>
+
+#include "epd/epd.h"
+
+typedef struct Harness {
+        char dir[256];          /* private temporary directory */
+        char socket[300];       /* epdd's direct socket */
+        char config[300];
+        char bus_address[400];  /* private dbus-daemon, when started */
+        pid_t dbus_pid;
+        pid_t epdd_pid;
+        char log[300];          /* epdd's stderr */
+} Harness;
+
+/* Path of the built epdd (from the EPDD environment variable set by meson). */
+const char *harness_epdd(void);
+
+/* Creates the directory and writes a config with the socket in it, SystemBus=no, plus
+ * `extra` (more INI text, may be NULL). */
+int harness_init(Harness *h, const char *extra);
+/* Starts a private dbus-daemon (system-bus-like, but allowing everything). */
+int harness_start_bus(Harness *h);
+/* Starts epdd (on the private bus too if one runs) and waits until it serves. Extra
+ * arguments, NULL-terminated, are appended. */
+int harness_start_epdd(Harness *h, const char *const *extra_args);
+/* SIGTERM; waits up to 10 s; returns epdd's exit status (0 = clean). */
+int harness_stop_epdd(Harness *h);
+/* Stops everything and removes the directory. */
+void harness_done(Harness *h);
+
+/* "direct:<socket>" */
+const char *harness_direct_address(Harness *h, char *buf, size_t n);
+
+/* Polls `cond` every 10 ms for up to timeout_ms; returns true once it holds. */
+bool harness_wait_for(bool (*cond)(void *userdata), void *userdata, unsigned timeout_ms);
+
+/* Raw sd-bus connection to the direct socket (peer to peer). */
+int harness_direct_bus(Harness *h, sd_bus **ret);
+
+/* Compares the interface defined in xml_file with the same interface in the live
+ * introspection of `path`; whitespace-insensitive. Returns 0 if equal; otherwise
+ * prints both and returns -EBADMSG. */
+int harness_check_introspection(sd_bus *bus, const char *destination, const char *path,
+                                const char *xml_file);
+
+/* Number of entries in Manager.Workers. */
+int harness_count_workers(sd_bus *bus, const char *destination);

@@ -1,0 +1,237 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The foundation end to end: epdd serves, a worker registers through libepd, maps an
+ * arena and reads what the daemon wrote; a worker killed with SIGKILL is released; bad
+ * input gets named errors and the daemon keeps serving; the live introspection matches
+ * the XML in dbus/. Built twice: over the direct socket, and over a private dbus-daemon
+ * (OVER_BUS). */
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "harness.h"
+
+static Harness h;
+static char address[512];
+
+static const char *dest(void) {
+#ifdef OVER_BUS
+        return "org.epd1";
+#else
+        return NULL;
+#endif
+}
+
+static int raw_bus(sd_bus **ret) {
+#ifdef OVER_BUS
+        sd_bus *bus = NULL;
+        int r = sd_bus_new(&bus);
+        if (r >= 0)
+                r = sd_bus_set_address(bus, h.bus_address);
+        if (r >= 0)
+                r = sd_bus_set_bus_client(bus, true);
+        if (r >= 0)
+                r = sd_bus_start(bus);
+        *ret = bus;
+        return r;
+#else
+        return harness_direct_bus(&h, ret);
+#endif
+}
+
+static void setup(void) {
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+#ifdef OVER_BUS
+        int r = harness_start_bus(&h);
+        if (r == -ENOENT) {
+                printf("SKIP: dbus-daemon is not installed\n");
+                exit(77);
+        }
+        ck_assert_int_eq(r, 0);
+        snprintf(address, sizeof address, "bus:%s", h.bus_address);
+#else
+        harness_direct_address(&h, address, sizeof address);
+#endif
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+}
+
+static void teardown(void) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+}
+
+static int count_workers(void) {
+        sd_bus *bus;
+        ck_assert_int_ge(raw_bus(&bus), 0);
+        int n = harness_count_workers(bus, dest());
+        sd_bus_flush_close_unref(bus);
+        return n;
+}
+
+static int want_workers;
+static bool workers_are(void *userdata) {
+        return count_workers() == want_workers;
+}
+
+START_TEST(test_register_map_kill) {
+        epd_client *c;
+        epd_kv_layout kv = { .layers = 4, .tokens_per_block = 16, .k_bytes_per_token = 256,
+                             .v_bytes_per_token = 256, .dtype = "bf16" };
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "qwen3-vl-test", "cpu", &kv, NULL), 0);
+        ck_assert_ptr_nonnull(epd_worker_path(c));
+        ck_assert_uint_eq(epd_arena_count(c), 2);
+
+        /* What the daemon wrote at the start of the arena is visible through our map. */
+        int i = epd_arena_find(c, "host0");
+        ck_assert_int_ge(i, 0);
+        void *base;
+        ck_assert_int_eq(epd_arena_map(c, (size_t)i, &base), 0);
+        const ArenaHeader *hdr = base;
+        ck_assert_int_eq(memcmp(hdr->magic, EPD_ARENA_MAGIC, 8), 0);
+        ck_assert_str_eq(hdr->name, "host0");
+        ck_assert_str_eq(hdr->host_id, "test-host");
+        ck_assert_uint_eq(hdr->size, epd_arena_get(c, (size_t)i)->size);
+        /* The mapping is shared memory: a write lands in the daemon's arena. */
+        memset((char *)base + hdr->data_offset, 0x5a, 4096);
+
+        ck_assert_int_eq(count_workers(), 1);
+
+        /* A worker process killed with SIGKILL is unregistered with everything it held. */
+        int pfd[2];
+        ck_assert_int_eq(pipe(pfd), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                epd_client *cc;
+                if (epd_connect(address, &cc) < 0 ||
+                    epd_register(cc, "decode", "qwen3-vl-test", "cpu", &kv, NULL) < 0)
+                        _exit(1);
+                void *p;
+                if (epd_arena_map(cc, 0, &p) < 0)
+                        _exit(2);
+                if (write(pfd[1], "x", 1) != 1)
+                        _exit(3);
+                pause();
+                _exit(0);
+        }
+        close(pfd[1]);
+        char x;
+        ck_assert_int_eq(read(pfd[0], &x, 1), 1);
+        close(pfd[0]);
+        ck_assert_int_eq(count_workers(), 2);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        want_workers = 1;
+        ck_assert(harness_wait_for(workers_are, NULL, 5000));
+
+        ck_assert_int_eq(epd_unregister(c), 0);
+        ck_assert_int_eq(count_workers(), 0);
+        epd_disconnect(c);
+}
+END_TEST
+
+static void expect_error(sd_bus *bus, const char *name, const char *member, const char *types, ...) {
+        sd_bus_message *m = NULL, *reply = NULL;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        ck_assert_int_ge(sd_bus_message_new_method_call(bus, &m, dest(), "/org/epd1",
+                                                        "org.epd1.Manager", member), 0);
+        if (types) {
+                va_list ap;
+                va_start(ap, types);
+                ck_assert_int_ge(sd_bus_message_appendv(m, types, ap), 0);
+                va_end(ap);
+        }
+        int r = sd_bus_call(bus, m, 0, &e, &reply);
+        ck_assert_int_lt(r, 0);
+        ck_assert_msg(sd_bus_error_has_name(&e, name), "%s: expected %s, got %s (%s)", member, name,
+                      e.name, e.message);
+        sd_bus_error_free(&e);
+        sd_bus_message_unref(m);
+        sd_bus_message_unref(reply);
+}
+
+START_TEST(test_bad_input) {
+        sd_bus *bus;
+        ck_assert_int_ge(raw_bus(&bus), 0);
+        char longname[400];
+        memset(longname, 'm', sizeof longname - 1);
+        longname[sizeof longname - 1] = 0;
+
+        expect_error(bus, "org.freedesktop.DBus.Error.InvalidArgs", "RegisterWorker", "ss", "prefill", "m");
+        expect_error(bus, "org.freedesktop.DBus.Error.InvalidArgs", "RegisterWorker", "uuu", 1, 2, 3);
+        expect_error(bus, "org.epd1.Error.InvalidArgument", "RegisterWorker", "sssa{sv}", "janitor", "m", "cpu", 0);
+        expect_error(bus, "org.epd1.Error.InvalidArgument", "RegisterWorker", "sssa{sv}", "prefill", longname, "cpu", 0);
+        expect_error(bus, "org.epd1.Error.InvalidArgument", "RegisterWorker", "sssa{sv}", "prefill", "m", "bad\001dev", 0);
+        expect_error(bus, "org.epd1.Error.InvalidArgument", "RegisterWorker", "sssa{sv}", "prefill", "m", "cpu", 1,
+                     "frobnicate", "u", 1);
+        expect_error(bus, "org.epd1.Error.InvalidArgument", "RegisterWorker", "sssa{sv}", "prefill", "m", "cpu", 1,
+                     "kv.layers", "s", "many");
+        expect_error(bus, "org.epd1.Error.NotFound", "RegisterWorker", "sssa{sv}", "prefill", "m", "cpu", 1,
+                     "arenas", "as", 1, "nosuch");
+        expect_error(bus, "org.epd1.Error.NotFound", "UnregisterWorker", "o", "/org/epd1/worker/00000000000000000000000000000000");
+        expect_error(bus, "org.epd1.Error.InvalidArgument", "UnregisterWorker", "o", "/org/epd1");
+        expect_error(bus, "org.freedesktop.DBus.Error.UnknownMethod", "SelfDestruct", NULL);
+
+        /* A second client cannot unregister the first one's worker. */
+        epd_client *c;
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "encoder", "m", "cpu", NULL, NULL), 0);
+        expect_error(bus, "org.epd1.Error.PermissionDenied", "UnregisterWorker", "o", epd_worker_path(c));
+        /* Registering twice on one connection is refused by name. */
+        ck_assert_int_eq(epd_register(c, "encoder", "m", "cpu", NULL, NULL), -EALREADY);
+        epd_client *d;
+        ck_assert_int_eq(epd_connect(address, &d), 0);
+        ck_assert_int_eq(epd_register(d, "encoder", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_unregister(d), 0);
+        ck_assert_int_eq(epd_unregister(d), -ENOTCONN);
+        epd_disconnect(d);
+
+        /* Still serving. */
+        ck_assert_int_eq(harness_count_workers(bus, dest()), 1);
+        epd_disconnect(c);
+        want_workers = 0;
+        ck_assert(harness_wait_for(workers_are, NULL, 5000));
+        sd_bus_flush_close_unref(bus);
+}
+END_TEST
+
+START_TEST(test_introspection) {
+        sd_bus *bus;
+        epd_client *c;
+        ck_assert_int_ge(raw_bus(&bus), 0);
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "decode", "m", "cpu", NULL, NULL), 0);
+        const char *src = getenv("SOURCE_ROOT");
+        ck_assert_ptr_nonnull(src);
+        char f[512];
+        snprintf(f, sizeof f, "%s/dbus/org.epd1.Manager.xml", src);
+        ck_assert_int_eq(harness_check_introspection(bus, dest(), "/org/epd1", f), 0);
+        snprintf(f, sizeof f, "%s/dbus/org.epd1.Worker.xml", src);
+        ck_assert_int_eq(harness_check_introspection(bus, dest(), epd_worker_path(c), f), 0);
+        epd_disconnect(c);
+        sd_bus_flush_close_unref(bus);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("foundation");
+        TCase *tc = tcase_create("foundation");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, test_register_map_kill);
+        tcase_add_test(tc, test_bad_input);
+        tcase_add_test(tc, test_introspection);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_set_fork_status(sr, CK_NOFORK);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,23 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <systemd/sd-bus.h>
+
+#include "epd/epd.h"
+
+typedef struct EpdctlVerb {
+        const char *name;
+        const char *usage; /* e.g. "trace REQUEST_ID"; NULL: the name */
+        const char *help;
+        int (*run)(epd_client *c, int argc, char **argv); /* argv: after the verb */
+} EpdctlVerb;
+
+extern const EpdctlVerb epdctl_verbs[];
+extern bool arg_json;
+
+void json_string(FILE *f, const char *s);
+int epdctl_fail(epd_client *c, int r, const char *what);
+int epdctl_get_property(epd_client *c, const char *path, const char *interface,
+                        const char *property, const char *type, sd_bus_message **reply);
