@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
+#include "epd-internal.h"
 #include "epd/epd-gpu.h"
 #include "system.h"
 #include "vmm.h"
@@ -110,4 +113,82 @@ int epd_gpu_export(EpdGpu *g, uint64_t device_pointer, int *ret_fd) {
         if (!g || !ret_fd || device_pointer == 0)
                 return -EINVAL;
         return gpu_export_allocation(g->system, device_pointer, ret_fd);
+}
+
+int epd_gpu_daemon_pci_bus_id(epd_client *c, uint32_t daemon_ordinal, char *buf, size_t n) {
+        sd_bus_message *reply = NULL;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        const char *pci, *name;
+        uint32_t ordinal;
+        int vmm, fd, gdr, r;
+        uint64_t mem;
+
+        if (!c || !buf || n == 0)
+                return -EINVAL;
+        epd__clear_error(c);
+        r = sd_bus_get_property(c->bus, EPD_DESTINATION(c), "/org/epd1", "org.epd1.Gpu", "Gpus",
+                                &e, &reply, "a(ussbbbt)");
+        if (r < 0) {
+                r = epd__error(c, r, &e);
+                sd_bus_error_free(&e);
+                return r;
+        }
+        r = sd_bus_message_enter_container(reply, 'a', "(ussbbbt)");
+        while (r >= 0 && (r = sd_bus_message_read(reply, "(ussbbbt)", &ordinal, &pci, &name, &vmm,
+                                                   &fd, &gdr, &mem)) > 0)
+                if (ordinal == daemon_ordinal) {
+                        snprintf(buf, n, "%s", pci);
+                        sd_bus_message_unref(reply);
+                        return 0;
+                }
+        sd_bus_message_unref(reply);
+        return r < 0 ? r : -ENODEV;
+}
+
+int epd_gpu_arena_map(epd_client *c, EpdGpu *g, size_t i, EpdGpuMapping **ret) {
+        const epd_arena *a = epd_arena_get(c, i);
+        char pci[64];
+        int r, ordinal;
+
+        if (!a || !g || !ret)
+                return -EINVAL;
+        if (strcmp(a->domain, "gpu") != 0 || a->gpu < 0)
+                return -EOPNOTSUPP; /* host arenas: epd_arena_map() */
+        r = epd_gpu_daemon_pci_bus_id(c, (uint32_t)a->gpu, pci, sizeof pci);
+        if (r < 0)
+                return r;
+        ordinal = epd_gpu_ordinal_from_pci_bus_id(g, pci);
+        if (ordinal < 0)
+                return ordinal; /* this process cannot see that GPU */
+        return epd_gpu_map(g, a->fd, a->size, ordinal, ret);
+}
+
+int epd_gpu_register_memory(epd_client *c, EpdGpu *g, int ordinal, uint64_t device_pointer,
+                            uint64_t size, uint32_t *ret_region) {
+        sd_bus_message *reply = NULL;
+        uint32_t region;
+        int fd, r;
+
+        if (!c || !g || !ret_region || ordinal < 0 || (size_t)ordinal >= g->system->n_devices)
+                return -EINVAL;
+        r = epd_gpu_export(g, device_pointer, &fd);
+        if (r < 0)
+                return r;
+        r = epd__call(c, "/org/epd1", "org.epd1.Gpu", "RegisterMemory", &reply, "hts", fd, size,
+                      g->system->devices[ordinal].pci_bus_id);
+        close(fd); /* sd-bus sent its own duplicate */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "u", &region);
+        sd_bus_message_unref(reply);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        *ret_region = region;
+        return 0;
+}
+
+int epd_gpu_release_memory(epd_client *c, uint32_t region) {
+        if (!c)
+                return -EINVAL;
+        return epd__call(c, "/org/epd1", "org.epd1.Gpu", "ReleaseMemory", NULL, "u", region);
 }

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "bus-gpu.h"
 #include "gpu-domain.h"
 #include "gpu-subsystem.h"
 #include "log.h"
@@ -64,4 +65,6 @@ const Subsystem gpu_subsystem = {
         .name = "gpu",
         .init = gpu_init,
         .done = gpu_done,
+        .add_bus = bus_gpu_add,
+        .worker_gone = bus_gpu_worker_gone,
 };

@@ -18,8 +18,12 @@
 
 typedef struct GpuCopyJob GpuCopyJob;
 
+/* Streams per path and device: device-to-device groups of many segments may be spread
+ * over several, so that the copy engines work on several at once. */
+#define STREAMS_PER_PATH 4U
+
 typedef struct DeviceLane {
-        CUstream streams[_GPU_COPY_PATH_MAX];
+        CUstream streams[_GPU_COPY_PATH_MAX][STREAMS_PER_PATH];
         GpuKernels *kernels;         /* NULL: not built or not loadable */
         GpuChunk *desc_host;         /* DESC_SLOTS * DESC_SLOT_CHUNKS, pinned */
         CUdeviceptr desc_dev;
@@ -55,6 +59,7 @@ struct GpuCopyEngine {
         bool kernel_batching;
         size_t kernel_min_segments;
         bool batch_api;              /* cuMemcpyBatchAsync for multi-segment D2D groups */
+        unsigned d2d_streams;        /* streams a D2D group is spread over (1..4) */
         GpuCopyStats stats;
 };
 
@@ -248,7 +253,7 @@ static int group_try_kernel(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPat
                                 .len = g->length,
                         };
                 }
-                r = gpu_kernels_copy_chunks(l->kernels, l->streams[p], h,
+                r = gpu_kernels_copy_chunks(l->kernels, l->streams[p][0], h,
                                             l->desc_dev + (CUdeviceptr)slots[s] * DESC_SLOT_CHUNKS *
                                                     sizeof(GpuChunk), m);
                 if (r < 0)
@@ -293,7 +298,7 @@ static int group_try_batch_api(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopy
                 j->batch_size[pos + k] = g->length;
         }
         r = CU(d, cuMemcpyBatchAsync, j->batch_dst + pos, j->batch_src + pos, j->batch_size + pos,
-               n, &attr, &attr_idx, 1, e->lanes[dev].streams[p]);
+               n, &attr, &attr_idx, 1, e->lanes[dev].streams[p][0]);
         if (r == -EINVAL || r == -EOPNOTSUPP) {
                 /* Nothing was queued: this driver refuses it; do without from now on. */
                 log_debug_errno(r, "cuMemcpyBatchAsync refused (%m), copying segment by segment");
@@ -345,10 +350,10 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
 
         /* Group by (device, path): one stream and one callback per group, in submission
          * order within each. */
-        for (size_t dev = 0; dev < e->system->n_devices; dev++)
-                for (int p = 0; p < _GPU_COPY_PATH_MAX; p++) {
-                        size_t start = queued, m;
-                        CUstream st = e->lanes[dev].streams[p];
+        for (size_t dev = 0; err == 0 && dev < e->system->n_devices; dev++)
+                for (int p = 0; err == 0 && p < _GPU_COPY_PATH_MAX; p++) {
+                        CUstream *streams = e->lanes[dev].streams[p];
+                        size_t start = queued, m, used = 1;
 
                         for (size_t i = 0; i < n; i++) {
                                 GpuCopyPath q = gpu_copy_path(e->system, &segs[i]);
@@ -364,30 +369,39 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                         if (r == 0)
                                 r = group_try_batch_api(e, j, (int)dev, p, segs, order + start,
                                                         start, m, n);
-                        for (size_t k = 0; r == 0 && k < m; k++)
-                                r = seg_enqueue(e, p, &segs[order[start + k]], st);
+                        if (r == 0) {
+                                if (p == GPU_COPY_SAME_GPU || p == GPU_COPY_PEER)
+                                        used = MIN((size_t)e->d2d_streams, m);
+                                for (size_t k = 0; r >= 0 && k < m; k++)
+                                        r = seg_enqueue(e, p, &segs[order[start + k]], streams[k % used]);
+                        }
                         if (r < 0) {
-                                /* Part of the group may be on the stream already: let it
+                                /* Part of the group may be on the streams already: let it
                                  * drain before the job (and its references) can go. */
-                                (void)CU(e->system->driver, cuStreamSynchronize, st);
+                                for (size_t k = 0; k < used; k++)
+                                        (void)CU(e->system->driver, cuStreamSynchronize, streams[k]);
                                 err = r;
                                 break;
                         }
-                        pthread_mutex_lock(&e->lock);
-                        j->pending++;
-                        pthread_mutex_unlock(&e->lock);
-                        r = CU(e->system->driver, cuStreamAddCallback, st, stream_callback, j, 0);
-                        if (r < 0) {
-                                /* Without its callback this group cannot complete: wait
-                                 * for it here (failure path only) and count it done. */
-                                (void)CU(e->system->driver, cuStreamSynchronize, st);
+                        for (size_t k = 0; k < used; k++) {
                                 pthread_mutex_lock(&e->lock);
-                                j->pending--;
+                                j->pending++;
                                 pthread_mutex_unlock(&e->lock);
-                                err = r;
-                                break;
+                                r = CU(e->system->driver, cuStreamAddCallback, streams[k],
+                                       stream_callback, j, 0);
+                                if (r < 0) {
+                                        /* Without its callback this stream's part cannot
+                                         * complete: wait for it here (failure path only). */
+                                        for (size_t q = k; q < used; q++)
+                                                (void)CU(e->system->driver, cuStreamSynchronize, streams[q]);
+                                        pthread_mutex_lock(&e->lock);
+                                        j->pending--;
+                                        pthread_mutex_unlock(&e->lock);
+                                        err = r;
+                                        break;
+                                }
+                                n_groups++;
                         }
-                        n_groups++;
                 }
 
         pthread_mutex_lock(&e->lock);
@@ -475,6 +489,10 @@ size_t gpu_copy_engine_in_flight(const GpuCopyEngine *e) {
         return e->in_flight;
 }
 
+void gpu_copy_engine_set_d2d_streams(GpuCopyEngine *e, unsigned n) {
+        e->d2d_streams = CLAMP(n, 1U, STREAMS_PER_PATH);
+}
+
 void gpu_copy_engine_set_batch_api(GpuCopyEngine *e, bool enable) {
         e->batch_api = enable;
 }
@@ -499,11 +517,12 @@ GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e) {
 
                         (void)gpu_device_make_current(e->system, &e->system->devices[i]);
                         for (int p = 0; p < _GPU_COPY_PATH_MAX; p++)
-                                if (l->streams[p]) {
-                                        /* Shutdown: let the callbacks of work in flight run. */
-                                        (void)CU(d, cuStreamSynchronize, l->streams[p]);
-                                        (void)CU(d, cuStreamDestroy, l->streams[p]);
-                                }
+                                for (unsigned k = 0; k < STREAMS_PER_PATH; k++)
+                                        if (l->streams[p][k]) {
+                                                /* Shutdown: let the callbacks of work in flight run. */
+                                                (void)CU(d, cuStreamSynchronize, l->streams[p][k]);
+                                                (void)CU(d, cuStreamDestroy, l->streams[p][k]);
+                                        }
                         if (l->desc_dev)
                                 (void)CU(d, cuMemFree, l->desc_dev);
                         if (l->desc_host)
@@ -537,6 +556,7 @@ int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
         pthread_mutex_init(&e->lock, NULL);
         e->kernel_min_segments = 16;
         e->batch_api = true;
+        e->d2d_streams = 1;
         e->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (e->efd < 0)
                 return -errno;
@@ -551,11 +571,12 @@ int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
                 r = gpu_device_make_current(s, &s->devices[i]);
                 if (r < 0)
                         return r;
-                for (int p = 0; p < _GPU_COPY_PATH_MAX; p++) {
-                        r = CU(d, cuStreamCreate, &l->streams[p], CU_STREAM_NON_BLOCKING);
-                        if (r < 0)
-                                return r;
-                }
+                for (int p = 0; p < _GPU_COPY_PATH_MAX; p++)
+                        for (unsigned k = 0; k < STREAMS_PER_PATH; k++) {
+                                r = CU(d, cuStreamCreate, &l->streams[p][k], CU_STREAM_NON_BLOCKING);
+                                if (r < 0)
+                                        return r;
+                        }
                 r = gpu_kernels_load(s, (int)i, &l->kernels);
                 if (r < 0) {
                         log_debug_errno(r, "GPU %zu: batched copy kernel unavailable (%m), using the copy engine only", i);

@@ -86,6 +86,9 @@ void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t m
 /* cuMemcpyBatchAsync (driver 13.0+) for multi-segment device-to-device groups: on by
  * default where the driver has it; off, every segment is its own cuMemcpyDtoDAsync. */
 void gpu_copy_engine_set_batch_api(GpuCopyEngine *e, bool enable);
+/* Spreads the segments of a device-to-device group that goes segment by segment over
+ * n streams (1..4, default 1), so that several copy engines work at once. */
+void gpu_copy_engine_set_d2d_streams(GpuCopyEngine *e, unsigned n);
 const GpuCopyStats *gpu_copy_engine_stats(const GpuCopyEngine *e);
 
 /* Readable (eventfd, O_CLOEXEC|O_NONBLOCK) when completions are waiting. */

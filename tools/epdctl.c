@@ -175,6 +175,7 @@ const EpdctlVerb epdctl_verbs[] = {
         { "workers", NULL, "Registered workers", verb_workers },
         { "arenas", NULL, "Memory arenas", verb_arenas },
         /* -- more verbs -- */
+        { "gpus", NULL, "GPUs of the GPU domain and their peer access", verb_gpus },
         {},
 };
 

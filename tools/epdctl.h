@@ -21,3 +21,6 @@ void json_string(FILE *f, const char *s);
 int epdctl_fail(epd_client *c, int r, const char *what);
 int epdctl_get_property(epd_client *c, const char *path, const char *interface,
                         const char *property, const char *type, sd_bus_message **reply);
+
+/* Verbs defined in their own files. */
+int verb_gpus(epd_client *c, int argc, char **argv); /* epdctl-gpu.c */

@@ -140,6 +140,10 @@ static void bench_d2d(Bench *b) {
                 gpu_copy_engine_set_batch_api(eng, false);
                 snprintf(name, sizeof name, "d2d %" PRIu64 "K pages (CE, per call)", pages[p] >> 10);
                 row(name, S, time_transport(b, w, n), raw, 0.9);
+                gpu_copy_engine_set_d2d_streams(eng, 4);
+                snprintf(name, sizeof name, "d2d %" PRIu64 "K pages (CE, 4 streams)", pages[p] >> 10);
+                row(name, S, time_transport(b, w, n), raw, 0.9);
+                gpu_copy_engine_set_d2d_streams(eng, 1);
                 gpu_copy_engine_set_batch_api(eng, true);
                 snprintf(name, sizeof name, "d2d %" PRIu64 "K pages (CE, batch API)", pages[p] >> 10);
                 row(name, S, time_transport(b, w, n), raw, 0.9);

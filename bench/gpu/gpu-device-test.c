@@ -296,8 +296,9 @@ static void test_external(Env *e, const char *self) {
         drop_arena(e, src);
 }
 
-typedef enum { VIA_BATCH_API, VIA_PER_CALL, VIA_KERNEL } Via;
-static const char *const via_names[] = { "copy-engine batch API", "copy-engine per call", "kernel batch" };
+typedef enum { VIA_BATCH_API, VIA_PER_CALL, VIA_STREAMS, VIA_KERNEL } Via;
+static const char *const via_names[] = { "copy-engine batch API", "copy-engine per call",
+                                         "copy-engine 4 streams", "kernel batch" };
 
 static void test_handoff(Env *e, Via via) {
         const uint64_t page = 2 * MiB, n_pages = 200;
@@ -328,11 +329,13 @@ static void test_handoff(Env *e, Via via) {
         uint64_t before = e->t->stats.bytes;
         gpu_copy_engine_set_batch_api(eng, via == VIA_BATCH_API);
         gpu_copy_engine_set_kernel_batching(eng, via == VIA_KERNEL, 16);
+        gpu_copy_engine_set_d2d_streams(eng, via == VIA_STREAMS ? 4 : 1);
         const GpuCopyStats *cs = gpu_copy_engine_stats(eng);
         uint64_t calls = cs->batch_api_calls, launches = cs->kernel_launches;
         CHECK(transport_run(e->t, w, n_pages, &count));
         gpu_copy_engine_set_batch_api(eng, true);
         gpu_copy_engine_set_kernel_batching(eng, false, 16);
+        gpu_copy_engine_set_d2d_streams(eng, 1);
         printf("handoff via %s: batch API calls %" PRIu64 ", kernel launches %" PRIu64 "\n",
                via_names[via], cs->batch_api_calls - calls, cs->kernel_launches - launches);
         REQUIRE(count == n_pages, "expected %" PRIu64 " completions, got %zu", n_pages, count);
@@ -542,6 +545,7 @@ int main(int argc, char **argv) {
         test_external(&e, argv[0]);
         test_handoff(&e, VIA_BATCH_API);
         test_handoff(&e, VIA_PER_CALL);
+        test_handoff(&e, VIA_STREAMS);
         test_handoff(&e, VIA_KERNEL);
         test_cow(&e);
         test_pack(&e);

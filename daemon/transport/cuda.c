@@ -185,9 +185,13 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                 c->ready_head = 0;
         }
 
+        CudaRegion *src = NULL, *dst = NULL;
         for (size_t i = 0; i < n; i++) {
-                CudaRegion *src = hashmap_get(c->regions, &(uint64_t) { w[i].src_region });
-                CudaRegion *dst = hashmap_get(c->regions, &(uint64_t) { w[i].dst_region });
+                /* A batch nearly always names the same two regions: look up only changes. */
+                if (!src || src->id != w[i].src_region)
+                        src = hashmap_get(c->regions, &(uint64_t) { w[i].src_region });
+                if (!dst || dst->id != w[i].dst_region)
+                        dst = hashmap_get(c->regions, &(uint64_t) { w[i].dst_region });
 
                 if (!src || !dst) {
                         r = -ENOENT;

@@ -14,6 +14,8 @@
 
 #include <stdint.h>
 
+#include "epd/epd.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -41,6 +43,26 @@ EpdGpuMapping *epd_gpu_unmap(EpdGpuMapping *m);
  * daemon as external memory. The process keeps ownership: the daemon never frees it,
  * and drops its mapping when the registration is released or this process goes. */
 int epd_gpu_export(EpdGpu *g, uint64_t device_pointer, int *ret_fd);
+
+/* With a daemon connection (epd.h): */
+
+/* Maps GPU arena i of this worker's registration (epd_arena_get(c, i)->domain "gpu"),
+ * on this process's ordinal of the daemon's GPU (found by PCI bus id through
+ * org.epd1.Gpu.Gpus). The mapping is the caller's; unmap with epd_gpu_unmap(). */
+int epd_gpu_arena_map(epd_client *c, EpdGpu *g, size_t i, EpdGpuMapping **ret);
+
+/* Registers memory this process allocated itself (see epd_gpu_export) on its GPU
+ * `ordinal` with the daemon (org.epd1.Gpu.RegisterMemory): the daemon can then copy into
+ * and out of it. *ret_region is the daemon's id for it. The process keeps ownership;
+ * the registration ends with epd_gpu_release_memory(), UnregisterWorker, or the end of
+ * the connection. */
+int epd_gpu_register_memory(epd_client *c, EpdGpu *g, int ordinal, uint64_t device_pointer,
+                            uint64_t size, uint32_t *ret_region);
+int epd_gpu_release_memory(epd_client *c, uint32_t region);
+
+/* The daemon's GPUs (org.epd1.Gpu): count, and the PCI bus id of the daemon's ordinal
+ * (copied into buf). */
+int epd_gpu_daemon_pci_bus_id(epd_client *c, uint32_t daemon_ordinal, char *buf, size_t n);
 
 #ifdef __cplusplus
 }
