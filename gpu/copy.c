@@ -312,7 +312,7 @@ static int group_try_batch_api(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopy
 }
 
 int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t cookie) {
-        _cleanup_(freep) size_t *order = NULL;
+        _cleanup_(freep) size_t *order = NULL, *group = NULL;
         GpuCopyJob *j;
         size_t n_groups = 0, queued = 0;
         int r, err = 0;
@@ -327,9 +327,14 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
 
         j = calloc(1, sizeof *j);
         order = malloc(sizeof *order * n);
-        if (!j || !order) {
+        group = malloc(sizeof *group * n);
+        if (!j || !order || !group) {
                 free(j);
                 return -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+                GpuCopyPath q = gpu_copy_path(e->system, &segs[i]);
+                group[i] = (size_t)seg_device(q, &segs[i]) * _GPU_COPY_PATH_MAX + (size_t)q;
         }
         j->engine = e;
         j->cookie = cookie;
@@ -338,8 +343,11 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
         j->pending = 1;
         j->arenas = j->arenas_inline;
         for (size_t i = 0; i < n; i++) {
-                r = job_hold_arena(j, segs[i].src);
-                if (r >= 0)
+                /* Batches usually touch the same two arenas: skip repeats cheaply. */
+                r = 0;
+                if (i == 0 || segs[i].src != segs[i - 1].src)
+                        r = job_hold_arena(j, segs[i].src);
+                if (r >= 0 && (i == 0 || segs[i].dst != segs[i - 1].dst))
                         r = job_hold_arena(j, segs[i].dst);
                 if (r < 0) {
                         job_free(j);
@@ -355,11 +363,9 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                         CUstream *streams = e->lanes[dev].streams[p];
                         size_t start = queued, m, used = 1;
 
-                        for (size_t i = 0; i < n; i++) {
-                                GpuCopyPath q = gpu_copy_path(e->system, &segs[i]);
-                                if ((int)q == p && seg_device(q, &segs[i]) == (int)dev)
+                        for (size_t i = 0; i < n; i++)
+                                if (group[i] == dev * _GPU_COPY_PATH_MAX + (size_t)p)
                                         order[queued++] = i;
-                        }
                         m = queued - start;
                         if (m == 0)
                                 continue;
@@ -425,7 +431,7 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
         e->stats.batches++;
         e->stats.segments += n;
         for (size_t i = 0; i < n; i++)
-                e->stats.bytes_by_path[gpu_copy_path(e->system, &segs[i])] += segs[i].length;
+                e->stats.bytes_by_path[group[i] % _GPU_COPY_PATH_MAX] += segs[i].length;
         return 0;
 }
 
