@@ -44,6 +44,18 @@ static int gpu_init(Manager *m) {
         if (!m->gpu)
                 return 0; /* no GPU arena configured: the GPU domain stays off */
 
+        /* Host arenas are pinned for the GPU ↔ host copy paths (cuMemHostRegister). */
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                int r;
+                if (a->domain != MEMORY_HOST)
+                        continue;
+                r = m->gpu->transport->ops->register_region(m->gpu->transport, &a->region);
+                if (r < 0)
+                        log_warning_errno(r, "Arena %s: pinning for GPU copies failed, GPU <-> host copies of it will fail: %m",
+                                          a->name);
+        }
+
         if (gpu_context_format(m->gpu, &text) >= 0) {
                 log_info("GPUs:\n%s", text);
                 free(text);
@@ -55,9 +67,15 @@ static void gpu_done(Manager *m) {
         if (!m->gpu)
                 return;
         /* Arenas keep their own references to the driver, so they may go after this. */
-        for (size_t i = 0; i < m->n_arenas; i++)
-                if (m->arenas[i] && m->arenas[i]->gpu)
-                        gpu_context_arena_forget(m->gpu, m->arenas[i]);
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                if (!a)
+                        continue;
+                if (a->gpu)
+                        gpu_context_arena_forget(m->gpu, a);
+                else
+                        m->gpu->transport->ops->unregister_region(m->gpu->transport, &a->region);
+        }
         m->gpu = gpu_context_free(m->gpu);
 }
 

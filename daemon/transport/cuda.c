@@ -74,7 +74,8 @@ static int cuda_register_region(Transport *t, TransportRegion *r) {
                 free(cr);
                 return k;
         }
-        r->transport_data = cr;
+        /* r->transport_data is left alone: a region may be registered with several
+         * transports; this one finds its state by region id. */
         return 0;
 }
 
@@ -124,7 +125,6 @@ static void cuda_region_free(CudaTransport *c, CudaRegion *cr) {
                         (void)reap_into_ready(c);
                 (void)gpu_host_unregister(c->context->system, cr->region->host_base);
         }
-        cr->region->transport_data = NULL;
         gpu_arena_unref(cr->arena); /* batches in flight hold their own references */
         free(cr);
 }
@@ -268,7 +268,6 @@ static void cuda_free(Transport *t) {
                         if (cr->pinned)
                                 (void)gpu_host_unregister(c->context->system, cr->region->host_base);
                         cr->pinned = false;
-                        cr->region->transport_data = NULL;
                         gpu_arena_unref(cr->arena);
                         free(cr);
                 }
