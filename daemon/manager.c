@@ -596,16 +596,6 @@ int manager_emit_signal(Manager *m, const char *path, const char *interface,
         return a.r;
 }
 
-int manager_gpu_arena_new(Manager *m, const ArenaConfig *c, uint32_t index, Arena **ret) {
-        /* The GPU domain (gpu/) provides GPU arenas; this build has none wired. */
-        return log_error_errno(EOPNOTSUPP,
-                               "Arena '%s': Domain=gpu is not available in this build.", c->name);
-}
-
-void manager_arena_free(Manager *m, Arena *a) {
-        arena_free(a);
-}
-
 Arena *manager_find_arena(Manager *m, const char *name) {
         for (size_t i = 0; i < m->n_arenas; i++)
                 if (strcmp(m->arenas[i]->name, name) == 0)

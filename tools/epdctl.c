@@ -186,6 +186,7 @@ const EpdctlVerb epdctl_verbs[] = {
         { "journal", NULL, "The WAL (sync policy, LSNs, size) and the number of workflows", verb_journal },
         /* -- more verbs -- */
         { "peers", NULL, "Peer hosts: state, streams, and the path to each with its reason", verb_peers },
+        { "gpus", NULL, "GPUs of the GPU domain and their peer access", verb_gpus },
         {},
 };
 
