@@ -177,6 +177,9 @@ const EpdctlVerb epdctl_verbs[] = {
         { "workers", NULL, "Registered workers", verb_workers },
         { "arenas", NULL, "Memory arenas", verb_arenas },
         { "handoffs", NULL, "Handoffs in flight and their counters", verb_handoffs },
+        { "pages", NULL, "KV page pools per arena and the block directory", verb_pages },
+        { "sequences", NULL, "KV sequences: owner, arena, pages, sharing", verb_sequences },
+        { "features", NULL, "Feature cache: hits, misses, coalesced waits, bytes, evictions", verb_features },
         /* -- more verbs -- */
         {},
 };
