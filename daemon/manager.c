@@ -28,11 +28,15 @@
 /* -- subsystem declarations -- */
 extern const Subsystem peer_subsystem;
 extern const Subsystem topology_subsystem;
+extern const Subsystem pages_subsystem;
+extern const Subsystem handoff_subsystem;
 
 static const Subsystem *const subsystems[] = {
         /* -- subsystem table -- */
         &peer_subsystem,
         &topology_subsystem,
+        &pages_subsystem,
+        &handoff_subsystem,
         NULL,
 };
 
