@@ -13,6 +13,7 @@
 #include "list.h"
 #include "log.h"
 #include "macro.h"
+#include "bus-peer.h"
 #include "peer-auth.h"
 #include "peer.h"
 #include "transport/tcp.h"
@@ -54,9 +55,14 @@ struct Conn {
         uint8_t *payload;
         size_t payload_have, payload_cap;
 
+        /* Input once up: buffered, several frames per recv(). */
+        uint8_t *in;
+        size_t in_start, in_end, in_cap;
+
         /* Output queue. */
         uint8_t *out;
         size_t out_start, out_end, out_cap;
+        bool corked;             /* queue without writing; peer_uncork() flushes */
 
         bool pending; /* on pm->pending */
         LIST_FIELDS(Conn, pending);
@@ -142,6 +148,7 @@ static void peer_down(Peer *p, int error, const char *why);
 static int conn_io(sd_event_source *s, int fd, uint32_t revents, void *userdata);
 static int peer_dial(Peer *p, PeerRole role, unsigned stream_index);
 static int conn_read(Conn *c);
+static int conn_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t len);
 static void conn_fail(Conn *c, int error, const char *what);
 
 /* ---- connections ---- */
@@ -157,6 +164,7 @@ static Conn *conn_free(Conn *c) {
         sd_event_source_disable_unref(c->timeout);
         safe_close(c->fd);
         free(c->payload);
+        free(c->in);
         free(c->out);
         free(c);
         return NULL;
@@ -261,6 +269,8 @@ static int conn_queue(Conn *c, uint16_t type, const void *payload, size_t len) {
                 c->peer->stats.frames_out++;
                 c->peer->stats.bytes_out += (uint64_t)r;
         }
+        if (c->corked)
+                return 0;
         return conn_flush(c);
 }
 
@@ -630,6 +640,13 @@ static int acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t
         PeerManager *pm = c->pm;
         int r;
 
+        if (type == PEER_MSG_AUTH_FAIL && c->peer) {
+                PeerReason pr = {};
+                (void)peer_reason_decode(payload, len, &pr);
+                c->peer->stats.auth_failures++;
+                log_error("peer %s: refused our proof: %s", c->peer->name, peer_fail_reason_to_string(pr.reason));
+                return -EACCES;
+        }
         if (c->state == CONN_WAIT_HELLO && type == PEER_MSG_HELLO) {
                 PeerHello h;
                 PeerChallenge ch = {};
@@ -810,8 +827,73 @@ static void conn_fail(Conn *c, int error, const char *what) {
                 conn_free(c);
 }
 
+#define CONTROL_READ_SIZE (64U * 1024U)
+
+/* An authenticated control connection: recv() in bulk, then dispatch every complete
+ * frame in the buffer. (Handshakes read exactly one frame at a time instead, so that
+ * no byte of what follows is taken from a data stream before the transport owns it.) */
+static int conn_read_buffered(Conn *c) {
+        size_t budget = 64;
+
+        while (budget-- > 0) {
+                ssize_t n;
+
+                /* Dispatch what is complete. */
+                for (;;) {
+                        PeerFrameHeader fh;
+                        size_t have = c->in_end - c->in_start;
+                        int r;
+
+                        if (have < PEER_FRAME_HEADER_SIZE)
+                                break;
+                        r = peer_frame_header_decode(c->in + c->in_start, have, &fh);
+                        if (r < 0)
+                                return r;
+                        if (fh.type == PEER_MSG_DATA)
+                                return -EBADMSG; /* bulk belongs on data streams */
+                        if (have < PEER_FRAME_HEADER_SIZE + (size_t)fh.length) {
+                                size_t need = PEER_FRAME_HEADER_SIZE + (size_t)fh.length;
+                                if (need > c->in_cap) {
+                                        uint8_t *b = realloc(c->in, need);
+                                        if (!b)
+                                                return -ENOMEM;
+                                        c->in = b;
+                                        c->in_cap = need;
+                                }
+                                break;
+                        }
+                        c->in_start += PEER_FRAME_HEADER_SIZE + fh.length;
+                        c->peer->stats.last_rx_usec = now_usec(CLOCK_MONOTONIC);
+                        r = conn_frame(c, fh.type, c->in + c->in_start - fh.length, fh.length);
+                        if (r != 0)
+                                return r; /* 1: the connection is gone */
+                }
+                if (c->in_start > 0) {
+                        memmove(c->in, c->in + c->in_start, c->in_end - c->in_start);
+                        c->in_end -= c->in_start;
+                        c->in_start = 0;
+                }
+                if (!c->in) {
+                        c->in = malloc(CONTROL_READ_SIZE);
+                        if (!c->in)
+                                return -ENOMEM;
+                        c->in_cap = CONTROL_READ_SIZE;
+                }
+                n = recv(c->fd, c->in + c->in_end, c->in_cap - c->in_end, MSG_DONTWAIT);
+                if (n < 0)
+                        return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+                if (n == 0)
+                        return -ECONNRESET;
+                c->in_end += (size_t)n;
+        }
+        return 0;
+}
+
 static int conn_read(Conn *c) {
         size_t budget = 256;
+
+        if (c->state == CONN_UP && !c->have_fh && c->hdr_have == 0)
+                return conn_read_buffered(c);
 
         while (budget-- > 0) {
                 ssize_t n;
@@ -878,7 +960,8 @@ static int conn_io(sd_event_source *s, int fd, uint32_t revents, void *userdata)
                 if (r == 1)
                         return 0;
                 if (r < 0) {
-                        conn_fail(c, r, r == -ECONNRESET ? "connection closed" : "reading");
+                        conn_fail(c, r, r == -ECONNRESET ? "connection closed" :
+                                        r == -EACCES ? "authentication failed" : "reading");
                         return 0;
                 }
         }
@@ -1193,6 +1276,22 @@ int peer_send(Peer *p, uint16_t type, const void *payload, size_t len) {
         return r;
 }
 
+void peer_cork(Peer *p) {
+        if (p->state == PEER_UP && p->control)
+                p->control->corked = true;
+}
+
+void peer_uncork(Peer *p) {
+        int r;
+
+        if (p->state != PEER_UP || !p->control || !p->control->corked)
+                return;
+        p->control->corked = false;
+        r = conn_flush(p->control);
+        if (r < 0)
+                peer_down(p, r, "writing");
+}
+
 int peer_send_core(Peer *p, uint16_t type, const void *payload, size_t len) {
         int r;
 
@@ -1244,6 +1343,27 @@ uint64_t peer_session_id(Peer *p) {
 
 /* ---- subsystem glue ---- */
 
+void peer_manager_set_heartbeat(PeerManager *pm, usec_t usec) {
+        if (usec < 40 * USEC_PER_MSEC)
+                return;
+        pm->heartbeat_usec = usec;
+}
+
+/* Telemetry hook point: the telemetry subsystem (daemon/telemetry.h, branch
+ * `telemetry`) provides telemetry_track_socket(Manager *, int fd, const char *peer) and
+ * telemetry_untrack_socket(); once it is on main, call them here for the control
+ * connection (peer_control_fd()) and the data streams, so that eBPF keys its
+ * per-connection stats (RTT, retransmits) by peer. */
+static void peer_telemetry_hook(Manager *m, Peer *p, bool up) {
+}
+
+static void peer_state_changed(Peer *p, bool up, void *userdata) {
+        Manager *m = userdata;
+
+        peer_telemetry_hook(m, p, up);
+        bus_peer_state_changed(m, p, up);
+}
+
 static int peer_subsystem_init(Manager *m) {
         const Config *c = &m->config;
         PeerManagerConfig pc = {
@@ -1262,7 +1382,7 @@ static int peer_subsystem_init(Manager *m) {
                 return 0;
         r = peer_manager_new(&pm, m->event, &pc);
         if (r < 0)
-                return r;
+                return log_error_errno(r, "peer: cannot set up the peer manager: %m");
         for (size_t i = 0; i < m->n_arenas; i++) {
                 Arena *a = m->arenas[i];
                 if (a->domain != MEMORY_HOST)
@@ -1273,10 +1393,12 @@ static int peer_subsystem_init(Manager *m) {
                         return log_error_errno(r, "peer: cannot register arena %s: %m", a->name);
                 }
         }
+        r = peer_manager_add_state_handler(pm, peer_state_changed, m);
+        if (r < 0) {
+                peer_manager_free(pm);
+                return r;
+        }
         m->peers = pm;
-        /* Telemetry hook point: when daemon/telemetry.h provides
-         * telemetry_track_socket(), call it for peer_control_fd() from a state
-         * handler; see docs/peer-protocol.md "Telemetry". */
         return peer_manager_start(pm);
 }
 
@@ -1284,8 +1406,19 @@ static void peer_subsystem_done(Manager *m) {
         m->peers = peer_manager_free(m->peers);
 }
 
+static int peer_subsystem_reload(Manager *m, const Config *n) {
+        /* Peers, addresses and the key take a restart; the heartbeat bound applies now. */
+        if (m->peers && n->heartbeat_usec != peer_manager_heartbeat_usec(m->peers)) {
+                peer_manager_set_heartbeat(m->peers, n->heartbeat_usec);
+                manager_emit_changed(m, PEER_OBJECT_PATH, PEER_INTERFACE, "HeartbeatUSec");
+        }
+        return 0;
+}
+
 const Subsystem peer_subsystem = {
         .name = "peer",
         .init = peer_subsystem_init,
         .done = peer_subsystem_done,
+        .add_bus = bus_peer_add,
+        .reload = peer_subsystem_reload,
 };

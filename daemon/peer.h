@@ -125,6 +125,9 @@ unsigned peer_n_streams_up(Peer *p);
 /* The control connection's fd (-1 when down), e.g. for per-connection telemetry. */
 int peer_control_fd(Peer *p);
 
+/* Applies a new heartbeat bound (config reload). */
+void peer_manager_set_heartbeat(PeerManager *pm, usec_t usec);
+
 /* Subsystem glue (manager.c's table): builds the PeerManager from Manager->config. */
 #include "manager.h"
 extern const Subsystem peer_subsystem;
@@ -140,5 +143,8 @@ int peer_send_core(Peer *p, uint16_t type, const void *payload, size_t len);
 int peer_manager_validate_incoming(PeerManager *pm, Peer *p, uint32_t region, uint64_t offset,
                                    uint64_t length, uint64_t cookie);
 void peer_manager_incoming_done(PeerManager *pm, Peer *p, uint64_t cookie, int error);
+/* Batches control frames (acknowledgements) queued until peer_uncork() into one write. */
+void peer_cork(Peer *p);
+void peer_uncork(Peer *p);
 /* A data stream broke: the whole session with the peer is reset. */
 void peer_stream_failed(Peer *p, int error, const char *what);

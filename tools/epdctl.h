@@ -27,3 +27,5 @@ int verb_pages(epd_client *c, int argc, char **argv);     /* epdctl-pages.c */
 int verb_sequences(epd_client *c, int argc, char **argv); /* epdctl-pages.c */
 /* Verbs defined in their own files. */
 int verb_features(epd_client *c, int argc, char **argv); /* epdctl-feature.c */
+/* Verbs defined in their subsystems' files. */
+int verb_peers(epd_client *c, int argc, char **argv);

@@ -22,6 +22,11 @@
 #define MAX_POST 65536
 #define SCRATCH_SIZE (256U * 1024U)
 #define DATA_FRAME_HEADER (PEER_FRAME_HEADER_SIZE + PEER_DATA_HEADER_SIZE)
+/* Slices one stream takes ahead from the round-robin queue, and their bytes: small
+ * writes go out several per syscall, while a small write posted behind big ones still
+ * waits for at most SEND_BATCH_BYTES per stream. */
+#define SEND_BATCH 16
+#define SEND_BATCH_BYTES (2U * 1024U * 1024U)
 
 typedef struct TcpTransport TcpTransport;
 typedef struct TcpStream TcpStream;
@@ -47,6 +52,14 @@ struct InWrite {
         SliceTracker tracker;
 };
 
+typedef struct SendSlice {
+        OutWrite *w;
+        uint64_t offset, length;
+        uint8_t hdr[DATA_FRAME_HEADER];
+        size_t hdr_done;
+        uint64_t data_done;
+} SendSlice;
+
 struct TcpStream {
         TcpTransport *t;
         TcpPeer *tp;
@@ -55,12 +68,11 @@ struct TcpStream {
         sd_event_source *io;
         bool want_out;
 
-        /* Send side: the slice in progress. */
-        OutWrite *sw;
-        uint64_t s_offset, s_length;
-        uint8_t s_hdr[DATA_FRAME_HEADER];
-        size_t s_hdr_done;
-        uint64_t s_data_done;
+        /* Send side: the slices taken from the peer's queue, sent in order, several
+         * per sendmsg(). */
+        SendSlice batch[SEND_BATCH];
+        unsigned b_head, b_n;
+        uint64_t b_bytes;
 
         /* Receive side. */
         uint8_t r_hdr[DATA_FRAME_HEADER];
@@ -124,7 +136,9 @@ static void complete(TcpTransport *t, uint64_t cookie, int error, uint64_t bytes
                 t->base.stats.bytes += bytes;
                 t->base.stats.writes++;
         }
-        (void)eventfd_write(t->efd, 1);
+        /* The fd stays readable until poll() has taken everything. */
+        if (t->n_done == 1)
+                (void)eventfd_write(t->efd, 1);
 }
 
 static TcpPeer *tcp_peer_get(TcpTransport *t, Peer *p, bool create) {
@@ -197,7 +211,7 @@ void tcp_transport_peer_reset(Transport *tt, Peer *p, int error) {
 }
 
 static void stream_update(TcpStream *s) {
-        bool want = s->sw || !slice_queue_empty(&s->tp->queue);
+        bool want = s->b_n > 0 || !slice_queue_empty(&s->tp->queue);
 
         if (want == s->want_out)
                 return;
@@ -283,47 +297,55 @@ void tcp_transport_write_acked(Transport *tt, Peer *p, uint64_t write_id, int er
 
 /* ---- sending ---- */
 
-static int stream_send(TcpStream *s) {
+static void batch_fill(TcpStream *s) {
         TcpPeer *tp = s->tp;
+
+        while (s->b_n < SEND_BATCH && (s->b_n == 0 || s->b_bytes < SEND_BATCH_BYTES)) {
+                SendSlice *b = s->batch + (s->b_head + s->b_n) % SEND_BATCH;
+                PeerDataHeader dh;
+                Slice sl;
+
+                if (!slice_queue_next(&tp->queue, &sl))
+                        break;
+                *b = (SendSlice){ .w = (OutWrite *)sl.write, .offset = sl.offset, .length = sl.length };
+                b->w->slices_sending++;
+                dh = (PeerDataHeader){
+                        .write_id = b->w->write_id,
+                        .cookie = b->w->cookie,
+                        .dst_offset = b->w->dst_offset,
+                        .total_length = b->w->sw.length,
+                        .slice_offset = sl.offset,
+                        .region = b->w->dst_region,
+                        .slice_size = b->w->sw.slice_size,
+                };
+                peer_frame_header_encode(b->hdr, PEER_MSG_DATA, (uint32_t)(PEER_DATA_HEADER_SIZE + sl.length));
+                (void)peer_data_header_encode(&dh, b->hdr + PEER_FRAME_HEADER_SIZE, PEER_DATA_HEADER_SIZE);
+                s->b_n++;
+                s->b_bytes += sl.length;
+        }
+}
+
+static int stream_send(TcpStream *s) {
         size_t budget = STREAM_BUDGET;
 
         while (budget > 0) {
-                struct iovec iov[2];
-                int n_iov = 0;
+                struct iovec iov[2 * SEND_BATCH];
+                size_t n_iov = 0;
                 ssize_t n;
 
-                if (!s->sw) {
-                        Slice sl;
-                        PeerDataHeader dh;
-
-                        if (!slice_queue_next(&tp->queue, &sl))
-                                break;
-                        s->sw = (OutWrite *)sl.write;
-                        s->sw->slices_sending++;
-                        s->s_offset = sl.offset;
-                        s->s_length = sl.length;
-                        s->s_hdr_done = 0;
-                        s->s_data_done = 0;
-                        dh = (PeerDataHeader){
-                                .write_id = s->sw->write_id,
-                                .cookie = s->sw->cookie,
-                                .dst_offset = s->sw->dst_offset,
-                                .total_length = s->sw->sw.length,
-                                .slice_offset = sl.offset,
-                                .region = s->sw->dst_region,
-                                .slice_size = s->sw->sw.slice_size,
+                batch_fill(s);
+                if (s->b_n == 0)
+                        break;
+                for (unsigned k = 0; k < s->b_n; k++) {
+                        SendSlice *b = s->batch + (s->b_head + k) % SEND_BATCH;
+                        if (b->hdr_done < sizeof b->hdr)
+                                iov[n_iov++] = (struct iovec){ b->hdr + b->hdr_done, sizeof b->hdr - b->hdr_done };
+                        iov[n_iov++] = (struct iovec){
+                                (uint8_t *)b->w->src->host_base + b->w->src_offset + b->offset + b->data_done,
+                                b->length - b->data_done,
                         };
-                        peer_frame_header_encode(s->s_hdr, PEER_MSG_DATA,
-                                                 (uint32_t)(PEER_DATA_HEADER_SIZE + sl.length));
-                        (void)peer_data_header_encode(&dh, s->s_hdr + PEER_FRAME_HEADER_SIZE, PEER_DATA_HEADER_SIZE);
                 }
-                if (s->s_hdr_done < sizeof s->s_hdr)
-                        iov[n_iov++] = (struct iovec){ s->s_hdr + s->s_hdr_done, sizeof s->s_hdr - s->s_hdr_done };
-                iov[n_iov++] = (struct iovec){
-                        (uint8_t *)s->sw->src->host_base + s->sw->src_offset + s->s_offset + s->s_data_done,
-                        s->s_length - s->s_data_done,
-                };
-                n = sendmsg(s->fd, &(struct msghdr){ .msg_iov = iov, .msg_iovlen = (size_t)n_iov },
+                n = sendmsg(s->fd, &(struct msghdr){ .msg_iov = iov, .msg_iovlen = n_iov },
                             MSG_NOSIGNAL | MSG_DONTWAIT);
                 if (n < 0) {
                         if (errno == EINTR)
@@ -333,15 +355,22 @@ static int stream_send(TcpStream *s) {
                         return -errno;
                 }
                 budget -= MIN(budget, (size_t)n);
-                if (s->s_hdr_done < sizeof s->s_hdr) {
-                        size_t h = MIN((size_t)n, sizeof s->s_hdr - s->s_hdr_done);
-                        s->s_hdr_done += h;
+                while (n > 0 && s->b_n > 0) {
+                        SendSlice *b = s->batch + s->b_head;
+                        size_t h = MIN((size_t)n, sizeof b->hdr - b->hdr_done);
+                        uint64_t d;
+
+                        b->hdr_done += h;
                         n -= (ssize_t)h;
-                }
-                s->s_data_done += (uint64_t)n;
-                if (s->s_data_done == s->s_length) {
-                        s->sw->slices_sending--;
-                        s->sw = NULL;
+                        d = MIN((uint64_t)n, b->length - b->data_done);
+                        b->data_done += d;
+                        n -= (ssize_t)d;
+                        if (b->hdr_done < sizeof b->hdr || b->data_done < b->length)
+                                break;
+                        b->w->slices_sending--;
+                        s->b_bytes -= b->length;
+                        s->b_head = (s->b_head + 1) % SEND_BATCH;
+                        s->b_n--;
                 }
         }
         stream_update(s);
@@ -468,32 +497,49 @@ static int stream_recv(TcpStream *s) {
                 ssize_t n;
 
                 if (!s->rw) {
-                        n = recv(s->fd, s->r_hdr + s->r_hdr_have, sizeof s->r_hdr - s->r_hdr_have, MSG_DONTWAIT);
-                        if (n < 0)
-                                return errno == EAGAIN || errno == EINTR ? 0 : -errno;
-                        if (n == 0)
-                                return -ECONNRESET;
-                        s->r_hdr_have += (size_t)n;
-                        if (s->r_hdr_have < sizeof s->r_hdr)
-                                continue;
+                        if (s->r_hdr_have < sizeof s->r_hdr) {
+                                n = recv(s->fd, s->r_hdr + s->r_hdr_have, sizeof s->r_hdr - s->r_hdr_have,
+                                         MSG_DONTWAIT);
+                                if (n < 0)
+                                        return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+                                if (n == 0)
+                                        return -ECONNRESET;
+                                s->r_hdr_have += (size_t)n;
+                                if (s->r_hdr_have < sizeof s->r_hdr)
+                                        continue;
+                        }
                         s->r_hdr_have = 0;
                         r = stream_slice_begin(s);
                         if (r < 0)
                                 return r;
                 }
-                if (s->r_dst)
-                        n = recv(s->fd, s->r_dst, s->r_remaining, MSG_DONTWAIT);
-                else
-                        n = recv(s->fd, s->t->scratch, MIN(s->r_remaining, (uint64_t)SCRATCH_SIZE), MSG_DONTWAIT);
-                if (n < 0)
-                        return errno == EAGAIN || errno == EINTR ? 0 : -errno;
-                if (n == 0)
-                        return -ECONNRESET;
-                budget -= MIN(budget, (size_t)n);
-                s->tp->bytes_in += (uint64_t)n;
-                s->r_remaining -= (uint64_t)n;
-                if (s->r_dst)
-                        s->r_dst += n;
+                {
+                        /* The rest of this slice, and the next slice's header with it
+                         * (data streams carry nothing but DATA frames): one syscall
+                         * per slice. */
+                        struct iovec iov[2];
+                        size_t n_iov = 1;
+                        uint64_t take;
+
+                        if (s->r_dst)
+                                iov[0] = (struct iovec){ s->r_dst, s->r_remaining };
+                        else
+                                iov[0] = (struct iovec){ s->t->scratch, MIN(s->r_remaining, (uint64_t)SCRATCH_SIZE) };
+                        if (iov[0].iov_len == s->r_remaining)
+                                iov[n_iov++] = (struct iovec){ s->r_hdr, sizeof s->r_hdr };
+                        n = readv(s->fd, iov, (int)n_iov);
+                        if (n < 0)
+                                return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+                        if (n == 0)
+                                return -ECONNRESET;
+                        budget -= MIN(budget, (size_t)n);
+                        take = MIN((uint64_t)n, s->r_remaining);
+                        s->tp->bytes_in += take;
+                        s->r_remaining -= take;
+                        if (s->r_dst)
+                                s->r_dst += take;
+                        s->r_hdr_have = (size_t)((uint64_t)n - take);
+                }
                 if (s->r_remaining == 0) {
                         r = stream_slice_end(s);
                         if (r != 0)
@@ -509,7 +555,11 @@ static int stream_io(sd_event_source *es, int fd, uint32_t revents, void *userda
         int r;
 
         if (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+                /* The acknowledgements of everything this wakeup completes leave in
+                 * one write. */
+                peer_cork(p);
                 r = stream_recv(s);
+                peer_uncork(p);
                 if (r == 1)
                         return 0; /* the session was reset; s is gone */
                 if (r < 0) {

@@ -4,9 +4,10 @@
 (the daemon's real peer code: control protocol, authentication, tcp transport,
 topology), all joined by veth pairs to a bridge in one more namespace.
 
-    test-peer-netns.py TEST PEER_NODE
+    test-peer-netns.py TEST PEER_NODE [BUILD_ROOT SOURCE_ROOT]
 
-TEST: peer-two-hosts, peer-three-hosts, peer-wrong-key, peer-faults.
+TEST: peer-two-hosts, peer-three-hosts, peer-wrong-key, peer-faults, and peer-epdd
+(epdd itself in each namespace, seen through epdctl and org.epd1.Peer).
 Needs root (ip netns, nft); exits 77 (skip) without it."""
 
 import os
@@ -242,11 +243,23 @@ def test_two_hosts(node_bin, tmp):
         a.ok(f"post bravo 1 {3 * MiB + 17} 4093 4093 0")
         wait_until(lambda: settled(a, 18), 30, "odd write")
         assert b.ok(f"hash 4093 {3 * MiB + 17}") == h
+        # Many small writes of an odd size: several slices per sendmsg(), the next
+        # header read along with each payload.
+        a.ok("fill 9")
+        h = a.ok(f"hash {40 * MiB} {512 * 8192}")
+        b.ok("zero")
+        a.ok(f"post bravo 512 8192 {40 * MiB} {40 * MiB} 8192")
+        wait_until(lambda: settled(a, 530), 30, "small writes")
+        assert a.stats()["out_err"] == 0
+        assert b.ok(f"hash {40 * MiB} {512 * 8192}") == h, "small writes differ"
+        a.ok(f"post bravo 300 5001 {40 * MiB} {40 * MiB} 5001")
+        wait_until(lambda: settled(a, 830), 30, "odd small writes")
+        assert b.ok(f"hash {40 * MiB} {300 * 5001}") == a.ok(f"hash {40 * MiB} {300 * 5001}")
         # A refused write: nothing lands, the sender gets the error.
         b.ok("zero")
         b.ok("validator refuse")
         a.ok(f"post bravo 2 {2 * MiB} 0 0 {2 * MiB}")
-        wait_until(lambda: settled(a, 20), 30, "refused writes")
+        wait_until(lambda: settled(a, 832), 30, "refused writes")
         sb = b.stats()
         assert sb["refused"] == 2, sb
         assert a.stats()["out_err"] == 2
@@ -254,7 +267,7 @@ def test_two_hosts(node_bin, tmp):
         # Out of the receiver's region: refused before any byte.
         b.ok("validator accept")
         a.ok(f"post bravo 1 {MiB} 0 {64 * MiB - 4096} 0")
-        wait_until(lambda: settled(a, 21), 30, "out of range write")
+        wait_until(lambda: settled(a, 833), 30, "out of range write")
         assert a.stats()["out_err"] == 3
         # Orderly shutdown of one side: the other notices at once.
         t0 = time.monotonic()
@@ -273,7 +286,8 @@ def test_three_hosts(node_bin, tmp):
     try:
         key = key_file(tmp, "key", "a" * 64)
         names = ["h-one", "h-two", "h-three"]
-        nodes = [Node(node_bin, net, i, key, names, ["--streams", "3"]) for i in range(3)]
+        # Small slices: every 1 MiB write is 16 slices spread over 3 streams.
+        nodes = [Node(node_bin, net, i, key, names, ["--streams", "3", "--slice-size", "64K"]) for i in range(3)]
         wait_until(lambda: all_up(nodes), 10, "all peers up")
         for i, n in enumerate(nodes):
             n.ok(f"fill {i + 10}")
@@ -373,6 +387,9 @@ def fault_case(node_bin, tmp, name, inject, heal, expect_down=True):
                 assert sb["in_ok"] + sb["in_err"] <= total
         if expect_down:
             assert s["out_err"] > 0, f"{name}: nothing failed?"
+        elif s["out_err"] == 0:
+            # Under loss, every write landed exactly (all wrote src 0 -> dst 0).
+            assert b.ok(f"hash 0 {MiB}") == a.ok(f"hash 0 {MiB}"), f"{name}: bytes differ under loss"
         heal(net, nodes)
         # The dialer reconnects with backoff and the link works again, bytes exact.
         wait_until(lambda: all_up(nodes), 15, f"{name}: reconnect")
@@ -405,34 +422,120 @@ def test_faults(node_bin, tmp):
         sh("ip", "-n", net.hosts[1], "link", "set", "eth0", "up")
 
     def drop_all(net, nodes):
-        nft(net.hosts[1], "table inet epdtest { chain in { type filter hook input priority 0; policy drop; }"
-                          " chain out { type filter hook output priority 0; policy drop; } }")
+        nft(net.hosts[1], "table inet epdtest {\n"
+                          " chain in { type filter hook input priority 0; policy drop; }\n"
+                          " chain out { type filter hook output priority 0; policy drop; }\n}\n")
 
     def undrop(net, nodes):
         nft(net.hosts[1], "delete table inet epdtest")
 
     def loss(net, nodes):
         for ns in net.hosts:
-            nft(ns, "table inet epdtest { chain in { type filter hook input priority 0; "
-                    "numgen random mod 100 < 3 drop; } }")
+            nft(ns, "table inet epdtest {\n chain in {\n  type filter hook input priority 0;\n"
+                    "  numgen random mod 100 < 3 drop\n }\n}\n")
 
     def unloss(net, nodes):
         for ns in net.hosts:
             nft(ns, "delete table inet epdtest")
 
-    fault_case(node_bin, tmp, "kill-9", kill9, restart)
-    fault_case(node_bin, tmp, "link-down", link_down, link_up)
-    fault_case(node_bin, tmp, "nft-drop-all", drop_all, undrop)
-    # 3% random loss: TCP recovers; transfers complete exactly, or, if the peer is
-    # declared down, complete with errors: either way nothing is left behind.
-    fault_case(node_bin, tmp, "nft-random-loss", loss, unloss, expect_down=False)
+    only = os.environ.get("EPD_FAULT")
+    cases = [("kill-9", kill9, restart, True), ("link-down", link_down, link_up, True),
+             ("nft-drop-all", drop_all, undrop, True),
+             # 3% random loss: TCP recovers; transfers complete exactly, or, if the peer
+             # is declared down, complete with errors: either way nothing is left behind.
+             ("nft-random-loss", loss, unloss, False)]
+    for name, inject, heal, down in cases:
+        if not only or only == name:
+            fault_case(node_bin, tmp, name, inject, heal, expect_down=down)
+
+
+def test_epdd(node_bin, tmp):
+    build, src = ARGS[0], ARGS[1]
+    epdd = os.path.join(build, "daemon", "epdd")
+    epdctl = os.path.join(build, "tools", "epdctl")
+    introspect = os.path.join(build, "tests", "integration", "epd-introspect")
+    net = Net(3)
+    procs = {}
+    names = ["east", "north", "west"]
+    key = key_file(tmp, "key", "c" * 64)
+
+    def conf(i):
+        p = os.path.join(tmp, f"{names[i]}.conf")
+        with open(p, "w") as f:
+            f.write(f"[Daemon]\nHostId={names[i]}\nSystemBus=no\n"
+                    f"[Arena:kv]\nSize=16M\n"
+                    f"[Cluster]\nListen={net.ip(i)}:7200\nClusterKeyFile={key}\n"
+                    f"HeartbeatInterval={HEARTBEAT_MS}ms\n")
+            for j, n in enumerate(names):
+                if j != i:
+                    f.write(f"[Peer:{n}]\nAddress={net.ip(j)}:7200\nHostId={n}\n")
+        return p
+
+    def sock(i):
+        return os.path.join(tmp, f"{names[i]}.sock")
+
+    def start(i):
+        procs[i] = subprocess.Popen(["ip", "netns", "exec", net.hosts[i], epdd, "-c", conf(i), "-s", sock(i),
+                                     "--no-system-bus"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: os.path.exists(sock(i)), 10, f"{names[i]} socket")
+
+    def peers(i):
+        import json
+        r = subprocess.run([epdctl, "-A", f"direct:{sock(i)}", "--json", "peers"], stdout=subprocess.PIPE,
+                           text=True)
+        return json.loads(r.stdout) if r.returncode == 0 else []
+
+    def state(i, host):
+        return next((p for p in peers(i) if p["host_id"] == host), {}).get("state")
+
+    try:
+        for i in range(3):
+            start(i)
+        wait_until(lambda: all(p["state"] == "up" and p["streams"] == 2 for i in range(3) for p in peers(i)),
+                   15, "all epdd peers up")
+        for p in peers(0):
+            assert p["interface"] == "eth0" and "route to" in p["path_reason"], p
+        subprocess.run([epdctl, "-A", f"direct:{sock(0)}", "peers"])
+        # The bus object matches its contract.
+        live = subprocess.run([introspect, sock(0), "/org/epd1/peer"], stdout=subprocess.PIPE, text=True).stdout
+        with open(os.path.join(src, "dbus", "org.epd1.Peer.xml")) as f:
+            want = f.read()
+
+        def iface(x):
+            a = x.index('<interface name="org.epd1.Peer">')
+            return x[a:x.index("</interface>", a)]
+        assert iface(live) == iface(want), "org.epd1.Peer introspection differs from dbus/org.epd1.Peer.xml"
+        # kill -9 one daemon: both others see it down within the bound, then up again.
+        t0 = time.monotonic()
+        procs[1].kill()
+        procs[1].wait()
+        wait_until(lambda: state(0, "north") == "down" and state(2, "north") == "down", BOUND_S, "north down")
+        print(f"epdd kill -9: noticed after {time.monotonic() - t0:.3f}s")
+        assert state(0, "west") == "up"
+        os.unlink(sock(1))
+        start(1)
+        wait_until(lambda: all(p["state"] == "up" for i in range(3) for p in peers(i)), 15, "north back up")
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        net.close()
+
+
+ARGS = []
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 3:
         print(__doc__)
         return 2
     test, node_bin = sys.argv[1], sys.argv[2]
+    ARGS.extend(sys.argv[3:])
     if os.geteuid() != 0:
         skip("needs root for network namespaces")
     if not shutil.which("ip"):
@@ -446,6 +549,7 @@ def main():
         "peer-three-hosts": test_three_hosts,
         "peer-wrong-key": test_wrong_key,
         "peer-faults": test_faults,
+        "peer-epdd": test_epdd,
     }
     with tempfile.TemporaryDirectory() as tmp:
         tests[test](node_bin, tmp)
