@@ -265,6 +265,38 @@ START_TEST(test_faults) {
 }
 END_TEST
 
+START_TEST(test_source_dies) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        char *seq = make_sequence(p, N_PAGES, NULL);
+        char *path;
+        uint64_t token;
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000c1", seq, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000c1", &acc), 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 0), 0);
+        ck_assert_uint_eq(arena_live(d), N_PAGES);
+        /* alpha dies: bravo's side rolls back within the heartbeat bound, pages free. */
+        int st;
+        kill(ha.epdd_pid, SIGKILL);
+        waitpid(ha.epdd_pid, &st, 0);
+        ha.epdd_pid = 0;
+        Cond c = { d, acc.path, "rolled-back" };
+        ck_assert_msg(harness_wait_for(state_is, &c, 3000), "no rollback within 3 s of the peer's death");
+        epd_handoff_status s;
+        ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
+        ck_assert_str_eq(s.cause, "peer-down");
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, NULL), -ESTALE);
+        Cond free_b = { .c = d, .live = 0 };
+        ck_assert(harness_wait_for(live_is, &free_b, 3000));
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        free(seq);
+        epd_disconnect(d);
+        p = epd_disconnect(p);
+}
+END_TEST
+
 int main(void) {
         if (!getenv("EPDD")) {
                 printf("SKIP: EPDD is not set (run through meson test)\n");
@@ -276,6 +308,7 @@ int main(void) {
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_cross_host);
         tcase_add_test(tc, test_faults);
+        tcase_add_test(tc, test_source_dies);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
         srunner_run_all(sr, CK_NORMAL);
