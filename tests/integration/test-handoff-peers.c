@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Layered handoffs between two epdd hosts ("alpha" and "bravo", peers over loopback
  * TCP with the cluster key): the prefill client on alpha, the decode client on bravo.
+ * (a third, "charlie", peers with alpha only).
  * Bytes land exactly and groups arrive in order; the decode worker dying, the remote
  * daemon killed with SIGKILL mid-transfer and admission (NoSpace) all end in a rollback
  * on both sides, with every page free again within the heartbeat bound. The network
@@ -28,8 +29,8 @@
 #define PAGE_SIZE (LAYERS * LAYER_BYTES)
 #define N_PAGES 64
 
-static Harness ha, hb;
-static char addr_a[512], addr_b[512], keyfile[128];
+static Harness ha, hb, hc;
+static char addr_a[512], addr_b[512], addr_c[512], keyfile[128];
 static const epd_kv_layout kv = { .layers = LAYERS, .tokens_per_block = TOKENS, .k_bytes_per_token = KV_BYTES,
                                   .v_bytes_per_token = KV_BYTES, .dtype = "bfloat16" };
 static const uint32_t groups4[4] = { 2, 2, 2, 2 };
@@ -46,8 +47,9 @@ static void setup(void) {
         snprintf(conf, sizeof conf,
                  "[Daemon]\nHostId=alpha\n[Arena:kv0]\nSize=32M\n"
                  "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
-                 "[Peer:bravo]\nAddress=127.0.0.1:%u\nHostId=bravo\n",
-                 port, keyfile, port + 1);
+                 "[Peer:bravo]\nAddress=127.0.0.1:%u\nHostId=bravo\n"
+                 "[Peer:charlie]\nAddress=127.0.0.1:%u\nHostId=charlie\n",
+                 port, keyfile, port + 1, port + 2);
         ck_assert_int_eq(harness_init(&ha, conf), 0);
         snprintf(conf, sizeof conf,
                  "[Daemon]\nHostId=bravo\n[Arena:kv0]\nSize=6M\n"
@@ -55,15 +57,24 @@ static void setup(void) {
                  "[Peer:alpha]\nAddress=127.0.0.1:%u\nHostId=alpha\n",
                  port + 1, keyfile, port);
         ck_assert_int_eq(harness_init(&hb, conf), 0);
+        snprintf(conf, sizeof conf,
+                 "[Daemon]\nHostId=charlie\n[Arena:kv0]\nSize=32M\n"
+                 "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
+                 "[Peer:alpha]\nAddress=127.0.0.1:%u\nHostId=alpha\n",
+                 port + 2, keyfile, port);
+        ck_assert_int_eq(harness_init(&hc, conf), 0);
         harness_direct_address(&ha, addr_a, sizeof addr_a);
         harness_direct_address(&hb, addr_b, sizeof addr_b);
+        harness_direct_address(&hc, addr_c, sizeof addr_c);
         ck_assert_int_eq(harness_start_epdd(&ha, NULL), 0);
         ck_assert_int_eq(harness_start_epdd(&hb, NULL), 0);
+        ck_assert_int_eq(harness_start_epdd(&hc, NULL), 0);
 }
 
 static void teardown(void) {
         harness_done(&ha);
         harness_done(&hb);
+        harness_done(&hc);
         unlink(keyfile);
 }
 
@@ -141,15 +152,20 @@ static bool live_is(void *userdata) {
 }
 
 /* Prepare, retrying while the peers are still connecting. */
-static int prepare(epd_client *c, const char *rid, const char *seq, char **path, uint64_t *token) {
+static int prepare_to(epd_client *c, const char *host, const char *rid, const char *seq, char **path,
+                      uint64_t *token) {
         int r = -EHOSTUNREACH;
         for (int i = 0; i < 500; i++) {
-                r = epd_handoff_prepare(c, rid, "bravo", seq, groups4, 4, NULL, path, token);
+                r = epd_handoff_prepare(c, rid, host, seq, groups4, 4, NULL, path, token);
                 if (r != -EHOSTUNREACH)
                         break;
                 usleep(20000);
         }
         return r;
+}
+
+static int prepare(epd_client *c, const char *rid, const char *seq, char **path, uint64_t *token) {
+        return prepare_to(c, "bravo", rid, seq, path, token);
 }
 
 START_TEST(test_cross_host) {
@@ -297,6 +313,55 @@ START_TEST(test_source_dies) {
 }
 END_TEST
 
+/* Three hosts: alpha hands off to bravo and to charlie at once; bravo dies mid-transfer;
+ * the handoff to charlie is not disturbed and commits, the one to bravo rolls back. */
+START_TEST(test_three_hosts) {
+        epd_client *p = worker(addr_a, "prefill"), *db = worker(addr_b, "decode"), *dc = worker(addr_c, "decode");
+        char *seq1 = make_sequence(p, N_PAGES, NULL), *seq2 = make_sequence(p, N_PAGES, NULL);
+        char *pb, *pc, *dseq;
+        uint64_t tb, tc;
+        ck_assert_int_eq(prepare_to(p, "bravo", "000000000000000000000000000000d1", seq1, &pb, &tb), 0);
+        ck_assert_int_eq(prepare_to(p, "charlie", "000000000000000000000000000000d2", seq2, &pc, &tc), 0);
+        epd_handoff_accepted ab, ac;
+        ck_assert_int_eq(epd_handoff_accept(db, "000000000000000000000000000000d1", &ab), 0);
+        ck_assert_int_eq(epd_handoff_accept(dc, "000000000000000000000000000000d2", &ac), 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, pb, 0), 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, pc, 0), 0);
+        int st;
+        kill(hb.epdd_pid, SIGKILL);
+        waitpid(hb.epdd_pid, &st, 0);
+        hb.epdd_pid = 0;
+        for (uint32_t g = 1; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, pc, g), 0);
+        Cond c1 = { p, pb, "rolled-back" };
+        ck_assert(harness_wait_for(state_is, &c1, 3000));
+        Cond c2 = { dc, ac.path, "transferred" };
+        ck_assert(harness_wait_for(state_is, &c2, 5000));
+        ck_assert_int_eq(epd_handoff_commit(dc, ac.path, &dseq), 0);
+        Cond c3 = { p, pc, "committed" };
+        ck_assert(harness_wait_for(state_is, &c3, 3000));
+        ck_assert_int_eq(epd_handoff_release(p, pb), 0);
+        ck_assert_int_eq(epd_handoff_release(p, pc), 0);
+        ck_assert_int_eq(epd_handoff_release(dc, ac.path), 0);
+        ck_assert_int_eq(epd__call(dc, dseq, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+        ck_assert_uint_eq(arena_live(dc), 0);
+        ck_assert_int_eq(epd__call(p, seq1, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+        ck_assert_int_eq(epd__call(p, seq2, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+        Cond free_a = { .c = p, .live = 0 };
+        ck_assert(harness_wait_for(live_is, &free_a, 3000));
+        epd_handoff_accepted_done(&ab);
+        epd_handoff_accepted_done(&ac);
+        free(seq1);
+        free(seq2);
+        free(pb);
+        free(pc);
+        free(dseq);
+        epd_disconnect(p);
+        epd_disconnect(db);
+        epd_disconnect(dc);
+}
+END_TEST
+
 int main(void) {
         if (!getenv("EPDD")) {
                 printf("SKIP: EPDD is not set (run through meson test)\n");
@@ -309,6 +374,7 @@ int main(void) {
         tcase_add_test(tc, test_cross_host);
         tcase_add_test(tc, test_faults);
         tcase_add_test(tc, test_source_dies);
+        tcase_add_test(tc, test_three_hosts);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
         srunner_run_all(sr, CK_NORMAL);
