@@ -176,10 +176,12 @@ const EpdctlVerb epdctl_verbs[] = {
         { "status", NULL, "Daemon version, host, clients, workers, arenas", verb_status },
         { "workers", NULL, "Registered workers", verb_workers },
         { "arenas", NULL, "Memory arenas", verb_arenas },
-        { "handoffs", NULL, "Handoffs in flight and their counters", verb_handoffs },
         { "pages", NULL, "KV page pools per arena and the block directory", verb_pages },
         { "sequences", NULL, "KV sequences: owner, arena, pages, sharing", verb_sequences },
         { "features", NULL, "Feature cache: hits, misses, coalesced waits, bytes, evictions", verb_features },
+        { "handoffs", NULL, "Handoffs in flight and their counters", verb_handoffs },
+        { "trace", "trace REQUEST_ID", "One request's path with timings, encode to decode", verb_trace },
+        { "paths", NULL, "Peer paths as the kernel sees them: RTT, retransmits, backpressure", verb_paths },
         /* -- more verbs -- */
         { "peers", NULL, "Peer hosts: state, streams, and the path to each with its reason", verb_peers },
         {},
