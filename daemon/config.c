@@ -24,6 +24,7 @@ typedef struct ParseState {
         unsigned n_errors;
         char section[64];
         char section_arg[64];
+        bool section_failed;
         ArenaConfig *arena;
         PeerConfig *peer;
 } ParseState;
@@ -335,6 +336,7 @@ static void start_section(ParseState *s, bool *arenas_replaced, char *line) {
         s->arena = NULL;
         s->peer = NULL;
         s->section[0] = s->section_arg[0] = 0;
+        s->section_failed = true; /* until the header is accepted */
         if (!end || end[1] != 0) {
                 perr(s, "malformed section header");
                 return;
@@ -362,6 +364,7 @@ static void start_section(ParseState *s, bool *arenas_replaced, char *line) {
                 perr(s, "section [%s] takes no name", name);
                 return;
         }
+        s->section_failed = false;
         snprintf(s->section, sizeof s->section, "%s", name);
         if (arg)
                 snprintf(s->section_arg, sizeof s->section_arg, "%s", arg);
@@ -378,14 +381,20 @@ static void start_section(ParseState *s, bool *arenas_replaced, char *line) {
                 for (size_t i = 0; i < c->n_arenas; i++)
                         if (strcmp(c->arenas[i].name, arg) == 0) {
                                 perr(s, "arena '%s' is defined twice", arg);
+                                s->section[0] = 0;
+                                s->section_failed = true;
                                 return;
                         }
                 if (c->n_arenas >= 64) {
                         perr(s, "too many arenas (at most 64)");
+                        s->section[0] = 0;
+                                s->section_failed = true;
                         return;
                 }
                 if (add_default_arena(c, arg, ARENA_USAGE_KV, 0, 0) < 0) {
                         perr(s, "out of memory");
+                        s->section[0] = 0;
+                                s->section_failed = true;
                         return;
                 }
                 s->arena = &c->arenas[c->n_arenas - 1];
@@ -393,15 +402,21 @@ static void start_section(ParseState *s, bool *arenas_replaced, char *line) {
                 for (size_t i = 0; i < c->n_peers; i++)
                         if (strcmp(c->peers[i].name, arg) == 0) {
                                 perr(s, "peer '%s' is defined twice", arg);
+                                s->section[0] = 0;
+                                s->section_failed = true;
                                 return;
                         }
                 if (c->n_peers >= 256) {
                         perr(s, "too many peers (at most 256)");
+                        s->section[0] = 0;
+                                s->section_failed = true;
                         return;
                 }
                 PeerConfig *n = realloc(c->peers, (c->n_peers + 1) * sizeof *n);
                 if (!n) {
                         perr(s, "out of memory");
+                        s->section[0] = 0;
+                                s->section_failed = true;
                         return;
                 }
                 c->peers = n;
@@ -479,7 +494,9 @@ int config_parse_string(Config *c, const char *text, const char *name, char **er
                 *eq = 0;
                 char *key = strip(line), *value = strip(eq + 1);
                 if (!s.section[0]) {
-                        perr(&s, "%s= outside of a known section", key);
+                        /* Keys of a section that was itself in error were reported there. */
+                        if (!s.section_failed)
+                                perr(&s, "%s= outside of a known section", key);
                         continue;
                 }
                 const ConfigItem *it = NULL;
@@ -491,7 +508,13 @@ int config_parse_string(Config *c, const char *text, const char *name, char **er
                         perr(&s, "unknown key %s= in section [%s]", key, s.section);
                         continue;
                 }
-                void *base = s.arena ? (void *)s.arena : s.peer ? (void *)s.peer : (void *)&n;
+                void *base = &n;
+                if (strcmp(it->section, "Arena") == 0)
+                        base = s.arena;
+                else if (strcmp(it->section, "Peer") == 0)
+                        base = s.peer;
+                if (!base)
+                        continue;
                 if (it->parse(&s, key, value, (char *)base + it->offset) == -ENOMEM)
                         perr(&s, "out of memory");
         }

@@ -1,0 +1,169 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Python binding of libepd, the client library of epd.
+
+Workers use it to reach epdd, register, and map the daemon's arenas; tensors are
+views of the mapped memory, never copies:
+
+    import epd
+    with epd.Client() as c:                 # $EPD_SOCKET, /run/epd/bus or the system bus
+        c.register("prefill", "Qwen3-VL-8B", "cuda:0",
+                   kv=epd.KvLayout(layers=36, tokens_per_block=16,
+                                   k_bytes_per_token=2048, v_bytes_per_token=2048))
+        buf = c.arena("host0").buffer()     # a writable memoryview of the shared arena
+
+Errors are EpdError exceptions carrying errno and the D-Bus error name
+(e.g. "org.epd1.Error.NoSpace").
+"""
+
+import ctypes
+import errno as _errno
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from . import _lib
+
+__all__ = ["Client", "EpdError", "KvLayout", "Arena"]
+
+
+class EpdError(OSError):
+    """A failed libepd call: errno, the daemon's error name and message."""
+
+    def __init__(self, err: int, name: Optional[str], message: Optional[str], what: str):
+        self.name = name
+        self.what = what
+        text = f"{what}: {name + ': ' if name else ''}{message or os.strerror(err)}"
+        super().__init__(err, text)
+
+
+@dataclass
+class KvLayout:
+    layers: int
+    tokens_per_block: int
+    k_bytes_per_token: int  # per token per layer
+    v_bytes_per_token: int
+    dtype: str = "bf16"
+
+    def _c(self):
+        return _lib.EpdKvLayout(self.layers, self.tokens_per_block, self.k_bytes_per_token,
+                                self.v_bytes_per_token, self.dtype.encode())
+
+
+class Arena:
+    """One arena the daemon passed to this worker (by fd) at registration."""
+
+    def __init__(self, client: "Client", index: int):
+        a = _lib.lib().epd_arena_get(client._c, index).contents
+        self._client = client
+        self.index = index
+        self.name = a.name.decode()
+        self.domain = a.domain.decode()
+        self.usage = a.usage.decode()
+        self.size = a.size
+        self.data_offset = a.data_offset
+        self.gpu = a.gpu
+        self.fd = a.fd
+
+    def address(self) -> int:
+        """Maps a host arena (once) and returns its address in this process."""
+        p = ctypes.c_void_p()
+        self._client._check(_lib.lib().epd_arena_map(self._client._c, self.index, ctypes.byref(p)),
+                            f"map arena {self.name}")
+        return p.value
+
+    def buffer(self, offset: int = 0, length: Optional[int] = None) -> memoryview:
+        """A writable view of [offset, offset+length) of the mapped arena; no copy."""
+        if length is None:
+            length = self.size - offset
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise ValueError(f"range {offset}+{length} outside arena {self.name} of {self.size} bytes")
+        base = self.address()
+        return memoryview((ctypes.c_char * length).from_address(base + offset)).cast("B")
+
+    def numpy(self, dtype, shape, offset: int):
+        """A numpy array viewing the arena at `offset` (numpy needed)."""
+        import numpy as np
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape)) * dt.itemsize
+        return np.frombuffer(self.buffer(offset, n), dtype=dt).reshape(shape)
+
+    def torch(self, dtype, shape, offset: int):
+        """A torch tensor viewing the arena at `offset` (torch needed); no copy."""
+        import torch
+        n = 1
+        for s in shape:
+            n *= s
+        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        return torch.frombuffer(self.buffer(offset, nbytes), dtype=dtype).view(*shape)
+
+
+class Client:
+    """A connection to epdd. address: None (libepd's default search), 'direct:PATH',
+    'bus:ADDRESS' or 'system'."""
+
+    def __init__(self, address: Optional[str] = None):
+        self._l = _lib.lib()
+        c = ctypes.c_void_p()
+        r = self._l.epd_connect(address.encode() if address else None, ctypes.byref(c))
+        if r < 0:
+            raise EpdError(-r, None, None, f"connect to epdd ({address or 'default'})")
+        self._c = c
+
+    def _check(self, r: int, what: str) -> int:
+        if r < 0:
+            name = self._l.epd_last_error_name(self._c)
+            msg = self._l.epd_last_error_message(self._c)
+            raise EpdError(-r, name.decode() if name else None, msg.decode() if msg else None, what)
+        return r
+
+    def close(self):
+        if self._c:
+            self._l.epd_disconnect(self._c)
+            self._c = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def register(self, role: str, model: str, device: str, kv: Optional[KvLayout] = None,
+                 arenas: Optional[Sequence[str]] = None) -> str:
+        kvp = ctypes.byref(kv._c()) if kv else None
+        arr = None
+        if arenas is not None:
+            arr = (ctypes.c_char_p * (len(arenas) + 1))(*[a.encode() for a in arenas], None)
+        self._check(self._l.epd_register(self._c, role.encode(), model.encode(), device.encode(), kvp, arr),
+                    f"register {role} worker")
+        return self.worker_path
+
+    def unregister(self):
+        self._check(self._l.epd_unregister(self._c), "unregister")
+
+    @property
+    def worker_path(self) -> Optional[str]:
+        p = self._l.epd_worker_path(self._c)
+        return p.decode() if p else None
+
+    def arenas(self):
+        return [Arena(self, i) for i in range(self._l.epd_arena_count(self._c))]
+
+    def arena(self, name: str) -> Arena:
+        i = self._l.epd_arena_find(self._c, name.encode())
+        if i < 0:
+            raise EpdError(_errno.ENOENT, "org.epd1.Error.NotFound", f"no arena {name} mapped", "arena")
+        return Arena(self, i)
+
+    def fileno(self) -> int:
+        return self._l.epd_get_fd(self._c)
+
+    def wait(self, timeout_s: Optional[float] = None) -> int:
+        """Blocks until something arrives from the daemon (or the timeout) and processes it."""
+        t = 2**64 - 1 if timeout_s is None else int(timeout_s * 1e6)
+        return self._check(self._l.epd_wait(self._c, t), "wait")

@@ -1,0 +1,86 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""ctypes declarations of libepd (client/include/epd/epd.h). No compiled extension."""
+
+import ctypes
+import ctypes.util
+import os
+
+c_char_p = ctypes.c_char_p
+c_int = ctypes.c_int
+c_size_t = ctypes.c_size_t
+c_uint32 = ctypes.c_uint32
+c_uint64 = ctypes.c_uint64
+c_void_p = ctypes.c_void_p
+
+
+class EpdArena(ctypes.Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("domain", c_char_p),
+        ("usage", c_char_p),
+        ("size", c_uint64),
+        ("data_offset", c_uint64),
+        ("gpu", c_int),
+        ("fd", c_int),
+        ("base", c_void_p),
+    ]
+
+
+class EpdKvLayout(ctypes.Structure):
+    _fields_ = [
+        ("layers", c_uint32),
+        ("tokens_per_block", c_uint32),
+        ("k_bytes_per_token", c_uint64),
+        ("v_bytes_per_token", c_uint64),
+        ("dtype", c_char_p),
+    ]
+
+
+def _find_library():
+    """EPD_LIBRARY (a path), then the dynamic linker's search (libepd.so.0)."""
+    path = os.environ.get("EPD_LIBRARY")
+    if path:
+        return path
+    for name in ("libepd.so.0", ctypes.util.find_library("epd")):
+        if name:
+            return name
+    raise OSError("libepd not found: install epd or set EPD_LIBRARY to libepd.so's path")
+
+
+def _declare(lib):
+    """Prototypes, so that ctypes converts arguments and results exactly."""
+    P = ctypes.POINTER
+    decls = {
+        "epd_connect": (c_int, [c_char_p, P(c_void_p)]),
+        "epd_disconnect": (c_void_p, [c_void_p]),
+        "epd_register": (c_int, [c_void_p, c_char_p, c_char_p, c_char_p, P(EpdKvLayout), P(c_char_p)]),
+        "epd_unregister": (c_int, [c_void_p]),
+        "epd_worker_path": (c_char_p, [c_void_p]),
+        "epd_arena_count": (c_size_t, [c_void_p]),
+        "epd_arena_get": (P(EpdArena), [c_void_p, c_size_t]),
+        "epd_arena_find": (c_int, [c_void_p, c_char_p]),
+        "epd_arena_map": (c_int, [c_void_p, c_size_t, P(c_void_p)]),
+        "epd_get_fd": (c_int, [c_void_p]),
+        "epd_process": (c_int, [c_void_p]),
+        "epd_wait": (c_int, [c_void_p, c_uint64]),
+        "epd_last_error_name": (c_char_p, [c_void_p]),
+        "epd_last_error_message": (c_char_p, [c_void_p]),
+    }
+    for name, (restype, argtypes) in decls.items():
+        f = getattr(lib, name)
+        f.restype = restype
+        f.argtypes = argtypes
+    # The library frees these; ctypes must not take ownership.
+    lib.free.restype = None
+    lib.free.argtypes = [c_void_p]
+    return lib
+
+
+_lib = None
+
+
+def lib():
+    global _lib
+    if _lib is None:
+        _lib = _declare(ctypes.CDLL(_find_library(), use_errno=True))
+    return _lib

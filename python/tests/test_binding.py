@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The Python binding against a real epdd (started here on a private direct socket).
+Runs without torch: plain buffers, and numpy when present."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import epd  # noqa: E402
+
+
+class Daemon:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="epd-py-")
+        self.socket = os.path.join(self.dir, "bus")
+        conf = os.path.join(self.dir, "epd.conf")
+        with open(conf, "w") as f:
+            f.write(f"[Daemon]\nSocket={self.socket}\nSystemBus=no\nHostId=py-host\n")
+        self.log = open(os.path.join(self.dir, "epdd.log"), "w")
+        self.proc = subprocess.Popen([os.environ["EPDD"], f"--config={conf}"],
+                                     stdout=self.log, stderr=self.log)
+        for _ in range(500):
+            if os.path.exists(self.socket):
+                s = socket.socket(socket.AF_UNIX)
+                try:
+                    s.connect(self.socket)
+                    return
+                except OSError:
+                    pass
+                finally:
+                    s.close()
+            time.sleep(0.01)
+        raise RuntimeError("epdd did not start")
+
+    @property
+    def address(self):
+        return "direct:" + self.socket
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return rc
+
+
+class BindingTest(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon()
+
+    def tearDown(self):
+        self.assertEqual(self.d.stop(), 0)
+
+    def test_register_and_map(self):
+        kv = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=256, v_bytes_per_token=256)
+        with epd.Client(self.d.address) as c:
+            path = c.register("prefill", "qwen3-vl-test", "cpu", kv=kv)
+            self.assertTrue(path.startswith("/org/epd1/worker/"))
+            names = sorted(a.name for a in c.arenas())
+            self.assertEqual(names, ["feat0", "host0"])
+            a = c.arena("host0")
+            hdr = a.buffer(0, 64)
+            self.assertEqual(bytes(hdr[:8]), b"EPDARENA")
+            # Shared memory: what one client writes, another sees.
+            a.buffer(a.data_offset, 4)[:] = b"\x01\x02\x03\x04"
+            with epd.Client(self.d.address) as d:
+                d.register("decode", "qwen3-vl-test", "cpu", kv=kv)
+                self.assertEqual(bytes(d.arena("host0").buffer(a.data_offset, 4)), b"\x01\x02\x03\x04")
+
+    def test_numpy_view(self):
+        try:
+            import numpy as np
+        except ImportError:
+            self.skipTest("numpy not installed")
+        with epd.Client(self.d.address) as c:
+            c.register("encoder", "m", "cpu")
+            a = c.arena("feat0")
+            x = a.numpy(np.float32, (16, 8), a.data_offset)
+            x[:] = np.arange(128, dtype=np.float32).reshape(16, 8)
+            y = a.numpy(np.float32, (128,), a.data_offset)
+            self.assertEqual(float(y[127]), 127.0)
+
+    def test_errors_carry_dbus_names(self):
+        with epd.Client(self.d.address) as c:
+            with self.assertRaises(epd.EpdError) as e:
+                c.register("janitor", "m", "cpu")
+            self.assertEqual(e.exception.name, "org.epd1.Error.InvalidArgument")
+            self.assertIn("unknown role", str(e.exception))
+            with self.assertRaises(epd.EpdError) as e:
+                c.register("prefill", "m", "cpu", arenas=["nosuch"])
+            self.assertEqual(e.exception.name, "org.epd1.Error.NotFound")
+            c.register("prefill", "m", "cpu")
+            with self.assertRaises(epd.EpdError) as e:
+                c.arena("nosuch")
+            with self.assertRaises(ValueError):
+                c.arena("host0").buffer(0, 1 << 40)
+        with self.assertRaises(epd.EpdError):
+            epd.Client("direct:/nonexistent/socket")
+
+
+if __name__ == "__main__":
+    unittest.main()

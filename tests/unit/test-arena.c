@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "arena.h"
+
+START_TEST(test_size_round) {
+        uint64_t s;
+        ck_assert_int_eq(arena_size_round(1 << 20, 4096, &s), 0);
+        ck_assert_uint_eq(s, (1 << 20) + 4096); /* header page in front */
+        ck_assert_int_eq(arena_size_round((1 << 20) + 1, 4096, &s), 0);
+        ck_assert_uint_eq(s, (1 << 20) + 8192);
+        ck_assert_int_eq(arena_size_round(3ULL << 20, 2ULL << 20, &s), 0);
+        ck_assert_uint_eq(s, 6ULL << 20); /* 3M + 2M header, rounded to 2M */
+        ck_assert_int_eq(arena_size_round(100, 4096, &s), -ERANGE);
+        ck_assert_int_eq(arena_size_round(1ULL << 50, 4096, &s), -E2BIG);
+        ck_assert_int_eq(arena_size_round(UINT64_MAX, 4096, &s), -E2BIG);
+        ck_assert_int_eq(arena_size_round(1 << 20, 3000, &s), -EINVAL);
+        ck_assert_int_eq(arena_size_round(1 << 20, 0, &s), -EINVAL);
+        ck_assert_uint_eq(arena_header_size(4096), 4096);
+        ck_assert_uint_eq(arena_header_size(2ULL << 20), 2ULL << 20);
+}
+END_TEST
+
+START_TEST(test_host_arena) {
+        ArenaConfig c = { .name = (char *)"t0", .domain = MEMORY_HOST, .usage = ARENA_USAGE_KV,
+                          .size = 1 << 20, .hugepages = HUGEPAGES_NO, .numa_node = -1, .gpu = -1 };
+        Arena *a;
+        ck_assert_int_eq(arena_new_host(&c, 3, "h1", &a), 0);
+        ck_assert_uint_eq(a->size, (1 << 20) + 4096);
+        ck_assert_uint_eq(a->data_offset, 4096);
+        ck_assert_uint_eq(arena_data_size(a), 1 << 20);
+        const ArenaHeader *h = a->base;
+        ck_assert_int_eq(memcmp(h->magic, EPD_ARENA_MAGIC, 8), 0);
+        ck_assert_uint_eq(h->index, 3);
+        ck_assert_str_eq(h->name, "t0");
+        ck_assert_str_eq(h->host_id, "h1");
+        ck_assert_uint_eq(h->generation, 0);
+        /* The fd is sealed against resizing. */
+        ck_assert_int_lt(ftruncate(a->fd, 4096), 0);
+        ck_assert_int_eq(errno, EPERM);
+        /* Another mapping of the fd sees the same bytes (what a worker does). */
+        void *p = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+        ck_assert_ptr_ne(p, MAP_FAILED);
+        memset((char *)a->base + a->data_offset, 0xab, 100);
+        ck_assert_int_eq(((unsigned char *)p)[a->data_offset + 99], 0xab);
+        munmap(p, a->size);
+
+        /* Re-adopting the fd (after a restart) keeps the data and bumps the generation. */
+        int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 3);
+        arena_free(a);
+        ck_assert_int_eq(arena_adopt_host(&c, 3, fd, "h1", &a), 0);
+        h = a->base;
+        ck_assert_uint_eq(h->generation, 1);
+        ck_assert_int_eq(((unsigned char *)a->base)[a->data_offset + 99], 0xab);
+        int fd2 = fcntl(a->fd, F_DUPFD_CLOEXEC, 3);
+        arena_free(a);
+        /* An fd that holds another arena is refused, and stays the caller's. */
+        ArenaConfig other = c;
+        other.name = (char *)"other";
+        ck_assert_int_eq(arena_adopt_host(&other, 3, fd2, "h1", &a), -EBADMSG);
+        ck_assert_int_eq(fcntl(fd2, F_GETFD), FD_CLOEXEC);
+        close(fd2);
+}
+END_TEST
+
+START_TEST(test_hugepages_fallback) {
+        /* HugePages=try falls back to normal pages when none are reserved. */
+        ArenaConfig c = { .name = (char *)"t1", .size = 4 << 20, .hugepages = HUGEPAGES_TRY,
+                          .numa_node = -1, .gpu = -1 };
+        Arena *a;
+        ck_assert_int_eq(arena_new_host(&c, 0, "h", &a), 0);
+        ck_assert(a->data_offset == 4096 || a->data_offset == (2 << 20));
+        arena_free(a);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("arena");
+        TCase *tc = tcase_create("arena");
+        tcase_add_test(tc, test_size_round);
+        tcase_add_test(tc, test_host_arena);
+        tcase_add_test(tc, test_hugepages_fallback);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
