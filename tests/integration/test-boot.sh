@@ -41,9 +41,8 @@ cleanup() {
         fi
         # Whatever is still in this run's cgroups was started by this run: end it by pid.
         for d in "${CGDIRS[@]}"; do
-                for p in $(find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null); do
-                        kill -KILL "$p" 2>/dev/null
-                done
+                find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null |
+                        while read -r p; do kill -KILL "$p" 2>/dev/null; done
         done
         for d in "${CGDIRS[@]}"; do
                 for _ in 1 2 3 4 5 6 7 8 9 10; do
