@@ -41,6 +41,9 @@ section_boot() {
         EPD_UID=$(id -u epd)
         EPD_GID=$(getent group epd | cut -d: -f3)
         check "epd.service is installed, disabled by preset" bash -c '[ "$(systemctl is-enabled epd.service)" = disabled ]'
+        check "systemctl enable/disable epd ([Install])" \
+                bash -c 'systemctl -q enable epd.service && [ -L /etc/systemd/system/multi-user.target.wants/epd.service ] && systemctl -q disable epd.service'
+        check "the fd store is configured (FileDescriptorStoreMax=256)" bash -c "[ \$(systemctl show -P FileDescriptorStoreMax $SVC) = 256 ]"
         if [ -e "$T/sanitized" ]; then
                 # LeakSanitizer's exit-time check needs ptrace(), which the unit's
                 # SystemCallFilter= forbids (as it should): it would turn every clean
