@@ -95,7 +95,7 @@ else
         # (root only) applies it for real.
         echo "note: not root, tmpfiles.d/epd.conf not applied"
 fi
-ok "sysusers: epd uid $uid gid $gid; tmpfiles: /var/lib/epd 0750 epd:epd, /etc/epd 0755 root"
+ok "sysusers: epd uid $uid gid $gid; tmpfiles: /var/lib/epd 0750 epd:epd, /etc/epd 0755 root (as root)"
 
 # The unit's own directories agree with tmpfiles (both create them).
 grep -qx 'User=epd' "$DEST/$UNIT" && grep -qx 'Group=epd' "$DEST/$UNIT" || fail "unit does not run as epd:epd"
