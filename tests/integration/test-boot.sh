@@ -100,6 +100,7 @@ boot() {
                         systemd-nspawn --quiet -D / --volatile=yes -M "$NAME" \
                         --register=no --keep-unit --private-network --console=read-only \
                         --capability=CAP_BPF,CAP_PERFMON,CAP_IPC_LOCK,CAP_NET_ADMIN \
+                        --system-call-filter="bpf perf_event_open" \
                         --bind="$res:/results" "${args[@]}" \
                         -b -- systemd.firstboot=off systemd.unit=multi-user.target "${cmdline[@]}" \
                         </dev/null >"$res/console.log" 2>&1

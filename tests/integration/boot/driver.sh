@@ -102,6 +102,14 @@ section_bus() {
         check "org.epd1 is owned by a process of $SVC" bash -c "busctl --system status org.epd1 | grep -qx 'Unit=$SVC'"
         check "org.epd1 answers on the system bus (HostId from /etc/epd/epd.conf)" \
                 bash -c "busctl --system get-property org.epd1 /org/epd1 org.epd1.Manager HostId | grep -qx 's \"boot-test\"'"
+        # The kernel telemetry loads with exactly the unit's capabilities and system calls
+        # (nspawn, like a host, lets bpf() and perf_event_open() through here).
+        local tel why
+        tel=$(busctl --system get-property org.epd1 /org/epd1/telemetry org.epd1.Telemetry KernelTelemetry)
+        why=$(busctl --system get-property org.epd1 /org/epd1/telemetry org.epd1.Telemetry KernelTelemetryUnavailable)
+        log "telemetry: $tel, unavailable: $why, pins: $(busctl --system get-property org.epd1 /org/epd1/telemetry org.epd1.Telemetry PinDirectory)"
+        check "BPF telemetry loads inside the sandbox (CAP_BPF, CAP_PERFMON, bpf, perf_event_open)" \
+                bash -c "[ '$tel' = 'b true' ]"
         check "epdctl status over the system bus" epdctl -A system status
         check "epdctl status over the direct socket" epdctl -A direct:/run/epd/bus status
         check "epdctl --json status by default (the direct socket)" \
