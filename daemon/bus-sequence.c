@@ -101,7 +101,7 @@ static int method_create_sequence(sd_bus_message *msg, void *userdata, sd_bus_er
         Manager *m = userdata;
         const char *arena;
         uint32_t n;
-        Worker *w;
+        Worker *w = NULL;
         Arena *a;
         Sequence *s;
         int r;
@@ -144,10 +144,10 @@ static int method_create_from_prefix(sd_bus_message *msg, void *userdata, sd_bus
         Manager *m = userdata;
         PageManager *pm = m->page_manager;
         _cleanup_(freep) PageId *pins = NULL;
-        const uint64_t *hashes;
+        const uint64_t *hashes = NULL;
         const char *arena;
-        size_t n, len = 0;
-        Worker *w;
+        size_t n = 0, len = 0;
+        Worker *w = NULL;
         Arena *a;
         Sequence *s;
         int r;
@@ -195,10 +195,10 @@ static int method_create_from_prefix(sd_bus_message *msg, void *userdata, sd_bus
 
 static int method_match_prefix(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
-        const uint64_t *hashes;
+        const uint64_t *hashes = NULL;
         const char *arena;
-        size_t n;
-        Worker *w;
+        size_t n = 0;
+        Worker *w = NULL;
         Arena *a;
         int r;
 
@@ -350,7 +350,7 @@ static int method_truncate(sd_bus_message *msg, void *userdata, sd_bus_error *er
 static int method_clone(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Sequence *s = userdata, *c;
         Manager *m = seq_manager(s);
-        Worker *w;
+        Worker *w = NULL;
         int r;
 
         r = access_check(m, msg, s, SEQUENCE_ACCESS_READ, NULL, error);
@@ -411,9 +411,9 @@ static int method_prepare_write(sd_bus_message *msg, void *userdata, sd_bus_erro
 
 static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Sequence *s = userdata;
-        const uint64_t *hashes;
+        const uint64_t *hashes = NULL;
         uint32_t first;
-        size_t n;
+        size_t n = 0;
         int r;
 
         r = sd_bus_message_read(msg, "u", &first);
@@ -452,7 +452,7 @@ static int grant_target(Manager *m, sd_bus_message *msg, Worker **ret, sd_bus_er
 static int method_grant(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Sequence *s = userdata;
         Manager *m = seq_manager(s);
-        Worker *w;
+        Worker *w = NULL;
         int r = grant_target(m, msg, &w, error);
         if (r < 0)
                 return r;
@@ -471,7 +471,7 @@ static int method_grant(sd_bus_message *msg, void *userdata, sd_bus_error *error
 static int method_revoke(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Sequence *s = userdata;
         Manager *m = seq_manager(s);
-        Worker *w;
+        Worker *w = NULL;
         int r = grant_target(m, msg, &w, error);
         if (r < 0)
                 return r;

@@ -31,7 +31,7 @@ struct PagePool {
         uint64_t allocs, frees, alloc_failures, evictions, cow_copies;
 };
 
-int page_pool_new(PagePool **ret, uint64_t n_pages, uint64_t page_size, uint64_t base_offset) {
+int page_pool_new(uint64_t n_pages, uint64_t page_size, uint64_t base_offset, PagePool **ret) {
         uint64_t span, end;
 
         if (!ret || n_pages == 0 || page_size == 0)

@@ -63,7 +63,7 @@ typedef struct PagePoolStats {
 
 /* A pool of n_pages pages of page_size bytes; page i lives at arena offset
  * base_offset + i × page_size. -EINVAL for 0 pages or size, -ERANGE on overflow. */
-int page_pool_new(PagePool **ret, uint64_t n_pages, uint64_t page_size, uint64_t base_offset);
+int page_pool_new(uint64_t n_pages, uint64_t page_size, uint64_t base_offset, PagePool **ret);
 /* Frees the bookkeeping. Pages still LIVE or cached are reported by
  * page_pool_retained() beforehand; freeing a pool does not care. */
 PagePool *page_pool_free(PagePool *pool);

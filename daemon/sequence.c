@@ -95,6 +95,12 @@ int sequence_append(Sequence *s, size_t n, PageId *ret_new) {
                 return -EINVAL;
         if (n == 0)
                 return 0;
+        if (n > SEQUENCE_PAGES_MAX)
+                return -E2BIG;
+        /* Refuse what cannot fit before growing the table: a client asking for more
+         * pages than the arena holds must not leave a huge table behind. */
+        if (!page_pool_can_alloc(s->pool, n))
+                return -ENOSPC;
         r = sequence_reserve(s, n);
         if (r < 0)
                 return r;

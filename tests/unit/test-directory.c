@@ -30,8 +30,8 @@ START_TEST(test_insert_lookup_pin) {
         uint64_t h[6] = { 11, 12, 13, 14, 15, 16 };
         size_t len;
 
-        ck_assert_int_eq(page_pool_new(&p, 8, 64, 0), 0);
-        ck_assert_int_eq(page_pool_new(&q, 8, 64, 0), 0);
+        ck_assert_int_eq(page_pool_new(8, 64, 0, &p), 0);
+        ck_assert_int_eq(page_pool_new(8, 64, 0, &q), 0);
         ck_assert_int_eq(directory_new(&d), 0);
         ck_assert_int_eq(page_pool_alloc_many(p, 4, ids), 0);
 
@@ -95,7 +95,7 @@ START_TEST(test_eviction_lru_never_pinned_or_leased) {
         size_t len;
         uint64_t h[6] = { 1, 2, 3, 4, 5, 6 };
 
-        ck_assert_int_eq(page_pool_new(&p, 6, 64, 0), 0);
+        ck_assert_int_eq(page_pool_new(6, 64, 0, &p), 0);
         ck_assert_int_eq(directory_new(&d), 0);
         directory_attach_pool(d, p);
         ck_assert_int_eq(page_pool_alloc_many(p, 6, ids), 0);
@@ -154,7 +154,7 @@ START_TEST(test_matching_linear) {
         /* Equal blocks still get distinct hashes: the chain carries the position. */
         ck_assert_uint_ne(hashes[0], hashes[1]);
 
-        ck_assert_int_eq(page_pool_new(&p, MAX_BLOCKS, 64, 0), 0);
+        ck_assert_int_eq(page_pool_new(MAX_BLOCKS, 64, 0, &p), 0);
         ck_assert_int_eq(directory_new(&d), 0);
         directory_attach_pool(d, p);
         ck_assert_int_eq(sequence_new(p, &s), 0);

@@ -12,11 +12,11 @@ static void verify(const PagePool *p) {
 
 START_TEST(test_new_args) {
         PagePool *p = NULL;
-        ck_assert_int_eq(page_pool_new(&p, 0, 4096, 0), -EINVAL);
-        ck_assert_int_eq(page_pool_new(&p, 16, 0, 0), -EINVAL);
-        ck_assert_int_eq(page_pool_new(&p, UINT64_C(1) << 40, 4096, 0), -ERANGE);
-        ck_assert_int_eq(page_pool_new(&p, 1 << 20, UINT64_MAX / 2, 0), -ERANGE);
-        ck_assert_int_eq(page_pool_new(&p, 16, 4096, UINT64_MAX - 4096), -ERANGE);
+        ck_assert_int_eq(page_pool_new(0, 4096, 0, &p), -EINVAL);
+        ck_assert_int_eq(page_pool_new(16, 0, 0, &p), -EINVAL);
+        ck_assert_int_eq(page_pool_new(UINT64_C(1) << 40, 4096, 0, &p), -ERANGE);
+        ck_assert_int_eq(page_pool_new(1 << 20, UINT64_MAX / 2, 0, &p), -ERANGE);
+        ck_assert_int_eq(page_pool_new(16, 4096, UINT64_MAX - 4096, &p), -ERANGE);
         ck_assert_ptr_null(page_pool_free(NULL));
 }
 END_TEST
@@ -26,7 +26,7 @@ START_TEST(test_alloc_free_all) {
         PageId ids[64], id;
         PagePoolStats st;
 
-        ck_assert_int_eq(page_pool_new(&p, 64, 4096, 8192), 0);
+        ck_assert_int_eq(page_pool_new(64, 4096, 8192, &p), 0);
         ck_assert_uint_eq(page_pool_size(p), 64);
         ck_assert_uint_eq(page_pool_free_count(p), 64);
         for (int i = 0; i < 64; i++) {
@@ -73,7 +73,7 @@ START_TEST(test_lease_keeps_page) {
         PagePool *p;
         PageId a, b;
 
-        ck_assert_int_eq(page_pool_new(&p, 2, 4096, 0), 0);
+        ck_assert_int_eq(page_pool_new(2, 4096, 0, &p), 0);
         ck_assert_int_eq(page_pool_alloc(p, &a), 0);
         ck_assert_int_eq(page_lease(p, a), 0);
         ck_assert(!page_is_exclusive(p, a));
@@ -109,7 +109,7 @@ START_TEST(test_shared_counters) {
         PageId a;
         PagePoolStats st;
 
-        ck_assert_int_eq(page_pool_new(&p, 4, 1000, 0), 0);
+        ck_assert_int_eq(page_pool_new(4, 1000, 0, &p), 0);
         ck_assert_int_eq(page_pool_alloc(p, &a), 0);
         ck_assert_int_eq(page_ref(p, a), 0);
         ck_assert_int_eq(page_ref(p, a), 0);
@@ -164,7 +164,7 @@ START_TEST(test_cached_lru) {
         MiniCache c = {};
         PagePoolStats st;
 
-        ck_assert_int_eq(page_pool_new(&p, 4, 64, 0), 0);
+        ck_assert_int_eq(page_pool_new(4, 64, 0, &p), 0);
         page_pool_set_evict(p, mini_evict, &c);
         ck_assert_int_eq(page_pool_alloc_many(p, 4, ids), 0);
         for (int i = 0; i < 4; i++)
@@ -225,7 +225,7 @@ START_TEST(test_alloc_many_all_or_nothing) {
         PagePool *p;
         PageId ids[8];
 
-        ck_assert_int_eq(page_pool_new(&p, 8, 64, 0), 0);
+        ck_assert_int_eq(page_pool_new(8, 64, 0, &p), 0);
         ck_assert_int_eq(page_pool_alloc_many(p, 5, ids), 0);
         ck_assert_int_eq(page_pool_alloc_many(p, 4, ids + 5), -ENOSPC);
         ck_assert_uint_eq(page_pool_free_count(p), 3);

@@ -51,7 +51,7 @@ START_TEST(test_clone_and_cow) {
         size_t copied;
         PagePoolStats st;
 
-        ck_assert_int_eq(page_pool_new(&p, 16, PS, 0), 0);
+        ck_assert_int_eq(page_pool_new(16, PS, 0, &p), 0);
         ck_assert_int_eq(sequence_new(p, &s), 0);
         ck_assert_int_eq(sequence_append(s, 4, ids), 0);
         for (int i = 0; i < 4; i++)
@@ -108,7 +108,7 @@ START_TEST(test_write_exclusive_no_copy) {
         PageId ids[3], w[3];
         size_t copied = 99;
 
-        ck_assert_int_eq(page_pool_new(&p, 3, PS, 0), 0);
+        ck_assert_int_eq(page_pool_new(3, PS, 0, &p), 0);
         ck_assert_int_eq(sequence_new(p, &s), 0);
         ck_assert_int_eq(sequence_append(s, 3, ids), 0);
         /* No copy needed: the callback may be NULL. */
@@ -131,7 +131,7 @@ START_TEST(test_write_all_or_nothing) {
         PageId ids[3];
         size_t copied;
 
-        ck_assert_int_eq(page_pool_new(&p, 6, PS, 0), 0);
+        ck_assert_int_eq(page_pool_new(6, PS, 0, &p), 0);
         ck_assert_int_eq(sequence_new(p, &s), 0);
         ck_assert_int_eq(sequence_append(s, 3, ids), 0);
         ck_assert_int_eq(sequence_clone(s, &c), 0);
@@ -169,7 +169,7 @@ START_TEST(test_duplicate_page_in_range) {
         PageId id, w[2];
         size_t copied;
 
-        ck_assert_int_eq(page_pool_new(&p, 4, PS, 0), 0);
+        ck_assert_int_eq(page_pool_new(4, PS, 0, &p), 0);
         ck_assert_int_eq(sequence_new(p, &s), 0);
         ck_assert_int_eq(sequence_append(s, 1, &id), 0);
         ck_assert_int_eq(sequence_append_pages(s, &id, 1), 0); /* same page twice */
@@ -193,7 +193,7 @@ START_TEST(test_release_while_leased) {
         PageId ids[4], leased[2], w[4];
         size_t copied;
 
-        ck_assert_int_eq(page_pool_new(&p, 8, PS, 0), 0);
+        ck_assert_int_eq(page_pool_new(8, PS, 0, &p), 0);
         ck_assert_int_eq(sequence_new(p, &s), 0);
         ck_assert_int_eq(sequence_append(s, 4, ids), 0);
         ck_assert_int_eq(sequence_lease(s, 1, 2, leased), 0);
@@ -227,7 +227,7 @@ START_TEST(test_new_from_pages) {
         Sequence *s;
         PageId ids[3];
 
-        ck_assert_int_eq(page_pool_new(&p, 4, PS, 0), 0);
+        ck_assert_int_eq(page_pool_new(4, PS, 0, &p), 0);
         /* The receiving side of a handoff: pages allocated and leased while bytes land. */
         ck_assert_int_eq(page_pool_alloc_many(p, 3, ids), 0);
         for (int i = 0; i < 3; i++)
@@ -258,12 +258,14 @@ START_TEST(test_append_limits) {
         PagePool *p;
         Sequence *s;
 
-        ck_assert_int_eq(page_pool_new(&p, 4, PS, 0), 0);
+        ck_assert_int_eq(page_pool_new(4, PS, 0, &p), 0);
         ck_assert_int_eq(sequence_new(p, &s), 0);
         ck_assert_int_eq(sequence_append(s, 5, NULL), -ENOSPC);
         ck_assert_int_eq(sequence_append(s, (size_t)SEQUENCE_PAGES_MAX + 1, NULL), -E2BIG);
         ck_assert_int_eq(sequence_append(s, SIZE_MAX, NULL), -E2BIG);
+        ck_assert_int_eq(sequence_append(s, (size_t)SEQUENCE_PAGES_MAX, NULL), -ENOSPC);
         ck_assert_uint_eq(sequence_size(s), 0);
+        ck_assert_uint_le(s->n_allocated, 16); /* a refused request grew nothing */
         ck_assert_uint_eq(page_pool_free_count(p), 4);
         ck_assert_int_eq(sequence_append(s, 4, NULL), 0);
         sequence_release_pages(s);
@@ -415,7 +417,7 @@ static void run_model(uint64_t seed, size_t steps) {
         size_t ops[16] = {};
 
         rng_state = seed ? seed : 1;
-        ck_assert_int_eq(page_pool_new(&p, NP, PS, 0), 0);
+        ck_assert_int_eq(page_pool_new(NP, PS, 0, &p), 0);
         ck_assert_int_eq(directory_new(&d), 0);
         directory_attach_pool(d, p);
 

@@ -1,0 +1,219 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Qwen3-VL split into Encoder, Prefill and Decode roles (transformers 5.x).
+
+- The encoder runs the vision tower on an image's patches and returns a FeatureBundle:
+  image embeddings, the DeepStack intermediate features, grid_thw.
+- The prefill worker runs the language model's prefill with precomputed features (the
+  vision tower is skipped: get_image_features is answered from the bundle), and hands
+  each layer's K/V to a KvSink as the forward pass produces it (so a transfer can start
+  while later layers still compute); it returns the first generated token.
+- The decode worker rebuilds its KV cache from a KvSource and generates greedily.
+
+Weights are random and deterministic (a seed): nothing is downloaded. Configs: `small`
+for tests, `8b` for benchmarks (the Qwen3-VL-8B text settings)."""
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+# head_dim stays 128 in both: Qwen3-VL's interleaved M-RoPE sections are sized for it.
+SMALL = dict(text=dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+                       intermediate_size=512, head_dim=128),
+             vision=dict(depth=4, hidden_size=256, intermediate_size=512, num_heads=4, out_hidden_size=256,
+                         deepstack_visual_indexes=[1, 2, 3]))
+EIGHT_B = dict(text=dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                         intermediate_size=12288, head_dim=128),
+               vision=dict(out_hidden_size=4096))
+CONFIGS = {"small": SMALL, "8b": EIGHT_B}
+IMAGE_TOKEN_ID = [151655]  # set from the config by build_model
+
+
+def build_model(name: str = "small", device: str = "cuda", seed: int = 0, dtype=torch.bfloat16):
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    spec = CONFIGS[name]
+    cfg = Qwen3VLConfig()
+    for k, v in spec["text"].items():
+        setattr(cfg.text_config, k, v)
+    for k, v in spec["vision"].items():
+        setattr(cfg.vision_config, k, v)
+    cfg.text_config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    with torch.device(device):
+        m = Qwen3VLForConditionalGeneration._from_config(cfg, dtype=dtype)
+    m.eval()
+    IMAGE_TOKEN_ID[0] = cfg.image_token_id
+    return m
+
+
+@dataclass
+class Request:
+    """One image + text prompt, made deterministically from seeds (no processor)."""
+    input_ids: torch.Tensor      # (1, L)
+    pixel_values: torch.Tensor   # (patches, C*T*P*P)
+    image_grid_thw: torch.Tensor  # (1, 3)
+    image_key: str               # content key of the image
+
+    @property
+    def mm_token_type_ids(self) -> torch.Tensor:
+        """1 where a token is an image placeholder (what the processor returns)."""
+        return (self.input_ids == IMAGE_TOKEN_ID[0]).to(torch.int32)
+
+
+def make_request(model, image_seed: int, text_seed: int, image_px: int = 448, text_tokens: int = 100,
+                 device: str = "cuda") -> Request:
+    import hashlib
+    cfg = model.config
+    vc = cfg.vision_config
+    ps, ms, tps = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
+    gh = gw = image_px // ps
+    g = torch.Generator(device="cpu").manual_seed(image_seed)
+    pix = torch.randn(gh * gw, vc.in_channels * tps * ps * ps, generator=g).to(device, torch.bfloat16)
+    grid = torch.tensor([[1, gh, gw]], device=device)
+    n_img = gh * gw // (ms * ms)
+    gt = torch.Generator(device="cpu").manual_seed(10_000 + text_seed)
+    vocab = cfg.text_config.vocab_size
+    text = torch.randint(1000, min(vocab, 20000), (text_tokens,), generator=gt).tolist()
+    ids = [cfg.vision_start_token_id] + [cfg.image_token_id] * n_img + [cfg.vision_end_token_id] + text
+    key = hashlib.sha256(pix.float().cpu().numpy().tobytes() + b"|" + str(image_px).encode()).hexdigest()
+    return Request(torch.tensor([ids], device=device), pix, grid, key)
+
+
+@dataclass
+class FeatureBundle:
+    embeds: torch.Tensor               # (n_image_tokens, hidden)
+    deepstack: List[torch.Tensor]      # each (n_image_tokens, hidden)
+    grid_thw: torch.Tensor             # (1, 3) int64
+
+    def tensors(self) -> Dict[str, torch.Tensor]:
+        d = {"embeds": self.embeds, "grid_thw": self.grid_thw}
+        for i, t in enumerate(self.deepstack):
+            d[f"deepstack.{i}"] = t
+        return d
+
+    @staticmethod
+    def from_tensors(d: Dict[str, torch.Tensor]) -> "FeatureBundle":
+        ds = [d[f"deepstack.{i}"] for i in range(sum(1 for k in d if k.startswith("deepstack.")))]
+        return FeatureBundle(d["embeds"], ds, d["grid_thw"])
+
+
+class Encoder:
+    def __init__(self, model):
+        self.model = model
+
+    @torch.no_grad()
+    def encode(self, req: Request) -> FeatureBundle:
+        out = self.model.model.visual(req.pixel_values.type(self.model.model.visual.dtype),
+                                      grid_thw=req.image_grid_thw, return_dict=True)
+        return FeatureBundle(out.pooler_output, list(out.deepstack_features), req.image_grid_thw)
+
+
+class KvSink:
+    """Receives each layer's K/V, (1, kv_heads, seq, head_dim), as prefill makes it."""
+
+    def layer(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def done(self) -> None:
+        pass
+
+
+class KvSource:
+    """Gives back each layer's K/V for the decode worker."""
+
+    def layer(self, layer_idx: int):
+        raise NotImplementedError
+
+
+def _patched_image_features(bundle: FeatureBundle):
+    """A get_image_features that answers from a FeatureBundle: the vision tower never runs."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+    def get_image_features(pixel_values, image_grid_thw=None, **kwargs):
+        n = (bundle.grid_thw.prod(-1) // 4).tolist()  # spatial_merge_size**2 == 4 in every Qwen3-VL
+        return BaseModelOutputWithDeepstackFeatures(pooler_output=torch.split(bundle.embeds, n),
+                                                     deepstack_features=bundle.deepstack)
+    return get_image_features
+
+
+def _sink_cache(sink: KvSink, config):
+    """A DynamicCache that hands every layer's K/V to the sink right after it is computed."""
+    from transformers.cache_utils import DynamicCache
+
+    class SinkCache(DynamicCache):
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            out = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+            sink.layer(layer_idx, key_states, value_states)
+            return out
+
+    return SinkCache(config=config)
+
+
+class Prefill:
+    def __init__(self, model):
+        self.model = model
+
+    @torch.no_grad()
+    def prefill(self, req: Request, bundle: FeatureBundle, sink: KvSink):
+        """Returns (first token id, rope delta). The vision tower is not run."""
+        inner = self.model.model
+        saved = inner.get_image_features
+        inner.get_image_features = _patched_image_features(bundle)
+        try:
+            cache = _sink_cache(sink, self.model.config.text_config)
+            out = self.model(input_ids=req.input_ids, attention_mask=torch.ones_like(req.input_ids),
+                             pixel_values=req.pixel_values[:1], image_grid_thw=bundle.grid_thw,
+                             mm_token_type_ids=req.mm_token_type_ids,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+        finally:
+            inner.get_image_features = saved
+        sink.done()
+        first = int(out.logits[0, -1].argmax())
+        return first, int(out.rope_deltas.reshape(-1)[0])
+
+
+class Decode:
+    def __init__(self, model):
+        self.model = model
+
+    @torch.no_grad()
+    def decode(self, source: KvSource, prompt_len: int, first_token: int, rope_delta: int,
+               max_new_tokens: int) -> List[int]:
+        from transformers.cache_utils import DynamicCache
+        cfg = self.model.config.text_config
+        cache = DynamicCache(config=cfg)
+        for l in range(cfg.num_hidden_layers):
+            k, v = source.layer(l)
+            cache.update(k, v, l)
+        dev = self.model.device
+        tokens = [first_token]
+        tok = torch.tensor([[first_token]], device=dev)
+        for step in range(max_new_tokens - 1):
+            pos = prompt_len + step + rope_delta
+            position_ids = torch.full((3, 1, 1), pos, device=dev, dtype=torch.long)
+            out = self.model(input_ids=tok, past_key_values=cache, position_ids=position_ids, use_cache=True)
+            nxt = int(out.logits[0, -1].argmax())
+            tokens.append(nxt)
+            tok = torch.tensor([[nxt]], device=dev)
+        return tokens
+
+
+@torch.no_grad()
+def colocated_generate(model, req: Request, max_new_tokens: int) -> List[int]:
+    """The baseline: the same model in one process, Hugging Face generate, greedy."""
+    out = model.generate(input_ids=req.input_ids, attention_mask=torch.ones_like(req.input_ids),
+                         pixel_values=req.pixel_values, image_grid_thw=req.image_grid_thw,
+                         mm_token_type_ids=req.mm_token_type_ids, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, req.input_ids.shape[1]:].tolist()
+
+
+class MemoryKv(KvSink, KvSource):
+    """KV kept in memory (tests; the epd connector replaces it with pages)."""
+
+    def __init__(self):
+        self.layers = {}
+
+    def layer(self, layer_idx, k=None, v=None):
+        if k is None:
+            return self.layers[layer_idx]
+        self.layers[layer_idx] = (k.clone(), v.clone())
