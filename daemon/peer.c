@@ -1373,6 +1373,8 @@ static int peer_subsystem_init(Manager *m) {
                 .n_peers = c->n_peers,
                 .cluster_key_file = c->cluster_key_file,
                 .heartbeat_usec = c->heartbeat_usec,
+                .n_streams = c->peer_streams,
+                .slice_size = (uint32_t)c->peer_slice_size,
         };
         PeerManager *pm;
         int r;
