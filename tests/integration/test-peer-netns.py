@@ -365,6 +365,11 @@ def fault_case(node_bin, tmp, name, inject, heal, expect_down=True):
         time.sleep(0.05)
         t0 = time.monotonic()
         inject(net, nodes)
+        if name == "link-down":
+            # Topology follows rtnetlink: bravo's path to alpha changes at once.
+            wait_until(lambda: any(("no route" in l or "link DOWN" in l) for l in b.peers()), 2,
+                       "topology to notice the link going down")
+            print("link-down: path now:", b.peers()[0])
         if expect_down:
             ta = a.wait_event("state bravo down", 10)
             assert ta is not None, f"{name}: alpha never noticed"
