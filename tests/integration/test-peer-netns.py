@@ -165,16 +165,17 @@ class Node:
         self.proc.wait()
 
     def stop(self):
-        if self.proc.poll() is None:
-            try:
-                self.cmd("quit", timeout=5)
-            except Exception:
-                pass
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        """Quits the node; a clean quit must exit 0 (under ASan: no leak either)."""
+        if self.proc.poll() is not None:
+            return
+        try:
+            self.cmd("quit", timeout=5)
+            rc = self.proc.wait(timeout=10)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        assert rc == 0, f"{self.host_id}: exited with {rc} after quit"
 
 
 def wait_until(fn, timeout, what):
