@@ -6,11 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "epd-internal.h"
 #include "epd/handoff.h"
 #include "id.h"
+#include "macro.h"
 
 #define HANDOFFS_PATH "/org/epd1/handoffs"
 #define IFACE_HANDOFFS "org.epd1.Handoffs"
@@ -262,22 +264,32 @@ int epd_ring_layer_group_ready(epd_ring_client *r, const char *request_id, uint6
         return epd_ring_submit(r, &rec);
 }
 
+static uint64_t now_usec_mono(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000ULL;
+}
+
 int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t timeout_usec) {
         if (!r || !rec)
                 return -EINVAL;
+        uint64_t deadline = timeout_usec == UINT64_MAX ? UINT64_MAX : now_usec_mono() + timeout_usec;
         for (;;) {
                 int e = epd_ring_consume(&r->ring.cq, rec);
-                if (e != -EAGAIN || timeout_usec == 0)
+                if (e != -EAGAIN)
                         return e;
+                uint64_t now = now_usec_mono();
+                if (now >= deadline)
+                        return -EAGAIN;
+                /* A wakeup may be stale (its record was taken without waiting): wait
+                 * again until the deadline. */
                 struct pollfd p = { .fd = r->complete_fd, .events = POLLIN };
-                int ms = timeout_usec == UINT64_MAX ? -1 : (int)((timeout_usec + 999) / 1000);
+                int ms = deadline == UINT64_MAX ? -1 : (int)MIN((deadline - now + 999) / 1000, (uint64_t)INT32_MAX);
                 e = poll(&p, 1, ms);
                 if (e < 0 && errno != EINTR)
                         return -errno;
                 uint64_t v;
                 if (e > 0)
                         (void)!read(r->complete_fd, &v, sizeof v);
-                if (timeout_usec != UINT64_MAX)
-                        timeout_usec = 0; /* one wait, then answer */
         }
 }

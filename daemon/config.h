@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "arena.h"
+#include "telemetry-config.h"
 #include "time-util.h"
 
 typedef struct PeerConfig {
@@ -52,6 +53,9 @@ typedef struct Config {
         uint64_t feature_cache_bytes;
         char *feature_store_dir;
         uint64_t feature_store_max_bytes; /* 0: no limit */
+
+        /* [Telemetry] and [Backpressure] (docs/telemetry.md) */
+        TelemetryConfig telemetry;
 
         /* Subsystem-private sections live beside the core: see config.c. */
 } Config;

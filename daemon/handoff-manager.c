@@ -1254,6 +1254,7 @@ void handoff_manager_release(HandoffObject *o) {
 static void ring_free_object(ClientRing *cr) {
         if (!cr)
                 return;
+        log_debug("handoff: ring of client %" PRIu64 " closed", cr->serial);
         (void)hashmap_remove(cr->hm->rings, &cr->serial);
         if (cr->object.owner)
                 client_object_unlink(&cr->object);
@@ -1308,12 +1309,12 @@ static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *us
 int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32_t cq, Ring **ret,
                               sd_bus_error *error) {
         uint64_t serial = client_serial(c);
-        if (hashmap_get(hm->rings, &serial))
-                return epd_bus_error(error, EPD_ERROR_EXISTS, "This client has a ring already.");
         if (!epd_ring_entries_valid(sq) || !epd_ring_entries_valid(cq))
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "Ring sizes are powers of two from %u to %u.", EPD_RING_ENTRIES_MIN,
                                      EPD_RING_ENTRIES_MAX);
+        if (hashmap_get(hm->rings, &serial))
+                return epd_bus_error(error, EPD_ERROR_EXISTS, "This client has a ring already.");
         ClientRing *cr = calloc(1, sizeof *cr);
         if (!cr)
                 return -ENOMEM;

@@ -64,8 +64,11 @@ static void kick(LocalTransport *l) {
         (void)!write(l->efd, &one, sizeof one);
 }
 
+#define LOCAL_BATCH_MAX 32
+
 static void *worker(void *userdata) {
         LocalTransport *l = userdata;
+        LocalJob *batch[LOCAL_BATCH_MAX];
 
         pthread_mutex_lock(&l->lock);
         for (;;) {
@@ -73,11 +76,23 @@ static void *worker(void *userdata) {
                         pthread_cond_wait(&l->cond, &l->lock);
                 if (l->stop)
                         break;
-                LocalJob *j = l->jobs.first;
-                QUEUE_REMOVE(queue, l->jobs, j);
+                /* Take a share of the queue at once: one lock round trip per batch, not
+                 * per write, while the other threads still get work. */
+                size_t n = 0, queued = 0;
+                for (LocalJob *j = l->jobs.first; j && queued < LOCAL_BATCH_MAX * l->n_threads; j = j->queue_next)
+                        queued++;
+                size_t want = CLAMP(queued / l->n_threads, (size_t)1, (size_t)LOCAL_BATCH_MAX);
+                while (n < want && l->jobs.first) {
+                        LocalJob *j = l->jobs.first;
+                        QUEUE_REMOVE(queue, l->jobs, j);
+                        batch[n++] = j;
+                }
                 pthread_mutex_unlock(&l->lock);
 
-                if (j->dst != j->src) {
+                for (size_t i = 0; i < n; i++) {
+                        LocalJob *j = batch[i];
+                        if (j->dst == j->src)
+                                continue;
                         if (j->same_region)
                                 memmove(j->dst, j->src, j->length);
                         else
@@ -85,8 +100,11 @@ static void *worker(void *userdata) {
                 }
 
                 pthread_mutex_lock(&l->lock);
-                bool k = push_done(l, j->cookie, 0, j->length);
-                free(j);
+                bool k = false;
+                for (size_t i = 0; i < n; i++) {
+                        k |= push_done(l, batch[i]->cookie, 0, batch[i]->length);
+                        free(batch[i]);
+                }
                 if (k)
                         kick(l);
         }
