@@ -266,6 +266,8 @@ static const ConfigItem items[] = {
         { "Cluster", "ClusterKeyFile", p_path, C(cluster_key_file) },
         { "Cluster", "HeartbeatInterval", p_duration, C(heartbeat_usec) },
         { "Cluster", "HandoffTimeout", p_duration, C(handoff_timeout_usec) },
+        { "Cluster", "DataStreams", p_unsigned, C(peer_streams) },
+        { "Cluster", "SliceSize", p_size, C(peer_slice_size) },
         { "Peer", "Address", p_address, P(address) },
         { "Peer", "HostId", p_host_id, P(host_id) },
         { "Features", "CacheSize", p_size, C(feature_cache_bytes) },
@@ -345,6 +347,8 @@ int config_defaults(Config *c) {
                 .max_objects_per_client = 4096,
                 .max_request_bytes = 1ULL << 30,
                 .heartbeat_usec = 2 * USEC_PER_SEC,
+                .peer_streams = 2,
+                .peer_slice_size = 1024 * 1024,
                 .handoff_timeout_usec = 30 * USEC_PER_SEC,
                 .feature_cache_bytes = 48ULL << 20,
                 .feature_store_max_bytes = 1ULL << 30,
@@ -513,6 +517,12 @@ static void check_complete(ParseState *s) {
                         perr(s, "[Peer:%s] needs Address= and HostId=", c->peers[i].name);
         if (c->n_peers > 0 && !c->cluster_key_file)
                 perr(s, "peers are configured but [Cluster] ClusterKeyFile= is not set");
+        if (c->heartbeat_usec < 100 * USEC_PER_MSEC)
+                perr(s, "[Cluster] HeartbeatInterval= must be at least 100ms");
+        if (c->peer_streams > 16)
+                perr(s, "[Cluster] DataStreams=%u: expected 1 to 16", c->peer_streams);
+        if (c->peer_slice_size < 4096 || c->peer_slice_size > 16 * 1024 * 1024)
+                perr(s, "[Cluster] SliceSize=%llu: expected 4K to 16M", (unsigned long long)c->peer_slice_size);
         const char *problem;
         if (telemetry_config_verify(&c->telemetry, &problem) < 0)
                 perr(s, "[Backpressure] %s", problem);

@@ -46,6 +46,8 @@ typedef struct Config {
         char *cluster_key_file;
         usec_t heartbeat_usec;
         usec_t handoff_timeout_usec;
+        unsigned peer_streams;      /* DataStreams=: TCP data streams per peer */
+        uint64_t peer_slice_size;   /* SliceSize=: bulk writes are sent in slices of this */
 
         /* [Features] */
         uint64_t feature_cache_bytes;

@@ -624,7 +624,8 @@ static int dialer_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t l
                                 peer_down(p, r, "bringing session up");
                                 return 1;
                         }
-                        return 0;
+                        /* A state handler may have ended the session already. */
+                        return p->control == c ? 0 : 1;
                 }
                 if (ok.session_id != p->session_id || p->state != PEER_UP)
                         return -ESTALE;
@@ -712,7 +713,14 @@ static int acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t
                 }
                 if (c->role == PEER_ROLE_CONTROL) {
                         uint64_t sid = 0;
-                        if (p->state == PEER_UP)
+                        /* Off the pending list first: ending the old session ends the
+                         * handshakes of its peer, and this one must survive that. */
+                        if (c->pending) {
+                                LIST_REMOVE(pending, pm->pending, c);
+                                pm->n_pending--;
+                                c->pending = false;
+                        }
+                        if (p->state == PEER_UP || p->control)
                                 peer_down(p, -ECONNRESET, "superseded by a new connection");
                         do {
                                 r = peer_auth_random(&sid, sizeof sid);
@@ -733,7 +741,7 @@ static int acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t
                                 peer_down(p, r, "bringing session up");
                                 return 1;
                         }
-                        return 0;
+                        return p->control == c ? 0 : 1;
                 }
                 /* Data stream: the AUTH_OK must be on the wire before the transport owns
                  * the fd (a fresh socket's buffer always takes these few bytes). */
@@ -1373,6 +1381,8 @@ static int peer_subsystem_init(Manager *m) {
                 .n_peers = c->n_peers,
                 .cluster_key_file = c->cluster_key_file,
                 .heartbeat_usec = c->heartbeat_usec,
+                .n_streams = c->peer_streams,
+                .slice_size = (uint32_t)c->peer_slice_size,
         };
         PeerManager *pm;
         int r;

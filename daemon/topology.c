@@ -211,7 +211,9 @@ static void resolve_path(Topology *t, Peer *p, TopologyPath *path) {
         }
         r = rtnl_route_lookup(t->query, dst, &route);
         if (r < 0 || !route) {
-                snprintf(path->reason, sizeof path->reason, "no route to %s: %s", host, nl_geterror(r));
+                /* The kernel's ENETUNREACH reaches libnl as a generic failure. */
+                snprintf(path->reason, sizeof path->reason, "no route to %s%s%s", host,
+                         r < 0 && r != -NLE_FAILURE ? ": " : "", r < 0 && r != -NLE_FAILURE ? nl_geterror(r) : "");
                 goto finish;
         }
         if (rtnl_route_get_nnexthops(route) > 0) {

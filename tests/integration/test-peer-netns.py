@@ -82,7 +82,7 @@ class Node:
         self.args = [node_bin, "--host-id", names[i], "--listen", f"{net.ip(i)}:7100",
                      "--key", key, "--heartbeat-ms", str(HEARTBEAT_MS), "--region-size", str(64 * MiB)]
         for j, n in enumerate(names):
-            if j != i:
+            if j != i and n != names[i]:
                 self.args += ["--peer", f"{n}={n}@{net.ip(j)}:7100"]
         self.args += list(extra)
         self.events = []
@@ -165,16 +165,17 @@ class Node:
         self.proc.wait()
 
     def stop(self):
-        if self.proc.poll() is None:
-            try:
-                self.cmd("quit", timeout=5)
-            except Exception:
-                pass
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        """Quits the node; a clean quit must exit 0 (under ASan: no leak either)."""
+        if self.proc.poll() is not None:
+            return
+        try:
+            self.cmd("quit", timeout=5)
+            rc = self.proc.wait(timeout=10)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        assert rc == 0, f"{self.host_id}: exited with {rc} after quit"
 
 
 def wait_until(fn, timeout, what):
@@ -365,6 +366,11 @@ def fault_case(node_bin, tmp, name, inject, heal, expect_down=True):
         time.sleep(0.05)
         t0 = time.monotonic()
         inject(net, nodes)
+        if name == "link-down":
+            # Topology follows rtnetlink: bravo's path to alpha changes at once.
+            wait_until(lambda: any(("no route" in l or "link DOWN" in l) for l in b.peers()), 2,
+                       "topology to notice the link going down")
+            print("link-down: path now:", b.peers()[0])
         if expect_down:
             ta = a.wait_event("state bravo down", 10)
             assert ta is not None, f"{name}: alpha never noticed"
@@ -438,6 +444,38 @@ def test_faults(node_bin, tmp):
         for ns in net.hosts:
             nft(ns, "delete table inet epdtest")
 
+    def supersede():
+        # A second "alpha" (same host id and key, another address) connects to bravo
+        # while the first one's session is up: the new authenticated connection
+        # supersedes the old session (what a host restarted without its old connections
+        # being reset looks like); bravo ends the old session cleanly and serves the new.
+        net = Net(3)
+        nodes = []
+        try:
+            key = key_file(tmp, "key", "d" * 40)
+            a1 = Node(node_bin, net, 0, key, ["alpha", "bravo"])
+            b = Node(node_bin, net, 1, key, ["alpha", "bravo"])
+            nodes = [a1, b]
+            wait_until(lambda: all_up(nodes), 10, "up")
+            # Stop the first alpha's loop (SIGSTOP) so that it does not win back.
+            a1.proc.send_signal(signal.SIGSTOP)
+            a2 = Node(node_bin, net, 2, key, ["alpha", "bravo", "alpha"])
+            nodes.append(a2)
+            t = b.wait_event("state alpha down", 5)
+            assert t is not None, "bravo kept the old session"
+            wait_until(lambda: all_up([a2]) and all_up([b]), 10, "new session up")
+            a2.ok("fill 5")
+            h = a2.ok(f"hash 0 {4 * MiB}")
+            a2.ok(f"post bravo 4 {MiB} 0 0 {MiB}")
+            wait_until(lambda: settled(a2, 4), 20, "writes over the new session")
+            assert b.ok(f"hash 0 {4 * MiB}") == h
+            print("supersede: old session ended, new one serves:", b.peers()[0])
+            a1.proc.send_signal(signal.SIGCONT)
+        finally:
+            for n in nodes:
+                n.stop()
+            net.close()
+
     only = os.environ.get("EPD_FAULT")
     cases = [("kill-9", kill9, restart, True), ("link-down", link_down, link_up, True),
              ("nft-drop-all", drop_all, undrop, True),
@@ -447,6 +485,8 @@ def test_faults(node_bin, tmp):
     for name, inject, heal, down in cases:
         if not only or only == name:
             fault_case(node_bin, tmp, name, inject, heal, expect_down=down)
+    if not only or only == "supersede":
+        supersede()
 
 
 def test_epdd(node_bin, tmp):
