@@ -258,6 +258,7 @@ static const ConfigItem items[] = {
         { "Peer", "HostId", p_host_id, P(host_id) },
         { "Features", "CacheSize", p_size, C(feature_cache_bytes) },
         { "Features", "StoreDirectory", p_path, C(feature_store_dir) },
+        { "Features", "StoreMaxSize", p_size, C(feature_store_max_bytes) },
         { "Wal", "Sync", p_wal_sync, C(wal_sync) },
         { "Wal", "CompactSize", p_size, C(wal_compact_bytes) },
 };
@@ -308,6 +309,7 @@ int config_defaults(Config *c) {
                 .heartbeat_usec = 2 * USEC_PER_SEC,
                 .handoff_timeout_usec = 30 * USEC_PER_SEC,
                 .feature_cache_bytes = 48ULL << 20,
+                .feature_store_max_bytes = 1ULL << 30,
                 .wal_sync = 1, /* batch: group commit */
                 .wal_compact_bytes = 64ULL << 20,
         };

@@ -49,6 +49,7 @@ typedef struct Config {
         /* [Features] */
         uint64_t feature_cache_bytes;
         char *feature_store_dir;
+        uint64_t feature_store_max_bytes; /* 0: no limit */
 
         /* [Wal] (docs/wal.md) */
         int wal_sync;            /* WalSyncPolicy: always, batch (default), none */

@@ -199,6 +199,22 @@ int page_manager_revoke(Sequence *s, const EpdId *worker) {
 
 /* -- subsystem hooks -- */
 
+/* Owners of directory entries: this host and the configured peers. */
+static int set_hosts(PageManager *pm, const Config *c) {
+        if (c->n_peers == 0)
+                return directory_set_hosts(pm->directory, NULL, 0, 0);
+        size_t n = c->n_peers + 1;
+        const char **hosts = calloc(n, sizeof *hosts);
+        if (!hosts)
+                return -ENOMEM;
+        hosts[0] = c->host_id ?: pm->manager->config.host_id;
+        for (size_t i = 0; i < c->n_peers; i++)
+                hosts[i + 1] = c->peers[i].host_id;
+        int r = directory_set_hosts(pm->directory, hosts, n, 0);
+        free(hosts);
+        return r;
+}
+
 static int pages_init(Manager *m) {
         PageManager *pm = calloc(1, sizeof *pm);
         int r;
@@ -220,20 +236,9 @@ static int pages_init(Manager *m) {
         }
         m->page_manager = pm;
 
-        /* Owners of directory entries: this host and the configured peers. */
-        if (m->config.n_peers > 0) {
-                size_t n = m->config.n_peers + 1;
-                const char **hosts = calloc(n, sizeof *hosts);
-                if (!hosts)
-                        return -ENOMEM;
-                hosts[0] = m->config.host_id;
-                for (size_t i = 0; i < m->config.n_peers; i++)
-                        hosts[i + 1] = m->config.peers[i].host_id;
-                r = directory_set_hosts(pm->directory, hosts, n, 0);
-                free(hosts);
-                if (r < 0)
-                        return log_error_errno(r, "Cannot set the directory's hosts: %m");
-        }
+        r = set_hosts(pm, &m->config);
+        if (r < 0)
+                return log_error_errno(r, "Cannot set the directory's hosts: %m");
 
         /* KV arenas with a configured PageSize= get their pool now. */
         for (size_t i = 0; i < m->n_arenas; i++) {
@@ -314,6 +319,11 @@ static int pages_worker_added(Manager *m, Worker *w) {
         return 0;
 }
 
+static int pages_reload(Manager *m, const Config *c) {
+        /* Peers may come and go: directory ownership follows. Arenas need a restart. */
+        return m->page_manager ? set_hosts(m->page_manager, c) : 0;
+}
+
 static void pages_worker_gone(Manager *m, Worker *w) {
         free(w->layout);
         w->layout = NULL;
@@ -324,6 +334,7 @@ const Subsystem pages_subsystem = {
         .init = pages_init,
         .done = pages_done,
         .add_bus = bus_sequence_add,
+        .reload = pages_reload,
         .worker_added = pages_worker_added,
         .worker_gone = pages_worker_gone,
 };

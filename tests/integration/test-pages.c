@@ -67,6 +67,23 @@ static void setup(void) {
         ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
 }
 
+/* A second KV arena whose page size is configured: its pool exists from the start. */
+static void setup_page_size(void) {
+        ck_assert_int_eq(harness_init(&h, "[Arena:kv1]\nUsage=kv\nSize=16M\nPageSize=64K\n"), 0);
+#ifdef OVER_BUS
+        int r = harness_start_bus(&h);
+        if (r == -ENOENT) {
+                printf("SKIP: dbus-daemon is not installed\n");
+                exit(77);
+        }
+        ck_assert_int_eq(r, 0);
+        snprintf(address, sizeof address, "bus:%s", h.bus_address);
+#else
+        harness_direct_address(&h, address, sizeof address);
+#endif
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+}
+
 static void teardown(void) {
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         harness_done(&h);
@@ -105,6 +122,24 @@ static int pool_stats(PoolStats *ret) {
         sd_bus_message_unref(reply);
         sd_bus_flush_close_unref(bus);
         return r < 0 ? r : found;
+}
+
+static int n_pools(void) {
+        sd_bus *bus;
+        sd_bus_message *reply = NULL;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        int n = 0, r = raw_bus(&bus);
+        ck_assert_int_ge(r, 0);
+        r = sd_bus_get_property(bus, dest(), "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
+                                "a(sttttttttttt)");
+        sd_bus_error_free(&e);
+        ck_assert_int_ge(r, 0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "(sttttttttttt)"), 0);
+        while ((r = sd_bus_message_skip(reply, "(sttttttttttt)")) > 0)
+                n++;
+        sd_bus_message_unref(reply);
+        sd_bus_flush_close_unref(bus);
+        return n;
 }
 
 static bool no_live_pages(void *userdata) {
@@ -349,6 +384,76 @@ START_TEST(test_other_client_needs_grant) {
 }
 END_TEST
 
+START_TEST(test_layouts) {
+        epd_client *c, *d;
+        char *seq = NULL;
+
+        /* Before any layout, the KV arena has no pages. */
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &seq, NULL, NULL), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+        epd_disconnect(c);
+
+        /* An invalid layout is refused at registration, by name. */
+        epd_kv_layout bad = kv;
+        bad.layers = 0;
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &bad, NULL), -EINVAL);
+        /* The subsystem hook returns -EINVAL; RegisterWorker (core) names it with
+         * sd_bus_error_set_errno(), which gives the standard InvalidArgs name. */
+        ck_assert_ptr_nonnull(epd_last_error_name(c));
+        ck_assert(strcmp(epd_last_error_name(c), "org.epd1.Error.InvalidArgument") == 0 ||
+                  strcmp(epd_last_error_name(c), "org.freedesktop.DBus.Error.InvalidArgs") == 0);
+        bad = kv;
+        bad.dtype = "float13";
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &bad, NULL), -EINVAL);
+        epd_disconnect(c);
+
+        /* The first layout fixes the arena's page size; another size is refused. */
+        c = worker("prefill", NULL, NULL);
+        ck_assert_int_eq(epd_connect(address, &d), 0);
+        epd_kv_layout other = kv;
+        other.layers = 8;
+        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", &other, NULL), -EINVAL);
+        /* ...unless the worker maps only other arenas. */
+        const char *const feat[] = { "feat0", NULL };
+        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", &other, feat), 0);
+        PoolStats st;
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.page_size, PAGE_SIZE);
+        epd_disconnect(d);
+        epd_disconnect(c);
+}
+END_TEST
+
+START_TEST(test_configured_page_size) {
+        /* kv1 has its pool before any worker registers. (An [Arena:] section in the
+         * file replaces the embedded default arenas.) */
+        ck_assert_int_eq(n_pools(), 1);
+        epd_client *c;
+        epd_kv_layout big = kv;
+        big.layers = 8; /* 64 KiB pages: what kv1 holds */
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &big, NULL), 0);
+        ck_assert_int_eq(n_pools(), 1);
+        char *s = NULL;
+        uint64_t ps;
+        ck_assert_int_eq(epd_sequence_create(c, "kv1", 2, &s, NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_get_page_size(c, s, &ps), 0);
+        ck_assert_uint_eq(ps, 64 * 1024);
+        ck_assert_int_eq(epd_sequence_create(c, "kv1", 16 * 16, NULL, NULL, NULL), -ENOSPC); /* 16M/64K, less the header */
+        free(s);
+        epd_disconnect(c);
+
+        /* A 32 KiB layout cannot use kv1. */
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        const char *const only_kv1[] = { "kv1", NULL };
+        ck_assert_int_eq(epd_register(c, "decode", "m", "cpu", &kv, only_kv1), -EINVAL);
+        epd_disconnect(c);
+}
+END_TEST
+
 static char *run_epdctl(const char *args) {
         const char *build = getenv("BUILD_ROOT");
         ck_assert_ptr_nonnull(build);
@@ -412,9 +517,15 @@ int main(void) {
         tcase_add_test(tc, test_clone_write_release);
         tcase_add_test(tc, test_killed_client_leaves_nothing);
         tcase_add_test(tc, test_other_client_needs_grant);
+        tcase_add_test(tc, test_layouts);
         tcase_add_test(tc, test_epdctl);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
+        TCase *tc2 = tcase_create("configured-page-size");
+        tcase_add_checked_fixture(tc2, setup_page_size, teardown);
+        tcase_set_timeout(tc2, 60);
+        tcase_add_test(tc2, test_configured_page_size);
+        suite_add_tcase(s, tc2);
         SRunner *sr = srunner_create(s);
         srunner_set_fork_status(sr, CK_NOFORK);
         srunner_run_all(sr, CK_NORMAL);
