@@ -3,6 +3,7 @@
  * Included by manager.c with SUBSYSTEM() defined; no include guard on purpose. */
 SUBSYSTEM(pages)
 SUBSYSTEM(feature)
+SUBSYSTEM(telemetry)
 SUBSYSTEM(peer)
 SUBSYSTEM(topology)
 SUBSYSTEM(handoff)

@@ -180,6 +180,8 @@ const EpdctlVerb epdctl_verbs[] = {
         { "sequences", NULL, "KV sequences: owner, arena, pages, sharing", verb_sequences },
         { "features", NULL, "Feature cache: hits, misses, coalesced waits, bytes, evictions", verb_features },
         { "handoffs", NULL, "Handoffs in flight and their counters", verb_handoffs },
+        { "trace", "trace REQUEST_ID", "One request's path with timings, encode to decode", verb_trace },
+        { "paths", NULL, "Peer paths as the kernel sees them: RTT, retransmits, backpressure", verb_paths },
         { "scheduler", NULL, "Admission pools: queues, rates, rho, verdicts and their reasons", verb_scheduler },
         { "journal", NULL, "The WAL (sync policy, LSNs, size) and the number of workflows", verb_journal },
         /* -- more verbs -- */
