@@ -2,6 +2,7 @@
 /* org.epd1.Scheduler at /org/epd1 (dbus/org.epd1.Scheduler.xml): vtable glue only. */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bus-error.h"
@@ -17,7 +18,8 @@ static int worker_path(char *buf, size_t n, const char *id) {
         return snprintf(buf, n, WORKER_PREFIX "%s", id);
 }
 
-static int read_hints(sd_bus_message *msg, SchedHints *h, sd_bus_error *error) {
+static int read_hints(Manager *m, sd_bus_message *msg, SchedHints *h, SchedulerAffinity *aff,
+                      sd_bus_error *error) {
         int r = sd_bus_message_enter_container(msg, 'a', "{sv}");
         if (r < 0)
                 return r;
@@ -32,6 +34,20 @@ static int read_hints(sd_bus_message *msg, SchedHints *h, sd_bus_error *error) {
                         int b;
                         r = sd_bus_message_read(msg, "v", "b", &b);
                         h->needs_encoder = b;
+                } else if (strcmp(key, "FeatureKeys") == 0) {
+                        char **keys = NULL;
+                        r = sd_bus_message_enter_container(msg, 'v', "as");
+                        if (r >= 0)
+                                r = sd_bus_message_read_strv(msg, &keys);
+                        if (r >= 0)
+                                r = sd_bus_message_exit_container(msg);
+                        if (r >= 0) {
+                                aff->features_cached = scheduler_features_cached(m, keys);
+                                h->affinity_key = aff;
+                        }
+                        for (char **k = keys; k && *k; k++)
+                                free(*k);
+                        free(keys);
                 } else
                         return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Unknown hint %s.", key);
                 if (r < 0)
@@ -50,6 +66,7 @@ static int method_admit(sd_bus_message *msg, void *userdata, sd_bus_error *error
         const char *request_id, *type;
         uint64_t deadline_rel;
         SchedHints hints = {};
+        SchedulerAffinity aff = {};
         SchedDecision d;
         TaskType t;
         int r;
@@ -57,7 +74,7 @@ static int method_admit(sd_bus_message *msg, void *userdata, sd_bus_error *error
         r = sd_bus_message_read(msg, "sst", &request_id, &type, &deadline_rel);
         if (r < 0)
                 return r;
-        r = read_hints(msg, &hints, error);
+        r = read_hints(m, msg, &hints, &aff, error);
         if (r < 0)
                 return r;
         t = task_type_from_string(type);

@@ -56,7 +56,6 @@ typedef struct Config {
 
         /* [Telemetry] and [Backpressure] (docs/telemetry.md) */
         TelemetryConfig telemetry;
-
         /* [Wal] (docs/wal.md) */
         int wal_sync;            /* WalSyncPolicy: always, batch (default), none */
         uint64_t wal_compact_bytes; /* compact when the log grows past this */

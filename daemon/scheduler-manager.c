@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "feature.h"
 #include "log.h"
 #include "pages.h"
 #include "scheduler-manager.h"
@@ -39,6 +40,24 @@ static int on_expire(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
+bool scheduler_features_cached(Manager *m, char **keys) {
+        if (!m->features || !keys || !keys[0])
+                return false;
+        for (char **k = keys; *k; k++) {
+                Feature *f = feature_key_valid(*k) ? feature_cache_get(m->features, *k) : NULL;
+                if (!f || (f->state != FEATURE_READY && f->state != FEATURE_RESERVED))
+                        return false;
+        }
+        return true;
+}
+
+/* The encode stage is skipped when the request's features are cached: the feature
+ * cache is host-wide, so every prefill worker here sees the same hits. */
+static double affinity(void *userdata, const char *worker, SchedStage stage, const SchedHints *h) {
+        const SchedulerAffinity *a = h->affinity_key;
+        return stage == SCHED_STAGE_ENCODE && a && a->features_cached ? 1.0 : 0.0;
+}
+
 static int scheduler_init(Manager *m) {
         SchedConfig c;
         int r;
@@ -51,6 +70,7 @@ static int scheduler_init(Manager *m) {
         if (!g)
                 return log_oom();
         sched_set_userdata(m->scheduler, g);
+        sched_set_ops(m->scheduler, &(SchedOps){ .affinity = affinity, .userdata = m });
         r = sd_event_add_time_relative(m->event, &g->expire, CLOCK_MONOTONIC,
                                        EXPIRE_INTERVAL_USEC, USEC_PER_SEC / 10, on_expire, m);
         if (r < 0)

@@ -11,6 +11,15 @@
 
 extern const Subsystem scheduler_subsystem;
 
+/* What Admit's hints told about the request, for SchedOps.affinity (SchedHints.affinity_key). */
+typedef struct SchedulerAffinity {
+        bool features_cached; /* every FeatureKeys entry is READY (or being produced) here */
+} SchedulerAffinity;
+
+/* Whether every key is in the feature cache, READY or RESERVED (a reader then waits
+ * for the producer instead of encoding again). False for an empty list. */
+bool scheduler_features_cached(Manager *m, char **keys);
+
 /* The stages a worker role serves (bit per SchedStage). */
 unsigned scheduler_stages_of_role(int role);
 int bus_scheduler_add(Manager *m, sd_bus *bus);

@@ -110,6 +110,65 @@ START_TEST(test_admit_complete) {
 }
 END_TEST
 
+/* An encoder is chosen for multimodal input, unless its features are in the cache
+ * (READY, or being produced by another request). */
+START_TEST(test_feature_affinity) {
+        epd_client *p, *d;
+        ck_assert_int_eq(epd_connect(address, &p), 0);
+        ck_assert_int_eq(epd_register(p, "prefill", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_connect(address, &d), 0);
+        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", NULL, NULL), 0);
+
+        sd_bus *bus;
+        sd_bus_error err = SD_BUS_ERROR_NULL;
+        const char *verdict, *reason, *enc, *pre, *dec;
+        uint64_t retry, predicted;
+        int32_t prio;
+        ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
+        /* The encoder registers on this connection: Acquire needs a registered worker. */
+        sd_bus_message *reg = NULL;
+        const char *enc_path;
+        ck_assert_int_ge(sd_bus_call_method(bus, NULL, "/org/epd1", "org.epd1.Manager", "RegisterWorker", &err, &reg,
+                                            "sssa{sv}", "encoder", "m", "cpu", 0),
+                         0);
+        ck_assert_int_ge(sd_bus_message_read(reg, "o", &enc_path), 0);
+        char encoder[128];
+        snprintf(encoder, sizeof encoder, "%s", enc_path);
+        sd_bus_message_unref(reg);
+        for (int cached = 0; cached < 2; cached++) {
+                sd_bus_message *reply = NULL;
+                char rid[16];
+                int r;
+                snprintf(rid, sizeof rid, "mm-%d", cached);
+                if (cached) {
+                        /* A producer takes the key: the feature is RESERVED from now on. */
+                        sd_bus_message *acq = NULL;
+                        r = sd_bus_call_method(bus, NULL, "/org/epd1/feature", "org.epd1.Feature", "Acquire", &err,
+                                               &acq, "sb", "img-1", 1);
+                        ck_assert_msg(r >= 0, "Acquire: %s", err.message);
+                        sd_bus_message_unref(acq);
+                }
+                r = sd_bus_call_method(bus, NULL, "/org/epd1", "org.epd1.Scheduler", "Admit", &err, &reply,
+                                           "ssta{sv}", rid, "interactive", (uint64_t)0, 2, "Multimodal", "b", 1,
+                                           "FeatureKeys", "as", 1, "img-1");
+                ck_assert_msg(r >= 0, "Admit: %s", err.message);
+                ck_assert_int_ge(sd_bus_message_read(reply, "sstti" "ooo", &verdict, &reason, &retry, &predicted,
+                                                     &prio, &enc, &pre, &dec),
+                                 0);
+                ck_assert_str_eq(verdict, "admit");
+                if (cached)
+                        ck_assert_str_eq(enc, "/");
+                else
+                        ck_assert_str_eq(enc, encoder);
+                sd_bus_message_unref(reply);
+        }
+        sd_bus_error_free(&err);
+        sd_bus_flush_close_unref(bus);
+        epd_disconnect(d);
+        epd_disconnect(p);
+}
+END_TEST
+
 START_TEST(test_introspection) {
         sd_bus *bus;
         ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
@@ -128,6 +187,7 @@ int main(void) {
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_admit_complete);
+        tcase_add_test(tc, test_feature_affinity);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
