@@ -70,6 +70,8 @@ int feature_cache_new(const FeatureCacheConfig *config, FeatureCache **ret) {
                 c->config.max_refs = FEATURE_CACHE_MAX_REFS_DEFAULT;
         if (c->config.announce_timeout_usec == 0)
                 c->config.announce_timeout_usec = FEATURE_ANNOUNCE_TIMEOUT_DEFAULT;
+        if (c->config.max_announced == 0)
+                c->config.max_announced = FEATURE_CACHE_MAX_ANNOUNCED_DEFAULT;
         c->features = hashmap_new(HASHMAP_KEY_STRING, 0);
         if (!c->features) {
                 free(c);
@@ -215,6 +217,7 @@ static void feature_unlink(FeatureCache *c, Feature *f) {
         if (f->in_announced) {
                 QUEUE_REMOVE(announced, c->announced, f);
                 f->in_announced = false;
+                c->stats.n_announced--;
         }
 }
 
@@ -521,6 +524,7 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
                 if (f->in_announced) {
                         QUEUE_REMOVE(announced, c->announced, f);
                         f->in_announced = false;
+                        c->stats.n_announced--;
                 }
                 ref_link(c, r, f, FEATURE_REF_PRODUCER);
                 *result = FEATURE_ACQUIRE_PRODUCE;
@@ -572,6 +576,7 @@ int feature_reserve(FeatureCache *c, const char *key, uint64_t bytes, FeatureDes
                 if (f->in_announced) {
                         QUEUE_REMOVE(announced, c->announced, f);
                         f->in_announced = false;
+                        c->stats.n_announced--;
                 }
         } else {
                 /* Validate before evicting anything for it. */
@@ -713,15 +718,16 @@ int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefet
                 *ret = FEATURE_PREFETCH_LOADED;
                 return 0;
         }
-        r = make_slot(c);
-        if (r < 0)
-                return r;
+        if (c->stats.n_announced >= c->config.max_announced ||
+            c->stats.n_features >= c->config.max_features)
+                return -ENOSPC;
         r = feature_new(c, key, &f);
         if (r < 0)
                 return r;
         f->deadline = now + c->config.announce_timeout_usec;
         QUEUE_PUSH_BACK(announced, c->announced, f);
         f->in_announced = true;
+        c->stats.n_announced++;
         *ret = FEATURE_PREFETCH_ANNOUNCED;
         return 0;
 }

@@ -102,6 +102,7 @@ typedef struct FeatureStats {
         uint64_t bytes_reserved;    /* regions of RESERVED features */
         uint64_t n_features;        /* in the key table */
         uint64_t n_refs;            /* live references */
+        uint64_t n_announced;       /* placeholders waiting for a producer */
 } FeatureStats;
 
 typedef struct FeatureCacheConfig {
@@ -109,11 +110,13 @@ typedef struct FeatureCacheConfig {
         uint64_t max_features;      /* entries in the key table */
         uint64_t max_refs;          /* live references, all clients together */
         usec_t announce_timeout_usec;/* Prefetch placeholder without a producer */
+        uint64_t max_announced;     /* placeholders at once; they never evict anything */
 } FeatureCacheConfig;
 
 #define FEATURE_CACHE_MAX_FEATURES_DEFAULT 65536u
 #define FEATURE_CACHE_MAX_REFS_DEFAULT 262144u
 #define FEATURE_ANNOUNCE_TIMEOUT_DEFAULT (30 * USEC_PER_SEC)
+#define FEATURE_CACHE_MAX_ANNOUNCED_DEFAULT 4096u
 
 /* Called when a feature becomes READY or FAILED (waiters wake up), before any
  * reference is freed. */
@@ -189,7 +192,8 @@ typedef enum FeaturePrefetchResult {
 } FeaturePrefetchResult;
 
 /* Announces that key will be needed, so that an encoder can start on it before a
- * prefill asks. */
+ * prefill asks. An announcement never evicts a cached feature: past max_announced, or
+ * with the key table full, it is -ENOSPC. */
 int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefetchResult *ret);
 
 /* Fails announced features whose deadline passed (-ETIMEDOUT); returns the next

@@ -317,6 +317,28 @@ START_TEST(test_prefetch) {
         ck_assert_uint_eq(feature_cache_expire(c, 1u << 30), USEC_INFINITY);
         ck_assert_int_eq(q->feature->state, FEATURE_RESERVED);
         feature_ref_release(q);
+        /* announcements are bounded and never evict: a cache full of READY features
+         * stays as it is */
+        {
+                FeatureCacheConfig cfg = { .budget_bytes = 1 << 20, .max_features = 4, .max_announced = 2 };
+                _cleanup_(feature_cache_freep) FeatureCache *c2 = NULL;
+                ck_assert_int_eq(feature_cache_new(&cfg, &c2), 0);
+                ck_assert_int_eq(feature_cache_add_arena(c2, 0, arena_mem, 0, 16 * CHUNK, CHUNK), 0);
+                ck_assert_int_eq(feature_prefetch(c2, "a1", 0, &pr), 0);
+                ck_assert_int_eq(feature_prefetch(c2, "a2", 0, &pr), 0);
+                ck_assert_int_eq(feature_prefetch(c2, "a3", 0, &pr), -ENOSPC);
+                ck_assert_uint_eq(feature_cache_stats(c2)->n_announced, 2);
+                feature_cache_expire(c2, 1ull << 40);
+                ck_assert_uint_eq(feature_cache_stats(c2)->n_announced, 0);
+                for (int i = 0; i < 4; i++) {
+                        char k[8];
+                        snprintf(k, sizeof k, "r%d", i);
+                        feature_ref_release(produce(c2, k, CHUNK, 1));
+                }
+                ck_assert_int_eq(feature_prefetch(c2, "a4", 0, &pr), -ENOSPC);
+                ck_assert_uint_eq(feature_cache_stats(c2)->n_features, 4);
+                ck_assert_uint_eq(feature_cache_stats(c2)->evictions, 0);
+        }
         /* an announce that nobody waits on just goes */
         ck_assert_int_eq(feature_prefetch(c, "lonely", 0, &pr), 0);
         feature_cache_expire(c, 1u << 30);
