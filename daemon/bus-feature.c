@@ -168,6 +168,9 @@ static int cache_error(int r, const char *key, sd_bus_error *error) {
         case -E2BIG:
                 return epd_bus_error(error, EPD_ERROR_NO_SPACE,
                                      "Feature '%.64s' is larger than the feature cache.", key);
+        case -ENODEV:
+                return epd_bus_error(error, EPD_ERROR_UNSUPPORTED,
+                                     "No feature arena is configured ([Arena:NAME] Usage=feature).");
         case -EEXIST:
                 return epd_bus_error(error, EPD_ERROR_EXISTS, "Feature '%.64s' is already ready.", key);
         case -EBUSY:

@@ -352,6 +352,8 @@ static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint32_t
 
         if (bytes == 0)
                 return -EINVAL;
+        if (c->n_arenas == 0)
+                return -ENODEV;
         if (bytes > c->config.budget_bytes)
                 return -E2BIG;
         for (size_t i = 0; i < c->n_arenas; i++)

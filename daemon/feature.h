@@ -162,7 +162,8 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
 /* Reserves a region of `bytes` for key, described by desc (validated against bytes;
  * taken over on success). A missing or announced key becomes RESERVED with the
  * returned ref as its producer. -EEXIST if READY, -EBUSY if another producer holds it,
- * -E2BIG if bytes exceeds the budget or every arena, -ENOSPC if nothing more can be
+ * -E2BIG if bytes exceeds the budget or every arena, -ENODEV if there is no feature
+ * arena at all, -ENOSPC if nothing more can be
  * evicted to make room, -EINVAL for a bad descriptor (*issue says which). */
 int feature_reserve(FeatureCache *c, const char *key, uint64_t bytes, FeatureDesc **desc,
                     const EpdId *request_id, FeatureRef **ret, FeatureDescIssue *issue);

@@ -194,6 +194,17 @@ START_TEST(test_reserve_errors) {
         key[FEATURE_KEY_MAX] = 0;
         ck_assert_int_eq(feature_reserve(c, key, 300, &d, NULL, &r, &issue), 0);
         ck_assert_int_eq(feature_fail(r, 5), 0); /* positive error becomes -EIO */
+        {
+                /* no feature arena at all */
+                FeatureCacheConfig cfg = { .budget_bytes = 1 << 20 };
+                _cleanup_(feature_cache_freep) FeatureCache *c2 = NULL;
+                FeatureDesc *d2 = desc_bytes(10);
+                FeatureRef *x;
+                ck_assert_int_eq(feature_cache_new(&cfg, &c2), 0);
+                ck_assert_int_eq(feature_reserve(c2, "k", 10, &d2, NULL, &x, NULL), -ENODEV);
+                ck_assert_uint_eq(feature_cache_stats(c2)->n_features, 0);
+                feature_desc_free(d2);
+        }
         ck_assert_int_eq(r->feature->error, -EIO);
         feature_ref_release(r);
         ck_assert_uint_eq(feature_cache_stats(c)->n_features, 0);
