@@ -137,7 +137,7 @@ static int handle_lookup(FeatureBus *fb, sd_bus_message *msg, const char *id_str
         FeatureHandle *h;
 
         if (epd_id_from_string(id_str, &id) < 0)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "'%s' is not a handle.", id_str);
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "'%.64s' is not a handle.", id_str);
         h = hashmap_get(fb->handles, &id);
         if (!h)
                 return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No feature handle %s.", id_str);
