@@ -26,10 +26,12 @@
 /* Subsystems, in start order (stopped in reverse). Each defines its Subsystem in its
  * own file; add one extern and one table entry per subsystem, each on its own line. */
 /* -- subsystem declarations -- */
+extern const Subsystem pages_subsystem;
 extern const Subsystem feature_subsystem;
 
 static const Subsystem *const subsystems[] = {
         /* -- subsystem table -- */
+        &pages_subsystem,
         &feature_subsystem,
         NULL,
 };

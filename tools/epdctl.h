@@ -22,5 +22,7 @@ int epdctl_fail(epd_client *c, int r, const char *what);
 int epdctl_get_property(epd_client *c, const char *path, const char *interface,
                         const char *property, const char *type, sd_bus_message **reply);
 
-/* Verbs defined in their own files. */
-int verb_features(epd_client *c, int argc, char **argv); /* epdctl-feature.c */
+/* Verbs of the subsystems, each in its own file. */
+int verb_pages(epd_client *c, int argc, char **argv);     /* epdctl-pages.c */
+int verb_sequences(epd_client *c, int argc, char **argv); /* epdctl-pages.c */
+int verb_features(epd_client *c, int argc, char **argv);  /* epdctl-feature.c */

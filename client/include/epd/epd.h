@@ -75,6 +75,48 @@ int epd_get_fd(epd_client *c);
 int epd_process(epd_client *c);
 int epd_wait(epd_client *c, uint64_t timeout_usec);
 
+/* -- KV pages and sequences (org.epd1.Pages, org.epd1.Sequence; docs/pages.md) --
+ * A sequence is the page table of one request or agent branch in one KV arena, named
+ * by its object path (a string the caller frees). Page ids index the arena's pages: page
+ * p starts at epd_page_offset(arena, page_size, p) in the mapping. Arrays returned
+ * through uint32_t ** are malloc()ed; the caller frees them. The caller must be a
+ * registered worker. */
+
+static inline uint64_t epd_page_offset(const epd_arena *a, uint64_t page_size, uint32_t page) {
+        return a->data_offset + (uint64_t)page * page_size;
+}
+
+/* A new sequence of n_pages fresh pages in `arena`. */
+int epd_sequence_create(epd_client *c, const char *arena, uint32_t n_pages, char **ret_path,
+                        uint32_t **ret_pages, size_t *ret_n_pages);
+/* A new sequence made of the longest cached prefix of a chain of block hashes (the
+ * worker's chained hashes, e.g. vLLM's); *ret_blocks says how many blocks matched. */
+int epd_sequence_create_from_prefix(epd_client *c, const char *arena, const uint64_t *hashes,
+                                    size_t n_hashes, char **ret_path, size_t *ret_blocks,
+                                    uint32_t **ret_pages, size_t *ret_n_pages);
+/* How many leading blocks of the chain are cached (nothing pinned). Returns the count. */
+int epd_prefix_match(epd_client *c, const char *arena, const uint64_t *hashes, size_t n_hashes);
+
+int epd_sequence_append(epd_client *c, const char *path, uint32_t n_pages, uint32_t **ret_pages,
+                        size_t *ret_n_pages);
+int epd_sequence_truncate(epd_client *c, const char *path, uint32_t n_pages);
+/* Shares every page with a new sequence owned by the caller; no byte is copied. */
+int epd_sequence_clone(epd_client *c, const char *path, char **ret_path);
+/* Makes pages [first, first+count) writable (copy-on-write where shared); their ids go to
+ * ret_pages[count]. Returns the number of pages the daemon copied. */
+int epd_sequence_prepare_write(epd_client *c, const char *path, uint32_t first, uint32_t count,
+                               uint32_t *ret_pages);
+/* Records hashes[i] -> page first+i in the block directory; returns how many were new. */
+int epd_sequence_publish(epd_client *c, const char *path, uint32_t first, const uint64_t *hashes,
+                         size_t n_hashes);
+/* Lets another registered worker read and clone the sequence (its worker path). */
+int epd_sequence_grant(epd_client *c, const char *path, const char *worker_path);
+int epd_sequence_revoke(epd_client *c, const char *path, const char *worker_path);
+int epd_sequence_release(epd_client *c, const char *path);
+/* The current page table, and the page size. */
+int epd_sequence_get_pages(epd_client *c, const char *path, uint32_t **ret_pages, size_t *ret_n_pages);
+int epd_sequence_get_page_size(epd_client *c, const char *path, uint64_t *ret);
+
 const char *epd_last_error_name(const epd_client *c);
 const char *epd_last_error_message(const epd_client *c);
 
