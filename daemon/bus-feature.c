@@ -167,7 +167,7 @@ static int cache_error(int r, const char *key, sd_bus_error *error) {
                                      "No room for feature '%.64s': everything cached is in use or pinned.", key);
         case -E2BIG:
                 return epd_bus_error(error, EPD_ERROR_NO_SPACE,
-                                     "Feature '%.64s' is larger than the feature cache.", key);
+                                     "Feature '%.64s' is larger than the feature cache, or than every feature arena this worker maps.", key);
         case -ENODEV:
                 return epd_bus_error(error, EPD_ERROR_UNSUPPORTED,
                                      "No feature arena is configured ([Arena:NAME] Usage=feature).");
@@ -319,14 +319,14 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
         if (f && f->producer && f->producer->userdata &&
             ((FeatureHandle *)f->producer->userdata)->object.owner == w->object.owner) {
                 h = f->producer->userdata;
-                r = feature_ref_reserve(h->ref, bytes, &desc, &req, &issue);
+                r = feature_ref_reserve_in(h->ref, bytes, w->arena_mask, &desc, &req, &issue);
                 if (r == -EALREADY)
                         return epd_bus_error(error, EPD_ERROR_EXISTS, "Feature '%.64s' is already reserved.", key);
                 if (r < 0)
                         return cache_error(r, key, error);
         } else {
                 FeatureRef *ref;
-                r = feature_reserve(m->features, key, bytes, &desc, &req, &ref, &issue);
+                r = feature_reserve_in(m->features, key, bytes, w->arena_mask, &desc, &req, &ref, &issue);
                 if (r < 0)
                         return cache_error(r, key, error);
                 r = handle_new(fb, w->object.owner, ref, &h);

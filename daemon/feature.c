@@ -346,8 +346,14 @@ static void set_failed(FeatureCache *c, Feature *f, int error) {
 
 /* Allocates a region of bytes in some arena (mapped ones only, if need_map), evicting
  * from the cold end until it fits the budget and an arena has a run long enough. */
-static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint32_t *ret_arena,
-                        uint64_t *ret_offset, uint64_t *ret_size) {
+static bool arena_allowed(const CacheArena *a, bool need_map, uint64_t mask) {
+        if (need_map && !a->base)
+                return false;
+        return a->index >= 64 || (mask & (1ULL << a->index));
+}
+
+static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t mask,
+                        uint32_t *ret_arena, uint64_t *ret_offset, uint64_t *ret_size) {
         bool any = false;
 
         if (bytes == 0)
@@ -357,7 +363,7 @@ static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint32_t
         if (bytes > c->config.budget_bytes)
                 return -E2BIG;
         for (size_t i = 0; i < c->n_arenas; i++)
-                if ((!need_map || c->arenas[i].base) &&
+                if (arena_allowed(&c->arenas[i], need_map, mask) &&
                     feature_allocator_total(c->arenas[i].alloc) >= bytes)
                         any = true;
         if (!any)
@@ -369,7 +375,7 @@ static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint32_t
                                 CacheArena *a = &c->arenas[i];
                                 uint64_t off, size;
 
-                                if (need_map && !a->base)
+                                if (!arena_allowed(a, need_map, mask))
                                         continue;
                                 if (feature_allocator_alloc(a->alloc, bytes, &off, &size) < 0)
                                         continue;
@@ -391,8 +397,8 @@ static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint32_t
 
 /* Gives f (RESERVED, no region) a region and its descriptor. Changes nothing on
  * failure. */
-static int region_attach(FeatureCache *c, Feature *f, uint64_t bytes, FeatureDesc **desc,
-                         const EpdId *request_id, FeatureDescIssue *issue) {
+static int region_attach(FeatureCache *c, Feature *f, uint64_t bytes, uint64_t mask,
+                         FeatureDesc **desc, const EpdId *request_id, FeatureDescIssue *issue) {
         uint64_t off, size;
         uint32_t arena;
         int r;
@@ -402,7 +408,7 @@ static int region_attach(FeatureCache *c, Feature *f, uint64_t bytes, FeatureDes
         r = feature_desc_validate(*desc, bytes, issue);
         if (r < 0)
                 return r;
-        r = region_alloc(c, bytes, false, &arena, &off, &size);
+        r = region_alloc(c, bytes, false, mask, &arena, &off, &size);
         if (r < 0)
                 return r;
         f->has_region = true;
@@ -464,7 +470,7 @@ static int load(FeatureCache *c, const char *key, Feature **ret) {
         r = make_slot(c);
         if (r < 0)
                 return r;
-        r = region_alloc(c, e.size, true, &arena, &off, &size);
+        r = region_alloc(c, e.size, true, UINT64_MAX, &arena, &off, &size);
         if (r < 0)
                 return r;
         r = feature_new(c, key, &f);
@@ -555,6 +561,12 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
 
 int feature_reserve(FeatureCache *c, const char *key, uint64_t bytes, FeatureDesc **desc,
                     const EpdId *request_id, FeatureRef **ret, FeatureDescIssue *issue) {
+        return feature_reserve_in(c, key, bytes, UINT64_MAX, desc, request_id, ret, issue);
+}
+
+int feature_reserve_in(FeatureCache *c, const char *key, uint64_t bytes, uint64_t arena_mask,
+                       FeatureDesc **desc, const EpdId *request_id, FeatureRef **ret,
+                       FeatureDescIssue *issue) {
         _cleanup_(freep) FeatureRef *r = NULL;
         Feature *f;
         int k;
@@ -572,7 +584,7 @@ int feature_reserve(FeatureCache *c, const char *key, uint64_t bytes, FeatureDes
                 return -EBUSY;
         if (f) {
                 /* announced: claim it */
-                k = region_attach(c, f, bytes, desc, request_id, issue);
+                k = region_attach(c, f, bytes, arena_mask, desc, request_id, issue);
                 if (k < 0)
                         return k;
                 if (f->in_announced) {
@@ -593,7 +605,7 @@ int feature_reserve(FeatureCache *c, const char *key, uint64_t bytes, FeatureDes
                 k = feature_new(c, key, &f);
                 if (k < 0)
                         return k;
-                k = region_attach(c, f, bytes, desc, request_id, issue);
+                k = region_attach(c, f, bytes, arena_mask, desc, request_id, issue);
                 if (k < 0) {
                         feature_unlink(c, f);
                         feature_destroy(f);
@@ -607,13 +619,18 @@ int feature_reserve(FeatureCache *c, const char *key, uint64_t bytes, FeatureDes
 
 int feature_ref_reserve(FeatureRef *r, uint64_t bytes, FeatureDesc **desc,
                         const EpdId *request_id, FeatureDescIssue *issue) {
+        return feature_ref_reserve_in(r, bytes, UINT64_MAX, desc, request_id, issue);
+}
+
+int feature_ref_reserve_in(FeatureRef *r, uint64_t bytes, uint64_t arena_mask, FeatureDesc **desc,
+                           const EpdId *request_id, FeatureDescIssue *issue) {
         Feature *f = r ? r->feature : NULL;
 
         if (!f || r->kind != FEATURE_REF_PRODUCER || f->state != FEATURE_RESERVED)
                 return -EBADSLT;
         if (f->has_region)
                 return -EALREADY;
-        return region_attach(f->cache, f, bytes, desc, request_id, issue);
+        return region_attach(f->cache, f, bytes, arena_mask, desc, request_id, issue);
 }
 
 int feature_publish(FeatureRef *r, usec_t encode_usec) {

@@ -170,6 +170,13 @@ int feature_reserve(FeatureCache *c, const char *key, uint64_t bytes, FeatureDes
 /* The same for a producer ref from Acquire (PRODUCE) that has no region yet. */
 int feature_ref_reserve(FeatureRef *r, uint64_t bytes, FeatureDesc **desc,
                         const EpdId *request_id, FeatureDescIssue *issue);
+/* Both, with the region placed only in arenas whose index bit is set in arena_mask (the
+ * arenas the producer has mapped); -E2BIG if none of those can ever hold it. */
+int feature_reserve_in(FeatureCache *c, const char *key, uint64_t bytes, uint64_t arena_mask,
+                       FeatureDesc **desc, const EpdId *request_id, FeatureRef **ret,
+                       FeatureDescIssue *issue);
+int feature_ref_reserve_in(FeatureRef *r, uint64_t bytes, uint64_t arena_mask, FeatureDesc **desc,
+                           const EpdId *request_id, FeatureDescIssue *issue);
 
 /* Producer: marks the feature READY (the ref becomes a reader). -EBADSLT if the ref is
  * not the producer of a feature with a region. */

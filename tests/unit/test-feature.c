@@ -193,6 +193,15 @@ START_TEST(test_reserve_errors) {
         ck_assert_int_eq(feature_reserve(c, key, 300, &d, NULL, &r, &issue), -EINVAL);
         key[FEATURE_KEY_MAX] = 0;
         ck_assert_int_eq(feature_reserve(c, key, 300, &d, NULL, &r, &issue), 0);
+        /* placement follows the producer's arenas: arena 3 only, or none of them */
+        {
+                FeatureDesc *pd = desc_bytes(100);
+                FeatureRef *x;
+                ck_assert_int_eq(feature_reserve_in(c, "placed", 100, 1ULL << 5, &pd, NULL, &x, NULL), -E2BIG);
+                ck_assert_int_eq(feature_reserve_in(c, "placed", 100, 1ULL << 3, &pd, NULL, &x, NULL), 0);
+                ck_assert_uint_eq(x->feature->arena, 3);
+                feature_ref_release(x);
+        }
         ck_assert_int_eq(feature_fail(r, 5), 0); /* positive error becomes -EIO */
         {
                 /* no feature arena at all */
