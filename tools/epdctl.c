@@ -178,6 +178,7 @@ const EpdctlVerb epdctl_verbs[] = {
         { "sequences", NULL, "KV sequences: owner, arena, pages, sharing", verb_sequences },
         { "features", NULL, "Feature cache: hits, misses, coalesced waits, bytes, evictions", verb_features },
         /* -- more verbs -- */
+        { "peers", NULL, "Peer hosts: state, streams, and the path to each with its reason", verb_peers },
         {},
 };
 

@@ -25,4 +25,7 @@ int epdctl_get_property(epd_client *c, const char *path, const char *interface,
 /* Verbs of the subsystems, each in its own file. */
 int verb_pages(epd_client *c, int argc, char **argv);     /* epdctl-pages.c */
 int verb_sequences(epd_client *c, int argc, char **argv); /* epdctl-pages.c */
-int verb_features(epd_client *c, int argc, char **argv);  /* epdctl-feature.c */
+/* Verbs defined in their own files. */
+int verb_features(epd_client *c, int argc, char **argv); /* epdctl-feature.c */
+/* Verbs defined in their subsystems' files. */
+int verb_peers(epd_client *c, int argc, char **argv);
