@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "feature-spill.h"
 #include "feature-store.h"
 #include "feature.h"
 #include "hashmap.h"
@@ -23,10 +24,12 @@
 #define FEATURE_IFACE "org.epd1.Feature"
 #define FEATURE_CHUNK_DEFAULT (64ULL << 10)
 #define PREFETCH_KEYS_MAX 1024u
+#define SPILL_PENDING_MAX (256ULL << 20) /* bytes copied and queued for the store */
 
 typedef struct FeatureBus {
         Manager *manager;
         FeatureStore *store;
+        FeatureSpiller *spiller; /* writes evictions to the store off the event loop */
         Hashmap *handles;        /* FeatureHandle* by id bytes */
         sd_event_source *timer;  /* announce deadlines */
 } FeatureBus;
@@ -660,7 +663,16 @@ static int feature_init(Manager *m) {
                         free(fb);
                         return log_error_errno(r, "Feature store %s: %m", m->config.feature_store_dir);
                 }
+                r = feature_spiller_new(fb->store, MIN(SPILL_PENDING_MAX, m->config.feature_cache_bytes),
+                                        &fb->spiller);
+                if (r < 0) {
+                        feature_store_free(fb->store);
+                        hashmap_free(fb->handles);
+                        free(fb);
+                        return log_error_errno(r, "Cannot start the feature spill thread: %m");
+                }
                 feature_cache_set_store(c, fb->store);
+                feature_cache_set_spill(c, feature_spiller_queue, fb->spiller);
         }
         feature_cache_set_callback(c, on_state, fb);
         m->features = TAKE_PTR(c);
@@ -675,6 +687,7 @@ static void feature_done(Manager *m) {
         /* Clients (and with them every handle) are gone by now. */
         m->features = feature_cache_free(m->features);
         sd_event_source_disable_unref(fb->timer);
+        feature_spiller_free(fb->spiller); /* writes what is queued */
         feature_store_free(fb->store);
         hashmap_free(fb->handles);
         free(fb);

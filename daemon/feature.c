@@ -27,6 +27,8 @@ struct FeatureCache {
         FeatureStore *store;
         feature_state_cb cb;
         void *userdata;
+        feature_spill_fn spill_fn;
+        void *spill_userdata;
 };
 
 /* Private flags kept beside the public fields. */
@@ -143,6 +145,11 @@ int feature_cache_add_arena(FeatureCache *c, uint32_t index, void *base, uint64_
 
 void feature_cache_set_store(FeatureCache *c, FeatureStore *s) {
         c->store = s;
+}
+
+void feature_cache_set_spill(FeatureCache *c, feature_spill_fn fn, void *userdata) {
+        c->spill_fn = fn;
+        c->spill_userdata = userdata;
 }
 
 const FeatureStats *feature_cache_stats(FeatureCache *c) {
@@ -271,6 +278,12 @@ static void spill(FeatureCache *c, Feature *f) {
         data = feature_data(f);
         if (!data)
                 return;
+        if (c->spill_fn) {
+                r = c->spill_fn(c, f, data, c->spill_userdata);
+                if (r >= 0)
+                        c->stats.spilled++;
+                return;
+        }
         r = feature_store_save(c->store,
                                &(FeatureStoreRecord){ .key = f->key,
                                                       .size = f->bytes,

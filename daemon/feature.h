@@ -135,6 +135,12 @@ int feature_cache_add_arena(FeatureCache *c, uint32_t index, void *base, uint64_
                             uint64_t data_size, uint64_t chunk);
 /* Spill/load through this store (not owned; NULL to stop). */
 void feature_cache_set_store(FeatureCache *c, FeatureStore *s);
+/* By default an eviction writes the feature to the store before its region goes. With a
+ * spill function, eviction hands the feature (intact, for the duration of the call) to
+ * it instead: it copies what it needs and writes later, off the event loop (the daemon
+ * uses feature-spill.c). A negative return means "not spilled". */
+typedef int (*feature_spill_fn)(FeatureCache *c, const Feature *f, const void *data, void *userdata);
+void feature_cache_set_spill(FeatureCache *c, feature_spill_fn fn, void *userdata);
 /* Changes the budget; evicts down to it. */
 void feature_cache_set_budget(FeatureCache *c, uint64_t budget_bytes);
 const FeatureStats *feature_cache_stats(FeatureCache *c);

@@ -401,7 +401,12 @@ START_TEST(test_prefetch_pin_store) {
         epd_feature_release(pre, pin);
         /* an evicted one comes back from the store */
         uint64_t loaded = stat_u64(pre, "Loaded");
-        ck_assert_int_eq(epd_feature_acquire(pre, "flood:0", false, &w), 0);
+        /* (written by the spill thread: give it a moment) */
+        int k = -ENOENT;
+        for (int i = 0; i < 500 && k == -ENOENT; i++)
+                if ((k = epd_feature_acquire(pre, "flood:0", false, &w)) == -ENOENT)
+                        usleep(10000);
+        ck_assert_int_eq(k, 0);
         ck_assert_str_eq(w->result, "hit");
         ck_assert(same(w->data, bytes, 0));
         ck_assert_uint_eq(stat_u64(pre, "Loaded"), loaded + 1);
