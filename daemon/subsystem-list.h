@@ -3,5 +3,10 @@
  * Included by manager.c with SUBSYSTEM() defined; no include guard on purpose. */
 SUBSYSTEM(pages)
 SUBSYSTEM(feature)
+SUBSYSTEM(telemetry)
 SUBSYSTEM(peer)
 SUBSYSTEM(topology)
+SUBSYSTEM(handoff)
+SUBSYSTEM(scheduler)
+SUBSYSTEM(workflows)
+SUBSYSTEM(wal)

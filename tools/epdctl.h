@@ -29,3 +29,7 @@ int verb_sequences(epd_client *c, int argc, char **argv); /* epdctl-pages.c */
 int verb_features(epd_client *c, int argc, char **argv); /* epdctl-feature.c */
 /* Verbs defined in their subsystems' files. */
 int verb_peers(epd_client *c, int argc, char **argv);
+int verb_trace(epd_client *c, int argc, char **argv); /* epdctl-telemetry.c */
+int verb_paths(epd_client *c, int argc, char **argv); /* epdctl-telemetry.c */
+int verb_scheduler(epd_client *c, int argc, char **argv); /* epdctl-scheduler.c */
+int verb_journal(epd_client *c, int argc, char **argv);   /* epdctl-scheduler.c */
