@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "feature-spill.h"
 #include "feature-store.h"
 #include "feature.h"
 #include "hashmap.h"
@@ -23,10 +24,12 @@
 #define FEATURE_IFACE "org.epd1.Feature"
 #define FEATURE_CHUNK_DEFAULT (64ULL << 10)
 #define PREFETCH_KEYS_MAX 1024u
+#define SPILL_PENDING_MAX (256ULL << 20) /* bytes copied and queued for the store */
 
 typedef struct FeatureBus {
         Manager *manager;
         FeatureStore *store;
+        FeatureSpiller *spiller; /* writes evictions to the store off the event loop */
         Hashmap *handles;        /* FeatureHandle* by id bytes */
         sd_event_source *timer;  /* announce deadlines */
 } FeatureBus;
@@ -137,7 +140,7 @@ static int handle_lookup(FeatureBus *fb, sd_bus_message *msg, const char *id_str
         FeatureHandle *h;
 
         if (epd_id_from_string(id_str, &id) < 0)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "'%s' is not a handle.", id_str);
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "'%.64s' is not a handle.", id_str);
         h = hashmap_get(fb->handles, &id);
         if (!h)
                 return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No feature handle %s.", id_str);
@@ -167,7 +170,10 @@ static int cache_error(int r, const char *key, sd_bus_error *error) {
                                      "No room for feature '%.64s': everything cached is in use or pinned.", key);
         case -E2BIG:
                 return epd_bus_error(error, EPD_ERROR_NO_SPACE,
-                                     "Feature '%.64s' is larger than the feature cache.", key);
+                                     "Feature '%.64s' is larger than the feature cache, or than every feature arena this worker maps.", key);
+        case -ENODEV:
+                return epd_bus_error(error, EPD_ERROR_UNSUPPORTED,
+                                     "No feature arena is configured ([Arena:NAME] Usage=feature).");
         case -EEXIST:
                 return epd_bus_error(error, EPD_ERROR_EXISTS, "Feature '%.64s' is already ready.", key);
         case -EBUSY:
@@ -316,14 +322,14 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
         if (f && f->producer && f->producer->userdata &&
             ((FeatureHandle *)f->producer->userdata)->object.owner == w->object.owner) {
                 h = f->producer->userdata;
-                r = feature_ref_reserve(h->ref, bytes, &desc, &req, &issue);
+                r = feature_ref_reserve_in(h->ref, bytes, w->arena_mask, &desc, &req, &issue);
                 if (r == -EALREADY)
                         return epd_bus_error(error, EPD_ERROR_EXISTS, "Feature '%.64s' is already reserved.", key);
                 if (r < 0)
                         return cache_error(r, key, error);
         } else {
                 FeatureRef *ref;
-                r = feature_reserve(m->features, key, bytes, &desc, &req, &ref, &issue);
+                r = feature_reserve_in(m->features, key, bytes, w->arena_mask, &desc, &req, &ref, &issue);
                 if (r < 0)
                         return cache_error(r, key, error);
                 r = handle_new(fb, w->object.owner, ref, &h);
@@ -657,7 +663,16 @@ static int feature_init(Manager *m) {
                         free(fb);
                         return log_error_errno(r, "Feature store %s: %m", m->config.feature_store_dir);
                 }
+                r = feature_spiller_new(fb->store, MIN(SPILL_PENDING_MAX, m->config.feature_cache_bytes),
+                                        &fb->spiller);
+                if (r < 0) {
+                        feature_store_free(fb->store);
+                        hashmap_free(fb->handles);
+                        free(fb);
+                        return log_error_errno(r, "Cannot start the feature spill thread: %m");
+                }
                 feature_cache_set_store(c, fb->store);
+                feature_cache_set_spill(c, feature_spiller_queue, fb->spiller);
         }
         feature_cache_set_callback(c, on_state, fb);
         m->features = TAKE_PTR(c);
@@ -672,6 +687,7 @@ static void feature_done(Manager *m) {
         /* Clients (and with them every handle) are gone by now. */
         m->features = feature_cache_free(m->features);
         sd_event_source_disable_unref(fb->timer);
+        feature_spiller_free(fb->spiller); /* writes what is queued */
         feature_store_free(fb->store);
         hashmap_free(fb->handles);
         free(fb);

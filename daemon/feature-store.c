@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,9 @@ struct FeatureStore {
         int root_fd;
         char *root;
         uint64_t max_bytes;
+        /* The spill thread saves while the event loop looks up: the lock covers the
+         * counters and every rename/unlink/scan that changes them. */
+        pthread_mutex_t lock;
         uint64_t bytes;   /* of f-*.feat files */
         uint64_t trimmed;
 };
@@ -48,9 +52,11 @@ static uint64_t entry_size(FeatureStore *s, const char *name) {
 }
 
 static void unlink_entry(FeatureStore *s, const char *name) {
+        pthread_mutex_lock(&s->lock);
         uint64_t size = entry_size(s, name);
         if (unlinkat(s->root_fd, name, 0) >= 0)
                 s->bytes -= MIN(size, s->bytes);
+        pthread_mutex_unlock(&s->lock);
 }
 
 typedef struct TrimEntry {
@@ -159,6 +165,7 @@ int feature_store_open(const char *root, uint64_t max_bytes, FeatureStore **ret)
         }
         s->root_fd = TAKE_FD(fd);
         s->max_bytes = max_bytes;
+        pthread_mutex_init(&s->lock, NULL);
         probe = scan(s, true, max_bytes ? max_bytes : UINT64_MAX);
         if (probe < 0) {
                 feature_store_free(s);
@@ -168,18 +175,25 @@ int feature_store_open(const char *root, uint64_t max_bytes, FeatureStore **ret)
         return 0;
 }
 
-uint64_t feature_store_bytes(const FeatureStore *s) {
-        return s->bytes;
+uint64_t feature_store_bytes(FeatureStore *s) {
+        pthread_mutex_lock(&s->lock);
+        uint64_t v = s->bytes;
+        pthread_mutex_unlock(&s->lock);
+        return v;
 }
 
-uint64_t feature_store_trimmed(const FeatureStore *s) {
-        return s->trimmed;
+uint64_t feature_store_trimmed(FeatureStore *s) {
+        pthread_mutex_lock(&s->lock);
+        uint64_t v = s->trimmed;
+        pthread_mutex_unlock(&s->lock);
+        return v;
 }
 
 FeatureStore *feature_store_free(FeatureStore *s) {
         if (!s)
                 return NULL;
         safe_close(s->root_fd);
+        pthread_mutex_destroy(&s->lock);
         free(s->root);
         free(s);
         return NULL;
@@ -292,16 +306,22 @@ int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const voi
                 r = write_all(fd, desc, desc_len);
         if (r >= 0)
                 r = write_all(fd, data, rec->size);
-        uint64_t old = r >= 0 ? entry_size(s, name) : 0;
-        if (r >= 0 && renameat(s->root_fd, tmp, s->root_fd, name) < 0)
-                r = negative_errno();
         if (r < 0) {
+                (void)unlinkat(s->root_fd, tmp, 0);
+                return r;
+        }
+        pthread_mutex_lock(&s->lock);
+        uint64_t old = entry_size(s, name);
+        if (renameat(s->root_fd, tmp, s->root_fd, name) < 0) {
+                r = negative_errno();
+                pthread_mutex_unlock(&s->lock);
                 (void)unlinkat(s->root_fd, tmp, 0);
                 return r;
         }
         s->bytes = s->bytes - MIN(old, s->bytes) + HEADER_SIZE + key_len + desc_len + rec->size;
         if (s->max_bytes && s->bytes > s->max_bytes)
                 (void)scan(s, false, s->max_bytes / 10 * 9);
+        pthread_mutex_unlock(&s->lock);
         return 0;
 }
 
@@ -388,11 +408,13 @@ int feature_store_remove(FeatureStore *s, const char *key) {
         int r = feature_store_name(key, name);
         if (r < 0)
                 return r;
+        pthread_mutex_lock(&s->lock);
         size = entry_size(s, name);
-        if (unlinkat(s->root_fd, name, 0) < 0)
-                return negative_errno();
-        s->bytes -= MIN(size, s->bytes);
-        return 0;
+        r = unlinkat(s->root_fd, name, 0) < 0 ? negative_errno() : 0;
+        if (r >= 0)
+                s->bytes -= MIN(size, s->bytes);
+        pthread_mutex_unlock(&s->lock);
+        return r;
 }
 
 int feature_store_usage(FeatureStore *s, uint64_t *ret_files, uint64_t *ret_bytes) {

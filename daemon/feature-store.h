@@ -12,6 +12,8 @@
  * Files are written to a temporary name and renamed into place, so a reader never sees
  * half a file.
  *
+ * Thread-safe: the spill thread (feature-spill.c) saves while the event loop looks up.
+ *
  * File: header (FEATURE_STORE_MAGIC, version, sizes, request id, encoder time), key,
  * binary descriptor (feature-desc.h), data. Everything read back is validated. */
 
@@ -73,9 +75,9 @@ int feature_store_remove(FeatureStore *s, const char *key);
 /* Number of entries and bytes in the root (a directory scan; for stats and tests). */
 int feature_store_usage(FeatureStore *s, uint64_t *ret_files, uint64_t *ret_bytes);
 /* Bytes of entries as the store counts them (kept up to date without a scan). */
-uint64_t feature_store_bytes(const FeatureStore *s);
+uint64_t feature_store_bytes(FeatureStore *s);
 /* Files removed to stay within max_bytes, since open. */
-uint64_t feature_store_trimmed(const FeatureStore *s);
+uint64_t feature_store_trimmed(FeatureStore *s);
 
 static inline void feature_store_freep(FeatureStore **s) {
         feature_store_free(*s);

@@ -27,6 +27,8 @@ struct FeatureCache {
         FeatureStore *store;
         feature_state_cb cb;
         void *userdata;
+        feature_spill_fn spill_fn;
+        void *spill_userdata;
 };
 
 /* Private flags kept beside the public fields. */
@@ -70,6 +72,8 @@ int feature_cache_new(const FeatureCacheConfig *config, FeatureCache **ret) {
                 c->config.max_refs = FEATURE_CACHE_MAX_REFS_DEFAULT;
         if (c->config.announce_timeout_usec == 0)
                 c->config.announce_timeout_usec = FEATURE_ANNOUNCE_TIMEOUT_DEFAULT;
+        if (c->config.max_announced == 0)
+                c->config.max_announced = FEATURE_CACHE_MAX_ANNOUNCED_DEFAULT;
         c->features = hashmap_new(HASHMAP_KEY_STRING, 0);
         if (!c->features) {
                 free(c);
@@ -141,6 +145,11 @@ int feature_cache_add_arena(FeatureCache *c, uint32_t index, void *base, uint64_
 
 void feature_cache_set_store(FeatureCache *c, FeatureStore *s) {
         c->store = s;
+}
+
+void feature_cache_set_spill(FeatureCache *c, feature_spill_fn fn, void *userdata) {
+        c->spill_fn = fn;
+        c->spill_userdata = userdata;
 }
 
 const FeatureStats *feature_cache_stats(FeatureCache *c) {
@@ -215,6 +224,7 @@ static void feature_unlink(FeatureCache *c, Feature *f) {
         if (f->in_announced) {
                 QUEUE_REMOVE(announced, c->announced, f);
                 f->in_announced = false;
+                c->stats.n_announced--;
         }
 }
 
@@ -268,6 +278,12 @@ static void spill(FeatureCache *c, Feature *f) {
         data = feature_data(f);
         if (!data)
                 return;
+        if (c->spill_fn) {
+                r = c->spill_fn(c, f, data, c->spill_userdata);
+                if (r >= 0)
+                        c->stats.spilled++;
+                return;
+        }
         r = feature_store_save(c->store,
                                &(FeatureStoreRecord){ .key = f->key,
                                                       .size = f->bytes,
@@ -343,16 +359,24 @@ static void set_failed(FeatureCache *c, Feature *f, int error) {
 
 /* Allocates a region of bytes in some arena (mapped ones only, if need_map), evicting
  * from the cold end until it fits the budget and an arena has a run long enough. */
-static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint32_t *ret_arena,
-                        uint64_t *ret_offset, uint64_t *ret_size) {
+static bool arena_allowed(const CacheArena *a, bool need_map, uint64_t mask) {
+        if (need_map && !a->base)
+                return false;
+        return a->index >= 64 || (mask & (1ULL << a->index));
+}
+
+static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t mask,
+                        uint32_t *ret_arena, uint64_t *ret_offset, uint64_t *ret_size) {
         bool any = false;
 
         if (bytes == 0)
                 return -EINVAL;
+        if (c->n_arenas == 0)
+                return -ENODEV;
         if (bytes > c->config.budget_bytes)
                 return -E2BIG;
         for (size_t i = 0; i < c->n_arenas; i++)
-                if ((!need_map || c->arenas[i].base) &&
+                if (arena_allowed(&c->arenas[i], need_map, mask) &&
                     feature_allocator_total(c->arenas[i].alloc) >= bytes)
                         any = true;
         if (!any)
@@ -364,7 +388,7 @@ static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint32_t
                                 CacheArena *a = &c->arenas[i];
                                 uint64_t off, size;
 
-                                if (need_map && !a->base)
+                                if (!arena_allowed(a, need_map, mask))
                                         continue;
                                 if (feature_allocator_alloc(a->alloc, bytes, &off, &size) < 0)
                                         continue;
@@ -386,8 +410,8 @@ static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint32_t
 
 /* Gives f (RESERVED, no region) a region and its descriptor. Changes nothing on
  * failure. */
-static int region_attach(FeatureCache *c, Feature *f, uint64_t bytes, FeatureDesc **desc,
-                         const EpdId *request_id, FeatureDescIssue *issue) {
+static int region_attach(FeatureCache *c, Feature *f, uint64_t bytes, uint64_t mask,
+                         FeatureDesc **desc, const EpdId *request_id, FeatureDescIssue *issue) {
         uint64_t off, size;
         uint32_t arena;
         int r;
@@ -397,7 +421,7 @@ static int region_attach(FeatureCache *c, Feature *f, uint64_t bytes, FeatureDes
         r = feature_desc_validate(*desc, bytes, issue);
         if (r < 0)
                 return r;
-        r = region_alloc(c, bytes, false, &arena, &off, &size);
+        r = region_alloc(c, bytes, false, mask, &arena, &off, &size);
         if (r < 0)
                 return r;
         f->has_region = true;
@@ -459,7 +483,7 @@ static int load(FeatureCache *c, const char *key, Feature **ret) {
         r = make_slot(c);
         if (r < 0)
                 return r;
-        r = region_alloc(c, e.size, true, &arena, &off, &size);
+        r = region_alloc(c, e.size, true, UINT64_MAX, &arena, &off, &size);
         if (r < 0)
                 return r;
         r = feature_new(c, key, &f);
@@ -521,6 +545,7 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
                 if (f->in_announced) {
                         QUEUE_REMOVE(announced, c->announced, f);
                         f->in_announced = false;
+                        c->stats.n_announced--;
                 }
                 ref_link(c, r, f, FEATURE_REF_PRODUCER);
                 *result = FEATURE_ACQUIRE_PRODUCE;
@@ -549,6 +574,12 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
 
 int feature_reserve(FeatureCache *c, const char *key, uint64_t bytes, FeatureDesc **desc,
                     const EpdId *request_id, FeatureRef **ret, FeatureDescIssue *issue) {
+        return feature_reserve_in(c, key, bytes, UINT64_MAX, desc, request_id, ret, issue);
+}
+
+int feature_reserve_in(FeatureCache *c, const char *key, uint64_t bytes, uint64_t arena_mask,
+                       FeatureDesc **desc, const EpdId *request_id, FeatureRef **ret,
+                       FeatureDescIssue *issue) {
         _cleanup_(freep) FeatureRef *r = NULL;
         Feature *f;
         int k;
@@ -566,12 +597,13 @@ int feature_reserve(FeatureCache *c, const char *key, uint64_t bytes, FeatureDes
                 return -EBUSY;
         if (f) {
                 /* announced: claim it */
-                k = region_attach(c, f, bytes, desc, request_id, issue);
+                k = region_attach(c, f, bytes, arena_mask, desc, request_id, issue);
                 if (k < 0)
                         return k;
                 if (f->in_announced) {
                         QUEUE_REMOVE(announced, c->announced, f);
                         f->in_announced = false;
+                        c->stats.n_announced--;
                 }
         } else {
                 /* Validate before evicting anything for it. */
@@ -586,7 +618,7 @@ int feature_reserve(FeatureCache *c, const char *key, uint64_t bytes, FeatureDes
                 k = feature_new(c, key, &f);
                 if (k < 0)
                         return k;
-                k = region_attach(c, f, bytes, desc, request_id, issue);
+                k = region_attach(c, f, bytes, arena_mask, desc, request_id, issue);
                 if (k < 0) {
                         feature_unlink(c, f);
                         feature_destroy(f);
@@ -600,13 +632,18 @@ int feature_reserve(FeatureCache *c, const char *key, uint64_t bytes, FeatureDes
 
 int feature_ref_reserve(FeatureRef *r, uint64_t bytes, FeatureDesc **desc,
                         const EpdId *request_id, FeatureDescIssue *issue) {
+        return feature_ref_reserve_in(r, bytes, UINT64_MAX, desc, request_id, issue);
+}
+
+int feature_ref_reserve_in(FeatureRef *r, uint64_t bytes, uint64_t arena_mask, FeatureDesc **desc,
+                           const EpdId *request_id, FeatureDescIssue *issue) {
         Feature *f = r ? r->feature : NULL;
 
         if (!f || r->kind != FEATURE_REF_PRODUCER || f->state != FEATURE_RESERVED)
                 return -EBADSLT;
         if (f->has_region)
                 return -EALREADY;
-        return region_attach(f->cache, f, bytes, desc, request_id, issue);
+        return region_attach(f->cache, f, bytes, arena_mask, desc, request_id, issue);
 }
 
 int feature_publish(FeatureRef *r, usec_t encode_usec) {
@@ -713,15 +750,16 @@ int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefet
                 *ret = FEATURE_PREFETCH_LOADED;
                 return 0;
         }
-        r = make_slot(c);
-        if (r < 0)
-                return r;
+        if (c->stats.n_announced >= c->config.max_announced ||
+            c->stats.n_features >= c->config.max_features)
+                return -ENOSPC;
         r = feature_new(c, key, &f);
         if (r < 0)
                 return r;
         f->deadline = now + c->config.announce_timeout_usec;
         QUEUE_PUSH_BACK(announced, c->announced, f);
         f->in_announced = true;
+        c->stats.n_announced++;
         *ret = FEATURE_PREFETCH_ANNOUNCED;
         return 0;
 }

@@ -102,6 +102,7 @@ typedef struct FeatureStats {
         uint64_t bytes_reserved;    /* regions of RESERVED features */
         uint64_t n_features;        /* in the key table */
         uint64_t n_refs;            /* live references */
+        uint64_t n_announced;       /* placeholders waiting for a producer */
 } FeatureStats;
 
 typedef struct FeatureCacheConfig {
@@ -109,11 +110,13 @@ typedef struct FeatureCacheConfig {
         uint64_t max_features;      /* entries in the key table */
         uint64_t max_refs;          /* live references, all clients together */
         usec_t announce_timeout_usec;/* Prefetch placeholder without a producer */
+        uint64_t max_announced;     /* placeholders at once; they never evict anything */
 } FeatureCacheConfig;
 
 #define FEATURE_CACHE_MAX_FEATURES_DEFAULT 65536u
 #define FEATURE_CACHE_MAX_REFS_DEFAULT 262144u
 #define FEATURE_ANNOUNCE_TIMEOUT_DEFAULT (30 * USEC_PER_SEC)
+#define FEATURE_CACHE_MAX_ANNOUNCED_DEFAULT 4096u
 
 /* Called when a feature becomes READY or FAILED (waiters wake up), before any
  * reference is freed. */
@@ -132,6 +135,12 @@ int feature_cache_add_arena(FeatureCache *c, uint32_t index, void *base, uint64_
                             uint64_t data_size, uint64_t chunk);
 /* Spill/load through this store (not owned; NULL to stop). */
 void feature_cache_set_store(FeatureCache *c, FeatureStore *s);
+/* By default an eviction writes the feature to the store before its region goes. With a
+ * spill function, eviction hands the feature (intact, for the duration of the call) to
+ * it instead: it copies what it needs and writes later, off the event loop (the daemon
+ * uses feature-spill.c). A negative return means "not spilled". */
+typedef int (*feature_spill_fn)(FeatureCache *c, const Feature *f, const void *data, void *userdata);
+void feature_cache_set_spill(FeatureCache *c, feature_spill_fn fn, void *userdata);
 /* Changes the budget; evicts down to it. */
 void feature_cache_set_budget(FeatureCache *c, uint64_t budget_bytes);
 const FeatureStats *feature_cache_stats(FeatureCache *c);
@@ -159,13 +168,21 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
 /* Reserves a region of `bytes` for key, described by desc (validated against bytes;
  * taken over on success). A missing or announced key becomes RESERVED with the
  * returned ref as its producer. -EEXIST if READY, -EBUSY if another producer holds it,
- * -E2BIG if bytes exceeds the budget or every arena, -ENOSPC if nothing more can be
+ * -E2BIG if bytes exceeds the budget or every arena, -ENODEV if there is no feature
+ * arena at all, -ENOSPC if nothing more can be
  * evicted to make room, -EINVAL for a bad descriptor (*issue says which). */
 int feature_reserve(FeatureCache *c, const char *key, uint64_t bytes, FeatureDesc **desc,
                     const EpdId *request_id, FeatureRef **ret, FeatureDescIssue *issue);
 /* The same for a producer ref from Acquire (PRODUCE) that has no region yet. */
 int feature_ref_reserve(FeatureRef *r, uint64_t bytes, FeatureDesc **desc,
                         const EpdId *request_id, FeatureDescIssue *issue);
+/* Both, with the region placed only in arenas whose index bit is set in arena_mask (the
+ * arenas the producer has mapped); -E2BIG if none of those can ever hold it. */
+int feature_reserve_in(FeatureCache *c, const char *key, uint64_t bytes, uint64_t arena_mask,
+                       FeatureDesc **desc, const EpdId *request_id, FeatureRef **ret,
+                       FeatureDescIssue *issue);
+int feature_ref_reserve_in(FeatureRef *r, uint64_t bytes, uint64_t arena_mask, FeatureDesc **desc,
+                           const EpdId *request_id, FeatureDescIssue *issue);
 
 /* Producer: marks the feature READY (the ref becomes a reader). -EBADSLT if the ref is
  * not the producer of a feature with a region. */
@@ -189,7 +206,8 @@ typedef enum FeaturePrefetchResult {
 } FeaturePrefetchResult;
 
 /* Announces that key will be needed, so that an encoder can start on it before a
- * prefill asks. */
+ * prefill asks. An announcement never evicts a cached feature: past max_announced, or
+ * with the key table full, it is -ENOSPC. */
 int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefetchResult *ret);
 
 /* Fails announced features whose deadline passed (-ETIMEDOUT); returns the next

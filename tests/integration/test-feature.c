@@ -401,7 +401,12 @@ START_TEST(test_prefetch_pin_store) {
         epd_feature_release(pre, pin);
         /* an evicted one comes back from the store */
         uint64_t loaded = stat_u64(pre, "Loaded");
-        ck_assert_int_eq(epd_feature_acquire(pre, "flood:0", false, &w), 0);
+        /* (written by the spill thread: give it a moment) */
+        int k = -ENOENT;
+        for (int i = 0; i < 500 && k == -ENOENT; i++)
+                if ((k = epd_feature_acquire(pre, "flood:0", false, &w)) == -ENOENT)
+                        usleep(10000);
+        ck_assert_int_eq(k, 0);
         ck_assert_str_eq(w->result, "hit");
         ck_assert(same(w->data, bytes, 0));
         ck_assert_uint_eq(stat_u64(pre, "Loaded"), loaded + 1);
@@ -418,6 +423,95 @@ START_TEST(test_prefetch_pin_store) {
                  "test -z \"$(find '%s' /tmp -maxdepth 2 -name escape 2>/dev/null)\"",
                  store_dir, h.dir);
         ck_assert_int_eq(system(cmd), 0);
+        epd_disconnect(sched);
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+}
+END_TEST
+
+static int wanted_count;
+static char wanted_key[64];
+
+static int on_wanted(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        const char *key;
+        if (sd_bus_message_read(m, "s", &key) >= 0) {
+                snprintf(wanted_key, sizeof wanted_key, "%s", key);
+                wanted_count++;
+        }
+        return 0;
+}
+
+static uint64_t cache_bytes;
+static bool cache_bytes_is(void *userdata) {
+        return stat_u64(NULL, "CacheBytes") == cache_bytes;
+}
+
+/* Prefetch broadcasts FeatureWanted to encoders; other clients cannot touch a handle;
+ * a reload changes the budget and evicts down to it. */
+START_TEST(test_wanted_permissions_reload) {
+        epd_client *sched = worker("scheduler"), *enc = worker("encoder"), *pre = worker("prefill");
+        sd_bus *listener;
+        sd_bus_slot *slot = NULL;
+        const char *keys[] = { "wanted:1" };
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(8192, t, &bytes); /* 1 MiB */
+        epd_feature *p, *r;
+
+        ck_assert_int_ge(raw_bus(&listener), 0);
+        ck_assert_int_ge(sd_bus_match_signal(listener, &slot, NULL, "/org/epd1/feature",
+                                             "org.epd1.Feature", "FeatureWanted", on_wanted, NULL), 0);
+        wanted_count = 0;
+        ck_assert_int_eq(epd_feature_prefetch(sched, keys, 1), 0);
+        for (int i = 0; i < 500 && wanted_count == 0; i++) {
+                while (sd_bus_process(listener, NULL) > 0)
+                        ;
+                if (wanted_count == 0)
+                        sd_bus_wait(listener, 10000);
+        }
+        ck_assert_int_eq(wanted_count, 1);
+        ck_assert_str_eq(wanted_key, "wanted:1");
+        sd_bus_slot_unref(slot);
+        sd_bus_flush_close_unref(listener);
+
+        /* the encoder claims the announced key; nobody else may publish or release it */
+        ck_assert_int_eq(epd_feature_reserve(enc, "wanted:1", bytes, t, n, NULL, &p), 0);
+        epd_feature stolen = *p;
+        ck_assert_int_eq(epd_feature_publish(pre, &stolen, 1), -EPERM);
+        ck_assert_str_eq(epd_last_error_name(pre), "org.epd1.Error.PermissionDenied");
+        ck_assert_int_eq(epd_feature_fail(pre, &stolen, "no"), -EPERM);
+        ck_assert_int_eq(epd_feature_publish(enc, p, 1), 0);
+        ck_assert_int_eq(epd_feature_publish(enc, p, 1), -ESTALE); /* twice */
+        ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.Stale");
+        epd_feature *bogus = calloc(1, sizeof *bogus);
+        strcpy(bogus->handle, "0123456789abcdef0123456789abcdef");
+        ck_assert_int_eq(epd_feature_refresh(pre, bogus), -ENOENT);
+        strcpy(bogus->handle, "not-a-handle");
+        ck_assert_int_eq(epd_feature_refresh(pre, bogus), -EINVAL);
+        free(bogus);
+        epd_feature_release(enc, p);
+
+        /* fill 8 MiB, then reload with a 4 MiB budget */
+        for (int i = 0; i < 8; i++) {
+                char key[32];
+                snprintf(key, sizeof key, "reload:%d", i);
+                ck_assert_int_eq(epd_feature_reserve(enc, key, bytes, t, n, NULL, &p), 0);
+                ck_assert_int_eq(epd_feature_publish(enc, p, 1), 0);
+                epd_feature_release(enc, p);
+        }
+        ck_assert_int_eq(epd_feature_acquire(pre, "reload:7", false, &r), 0); /* held */
+        FILE *f = fopen(h.config, "ae");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "CacheSize=4M\n"); /* the last section is [Features] */
+        fclose(f);
+        ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
+        cache_bytes = 4 << 20;
+        ck_assert(harness_wait_for(cache_bytes_is, NULL, 5000));
+        ck_assert_uint_le(stat_u64(NULL, "BytesCached"), 4 << 20);
+        ck_assert(same(r->data, 0, 0)); /* (still mapped) */
+        ck_assert_int_eq(epd_feature_refresh(pre, r), 0);
+        ck_assert_str_eq(r->state, "ready"); /* held: never evicted */
+        epd_feature_release(pre, r);
         epd_disconnect(sched);
         epd_disconnect(enc);
         epd_disconnect(pre);
@@ -506,6 +600,7 @@ int main(void) {
         tcase_add_test(tc, test_coalescing);
         tcase_add_test(tc, test_producer_killed);
         tcase_add_test(tc, test_prefetch_pin_store);
+        tcase_add_test(tc, test_wanted_permissions_reload);
         tcase_add_test(tc, test_soak);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "feature-spill.h"
 #include "feature-store.h"
 #include "feature.h"
 #include "macro.h"
@@ -315,6 +316,52 @@ START_TEST(test_cache_spill_load) {
 }
 END_TEST
 
+/* Evictions handed to the spill thread: the region is reused at once, the file appears
+ * when the thread has written it, the queue is bounded, and a later miss loads it. */
+START_TEST(test_spill_thread) {
+        _cleanup_(feature_store_freep) FeatureStore *s = store_open();
+        FeatureCacheConfig cfg = { .budget_bytes = 8 * 4096 };
+        _cleanup_(feature_cache_freep) FeatureCache *c = NULL;
+        uint8_t *mem = calloc(1, 16 * 4096);
+        FeatureSpiller *sp;
+        FeatureSpillerStats st;
+        FeatureAcquireResult res;
+        FeatureRef *r;
+        char key[16];
+
+        ck_assert_int_eq(feature_cache_new(&cfg, &c), 0);
+        ck_assert_int_eq(feature_cache_add_arena(c, 0, mem, 0, 16 * 4096, 4096), 0);
+        ck_assert_int_eq(feature_spiller_new(s, 3 * 4096, &sp), 0);
+        feature_cache_set_store(c, s);
+        feature_cache_set_spill(c, feature_spiller_queue, sp);
+        for (int i = 0; i < 40; i++) {
+                FeatureDesc *d = desc_bytes(4096);
+                snprintf(key, sizeof key, "t%d", i);
+                ck_assert_int_eq(feature_reserve(c, key, 4096, &d, NULL, &r, NULL), 0);
+                memset(feature_data(r->feature), i, 4096);
+                ck_assert_int_eq(feature_publish(r, 1), 0);
+                feature_ref_release(r);
+        }
+        feature_spiller_flush(sp);
+        feature_spiller_stats(sp, &st);
+        ck_assert_uint_eq(st.pending_bytes, 0);
+        ck_assert_uint_eq(st.queued, st.written + st.failed);
+        ck_assert_uint_eq(st.failed, 0);
+        ck_assert_uint_eq(st.queued + st.dropped, feature_cache_stats(c)->evictions);
+        ck_assert_uint_eq(st.queued, feature_cache_stats(c)->spilled);
+        ck_assert_uint_gt(st.written, 0);
+        /* t0 was evicted first and written: it comes back with its bytes */
+        ck_assert_int_eq(feature_acquire(c, "t0", false, 0, &r, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_HIT);
+        for (int i = 0; i < 4096; i++)
+                ck_assert_uint_eq(((uint8_t *)feature_data(r->feature))[i], 0);
+        feature_ref_release(r);
+        feature_cache_free(TAKE_PTR(c));
+        feature_spiller_free(sp);
+        free(mem);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("feature-store");
         TCase *tc = tcase_create("feature-store");
@@ -326,6 +373,7 @@ int main(void) {
         tcase_add_test(tc, test_bad_files);
         tcase_add_test(tc, test_bounded);
         tcase_add_test(tc, test_cache_spill_load);
+        tcase_add_test(tc, test_spill_thread);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
         srunner_set_fork_status(sr, CK_NOFORK);

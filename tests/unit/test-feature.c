@@ -193,7 +193,27 @@ START_TEST(test_reserve_errors) {
         ck_assert_int_eq(feature_reserve(c, key, 300, &d, NULL, &r, &issue), -EINVAL);
         key[FEATURE_KEY_MAX] = 0;
         ck_assert_int_eq(feature_reserve(c, key, 300, &d, NULL, &r, &issue), 0);
+        /* placement follows the producer's arenas: arena 3 only, or none of them */
+        {
+                FeatureDesc *pd = desc_bytes(100);
+                FeatureRef *x;
+                ck_assert_int_eq(feature_reserve_in(c, "placed", 100, 1ULL << 5, &pd, NULL, &x, NULL), -E2BIG);
+                ck_assert_int_eq(feature_reserve_in(c, "placed", 100, 1ULL << 3, &pd, NULL, &x, NULL), 0);
+                ck_assert_uint_eq(x->feature->arena, 3);
+                feature_ref_release(x);
+        }
         ck_assert_int_eq(feature_fail(r, 5), 0); /* positive error becomes -EIO */
+        {
+                /* no feature arena at all */
+                FeatureCacheConfig cfg = { .budget_bytes = 1 << 20 };
+                _cleanup_(feature_cache_freep) FeatureCache *c2 = NULL;
+                FeatureDesc *d2 = desc_bytes(10);
+                FeatureRef *x;
+                ck_assert_int_eq(feature_cache_new(&cfg, &c2), 0);
+                ck_assert_int_eq(feature_reserve(c2, "k", 10, &d2, NULL, &x, NULL), -ENODEV);
+                ck_assert_uint_eq(feature_cache_stats(c2)->n_features, 0);
+                feature_desc_free(d2);
+        }
         ck_assert_int_eq(r->feature->error, -EIO);
         feature_ref_release(r);
         ck_assert_uint_eq(feature_cache_stats(c)->n_features, 0);
@@ -317,6 +337,28 @@ START_TEST(test_prefetch) {
         ck_assert_uint_eq(feature_cache_expire(c, 1u << 30), USEC_INFINITY);
         ck_assert_int_eq(q->feature->state, FEATURE_RESERVED);
         feature_ref_release(q);
+        /* announcements are bounded and never evict: a cache full of READY features
+         * stays as it is */
+        {
+                FeatureCacheConfig cfg = { .budget_bytes = 1 << 20, .max_features = 4, .max_announced = 2 };
+                _cleanup_(feature_cache_freep) FeatureCache *c2 = NULL;
+                ck_assert_int_eq(feature_cache_new(&cfg, &c2), 0);
+                ck_assert_int_eq(feature_cache_add_arena(c2, 0, arena_mem, 0, 16 * CHUNK, CHUNK), 0);
+                ck_assert_int_eq(feature_prefetch(c2, "a1", 0, &pr), 0);
+                ck_assert_int_eq(feature_prefetch(c2, "a2", 0, &pr), 0);
+                ck_assert_int_eq(feature_prefetch(c2, "a3", 0, &pr), -ENOSPC);
+                ck_assert_uint_eq(feature_cache_stats(c2)->n_announced, 2);
+                feature_cache_expire(c2, 1ull << 40);
+                ck_assert_uint_eq(feature_cache_stats(c2)->n_announced, 0);
+                for (int i = 0; i < 4; i++) {
+                        char k[8];
+                        snprintf(k, sizeof k, "r%d", i);
+                        feature_ref_release(produce(c2, k, CHUNK, 1));
+                }
+                ck_assert_int_eq(feature_prefetch(c2, "a4", 0, &pr), -ENOSPC);
+                ck_assert_uint_eq(feature_cache_stats(c2)->n_features, 4);
+                ck_assert_uint_eq(feature_cache_stats(c2)->evictions, 0);
+        }
         /* an announce that nobody waits on just goes */
         ck_assert_int_eq(feature_prefetch(c, "lonely", 0, &pr), 0);
         feature_cache_expire(c, 1u << 30);

@@ -78,7 +78,9 @@ int epd_feature_refresh(epd_client *c, epd_feature *f);
 /* Pins key (READY or being produced): never evicted until released. */
 int epd_feature_pin(epd_client *c, const char *key, epd_feature **ret);
 
-/* Releases the handle and frees f (also when the daemon is gone). NULL is fine. */
+/* Releases the handle and frees f (also when the daemon is gone). NULL is fine. After
+ * epd_disconnect(), the daemon has released every handle already: free the structs
+ * with epd_feature_release(NULL, f). */
 int epd_feature_release(epd_client *c, epd_feature *f);
 
 /* Announces keys that will be needed soon. Returns how many are already cached (in

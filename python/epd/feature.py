@@ -1,0 +1,267 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The feature cache (org.epd1.Feature): encoder outputs by content key.
+
+    import epd, epd.feature as ef
+    with epd.Client() as c:
+        c.register("prefill", "Qwen3-VL-8B", "cuda:0")
+        f = ef.Feature.acquire(c, key, may_produce=True)
+        if f.result == "produce":
+            f.produce(nbytes, [ef.Tensor("image_embeds", "bf16", (n, hidden)),
+                               ef.Tensor("grid_thw", "i64", (1, 3), offset=n * hidden * 2)])
+            f.buffer()[:] = encoder_output_bytes        # or f.torch("image_embeds")[...] = ...
+            f.publish(encode_usec)
+        elif f.result == "wait":
+            f.wait(5.0)                                 # no polling; raises if the producer failed
+        embeds = f.torch("image_embeds")                # a view of the shared arena: no copy
+        f.release()
+
+Every Feature is a handle in the daemon; release() it (or use `with`). A producer that
+goes away before publishing fails the waiters ("producer-gone"). See docs/features.md.
+"""
+
+import ctypes
+import errno as _errno
+from typing import List, NamedTuple, Optional, Sequence, Tuple
+
+from . import EpdError, _lib
+
+__all__ = ["Tensor", "Feature", "prefetch"]
+
+RANK_MAX = 8
+TENSORS_MAX = 64
+KEY_MAX = 256
+
+_c_u64_8 = ctypes.c_uint64 * RANK_MAX
+
+
+class _CTensor(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_char_p), ("rank", ctypes.c_uint32),
+                ("shape", _c_u64_8), ("strides", _c_u64_8), ("offset", ctypes.c_uint64)]
+
+
+class _CFeature(ctypes.Structure):
+    """Mirrors epd_feature in <epd/epd-feature.h>."""
+    _fields_ = [("key", ctypes.c_char * (KEY_MAX + 1)), ("handle", ctypes.c_char * 33),
+                ("result", ctypes.c_char * 16), ("state", ctypes.c_char * 16),
+                ("error", ctypes.c_char * 32), ("arena", ctypes.c_int),
+                ("offset", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("data", ctypes.c_void_p),
+                ("request_id", ctypes.c_char * 33), ("n_tensors", ctypes.c_size_t),
+                ("tensors", _CTensor * TENSORS_MAX),
+                ("_names", ((ctypes.c_char * 72) * 2) * TENSORS_MAX)]
+
+
+_Fp = ctypes.POINTER(_CFeature)
+
+
+def _lib_features():
+    lib = _lib.lib()
+    if getattr(lib, "_epd_features_declared", False):
+        return lib
+    c_int, c_char_p, c_size_t, c_uint64, c_bool = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+                                                   ctypes.c_uint64, ctypes.c_bool)
+    c_void_p, P = ctypes.c_void_p, ctypes.POINTER
+    decls = {
+        "epd_feature_acquire": (c_int, [c_void_p, c_char_p, c_bool, P(_Fp)]),
+        "epd_feature_reserve": (c_int, [c_void_p, c_char_p, c_uint64, P(_CTensor), c_size_t, c_char_p, P(_Fp)]),
+        "epd_feature_produce": (c_int, [c_void_p, _Fp, c_uint64, P(_CTensor), c_size_t, c_char_p]),
+        "epd_feature_publish": (c_int, [c_void_p, _Fp, c_uint64]),
+        "epd_feature_fail": (c_int, [c_void_p, _Fp, c_char_p]),
+        "epd_feature_wait": (c_int, [c_void_p, _Fp, c_uint64]),
+        "epd_feature_refresh": (c_int, [c_void_p, _Fp]),
+        "epd_feature_pin": (c_int, [c_void_p, c_char_p, P(_Fp)]),
+        "epd_feature_release": (c_int, [c_void_p, _Fp]),
+        "epd_feature_prefetch": (c_int, [c_void_p, P(c_char_p), c_size_t]),
+    }
+    for name, (restype, argtypes) in decls.items():
+        f = getattr(lib, name)
+        f.restype = restype
+        f.argtypes = argtypes
+    lib._epd_features_declared = True
+    return lib
+
+
+class Tensor(NamedTuple):
+    """One tensor of a FeatureBundle. strides are in elements (None: row-major)."""
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+    offset: int = 0
+    strides: Optional[Tuple[int, ...]] = None
+
+
+_NUMPY = {"f32": "float32", "f16": "float16", "f64": "float64", "i8": "int8", "u8": "uint8",
+          "i16": "int16", "i32": "int32", "i64": "int64", "bool": "bool"}
+_TORCH = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i8": "int8",
+          "u8": "uint8", "i16": "int16", "i32": "int32", "i64": "int64", "bool": "bool",
+          "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+_SIZE = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "fp8_e4m3": 1, "fp8_e5m2": 1, "i8": 1, "u8": 1,
+         "i16": 2, "i32": 4, "i64": 8, "bool": 1}
+
+
+def _c_tensors(tensors: Sequence[Tensor]):
+    if not tensors or len(tensors) > TENSORS_MAX:
+        raise ValueError(f"a bundle has 1 to {TENSORS_MAX} tensors")
+    arr = (_CTensor * len(tensors))()
+    keep = []
+    for i, t in enumerate(tensors):
+        if len(t.shape) > RANK_MAX or (t.strides is not None and len(t.strides) != len(t.shape)):
+            raise ValueError(f"tensor {t.name}: bad rank or strides")
+        name, dtype = t.name.encode(), str(t.dtype).replace("torch.", "").encode()
+        keep += [name, dtype]
+        arr[i].name, arr[i].dtype, arr[i].rank, arr[i].offset = name, dtype, len(t.shape), t.offset
+        for j, d in enumerate(t.shape):
+            arr[i].shape[j] = d
+            arr[i].strides[j] = t.strides[j] if t.strides else 0
+    return arr, keep
+
+
+class Feature:
+    """A handle on one feature. Attributes mirror the daemon's answer."""
+
+    def __init__(self, client, p: _Fp):
+        self._client, self._p, self._lib = client, p, _lib_features()
+
+    # -- constructors --------------------------------------------------------------
+    @classmethod
+    def acquire(cls, client, key: str, may_produce: bool = False) -> "Feature":
+        """result is "hit" (read it), "wait" (call wait()) or "produce" (you produce)."""
+        lib, p = _lib_features(), _Fp()
+        client._check(lib.epd_feature_acquire(client._c, key.encode(), may_produce, ctypes.byref(p)),
+                      f"acquire feature {key!r}")
+        return cls(client, p)
+
+    @classmethod
+    def reserve(cls, client, key: str, nbytes: int, tensors: Sequence[Tensor],
+                request_id: Optional[str] = None) -> "Feature":
+        """Encoder: a writable region for key (publish() when written)."""
+        lib, p = _lib_features(), _Fp()
+        arr, _keep = _c_tensors(tensors)
+        client._check(lib.epd_feature_reserve(client._c, key.encode(), nbytes, arr, len(tensors),
+                                              request_id.encode() if request_id else None, ctypes.byref(p)),
+                      f"reserve feature {key!r}")
+        return cls(client, p)
+
+    @classmethod
+    def pin(cls, client, key: str) -> "Feature":
+        """Keeps key from eviction until released."""
+        lib, p = _lib_features(), _Fp()
+        client._check(lib.epd_feature_pin(client._c, key.encode(), ctypes.byref(p)), f"pin feature {key!r}")
+        return cls(client, p)
+
+    # -- state ---------------------------------------------------------------------
+    def _f(self) -> _CFeature:
+        if not self._p:
+            raise ValueError("feature handle already released")
+        return self._p.contents
+
+    key = property(lambda self: self._f().key.decode())
+    handle = property(lambda self: self._f().handle.decode())
+    result = property(lambda self: self._f().result.decode())
+    state = property(lambda self: self._f().state.decode())
+    error = property(lambda self: self._f().error.decode())
+    offset = property(lambda self: self._f().offset)
+    nbytes = property(lambda self: self._f().bytes)
+    request_id = property(lambda self: self._f().request_id.decode())
+
+    @property
+    def tensors(self) -> List[Tensor]:
+        f = self._f()
+        out = []
+        for i in range(f.n_tensors):
+            t = f.tensors[i]
+            out.append(Tensor(t.name.decode(), t.dtype.decode(), tuple(t.shape[:t.rank]), t.offset,
+                              tuple(t.strides[:t.rank])))
+        return out
+
+    # -- producer ------------------------------------------------------------------
+    def produce(self, nbytes: int, tensors: Sequence[Tensor], request_id: Optional[str] = None):
+        """After acquire() answered "produce": reserve the region through this handle."""
+        arr, _keep = _c_tensors(tensors)
+        self._client._check(self._lib.epd_feature_produce(self._client._c, self._p, nbytes, arr, len(tensors),
+                                                          request_id.encode() if request_id else None),
+                            f"produce feature {self.key!r}")
+
+    def publish(self, encode_usec: int = 0):
+        self._client._check(self._lib.epd_feature_publish(self._client._c, self._p, encode_usec),
+                            f"publish feature {self.key!r}")
+
+    def fail(self, reason: str = ""):
+        self._client._check(self._lib.epd_feature_fail(self._client._c, self._p, reason.encode()),
+                            f"fail feature {self.key!r}")
+
+    # -- reader --------------------------------------------------------------------
+    def wait(self, timeout_s: Optional[float] = None) -> bool:
+        """Blocks until ready (True) or the timeout (False); raises EpdError(EPIPE) if the
+        producer failed or went away (self.error says which)."""
+        t = 2**64 - 1 if timeout_s is None else int(timeout_s * 1e6)
+        r = self._lib.epd_feature_wait(self._client._c, self._p, t)
+        if r == -_errno.ETIMEDOUT:
+            return False
+        if r == -_errno.EPIPE:
+            raise EpdError(_errno.EPIPE, None, self.error, f"feature {self.key!r} failed")
+        self._client._check(r, f"wait for feature {self.key!r}")
+        return True
+
+    def refresh(self):
+        self._client._check(self._lib.epd_feature_refresh(self._client._c, self._p),
+                            f"describe feature {self.key!r}")
+
+    def buffer(self, offset: int = 0, length: Optional[int] = None) -> memoryview:
+        """A writable view of the feature's bytes in the shared arena; no copy."""
+        f = self._f()
+        if not f.data:
+            raise EpdError(_errno.ENODATA, None, f"feature is {self.state}, or its arena is not mapped",
+                           "feature buffer")
+        length = f.bytes - offset if length is None else length
+        if offset < 0 or length < 0 or offset + length > f.bytes:
+            raise ValueError(f"range {offset}+{length} outside the feature of {f.bytes} bytes")
+        return memoryview((ctypes.c_char * length).from_address(f.data + offset)).cast("B")
+
+    def _tensor(self, name: str) -> Tensor:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def numpy(self, name: str):
+        """A numpy view of one tensor (numpy needed; not for bf16/fp8)."""
+        import numpy as np
+        t = self._tensor(name)
+        if t.dtype not in _NUMPY:
+            raise TypeError(f"numpy has no {t.dtype}; use torch()")
+        size = _SIZE[t.dtype]
+        return np.ndarray(t.shape, dtype=_NUMPY[t.dtype], buffer=self.buffer(), offset=t.offset,
+                          strides=tuple(s * size for s in t.strides))
+
+    def torch(self, name: str):
+        """A torch view of one tensor (torch needed); no copy."""
+        import torch
+        t = self._tensor(name)
+        dtype = getattr(torch, _TORCH[t.dtype])
+        # the daemon validated the layout: the offset is aligned, the view in range
+        flat = torch.frombuffer(self.buffer(), dtype=torch.uint8)
+        return flat[t.offset:].view(dtype).as_strided(t.shape, t.strides)
+
+    def release(self):
+        if self._p:
+            p, self._p = self._p, None
+            self._client._check(self._lib.epd_feature_release(self._client._c, p), "release feature")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+def prefetch(client, keys: Sequence[str]) -> int:
+    """Announces keys; returns how many are already cached."""
+    lib = _lib_features()
+    arr = (ctypes.c_char_p * max(len(keys), 1))(*[k.encode() for k in keys])
+    return client._check(lib.epd_feature_prefetch(client._c, arr, len(keys)), "prefetch features")
