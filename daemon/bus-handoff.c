@@ -197,7 +197,7 @@ static int method_layer_group_ready(sd_bus_message *msg, void *userdata, sd_bus_
 static int method_commit(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         HandoffObject *o = userdata;
         const char *seq;
-        Client *c;
+        Client *c = NULL;
         int r = owner_check(o, msg, &c, error);
         if (r >= 0)
                 r = handoff_manager_commit(o, c, &seq, error);

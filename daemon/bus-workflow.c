@@ -90,7 +90,7 @@ static int method_create(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         size_t n;
         Client *c;
         Sequence *s;
-        Workflow *w;
+        Workflow *w = NULL;
         char head[128];
         uid_t uid = 0;
         int r;
@@ -134,7 +134,7 @@ static int method_fork(sd_bus_message *msg, void *userdata, sd_bus_error *error)
         const char *id;
         uint32_t branch, nb;
         Client *c;
-        Workflow *w;
+        Workflow *w = NULL;
         char head[128];
         int r;
 
@@ -164,7 +164,7 @@ static int method_advance(sd_bus_message *msg, void *userdata, sd_bus_error *err
         size_t n;
         int segments;
         Client *c;
-        Workflow *w;
+        Workflow *w = NULL;
         WorkflowAdvance a;
         char head[128];
         int r;
@@ -215,7 +215,7 @@ static int method_merge(sd_bus_message *msg, void *userdata, sd_bus_error *error
         const char *id;
         uint32_t from, into;
         Client *c;
-        Workflow *w;
+        Workflow *w = NULL;
         int r = sd_bus_message_read(msg, "suu", &id, &from, &into);
         if (r < 0)
                 return r;
@@ -229,7 +229,7 @@ static int method_drop(sd_bus_message *msg, void *userdata, sd_bus_error *error)
         const char *id;
         uint32_t branch;
         Client *c;
-        Workflow *w;
+        Workflow *w = NULL;
         int r = sd_bus_message_read(msg, "su", &id, &branch);
         if (r < 0)
                 return r;
@@ -242,7 +242,7 @@ static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *err
         Manager *m = userdata;
         const char *id;
         Client *c;
-        Workflow *w;
+        Workflow *w = NULL;
         int r = sd_bus_message_read(msg, "s", &id);
         if (r < 0)
                 return r;
@@ -287,7 +287,7 @@ static int method_get_branches(sd_bus_message *msg, void *userdata, sd_bus_error
         Manager *m = userdata;
         const char *id;
         Client *c;
-        Workflow *w;
+        Workflow *w = NULL;
         int r = sd_bus_message_read(msg, "s", &id);
         if (r < 0)
                 return r;
