@@ -1,0 +1,241 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Layered KV handoffs (org.epd1.Handoffs / org.epd1.Handoff) and the ring pair.
+
+Prefill side:
+    h = Handoff.prepare(c, request_id, "", seq, layer_groups=[4, 4, 4])   # "" : this host
+    ring = Ring(c)                       # optional: per-group notices without a bus round trip
+    ... compute group g ... ; h.layer_group_ready(g, ring)
+Decode side:
+    a = Accepted.accept(c, request_id)   # arena + page offsets where the KV lands
+    a.wait_groups(a.n_groups, ring)      # progress records (or polling without a ring)
+    seq_path = a.commit()
+
+See docs/handoff.md for the states and the guarantees."""
+
+import ctypes
+import errno as _errno
+import time
+from typing import List, Optional, Sequence as Seq
+
+from . import _lib
+
+__all__ = ["Handoff", "Accepted", "Ring", "RingRecord"]
+
+_P = ctypes.POINTER
+RING_EV_COMPLETION = 0x81
+RING_EV_GROUP_PROGRESS = 0x82
+RING_EV_HANDOFF_STATE = 0x83
+RING_EV_BACKPRESSURE = 0x84
+HANDOFF_STATE_ROLLED_BACK = 6
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [("arena", ctypes.c_char_p), ("target", ctypes.c_char_p), ("timeout_usec", ctypes.c_uint64)]
+
+
+class _Accepted(ctypes.Structure):
+    _fields_ = [("path", ctypes.c_char_p), ("token", ctypes.c_uint64), ("arena", ctypes.c_char_p),
+                ("offsets", _P(ctypes.c_uint64)), ("n_pages", ctypes.c_size_t), ("n_groups", ctypes.c_uint32),
+                ("groups_done", ctypes.c_uint32)]
+
+
+class _Status(ctypes.Structure):
+    _fields_ = [("state", ctypes.c_char * 24), ("cause", ctypes.c_char * 24), ("groups_done", ctypes.c_uint32),
+                ("n_groups", ctypes.c_uint32), ("bytes", ctypes.c_uint64)]
+
+
+class RingRecord(ctypes.Structure):
+    """struct epd_ring_record (client/include/epd/ring.h), 64 bytes."""
+    _fields_ = [("opcode", ctypes.c_uint16), ("flags", ctypes.c_uint16), ("result", ctypes.c_int32),
+                ("user_data", ctypes.c_uint64), ("request_id", ctypes.c_uint8 * 16), ("token", ctypes.c_uint64),
+                ("group", ctypes.c_uint32), ("count", ctypes.c_uint32), ("arg0", ctypes.c_uint64),
+                ("arg1", ctypes.c_uint64)]
+
+
+assert ctypes.sizeof(RingRecord) == 64
+
+
+def _lib_handoffs():
+    lib = _lib.lib()
+    if getattr(lib, "_epd_handoffs_declared", False):
+        return lib
+    c_int, c_char_p, c_size_t, c_void_p = ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p
+    c_uint32, c_uint64 = ctypes.c_uint32, ctypes.c_uint64
+    decls = {
+        "epd_handoff_prepare": (c_int, [c_void_p, c_char_p, c_char_p, c_char_p, _P(c_uint32), c_size_t,
+                                        _P(_Options), _P(c_void_p), _P(c_uint64)]),
+        "epd_handoff_layer_group_ready": (c_int, [c_void_p, c_char_p, c_uint32]),
+        "epd_handoff_accept": (c_int, [c_void_p, c_char_p, _P(_Accepted)]),
+        "epd_handoff_accepted_done": (None, [_P(_Accepted)]),
+        "epd_handoff_commit": (c_int, [c_void_p, c_char_p, _P(c_void_p)]),
+        "epd_handoff_rollback": (c_int, [c_void_p, c_char_p]),
+        "epd_handoff_release": (c_int, [c_void_p, c_char_p]),
+        "epd_handoff_get": (c_int, [c_void_p, c_char_p, _P(_Status)]),
+        "epd_ring_open": (c_int, [c_void_p, c_uint32, c_uint32, _P(c_void_p)]),
+        "epd_ring_close": (c_void_p, [c_void_p]),
+        "epd_ring_layer_group_ready": (c_int, [c_void_p, c_char_p, c_uint64, c_uint32, c_uint64]),
+        "epd_ring_next": (c_int, [c_void_p, _P(RingRecord), c_uint64]),
+    }
+    for name, (restype, argtypes) in decls.items():
+        f = getattr(lib, name)
+        f.restype = restype
+        f.argtypes = argtypes
+    lib._epd_handoffs_declared = True
+    return lib
+
+
+def _take_string(lib, p: ctypes.c_void_p) -> str:
+    s = ctypes.string_at(p.value).decode()
+    lib.free(p)
+    return s
+
+
+class Ring:
+    """The shared-memory ring pair (memfd + eventfds): submit records, take events."""
+
+    def __init__(self, client, sq_entries: int = 256, cq_entries: int = 256):
+        self._client, self._lib = client, _lib_handoffs()
+        p = ctypes.c_void_p()
+        client._check(self._lib.epd_ring_open(client._c, sq_entries, cq_entries, ctypes.byref(p)), "open ring")
+        self._r = p
+
+    def layer_group_ready(self, request_id: str, token: int, group: int, user_data: int = 0):
+        self._client._check(self._lib.epd_ring_layer_group_ready(self._r, request_id.encode(), token, group,
+                                                                 user_data), "ring: layer group ready")
+
+    def next(self, timeout_s: Optional[float] = None) -> Optional[RingRecord]:
+        rec = RingRecord()
+        t = 2**64 - 1 if timeout_s is None else int(timeout_s * 1e6)
+        r = self._lib.epd_ring_next(self._r, ctypes.byref(rec), t)
+        if r == -_errno.EAGAIN:
+            return None
+        self._client._check(r, "ring: next")
+        return rec
+
+    def close(self):
+        if self._r:
+            self._lib.epd_ring_close(self._r)
+            self._r = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Handoff:
+    """The prefill side of one handoff."""
+
+    def __init__(self, client, path: str, token: int, request_id: str):
+        self._client, self._lib = client, _lib_handoffs()
+        self.path, self.token, self.request_id = path, token, request_id
+
+    @classmethod
+    def prepare(cls, client, request_id: str, destination: str, sequence: str, layer_groups: Seq[int],
+                arena: Optional[str] = None, target: Optional[str] = None, timeout_s: float = 0) -> "Handoff":
+        lib = _lib_handoffs()
+        groups = (ctypes.c_uint32 * len(layer_groups))(*layer_groups)
+        opts = _Options(arena.encode() if arena else None, target.encode() if target else None,
+                        int(timeout_s * 1e6))
+        path, token = ctypes.c_void_p(), ctypes.c_uint64()
+        client._check(lib.epd_handoff_prepare(client._c, request_id.encode(), destination.encode(),
+                                              sequence.encode(), groups, len(layer_groups), ctypes.byref(opts),
+                                              ctypes.byref(path), ctypes.byref(token)),
+                      f"prepare handoff {request_id}")
+        return cls(client, _take_string(lib, path), token.value, request_id)
+
+    def layer_group_ready(self, group: int, ring: Optional[Ring] = None):
+        """Group computed: ship it now (through the ring when given: no bus round trip)."""
+        if ring is not None:
+            ring.layer_group_ready(self.request_id, self.token, group)
+        else:
+            self._client._check(self._lib.epd_handoff_layer_group_ready(self._client._c, self.path.encode(), group),
+                                f"layer group {group} ready")
+
+    def status(self) -> dict:
+        st = _Status()
+        self._client._check(self._lib.epd_handoff_get(self._client._c, self.path.encode(), ctypes.byref(st)),
+                            "handoff status")
+        return {"state": st.state.decode(), "cause": st.cause.decode(), "groups_done": st.groups_done,
+                "n_groups": st.n_groups, "bytes": st.bytes}
+
+    def rollback(self):
+        self._client._check(self._lib.epd_handoff_rollback(self._client._c, self.path.encode()), "rollback")
+
+    def release(self):
+        self._client._check(self._lib.epd_handoff_release(self._client._c, self.path.encode()), "release handoff")
+
+
+class Accepted:
+    """The decode side of one handoff: where the KV lands, and its progress."""
+
+    def __init__(self, client, a: _Accepted, request_id: str):
+        self._client, self._lib = client, _lib_handoffs()
+        self.request_id = request_id
+        self.path = a.path.decode()
+        self.token = a.token
+        self.arena = a.arena.decode()
+        self.offsets: List[int] = [a.offsets[i] for i in range(a.n_pages)]
+        self.n_groups = a.n_groups
+        self.groups_done = a.groups_done
+
+    @classmethod
+    def accept(cls, client, request_id: str) -> "Accepted":
+        lib, a = _lib_handoffs(), _Accepted()
+        client._check(lib.epd_handoff_accept(client._c, request_id.encode(), ctypes.byref(a)),
+                      f"accept handoff {request_id}")
+        try:
+            return cls(client, a, request_id)
+        finally:
+            lib.epd_handoff_accepted_done(ctypes.byref(a))
+
+    def status(self) -> dict:
+        st = _Status()
+        self._client._check(self._lib.epd_handoff_get(self._client._c, self.path.encode(), ctypes.byref(st)),
+                            "handoff status")
+        self.groups_done = st.groups_done
+        return {"state": st.state.decode(), "cause": st.cause.decode(), "groups_done": st.groups_done,
+                "n_groups": st.n_groups, "bytes": st.bytes}
+
+    def wait_groups(self, n: int, ring: Optional[Ring] = None, timeout_s: float = 30.0) -> int:
+        """Blocks until groups [0, n) have landed; progress records from the ring, or the
+        handoff's state when there is no ring. Raises EpdError on rollback or timeout."""
+        from . import EpdError
+        deadline = time.monotonic() + timeout_s
+        while self.groups_done < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EpdError(_errno.ETIMEDOUT, "org.epd1.Error.Timeout", f"groups {self.groups_done}/{n}",
+                               "wait for layer groups")
+            if ring is not None:
+                rec = ring.next(min(left, 1.0))
+                if rec is None:
+                    continue
+                if rec.token != self.token:
+                    continue
+                if rec.opcode == RING_EV_GROUP_PROGRESS:
+                    self.groups_done = max(self.groups_done, rec.count)
+                elif rec.opcode == RING_EV_HANDOFF_STATE and rec.arg0 == HANDOFF_STATE_ROLLED_BACK:
+                    raise EpdError(_errno.ECANCELED, None, f"the handoff was rolled back (cause {rec.arg1})",
+                                   "wait for layer groups")
+            else:
+                st = self.status()
+                if st["state"] in ("rolled-back", "released"):
+                    raise EpdError(_errno.ECANCELED, None, f"handoff {st['state']} ({st['cause']})",
+                                   "wait for layer groups")
+                if self.groups_done < n:
+                    time.sleep(0.0005)
+        return self.groups_done
+
+    def commit(self) -> str:
+        p = ctypes.c_void_p()
+        self._client._check(self._lib.epd_handoff_commit(self._client._c, self.path.encode(), ctypes.byref(p)),
+                            "commit handoff")
+        return _take_string(self._lib, p)
+
+    def rollback(self):
+        self._client._check(self._lib.epd_handoff_rollback(self._client._c, self.path.encode()), "rollback")
+
+    def release(self):
+        self._client._check(self._lib.epd_handoff_release(self._client._c, self.path.encode()), "release handoff")
