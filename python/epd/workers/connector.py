@@ -193,12 +193,14 @@ class EpdKvSink:
                                        target=target)
         self.bytes_written = 0
         self.groups_sent = 0
+        self.seconds = 0.0  # time spent in this sink: device-to-host copies, page writes, notices
 
     def _page(self, i: int) -> memoryview:
         off = self._base + self.pages[i] * self.layout.page_size
         return self._arena_buf[off: off + self.layout.page_size]
 
     def layer(self, layer_idx: int, k, v) -> None:
+        t_start = time.perf_counter()
         L, T = self.layout, self.layout.tokens_per_block
         # (1, H, S, D) -> (S, H, D) row-major on the host: one device-to-host copy per tensor.
         if _is_torch(k):
@@ -217,6 +219,7 @@ class EpdKvSink:
         if layer_idx in self.group_last:
             self.handoff.layer_group_ready(self.group_last.index(layer_idx), self.ring)
             self.groups_sent += 1
+        self.seconds += time.perf_counter() - t_start
 
     def done(self) -> None:
         # Leases keep the pages alive until the transfer completes; the decode side's

@@ -181,7 +181,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 pending.append(sink)
                 conn.send(("ok", {"first": first, "delta": delta, "prompt_len": plen,
                                   "fetch_s": t1 - t0, "t": time.perf_counter() - t0,
-                                  "kv_bytes": sink.bytes_written}))
+                                  "sink_s": sink.seconds, "kv_bytes": sink.bytes_written}))
                 # Release the handoffs the decode side has finished with.
                 still = []
                 for s in pending:

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: LGPL-2.1-or-later
+# On a GPU machine: builds epd, starts epdd, runs the token-exact check (small Qwen3-VL:
+# Encoder, Prefill and Decode processes through epdd vs Hugging Face generate in one
+# process), then the benchmark (8B-class Qwen3-VL, random weights) against the
+# colocated baseline, and prints the table last. Results: $OUT (or build-e2e/out).
+#
+#   bench/e2e/run-device.sh [REQUESTS]
+#
+# Needs: a CUDA GPU, python3 with torch and transformers (Qwen3VLForConditionalGeneration),
+# meson + ninja, libsystemd (headers from EPD_DEVICE_SYSROOT when the machine has none:
+# see docs/gpu.md).
+set -u
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+REQUESTS=${1:-16}
+OUTDIR=${OUT:-$ROOT/build-e2e/out}
+mkdir -p "$OUTDIR"
+if command -v meson >/dev/null; then MESON=(meson); else MESON=(python3 -m mesonbuild.mesonmain); fi
+SYSROOT=${EPD_DEVICE_SYSROOT:-$ROOT/.device/sysroot}
+if ! pkg-config --exists libsystemd && [ -d "$SYSROOT/lib/pkgconfig" ]; then
+        lib=$(ldconfig -p | awk '/libsystemd\.so\.0 .*x86-64/ {print $NF; exit}')
+        [ -n "$lib" ] && ln -sf "$lib" "$SYSROOT/lib/libsystemd.so"
+        export PKG_CONFIG_PATH=$SYSROOT/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+fi
+B=build-e2e
+t0=$(date +%s)
+if [ ! -f $B/build.ninja ]; then
+        "${MESON[@]}" setup $B -Dbuildtype=release -Dbpf=disabled -Dtests=disabled -Dtui=disabled \
+                >"$OUTDIR/build.log" 2>&1 || { tail -30 "$OUTDIR/build.log"; exit 1; }
+fi
+ninja -C $B daemon/epdd tools/epdctl client/libepd.so.0.1.0 >>"$OUTDIR/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$OUTDIR/build.log" | head -40; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+
+D=/tmp/epd-e2e
+rm -rf $D; mkdir -p $D
+cat >$D/epd.conf <<CONF
+[Daemon]
+Socket=$D/bus
+SystemBus=no
+HostId=gpu-host
+StateDirectory=$D/state
+[Arena:host0]
+Usage=kv
+Size=4G
+[Arena:feat0]
+Usage=feature
+Size=2G
+PageSize=64K
+[Features]
+CacheSize=1G
+CONF
+$B/daemon/epdd --config=$D/epd.conf 2>"$OUTDIR/epdd.log" &
+EPDD=$!
+trap 'kill -TERM $EPDD 2>/dev/null; wait $EPDD 2>/dev/null' EXIT
+for _ in $(seq 200); do [ -S $D/bus ] && break; sleep 0.05; done
+export EPD_LIBRARY=$ROOT/$B/client/libepd.so
+ARGS=(--address direct:$D/bus --epdctl $ROOT/$B/tools/epdctl)
+
+echo "== token-exact check (small config)"
+timeout 200 python3 bench/e2e/e2e.py "${ARGS[@]}" --check small --requests 6 --max-new 16 --concurrency 3 \
+        --json "$OUTDIR/check.json" 2>&1 | grep -vE "Warning|warn\(" | tee "$OUTDIR/check.log" | tail -12
+check_rc=${PIPESTATUS[0]}
+echo "== benchmark (8B-class config)"
+timeout 300 python3 bench/e2e/e2e.py "${ARGS[@]}" --bench 8b --requests "$REQUESTS" --warmup 4 --images 4 \
+        --max-new 32 --concurrency 4 --json "$OUTDIR/bench.json" 2>&1 | grep -vE "Warning|warn\(" \
+        | tee "$OUTDIR/bench.log" | tail -14
+bench_rc=${PIPESTATUS[0]}
+$B/tools/epdctl -A direct:$D/bus features >"$OUTDIR/features.txt" 2>&1
+kill -TERM $EPDD; wait $EPDD; epdd_rc=$?
+trap - EXIT
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+echo "check rc=$check_rc bench rc=$bench_rc epdd exit=$epdd_rc total $(( $(date +%s) - t0 )) s"
