@@ -258,6 +258,7 @@ static const ConfigItem items[] = {
         { "Peer", "HostId", p_host_id, P(host_id) },
         { "Features", "CacheSize", p_size, C(feature_cache_bytes) },
         { "Features", "StoreDirectory", p_path, C(feature_store_dir) },
+        { "Features", "StoreMaxSize", p_size, C(feature_store_max_bytes) },
         { "Telemetry", "BPF", p_telemetry, C(telemetry) },
         { "Telemetry", "PinDirectory", p_telemetry, C(telemetry) },
         { "Telemetry", "SampleInterval", p_telemetry, C(telemetry) },
@@ -332,6 +333,7 @@ int config_defaults(Config *c) {
                 .heartbeat_usec = 2 * USEC_PER_SEC,
                 .handoff_timeout_usec = 30 * USEC_PER_SEC,
                 .feature_cache_bytes = 48ULL << 20,
+                .feature_store_max_bytes = 1ULL << 30,
         };
         if (!(c->socket_path = strdup(EPD_SOCKET_PATH)) || !(c->state_dir = strdup(EPD_STATE_DIR)))
                 return -ENOMEM;

@@ -50,6 +50,7 @@ typedef struct Config {
         /* [Features] */
         uint64_t feature_cache_bytes;
         char *feature_store_dir;
+        uint64_t feature_store_max_bytes; /* 0: no limit */
 
         /* [Telemetry] and [Backpressure] (docs/telemetry.md) */
         TelemetryConfig telemetry;

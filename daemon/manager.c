@@ -23,16 +23,17 @@
 #include "parse-util.h"
 #include "worker.h"
 
-/* Subsystems, in start order (stopped in reverse). Each defines its Subsystem in its
- * own file; add one extern and one table entry per subsystem, each on its own line. */
-/* -- subsystem declarations -- */
-extern const Subsystem pages_subsystem;
-extern const Subsystem telemetry_subsystem;
+/* Subsystems, in start order (stopped in reverse): daemon/subsystem-list.h names
+ * them, one SUBSYSTEM(name) line each; each defines `const Subsystem name_subsystem`
+ * in its own file. */
+#define SUBSYSTEM(n) extern const Subsystem n##_subsystem;
+#include "subsystem-list.h"
+#undef SUBSYSTEM
 
 static const Subsystem *const subsystems[] = {
-        /* -- subsystem table -- */
-        &pages_subsystem,
-        &telemetry_subsystem,
+#define SUBSYSTEM(n) &n##_subsystem,
+#include "subsystem-list.h"
+#undef SUBSYSTEM
         NULL,
 };
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-/* epdctl trace REQUEST_ID, epdctl peers. */
+/* epdctl trace REQUEST_ID, epdctl paths. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -78,11 +78,11 @@ int verb_trace(epd_client *c, int argc, char **argv) {
         return 0;
 }
 
-int verb_peers(epd_client *c, int argc, char **argv) {
+int verb_paths(epd_client *c, int argc, char **argv) {
         sd_bus_message *reply = NULL;
         int r = epd__call(c, "/org/epd1/telemetry", "org.epd1.Telemetry", "GetPeers", &reply, NULL);
         if (r < 0)
-                return epdctl_fail(c, r, "peers");
+                return epdctl_fail(c, r, "paths");
         r = sd_bus_message_enter_container(reply, 'a', "(sa{sv})");
         if (!arg_json)
                 printf("%-20s %5s %9s %9s %12s %9s %-9s %s\n", "PEER", "CONNS", "SRTT", "MIN_RTT",

@@ -176,9 +176,11 @@ const EpdctlVerb epdctl_verbs[] = {
         { "arenas", NULL, "Memory arenas", verb_arenas },
         { "pages", NULL, "KV page pools per arena and the block directory", verb_pages },
         { "sequences", NULL, "KV sequences: owner, arena, pages, sharing", verb_sequences },
+        { "features", NULL, "Feature cache: hits, misses, coalesced waits, bytes, evictions", verb_features },
         { "trace", "trace REQUEST_ID", "One request's path with timings, encode to decode", verb_trace },
-        { "peers", NULL, "Peer paths: RTT, retransmits, backpressure", verb_peers },
+        { "paths", NULL, "Peer paths as the kernel sees them: RTT, retransmits, backpressure", verb_paths },
         /* -- more verbs -- */
+        { "peers", NULL, "Peer hosts: state, streams, and the path to each with its reason", verb_peers },
         {},
 };
 

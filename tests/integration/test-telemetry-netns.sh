@@ -7,7 +7,7 @@
 #  3. a tbf-shaped link builds a queue and the RTT inflation shows up;
 #  4. a cut link drives the level to its maximum (stalled);
 #  5. the same through epdd: a socket handed over with TrackSocket shows up in
-#     `epdctl peers`, and a cut link makes epdd emit the Backpressure D-Bus signal.
+#     `epdctl paths`, and a cut link makes epdd emit the Backpressure D-Bus signal.
 set -u
 HELPER=${1:?usage: $0 PATH/TO/telemetry-helper PATH/TO/epdd PATH/TO/epdctl}
 EPDD=${2:-}
@@ -151,7 +151,7 @@ CONF
         [ -S $TMP/bus ] || { cat $TMP/epdd.log; fail "epdd did not start"; }
         grep -q "Kernel telemetry loaded" $TMP/epdd.log || { cat $TMP/epdd.log; fail "epdd did not load telemetry"; }
         ( sleep 1.5
-          "$EPDCTL" -A direct:$TMP/bus --json peers > $TMP/peers.json 2>&1
+          "$EPDCTL" -A direct:$TMP/bus --json paths > $TMP/peers.json 2>&1
           ip netns exec $NS_B nft -f - <<NFT || echo "FAIL: nft cut"
 table inet epdcut {
         chain in {
@@ -167,13 +167,13 @@ NFT
         ip netns exec $NS_B nft delete table inet epdcut
         echo "daemon: $(summary daemon)"
         jq -e 'length == 1 and .[0].peer == "peerB" and .[0].connections == 1 and .[0].bytes_acked > 1000000 and .[0].srtt_us > 0' \
-                $TMP/peers.json > /dev/null || { cat $TMP/peers.json; fail "epdctl peers: expected peerB with traffic"; }
+                $TMP/peers.json > /dev/null || { cat $TMP/peers.json; fail "epdctl paths: expected peerB with traffic"; }
         grep -q '"source":"dbus".*"level":"stalled"' $TMP/daemon.jsonl || \
                 { cat $TMP/daemon.jsonl; cat $TMP/epdd.log; fail "no Backpressure stalled signal from epdd"; }
         check daemon '.max_level == "stalled"' "epdd's signals did not reach the maximum"
         grep -q "Backpressure towards peerB: stalled" $TMP/epdd.log || fail "epdd did not log the stall"
         # The client untracked its socket (and disconnected): nothing is left tracked.
-        "$EPDCTL" -A direct:$TMP/bus --json peers | jq -e '.[0].connections == 0' > /dev/null || \
+        "$EPDCTL" -A direct:$TMP/bus --json paths | jq -e '.[0].connections == 0' > /dev/null || \
                 fail "socket still tracked after UntrackSocket"
         kill $EPDD_PID; wait $EPDD_PID; EPDD_PID=
 fi

@@ -120,6 +120,25 @@ int epd_sequence_get_page_size(epd_client *c, const char *path, uint64_t *ret);
 const char *epd_last_error_name(const epd_client *c);
 const char *epd_last_error_message(const epd_client *c);
 
+/* Peers (org.epd1.Peer): the other hosts this daemon talks to. */
+typedef struct epd_peer {
+        char *name;
+        char *host_id;
+        char *address;
+        char *state;          /* "down", "connecting", "authenticating", "up" */
+        char *transport;      /* "tcp" (or "rdma") */
+        char *interface;      /* the interface that routes to it, "" if none */
+        char *path_reason;    /* why that path */
+        uint32_t streams;     /* data streams up */
+        uint64_t last_frame_usec_ago; /* UINT64_MAX when down */
+        uint64_t connects, disconnects;
+        char *last_error;
+} epd_peer;
+
+/* Lists the configured peers; free the array with epd_peers_free(). */
+int epd_list_peers(epd_client *c, epd_peer **ret, size_t *n);
+void epd_peers_free(epd_peer *peers, size_t n);
+
 #ifdef __cplusplus
 }
 #endif
