@@ -481,6 +481,7 @@ static void peer_fill(const Telemetry *t, const TelemetryPeer *p, TelemetryPeerS
         *ret = (TelemetryPeerStats){
                 .name = p->name,
                 .kernel = t->bpf && p->path.n_conns > 0,
+                .tracked = p->n_conns,
                 .path = p->path,
                 .level = p->bp.level,
                 .reason = p->bp.reason,

@@ -31,6 +31,8 @@ typedef void (*TelemetryBackpressureFn)(Telemetry *t, const char *peer, Backpres
 typedef struct TelemetryPeerStats {
         const char *name;
         bool kernel;                  /* the kernel fields are valid (BPF loaded) */
+        unsigned tracked;             /* connections tracked (path.n_conns: those the
+                                       * kernel has reported on yet) */
         TelemetryPathStats path;
         BackpressureLevel level;
         BackpressureReason reason;
