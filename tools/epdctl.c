@@ -169,6 +169,8 @@ static int verb_arenas(epd_client *c, int argc, char **argv) {
         return r < 0 ? r : 0;
 }
 
+int verb_handoffs(epd_client *c, int argc, char **argv); /* epdctl-handoff.c */
+
 /* -- verb table: subsystems add their verbs in their own files (epdctl.h) -- */
 const EpdctlVerb epdctl_verbs[] = {
         { "status", NULL, "Daemon version, host, clients, workers, arenas", verb_status },
@@ -177,6 +179,7 @@ const EpdctlVerb epdctl_verbs[] = {
         { "pages", NULL, "KV page pools per arena and the block directory", verb_pages },
         { "sequences", NULL, "KV sequences: owner, arena, pages, sharing", verb_sequences },
         { "features", NULL, "Feature cache: hits, misses, coalesced waits, bytes, evictions", verb_features },
+        { "handoffs", NULL, "Handoffs in flight and their counters", verb_handoffs },
         { "trace", "trace REQUEST_ID", "One request's path with timings, encode to decode", verb_trace },
         { "paths", NULL, "Peer paths as the kernel sees them: RTT, retransmits, backpressure", verb_paths },
         /* -- more verbs -- */
