@@ -45,7 +45,7 @@ static int method_list_peers(sd_bus_message *msg, void *userdata, sd_bus_error *
         r = sd_bus_message_new_method_return(msg, &reply);
         if (r < 0)
                 return r;
-        r = sd_bus_message_open_container(reply, 'a', PEER_STRUCT + 0);
+        r = sd_bus_message_open_container(reply, 'a', PEER_STRUCT);
         if (r < 0)
                 return r;
         for (size_t i = 0; (p = peer_manager_peer(m->peers, i)); i++) {

@@ -221,6 +221,18 @@ static int p_telemetry(ParseState *s, const char *key, const char *value, void *
         return 0;
 }
 
+static int p_wal_sync(ParseState *s, const char *key, const char *value, void *dst) {
+        /* The values of WalSyncPolicy (wal.h): always, batch, none. */
+        static const char *const names[] = { "always", "batch", "none" };
+        for (size_t i = 0; i < ELEMENTSOF(names); i++)
+                if (strcmp(value, names[i]) == 0) {
+                        *(int *)dst = (int)i;
+                        return 0;
+                }
+        perr(s, "%s=%s: expected always, batch or none", key, value);
+        return -EINVAL;
+}
+
 typedef struct ConfigItem {
         const char *section; /* "Arena" and "Peer" take a name: [Arena:NAME] */
         const char *key;
@@ -285,11 +297,13 @@ static const ConfigItem items[] = {
         { "Backpressure", "StallTimeout", p_telemetry, C(telemetry) },
         { "Backpressure", "Hold", p_telemetry, C(telemetry) },
         { "Backpressure", "Release", p_telemetry, C(telemetry) },
+        { "Wal", "Sync", p_wal_sync, C(wal_sync) },
+        { "Wal", "CompactSize", p_size, C(wal_compact_bytes) },
 };
 
 static const char *const named_sections[] = { "Arena", "Peer" };
 static const char *const plain_sections[] = { "Daemon", "Limits", "Cluster", "Features",
-                                               "Telemetry", "Backpressure" };
+                                               "Telemetry", "Backpressure", "Wal" };
 
 static void arena_config_done(ArenaConfig *a) {
         free(a->name);
@@ -335,6 +349,8 @@ int config_defaults(Config *c) {
                 .handoff_timeout_usec = 30 * USEC_PER_SEC,
                 .feature_cache_bytes = 48ULL << 20,
                 .feature_store_max_bytes = 1ULL << 30,
+                .wal_sync = 1, /* batch: group commit */
+                .wal_compact_bytes = 64ULL << 20,
         };
         if (!(c->socket_path = strdup(EPD_SOCKET_PATH)) || !(c->state_dir = strdup(EPD_STATE_DIR)))
                 return -ENOMEM;

@@ -55,6 +55,10 @@ typedef struct Config {
         /* [Telemetry] and [Backpressure] (docs/telemetry.md) */
         TelemetryConfig telemetry;
 
+        /* [Wal] (docs/wal.md) */
+        int wal_sync;            /* WalSyncPolicy: always, batch (default), none */
+        uint64_t wal_compact_bytes; /* compact when the log grows past this */
+
         /* Subsystem-private sections live beside the core: see config.c. */
 } Config;
 

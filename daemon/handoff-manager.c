@@ -990,10 +990,14 @@ static HandoffObject *find_for_message(HandoffManager *hm, Peer *p, HandoffRole 
         return o;
 }
 
+/* The peer callbacks get the Manager, not the HandoffManager: at shutdown this subsystem
+ * stops before the peer manager does, which may still call them. */
 static int on_peer_message(Peer *p, uint16_t type, const void *payload, size_t len, void *userdata) {
-        HandoffManager *hm = userdata;
+        HandoffManager *hm = ((Manager *)userdata)->handoffs;
         HandoffMessage in;
         HandoffObject *o;
+        if (!hm)
+                return 0;
         int r = handoff_message_decode(type, payload, len, &in);
         if (r < 0)
                 return log_debug_errno(r, "handoff: bad %s message from %s: %m",
@@ -1061,8 +1065,8 @@ static int on_peer_message(Peer *p, uint16_t type, const void *payload, size_t l
 }
 
 static void on_peer_state(Peer *p, bool up, void *userdata) {
-        HandoffManager *hm = userdata;
-        if (up)
+        HandoffManager *hm = ((Manager *)userdata)->handoffs;
+        if (up || !hm)
                 return;
         /* Everything in flight with this peer rolls back, on this side now; the other
          * side does the same when it notices (heartbeats), within the same bound. */
@@ -1086,8 +1090,10 @@ static void on_peer_state(Peer *p, bool up, void *userdata) {
 
 static int on_incoming_validate(Peer *p, uint32_t region, uint64_t offset, uint64_t length, uint64_t cookie,
                                 void *userdata) {
-        HandoffManager *hm = userdata;
-        Manager *m = hm->manager;
+        Manager *m = userdata;
+        HandoffManager *hm = m->handoffs;
+        if (!hm)
+                return -ESHUTDOWN;
         if (region >= m->n_arenas || !m->arenas[region]->pages)
                 return -ENOENT;
         Arena *a = m->arenas[region];
@@ -1128,7 +1134,9 @@ static int on_incoming_validate(Peer *p, uint32_t region, uint64_t offset, uint6
 }
 
 static void on_incoming_done(Peer *p, uint64_t cookie, int error, void *userdata) {
-        HandoffManager *hm = userdata;
+        HandoffManager *hm = ((Manager *)userdata)->handoffs;
+        if (!hm)
+                return;
         InKey key = { .peer = p, .cookie = cookie };
         InWrite *w = hashmap_remove(hm->incoming, &key);
         if (!w)
@@ -1415,16 +1423,16 @@ static int attach_peer(sd_event_source *s, void *userdata) {
         hm->attach = sd_event_source_disable_unref(hm->attach);
         if (!m->peers || hm->peer_attached)
                 return 0;
-        int r = peer_manager_register_handler(m->peers, HANDOFF_MSG_FIRST, HANDOFF_MSG_LAST, on_peer_message, hm);
+        int r = peer_manager_register_handler(m->peers, HANDOFF_MSG_FIRST, HANDOFF_MSG_LAST, on_peer_message, m);
         if (r >= 0)
-                r = peer_manager_add_state_handler(m->peers, on_peer_state, hm);
+                r = peer_manager_add_state_handler(m->peers, on_peer_state, m);
         Transport *t = peer_manager_transport(m->peers);
         if (r >= 0 && t && t->ops->completion_fd(t) >= 0)
                 r = sd_event_add_io(m->event, &hm->peer_source, t->ops->completion_fd(t), EPOLLIN, on_peer_completion, hm);
         if (r < 0)
                 return log_error_errno(r, "handoff: cannot hook into the peer manager: %m");
-        peer_manager_set_incoming_validator(m->peers, on_incoming_validate, hm);
-        peer_manager_set_incoming_done(m->peers, on_incoming_done, hm);
+        peer_manager_set_incoming_validator(m->peers, on_incoming_validate, m);
+        peer_manager_set_incoming_done(m->peers, on_incoming_done, m);
         hm->peer_attached = true;
         return 0;
 }
@@ -1477,6 +1485,11 @@ static void handoff_done(Manager *m) {
         HandoffObject *o;
         ClientRing *cr;
         size_t it;
+        if (m->peers && hm->peer_attached) {
+                /* No more incoming writes into pages that are about to go. */
+                peer_manager_set_incoming_validator(m->peers, NULL, NULL);
+                peer_manager_set_incoming_done(m->peers, NULL, NULL);
+        }
         /* Clients are gone by now: what is left has no owner. Roll everything back; the
          * transports are stopped below, so nothing lands later. */
         if (hm->local) {

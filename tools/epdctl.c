@@ -182,8 +182,11 @@ const EpdctlVerb epdctl_verbs[] = {
         { "handoffs", NULL, "Handoffs in flight and their counters", verb_handoffs },
         { "trace", "trace REQUEST_ID", "One request's path with timings, encode to decode", verb_trace },
         { "paths", NULL, "Peer paths as the kernel sees them: RTT, retransmits, backpressure", verb_paths },
+        { "scheduler", NULL, "Admission pools: queues, rates, rho, verdicts and their reasons", verb_scheduler },
+        { "journal", NULL, "The WAL (sync policy, LSNs, size) and the number of workflows", verb_journal },
         /* -- more verbs -- */
         { "peers", NULL, "Peer hosts: state, streams, and the path to each with its reason", verb_peers },
+        { "gpus", NULL, "GPUs of the GPU domain and their peer access", verb_gpus },
         {},
 };
 

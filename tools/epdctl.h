@@ -31,3 +31,6 @@ int verb_features(epd_client *c, int argc, char **argv); /* epdctl-feature.c */
 int verb_peers(epd_client *c, int argc, char **argv);
 int verb_trace(epd_client *c, int argc, char **argv); /* epdctl-telemetry.c */
 int verb_paths(epd_client *c, int argc, char **argv); /* epdctl-telemetry.c */
+int verb_scheduler(epd_client *c, int argc, char **argv); /* epdctl-scheduler.c */
+int verb_journal(epd_client *c, int argc, char **argv);   /* epdctl-scheduler.c */
+int verb_gpus(epd_client *c, int argc, char **argv); /* epdctl-gpu.c */

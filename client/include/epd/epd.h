@@ -117,6 +117,57 @@ int epd_sequence_release(epd_client *c, const char *path);
 int epd_sequence_get_pages(epd_client *c, const char *path, uint32_t **ret_pages, size_t *ret_n_pages);
 int epd_sequence_get_page_size(epd_client *c, const char *path, uint64_t *ret);
 
+/* -- admission (org.epd1.Scheduler; docs/scheduler.md) --
+ * Admit a request of a task type ("thinking", "interactive", "hybrid") with a deadline
+ * relative to now (0: the pool's default). The answer says admit (with the workers to
+ * use, as object paths; "" for a stage not used), defer (come back after
+ * retry_after_usec) or reject, and why. Each worker reports each stage it finished
+ * with epd_complete() ("encode", "prefill", "decode"); the decode stage, or ok=false,
+ * ends the request. */
+typedef enum epd_verdict { EPD_ADMIT, EPD_DEFER, EPD_REJECT } epd_verdict;
+
+typedef struct epd_admission {
+        epd_verdict verdict;
+        char reason[32];
+        uint64_t retry_after_usec;
+        uint64_t predicted_usec;
+        int priority;            /* serve waiting requests by it, FIFO within it */
+        char encoder[96], prefill[96], decode[96];
+} epd_admission;
+
+int epd_admit(epd_client *c, const char *request_id, const char *task_type, uint64_t deadline_usec,
+              uint64_t pages_needed, bool multimodal, epd_admission *ret);
+int epd_complete(epd_client *c, const char *request_id, const char *stage, uint64_t service_usec, bool ok);
+/* This worker's capacity for the scheduler: requests it runs at once, its queue bound
+ * (0: 4 x slots), and (decode) its free KV pages. */
+int epd_configure_worker(epd_client *c, uint32_t slots, uint32_t queue_limit, uint64_t free_pages);
+
+/* -- agent workflows (org.epd1.Workflow; docs/scheduler.md#workflows) --
+ * A workflow (named by a 32-hex-digit id) holds branches; each branch's head is a
+ * sequence (object path). Strings returned are the caller's to free(). Every call is in
+ * the daemon's WAL before it returns; after an epdd restart, epd_workflow_attach() takes
+ * a workflow back (same uid). A workflow whose sequences are not on the daemon fails
+ * with org.epd1.Error.Stale (-ESTALE). */
+typedef struct epd_segment {
+        uint32_t prev_block;  /* first block (page) of the predecessor */
+        uint32_t n_blocks;
+        uint32_t new_offset;  /* token offset in the new sequence */
+        bool aligned;         /* at a page boundary: the pages can be shared as they are */
+} epd_segment;
+
+int epd_workflow_create(epd_client *c, const char *sequence, const uint32_t *tokens, size_t n_tokens,
+                        char **ret_workflow, char **ret_head);
+int epd_workflow_fork(epd_client *c, const char *workflow, uint32_t branch, uint32_t *ret_branch, char **ret_head);
+/* The new head shares *ret_prefix_blocks pages with the predecessor; with segments,
+ * *ret_segments (malloc()ed) lists predecessor blocks found elsewhere in tokens. */
+int epd_workflow_advance(epd_client *c, const char *workflow, uint32_t branch, const uint32_t *tokens,
+                         size_t n_tokens, bool segments, char **ret_head, uint32_t *ret_prefix_blocks,
+                         epd_segment **ret_segments, size_t *ret_n_segments);
+int epd_workflow_merge(epd_client *c, const char *workflow, uint32_t from, uint32_t into);
+int epd_workflow_drop(epd_client *c, const char *workflow, uint32_t branch);
+int epd_workflow_release(epd_client *c, const char *workflow);
+int epd_workflow_attach(epd_client *c, const char *workflow);
+
 const char *epd_last_error_name(const epd_client *c);
 const char *epd_last_error_message(const epd_client *c);
 

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: LGPL-2.1-or-later
+# Builds epd on a GPU machine, runs the unit tests, the GPU device tests (also under
+# ASan+UBSan) and the GPU benchmarks, and prints a short table last.
+#
+#   bench/gpu/run-device.sh            (from anywhere; builds in build-device*/)
+#
+# Needs: a CUDA driver and GPU, nvcc, meson + ninja, libsystemd. Logs go to $OUT when
+# it is set (the device tool's output folder), else to build-device/logs.
+set -u
+export NCCL_NVLS_ENABLE=0
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+LOGS=${OUT:-$ROOT/build-device/logs}
+mkdir -p "$LOGS"
+
+# Toolchain: nvcc from PATH or the usual CUDA prefixes; meson/ninja from PATH or pip.
+for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
+        [ -x "$d/nvcc" ] && case ":$PATH:" in *":$d:"*) ;; *) PATH=$PATH:$d ;; esac
+done
+export PATH
+if command -v meson >/dev/null; then MESON=(meson); else MESON=(python3 -m mesonbuild.mesonmain); fi
+# Development files the machine may lack (it has libsystemd.so.0 but no headers, and no
+# check): a folder with include/ and lib/pkgconfig/ (libsystemd.pc, check.pc), carried
+# next to the checkout; see docs/gpu.md.
+SYSROOT=${EPD_DEVICE_SYSROOT:-$ROOT/../sysroot}
+if ! pkg-config --exists libsystemd && [ -d "$SYSROOT/lib/pkgconfig" ]; then
+        lib=$(ldconfig -p | awk '/libsystemd\.so\.0 .*x86-64/ {print $NF; exit}')
+        [ -n "$lib" ] && ln -sf "$lib" "$SYSROOT/lib/libsystemd.so"
+        export PKG_CONFIG_PATH=$SYSROOT/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+        echo "using development files from $SYSROOT (libsystemd: $lib)"
+fi
+status() { printf '%-28s %s\n' "$1" "$2" | tee -a "$LOGS/summary.txt"; }
+: >"$LOGS/summary.txt"
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv,noheader 2>&1 | tee "$LOGS/gpu.txt"
+echo "nvcc: $(command -v nvcc || echo none)"
+
+build() { # dir, extra meson args...
+        local dir=$1; shift
+        if [ ! -f "$dir/build.ninja" ]; then
+                "${MESON[@]}" setup "$dir" -Dbpf=disabled -Dcuda=enabled -Dwerror=true "$@" \
+                        >>"$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; return 1; }
+        fi
+        ninja -C "$dir" >>"$LOGS/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$LOGS/build.log" | head -40; return 1; }
+}
+
+rc=0
+t0=$(date +%s)
+if build build-device; then status build ok; else status build FAILED; exit 1; fi
+# Only the GPU targets under the sanitizers, without -Werror: this gcc may warn where
+# CI's does not, in files that are not the GPU domain's.
+if "${MESON[@]}" setup build-device-asan -Dbpf=disabled -Dcuda=enabled -Db_sanitize=address,undefined \
+        >>"$LOGS/build.log" 2>&1 || [ -f build-device-asan/build.ninja ]; then
+        if ninja -C build-device-asan bench/gpu/gpu-device-test >>"$LOGS/build.log" 2>&1; then
+                status "build (asan,ubsan)" ok
+        else
+                status "build (asan,ubsan)" FAILED
+        fi
+fi
+status "build time" "$(( $(date +%s) - t0 )) s"
+
+if ls build-device/tests/unit/test-* >/dev/null 2>&1; then
+        # Unit and integration tests (test-gpu runs epdd with a GPU arena here).
+        "${MESON[@]}" test -C build-device --suite unit --suite integration >"$LOGS/tests.log" 2>&1
+        cp build-device/meson-logs/testlog.txt "$LOGS/testlog.txt" 2>/dev/null
+        ok=$(grep -cE '^ *[0-9]+/[0-9]+ .* OK' "$LOGS/tests.log")
+        skip=$(grep -cE '^ *[0-9]+/[0-9]+ .* SKIP' "$LOGS/tests.log")
+        bad=$(grep -E '^ *[0-9]+/[0-9]+ .* (FAIL|ERROR|TIMEOUT)' "$LOGS/tests.log")
+        if [ -z "$bad" ]; then
+                status "unit+integration tests" "ok ($ok passed, $skip skipped)"
+        else
+                status "unit+integration tests" "FAILED"; echo "$bad"; rc=1
+        fi
+        grep -A3 "^test:.*test-gpu$" -m1 "$LOGS/testlog.txt" >/dev/null && \
+                sed -n '/test-gpu$/,/^====/p' "$LOGS/testlog.txt" | grep -E "shared by two|epdctl|GPU domain|^[0-9]+ +[0-9a-f]{4}:" | head
+else
+        status "unit+integration tests" "skipped: no libcheck on this machine"
+fi
+
+./build-device/bench/gpu/gpu-device-test >"$LOGS/device-test.log" 2>&1; r=$?
+cat "$LOGS/device-test.log"
+if [ $r -eq 0 ]; then status "gpu device tests" ok; else status "gpu device tests" "FAILED (rc=$r)"; rc=1; fi
+
+if [ -x build-device-asan/bench/gpu/gpu-device-test ]; then
+        # CUDA needs the shadow gap unprotected; libcuda's own allocations are not ours.
+        ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+                ./build-device-asan/bench/gpu/gpu-device-test >"$LOGS/device-test-asan.log" 2>&1; r=$?
+        if [ $r -eq 0 ]; then status "gpu device tests (asan)" ok; else status "gpu device tests (asan)" "FAILED (rc=$r)"; tail -30 "$LOGS/device-test-asan.log"; rc=1; fi
+fi
+
+./build-device/bench/gpu/gpu-bench >"$LOGS/bench.log" 2>&1; r=$?
+if [ $r -ne 0 ]; then status "gpu bench" "FAILED (rc=$r)"; tail -30 "$LOGS/bench.log"; rc=1; fi
+
+echo
+echo "== summary =="
+cat "$LOGS/summary.txt"
+grep '^RESULT' "$LOGS/device-test.log" || true
+echo
+echo "== benchmarks ($(head -1 "$LOGS/gpu.txt")) =="
+sed -n '/^| benchmark/,$p' "$LOGS/bench.log"
+exit $rc

@@ -1,0 +1,194 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "epd-internal.h"
+#include "epd/epd-gpu.h"
+#include "system.h"
+#include "vmm.h"
+
+struct EpdGpu {
+        GpuSystem *system;
+        unsigned n_mappings;
+        bool closing;
+};
+
+struct EpdGpuMapping {
+        EpdGpu *gpu;
+        GpuArena *arena;
+};
+
+static void epd_gpu_free(EpdGpu *g) {
+        gpu_system_unref(g->system);
+        free(g);
+}
+
+int epd_gpu_open(EpdGpu **ret) {
+        EpdGpu *g;
+        int r;
+
+        if (!ret)
+                return -EINVAL;
+        g = calloc(1, sizeof *g);
+        if (!g)
+                return -ENOMEM;
+        r = gpu_system_open(secure_getenv("EPD_LIBCUDA"), &g->system);
+        if (r < 0) {
+                free(g);
+                return r;
+        }
+        *ret = g;
+        return 0;
+}
+
+/* The handle lives until its last mapping is gone, so that unmapping after close is
+ * safe. */
+EpdGpu *epd_gpu_close(EpdGpu *g) {
+        if (!g)
+                return NULL;
+        g->closing = true;
+        if (g->n_mappings == 0)
+                epd_gpu_free(g);
+        return NULL;
+}
+
+const char *epd_gpu_strerror(int error) {
+        return cuda_absence_to_string(error);
+}
+
+int epd_gpu_ordinal_from_pci_bus_id(EpdGpu *g, const char *pci_bus_id) {
+        if (!g || !pci_bus_id)
+                return -EINVAL;
+        for (size_t i = 0; i < g->system->n_devices; i++)
+                if (strcasecmp(g->system->devices[i].pci_bus_id, pci_bus_id) == 0)
+                        return (int)i;
+        return -ENODEV;
+}
+
+int epd_gpu_map(EpdGpu *g, int fd, uint64_t size, int ordinal, EpdGpuMapping **ret) {
+        EpdGpuMapping *m;
+        int r;
+
+        if (!g || g->closing || !ret)
+                return -EINVAL;
+        m = calloc(1, sizeof *m);
+        if (!m)
+                return -ENOMEM;
+        r = gpu_arena_import(g->system, ordinal, fd, size, &m->arena);
+        if (r < 0) {
+                free(m);
+                return r;
+        }
+        m->gpu = g;
+        g->n_mappings++;
+        *ret = m;
+        return 0;
+}
+
+uint64_t epd_gpu_mapping_device_pointer(const EpdGpuMapping *m) {
+        return m ? m->arena->base : 0;
+}
+
+uint64_t epd_gpu_mapping_size(const EpdGpuMapping *m) {
+        return m ? m->arena->size : 0;
+}
+
+EpdGpuMapping *epd_gpu_unmap(EpdGpuMapping *m) {
+        EpdGpu *g;
+
+        if (!m)
+                return NULL;
+        g = m->gpu;
+        gpu_arena_unref(m->arena);
+        free(m);
+        if (--g->n_mappings == 0 && g->closing)
+                epd_gpu_free(g);
+        return NULL;
+}
+
+int epd_gpu_export(EpdGpu *g, uint64_t device_pointer, int *ret_fd) {
+        if (!g || !ret_fd || device_pointer == 0)
+                return -EINVAL;
+        return gpu_export_allocation(g->system, device_pointer, ret_fd);
+}
+
+int epd_gpu_daemon_pci_bus_id(epd_client *c, uint32_t daemon_ordinal, char *buf, size_t n) {
+        sd_bus_message *reply = NULL;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        const char *pci, *name;
+        uint32_t ordinal;
+        int vmm, fd, gdr, r;
+        uint64_t mem;
+
+        if (!c || !buf || n == 0)
+                return -EINVAL;
+        epd__clear_error(c);
+        r = sd_bus_get_property(c->bus, EPD_DESTINATION(c), "/org/epd1", "org.epd1.Gpu", "Gpus",
+                                &e, &reply, "a(ussbbbt)");
+        if (r < 0) {
+                r = epd__error(c, r, &e);
+                sd_bus_error_free(&e);
+                return r;
+        }
+        r = sd_bus_message_enter_container(reply, 'a', "(ussbbbt)");
+        while (r >= 0 && (r = sd_bus_message_read(reply, "(ussbbbt)", &ordinal, &pci, &name, &vmm,
+                                                   &fd, &gdr, &mem)) > 0)
+                if (ordinal == daemon_ordinal) {
+                        snprintf(buf, n, "%s", pci);
+                        sd_bus_message_unref(reply);
+                        return 0;
+                }
+        sd_bus_message_unref(reply);
+        return r < 0 ? r : -ENODEV;
+}
+
+int epd_gpu_arena_map(epd_client *c, EpdGpu *g, size_t i, EpdGpuMapping **ret) {
+        const epd_arena *a = epd_arena_get(c, i);
+        char pci[64];
+        int r, ordinal;
+
+        if (!a || !g || !ret)
+                return -EINVAL;
+        if (strcmp(a->domain, "gpu") != 0 || a->gpu < 0)
+                return -EOPNOTSUPP; /* host arenas: epd_arena_map() */
+        r = epd_gpu_daemon_pci_bus_id(c, (uint32_t)a->gpu, pci, sizeof pci);
+        if (r < 0)
+                return r;
+        ordinal = epd_gpu_ordinal_from_pci_bus_id(g, pci);
+        if (ordinal < 0)
+                return ordinal; /* this process cannot see that GPU */
+        return epd_gpu_map(g, a->fd, a->size, ordinal, ret);
+}
+
+int epd_gpu_register_memory(epd_client *c, EpdGpu *g, int ordinal, uint64_t device_pointer,
+                            uint64_t size, uint32_t *ret_region) {
+        sd_bus_message *reply = NULL;
+        uint32_t region;
+        int fd, r;
+
+        if (!c || !g || !ret_region || ordinal < 0 || (size_t)ordinal >= g->system->n_devices)
+                return -EINVAL;
+        r = epd_gpu_export(g, device_pointer, &fd);
+        if (r < 0)
+                return r;
+        r = epd__call(c, "/org/epd1", "org.epd1.Gpu", "RegisterMemory", &reply, "hts", fd, size,
+                      g->system->devices[ordinal].pci_bus_id);
+        close(fd); /* sd-bus sent its own duplicate */
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "u", &region);
+        sd_bus_message_unref(reply);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        *ret_region = region;
+        return 0;
+}
+
+int epd_gpu_release_memory(epd_client *c, uint32_t region) {
+        if (!c)
+                return -EINVAL;
+        return epd__call(c, "/org/epd1", "org.epd1.Gpu", "ReleaseMemory", NULL, "u", region);
+}

@@ -1,0 +1,11 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+#include "manager.h"
+
+extern const Subsystem gpu_subsystem;
+
+/* For the arena setup: creates a configured Domain=gpu arena, loading the driver on
+ * first use. Fails with a clear "no GPU" message where there is none. */
+int manager_gpu_arena_new(Manager *m, const ArenaConfig *c, uint32_t index, Arena **ret);
+void manager_arena_free(Manager *m, Arena *a);

@@ -1,0 +1,318 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "copy.h"
+#include "cuda.h"
+#include "gpu-domain.h"
+#include "hashmap.h"
+#include "log.h"
+
+typedef struct CudaRegion {
+        uint64_t id;               /* hashmap key */
+        TransportRegion *region;
+        GpuArena *arena;           /* GPU regions: referenced */
+        bool pinned;               /* host regions: cuMemHostRegister done here */
+} CudaRegion;
+
+typedef struct CudaBatch {
+        size_t n;
+        uint64_t *cookies;
+        uint64_t *lengths;
+} CudaBatch;
+
+typedef struct CudaTransport {
+        Transport base;
+        GpuContext *context;
+        GpuCopyEngine *engine;
+        Hashmap *regions;          /* region id → CudaRegion */
+        /* Per-write completions expanded from finished batches, not yet polled. */
+        TransportCompletion *ready;
+        size_t n_ready, ready_head, ready_cap;
+        size_t n_in_flight;        /* writes posted, not yet in ready */
+} CudaTransport;
+
+static CudaTransport *to_cuda(Transport *t) {
+        return container_of(t, CudaTransport, base);
+}
+
+static int cuda_register_region(Transport *t, TransportRegion *r) {
+        CudaTransport *c = to_cuda(t);
+        CudaRegion *cr;
+        int k;
+
+        if (!r || r->size == 0)
+                return -EINVAL;
+        if (hashmap_contains(c->regions, &(uint64_t) { r->id }))
+                return -EEXIST;
+        cr = calloc(1, sizeof *cr);
+        if (!cr)
+                return -ENOMEM;
+        cr->id = r->id;
+        cr->region = r;
+        if (r->domain == MEMORY_GPU) {
+                GpuArena *a = gpu_context_lookup(c->context, r->device_base);
+                if (!a || a->size < r->size) {
+                        free(cr);
+                        return -ENOENT; /* not memory this daemon mapped */
+                }
+                cr->arena = gpu_arena_ref(a);
+        } else {
+                k = gpu_host_register(c->context->system, r->host_base, r->size);
+                if (k < 0 && k != -EEXIST) {
+                        free(cr);
+                        return k;
+                }
+                cr->pinned = k >= 0;
+        }
+        k = hashmap_put(c->regions, &cr->id, cr);
+        if (k < 0) {
+                if (cr->pinned)
+                        (void)gpu_host_unregister(c->context->system, r->host_base);
+                gpu_arena_unref(cr->arena);
+                free(cr);
+                return k;
+        }
+        /* r->transport_data is left alone: a region may be registered with several
+         * transports; this one finds its state by region id. */
+        return 0;
+}
+
+static void batch_free(CudaBatch *b) {
+        if (!b)
+                return;
+        free(b->cookies);
+        free(b->lengths);
+        free(b);
+}
+
+/* Moves finished batches from the engine into per-write completions. Room for every
+ * write in flight was reserved at post time. Returns how many batches were reaped. */
+static size_t reap_into_ready(CudaTransport *c) {
+        GpuCopyDone d[16];
+        size_t m, total = 0;
+
+        while ((m = gpu_copy_reap(c->engine, d, ELEMENTSOF(d))) > 0) {
+                for (size_t i = 0; i < m; i++) {
+                        CudaBatch *b = (CudaBatch *)(uintptr_t)d[i].cookie;
+
+                        if (d[i].error < 0)
+                                c->base.stats.failures += b->n;
+                        else
+                                c->base.stats.bytes += d[i].bytes;
+                        for (size_t j = 0; j < b->n; j++)
+                                c->ready[(c->ready_head + c->n_ready++) % c->ready_cap] =
+                                        (TransportCompletion) {
+                                                .cookie = b->cookies[j],
+                                                .error = d[i].error,
+                                                .bytes = d[i].error < 0 ? 0 : b->lengths[j],
+                                        };
+                        c->n_in_flight -= b->n;
+                        batch_free(b);
+                }
+                total += m;
+        }
+        return total;
+}
+
+static void cuda_region_free(CudaTransport *c, CudaRegion *cr) {
+        if (cr->pinned) {
+                /* Unpinning under a copy in flight would fault it: let it finish. The
+                 * unregistering of host memory is rare (shutdown, reload). */
+                while (gpu_copy_engine_in_flight(c->engine) > 0 &&
+                       gpu_copy_wait(c->engine, 1000) >= 0)
+                        (void)reap_into_ready(c);
+                (void)gpu_host_unregister(c->context->system, cr->region->host_base);
+        }
+        gpu_arena_unref(cr->arena); /* batches in flight hold their own references */
+        free(cr);
+}
+
+static void cuda_unregister_region(Transport *t, TransportRegion *r) {
+        CudaTransport *c = to_cuda(t);
+        CudaRegion *cr = hashmap_remove(c->regions, &(uint64_t) { r->id });
+
+        if (cr)
+                cuda_region_free(c, cr);
+}
+
+static int seg_side(CudaRegion *cr, uint64_t offset, uint64_t length, GpuArena **arena,
+                    void **host) {
+        if (offset > cr->region->size || length > cr->region->size - offset)
+                return -ERANGE;
+        if (cr->arena)
+                *arena = cr->arena;
+        else
+                *host = cr->region->host_base;
+        return 0;
+}
+
+static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n) {
+        CudaTransport *c = to_cuda(t);
+        _cleanup_(freep) GpuCopySeg *segs = NULL;
+        CudaBatch *b;
+        int r;
+
+        if (peer)
+                return -EOPNOTSUPP; /* same host only */
+        if (n == 0 || !w)
+                return -EINVAL;
+        segs = calloc(n, sizeof *segs);
+        b = calloc(1, sizeof *b);
+        if (b) {
+                b->cookies = malloc(n * sizeof *b->cookies);
+                b->lengths = malloc(n * sizeof *b->lengths);
+        }
+        if (!segs || !b || !b->cookies || !b->lengths) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        /* A completion slot for every write is reserved up front, so that poll never has
+         * to drop one. */
+        if (c->n_ready + c->n_in_flight + n > c->ready_cap) {
+                size_t cap = MAX(c->ready_cap * 2, c->n_ready + c->n_in_flight + n + 64);
+                TransportCompletion *q = malloc(cap * sizeof *q);
+                if (!q) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                for (size_t i = 0; i < c->n_ready; i++)
+                        q[i] = c->ready[(c->ready_head + i) % c->ready_cap];
+                free(c->ready);
+                c->ready = q;
+                c->ready_cap = cap;
+                c->ready_head = 0;
+        }
+
+        CudaRegion *src = NULL, *dst = NULL;
+        for (size_t i = 0; i < n; i++) {
+                /* A batch nearly always names the same two regions: look up only changes. */
+                if (!src || src->id != w[i].src_region)
+                        src = hashmap_get(c->regions, &(uint64_t) { w[i].src_region });
+                if (!dst || dst->id != w[i].dst_region)
+                        dst = hashmap_get(c->regions, &(uint64_t) { w[i].dst_region });
+
+                if (!src || !dst) {
+                        r = -ENOENT;
+                        goto fail;
+                }
+                if (!src->arena && !dst->arena) {
+                        r = -EINVAL; /* host → host: the local transport's */
+                        goto fail;
+                }
+                r = seg_side(src, w[i].src_offset, w[i].length, &segs[i].src, &segs[i].src_host);
+                if (r >= 0)
+                        r = seg_side(dst, w[i].dst_offset, w[i].length, &segs[i].dst, &segs[i].dst_host);
+                if (r < 0)
+                        goto fail;
+                segs[i].src_offset = w[i].src_offset;
+                segs[i].dst_offset = w[i].dst_offset;
+                segs[i].length = w[i].length;
+                b->cookies[i] = w[i].cookie;
+                b->lengths[i] = w[i].length;
+        }
+        b->n = n;
+        r = gpu_copy_submit(c->engine, segs, n, (uint64_t)(uintptr_t)b);
+        if (r < 0)
+                goto fail;
+        c->n_in_flight += n;
+        t->stats.batches++;
+        t->stats.writes += n;
+        return 0;
+
+fail:
+        batch_free(b);
+        return r;
+}
+
+static int cuda_completion_fd(Transport *t) {
+        return gpu_copy_engine_fd(to_cuda(t)->engine);
+}
+
+static size_t cuda_poll(Transport *t, TransportCompletion *out, size_t n) {
+        CudaTransport *c = to_cuda(t);
+        size_t k = 0;
+
+        do {
+                while (k < n && c->n_ready > 0) {
+                        out[k++] = c->ready[c->ready_head];
+                        c->ready_head = (c->ready_head + 1) % c->ready_cap;
+                        c->n_ready--;
+                }
+        } while (k < n && reap_into_ready(c) > 0);
+        return k;
+}
+
+static void cuda_cancel_peer(Transport *t, void *peer) {
+        /* Same-host copies have no peer to lose; a copy on the copy engine cannot be
+         * recalled, and it completes normally. */
+}
+
+static void cuda_free(Transport *t) {
+        CudaTransport *c;
+        size_t i = 0;
+        void *v;
+
+        if (!t)
+                return;
+        c = to_cuda(t);
+        /* Waits for everything in flight; the completions are dropped with it. */
+        if (c->engine && c->ready)
+                while (gpu_copy_engine_in_flight(c->engine) > 0 &&
+                       gpu_copy_wait(c->engine, 1000) >= 0)
+                        (void)reap_into_ready(c);
+        if (c->regions) {
+                while (hashmap_iterate(c->regions, &i, &v, NULL)) {
+                        CudaRegion *cr = v;
+                        if (cr->pinned)
+                                (void)gpu_host_unregister(c->context->system, cr->region->host_base);
+                        cr->pinned = false;
+                        gpu_arena_unref(cr->arena);
+                        free(cr);
+                }
+                hashmap_free(c->regions);
+        }
+        gpu_copy_engine_free(c->engine);
+        free(c->ready);
+        free(c);
+}
+
+static const TransportOps cuda_ops = {
+        .kind = TRANSPORT_CUDA,
+        .name = "cuda",
+        .register_region = cuda_register_region,
+        .unregister_region = cuda_unregister_region,
+        .post = cuda_post,
+        .completion_fd = cuda_completion_fd,
+        .poll = cuda_poll,
+        .cancel_peer = cuda_cancel_peer,
+        .free = cuda_free,
+};
+
+int cuda_transport_new(GpuContext *g, Transport **ret) {
+        CudaTransport *c;
+        int r;
+
+        c = calloc(1, sizeof *c);
+        if (!c)
+                return -ENOMEM;
+        c->base.ops = &cuda_ops;
+        c->context = g;
+        c->regions = hashmap_new(HASHMAP_KEY_U64, 0);
+        if (!c->regions) {
+                free(c);
+                return -ENOMEM;
+        }
+        r = gpu_copy_engine_new(g->system, &c->engine);
+        if (r < 0) {
+                cuda_free(&c->base);
+                return r;
+        }
+        *ret = &c->base;
+        return 0;
+}
+
+GpuCopyEngine *cuda_transport_engine(Transport *t) {
+        return to_cuda(t)->engine;
+}

@@ -1,0 +1,21 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* The CUDA transport: moves bytes between regions of this host where at least one side
+ * is GPU memory, through gpu/copy.h (copy engine, peer access, pinned host memory).
+ * Host ↔ host writes belong to the local transport and are refused here (-EINVAL).
+ *
+ * GPU regions must be arenas the GpuContext knows (daemon arenas and registered
+ * external memory), found by their device base: each registered region holds a
+ * reference on its GpuArena, and every batch in flight holds references on the arenas
+ * it touches, so an arena cannot be unmapped under a copy. Host regions are pinned with
+ * cuMemHostRegister while registered. `peer` must be NULL (same host only). */
+
+#include "transport.h"
+
+typedef struct GpuContext GpuContext;
+typedef struct GpuCopyEngine GpuCopyEngine;
+
+int cuda_transport_new(GpuContext *g, Transport **ret);
+/* The engine under the transport (for its stats and kernel-batching policy). */
+GpuCopyEngine *cuda_transport_engine(Transport *t);

@@ -1,0 +1,612 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "copy.h"
+#include "list.h"
+#include "log.h"
+
+/* Pinned descriptor slots for the batched copy kernel, per device. */
+#define DESC_SLOTS 16U
+#define DESC_SLOT_CHUNKS 4096U
+#define ARENAS_PER_JOB_INLINE 4U
+
+typedef struct GpuCopyJob GpuCopyJob;
+
+/* Streams per path and device: device-to-device groups of many segments may be spread
+ * over several, so that the copy engines work on several at once. */
+#define STREAMS_PER_PATH 4U
+
+typedef struct DeviceLane {
+        CUstream streams[_GPU_COPY_PATH_MAX][STREAMS_PER_PATH];
+        GpuKernels *kernels;         /* NULL: not built or not loadable */
+        GpuChunk *desc_host;         /* DESC_SLOTS * DESC_SLOT_CHUNKS, pinned */
+        CUdeviceptr desc_dev;
+        bool slot_busy[DESC_SLOTS];
+} DeviceLane;
+
+struct GpuCopyJob {
+        GpuCopyEngine *engine;
+        uint64_t cookie;
+        uint64_t bytes;
+        int error;
+        unsigned pending;            /* stream callbacks still to run */
+        GpuArena **arenas;           /* references held until reaped */
+        size_t n_arenas;
+        GpuArena *arenas_inline[ARENAS_PER_JOB_INLINE];
+        /* descriptor slots held: (device, slot) pairs */
+        int slot_dev[_GPU_COPY_PATH_MAX * 4];
+        int slot_idx[_GPU_COPY_PATH_MAX * 4];
+        size_t n_slots;
+        /* Arrays handed to cuMemcpyBatchAsync, kept until the batch completes. */
+        CUdeviceptr *batch_dst, *batch_src;
+        size_t *batch_size;
+        LIST_FIELDS(GpuCopyJob, done);
+};
+
+struct GpuCopyEngine {
+        GpuSystem *system;
+        DeviceLane *lanes;
+        int efd;
+        pthread_mutex_t lock;        /* guards done, slot_busy, job->pending/error */
+        QUEUE_HEAD(GpuCopyJob, done);
+        size_t in_flight;
+        bool kernel_batching;
+        size_t kernel_min_segments;
+        bool batch_api;              /* cuMemcpyBatchAsync for multi-segment D2D groups */
+        unsigned d2d_streams;        /* streams a D2D group is spread over (1..4) */
+        GpuCopyStats stats;
+};
+
+static const char *const path_names[_GPU_COPY_PATH_MAX] = {
+        [GPU_COPY_SAME_GPU] = "same-gpu",
+        [GPU_COPY_PEER] = "peer",
+        [GPU_COPY_D2H] = "d2h",
+        [GPU_COPY_H2D] = "h2d",
+};
+
+const char *gpu_copy_path_to_string(GpuCopyPath p) {
+        if (p < 0 || p >= _GPU_COPY_PATH_MAX)
+                return NULL;
+        return path_names[p];
+}
+
+GpuCopyPath gpu_copy_path(const GpuSystem *s, const GpuCopySeg *seg) {
+        if (seg->src && seg->dst)
+                return seg->src->ordinal == seg->dst->ordinal ? GPU_COPY_SAME_GPU : GPU_COPY_PEER;
+        if (seg->src && seg->dst_host)
+                return GPU_COPY_D2H;
+        if (seg->dst && seg->src_host)
+                return GPU_COPY_H2D;
+        return _GPU_COPY_PATH_INVALID;
+}
+
+/* The device whose stream carries the segment. */
+static int seg_device(GpuCopyPath p, const GpuCopySeg *seg) {
+        switch (p) {
+        case GPU_COPY_SAME_GPU:
+        case GPU_COPY_D2H:
+                return seg->src->ordinal;
+        case GPU_COPY_PEER:
+        case GPU_COPY_H2D:
+                return seg->dst->ordinal;
+        default:
+                return -1;
+        }
+}
+
+static void job_free(GpuCopyJob *j) {
+        if (!j)
+                return;
+        for (size_t i = 0; i < j->n_arenas; i++)
+                gpu_arena_unref(j->arenas[i]);
+        if (j->arenas != j->arenas_inline)
+                free(j->arenas);
+        free(j->batch_dst);
+        free(j->batch_src);
+        free(j->batch_size);
+        free(j);
+}
+
+/* Called with e->lock held. */
+static void job_finish_locked(GpuCopyEngine *e, GpuCopyJob *j) {
+        uint64_t one = 1;
+
+        for (size_t i = 0; i < j->n_slots; i++)
+                e->lanes[j->slot_dev[i]].slot_busy[j->slot_idx[i]] = false;
+        j->n_slots = 0;
+        QUEUE_PUSH_BACK(done, e->done, j);
+        /* An eventfd write only fails on counter overflow, which cannot happen here. */
+        (void)!write(e->efd, &one, sizeof one);
+}
+
+/* Runs on a CUDA driver thread: no CUDA calls here, only bookkeeping. */
+static void stream_callback(CUstream stream, CUresult status, void *userdata) {
+        GpuCopyJob *j = userdata;
+        GpuCopyEngine *e = j->engine;
+
+        pthread_mutex_lock(&e->lock);
+        if (status != CUDA_SUCCESS && j->error == 0)
+                j->error = cuda_result_to_errno(status);
+        if (--j->pending == 0)
+                job_finish_locked(e, j);
+        pthread_mutex_unlock(&e->lock);
+}
+
+static int job_hold_arena(GpuCopyJob *j, GpuArena *a) {
+        if (!a)
+                return 0;
+        for (size_t i = 0; i < j->n_arenas; i++)
+                if (j->arenas[i] == a)
+                        return 0;
+        if (j->n_arenas == ARENAS_PER_JOB_INLINE && j->arenas == j->arenas_inline) {
+                GpuArena **m = malloc(sizeof *m * ARENAS_PER_JOB_INLINE * 2);
+                if (!m)
+                        return -ENOMEM;
+                memcpy(m, j->arenas_inline, sizeof j->arenas_inline);
+                j->arenas = m;
+        } else if (j->n_arenas >= ARENAS_PER_JOB_INLINE && IS_POWER_OF_2(j->n_arenas)) {
+                GpuArena **m = realloc(j->arenas, sizeof *m * j->n_arenas * 2);
+                if (!m)
+                        return -ENOMEM;
+                j->arenas = m;
+        }
+        j->arenas[j->n_arenas++] = gpu_arena_ref(a);
+        return 0;
+}
+
+static int seg_validate(const GpuSystem *s, const GpuCopySeg *seg) {
+        GpuCopyPath p = gpu_copy_path(s, seg);
+
+        if (p < 0)
+                return -EINVAL;
+        if (seg->length == 0)
+                return -EINVAL;
+        if (seg->src && !gpu_arena_range_ok(seg->src, seg->src_offset, seg->length))
+                return -ERANGE;
+        if (seg->dst && !gpu_arena_range_ok(seg->dst, seg->dst_offset, seg->length))
+                return -ERANGE;
+        if (!seg->src && (uintptr_t)seg->src_host > UINTPTR_MAX - seg->src_offset - seg->length)
+                return -ERANGE;
+        if (!seg->dst && (uintptr_t)seg->dst_host > UINTPTR_MAX - seg->dst_offset - seg->length)
+                return -ERANGE;
+        /* An overlapping copy inside one arena would be undefined. */
+        if (seg->src && seg->src == seg->dst &&
+            seg->src_offset < seg->dst_offset + seg->length &&
+            seg->dst_offset < seg->src_offset + seg->length)
+                return -EINVAL;
+        return 0;
+}
+
+static int seg_enqueue(GpuCopyEngine *e, GpuCopyPath p, const GpuCopySeg *seg, CUstream st) {
+        CudaDriver *d = e->system->driver;
+
+        switch (p) {
+        case GPU_COPY_SAME_GPU:
+                return CU(d, cuMemcpyDtoDAsync, seg->dst->base + seg->dst_offset,
+                          seg->src->base + seg->src_offset, seg->length, st);
+        case GPU_COPY_PEER:
+                if (gpu_system_can_access_peer(e->system, seg->dst->ordinal, seg->src->ordinal))
+                        return CU(d, cuMemcpyDtoDAsync, seg->dst->base + seg->dst_offset,
+                                  seg->src->base + seg->src_offset, seg->length, st);
+                return CU(d, cuMemcpyPeerAsync, seg->dst->base + seg->dst_offset,
+                          e->system->devices[seg->dst->ordinal].ctx,
+                          seg->src->base + seg->src_offset,
+                          e->system->devices[seg->src->ordinal].ctx, seg->length, st);
+        case GPU_COPY_D2H:
+                return CU(d, cuMemcpyDtoHAsync, (uint8_t *)seg->dst_host + seg->dst_offset,
+                          seg->src->base + seg->src_offset, seg->length, st);
+        case GPU_COPY_H2D:
+                return CU(d, cuMemcpyHtoDAsync, seg->dst->base + seg->dst_offset,
+                          (const uint8_t *)seg->src_host + seg->src_offset, seg->length, st);
+        default:
+                return -EINVAL;
+        }
+}
+
+/* Tries to move a group of device-to-device segments with batched kernel launches.
+ * Returns 1 if done that way, 0 if the caller should use the copy engine, <0 on error. */
+static int group_try_kernel(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPath p,
+                            const GpuCopySeg *segs, const size_t *idx, size_t n) {
+        DeviceLane *l = &e->lanes[dev];
+        size_t slots_needed = DIV_ROUND_UP(n, (size_t)DESC_SLOT_CHUNKS);
+        int slots[DESC_SLOTS];
+        size_t got = 0;
+        int r;
+
+        if (!e->kernel_batching || n < e->kernel_min_segments || !l->kernels ||
+            (p != GPU_COPY_SAME_GPU && p != GPU_COPY_PEER))
+                return 0;
+        if (p == GPU_COPY_PEER && !gpu_system_can_access_peer(e->system, dev, segs[idx[0]].src->ordinal))
+                return 0;
+        if (j->n_slots + slots_needed > ELEMENTSOF(j->slot_dev))
+                return 0;
+
+        pthread_mutex_lock(&e->lock);
+        for (unsigned s = 0; s < DESC_SLOTS && got < slots_needed; s++)
+                if (!l->slot_busy[s])
+                        slots[got++] = (int)s;
+        if (got == slots_needed)
+                for (size_t i = 0; i < got; i++) {
+                        l->slot_busy[slots[i]] = true;
+                        j->slot_dev[j->n_slots] = dev;
+                        j->slot_idx[j->n_slots++] = slots[i];
+                }
+        pthread_mutex_unlock(&e->lock);
+        if (got < slots_needed)
+                return 0; /* all descriptor slots in flight: the copy engine takes it */
+
+        for (size_t s = 0, k = 0; s < slots_needed; s++) {
+                GpuChunk *h = l->desc_host + (size_t)slots[s] * DESC_SLOT_CHUNKS;
+                size_t m = 0;
+
+                for (; k < n && m < DESC_SLOT_CHUNKS; k++, m++) {
+                        const GpuCopySeg *g = &segs[idx[k]];
+                        h[m] = (GpuChunk) {
+                                .src = g->src->base + g->src_offset,
+                                .dst = g->dst->base + g->dst_offset,
+                                .len = g->length,
+                        };
+                }
+                r = gpu_kernels_copy_chunks(l->kernels, l->streams[p][0], h,
+                                            l->desc_dev + (CUdeviceptr)slots[s] * DESC_SLOT_CHUNKS *
+                                                    sizeof(GpuChunk), m);
+                if (r < 0)
+                        return r;
+                e->stats.kernel_launches++;
+        }
+        return 1;
+}
+
+/* One cuMemcpyBatchAsync for a group of device-to-device segments: one driver call for
+ * the whole group, still on the copy engines. Returns 1 if done, 0 if the caller should
+ * enqueue the segments one by one, <0 on error. */
+static int group_try_batch_api(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPath p,
+                               const GpuCopySeg *segs, const size_t *idx, size_t pos, size_t n,
+                               size_t total) {
+        CudaDriver *d = e->system->driver;
+        CUmemcpyAttributes attr = {
+                .srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+                .srcLocHint = { .type = CU_MEM_LOCATION_TYPE_DEVICE },
+                .dstLocHint = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev },
+        };
+        size_t attr_idx = 0;
+        int r;
+
+        if (!e->batch_api || !d->cuMemcpyBatchAsync || n < 2 ||
+            (p != GPU_COPY_SAME_GPU && p != GPU_COPY_PEER))
+                return 0;
+        if (p == GPU_COPY_PEER && !gpu_system_can_access_peer(e->system, dev, segs[idx[0]].src->ordinal))
+                return 0;
+        if (!j->batch_dst) {
+                j->batch_dst = malloc(total * sizeof *j->batch_dst);
+                j->batch_src = malloc(total * sizeof *j->batch_src);
+                j->batch_size = malloc(total * sizeof *j->batch_size);
+                if (!j->batch_dst || !j->batch_src || !j->batch_size)
+                        return -ENOMEM;
+        }
+        attr.srcLocHint.id = segs[idx[0]].src->ordinal;
+        for (size_t k = 0; k < n; k++) {
+                const GpuCopySeg *g = &segs[idx[k]];
+                j->batch_dst[pos + k] = g->dst->base + g->dst_offset;
+                j->batch_src[pos + k] = g->src->base + g->src_offset;
+                j->batch_size[pos + k] = g->length;
+        }
+        r = CU(d, cuMemcpyBatchAsync, j->batch_dst + pos, j->batch_src + pos, j->batch_size + pos,
+               n, &attr, &attr_idx, 1, e->lanes[dev].streams[p][0]);
+        if (r == -EINVAL || r == -EOPNOTSUPP) {
+                /* Nothing was queued: this driver refuses it; do without from now on. */
+                log_debug_errno(r, "cuMemcpyBatchAsync refused (%m), copying segment by segment");
+                e->batch_api = false;
+                return 0;
+        }
+        if (r < 0)
+                return r;
+        e->stats.batch_api_calls++;
+        return 1;
+}
+
+int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t cookie) {
+        _cleanup_(freep) size_t *order = NULL, *group = NULL;
+        GpuCopyJob *j;
+        size_t n_groups = 0, queued = 0;
+        int r, err = 0;
+
+        if (n == 0)
+                return -EINVAL;
+        for (size_t i = 0; i < n; i++) {
+                r = seg_validate(e->system, &segs[i]);
+                if (r < 0)
+                        return r;
+        }
+
+        j = calloc(1, sizeof *j);
+        order = malloc(sizeof *order * n);
+        group = malloc(sizeof *group * n);
+        if (!j || !order || !group) {
+                free(j);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+                GpuCopyPath q = gpu_copy_path(e->system, &segs[i]);
+                group[i] = (size_t)seg_device(q, &segs[i]) * _GPU_COPY_PATH_MAX + (size_t)q;
+        }
+        j->engine = e;
+        j->cookie = cookie;
+        /* Submission holds one count, so that an early callback cannot finish the job
+         * while later groups are still being queued. */
+        j->pending = 1;
+        j->arenas = j->arenas_inline;
+        for (size_t i = 0; i < n; i++) {
+                /* Batches usually touch the same two arenas: skip repeats cheaply. */
+                r = 0;
+                if (i == 0 || segs[i].src != segs[i - 1].src)
+                        r = job_hold_arena(j, segs[i].src);
+                if (r >= 0 && (i == 0 || segs[i].dst != segs[i - 1].dst))
+                        r = job_hold_arena(j, segs[i].dst);
+                if (r < 0) {
+                        job_free(j);
+                        return r;
+                }
+                j->bytes += segs[i].length;
+        }
+
+        /* Group by (device, path): one stream and one callback per group, in submission
+         * order within each. */
+        for (size_t dev = 0; err == 0 && dev < e->system->n_devices; dev++)
+                for (int p = 0; err == 0 && p < _GPU_COPY_PATH_MAX; p++) {
+                        CUstream *streams = e->lanes[dev].streams[p];
+                        size_t start = queued, m, used = 1;
+
+                        for (size_t i = 0; i < n; i++)
+                                if (group[i] == dev * _GPU_COPY_PATH_MAX + (size_t)p)
+                                        order[queued++] = i;
+                        m = queued - start;
+                        if (m == 0)
+                                continue;
+                        r = gpu_device_make_current(e->system, &e->system->devices[dev]);
+                        if (r >= 0)
+                                r = group_try_kernel(e, j, (int)dev, p, segs, order + start, m);
+                        if (r == 0)
+                                r = group_try_batch_api(e, j, (int)dev, p, segs, order + start,
+                                                        start, m, n);
+                        if (r == 0) {
+                                if (p == GPU_COPY_SAME_GPU || p == GPU_COPY_PEER)
+                                        used = MIN((size_t)e->d2d_streams, m);
+                                for (size_t k = 0; r >= 0 && k < m; k++)
+                                        r = seg_enqueue(e, p, &segs[order[start + k]], streams[k % used]);
+                        }
+                        if (r < 0) {
+                                /* Part of the group may be on the streams already: let it
+                                 * drain before the job (and its references) can go. */
+                                for (size_t k = 0; k < used; k++)
+                                        (void)CU(e->system->driver, cuStreamSynchronize, streams[k]);
+                                err = r;
+                                break;
+                        }
+                        for (size_t k = 0; k < used; k++) {
+                                pthread_mutex_lock(&e->lock);
+                                j->pending++;
+                                pthread_mutex_unlock(&e->lock);
+                                r = CU(e->system->driver, cuStreamAddCallback, streams[k],
+                                       stream_callback, j, 0);
+                                if (r < 0) {
+                                        /* Without its callback this stream's part cannot
+                                         * complete: wait for it here (failure path only). */
+                                        for (size_t q = k; q < used; q++)
+                                                (void)CU(e->system->driver, cuStreamSynchronize, streams[q]);
+                                        pthread_mutex_lock(&e->lock);
+                                        j->pending--;
+                                        pthread_mutex_unlock(&e->lock);
+                                        err = r;
+                                        break;
+                                }
+                                n_groups++;
+                        }
+                }
+
+        pthread_mutex_lock(&e->lock);
+        if (err < 0 && j->error == 0)
+                j->error = err;
+        if (n_groups == 0) {
+                /* Nothing reached a stream: nothing was queued. */
+                for (size_t i = 0; i < j->n_slots; i++)
+                        e->lanes[j->slot_dev[i]].slot_busy[j->slot_idx[i]] = false;
+                pthread_mutex_unlock(&e->lock);
+                e->stats.failures++;
+                job_free(j);
+                return err < 0 ? err : -EIO;
+        }
+        e->in_flight++;
+        if (--j->pending == 0)
+                job_finish_locked(e, j);
+        pthread_mutex_unlock(&e->lock);
+        /* j may be reaped from here on: do not touch it. */
+
+        e->stats.batches++;
+        e->stats.segments += n;
+        for (size_t i = 0; i < n; i++)
+                e->stats.bytes_by_path[group[i] % _GPU_COPY_PATH_MAX] += segs[i].length;
+        return 0;
+}
+
+size_t gpu_copy_reap(GpuCopyEngine *e, GpuCopyDone *out, size_t n) {
+        size_t k = 0;
+        uint64_t v;
+
+        /* Drain the counter first: a callback that runs after this read writes again. */
+        (void)!read(e->efd, &v, sizeof v);
+        while (k < n) {
+                GpuCopyJob *j;
+
+                pthread_mutex_lock(&e->lock);
+                j = e->done.first;
+                if (j) {
+                        QUEUE_REMOVE(done, e->done, j);
+                        e->in_flight--;
+                }
+                pthread_mutex_unlock(&e->lock);
+                if (!j)
+                        break;
+                out[k++] = (GpuCopyDone) { .cookie = j->cookie, .error = j->error,
+                                           .bytes = j->error < 0 ? 0 : j->bytes };
+                if (j->error < 0)
+                        e->stats.failures++;
+                else
+                        e->stats.bytes += j->bytes;
+                job_free(j); /* drops the arena references, outside the callback */
+        }
+        if (k == n) {
+                /* More may be waiting: keep the fd readable. */
+                uint64_t one = 1;
+                pthread_mutex_lock(&e->lock);
+                if (e->done.first)
+                        (void)!write(e->efd, &one, sizeof one);
+                pthread_mutex_unlock(&e->lock);
+        }
+        return k;
+}
+
+int gpu_copy_wait(GpuCopyEngine *e, int timeout_ms) {
+        struct pollfd p = { .fd = e->efd, .events = POLLIN };
+        int r;
+
+        pthread_mutex_lock(&e->lock);
+        r = e->done.first != NULL;
+        pthread_mutex_unlock(&e->lock);
+        if (r)
+                return 1;
+        r = poll(&p, 1, timeout_ms);
+        if (r < 0)
+                return -errno;
+        return r > 0;
+}
+
+int gpu_copy_engine_fd(const GpuCopyEngine *e) {
+        return e->efd;
+}
+
+size_t gpu_copy_engine_in_flight(const GpuCopyEngine *e) {
+        return e->in_flight;
+}
+
+void gpu_copy_engine_set_d2d_streams(GpuCopyEngine *e, unsigned n) {
+        e->d2d_streams = CLAMP(n, 1U, STREAMS_PER_PATH);
+}
+
+void gpu_copy_engine_set_batch_api(GpuCopyEngine *e, bool enable) {
+        e->batch_api = enable;
+}
+
+void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t min_segments) {
+        e->kernel_batching = enable;
+        e->kernel_min_segments = MAX(min_segments, (size_t)1);
+}
+
+const GpuCopyStats *gpu_copy_engine_stats(const GpuCopyEngine *e) {
+        return &e->stats;
+}
+
+GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e) {
+        if (!e)
+                return NULL;
+        CudaDriver *d = e->system->driver;
+
+        if (e->lanes)
+                for (size_t i = 0; i < e->system->n_devices; i++) {
+                        DeviceLane *l = &e->lanes[i];
+
+                        (void)gpu_device_make_current(e->system, &e->system->devices[i]);
+                        for (int p = 0; p < _GPU_COPY_PATH_MAX; p++)
+                                for (unsigned k = 0; k < STREAMS_PER_PATH; k++)
+                                        if (l->streams[p][k]) {
+                                                /* Shutdown: let the callbacks of work in flight run. */
+                                                (void)CU(d, cuStreamSynchronize, l->streams[p][k]);
+                                                (void)CU(d, cuStreamDestroy, l->streams[p][k]);
+                                        }
+                        if (l->desc_dev)
+                                (void)CU(d, cuMemFree, l->desc_dev);
+                        if (l->desc_host)
+                                (void)CU(d, cuMemFreeHost, l->desc_host);
+                        gpu_kernels_free(l->kernels);
+                }
+        /* Batches finished but never reaped. */
+        while (e->done.first) {
+                GpuCopyJob *j = e->done.first;
+                QUEUE_REMOVE(done, e->done, j);
+                job_free(j);
+        }
+        free(e->lanes);
+        safe_close(e->efd);
+        pthread_mutex_destroy(&e->lock);
+        gpu_system_unref(e->system);
+        free(e);
+        return NULL;
+}
+
+int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
+        _cleanup_(gpu_copy_engine_freep) GpuCopyEngine *e = NULL;
+        CudaDriver *d = s->driver;
+        int r;
+
+        e = calloc(1, sizeof *e);
+        if (!e)
+                return -ENOMEM;
+        e->system = gpu_system_ref(s);
+        e->efd = -EBADF;
+        pthread_mutex_init(&e->lock, NULL);
+        e->kernel_min_segments = 16;
+        e->batch_api = true;
+        e->d2d_streams = 1;
+        e->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (e->efd < 0)
+                return -errno;
+        e->lanes = calloc(s->n_devices, sizeof *e->lanes);
+        if (!e->lanes)
+                return -ENOMEM;
+
+        for (size_t i = 0; i < s->n_devices; i++) {
+                DeviceLane *l = &e->lanes[i];
+                void *h = NULL;
+
+                r = gpu_device_make_current(s, &s->devices[i]);
+                if (r < 0)
+                        return r;
+                for (int p = 0; p < _GPU_COPY_PATH_MAX; p++)
+                        for (unsigned k = 0; k < STREAMS_PER_PATH; k++) {
+                                r = CU(d, cuStreamCreate, &l->streams[p][k], CU_STREAM_NON_BLOCKING);
+                                if (r < 0)
+                                        return r;
+                        }
+                r = gpu_kernels_load(s, (int)i, &l->kernels);
+                if (r < 0) {
+                        log_debug_errno(r, "GPU %zu: batched copy kernel unavailable (%m), using the copy engine only", i);
+                        continue;
+                }
+                r = CU(d, cuMemAllocHost, &h, (size_t)DESC_SLOTS * DESC_SLOT_CHUNKS * sizeof(GpuChunk));
+                if (r < 0)
+                        return r;
+                l->desc_host = h;
+                r = CU(d, cuMemAlloc, &l->desc_dev, (size_t)DESC_SLOTS * DESC_SLOT_CHUNKS * sizeof(GpuChunk));
+                if (r < 0)
+                        return r;
+        }
+
+        *ret = TAKE_PTR(e);
+        return 0;
+}
+
+int gpu_host_register(GpuSystem *s, void *p, size_t size) {
+        if (!p || size == 0)
+                return -EINVAL;
+        return CU(s->driver, cuMemHostRegister, p, size, CU_MEMHOSTREGISTER_PORTABLE);
+}
+
+int gpu_host_unregister(GpuSystem *s, void *p) {
+        return CU(s->driver, cuMemHostUnregister, p);
+}

@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* The GPU copy paths of one process (the daemon's GpuContext owns one):
+ *
+ *   same GPU       cuMemcpyDtoDAsync on the device's D2D stream (copy engine)
+ *   GPU → GPU      cuMemcpyDtoDAsync on the destination's PEER stream when the
+ *                  destination has peer access to the source (NVLink/PCIe P2P: arenas are
+ *                  mapped for every peer that can reach them), else cuMemcpyPeerAsync,
+ *                  which the driver stages through host memory
+ *   GPU → host     cuMemcpyDtoHAsync on the source device's D2H stream (pinned host
+ *                  memory: gpu_host_register)
+ *   host → GPU     cuMemcpyHtoDAsync on the destination device's H2D stream
+ *
+ * Each path has its own non-blocking stream per device, so transfers in the two
+ * directions and between GPUs overlap. A batch (gpu_copy_submit) completes once, with
+ * the first error of any of its segments: a stream callback (cuStreamAddCallback, which
+ * also reports failed work) queues the completion and writes to an eventfd; the event
+ * loop watches that fd and calls gpu_copy_reap(). Nothing spins on the host.
+ *
+ * A group of several device-to-device segments is one cuMemcpyBatchAsync call where
+ * the driver has it (13.0+; still the copy engines), else one cuMemcpyDtoDAsync each.
+ * Batches of many small same-GPU or peer segments can optionally go through one launch
+ * of the batched copy kernel (pack.h) instead of one copy-engine operation per segment;
+ * this uses SMs of the GPU, which the workers' kernels share, so it is off unless
+ * gpu_copy_engine_set_kernel_batching() turns it on. Copy-on-write page copies are
+ * same-GPU segments of one arena. */
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pack.h"
+#include "system.h"
+#include "vmm.h"
+
+typedef struct GpuCopyEngine GpuCopyEngine;
+
+typedef enum GpuCopyPath {
+        GPU_COPY_SAME_GPU,
+        GPU_COPY_PEER,
+        GPU_COPY_D2H,
+        GPU_COPY_H2D,
+        _GPU_COPY_PATH_MAX,
+        _GPU_COPY_PATH_INVALID = -EINVAL,
+} GpuCopyPath;
+
+typedef struct GpuCopySeg {
+        GpuArena *src;          /* NULL: src_host */
+        GpuArena *dst;          /* NULL: dst_host */
+        void *src_host;         /* pinned host memory (gpu_host_register) */
+        void *dst_host;
+        uint64_t src_offset;    /* into the arena, or added to the host pointer */
+        uint64_t dst_offset;
+        uint64_t length;
+} GpuCopySeg;
+
+typedef struct GpuCopyDone {
+        uint64_t cookie;
+        int error;              /* 0 or negative errno */
+        uint64_t bytes;
+} GpuCopyDone;
+
+typedef struct GpuCopyStats {
+        uint64_t batches;
+        uint64_t segments;      /* after coalescing */
+        uint64_t bytes;
+        uint64_t kernel_launches;
+        uint64_t batch_api_calls;
+        uint64_t failures;
+        uint64_t bytes_by_path[_GPU_COPY_PATH_MAX];
+} GpuCopyStats;
+
+const char *gpu_copy_path_to_string(GpuCopyPath p);
+/* Which path a segment takes (pure over the peer matrix); -EINVAL for host → host or
+ * a segment without a source or destination. */
+GpuCopyPath gpu_copy_path(const GpuSystem *s, const GpuCopySeg *seg);
+
+int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret);
+/* Waits for everything in flight (shutdown only), then frees. */
+GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e);
+DEFINE_TRIVIAL_CLEANUP_FUNC(GpuCopyEngine *, gpu_copy_engine_free);
+
+void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t min_segments);
+/* cuMemcpyBatchAsync (driver 13.0+) for multi-segment device-to-device groups: on by
+ * default where the driver has it; off, every segment is its own cuMemcpyDtoDAsync. */
+void gpu_copy_engine_set_batch_api(GpuCopyEngine *e, bool enable);
+/* Spreads the segments of a device-to-device group that goes segment by segment over
+ * n streams (1..4, default 1), so that several copy engines work at once. */
+void gpu_copy_engine_set_d2d_streams(GpuCopyEngine *e, unsigned n);
+const GpuCopyStats *gpu_copy_engine_stats(const GpuCopyEngine *e);
+
+/* Readable (eventfd, O_CLOEXEC|O_NONBLOCK) when completions are waiting. */
+int gpu_copy_engine_fd(const GpuCopyEngine *e);
+/* Batches submitted and not yet reaped. */
+size_t gpu_copy_engine_in_flight(const GpuCopyEngine *e);
+
+/* Validates every segment (bounds, path), then queues them all.
+ * Returns 0 when the batch was queued (it completes exactly once), or a negative errno
+ * when nothing was queued. The batch holds a reference on every arena it touches until
+ * it is reaped. */
+int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t cookie);
+/* Returns up to n finished batches, without blocking. */
+size_t gpu_copy_reap(GpuCopyEngine *e, GpuCopyDone *out, size_t n);
+/* For tests and tools without an event loop: poll()s the fd (no spinning). Returns 1
+ * when completions are ready, 0 on timeout. */
+int gpu_copy_wait(GpuCopyEngine *e, int timeout_ms);
+
+/* Pins host memory (an arena's mapping) for the GPU copy paths. */
+int gpu_host_register(GpuSystem *s, void *p, size_t size);
+int gpu_host_unregister(GpuSystem *s, void *p);

@@ -1,0 +1,7 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* Built without nvcc: no kernels. gpu_kernels_load() reports -EOPNOTSUPP and the copy
+ * paths use the copy engine alone. */
+#include <stddef.h>
+
+const unsigned char epd_pack_fatbin[] = { 0 };
+const size_t epd_pack_fatbin_size = 0;

@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "log.h"
+#include "pack.h"
+
+int gpu_pack_plan(uint64_t page_base, const uint64_t *page_offsets, size_t n_pages,
+                  uint64_t group_offset, uint64_t group_bytes, uint64_t staging,
+                  GpuChunk *out) {
+        if (n_pages > 0 && (!page_offsets || !out))
+                return -EINVAL;
+        for (size_t i = 0; i < n_pages; i++) {
+                uint64_t src, dst, end;
+
+                if (ADD_OVERFLOW(page_base, page_offsets[i], &src) ||
+                    ADD_OVERFLOW(src, group_offset, &src) ||
+                    ADD_OVERFLOW(src, group_bytes, &end) ||
+                    MUL_OVERFLOW((uint64_t)i, group_bytes, &dst) ||
+                    ADD_OVERFLOW(dst, staging, &dst) ||
+                    ADD_OVERFLOW(dst, group_bytes, &end))
+                        return -ERANGE;
+                out[i] = (GpuChunk) { .src = src, .dst = dst, .len = group_bytes };
+        }
+        return 0;
+}
+
+void gpu_chunks_reverse(GpuChunk *c, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                uint64_t t = c[i].src;
+                c[i].src = c[i].dst;
+                c[i].dst = t;
+        }
+}
+
+size_t gpu_chunks_coalesce(GpuChunk *c, size_t n) {
+        size_t k = 0;
+
+        for (size_t i = 0; i < n; i++) {
+                if (c[i].len == 0)
+                        continue;
+                if (k > 0 && c[k - 1].src + c[k - 1].len == c[i].src &&
+                    c[k - 1].dst + c[k - 1].len == c[i].dst &&
+                    c[k - 1].len <= UINT64_MAX - c[i].len) {
+                        c[k - 1].len += c[i].len;
+                        continue;
+                }
+                c[k++] = c[i];
+        }
+        return k;
+}
+
+uint64_t gpu_chunks_bytes(const GpuChunk *c, size_t n) {
+        uint64_t s = 0;
+        for (size_t i = 0; i < n; i++)
+                if (ADD_OVERFLOW(s, c[i].len, &s))
+                        return UINT64_MAX;
+        return s;
+}
+
+void gpu_chunks_grid(size_t n, uint64_t max_len, int sms, unsigned *grid_x, unsigned *grid_y) {
+        /* 256 threads × 4 × 16 bytes per block pass; aim for ~8 blocks per SM in all. */
+        const uint64_t per_block = 256 * 4 * 16;
+        uint64_t target = (uint64_t)MAX(sms, 1) * 8, gy, gx;
+
+        gy = MIN((uint64_t)MAX(n, (size_t)1), (uint64_t)65535);
+        gx = DIV_ROUND_UP(target, gy);
+        gx = MIN(gx, MAX(DIV_ROUND_UP(max_len, per_block), (uint64_t)1));
+        gx = CLAMP(gx, (uint64_t)1, (uint64_t)65535);
+        *grid_x = (unsigned)gx;
+        *grid_y = (unsigned)gy;
+}
+
+GpuKernels *gpu_kernels_free(GpuKernels *k) {
+        if (!k)
+                return NULL;
+        if (k->module) {
+                (void)gpu_device_make_current(k->system, &k->system->devices[k->ordinal]);
+                (void)CU(k->system->driver, cuModuleUnload, k->module);
+        }
+        gpu_system_unref(k->system);
+        free(k);
+        return NULL;
+}
+
+int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret) {
+        _cleanup_(gpu_kernels_freep) GpuKernels *k = NULL;
+        GpuDevice *g = gpu_system_device(s, ordinal);
+        int r, v = 0;
+
+        if (!g)
+                return -ENODEV;
+        if (epd_pack_fatbin_size == 0)
+                return -EOPNOTSUPP; /* built without nvcc */
+        r = gpu_device_make_current(s, g);
+        if (r < 0)
+                return r;
+        k = calloc(1, sizeof *k);
+        if (!k)
+                return -ENOMEM;
+        k->system = gpu_system_ref(s);
+        k->ordinal = ordinal;
+        r = CU(s->driver, cuModuleLoadData, &k->module, epd_pack_fatbin);
+        if (r < 0)
+                return r;
+        r = CU(s->driver, cuModuleGetFunction, &k->copy_chunks, k->module, "epd_copy_chunks");
+        if (r < 0)
+                return r;
+        if (CU(s->driver, cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+               g->dev) >= 0)
+                k->sms = v;
+        *ret = TAKE_PTR(k);
+        return 0;
+}
+
+int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *chunks,
+                            CUdeviceptr desc_buf, size_t n) {
+        unsigned gx, gy, n32 = (unsigned)n;
+        uint64_t max_len = 0;
+        void *params[] = { &desc_buf, &n32 };
+        int r;
+
+        if (n == 0)
+                return 0;
+        if (n > GPU_CHUNKS_MAX)
+                return -E2BIG;
+        for (size_t i = 0; i < n; i++)
+                max_len = MAX(max_len, chunks[i].len);
+        gpu_chunks_grid(n, max_len, k->sms, &gx, &gy);
+
+        r = CU(k->system->driver, cuMemcpyHtoDAsync, desc_buf, chunks, n * sizeof *chunks, stream);
+        if (r < 0)
+                return r;
+        return CU(k->system->driver, cuLaunchKernel, k->copy_chunks, gx, gy, 1, 256, 1, 1, 0,
+                  stream, params, NULL);
+}

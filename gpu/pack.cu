@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later
+// Batched chunk copies on the GPU: one launch moves many (src, dst, len) chunks. Pack
+// (gather the pages of one layer group into a contiguous staging buffer) and unpack
+// (scatter them back) are this kernel with a contiguous destination or source; the
+// copy engine path uses it too when a batch has many small chunks. Built by nvcc into a
+// fatbin that gpu/pack.c loads with cuModuleLoadData; the descriptor layout is
+// GpuChunk in gpu/pack.h.
+
+struct EpdChunk {
+        unsigned long long src;
+        unsigned long long dst;
+        unsigned long long len;
+};
+
+#define UNROLL 4
+
+extern "C" __global__ void __launch_bounds__(256)
+epd_copy_chunks(const EpdChunk *__restrict__ chunks, unsigned n_chunks) {
+        for (unsigned c = blockIdx.y; c < n_chunks; c += gridDim.y) {
+                const EpdChunk e = chunks[c];
+                const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+                const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+
+                if (((e.src | e.dst | e.len) & 15ULL) == 0) {
+                        const uint4 *__restrict__ s = (const uint4 *)e.src;
+                        uint4 *__restrict__ d = (uint4 *)e.dst;
+                        const unsigned long long n = e.len / 16;
+                        unsigned long long i = tid;
+
+                        /* UNROLL independent 16-byte loads in flight per thread. */
+                        for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
+                                uint4 v[UNROLL];
+#pragma unroll
+                                for (int u = 0; u < UNROLL; u++)
+                                        v[u] = __ldcs(s + i + u * stride);
+#pragma unroll
+                                for (int u = 0; u < UNROLL; u++)
+                                        __stcs(d + i + u * stride, v[u]);
+                        }
+                        for (; i < n; i += stride)
+                                __stcs(d + i, __ldcs(s + i));
+                } else {
+                        const unsigned char *s = (const unsigned char *)e.src;
+                        unsigned char *d = (unsigned char *)e.dst;
+                        for (unsigned long long i = tid; i < e.len; i += stride)
+                                d[i] = s[i];
+                }
+        }
+}

@@ -1,0 +1,68 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* Pack/unpack and batched chunk copies on the GPU (kernels in pack.cu, built by nvcc
+ * into a fatbin embedded in the binary and loaded with cuModuleLoadData).
+ *
+ * A chunk is (src, dst, len) in device addresses. Pack gathers one layer group of a
+ * list of pages into a contiguous staging buffer (for transports that want contiguous
+ * bytes: TCP, RDMA); unpack scatters it back. The planning of chunks is pure and
+ * unit-tested; the launch needs a GPU. Built without nvcc, gpu_kernels_load() returns
+ * -EOPNOTSUPP and callers use the copy engine alone. */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "system.h"
+
+/* Same layout as EpdChunk in pack.cu. */
+typedef struct GpuChunk {
+        uint64_t src;
+        uint64_t dst;
+        uint64_t len;
+} GpuChunk;
+
+/* The most chunks one launch takes (the descriptor buffer's size). */
+#define GPU_CHUNKS_MAX 65536U
+
+/* Pure planning. Page i's group lives at page_base + page_offsets[i] + group_offset and
+ * is group_bytes long; the staging buffer holds them back to back in page order.
+ * Fills out[n_pages]; returns 0 or -EINVAL/-ERANGE (overflow). */
+int gpu_pack_plan(uint64_t page_base, const uint64_t *page_offsets, size_t n_pages,
+                  uint64_t group_offset, uint64_t group_bytes, uint64_t staging,
+                  GpuChunk *out);
+/* The same chunks with src and dst swapped (staging → pages). */
+void gpu_chunks_reverse(GpuChunk *c, size_t n);
+/* Merges neighbours that are contiguous on both sides, drops empty chunks; returns the
+ * new count. Order is kept. */
+size_t gpu_chunks_coalesce(GpuChunk *c, size_t n);
+/* Sum of lengths (saturating). */
+uint64_t gpu_chunks_bytes(const GpuChunk *c, size_t n);
+
+/* Launch geometry for n chunks of at most max_len bytes on a device with `sms`
+ * multiprocessors. Pure. */
+void gpu_chunks_grid(size_t n, uint64_t max_len, int sms, unsigned *grid_x, unsigned *grid_y);
+
+/* The fatbin embedded at build time (size 0 when built without nvcc). */
+extern const unsigned char epd_pack_fatbin[];
+extern const size_t epd_pack_fatbin_size;
+
+typedef struct GpuKernels {
+        GpuSystem *system;
+        int ordinal;
+        int sms;
+        CUmodule module;
+        CUfunction copy_chunks;
+} GpuKernels;
+
+int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret);
+GpuKernels *gpu_kernels_free(GpuKernels *k);
+DEFINE_TRIVIAL_CLEANUP_FUNC(GpuKernels *, gpu_kernels_free);
+
+/* Enqueues one batched copy on `stream`: copies the n descriptors from `host_desc`
+ * (pinned host memory, left untouched until the launch completes) to `dev_desc` (device
+ * memory of at least n * sizeof(GpuChunk), not reused before then either) and launches.
+ * The device's context must be current. n <= GPU_CHUNKS_MAX. */
+int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *host_desc,
+                            CUdeviceptr dev_desc, size_t n);

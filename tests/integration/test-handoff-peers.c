@@ -1,0 +1,384 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* Layered handoffs between two epdd hosts ("alpha" and "bravo", peers over loopback
+ * TCP with the cluster key): the prefill client on alpha, the decode client on bravo.
+ * (a third, "charlie", peers with alpha only).
+ * Bytes land exactly and groups arrive in order; the decode worker dying, the remote
+ * daemon killed with SIGKILL mid-transfer and admission (NoSpace) all end in a rollback
+ * on both sides, with every page free again within the heartbeat bound. The network
+ * namespace variants (cut links, packet loss) are in test-peer-netns.py. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "epd-internal.h"
+#include "epd/handoff.h"
+#include "harness.h"
+
+#define LAYERS 8
+#define TOKENS 16
+#define KV_BYTES 256
+#define LAYER_BYTES (TOKENS * 2 * KV_BYTES)
+#define PAGE_SIZE (LAYERS * LAYER_BYTES)
+#define N_PAGES 64
+
+static Harness ha, hb, hc;
+static char addr_a[512], addr_b[512], addr_c[512], keyfile[128];
+static const epd_kv_layout kv = { .layers = LAYERS, .tokens_per_block = TOKENS, .k_bytes_per_token = KV_BYTES,
+                                  .v_bytes_per_token = KV_BYTES, .dtype = "bfloat16" };
+static const uint32_t groups4[4] = { 2, 2, 2, 2 };
+
+static void setup(void) {
+        char conf[1024];
+        unsigned port = 20000 + (unsigned)(getpid() % 20000) * 2;
+        snprintf(keyfile, sizeof keyfile, "/tmp/epd-handoff-key-%d", (int)getpid());
+        int fd = open(keyfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(write(fd, "handoff-test-cluster-key-0123456789\n", 36), 36);
+        close(fd);
+
+        snprintf(conf, sizeof conf,
+                 "[Daemon]\nHostId=alpha\n[Arena:kv0]\nSize=32M\n"
+                 "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
+                 "[Peer:bravo]\nAddress=127.0.0.1:%u\nHostId=bravo\n"
+                 "[Peer:charlie]\nAddress=127.0.0.1:%u\nHostId=charlie\n",
+                 port, keyfile, port + 1, port + 2);
+        ck_assert_int_eq(harness_init(&ha, conf), 0);
+        snprintf(conf, sizeof conf,
+                 "[Daemon]\nHostId=bravo\n[Arena:kv0]\nSize=6M\n"
+                 "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
+                 "[Peer:alpha]\nAddress=127.0.0.1:%u\nHostId=alpha\n",
+                 port + 1, keyfile, port);
+        ck_assert_int_eq(harness_init(&hb, conf), 0);
+        snprintf(conf, sizeof conf,
+                 "[Daemon]\nHostId=charlie\n[Arena:kv0]\nSize=32M\n"
+                 "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
+                 "[Peer:alpha]\nAddress=127.0.0.1:%u\nHostId=alpha\n",
+                 port + 2, keyfile, port);
+        ck_assert_int_eq(harness_init(&hc, conf), 0);
+        harness_direct_address(&ha, addr_a, sizeof addr_a);
+        harness_direct_address(&hb, addr_b, sizeof addr_b);
+        harness_direct_address(&hc, addr_c, sizeof addr_c);
+        ck_assert_int_eq(harness_start_epdd(&ha, NULL), 0);
+        ck_assert_int_eq(harness_start_epdd(&hb, NULL), 0);
+        ck_assert_int_eq(harness_start_epdd(&hc, NULL), 0);
+}
+
+static void teardown(void) {
+        harness_done(&ha);
+        harness_done(&hb);
+        harness_done(&hc);
+        unlink(keyfile);
+}
+
+static epd_client *worker(const char *address, const char *role) {
+        epd_client *c = NULL;
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, role, "model", "cpu", &kv, NULL), 0);
+        return c;
+}
+
+static char *make_sequence(epd_client *c, uint32_t n, uint64_t *offs) {
+        sd_bus_message *reply = NULL;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        const char *path;
+        size_t sz;
+        const void *o;
+        int r = epd__call(c, "/org/epd1/pages", "org.epd1.Pages", "CreateSequence", &reply, "su", "kv0", n);
+        ck_assert_msg(r == 0, "CreateSequence: %s", epd_last_error_message(c));
+        ck_assert_int_ge(sd_bus_message_read(reply, "o", &path), 0);
+        char *p = strdup(path);
+        sd_bus_message_unref(reply);
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, p, "org.epd1.Sequence", "Offsets", &e, &reply, "at"), 0);
+        ck_assert_int_ge(sd_bus_message_read_array(reply, 't', &o, &sz), 0);
+        if (offs)
+                memcpy(offs, o, sz);
+        sd_bus_message_unref(reply);
+        return p;
+}
+
+static uint8_t pattern(uint32_t page, uint32_t layer, uint32_t k) {
+        return (uint8_t)(page * 29 + layer * 11 + k * 3 + 7);
+}
+
+static bool layers_equal(const uint8_t *base, const uint64_t *offs, uint32_t n, uint32_t first, uint32_t count) {
+        for (uint32_t p = 0; p < n; p++)
+                for (uint32_t l = first; l < first + count; l++)
+                        for (uint32_t k = 0; k < LAYER_BYTES; k++)
+                                if (base[offs[p] + (uint64_t)l * LAYER_BYTES + k] != pattern(p, l, k))
+                                        return false;
+        return true;
+}
+
+static uint64_t arena_live(epd_client *c) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        uint64_t live = 0;
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
+                                             "a(sttttttttttt)"), 0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "(sttttttttttt)"), 0);
+        const char *name;
+        uint64_t v[11];
+        while (sd_bus_message_read(reply, "(sttttttttttt)", &name, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                                   &v[7], &v[8], &v[9], &v[10]) > 0)
+                live += v[1] - v[2];
+        sd_bus_message_unref(reply);
+        return live;
+}
+
+typedef struct Cond {
+        epd_client *c;
+        const char *path;
+        const char *state;
+        uint64_t live;
+} Cond;
+
+static bool state_is(void *userdata) {
+        Cond *w = userdata;
+        epd_handoff_status s;
+        return epd_handoff_get(w->c, w->path, &s) >= 0 && strcmp(s.state, w->state) == 0;
+}
+
+static bool live_is(void *userdata) {
+        Cond *w = userdata;
+        return arena_live(w->c) == w->live;
+}
+
+/* Prepare, retrying while the peers are still connecting. */
+static int prepare_to(epd_client *c, const char *host, const char *rid, const char *seq, char **path,
+                      uint64_t *token) {
+        int r = -EHOSTUNREACH;
+        for (int i = 0; i < 500; i++) {
+                r = epd_handoff_prepare(c, rid, host, seq, groups4, 4, NULL, path, token);
+                if (r != -EHOSTUNREACH)
+                        break;
+                usleep(20000);
+        }
+        return r;
+}
+
+static int prepare(epd_client *c, const char *rid, const char *seq, char **path, uint64_t *token) {
+        return prepare_to(c, "bravo", rid, seq, path, token);
+}
+
+START_TEST(test_cross_host) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, N_PAGES, src);
+        int i = epd_arena_find(p, "kv0");
+        void *pb, *db;
+        ck_assert_int_eq(epd_arena_map(p, (size_t)i, &pb), 0);
+        ck_assert_int_eq(epd_arena_map(d, (size_t)epd_arena_find(d, "kv0"), &db), 0);
+        for (uint32_t pg = 0; pg < N_PAGES; pg++)
+                for (uint32_t l = 0; l < LAYERS; l++)
+                        for (uint32_t k = 0; k < LAYER_BYTES; k++)
+                                ((uint8_t *)pb)[src[pg] + (uint64_t)l * LAYER_BYTES + k] = pattern(pg, l, k);
+
+        char *path;
+        uint64_t token;
+        ck_assert_msg(prepare(p, "000000000000000000000000000000a1", seq, &path, &token) == 0, "Prepare: %s",
+                      epd_last_error_message(p));
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000a1", &acc), 0);
+        ck_assert_uint_eq(acc.token, token);
+        ck_assert_uint_eq(acc.n_pages, N_PAGES);
+        for (uint32_t g = 0; g < 4; g++) {
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+                epd_handoff_status s = {};
+                for (int k = 0; k < 500 && s.groups_done < g + 1; k++) {
+                        ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
+                        ck_assert_uint_le(s.groups_done, g + 1);
+                        if (s.groups_done < g + 1)
+                                usleep(10000);
+                }
+                ck_assert_uint_eq(s.groups_done, g + 1);
+                ck_assert(layers_equal(db, acc.offsets, N_PAGES, 0, 2 * (g + 1)));
+        }
+        char *dseq;
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+        Cond c = { p, path, "committed" };
+        ck_assert(harness_wait_for(state_is, &c, 5000));
+        epd_handoff_status s;
+        ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
+        ck_assert_uint_eq(s.bytes, (uint64_t)N_PAGES * PAGE_SIZE);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd__call(d, dseq, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+        ck_assert_uint_eq(arena_live(d), 0);
+        ck_assert_int_eq(epd__call(p, seq, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+        ck_assert_uint_eq(arena_live(p), 0);
+        free(dseq);
+        free(path);
+        free(seq);
+        epd_handoff_accepted_done(&acc);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+START_TEST(test_faults) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        char *seq = make_sequence(p, N_PAGES, NULL);
+        char *path, *path2;
+        uint64_t token;
+
+        /* Admission: bravo's 6 MiB arena holds fewer than 2 x 64 pages of 64 KiB. */
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000b1", seq, &path, &token), 0);
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000b2", seq, &path2, &token), -ENOSPC);
+        ck_assert_str_eq(epd_last_error_name(p), "org.epd1.Error.NoSpace");
+
+        /* The decode worker dies after Accept: both sides roll back, bravo frees the pages. */
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                epd_client *dd = NULL;
+                epd_handoff_accepted acc;
+                if (epd_connect(addr_b, &dd) < 0 || epd_register(dd, "decode", "model", "cpu", &kv, NULL) < 0 ||
+                    epd_handoff_accept(dd, "000000000000000000000000000000b1", &acc) < 0)
+                        _exit(1);
+                kill(getpid(), SIGKILL);
+                _exit(2);
+        }
+        int st;
+        ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+        ck_assert(WIFSIGNALED(st));
+        Cond c = { p, path, "rolled-back" };
+        ck_assert(harness_wait_for(state_is, &c, 3000));
+        epd_handoff_status s;
+        ck_assert_int_eq(epd_handoff_get(p, path, &s), 0);
+        ck_assert_str_eq(s.cause, "worker-gone");
+        Cond free_b = { .c = d, .live = 0 };
+        ck_assert(harness_wait_for(live_is, &free_b, 3000));
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        free(path);
+
+        /* bravo is killed with SIGKILL mid-transfer: alpha rolls back within the bound. */
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000b3", seq, &path, &token), 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 0), 0);
+        kill(hb.epdd_pid, SIGKILL);
+        waitpid(hb.epdd_pid, &st, 0);
+        hb.epdd_pid = 0;
+        Cond c2 = { p, path, "rolled-back" };
+        ck_assert_msg(harness_wait_for(state_is, &c2, 3000), "no rollback within 3 s of the peer's death");
+        ck_assert_int_eq(epd_handoff_get(p, path, &s), 0);
+        ck_assert(strcmp(s.cause, "peer-down") == 0 || strcmp(s.cause, "transfer-failed") == 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 1), -ESTALE);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd__call(p, seq, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+        Cond free_a = { .c = p, .live = 0 };
+        ck_assert(harness_wait_for(live_is, &free_a, 3000)); /* no lease left behind */
+        free(path);
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+START_TEST(test_source_dies) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        char *seq = make_sequence(p, N_PAGES, NULL);
+        char *path;
+        uint64_t token;
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000c1", seq, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000c1", &acc), 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 0), 0);
+        ck_assert_uint_eq(arena_live(d), N_PAGES);
+        /* alpha dies: bravo's side rolls back within the heartbeat bound, pages free. */
+        int st;
+        kill(ha.epdd_pid, SIGKILL);
+        waitpid(ha.epdd_pid, &st, 0);
+        ha.epdd_pid = 0;
+        Cond c = { d, acc.path, "rolled-back" };
+        ck_assert_msg(harness_wait_for(state_is, &c, 3000), "no rollback within 3 s of the peer's death");
+        epd_handoff_status s;
+        ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
+        ck_assert_str_eq(s.cause, "peer-down");
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, NULL), -ESTALE);
+        Cond free_b = { .c = d, .live = 0 };
+        ck_assert(harness_wait_for(live_is, &free_b, 3000));
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        free(seq);
+        epd_disconnect(d);
+        p = epd_disconnect(p);
+}
+END_TEST
+
+/* Three hosts: alpha hands off to bravo and to charlie at once; bravo dies mid-transfer;
+ * the handoff to charlie is not disturbed and commits, the one to bravo rolls back. */
+START_TEST(test_three_hosts) {
+        epd_client *p = worker(addr_a, "prefill"), *db = worker(addr_b, "decode"), *dc = worker(addr_c, "decode");
+        char *seq1 = make_sequence(p, N_PAGES, NULL), *seq2 = make_sequence(p, N_PAGES, NULL);
+        char *pb, *pc, *dseq;
+        uint64_t tb, tc;
+        ck_assert_int_eq(prepare_to(p, "bravo", "000000000000000000000000000000d1", seq1, &pb, &tb), 0);
+        ck_assert_int_eq(prepare_to(p, "charlie", "000000000000000000000000000000d2", seq2, &pc, &tc), 0);
+        epd_handoff_accepted ab, ac;
+        ck_assert_int_eq(epd_handoff_accept(db, "000000000000000000000000000000d1", &ab), 0);
+        ck_assert_int_eq(epd_handoff_accept(dc, "000000000000000000000000000000d2", &ac), 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, pb, 0), 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, pc, 0), 0);
+        int st;
+        kill(hb.epdd_pid, SIGKILL);
+        waitpid(hb.epdd_pid, &st, 0);
+        hb.epdd_pid = 0;
+        for (uint32_t g = 1; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, pc, g), 0);
+        Cond c1 = { p, pb, "rolled-back" };
+        ck_assert(harness_wait_for(state_is, &c1, 3000));
+        Cond c2 = { dc, ac.path, "transferred" };
+        ck_assert(harness_wait_for(state_is, &c2, 5000));
+        ck_assert_int_eq(epd_handoff_commit(dc, ac.path, &dseq), 0);
+        Cond c3 = { p, pc, "committed" };
+        ck_assert(harness_wait_for(state_is, &c3, 3000));
+        ck_assert_int_eq(epd_handoff_release(p, pb), 0);
+        ck_assert_int_eq(epd_handoff_release(p, pc), 0);
+        ck_assert_int_eq(epd_handoff_release(dc, ac.path), 0);
+        ck_assert_int_eq(epd__call(dc, dseq, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+        ck_assert_uint_eq(arena_live(dc), 0);
+        ck_assert_int_eq(epd__call(p, seq1, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+        ck_assert_int_eq(epd__call(p, seq2, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+        Cond free_a = { .c = p, .live = 0 };
+        ck_assert(harness_wait_for(live_is, &free_a, 3000));
+        epd_handoff_accepted_done(&ab);
+        epd_handoff_accepted_done(&ac);
+        free(seq1);
+        free(seq2);
+        free(pb);
+        free(pc);
+        free(dseq);
+        epd_disconnect(p);
+        epd_disconnect(db);
+        epd_disconnect(dc);
+}
+END_TEST
+
+int main(void) {
+        if (!getenv("EPDD")) {
+                printf("SKIP: EPDD is not set (run through meson test)\n");
+                return 77;
+        }
+        Suite *s = suite_create("handoff-peers");
+        TCase *tc = tcase_create("handoff-peers");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, test_cross_host);
+        tcase_add_test(tc, test_faults);
+        tcase_add_test(tc, test_source_dies);
+        tcase_add_test(tc, test_three_hosts);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

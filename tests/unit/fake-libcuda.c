@@ -1,0 +1,371 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* A stand-in for libcuda.so.1 in unit tests. Every entry point is resolved through
+ * cuGetProcAddress_v2, as with the real driver; FAKE_CUDA_MODE says what it is:
+ *   nodevice  cuInit fails with CUDA_ERROR_NO_DEVICE (a driver but no GPU)
+ *   zero      cuInit works, cuDeviceGetCount says 0
+ *   old       cuDriverGetVersion says 11.0
+ *   missing   one entry point cannot be resolved
+ *   gpu       one fake GPU whose "device memory" is host memory: VMM allocations are
+ *             memfds (exported fds are dups, imports map the same pages), device
+ *             pointers are addresses in this process, copies are memcpy, and stream
+ *             callbacks run at once. FAKE_CUDA_FAIL_COPIES=1 makes every stream
+ *             callback report CUDA_ERROR_ILLEGAL_ADDRESS.
+ * It lets the GPU domain's logic (arenas, transport, completions, registrations) run
+ * in CI; the real driver is exercised on the device machine. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void (*Callback)(void *stream, CUresult status, void *userdata);
+
+#define OK 0
+#define E_INVALID 1
+#define E_NO_DEVICE 100
+#define E_NOT_FOUND 500
+#define E_NOT_SUPPORTED 801
+
+static const char *mode(void) {
+        const char *m = getenv("FAKE_CUDA_MODE");
+        return m ? m : "nodevice";
+}
+
+static int is_gpu(void) {
+        return strcmp(mode(), "gpu") == 0;
+}
+
+/* ---- allocations: a handle is a memfd plus its size ---- */
+
+typedef struct Handle {
+        int fd;
+        size_t size;
+} Handle;
+
+#define MAX_MAPS 256
+static struct {
+        CUdeviceptr base;
+        size_t size;
+        int fd;
+} maps[MAX_MAPS];
+static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static CUresult f_init(unsigned flags) {
+        return strcmp(mode(), "nodevice") == 0 ? E_NO_DEVICE : OK;
+}
+static CUresult f_version(int *v) {
+        *v = strcmp(mode(), "old") == 0 ? 11000 : 13000;
+        return OK;
+}
+static CUresult f_count(int *n) {
+        *n = is_gpu() ? 1 : 0;
+        return OK;
+}
+static CUresult f_error_name(CUresult e, const char **s) {
+        *s = e == E_NO_DEVICE ? "CUDA_ERROR_NO_DEVICE" : e == 700 ? "CUDA_ERROR_ILLEGAL_ADDRESS" : "CUDA_ERROR_FAKE";
+        return OK;
+}
+static CUresult f_device_get(int *dev, int ordinal) {
+        if (ordinal != 0)
+                return 101;
+        *dev = 0;
+        return OK;
+}
+static CUresult f_name(char *name, int len, int dev) {
+        snprintf(name, (size_t)len, "Fake GPU");
+        return OK;
+}
+static CUresult f_pci(char *bus, int len, int dev) {
+        snprintf(bus, (size_t)len, "0000:AB:00.0");
+        return OK;
+}
+static CUresult f_total(size_t *b, int dev) {
+        *b = 1ULL << 30;
+        return OK;
+}
+static CUresult f_attr(int *v, int attr, int dev) {
+        switch (attr) {
+        case 16: *v = 4; break;   /* multiprocessors */
+        case 40: *v = 2; break;   /* copy engines */
+        case 102: *v = 1; break;  /* VMM */
+        case 103: *v = 1; break;  /* POSIX fd */
+        default: *v = 0;
+        }
+        return OK;
+}
+static CUresult f_peer(int *can, int a, int b) {
+        *can = 0;
+        return OK;
+}
+static CUresult f_retain(void **ctx, int dev) {
+        *ctx = (void *)0x1;
+        return OK;
+}
+static CUresult f_ok_int(int x) {
+        return OK;
+}
+static CUresult f_ok_ptr(void *p) {
+        return OK;
+}
+static CUresult f_ok_void(void) {
+        return OK;
+}
+static CUresult f_granularity(size_t *g, const void *prop, int opt) {
+        *g = 2 << 20;
+        return OK;
+}
+static CUresult f_mem_create(unsigned long long *h, size_t size, const void *prop, unsigned long long flags) {
+        Handle *x = calloc(1, sizeof *x);
+        if (!x)
+                return 2;
+        x->fd = memfd_create("fake-gpu", MFD_CLOEXEC);
+        if (x->fd < 0 || ftruncate(x->fd, (off_t)size) < 0) {
+                free(x);
+                return 2;
+        }
+        x->size = size;
+        *h = (unsigned long long)(uintptr_t)x;
+        return OK;
+}
+static CUresult f_mem_release(unsigned long long h) {
+        Handle *x = (Handle *)(uintptr_t)h;
+        close(x->fd);
+        free(x);
+        return OK;
+}
+static CUresult f_export(void *out, unsigned long long h, int type, unsigned long long flags) {
+        Handle *x = (Handle *)(uintptr_t)h;
+        int fd = dup(x->fd); /* like the driver: no FD_CLOEXEC */
+        if (fd < 0)
+                return 304;
+        *(int *)out = fd;
+        return OK;
+}
+static CUresult f_import(unsigned long long *h, void *os_handle, int type) {
+        int fd = (int)(intptr_t)os_handle;
+        off_t size = lseek(fd, 0, SEEK_END);
+        if (size <= 0)
+                return E_INVALID; /* not an allocation */
+        Handle *x = calloc(1, sizeof *x);
+        if (!x)
+                return 2;
+        x->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        x->size = (size_t)size;
+        *h = (unsigned long long)(uintptr_t)x;
+        return OK;
+}
+static CUresult f_reserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long fl) {
+        void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED)
+                return 2;
+        *p = (CUdeviceptr)(uintptr_t)m;
+        return OK;
+}
+static CUresult f_addr_free(CUdeviceptr p, size_t size) {
+        munmap((void *)(uintptr_t)p, size);
+        return OK;
+}
+static CUresult f_map(CUdeviceptr p, size_t size, size_t off, unsigned long long h, unsigned long long fl) {
+        Handle *x = (Handle *)(uintptr_t)h;
+        if (size + off > x->size)
+                return E_INVALID;
+        if (mmap((void *)(uintptr_t)p, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, x->fd,
+                 (off_t)off) == MAP_FAILED)
+                return 2;
+        pthread_mutex_lock(&maps_lock);
+        for (int i = 0; i < MAX_MAPS; i++)
+                if (maps[i].base == 0) {
+                        maps[i].base = p;
+                        maps[i].size = size;
+                        maps[i].fd = x->fd;
+                        break;
+                }
+        pthread_mutex_unlock(&maps_lock);
+        return OK;
+}
+static CUresult f_unmap(CUdeviceptr p, size_t size) {
+        mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+        pthread_mutex_lock(&maps_lock);
+        for (int i = 0; i < MAX_MAPS; i++)
+                if (maps[i].base == p)
+                        maps[i].base = 0;
+        pthread_mutex_unlock(&maps_lock);
+        return OK;
+}
+static CUresult f_set_access(CUdeviceptr p, size_t size, const void *desc, size_t n) {
+        return n >= 1 ? OK : E_INVALID;
+}
+static CUresult f_retain_handle(unsigned long long *h, void *addr) {
+        CUdeviceptr a = (CUdeviceptr)(uintptr_t)addr;
+        CUresult r = E_INVALID;
+        pthread_mutex_lock(&maps_lock);
+        for (int i = 0; i < MAX_MAPS; i++)
+                if (maps[i].base && a >= maps[i].base && a < maps[i].base + maps[i].size) {
+                        Handle *x = calloc(1, sizeof *x);
+                        if (x) {
+                                x->fd = fcntl(maps[i].fd, F_DUPFD_CLOEXEC, 3);
+                                x->size = maps[i].size;
+                                *h = (unsigned long long)(uintptr_t)x;
+                                r = OK;
+                        }
+                        break;
+                }
+        pthread_mutex_unlock(&maps_lock);
+        return r;
+}
+static CUresult f_alloc(CUdeviceptr *p, size_t size) {
+        void *m = malloc(size);
+        if (!m)
+                return 2;
+        *p = (CUdeviceptr)(uintptr_t)m;
+        return OK;
+}
+static CUresult f_free(CUdeviceptr p) {
+        free((void *)(uintptr_t)p);
+        return OK;
+}
+static CUresult f_alloc_host(void **p, size_t size) {
+        *p = malloc(size);
+        return *p ? OK : 2;
+}
+static CUresult f_free_host(void *p) {
+        free(p);
+        return OK;
+}
+static CUresult f_host_register(void *p, size_t size, unsigned flags) {
+        return p && size ? OK : E_INVALID;
+}
+static CUresult f_copy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+        memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+        return OK;
+}
+static CUresult f_copy_async(CUdeviceptr dst, CUdeviceptr src, size_t n, void *stream) {
+        return f_copy(dst, src, n);
+}
+static CUresult f_copy_peer_async(CUdeviceptr dst, void *dc, CUdeviceptr src, void *sc, size_t n, void *s) {
+        return f_copy(dst, src, n);
+}
+static CUresult f_batch_async(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                              void *attrs, size_t *idx, size_t n_attrs, void *stream) {
+        for (size_t i = 0; i < count; i++)
+                f_copy(dsts[i], srcs[i], sizes[i]);
+        return OK;
+}
+static CUresult f_memset8(CUdeviceptr dst, unsigned char v, size_t n) {
+        memset((void *)(uintptr_t)dst, v, n);
+        return OK;
+}
+static CUresult f_memset32_async(CUdeviceptr dst, unsigned v, size_t n, void *s) {
+        unsigned *p = (unsigned *)(uintptr_t)dst;
+        for (size_t i = 0; i < n; i++)
+                p[i] = v;
+        return OK;
+}
+static CUresult f_stream_create(void **s, unsigned flags) {
+        static int token;
+        *s = &token;
+        return OK;
+}
+static CUresult f_add_callback(void *stream, Callback cb, void *userdata, unsigned flags) {
+        /* The work before it is done already (copies are synchronous here). */
+        const char *fail = getenv("FAKE_CUDA_FAIL_COPIES");
+        cb(stream, fail && *fail == '1' ? 700 : OK, userdata);
+        return OK;
+}
+static CUresult f_event_create(void **e, unsigned flags) {
+        static int token;
+        *e = &token;
+        return OK;
+}
+static CUresult f_event_elapsed(float *ms, void *a, void *b) {
+        *ms = 0;
+        return OK;
+}
+static CUresult f_module_load(void **m, const void *image) {
+        return E_NOT_SUPPORTED; /* no kernels on a fake GPU */
+}
+static CUresult f_unsupported(void) {
+        return E_NOT_SUPPORTED;
+}
+
+static const struct {
+        const char *name;
+        void *fn;
+} table[] = {
+        { "cuInit", (void *)f_init },
+        { "cuDriverGetVersion", (void *)f_version },
+        { "cuGetErrorName", (void *)f_error_name },
+        { "cuDeviceGetCount", (void *)f_count },
+        { "cuDeviceGet", (void *)f_device_get },
+        { "cuDeviceGetName", (void *)f_name },
+        { "cuDeviceGetAttribute", (void *)f_attr },
+        { "cuDeviceGetPCIBusId", (void *)f_pci },
+        { "cuDeviceTotalMem", (void *)f_total },
+        { "cuDeviceCanAccessPeer", (void *)f_peer },
+        { "cuDevicePrimaryCtxRetain", (void *)f_retain },
+        { "cuDevicePrimaryCtxRelease", (void *)f_ok_int },
+        { "cuCtxSetCurrent", (void *)f_ok_ptr },
+        { "cuCtxSynchronize", (void *)f_ok_void },
+        { "cuMemGetAllocationGranularity", (void *)f_granularity },
+        { "cuMemCreate", (void *)f_mem_create },
+        { "cuMemRelease", (void *)f_mem_release },
+        { "cuMemExportToShareableHandle", (void *)f_export },
+        { "cuMemImportFromShareableHandle", (void *)f_import },
+        { "cuMemRetainAllocationHandle", (void *)f_retain_handle },
+        { "cuMemAddressReserve", (void *)f_reserve },
+        { "cuMemAddressFree", (void *)f_addr_free },
+        { "cuMemMap", (void *)f_map },
+        { "cuMemUnmap", (void *)f_unmap },
+        { "cuMemSetAccess", (void *)f_set_access },
+        { "cuMemAlloc", (void *)f_alloc },
+        { "cuMemFree", (void *)f_free },
+        { "cuMemAllocHost", (void *)f_alloc_host },
+        { "cuMemFreeHost", (void *)f_free_host },
+        { "cuMemHostRegister", (void *)f_host_register },
+        { "cuMemHostUnregister", (void *)f_ok_ptr },
+        { "cuMemcpyDtoD", (void *)f_copy },
+        { "cuMemcpyDtoH", (void *)f_copy },
+        { "cuMemcpyHtoD", (void *)f_copy },
+        { "cuMemcpyDtoDAsync", (void *)f_copy_async },
+        { "cuMemcpyDtoHAsync", (void *)f_copy_async },
+        { "cuMemcpyHtoDAsync", (void *)f_copy_async },
+        { "cuMemcpyPeerAsync", (void *)f_copy_peer_async },
+        { "cuMemcpyBatchAsync", (void *)f_batch_async },
+        { "cuMemsetD8", (void *)f_memset8 },
+        { "cuMemsetD32Async", (void *)f_memset32_async },
+        { "cuStreamCreate", (void *)f_stream_create },
+        { "cuStreamDestroy", (void *)f_ok_ptr },
+        { "cuStreamSynchronize", (void *)f_ok_ptr },
+        { "cuStreamAddCallback", (void *)f_add_callback },
+        { "cuEventCreate", (void *)f_event_create },
+        { "cuEventDestroy", (void *)f_ok_ptr },
+        { "cuEventSynchronize", (void *)f_ok_ptr },
+        { "cuEventElapsedTime", (void *)f_event_elapsed },
+        { "cuModuleLoadData", (void *)f_module_load },
+};
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                             unsigned long long flags, int *status);
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                             unsigned long long flags, int *status) {
+        if (status)
+                *status = 0;
+        if (strcmp(symbol, "cuLaunchKernel") == 0 && strcmp(mode(), "missing") == 0) {
+                *pfn = NULL;
+                return E_NOT_FOUND;
+        }
+        for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+                if (strcmp(table[i].name, symbol) == 0) {
+                        *pfn = table[i].fn;
+                        return OK;
+                }
+        /* The rest are never reached on a fake GPU (kernels fail to load first). */
+        *pfn = (void *)f_unsupported;
+        return OK;
+}

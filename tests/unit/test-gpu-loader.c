@@ -1,0 +1,588 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The GPU domain without a GPU: the run-time loader reports absence cleanly (no
+ * library, a driver without a device, an old driver), CUresult maps to errno, the
+ * declared ABI layouts match the driver's, and the pure planning of GPU arenas, copy
+ * paths and pack/unpack is right. With the fake driver's "gpu" mode (device memory that
+ * is host memory), the GPU domain's logic runs too: arenas exported and imported by fd,
+ * the CUDA transport's validation, copies and completions, registered external memory,
+ * error propagation. The real GPU is tested on the device machine
+ * (bench/gpu/run-device.sh). */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "copy.h"
+#include "epd/epd-gpu.h"
+#include "transport/cuda.h"
+#include "cuda-loader.h"
+#include "gpu-domain.h"
+#include "pack.h"
+#include "system.h"
+#include "vmm.h"
+
+/* The layouts of cuda.h (CUDA 12.0 – 13.0) on LP64. */
+_Static_assert(sizeof(CUmemLocation) == 8, "CUmemLocation");
+_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc");
+_Static_assert(offsetof(CUmemAllocationProp, location) == 8, "prop.location");
+_Static_assert(offsetof(CUmemAllocationProp, win32HandleMetaData) == 16, "prop.win32");
+_Static_assert(offsetof(CUmemAllocationProp, allocFlags) == 24, "prop.allocFlags");
+_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp");
+_Static_assert(sizeof(GpuChunk) == 24, "GpuChunk matches EpdChunk in pack.cu");
+
+static const char *fake(void) {
+        const char *p = getenv("FAKE_LIBCUDA");
+        ck_assert_msg(p, "FAKE_LIBCUDA not set (run through meson test)");
+        return p;
+}
+
+START_TEST(test_no_library) {
+        CudaDriver *d = (CudaDriver *)0x1;
+        GpuSystem *s = NULL;
+        GpuContext *g = NULL;
+
+        ck_assert_int_eq(cuda_driver_open("/nonexistent/libcuda.so.1", &d), -ENOENT);
+        ck_assert_ptr_eq(d, (CudaDriver *)0x1); /* untouched on failure */
+        ck_assert_ptr_nonnull(strstr(cuda_absence_to_string(-ENOENT), "no GPU"));
+        ck_assert_int_eq(gpu_system_open("/nonexistent/libcuda.so.1", &s), -ENOENT);
+        ck_assert_ptr_null(s);
+        ck_assert_int_eq(gpu_context_new("/nonexistent/libcuda.so.1", &g), -ENOENT);
+        ck_assert_ptr_null(g);
+}
+END_TEST
+
+START_TEST(test_not_a_driver) {
+        CudaDriver *d = NULL;
+
+        /* A library that loads but is no CUDA driver. */
+        ck_assert_int_eq(cuda_driver_open("libm.so.6", &d), -EOPNOTSUPP);
+        ck_assert_ptr_null(d);
+        ck_assert_ptr_nonnull(strstr(cuda_absence_to_string(-EOPNOTSUPP), "too old"));
+}
+END_TEST
+
+START_TEST(test_fake_driver_modes) {
+        static const struct {
+                const char *mode;
+                int error;
+        } cases[] = {
+                { "nodevice", -ENODEV },
+                { "zero", -ENODEV },
+                { "old", -EOPNOTSUPP },
+                { "missing", -EOPNOTSUPP },
+        };
+
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                CudaDriver *d = NULL;
+                GpuContext *g = NULL;
+
+                ck_assert_int_eq(setenv("FAKE_CUDA_MODE", cases[i].mode, 1), 0);
+                ck_assert_int_eq(cuda_driver_open(fake(), &d), cases[i].error);
+                ck_assert_ptr_null(d);
+                ck_assert_int_eq(gpu_context_new(fake(), &g), cases[i].error);
+                ck_assert_ptr_null(g);
+        }
+        ck_assert_ptr_nonnull(strstr(cuda_absence_to_string(-ENODEV), "no CUDA device"));
+}
+END_TEST
+
+START_TEST(test_real_driver_if_any) {
+        CudaDriver *d = NULL;
+        int r = cuda_driver_open(NULL, &d);
+
+        /* Whatever this machine has, the answer is clean: a driver, or a named absence. */
+        ck_assert_msg(r == 0 || r == -ENOENT || r == -ENODEV || r == -EOPNOTSUPP,
+                      "unexpected %d", r);
+        if (r == 0) {
+                ck_assert_int_gt(d->n_devices, 0);
+                ck_assert_int_ge(d->driver_version, EPD_CUDA_API_VERSION);
+        }
+        cuda_driver_close(d);
+}
+END_TEST
+
+START_TEST(test_result_to_errno) {
+        ck_assert_int_eq(cuda_result_to_errno(CUDA_SUCCESS), 0);
+        ck_assert_int_eq(cuda_result_to_errno(CUDA_ERROR_INVALID_VALUE), -EINVAL);
+        ck_assert_int_eq(cuda_result_to_errno(CUDA_ERROR_OUT_OF_MEMORY), -ENOMEM);
+        ck_assert_int_eq(cuda_result_to_errno(CUDA_ERROR_NO_DEVICE), -ENODEV);
+        ck_assert_int_eq(cuda_result_to_errno(CUDA_ERROR_NOT_SUPPORTED), -EOPNOTSUPP);
+        ck_assert_int_eq(cuda_result_to_errno(CUDA_ERROR_NOT_PERMITTED), -EPERM);
+        ck_assert_int_eq(cuda_result_to_errno(CUDA_ERROR_ILLEGAL_ADDRESS), -EFAULT);
+        ck_assert_int_eq(cuda_result_to_errno(CUDA_ERROR_NOT_READY), -EAGAIN);
+        ck_assert_int_eq(cuda_result_to_errno(CUDA_ERROR_NO_BINARY_FOR_GPU), -ENOEXEC);
+        ck_assert_int_eq(cuda_result_to_errno(12345), -EIO);
+        for (int r = 1; r < 1000; r++)
+                ck_assert_int_lt(cuda_result_to_errno(r), 0);
+        ck_assert_str_eq(cuda_result_name(NULL, CUDA_ERROR_OUT_OF_MEMORY), "CUDA_ERROR_OUT_OF_MEMORY");
+        ck_assert_ptr_nonnull(cuda_result_name(NULL, 4242));
+}
+END_TEST
+
+START_TEST(test_size_round) {
+        uint64_t v;
+
+        ck_assert_int_eq(gpu_arena_size_round(1, 2 << 20, &v), 0);
+        ck_assert_uint_eq(v, 2 << 20);
+        ck_assert_int_eq(gpu_arena_size_round(4 << 20, 2 << 20, &v), 0);
+        ck_assert_uint_eq(v, 4 << 20);
+        ck_assert_int_eq(gpu_arena_size_round((4 << 20) + 1, 2 << 20, &v), 0);
+        ck_assert_uint_eq(v, 6 << 20);
+        ck_assert_int_eq(gpu_arena_size_round(0, 2 << 20, &v), -EINVAL);
+        ck_assert_int_eq(gpu_arena_size_round(10, 0, &v), -EINVAL);
+        ck_assert_int_eq(gpu_arena_size_round(10, 3 << 20, &v), -EINVAL);
+        ck_assert_int_eq(gpu_arena_size_round(UINT64_MAX - 5, 2 << 20, &v), -ERANGE);
+}
+END_TEST
+
+START_TEST(test_pack_plan) {
+        uint64_t pages[] = { 3 * 4096, 0, 7 * 4096, 1 * 4096 };
+        GpuChunk c[4];
+
+        ck_assert_int_eq(gpu_pack_plan(0x10000000, pages, 4, 512, 1024, 0x20000000, c), 0);
+        for (size_t i = 0; i < 4; i++) {
+                ck_assert_uint_eq(c[i].src, 0x10000000 + pages[i] + 512);
+                ck_assert_uint_eq(c[i].dst, 0x20000000 + i * 1024);
+                ck_assert_uint_eq(c[i].len, 1024);
+        }
+        ck_assert_uint_eq(gpu_chunks_bytes(c, 4), 4096);
+        gpu_chunks_reverse(c, 4);
+        ck_assert_uint_eq(c[2].src, 0x20000000 + 2 * 1024);
+        ck_assert_uint_eq(c[2].dst, 0x10000000 + 7 * 4096 + 512);
+        ck_assert_int_eq(gpu_pack_plan(UINT64_MAX - 10, pages, 4, 0, 1024, 0, c), -ERANGE);
+        ck_assert_int_eq(gpu_pack_plan(0, NULL, 3, 0, 1, 0, c), -EINVAL);
+        ck_assert_int_eq(gpu_pack_plan(0, NULL, 0, 0, 1, 0, NULL), 0);
+}
+END_TEST
+
+START_TEST(test_coalesce) {
+        GpuChunk c[] = {
+                { 0, 1000, 100 },   /* merges with the next two */
+                { 100, 1100, 50 },
+                { 150, 1150, 0 },   /* empty: dropped */
+                { 150, 1150, 10 },
+                { 500, 2000, 10 },  /* src gap */
+                { 510, 2020, 10 },  /* dst gap */
+                { 520, 2030, 10 },  /* merges */
+        };
+        size_t n = gpu_chunks_coalesce(c, ELEMENTSOF(c));
+
+        ck_assert_uint_eq(n, 3);
+        ck_assert_uint_eq(c[0].src, 0);
+        ck_assert_uint_eq(c[0].len, 160);
+        ck_assert_uint_eq(c[1].src, 500);
+        ck_assert_uint_eq(c[1].len, 10);
+        ck_assert_uint_eq(c[2].src, 510);
+        ck_assert_uint_eq(c[2].len, 20);
+        ck_assert_uint_eq(gpu_chunks_coalesce(c, 0), 0);
+}
+END_TEST
+
+START_TEST(test_grid) {
+        unsigned gx, gy;
+
+        gpu_chunks_grid(1, 1ULL << 30, 132, &gx, &gy);
+        ck_assert_uint_eq(gy, 1);
+        ck_assert_uint_eq(gx, 132 * 8);
+        gpu_chunks_grid(4096, 64 << 10, 132, &gx, &gy);
+        ck_assert_uint_eq(gy, 4096);
+        ck_assert_uint_eq(gx, 1);
+        gpu_chunks_grid(100000, 16, 132, &gx, &gy);
+        ck_assert_uint_eq(gy, 65535);
+        ck_assert_uint_eq(gx, 1);
+        gpu_chunks_grid(0, 0, 0, &gx, &gy);
+        ck_assert_uint_ge(gx, 1);
+        ck_assert_uint_ge(gy, 1);
+}
+END_TEST
+
+START_TEST(test_copy_path) {
+        bool peer[] = { false, true, false, false };
+        GpuSystem s = { .n_devices = 2, .peer = peer };
+        GpuArena a0 = { .ordinal = 0, .size = 1 << 20 }, a1 = { .ordinal = 1, .size = 1 << 20 };
+        char host[16];
+
+        ck_assert_int_eq(gpu_copy_path(&s, &(GpuCopySeg) { .src = &a0, .dst = &a0 }), GPU_COPY_SAME_GPU);
+        ck_assert_int_eq(gpu_copy_path(&s, &(GpuCopySeg) { .src = &a0, .dst = &a1 }), GPU_COPY_PEER);
+        ck_assert_int_eq(gpu_copy_path(&s, &(GpuCopySeg) { .src = &a1, .dst_host = host }), GPU_COPY_D2H);
+        ck_assert_int_eq(gpu_copy_path(&s, &(GpuCopySeg) { .src_host = host, .dst = &a1 }), GPU_COPY_H2D);
+        ck_assert_int_lt(gpu_copy_path(&s, &(GpuCopySeg) { .src_host = host, .dst_host = host }), 0);
+        ck_assert_int_lt(gpu_copy_path(&s, &(GpuCopySeg) { .src = &a0 }), 0);
+        ck_assert(gpu_system_can_access_peer(&s, 0, 1));
+        ck_assert(!gpu_system_can_access_peer(&s, 1, 0));
+        ck_assert(gpu_system_can_access_peer(&s, 1, 1));
+        ck_assert(!gpu_system_can_access_peer(&s, 0, 2));
+        ck_assert(!gpu_system_can_access_peer(&s, -1, 0));
+        ck_assert_str_eq(gpu_copy_path_to_string(GPU_COPY_PEER), "peer");
+        ck_assert_ptr_null(gpu_copy_path_to_string(_GPU_COPY_PATH_MAX));
+        ck_assert(gpu_arena_range_ok(&a0, 0, 1 << 20));
+        ck_assert(!gpu_arena_range_ok(&a0, 1, 1 << 20));
+        ck_assert(!gpu_arena_range_ok(&a0, UINT64_MAX, 2));
+}
+END_TEST
+
+START_TEST(test_format) {
+        bool peer[] = { false, true, true, false };
+        GpuDevice dev[2] = {
+                { .ordinal = 0, .name = "Fake A", .pci_bus_id = "0000:19:00.0", .vmm = true },
+                { .ordinal = 1, .name = "Fake B", .pci_bus_id = "0000:3b:00.0" },
+        };
+        GpuSystem s = { .n_devices = 2, .devices = dev, .peer = peer };
+        char *text = NULL;
+
+        ck_assert_int_eq(gpu_system_format(&s, &text), 0);
+        ck_assert_ptr_nonnull(strstr(text, "0000:19:00.0"));
+        ck_assert_ptr_nonnull(strstr(text, "0000:3b:00.0"));
+        ck_assert_ptr_nonnull(strstr(text, "peer access"));
+        free(text);
+}
+END_TEST
+
+START_TEST(test_kernels_built) {
+#if HAVE_CUDA_KERNELS
+        /* nvcc was found: the fatbin is embedded (fatbin magic 0xba55ed50). */
+        ck_assert_uint_gt(epd_pack_fatbin_size, 16);
+        ck_assert_uint_eq(epd_pack_fatbin[0], 0x50);
+        ck_assert_uint_eq(epd_pack_fatbin[1], 0xed);
+        ck_assert_uint_eq(epd_pack_fatbin[2], 0x55);
+        ck_assert_uint_eq(epd_pack_fatbin[3], 0xba);
+#else
+        ck_assert_uint_eq(epd_pack_fatbin_size, 0);
+#endif
+}
+END_TEST
+
+
+/* ---- the fake GPU ---- */
+
+static void fake_gpu(bool fail_copies) {
+        ck_assert_int_eq(setenv("FAKE_CUDA_MODE", "gpu", 1), 0);
+        ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", fail_copies ? "1" : "0", 1), 0);
+}
+
+/* Posts and collects every completion through the completion fd. */
+static int run_writes(Transport *t, const TransportWrite *w, size_t n, uint64_t *cookies_seen) {
+        TransportCompletion c[64];
+        size_t seen = 0;
+        int err = 0, r;
+
+        r = t->ops->post(t, NULL, w, n);
+        if (r < 0)
+                return r;
+        while (seen < n) {
+                struct pollfd p = { .fd = t->ops->completion_fd(t), .events = POLLIN };
+                size_t k = t->ops->poll(t, c, ELEMENTSOF(c));
+                for (size_t i = 0; i < k; i++) {
+                        if (c[i].error < 0 && err == 0)
+                                err = c[i].error;
+                        if (cookies_seen)
+                                cookies_seen[seen + i] = c[i].cookie;
+                }
+                seen += k;
+                if (k == 0)
+                        ck_assert_int_eq(poll(&p, 1, 5000), 1);
+        }
+        return err;
+}
+
+START_TEST(test_fake_system) {
+        GpuSystem *s = NULL;
+        char *text = NULL;
+
+        fake_gpu(false);
+        ck_assert_int_eq(gpu_system_open(fake(), &s), 0);
+        ck_assert_uint_eq(s->n_devices, 1);
+        ck_assert_str_eq(s->devices[0].pci_bus_id, "0000:ab:00.0"); /* lower-cased */
+        ck_assert(s->devices[0].vmm && s->devices[0].posix_fd);
+        ck_assert_uint_eq(s->devices[0].granularity, 2 << 20);
+        ck_assert_int_eq(gpu_system_format(s, &text), 0);
+        ck_assert_ptr_nonnull(strstr(text, "Fake GPU"));
+        free(text);
+        gpu_system_unref(s);
+}
+END_TEST
+
+START_TEST(test_fake_arena_fd) {
+        GpuContext *g = NULL;
+        GpuArena *imp = NULL;
+        Arena *a = NULL;
+        ArenaConfig c = { .name = (char *)"g0", .domain = MEMORY_GPU, .size = 3 << 20, .gpu = 0 };
+        ArenaConfig bad = c;
+
+        fake_gpu(false);
+        ck_assert_int_eq(gpu_context_new(fake(), &g), 0);
+        bad.gpu = 1;
+        ck_assert_int_eq(gpu_context_arena_new(g, &bad, 0, &a), -ENODEV);
+        bad = c;
+        bad.domain = MEMORY_HOST;
+        ck_assert_int_eq(gpu_context_arena_new(g, &bad, 0, &a), -EINVAL);
+
+        ck_assert_int_eq(gpu_context_arena_new(g, &c, 7, &a), 0);
+        ck_assert_uint_eq(a->size, 4 << 20); /* granularity */
+        ck_assert_int_eq(a->domain, MEMORY_GPU);
+        ck_assert_uint_eq(a->data_offset, 0);
+        ck_assert_int_ge(a->fd, 0);
+        ck_assert_int_eq(fcntl(a->fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+        ck_assert_int_eq(fcntl(a->gpu->fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+        ck_assert_ptr_eq(gpu_context_lookup(g, a->region.device_base), a->gpu);
+
+        /* The import side (what libepd does in a worker) maps the same memory. */
+        ck_assert_int_eq(gpu_arena_import(g->system, 0, a->fd, a->size, &imp), 0);
+        ck_assert(!imp->owned);
+        memset((void *)(uintptr_t)a->gpu->base, 0x5c, 4096);
+        ck_assert_uint_eq(((uint8_t *)(uintptr_t)imp->base)[4095], 0x5c);
+        /* The daemon's arena goes first: a worker's mapping keeps the memory. */
+        gpu_context_arena_forget(g, a);
+        a->gpu = gpu_arena_unref(a->gpu);
+        ck_assert_uint_eq(((uint8_t *)(uintptr_t)imp->base)[17], 0x5c);
+        gpu_arena_unref(imp);
+        ck_assert_int_eq(gpu_arena_import(g->system, 0, -1, 4 << 20, &imp), -EBADF);
+        ck_assert_int_eq(gpu_arena_import(g->system, 0, a->fd, 8 << 20, &imp), -EINVAL); /* larger than exported */
+        ck_assert_int_eq(gpu_arena_import(g->system, 0, a->fd, 3 << 20, &imp), -EINVAL); /* not granular */
+        close(a->fd);
+        free(a->name);
+        free(a);
+        gpu_context_free(g);
+}
+END_TEST
+
+static Arena *fake_arena(GpuContext *g, uint32_t index, uint64_t size) {
+        ArenaConfig c = { .name = (char *)"t", .domain = MEMORY_GPU, .size = size, .gpu = 0 };
+        Arena *a = NULL;
+        ck_assert_int_eq(gpu_context_arena_new(g, &c, index, &a), 0);
+        return a;
+}
+
+static void fake_arena_free(GpuContext *g, Arena *a) {
+        gpu_context_arena_forget(g, a);
+        gpu_arena_unref(a->gpu);
+        close(a->fd);
+        free(a->name);
+        free(a);
+}
+
+START_TEST(test_fake_transport) {
+        GpuContext *g = NULL;
+        Transport *t;
+        enum { HOST = 100, N = 64, PAGE = 4096 };
+        static uint8_t host[4 << 20];
+        TransportRegion hr = { .id = HOST, .domain = MEMORY_HOST, .host_base = host, .size = sizeof host };
+        TransportWrite w[N];
+        uint64_t seen[N];
+
+        fake_gpu(false);
+        ck_assert_int_eq(gpu_context_new(fake(), &g), 0);
+        t = g->transport;
+        ck_assert_int_eq(t->ops->kind, TRANSPORT_CUDA);
+        Arena *a = fake_arena(g, 1, 2 << 20), *b = fake_arena(g, 2, 2 << 20);
+        ck_assert_int_eq(t->ops->register_region(t, &hr), 0);
+        ck_assert_int_eq(t->ops->register_region(t, &hr), -EEXIST);
+        TransportRegion stray = { .id = 55, .domain = MEMORY_GPU, .device_base = 12345, .size = 10 };
+        ck_assert_int_eq(t->ops->register_region(t, &stray), -ENOENT);
+
+        for (size_t i = 0; i < sizeof host; i++)
+                host[i] = (uint8_t)(i * 7 + 3);
+        /* Host → a, a → b scattered pages (several streams), b → host. */
+        w[0] = (TransportWrite) { .src_region = HOST, .dst_region = 1, .length = 1 << 20, .cookie = 1 };
+        ck_assert_int_eq(run_writes(t, w, 1, seen), 0);
+        ck_assert_uint_eq(seen[0], 1);
+        gpu_copy_engine_set_d2d_streams(cuda_transport_engine(t), 4);
+        gpu_copy_engine_set_batch_api(cuda_transport_engine(t), false);
+        for (int i = 0; i < N; i++)
+                w[i] = (TransportWrite) { .src_region = 1, .src_offset = (uint64_t)i * PAGE, .dst_region = 2,
+                                          .dst_offset = (uint64_t)(N - 1 - i) * PAGE, .length = PAGE,
+                                          .cookie = 1000 + (uint64_t)i };
+        ck_assert_int_eq(run_writes(t, w, N, seen), 0);
+        uint64_t sum = 0;
+        for (int i = 0; i < N; i++)
+                sum += seen[i];
+        ck_assert_uint_eq(sum, N * 1000 + N * (N - 1) / 2); /* each cookie exactly once */
+        memset(host + (2 << 20), 0, 1 << 20);
+        w[0] = (TransportWrite) { .src_region = 2, .dst_region = HOST, .dst_offset = 2 << 20,
+                                  .length = N * PAGE, .cookie = 9 };
+        ck_assert_int_eq(run_writes(t, w, 1, NULL), 0);
+        for (int i = 0; i < N; i++)
+                ck_assert_int_eq(memcmp(host + (2 << 20) + (size_t)(N - 1 - i) * PAGE, host + (size_t)i * PAGE, PAGE), 0);
+        const GpuCopyStats *st = gpu_copy_engine_stats(cuda_transport_engine(t));
+        ck_assert_uint_eq(st->failures, 0);
+        ck_assert_uint_eq(st->bytes_by_path[GPU_COPY_H2D], 1 << 20);
+        ck_assert_uint_eq(st->bytes_by_path[GPU_COPY_SAME_GPU], N * PAGE);
+        ck_assert_uint_eq(st->bytes_by_path[GPU_COPY_D2H], N * PAGE);
+
+        /* Refusals queue nothing. */
+        w[0] = (TransportWrite) { .src_region = HOST, .dst_region = HOST, .length = 8 };
+        ck_assert_int_eq(t->ops->post(t, NULL, w, 1), -EINVAL);
+        w[0] = (TransportWrite) { .src_region = 1, .dst_region = 77, .length = 8 };
+        ck_assert_int_eq(t->ops->post(t, NULL, w, 1), -ENOENT);
+        w[0] = (TransportWrite) { .src_region = 1, .dst_region = 2, .dst_offset = (2 << 20) - 4, .length = 8 };
+        ck_assert_int_eq(t->ops->post(t, NULL, w, 1), -ERANGE);
+        w[0] = (TransportWrite) { .src_region = 1, .dst_region = 1, .src_offset = 0, .dst_offset = 4, .length = 8 };
+        ck_assert_int_eq(t->ops->post(t, NULL, w, 1), -EINVAL); /* overlapping */
+        w[0] = (TransportWrite) { .src_region = 1, .dst_region = 2, .length = 0 };
+        ck_assert_int_eq(t->ops->post(t, NULL, w, 1), -EINVAL);
+        ck_assert_int_eq(t->ops->post(t, (void *)1, w, 1), -EOPNOTSUPP);
+        ck_assert_int_eq(t->ops->post(t, NULL, w, 0), -EINVAL);
+        /* A good write followed by a bad one: nothing of the batch is queued. */
+        w[0] = (TransportWrite) { .src_region = 1, .dst_region = 2, .length = 8 };
+        w[1] = (TransportWrite) { .src_region = 1, .dst_region = 2, .src_offset = 3 << 20, .length = 8 };
+        ck_assert_int_eq(t->ops->post(t, NULL, w, 2), -ERANGE);
+        TransportCompletion c[4];
+        ck_assert_uint_eq(t->ops->poll(t, c, 4), 0);
+        ck_assert_uint_eq(gpu_copy_engine_in_flight(cuda_transport_engine(t)), 0);
+
+        /* Kernel batching asked for, but a fake GPU has no kernels: the copy engine does it. */
+        gpu_copy_engine_set_kernel_batching(cuda_transport_engine(t), true, 2);
+        for (int i = 0; i < N; i++)
+                w[i] = (TransportWrite) { .src_region = 2, .src_offset = (uint64_t)i * PAGE, .dst_region = 1,
+                                          .dst_offset = (uint64_t)i * PAGE, .length = PAGE, .cookie = (uint64_t)i };
+        ck_assert_int_eq(run_writes(t, w, N, NULL), 0);
+        ck_assert_uint_eq(st->kernel_launches, 0);
+
+        t->ops->unregister_region(t, &hr);
+        fake_arena_free(g, a);
+        fake_arena_free(g, b);
+        gpu_context_free(g);
+}
+END_TEST
+
+START_TEST(test_fake_copy_errors) {
+        GpuContext *g = NULL;
+        TransportWrite w[3];
+
+        fake_gpu(true);
+        ck_assert_int_eq(gpu_context_new(fake(), &g), 0);
+        Arena *a = fake_arena(g, 1, 2 << 20), *b = fake_arena(g, 2, 2 << 20);
+        for (int i = 0; i < 3; i++)
+                w[i] = (TransportWrite) { .src_region = 1, .src_offset = (uint64_t)i * 4096, .dst_region = 2,
+                                          .dst_offset = (uint64_t)i * 4096, .length = 4096, .cookie = (uint64_t)i };
+        /* The stream reports an illegal address: every write of the batch fails, once. */
+        ck_assert_int_eq(run_writes(g->transport, w, 3, NULL), -EFAULT);
+        ck_assert_uint_eq(g->transport->stats.failures, 3);
+        ck_assert_uint_eq(g->transport->stats.bytes, 0);
+        fake_arena_free(g, a);
+        fake_arena_free(g, b);
+        gpu_context_free(g);
+        fake_gpu(false);
+}
+END_TEST
+
+START_TEST(test_fake_external) {
+        GpuContext *g = NULL;
+        GpuArena *own = NULL;
+        GpuExternal *x = NULL, *y = NULL;
+        int fd = -1;
+
+        fake_gpu(false);
+        ck_assert_int_eq(gpu_context_new(fake(), &g), 0);
+        Arena *a = fake_arena(g, 1, 2 << 20);
+        memset((void *)(uintptr_t)a->gpu->base, 0x77, 2 << 20);
+
+        /* "The worker's" own allocation, exported from its device pointer. */
+        ck_assert_int_eq(gpu_arena_new(g->system, 0, 4 << 20, &own), 0);
+        memset((void *)(uintptr_t)own->base, 0x11, own->size);
+        ck_assert_int_eq(gpu_export_allocation(g->system, own->base + 4096, &fd), 0);
+        ck_assert_int_eq(fcntl(fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+        ck_assert_int_eq(gpu_context_register_external(g, 0, fd, own->size, &x), 0);
+        ck_assert_int_eq(gpu_context_register_external(g, 3, fd, own->size, &y), -ENODEV);
+        ck_assert_uint_ge(x->region.id, GPU_EXTERNAL_REGION_BASE);
+        ck_assert(!x->arena->owned);
+
+        TransportWrite w = { .src_region = 1, .dst_region = x->region.id, .dst_offset = 1 << 20,
+                             .length = 1 << 20, .cookie = 5 };
+        ck_assert_int_eq(run_writes(g->transport, &w, 1, NULL), 0);
+        x = gpu_external_release(x);
+        /* Released: the region is gone for the daemon... */
+        ck_assert_int_eq(g->transport->ops->post(g->transport, NULL, &w, 1), -ENOENT);
+        /* ...and the worker's memory is intact and still its own. */
+        const uint8_t *p = (const uint8_t *)(uintptr_t)own->base;
+        ck_assert_uint_eq(p[0], 0x11);
+        ck_assert_uint_eq(p[1 << 20], 0x77);
+        ck_assert_uint_eq(p[(2 << 20) - 1], 0x77);
+        ck_assert_uint_eq(p[2 << 20], 0x11);
+
+        /* The limit. */
+        GpuExternal **many = calloc(GPU_EXTERNAL_MAX, sizeof *many);
+        for (unsigned i = 0; i < GPU_EXTERNAL_MAX; i++)
+                ck_assert_int_eq(gpu_context_register_external(g, 0, fd, 2 << 20, &many[i]), 0);
+        ck_assert_int_eq(gpu_context_register_external(g, 0, fd, 2 << 20, &y), -EDQUOT);
+        for (unsigned i = 0; i < GPU_EXTERNAL_MAX; i++)
+                gpu_external_release(many[i]);
+        free(many);
+
+        close(fd);
+        gpu_arena_unref(own);
+        fake_arena_free(g, a);
+        gpu_context_free(g);
+}
+END_TEST
+
+START_TEST(test_fake_libepd) {
+        EpdGpu *g = NULL;
+        EpdGpuMapping *m = NULL;
+        GpuSystem *s = NULL;
+        GpuArena *a = NULL;
+        int fd = -1;
+
+        fake_gpu(false);
+        ck_assert_int_eq(setenv("EPD_LIBCUDA", fake(), 1), 0);
+        ck_assert_int_eq(epd_gpu_open(&g), 0);
+        ck_assert_int_eq(epd_gpu_ordinal_from_pci_bus_id(g, "0000:AB:00.0"), 0);
+        ck_assert_int_eq(epd_gpu_ordinal_from_pci_bus_id(g, "0000:01:00.0"), -ENODEV);
+
+        ck_assert_int_eq(gpu_system_open(fake(), &s), 0);
+        ck_assert_int_eq(gpu_arena_new(s, 0, 2 << 20, &a), 0);
+        memset((void *)(uintptr_t)a->base, 0x42, 2 << 20);
+        ck_assert_int_eq(epd_gpu_map(g, a->fd, a->size, 0, &m), 0);
+        ck_assert_uint_eq(epd_gpu_mapping_size(m), 2 << 20);
+        ck_assert_uint_eq(((uint8_t *)(uintptr_t)epd_gpu_mapping_device_pointer(m))[100], 0x42);
+        ck_assert_int_eq(epd_gpu_export(g, epd_gpu_mapping_device_pointer(m), &fd), 0);
+        close(fd);
+        ck_assert_int_eq(epd_gpu_export(g, 0, &fd), -EINVAL);
+        /* Closing the handle first is fine: it lives until the last mapping goes. */
+        epd_gpu_close(g);
+        epd_gpu_unmap(m);
+        gpu_arena_unref(a);
+        gpu_system_unref(s);
+        ck_assert_int_eq(unsetenv("EPD_LIBCUDA"), 0);
+}
+END_TEST
+
+static Suite *suite(void) {
+        Suite *s = suite_create("gpu-loader");
+        TCase *tc = tcase_create("core");
+
+        tcase_add_test(tc, test_no_library);
+        tcase_add_test(tc, test_not_a_driver);
+        tcase_add_test(tc, test_fake_driver_modes);
+        tcase_add_test(tc, test_real_driver_if_any);
+        tcase_add_test(tc, test_result_to_errno);
+        tcase_add_test(tc, test_size_round);
+        tcase_add_test(tc, test_pack_plan);
+        tcase_add_test(tc, test_coalesce);
+        tcase_add_test(tc, test_grid);
+        tcase_add_test(tc, test_copy_path);
+        tcase_add_test(tc, test_format);
+        tcase_add_test(tc, test_kernels_built);
+        tcase_add_test(tc, test_fake_system);
+        tcase_add_test(tc, test_fake_arena_fd);
+        tcase_add_test(tc, test_fake_transport);
+        tcase_add_test(tc, test_fake_copy_errors);
+        tcase_add_test(tc, test_fake_external);
+        tcase_add_test(tc, test_fake_libepd);
+        suite_add_tcase(s, tc);
+        return s;
+}
+
+int main(void) {
+        SRunner *sr = srunner_create(suite());
+        int failed;
+
+        srunner_run_all(sr, CK_NORMAL);
+        failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
