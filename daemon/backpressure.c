@@ -51,6 +51,7 @@ void backpressure_config_defaults(BackpressureConfig *c) {
                 .interval_usec = 200 * USEC_PER_MSEC,
                 .rtt_inflation = { 2.0, 4.0 },
                 .rtt_floor_usec = 500,
+                .rtt_min_bytes = 64 * 1024,
                 .retransmit_rate = { 0.01, 0.05 },
                 .send_queue_bytes = { 4ULL << 20, 16ULL << 20 },
                 .send_queue_growth = { 32ULL << 20, 128ULL << 20 },
@@ -111,6 +112,8 @@ int backpressure_config_set(BackpressureConfig *c, const char *key, const char *
                 c->rtt_floor_usec = (uint32_t)u;
                 return 0;
         }
+        if (strcasecmp(key, "RTTMinBytes") == 0)
+                return parse_size(value, &c->rtt_min_bytes);
         if (strcasecmp(key, "RetransmitRateElevated") == 0)
                 return parse_ratio(value, &c->retransmit_rate[0]);
         if (strcasecmp(key, "RetransmitRateHigh") == 0)
@@ -221,7 +224,8 @@ BackpressureLevel backpressure_evaluate(const BackpressureState *s, const Backpr
                         return BACKPRESSURE_STALLED;
                 }
 
-                if (x->min_rtt_usec > 0 && x->srtt_usec >= c->rtt_floor_usec)
+                if (x->min_rtt_usec > 0 && x->srtt_usec >= c->rtt_floor_usec &&
+                    s->acked_delta >= c->rtt_min_bytes)
                         CONSIDER(level_above(s->rtt_inflation, c->rtt_inflation[0],
                                              c->rtt_inflation[1], scale),
                                  BACKPRESSURE_REASON_RTT_INFLATION);
@@ -263,6 +267,8 @@ static void derive(BackpressureState *s, const BackpressureSample *x) {
         if (!s->have_prev || !s->prev.have_kernel || !x->have_kernel) {
                 s->retransmit_rate = 0;
                 s->send_queue_growth = 0;
+                /* No interval yet: judge RTT by the totals so far. */
+                s->acked_delta = x->bytes_acked;
                 s->last_progress = x->now;
                 s->retransmits_at_progress = x->retransmits;
                 return;
@@ -274,11 +280,13 @@ static void derive(BackpressureState *s, const BackpressureSample *x) {
                 /* A new connection replaced the old one: new baseline. */
                 s->retransmit_rate = 0;
                 s->send_queue_growth = 0;
+                s->acked_delta = x->bytes_acked;
                 s->last_progress = x->now;
                 s->retransmits_at_progress = x->retransmits;
                 return;
         }
 
+        s->acked_delta = x->bytes_acked - p->bytes_acked;
         uint64_t dsegs = x->segs_out - p->segs_out;
         uint64_t dretr = x->retransmits - p->retransmits;
         if (dsegs > 0)

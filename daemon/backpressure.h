@@ -43,6 +43,9 @@ typedef struct BackpressureConfig {
         usec_t interval_usec;              /* evaluation period */
         double rtt_inflation[2];           /* srtt / min_rtt */
         uint32_t rtt_floor_usec;           /* inflation only counts above this srtt */
+        uint64_t rtt_min_bytes;            /* ... and when this much was acked in the
+                                            * interval: an idle connection's srtt is
+                                            * mostly delayed ACKs, not queueing */
         double retransmit_rate[2];         /* retransmitted / sent segments, per interval */
         uint64_t send_queue_bytes[2];      /* unacked bytes queued on the socket */
         uint64_t send_queue_growth[2];     /* bytes per second of queue growth */
@@ -82,12 +85,13 @@ typedef struct BackpressureState {
         double retransmit_rate;   /* last computed, for display */
         double rtt_inflation;
         double send_queue_growth; /* bytes/s */
+        uint64_t acked_delta;     /* bytes acked since the previous sample */
 } BackpressureState;
 
 void backpressure_config_defaults(BackpressureConfig *c);
 /* Sets one key of the [Backpressure] config section; -EINVAL for a bad value,
  * -ENOENT for an unknown key. Keys: Enabled, Interval, RTTInflationElevated,
- * RTTInflationHigh, RTTFloor, RetransmitRateElevated, RetransmitRateHigh,
+ * RTTInflationHigh, RTTFloor, RTTMinBytes, RetransmitRateElevated, RetransmitRateHigh,
  * SendQueueElevated, SendQueueHigh, SendQueueGrowthElevated, SendQueueGrowthHigh,
  * HandoffsElevated, HandoffsHigh, DestinationFreeElevated, DestinationFreeHigh,
  * StallTimeout, Hold, Release. */

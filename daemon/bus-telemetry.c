@@ -82,7 +82,7 @@ static int append_peer(sd_bus_message *reply, const TelemetryPeerStats *p) {
         r = sd_bus_message_append(
                 reply, "a{sv}", 20,
                 "kernel", "b", (int)p->kernel,
-                "connections", "u", p->path.n_conns,
+                "connections", "u", p->tracked,
                 "established", "u", p->path.n_established,
                 "srtt_us", "u", p->path.srtt_usec,
                 "min_rtt_us", "u", p->path.min_rtt_usec,

@@ -285,6 +285,7 @@ static const ConfigItem items[] = {
         { "Backpressure", "RTTInflationElevated", p_telemetry, C(telemetry) },
         { "Backpressure", "RTTInflationHigh", p_telemetry, C(telemetry) },
         { "Backpressure", "RTTFloor", p_telemetry, C(telemetry) },
+        { "Backpressure", "RTTMinBytes", p_telemetry, C(telemetry) },
         { "Backpressure", "RetransmitRateElevated", p_telemetry, C(telemetry) },
         { "Backpressure", "RetransmitRateHigh", p_telemetry, C(telemetry) },
         { "Backpressure", "SendQueueElevated", p_telemetry, C(telemetry) },

@@ -17,6 +17,7 @@
 #include "page-manager.h"
 #include "peer.h"
 #include "sequence.h"
+#include "telemetry.h"
 #include "transport/local.h"
 #include "worker.h"
 
@@ -62,6 +63,14 @@ _Static_assert((1U << COOKIE_GROUP_BITS) >= HANDOFF_GROUPS_MAX, "cookie group bi
 
 static void after_event(HandoffObject *o);
 static void obj_free(HandoffObject *o);
+
+/* The request's trace (daemon/telemetry.h): every step of a handoff under its request id. */
+static void trace(HandoffObject *o, TraceEventType type, const TraceDetail *d) {
+        TraceDetail x = d ? *d : (TraceDetail){};
+        x.transport = x.transport ?: (o->peer ? "tcp" : "local");
+        x.peer = x.peer ?: (o->peer_host[0] ? o->peer_host : NULL);
+        (void)telemetry_trace(o->hm->manager, o->request_str, type, &x);
+}
 
 static Manager *obj_manager(HandoffObject *o) {
         return o->hm->manager;
@@ -252,6 +261,8 @@ static int obj_new(HandoffManager *hm, HandoffRole role, const EpdId *request_id
         }
         o->notified_state = o->h->state;
         epd_id_to_string(request_id, o->request_str);
+        (void)telemetry_trace(m, o->request_str, TRACE_HANDOFF_PREPARE,
+                              &(TraceDetail){ .detail = handoff_role_to_string(role) });
         r = epd_id_random(&o->handle);
         if (r >= 0) {
                 epd_id_to_string(&o->handle, o->handle_str);
@@ -293,6 +304,9 @@ static void on_progress(HandoffObject *o, uint32_t from, uint32_t to) {
                 if (counts(o))
                         o->hm->counters.groups += to - from;
                 for (uint32_t g = from; g < to; g++) {
+                        trace(o, TRACE_GROUP_SENT,
+                              &(TraceDetail){ .has_group = true, .group = (int32_t)g,
+                                              .bytes = h->groups[g].bytes_done });
                         if (o->twin) {
                                 (void)handoff_group_sent_notice(o->twin->h, g, h->groups[g].bytes_expected);
                         } else {
@@ -306,7 +320,11 @@ static void on_progress(HandoffObject *o, uint32_t from, uint32_t to) {
                 }
                 if (o->twin)
                         after_event(o->twin);
-        }
+        } else
+                for (uint32_t g = from; g < to; g++)
+                        trace(o, TRACE_GROUP_RECEIVED,
+                              &(TraceDetail){ .has_group = true, .group = (int32_t)g,
+                                              .bytes = h->groups[g].bytes_done });
         notify_progress(o, to);
 }
 
@@ -358,6 +376,7 @@ static void on_state(HandoffObject *o, HandoffState old) {
                 }
                 log_info("handoff %s (%s): rolled back: %s%s", o->request_str, handoff_role_to_string(h->role),
                          handoff_cause_to_string(h->cause), h->remote_rolled_back ? " (other side)" : "");
+                trace(o, TRACE_ROLLBACK, &(TraceDetail){ .detail = handoff_cause_to_string(h->cause) });
                 if (!h->remote_rolled_back) {
                         if (o->twin) {
                                 HandoffObject *t = o->twin;
@@ -369,6 +388,10 @@ static void on_state(HandoffObject *o, HandoffState old) {
                         }
                 }
         }
+        if (h->state == HANDOFF_COMMITTED && old != HANDOFF_COMMITTED)
+                trace(o, TRACE_COMMIT, &(TraceDetail){ .detail = handoff_role_to_string(h->role) });
+        if (h->state == HANDOFF_RELEASED && old != HANDOFF_RELEASED)
+                trace(o, TRACE_RELEASE, &(TraceDetail){ .detail = handoff_role_to_string(h->role) });
         if (h->state == HANDOFF_RELEASED && counts(o))
                 hm->counters.released++;
         notify_state(o);

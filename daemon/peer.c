@@ -16,6 +16,7 @@
 #include "bus-peer.h"
 #include "peer-auth.h"
 #include "peer.h"
+#include "telemetry.h"
 #include "transport/tcp.h"
 
 /* Largest payload accepted before a connection is authenticated. */
@@ -129,6 +130,10 @@ struct PeerManager {
 
         Transport *tcp;
         bool started;
+
+        /* Called with each authenticated data stream's fd as it is attached (telemetry). */
+        void (*stream_attached)(Peer *p, int fd, void *userdata);
+        void *stream_attached_userdata;
 };
 
 static const char *const peer_state_table[_PEER_STATE_MAX] = {
@@ -559,6 +564,8 @@ static int conn_to_stream(Conn *c) {
         int r;
 
         conn_free(c);
+        if (p->pm->stream_attached)
+                p->pm->stream_attached(p, fd, p->pm->stream_attached_userdata);
         r = tcp_transport_attach_stream(p->pm->tcp, p, fd, idx);
         if (r < 0) {
                 peer_stream_failed(p, r, "attaching data stream");
@@ -1357,12 +1364,21 @@ void peer_manager_set_heartbeat(PeerManager *pm, usec_t usec) {
         pm->heartbeat_usec = usec;
 }
 
-/* Telemetry hook point: the telemetry subsystem (daemon/telemetry.h, branch
- * `telemetry`) provides telemetry_track_socket(Manager *, int fd, const char *peer) and
- * telemetry_untrack_socket(); once it is on main, call them here for the control
- * connection (peer_control_fd()) and the data streams, so that eBPF keys its
- * per-connection stats (RTT, retransmits) by peer. */
+/* Kernel telemetry (daemon/telemetry.h) of the control connection and the data
+ * streams, keyed by peer: RTT, retransmits, queues, and backpressure from them. Streams
+ * are tracked as they attach; everything of the peer is untracked when it goes down. */
 static void peer_telemetry_hook(Manager *m, Peer *p, bool up) {
+        if (!up) {
+                (void)telemetry_untrack_peer(m, p->name);
+                return;
+        }
+        int fd = peer_control_fd(p);
+        if (fd >= 0)
+                (void)telemetry_track_socket(m, fd, p->name);
+}
+
+static void peer_stream_attached(Peer *p, int fd, void *userdata) {
+        (void)telemetry_track_socket(userdata, fd, p->name);
 }
 
 static void peer_state_changed(Peer *p, bool up, void *userdata) {
@@ -1403,6 +1419,8 @@ static int peer_subsystem_init(Manager *m) {
                         return log_error_errno(r, "peer: cannot register arena %s: %m", a->name);
                 }
         }
+        pm->stream_attached = peer_stream_attached;
+        pm->stream_attached_userdata = m;
         r = peer_manager_add_state_handler(pm, peer_state_changed, m);
         if (r < 0) {
                 peer_manager_free(pm);

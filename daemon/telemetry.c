@@ -445,6 +445,24 @@ int telemetry_untrack(Telemetry *t, int fd) {
         return 0;
 }
 
+int telemetry_untrack_all(Telemetry *t, const char *peer) {
+        TelemetryPeer *p;
+        if (!t || !peer)
+                return -EINVAL;
+        int r = peer_get(t, peer, false, &p);
+        if (r < 0)
+                return r;
+        while (p->n_conns > 0) {
+                TelemetryConn *c = p->conns[--p->n_conns];
+                hashmap_remove(t->conns, &c->cookie);
+                if (t->bpf)
+                        (void)telemetry_bpf_untrack(t->bpf, c->cookie);
+                free(c);
+        }
+        p->dirty = true;
+        return 0;
+}
+
 int telemetry_set_peer_load(Telemetry *t, const char *peer, unsigned handoffs_in_flight,
                             uint64_t destination_free_pages, uint64_t destination_total_pages) {
         TelemetryPeer *p;
@@ -463,6 +481,7 @@ static void peer_fill(const Telemetry *t, const TelemetryPeer *p, TelemetryPeerS
         *ret = (TelemetryPeerStats){
                 .name = p->name,
                 .kernel = t->bpf && p->path.n_conns > 0,
+                .tracked = p->n_conns,
                 .path = p->path,
                 .level = p->bp.level,
                 .reason = p->bp.reason,
@@ -549,6 +568,13 @@ int telemetry_untrack_socket(Manager *m, int fd) {
         if (!m->telemetry)
                 return 0;
         int r = telemetry_untrack(m->telemetry, fd);
+        return r == -ENOENT ? 0 : r;
+}
+
+int telemetry_untrack_peer(Manager *m, const char *peer) {
+        if (!m->telemetry)
+                return 0;
+        int r = telemetry_untrack_all(m->telemetry, peer);
         return r == -ENOENT ? 0 : r;
 }
 

@@ -31,6 +31,8 @@ typedef void (*TelemetryBackpressureFn)(Telemetry *t, const char *peer, Backpres
 typedef struct TelemetryPeerStats {
         const char *name;
         bool kernel;                  /* the kernel fields are valid (BPF loaded) */
+        unsigned tracked;             /* connections tracked (path.n_conns: those the
+                                       * kernel has reported on yet) */
         TelemetryPathStats path;
         BackpressureLevel level;
         BackpressureReason reason;
@@ -70,6 +72,7 @@ void telemetry_set_backpressure_handler(Telemetry *t, TelemetryBackpressureFn fn
 
 int telemetry_track(Telemetry *t, int fd, const char *peer);
 int telemetry_untrack(Telemetry *t, int fd);
+int telemetry_untrack_all(Telemetry *t, const char *peer);
 /* The daemon's own load towards a peer, folded into its backpressure. */
 int telemetry_set_peer_load(Telemetry *t, const char *peer, unsigned handoffs_in_flight,
                             uint64_t destination_free_pages, uint64_t destination_total_pages);
@@ -88,6 +91,8 @@ const TraceRequest *telemetry_get_trace(Telemetry *t, const char *request_id);
  * return 0 when telemetry is not running. */
 int telemetry_track_socket(Manager *m, int fd, const char *peer);
 int telemetry_untrack_socket(Manager *m, int fd);
+/* Untracks every connection of a peer (by cookie: the fds may be closed already). */
+int telemetry_untrack_peer(Manager *m, const char *peer);
 int telemetry_peer_stats(Manager *m, const char *peer, TelemetryPeerStats *ret);
 int telemetry_peer_load(Manager *m, const char *peer, unsigned handoffs_in_flight,
                         uint64_t destination_free_pages, uint64_t destination_total_pages);

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-/* epdctl trace REQUEST_ID, epdctl peers. */
+/* epdctl trace REQUEST_ID, epdctl paths. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -82,7 +82,7 @@ int verb_paths(epd_client *c, int argc, char **argv) {
         sd_bus_message *reply = NULL;
         int r = epd__call(c, "/org/epd1/telemetry", "org.epd1.Telemetry", "GetPeers", &reply, NULL);
         if (r < 0)
-                return epdctl_fail(c, r, "peers");
+                return epdctl_fail(c, r, "paths");
         r = sd_bus_message_enter_container(reply, 'a', "(sa{sv})");
         if (!arg_json)
                 printf("%-20s %5s %9s %9s %12s %9s %-9s %s\n", "PEER", "CONNS", "SRTT", "MIN_RTT",
@@ -97,6 +97,7 @@ int verb_paths(epd_client *c, int argc, char **argv) {
                         break;
                 r = sd_bus_message_read(reply, "s", &name);
                 uint32_t conns = 0, srtt = 0, min_rtt = 0, level = 0;
+                int kernel = 0;
                 uint64_t acked = 0, retrans = 0;
                 const char *reason = "";
                 if (r >= 0)
@@ -109,7 +110,9 @@ int verb_paths(epd_client *c, int argc, char **argv) {
                         r = sd_bus_message_read(reply, "s", &key);
                         if (r < 0)
                                 break;
-                        if (strcmp(key, "connections") == 0)
+                        if (strcmp(key, "kernel") == 0)
+                                r = sd_bus_message_read(reply, "v", "b", &kernel);
+                        else if (strcmp(key, "connections") == 0)
                                 r = sd_bus_message_read(reply, "v", "u", &conns);
                         else if (strcmp(key, "srtt_us") == 0)
                                 r = sd_bus_message_read(reply, "v", "u", &srtt);
@@ -141,9 +144,9 @@ int verb_paths(epd_client *c, int argc, char **argv) {
                 if (arg_json) {
                         printf("%s{\"peer\":", first ? "" : ",");
                         json_string(stdout, name);
-                        printf(",\"connections\":%u,\"srtt_us\":%u,\"min_rtt_us\":%u,\"bytes_acked\":%" PRIu64
+                        printf(",\"kernel\":%s,\"connections\":%u,\"srtt_us\":%u,\"min_rtt_us\":%u,\"bytes_acked\":%" PRIu64
                                ",\"retransmits\":%" PRIu64 ",\"level\":",
-                               conns, srtt, min_rtt, acked, retrans);
+                               kernel ? "true" : "false", conns, srtt, min_rtt, acked, retrans);
                         json_string(stdout, lv);
                         printf(",\"reason\":");
                         json_string(stdout, reason);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "epd-internal.h"
+#include "epd/epd-telemetry.h"
 #include "epd/handoff.h"
 #include "harness.h"
 
@@ -237,6 +238,39 @@ START_TEST(test_two_arenas) {
         ck_assert_int_eq(epd_handoff_release(p, path), 0);
         ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
         ck_assert_int_lt(epd_handoff_release(d, acc.path), 0); /* gone: no such object */
+
+        /* The request's trace (epdctl trace): prepare, every group sent and received
+         * with its bytes and transport, commit and release, in order. */
+        epd_trace_event *ev = NULL;
+        size_t n_ev = 0;
+        ck_assert_int_eq(epd_trace_get(p, rid(1), &ev, &n_ev, NULL), 0);
+        unsigned n_sent = 0, n_received = 0, n_commit = 0, n_release = 0, n_prepare = 0;
+        uint64_t sent_bytes = 0;
+        for (size_t i = 0; i < n_ev; i++) {
+                if (i > 0)
+                        ck_assert_uint_ge(ev[i].ts_usec, ev[0].ts_usec);
+                if (strcmp(ev[i].type, "handoff-prepare") == 0)
+                        n_prepare++;
+                else if (strcmp(ev[i].type, "group-sent") == 0) {
+                        ck_assert_int_eq(ev[i].group, (int32_t)n_sent);
+                        ck_assert_str_eq(ev[i].transport, "local");
+                        sent_bytes += ev[i].bytes;
+                        n_sent++;
+                } else if (strcmp(ev[i].type, "group-received") == 0)
+                        n_received++;
+                else if (strcmp(ev[i].type, "commit") == 0)
+                        n_commit++;
+                else if (strcmp(ev[i].type, "release") == 0)
+                        n_release++;
+        }
+        ck_assert_uint_eq(n_prepare, 2); /* source and destination */
+        ck_assert_uint_eq(n_sent, 4);
+        ck_assert_uint_eq(n_received, 4);
+        ck_assert_uint_eq(sent_bytes, (uint64_t)N_PAGES * PAGE_SIZE);
+        ck_assert_uint_ge(n_commit, 1);
+        ck_assert_uint_eq(n_release, 2);
+        ck_assert_str_eq(ev[0].type, "handoff-prepare");
+        free(ev);
         /* The decode sequence holds the pages; releasing it frees them. */
         ck_assert_uint_eq(arena_live(p, "kv1"), live1 + N_PAGES);
         release_sequence(d, dseq);

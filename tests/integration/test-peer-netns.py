@@ -545,6 +545,19 @@ def test_epdd(node_bin, tmp):
             a = x.index('<interface name="org.epd1.Peer">')
             return x[a:x.index("</interface>", a)]
         assert iface(live) == iface(want), "org.epd1.Peer introspection differs from dbus/org.epd1.Peer.xml"
+
+        # Telemetry tracks each peer's control connection and both data streams, with
+        # the kernel's view of them when the BPF programs loaded (docs/telemetry.md).
+        def paths(i):
+            import json
+            r = subprocess.run([epdctl, "-A", f"direct:{sock(i)}", "--json", "paths"], stdout=subprocess.PIPE,
+                               text=True)
+            return {p["peer"]: p for p in json.loads(r.stdout)} if r.returncode == 0 else {}
+        wait_until(lambda: all(paths(0).get(n, {}).get("connections") == 3 and
+                               (not paths(0)[n]["kernel"] or paths(0)[n]["srtt_us"] > 0) and
+                               paths(0)[n]["level"] == "none"  # idle: delayed ACKs are not congestion
+                               for n in ("north", "west")), 10, "telemetry paths of east")
+        print("east paths:", paths(0))
         # kill -9 one daemon: both others see it down within the bound, then up again.
         t0 = time.monotonic()
         procs[1].kill()
@@ -552,6 +565,8 @@ def test_epdd(node_bin, tmp):
         wait_until(lambda: state(0, "north") == "down" and state(2, "north") == "down", BOUND_S, "north down")
         print(f"epdd kill -9: noticed after {time.monotonic() - t0:.3f}s")
         assert state(0, "west") == "up"
+        # A peer that went down has nothing tracked any more.
+        wait_until(lambda: paths(0).get("north", {}).get("connections") == 0, 5, "north untracked")
         os.unlink(sock(1))
         start(1)
         wait_until(lambda: all(p["state"] == "up" for i in range(3) for p in peers(i)), 15, "north back up")

@@ -76,6 +76,32 @@ START_TEST(test_rtt_floor) {
 }
 END_TEST
 
+START_TEST(test_rtt_idle) {
+        /* Small heartbeats with delayed ACKs: srtt 40 ms over a 20 us minimum, but
+         * almost nothing acked: not congestion. */
+        BackpressureConfig c = cfg();
+        BackpressureState s;
+        backpressure_state_init(&s);
+        BackpressureSample x = { .now = 0, .have_kernel = true, .connected = true, .srtt_usec = 40000,
+                                 .min_rtt_usec = 20, .segs_out = 10, .bytes_acked = 300 };
+        for (int i = 0; i < 20; i++) {
+                x.now += 200 * MS;
+                x.segs_out += 1;
+                x.bytes_acked += 30;
+                ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+        }
+        ck_assert_int_eq(s.level, BACKPRESSURE_NONE);
+        /* The same srtt while moving data is. */
+        x.now += 200 * MS;
+        x.bytes_acked += 1 << 20;
+        x.segs_out += 700;
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 1);
+        ck_assert_int_eq(s.reason, BACKPRESSURE_REASON_RTT_INFLATION);
+        ck_assert_int_eq(backpressure_config_set(&c, "RTTMinBytes", "1M"), 0);
+        ck_assert_uint_eq(c.rtt_min_bytes, 1 << 20);
+}
+END_TEST
+
 START_TEST(test_retransmits) {
         BackpressureConfig c = cfg();
         BackpressureState s;
@@ -345,6 +371,7 @@ int main(void) {
         tcase_add_test(tc, test_healthy_stays_none);
         tcase_add_test(tc, test_rtt_inflation);
         tcase_add_test(tc, test_rtt_floor);
+        tcase_add_test(tc, test_rtt_idle);
         tcase_add_test(tc, test_retransmits);
         tcase_add_test(tc, test_hysteresis);
         tcase_add_test(tc, test_stall_and_disconnect);
