@@ -209,6 +209,30 @@ static int p_address(ParseState *s, const char *key, const char *value, void *ds
         return set_string(dst, value);
 }
 
+/* [Telemetry] and [Backpressure]: the keys and their checks live in telemetry-config.c. */
+static int p_telemetry(ParseState *s, const char *key, const char *value, void *dst) {
+        int r = telemetry_config_set(dst, s->section, key, value);
+        if (r == -ENOMEM)
+                return r;
+        if (r < 0) {
+                perr(s, "%s=%s: invalid value (see docs/telemetry.md)", key, value);
+                return -EINVAL;
+        }
+        return 0;
+}
+
+static int p_wal_sync(ParseState *s, const char *key, const char *value, void *dst) {
+        /* The values of WalSyncPolicy (wal.h): always, batch, none. */
+        static const char *const names[] = { "always", "batch", "none" };
+        for (size_t i = 0; i < ELEMENTSOF(names); i++)
+                if (strcmp(value, names[i]) == 0) {
+                        *(int *)dst = (int)i;
+                        return 0;
+                }
+        perr(s, "%s=%s: expected always, batch or none", key, value);
+        return -EINVAL;
+}
+
 typedef struct ConfigItem {
         const char *section; /* "Arena" and "Peer" take a name: [Arena:NAME] */
         const char *key;
@@ -246,10 +270,39 @@ static const ConfigItem items[] = {
         { "Peer", "HostId", p_host_id, P(host_id) },
         { "Features", "CacheSize", p_size, C(feature_cache_bytes) },
         { "Features", "StoreDirectory", p_path, C(feature_store_dir) },
+        { "Features", "StoreMaxSize", p_size, C(feature_store_max_bytes) },
+        { "Telemetry", "BPF", p_telemetry, C(telemetry) },
+        { "Telemetry", "PinDirectory", p_telemetry, C(telemetry) },
+        { "Telemetry", "SampleInterval", p_telemetry, C(telemetry) },
+        { "Telemetry", "WakeupBytes", p_telemetry, C(telemetry) },
+        { "Telemetry", "TraceRequests", p_telemetry, C(telemetry) },
+        { "Telemetry", "TraceEvents", p_telemetry, C(telemetry) },
+        { "Telemetry", "MaxPeers", p_telemetry, C(telemetry) },
+        { "Backpressure", "Enabled", p_telemetry, C(telemetry) },
+        { "Backpressure", "Interval", p_telemetry, C(telemetry) },
+        { "Backpressure", "RTTInflationElevated", p_telemetry, C(telemetry) },
+        { "Backpressure", "RTTInflationHigh", p_telemetry, C(telemetry) },
+        { "Backpressure", "RTTFloor", p_telemetry, C(telemetry) },
+        { "Backpressure", "RetransmitRateElevated", p_telemetry, C(telemetry) },
+        { "Backpressure", "RetransmitRateHigh", p_telemetry, C(telemetry) },
+        { "Backpressure", "SendQueueElevated", p_telemetry, C(telemetry) },
+        { "Backpressure", "SendQueueHigh", p_telemetry, C(telemetry) },
+        { "Backpressure", "SendQueueGrowthElevated", p_telemetry, C(telemetry) },
+        { "Backpressure", "SendQueueGrowthHigh", p_telemetry, C(telemetry) },
+        { "Backpressure", "HandoffsElevated", p_telemetry, C(telemetry) },
+        { "Backpressure", "HandoffsHigh", p_telemetry, C(telemetry) },
+        { "Backpressure", "DestinationFreeElevated", p_telemetry, C(telemetry) },
+        { "Backpressure", "DestinationFreeHigh", p_telemetry, C(telemetry) },
+        { "Backpressure", "StallTimeout", p_telemetry, C(telemetry) },
+        { "Backpressure", "Hold", p_telemetry, C(telemetry) },
+        { "Backpressure", "Release", p_telemetry, C(telemetry) },
+        { "Wal", "Sync", p_wal_sync, C(wal_sync) },
+        { "Wal", "CompactSize", p_size, C(wal_compact_bytes) },
 };
 
 static const char *const named_sections[] = { "Arena", "Peer" };
-static const char *const plain_sections[] = { "Daemon", "Limits", "Cluster", "Features" };
+static const char *const plain_sections[] = { "Daemon", "Limits", "Cluster", "Features",
+                                               "Telemetry", "Backpressure", "Wal" };
 
 static void arena_config_done(ArenaConfig *a) {
         free(a->name);
@@ -294,8 +347,13 @@ int config_defaults(Config *c) {
                 .heartbeat_usec = 2 * USEC_PER_SEC,
                 .handoff_timeout_usec = 30 * USEC_PER_SEC,
                 .feature_cache_bytes = 48ULL << 20,
+                .feature_store_max_bytes = 1ULL << 30,
+                .wal_sync = 1, /* batch: group commit */
+                .wal_compact_bytes = 64ULL << 20,
         };
         if (!(c->socket_path = strdup(EPD_SOCKET_PATH)) || !(c->state_dir = strdup(EPD_STATE_DIR)))
+                return -ENOMEM;
+        if (telemetry_config_defaults(&c->telemetry) < 0)
                 return -ENOMEM;
         /* Embedded defaults: one host KV arena and one feature arena. */
         int r = add_default_arena(c, "host0", ARENA_USAGE_KV, 256ULL << 20, 0);
@@ -318,6 +376,7 @@ void config_done(Config *c) {
         free(c->listen_address);
         free(c->cluster_key_file);
         free(c->feature_store_dir);
+        telemetry_config_done(&c->telemetry);
         *c = (Config){ 0 };
 }
 
@@ -454,6 +513,9 @@ static void check_complete(ParseState *s) {
                         perr(s, "[Peer:%s] needs Address= and HostId=", c->peers[i].name);
         if (c->n_peers > 0 && !c->cluster_key_file)
                 perr(s, "peers are configured but [Cluster] ClusterKeyFile= is not set");
+        const char *problem;
+        if (telemetry_config_verify(&c->telemetry, &problem) < 0)
+                perr(s, "[Backpressure] %s", problem);
 }
 
 int config_parse_string(Config *c, const char *text, const char *name, char **errors) {

@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "arena.h"
+#include "telemetry-config.h"
 #include "time-util.h"
 
 typedef struct PeerConfig {
@@ -49,6 +50,14 @@ typedef struct Config {
         /* [Features] */
         uint64_t feature_cache_bytes;
         char *feature_store_dir;
+        uint64_t feature_store_max_bytes; /* 0: no limit */
+
+        /* [Telemetry] and [Backpressure] (docs/telemetry.md) */
+        TelemetryConfig telemetry;
+
+        /* [Wal] (docs/wal.md) */
+        int wal_sync;            /* WalSyncPolicy: always, batch (default), none */
+        uint64_t wal_compact_bytes; /* compact when the log grows past this */
 
         /* Subsystem-private sections live beside the core: see config.c. */
 } Config;

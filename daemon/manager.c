@@ -18,19 +18,23 @@
 
 #include "bus-error.h"
 #include "bus-manager.h"
+#include "fdstore.h"
 #include "log.h"
 #include "macro.h"
 #include "parse-util.h"
 #include "worker.h"
 
-/* Subsystems, in start order (stopped in reverse). Each defines its Subsystem in its
- * own file; add one extern and one table entry per subsystem, each on its own line. */
-/* -- subsystem declarations -- */
-extern const Subsystem gpu_subsystem;
+/* Subsystems, in start order (stopped in reverse): daemon/subsystem-list.h names
+ * them, one SUBSYSTEM(name) line each; each defines `const Subsystem name_subsystem`
+ * in its own file. */
+#define SUBSYSTEM(n) extern const Subsystem n##_subsystem;
+#include "subsystem-list.h"
+#undef SUBSYSTEM
 
 static const Subsystem *const subsystems[] = {
-        /* -- subsystem table -- */
-        &gpu_subsystem,
+#define SUBSYSTEM(n) &n##_subsystem,
+#include "subsystem-list.h"
+#undef SUBSYSTEM
         NULL,
 };
 
@@ -319,24 +323,46 @@ int manager_new(Manager **ret, const char *config_path) {
 }
 
 static int manager_setup_arenas(Manager *m) {
+        /* Arenas kept in systemd's fd store by a previous epdd come back with their
+         * contents (fdstore.h); new ones are put there. */
+        _cleanup_(fdstore_freep) FdStore *store = NULL;
+        (void)fdstore_collect(&store);
         m->arenas = calloc(m->config.n_arenas, sizeof *m->arenas);
         if (!m->arenas && m->config.n_arenas > 0)
                 return log_oom();
         for (size_t i = 0; i < m->config.n_arenas; i++) {
                 const ArenaConfig *c = &m->config.arenas[i];
+                bool adopted = false;
+                char fdname[64];
                 int r;
+                snprintf(fdname, sizeof fdname, "arena-%s", c->name);
                 if (c->domain == MEMORY_GPU)
                         r = manager_gpu_arena_new(m, c, (uint32_t)i, &m->arenas[i]);
-                else
-                        r = arena_new_host(c, (uint32_t)i, m->config.host_id, &m->arenas[i]);
+                else {
+                        int fd = fdstore_take(store, fdname);
+                        r = fd >= 0 ? arena_adopt_host(c, (uint32_t)i, fd, m->config.host_id, &m->arenas[i])
+                                    : -ENOENT;
+                        if (r >= 0)
+                                adopted = true;
+                        else {
+                                if (fd >= 0) {
+                                        safe_close(fd);
+                                        (void)fdstore_remove(fdname);
+                                }
+                                r = arena_new_host(c, (uint32_t)i, m->config.host_id, &m->arenas[i]);
+                                if (r >= 0)
+                                        (void)fdstore_push(fdname, m->arenas[i]->fd);
+                        }
+                }
                 if (r < 0)
                         return r; /* logged */
                 m->n_arenas++;
                 char sz[32];
-                log_info("Arena %s: %s %s, %s%s.", c->name, memory_domain_to_string(c->domain),
+                log_info("Arena %s: %s %s, %s%s%s.", c->name, memory_domain_to_string(c->domain),
                          arena_usage_to_string(c->usage),
                          format_size(sz, sizeof sz, m->arenas[i]->size),
-                         m->arenas[i]->hugepages ? ", huge pages" : "");
+                         m->arenas[i]->hugepages ? ", huge pages" : "",
+                         adopted ? ", taken back from the fd store" : "");
         }
         return 0;
 }

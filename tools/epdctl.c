@@ -169,12 +169,23 @@ static int verb_arenas(epd_client *c, int argc, char **argv) {
         return r < 0 ? r : 0;
 }
 
+int verb_handoffs(epd_client *c, int argc, char **argv); /* epdctl-handoff.c */
+
 /* -- verb table: subsystems add their verbs in their own files (epdctl.h) -- */
 const EpdctlVerb epdctl_verbs[] = {
         { "status", NULL, "Daemon version, host, clients, workers, arenas", verb_status },
         { "workers", NULL, "Registered workers", verb_workers },
         { "arenas", NULL, "Memory arenas", verb_arenas },
+        { "pages", NULL, "KV page pools per arena and the block directory", verb_pages },
+        { "sequences", NULL, "KV sequences: owner, arena, pages, sharing", verb_sequences },
+        { "features", NULL, "Feature cache: hits, misses, coalesced waits, bytes, evictions", verb_features },
+        { "handoffs", NULL, "Handoffs in flight and their counters", verb_handoffs },
+        { "trace", "trace REQUEST_ID", "One request's path with timings, encode to decode", verb_trace },
+        { "paths", NULL, "Peer paths as the kernel sees them: RTT, retransmits, backpressure", verb_paths },
+        { "scheduler", NULL, "Admission pools: queues, rates, rho, verdicts and their reasons", verb_scheduler },
+        { "journal", NULL, "The WAL (sync policy, LSNs, size) and the number of workflows", verb_journal },
         /* -- more verbs -- */
+        { "peers", NULL, "Peer hosts: state, streams, and the path to each with its reason", verb_peers },
         { "gpus", NULL, "GPUs of the GPU domain and their peer access", verb_gpus },
         {},
 };

@@ -22,5 +22,15 @@ int epdctl_fail(epd_client *c, int r, const char *what);
 int epdctl_get_property(epd_client *c, const char *path, const char *interface,
                         const char *property, const char *type, sd_bus_message **reply);
 
+/* Verbs of the subsystems, each in its own file. */
+int verb_pages(epd_client *c, int argc, char **argv);     /* epdctl-pages.c */
+int verb_sequences(epd_client *c, int argc, char **argv); /* epdctl-pages.c */
 /* Verbs defined in their own files. */
+int verb_features(epd_client *c, int argc, char **argv); /* epdctl-feature.c */
+/* Verbs defined in their subsystems' files. */
+int verb_peers(epd_client *c, int argc, char **argv);
+int verb_trace(epd_client *c, int argc, char **argv); /* epdctl-telemetry.c */
+int verb_paths(epd_client *c, int argc, char **argv); /* epdctl-telemetry.c */
+int verb_scheduler(epd_client *c, int argc, char **argv); /* epdctl-scheduler.c */
+int verb_journal(epd_client *c, int argc, char **argv);   /* epdctl-scheduler.c */
 int verb_gpus(epd_client *c, int argc, char **argv); /* epdctl-gpu.c */

@@ -75,8 +75,120 @@ int epd_get_fd(epd_client *c);
 int epd_process(epd_client *c);
 int epd_wait(epd_client *c, uint64_t timeout_usec);
 
+/* -- KV pages and sequences (org.epd1.Pages, org.epd1.Sequence; docs/pages.md) --
+ * A sequence is the page table of one request or agent branch in one KV arena, named
+ * by its object path (a string the caller frees). Page ids index the arena's pages: page
+ * p starts at epd_page_offset(arena, page_size, p) in the mapping. Arrays returned
+ * through uint32_t ** are malloc()ed; the caller frees them. The caller must be a
+ * registered worker. */
+
+static inline uint64_t epd_page_offset(const epd_arena *a, uint64_t page_size, uint32_t page) {
+        return a->data_offset + (uint64_t)page * page_size;
+}
+
+/* A new sequence of n_pages fresh pages in `arena`. */
+int epd_sequence_create(epd_client *c, const char *arena, uint32_t n_pages, char **ret_path,
+                        uint32_t **ret_pages, size_t *ret_n_pages);
+/* A new sequence made of the longest cached prefix of a chain of block hashes (the
+ * worker's chained hashes, e.g. vLLM's); *ret_blocks says how many blocks matched. */
+int epd_sequence_create_from_prefix(epd_client *c, const char *arena, const uint64_t *hashes,
+                                    size_t n_hashes, char **ret_path, size_t *ret_blocks,
+                                    uint32_t **ret_pages, size_t *ret_n_pages);
+/* How many leading blocks of the chain are cached (nothing pinned). Returns the count. */
+int epd_prefix_match(epd_client *c, const char *arena, const uint64_t *hashes, size_t n_hashes);
+
+int epd_sequence_append(epd_client *c, const char *path, uint32_t n_pages, uint32_t **ret_pages,
+                        size_t *ret_n_pages);
+int epd_sequence_truncate(epd_client *c, const char *path, uint32_t n_pages);
+/* Shares every page with a new sequence owned by the caller; no byte is copied. */
+int epd_sequence_clone(epd_client *c, const char *path, char **ret_path);
+/* Makes pages [first, first+count) writable (copy-on-write where shared); their ids go to
+ * ret_pages[count]. Returns the number of pages the daemon copied. */
+int epd_sequence_prepare_write(epd_client *c, const char *path, uint32_t first, uint32_t count,
+                               uint32_t *ret_pages);
+/* Records hashes[i] -> page first+i in the block directory; returns how many were new. */
+int epd_sequence_publish(epd_client *c, const char *path, uint32_t first, const uint64_t *hashes,
+                         size_t n_hashes);
+/* Lets another registered worker read and clone the sequence (its worker path). */
+int epd_sequence_grant(epd_client *c, const char *path, const char *worker_path);
+int epd_sequence_revoke(epd_client *c, const char *path, const char *worker_path);
+int epd_sequence_release(epd_client *c, const char *path);
+/* The current page table, and the page size. */
+int epd_sequence_get_pages(epd_client *c, const char *path, uint32_t **ret_pages, size_t *ret_n_pages);
+int epd_sequence_get_page_size(epd_client *c, const char *path, uint64_t *ret);
+
+/* -- admission (org.epd1.Scheduler; docs/scheduler.md) --
+ * Admit a request of a task type ("thinking", "interactive", "hybrid") with a deadline
+ * relative to now (0: the pool's default). The answer says admit (with the workers to
+ * use, as object paths; "" for a stage not used), defer (come back after
+ * retry_after_usec) or reject, and why. Each worker reports each stage it finished
+ * with epd_complete() ("encode", "prefill", "decode"); the decode stage, or ok=false,
+ * ends the request. */
+typedef enum epd_verdict { EPD_ADMIT, EPD_DEFER, EPD_REJECT } epd_verdict;
+
+typedef struct epd_admission {
+        epd_verdict verdict;
+        char reason[32];
+        uint64_t retry_after_usec;
+        uint64_t predicted_usec;
+        int priority;            /* serve waiting requests by it, FIFO within it */
+        char encoder[96], prefill[96], decode[96];
+} epd_admission;
+
+int epd_admit(epd_client *c, const char *request_id, const char *task_type, uint64_t deadline_usec,
+              uint64_t pages_needed, bool multimodal, epd_admission *ret);
+int epd_complete(epd_client *c, const char *request_id, const char *stage, uint64_t service_usec, bool ok);
+/* This worker's capacity for the scheduler: requests it runs at once, its queue bound
+ * (0: 4 x slots), and (decode) its free KV pages. */
+int epd_configure_worker(epd_client *c, uint32_t slots, uint32_t queue_limit, uint64_t free_pages);
+
+/* -- agent workflows (org.epd1.Workflow; docs/scheduler.md#workflows) --
+ * A workflow (named by a 32-hex-digit id) holds branches; each branch's head is a
+ * sequence (object path). Strings returned are the caller's to free(). Every call is in
+ * the daemon's WAL before it returns; after an epdd restart, epd_workflow_attach() takes
+ * a workflow back (same uid). A workflow whose sequences are not on the daemon fails
+ * with org.epd1.Error.Stale (-ESTALE). */
+typedef struct epd_segment {
+        uint32_t prev_block;  /* first block (page) of the predecessor */
+        uint32_t n_blocks;
+        uint32_t new_offset;  /* token offset in the new sequence */
+        bool aligned;         /* at a page boundary: the pages can be shared as they are */
+} epd_segment;
+
+int epd_workflow_create(epd_client *c, const char *sequence, const uint32_t *tokens, size_t n_tokens,
+                        char **ret_workflow, char **ret_head);
+int epd_workflow_fork(epd_client *c, const char *workflow, uint32_t branch, uint32_t *ret_branch, char **ret_head);
+/* The new head shares *ret_prefix_blocks pages with the predecessor; with segments,
+ * *ret_segments (malloc()ed) lists predecessor blocks found elsewhere in tokens. */
+int epd_workflow_advance(epd_client *c, const char *workflow, uint32_t branch, const uint32_t *tokens,
+                         size_t n_tokens, bool segments, char **ret_head, uint32_t *ret_prefix_blocks,
+                         epd_segment **ret_segments, size_t *ret_n_segments);
+int epd_workflow_merge(epd_client *c, const char *workflow, uint32_t from, uint32_t into);
+int epd_workflow_drop(epd_client *c, const char *workflow, uint32_t branch);
+int epd_workflow_release(epd_client *c, const char *workflow);
+int epd_workflow_attach(epd_client *c, const char *workflow);
+
 const char *epd_last_error_name(const epd_client *c);
 const char *epd_last_error_message(const epd_client *c);
+
+/* Peers (org.epd1.Peer): the other hosts this daemon talks to. */
+typedef struct epd_peer {
+        char *name;
+        char *host_id;
+        char *address;
+        char *state;          /* "down", "connecting", "authenticating", "up" */
+        char *transport;      /* "tcp" (or "rdma") */
+        char *interface;      /* the interface that routes to it, "" if none */
+        char *path_reason;    /* why that path */
+        uint32_t streams;     /* data streams up */
+        uint64_t last_frame_usec_ago; /* UINT64_MAX when down */
+        uint64_t connects, disconnects;
+        char *last_error;
+} epd_peer;
+
+/* Lists the configured peers; free the array with epd_peers_free(). */
+int epd_list_peers(epd_client *c, epd_peer **ret, size_t *n);
+void epd_peers_free(epd_peer *peers, size_t n);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,212 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* Benchmarks of the scheduler, the WAL and restart, each beside a limit measured in
+ * the same run:
+ *   1. admission decisions per second  vs  the bare bookkeeping of a request id
+ *      (hashmap put + get + remove), the least any admission has to do;
+ *   2. WAL appends per second per fsync policy  vs  raw write() (+ fdatasync, as the
+ *      policy does) of the very same bytes to a file in the same directory;
+ *   3. restart-to-serving with a full arena (adopt the arena fd kept by the fd store,
+ *      map it, replay the WAL)  vs  copying the arena's bytes back (what a restart that
+ *      reloads memory would need at the least).
+ * Usage: bench-sched [DIR] (default: $TMPDIR or /tmp; use a real disk for fsync). */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "hashmap.h"
+#include "scheduler.h"
+#include "time-util.h"
+#include "wal.h"
+
+static double now_s(void) {
+        return (double)now_nsec(CLOCK_MONOTONIC) / 1e9;
+}
+
+static void bench_admission(void) {
+        SchedConfig c;
+        Scheduler *s;
+        sched_config_defaults(&c);
+        if (sched_new(&c, &s) < 0)
+                abort();
+        char id[32];
+        for (int i = 0; i < 8; i++) {
+                snprintf(id, sizeof id, "p%d", i);
+                sched_worker_add(s, &(SchedWorkerInfo){ .id = id, .stage = SCHED_STAGE_PREFILL, .pools = 7, .slots = 8 });
+                snprintf(id, sizeof id, "d%d", i);
+                sched_worker_add(s, &(SchedWorkerInfo){ .id = id, .stage = SCHED_STAGE_DECODE, .pools = 7, .slots = 16,
+                                                        .free_pages = 1 << 20 });
+        }
+        enum { N = 400000, WINDOW = 64 };
+        static char ids[WINDOW][32];
+        uint64_t admitted = 0;
+        usec_t now = 1000 * USEC_PER_SEC;
+        double t0 = now_s();
+        for (int i = 0; i < N; i++) {
+                SchedDecision d;
+                char *rid = ids[i % WINDOW];
+                if (i >= WINDOW) {
+                        (void)sched_complete(s, rid, SCHED_STAGE_PREFILL, 1000, true, now);
+                        (void)sched_complete(s, rid, SCHED_STAGE_DECODE, 5000, true, now);
+                }
+                snprintf(rid, 32, "req-%d", i);
+                if (sched_admit(s, rid, (TaskType)(i % 3), 0, &(SchedHints){ .pages_needed = 4 }, now, &d) < 0)
+                        abort();
+                admitted += d.verdict == SCHED_ADMIT;
+                now += 100;
+        }
+        double t = now_s() - t0;
+        sched_free(s);
+
+        /* The limit: keep and forget the request id. */
+        Hashmap *h = hashmap_new(HASHMAP_KEY_STRING, 0);
+        t0 = now_s();
+        for (int i = 0; i < N; i++) {
+                char *rid = ids[i % WINDOW];
+                if (i >= WINDOW)
+                        hashmap_remove(h, rid);
+                snprintf(rid, 32, "req-%d", i);
+                hashmap_put(h, rid, rid);
+                if (!hashmap_get(h, rid))
+                        abort();
+        }
+        double tl = now_s() - t0;
+        hashmap_free(h);
+        printf("admission: %.0f decisions/s (%" PRIu64 " admitted of %d, 16 workers, %d outstanding); "
+               "limit (id bookkeeping) %.0f/s; ratio %.3f\n",
+               N / t, admitted, N, WINDOW, N / tl, (N / t) / (N / tl));
+}
+
+static int noop_apply(void *u, const WalRecord *r, bool s) {
+        (*(uint64_t *)u)++;
+        return 0;
+}
+
+static void bench_wal(const char *base) {
+        enum { PAYLOAD = 128, BATCH = 64 };
+        uint8_t payload[PAYLOAD], rec[512];
+        memset(payload, 0x5a, sizeof payload);
+        size_t rsize = wal_record_size(PAYLOAD);
+
+        for (int p = 0; p < _WAL_SYNC_POLICY_MAX; p++) {
+                int n = p == WAL_SYNC_ALWAYS ? 2000 : p == WAL_SYNC_BATCH ? 50000 : 200000;
+                char dir[512], raw[600];
+                snprintf(dir, sizeof dir, "%s/bench-wal-%d-XXXXXX", base, p);
+                if (!mkdtemp(dir)) {
+                        perror("mkdtemp");
+                        exit(1);
+                }
+                Wal *w;
+                uint64_t cnt = 0;
+                if (wal_open(dir, (WalSyncPolicy)p, &w) < 0 || wal_replay(w, noop_apply, &cnt) < 0)
+                        abort();
+                double t0 = now_s();
+                for (int i = 0; i < n; i++) {
+                        if (wal_append(w, WAL_RECORD_TEST, payload, PAYLOAD, NULL) < 0)
+                                abort();
+                        if (p == WAL_SYNC_BATCH && (i + 1) % BATCH == 0)
+                                wal_sync(w);
+                }
+                wal_sync(w);
+                double t = now_s() - t0;
+                wal_free(w);
+
+                /* The same bytes, written raw to a file in the same directory. */
+                snprintf(raw, sizeof raw, "%s/raw", dir);
+                int fd = open(raw, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+                if (fd < 0)
+                        abort();
+                wal_record_encode(rec, 1, WAL_RECORD_TEST, payload, PAYLOAD);
+                t0 = now_s();
+                for (int i = 0; i < n; i++) {
+                        if (write(fd, rec, rsize) != (ssize_t)rsize)
+                                abort();
+                        if (p == WAL_SYNC_ALWAYS || (p == WAL_SYNC_BATCH && (i + 1) % BATCH == 0))
+                                fdatasync(fd);
+                }
+                if (p != WAL_SYNC_NONE)
+                        fdatasync(fd);
+                double tl = now_s() - t0;
+                close(fd);
+                printf("wal %-6s: %.0f appends/s (%zu-byte records%s); limit raw write%s %.0f/s; ratio %.3f\n",
+                       wal_sync_policy_to_string(p), n / t, rsize, p == WAL_SYNC_BATCH ? ", sync every 64" : "",
+                       p == WAL_SYNC_NONE ? "" : "+fdatasync", n / tl, (n / t) / (n / tl));
+                char cmd[700];
+                snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+                if (system(cmd) != 0)
+                        fprintf(stderr, "could not remove %s\n", dir);
+        }
+}
+
+static void bench_restart(const char *base) {
+        const uint64_t size = 256ULL << 20;
+        ArenaConfig ac = { .name = (char *)"bench0", .domain = MEMORY_HOST, .usage = ARENA_USAGE_KV,
+                           .size = size, .hugepages = HUGEPAGES_NO, .numa_node = -1, .gpu = -1 };
+        Arena *a;
+        if (arena_new_host(&ac, 0, "bench", &a) < 0) {
+                printf("restart: skipped (cannot create a %" PRIu64 " MiB arena)\n", size >> 20);
+                return;
+        }
+        /* A full arena: every byte written. */
+        memset((uint8_t *)a->base + a->data_offset, 0xa5, arena_data_size(a));
+        int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 3); /* what the fd store keeps */
+
+        /* A WAL with a realistic backlog since the last compaction. */
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/bench-restart-XXXXXX", base);
+        if (!mkdtemp(dir))
+                abort();
+        Wal *w;
+        uint64_t cnt = 0;
+        uint8_t payload[96] = {};
+        enum { RECORDS = 100000 };
+        if (wal_open(dir, WAL_SYNC_NONE, &w) < 0 || wal_replay(w, noop_apply, &cnt) < 0)
+                abort();
+        for (int i = 0; i < RECORDS; i++)
+                wal_append(w, WAL_RECORD_TEST, payload, sizeof payload, NULL);
+        wal_free(w);
+        arena_free(a); /* the old daemon is gone; the fd store holds `fd` */
+
+        double t0 = now_s();
+        Arena *b;
+        if (arena_adopt_host(&ac, 0, fd, "bench", &b) < 0)
+                abort();
+        cnt = 0;
+        if (wal_open(dir, WAL_SYNC_NONE, &w) < 0 || wal_replay(w, noop_apply, &cnt) < 0)
+                abort();
+        double t = now_s() - t0;
+        if (cnt != RECORDS || ((uint8_t *)b->base)[b->data_offset + 12345] != 0xa5)
+                abort();
+        wal_free(w);
+
+        /* The limit: copying the arena's bytes back from anywhere. */
+        void *src = malloc(arena_data_size(b));
+        if (!src)
+                abort();
+        memset(src, 0x5a, arena_data_size(b));
+        t0 = now_s();
+        memcpy((uint8_t *)b->base + b->data_offset, src, arena_data_size(b));
+        double tl = now_s() - t0;
+        free(src);
+        arena_free(b);
+        printf("restart: adopt %" PRIu64 " MiB arena + replay %d WAL records in %.2f ms; limit (copy the arena "
+               "back) %.2f ms; ratio %.1fx faster\n",
+               size >> 20, RECORDS, t * 1e3, tl * 1e3, tl / t);
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0)
+                fprintf(stderr, "could not remove %s\n", dir);
+}
+
+int main(int argc, char **argv) {
+        const char *base = argc > 1 ? argv[1] : getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        bench_admission();
+        bench_wal(base);
+        bench_restart(base);
+        return 0;
+}

@@ -1,0 +1,361 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* libepd: org.epd1.Feature. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/feature-desc.h"
+#include "epd-internal.h"
+#include "epd/epd-feature.h"
+#include "macro.h"
+
+#define FEATURE_PATH "/org/epd1/feature"
+#define FEATURE_IFACE "org.epd1.Feature"
+
+static uint64_t now_mono(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void copy_str(char *dst, size_t n, const char *src) {
+        snprintf(dst, n, "%s", src ? src : "");
+}
+
+/* Reads (handle, state, error, arena, offset, bytes, descriptor, request_id). */
+static int read_info(epd_client *c, sd_bus_message *reply, epd_feature *f) {
+        const char *handle, *state, *error, *arena, *req;
+        _cleanup_(feature_desc_freep) FeatureDesc *d = NULL;
+        const void *bin;
+        size_t bin_len;
+        int r;
+
+        r = sd_bus_message_read(reply, "sssstt", &handle, &state, &error, &arena, &f->offset, &f->bytes);
+        if (r >= 0)
+                r = sd_bus_message_read_array(reply, 'y', &bin, &bin_len);
+        if (r >= 0)
+                r = sd_bus_message_read(reply, "s", &req);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        copy_str(f->handle, sizeof f->handle, handle);
+        copy_str(f->state, sizeof f->state, state);
+        copy_str(f->error, sizeof f->error, error);
+        copy_str(f->request_id, sizeof f->request_id, req);
+        f->arena = arena[0] ? epd_arena_find(c, arena) : -1;
+        if (f->arena == -ENOENT)
+                f->arena = -1;
+        f->data = NULL;
+        if (f->arena >= 0) {
+                void *base;
+                if (epd_arena_map(c, (size_t)f->arena, &base) >= 0)
+                        f->data = (uint8_t *)base + f->offset;
+        }
+        f->n_tensors = 0;
+        if (bin_len > 0 && feature_desc_parse(bin, bin_len, f->bytes, &d, NULL) >= 0) {
+                for (size_t i = 0; i < d->n_tensors; i++) {
+                        const FeatureTensor *t = &d->tensors[i];
+                        epd_feature_tensor *o = &f->tensors[i];
+                        copy_str(f->_names[i][0], sizeof f->_names[i][0], t->name);
+                        copy_str(f->_names[i][1], sizeof f->_names[i][1], feature_dtype_to_string(t->dtype));
+                        o->name = f->_names[i][0];
+                        o->dtype = f->_names[i][1];
+                        o->rank = t->rank;
+                        memcpy(o->shape, t->shape, sizeof o->shape);
+                        memcpy(o->strides, t->strides, sizeof o->strides);
+                        o->offset = t->offset;
+                }
+                f->n_tensors = d->n_tensors;
+        }
+        return 0;
+}
+
+static int build_desc(epd_client *c, const epd_feature_tensor *tensors, size_t n, void **ret,
+                      size_t *ret_size) {
+        _cleanup_(feature_desc_freep) FeatureDesc *d = NULL;
+        int r;
+
+        if (!tensors || n == 0 || n > EPD_FEATURE_TENSORS_MAX)
+                return epd__error(c, -EINVAL, NULL);
+        r = feature_desc_new(n, &d);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        for (size_t i = 0; i < n; i++) {
+                const epd_feature_tensor *t = &tensors[i];
+                FeatureTensor *o = &d->tensors[i];
+                int dt = feature_dtype_from_string(t->dtype);
+                bool contiguous = true;
+
+                if (!t->name || strlen(t->name) > FEATURE_TENSOR_NAME_MAX || dt < 0 ||
+                    t->rank > FEATURE_RANK_MAX) {
+                        snprintf(c->error_name, sizeof c->error_name, "org.epd1.Error.InvalidArgument");
+                        snprintf(c->error_message, sizeof c->error_message,
+                                 "Tensor %zu: bad name, dtype or rank.", i);
+                        return -EINVAL;
+                }
+                strcpy(o->name, t->name);
+                o->dtype = (uint32_t)dt;
+                o->rank = t->rank;
+                o->offset = t->offset;
+                for (uint32_t j = 0; j < t->rank; j++) {
+                        o->shape[j] = t->shape[j];
+                        if (t->strides[j])
+                                contiguous = false;
+                }
+                if (contiguous) {
+                        uint64_t s = 1;
+                        for (uint32_t j = t->rank; j > 0; j--) {
+                                o->strides[j - 1] = s;
+                                s *= t->shape[j - 1] ? t->shape[j - 1] : 1;
+                        }
+                } else
+                        memcpy(o->strides, t->strides, sizeof o->strides);
+        }
+        r = feature_desc_serialize(d, ret, ret_size);
+        return r < 0 ? epd__error(c, r, NULL) : 0;
+}
+
+int epd_feature_acquire(epd_client *c, const char *key, bool may_produce, epd_feature **ret) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        const char *result;
+        epd_feature *f;
+        int r;
+
+        if (!c || !key || !ret || strlen(key) > EPD_FEATURE_KEY_MAX)
+                return -EINVAL;
+        r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Acquire", &reply, "sb", key, (int)may_produce);
+        if (r < 0)
+                return r;
+        f = calloc(1, sizeof *f);
+        if (!f)
+                return -ENOMEM;
+        copy_str(f->key, sizeof f->key, key);
+        r = sd_bus_message_read(reply, "s", &result);
+        if (r >= 0) {
+                copy_str(f->result, sizeof f->result, result);
+                r = read_info(c, reply, f);
+        }
+        if (r < 0) {
+                free(f);
+                return r < 0 ? r : -EIO;
+        }
+        *ret = f;
+        return 0;
+}
+
+static int reserve(epd_client *c, const char *key, uint64_t bytes, const epd_feature_tensor *tensors,
+                   size_t n, const char *request_id, epd_feature *f) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_(freep) void *bin = NULL;
+        size_t bin_len;
+        int r;
+
+        r = build_desc(c, tensors, n, &bin, &bin_len);
+        if (r < 0)
+                return r;
+        r = epd__new_call(c, FEATURE_PATH, FEATURE_IFACE, "Reserve", &m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(m, "st", key, bytes);
+        if (r >= 0)
+                r = sd_bus_message_append_array(m, 'y', bin, bin_len);
+        if (r >= 0)
+                r = sd_bus_message_append(m, "s", request_id ? request_id : "");
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        r = epd__send(c, m, &reply);
+        if (r < 0)
+                return r;
+        return read_info(c, reply, f);
+}
+
+int epd_feature_reserve(epd_client *c, const char *key, uint64_t bytes,
+                        const epd_feature_tensor *tensors, size_t n_tensors,
+                        const char *request_id, epd_feature **ret) {
+        epd_feature *f;
+        int r;
+
+        if (!c || !key || !ret || strlen(key) > EPD_FEATURE_KEY_MAX)
+                return -EINVAL;
+        f = calloc(1, sizeof *f);
+        if (!f)
+                return -ENOMEM;
+        copy_str(f->key, sizeof f->key, key);
+        r = reserve(c, key, bytes, tensors, n_tensors, request_id, f);
+        if (r < 0) {
+                free(f);
+                return r;
+        }
+        *ret = f;
+        return 0;
+}
+
+int epd_feature_produce(epd_client *c, epd_feature *f, uint64_t bytes,
+                        const epd_feature_tensor *tensors, size_t n_tensors,
+                        const char *request_id) {
+        if (!c || !f)
+                return -EINVAL;
+        return reserve(c, f->key, bytes, tensors, n_tensors, request_id, f);
+}
+
+int epd_feature_publish(epd_client *c, epd_feature *f, uint64_t encode_usec) {
+        int r;
+        if (!c || !f)
+                return -EINVAL;
+        r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Publish", NULL, "st", f->handle, encode_usec);
+        if (r >= 0)
+                copy_str(f->state, sizeof f->state, "ready");
+        return r;
+}
+
+int epd_feature_fail(epd_client *c, epd_feature *f, const char *reason) {
+        int r;
+        if (!c || !f)
+                return -EINVAL;
+        r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Fail", NULL, "ss", f->handle, reason ? reason : "");
+        if (r >= 0)
+                return epd_feature_refresh(c, f);
+        return r;
+}
+
+int epd_feature_refresh(epd_client *c, epd_feature *f) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r;
+        if (!c || !f)
+                return -EINVAL;
+        r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Describe", &reply, "s", f->handle);
+        if (r < 0)
+                return r;
+        return read_info(c, reply, f);
+}
+
+typedef struct WaitState {
+        const char *key;
+        bool changed;
+} WaitState;
+
+static int on_ready(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        WaitState *w = userdata;
+        const char *key;
+        if (sd_bus_message_read(m, "s", &key) >= 0 && strcmp(key, w->key) == 0)
+                w->changed = true;
+        return 0;
+}
+
+static int settled(epd_feature *f) {
+        if (strcmp(f->state, "reserved") == 0)
+                return 0;
+        return strcmp(f->state, "ready") == 0 ? 1 : -EPIPE;
+}
+
+int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
+        _cleanup_(sd_bus_slot_unrefp) sd_bus_slot *slot = NULL;
+        WaitState w = { .key = f ? f->key : NULL };
+        uint64_t deadline;
+        int r;
+
+        if (!c || !f)
+                return -EINVAL;
+        if ((r = settled(f)) != 0)
+                return r > 0 ? 0 : r;
+        deadline = timeout_usec == UINT64_MAX || now_mono() + timeout_usec < timeout_usec
+                           ? UINT64_MAX
+                           : now_mono() + timeout_usec;
+        /* Subscribe first, then look: a change after the look arrives as a signal. */
+        /* Any sender: a signal only makes us ask the daemon again (Describe), so a forged
+         * one cannot change what we report. */
+        r = sd_bus_match_signal(c->bus, &slot, NULL, FEATURE_PATH,
+                                FEATURE_IFACE, "FeatureReady", on_ready, &w);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        r = epd_feature_refresh(c, f);
+        if (r < 0)
+                return r;
+        for (;;) {
+                if ((r = settled(f)) != 0)
+                        return r > 0 ? 0 : r;
+                while ((r = sd_bus_process(c->bus, NULL)) > 0)
+                        ;
+                if (r < 0)
+                        return epd__error(c, r, NULL);
+                if (w.changed) {
+                        w.changed = false;
+                        r = epd_feature_refresh(c, f);
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
+                uint64_t now = now_mono();
+                if (now >= deadline)
+                        return -ETIMEDOUT;
+                r = sd_bus_wait(c->bus, deadline == UINT64_MAX ? UINT64_MAX : deadline - now);
+                if (r < 0)
+                        return epd__error(c, r, NULL);
+        }
+}
+
+int epd_feature_pin(epd_client *c, const char *key, epd_feature **ret) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        const char *handle;
+        epd_feature *f;
+        int r;
+
+        if (!c || !key || !ret || strlen(key) > EPD_FEATURE_KEY_MAX)
+                return -EINVAL;
+        r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Pin", &reply, "s", key);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "s", &handle);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        f = calloc(1, sizeof *f);
+        if (!f)
+                return -ENOMEM;
+        copy_str(f->key, sizeof f->key, key);
+        copy_str(f->handle, sizeof f->handle, handle);
+        r = epd_feature_refresh(c, f);
+        if (r < 0) {
+                epd_feature_release(c, f);
+                return r;
+        }
+        *ret = f;
+        return 0;
+}
+
+int epd_feature_release(epd_client *c, epd_feature *f) {
+        int r = 0;
+        if (!f)
+                return 0;
+        if (c && f->handle[0])
+                r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Release", NULL, "s", f->handle);
+        free(f);
+        return r;
+}
+
+int epd_feature_prefetch(epd_client *c, const char *const *keys, size_t n) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        const char *res;
+        int r, hits = 0;
+
+        if (!c || (!keys && n > 0))
+                return -EINVAL;
+        r = epd__new_call(c, FEATURE_PATH, FEATURE_IFACE, "Prefetch", &m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_open_container(m, 'a', "s");
+        for (size_t i = 0; r >= 0 && i < n; i++)
+                r = sd_bus_message_append(m, "s", keys[i]);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        r = epd__send(c, m, &reply);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_enter_container(reply, 'a', "s");
+        while (r >= 0 && (r = sd_bus_message_read(reply, "s", &res)) > 0)
+                if (strcmp(res, "present") == 0 || strcmp(res, "loaded") == 0)
+                        hits++;
+        return r < 0 ? epd__error(c, r, NULL) : hits;
+}

@@ -1,0 +1,295 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* libepd: handoffs and the ring pair. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "epd-internal.h"
+#include "epd/handoff.h"
+#include "id.h"
+#include "macro.h"
+
+#define HANDOFFS_PATH "/org/epd1/handoffs"
+#define IFACE_HANDOFFS "org.epd1.Handoffs"
+#define IFACE_HANDOFF "org.epd1.Handoff"
+
+static int dup_string(epd_client *c, const char *s, char **ret) {
+        char *d = strdup(s);
+        if (!d)
+                return epd__error(c, -ENOMEM, NULL);
+        *ret = d;
+        return 0;
+}
+
+int epd_handoff_prepare(epd_client *c, const char *request_id, const char *destination,
+                        const char *sequence, const uint32_t *layer_groups, size_t n_groups,
+                        const epd_handoff_options *opts, char **ret_path, uint64_t *ret_token) {
+        sd_bus_message *m = NULL, *reply = NULL;
+        const char *path;
+        uint64_t token;
+        if (!c || !request_id || !sequence || (!layer_groups && n_groups > 0))
+                return -EINVAL;
+        int r = epd__new_call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "Prepare", &m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(m, "sso", request_id, destination ? destination : "", sequence);
+        if (r >= 0)
+                r = sd_bus_message_append_array(m, 'u', layer_groups, n_groups * sizeof(uint32_t));
+        if (r >= 0)
+                r = sd_bus_message_open_container(m, 'a', "{sv}");
+        if (r >= 0 && opts && opts->arena)
+                r = sd_bus_message_append(m, "{sv}", "arena", "s", opts->arena);
+        if (r >= 0 && opts && opts->target)
+                r = sd_bus_message_append(m, "{sv}", "target", "o", opts->target);
+        if (r >= 0 && opts && opts->timeout_usec)
+                r = sd_bus_message_append(m, "{sv}", "timeout_usec", "t", opts->timeout_usec);
+        if (r >= 0)
+                r = sd_bus_message_close_container(m);
+        if (r < 0) {
+                sd_bus_message_unref(m);
+                return epd__error(c, r, NULL);
+        }
+        r = epd__send(c, m, &reply);
+        sd_bus_message_unref(m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "ot", &path, &token);
+        if (r >= 0 && ret_path)
+                r = dup_string(c, path, ret_path);
+        else if (r < 0)
+                r = epd__error(c, r, NULL);
+        if (r >= 0 && ret_token)
+                *ret_token = token;
+        sd_bus_message_unref(reply);
+        return r < 0 ? r : 0;
+}
+
+int epd_handoff_layer_group_ready(epd_client *c, const char *handoff, uint32_t group) {
+        if (!c || !handoff)
+                return -EINVAL;
+        return epd__call(c, handoff, IFACE_HANDOFF, "LayerGroupReady", NULL, "u", group);
+}
+
+void epd_handoff_accepted_done(epd_handoff_accepted *a) {
+        if (!a)
+                return;
+        free(a->path);
+        free(a->arena);
+        free(a->offsets);
+        memset(a, 0, sizeof *a);
+}
+
+int epd_handoff_accept(epd_client *c, const char *request_id, epd_handoff_accepted *ret) {
+        sd_bus_message *reply = NULL;
+        const char *path, *arena;
+        const void *offs;
+        size_t sz;
+        if (!c || !request_id || !ret)
+                return -EINVAL;
+        memset(ret, 0, sizeof *ret);
+        int r = epd__call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "Accept", &reply, "s", request_id);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "ots", &path, &ret->token, &arena);
+        if (r >= 0)
+                r = sd_bus_message_read_array(reply, 't', &offs, &sz);
+        if (r >= 0)
+                r = sd_bus_message_read(reply, "uu", &ret->n_groups, &ret->groups_done);
+        if (r >= 0) {
+                ret->path = strdup(path);
+                ret->arena = strdup(arena);
+                ret->n_pages = sz / sizeof(uint64_t);
+                ret->offsets = malloc(sz ? sz : 1);
+                if (!ret->path || !ret->arena || !ret->offsets)
+                        r = -ENOMEM;
+                else
+                        memcpy(ret->offsets, offs, sz);
+        }
+        sd_bus_message_unref(reply);
+        if (r < 0) {
+                epd_handoff_accepted_done(ret);
+                return epd__error(c, r, NULL);
+        }
+        return 0;
+}
+
+int epd_handoff_commit(epd_client *c, const char *handoff, char **ret_sequence) {
+        sd_bus_message *reply = NULL;
+        const char *seq;
+        if (!c || !handoff)
+                return -EINVAL;
+        int r = epd__call(c, handoff, IFACE_HANDOFF, "Commit", &reply, NULL);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "o", &seq);
+        if (r >= 0 && ret_sequence)
+                r = dup_string(c, seq, ret_sequence);
+        else if (r < 0)
+                r = epd__error(c, r, NULL);
+        sd_bus_message_unref(reply);
+        return r < 0 ? r : 0;
+}
+
+int epd_handoff_rollback(epd_client *c, const char *handoff) {
+        if (!c || !handoff)
+                return -EINVAL;
+        return epd__call(c, handoff, IFACE_HANDOFF, "Rollback", NULL, NULL);
+}
+
+int epd_handoff_release(epd_client *c, const char *handoff) {
+        if (!c || !handoff)
+                return -EINVAL;
+        return epd__call(c, handoff, IFACE_HANDOFF, "Release", NULL, NULL);
+}
+
+static int get_prop(epd_client *c, const char *path, const char *name, char type, void *ret) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        char t[2] = { type, 0 };
+        int r = sd_bus_get_property(c->bus, EPD_DESTINATION(c), path, IFACE_HANDOFF, name, &e, &reply, t);
+        if (r < 0) {
+                r = epd__error(c, r, &e);
+                sd_bus_error_free(&e);
+                return r;
+        }
+        if (type == 's') {
+                const char *s;
+                r = sd_bus_message_read(reply, "s", &s);
+                if (r >= 0)
+                        snprintf(ret, 24, "%s", s);
+        } else
+                r = sd_bus_message_read_basic(reply, type, ret);
+        sd_bus_message_unref(reply);
+        return r < 0 ? epd__error(c, r, NULL) : 0;
+}
+
+int epd_handoff_get(epd_client *c, const char *handoff, epd_handoff_status *ret) {
+        if (!c || !handoff || !ret)
+                return -EINVAL;
+        memset(ret, 0, sizeof *ret);
+        int r = get_prop(c, handoff, "State", 's', ret->state);
+        if (r >= 0)
+                r = get_prop(c, handoff, "Cause", 's', ret->cause);
+        if (r >= 0)
+                r = get_prop(c, handoff, "GroupsDone", 'u', &ret->groups_done);
+        if (r >= 0)
+                r = get_prop(c, handoff, "Groups", 'u', &ret->n_groups);
+        if (r >= 0)
+                r = get_prop(c, handoff, "Bytes", 't', &ret->bytes);
+        return r;
+}
+
+/* ---- ring ---- */
+
+epd_ring_client *epd_ring_close(epd_ring_client *r) {
+        if (!r)
+                return NULL;
+        if (r->base && r->base != MAP_FAILED)
+                munmap(r->base, r->size);
+        if (r->memfd >= 0)
+                close(r->memfd);
+        if (r->submit_fd >= 0)
+                close(r->submit_fd);
+        if (r->complete_fd >= 0)
+                close(r->complete_fd);
+        free(r);
+        return NULL;
+}
+
+int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_ring_client **ret) {
+        sd_bus_message *reply = NULL;
+        int fds[3];
+        uint64_t size;
+        if (!c || !ret)
+                return -EINVAL;
+        int r = epd__call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "OpenRing", &reply, "uu", sq_entries, cq_entries);
+        if (r < 0)
+                return r;
+        epd_ring_client *rc = calloc(1, sizeof *rc);
+        if (!rc) {
+                sd_bus_message_unref(reply);
+                return epd__error(c, -ENOMEM, NULL);
+        }
+        rc->memfd = rc->submit_fd = rc->complete_fd = -1;
+        r = sd_bus_message_read(reply, "hhht", &fds[0], &fds[1], &fds[2], &size);
+        if (r >= 0) {
+                /* The message owns its fds: keep duplicates. */
+                rc->memfd = fcntl(fds[0], F_DUPFD_CLOEXEC, 3);
+                rc->submit_fd = fcntl(fds[1], F_DUPFD_CLOEXEC, 3);
+                rc->complete_fd = fcntl(fds[2], F_DUPFD_CLOEXEC, 3);
+                if (rc->memfd < 0 || rc->submit_fd < 0 || rc->complete_fd < 0)
+                        r = -errno;
+        }
+        sd_bus_message_unref(reply);
+        if (r >= 0) {
+                rc->size = size;
+                rc->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, rc->memfd, 0);
+                if (rc->base == MAP_FAILED)
+                        r = -errno;
+        }
+        if (r >= 0)
+                r = epd_ring_attach(&rc->ring, rc->base, size, 0);
+        if (r < 0) {
+                epd_ring_close(rc);
+                return epd__error(c, r, NULL);
+        }
+        *ret = rc;
+        return 0;
+}
+
+int epd_ring_submit(epd_ring_client *r, const struct epd_ring_record *rec) {
+        if (!r || !rec)
+                return -EINVAL;
+        int e = epd_ring_produce(&r->ring.sq, rec);
+        if (e < 0)
+                return e;
+        uint64_t one = 1;
+        if (write(r->submit_fd, &one, sizeof one) < 0 && errno != EAGAIN)
+                return -errno;
+        return 0;
+}
+
+int epd_ring_layer_group_ready(epd_ring_client *r, const char *request_id, uint64_t token,
+                               uint32_t group, uint64_t user_data) {
+        EpdId id;
+        struct epd_ring_record rec;
+        if (!r || !request_id || epd_id_from_string(request_id, &id) < 0)
+                return -EINVAL;
+        epd_ring_record_layer_group_ready(&rec, id.bytes, token, group, user_data);
+        return epd_ring_submit(r, &rec);
+}
+
+static uint64_t now_usec_mono(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000ULL;
+}
+
+int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t timeout_usec) {
+        if (!r || !rec)
+                return -EINVAL;
+        uint64_t deadline = timeout_usec == UINT64_MAX ? UINT64_MAX : now_usec_mono() + timeout_usec;
+        for (;;) {
+                int e = epd_ring_consume(&r->ring.cq, rec);
+                if (e != -EAGAIN)
+                        return e;
+                uint64_t now = now_usec_mono();
+                if (now >= deadline)
+                        return -EAGAIN;
+                /* A wakeup may be stale (its record was taken without waiting): wait
+                 * again until the deadline. */
+                struct pollfd p = { .fd = r->complete_fd, .events = POLLIN };
+                int ms = deadline == UINT64_MAX ? -1 : (int)MIN((deadline - now + 999) / 1000, (uint64_t)INT32_MAX);
+                e = poll(&p, 1, ms);
+                if (e < 0 && errno != EINTR)
+                        return -errno;
+                uint64_t v;
+                if (e > 0)
+                        (void)!read(r->complete_fd, &v, sizeof v);
+        }
+}

@@ -1,0 +1,237 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* libepd: KV sequences (org.epd1.Pages, org.epd1.Sequence). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "epd-internal.h"
+#include "macro.h"
+
+#define PAGES_PATH "/org/epd1/pages"
+#define SEQ_IFACE "org.epd1.Sequence"
+#define PAGES_IFACE "org.epd1.Pages"
+
+static int read_pages(epd_client *c, sd_bus_message *reply, uint32_t **ret, size_t *ret_n) {
+        const void *p;
+        size_t sz;
+        int r = sd_bus_message_read_array(reply, 'u', &p, &sz);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        if (ret) {
+                uint32_t *a = malloc(MAX(sz, sizeof(uint32_t)));
+                if (!a)
+                        return epd__error(c, -ENOMEM, NULL);
+                memcpy(a, p, sz);
+                *ret = a;
+        }
+        if (ret_n)
+                *ret_n = sz / sizeof(uint32_t);
+        return 0;
+}
+
+static int dup_path(epd_client *c, const char *path, char **ret) {
+        if (!ret)
+                return 0;
+        *ret = strdup(path);
+        return *ret ? 0 : epd__error(c, -ENOMEM, NULL);
+}
+
+int epd_sequence_create(epd_client *c, const char *arena, uint32_t n_pages, char **ret_path,
+                        uint32_t **ret_pages, size_t *ret_n_pages) {
+        sd_bus_message *reply = NULL;
+        const char *path;
+        if (!c || !arena)
+                return -EINVAL;
+        int r = epd__call(c, PAGES_PATH, PAGES_IFACE, "CreateSequence", &reply, "su", arena, n_pages);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "o", &path);
+        r = r < 0 ? epd__error(c, r, NULL) : read_pages(c, reply, ret_pages, ret_n_pages);
+        if (r >= 0)
+                r = dup_path(c, path, ret_path);
+        sd_bus_message_unref(reply);
+        return r;
+}
+
+static int append_hashes(sd_bus_message *m, const uint64_t *hashes, size_t n) {
+        return sd_bus_message_append_array(m, 't', hashes, n * sizeof(uint64_t));
+}
+
+int epd_sequence_create_from_prefix(epd_client *c, const char *arena, const uint64_t *hashes,
+                                    size_t n_hashes, char **ret_path, size_t *ret_blocks,
+                                    uint32_t **ret_pages, size_t *ret_n_pages) {
+        sd_bus_message *m = NULL, *reply = NULL;
+        const char *path;
+        uint32_t blocks;
+        if (!c || !arena || (n_hashes > 0 && !hashes))
+                return -EINVAL;
+        int r = epd__new_call(c, PAGES_PATH, PAGES_IFACE, "CreateFromPrefix", &m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(m, "s", arena);
+        if (r >= 0)
+                r = append_hashes(m, hashes, n_hashes);
+        r = r < 0 ? epd__error(c, r, NULL) : epd__send(c, m, &reply);
+        sd_bus_message_unref(m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "ou", &path, &blocks);
+        r = r < 0 ? epd__error(c, r, NULL) : read_pages(c, reply, ret_pages, ret_n_pages);
+        if (r >= 0)
+                r = dup_path(c, path, ret_path);
+        if (r >= 0 && ret_blocks)
+                *ret_blocks = blocks;
+        sd_bus_message_unref(reply);
+        return r;
+}
+
+int epd_prefix_match(epd_client *c, const char *arena, const uint64_t *hashes, size_t n_hashes) {
+        sd_bus_message *m = NULL, *reply = NULL;
+        uint32_t blocks = 0;
+        if (!c || !arena || (n_hashes > 0 && !hashes))
+                return -EINVAL;
+        int r = epd__new_call(c, PAGES_PATH, PAGES_IFACE, "MatchPrefix", &m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(m, "s", arena);
+        if (r >= 0)
+                r = append_hashes(m, hashes, n_hashes);
+        r = r < 0 ? epd__error(c, r, NULL) : epd__send(c, m, &reply);
+        sd_bus_message_unref(m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "u", &blocks);
+        sd_bus_message_unref(reply);
+        return r < 0 ? epd__error(c, r, NULL) : (int)MIN(blocks, (uint32_t)INT32_MAX);
+}
+
+int epd_sequence_append(epd_client *c, const char *path, uint32_t n_pages, uint32_t **ret_pages,
+                        size_t *ret_n_pages) {
+        sd_bus_message *reply = NULL;
+        if (!c || !path)
+                return -EINVAL;
+        int r = epd__call(c, path, SEQ_IFACE, "Append", &reply, "u", n_pages);
+        if (r < 0)
+                return r;
+        r = read_pages(c, reply, ret_pages, ret_n_pages);
+        sd_bus_message_unref(reply);
+        return r;
+}
+
+int epd_sequence_truncate(epd_client *c, const char *path, uint32_t n_pages) {
+        if (!c || !path)
+                return -EINVAL;
+        return epd__call(c, path, SEQ_IFACE, "Truncate", NULL, "u", n_pages);
+}
+
+int epd_sequence_clone(epd_client *c, const char *path, char **ret_path) {
+        sd_bus_message *reply = NULL;
+        const char *p;
+        if (!c || !path)
+                return -EINVAL;
+        int r = epd__call(c, path, SEQ_IFACE, "Clone", &reply, NULL);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "o", &p);
+        r = r < 0 ? epd__error(c, r, NULL) : dup_path(c, p, ret_path);
+        sd_bus_message_unref(reply);
+        return r;
+}
+
+int epd_sequence_prepare_write(epd_client *c, const char *path, uint32_t first, uint32_t count,
+                               uint32_t *ret_pages) {
+        sd_bus_message *reply = NULL;
+        const void *p;
+        size_t sz;
+        uint32_t copied;
+        if (!c || !path)
+                return -EINVAL;
+        int r = epd__call(c, path, SEQ_IFACE, "PrepareWrite", &reply, "uu", first, count);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read_array(reply, 'u', &p, &sz);
+        if (r >= 0)
+                r = sd_bus_message_read(reply, "u", &copied);
+        if (r < 0) {
+                sd_bus_message_unref(reply);
+                return epd__error(c, r, NULL);
+        }
+        if (ret_pages)
+                memcpy(ret_pages, p, MIN(sz, (size_t)count * sizeof(uint32_t)));
+        sd_bus_message_unref(reply);
+        return (int)MIN(copied, (uint32_t)INT32_MAX);
+}
+
+int epd_sequence_publish(epd_client *c, const char *path, uint32_t first, const uint64_t *hashes,
+                         size_t n_hashes) {
+        sd_bus_message *m = NULL, *reply = NULL;
+        uint32_t inserted = 0;
+        if (!c || !path || (n_hashes > 0 && !hashes))
+                return -EINVAL;
+        int r = epd__new_call(c, path, SEQ_IFACE, "Publish", &m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(m, "u", first);
+        if (r >= 0)
+                r = append_hashes(m, hashes, n_hashes);
+        r = r < 0 ? epd__error(c, r, NULL) : epd__send(c, m, &reply);
+        sd_bus_message_unref(m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "u", &inserted);
+        sd_bus_message_unref(reply);
+        return r < 0 ? epd__error(c, r, NULL) : (int)MIN(inserted, (uint32_t)INT32_MAX);
+}
+
+int epd_sequence_grant(epd_client *c, const char *path, const char *worker_path) {
+        if (!c || !path || !worker_path)
+                return -EINVAL;
+        return epd__call(c, path, SEQ_IFACE, "Grant", NULL, "o", worker_path);
+}
+
+int epd_sequence_revoke(epd_client *c, const char *path, const char *worker_path) {
+        if (!c || !path || !worker_path)
+                return -EINVAL;
+        return epd__call(c, path, SEQ_IFACE, "Revoke", NULL, "o", worker_path);
+}
+
+int epd_sequence_release(epd_client *c, const char *path) {
+        if (!c || !path)
+                return -EINVAL;
+        return epd__call(c, path, SEQ_IFACE, "Release", NULL, NULL);
+}
+
+static int get_property(epd_client *c, const char *path, const char *property, const char *type,
+                        sd_bus_message **reply) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        epd__clear_error(c);
+        int r = sd_bus_get_property(c->bus, EPD_DESTINATION(c), path, SEQ_IFACE, property, &e, reply, type);
+        if (r < 0)
+                r = epd__error(c, r, &e);
+        sd_bus_error_free(&e);
+        return r;
+}
+
+int epd_sequence_get_pages(epd_client *c, const char *path, uint32_t **ret_pages, size_t *ret_n_pages) {
+        sd_bus_message *reply = NULL;
+        if (!c || !path)
+                return -EINVAL;
+        int r = get_property(c, path, "Pages", "au", &reply);
+        if (r < 0)
+                return r;
+        r = read_pages(c, reply, ret_pages, ret_n_pages);
+        sd_bus_message_unref(reply);
+        return r;
+}
+
+int epd_sequence_get_page_size(epd_client *c, const char *path, uint64_t *ret) {
+        sd_bus_message *reply = NULL;
+        if (!c || !path || !ret)
+                return -EINVAL;
+        int r = get_property(c, path, "PageSize", "t", &reply);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "t", ret);
+        sd_bus_message_unref(reply);
+        return r < 0 ? epd__error(c, r, NULL) : 0;
+}

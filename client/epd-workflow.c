@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* libepd: agent workflows (org.epd1.Workflow; docs/scheduler.md#workflows). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "epd-internal.h"
+#include "macro.h"
+
+#define WF_PATH "/org/epd1"
+#define WF_IFACE "org.epd1.Workflow"
+
+static int dup_out(epd_client *c, const char *s, char **ret) {
+        if (!ret)
+                return 0;
+        *ret = strdup(s);
+        return *ret ? 0 : epd__error(c, -ENOMEM, NULL);
+}
+
+int epd_workflow_create(epd_client *c, const char *sequence, const uint32_t *tokens, size_t n_tokens,
+                        char **ret_workflow, char **ret_head) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        const char *id, *head;
+        int r;
+
+        if (!c || !sequence || (n_tokens > 0 && !tokens))
+                return -EINVAL;
+        r = epd__new_call(c, WF_PATH, WF_IFACE, "Create", &m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(m, "o", sequence);
+        if (r >= 0)
+                r = sd_bus_message_append_array(m, 'u', tokens, n_tokens * sizeof *tokens);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        r = epd__send(c, m, &reply);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "so", &id, &head);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        r = dup_out(c, id, ret_workflow);
+        if (r >= 0)
+                r = dup_out(c, head, ret_head);
+        return r;
+}
+
+int epd_workflow_fork(epd_client *c, const char *workflow, uint32_t branch, uint32_t *ret_branch, char **ret_head) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        const char *head;
+        uint32_t nb;
+        int r;
+
+        if (!c || !workflow)
+                return -EINVAL;
+        r = epd__call(c, WF_PATH, WF_IFACE, "Fork", &reply, "su", workflow, branch);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "uo", &nb, &head);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        if (ret_branch)
+                *ret_branch = nb;
+        return dup_out(c, head, ret_head);
+}
+
+int epd_workflow_advance(epd_client *c, const char *workflow, uint32_t branch, const uint32_t *tokens,
+                         size_t n_tokens, bool segments, char **ret_head, uint32_t *ret_prefix_blocks,
+                         epd_segment **ret_segments, size_t *ret_n_segments) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        const char *head;
+        uint32_t prefix;
+        epd_segment *segs = NULL;
+        size_t n = 0, cap = 0;
+        int r;
+
+        if (!c || !workflow || (n_tokens > 0 && !tokens))
+                return -EINVAL;
+        r = epd__new_call(c, WF_PATH, WF_IFACE, "Advance", &m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(m, "su", workflow, branch);
+        if (r >= 0)
+                r = sd_bus_message_append_array(m, 'u', tokens, n_tokens * sizeof *tokens);
+        if (r >= 0)
+                r = sd_bus_message_append(m, "b", (int)segments);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        r = epd__send(c, m, &reply);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "ou", &head, &prefix);
+        if (r >= 0)
+                r = sd_bus_message_enter_container(reply, 'a', "(uuub)");
+        for (;;) {
+                uint32_t pb, nb, off;
+                int aligned;
+                if (r < 0)
+                        break;
+                r = sd_bus_message_read(reply, "(uuub)", &pb, &nb, &off, &aligned);
+                if (r <= 0)
+                        break;
+                if (n == cap) {
+                        cap = cap ? cap * 2 : 8;
+                        epd_segment *p = realloc(segs, cap * sizeof *p);
+                        if (!p) {
+                                r = -ENOMEM;
+                                break;
+                        }
+                        segs = p;
+                }
+                segs[n++] = (epd_segment){ .prev_block = pb, .n_blocks = nb, .new_offset = off, .aligned = aligned };
+        }
+        if (r < 0) {
+                free(segs);
+                return epd__error(c, r, NULL);
+        }
+        if (ret_prefix_blocks)
+                *ret_prefix_blocks = prefix;
+        if (ret_segments)
+                *ret_segments = segs;
+        else
+                free(segs);
+        if (ret_n_segments)
+                *ret_n_segments = n;
+        return dup_out(c, head, ret_head);
+}
+
+int epd_workflow_merge(epd_client *c, const char *workflow, uint32_t from, uint32_t into) {
+        if (!c || !workflow)
+                return -EINVAL;
+        return epd__call(c, WF_PATH, WF_IFACE, "Merge", NULL, "suu", workflow, from, into);
+}
+
+int epd_workflow_drop(epd_client *c, const char *workflow, uint32_t branch) {
+        if (!c || !workflow)
+                return -EINVAL;
+        return epd__call(c, WF_PATH, WF_IFACE, "Drop", NULL, "su", workflow, branch);
+}
+
+int epd_workflow_release(epd_client *c, const char *workflow) {
+        if (!c || !workflow)
+                return -EINVAL;
+        return epd__call(c, WF_PATH, WF_IFACE, "Release", NULL, "s", workflow);
+}
+
+int epd_workflow_attach(epd_client *c, const char *workflow) {
+        if (!c || !workflow)
+                return -EINVAL;
+        return epd__call(c, WF_PATH, WF_IFACE, "Attach", NULL, "s", workflow);
+}

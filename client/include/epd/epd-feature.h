@@ -1,0 +1,90 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* libepd: the feature cache (org.epd1.Feature; docs/features.md).
+ *
+ * An Encoder reserves a region for a content key, writes the tensors into the mapped
+ * feature arena, and publishes it. A Prefill acquires the key: a hit gives the bytes
+ * at once (no vision encoder run); otherwise it waits (epd_feature_wait, no polling)
+ * while someone else produces it, or it is told to produce it itself. Every
+ * epd_feature is a handle in the daemon; epd_feature_release() gives it back and
+ * frees the struct. Handles of a client that disconnects or dies are released by the
+ * daemon; a producer that goes before publishing fails the waiters ("producer-gone"). */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "epd/epd.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EPD_FEATURE_RANK_MAX 8
+#define EPD_FEATURE_TENSORS_MAX 64
+#define EPD_FEATURE_KEY_MAX 256
+
+typedef struct epd_feature_tensor {
+        const char *name;     /* [A-Za-z0-9_.:-], 1..64 bytes, unique in the bundle */
+        const char *dtype;    /* "bf16", "f16", "f32", "i64", ... or torch names ("bfloat16") */
+        uint32_t rank;        /* 0..8 */
+        uint64_t shape[EPD_FEATURE_RANK_MAX];
+        uint64_t strides[EPD_FEATURE_RANK_MAX]; /* in elements; all zero: contiguous row-major */
+        uint64_t offset;      /* bytes from the start of the feature */
+} epd_feature_tensor;
+
+typedef struct epd_feature {
+        char key[EPD_FEATURE_KEY_MAX + 1];
+        char handle[33];
+        char result[16];      /* from acquire: "hit", "wait" or "produce"; else "" */
+        char state[16];       /* "reserved", "ready", "failed" or "evicted" */
+        char error[32];       /* failed: "producer-gone", "timeout", "producer-failed", ... */
+        int arena;            /* index for epd_arena_get(); -1 while there is no region */
+        uint64_t offset;      /* of the bytes in the arena fd */
+        uint64_t bytes;
+        void *data;           /* their mapping (host arenas, mapped on demand), or NULL */
+        char request_id[33];  /* of the request that produced it ("" if none) */
+        size_t n_tensors;
+        epd_feature_tensor tensors[EPD_FEATURE_TENSORS_MAX]; /* strings point into _names */
+        char _names[EPD_FEATURE_TENSORS_MAX][2][72];
+} epd_feature;
+
+/* Acquires key. *ret->result says what to do: "hit" (read ret->data), "wait" (call
+ * epd_feature_wait), or "produce" (only with may_produce: call epd_feature_produce,
+ * write, epd_feature_publish). Without may_produce a missing key is -ENOENT. */
+int epd_feature_acquire(epd_client *c, const char *key, bool may_produce, epd_feature **ret);
+
+/* Encoder: reserves `bytes` for key, described by the tensors. -EEXIST if it is ready,
+ * -EBUSY if another client produces it, -EINVAL for a bad descriptor (the error
+ * message names the problem), -ENOSPC if the cache cannot make room. */
+int epd_feature_reserve(epd_client *c, const char *key, uint64_t bytes,
+                        const epd_feature_tensor *tensors, size_t n_tensors,
+                        const char *request_id, epd_feature **ret);
+/* The same for a feature acquired with result "produce": updates f. */
+int epd_feature_produce(epd_client *c, epd_feature *f, uint64_t bytes,
+                        const epd_feature_tensor *tensors, size_t n_tensors,
+                        const char *request_id);
+int epd_feature_publish(epd_client *c, epd_feature *f, uint64_t encode_usec);
+int epd_feature_fail(epd_client *c, epd_feature *f, const char *reason);
+
+/* Blocks until f is no longer "reserved", or timeout_usec (UINT64_MAX: forever).
+ * Returns 0 when ready, -ETIMEDOUT, or -EPIPE when it failed (f->error says why).
+ * Woken by the FeatureReady signal; never polls the daemon. */
+int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec);
+/* Reads f's state again from the daemon. */
+int epd_feature_refresh(epd_client *c, epd_feature *f);
+
+/* Pins key (READY or being produced): never evicted until released. */
+int epd_feature_pin(epd_client *c, const char *key, epd_feature **ret);
+
+/* Releases the handle and frees f (also when the daemon is gone). NULL is fine. */
+int epd_feature_release(epd_client *c, epd_feature *f);
+
+/* Announces keys that will be needed soon. Returns how many are already cached (in
+ * memory or in the store); the rest are announced to encoders (FeatureWanted). */
+int epd_feature_prefetch(epd_client *c, const char *const *keys, size_t n);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* libepd: layered KV handoffs (org.epd1.Handoffs / org.epd1.Handoff) and the ring pair
+ * (epd/ring.h). See docs/handoff.md for the flow:
+ *
+ *   prefill: epd_handoff_prepare() -> per layer group: epd_handoff_layer_group_ready()
+ *            (or epd_ring_layer_group_ready() without a bus round trip) -> wait for the
+ *            state "committed" -> epd_handoff_release()
+ *   decode:  epd_handoff_accept() -> progress (ring records, or epd_handoff_get()) ->
+ *            epd_handoff_commit() (the pages become a sequence of its own) ->
+ *            epd_handoff_release()
+ *
+ * Every function returns 0 or a negative errno (epd_last_error_name() says more). */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "epd/epd.h"
+#include "epd/ring.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct epd_handoff_options {
+        const char *arena;     /* local destination arena; NULL: the sequence's own */
+        const char *target;    /* worker path that will accept; NULL: any */
+        uint64_t timeout_usec; /* 0: the daemon's HandoffTimeout= */
+} epd_handoff_options;
+
+/* request_id: 32 hex digits. destination: a host id, or NULL/"" for this host. The
+ * handoff's object path (the caller frees it) and fencing token come back. */
+int epd_handoff_prepare(epd_client *c, const char *request_id, const char *destination,
+                        const char *sequence, const uint32_t *layer_groups, size_t n_groups,
+                        const epd_handoff_options *opts, char **ret_path, uint64_t *ret_token);
+int epd_handoff_layer_group_ready(epd_client *c, const char *handoff, uint32_t group);
+
+typedef struct epd_handoff_accepted {
+        char *path;
+        uint64_t token;
+        char *arena;
+        uint64_t *offsets; /* arena offset of each page, in order */
+        size_t n_pages;
+        uint32_t n_groups;
+        uint32_t groups_done;
+} epd_handoff_accepted;
+
+int epd_handoff_accept(epd_client *c, const char *request_id, epd_handoff_accepted *ret);
+void epd_handoff_accepted_done(epd_handoff_accepted *a);
+
+/* The decode sequence's object path comes back (the caller frees it). */
+int epd_handoff_commit(epd_client *c, const char *handoff, char **ret_sequence);
+int epd_handoff_rollback(epd_client *c, const char *handoff);
+int epd_handoff_release(epd_client *c, const char *handoff);
+
+typedef struct epd_handoff_status {
+        char state[24];
+        char cause[24];
+        uint32_t groups_done;
+        uint32_t n_groups;
+        uint64_t bytes;
+} epd_handoff_status;
+
+int epd_handoff_get(epd_client *c, const char *handoff, epd_handoff_status *ret);
+
+/* ---- the ring pair ---- */
+
+typedef struct epd_ring_client {
+        struct epd_ring ring;
+        void *base;
+        uint64_t size;
+        int memfd;
+        int submit_fd;
+        int complete_fd;
+} epd_ring_client;
+
+/* Opens this client's ring (sq/cq: powers of two, 8..32768) and maps it. */
+int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_ring_client **ret);
+epd_ring_client *epd_ring_close(epd_ring_client *r);
+/* Queues a submission and kicks the daemon. -EAGAIN when the SQ is full. */
+int epd_ring_submit(epd_ring_client *r, const struct epd_ring_record *rec);
+/* LayerGroupReady(group) of the handoff (request_id as 32 hex digits, token). */
+int epd_ring_layer_group_ready(epd_ring_client *r, const char *request_id, uint64_t token,
+                               uint32_t group, uint64_t user_data);
+/* Takes the next completion or event, waiting up to timeout_usec (UINT64_MAX: forever;
+ * 0: do not wait). -EAGAIN when none came in time. */
+int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t timeout_usec);
+
+#ifdef __cplusplus
+}
+#endif

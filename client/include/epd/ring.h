@@ -1,0 +1,253 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* The epd ring pair: a public ABI (versioned) for hot-path notifications between a
+ * worker and epdd without a D-Bus round trip each, in the manner of io_uring.
+ *
+ * epdd creates one shared mapping (a sealed memfd) holding a header, a submission queue
+ * (SQ: worker -> daemon) and a completion queue (CQ: daemon -> worker), plus two
+ * eventfds: the worker writes the "submit" eventfd after queueing submissions, the
+ * daemon writes the "complete" eventfd after posting completions. All three fds come
+ * from org.epd1.Handoff.OpenRing. Each queue has one producer and one consumer; the
+ * indexes are free-running uint32 counters (slot = index & (entries - 1)).
+ *
+ * Layout of the mapping (byte offsets, little-endian, all fields naturally aligned):
+ *      0  struct epd_ring_header        (64 bytes)
+ *     64  sq_head   (uint32; written by the daemon)
+ *    128  sq_tail   (uint32; written by the worker)
+ *    192  cq_head   (uint32; written by the worker)
+ *    256  cq_tail   (uint32; written by the daemon)
+ *    320  cq_overflow (uint32; completions the daemon could not post: the CQ was full;
+ *                    it then sent them as D-Bus signals instead)
+ *    header.sq_offset  sq_entries records of 64 bytes
+ *    header.cq_offset  cq_entries records of 64 bytes
+ *
+ * Neither side trusts the other's indexes: each keeps its own copy of the index it
+ * owns, and a queue whose indexes are more than `entries` apart is corrupt (EBADMSG).
+ * The daemon copies every record out of the mapping before it validates it.
+ *
+ * Compatibility: version 1. A later version may add opcodes and use reserved fields
+ * (zero in version 1); the record size and the offsets above do not change within a
+ * major version. A consumer ignores records with an opcode it does not know. */
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EPD_RING_MAGIC 0x52445045U /* "EPDR" */
+#define EPD_RING_VERSION 1U
+#define EPD_RING_RECORD_SIZE 64U
+#define EPD_RING_ENTRIES_MIN 8U
+#define EPD_RING_ENTRIES_MAX 32768U
+
+#define EPD_RING_OFF_SQ_HEAD 64U
+#define EPD_RING_OFF_SQ_TAIL 128U
+#define EPD_RING_OFF_CQ_HEAD 192U
+#define EPD_RING_OFF_CQ_TAIL 256U
+#define EPD_RING_OFF_CQ_OVERFLOW 320U
+#define EPD_RING_OFF_RECORDS 512U
+
+struct epd_ring_header {
+        uint32_t magic;       /* EPD_RING_MAGIC */
+        uint16_t version;     /* EPD_RING_VERSION */
+        uint16_t record_size; /* EPD_RING_RECORD_SIZE */
+        uint32_t sq_entries;  /* power of two */
+        uint32_t cq_entries;  /* power of two */
+        uint64_t sq_offset;
+        uint64_t cq_offset;
+        uint64_t size;        /* of the whole mapping */
+        uint32_t flags;       /* 0 in version 1 */
+        uint32_t reserved[5];
+};
+
+/* Submissions (worker -> daemon). */
+enum {
+        /* Ping: the daemon answers with an EPD_RING_EV_COMPLETION of the same user_data. */
+        EPD_RING_OP_NOP = 1,
+        /* The prefill worker finished layer group `group` of the handoff (request_id,
+         * token): the daemon ships it. Answered by a completion with result 0 or
+         * -errno (only when flags has EPD_RING_F_ACK, or on error). */
+        EPD_RING_OP_LAYER_GROUP_READY = 2,
+};
+
+/* Completions and events (daemon -> worker). */
+enum {
+        /* Answer to a submission: user_data echoed, result 0 or -errno. */
+        EPD_RING_EV_COMPLETION = 0x81,
+        /* Handoff progress: groups [0, group) are complete (SENT on the source,
+         * RECEIVED on the destination) out of `count`; arg0 = bytes moved so far. */
+        EPD_RING_EV_GROUP_PROGRESS = 0x82,
+        /* Handoff state change: arg0 = EPD_HANDOFF_STATE_*, arg1 = EPD_HANDOFF_CAUSE_*. */
+        EPD_RING_EV_HANDOFF_STATE = 0x83,
+        /* Backpressure notice: arg0 = load in permille (1000 = at capacity), arg1 = the
+         * delay in microseconds the daemon asks before new work (0: none). */
+        EPD_RING_EV_BACKPRESSURE = 0x84,
+};
+
+/* Record flags. */
+#define EPD_RING_F_ACK 0x0001U /* submission: answer with a completion even on success */
+
+/* Handoff states and causes as seen in ring records and on the bus. */
+enum {
+        EPD_HANDOFF_STATE_PREPARING = 0,
+        EPD_HANDOFF_STATE_PREPARED = 1,
+        EPD_HANDOFF_STATE_TRANSFERRING = 2,
+        EPD_HANDOFF_STATE_TRANSFERRED = 3,
+        EPD_HANDOFF_STATE_COMMITTED = 4,
+        EPD_HANDOFF_STATE_RELEASED = 5,
+        EPD_HANDOFF_STATE_ROLLED_BACK = 6,
+};
+
+enum {
+        EPD_HANDOFF_CAUSE_NONE = 0,
+        EPD_HANDOFF_CAUSE_REQUESTED = 1,
+        EPD_HANDOFF_CAUSE_TIMEOUT = 2,
+        EPD_HANDOFF_CAUSE_PEER_DOWN = 3,
+        EPD_HANDOFF_CAUSE_WORKER_GONE = 4,
+        EPD_HANDOFF_CAUSE_TRANSFER_FAILED = 5,
+        EPD_HANDOFF_CAUSE_NO_SPACE = 6,
+        EPD_HANDOFF_CAUSE_REFUSED = 7,
+        EPD_HANDOFF_CAUSE_REMOTE = 8,
+        EPD_HANDOFF_CAUSE_SHUTDOWN = 9,
+        EPD_HANDOFF_CAUSE_PROTOCOL = 10,
+};
+
+struct epd_ring_record {
+        uint16_t opcode;
+        uint16_t flags;
+        int32_t result;
+        uint64_t user_data;
+        uint8_t request_id[16];
+        uint64_t token;
+        uint32_t group;
+        uint32_t count;
+        uint64_t arg0;
+        uint64_t arg1;
+};
+
+_Static_assert(sizeof(struct epd_ring_header) == 64, "ring header ABI");
+_Static_assert(sizeof(struct epd_ring_record) == EPD_RING_RECORD_SIZE, "ring record ABI");
+
+/* One direction of the pair, as seen by one side. `local` is this side's private copy
+ * of the index it owns (the tail when producing, the head when consuming). */
+struct epd_ring_queue {
+        uint32_t *head;
+        uint32_t *tail;
+        struct epd_ring_record *records;
+        uint32_t entries;
+        uint32_t local;
+};
+
+struct epd_ring {
+        void *base;
+        uint64_t size;
+        struct epd_ring_queue sq;
+        struct epd_ring_queue cq;
+        uint32_t *cq_overflow;
+};
+
+static inline int epd_ring_entries_valid(uint32_t n) {
+        return n >= EPD_RING_ENTRIES_MIN && n <= EPD_RING_ENTRIES_MAX && (n & (n - 1)) == 0;
+}
+
+/* Bytes the mapping needs for these sizes (before rounding to pages). */
+static inline uint64_t epd_ring_size(uint32_t sq_entries, uint32_t cq_entries) {
+        return EPD_RING_OFF_RECORDS + ((uint64_t)sq_entries + cq_entries) * EPD_RING_RECORD_SIZE;
+}
+
+/* Checks a mapped ring's header against the mapping's size and sets up the views.
+ * `daemon` selects the side: the daemon consumes the SQ and produces the CQ. */
+static inline int epd_ring_attach(struct epd_ring *r, void *base, uint64_t size, int daemon) {
+        struct epd_ring_header h;
+        if (!r || !base || size < sizeof h)
+                return -EINVAL;
+        memcpy(&h, base, sizeof h);
+        if (h.magic != EPD_RING_MAGIC || h.version != EPD_RING_VERSION ||
+            h.record_size != EPD_RING_RECORD_SIZE)
+                return -EPROTONOSUPPORT;
+        if (!epd_ring_entries_valid(h.sq_entries) || !epd_ring_entries_valid(h.cq_entries) ||
+            h.size > size || h.sq_offset < EPD_RING_OFF_RECORDS ||
+            h.sq_offset % EPD_RING_RECORD_SIZE || h.cq_offset % EPD_RING_RECORD_SIZE ||
+            h.sq_offset > h.size || h.cq_offset > h.size ||
+            h.size - h.sq_offset < (uint64_t)h.sq_entries * EPD_RING_RECORD_SIZE ||
+            h.size - h.cq_offset < (uint64_t)h.cq_entries * EPD_RING_RECORD_SIZE ||
+            (h.cq_offset < h.sq_offset + (uint64_t)h.sq_entries * EPD_RING_RECORD_SIZE &&
+             h.sq_offset < h.cq_offset + (uint64_t)h.cq_entries * EPD_RING_RECORD_SIZE))
+                return -EBADMSG;
+
+        uint8_t *b = (uint8_t *)base;
+        r->base = base;
+        r->size = h.size;
+        r->sq.head = (uint32_t *)(b + EPD_RING_OFF_SQ_HEAD);
+        r->sq.tail = (uint32_t *)(b + EPD_RING_OFF_SQ_TAIL);
+        r->sq.records = (struct epd_ring_record *)(b + h.sq_offset);
+        r->sq.entries = h.sq_entries;
+        r->cq.head = (uint32_t *)(b + EPD_RING_OFF_CQ_HEAD);
+        r->cq.tail = (uint32_t *)(b + EPD_RING_OFF_CQ_TAIL);
+        r->cq.records = (struct epd_ring_record *)(b + h.cq_offset);
+        r->cq.entries = h.cq_entries;
+        r->cq_overflow = (uint32_t *)(b + EPD_RING_OFF_CQ_OVERFLOW);
+        /* Each side owns one index of each queue. */
+        r->sq.local = __atomic_load_n(daemon ? r->sq.head : r->sq.tail, __ATOMIC_ACQUIRE);
+        r->cq.local = __atomic_load_n(daemon ? r->cq.tail : r->cq.head, __ATOMIC_ACQUIRE);
+        return 0;
+}
+
+/* Producer: queues one record. -EAGAIN when full, -EBADMSG when the consumer's index
+ * is impossible (a corrupt or hostile peer). */
+static inline int epd_ring_produce(struct epd_ring_queue *q, const struct epd_ring_record *rec) {
+        uint32_t tail = q->local;
+        uint32_t head = __atomic_load_n(q->head, __ATOMIC_ACQUIRE);
+        uint32_t used = tail - head;
+        if (used > q->entries)
+                return -EBADMSG;
+        if (used == q->entries)
+                return -EAGAIN;
+        memcpy(&q->records[tail & (q->entries - 1)], rec, sizeof *rec);
+        q->local = tail + 1;
+        __atomic_store_n(q->tail, tail + 1, __ATOMIC_RELEASE);
+        return 0;
+}
+
+/* Consumer: copies one record out. -EAGAIN when empty, -EBADMSG when corrupt. */
+static inline int epd_ring_consume(struct epd_ring_queue *q, struct epd_ring_record *rec) {
+        uint32_t head = q->local;
+        uint32_t tail = __atomic_load_n(q->tail, __ATOMIC_ACQUIRE);
+        uint32_t avail = tail - head;
+        if (avail == 0)
+                return -EAGAIN;
+        if (avail > q->entries)
+                return -EBADMSG;
+        memcpy(rec, &q->records[head & (q->entries - 1)], sizeof *rec);
+        q->local = head + 1;
+        __atomic_store_n(q->head, head + 1, __ATOMIC_RELEASE);
+        return 0;
+}
+
+/* Records queued and not yet consumed (0 on a corrupt queue). */
+static inline uint32_t epd_ring_pending(const struct epd_ring_queue *q, int producer) {
+        uint32_t head = producer ? __atomic_load_n(q->head, __ATOMIC_ACQUIRE) : q->local;
+        uint32_t tail = producer ? q->local : __atomic_load_n(q->tail, __ATOMIC_ACQUIRE);
+        uint32_t n = tail - head;
+        return n > q->entries ? 0 : n;
+}
+
+static inline void epd_ring_record_layer_group_ready(struct epd_ring_record *rec,
+                                                     const uint8_t request_id[16],
+                                                     uint64_t token, uint32_t group,
+                                                     uint64_t user_data) {
+        memset(rec, 0, sizeof *rec);
+        rec->opcode = EPD_RING_OP_LAYER_GROUP_READY;
+        memcpy(rec->request_id, request_id, 16);
+        rec->token = token;
+        rec->group = group;
+        rec->user_data = user_data;
+}
+
+#ifdef __cplusplus
+}
+#endif

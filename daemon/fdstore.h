@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* systemd's file descriptor store (docs/wal.md#restart): epdd keeps every host arena's
+ * memfd there (FDSTORE=1, FDNAME=arena-<name>), so that a restarted or upgraded epdd
+ * gets the same memory back (LISTEN_FDS / LISTEN_FDNAMES, sd_listen_fds_with_names),
+ * maps it again and, with the WAL, loses nothing. Outside systemd (no NOTIFY_SOCKET)
+ * pushing is a no-op and nothing comes back. The service needs FileDescriptorStoreMax=. */
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "macro.h"
+
+#define FDSTORE_NAME_MAX 255
+
+typedef struct FdStore {
+        char **names;
+        int *fds;      /* -EBADF once taken */
+        size_t n;
+} FdStore;
+
+/* Takes the fds passed at start (LISTEN_FDS), with their names; unsets the variables.
+ * An empty store when there are none. */
+int fdstore_collect(FdStore **ret);
+/* The fd stored under name, now the caller's; -ENOENT if none. */
+int fdstore_take(FdStore *s, const char *name);
+/* Closes what nobody took (and asks systemd to forget those names). */
+FdStore *fdstore_free(FdStore *s);
+DEFINE_TRIVIAL_CLEANUP_FUNC(FdStore *, fdstore_free);
+
+/* Hands a copy of fd to the service manager under name. 0 when stored, -ENOTCONN
+ * outside systemd, or the error. */
+int fdstore_push(const char *name, int fd);
+/* FDSTOREREMOVE=1 for name. */
+int fdstore_remove(const char *name);
+bool fdstore_name_valid(const char *name);

@@ -1,0 +1,139 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* HandoffManager: the handoff subsystem of epdd. It drives one Handoff state machine
+ * (handoff.h) per side of every handoff this daemon takes part in, owns the pages and
+ * leases a handoff holds, moves the bytes of each layer group as soon as the prefill
+ * worker reports it ready (the local transport within this host, the peer transport to
+ * another), speaks the handoff messages of the peer protocol (handoff-proto.h), and
+ * serves the workers' ring pairs (ring.h). The bus glue is bus-handoff.c.
+ *
+ * Page ownership, the rule that no page is freed while a write into it can land:
+ *   source       leases every page of the prefill sequence at Prepare; the leases end
+ *                when the handoff is committed or ended AND no write of it is in flight.
+ *   destination  allocates its pages at Prepare (one reference + one lease each, held
+ *                by the handoff); Commit builds the decode sequence over them (its own
+ *                references) and then drops the handoff's; a rollback drops them once
+ *                no incoming write is in flight (the incoming validator admits no new
+ *                write into an ended handoff).
+ *   same arena   (local handoff, destination arena = source arena): no page is
+ *                allocated and no byte moves; Commit gives the decode sequence
+ *                references to the source pages. */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <systemd/sd-bus.h>
+#include <systemd/sd-event.h>
+
+#include "client.h"
+#include "handoff.h"
+#include "hashmap.h"
+#include "id.h"
+#include "manager.h"
+#include "pages.h"
+#include "ring.h"
+#include "transport/transport.h"
+
+#define HANDOFF_PATH "/org/epd1/handoffs"
+#define HANDOFF_PATH_PREFIX "/org/epd1/handoff"
+#define HANDOFF_MANAGER_MAX 65536U      /* handoff objects in the daemon */
+#define HANDOFF_SLICE_DEFAULT (4U << 20) /* bytes per write */
+
+typedef struct HandoffManager HandoffManager;
+typedef struct HandoffObject HandoffObject;
+typedef struct Peer Peer;
+
+struct HandoffObject {
+        HandoffManager *hm;
+        Handoff *h;
+        EpdId handle;
+        char handle_str[EPD_ID_STRING_MAX];
+        char request_str[EPD_ID_STRING_MAX];
+        char *path;
+        ClientObject object;     /* owner: the prefill client (source), the accepting
+                                  * decode client (destination, after Accept) */
+        bool owned;
+        bool in_request_map;
+
+        Peer *peer;              /* the other daemon; NULL for a local handoff */
+        HandoffObject *twin;     /* local handoff: the other side */
+        char peer_host[64];
+
+        uint32_t arena;          /* arena of `pages` */
+        PagePool *pool;
+        PageId *pages;
+        uint32_t n_pages;
+        bool holds_pages;        /* leases (source) / refs + leases (destination) */
+        uint64_t *page_keys;     /* destination: keys in hm->dest_pages */
+        bool zero_copy;
+
+        /* Where the bytes go (source): the destination's arena region and page offsets. */
+        uint32_t dst_region;
+        uint64_t *dst_offsets;
+
+        uint64_t page_size;
+        HandoffGroupLayout *layouts; /* per group */
+        uint64_t bytes_moved;
+        EpdId target_worker;
+
+        sd_bus_message *pending_reply; /* source Prepare waiting for the destination */
+        sd_event_source *timer;
+        HandoffState notified_state;
+        uint64_t sequence_serial;      /* destination: what Commit made (for repeats) */
+        char *sequence_path;
+};
+
+struct HandoffManager {
+        Manager *manager;
+        Hashmap *by_handle;       /* HandoffObject* by handle_str */
+        Hashmap *sources;         /* HandoffObject* by request id bytes */
+        Hashmap *destinations;    /* HandoffObject* by request id bytes */
+        Hashmap *writes;          /* outgoing writes in flight by cookie */
+        Hashmap *incoming;        /* incoming writes in flight by (peer, cookie) */
+        Hashmap *dest_pages;      /* destination HandoffObject* by (arena << 32 | page) */
+        Hashmap *rings;           /* ClientRing* by client serial */
+        Transport *local;
+        sd_event_source *local_source;
+        sd_event_source *peer_source;
+        sd_event_source *attach;  /* deferred: hooks into the peer manager */
+        bool peer_attached;
+        uint64_t next_cookie;
+        uint64_t last_token;
+        uint64_t slice_size;
+        HandoffCounters counters;
+};
+
+extern const Subsystem handoff_subsystem;
+
+HandoffObject *handoff_manager_get(HandoffManager *hm, const char *handle_or_path);
+
+/* Bus-facing operations (bus-handoff.c). Each returns 0 or a negative errno and, on
+ * error, fills `error` with a named error. */
+typedef struct HandoffPrepareArgs {
+        const char *request_id;
+        const char *destination;     /* host id; "" or this host: local */
+        const char *sequence;
+        const uint32_t *layer_groups; /* layers per group */
+        size_t n_groups;
+        const char *arena;           /* destination arena (local), NULL: the source's */
+        const char *target;          /* worker path or id that will accept, NULL: any */
+        uint64_t timeout_usec;       /* 0: config */
+} HandoffPrepareArgs;
+
+/* Starts a handoff for the calling client. Replies to `msg` itself (at once, or when
+ * the remote destination answered): returns 1 then, or a negative errno with `error`. */
+int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const HandoffPrepareArgs *a,
+                            sd_bus_error *error);
+int handoff_manager_accept(HandoffManager *hm, Client *c, const char *request_id,
+                           HandoffObject **ret, sd_bus_error *error);
+int handoff_manager_group_ready(HandoffObject *o, uint32_t group, sd_bus_error *error);
+int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequence, sd_bus_error *error);
+int handoff_manager_rollback(HandoffObject *o, sd_bus_error *error);
+void handoff_manager_release(HandoffObject *o);
+int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32_t cq, Ring **ret,
+                              sd_bus_error *error);
+/* Whether client c owns o. */
+bool handoff_object_owned_by(const HandoffObject *o, const Client *c);
+
+/* Counters, in a stable order: name and value. */
+size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t *values, size_t n);

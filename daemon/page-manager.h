@@ -1,0 +1,75 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* PageManager: the pages subsystem of epdd. It ties a PagePool to every KV arena (made
+ * when the first KV layout arrives, or at start when the arena's PageSize= is set),
+ * owns the block directory and every Sequence registered under an id, and binds each
+ * sequence to the client that created it (a ClientObject: released on Release and on
+ * disconnect through one function). The bus glue is bus-sequence.c. */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "directory.h"
+#include "kvlayout.h"
+#include "manager.h"
+#include "pages.h"
+#include "sequence.h"
+
+#define PAGE_MANAGER_SEQUENCES_MAX 65536U
+#define SEQUENCE_PATH_PREFIX "/org/epd1/sequence"
+
+typedef struct PageManager {
+        Manager *manager;
+        Directory *directory;
+        Hashmap *sequences;          /* Sequence* by id_str */
+        /* Per arena (index): copy function for copy-on-write. Host arenas: memcpy;
+         * the GPU domain installs a CUDA copy with page_manager_set_copy(). */
+        PageCopyFn *copy;
+        void **copy_userdata;
+        uint64_t sequences_created, sequences_released;
+} PageManager;
+
+extern const Subsystem pages_subsystem;
+
+/* The pool of a KV arena, creating it for page_size if there is none yet (-EBUSY if
+ * the pool exists with another page size, -EINVAL for a feature arena, -ENOSPC if the
+ * arena holds less than one page). */
+int page_manager_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool **ret);
+
+/* Registers a bare sequence (from sequence_new*) under a fresh id, owned by client c,
+ * over arena a (whose pool it must use). On failure the sequence is NOT freed. */
+int page_manager_register(PageManager *pm, Sequence *s, Client *c, Arena *a);
+/* Release path of a registered sequence: unlinks it from its client and the id map and
+ * frees it (dropping its page references). The Release method and the client's death
+ * both end here. */
+void page_manager_release(Sequence *s);
+
+/* The sequence with this id (32 hex digits) or object path, or NULL. */
+Sequence *page_manager_get(PageManager *pm, const char *id_or_path);
+
+typedef enum SequenceAccess {
+        SEQUENCE_ACCESS_READ,  /* properties, Clone: owner or a granted worker */
+        SEQUENCE_ACCESS_OWNER, /* everything else: the owner only */
+} SequenceAccess;
+
+/* Whether client c may access s: 0, or -EPERM. */
+int page_manager_check_access(const Sequence *s, Client *c, SequenceAccess access);
+/* Lookup by id or path with the access check: -ENOENT, -EPERM, or 0 with *ret set.
+ * This is what other subsystems (handoff) call on behalf of a client. */
+int page_manager_lookup(PageManager *pm, Client *c, const char *id_or_path,
+                        SequenceAccess access, Sequence **ret);
+
+/* Arena of a registered sequence. */
+Arena *page_manager_sequence_arena(PageManager *pm, const Sequence *s);
+
+/* Copy-on-write for a registered sequence, with the arena's copy function. */
+int page_manager_prepare_write(PageManager *pm, Sequence *s, size_t first, size_t count,
+                               PageId *ret_pages, size_t *ret_copied);
+
+/* Installs the copy function of an arena (the GPU domain: a CUDA copy). */
+void page_manager_set_copy(PageManager *pm, uint32_t arena, PageCopyFn fn, void *userdata);
+
+/* Grants a worker read access (Grant) / takes it back (Revoke: -ENOENT if absent). */
+int page_manager_grant(Sequence *s, const EpdId *worker);
+int page_manager_revoke(Sequence *s, const EpdId *worker);

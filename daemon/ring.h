@@ -1,0 +1,56 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* The daemon's side of a worker's ring pair (ABI: client/include/epd/ring.h): a sealed
+ * memfd mapping, the "submit" eventfd the worker kicks and the "complete" eventfd the
+ * daemon kicks. No bus and no event loop here: the handoff manager watches the submit
+ * fd with sd-event, drains the SQ with ring_consume() and answers with ring_post() +
+ * ring_kick(). */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "epd/ring.h"
+
+typedef struct Ring {
+        int memfd;
+        int submit_fd;   /* worker -> daemon */
+        int complete_fd; /* daemon -> worker */
+        void *base;
+        uint64_t size;
+        struct epd_ring view;
+        bool broken;     /* the worker corrupted the queue indexes */
+        bool kick_pending;
+        uint64_t submitted, posted, overflows;
+} Ring;
+
+/* Creates a ring with the given queue sizes (powers of two within the ABI's limits). */
+int ring_new(uint32_t sq_entries, uint32_t cq_entries, Ring **ret);
+Ring *ring_free(Ring *r);
+
+/* Fetches the next submission. 0 with *rec filled; -EAGAIN when empty; -EBADMSG when
+ * the worker corrupted the queue (the ring is then broken for good). The record is a
+ * private copy: validate it with ring_record_validate_submission(). */
+int ring_consume(Ring *r, struct epd_ring_record *rec);
+/* Checks a submission's opcode, flags and reserved fields. */
+int ring_record_validate_submission(const struct epd_ring_record *rec);
+
+/* Posts a completion or event. -ENOBUFS when the CQ is full (the overflow counter in the
+ * mapping is bumped: the caller sends it over D-Bus instead); -EBADMSG when broken. */
+int ring_post(Ring *r, const struct epd_ring_record *rec);
+/* Signals the worker once for everything posted since the last kick. */
+int ring_kick(Ring *r);
+/* Clears the submit eventfd (after it became readable). */
+int ring_drain_submit(Ring *r);
+
+/* Builders of the daemon's records. */
+void ring_record_completion(struct epd_ring_record *rec, uint64_t user_data, int result);
+void ring_record_group_progress(struct epd_ring_record *rec, const uint8_t request_id[16],
+                                uint64_t token, uint32_t groups_done, uint32_t n_groups,
+                                uint64_t bytes);
+void ring_record_handoff_state(struct epd_ring_record *rec, const uint8_t request_id[16],
+                               uint64_t token, uint32_t state, uint32_t cause);
+void ring_record_backpressure(struct epd_ring_record *rec, uint32_t permille, uint64_t delay_usec);
+
+/* The opcode's name, or NULL. */
+const char *ring_opcode_to_string(uint16_t opcode);

@@ -1,0 +1,13 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The daemon's subsystems in start order (stopped in reverse): one line each.
+ * Included by manager.c with SUBSYSTEM() defined; no include guard on purpose. */
+SUBSYSTEM(pages)
+SUBSYSTEM(feature)
+SUBSYSTEM(telemetry)
+SUBSYSTEM(peer)
+SUBSYSTEM(topology)
+SUBSYSTEM(handoff)
+SUBSYSTEM(scheduler)
+SUBSYSTEM(workflows)
+SUBSYSTEM(wal)
+SUBSYSTEM(gpu)

@@ -1,0 +1,761 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "hashmap.h"
+#include "list.h"
+#include "log.h"
+#include "macro.h"
+#include "peer-proto.h"
+#include "peer.h"
+#include "slicer.h"
+#include "tcp.h"
+
+/* Bytes one stream moves per wakeup before it yields to the rest of the loop. */
+#define STREAM_BUDGET (16U * 1024U * 1024U)
+#define MAX_REGIONS 1024
+#define MAX_POST 65536
+#define SCRATCH_SIZE (256U * 1024U)
+#define DATA_FRAME_HEADER (PEER_FRAME_HEADER_SIZE + PEER_DATA_HEADER_SIZE)
+/* Slices one stream takes ahead from the round-robin queue, and their bytes: small
+ * writes go out several per syscall, while a small write posted behind big ones still
+ * waits for at most SEND_BATCH_BYTES per stream. */
+#define SEND_BATCH 16
+#define SEND_BATCH_BYTES (2U * 1024U * 1024U)
+
+typedef struct TcpTransport TcpTransport;
+typedef struct TcpStream TcpStream;
+typedef struct OutWrite OutWrite;
+typedef struct InWrite InWrite;
+
+struct OutWrite {
+        SliceWrite sw;                 /* first: container_of from the slice queue */
+        uint64_t write_id;             /* hashmap key */
+        uint64_t cookie;
+        const TransportRegion *src;
+        uint64_t src_offset;
+        uint32_t dst_region;
+        uint64_t dst_offset;
+        unsigned slices_sending;       /* handed out, not yet fully written */
+};
+
+struct InWrite {
+        uint64_t write_id;             /* hashmap key */
+        uint64_t cookie, dst_offset, total;
+        uint32_t region, slice_size;
+        int error;                     /* refused: bytes are discarded, ack carries it */
+        SliceTracker tracker;
+};
+
+typedef struct SendSlice {
+        OutWrite *w;
+        uint64_t offset, length;
+        uint8_t hdr[DATA_FRAME_HEADER];
+        size_t hdr_done;
+        uint64_t data_done;
+} SendSlice;
+
+struct TcpStream {
+        TcpTransport *t;
+        TcpPeer *tp;
+        unsigned index;
+        int fd;
+        sd_event_source *io;
+        bool want_out;
+
+        /* Send side: the slices taken from the peer's queue, sent in order, several
+         * per sendmsg(). */
+        SendSlice batch[SEND_BATCH];
+        unsigned b_head, b_n;
+        uint64_t b_bytes;
+
+        /* Receive side. */
+        uint8_t r_hdr[DATA_FRAME_HEADER];
+        size_t r_hdr_have;
+        InWrite *rw;
+        uint8_t *r_dst;                /* NULL: discard */
+        uint64_t r_remaining;
+        uint64_t r_slice_index;
+};
+
+struct TcpPeer {
+        TcpTransport *t;
+        Peer *peer;
+        TcpStream *streams[PEER_MAX_STREAMS];
+        unsigned n_streams;
+        SliceQueue queue;
+        Hashmap *out;                  /* OutWrite* by write_id */
+        Hashmap *in;                   /* InWrite* by write_id */
+        uint64_t next_write_id;
+        uint64_t bytes_in;
+        LIST_FIELDS(TcpPeer, peers);
+};
+
+struct TcpTransport {
+        Transport base;
+        sd_event *event;
+        PeerManager *pm;
+        uint32_t slice_size;
+        TransportRegion *regions[MAX_REGIONS];
+        LIST_HEAD(TcpPeer, peers);
+        int efd;
+        TransportCompletion *done;
+        size_t n_done, cap_done;
+        uint8_t *scratch;
+};
+
+static TcpTransport *tcp(Transport *t) {
+        return container_of(t, TcpTransport, base);
+}
+
+static int stream_io(sd_event_source *s, int fd, uint32_t revents, void *userdata);
+
+static void complete(TcpTransport *t, uint64_t cookie, int error, uint64_t bytes) {
+        if (t->n_done == t->cap_done) {
+                size_t cap = MAX(t->cap_done * 2, (size_t)64);
+                TransportCompletion *n = reallocarray(t->done, cap, sizeof *n);
+                if (!n) {
+                        /* Cannot happen for long; losing a completion would leak a
+                         * lease, so say it loudly. */
+                        log_error("tcp: out of memory queueing a completion (cookie %llu)",
+                                  (unsigned long long)cookie);
+                        return;
+                }
+                t->done = n;
+                t->cap_done = cap;
+        }
+        t->done[t->n_done++] = (TransportCompletion){ .cookie = cookie, .error = error, .bytes = bytes };
+        if (error)
+                t->base.stats.failures++;
+        else {
+                t->base.stats.bytes += bytes;
+                t->base.stats.writes++;
+        }
+        /* The fd stays readable until poll() has taken everything. */
+        if (t->n_done == 1)
+                (void)eventfd_write(t->efd, 1);
+}
+
+static TcpPeer *tcp_peer_get(TcpTransport *t, Peer *p, bool create) {
+        TcpPeer *tp = peer_get_tcp(p);
+
+        if (tp || !create)
+                return tp;
+        tp = calloc(1, sizeof *tp);
+        if (!tp)
+                return NULL;
+        tp->t = t;
+        tp->peer = p;
+        tp->next_write_id = 1;
+        tp->out = hashmap_new(HASHMAP_KEY_U64, 0);
+        tp->in = hashmap_new(HASHMAP_KEY_U64, 0);
+        if (!tp->out || !tp->in) {
+                hashmap_free(tp->out);
+                hashmap_free(tp->in);
+                free(tp);
+                return NULL;
+        }
+        LIST_PREPEND(peers, t->peers, tp);
+        peer_set_tcp(p, tp);
+        return tp;
+}
+
+static TcpStream *stream_free(TcpStream *s) {
+        if (!s)
+                return NULL;
+        sd_event_source_disable_unref(s->io);
+        safe_close(s->fd);
+        free(s);
+        return NULL;
+}
+
+static void in_write_free(InWrite *w) {
+        slice_tracker_done(&w->tracker);
+        free(w);
+}
+
+void tcp_transport_peer_reset(Transport *tt, Peer *p, int error) {
+        TcpTransport *t = tcp(tt);
+        TcpPeer *tp = peer_get_tcp(p);
+        size_t i = 0;
+        void *v;
+
+        if (!tp)
+                return;
+        /* Close the streams first: from here on no byte of any write lands. */
+        for (unsigned k = 0; k < PEER_MAX_STREAMS; k++)
+                tp->streams[k] = stream_free(tp->streams[k]);
+        tp->n_streams = 0;
+
+        while (hashmap_iterate(tp->out, &i, &v, NULL)) {
+                OutWrite *w = v;
+                complete(t, w->cookie, error, 0);
+                free(w);
+        }
+        hashmap_clear(tp->out);
+        tp->queue = (SliceQueue){};
+
+        i = 0;
+        while (hashmap_iterate(tp->in, &i, &v, NULL)) {
+                InWrite *w = v;
+                if (w->error == 0)
+                        peer_manager_incoming_done(t->pm, p, w->cookie, error);
+                in_write_free(w);
+        }
+        hashmap_clear(tp->in);
+}
+
+static void stream_update(TcpStream *s) {
+        bool want = s->b_n > 0 || !slice_queue_empty(&s->tp->queue);
+
+        if (want == s->want_out)
+                return;
+        s->want_out = want;
+        (void)sd_event_source_set_io_events(s->io, EPOLLIN | (want ? EPOLLOUT : 0));
+}
+
+static void kick_streams(TcpPeer *tp) {
+        for (unsigned k = 0; k < PEER_MAX_STREAMS; k++)
+                if (tp->streams[k])
+                        stream_update(tp->streams[k]);
+}
+
+int tcp_transport_attach_stream(Transport *tt, Peer *p, int fd, unsigned index) {
+        TcpTransport *t = tcp(tt);
+        TcpPeer *tp;
+        TcpStream *s;
+        int r;
+
+        if (index >= PEER_MAX_STREAMS) {
+                safe_close(fd);
+                return -EINVAL;
+        }
+        tp = tcp_peer_get(t, p, true);
+        if (!tp) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        if (tp->streams[index]) {
+                safe_close(fd);
+                return -EEXIST;
+        }
+        s = calloc(1, sizeof *s);
+        if (!s) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        s->t = t;
+        s->tp = tp;
+        s->index = index;
+        s->fd = fd;
+        r = sd_event_add_io(t->event, &s->io, fd, EPOLLIN, stream_io, s);
+        if (r < 0) {
+                stream_free(s);
+                return r;
+        }
+        tp->streams[index] = s;
+        tp->n_streams++;
+        stream_update(s);
+        return 0;
+}
+
+unsigned tcp_transport_streams_up(Transport *tt, Peer *p) {
+        TcpPeer *tp = peer_get_tcp(p);
+        return tp ? tp->n_streams : 0;
+}
+
+void tcp_transport_peer_inflight(Transport *tt, Peer *p, uint64_t *out, uint64_t *in) {
+        TcpPeer *tp = peer_get_tcp(p);
+        if (out)
+                *out = tp ? hashmap_size(tp->out) : 0;
+        if (in)
+                *in = tp ? hashmap_size(tp->in) : 0;
+}
+
+void tcp_transport_write_acked(Transport *tt, Peer *p, uint64_t write_id, int error) {
+        TcpTransport *t = tcp(tt);
+        TcpPeer *tp = peer_get_tcp(p);
+        OutWrite *w;
+
+        if (!tp)
+                return;
+        w = hashmap_get(tp->out, &write_id);
+        if (!w || w->sw.next_offset < w->sw.length || w->slices_sending > 0) {
+                /* An ack for something we never finished sending: the peer is confused. */
+                peer_stream_failed(p, -EBADMSG, "acknowledgement for an unknown write");
+                return;
+        }
+        hashmap_remove(tp->out, &write_id);
+        complete(t, w->cookie, error, error ? 0 : w->sw.length);
+        free(w);
+}
+
+/* ---- sending ---- */
+
+static void batch_fill(TcpStream *s) {
+        TcpPeer *tp = s->tp;
+
+        while (s->b_n < SEND_BATCH && (s->b_n == 0 || s->b_bytes < SEND_BATCH_BYTES)) {
+                SendSlice *b = s->batch + (s->b_head + s->b_n) % SEND_BATCH;
+                PeerDataHeader dh;
+                Slice sl;
+
+                if (!slice_queue_next(&tp->queue, &sl))
+                        break;
+                *b = (SendSlice){ .w = (OutWrite *)sl.write, .offset = sl.offset, .length = sl.length };
+                b->w->slices_sending++;
+                dh = (PeerDataHeader){
+                        .write_id = b->w->write_id,
+                        .cookie = b->w->cookie,
+                        .dst_offset = b->w->dst_offset,
+                        .total_length = b->w->sw.length,
+                        .slice_offset = sl.offset,
+                        .region = b->w->dst_region,
+                        .slice_size = b->w->sw.slice_size,
+                };
+                peer_frame_header_encode(b->hdr, PEER_MSG_DATA, (uint32_t)(PEER_DATA_HEADER_SIZE + sl.length));
+                (void)peer_data_header_encode(&dh, b->hdr + PEER_FRAME_HEADER_SIZE, PEER_DATA_HEADER_SIZE);
+                s->b_n++;
+                s->b_bytes += sl.length;
+        }
+}
+
+static int stream_send(TcpStream *s) {
+        size_t budget = STREAM_BUDGET;
+
+        while (budget > 0) {
+                struct iovec iov[2 * SEND_BATCH];
+                size_t n_iov = 0;
+                ssize_t n;
+
+                batch_fill(s);
+                if (s->b_n == 0)
+                        break;
+                for (unsigned k = 0; k < s->b_n; k++) {
+                        SendSlice *b = s->batch + (s->b_head + k) % SEND_BATCH;
+                        if (b->hdr_done < sizeof b->hdr)
+                                iov[n_iov++] = (struct iovec){ b->hdr + b->hdr_done, sizeof b->hdr - b->hdr_done };
+                        iov[n_iov++] = (struct iovec){
+                                (uint8_t *)b->w->src->host_base + b->w->src_offset + b->offset + b->data_done,
+                                b->length - b->data_done,
+                        };
+                }
+                n = sendmsg(s->fd, &(struct msghdr){ .msg_iov = iov, .msg_iovlen = n_iov },
+                            MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        if (errno == EAGAIN)
+                                return 0;
+                        return -errno;
+                }
+                budget -= MIN(budget, (size_t)n);
+                while (n > 0 && s->b_n > 0) {
+                        SendSlice *b = s->batch + s->b_head;
+                        size_t h = MIN((size_t)n, sizeof b->hdr - b->hdr_done);
+                        uint64_t d;
+
+                        b->hdr_done += h;
+                        n -= (ssize_t)h;
+                        d = MIN((uint64_t)n, b->length - b->data_done);
+                        b->data_done += d;
+                        n -= (ssize_t)d;
+                        if (b->hdr_done < sizeof b->hdr || b->data_done < b->length)
+                                break;
+                        b->w->slices_sending--;
+                        s->b_bytes -= b->length;
+                        s->b_head = (s->b_head + 1) % SEND_BATCH;
+                        s->b_n--;
+                }
+        }
+        stream_update(s);
+        return 0;
+}
+
+/* ---- receiving ---- */
+
+static int send_ack(TcpPeer *tp, uint64_t write_id, int error) {
+        PeerWriteAck a = { .write_id = write_id, .error = error };
+        uint8_t buf[PEER_WRITE_ACK_SIZE];
+
+        (void)peer_write_ack_encode(&a, buf, sizeof buf);
+        return peer_send_core(tp->peer, PEER_MSG_WRITE_ACK, buf, sizeof buf);
+}
+
+/* A slice header arrived: find or create its write and decide where its bytes go. */
+static int stream_slice_begin(TcpStream *s) {
+        TcpTransport *t = s->t;
+        TcpPeer *tp = s->tp;
+        PeerFrameHeader fh;
+        PeerDataHeader dh;
+        InWrite *w;
+        int r;
+
+        r = peer_frame_header_decode(s->r_hdr, PEER_FRAME_HEADER_SIZE, &fh);
+        if (r < 0)
+                return r;
+        if (fh.type != PEER_MSG_DATA)
+                return -EBADMSG;
+        r = peer_data_header_decode(s->r_hdr + PEER_FRAME_HEADER_SIZE, PEER_DATA_HEADER_SIZE, fh.length, &dh);
+        if (r < 0)
+                return r;
+
+        w = hashmap_get(tp->in, &dh.write_id);
+        if (w) {
+                if (w->cookie != dh.cookie || w->dst_offset != dh.dst_offset || w->total != dh.total_length ||
+                    w->region != dh.region || w->slice_size != dh.slice_size)
+                        return -EBADMSG;
+        } else {
+                TransportRegion *reg;
+                uint64_t end;
+
+                if (hashmap_size(tp->in) >= PEER_INCOMING_MAX)
+                        return -EBADMSG;
+                w = calloc(1, sizeof *w);
+                if (!w)
+                        return -ENOMEM;
+                *w = (InWrite){
+                        .write_id = dh.write_id,
+                        .cookie = dh.cookie,
+                        .dst_offset = dh.dst_offset,
+                        .total = dh.total_length,
+                        .region = dh.region,
+                        .slice_size = dh.slice_size,
+                };
+                r = slice_tracker_init(&w->tracker, dh.total_length, dh.slice_size);
+                if (r < 0) {
+                        free(w);
+                        return r;
+                }
+                r = hashmap_put(tp->in, &w->write_id, w);
+                if (r < 0) {
+                        in_write_free(w);
+                        return r;
+                }
+                reg = dh.region < MAX_REGIONS ? t->regions[dh.region] : NULL;
+                if (!reg || reg->domain != MEMORY_HOST || !reg->host_base)
+                        w->error = -ENXIO;
+                else if (ADD_OVERFLOW(dh.dst_offset, dh.total_length, &end) || end > reg->size)
+                        w->error = -ERANGE;
+                else
+                        /* Asked once per write, before its first byte lands. */
+                        w->error = peer_manager_validate_incoming(t->pm, tp->peer, dh.region, dh.dst_offset,
+                                                                  dh.total_length, dh.cookie);
+                if (w->error < 0)
+                        log_debug_errno(w->error, "tcp: refused incoming write %llu (region %u, %llu+%llu): %m",
+                                        (unsigned long long)dh.write_id, dh.region,
+                                        (unsigned long long)dh.dst_offset, (unsigned long long)dh.total_length);
+        }
+        s->rw = w;
+        s->r_slice_index = dh.slice_offset / dh.slice_size;
+        s->r_remaining = fh.length - PEER_DATA_HEADER_SIZE;
+        if (w->error == 0)
+                s->r_dst = (uint8_t *)t->regions[w->region]->host_base + w->dst_offset + dh.slice_offset;
+        else
+                s->r_dst = NULL;
+        return 0;
+}
+
+/* The slice's last byte landed. Returns 1 if the session was reset meanwhile. */
+static int stream_slice_end(TcpStream *s) {
+        TcpTransport *t = s->t;
+        TcpPeer *tp = s->tp;
+        InWrite *w = s->rw;
+        Peer *p = tp->peer;
+        unsigned idx = s->index;
+        int r;
+
+        s->rw = NULL;
+        r = slice_tracker_mark(&w->tracker, s->r_slice_index);
+        if (r < 0)
+                return -EBADMSG; /* a slice twice */
+        if (!slice_tracker_complete(&w->tracker))
+                return 0;
+        hashmap_remove(tp->in, &w->write_id);
+        if (w->error == 0)
+                peer_manager_incoming_done(t->pm, p, w->cookie, 0);
+        r = send_ack(tp, w->write_id, w->error);
+        in_write_free(w);
+        if (r < 0 || !peer_is_up(p) || tp->streams[idx] != s) {
+                if (r < 0 && peer_is_up(p))
+                        peer_stream_failed(p, r, "sending acknowledgement");
+                return 1;
+        }
+        return 0;
+}
+
+static int stream_recv(TcpStream *s) {
+        size_t budget = STREAM_BUDGET;
+        int r;
+
+        while (budget > 0) {
+                ssize_t n;
+
+                if (!s->rw) {
+                        if (s->r_hdr_have < sizeof s->r_hdr) {
+                                n = recv(s->fd, s->r_hdr + s->r_hdr_have, sizeof s->r_hdr - s->r_hdr_have,
+                                         MSG_DONTWAIT);
+                                if (n < 0)
+                                        return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+                                if (n == 0)
+                                        return -ECONNRESET;
+                                s->r_hdr_have += (size_t)n;
+                                if (s->r_hdr_have < sizeof s->r_hdr)
+                                        continue;
+                        }
+                        s->r_hdr_have = 0;
+                        r = stream_slice_begin(s);
+                        if (r < 0)
+                                return r;
+                }
+                {
+                        /* The rest of this slice, and the next slice's header with it
+                         * (data streams carry nothing but DATA frames): one syscall
+                         * per slice. */
+                        struct iovec iov[2];
+                        size_t n_iov = 1;
+                        uint64_t take;
+
+                        if (s->r_dst)
+                                iov[0] = (struct iovec){ s->r_dst, s->r_remaining };
+                        else
+                                iov[0] = (struct iovec){ s->t->scratch, MIN(s->r_remaining, (uint64_t)SCRATCH_SIZE) };
+                        if (iov[0].iov_len == s->r_remaining)
+                                iov[n_iov++] = (struct iovec){ s->r_hdr, sizeof s->r_hdr };
+                        n = readv(s->fd, iov, (int)n_iov);
+                        if (n < 0)
+                                return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+                        if (n == 0)
+                                return -ECONNRESET;
+                        budget -= MIN(budget, (size_t)n);
+                        take = MIN((uint64_t)n, s->r_remaining);
+                        s->tp->bytes_in += take;
+                        s->r_remaining -= take;
+                        if (s->r_dst)
+                                s->r_dst += take;
+                        s->r_hdr_have = (size_t)((uint64_t)n - take);
+                }
+                if (s->r_remaining == 0) {
+                        r = stream_slice_end(s);
+                        if (r != 0)
+                                return r;
+                }
+        }
+        return 0;
+}
+
+static int stream_io(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
+        TcpStream *s = userdata;
+        Peer *p = s->tp->peer;
+        int r;
+
+        if (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+                /* The acknowledgements of everything this wakeup completes leave in
+                 * one write. */
+                peer_cork(p);
+                r = stream_recv(s);
+                peer_uncork(p);
+                if (r == 1)
+                        return 0; /* the session was reset; s is gone */
+                if (r < 0) {
+                        peer_stream_failed(p, r, r == -ECONNRESET ? "data stream closed" : "data stream receive");
+                        return 0;
+                }
+        }
+        if (revents & EPOLLOUT) {
+                r = stream_send(s);
+                if (r < 0) {
+                        peer_stream_failed(p, r, "data stream send");
+                        return 0;
+                }
+        }
+        return 0;
+}
+
+/* ---- the vtable ---- */
+
+static int tcp_register_region(Transport *tt, TransportRegion *r) {
+        TcpTransport *t = tcp(tt);
+
+        if (!r || r->id >= MAX_REGIONS)
+                return -EINVAL;
+        if (r->domain != MEMORY_HOST || !r->host_base)
+                return -EOPNOTSUPP;
+        if (t->regions[r->id] && t->regions[r->id] != r)
+                return -EEXIST;
+        t->regions[r->id] = r;
+        return 0;
+}
+
+static void tcp_unregister_region(Transport *tt, TransportRegion *r) {
+        TcpTransport *t = tcp(tt);
+
+        if (r && r->id < MAX_REGIONS && t->regions[r->id] == r)
+                t->regions[r->id] = NULL;
+}
+
+static int tcp_post(Transport *tt, void *peer, const TransportWrite *w, size_t n) {
+        TcpTransport *t = tcp(tt);
+        Peer *p = peer;
+        TcpPeer *tp;
+        OutWrite **ws;
+        size_t queued = 0;
+        int r = 0;
+
+        if (!p || (!w && n > 0) || n > MAX_POST)
+                return -EINVAL;
+        if (!peer_is_up(p))
+                return -ENOTCONN;
+        for (size_t i = 0; i < n; i++) {
+                const TransportRegion *src = w[i].src_region < MAX_REGIONS ? t->regions[w[i].src_region] : NULL;
+                uint64_t end;
+
+                if (!src)
+                        return -ENXIO;
+                if (w[i].length == 0 || ADD_OVERFLOW(w[i].src_offset, w[i].length, &end) || end > src->size ||
+                    ADD_OVERFLOW(w[i].dst_offset, w[i].length, &end) ||
+                    peer_slice_count(w[i].length, t->slice_size) > PEER_MAX_SLICES_PER_WRITE)
+                        return -EINVAL;
+        }
+        tp = tcp_peer_get(t, p, true);
+        if (!tp)
+                return -ENOMEM;
+        ws = calloc(MAX(n, (size_t)1), sizeof *ws);
+        if (!ws)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                OutWrite *o = calloc(1, sizeof *o);
+                if (!o) {
+                        r = -ENOMEM;
+                        break;
+                }
+                ws[i] = o;
+                (void)slice_write_init(&o->sw, w[i].length, t->slice_size);
+                o->write_id = tp->next_write_id++;
+                o->cookie = w[i].cookie;
+                o->src = t->regions[w[i].src_region];
+                o->src_offset = w[i].src_offset;
+                o->dst_region = w[i].dst_region;
+                o->dst_offset = w[i].dst_offset;
+                r = hashmap_put(tp->out, &o->write_id, o);
+                if (r < 0) {
+                        free(o);
+                        ws[i] = NULL;
+                        break;
+                }
+                queued++;
+        }
+        if (r < 0) {
+                /* All or nothing. */
+                for (size_t i = 0; i < queued; i++) {
+                        hashmap_remove(tp->out, &ws[i]->write_id);
+                        free(ws[i]);
+                }
+                free(ws);
+                return r;
+        }
+        for (size_t i = 0; i < n; i++)
+                slice_queue_push(&tp->queue, &ws[i]->sw);
+        free(ws);
+        t->base.stats.batches++;
+        kick_streams(tp);
+        return 0;
+}
+
+static int tcp_completion_fd(Transport *tt) {
+        return tcp(tt)->efd;
+}
+
+static size_t tcp_poll(Transport *tt, TransportCompletion *c, size_t n) {
+        TcpTransport *t = tcp(tt);
+        eventfd_t v;
+        size_t k = MIN(n, t->n_done);
+
+        (void)eventfd_read(t->efd, &v);
+        memcpy(c, t->done, k * sizeof *c);
+        memmove(t->done, t->done + k, (t->n_done - k) * sizeof *c);
+        t->n_done -= k;
+        if (t->n_done > 0)
+                (void)eventfd_write(t->efd, 1);
+        return k;
+}
+
+static void tcp_cancel_peer(Transport *tt, void *peer) {
+        Peer *p = peer;
+
+        /* Bytes already in the socket buffers would still land: only ending the
+         * session guarantees that none does. The peer then reconnects. */
+        if (p && peer_get_tcp(p))
+                peer_stream_failed(p, -ECANCELED, "transfers cancelled");
+}
+
+static void tcp_free(Transport *tt) {
+        TcpTransport *t;
+
+        if (!tt)
+                return;
+        t = tcp(tt);
+        while (t->peers) {
+                TcpPeer *tp = t->peers;
+                for (unsigned k = 0; k < PEER_MAX_STREAMS; k++)
+                        stream_free(tp->streams[k]);
+                size_t i = 0;
+                void *v;
+                while (hashmap_iterate(tp->out, &i, &v, NULL))
+                        free(v);
+                i = 0;
+                while (hashmap_iterate(tp->in, &i, &v, NULL))
+                        in_write_free(v);
+                hashmap_free(tp->out);
+                hashmap_free(tp->in);
+                peer_set_tcp(tp->peer, NULL);
+                LIST_REMOVE(peers, t->peers, tp);
+                free(tp);
+        }
+        safe_close(t->efd);
+        free(t->done);
+        free(t->scratch);
+        sd_event_unref(t->event);
+        free(t);
+}
+
+static const TransportOps tcp_ops = {
+        .kind = TRANSPORT_TCP,
+        .name = "tcp",
+        .register_region = tcp_register_region,
+        .unregister_region = tcp_unregister_region,
+        .post = tcp_post,
+        .completion_fd = tcp_completion_fd,
+        .poll = tcp_poll,
+        .cancel_peer = tcp_cancel_peer,
+        .free = tcp_free,
+};
+
+int tcp_transport_new(Transport **ret, sd_event *e, PeerManager *pm, uint32_t slice_size) {
+        TcpTransport *t;
+
+        if (slice_size < PEER_SLICE_MIN || slice_size > PEER_SLICE_MAX)
+                return -EINVAL;
+        t = calloc(1, sizeof *t);
+        if (!t)
+                return -ENOMEM;
+        t->base.ops = &tcp_ops;
+        t->event = sd_event_ref(e);
+        t->pm = pm;
+        t->slice_size = slice_size;
+        t->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        t->scratch = malloc(SCRATCH_SIZE);
+        if (t->efd < 0 || !t->scratch) {
+                int r = t->efd < 0 ? -errno : -ENOMEM;
+                t->efd = safe_close(t->efd);
+                tcp_free(&t->base);
+                return r;
+        }
+        *ret = &t->base;
+        return 0;
+}

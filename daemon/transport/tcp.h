@@ -1,0 +1,29 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* The tcp transport: bulk writes to peer hosts over a few authenticated TCP data
+ * streams per peer (their handshake lives in peer.c, which hands the connected fds
+ * over). Slices of all writes to a peer are sent round-robin (slicer.h) over whichever
+ * stream can take them; the receiver recv()s each slice straight into the destination
+ * region after asking the incoming validator, and acknowledges a write on the control
+ * connection once every slice has landed. */
+
+#include <stdint.h>
+#include <systemd/sd-event.h>
+
+#include "transport.h"
+
+typedef struct PeerManager PeerManager;
+typedef struct Peer Peer;
+
+int tcp_transport_new(Transport **ret, sd_event *e, PeerManager *pm, uint32_t slice_size);
+/* Takes fd (an authenticated data stream of p's current session). */
+int tcp_transport_attach_stream(Transport *t, Peer *p, int fd, unsigned index);
+/* The session with p ended: every write in flight both ways completes with `error`,
+ * streams are closed, and no byte lands afterwards. */
+void tcp_transport_peer_reset(Transport *t, Peer *p, int error);
+/* WRITE_ACK from p. */
+void tcp_transport_write_acked(Transport *t, Peer *p, uint64_t write_id, int error);
+unsigned tcp_transport_streams_up(Transport *t, Peer *p);
+/* Writes queued or awaiting acknowledgement to p, and incoming writes from p. */
+void tcp_transport_peer_inflight(Transport *t, Peer *p, uint64_t *out, uint64_t *in);

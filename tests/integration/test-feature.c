@@ -1,0 +1,517 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The feature cache end to end, through libepd: an encoder publishes and a prefill in
+ * another process reads the same bytes through its own mapping; N prefills acquire a
+ * missing key at once and exactly one produces; a producer killed before publishing
+ * fails its waiters at once; bad descriptors get named errors; prefetch announces; the
+ * store confines keys; handles come back to zero and memory stays flat over many
+ * cycles; the introspection matches dbus/org.epd1.Feature.xml. Built twice: over the
+ * direct socket, and over a private dbus-daemon (OVER_BUS). */
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "epd/epd-feature.h"
+#include "harness.h"
+
+static Harness h;
+static char address[512];
+static char store_dir[300];
+
+static const char *dest(void) {
+#ifdef OVER_BUS
+        return "org.epd1";
+#else
+        return NULL;
+#endif
+}
+
+static void setup(void) {
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        snprintf(store_dir, sizeof store_dir, "%s/store", h.dir);
+        ck_assert_int_eq(mkdir(store_dir, 0700), 0);
+        FILE *f = fopen(h.config, "ae");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[Features]\nCacheSize=16M\nStoreDirectory=%s\n", store_dir);
+        fclose(f);
+#ifdef OVER_BUS
+        int r = harness_start_bus(&h);
+        if (r == -ENOENT) {
+                printf("SKIP: dbus-daemon is not installed\n");
+                exit(77);
+        }
+        ck_assert_int_eq(r, 0);
+        snprintf(address, sizeof address, "bus:%s", h.bus_address);
+#else
+        harness_direct_address(&h, address, sizeof address);
+#endif
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+}
+
+static void teardown(void) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+}
+
+static epd_client *worker(const char *role) {
+        epd_client *c;
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, role, "qwen3-vl-test", "cpu", NULL, NULL), 0);
+        return c;
+}
+
+static int raw_bus(sd_bus **ret) {
+#ifdef OVER_BUS
+        sd_bus *bus = NULL;
+        int r = sd_bus_new(&bus);
+        if (r >= 0)
+                r = sd_bus_set_address(bus, h.bus_address);
+        if (r >= 0)
+                r = sd_bus_set_bus_client(bus, true);
+        if (r >= 0)
+                r = sd_bus_start(bus);
+        *ret = bus;
+        return r;
+#else
+        return harness_direct_bus(&h, ret);
+#endif
+}
+
+/* A counter property of org.epd1.Feature (read on a connection of its own). */
+static uint64_t stat_u64(epd_client *unused, const char *name) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus *bus;
+        uint64_t v = 0;
+        (void)unused;
+        ck_assert_int_ge(raw_bus(&bus), 0);
+        int r = sd_bus_get_property_trivial(bus, dest(), "/org/epd1/feature", "org.epd1.Feature",
+                                            name, &e, 't', &v);
+        ck_assert_msg(r >= 0, "%s: %s", name, e.message);
+        sd_bus_error_free(&e);
+        sd_bus_flush_close_unref(bus);
+        return v;
+}
+
+/* One bf16 [rows, 64] embedding and an i64 [1, 3] grid_thw behind it. */
+static size_t bundle(uint64_t rows, epd_feature_tensor t[2], uint64_t *bytes) {
+        memset(t, 0, 2 * sizeof *t);
+        t[0] = (epd_feature_tensor){ .name = "image_embeds", .dtype = "bfloat16", .rank = 2,
+                                     .shape = { rows, 64 } };
+        t[1] = (epd_feature_tensor){ .name = "grid_thw", .dtype = "i64", .rank = 2,
+                                     .shape = { 1, 3 }, .offset = rows * 128 };
+        *bytes = rows * 128 + 24;
+        return 2;
+}
+
+static void fill(void *p, uint64_t n, uint8_t seed) {
+        for (uint64_t i = 0; i < n; i++)
+                ((uint8_t *)p)[i] = (uint8_t)(seed + i * 31);
+}
+
+static bool same(const void *p, uint64_t n, uint8_t seed) {
+        for (uint64_t i = 0; i < n; i++)
+                if (((const uint8_t *)p)[i] != (uint8_t)(seed + i * 31))
+                        return false;
+        return true;
+}
+
+START_TEST(test_publish_then_hit) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(100, t, &bytes);
+        epd_feature *p, *r;
+
+        ck_assert_int_eq(epd_feature_reserve(enc, "sha256:aa|qwen3-vl|pp1", bytes, t, n,
+                                             "0123456789abcdef0123456789abcdef", &p), 0);
+        ck_assert_str_eq(p->state, "reserved");
+        ck_assert_int_ge(p->arena, 0);
+        ck_assert_ptr_nonnull(p->data);
+        fill(p->data, bytes, 7);
+        ck_assert_int_eq(epd_feature_publish(enc, p, 4321), 0);
+
+        ck_assert_int_eq(epd_feature_acquire(pre, "sha256:aa|qwen3-vl|pp1", false, &r), 0);
+        ck_assert_str_eq(r->result, "hit");
+        ck_assert_str_eq(r->state, "ready");
+        ck_assert_uint_eq(r->bytes, bytes);
+        ck_assert_str_eq(r->request_id, "0123456789abcdef0123456789abcdef");
+        ck_assert_uint_eq(r->n_tensors, 2);
+        ck_assert_str_eq(r->tensors[0].name, "image_embeds");
+        ck_assert_str_eq(r->tensors[0].dtype, "bf16");
+        ck_assert_uint_eq(r->tensors[0].strides[0], 64);
+        ck_assert_uint_eq(r->tensors[0].strides[1], 1);
+        ck_assert_uint_eq(r->tensors[1].offset, 100 * 128);
+        /* another process's mapping, the same bytes */
+        ck_assert_ptr_ne(r->data, NULL);
+        ck_assert(same(r->data, bytes, 7));
+        ck_assert_uint_eq(stat_u64(pre, "Hits"), 1);
+        ck_assert_uint_eq(stat_u64(pre, "EncoderTimeSavedUSec"), 4321);
+        ck_assert_uint_eq(stat_u64(pre, "Produced"), 1);
+        ck_assert_uint_ge(stat_u64(pre, "BytesCached"), bytes);
+
+        /* reserving a ready key again is refused by name */
+        epd_feature *x;
+        ck_assert_int_eq(epd_feature_reserve(enc, "sha256:aa|qwen3-vl|pp1", bytes, t, n, NULL, &x), -EEXIST);
+        ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.Exists");
+        /* a handle of one client is not another's */
+        ck_assert_int_eq(epd_feature_refresh(enc, r), -EPERM);
+        ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.PermissionDenied");
+
+        ck_assert_int_eq(epd_feature_release(pre, r), 0);
+        ck_assert_int_eq(epd_feature_release(enc, p), 0);
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+        ck_assert_uint_eq(stat_u64(pre, "Features"), 1); /* stays cached */
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+}
+END_TEST
+
+START_TEST(test_bad_descriptor) {
+        epd_client *enc = worker("encoder");
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(10, t, &bytes);
+        epd_feature *p;
+
+        t[1].offset = 8; /* inside image_embeds */
+        ck_assert_int_eq(epd_feature_reserve(enc, "k", bytes, t, n, NULL, &p), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.InvalidArgument");
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(enc), "overlap"));
+        t[1].offset = bytes; /* past the end */
+        ck_assert_int_eq(epd_feature_reserve(enc, "k", bytes, t, n, NULL, &p), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(enc), "out-of-range"));
+        bundle(10, t, &bytes);
+        t[0].dtype = "complex128";
+        ck_assert_int_eq(epd_feature_reserve(enc, "k", bytes, t, n, NULL, &p), -EINVAL);
+        bundle(10, t, &bytes);
+        ck_assert_int_eq(epd_feature_reserve(enc, "k", 0, t, n, NULL, &p), -EINVAL);
+        ck_assert_int_eq(epd_feature_reserve(enc, "k", bytes, t, n, "not-an-id", &p), -EINVAL);
+        /* larger than the whole cache */
+        ck_assert_int_eq(epd_feature_reserve(enc, "k", 64ULL << 20, t, n, NULL, &p), -ENOSPC);
+        ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.NoSpace");
+        /* an unregistered client is told so */
+        epd_client *anon;
+        ck_assert_int_eq(epd_connect(address, &anon), 0);
+        ck_assert_int_eq(epd_feature_acquire(anon, "k", true, &p), -ENOTCONN);
+        ck_assert_str_eq(epd_last_error_name(anon), "org.epd1.Error.NotRegistered");
+        epd_disconnect(anon);
+        ck_assert_uint_eq(stat_u64(enc, "Features"), 0);
+        epd_disconnect(enc);
+}
+END_TEST
+
+#define N_CLIENTS 8
+
+/* N prefill processes acquire the same missing key at once (may_produce): exactly one
+ * is told to produce; the others wait without polling; all read the same bytes. */
+START_TEST(test_coalescing) {
+        int start[2], results[2];
+        pid_t pids[N_CLIENTS];
+        const char *key = "sha256:coalesce";
+
+        ck_assert_int_eq(pipe(start), 0);
+        ck_assert_int_eq(pipe(results), 0);
+        for (int i = 0; i < N_CLIENTS; i++) {
+                pids[i] = fork();
+                ck_assert_int_ge(pids[i], 0);
+                if (pids[i] == 0) {
+                        epd_client *c;
+                        epd_feature *f;
+                        char go, line = 'E';
+                        close(start[1]);
+                        if (epd_connect(address, &c) < 0 || epd_register(c, "prefill", "m", "cpu", NULL, NULL) < 0)
+                                _exit(10);
+                        if (read(start[0], &go, 1) != 1) /* all at once */
+                                _exit(11);
+                        if (epd_feature_acquire(c, key, true, &f) < 0)
+                                _exit(12);
+                        if (strcmp(f->result, "produce") == 0) {
+                                epd_feature_tensor t[2];
+                                uint64_t bytes;
+                                size_t n = bundle(1000, t, &bytes);
+                                if (epd_feature_produce(c, f, bytes, t, n, NULL) < 0 || !f->data)
+                                        _exit(13);
+                                fill(f->data, bytes, 99);
+                                usleep(200 * 1000); /* the others are waiting now */
+                                if (epd_feature_publish(c, f, 200000) < 0)
+                                        _exit(14);
+                                line = 'P';
+                        } else {
+                                if (epd_feature_wait(c, f, 30 * 1000000ULL) < 0)
+                                        _exit(15);
+                                line = strcmp(f->result, "wait") == 0 ? 'W' : 'H';
+                        }
+                        if (!f->data || f->bytes != 1000 * 128 + 24 || !same(f->data, f->bytes, 99))
+                                _exit(16);
+                        if (write(results[1], &line, 1) != 1)
+                                _exit(17);
+                        epd_feature_release(c, f);
+                        epd_disconnect(c);
+                        _exit(0);
+                }
+        }
+        close(start[0]);
+        close(results[1]);
+        usleep(300 * 1000); /* let them connect and register */
+        char go[N_CLIENTS];
+        memset(go, 'g', sizeof go);
+        ck_assert_int_eq(write(start[1], go, sizeof go), N_CLIENTS);
+        close(start[1]);
+        int producers = 0, waiters = 0, hits = 0;
+        for (int i = 0; i < N_CLIENTS; i++) {
+                int status;
+                ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
+                ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %d: status %d", i,
+                              WEXITSTATUS(status));
+        }
+        char c;
+        while (read(results[0], &c, 1) == 1) {
+                producers += c == 'P';
+                waiters += c == 'W';
+                hits += c == 'H';
+        }
+        close(results[0]);
+        ck_assert_int_eq(producers, 1);
+        ck_assert_int_eq(producers + waiters + hits, N_CLIENTS);
+
+        epd_client *obs = worker("scheduler");
+        ck_assert_uint_eq(stat_u64(obs, "Produced"), 1);
+        ck_assert_uint_eq(stat_u64(obs, "CoalescedWaits"), (uint64_t)waiters);
+        ck_assert_uint_eq(stat_u64(obs, "Handles"), 0);
+        epd_disconnect(obs);
+}
+END_TEST
+
+static double now_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A producer killed before it publishes: its waiters fail at once (not at their
+ * timeout), and the key can be produced again. */
+START_TEST(test_producer_killed) {
+        const char *key = "sha256:doomed";
+        int ready[2];
+        char x;
+
+        ck_assert_int_eq(pipe(ready), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                epd_client *c;
+                epd_feature *f;
+                epd_feature_tensor t[2];
+                uint64_t bytes;
+                size_t n = bundle(10, t, &bytes);
+                if (epd_connect(address, &c) < 0 || epd_register(c, "encoder", "m", "cpu", NULL, NULL) < 0 ||
+                    epd_feature_reserve(c, key, bytes, t, n, NULL, &f) < 0)
+                        _exit(1);
+                if (write(ready[1], "r", 1) != 1)
+                        _exit(2);
+                pause();
+                _exit(0);
+        }
+        close(ready[1]);
+        ck_assert_int_eq(read(ready[0], &x, 1), 1);
+        close(ready[0]);
+
+        epd_client *pre = worker("prefill");
+        epd_feature *w;
+        ck_assert_int_eq(epd_feature_acquire(pre, key, true, &w), 0);
+        ck_assert_str_eq(w->result, "wait");
+        ck_assert_int_eq(epd_feature_wait(pre, w, 200 * 1000), -ETIMEDOUT); /* still producing */
+
+        double t0 = now_s();
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        /* a generous timeout: the wait must end long before it, with the failure */
+        ck_assert_int_eq(epd_feature_wait(pre, w, 60 * 1000000ULL), -EPIPE);
+        double waited = now_s() - t0;
+        ck_assert_str_eq(w->state, "failed");
+        ck_assert_str_eq(w->error, "producer-gone");
+        ck_assert_msg(waited < 30.0, "waited %.1f s", waited);
+        ck_assert_int_eq(epd_feature_release(pre, w), 0);
+
+        /* the key starts over: this time the prefill produces */
+        ck_assert_int_eq(epd_feature_acquire(pre, key, true, &w), 0);
+        ck_assert_str_eq(w->result, "produce");
+        /* and an explicit Fail reaches waiters too */
+        epd_client *other = worker("prefill");
+        epd_feature *w2;
+        ck_assert_int_eq(epd_feature_acquire(other, key, false, &w2), 0);
+        ck_assert_str_eq(w2->result, "wait");
+        ck_assert_int_eq(epd_feature_fail(pre, w, "vision tower OOM"), 0);
+        ck_assert_int_eq(epd_feature_wait(other, w2, 60 * 1000000ULL), -EPIPE);
+        ck_assert_str_eq(w2->error, "producer-failed");
+        epd_feature_release(other, w2);
+        epd_feature_release(pre, w);
+        ck_assert_uint_eq(stat_u64(pre, "Failed"), 2);
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+        epd_disconnect(other);
+        epd_disconnect(pre);
+}
+END_TEST
+
+START_TEST(test_prefetch_pin_store) {
+        epd_client *sched = worker("scheduler"), *enc = worker("encoder"), *pre = worker("prefill");
+        const char *keys[] = { "img:1", "img:2" };
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(4096, t, &bytes); /* ~512 KiB */
+        epd_feature *w, *p, *pin;
+
+        ck_assert_int_eq(epd_feature_prefetch(sched, keys, 2), 0); /* none cached: announced */
+        ck_assert_int_eq(epd_feature_acquire(pre, "img:1", false, &w), 0);
+        ck_assert_str_eq(w->result, "wait");
+        ck_assert_int_eq(epd_feature_reserve(enc, "img:1", bytes, t, n, NULL, &p), 0);
+        fill(p->data, bytes, 1);
+        ck_assert_int_eq(epd_feature_publish(enc, p, 10), 0);
+        ck_assert_int_eq(epd_feature_wait(pre, w, 10 * 1000000ULL), 0);
+        ck_assert(same(w->data, bytes, 1));
+        epd_feature_release(pre, w);
+        epd_feature_release(enc, p);
+        ck_assert_int_eq(epd_feature_prefetch(sched, keys, 1), 1); /* now present */
+
+        /* pin img:1, then push 40 more features through a 16 MiB cache */
+        ck_assert_int_eq(epd_feature_pin(pre, "img:1", &pin), 0);
+        ck_assert_str_eq(pin->state, "ready");
+        for (int i = 0; i < 40; i++) {
+                char key[32];
+                snprintf(key, sizeof key, "flood:%d", i);
+                ck_assert_int_eq(epd_feature_reserve(enc, key, bytes, t, n, NULL, &p), 0);
+                fill(p->data, bytes, (uint8_t)i);
+                ck_assert_int_eq(epd_feature_publish(enc, p, 10), 0);
+                epd_feature_release(enc, p);
+        }
+        ck_assert_uint_gt(stat_u64(pre, "Evictions"), 0);
+        ck_assert_uint_gt(stat_u64(pre, "Spilled"), 0);
+        ck_assert_uint_le(stat_u64(pre, "BytesCached"), 16 << 20);
+        /* the pinned one is still in memory */
+        ck_assert_int_eq(epd_feature_acquire(pre, "img:1", false, &w), 0);
+        ck_assert_str_eq(w->result, "hit");
+        ck_assert(same(w->data, bytes, 1));
+        epd_feature_release(pre, w);
+        epd_feature_release(pre, pin);
+        /* an evicted one comes back from the store */
+        uint64_t loaded = stat_u64(pre, "Loaded");
+        ck_assert_int_eq(epd_feature_acquire(pre, "flood:0", false, &w), 0);
+        ck_assert_str_eq(w->result, "hit");
+        ck_assert(same(w->data, bytes, 0));
+        ck_assert_uint_eq(stat_u64(pre, "Loaded"), loaded + 1);
+        epd_feature_release(pre, w);
+
+        /* keys that look like paths stay inside the store directory */
+        ck_assert_int_eq(epd_feature_reserve(enc, "../../escape", bytes, t, n, NULL, &p), 0);
+        ck_assert_int_eq(epd_feature_publish(enc, p, 10), 0);
+        epd_feature_release(enc, p);
+        /* only f-<hash>.feat files in the store, and nothing named after the key around it */
+        char cmd[900];
+        snprintf(cmd, sizeof cmd,
+                 "test -z \"$(find '%s' -mindepth 1 ! -name 'f-*.feat')\" && "
+                 "test -z \"$(find '%s' /tmp -maxdepth 2 -name escape 2>/dev/null)\"",
+                 store_dir, h.dir);
+        ck_assert_int_eq(system(cmd), 0);
+        epd_disconnect(sched);
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+}
+END_TEST
+
+static long rss_kib(pid_t pid) {
+        char p[64], line[256];
+        long v = -1;
+        snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
+        FILE *f = fopen(p, "re");
+        if (!f)
+                return -1;
+        while (fgets(line, sizeof line, f))
+                if (sscanf(line, "VmRSS: %ld kB", &v) == 1)
+                        break;
+        fclose(f);
+        return v;
+}
+
+/* Many request cycles (produce, wait, hit, fail, die): handles come back to zero and
+ * the daemon's memory stays flat. Bounded and short. */
+START_TEST(test_soak) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(64, t, &bytes);
+        long rss_warm = 0;
+
+        for (int round = 0; round < 1500; round++) {
+                char key[32];
+                epd_feature *a, *b;
+                snprintf(key, sizeof key, "soak:%d", round % 300);
+                ck_assert_int_eq(epd_feature_acquire(pre, key, true, &a), 0);
+                if (strcmp(a->result, "produce") == 0) {
+                        ck_assert_int_eq(epd_feature_acquire(enc, key, false, &b), 0);
+                        ck_assert_str_eq(b->result, "wait");
+                        ck_assert_int_eq(epd_feature_produce(pre, a, bytes, t, n, NULL), 0);
+                        if (round % 10 == 0)
+                                ck_assert_int_eq(epd_feature_fail(pre, a, "x"), 0);
+                        else
+                                ck_assert_int_eq(epd_feature_publish(pre, a, 5), 0);
+                        int r = epd_feature_wait(enc, b, 10 * 1000000ULL);
+                        ck_assert(r == 0 || r == -EPIPE);
+                        epd_feature_release(enc, b);
+                }
+                epd_feature_release(pre, a);
+                if (round == 500)
+                        rss_warm = rss_kib(h.epdd_pid);
+        }
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+        ck_assert_uint_le(stat_u64(pre, "Features"), 300);
+        long rss_end = rss_kib(h.epdd_pid);
+#if defined(__SANITIZE_ADDRESS__)
+        /* ASan's quarantine keeps freed memory on purpose; the counters above and its
+         * leak check at exit cover this build. */
+        (void)rss_warm;
+        (void)rss_end;
+#else
+        ck_assert_msg(rss_end <= rss_warm + 2048, "RSS grew from %ld to %ld KiB", rss_warm, rss_end);
+#endif
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+}
+END_TEST
+
+START_TEST(test_introspection) {
+        sd_bus *bus;
+        char f[512];
+        const char *src = getenv("SOURCE_ROOT");
+        ck_assert_ptr_nonnull(src);
+        ck_assert_int_ge(raw_bus(&bus), 0);
+        snprintf(f, sizeof f, "%s/dbus/org.epd1.Feature.xml", src);
+        ck_assert_int_eq(harness_check_introspection(bus, dest(), "/org/epd1/feature", f), 0);
+        sd_bus_flush_close_unref(bus);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("feature");
+        TCase *tc = tcase_create("feature");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, test_publish_then_hit);
+        tcase_add_test(tc, test_bad_descriptor);
+        tcase_add_test(tc, test_coalescing);
+        tcase_add_test(tc, test_producer_killed);
+        tcase_add_test(tc, test_prefetch_pin_store);
+        tcase_add_test(tc, test_soak);
+        tcase_add_test(tc, test_introspection);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

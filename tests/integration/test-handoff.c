@@ -1,0 +1,506 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* Layered handoffs within one epdd: a prefill client and a decode client of the same
+ * daemon. Between two host arenas (bytes exact, groups in order), within one arena (the
+ * pages handed over, zero bytes copied), over the ring, and the failures: the decode
+ * worker dies, a handoff times out, admission says NoSpace, illegal calls get named
+ * errors; after each, no page stays allocated. The live introspection matches dbus/. */
+#include <check.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "epd-internal.h"
+#include "epd/handoff.h"
+#include "harness.h"
+
+#define LAYERS 8
+#define TOKENS 16
+#define KV_BYTES 256
+#define LAYER_BYTES (TOKENS * 2 * KV_BYTES) /* 8 KiB: K and V of one layer */
+#define PAGE_SIZE (LAYERS * LAYER_BYTES)    /* 64 KiB */
+#define N_PAGES 16
+
+static Harness h;
+static char address[512];
+static const epd_kv_layout kv = { .layers = LAYERS, .tokens_per_block = TOKENS, .k_bytes_per_token = KV_BYTES,
+                                  .v_bytes_per_token = KV_BYTES, .dtype = "bfloat16" };
+static const uint32_t groups4[4] = { 2, 2, 2, 2 };
+
+static void setup(void) {
+        ck_assert_int_eq(harness_init(&h, "[Daemon]\nHostId=alpha\n"
+                                          "[Arena:kv0]\nSize=64M\n"
+                                          "[Arena:kv1]\nSize=16M\n"), 0);
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+}
+
+static void teardown(void) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+}
+
+static epd_client *worker(const char *role) {
+        epd_client *c = NULL;
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, role, "model", "cpu", &kv, NULL), 0);
+        return c;
+}
+
+/* A sequence of n pages in `arena`; its page offsets go to offs[]. */
+static char *make_sequence(epd_client *c, const char *arena, uint32_t n, uint64_t *offs) {
+        sd_bus_message *reply = NULL;
+        const char *path;
+        const void *pages;
+        size_t sz;
+        int r = epd__call(c, "/org/epd1/pages", "org.epd1.Pages", "CreateSequence", &reply, "su", arena, n);
+        ck_assert_msg(r == 0, "CreateSequence: %s", epd_last_error_message(c));
+        ck_assert_int_ge(sd_bus_message_read(reply, "o", &path), 0);
+        ck_assert_int_ge(sd_bus_message_read_array(reply, 'u', &pages, &sz), 0);
+        char *p = strdup(path);
+        sd_bus_message_unref(reply);
+        if (offs) {
+                sd_bus_error e = SD_BUS_ERROR_NULL;
+                ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, p, "org.epd1.Sequence", "Offsets", &e, &reply, "at"), 0);
+                const void *o;
+                ck_assert_int_ge(sd_bus_message_read_array(reply, 't', &o, &sz), 0);
+                ck_assert_uint_eq(sz / 8, n);
+                memcpy(offs, o, sz);
+                sd_bus_message_unref(reply);
+        }
+        return p;
+}
+
+static void release_sequence(epd_client *c, const char *path) {
+        ck_assert_int_eq(epd__call(c, path, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+}
+
+static void *arena_base(epd_client *c, const char *name) {
+        int i = epd_arena_find(c, name);
+        ck_assert_int_ge(i, 0);
+        void *base;
+        ck_assert_int_eq(epd_arena_map(c, (size_t)i, &base), 0);
+        return base;
+}
+
+static uint8_t pattern(uint32_t page, uint32_t layer, uint32_t k) {
+        return (uint8_t)(page * 31 + layer * 7 + k * 13 + 1);
+}
+
+static void fill_pages(uint8_t *base, const uint64_t *offs, uint32_t n) {
+        for (uint32_t p = 0; p < n; p++)
+                for (uint32_t l = 0; l < LAYERS; l++)
+                        for (uint32_t k = 0; k < LAYER_BYTES; k++)
+                                base[offs[p] + (uint64_t)l * LAYER_BYTES + k] = pattern(p, l, k);
+}
+
+static bool layers_equal(const uint8_t *base, const uint64_t *offs, uint32_t n, uint32_t first, uint32_t count) {
+        for (uint32_t p = 0; p < n; p++)
+                for (uint32_t l = first; l < first + count; l++)
+                        for (uint32_t k = 0; k < LAYER_BYTES; k++)
+                                if (base[offs[p] + (uint64_t)l * LAYER_BYTES + k] != pattern(p, l, k))
+                                        return false;
+        return true;
+}
+
+/* Pages of an arena that are not free, from Pages.Pools. */
+static uint64_t arena_live(epd_client *c, const char *arena) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        uint64_t live = UINT64_MAX;
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
+                                             "a(sttttttttttt)"), 0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "(sttttttttttt)"), 0);
+        const char *name;
+        uint64_t v[11];
+        while (sd_bus_message_read(reply, "(sttttttttttt)", &name, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                                   &v[7], &v[8], &v[9], &v[10]) > 0)
+                if (strcmp(name, arena) == 0)
+                        live = v[1] - v[2]; /* total - free */
+        sd_bus_message_unref(reply);
+        return live == UINT64_MAX ? 0 : live;
+}
+
+static uint64_t counter(epd_client *c, const char *name) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        uint64_t found = UINT64_MAX;
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/handoffs", "org.epd1.Handoffs", "Counters", &e,
+                                             &reply, "a{st}"), 0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "{st}"), 0);
+        const char *k;
+        uint64_t v;
+        while (sd_bus_message_read(reply, "{st}", &k, &v) > 0)
+                if (strcmp(k, name) == 0)
+                        found = v;
+        sd_bus_message_unref(reply);
+        ck_assert_msg(found != UINT64_MAX, "no counter %s", name);
+        return found;
+}
+
+static void status(epd_client *c, const char *path, epd_handoff_status *s) {
+        ck_assert_int_eq(epd_handoff_get(c, path, s), 0);
+}
+
+typedef struct WaitState {
+        epd_client *c;
+        const char *path;
+        const char *state;
+} WaitState;
+
+static bool state_is(void *userdata) {
+        WaitState *w = userdata;
+        epd_handoff_status s;
+        if (epd_handoff_get(w->c, w->path, &s) < 0)
+                return false;
+        return strcmp(s.state, w->state) == 0;
+}
+
+static void wait_state(epd_client *c, const char *path, const char *state) {
+        WaitState w = { c, path, state };
+        ck_assert_msg(harness_wait_for(state_is, &w, 5000), "%s never became %s", path, state);
+}
+
+static const char *rid(unsigned n) {
+        static char buf[8][33];
+        static unsigned i;
+        char *b = buf[i++ % 8];
+        snprintf(b, 33, "%032x", n + 1);
+        return b;
+}
+
+START_TEST(test_two_arenas) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "kv0", N_PAGES, src);
+        uint8_t *pbase = arena_base(p, "kv0");
+        uint8_t *dbase = arena_base(d, "kv1");
+        fill_pages(pbase, src, N_PAGES);
+        uint64_t live1 = arena_live(p, "kv1");
+
+        char *path = NULL;
+        uint64_t token = 0, token2 = 0;
+        epd_handoff_options o = { .arena = "kv1" };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(1), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        ck_assert_uint_gt(token, 0);
+        /* Idempotent: the same request again is the same handoff. */
+        char *again = NULL;
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(1), NULL, seq, groups4, 4, &o, &again, &token2), 0);
+        ck_assert_str_eq(again, path);
+        ck_assert_uint_eq(token2, token);
+        free(again);
+        ck_assert_uint_eq(arena_live(p, "kv1"), live1 + N_PAGES); /* reserved */
+
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(1), &acc), 0);
+        ck_assert_str_eq(acc.arena, "kv1");
+        ck_assert_uint_eq(acc.n_pages, N_PAGES);
+        ck_assert_uint_eq(acc.n_groups, 4);
+        ck_assert_uint_eq(acc.token, token);
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, NULL), -EBUSY); /* nothing arrived */
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 1), -EINVAL); /* out of order */
+        ck_assert_int_eq(epd_handoff_layer_group_ready(d, path, 0), -EPERM);  /* not the owner */
+
+        for (uint32_t g = 0; g < 4; g++) {
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0); /* idempotent */
+                epd_handoff_status s;
+                for (int i = 0; i < 500; i++) {
+                        status(d, acc.path, &s);
+                        ck_assert_uint_le(s.groups_done, g + 1); /* never ahead of the prefill */
+                        if (s.groups_done == g + 1)
+                                break;
+                        usleep(10000);
+                }
+                ck_assert_uint_eq(s.groups_done, g + 1);
+                /* Exactly the layers of groups 0..g have landed. */
+                ck_assert(layers_equal(dbase, acc.offsets, N_PAGES, 0, 2 * (g + 1)));
+                if (g < 3)
+                        ck_assert(!layers_equal(dbase, acc.offsets, N_PAGES, 2 * (g + 1), 2));
+        }
+        char *dseq = NULL, *dseq2 = NULL;
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq2), 0); /* idempotent */
+        ck_assert_str_eq(dseq, dseq2);
+        wait_state(p, path, "committed");
+        ck_assert_int_eq(epd_handoff_rollback(p, path), -EBUSY);
+        epd_handoff_status s;
+        status(d, acc.path, &s);
+        ck_assert_uint_eq(s.bytes, (uint64_t)N_PAGES * PAGE_SIZE);
+        ck_assert_uint_eq(counter(p, "committed"), 1);
+        ck_assert_uint_eq(counter(p, "bytes"), (uint64_t)N_PAGES * PAGE_SIZE);
+
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_lt(epd_handoff_release(d, acc.path), 0); /* gone: no such object */
+        /* The decode sequence holds the pages; releasing it frees them. */
+        ck_assert_uint_eq(arena_live(p, "kv1"), live1 + N_PAGES);
+        release_sequence(d, dseq);
+        ck_assert_uint_eq(arena_live(p, "kv1"), live1);
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, "kv0"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        free(dseq);
+        free(dseq2);
+        free(path);
+        free(seq);
+        epd_handoff_accepted_done(&acc);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+START_TEST(test_same_arena_zero_copy) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "kv0", N_PAGES, src);
+        uint64_t live0 = arena_live(p, "kv0");
+        char *path;
+        uint64_t token;
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(2), "alpha", seq, groups4, 4, NULL, &path, &token), 0);
+        ck_assert_uint_eq(arena_live(p, "kv0"), live0); /* nothing allocated */
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(2), &acc), 0);
+        ck_assert_uint_eq(acc.groups_done, 4);
+        for (size_t i = 0; i < N_PAGES; i++)
+                ck_assert_uint_eq(acc.offsets[i], src[i]); /* the very same pages */
+        char *dseq;
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+        epd_handoff_status s;
+        status(d, acc.path, &s);
+        ck_assert_uint_eq(s.bytes, 0);
+        ck_assert_uint_eq(counter(p, "bytes"), 0);
+        ck_assert_uint_eq(counter(p, "zero-copy-groups"), 4);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, "kv0"), N_PAGES); /* now the decode sequence's */
+        release_sequence(d, dseq);
+        ck_assert_uint_eq(arena_live(p, "kv0"), 0);
+        free(dseq);
+        free(path);
+        free(seq);
+        epd_handoff_accepted_done(&acc);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+START_TEST(test_ring) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        epd_ring_client *pr, *dr, *dup;
+        ck_assert_int_eq(epd_ring_open(p, 64, 64, &pr), 0);
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dup), -EEXIST);
+        ck_assert_int_eq(epd_ring_open(p, 7, 64, &dup), -EINVAL);
+
+        /* Ping. */
+        struct epd_ring_record rec = { .opcode = EPD_RING_OP_NOP, .user_data = 77 }, out;
+        ck_assert_int_eq(epd_ring_submit(pr, &rec), 0);
+        ck_assert_int_eq(epd_ring_next(pr, &out, 5000000), 0);
+        ck_assert_uint_eq(out.opcode, EPD_RING_EV_COMPLETION);
+        ck_assert_uint_eq(out.user_data, 77);
+        ck_assert_int_eq(out.result, 0);
+
+        char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
+        char *path;
+        uint64_t token;
+        epd_handoff_options o = { .arena = "kv1" };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(3), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(3), &acc), 0);
+
+        /* A wrong token is refused through the ring too. */
+        ck_assert_int_eq(epd_ring_layer_group_ready(pr, rid(3), token + 1, 0, 5), 0);
+        do
+                ck_assert_int_eq(epd_ring_next(pr, &out, 5000000), 0);
+        while (out.opcode != EPD_RING_EV_COMPLETION);
+        ck_assert_uint_eq(out.user_data, 5);
+        ck_assert_int_eq(out.result, -ENOENT);
+
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_ring_layer_group_ready(pr, rid(3), token, g, 100 + g), 0);
+        /* The decode side sees progress in order on its ring, without a bus call. */
+        uint32_t last = 0;
+        while (last < 4) {
+                ck_assert_int_eq(epd_ring_next(dr, &out, 5000000), 0);
+                if (out.opcode != EPD_RING_EV_GROUP_PROGRESS)
+                        continue;
+                ck_assert_uint_gt(out.group, last);
+                ck_assert_uint_eq(out.count, 4);
+                ck_assert_uint_eq(out.token, token);
+                last = out.group;
+        }
+        char *dseq;
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+        /* The prefill sees its handoff committed on its ring. */
+        bool committed = false;
+        while (!committed) {
+                ck_assert_int_eq(epd_ring_next(pr, &out, 5000000), 0);
+                if (out.opcode == EPD_RING_EV_HANDOFF_STATE && out.arg0 == EPD_HANDOFF_STATE_COMMITTED)
+                        committed = true;
+        }
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        release_sequence(d, dseq);
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        free(dseq);
+        free(path);
+        free(seq);
+        epd_handoff_accepted_done(&acc);
+        epd_ring_close(pr);
+        epd_ring_close(dr);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+START_TEST(test_decode_dies) {
+        epd_client *p = worker("prefill");
+        char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
+        char *path;
+        uint64_t token;
+        epd_handoff_options o = { .arena = "kv1" };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(4), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 0), 0);
+
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                epd_client *d = NULL;
+                epd_handoff_accepted acc;
+                if (epd_connect(address, &d) < 0 || epd_register(d, "decode", "model", "cpu", &kv, NULL) < 0 ||
+                    epd_handoff_accept(d, rid(4), &acc) < 0)
+                        _exit(1);
+                kill(getpid(), SIGKILL);
+                _exit(2);
+        }
+        int st;
+        ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+        ck_assert(WIFSIGNALED(st));
+
+        wait_state(p, path, "rolled-back");
+        epd_handoff_status s;
+        status(p, path, &s);
+        ck_assert_str_eq(s.cause, "worker-gone");
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 1), -ESTALE);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0); /* the reserved pages are free again */
+        ck_assert_uint_ge(counter(p, "failures.worker-gone"), 1);
+
+        /* A new attempt of the same request gets a larger token. */
+        char *path2;
+        uint64_t token2;
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(4), NULL, seq, groups4, 4, &o, &path2, &token2), 0);
+        ck_assert_uint_gt(token2, token);
+        ck_assert_str_ne(path2, path);
+        /* The prefill dies too: everything goes. */
+        epd_disconnect(p);
+        p = worker("prefill");
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        ck_assert_uint_eq(arena_live(p, "kv0"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        free(path);
+        free(path2);
+        free(seq);
+        epd_disconnect(p);
+}
+END_TEST
+
+START_TEST(test_timeout_and_admission) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
+        char *path;
+        uint64_t token;
+        epd_handoff_options o = { .arena = "kv1", .timeout_usec = 200000 };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(5), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(5), &acc), 0);
+        wait_state(p, path, "rolled-back");
+        epd_handoff_status s;
+        status(p, path, &s);
+        ck_assert_str_eq(s.cause, "timeout");
+        wait_state(d, acc.path, "rolled-back");
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, NULL), -ESTALE);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+
+        /* Admission: kv1 (16 MiB) holds fewer than 255 pages of 64 KiB. */
+        char *big = make_sequence(p, "kv0", 200, NULL);
+        epd_handoff_options o2 = { .arena = "kv1" };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(6), NULL, big, groups4, 4, &o2, &path, &token), 0);
+        char *path2 = NULL;
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(7), NULL, big, groups4, 4, &o2, &path2, &token), -ENOSPC);
+        ck_assert_str_eq(epd_last_error_name(p), "org.epd1.Error.NoSpace");
+        ck_assert_uint_ge(counter(p, "refused"), 1);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        free(path);
+
+        /* Bad arguments. */
+        uint32_t bad[2] = { 3, 3 };
+        ck_assert_int_eq(epd_handoff_prepare(p, "xyz", NULL, seq, groups4, 4, NULL, &path, &token), -EINVAL);
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(8), NULL, seq, bad, 2, NULL, &path, &token), -EINVAL);
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(8), "nohost", seq, groups4, 4, NULL, &path, &token), -ENOENT);
+        ck_assert_int_eq(epd_handoff_prepare(d, rid(8), NULL, seq, groups4, 4, NULL, &path, &token), -EPERM);
+        ck_assert_int_eq(epd_handoff_accept(d, rid(9), &acc), -ENOENT);
+        release_sequence(p, big);
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, "kv0"), 0);
+        free(big);
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+START_TEST(test_introspection) {
+        epd_client *p = worker("prefill");
+        sd_bus *bus;
+        char f[600];
+        ck_assert_int_eq(harness_direct_bus(&h, &bus), 0);
+        snprintf(f, sizeof f, "%s/dbus/org.epd1.Handoffs.xml", getenv("SOURCE_ROOT"));
+        ck_assert_int_eq(harness_check_introspection(bus, NULL, "/org/epd1/handoffs", f), 0);
+        char *seq = make_sequence(p, "kv0", 1, NULL), *path;
+        uint64_t token;
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(10), NULL, seq, groups4, 4, NULL, &path, &token), 0);
+        snprintf(f, sizeof f, "%s/dbus/org.epd1.Handoff.xml", getenv("SOURCE_ROOT"));
+        ck_assert_int_eq(harness_check_introspection(bus, NULL, path, f), 0);
+        sd_bus_flush_close_unref(bus);
+        free(path);
+        free(seq);
+        epd_disconnect(p);
+}
+END_TEST
+
+int main(void) {
+        if (!getenv("EPDD")) {
+                printf("SKIP: EPDD is not set (run through meson test)\n");
+                return 77;
+        }
+        Suite *s = suite_create("handoff-integration");
+        TCase *tc = tcase_create("handoff");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, test_two_arenas);
+        tcase_add_test(tc, test_same_arena_zero_copy);
+        tcase_add_test(tc, test_ring);
+        tcase_add_test(tc, test_decode_dies);
+        tcase_add_test(tc, test_timeout_and_admission);
+        tcase_add_test(tc, test_introspection);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

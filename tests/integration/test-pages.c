@@ -1,0 +1,535 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* KV pages and sequences over the bus: a client creates, writes, clones (zero copy),
+ * writes again (copy-on-write done by the daemon in the shared arena), publishes blocks
+ * and finds them again by prefix, releases; a client killed mid-way leaves zero
+ * retained pages; a second client cannot touch the first's sequences without a grant.
+ * The live introspection matches dbus/org.epd1.Pages.xml and org.epd1.Sequence.xml.
+ * Built twice: over the direct socket, and over a private dbus-daemon (OVER_BUS). */
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static Harness h;
+static char address[512];
+
+/* 4 layers x 16 tokens x (256 + 256) bytes: 32 KiB pages. */
+static const epd_kv_layout kv = { .layers = 4, .tokens_per_block = 16, .k_bytes_per_token = 256,
+                                  .v_bytes_per_token = 256, .dtype = "bf16" };
+#define PAGE_SIZE (4 * 16 * 512)
+
+static const char *dest(void) {
+#ifdef OVER_BUS
+        return "org.epd1";
+#else
+        return NULL;
+#endif
+}
+
+/* A raw connection to epdd: the private bus (OVER_BUS) or the direct socket. */
+static int raw_bus(sd_bus **ret) {
+#ifdef OVER_BUS
+        sd_bus *bus = NULL;
+        int r = sd_bus_new(&bus);
+        if (r >= 0)
+                r = sd_bus_set_address(bus, h.bus_address);
+        if (r >= 0)
+                r = sd_bus_set_bus_client(bus, true);
+        if (r >= 0)
+                r = sd_bus_start(bus);
+        *ret = bus;
+        return r;
+#else
+        return harness_direct_bus(&h, ret);
+#endif
+}
+
+static void setup(void) {
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+#ifdef OVER_BUS
+        int r = harness_start_bus(&h);
+        if (r == -ENOENT) {
+                printf("SKIP: dbus-daemon is not installed\n");
+                exit(77);
+        }
+        ck_assert_int_eq(r, 0);
+        snprintf(address, sizeof address, "bus:%s", h.bus_address);
+#else
+        harness_direct_address(&h, address, sizeof address);
+#endif
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+}
+
+/* A second KV arena whose page size is configured: its pool exists from the start. */
+static void setup_page_size(void) {
+        ck_assert_int_eq(harness_init(&h, "[Arena:kv1]\nUsage=kv\nSize=16M\nPageSize=64K\n"), 0);
+#ifdef OVER_BUS
+        int r = harness_start_bus(&h);
+        if (r == -ENOENT) {
+                printf("SKIP: dbus-daemon is not installed\n");
+                exit(77);
+        }
+        ck_assert_int_eq(r, 0);
+        snprintf(address, sizeof address, "bus:%s", h.bus_address);
+#else
+        harness_direct_address(&h, address, sizeof address);
+#endif
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+}
+
+static void teardown(void) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+}
+
+typedef struct PoolStats {
+        uint64_t page_size, total, free, live, idle, shared, leased, cow, saved, evictions, failures;
+} PoolStats;
+
+static int pool_stats(PoolStats *ret) {
+        sd_bus *bus;
+        sd_bus_message *reply = NULL;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        int r = raw_bus(&bus);
+        if (r < 0)
+                return r;
+        r = sd_bus_get_property(bus, dest(), "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
+                                "a(sttttttttttt)");
+        sd_bus_error_free(&e);
+        if (r >= 0)
+                r = sd_bus_message_enter_container(reply, 'a', "(sttttttttttt)");
+        int found = -ENOENT;
+        while (r >= 0) {
+                const char *name;
+                PoolStats s;
+                r = sd_bus_message_read(reply, "(sttttttttttt)", &name, &s.page_size, &s.total, &s.free,
+                                        &s.live, &s.idle, &s.shared, &s.leased, &s.cow, &s.saved,
+                                        &s.evictions, &s.failures);
+                if (r <= 0)
+                        break;
+                if (strcmp(name, "host0") == 0) {
+                        *ret = s;
+                        found = 0;
+                }
+        }
+        sd_bus_message_unref(reply);
+        sd_bus_flush_close_unref(bus);
+        return r < 0 ? r : found;
+}
+
+static int n_pools(void) {
+        sd_bus *bus;
+        sd_bus_message *reply = NULL;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        int n = 0, r = raw_bus(&bus);
+        ck_assert_int_ge(r, 0);
+        r = sd_bus_get_property(bus, dest(), "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
+                                "a(sttttttttttt)");
+        sd_bus_error_free(&e);
+        ck_assert_int_ge(r, 0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "(sttttttttttt)"), 0);
+        while ((r = sd_bus_message_skip(reply, "(sttttttttttt)")) > 0)
+                n++;
+        sd_bus_message_unref(reply);
+        sd_bus_flush_close_unref(bus);
+        return n;
+}
+
+static bool no_live_pages(void *userdata) {
+        PoolStats s;
+        return pool_stats(&s) == 0 && s.live == 0;
+}
+
+static epd_client *worker(const char *role, void **base, const epd_arena **arena) {
+        epd_client *c;
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, role, "qwen3-vl-test", "cpu", &kv, NULL), 0);
+        int i = epd_arena_find(c, "host0");
+        ck_assert_int_ge(i, 0);
+        if (base)
+                ck_assert_int_eq(epd_arena_map(c, (size_t)i, base), 0);
+        if (arena)
+                *arena = epd_arena_get(c, (size_t)i);
+        return c;
+}
+
+static uint8_t *page(void *base, const epd_arena *a, uint32_t id) {
+        return (uint8_t *)base + epd_page_offset(a, PAGE_SIZE, id);
+}
+
+START_TEST(test_clone_write_release) {
+        void *base;
+        const epd_arena *a;
+        epd_client *c = worker("prefill", &base, &a);
+        char *seq = NULL, *clone = NULL, *again = NULL;
+        uint32_t *pages = NULL, *cpages = NULL, *apages = NULL, w[4];
+        size_t n, cn, an, blocks;
+        uint64_t ps;
+        PoolStats st;
+
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 4, &seq, &pages, &n), 0);
+        ck_assert_uint_eq(n, 4);
+        ck_assert_int_eq(epd_sequence_get_page_size(c, seq, &ps), 0);
+        ck_assert_uint_eq(ps, PAGE_SIZE);
+        for (size_t i = 0; i < n; i++)
+                memset(page(base, a, pages[i]), (int)(0x10 + i), PAGE_SIZE);
+
+        /* Clone: shares everything, copies nothing. */
+        ck_assert_int_eq(pool_stats(&st), 0);
+        uint64_t cow_before = st.cow;
+        ck_assert_int_eq(epd_sequence_clone(c, seq, &clone), 0);
+        ck_assert_int_eq(epd_sequence_get_pages(c, clone, &cpages, &cn), 0);
+        ck_assert_uint_eq(cn, 4);
+        ck_assert_mem_eq(cpages, pages, 4 * sizeof(uint32_t));
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.cow, cow_before);
+        ck_assert_uint_eq(st.shared, 4);
+        ck_assert_uint_eq(st.saved, 4 * PAGE_SIZE);
+
+        /* Write pages 1 and 2 of the clone: the daemon copies exactly those two. */
+        ck_assert_int_eq(epd_sequence_prepare_write(c, clone, 1, 2, w), 2);
+        ck_assert_uint_ne(w[0], pages[1]);
+        ck_assert_uint_ne(w[1], pages[2]);
+        ck_assert_uint_eq(page(base, a, w[0])[0], 0x11);
+        ck_assert_uint_eq(page(base, a, w[1])[PAGE_SIZE - 1], 0x12);
+        memset(page(base, a, w[0]), 0x77, PAGE_SIZE);
+        ck_assert_uint_eq(page(base, a, pages[1])[0], 0x11); /* the original is intact */
+        ck_assert_int_eq(epd_sequence_prepare_write(c, clone, 1, 2, w), 0);
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.cow, cow_before + 2);
+        ck_assert_uint_eq(st.shared, 2);
+
+        /* Publish the original's blocks, release it, find them again by prefix. */
+        uint64_t hashes[5] = { 0xa1, 0xa2, 0xa3, 0xa4, 0xa5 };
+        ck_assert_int_eq(epd_sequence_publish(c, seq, 0, hashes, 4), 4);
+        ck_assert_int_eq(epd_sequence_publish(c, seq, 0, hashes, 4), 0);
+        ck_assert_int_eq(epd_sequence_release(c, seq), 0);
+        ck_assert_int_lt(epd_sequence_release(c, seq), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.freedesktop.DBus.Error.UnknownObject");
+        ck_assert_int_eq(epd_prefix_match(c, "host0", hashes, 5), 4);
+        ck_assert_int_eq(epd_sequence_create_from_prefix(c, "host0", hashes, 5, &again, &blocks, &apages, &an), 0);
+        ck_assert_uint_eq(blocks, 4);
+        ck_assert_mem_eq(apages, pages, 4 * sizeof(uint32_t));
+        ck_assert_uint_eq(page(base, a, apages[3])[7], 0x13);
+        /* A cached block is immutable: writing it copies. */
+        ck_assert_int_eq(epd_sequence_prepare_write(c, again, 0, 1, w), 1);
+
+        ck_assert_int_eq(epd_sequence_truncate(c, clone, 1), 0);
+        ck_assert_int_eq(epd_sequence_truncate(c, clone, 5), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+        ck_assert_int_eq(epd_sequence_release(c, clone), 0);
+        ck_assert_int_eq(epd_sequence_release(c, again), 0);
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.live, 0);
+        ck_assert_uint_eq(st.idle, 4); /* the published blocks stay cached */
+        ck_assert_uint_eq(st.free + st.idle, st.total);
+
+        /* Running out of pages is a named error, and changes nothing. */
+        char *huge = NULL;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", (uint32_t)st.total + 1, &huge, NULL, NULL), -ENOSPC);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.NoSpace");
+        ck_assert_int_eq(epd_sequence_create(c, "nosuch", 1, &huge, NULL, NULL), -ENOENT);
+        ck_assert_int_eq(epd_sequence_create(c, "feat0", 1, &huge, NULL, NULL), -EINVAL);
+        /* Filling the arena evicts the cached blocks (LRU), then fits. */
+        ck_assert_int_eq(epd_sequence_create(c, "host0", (uint32_t)st.total, &huge, NULL, NULL), 0);
+        ck_assert_int_eq(epd_prefix_match(c, "host0", hashes, 5), 0);
+        ck_assert_int_eq(epd_sequence_release(c, huge), 0);
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.free, st.total);
+        ck_assert_uint_eq(st.evictions, 4);
+
+        free(seq);
+        free(clone);
+        free(again);
+        free(huge);
+        free(pages);
+        free(cpages);
+        free(apages);
+        epd_disconnect(c);
+}
+END_TEST
+
+START_TEST(test_killed_client_leaves_nothing) {
+        int pfd[2];
+        ck_assert_int_eq(pipe(pfd), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                epd_client *cc = worker("prefill", NULL, NULL);
+                char *s, *cl;
+                uint32_t w[8];
+                uint64_t hashes[2] = { 0xb1, 0xb2 };
+                if (epd_sequence_create(cc, "host0", 8, &s, NULL, NULL) < 0 ||
+                    epd_sequence_clone(cc, s, &cl) < 0 || epd_sequence_prepare_write(cc, cl, 0, 8, w) != 8 ||
+                    epd_sequence_publish(cc, s, 0, hashes, 2) != 2 ||
+                    epd_sequence_create(cc, "host0", 5, NULL, NULL, NULL) < 0)
+                        _exit(1);
+                if (write(pfd[1], "x", 1) != 1)
+                        _exit(3);
+                pause();
+                _exit(0);
+        }
+        close(pfd[1]);
+        char x;
+        ck_assert_int_eq(read(pfd[0], &x, 1), 1);
+        close(pfd[0]);
+        PoolStats st;
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.live, 8 + 8 + 5);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        ck_assert(harness_wait_for(no_live_pages, NULL, 5000));
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.live, 0);
+        ck_assert_uint_eq(st.shared, 0);
+        ck_assert_uint_eq(st.idle, 2); /* published blocks outlive their writer, unpinned */
+        ck_assert_uint_eq(st.free + st.idle, st.total);
+
+        /* ...and nothing retains them: a client can take the whole arena (evicting the
+         * two cached blocks), and after it lets go every page is free. */
+        epd_client *c = worker("prefill", NULL, NULL);
+        char *all = NULL;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", (uint32_t)st.total, &all, NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_release(c, all), 0);
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.free, st.total);
+        free(all);
+        epd_disconnect(c);
+}
+END_TEST
+
+static void expect_seq_error(sd_bus *bus, const char *path, const char *name, const char *member,
+                             const char *types, ...) {
+        sd_bus_message *m = NULL, *reply = NULL;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        ck_assert_int_ge(sd_bus_message_new_method_call(bus, &m, dest(), path, "org.epd1.Sequence", member), 0);
+        if (types) {
+                va_list ap;
+                va_start(ap, types);
+                ck_assert_int_ge(sd_bus_message_appendv(m, types, ap), 0);
+                va_end(ap);
+        }
+        int r = sd_bus_call(bus, m, 0, &e, &reply);
+        ck_assert_int_lt(r, 0);
+        ck_assert_msg(sd_bus_error_has_name(&e, name), "%s: expected %s, got %s (%s)", member, name, e.name,
+                      e.message);
+        sd_bus_error_free(&e);
+        sd_bus_message_unref(m);
+        sd_bus_message_unref(reply);
+}
+
+START_TEST(test_other_client_needs_grant) {
+        epd_client *a = worker("prefill", NULL, NULL), *b = worker("decode", NULL, NULL);
+        char *seq = NULL, *mine = NULL, *stolen = NULL;
+        uint32_t *pages = NULL;
+        size_t n;
+        sd_bus *raw;
+
+        ck_assert_int_eq(epd_sequence_create(a, "host0", 3, &seq, NULL, NULL), 0);
+
+        /* B: every method and property is refused by name. */
+        ck_assert_int_eq(epd_sequence_append(b, seq, 1, NULL, NULL), -EPERM);
+        ck_assert_str_eq(epd_last_error_name(b), "org.epd1.Error.PermissionDenied");
+        ck_assert_int_eq(epd_sequence_truncate(b, seq, 0), -EPERM);
+        ck_assert_int_eq(epd_sequence_prepare_write(b, seq, 0, 1, NULL), -EPERM);
+        ck_assert_int_eq(epd_sequence_release(b, seq), -EPERM);
+        ck_assert_int_eq(epd_sequence_clone(b, seq, &stolen), -EPERM);
+        ck_assert_int_eq(epd_sequence_get_pages(b, seq, &pages, &n), -EPERM);
+        ck_assert_int_eq(epd_sequence_grant(b, seq, epd_worker_path(b)), -EPERM);
+        uint64_t hh = 1;
+        ck_assert_int_eq(epd_sequence_publish(b, seq, 0, &hh, 1), -EPERM);
+
+        /* An unregistered connection gets nothing either. */
+        ck_assert_int_ge(raw_bus(&raw), 0);
+        expect_seq_error(raw, seq, "org.epd1.Error.PermissionDenied", "Release", NULL);
+        expect_seq_error(raw, seq, "org.epd1.Error.PermissionDenied", "Clone", NULL);
+        expect_seq_error(raw, "/org/epd1/sequence/00000000000000000000000000000000",
+                         "org.freedesktop.DBus.Error.UnknownObject", "Release", NULL);
+
+        /* Granted: B can read and clone (its clone is its own), still not release A's. */
+        ck_assert_int_eq(epd_sequence_grant(a, seq, epd_worker_path(b)), 0);
+        ck_assert_int_eq(epd_sequence_grant(a, seq, "/org/epd1/worker/00000000000000000000000000000000"), -ENOENT);
+        ck_assert_int_eq(epd_sequence_get_pages(b, seq, &pages, &n), 0);
+        ck_assert_uint_eq(n, 3);
+        ck_assert_int_eq(epd_sequence_clone(b, seq, &mine), 0);
+        ck_assert_int_eq(epd_sequence_release(b, seq), -EPERM);
+        ck_assert_int_eq(epd_sequence_prepare_write(b, mine, 0, 3, NULL), 3);
+        ck_assert_int_eq(epd_sequence_release(a, mine), -EPERM);
+
+        /* Revoked: refused again. */
+        ck_assert_int_eq(epd_sequence_revoke(a, seq, epd_worker_path(b)), 0);
+        ck_assert_int_eq(epd_sequence_revoke(a, seq, epd_worker_path(b)), -ENOENT);
+        ck_assert_int_eq(epd_sequence_clone(b, seq, &stolen), -EPERM);
+
+        /* A disconnects: its sequence goes; B's clone keeps its own pages. */
+        epd_disconnect(a);
+        PoolStats st;
+        ck_assert(harness_wait_for(no_live_pages, NULL, 300) == false);
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.live, 3);
+        epd_disconnect(b);
+        ck_assert(harness_wait_for(no_live_pages, NULL, 5000));
+
+        sd_bus_flush_close_unref(raw);
+        free(seq);
+        free(mine);
+        free(pages);
+}
+END_TEST
+
+START_TEST(test_layouts) {
+        epd_client *c, *d;
+        char *seq = NULL;
+
+        /* Before any layout, the KV arena has no pages. */
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &seq, NULL, NULL), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+        epd_disconnect(c);
+
+        /* An invalid layout is refused at registration, by name. */
+        epd_kv_layout bad = kv;
+        bad.layers = 0;
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &bad, NULL), -EINVAL);
+        /* The subsystem hook returns -EINVAL; RegisterWorker (core) names it with
+         * sd_bus_error_set_errno(), which gives the standard InvalidArgs name. */
+        ck_assert_ptr_nonnull(epd_last_error_name(c));
+        ck_assert(strcmp(epd_last_error_name(c), "org.epd1.Error.InvalidArgument") == 0 ||
+                  strcmp(epd_last_error_name(c), "org.freedesktop.DBus.Error.InvalidArgs") == 0);
+        bad = kv;
+        bad.dtype = "float13";
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &bad, NULL), -EINVAL);
+        epd_disconnect(c);
+
+        /* The first layout fixes the arena's page size; another size is refused. */
+        c = worker("prefill", NULL, NULL);
+        ck_assert_int_eq(epd_connect(address, &d), 0);
+        epd_kv_layout other = kv;
+        other.layers = 8;
+        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", &other, NULL), -EINVAL);
+        /* ...unless the worker maps only other arenas. */
+        const char *const feat[] = { "feat0", NULL };
+        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", &other, feat), 0);
+        PoolStats st;
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.page_size, PAGE_SIZE);
+        epd_disconnect(d);
+        epd_disconnect(c);
+}
+END_TEST
+
+START_TEST(test_configured_page_size) {
+        /* kv1 has its pool before any worker registers. (An [Arena:] section in the
+         * file replaces the embedded default arenas.) */
+        ck_assert_int_eq(n_pools(), 1);
+        epd_client *c;
+        epd_kv_layout big = kv;
+        big.layers = 8; /* 64 KiB pages: what kv1 holds */
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &big, NULL), 0);
+        ck_assert_int_eq(n_pools(), 1);
+        char *s = NULL;
+        uint64_t ps;
+        ck_assert_int_eq(epd_sequence_create(c, "kv1", 2, &s, NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_get_page_size(c, s, &ps), 0);
+        ck_assert_uint_eq(ps, 64 * 1024);
+        ck_assert_int_eq(epd_sequence_create(c, "kv1", 16 * 16, NULL, NULL, NULL), -ENOSPC); /* 16M/64K, less the header */
+        free(s);
+        epd_disconnect(c);
+
+        /* A 32 KiB layout cannot use kv1. */
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        const char *const only_kv1[] = { "kv1", NULL };
+        ck_assert_int_eq(epd_register(c, "decode", "m", "cpu", &kv, only_kv1), -EINVAL);
+        epd_disconnect(c);
+}
+END_TEST
+
+static char *run_epdctl(const char *args) {
+        const char *build = getenv("BUILD_ROOT");
+        ck_assert_ptr_nonnull(build);
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "%s/tools/epdctl -A %s %s", build, address, args);
+        FILE *f = popen(cmd, "re");
+        ck_assert_ptr_nonnull(f);
+        static char out[16384];
+        size_t n = fread(out, 1, sizeof out - 1, f);
+        out[n] = 0;
+        ck_assert_int_eq(pclose(f), 0);
+        return out;
+}
+
+START_TEST(test_epdctl) {
+        epd_client *c = worker("prefill", NULL, NULL);
+        char *seq = NULL, *clone = NULL;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 6, &seq, NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_clone(c, seq, &clone), 0);
+        const char *out = run_epdctl("sequences");
+        ck_assert_ptr_nonnull(strstr(out, strrchr(seq, '/') + 1));
+        ck_assert_ptr_nonnull(strstr(out, strrchr(clone, '/') + 1));
+        ck_assert_ptr_nonnull(strstr(out, strrchr(epd_worker_path(c), '/') + 1));
+        out = run_epdctl("pages");
+        ck_assert_ptr_nonnull(strstr(out, "host0"));
+        ck_assert_ptr_nonnull(strstr(out, "Directory:"));
+        out = run_epdctl("--json pages");
+        ck_assert_ptr_nonnull(strstr(out, "\"shared\":6"));
+        out = run_epdctl("--json sequences");
+        ck_assert_ptr_nonnull(strstr(out, "\"shared_pages\":6"));
+        free(seq);
+        free(clone);
+        epd_disconnect(c);
+}
+END_TEST
+
+START_TEST(test_introspection) {
+        sd_bus *bus;
+        epd_client *c = worker("prefill", NULL, NULL);
+        char *seq = NULL;
+        ck_assert_int_ge(raw_bus(&bus), 0);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &seq, NULL, NULL), 0);
+        const char *src = getenv("SOURCE_ROOT");
+        ck_assert_ptr_nonnull(src);
+        char f[512];
+        snprintf(f, sizeof f, "%s/dbus/org.epd1.Pages.xml", src);
+        ck_assert_int_eq(harness_check_introspection(bus, dest(), "/org/epd1/pages", f), 0);
+        snprintf(f, sizeof f, "%s/dbus/org.epd1.Sequence.xml", src);
+        ck_assert_int_eq(harness_check_introspection(bus, dest(), seq, f), 0);
+        free(seq);
+        epd_disconnect(c);
+        sd_bus_flush_close_unref(bus);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("pages");
+        TCase *tc = tcase_create("pages");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, test_clone_write_release);
+        tcase_add_test(tc, test_killed_client_leaves_nothing);
+        tcase_add_test(tc, test_other_client_needs_grant);
+        tcase_add_test(tc, test_layouts);
+        tcase_add_test(tc, test_epdctl);
+        tcase_add_test(tc, test_introspection);
+        suite_add_tcase(s, tc);
+        TCase *tc2 = tcase_create("configured-page-size");
+        tcase_add_checked_fixture(tc2, setup_page_size, teardown);
+        tcase_set_timeout(tc2, 60);
+        tcase_add_test(tc2, test_configured_page_size);
+        suite_add_tcase(s, tc2);
+        SRunner *sr = srunner_create(s);
+        srunner_set_fork_status(sr, CK_NOFORK);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

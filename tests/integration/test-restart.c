@@ -1,0 +1,238 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* Restart without loss, with the test playing systemd's part: a notify socket that
+ * keeps the fds epdd stores (FDSTORE=1, FDNAME=) and passes them back to the next epdd
+ * (LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES). A worker writes into the arenas, epdd is
+ * killed with SIGKILL, started again, and the worker, reconnecting through libepd,
+ * finds every byte as it left it. Without the store the memory is new. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "harness.h"
+
+#define STORE_MAX 16
+
+static Harness h;
+static int notify_fd = -1;
+static char notify_path[300];
+static char store_names[STORE_MAX][256];
+static int store_fds[STORE_MAX];
+static size_t store_n;
+
+static void store_put(const char *name, int fd) {
+        for (size_t i = 0; i < store_n; i++)
+                if (strcmp(store_names[i], name) == 0) {
+                        close(store_fds[i]);
+                        store_fds[i] = fd;
+                        return;
+                }
+        ck_assert_uint_lt(store_n, STORE_MAX);
+        snprintf(store_names[store_n], sizeof store_names[0], "%s", name);
+        store_fds[store_n++] = fd;
+}
+
+/* Reads notify messages; stores fds; returns true once READY=1 arrived. */
+static bool pump_notify(void) {
+        bool ready = false;
+        for (;;) {
+                char buf[4096];
+                union {
+                        struct cmsghdr h;
+                        uint8_t b[CMSG_SPACE(sizeof(int) * 16)];
+                } ctl;
+                struct iovec iov = { buf, sizeof buf - 1 };
+                struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof ctl };
+                ssize_t k = recvmsg(notify_fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+                if (k < 0)
+                        return ready;
+                buf[k] = 0;
+                int fds[16], nfds = 0;
+                for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+                        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                                nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                                memcpy(fds, CMSG_DATA(c), (size_t)nfds * sizeof(int));
+                        }
+                if (strstr(buf, "READY=1"))
+                        ready = true;
+                char *name = strstr(buf, "FDNAME=");
+                if (strstr(buf, "FDSTORE=1") && name && nfds == 1) {
+                        name += strlen("FDNAME=");
+                        name[strcspn(name, "\n")] = 0;
+                        store_put(name, fds[0]);
+                } else
+                        for (int i = 0; i < nfds; i++)
+                                close(fds[i]);
+        }
+}
+
+static void start_epdd(bool with_store) {
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                char cfg[400], names[4096] = "", n[32], p[32];
+                int logfd = open(h.log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+                if (logfd >= 0) {
+                        dup2(logfd, 2);
+                        dup2(logfd, 1);
+                }
+                size_t k = with_store ? store_n : 0;
+                /* Move the stored fds out of the way, then to 3.. in order. */
+                int tmp[STORE_MAX];
+                for (size_t i = 0; i < k; i++)
+                        tmp[i] = fcntl(store_fds[i], F_DUPFD_CLOEXEC, 100);
+                for (size_t i = 0; i < k; i++) {
+                        if (dup2(tmp[i], 3 + (int)i) < 0)
+                                _exit(126);
+                        if (i > 0)
+                                strcat(names, ":");
+                        strcat(names, store_names[i]);
+                }
+                if (k > 0) {
+                        snprintf(n, sizeof n, "%zu", k);
+                        snprintf(p, sizeof p, "%d", (int)getpid());
+                        setenv("LISTEN_FDS", n, 1);
+                        setenv("LISTEN_PID", p, 1);
+                        setenv("LISTEN_FDNAMES", names, 1);
+                }
+                setenv("NOTIFY_SOCKET", notify_path, 1);
+                snprintf(cfg, sizeof cfg, "--config=%s", h.config);
+                execl(harness_epdd(), harness_epdd(), cfg, (char *)NULL);
+                _exit(127);
+        }
+        h.epdd_pid = pid;
+        for (int i = 0; i < 1000; i++) {
+                if (pump_notify())
+                        return;
+                int status;
+                ck_assert_int_ne(waitpid(pid, &status, WNOHANG), pid);
+                usleep(10000);
+        }
+        ck_abort_msg("epdd did not become ready");
+}
+
+static void kill9_epdd(void) {
+        int status;
+        ck_assert_int_eq(kill(h.epdd_pid, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(h.epdd_pid, &status, 0), h.epdd_pid);
+        h.epdd_pid = 0;
+        pump_notify();
+}
+
+static uint8_t pattern(size_t i, unsigned round) {
+        return (uint8_t)((i * 2654435761u) >> 13) ^ (uint8_t)round;
+}
+
+/* Registers, maps the arena, checks or writes `len` bytes of the pattern. */
+static void worker_touch(const char *arena, bool write, unsigned round, size_t len, bool expect_same) {
+        char address[512];
+        epd_client *c;
+        void *base;
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "colocated", "m", "cpu", NULL, NULL), 0);
+        int i = epd_arena_find(c, arena);
+        ck_assert_int_ge(i, 0);
+        ck_assert_int_eq(epd_arena_map(c, (size_t)i, &base), 0);
+        const epd_arena *a = epd_arena_get(c, (size_t)i);
+        uint8_t *d = (uint8_t *)base + a->data_offset;
+        ck_assert_uint_le(len, a->size - a->data_offset);
+        if (write)
+                for (size_t k = 0; k < len; k++)
+                        d[k] = pattern(k, round);
+        else {
+                size_t diff = 0;
+                for (size_t k = 0; k < len; k++)
+                        diff += d[k] != pattern(k, round);
+                if (expect_same)
+                        ck_assert_msg(diff == 0, "%s: %zu of %zu bytes changed across the restart", arena, diff, len);
+                else
+                        ck_assert_msg(diff > len / 2, "%s: the bytes survived without the fd store?", arena);
+        }
+        /* The daemon bumps the generation every time it maps the arena. */
+        const ArenaHeader *hd = base;
+        ck_assert_int_eq(memcmp(hd->magic, EPD_ARENA_MAGIC, 8), 0);
+        epd_disconnect(c);
+}
+
+static uint64_t generation(const char *arena) {
+        char address[512];
+        epd_client *c;
+        void *base;
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "colocated", "m", "cpu", NULL, NULL), 0);
+        int i = epd_arena_find(c, arena);
+        ck_assert_int_ge(i, 0);
+        ck_assert_int_eq(epd_arena_map(c, (size_t)i, &base), 0);
+        uint64_t g = ((const ArenaHeader *)base)->generation;
+        epd_disconnect(c);
+        return g;
+}
+
+START_TEST(test_restart_keeps_arenas) {
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        snprintf(notify_path, sizeof notify_path, "%s/notify", h.dir);
+        notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        ck_assert_int_ge(notify_fd, 0);
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        strcpy(sa.sun_path, notify_path);
+        ck_assert_int_eq(bind(notify_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+
+        start_epdd(true);
+        /* Every host arena went into the store. */
+        ck_assert_uint_eq(store_n, 2);
+        const size_t len = 8 << 20;
+        worker_touch("host0", true, 1, len, true);
+        worker_touch("feat0", true, 2, len, true);
+        uint64_t g0 = generation("host0");
+
+        /* Several kill -9 / restart rounds; a worker connected at the kill. */
+        for (unsigned round = 0; round < 3; round++) {
+                char address[512];
+                epd_client *busy;
+                harness_direct_address(&h, address, sizeof address);
+                ck_assert_int_eq(epd_connect(address, &busy), 0);
+                ck_assert_int_eq(epd_register(busy, "decode", "m", "cpu", NULL, NULL), 0);
+                kill9_epdd();
+                epd_disconnect(busy);
+                start_epdd(true);
+                ck_assert_uint_eq(store_n, 2); /* taken back, not stored twice */
+                worker_touch("host0", false, 1, len, true);
+                worker_touch("feat0", false, 2, len, true);
+                ck_assert_uint_gt(generation("host0"), g0);
+        }
+
+        /* Without the store, a restart starts from fresh memory. */
+        kill9_epdd();
+        start_epdd(false);
+        worker_touch("host0", false, 1, len, false);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        for (size_t i = 0; i < store_n; i++)
+                close(store_fds[i]);
+        close(notify_fd);
+        harness_done(&h);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("restart");
+        TCase *tc = tcase_create("restart");
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, test_restart_keeps_arenas);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_set_fork_status(sr, CK_NOFORK);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

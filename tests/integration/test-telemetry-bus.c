@@ -1,0 +1,171 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* org.epd1.Telemetry end to end on a live epdd: the introspection matches the XML; the
+ * calls answer; bad input gets named errors; a TCP socket handed over with TrackSocket
+ * is tracked until UntrackSocket, or until its client disconnects. Kernel telemetry
+ * may or may not load here (root, BTF): both are valid, the bus API is the same. */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "epd/epd-telemetry.h"
+#include "harness.h"
+
+static Harness h;
+static char address[512];
+
+static void setup(void) {
+        /* No pins: tests must not touch the host's /sys/fs/bpf/epd. */
+        ck_assert_int_eq(harness_init(&h, "[Telemetry]\nPinDirectory=no\n"), 0);
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+}
+
+static void teardown(void) {
+        harness_stop_epdd(&h);
+        harness_done(&h);
+}
+
+static uint64_t stat_value(sd_bus *bus, const char *key) {
+        sd_bus_message *reply = NULL;
+        const char *k;
+        uint64_t v, found = UINT64_MAX;
+        ck_assert_int_ge(sd_bus_call_method(bus, NULL, "/org/epd1/telemetry", "org.epd1.Telemetry", "GetStats",
+                                            NULL, &reply, NULL), 0);
+        ck_assert_int_gt(sd_bus_message_enter_container(reply, 'a', "{st}"), 0);
+        while (sd_bus_message_read(reply, "{st}", &k, &v) > 0)
+                if (strcmp(k, key) == 0)
+                        found = v;
+        sd_bus_message_unref(reply);
+        ck_assert_uint_ne(found, UINT64_MAX);
+        return found;
+}
+
+static void tcp_pair(int *a, int *b) {
+        int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t sl = sizeof sa;
+        ck_assert_int_ge(l, 0);
+        ck_assert_int_eq(bind(l, (struct sockaddr *)&sa, sizeof sa), 0);
+        ck_assert_int_eq(listen(l, 1), 0);
+        ck_assert_int_eq(getsockname(l, (struct sockaddr *)&sa, &sl), 0);
+        *a = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_eq(connect(*a, (struct sockaddr *)&sa, sizeof sa), 0);
+        *b = accept4(l, NULL, NULL, SOCK_CLOEXEC);
+        ck_assert_int_ge(*b, 0);
+        close(l);
+}
+
+START_TEST(test_introspection) {
+        sd_bus *bus;
+        ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
+        const char *src = getenv("SOURCE_ROOT");
+        ck_assert_ptr_nonnull(src);
+        char f[512];
+        snprintf(f, sizeof f, "%s/dbus/org.epd1.Telemetry.xml", src);
+        ck_assert_int_eq(harness_check_introspection(bus, NULL, "/org/epd1/telemetry", f), 0);
+        sd_bus_flush_close_unref(bus);
+}
+END_TEST
+
+START_TEST(test_calls_and_errors) {
+        sd_bus *bus;
+        epd_client *c;
+        ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+
+        int kernel = -1;
+        ck_assert_int_ge(sd_bus_get_property_trivial(bus, NULL, "/org/epd1/telemetry", "org.epd1.Telemetry",
+                                                     "KernelTelemetry", NULL, 'b', &kernel), 0);
+        char *why = NULL;
+        ck_assert_int_ge(sd_bus_get_property_string(bus, NULL, "/org/epd1/telemetry", "org.epd1.Telemetry",
+                                                    "KernelTelemetryUnavailable", NULL, &why), 0);
+        /* Either it loaded, or the daemon says why not. */
+        ck_assert(kernel ? why[0] == '\0' : why[0] != '\0');
+        printf("kernel telemetry: %s%s\n", kernel ? "loaded" : "unavailable: ", why);
+        free(why);
+        ck_assert_uint_eq(stat_value(bus, "tracked_connections"), 0);
+
+        epd_trace_event *ev = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_trace_get(c, "no-such-request", &ev, &n, NULL), -ENOENT);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.NotFound");
+        ck_assert_int_eq(epd_trace_get(c, "bad id!", &ev, &n, NULL), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+
+        /* Not a TCP socket. */
+        int p[2];
+        ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
+        ck_assert_int_lt(epd_telemetry_track_socket(c, p[0], "peerX"), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+        close(p[0]);
+        close(p[1]);
+
+        int a, b;
+        tcp_pair(&a, &b);
+        ck_assert_int_lt(epd_telemetry_track_socket(c, a, ""), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+        ck_assert_int_lt(epd_telemetry_track_socket(c, a, "0123456789012345678901234567890123"), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+
+        ck_assert_int_eq(epd_telemetry_track_socket(c, a, "peerX"), 0);
+        ck_assert_uint_eq(stat_value(bus, "tracked_connections"), 1);
+        ck_assert_int_lt(epd_telemetry_track_socket(c, a, "peerX"), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Exists");
+        /* Another client cannot untrack it. */
+        epd_client *other;
+        ck_assert_int_eq(epd_connect(address, &other), 0);
+        ck_assert_int_lt(epd_telemetry_untrack_socket(other, a), 0);
+        ck_assert_str_eq(epd_last_error_name(other), "org.epd1.Error.NotFound");
+        epd_disconnect(other);
+
+        ck_assert_int_eq(epd_telemetry_untrack_socket(c, a), 0);
+        ck_assert_uint_eq(stat_value(bus, "tracked_connections"), 0);
+        ck_assert_int_lt(epd_telemetry_untrack_socket(c, a), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.NotFound");
+
+        /* The peer stays known, with its kernel view when there is one. */
+        sd_bus_message *reply = NULL;
+        ck_assert_int_ge(sd_bus_call_method(bus, NULL, "/org/epd1/telemetry", "org.epd1.Telemetry", "GetPeers",
+                                            NULL, &reply, NULL), 0);
+        ck_assert_int_gt(sd_bus_message_enter_container(reply, 'a', "(sa{sv})"), 0);
+        const char *name;
+        ck_assert_int_gt(sd_bus_message_enter_container(reply, 'r', "sa{sv}"), 0);
+        ck_assert_int_ge(sd_bus_message_read(reply, "s", &name), 0);
+        ck_assert_str_eq(name, "peerX");
+        sd_bus_message_unref(reply);
+
+        /* A client that disconnects releases what it tracked. */
+        ck_assert_int_eq(epd_telemetry_track_socket(c, a, "peerX"), 0);
+        ck_assert_uint_eq(stat_value(bus, "tracked_connections"), 1);
+        epd_disconnect(c);
+        for (int i = 0; i < 50 && stat_value(bus, "tracked_connections") != 0; i++)
+                usleep(100000);
+        ck_assert_uint_eq(stat_value(bus, "tracked_connections"), 0);
+        close(a);
+        close(b);
+        sd_bus_flush_close_unref(bus);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("telemetry-bus");
+        TCase *tc = tcase_create("telemetry-bus");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, test_introspection);
+        tcase_add_test(tc, test_calls_and_errors);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_set_fork_status(sr, CK_NOFORK);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

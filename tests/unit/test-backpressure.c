@@ -1,0 +1,362 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+
+#include "backpressure.h"
+#include "telemetry-config.h"
+
+#define MS USEC_PER_MSEC
+
+static BackpressureConfig cfg(void) {
+        BackpressureConfig c;
+        backpressure_config_defaults(&c);
+        return c;
+}
+
+/* A healthy path: 1 ms RTT at its minimum, data flowing and acked. */
+static BackpressureSample healthy(usec_t now, uint64_t k) {
+        return (BackpressureSample){
+                .now = now,
+                .have_kernel = true,
+                .connected = true,
+                .srtt_usec = 1000,
+                .min_rtt_usec = 1000,
+                .segs_out = 1000 * k,
+                .retransmits = 0,
+                .bytes_acked = 1000000 * k,
+                .send_queue_bytes = 100000,
+                .inflight_bytes = 50000,
+        };
+}
+
+START_TEST(test_healthy_stays_none) {
+        BackpressureConfig c = cfg();
+        BackpressureState s;
+        backpressure_state_init(&s);
+        for (uint64_t k = 1; k < 50; k++) {
+                BackpressureSample x = healthy(k * 200 * MS, k);
+                ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+                ck_assert_int_eq(s.level, BACKPRESSURE_NONE);
+        }
+}
+END_TEST
+
+START_TEST(test_rtt_inflation) {
+        BackpressureConfig c = cfg();
+        BackpressureState s;
+        backpressure_state_init(&s);
+        BackpressureSample x = healthy(200 * MS, 1);
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+
+        x = healthy(400 * MS, 2);
+        x.srtt_usec = 2500; /* 2.5x */
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 1);
+        ck_assert_int_eq(s.level, BACKPRESSURE_ELEVATED);
+        ck_assert_int_eq(s.reason, BACKPRESSURE_REASON_RTT_INFLATION);
+
+        x = healthy(600 * MS, 3);
+        x.srtt_usec = 5000; /* 5x */
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 1);
+        ck_assert_int_eq(s.level, BACKPRESSURE_HIGH);
+        ck_assert(s.rtt_inflation > 4.9 && s.rtt_inflation < 5.1);
+}
+END_TEST
+
+START_TEST(test_rtt_floor) {
+        /* On a LAN, 40us over a 10us minimum is 4x but means nothing. */
+        BackpressureConfig c = cfg();
+        BackpressureState s;
+        backpressure_state_init(&s);
+        BackpressureSample x = healthy(200 * MS, 1);
+        x.srtt_usec = 40;
+        x.min_rtt_usec = 10;
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+        ck_assert_int_eq(s.level, BACKPRESSURE_NONE);
+}
+END_TEST
+
+START_TEST(test_retransmits) {
+        BackpressureConfig c = cfg();
+        BackpressureState s;
+        backpressure_state_init(&s);
+        BackpressureSample x = healthy(200 * MS, 1);
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+        ck_assert_int_eq(s.level, BACKPRESSURE_NONE);
+
+        x = healthy(400 * MS, 2); /* +1000 segments */
+        x.retransmits = 20;       /* 2% */
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 1);
+        ck_assert_int_eq(s.level, BACKPRESSURE_ELEVATED);
+        ck_assert_int_eq(s.reason, BACKPRESSURE_REASON_RETRANSMITS);
+
+        x = healthy(600 * MS, 3);
+        x.retransmits = 120; /* +100 over 1000: 10% */
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 1);
+        ck_assert_int_eq(s.level, BACKPRESSURE_HIGH);
+}
+END_TEST
+
+START_TEST(test_hysteresis) {
+        BackpressureConfig c = cfg();
+        c.hold_usec = 1000 * MS;
+        BackpressureState s;
+        backpressure_state_init(&s);
+        BackpressureSample x = healthy(0, 1);
+        x.srtt_usec = 5000;
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 1);
+        ck_assert_int_eq(s.level, BACKPRESSURE_HIGH);
+
+        /* 3.5x: below the HIGH threshold (4.0) but above release * 4.0 = 3.2: stays. */
+        usec_t t = 0;
+        for (int i = 0; i < 20; i++) {
+                t += 200 * MS;
+                x = healthy(t, 2 + i);
+                x.srtt_usec = 3500;
+                ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+                ck_assert_int_eq(s.level, BACKPRESSURE_HIGH);
+        }
+
+        /* 3.0x: below release; stays HIGH for hold, then steps to ELEVATED (3.0 >= 2.0). */
+        int changes = 0;
+        usec_t changed_at = 0;
+        for (int i = 0; i < 10; i++) {
+                t += 200 * MS;
+                x = healthy(t, 30 + i);
+                x.srtt_usec = 3000;
+                int r = backpressure_update(&s, &c, &x);
+                ck_assert_int_ge(r, 0);
+                if (r) {
+                        changes++;
+                        changed_at = t;
+                }
+        }
+        ck_assert_int_eq(changes, 1);
+        ck_assert_int_eq(s.level, BACKPRESSURE_ELEVATED);
+        ck_assert_int_eq(s.reason, BACKPRESSURE_REASON_RTT_INFLATION);
+        ck_assert_uint_ge(changed_at, 20 * 200 * MS + 1000 * MS);
+
+        /* Back to healthy: steps down to NONE after another hold. */
+        for (int i = 0; i < 10; i++) {
+                t += 200 * MS;
+                x = healthy(t, 50 + i);
+                (void)backpressure_update(&s, &c, &x);
+        }
+        ck_assert_int_eq(s.level, BACKPRESSURE_NONE);
+        ck_assert_int_eq(s.reason, BACKPRESSURE_REASON_NONE);
+
+        /* A single spike re-enters immediately. */
+        t += 200 * MS;
+        x = healthy(t, 70);
+        x.srtt_usec = 9000;
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 1);
+        ck_assert_int_eq(s.level, BACKPRESSURE_HIGH);
+}
+END_TEST
+
+START_TEST(test_stall_and_disconnect) {
+        BackpressureConfig c = cfg();
+        c.stall_usec = 1000 * MS;
+        BackpressureState s;
+        backpressure_state_init(&s);
+        BackpressureSample x = healthy(0, 1);
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+
+        /* ACKs stop while data is queued, but no retransmits: the records just lag
+         * (an idle connection); not a stall. */
+        usec_t t = 0;
+        int r = 0;
+        for (int i = 0; i < 10; i++) {
+                t += 200 * MS;
+                x = healthy(t, 1);
+                r = backpressure_update(&s, &c, &x);
+                ck_assert_int_eq(r, 0);
+        }
+        /* Now the kernel retransmits (RTOs) and nothing is acked. */
+        x.retransmits = 1;
+        backpressure_state_init(&s);
+        x.now = t;
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+        for (int i = 0; i < 4; i++) {
+                t += 200 * MS;
+                x.now = t;
+                x.retransmits++;
+                x.segs_out += 1000; /* keep the rate below its thresholds */
+                r = backpressure_update(&s, &c, &x);
+                ck_assert_int_eq(r, 0);
+        }
+        t += 200 * MS; /* 1000 ms without progress */
+        x.now = t;
+        x.retransmits++;
+        x.segs_out += 1000;
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 1);
+        ck_assert_int_eq(s.level, BACKPRESSURE_STALLED);
+        ck_assert_int_eq(s.reason, BACKPRESSURE_REASON_STALLED);
+
+        /* Idle with nothing queued is not a stall. */
+        backpressure_state_init(&s);
+        x = healthy(0, 1);
+        x.send_queue_bytes = x.inflight_bytes = 0;
+        for (int i = 0; i < 20; i++) {
+                x.now += 200 * MS;
+                ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+        }
+
+        /* The connection is gone. */
+        x.connected = false;
+        x.now += 200 * MS;
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 1);
+        ck_assert_int_eq(s.level, BACKPRESSURE_STALLED);
+        ck_assert_int_eq(s.reason, BACKPRESSURE_REASON_DISCONNECTED);
+}
+END_TEST
+
+START_TEST(test_daemon_load) {
+        BackpressureConfig c = cfg();
+        BackpressureState s;
+        backpressure_state_init(&s);
+        BackpressureSample x = { .now = 1, .connected = true, .handoffs_in_flight = 70 };
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 1);
+        ck_assert_int_eq(s.level, BACKPRESSURE_ELEVATED);
+        ck_assert_int_eq(s.reason, BACKPRESSURE_REASON_HANDOFFS_IN_FLIGHT);
+
+        x.now += 200 * MS;
+        x.handoffs_in_flight = 0;
+        x.destination_total_pages = 1000;
+        x.destination_free_pages = 10; /* 1% free */
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 1);
+        ck_assert_int_eq(s.level, BACKPRESSURE_HIGH);
+        ck_assert_int_eq(s.reason, BACKPRESSURE_REASON_DESTINATION_FULL);
+
+        BackpressureReason why;
+        x.destination_free_pages = 500;
+        ck_assert_int_eq(backpressure_evaluate(&s, &c, &x, 1.0, &why), BACKPRESSURE_NONE);
+        /* 9% free: elevated (at most 10%) */
+        x.destination_free_pages = 90;
+        ck_assert_int_eq(backpressure_evaluate(&s, &c, &x, 1.0, &why), BACKPRESSURE_ELEVATED);
+        /* 11% free is not enough to leave with release 0.8 (needs 12.5%). */
+        x.destination_free_pages = 110;
+        ck_assert_int_eq(backpressure_evaluate(&s, &c, &x, 1.0, &why), BACKPRESSURE_NONE);
+        ck_assert_int_eq(backpressure_evaluate(&s, &c, &x, c.release, &why), BACKPRESSURE_ELEVATED);
+}
+END_TEST
+
+START_TEST(test_counter_reset_and_order) {
+        BackpressureConfig c = cfg();
+        BackpressureState s;
+        backpressure_state_init(&s);
+        BackpressureSample x = healthy(1000 * MS, 10);
+        x.retransmits = 500;
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+        /* A new connection: counters start over; no spurious rate. */
+        x = healthy(1200 * MS, 1);
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+        ck_assert(s.retransmit_rate == 0.0);
+        /* Time going backwards is refused. */
+        x.now = 10;
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), -EINVAL);
+        /* Retransmits with nothing new sent: rate 1. */
+        x = healthy(1400 * MS, 1);
+        x.retransmits = 3;
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 1);
+        ck_assert_int_eq(s.level, BACKPRESSURE_HIGH);
+}
+END_TEST
+
+START_TEST(test_disabled) {
+        BackpressureConfig c = cfg();
+        c.enabled = false;
+        BackpressureState s;
+        backpressure_state_init(&s);
+        BackpressureSample x = { .now = 1, .connected = false };
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+        ck_assert_int_eq(s.level, BACKPRESSURE_NONE);
+}
+END_TEST
+
+START_TEST(test_config) {
+        BackpressureConfig c = cfg();
+        const char *why;
+        ck_assert_int_eq(backpressure_config_verify(&c, &why), 0);
+        ck_assert_int_eq(backpressure_config_set(&c, "RTTInflationHigh", "6.5"), 0);
+        ck_assert(c.rtt_inflation[1] == 6.5);
+        ck_assert_int_eq(backpressure_config_set(&c, "rttinflationelevated", "7"), 0);
+        ck_assert_int_eq(backpressure_config_verify(&c, &why), -EINVAL);
+        ck_assert_ptr_nonnull(why);
+        c = cfg();
+        ck_assert_int_eq(backpressure_config_set(&c, "SendQueueHigh", "64M"), 0);
+        ck_assert_uint_eq(c.send_queue_bytes[1], 64ULL << 20);
+        ck_assert_int_eq(backpressure_config_set(&c, "StallTimeout", "500ms"), 0);
+        ck_assert_uint_eq(c.stall_usec, 500 * MS);
+        ck_assert_int_eq(backpressure_config_set(&c, "Interval", "0"), -EINVAL);
+        ck_assert_int_eq(backpressure_config_set(&c, "RetransmitRateHigh", "nan"), -EINVAL);
+        ck_assert_int_eq(backpressure_config_set(&c, "RetransmitRateHigh", "-1"), -EINVAL);
+        ck_assert_int_eq(backpressure_config_set(&c, "RetransmitRateHigh", "0.5x"), -EINVAL);
+        ck_assert_int_eq(backpressure_config_set(&c, "Bogus", "1"), -ENOENT);
+        ck_assert_int_eq(backpressure_config_set(&c, "Release", "0"), 0);
+        ck_assert_int_eq(backpressure_config_verify(&c, &why), -EINVAL);
+        c = cfg();
+        ck_assert_int_eq(backpressure_config_set(&c, "DestinationFreeHigh", "0.5"), 0);
+        ck_assert_int_eq(backpressure_config_verify(&c, &why), -EINVAL);
+
+        ck_assert_str_eq(backpressure_level_to_string(BACKPRESSURE_STALLED), "stalled");
+        ck_assert_int_eq(backpressure_level_from_string("high"), BACKPRESSURE_HIGH);
+        ck_assert_int_eq(backpressure_level_from_string("x"), -EINVAL);
+        ck_assert_ptr_null(backpressure_level_to_string(_BACKPRESSURE_LEVEL_MAX));
+        for (int r = 0; r < _BACKPRESSURE_REASON_MAX; r++)
+                ck_assert_ptr_nonnull(backpressure_reason_to_string(r));
+}
+END_TEST
+
+START_TEST(test_telemetry_config) {
+        TelemetryConfig c;
+        ck_assert_int_eq(telemetry_config_defaults(&c), 0);
+        ck_assert_str_eq(c.pin_dir, "/sys/fs/bpf/epd");
+        ck_assert_int_eq(telemetry_config_set(&c, "Telemetry", "PinDirectory", "/sys/fs/bpf/epd-test"), 0);
+        ck_assert_str_eq(c.pin_dir, "/sys/fs/bpf/epd-test");
+        ck_assert_int_eq(telemetry_config_set(&c, "Telemetry", "PinDirectory", "relative"), -EINVAL);
+        ck_assert_int_eq(telemetry_config_set(&c, "Telemetry", "PinDirectory", "/a/../b"), -EINVAL);
+        ck_assert_int_eq(telemetry_config_set(&c, "Telemetry", "PinDirectory", "no"), 0);
+        ck_assert_ptr_null(c.pin_dir);
+        ck_assert_int_eq(telemetry_config_set(&c, "Telemetry", "BPF", "no"), 0);
+        ck_assert(!c.bpf);
+        ck_assert_int_eq(telemetry_config_set(&c, "Telemetry", "SampleInterval", "5ms"), 0);
+        ck_assert_uint_eq(c.sample_interval_usec, 5 * MS);
+        ck_assert_int_eq(telemetry_config_set(&c, "Telemetry", "WakeupBytes", "1G"), -EINVAL);
+        ck_assert_int_eq(telemetry_config_set(&c, "Telemetry", "TraceRequests", "0"), -EINVAL);
+        ck_assert_int_eq(telemetry_config_set(&c, "Telemetry", "Nope", "0"), -ENOENT);
+        ck_assert_int_eq(telemetry_config_set(&c, "Other", "BPF", "0"), -ENOENT);
+        ck_assert_int_eq(telemetry_config_set(&c, "Backpressure", "HandoffsHigh", "9"), 0);
+        ck_assert_uint_eq(c.backpressure.handoffs_in_flight[1], 9);
+        const char *why;
+        ck_assert_int_eq(telemetry_config_verify(&c, &why), -EINVAL); /* 64 > 9 */
+        ck_assert_int_eq(telemetry_config_set(&c, "Backpressure", "HandoffsElevated", "5"), 0);
+        ck_assert_int_eq(telemetry_config_verify(&c, &why), 0);
+        TelemetryConfig d;
+        ck_assert_int_eq(telemetry_config_copy(&d, &c), 0);
+        telemetry_config_done(&c);
+        telemetry_config_done(&d);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("backpressure");
+        TCase *tc = tcase_create("backpressure");
+        tcase_add_test(tc, test_healthy_stays_none);
+        tcase_add_test(tc, test_rtt_inflation);
+        tcase_add_test(tc, test_rtt_floor);
+        tcase_add_test(tc, test_retransmits);
+        tcase_add_test(tc, test_hysteresis);
+        tcase_add_test(tc, test_stall_and_disconnect);
+        tcase_add_test(tc, test_daemon_load);
+        tcase_add_test(tc, test_counter_reset_and_order);
+        tcase_add_test(tc, test_disabled);
+        tcase_add_test(tc, test_config);
+        tcase_add_test(tc, test_telemetry_config);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,262 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "epdtop-model.h"
+#include "macro.h"
+
+static void add_peer(TopSnapshot *s, const char *name, uint64_t acked, uint64_t retrans, uint32_t srtt,
+                     unsigned level) {
+        TopPeer *p = top_snapshot_add_peer(s);
+        ck_assert_ptr_nonnull(p);
+        snprintf(p->name, sizeof p->name, "%s", name);
+        p->kernel = true;
+        p->conns = 1;
+        p->bytes_acked = acked;
+        p->retransmits = retrans;
+        p->srtt_us = srtt;
+        p->min_rtt_us = 100;
+        p->level = level;
+        snprintf(p->reason, sizeof p->reason, "%s", level ? "retransmits" : "none");
+}
+
+static void snap(TopModel *m, usec_t ts, uint64_t scale) {
+        TopSnapshot s = { .ts = ts, .bus = true };
+        snprintf(s.host, sizeof s.host, "hostA");
+        TopArena *a = top_snapshot_add_arena(&s);
+        snprintf(a->name, sizeof a->name, "host0");
+        a->size = 256 << 20;
+        add_peer(&s, "beta", 1000 * scale, 0, 900, 0);
+        add_peer(&s, "alpha", 5000 * scale, 10 * scale, 300, 2);
+        add_peer(&s, "gamma", 100 * scale, 0, 5000, 1);
+        TopWorker *w = top_snapshot_add_worker(&s);
+        snprintf(w->id, sizeof w->id, "w1");
+        s.features = (TopFeatures){ .known = true, .hits = 30 * scale, .misses = 10 * scale };
+        s.handoffs = (TopHandoffs){ .known = true, .bytes = 1000000 * scale, .failed = scale };
+        ck_assert_int_eq(top_model_update(m, &s), 0);
+        ck_assert_ptr_null(s.peers);
+}
+
+START_TEST(test_rates_from_deltas) {
+        TopModel m;
+        top_model_init(&m);
+        snap(&m, 1000000, 1);
+        ck_assert_uint_eq(m.n_order, 3);
+        /* First snapshot: no rates. */
+        for (size_t i = 0; i < m.n_order; i++)
+                ck_assert(top_model_peer(&m, i)->bandwidth == 0);
+        snap(&m, 3000000, 3); /* 2 s later, counters x3 */
+        const TopPeer *alpha = NULL;
+        for (size_t i = 0; i < m.n_order; i++)
+                if (strcmp(top_model_peer(&m, i)->name, "alpha") == 0)
+                        alpha = top_model_peer(&m, i);
+        ck_assert_ptr_nonnull(alpha);
+        ck_assert(alpha->bandwidth == 5000.0); /* (15000-5000)/2 */
+        ck_assert(alpha->retransmits_per_sec == 10.0);
+        ck_assert_uint_eq(alpha->bandwidth_history.n, 1);
+        ck_assert_uint_eq(alpha->rtt_history.n, 2);
+        ck_assert(m.cur.handoffs.throughput == 1000000.0);
+        ck_assert(m.cur.handoffs.failures_per_sec == 1.0);
+        ck_assert(m.cur.features.hit_rate == 0.75);
+
+        /* A counter reset (daemon restarted) gives 0, not a huge number. */
+        snap(&m, 4000000, 1);
+        for (size_t i = 0; i < m.n_order; i++)
+                ck_assert(top_model_peer(&m, i)->bandwidth == 0);
+        top_model_done(&m);
+}
+END_TEST
+
+START_TEST(test_sort_filter) {
+        TopModel m;
+        top_model_init(&m);
+        snap(&m, 1000000, 1);
+        snap(&m, 2000000, 2);
+        ck_assert_str_eq(top_model_peer(&m, 0)->name, "alpha");
+        ck_assert_str_eq(top_model_peer(&m, 2)->name, "gamma");
+        top_model_set_sort(&m, TOP_SORT_RTT, false);
+        ck_assert_str_eq(top_model_peer(&m, 0)->name, "gamma");
+        top_model_set_sort(&m, TOP_SORT_RTT, true);
+        ck_assert_str_eq(top_model_peer(&m, 0)->name, "alpha");
+        top_model_set_sort(&m, TOP_SORT_BANDWIDTH, false);
+        ck_assert_str_eq(top_model_peer(&m, 0)->name, "alpha");
+        top_model_set_sort(&m, TOP_SORT_LEVEL, false);
+        ck_assert_str_eq(top_model_peer(&m, 0)->name, "alpha");
+        ck_assert_str_eq(top_model_peer(&m, 1)->name, "gamma");
+        top_model_cycle_sort(&m);
+        ck_assert_int_eq(m.sort, TOP_SORT_NAME);
+        top_model_set_filter(&m, "mm");
+        ck_assert_uint_eq(m.n_order, 1);
+        ck_assert_str_eq(top_model_peer(&m, 0)->name, "gamma");
+        ck_assert_ptr_null(top_model_peer(&m, 1));
+        top_model_set_filter(&m, "retrans"); /* matches the reason too */
+        ck_assert_uint_eq(m.n_order, 2);
+        top_model_set_filter(&m, "");
+        ck_assert_uint_eq(m.n_order, 3);
+
+        /* A peer that disappears is hidden but keeps its history for when it returns. */
+        TopSnapshot s = { .ts = 3000000 };
+        add_peer(&s, "beta", 5000, 0, 900, 0);
+        ck_assert_int_eq(top_model_update(&m, &s), 0);
+        ck_assert_uint_eq(m.n_order, 1);
+        ck_assert_uint_eq(m.n_peers, 3);
+        top_model_done(&m);
+}
+END_TEST
+
+START_TEST(test_history_sparkline) {
+        TopHistory h = {};
+        char buf[3 * 200 + 1];
+        ck_assert_str_eq(top_sparkline(&h, 4, buf, sizeof buf), "    ");
+        for (int i = 0; i <= 7; i++)
+                top_history_push(&h, i);
+        ck_assert_str_eq(top_sparkline(&h, 8, buf, sizeof buf), "▁▂▃▄▅▆▇█");
+        ck_assert_str_eq(top_sparkline(&h, 2, buf, sizeof buf), "▇█");
+        ck_assert_str_eq(top_sparkline(&h, 10, buf, sizeof buf), "  ▁▂▃▄▅▆▇█");
+        for (int i = 0; i < 500; i++)
+                top_history_push(&h, i);
+        ck_assert_uint_eq(h.n, TOP_HISTORY);
+        ck_assert(top_history_get(&h, 0) == 500 - TOP_HISTORY);
+        ck_assert(top_history_get(&h, TOP_HISTORY - 1) == 499);
+        ck_assert(top_history_get(&h, TOP_HISTORY) == 0);
+        /* Never overflows a small buffer. */
+        char small[8];
+        top_sparkline(&h, 100, small, sizeof small);
+        ck_assert_uint_lt(strlen(small), sizeof small);
+        /* All zeros: flat. */
+        TopHistory z = {};
+        top_history_push(&z, 0);
+        top_history_push(&z, 0);
+        ck_assert_str_eq(top_sparkline(&z, 2, buf, sizeof buf), "▁▁");
+}
+END_TEST
+
+START_TEST(test_format) {
+        char b[32];
+        ck_assert_str_eq(top_format_bytes(b, sizeof b, 512), "512B");
+        ck_assert_str_eq(top_format_bytes(b, sizeof b, 1536), "1.5K");
+        ck_assert_str_eq(top_format_bytes(b, sizeof b, 3.0 * (1 << 30)), "3.0G");
+        ck_assert_str_eq(top_format_rate(b, sizeof b, 2 << 20), "2.0M/s");
+        ck_assert_str_eq(top_format_usec(b, sizeof b, 250), "250us");
+        ck_assert_str_eq(top_format_usec(b, sizeof b, 2500), "2.5ms");
+        ck_assert_str_eq(top_format_usec(b, sizeof b, 3e6), "3.00s");
+        ck_assert_str_eq(top_level_to_string(3), "stalled");
+        ck_assert_str_eq(top_level_to_string(9), "?");
+}
+END_TEST
+
+static void check_layout(int rows, int cols, const TopModel *m) {
+        TopLayout l = top_layout(rows, cols, m);
+        if (rows < 10 || cols < 40) {
+                ck_assert(l.too_small);
+                return;
+        }
+        ck_assert(!l.too_small);
+        /* Sections are in order, do not overlap, and end before the status line. */
+        ck_assert_int_ge(l.arenas.y, l.header_y + l.header_height);
+        ck_assert_int_eq(l.peers.y, l.arenas.y + l.arenas.height);
+        ck_assert_int_eq(l.workers.y, l.peers.y + l.peers.height);
+        ck_assert_int_le(l.workers.y + l.workers.height, l.status_y);
+        ck_assert_int_eq(l.status_y, rows - 1);
+        /* Every row is either shown or counted as hidden. */
+        ck_assert_uint_eq(l.arenas.shown + l.arenas.hidden, m->cur.n_arenas);
+        ck_assert_uint_eq(l.peers.shown + l.peers.hidden, m->n_order);
+        ck_assert_uint_eq(l.workers.shown + l.workers.hidden, m->cur.n_workers);
+        /* Shown rows plus the "+N more" line fit under each title. */
+        const TopSection *secs[] = { &l.arenas, &l.peers, &l.workers };
+        for (size_t i = 0; i < ELEMENTSOF(secs); i++)
+                ck_assert_int_le((int)secs[i]->shown + (secs[i]->hidden && secs[i]->height > 1 ? 1 : 0),
+                                 MAX(secs[i]->height - 1, 0));
+        if (l.sparklines)
+                ck_assert_int_gt(l.sparkline_width, 0);
+}
+
+START_TEST(test_layout) {
+        TopModel m;
+        top_model_init(&m);
+        TopSnapshot s = { .ts = 1 };
+        char name[32];
+        for (int i = 0; i < 40; i++) {
+                snprintf(name, sizeof name, "peer%02d", i);
+                add_peer(&s, name, 1, 0, 100, 0);
+        }
+        for (int i = 0; i < 5; i++)
+                snprintf(top_snapshot_add_arena(&s)->name, TOP_NAME_MAX, "a%d", i);
+        for (int i = 0; i < 7; i++)
+                snprintf(top_snapshot_add_worker(&s)->id, 40, "w%d", i);
+        ck_assert_int_eq(top_model_update(&m, &s), 0);
+
+        /* Every size from tiny to huge, as a resize would produce. */
+        for (int rows = 1; rows < 120; rows += 1)
+                for (int cols = 1; cols < 300; cols += 7)
+                        check_layout(rows, cols, &m);
+
+        TopLayout l = top_layout(24, 80, &m);
+        ck_assert(!l.sparklines);
+        ck_assert_uint_gt(l.peers.shown, 5);
+        ck_assert_uint_gt(l.peers.hidden, 0);
+        ck_assert_uint_gt(l.arenas.shown, 0);
+        l = top_layout(60, 200, &m);
+        ck_assert(l.sparklines && l.reason_column && l.transport_column);
+        ck_assert_uint_eq(l.arenas.shown, 5);
+        ck_assert_uint_eq(l.workers.hidden + l.workers.shown, 7);
+
+        /* Empty model. */
+        TopModel e;
+        top_model_init(&e);
+        check_layout(24, 80, &e);
+        top_model_done(&e);
+        top_model_done(&m);
+}
+END_TEST
+
+START_TEST(test_json) {
+        TopModel m;
+        top_model_init(&m);
+        snap(&m, 1000000, 1);
+        snap(&m, 2000000, 2);
+        char *buf = NULL;
+        size_t n = 0;
+        FILE *f = open_memstream(&buf, &n);
+        ck_assert_int_eq(top_model_json(&m, f), 0);
+        fclose(f);
+        ck_assert_ptr_nonnull(strstr(buf, "\"host\":\"hostA\""));
+        ck_assert_ptr_nonnull(strstr(buf, "\"name\":\"alpha\""));
+        ck_assert_ptr_nonnull(strstr(buf, "\"bandwidth\":5000"));
+        ck_assert_ptr_nonnull(strstr(buf, "\"level\":\"high\""));
+        ck_assert_ptr_nonnull(strstr(buf, "\"hit_rate\":0.75"));
+        ck_assert_ptr_nonnull(strstr(buf, "\"arenas\":[{\"name\":\"host0\""));
+        ck_assert_int_eq(buf[strlen(buf) - 1], '\n');
+        free(buf);
+
+        /* Strings are escaped. */
+        TopSnapshot s = { .ts = 3000000 };
+        add_peer(&s, "a\"b\\c\n", 1, 0, 1, 0);
+        ck_assert_int_eq(top_model_update(&m, &s), 0);
+        f = open_memstream(&buf, &n);
+        ck_assert_int_eq(top_model_json(&m, f), 0);
+        fclose(f);
+        ck_assert_ptr_nonnull(strstr(buf, "\"a\\\"b\\\\c\\u000a\""));
+        free(buf);
+        top_model_done(&m);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("epdtop-model");
+        TCase *tc = tcase_create("epdtop-model");
+        tcase_add_test(tc, test_rates_from_deltas);
+        tcase_add_test(tc, test_sort_filter);
+        tcase_add_test(tc, test_history_sparkline);
+        tcase_add_test(tc, test_format);
+        tcase_add_test(tc, test_layout);
+        tcase_add_test(tc, test_json);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

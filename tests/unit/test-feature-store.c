@@ -1,0 +1,336 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "feature-store.h"
+#include "feature.h"
+#include "macro.h"
+
+static char top[] = "/tmp/test-feature-store-XXXXXX";
+static char root[128], outside[128];
+
+static void setup(void) {
+        ck_assert_ptr_nonnull(mkdtemp(top));
+        snprintf(root, sizeof root, "%s/root", top);
+        snprintf(outside, sizeof outside, "%s/outside", top);
+        ck_assert_int_eq(mkdir(root, 0700), 0);
+        ck_assert_int_eq(mkdir(outside, 0700), 0);
+        /* a file outside the root that no key may reach */
+        char p[192];
+        snprintf(p, sizeof p, "%s/secret", outside);
+        FILE *f = fopen(p, "we");
+        ck_assert_ptr_nonnull(f);
+        fputs("secret", f);
+        fclose(f);
+}
+
+static void teardown(void) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "rm -rf -- '%s'", top);
+        ck_assert_int_eq(system(cmd), 0);
+        strcpy(top, "/tmp/test-feature-store-XXXXXX");
+}
+
+static FeatureStore *store_open(void) {
+        FeatureStore *s;
+        int r = feature_store_open(root, 0, &s);
+        if (r == -EOPNOTSUPP) {
+                fprintf(stderr, "openat2 is not available (Linux < 5.6); skipping\n");
+                exit(77);
+        }
+        ck_assert_int_eq(r, 0);
+        return s;
+}
+
+static FeatureDesc *desc_bytes(uint64_t n) {
+        FeatureDesc *d;
+        ck_assert_int_eq(feature_desc_new(1, &d), 0);
+        strcpy(d->tensors[0].name, "x");
+        d->tensors[0].dtype = FEATURE_DTYPE_U8;
+        d->tensors[0].rank = 1;
+        d->tensors[0].shape[0] = n;
+        d->tensors[0].strides[0] = 1;
+        return d;
+}
+
+static int count_entries(const char *dir) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "test $(ls -A '%s' | wc -l) -eq 0", dir);
+        return system(cmd) == 0 ? 0 : 1;
+}
+
+static const char *const evil_keys[] = {
+        "..", "../secret", "../../../../../../etc/passwd", "/etc/passwd", "a/b/c",
+        "./.", "../outside/secret", "\xff\xfe binary", "f-0123456789abcdef0123456789abcdef.feat",
+};
+
+START_TEST(test_names_are_confined) {
+        char name[FEATURE_STORE_NAME_MAX], other[FEATURE_STORE_NAME_MAX];
+
+        for (size_t i = 0; i < ELEMENTSOF(evil_keys); i++) {
+                ck_assert_int_eq(feature_store_name(evil_keys[i], name), 0);
+                ck_assert_ptr_null(strchr(name, '/'));
+                ck_assert_uint_eq(strlen(name), 39);
+                ck_assert_int_eq(strncmp(name, "f-", 2), 0);
+        }
+        ck_assert_int_eq(feature_store_name("", name), -EINVAL);
+        ck_assert_int_eq(feature_store_name("a", name), 0);
+        ck_assert_int_eq(feature_store_name("b", other), 0);
+        ck_assert_str_ne(name, other);
+}
+END_TEST
+
+START_TEST(test_evil_keys_round_trip_inside) {
+        _cleanup_(feature_store_freep) FeatureStore *s = store_open();
+        _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(5);
+        uint64_t files, bytes;
+
+        for (size_t i = 0; i < ELEMENTSOF(evil_keys); i++) {
+                FeatureStoreEntry e = { .fd = -EBADF };
+                char buf[5];
+                ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = evil_keys[i], .size = 5, .desc = d, .encode_usec = i }, "hello"), 0);
+                ck_assert_int_eq(feature_store_lookup(s, evil_keys[i], &e), 0);
+                ck_assert_uint_eq(e.size, 5);
+                ck_assert_uint_eq(e.encode_usec, i);
+                ck_assert_int_eq(feature_store_entry_read(&e, buf), 0);
+                ck_assert_mem_eq(buf, "hello", 5);
+                feature_store_entry_done(&e);
+        }
+        ck_assert_int_eq(feature_store_usage(s, &files, &bytes), 0);
+        ck_assert_uint_eq(files, ELEMENTSOF(evil_keys));
+        /* nothing appeared outside the root: the outside dir still holds only "secret",
+         * the parent only root/ and outside/ */
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "test \"$(ls -A '%s')\" = secret && test \"$(ls -A '%s' | tr '\\n' ' ')\" = 'outside root '", outside, top);
+        ck_assert_int_eq(system(cmd), 0);
+        for (size_t i = 0; i < ELEMENTSOF(evil_keys); i++)
+                ck_assert_int_eq(feature_store_remove(s, evil_keys[i]), 0);
+        ck_assert_int_eq(count_entries(root), 0);
+}
+END_TEST
+
+START_TEST(test_openat_beneath) {
+        _cleanup_(feature_store_freep) FeatureStore *s = store_open();
+        char p[256];
+        int fd;
+
+        ck_assert_int_eq(feature_store_openat(s, "../outside/secret", O_RDONLY, 0), -EXDEV);
+        ck_assert_int_eq(feature_store_openat(s, "/etc/passwd", O_RDONLY, 0), -EXDEV);
+        ck_assert_int_eq(feature_store_openat(s, "..", O_RDONLY | O_DIRECTORY, 0), -EXDEV);
+        ck_assert_int_eq(feature_store_openat(s, "../outside/new", O_WRONLY | O_CREAT, 0600), -EXDEV);
+
+        /* a symlinked directory inside the root, pointing out */
+        snprintf(p, sizeof p, "%s/link", root);
+        ck_assert_int_eq(symlink(outside, p), 0);
+        fd = feature_store_openat(s, "link/secret", O_RDONLY, 0);
+        ck_assert(fd == -ELOOP || fd == -EXDEV);
+        fd = feature_store_openat(s, "link/new", O_WRONLY | O_CREAT, 0600);
+        ck_assert(fd == -ELOOP || fd == -EXDEV);
+        /* a relative symlink that climbs out */
+        snprintf(p, sizeof p, "%s/up", root);
+        ck_assert_int_eq(symlink("../outside/secret", p), 0);
+        fd = feature_store_openat(s, "up", O_RDONLY, 0);
+        ck_assert(fd == -ELOOP || fd == -EXDEV);
+        /* a symlink that stays inside is refused as well (no symlinks at all) */
+        snprintf(p, sizeof p, "%s/self", root);
+        ck_assert_int_eq(symlink(".", p), 0);
+        fd = feature_store_openat(s, "self/x", O_RDONLY, 0);
+        ck_assert(fd == -ELOOP || fd == -EXDEV);
+        /* and a plain name inside works */
+        fd = feature_store_openat(s, "plain", O_WRONLY | O_CREAT, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        ck_assert_int_eq(count_entries(outside) == 0, 0); /* "secret" still alone there */
+}
+END_TEST
+
+/* A symlink planted under the exact file name of a key: lookup refuses it, and save
+ * replaces the link instead of writing through it. */
+START_TEST(test_planted_symlink) {
+        _cleanup_(feature_store_freep) FeatureStore *s = store_open();
+        _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(3);
+        char name[FEATURE_STORE_NAME_MAX], p[256], target[192], buf[16] = {};
+        FeatureStoreEntry e = { .fd = -EBADF };
+        struct stat st;
+
+        ck_assert_int_eq(feature_store_name("victim", name), 0);
+        snprintf(p, sizeof p, "%s/%s", root, name);
+        snprintf(target, sizeof target, "%s/secret", outside);
+        ck_assert_int_eq(symlink(target, p), 0);
+        ck_assert_int_eq(feature_store_lookup(s, "victim", &e), -ELOOP);
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "victim", .size = 3, .desc = d }, "new"), 0);
+        ck_assert_int_eq(lstat(p, &st), 0);
+        ck_assert(S_ISREG(st.st_mode));
+        FILE *f = fopen(target, "re");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_ptr_nonnull(fgets(buf, sizeof buf, f));
+        fclose(f);
+        ck_assert_str_eq(buf, "secret");
+        ck_assert_int_eq(feature_store_lookup(s, "victim", &e), 0);
+        feature_store_entry_done(&e);
+}
+END_TEST
+
+START_TEST(test_bad_files) {
+        _cleanup_(feature_store_freep) FeatureStore *s = store_open();
+        _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(4);
+        char a[FEATURE_STORE_NAME_MAX], b[FEATURE_STORE_NAME_MAX], pa[256], pb[256];
+        FeatureStoreEntry e = { .fd = -EBADF };
+
+        ck_assert_int_eq(feature_store_lookup(s, "missing", &e), -ENOENT);
+        /* a file holding another key (as after a name collision) is a miss, and stays */
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "keyA", .size = 4, .desc = d }, "AAAA"), 0);
+        feature_store_name("keyA", a);
+        feature_store_name("keyB", b);
+        snprintf(pa, sizeof pa, "%s/%s", root, a);
+        snprintf(pb, sizeof pb, "%s/%s", root, b);
+        ck_assert_int_eq(rename(pa, pb), 0);
+        ck_assert_int_eq(feature_store_lookup(s, "keyB", &e), -ENOENT);
+        ck_assert_int_eq(access(pb, F_OK), 0);
+        /* a truncated file is refused and removed */
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "keyC", .size = 4, .desc = d }, "CCCC"), 0);
+        feature_store_name("keyC", a);
+        snprintf(pa, sizeof pa, "%s/%s", root, a);
+        ck_assert_int_eq(truncate(pa, 70), 0);
+        ck_assert_int_eq(feature_store_lookup(s, "keyC", &e), -EBADMSG);
+        ck_assert_int_eq(access(pa, F_OK), -1);
+        /* a bad descriptor inside is refused */
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "keyD", .size = 4, .desc = d }, "DDDD"), 0);
+        feature_store_name("keyD", a);
+        snprintf(pa, sizeof pa, "%s/%s", root, a);
+        int fd = open(pa, O_WRONLY | O_CLOEXEC);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(pwrite(fd, "\x63", 1, 64 + 4 + 16 + 2), 1); /* dtype byte of tensor 0 */
+        close(fd);
+        ck_assert_int_eq(feature_store_lookup(s, "keyD", &e), -EBADMSG);
+        /* a directory under the name is not a file */
+        feature_store_name("keyE", a);
+        snprintf(pa, sizeof pa, "%s/%s", root, a);
+        ck_assert_int_eq(mkdir(pa, 0700), 0);
+        ck_assert_int_eq(feature_store_lookup(s, "keyE", &e), -EBADMSG);
+
+        FeatureStore *x;
+        ck_assert_int_eq(feature_store_open("relative/dir", 0, &x), -EINVAL);
+        ck_assert_int_eq(feature_store_open("/nonexistent-epd-dir", 0, &x), -ENOENT);
+}
+END_TEST
+
+/* The store stays within its size: the least recently used files go first, a load
+ * counts as a use, and temporary files left by a crash are removed at open. */
+START_TEST(test_bounded) {
+        _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(1000);
+        FeatureStore *s;
+        FeatureStoreEntry e = { .fd = -EBADF };
+        char key[32], p[256], buf[1000] = {};
+        uint64_t files, bytes, one;
+        int fd;
+
+        snprintf(p, sizeof p, "%s/.tmp-0123456789abcdef", root);
+        fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        /* one entry is 64 + key + descriptor + 1000 bytes; allow about ten */
+        ck_assert_int_eq(feature_store_open(root, 0, &s), 0);
+        ck_assert_int_eq(access(p, F_OK), -1);
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "k00", .size = 1000, .desc = d }, buf), 0);
+        one = feature_store_bytes(s);
+        feature_store_free(s);
+        ck_assert_int_eq(feature_store_open(root, 10 * one + one / 2, &s), 0);
+        ck_assert_uint_eq(feature_store_bytes(s), one); /* counted at open */
+        for (int i = 1; i < 40; i++) {
+                snprintf(key, sizeof key, "k%02d", i);
+                ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = key, .size = 1000, .desc = d }, buf), 0);
+                ck_assert_uint_le(feature_store_bytes(s), 10 * one + one / 2);
+                if (i == 5) {
+                        /* use k01: it must outlive its neighbours */
+                        usleep(20000);
+                        ck_assert_int_eq(feature_store_lookup(s, "k01", &e), 0);
+                        feature_store_entry_done(&e);
+                }
+                if (i == 12) {
+                        ck_assert_int_eq(feature_store_lookup(s, "k02", &e), -ENOENT);
+                        ck_assert_int_eq(feature_store_lookup(s, "k01", &e), 0);
+                        feature_store_entry_done(&e);
+                }
+                usleep(2000); /* distinct mtimes */
+        }
+        ck_assert_int_eq(feature_store_usage(s, &files, &bytes), 0);
+        ck_assert_uint_eq(bytes, feature_store_bytes(s));
+        ck_assert_uint_le(files, 10);
+        ck_assert_uint_gt(feature_store_trimmed(s), 0);
+        ck_assert_int_eq(feature_store_lookup(s, "k39", &e), 0); /* newest stays */
+        feature_store_entry_done(&e);
+        ck_assert_int_eq(feature_store_lookup(s, "k02", &e), -ENOENT); /* oldest went */
+        ck_assert_int_eq(feature_store_remove(s, "k39"), 0);
+        ck_assert_uint_eq(feature_store_bytes(s), bytes - one);
+        feature_store_free(s);
+}
+END_TEST
+
+/* The cache spills on eviction and reads back on a miss. */
+START_TEST(test_cache_spill_load) {
+        _cleanup_(feature_store_freep) FeatureStore *s = store_open();
+        FeatureCacheConfig cfg = { .budget_bytes = 1 << 20 };
+        _cleanup_(feature_cache_freep) FeatureCache *c = NULL;
+        uint8_t *mem = calloc(1, 1 << 20);
+        FeatureDesc *d = desc_bytes(10000);
+        FeatureAcquireResult res;
+        FeatureRef *r;
+        EpdId req = { { 9, 9, 9 } };
+
+        ck_assert_int_eq(feature_cache_new(&cfg, &c), 0);
+        ck_assert_int_eq(feature_cache_add_arena(c, 0, mem, 0, 1 << 20, 4096), 0);
+        feature_cache_set_store(c, s);
+        ck_assert_int_eq(feature_reserve(c, "../../img", 10000, &d, &req, &r, NULL), 0);
+        for (int i = 0; i < 10000; i++)
+                ((uint8_t *)feature_data(r->feature))[i] = (uint8_t)(i * 7);
+        ck_assert_int_eq(feature_publish(r, 1234), 0);
+        feature_ref_release(r);
+        ck_assert_uint_eq(feature_cache_flush(c), 1);
+        ck_assert_uint_eq(feature_cache_stats(c)->spilled, 1);
+        memset(mem, 0, 1 << 20);
+
+        ck_assert_int_eq(feature_acquire(c, "../../img", false, 0, &r, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_HIT);
+        ck_assert_uint_eq(feature_cache_stats(c)->loaded, 1);
+        ck_assert_uint_eq(feature_cache_stats(c)->encoder_usec_saved, 1234);
+        ck_assert(epd_id_equal(&r->feature->request_id, &req));
+        for (int i = 0; i < 10000; i++)
+                ck_assert_uint_eq(((uint8_t *)feature_data(r->feature))[i], (uint8_t)(i * 7));
+        feature_ref_release(r);
+        /* evicting a loaded feature does not write it again */
+        ck_assert_uint_eq(feature_cache_flush(c), 1);
+        ck_assert_uint_eq(feature_cache_stats(c)->spilled, 1);
+        FeaturePrefetchResult pr;
+        ck_assert_int_eq(feature_prefetch(c, "../../img", 0, &pr), 0);
+        ck_assert_int_eq(pr, FEATURE_PREFETCH_LOADED);
+        feature_cache_free(TAKE_PTR(c));
+        free(mem);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("feature-store");
+        TCase *tc = tcase_create("feature-store");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_add_test(tc, test_names_are_confined);
+        tcase_add_test(tc, test_evil_keys_round_trip_inside);
+        tcase_add_test(tc, test_openat_beneath);
+        tcase_add_test(tc, test_planted_symlink);
+        tcase_add_test(tc, test_bad_files);
+        tcase_add_test(tc, test_bounded);
+        tcase_add_test(tc, test_cache_spill_load);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_set_fork_status(sr, CK_NOFORK);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

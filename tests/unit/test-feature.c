@@ -1,0 +1,412 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <check.h>
+#include <errno.h>
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "feature.h"
+#include "macro.h"
+
+#define CHUNK 4096u
+#define ARENA_CHUNKS 64u
+#define DATA_OFFSET 8192u
+
+static uint8_t *arena_mem;
+static unsigned n_ready_events, n_failed_events;
+static int last_error;
+
+static void on_state(FeatureCache *c, Feature *f, void *userdata) {
+        (void)c;
+        (void)userdata;
+        if (f->state == FEATURE_READY)
+                n_ready_events++;
+        else if (f->state == FEATURE_FAILED) {
+                n_failed_events++;
+                last_error = f->error;
+        }
+}
+
+static FeatureCache *cache_new(uint64_t budget) {
+        FeatureCache *c;
+        FeatureCacheConfig cfg = { .budget_bytes = budget, .max_refs = 64,
+                                   .announce_timeout_usec = 1000 };
+
+        ck_assert_int_eq(feature_cache_new(&cfg, &c), 0);
+        free(arena_mem);
+        arena_mem = calloc(1, DATA_OFFSET + ARENA_CHUNKS * CHUNK);
+        ck_assert_int_eq(feature_cache_add_arena(c, 3, arena_mem, DATA_OFFSET, ARENA_CHUNKS * CHUNK, CHUNK), 0);
+        ck_assert_int_eq(feature_cache_add_arena(c, 3, arena_mem, 0, CHUNK, CHUNK), -EEXIST);
+        feature_cache_set_callback(c, on_state, NULL);
+        n_ready_events = n_failed_events = 0;
+        last_error = 0;
+        return c;
+}
+
+static FeatureDesc *desc_bytes(uint64_t n) {
+        FeatureDesc *d;
+        ck_assert_int_eq(feature_desc_new(1, &d), 0);
+        strcpy(d->tensors[0].name, "image_embeds");
+        d->tensors[0].dtype = FEATURE_DTYPE_U8;
+        d->tensors[0].rank = 1;
+        d->tensors[0].shape[0] = n;
+        d->tensors[0].strides[0] = 1;
+        return d;
+}
+
+/* Reserve, fill with a pattern, publish; returns the producer ref (now a reader). */
+static FeatureRef *produce(FeatureCache *c, const char *key, uint64_t bytes, uint8_t fill) {
+        FeatureDesc *d = desc_bytes(bytes);
+        FeatureRef *r;
+        ck_assert_int_eq(feature_reserve(c, key, bytes, &d, NULL, &r, NULL), 0);
+        ck_assert_ptr_null(d);
+        memset(feature_data(r->feature), fill, bytes);
+        ck_assert_int_eq(feature_publish(r, 1000), 0);
+        return r;
+}
+
+START_TEST(test_coalesce_and_publish) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
+        FeatureRef *p, *w1, *w2, *h;
+        FeatureAcquireResult res;
+        EpdId req = { { 1, 2, 3 } };
+
+        ck_assert_int_eq(feature_acquire(c, "img:abc", false, 0, &p, &res), -ENOENT);
+        ck_assert_int_eq(feature_acquire(c, "img:abc", true, 0, &p, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        ck_assert_int_eq(p->kind, FEATURE_REF_PRODUCER);
+        ck_assert_int_eq(p->feature->state, FEATURE_RESERVED);
+        ck_assert(!p->feature->has_region);
+        /* everyone else waits, whether or not they could produce */
+        ck_assert_int_eq(feature_acquire(c, "img:abc", true, 0, &w1, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_WAIT);
+        ck_assert_int_eq(feature_acquire(c, "img:abc", false, 0, &w2, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_WAIT);
+        ck_assert_ptr_eq(w1->feature, p->feature);
+        ck_assert_uint_eq(feature_cache_stats(c)->coalesced_waits, 2);
+        ck_assert_uint_eq(feature_cache_stats(c)->misses, 2);
+
+        /* a second producer is refused; a waiter cannot publish */
+        FeatureDesc *d = desc_bytes(10000);
+        FeatureRef *x;
+        ck_assert_int_eq(feature_reserve(c, "img:abc", 10000, &d, NULL, &x, NULL), -EBUSY);
+        ck_assert_int_eq(feature_publish(w1, 0), -EBADSLT);
+        ck_assert_int_eq(feature_publish(p, 0), -EBADSLT); /* no region yet */
+        ck_assert_int_eq(feature_ref_reserve(w1, 10000, &d, NULL, NULL), -EBADSLT);
+        ck_assert_int_eq(feature_ref_reserve(p, 10000, &d, &req, NULL), 0);
+        ck_assert_ptr_null(d);
+        ck_assert_int_eq(feature_ref_reserve(p, 10000, &d, NULL, NULL), -EALREADY);
+        ck_assert_uint_eq(p->feature->size, 3 * CHUNK);
+        ck_assert_uint_eq(p->feature->arena, 3);
+        ck_assert_uint_ge(p->feature->offset, DATA_OFFSET);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 3 * CHUNK);
+        memset(feature_data(p->feature), 0x5a, 10000);
+        ck_assert_uint_eq(n_ready_events, 0);
+        ck_assert_int_eq(feature_publish(p, 2500), 0);
+        ck_assert_uint_eq(n_ready_events, 1);
+        ck_assert_int_eq(w1->feature->state, FEATURE_READY);
+        ck_assert_int_eq(p->kind, FEATURE_REF_READER);
+        ck_assert(epd_id_equal(&p->feature->request_id, &req));
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_cached, 3 * CHUNK);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 0);
+        /* all readers see the same bytes */
+        const uint8_t *b = feature_data(w2->feature);
+        for (int i = 0; i < 10000; i++)
+                ck_assert_uint_eq(b[i], 0x5a);
+
+        feature_ref_release(p);
+        feature_ref_release(w1);
+        feature_ref_release(w2);
+        ck_assert(p == NULL || true);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
+        /* stays cached after its last reader */
+        ck_assert_int_eq(feature_acquire(c, "img:abc", true, 0, &h, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_HIT);
+        ck_assert_uint_eq(feature_cache_stats(c)->hits, 1);
+        ck_assert_uint_eq(feature_cache_stats(c)->encoder_usec_saved, 2500);
+        ck_assert_int_eq(feature_reserve(c, "fresh", 10, &d, NULL, &x, NULL), -EINVAL); /* no desc */
+        ck_assert_ptr_null(feature_cache_get(c, "fresh"));
+        d = desc_bytes(10);
+        ck_assert_int_eq(feature_reserve(c, "img:abc", 10, &d, NULL, &x, NULL), -EEXIST);
+        feature_desc_free(d);
+        feature_ref_release(h);
+}
+END_TEST
+
+START_TEST(test_fail_wakes_waiters) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
+        FeatureRef *p, *w;
+        FeatureAcquireResult res;
+        FeatureDesc *d = desc_bytes(100);
+
+        ck_assert_int_eq(feature_reserve(c, "k", 100, &d, NULL, &p, NULL), 0);
+        ck_assert_int_eq(feature_acquire(c, "k", true, 0, &w, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_WAIT);
+        ck_assert_int_eq(feature_fail(w, -EIO), -EBADSLT);
+        ck_assert_int_eq(feature_fail(p, -ENOMEM), 0);
+        ck_assert_uint_eq(n_failed_events, 1);
+        ck_assert_int_eq(last_error, -ENOMEM);
+        ck_assert_int_eq(w->feature->state, FEATURE_FAILED);
+        ck_assert_int_eq(w->feature->error, -ENOMEM);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 0);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_features, 0);
+        ck_assert_ptr_null(feature_cache_get(c, "k"));
+        /* the key starts over while the old refs still see FAILED */
+        FeatureRef *p2;
+        ck_assert_int_eq(feature_acquire(c, "k", true, 0, &p2, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        ck_assert_ptr_ne(p2->feature, w->feature);
+        ck_assert_int_eq(feature_publish(p, 0), -EBADSLT);
+        feature_ref_release(w);
+        feature_ref_release(p);
+
+        /* a producer that goes away before publishing fails its waiters with EPIPE */
+        ck_assert_int_eq(feature_acquire(c, "k", false, 0, &w, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_WAIT);
+        feature_ref_release(p2);
+        ck_assert_uint_eq(n_failed_events, 2);
+        ck_assert_int_eq(w->feature->state, FEATURE_FAILED);
+        ck_assert_int_eq(w->feature->error, -EPIPE);
+        feature_ref_release(w);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
+        ck_assert_uint_eq(feature_cache_stats(c)->failed, 2);
+}
+END_TEST
+
+START_TEST(test_reserve_errors) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(16 * CHUNK);
+        FeatureDescIssue issue;
+        FeatureRef *r;
+        FeatureDesc *d;
+        char key[FEATURE_KEY_MAX + 2];
+
+        d = desc_bytes(200);
+        ck_assert_int_eq(feature_reserve(c, "k", 100, &d, NULL, &r, &issue), -EINVAL);
+        ck_assert_int_eq(issue.error, FEATURE_DESC_OUT_OF_RANGE);
+        ck_assert_ptr_nonnull(d); /* not taken */
+        ck_assert_uint_eq(feature_cache_stats(c)->n_features, 0);
+        ck_assert_int_eq(feature_reserve(c, "k", 17 * CHUNK, &d, NULL, &r, &issue), -E2BIG);
+        ck_assert_int_eq(feature_reserve(c, "", 300, &d, NULL, &r, &issue), -EINVAL);
+        memset(key, 'k', sizeof key);
+        key[FEATURE_KEY_MAX + 1] = 0;
+        ck_assert_int_eq(feature_reserve(c, key, 300, &d, NULL, &r, &issue), -EINVAL);
+        key[FEATURE_KEY_MAX] = 0;
+        ck_assert_int_eq(feature_reserve(c, key, 300, &d, NULL, &r, &issue), 0);
+        ck_assert_int_eq(feature_fail(r, 5), 0); /* positive error becomes -EIO */
+        ck_assert_int_eq(r->feature->error, -EIO);
+        feature_ref_release(r);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_features, 0);
+}
+END_TEST
+
+START_TEST(test_lru_budget) {
+        /* budget of 4 features of 4 chunks each */
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(16 * CHUNK);
+        FeatureAcquireResult res;
+        FeatureRef *h;
+        char key[16];
+
+        for (int i = 0; i < 4; i++) {
+                snprintf(key, sizeof key, "k%d", i);
+                feature_ref_release(produce(c, key, 4 * CHUNK, (uint8_t)i));
+        }
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_cached, 16 * CHUNK);
+        /* touch k0: it becomes the hottest */
+        ck_assert_int_eq(feature_acquire(c, "k0", false, 0, &h, &res), 0);
+        feature_ref_release(h);
+        /* k4 evicts the coldest: k1 */
+        feature_ref_release(produce(c, "k4", 4 * CHUNK, 4));
+        ck_assert_ptr_null(feature_cache_get(c, "k1"));
+        ck_assert_ptr_nonnull(feature_cache_get(c, "k0"));
+        ck_assert_uint_eq(feature_cache_stats(c)->evictions, 1);
+        /* a held feature is not evicted: hold k2, add k5 (8 chunks): k3 and k0 go */
+        ck_assert_int_eq(feature_acquire(c, "k2", false, 0, &h, &res), 0);
+        feature_ref_release(produce(c, "k5", 8 * CHUNK, 5));
+        ck_assert_ptr_nonnull(feature_cache_get(c, "k2"));
+        ck_assert_ptr_null(feature_cache_get(c, "k3"));
+        ck_assert_ptr_null(feature_cache_get(c, "k0"));
+        ck_assert_ptr_nonnull(feature_cache_get(c, "k4"));
+        ck_assert_uint_le(feature_cache_stats(c)->bytes_cached, 16 * CHUNK);
+        feature_ref_release(h);
+        /* the budget shrinks: evicted down to it */
+        feature_cache_set_budget(c, 8 * CHUNK);
+        ck_assert_uint_le(feature_cache_stats(c)->bytes_cached, 8 * CHUNK);
+        /* LRU order was k4, k5, k2 (released last): k4 and k5 go */
+        ck_assert_ptr_nonnull(feature_cache_get(c, "k2"));
+        ck_assert_ptr_null(feature_cache_get(c, "k5"));
+        ck_assert_uint_eq(feature_cache_flush(c), 1);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_cached, 0);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_features, 0);
+}
+END_TEST
+
+START_TEST(test_pins) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(8 * CHUNK);
+        FeatureRef *pin, *r;
+        FeatureDesc *d;
+
+        ck_assert_int_eq(feature_pin(c, "nope", &pin), -ENOENT);
+        feature_ref_release(produce(c, "a", 4 * CHUNK, 1));
+        feature_ref_release(produce(c, "b", 4 * CHUNK, 2));
+        ck_assert_int_eq(feature_pin(c, "a", &pin), 0);
+        ck_assert_int_eq(pin->kind, FEATURE_REF_PIN);
+        /* "a" is the coldest but pinned: "b" goes */
+        feature_ref_release(produce(c, "c", 4 * CHUNK, 3));
+        ck_assert_ptr_nonnull(feature_cache_get(c, "a"));
+        ck_assert_ptr_null(feature_cache_get(c, "b"));
+        /* nothing evictable left beyond "c": a pinned "a" and a held "c" → no space */
+        FeatureAcquireResult res;
+        ck_assert_int_eq(feature_acquire(c, "c", false, 0, &r, &res), 0);
+        d = desc_bytes(CHUNK);
+        FeatureRef *x;
+        ck_assert_int_eq(feature_reserve(c, "d", CHUNK, &d, NULL, &x, NULL), -ENOSPC);
+        ck_assert_ptr_null(feature_cache_get(c, "d"));
+        ck_assert_uint_eq(feature_cache_flush(c), 0);
+        feature_ref_release(pin); /* "a" enters the LRU first: coldest */
+        feature_ref_release(r);
+        ck_assert_int_eq(feature_reserve(c, "d", CHUNK, &d, NULL, &x, NULL), 0);
+        ck_assert_ptr_null(feature_cache_get(c, "a")); /* the unpinned coldest went */
+        feature_ref_release(x);
+}
+END_TEST
+
+START_TEST(test_prefetch) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(16 * CHUNK);
+        FeaturePrefetchResult pr;
+        FeatureAcquireResult res;
+        FeatureRef *w, *p, *q;
+        FeatureDesc *d;
+
+        feature_ref_release(produce(c, "ready", CHUNK, 1));
+        ck_assert_int_eq(feature_prefetch(c, "ready", 0, &pr), 0);
+        ck_assert_int_eq(pr, FEATURE_PREFETCH_PRESENT);
+        ck_assert_int_eq(feature_prefetch(c, "x", 100, &pr), 0);
+        ck_assert_int_eq(pr, FEATURE_PREFETCH_ANNOUNCED);
+        ck_assert_int_eq(feature_prefetch(c, "x", 100, &pr), 0);
+        ck_assert_int_eq(pr, FEATURE_PREFETCH_PENDING);
+        ck_assert_uint_eq(feature_cache_stats(c)->prefetch_hits, 1);
+        ck_assert_uint_eq(feature_cache_stats(c)->prefetch_requests, 3);
+
+        /* a prefill that cannot produce waits on the announced key */
+        ck_assert_int_eq(feature_acquire(c, "x", false, 150, &w, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_WAIT);
+        /* an encoder claims it with Reserve */
+        d = desc_bytes(100);
+        ck_assert_int_eq(feature_reserve(c, "x", 100, &d, NULL, &p, NULL), 0);
+        ck_assert_uint_eq(feature_cache_expire(c, 5000), USEC_INFINITY); /* claimed: no deadline */
+        ck_assert_int_eq(feature_publish(p, 7), 0);
+        ck_assert_int_eq(w->feature->state, FEATURE_READY);
+        feature_ref_release(w);
+        feature_ref_release(p);
+
+        /* announced, never produced: waiters fail at the deadline */
+        ck_assert_int_eq(feature_prefetch(c, "y", 1000, &pr), 0);
+        ck_assert_int_eq(feature_acquire(c, "y", false, 1000, &w, &res), 0);
+        ck_assert_uint_eq(feature_cache_expire(c, 1999), 2000);
+        ck_assert_int_eq(w->feature->state, FEATURE_RESERVED);
+        ck_assert_uint_eq(feature_cache_expire(c, 2000), USEC_INFINITY);
+        ck_assert_int_eq(w->feature->state, FEATURE_FAILED);
+        ck_assert_int_eq(w->feature->error, -ETIMEDOUT);
+        feature_ref_release(w);
+
+        /* announced, then the first Acquire that may produce is told to */
+        ck_assert_int_eq(feature_prefetch(c, "z", 0, &pr), 0);
+        ck_assert_int_eq(feature_acquire(c, "z", true, 0, &q, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        ck_assert_uint_eq(feature_cache_expire(c, 1u << 30), USEC_INFINITY);
+        ck_assert_int_eq(q->feature->state, FEATURE_RESERVED);
+        feature_ref_release(q);
+        /* an announce that nobody waits on just goes */
+        ck_assert_int_eq(feature_prefetch(c, "lonely", 0, &pr), 0);
+        feature_cache_expire(c, 1u << 30);
+        ck_assert_ptr_null(feature_cache_get(c, "lonely"));
+        ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
+}
+END_TEST
+
+START_TEST(test_ref_limit) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(16 * CHUNK);
+        FeatureRef *refs[64], *x;
+        FeatureAcquireResult res;
+
+        feature_ref_release(produce(c, "k", CHUNK, 1));
+        for (int i = 0; i < 64; i++)
+                ck_assert_int_eq(feature_acquire(c, "k", false, 0, &refs[i], &res), 0);
+        ck_assert_int_eq(feature_acquire(c, "k", false, 0, &x, &res), -EUSERS);
+        ck_assert_int_eq(feature_pin(c, "k", &x), -EUSERS);
+        for (int i = 0; i < 64; i++)
+                feature_ref_release(refs[i]);
+        ck_assert_int_eq(feature_acquire(c, "k", false, 0, &x, &res), 0);
+        feature_ref_release(x);
+}
+END_TEST
+
+/* Many request cycles (produce, coalesced waits, hits, failures, prefetch timeouts):
+ * the live objects and the heap stay flat. */
+START_TEST(test_soak) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(32 * CHUNK);
+        FeatureAcquireResult res;
+        FeaturePrefetchResult pr;
+        size_t heap_after_warmup = 0;
+        char key[32];
+        unsigned seed = 7;
+
+        for (int round = 0; round < 20000; round++) {
+                FeatureRef *p, *w[3];
+                snprintf(key, sizeof key, "img:%d", rand_r(&seed) % 64);
+                ck_assert_int_eq(feature_acquire(c, key, true, (usec_t)round, &p, &res), 0);
+                for (int i = 0; i < 3; i++)
+                        ck_assert_int_eq(feature_acquire(c, key, false, (usec_t)round, &w[i], &res), 0);
+                if (p->kind == FEATURE_REF_PRODUCER) {
+                        uint64_t n = (uint64_t)(rand_r(&seed) % (3 * CHUNK)) + 1;
+                        FeatureDesc *d = desc_bytes(n);
+                        ck_assert_int_eq(feature_ref_reserve(p, n, &d, NULL, NULL), 0);
+                        if (round % 5 == 0)
+                                ck_assert_int_eq(feature_fail(p, -EIO), 0);
+                        else if (round % 7 != 0) /* every 7th: producer vanishes */
+                                ck_assert_int_eq(feature_publish(p, 10), 0);
+                }
+                feature_ref_release(p);
+                for (int i = 0; i < 3; i++) {
+                        ck_assert_int_ne(w[i]->feature->state, FEATURE_RESERVED);
+                        feature_ref_release(w[i]);
+                }
+                snprintf(key, sizeof key, "pre:%d", round % 50);
+                ck_assert_int_eq(feature_prefetch(c, key, (usec_t)round, &pr), 0);
+                feature_cache_expire(c, (usec_t)round);
+
+                ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
+                ck_assert_uint_le(feature_cache_stats(c)->n_features, 64 + 50);
+                ck_assert_uint_le(feature_cache_stats(c)->bytes_cached, 32 * CHUNK);
+                if (round == 2000)
+                        heap_after_warmup = mallinfo2().uordblks;
+        }
+        /* (under ASan mallinfo2 reports nothing; ASan's leak check covers that build) */
+        ck_assert_uint_le(mallinfo2().uordblks, heap_after_warmup + 64 * 1024);
+        ck_assert_uint_gt(feature_cache_stats(c)->hits, 0);
+        ck_assert_uint_gt(feature_cache_stats(c)->evictions, 0);
+        ck_assert_uint_gt(feature_cache_stats(c)->failed, 0);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 0);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("feature");
+        TCase *tc = tcase_create("feature");
+        tcase_add_test(tc, test_coalesce_and_publish);
+        tcase_add_test(tc, test_fail_wakes_waiters);
+        tcase_add_test(tc, test_reserve_errors);
+        tcase_add_test(tc, test_lru_budget);
+        tcase_add_test(tc, test_pins);
+        tcase_add_test(tc, test_prefetch);
+        tcase_add_test(tc, test_ref_limit);
+        tcase_add_test(tc, test_soak);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        free(arena_mem);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,251 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <check.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "epd/ring.h"
+#include "handoff.h"
+#include "ring.h"
+
+static const uint8_t rid[16] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };
+
+/* The worker's view: its own mapping of the memfd. */
+typedef struct Worker {
+        void *base;
+        uint64_t size;
+        struct epd_ring ring;
+} Worker;
+
+static void worker_map(Worker *w, const Ring *r) {
+        w->size = r->size;
+        w->base = mmap(NULL, w->size, PROT_READ | PROT_WRITE, MAP_SHARED, r->memfd, 0);
+        ck_assert_ptr_ne(w->base, MAP_FAILED);
+        ck_assert_int_eq(epd_ring_attach(&w->ring, w->base, w->size, 0), 0);
+}
+
+static void worker_unmap(Worker *w) {
+        munmap(w->base, w->size);
+}
+
+static bool readable(int fd) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        return poll(&p, 1, 0) == 1;
+}
+
+START_TEST(test_ring_roundtrip) {
+        Ring *r = NULL;
+        Worker w;
+        struct epd_ring_record rec, out;
+
+        ck_assert_int_eq(ring_new(8, 16, &r), 0);
+        worker_map(&w, r);
+        ck_assert_uint_eq(w.ring.sq.entries, 8);
+        ck_assert_uint_eq(w.ring.cq.entries, 16);
+
+        /* Empty both ways. */
+        ck_assert_int_eq(ring_consume(r, &out), -EAGAIN);
+        ck_assert_int_eq(epd_ring_consume(&w.ring.cq, &out), -EAGAIN);
+        ck_assert_int_eq(ring_kick(r), 0); /* nothing posted: no wakeup */
+        ck_assert(!readable(r->complete_fd));
+
+        /* Many rounds, to wrap the free-running indexes over the slots many times. */
+        for (uint32_t round = 0; round < 100; round++) {
+                for (uint32_t i = 0; i < 8; i++) {
+                        epd_ring_record_layer_group_ready(&rec, rid, 99, i, round * 8 + i);
+                        ck_assert_int_eq(epd_ring_produce(&w.ring.sq, &rec), 0);
+                }
+                ck_assert_int_eq(epd_ring_produce(&w.ring.sq, &rec), -EAGAIN); /* full */
+                ck_assert_uint_eq(epd_ring_pending(&w.ring.sq, 1), 8);
+                uint64_t one = 1;
+                ck_assert_int_eq(write(r->submit_fd, &one, sizeof one), 8);
+                ck_assert(readable(r->submit_fd));
+                ck_assert_int_eq(ring_drain_submit(r), 1);
+                ck_assert(!readable(r->submit_fd));
+                ck_assert_int_eq(ring_drain_submit(r), 0);
+
+                for (uint32_t i = 0; i < 8; i++) {
+                        ck_assert_int_eq(ring_consume(r, &out), 0);
+                        ck_assert_int_eq(ring_record_validate_submission(&out), 0);
+                        ck_assert_uint_eq(out.opcode, EPD_RING_OP_LAYER_GROUP_READY);
+                        ck_assert_uint_eq(out.group, i);
+                        ck_assert_uint_eq(out.user_data, round * 8 + i);
+                        ck_assert_uint_eq(out.token, 99);
+                        ck_assert_mem_eq(out.request_id, rid, 16);
+                        ring_record_group_progress(&rec, out.request_id, out.token, i + 1, 8, (i + 1) * 4096ULL);
+                        ck_assert_int_eq(ring_post(r, &rec), 0);
+                }
+                ck_assert_int_eq(ring_consume(r, &out), -EAGAIN);
+                ck_assert_int_eq(ring_kick(r), 1);
+                ck_assert_int_eq(ring_kick(r), 0); /* one wakeup per batch */
+                ck_assert(readable(r->complete_fd));
+                uint64_t v;
+                ck_assert_int_eq(read(r->complete_fd, &v, sizeof v), 8);
+                for (uint32_t i = 0; i < 8; i++) {
+                        ck_assert_int_eq(epd_ring_consume(&w.ring.cq, &out), 0);
+                        ck_assert_uint_eq(out.opcode, EPD_RING_EV_GROUP_PROGRESS);
+                        ck_assert_uint_eq(out.group, i + 1);
+                        ck_assert_uint_eq(out.count, 8);
+                        ck_assert_uint_eq(out.arg0, (i + 1) * 4096ULL);
+                }
+                ck_assert_int_eq(epd_ring_consume(&w.ring.cq, &out), -EAGAIN);
+        }
+        ck_assert_uint_eq(r->submitted, 800);
+        ck_assert_uint_eq(r->posted, 800);
+        worker_unmap(&w);
+        ring_free(r);
+}
+END_TEST
+
+START_TEST(test_ring_overflow) {
+        Ring *r = NULL;
+        Worker w;
+        struct epd_ring_record rec, out;
+        ck_assert_int_eq(ring_new(8, 8, &r), 0);
+        worker_map(&w, r);
+        ring_record_backpressure(&rec, 900, 250);
+        for (int i = 0; i < 8; i++)
+                ck_assert_int_eq(ring_post(r, &rec), 0);
+        ck_assert_int_eq(ring_post(r, &rec), -ENOBUFS);
+        ck_assert_int_eq(ring_post(r, &rec), -ENOBUFS);
+        ck_assert_uint_eq(r->overflows, 2);
+        ck_assert_uint_eq(__atomic_load_n(w.ring.cq_overflow, __ATOMIC_ACQUIRE), 2);
+        ck_assert_int_eq(epd_ring_consume(&w.ring.cq, &out), 0);
+        ck_assert_uint_eq(out.opcode, EPD_RING_EV_BACKPRESSURE);
+        ck_assert_uint_eq(out.arg0, 900);
+        ck_assert_uint_eq(out.arg1, 250);
+        ck_assert_int_eq(ring_post(r, &rec), 0); /* room again */
+        worker_unmap(&w);
+        ring_free(r);
+}
+END_TEST
+
+START_TEST(test_ring_hostile_worker) {
+        Ring *r = NULL;
+        Worker w;
+        struct epd_ring_record rec, out;
+        ck_assert_int_eq(ring_new(8, 8, &r), 0);
+        worker_map(&w, r);
+
+        /* The worker cannot shrink or grow the memfd under the daemon. */
+        ck_assert_int_ne(ftruncate(r->memfd, 0), 0);
+        ck_assert_int_ne(ftruncate(r->memfd, (off_t)r->size * 2), 0);
+
+        /* A tail too far ahead: the daemon sees a corrupt queue and stops reading it. */
+        __atomic_store_n(w.ring.sq.tail, 1000, __ATOMIC_RELEASE);
+        ck_assert_int_eq(ring_consume(r, &out), -EBADMSG);
+        ck_assert(r->broken);
+        ck_assert_int_eq(ring_consume(r, &out), -EBADMSG);
+        ring_record_completion(&rec, 1, 0);
+        ck_assert_int_eq(ring_post(r, &rec), -EBADMSG);
+        worker_unmap(&w);
+        ring_free(r);
+
+        /* A head the worker moved past the daemon's tail breaks the CQ side. */
+        ck_assert_int_eq(ring_new(8, 8, &r), 0);
+        worker_map(&w, r);
+        __atomic_store_n(w.ring.cq.head, 5, __ATOMIC_RELEASE);
+        ck_assert_int_eq(ring_post(r, &rec), -EBADMSG);
+        worker_unmap(&w);
+        ring_free(r);
+}
+END_TEST
+
+START_TEST(test_ring_validate) {
+        struct epd_ring_record rec;
+        epd_ring_record_layer_group_ready(&rec, rid, 5, 3, 0);
+        ck_assert_int_eq(ring_record_validate_submission(&rec), 0);
+        rec.flags = EPD_RING_F_ACK;
+        ck_assert_int_eq(ring_record_validate_submission(&rec), 0);
+        rec.flags = 0x8000;
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EINVAL);
+        rec.flags = 0;
+        rec.token = 0;
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EINVAL);
+        rec.token = 5;
+        rec.group = HANDOFF_GROUPS_MAX;
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EINVAL);
+        rec.group = 1;
+        rec.result = -1;
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EINVAL);
+        rec.result = 0;
+        rec.arg0 = 1;
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EINVAL);
+        static const uint8_t zero[16] = {};
+        epd_ring_record_layer_group_ready(&rec, zero, 5, 3, 0);
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EINVAL);
+        memset(&rec, 0, sizeof rec);
+        rec.opcode = EPD_RING_OP_NOP;
+        ck_assert_int_eq(ring_record_validate_submission(&rec), 0);
+        rec.opcode = EPD_RING_EV_COMPLETION; /* a daemon record submitted by a worker */
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EOPNOTSUPP);
+        rec.opcode = 0x7777;
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EOPNOTSUPP);
+        ck_assert_ptr_null(ring_opcode_to_string(0x7777));
+        ck_assert_str_eq(ring_opcode_to_string(EPD_RING_OP_LAYER_GROUP_READY), "layer-group-ready");
+
+        ring_record_handoff_state(&rec, rid, 8, EPD_HANDOFF_STATE_ROLLED_BACK, EPD_HANDOFF_CAUSE_TIMEOUT);
+        ck_assert_uint_eq(rec.opcode, EPD_RING_EV_HANDOFF_STATE);
+        ck_assert_uint_eq(rec.arg0, HANDOFF_ROLLED_BACK);
+        ck_assert_uint_eq(rec.arg1, HANDOFF_CAUSE_TIMEOUT);
+        ck_assert_uint_eq(rec.token, 8);
+}
+END_TEST
+
+START_TEST(test_ring_attach_checks) {
+        Ring *r = NULL;
+        ck_assert_int_eq(ring_new(7, 8, &r), -EINVAL);
+        ck_assert_int_eq(ring_new(8, EPD_RING_ENTRIES_MAX * 2, &r), -EINVAL);
+        ck_assert_int_eq(ring_new(4, 8, &r), -EINVAL);
+        ck_assert_int_eq(ring_new(8, 8, &r), 0);
+
+        struct epd_ring v;
+        void *copy = malloc(r->size);
+        struct epd_ring_header *h = copy;
+#define RESET() memcpy(copy, r->base, r->size)
+        RESET();
+        ck_assert_int_eq(epd_ring_attach(&v, copy, r->size, 0), 0);
+        ck_assert_int_eq(epd_ring_attach(&v, copy, r->size - 1, 0), -EBADMSG);
+        ck_assert_int_eq(epd_ring_attach(&v, copy, 10, 0), -EINVAL);
+        h->magic = 0;
+        ck_assert_int_eq(epd_ring_attach(&v, copy, r->size, 0), -EPROTONOSUPPORT);
+        RESET();
+        h->version = 2;
+        ck_assert_int_eq(epd_ring_attach(&v, copy, r->size, 0), -EPROTONOSUPPORT);
+        RESET();
+        h->sq_entries = 12;
+        ck_assert_int_eq(epd_ring_attach(&v, copy, r->size, 0), -EBADMSG);
+        RESET();
+        h->cq_offset = h->sq_offset; /* overlapping queues */
+        ck_assert_int_eq(epd_ring_attach(&v, copy, r->size, 0), -EBADMSG);
+        RESET();
+        h->cq_offset = h->size; /* past the end */
+        ck_assert_int_eq(epd_ring_attach(&v, copy, r->size, 0), -EBADMSG);
+        RESET();
+        h->sq_offset = 64; /* over the indexes */
+        ck_assert_int_eq(epd_ring_attach(&v, copy, r->size, 0), -EBADMSG);
+#undef RESET
+        free(copy);
+        ring_free(r);
+        ck_assert_ptr_null(ring_free(NULL));
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("ring");
+        TCase *tc = tcase_create("ring");
+        tcase_add_test(tc, test_ring_roundtrip);
+        tcase_add_test(tc, test_ring_overflow);
+        tcase_add_test(tc, test_ring_hostile_worker);
+        tcase_add_test(tc, test_ring_validate);
+        tcase_add_test(tc, test_ring_attach_checks);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

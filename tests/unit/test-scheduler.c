@@ -1,0 +1,502 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scheduler.h"
+
+#define MS USEC_PER_MSEC
+#define SEC USEC_PER_SEC
+#define ALL_POOLS ((1u << TASK_THINKING) | (1u << TASK_INTERACTIVE) | (1u << TASK_HYBRID))
+
+static SchedConfig test_config(void) {
+        SchedConfig c;
+        sched_config_defaults(&c);
+        c.rate_window = 5 * SEC;
+        return c;
+}
+
+static void add(Scheduler *s, const char *id, SchedStage st, unsigned slots, unsigned qlimit, uint64_t pages) {
+        ck_assert_int_eq(sched_worker_add(s, &(SchedWorkerInfo){ .id = id, .stage = st, .pools = ALL_POOLS,
+                                                                  .slots = slots, .queue_limit = qlimit,
+                                                                  .free_pages = pages }),
+                         0);
+}
+
+START_TEST(test_names_config) {
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                ck_assert_int_eq(task_type_from_string(task_type_to_string(t)), t);
+        ck_assert_int_eq(task_type_from_string("batch"), -EINVAL);
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                ck_assert_int_eq(sched_stage_from_string(sched_stage_to_string(st)), st);
+        for (int r = 0; r < _SCHED_REASON_MAX; r++)
+                ck_assert_ptr_nonnull(sched_reason_to_string(r));
+        ck_assert_ptr_null(sched_reason_to_string(_SCHED_REASON_MAX));
+
+        SchedConfig c = test_config();
+        const char *e;
+        ck_assert_int_eq(sched_config_validate(&c, &e), 0);
+        c.pools[TASK_HYBRID].low_watermark = c.pools[TASK_HYBRID].high_watermark;
+        ck_assert_int_eq(sched_config_validate(&c, &e), -EINVAL);
+        ck_assert_ptr_nonnull(e);
+        Scheduler *s;
+        ck_assert_int_eq(sched_new(&c, &s), -EINVAL);
+        c = test_config();
+        c.pools[TASK_THINKING].worker_share = 0;
+        ck_assert_int_eq(sched_config_validate(&c, NULL), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_basic_flow) {
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        usec_t now = 1000 * SEC;
+
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        /* No workers at all: rejected with the reason. */
+        ck_assert_int_eq(sched_admit(s, "r0", TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_REJECT);
+        ck_assert_int_eq(d.reason, SCHED_REASON_NO_WORKERS);
+
+        add(s, "p0", SCHED_STAGE_PREFILL, 2, 0, 0);
+        add(s, "d0", SCHED_STAGE_DECODE, 2, 0, 100);
+        ck_assert_int_eq(sched_worker_add(s, &(SchedWorkerInfo){ .id = "d0", .stage = SCHED_STAGE_DECODE,
+                                                                  .pools = 1, .slots = 1 }),
+                         -EEXIST);
+        ck_assert_int_eq(sched_worker_add(s, &(SchedWorkerInfo){ .id = "bad id", .stage = SCHED_STAGE_DECODE,
+                                                                  .pools = 1, .slots = 1 }),
+                         -EINVAL);
+        ck_assert_int_eq(sched_worker_add(s, &(SchedWorkerInfo){ .id = "x", .stage = SCHED_STAGE_DECODE,
+                                                                  .pools = 1, .slots = 0 }),
+                         -EINVAL);
+
+        SchedHints h = { .pages_needed = 10 };
+        ck_assert_int_eq(sched_admit(s, "r1", TASK_INTERACTIVE, 0, &h, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_str_eq(d.worker[SCHED_STAGE_PREFILL], "p0");
+        ck_assert_str_eq(d.worker[SCHED_STAGE_DECODE], "d0");
+        ck_assert_ptr_null(d.worker[SCHED_STAGE_ENCODE]);
+        ck_assert_uint_eq(d.deadline, now + c.pools[TASK_INTERACTIVE].default_deadline);
+        ck_assert_uint_le(d.predicted, d.deadline - now);
+        /* Idempotent: the same id is the same admission. */
+        SchedDecision d2;
+        ck_assert_int_eq(sched_admit(s, "r1", TASK_INTERACTIVE, 0, &h, now + 5, &d2), 0);
+        ck_assert_int_eq(d2.verdict, SCHED_ADMIT);
+        ck_assert_str_eq(d2.worker[SCHED_STAGE_DECODE], "d0");
+        ck_assert_int_eq(sched_admit(s, "r1", TASK_THINKING, 0, &h, now, &d2), -EEXIST);
+        ck_assert_uint_eq(sched_outstanding(s), 1);
+
+        /* Bad ids. */
+        ck_assert_int_eq(sched_admit(s, "", TASK_INTERACTIVE, 0, &h, now, &d), -EINVAL);
+        char longid[SCHED_REQUEST_ID_MAX + 2];
+        memset(longid, 'a', sizeof longid - 1);
+        longid[sizeof longid - 1] = 0;
+        ck_assert_int_eq(sched_admit(s, longid, TASK_INTERACTIVE, 0, &h, now, &d), -EINVAL);
+        ck_assert_int_eq(sched_admit(s, "ok", (TaskType)7, 0, &h, now, &d), -EINVAL);
+
+        /* Deadline already past, or impossible even on idle workers. */
+        ck_assert_int_eq(sched_admit(s, "r2", TASK_INTERACTIVE, now, &h, now, &d), 0);
+        ck_assert_int_eq(d.reason, SCHED_REASON_DEADLINE_INFEASIBLE);
+        ck_assert_int_eq(sched_admit(s, "r2", TASK_INTERACTIVE, now + 1 * MS, &h, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_REJECT);
+        ck_assert_int_eq(d.reason, SCHED_REASON_DEADLINE_INFEASIBLE);
+
+        /* Pages: 100 free, 10 reserved; 95 more do not fit now. */
+        h.pages_needed = 95;
+        ck_assert_int_eq(sched_admit(s, "r3", TASK_INTERACTIVE, 0, &h, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_DEFER);
+        ck_assert_int_eq(d.reason, SCHED_REASON_NO_PAGES);
+        ck_assert_uint_ge(d.retry_after, c.retry_min);
+        ck_assert_int_eq(sched_worker_set_free_pages(s, "d0", 1000), 0);
+        ck_assert_int_eq(sched_worker_set_free_pages(s, "p0", 1000), -ENOENT);
+        ck_assert_int_eq(sched_admit(s, "r3", TASK_INTERACTIVE, 0, &h, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+
+        /* Complete: stage by stage; unknown ones are named. */
+        ck_assert_int_eq(sched_complete(s, "nope", SCHED_STAGE_DECODE, 0, true, now), -ENOENT);
+        ck_assert_int_eq(sched_complete(s, "r1", SCHED_STAGE_ENCODE, 0, true, now), -ENOENT);
+        ck_assert_int_eq(sched_complete(s, "r1", SCHED_STAGE_PREFILL, 80 * MS, true, now + 80 * MS), 0);
+        ck_assert_int_eq(sched_complete(s, "r1", SCHED_STAGE_PREFILL, 80 * MS, true, now + 80 * MS), -ENOENT);
+        ck_assert_int_eq(sched_complete(s, "r1", SCHED_STAGE_DECODE, 400 * MS, true, now + 500 * MS), 0);
+        ck_assert_uint_eq(sched_outstanding(s), 1);
+        /* A failure at any stage ends the request. */
+        ck_assert_int_eq(sched_complete(s, "r3", SCHED_STAGE_PREFILL, 0, false, now + 10 * MS), 0);
+        ck_assert_uint_eq(sched_outstanding(s), 0);
+
+        SchedPoolMetrics m;
+        sched_pool_metrics(s, TASK_INTERACTIVE, now + SEC, &m);
+        ck_assert_uint_eq(m.admitted, 2);
+        ck_assert_uint_eq(m.completed, 1);
+        ck_assert_uint_eq(m.failed, 1);
+        ck_assert_uint_eq(m.deferred, 1);
+        ck_assert_uint_eq(m.by_reason[SCHED_REASON_NO_PAGES], 1);
+        ck_assert_uint_eq(m.by_reason[SCHED_REASON_DEADLINE_INFEASIBLE], 2);
+        ck_assert_uint_eq(m.queue, 0);
+        ck_assert(m.arrival_rate > 0);
+        ck_assert(m.capacity > 0);
+
+        /* Worker removal ends what it held. */
+        h.pages_needed = 1;
+        ck_assert_int_eq(sched_admit(s, "r4", TASK_HYBRID, 0, &h, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_int_eq(sched_worker_remove(s, "d0", SCHED_STAGE_DECODE, now), 0);
+        ck_assert_int_eq(sched_worker_remove(s, "d0", SCHED_STAGE_DECODE, now), -ENOENT);
+        ck_assert_uint_eq(sched_outstanding(s), 0);
+        sched_free(s);
+}
+END_TEST
+
+static double aff_cb(void *userdata, const char *worker, SchedStage st, const SchedHints *h) {
+        const char *holder = h->affinity_key;
+        if (!holder)
+                return 0;
+        if (st == SCHED_STAGE_ENCODE)
+                return strcmp(holder, "features-cached") == 0 ? 1.0 : 0;
+        return strcmp(worker, holder) == 0 ? 0.9 : 0;
+}
+
+static SchedPressure path_cb(void *userdata, const char *from, const char *to) {
+        const SchedPressure *level = userdata;
+        return strcmp(to, "d1") == 0 ? *level : SCHED_PRESSURE_OK;
+}
+
+START_TEST(test_affinity_backpressure) {
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        SchedPressure level = SCHED_PRESSURE_OK;
+        usec_t now = 5 * SEC;
+
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        sched_set_ops(s, &(SchedOps){ .affinity = aff_cb, .path = path_cb, .userdata = &level });
+        add(s, "e0", SCHED_STAGE_ENCODE, 1, 0, 0);
+        add(s, "p0", SCHED_STAGE_PREFILL, 1, 0, 0);
+        add(s, "p1", SCHED_STAGE_PREFILL, 1, 0, 0);
+        add(s, "d1", SCHED_STAGE_DECODE, 4, 0, 100);
+
+        /* The prefill worker holding the prefix is chosen; the encoder runs. */
+        SchedHints h = { .needs_encoder = true, .affinity_key = "p1" };
+        ck_assert_int_eq(sched_admit(s, "a", TASK_INTERACTIVE, 0, &h, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_str_eq(d.worker[SCHED_STAGE_PREFILL], "p1");
+        ck_assert_str_eq(d.worker[SCHED_STAGE_ENCODE], "e0");
+        /* Cached features: no encoder stage. */
+        h.affinity_key = "features-cached";
+        ck_assert_int_eq(sched_admit(s, "b", TASK_INTERACTIVE, 0, &h, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_ptr_null(d.worker[SCHED_STAGE_ENCODE]);
+        ck_assert_int_eq(sched_complete(s, "b", SCHED_STAGE_ENCODE, 0, true, now), -ENOENT);
+
+        /* Backpressure: STOP defers everything; HIGH lets only the top priority pool. */
+        h = (SchedHints){};
+        level = SCHED_PRESSURE_STOP;
+        ck_assert_int_eq(sched_admit(s, "c", TASK_INTERACTIVE, 0, &h, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_DEFER);
+        ck_assert_int_eq(d.reason, SCHED_REASON_BACKPRESSURE);
+        level = SCHED_PRESSURE_HIGH;
+        ck_assert_int_eq(sched_admit(s, "c", TASK_THINKING, 0, &h, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_DEFER);
+        ck_assert_int_eq(d.reason, SCHED_REASON_BACKPRESSURE);
+        ck_assert_int_eq(sched_admit(s, "c", TASK_INTERACTIVE, 0, &h, now, &d), 0);
+        ck_assert_msg(d.verdict == SCHED_ADMIT, "%s %s", sched_verdict_to_string(d.verdict), sched_reason_to_string(d.reason));
+        sched_free(s);
+}
+END_TEST
+
+START_TEST(test_watermarks_expire) {
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        usec_t now = 5 * SEC;
+        char id[32];
+
+        c.pools[TASK_THINKING].queue_max = 6;
+        c.pools[TASK_THINKING].high_watermark = 4;
+        c.pools[TASK_THINKING].low_watermark = 2;
+        c.pools[TASK_THINKING].reject_rho = 0;
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p0", SCHED_STAGE_PREFILL, 64, 0, 0);
+        add(s, "d0", SCHED_STAGE_DECODE, 64, 0, 0);
+        for (int i = 0; i < 4; i++) {
+                snprintf(id, sizeof id, "t%d", i);
+                ck_assert_int_eq(sched_admit(s, id, TASK_THINKING, 0, NULL, now, &d), 0);
+                ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        }
+        /* At the high watermark: deferred until the queue is back at the low one. */
+        ck_assert_int_eq(sched_admit(s, "t4", TASK_THINKING, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_DEFER);
+        ck_assert_int_eq(d.reason, SCHED_REASON_WATERMARK);
+        ck_assert_int_eq(sched_complete(s, "t0", SCHED_STAGE_PREFILL, 0, false, now), 0);
+        ck_assert_int_eq(sched_admit(s, "t4", TASK_THINKING, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.reason, SCHED_REASON_WATERMARK);
+        ck_assert_int_eq(sched_complete(s, "t1", SCHED_STAGE_PREFILL, 0, false, now), 0);
+        ck_assert_int_eq(sched_admit(s, "t4", TASK_THINKING, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        SchedPoolMetrics m;
+        sched_pool_metrics(s, TASK_THINKING, now, &m);
+        ck_assert_uint_eq(m.queue, 3);
+        ck_assert_uint_eq(m.queue_peak, 4);
+        ck_assert_uint_eq(m.by_reason[SCHED_REASON_WATERMARK], 2);
+
+        /* Never reported: dropped after deadline + grace, counted. */
+        ck_assert_uint_eq(sched_expire(s, now + 10 * SEC), 0);
+        ck_assert_uint_eq(sched_expire(s, now + c.pools[TASK_THINKING].default_deadline + c.expire_grace + 1), 3);
+        sched_pool_metrics(s, TASK_THINKING, now, &m);
+        ck_assert_uint_eq(m.expired, 3);
+        ck_assert_uint_eq(m.queue, 0);
+        ck_assert_uint_eq(sched_outstanding(s), 0);
+        sched_free(s);
+}
+END_TEST
+
+/* ---- a simulated cluster under a Poisson load above its capacity ---- */
+
+typedef struct Job {
+        char id[24];
+        TaskType type;
+        int prio;
+        usec_t deadline, svc[_SCHED_STAGE_MAX], seq, retry_at, end;
+        int worker[_SCHED_STAGE_MAX];
+        int stage;
+        bool pending_retry, done;
+} Job;
+
+#define SIM_SLOTS_MAX 16
+#define SIM_WAIT_MAX 1024
+typedef struct SimWorker {
+        const char *id;
+        SchedStage stage;
+        unsigned slots;
+        Job *running[SIM_SLOTS_MAX];
+        unsigned n_running;
+        Job *waiting[SIM_WAIT_MAX];
+        unsigned n_waiting;
+} SimWorker;
+
+static uint64_t rng = 88172645463325252ULL;
+static double urand(void) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        return ((rng >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static void sim_start(SimWorker *w, usec_t now) {
+        while (w->n_running < w->slots && w->n_waiting > 0) {
+                /* Highest priority first, FIFO within it: the worker contract. */
+                unsigned best = 0;
+                for (unsigned i = 1; i < w->n_waiting; i++)
+                        if (w->waiting[i]->prio > w->waiting[best]->prio ||
+                            (w->waiting[i]->prio == w->waiting[best]->prio && w->waiting[i]->seq < w->waiting[best]->seq))
+                                best = i;
+                Job *j = w->waiting[best];
+                w->waiting[best] = w->waiting[--w->n_waiting];
+                j->end = now + j->svc[w->stage];
+                w->running[w->n_running++] = j;
+        }
+}
+
+START_TEST(test_poisson_overload) {
+        SchedConfig c = test_config();
+        /* Service estimates near the truth below (the learnt ones take over anyway). */
+        usec_t pre[_TASK_TYPE_MAX] = { [TASK_INTERACTIVE] = 40 * MS, [TASK_HYBRID] = 80 * MS, [TASK_THINKING] = 80 * MS };
+        usec_t dec[_TASK_TYPE_MAX] = { [TASK_INTERACTIVE] = 300 * MS, [TASK_HYBRID] = 1 * SEC, [TASK_THINKING] = 3 * SEC };
+        usec_t dl[_TASK_TYPE_MAX] = { [TASK_INTERACTIVE] = 2 * SEC, [TASK_HYBRID] = 8 * SEC, [TASK_THINKING] = 40 * SEC };
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                c.pools[t].service_estimate[SCHED_STAGE_PREFILL] = pre[t];
+                c.pools[t].service_estimate[SCHED_STAGE_DECODE] = dec[t];
+                c.pools[t].default_deadline = dl[t];
+                c.pools[t].queue_max = 64;
+                c.pools[t].high_watermark = 48;
+                c.pools[t].low_watermark = 32;
+        }
+        Scheduler *s;
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+
+        SimWorker W[] = {
+                { .id = "p0", .stage = SCHED_STAGE_PREFILL, .slots = 2 },
+                { .id = "p1", .stage = SCHED_STAGE_PREFILL, .slots = 2 },
+                { .id = "d0", .stage = SCHED_STAGE_DECODE, .slots = 4 },
+                { .id = "d1", .stage = SCHED_STAGE_DECODE, .slots = 4 },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(W); i++)
+                add(s, W[i].id, W[i].stage, W[i].slots, 4 * W[i].slots, 1 << 20);
+
+        /* Decode capacity: 8 slots / (0.5*0.3 + 0.3*1 + 0.2*3 s) = 7.6 req/s; offer 12. */
+        const double lambda = 12.0;
+        const usec_t T = 600 * SEC;
+        enum { MAXJ = 20000 };
+        Job *jobs = calloc(MAXJ, sizeof *jobs);
+        size_t n_jobs = 0;
+        usec_t now = 0, next_arrival = 0;
+        uint64_t seq = 0;
+        uint64_t admitted[_TASK_TYPE_MAX] = {}, offered[_TASK_TYPE_MAX] = {}, misses = 0, done = 0;
+        uint64_t verdicts[_SCHED_VERDICT_MAX] = {}, reasons[_SCHED_REASON_MAX] = {};
+        double busy_decode = 0;
+        unsigned max_queue[_TASK_TYPE_MAX] = {};
+
+        for (;;) {
+                /* Next event: an arrival, a retry, or a service end. */
+                usec_t t_next = next_arrival < T ? next_arrival : USEC_INFINITY;
+                for (size_t i = 0; i < n_jobs; i++)
+                        if (jobs[i].pending_retry)
+                                t_next = MIN(t_next, jobs[i].retry_at);
+                for (size_t w = 0; w < ELEMENTSOF(W); w++)
+                        for (unsigned k = 0; k < W[w].n_running; k++)
+                                t_next = MIN(t_next, W[w].running[k]->end);
+                if (t_next == USEC_INFINITY)
+                        break;
+                for (size_t w = 2; w < 4; w++)
+                        busy_decode += (double)W[w].n_running * (double)(t_next - now);
+                now = t_next;
+
+                /* Service ends. */
+                for (size_t w = 0; w < ELEMENTSOF(W); w++)
+                        for (unsigned k = 0; k < W[w].n_running;) {
+                                Job *j = W[w].running[k];
+                                if (j->end != now) {
+                                        k++;
+                                        continue;
+                                }
+                                W[w].running[k] = W[w].running[--W[w].n_running];
+                                ck_assert_int_eq(sched_complete(s, j->id, W[w].stage, j->svc[W[w].stage], true, now), 0);
+                                if (W[w].stage == SCHED_STAGE_PREFILL) {
+                                        SimWorker *d = &W[j->worker[SCHED_STAGE_DECODE]];
+                                        ck_assert_uint_lt(d->n_waiting, SIM_WAIT_MAX);
+                                        d->waiting[d->n_waiting++] = j;
+                                        sim_start(d, now);
+                                } else {
+                                        j->done = true;
+                                        done++;
+                                        if (now > j->deadline)
+                                                misses++;
+                                }
+                        }
+                for (size_t w = 0; w < ELEMENTSOF(W); w++)
+                        sim_start(&W[w], now);
+
+                /* Arrivals and retries ask for admission. */
+                Job *ask[64];
+                size_t n_ask = 0;
+                if (now == next_arrival && now < T) {
+                        ck_assert_uint_lt(n_jobs, MAXJ);
+                        Job *j = &jobs[n_jobs++];
+                        double u = urand();
+                        j->type = u < 0.5 ? TASK_INTERACTIVE : u < 0.8 ? TASK_HYBRID : TASK_THINKING;
+                        snprintf(j->id, sizeof j->id, "req-%zu", n_jobs);
+                        j->svc[SCHED_STAGE_PREFILL] = (usec_t)(pre[j->type] * (0.9 + 0.2 * urand()));
+                        j->svc[SCHED_STAGE_DECODE] = (usec_t)(dec[j->type] * (0.9 + 0.2 * urand()));
+                        j->deadline = now + dl[j->type];
+                        offered[j->type]++;
+                        ask[n_ask++] = j;
+                        next_arrival = now + (usec_t)(-log(urand()) / lambda * SEC);
+                }
+                for (size_t i = 0; i < n_jobs && n_ask < ELEMENTSOF(ask); i++)
+                        if (jobs[i].pending_retry && jobs[i].retry_at == now) {
+                                jobs[i].pending_retry = false;
+                                ask[n_ask++] = &jobs[i];
+                        }
+                for (size_t i = 0; i < n_ask; i++) {
+                        Job *j = ask[i];
+                        SchedDecision d;
+                        ck_assert_int_eq(sched_admit(s, j->id, j->type, j->deadline, NULL, now, &d), 0);
+                        verdicts[d.verdict]++;
+                        reasons[d.reason]++;
+                        if (d.verdict == SCHED_DEFER) {
+                                ck_assert_int_ne(d.reason, SCHED_REASON_NONE);
+                                ck_assert_uint_gt(d.retry_after, 0);
+                                j->pending_retry = true;
+                                j->retry_at = now + d.retry_after;
+                                continue;
+                        }
+                        if (d.verdict == SCHED_REJECT) {
+                                ck_assert_int_ne(d.reason, SCHED_REASON_NONE);
+                                continue;
+                        }
+                        ck_assert_uint_le(now + d.predicted, j->deadline);
+                        admitted[j->type]++;
+                        j->prio = d.priority;
+                        j->seq = seq++;
+                        for (int st = SCHED_STAGE_PREFILL; st < _SCHED_STAGE_MAX; st++)
+                                for (size_t w = 0; w < ELEMENTSOF(W); w++)
+                                        if (W[w].stage == st && strcmp(W[w].id, d.worker[st]) == 0)
+                                                j->worker[st] = (int)w;
+                        SimWorker *p = &W[j->worker[SCHED_STAGE_PREFILL]];
+                        ck_assert_uint_lt(p->n_waiting, SIM_WAIT_MAX);
+                        p->waiting[p->n_waiting++] = j;
+                        sim_start(p, now);
+                }
+                for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                        SchedPoolMetrics m;
+                        sched_pool_metrics(s, t, now, &m);
+                        max_queue[t] = MAX(max_queue[t], m.queue);
+                }
+        }
+
+        uint64_t total_admitted = admitted[0] + admitted[1] + admitted[2];
+        double util = busy_decode / (8.0 * (double)now);
+        printf("poisson: offered %zu, admitted %llu (interactive %llu/%llu, hybrid %llu/%llu, thinking %llu/%llu), "
+               "deferrals %llu, rejects %llu, misses %llu, decode utilization %.2f\n",
+               n_jobs, (unsigned long long)total_admitted,
+               (unsigned long long)admitted[TASK_INTERACTIVE], (unsigned long long)offered[TASK_INTERACTIVE],
+               (unsigned long long)admitted[TASK_HYBRID], (unsigned long long)offered[TASK_HYBRID],
+               (unsigned long long)admitted[TASK_THINKING], (unsigned long long)offered[TASK_THINKING],
+               (unsigned long long)verdicts[SCHED_DEFER], (unsigned long long)verdicts[SCHED_REJECT],
+               (unsigned long long)misses, util);
+        for (int r = 1; r < _SCHED_REASON_MAX; r++)
+                if (reasons[r])
+                        printf("  %s: %llu\n", sched_reason_to_string(r), (unsigned long long)reasons[r]);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                SchedPoolMetrics m;
+                sched_pool_metrics(s, t, T, &m);
+                printf("  pool %s: queue peak %u, arrival %.2f/s, service %.2f/s, capacity %.2f/s, rho %.2f\n",
+                       task_type_to_string(t), m.queue_peak, m.arrival_rate, m.service_rate, m.capacity, m.rho);
+                ck_assert_uint_eq(m.deadline_misses, 0);
+                ck_assert_uint_eq(m.admitted, admitted[t]);
+        }
+
+        /* Admitted work meets its deadlines; everything admitted finished. */
+        ck_assert_uint_eq(misses, 0);
+        ck_assert_uint_eq(done, total_admitted);
+        ck_assert_uint_eq(sched_outstanding(s), 0);
+        /* The rest was deferred or rejected, with reasons. */
+        ck_assert_uint_gt(verdicts[SCHED_DEFER], 0);
+        ck_assert_uint_gt(verdicts[SCHED_REJECT], 0);
+        ck_assert_uint_eq(reasons[SCHED_REASON_NONE], verdicts[SCHED_ADMIT]);
+        /* Queues stayed bounded. */
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                ck_assert_uint_le(max_queue[t], c.pools[t].queue_max);
+        /* Not by refusing everything: the bottleneck stays busy. */
+        ck_assert_msg(util > 0.6, "decode utilization %.2f", util);
+        /* Priority order: a larger share of the higher-priority pools gets in. */
+        double f[_TASK_TYPE_MAX];
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                f[t] = (double)admitted[t] / (double)offered[t];
+        ck_assert_msg(f[TASK_INTERACTIVE] > f[TASK_HYBRID] && f[TASK_HYBRID] > f[TASK_THINKING],
+                      "admitted fractions interactive %.2f hybrid %.2f thinking %.2f", f[TASK_INTERACTIVE],
+                      f[TASK_HYBRID], f[TASK_THINKING]);
+        free(jobs);
+        sched_free(s);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("sched");
+        TCase *tc = tcase_create("sched");
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, test_names_config);
+        tcase_add_test(tc, test_basic_flow);
+        tcase_add_test(tc, test_affinity_backpressure);
+        tcase_add_test(tc, test_watermarks_expire);
+        tcase_add_test(tc, test_poisson_overload);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,144 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trace.h"
+
+START_TEST(test_ids) {
+        ck_assert(trace_request_id_valid("req-1"));
+        ck_assert(trace_request_id_valid("cmpl-9f2e:0.a_b"));
+        ck_assert(!trace_request_id_valid(""));
+        ck_assert(!trace_request_id_valid(NULL));
+        ck_assert(!trace_request_id_valid("a b"));
+        ck_assert(!trace_request_id_valid("a/b"));
+        char id[80];
+        memset(id, 'x', 64);
+        id[64] = '\0';
+        ck_assert(trace_request_id_valid(id));
+        id[64] = 'x';
+        id[65] = '\0';
+        ck_assert(!trace_request_id_valid(id));
+}
+END_TEST
+
+START_TEST(test_record_and_format) {
+        _cleanup_(trace_store_freep) TraceStore *t = trace_store_new(16, 64);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_int_eq(trace_store_add(t, "r1", 1000, TRACE_ENCODE_START, NULL), 0);
+        ck_assert_int_eq(trace_store_add(t, "r1", 9000, TRACE_PUBLISH,
+                                         &(TraceDetail){ .bytes = 4 << 20, .detail = "key=abc" }), 0);
+        ck_assert_int_eq(trace_store_add(t, "r1", 12000, TRACE_GROUP_SENT,
+                                         &(TraceDetail){ .has_group = true, .group = 0, .bytes = 1 << 20,
+                                                         .transport = "tcp", .peer = "hostB",
+                                                         .duration_usec = 1500 }), 0);
+        ck_assert_int_eq(trace_store_add(t, "r1", 20000, TRACE_ROLLBACK,
+                                         &(TraceDetail){ .detail = "peer hostB disconnected" }), 0);
+        ck_assert_int_eq(trace_store_add(t, "bad id", 1, TRACE_COMMIT, NULL), -EINVAL);
+        ck_assert_int_eq(trace_store_add(t, "r1", 1, _TRACE_EVENT_TYPE_MAX, NULL), -EINVAL);
+
+        const TraceRequest *r = trace_store_get(t, "r1");
+        ck_assert_ptr_nonnull(r);
+        ck_assert_uint_eq(r->n_events, 4);
+        ck_assert_int_eq(r->events[0].group, -1);
+        ck_assert_int_eq(r->events[2].group, 0);
+        ck_assert_str_eq(r->events[2].transport, "tcp");
+
+        char *buf = NULL;
+        size_t n = 0;
+        FILE *f = open_memstream(&buf, &n);
+        ck_assert_int_eq(trace_request_format(r, f), 0);
+        fclose(f);
+        ck_assert_ptr_nonnull(strstr(buf, "request r1: 4 events, 19.000ms"));
+        ck_assert_ptr_nonnull(strstr(buf, "+0.000ms encode-start"));
+        ck_assert_ptr_nonnull(strstr(buf, "group-sent       group=0 bytes=1.0M transport=tcp peer=hostB took=1.500ms"));
+        ck_assert_ptr_nonnull(strstr(buf, "rollback         peer hostB disconnected"));
+        free(buf);
+}
+END_TEST
+
+START_TEST(test_bounds) {
+        _cleanup_(trace_store_freep) TraceStore *t = trace_store_new(3, 4);
+        char id[16];
+        for (int i = 0; i < 10; i++) {
+                snprintf(id, sizeof id, "req%d", i);
+                ck_assert_int_eq(trace_store_add(t, id, (usec_t)i, TRACE_ENCODE_START, NULL), 0);
+                ck_assert_uint_le(trace_store_size(t), 3);
+        }
+        ck_assert_uint_eq(trace_store_evicted(t), 7);
+        ck_assert_ptr_null(trace_store_get(t, "req6"));
+        ck_assert_ptr_nonnull(trace_store_get(t, "req7"));
+        ck_assert_ptr_nonnull(trace_store_get(t, "req9"));
+
+        /* Per-request bound: the first events are kept, later ones counted. */
+        for (int i = 0; i < 10; i++)
+                ck_assert_int_eq(trace_store_add(t, "req9", 100 + (usec_t)i, TRACE_GROUP_SENT, NULL), 0);
+        const TraceRequest *r = trace_store_get(t, "req9");
+        ck_assert_uint_eq(r->n_events, 4);
+        ck_assert_uint_eq(r->n_dropped, 7);
+        ck_assert_int_eq(r->events[0].type, TRACE_ENCODE_START);
+
+        /* Long strings are truncated, not overflowed. */
+        char longs[300];
+        memset(longs, 'y', sizeof longs - 1);
+        longs[sizeof longs - 1] = '\0';
+        ck_assert_int_eq(trace_store_add(t, "long", 1, TRACE_ERROR,
+                                         &(TraceDetail){ .transport = longs, .peer = longs, .detail = longs }), 0);
+        r = trace_store_get(t, "long");
+        ck_assert_uint_eq(strlen(r->events[0].transport), TRACE_TRANSPORT_MAX - 1);
+        ck_assert_uint_eq(strlen(r->events[0].detail), TRACE_DETAIL_MAX - 1);
+
+        trace_store_remove(t, "long");
+        ck_assert_ptr_null(trace_store_get(t, "long"));
+        trace_store_remove(t, "long");
+        /* Removing the oldest and the newest keeps the age list consistent. */
+        trace_store_remove(t, "req8");
+        trace_store_remove(t, "req9");
+        for (int i = 20; i < 30; i++) {
+                snprintf(id, sizeof id, "req%d", i);
+                ck_assert_int_eq(trace_store_add(t, id, (usec_t)i, TRACE_COMMIT, NULL), 0);
+        }
+        ck_assert_uint_eq(trace_store_size(t), 3);
+        ck_assert_ptr_nonnull(trace_store_get(t, "req29"));
+        ck_assert_ptr_null(trace_store_new(0, 1));
+}
+END_TEST
+
+START_TEST(test_many) {
+        _cleanup_(trace_store_freep) TraceStore *t = trace_store_new(1000, 8);
+        char id[32];
+        for (int i = 0; i < 100000; i++) {
+                snprintf(id, sizeof id, "r%d", i % 3000);
+                ck_assert_int_eq(trace_store_add(t, id, (usec_t)i, (TraceEventType)(i % _TRACE_EVENT_TYPE_MAX), NULL), 0);
+        }
+        ck_assert_uint_eq(trace_store_size(t), 1000);
+}
+END_TEST
+
+START_TEST(test_type_names) {
+        for (int i = 0; i < _TRACE_EVENT_TYPE_MAX; i++) {
+                const char *s = trace_event_type_to_string(i);
+                ck_assert_ptr_nonnull(s);
+                ck_assert_int_eq(trace_event_type_from_string(s), i);
+        }
+        ck_assert_int_eq(trace_event_type_from_string("nope"), -EINVAL);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("trace");
+        TCase *tc = tcase_create("trace");
+        tcase_add_test(tc, test_ids);
+        tcase_add_test(tc, test_record_and_format);
+        tcase_add_test(tc, test_bounds);
+        tcase_add_test(tc, test_many);
+        tcase_add_test(tc, test_type_names);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,195 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <check.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport/local.h"
+#include "transport/transport-util.h"
+
+#define SZ (4U << 20)
+
+static void region_init(TransportRegion *r, uint32_t id, void *base) {
+        *r = (TransportRegion) { .id = id, .domain = MEMORY_HOST, .host_base = base, .size = SZ };
+}
+
+/* Waits on the completion fd and collects n completions (cookie -> index). */
+static void collect(Transport *t, TransportCompletion *out, size_t n) {
+        size_t got = 0;
+        while (got < n) {
+                struct pollfd p = { .fd = t->ops->completion_fd(t), .events = POLLIN };
+                ck_assert_int_eq(poll(&p, 1, 10000), 1);
+                got += t->ops->poll(t, out + got, n - got);
+        }
+}
+
+START_TEST(test_copy) {
+        Transport *t = NULL;
+        uint8_t *a = malloc(SZ), *b = calloc(1, SZ);
+        TransportRegion ra, rb;
+        for (size_t i = 0; i < SZ; i++)
+                a[i] = (uint8_t)(i * 7 + 3);
+        region_init(&ra, 0, a);
+        region_init(&rb, 1, b);
+
+        ck_assert_int_eq(local_transport_new(3, &t), 0);
+        ck_assert_int_eq(t->ops->kind, TRANSPORT_LOCAL);
+        ck_assert_str_eq(transport_kind_to_string(t->ops->kind), "local");
+        ck_assert_int_eq(t->ops->register_region(t, &ra), 0);
+        ck_assert_int_eq(t->ops->register_region(t, &rb), 0);
+        ck_assert_int_eq(t->ops->register_region(t, &ra), 0);
+        TransportRegion clash = ra;
+        ck_assert_int_eq(t->ops->register_region(t, &clash), -EEXIST);
+        TransportRegion gpu = { .id = 5, .domain = MEMORY_GPU, .size = SZ };
+        ck_assert_int_eq(t->ops->register_region(t, &gpu), -EOPNOTSUPP);
+
+        /* 64 slices of 64 KiB from a to b, reversed order of offsets. */
+        enum { N = 64 };
+        TransportWrite w[N];
+        for (int i = 0; i < N; i++)
+                w[i] = (TransportWrite) { .src_region = 0, .src_offset = (uint64_t)i * 65536,
+                                          .dst_region = 1, .dst_offset = (uint64_t)(N - 1 - i) * 65536,
+                                          .length = 65536, .cookie = 1000 + i };
+        ck_assert_int_eq(t->ops->post(t, NULL, w, N), 0);
+        TransportCompletion c[N];
+        collect(t, c, N);
+        bool seen[N] = {};
+        for (int i = 0; i < N; i++) {
+                ck_assert_int_eq(c[i].error, 0);
+                ck_assert_uint_eq(c[i].bytes, 65536);
+                ck_assert(c[i].cookie >= 1000 && c[i].cookie < 1000 + N);
+                ck_assert(!seen[c[i].cookie - 1000]);
+                seen[c[i].cookie - 1000] = true;
+        }
+        for (int i = 0; i < N; i++)
+                ck_assert_mem_eq(b + (size_t)(N - 1 - i) * 65536, a + (size_t)i * 65536, 65536);
+        ck_assert_uint_eq(t->stats.bytes, (uint64_t)N * 65536);
+        ck_assert_uint_eq(t->stats.writes, N);
+        ck_assert_uint_eq(t->stats.batches, 1);
+        ck_assert_uint_eq(local_transport_inflight(t), 0);
+
+        /* Within one region (memmove), and onto itself (no copy). */
+        TransportWrite m[2] = {
+                { .src_region = 1, .src_offset = 0, .dst_region = 1, .dst_offset = 100, .length = 1000, .cookie = 1 },
+                { .src_region = 0, .src_offset = 4096, .dst_region = 0, .dst_offset = 4096, .length = 4096, .cookie = 2 },
+        };
+        uint8_t *expect = malloc(1000);
+        memcpy(expect, b, 1000);
+        ck_assert_int_eq(t->ops->post(t, NULL, m, 1), 0);
+        collect(t, c, 1);
+        ck_assert_mem_eq(b + 100, expect, 1000);
+        ck_assert_int_eq(t->ops->post(t, NULL, m + 1, 1), 0);
+        collect(t, c, 1);
+        ck_assert_uint_eq(c[0].cookie, 2);
+        free(expect);
+
+        t->ops->unregister_region(t, &rb);
+        t->ops->unregister_region(t, &ra);
+        t->ops->free(t);
+        free(a);
+        free(b);
+}
+END_TEST
+
+START_TEST(test_reject) {
+        Transport *t = NULL;
+        uint8_t *a = malloc(SZ), *b = malloc(SZ);
+        TransportRegion ra, rb;
+        region_init(&ra, 0, a);
+        region_init(&rb, 1, b);
+        ck_assert_int_eq(local_transport_new(1, &t), 0);
+        ck_assert_int_eq(t->ops->register_region(t, &ra), 0);
+        ck_assert_int_eq(t->ops->register_region(t, &rb), 0);
+
+        TransportWrite ok = { .src_region = 0, .dst_region = 1, .length = 10, .cookie = 1 };
+        TransportWrite w[2] = { ok, ok };
+        w[1].dst_offset = SZ - 5; /* past the end */
+        ck_assert_int_eq(t->ops->post(t, NULL, w, 2), -ERANGE);
+        w[1] = ok;
+        w[1].src_offset = UINT64_MAX - 2; /* overflow */
+        ck_assert_int_eq(t->ops->post(t, NULL, w, 2), -ERANGE);
+        w[1] = ok;
+        w[1].length = 0;
+        ck_assert_int_eq(t->ops->post(t, NULL, w, 2), -ERANGE);
+        w[1] = ok;
+        w[1].dst_region = 7;
+        ck_assert_int_eq(t->ops->post(t, NULL, w, 2), -ENOENT);
+        w[1].dst_region = 9999;
+        ck_assert_int_eq(t->ops->post(t, NULL, w, 2), -ENOENT);
+        ck_assert_int_eq(t->ops->post(t, (void *)1, &ok, 1), -EINVAL);
+        ck_assert_int_eq(t->ops->post(t, NULL, NULL, 0), 0);
+        /* Nothing of a refused batch was queued. */
+        ck_assert_uint_eq(local_transport_inflight(t), 0);
+        ck_assert_uint_eq(t->stats.batches, 0);
+
+        ck_assert_int_eq(transport_region_check(NULL, 0, 1), -ENOENT);
+        ck_assert_int_eq(transport_region_check(&ra, SZ - 1, 1), 0);
+        ck_assert_int_eq(transport_region_check(&ra, SZ, 1), -ERANGE);
+        ck_assert_int_eq(transport_kind_from_string("tcp"), TRANSPORT_TCP);
+        ck_assert_int_eq(transport_kind_from_string("carrier-pigeon"), -EINVAL);
+        ck_assert_ptr_null(transport_kind_to_string(_TRANSPORT_KIND_MAX));
+        ck_assert_int_eq(local_transport_new(LOCAL_TRANSPORT_THREADS_MAX + 1, &t), -EINVAL);
+        t->ops->free(t);
+        free(a);
+        free(b);
+}
+END_TEST
+
+START_TEST(test_cancel) {
+        Transport *t = NULL;
+        uint8_t *a = malloc(SZ), *b = malloc(SZ);
+        TransportRegion ra, rb;
+        region_init(&ra, 0, a);
+        region_init(&rb, 1, b);
+        ck_assert_int_eq(local_transport_new(1, &t), 0);
+        ck_assert_int_eq(t->ops->register_region(t, &ra), 0);
+        ck_assert_int_eq(t->ops->register_region(t, &rb), 0);
+
+        enum { N = 200 };
+        TransportWrite w[N];
+        for (int i = 0; i < N; i++)
+                w[i] = (TransportWrite) { .src_region = 0, .dst_region = 1, .length = SZ, .cookie = i };
+        ck_assert_int_eq(t->ops->post(t, NULL, w, N), 0);
+        t->ops->cancel_peer(t, NULL);
+        /* Every write completes exactly once: done, or cancelled before it started. */
+        TransportCompletion c[N];
+        collect(t, c, N);
+        int cancelled = 0;
+        bool seen[N] = {};
+        for (int i = 0; i < N; i++) {
+                ck_assert(!seen[c[i].cookie]);
+                seen[c[i].cookie] = true;
+                if (c[i].error == -ECANCELED) {
+                        ck_assert_uint_eq(c[i].bytes, 0);
+                        cancelled++;
+                } else {
+                        ck_assert_int_eq(c[i].error, 0);
+                        ck_assert_uint_eq(c[i].bytes, SZ);
+                }
+        }
+        ck_assert_int_gt(cancelled, 0);
+        ck_assert_uint_eq(t->stats.failures, (uint64_t)cancelled);
+        ck_assert_uint_eq(local_transport_inflight(t), 0);
+
+        /* Freeing with work queued drops it without a crash. */
+        ck_assert_int_eq(t->ops->post(t, NULL, w, N), 0);
+        t->ops->free(t);
+        free(a);
+        free(b);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("transport-local");
+        TCase *tc = tcase_create("transport-local");
+        tcase_add_test(tc, test_copy);
+        tcase_add_test(tc, test_reject);
+        tcase_add_test(tc, test_cancel);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

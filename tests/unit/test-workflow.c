@@ -1,0 +1,380 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "wal.h"
+#include "workflow.h"
+
+#define BT 16 /* tokens per page */
+
+/* A model of the pages subsystem: sequences with a page count, by id. */
+typedef struct Store {
+        Hashmap *seqs; /* SeqModel* by id bytes */
+        unsigned clones, releases;
+        bool fail_journal;
+        Wal *wal;
+} Store;
+
+typedef struct SeqModel {
+        EpdId id;
+        size_t pages;
+} SeqModel;
+
+static SeqModel *store_add(Store *s, size_t pages) {
+        SeqModel *m = calloc(1, sizeof *m);
+        ck_assert_ptr_nonnull(m);
+        ck_assert_int_eq(epd_id_random(&m->id), 0);
+        m->pages = pages;
+        ck_assert_int_eq(hashmap_put(s->seqs, m->id.bytes, m), 0);
+        return m;
+}
+
+static int op_clone(void *ud, const EpdId *seq, size_t n, EpdId *ret) {
+        Store *s = ud;
+        SeqModel *m = hashmap_get(s->seqs, seq->bytes);
+        if (!m)
+                return -ESTALE;
+        *ret = store_add(s, MIN(n, m->pages))->id;
+        s->clones++;
+        return 0;
+}
+
+static int op_release(void *ud, const EpdId *seq) {
+        Store *s = ud;
+        SeqModel *m = hashmap_remove(s->seqs, seq->bytes);
+        if (!m)
+                return -ENOENT;
+        free(m);
+        s->releases++;
+        return 0;
+}
+
+static int op_check(void *ud, const EpdId *seq, size_t *pages, size_t *bt) {
+        Store *s = ud;
+        SeqModel *m = hashmap_get(s->seqs, seq->bytes);
+        if (!m)
+                return -ESTALE;
+        *pages = m->pages;
+        *bt = BT;
+        return 0;
+}
+
+static int op_journal(void *ud, const void *rec, size_t len) {
+        Store *s = ud;
+        if (s->fail_journal)
+                return -EIO;
+        if (!s->wal)
+                return 0;
+        return wal_append(s->wal, WAL_RECORD_WORKFLOW + ((const uint8_t *)rec)[0], rec, len, NULL);
+}
+
+static WorkflowOps ops_for(Store *s) {
+        return (WorkflowOps){ .clone = op_clone, .release = op_release, .check = op_check,
+                              .journal = op_journal, .userdata = s };
+}
+
+static void store_init(Store *s) {
+        *s = (Store){ .seqs = hashmap_new(HASHMAP_KEY_BYTES, 16) };
+        ck_assert_ptr_nonnull(s->seqs);
+}
+
+static void store_done(Store *s) {
+        SeqModel *m;
+        size_t i = 0;
+        while (hashmap_iterate(s->seqs, &i, (void **)&m, NULL))
+                free(m);
+        hashmap_free(s->seqs);
+}
+
+static uint32_t *toks(size_t n, uint32_t seed) {
+        uint32_t *t = malloc(MAX(n, (size_t)1) * sizeof *t);
+        for (size_t i = 0; i < n; i++)
+                t[i] = seed * 1000003u + (uint32_t)i * 7919u;
+        return t;
+}
+
+START_TEST(test_lifecycle) {
+        Store s;
+        store_init(&s);
+        WorkflowOps ops = ops_for(&s);
+        WorkflowManager *wm;
+        ck_assert_int_eq(workflow_manager_new(&ops, 0, &wm), 0);
+
+        SeqModel *root = store_add(&s, 4);
+        uint32_t *t0 = toks(64, 1);
+        Workflow *w;
+        ck_assert_int_eq(workflow_create(wm, &root->id, t0, 64, 1000, &w), 0);
+        ck_assert_uint_eq(workflow_count(wm), 1);
+        ck_assert_ptr_eq(workflow_get(wm, w->id_str), w);
+        ck_assert_uint_eq(w->n_branches, 1);
+        ck_assert(!epd_id_equal(&w->branches[0].head, &root->id)); /* its own clone */
+
+        /* Fork: a clone of the head. */
+        uint32_t b1;
+        ck_assert_int_eq(workflow_fork(wm, w, 0, &b1), 0);
+        ck_assert_uint_eq(b1, 1);
+        ck_assert_uint_eq(w->branches[1].n_tokens, 64);
+        ck_assert_int_eq(workflow_fork(wm, w, 9, &b1), -ENOENT);
+
+        /* Advance branch 1: the first 40 tokens are the same -> 2 full pages reused,
+         * and the predecessor's page 3 reappears at token 80 (aligned). */
+        uint32_t *t1 = toks(112, 2);
+        memcpy(t1, t0, 40 * sizeof *t1);
+        memcpy(t1 + 80, t0 + 48, 16 * sizeof *t1);
+        WorkflowAdvance a;
+        ck_assert_int_eq(workflow_advance(wm, w, 1, t1, 112, true, NULL, &a), 0);
+        ck_assert_uint_eq(a.prefix_blocks, 2);
+        ck_assert_uint_eq(a.match.n_segments, 1);
+        ck_assert_uint_eq(a.match.segments[0].prev_block, 3);
+        ck_assert_uint_eq(a.match.segments[0].new_offset, 80);
+        ck_assert(epd_id_equal(&a.head, &w->branches[1].head));
+        ck_assert_uint_eq(((SeqModel *)hashmap_get(s.seqs, a.head.bytes))->pages, 2);
+        ck_assert_uint_eq(w->branches[1].steps, 1);
+        match_result_done(&a.match);
+        /* Without segments: the prefix only. */
+        ck_assert_int_eq(workflow_advance(wm, w, 1, t1, 100, false, NULL, &a), 0);
+        ck_assert_uint_eq(a.prefix_blocks, 2); /* the head has 2 pages */
+        ck_assert_uint_eq(a.match.n_segments, 0);
+
+        /* Merge 1 into 0, then 0 is the only branch. */
+        ck_assert_int_eq(workflow_merge(wm, w, 1, 1), -EINVAL);
+        ck_assert_int_eq(workflow_merge(wm, w, 1, 0), 0);
+        ck_assert(!w->branches[1].alive);
+        ck_assert_uint_eq(w->branches[0].n_tokens, 100);
+        ck_assert_int_eq(workflow_drop(wm, w, 1), -ENOENT);
+        ck_assert_int_eq(workflow_fork(wm, w, 0, &b1), 0);
+        ck_assert_uint_eq(b1, 2);
+        ck_assert_int_eq(workflow_drop(wm, w, 2), 0);
+
+        /* Release: every sequence the workflow held is gone; only the root remains. */
+        ck_assert_int_eq(workflow_release(wm, w), 0);
+        ck_assert_uint_eq(workflow_count(wm), 0);
+        ck_assert_uint_eq(hashmap_size(s.seqs), 1);
+        ck_assert_uint_eq(s.clones, s.releases);
+        workflow_manager_free(wm);
+        store_done(&s);
+        free(t0);
+        free(t1);
+}
+END_TEST
+
+/* A daemon without the pages: a named error, never a crash; a failed journal changes
+ * nothing and leaks nothing. */
+START_TEST(test_missing_pages_and_journal_failure) {
+        Store s;
+        store_init(&s);
+        WorkflowOps ops = ops_for(&s);
+        WorkflowManager *wm;
+        ck_assert_int_eq(workflow_manager_new(&ops, 2, &wm), 0);
+
+        EpdId nowhere;
+        ck_assert_int_eq(epd_id_random(&nowhere), 0);
+        Workflow *w;
+        ck_assert_int_eq(workflow_create(wm, &nowhere, NULL, 0, 0, &w), -ESTALE);
+
+        SeqModel *root = store_add(&s, 2);
+        uint32_t *t = toks(32, 3);
+        ck_assert_int_eq(workflow_create(wm, &root->id, t, 32, 0, &w), 0);
+        /* The pages of the head vanish (lost, or never restored after a restart). */
+        ck_assert_int_eq(op_release(&s, &w->branches[0].head), 0);
+        WorkflowAdvance a;
+        ck_assert_int_eq(workflow_advance(wm, w, 0, t, 32, true, NULL, &a), -ESTALE);
+        uint32_t nb;
+        ck_assert_int_eq(workflow_fork(wm, w, 0, &nb), -ESTALE);
+        ck_assert_int_eq(workflow_release(wm, w), 0); /* still releasable */
+
+        unsigned before = hashmap_size(s.seqs);
+        s.fail_journal = true;
+        ck_assert_int_eq(workflow_create(wm, &root->id, t, 32, 0, &w), -EIO);
+        ck_assert_uint_eq(workflow_count(wm), 0);
+        ck_assert_uint_eq(hashmap_size(s.seqs), before);
+        s.fail_journal = false;
+        ck_assert_int_eq(workflow_create(wm, &root->id, t, 32, 0, &w), 0);
+        s.fail_journal = true;
+        ck_assert_int_eq(workflow_fork(wm, w, 0, &nb), -EIO);
+        ck_assert_uint_eq(w->n_branches, 1);
+        ck_assert_int_eq(workflow_advance(wm, w, 0, t, 20, false, NULL, &a), -EIO);
+        ck_assert_uint_eq(w->branches[0].n_tokens, 32);
+        ck_assert_int_eq(workflow_drop(wm, w, 0), -EIO);
+        ck_assert(w->branches[0].alive);
+        ck_assert_uint_eq(hashmap_size(s.seqs), before + 1);
+        s.fail_journal = false;
+
+        /* Limits. */
+        Workflow *w2;
+        ck_assert_int_eq(workflow_create(wm, &root->id, t, 32, 0, &w2), 0);
+        ck_assert_int_eq(workflow_create(wm, &root->id, t, 32, 0, &w2), -EDQUOT);
+        ck_assert_int_eq(workflow_create(wm, &root->id, t, WORKFLOW_TOKENS_MAX + 1, 0, &w2), -E2BIG);
+        for (uint32_t i = 1; i < WORKFLOW_BRANCHES_MAX; i++)
+                ck_assert_int_eq(workflow_fork(wm, w, 0, &nb), 0);
+        ck_assert_int_eq(workflow_fork(wm, w, 0, &nb), -EDQUOT);
+
+        /* Garbage records are refused, not applied. */
+        uint8_t junk[64] = { WORKFLOW_REC_FORK };
+        for (size_t n = 0; n < sizeof junk; n++)
+                ck_assert_int_lt(workflow_apply_record(wm, junk, n), 0);
+        junk[0] = 99;
+        ck_assert_int_eq(workflow_apply_record(wm, junk, 20), -EBADMSG);
+        workflow_manager_free(wm);
+        store_done(&s);
+        free(t);
+}
+END_TEST
+
+static void assert_same(WorkflowManager *a, WorkflowManager *b) {
+        ck_assert_uint_eq(workflow_count(a), workflow_count(b));
+        size_t it = 0;
+        Workflow *w;
+        while (workflow_iterate(a, &it, &w)) {
+                Workflow *v = workflow_get(b, w->id_str);
+                ck_assert_ptr_nonnull(v);
+                ck_assert_uint_eq(w->uid, v->uid);
+                ck_assert_uint_eq(w->n_branches, v->n_branches);
+                for (uint32_t i = 0; i < w->n_branches; i++) {
+                        const WorkflowBranch *x = &w->branches[i], *y = &v->branches[i];
+                        ck_assert_int_eq(x->alive, y->alive);
+                        if (!x->alive)
+                                continue;
+                        ck_assert(epd_id_equal(&x->head, &y->head));
+                        ck_assert_uint_eq(x->steps, y->steps);
+                        ck_assert_uint_eq(x->n_tokens, y->n_tokens);
+                        ck_assert_int_eq(memcmp(x->tokens, y->tokens, x->n_tokens * 4), 0);
+                }
+        }
+}
+
+static int replay_apply(void *ud, const WalRecord *r, bool from_snapshot) {
+        ck_assert_uint_eq(r->type >> 8, WAL_RECORD_WORKFLOW >> 8);
+        return workflow_apply_record(ud, r->payload, r->length);
+}
+
+static int snap_add(void *ud, const void *rec, size_t len) {
+        return wal_snapshot_add(ud, WAL_RECORD_WORKFLOW + WORKFLOW_REC_STATE_BRANCH, rec, len);
+}
+
+static int snap_fn(void *ud, WalSnapshot *snap) {
+        return workflow_snapshot(ud, snap_add, snap);
+}
+
+static WorkflowManager *replayed(const char *dir, Store *s) {
+        WorkflowOps ops = ops_for(s);
+        WorkflowManager *r;
+        Wal *w;
+        ck_assert_int_eq(workflow_manager_new(&ops, 0, &r), 0);
+        ck_assert_int_eq(wal_open(dir, WAL_SYNC_NONE, &w), 0);
+        ck_assert_int_eq(wal_replay(w, replay_apply, r), 0);
+        wal_free(w);
+        return r;
+}
+
+/* Random operations journaled to a real WAL; replay (and replay after compaction)
+ * rebuilds exactly the same state. */
+START_TEST(test_wal_replay_model) {
+        char dir[] = "/tmp/test-workflow-XXXXXX";
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        Store s;
+        store_init(&s);
+        WorkflowOps ops = ops_for(&s);
+        WorkflowManager *wm;
+        ck_assert_int_eq(workflow_manager_new(&ops, 0, &wm), 0);
+        ck_assert_int_eq(wal_open(dir, WAL_SYNC_BATCH, &s.wal), 0);
+        ck_assert_int_eq(wal_replay(s.wal, replay_apply, wm), 0);
+
+        SeqModel *root = store_add(&s, 8);
+        uint64_t x = 5;
+        Workflow *ws[8] = {};
+        for (int step = 0; step < 600; step++) {
+                x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+                unsigned k = (unsigned)(x >> 33), wi = k % 8;
+                Workflow *w = ws[wi];
+                if (!w) {
+                        uint32_t *t = toks(k % 200, k);
+                        ck_assert_int_eq(workflow_create(wm, &root->id, t, k % 200, k % 3, &ws[wi]), 0);
+                        free(t);
+                        continue;
+                }
+                uint32_t b = (k >> 3) % w->n_branches, nb;
+                switch ((k >> 8) % 6) {
+                case 0:
+                        if (w->branches[b].alive && w->n_branches < WORKFLOW_BRANCHES_MAX)
+                                ck_assert_int_eq(workflow_fork(wm, w, b, &nb), 0);
+                        break;
+                case 1:
+                case 2:
+                        if (w->branches[b].alive) {
+                                size_t n = (k >> 12) % 300;
+                                uint32_t *t = toks(n, k);
+                                memcpy(t, w->branches[b].tokens, MIN(n, w->branches[b].n_tokens) / 2 * 4);
+                                WorkflowAdvance a;
+                                ck_assert_int_eq(workflow_advance(wm, w, b, t, n, k & 1, NULL, &a), 0);
+                                match_result_done(&a.match);
+                                free(t);
+                        }
+                        break;
+                case 3: {
+                        uint32_t c = (k >> 16) % w->n_branches;
+                        if (b != c && w->branches[b].alive && w->branches[c].alive)
+                                ck_assert_int_eq(workflow_merge(wm, w, b, c), 0);
+                        break;
+                }
+                case 4:
+                        if (w->branches[b].alive)
+                                ck_assert_int_eq(workflow_drop(wm, w, b), 0);
+                        break;
+                default:
+                        if ((k >> 20) % 4 == 0) {
+                                ck_assert_int_eq(workflow_release(wm, w), 0);
+                                ws[wi] = NULL;
+                        }
+                }
+                if (step == 300)
+                        ck_assert_int_eq(wal_compact(s.wal, snap_fn, wm), 0);
+        }
+        ck_assert_int_eq(wal_sync(s.wal), 0);
+
+        WorkflowManager *r = replayed(dir, &s);
+        assert_same(wm, r);
+        assert_same(r, wm);
+        workflow_manager_free(r);
+
+        ck_assert_int_eq(wal_compact(s.wal, snap_fn, wm), 0);
+        r = replayed(dir, &s);
+        assert_same(wm, r);
+        assert_same(r, wm);
+        workflow_manager_free(r);
+
+        /* Every sequence in the store is the root or a live head: nothing leaked. */
+        size_t heads = 1, it = 0;
+        Workflow *w;
+        while (workflow_iterate(wm, &it, &w))
+                for (uint32_t i = 0; i < w->n_branches; i++)
+                        heads += w->branches[i].alive;
+        ck_assert_uint_eq(hashmap_size(s.seqs), heads);
+
+        wal_free(s.wal);
+        workflow_manager_free(wm);
+        store_done(&s);
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("workflow");
+        TCase *tc = tcase_create("workflow");
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, test_lifecycle);
+        tcase_add_test(tc, test_missing_pages_and_journal_failure);
+        tcase_add_test(tc, test_wal_replay_model);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

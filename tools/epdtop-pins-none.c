@@ -1,0 +1,9 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* epdtop built without BPF support: the daemon's bus view only. */
+#include <errno.h>
+
+#include "epdtop-pins.h"
+
+int top_pins_read(const char *dir, TopSnapshot *s) {
+        return -EOPNOTSUPP;
+}

@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <bpf/bpf.h>
+
+#include "bpf/epd-telemetry.h"
+#include "epdtop-pins.h"
+#include "macro.h"
+
+static int open_pin(const char *dir, const char *name) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        int fd = bpf_obj_get(path);
+        return fd < 0 ? (errno > 0 ? -errno : fd) : fd;
+}
+
+int top_pins_read(const char *dir, TopSnapshot *s) {
+        _cleanup_(closep) int tracked = -EBADF, conns = -EBADF;
+
+        tracked = open_pin(dir, "tracked");
+        if (tracked < 0)
+                return tracked;
+        conns = open_pin(dir, "conns");
+        if (conns < 0)
+                return conns;
+
+        /* Rows from the bus get fresh kernel numbers: reset what we will sum. */
+        for (size_t i = 0; i < s->n_peers; i++) {
+                TopPeer *p = &s->peers[i];
+                p->conns = 0;
+                p->srtt_us = p->min_rtt_us = p->cwnd = 0;
+                p->bytes_acked = p->bytes_sent = p->retransmits = p->send_queue = 0;
+        }
+
+        uint64_t key, next;
+        uint64_t *prev = NULL;
+        unsigned n = 0;
+        while (n++ < EPD_TELEMETRY_MAX_CONNS && bpf_map_get_next_key(tracked, prev, &next) == 0) {
+                key = next;
+                prev = &key;
+                struct epd_conn_info info;
+                struct epd_conn_stats st;
+                if (bpf_map_lookup_elem(tracked, &key, &info) < 0)
+                        continue;
+                info.peer[sizeof info.peer - 1] = '\0';
+                const char *name = info.peer[0] ? info.peer : "?";
+                TopPeer *p = top_snapshot_find_peer(s, name);
+                if (!p) {
+                        p = top_snapshot_add_peer(s);
+                        if (!p)
+                                return -ENOMEM;
+                        snprintf(p->name, sizeof p->name, "%s", name);
+                        snprintf(p->reason, sizeof p->reason, "%s", "-");
+                }
+                p->kernel = true;
+                p->conns++;
+                if (bpf_map_lookup_elem(conns, &key, &st) < 0)
+                        continue; /* nothing seen on it yet */
+                p->srtt_us = MAX(p->srtt_us, st.srtt_us);
+                if (st.min_rtt_us && st.min_rtt_us != UINT32_MAX && (!p->min_rtt_us || st.min_rtt_us < p->min_rtt_us))
+                        p->min_rtt_us = st.min_rtt_us;
+                p->cwnd += st.snd_cwnd;
+                p->bytes_acked += st.bytes_acked;
+                p->bytes_sent += st.bytes_sent;
+                p->retransmits += st.total_retrans;
+                p->send_queue += st.send_queue;
+        }
+        s->pins = true;
+        return 0;
+}
