@@ -12,6 +12,7 @@
 #include "gpu-subsystem.h"
 #include "log.h"
 #include "manager.h"
+#include "page-manager.h"
 
 int manager_gpu_arena_new(Manager *m, const ArenaConfig *c, uint32_t index, Arena **ret) {
         int r;
@@ -38,11 +39,33 @@ void manager_arena_free(Manager *m, Arena *a) {
         arena_free(a);
 }
 
+/* Copy-on-write of a page in a GPU arena (offsets into the arena): the copy engine, on
+ * the daemon's context. Synchronous, like the host arenas' memcpy: the writer may only
+ * write once its private copy exists; a page is MBs, microseconds on the copy engine. */
+static int gpu_page_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) {
+        Arena *a = userdata;
+        GpuArena *g = a->gpu;
+        int r;
+
+        if (!g || !gpu_arena_range_ok(g, dst, length) || !gpu_arena_range_ok(g, src, length))
+                return -ERANGE;
+        r = gpu_device_make_current(g->system, &g->system->devices[g->ordinal]);
+        if (r >= 0)
+                r = CU(g->system->driver, cuMemcpyDtoD, g->base + dst, g->base + src, length);
+        return r;
+}
+
 static int gpu_init(Manager *m) {
         char *text = NULL;
 
         if (!m->gpu)
                 return 0; /* no GPU arena configured: the GPU domain stays off */
+
+        /* Copy-on-write in GPU arenas' page pools goes through the copy engine. */
+        for (size_t i = 0; i < m->n_arenas; i++)
+                if (m->arenas[i]->domain == MEMORY_GPU)
+                        page_manager_set_copy(m->page_manager, m->arenas[i]->index, gpu_page_copy,
+                                              m->arenas[i]);
 
         /* Host arenas are pinned for the GPU ↔ host copy paths (cuMemHostRegister). */
         for (size_t i = 0; i < m->n_arenas; i++) {
