@@ -389,6 +389,14 @@ int manager_startup(Manager *m) {
             (r = sd_event_add_signal(m->event, &m->sighup, SIGHUP, on_signal, m)) < 0)
                 return log_error_errno(r, "Cannot watch signals: %m");
 
+        /* A subsystem listed twice would register its bus objects twice and make every
+         * connection fail: refuse to start instead. */
+        for (size_t i = 0; subsystems[i]; i++)
+                for (size_t j = i + 1; subsystems[j]; j++)
+                        if (subsystems[i] == subsystems[j])
+                                return log_error_errno(EINVAL, "Subsystem %s is listed twice in subsystem-list.h.",
+                                                       subsystems[i]->name);
+
         r = manager_setup_arenas(m);
         if (r < 0)
                 return r;
