@@ -14,7 +14,7 @@ set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-REQUESTS=${1:-12}
+REQUESTS=${1:-8}
 OUTDIR=${OUT:-$ROOT/build-e2e/out}
 mkdir -p "$OUTDIR"
 if command -v meson >/dev/null; then MESON=(meson); else MESON=(python3 -m mesonbuild.mesonmain); fi
@@ -51,24 +51,33 @@ PageSize=64K
 [Features]
 CacheSize=1G
 CONF
-$B/daemon/epdd --config=$D/epd.conf 2>"$OUTDIR/epdd.log" &
-EPDD=$!
+start_epdd() { # a fresh daemon: a KV arena takes the page size of the first layout
+        rm -rf $D/state $D/bus
+        $B/daemon/epdd --config=$D/epd.conf 2>>"$OUTDIR/epdd.log" &
+        EPDD=$!
+        for _ in $(seq 200); do [ -S $D/bus ] && break; sleep 0.05; done
+}
+stop_epdd() {
+        kill -TERM $EPDD; wait $EPDD; epdd_rc=$?
+}
 trap 'kill -TERM $EPDD 2>/dev/null; wait $EPDD 2>/dev/null' EXIT
-for _ in $(seq 200); do [ -S $D/bus ] && break; sleep 0.05; done
 export EPD_LIBRARY=$ROOT/$B/client/libepd.so
 ARGS=(--address direct:$D/bus --epdctl $ROOT/$B/tools/epdctl)
 
+start_epdd
 echo "== token-exact check (small config)"
 timeout 150 python3 bench/e2e/e2e.py "${ARGS[@]}" --check small --requests 6 --max-new 16 --concurrency 3 \
         --json "$OUTDIR/check.json" 2>&1 | grep -vE "Warning|warn\(" | tee "$OUTDIR/check.log" | tail -12
 check_rc=${PIPESTATUS[0]}
+stop_epdd
+start_epdd
 echo "== benchmark (8B-class config)"
 timeout 230 python3 bench/e2e/e2e.py "${ARGS[@]}" --bench 8b --requests "$REQUESTS" --warmup 2 --images 4 \
-        --max-new 32 --concurrency 4 --json "$OUTDIR/bench.json" 2>&1 | grep -vE "Warning|warn\(" \
+        --max-new 24 --concurrency 4 --json "$OUTDIR/bench.json" 2>&1 | grep -vE "Warning|warn\(" \
         | tee "$OUTDIR/bench.log" | tail -14
 bench_rc=${PIPESTATUS[0]}
 $B/tools/epdctl -A direct:$D/bus features >"$OUTDIR/features.txt" 2>&1
-kill -TERM $EPDD; wait $EPDD; epdd_rc=$?
+stop_epdd
 trap - EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "check rc=$check_rc bench rc=$bench_rc epdd exit=$epdd_rc total $(( $(date +%s) - t0 )) s"

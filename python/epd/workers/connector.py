@@ -223,8 +223,11 @@ class EpdKvSink:
 
     def done(self) -> None:
         # Leases keep the pages alive until the transfer completes; the decode side's
-        # commit gives it references of its own.
-        self.seq.release()
+        # commit gives it references of its own. Idempotent (the model's prefill and the
+        # worker loop may both call it).
+        if self.seq is not None:
+            seq, self.seq = self.seq, None
+            seq.release()
 
 
 class EpdKvSource:
