@@ -57,8 +57,13 @@ int rdma_discover(RdmaLink *links, size_t max, bool *logged_none) {
                 ibv_free_device_list(list);
 
         if (n == 0) {
-                if (logged_none && !*logged_none)
-                        log_info("rdma: no RDMA devices; peers use tcp");
+                if (logged_none && !*logged_none) {
+                        if (n_dev > 0)
+                                log_info("rdma: no RDMA devices carry a network interface (%d without one); peers use tcp",
+                                         n_dev);
+                        else
+                                log_info("rdma: no RDMA devices; peers use tcp");
+                }
                 if (logged_none)
                         *logged_none = true;
         } else if (logged_none)
