@@ -13,6 +13,7 @@
 #include "log.h"
 #include "macro.h"
 #include "parse-util.h"
+#include "rdma-select.h"
 
 /* Error collection: every problem in a file is reported, not just the first. */
 typedef struct ParseState {
@@ -233,6 +234,16 @@ static int p_wal_sync(ParseState *s, const char *key, const char *value, void *d
         return -EINVAL;
 }
 
+static int p_transport(ParseState *s, const char *key, const char *value, void *dst) {
+        int p = transport_policy_from_string(value);
+        if (p < 0) {
+                perr(s, "%s=%s: expected auto, tcp or rdma", key, value);
+                return -EINVAL;
+        }
+        *(int *)dst = p;
+        return 0;
+}
+
 typedef struct ConfigItem {
         const char *section; /* "Arena" and "Peer" take a name: [Arena:NAME] */
         const char *key;
@@ -268,6 +279,7 @@ static const ConfigItem items[] = {
         { "Cluster", "HandoffTimeout", p_duration, C(handoff_timeout_usec) },
         { "Cluster", "DataStreams", p_unsigned, C(peer_streams) },
         { "Cluster", "SliceSize", p_size, C(peer_slice_size) },
+        { "Cluster", "Transport", p_transport, C(transport_policy) },
         { "Peer", "Address", p_address, P(address) },
         { "Peer", "HostId", p_host_id, P(host_id) },
         { "Features", "CacheSize", p_size, C(feature_cache_bytes) },

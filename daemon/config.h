@@ -48,6 +48,7 @@ typedef struct Config {
         usec_t handoff_timeout_usec;
         unsigned peer_streams;      /* DataStreams=: TCP data streams per peer */
         uint64_t peer_slice_size;   /* SliceSize=: bulk writes are sent in slices of this */
+        int transport_policy;       /* Transport=: TransportPolicy (rdma-select.h), auto */
 
         /* [Features] */
         uint64_t feature_cache_bytes;

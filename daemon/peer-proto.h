@@ -44,6 +44,8 @@
 #define PEER_MSG_DIRECTORY_LAST 0x02ff
 #define PEER_MSG_TELEMETRY_FIRST 0x0300
 #define PEER_MSG_TELEMETRY_LAST 0x03ff
+#define PEER_MSG_RDMA_FIRST 0x0400 /* rdma-proto.h */
+#define PEER_MSG_RDMA_LAST 0x04ff
 
 /* Core messages (handled by peer.c itself). */
 enum {

@@ -15,7 +15,9 @@
 #include "log.h"
 #include "macro.h"
 #include "peer.h"
+#include "rdma-select.h"
 #include "topology.h"
+#include "transport/rdma.h"
 
 #define REFRESH_DELAY_USEC (20 * USEC_PER_MSEC)
 #define MAX_GPUS 64
@@ -33,6 +35,11 @@ struct Topology {
         TopologyGpu *gpus;
         size_t n_gpus;
         uint64_t events;
+        /* RDMA ports and the netdevs they carry (transport/rdma.c), and the policy. */
+        RdmaLink rdma[RDMA_MAX_LINKS];
+        size_t n_rdma;
+        bool rdma_logged_none;
+        TransportPolicy policy;
 };
 
 /* libnl reports -NLE_* codes; normalise to errno at the boundary. */
@@ -182,6 +189,22 @@ static void format_addr(struct nl_addr *a, char *buf, size_t n) {
         buf[strcspn(buf, "/")] = 0;
 }
 
+/* Re-reads the RDMA ports (a port goes down with its netdev; rxe devices come and go). */
+static void discover_rdma(Topology *t) {
+        RdmaLink links[RDMA_MAX_LINKS];
+        int n = rdma_discover(links, ELEMENTSOF(links), &t->rdma_logged_none);
+
+        if (n < 0)
+                n = 0;
+        if ((size_t)n == t->n_rdma && memcmp(links, t->rdma, (size_t)n * sizeof *links) == 0)
+                return;
+        for (int i = 0; i < n; i++)
+                log_info("rdma: device %s port %u carries %s (GID index %d, %s)", links[i].device, links[i].port,
+                         links[i].netdev, links[i].gid_index, links[i].state);
+        memcpy(t->rdma, links, (size_t)n * sizeof *links);
+        t->n_rdma = (size_t)n;
+}
+
 static void resolve_path(Topology *t, Peer *p, TopologyPath *path) {
         char host[INET6_ADDRSTRLEN + 1] = "";
         const char *addr = peer_address(p), *colon;
@@ -240,17 +263,32 @@ static void resolve_path(Topology *t, Peer *p, TopologyPath *path) {
         topology_pci_address(nic.path, path->pci, sizeof path->pci);
         copy_str(path->rdma, sizeof path->rdma, nic.rdma_name);
         {
-                char via[96] = "", numa[24] = "";
+                const RdmaLink *rl = rdma_link_for_netdev(t->rdma, t->n_rdma, path->ifname);
+                char via[96] = "", numa[24] = "", choice[256];
+                bool warn = false;
+
+                if (rl)
+                        copy_str(path->rdma, sizeof path->rdma, rl->device);
+                path->transport = rdma_select(&(RdmaSelectInput){
+                                                      .policy = t->policy,
+                                                      .rdma_built = rdma_data_path_built,
+                                                      .n_links = t->n_rdma,
+                                                      .ifname = path->ifname,
+                                                      .local = rl,
+                                              },
+                                              choice, sizeof choice, &warn);
+                if (warn && !strstr(old.reason, choice))
+                        log_warning("topology: peer %s: %s", path->host_id, choice);
                 if (path->gateway[0])
                         snprintf(via, sizeof via, " via %s", path->gateway);
                 if (nic.numa_node >= 0)
                         snprintf(numa, sizeof numa, ", NUMA node %d", nic.numa_node);
-                snprintf(path->reason, sizeof path->reason,
-                         "route to %s%s dev %s (src %s, link %s, %s%s%s); tcp: %s", host, via, path->ifname,
+                /* Long names truncate the reason; it stays a terminated string. */
+                if (snprintf(path->reason, sizeof path->reason,
+                         "route to %s%s dev %s (src %s, link %s, %s%s%s); %s", host, via, path->ifname,
                          path->src[0] ? path->src : "?", path->link_up ? "up" : "DOWN",
-                         nic.path[0] ? "PCI " : "virtual device", path->pci, numa,
-                         nic.rdma ? "RDMA device present but no rdma transport is available in this build"
-                                  : "no RDMA device on this interface");
+                         nic.path[0] ? "PCI " : "virtual device", path->pci, numa, choice) >= (int)sizeof path->reason)
+                        log_debug("topology: reason for %s truncated", path->host_id);
         }
 finish:
         if (strcmp(old.ifname, path->ifname) != 0 || old.link_up != path->link_up) {
@@ -277,9 +315,18 @@ int topology_refresh(Topology *t) {
                 t->paths = np;
                 t->n_paths = n;
         }
+        discover_rdma(t);
         for (size_t i = 0; i < n; i++)
                 resolve_path(t, peer_manager_peer(t->pm, i), t->paths + i);
         return 0;
+}
+
+void topology_set_transport_policy(Topology *t, int policy) {
+        if (!t || policy < 0 || policy >= _TRANSPORT_POLICY_MAX || (TransportPolicy)policy == t->policy)
+                return;
+        t->policy = (TransportPolicy)policy;
+        if (t->pm)
+                (void)topology_refresh(t);
 }
 
 static int refresh_cb(sd_event_source *s, uint64_t usec, void *userdata) {
@@ -366,6 +413,8 @@ int topology_new(Topology **ret, sd_event *e, PeerManager *pm) {
         (void)sd_event_source_set_enabled(t->refresh_timer, SD_EVENT_OFF);
 
         discover_gpus(t);
+        if (!pm)
+                discover_rdma(t);
         if (pm) {
                 r = topology_refresh(t);
                 if (r < 0)
@@ -406,6 +455,7 @@ static int topology_subsystem_init(Manager *m) {
                 return 0;
         }
         m->topology = t;
+        topology_set_transport_policy(t, m->config.transport_policy);
         return 0;
 }
 

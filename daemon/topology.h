@@ -43,6 +43,8 @@ typedef struct TopologyGpu {
 /* pm may be NULL (GPU/NIC discovery only). */
 int topology_new(Topology **ret, sd_event *e, PeerManager *pm);
 Topology *topology_free(Topology *t);
+/* [Cluster] Transport= (TransportPolicy, rdma-select.h); re-resolves every path. */
+void topology_set_transport_policy(Topology *t, int policy);
 /* Re-resolves every peer's path now (also done on every rtnetlink change). */
 int topology_refresh(Topology *t);
 const TopologyPath *topology_path(Topology *t, const char *host_id);

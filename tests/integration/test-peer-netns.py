@@ -506,6 +506,8 @@ def test_epdd(node_bin, tmp):
                     f"[Arena:kv]\nSize=16M\n"
                     f"[Cluster]\nListen={net.ip(i)}:7200\nClusterKeyFile={key}\n"
                     f"HeartbeatInterval={HEARTBEAT_MS}ms\n")
+            if names[i] == "west":
+                f.write("Transport=tcp\n")  # forced; the others choose (auto)
             for j, n in enumerate(names):
                 if j != i:
                     f.write(f"[Peer:{n}]\nAddress={net.ip(j)}:7200\nHostId={n}\n")
@@ -514,9 +516,13 @@ def test_epdd(node_bin, tmp):
     def sock(i):
         return os.path.join(tmp, f"{names[i]}.sock")
 
+    def log(i):
+        return os.path.join(tmp, f"{names[i]}.log")
+
     def start(i):
-        procs[i] = subprocess.Popen(["ip", "netns", "exec", net.hosts[i], epdd, "-c", conf(i), "-s", sock(i),
-                                     "--no-system-bus"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(log(i), "w") as lf:
+            procs[i] = subprocess.Popen(["ip", "netns", "exec", net.hosts[i], epdd, "-c", conf(i), "-s", sock(i),
+                                         "--no-system-bus"], stdout=lf, stderr=subprocess.STDOUT)
         wait_until(lambda: os.path.exists(sock(i)), 10, f"{names[i]} socket")
 
     def peers(i):
@@ -535,6 +541,20 @@ def test_epdd(node_bin, tmp):
                    15, "all epdd peers up")
         for p in peers(0):
             assert p["interface"] == "eth0" and "route to" in p["path_reason"], p
+        # The transport choice (docs/rdma.md): without RDMA devices every peer is tcp,
+        # and says why; west forces tcp; "no RDMA devices" is logged once per daemon.
+        no_rdma = not os.path.isdir("/sys/class/infiniband") or not os.listdir("/sys/class/infiniband")
+        for i in range(3):
+            for p in peers(i):
+                assert p["transport"] == "tcp", p
+                if names[i] == "west":
+                    assert "tcp: Transport=tcp in [Cluster]" in p["path_reason"], p
+                elif no_rdma:
+                    assert "tcp: no RDMA devices on this host" in p["path_reason"], p
+            if no_rdma:
+                with open(log(i)) as lf:
+                    n = lf.read().count("no RDMA devices")
+                assert n == 1, f"{names[i]}: 'no RDMA devices' logged {n} times"
         subprocess.run([epdctl, "-A", f"direct:{sock(0)}", "peers"])
         # The bus object matches its contract.
         live = subprocess.run([introspect, sock(0), "/org/epd1/peer"], stdout=subprocess.PIPE, text=True).stdout

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "rdma-select.h"
 
 START_TEST(test_defaults) {
         Config c;
@@ -32,7 +33,7 @@ START_TEST(test_good) {
                                              "[Arena:kv0]\nSize=1G\nHugePages=try\nNumaNode=0\n"
                                              "[Arena:feat]\nUsage=feature\nSize=128M\nPageSize=64K\n"
                                              "[Arena:gpu0]\nDomain=gpu\nGpu=0\nSize=4G\n"
-                                             "[Cluster]\nListen=0.0.0.0:7100\nClusterKeyFile=/etc/epd/key\nHeartbeatInterval=500ms\n"
+                                             "[Cluster]\nListen=0.0.0.0:7100\nClusterKeyFile=/etc/epd/key\nHeartbeatInterval=500ms\nTransport=rdma\n"
                                              "[Peer:b]\nAddress=10.0.0.2:7100\nHostId=node-2\n"
                                              "[Features]\nCacheSize=2G\n",
                                              "good.conf", &errors),
@@ -53,6 +54,7 @@ START_TEST(test_good) {
         ck_assert_int_eq(c.arenas[2].domain, MEMORY_GPU);
         ck_assert_int_eq(c.arenas[2].gpu, 0);
         ck_assert_uint_eq(c.heartbeat_usec, 500000);
+        ck_assert_int_eq(c.transport_policy, TRANSPORT_POLICY_RDMA);
         ck_assert_uint_eq(c.n_peers, 1);
         ck_assert_str_eq(c.peers[0].host_id, "node-2");
         ck_assert_uint_eq(c.feature_cache_bytes, 2ULL << 30);
@@ -71,6 +73,7 @@ static const struct {
         { "[Daemon]\njust words\n", "expected KEY=VALUE" },
         { "[Daemon\n", "malformed section header" },
         { "[Daemon]\nSystemBus=perhaps\n", "SystemBus=perhaps: expected a boolean" },
+        { "[Cluster]\nTransport=infiniband\n", "Transport=infiniband: expected auto, tcp or rdma" },
         { "[Daemon]\nLogLevel=loud\n", "LogLevel=loud: expected one of" },
         { "[Daemon]\nSocket=relative/bus\n", "Socket=relative/bus: expected an absolute path" },
         { "[Daemon]\nHostId=has space\n", "HostId=has space: only letters" },
