@@ -30,7 +30,7 @@ static int write_file(const char *path, const char *text) {
 
 int harness_init(Harness *h, const char *extra) {
         memset(h, 0, sizeof *h);
-        snprintf(h->dir, sizeof h->dir, "/tmp/epd-test-XXXXXX");
+        strcpy(h->dir, "/tmp/epd-test-XXXXXX");
         if (!mkdtemp(h->dir))
                 return -errno;
         snprintf(h->socket, sizeof h->socket, "%s/bus", h->dir);
