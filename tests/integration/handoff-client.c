@@ -16,6 +16,11 @@
  *     "group G MISMATCH" otherwise, exit 4), Commits when all are in ("final
  *     committed - MS"), or reports "final rolled-back CAUSE MS"; releases everything.
  *
+ * With HANDOFF_CLIENT_BENCH=1 (bench/bench-handoff-netns.py): no pattern is written or
+ * checked, the state is polled every 100 us, and the prefill side prints "shipped US
+ * BYTES", the microseconds from the first LayerGroupReady to the source's handoff
+ * reaching transferred (every byte acknowledged by the destination) or committed.
+ *
  * Exit: 0 when the handoff ended (committed or rolled back) and everything was
  * released, 3 on a timeout, 4 on wrong bytes or order, 1 on other errors. */
 #include <errno.h>
@@ -37,6 +42,14 @@
 
 static const epd_kv_layout kv = { .layers = LAYERS, .tokens_per_block = TOKENS, .k_bytes_per_token = KV_BYTES,
                                   .v_bytes_per_token = KV_BYTES, .dtype = "bfloat16" };
+
+static bool bench;
+
+static uint64_t now_us(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
 
 static uint64_t now_ms(void) {
         struct timespec ts;
@@ -107,7 +120,7 @@ static int run_prefill(char **argv) {
                 return fail(c, ai < 0 ? ai : r, "map");
         const epd_arena *a = epd_arena_get(c, (size_t)ai);
         uint8_t seed = seed_of(rid);
-        for (uint32_t p = 0; p < n_pages; p++) {
+        for (uint32_t p = 0; p < n_pages && !bench; p++) {
                 uint8_t *pg = base + epd_page_offset(a, PAGE_SIZE, pages[p]);
                 for (uint64_t o = 0; o < PAGE_SIZE; o++)
                         pg[o] = pattern(p, o, seed);
@@ -134,7 +147,7 @@ static int run_prefill(char **argv) {
         }
         printf("prepared %" PRIu64 "\n", token);
         fflush(stdout);
-        uint64_t t_last = now_ms();
+        uint64_t t_last = now_ms(), t_first = now_us();
         for (uint32_t g = 0; g < n_groups; g++) {
                 if (g > 0 && delay_ms > 0)
                         usleep((useconds_t)(delay_ms * 1000));
@@ -152,8 +165,16 @@ static int run_prefill(char **argv) {
         }
         epd_handoff_status st = {};
         end = now_ms() + timeout_ms;
-        while ((r = epd_handoff_get(c, handoff, &st)) >= 0 && !final_state(st.state) && now_ms() < end)
-                usleep(5000);
+        bool shipped = false;
+        while ((r = epd_handoff_get(c, handoff, &st)) >= 0 && !final_state(st.state) && now_ms() < end) {
+                if (bench && !shipped && strcmp(st.state, "transferred") == 0) {
+                        printf("shipped %" PRIu64 " %" PRIu64 "\n", now_us() - t_first, st.bytes);
+                        shipped = true;
+                }
+                usleep(bench ? 100 : 5000);
+        }
+        if (bench && !shipped && r >= 0 && strcmp(st.state, "committed") == 0)
+                printf("shipped %" PRIu64 " %" PRIu64 "\n", now_us() - t_first, st.bytes);
         if (r < 0)
                 return fail(c, r, "get");
         printf("final %s %s %" PRIu64 "\n", st.state, st.cause[0] ? st.cause : "-", now_ms() - t_last);
@@ -220,7 +241,7 @@ static int run_decode(char **argv) {
                 }
                 /* Groups land in order: every group below groups_done is complete. */
                 for (; checked < st.groups_done; checked++) {
-                        bool ok = group_matches(base, acc.offsets, acc.n_pages, checked * per, per, seed);
+                        bool ok = bench || group_matches(base, acc.offsets, acc.n_pages, checked * per, per, seed);
                         printf("group %u %s\n", checked, ok ? "ok" : "MISMATCH");
                         t_last = now_ms();
                         if (!ok)
@@ -238,7 +259,7 @@ static int run_decode(char **argv) {
                                 continue; /* rolled back under us: reported on the next turn */
                         if (r < 0)
                                 return fail(c, r, "commit");
-                        for (uint32_t g = 0; g < acc.n_groups; g++)
+                        for (uint32_t g = 0; g < acc.n_groups && !bench; g++)
                                 if (!group_matches(base, acc.offsets, acc.n_pages, g * per, per, seed))
                                         ret = 4;
                         if (ret) {
@@ -257,7 +278,7 @@ static int run_decode(char **argv) {
                         ret = 3;
                         break;
                 }
-                usleep(2000);
+                usleep(bench ? 100 : 2000);
         }
         printf("final %s %s %" PRIu64 "\n", st.state, st.cause[0] ? st.cause : "-", now_ms() - t_last);
         fflush(stdout);
@@ -272,6 +293,7 @@ static int run_decode(char **argv) {
 
 int main(int argc, char *argv[]) {
         setvbuf(stdout, NULL, _IOLBF, 0);
+        bench = getenv("HANDOFF_CLIENT_BENCH") && strcmp(getenv("HANDOFF_CLIENT_BENCH"), "1") == 0;
         if (argc == 10 && strcmp(argv[1], "prefill") == 0)
                 return run_prefill(argv + 2);
         if (argc == 5 && strcmp(argv[1], "decode") == 0)
