@@ -70,8 +70,9 @@ class Pair:
             with open(conf, "w") as f:
                 f.write(f"[Daemon]\nHostId={names[i]}\nSystemBus=no\nLogLevel=warning\n"
                         f"StateDirectory={tmp}/{names[i]}-{streams}.state\n"
-                        f"[Arena:kv0]\nSize={arena_mb}M\n"
+                        f"[Arena:kv0]\nSize={arena_mb}M\nHugePages=try\n"
                         f"[Cluster]\nListen={net.ip(i)}:7500\nClusterKeyFile={key}\nDataStreams={streams}\n"
+                        f"HandoffTimeout=300s\n"
                         f"[Peer:{names[1 - i]}]\nAddress={net.ip(1 - i)}:7500\nHostId={names[1 - i]}\n")
             sock = self.sock(i)
             if os.path.exists(sock):
