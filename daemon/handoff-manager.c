@@ -1108,18 +1108,32 @@ static int on_incoming_validate(Peer *p, uint32_t region, uint64_t offset, uint6
                 return -EACCES;
         if (!handoff_may_land(d->h, g))
                 return -ESTALE;
-        /* Inside group g's bytes of this page. */
-        uint64_t in_page = offset - page_offset(d->pool, (PageId)page), end;
-        bool inside = false;
-        if (ADD_OVERFLOW(in_page, length, &end) || end > ps)
+        /* Inside group g's bytes of every page it touches: a group that covers whole
+         * pages is planned as one write over adjacent pages, each of which must be
+         * this handoff's. */
+        uint64_t pos = offset, left = length;
+        if (length == 0)
                 return -ERANGE;
-        for (uint32_t i = 0; i < d->layouts[g].n_ranges; i++) {
-                const HandoffRange *rg = &d->layouts[g].ranges[i];
-                if (in_page >= rg->offset && end <= rg->offset + rg->length)
-                        inside = true;
+        while (left > 0) {
+                if (pos != offset) {
+                        page = (pos - a->data_offset) / ps;
+                        key = ((uint64_t)region << 32) | page;
+                        if (page >= UINT32_MAX || hashmap_get(hm->dest_pages, &key) != d)
+                                return -EACCES;
+                }
+                uint64_t in_page = pos - page_offset(d->pool, (PageId)page);
+                uint64_t chunk = MIN(left, ps - in_page), end = in_page + chunk;
+                bool inside = false;
+                for (uint32_t i = 0; i < d->layouts[g].n_ranges; i++) {
+                        const HandoffRange *rg = &d->layouts[g].ranges[i];
+                        if (in_page >= rg->offset && end <= rg->offset + rg->length)
+                                inside = true;
+                }
+                if (!inside)
+                        return -ERANGE;
+                pos += chunk;
+                left -= chunk;
         }
-        if (!inside)
-                return -ERANGE;
         InWrite *w = calloc(1, sizeof *w);
         if (!w)
                 return -ENOMEM;

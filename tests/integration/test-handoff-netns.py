@@ -1,0 +1,440 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Layered handoffs between epdd hosts in separate network namespaces (veth pairs to a
+bridge, as in test-peer-netns.py), with faults in the middle of the transfer.
+
+    test-handoff-netns.py TEST BUILD_ROOT
+
+A prefill client (handoff-client, libepd) on one host hands a sequence's KV off to a
+decode client on another: groups must land in order with exactly the bytes written.
+The faults hit mid-transfer, on a link shaped with tbf so the transfer is slow enough
+to be interrupted reliably: kill -9 the remote daemon, link down, an nftables drop-all
+rule, kill -9 the decode worker, random packet loss in the kernel (nftables numgen).
+Every handoff must end in commit or rollback, and both daemons must hold no page,
+lease, handoff or write in flight afterwards (epdctl --json pages/handoffs/peers),
+within the heartbeat bound (HeartbeatInterval=1s). A host with the wrong cluster key:
+Prepare fails with PeerUnavailable and nothing is written there.
+
+TEST: handoff-netns-two, handoff-netns-three, handoff-netns-faults, handoff-netns-loss,
+handoff-netns-wrong-key. Needs root (ip netns, tc, nft); exits 77 (skip) without it."""
+
+import importlib.util
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("peer_netns", os.path.join(HERE, "test-peer-netns.py"))
+peer_netns = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(peer_netns)
+Net, sh, key_file, wait_until, skip = (peer_netns.Net, peer_netns.sh, peer_netns.key_file, peer_netns.wait_until,
+                                       peer_netns.skip)
+
+HEARTBEAT_S = 1.0
+# A dead peer is noticed after HEARTBEAT_S of silence (checked every quarter of it); the
+# rollback, the frees and our epdctl polling follow. Slack for this small shared machine.
+BOUND_S = HEARTBEAT_S * 1.25 + 1.25
+PAGE = 64 << 10
+MiB = 1 << 20
+ONLY = None
+
+
+class Cluster:
+    def __init__(self, build, tmp, n, keys=None, arena_mb=64):
+        self.build, self.tmp = build, tmp
+        self.epdd = os.path.join(build, "daemon", "epdd")
+        self.epdctl = os.path.join(build, "tools", "epdctl")
+        self.client = os.path.join(build, "tests", "integration", "handoff-client")
+        self.names = ["alpha", "bravo", "charlie"][:n]
+        self.keys = keys or [key_file(tmp, "key", "e" * 64)] * n
+        self.arena_mb = arena_mb
+        self.procs = {}
+        self.clients = []
+        self.net = Net(n)
+
+    def conf(self, i):
+        p = os.path.join(self.tmp, f"{self.names[i]}.conf")
+        with open(p, "w") as f:
+            f.write(f"[Daemon]\nHostId={self.names[i]}\nSystemBus=no\n"
+                    f"StateDirectory={self.tmp}/{self.names[i]}.state\n"
+                    f"[Arena:kv0]\nSize={self.arena_mb}M\n"
+                    f"[Cluster]\nListen={self.net.ip(i)}:7400\nClusterKeyFile={self.keys[i]}\n"
+                    f"HeartbeatInterval={int(HEARTBEAT_S * 1000)}ms\n")
+            for j, n in enumerate(self.names):
+                if j != i:
+                    f.write(f"[Peer:{n}]\nAddress={self.net.ip(j)}:7400\nHostId={n}\n")
+        return p
+
+    def sock(self, i):
+        return os.path.join(self.tmp, f"{self.names[i]}.sock")
+
+    def addr(self, i):
+        return f"direct:{self.sock(i)}"
+
+    def start(self, i):
+        if os.path.exists(self.sock(i)):
+            os.unlink(self.sock(i))
+        log = open(os.path.join(self.tmp, f"{self.names[i]}.log"), "a")
+        self.procs[i] = subprocess.Popen(["ip", "netns", "exec", self.net.hosts[i], self.epdd, "-c", self.conf(i),
+                                          "-s", self.sock(i), "--no-system-bus"],
+                                         stdout=subprocess.DEVNULL, stderr=log)
+        log.close()
+        wait_until(lambda: os.path.exists(self.sock(i)), 10, f"{self.names[i]} socket")
+
+    def start_all(self):
+        for i in range(len(self.names)):
+            self.start(i)
+
+    def kill(self, i):
+        self.procs[i].kill()
+        self.procs[i].wait()
+
+    def ctl(self, i, what):
+        r = subprocess.run([self.epdctl, "-A", self.addr(i), "--json", what], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+        return json.loads(r.stdout) if r.returncode == 0 else None
+
+    def peers_up(self, i, others):
+        ps = self.ctl(i, "peers") or []
+        up = {p["host_id"] for p in ps if p["state"] == "up" and p["streams"] >= 1}
+        return all(self.names[j] in up for j in others)
+
+    def wait_mesh(self, hosts=None, timeout=15):
+        hosts = hosts if hosts is not None else list(range(len(self.names)))
+        wait_until(lambda: all(self.peers_up(i, [j for j in hosts if j != i]) for i in hosts), timeout,
+                   "peers up")
+
+    def clean(self, i):
+        """No page allocated, leased or cached, no handoff, no write in flight."""
+        pages, hand = self.ctl(i, "pages"), self.ctl(i, "handoffs")
+        if pages is None or hand is None:
+            return False
+        for p in pages["pools"]:
+            if p["free"] != p["total"] or p["leased"] or p["live"]:
+                return False
+        c = hand["counters"]
+        return not hand["handoffs"] and c["live"] == 0 and c["writes-in-flight"] == 0
+
+    def counters(self, i):
+        return self.ctl(i, "handoffs")["counters"]
+
+    def spawn(self, *args):
+        c = Client([self.client] + [str(a) for a in args])
+        self.clients.append(c)
+        return c
+
+    def prefill(self, i, dest, rid, pages, groups=4, delay_ms=0, timeout_ms=20000):
+        return self.spawn("prefill", self.addr(i), "kv0", dest, rid, pages, groups, delay_ms, timeout_ms)
+
+    def decode(self, i, rid, timeout_ms=20000):
+        return self.spawn("decode", self.addr(i), rid, timeout_ms)
+
+    def shape(self, i, rate):
+        """tbf on host i's eth0 (its egress): slow enough to interrupt reliably."""
+        sh("tc", "-n", self.net.hosts[i], "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate,
+           "burst", "16kb", "latency", "200ms")
+
+    def unshape(self, i):
+        sh("tc", "-n", self.net.hosts[i], "qdisc", "del", "dev", "eth0", "root", check=False)
+
+    def nft(self, i, rules):
+        p = subprocess.run(["ip", "netns", "exec", self.net.hosts[i], "nft", "-f", "-"], input=rules, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if p.returncode != 0:
+            raise RuntimeError(f"nft: {p.stderr.strip()}")
+
+    def nft_flush(self, i):
+        subprocess.run(["ip", "netns", "exec", self.net.hosts[i], "nft", "flush", "ruleset"], check=False)
+
+    def close(self):
+        for c in self.clients:
+            c.kill()
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        self.net.close()
+
+
+class Client:
+    def __init__(self, argv):
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.lines = []
+        self.buf = ""
+        self.eof = False
+
+    def _read(self, timeout):
+        if self.eof:
+            return False
+        r, _, _ = select.select([self.proc.stdout], [], [], max(timeout, 0))
+        if not r:
+            return False
+        chunk = os.read(self.proc.stdout.fileno(), 65536).decode()
+        if not chunk:
+            self.eof = True
+            return False
+        self.buf += chunk
+        while "\n" in self.buf:
+            line, self.buf = self.buf.split("\n", 1)
+            self.lines.append(line)
+        return True
+
+    def wait_line(self, prefix, timeout):
+        """The first line starting with prefix (waiting up to timeout), or None."""
+        end = time.monotonic() + timeout
+        while True:
+            for l in self.lines:
+                if l.startswith(prefix):
+                    return l
+            left = end - time.monotonic()
+            if left <= 0 or self.eof:
+                return None
+            self._read(left)
+
+    def finish(self, timeout=30):
+        end = time.monotonic() + timeout
+        while not self.eof and time.monotonic() < end:
+            self._read(end - time.monotonic())
+        try:
+            rc = self.proc.wait(timeout=max(end - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{self.argv[1]} client did not finish: {self.lines}")
+        return rc
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def final(self):
+        return next((l.split() for l in self.lines if l.startswith("final ")), None)
+
+
+def rid(n):
+    return f"{n:032x}"
+
+
+def check_ok(cl, pre, dec, label, n_groups=4):
+    """A handoff that must commit: groups in order, exact bytes, everything released."""
+    rp, rd = pre.finish(), dec.finish()
+    groups = [l for l in dec.lines if l.startswith("group ")]
+    print(f"{label}: prefill {pre.lines[-3:]} decode {groups} {dec.lines[-2:]}")
+    assert rd == 0 and rp == 0, (label, rp, pre.lines, rd, dec.lines)
+    assert groups == [f"group {g} ok" for g in range(len(groups))] and len(groups) == n_groups, (label, dec.lines)
+    assert dec.final()[1] == "committed" and pre.final()[1] == "committed", (label, pre.lines, dec.lines)
+    assert "released" in pre.lines and "released" in dec.lines
+
+
+def test_two(cl):
+    cl.start_all()
+    cl.wait_mesh()
+    # alpha -> bravo and bravo -> alpha at once, 8 MiB each, groups 20 ms apart.
+    d1, d2 = cl.decode(1, rid(1)), cl.decode(0, rid(2))
+    p1 = cl.prefill(0, "bravo", rid(1), 128, 4, 20)
+    p2 = cl.prefill(1, "alpha", rid(2), 128, 4, 20)
+    check_ok(cl, p1, d1, "alpha->bravo")
+    check_ok(cl, p2, d2, "bravo->alpha")
+    # One group of 32 MiB, no delay.
+    d, p = cl.decode(1, rid(3)), cl.prefill(0, "bravo", rid(3), 512, 4, 0)
+    check_ok(cl, p, d, "alpha->bravo 32 MiB")
+    # One group of every layer: whole pages, adjacent ones shipped as one write.
+    d, p = cl.decode(1, rid(4)), cl.prefill(0, "bravo", rid(4), 64, 1, 0)
+    check_ok(cl, p, d, "alpha->bravo one group", 1)
+    for i in (0, 1):
+        wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean")
+    c0, c1 = cl.counters(0), cl.counters(1)
+    print("alpha:", {k: v for k, v in c0.items() if v}, "\nbravo:", {k: v for k, v in c1.items() if v})
+    assert c0["rolled-back"] == 0 and c1["rolled-back"] == 0 and c0["committed"] >= 3 and c1["committed"] >= 3
+
+
+def test_three(cl):
+    cl.start_all()
+    cl.wait_mesh()
+    # Every host hands off to both others at once: 6 handoffs over 3 links.
+    pairs = [(i, j) for i in range(3) for j in range(3) if i != j]
+    runs = []
+    for k, (i, j) in enumerate(pairs):
+        runs.append((cl.prefill(i, cl.names[j], rid(0x30 + k), 64, 4, 10), cl.decode(j, rid(0x30 + k)),
+                     f"{cl.names[i]}->{cl.names[j]}"))
+    for p, d, label in runs:
+        check_ok(cl, p, d, label)
+    for i in range(3):
+        wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean")
+        assert cl.counters(i)["committed"] >= 2 and cl.counters(i)["rolled-back"] == 0, cl.counters(i)
+
+
+def interrupted(cl, label, fault, after="group 0 ok", pages=256, expect_cause=None, heal=None):
+    """Starts a slow handoff alpha -> bravo, applies fault() once `after` shows on the
+    decode side, and checks that it ends in a rollback on alpha (and bravo, where it
+    still runs) with both sides clean within the bound."""
+    if ONLY and ONLY not in label:
+        return
+    n = interrupted.count = getattr(interrupted, "count", 0) + 1
+    r = rid(0x100 + n)
+    d = cl.decode(1, r)
+    p = cl.prefill(0, "bravo", r, pages, 4, 0)
+    assert d.wait_line(after, 30), (label, d.lines, p.lines)
+    assert d.wait_line("group 3", 0) is None, f"{label}: the transfer finished before the fault"
+    t0 = time.monotonic()
+    fault()
+    assert p.wait_line("final", BOUND_S + 1), (label, p.lines)
+    t_pre = time.monotonic() - t0
+    live = [0] + ([1] if cl.procs[1].poll() is None else [])
+    wait_until(lambda: all(cl.clean(i) for i in live), BOUND_S + 1, f"{label}: both sides clean")
+    t_clean = time.monotonic() - t0
+    fp = p.final()
+    assert fp[1] == "rolled-back", (label, p.lines)
+    if expect_cause:
+        assert fp[2] in expect_cause, (label, fp)
+    assert p.finish() == 0, (label, p.lines)
+    rd = d.finish()
+    fd = d.final()
+    if fd is not None:
+        assert fd[1] == "rolled-back", (label, d.lines)
+    print(f"{label}: prefill {fp[1]} ({fp[2]}) after {t_pre:.2f}s, decode {fd[1:3] if fd else rd}, "
+          f"both clean after {t_clean:.2f}s (bound {BOUND_S:.2f}s)")
+    assert t_clean < BOUND_S + 1
+    if heal:
+        heal()
+    cl.wait_mesh()
+    for i in (0, 1):
+        wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean after healing")
+
+
+def test_faults(cl):
+    cl.start_all()
+    cl.wait_mesh()
+    # 16 MiB at 40 Mbit/s: about 3.4 s, four groups of 0.85 s.
+    cl.shape(0, "40mbit")
+    h = cl.net.hosts[1]
+
+    def restart_bravo():
+        cl.start(1)
+
+    interrupted(cl, "kill -9 the remote daemon", lambda: cl.kill(1), heal=restart_bravo,
+                expect_cause=("peer-down", "transfer-failed"))
+    interrupted(cl, "link down", lambda: sh("ip", "-n", h, "link", "set", "eth0", "down"),
+                heal=lambda: sh("ip", "-n", h, "link", "set", "eth0", "up"),
+                expect_cause=("peer-down", "transfer-failed"))
+    drop_all = ("table inet epdfault {\n chain in { type filter hook input priority 0; policy drop; }\n"
+                " chain out { type filter hook output priority 0; policy drop; }\n}\n")
+    interrupted(cl, "nftables drop-all", lambda: cl.nft(1, drop_all), heal=lambda: cl.nft_flush(1),
+                expect_cause=("peer-down", "transfer-failed"))
+    victim = []
+
+    def kill_decode():
+        d = cl.clients[-2]  # interrupted() spawns the decode client first
+        assert d.argv[1] == "decode"
+        victim.append(d)
+        d.kill()
+    interrupted(cl, "kill -9 the decode worker", kill_decode, expect_cause=("worker-gone",))
+    # Nothing is left behind on either side across all of it.
+    c0, c1 = cl.counters(0), cl.counters(1)
+    print("alpha:", {k: v for k, v in c0.items() if v}, "\nbravo:", {k: v for k, v in c1.items() if v})
+    assert c0["committed"] == 0 and c1["committed"] == 0, (c0, c1)
+    assert c0["rolled-back"] == interrupted.count, c0
+
+
+def test_loss(cl):
+    cl.start_all()
+    cl.wait_mesh()
+    cl.shape(0, "200mbit")
+    results = []
+    for pct in (2, 10, 40):
+        cl.nft(1, "table inet epdloss {\n chain in { type filter hook input priority 0; policy accept;\n"
+                  f"  numgen random mod 100 < {pct} drop\n }}\n}}\n")
+        r = rid(0x200 + pct)
+        d = cl.decode(1, r, 30000)
+        p = cl.prefill(0, "bravo", r, 128, 4, 0, 30000)
+        rp, rd = p.finish(60), d.finish(60)
+        fp, fd = p.final(), d.final()
+        cl.nft_flush(1)
+        assert rp == 0 and rd in (0,), (pct, p.lines, d.lines)
+        assert fp[1] in ("committed", "rolled-back") and fd[1] == fp[1], (pct, p.lines, d.lines)
+        groups = [l for l in d.lines if l.startswith("group ")]
+        assert all(l.endswith(" ok") for l in groups), (pct, d.lines)
+        assert groups == [f"group {g} ok" for g in range(len(groups))], d.lines
+        results.append(f"{pct}% loss: {fp[1]} ({fp[2]}), {len(groups)}/4 groups verified")
+        cl.wait_mesh(timeout=30)
+        for i in (0, 1):
+            wait_until(lambda i=i: cl.clean(i), BOUND_S + 1, f"{cl.names[i]} clean after {pct}% loss")
+    print("\n".join(results))
+
+
+def test_wrong_key(cl):
+    # charlie has another key: it never becomes a peer; a Prepare towards it fails with
+    # PeerUnavailable at once, and nothing lands on it.
+    cl.start_all()
+    cl.wait_mesh([0, 1])
+    time.sleep(HEARTBEAT_S * 2)
+    assert not cl.peers_up(0, [2]) and not cl.peers_up(2, [0])
+    p = cl.prefill(0, "charlie", rid(0x300), 16, 4, 0, 2000)
+    assert p.finish() == 0, p.lines
+    assert p.lines[0] == "prepare-failed org.epd1.Error.PeerUnavailable", p.lines
+    c2 = cl.counters(2)
+    assert c2["prepared"] == 0 and c2["bytes"] == 0 and cl.clean(2), c2
+    assert cl.clean(0)
+    # The right key still works alongside.
+    d, p = cl.decode(1, rid(0x301)), cl.prefill(0, "bravo", rid(0x301), 16, 4, 0)
+    check_ok(cl, p, d, "alpha->bravo next to a wrong-key host")
+
+
+def main():
+    if len(sys.argv) < 3:
+        print(__doc__)
+        return 2
+    global ONLY
+    test, build = sys.argv[1], sys.argv[2]
+    ONLY = sys.argv[3] if len(sys.argv) > 3 else None  # run only the faults whose label has this
+    if os.geteuid() != 0:
+        skip("needs root for network namespaces")
+    for tool in ("ip", "tc", "nft"):
+        if not shutil.which(tool):
+            skip(f"{tool} not installed")
+    r = sh("ip", "netns", "add", f"epdprobe{os.getpid()}", check=False)
+    if r.returncode != 0:
+        skip("cannot create network namespaces: " + r.stderr.strip())
+    sh("ip", "netns", "del", f"epdprobe{os.getpid()}")
+    tests = {
+        "handoff-netns-two": (test_two, 2),
+        "handoff-netns-three": (test_three, 3),
+        "handoff-netns-faults": (test_faults, 2),
+        "handoff-netns-loss": (test_loss, 2),
+        "handoff-netns-wrong-key": (test_wrong_key, 3),
+    }
+    fn, n = tests[test]
+    with tempfile.TemporaryDirectory() as tmp:
+        keys = None
+        if test == "handoff-netns-wrong-key":
+            good = key_file(tmp, "good", "1f" * 32)
+            keys = [good, good, key_file(tmp, "bad", "2e" * 32)]
+        cl = Cluster(build, tmp, n, keys)
+        try:
+            fn(cl)
+        except BaseException:
+            for i, name in enumerate(cl.names):
+                p = os.path.join(tmp, f"{name}.log")
+                if os.path.exists(p):
+                    print(f"--- {name}.log (tail)")
+                    print("".join(open(p).readlines()[-20:]))
+            raise
+        finally:
+            cl.close()
+    print("PASS", test)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
