@@ -977,3 +977,23 @@ int feature_cache_snapshot(FeatureCache *c, int (*add)(void *userdata, uint16_t 
         }
         return 0;
 }
+
+uint64_t feature_cache_drop_arena(FeatureCache *c, uint32_t arena) {
+        uint64_t n = 0;
+
+        for (bool again = true; c && again;) {
+                size_t it = 0;
+                void *v;
+                again = false;
+                while (hashmap_iterate(c->features, &it, &v, NULL)) {
+                        Feature *f = v;
+                        if (!f->has_region || f->arena != arena || f->state != FEATURE_READY)
+                                continue;
+                        replayed_drop(c, f); /* journals GONE once the journal is set */
+                        n++;
+                        again = true;
+                        break;
+                }
+        }
+        return n;
+}

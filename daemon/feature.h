@@ -176,6 +176,9 @@ void feature_cache_set_journal(FeatureCache *c, feature_journal_fn fn, void *use
 /* WAL replay (before the journal is set): READY puts the feature back in the table at
  * its exact region, READY and unreferenced (on the LRU); GONE takes it out. */
 int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *payload, size_t len);
+/* Drops every READY feature of an arena whose memory did not survive the restart
+ * (journaled as GONE when the journal is set). Returns how many. */
+uint64_t feature_cache_drop_arena(FeatureCache *c, uint32_t arena);
 /* Snapshot: one READY record (type_base + FEATURE_REC_READY) per READY feature. */
 int feature_cache_snapshot(FeatureCache *c, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
                            void *userdata, uint16_t type_base);

@@ -319,6 +319,26 @@ int page_manager_restore_finish(PageManager *pm) {
         int r;
 
         pm->replaying = false;
+        /* Sequences of an arena whose memory is new (no fd store: not adopted) name
+         * bytes that are gone: they are dropped, and the drop is journaled so that a
+         * later start does not bring them back over other bytes. */
+        uint64_t dropped = 0;
+        for (bool again = true; again;) {
+                again = false;
+                it = 0;
+                while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)) {
+                        if (s->arena < m->n_arenas && m->arenas[s->arena]->adopted)
+                                continue;
+                        s->n_pages = 0; /* no references were taken */
+                        page_manager_release(s); /* journals DEL */
+                        dropped++;
+                        again = true;
+                        break;
+                }
+        }
+        if (dropped > 0)
+                log_info("%" PRIu64 " journaled sequences dropped: their arena's memory did not survive (no fd store).",
+                         dropped);
         for (size_t i = 0; i < m->n_arenas; i++) {
                 Arena *a = m->arenas[i];
                 uint64_t n = 0;

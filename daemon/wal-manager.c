@@ -51,7 +51,8 @@ static int apply(void *userdata, const WalRecord *r, bool from_snapshot) {
                 if (k == -EBADMSG)
                         return log_error_errno(k, "WAL: sequence record %" PRIu64 " is malformed.", r->lsn);
                 if (k < 0)
-                        log_warning_errno(k, "WAL: sequence record %" PRIu64 " does not apply: %m", r->lsn);
+                        log_full_errno(k == -ENOENT ? LOG_DEBUG : LOG_WARNING, k,
+                                       "WAL: sequence record %" PRIu64 " does not apply: %m", r->lsn);
                 return 0;
         case WAL_RECORD_FEATURE >> 8:
                 if (!m->features)
@@ -60,7 +61,8 @@ static int apply(void *userdata, const WalRecord *r, bool from_snapshot) {
                 if (k == -EBADMSG)
                         return log_error_errno(k, "WAL: feature record %" PRIu64 " is malformed.", r->lsn);
                 if (k < 0)
-                        log_warning_errno(k, "WAL: feature record %" PRIu64 " does not apply: %m", r->lsn);
+                        log_full_errno(k == -ENOENT ? LOG_DEBUG : LOG_WARNING, k,
+                                       "WAL: feature record %" PRIu64 " does not apply: %m", r->lsn);
                 return 0;
         default:
                 /* A record of a subsystem this daemon does not run: kept, not applied. */
@@ -188,8 +190,13 @@ static int wal_init(Manager *m) {
                 if (r < 0)
                         return r; /* logged */
         }
-        if (m->features)
+        if (m->features) {
                 feature_cache_set_journal(m->features, feature_journal, m);
+                for (size_t i = 0; i < m->n_arenas; i++)
+                        if (!m->arenas[i]->adopted && feature_cache_drop_arena(m->features, (uint32_t)i) > 0)
+                                log_info("Arena %s: journaled features dropped: its memory did not survive (no fd store).",
+                                         m->arenas[i]->name);
+        }
         log_info("WAL %s: %" PRIu64 " snapshot and %" PRIu64 " log records replayed, sync=%s%s.", dir,
                  wal_get_stats(m->wal)->snapshot_records, wal_get_stats(m->wal)->replayed,
                  wal_sync_policy_to_string(wal_get_policy(m->wal)),
