@@ -15,6 +15,7 @@
 
 #include "feature.h"
 #include "sequence-record.h"
+#include "sequence.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
