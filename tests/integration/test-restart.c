@@ -440,7 +440,7 @@ END_TEST
 /* -- kill -9 at random moments under a sequence workload, many times -- */
 
 #define CRASH_SEQS 8
-#define CRASH_ROUNDS 10
+#define CRASH_ROUNDS 20
 
 typedef struct SeqModel {
         char *path;     /* NULL: slot empty */
