@@ -308,7 +308,7 @@ static void bench_restart_state(const char *base) {
                 memcpy(d + dl, &nt, 4), dl += 4;
                 d[dl++] = 1, d[dl++] = 'x', d[dl++] = 0 /* f32 */, d[dl++] = 1;
                 d[dl++] = 0, d[dl++] = 0;
-                uint64_t off = 0, shape = feat / 4, stride = 0;
+                uint64_t off = 0, shape = feat / 4, stride = 1;
                 memcpy(d + dl, &off, 8), dl += 8;
                 memcpy(d + dl, &shape, 8), dl += 8;
                 memcpy(d + dl, &stride, 8), dl += 8;
