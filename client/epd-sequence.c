@@ -235,3 +235,17 @@ int epd_sequence_get_page_size(epd_client *c, const char *path, uint64_t *ret) {
         sd_bus_message_unref(reply);
         return r < 0 ? epd__error(c, r, NULL) : 0;
 }
+
+int epd_sequence_attach(epd_client *c, const char *id_or_path, char **ret_path) {
+        sd_bus_message *reply = NULL;
+        const char *p;
+        if (!c || !id_or_path)
+                return -EINVAL;
+        int r = epd__call(c, PAGES_PATH, PAGES_IFACE, "Attach", &reply, "s", id_or_path);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "o", &p);
+        r = r < 0 ? epd__error(c, r, NULL) : ret_path ? dup_path(c, p, ret_path) : 0;
+        sd_bus_message_unref(reply);
+        return r;
+}

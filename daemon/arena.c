@@ -241,6 +241,7 @@ int arena_adopt_host(const ArenaConfig *c, uint32_t index, int fd, const char *h
         }
         a->data_offset = h->data_offset;
         a->hugepages = h->data_offset >= HUGE_PAGE;
+        a->adopted = true;
         write_header(a, host_id);
         *ret = a;
         return 0;

@@ -61,6 +61,7 @@ typedef struct Arena {
         uint64_t size;          /* rounded to the allocation granularity */
         uint64_t data_offset;
         bool hugepages;         /* backed by hugetlb pages */
+        bool adopted;           /* taken back from the fd store: its bytes are the old ones */
         int fd;                 /* memfd or exported VMM handle */
         void *base;             /* host: the daemon's mapping */
         GpuArena *gpu;          /* GPU: the VMM allocation */

@@ -18,6 +18,7 @@
 #include "log.h"
 #include "macro.h"
 #include "manager.h"
+#include "wal-manager.h"
 #include "worker.h"
 
 #define FEATURE_PATH "/org/epd1/feature"
@@ -365,7 +366,12 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
         if (r < 0)
                 return epd_bus_error(error, EPD_ERROR_STALE,
                                      "Handle %s is not the producer of a reserved feature.", id);
-        return sd_bus_reply_method_return(msg, NULL);
+        /* READY was journaled (docs/wal.md): the reply waits until it is durable. */
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        r = sd_bus_message_new_method_return(msg, &reply);
+        if (r < 0)
+                return r;
+        return wal_manager_reply(fb->manager, msg, reply);
 }
 
 static int method_fail(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -386,7 +392,12 @@ static int method_fail(sd_bus_message *msg, void *userdata, sd_bus_error *error)
         if (r < 0)
                 return epd_bus_error(error, EPD_ERROR_STALE,
                                      "Handle %s is not the producer of a reserved feature.", id);
-        return sd_bus_reply_method_return(msg, NULL);
+        /* READY was journaled (docs/wal.md): the reply waits until it is durable. */
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        r = sd_bus_message_new_method_return(msg, &reply);
+        if (r < 0)
+                return r;
+        return wal_manager_reply(fb->manager, msg, reply);
 }
 
 static int method_describe(sd_bus_message *msg, void *userdata, sd_bus_error *error) {

@@ -15,6 +15,8 @@
 #include "macro.h"
 #include "manager.h"
 #include "page-manager.h"
+#include "sequence-record.h"
+#include "wal-manager.h"
 #include "worker.h"
 
 #define PAGES_PATH "/org/epd1/pages"
@@ -82,6 +84,34 @@ static int reply_pages(sd_bus_message *reply, const PageId *pages, size_t n) {
         return sd_bus_message_append_array(reply, 'u', pages, n * sizeof(PageId));
 }
 
+/* Sends the reply of a method that journaled: after the WAL made it durable
+ * (Sync=batch: once per loop iteration). */
+static int reply_journaled(Manager *m, sd_bus_message *msg, sd_bus_message *reply) {
+        return wal_manager_reply(m, msg, reply);
+}
+
+static int reply_empty_journaled(Manager *m, sd_bus_message *msg) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r = sd_bus_message_new_method_return(msg, &reply);
+        if (r < 0)
+                return r;
+        return reply_journaled(m, msg, reply);
+}
+
+/* Journals a transition that was applied: on failure the caller gets an error (the
+ * change stays in memory but is not acknowledged as durable). */
+static int journal(Sequence *s, sd_bus_error *error, const char *what) {
+        int r = page_manager_journal(s);
+        if (r == -E2BIG)
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
+                                     "%s: a sequence of %zu pages is too large to journal (at most %" PRIu32 ").",
+                                     what, s->n_pages, (uint32_t)SEQUENCE_REC_PAGES_MAX);
+        if (r < 0)
+                return epd_bus_error(error, EPD_ERROR_FAILED, "%s: cannot journal the change: %s", what,
+                                     strerror(-r));
+        return 0;
+}
+
 /* Registers a fresh sequence for the worker's client; frees it on failure. */
 static int register_new(Manager *m, Worker *w, Arena *a, Sequence *s, sd_bus_error *error) {
         int r = page_manager_register(m->page_manager, s, w->object.owner, a);
@@ -133,11 +163,11 @@ static int method_create_sequence(sd_bus_message *msg, void *userdata, sd_bus_er
                 r = sd_bus_message_append(reply, "o", s->path);
         if (r >= 0)
                 r = reply_pages(reply, s->pages, s->n_pages);
-        if (r >= 0)
-                r = sd_bus_send(NULL, reply, NULL);
-        if (r < 0)
+        if (r < 0) {
                 page_manager_release(s);
-        return r < 0 ? r : 1;
+                return r;
+        }
+        return reply_journaled(m, msg, reply);
 }
 
 static int method_create_from_prefix(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -186,11 +216,38 @@ static int method_create_from_prefix(sd_bus_message *msg, void *userdata, sd_bus
                 r = sd_bus_message_append(reply, "ou", s->path, (uint32_t)len);
         if (r >= 0)
                 r = reply_pages(reply, s->pages, s->n_pages);
-        if (r >= 0)
-                r = sd_bus_send(NULL, reply, NULL);
-        if (r < 0)
+        if (r < 0) {
                 page_manager_release(s);
-        return r < 0 ? r : 1;
+                return r;
+        }
+        return reply_journaled(m, msg, reply);
+}
+
+/* After a restart: the sequence's uid (or root) takes it back (docs/wal.md). */
+static int method_attach(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *id;
+        Client *c;
+        int r = sd_bus_message_read(msg, "s", &id);
+        if (r < 0)
+                return r;
+        r = manager_client_from_message(m, msg, &c);
+        if (r < 0)
+                return r;
+        Sequence *s = page_manager_get(m->page_manager, id);
+        if (!s)
+                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No sequence %s.", id);
+        r = page_manager_attach(s, c);
+        if (r == -EBUSY)
+                return epd_bus_error(error, EPD_ERROR_BUSY, "Sequence %s is attached to another client.", id);
+        if (r == -EPERM)
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED, "Sequence %s belongs to uid %" PRIu32 ".",
+                                     id, s->uid);
+        if (r == -EDQUOT)
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many objects for this client.");
+        if (r < 0)
+                return r;
+        return sd_bus_reply_method_return(msg, "o", s->path);
 }
 
 static int method_match_prefix(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -285,6 +342,8 @@ static const sd_bus_vtable pages_vtable[] = {
         SD_BUS_METHOD_WITH_ARGS("MatchPrefix", SD_BUS_ARGS("s", arena, "at", hashes),
                                 SD_BUS_RESULT("u", n_blocks), method_match_prefix,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Attach", SD_BUS_ARGS("s", sequence), SD_BUS_RESULT("o", path),
+                                method_attach, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
 };
 
@@ -320,13 +379,16 @@ static int method_append(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         r = sequence_append(s, n, NULL);
         if (r < 0)
                 return pages_error(error, r, "Append");
+        r = journal(s, error, "Append");
+        if (r < 0)
+                return r;
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         r = sd_bus_message_new_method_return(msg, &reply);
         if (r >= 0)
                 r = reply_pages(reply, s->pages + before, n);
-        if (r >= 0)
-                r = sd_bus_send(NULL, reply, NULL);
-        return r < 0 ? r : 1;
+        if (r < 0)
+                return r;
+        return reply_journaled(seq_manager(s), msg, reply);
 }
 
 static int method_truncate(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -344,7 +406,10 @@ static int method_truncate(sd_bus_message *msg, void *userdata, sd_bus_error *er
         r = sequence_truncate(s, n);
         if (r < 0)
                 return pages_error(error, r, "Truncate");
-        return sd_bus_reply_method_return(msg, NULL);
+        r = journal(s, error, "Truncate");
+        if (r < 0)
+                return r;
+        return reply_empty_journaled(seq_manager(s), msg);
 }
 
 static int method_clone(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -369,10 +434,15 @@ static int method_clone(sd_bus_message *msg, void *userdata, sd_bus_error *error
         r = register_new(m, w, a, c, error);
         if (r < 0)
                 return r;
-        r = sd_bus_reply_method_return(msg, "o", c->path);
-        if (r < 0)
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        r = sd_bus_message_new_method_return(msg, &reply);
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "o", c->path);
+        if (r < 0) {
                 page_manager_release(c);
-        return r;
+                return r;
+        }
+        return reply_journaled(m, msg, reply);
 }
 
 static int method_prepare_write(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -398,15 +468,21 @@ static int method_prepare_write(sd_bus_message *msg, void *userdata, sd_bus_erro
         r = page_manager_prepare_write(s->manager, s, first, count, pages, &copied);
         if (r < 0)
                 return pages_error(error, r, "PrepareWrite");
+        if (copied > 0) {
+                /* copy-on-write remapped pages of the table */
+                r = journal(s, error, "PrepareWrite");
+                if (r < 0)
+                        return r;
+        }
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         r = sd_bus_message_new_method_return(msg, &reply);
         if (r >= 0)
                 r = reply_pages(reply, pages, count);
         if (r >= 0)
                 r = sd_bus_message_append(reply, "u", (uint32_t)copied);
-        if (r >= 0)
-                r = sd_bus_send(NULL, reply, NULL);
-        return r < 0 ? r : 1;
+        if (r < 0)
+                return r;
+        return reply_journaled(seq_manager(s), msg, reply);
 }
 
 static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -465,7 +541,10 @@ static int method_grant(sd_bus_message *msg, void *userdata, sd_bus_error *error
                                      SEQUENCE_GRANTS_MAX);
         if (r < 0)
                 return r;
-        return sd_bus_reply_method_return(msg, NULL);
+        r = journal(s, error, "Grant");
+        if (r < 0)
+                return r;
+        return reply_empty_journaled(m, msg);
 }
 
 static int method_revoke(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -482,7 +561,10 @@ static int method_revoke(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         if (r < 0)
                 return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "Worker %s has no grant on %s.", w->id_str,
                                      s->id_str);
-        return sd_bus_reply_method_return(msg, NULL);
+        r = journal(s, error, "Revoke");
+        if (r < 0)
+                return r;
+        return reply_empty_journaled(m, msg);
 }
 
 static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -490,8 +572,9 @@ static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *err
         int r = access_check(seq_manager(s), msg, s, SEQUENCE_ACCESS_OWNER, NULL, error);
         if (r < 0)
                 return r;
-        page_manager_release(s);
-        return sd_bus_reply_method_return(msg, NULL);
+        Manager *m = seq_manager(s);
+        page_manager_release(s); /* journals the release */
+        return reply_empty_journaled(m, msg);
 }
 
 /* Properties: visible to the owner and granted workers only. */

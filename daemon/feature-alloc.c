@@ -324,3 +324,46 @@ int feature_allocator_check(const FeatureAllocator *a) {
                 return -EUCLEAN;
         return 0;
 }
+
+int feature_allocator_alloc_at(FeatureAllocator *a, uint64_t offset, uint64_t bytes, uint64_t *ret_length) {
+        uint64_t rel, n64;
+        uint32_t s, n, r;
+
+        if (!a || bytes == 0 || offset < a->base)
+                return -EINVAL;
+        rel = offset - a->base;
+        if (rel % a->chunk != 0 || rel / a->chunk >= a->n_chunks)
+                return -EINVAL;
+        s = (uint32_t)(rel / a->chunk);
+        n64 = bytes / a->chunk + (bytes % a->chunk != 0);
+        if (n64 > a->n_chunks - s)
+                return -ERANGE;
+        n = (uint32_t)n64;
+
+        /* The run that holds chunk s: its first chunk is the closest one that is not
+         * INNER (a linear walk: this runs at restore, not per request). */
+        for (r = s; a->state[r] == CHUNK_INNER; r--)
+                if (r == 0)
+                        return -EUCLEAN;
+        if (a->state[r] != CHUNK_FREE || (uint64_t)r + a->len[r] < (uint64_t)s + n)
+                return -EBUSY;
+
+        uint32_t len = a->len[r];
+        list_remove(a, r);
+        if (s > r) {
+                set_run(a, r, s - r);
+                list_insert(a, r);
+        }
+        if ((uint64_t)r + len > (uint64_t)s + n) {
+                uint32_t t = s + n;
+                set_run(a, t, r + len - t);
+                list_insert(a, t);
+        }
+        set_run(a, s, n);
+        a->state[s] = CHUNK_USED;
+        a->used_chunks += n;
+        a->n_allocations++;
+        if (ret_length)
+                *ret_length = (uint64_t)n * a->chunk;
+        return 0;
+}

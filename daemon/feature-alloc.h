@@ -32,6 +32,9 @@ int feature_allocator_alloc(FeatureAllocator *a, uint64_t bytes, uint64_t *ret_o
                             uint64_t *ret_length);
 /* Frees a run returned by alloc. -EINVAL if offset is not the start of an allocated
  * run (double free, or never allocated): nothing changes then. */
+/* Allocates exactly the chunks of [offset, offset + bytes) (restore after a restart).
+ * -EBUSY if any of them is in use, -EINVAL/-ERANGE for a region outside the arena. */
+int feature_allocator_alloc_at(FeatureAllocator *a, uint64_t offset, uint64_t bytes, uint64_t *ret_length);
 int feature_allocator_release(FeatureAllocator *a, uint64_t offset);
 
 uint64_t feature_allocator_chunk(const FeatureAllocator *a);

@@ -29,6 +29,8 @@ struct FeatureCache {
         void *userdata;
         feature_spill_fn spill_fn;
         void *spill_userdata;
+        feature_journal_fn journal_fn;
+        void *journal_userdata;
 };
 
 /* Private flags kept beside the public fields. */
@@ -228,11 +230,115 @@ static void feature_unlink(FeatureCache *c, Feature *f) {
         }
 }
 
+/* -- journal (docs/wal.md) -- */
+
+static void put_le(uint8_t *p, uint64_t v, int n) {
+        for (int i = 0; i < n; i++)
+                p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le(const uint8_t *p, int n) {
+        uint64_t v = 0;
+        for (int i = n - 1; i >= 0; i--)
+                v = v << 8 | p[i];
+        return v;
+}
+
+int feature_record_ready_encode(const Feature *f, void **ret, size_t *ret_len) {
+        _cleanup_(freep) void *desc = NULL;
+        size_t desc_len = 0, key_len, len;
+        uint8_t *p;
+        int r;
+
+        if (!f || f->state != FEATURE_READY || !f->has_region || !f->desc)
+                return -EINVAL;
+        r = feature_desc_serialize(f->desc, &desc, &desc_len);
+        if (r < 0)
+                return r;
+        key_len = strlen(f->key);
+        len = FEATURE_REC_HEADER_SIZE + key_len + desc_len;
+        p = calloc(1, len);
+        if (!p)
+                return -ENOMEM;
+        put_le(p, f->arena, 4);
+        put_le(p + 4, key_len, 4);
+        put_le(p + 8, f->offset, 8);
+        put_le(p + 16, f->size, 8);
+        put_le(p + 24, f->bytes, 8);
+        put_le(p + 32, f->encode_usec, 8);
+        memcpy(p + 40, f->request_id.bytes, 16);
+        put_le(p + 56, desc_len, 4);
+        memcpy(p + FEATURE_REC_HEADER_SIZE, f->key, key_len);
+        memcpy(p + FEATURE_REC_HEADER_SIZE + key_len, desc, desc_len);
+        *ret = p;
+        *ret_len = len;
+        return 0;
+}
+
+int feature_record_ready_parse(const void *buf, size_t n, FeatureRecord *ret) {
+        const uint8_t *p = buf;
+        uint64_t key_len, desc_len;
+
+        if (!p || n < FEATURE_REC_HEADER_SIZE || get_le(p + 60, 4) != 0)
+                return -EBADMSG;
+        key_len = get_le(p + 4, 4);
+        desc_len = get_le(p + 56, 4);
+        if (key_len == 0 || key_len >= FEATURE_KEY_MAX || desc_len > FEATURE_DESC_BINARY_MAX ||
+            n != FEATURE_REC_HEADER_SIZE + key_len + desc_len)
+                return -EBADMSG;
+        *ret = (FeatureRecord){
+                .arena = (uint32_t)get_le(p, 4),
+                .offset = get_le(p + 8, 8),
+                .size = get_le(p + 16, 8),
+                .bytes = get_le(p + 24, 8),
+                .encode_usec = get_le(p + 32, 8),
+                .key = (const char *)p + FEATURE_REC_HEADER_SIZE,
+                .key_len = (size_t)key_len,
+                .desc = p + FEATURE_REC_HEADER_SIZE + key_len,
+                .desc_len = (size_t)desc_len,
+        };
+        memcpy(ret->request_id.bytes, p + 40, 16);
+        if (memchr(ret->key, 0, ret->key_len) || ret->bytes == 0 || ret->size < ret->bytes)
+                return -EBADMSG;
+        return 0;
+}
+
+static void journal_ready(FeatureCache *c, Feature *f) {
+        _cleanup_(freep) void *buf = NULL;
+        size_t len;
+        int r;
+
+        if (!c->journal_fn)
+                return;
+        r = feature_record_ready_encode(f, &buf, &len);
+        if (r >= 0)
+                r = c->journal_fn(c, FEATURE_REC_READY, buf, len, c->journal_userdata);
+        if (r < 0)
+                log_warning_errno(r, "Cannot journal a published feature: %m");
+}
+
+static void journal_gone(FeatureCache *c, Feature *f) {
+        int r;
+
+        if (!c->journal_fn)
+                return;
+        r = c->journal_fn(c, FEATURE_REC_GONE, f->key, strlen(f->key), c->journal_userdata);
+        if (r < 0)
+                log_warning_errno(r, "Cannot journal an evicted feature: %m");
+}
+
+void feature_cache_set_journal(FeatureCache *c, feature_journal_fn fn, void *userdata) {
+        c->journal_fn = fn;
+        c->journal_userdata = userdata;
+}
+
 static void region_release(FeatureCache *c, Feature *f) {
         CacheArena *a;
 
         if (!f->has_region)
                 return;
+        if (f->state == FEATURE_READY)
+                journal_gone(c, f);
         a = arena_of(c, f->arena);
         if (a)
                 (void)feature_allocator_release(a->alloc, f->offset);
@@ -512,6 +618,7 @@ static int load(FeatureCache *c, const char *key, Feature **ret) {
         f->state = FEATURE_READY;
         PRIV(f)->on_disk = true;
         c->stats.loaded++;
+        journal_ready(c, f);
         lru_update(c, f);
         *ret = f;
         return 0;
@@ -662,6 +769,7 @@ int feature_publish(FeatureRef *r, usec_t encode_usec) {
         r->kind = FEATURE_REF_READER;
         f->n_readers++;
         c->stats.produced++;
+        journal_ready(c, f);
         notify(c, f);
         lru_update(c, f);
         return 0;
@@ -768,4 +876,124 @@ usec_t feature_cache_expire(FeatureCache *c, usec_t now) {
         while (c->announced.first && c->announced.first->deadline <= now)
                 set_failed(c, c->announced.first, -ETIMEDOUT);
         return c->announced.first ? c->announced.first->deadline : USEC_INFINITY;
+}
+
+static void replayed_drop(FeatureCache *c, Feature *f) {
+        region_release(c, f); /* no journal is set during the replay */
+        feature_unlink(c, f);
+        feature_maybe_destroy(f);
+}
+
+int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *payload, size_t len) {
+        _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
+        char key[FEATURE_KEY_MAX];
+        FeatureRecord rec;
+        CacheArena *a;
+        Feature *f;
+        uint64_t size;
+        int r;
+
+        if (!c || c->journal_fn)
+                return -EBUSY; /* only before the journal is set: at start */
+        switch (type & 0xff) {
+        case FEATURE_REC_GONE:
+                if (!payload || len == 0 || len >= FEATURE_KEY_MAX || memchr(payload, 0, len))
+                        return -EBADMSG;
+                memcpy(key, payload, len);
+                key[len] = 0;
+                f = hashmap_get(c->features, key);
+                if (!f)
+                        return -ENOENT;
+                replayed_drop(c, f);
+                return 0;
+        case FEATURE_REC_READY:
+                break;
+        default:
+                return -EBADMSG;
+        }
+        r = feature_record_ready_parse(payload, len, &rec);
+        if (r < 0)
+                return r;
+        memcpy(key, rec.key, rec.key_len);
+        key[rec.key_len] = 0;
+        f = hashmap_get(c->features, key);
+        if (f)
+                replayed_drop(c, f);
+        a = arena_of(c, rec.arena);
+        if (!a)
+                return -ENODEV;
+        r = feature_desc_parse(rec.desc, rec.desc_len, rec.bytes, &desc, NULL);
+        if (r < 0)
+                return -EBADMSG;
+        if (c->stats.n_features >= c->config.max_features)
+                return -EDQUOT;
+        r = feature_allocator_alloc_at(a->alloc, rec.offset, rec.bytes, &size);
+        if (r < 0)
+                return r;
+        if (size != rec.size) {
+                (void)feature_allocator_release(a->alloc, rec.offset);
+                return -EBADMSG;
+        }
+        r = feature_new(c, key, &f);
+        if (r < 0) {
+                (void)feature_allocator_release(a->alloc, rec.offset);
+                return r;
+        }
+        f->has_region = true;
+        f->arena = rec.arena;
+        f->offset = rec.offset;
+        f->size = size;
+        f->bytes = rec.bytes;
+        f->desc = TAKE_PTR(desc);
+        f->request_id = rec.request_id;
+        f->encode_usec = rec.encode_usec;
+        f->state = FEATURE_READY;
+        c->stats.bytes_cached += size;
+        lru_update(c, f);
+        return 0;
+}
+
+int feature_cache_snapshot(FeatureCache *c, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+                           void *userdata, uint16_t type_base) {
+        size_t it = 0;
+        void *v;
+        int r;
+
+        if (!c)
+                return 0;
+        while (hashmap_iterate(c->features, &it, &v, NULL)) {
+                Feature *f = v;
+                _cleanup_(freep) void *buf = NULL;
+                size_t len;
+
+                if (f->state != FEATURE_READY || !f->has_region || !f->desc)
+                        continue;
+                r = feature_record_ready_encode(f, &buf, &len);
+                if (r < 0)
+                        return r;
+                r = add(userdata, type_base + FEATURE_REC_READY, buf, len);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+uint64_t feature_cache_drop_arena(FeatureCache *c, uint32_t arena) {
+        uint64_t n = 0;
+
+        for (bool again = true; c && again;) {
+                size_t it = 0;
+                void *v;
+                again = false;
+                while (hashmap_iterate(c->features, &it, &v, NULL)) {
+                        Feature *f = v;
+                        if (!f->has_region || f->arena != arena || f->state != FEATURE_READY)
+                                continue;
+                        replayed_drop(c, f); /* journals GONE once the journal is set */
+                        n++;
+                        again = true;
+                        break;
+                }
+        }
+        return n;
 }

@@ -139,6 +139,50 @@ void feature_cache_set_store(FeatureCache *c, FeatureStore *s);
  * spill function, eviction hands the feature (intact, for the duration of the call) to
  * it instead: it copies what it needs and writes later, off the event loop (the daemon
  * uses feature-spill.c). A negative return means "not spilled". */
+/* Journal (docs/wal.md, WAL record types 0x05xx): READY is journaled when a feature
+ * becomes READY (Publish, or loaded from the store) with its region and descriptor;
+ * GONE (payload: the key) when a READY feature's region is released (eviction, flush).
+ * References, pins and RESERVED features are not journaled: after a restart a client
+ * that held one acquires again. Set the journal after the replay; a failed journal
+ * write is logged, the transition stays. */
+enum {
+        FEATURE_REC_READY = 0x01,
+        FEATURE_REC_GONE = 0x02,
+};
+
+/* READY payload, little-endian: u32 arena, u32 key length K, u64 offset, u64 size,
+ * u64 bytes, u64 encode_usec, 16-byte request id, u32 descriptor length D, u32 0,
+ * then K key bytes (no NUL) and the D-byte binary descriptor (feature-desc.h). */
+#define FEATURE_REC_HEADER_SIZE 64u
+
+typedef struct FeatureRecord {
+        uint32_t arena;
+        uint64_t offset, size, bytes;
+        usec_t encode_usec;
+        EpdId request_id;
+        const char *key; /* not NUL-terminated, inside the parsed buffer */
+        size_t key_len;
+        const void *desc;
+        size_t desc_len;
+} FeatureRecord;
+
+int feature_record_ready_encode(const Feature *f, void **ret, size_t *ret_len);
+/* Pure parsing of a READY payload (fuzzed): 0 or -EBADMSG; the descriptor is not parsed. */
+int feature_record_ready_parse(const void *buf, size_t n, FeatureRecord *ret);
+
+typedef int (*feature_journal_fn)(FeatureCache *c, uint16_t rec, const void *payload, size_t len,
+                                  void *userdata);
+void feature_cache_set_journal(FeatureCache *c, feature_journal_fn fn, void *userdata);
+/* WAL replay (before the journal is set): READY puts the feature back in the table at
+ * its exact region, READY and unreferenced (on the LRU); GONE takes it out. */
+int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *payload, size_t len);
+/* Drops every READY feature of an arena whose memory did not survive the restart
+ * (journaled as GONE when the journal is set). Returns how many. */
+uint64_t feature_cache_drop_arena(FeatureCache *c, uint32_t arena);
+/* Snapshot: one READY record (type_base + FEATURE_REC_READY) per READY feature. */
+int feature_cache_snapshot(FeatureCache *c, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+                           void *userdata, uint16_t type_base);
+
 typedef int (*feature_spill_fn)(FeatureCache *c, const Feature *f, const void *data, void *userdata);
 void feature_cache_set_spill(FeatureCache *c, feature_spill_fn fn, void *userdata);
 /* Changes the budget; evicts down to it. */

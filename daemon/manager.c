@@ -493,6 +493,8 @@ int manager_reload(Manager *m) {
 Manager *manager_free(Manager *m) {
         if (!m)
                 return NULL;
+        /* What the daemon drops while stopping stays in the WAL for the next start. */
+        m->stopping = true;
         /* Clients first: their objects refer to subsystems and arenas. */
         if (m->clients) {
                 Client *c;

@@ -48,6 +48,7 @@ struct Manager {
 
         sd_event_source *sigterm, *sigint, *sighup;
         bool ready_sent;
+        bool stopping;               /* manager_free(): releases are not journaled */
 
         /* Subsystem state, owned here. Each subsystem's header defines its type. */
         struct PageManager *page_manager;

@@ -11,8 +11,11 @@
 #include "bus-sequence.h"
 #include "log.h"
 #include "macro.h"
+#include "sequence-record.h"
 #include "time-util.h"
+#include "wal-manager.h"
 #include "worker.h"
+#include "workflow.h"
 
 static int host_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) {
         Arena *a = userdata;
@@ -94,6 +97,14 @@ int page_manager_register(PageManager *pm, Sequence *s, Client *c, Arena *a) {
         s->manager = pm;
         s->arena = a->index;
         s->created_usec = now_usec(CLOCK_REALTIME);
+        s->uid = (uint32_t)c->uid;
+        r = page_manager_journal(s);
+        if (r < 0) {
+                (void)hashmap_remove(pm->sequences, s->id_str);
+                client_object_unlink(&s->object);
+                s->manager = NULL;
+                goto fail;
+        }
         pm->sequences_created++;
         return 0;
 fail:
@@ -108,11 +119,271 @@ void page_manager_release(Sequence *s) {
         if (s->object.owner)
                 client_object_unlink(&s->object);
         if (pm) {
-                if (hashmap_get(pm->sequences, s->id_str) == s)
+                if (hashmap_get(pm->sequences, s->id_str) == s) {
                         (void)hashmap_remove(pm->sequences, s->id_str);
+                        if (!pm->replaying && !pm->manager->stopping) {
+                                int r = wal_manager_append(pm->manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_DEL,
+                                                           s->id.bytes, sizeof s->id.bytes);
+                                if (r < 0 && r != -ENOTCONN)
+                                        log_warning_errno(r, "Sequence %s: cannot journal its release: %m",
+                                                          s->id_str);
+                        }
+                }
                 pm->sequences_released++;
         }
         sequence_free(s);
+}
+
+static int put_encode(const Sequence *s, void **ret, size_t *ret_len) {
+        if (s->n_pages > SEQUENCE_REC_PAGES_MAX)
+                return -E2BIG;
+        size_t len = sequence_record_put_size((uint32_t)s->n_grants, (uint32_t)s->n_pages);
+        void *buf = malloc(len);
+        if (!buf)
+                return -ENOMEM;
+        sequence_record_put_encode(buf, &s->id, s->arena, s->uid, page_pool_page_size(s->pool),
+                                   s->created_usec, s->grants, (uint32_t)s->n_grants, s->pages,
+                                   (uint32_t)s->n_pages);
+        *ret = buf;
+        *ret_len = len;
+        return 0;
+}
+
+int page_manager_journal(Sequence *s) {
+        PageManager *pm = s ? s->manager : NULL;
+        _cleanup_(freep) void *buf = NULL;
+        size_t len;
+        int r;
+
+        if (!pm || pm->replaying || pm->manager->stopping || !pm->manager->wal)
+                return 0;
+        r = put_encode(s, &buf, &len);
+        if (r < 0)
+                return r;
+        r = wal_manager_append(pm->manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_PUT, buf, len);
+        return r == -ENOTCONN ? 0 : r;
+}
+
+int page_manager_snapshot(PageManager *pm, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+                          void *userdata) {
+        Sequence *s;
+        size_t it = 0;
+        int r;
+
+        if (!pm)
+                return 0;
+        while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)) {
+                _cleanup_(freep) void *buf = NULL;
+                size_t len;
+                r = put_encode(s, &buf, &len);
+                if (r < 0)
+                        return r;
+                r = add(userdata, WAL_RECORD_SEQUENCE + SEQUENCE_REC_PUT, buf, len);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* A sequence of the replay: in the id map, without owner, its pages not referenced yet
+ * (page_manager_restore_finish() counts them all at once). */
+static void replayed_drop(PageManager *pm, Sequence *s) {
+        (void)hashmap_remove(pm->sequences, s->id_str);
+        s->n_pages = 0; /* no references were taken */
+        sequence_free(s);
+}
+
+int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payload, size_t len) {
+        Manager *m = pm->manager;
+        char id_str[EPD_ID_STRING_MAX];
+        SequenceRecord rec;
+        Sequence *s;
+        PagePool *pool;
+        EpdId id;
+        int r;
+
+        switch (type & 0xff) {
+        case SEQUENCE_REC_DEL:
+                r = sequence_record_del_parse(payload, len, &id);
+                if (r < 0)
+                        return r;
+                s = hashmap_get(pm->sequences, epd_id_to_string(&id, id_str));
+                if (!s)
+                        return -ENOENT;
+                replayed_drop(pm, s);
+                return 0;
+        case SEQUENCE_REC_PUT:
+                break;
+        default:
+                return -EBADMSG;
+        }
+
+        r = sequence_record_put_parse(payload, len, &rec);
+        if (r < 0)
+                return r;
+        if (rec.arena >= m->n_arenas)
+                return -ENODEV;
+        r = page_manager_pool(pm, m->arenas[rec.arena], rec.page_size, &pool);
+        if (r < 0)
+                return r;
+        for (uint32_t i = 0; i < rec.n_pages; i++)
+                if (sequence_record_page(&rec, i) >= page_pool_size(pool))
+                        return -ERANGE;
+
+        epd_id_to_string(&rec.id, id_str);
+        s = hashmap_get(pm->sequences, id_str);
+        if (s && s->pool != pool) {
+                replayed_drop(pm, s);
+                s = NULL;
+        }
+        if (!s) {
+                if (hashmap_size(pm->sequences) >= PAGE_MANAGER_SEQUENCES_MAX)
+                        return -EDQUOT;
+                r = sequence_new(pool, &s);
+                if (r < 0)
+                        return r;
+                s->id = rec.id;
+                memcpy(s->id_str, id_str, sizeof s->id_str);
+                if (asprintf(&s->path, SEQUENCE_PATH_PREFIX "/%s", s->id_str) < 0) {
+                        s->path = NULL;
+                        sequence_free(s);
+                        return -ENOMEM;
+                }
+                r = hashmap_put(pm->sequences, s->id_str, s);
+                if (r < 0) {
+                        sequence_free(s);
+                        return r;
+                }
+                s->manager = pm;
+        }
+        if (rec.n_pages > s->n_allocated) {
+                PageId *p = realloc(s->pages, rec.n_pages * sizeof(PageId));
+                if (!p)
+                        return -ENOMEM;
+                s->pages = p;
+                s->n_allocated = rec.n_pages;
+        }
+        for (uint32_t i = 0; i < rec.n_pages; i++)
+                s->pages[i] = sequence_record_page(&rec, i);
+        s->n_pages = rec.n_pages;
+        s->arena = rec.arena;
+        s->uid = rec.uid;
+        s->created_usec = rec.created_usec;
+        s->n_grants = rec.n_grants;
+        for (uint32_t i = 0; i < rec.n_grants; i++)
+                memcpy(s->grants[i].bytes, rec.grants + 16 * i, 16);
+        return 0;
+}
+
+static bool workflow_head(Manager *m, const EpdId *id) {
+        Workflow *w;
+        size_t it = 0;
+
+        if (!m->workflows)
+                return false;
+        while (workflow_iterate(m->workflows, &it, &w))
+                for (uint32_t b = 0; b < w->n_branches; b++)
+                        if (w->branches[b].alive && epd_id_equal(&w->branches[b].head, id))
+                                return true;
+        return false;
+}
+
+static int on_grace(sd_event_source *es, uint64_t usec, void *userdata) {
+        PageManager *pm = userdata;
+        Sequence *s;
+        size_t it = 0, n = 0;
+        bool again = true;
+
+        pm->grace = sd_event_source_disable_unref(pm->grace);
+        while (again) {
+                again = false;
+                it = 0;
+                while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)) {
+                        if (s->object.owner || workflow_head(pm->manager, &s->id))
+                                continue;
+                        page_manager_release(s); /* journals the release */
+                        n++;
+                        again = true; /* the map changed under the iterator */
+                        break;
+                }
+        }
+        if (n > 0)
+                log_info("%zu sequences restored at start were not re-attached in time and were released.", n);
+        return 0;
+}
+
+int page_manager_restore_finish(PageManager *pm) {
+        Manager *m = pm->manager;
+        Sequence *s;
+        size_t it;
+        int r;
+
+        pm->replaying = false;
+        /* Sequences of an arena whose memory is new (no fd store: not adopted) name
+         * bytes that are gone: they are dropped, and the drop is journaled so that a
+         * later start does not bring them back over other bytes. */
+        uint64_t dropped = 0;
+        for (bool again = true; again;) {
+                again = false;
+                it = 0;
+                while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)) {
+                        if (s->arena < m->n_arenas && m->arenas[s->arena]->adopted)
+                                continue;
+                        s->n_pages = 0; /* no references were taken */
+                        page_manager_release(s); /* journals DEL */
+                        dropped++;
+                        again = true;
+                        break;
+                }
+        }
+        if (dropped > 0)
+                log_info("%" PRIu64 " journaled sequences dropped: their arena's memory did not survive (no fd store).",
+                         dropped);
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                uint64_t n = 0;
+                if (!a->pages)
+                        continue;
+                _cleanup_(freep) uint32_t *refs = calloc(page_pool_size(a->pages), sizeof *refs);
+                if (!refs)
+                        return -ENOMEM;
+                it = 0;
+                while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)) {
+                        if (s->pool != a->pages)
+                                continue;
+                        for (size_t j = 0; j < s->n_pages; j++)
+                                if (refs[s->pages[j]]++ == 0)
+                                        n++;
+                }
+                if (n == 0)
+                        continue;
+                r = page_pool_restore(a->pages, refs);
+                if (r < 0)
+                        return log_error_errno(r, "Arena %s: cannot restore its page pool: %m", a->name);
+                log_info("Arena %s: %" PRIu64 " KV pages restored from the WAL.", a->name, n);
+        }
+        pm->sequences_restored = hashmap_size(pm->sequences);
+        if (pm->sequences_restored == 0)
+                return 0;
+        log_info("%" PRIu64 " sequences restored; their owners have %" PRIu64 " s to Attach.",
+                 pm->sequences_restored, (uint64_t)(PAGE_MANAGER_ATTACH_GRACE_USEC / USEC_PER_SEC));
+        r = sd_event_add_time_relative(m->event, &pm->grace, CLOCK_MONOTONIC, PAGE_MANAGER_ATTACH_GRACE_USEC,
+                                       USEC_PER_SEC, on_grace, pm);
+        if (r < 0)
+                return log_error_errno(r, "Cannot arm the Attach grace period: %m");
+        return 0;
+}
+
+int page_manager_attach(Sequence *s, Client *c) {
+        if (!s || !c)
+                return -EINVAL;
+        if (s->object.owner == c)
+                return 0;
+        if (s->object.owner)
+                return -EBUSY;
+        if ((uint32_t)c->uid != s->uid && c->uid != 0)
+                return -EPERM;
+        return client_object_link(c, &s->object, CLIENT_OBJECT_SEQUENCE, sequence_object_release);
 }
 
 Sequence *page_manager_get(PageManager *pm, const char *id_or_path) {
@@ -222,6 +493,7 @@ static int pages_init(Manager *m) {
         if (!pm)
                 return -ENOMEM;
         pm->manager = m;
+        pm->replaying = true; /* until the WAL subsystem has replayed (or there is none) */
         pm->sequences = hashmap_new(HASHMAP_KEY_STRING, 0);
         pm->copy = calloc(MAX(m->n_arenas, (size_t)1), sizeof *pm->copy);
         pm->copy_userdata = calloc(MAX(m->n_arenas, (size_t)1), sizeof *pm->copy_userdata);
@@ -260,6 +532,7 @@ static void pages_done(Manager *m) {
 
         if (!pm)
                 return;
+        pm->grace = sd_event_source_disable_unref(pm->grace);
         /* Clients are gone by now; anything left is released here. */
         while ((it = 0, hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)))
                 page_manager_release(s);

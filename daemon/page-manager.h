@@ -15,6 +15,7 @@
 #include "manager.h"
 #include "pages.h"
 #include "sequence.h"
+#include "time-util.h"
 
 #define PAGE_MANAGER_SEQUENCES_MAX 65536U
 #define SEQUENCE_PATH_PREFIX "/org/epd1/sequence"
@@ -28,7 +29,16 @@ typedef struct PageManager {
         PageCopyFn *copy;
         void **copy_userdata;
         uint64_t sequences_created, sequences_released;
+        /* Restart (docs/wal.md): sequences restored by the WAL replay have no owner
+         * until their uid Attaches; those still unclaimed when `grace` fires are
+         * released (unless a workflow's branch still heads on them). */
+        bool replaying;
+        sd_event_source *grace;
+        uint64_t sequences_restored;
 } PageManager;
+
+/* How long sequences restored after a restart wait for their owner to Attach. */
+#define PAGE_MANAGER_ATTACH_GRACE_USEC (300 * USEC_PER_SEC)
 
 extern const Subsystem pages_subsystem;
 
@@ -69,6 +79,23 @@ int page_manager_prepare_write(PageManager *pm, Sequence *s, size_t first, size_
 
 /* Installs the copy function of an arena (the GPU domain: a CUDA copy). */
 void page_manager_set_copy(PageManager *pm, uint32_t arena, PageCopyFn fn, void *userdata);
+
+/* Journals the whole state of a registered sequence (a PUT record) after a committed
+ * transition. 0 when there is no WAL or the daemon is stopping; -E2BIG past
+ * SEQUENCE_REC_PAGES_MAX pages. */
+int page_manager_journal(Sequence *s);
+/* WAL replay: applies one 0x04xx record (sequence-record.h). Pages get their references
+ * only in page_manager_restore_finish(), once every record is in. */
+int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payload, size_t len);
+/* After the replay: rebuilds every pool's refcounts and free list from the restored
+ * sequences and arms the Attach grace period. */
+int page_manager_restore_finish(PageManager *pm);
+/* Snapshot: one PUT per registered sequence. */
+int page_manager_snapshot(PageManager *pm, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+                          void *userdata);
+/* Attach after a restart: client c (of the sequence's uid, or root) becomes the owner
+ * of a sequence that has none. -EBUSY if another client owns it, -EPERM for another uid. */
+int page_manager_attach(Sequence *s, Client *c);
 
 /* Grants a worker read access (Grant) / takes it back (Revoke: -ENOENT if absent). */
 int page_manager_grant(Sequence *s, const EpdId *worker);

@@ -427,3 +427,33 @@ int page_pool_verify(const PagePool *pool) {
                 return -EUCLEAN;
         return 0;
 }
+
+int page_pool_restore(PagePool *pool, const uint32_t *refs) {
+        if (!pool || !refs)
+                return -EINVAL;
+        /* Only a pool nobody has used yet (right after the WAL replay). */
+        if (pool->n_free != pool->n_pages || pool->n_cached > 0)
+                return -EBUSY;
+        for (uint32_t i = 0; i < pool->n_pages; i++)
+                if (refs[i] > PAGE_REFS_MAX)
+                        return -EOVERFLOW;
+        pool->free_top = PAGE_ID_INVALID;
+        pool->n_free = pool->n_shared = pool->n_referenced = pool->refs = 0;
+        /* Pushed from the top down so that low ids are handed out first again. */
+        for (uint32_t i = pool->n_pages; i > 0; i--) {
+                PageId id = i - 1;
+                Page *p = &pool->pages[id];
+                *p = (Page){ .refs = refs[id], .next = PAGE_ID_INVALID, .prev = PAGE_ID_INVALID };
+                if (refs[id] == 0) {
+                        p->next = pool->free_top;
+                        pool->free_top = id;
+                        pool->n_free++;
+                        continue;
+                }
+                pool->refs += refs[id];
+                pool->n_referenced++;
+                if (refs[id] >= 2)
+                        pool->n_shared++;
+        }
+        return 0;
+}

@@ -122,6 +122,12 @@ int page_pool_evict_lru(PagePool *pool, PageId *ret_id, void **ret_entry);
 /* Copy-on-write accounting, called by sequence.c. */
 void page_pool_count_cow(PagePool *pool, uint64_t pages);
 
+/* Rebuilds a pool that nobody used yet from the reference count of every page (n_pages
+ * entries, e.g. counted over the sequences a WAL replay restored): pages with refs 0 go
+ * back on the free stack, the others are LIVE with those refs and no lease. -EBUSY if
+ * the pool is in use already, -EOVERFLOW for a count past PAGE_REFS_MAX. */
+int page_pool_restore(PagePool *pool, const uint32_t *refs);
+
 /* Walks every page and checks the counters and the free/LRU lists against the pages'
  * states: returns 0 or -EUCLEAN. For tests and `epdctl pages --check`; O(n). */
 int page_pool_verify(const PagePool *pool);

@@ -48,6 +48,7 @@ struct Sequence {
         EpdId grants[SEQUENCE_GRANTS_MAX]; /* workers it is shared with (Grant) */
         size_t n_grants;
         uint64_t created_usec;     /* CLOCK_REALTIME */
+        uint32_t uid;              /* owner's uid: who may Attach after a restart */
 };
 
 /* An empty sequence over pool. */

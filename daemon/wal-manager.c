@@ -8,6 +8,8 @@
 
 #include "bus-error.h"
 #include "log.h"
+#include "feature.h"
+#include "page-manager.h"
 #include "wal-manager.h"
 #include "workflow.h"
 
@@ -42,6 +44,26 @@ static int apply(void *userdata, const WalRecord *r, bool from_snapshot) {
                 if (k < 0)
                         log_warning_errno(k, "WAL: workflow record %" PRIu64 " does not apply: %m", r->lsn);
                 return 0;
+        case WAL_RECORD_SEQUENCE >> 8:
+                if (!m->page_manager)
+                        return 0;
+                k = page_manager_apply_record(m->page_manager, r->type, r->payload, r->length);
+                if (k == -EBADMSG)
+                        return log_error_errno(k, "WAL: sequence record %" PRIu64 " is malformed.", r->lsn);
+                if (k < 0)
+                        log_full_errno(k == -ENOENT ? LOG_DEBUG : LOG_WARNING, k,
+                                       "WAL: sequence record %" PRIu64 " does not apply: %m", r->lsn);
+                return 0;
+        case WAL_RECORD_FEATURE >> 8:
+                if (!m->features)
+                        return 0;
+                k = feature_cache_apply_record(m->features, r->type, r->payload, r->length);
+                if (k == -EBADMSG)
+                        return log_error_errno(k, "WAL: feature record %" PRIu64 " is malformed.", r->lsn);
+                if (k < 0)
+                        log_full_errno(k == -ENOENT ? LOG_DEBUG : LOG_WARNING, k,
+                                       "WAL: feature record %" PRIu64 " does not apply: %m", r->lsn);
+                return 0;
         default:
                 /* A record of a subsystem this daemon does not run: kept, not applied. */
                 log_debug("WAL: record %" PRIu64 " of type 0x%04x (%s) not applied here.", r->lsn, r->type,
@@ -54,9 +76,21 @@ static int snapshot_add(void *userdata, const void *rec, size_t len) {
         return wal_snapshot_add(userdata, WAL_RECORD_WORKFLOW + WORKFLOW_REC_STATE_BRANCH, rec, len);
 }
 
+static int snapshot_add_typed(void *userdata, uint16_t type, const void *rec, size_t len) {
+        return wal_snapshot_add(userdata, type, rec, len);
+}
+
 static int snapshot(void *userdata, WalSnapshot *s) {
         Manager *m = userdata;
-        return m->workflows ? workflow_snapshot(m->workflows, snapshot_add, s) : 0;
+        int r;
+
+        /* Sequences and features first: workflows refer to sequences. */
+        r = page_manager_snapshot(m->page_manager, snapshot_add_typed, s);
+        if (r >= 0 && m->features)
+                r = feature_cache_snapshot(m->features, snapshot_add_typed, s, WAL_RECORD_FEATURE);
+        if (r >= 0 && m->workflows)
+                r = workflow_snapshot(m->workflows, snapshot_add, s);
+        return r;
 }
 
 static void flush_pending(WalGlue *g, int error) {
@@ -92,6 +126,15 @@ static int on_commit(sd_event_source *s, void *userdata) {
                                  wal_get_stats(m->wal)->snapshot_records);
         }
         return 0;
+}
+
+static int feature_journal(FeatureCache *c, uint16_t rec, const void *payload, size_t len, void *userdata) {
+        Manager *m = userdata;
+        /* What is dropped while stopping stays in the WAL for the next start. */
+        if (m->stopping)
+                return 0;
+        int r = wal_manager_append(m, WAL_RECORD_FEATURE + rec, payload, len);
+        return r == -ENOTCONN ? 0 : r;
 }
 
 int wal_manager_append(Manager *m, uint16_t type, const void *payload, size_t len) {
@@ -142,6 +185,18 @@ static int wal_init(Manager *m) {
         r = wal_replay(m->wal, apply, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot replay the WAL in %s: %m", dir);
+        if (m->page_manager) {
+                r = page_manager_restore_finish(m->page_manager);
+                if (r < 0)
+                        return r; /* logged */
+        }
+        if (m->features) {
+                feature_cache_set_journal(m->features, feature_journal, m);
+                for (size_t i = 0; i < m->n_arenas; i++)
+                        if (!m->arenas[i]->adopted && feature_cache_drop_arena(m->features, (uint32_t)i) > 0)
+                                log_info("Arena %s: journaled features dropped: its memory did not survive (no fd store).",
+                                         m->arenas[i]->name);
+        }
         log_info("WAL %s: %" PRIu64 " snapshot and %" PRIu64 " log records replayed, sync=%s%s.", dir,
                  wal_get_stats(m->wal)->snapshot_records, wal_get_stats(m->wal)->replayed,
                  wal_sync_policy_to_string(wal_get_policy(m->wal)),

@@ -214,13 +214,21 @@ START_TEST(test_crash_loop) {
                 ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
                 bus = worker();
                 check_recovered(bus, &acked, &after);
-                /* Its sequences did not survive the crash: a named error, no crash. */
+                /* Its sequences did not survive the crash (no fd store here: the arena
+                 * memory is new, so the journaled sequences are dropped at start): a
+                 * named error, no crash. test-restart-crash has the fd store. */
                 sd_bus_error e = SD_BUS_ERROR_NULL;
                 _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *rep = NULL;
                 ck_assert_int_ge(sd_bus_message_new_method_call(bus, &m, NULL, "/org/epd1", "org.epd1.Workflow", "Fork"), 0);
                 ck_assert_int_ge(sd_bus_message_append(m, "su", acked.id, 0), 0);
                 ck_assert_int_lt(sd_bus_call(bus, m, 5 * 1000000, &e, &rep), 0);
-                ck_assert_str_eq(e.name, "org.epd1.Error.Stale");
+                /* (A workflow that reached its 64 branches is refused before its
+                 * sequences are looked at.) */
+                if (after.n_branches >= BRANCHES || acked.n_branches >= BRANCHES)
+                        ck_assert(strcmp(e.name, "org.epd1.Error.Stale") == 0 ||
+                                  strcmp(e.name, "org.epd1.Error.LimitExceeded") == 0);
+                else
+                        ck_assert_str_eq(e.name, "org.epd1.Error.Stale");
                 sd_bus_error_free(&e);
                 ck_assert_int_ge(call(bus, "Release", NULL, "s", acked.id), 0);
                 sd_bus_flush_close_unref(bus);

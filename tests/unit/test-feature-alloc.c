@@ -142,6 +142,33 @@ START_TEST(test_good_fit) {
 }
 END_TEST
 
+START_TEST(test_alloc_at) {
+        FeatureAllocator *a;
+        uint64_t len, off;
+
+        ck_assert_int_eq(feature_allocator_new(1 << 20, 64 * CHUNK, CHUNK, &a), 0);
+        ck_assert_int_eq(feature_allocator_alloc_at(a, (1 << 20) + 10 * CHUNK, 3 * CHUNK - 1, &len), 0);
+        ck_assert_uint_eq(len, 3 * CHUNK);
+        ck_assert_int_eq(feature_allocator_alloc_at(a, (1 << 20) + 12 * CHUNK, 1, &len), -EBUSY);
+        ck_assert_int_eq(feature_allocator_alloc_at(a, (1 << 20) + 9 * CHUNK, 2 * CHUNK, &len), -EBUSY);
+        ck_assert_int_eq(feature_allocator_alloc_at(a, (1 << 20) + 13 * CHUNK, CHUNK, &len), 0);
+        ck_assert_int_eq(feature_allocator_alloc_at(a, (1 << 20) + 63 * CHUNK, 2 * CHUNK, &len), -ERANGE);
+        ck_assert_int_eq(feature_allocator_alloc_at(a, (1 << 20) + 5, CHUNK, &len), -EINVAL);
+        ck_assert_int_eq(feature_allocator_alloc_at(a, 1 << 20, CHUNK, &len), 0);
+        ck_assert_int_eq(feature_allocator_check(a), 0);
+        ck_assert_uint_eq(feature_allocator_used(a), 5 * CHUNK);
+        /* The holes left around them are allocatable, and everything frees. */
+        ck_assert_int_eq(feature_allocator_alloc(a, 9 * CHUNK, &off, &len), 0);
+        ck_assert_int_eq(feature_allocator_release(a, off), 0);
+        ck_assert_int_eq(feature_allocator_release(a, (1 << 20) + 10 * CHUNK), 0);
+        ck_assert_int_eq(feature_allocator_release(a, (1 << 20) + 13 * CHUNK), 0);
+        ck_assert_int_eq(feature_allocator_release(a, 1 << 20), 0);
+        ck_assert_int_eq(feature_allocator_check(a), 0);
+        ck_assert_uint_eq(feature_allocator_largest_free(a), 64 * CHUNK);
+        feature_allocator_free(a);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("feature-alloc");
         TCase *tc = tcase_create("feature-alloc");
@@ -149,6 +176,7 @@ int main(void) {
         tcase_add_test(tc, test_fragmentation);
         tcase_add_test(tc, test_random);
         tcase_add_test(tc, test_good_fit);
+        tcase_add_test(tc, test_alloc_at);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
         srunner_run_all(sr, CK_NORMAL);

@@ -433,6 +433,96 @@ START_TEST(test_soak) {
 }
 END_TEST
 
+/* -- journal and replay (docs/wal.md) -- */
+
+typedef struct Journal {
+        uint16_t type[64];
+        uint8_t *payload[64];
+        size_t len[64];
+        size_t n;
+} Journal;
+
+static int journal_fn(FeatureCache *c, uint16_t rec, const void *payload, size_t len, void *userdata) {
+        Journal *j = userdata;
+        ck_assert_uint_lt(j->n, 64);
+        j->type[j->n] = rec;
+        j->payload[j->n] = malloc(len ? len : 1);
+        memcpy(j->payload[j->n], payload, len);
+        j->len[j->n++] = len;
+        return 0;
+}
+
+static int snap_add(void *userdata, uint16_t type, const void *rec, size_t len) {
+        return journal_fn(NULL, type & 0xff, rec, len, userdata);
+}
+
+START_TEST(test_journal_replay) {
+        FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK), *d;
+        Journal j = {}, snap = {};
+        FeatureAcquireResult res;
+        FeatureRef *r;
+
+        feature_cache_set_journal(c, journal_fn, &j);
+        feature_ref_release(produce(c, "img:a", 3 * CHUNK, 0xa1));
+        feature_ref_release(produce(c, "img:b", CHUNK + 5, 0xb2));
+        feature_ref_release(produce(c, "img:c", 2 * CHUNK, 0xc3));
+        ck_assert_uint_eq(j.n, 3);
+        ck_assert_uint_eq(j.type[0], FEATURE_REC_READY);
+        /* Budget pressure evicts the coldest (img:a): journaled GONE. */
+        feature_cache_set_budget(c, 4 * CHUNK);
+        ck_assert_uint_eq(j.n, 4);
+        ck_assert_uint_eq(j.type[3], FEATURE_REC_GONE);
+        ck_assert_uint_eq(j.len[3], 5);
+        ck_assert_int_eq(memcmp(j.payload[3], "img:a", 5), 0);
+        ck_assert_int_eq(feature_cache_snapshot(c, snap_add, &snap, 0x500), 0);
+        ck_assert_uint_eq(snap.n, 2);
+
+        /* A second cache over the same memory (the restarted daemon) replays the log. */
+        uint8_t *mem = arena_mem;
+        arena_mem = NULL;
+        FeatureCacheConfig cfg = { .budget_bytes = ARENA_CHUNKS * CHUNK, .max_refs = 64 };
+        ck_assert_int_eq(feature_cache_new(&cfg, &d), 0);
+        ck_assert_int_eq(feature_cache_add_arena(d, 3, mem, DATA_OFFSET, ARENA_CHUNKS * CHUNK, CHUNK), 0);
+        for (size_t i = 0; i < j.n; i++)
+                ck_assert_int_eq(feature_cache_apply_record(d, j.type[i], j.payload[i], j.len[i]), 0);
+        ck_assert_uint_eq(feature_cache_stats(d)->n_features, 2);
+        ck_assert_uint_eq(feature_cache_stats(d)->bytes_cached, feature_cache_stats(c)->bytes_cached);
+        ck_assert_int_eq(feature_acquire(d, "img:a", false, 0, &r, &res), -ENOENT);
+        ck_assert_int_eq(feature_acquire(d, "img:b", false, 0, &r, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_HIT);
+        ck_assert_uint_eq(r->feature->bytes, CHUNK + 5);
+        ck_assert_uint_eq(((uint8_t *)feature_data(r->feature))[CHUNK + 4], 0xb2);
+        ck_assert_uint_eq(r->feature->desc->tensors[0].shape[0], CHUNK + 5);
+        feature_ref_release(r);
+        /* A replayed record twice (snapshot then log) replaces, never leaks a region. */
+        for (size_t i = 0; i < snap.n; i++)
+                ck_assert_int_eq(feature_cache_apply_record(d, snap.type[i], snap.payload[i], snap.len[i]), 0);
+        ck_assert_uint_eq(feature_cache_stats(d)->n_features, 2);
+        /* After the journal is set, replay is refused; an arena drop journals GONE. */
+        Journal k = {};
+        feature_cache_set_journal(d, journal_fn, &k);
+        ck_assert_int_eq(feature_cache_apply_record(d, j.type[0], j.payload[0], j.len[0]), -EBUSY);
+        ck_assert_uint_eq(feature_cache_drop_arena(d, 3), 2);
+        ck_assert_uint_eq(k.n, 2);
+        ck_assert_uint_eq(feature_cache_stats(d)->bytes_cached, 0);
+        /* Malformed payloads. */
+        ck_assert_int_eq(feature_cache_apply_record(c, FEATURE_REC_READY, "x", 1), -EBUSY);
+        FeatureRecord fr;
+        ck_assert_int_eq(feature_record_ready_parse(j.payload[0], j.len[0] - 1, &fr), -EBADMSG);
+        ck_assert_int_eq(feature_record_ready_parse(j.payload[0], j.len[0], &fr), 0);
+
+        for (size_t i = 0; i < j.n; i++)
+                free(j.payload[i]);
+        for (size_t i = 0; i < snap.n; i++)
+                free(snap.payload[i]);
+        for (size_t i = 0; i < k.n; i++)
+                free(k.payload[i]);
+        feature_cache_free(d);
+        feature_cache_free(c);
+        free(mem);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("feature");
         TCase *tc = tcase_create("feature");
@@ -444,6 +534,7 @@ int main(void) {
         tcase_add_test(tc, test_prefetch);
         tcase_add_test(tc, test_ref_limit);
         tcase_add_test(tc, test_soak);
+        tcase_add_test(tc, test_journal_replay);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
         srunner_run_all(sr, CK_NORMAL);

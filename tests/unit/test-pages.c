@@ -238,6 +238,33 @@ START_TEST(test_alloc_many_all_or_nothing) {
 }
 END_TEST
 
+START_TEST(test_restore) {
+        PagePool *p;
+        uint32_t refs[8] = { 0, 2, 1, 0, 3, 0, 0, 1 };
+        PageId id;
+
+        ck_assert_int_eq(page_pool_new(8, 4096, 0, &p), 0);
+        ck_assert_int_eq(page_pool_restore(p, refs), 0);
+        ck_assert_int_eq(page_pool_verify(p), 0);
+        PagePoolStats s;
+        page_pool_stats(p, &s);
+        ck_assert_uint_eq(s.free, 4);
+        ck_assert_uint_eq(s.refs, 7);
+        ck_assert_uint_eq(s.shared, 2);
+        ck_assert_uint_eq(page_refs(p, 4), 3);
+        /* Free pages come back low ids first, never a restored one. */
+        ck_assert_int_eq(page_pool_alloc(p, &id), 0);
+        ck_assert_uint_eq(id, 0);
+        ck_assert_int_eq(page_pool_alloc(p, &id), 0);
+        ck_assert_uint_eq(id, 3);
+        /* Only an unused pool. */
+        ck_assert_int_eq(page_pool_restore(p, refs), -EBUSY);
+        ck_assert_int_eq(page_unref(p, 1), 1);
+        ck_assert_int_eq(page_pool_verify(p), 0);
+        page_pool_free(p);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("pages");
         TCase *tc = tcase_create("pages");
@@ -247,6 +274,7 @@ int main(void) {
         tcase_add_test(tc, test_shared_counters);
         tcase_add_test(tc, test_cached_lru);
         tcase_add_test(tc, test_alloc_many_all_or_nothing);
+        tcase_add_test(tc, test_restore);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
         srunner_run_all(sr, CK_NORMAL);

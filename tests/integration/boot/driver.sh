@@ -5,7 +5,7 @@
 # (meson install --destdir, overlaid on /usr). Results go to /results: one line per
 # check in "checks", a log in "driver.log", the journal in "journal.txt", and
 # "status" (PASS or FAIL (n)). Sections are functions; add new ones at the end of
-# main (a later issue adds `systemctl restart epd` with the fd store here).
+# main.
 set -u
 OUT=/results
 T=/opt/epd-test
@@ -185,6 +185,29 @@ section_watchdog() {
         systemctl daemon-reload
 }
 
+# Restart without loss (docs/wal.md): a worker commits a sequence and caches a feature,
+# stays connected, and `systemctl restart` replaces epdd under it; the arenas come back
+# from the fd store (FileDescriptorStoreMax=), the WAL gives back the page table and the
+# feature index, and a new process Attaches the sequence and hits the feature.
+section_restart() {
+        "$W" --state-put direct:/run/epd/bus >"$OUT/state.out" 2>&1 &
+        local holder=$! seq pid
+        check "a worker commits a sequence and caches a feature" wait_for 20 grep -q '^holding ' "$OUT/state.out"
+        seq=$(sed -n 's/^holding //p' "$OUT/state.out")
+        pid=$(main_pid)
+        check "systemctl restart $SVC with a committed sequence and a cached feature" \
+                timeout 60 systemctl restart "$SVC"
+        kill -KILL "$holder" 2>/dev/null
+        wait "$holder" 2>/dev/null
+        check "a new epdd serves" bash -c "systemctl -q is-active $SVC && [ \$(systemctl show -P MainPID $SVC) != $pid ]"
+        check "the new epdd restored the sequence from the WAL" \
+                bash -c "journalctl -b -u $SVC -o cat | grep -q ' sequences restored'"
+        "$W" --state-check direct:/run/epd/bus "$seq" >"$OUT/state-check.out" 2>&1
+        log "state check: $(cat "$OUT/state-check.out")"
+        check "sequence $seq and the feature survived systemctl restart, byte for byte" \
+                grep -qx 'state ok' "$OUT/state-check.out"
+}
+
 section_stop() {
         check "systemctl stop $SVC" timeout 60 systemctl stop "$SVC"
         check "$SVC inactive after stop" bash -c "! systemctl -q is-active $SVC"
@@ -210,6 +233,7 @@ main() {
         section_polkit
         section_reload
         section_watchdog
+        section_restart
         section_stop
         section_activation
         section_stop
