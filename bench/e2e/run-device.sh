@@ -14,7 +14,7 @@ set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-REQUESTS=${1:-8}
+REQUESTS=${1:-6}
 OUTDIR=${OUT:-$ROOT/build-e2e/out}
 mkdir -p "$OUTDIR"
 if command -v meson >/dev/null; then MESON=(meson); else MESON=(python3 -m mesonbuild.mesonmain); fi
@@ -66,14 +66,14 @@ ARGS=(--address direct:$D/bus --epdctl $ROOT/$B/tools/epdctl)
 
 start_epdd
 echo "== token-exact check (small config)"
-timeout 150 python3 bench/e2e/e2e.py "${ARGS[@]}" --check small --requests 6 --max-new 16 --concurrency 3 \
+timeout 100 python3 bench/e2e/e2e.py "${ARGS[@]}" --check small --requests 4 --max-new 12 --concurrency 3 \
         --json "$OUTDIR/check.json" 2>&1 | grep -vE "Warning|warn\(" | tee "$OUTDIR/check.log" | tail -12
 check_rc=${PIPESTATUS[0]}
 stop_epdd
 start_epdd
 echo "== benchmark (8B-class config)"
-timeout 230 python3 bench/e2e/e2e.py "${ARGS[@]}" --bench 8b --requests "$REQUESTS" --warmup 2 --images 4 \
-        --max-new 24 --concurrency 4 --json "$OUTDIR/bench.json" 2>&1 | grep -vE "Warning|warn\(" \
+timeout 150 python3 bench/e2e/e2e.py "${ARGS[@]}" --bench 8b --requests "$REQUESTS" --warmup 1 --images 3 \
+        --max-new 16 --concurrency 3 --json "$OUTDIR/bench.json" 2>&1 | grep -vE "Warning|warn\(" \
         | tee "$OUTDIR/bench.log" | tail -14
 bench_rc=${PIPESTATUS[0]}
 $B/tools/epdctl -A direct:$D/bus features >"$OUTDIR/features.txt" 2>&1
