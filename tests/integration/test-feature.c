@@ -462,6 +462,10 @@ START_TEST(test_wanted_permissions_reload) {
         ck_assert_int_ge(raw_bus(&listener), 0);
         ck_assert_int_ge(sd_bus_match_signal(listener, &slot, NULL, "/org/epd1/feature",
                                              "org.epd1.Feature", "FeatureWanted", on_wanted, NULL), 0);
+        /* A round trip first: on the direct socket the daemon must have accepted the
+         * listener's connection before the signal is emitted, or it is not sent there. */
+        ck_assert_int_ge(sd_bus_call_method(listener, dest(), "/org/epd1", "org.freedesktop.DBus.Peer", "Ping",
+                                            NULL, NULL, NULL), 0);
         wanted_count = 0;
         ck_assert_int_eq(epd_feature_prefetch(sched, keys, 1), 0);
         for (int i = 0; i < 3000 && wanted_count == 0; i++) { /* up to 30 s on a loaded CI */
