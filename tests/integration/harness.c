@@ -360,3 +360,47 @@ int harness_count_workers(sd_bus *bus, const char *destination) {
         sd_bus_message_unref(reply);
         return r < 0 ? r : n;
 }
+
+void harness_start(Harness *h, bool over_bus, char *address, size_t n) {
+        if (over_bus) {
+                int r = harness_start_bus(h);
+                if (r == -ENOENT) {
+                        printf("SKIP: dbus-daemon is not installed\n");
+                        exit(77);
+                }
+                if (r < 0) {
+                        fprintf(stderr, "Cannot start a private dbus-daemon: %s\n", strerror(-r));
+                        exit(EXIT_FAILURE);
+                }
+                snprintf(address, n, "bus:%s", h->bus_address);
+        } else
+                harness_direct_address(h, address, n);
+        int r = harness_start_epdd(h, NULL);
+        if (r < 0) {
+                fprintf(stderr, "Cannot start epdd: %s\n", strerror(-r));
+                exit(EXIT_FAILURE);
+        }
+}
+
+int harness_raw_bus(Harness *h, sd_bus **ret) {
+        if (!h->bus_address[0])
+                return harness_direct_bus(h, ret);
+        sd_bus *bus = NULL;
+        int r = sd_bus_new(&bus);
+        if (r >= 0)
+                r = sd_bus_set_address(bus, h->bus_address);
+        if (r >= 0)
+                r = sd_bus_set_bus_client(bus, true);
+        if (r >= 0)
+                r = sd_bus_start(bus);
+        if (r < 0) {
+                sd_bus_unref(bus);
+                return r;
+        }
+        *ret = bus;
+        return 0;
+}
+
+const char *harness_destination(const Harness *h) {
+        return h->bus_address[0] ? "org.epd1" : NULL;
+}

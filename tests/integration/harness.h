@@ -52,5 +52,13 @@ int harness_direct_bus(Harness *h, sd_bus **ret);
 int harness_check_introspection(sd_bus *bus, const char *destination, const char *path,
                                 const char *xml_file);
 
+/* Starts what a test needs: the private dbus-daemon too when over_bus (exits 77 when
+ * dbus-daemon is not installed), then epdd; writes the libepd address for it. */
+void harness_start(Harness *h, bool over_bus, char *address, size_t n);
+/* A raw sd-bus connection to epdd: the private bus when one runs, else the direct socket. */
+int harness_raw_bus(Harness *h, sd_bus **ret);
+/* The destination for raw calls: "org.epd1" on the private bus, NULL peer to peer. */
+const char *harness_destination(const Harness *h);
+
 /* Number of entries in Manager.Workers. */
 int harness_count_workers(sd_bus *bus, const char *destination);

@@ -20,17 +20,15 @@
 #include "epd/epd-feature.h"
 #include "harness.h"
 
+#ifdef OVER_BUS
+#define OVER_BUS_MODE true
+#else
+#define OVER_BUS_MODE false
+#endif
+
 static Harness h;
 static char address[512];
 static char store_dir[300];
-
-static const char *dest(void) {
-#ifdef OVER_BUS
-        return "org.epd1";
-#else
-        return NULL;
-#endif
-}
 
 static void setup(void) {
         ck_assert_int_eq(harness_init(&h, NULL), 0);
@@ -40,18 +38,7 @@ static void setup(void) {
         ck_assert_ptr_nonnull(f);
         fprintf(f, "[Features]\nCacheSize=16M\nStoreDirectory=%s\n", store_dir);
         fclose(f);
-#ifdef OVER_BUS
-        int r = harness_start_bus(&h);
-        if (r == -ENOENT) {
-                printf("SKIP: dbus-daemon is not installed\n");
-                exit(77);
-        }
-        ck_assert_int_eq(r, 0);
-        snprintf(address, sizeof address, "bus:%s", h.bus_address);
-#else
-        harness_direct_address(&h, address, sizeof address);
-#endif
-        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+        harness_start(&h, OVER_BUS_MODE, address, sizeof address);
 }
 
 static void teardown(void) {
@@ -66,31 +53,14 @@ static epd_client *worker(const char *role) {
         return c;
 }
 
-static int raw_bus(sd_bus **ret) {
-#ifdef OVER_BUS
-        sd_bus *bus = NULL;
-        int r = sd_bus_new(&bus);
-        if (r >= 0)
-                r = sd_bus_set_address(bus, h.bus_address);
-        if (r >= 0)
-                r = sd_bus_set_bus_client(bus, true);
-        if (r >= 0)
-                r = sd_bus_start(bus);
-        *ret = bus;
-        return r;
-#else
-        return harness_direct_bus(&h, ret);
-#endif
-}
-
 /* A counter property of org.epd1.Feature (read on a connection of its own). */
 static uint64_t stat_u64(epd_client *unused, const char *name) {
         sd_bus_error e = SD_BUS_ERROR_NULL;
         sd_bus *bus;
         uint64_t v = 0;
         (void)unused;
-        ck_assert_int_ge(raw_bus(&bus), 0);
-        int r = sd_bus_get_property_trivial(bus, dest(), "/org/epd1/feature", "org.epd1.Feature",
+        ck_assert_int_ge(harness_raw_bus(&h, &bus), 0);
+        int r = sd_bus_get_property_trivial(bus, harness_destination(&h), "/org/epd1/feature", "org.epd1.Feature",
                                             name, &e, 't', &v);
         ck_assert_msg(r >= 0, "%s: %s", name, e.message);
         sd_bus_error_free(&e);
@@ -459,12 +429,12 @@ START_TEST(test_wanted_permissions_reload) {
         size_t n = bundle(8192, t, &bytes); /* 1 MiB */
         epd_feature *p, *r;
 
-        ck_assert_int_ge(raw_bus(&listener), 0);
+        ck_assert_int_ge(harness_raw_bus(&h, &listener), 0);
         ck_assert_int_ge(sd_bus_match_signal(listener, &slot, NULL, "/org/epd1/feature",
                                              "org.epd1.Feature", "FeatureWanted", on_wanted, NULL), 0);
         /* A round trip first: on the direct socket the daemon must have accepted the
          * listener's connection before the signal is emitted, or it is not sent there. */
-        ck_assert_int_ge(sd_bus_call_method(listener, dest(), "/org/epd1", "org.freedesktop.DBus.Peer", "Ping",
+        ck_assert_int_ge(sd_bus_call_method(listener, harness_destination(&h), "/org/epd1", "org.freedesktop.DBus.Peer", "Ping",
                                             NULL, NULL, NULL), 0);
         wanted_count = 0;
         ck_assert_int_eq(epd_feature_prefetch(sched, keys, 1), 0);
@@ -588,9 +558,9 @@ START_TEST(test_introspection) {
         char f[512];
         const char *src = getenv("SOURCE_ROOT");
         ck_assert_ptr_nonnull(src);
-        ck_assert_int_ge(raw_bus(&bus), 0);
+        ck_assert_int_ge(harness_raw_bus(&h, &bus), 0);
         snprintf(f, sizeof f, "%s/dbus/org.epd1.Feature.xml", src);
-        ck_assert_int_eq(harness_check_introspection(bus, dest(), "/org/epd1/feature", f), 0);
+        ck_assert_int_eq(harness_check_introspection(bus, harness_destination(&h), "/org/epd1/feature", f), 0);
         sd_bus_flush_close_unref(bus);
 }
 END_TEST

@@ -16,48 +16,18 @@
 #include "arena.h"
 #include "harness.h"
 
+#ifdef OVER_BUS
+#define OVER_BUS_MODE true
+#else
+#define OVER_BUS_MODE false
+#endif
+
 static Harness h;
 static char address[512];
 
-static const char *dest(void) {
-#ifdef OVER_BUS
-        return "org.epd1";
-#else
-        return NULL;
-#endif
-}
-
-static int raw_bus(sd_bus **ret) {
-#ifdef OVER_BUS
-        sd_bus *bus = NULL;
-        int r = sd_bus_new(&bus);
-        if (r >= 0)
-                r = sd_bus_set_address(bus, h.bus_address);
-        if (r >= 0)
-                r = sd_bus_set_bus_client(bus, true);
-        if (r >= 0)
-                r = sd_bus_start(bus);
-        *ret = bus;
-        return r;
-#else
-        return harness_direct_bus(&h, ret);
-#endif
-}
-
 static void setup(void) {
         ck_assert_int_eq(harness_init(&h, NULL), 0);
-#ifdef OVER_BUS
-        int r = harness_start_bus(&h);
-        if (r == -ENOENT) {
-                printf("SKIP: dbus-daemon is not installed\n");
-                exit(77);
-        }
-        ck_assert_int_eq(r, 0);
-        snprintf(address, sizeof address, "bus:%s", h.bus_address);
-#else
-        harness_direct_address(&h, address, sizeof address);
-#endif
-        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+        harness_start(&h, OVER_BUS_MODE, address, sizeof address);
 }
 
 static void teardown(void) {
@@ -67,8 +37,8 @@ static void teardown(void) {
 
 static int count_workers(void) {
         sd_bus *bus;
-        ck_assert_int_ge(raw_bus(&bus), 0);
-        int n = harness_count_workers(bus, dest());
+        ck_assert_int_ge(harness_raw_bus(&h, &bus), 0);
+        int n = harness_count_workers(bus, harness_destination(&h));
         sd_bus_flush_close_unref(bus);
         return n;
 }
@@ -139,7 +109,7 @@ END_TEST
 static void expect_error(sd_bus *bus, const char *name, const char *member, const char *types, ...) {
         sd_bus_message *m = NULL, *reply = NULL;
         sd_bus_error e = SD_BUS_ERROR_NULL;
-        ck_assert_int_ge(sd_bus_message_new_method_call(bus, &m, dest(), "/org/epd1",
+        ck_assert_int_ge(sd_bus_message_new_method_call(bus, &m, harness_destination(&h), "/org/epd1",
                                                         "org.epd1.Manager", member), 0);
         if (types) {
                 va_list ap;
@@ -158,7 +128,7 @@ static void expect_error(sd_bus *bus, const char *name, const char *member, cons
 
 START_TEST(test_bad_input) {
         sd_bus *bus;
-        ck_assert_int_ge(raw_bus(&bus), 0);
+        ck_assert_int_ge(harness_raw_bus(&h, &bus), 0);
         char longname[400];
         memset(longname, 'm', sizeof longname - 1);
         longname[sizeof longname - 1] = 0;
@@ -193,7 +163,7 @@ START_TEST(test_bad_input) {
         epd_disconnect(d);
 
         /* Still serving. */
-        ck_assert_int_eq(harness_count_workers(bus, dest()), 1);
+        ck_assert_int_eq(harness_count_workers(bus, harness_destination(&h)), 1);
         epd_disconnect(c);
         want_workers = 0;
         ck_assert(harness_wait_for(workers_are, NULL, 5000));
@@ -204,16 +174,16 @@ END_TEST
 START_TEST(test_introspection) {
         sd_bus *bus;
         epd_client *c;
-        ck_assert_int_ge(raw_bus(&bus), 0);
+        ck_assert_int_ge(harness_raw_bus(&h, &bus), 0);
         ck_assert_int_eq(epd_connect(address, &c), 0);
         ck_assert_int_eq(epd_register(c, "decode", "m", "cpu", NULL, NULL), 0);
         const char *src = getenv("SOURCE_ROOT");
         ck_assert_ptr_nonnull(src);
         char f[512];
         snprintf(f, sizeof f, "%s/dbus/org.epd1.Manager.xml", src);
-        ck_assert_int_eq(harness_check_introspection(bus, dest(), "/org/epd1", f), 0);
+        ck_assert_int_eq(harness_check_introspection(bus, harness_destination(&h), "/org/epd1", f), 0);
         snprintf(f, sizeof f, "%s/dbus/org.epd1.Worker.xml", src);
-        ck_assert_int_eq(harness_check_introspection(bus, dest(), epd_worker_path(c), f), 0);
+        ck_assert_int_eq(harness_check_introspection(bus, harness_destination(&h), epd_worker_path(c), f), 0);
         epd_disconnect(c);
         sd_bus_flush_close_unref(bus);
 }

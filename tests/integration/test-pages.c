@@ -17,6 +17,12 @@
 
 #include "harness.h"
 
+#ifdef OVER_BUS
+#define OVER_BUS_MODE true
+#else
+#define OVER_BUS_MODE false
+#endif
+
 static Harness h;
 static char address[512];
 
@@ -25,63 +31,15 @@ static const epd_kv_layout kv = { .layers = 4, .tokens_per_block = 16, .k_bytes_
                                   .v_bytes_per_token = 256, .dtype = "bf16" };
 #define PAGE_SIZE (4 * 16 * 512)
 
-static const char *dest(void) {
-#ifdef OVER_BUS
-        return "org.epd1";
-#else
-        return NULL;
-#endif
-}
-
-/* A raw connection to epdd: the private bus (OVER_BUS) or the direct socket. */
-static int raw_bus(sd_bus **ret) {
-#ifdef OVER_BUS
-        sd_bus *bus = NULL;
-        int r = sd_bus_new(&bus);
-        if (r >= 0)
-                r = sd_bus_set_address(bus, h.bus_address);
-        if (r >= 0)
-                r = sd_bus_set_bus_client(bus, true);
-        if (r >= 0)
-                r = sd_bus_start(bus);
-        *ret = bus;
-        return r;
-#else
-        return harness_direct_bus(&h, ret);
-#endif
-}
-
 static void setup(void) {
         ck_assert_int_eq(harness_init(&h, NULL), 0);
-#ifdef OVER_BUS
-        int r = harness_start_bus(&h);
-        if (r == -ENOENT) {
-                printf("SKIP: dbus-daemon is not installed\n");
-                exit(77);
-        }
-        ck_assert_int_eq(r, 0);
-        snprintf(address, sizeof address, "bus:%s", h.bus_address);
-#else
-        harness_direct_address(&h, address, sizeof address);
-#endif
-        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+        harness_start(&h, OVER_BUS_MODE, address, sizeof address);
 }
 
 /* A second KV arena whose page size is configured: its pool exists from the start. */
 static void setup_page_size(void) {
         ck_assert_int_eq(harness_init(&h, "[Arena:kv1]\nUsage=kv\nSize=16M\nPageSize=64K\n"), 0);
-#ifdef OVER_BUS
-        int r = harness_start_bus(&h);
-        if (r == -ENOENT) {
-                printf("SKIP: dbus-daemon is not installed\n");
-                exit(77);
-        }
-        ck_assert_int_eq(r, 0);
-        snprintf(address, sizeof address, "bus:%s", h.bus_address);
-#else
-        harness_direct_address(&h, address, sizeof address);
-#endif
-        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+        harness_start(&h, OVER_BUS_MODE, address, sizeof address);
 }
 
 static void teardown(void) {
@@ -97,10 +55,10 @@ static int pool_stats(PoolStats *ret) {
         sd_bus *bus;
         sd_bus_message *reply = NULL;
         sd_bus_error e = SD_BUS_ERROR_NULL;
-        int r = raw_bus(&bus);
+        int r = harness_raw_bus(&h, &bus);
         if (r < 0)
                 return r;
-        r = sd_bus_get_property(bus, dest(), "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
+        r = sd_bus_get_property(bus, harness_destination(&h), "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
                                 "a(sttttttttttt)");
         sd_bus_error_free(&e);
         if (r >= 0)
@@ -128,9 +86,9 @@ static int n_pools(void) {
         sd_bus *bus;
         sd_bus_message *reply = NULL;
         sd_bus_error e = SD_BUS_ERROR_NULL;
-        int n = 0, r = raw_bus(&bus);
+        int n = 0, r = harness_raw_bus(&h, &bus);
         ck_assert_int_ge(r, 0);
-        r = sd_bus_get_property(bus, dest(), "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
+        r = sd_bus_get_property(bus, harness_destination(&h), "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
                                 "a(sttttttttttt)");
         sd_bus_error_free(&e);
         ck_assert_int_ge(r, 0);
@@ -309,7 +267,7 @@ static void expect_seq_error(sd_bus *bus, const char *path, const char *name, co
                              const char *types, ...) {
         sd_bus_message *m = NULL, *reply = NULL;
         sd_bus_error e = SD_BUS_ERROR_NULL;
-        ck_assert_int_ge(sd_bus_message_new_method_call(bus, &m, dest(), path, "org.epd1.Sequence", member), 0);
+        ck_assert_int_ge(sd_bus_message_new_method_call(bus, &m, harness_destination(&h), path, "org.epd1.Sequence", member), 0);
         if (types) {
                 va_list ap;
                 va_start(ap, types);
@@ -347,7 +305,7 @@ START_TEST(test_other_client_needs_grant) {
         ck_assert_int_eq(epd_sequence_publish(b, seq, 0, &hh, 1), -EPERM);
 
         /* An unregistered connection gets nothing either. */
-        ck_assert_int_ge(raw_bus(&raw), 0);
+        ck_assert_int_ge(harness_raw_bus(&h, &raw), 0);
         expect_seq_error(raw, seq, "org.epd1.Error.PermissionDenied", "Release", NULL);
         expect_seq_error(raw, seq, "org.epd1.Error.PermissionDenied", "Clone", NULL);
         expect_seq_error(raw, "/org/epd1/sequence/00000000000000000000000000000000",
@@ -494,15 +452,15 @@ START_TEST(test_introspection) {
         sd_bus *bus;
         epd_client *c = worker("prefill", NULL, NULL);
         char *seq = NULL;
-        ck_assert_int_ge(raw_bus(&bus), 0);
+        ck_assert_int_ge(harness_raw_bus(&h, &bus), 0);
         ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &seq, NULL, NULL), 0);
         const char *src = getenv("SOURCE_ROOT");
         ck_assert_ptr_nonnull(src);
         char f[512];
         snprintf(f, sizeof f, "%s/dbus/org.epd1.Pages.xml", src);
-        ck_assert_int_eq(harness_check_introspection(bus, dest(), "/org/epd1/pages", f), 0);
+        ck_assert_int_eq(harness_check_introspection(bus, harness_destination(&h), "/org/epd1/pages", f), 0);
         snprintf(f, sizeof f, "%s/dbus/org.epd1.Sequence.xml", src);
-        ck_assert_int_eq(harness_check_introspection(bus, dest(), seq, f), 0);
+        ck_assert_int_eq(harness_check_introspection(bus, harness_destination(&h), seq, f), 0);
         free(seq);
         epd_disconnect(c);
         sd_bus_flush_close_unref(bus);
