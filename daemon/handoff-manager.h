@@ -25,6 +25,7 @@
 #include <systemd/sd-bus.h>
 #include <systemd/sd-event.h>
 
+#include "backpressure.h"
 #include "client.h"
 #include "handoff.h"
 #include "hashmap.h"
@@ -75,6 +76,9 @@ struct HandoffObject {
         HandoffGroupLayout *layouts; /* per group */
         uint64_t bytes_moved;
         EpdId target_worker;
+        uint64_t window_bytes;   /* source, remote: bytes it holds in the peer's window;
+                                  * in the window while `windowed` */
+        bool windowed;
 
         sd_bus_message *pending_reply; /* source Prepare waiting for the destination */
         sd_event_source *timer;
@@ -92,6 +96,7 @@ struct HandoffManager {
         Hashmap *incoming;        /* incoming writes in flight by (peer, cookie) */
         Hashmap *dest_pages;      /* destination HandoffObject* by (arena << 32 | page) */
         Hashmap *rings;           /* ClientRing* by client serial */
+        Hashmap *windows;         /* PeerWindow* by peer host id: handoffs in flight */
         Transport *local;
         sd_event_source *local_source;
         sd_event_source *peer_source;
@@ -134,6 +139,13 @@ int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32
                               sd_bus_error *error);
 /* Whether client c owns o. */
 bool handoff_object_owned_by(const HandoffObject *o, const Client *c);
+
+/* A peer path's backpressure level changed (telemetry): posts an
+ * EPD_RING_EV_BACKPRESSURE record to every worker's ring. */
+void handoff_manager_backpressure_changed(HandoffManager *hm, const char *peer, BackpressureLevel level,
+                                          BackpressureReason reason);
+/* The window towards a peer: handoffs and bytes in flight (0 when none). */
+void handoff_manager_window(HandoffManager *hm, const char *peer, unsigned *ret_handoffs, uint64_t *ret_bytes);
 
 /* Counters, in a stable order: name and value. */
 size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t *values, size_t n);

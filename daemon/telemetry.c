@@ -8,6 +8,7 @@
 #include "hashmap.h"
 #include "log.h"
 #include "bus-telemetry.h"
+#include "handoff-manager.h"
 #include "manager.h"
 #include "telemetry-bpf.h"
 #include "telemetry.h"
@@ -608,6 +609,8 @@ static void on_backpressure_bus(Telemetry *t, const char *peer, BackpressureLeve
         int r = bus_telemetry_emit_backpressure(m, peer, level, reason);
         if (r < 0)
                 log_warning_errno(r, "Cannot emit Backpressure for %s: %m", peer);
+        /* Workers that use the ring get the same news there, without the bus. */
+        handoff_manager_backpressure_changed(m->handoffs, peer, level, reason);
 }
 
 static int subsystem_init(Manager *m) {
