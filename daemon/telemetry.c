@@ -327,8 +327,9 @@ static int bpf_start(Telemetry *t) {
                 (void)telemetry_bpf_track(t->bpf, c->cookie, c->peer->id, c->peer->name);
         }
 
-        log_info("Kernel telemetry loaded%s%s.", t->config.pin_dir ? ", maps pinned under " : "",
-                 t->config.pin_dir ?: "");
+        const char *pins = telemetry_bpf_pin_dir(t->bpf);
+        log_info("Kernel telemetry loaded%s%s%s.", pins ? ", maps pinned under " : "", pins ?: "",
+                 !pins && t->config.pin_dir ? ", maps not pinned (see above)" : "");
         return 0;
 }
 
