@@ -235,14 +235,16 @@ BackpressureLevel backpressure_evaluate(const BackpressureState *s, const Backpr
                         return BACKPRESSURE_STALLED;
                 }
 
+                /* Loss first: at a tie it is the reason given (it closes the handoff
+                 * window; queueing alone only narrows it). */
+                CONSIDER(level_above(s->retransmit_rate, c->retransmit_rate[0],
+                                     c->retransmit_rate[1], scale),
+                         BACKPRESSURE_REASON_RETRANSMITS);
                 if (x->min_rtt_usec > 0 && x->srtt_usec >= c->rtt_floor_usec &&
                     s->acked_delta >= c->rtt_min_bytes)
                         CONSIDER(level_above(s->rtt_inflation, c->rtt_inflation[0],
                                              c->rtt_inflation[1], scale),
                                  BACKPRESSURE_REASON_RTT_INFLATION);
-                CONSIDER(level_above(s->retransmit_rate, c->retransmit_rate[0],
-                                     c->retransmit_rate[1], scale),
-                         BACKPRESSURE_REASON_RETRANSMITS);
                 CONSIDER(level_above((double)x->send_queue_bytes, (double)c->send_queue_bytes[0],
                                      (double)c->send_queue_bytes[1], scale),
                          BACKPRESSURE_REASON_SEND_QUEUE);
@@ -366,15 +368,24 @@ int backpressure_update(BackpressureState *s, const BackpressureConfig *c, const
         return 0;
 }
 
-void backpressure_window(const BackpressureConfig *c, BackpressureLevel level, BackpressureWindow *ret) {
+bool backpressure_window_closed(BackpressureLevel level, BackpressureReason reason) {
+        if (level >= BACKPRESSURE_STALLED)
+                return true;
+        return level == BACKPRESSURE_HIGH &&
+               (reason == BACKPRESSURE_REASON_RETRANSMITS || reason == BACKPRESSURE_REASON_DESTINATION_FULL ||
+                reason == BACKPRESSURE_REASON_STALLED || reason == BACKPRESSURE_REASON_DISCONNECTED);
+}
+
+void backpressure_window(const BackpressureConfig *c, BackpressureLevel level, BackpressureReason reason,
+                         BackpressureWindow *ret) {
         *ret = (BackpressureWindow){ .handoffs = c->window_handoffs, .bytes = c->window_bytes };
         if (!c->enabled)
                 return;
-        if (level >= BACKPRESSURE_HIGH) {
+        if (backpressure_window_closed(level, reason)) {
                 *ret = (BackpressureWindow){ .closed = true };
                 return;
         }
-        if (level == BACKPRESSURE_ELEVATED) {
+        if (level >= BACKPRESSURE_ELEVATED) {
                 if (ret->handoffs > 0)
                         ret->handoffs = MAX(1u, (unsigned)((double)ret->handoffs * c->window_elevated));
                 if (ret->bytes > 0)
@@ -390,11 +401,11 @@ static unsigned permille(uint64_t used, uint64_t limit) {
         return (unsigned)(used * 1000 / limit);
 }
 
-int backpressure_window_admit(const BackpressureConfig *c, BackpressureLevel level, unsigned in_flight,
-                              uint64_t in_flight_bytes, uint64_t bytes, usec_t *ret_retry_after,
-                              unsigned *ret_permille) {
+int backpressure_window_admit(const BackpressureConfig *c, BackpressureLevel level, BackpressureReason reason,
+                              unsigned in_flight, uint64_t in_flight_bytes, uint64_t bytes,
+                              usec_t *ret_retry_after, unsigned *ret_permille) {
         BackpressureWindow w;
-        backpressure_window(c, level, &w);
+        backpressure_window(c, level, reason, &w);
 
         usec_t retry = 0;
         unsigned pm = 1000;

@@ -115,16 +115,20 @@ BackpressureLevel backpressure_evaluate(const BackpressureState *s, const Backpr
                                         const BackpressureSample *x, double scale,
                                         BackpressureReason *ret_reason);
 
-/* The handoff window towards a peer at a level: at NONE the configured window, at
- * ELEVATED window_elevated of it (at least one handoff), at HIGH and STALLED nothing.
- * 0 in a field of a level below HIGH means "no bound". */
+/* The handoff window towards a peer: at NONE the configured window; at ELEVATED, and at
+ * HIGH from queueing alone (RTT inflation, send queue and its growth, handoffs in
+ * flight: the path is busy, not failing), window_elevated of it (at least one
+ * handoff); closed (nothing new) at HIGH from loss or a full destination, and at
+ * STALLED. 0 in a field of an open window means "no bound". */
 typedef struct BackpressureWindow {
         unsigned handoffs;
         uint64_t bytes;
         bool closed;       /* HIGH or STALLED: no new handoff at all */
 } BackpressureWindow;
 
-void backpressure_window(const BackpressureConfig *c, BackpressureLevel level, BackpressureWindow *ret);
+bool backpressure_window_closed(BackpressureLevel level, BackpressureReason reason);
+void backpressure_window(const BackpressureConfig *c, BackpressureLevel level, BackpressureReason reason,
+                         BackpressureWindow *ret);
 
 /* Whether a new handoff of `bytes` towards a peer at `level`, with `in_flight`
  * handoffs of `in_flight_bytes` already in its window, may start now. Returns 0 when it
@@ -133,9 +137,9 @@ void backpressure_window(const BackpressureConfig *c, BackpressureLevel level, B
  * Interval when it is merely full. A handoff larger than the byte window still starts
  * when nothing else is in flight (it would never fit otherwise). *ret_permille (may be
  * NULL): how full the window is, 1000 = full or closed. */
-int backpressure_window_admit(const BackpressureConfig *c, BackpressureLevel level, unsigned in_flight,
-                              uint64_t in_flight_bytes, uint64_t bytes, usec_t *ret_retry_after,
-                              unsigned *ret_permille);
+int backpressure_window_admit(const BackpressureConfig *c, BackpressureLevel level, BackpressureReason reason,
+                              unsigned in_flight, uint64_t in_flight_bytes, uint64_t bytes,
+                              usec_t *ret_retry_after, unsigned *ret_permille);
 
 const char *backpressure_level_to_string(BackpressureLevel l);
 const char *backpressure_reason_to_string(BackpressureReason r);

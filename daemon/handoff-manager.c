@@ -224,7 +224,8 @@ void handoff_manager_backpressure_changed(HandoffManager *hm, const char *peer, 
         uint64_t bytes = 0;
         usec_t retry = 0;
         handoff_manager_window(hm, host, &n, &bytes);
-        (void)backpressure_window_admit(&m->config.telemetry.backpressure, level, n, bytes, 0, &retry, &permille);
+        (void)backpressure_window_admit(&m->config.telemetry.backpressure, level, reason, n, bytes, 0, &retry,
+                                        &permille);
         if (level == BACKPRESSURE_NONE)
                 retry = 0;
 
@@ -872,21 +873,22 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
                 win = window_get(hm, peer, true);
                 if (!win)
                         return -ENOMEM;
-                BackpressureLevel level = telemetry_peer_backpressure(m, win->name);
+                TelemetryPeerStats st;
+                if (telemetry_peer_stats(m, win->name, &st) < 0)
+                        st = (TelemetryPeerStats){ .level = BACKPRESSURE_NONE, .reason = BACKPRESSURE_REASON_NONE };
+                BackpressureLevel level = st.level;
                 usec_t retry;
-                r = backpressure_window_admit(&m->config.telemetry.backpressure, level, win->handoffs, win->bytes,
-                                              total_bytes, &retry, NULL);
+                r = backpressure_window_admit(&m->config.telemetry.backpressure, level, st.reason, win->handoffs,
+                                              win->bytes, total_bytes, &retry, NULL);
                 if (r == -EAGAIN) {
-                        TelemetryPeerStats st;
-                        const char *why = telemetry_peer_stats(m, win->name, &st) >= 0
-                                                  ? backpressure_reason_to_string(st.reason) : "none";
+                        const char *why = backpressure_reason_to_string(st.reason);
                         hm->counters.deferred++;
                         (void)telemetry_trace(m, a->request_id, TRACE_HANDOFF_PREPARE,
                                               &(TraceDetail){ .peer = a->destination, .detail = "deferred: backpressure" });
                         log_debug("handoff %s: deferred: peer %s at %s (%s), %u handoffs / %" PRIu64 " bytes in flight",
                                   a->request_id, a->destination, backpressure_level_to_string(level), why,
                                   win->handoffs, win->bytes);
-                        if (level >= BACKPRESSURE_HIGH)
+                        if (backpressure_window_closed(level, st.reason))
                                 return epd_bus_error(error, EPD_ERROR_BACKPRESSURE,
                                                      "Peer '%s' is backpressured (%s: %s); retry_after_usec=%" PRIu64,
                                                      a->destination, backpressure_level_to_string(level), why, retry);

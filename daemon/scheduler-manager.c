@@ -79,12 +79,12 @@ int scheduler_set_worker_host(Manager *m, const char *worker_id, const char *hos
         return r;
 }
 
-SchedPressure scheduler_path_pressure(BackpressureLevel level, bool window_full) {
-        if (level >= BACKPRESSURE_HIGH)
+SchedPressure scheduler_path_pressure(BackpressureLevel level, BackpressureReason reason, bool window_full) {
+        if (backpressure_window_closed(level, reason))
                 return SCHED_PRESSURE_STOP;
         if (window_full)
                 return SCHED_PRESSURE_HIGH;
-        return level == BACKPRESSURE_ELEVATED ? SCHED_PRESSURE_ELEVATED : SCHED_PRESSURE_OK;
+        return level >= BACKPRESSURE_ELEVATED ? SCHED_PRESSURE_ELEVATED : SCHED_PRESSURE_OK;
 }
 
 /* The path from a prefill to a decode worker: the peer path to whichever of them is on
@@ -104,15 +104,19 @@ static SchedPressure path(void *userdata, const char *from, const char *to) {
         if (!peer_is_up(p))
                 return SCHED_PRESSURE_STOP;
         const char *name = peer_name(p) ?: remote;
-        BackpressureLevel level = telemetry_peer_backpressure(m, name);
+        TelemetryPeerStats st;
+        if (telemetry_peer_stats(m, name, &st) < 0)
+                return SCHED_PRESSURE_OK; /* no telemetry of that path */
         unsigned n;
         uint64_t bytes;
         handoff_manager_window(m->handoffs, remote, &n, &bytes);
-        bool full = backpressure_window_admit(&m->config.telemetry.backpressure, level, n, bytes, 0, NULL, NULL) < 0;
-        SchedPressure pr = scheduler_path_pressure(level, full);
+        bool full = backpressure_window_admit(&m->config.telemetry.backpressure, st.level, st.reason, n, bytes, 0,
+                                              NULL, NULL) < 0;
+        SchedPressure pr = scheduler_path_pressure(st.level, st.reason, full);
         if (pr != SCHED_PRESSURE_OK)
-                log_debug("Scheduler: path %s -> %s (peer %s) is %s%s.", from, to, remote,
-                          backpressure_level_to_string(level), full ? ", handoff window full" : "");
+                log_debug("Scheduler: path %s -> %s (peer %s) is %s (%s)%s.", from, to, remote,
+                          backpressure_level_to_string(st.level), backpressure_reason_to_string(st.reason),
+                          full ? ", handoff window full" : "");
         return pr;
 }
 

@@ -33,8 +33,9 @@ void scheduler_refresh_pages(Manager *m);
  * this host. -ENOENT for an unknown worker. */
 int scheduler_set_worker_host(Manager *m, const char *worker_id, const char *host);
 
-/* The scheduler's view of a path from the telemetry's: a level of high or stalled
- * stops new work on it (the handoff path would defer it: Error.Backpressure); a full
- * handoff window leaves it to the top-priority pool only; elevated makes it a second
+/* The scheduler's view of a path from the telemetry's: a closed handoff window (high
+ * from loss or a full destination, or stalled: the handoff path would defer the work
+ * with Error.Backpressure) stops new work on it; a full window leaves it to the
+ * top-priority pool only; elevated, or high from queueing alone, makes it a second
  * choice. Pure. */
-SchedPressure scheduler_path_pressure(BackpressureLevel level, bool window_full);
+SchedPressure scheduler_path_pressure(BackpressureLevel level, BackpressureReason reason, bool window_full);

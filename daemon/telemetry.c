@@ -397,6 +397,13 @@ int telemetry_track(Telemetry *t, int fd, const char *peer) {
                 return r;
         if (p->n_conns >= TELEMETRY_CONNS_PER_PEER)
                 return -ENOSPC;
+        /* The peer is back after every connection of it was gone: a new path, judged
+         * afresh (hysteresis would otherwise hold "disconnected" for seconds while the
+         * new connection works, and the handoff window would stay closed). */
+        bool was_gone = p->ever_tracked;
+        for (unsigned i = 0; i < p->n_conns; i++)
+                if (!p->conns[i]->closed)
+                        was_gone = false;
         if (hashmap_size(t->conns) >= EPD_TELEMETRY_MAX_CONNS)
                 return -ENOSPC;
 
@@ -412,6 +419,12 @@ int telemetry_track(Telemetry *t, int fd, const char *peer) {
         }
         p->conns[p->n_conns++] = c;
         p->ever_tracked = true;
+        if (was_gone && p->bp.level != BACKPRESSURE_NONE) {
+                backpressure_state_init(&p->bp);
+                log_info("Backpressure towards %s: none (connected again).", p->name);
+                if (t->on_backpressure)
+                        t->on_backpressure(t, p->name, BACKPRESSURE_NONE, BACKPRESSURE_REASON_NONE, t->userdata);
+        }
 
         if (t->bpf) {
                 r = telemetry_bpf_track(t->bpf, cookie, p->id, p->name);

@@ -219,7 +219,7 @@ typedef struct SimPath {
 static SchedPressure sim_path_cb(void *userdata, const char *from, const char *to) {
         SimPath *sp = userdata;
         const BackpressureState *b = strcmp(to, "d-bravo") == 0 ? &sp->bravo : &sp->charlie;
-        return scheduler_path_pressure(b->level, false);
+        return scheduler_path_pressure(b->level, b->reason, false);
 }
 
 /* One evaluation interval of a path: 1000 segments out, `retr` of them retransmitted. */
@@ -268,12 +268,20 @@ START_TEST(test_path_telemetry) {
 
         /* Mapping: high and stalled stop a path; a full window keeps it for the top
          * pool; elevated makes it a second choice. */
-        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_NONE, false), SCHED_PRESSURE_OK);
-        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_ELEVATED, false), SCHED_PRESSURE_ELEVATED);
-        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_NONE, true), SCHED_PRESSURE_HIGH);
-        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_ELEVATED, true), SCHED_PRESSURE_HIGH);
-        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_HIGH, false), SCHED_PRESSURE_STOP);
-        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_STALLED, false), SCHED_PRESSURE_STOP);
+        const BackpressureReason R = BACKPRESSURE_REASON_RETRANSMITS, Q = BACKPRESSURE_REASON_RTT_INFLATION;
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_NONE, BACKPRESSURE_REASON_NONE, false), SCHED_PRESSURE_OK);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_ELEVATED, R, false), SCHED_PRESSURE_ELEVATED);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_NONE, BACKPRESSURE_REASON_NONE, true), SCHED_PRESSURE_HIGH);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_ELEVATED, Q, true), SCHED_PRESSURE_HIGH);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_HIGH, R, false), SCHED_PRESSURE_STOP);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_HIGH, BACKPRESSURE_REASON_DESTINATION_FULL, false),
+                         SCHED_PRESSURE_STOP);
+        /* High from queueing alone: the path is busy, not failing. */
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_HIGH, Q, false), SCHED_PRESSURE_ELEVATED);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_HIGH, BACKPRESSURE_REASON_SEND_QUEUE, true),
+                         SCHED_PRESSURE_HIGH);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_STALLED, BACKPRESSURE_REASON_STALLED, false),
+                         SCHED_PRESSURE_STOP);
 
         /* Healthy paths: admitted. */
         TICK(0, 0);

@@ -102,7 +102,7 @@ enum {
 enum {
         EPD_BACKPRESSURE_NONE = 0,     /* send freely */
         EPD_BACKPRESSURE_ELEVATED = 1, /* the window is smaller: prefer other peers */
-        EPD_BACKPRESSURE_HIGH = 2,     /* no new handoff to this peer (Backpressure error) */
+        EPD_BACKPRESSURE_HIGH = 2,     /* from loss: no new handoff to this peer; from queueing: as elevated */
         EPD_BACKPRESSURE_STALLED = 3,  /* the path is not moving, or gone */
 };
 #endif
