@@ -10,6 +10,8 @@
 #include "arena.h"
 #include "bus-error.h"
 #include "bus-handoff.h"
+#include "copy.h"
+#include "gpu-domain.h"
 #include "handoff-proto.h"
 #include "kvlayout.h"
 #include "log.h"
@@ -18,6 +20,7 @@
 #include "peer.h"
 #include "sequence.h"
 #include "telemetry.h"
+#include "transport/cuda.h"
 #include "transport/local.h"
 #include "worker.h"
 
@@ -67,9 +70,14 @@ static void obj_free(HandoffObject *o);
 /* The request's trace (daemon/telemetry.h): every step of a handoff under its request id. */
 static void trace(HandoffObject *o, TraceEventType type, const TraceDetail *d) {
         TraceDetail x = d ? *d : (TraceDetail){};
-        x.transport = x.transport ?: (o->peer ? "tcp" : "local");
+        x.transport = x.transport ?: (o->peer ? "tcp" : o->gpu ? "cuda" : "local");
         x.peer = x.peer ?: (o->peer_host[0] ? o->peer_host : NULL);
         (void)telemetry_trace(o->hm->manager, o->request_str, type, &x);
+}
+
+/* The CUDA transport, where the GPU domain is on. */
+static Transport *gpu_transport(HandoffManager *hm) {
+        return hm->manager->gpu ? hm->manager->gpu->transport : NULL;
 }
 
 static Manager *obj_manager(HandoffObject *o) {
@@ -458,7 +466,9 @@ static int post_group(HandoffObject *o, uint32_t g) {
                 return r;
         }
 
-        Transport *t = o->peer ? peer_manager_transport(obj_manager(o)->peers) : hm->local;
+        Transport *t = o->peer ? peer_manager_transport(obj_manager(o)->peers)
+                     : o->gpu ? gpu_transport(hm)
+                              : hm->local;
         if (!t)
                 return -ENOTCONN;
 
@@ -567,6 +577,14 @@ static int on_local_completion(sd_event_source *s, int fd, uint32_t revents, voi
         return 0;
 }
 
+static int on_gpu_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        HandoffManager *hm = userdata;
+        Transport *t = gpu_transport(hm);
+        if (t)
+                on_completions(hm, t);
+        return 0;
+}
+
 static int on_peer_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         HandoffManager *hm = userdata;
         Transport *t = peer_manager_transport(hm->manager->peers);
@@ -577,17 +595,22 @@ static int on_peer_completion(sd_event_source *s, int fd, uint32_t revents, void
 
 /* ---- destination: reserving pages ---- */
 
-/* A KV arena with pages of page_size that `target` (if any) maps. Prefers `prefer`. */
-static Arena *pick_arena(Manager *m, uint64_t page_size, const Worker *target, Arena *prefer) {
+/* A KV arena with pages of page_size that `target` (if any) maps. Prefers `prefer`.
+ * Bytes from another host land in host arenas only (the peer transports write into
+ * the daemon's mapping); within this host, GPU arenas too (the CUDA transport). */
+static Arena *pick_arena(Manager *m, uint64_t page_size, const Worker *target, Arena *prefer, bool host_only) {
         if (prefer && prefer->pages && page_pool_page_size(prefer->pages) == page_size &&
+            (!host_only || prefer->domain == MEMORY_HOST) &&
             (!target || (target->arena_mask & (UINT64_C(1) << prefer->index))))
                 return prefer;
         for (size_t i = 0; i < m->n_arenas; i++) {
                 Arena *a = m->arenas[i];
                 if (a->usage != ARENA_USAGE_KV || !a->pages || page_pool_page_size(a->pages) != page_size)
                         continue;
-                if (a->domain != MEMORY_HOST)
-                        continue; /* the GPU paths are not wired to handoffs yet */
+                if (host_only && a->domain != MEMORY_HOST)
+                        continue;
+                if (a->domain == MEMORY_GPU && !m->gpu)
+                        continue;
                 if (target && !(target->arena_mask & (UINT64_C(1) << a->index)))
                         continue;
                 return a;
@@ -751,19 +774,27 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
         }
 
         Arena *src_arena = page_manager_sequence_arena(m->page_manager, s);
-        if (!src_arena || src_arena->domain != MEMORY_HOST)
-                return epd_bus_error(error, EPD_ERROR_UNSUPPORTED, "Handoffs move host arenas' pages only, for now.");
+        if (!src_arena)
+                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "The sequence's arena is gone.");
+        if (src_arena->domain == MEMORY_GPU && !m->gpu)
+                return epd_bus_error(error, EPD_ERROR_UNSUPPORTED, "The GPU domain is off.");
+        if (!local && src_arena->domain != MEMORY_HOST && !hm->staging_ok)
+                return epd_bus_error(error, EPD_ERROR_UNSUPPORTED,
+                                     "Handoffs to another host move host arenas' pages only.");
         Arena *dst_arena = NULL;
         if (local) {
                 Arena *want = src_arena;
                 if (a->arena && a->arena[0] && !(want = manager_find_arena(m, a->arena)))
                         return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No arena named '%s'.", a->arena);
-                dst_arena = pick_arena(m, w->layout->page_size, target, want);
+                dst_arena = pick_arena(m, w->layout->page_size, target, want, false);
                 if (!dst_arena || (a->arena && a->arena[0] && dst_arena != want))
                         return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                             "No host KV arena with pages of %" PRIu64 " bytes%s.", w->layout->page_size,
+                                             "No KV arena with pages of %" PRIu64 " bytes%s.", w->layout->page_size,
                                              target ? " that the target worker maps" : "");
         }
+        /* Within this host, a copy that touches GPU memory goes through the CUDA transport. */
+        bool gpu = local && dst_arena != src_arena &&
+                   (src_arena->domain == MEMORY_GPU || dst_arena->domain == MEMORY_GPU);
 
         usec_t timeout = a->timeout_usec ? a->timeout_usec : m->config.handoff_timeout_usec;
         hm->last_token = handoff_next_token(hm->last_token, now_usec(CLOCK_REALTIME));
@@ -774,6 +805,7 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
         o->layouts = TAKE_PTR(layouts);
         o->page_size = w->layout->page_size;
         o->arena = src_arena->index;
+        o->gpu = gpu;
         o->pool = s->pool;
         o->n_pages = (uint32_t)s->n_pages;
         o->pages = calloc(o->n_pages, sizeof *o->pages);
@@ -799,6 +831,7 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
                         d->page_size = o->page_size;
                         d->target_worker = o->target_worker;
                         d->twin = o;
+                        d->gpu = gpu;
                         o->twin = d;
                         if (dst_arena == src_arena) {
                                 /* Same arena: the pages themselves are handed over. */
@@ -949,7 +982,7 @@ static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
                 (void)handoff_message_group_layout(in, g, &layouts[g]);
                 bytes[g] = handoff_group_layout_bytes(&layouts[g]) * in->n_pages;
         }
-        Arena *a = pick_arena(m, in->page_size, NULL, NULL);
+        Arena *a = pick_arena(m, in->page_size, NULL, NULL, true);
         usec_t timeout = in->timeout_usec ? MIN(in->timeout_usec, m->config.handoff_timeout_usec)
                                           : m->config.handoff_timeout_usec;
         HandoffObject *d = NULL;
@@ -1484,6 +1517,15 @@ static int handoff_init(Manager *m) {
                             on_local_completion, hm);
         if (r < 0)
                 return r;
+        /* The GPU domain's copies (its subsystem starts first and registered every arena
+         * with the CUDA transport). */
+        Transport *gt = gpu_transport(hm);
+        if (gt) {
+                r = sd_event_add_io(m->event, &hm->gpu_source, gt->ops->completion_fd(gt), EPOLLIN,
+                                    on_gpu_completion, hm);
+                if (r < 0)
+                        return log_error_errno(r, "handoff: cannot watch the CUDA transport: %m");
+        }
         /* The peer manager may start after this subsystem: hook into it from the loop's
          * first iteration, before any peer can have authenticated. */
         r = sd_event_add_defer(m->event, &hm->attach, attach_peer, hm);
@@ -1514,6 +1556,18 @@ static void handoff_done(Manager *m) {
                 hm->local->ops->free(hm->local); /* joins the copy threads */
                 hm->local = NULL;
         }
+        /* A GPU copy cannot be recalled: wait for those in flight before their pages go
+         * (the CUDA transport itself goes later, with the GPU domain). */
+        Transport *gt = gpu_transport(hm);
+        if (gt) {
+                GpuCopyEngine *e = cuda_transport_engine(gt);
+                TransportCompletion c[64];
+                while (gpu_copy_engine_in_flight(e) > 0 && gpu_copy_wait(e, 1000) >= 0)
+                        while (gt->ops->poll(gt, c, ELEMENTSOF(c)) > 0)
+                                ;
+                while (gt->ops->poll(gt, c, ELEMENTSOF(c)) > 0)
+                        ;
+        }
         while ((it = 0, hm->by_handle && hashmap_iterate(hm->by_handle, &it, (void **)&o, NULL))) {
                 if (handoff_is_live(o->h))
                         (void)handoff_rollback(o->h, HANDOFF_CAUSE_SHUTDOWN, false);
@@ -1534,6 +1588,7 @@ static void handoff_done(Manager *m) {
                 free(hashmap_remove(hm->incoming, &((InWrite *)v)->key));
         sd_event_source_disable_unref(hm->local_source);
         sd_event_source_disable_unref(hm->peer_source);
+        sd_event_source_disable_unref(hm->gpu_source);
         sd_event_source_disable_unref(hm->attach);
         hashmap_free(hm->by_handle);
         hashmap_free(hm->sources);

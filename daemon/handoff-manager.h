@@ -66,6 +66,7 @@ struct HandoffObject {
         bool holds_pages;        /* leases (source) / refs + leases (destination) */
         uint64_t *page_keys;     /* destination: keys in hm->dest_pages */
         bool zero_copy;
+        bool gpu;                /* local, through the CUDA transport (a GPU arena on a side) */
 
         /* Where the bytes go (source): the destination's arena region and page offsets. */
         uint32_t dst_region;
@@ -95,6 +96,8 @@ struct HandoffManager {
         Transport *local;
         sd_event_source *local_source;
         sd_event_source *peer_source;
+        sd_event_source *gpu_source;  /* the CUDA transport's completions (m->gpu) */
+        bool staging_ok;          /* GPU source pages to another host: staged through host memory */
         sd_event_source *attach;  /* deferred: hooks into the peer manager */
         bool peer_attached;
         uint64_t next_cookie;
