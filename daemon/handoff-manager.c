@@ -24,11 +24,14 @@
 #include "transport/local.h"
 #include "worker.h"
 
-/* A write this daemon posted (source side), by cookie. */
+/* Writes this daemon posted (source side), by cookie: one per write to a peer (whose
+ * cookies travel and must be unique), one per group's batch within this host (every
+ * write of the batch carries the cookie; `pending` of them have not completed). */
 typedef struct OutWrite {
         uint64_t cookie;
         HandoffObject *obj;
         uint32_t group;
+        size_t pending;
 } OutWrite;
 
 /* A write a peer is landing here (destination side), by (peer, cookie). */
@@ -478,19 +481,24 @@ static int post_group(HandoffObject *o, uint32_t g) {
         for (uint32_t i = 0; i < o->n_pages; i++)
                 src[i] = page_offset(o->pool, o->pages[i]);
         PlanCtx c = { .o = o, .group = g };
-        r = handoff_plan_group(&o->layouts[g], src, o->dst_offsets, o->n_pages, hm->slice_size,
+        /* The CUDA transport takes runs whole (slices only cut a copy-engine operation
+         * into several, each costing microseconds). */
+        r = handoff_plan_group(&o->layouts[g], src, o->dst_offsets, o->n_pages, o->gpu ? 0 : hm->slice_size,
                                plan_collect, &c);
         if (r < 0) {
                 free(c.w);
                 return r;
         }
-        OutWrite **ow = calloc(MAX(c.n, (size_t)1), sizeof *ow);
+        /* Within this host, the whole batch shares one cookie. */
+        size_t n_out = o->peer ? c.n : MIN(c.n, (size_t)1);
+        OutWrite **ow = calloc(MAX(n_out, (size_t)1), sizeof *ow);
         if (!ow) {
                 free(c.w);
                 return -ENOMEM;
         }
         size_t i;
-        for (i = 0; i < c.n; i++) {
+        r = 0;
+        for (i = 0; i < n_out; i++) {
                 ow[i] = malloc(sizeof(OutWrite));
                 if (!ow[i]) {
                         r = -ENOMEM;
@@ -500,14 +508,16 @@ static int post_group(HandoffObject *o, uint32_t g) {
                         .cookie = (++hm->next_cookie << COOKIE_GROUP_BITS) | g,
                         .obj = o,
                         .group = g,
+                        .pending = o->peer ? 1 : c.n,
                 };
-                c.w[i].cookie = ow[i]->cookie;
                 r = hashmap_put(hm->writes, &ow[i]->cookie, ow[i]);
                 if (r < 0) {
                         free(ow[i]);
                         break;
                 }
         }
+        for (size_t k = 0; r >= 0 && k < c.n; k++)
+                c.w[k].cookie = ow[o->peer ? k : 0]->cookie;
         if (r >= 0)
                 r = t->ops->post(t, o->peer, c.w, c.n);
         if (r < 0) {
@@ -546,14 +556,15 @@ static void on_completions(HandoffManager *hm, Transport *t) {
         size_t n;
         while ((n = t->ops->poll(t, c, ELEMENTSOF(c))) > 0)
                 for (size_t i = 0; i < n; i++) {
-                        OutWrite *w = hashmap_remove(hm->writes, &c[i].cookie);
+                        OutWrite *w = hashmap_get(hm->writes, &c[i].cookie);
                         if (!w) {
                                 log_debug("handoff: completion of unknown write %" PRIu64, c[i].cookie);
                                 continue;
                         }
                         HandoffObject *o = w->obj;
                         uint32_t g = w->group;
-                        free(w);
+                        if (--w->pending == 0)
+                                free(hashmap_remove(hm->writes, &c[i].cookie));
                         uint64_t bytes = c[i].error < 0 ? 0 : c[i].bytes;
                         (void)handoff_write_done(o->h, g, bytes, c[i].error);
                         if (o->twin) {
