@@ -180,12 +180,13 @@ static void obj_drop_pages(HandoffObject *o) {
         if (!o->holds_pages)
                 return;
         o->holds_pages = false;
-        for (uint32_t i = 0; i < o->n_pages; i++) {
+        /* Last page first, like sequences (sequence.c): freed pages come back in order. */
+        for (uint32_t i = o->n_pages; i > 0; i--) {
                 if (o->page_keys)
-                        (void)hashmap_remove(o->hm->dest_pages, &o->page_keys[i]);
-                (void)page_unlease(o->pool, o->pages[i]);
+                        (void)hashmap_remove(o->hm->dest_pages, &o->page_keys[i - 1]);
+                (void)page_unlease(o->pool, o->pages[i - 1]);
                 if (o->h->role == HANDOFF_DESTINATION && !o->zero_copy)
-                        (void)page_unref(o->pool, o->pages[i]);
+                        (void)page_unref(o->pool, o->pages[i - 1]);
         }
 }
 
