@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 
 #include "arena.h"
 #include "bus-error.h"
@@ -32,7 +33,17 @@ typedef struct OutWrite {
         HandoffObject *obj;
         uint32_t group;
         size_t pending;
+        bool stage;   /* a GPU → staging copy (CUDA transport) of a remote handoff */
+        int error;    /* stage: the first error of its writes */
 } OutWrite;
+
+/* A pinned host buffer that GPU pages are staged through on their way to another host. */
+struct HandoffStaging {
+        TransportRegion region;  /* MEMORY_HOST; id HANDOFF_STAGING_REGION_BASE + slot */
+        uint32_t slot;
+        bool busy;
+        bool in_cuda, in_peer;   /* registered with the CUDA / the peer transport */
+};
 
 /* A write a peer is landing here (destination side), by (peer, cookie). */
 typedef struct InKey {
@@ -174,6 +185,95 @@ static void send_message(HandoffObject *o, HandoffMessage *m) {
                                 handoff_message_type_to_string(m->type), o->peer_host);
 }
 
+/* ---- staging buffers (GPU pages to another host) ---- */
+
+static Transport *gpu_transport(HandoffManager *hm);
+
+static void staging_free(HandoffManager *hm, HandoffStaging *st) {
+        Manager *m = hm->manager;
+        Transport *t;
+        if (!st)
+                return;
+        if (st->in_peer && (t = peer_manager_transport(m->peers)))
+                t->ops->unregister_region(t, &st->region);
+        if (st->in_cuda && (t = gpu_transport(hm)))
+                t->ops->unregister_region(t, &st->region); /* unpins */
+        if (st->region.host_base) {
+                (void)munmap(st->region.host_base, st->region.size);
+                hm->staging_bytes -= st->region.size;
+        }
+        hm->staging[st->slot] = NULL;
+        free(st);
+}
+
+/* An idle buffer of at least `size` bytes, or a new one (pinned and registered with
+ * both transports), within HANDOFF_STAGING_BYTES_MAX in all: idle buffers go to make
+ * room. -ENOSPC when busy ones fill it. */
+static int staging_acquire(HandoffManager *hm, uint64_t size, HandoffStaging **ret) {
+        Manager *m = hm->manager;
+        HandoffStaging *best = NULL;
+        uint32_t slot = HANDOFF_STAGING_MAX;
+        int r;
+
+        size = ALIGN_TO(size, (uint64_t)(2U << 20));
+        if (size == 0 || size > HANDOFF_STAGING_BYTES_MAX)
+                return -ENOSPC;
+        for (uint32_t i = 0; i < HANDOFF_STAGING_MAX; i++) {
+                HandoffStaging *st = hm->staging[i];
+                if (st && !st->busy && st->region.size >= size && (!best || st->region.size < best->region.size))
+                        best = st;
+        }
+        if (best) {
+                best->busy = true;
+                *ret = best;
+                return 0;
+        }
+        for (uint32_t i = 0; i < HANDOFF_STAGING_MAX && hm->staging_bytes + size > HANDOFF_STAGING_BYTES_MAX; i++)
+                if (hm->staging[i] && !hm->staging[i]->busy)
+                        staging_free(hm, hm->staging[i]);
+        if (hm->staging_bytes + size > HANDOFF_STAGING_BYTES_MAX)
+                return -ENOSPC;
+        for (uint32_t i = 0; i < HANDOFF_STAGING_MAX && slot == HANDOFF_STAGING_MAX; i++)
+                if (!hm->staging[i])
+                        slot = i;
+        if (slot == HANDOFF_STAGING_MAX)
+                return -ENOSPC;
+
+        HandoffStaging *st = calloc(1, sizeof *st);
+        if (!st)
+                return -ENOMEM;
+        st->slot = slot;
+        hm->staging[slot] = st;
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+                r = -errno;
+                staging_free(hm, st);
+                return r;
+        }
+        st->region = (TransportRegion) { .id = HANDOFF_STAGING_REGION_BASE + slot, .domain = MEMORY_HOST,
+                                         .host_base = p, .size = size };
+        hm->staging_bytes += size;
+        Transport *gt = gpu_transport(hm), *nt = peer_manager_transport(m->peers);
+        r = gt && nt ? 0 : -ENOTCONN;
+        if (r >= 0)
+                r = gt->ops->register_region(gt, &st->region);
+        if (r >= 0) {
+                st->in_cuda = true;
+                r = nt->ops->register_region(nt, &st->region);
+        }
+        if (r < 0) {
+                log_warning_errno(r, "handoff: cannot set up a staging buffer of %" PRIu64 " bytes: %m", size);
+                staging_free(hm, st);
+                return r;
+        }
+        st->in_peer = true;
+        st->busy = true;
+        log_debug("handoff: staging buffer %u of %" PRIu64 " bytes (%" PRIu64 " in all)", slot, size,
+                  hm->staging_bytes);
+        *ret = st;
+        return 0;
+}
+
 /* ---- pages ---- */
 
 static void obj_drop_pages(HandoffObject *o) {
@@ -236,6 +336,12 @@ static void obj_free(HandoffObject *o) {
                 sd_bus_message_unref(o->pending_reply);
         }
         sd_event_source_disable_unref(o->timer);
+        if (o->staging)
+                o->staging->busy = false; /* no write of it is in flight (handoff_can_free) */
+        for (uint32_t g = 0; o->net && g < o->h->n_groups; g++)
+                free(o->net[g]);
+        free(o->net);
+        free(o->n_net);
         free(o->pages);
         free(o->page_keys);
         free(o->dst_offsets);
@@ -456,10 +562,121 @@ static int plan_collect(const HandoffSlice *s, void *userdata) {
         return 0;
 }
 
+/* A remote handoff of GPU pages, group g: the group's bytes of every page are copied
+ * into the staging buffer (page i at i × page_size, one batch on the CUDA transport);
+ * once that batch completed, stage_landed() posts the peer writes planned here, from
+ * the staging buffer to the destination's pages. The group counts both kinds of write;
+ * the staging copies count no bytes. */
+static int post_group_staged(HandoffObject *o, uint32_t g) {
+        HandoffManager *hm = o->hm;
+        Transport *gt = gpu_transport(hm);
+        uint32_t stage_id = o->staging->region.id;
+        int r;
+
+        if (!gt || !o->peer)
+                return -ENOTCONN;
+        _cleanup_(freep) uint64_t *src = calloc(o->n_pages, sizeof *src);
+        _cleanup_(freep) uint64_t *mid = calloc(o->n_pages, sizeof *mid);
+        if (!src || !mid)
+                return -ENOMEM;
+        for (uint32_t i = 0; i < o->n_pages; i++) {
+                src[i] = page_offset(o->pool, o->pages[i]);
+                mid[i] = (uint64_t)i * o->page_size;
+        }
+        PlanCtx a = { .o = o, .group = g }, b = { .o = o, .group = g };
+        r = handoff_plan_group(&o->layouts[g], src, mid, o->n_pages, 0, plan_collect, &a);
+        if (r >= 0)
+                r = handoff_plan_group(&o->layouts[g], mid, o->dst_offsets, o->n_pages, hm->slice_size,
+                                       plan_collect, &b);
+        if (r >= 0 && (a.n == 0 || b.n == 0))
+                r = -EINVAL;
+        OutWrite *ow = r >= 0 ? malloc(sizeof *ow) : NULL;
+        if (r >= 0 && !ow)
+                r = -ENOMEM;
+        if (r >= 0) {
+                *ow = (OutWrite) { .cookie = (++hm->next_cookie << COOKIE_GROUP_BITS) | g, .obj = o, .group = g,
+                                   .pending = a.n, .stage = true };
+                r = hashmap_put(hm->writes, &ow->cookie, ow);
+                if (r < 0)
+                        free(ow);
+        }
+        if (r >= 0) {
+                for (size_t k = 0; k < a.n; k++) {
+                        a.w[k].dst_region = stage_id;
+                        a.w[k].cookie = ow->cookie;
+                }
+                for (size_t k = 0; k < b.n; k++)
+                        b.w[k].src_region = stage_id;
+                r = gt->ops->post(gt, NULL, a.w, a.n);
+                if (r < 0)
+                        free(hashmap_remove(hm->writes, &ow->cookie));
+        }
+        free(a.w);
+        if (r < 0) {
+                free(b.w);
+                return r;
+        }
+        o->net[g] = b.w;
+        o->n_net[g] = b.n;
+        (void)handoff_group_posted(o->h, g, (uint32_t)(a.n + b.n));
+        hm->counters.batches++;
+        return 0;
+}
+
+/* Group g is in the staging buffer (or failed to get there): its peer writes go now,
+ * or complete at once with the error, so that the group's count of writes in flight
+ * comes down either way. */
+static void stage_landed(HandoffObject *o, uint32_t g, int error) {
+        HandoffManager *hm = o->hm;
+        Transport *nt = peer_manager_transport(hm->manager->peers);
+        TransportWrite *w = o->net ? o->net[g] : NULL;
+        size_t n = o->n_net ? o->n_net[g] : 0, i = 0;
+        int r = error;
+
+        if (!w)
+                return;
+        o->net[g] = NULL;
+        if (r >= 0 && (!handoff_is_live(o->h) || !o->peer || !nt))
+                r = -ECANCELED;
+        OutWrite **ow = r >= 0 ? calloc(n, sizeof *ow) : NULL;
+        if (r >= 0 && !ow)
+                r = -ENOMEM;
+        for (i = 0; r >= 0 && i < n; i++) {
+                ow[i] = malloc(sizeof(OutWrite));
+                if (!ow[i]) {
+                        r = -ENOMEM;
+                        break;
+                }
+                *ow[i] = (OutWrite) { .cookie = (++hm->next_cookie << COOKIE_GROUP_BITS) | g, .obj = o, .group = g,
+                                      .pending = 1 };
+                w[i].cookie = ow[i]->cookie;
+                r = hashmap_put(hm->writes, &ow[i]->cookie, ow[i]);
+                if (r < 0) {
+                        free(ow[i]);
+                        break;
+                }
+        }
+        if (r >= 0)
+                r = nt->ops->post(nt, o->peer, w, n);
+        if (r < 0) {
+                for (size_t k = 0; k < i; k++)
+                        free(hashmap_remove(hm->writes, &ow[k]->cookie));
+                if (r != -ECANCELED)
+                        log_warning_errno(r, "handoff %s: cannot send staged group %" PRIu32 ": %m", o->request_str, g);
+                for (size_t k = 0; k < n; k++)
+                        (void)handoff_write_done(o->h, g, 0, r);
+        }
+        free(ow);
+        free(w);
+}
+
 static int post_group(HandoffObject *o, uint32_t g) {
         HandoffManager *hm = o->hm;
         Handoff *h = o->h;
         int r;
+
+        if (o->staging)
+                return post_group_staged(o, g);
 
         if (o->zero_copy) {
                 r = handoff_group_posted(h, g, 0);
@@ -564,6 +781,19 @@ static void on_completions(HandoffManager *hm, Transport *t) {
                         }
                         HandoffObject *o = w->obj;
                         uint32_t g = w->group;
+                        if (w->stage) {
+                                /* Into the staging buffer: no bytes moved yet. */
+                                if (c[i].error < 0 && w->error == 0)
+                                        w->error = c[i].error;
+                                (void)handoff_write_done(o->h, g, 0, c[i].error);
+                                if (--w->pending == 0) {
+                                        int err = w->error;
+                                        free(hashmap_remove(hm->writes, &c[i].cookie));
+                                        stage_landed(o, g, err);
+                                }
+                                after_event(o);
+                                continue;
+                        }
                         if (--w->pending == 0)
                                 free(hashmap_remove(hm->writes, &c[i].cookie));
                         uint64_t bytes = c[i].error < 0 ? 0 : c[i].bytes;
@@ -790,9 +1020,6 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
                 return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "The sequence's arena is gone.");
         if (src_arena->domain == MEMORY_GPU && !m->gpu)
                 return epd_bus_error(error, EPD_ERROR_UNSUPPORTED, "The GPU domain is off.");
-        if (!local && src_arena->domain != MEMORY_HOST && !hm->staging_ok)
-                return epd_bus_error(error, EPD_ERROR_UNSUPPORTED,
-                                     "Handoffs to another host move host arenas' pages only.");
         Arena *dst_arena = NULL;
         if (local) {
                 Arena *want = src_arena;
@@ -885,6 +1112,24 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
                 log_debug("handoff %s: prepared locally (%s, %u pages, %u groups)", o->request_str,
                           o->zero_copy ? "same arena" : "copy", o->n_pages, n_groups);
                 return sd_bus_reply_method_return(msg, "ot", o->path, o->h->token);
+        }
+
+        /* Remote: GPU pages go through a pinned host staging buffer (the peer transport
+         * sends from host memory). */
+        if (src_arena->domain == MEMORY_GPU) {
+                o->net = calloc(n_groups, sizeof *o->net);
+                o->n_net = calloc(n_groups, sizeof *o->n_net);
+                r = o->net && o->n_net ? staging_acquire(hm, (uint64_t)o->n_pages * o->page_size, &o->staging)
+                                       : -ENOMEM;
+                if (r < 0) {
+                        obj_free(o);
+                        if (r == -ENOSPC)
+                                return epd_bus_error(error, EPD_ERROR_NO_SPACE,
+                                                     "No room for staging %" PRIu64 " bytes of GPU pages to '%s'.",
+                                                     (uint64_t)s->n_pages * w->layout->page_size, a->destination);
+                        return epd_bus_error(error, EPD_ERROR_FAILED, "Cannot stage GPU pages to '%s': %s",
+                                             a->destination, strerror(-r));
+                }
         }
 
         /* Remote: ask the destination; the reply to Prepare waits for its answer. */
@@ -1580,6 +1825,12 @@ static void handoff_done(Manager *m) {
                 while (gt->ops->poll(gt, c, ELEMENTSOF(c)) > 0)
                         ;
         }
+        /* Peer writes out of staging buffers: none may read them once they are gone. */
+        Transport *nt = m->peers ? peer_manager_transport(m->peers) : NULL;
+        it = 0;
+        while (nt && hm->by_handle && hashmap_iterate(hm->by_handle, &it, (void **)&o, NULL))
+                if (o->staging && o->peer)
+                        nt->ops->cancel_peer(nt, o->peer);
         while ((it = 0, hm->by_handle && hashmap_iterate(hm->by_handle, &it, (void **)&o, NULL))) {
                 if (handoff_is_live(o->h))
                         (void)handoff_rollback(o->h, HANDOFF_CAUSE_SHUTDOWN, false);
@@ -1593,6 +1844,8 @@ static void handoff_done(Manager *m) {
         }
         while ((it = 0, hm->rings && hashmap_iterate(hm->rings, &it, (void **)&cr, NULL)))
                 ring_free_object(cr);
+        for (uint32_t i = 0; i < HANDOFF_STAGING_MAX; i++)
+                staging_free(hm, hm->staging[i]);
         void *v;
         while ((it = 0, hm->writes && hashmap_iterate(hm->writes, &it, &v, NULL)))
                 free(hashmap_remove(hm->writes, &((OutWrite *)v)->cookie));

@@ -38,9 +38,16 @@
 #define HANDOFF_PATH_PREFIX "/org/epd1/handoff"
 #define HANDOFF_MANAGER_MAX 65536U      /* handoff objects in the daemon */
 #define HANDOFF_SLICE_DEFAULT (4U << 20) /* bytes per write */
+/* GPU pages to another host go through pinned host staging memory (one buffer per
+ * handoff, its region registered with the CUDA and the peer transport, ids from
+ * HANDOFF_STAGING_REGION_BASE), at most this many bytes of it at a time. */
+#define HANDOFF_STAGING_REGION_BASE 768U
+#define HANDOFF_STAGING_MAX 256U
+#define HANDOFF_STAGING_BYTES_MAX (8ULL << 30)
 
 typedef struct HandoffManager HandoffManager;
 typedef struct HandoffObject HandoffObject;
+typedef struct HandoffStaging HandoffStaging;
 typedef struct Peer Peer;
 
 struct HandoffObject {
@@ -67,6 +74,9 @@ struct HandoffObject {
         uint64_t *page_keys;     /* destination: keys in hm->dest_pages */
         bool zero_copy;
         bool gpu;                /* local, through the CUDA transport (a GPU arena on a side) */
+        HandoffStaging *staging; /* remote with GPU source pages: GPU → host staging → peer */
+        TransportWrite **net;    /* staged: per group, the peer writes, posted once it is staged */
+        size_t *n_net;
 
         /* Where the bytes go (source): the destination's arena region and page offsets. */
         uint32_t dst_region;
@@ -97,7 +107,8 @@ struct HandoffManager {
         sd_event_source *local_source;
         sd_event_source *peer_source;
         sd_event_source *gpu_source;  /* the CUDA transport's completions (m->gpu) */
-        bool staging_ok;          /* GPU source pages to another host: staged through host memory */
+        uint64_t staging_bytes;   /* in all staging buffers */
+        HandoffStaging *staging[HANDOFF_STAGING_MAX]; /* by slot, busy or idle */
         sd_event_source *attach;  /* deferred: hooks into the peer manager */
         bool peer_attached;
         uint64_t next_cookie;

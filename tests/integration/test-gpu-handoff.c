@@ -6,7 +6,10 @@
  *  - rollback: the decode worker dies mid-handoff, and (fake driver only) every copy
  *    fails: the handoff rolls back and nothing is retained;
  *  - copy-on-write: a clone of a sequence in a GPU arena shares its pages; writing one
- *    page copies exactly that page (CowCopies 1), the original keeps its bytes.
+ *    page copies exactly that page (CowCopies 1), the original keeps its bytes;
+ *  - to another host (a second epdd, "bravo", peered over loopback TCP): GPU pages are
+ *    staged through pinned host memory and land exactly in bravo's host arena, twice
+ *    (the staging buffer is reused), and a failing staging copy rolls back both sides.
  *
  * With a GPU (the device machine) it runs on the real driver. Without one it runs on
  * the fake driver's gpu mode (tests/unit/fake-libcuda.c: device memory is memfd-backed
@@ -14,6 +17,7 @@
  * environment and this process's (EPD_LIBCUDA, FAKE_CUDA_MODE=gpu). */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -530,6 +534,171 @@ START_TEST(test_cow) {
 }
 END_TEST
 
+/* ---- to another host ---- */
+
+static Harness hb;
+static char address_b[512], keyfile[128];
+
+static void start_two(const char *fail_copies) {
+        char conf[1024];
+        unsigned port = 20000 + (unsigned)(getpid() % 20000) * 2;
+        choose_driver();
+        snprintf(keyfile, sizeof keyfile, "/tmp/epd-gpu-handoff-key-%d", (int)getpid());
+        int fd = open(keyfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(write(fd, "gpu-handoff-test-cluster-key-0123456789\n", 40), 40);
+        close(fd);
+        if (fake)
+                ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", fail_copies, 1), 0);
+        snprintf(conf, sizeof conf,
+                 CONFIG "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
+                        "[Peer:bravo]\nAddress=127.0.0.1:%u\nHostId=bravo\n",
+                 port, keyfile, port + 1);
+        ck_assert_int_eq(harness_init(&h, conf), 0);
+        snprintf(conf, sizeof conf,
+                 "[Daemon]\nHostId=bravo\n[Arena:kv0]\nSize=16M\n"
+                 "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
+                 "[Peer:alpha]\nAddress=127.0.0.1:%u\nHostId=alpha\n",
+                 port + 1, keyfile, port);
+        ck_assert_int_eq(harness_init(&hb, conf), 0);
+        harness_direct_address(&h, address, sizeof address);
+        harness_direct_address(&hb, address_b, sizeof address_b);
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+        ck_assert_int_eq(harness_start_epdd(&hb, NULL), 0);
+        if (fake)
+                ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", "0", 1), 0);
+        if (!sys) {
+                ck_assert_int_eq(gpu_system_open(getenv("EPD_LIBCUDA"), &sys), 0);
+                ck_assert_int_eq(gpu_device_make_current(sys, &sys->devices[0]), 0);
+        }
+}
+
+static void setup_two(void) {
+        start_two("0");
+}
+
+static void setup_two_failing(void) {
+        start_two("1");
+}
+
+static void teardown_two(void) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        ck_assert_int_eq(harness_stop_epdd(&hb), 0);
+        harness_done(&h);
+        harness_done(&hb);
+        unlink(keyfile);
+}
+
+static epd_client *worker_at(const char *addr, const char *role) {
+        epd_client *c = NULL;
+        ck_assert_int_eq(epd_connect(addr, &c), 0);
+        ck_assert_int_eq(epd_register(c, role, "model", "cuda:0", &kv, NULL), 0);
+        return c;
+}
+
+/* Prepare to bravo, retrying while the peers are still connecting. */
+static int prepare_remote(epd_client *c, const char *r_id, const char *seq, char **path, uint64_t *token) {
+        int r = -EHOSTUNREACH;
+        for (int i = 0; i < 500; i++) {
+                r = epd_handoff_prepare(c, r_id, "bravo", seq, groups4, 4, NULL, path, token);
+                if (r != -EHOSTUNREACH)
+                        break;
+                usleep(20000);
+        }
+        return r;
+}
+
+START_TEST(test_gpu_to_other_host) {
+        epd_client *p = worker("prefill"), *d = worker_at(address_b, "decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "gpu0", N_PAGES, src);
+        Mem ms = map_arena(p, "gpu0"), md = map_arena(d, "kv0");
+
+        for (unsigned round = 0; round < 2; round++) {
+                unsigned id = 10 + round;
+                fill_pages(&ms, src, N_PAGES, id);
+                char *path = NULL;
+                uint64_t token;
+                int r = prepare_remote(p, rid(id), seq, &path, &token);
+                ck_assert_msg(r == 0, "Prepare to bravo: %s", epd_last_error_message(p));
+                epd_handoff_accepted acc;
+                ck_assert_int_eq(epd_handoff_accept(d, rid(id), &acc), 0);
+                ck_assert_uint_eq(acc.n_pages, N_PAGES);
+                for (uint32_t g = 0; g < 4; g++) {
+                        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+                        epd_handoff_status st = {};
+                        for (int i = 0; i < 1000 && st.groups_done < g + 1; i++) {
+                                ck_assert_int_eq(epd_handoff_get(d, acc.path, &st), 0);
+                                ck_assert_uint_le(st.groups_done, g + 1);
+                                if (st.groups_done < g + 1)
+                                        usleep(5000);
+                        }
+                        ck_assert_uint_eq(st.groups_done, g + 1);
+                        ck_assert(layers_equal(&md, acc.offsets, N_PAGES, 0, 2 * (g + 1), id));
+                        if (g < 3)
+                                ck_assert(!layers_equal(&md, acc.offsets, N_PAGES, 2 * (g + 1), 2, id));
+                }
+                char *dseq = NULL;
+                ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+                wait_state(p, path, "committed");
+                ck_assert_int_eq(epd_handoff_release(p, path), 0);
+                ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+                release_sequence(d, dseq);
+                ck_assert_uint_eq(arena_live(d, "kv0"), 0);
+                ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
+                free(dseq);
+                free(path);
+                epd_handoff_accepted_done(&acc);
+        }
+        ck_assert_uint_eq(counter(p, "committed"), 2);
+        ck_assert_uint_eq(counter(p, "bytes"), 2ULL * N_PAGES * PAGE_SIZE); /* staging copies count none */
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, "gpu0"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        printf("handoff gpu0 -> bravo (staged through host memory): 2 x %u pages, exact bytes\n", N_PAGES);
+        free(seq);
+        unmap_arena(&ms);
+        unmap_arena(&md);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+/* The staging copies fail (fake driver): both sides roll back, nothing is retained. */
+START_TEST(test_gpu_to_other_host_fails) {
+        if (!fake) {
+                printf("copy failure injection needs the fake driver: skipped on a real GPU\n");
+                return;
+        }
+        epd_client *p = worker("prefill"), *d = worker_at(address_b, "decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "gpu0", N_PAGES, src);
+        char *path = NULL;
+        uint64_t token;
+        ck_assert_int_eq(prepare_remote(p, rid(20), seq, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(20), &acc), 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 0), 0);
+        wait_state(p, path, "rolled-back");
+        wait_state(d, acc.path, "rolled-back");
+        epd_handoff_status st;
+        ck_assert_int_eq(epd_handoff_get(p, path, &st), 0);
+        ck_assert_str_eq(st.cause, "transfer-failed");
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_uint_eq(arena_live(d, "kv0"), 0);
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, "gpu0"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 static Suite *suite(void) {
         Suite *s = suite_create("gpu-handoff");
         TCase *tc = tcase_create("handoff");
@@ -546,6 +715,16 @@ static Suite *suite(void) {
         tcase_add_test(tf, test_copy_fails);
         tcase_set_timeout(tf, 120);
         suite_add_tcase(s, tf);
+        TCase *tr = tcase_create("other-host");
+        tcase_add_checked_fixture(tr, setup_two, teardown_two);
+        tcase_add_test(tr, test_gpu_to_other_host);
+        tcase_set_timeout(tr, 120);
+        suite_add_tcase(s, tr);
+        TCase *trf = tcase_create("other-host-failing-copies");
+        tcase_add_checked_fixture(trf, setup_two_failing, teardown_two);
+        tcase_add_test(trf, test_gpu_to_other_host_fails);
+        tcase_set_timeout(trf, 120);
+        suite_add_tcase(s, trf);
         return s;
 }
 
