@@ -178,13 +178,21 @@ static bool verify(Mapped *x, const uint64_t *offs, uint32_t n, uint32_t *buf) {
                         CHECK(CU(SYS->driver, cuMemcpyDtoH, buf, x->dev + offs[p], PAGE));
                 else
                         v = (const uint32_t *)(x->host + offs[p]);
-                for (uint64_t k = 0; k < PAGE / CHUNK; k++)
+                for (uint64_t k = 0; k < PAGE / CHUNK; k++) {
+                        /* Whole chunk first (vectorized), the first wrong word only on failure. */
+                        const uint64_t *q = (const uint64_t *)(v + k * (CHUNK / 4));
+                        uint64_t want = word(p, k) * (UINT64_C(1) << 32 | 1), diff = 0;
+                        for (uint64_t w = 0; w < CHUNK / 8; w++)
+                                diff |= q[w] ^ want;
+                        if (diff == 0)
+                                continue;
                         for (uint64_t w = 0; w < CHUNK / 4; w++)
                                 if (v[k * (CHUNK / 4) + w] != word(p, k)) {
                                         fprintf(stderr, "page %u word %" PRIu64 " of chunk %" PRIu64 ": %08x, want %08x\n",
                                                 p, w, k, v[k * (CHUNK / 4) + w], word(p, k));
                                         return false;
                                 }
+                }
         }
         return true;
 }

@@ -100,12 +100,12 @@ if [ -x build-device-asan/bench/gpu/gpu-device-test ]; then
         if [ $r -eq 0 ]; then status "gpu device tests (asan)" ok; else status "gpu device tests (asan)" "FAILED (rc=$r)"; tail -30 "$LOGS/device-test-asan.log"; rc=1; fi
 fi
 
-./build-device/bench/gpu/gpu-bench >"$LOGS/bench.log" 2>&1; r=$?
-if [ $r -ne 0 ]; then status "gpu bench" "FAILED (rc=$r)"; tail -30 "$LOGS/bench.log"; rc=1; fi
-
 # Handoffs through epdd: a real daemon, a prefill and a decode worker process.
 ./build-device/bench/gpu/gpu-handoff-bench ./build-device/daemon/epdd >"$LOGS/handoff-bench.log" 2>&1; r=$?
 if [ $r -eq 0 ]; then status "gpu handoff bench" ok; else status "gpu handoff bench" "FAILED (rc=$r)"; tail -30 "$LOGS/handoff-bench.log"; rc=1; fi
+
+./build-device/bench/gpu/gpu-bench >"$LOGS/bench.log" 2>&1; r=$?
+if [ $r -ne 0 ]; then status "gpu bench" "FAILED (rc=$r)"; tail -30 "$LOGS/bench.log"; rc=1; fi
 
 echo
 echo "== summary =="
