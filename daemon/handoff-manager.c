@@ -187,8 +187,6 @@ static void send_message(HandoffObject *o, HandoffMessage *m) {
 
 /* ---- staging buffers (GPU pages to another host) ---- */
 
-static Transport *gpu_transport(HandoffManager *hm);
-
 static void staging_free(HandoffManager *hm, HandoffStaging *st) {
         Manager *m = hm->manager;
         Transport *t;
