@@ -4,8 +4,10 @@
 /* HandoffManager: the handoff subsystem of epdd. It drives one Handoff state machine
  * (handoff.h) per side of every handoff this daemon takes part in, owns the pages and
  * leases a handoff holds, moves the bytes of each layer group as soon as the prefill
- * worker reports it ready (the local transport within this host, the peer transport to
- * another), speaks the handoff messages of the peer protocol (handoff-proto.h), and
+ * worker reports it ready (within this host the local transport, or the CUDA transport
+ * when a GPU arena is on either side; the peer transport to another host, GPU pages
+ * staged through pinned host memory), speaks the handoff messages of the peer protocol
+ * (handoff-proto.h), and
  * serves the workers' ring pairs (ring.h). The bus glue is bus-handoff.c.
  *
  * Page ownership, the rule that no page is freed while a write into it can land:
