@@ -67,6 +67,9 @@ trap 'kill -TERM $EPDD 2>/dev/null; wait $EPDD 2>/dev/null' EXIT
 export EPD_LIBRARY=$ROOT/$B/client/libepd.so
 ARGS=(--address direct:$D/bus --epdctl $ROOT/$B/tools/epdctl)
 
+echo "== GPU arena through torch views (python/tests/device_gpu_torch.py)"
+(cd python/tests && EPDD=$ROOT/$B/daemon/epdd timeout 60 python3 device_gpu_torch.py) 2>&1 | tail -3 | tee "$OUTDIR/gpu-torch.log"
+gpu_torch_rc=${PIPESTATUS[0]}
 start_epdd
 echo "== token-exact check (small config)"
 timeout ${CHECK_TIMEOUT:-150} python3 bench/e2e/e2e.py "${ARGS[@]}" --check small --requests ${CHECK_REQUESTS:-6} \
@@ -84,4 +87,5 @@ $B/tools/epdctl -A direct:$D/bus features >"$OUTDIR/features.txt" 2>&1
 stop_epdd
 trap - EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-echo "check rc=$check_rc bench rc=$bench_rc epdd exit=$epdd_rc total $(( $(date +%s) - t0 )) s"
+echo "gpu-torch rc=$gpu_torch_rc check rc=$check_rc bench rc=$bench_rc epdd exit=$epdd_rc total $(( $(date +%s) - t0 )) s"
+exit $(( check_rc != 0 || bench_rc != 0 || gpu_torch_rc != 0 ))
