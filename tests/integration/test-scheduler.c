@@ -253,6 +253,20 @@ START_TEST(test_pool_config) {
         sd_bus *bs = register_named(&p, "decode", "slow-1", NULL, slow, sizeof slow);
         sd_bus *tool;
         ck_assert_int_ge(harness_direct_bus(&p, &tool), 0);
+        /* What the selectors match is visible on the worker. */
+        {
+                sd_bus_error e = SD_BUS_ERROR_NULL;
+                char *name = NULL, **labels = NULL;
+                ck_assert_int_ge(sd_bus_get_property_string(tool, NULL, fast, "org.epd1.Worker", "Name", &e, &name), 0);
+                ck_assert_str_eq(name, "fast-0");
+                ck_assert_int_ge(sd_bus_get_property_strv(tool, NULL, fast, "org.epd1.Worker", "Labels", &e, &labels), 0);
+                ck_assert_ptr_nonnull(labels);
+                ck_assert_str_eq(labels[0], "fast");
+                ck_assert_ptr_null(labels[1]);
+                free(name);
+                free(labels[0]);
+                free(labels);
+        }
 
         /* The pools' decode workers are the configured ones, whatever the load. */
         for (int i = 0; i < 3; i++) {
