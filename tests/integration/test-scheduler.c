@@ -248,7 +248,14 @@ START_TEST(test_pool_config) {
                                           "[Pool:thinking]\nDecodeWorkers=name:slow-*\n"),
                          0);
         ck_assert_int_eq(harness_start_epdd(&p, NULL), 0);
-        sd_bus *bp = register_named(&p, "prefill", "pre-0", NULL, pre, sizeof pre);
+        /* The prefill worker through libepd, as a worker would. */
+        char paddr[512];
+        epd_client *bp;
+        static const char *const plabels[] = { "p", "h200", NULL };
+        harness_direct_address(&p, paddr, sizeof paddr);
+        ck_assert_int_eq(epd_connect(paddr, &bp), 0);
+        ck_assert_int_eq(epd_register_named(bp, "prefill", "m", "cpu", NULL, NULL, "pre-0", plabels), 0);
+        snprintf(pre, sizeof pre, "%s", epd_worker_path(bp));
         sd_bus *bf = register_named(&p, "decode", "fast-0", "fast", fast, sizeof fast);
         sd_bus *bs = register_named(&p, "decode", "slow-1", NULL, slow, sizeof slow);
         sd_bus *tool;
@@ -265,6 +272,13 @@ START_TEST(test_pool_config) {
                 ck_assert_ptr_null(labels[1]);
                 free(name);
                 free(labels[0]);
+                free(labels);
+                ck_assert_int_ge(sd_bus_get_property_strv(tool, NULL, pre, "org.epd1.Worker", "Labels", &e, &labels), 0);
+                ck_assert_str_eq(labels[0], "p");
+                ck_assert_str_eq(labels[1], "h200");
+                ck_assert_ptr_null(labels[2]);
+                free(labels[0]);
+                free(labels[1]);
                 free(labels);
         }
 
@@ -317,7 +331,7 @@ START_TEST(test_pool_config) {
         sd_bus_flush_close_unref(tool);
         sd_bus_flush_close_unref(bs);
         sd_bus_flush_close_unref(bf);
-        sd_bus_flush_close_unref(bp);
+        epd_disconnect(bp);
         ck_assert_int_eq(harness_stop_epdd(&p), 0);
         harness_done(&p);
 }
