@@ -4,8 +4,10 @@
 /* HandoffManager: the handoff subsystem of epdd. It drives one Handoff state machine
  * (handoff.h) per side of every handoff this daemon takes part in, owns the pages and
  * leases a handoff holds, moves the bytes of each layer group as soon as the prefill
- * worker reports it ready (the local transport within this host, the peer transport to
- * another), speaks the handoff messages of the peer protocol (handoff-proto.h), and
+ * worker reports it ready (within this host the local transport, or the CUDA transport
+ * when a GPU arena is on either side; the peer transport to another host, GPU pages
+ * staged through pinned host memory), speaks the handoff messages of the peer protocol
+ * (handoff-proto.h), and
  * serves the workers' ring pairs (ring.h). The bus glue is bus-handoff.c.
  *
  * Page ownership, the rule that no page is freed while a write into it can land:
@@ -27,6 +29,7 @@
 
 #include "backpressure.h"
 #include "client.h"
+#include "handoff-record.h"
 #include "handoff.h"
 #include "hashmap.h"
 #include "id.h"
@@ -39,9 +42,16 @@
 #define HANDOFF_PATH_PREFIX "/org/epd1/handoff"
 #define HANDOFF_MANAGER_MAX 65536U      /* handoff objects in the daemon */
 #define HANDOFF_SLICE_DEFAULT (4U << 20) /* bytes per write */
+/* GPU pages to another host go through pinned host staging memory (one buffer per
+ * handoff, its region registered with the CUDA and the peer transport, ids from
+ * HANDOFF_STAGING_REGION_BASE), at most this many bytes of it at a time. */
+#define HANDOFF_STAGING_REGION_BASE 768U
+#define HANDOFF_STAGING_MAX 256U
+#define HANDOFF_STAGING_BYTES_MAX (8ULL << 30)
 
 typedef struct HandoffManager HandoffManager;
 typedef struct HandoffObject HandoffObject;
+typedef struct HandoffStaging HandoffStaging;
 typedef struct Peer Peer;
 
 struct HandoffObject {
@@ -67,6 +77,10 @@ struct HandoffObject {
         bool holds_pages;        /* leases (source) / refs + leases (destination) */
         uint64_t *page_keys;     /* destination: keys in hm->dest_pages */
         bool zero_copy;
+        bool gpu;                /* local, through the CUDA transport (a GPU arena on a side) */
+        HandoffStaging *staging; /* remote with GPU source pages: GPU → host staging → peer */
+        TransportWrite **net;    /* staged: per group, the peer writes, posted once it is staged */
+        size_t *n_net;
 
         /* Where the bytes go (source): the destination's arena region and page offsets. */
         uint32_t dst_region;
@@ -100,12 +114,19 @@ struct HandoffManager {
         Transport *local;
         sd_event_source *local_source;
         sd_event_source *peer_source;
+        sd_event_source *gpu_source;  /* the CUDA transport's completions (m->gpu) */
+        uint64_t staging_bytes;   /* in all staging buffers */
+        HandoffStaging *staging[HANDOFF_STAGING_MAX]; /* by slot, busy or idle */
         sd_event_source *attach;  /* deferred: hooks into the peer manager */
         bool peer_attached;
         uint64_t next_cookie;
         uint64_t last_token;
         uint64_t slice_size;
         HandoffCounters counters;
+        /* What the WAL says about every handoff here (handoff-record.h): updated by
+         * applying each record as it is appended, rebuilt from them at start. */
+        HandoffJournal journal;
+        sd_event_source *journal_grace; /* drops the entries recovered at start */
 };
 
 extern const Subsystem handoff_subsystem;
@@ -146,6 +167,16 @@ void handoff_manager_backpressure_changed(HandoffManager *hm, const char *peer, 
                                           BackpressureReason reason);
 /* The window towards a peer: handoffs and bytes in flight (0 when none). */
 void handoff_manager_window(HandoffManager *hm, const char *peer, unsigned *ret_handoffs, uint64_t *ret_bytes);
+/* WAL replay: one 0x03xx record. A destination's COMMITTED carries its decode
+ * sequence, which is applied to the page manager here. */
+int handoff_manager_apply_record(Manager *m, uint16_t type, const void *payload, size_t len);
+/* After the replay: handoffs that were in flight come back rolled back (journaled);
+ * committed ones stay committed. Entries of before the restart are listed (Journal
+ * property) until a new attempt replaces them or the Attach grace period ends. */
+int handoff_manager_restore_finish(Manager *m);
+/* Compaction: the journal's entries as records. */
+int handoff_manager_snapshot(Manager *m, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+                             void *userdata);
 
 /* Counters, in a stable order: name and value. */
 size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t *values, size_t n);

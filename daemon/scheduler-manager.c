@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,6 +10,7 @@
 #include "log.h"
 #include "pages.h"
 #include "peer.h"
+#include "pool-select.h"
 #include "scheduler-manager.h"
 #include "telemetry.h"
 #include "worker.h"
@@ -34,8 +36,13 @@ unsigned scheduler_stages_of_role(int role) {
 /* Event sources of the subsystem, hung on the Scheduler (sched_set_userdata). */
 typedef struct SchedulerGlue {
         sd_event_source *expire;
-        Hashmap *hosts;            /* char* host id by worker id (ConfigureWorker "Host") */
+        Hashmap *hosts;            /* WorkerHost* by worker id (ConfigureWorker "Host") */
+        /* ConfigureWorker(Pools=): the pools a worker limited itself to, by id_str
+         * (the worker's own string is the key; value: mask | SCHED_OVERRIDE_SET). */
+        Hashmap *overrides;
 } SchedulerGlue;
+
+#define SCHED_OVERRIDE_SET (1u << 16)
 
 static SchedulerGlue *glue(Manager *m) {
         return m->scheduler ? sched_get_userdata(m->scheduler) : NULL;
@@ -120,6 +127,49 @@ static SchedPressure path(void *userdata, const char *from, const char *to) {
         return pr;
 }
 
+/* The scheduler's config from epd.conf's [Pool:NAME] sections over the defaults. */
+static void sched_config_from(const Config *c, SchedConfig *ret) {
+        sched_config_defaults(ret);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                ret->pools[t] = c->pools[t].policy;
+}
+
+unsigned scheduler_worker_pools(Manager *m, Worker *w, SchedStage st) {
+        const PoolSelectWorker psw = {
+                .name = w->name,
+                .role = worker_role_to_string(w->role),
+                .model = w->model,
+                .device = w->device,
+                .labels = (const char *const *)w->labels,
+                .n_labels = w->n_labels,
+        };
+        SchedulerGlue *g = glue(m);
+        unsigned pools = 0;
+
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                if (pool_select_match(m->config.pools[t].workers[st], &psw))
+                        pools |= 1u << t;
+        if (g && g->overrides) {
+                uintptr_t o = (uintptr_t)hashmap_get(g->overrides, w->id_str);
+                if (o & SCHED_OVERRIDE_SET)
+                        pools &= (unsigned)o;
+        }
+        return pools;
+}
+
+int scheduler_set_pool_override(Manager *m, Worker *w, unsigned pools) {
+        SchedulerGlue *g = glue(m);
+        if (!g)
+                return -ENOTCONN;
+        if (!g->overrides && !(g->overrides = hashmap_new(HASHMAP_KEY_STRING, 0)))
+                return -ENOMEM;
+        if (pools == 0) {
+                (void)hashmap_remove(g->overrides, w->id_str);
+                return 0;
+        }
+        return hashmap_replace(g->overrides, w->id_str, (void *)(uintptr_t)(pools | SCHED_OVERRIDE_SET), NULL);
+}
+
 static int on_expire(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
         unsigned n = sched_expire(m->scheduler, now_usec(CLOCK_MONOTONIC));
@@ -151,7 +201,7 @@ static int scheduler_init(Manager *m) {
         SchedConfig c;
         int r;
 
-        sched_config_defaults(&c);
+        sched_config_from(&m->config, &c);
         r = sched_new(&c, &m->scheduler);
         if (r < 0)
                 return log_error_errno(r, "Cannot create the scheduler: %m");
@@ -180,6 +230,7 @@ static void scheduler_done(Manager *m) {
                 while ((it = 0, g->hosts && hashmap_iterate(g->hosts, &it, &v, NULL)))
                         free(hashmap_remove(g->hosts, ((WorkerHost *)v)->worker));
                 hashmap_free(g->hosts);
+                hashmap_free(g->overrides);
                 free(g);
         }
         m->scheduler = sched_free(m->scheduler);
@@ -197,7 +248,7 @@ static int scheduler_worker_added(Manager *m, Worker *w) {
                 r = sched_worker_add(m->scheduler, &(SchedWorkerInfo){
                                                            .id = w->id_str,
                                                            .stage = (SchedStage)st,
-                                                           .pools = (1u << _TASK_TYPE_MAX) - 1,
+                                                           .pools = scheduler_worker_pools(m, w, (SchedStage)st),
                                                            .slots = WORKER_SLOTS_DEFAULT,
                                                    });
                 if (r < 0) {
@@ -234,11 +285,57 @@ void scheduler_refresh_pages(Manager *m) {
 }
 
 static void scheduler_worker_gone(Manager *m, Worker *w) {
+        SchedulerGlue *g = glue(m);
         if (!m->scheduler)
                 return;
         host_forget(glue(m), w->id_str);
+        if (g && g->overrides)
+                (void)hashmap_remove(g->overrides, w->id_str);
         for (int st = 0; st < _SCHED_STAGE_MAX; st++)
                 (void)sched_worker_remove(m->scheduler, w->id_str, (SchedStage)st, now_usec(CLOCK_MONOTONIC));
+}
+
+/* [Pool:NAME] is reloadable: policies apply to the next Admit, and every registered
+ * worker serves the pools the new selectors give it (outstanding requests stay). */
+static int scheduler_reload(Manager *m, const Config *n) {
+        SchedConfig c;
+        PoolConfig pools[_TASK_TYPE_MAX] = {};
+        int r = 0;
+
+        if (!m->scheduler)
+                return 0;
+        sched_config_from(n, &c);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                pools[t].policy = n->pools[t].policy;
+                for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                        if (n->pools[t].workers[st] && !(pools[t].workers[st] = strdup(n->pools[t].workers[st])))
+                                r = -ENOMEM;
+        }
+        if (r >= 0)
+                r = sched_reconfigure(m->scheduler, &c);
+        if (r < 0) {
+                for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                        for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                                free(pools[t].workers[st]);
+                return r;
+        }
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                        free(m->config.pools[t].workers[st]);
+                m->config.pools[t] = pools[t];
+        }
+
+        Worker *w;
+        size_t it = 0;
+        while (hashmap_iterate(m->workers, &it, (void **)&w, NULL)) {
+                unsigned stages = scheduler_stages_of_role(w->role);
+                for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                        if (stages & (1u << st))
+                                (void)sched_worker_set_pools(m->scheduler, w->id_str, (SchedStage)st,
+                                                             scheduler_worker_pools(m, w, (SchedStage)st));
+        }
+        log_info("Scheduler: pool policies reloaded.");
+        return 0;
 }
 
 const Subsystem scheduler_subsystem = {
@@ -246,6 +343,7 @@ const Subsystem scheduler_subsystem = {
         .init = scheduler_init,
         .done = scheduler_done,
         .add_bus = bus_scheduler_add,
+        .reload = scheduler_reload,
         .worker_added = scheduler_worker_added,
         .worker_gone = scheduler_worker_gone,
 };
