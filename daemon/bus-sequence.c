@@ -508,7 +508,14 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = directory_insert_chain(s->manager->directory, s->pool, hashes, s->pages + first, n);
         if (r < 0)
                 return pages_error(error, r, "Publish");
-        return sd_bus_reply_method_return(msg, "u", (uint32_t)r);
+        /* The entries are journaled: acknowledged once durable. */
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int k = sd_bus_message_new_method_return(msg, &reply);
+        if (k >= 0)
+                k = sd_bus_message_append(reply, "u", (uint32_t)r);
+        if (k < 0)
+                return k;
+        return reply_journaled(s->manager->manager, msg, reply);
 }
 
 static int grant_target(Manager *m, sd_bus_message *msg, Worker **ret, sd_bus_error *error) {

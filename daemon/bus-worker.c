@@ -67,6 +67,22 @@ static int property_layout(sd_bus *bus, const char *path, const char *interface,
                                      w->kv.k_bytes_per_token, w->kv.v_bytes_per_token, w->kv.dtype);
 }
 
+/* The "name" and "labels" registration options ([Pool:NAME] worker selectors). */
+static int property_name(sd_bus *bus, const char *path, const char *interface, const char *property,
+                         sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Worker *w = userdata;
+        return sd_bus_message_append(reply, "s", w->name ?: "");
+}
+
+static int property_labels(sd_bus *bus, const char *path, const char *interface, const char *property,
+                           sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Worker *w = userdata;
+        int r = sd_bus_message_open_container(reply, 'a', "s");
+        for (size_t i = 0; r >= 0 && i < w->n_labels; i++)
+                r = sd_bus_message_append(reply, "s", w->labels[i]);
+        return r < 0 ? r : sd_bus_message_close_container(reply);
+}
+
 static const sd_bus_vtable worker_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY("Id", "s", property_id, 0, SD_BUS_VTABLE_PROPERTY_CONST),
@@ -78,6 +94,8 @@ static const sd_bus_vtable worker_vtable[] = {
         SD_BUS_PROPERTY("RegisteredAt", "t", NULL, offsetof(Worker, registered_usec),
                         SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("KvLayout", "(uutts)", property_layout, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Name", "s", property_name, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Labels", "as", property_labels, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_VTABLE_END,
 };
 
