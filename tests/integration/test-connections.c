@@ -1,0 +1,217 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* Direct connections under churn: several threads connect, register, call and close
+ * (politely or by shutting the socket down under the daemon) in random interleavings,
+ * so that the daemon accepts new connections while others are going away in the same
+ * loop iteration. Every Register and every call must succeed; afterwards no worker is
+ * left and epdd exits cleanly (under ASan: without a leak). A second test fills
+ * MaxClients=: the connection past the limit is refused without a leak, the others keep
+ * working, and a freed slot can be used again. */
+#include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define THREADS 6
+#define STEPS 300
+#define SLOTS 3
+
+static Harness h;
+static char address[512];
+
+static const epd_kv_layout kv = { .layers = 4, .tokens_per_block = 16, .k_bytes_per_token = 256,
+                                  .v_bytes_per_token = 256, .dtype = "bf16" };
+
+static void start(const char *extra) {
+        ck_assert_int_eq(harness_init(&h, extra), 0);
+        harness_start(&h, false, address, sizeof address);
+}
+
+static void teardown(void) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+}
+
+static int count_workers(void) {
+        sd_bus *bus;
+        ck_assert_int_ge(harness_raw_bus(&h, &bus), 0);
+        int n = harness_count_workers(bus, harness_destination(&h));
+        sd_bus_flush_close_unref(bus);
+        return n;
+}
+
+static bool no_workers(void *userdata) {
+        return count_workers() == 0;
+}
+
+typedef struct Churn {
+        unsigned seed;
+        unsigned connects, calls, closes, failures;
+        char first_error[256];
+} Churn;
+
+static void churn_fail(Churn *t, epd_client *c, int r, const char *what) {
+        if (t->failures++ == 0)
+                snprintf(t->first_error, sizeof t->first_error, "%s: %s (%s)", what, strerror(-r),
+                         c && epd_last_error_name(c) ? epd_last_error_name(c) : "no error name");
+}
+
+static epd_client *churn_close(Churn *t, epd_client *c) {
+        /* Half of the closes shut the socket down first, the way a dying worker's
+         * connection ends: the daemon sees EOF with nothing said. */
+        if (rand_r(&t->seed) % 2) {
+                int fd = epd_get_fd(c);
+                if (fd >= 0)
+                        (void)shutdown(fd, SHUT_RDWR);
+        }
+        t->closes++;
+        return epd_disconnect(c);
+}
+
+static void *churn_thread(void *userdata) {
+        Churn *t = userdata;
+        epd_client *slots[SLOTS] = { NULL };
+        for (unsigned step = 0; step < STEPS; step++) {
+                unsigned i = (unsigned)rand_r(&t->seed) % SLOTS;
+                int r;
+                if (!slots[i]) {
+                        r = epd_connect(address, &slots[i]);
+                        if (r < 0) {
+                                churn_fail(t, NULL, r, "connect");
+                                slots[i] = NULL;
+                                continue;
+                        }
+                        r = epd_register(slots[i], "prefill", "churn", "cpu", &kv, NULL);
+                        if (r < 0) {
+                                churn_fail(t, slots[i], r, "register");
+                                slots[i] = epd_disconnect(slots[i]);
+                                continue;
+                        }
+                        t->connects++;
+                        /* Often close another slot right away: its end and the next
+                         * connection's start reach the daemon together. */
+                        unsigned j = (i + 1) % SLOTS;
+                        if (slots[j] && rand_r(&t->seed) % 2)
+                                slots[j] = churn_close(t, slots[j]);
+                } else if (rand_r(&t->seed) % 4 == 0) {
+                        /* A tool that asks and leaves without reading the answer (its
+                         * reply meets a closed socket), as a polling epdctl may. */
+                        sd_bus *bus = NULL;
+                        r = harness_direct_bus(&h, &bus);
+                        if (r >= 0)
+                                r = sd_bus_call_method_async(bus, NULL, NULL, "/org/epd1",
+                                                             "org.freedesktop.DBus.Properties", "Get",
+                                                             NULL, NULL, "ss", "org.epd1.Manager", "Version");
+                        if (r >= 0)
+                                r = sd_bus_flush(bus);
+                        if (r < 0)
+                                churn_fail(t, NULL, r, "hit and run");
+                        sd_bus_close_unref(bus);
+                } else if (rand_r(&t->seed) % 3 == 0) {
+                        slots[i] = churn_close(t, slots[i]);
+                } else {
+                        char *v = NULL;
+                        r = epd_get_version(slots[i], &v);
+                        if (r < 0)
+                                churn_fail(t, slots[i], r, "GetVersion");
+                        free(v);
+                        t->calls++;
+                }
+        }
+        for (unsigned i = 0; i < SLOTS; i++)
+                if (slots[i])
+                        slots[i] = churn_close(t, slots[i]);
+        return NULL;
+}
+
+START_TEST(test_churn) {
+        start(NULL);
+        pthread_t threads[THREADS];
+        Churn churn[THREADS];
+        for (unsigned i = 0; i < THREADS; i++) {
+                churn[i] = (Churn){ .seed = 0x5eed + i * 7919 };
+                ck_assert_int_eq(pthread_create(&threads[i], NULL, churn_thread, &churn[i]), 0);
+        }
+        unsigned connects = 0, calls = 0, failures = 0;
+        for (unsigned i = 0; i < THREADS; i++) {
+                ck_assert_int_eq(pthread_join(threads[i], NULL), 0);
+                connects += churn[i].connects;
+                calls += churn[i].calls;
+                failures += churn[i].failures;
+                if (churn[i].failures)
+                        fprintf(stderr, "thread %u: %u failures, first %s\n", i, churn[i].failures,
+                                churn[i].first_error);
+        }
+        fprintf(stderr, "churn: %u registrations, %u calls, %u failures\n", connects, calls, failures);
+        ck_assert_uint_eq(failures, 0);
+        ck_assert_uint_gt(connects, THREADS * STEPS / 10);
+        /* Every closed connection released its worker. */
+        ck_assert(harness_wait_for(no_workers, NULL, 10000));
+        teardown();
+}
+END_TEST
+
+#define LIMIT 4
+
+START_TEST(test_limit) {
+        start("[Limits]\nMaxClients=" "4" "\n");
+        epd_client *c[LIMIT + 1];
+        /* The raw bus of count_workers() takes a slot while it is open. */
+        for (unsigned i = 0; i < LIMIT - 1; i++) {
+                ck_assert_int_eq(epd_connect(address, &c[i]), 0);
+                ck_assert_int_eq(epd_register(c[i], "decode", "limit", "cpu", &kv, NULL), 0);
+        }
+        ck_assert_int_eq(epd_connect(address, &c[LIMIT - 1]), 0);
+        char *v = NULL;
+        ck_assert_int_eq(epd_get_version(c[LIMIT - 1], &v), 0);
+        free(v);
+        /* Past the limit: refused, and the others still answer. */
+        for (unsigned k = 0; k < 3; k++) {
+                /* The daemon closes it at once: connect() itself or the first call fails. */
+                if (epd_connect(address, &c[LIMIT]) < 0)
+                        continue;
+                ck_assert_int_lt(epd_get_version(c[LIMIT], &v), 0);
+                c[LIMIT] = epd_disconnect(c[LIMIT]);
+        }
+        for (unsigned i = 0; i < LIMIT; i++) {
+                ck_assert_int_eq(epd_get_version(c[i], &v), 0);
+                free(v);
+        }
+        /* A closed connection frees its slot. */
+        c[0] = epd_disconnect(c[0]);
+        bool ok = false;
+        for (unsigned tries = 0; !ok && tries < 100; tries++) {
+                ck_assert_int_eq(epd_connect(address, &c[0]), 0);
+                ok = epd_register(c[0], "decode", "limit", "cpu", &kv, NULL) >= 0;
+                if (!ok) {
+                        c[0] = epd_disconnect(c[0]);
+                        usleep(20 * 1000);
+                }
+        }
+        ck_assert(ok);
+        for (unsigned i = 0; i < LIMIT; i++)
+                c[i] = epd_disconnect(c[i]);
+        ck_assert(harness_wait_for(no_workers, NULL, 10000));
+        teardown();
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("connections");
+        TCase *tc = tcase_create("connections");
+        tcase_set_timeout(tc, 240);
+        tcase_add_test(tc, test_churn);
+        tcase_add_test(tc, test_limit);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_set_fork_status(sr, CK_NOFORK);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
