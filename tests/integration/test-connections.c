@@ -5,7 +5,9 @@
  * loop iteration. Every Register and every call must succeed; afterwards no worker is
  * left and epdd exits cleanly (under ASan: without a leak). A second test fills
  * MaxClients=: the connection past the limit is refused without a leak, the others keep
- * working, and a freed slot can be used again. */
+ * working, and a freed slot can be used again. A third makes each sd-bus call of a
+ * connection's setup fail in turn (fault-sdbus.so preloaded into epdd): every failed
+ * connection is closed, the next one works, and epdd exits without a leak. */
 #include <check.h>
 #include <errno.h>
 #include <pthread.h>
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "macro.h"
 
 #define THREADS 6
 #define STEPS 300
@@ -201,12 +204,96 @@ START_TEST(test_limit) {
 }
 END_TEST
 
+static const char *const setup_calls[] = {
+        "sd_bus_set_description", "sd_bus_match_signal", "sd_bus_add_object_vtable",
+        "sd_bus_add_fallback_vtable", "sd_bus_add_node_enumerator", "sd_bus_start",
+        "sd_bus_attach_event",
+};
+
+/* A new plan: written beside and renamed, so the preloaded library sees a new file. */
+static void plan(const char *path, const char *text) {
+        char tmp[400];
+        snprintf(tmp, sizeof tmp, "%s.new", path);
+        FILE *f = fopen(tmp, "we");
+        ck_assert_ptr_nonnull(f);
+        fputs(text, f);
+        fclose(f);
+        ck_assert_int_eq(rename(tmp, path), 0);
+}
+
+/* Connects, registers and asks once; true if all of it worked. */
+static bool connection_works(void) {
+        epd_client *c;
+        char *v = NULL;
+        if (epd_connect(address, &c) < 0)
+                return false;
+        bool ok = epd_register(c, "prefill", "faults", "cpu", &kv, NULL) >= 0 && epd_get_version(c, &v) >= 0;
+        free(v);
+        epd_disconnect(c);
+        return ok;
+}
+
+START_TEST(test_setup_faults) {
+        const char *lib = getenv("FAULT_SDBUS");
+        char fault_file[400], env[1200];
+        if (!lib || access(lib, R_OK) < 0) {
+                fprintf(stderr, "FAULT_SDBUS is not set (run through meson test): skipped.\n");
+                return;
+        }
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        snprintf(fault_file, sizeof fault_file, "%s/fault", h.dir);
+        /* For epdd only: the test itself runs unchanged. Under ASan the preloaded
+         * library comes before the runtime, which ASan must be told to accept. */
+        const char *asan = getenv("ASAN_OPTIONS");
+        snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", asan ? asan : "", asan && *asan ? ":" : "");
+        char *old_asan = asan ? strdup(asan) : NULL;
+        ck_assert_int_eq(setenv("ASAN_OPTIONS", env, 1), 0);
+        ck_assert_int_eq(setenv("LD_PRELOAD", lib, 1), 0);
+        ck_assert_int_eq(setenv("EPD_FAULT_FILE", fault_file, 1), 0);
+        harness_start(&h, false, address, sizeof address);
+        unsetenv("LD_PRELOAD");
+        unsetenv("EPD_FAULT_FILE");
+        if (old_asan)
+                setenv("ASAN_OPTIONS", old_asan, 1);
+        else
+                unsetenv("ASAN_OPTIONS");
+        free(old_asan);
+
+        ck_assert(connection_works());
+        unsigned failed = 0;
+        for (size_t i = 0; i < ELEMENTSOF(setup_calls); i++) {
+                /* The 1st, 2nd, ... call of this function in one connection's setup
+                 * fails, until N passes the number of calls a setup makes. */
+                unsigned n;
+                for (n = 1; n < 32; n++) {
+                        char text[128];
+                        snprintf(text, sizeof text, "%s %u\n", setup_calls[i], n);
+                        plan(fault_file, text);
+                        if (connection_works())
+                                break;
+                        failed++;
+                        /* the connection after a failed one is served */
+                        plan(fault_file, "none 0\n");
+                        ck_assert_msg(connection_works(), "after %s #%u failed", setup_calls[i], n);
+                }
+                ck_assert_msg(n > 1, "%s never failed a connection", setup_calls[i]);
+                ck_assert_uint_lt(n, 32);
+        }
+        fprintf(stderr, "setup faults: %u connections failed, each cleaned up\n", failed);
+        unlink(fault_file);
+        ck_assert(connection_works());
+        ck_assert(harness_wait_for(no_workers, NULL, 10000));
+        teardown(); /* exit status 0: under ASan, nothing leaked */
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("connections");
         TCase *tc = tcase_create("connections");
         tcase_set_timeout(tc, 240);
         tcase_add_test(tc, test_churn);
         tcase_add_test(tc, test_limit);
+        tcase_add_test(tc, test_setup_faults);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
         srunner_set_fork_status(sr, CK_NOFORK);
