@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "bus-objects.h"
 #include "feature-load.h"
 #include "feature-spill.h"
 #include "feature-store.h"
@@ -597,12 +598,8 @@ finish:
 
 /* Properties: counters. */
 #define STAT_PROPERTY(fn, field)                                                         \
-        static int fn(sd_bus *bus, const char *path, const char *interface,             \
-                      const char *property, sd_bus_message *reply, void *userdata,      \
-                      sd_bus_error *error) {                                             \
-                Manager *m = userdata;                                                   \
-                return sd_bus_message_append(reply, "t", feature_cache_stats(m->features)->field); \
-        }
+        BUS_PROPERTY_GETTER(fn, Manager, m,                                              \
+                            return sd_bus_message_append(reply, "t", feature_cache_stats(m->features)->field);)
 
 STAT_PROPERTY(property_hits, hits)
 STAT_PROPERTY(property_misses, misses)

@@ -19,6 +19,7 @@
 
 #include "harness.h"
 #include "macro.h"
+#include "../check-main.h"
 
 #define THREADS 6
 #define STEPS 300
@@ -40,16 +41,8 @@ static void teardown(void) {
         harness_done(&h);
 }
 
-static int count_workers(void) {
-        sd_bus *bus;
-        ck_assert_int_ge(harness_raw_bus(&h, &bus), 0);
-        int n = harness_count_workers(bus, harness_destination(&h));
-        sd_bus_flush_close_unref(bus);
-        return n;
-}
-
 static bool no_workers(void *userdata) {
-        return count_workers() == 0;
+        return harness_workers(&h) == 0;
 }
 
 typedef struct Churn {
@@ -164,7 +157,7 @@ END_TEST
 START_TEST(test_limit) {
         start("[Limits]\nMaxClients=" "4" "\n");
         epd_client *c[LIMIT + 1];
-        /* The raw bus of count_workers() takes a slot while it is open. */
+        /* The raw bus of harness_workers() takes a slot while it is open. */
         for (unsigned i = 0; i < LIMIT - 1; i++) {
                 ck_assert_int_eq(epd_connect(address, &c[i]), 0);
                 ck_assert_int_eq(epd_register(c[i], "decode", "limit", "cpu", &kv, NULL), 0);
@@ -295,10 +288,5 @@ int main(void) {
         tcase_add_test(tc, test_limit);
         tcase_add_test(tc, test_setup_faults);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_NOFORK);
 }

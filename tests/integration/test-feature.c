@@ -22,6 +22,7 @@
 #include "epd/epd-feature.h"
 #include "feature-store.h"
 #include "harness.h"
+#include "../check-main.h"
 
 #ifdef OVER_BUS
 #define OVER_BUS_MODE true
@@ -700,9 +701,5 @@ int main(void) {
         tcase_add_test(tc, test_soak);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -19,6 +19,7 @@
 #include "arena.h"
 #include "epd/epd-feature.h"
 #include "harness.h"
+#include "../check-main.h"
 
 #define STORE_MAX 16
 
@@ -613,10 +614,5 @@ int main(void) {
         (void)test_sequence_crash_loop;
 #endif
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_NOFORK);
 }

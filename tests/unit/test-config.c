@@ -8,6 +8,7 @@
 
 #include "config.h"
 #include "rdma-select.h"
+#include "../check-main.h"
 
 START_TEST(test_defaults) {
         Config c;
@@ -161,9 +162,5 @@ int main(void) {
         tcase_add_test(tc, test_all_errors_reported);
         tcase_add_test(tc, test_file);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

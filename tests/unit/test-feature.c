@@ -11,6 +11,7 @@
 #include "feature-store.h"
 #include "feature.h"
 #include "macro.h"
+#include "../check-main.h"
 
 #define CHUNK 4096u
 #define ARENA_CHUNKS 64u
@@ -676,10 +677,7 @@ int main(void) {
         tcase_add_test(tc, test_journal_replay);
         tcase_add_test(tc, test_async_load);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
+        int r = check_run(s, CK_FORK_GETENV);
         free(arena_mem);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return r;
 }
