@@ -12,6 +12,7 @@
 #include "arena.h"
 #include "bus-error.h"
 #include "wal-manager.h"
+#include "bus-objects.h"
 #include "handoff-manager.h"
 #include "log.h"
 #include "macro.h"
@@ -262,13 +263,7 @@ static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *err
         return reply_journaled(m, msg, NULL, NULL);
 }
 
-#define H_PROPERTY(name, body)                                                           \
-        static int name(sd_bus *bus, const char *path, const char *interface,            \
-                        const char *property, sd_bus_message *reply, void *userdata,      \
-                        sd_bus_error *error) {                                            \
-                HandoffObject *o = userdata;                                             \
-                body                                                                     \
-        }
+#define H_PROPERTY(name, body) BUS_PROPERTY_GETTER(name, HandoffObject, o, body)
 
 H_PROPERTY(property_request_id, { return sd_bus_message_append(reply, "s", o->request_str); })
 H_PROPERTY(property_token, { return sd_bus_message_append(reply, "t", o->h->token); })
@@ -321,23 +316,7 @@ static int handoff_find(sd_bus *bus, const char *path, const char *interface, vo
 }
 
 static int handoff_enumerate(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error) {
-        Hashmap *h = hm_of(userdata)->by_handle;
-        size_t n = hashmap_size(h), i = 0, it = 0;
-        HandoffObject *o;
-        char **l = calloc(n + 1, sizeof *l);
-        if (!l)
-                return -ENOMEM;
-        while (hashmap_iterate(h, &it, (void **)&o, NULL)) {
-                if (!(l[i] = strdup(o->path))) {
-                        for (size_t j = 0; j < i; j++)
-                                free(l[j]);
-                        free(l);
-                        return -ENOMEM;
-                }
-                i++;
-        }
-        *nodes = l;
-        return 0;
+        return bus_enumerate_paths(hm_of(userdata)->by_handle, offsetof(HandoffObject, path), nodes);
 }
 
 int bus_handoff_add(Manager *m, sd_bus *bus) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "bus-manager.h"
+#include "bus-objects.h"
 #include "log.h"
 #include "manager.h"
 #include "worker.h"
@@ -26,46 +27,14 @@ static int worker_find(sd_bus *bus, const char *path, const char *interface, voi
 static int worker_enumerate(sd_bus *bus, const char *path, void *userdata, char ***nodes,
                             sd_bus_error *error) {
         Manager *m = userdata;
-        size_t n = hashmap_size(m->workers), i = 0, it = 0;
-        char **l = calloc(n + 1, sizeof *l);
-        Worker *w;
-        if (!l)
-                return -ENOMEM;
-        while (hashmap_iterate(m->workers, &it, (void **)&w, NULL)) {
-                l[i] = strdup(w->path);
-                if (!l[i]) {
-                        for (size_t j = 0; j < i; j++)
-                                free(l[j]);
-                        free(l);
-                        return -ENOMEM;
-                }
-                i++;
-        }
-        *nodes = l;
-        return 0;
+        return bus_enumerate_paths(m->workers, offsetof(Worker, path), nodes);
 }
 
-static int property_role(sd_bus *bus, const char *path, const char *interface,
-                         const char *property, sd_bus_message *reply, void *userdata,
-                         sd_bus_error *error) {
-        Worker *w = userdata;
-        return sd_bus_message_append(reply, "s", worker_role_to_string(w->role));
-}
-
-static int property_id(sd_bus *bus, const char *path, const char *interface,
-                       const char *property, sd_bus_message *reply, void *userdata,
-                       sd_bus_error *error) {
-        Worker *w = userdata;
-        return sd_bus_message_append(reply, "s", w->id_str);
-}
-
-static int property_layout(sd_bus *bus, const char *path, const char *interface,
-                           const char *property, sd_bus_message *reply, void *userdata,
-                           sd_bus_error *error) {
-        Worker *w = userdata;
-        return sd_bus_message_append(reply, "(uutts)", w->kv.layers, w->kv.tokens_per_block,
-                                     w->kv.k_bytes_per_token, w->kv.v_bytes_per_token, w->kv.dtype);
-}
+BUS_PROPERTY_GETTER(property_role, Worker, w, return sd_bus_message_append(reply, "s", worker_role_to_string(w->role));)
+BUS_PROPERTY_GETTER(property_id, Worker, w, return sd_bus_message_append(reply, "s", w->id_str);)
+BUS_PROPERTY_GETTER(property_layout, Worker, w,
+                    return sd_bus_message_append(reply, "(uutts)", w->kv.layers, w->kv.tokens_per_block,
+                                                 w->kv.k_bytes_per_token, w->kv.v_bytes_per_token, w->kv.dtype);)
 
 /* The "name" and "labels" registration options ([Pool:NAME] worker selectors). */
 static int property_name(sd_bus *bus, const char *path, const char *interface, const char *property,

@@ -25,6 +25,7 @@
 #include "epd/handoff.h"
 #include "harness.h"
 #include "macro.h"
+#include "../check-main.h"
 
 #define STORE_MAX 16
 
@@ -1081,10 +1082,5 @@ int main(void) {
         (void)test_directory_handoff_crash_loop;
 #endif
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_NOFORK);
 }

@@ -9,6 +9,7 @@
 #include "config.h"
 #include "pool-select.h"
 #include "rdma-select.h"
+#include "../check-main.h"
 
 START_TEST(test_defaults) {
         Config c;
@@ -268,9 +269,5 @@ int main(void) {
         tcase_add_test(tc, test_pools);
         tcase_add_test(tc, test_pool_select);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

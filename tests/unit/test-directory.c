@@ -10,6 +10,7 @@
 #include "hashmap.h"
 #include "macro.h"
 #include "sequence.h"
+#include "../check-main.h"
 
 /* A vLLM-style chained block hash: hash(parent, tokens of the block). */
 static void chain_hashes(const uint32_t *tokens, size_t n_tokens, size_t block, uint64_t *ret) {
@@ -330,9 +331,5 @@ int main(void) {
         tcase_add_test(tc, test_owner_rendezvous);
         tcase_add_test(tc, test_journal);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }
