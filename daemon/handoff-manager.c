@@ -67,7 +67,11 @@ static void obj_free(HandoffObject *o);
 /* The request's trace (daemon/telemetry.h): every step of a handoff under its request id. */
 static void trace(HandoffObject *o, TraceEventType type, const TraceDetail *d) {
         TraceDetail x = d ? *d : (TraceDetail){};
-        x.transport = x.transport ?: (o->peer ? "tcp" : "local");
+        if (!x.transport && o->peer) {
+                Transport *t = peer_manager_transport_for(o->hm->manager->peers, o->peer);
+                x.transport = t ? t->ops->name : "tcp";
+        }
+        x.transport = x.transport ?: "local";
         x.peer = x.peer ?: (o->peer_host[0] ? o->peer_host : NULL);
         (void)telemetry_trace(o->hm->manager, o->request_str, type, &x);
 }
@@ -458,7 +462,7 @@ static int post_group(HandoffObject *o, uint32_t g) {
                 return r;
         }
 
-        Transport *t = o->peer ? peer_manager_transport(obj_manager(o)->peers) : hm->local;
+        Transport *t = o->peer ? peer_manager_transport_for(obj_manager(o)->peers, o->peer) : hm->local;
         if (!t)
                 return -ENOTCONN;
 
@@ -570,6 +574,14 @@ static int on_local_completion(sd_event_source *s, int fd, uint32_t revents, voi
 static int on_peer_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         HandoffManager *hm = userdata;
         Transport *t = peer_manager_transport(hm->manager->peers);
+        if (t)
+                on_completions(hm, t);
+        return 0;
+}
+
+static int on_rdma_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        HandoffManager *hm = userdata;
+        Transport *t = peer_manager_rdma(hm->manager->peers);
         if (t)
                 on_completions(hm, t);
         return 0;
@@ -1443,6 +1455,9 @@ static int attach_peer(sd_event_source *s, void *userdata) {
         Transport *t = peer_manager_transport(m->peers);
         if (r >= 0 && t && t->ops->completion_fd(t) >= 0)
                 r = sd_event_add_io(m->event, &hm->peer_source, t->ops->completion_fd(t), EPOLLIN, on_peer_completion, hm);
+        t = peer_manager_rdma(m->peers);
+        if (r >= 0 && t && t->ops->completion_fd(t) >= 0)
+                r = sd_event_add_io(m->event, &hm->rdma_source, t->ops->completion_fd(t), EPOLLIN, on_rdma_completion, hm);
         if (r < 0)
                 return log_error_errno(r, "handoff: cannot hook into the peer manager: %m");
         peer_manager_set_incoming_validator(m->peers, on_incoming_validate, m);
@@ -1534,6 +1549,7 @@ static void handoff_done(Manager *m) {
                 free(hashmap_remove(hm->incoming, &((InWrite *)v)->key));
         sd_event_source_disable_unref(hm->local_source);
         sd_event_source_disable_unref(hm->peer_source);
+        sd_event_source_disable_unref(hm->rdma_source);
         sd_event_source_disable_unref(hm->attach);
         hashmap_free(hm->by_handle);
         hashmap_free(hm->sources);

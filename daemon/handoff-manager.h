@@ -95,6 +95,7 @@ struct HandoffManager {
         Transport *local;
         sd_event_source *local_source;
         sd_event_source *peer_source;
+        sd_event_source *rdma_source;
         sd_event_source *attach;  /* deferred: hooks into the peer manager */
         bool peer_attached;
         uint64_t next_cookie;
