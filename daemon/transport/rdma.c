@@ -233,6 +233,7 @@ static int fd_prepare(int fd) {
 
 static int on_comp(sd_event_source *s, int fd, uint32_t revents, void *userdata);
 static int on_async(sd_event_source *s, int fd, uint32_t revents, void *userdata);
+static void watch_devices(RdmaTransport *t);
 
 static int mr_register(RdmaDevice *d, TransportRegion *r) {
         if (d->mrs[r->id])
@@ -328,6 +329,7 @@ static int device_get(RdmaTransport *t, const char *name, RdmaDevice **ret) {
                 return r;
         }
         LIST_PREPEND(devices, t->devices, d);
+        watch_devices(t);
         log_info("rdma: opened %s: one protection domain, %u host arena(s) registered", d->name, n_mr);
         *ret = d;
         return 0;
@@ -909,6 +911,24 @@ static int on_inotify(sd_event_source *s, int fd, uint32_t revents, void *userda
         return 0;
 }
 
+/* Watches /dev/infiniband (from the start, or once a device is first opened: the
+ * directory appears with the first verbs device). */
+static void watch_devices(RdmaTransport *t) {
+        int r;
+
+        if (t->inotify_source)
+                return;
+        if (t->inotify_fd < 0)
+                t->inotify_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+        if (t->inotify_fd < 0 || inotify_add_watch(t->inotify_fd, "/dev/infiniband", IN_CREATE | IN_DELETE) < 0) {
+                log_debug("rdma: not watching /dev/infiniband (yet): %m");
+                return;
+        }
+        r = sd_event_add_io(t->event, &t->inotify_source, t->inotify_fd, EPOLLIN, on_inotify, t);
+        if (r < 0)
+                log_warning_errno(r, "rdma: cannot watch /dev/infiniband, a removed device is noticed only by its events: %m");
+}
+
 /* ---- control messages ---- */
 
 static void on_request(RdmaPeer *rp, const RdmaMessage *m) {
@@ -1270,17 +1290,8 @@ int rdma_transport_new(Transport **ret, sd_event *e, PeerManager *pm, uint32_t s
                 rdma_free(&t->base);
                 return r;
         }
-        t->inotify_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-        if (t->inotify_fd >= 0 && inotify_add_watch(t->inotify_fd, "/dev/infiniband", IN_CREATE | IN_DELETE) >= 0)
-                r = sd_event_add_io(e, &t->inotify_source, t->inotify_fd, EPOLLIN, on_inotify, t);
-        else {
-                /* No /dev/infiniband: no device to lose. */
-                log_debug("rdma: not watching /dev/infiniband: %m");
-                t->inotify_fd = safe_close(t->inotify_fd);
-                r = 0;
-        }
-        if (r >= 0)
-                r = peer_manager_register_handler(pm, RDMA_MSG_FIRST, RDMA_MSG_LAST, on_message, t);
+        watch_devices(t);
+        r = peer_manager_register_handler(pm, RDMA_MSG_FIRST, RDMA_MSG_LAST, on_message, t);
         if (r >= 0)
                 r = peer_manager_add_state_handler(pm, on_peer_state, t);
         if (r < 0) {
