@@ -7,6 +7,9 @@
 #
 #   bench/e2e/run-device.sh [REQUESTS]
 #
+# Sizes and limits from the environment: CHECK_REQUESTS CHECK_MAX_NEW CHECK_TIMEOUT
+# WARMUP IMAGES MAX_NEW CONCURRENCY BENCH_TIMEOUT (defaults below).
+#
 # Needs: a CUDA GPU, python3 with torch and transformers (Qwen3VLForConditionalGeneration),
 # meson + ninja, libsystemd (headers from EPD_DEVICE_SYSROOT when the machine has none:
 # see docs/gpu.md).
@@ -14,7 +17,7 @@ set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-REQUESTS=${1:-6}
+REQUESTS=${1:-12}
 OUTDIR=${OUT:-$ROOT/build-e2e/out}
 mkdir -p "$OUTDIR"
 if command -v meson >/dev/null; then MESON=(meson); else MESON=(python3 -m mesonbuild.mesonmain); fi
@@ -64,20 +67,25 @@ trap 'kill -TERM $EPDD 2>/dev/null; wait $EPDD 2>/dev/null' EXIT
 export EPD_LIBRARY=$ROOT/$B/client/libepd.so
 ARGS=(--address direct:$D/bus --epdctl $ROOT/$B/tools/epdctl)
 
+echo "== GPU arena through torch views (python/tests/device_gpu_torch.py)"
+(cd python/tests && EPDD=$ROOT/$B/daemon/epdd timeout 60 python3 device_gpu_torch.py) 2>&1 | tail -3 | tee "$OUTDIR/gpu-torch.log"
+gpu_torch_rc=${PIPESTATUS[0]}
 start_epdd
 echo "== token-exact check (small config)"
-timeout 100 python3 bench/e2e/e2e.py "${ARGS[@]}" --check small --requests 4 --max-new 12 --concurrency 3 \
+timeout ${CHECK_TIMEOUT:-150} python3 bench/e2e/e2e.py "${ARGS[@]}" --check small --requests ${CHECK_REQUESTS:-6} \
+        --max-new ${CHECK_MAX_NEW:-16} --concurrency 3 \
         --json "$OUTDIR/check.json" 2>&1 | grep -vE "Warning|warn\(" | tee "$OUTDIR/check.log" | tail -12
 check_rc=${PIPESTATUS[0]}
 stop_epdd
 start_epdd
 echo "== benchmark (8B-class config)"
-timeout 150 python3 bench/e2e/e2e.py "${ARGS[@]}" --bench 8b --requests "$REQUESTS" --warmup 1 --images 3 \
-        --max-new 16 --concurrency 3 --json "$OUTDIR/bench.json" 2>&1 | grep -vE "Warning|warn\(" \
+timeout ${BENCH_TIMEOUT:-300} python3 bench/e2e/e2e.py "${ARGS[@]}" --bench 8b --requests "$REQUESTS" \
+        --warmup ${WARMUP:-2} --images ${IMAGES:-4} --max-new ${MAX_NEW:-32} --concurrency ${CONCURRENCY:-4} --json "$OUTDIR/bench.json" 2>&1 | grep -vE "Warning|warn\(" \
         | tee "$OUTDIR/bench.log" | tail -14
 bench_rc=${PIPESTATUS[0]}
 $B/tools/epdctl -A direct:$D/bus features >"$OUTDIR/features.txt" 2>&1
 stop_epdd
 trap - EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-echo "check rc=$check_rc bench rc=$bench_rc epdd exit=$epdd_rc total $(( $(date +%s) - t0 )) s"
+echo "gpu-torch rc=$gpu_torch_rc check rc=$check_rc bench rc=$bench_rc epdd exit=$epdd_rc total $(( $(date +%s) - t0 )) s"
+exit $(( check_rc != 0 || bench_rc != 0 || gpu_torch_rc != 0 ))

@@ -140,7 +140,8 @@ def make_backend(name: str):
 # Worker processes
 # ------------------------------------------------------------------------------------
 
-def _worker(role: str, address: str, backend_name: str, conn, group_size: int, model_label: str):
+def _worker(role: str, address: str, backend_name: str, conn, group_size: int, model_label: str,
+            ring_entries: int = 1024):
     """One process: registers with epdd as `role`, then serves requests from the pipe."""
     try:
         b = make_backend(backend_name)
@@ -153,7 +154,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
         ring = None
         if role in ("prefill", "decode"):
             from ..handoff import Ring
-            ring = Ring(client)
+            ring = Ring(client, cq_entries=ring_entries)
         groups = C.groups_of(b.layers, group_size)
         conn.send(("ready", os.getpid()))
         pending = []  # prefill: sinks whose handoff is not released yet
@@ -185,9 +186,8 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 # Release the handoffs the decode side has finished with.
                 still = []
                 for s in pending:
-                    st = s.handoff.status()["state"]
-                    if st in ("committed", "rolled-back"):
-                        s.handoff.release()
+                    if s.handoff.finished(ring):
+                        s.handoff.release(ring)
                     else:
                         still.append(s)
                 pending = still
@@ -222,12 +222,13 @@ class Workers:
     """Starts the three worker processes and runs requests through them, pipelined: a
     request's decode overlaps the next one's prefill and encode."""
 
-    def __init__(self, address: str, backend: str, group_size: int = 1, model_label: str = "qwen3-vl"):
+    def __init__(self, address: str, backend: str, group_size: int = 1, model_label: str = "qwen3-vl",
+                 ring_entries: int = 1024):
         ctx = mp.get_context("spawn")
         self.procs, self.conns, self.locks = {}, {}, {}
         for role in ("encoder", "prefill", "decode"):
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(role, address, backend, b, group_size, model_label), daemon=True)
+            p = ctx.Process(target=_worker, args=(role, address, backend, b, group_size, model_label, ring_entries), daemon=True)
             p.start()
             self.procs[role], self.conns[role], self.locks[role] = p, a, threading.Lock()
         for role, c in self.conns.items():
