@@ -5,8 +5,9 @@
  * (handoff.h) per side of every handoff this daemon takes part in, owns the pages and
  * leases a handoff holds, moves the bytes of each layer group as soon as the prefill
  * worker reports it ready (within this host the local transport, or the CUDA transport
- * when a GPU arena is on either side; the peer transport to another host, GPU pages
- * staged through pinned host memory), speaks the handoff messages of the peer protocol
+ * when a GPU arena is on either side; to another host rdma once the peer's queue pairs
+ * are connected (peer_manager_transport_for), tcp otherwise, GPU pages staged through
+ * pinned host memory either way), speaks the handoff messages of the peer protocol
  * (handoff-proto.h), and
  * serves the workers' ring pairs (ring.h). The bus glue is bus-handoff.c.
  *
