@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "rdma-session.h"
+#include "../check-main.h"
 
 #define A(x) RDMA_ACT_##x
 
@@ -177,9 +178,5 @@ int main(void) {
         tcase_add_test(tc, test_peer_down_during_drain);
         tcase_add_test(tc, test_route_loses_port);
         suite_add_tcase(su, tc);
-        SRunner *sr = srunner_create(su);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(su, CK_FORK_GETENV);
 }
