@@ -47,6 +47,7 @@ struct HandoffStaging {
         uint32_t slot;
         bool busy;
         bool in_cuda, in_peer;   /* registered with the CUDA / the peer transport */
+        bool in_rdma;            /* ... and the rdma one, where there is one */
 };
 
 /* A write a peer is landing here (destination side), by (peer, cookie). */
@@ -98,7 +99,11 @@ static void obj_free(HandoffObject *o);
 /* The request's trace (daemon/telemetry.h): every step of a handoff under its request id. */
 static void trace(HandoffObject *o, TraceEventType type, const TraceDetail *d) {
         TraceDetail x = d ? *d : (TraceDetail){};
-        x.transport = x.transport ?: (o->peer ? "tcp" : o->gpu ? "cuda" : "local");
+        if (!x.transport && o->peer) {
+                Transport *t = peer_manager_transport_for(o->hm->manager->peers, o->peer);
+                x.transport = t ? t->ops->name : "tcp";
+        }
+        x.transport = x.transport ?: (o->gpu ? "cuda" : "local");
         x.peer = x.peer ?: (o->peer_host[0] ? o->peer_host : NULL);
         (void)telemetry_trace(o->hm->manager, o->request_str, type, &x);
 }
@@ -291,6 +296,8 @@ static void staging_free(HandoffManager *hm, HandoffStaging *st) {
                 return;
         if (st->in_peer && (t = peer_manager_transport(m->peers)))
                 t->ops->unregister_region(t, &st->region);
+        if (st->in_rdma && (t = peer_manager_rdma(m->peers)))
+                t->ops->unregister_region(t, &st->region);
         if (st->in_cuda && (t = gpu_transport(hm)))
                 t->ops->unregister_region(t, &st->region); /* unpins */
         if (st->region.host_base) {
@@ -355,6 +362,15 @@ static int staging_acquire(HandoffManager *hm, uint64_t size, HandoffStaging **r
         if (r >= 0) {
                 st->in_cuda = true;
                 r = nt->ops->register_region(nt, &st->region);
+        }
+        /* GPU pages to a peer on RDMA go through this pinned host buffer too (the
+         * registration is an ibv_reg_mr on each open device). */
+        Transport *rt = peer_manager_rdma(m->peers);
+        if (r >= 0 && rt) {
+                st->in_peer = true;
+                r = rt->ops->register_region(rt, &st->region);
+                if (r >= 0)
+                        st->in_rdma = true;
         }
         if (r < 0) {
                 log_warning_errno(r, "handoff: cannot set up a staging buffer of %" PRIu64 " bytes: %m", size);
@@ -967,7 +983,7 @@ static int post_group_staged(HandoffObject *o, uint32_t g) {
  * comes down either way. */
 static void stage_landed(HandoffObject *o, uint32_t g, int error) {
         HandoffManager *hm = o->hm;
-        Transport *nt = peer_manager_transport(hm->manager->peers);
+        Transport *nt = peer_manager_transport_for(hm->manager->peers, o->peer);
         TransportWrite *w = o->net ? o->net[g] : NULL;
         size_t n = o->n_net ? o->n_net[g] : 0, i = 0;
         int r = error;
@@ -1026,7 +1042,7 @@ static int post_group(HandoffObject *o, uint32_t g) {
                 return r;
         }
 
-        Transport *t = o->peer ? peer_manager_transport(obj_manager(o)->peers)
+        Transport *t = o->peer ? peer_manager_transport_for(obj_manager(o)->peers, o->peer)
                      : o->gpu ? gpu_transport(hm)
                               : hm->local;
         if (!t)
@@ -1169,6 +1185,14 @@ static int on_gpu_completion(sd_event_source *s, int fd, uint32_t revents, void 
 static int on_peer_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         HandoffManager *hm = userdata;
         Transport *t = peer_manager_transport(hm->manager->peers);
+        if (t)
+                on_completions(hm, t);
+        return 0;
+}
+
+static int on_rdma_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        HandoffManager *hm = userdata;
+        Transport *t = peer_manager_rdma(hm->manager->peers);
         if (t)
                 on_completions(hm, t);
         return 0;
@@ -2143,6 +2167,9 @@ static int attach_peer(sd_event_source *s, void *userdata) {
         Transport *t = peer_manager_transport(m->peers);
         if (r >= 0 && t && t->ops->completion_fd(t) >= 0)
                 r = sd_event_add_io(m->event, &hm->peer_source, t->ops->completion_fd(t), EPOLLIN, on_peer_completion, hm);
+        t = peer_manager_rdma(m->peers);
+        if (r >= 0 && t && t->ops->completion_fd(t) >= 0)
+                r = sd_event_add_io(m->event, &hm->rdma_source, t->ops->completion_fd(t), EPOLLIN, on_rdma_completion, hm);
         if (r < 0)
                 return log_error_errno(r, "handoff: cannot hook into the peer manager: %m");
         peer_manager_set_incoming_validator(m->peers, on_incoming_validate, m);
@@ -2241,9 +2268,13 @@ static void handoff_done(Manager *m) {
         /* Peer writes out of staging buffers: none may read them once they are gone. */
         Transport *nt = m->peers ? peer_manager_transport(m->peers) : NULL;
         it = 0;
+        Transport *rt = m->peers ? peer_manager_rdma(m->peers) : NULL;
         while (nt && hm->by_handle && hashmap_iterate(hm->by_handle, &it, (void **)&o, NULL))
-                if (o->staging && o->peer)
+                if (o->staging && o->peer) {
                         nt->ops->cancel_peer(nt, o->peer);
+                        if (rt)
+                                rt->ops->cancel_peer(rt, o->peer);
+                }
         while ((it = 0, hm->by_handle && hashmap_iterate(hm->by_handle, &it, (void **)&o, NULL))) {
                 if (handoff_is_live(o->h))
                         (void)handoff_rollback(o->h, HANDOFF_CAUSE_SHUTDOWN, false);
@@ -2266,6 +2297,7 @@ static void handoff_done(Manager *m) {
                 free(hashmap_remove(hm->incoming, &((InWrite *)v)->key));
         sd_event_source_disable_unref(hm->local_source);
         sd_event_source_disable_unref(hm->peer_source);
+        sd_event_source_disable_unref(hm->rdma_source);
         sd_event_source_disable_unref(hm->gpu_source);
         sd_event_source_disable_unref(hm->attach);
         sd_event_source_disable_unref(hm->journal_grace);

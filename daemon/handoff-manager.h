@@ -5,8 +5,9 @@
  * (handoff.h) per side of every handoff this daemon takes part in, owns the pages and
  * leases a handoff holds, moves the bytes of each layer group as soon as the prefill
  * worker reports it ready (within this host the local transport, or the CUDA transport
- * when a GPU arena is on either side; the peer transport to another host, GPU pages
- * staged through pinned host memory), speaks the handoff messages of the peer protocol
+ * when a GPU arena is on either side; to another host rdma once the peer's queue pairs
+ * are connected (peer_manager_transport_for), tcp otherwise, GPU pages staged through
+ * pinned host memory either way), speaks the handoff messages of the peer protocol
  * (handoff-proto.h), and
  * serves the workers' ring pairs (ring.h). The bus glue is bus-handoff.c.
  *
@@ -114,6 +115,7 @@ struct HandoffManager {
         Transport *local;
         sd_event_source *local_source;
         sd_event_source *peer_source;
+        sd_event_source *rdma_source;
         sd_event_source *gpu_source;  /* the CUDA transport's completions (m->gpu) */
         uint64_t staging_bytes;   /* in all staging buffers */
         HandoffStaging *staging[HANDOFF_STAGING_MAX]; /* by slot, busy or idle */

@@ -17,6 +17,7 @@
 #include "peer-auth.h"
 #include "peer.h"
 #include "telemetry.h"
+#include "transport/rdma.h"
 #include "transport/tcp.h"
 
 /* Largest payload accepted before a connection is authenticated. */
@@ -129,6 +130,7 @@ struct PeerManager {
         void *done_userdata;
 
         Transport *tcp;
+        Transport *rdma;        /* NULL without libibverbs */
         bool started;
 
         /* Called with each authenticated data stream's fd as it is attached (telemetry). */
@@ -1050,6 +1052,8 @@ PeerManager *peer_manager_free(PeerManager *pm) {
                 }
                 p->control = conn_free(p->control);
         }
+        if (pm->rdma)
+                pm->rdma->ops->free(pm->rdma);
         if (pm->tcp)
                 pm->tcp->ops->free(pm->tcp);
         for (size_t i = 0; i < pm->n_peers; i++)
@@ -1145,6 +1149,10 @@ int peer_manager_new(PeerManager **ret, sd_event *e, const PeerManagerConfig *c)
         r = tcp_transport_new(&pm->tcp, e, pm, pm->slice_size);
         if (r < 0)
                 return r;
+        /* Peers choose rdma per path (topology.c); without it everything is tcp. */
+        r = rdma_transport_new(&pm->rdma, e, pm, pm->slice_size);
+        if (r < 0 && r != -EOPNOTSUPP)
+                log_warning_errno(r, "peer: cannot start the RDMA transport, peers use tcp: %m");
         *ret = TAKE_PTR(pm);
         return 0;
 }
@@ -1250,6 +1258,18 @@ void peer_manager_incoming_done(PeerManager *pm, Peer *p, uint64_t cookie, int e
 
 Transport *peer_manager_transport(PeerManager *pm) {
         return pm ? pm->tcp : NULL;
+}
+
+Transport *peer_manager_rdma(PeerManager *pm) {
+        return pm ? pm->rdma : NULL;
+}
+
+Transport *peer_manager_transport_for(PeerManager *pm, Peer *p) {
+        if (!pm)
+                return NULL;
+        if (pm->rdma && rdma_transport_peer_ready(pm->rdma, p))
+                return pm->rdma;
+        return pm->tcp;
 }
 
 Peer *peer_manager_find(PeerManager *pm, const char *host_id) {
@@ -1414,6 +1434,8 @@ static int peer_subsystem_init(Manager *m) {
                 if (a->domain != MEMORY_HOST)
                         continue; /* GPU memory goes over the cuda/rdma paths */
                 r = pm->tcp->ops->register_region(pm->tcp, &a->region);
+                if (r >= 0 && pm->rdma)
+                        r = pm->rdma->ops->register_region(pm->rdma, &a->region);
                 if (r < 0) {
                         peer_manager_free(pm);
                         return log_error_errno(r, "peer: cannot register arena %s: %m", a->name);

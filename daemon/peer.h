@@ -102,6 +102,11 @@ void peer_manager_set_incoming_done(PeerManager *pm, PeerIncomingDone fn, void *
  * one. A write completes on the transport's completion fd once the receiver has
  * confirmed that every byte landed, or with an error. */
 Transport *peer_manager_transport(PeerManager *pm);
+/* The rdma transport (transport/rdma.h; NULL without libibverbs), same post() contract. */
+Transport *peer_manager_rdma(PeerManager *pm);
+/* The transport that moves bytes to p now: rdma once its queue pair with p is
+ * connected, tcp otherwise. */
+Transport *peer_manager_transport_for(PeerManager *pm, Peer *p);
 
 Peer *peer_manager_find(PeerManager *pm, const char *host_id);
 /* Iteration over all configured peers: `for (size_t i = 0; (p = peer_manager_peer(pm, i)); i++)`. */

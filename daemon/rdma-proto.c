@@ -35,6 +35,8 @@ static bool all_zero(const uint8_t *s, size_t n) {
 #define CONNECT_FIXED 29U /* flags port mtu gid_index qpn psn gid[16] name_len */
 #define GRANT_SIZE 32U
 #define DOWN_FIXED 5U
+#define REQUEST_SIZE 36U
+#define ACK_SIZE 12U
 
 int rdma_message_decode(uint16_t type, const void *payload, size_t len, RdmaMessage *ret) {
         const uint8_t *p = payload;
@@ -70,12 +72,33 @@ int rdma_message_decode(uint16_t type, const void *payload, size_t len, RdmaMess
         case RDMA_MSG_GRANT:
                 if (len != GRANT_SIZE)
                         return -EBADMSG;
-                m.grant.cookie = get64(p);
+                m.grant.write_id = get64(p);
                 m.grant.region = get32(p + 8);
                 m.grant.rkey = get32(p + 12);
                 m.grant.addr = get64(p + 16);
                 m.grant.length = get64(p + 24);
-                if (m.grant.length == 0 || m.grant.addr + m.grant.length < m.grant.addr)
+                if (m.grant.write_id == 0 || m.grant.write_id > RDMA_WRITE_ID_MAX || m.grant.length == 0 ||
+                    m.grant.addr + m.grant.length < m.grant.addr)
+                        return -EBADMSG;
+                break;
+        case RDMA_MSG_REQUEST:
+                if (len != REQUEST_SIZE)
+                        return -EBADMSG;
+                m.request.write_id = get64(p);
+                m.request.cookie = get64(p + 8);
+                m.request.region = get32(p + 16);
+                m.request.offset = get64(p + 20);
+                m.request.length = get64(p + 28);
+                if (m.request.write_id == 0 || m.request.write_id > RDMA_WRITE_ID_MAX || m.request.length == 0 ||
+                    m.request.offset + m.request.length < m.request.offset)
+                        return -EBADMSG;
+                break;
+        case RDMA_MSG_ACK:
+                if (len != ACK_SIZE)
+                        return -EBADMSG;
+                m.ack.write_id = get64(p);
+                m.ack.error = get32(p + 8);
+                if (m.ack.write_id == 0 || m.ack.write_id > RDMA_WRITE_ID_MAX || m.ack.error > 4095)
                         return -EBADMSG;
                 break;
         case RDMA_MSG_DOWN: {
@@ -125,12 +148,25 @@ int rdma_message_encode(const RdmaMessage *m, uint8_t *buf, size_t size) {
                         n = CONNECT_FIXED;
                 break;
         case RDMA_MSG_GRANT:
-                put64(tmp, m->grant.cookie);
+                put64(tmp, m->grant.write_id);
                 put32(tmp + 8, m->grant.region);
                 put32(tmp + 12, m->grant.rkey);
                 put64(tmp + 16, m->grant.addr);
                 put64(tmp + 24, m->grant.length);
                 n = GRANT_SIZE;
+                break;
+        case RDMA_MSG_REQUEST:
+                put64(tmp, m->request.write_id);
+                put64(tmp + 8, m->request.cookie);
+                put32(tmp + 16, m->request.region);
+                put64(tmp + 20, m->request.offset);
+                put64(tmp + 28, m->request.length);
+                n = REQUEST_SIZE;
+                break;
+        case RDMA_MSG_ACK:
+                put64(tmp, m->ack.write_id);
+                put32(tmp + 8, m->ack.error);
+                n = ACK_SIZE;
                 break;
         case RDMA_MSG_DOWN:
                 l = strnlen(m->down.reason, sizeof m->down.reason);

@@ -10,10 +10,17 @@
  *     u32 qpn (24 bits), u32 psn (24 bits), 16 bytes gid, u8 name_len, name bytes
  *     (the device, printable, 1..63 bytes; 0 bytes and all other fields 0 without
  *     RDMA_CONNECT_HAVE_RDMA).
- *   GRANT     receiver -> sender: remote access to one validated range of a handoff:
- *     u64 handoff cookie, u32 region, u32 rkey, u64 remote address, u64 length.
+ *   GRANT     receiver -> sender: remote access to the one range a REQUEST named, after
+ *     the receiver's incoming validator accepted it: u64 write id (1..2^32-1), u32
+ *     region, u32 rkey, u64 remote address, u64 length.
  *   DOWN      either way: RDMA to this peer stops (device fatal, port down, QP error);
  *     both fall back to tcp: u32 errno (1..4095), u8 len, reason bytes (printable).
+ *   REQUEST   sender -> receiver: one write it wants to RDMA WRITE: u64 write id
+ *     (1..2^32-1: its last work request carries it as the immediate), u64 cookie (the
+ *     handoff's, for the validator), u32 region, u64 offset, u64 length (> 0).
+ *   ACK       receiver -> sender: u64 write id, u32 errno (0..4095): 0 once the write's
+ *     immediate arrived (every byte landed, in QP order), or why the REQUEST was
+ *     refused (then no GRANT was sent).
  * See docs/rdma.md. */
 
 #include <stdbool.h>
@@ -27,7 +34,11 @@ typedef enum RdmaMessageType {
         RDMA_MSG_CONNECT = 0x0401,
         RDMA_MSG_GRANT = 0x0402,
         RDMA_MSG_DOWN = 0x0403,
+        RDMA_MSG_REQUEST = 0x0404,
+        RDMA_MSG_ACK = 0x0405,
 } RdmaMessageType;
+
+#define RDMA_WRITE_ID_MAX UINT32_MAX
 
 #define RDMA_CONNECT_HAVE_RDMA 0x01U
 #define RDMA_PROTO_NAME_MAX 63U
@@ -45,10 +56,19 @@ typedef struct RdmaMessage {
                         char device[RDMA_PROTO_NAME_MAX + 1];
                 } connect;
                 struct {
-                        uint64_t cookie;
+                        uint64_t write_id;
                         uint32_t region, rkey;
                         uint64_t addr, length;
                 } grant;
+                struct {
+                        uint64_t write_id, cookie;
+                        uint32_t region;
+                        uint64_t offset, length;
+                } request;
+                struct {
+                        uint64_t write_id;
+                        uint32_t error;
+                } ack;
                 struct {
                         uint32_t error;
                         char reason[RDMA_PROTO_REASON_MAX + 1];

@@ -210,6 +210,13 @@ TransportKind rdma_select(const RdmaSelectInput *in, char *reason, size_t n, boo
                 k = TRANSPORT_RDMA;
                 w = false;
         }
+        /* A device that went away also changes the branch: keep what happened visible. */
+        if (in->failure && in->policy != TRANSPORT_POLICY_TCP &&
+            (in->n_links == 0 || !in->ifname || !in->ifname[0] || !in->local || !in->local->active)) {
+                size_t l = strnlen(reason, n);
+                if (l + 1 < n)
+                        snprintf(reason + l, n - l, "; RDMA failed: %s", in->failure);
+        }
         if (warn)
                 *warn = w;
         return k;

@@ -266,15 +266,23 @@ static void resolve_path(Topology *t, Peer *p, TopologyPath *path) {
                 const RdmaLink *rl = rdma_link_for_netdev(t->rdma, t->n_rdma, path->ifname);
                 char via[96] = "", numa[24] = "", choice[256];
                 bool warn = false;
+                RdmaPeerInfo ri;
 
                 if (rl)
                         copy_str(path->rdma, sizeof path->rdma, rl->device);
+                /* The peer's side and the session's failures come from the transport;
+                 * rdma is chosen once the queue pairs are connected. */
+                rdma_transport_peer_info(peer_manager_rdma(t->pm), p, &ri);
                 path->transport = rdma_select(&(RdmaSelectInput){
                                                       .policy = t->policy,
-                                                      .rdma_built = rdma_data_path_built,
+                                                      .rdma_built = rdma_data_path_built && peer_manager_rdma(t->pm),
                                                       .n_links = t->n_rdma,
                                                       .ifname = path->ifname,
                                                       .local = rl,
+                                                      .peer_announced = ri.announced,
+                                                      .peer_rdma = ri.ready,
+                                                      .peer_device = ri.device,
+                                                      .failure = ri.failure[0] ? ri.failure : NULL,
                                               },
                                               choice, sizeof choice, &warn);
                 if (warn && !strstr(old.reason, choice))
@@ -318,6 +326,38 @@ int topology_refresh(Topology *t) {
         discover_rdma(t);
         for (size_t i = 0; i < n; i++)
                 resolve_path(t, peer_manager_peer(t->pm, i), t->paths + i);
+        /* A port or route that went away ends RDMA sessions over it (the next refresh
+         * shows it); one that came back offers RDMA again. */
+        rdma_transport_links_changed(peer_manager_rdma(t->pm));
+        return 0;
+}
+
+static void schedule_refresh(Topology *t) {
+        (void)sd_event_source_set_time_relative(t->refresh_timer, REFRESH_DELAY_USEC);
+        (void)sd_event_source_set_enabled(t->refresh_timer, SD_EVENT_ONESHOT);
+}
+
+static void rdma_changed(void *userdata) {
+        schedule_refresh(userdata);
+}
+
+/* The RDMA port towards p by the last resolved path, if the policy allows RDMA. */
+static int rdma_lookup(Peer *p, RdmaLink *ret, char *src, size_t src_size, void *userdata) {
+        Topology *t = userdata;
+        const TopologyPath *path = topology_path(t, peer_host_id(p));
+        const RdmaLink *rl;
+
+        if (t->policy == TRANSPORT_POLICY_TCP)
+                return -EPERM;
+        if (!path || !path->ifname[0] || path->ifindex == 1 || strcmp(path->ifname, "lo") == 0)
+                return -ENETUNREACH;
+        rl = rdma_link_for_netdev(t->rdma, t->n_rdma, path->ifname);
+        if (!rl)
+                return -ENODEV;
+        if (!rl->active)
+                return -ENETDOWN;
+        *ret = *rl;
+        copy_str(src, src_size, path->src);
         return 0;
 }
 
@@ -350,16 +390,16 @@ static int monitor_io(sd_event_source *s, int fd, uint32_t revents, void *userda
         if (r < 0 && r != -NLE_AGAIN)
                 log_debug("topology: rtnetlink receive: %s", nl_geterror(r));
         /* Coalesce a burst of changes into one refresh. */
-        if (t->events != before || r < 0) {
-                (void)sd_event_source_set_time_relative(t->refresh_timer, REFRESH_DELAY_USEC);
-                (void)sd_event_source_set_enabled(t->refresh_timer, SD_EVENT_ONESHOT);
-        }
+        if (t->events != before || r < 0)
+                schedule_refresh(t);
         return 0;
 }
 
 Topology *topology_free(Topology *t) {
         if (!t)
                 return NULL;
+        if (t->pm)
+                rdma_transport_set_topology(peer_manager_rdma(t->pm), NULL, NULL, NULL);
         sd_event_source_disable_unref(t->monitor_source);
         sd_event_source_disable_unref(t->refresh_timer);
         if (t->monitor)
@@ -416,6 +456,7 @@ int topology_new(Topology **ret, sd_event *e, PeerManager *pm) {
         if (!pm)
                 discover_rdma(t);
         if (pm) {
+                rdma_transport_set_topology(peer_manager_rdma(pm), rdma_lookup, rdma_changed, t);
                 r = topology_refresh(t);
                 if (r < 0)
                         return r;

@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Built instead of rdma.c without libibverbs: there are no RDMA devices to use. */
+#include <errno.h>
+#include <string.h>
+
 #include "log.h"
 #include "transport/rdma.h"
 
@@ -11,4 +14,22 @@ int rdma_discover(RdmaLink *links, size_t max, bool *logged_none) {
                 *logged_none = true;
         }
         return 0;
+}
+
+int rdma_transport_new(Transport **ret, sd_event *e, PeerManager *pm, uint32_t slice_size) {
+        return -EOPNOTSUPP;
+}
+
+void rdma_transport_set_topology(Transport *t, RdmaLinkLookup lookup, RdmaChanged changed, void *userdata) {
+}
+
+void rdma_transport_links_changed(Transport *t) {
+}
+
+void rdma_transport_peer_info(Transport *t, Peer *p, RdmaPeerInfo *info) {
+        memset(info, 0, sizeof *info);
+}
+
+bool rdma_transport_peer_ready(Transport *t, Peer *p) {
+        return false;
 }

@@ -33,7 +33,7 @@ KV=$(ls kpkg/lib/modules | head -1)
 rm -rf out && mkdir -p out
 START=$(date +%s)
 # TCG: /dev/kvm is not usable on these machines. The guest has no network device.
-timeout ${EPD_RDMA_VM_TIMEOUT:-600} qemu-system-x86_64 -accel ${ACCEL:-tcg} -cpu ${CPU:-max} -smp 2 -m 2G \
+timeout ${EPD_RDMA_VM_TIMEOUT:-1200} qemu-system-x86_64 -accel ${ACCEL:-tcg} -cpu ${CPU:-max} -smp 2 -m 2G \
         -nographic -serial mon:stdio -no-reboot -nic none \
         -kernel kpkg/boot/vmlinuz-$KV -initrd initramfs.cpio.gz \
         -append "console=ttyS0 edd=off panic=-1 loglevel=4 epdscript=$HERE/guest-epd.sh epdbuild=$BUILD" \

@@ -82,17 +82,23 @@ START_TEST(test_grant_down) {
         RdmaMessage m = { .type = RDMA_MSG_GRANT }, d;
         uint8_t buf[RDMA_PROTO_MAX_PAYLOAD];
 
-        m.grant.cookie = 42;
+        m.grant.write_id = 42;
         m.grant.region = 3;
         m.grant.rkey = 0xdeadbeef;
         m.grant.addr = 0x7f0000001000;
         m.grant.length = 1 << 20;
         roundtrip(&m, &d);
-        ck_assert_uint_eq(d.grant.cookie, 42);
+        ck_assert_uint_eq(d.grant.write_id, 42);
         ck_assert_uint_eq(d.grant.rkey, 0xdeadbeef);
         ck_assert_uint_eq(d.grant.length, 1 << 20);
         m.grant.length = 0;
         ck_assert_int_eq(rdma_message_encode(&m, buf, sizeof buf), -EINVAL);
+        m.grant.length = 1;
+        m.grant.write_id = (uint64_t)UINT32_MAX + 1; /* the immediate carries 32 bits */
+        ck_assert_int_eq(rdma_message_encode(&m, buf, sizeof buf), -EINVAL);
+        m.grant.write_id = 0;
+        ck_assert_int_eq(rdma_message_encode(&m, buf, sizeof buf), -EINVAL);
+        m.grant.write_id = 42;
         m.grant.length = 2;
         m.grant.addr = UINT64_MAX; /* wraps */
         ck_assert_int_eq(rdma_message_encode(&m, buf, sizeof buf), -EINVAL);
@@ -106,6 +112,43 @@ START_TEST(test_grant_down) {
         m.down.error = 0;
         ck_assert_int_eq(rdma_message_encode(&m, buf, sizeof buf), -EINVAL);
         m.down.error = 5000;
+        ck_assert_int_eq(rdma_message_encode(&m, buf, sizeof buf), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_request_ack) {
+        RdmaMessage m = { .type = RDMA_MSG_REQUEST }, d;
+        uint8_t buf[RDMA_PROTO_MAX_PAYLOAD];
+
+        m.request.write_id = UINT32_MAX;
+        m.request.cookie = UINT64_C(0x123456789) << 8 | 3;
+        m.request.region = 2;
+        m.request.offset = 1 << 16;
+        m.request.length = 65536;
+        roundtrip(&m, &d);
+        ck_assert_uint_eq(d.request.write_id, UINT32_MAX);
+        ck_assert_uint_eq(d.request.cookie, m.request.cookie);
+        ck_assert_uint_eq(d.request.region, 2);
+        ck_assert_uint_eq(d.request.offset, 1 << 16);
+        ck_assert_uint_eq(d.request.length, 65536);
+        m.request.length = 0;
+        ck_assert_int_eq(rdma_message_encode(&m, buf, sizeof buf), -EINVAL);
+        m.request.length = 2;
+        m.request.offset = UINT64_MAX;
+        ck_assert_int_eq(rdma_message_encode(&m, buf, sizeof buf), -EINVAL);
+        m.request.offset = 0;
+        m.request.write_id = 0;
+        ck_assert_int_eq(rdma_message_encode(&m, buf, sizeof buf), -EINVAL);
+
+        m = (RdmaMessage){ .type = RDMA_MSG_ACK };
+        m.ack.write_id = 7;
+        roundtrip(&m, &d);
+        ck_assert_uint_eq(d.ack.write_id, 7);
+        ck_assert_uint_eq(d.ack.error, 0);
+        m.ack.error = EACCES;
+        roundtrip(&m, &d);
+        ck_assert_uint_eq(d.ack.error, EACCES);
+        m.ack.error = 4096;
         ck_assert_int_eq(rdma_message_encode(&m, buf, sizeof buf), -EINVAL);
 }
 END_TEST
@@ -128,6 +171,7 @@ int main(void) {
         TCase *tc = tcase_create("rdma-proto");
         tcase_add_test(tc, test_connect);
         tcase_add_test(tc, test_grant_down);
+        tcase_add_test(tc, test_request_ack);
         tcase_add_test(tc, test_types);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);

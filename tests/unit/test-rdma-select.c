@@ -204,6 +204,11 @@ START_TEST(test_select) {
         in.failure = "device fatal event";
         ck_assert_int_eq(sel(&in, reason, &warn), TRANSPORT_TCP);
         ck_assert_str_eq(reason, "tcp: RDMA via rxe0 port 1 failed: device fatal event");
+        /* The device went away with the failure: both stay visible. */
+        in.local = NULL;
+        ck_assert_int_eq(sel(&in, reason, &warn), TRANSPORT_TCP);
+        ck_assert_str_eq(reason, "tcp: no RDMA device carries veth0; RDMA failed: device fatal event");
+        in.local = &up;
         in.failure = NULL;
 
         in.rdma_built = false;
