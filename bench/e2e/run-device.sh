@@ -5,7 +5,14 @@
 # process), then the benchmark (8B-class Qwen3-VL, random weights) against the
 # colocated baseline, and prints the table last. Results: $OUT (or build-e2e/out).
 #
-#   bench/e2e/run-device.sh [REQUESTS]
+#   bench/e2e/run-device.sh [REQUESTS] [LAYOUT] [GPUS]
+#
+# LAYOUT: worker processes, 1E1P1D (default), 1E1P2D, 2P2D, ... (no E: the prefill
+# workers encode); GPUS: how many GPUs to spread them over, one per process, round robin
+# (default: all the machine has; with one GPU every process shares GPU 0). With more
+# than one GPU the benchmark adds the colocated data-parallel baseline on GPUS GPUs.
+# E2E_STEPS="check bench" (default) picks the parts to run. The request stream mixes
+# repeated images and agent requests (follow-up turns on workflow branches).
 #
 # Needs: a CUDA GPU, python3 with torch and transformers (Qwen3VLForConditionalGeneration),
 # meson + ninja, libsystemd (headers from EPD_DEVICE_SYSROOT when the machine has none:
@@ -15,6 +22,10 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 REQUESTS=${1:-6}
+LAYOUT=${2:-1E1P1D}
+GPUS=${3:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)}
+[ "$GPUS" -ge 1 ] 2>/dev/null || GPUS=1
+STEPS=${E2E_STEPS:-check bench}
 OUTDIR=${OUT:-$ROOT/build-e2e/out}
 mkdir -p "$OUTDIR"
 if command -v meson >/dev/null; then MESON=(meson); else MESON=(python3 -m mesonbuild.mesonmain); fi
@@ -60,24 +71,32 @@ start_epdd() { # a fresh daemon: a KV arena takes the page size of the first lay
 stop_epdd() {
         kill -TERM $EPDD; wait $EPDD; epdd_rc=$?
 }
+EPDD=
 trap 'kill -TERM $EPDD 2>/dev/null; wait $EPDD 2>/dev/null' EXIT
 export EPD_LIBRARY=$ROOT/$B/client/libepd.so
-ARGS=(--address direct:$D/bus --epdctl $ROOT/$B/tools/epdctl)
+ARGS=(--address direct:$D/bus --epdctl $ROOT/$B/tools/epdctl --layout "$LAYOUT" --gpus "$GPUS")
+echo "layout $LAYOUT on $GPUS GPU(s); steps: $STEPS"
+check_rc=- bench_rc=- epdd_rc=-
 
-start_epdd
-echo "== token-exact check (small config)"
-timeout 100 python3 bench/e2e/e2e.py "${ARGS[@]}" --check small --requests 4 --max-new 12 --concurrency 3 \
-        --json "$OUTDIR/check.json" 2>&1 | grep -vE "Warning|warn\(" | tee "$OUTDIR/check.log" | tail -12
-check_rc=${PIPESTATUS[0]}
-stop_epdd
-start_epdd
-echo "== benchmark (8B-class config)"
-timeout 150 python3 bench/e2e/e2e.py "${ARGS[@]}" --bench 8b --requests "$REQUESTS" --warmup 1 --images 3 \
-        --max-new 16 --concurrency 3 --json "$OUTDIR/bench.json" 2>&1 | grep -vE "Warning|warn\(" \
-        | tee "$OUTDIR/bench.log" | tail -14
-bench_rc=${PIPESTATUS[0]}
-$B/tools/epdctl -A direct:$D/bus features >"$OUTDIR/features.txt" 2>&1
-stop_epdd
+if [[ " $STEPS " == *" check "* ]]; then
+        start_epdd
+        echo "== token-exact check (small config; first turns and agent branches)"
+        timeout 150 python3 bench/e2e/e2e.py "${ARGS[@]}" --check small --requests 6 --agent-every 3 --branches 2 \
+                --max-new 12 --concurrency 3 --json "$OUTDIR/check.json" 2>&1 | grep -vE "Warning|warn\(" \
+                | tee "$OUTDIR/check.log" | tail -22
+        check_rc=${PIPESTATUS[0]}
+        stop_epdd
+fi
+if [[ " $STEPS " == *" bench "* ]]; then
+        start_epdd
+        echo "== benchmark (8B-class config)"
+        timeout 240 python3 bench/e2e/e2e.py "${ARGS[@]}" --bench 8b --requests "$REQUESTS" --warmup 1 --images 3 \
+                --max-new 16 --concurrency 3 --agent-every 3 --branches 2 --json "$OUTDIR/bench.json" 2>&1 \
+                | grep -vE "Warning|warn\(" | tee "$OUTDIR/bench.log" | tail -18
+        bench_rc=${PIPESTATUS[0]}
+        $B/tools/epdctl -A direct:$D/bus features >"$OUTDIR/features.txt" 2>&1
+        stop_epdd
+fi
 trap - EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "check rc=$check_rc bench rc=$bench_rc epdd exit=$epdd_rc total $(( $(date +%s) - t0 )) s"
