@@ -463,15 +463,14 @@ class Workers:
             out["latency_s"] = time.perf_counter() - spec.submit_t
             out["tokens"] = out["decode"]["tokens"]
             if spec.branches > 0:
+                # A failed turn ends its worker (which releases everything it held).
                 out["branches"] = []
-                try:
-                    for i in range(spec.branches):
-                        t0 = time.perf_counter()
-                        r = self._call(d, "branch", spec, i)
-                        r["latency_s"] = time.perf_counter() - t0
-                        out["branches"].append(r)
-                finally:
-                    self._call(d, "end", spec)
+                for i in range(spec.branches):
+                    t0 = time.perf_counter()
+                    r = self._call(d, "branch", spec, i)
+                    r["latency_s"] = time.perf_counter() - t0
+                    out["branches"].append(r)
+                self._call(d, "end", spec)
         finally:
             self._done(d)
         return out
