@@ -11,8 +11,10 @@
 # workers encode); GPUS: how many GPUs to spread them over, one per process, round robin
 # (default: all the machine has; with one GPU every process shares GPU 0). With more
 # than one GPU the benchmark adds the colocated data-parallel baseline on GPUS GPUs.
-# E2E_STEPS="check bench" (default) picks the parts to run. The request stream mixes
-# repeated images and agent requests (follow-up turns on workflow branches).
+# E2E_STEPS="check bench" (default) picks the parts to run; E2E_BENCH_MODEL (default 8b)
+# is the benchmark's config; E2E_DP=1 adds the data-parallel baseline on one GPU too.
+# The request stream mixes repeated images and agent requests (follow-up turns on
+# workflow branches).
 #
 # Needs: a CUDA GPU, python3 with torch and transformers (Qwen3VLForConditionalGeneration),
 # meson + ninja, libsystemd (headers from EPD_DEVICE_SYSROOT when the machine has none:
@@ -26,6 +28,9 @@ LAYOUT=${2:-1E1P1D}
 GPUS=${3:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)}
 [ "$GPUS" -ge 1 ] 2>/dev/null || GPUS=1
 STEPS=${E2E_STEPS:-check bench}
+BENCH_MODEL=${E2E_BENCH_MODEL:-8b}
+DP=()
+[ -n "${E2E_DP:-}" ] && DP=(--dp)
 OUTDIR=${OUT:-$ROOT/build-e2e/out}
 mkdir -p "$OUTDIR"
 if command -v meson >/dev/null; then MESON=(meson); else MESON=(python3 -m mesonbuild.mesonmain); fi
@@ -89,8 +94,8 @@ if [[ " $STEPS " == *" check "* ]]; then
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
         start_epdd
-        echo "== benchmark (8B-class config)"
-        timeout 240 python3 bench/e2e/e2e.py "${ARGS[@]}" --bench 8b --requests "$REQUESTS" --warmup 1 --images 3 \
+        echo "== benchmark ($BENCH_MODEL config)"
+        timeout 240 python3 bench/e2e/e2e.py "${ARGS[@]}" ${DP[@]+"${DP[@]}"} --bench "$BENCH_MODEL" --requests "$REQUESTS" --warmup 1 --images 3 \
                 --max-new 16 --concurrency 3 --agent-every 3 --branches 2 --json "$OUTDIR/bench.json" 2>&1 \
                 | grep -vE "Warning|warn\(" | tee "$OUTDIR/bench.log" | tail -18
         bench_rc=${PIPESTATUS[0]}
