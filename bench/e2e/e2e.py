@@ -24,8 +24,9 @@ data-parallel baseline (N processes, one per GPU, requests dealt round robin).
 each worker process on its own GPU, round robin (with one GPU all share GPU 0).
 
 Gates (the exit status): every request and turn succeeds, token-exact (--check), no
-handoff failure, rollback or ring fallback, no handoff, sequence or workflow left, 0
-retained KV pages after the run (all read from epdctl). --backend synthetic runs the
+handoff failure, rollback or ring fallback, no failed encode, no handoff, sequence,
+workflow or feature handle left, nothing reserved, 0 retained KV pages after the run
+(all read from epdctl). --backend synthetic runs the
 disaggregated path with numpy tensors (no GPU), a smoke test of this driver."""
 
 import argparse
@@ -296,7 +297,8 @@ def gates(args, out):
     hand = epdctl(args, "handoffs")
     seqs = epdctl(args, "sequences")
     journal = epdctl(args, "journal")
-    out["pages"], out["handoffs"], out["journal"] = pools, hand, journal
+    feats = epdctl(args, "features")
+    out["pages"], out["handoffs"], out["journal"], out["features"] = pools, hand, journal, feats
     kv = [p for p in pools.get("pools", []) if p.get("arena") == "host0"] if isinstance(pools, dict) else []
     retained = kv[0]["total"] - kv[0]["free"] if kv else None
     counters = hand.get("counters", {}) if isinstance(hand, dict) else {}
@@ -304,12 +306,18 @@ def gates(args, out):
     left = len(hand.get("handoffs", [])) if isinstance(hand, dict) else None
     n_seqs = len(seqs) if isinstance(seqs, list) else None
     wfs = journal.get("workflows") if isinstance(journal, dict) else None
+    # Features: no handle held, nothing reserved, no failed encode.
+    f_handles = feats.get("handles") if isinstance(feats, dict) else None
+    f_reserved = feats.get("bytes_reserved") if isinstance(feats, dict) else None
+    f_failed = feats.get("failed") if isinstance(feats, dict) else None
     out.update(retained_pages=retained, failures=failures, fallbacks=counters.get("ring-fallbacks", 0),
-               handoffs_left=left, sequences_left=n_seqs, workflows_left=wfs)
+               handoffs_left=left, sequences_left=n_seqs, workflows_left=wfs, feature_handles_left=f_handles,
+               feature_bytes_reserved=f_reserved, feature_failures=f_failed)
     ok = (retained == 0 and failures == 0 and out["fallbacks"] == 0 and left == 0 and n_seqs == 0
-          and wfs == 0)
+          and wfs == 0 and f_handles == 0 and f_reserved == 0 and f_failed == 0)
     line = (f"retained pages {retained}, handoffs left {left}, sequences left {n_seqs}, workflows left {wfs}, "
-            f"failures {failures}, ring fallbacks {out['fallbacks']}")
+            f"feature handles left {f_handles}, feature bytes reserved {f_reserved}, "
+            f"failures {failures} (features {f_failed}), ring fallbacks {out['fallbacks']}")
     return ok, line
 
 
