@@ -249,14 +249,18 @@ def bench(args):
     try:
         placement = w.placement()
         w.run(specs(warm, args.images, args.text_tokens, args.max_new, salt="warm", **kw), args.concurrency)
-        # The same requests twice: repeated images with the feature cache, then with every
-        # key unique (the cache bypassed: the vision tower runs for every request).
-        for name, salt in ((f"EPD {args.layout}, repeated images, feature cache", ""),
-                           (f"EPD {args.layout}, repeated images, cache bypassed", "nocache")):
+        # The same requests: repeated images with the feature cache, then with every key
+        # unique (the cache bypassed: the vision tower runs for every request), several in
+        # flight; and bypassed one at a time, the colocated baseline's own shape (its TTFT
+        # compares like for like).
+        c = args.concurrency
+        for name, salt, conc in ((f"EPD {args.layout}, repeated images, feature cache, {c} in flight", "", c),
+                                 (f"EPD {args.layout}, repeated images, cache bypassed, {c} in flight", "nocache", c),
+                                 (f"EPD {args.layout}, repeated images, cache bypassed, 1 in flight", "serial", 1)):
             reqs = specs(n, args.images, args.text_tokens, args.max_new, salt=salt, first=100, **kw)
             f0 = epdctl(args, "features")
             t0 = time.perf_counter()
-            res = w.run(reqs, args.concurrency)
+            res = w.run(reqs, conc)
             rows.append(summarize(name, res, time.perf_counter() - t0))
             rows[-1]["completed"] = sum(1 for r in res if r is not None)
             rows[-1]["feature_counters"] = feature_delta(f0, epdctl(args, "features"))

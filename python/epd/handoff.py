@@ -26,6 +26,8 @@ RING_EV_COMPLETION = 0x81
 RING_EV_GROUP_PROGRESS = 0x82
 RING_EV_HANDOFF_STATE = 0x83
 RING_EV_BACKPRESSURE = 0x84
+HANDOFF_STATE_COMMITTED = 4
+HANDOFF_STATE_RELEASED = 5
 HANDOFF_STATE_ROLLED_BACK = 6
 
 
@@ -91,19 +93,29 @@ def _take_string(lib, p: ctypes.c_void_p) -> str:
 
 
 class Ring:
-    """The shared-memory ring pair (memfd + eventfds): submit records, take events."""
+    """The shared-memory ring pair (memfd + eventfds): submit records, take events.
 
-    def __init__(self, client, sq_entries: int = 256, cq_entries: int = 256):
+    Events of every handoff this process owns arrive on one completion ring, in any order.
+    The ring keeps, per handoff token, the latest progress and state it has seen, so that
+    a worker waiting for one request never drops another request's events, and a worker
+    that only submits (prefill) can drain its events with poll() and never fill the ring
+    (a full ring makes the daemon fall back to D-Bus signals)."""
+
+    def __init__(self, client, sq_entries: int = 256, cq_entries: int = 1024):
         self._client, self._lib = client, _lib_handoffs()
         p = ctypes.c_void_p()
         client._check(self._lib.epd_ring_open(client._c, sq_entries, cq_entries, ctypes.byref(p)), "open ring")
         self._r = p
+        self.progress = {}  # token -> groups landed (the highest count seen)
+        self.state = {}     # token -> (EPD_HANDOFF_STATE_*, EPD_HANDOFF_CAUSE_*)
+        self.other = []     # events that are not about a handoff (completions, backpressure), oldest first
 
     def layer_group_ready(self, request_id: str, token: int, group: int, user_data: int = 0):
         self._client._check(self._lib.epd_ring_layer_group_ready(self._r, request_id.encode(), token, group,
                                                                  user_data), "ring: layer group ready")
 
     def next(self, timeout_s: Optional[float] = None) -> Optional[RingRecord]:
+        """The next raw event, or None after timeout_s (None: wait for ever)."""
         rec = RingRecord()
         t = 2**64 - 1 if timeout_s is None else int(timeout_s * 1e6)
         r = self._lib.epd_ring_next(self._r, ctypes.byref(rec), t)
@@ -111,6 +123,31 @@ class Ring:
             return None
         self._client._check(r, "ring: next")
         return rec
+
+    def _absorb(self, rec: RingRecord):
+        if rec.opcode == RING_EV_GROUP_PROGRESS:
+            self.progress[rec.token] = max(self.progress.get(rec.token, 0), rec.count)
+        elif rec.opcode == RING_EV_HANDOFF_STATE:
+            self.state[rec.token] = (rec.arg0, rec.arg1)
+        else:
+            self.other.append(rec)
+            del self.other[:-1024]  # bounded: only the newest are kept
+
+    def poll(self, timeout_s: float = 0.0) -> int:
+        """Takes every event that is there (waiting up to timeout_s for the first one) into
+        the per-handoff tables; returns how many were taken."""
+        n = 0
+        rec = self.next(timeout_s)
+        while rec is not None:
+            self._absorb(rec)
+            n += 1
+            rec = self.next(0)
+        return n
+
+    def forget(self, token: int):
+        """Drops what the ring remembers of a handoff this process is done with."""
+        self.progress.pop(token, None)
+        self.state.pop(token, None)
 
     def close(self):
         if self._r:
@@ -160,11 +197,22 @@ class Handoff:
         return {"state": st.state.decode(), "cause": st.cause.decode(), "groups_done": st.groups_done,
                 "n_groups": st.n_groups, "bytes": st.bytes}
 
+    def finished(self, ring: Optional[Ring] = None) -> bool:
+        """Whether the destination is done with this handoff (committed or rolled back): from
+        the ring's state records when given (no bus round trip), else from its status."""
+        if ring is not None:
+            ring.poll(0)
+            st = ring.state.get(self.token)
+            return st is not None and st[0] in (HANDOFF_STATE_COMMITTED, HANDOFF_STATE_ROLLED_BACK)
+        return self.status()["state"] in ("committed", "rolled-back")
+
     def rollback(self):
         self._client._check(self._lib.epd_handoff_rollback(self._client._c, self.path.encode()), "rollback")
 
-    def release(self):
+    def release(self, ring: Optional[Ring] = None):
         self._client._check(self._lib.epd_handoff_release(self._client._c, self.path.encode()), "release handoff")
+        if ring is not None:
+            ring.forget(self.token)
 
 
 class Accepted:
@@ -209,16 +257,13 @@ class Accepted:
                 raise EpdError(_errno.ETIMEDOUT, "org.epd1.Error.Timeout", f"groups {self.groups_done}/{n}",
                                "wait for layer groups")
             if ring is not None:
-                rec = ring.next(min(left, 1.0))
-                if rec is None:
-                    continue
-                if rec.token != self.token:
-                    continue
-                if rec.opcode == RING_EV_GROUP_PROGRESS:
-                    self.groups_done = max(self.groups_done, rec.count)
-                elif rec.opcode == RING_EV_HANDOFF_STATE and rec.arg0 == HANDOFF_STATE_ROLLED_BACK:
-                    raise EpdError(_errno.ECANCELED, None, f"the handoff was rolled back (cause {rec.arg1})",
+                self.groups_done = max(self.groups_done, ring.progress.get(self.token, 0))
+                st = ring.state.get(self.token)
+                if st is not None and st[0] == HANDOFF_STATE_ROLLED_BACK:
+                    raise EpdError(_errno.ECANCELED, None, f"the handoff was rolled back (cause {st[1]})",
                                    "wait for layer groups")
+                if self.groups_done < n:
+                    ring.poll(min(left, 1.0))
             else:
                 st = self.status()
                 if st["state"] in ("rolled-back", "released"):
@@ -237,5 +282,7 @@ class Accepted:
     def rollback(self):
         self._client._check(self._lib.epd_handoff_rollback(self._client._c, self.path.encode()), "rollback")
 
-    def release(self):
+    def release(self, ring: Optional[Ring] = None):
         self._client._check(self._lib.epd_handoff_release(self._client._c, self.path.encode()), "release handoff")
+        if ring is not None:
+            ring.forget(self.token)

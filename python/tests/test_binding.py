@@ -17,18 +17,19 @@ import epd  # noqa: E402
 
 
 class Daemon:
-    def __init__(self, state: bool = False):
+    def __init__(self, extra_conf: str = "", env=None, state: bool = False):
         """state: a StateDirectory (the WAL), which workflows need."""
         self.dir = tempfile.mkdtemp(prefix="epd-py-")
         self.socket = os.path.join(self.dir, "bus")
         conf = os.path.join(self.dir, "epd.conf")
         with open(conf, "w") as f:
-            f.write(f"[Daemon]\nSocket={self.socket}\nSystemBus=no\nHostId=py-host\n")
+            f.write(f"[Daemon]\nSocket={self.socket}\nSystemBus=no\nHostId=py-host\n{extra_conf}")
             if state:
                 f.write(f"StateDirectory={os.path.join(self.dir, 'state')}\n")
         self.log = open(os.path.join(self.dir, "epdd.log"), "w")
         self.proc = subprocess.Popen([os.environ["EPDD"], f"--config={conf}"],
-                                     stdout=self.log, stderr=self.log)
+                                     stdout=self.log, stderr=self.log,
+                                     env=dict(os.environ, **(env or {})))
         for _ in range(500):
             if os.path.exists(self.socket):
                 s = socket.socket(socket.AF_UNIX)
@@ -40,7 +41,9 @@ class Daemon:
                 finally:
                     s.close()
             time.sleep(0.01)
-        raise RuntimeError("epdd did not start")
+            if self.proc.poll() is not None:
+                break
+        raise RuntimeError("epdd did not start: " + open(os.path.join(self.dir, "epdd.log")).read()[-2000:])
 
     @property
     def address(self):

@@ -56,16 +56,18 @@ class E2eDriverTest(unittest.TestCase):
         self.assertEqual(c["workflow"]["reused_prefix_tokens"], 16 * c["workflow"]["shared_pages"])
         self.assertEqual([p["role"] for p in c["placement"]], ["encoder", "prefill", "decode", "decode"])
         self.assertTrue(all(p["gpu"] == 0 for p in c["placement"]))
-        cached, bypassed = out["bench"]
+        cached, bypassed, serial = out["bench"]
         self.assertIn("feature cache", cached["config"])
         self.assertIn("cache bypassed", bypassed["config"])
+        self.assertIn("1 in flight", serial["config"])
+        self.assertEqual(serial["encoder_runs"], 6)
         # 3 images over 6 requests: the cache skips the vision tower for repeats;
         # bypassed, it runs for every request.
         self.assertLessEqual(cached["encoder_runs"], 3)
         self.assertGreaterEqual(cached["feature_counters"]["hits"], 6)  # every prefill fetch, and repeats
         self.assertEqual(bypassed["encoder_runs"], 6)
         self.assertEqual(bypassed["encoder_hits"], 0)
-        for row in (cached, bypassed):
+        for row in (cached, bypassed, serial):
             self.assertEqual(row["turns"], 10)
             self.assertEqual(row["workflow"]["forks"], 4)
         for k in ("retained_pages", "failures", "fallbacks", "handoffs_left", "sequences_left", "workflows_left",

@@ -142,6 +142,24 @@ class WorkersTest(unittest.TestCase):
             if layout == "2P2D":
                 self.assertTrue(all("encode" in r for r in res if r["prefill"]["prompt_len"] > 100))
 
+    def test_ring_keeps_up(self):
+        """Many requests with one notice per layer on small rings: more events than a
+        completion ring holds. The workers drain their rings, so the daemon never falls
+        back to D-Bus signals, and no request's events are lost to another's wait."""
+        from epd.workers import serve
+        w = serve.Workers(self.d.address, "synthetic", group_size=1, ring_entries=64)
+        try:
+            specs = [serve.Spec(serve.request_id_of(100 + i), image_seed=None, text_seed=i, text_tokens=16,
+                                max_new_tokens=2) for i in range(48)]
+            results = w.run(specs, concurrency=4)
+        finally:
+            w.close()
+        self.assertEqual(len(results), len(specs))
+        counters = self.epdctl("handoffs")["counters"]
+        self.assertGreater(counters["groups"], 64, counters)
+        self.assertEqual(counters["ring-fallbacks"], 0, counters)
+        self.assertEqual(counters["committed"], len(specs), counters)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -15,8 +15,10 @@
   the model's KV source and writes the newly computed tokens into the branch's own
   pages (the decode worker reuses the prefix instead of recomputing it).
 
-Arrays may be numpy arrays or torch tensors (GPU tensors are copied to the host pages
-with one device-to-host copy per layer); reads return the same kind."""
+Arrays may be numpy arrays or torch tensors; reads return the same kind. A GPU process
+registers the host arena with CUDA once (page-locked), so that K/V goes between the GPU
+and the pages by asynchronous copies, and a layer group is reported ready when a CUDA
+event says its copies have landed."""
 
 import time
 from typing import Dict, List, Optional, Sequence as Seq, Tuple
@@ -44,15 +46,37 @@ def _elem_size(x) -> int:
     return x.element_size() if _is_torch(x) else x.itemsize
 
 
-def _write(mv: memoryview, x) -> None:
-    """Copies array x (numpy or torch, any device) into the bytes of mv, row-major."""
+def _write(mv: memoryview, x, non_blocking: bool = False) -> None:
+    """Copies array x (numpy or torch, any device) into the bytes of mv, row-major.
+    non_blocking: a GPU tensor is copied asynchronously (mv must be pinned, see _pin_host;
+    the caller waits for the stream before the bytes are used)."""
     if _is_torch(x):
         import torch
         dst = torch.frombuffer(mv, dtype=torch.uint8)[: x.numel() * x.element_size()]
-        dst.view(x.dtype).view(x.shape).copy_(x)
+        dst.view(x.dtype).view(x.shape).copy_(x, non_blocking=non_blocking)
     else:
         import numpy as np
         np.frombuffer(mv, dtype=x.dtype, count=x.size).reshape(x.shape)[...] = x
+
+
+_PINNED: Dict[int, bool] = {}  # arena mapping address -> registered with CUDA
+
+
+def _pin_host(address: int, length: int) -> bool:
+    """Registers a mapped host arena with CUDA once per process (page-locked, so that
+    copies between it and the GPU are asynchronous DMA on the copy engine instead of
+    synchronous staged copies). False when there is no CUDA or the driver refuses; the
+    callers then copy synchronously."""
+    if address not in _PINNED:
+        ok = False
+        try:
+            import torch
+            if torch.cuda.is_available():
+                ok = int(torch.cuda.cudart().cudaHostRegister(address, length, 0)) == 0
+        except Exception:
+            ok = False
+        _PINNED[address] = ok
+    return _PINNED[address]
 
 
 def _view(mv: memoryview, dtype_name: str, shape, like_torch: bool):
@@ -199,6 +223,9 @@ class EpdKvSink:
         self.bytes_written = 0
         self.groups_sent = 0
         self.seconds = 0.0  # time spent in this sink: device-to-host copies, page writes, notices
+        self.wait_s = 0.0   # time done() waited for the model's kernels before the last copies
+        self._pending = []  # (CUDA event, group) of groups whose copies are in flight
+        self._pinned = _pin_host(a.address(), a.size)
 
     def _page(self, i: int) -> memoryview:
         off = self._base + self.pages[i] * self.layout.page_size
@@ -206,20 +233,61 @@ class EpdKvSink:
 
     def layer(self, layer_idx: int, k, v) -> None:
         t_start = time.perf_counter()
-        L = self.layout
-        k, v = _host_shd(k), _host_shd(v)
+        L, T = self.layout, self.layout.tokens_per_block
+        # (1, H, S, D) -> (S, H, D) row-major: transposed on the device, then each page's
+        # slice goes to the host page. Into a pinned arena the copies are asynchronous and
+        # the group is reported ready once a CUDA event says its copies have landed.
+        async_copy = _is_torch(k) and k.is_cuda and self._pinned
+        if _is_torch(k):
+            k = k[0].transpose(0, 1).contiguous()
+            v = v[0].transpose(0, 1).contiguous()
+            if not async_copy:
+                k, v = k.cpu(), v.cpu()
+        else:
+            k = k[0].transpose(1, 0, 2).copy()
+            v = v[0].transpose(1, 0, 2).copy()
         S = k.shape[0]
-        _write_tokens(L, self._page, layer_idx, 0, k, v)
+        for b in range(L.pages_for(S)):
+            t0, t1 = b * T, min((b + 1) * T, S)
+            page = self._page(b)
+            _write(page[L.k_offset(layer_idx):], k[t0:t1], async_copy)
+            _write(page[L.v_offset(layer_idx):], v[t0:t1], async_copy)
         self.bytes_written += 2 * S * L.k_bytes_per_token
         if layer_idx in self.group_last:
-            self.handoff.layer_group_ready(self.group_last.index(layer_idx), self.ring)
-            self.groups_sent += 1
+            g = self.group_last.index(layer_idx)
+            if async_copy:
+                import torch
+                ev = torch.cuda.Event()
+                ev.record()
+                self._pending.append((ev, g))
+                self._flush(block=False)
+            else:
+                self._ready(g)
         self.seconds += time.perf_counter() - t_start
 
+    def _ready(self, group: int) -> None:
+        self.handoff.layer_group_ready(group, self.ring)
+        self.groups_sent += 1
+
+    def _flush(self, block: bool) -> None:
+        """Reports ready, in order, the groups whose copies have landed (all when block)."""
+        while self._pending:
+            ev, g = self._pending[0]
+            if block:
+                t0 = time.perf_counter()
+                ev.synchronize()
+                self.wait_s += time.perf_counter() - t0
+            elif not ev.query():
+                return
+            self._pending.pop(0)
+            self._ready(g)
+
     def done(self) -> None:
+        # Every group's copies have landed and been reported before the sequence goes.
         # Leases keep the pages alive until the transfer completes; the decode side's
         # commit gives it references of its own. Idempotent (the model's prefill and the
         # worker loop may both call it).
+        self._flush(block=True)
         if self.seq is not None:
             seq, self.seq = self.seq, None
             seq.release()
@@ -232,6 +300,7 @@ class EpdKvSource:
     def __init__(self, client, request_id: str, layout: KvPageLayout, tokens: int, ring: Optional[Ring] = None,
                  device: Optional[str] = None, dtype: str = "bfloat16", accept_timeout_s: float = 30.0):
         self.client, self.layout, self.tokens, self.device, self.dtype = client, layout, tokens, device, dtype
+        self.ring = ring
         deadline = time.monotonic() + accept_timeout_s
         while True:
             try:
@@ -246,18 +315,19 @@ class EpdKvSource:
         self.wait_s = time.perf_counter() - t0
         a = client.arena(self.accepted.arena)
         self._arena_buf = a.buffer()
+        self._pinned = device is not None and _pin_host(a.address(), a.size)
 
     def layer(self, layer_idx: int):
         L = self.layout
         pages = [lambda off=off: self._arena_buf[off: off + L.page_size] for off in self.accepted.offsets]
-        return _read_tokens(L, pages, layer_idx, self.tokens, self.dtype, self.device)
+        return _read_tokens(L, pages, layer_idx, self.tokens, self.dtype, self.device, self._pinned)
 
     def finish(self, keep: bool = False) -> Optional[Sequence]:
         """After the cache is built: commit (the pages become ours), then let them go, or
         with keep, return the committed sequence (an agent request's first turn: the
         root of its workflow)."""
         seq = Sequence(self.client, self.accepted.commit(), self.accepted.arena)
-        self.accepted.release()
+        self.accepted.release(self.ring)
         if keep:
             return seq
         seq.release()
@@ -278,9 +348,11 @@ def _write_tokens(L: KvPageLayout, page_fn, layer_idx: int, start: int, k, v) ->
         _write(page[L.v_offset(layer_idx):], v[t0:t1])
 
 
-def _read_tokens(L: KvPageLayout, pages, layer_idx: int, S: int, dtype: str, device: Optional[str]):
+def _read_tokens(L: KvPageLayout, pages, layer_idx: int, S: int, dtype: str, device: Optional[str],
+                 pinned: bool = False):
     """K/V of tokens [0, S) of one layer as (1, H, S, D): torch on `device`, or numpy when
-    device is None. pages[i]() is page i's bytes."""
+    device is None. pages[i]() is page i's bytes; pinned: the arena is page-locked, each
+    page goes straight to the GPU by an asynchronous copy."""
     T, H, D = L.tokens_per_block, L.kv_heads, L.head_dim
     ks, vs = [], []
     torch_like = device is not None
@@ -291,8 +363,13 @@ def _read_tokens(L: KvPageLayout, pages, layer_idx: int, S: int, dtype: str, dev
         vs.append(_view(page[L.v_offset(layer_idx):], dtype, (n, H, D), torch_like))
     if torch_like:
         import torch
-        k = torch.cat(ks).to(device).transpose(0, 1).unsqueeze(0).contiguous()
-        v = torch.cat(vs).to(device).transpose(0, 1).unsqueeze(0).contiguous()
+        if pinned:
+            k = torch.cat([x.to(device, non_blocking=True) for x in ks])
+            v = torch.cat([x.to(device, non_blocking=True) for x in vs])
+        else:
+            k, v = torch.cat(ks).to(device), torch.cat(vs).to(device)
+        k = k.transpose(0, 1).unsqueeze(0).contiguous()
+        v = v.transpose(0, 1).unsqueeze(0).contiguous()
     else:
         import numpy as np
         k = np.concatenate(ks).transpose(1, 0, 2)[None].copy()
@@ -301,7 +378,7 @@ def _read_tokens(L: KvPageLayout, pages, layer_idx: int, S: int, dtype: str, dev
 
 
 def _host_shd(k):
-    """(1, H, S, D) -> (S, H, D) row-major on the host: one device-to-host copy."""
+    """(1, H, S, D) -> (S, H, D) row-major on the host: one synchronous device-to-host copy."""
     if _is_torch(k):
         return k[0].transpose(0, 1).contiguous().cpu()
     return k[0].transpose(1, 0, 2).copy()
@@ -321,6 +398,7 @@ class EpdBranchKv:
         self.prefix_tokens, self.device, self.dtype = prefix_tokens, device, dtype
         a = client.arena(arena)
         self._buf, self._base = a.buffer(), a.data_offset
+        self._pinned = device is not None and _pin_host(a.address(), a.size)
         self.refresh()
         self.bytes_read = self.bytes_written = 0
         self.seconds = 0.0
@@ -336,7 +414,7 @@ class EpdBranchKv:
     def read(self, layer_idx: int, tokens: int):
         t0 = time.perf_counter()
         pages = [lambda i=i: self._page(i) for i in range(self.layout.pages_for(tokens))]
-        k, v = _read_tokens(self.layout, pages, layer_idx, tokens, self.dtype, self.device)
+        k, v = _read_tokens(self.layout, pages, layer_idx, tokens, self.dtype, self.device, self._pinned)
         self.bytes_read += 2 * tokens * self.layout.k_bytes_per_token
         self.seconds += time.perf_counter() - t0
         return k, v

@@ -271,7 +271,8 @@ class _DecodeAgents:
         self.live.clear()
 
 
-def _worker(role: str, address: str, backend_name: str, conn, group_size: int, model_label: str):
+def _worker(role: str, address: str, backend_name: str, conn, group_size: int, model_label: str,
+            ring_entries: int = 1024):
     """One process: registers with epdd as `role`, then serves requests from the pipe."""
     try:
         b = make_backend(backend_name)
@@ -286,7 +287,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
         ring = None
         if role in ("prefill", "decode"):
             from ..handoff import Ring
-            ring = Ring(client)
+            ring = Ring(client, cq_entries=ring_entries)
         groups = C.groups_of(b.layers, group_size)
         agents = _DecodeAgents(client, layout, b, device) if role == "decode" else None
         conn.send(("ready", {"pid": os.getpid(), "gpu": gpu, "worker": client.worker_path}))
@@ -327,9 +328,8 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 # Release the handoffs the decode side has finished with.
                 still = []
                 for s in pending:
-                    st = s.handoff.status()["state"]
-                    if st in ("committed", "rolled-back"):
-                        s.handoff.release()
+                    if s.handoff.finished(ring):
+                        s.handoff.release(ring)
                     else:
                         still.append(s)
                 pending = still
@@ -384,7 +384,7 @@ class Workers:
     turns go to the decode worker that holds its workflow."""
 
     def __init__(self, address: str, backend: str, group_size: int = 1, model_label: str = "qwen3-vl",
-                 layout: str = "1E1P1D", gpus: Optional[int] = None):
+                 layout: str = "1E1P1D", gpus: Optional[int] = None, ring_entries: int = 1024):
         ctx = mp.get_context("spawn")
         self.layout = parse_layout(layout)
         self.pools: Dict[str, List[_Proc]] = {r: [] for r in ("encoder", "prefill", "decode")}
@@ -399,7 +399,8 @@ class Workers:
                     if gpu is not None:
                         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # the spawned child inherits it
                     a, b = ctx.Pipe()
-                    p = ctx.Process(target=_worker, args=(role, address, backend, b, group_size, model_label),
+                    p = ctx.Process(target=_worker, args=(role, address, backend, b, group_size, model_label,
+                                                                     ring_entries),
                                     daemon=True)
                     p.start()
                     self.pools[role].append(_Proc(role, i, p, a, gpu))

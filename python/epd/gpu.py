@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""GPU arenas: the daemon's CUDA VMM memory mapped into this process, as tensors with
+no copy.
+
+    import epd, epd.gpu, torch
+    with epd.Client() as c:
+        c.register("decode", "Qwen3-VL-8B", "cuda:0", kv=...)
+        g = epd.gpu.Gpu()                            # loads libcuda at run time
+        m = g.map_arena(c, "kvgpu")                  # the arena passed at registration
+        t = torch.as_tensor(m.view(m.data_offset, (16, 8, 128), "bfloat16"), device="cuda")
+
+`GpuArena.view()` returns an object with `__cuda_array_interface__` (version 3), which
+torch, CuPy and Numba take without copying. The daemon keeps owning the memory: closing
+the mapping, or this process dying, only drops this process's mapping. Without a GPU,
+`Gpu()` raises EpdError with the driver's reason ("no NVIDIA driver", "no GPU")."""
+
+import ctypes
+import errno as _errno
+from typing import Optional, Sequence as Seq
+
+from . import EpdError, _lib
+
+__all__ = ["Gpu", "GpuArena", "CudaView"]
+
+_P = ctypes.POINTER
+
+# numpy typestr of the dtypes KV and features use (the __cuda_array_interface__ wants
+# one; bfloat16 has none in numpy, "<V2" is what torch accepts for it with the
+# separate dtype).
+_TYPESTR = {"uint8": "|u1", "int8": "|i1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
+            "float16": "<f2", "float32": "<f4", "float64": "<f8", "bfloat16": "<V2"}
+_SIZE = {"uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2, "float32": 4,
+         "float64": 8, "bfloat16": 2}
+
+
+def _lib_gpu():
+    lib = _lib.lib()
+    if getattr(lib, "_epd_gpu_declared", False):
+        return lib
+    c_int, c_char_p, c_void_p, c_uint64, c_size_t = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, \
+        ctypes.c_uint64, ctypes.c_size_t
+    decls = {
+        "epd_gpu_open": (c_int, [_P(c_void_p)]),
+        "epd_gpu_close": (c_void_p, [c_void_p]),
+        "epd_gpu_strerror": (c_char_p, [c_int]),
+        "epd_gpu_arena_map": (c_int, [c_void_p, c_void_p, c_size_t, _P(c_void_p)]),
+        "epd_gpu_mapping_device_pointer": (c_uint64, [c_void_p]),
+        "epd_gpu_mapping_size": (c_uint64, [c_void_p]),
+        "epd_gpu_unmap": (c_void_p, [c_void_p]),
+    }
+    for name, (restype, argtypes) in decls.items():
+        f = getattr(lib, name)
+        f.restype = restype
+        f.argtypes = argtypes
+    lib._epd_gpu_declared = True
+    return lib
+
+
+class CudaView:
+    """A typed window of device memory, for frameworks that speak
+    __cuda_array_interface__. It keeps its mapping alive while it lives."""
+
+    def __init__(self, owner: "GpuArena", pointer: int, shape: Seq[int], dtype: str,
+                 strides: Optional[Seq[int]] = None):
+        self._owner = owner
+        self.pointer, self.shape, self.dtype = pointer, tuple(int(s) for s in shape), dtype
+        self.strides = tuple(strides) if strides is not None else None
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": _TYPESTR[self.dtype], "data": (self.pointer, False),
+                "strides": self.strides, "version": 3}
+
+
+class GpuArena:
+    """One GPU arena of this worker's registration, mapped on this process's ordinal of
+    the daemon's GPU."""
+
+    def __init__(self, gpu: "Gpu", client, index: int, mapping: ctypes.c_void_p):
+        self._gpu, self._client, self._m = gpu, client, mapping
+        a = _lib.lib().epd_arena_get(client._c, index).contents
+        self.index, self.name, self.usage = index, a.name.decode(), a.usage.decode()
+        self.data_offset = a.data_offset
+        lib = _lib_gpu()
+        self.device_pointer = lib.epd_gpu_mapping_device_pointer(mapping)
+        self.size = lib.epd_gpu_mapping_size(mapping)
+
+    def view(self, offset: int, shape: Seq[int], dtype: str = "uint8") -> CudaView:
+        """The bytes at `offset` of the arena as a C-contiguous array of `shape`."""
+        if dtype not in _TYPESTR:
+            raise ValueError(f"dtype {dtype} not one of {', '.join(_TYPESTR)}")
+        n = _SIZE[dtype]
+        for s in shape:
+            n *= int(s)
+        if offset < 0 or n < 0 or offset + n > self.size:
+            raise ValueError(f"range {offset}+{n} outside GPU arena {self.name} of {self.size} bytes")
+        if self._m is None:
+            raise ValueError(f"GPU arena {self.name} is unmapped")
+        return CudaView(self, self.device_pointer + offset, shape, dtype)
+
+    def torch(self, offset: int, shape: Seq[int], dtype: str = "uint8"):
+        """A torch tensor on the arena's GPU viewing `offset` (torch needed); no copy.
+        torch has no typestr for bfloat16, so it is viewed as int16 and reinterpreted."""
+        import torch
+        as_dtype = "int16" if dtype == "bfloat16" else dtype
+        t = torch.as_tensor(self.view(offset, shape, as_dtype), device="cuda")
+        return t.view(torch.bfloat16) if dtype == "bfloat16" else t
+
+    def close(self):
+        if self._m is not None:
+            _lib_gpu().epd_gpu_unmap(self._m)
+            self._m = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Gpu:
+    """libepd's GPU side: the CUDA driver loaded at run time (EPD_LIBCUDA overrides
+    libcuda.so.1)."""
+
+    def __init__(self):
+        self._lib = _lib_gpu()
+        p = ctypes.c_void_p()
+        r = self._lib.epd_gpu_open(ctypes.byref(p))
+        if r < 0:
+            raise EpdError(-r, None, self._lib.epd_gpu_strerror(r).decode(), "open the GPU driver")
+        self._g = p
+
+    def map_arena(self, client, name: str) -> GpuArena:
+        """Maps the GPU arena `name` the daemon passed at registration."""
+        i = client._l.epd_arena_find(client._c, name.encode())
+        if i < 0:
+            raise EpdError(_errno.ENOENT, "org.epd1.Error.NotFound", f"no arena {name} mapped", "GPU arena")
+        m = ctypes.c_void_p()
+        client._check(self._lib.epd_gpu_arena_map(client._c, self._g, i, ctypes.byref(m)),
+                      f"map GPU arena {name}")
+        return GpuArena(self, client, i, m)
+
+    def close(self):
+        if self._g:
+            self._lib.epd_gpu_close(self._g)
+            self._g = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
