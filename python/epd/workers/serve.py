@@ -282,7 +282,8 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
         layout = C.KvPageLayout(b.layers, 16, b.kv_heads, b.head_dim, elem)
         kv = KvLayout(b.layers, 16, layout.k_bytes_per_token, layout.v_bytes_per_token, b.dtype)
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        client.register(role, model_label, "cuda:0" if device else "cpu",
+        # The physical GPU (this process sees it as cuda:0), as epdctl shows the worker.
+        client.register(role, model_label, (f"cuda:{gpu}" if gpu else "cuda:0") if device else "cpu",
                         kv=kv if role in ("prefill", "decode") else None)
         ring = None
         if role in ("prefill", "decode"):
