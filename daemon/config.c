@@ -234,6 +234,18 @@ static int p_wal_sync(ParseState *s, const char *key, const char *value, void *d
         return -EINVAL;
 }
 
+static int p_copy_kernel(ParseState *s, const char *key, const char *value, void *dst) {
+        /* The values of GpuCopyKernelPolicy (gpu/copy.h): never, small, always. */
+        static const char *const names[] = { "never", "small", "always" };
+        for (size_t i = 0; i < ELEMENTSOF(names); i++)
+                if (strcmp(value, names[i]) == 0) {
+                        *(int *)dst = (int)i;
+                        return 0;
+                }
+        perr(s, "%s=%s: expected never, small or always", key, value);
+        return -EINVAL;
+}
+
 static int p_transport(ParseState *s, const char *key, const char *value, void *dst) {
         int p = transport_policy_from_string(value);
         if (p < 0) {
@@ -313,11 +325,12 @@ static const ConfigItem items[] = {
         { "Backpressure", "Release", p_telemetry, C(telemetry) },
         { "Wal", "Sync", p_wal_sync, C(wal_sync) },
         { "Wal", "CompactSize", p_size, C(wal_compact_bytes) },
+        { "Gpu", "CopyKernel", p_copy_kernel, C(gpu_copy_kernel) },
 };
 
 static const char *const named_sections[] = { "Arena", "Peer" };
 static const char *const plain_sections[] = { "Daemon", "Limits", "Cluster", "Features",
-                                               "Telemetry", "Backpressure", "Wal" };
+                                               "Telemetry", "Backpressure", "Wal", "Gpu" };
 
 static void arena_config_done(ArenaConfig *a) {
         free(a->name);
@@ -367,6 +380,7 @@ int config_defaults(Config *c) {
                 .feature_store_max_bytes = 1ULL << 30,
                 .wal_sync = 1, /* batch: group commit */
                 .wal_compact_bytes = 64ULL << 20,
+                .gpu_copy_kernel = 1, /* small: scattered pages through the batched copy kernel */
         };
         if (!(c->socket_path = strdup(EPD_SOCKET_PATH)) || !(c->state_dir = strdup(EPD_STATE_DIR)))
                 return -ENOMEM;

@@ -60,6 +60,8 @@ typedef struct Config {
         /* [Wal] (docs/wal.md) */
         int wal_sync;            /* WalSyncPolicy: always, batch (default), none */
         uint64_t wal_compact_bytes; /* compact when the log grows past this */
+        /* [Gpu] (docs/gpu.md) */
+        int gpu_copy_kernel;     /* GpuCopyKernelPolicy: never, small (default), always */
 
         /* Subsystem-private sections live beside the core: see config.c. */
 } Config;

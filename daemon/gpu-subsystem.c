@@ -12,7 +12,7 @@
 #include "gpu-subsystem.h"
 #include "log.h"
 #include "manager.h"
-#include "page-manager.h"
+#include "transport/cuda.h"
 
 int manager_gpu_arena_new(Manager *m, const ArenaConfig *c, uint32_t index, Arena **ret) {
         int r;
@@ -41,8 +41,9 @@ void manager_arena_free(Manager *m, Arena *a) {
 
 /* Copy-on-write of a page in a GPU arena (offsets into the arena): the copy engine, on
  * the daemon's context. Synchronous, like the host arenas' memcpy: the writer may only
- * write once its private copy exists; a page is MBs, microseconds on the copy engine. */
-static int gpu_page_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) {
+ * write once its private copy exists; a page is MBs, microseconds on the copy engine.
+ * The page manager installs it when it makes a GPU arena's page pool. */
+int manager_gpu_page_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) {
         Arena *a = userdata;
         GpuArena *g = a->gpu;
         int r;
@@ -61,11 +62,9 @@ static int gpu_init(Manager *m) {
         if (!m->gpu)
                 return 0; /* no GPU arena configured: the GPU domain stays off */
 
-        /* Copy-on-write in GPU arenas' page pools goes through the copy engine. */
-        for (size_t i = 0; i < m->n_arenas; i++)
-                if (m->arenas[i]->domain == MEMORY_GPU)
-                        page_manager_set_copy(m->page_manager, m->arenas[i]->index, gpu_page_copy,
-                                              m->arenas[i]);
+        /* Scattered pages: the batched copy kernel for groups of many small segments. */
+        gpu_copy_engine_set_kernel_policy(cuda_transport_engine(m->gpu->transport),
+                                          (GpuCopyKernelPolicy)m->config.gpu_copy_kernel, 16);
 
         /* Host arenas are pinned for the GPU ↔ host copy paths (cuMemHostRegister). */
         for (size_t i = 0; i < m->n_arenas; i++) {

@@ -6,10 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 
 #include "arena.h"
 #include "bus-error.h"
 #include "bus-handoff.h"
+#include "copy.h"
+#include "gpu-domain.h"
 #include "handoff-proto.h"
 #include "kvlayout.h"
 #include "log.h"
@@ -18,15 +21,29 @@
 #include "peer.h"
 #include "sequence.h"
 #include "telemetry.h"
+#include "transport/cuda.h"
 #include "transport/local.h"
 #include "worker.h"
 
-/* A write this daemon posted (source side), by cookie. */
+/* Writes this daemon posted (source side), by cookie: one per write to a peer (whose
+ * cookies travel and must be unique), one per group's batch within this host (every
+ * write of the batch carries the cookie; `pending` of them have not completed). */
 typedef struct OutWrite {
         uint64_t cookie;
         HandoffObject *obj;
         uint32_t group;
+        size_t pending;
+        bool stage;   /* a GPU → staging copy (CUDA transport) of a remote handoff */
+        int error;    /* stage: the first error of its writes */
 } OutWrite;
+
+/* A pinned host buffer that GPU pages are staged through on their way to another host. */
+struct HandoffStaging {
+        TransportRegion region;  /* MEMORY_HOST; id HANDOFF_STAGING_REGION_BASE + slot */
+        uint32_t slot;
+        bool busy;
+        bool in_cuda, in_peer;   /* registered with the CUDA / the peer transport */
+};
 
 /* A write a peer is landing here (destination side), by (peer, cookie). */
 typedef struct InKey {
@@ -67,9 +84,14 @@ static void obj_free(HandoffObject *o);
 /* The request's trace (daemon/telemetry.h): every step of a handoff under its request id. */
 static void trace(HandoffObject *o, TraceEventType type, const TraceDetail *d) {
         TraceDetail x = d ? *d : (TraceDetail){};
-        x.transport = x.transport ?: (o->peer ? "tcp" : "local");
+        x.transport = x.transport ?: (o->peer ? "tcp" : o->gpu ? "cuda" : "local");
         x.peer = x.peer ?: (o->peer_host[0] ? o->peer_host : NULL);
         (void)telemetry_trace(o->hm->manager, o->request_str, type, &x);
+}
+
+/* The CUDA transport, where the GPU domain is on. */
+static Transport *gpu_transport(HandoffManager *hm) {
+        return hm->manager->gpu ? hm->manager->gpu->transport : NULL;
 }
 
 static Manager *obj_manager(HandoffObject *o) {
@@ -163,18 +185,106 @@ static void send_message(HandoffObject *o, HandoffMessage *m) {
                                 handoff_message_type_to_string(m->type), o->peer_host);
 }
 
+/* ---- staging buffers (GPU pages to another host) ---- */
+
+static void staging_free(HandoffManager *hm, HandoffStaging *st) {
+        Manager *m = hm->manager;
+        Transport *t;
+        if (!st)
+                return;
+        if (st->in_peer && (t = peer_manager_transport(m->peers)))
+                t->ops->unregister_region(t, &st->region);
+        if (st->in_cuda && (t = gpu_transport(hm)))
+                t->ops->unregister_region(t, &st->region); /* unpins */
+        if (st->region.host_base) {
+                (void)munmap(st->region.host_base, st->region.size);
+                hm->staging_bytes -= st->region.size;
+        }
+        hm->staging[st->slot] = NULL;
+        free(st);
+}
+
+/* An idle buffer of at least `size` bytes, or a new one (pinned and registered with
+ * both transports), within HANDOFF_STAGING_BYTES_MAX in all: idle buffers go to make
+ * room. -ENOSPC when busy ones fill it. */
+static int staging_acquire(HandoffManager *hm, uint64_t size, HandoffStaging **ret) {
+        Manager *m = hm->manager;
+        HandoffStaging *best = NULL;
+        uint32_t slot = HANDOFF_STAGING_MAX;
+        int r;
+
+        size = ALIGN_TO(size, (uint64_t)(2U << 20));
+        if (size == 0 || size > HANDOFF_STAGING_BYTES_MAX)
+                return -ENOSPC;
+        for (uint32_t i = 0; i < HANDOFF_STAGING_MAX; i++) {
+                HandoffStaging *st = hm->staging[i];
+                if (st && !st->busy && st->region.size >= size && (!best || st->region.size < best->region.size))
+                        best = st;
+        }
+        if (best) {
+                best->busy = true;
+                *ret = best;
+                return 0;
+        }
+        for (uint32_t i = 0; i < HANDOFF_STAGING_MAX && hm->staging_bytes + size > HANDOFF_STAGING_BYTES_MAX; i++)
+                if (hm->staging[i] && !hm->staging[i]->busy)
+                        staging_free(hm, hm->staging[i]);
+        if (hm->staging_bytes + size > HANDOFF_STAGING_BYTES_MAX)
+                return -ENOSPC;
+        for (uint32_t i = 0; i < HANDOFF_STAGING_MAX && slot == HANDOFF_STAGING_MAX; i++)
+                if (!hm->staging[i])
+                        slot = i;
+        if (slot == HANDOFF_STAGING_MAX)
+                return -ENOSPC;
+
+        HandoffStaging *st = calloc(1, sizeof *st);
+        if (!st)
+                return -ENOMEM;
+        st->slot = slot;
+        hm->staging[slot] = st;
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+                r = -errno;
+                staging_free(hm, st);
+                return r;
+        }
+        st->region = (TransportRegion) { .id = HANDOFF_STAGING_REGION_BASE + slot, .domain = MEMORY_HOST,
+                                         .host_base = p, .size = size };
+        hm->staging_bytes += size;
+        Transport *gt = gpu_transport(hm), *nt = peer_manager_transport(m->peers);
+        r = gt && nt ? 0 : -ENOTCONN;
+        if (r >= 0)
+                r = gt->ops->register_region(gt, &st->region);
+        if (r >= 0) {
+                st->in_cuda = true;
+                r = nt->ops->register_region(nt, &st->region);
+        }
+        if (r < 0) {
+                log_warning_errno(r, "handoff: cannot set up a staging buffer of %" PRIu64 " bytes: %m", size);
+                staging_free(hm, st);
+                return r;
+        }
+        st->in_peer = true;
+        st->busy = true;
+        log_debug("handoff: staging buffer %u of %" PRIu64 " bytes (%" PRIu64 " in all)", slot, size,
+                  hm->staging_bytes);
+        *ret = st;
+        return 0;
+}
+
 /* ---- pages ---- */
 
 static void obj_drop_pages(HandoffObject *o) {
         if (!o->holds_pages)
                 return;
         o->holds_pages = false;
-        for (uint32_t i = 0; i < o->n_pages; i++) {
+        /* Last page first, like sequences (sequence.c): freed pages come back in order. */
+        for (uint32_t i = o->n_pages; i > 0; i--) {
                 if (o->page_keys)
-                        (void)hashmap_remove(o->hm->dest_pages, &o->page_keys[i]);
-                (void)page_unlease(o->pool, o->pages[i]);
+                        (void)hashmap_remove(o->hm->dest_pages, &o->page_keys[i - 1]);
+                (void)page_unlease(o->pool, o->pages[i - 1]);
                 if (o->h->role == HANDOFF_DESTINATION && !o->zero_copy)
-                        (void)page_unref(o->pool, o->pages[i]);
+                        (void)page_unref(o->pool, o->pages[i - 1]);
         }
 }
 
@@ -224,6 +334,12 @@ static void obj_free(HandoffObject *o) {
                 sd_bus_message_unref(o->pending_reply);
         }
         sd_event_source_disable_unref(o->timer);
+        if (o->staging)
+                o->staging->busy = false; /* no write of it is in flight (handoff_can_free) */
+        for (uint32_t g = 0; o->net && g < o->h->n_groups; g++)
+                free(o->net[g]);
+        free(o->net);
+        free(o->n_net);
         free(o->pages);
         free(o->page_keys);
         free(o->dst_offsets);
@@ -444,10 +560,121 @@ static int plan_collect(const HandoffSlice *s, void *userdata) {
         return 0;
 }
 
+/* A remote handoff of GPU pages, group g: the group's bytes of every page are copied
+ * into the staging buffer (page i at i × page_size, one batch on the CUDA transport);
+ * once that batch completed, stage_landed() posts the peer writes planned here, from
+ * the staging buffer to the destination's pages. The group counts both kinds of write;
+ * the staging copies count no bytes. */
+static int post_group_staged(HandoffObject *o, uint32_t g) {
+        HandoffManager *hm = o->hm;
+        Transport *gt = gpu_transport(hm);
+        uint32_t stage_id = o->staging->region.id;
+        int r;
+
+        if (!gt || !o->peer)
+                return -ENOTCONN;
+        _cleanup_(freep) uint64_t *src = calloc(o->n_pages, sizeof *src);
+        _cleanup_(freep) uint64_t *mid = calloc(o->n_pages, sizeof *mid);
+        if (!src || !mid)
+                return -ENOMEM;
+        for (uint32_t i = 0; i < o->n_pages; i++) {
+                src[i] = page_offset(o->pool, o->pages[i]);
+                mid[i] = (uint64_t)i * o->page_size;
+        }
+        PlanCtx a = { .o = o, .group = g }, b = { .o = o, .group = g };
+        r = handoff_plan_group(&o->layouts[g], src, mid, o->n_pages, 0, plan_collect, &a);
+        if (r >= 0)
+                r = handoff_plan_group(&o->layouts[g], mid, o->dst_offsets, o->n_pages, hm->slice_size,
+                                       plan_collect, &b);
+        if (r >= 0 && (a.n == 0 || b.n == 0))
+                r = -EINVAL;
+        OutWrite *ow = r >= 0 ? malloc(sizeof *ow) : NULL;
+        if (r >= 0 && !ow)
+                r = -ENOMEM;
+        if (r >= 0) {
+                *ow = (OutWrite) { .cookie = (++hm->next_cookie << COOKIE_GROUP_BITS) | g, .obj = o, .group = g,
+                                   .pending = a.n, .stage = true };
+                r = hashmap_put(hm->writes, &ow->cookie, ow);
+                if (r < 0)
+                        free(ow);
+        }
+        if (r >= 0) {
+                for (size_t k = 0; k < a.n; k++) {
+                        a.w[k].dst_region = stage_id;
+                        a.w[k].cookie = ow->cookie;
+                }
+                for (size_t k = 0; k < b.n; k++)
+                        b.w[k].src_region = stage_id;
+                r = gt->ops->post(gt, NULL, a.w, a.n);
+                if (r < 0)
+                        free(hashmap_remove(hm->writes, &ow->cookie));
+        }
+        free(a.w);
+        if (r < 0) {
+                free(b.w);
+                return r;
+        }
+        o->net[g] = b.w;
+        o->n_net[g] = b.n;
+        (void)handoff_group_posted(o->h, g, (uint32_t)(a.n + b.n));
+        hm->counters.batches++;
+        return 0;
+}
+
+/* Group g is in the staging buffer (or failed to get there): its peer writes go now,
+ * or complete at once with the error, so that the group's count of writes in flight
+ * comes down either way. */
+static void stage_landed(HandoffObject *o, uint32_t g, int error) {
+        HandoffManager *hm = o->hm;
+        Transport *nt = peer_manager_transport(hm->manager->peers);
+        TransportWrite *w = o->net ? o->net[g] : NULL;
+        size_t n = o->n_net ? o->n_net[g] : 0, i = 0;
+        int r = error;
+
+        if (!w)
+                return;
+        o->net[g] = NULL;
+        if (r >= 0 && (!handoff_is_live(o->h) || !o->peer || !nt))
+                r = -ECANCELED;
+        OutWrite **ow = r >= 0 ? calloc(n, sizeof *ow) : NULL;
+        if (r >= 0 && !ow)
+                r = -ENOMEM;
+        for (i = 0; r >= 0 && i < n; i++) {
+                ow[i] = malloc(sizeof(OutWrite));
+                if (!ow[i]) {
+                        r = -ENOMEM;
+                        break;
+                }
+                *ow[i] = (OutWrite) { .cookie = (++hm->next_cookie << COOKIE_GROUP_BITS) | g, .obj = o, .group = g,
+                                      .pending = 1 };
+                w[i].cookie = ow[i]->cookie;
+                r = hashmap_put(hm->writes, &ow[i]->cookie, ow[i]);
+                if (r < 0) {
+                        free(ow[i]);
+                        break;
+                }
+        }
+        if (r >= 0)
+                r = nt->ops->post(nt, o->peer, w, n);
+        if (r < 0) {
+                for (size_t k = 0; k < i; k++)
+                        free(hashmap_remove(hm->writes, &ow[k]->cookie));
+                if (r != -ECANCELED)
+                        log_warning_errno(r, "handoff %s: cannot send staged group %" PRIu32 ": %m", o->request_str, g);
+                for (size_t k = 0; k < n; k++)
+                        (void)handoff_write_done(o->h, g, 0, r);
+        }
+        free(ow);
+        free(w);
+}
+
 static int post_group(HandoffObject *o, uint32_t g) {
         HandoffManager *hm = o->hm;
         Handoff *h = o->h;
         int r;
+
+        if (o->staging)
+                return post_group_staged(o, g);
 
         if (o->zero_copy) {
                 r = handoff_group_posted(h, g, 0);
@@ -458,7 +685,9 @@ static int post_group(HandoffObject *o, uint32_t g) {
                 return r;
         }
 
-        Transport *t = o->peer ? peer_manager_transport(obj_manager(o)->peers) : hm->local;
+        Transport *t = o->peer ? peer_manager_transport(obj_manager(o)->peers)
+                     : o->gpu ? gpu_transport(hm)
+                              : hm->local;
         if (!t)
                 return -ENOTCONN;
 
@@ -468,19 +697,24 @@ static int post_group(HandoffObject *o, uint32_t g) {
         for (uint32_t i = 0; i < o->n_pages; i++)
                 src[i] = page_offset(o->pool, o->pages[i]);
         PlanCtx c = { .o = o, .group = g };
-        r = handoff_plan_group(&o->layouts[g], src, o->dst_offsets, o->n_pages, hm->slice_size,
+        /* The CUDA transport takes runs whole (slices only cut a copy-engine operation
+         * into several, each costing microseconds). */
+        r = handoff_plan_group(&o->layouts[g], src, o->dst_offsets, o->n_pages, o->gpu ? 0 : hm->slice_size,
                                plan_collect, &c);
         if (r < 0) {
                 free(c.w);
                 return r;
         }
-        OutWrite **ow = calloc(MAX(c.n, (size_t)1), sizeof *ow);
+        /* Within this host, the whole batch shares one cookie. */
+        size_t n_out = o->peer ? c.n : MIN(c.n, (size_t)1);
+        OutWrite **ow = calloc(MAX(n_out, (size_t)1), sizeof *ow);
         if (!ow) {
                 free(c.w);
                 return -ENOMEM;
         }
         size_t i;
-        for (i = 0; i < c.n; i++) {
+        r = 0;
+        for (i = 0; i < n_out; i++) {
                 ow[i] = malloc(sizeof(OutWrite));
                 if (!ow[i]) {
                         r = -ENOMEM;
@@ -490,14 +724,16 @@ static int post_group(HandoffObject *o, uint32_t g) {
                         .cookie = (++hm->next_cookie << COOKIE_GROUP_BITS) | g,
                         .obj = o,
                         .group = g,
+                        .pending = o->peer ? 1 : c.n,
                 };
-                c.w[i].cookie = ow[i]->cookie;
                 r = hashmap_put(hm->writes, &ow[i]->cookie, ow[i]);
                 if (r < 0) {
                         free(ow[i]);
                         break;
                 }
         }
+        for (size_t k = 0; r >= 0 && k < c.n; k++)
+                c.w[k].cookie = ow[o->peer ? k : 0]->cookie;
         if (r >= 0)
                 r = t->ops->post(t, o->peer, c.w, c.n);
         if (r < 0) {
@@ -536,14 +772,28 @@ static void on_completions(HandoffManager *hm, Transport *t) {
         size_t n;
         while ((n = t->ops->poll(t, c, ELEMENTSOF(c))) > 0)
                 for (size_t i = 0; i < n; i++) {
-                        OutWrite *w = hashmap_remove(hm->writes, &c[i].cookie);
+                        OutWrite *w = hashmap_get(hm->writes, &c[i].cookie);
                         if (!w) {
                                 log_debug("handoff: completion of unknown write %" PRIu64, c[i].cookie);
                                 continue;
                         }
                         HandoffObject *o = w->obj;
                         uint32_t g = w->group;
-                        free(w);
+                        if (w->stage) {
+                                /* Into the staging buffer: no bytes moved yet. */
+                                if (c[i].error < 0 && w->error == 0)
+                                        w->error = c[i].error;
+                                (void)handoff_write_done(o->h, g, 0, c[i].error);
+                                if (--w->pending == 0) {
+                                        int err = w->error;
+                                        free(hashmap_remove(hm->writes, &c[i].cookie));
+                                        stage_landed(o, g, err);
+                                }
+                                after_event(o);
+                                continue;
+                        }
+                        if (--w->pending == 0)
+                                free(hashmap_remove(hm->writes, &c[i].cookie));
                         uint64_t bytes = c[i].error < 0 ? 0 : c[i].bytes;
                         (void)handoff_write_done(o->h, g, bytes, c[i].error);
                         if (o->twin) {
@@ -567,6 +817,14 @@ static int on_local_completion(sd_event_source *s, int fd, uint32_t revents, voi
         return 0;
 }
 
+static int on_gpu_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        HandoffManager *hm = userdata;
+        Transport *t = gpu_transport(hm);
+        if (t)
+                on_completions(hm, t);
+        return 0;
+}
+
 static int on_peer_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         HandoffManager *hm = userdata;
         Transport *t = peer_manager_transport(hm->manager->peers);
@@ -577,17 +835,22 @@ static int on_peer_completion(sd_event_source *s, int fd, uint32_t revents, void
 
 /* ---- destination: reserving pages ---- */
 
-/* A KV arena with pages of page_size that `target` (if any) maps. Prefers `prefer`. */
-static Arena *pick_arena(Manager *m, uint64_t page_size, const Worker *target, Arena *prefer) {
+/* A KV arena with pages of page_size that `target` (if any) maps. Prefers `prefer`.
+ * Bytes from another host land in host arenas only (the peer transports write into
+ * the daemon's mapping); within this host, GPU arenas too (the CUDA transport). */
+static Arena *pick_arena(Manager *m, uint64_t page_size, const Worker *target, Arena *prefer, bool host_only) {
         if (prefer && prefer->pages && page_pool_page_size(prefer->pages) == page_size &&
+            (!host_only || prefer->domain == MEMORY_HOST) &&
             (!target || (target->arena_mask & (UINT64_C(1) << prefer->index))))
                 return prefer;
         for (size_t i = 0; i < m->n_arenas; i++) {
                 Arena *a = m->arenas[i];
                 if (a->usage != ARENA_USAGE_KV || !a->pages || page_pool_page_size(a->pages) != page_size)
                         continue;
-                if (a->domain != MEMORY_HOST)
-                        continue; /* the GPU paths are not wired to handoffs yet */
+                if (host_only && a->domain != MEMORY_HOST)
+                        continue;
+                if (a->domain == MEMORY_GPU && !m->gpu)
+                        continue;
                 if (target && !(target->arena_mask & (UINT64_C(1) << a->index)))
                         continue;
                 return a;
@@ -751,19 +1014,24 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
         }
 
         Arena *src_arena = page_manager_sequence_arena(m->page_manager, s);
-        if (!src_arena || src_arena->domain != MEMORY_HOST)
-                return epd_bus_error(error, EPD_ERROR_UNSUPPORTED, "Handoffs move host arenas' pages only, for now.");
+        if (!src_arena)
+                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "The sequence's arena is gone.");
+        if (src_arena->domain == MEMORY_GPU && !m->gpu)
+                return epd_bus_error(error, EPD_ERROR_UNSUPPORTED, "The GPU domain is off.");
         Arena *dst_arena = NULL;
         if (local) {
                 Arena *want = src_arena;
                 if (a->arena && a->arena[0] && !(want = manager_find_arena(m, a->arena)))
                         return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No arena named '%s'.", a->arena);
-                dst_arena = pick_arena(m, w->layout->page_size, target, want);
+                dst_arena = pick_arena(m, w->layout->page_size, target, want, false);
                 if (!dst_arena || (a->arena && a->arena[0] && dst_arena != want))
                         return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                             "No host KV arena with pages of %" PRIu64 " bytes%s.", w->layout->page_size,
+                                             "No KV arena with pages of %" PRIu64 " bytes%s.", w->layout->page_size,
                                              target ? " that the target worker maps" : "");
         }
+        /* Within this host, a copy that touches GPU memory goes through the CUDA transport. */
+        bool gpu = local && dst_arena != src_arena &&
+                   (src_arena->domain == MEMORY_GPU || dst_arena->domain == MEMORY_GPU);
 
         usec_t timeout = a->timeout_usec ? a->timeout_usec : m->config.handoff_timeout_usec;
         hm->last_token = handoff_next_token(hm->last_token, now_usec(CLOCK_REALTIME));
@@ -774,6 +1042,7 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
         o->layouts = TAKE_PTR(layouts);
         o->page_size = w->layout->page_size;
         o->arena = src_arena->index;
+        o->gpu = gpu;
         o->pool = s->pool;
         o->n_pages = (uint32_t)s->n_pages;
         o->pages = calloc(o->n_pages, sizeof *o->pages);
@@ -799,6 +1068,7 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
                         d->page_size = o->page_size;
                         d->target_worker = o->target_worker;
                         d->twin = o;
+                        d->gpu = gpu;
                         o->twin = d;
                         if (dst_arena == src_arena) {
                                 /* Same arena: the pages themselves are handed over. */
@@ -840,6 +1110,24 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
                 log_debug("handoff %s: prepared locally (%s, %u pages, %u groups)", o->request_str,
                           o->zero_copy ? "same arena" : "copy", o->n_pages, n_groups);
                 return sd_bus_reply_method_return(msg, "ot", o->path, o->h->token);
+        }
+
+        /* Remote: GPU pages go through a pinned host staging buffer (the peer transport
+         * sends from host memory). */
+        if (src_arena->domain == MEMORY_GPU) {
+                o->net = calloc(n_groups, sizeof *o->net);
+                o->n_net = calloc(n_groups, sizeof *o->n_net);
+                r = o->net && o->n_net ? staging_acquire(hm, (uint64_t)o->n_pages * o->page_size, &o->staging)
+                                       : -ENOMEM;
+                if (r < 0) {
+                        obj_free(o);
+                        if (r == -ENOSPC)
+                                return epd_bus_error(error, EPD_ERROR_NO_SPACE,
+                                                     "No room for staging %" PRIu64 " bytes of GPU pages to '%s'.",
+                                                     (uint64_t)s->n_pages * w->layout->page_size, a->destination);
+                        return epd_bus_error(error, EPD_ERROR_FAILED, "Cannot stage GPU pages to '%s': %s",
+                                             a->destination, strerror(-r));
+                }
         }
 
         /* Remote: ask the destination; the reply to Prepare waits for its answer. */
@@ -949,7 +1237,7 @@ static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
                 (void)handoff_message_group_layout(in, g, &layouts[g]);
                 bytes[g] = handoff_group_layout_bytes(&layouts[g]) * in->n_pages;
         }
-        Arena *a = pick_arena(m, in->page_size, NULL, NULL);
+        Arena *a = pick_arena(m, in->page_size, NULL, NULL, true);
         usec_t timeout = in->timeout_usec ? MIN(in->timeout_usec, m->config.handoff_timeout_usec)
                                           : m->config.handoff_timeout_usec;
         HandoffObject *d = NULL;
@@ -1484,6 +1772,15 @@ static int handoff_init(Manager *m) {
                             on_local_completion, hm);
         if (r < 0)
                 return r;
+        /* The GPU domain's copies (its subsystem starts first and registered every arena
+         * with the CUDA transport). */
+        Transport *gt = gpu_transport(hm);
+        if (gt) {
+                r = sd_event_add_io(m->event, &hm->gpu_source, gt->ops->completion_fd(gt), EPOLLIN,
+                                    on_gpu_completion, hm);
+                if (r < 0)
+                        return log_error_errno(r, "handoff: cannot watch the CUDA transport: %m");
+        }
         /* The peer manager may start after this subsystem: hook into it from the loop's
          * first iteration, before any peer can have authenticated. */
         r = sd_event_add_defer(m->event, &hm->attach, attach_peer, hm);
@@ -1514,6 +1811,24 @@ static void handoff_done(Manager *m) {
                 hm->local->ops->free(hm->local); /* joins the copy threads */
                 hm->local = NULL;
         }
+        /* A GPU copy cannot be recalled: wait for those in flight before their pages go
+         * (the CUDA transport itself goes later, with the GPU domain). */
+        Transport *gt = gpu_transport(hm);
+        if (gt) {
+                GpuCopyEngine *e = cuda_transport_engine(gt);
+                TransportCompletion c[64];
+                while (gpu_copy_engine_in_flight(e) > 0 && gpu_copy_wait(e, 1000) >= 0)
+                        while (gt->ops->poll(gt, c, ELEMENTSOF(c)) > 0)
+                                ;
+                while (gt->ops->poll(gt, c, ELEMENTSOF(c)) > 0)
+                        ;
+        }
+        /* Peer writes out of staging buffers: none may read them once they are gone. */
+        Transport *nt = m->peers ? peer_manager_transport(m->peers) : NULL;
+        it = 0;
+        while (nt && hm->by_handle && hashmap_iterate(hm->by_handle, &it, (void **)&o, NULL))
+                if (o->staging && o->peer)
+                        nt->ops->cancel_peer(nt, o->peer);
         while ((it = 0, hm->by_handle && hashmap_iterate(hm->by_handle, &it, (void **)&o, NULL))) {
                 if (handoff_is_live(o->h))
                         (void)handoff_rollback(o->h, HANDOFF_CAUSE_SHUTDOWN, false);
@@ -1527,6 +1842,8 @@ static void handoff_done(Manager *m) {
         }
         while ((it = 0, hm->rings && hashmap_iterate(hm->rings, &it, (void **)&cr, NULL)))
                 ring_free_object(cr);
+        for (uint32_t i = 0; i < HANDOFF_STAGING_MAX; i++)
+                staging_free(hm, hm->staging[i]);
         void *v;
         while ((it = 0, hm->writes && hashmap_iterate(hm->writes, &it, &v, NULL)))
                 free(hashmap_remove(hm->writes, &((OutWrite *)v)->cookie));
@@ -1534,6 +1851,7 @@ static void handoff_done(Manager *m) {
                 free(hashmap_remove(hm->incoming, &((InWrite *)v)->key));
         sd_event_source_disable_unref(hm->local_source);
         sd_event_source_disable_unref(hm->peer_source);
+        sd_event_source_disable_unref(hm->gpu_source);
         sd_event_source_disable_unref(hm->attach);
         hashmap_free(hm->by_handle);
         hashmap_free(hm->sources);

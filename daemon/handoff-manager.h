@@ -4,8 +4,10 @@
 /* HandoffManager: the handoff subsystem of epdd. It drives one Handoff state machine
  * (handoff.h) per side of every handoff this daemon takes part in, owns the pages and
  * leases a handoff holds, moves the bytes of each layer group as soon as the prefill
- * worker reports it ready (the local transport within this host, the peer transport to
- * another), speaks the handoff messages of the peer protocol (handoff-proto.h), and
+ * worker reports it ready (within this host the local transport, or the CUDA transport
+ * when a GPU arena is on either side; the peer transport to another host, GPU pages
+ * staged through pinned host memory), speaks the handoff messages of the peer protocol
+ * (handoff-proto.h), and
  * serves the workers' ring pairs (ring.h). The bus glue is bus-handoff.c.
  *
  * Page ownership, the rule that no page is freed while a write into it can land:
@@ -38,9 +40,16 @@
 #define HANDOFF_PATH_PREFIX "/org/epd1/handoff"
 #define HANDOFF_MANAGER_MAX 65536U      /* handoff objects in the daemon */
 #define HANDOFF_SLICE_DEFAULT (4U << 20) /* bytes per write */
+/* GPU pages to another host go through pinned host staging memory (one buffer per
+ * handoff, its region registered with the CUDA and the peer transport, ids from
+ * HANDOFF_STAGING_REGION_BASE), at most this many bytes of it at a time. */
+#define HANDOFF_STAGING_REGION_BASE 768U
+#define HANDOFF_STAGING_MAX 256U
+#define HANDOFF_STAGING_BYTES_MAX (8ULL << 30)
 
 typedef struct HandoffManager HandoffManager;
 typedef struct HandoffObject HandoffObject;
+typedef struct HandoffStaging HandoffStaging;
 typedef struct Peer Peer;
 
 struct HandoffObject {
@@ -66,6 +75,10 @@ struct HandoffObject {
         bool holds_pages;        /* leases (source) / refs + leases (destination) */
         uint64_t *page_keys;     /* destination: keys in hm->dest_pages */
         bool zero_copy;
+        bool gpu;                /* local, through the CUDA transport (a GPU arena on a side) */
+        HandoffStaging *staging; /* remote with GPU source pages: GPU → host staging → peer */
+        TransportWrite **net;    /* staged: per group, the peer writes, posted once it is staged */
+        size_t *n_net;
 
         /* Where the bytes go (source): the destination's arena region and page offsets. */
         uint32_t dst_region;
@@ -95,6 +108,9 @@ struct HandoffManager {
         Transport *local;
         sd_event_source *local_source;
         sd_event_source *peer_source;
+        sd_event_source *gpu_source;  /* the CUDA transport's completions (m->gpu) */
+        uint64_t staging_bytes;   /* in all staging buffers */
+        HandoffStaging *staging[HANDOFF_STAGING_MAX]; /* by slot, busy or idle */
         sd_event_source *attach;  /* deferred: hooks into the peer manager */
         bool peer_attached;
         uint64_t next_cookie;

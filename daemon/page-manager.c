@@ -9,6 +9,7 @@
 
 #include "arena.h"
 #include "bus-sequence.h"
+#include "gpu-subsystem.h"
 #include "log.h"
 #include "macro.h"
 #include "sequence-record.h"
@@ -53,6 +54,10 @@ int page_manager_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool **
                         pm->copy[a->index] = host_copy;
                         pm->copy_userdata[a->index] = a;
                 }
+        } else if (a->domain == MEMORY_GPU && a->gpu && !pm->copy[a->index]) {
+                /* The copy engine (gpu-subsystem.c). */
+                pm->copy[a->index] = manager_gpu_page_copy;
+                pm->copy_userdata[a->index] = a;
         }
         log_info("Arena %s: %" PRIu64 " KV pages of %" PRIu64 " bytes.", a->name,
                  page_pool_size(pool), page_size);

@@ -48,9 +48,12 @@ static int ref_all(PagePool *pool, const PageId *pages, size_t n) {
         return 0;
 }
 
+/* Last page first: the pool's free stack then hands the pages out again in this
+ * order, so that a sequence made after another was released gets the same runs of
+ * adjacent pages (one copy each, not one per page). */
 static void unref_all(PagePool *pool, const PageId *pages, size_t n) {
-        for (size_t i = 0; i < n; i++)
-                (void)page_unref(pool, pages[i]);
+        for (size_t i = n; i > 0; i--)
+                (void)page_unref(pool, pages[i - 1]);
 }
 
 int sequence_new_from_pages(PagePool *pool, const PageId *pages, size_t n, Sequence **ret) {

@@ -56,7 +56,7 @@ struct GpuCopyEngine {
         pthread_mutex_t lock;        /* guards done, slot_busy, job->pending/error */
         QUEUE_HEAD(GpuCopyJob, done);
         size_t in_flight;
-        bool kernel_batching;
+        GpuCopyKernelPolicy kernel_policy;
         size_t kernel_min_segments;
         bool batch_api;              /* cuMemcpyBatchAsync for multi-segment D2D groups */
         unsigned d2d_streams;        /* streams a D2D group is spread over (1..4) */
@@ -219,8 +219,12 @@ static int group_try_kernel(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPat
         size_t got = 0;
         int r;
 
-        if (!e->kernel_batching || n < e->kernel_min_segments || !l->kernels ||
-            (p != GPU_COPY_SAME_GPU && p != GPU_COPY_PEER))
+        if (!l->kernels || (p != GPU_COPY_SAME_GPU && p != GPU_COPY_PEER))
+                return 0;
+        uint64_t bytes = 0;
+        for (size_t k = 0; k < n; k++)
+                bytes += segs[idx[k]].length;
+        if (!gpu_copy_kernel_wanted(e->kernel_policy, e->kernel_min_segments, n, bytes))
                 return 0;
         if (p == GPU_COPY_PEER && !gpu_system_can_access_peer(e->system, dev, segs[idx[0]].src->ordinal))
                 return 0;
@@ -503,9 +507,69 @@ void gpu_copy_engine_set_batch_api(GpuCopyEngine *e, bool enable) {
         e->batch_api = enable;
 }
 
-void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t min_segments) {
-        e->kernel_batching = enable;
+static const char *const kernel_policy_names[_GPU_COPY_KERNEL_POLICY_MAX] = {
+        [GPU_COPY_KERNEL_NEVER] = "never",
+        [GPU_COPY_KERNEL_SMALL] = "small",
+        [GPU_COPY_KERNEL_ALWAYS] = "always",
+};
+
+const char *gpu_copy_kernel_policy_to_string(GpuCopyKernelPolicy p) {
+        if (p < 0 || p >= _GPU_COPY_KERNEL_POLICY_MAX)
+                return NULL;
+        return kernel_policy_names[p];
+}
+
+GpuCopyKernelPolicy gpu_copy_kernel_policy_from_string(const char *s) {
+        for (int i = 0; s && i < _GPU_COPY_KERNEL_POLICY_MAX; i++)
+                if (strcmp(s, kernel_policy_names[i]) == 0)
+                        return (GpuCopyKernelPolicy)i;
+        return _GPU_COPY_KERNEL_POLICY_INVALID;
+}
+
+bool gpu_copy_kernel_wanted(GpuCopyKernelPolicy p, size_t min_segments, size_t n, uint64_t bytes) {
+        if (n == 0 || n < MAX(min_segments, (size_t)1))
+                return false;
+        switch (p) {
+        case GPU_COPY_KERNEL_ALWAYS:
+                return true;
+        case GPU_COPY_KERNEL_SMALL:
+                return bytes / n <= GPU_COPY_KERNEL_SMALL_MAX;
+        default:
+                return false;
+        }
+}
+
+void gpu_copy_engine_set_kernel_policy(GpuCopyEngine *e, GpuCopyKernelPolicy p, size_t min_segments) {
+        e->kernel_policy = p >= 0 && p < _GPU_COPY_KERNEL_POLICY_MAX ? p : GPU_COPY_KERNEL_NEVER;
         e->kernel_min_segments = MAX(min_segments, (size_t)1);
+}
+
+void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t min_segments) {
+        gpu_copy_engine_set_kernel_policy(e, enable ? GPU_COPY_KERNEL_ALWAYS : GPU_COPY_KERNEL_NEVER, min_segments);
+}
+
+static bool seg_continues(const GpuCopySeg *a, const GpuCopySeg *b) {
+        uint64_t len;
+        if (a->src != b->src || a->dst != b->dst || a->src_host != b->src_host || a->dst_host != b->dst_host)
+                return false;
+        if (a->src_offset + a->length != b->src_offset || a->dst_offset + a->length != b->dst_offset ||
+            ADD_OVERFLOW(a->length, b->length, &len))
+                return false;
+        /* Within one arena, two disjoint copies may overlap once merged (a shift). */
+        if (a->src && a->src == a->dst && a->src_offset < a->dst_offset + len && a->dst_offset < a->src_offset + len)
+                return false;
+        return true;
+}
+
+size_t gpu_copy_segs_coalesce(GpuCopySeg *segs, size_t n) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+                if (k > 0 && seg_continues(&segs[k - 1], &segs[i]))
+                        segs[k - 1].length += segs[i].length;
+                else
+                        segs[k++] = segs[i];
+        }
+        return k;
 }
 
 const GpuCopyStats *gpu_copy_engine_stats(const GpuCopyEngine *e) {

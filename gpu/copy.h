@@ -82,6 +82,30 @@ int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret);
 GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e);
 DEFINE_TRIVIAL_CLEANUP_FUNC(GpuCopyEngine *, gpu_copy_engine_free);
 
+/* When a device-to-device group goes through one launch of the batched copy kernel
+ * instead of the copy engines (which cost a few microseconds per operation, whatever
+ * its size, so that many scattered pages reach a fraction of the copy's bandwidth):
+ *   never   the copy engines only (the default of a new engine)
+ *   small   groups of at least min_segments segments whose mean length is at most
+ *           GPU_COPY_KERNEL_SMALL_MAX (epdd's default: [Gpu] CopyKernel=small)
+ *   always  every group of at least min_segments segments
+ * The kernel runs on SMs that the workers' kernels share. */
+typedef enum GpuCopyKernelPolicy {
+        GPU_COPY_KERNEL_NEVER,
+        GPU_COPY_KERNEL_SMALL,
+        GPU_COPY_KERNEL_ALWAYS,
+        _GPU_COPY_KERNEL_POLICY_MAX,
+        _GPU_COPY_KERNEL_POLICY_INVALID = -EINVAL,
+} GpuCopyKernelPolicy;
+
+#define GPU_COPY_KERNEL_SMALL_MAX (8ULL << 20)
+
+const char *gpu_copy_kernel_policy_to_string(GpuCopyKernelPolicy p);
+GpuCopyKernelPolicy gpu_copy_kernel_policy_from_string(const char *s);
+void gpu_copy_engine_set_kernel_policy(GpuCopyEngine *e, GpuCopyKernelPolicy p, size_t min_segments);
+/* Pure: whether a group of n segments of `bytes` in all goes to the kernel under p. */
+bool gpu_copy_kernel_wanted(GpuCopyKernelPolicy p, size_t min_segments, size_t n, uint64_t bytes);
+/* enable: GPU_COPY_KERNEL_ALWAYS, else NEVER. */
 void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t min_segments);
 /* cuMemcpyBatchAsync (driver 13.0+) for multi-segment device-to-device groups: on by
  * default where the driver has it; off, every segment is its own cuMemcpyDtoDAsync. */
@@ -95,6 +119,10 @@ const GpuCopyStats *gpu_copy_engine_stats(const GpuCopyEngine *e);
 int gpu_copy_engine_fd(const GpuCopyEngine *e);
 /* Batches submitted and not yet reaped. */
 size_t gpu_copy_engine_in_flight(const GpuCopyEngine *e);
+
+/* Merges neighbours in place: segment k+1 that continues segment k on both sides (same
+ * arenas or host buffers, src and dst adjacent) joins it. Returns the new count. Pure. */
+size_t gpu_copy_segs_coalesce(GpuCopySeg *segs, size_t n);
 
 /* Validates every segment (bounds, path), then queues them all.
  * Returns 0 when the batch was queued (it completes exactly once), or a negative errno

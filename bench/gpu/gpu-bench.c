@@ -64,11 +64,15 @@ typedef struct Bench {
 
 #define HOST_ID 1000
 
-static Arena *arena(Bench *b, uint32_t index, uint64_t size) {
-        ArenaConfig c = { .name = (char *)"bench", .domain = MEMORY_GPU, .size = size, .gpu = 0 };
+static Arena *arena_on(Bench *b, uint32_t index, uint64_t size, int gpu) {
+        ArenaConfig c = { .name = (char *)"bench", .domain = MEMORY_GPU, .size = size, .gpu = gpu };
         Arena *a;
         CHECK(gpu_context_arena_new(b->ctx, &c, index, &a));
         return a;
+}
+
+static Arena *arena(Bench *b, uint32_t index, uint64_t size) {
+        return arena_on(b, index, size, 0);
 }
 
 static void drop(Bench *b, Arena *a) {
@@ -124,6 +128,11 @@ static void bench_d2d(Bench *b) {
 
         w[0] = (TransportWrite) { .src_region = x->index, .dst_region = y->index, .length = S };
         row("d2d contiguous (copy engine)", S, time_transport(b, w, 1), raw, 0.9);
+        /* Adjacent pages, one write each: the transport coalesces them into one copy. */
+        for (uint64_t i = 0; i < S / (2 * MiB); i++)
+                w[i] = (TransportWrite) { .src_region = x->index, .src_offset = i * 2 * MiB, .dst_region = y->index,
+                                          .dst_offset = i * 2 * MiB, .length = 2 * MiB, .cookie = i };
+        row("d2d 2048K pages in a run (coalesced)", S, time_transport(b, w, S / (2 * MiB)), raw, 0.9);
 
         const uint64_t pages[] = { 2 * MiB, 256 * 1024 };
         for (size_t p = 0; p < ELEMENTSOF(pages); p++) {
@@ -153,6 +162,33 @@ static void bench_d2d(Bench *b) {
                 gpu_copy_engine_set_kernel_batching(eng, false, 0);
         }
         free(w);
+        drop(b, x);
+        drop(b, y);
+}
+
+/* GPU 0 → GPU 1 (where there are two): one contiguous write through the transport
+ * (peer access where the pair has it, else cuMemcpyPeerAsync) vs a raw
+ * cuMemcpyPeerAsync of the same size. */
+static void bench_peer(Bench *b) {
+        const uint64_t S = 4 * GiB;
+        double v[REPS + 1];
+
+        if (b->s->n_devices < 2) {
+                printf("peer: one GPU, GPU 0 -> GPU 1 not measured\n");
+                return;
+        }
+        Arena *x = arena_on(b, 6, S, 0), *y = arena_on(b, 7, S, 1);
+        CHECK(gpu_device_make_current(b->s, &b->s->devices[0]));
+        for (int i = 0; i <= REPS; i++) {
+                double t0 = now_sec();
+                CHECK(CU(b->d, cuMemcpyPeerAsync, y->gpu->base, b->s->devices[1].ctx, x->gpu->base,
+                         b->s->devices[0].ctx, S, b->stream));
+                CHECK(CU(b->d, cuStreamSynchronize, b->stream));
+                v[i] = (now_sec() - t0) * 1e3;
+        }
+        TransportWrite w = { .src_region = x->index, .dst_region = y->index, .length = S };
+        row(gpu_system_can_access_peer(b->s, 1, 0) ? "peer gpu0->gpu1 contiguous (P2P)" : "peer gpu0->gpu1 contiguous (staged)",
+            S, time_transport(b, &w, 1), median(v + 1, REPS), 0.9);
         drop(b, x);
         drop(b, y);
 }
@@ -296,6 +332,7 @@ int main(void) {
         memset(b.pinned, 1, b.host_size);
 
         bench_d2d(&b);
+        bench_peer(&b);
         bench_host(&b);
         bench_pack(&b);
         bench_vmm(&b);

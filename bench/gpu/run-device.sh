@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: LGPL-2.1-or-later
 # Builds epd on a GPU machine, runs the unit tests, the GPU device tests (also under
-# ASan+UBSan) and the GPU benchmarks, and prints a short table last.
+# ASan+UBSan) and the GPU benchmarks (gpu-bench: the transport, kernels and VMM;
+# gpu-handoff-bench: handoffs between GPU arenas through a real epdd and worker
+# processes, and CoW on a GPU arena), and prints the tables last. Written for any
+# number of GPUs: the GPU 0 -> GPU 1 rows run where there are two or more.
 #
 #   bench/gpu/run-device.sh            (from anywhere; builds in build-device*/)
+#   EPD_DEVICE_TESTS=gpu bench/gpu/run-device.sh   (only the GPU tests of the suite)
 #
 # Needs: a CUDA driver and GPU, nvcc, meson + ninja, libsystemd. Logs go to $OUT when
 # it is set (the device tool's output folder), else to build-device/logs.
@@ -64,7 +68,11 @@ status "build time" "$(( $(date +%s) - t0 )) s"
 
 if ls build-device/tests/unit/test-* >/dev/null 2>&1; then
         # Unit and integration tests (test-gpu runs epdd with a GPU arena here).
-        "${MESON[@]}" test -C build-device --suite unit --suite integration >"$LOGS/tests.log" 2>&1
+        if [ "${EPD_DEVICE_TESTS:-all}" = gpu ]; then
+                "${MESON[@]}" test -C build-device test-gpu-loader test-gpu test-gpu-handoff >"$LOGS/tests.log" 2>&1
+        else
+                "${MESON[@]}" test -C build-device --suite unit --suite integration >"$LOGS/tests.log" 2>&1
+        fi
         cp build-device/meson-logs/testlog.txt "$LOGS/testlog.txt" 2>/dev/null
         ok=$(grep -cE '^ *[0-9]+/[0-9]+ .* OK' "$LOGS/tests.log")
         skip=$(grep -cE '^ *[0-9]+/[0-9]+ .* SKIP' "$LOGS/tests.log")
@@ -76,6 +84,7 @@ if ls build-device/tests/unit/test-* >/dev/null 2>&1; then
         fi
         grep -A3 "^test:.*test-gpu$" -m1 "$LOGS/testlog.txt" >/dev/null && \
                 sed -n '/test-gpu$/,/^====/p' "$LOGS/testlog.txt" | grep -E "shared by two|epdctl|GPU domain|^[0-9]+ +[0-9a-f]{4}:" | head
+        sed -n '/test-gpu-handoff$/,/^====/p' "$LOGS/testlog.txt" | grep -E "^driver|^handoff|^CoW|Checks" | head
 else
         status "unit+integration tests" "skipped: no libcheck on this machine"
 fi
@@ -91,6 +100,10 @@ if [ -x build-device-asan/bench/gpu/gpu-device-test ]; then
         if [ $r -eq 0 ]; then status "gpu device tests (asan)" ok; else status "gpu device tests (asan)" "FAILED (rc=$r)"; tail -30 "$LOGS/device-test-asan.log"; rc=1; fi
 fi
 
+# Handoffs through epdd: a real daemon, a prefill and a decode worker process.
+./build-device/bench/gpu/gpu-handoff-bench ./build-device/daemon/epdd >"$LOGS/handoff-bench.log" 2>&1; r=$?
+if [ $r -eq 0 ]; then status "gpu handoff bench" ok; else status "gpu handoff bench" "FAILED (rc=$r)"; tail -30 "$LOGS/handoff-bench.log"; rc=1; fi
+
 ./build-device/bench/gpu/gpu-bench >"$LOGS/bench.log" 2>&1; r=$?
 if [ $r -ne 0 ]; then status "gpu bench" "FAILED (rc=$r)"; tail -30 "$LOGS/bench.log"; rc=1; fi
 
@@ -99,6 +112,10 @@ echo "== summary =="
 cat "$LOGS/summary.txt"
 grep '^RESULT' "$LOGS/device-test.log" || true
 echo
-echo "== benchmarks ($(head -1 "$LOGS/gpu.txt")) =="
+echo "== benchmarks ($(head -1 "$LOGS/gpu.txt"); $(grep -c . "$LOGS/gpu.txt") GPU(s)) =="
 sed -n '/^| benchmark/,$p' "$LOGS/bench.log"
+echo
+echo "== handoffs through epdd =="
+grep -E "^GPUs:|^CoW:|not measured" "$LOGS/handoff-bench.log"
+sed -n '/^| benchmark/,$p' "$LOGS/handoff-bench.log"
 exit $rc

@@ -18,6 +18,7 @@ START_TEST(test_defaults) {
         ck_assert_int_eq(c.arenas[1].usage, ARENA_USAGE_FEATURE);
         ck_assert_str_eq(c.socket_path, "/run/epd/bus");
         ck_assert(c.system_bus);
+        ck_assert_int_eq(c.gpu_copy_kernel, 1); /* small */
         config_done(&c);
 }
 END_TEST
@@ -35,7 +36,8 @@ START_TEST(test_good) {
                                              "[Arena:gpu0]\nDomain=gpu\nGpu=0\nSize=4G\n"
                                              "[Cluster]\nListen=0.0.0.0:7100\nClusterKeyFile=/etc/epd/key\nHeartbeatInterval=500ms\nTransport=rdma\n"
                                              "[Peer:b]\nAddress=10.0.0.2:7100\nHostId=node-2\n"
-                                             "[Features]\nCacheSize=2G\n",
+                                             "[Features]\nCacheSize=2G\n"
+                                             "[Gpu]\nCopyKernel=never\n",
                                              "good.conf", &errors),
                          0);
         ck_assert_ptr_null(errors);
@@ -58,6 +60,7 @@ START_TEST(test_good) {
         ck_assert_uint_eq(c.n_peers, 1);
         ck_assert_str_eq(c.peers[0].host_id, "node-2");
         ck_assert_uint_eq(c.feature_cache_bytes, 2ULL << 30);
+        ck_assert_int_eq(c.gpu_copy_kernel, 0); /* never; the default is small (1) */
         config_done(&c);
 }
 END_TEST
@@ -92,6 +95,7 @@ static const struct {
         { "[Arena:a]\nSize=1G\nDomain=gpu\n", "[Arena:a] Domain=gpu needs Gpu=N" },
         { "[Arena:a]\nSize=1G\nDomain=gpu\nGpu=0\nHugePages=yes\n", "HugePages= applies to host arenas only" },
         { "[Arena:a]\nSize=1G\nPageSize=3000\n", "PageSize= must be a power of two" },
+        { "[Gpu]\nCopyKernel=maybe\n", "CopyKernel=maybe: expected never, small or always" },
         { "[Arena:a]\nSize=1G\nNumaNode=5000\n", "NumaNode=5000: expected a number from 0 to 1023" },
         { "[Cluster]\nListen=nowhere\n", "Listen=nowhere: expected HOST:PORT" },
         { "[Cluster]\nListen=h:70000\n", "Listen=h:70000: expected HOST:PORT" },

@@ -182,6 +182,43 @@ START_TEST(test_coalesce) {
 }
 END_TEST
 
+/* The transport's merging of writes that continue each other, and the kernel policy. */
+START_TEST(test_segs_coalesce) {
+        GpuArena x = {}, y = {};
+        uint8_t host[64];
+        GpuCopySeg s[] = {
+                { .src = &x, .dst = &y, .src_offset = 0, .dst_offset = 4096, .length = 2048 },
+                { .src = &x, .dst = &y, .src_offset = 2048, .dst_offset = 6144, .length = 2048 }, /* merges */
+                { .src = &x, .dst = &y, .src_offset = 4096, .dst_offset = 0, .length = 2048 },    /* dst gap */
+                { .src = &x, .dst = &x, .src_offset = 4096, .dst_offset = 2048, .length = 2048 }, /* other dst */
+                { .src = &x, .dst = &x, .src_offset = 6144, .dst_offset = 4096, .length = 2048 }, /* would overlap */
+                { .src = &x, .dst_host = host, .src_offset = 10240, .dst_offset = 0, .length = 32 },
+                { .src = &x, .dst_host = host, .src_offset = 10272, .dst_offset = 32, .length = 32 }, /* merges */
+        };
+        size_t n = gpu_copy_segs_coalesce(s, ELEMENTSOF(s));
+        ck_assert_uint_eq(n, 5);
+        ck_assert_uint_eq(s[0].length, 4096);
+        ck_assert_uint_eq(s[1].src_offset, 4096);
+        ck_assert_ptr_eq(s[2].dst, &x);
+        ck_assert_uint_eq(s[2].length, 2048);
+        ck_assert_uint_eq(s[3].src_offset, 6144);
+        ck_assert_uint_eq(s[3].length, 2048);
+        ck_assert_ptr_eq(s[4].dst_host, host);
+        ck_assert_uint_eq(s[4].length, 64);
+        ck_assert_uint_eq(gpu_copy_segs_coalesce(s, 0), 0);
+
+        ck_assert(!gpu_copy_kernel_wanted(GPU_COPY_KERNEL_NEVER, 16, 1000, 1000 << 20));
+        ck_assert(gpu_copy_kernel_wanted(GPU_COPY_KERNEL_ALWAYS, 16, 16, 16ULL << 30));
+        ck_assert(!gpu_copy_kernel_wanted(GPU_COPY_KERNEL_ALWAYS, 16, 15, 15));
+        ck_assert(gpu_copy_kernel_wanted(GPU_COPY_KERNEL_SMALL, 16, 4096, 4096ULL << 21));   /* 2 MiB each */
+        ck_assert(!gpu_copy_kernel_wanted(GPU_COPY_KERNEL_SMALL, 16, 16, 16 * (16ULL << 20))); /* 16 MiB each */
+        ck_assert(!gpu_copy_kernel_wanted(GPU_COPY_KERNEL_SMALL, 16, 0, 0));
+        ck_assert_str_eq(gpu_copy_kernel_policy_to_string(GPU_COPY_KERNEL_SMALL), "small");
+        ck_assert_int_eq(gpu_copy_kernel_policy_from_string("always"), GPU_COPY_KERNEL_ALWAYS);
+        ck_assert_int_eq(gpu_copy_kernel_policy_from_string("sometimes"), -EINVAL);
+}
+END_TEST
+
 START_TEST(test_grid) {
         unsigned gx, gy;
 
@@ -563,6 +600,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_size_round);
         tcase_add_test(tc, test_pack_plan);
         tcase_add_test(tc, test_coalesce);
+        tcase_add_test(tc, test_segs_coalesce);
         tcase_add_test(tc, test_grid);
         tcase_add_test(tc, test_copy_path);
         tcase_add_test(tc, test_format);

@@ -1,0 +1,739 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* Handoffs and copy-on-write on GPU arenas through epdd, on its direct socket:
+ *  - GPU → GPU, GPU → host and host → GPU handoffs within one daemon (the CUDA
+ *    transport): layer groups land in order with exact bytes, the trace says "cuda",
+ *    and afterwards no page stays allocated;
+ *  - rollback: the decode worker dies mid-handoff, and (fake driver only) every copy
+ *    fails: the handoff rolls back and nothing is retained;
+ *  - copy-on-write: a clone of a sequence in a GPU arena shares its pages; writing one
+ *    page copies exactly that page (CowCopies 1), the original keeps its bytes;
+ *  - to another host (a second epdd, "bravo", peered over loopback TCP): GPU pages are
+ *    staged through pinned host memory and land exactly in bravo's host arena, twice
+ *    (the staging buffer is reused), and a failing staging copy rolls back both sides.
+ *
+ * With a GPU (the device machine) it runs on the real driver. Without one it runs on
+ * the fake driver's gpu mode (tests/unit/fake-libcuda.c: device memory is memfd-backed
+ * host memory, copies are memcpy), given by meson as FAKE_LIBCUDA, in epdd's
+ * environment and this process's (EPD_LIBCUDA, FAKE_CUDA_MODE=gpu). */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cuda-loader.h"
+#include "epd-internal.h"
+#include "epd/epd-gpu.h"
+#include "epd/epd-telemetry.h"
+#include "epd/handoff.h"
+#include "harness.h"
+#include "system.h"
+
+#define LAYERS 8
+#define TOKENS 16
+#define KV_BYTES 256
+#define LAYER_BYTES (TOKENS * 2 * KV_BYTES) /* 8 KiB: K and V of one layer */
+#define PAGE_SIZE (LAYERS * LAYER_BYTES)    /* 64 KiB */
+#define N_PAGES 24
+
+#define CONFIG                                                                           \
+        "[Daemon]\nHostId=alpha\n"                                                       \
+        "[Arena:host0]\nSize=16M\n"                                                      \
+        "[Arena:gpu0]\nDomain=gpu\nGpu=0\nSize=32M\n"                                    \
+        "[Arena:gpu1]\nDomain=gpu\nGpu=0\nSize=32M\n"
+
+static Harness h;
+static char address[512];
+static bool fake;
+static GpuSystem *sys;
+static const epd_kv_layout kv = { .layers = LAYERS, .tokens_per_block = TOKENS, .k_bytes_per_token = KV_BYTES,
+                                  .v_bytes_per_token = KV_BYTES, .dtype = "bfloat16" };
+static const uint32_t groups4[4] = { 2, 2, 2, 2 };
+
+/* Whether this machine has a usable GPU, asked in a child so that this process's
+ * CUDA state starts only once the choice is made. */
+static bool have_gpu(void) {
+        pid_t pid = fork();
+        if (pid == 0) {
+                GpuSystem *s = NULL;
+                _exit(gpu_system_open(NULL, &s) == 0 ? 0 : 1);
+        }
+        int st;
+        return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* Real driver or the fake one; exits 77 when neither. Called once, before anything. */
+static void choose_driver(void) {
+        static bool done;
+        if (done)
+                return;
+        done = true;
+        if (!have_gpu()) {
+                const char *f = getenv("FAKE_LIBCUDA");
+                if (!f || access(f, R_OK) < 0) {
+                        printf("SKIP: no GPU and no fake libcuda (FAKE_LIBCUDA)\n");
+                        exit(77);
+                }
+                fake = true;
+                if (setenv("EPD_LIBCUDA", f, 1) < 0 || setenv("FAKE_CUDA_MODE", "gpu", 1) < 0)
+                        exit(EXIT_FAILURE);
+        }
+        printf("driver: %s\n", fake ? "fake (FAKE_CUDA_MODE=gpu)" : "the real one");
+}
+
+static void start(const char *fail_copies) {
+        choose_driver();
+        if (fake)
+                ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", fail_copies, 1), 0);
+        ck_assert_int_eq(harness_init(&h, CONFIG), 0);
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+        /* Only epdd fails its copies; this process's own (filling, checking) work. */
+        if (fake)
+                ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", "0", 1), 0);
+        if (!sys) {
+                ck_assert_int_eq(gpu_system_open(getenv("EPD_LIBCUDA"), &sys), 0);
+                ck_assert_int_eq(gpu_device_make_current(sys, &sys->devices[0]), 0);
+        }
+}
+
+static void setup(void) {
+        start("0");
+}
+
+static void teardown(void) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+}
+
+static epd_client *worker(const char *role) {
+        epd_client *c = NULL;
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, role, "model", "cuda:0", &kv, NULL), 0);
+        return c;
+}
+
+/* ---- memory of either domain, seen from this process ---- */
+
+typedef struct Mem {
+        bool gpu;
+        uint8_t *host;       /* host arena mapping */
+        uint64_t dev;        /* GPU arena device pointer */
+        EpdGpu *g;
+        EpdGpuMapping *m;
+} Mem;
+
+static Mem map_arena(epd_client *c, const char *name) {
+        Mem x = {};
+        int i = epd_arena_find(c, name);
+        ck_assert_int_ge(i, 0);
+        x.gpu = strncmp(name, "gpu", 3) == 0;
+        if (x.gpu) {
+                ck_assert_int_eq(epd_gpu_open(&x.g), 0);
+                ck_assert_int_eq(epd_gpu_arena_map(c, x.g, (size_t)i, &x.m), 0);
+                x.dev = epd_gpu_mapping_device_pointer(x.m);
+        } else {
+                void *base;
+                ck_assert_int_eq(epd_arena_map(c, (size_t)i, &base), 0);
+                x.host = base;
+        }
+        return x;
+}
+
+static void unmap_arena(Mem *x) {
+        if (x->gpu) {
+                epd_gpu_unmap(x->m);
+                epd_gpu_close(x->g);
+        }
+}
+
+static void mem_write(Mem *x, uint64_t off, const void *buf, size_t n) {
+        if (!x->gpu) {
+                memcpy(x->host + off, buf, n);
+                return;
+        }
+        ck_assert_int_eq(CU(sys->driver, cuMemcpyHtoD, x->dev + off, buf, n), 0);
+}
+
+static void mem_read(Mem *x, uint64_t off, void *buf, size_t n) {
+        if (!x->gpu) {
+                memcpy(buf, x->host + off, n);
+                return;
+        }
+        ck_assert_int_eq(CU(sys->driver, cuMemcpyDtoH, buf, x->dev + off, n), 0);
+}
+
+static uint8_t pattern(uint32_t seed, uint32_t page, uint32_t layer, uint32_t k) {
+        return (uint8_t)(seed * 101 + page * 31 + layer * 7 + k * 13 + 1);
+}
+
+static void fill_pages(Mem *x, const uint64_t *offs, uint32_t n, uint32_t seed) {
+        static uint8_t page[PAGE_SIZE];
+        for (uint32_t p = 0; p < n; p++) {
+                for (uint32_t l = 0; l < LAYERS; l++)
+                        for (uint32_t k = 0; k < LAYER_BYTES; k++)
+                                page[(size_t)l * LAYER_BYTES + k] = pattern(seed, p, l, k);
+                mem_write(x, offs[p], page, PAGE_SIZE);
+        }
+}
+
+/* Whether layers [first, first+count) of every page hold the pattern. */
+static bool layers_equal(Mem *x, const uint64_t *offs, uint32_t n, uint32_t first, uint32_t count, uint32_t seed) {
+        static uint8_t page[PAGE_SIZE];
+        for (uint32_t p = 0; p < n; p++) {
+                mem_read(x, offs[p], page, PAGE_SIZE);
+                for (uint32_t l = first; l < first + count; l++)
+                        for (uint32_t k = 0; k < LAYER_BYTES; k++)
+                                if (page[(size_t)l * LAYER_BYTES + k] != pattern(seed, p, l, k))
+                                        return false;
+        }
+        return true;
+}
+
+/* ---- bus helpers ---- */
+
+static char *make_sequence(epd_client *c, const char *arena, uint32_t n, uint64_t *offs) {
+        sd_bus_message *reply = NULL;
+        const char *path;
+        const void *pages;
+        size_t sz;
+        int r = epd__call(c, "/org/epd1/pages", "org.epd1.Pages", "CreateSequence", &reply, "su", arena, n);
+        ck_assert_msg(r == 0, "CreateSequence: %s", epd_last_error_message(c));
+        ck_assert_int_ge(sd_bus_message_read(reply, "o", &path), 0);
+        ck_assert_int_ge(sd_bus_message_read_array(reply, 'u', &pages, &sz), 0);
+        char *p = strdup(path);
+        sd_bus_message_unref(reply);
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, p, "org.epd1.Sequence", "Offsets", &e, &reply, "at"), 0);
+        const void *o;
+        ck_assert_int_ge(sd_bus_message_read_array(reply, 't', &o, &sz), 0);
+        ck_assert_uint_eq(sz / 8, n);
+        memcpy(offs, o, sz);
+        sd_bus_message_unref(reply);
+        return p;
+}
+
+static void sequence_offsets(epd_client *c, const char *path, uint64_t *offs, uint32_t n) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        const void *o;
+        size_t sz;
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, path, "org.epd1.Sequence", "Offsets", &e, &reply, "at"), 0);
+        ck_assert_int_ge(sd_bus_message_read_array(reply, 't', &o, &sz), 0);
+        ck_assert_uint_eq(sz / 8, n);
+        memcpy(offs, o, sz);
+        sd_bus_message_unref(reply);
+}
+
+static void release_sequence(epd_client *c, const char *path) {
+        ck_assert_int_eq(epd__call(c, path, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+}
+
+/* Pages of an arena that are not free, from Pages.Pools. */
+static uint64_t arena_live(epd_client *c, const char *arena) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        uint64_t live = UINT64_MAX;
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
+                                             "a(sttttttttttt)"), 0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "(sttttttttttt)"), 0);
+        const char *name;
+        uint64_t v[11];
+        while (sd_bus_message_read(reply, "(sttttttttttt)", &name, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                                   &v[7], &v[8], &v[9], &v[10]) > 0)
+                if (strcmp(name, arena) == 0)
+                        live = v[1] - v[2]; /* total - free */
+        sd_bus_message_unref(reply);
+        return live == UINT64_MAX ? 0 : live;
+}
+
+static uint64_t counter(epd_client *c, const char *name) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        uint64_t found = UINT64_MAX;
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/handoffs", "org.epd1.Handoffs", "Counters", &e,
+                                             &reply, "a{st}"), 0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "{st}"), 0);
+        const char *k;
+        uint64_t v;
+        while (sd_bus_message_read(reply, "{st}", &k, &v) > 0)
+                if (strcmp(k, name) == 0)
+                        found = v;
+        sd_bus_message_unref(reply);
+        ck_assert_msg(found != UINT64_MAX, "no counter %s", name);
+        return found;
+}
+
+typedef struct WaitState {
+        epd_client *c;
+        const char *path;
+        const char *state;
+} WaitState;
+
+static bool state_is(void *userdata) {
+        WaitState *w = userdata;
+        epd_handoff_status s;
+        if (epd_handoff_get(w->c, w->path, &s) < 0)
+                return false;
+        return strcmp(s.state, w->state) == 0;
+}
+
+static void wait_state(epd_client *c, const char *path, const char *state) {
+        WaitState w = { c, path, state };
+        ck_assert_msg(harness_wait_for(state_is, &w, 10000), "%s never became %s", path, state);
+}
+
+static const char *rid(unsigned n) {
+        static char buf[8][33];
+        static unsigned i;
+        char *b = buf[i++ % 8];
+        snprintf(b, 33, "%032x", n + 0x100);
+        return b;
+}
+
+/* ---- handoffs ---- */
+
+static void handoff_between(const char *from, const char *to, unsigned id) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, from, N_PAGES, src);
+        Mem ms = map_arena(p, from), md = map_arena(d, to);
+        fill_pages(&ms, src, N_PAGES, id);
+        uint64_t live_to = arena_live(p, to), bytes0 = counter(p, "bytes");
+
+        char *path = NULL;
+        uint64_t token = 0;
+        epd_handoff_options o = { .arena = to };
+        int r = epd_handoff_prepare(p, rid(id), NULL, seq, groups4, 4, &o, &path, &token);
+        ck_assert_msg(r == 0, "Prepare %s → %s: %s", from, to, epd_last_error_message(p));
+        ck_assert_uint_eq(arena_live(p, to), live_to + N_PAGES);
+
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(id), &acc), 0);
+        ck_assert_str_eq(acc.arena, to);
+        ck_assert_uint_eq(acc.n_pages, N_PAGES);
+        for (uint32_t g = 0; g < 4; g++) {
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+                epd_handoff_status s;
+                for (int i = 0; i < 1000; i++) {
+                        ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
+                        ck_assert_uint_le(s.groups_done, g + 1);
+                        if (s.groups_done == g + 1)
+                                break;
+                        usleep(5000);
+                }
+                ck_assert_uint_eq(s.groups_done, g + 1);
+                /* Exactly the layers of groups 0..g have landed, bytes exact. */
+                ck_assert(layers_equal(&md, acc.offsets, N_PAGES, 0, 2 * (g + 1), id));
+                if (g < 3)
+                        ck_assert(!layers_equal(&md, acc.offsets, N_PAGES, 2 * (g + 1), 2, id));
+        }
+        char *dseq = NULL;
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+        wait_state(p, path, "committed");
+        epd_handoff_status s;
+        ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
+        ck_assert_uint_eq(s.bytes, (uint64_t)N_PAGES * PAGE_SIZE);
+        ck_assert_uint_eq(counter(p, "bytes") - bytes0, (uint64_t)N_PAGES * PAGE_SIZE);
+
+        /* The request's trace names the CUDA transport. */
+        epd_trace_event *ev = NULL;
+        size_t n_ev = 0;
+        unsigned n_sent = 0;
+        ck_assert_int_eq(epd_trace_get(p, rid(id), &ev, &n_ev, NULL), 0);
+        for (size_t i = 0; i < n_ev; i++)
+                if (strcmp(ev[i].type, "group-sent") == 0) {
+                        ck_assert_str_eq(ev[i].transport, "cuda");
+                        n_sent++;
+                }
+        ck_assert_uint_eq(n_sent, 4);
+        free(ev);
+
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        /* The decode sequence holds the pages; releasing it frees them. */
+        ck_assert_uint_eq(arena_live(p, to), live_to + N_PAGES);
+        release_sequence(d, dseq);
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, to), 0);
+        ck_assert_uint_eq(arena_live(p, from), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
+        printf("handoff %s -> %s: %u pages, 4 layer groups, exact bytes, nothing retained\n", from, to, N_PAGES);
+        free(dseq);
+        free(path);
+        free(seq);
+        epd_handoff_accepted_done(&acc);
+        unmap_arena(&ms);
+        unmap_arena(&md);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+
+START_TEST(test_gpu_to_gpu) {
+        handoff_between("gpu0", "gpu1", 1);
+}
+END_TEST
+
+START_TEST(test_gpu_to_host) {
+        handoff_between("gpu0", "host0", 2);
+}
+END_TEST
+
+START_TEST(test_host_to_gpu) {
+        handoff_between("host0", "gpu1", 3);
+}
+END_TEST
+
+/* The decode worker accepts and dies mid-handoff: rolled back, nothing retained. */
+START_TEST(test_decode_dies) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "gpu0", N_PAGES, src);
+        char *path = NULL;
+        uint64_t token;
+        epd_handoff_options o = { .arena = "gpu1" };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(4), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(4), &acc), 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 0), 0);
+        epd_disconnect(d);
+        wait_state(p, path, "rolled-back");
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 1), -ESTALE);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_uint_eq(arena_live(p, "gpu1"), 0);
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, "gpu0"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        ck_assert_uint_eq(counter(p, "failures.worker-gone"), 1);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        free(seq);
+        epd_disconnect(p);
+}
+END_TEST
+
+/* Every copy of epdd's fails (fake driver): the handoff rolls back with
+ * transfer-failed; no page stays allocated or leased. */
+START_TEST(test_copy_fails) {
+        if (!fake) {
+                printf("copy failure injection needs the fake driver: skipped on a real GPU\n");
+                return;
+        }
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "gpu0", N_PAGES, src);
+        char *path = NULL;
+        uint64_t token;
+        epd_handoff_options o = { .arena = "gpu1" };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(5), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(5), &acc), 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 0), 0);
+        wait_state(p, path, "rolled-back");
+        wait_state(d, acc.path, "rolled-back");
+        epd_handoff_status s;
+        ck_assert_int_eq(epd_handoff_get(p, path, &s), 0);
+        ck_assert_str_eq(s.cause, "transfer-failed");
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, NULL), -ESTALE);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_uint_eq(arena_live(p, "gpu1"), 0);
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, "gpu0"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
+        ck_assert_uint_eq(counter(p, "failures.transfer-failed"), 1);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+static void setup_failing(void) {
+        start("1");
+}
+
+/* ---- copy-on-write ---- */
+
+static uint64_t cow_copies(epd_client *c, const char *path) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        uint64_t v = UINT64_MAX;
+        ck_assert_int_ge(sd_bus_get_property_trivial(c->bus, NULL, path, "org.epd1.Sequence", "CowCopies", &e, 't', &v), 0);
+        return v;
+}
+
+START_TEST(test_cow) {
+        epd_client *c = worker("prefill");
+        uint64_t offs[N_PAGES], clone_offs[N_PAGES], after[N_PAGES];
+        char *seq = make_sequence(c, "gpu0", N_PAGES, offs);
+        Mem m = map_arena(c, "gpu0");
+        fill_pages(&m, offs, N_PAGES, 7);
+
+        sd_bus_message *reply = NULL;
+        const char *cp;
+        ck_assert_int_eq(epd__call(c, seq, "org.epd1.Sequence", "Clone", &reply, NULL), 0);
+        ck_assert_int_ge(sd_bus_message_read(reply, "o", &cp), 0);
+        char *clone = strdup(cp);
+        sd_bus_message_unref(reply);
+        sequence_offsets(c, clone, clone_offs, N_PAGES);
+        ck_assert(memcmp(offs, clone_offs, sizeof offs) == 0); /* shares every page */
+        ck_assert_uint_eq(arena_live(c, "gpu0"), N_PAGES);
+
+        /* Write page 5 of the clone: the daemon copies exactly that page. */
+        const void *pages;
+        size_t sz;
+        uint32_t copied = 0;
+        int r = epd__call(c, clone, "org.epd1.Sequence", "PrepareWrite", &reply, "uu", 5, 1);
+        ck_assert_msg(r == 0, "PrepareWrite: %s", epd_last_error_message(c));
+        ck_assert_int_ge(sd_bus_message_read_array(reply, 'u', &pages, &sz), 0);
+        ck_assert_int_ge(sd_bus_message_read(reply, "u", &copied), 0);
+        sd_bus_message_unref(reply);
+        ck_assert_uint_eq(copied, 1);
+        ck_assert_uint_eq(cow_copies(c, clone), 1);
+        ck_assert_uint_eq(arena_live(c, "gpu0"), N_PAGES + 1);
+        sequence_offsets(c, clone, after, N_PAGES);
+        for (uint32_t i = 0; i < N_PAGES; i++)
+                if (i == 5)
+                        ck_assert_uint_ne(after[i], offs[i]);
+                else
+                        ck_assert_uint_eq(after[i], offs[i]);
+        /* The copy holds the page's bytes (the copy engine's work). */
+        static uint8_t a[PAGE_SIZE], b[PAGE_SIZE];
+        mem_read(&m, offs[5], a, PAGE_SIZE);
+        mem_read(&m, after[5], b, PAGE_SIZE);
+        ck_assert(memcmp(a, b, PAGE_SIZE) == 0);
+        /* Writing the private page leaves the original alone. */
+        memset(b, 0xee, PAGE_SIZE);
+        mem_write(&m, after[5], b, PAGE_SIZE);
+        mem_read(&m, offs[5], a, PAGE_SIZE);
+        ck_assert_uint_ne(a[0], 0xee);
+        /* Writing it again copies nothing more. */
+        ck_assert_int_eq(epd__call(c, clone, "org.epd1.Sequence", "PrepareWrite", &reply, "uu", 5, 1), 0);
+        ck_assert_int_ge(sd_bus_message_read_array(reply, 'u', &pages, &sz), 0);
+        ck_assert_int_ge(sd_bus_message_read(reply, "u", &copied), 0);
+        sd_bus_message_unref(reply);
+        ck_assert_uint_eq(copied, 0);
+        ck_assert_uint_eq(cow_copies(c, clone), 1);
+
+        release_sequence(c, clone);
+        ck_assert_uint_eq(arena_live(c, "gpu0"), N_PAGES);
+        release_sequence(c, seq);
+        ck_assert_uint_eq(arena_live(c, "gpu0"), 0);
+        printf("CoW on a GPU arena: 1 of %u shared pages written, exactly 1 copied\n", N_PAGES);
+        free(clone);
+        free(seq);
+        unmap_arena(&m);
+        epd_disconnect(c);
+}
+END_TEST
+
+/* ---- to another host ---- */
+
+static Harness hb;
+static char address_b[512], keyfile[128];
+
+static void start_two(const char *fail_copies) {
+        char conf[1024];
+        unsigned port = 20000 + (unsigned)(getpid() % 20000) * 2;
+        choose_driver();
+        snprintf(keyfile, sizeof keyfile, "/tmp/epd-gpu-handoff-key-%d", (int)getpid());
+        int fd = open(keyfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(write(fd, "gpu-handoff-test-cluster-key-0123456789\n", 40), 40);
+        close(fd);
+        if (fake)
+                ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", fail_copies, 1), 0);
+        snprintf(conf, sizeof conf,
+                 CONFIG "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
+                        "[Peer:bravo]\nAddress=127.0.0.1:%u\nHostId=bravo\n",
+                 port, keyfile, port + 1);
+        ck_assert_int_eq(harness_init(&h, conf), 0);
+        snprintf(conf, sizeof conf,
+                 "[Daemon]\nHostId=bravo\n[Arena:kv0]\nSize=16M\n"
+                 "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
+                 "[Peer:alpha]\nAddress=127.0.0.1:%u\nHostId=alpha\n",
+                 port + 1, keyfile, port);
+        ck_assert_int_eq(harness_init(&hb, conf), 0);
+        harness_direct_address(&h, address, sizeof address);
+        harness_direct_address(&hb, address_b, sizeof address_b);
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+        ck_assert_int_eq(harness_start_epdd(&hb, NULL), 0);
+        if (fake)
+                ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", "0", 1), 0);
+        if (!sys) {
+                ck_assert_int_eq(gpu_system_open(getenv("EPD_LIBCUDA"), &sys), 0);
+                ck_assert_int_eq(gpu_device_make_current(sys, &sys->devices[0]), 0);
+        }
+}
+
+static void setup_two(void) {
+        start_two("0");
+}
+
+static void setup_two_failing(void) {
+        start_two("1");
+}
+
+static void teardown_two(void) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        ck_assert_int_eq(harness_stop_epdd(&hb), 0);
+        harness_done(&h);
+        harness_done(&hb);
+        unlink(keyfile);
+}
+
+static epd_client *worker_at(const char *addr, const char *role) {
+        epd_client *c = NULL;
+        ck_assert_int_eq(epd_connect(addr, &c), 0);
+        ck_assert_int_eq(epd_register(c, role, "model", "cuda:0", &kv, NULL), 0);
+        return c;
+}
+
+/* Prepare to bravo, retrying while the peers are still connecting. */
+static int prepare_remote(epd_client *c, const char *r_id, const char *seq, char **path, uint64_t *token) {
+        int r = -EHOSTUNREACH;
+        for (int i = 0; i < 500; i++) {
+                r = epd_handoff_prepare(c, r_id, "bravo", seq, groups4, 4, NULL, path, token);
+                if (r != -EHOSTUNREACH)
+                        break;
+                usleep(20000);
+        }
+        return r;
+}
+
+START_TEST(test_gpu_to_other_host) {
+        epd_client *p = worker("prefill"), *d = worker_at(address_b, "decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "gpu0", N_PAGES, src);
+        Mem ms = map_arena(p, "gpu0"), md = map_arena(d, "kv0");
+
+        for (unsigned round = 0; round < 2; round++) {
+                unsigned id = 10 + round;
+                fill_pages(&ms, src, N_PAGES, id);
+                char *path = NULL;
+                uint64_t token;
+                int r = prepare_remote(p, rid(id), seq, &path, &token);
+                ck_assert_msg(r == 0, "Prepare to bravo: %s", epd_last_error_message(p));
+                epd_handoff_accepted acc;
+                ck_assert_int_eq(epd_handoff_accept(d, rid(id), &acc), 0);
+                ck_assert_uint_eq(acc.n_pages, N_PAGES);
+                for (uint32_t g = 0; g < 4; g++) {
+                        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+                        epd_handoff_status st = {};
+                        for (int i = 0; i < 1000 && st.groups_done < g + 1; i++) {
+                                ck_assert_int_eq(epd_handoff_get(d, acc.path, &st), 0);
+                                ck_assert_uint_le(st.groups_done, g + 1);
+                                if (st.groups_done < g + 1)
+                                        usleep(5000);
+                        }
+                        ck_assert_uint_eq(st.groups_done, g + 1);
+                        ck_assert(layers_equal(&md, acc.offsets, N_PAGES, 0, 2 * (g + 1), id));
+                        if (g < 3)
+                                ck_assert(!layers_equal(&md, acc.offsets, N_PAGES, 2 * (g + 1), 2, id));
+                }
+                char *dseq = NULL;
+                ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+                wait_state(p, path, "committed");
+                ck_assert_int_eq(epd_handoff_release(p, path), 0);
+                ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+                release_sequence(d, dseq);
+                ck_assert_uint_eq(arena_live(d, "kv0"), 0);
+                ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
+                free(dseq);
+                free(path);
+                epd_handoff_accepted_done(&acc);
+        }
+        ck_assert_uint_eq(counter(p, "committed"), 2);
+        ck_assert_uint_eq(counter(p, "bytes"), 2ULL * N_PAGES * PAGE_SIZE); /* staging copies count none */
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, "gpu0"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        printf("handoff gpu0 -> bravo (staged through host memory): 2 x %u pages, exact bytes\n", N_PAGES);
+        free(seq);
+        unmap_arena(&ms);
+        unmap_arena(&md);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+/* The staging copies fail (fake driver): both sides roll back, nothing is retained. */
+START_TEST(test_gpu_to_other_host_fails) {
+        if (!fake) {
+                printf("copy failure injection needs the fake driver: skipped on a real GPU\n");
+                return;
+        }
+        epd_client *p = worker("prefill"), *d = worker_at(address_b, "decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "gpu0", N_PAGES, src);
+        char *path = NULL;
+        uint64_t token;
+        ck_assert_int_eq(prepare_remote(p, rid(20), seq, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(20), &acc), 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 0), 0);
+        wait_state(p, path, "rolled-back");
+        wait_state(d, acc.path, "rolled-back");
+        epd_handoff_status st;
+        ck_assert_int_eq(epd_handoff_get(p, path, &st), 0);
+        ck_assert_str_eq(st.cause, "transfer-failed");
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_uint_eq(arena_live(d, "kv0"), 0);
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, "gpu0"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+static Suite *suite(void) {
+        Suite *s = suite_create("gpu-handoff");
+        TCase *tc = tcase_create("handoff");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_add_test(tc, test_gpu_to_gpu);
+        tcase_add_test(tc, test_gpu_to_host);
+        tcase_add_test(tc, test_host_to_gpu);
+        tcase_add_test(tc, test_decode_dies);
+        tcase_add_test(tc, test_cow);
+        tcase_set_timeout(tc, 120);
+        suite_add_tcase(s, tc);
+        TCase *tf = tcase_create("failing-copies");
+        tcase_add_checked_fixture(tf, setup_failing, teardown);
+        tcase_add_test(tf, test_copy_fails);
+        tcase_set_timeout(tf, 120);
+        suite_add_tcase(s, tf);
+        TCase *tr = tcase_create("other-host");
+        tcase_add_checked_fixture(tr, setup_two, teardown_two);
+        tcase_add_test(tr, test_gpu_to_other_host);
+        tcase_set_timeout(tr, 120);
+        suite_add_tcase(s, tr);
+        TCase *trf = tcase_create("other-host-failing-copies");
+        tcase_add_checked_fixture(trf, setup_two_failing, teardown_two);
+        tcase_add_test(trf, test_gpu_to_other_host_fails);
+        tcase_set_timeout(trf, 120);
+        suite_add_tcase(s, trf);
+        return s;
+}
+
+int main(void) {
+        /* Before check forks a child per test: this process never starts CUDA. */
+        choose_driver();
+        SRunner *sr = srunner_create(suite());
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
