@@ -136,11 +136,11 @@ def colocated(model_name, reqs, device="cuda", m=None):
     return out, time.perf_counter() - t_all, m
 
 
-def _dp_worker(gpu, model_name, reqs, conn):
+def _dp_worker(gpu, model_name, reqs, warm, conn):
     """One replica of the data-parallel baseline, alone on its GPU."""
     try:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
-        _, _, m = colocated(model_name, serve_warm(), "cuda")  # builds this replica's model; warm-up
+        _, _, m = colocated(model_name, warm, "cuda")  # builds this replica's model; warm-up
         conn.send(("ready", None))
         conn.recv()
         res, wall, _ = colocated(model_name, reqs, "cuda", m)
@@ -152,11 +152,14 @@ def _dp_worker(gpu, model_name, reqs, conn):
         conn.send(("error", traceback.format_exc()))
 
 
-def serve_warm():
-    return [serve.Spec(serve.request_id_of(999), image_seed=0, text_seed=999, text_tokens=32, max_new_tokens=4)]
+def warm_specs(args, n, salt="warm", first=0):
+    """Warm-up requests: every one an agent request when the mix has agents, so that the
+    branch path (a prefill on top of cached KV) is warm too."""
+    return specs(n, args.images, args.text_tokens, args.max_new, salt=salt, first=first,
+                 agent_every=1 if args.agent_every else 0, branches=args.branches, branch_tokens=args.branch_tokens)
 
 
-def colocated_dp(model_name, reqs, gpus):
+def colocated_dp(model_name, reqs, gpus, warm):
     """Colocated data parallel: `gpus` processes, one per GPU, requests dealt round robin;
     the clock runs from the common start to the last replica's end."""
     ctx = mp.get_context("spawn")
@@ -167,7 +170,7 @@ def colocated_dp(model_name, reqs, gpus):
         for g in range(gpus):
             os.environ["CUDA_VISIBLE_DEVICES"] = str(g)
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_dp_worker, args=(g, model_name, shares[g], b), daemon=True)
+            p = ctx.Process(target=_dp_worker, args=(g, model_name, shares[g], warm, b), daemon=True)
             p.start()
             procs.append(p)
             conns.append(a)
@@ -243,12 +246,15 @@ def check(args):
 
 def bench(args):
     rows = []
-    n, warm = args.requests, args.warmup
+    n = args.requests
     kw = dict(agent_every=args.agent_every, branches=args.branches, branch_tokens=args.branch_tokens)
+    # At least one warm-up request per worker process of a role (least-busy routing
+    # spreads them), so that no process meets its first request in a measured row.
+    warm = max([args.warmup] + list(serve.parse_layout(args.layout).values()))
     w = workers(args)
     try:
         placement = w.placement()
-        w.run(specs(warm, args.images, args.text_tokens, args.max_new, salt="warm", **kw), args.concurrency)
+        w.run(warm_specs(args, warm), max(args.concurrency, warm))
         # The same requests: repeated images with the feature cache, then with every key
         # unique (the cache bypassed: the vision tower runs for every request), several in
         # flight; and bypassed one at a time, the colocated baseline's own shape (its TTFT
@@ -269,13 +275,13 @@ def bench(args):
         w.close()
     reqs = specs(n, args.images, args.text_tokens, args.max_new, first=100, **kw)
     if args.backend != "synthetic":
-        _, _, m = colocated(args.model, specs(2, 2, args.text_tokens, args.max_new, first=900))  # warm-up
+        _, _, m = colocated(args.model, warm_specs(args, 2, salt="", first=900))  # warm-up
         res, wall, _ = colocated(args.model, reqs, m=m)
         del m
         rows.append(summarize("colocated, 1 process, no epd", res, wall))
         print(json.dumps(rows[-1]), flush=True)
         if args.gpus and (args.gpus > 1 or args.dp):
-            res, wall = colocated_dp(args.model, reqs, args.gpus)
+            res, wall = colocated_dp(args.model, reqs, args.gpus, warm_specs(args, 1, salt="", first=900))
             rows.append(summarize(f"colocated data-parallel, {args.gpus} processes x 1 GPU, no epd", res, wall))
             print(json.dumps(rows[-1]), flush=True)
     return rows, placement
