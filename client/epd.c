@@ -168,6 +168,12 @@ epd_client *epd_disconnect(epd_client *c) {
 
 int epd_register(epd_client *c, const char *role, const char *model, const char *device,
                  const epd_kv_layout *kv, const char *const *arenas) {
+        return epd_register_named(c, role, model, device, kv, arenas, NULL, NULL);
+}
+
+int epd_register_named(epd_client *c, const char *role, const char *model, const char *device,
+                       const epd_kv_layout *kv, const char *const *arenas, const char *worker_name,
+                       const char *const *labels) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
         int r;
         if (!c || !role || !model || !device)
@@ -196,6 +202,21 @@ int epd_register(epd_client *c, const char *role, const char *model, const char 
                         r = sd_bus_message_open_container(m, 'v', "as");
                 if (r >= 0)
                         r = sd_bus_message_append_strv(m, (char **)arenas);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(m);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(m);
+        }
+        if (r >= 0 && worker_name)
+                r = sd_bus_message_append(m, "{sv}", "name", "s", worker_name);
+        if (r >= 0 && labels) {
+                r = sd_bus_message_open_container(m, 'e', "sv");
+                if (r >= 0)
+                        r = sd_bus_message_append(m, "s", "labels");
+                if (r >= 0)
+                        r = sd_bus_message_open_container(m, 'v', "as");
+                if (r >= 0)
+                        r = sd_bus_message_append_strv(m, (char **)labels);
                 if (r >= 0)
                         r = sd_bus_message_close_container(m);
                 if (r >= 0)

@@ -2,6 +2,7 @@
 #include "bus-error.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,9 +26,18 @@ static const sd_bus_error_map epd_error_map[] = {
         SD_BUS_ERROR_MAP_END,
 };
 
+static int register_result;
+
+static void register_once(void) {
+        register_result = sd_bus_error_add_map(epd_error_map);
+}
+
 int epd_bus_error_register(void) {
-        int r = sd_bus_error_add_map(epd_error_map);
-        return r < 0 ? r : 0;
+        /* sd_bus_error_add_map() grows a process-wide table without a lock: threads that
+         * connect at once (one client each) must not register concurrently. */
+        static pthread_once_t once = PTHREAD_ONCE_INIT;
+        (void)pthread_once(&once, register_once);
+        return register_result < 0 ? register_result : 0;
 }
 
 int epd_bus_error_to_errno(const char *name) {

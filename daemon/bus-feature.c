@@ -10,11 +10,14 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "bus-objects.h"
+#include "feature-load.h"
 #include "feature-spill.h"
 #include "feature-store.h"
 #include "feature.h"
 #include "hashmap.h"
 #include "id.h"
+#include "list.h"
 #include "log.h"
 #include "macro.h"
 #include "manager.h"
@@ -27,20 +30,29 @@
 #define PREFETCH_KEYS_MAX 1024u
 #define SPILL_PENDING_MAX (256ULL << 20) /* bytes copied and queued for the store */
 
+typedef struct FeatureHandle FeatureHandle;
+
 typedef struct FeatureBus {
         Manager *manager;
         FeatureStore *store;
         FeatureSpiller *spiller; /* writes evictions to the store off the event loop */
         Hashmap *handles;        /* FeatureHandle* by id bytes */
         sd_event_source *timer;  /* announce deadlines */
+        FeatureLoader *loader;   /* reads spilled features back off the event loop */
+        LIST_HEAD(FeatureHandle, pending); /* Acquires answered when their load ends */
 } FeatureBus;
 
-typedef struct FeatureHandle {
+struct FeatureHandle {
         ClientObject object;
         FeatureBus *fb;
         EpdId id;
         FeatureRef *ref;
-} FeatureHandle;
+        sd_bus_message *pending; /* the Acquire, while its feature is read back */
+        LIST_FIELDS(FeatureHandle, pending);
+};
+
+static int append_info(sd_bus_message *reply, FeatureBus *fb, FeatureHandle *h);
+static void handle_release(ClientObject *o);
 
 static FeatureBus *bus_of(Manager *m) {
         return m->features ? feature_cache_get_userdata(m->features) : NULL;
@@ -68,6 +80,33 @@ static void on_state(FeatureCache *c, Feature *f, void *userdata) {
                                     error_text(f->error));
         if (r < 0)
                 log_debug_errno(r, "Cannot emit FeatureReady: %m");
+        /* Acquires that waited for this feature's load: answered now. */
+        FeatureHandle *next;
+        for (FeatureHandle *h = fb->pending; h; h = next) {
+                next = h->pending_next;
+                if (h->ref->feature != f)
+                        continue;
+                _cleanup_(sd_bus_message_unrefp) sd_bus_message *msg = TAKE_PTR(h->pending);
+                LIST_REMOVE(pending, fb->pending, h);
+                if (f->state == FEATURE_READY) {
+                        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+                        r = sd_bus_message_new_method_return(msg, &reply);
+                        if (r >= 0)
+                                r = sd_bus_message_append(reply, "s", "hit");
+                        if (r >= 0)
+                                r = append_info(reply, fb, h);
+                        if (r >= 0)
+                                r = sd_bus_send(NULL, reply, NULL);
+                        if (r >= 0)
+                                continue;
+                        log_debug_errno(r, "Cannot answer an Acquire of %.64s: %m", f->key);
+                } else
+                        (void)sd_bus_reply_method_errorf(msg, EPD_ERROR_FAILED,
+                                                         "Feature '%.64s' could not be read back from the store (%s); the stored copy was removed, acquire it again to produce it.",
+                                                         f->key, strerror(-f->error));
+                /* The caller never learnt this handle. */
+                handle_release(&h->object);
+        }
 }
 
 static int on_timer(sd_event_source *s, uint64_t usec, void *userdata);
@@ -99,6 +138,10 @@ static int on_timer(sd_event_source *s, uint64_t usec, void *userdata) {
 
 static void handle_release(ClientObject *o) {
         FeatureHandle *h = container_of(o, FeatureHandle, object);
+        if (h->pending) {
+                LIST_REMOVE(pending, h->fb->pending, h);
+                h->pending = sd_bus_message_unref(h->pending);
+        }
         client_object_unlink(o);
         hashmap_remove(h->fb->handles, &h->id);
         feature_ref_release(h->ref); /* a producer's release fails its waiters */
@@ -181,6 +224,9 @@ static int cache_error(int r, const char *key, sd_bus_error *error) {
                 return epd_bus_error(error, EPD_ERROR_BUSY, "Feature '%.64s' is being produced by another client.", key);
         case -ENOENT:
                 return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No feature '%.64s'.", key);
+        case -EBADMSG:
+                return epd_bus_error(error, EPD_ERROR_FAILED,
+                                     "The stored copy of feature '%.64s' is truncated or corrupt; it was removed.", key);
         default:
                 return r;
         }
@@ -230,6 +276,7 @@ static const char *const acquire_results[] = {
         [FEATURE_ACQUIRE_HIT] = "hit",
         [FEATURE_ACQUIRE_WAIT] = "wait",
         [FEATURE_ACQUIRE_PRODUCE] = "produce",
+        [FEATURE_ACQUIRE_LOADING] = "hit", /* answered once loaded */
 };
 
 static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -259,6 +306,12 @@ static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *err
         if (r < 0) {
                 feature_ref_release(ref);
                 return client_error(r, error);
+        }
+        if (res == FEATURE_ACQUIRE_LOADING) {
+                /* Read back off the loop; on_state() answers. */
+                h->pending = sd_bus_message_ref(msg);
+                LIST_PREPEND(pending, fb->pending, h);
+                return 1;
         }
         r = sd_bus_message_new_method_return(msg, &reply);
         if (r >= 0)
@@ -545,12 +598,8 @@ finish:
 
 /* Properties: counters. */
 #define STAT_PROPERTY(fn, field)                                                         \
-        static int fn(sd_bus *bus, const char *path, const char *interface,             \
-                      const char *property, sd_bus_message *reply, void *userdata,      \
-                      sd_bus_error *error) {                                             \
-                Manager *m = userdata;                                                   \
-                return sd_bus_message_append(reply, "t", feature_cache_stats(m->features)->field); \
-        }
+        BUS_PROPERTY_GETTER(fn, Manager, m,                                              \
+                            return sd_bus_message_append(reply, "t", feature_cache_stats(m->features)->field);)
 
 STAT_PROPERTY(property_hits, hits)
 STAT_PROPERTY(property_misses, misses)
@@ -682,8 +731,17 @@ static int feature_init(Manager *m) {
                         free(fb);
                         return log_error_errno(r, "Cannot start the feature spill thread: %m");
                 }
+                r = feature_loader_new(m->event, fb->store, &fb->loader);
+                if (r < 0) {
+                        feature_spiller_free(fb->spiller);
+                        feature_store_free(fb->store);
+                        hashmap_free(fb->handles);
+                        free(fb);
+                        return log_error_errno(r, "Cannot start the feature load thread: %m");
+                }
                 feature_cache_set_store(c, fb->store);
                 feature_cache_set_spill(c, feature_spiller_queue, fb->spiller);
+                feature_cache_set_loader(c, feature_loader_queue, fb->loader);
         }
         feature_cache_set_callback(c, on_state, fb);
         m->features = TAKE_PTR(c);
@@ -695,7 +753,9 @@ static void feature_done(Manager *m) {
 
         if (!fb)
                 return;
-        /* Clients (and with them every handle) are gone by now. */
+        /* Clients (and with them every handle) are gone by now. The load thread stops
+         * before the cache (and the regions it reads into) goes. */
+        fb->loader = feature_loader_free(fb->loader);
         m->features = feature_cache_free(m->features);
         sd_event_source_disable_unref(fb->timer);
         feature_spiller_free(fb->spiller); /* writes what is queued */

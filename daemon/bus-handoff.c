@@ -11,10 +11,13 @@
 
 #include "arena.h"
 #include "bus-error.h"
+#include "wal-manager.h"
+#include "bus-objects.h"
 #include "handoff-manager.h"
 #include "log.h"
 #include "macro.h"
 #include "manager.h"
+#include "page-manager.h"
 
 static HandoffManager *hm_of(void *userdata) {
         return ((Manager *)userdata)->handoffs;
@@ -22,6 +25,17 @@ static HandoffManager *hm_of(void *userdata) {
 
 static const char *peer_of(const HandoffObject *o) {
         return o->peer_host[0] ? o->peer_host : "";
+}
+
+/* Replies once the transitions the call journaled are durable (docs/wal.md). */
+static int reply_journaled(Manager *m, sd_bus_message *msg, const char *types, const char *arg) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r = sd_bus_message_new_method_return(msg, &reply);
+        if (r >= 0 && types)
+                r = sd_bus_message_append(reply, types, arg);
+        if (r < 0)
+                return r;
+        return wal_manager_reply(m, msg, reply);
 }
 
 /* -- org.epd1.Handoffs -- */
@@ -152,10 +166,32 @@ static int property_counters(sd_bus *bus, const char *path, const char *interfac
         return r < 0 ? r : sd_bus_message_close_container(reply);
 }
 
+/* The WAL's view (handoff-record.h): every handoff side journaled and not released. */
+static int property_journal(sd_bus *bus, const char *path, const char *interface, const char *property,
+                            sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        HandoffManager *hm = hm_of(userdata);
+        HandoffJournalEntry *e;
+        size_t it = 0;
+        int r = sd_bus_message_open_container(reply, 'a', "(sstssuuob)");
+        while (r >= 0 && handoff_journal_iterate(&hm->journal, &it, &e)) {
+                char rid[EPD_ID_STRING_MAX], sid[EPD_ID_STRING_MAX], seq[64 + EPD_ID_STRING_MAX];
+                if (e->has_sequence)
+                        snprintf(seq, sizeof seq, SEQUENCE_PATH_PREFIX "/%s", epd_id_to_string(&e->sequence, sid));
+                else
+                        snprintf(seq, sizeof seq, "/");
+                r = sd_bus_message_append(reply, "(sstssuuob)", epd_id_to_string(&e->request_id, rid),
+                                          handoff_role_to_string(e->role), e->token, handoff_state_to_string(e->state),
+                                          handoff_cause_to_string(e->cause), e->groups_done, e->n_groups, seq,
+                                          e->recovered);
+        }
+        return r < 0 ? r : sd_bus_message_close_container(reply);
+}
+
 static const sd_bus_vtable handoffs_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY("Handoffs", "a(ossssuuts)", property_handoffs, 0, 0),
         SD_BUS_PROPERTY("Counters", "a{st}", property_counters, 0, 0),
+        SD_BUS_PROPERTY("Journal", "a(sstssuuob)", property_journal, 0, 0),
         SD_BUS_METHOD_WITH_ARGS("Prepare",
                                 SD_BUS_ARGS("s", request_id, "s", destination, "o", sequence, "au", layer_groups,
                                             "a{sv}", options),
@@ -203,7 +239,7 @@ static int method_commit(sd_bus_message *msg, void *userdata, sd_bus_error *erro
                 r = handoff_manager_commit(o, c, &seq, error);
         if (r < 0)
                 return r;
-        return sd_bus_reply_method_return(msg, "o", seq);
+        return reply_journaled(o->hm->manager, msg, "o", seq);
 }
 
 static int method_rollback(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -213,7 +249,7 @@ static int method_rollback(sd_bus_message *msg, void *userdata, sd_bus_error *er
                 r = handoff_manager_rollback(o, error);
         if (r < 0)
                 return r;
-        return sd_bus_reply_method_return(msg, NULL);
+        return reply_journaled(o->hm->manager, msg, NULL, NULL);
 }
 
 static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -221,19 +257,13 @@ static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *err
         int r = owner_check(o, msg, NULL, error);
         if (r < 0)
                 return r;
-        /* Reply first: the object may be gone after this. */
-        r = sd_bus_reply_method_return(msg, NULL);
+        /* The object may be gone after this; the reply waits for the release's record. */
+        Manager *m = o->hm->manager;
         handoff_manager_release(o);
-        return r;
+        return reply_journaled(m, msg, NULL, NULL);
 }
 
-#define H_PROPERTY(name, body)                                                           \
-        static int name(sd_bus *bus, const char *path, const char *interface,            \
-                        const char *property, sd_bus_message *reply, void *userdata,      \
-                        sd_bus_error *error) {                                            \
-                HandoffObject *o = userdata;                                             \
-                body                                                                     \
-        }
+#define H_PROPERTY(name, body) BUS_PROPERTY_GETTER(name, HandoffObject, o, body)
 
 H_PROPERTY(property_request_id, { return sd_bus_message_append(reply, "s", o->request_str); })
 H_PROPERTY(property_token, { return sd_bus_message_append(reply, "t", o->h->token); })
@@ -286,23 +316,7 @@ static int handoff_find(sd_bus *bus, const char *path, const char *interface, vo
 }
 
 static int handoff_enumerate(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error) {
-        Hashmap *h = hm_of(userdata)->by_handle;
-        size_t n = hashmap_size(h), i = 0, it = 0;
-        HandoffObject *o;
-        char **l = calloc(n + 1, sizeof *l);
-        if (!l)
-                return -ENOMEM;
-        while (hashmap_iterate(h, &it, (void **)&o, NULL)) {
-                if (!(l[i] = strdup(o->path))) {
-                        for (size_t j = 0; j < i; j++)
-                                free(l[j]);
-                        free(l);
-                        return -ENOMEM;
-                }
-                i++;
-        }
-        *nodes = l;
-        return 0;
+        return bus_enumerate_paths(hm_of(userdata)->by_handle, offsetof(HandoffObject, path), nodes);
 }
 
 int bus_handoff_add(Manager *m, sd_bus *bus) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "pool-select.h"
 #include "log.h"
 #include "manager.h"
 #include "worker.h"
@@ -76,8 +77,24 @@ static bool role_wants_arena(WorkerRole role, const Arena *a) {
         }
 }
 
+/* Options "name" (s) and "labels" (as): what [Pool:NAME] worker selectors match. */
+typedef struct WorkerSelectOptions {
+        char *name;
+        char **labels;
+        size_t n_labels;
+} WorkerSelectOptions;
+
+static void select_options_done(WorkerSelectOptions *o) {
+        free(o->name);
+        for (size_t i = 0; i < o->n_labels; i++)
+                free(o->labels[i]);
+        free(o->labels);
+        *o = (WorkerSelectOptions){};
+}
+
 static int parse_options(Manager *m, sd_bus_message *msg, WorkerKvOptions *kv,
-                         uint64_t *arena_mask, bool *arenas_given, sd_bus_error *error) {
+                         uint64_t *arena_mask, bool *arenas_given, WorkerSelectOptions *sel,
+                         sd_bus_error *error) {
         int r = sd_bus_message_enter_container(msg, 'a', "{sv}");
         if (r < 0)
                 return r;
@@ -126,6 +143,41 @@ static int parse_options(Manager *m, sd_bus_message *msg, WorkerKvOptions *kv,
                         for (char **f = names; f && *f; f++)
                                 free(*f);
                         free(names);
+                } else if (strcmp(key, "name") == 0) {
+                        EXPECT("s");
+                        const char *n;
+                        r = sd_bus_message_read(msg, "v", "s", &n);
+                        if (r >= 0 && !pool_select_label_valid(n))
+                                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                                     "Option 'name' must be 1 to 63 printable characters without spaces.");
+                        if (r >= 0 && !sel->name && !(sel->name = strdup(n)))
+                                return -ENOMEM;
+                } else if (strcmp(key, "labels") == 0) {
+                        EXPECT("as");
+                        char **l = NULL;
+                        size_t n = 0;
+                        r = sd_bus_message_enter_container(msg, 'v', "as");
+                        if (r >= 0)
+                                r = sd_bus_message_read_strv(msg, &l);
+                        if (r >= 0)
+                                r = sd_bus_message_exit_container(msg);
+                        for (char **i = l; i && *i; i++)
+                                n++;
+                        bool ok = r >= 0 && n <= POOL_SELECT_LABELS_MAX && !sel->labels;
+                        for (size_t i = 0; ok && i < n; i++)
+                                ok = pool_select_label_valid(l[i]);
+                        if (r >= 0 && ok) {
+                                sel->labels = l;
+                                sel->n_labels = n;
+                                l = NULL;
+                        }
+                        for (char **i = l; i && *i; i++)
+                                free(*i);
+                        free(l);
+                        if (r >= 0 && !ok)
+                                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                                     "Option 'labels': at most %d labels of 1 to 63 printable characters without spaces.",
+                                                     POOL_SELECT_LABELS_MAX);
                 } else if (strcmp(key, "kv.layers") == 0) {
                         EXPECT("u");
                         r = sd_bus_message_read(msg, "v", "u", &kv->layers);
@@ -169,6 +221,7 @@ static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_er
         Manager *m = userdata;
         const char *role, *model, *device, *why = NULL;
         WorkerKvOptions kv = { 0 };
+        _cleanup_(select_options_done) WorkerSelectOptions sel = {};
         uint64_t mask = 0;
         bool arenas_given = false;
         Client *c;
@@ -180,7 +233,7 @@ static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_er
                 return r;
         if (worker_validate(role, model, device, &why) < 0)
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "%s", why);
-        r = parse_options(m, msg, &kv, &mask, &arenas_given, error);
+        r = parse_options(m, msg, &kv, &mask, &arenas_given, &sel, error);
         if (r < 0)
                 return r;
 
@@ -200,6 +253,10 @@ static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_er
         if (r < 0)
                 return r;
         w->kv = kv;
+        w->name = TAKE_PTR(sel.name);
+        w->labels = TAKE_PTR(sel.labels);
+        w->n_labels = sel.n_labels;
+        sel.n_labels = 0;
         if (!arenas_given)
                 for (size_t i = 0; i < m->n_arenas; i++)
                         if (role_wants_arena(wr, m->arenas[i]))

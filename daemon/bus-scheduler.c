@@ -207,6 +207,10 @@ static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_e
         if (slots == 0 || slots > 65536 || queue_limit > (1u << 20))
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "Slots must be 1..65536 and QueueLimit at most 1048576.");
+        /* Pools= narrows what the [Pool:NAME] selectors give the worker. */
+        r = scheduler_set_pool_override(m, w, pools);
+        if (r < 0)
+                return r;
         usec_t now = now_usec(CLOCK_MONOTONIC);
         for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
                 if (!(stages & (1u << st)))
@@ -215,7 +219,7 @@ static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_e
                 r = sched_worker_add(m->scheduler, &(SchedWorkerInfo){
                                                            .id = w->id_str,
                                                            .stage = (SchedStage)st,
-                                                           .pools = pools ? pools : (1u << _TASK_TYPE_MAX) - 1,
+                                                           .pools = scheduler_worker_pools(m, w, (SchedStage)st),
                                                            .slots = slots,
                                                            .queue_limit = queue_limit,
                                                            .free_pages = free_pages,

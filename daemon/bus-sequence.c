@@ -11,6 +11,7 @@
 
 #include "arena.h"
 #include "bus-error.h"
+#include "bus-objects.h"
 #include "log.h"
 #include "macro.h"
 #include "manager.h"
@@ -170,28 +171,34 @@ static int method_create_sequence(sd_bus_message *msg, void *userdata, sd_bus_er
         return reply_journaled(m, msg, reply);
 }
 
+/* The (arena, block hashes) arguments of the prefix methods: the caller's KV arena. */
+static int read_prefix_args(Manager *m, sd_bus_message *msg, Worker **ret_w, Arena **ret_a,
+                            const uint64_t **ret_hashes, size_t *ret_n, sd_bus_error *error) {
+        const char *arena;
+        int r = sd_bus_message_read(msg, "s", &arena);
+        if (r < 0)
+                return r;
+        r = read_hashes(msg, ret_hashes, ret_n, error);
+        if (r < 0)
+                return r;
+        r = manager_require_worker(m, msg, ret_w, error);
+        if (r < 0)
+                return r;
+        return kv_arena(m, *ret_w, arena, ret_a, error);
+}
+
 static int method_create_from_prefix(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         PageManager *pm = m->page_manager;
         _cleanup_(freep) PageId *pins = NULL;
         const uint64_t *hashes = NULL;
-        const char *arena;
         size_t n = 0, len = 0;
         Worker *w = NULL;
         Arena *a;
         Sequence *s;
         int r;
 
-        r = sd_bus_message_read(msg, "s", &arena);
-        if (r < 0)
-                return r;
-        r = read_hashes(msg, &hashes, &n, error);
-        if (r < 0)
-                return r;
-        r = manager_require_worker(m, msg, &w, error);
-        if (r < 0)
-                return r;
-        r = kv_arena(m, w, arena, &a, error);
+        r = read_prefix_args(m, msg, &w, &a, &hashes, &n, error);
         if (r < 0)
                 return r;
         pins = malloc(MAX(n, (size_t)1) * sizeof(PageId));
@@ -253,22 +260,12 @@ static int method_attach(sd_bus_message *msg, void *userdata, sd_bus_error *erro
 static int method_match_prefix(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         const uint64_t *hashes = NULL;
-        const char *arena;
         size_t n = 0;
         Worker *w = NULL;
         Arena *a;
         int r;
 
-        r = sd_bus_message_read(msg, "s", &arena);
-        if (r < 0)
-                return r;
-        r = read_hashes(msg, &hashes, &n, error);
-        if (r < 0)
-                return r;
-        r = manager_require_worker(m, msg, &w, error);
-        if (r < 0)
-                return r;
-        r = kv_arena(m, w, arena, &a, error);
+        r = read_prefix_args(m, msg, &w, &a, &hashes, &n, error);
         if (r < 0)
                 return r;
         size_t len = directory_match_len(m->page_manager->directory, a->pages, hashes, n);
@@ -508,7 +505,14 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = directory_insert_chain(s->manager->directory, s->pool, hashes, s->pages + first, n);
         if (r < 0)
                 return pages_error(error, r, "Publish");
-        return sd_bus_reply_method_return(msg, "u", (uint32_t)r);
+        /* The entries are journaled: acknowledged once durable. */
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int k = sd_bus_message_new_method_return(msg, &reply);
+        if (k >= 0)
+                k = sd_bus_message_append(reply, "u", (uint32_t)r);
+        if (k < 0)
+                return k;
+        return reply_journaled(s->manager->manager, msg, reply);
 }
 
 static int grant_target(Manager *m, sd_bus_message *msg, Worker **ret, sd_bus_error *error) {
@@ -584,15 +588,12 @@ static int property_check(sd_bus *bus, Sequence *s, sd_bus_error *error) {
 }
 
 #define SEQ_PROPERTY(name, body)                                                         \
-        static int name(sd_bus *bus, const char *path, const char *interface,            \
-                        const char *property, sd_bus_message *reply, void *userdata,      \
-                        sd_bus_error *error) {                                            \
-                Sequence *s = userdata;                                                  \
+        BUS_PROPERTY_GETTER(name, Sequence, s, {                                         \
                 int _r = property_check(bus, s, error);                                  \
                 if (_r < 0)                                                              \
                         return _r;                                                       \
                 body                                                                     \
-        }
+        })
 
 SEQ_PROPERTY(property_seq_id, { return sd_bus_message_append(reply, "s", s->id_str); })
 SEQ_PROPERTY(property_seq_owner, { return sd_bus_message_append(reply, "o", owner_path(s)); })
@@ -668,23 +669,7 @@ static int sequence_find(sd_bus *bus, const char *path, const char *interface, v
 static int sequence_enumerate(sd_bus *bus, const char *path, void *userdata, char ***nodes,
                               sd_bus_error *error) {
         Manager *m = userdata;
-        Hashmap *h = m->page_manager->sequences;
-        size_t n = hashmap_size(h), i = 0, it = 0;
-        char **l = calloc(n + 1, sizeof *l);
-        Sequence *s;
-        if (!l)
-                return -ENOMEM;
-        while (hashmap_iterate(h, &it, (void **)&s, NULL)) {
-                if (!(l[i] = strdup(s->path))) {
-                        for (size_t j = 0; j < i; j++)
-                                free(l[j]);
-                        free(l);
-                        return -ENOMEM;
-                }
-                i++;
-        }
-        *nodes = l;
-        return 0;
+        return bus_enumerate_paths(m->page_manager->sequences, offsetof(Sequence, path), nodes);
 }
 
 int bus_sequence_add(Manager *m, sd_bus *bus) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "bus-manager.h"
+#include "bus-objects.h"
 #include "log.h"
 #include "manager.h"
 #include "worker.h"
@@ -26,45 +27,29 @@ static int worker_find(sd_bus *bus, const char *path, const char *interface, voi
 static int worker_enumerate(sd_bus *bus, const char *path, void *userdata, char ***nodes,
                             sd_bus_error *error) {
         Manager *m = userdata;
-        size_t n = hashmap_size(m->workers), i = 0, it = 0;
-        char **l = calloc(n + 1, sizeof *l);
-        Worker *w;
-        if (!l)
-                return -ENOMEM;
-        while (hashmap_iterate(m->workers, &it, (void **)&w, NULL)) {
-                l[i] = strdup(w->path);
-                if (!l[i]) {
-                        for (size_t j = 0; j < i; j++)
-                                free(l[j]);
-                        free(l);
-                        return -ENOMEM;
-                }
-                i++;
-        }
-        *nodes = l;
-        return 0;
+        return bus_enumerate_paths(m->workers, offsetof(Worker, path), nodes);
 }
 
-static int property_role(sd_bus *bus, const char *path, const char *interface,
-                         const char *property, sd_bus_message *reply, void *userdata,
-                         sd_bus_error *error) {
+BUS_PROPERTY_GETTER(property_role, Worker, w, return sd_bus_message_append(reply, "s", worker_role_to_string(w->role));)
+BUS_PROPERTY_GETTER(property_id, Worker, w, return sd_bus_message_append(reply, "s", w->id_str);)
+BUS_PROPERTY_GETTER(property_layout, Worker, w,
+                    return sd_bus_message_append(reply, "(uutts)", w->kv.layers, w->kv.tokens_per_block,
+                                                 w->kv.k_bytes_per_token, w->kv.v_bytes_per_token, w->kv.dtype);)
+
+/* The "name" and "labels" registration options ([Pool:NAME] worker selectors). */
+static int property_name(sd_bus *bus, const char *path, const char *interface, const char *property,
+                         sd_bus_message *reply, void *userdata, sd_bus_error *error) {
         Worker *w = userdata;
-        return sd_bus_message_append(reply, "s", worker_role_to_string(w->role));
+        return sd_bus_message_append(reply, "s", w->name ?: "");
 }
 
-static int property_id(sd_bus *bus, const char *path, const char *interface,
-                       const char *property, sd_bus_message *reply, void *userdata,
-                       sd_bus_error *error) {
+static int property_labels(sd_bus *bus, const char *path, const char *interface, const char *property,
+                           sd_bus_message *reply, void *userdata, sd_bus_error *error) {
         Worker *w = userdata;
-        return sd_bus_message_append(reply, "s", w->id_str);
-}
-
-static int property_layout(sd_bus *bus, const char *path, const char *interface,
-                           const char *property, sd_bus_message *reply, void *userdata,
-                           sd_bus_error *error) {
-        Worker *w = userdata;
-        return sd_bus_message_append(reply, "(uutts)", w->kv.layers, w->kv.tokens_per_block,
-                                     w->kv.k_bytes_per_token, w->kv.v_bytes_per_token, w->kv.dtype);
+        int r = sd_bus_message_open_container(reply, 'a', "s");
+        for (size_t i = 0; r >= 0 && i < w->n_labels; i++)
+                r = sd_bus_message_append(reply, "s", w->labels[i]);
+        return r < 0 ? r : sd_bus_message_close_container(reply);
 }
 
 static const sd_bus_vtable worker_vtable[] = {
@@ -78,6 +63,8 @@ static const sd_bus_vtable worker_vtable[] = {
         SD_BUS_PROPERTY("RegisteredAt", "t", NULL, offsetof(Worker, registered_usec),
                         SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("KvLayout", "(uutts)", property_layout, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Name", "s", property_name, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Labels", "as", property_labels, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_VTABLE_END,
 };
 

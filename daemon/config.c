@@ -13,6 +13,7 @@
 #include "log.h"
 #include "macro.h"
 #include "parse-util.h"
+#include "pool-select.h"
 #include "rdma-select.h"
 
 /* Error collection: every problem in a file is reported, not just the first. */
@@ -28,6 +29,8 @@ typedef struct ParseState {
         bool section_failed;
         ArenaConfig *arena;
         PeerConfig *peer;
+        PoolConfig *pool;
+        unsigned pools_seen; /* bit per TaskType: [Pool:NAME] given once */
 } ParseState;
 
 _printf_(2, 3) static void perr(ParseState *s, const char *fmt, ...) {
@@ -256,6 +259,83 @@ static int p_transport(ParseState *s, const char *key, const char *value, void *
         return 0;
 }
 
+/* [Pool:NAME] values (docs/scheduler.md). */
+static int p_priority(ParseState *s, const char *key, const char *value, void *dst) {
+        char *end;
+        errno = 0;
+        long v = strtol(value, &end, 10);
+        if (!*value || *end || errno != 0 || v < -1000 || v > 1000) {
+                perr(s, "%s=%s: expected an integer from -1000 to 1000", key, value);
+                return -EINVAL;
+        }
+        *(int *)dst = (int)v;
+        return 0;
+}
+
+static int p_watermark(ParseState *s, const char *key, const char *value, void *dst) {
+        uint32_t v;
+        if (parse_u32(value, &v) < 0 || v > 1000000) {
+                perr(s, "%s=%s: expected a number from 0 to 1000000", key, value);
+                return -EINVAL;
+        }
+        *(unsigned *)dst = v;
+        if (s->pool && strcmp(key, "HighWatermark") == 0)
+                s->pool->high_set = true;
+        else if (s->pool)
+                s->pool->low_set = true;
+        return 0;
+}
+
+static int parse_double(const char *value, double *ret) {
+        char *end;
+        errno = 0;
+        double v = strtod(value, &end);
+        if (!*value || *end || errno != 0 || !(v == v) || v > 1e9 || v < -1e9)
+                return -EINVAL;
+        *ret = v;
+        return 0;
+}
+
+static int p_share(ParseState *s, const char *key, const char *value, void *dst) {
+        double v;
+        if (parse_double(value, &v) < 0 || !(v > 0 && v <= 1)) {
+                perr(s, "%s=%s: expected a fraction above 0 and at most 1, such as 0.5", key, value);
+                return -EINVAL;
+        }
+        *(double *)dst = v;
+        return 0;
+}
+
+static int p_rho(ParseState *s, const char *key, const char *value, void *dst) {
+        double v;
+        if (parse_double(value, &v) < 0 || !(v == 0 || (v >= 1 && v <= 1000))) {
+                perr(s, "%s=%s: expected 0 (never reject for load) or a number from 1 to 1000", key, value);
+                return -EINVAL;
+        }
+        *(double *)dst = v;
+        return 0;
+}
+
+static int p_selectors(ParseState *s, const char *key, const char *value, void *dst) {
+        char bad[128];
+        const char *why = NULL;
+        if (pool_select_validate(value, bad, sizeof bad, &why) < 0) {
+                if (bad[0])
+                        perr(s, "%s=: selector '%s': %s", key, bad, why);
+                else
+                        perr(s, "%s=: %s", key, why);
+                return -EINVAL;
+        }
+        /* Empty: every worker (the default). */
+        if (strspn(value, " \t") == strlen(value)) {
+                char **d = dst;
+                free(*d);
+                *d = NULL;
+                return 0;
+        }
+        return set_string(dst, value);
+}
+
 typedef struct ConfigItem {
         const char *section; /* "Arena" and "Peer" take a name: [Arena:NAME] */
         const char *key;
@@ -266,6 +346,7 @@ typedef struct ConfigItem {
 #define C(f) offsetof(Config, f)
 #define A(f) offsetof(ArenaConfig, f)
 #define P(f) offsetof(PeerConfig, f)
+#define PL(f) offsetof(PoolConfig, f)
 
 static const ConfigItem items[] = {
         { "Daemon", "HostId", p_host_id, C(host_id) },
@@ -326,9 +407,22 @@ static const ConfigItem items[] = {
         { "Wal", "Sync", p_wal_sync, C(wal_sync) },
         { "Wal", "CompactSize", p_size, C(wal_compact_bytes) },
         { "Gpu", "CopyKernel", p_copy_kernel, C(gpu_copy_kernel) },
+        { "Pool", "Priority", p_priority, PL(policy.priority) },
+        { "Pool", "DefaultDeadline", p_duration, PL(policy.default_deadline) },
+        { "Pool", "QueueMax", p_unsigned, PL(policy.queue_max) },
+        { "Pool", "HighWatermark", p_watermark, PL(policy.high_watermark) },
+        { "Pool", "LowWatermark", p_watermark, PL(policy.low_watermark) },
+        { "Pool", "WorkerShare", p_share, PL(policy.worker_share) },
+        { "Pool", "RejectRho", p_rho, PL(policy.reject_rho) },
+        { "Pool", "EncodeEstimate", p_duration, PL(policy.service_estimate[SCHED_STAGE_ENCODE]) },
+        { "Pool", "PrefillEstimate", p_duration, PL(policy.service_estimate[SCHED_STAGE_PREFILL]) },
+        { "Pool", "DecodeEstimate", p_duration, PL(policy.service_estimate[SCHED_STAGE_DECODE]) },
+        { "Pool", "EncodeWorkers", p_selectors, PL(workers[SCHED_STAGE_ENCODE]) },
+        { "Pool", "PrefillWorkers", p_selectors, PL(workers[SCHED_STAGE_PREFILL]) },
+        { "Pool", "DecodeWorkers", p_selectors, PL(workers[SCHED_STAGE_DECODE]) },
 };
 
-static const char *const named_sections[] = { "Arena", "Peer" };
+static const char *const named_sections[] = { "Arena", "Peer", "Pool" };
 static const char *const plain_sections[] = { "Daemon", "Limits", "Cluster", "Features",
                                                "Telemetry", "Backpressure", "Wal", "Gpu" };
 
@@ -364,6 +458,14 @@ static int add_default_arena(Config *c, const char *name, ArenaUsage usage, uint
         return 0;
 }
 
+static void pool_config_done(PoolConfig *p) {
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+        {
+                free(p->workers[st]);
+                p->workers[st] = NULL;
+        }
+}
+
 int config_defaults(Config *c) {
         *c = (Config){
                 .system_bus = true,
@@ -382,6 +484,10 @@ int config_defaults(Config *c) {
                 .wal_compact_bytes = 64ULL << 20,
                 .gpu_copy_kernel = 1, /* small: scattered pages through the batched copy kernel */
         };
+        SchedConfig sc;
+        sched_config_defaults(&sc);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                c->pools[t].policy = sc.pools[t];
         if (!(c->socket_path = strdup(EPD_SOCKET_PATH)) || !(c->state_dir = strdup(EPD_STATE_DIR)))
                 return -ENOMEM;
         if (telemetry_config_defaults(&c->telemetry) < 0)
@@ -408,6 +514,8 @@ void config_done(Config *c) {
         free(c->cluster_key_file);
         free(c->feature_store_dir);
         telemetry_config_done(&c->telemetry);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                pool_config_done(&c->pools[t]);
         *c = (Config){ 0 };
 }
 
@@ -425,6 +533,7 @@ static void start_section(ParseState *s, bool *arenas_replaced, char *line) {
         char *end = strchr(line, ']');
         s->arena = NULL;
         s->peer = NULL;
+        s->pool = NULL;
         s->section[0] = s->section_arg[0] = 0;
         s->section_failed = true; /* until the header is accepted */
         if (!end || end[1] != 0) {
@@ -512,6 +621,22 @@ static void start_section(ParseState *s, bool *arenas_replaced, char *line) {
                 c->peers = n;
                 c->peers[c->n_peers] = (PeerConfig){ .name = strdup(arg) };
                 s->peer = &c->peers[c->n_peers++];
+        } else if (strcmp(name, "Pool") == 0) {
+                TaskType t = task_type_from_string(arg);
+                if (t < 0) {
+                        perr(s, "[Pool:%s]: expected a pool named thinking, interactive or hybrid", arg);
+                        s->section[0] = 0;
+                        s->section_failed = true;
+                        return;
+                }
+                if (s->pools_seen & (1u << t)) {
+                        perr(s, "pool '%s' is defined twice", arg);
+                        s->section[0] = 0;
+                        s->section_failed = true;
+                        return;
+                }
+                s->pools_seen |= 1u << t;
+                s->pool = &c->pools[t];
         }
 }
 
@@ -550,6 +675,22 @@ static void check_complete(ParseState *s) {
                 perr(s, "[Cluster] DataStreams=%u: expected 1 to 16", c->peer_streams);
         if (c->peer_slice_size < 4096 || c->peer_slice_size > 16 * 1024 * 1024)
                 perr(s, "[Cluster] SliceSize=%llu: expected 4K to 16M", (unsigned long long)c->peer_slice_size);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                PoolConfig *p = &c->pools[t];
+                SchedPoolPolicy *pp = &p->policy;
+                const char *name = task_type_to_string((TaskType)t);
+                /* Watermarks not given follow QueueMax=. */
+                if (!p->high_set)
+                        pp->high_watermark = MIN(pp->high_watermark, MAX(pp->queue_max * 3 / 4, 1u));
+                if (!p->low_set)
+                        pp->low_watermark = MIN(pp->low_watermark, pp->high_watermark / 2);
+                if (pp->high_watermark == 0 || pp->high_watermark > pp->queue_max)
+                        perr(s, "[Pool:%s] HighWatermark=%u: expected 1 to QueueMax=%u", name,
+                             pp->high_watermark, pp->queue_max);
+                else if (pp->low_watermark >= pp->high_watermark)
+                        perr(s, "[Pool:%s] LowWatermark=%u: expected below HighWatermark=%u", name,
+                             pp->low_watermark, pp->high_watermark);
+        }
         const char *problem;
         if (telemetry_config_verify(&c->telemetry, &problem) < 0)
                 perr(s, "[Backpressure] %s", problem);
@@ -612,6 +753,8 @@ int config_parse_string(Config *c, const char *text, const char *name, char **er
                         base = s.arena;
                 else if (strcmp(it->section, "Peer") == 0)
                         base = s.peer;
+                else if (strcmp(it->section, "Pool") == 0)
+                        base = s.pool;
                 if (!base)
                         continue;
                 if (it->parse(&s, key, value, (char *)base + it->offset) == -ENOMEM)

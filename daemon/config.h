@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "arena.h"
+#include "scheduler.h"
 #include "telemetry-config.h"
 #include "time-util.h"
 
@@ -19,6 +20,15 @@ typedef struct PeerConfig {
         char *address;  /* host:port */
         char *host_id;
 } PeerConfig;
+
+/* [Pool:thinking], [Pool:interactive], [Pool:hybrid]: a scheduler pool's policy and the
+ * workers that serve it per stage (selector lists, pool-select.h; NULL: every worker
+ * of the stage). Defaults: sched_config_defaults(). docs/scheduler.md. */
+typedef struct PoolConfig {
+        SchedPoolPolicy policy;
+        char *workers[_SCHED_STAGE_MAX];
+        bool high_set, low_set; /* watermarks given; otherwise 3/4 and 1/2 of QueueMax */
+} PoolConfig;
 
 typedef struct Config {
         /* [Daemon] */
@@ -62,6 +72,8 @@ typedef struct Config {
         uint64_t wal_compact_bytes; /* compact when the log grows past this */
         /* [Gpu] (docs/gpu.md) */
         int gpu_copy_kernel;     /* GpuCopyKernelPolicy: never, small (default), always */
+        /* [Pool:NAME] (docs/scheduler.md), by TaskType */
+        PoolConfig pools[_TASK_TYPE_MAX];
 
         /* Subsystem-private sections live beside the core: see config.c. */
 } Config;

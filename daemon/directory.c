@@ -23,6 +23,8 @@ struct Directory {
         size_t n_hosts;
         size_t self;
         DirectoryStats stats;
+        DirectoryJournalFn journal;
+        void *journal_userdata;
 };
 
 /* Rendezvous hashing must agree between hosts: a fixed key, not the per-process one. */
@@ -69,9 +71,30 @@ static bool pool_attached(const Directory *d, const PagePool *pool) {
         return false;
 }
 
+void directory_set_journal(Directory *d, DirectoryJournalFn fn, void *userdata) {
+        d->journal = fn;
+        d->journal_userdata = userdata;
+}
+
+/* Every way an entry goes ends here, so that each goes into the journal. */
 static void entry_forget(Directory *d, DirectoryEntry *e) {
         (void)hashmap_remove(d->map, &e->hash);
+        if (d->journal)
+                (void)d->journal(d->journal_userdata, false, e->hash, e->pool, e->page);
         free(e);
+}
+
+int directory_foreach(Directory *d, int (*fn)(void *userdata, uint64_t hash, PagePool *pool, PageId page),
+                      void *userdata) {
+        size_t i = 0;
+        void *v;
+        while (d && hashmap_iterate(d->map, &i, &v, NULL)) {
+                DirectoryEntry *e = v;
+                int r = fn(userdata, e->hash, e->pool, e->page);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
 }
 
 static size_t directory_evict(PagePool *pool, size_t want, void *userdata) {
@@ -239,6 +262,15 @@ int directory_insert(Directory *d, PagePool *pool, uint64_t hash, PageId page) {
                 free(e);
                 return r;
         }
+        if (d->journal) {
+                r = d->journal(d->journal_userdata, true, hash, pool, page);
+                if (r < 0) {
+                        (void)hashmap_remove(d->map, &e->hash);
+                        (void)page_clear_cached(pool, page);
+                        free(e);
+                        return r;
+                }
+        }
         d->stats.inserts++;
         return 0;
 }
@@ -252,8 +284,8 @@ int directory_insert_chain(Directory *d, PagePool *pool, const uint64_t *hashes,
                 return -EINVAL;
         for (size_t i = 0; i < n; i++) {
                 int r = directory_insert(d, pool, hashes[i], pages[i]);
-                if (r == -ENOMEM)
-                        return inserted > 0 ? inserted : r;
+                if (r < 0 && r != -EEXIST && r != -EBUSY && r != -ESTALE && r != -EINVAL)
+                        return inserted > 0 && r == -ENOMEM ? inserted : r;
                 inserted += r >= 0;
         }
         return inserted;

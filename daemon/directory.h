@@ -58,6 +58,17 @@ size_t directory_owner(const Directory *d, uint64_t hash);
 const char *directory_owner_host(const Directory *d, uint64_t hash);
 bool directory_owns(const Directory *d, uint64_t hash);
 
+/* Journaling (directory-record.h, docs/wal.md): fn is called for every entry that
+ * appears (put = true) or goes (put = false: removal, LRU eviction, pool teardown),
+ * before the call that did it returns and, for an eviction, before the page is
+ * reused. A put whose journaling fails is undone and the error returned. */
+typedef int (*DirectoryJournalFn)(void *userdata, bool put, uint64_t hash, PagePool *pool, PageId page);
+void directory_set_journal(Directory *d, DirectoryJournalFn fn, void *userdata);
+
+/* Calls fn for every entry (snapshots). A negative return stops and is returned. */
+int directory_foreach(Directory *d, int (*fn)(void *userdata, uint64_t hash, PagePool *pool, PageId page),
+                      void *userdata);
+
 /* Records hash → page. The page must be LIVE in pool (the caller holds it); the entry
  * then keeps it cached after the caller lets go. -EEXIST if hash is present already
  * (the first page stays: blocks with equal hashes hold equal KV), -EBUSY if the page is
@@ -65,7 +76,8 @@ bool directory_owns(const Directory *d, uint64_t hash);
  * pool. */
 int directory_insert(Directory *d, PagePool *pool, uint64_t hash, PageId page);
 /* Inserts hashes[i] → pages[i] for i < n, skipping the ones that conflict; returns the
- * number inserted, or a negative errno for bad arguments (nothing inserted). */
+ * number inserted, or a negative errno for bad arguments (nothing inserted), or for
+ * running out of memory or a journal that fails (what was inserted before stays). */
 int directory_insert_chain(Directory *d, PagePool *pool, const uint64_t *hashes,
                            const PageId *pages, size_t n);
 

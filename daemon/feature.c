@@ -29,6 +29,8 @@ struct FeatureCache {
         void *userdata;
         feature_spill_fn spill_fn;
         void *spill_userdata;
+        feature_load_fn load_fn;
+        void *load_userdata;
         feature_journal_fn journal_fn;
         void *journal_userdata;
 };
@@ -38,6 +40,7 @@ typedef struct FeaturePriv {
         Feature pub;
         bool in_table;
         bool on_disk; /* an identical copy is in the store */
+        bool loading; /* its data is being read back from the store (load_fn) */
 } FeaturePriv;
 
 #define PRIV(f) container_of(f, FeaturePriv, pub)
@@ -152,6 +155,15 @@ void feature_cache_set_store(FeatureCache *c, FeatureStore *s) {
 void feature_cache_set_spill(FeatureCache *c, feature_spill_fn fn, void *userdata) {
         c->spill_fn = fn;
         c->spill_userdata = userdata;
+}
+
+void feature_cache_set_loader(FeatureCache *c, feature_load_fn fn, void *userdata) {
+        c->load_fn = fn;
+        c->load_userdata = userdata;
+}
+
+bool feature_loading(const Feature *f) {
+        return f && PRIV(f)->loading;
 }
 
 const FeatureStats *feature_cache_stats(FeatureCache *c) {
@@ -573,7 +585,20 @@ static void ref_link(FeatureCache *c, FeatureRef *r, Feature *f, FeatureRefKind 
         lru_update(c, f);
 }
 
-/* Reads key back from the store into a mapped arena, as a READY feature. */
+static void load_finish(FeatureCache *c, Feature *f) {
+        c->stats.bytes_reserved -= f->size;
+        c->stats.bytes_cached += f->size;
+        f->state = FEATURE_READY;
+        PRIV(f)->on_disk = true;
+        c->stats.loaded++;
+        journal_ready(c, f);
+        lru_update(c, f);
+}
+
+/* Reads key back from the store into a mapped arena. Synchronously without a loader
+ * (0: READY); with one, the feature stays RESERVED while the loader reads its data off
+ * the loop (1: feature_load_done() follows). The header, key and descriptor (a few KiB
+ * at most) are read here; the data, which may be large, by the loader. */
 static int load(FeatureCache *c, const char *key, Feature **ret) {
         _cleanup_(feature_store_entry_done) FeatureStoreEntry e = { .fd = -EBADF };
         uint64_t off, size;
@@ -603,25 +628,51 @@ static int load(FeatureCache *c, const char *key, Feature **ret) {
         f->size = size;
         f->bytes = e.size;
         c->stats.bytes_reserved += size;
-        r = feature_store_entry_read(&e, feature_data(f));
+        f->desc = TAKE_PTR(e.desc);
+        f->request_id = e.request_id;
+        f->encode_usec = e.encode_usec;
+        if (c->load_fn) {
+                r = c->load_fn(c, f, TAKE_FD(e.fd), feature_data(f), e.size, c->load_userdata);
+                if (r >= 0) {
+                        PRIV(f)->loading = true;
+                        *ret = f;
+                        return 1;
+                }
+        } else
+                r = feature_store_entry_read(&e, feature_data(f));
         if (r < 0) {
                 region_release(c, f);
                 feature_unlink(c, f);
                 feature_destroy(f);
                 return r;
         }
-        f->desc = TAKE_PTR(e.desc);
-        f->request_id = e.request_id;
-        f->encode_usec = e.encode_usec;
-        c->stats.bytes_reserved -= size;
-        c->stats.bytes_cached += size;
-        f->state = FEATURE_READY;
-        PRIV(f)->on_disk = true;
-        c->stats.loaded++;
-        journal_ready(c, f);
-        lru_update(c, f);
+        load_finish(c, f);
         *ret = f;
         return 0;
+}
+
+void feature_load_done(Feature *f, int error) {
+        FeatureCache *c;
+
+        if (!f || !PRIV(f)->loading)
+                return;
+        c = f->cache;
+        PRIV(f)->loading = false;
+        /* The state callback answers the waiting Acquires and may drop their references,
+         * the last one too: held here until it returns (and out of the LRU meanwhile). */
+        f->n_pins++;
+        if (error < 0)
+                set_failed(c, f, error);
+        else {
+                load_finish(c, f);
+                notify(c, f);
+        }
+        f->n_pins--;
+        if (f->state == FEATURE_READY) {
+                lru_update(c, f);
+                enforce_budget(c);
+        } else
+                feature_maybe_destroy(f);
 }
 
 int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t now,
@@ -642,6 +693,11 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
                 c->stats.encoder_usec_saved += f->encode_usec;
                 ref_link(c, r, f, FEATURE_REF_READER);
                 *result = FEATURE_ACQUIRE_HIT;
+        } else if (f && PRIV(f)->loading) {
+                c->stats.hits++;
+                c->stats.encoder_usec_saved += f->encode_usec;
+                ref_link(c, r, f, FEATURE_REF_READER);
+                *result = FEATURE_ACQUIRE_LOADING;
         } else if (f && (f->producer || !may_produce)) {
                 c->stats.coalesced_waits++;
                 ref_link(c, r, f, FEATURE_REF_READER);
@@ -656,15 +712,15 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
                 }
                 ref_link(c, r, f, FEATURE_REF_PRODUCER);
                 *result = FEATURE_ACQUIRE_PRODUCE;
-        } else if (load(c, key, &f) >= 0) {
+        } else if ((k = load(c, key, &f)) >= 0) {
                 c->stats.hits++;
                 c->stats.encoder_usec_saved += f->encode_usec;
                 ref_link(c, r, f, FEATURE_REF_READER);
-                *result = FEATURE_ACQUIRE_HIT;
+                *result = k > 0 ? FEATURE_ACQUIRE_LOADING : FEATURE_ACQUIRE_HIT;
         } else {
                 c->stats.misses++;
                 if (!may_produce)
-                        return -ENOENT;
+                        return k == -EBADMSG ? -EBADMSG : -ENOENT; /* a corrupt stored copy is said */
                 k = make_slot(c);
                 if (k < 0)
                         return k;
@@ -700,7 +756,7 @@ int feature_reserve_in(FeatureCache *c, const char *key, uint64_t bytes, uint64_
         f = hashmap_get(c->features, key);
         if (f && f->state == FEATURE_READY)
                 return -EEXIST;
-        if (f && f->producer)
+        if (f && (f->producer || PRIV(f)->loading))
                 return -EBUSY;
         if (f) {
                 /* announced: claim it */

@@ -185,6 +185,17 @@ int feature_cache_snapshot(FeatureCache *c, int (*add)(void *userdata, uint16_t 
 
 typedef int (*feature_spill_fn)(FeatureCache *c, const Feature *f, const void *data, void *userdata);
 void feature_cache_set_spill(FeatureCache *c, feature_spill_fn fn, void *userdata);
+/* Reads a feature's data back from the store off the event loop: fd is positioned at
+ * the data (taken over in every case), dst is the feature's region (size bytes). The
+ * reader calls feature_load_done() on the loop when it has finished. Without a loader,
+ * loads are synchronous. */
+typedef int (*feature_load_fn)(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, void *userdata);
+void feature_cache_set_loader(FeatureCache *c, feature_load_fn fn, void *userdata);
+/* The data of a loading feature is in place (error 0: READY) or could not be read
+ * (error < 0, e.g. -EBADMSG for a truncated file: FAILED with that error). Notifies. */
+void feature_load_done(Feature *f, int error);
+/* Being read back from the store: RESERVED, no producer, READY or FAILED follows. */
+bool feature_loading(const Feature *f);
 /* Changes the budget; evicts down to it. */
 void feature_cache_set_budget(FeatureCache *c, uint64_t budget_bytes);
 const FeatureStats *feature_cache_stats(FeatureCache *c);
@@ -199,6 +210,7 @@ typedef enum FeatureAcquireResult {
         FEATURE_ACQUIRE_HIT,     /* READY: read it */
         FEATURE_ACQUIRE_WAIT,    /* RESERVED by someone: wait for READY or FAILED */
         FEATURE_ACQUIRE_PRODUCE, /* you produce: Reserve through the returned ref */
+        FEATURE_ACQUIRE_LOADING, /* being read back from the store (loader set): READY or FAILED follows */
 } FeatureAcquireResult;
 
 /* Acquires a reference to key. If the key is missing (and not in the store) and
@@ -244,7 +256,7 @@ FeatureRef *feature_ref_release(FeatureRef *r);
 
 typedef enum FeaturePrefetchResult {
         FEATURE_PREFETCH_PRESENT,   /* READY in memory (moved to the hot end) */
-        FEATURE_PREFETCH_LOADED,    /* READY now, read back from the store */
+        FEATURE_PREFETCH_LOADED,    /* in the store: READY now, or being read back (loader set) */
         FEATURE_PREFETCH_PENDING,   /* already RESERVED */
         FEATURE_PREFETCH_ANNOUNCED, /* created, waits for a producer (announce timeout) */
 } FeaturePrefetchResult;

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -19,10 +20,12 @@
 #include "macro.h"
 #include "page-manager.h"
 #include "peer.h"
+#include "sequence-record.h"
 #include "sequence.h"
 #include "telemetry.h"
 #include "transport/cuda.h"
 #include "transport/local.h"
+#include "wal-manager.h"
 #include "worker.h"
 
 /* Writes this daemon posted (source side), by cookie: one per write to a peer (whose
@@ -272,6 +275,241 @@ static int staging_acquire(HandoffManager *hm, uint64_t size, HandoffStaging **r
         return 0;
 }
 
+/* ---- the WAL: every transition is appended before it is acknowledged ---- */
+
+static int journal_record(HandoffManager *hm, const HandoffRecord *r, const uint32_t *pages) {
+        Manager *m = hm->manager;
+        size_t len = handoff_record_size(r);
+        _cleanup_(freep) uint8_t *buf = malloc(len);
+        int k;
+
+        if (!buf)
+                return -ENOMEM;
+        /* While stopping nothing is journaled: what is in flight comes back rolled back. */
+        if (m->stopping)
+                return 0;
+        handoff_record_encode(buf, r, pages);
+        k = wal_manager_append(m, (uint16_t)(WAL_RECORD_HANDOFF + r->type), buf, len);
+        if (k < 0 && k != -ENOTCONN)
+                return k;
+        /* The journal follows the record just appended: replay rebuilds the same. */
+        k = handoff_journal_apply(&hm->journal, r->type, buf, len);
+        if (k < 0)
+                log_debug_errno(k, "handoff: journal record 0x%02x does not apply: %m", r->type);
+        return 0;
+}
+
+static HandoffRecord record_of(HandoffObject *o, uint8_t type) {
+        return (HandoffRecord){
+                .type = type,
+                .request_id = o->h->request_id,
+                .token = o->h->token,
+                .role = o->h->role,
+        };
+}
+
+/* The journal's entry for this very attempt, or NULL. */
+static HandoffJournalEntry *journal_entry(HandoffObject *o) {
+        HandoffJournalEntry *e = handoff_journal_get(&o->hm->journal, &o->h->request_id, o->h->role);
+        return e && e->token == o->h->token ? e : NULL;
+}
+
+static int journal_prepared(HandoffObject *o) {
+        HandoffRecord r = record_of(o, HANDOFF_REC_PREPARED);
+        r.value = o->h->n_groups;
+        r.arena = o->arena;
+        r.n_pages = o->n_pages;
+        r.page_size = o->page_size;
+        return journal_record(o->hm, &r, o->pages);
+}
+
+static void journal_warn(HandoffObject *o, int r, const char *what) {
+        if (r < 0)
+                log_warning_errno(r, "handoff %s (%s): cannot journal %s: %m", o->request_str,
+                                  handoff_role_to_string(o->h->role), what);
+}
+
+static void journal_groups(HandoffObject *o, uint32_t done) {
+        HandoffJournalEntry *e = journal_entry(o);
+        if (!e || e->state != HANDOFF_PREPARED || done <= e->groups_done)
+                return;
+        HandoffRecord r = record_of(o, HANDOFF_REC_GROUPS);
+        r.value = done;
+        journal_warn(o, journal_record(o->hm, &r, NULL), "group progress");
+}
+
+static void journal_released(HandoffObject *o) {
+        if (!journal_entry(o))
+                return;
+        HandoffRecord r = record_of(o, HANDOFF_REC_RELEASED);
+        journal_warn(o, journal_record(o->hm, &r, NULL), "the release");
+}
+
+/* A state change seen by after_event(), before anyone is told of it. */
+static void journal_state(HandoffObject *o) {
+        Handoff *h = o->h;
+        HandoffJournalEntry *e = journal_entry(o);
+        HandoffRecord r;
+
+        switch (h->state) {
+        case HANDOFF_PREPARED:
+        case HANDOFF_TRANSFERRING:
+        case HANDOFF_TRANSFERRED:
+                /* A remote destination answered the source's Prepare. */
+                if (!e)
+                        journal_warn(o, journal_prepared(o), "Prepare");
+                break;
+        case HANDOFF_COMMITTED:
+                if (e && e->state == HANDOFF_PREPARED) {
+                        r = record_of(o, HANDOFF_REC_COMMITTED);
+                        journal_warn(o, journal_record(o->hm, &r, NULL), "the commit");
+                }
+                break;
+        case HANDOFF_ROLLED_BACK:
+                if (e && e->state == HANDOFF_PREPARED) {
+                        r = record_of(o, HANDOFF_REC_ROLLED_BACK);
+                        r.cause = h->cause;
+                        journal_warn(o, journal_record(o->hm, &r, NULL), "the rollback");
+                }
+                break;
+        case HANDOFF_RELEASED:
+                journal_released(o);
+                break;
+        default:
+                break;
+        }
+}
+
+/* Replies once what was journaled is durable (Sync=batch: group commit). */
+static int reply_journaled(HandoffManager *hm, sd_bus_message *msg, const char *types, ...) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        va_list ap;
+        int r = sd_bus_message_new_method_return(msg, &reply);
+        if (r < 0)
+                return r;
+        if (types) {
+                va_start(ap, types);
+                r = sd_bus_message_appendv(reply, types, ap);
+                va_end(ap);
+                if (r < 0)
+                        return r;
+        }
+        return wal_manager_reply(hm->manager, msg, reply);
+}
+
+int handoff_manager_apply_record(Manager *m, uint16_t type, const void *payload, size_t len) {
+        HandoffManager *hm = m->handoffs;
+        HandoffRecord rec;
+        int r;
+
+        if (!hm)
+                return 0;
+        r = handoff_record_parse((uint8_t)(type & 0xff), payload, len, &rec);
+        if (r < 0)
+                return r;
+        /* The decode sequence a commit made is in the commit's record. */
+        if (rec.type == HANDOFF_REC_COMMITTED && rec.extra_len > 16 && m->page_manager) {
+                r = page_manager_apply_record(m->page_manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_PUT, rec.extra,
+                                              rec.extra_len);
+                if (r == -EBADMSG)
+                        return r;
+                if (r < 0)
+                        log_warning_errno(r, "WAL: the decode sequence of a handoff commit does not apply: %m");
+        }
+        return handoff_journal_apply(&hm->journal, rec.type, payload, len);
+}
+
+static void recovered_rolled_back(void *userdata, const HandoffJournalEntry *e) {
+        HandoffManager *hm = userdata;
+        HandoffRecord r = {
+                .type = HANDOFF_REC_ROLLED_BACK,
+                .request_id = e->request_id,
+                .token = e->token,
+                .role = e->role,
+                .cause = HANDOFF_CAUSE_SHUTDOWN,
+        };
+        uint8_t buf[HANDOFF_REC_HEADER_SIZE];
+        char id[EPD_ID_STRING_MAX];
+        handoff_record_encode(buf, &r, NULL);
+        int k = wal_manager_append(hm->manager, WAL_RECORD_HANDOFF + HANDOFF_REC_ROLLED_BACK, buf, sizeof buf);
+        if (k < 0 && k != -ENOTCONN)
+                log_warning_errno(k, "handoff %s: cannot journal its rollback at restart: %m",
+                                  epd_id_to_string(&e->request_id, id));
+        log_info("handoff %s (%s): in flight at the last stop: rolled back, %" PRIu32 " of %" PRIu32
+                 " groups had arrived; its pages are free.",
+                 epd_id_to_string(&e->request_id, id), handoff_role_to_string(e->role), e->groups_done, e->n_groups);
+}
+
+static int on_journal_grace(sd_event_source *s, uint64_t usec, void *userdata) {
+        HandoffManager *hm = userdata;
+        HandoffJournalEntry *e;
+        unsigned n = 0;
+        for (bool again = true; again;) {
+                size_t it = 0;
+                again = false;
+                while (handoff_journal_iterate(&hm->journal, &it, &e)) {
+                        if (!e->recovered)
+                                continue;
+                        HandoffRecord r = { .type = HANDOFF_REC_RELEASED, .request_id = e->request_id,
+                                            .token = e->token, .role = e->role };
+                        (void)journal_record(hm, &r, NULL); /* removes e */
+                        if (handoff_journal_get(&hm->journal, &r.request_id, r.role) == e) {
+                                (void)hashmap_remove(hm->journal.entries, e->key);
+                                free(e->pages);
+                                free(e);
+                        }
+                        n++;
+                        again = true;
+                        break;
+                }
+        }
+        hm->journal_grace = sd_event_source_disable_unref(hm->journal_grace);
+        if (n > 0)
+                log_info("handoff: %u journal entries of before the restart released.", n);
+        return 0;
+}
+
+int handoff_manager_restore_finish(Manager *m) {
+        HandoffManager *hm = m->handoffs;
+        if (!hm)
+                return 0;
+        unsigned n = handoff_journal_recover(&hm->journal, recovered_rolled_back, hm);
+        size_t total = handoff_journal_size(&hm->journal);
+        if (total == 0)
+                return 0;
+        log_info("handoff: %zu journaled handoff sides restored (%u in flight, rolled back).", total, n);
+        int r = sd_event_add_time_relative(m->event, &hm->journal_grace, CLOCK_MONOTONIC,
+                                           PAGE_MANAGER_ATTACH_GRACE_USEC, USEC_PER_SEC, on_journal_grace, hm);
+        if (r < 0)
+                return log_error_errno(r, "handoff: cannot arm the journal's grace period: %m");
+        return 0;
+}
+
+/* Snapshot: every entry of the journal (after the sequences, which commits name). */
+typedef struct JournalSnapshot {
+        int (*add)(void *userdata, uint16_t type, const void *rec, size_t len);
+        void *userdata;
+} JournalSnapshot;
+
+static int journal_snapshot_add(void *userdata, uint8_t type, const void *rec, size_t len) {
+        JournalSnapshot *js = userdata;
+        return js->add(js->userdata, (uint16_t)(WAL_RECORD_HANDOFF + type), rec, len);
+}
+
+int handoff_manager_snapshot(Manager *m, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+                             void *userdata) {
+        HandoffManager *hm = m->handoffs;
+        HandoffJournalEntry *e;
+        JournalSnapshot js = { add, userdata };
+        size_t it = 0;
+        while (hm && handoff_journal_iterate(&hm->journal, &it, &e)) {
+                int r = handoff_journal_snapshot_entry(e, journal_snapshot_add, &js);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
 /* ---- pages ---- */
 
 static void obj_drop_pages(HandoffObject *o) {
@@ -322,6 +560,8 @@ static void obj_free(HandoffObject *o) {
         if (!o)
                 return;
         HandoffManager *hm = o->hm;
+        /* Gone is released, also on the error paths of Prepare. */
+        journal_released(o);
         obj_drop_pages(o);
         obj_unown(o);
         if (o->in_request_map && hashmap_get(request_map(hm, o->h->role), o->h->request_id.bytes) == o)
@@ -470,7 +710,7 @@ static void reply_prepare(HandoffObject *o) {
                 (void)handoff_release(o->h);
                 obj_unown(o);
         } else
-                r = sd_bus_reply_method_return(msg, "ot", o->path, o->h->token);
+                r = reply_journaled(o->hm, msg, "ot", o->path, o->h->token); /* journal_state() appended */
         if (r < 0)
                 log_debug_errno(r, "handoff %s: cannot reply to Prepare: %m", o->request_str);
         sd_bus_message_unref(msg);
@@ -517,10 +757,13 @@ static void after_event(HandoffObject *o) {
         Handoff *h = o->h;
         uint32_t from, to;
 
-        if (handoff_take_progress(h, &from, &to) > 0)
+        if (handoff_take_progress(h, &from, &to) > 0) {
+                journal_groups(o, to);
                 on_progress(o, from, to);
+        }
         if (h->state != o->notified_state) {
                 HandoffState old = o->notified_state;
+                journal_state(o);
                 o->notified_state = h->state;
                 on_state(o, old);
         }
@@ -1106,10 +1349,19 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
                 }
                 (void)handoff_prepared(o->h);
                 o->notified_state = o->h->state;
+                r = journal_prepared(o);
+                if (r >= 0)
+                        r = journal_prepared(d);
+                if (r < 0) {
+                        log_warning_errno(r, "handoff %s: cannot journal Prepare: %m", o->request_str);
+                        obj_free(d); /* journals the release of what was journaled */
+                        obj_free(o);
+                        return prepare_error(error, r, "Prepare");
+                }
                 hm->counters.prepared++;
                 log_debug("handoff %s: prepared locally (%s, %u pages, %u groups)", o->request_str,
                           o->zero_copy ? "same arena" : "copy", o->n_pages, n_groups);
-                return sd_bus_reply_method_return(msg, "ot", o->path, o->h->token);
+                return reply_journaled(hm, msg, "ot", o->path, o->h->token);
         }
 
         /* Remote: GPU pages go through a pinned host staging buffer (the peer transport
@@ -1252,6 +1504,8 @@ static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
                 d->page_size = in->page_size;
                 d->target_worker = in->target_worker;
                 r = dest_reserve(d, a, in->n_pages);
+                if (r >= 0)
+                        r = journal_prepared(d); /* before PREPARE_OK acknowledges it */
                 if (r < 0) {
                         obj_free(d);
                         d = NULL;
@@ -1512,16 +1766,33 @@ int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequenc
                 return epd_bus_error(error, EPD_ERROR_BUSY, "Handoff %s: %" PRIu32 " of %" PRIu32 " layer groups arrived.",
                                      o->request_str, h->n_done, h->n_groups);
 
-        /* Build the decode sequence first: if it fails, nothing changed. */
+        /* Build the decode sequence first: if it fails, nothing changed. Its record
+         * goes into the commit's, so that the WAL has both or neither. */
         Sequence *s;
         int r = sequence_new_from_pages(o->pool, o->pages, o->n_pages, &s);
         if (r < 0)
                 return r;
+        m->page_manager->journal_held = true;
         r = page_manager_register(m->page_manager, s, c, m->arenas[o->arena]);
+        m->page_manager->journal_held = false;
         if (r < 0) {
                 sequence_free(s);
                 return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Cannot register the decode sequence: %s",
                                      strerror(-r));
+        }
+        _cleanup_(freep) void *put = NULL;
+        size_t put_len = 0;
+        HandoffRecord rec = record_of(o, HANDOFF_REC_COMMITTED);
+        r = page_manager_sequence_record(s, &put, &put_len);
+        if (r >= 0) {
+                rec.extra = put;
+                rec.extra_len = put_len;
+                r = journal_entry(o) ? journal_record(hm, &rec, NULL) : 0;
+        }
+        if (r < 0) {
+                log_warning_errno(r, "handoff %s: cannot journal the commit: %m", o->request_str);
+                page_manager_release(s);
+                return r;
         }
         r = handoff_commit(h, client_serial(c));
         if (r < 0) { /* cannot happen after the checks above */
@@ -1753,6 +2024,8 @@ static int handoff_init(Manager *m) {
         hm->dest_pages = hashmap_new(HASHMAP_KEY_U64, 0);
         hm->rings = hashmap_new(HASHMAP_KEY_U64, 0);
         m->handoffs = hm;
+        if (handoff_journal_init(&hm->journal) < 0)
+                return -ENOMEM;
         if (!hm->by_handle || !hm->sources || !hm->destinations || !hm->writes || !hm->incoming ||
             !hm->dest_pages || !hm->rings)
                 return -ENOMEM;
@@ -1853,6 +2126,8 @@ static void handoff_done(Manager *m) {
         sd_event_source_disable_unref(hm->peer_source);
         sd_event_source_disable_unref(hm->gpu_source);
         sd_event_source_disable_unref(hm->attach);
+        sd_event_source_disable_unref(hm->journal_grace);
+        handoff_journal_done(&hm->journal);
         hashmap_free(hm->by_handle);
         hashmap_free(hm->sources);
         hashmap_free(hm->destinations);

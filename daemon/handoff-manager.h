@@ -28,6 +28,7 @@
 #include <systemd/sd-event.h>
 
 #include "client.h"
+#include "handoff-record.h"
 #include "handoff.h"
 #include "hashmap.h"
 #include "id.h"
@@ -117,6 +118,10 @@ struct HandoffManager {
         uint64_t last_token;
         uint64_t slice_size;
         HandoffCounters counters;
+        /* What the WAL says about every handoff here (handoff-record.h): updated by
+         * applying each record as it is appended, rebuilt from them at start. */
+        HandoffJournal journal;
+        sd_event_source *journal_grace; /* drops the entries recovered at start */
 };
 
 extern const Subsystem handoff_subsystem;
@@ -150,6 +155,17 @@ int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32
                               sd_bus_error *error);
 /* Whether client c owns o. */
 bool handoff_object_owned_by(const HandoffObject *o, const Client *c);
+
+/* WAL replay: one 0x03xx record. A destination's COMMITTED carries its decode
+ * sequence, which is applied to the page manager here. */
+int handoff_manager_apply_record(Manager *m, uint16_t type, const void *payload, size_t len);
+/* After the replay: handoffs that were in flight come back rolled back (journaled);
+ * committed ones stay committed. Entries of before the restart are listed (Journal
+ * property) until a new attempt replaces them or the Attach grace period ends. */
+int handoff_manager_restore_finish(Manager *m);
+/* Compaction: the journal's entries as records. */
+int handoff_manager_snapshot(Manager *m, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+                             void *userdata);
 
 /* Counters, in a stable order: name and value. */
 size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t *values, size_t n);

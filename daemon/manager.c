@@ -41,10 +41,14 @@ static const Subsystem *const subsystems[] = {
 #define FOREACH_SUBSYSTEM(s)                                                             \
         for (const Subsystem *const *_sp = subsystems, *s; (s = *_sp); _sp++)
 
-/* A direct (peer-to-peer) connection on the daemon's socket. */
+/* A direct (peer-to-peer) connection on the daemon's socket. It is keyed by its serial,
+ * never by the address of its sd_bus: an address is reused by the next allocation as
+ * soon as a bus is freed, so a table keyed by it can confuse a new connection with one
+ * that just went away (and refuse or drop the new one). The bus carries its serial in
+ * its description ("d/<serial>"), and the Disconnected handler is given its own
+ * Connection, so neither direction needs an address lookup. */
 typedef struct Connection {
-        uint64_t key; /* (uintptr_t) bus, the hashmap key */
-        uint64_t serial;
+        uint64_t serial; /* the hashmap key */
         sd_bus *bus;
         Manager *manager;
 } Connection;
@@ -52,6 +56,8 @@ typedef struct Connection {
 static Connection *connection_free(Connection *c) {
         if (!c)
                 return NULL;
+        if (c->manager && hashmap_get(c->manager->connections, &c->serial) == c)
+                hashmap_remove(c->manager->connections, &c->serial);
         if (c->bus) {
                 sd_bus_flush(c->bus);
                 sd_bus_detach_event(c->bus);
@@ -61,30 +67,35 @@ static Connection *connection_free(Connection *c) {
         return NULL;
 }
 
-static void connection_drop(Manager *m, Connection *conn) {
+static void connection_freep(Connection **c) {
+        connection_free(*c);
+}
+
+static void connection_drop(Connection *conn) {
         char key[64];
         snprintf(key, sizeof key, "d/%" PRIu64, conn->serial);
-        Client *c = hashmap_get(m->clients, key);
+        Client *c = hashmap_get(conn->manager->clients, key);
         if (c)
                 client_gone(c);
-        hashmap_remove(m->connections, &conn->key);
         connection_free(conn);
 }
 
 uint64_t manager_connection_serial(Manager *m, sd_bus *bus) {
-        uint64_t key = (uint64_t)(uintptr_t)bus;
-        Connection *conn = hashmap_get(m->connections, &key);
-        return conn ? conn->serial : 0;
+        const char *d;
+        uint64_t serial;
+        if (!bus || bus == m->bus || sd_bus_get_description(bus, &d) < 0 || strncmp(d, "d/", 2) != 0 ||
+            parse_u64(d + 2, &serial) < 0)
+                return 0;
+        /* Only a connection that is still served: a message that outlived its
+         * connection's end (a deferred reply, say) names no client. */
+        Connection *conn = hashmap_get(m->connections, &serial);
+        return conn && conn->bus == bus ? serial : 0;
 }
 
 static int on_direct_disconnected(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
-        Manager *m = userdata;
-        uint64_t key = (uint64_t)(uintptr_t)sd_bus_message_get_bus(msg);
-        Connection *conn = hashmap_get(m->connections, &key);
-        if (conn) {
-                log_debug("Direct connection %" PRIu64 " closed.", conn->serial);
-                connection_drop(m, conn);
-        }
+        Connection *conn = userdata;
+        log_debug("Direct connection %" PRIu64 " closed.", conn->serial);
+        connection_drop(conn);
         return 0;
 }
 
@@ -101,6 +112,50 @@ static int manager_add_bus_objects(Manager *m, sd_bus *bus) {
         return 0;
 }
 
+/* Sets up the server side of an accepted socket; takes fd in every case. On failure,
+ * everything made so far is freed with the Connection (the caller's cleanup). */
+static int connection_setup(Connection *conn, int fd) {
+        Manager *m = conn->manager;
+        char desc[32];
+        sd_id128_t id;
+        int r;
+
+        r = sd_id128_randomize(&id);
+        if (r >= 0)
+                r = sd_bus_new(&conn->bus);
+        if (r < 0) {
+                safe_close(fd);
+                return r;
+        }
+        r = sd_bus_set_fd(conn->bus, fd, fd);
+        if (r < 0) {
+                safe_close(fd);
+                return r;
+        }
+        snprintf(desc, sizeof desc, "d/%" PRIu64, conn->serial);
+        r = sd_bus_set_description(conn->bus, desc);
+        if (r >= 0)
+                r = sd_bus_set_server(conn->bus, true, id);
+        if (r >= 0)
+                r = sd_bus_negotiate_fds(conn->bus, true);
+        if (r >= 0)
+                r = sd_bus_set_anonymous(conn->bus, false);
+        if (r >= 0)
+                r = sd_bus_match_signal(conn->bus, NULL, "org.freedesktop.DBus.Local",
+                                        "/org/freedesktop/DBus/Local",
+                                        "org.freedesktop.DBus.Local", "Disconnected",
+                                        on_direct_disconnected, conn);
+        if (r >= 0)
+                r = manager_add_bus_objects(m, conn->bus);
+        if (r >= 0)
+                r = sd_bus_start(conn->bus);
+        if (r >= 0)
+                r = hashmap_put(m->connections, &conn->serial, conn);
+        if (r >= 0)
+                r = sd_bus_attach_event(conn->bus, m->event, SD_EVENT_PRIORITY_NORMAL);
+        return r;
+}
+
 static int on_direct_connection(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Manager *m = userdata;
         _cleanup_(closep) int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -114,48 +169,20 @@ static int on_direct_connection(sd_event_source *s, int fd, uint32_t revents, vo
                             m->config.max_clients);
                 return 0;
         }
-        Connection *conn = calloc(1, sizeof *conn);
+        _cleanup_(connection_freep) Connection *conn = calloc(1, sizeof *conn);
         if (!conn) {
                 log_oom();
                 return 0;
         }
         conn->manager = m;
         conn->serial = ++m->next_serial;
-        sd_id128_t id;
-        int r = sd_id128_randomize(&id);
-        if (r >= 0)
-                r = sd_bus_new(&conn->bus);
-        if (r >= 0)
-                r = sd_bus_set_fd(conn->bus, cfd, cfd);
-        if (r >= 0) {
-                TAKE_FD(cfd);
-                r = sd_bus_set_server(conn->bus, true, id);
-        }
-        if (r >= 0)
-                r = sd_bus_negotiate_fds(conn->bus, true);
-        if (r >= 0)
-                r = sd_bus_set_anonymous(conn->bus, false);
-        if (r >= 0)
-                r = sd_bus_match_signal(conn->bus, NULL, "org.freedesktop.DBus.Local",
-                                        "/org/freedesktop/DBus/Local",
-                                        "org.freedesktop.DBus.Local", "Disconnected",
-                                        on_direct_disconnected, m);
-        if (r >= 0)
-                r = manager_add_bus_objects(m, conn->bus);
-        if (r >= 0)
-                r = sd_bus_start(conn->bus);
-        if (r >= 0)
-                r = sd_bus_attach_event(conn->bus, m->event, SD_EVENT_PRIORITY_NORMAL);
-        if (r >= 0) {
-                conn->key = (uint64_t)(uintptr_t)conn->bus;
-                r = hashmap_put(m->connections, &conn->key, conn);
-        }
+        int r = connection_setup(conn, TAKE_FD(cfd));
         if (r < 0) {
-                log_warning_errno(r, "Failed to set up direct connection: %m");
-                connection_free(conn);
+                log_warning_errno(r, "Failed to set up direct connection %" PRIu64 ": %m", conn->serial);
                 return 0;
         }
-        log_debug("Direct connection %" PRIu64 " accepted.", conn->serial);
+        Connection *c = TAKE_PTR(conn); /* the map owns it; its Disconnected frees it */
+        log_debug("Direct connection %" PRIu64 " accepted.", c->serial);
         return 0;
 }
 
@@ -505,10 +532,8 @@ Manager *manager_free(Manager *m) {
         if (m->connections) {
                 Connection *conn;
                 size_t it = 0;
-                while ((it = 0, hashmap_iterate(m->connections, &it, (void **)&conn, NULL))) {
-                        hashmap_remove(m->connections, &conn->key);
+                while ((it = 0, hashmap_iterate(m->connections, &it, (void **)&conn, NULL)))
                         connection_free(conn);
-                }
         }
         size_t n = 0;
         FOREACH_SUBSYSTEM(s)

@@ -37,7 +37,7 @@ struct Manager {
         sd_bus *bus;                 /* system bus or --bus-address; may be NULL */
         int direct_fd;               /* listening direct socket */
         sd_event_source *direct_source;
-        Hashmap *connections;        /* direct connections: sd_bus* by serial */
+        Hashmap *connections;        /* direct connections (manager.c: Connection) by serial */
         uint64_t next_serial;
 
         Hashmap *clients;            /* Client* by key */

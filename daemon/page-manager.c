@@ -10,6 +10,7 @@
 #include "arena.h"
 #include "bus-sequence.h"
 #include "gpu-subsystem.h"
+#include "directory-record.h"
 #include "log.h"
 #include "macro.h"
 #include "sequence-record.h"
@@ -154,19 +155,194 @@ static int put_encode(const Sequence *s, void **ret, size_t *ret_len) {
         return 0;
 }
 
+int page_manager_sequence_record(Sequence *s, void **ret, size_t *ret_len) {
+        return put_encode(s, ret, ret_len);
+}
+
 int page_manager_journal(Sequence *s) {
         PageManager *pm = s ? s->manager : NULL;
         _cleanup_(freep) void *buf = NULL;
         size_t len;
         int r;
 
-        if (!pm || pm->replaying || pm->manager->stopping || !pm->manager->wal)
+        if (!pm || pm->replaying || pm->journal_held || pm->manager->stopping || !pm->manager->wal)
                 return 0;
         r = put_encode(s, &buf, &len);
         if (r < 0)
                 return r;
         r = wal_manager_append(pm->manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_PUT, buf, len);
         return r == -ENOTCONN ? 0 : r;
+}
+
+/* ---- block directory ownership in the WAL (directory-record.h) ---- */
+
+static int pool_arena(PageManager *pm, const PagePool *pool, uint32_t *ret) {
+        for (size_t i = 0; i < pm->manager->n_arenas; i++)
+                if (pm->manager->arenas[i]->pages == pool) {
+                        *ret = (uint32_t)i;
+                        return 0;
+                }
+        return -ENODEV;
+}
+
+static int directory_record(PageManager *pm, bool put, uint64_t hash, PagePool *pool, PageId page,
+                            uint8_t buf[static DIRECTORY_REC_PUT_SIZE], size_t *ret_len) {
+        if (!put) {
+                directory_record_del_encode(buf, hash);
+                *ret_len = DIRECTORY_REC_DEL_SIZE;
+                return 0;
+        }
+        DirectoryRecord rec = { .hash = hash, .page = page, .page_size = page_pool_page_size(pool) };
+        int r = pool_arena(pm, pool, &rec.arena);
+        if (r < 0)
+                return r;
+        directory_record_put_encode(buf, &rec);
+        *ret_len = DIRECTORY_REC_PUT_SIZE;
+        return 0;
+}
+
+static int directory_journal(void *userdata, bool put, uint64_t hash, PagePool *pool, PageId page) {
+        PageManager *pm = userdata;
+        uint8_t buf[DIRECTORY_REC_PUT_SIZE];
+        size_t len;
+
+        if (pm->replaying || pm->manager->stopping || !pm->manager->wal)
+                return 0;
+        int r = directory_record(pm, put, hash, pool, page, buf, &len);
+        if (r >= 0)
+                r = wal_manager_append(pm->manager, WAL_RECORD_DIRECTORY + (put ? DIRECTORY_REC_PUT : DIRECTORY_REC_DEL),
+                                       buf, len);
+        if (r < 0 && r != -ENOTCONN) {
+                /* A put is undone by the directory; a removal stands (the page is free
+                 * now): the next snapshot no longer has the entry either. */
+                log_warning_errno(r, "Block directory: cannot journal the %s of %016" PRIx64 ": %m",
+                                  put ? "entry" : "removal", hash);
+                return r;
+        }
+        return 0;
+}
+
+typedef struct DirectorySnapshotCtx {
+        PageManager *pm;
+        int (*add)(void *userdata, uint16_t type, const void *rec, size_t len);
+        void *userdata;
+} DirectorySnapshotCtx;
+
+static int directory_snapshot_one(void *userdata, uint64_t hash, PagePool *pool, PageId page) {
+        DirectorySnapshotCtx *c = userdata;
+        uint8_t buf[DIRECTORY_REC_PUT_SIZE];
+        size_t len;
+        int r = directory_record(c->pm, true, hash, pool, page, buf, &len);
+        if (r < 0)
+                return r;
+        return c->add(c->userdata, WAL_RECORD_DIRECTORY + DIRECTORY_REC_PUT, buf, len);
+}
+
+int page_manager_apply_directory_record(PageManager *pm, uint16_t type, const void *payload, size_t len) {
+        DirectoryRecord rec, *e;
+        uint64_t hash;
+        int r;
+
+        if (!pm->restored_directory && !(pm->restored_directory = hashmap_new(HASHMAP_KEY_U64, 0)))
+                return -ENOMEM;
+        switch (type & 0xff) {
+        case DIRECTORY_REC_DEL:
+                r = directory_record_del_parse(payload, len, &hash);
+                if (r < 0)
+                        return r;
+                e = hashmap_remove(pm->restored_directory, &hash);
+                if (!e)
+                        return -ENOENT;
+                free(e);
+                return 0;
+        case DIRECTORY_REC_PUT:
+                r = directory_record_put_parse(payload, len, &rec);
+                if (r < 0)
+                        return r;
+                break;
+        default:
+                return -EBADMSG;
+        }
+        e = hashmap_get(pm->restored_directory, &rec.hash);
+        if (e) {
+                *e = rec;
+                return 0;
+        }
+        if (hashmap_size(pm->restored_directory) >= (size_t)UINT32_MAX)
+                return -EDQUOT;
+        e = malloc(sizeof *e);
+        if (!e)
+                return -ENOMEM;
+        *e = rec;
+        r = hashmap_put(pm->restored_directory, &e->hash, e);
+        if (r < 0)
+                free(e);
+        return r;
+}
+
+/* The restored entries' pool (created if no sequence made it yet), or NULL when the
+ * entry cannot come back: its arena is gone, its memory is new, or its page does not
+ * fit. */
+static PagePool *restored_entry_pool(PageManager *pm, const DirectoryRecord *e) {
+        Manager *m = pm->manager;
+        PagePool *pool;
+        if (e->arena >= m->n_arenas || !m->arenas[e->arena]->adopted)
+                return NULL;
+        if (page_manager_pool(pm, m->arenas[e->arena], e->page_size, &pool) < 0 || e->page >= page_pool_size(pool))
+                return NULL;
+        return pool;
+}
+
+/* Drops the entries that cannot come back (journaling their removal, so that a later
+ * start does not bring them back over other bytes); counts the pages of the rest. */
+static void restored_directory_prune(PageManager *pm) {
+        DirectoryRecord *e;
+        uint64_t dropped = 0;
+        for (bool again = true; again && pm->restored_directory;) {
+                size_t it = 0;
+                again = false;
+                while (hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL)) {
+                        if (restored_entry_pool(pm, e))
+                                continue;
+                        (void)hashmap_remove(pm->restored_directory, &e->hash);
+                        (void)directory_journal(pm, false, e->hash, NULL, 0);
+                        free(e);
+                        dropped++;
+                        again = true;
+                        break;
+                }
+        }
+        if (dropped > 0)
+                log_info("%" PRIu64 " journaled block-directory entries dropped: their arena's memory did not survive.",
+                         dropped);
+}
+
+/* After the pools' references are back: every entry is inserted again (its page LIVE
+ * for the moment: a page no sequence holds gets a reference that is dropped after,
+ * which leaves it IDLE and evictable, as before the restart). */
+static void restored_directory_insert(PageManager *pm) {
+        DirectoryRecord *e;
+        size_t it = 0;
+        while (pm->restored_directory && hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL)) {
+                PagePool *pool = restored_entry_pool(pm, e);
+                if (!pool)
+                        continue;
+                int r = directory_insert(pm->directory, pool, e->hash, e->page);
+                if (r >= 0)
+                        pm->directory_restored++;
+                else
+                        log_warning_errno(r, "Block directory: entry %016" PRIx64 " (page %" PRIu32 ") does not come back: %m",
+                                          e->hash, e->page);
+        }
+}
+
+static void restored_directory_free(PageManager *pm) {
+        DirectoryRecord *e;
+        size_t it = 0;
+        while (pm->restored_directory && hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL))
+                free(e);
+        hashmap_free(pm->restored_directory);
+        pm->restored_directory = NULL;
 }
 
 int page_manager_snapshot(PageManager *pm, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
@@ -187,7 +363,8 @@ int page_manager_snapshot(PageManager *pm, int (*add)(void *userdata, uint16_t t
                 if (r < 0)
                         return r;
         }
-        return 0;
+        DirectorySnapshotCtx ctx = { .pm = pm, .add = add, .userdata = userdata };
+        return directory_foreach(pm->directory, directory_snapshot_one, &ctx);
 }
 
 /* A sequence of the replay: in the id map, without owner, its pages not referenced yet
@@ -344,11 +521,16 @@ int page_manager_restore_finish(PageManager *pm) {
         if (dropped > 0)
                 log_info("%" PRIu64 " journaled sequences dropped: their arena's memory did not survive (no fd store).",
                          dropped);
+        restored_directory_prune(pm);
+        _cleanup_(freep) bool **idle_pools = calloc(MAX(m->n_arenas, (size_t)1), sizeof *idle_pools);
+        if (!idle_pools)
+                return -ENOMEM;
         for (size_t i = 0; i < m->n_arenas; i++) {
                 Arena *a = m->arenas[i];
                 uint64_t n = 0;
                 if (!a->pages)
                         continue;
+                _cleanup_(freep) bool *idle = NULL;
                 _cleanup_(freep) uint32_t *refs = calloc(page_pool_size(a->pages), sizeof *refs);
                 if (!refs)
                         return -ENOMEM;
@@ -360,13 +542,42 @@ int page_manager_restore_finish(PageManager *pm) {
                                 if (refs[s->pages[j]]++ == 0)
                                         n++;
                 }
+                /* Pages that only the directory holds: one reference for the
+                 * moment, dropped once their entry is back. */
+                DirectoryRecord *e;
+                size_t dit = 0;
+                while (pm->restored_directory && hashmap_iterate(pm->restored_directory, &dit, (void **)&e, NULL))
+                        if (e->arena == i && e->page < page_pool_size(a->pages) &&
+                            e->page_size == page_pool_page_size(a->pages) && refs[e->page] == 0) {
+                                refs[e->page] = 1;
+                                n++;
+                                if (!idle && !(idle = calloc(page_pool_size(a->pages), sizeof *idle)))
+                                        return -ENOMEM;
+                                idle[e->page] = true;
+                        }
                 if (n == 0)
                         continue;
                 r = page_pool_restore(a->pages, refs);
                 if (r < 0)
                         return log_error_errno(r, "Arena %s: cannot restore its page pool: %m", a->name);
                 log_info("Arena %s: %" PRIu64 " KV pages restored from the WAL.", a->name, n);
+                idle_pools[i] = TAKE_PTR(idle);
         }
+        /* The directory's entries, with the journal quiet: they are in it already. */
+        pm->replaying = true;
+        restored_directory_insert(pm);
+        pm->replaying = false;
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                if (!idle_pools[i])
+                        continue;
+                for (PageId p = 0; p < page_pool_size(m->arenas[i]->pages); p++)
+                        if (idle_pools[i][p])
+                                (void)page_unref(m->arenas[i]->pages, p);
+                free(idle_pools[i]);
+        }
+        restored_directory_free(pm);
+        if (pm->directory_restored > 0)
+                log_info("%" PRIu64 " block-directory entries restored.", pm->directory_restored);
         pm->sequences_restored = hashmap_size(pm->sequences);
         if (pm->sequences_restored == 0)
                 return 0;
@@ -512,6 +723,7 @@ static int pages_init(Manager *m) {
                 return -ENOMEM;
         }
         m->page_manager = pm;
+        directory_set_journal(pm->directory, directory_journal, pm);
 
         r = set_hosts(pm, &m->config);
         if (r < 0)
@@ -538,6 +750,7 @@ static void pages_done(Manager *m) {
         if (!pm)
                 return;
         pm->grace = sd_event_source_disable_unref(pm->grace);
+        restored_directory_free(pm);
         /* Clients are gone by now; anything left is released here. */
         while ((it = 0, hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)))
                 page_manager_release(s);

@@ -35,6 +35,13 @@ typedef struct PageManager {
         bool replaying;
         sd_event_source *grace;
         uint64_t sequences_restored;
+        /* Directory entries read by the replay (DirectoryRecord* by hash), put back by
+         * page_manager_restore_finish(). */
+        Hashmap *restored_directory;
+        uint64_t directory_restored;
+        /* Set around a registration whose caller journals the sequence in its own
+         * record (a handoff's commit): page_manager_journal() leaves it to it. */
+        bool journal_held;
 } PageManager;
 
 /* How long sequences restored after a restart wait for their owner to Attach. */
@@ -84,13 +91,19 @@ void page_manager_set_copy(PageManager *pm, uint32_t arena, PageCopyFn fn, void 
  * transition. 0 when there is no WAL or the daemon is stopping; -E2BIG past
  * SEQUENCE_REC_PAGES_MAX pages. */
 int page_manager_journal(Sequence *s);
+/* The PUT payload of a registered sequence (sequence-record.h), for a record that
+ * carries it (a handoff's commit). The caller frees *ret. */
+int page_manager_sequence_record(Sequence *s, void **ret, size_t *ret_len);
 /* WAL replay: applies one 0x04xx record (sequence-record.h). Pages get their references
  * only in page_manager_restore_finish(), once every record is in. */
 int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payload, size_t len);
+/* WAL replay: applies one 0x02xx record (directory-record.h); the entries are put back
+ * in page_manager_restore_finish(). */
+int page_manager_apply_directory_record(PageManager *pm, uint16_t type, const void *payload, size_t len);
 /* After the replay: rebuilds every pool's refcounts and free list from the restored
  * sequences and arms the Attach grace period. */
 int page_manager_restore_finish(PageManager *pm);
-/* Snapshot: one PUT per registered sequence. */
+/* Snapshot: one PUT per registered sequence, then one directory PUT per entry. */
 int page_manager_snapshot(PageManager *pm, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
                           void *userdata);
 /* Attach after a restart: client c (of the sequence's uid, or root) becomes the owner

@@ -20,6 +20,12 @@ typedef struct SchedulerAffinity {
  * for the producer instead of encoding again). False for an empty list. */
 bool scheduler_features_cached(Manager *m, char **keys);
 
+/* The pools worker w serves at stage st: those whose [Pool:NAME] selector for the stage
+ * matches it (pool-select.h), narrowed by its ConfigureWorker(Pools=). */
+unsigned scheduler_worker_pools(Manager *m, Worker *w, SchedStage st);
+/* ConfigureWorker(Pools=): limits w to pools (0: no limit of its own). */
+int scheduler_set_pool_override(Manager *m, Worker *w, unsigned pools);
+
 /* The stages a worker role serves (bit per SchedStage). */
 unsigned scheduler_stages_of_role(int role);
 int bus_scheduler_add(Manager *m, sd_bus *bus);

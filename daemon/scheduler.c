@@ -322,7 +322,7 @@ int sched_worker_add(Scheduler *s, const SchedWorkerInfo *info) {
 
         if (!id_valid(info->id, SCHED_WORKER_ID_MAX) || st < 0 || st >= _SCHED_STAGE_MAX ||
             info->slots == 0 || info->slots > 65536 || info->queue_limit > 1u << 20 ||
-            (info->pools & ~((1u << _TASK_TYPE_MAX) - 1)) || info->pools == 0)
+            (info->pools & ~((1u << _TASK_TYPE_MAX) - 1)))
                 return -EINVAL;
         if (worker_find(s, info->id, st, NULL))
                 return -EEXIST;
@@ -352,6 +352,21 @@ int sched_worker_set_free_pages(Scheduler *s, const char *id, uint64_t free_page
                 return -ENOENT;
         w->free_pages = free_pages;
         return 0;
+}
+
+int sched_worker_set_pools(Scheduler *s, const char *id, SchedStage stage, unsigned pools) {
+        if (!id || stage < 0 || stage >= _SCHED_STAGE_MAX || (pools & ~((1u << _TASK_TYPE_MAX) - 1)))
+                return -EINVAL;
+        SchedWorker *w = worker_find(s, id, stage, NULL);
+        if (!w)
+                return -ENOENT;
+        w->pools = pools;
+        return 0;
+}
+
+unsigned sched_worker_get_pools(Scheduler *s, const char *id, SchedStage stage) {
+        SchedWorker *w = id && stage >= 0 && stage < _SCHED_STAGE_MAX ? worker_find(s, id, stage, NULL) : NULL;
+        return w ? w->pools : 0;
 }
 
 /* ---- requests ---- */

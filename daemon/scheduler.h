@@ -110,7 +110,7 @@ int sched_config_validate(const SchedConfig *c, const char **error_text);
 typedef struct SchedWorkerInfo {
         const char *id;
         SchedStage stage;       /* the stage it serves (a colocated worker: add it twice) */
-        unsigned pools;         /* bit (1 << TaskType) per pool it serves */
+        unsigned pools;         /* bit (1 << TaskType) per pool it serves (0: none, for now) */
         unsigned slots;         /* requests it runs at once */
         unsigned queue_limit;   /* outstanding at most; 0: 4 * slots */
         uint64_t free_pages;    /* decode: free KV pages */
@@ -170,6 +170,11 @@ int sched_worker_add(Scheduler *s, const SchedWorkerInfo *info);
 /* Its outstanding requests are dropped (counted as failed). */
 int sched_worker_remove(Scheduler *s, const char *id, SchedStage stage, usec_t now);
 int sched_worker_set_free_pages(Scheduler *s, const char *id, uint64_t free_pages);
+/* Changes the pools a worker serves at a stage (a config reload). Its outstanding
+ * requests stay; new ones are routed by the new set (0: none). -ENOENT, -EINVAL. */
+int sched_worker_set_pools(Scheduler *s, const char *id, SchedStage stage, unsigned pools);
+/* The pools a worker serves at a stage (bit per TaskType); 0 if it is not there. */
+unsigned sched_worker_get_pools(Scheduler *s, const char *id, SchedStage stage);
 
 /* deadline: absolute on the scheduler's clock; 0: now + the pool's default. Admitting
  * an id that is already outstanding returns its first admission again (idempotent). */

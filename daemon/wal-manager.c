@@ -9,6 +9,7 @@
 #include "bus-error.h"
 #include "log.h"
 #include "feature.h"
+#include "handoff-manager.h"
 #include "page-manager.h"
 #include "wal-manager.h"
 #include "workflow.h"
@@ -54,6 +55,24 @@ static int apply(void *userdata, const WalRecord *r, bool from_snapshot) {
                         log_full_errno(k == -ENOENT ? LOG_DEBUG : LOG_WARNING, k,
                                        "WAL: sequence record %" PRIu64 " does not apply: %m", r->lsn);
                 return 0;
+        case WAL_RECORD_HANDOFF >> 8:
+                k = handoff_manager_apply_record(m, r->type, r->payload, r->length);
+                if (k == -EBADMSG)
+                        return log_error_errno(k, "WAL: handoff record %" PRIu64 " is malformed.", r->lsn);
+                if (k < 0)
+                        log_full_errno(k == -ENOENT || k == -ESTALE ? LOG_DEBUG : LOG_WARNING, k,
+                                       "WAL: handoff record %" PRIu64 " does not apply: %m", r->lsn);
+                return 0;
+        case WAL_RECORD_DIRECTORY >> 8:
+                if (!m->page_manager)
+                        return 0;
+                k = page_manager_apply_directory_record(m->page_manager, r->type, r->payload, r->length);
+                if (k == -EBADMSG)
+                        return log_error_errno(k, "WAL: directory record %" PRIu64 " is malformed.", r->lsn);
+                if (k < 0)
+                        log_full_errno(k == -ENOENT ? LOG_DEBUG : LOG_WARNING, k,
+                                       "WAL: directory record %" PRIu64 " does not apply: %m", r->lsn);
+                return 0;
         case WAL_RECORD_FEATURE >> 8:
                 if (!m->features)
                         return 0;
@@ -86,6 +105,8 @@ static int snapshot(void *userdata, WalSnapshot *s) {
 
         /* Sequences and features first: workflows refer to sequences. */
         r = page_manager_snapshot(m->page_manager, snapshot_add_typed, s);
+        if (r >= 0)
+                r = handoff_manager_snapshot(m, snapshot_add_typed, s);
         if (r >= 0 && m->features)
                 r = feature_cache_snapshot(m->features, snapshot_add_typed, s, WAL_RECORD_FEATURE);
         if (r >= 0 && m->workflows)
@@ -190,6 +211,9 @@ static int wal_init(Manager *m) {
                 if (r < 0)
                         return r; /* logged */
         }
+        r = handoff_manager_restore_finish(m);
+        if (r < 0)
+                return r; /* logged */
         if (m->features) {
                 feature_cache_set_journal(m->features, feature_journal, m);
                 for (size_t i = 0; i < m->n_arenas; i++)

@@ -2,8 +2,8 @@
 #pragma once
 
 /* The WAL subsystem of epdd: opens <StateDirectory>/wal at start and replays it into
- * the subsystems that journal (workflows now; directory ownership and handoffs append
- * their own record types, wal.h), compacts it past [Wal] CompactSize=, and does group
+ * the subsystems that journal (workflows, directory ownership, handoffs, sequences,
+ * features: wal.h), compacts it past [Wal] CompactSize=, and does group
  * commit for Sync=batch: a method that journaled hands its reply to
  * wal_manager_reply(), which sends it once the records before it are on disk (one
  * fdatasync per event-loop iteration, however many records). */

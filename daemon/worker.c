@@ -125,6 +125,10 @@ void worker_free(Worker *w) {
         hashmap_remove(m->workers, w->id_str);
         client_object_unlink(&w->object);
         manager_worker_removed(m, w);
+        free(w->name);
+        for (size_t i = 0; i < w->n_labels; i++)
+                free(w->labels[i]);
+        free(w->labels);
         free(w->model);
         free(w->device);
         free(w->path);

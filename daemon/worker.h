@@ -54,6 +54,11 @@ struct Worker {
         KvLayout *layout;         /* derived by the pages subsystem; freed by its
                                    * worker_gone hook */
         uint64_t arena_mask;      /* arenas this worker may map (bit = arena index) */
+        /* Options "name" and "labels": what [Pool:NAME] worker selectors match
+         * (pool-select.h). NULL / none when not given. */
+        char *name;
+        char **labels;
+        size_t n_labels;
 };
 
 const char *worker_role_to_string(WorkerRole r);

@@ -134,12 +134,18 @@ class Client:
             pass
 
     def register(self, role: str, model: str, device: str, kv: Optional[KvLayout] = None,
-                 arenas: Optional[Sequence[str]] = None) -> str:
+                 arenas: Optional[Sequence[str]] = None, name: Optional[str] = None,
+                 labels: Optional[Sequence[str]] = None) -> str:
+        """name and labels: what epd.conf's [Pool:NAME] worker selectors match."""
         kvp = ctypes.byref(kv._c()) if kv else None
         arr = None
         if arenas is not None:
             arr = (ctypes.c_char_p * (len(arenas) + 1))(*[a.encode() for a in arenas], None)
-        self._check(self._l.epd_register(self._c, role.encode(), model.encode(), device.encode(), kvp, arr),
+        lab = None
+        if labels is not None:
+            lab = (ctypes.c_char_p * (len(labels) + 1))(*[x.encode() for x in labels], None)
+        self._check(self._l.epd_register_named(self._c, role.encode(), model.encode(), device.encode(), kvp, arr,
+                                               name.encode() if name is not None else None, lab),
                     f"register {role} worker")
         return self.worker_path
 

@@ -54,6 +54,8 @@ def _declare(lib):
         "epd_connect": (c_int, [c_char_p, P(c_void_p)]),
         "epd_disconnect": (c_void_p, [c_void_p]),
         "epd_register": (c_int, [c_void_p, c_char_p, c_char_p, c_char_p, P(EpdKvLayout), P(c_char_p)]),
+        "epd_register_named": (c_int, [c_void_p, c_char_p, c_char_p, c_char_p, P(EpdKvLayout), P(c_char_p),
+                                       c_char_p, P(c_char_p)]),
         "epd_unregister": (c_int, [c_void_p]),
         "epd_worker_path": (c_char_p, [c_void_p]),
         "epd_arena_count": (c_size_t, [c_void_p]),

@@ -77,7 +77,8 @@ class BindingTest(unittest.TestCase):
             # Shared memory: what one client writes, another sees.
             a.buffer(a.data_offset, 4)[:] = b"\x01\x02\x03\x04"
             with epd.Client(self.d.address) as d:
-                d.register("decode", "qwen3-vl-test", "cpu", kv=kv)
+                # name and labels: what epd.conf's [Pool:NAME] worker selectors match.
+                d.register("decode", "qwen3-vl-test", "cpu", kv=kv, name="dec-0", labels=["fast", "h200"])
                 self.assertEqual(bytes(d.arena("host0").buffer(a.data_offset, 4)), b"\x01\x02\x03\x04")
 
     def test_numpy_view(self):

@@ -76,21 +76,13 @@ static int fail(epd_client *c, int r, const char *what) {
 }
 
 static int connect_worker(const char *address, const char *role, epd_client **ret) {
-        for (int attempt = 0;; attempt++) {
-                int r = epd_connect(address, ret);
-                if (r < 0)
-                        return fail(NULL, r, "connect");
-                r = epd_register(*ret, role, "netfaults", "cpu", &kv, NULL);
-                if (r >= 0)
-                        return 0;
-                /* Seen rarely right after another client's connection went away: the
-                 * daemon did not find this direct connection (a daemon core race; see
-                 * the netfaults report). Say so, and try once more. */
-                if (r != -ENOTCONN || attempt > 0)
-                        return fail(*ret, r, "register");
-                fprintf(stderr, "handoff-client: Register failed with ENOTCONN; reconnecting once.\n");
-                *ret = epd_disconnect(*ret);
-        }
+        int r = epd_connect(address, ret);
+        if (r < 0)
+                return fail(NULL, r, "connect");
+        r = epd_register(*ret, role, "netfaults", "cpu", &kv, NULL);
+        if (r < 0)
+                return fail(*ret, r, "register");
+        return 0;
 }
 
 static bool final_state(const char *s) {

@@ -361,6 +361,16 @@ int harness_count_workers(sd_bus *bus, const char *destination) {
         return r < 0 ? r : n;
 }
 
+int harness_workers(Harness *h) {
+        sd_bus *bus;
+        int r = harness_raw_bus(h, &bus);
+        if (r < 0)
+                return r;
+        r = harness_count_workers(bus, harness_destination(h));
+        sd_bus_flush_close_unref(bus);
+        return r;
+}
+
 void harness_start(Harness *h, bool over_bus, char *address, size_t n) {
         if (over_bus) {
                 int r = harness_start_bus(h);

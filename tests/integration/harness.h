@@ -62,3 +62,5 @@ const char *harness_destination(const Harness *h);
 
 /* Number of entries in Manager.Workers. */
 int harness_count_workers(sd_bus *bus, const char *destination);
+/* The same, asked on a raw connection of its own (opened and closed here). */
+int harness_workers(Harness *h);

@@ -15,6 +15,7 @@
 
 #include "arena.h"
 #include "harness.h"
+#include "../check-main.h"
 
 #ifdef OVER_BUS
 #define OVER_BUS_MODE true
@@ -35,17 +36,9 @@ static void teardown(void) {
         harness_done(&h);
 }
 
-static int count_workers(void) {
-        sd_bus *bus;
-        ck_assert_int_ge(harness_raw_bus(&h, &bus), 0);
-        int n = harness_count_workers(bus, harness_destination(&h));
-        sd_bus_flush_close_unref(bus);
-        return n;
-}
-
 static int want_workers;
 static bool workers_are(void *userdata) {
-        return count_workers() == want_workers;
+        return harness_workers(&h) == want_workers;
 }
 
 START_TEST(test_register_map_kill) {
@@ -70,7 +63,7 @@ START_TEST(test_register_map_kill) {
         /* The mapping is shared memory: a write lands in the daemon's arena. */
         memset((char *)base + hdr->data_offset, 0x5a, 4096);
 
-        ck_assert_int_eq(count_workers(), 1);
+        ck_assert_int_eq(harness_workers(&h), 1);
 
         /* A worker process killed with SIGKILL is unregistered with everything it held. */
         int pfd[2];
@@ -94,14 +87,14 @@ START_TEST(test_register_map_kill) {
         char x;
         ck_assert_int_eq(read(pfd[0], &x, 1), 1);
         close(pfd[0]);
-        ck_assert_int_eq(count_workers(), 2);
+        ck_assert_int_eq(harness_workers(&h), 2);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         want_workers = 1;
         ck_assert(harness_wait_for(workers_are, NULL, 5000));
 
         ck_assert_int_eq(epd_unregister(c), 0);
-        ck_assert_int_eq(count_workers(), 0);
+        ck_assert_int_eq(harness_workers(&h), 0);
         epd_disconnect(c);
 }
 END_TEST
@@ -198,10 +191,5 @@ int main(void) {
         tcase_add_test(tc, test_bad_input);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_NOFORK);
 }

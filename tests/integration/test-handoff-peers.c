@@ -21,6 +21,7 @@
 #include "epd-internal.h"
 #include "epd/handoff.h"
 #include "harness.h"
+#include "../check-main.h"
 
 #define LAYERS 8
 #define TOKENS 16
@@ -376,9 +377,5 @@ int main(void) {
         tcase_add_test(tc, test_source_dies);
         tcase_add_test(tc, test_three_hosts);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -18,6 +18,7 @@
 #include "epd/epd-telemetry.h"
 #include "epd/handoff.h"
 #include "harness.h"
+#include "../check-main.h"
 
 #define LAYERS 8
 #define TOKENS 16
@@ -532,9 +533,5 @@ int main(void) {
         tcase_add_test(tc, test_timeout_and_admission);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -29,6 +29,7 @@
 
 #include "harness.h"
 #include "time-util.h"
+#include "../check-main.h"
 
 #define WATCHDOG_USEC (200 * USEC_PER_MSEC)
 
@@ -411,10 +412,5 @@ int main(void) {
         tcase_add_test(tc, test_stopping_on_sigint);
         tcase_add_test(tc, test_bad_config_never_ready);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_NOFORK);
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "../check-main.h"
 
 #ifdef OVER_BUS
 #define OVER_BUS_MODE true
@@ -484,10 +485,5 @@ int main(void) {
         tcase_set_timeout(tc2, 60);
         tcase_add_test(tc2, test_configured_page_size);
         suite_add_tcase(s, tc2);
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_NOFORK);
 }

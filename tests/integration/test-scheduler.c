@@ -7,7 +7,9 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -169,6 +171,172 @@ START_TEST(test_feature_affinity) {
 }
 END_TEST
 
+/* [Pool:NAME] in epd.conf: which decode workers serve a pool and its priority change
+ * what Admit chooses; a reload (SIGHUP) applies a new file and refuses a bad one. */
+static sd_bus *register_named(Harness *hh, const char *role, const char *name, const char *label, char *path,
+                              size_t n) {
+        sd_bus *bus;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        const char *p;
+        int r;
+        ck_assert_int_ge(harness_direct_bus(hh, &bus), 0);
+        if (label)
+                r = sd_bus_call_method(bus, NULL, "/org/epd1", "org.epd1.Manager", "RegisterWorker", &e, &reply,
+                                       "sssa{sv}", role, "m", "cpu", 2, "name", "s", name, "labels", "as", 1, label);
+        else
+                r = sd_bus_call_method(bus, NULL, "/org/epd1", "org.epd1.Manager", "RegisterWorker", &e, &reply,
+                                       "sssa{sv}", role, "m", "cpu", 1, "name", "s", name);
+        ck_assert_msg(r >= 0, "RegisterWorker: %s", e.message);
+        ck_assert_int_ge(sd_bus_message_read(reply, "o", &p), 0);
+        snprintf(path, n, "%s", p);
+        sd_bus_message_unref(reply);
+        return bus;
+}
+
+typedef struct Choice {
+        char verdict[32], reason[64], decode[128];
+        int32_t priority;
+} Choice;
+
+static void admit(sd_bus *bus, const char *rid, const char *type, Choice *c) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        const char *verdict, *reason, *enc, *pre, *dec;
+        uint64_t retry, predicted;
+        int r = sd_bus_call_method(bus, NULL, "/org/epd1", "org.epd1.Scheduler", "Admit", &e, &reply, "ssta{sv}", rid,
+                                   type, (uint64_t)0, 0);
+        ck_assert_msg(r >= 0, "Admit: %s", e.message);
+        ck_assert_int_ge(sd_bus_message_read(reply, "sstti" "ooo", &verdict, &reason, &retry, &predicted, &c->priority,
+                                             &enc, &pre, &dec),
+                         0);
+        snprintf(c->verdict, sizeof c->verdict, "%s", verdict);
+        snprintf(c->reason, sizeof c->reason, "%s", reason);
+        snprintf(c->decode, sizeof c->decode, "%s", dec);
+        sd_bus_message_unref(reply);
+}
+
+static void write_config(Harness *hh, const char *pools) {
+        FILE *f = fopen(hh->config, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[Daemon]\nSocket=%s\nSystemBus=no\nStateDirectory=%s/state\n%s", hh->socket, hh->dir, pools);
+        ck_assert_int_eq(fclose(f), 0);
+}
+
+typedef struct ReloadWait {
+        sd_bus *bus;
+        const char *type;
+        const char *want_decode;
+        unsigned n;
+} ReloadWait;
+
+static bool chosen(void *userdata) {
+        ReloadWait *w = userdata;
+        Choice c;
+        char rid[32];
+        snprintf(rid, sizeof rid, "poll-%u", w->n++);
+        admit(w->bus, rid, w->type, &c);
+        return strcmp(c.verdict, "admit") == 0 && strcmp(c.decode, w->want_decode) == 0;
+}
+
+START_TEST(test_pool_config) {
+        Harness p;
+        char fast[128], slow[128], pre[128], path[128];
+        Choice c;
+
+        ck_assert_int_eq(harness_init(&p, "[Pool:interactive]\nPriority=9\nDecodeWorkers=label:fast\n"
+                                          "[Pool:thinking]\nDecodeWorkers=name:slow-*\n"),
+                         0);
+        ck_assert_int_eq(harness_start_epdd(&p, NULL), 0);
+        /* The prefill worker through libepd, as a worker would. */
+        char paddr[512];
+        epd_client *bp;
+        static const char *const plabels[] = { "p", "h200", NULL };
+        harness_direct_address(&p, paddr, sizeof paddr);
+        ck_assert_int_eq(epd_connect(paddr, &bp), 0);
+        ck_assert_int_eq(epd_register_named(bp, "prefill", "m", "cpu", NULL, NULL, "pre-0", plabels), 0);
+        snprintf(pre, sizeof pre, "%s", epd_worker_path(bp));
+        sd_bus *bf = register_named(&p, "decode", "fast-0", "fast", fast, sizeof fast);
+        sd_bus *bs = register_named(&p, "decode", "slow-1", NULL, slow, sizeof slow);
+        sd_bus *tool;
+        ck_assert_int_ge(harness_direct_bus(&p, &tool), 0);
+        /* What the selectors match is visible on the worker. */
+        {
+                sd_bus_error e = SD_BUS_ERROR_NULL;
+                char *name = NULL, **labels = NULL;
+                ck_assert_int_ge(sd_bus_get_property_string(tool, NULL, fast, "org.epd1.Worker", "Name", &e, &name), 0);
+                ck_assert_str_eq(name, "fast-0");
+                ck_assert_int_ge(sd_bus_get_property_strv(tool, NULL, fast, "org.epd1.Worker", "Labels", &e, &labels), 0);
+                ck_assert_ptr_nonnull(labels);
+                ck_assert_str_eq(labels[0], "fast");
+                ck_assert_ptr_null(labels[1]);
+                free(name);
+                free(labels[0]);
+                free(labels);
+                ck_assert_int_ge(sd_bus_get_property_strv(tool, NULL, pre, "org.epd1.Worker", "Labels", &e, &labels), 0);
+                ck_assert_str_eq(labels[0], "p");
+                ck_assert_str_eq(labels[1], "h200");
+                ck_assert_ptr_null(labels[2]);
+                free(labels[0]);
+                free(labels[1]);
+                free(labels);
+        }
+
+        /* The pools' decode workers are the configured ones, whatever the load. */
+        for (int i = 0; i < 3; i++) {
+                char rid[32];
+                snprintf(rid, sizeof rid, "i-%d", i);
+                admit(tool, rid, "interactive", &c);
+                ck_assert_str_eq(c.verdict, "admit");
+                ck_assert_str_eq(c.decode, fast);
+                ck_assert_int_eq(c.priority, 9);
+                snprintf(rid, sizeof rid, "t-%d", i);
+                admit(tool, rid, "thinking", &c);
+                ck_assert_str_eq(c.verdict, "admit");
+                ck_assert_str_eq(c.decode, slow);
+        }
+
+        /* Reload: interactive moves to the slow worker; the hybrid pool is served by
+         * nobody at decode, so it is rejected with the reason. */
+        write_config(&p, "[Pool:interactive]\nDecodeWorkers=name:slow-*\n"
+                         "[Pool:hybrid]\nDecodeWorkers=label:none-has-this\n");
+        ck_assert_int_eq(kill(p.epdd_pid, SIGHUP), 0);
+        ReloadWait w = { .bus = tool, .type = "interactive", .want_decode = slow };
+        ck_assert(harness_wait_for(chosen, &w, 5000));
+        admit(tool, "after-reload", "interactive", &c);
+        ck_assert_str_eq(c.decode, slow);
+        ck_assert_int_eq(c.priority, 2); /* back to the default */
+        admit(tool, "h-0", "hybrid", &c);
+        ck_assert_str_eq(c.verdict, "reject");
+        ck_assert_str_eq(c.reason, "no-workers");
+
+        /* A bad file is refused as a whole: the running policies stay. */
+        write_config(&p, "[Pool:interactive]\nDecodeWorkers=label:fast\nHighWatermark=99999\n");
+        ck_assert_int_eq(kill(p.epdd_pid, SIGHUP), 0);
+        usleep(300 * 1000);
+        admit(tool, "after-bad-reload", "interactive", &c);
+        ck_assert_str_eq(c.verdict, "admit");
+        ck_assert_str_eq(c.decode, slow);
+        FILE *log = fopen(p.log, "re");
+        ck_assert_ptr_nonnull(log);
+        char line[1024];
+        bool named = false;
+        while (fgets(line, sizeof line, log))
+                if (strstr(line, "HighWatermark=99999"))
+                        named = true;
+        fclose(log);
+        ck_assert_msg(named, "the refused reload does not name the key in %s", p.log);
+
+        (void)path;
+        sd_bus_flush_close_unref(tool);
+        sd_bus_flush_close_unref(bs);
+        sd_bus_flush_close_unref(bf);
+        epd_disconnect(bp);
+        ck_assert_int_eq(harness_stop_epdd(&p), 0);
+        harness_done(&p);
+}
+END_TEST
+
 START_TEST(test_introspection) {
         sd_bus *bus;
         ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
@@ -190,6 +358,10 @@ int main(void) {
         tcase_add_test(tc, test_feature_affinity);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
+        TCase *tp = tcase_create("pool-config");
+        tcase_set_timeout(tp, 60);
+        tcase_add_test(tp, test_pool_config);
+        suite_add_tcase(s, tp);
         SRunner *sr = srunner_create(s);
         srunner_set_fork_status(sr, CK_NOFORK);
         srunner_run_all(sr, CK_NORMAL);

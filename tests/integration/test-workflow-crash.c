@@ -18,6 +18,7 @@
 
 #include "harness.h"
 #include "macro.h"
+#include "../check-main.h"
 
 #define BRANCHES 64
 
@@ -376,10 +377,5 @@ int main(void) {
         tcase_add_test(tc, test_libepd);
         tcase_add_test(tc, test_crash_loop);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_NOFORK);
 }

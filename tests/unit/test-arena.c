@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "arena.h"
+#include "../check-main.h"
 
 START_TEST(test_size_round) {
         uint64_t s;
@@ -87,9 +88,5 @@ int main(void) {
         tcase_add_test(tc, test_host_arena);
         tcase_add_test(tc, test_hugepages_fallback);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -5,6 +5,7 @@
 
 #include "backpressure.h"
 #include "telemetry-config.h"
+#include "../check-main.h"
 
 #define MS USEC_PER_MSEC
 
@@ -381,9 +382,5 @@ int main(void) {
         tcase_add_test(tc, test_config);
         tcase_add_test(tc, test_telemetry_config);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

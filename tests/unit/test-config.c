@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "pool-select.h"
 #include "rdma-select.h"
+#include "../check-main.h"
 
 START_TEST(test_defaults) {
         Config c;
@@ -103,6 +105,24 @@ static const struct {
         { "[Peer:b]\nAddress=10.0.0.2:7100\n", "[Peer:b] needs Address= and HostId=" },
         { "[Cluster]\nListen=0.0.0.0:1\n[Peer:b]\nAddress=h:1\nHostId=b\n", "ClusterKeyFile= is not set" },
         { "[Peer:b]\nAddress=h:1\nHostId=b\n[Peer:b]\n", "peer 'b' is defined twice" },
+        { "[Pool:batch]\nPriority=1\n", "[Pool:batch]: expected a pool named thinking, interactive or hybrid" },
+        { "[Pool]\nPriority=1\n", "[Pool:NAME] needs a NAME" },
+        { "[Pool:hybrid]\n[Pool:hybrid]\n", "pool 'hybrid' is defined twice" },
+        { "[Pool:hybrid]\nPriority=high\n", "Priority=high: expected an integer from -1000 to 1000" },
+        { "[Pool:hybrid]\nPriority=5000\n", "Priority=5000: expected an integer" },
+        { "[Pool:hybrid]\nDefaultDeadline=0\n", "DefaultDeadline=0: expected a positive duration" },
+        { "[Pool:hybrid]\nQueueMax=0\n", "QueueMax=0: expected a number from 1 to 1000000" },
+        { "[Pool:hybrid]\nHighWatermark=many\n", "HighWatermark=many: expected a number from 0" },
+        { "[Pool:hybrid]\nQueueMax=10\nHighWatermark=20\n", "[Pool:hybrid] HighWatermark=20: expected 1 to QueueMax=10" },
+        { "[Pool:thinking]\nHighWatermark=8\nLowWatermark=8\n", "[Pool:thinking] LowWatermark=8: expected below HighWatermark=8" },
+        { "[Pool:thinking]\nWorkerShare=1.5\n", "WorkerShare=1.5: expected a fraction" },
+        { "[Pool:thinking]\nWorkerShare=0\n", "WorkerShare=0: expected a fraction" },
+        { "[Pool:thinking]\nRejectRho=0.5\n", "RejectRho=0.5: expected 0" },
+        { "[Pool:thinking]\nDecodeEstimate=soon\n", "DecodeEstimate=soon: expected a positive duration" },
+        { "[Pool:thinking]\nDecodeWorkers=gpu0\n", "DecodeWorkers=: selector 'gpu0': expected *, name:GLOB" },
+        { "[Pool:thinking]\nPrefillWorkers=role:trainer\n", "PrefillWorkers=: selector 'role:trainer': role: expects" },
+        { "[Pool:thinking]\nEncodeWorkers=colour:red\n", "EncodeWorkers=: selector 'colour:red': unknown selector kind" },
+        { "[Pool:thinking]\nPreemption=yes\n", "unknown key Preemption= in section [Pool]" },
 };
 
 START_TEST(test_bad) {
@@ -137,6 +157,88 @@ START_TEST(test_all_errors_reported) {
 }
 END_TEST
 
+START_TEST(test_pools) {
+        Config c;
+        char *errors = NULL;
+        ck_assert_int_eq(config_defaults(&c), 0);
+        /* Embedded defaults: those of the scheduler. */
+        SchedConfig sc;
+        sched_config_defaults(&sc);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                ck_assert_int_eq(c.pools[t].policy.priority, sc.pools[t].priority);
+                ck_assert_uint_eq(c.pools[t].policy.queue_max, sc.pools[t].queue_max);
+                ck_assert_ptr_null(c.pools[t].workers[SCHED_STAGE_DECODE]);
+        }
+        ck_assert_int_eq(config_parse_string(&c,
+                                             "[Pool:interactive]\nPriority=7\nDefaultDeadline=750ms\nQueueMax=100\n"
+                                             "WorkerShare=1\nRejectRho=0\nPrefillEstimate=20ms\n"
+                                             "DecodeWorkers=label:fast  name:dec-*\nPrefillWorkers=role:colocated\n"
+                                             "[Pool:thinking]\nPriority=-2\nQueueMax=50\nHighWatermark=40\nLowWatermark=0\n"
+                                             "WorkerShare=0.25\nRejectRho=3.5\nDecodeWorkers= \n",
+                                             "pools.conf", &errors),
+                         0);
+        ck_assert_ptr_null(errors);
+        const SchedPoolPolicy *i = &c.pools[TASK_INTERACTIVE].policy, *th = &c.pools[TASK_THINKING].policy;
+        ck_assert_int_eq(i->priority, 7);
+        ck_assert_uint_eq(i->default_deadline, 750 * USEC_PER_MSEC);
+        ck_assert_uint_eq(i->queue_max, 100);
+        /* Watermarks not given follow QueueMax. */
+        ck_assert_uint_eq(i->high_watermark, 75);
+        ck_assert_uint_eq(i->low_watermark, 37);
+        ck_assert(i->reject_rho == 0);
+        ck_assert_uint_eq(i->service_estimate[SCHED_STAGE_PREFILL], 20 * USEC_PER_MSEC);
+        ck_assert_uint_eq(i->service_estimate[SCHED_STAGE_DECODE], sc.pools[TASK_INTERACTIVE].service_estimate[SCHED_STAGE_DECODE]);
+        ck_assert_str_eq(c.pools[TASK_INTERACTIVE].workers[SCHED_STAGE_DECODE], "label:fast  name:dec-*");
+        ck_assert_str_eq(c.pools[TASK_INTERACTIVE].workers[SCHED_STAGE_PREFILL], "role:colocated");
+        ck_assert_int_eq(th->priority, -2);
+        ck_assert_uint_eq(th->high_watermark, 40);
+        ck_assert_uint_eq(th->low_watermark, 0);
+        ck_assert(th->worker_share == 0.25);
+        ck_assert(th->reject_rho == 3.5);
+        ck_assert_ptr_null(c.pools[TASK_THINKING].workers[SCHED_STAGE_DECODE]);
+        /* The hybrid pool, not named, keeps its defaults. */
+        ck_assert_int_eq(c.pools[TASK_HYBRID].policy.priority, sc.pools[TASK_HYBRID].priority);
+        /* What the parser accepts, the scheduler accepts. */
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                sc.pools[t] = c.pools[t].policy;
+        ck_assert_int_eq(sched_config_validate(&sc, NULL), 0);
+        config_done(&c);
+}
+END_TEST
+
+START_TEST(test_pool_select) {
+        const char *labels[] = { "fast", "h200" };
+        PoolSelectWorker w = { .name = "dec-3", .role = "decode", .model = "Qwen/Qwen2.5-VL-7B",
+                               .device = "cuda:1", .labels = labels, .n_labels = 2 };
+        PoolSelectWorker bare = { .role = "prefill", .model = "m", .device = "cpu" };
+        ck_assert(pool_select_match(NULL, &w));
+        ck_assert(pool_select_match("", &w));
+        ck_assert(pool_select_match("*", &bare));
+        ck_assert(pool_select_match("label:fast", &w));
+        ck_assert(!pool_select_match("label:fas", &w));
+        ck_assert(!pool_select_match("label:fast", &bare));
+        ck_assert(pool_select_match("name:dec-*", &w));
+        ck_assert(!pool_select_match("name:dec-*", &bare));
+        ck_assert(pool_select_match("role:prefill", &bare));
+        ck_assert(!pool_select_match("role:prefill", &w));
+        ck_assert(pool_select_match("model:Qwen/*", &w));
+        ck_assert(pool_select_match("device:cuda:[01]", &w));
+        ck_assert(!pool_select_match("device:cuda:[23]", &w));
+        /* Any of the list. */
+        ck_assert(pool_select_match("role:encoder\tlabel:h200", &w));
+        ck_assert(!pool_select_match("role:encoder label:a100", &w));
+
+        char badsel[64];
+        const char *why;
+        ck_assert_int_eq(pool_select_validate("* role:decode label:x name:a* model:b device:c", badsel, sizeof badsel, &why), 0);
+        ck_assert_int_eq(pool_select_validate("role:decode label:", badsel, sizeof badsel, &why), -EINVAL);
+        ck_assert_str_eq(badsel, "label:");
+        ck_assert(pool_select_label_valid("fast"));
+        ck_assert(!pool_select_label_valid(""));
+        ck_assert(!pool_select_label_valid("a b"));
+}
+END_TEST
+
 START_TEST(test_file) {
         char path[] = "/tmp/epd-config-XXXXXX";
         int fd = mkstemp(path);
@@ -164,10 +266,8 @@ int main(void) {
         tcase_add_loop_test(tc, test_bad, 0, (int)(sizeof bad / sizeof bad[0]));
         tcase_add_test(tc, test_all_errors_reported);
         tcase_add_test(tc, test_file);
+        tcase_add_test(tc, test_pools);
+        tcase_add_test(tc, test_pool_select);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -5,10 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "directory-record.h"
 #include "directory.h"
 #include "hashmap.h"
 #include "macro.h"
 #include "sequence.h"
+#include "../check-main.h"
 
 /* A vLLM-style chained block hash: hash(parent, tokens of the block). */
 static void chain_hashes(const uint32_t *tokens, size_t n_tokens, size_t block, uint64_t *ret) {
@@ -239,6 +241,87 @@ START_TEST(test_owner_rendezvous) {
 }
 END_TEST
 
+/* Journaling (docs/wal.md): every entry that appears or goes is reported, evictions
+ * included, before the page is reused; a put the journal refuses is undone; records
+ * round-trip. */
+typedef struct JournalLog {
+        int n_put, n_del;
+        uint64_t last_del;
+        int fail_put; /* errno to refuse puts with, 0: accept */
+} JournalLog;
+
+static int journal(void *userdata, bool put, uint64_t hash, PagePool *pool, PageId page) {
+        JournalLog *l = userdata;
+        if (put && l->fail_put)
+                return -l->fail_put;
+        if (put)
+                l->n_put++;
+        else {
+                l->n_del++;
+                l->last_del = hash;
+        }
+        return 0;
+}
+
+START_TEST(test_journal) {
+        PagePool *p;
+        Directory *d;
+        PageId ids[3], x;
+        uint64_t h[3] = { 11, 12, 13 };
+        JournalLog l = {};
+
+        ck_assert_int_eq(page_pool_new(3, 64, 0, &p), 0);
+        ck_assert_int_eq(directory_new(&d), 0);
+        directory_attach_pool(d, p);
+        directory_set_journal(d, journal, &l);
+        ck_assert_int_eq(page_pool_alloc_many(p, 3, ids), 0);
+        ck_assert_int_eq(directory_insert_chain(d, p, h, ids, 2), 2);
+        ck_assert_int_eq(l.n_put, 2);
+        /* Refused by the journal: not inserted, the error comes back. */
+        l.fail_put = EIO;
+        ck_assert_int_eq(directory_insert(d, p, h[2], ids[2]), -EIO);
+        ck_assert_int_eq(directory_insert_chain(d, p, &h[2], &ids[2], 1), -EIO);
+        ck_assert_uint_eq(directory_size(d), 2);
+        ck_assert_ptr_null(page_cached_entry(p, ids[2]));
+        l.fail_put = 0;
+        /* An eviction is journaled before the allocation that caused it returns. */
+        for (int i = 0; i < 3; i++)
+                ck_assert_int_eq(page_unref(p, ids[i]), 0);
+        PageId first;
+        ck_assert_int_eq(page_pool_alloc(p, &first), 0); /* the free page */
+        ck_assert_int_eq(l.n_del, 0);
+        ck_assert_int_eq(page_pool_alloc(p, &x), 0); /* evicts hash 11's page */
+        ck_assert_int_eq(l.n_del, 1);
+        ck_assert_uint_eq(l.last_del, 11);
+        ck_assert_int_eq(directory_remove(d, 12), 0);
+        ck_assert_int_eq(l.n_del, 2);
+        ck_assert_uint_eq(l.last_del, 12);
+        ck_assert_int_eq(page_unref(p, x), 0);
+        ck_assert_int_eq(page_unref(p, first), 0);
+        directory_free(d);
+        ck_assert_int_eq(page_pool_verify(p), 0);
+        page_pool_free(p);
+
+        /* Records. */
+        uint8_t buf[DIRECTORY_REC_PUT_SIZE];
+        DirectoryRecord r = { .hash = 0x0123456789abcdefULL, .arena = 2, .page = 77, .page_size = 32768 }, back;
+        directory_record_put_encode(buf, &r);
+        ck_assert_int_eq(directory_record_put_parse(buf, sizeof buf, &back), 0);
+        ck_assert_uint_eq(back.hash, r.hash);
+        ck_assert_uint_eq(back.arena, 2);
+        ck_assert_uint_eq(back.page, 77);
+        ck_assert_uint_eq(back.page_size, 32768);
+        ck_assert_int_eq(directory_record_put_parse(buf, sizeof buf - 1, &back), -EBADMSG);
+        buf[30] = 1; /* reserved */
+        ck_assert_int_eq(directory_record_put_parse(buf, sizeof buf, &back), -EBADMSG);
+        uint64_t hh;
+        directory_record_del_encode(buf, 42);
+        ck_assert_int_eq(directory_record_del_parse(buf, DIRECTORY_REC_DEL_SIZE, &hh), 0);
+        ck_assert_uint_eq(hh, 42);
+        ck_assert_int_eq(directory_record_del_parse(buf, 9, &hh), -EBADMSG);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("directory");
         TCase *tc = tcase_create("directory");
@@ -246,10 +329,7 @@ int main(void) {
         tcase_add_test(tc, test_eviction_lru_never_pinned_or_leased);
         tcase_add_test(tc, test_matching_linear);
         tcase_add_test(tc, test_owner_rendezvous);
+        tcase_add_test(tc, test_journal);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -6,6 +6,7 @@
 
 #include "epdtop-model.h"
 #include "macro.h"
+#include "../check-main.h"
 
 static void add_peer(TopSnapshot *s, const char *name, uint64_t acked, uint64_t retrans, uint32_t srtt,
                      unsigned level) {
@@ -254,9 +255,5 @@ int main(void) {
         tcase_add_test(tc, test_layout);
         tcase_add_test(tc, test_json);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

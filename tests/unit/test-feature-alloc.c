@@ -6,6 +6,7 @@
 
 #include "feature-alloc.h"
 #include "macro.h"
+#include "../check-main.h"
 
 #define CHUNK 4096u
 
@@ -178,9 +179,5 @@ int main(void) {
         tcase_add_test(tc, test_good_fit);
         tcase_add_test(tc, test_alloc_at);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -7,6 +7,7 @@
 
 #include "feature-desc.h"
 #include "macro.h"
+#include "../check-main.h"
 
 /* A Qwen-VL style bundle: image embeddings, three DeepStack layers and grid_thw. */
 static FeatureDesc *qwen_bundle(uint64_t *ret_bytes) {
@@ -401,9 +402,5 @@ int main(void) {
         tcase_add_test(tc, test_bad_binary);
         tcase_add_test(tc, test_dtypes);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

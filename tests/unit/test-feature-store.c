@@ -12,6 +12,7 @@
 #include "feature-store.h"
 #include "feature.h"
 #include "macro.h"
+#include "../check-main.h"
 
 static char top[] = "/tmp/test-feature-store-XXXXXX";
 static char root[128], outside[128];
@@ -375,10 +376,5 @@ int main(void) {
         tcase_add_test(tc, test_cache_spill_load);
         tcase_add_test(tc, test_spill_thread);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_NOFORK);
 }

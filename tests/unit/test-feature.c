@@ -1,13 +1,17 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "feature-store.h"
 #include "feature.h"
 #include "macro.h"
+#include "../check-main.h"
 
 #define CHUNK 4096u
 #define ARENA_CHUNKS 64u
@@ -16,6 +20,7 @@
 static uint8_t *arena_mem;
 static unsigned n_ready_events, n_failed_events;
 static int last_error;
+static FeatureRef *release_in_callback; /* a ref the state callback drops, as bus-feature does */
 
 static void on_state(FeatureCache *c, Feature *f, void *userdata) {
         (void)c;
@@ -26,6 +31,8 @@ static void on_state(FeatureCache *c, Feature *f, void *userdata) {
                 n_failed_events++;
                 last_error = f->error;
         }
+        if (release_in_callback && release_in_callback->feature == f)
+                feature_ref_release(TAKE_PTR(release_in_callback));
 }
 
 static FeatureCache *cache_new(uint64_t budget) {
@@ -523,6 +530,139 @@ START_TEST(test_journal_replay) {
 }
 END_TEST
 
+/* A loader that keeps the job, so that the test plays the load thread. */
+static struct {
+        Feature *f;
+        int fd;
+        void *dst;
+        uint64_t size;
+        unsigned n;
+} job = { .fd = -EBADF };
+
+static int test_loader(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, void *userdata) {
+        job.f = f;
+        job.fd = fd;
+        job.dst = dst;
+        job.size = size;
+        job.n++;
+        return 0;
+}
+
+static void save(FeatureStore *st, const char *key, uint64_t bytes, uint8_t fill) {
+        _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(bytes);
+        _cleanup_(freep) uint8_t *data = malloc(bytes);
+        memset(data, fill, bytes);
+        ck_assert_int_eq(feature_store_save(st, &(FeatureStoreRecord){ .key = key, .size = bytes, .desc = d },
+                                            data), 0);
+}
+
+START_TEST(test_async_load) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
+        char dir[] = "/tmp/test-feature-XXXXXX", cmd[64];
+        FeatureStore *st;
+        FeaturePrefetchResult pr;
+        FeatureAcquireResult res;
+        FeatureRef *a, *b, *p;
+        FeatureDesc *d;
+
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        ck_assert_int_eq(feature_store_open(dir, 0, &st), 0);
+        feature_cache_set_store(c, st);
+        feature_cache_set_loader(c, test_loader, NULL);
+        save(st, "k1", 3 * CHUNK, 0x5a);
+
+        /* The first Acquire starts the load, the second joins it; nobody may produce
+         * or announce it meanwhile. */
+        ck_assert_int_eq(feature_acquire(c, "k1", true, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        ck_assert_uint_eq(job.n, 1);
+        ck_assert_uint_eq(job.size, 3 * CHUNK);
+        ck_assert(feature_loading(a->feature));
+        ck_assert_int_eq(a->feature->state, FEATURE_RESERVED);
+        ck_assert_int_eq(feature_acquire(c, "k1", true, 0, &b, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        ck_assert_uint_eq(job.n, 1);
+        d = desc_bytes(CHUNK);
+        ck_assert_int_eq(feature_reserve(c, "k1", CHUNK, &d, NULL, &p, NULL), -EBUSY);
+        feature_desc_free(d);
+        ck_assert_int_eq(feature_prefetch(c, "k1", 0, &pr), 0);
+        ck_assert_int_eq(pr, FEATURE_PREFETCH_PENDING);
+        /* the thread's part */
+        FeatureStoreEntry e = { .fd = job.fd, .size = job.size };
+        ck_assert_int_eq(feature_store_entry_read(&e, job.dst), 0);
+        job.fd = safe_close(job.fd);
+        feature_load_done(job.f, 0);
+        ck_assert_int_eq(a->feature->state, FEATURE_READY);
+        ck_assert(!feature_loading(a->feature));
+        ck_assert_uint_eq(n_ready_events, 1);
+        ck_assert_uint_eq(((uint8_t *)feature_data(a->feature))[3 * CHUNK - 1], 0x5a);
+        ck_assert_uint_eq(feature_cache_stats(c)->loaded, 1);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 0);
+        feature_ref_release(a);
+        feature_ref_release(b);
+
+        /* A read that fails: the feature FAILS with the error, its waiters are told,
+         * and the key is free for a producer. */
+        save(st, "k2", CHUNK, 1);
+        ck_assert_int_eq(feature_acquire(c, "k2", false, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        ck_assert_int_eq(feature_acquire(c, "k2", false, 0, &b, &res), 0);
+        job.fd = safe_close(job.fd);
+        feature_load_done(job.f, -EBADMSG);
+        ck_assert_int_eq(a->feature->state, FEATURE_FAILED);
+        ck_assert_int_eq(last_error, -EBADMSG);
+        ck_assert_ptr_null(feature_cache_get(c, "k2"));
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 0);
+        feature_ref_release(a);
+        feature_ref_release(b);
+
+        /* The state callback may drop the last reference (bus-feature answers the
+         * Acquire and forgets its handle): the feature outlives the callback, failed... */
+        save(st, "k2", CHUNK, 1);
+        ck_assert_int_eq(feature_acquire(c, "k2", false, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        job.fd = safe_close(job.fd);
+        release_in_callback = a;
+        feature_load_done(job.f, -EIO);
+        ck_assert_ptr_null(release_in_callback);
+        ck_assert_int_eq(last_error, -EIO);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
+        /* ... or READY: then it stays cached */
+        save(st, "k4", CHUNK, 4);
+        ck_assert_int_eq(feature_acquire(c, "k4", false, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        FeatureStoreEntry e4 = { .fd = job.fd, .size = job.size };
+        ck_assert_int_eq(feature_store_entry_read(&e4, job.dst), 0);
+        job.fd = safe_close(job.fd);
+        release_in_callback = a;
+        feature_load_done(job.f, 0);
+        ck_assert_ptr_null(release_in_callback);
+        ck_assert_ptr_nonnull(feature_cache_get(c, "k4"));
+        ck_assert_int_eq(feature_cache_get(c, "k4")->state, FEATURE_READY);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
+
+        /* A stored copy whose header does not match its size is found on the loop:
+         * said to a reader (-EBADMSG, and removed), a miss to a producer. */
+        save(st, "k3", CHUNK, 2);
+        char name[FEATURE_STORE_NAME_MAX];
+        ck_assert_int_eq(feature_store_name("k3", name), 0);
+        int fd = feature_store_openat(st, name, O_WRONLY, 0);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(ftruncate(fd, 100), 0);
+        safe_close(fd);
+        ck_assert_int_eq(feature_acquire(c, "k3", false, 0, &a, &res), -EBADMSG);
+        ck_assert_int_eq(feature_acquire(c, "k3", false, 0, &a, &res), -ENOENT);
+        ck_assert_int_eq(feature_acquire(c, "k3", true, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        feature_ref_release(a);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
+
+        feature_store_free(st);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("feature");
         TCase *tc = tcase_create("feature");
@@ -535,11 +675,9 @@ int main(void) {
         tcase_add_test(tc, test_ref_limit);
         tcase_add_test(tc, test_soak);
         tcase_add_test(tc, test_journal_replay);
+        tcase_add_test(tc, test_async_load);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
+        int r = check_run(s, CK_FORK_GETENV);
         free(arena_mem);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return r;
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "handoff-proto.h"
+#include "../check-main.h"
 
 static EpdId rid(uint8_t v) {
         EpdId id = {};
@@ -220,9 +221,5 @@ int main(void) {
         tcase_add_test(tc, test_prepare_invalid);
         tcase_add_test(tc, test_small_messages);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -7,6 +7,7 @@
 
 #include "handoff.h"
 #include "macro.h"
+#include "../check-main.h"
 
 static const uint64_t bytes2[2] = { 100, 50 };
 
@@ -593,9 +594,5 @@ int main(void) {
         tcase_add_test(tc, test_layout_validate);
         tcase_add_test(tc, test_plan_slicing);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -8,6 +8,7 @@
 #include "hashmap.h"
 #include "id.h"
 #include "parse-util.h"
+#include "../check-main.h"
 
 START_TEST(test_put_get_remove) {
         Hashmap *h = hashmap_new(HASHMAP_KEY_U64, 0);
@@ -95,9 +96,5 @@ int main(void) {
         tcase_add_test(tc, test_ids);
         tcase_add_test(tc, test_parse);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kvlayout.h"
+#include "../check-main.h"
 
 START_TEST(test_init_and_ranges) {
         KvLayout l;
@@ -162,9 +163,5 @@ int main(void) {
         tcase_add_test(tc, test_equal_and_string);
         tcase_add_test(tc, test_group_ranges);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

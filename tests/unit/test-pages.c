@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "pages.h"
+#include "../check-main.h"
 
 static void verify(const PagePool *p) {
         ck_assert_int_eq(page_pool_verify(p), 0);
@@ -276,9 +277,5 @@ int main(void) {
         tcase_add_test(tc, test_alloc_many_all_or_nothing);
         tcase_add_test(tc, test_restore);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "peer-auth.h"
+#include "../check-main.h"
 
 static PeerAuthKey *key(const char *s) {
         PeerAuthKey *k = NULL;
@@ -179,9 +180,5 @@ int main(void) {
         tcase_add_test(tc, test_key_file);
         tcase_add_test(tc, test_random);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

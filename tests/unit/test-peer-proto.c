@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include "peer-proto.h"
+#include "../check-main.h"
 
 static void header_bytes(uint8_t b[16], uint16_t type, uint32_t len) {
         peer_frame_header_encode(b, type, len);
@@ -410,9 +411,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-        SRunner *sr = srunner_create(suite());
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+        return check_run(suite(), CK_FORK_GETENV);
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "rdma-proto.h"
+#include "../check-main.h"
 
 static void roundtrip(const RdmaMessage *m, RdmaMessage *out) {
         uint8_t buf[RDMA_PROTO_MAX_PAYLOAD];
@@ -129,9 +130,5 @@ int main(void) {
         tcase_add_test(tc, test_grant_down);
         tcase_add_test(tc, test_types);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

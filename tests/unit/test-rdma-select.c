@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "rdma-select.h"
+#include "../check-main.h"
 
 static char root[PATH_MAX];
 
@@ -241,9 +242,5 @@ int main(void) {
         tcase_add_test(tc, test_link_prefers_active);
         tcase_add_test(tc, test_select);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

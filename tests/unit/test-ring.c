@@ -10,6 +10,7 @@
 #include "epd/ring.h"
 #include "handoff.h"
 #include "ring.h"
+#include "../check-main.h"
 
 static const uint8_t rid[16] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };
 
@@ -243,9 +244,5 @@ int main(void) {
         tcase_add_test(tc, test_ring_validate);
         tcase_add_test(tc, test_ring_attach_checks);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -484,6 +484,49 @@ START_TEST(test_poisson_overload) {
 }
 END_TEST
 
+/* The pools a worker serves change (a config reload): new admissions follow at once,
+ * outstanding requests stay; a worker serving no pool is not a candidate. */
+START_TEST(test_set_pools) {
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        usec_t now = 1000 * SEC;
+
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p0", SCHED_STAGE_PREFILL, 8, 0, 0);
+        add(s, "fast", SCHED_STAGE_DECODE, 8, 0, 1000);
+        ck_assert_int_eq(sched_worker_add(s, &(SchedWorkerInfo){ .id = "slow", .stage = SCHED_STAGE_DECODE,
+                                                                  .pools = 0, .slots = 8, .free_pages = 1000 }),
+                         0);
+        ck_assert_uint_eq(sched_worker_get_pools(s, "slow", SCHED_STAGE_DECODE), 0);
+        ck_assert_int_eq(sched_admit(s, "a", TASK_THINKING, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_str_eq(d.worker[SCHED_STAGE_DECODE], "fast");
+        /* Thinking moves to the slow worker only. */
+        ck_assert_int_eq(sched_worker_set_pools(s, "fast", SCHED_STAGE_DECODE,
+                                                1u << TASK_INTERACTIVE | 1u << TASK_HYBRID), 0);
+        ck_assert_int_eq(sched_worker_set_pools(s, "slow", SCHED_STAGE_DECODE, 1u << TASK_THINKING), 0);
+        ck_assert_uint_eq(sched_worker_get_pools(s, "slow", SCHED_STAGE_DECODE), 1u << TASK_THINKING);
+        ck_assert_int_eq(sched_admit(s, "b", TASK_THINKING, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_str_eq(d.worker[SCHED_STAGE_DECODE], "slow");
+        ck_assert_int_eq(sched_admit(s, "c", TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+        ck_assert_str_eq(d.worker[SCHED_STAGE_DECODE], "fast");
+        /* The request admitted before still completes on its worker. */
+        ck_assert_uint_eq(sched_outstanding(s), 3);
+        ck_assert_int_eq(sched_complete(s, "a", SCHED_STAGE_PREFILL, 1000, true, now), 0);
+        ck_assert_int_eq(sched_complete(s, "a", SCHED_STAGE_DECODE, 1000, true, now), 0);
+        /* Nobody serves hybrid at decode now. */
+        ck_assert_int_eq(sched_worker_set_pools(s, "fast", SCHED_STAGE_DECODE, 1u << TASK_INTERACTIVE), 0);
+        ck_assert_int_eq(sched_admit(s, "h", TASK_HYBRID, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_REJECT);
+        ck_assert_int_eq(d.reason, SCHED_REASON_NO_WORKERS);
+        ck_assert_int_eq(sched_worker_set_pools(s, "nobody", SCHED_STAGE_DECODE, 1), -ENOENT);
+        ck_assert_int_eq(sched_worker_set_pools(s, "fast", SCHED_STAGE_DECODE, 1u << 7), -EINVAL);
+        sched_free(s);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("sched");
         TCase *tc = tcase_create("sched");
@@ -493,6 +536,7 @@ int main(void) {
         tcase_add_test(tc, test_affinity_backpressure);
         tcase_add_test(tc, test_watermarks_expire);
         tcase_add_test(tc, test_poisson_overload);
+        tcase_add_test(tc, test_set_pools);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
         srunner_run_all(sr, CK_NORMAL);

@@ -10,6 +10,7 @@
 #include "macro.h"
 #include "pages.h"
 #include "sequence.h"
+#include "../check-main.h"
 
 #define PS 32 /* page size of the test pools */
 
@@ -645,9 +646,5 @@ int main(void) {
         tcase_add_test(tc, test_append_limits);
         tcase_add_loop_test(tc, test_model, 0, 4);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -5,6 +5,7 @@
 
 #include "peer-proto.h"
 #include "transport/slicer.h"
+#include "../check-main.h"
 
 START_TEST(test_single_write) {
         SliceQueue q = {};
@@ -133,9 +134,5 @@ int main(void) {
         tcase_add_test(tc, test_remove);
         tcase_add_test(tc, test_tracker);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "topology-pci.h"
+#include "../check-main.h"
 
 #define ROOT "/sys/devices/pci0000:00"
 /* A switch below root port 00:01.0 with a GPU and a NIC on two of its ports. */
@@ -107,9 +108,5 @@ int main(void) {
         tcase_add_test(tc, test_address_of_path);
         tcase_add_test(tc, test_pick_nic);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "trace.h"
+#include "../check-main.h"
 
 START_TEST(test_ids) {
         ck_assert(trace_request_id_valid("req-1"));
@@ -136,9 +137,5 @@ int main(void) {
         tcase_add_test(tc, test_many);
         tcase_add_test(tc, test_type_names);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -7,6 +7,7 @@
 
 #include "transport/local.h"
 #include "transport/transport-util.h"
+#include "../check-main.h"
 
 #define SZ (4U << 20)
 
@@ -187,9 +188,5 @@ int main(void) {
         tcase_add_test(tc, test_reject);
         tcase_add_test(tc, test_cancel);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -9,6 +9,7 @@
 #include "macro.h"
 #include "manager.h"
 #include "worker.h"
+#include "../check-main.h"
 
 static Manager *m;
 
@@ -126,9 +127,5 @@ int main(void) {
         tcase_add_test(tc, test_register_limits_release);
         tcase_add_test(tc, test_object_limit);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

@@ -6,6 +6,7 @@
 
 #include "macro.h"
 #include "workflow-match.h"
+#include "../check-main.h"
 
 #define P 16
 
@@ -223,9 +224,5 @@ int main(void) {
         tcase_add_test(tc, test_random_vs_reference);
         tcase_add_test(tc, test_linear_on_repetitive);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

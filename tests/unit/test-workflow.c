@@ -8,6 +8,7 @@
 
 #include "wal.h"
 #include "workflow.h"
+#include "../check-main.h"
 
 #define BT 16 /* tokens per page */
 
@@ -372,9 +373,5 @@ int main(void) {
         tcase_add_test(tc, test_missing_pages_and_journal_failure);
         tcase_add_test(tc, test_wal_replay_model);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_FORK_GETENV);
 }

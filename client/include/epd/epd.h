@@ -54,6 +54,11 @@ epd_client *epd_disconnect(epd_client *c);
  * or NULL for the role's defaults. The arenas' fds are received and kept. */
 int epd_register(epd_client *c, const char *role, const char *model, const char *device,
                  const epd_kv_layout *kv, const char *const *arenas);
+/* The same, with the "name" and NULL-terminated "labels" that epd.conf's [Pool:NAME]
+ * worker selectors match (name:GLOB, label:LABEL); either may be NULL. */
+int epd_register_named(epd_client *c, const char *role, const char *model, const char *device,
+                       const epd_kv_layout *kv, const char *const *arenas, const char *name,
+                       const char *const *labels);
 int epd_unregister(epd_client *c);
 const char *epd_worker_path(const epd_client *c);
 

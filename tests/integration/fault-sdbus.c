@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* Fault injection for test-connection-faults: preloaded into epdd, it makes one call of
+ * the sd-bus functions that set up a direct connection fail with -ENOMEM. The plan is
+ * the file named by $EPD_FAULT_FILE: "FUNCTION N" fails the Nth call of FUNCTION
+ * counted from when the file was written (each new plan, a new inode, restarts the
+ * count); no file, no fault. Only calls the real library would have made are counted,
+ * and the real function runs for every call that does not fail. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <systemd/sd-bus.h>
+
+static ino_t plan_ino;
+static unsigned count;
+
+static bool fail_now(const char *fn) {
+        const char *path = getenv("EPD_FAULT_FILE");
+        char name[64];
+        unsigned n;
+        struct stat st;
+        if (!path || stat(path, &st) < 0)
+                return false;
+        if (st.st_ino != plan_ino) {
+                plan_ino = st.st_ino;
+                count = 0;
+        }
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return false;
+        int k = fscanf(f, "%63s %u", name, &n);
+        fclose(f);
+        if (k != 2 || strcmp(name, fn) != 0)
+                return false;
+        return ++count == n;
+}
+
+#define REAL(fn) ((__typeof__(&fn))dlsym(RTLD_NEXT, #fn))
+
+int sd_bus_add_object_vtable(sd_bus *bus, sd_bus_slot **slot, const char *path, const char *interface,
+                             const sd_bus_vtable *vtable, void *userdata) {
+        if (fail_now(__func__))
+                return -ENOMEM;
+        return REAL(sd_bus_add_object_vtable)(bus, slot, path, interface, vtable, userdata);
+}
+
+int sd_bus_add_fallback_vtable(sd_bus *bus, sd_bus_slot **slot, const char *prefix, const char *interface,
+                               const sd_bus_vtable *vtable, sd_bus_object_find_t find, void *userdata) {
+        if (fail_now(__func__))
+                return -ENOMEM;
+        return REAL(sd_bus_add_fallback_vtable)(bus, slot, prefix, interface, vtable, find, userdata);
+}
+
+int sd_bus_add_node_enumerator(sd_bus *bus, sd_bus_slot **slot, const char *path,
+                               sd_bus_node_enumerator_t callback, void *userdata) {
+        if (fail_now(__func__))
+                return -ENOMEM;
+        return REAL(sd_bus_add_node_enumerator)(bus, slot, path, callback, userdata);
+}
+
+int sd_bus_match_signal(sd_bus *bus, sd_bus_slot **ret, const char *sender, const char *path,
+                        const char *interface, const char *member, sd_bus_message_handler_t callback,
+                        void *userdata) {
+        if (fail_now(__func__))
+                return -ENOMEM;
+        return REAL(sd_bus_match_signal)(bus, ret, sender, path, interface, member, callback, userdata);
+}
+
+int sd_bus_set_description(sd_bus *bus, const char *description) {
+        if (fail_now(__func__))
+                return -ENOMEM;
+        return REAL(sd_bus_set_description)(bus, description);
+}
+
+int sd_bus_start(sd_bus *bus) {
+        if (fail_now(__func__))
+                return -ENOMEM;
+        return REAL(sd_bus_start)(bus);
+}
+
+int sd_bus_attach_event(sd_bus *bus, sd_event *e, int priority) {
+        if (fail_now(__func__))
+                return -ENOMEM;
+        return REAL(sd_bus_attach_event)(bus, e, priority);
+}
