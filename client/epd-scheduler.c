@@ -65,3 +65,10 @@ int epd_configure_worker(epd_client *c, uint32_t slots, uint32_t queue_limit, ui
                          c->worker_path, 3, "Slots", "u", slots, "QueueLimit", "u", queue_limit, "FreePages",
                          "t", free_pages);
 }
+
+int epd_configure_worker_host(epd_client *c, const char *host) {
+        if (!c || !c->worker_path)
+                return -ENOTCONN;
+        return epd__call(c, "/org/epd1", "org.epd1.Scheduler", "ConfigureWorker", NULL, "oa{sv}",
+                         c->worker_path, 1, "Host", "s", host ? host : "");
+}

@@ -39,6 +39,16 @@ const char *epd_last_error_message(const epd_client *c) {
         return c && c->error_message[0] ? c->error_message : NULL;
 }
 
+uint64_t epd_last_error_retry_after_usec(const epd_client *c) {
+        const char *p = c ? strstr(c->error_message, "retry_after_usec=") : NULL;
+        if (!p)
+                return 0;
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(p + strlen("retry_after_usec="), &end, 10);
+        return errno == 0 && end != p + strlen("retry_after_usec=") ? (uint64_t)v : 0;
+}
+
 int epd__new_call(epd_client *c, const char *path, const char *interface, const char *member,
                   sd_bus_message **ret) {
         int r = sd_bus_message_new_method_call(c->bus, ret, EPD_DESTINATION(c), path, interface, member);

@@ -19,6 +19,9 @@
 #define EPD_ERROR_UNSUPPORTED "org.epd1.Error.Unsupported"
 #define EPD_ERROR_STALE "org.epd1.Error.Stale"
 #define EPD_ERROR_PEER_UNAVAILABLE "org.epd1.Error.PeerUnavailable"
+/* A congested path: new work for it is deferred; the message ends with
+ * "retry_after_usec=N" (libepd: epd_last_error_retry_after_usec()). */
+#define EPD_ERROR_BACKPRESSURE "org.epd1.Error.Backpressure"
 
 /* Registers the errno mapping with sd-bus, so that sd_bus_error_set_errno() and
  * sd_bus_error_get_errno() translate both ways. Call once per process. */

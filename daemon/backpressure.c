@@ -60,6 +60,9 @@ void backpressure_config_defaults(BackpressureConfig *c) {
                 .stall_usec = 2 * USEC_PER_SEC,
                 .hold_usec = 1 * USEC_PER_SEC,
                 .release = 0.8,
+                .window_handoffs = 128,
+                .window_bytes = 4ULL << 30,
+                .window_elevated = 0.25,
         };
 }
 
@@ -140,6 +143,12 @@ int backpressure_config_set(BackpressureConfig *c, const char *key, const char *
                 return parse_duration(value, &c->hold_usec);
         if (strcasecmp(key, "Release") == 0)
                 return parse_ratio(value, &c->release);
+        if (strcasecmp(key, "WindowHandoffs") == 0)
+                return parse_unsigned(value, &c->window_handoffs);
+        if (strcasecmp(key, "WindowBytes") == 0)
+                return parse_size(value, &c->window_bytes);
+        if (strcasecmp(key, "WindowElevated") == 0)
+                return parse_ratio(value, &c->window_elevated);
         return -ENOENT;
 }
 
@@ -169,6 +178,8 @@ int backpressure_config_verify(const BackpressureConfig *c, const char **ret_pro
                 p = "Release must be in (0, 1]";
         else if (c->interval_usec == 0)
                 p = "Interval must not be zero";
+        else if (c->window_elevated <= 0.0 || c->window_elevated > 1.0)
+                p = "WindowElevated must be in (0, 1]";
 #undef ORDERED
 
         if (ret_problem)
@@ -224,14 +235,16 @@ BackpressureLevel backpressure_evaluate(const BackpressureState *s, const Backpr
                         return BACKPRESSURE_STALLED;
                 }
 
+                /* Loss first: at a tie it is the reason given (it closes the handoff
+                 * window; queueing alone only narrows it). */
+                CONSIDER(level_above(s->retransmit_rate, c->retransmit_rate[0],
+                                     c->retransmit_rate[1], scale),
+                         BACKPRESSURE_REASON_RETRANSMITS);
                 if (x->min_rtt_usec > 0 && x->srtt_usec >= c->rtt_floor_usec &&
                     s->acked_delta >= c->rtt_min_bytes)
                         CONSIDER(level_above(s->rtt_inflation, c->rtt_inflation[0],
                                              c->rtt_inflation[1], scale),
                                  BACKPRESSURE_REASON_RTT_INFLATION);
-                CONSIDER(level_above(s->retransmit_rate, c->retransmit_rate[0],
-                                     c->retransmit_rate[1], scale),
-                         BACKPRESSURE_REASON_RETRANSMITS);
                 CONSIDER(level_above((double)x->send_queue_bytes, (double)c->send_queue_bytes[0],
                                      (double)c->send_queue_bytes[1], scale),
                          BACKPRESSURE_REASON_SEND_QUEUE);
@@ -353,4 +366,65 @@ int backpressure_update(BackpressureState *s, const BackpressureConfig *c, const
         if (enter == s->level && enter != BACKPRESSURE_NONE)
                 s->reason = enter_reason;
         return 0;
+}
+
+bool backpressure_window_closed(BackpressureLevel level, BackpressureReason reason) {
+        if (level >= BACKPRESSURE_STALLED)
+                return true;
+        return level == BACKPRESSURE_HIGH &&
+               (reason == BACKPRESSURE_REASON_RETRANSMITS || reason == BACKPRESSURE_REASON_DESTINATION_FULL ||
+                reason == BACKPRESSURE_REASON_STALLED || reason == BACKPRESSURE_REASON_DISCONNECTED);
+}
+
+void backpressure_window(const BackpressureConfig *c, BackpressureLevel level, BackpressureReason reason,
+                         BackpressureWindow *ret) {
+        *ret = (BackpressureWindow){ .handoffs = c->window_handoffs, .bytes = c->window_bytes };
+        if (!c->enabled)
+                return;
+        if (backpressure_window_closed(level, reason)) {
+                *ret = (BackpressureWindow){ .closed = true };
+                return;
+        }
+        if (level >= BACKPRESSURE_ELEVATED) {
+                if (ret->handoffs > 0)
+                        ret->handoffs = MAX(1u, (unsigned)((double)ret->handoffs * c->window_elevated));
+                if (ret->bytes > 0)
+                        ret->bytes = MAX((uint64_t)1, (uint64_t)((double)ret->bytes * c->window_elevated));
+        }
+}
+
+static unsigned permille(uint64_t used, uint64_t limit) {
+        if (limit == 0)
+                return 0;
+        if (used >= limit)
+                return 1000;
+        return (unsigned)(used * 1000 / limit);
+}
+
+int backpressure_window_admit(const BackpressureConfig *c, BackpressureLevel level, BackpressureReason reason,
+                              unsigned in_flight, uint64_t in_flight_bytes, uint64_t bytes,
+                              usec_t *ret_retry_after, unsigned *ret_permille) {
+        BackpressureWindow w;
+        backpressure_window(c, level, reason, &w);
+
+        usec_t retry = 0;
+        unsigned pm = 1000;
+        int r = 0;
+        if (w.closed) {
+                retry = MAX(c->hold_usec, c->interval_usec);
+                r = -EAGAIN;
+        } else {
+                pm = MAX(permille(in_flight, w.handoffs), permille(in_flight_bytes, w.bytes));
+                bool full = (w.handoffs > 0 && in_flight >= w.handoffs) ||
+                            (w.bytes > 0 && in_flight > 0 && in_flight_bytes + bytes > w.bytes);
+                if (full) {
+                        retry = c->interval_usec;
+                        r = -EAGAIN;
+                }
+        }
+        if (ret_retry_after)
+                *ret_retry_after = retry;
+        if (ret_permille)
+                *ret_permille = pm;
+        return r;
 }

@@ -54,6 +54,11 @@ typedef struct BackpressureConfig {
         usec_t stall_usec;                 /* no ACK progress with data outstanding */
         usec_t hold_usec;                  /* time below before stepping down */
         double release;                    /* step down below release * threshold */
+        /* The handoff window per peer (daemon/handoff-manager.c): handoffs and bytes in
+         * flight (prepared, not yet transferred) towards one peer; 0: no bound. */
+        unsigned window_handoffs;
+        uint64_t window_bytes;
+        double window_elevated;            /* fraction of the window left at ELEVATED */
 } BackpressureConfig;
 
 /* One observation of a path. Counters are cumulative totals (they may reset when a
@@ -94,7 +99,7 @@ void backpressure_config_defaults(BackpressureConfig *c);
  * RTTInflationHigh, RTTFloor, RTTMinBytes, RetransmitRateElevated, RetransmitRateHigh,
  * SendQueueElevated, SendQueueHigh, SendQueueGrowthElevated, SendQueueGrowthHigh,
  * HandoffsElevated, HandoffsHigh, DestinationFreeElevated, DestinationFreeHigh,
- * StallTimeout, Hold, Release. */
+ * StallTimeout, Hold, Release, WindowHandoffs, WindowBytes, WindowElevated. */
 int backpressure_config_set(BackpressureConfig *c, const char *key, const char *value);
 /* Checks that thresholds are ordered (elevated before high) and in range. */
 int backpressure_config_verify(const BackpressureConfig *c, const char **ret_problem);
@@ -109,6 +114,32 @@ int backpressure_update(BackpressureState *s, const BackpressureConfig *c, const
 BackpressureLevel backpressure_evaluate(const BackpressureState *s, const BackpressureConfig *c,
                                         const BackpressureSample *x, double scale,
                                         BackpressureReason *ret_reason);
+
+/* The handoff window towards a peer: at NONE the configured window; at ELEVATED, and at
+ * HIGH from queueing alone (RTT inflation, send queue and its growth, handoffs in
+ * flight: the path is busy, not failing), window_elevated of it (at least one
+ * handoff); closed (nothing new) at HIGH from loss or a full destination, and at
+ * STALLED. 0 in a field of an open window means "no bound". */
+typedef struct BackpressureWindow {
+        unsigned handoffs;
+        uint64_t bytes;
+        bool closed;       /* HIGH or STALLED: no new handoff at all */
+} BackpressureWindow;
+
+bool backpressure_window_closed(BackpressureLevel level, BackpressureReason reason);
+void backpressure_window(const BackpressureConfig *c, BackpressureLevel level, BackpressureReason reason,
+                         BackpressureWindow *ret);
+
+/* Whether a new handoff of `bytes` towards a peer at `level`, with `in_flight`
+ * handoffs of `in_flight_bytes` already in its window, may start now. Returns 0 when it
+ * may; -EAGAIN when it is to be deferred, with *ret_retry_after (relative) set: the
+ * earliest the level can step down (Hold) when the window is closed, one evaluation
+ * Interval when it is merely full. A handoff larger than the byte window still starts
+ * when nothing else is in flight (it would never fit otherwise). *ret_permille (may be
+ * NULL): how full the window is, 1000 = full or closed. */
+int backpressure_window_admit(const BackpressureConfig *c, BackpressureLevel level, BackpressureReason reason,
+                              unsigned in_flight, uint64_t in_flight_bytes, uint64_t bytes,
+                              usec_t *ret_retry_after, unsigned *ret_permille);
 
 const char *backpressure_level_to_string(BackpressureLevel l);
 const char *backpressure_reason_to_string(BackpressureReason r);

@@ -132,6 +132,7 @@ static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_e
         uint32_t slots = 0, queue_limit = 0;
         uint64_t free_pages = 0;
         bool have_pages = false;
+        const char *host = NULL;
         unsigned pools = 0;
         int r;
 
@@ -163,7 +164,9 @@ static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_e
                 else if (strcmp(key, "FreePages") == 0) {
                         r = sd_bus_message_read(msg, "v", "t", &free_pages);
                         have_pages = true;
-                } else if (strcmp(key, "Pools") == 0) {
+                } else if (strcmp(key, "Host") == 0)
+                        r = sd_bus_message_read(msg, "v", "s", &host);
+                else if (strcmp(key, "Pools") == 0) {
                         char **l = NULL;
                         r = sd_bus_message_enter_container(msg, 'v', "as");
                         if (r >= 0)
@@ -194,6 +197,14 @@ static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_e
         r = sd_bus_message_exit_container(msg);
         if (r < 0)
                 return r;
+
+        if (host) {
+                r = scheduler_set_worker_host(m, w->id_str, host);
+                if (r == -EINVAL)
+                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Host '%s' is not a host id.", host);
+                if (r < 0)
+                        return r;
+        }
 
         /* Re-add the worker's stages with the new parameters; its outstanding requests
          * stay only if nothing structural changed (slots/pools): dropping them is safer

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include "handoff-manager.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -69,6 +70,16 @@ typedef struct ClientRing {
         Ring *ring;
         sd_event_source *source;
 } ClientRing;
+
+/* Handoffs in flight towards one peer (source side): from Prepare until every group is
+ * transferred, or the handoff ends. Bounded by the backpressure window
+ * (backpressure_window_admit); one per peer ever used, freed at shutdown. */
+typedef struct PeerWindow {
+        char host[PEER_HOST_ID_MAX + 1]; /* key: the peer's host id */
+        char *name;                      /* the peer's name in telemetry */
+        unsigned handoffs;
+        uint64_t bytes;
+} PeerWindow;
 
 #define COOKIE_GROUP_BITS 10
 
@@ -169,6 +180,89 @@ static void notify_state(HandoffObject *o) {
         /* State changes are rare: always on the bus too. */
         (void)manager_emit_signal(obj_manager(o), o->path, "org.epd1.Handoff", "StateChanged", "ss",
                                   handoff_state_to_string(h->state), handoff_cause_to_string(h->cause));
+}
+
+/* ---- the backpressure window per peer ---- */
+
+static PeerWindow *window_get(HandoffManager *hm, Peer *peer, bool create) {
+        const char *host = peer_host_id(peer);
+        PeerWindow *w = hashmap_get(hm->windows, host);
+        if (w || !create)
+                return w;
+        w = calloc(1, sizeof *w);
+        if (!w)
+                return NULL;
+        snprintf(w->host, sizeof w->host, "%s", host);
+        w->name = strdup(peer_name(peer) ?: host);
+        if (!w->name || hashmap_put(hm->windows, w->host, w) < 0) {
+                free(w->name);
+                free(w);
+                return NULL;
+        }
+        return w;
+}
+
+static void window_publish(HandoffManager *hm, PeerWindow *w) {
+        /* The daemon's own load, folded into the path's level (HandoffsElevated/High). */
+        (void)telemetry_peer_load(hm->manager, w->name, w->handoffs, 0, 0);
+}
+
+static void window_leave(HandoffObject *o) {
+        if (!o->windowed)
+                return;
+        o->windowed = false;
+        PeerWindow *w = hashmap_get(o->hm->windows, o->peer_host);
+        if (!w)
+                return;
+        assert(w->handoffs > 0 && w->bytes >= o->window_bytes);
+        w->handoffs--;
+        w->bytes -= o->window_bytes;
+        window_publish(o->hm, w);
+}
+
+void handoff_manager_window(HandoffManager *hm, const char *peer, unsigned *ret_handoffs, uint64_t *ret_bytes) {
+        PeerWindow *w = hm && peer ? hashmap_get(hm->windows, peer) : NULL;
+        if (ret_handoffs)
+                *ret_handoffs = w ? w->handoffs : 0;
+        if (ret_bytes)
+                *ret_bytes = w ? w->bytes : 0;
+}
+
+/* The host id of the peer telemetry calls `name` (peers are named in the config by
+ * their section; handoffs, and so workers, use host ids). */
+static const char *peer_host_of_name(Manager *m, const char *name) {
+        for (size_t i = 0; i < peer_manager_n_peers(m->peers); i++) {
+                Peer *p = peer_manager_peer(m->peers, i);
+                if (p && peer_name(p) && strcmp(peer_name(p), name) == 0)
+                        return peer_host_id(p);
+        }
+        return name;
+}
+
+void handoff_manager_backpressure_changed(HandoffManager *hm, const char *peer, BackpressureLevel level,
+                                          BackpressureReason reason) {
+        if (!hm || !peer)
+                return;
+        Manager *m = hm->manager;
+        const char *host = peer_host_of_name(m, peer);
+        unsigned n = 0, permille = 0;
+        uint64_t bytes = 0;
+        usec_t retry = 0;
+        handoff_manager_window(hm, host, &n, &bytes);
+        (void)backpressure_window_admit(&m->config.telemetry.backpressure, level, reason, n, bytes, 0, &retry,
+                                        &permille);
+        if (level == BACKPRESSURE_NONE)
+                retry = 0;
+
+        struct epd_ring_record rec;
+        ring_record_backpressure(&rec, host, level, reason, permille, retry);
+        ClientRing *cr;
+        size_t it = 0;
+        while (hashmap_iterate(hm->rings, &it, (void **)&cr, NULL)) {
+                if (ring_post(cr->ring, &rec) < 0)
+                        hm->counters.ring_fallbacks++; /* the D-Bus signal carries it too */
+                (void)ring_kick(cr->ring);
+        }
 }
 
 /* ---- messages to the peer ---- */
@@ -560,6 +654,7 @@ static void obj_free(HandoffObject *o) {
         if (!o)
                 return;
         HandoffManager *hm = o->hm;
+        window_leave(o);
         /* Gone is released, also on the error paths of Prepare. */
         journal_released(o);
         obj_drop_pages(o);
@@ -767,6 +862,9 @@ static void after_event(HandoffObject *o) {
                 o->notified_state = h->state;
                 on_state(o, old);
         }
+        /* Out of the peer's window once every byte is across (or it ended). */
+        if (o->windowed && (handoff_is_ended(h) || h->state >= HANDOFF_TRANSFERRED))
+                window_leave(o);
         if (o->holds_pages && h->inflight == 0 &&
             (handoff_is_ended(h) || h->state == HANDOFF_COMMITTED))
                 obj_drop_pages(o);
@@ -1276,6 +1374,43 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
         bool gpu = local && dst_arena != src_arena &&
                    (src_arena->domain == MEMORY_GPU || dst_arena->domain == MEMORY_GPU);
 
+        /* A congested path takes new work slowly, not into an unbounded queue: the
+         * peer's window (docs/telemetry.md, "The handoff window"). */
+        uint64_t total_bytes = 0;
+        for (uint32_t g = 0; g < n_groups; g++)
+                total_bytes += bytes[g];
+        PeerWindow *win = NULL;
+        if (!local) {
+                win = window_get(hm, peer, true);
+                if (!win)
+                        return -ENOMEM;
+                TelemetryPeerStats st;
+                if (telemetry_peer_stats(m, win->name, &st) < 0)
+                        st = (TelemetryPeerStats){ .level = BACKPRESSURE_NONE, .reason = BACKPRESSURE_REASON_NONE };
+                BackpressureLevel level = st.level;
+                usec_t retry;
+                r = backpressure_window_admit(&m->config.telemetry.backpressure, level, st.reason, win->handoffs,
+                                              win->bytes, total_bytes, &retry, NULL);
+                if (r == -EAGAIN) {
+                        const char *why = backpressure_reason_to_string(st.reason);
+                        hm->counters.deferred++;
+                        (void)telemetry_trace(m, a->request_id, TRACE_HANDOFF_PREPARE,
+                                              &(TraceDetail){ .peer = a->destination, .detail = "deferred: backpressure" });
+                        log_debug("handoff %s: deferred: peer %s at %s (%s), %u handoffs / %" PRIu64 " bytes in flight",
+                                  a->request_id, a->destination, backpressure_level_to_string(level), why,
+                                  win->handoffs, win->bytes);
+                        if (backpressure_window_closed(level, st.reason))
+                                return epd_bus_error(error, EPD_ERROR_BACKPRESSURE,
+                                                     "Peer '%s' is backpressured (%s: %s); retry_after_usec=%" PRIu64,
+                                                     a->destination, backpressure_level_to_string(level), why, retry);
+                        return epd_bus_error(error, EPD_ERROR_BACKPRESSURE,
+                                             "Peer '%s': the handoff window is full (%s: %u handoffs, %" PRIu64
+                                             " bytes in flight); retry_after_usec=%" PRIu64,
+                                             a->destination, backpressure_level_to_string(level), win->handoffs,
+                                             win->bytes, retry);
+                }
+        }
+
         usec_t timeout = a->timeout_usec ? a->timeout_usec : m->config.handoff_timeout_usec;
         hm->last_token = handoff_next_token(hm->last_token, now_usec(CLOCK_REALTIME));
         HandoffObject *o;
@@ -1424,6 +1559,11 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
                                      a->destination, strerror(-r));
         }
         o->pending_reply = sd_bus_message_ref(msg);
+        o->windowed = true;
+        o->window_bytes = total_bytes;
+        win->handoffs++;
+        win->bytes += total_bytes;
+        window_publish(hm, win);
         hm->counters.prepared++;
         return 1;
 }
@@ -1963,6 +2103,7 @@ size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t
         PUT("rolled-back", c->rolled_back);
         PUT("released", c->released);
         PUT("refused", c->refused);
+        PUT("deferred", c->deferred);
         PUT("groups", c->groups);
         PUT("bytes", c->bytes);
         PUT("batches", c->batches);
@@ -2023,11 +2164,12 @@ static int handoff_init(Manager *m) {
         hm->incoming = hashmap_new(HASHMAP_KEY_BYTES, sizeof(InKey));
         hm->dest_pages = hashmap_new(HASHMAP_KEY_U64, 0);
         hm->rings = hashmap_new(HASHMAP_KEY_U64, 0);
+        hm->windows = hashmap_new(HASHMAP_KEY_STRING, 0);
         m->handoffs = hm;
         if (handoff_journal_init(&hm->journal) < 0)
                 return -ENOMEM;
         if (!hm->by_handle || !hm->sources || !hm->destinations || !hm->writes || !hm->incoming ||
-            !hm->dest_pages || !hm->rings)
+            !hm->dest_pages || !hm->rings || !hm->windows)
                 return -ENOMEM;
 
         int r = local_transport_new(0, &hm->local);
@@ -2135,6 +2277,12 @@ static void handoff_done(Manager *m) {
         hashmap_free(hm->incoming);
         hashmap_free(hm->dest_pages);
         hashmap_free(hm->rings);
+        while ((it = 0, hm->windows && hashmap_iterate(hm->windows, &it, &v, NULL))) {
+                PeerWindow *w = hashmap_remove(hm->windows, ((PeerWindow *)v)->host);
+                free(w->name);
+                free(w);
+        }
+        hashmap_free(hm->windows);
         free(hm);
         m->handoffs = NULL;
 }

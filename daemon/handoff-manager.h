@@ -27,6 +27,7 @@
 #include <systemd/sd-bus.h>
 #include <systemd/sd-event.h>
 
+#include "backpressure.h"
 #include "client.h"
 #include "handoff-record.h"
 #include "handoff.h"
@@ -89,6 +90,9 @@ struct HandoffObject {
         HandoffGroupLayout *layouts; /* per group */
         uint64_t bytes_moved;
         EpdId target_worker;
+        uint64_t window_bytes;   /* source, remote: bytes it holds in the peer's window;
+                                  * in the window while `windowed` */
+        bool windowed;
 
         sd_bus_message *pending_reply; /* source Prepare waiting for the destination */
         sd_event_source *timer;
@@ -106,6 +110,7 @@ struct HandoffManager {
         Hashmap *incoming;        /* incoming writes in flight by (peer, cookie) */
         Hashmap *dest_pages;      /* destination HandoffObject* by (arena << 32 | page) */
         Hashmap *rings;           /* ClientRing* by client serial */
+        Hashmap *windows;         /* PeerWindow* by peer host id: handoffs in flight */
         Transport *local;
         sd_event_source *local_source;
         sd_event_source *peer_source;
@@ -156,6 +161,12 @@ int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32
 /* Whether client c owns o. */
 bool handoff_object_owned_by(const HandoffObject *o, const Client *c);
 
+/* A peer path's backpressure level changed (telemetry): posts an
+ * EPD_RING_EV_BACKPRESSURE record to every worker's ring. */
+void handoff_manager_backpressure_changed(HandoffManager *hm, const char *peer, BackpressureLevel level,
+                                          BackpressureReason reason);
+/* The window towards a peer: handoffs and bytes in flight (0 when none). */
+void handoff_manager_window(HandoffManager *hm, const char *peer, unsigned *ret_handoffs, uint64_t *ret_bytes);
 /* WAL replay: one 0x03xx record. A destination's COMMITTED carries its decode
  * sequence, which is applied to the page manager here. */
 int handoff_manager_apply_record(Manager *m, uint16_t type, const void *payload, size_t len);

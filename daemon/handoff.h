@@ -199,6 +199,7 @@ typedef struct HandoffCounters {
         uint64_t rolled_back;
         uint64_t released;
         uint64_t refused;          /* Prepare refused by admission */
+        uint64_t deferred;         /* Prepare deferred: the peer's backpressure window */
         uint64_t groups;
         uint64_t bytes;
         uint64_t batches;

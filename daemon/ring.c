@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "backpressure.h"
 #include "handoff.h"
 #include "macro.h"
 #include "ring.h"
@@ -203,9 +205,29 @@ void ring_record_handoff_state(struct epd_ring_record *rec, const uint8_t reques
         rec->arg1 = cause;
 }
 
-void ring_record_backpressure(struct epd_ring_record *rec, uint32_t permille, uint64_t delay_usec) {
+_Static_assert(offsetof(struct epd_ring_record, group) == 8 + EPD_RING_PEER_MAX, "backpressure record ABI");
+_Static_assert((int)EPD_BACKPRESSURE_STALLED == (int)BACKPRESSURE_STALLED &&
+               (int)EPD_BACKPRESSURE_HIGH == (int)BACKPRESSURE_HIGH &&
+               (int)EPD_BACKPRESSURE_ELEVATED == (int)BACKPRESSURE_ELEVATED, "backpressure levels ABI");
+_Static_assert((int)EPD_BACKPRESSURE_REASON_DISCONNECTED == (int)BACKPRESSURE_REASON_DISCONNECTED &&
+               (int)EPD_BACKPRESSURE_REASON_RETRANSMITS == (int)BACKPRESSURE_REASON_RETRANSMITS &&
+               (int)EPD_BACKPRESSURE_REASON_DESTINATION_FULL == (int)BACKPRESSURE_REASON_DESTINATION_FULL &&
+               (int)_BACKPRESSURE_REASON_MAX == (int)EPD_BACKPRESSURE_REASON_DISCONNECTED + 1,
+               "backpressure reasons ABI");
+
+void ring_record_backpressure(struct epd_ring_record *rec, const char *peer, uint32_t level, uint32_t reason,
+                              uint32_t permille, uint64_t delay_usec) {
         memset(rec, 0, sizeof *rec);
         rec->opcode = EPD_RING_EV_BACKPRESSURE;
+        size_t n = peer ? strlen(peer) : 0;
+        if (n > EPD_RING_PEER_MAX) {
+                n = EPD_RING_PEER_MAX;
+                rec->flags |= EPD_RING_F_PEER_TRUNCATED;
+        }
+        if (n > 0)
+                memcpy((uint8_t *)rec + 8, peer, n);
+        rec->group = level;
+        rec->count = reason;
         rec->arg0 = permille;
         rec->arg1 = delay_usec;
 }

@@ -50,7 +50,10 @@ void ring_record_group_progress(struct epd_ring_record *rec, const uint8_t reque
                                 uint64_t bytes);
 void ring_record_handoff_state(struct epd_ring_record *rec, const uint8_t request_id[16],
                                uint64_t token, uint32_t state, uint32_t cause);
-void ring_record_backpressure(struct epd_ring_record *rec, uint32_t permille, uint64_t delay_usec);
+/* peer: its host id (cut at EPD_RING_PEER_MAX bytes, flagged); level and reason as in
+ * backpressure.h (the public EPD_BACKPRESSURE_* numbers). */
+void ring_record_backpressure(struct epd_ring_record *rec, const char *peer, uint32_t level, uint32_t reason,
+                              uint32_t permille, uint64_t delay_usec);
 
 /* The opcode's name, or NULL. */
 const char *ring_opcode_to_string(uint16_t opcode);

@@ -5,10 +5,14 @@
 #include <string.h>
 
 #include "feature.h"
+#include "handoff-manager.h"
+#include "hashmap.h"
 #include "log.h"
 #include "pages.h"
+#include "peer.h"
 #include "pool-select.h"
 #include "scheduler-manager.h"
+#include "telemetry.h"
 #include "worker.h"
 
 #define EXPIRE_INTERVAL_USEC (1 * USEC_PER_SEC)
@@ -32,6 +36,7 @@ unsigned scheduler_stages_of_role(int role) {
 /* Event sources of the subsystem, hung on the Scheduler (sched_set_userdata). */
 typedef struct SchedulerGlue {
         sd_event_source *expire;
+        Hashmap *hosts;            /* WorkerHost* by worker id (ConfigureWorker "Host") */
         /* ConfigureWorker(Pools=): the pools a worker limited itself to, by id_str
          * (the worker's own string is the key; value: mask | SCHED_OVERRIDE_SET). */
         Hashmap *overrides;
@@ -41,6 +46,85 @@ typedef struct SchedulerGlue {
 
 static SchedulerGlue *glue(Manager *m) {
         return m->scheduler ? sched_get_userdata(m->scheduler) : NULL;
+}
+
+/* A worker's host (the key is the entry's own `worker`). */
+typedef struct WorkerHost {
+        char worker[EPD_ID_STRING_MAX];
+        char host[PEER_HOST_ID_MAX + 1];
+} WorkerHost;
+
+static void host_forget(SchedulerGlue *g, const char *worker_id) {
+        if (g && g->hosts)
+                free(hashmap_remove(g->hosts, worker_id));
+}
+
+static const char *host_of(SchedulerGlue *g, const char *worker_id) {
+        WorkerHost *h = g && g->hosts ? hashmap_get(g->hosts, worker_id) : NULL;
+        return h ? h->host : NULL;
+}
+
+int scheduler_set_worker_host(Manager *m, const char *worker_id, const char *host) {
+        SchedulerGlue *g = glue(m);
+        if (!g || !worker_id)
+                return -EINVAL;
+        if (!manager_get_worker(m, worker_id))
+                return -ENOENT;
+        if (host && strlen(host) > PEER_HOST_ID_MAX)
+                return -EINVAL;
+        host_forget(g, worker_id);
+        if (!host || !host[0] || strcmp(host, m->config.host_id) == 0)
+                return 0;
+        WorkerHost *h = calloc(1, sizeof *h);
+        if (!h)
+                return -ENOMEM;
+        snprintf(h->worker, sizeof h->worker, "%s", worker_id);
+        snprintf(h->host, sizeof h->host, "%s", host);
+        int r = hashmap_put(g->hosts, h->worker, h);
+        if (r < 0)
+                free(h);
+        return r;
+}
+
+SchedPressure scheduler_path_pressure(BackpressureLevel level, BackpressureReason reason, bool window_full) {
+        if (backpressure_window_closed(level, reason))
+                return SCHED_PRESSURE_STOP;
+        if (window_full)
+                return SCHED_PRESSURE_HIGH;
+        return level >= BACKPRESSURE_ELEVATED ? SCHED_PRESSURE_ELEVATED : SCHED_PRESSURE_OK;
+}
+
+/* The path from a prefill to a decode worker: the peer path to whichever of them is on
+ * another host (prefill workers register here; a decode worker may be remote). */
+static SchedPressure path(void *userdata, const char *from, const char *to) {
+        Manager *m = userdata;
+        SchedulerGlue *g = glue(m);
+        const char *hf = host_of(g, from), *ht = host_of(g, to);
+        const char *remote = ht ?: hf;
+        if (!remote || (hf && ht && strcmp(hf, ht) == 0))
+                return SCHED_PRESSURE_OK;
+        if (hf && ht)
+                return SCHED_PRESSURE_OK; /* between two other hosts: not a path we see */
+        Peer *p = m->peers ? peer_manager_find(m->peers, remote) : NULL;
+        if (!p)
+                return SCHED_PRESSURE_OK; /* not a configured peer: nothing known */
+        if (!peer_is_up(p))
+                return SCHED_PRESSURE_STOP;
+        const char *name = peer_name(p) ?: remote;
+        TelemetryPeerStats st;
+        if (telemetry_peer_stats(m, name, &st) < 0)
+                return SCHED_PRESSURE_OK; /* no telemetry of that path */
+        unsigned n;
+        uint64_t bytes;
+        handoff_manager_window(m->handoffs, remote, &n, &bytes);
+        bool full = backpressure_window_admit(&m->config.telemetry.backpressure, st.level, st.reason, n, bytes, 0,
+                                              NULL, NULL) < 0;
+        SchedPressure pr = scheduler_path_pressure(st.level, st.reason, full);
+        if (pr != SCHED_PRESSURE_OK)
+                log_debug("Scheduler: path %s -> %s (peer %s) is %s (%s)%s.", from, to, remote,
+                          backpressure_level_to_string(st.level), backpressure_reason_to_string(st.reason),
+                          full ? ", handoff window full" : "");
+        return pr;
 }
 
 /* The scheduler's config from epd.conf's [Pool:NAME] sections over the defaults. */
@@ -125,7 +209,10 @@ static int scheduler_init(Manager *m) {
         if (!g)
                 return log_oom();
         sched_set_userdata(m->scheduler, g);
-        sched_set_ops(m->scheduler, &(SchedOps){ .affinity = affinity, .userdata = m });
+        g->hosts = hashmap_new(HASHMAP_KEY_STRING, 0);
+        if (!g->hosts)
+                return log_oom();
+        sched_set_ops(m->scheduler, &(SchedOps){ .affinity = affinity, .path = path, .userdata = m });
         r = sd_event_add_time_relative(m->event, &g->expire, CLOCK_MONOTONIC,
                                        EXPIRE_INTERVAL_USEC, USEC_PER_SEC / 10, on_expire, m);
         if (r < 0)
@@ -138,6 +225,11 @@ static void scheduler_done(Manager *m) {
         SchedulerGlue *g = m->scheduler ? sched_get_userdata(m->scheduler) : NULL;
         if (g) {
                 sd_event_source_disable_unref(g->expire);
+                void *v;
+                size_t it;
+                while ((it = 0, g->hosts && hashmap_iterate(g->hosts, &it, &v, NULL)))
+                        free(hashmap_remove(g->hosts, ((WorkerHost *)v)->worker));
+                hashmap_free(g->hosts);
                 hashmap_free(g->overrides);
                 free(g);
         }
@@ -196,6 +288,7 @@ static void scheduler_worker_gone(Manager *m, Worker *w) {
         SchedulerGlue *g = glue(m);
         if (!m->scheduler)
                 return;
+        host_forget(glue(m), w->id_str);
         if (g && g->overrides)
                 (void)hashmap_remove(g->overrides, w->id_str);
         for (int st = 0; st < _SCHED_STAGE_MAX; st++)

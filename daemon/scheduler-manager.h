@@ -6,6 +6,7 @@
  * prefill and decode), drops requests whose workers never reported, and serves
  * org.epd1.Scheduler (bus-scheduler.c). */
 
+#include "backpressure.h"
 #include "manager.h"
 #include "scheduler.h"
 
@@ -32,3 +33,15 @@ int bus_scheduler_add(Manager *m, sd_bus *bus);
 /* Sets each decode worker's free pages from the KV page pools of the arenas it maps
  * (free + evictable idle pages); called before each admission. */
 void scheduler_refresh_pages(Manager *m);
+
+/* Where a worker's KV lives, for the path between a prefill and a decode worker: the
+ * host id of the epdd that receives its pages (ConfigureWorker "Host"); NULL or "" is
+ * this host. -ENOENT for an unknown worker. */
+int scheduler_set_worker_host(Manager *m, const char *worker_id, const char *host);
+
+/* The scheduler's view of a path from the telemetry's: a closed handoff window (high
+ * from loss or a full destination, or stalled: the handoff path would defer the work
+ * with Error.Backpressure) stops new work on it; a full window leaves it to the
+ * top-priority pool only; elevated, or high from queueing alone, makes it a second
+ * choice. Pure. */
+SchedPressure scheduler_path_pressure(BackpressureLevel level, BackpressureReason reason, bool window_full);

@@ -67,23 +67,37 @@ static void unpin_all(TelemetryBpf *b) {
 }
 
 static int pin_maps(TelemetryBpf *b, const char *pin_dir) {
-        _cleanup_(freep) char *parent = strdup(pin_dir);
-        if (!parent)
-                return -ENOMEM;
-        char *slash = strrchr(parent, '/');
-        if (slash && slash != parent)
-                *slash = '\0';
-
         struct statfs sfs;
-        if (statfs(parent, &sfs) < 0)
-                return log_warning_errno(errno, "Cannot pin telemetry maps: %s: %m", parent);
-        if ((unsigned long)sfs.f_type != (unsigned long)BPF_FS_MAGIC)
-                return log_warning_errno(ENOTSUP,
-                                         "Cannot pin telemetry maps: %s is not a bpf filesystem "
-                                         "(mount -t bpf bpf %s).", parent, parent);
 
-        if (mkdir(pin_dir, 0755) < 0 && errno != EEXIST)
-                return log_warning_errno(errno, "Cannot create %s: %m", pin_dir);
+        /* The directory itself may be on a bpf filesystem already: made for us and bound
+         * into the service's namespace (epd.service: /sys/fs/bpf is a private tmpfs
+         * there holding only /sys/fs/bpf/epd; docs/systemd.md, "BPF pins"). Otherwise
+         * its parent must be a bpf filesystem, and the directory is created. */
+        int k = statfs(pin_dir, &sfs) < 0 ? -errno : 0;
+        if (k == -EACCES)
+                return log_warning_errno(EACCES, "Cannot pin telemetry maps: %s: %m (a directory on the way is "
+                                                 "not searchable by uid %u)", pin_dir, (unsigned)geteuid());
+        if (k < 0 || (unsigned long)sfs.f_type != (unsigned long)BPF_FS_MAGIC) {
+                _cleanup_(freep) char *parent = strdup(pin_dir);
+                if (!parent)
+                        return -ENOMEM;
+                char *slash = strrchr(parent, '/');
+                if (slash && slash != parent)
+                        *slash = '\0';
+
+                if (statfs(parent, &sfs) < 0)
+                        return log_warning_errno(errno, "Cannot pin telemetry maps: %s: %m%s", parent,
+                                                 errno == EACCES ? " (a bpffs is mounted mode 0700 root; under "
+                                                                   "systemd the unit binds a directory made for "
+                                                                   "epd, see docs/systemd.md)" : "");
+                if ((unsigned long)sfs.f_type != (unsigned long)BPF_FS_MAGIC)
+                        return log_warning_errno(ENOTSUP,
+                                                 "Cannot pin telemetry maps: neither %s nor %s is on a bpf "
+                                                 "filesystem (mount -t bpf bpf %s).", pin_dir, parent, parent);
+
+                if (mkdir(pin_dir, 0755) < 0 && errno != EEXIST)
+                        return log_warning_errno(errno, "Cannot pin telemetry maps: cannot create %s: %m", pin_dir);
+        }
 
         b->pin_dir = strdup(pin_dir);
         if (!b->pin_dir)
@@ -181,8 +195,11 @@ int telemetry_bpf_open(TelemetryBpf **ret, const char *pin_dir, uint64_t sample_
         }
 
         /* Pins are a convenience for tools: failing to pin is not failing to load. */
-        if (pin_dir)
-                (void)pin_maps(b, pin_dir);
+        if (pin_dir && pin_maps(b, pin_dir) < 0 && b->pin_dir) {
+                unpin_all(b); /* all or nothing: a tool finds every map or none */
+                free(b->pin_dir);
+                b->pin_dir = NULL;
+        }
 
         *ret = TAKE_PTR(b);
         if (ret_why)

@@ -8,6 +8,7 @@
 #include "hashmap.h"
 #include "log.h"
 #include "bus-telemetry.h"
+#include "handoff-manager.h"
 #include "manager.h"
 #include "telemetry-bpf.h"
 #include "telemetry.h"
@@ -326,8 +327,9 @@ static int bpf_start(Telemetry *t) {
                 (void)telemetry_bpf_track(t->bpf, c->cookie, c->peer->id, c->peer->name);
         }
 
-        log_info("Kernel telemetry loaded%s%s.", t->config.pin_dir ? ", maps pinned under " : "",
-                 t->config.pin_dir ?: "");
+        const char *pins = telemetry_bpf_pin_dir(t->bpf);
+        log_info("Kernel telemetry loaded%s%s%s.", pins ? ", maps pinned under " : "", pins ?: "",
+                 !pins && t->config.pin_dir ? ", maps not pinned (see above)" : "");
         return 0;
 }
 
@@ -395,6 +397,13 @@ int telemetry_track(Telemetry *t, int fd, const char *peer) {
                 return r;
         if (p->n_conns >= TELEMETRY_CONNS_PER_PEER)
                 return -ENOSPC;
+        /* The peer is back after every connection of it was gone: a new path, judged
+         * afresh (hysteresis would otherwise hold "disconnected" for seconds while the
+         * new connection works, and the handoff window would stay closed). */
+        bool was_gone = p->ever_tracked;
+        for (unsigned i = 0; i < p->n_conns; i++)
+                if (!p->conns[i]->closed)
+                        was_gone = false;
         if (hashmap_size(t->conns) >= EPD_TELEMETRY_MAX_CONNS)
                 return -ENOSPC;
 
@@ -410,6 +419,12 @@ int telemetry_track(Telemetry *t, int fd, const char *peer) {
         }
         p->conns[p->n_conns++] = c;
         p->ever_tracked = true;
+        if (was_gone && p->bp.level != BACKPRESSURE_NONE) {
+                backpressure_state_init(&p->bp);
+                log_info("Backpressure towards %s: none (connected again).", p->name);
+                if (t->on_backpressure)
+                        t->on_backpressure(t, p->name, BACKPRESSURE_NONE, BACKPRESSURE_REASON_NONE, t->userdata);
+        }
 
         if (t->bpf) {
                 r = telemetry_bpf_track(t->bpf, cookie, p->id, p->name);
@@ -608,6 +623,8 @@ static void on_backpressure_bus(Telemetry *t, const char *peer, BackpressureLeve
         int r = bus_telemetry_emit_backpressure(m, peer, level, reason);
         if (r < 0)
                 log_warning_errno(r, "Cannot emit Backpressure for %s: %m", peer);
+        /* Workers that use the ring get the same news there, without the bus. */
+        handoff_manager_backpressure_changed(m->handoffs, peer, level, reason);
 }
 
 static int subsystem_init(Manager *m) {

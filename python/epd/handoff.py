@@ -15,11 +15,11 @@ See docs/handoff.md for the states and the guarantees."""
 import ctypes
 import errno as _errno
 import time
-from typing import List, Optional, Sequence as Seq
+from typing import List, NamedTuple, Optional, Sequence as Seq
 
 from . import _lib
 
-__all__ = ["Handoff", "Accepted", "Ring", "RingRecord"]
+__all__ = ["Handoff", "Accepted", "Ring", "RingRecord", "Backpressure"]
 
 _P = ctypes.POINTER
 RING_EV_COMPLETION = 0x81
@@ -46,12 +46,40 @@ class _Status(ctypes.Structure):
                 ("n_groups", ctypes.c_uint32), ("bytes", ctypes.c_uint64)]
 
 
+RING_F_PEER_TRUNCATED = 0x0002
+BACKPRESSURE_LEVELS = ("none", "elevated", "high", "stalled")
+BACKPRESSURE_REASONS = ("none", "rtt-inflation", "retransmits", "send-queue", "send-queue-growth",
+                        "handoffs-in-flight", "destination-full", "stalled", "disconnected")
+
+
+class Backpressure(NamedTuple):
+    """EPD_RING_EV_BACKPRESSURE, decoded: a peer path's level changed."""
+    peer: str               # the peer's host id (cut at 32 bytes when `truncated`)
+    truncated: bool
+    level: int              # 0 none, 1 elevated, 2 high, 3 stalled
+    level_name: str
+    reason: str             # as in the D-Bus signal ("retransmits", ...)
+    permille: int           # how full the handoff window to that peer is (1000: closed)
+    retry_after_usec: int   # what a Prepare towards it would be told now (0 at none)
+
+
 class RingRecord(ctypes.Structure):
     """struct epd_ring_record (client/include/epd/ring.h), 64 bytes."""
     _fields_ = [("opcode", ctypes.c_uint16), ("flags", ctypes.c_uint16), ("result", ctypes.c_int32),
                 ("user_data", ctypes.c_uint64), ("request_id", ctypes.c_uint8 * 16), ("token", ctypes.c_uint64),
                 ("group", ctypes.c_uint32), ("count", ctypes.c_uint32), ("arg0", ctypes.c_uint64),
                 ("arg1", ctypes.c_uint64)]
+
+    def backpressure(self) -> Optional[Backpressure]:
+        """The backpressure notice this record carries, or None for another record (or a
+        level this version does not know)."""
+        if self.opcode != RING_EV_BACKPRESSURE or self.group >= len(BACKPRESSURE_LEVELS):
+            return None
+        raw = bytes(self)[8:40]
+        peer = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+        reason = BACKPRESSURE_REASONS[self.count] if self.count < len(BACKPRESSURE_REASONS) else str(self.count)
+        return Backpressure(peer, bool(self.flags & RING_F_PEER_TRUNCATED), self.group,
+                            BACKPRESSURE_LEVELS[self.group], reason, min(self.arg0, 1000), self.arg1)
 
 
 assert ctypes.sizeof(RingRecord) == 64

@@ -57,6 +57,32 @@ class Daemon:
         return rc
 
 
+class RingRecordTest(unittest.TestCase):
+    """Decoding the ring's backpressure record: pure, with built records."""
+
+    def test_backpressure(self):
+        from epd.handoff import RingRecord, RING_EV_BACKPRESSURE
+        rec = RingRecord()
+        rec.opcode, rec.group, rec.count, rec.arg0, rec.arg1 = RING_EV_BACKPRESSURE, 2, 2, 1000, 1000000
+        raw = bytearray(bytes(rec))
+        raw[8:13] = b"bravo"
+        rec = RingRecord.from_buffer_copy(bytes(raw))
+        bp = rec.backpressure()
+        self.assertEqual((bp.peer, bp.truncated, bp.level, bp.level_name, bp.reason, bp.permille, bp.retry_after_usec),
+                         ("bravo", False, 2, "high", "retransmits", 1000, 1000000))
+        # A 32-byte host id fills the field without a terminator; a longer one is flagged.
+        raw[8:40] = b"h" * 32
+        raw[2:4] = (0x0002).to_bytes(2, "little")
+        bp = RingRecord.from_buffer_copy(bytes(raw)).backpressure()
+        self.assertEqual((bp.peer, bp.truncated), ("h" * 32, True))
+        # Another opcode, or a level this version does not know: None.
+        other = RingRecord()
+        other.opcode = 0x81
+        self.assertIsNone(other.backpressure())
+        rec.group = 7
+        self.assertIsNone(rec.backpressure())
+
+
 class BindingTest(unittest.TestCase):
     def setUp(self):
         self.d = Daemon()

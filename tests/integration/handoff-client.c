@@ -16,6 +16,13 @@
  *     "group G MISMATCH" otherwise, exit 4), Commits when all are in ("final
  *     committed - MS"), or reports "final rolled-back CAUSE MS"; releases everything.
  *
+ *   handoff-client watch ADDRESS DECODE_HOST SECONDS
+ *     registers a prefill worker with a ring and a decode worker placed on DECODE_HOST
+ *     (ConfigureWorker Host), prints "ring-open", then for SECONDS: every ring
+ *     backpressure record as "backpressure PEER LEVEL REASON PERMILLE RETRY_US", and
+ *     every 100 ms an Admit of a new request, printed as "verdict VERDICT REASON" when
+ *     it differs from the previous one (admitted requests are completed at once).
+ *
  * With HANDOFF_CLIENT_BENCH=1 (bench/bench-handoff-netns.py): no pattern is written or
  * checked, the state is polled every 100 us, and the prefill side prints "shipped US
  * BYTES", the microseconds from the first LayerGroupReady to the source's handoff
@@ -129,7 +136,12 @@ static int run_prefill(char **argv) {
                 usleep(20000); /* the peer is still connecting */
         }
         if (r < 0) {
-                printf("prepare-failed %s\n", epd_last_error_name(c) ?: strerror(-r));
+                uint64_t retry = epd_last_error_retry_after_usec(c);
+                if (retry > 0)
+                        printf("prepare-failed %s retry_after_usec=%" PRIu64 "\n", epd_last_error_name(c) ?: strerror(-r),
+                               retry);
+                else
+                        printf("prepare-failed %s\n", epd_last_error_name(c) ?: strerror(-r));
                 fflush(stdout);
                 epd_sequence_release(c, seq);
                 free(seq);
@@ -283,6 +295,59 @@ static int run_decode(char **argv) {
         return ret;
 }
 
+static int run_watch(char **argv) {
+        const char *address = argv[0], *decode_host = argv[1];
+        uint64_t end = now_ms() + strtoull(argv[2], NULL, 0) * 1000;
+        epd_client *c = NULL, *d = NULL;
+        epd_ring_client *ring = NULL;
+        int r = connect_worker(address, "prefill", &c);
+        if (r)
+                return r;
+        r = connect_worker(address, "decode", &d);
+        if (r)
+                return r;
+        if ((r = epd_configure_worker_host(d, decode_host)) < 0)
+                return fail(d, r, "configure-worker-host");
+        if ((r = epd_ring_open(c, 64, 256, &ring)) < 0)
+                return fail(c, r, "open-ring");
+        printf("ring-open\n");
+        char last[64] = "";
+        unsigned n = 0;
+        while (now_ms() < end) {
+                struct epd_ring_record rec;
+                while ((r = epd_ring_next(ring, &rec, 100000)) >= 0) {
+                        struct epd_ring_backpressure bp;
+                        if (epd_ring_record_backpressure(&rec, &bp) < 0)
+                                continue;
+                        printf("backpressure %s %u %u %u %" PRIu64 "\n", bp.peer, bp.level, bp.reason, bp.permille,
+                               bp.retry_after_usec);
+                }
+                if (r != -EAGAIN)
+                        return fail(c, r, "ring");
+                char rid[40];
+                epd_admission a;
+                snprintf(rid, sizeof rid, "watch-%u", n++);
+                if ((r = epd_admit(c, rid, "interactive", 0, 0, false, &a)) < 0)
+                        return fail(c, r, "admit");
+                static const char *const verdicts[] = { "admit", "defer", "reject" };
+                char now[64];
+                snprintf(now, sizeof now, "%s %s", verdicts[a.verdict], a.reason);
+                if (strcmp(now, last) != 0) {
+                        printf("verdict %s\n", now);
+                        snprintf(last, sizeof last, "%s", now);
+                }
+                if (a.verdict == EPD_ADMIT &&
+                    ((r = epd_complete(c, rid, "prefill", 1000, true)) < 0 ||
+                     (r = epd_complete(c, rid, "decode", 1000, true)) < 0))
+                        return fail(c, r, "complete");
+        }
+        printf("done\n");
+        epd_ring_close(ring);
+        epd_disconnect(d);
+        epd_disconnect(c);
+        return 0;
+}
+
 int main(int argc, char *argv[]) {
         setvbuf(stdout, NULL, _IOLBF, 0);
         bench = getenv("HANDOFF_CLIENT_BENCH") && strcmp(getenv("HANDOFF_CLIENT_BENCH"), "1") == 0;
@@ -290,9 +355,12 @@ int main(int argc, char *argv[]) {
                 return run_prefill(argv + 2);
         if (argc == 5 && strcmp(argv[1], "decode") == 0)
                 return run_decode(argv + 2);
+        if (argc == 5 && strcmp(argv[1], "watch") == 0)
+                return run_watch(argv + 2);
         fprintf(stderr,
                 "usage: %s prefill ADDRESS ARENA DEST_HOST REQUEST_ID PAGES GROUPS DELAY_MS TIMEOUT_MS\n"
-                "       %s decode ADDRESS REQUEST_ID TIMEOUT_MS\n",
-                argv[0], argv[0]);
+                "       %s decode ADDRESS REQUEST_ID TIMEOUT_MS\n"
+                "       %s watch ADDRESS DECODE_HOST SECONDS\n",
+                argv[0], argv[0], argv[0]);
         return 2;
 }

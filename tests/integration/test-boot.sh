@@ -53,6 +53,7 @@ cleanup() {
         done
         # nspawn's mount-propagation directory, left behind when nspawn was killed.
         rmdir "/run/systemd/nspawn/propagate/$NAME" 2>/dev/null
+        umount "$WORK/bpffs" 2>/dev/null
         rm -rf "$WORK/dest"
         rm -rf "$BUILD_ROOT/test-boot.last"
         mv "$WORK" "$BUILD_ROOT/test-boot.last" 2>/dev/null || rm -rf "$WORK"
@@ -72,6 +73,20 @@ trap 'echo "interrupted"; exit 130' INT TERM
 mkdir -p "$WORK/opt" "$WORK/results"
 cp "$SRC/tests/integration/boot/driver.sh" "$EPD_TEST_WORKER" "$WORK/opt/"
 case "${B_SANITIZE:-none}" in none | "") ;; *) touch "$WORK/opt/sanitized" ;; esac
+
+# A bpf filesystem for the container's /sys/fs/bpf, mounted as systemd mounts it on a
+# host (mode=700, root): systemd does not mount one inside a container, and the unit's
+# pinning setup is what is tested (the driver's section_pins). Without one, the driver
+# checks that epdd says why it does not pin.
+BPF_ARGS=()
+mkdir -p "$WORK/bpffs"
+# (EPD_BOOT_NO_BPFFS=1: boot without one, to see that path.)
+if [ -z "${EPD_BOOT_NO_BPFFS:-}" ] && mount -t bpf -o mode=700 bpf "$WORK/bpffs" 2>"$WORK/bpffs.err"; then
+        BPF_ARGS=(--bind="$WORK/bpffs:/sys/fs/bpf")
+        touch "$WORK/opt/bpffs"
+else
+        echo "no bpffs for the container ($(cat "$WORK/bpffs.err")): checking that epdd says why it does not pin"
+fi
 
 # A cgroup of its own for this run (in every hierarchy that nspawn uses here), so
 # that nspawn's payload/supervisor cgroups (--keep-unit) never collide with another
@@ -115,7 +130,7 @@ boot() {
 t0=$(date +%s%N)
 boot "$LIMIT" "$WORK/results" \
         --overlay-ro="/usr:$WORK/dest/usr:/usr" \
-        --bind-ro="$WORK/opt:/opt/epd-test" \
+        --bind-ro="$WORK/opt:/opt/epd-test" "${BPF_ARGS[@]}" \
         --bind-ro="$SRC/tests/integration/boot/epd-boot-driver.service:/etc/systemd/system/epd-boot-driver.service" \
         --bind-ro="$SRC/tests/integration/boot/00-epd-boot.preset:/etc/systemd/system-preset/00-epd-boot.preset" \
         -- systemd.wants=epd-boot-driver.service

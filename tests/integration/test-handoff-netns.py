@@ -15,8 +15,16 @@ lease, handoff or write in flight afterwards (epdctl --json pages/handoffs/peers
 within the heartbeat bound (HeartbeatInterval=1s). A host with the wrong cluster key:
 Prepare fails with PeerUnavailable and nothing is written there.
 
+handoff-netns-backpressure: kernel loss on the alpha -> bravo path (tbf and nftables
+random drop at bravo) during a transfer drives the path's backpressure level to high;
+then new handoffs to bravo are deferred (Prepare fails with Error.Backpressure and a
+retry-after), a worker's ring gets the backpressure record, and Admit defers work for a
+decode worker placed on bravo with reason "backpressure"; once the link recovers, the
+level steps down, the ring says so, and handoffs and admissions resume.
+
 TEST: handoff-netns-two, handoff-netns-three, handoff-netns-faults, handoff-netns-loss,
-handoff-netns-wrong-key. Needs root (ip netns, tc, nft); exits 77 (skip) without it."""
+handoff-netns-wrong-key, handoff-netns-backpressure. Needs root (ip netns, tc, nft);
+exits 77 (skip) without it."""
 
 import importlib.util
 import json
@@ -46,7 +54,8 @@ ONLY = None
 
 
 class Cluster:
-    def __init__(self, build, tmp, n, keys=None, arena_mb=64):
+    def __init__(self, build, tmp, n, keys=None, arena_mb=64, heartbeat_s=HEARTBEAT_S, extra=""):
+        self.heartbeat_s, self.extra = heartbeat_s, extra
         self.build, self.tmp = build, tmp
         self.epdd = os.path.join(build, "daemon", "epdd")
         self.epdctl = os.path.join(build, "tools", "epdctl")
@@ -65,7 +74,7 @@ class Cluster:
                     f"StateDirectory={self.tmp}/{self.names[i]}.state\n"
                     f"[Arena:kv0]\nSize={self.arena_mb}M\n"
                     f"[Cluster]\nListen={self.net.ip(i)}:7400\nClusterKeyFile={self.keys[i]}\n"
-                    f"HeartbeatInterval={int(HEARTBEAT_S * 1000)}ms\n")
+                    f"HeartbeatInterval={int(self.heartbeat_s * 1000)}ms\n" + self.extra)
             for j, n in enumerate(self.names):
                 if j != i:
                     f.write(f"[Peer:{n}]\nAddress={self.net.ip(j)}:7400\nHostId={n}\n")
@@ -212,6 +221,18 @@ class Client:
             self.kill()
             raise AssertionError(f"{self.argv[1]} client did not finish: {self.lines}")
         return rc
+
+    def wait_line_from(self, start, pred, timeout):
+        """The first line at index >= start for which pred(line) holds, or None."""
+        end = time.monotonic() + timeout
+        while True:
+            for l in self.lines[start:]:
+                if pred(l):
+                    return l
+            left = end - time.monotonic()
+            if left <= 0 or self.eof:
+                return None
+            self._read(left)
 
     def kill(self):
         if self.proc.poll() is None:
@@ -391,6 +412,81 @@ def test_wrong_key(cl):
     check_ok(cl, p, d, "alpha->bravo next to a wrong-key host")
 
 
+BP_CONF = ("[Telemetry]\nPinDirectory=no\n"
+           "[Backpressure]\nInterval=100ms\nHold=1s\nStallTimeout=2s\nRTTFloor=50ms\n")
+
+
+def path_level(cl, i, peer):
+    for p in cl.ctl(i, "paths") or []:
+        if p["peer"] == peer:
+            return p
+    return None
+
+
+def test_backpressure(cl):
+    cl.start_all()
+    cl.wait_mesh()
+    log = open(os.path.join(cl.tmp, "alpha.log")).read()
+    if "Kernel telemetry loaded" not in log:
+        skip("kernel telemetry did not load: " +
+             next((l for l in log.splitlines() if "telemetry" in l.lower()), "(no log line)"))
+    # A worker with a ring on alpha, and a decode worker placed on bravo for Admit.
+    w = cl.spawn("watch", cl.addr(0), "bravo", 90)
+    assert w.wait_line("ring-open", 10), w.lines
+    assert w.wait_line("verdict admit none", 10), w.lines
+    mark = len(w.lines)
+
+    # Loss on the path during a transfer: retransmits -> level high.
+    cl.shape(0, "40mbit")
+    cl.nft(1, "table inet epdloss {\n chain in { type filter hook input priority 0; policy accept;\n"
+              "  numgen random mod 100 < 15 drop\n }\n}\n")
+    big_d = cl.decode(1, rid(0x400), 60000)
+    big_p = cl.prefill(0, "bravo", rid(0x400), 512, 4, 0, 60000)
+    assert big_p.wait_line("prepared", 10), big_p.lines
+    wait_until(lambda: (path_level(cl, 0, "bravo") or {}).get("kernel"), 10, "kernel records of the path")
+    hi = w.wait_line_from(mark, lambda l: l.startswith("backpressure bravo ") and int(l.split()[2]) >= 2, 30)
+    assert hi, ("no backpressure record at level high", w.lines, path_level(cl, 0, "bravo"))
+    _, peer, level, reason, permille, retry = hi.split()
+    print(f"ring: {hi}  path: {path_level(cl, 0, 'bravo')}")
+    assert int(permille) == 1000 and int(retry) >= 1_000_000, hi  # closed window; retry after Hold
+    assert int(reason) in (2, 7, 8, 1, 3, 4), hi  # retransmits, stalled, ... (a kernel reason)
+
+    # While it is high: a new handoff to bravo is deferred with the named error, and
+    # Admit defers work for the decode worker on bravo.
+    deferred = 0
+    for k in range(5):
+        if path_level(cl, 0, "bravo")["level"] not in ("high", "stalled"):
+            break
+        q = cl.prefill(0, "bravo", rid(0x410 + k), 16, 4, 0, 5000)
+        assert q.finish() == 0, q.lines
+        print(f"prepare while {path_level(cl, 0, 'bravo')['level']}: {q.lines[0]}")
+        if q.lines[0].startswith("prepare-failed org.epd1.Error.Backpressure retry_after_usec="):
+            deferred += 1
+            assert int(q.lines[0].split("=")[1]) >= 1_000_000, q.lines
+            break
+    assert deferred == 1, "no Prepare was deferred while the path was high"
+    assert cl.counters(0)["deferred"] >= 1, cl.counters(0)
+    assert w.wait_line_from(mark, lambda l: l == "verdict defer backpressure", 5), w.lines
+
+    # The link recovers: the level steps down (after Hold), the ring says so, work resumes.
+    cl.nft_flush(1)
+    cl.unshape(0)
+    big_p.finish(60)
+    big_d.finish(60)
+    mark = len(w.lines)
+    ok = w.wait_line_from(mark, lambda l: l.startswith("backpressure bravo 0 "), 30)
+    assert ok, ("no backpressure record back at none", w.lines, path_level(cl, 0, "bravo"))
+    assert ok.split()[5] == "0", ok  # no retry-after at none
+    assert w.wait_line_from(mark, lambda l: l == "verdict admit none", 10), w.lines
+    d, p = cl.decode(1, rid(0x420)), cl.prefill(0, "bravo", rid(0x420), 64, 4, 0)
+    check_ok(cl, p, d, "alpha->bravo after recovery")
+    w.kill()
+    for i in (0, 1):
+        wait_until(lambda i=i: cl.clean(i), 10, f"{cl.names[i]} clean")
+    print("ring records:", [l for l in w.lines if l.startswith("backpressure")])
+    print("verdicts:", [l for l in w.lines if l.startswith("verdict")])
+
+
 def main():
     if len(sys.argv) < 3:
         print(__doc__)
@@ -413,6 +509,7 @@ def main():
         "handoff-netns-faults": (test_faults, 2),
         "handoff-netns-loss": (test_loss, 2),
         "handoff-netns-wrong-key": (test_wrong_key, 3),
+        "handoff-netns-backpressure": (test_backpressure, 2),
     }
     fn, n = tests[test]
     with tempfile.TemporaryDirectory() as tmp:
@@ -420,7 +517,11 @@ def main():
         if test == "handoff-netns-wrong-key":
             good = key_file(tmp, "good", "1f" * 32)
             keys = [good, good, key_file(tmp, "bad", "2e" * 32)]
-        cl = Cluster(build, tmp, n, keys)
+        if test == "handoff-netns-backpressure":
+            # A longer heartbeat: lossy intervals must not take the peer down.
+            cl = Cluster(build, tmp, n, keys, heartbeat_s=10.0, extra=BP_CONF)
+        else:
+            cl = Cluster(build, tmp, n, keys)
         try:
             fn(cl)
         except BaseException:

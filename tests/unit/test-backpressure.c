@@ -335,6 +335,90 @@ START_TEST(test_config) {
 }
 END_TEST
 
+START_TEST(test_window) {
+        BackpressureConfig c;
+        BackpressureWindow w;
+        usec_t retry;
+        unsigned pm;
+        const BackpressureReason N = BACKPRESSURE_REASON_NONE, L = BACKPRESSURE_REASON_RETRANSMITS,
+                                 Q = BACKPRESSURE_REASON_RTT_INFLATION;
+        backpressure_config_defaults(&c);
+        ck_assert_int_eq(backpressure_config_set(&c, "WindowHandoffs", "8"), 0);
+        ck_assert_int_eq(backpressure_config_set(&c, "WindowBytes", "64M"), 0);
+        ck_assert_int_eq(backpressure_config_set(&c, "WindowElevated", "0.25"), 0);
+        ck_assert_int_eq(backpressure_config_set(&c, "Hold", "1s"), 0);
+        ck_assert_int_eq(backpressure_config_set(&c, "Interval", "200ms"), 0);
+        ck_assert_int_eq(backpressure_config_verify(&c, NULL), 0);
+
+        /* The window shrinks with the level and closes at high. */
+        backpressure_window(&c, BACKPRESSURE_NONE, BACKPRESSURE_REASON_NONE, &w);
+        ck_assert(!w.closed && w.handoffs == 8 && w.bytes == 64ULL << 20);
+        backpressure_window(&c, BACKPRESSURE_ELEVATED, Q, &w);
+        ck_assert(!w.closed && w.handoffs == 2 && w.bytes == 16ULL << 20);
+        backpressure_window(&c, BACKPRESSURE_HIGH, L, &w);
+        ck_assert(w.closed && w.handoffs == 0);
+        backpressure_window(&c, BACKPRESSURE_HIGH, BACKPRESSURE_REASON_DESTINATION_FULL, &w);
+        ck_assert(w.closed);
+        backpressure_window(&c, BACKPRESSURE_STALLED, BACKPRESSURE_REASON_STALLED, &w);
+        ck_assert(w.closed);
+        /* High from queueing alone (busy, not failing): narrowed as at elevated. */
+        backpressure_window(&c, BACKPRESSURE_HIGH, Q, &w);
+        ck_assert(!w.closed && w.handoffs == 2 && w.bytes == 16ULL << 20);
+        backpressure_window(&c, BACKPRESSURE_HIGH, BACKPRESSURE_REASON_SEND_QUEUE, &w);
+        ck_assert(!w.closed);
+        ck_assert(!backpressure_window_closed(BACKPRESSURE_HIGH, BACKPRESSURE_REASON_HANDOFFS_IN_FLIGHT));
+        ck_assert(backpressure_window_closed(BACKPRESSURE_STALLED, BACKPRESSURE_REASON_DISCONNECTED));
+
+        /* none: up to 8 handoffs, up to 64M. */
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 7, 1 << 20, 1 << 20, &retry, &pm), 0);
+        ck_assert_uint_eq(retry, 0);
+        ck_assert_uint_eq(pm, 875);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 8, 1 << 20, 1 << 20, &retry, &pm), -EAGAIN);
+        ck_assert_uint_eq(retry, 200 * USEC_PER_MSEC); /* full: one interval */
+        ck_assert_uint_eq(pm, 1000);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 1, 60ULL << 20, 8ULL << 20, &retry, NULL),
+                         -EAGAIN);
+        /* Bigger than the byte window: alone, it still goes. */
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 0, 0, 1ULL << 30, &retry, &pm), 0);
+        ck_assert_uint_eq(pm, 0);
+        /* elevated: 2 handoffs. */
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, Q, 1, 1 << 20, 1 << 20, &retry, &pm), 0);
+        ck_assert_uint_eq(pm, 500);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, Q, 2, 1 << 20, 1 << 20, &retry, NULL),
+                         -EAGAIN);
+        /* high and stalled: nothing, even with nothing in flight; retry after Hold. */
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, L, 0, 0, 1, &retry, &pm), -EAGAIN);
+        ck_assert_uint_eq(retry, USEC_PER_SEC);
+        ck_assert_uint_eq(pm, 1000);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_STALLED, BACKPRESSURE_REASON_STALLED, 0, 0, 1, &retry,
+                                                   NULL),
+                         -EAGAIN);
+        /* high from queueing: 2 handoffs, as at elevated; a full window retries after
+         * one interval. */
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, Q, 1, 0, 1, &retry, NULL), 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, Q, 2, 0, 1, &retry, NULL), -EAGAIN);
+        ck_assert_uint_eq(retry, 200 * USEC_PER_MSEC);
+
+        /* 0: no bound of that kind; a disabled backpressure keeps the window itself. */
+        ck_assert_int_eq(backpressure_config_set(&c, "WindowHandoffs", "0"), 0);
+        ck_assert_int_eq(backpressure_config_set(&c, "WindowBytes", "0"), 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 100000, 1ULL << 40, 1, &retry, &pm), 0);
+        ck_assert_uint_eq(pm, 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, L, 0, 0, 1, &retry, NULL), -EAGAIN);
+        ck_assert_int_eq(backpressure_config_set(&c, "WindowHandoffs", "4"), 0);
+        ck_assert_int_eq(backpressure_config_set(&c, "Enabled", "no"), 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, L, 3, 0, 1, &retry, NULL), 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 4, 0, 1, &retry, NULL), -EAGAIN);
+
+        /* WindowElevated is a fraction in (0, 1]. */
+        ck_assert_int_eq(backpressure_config_set(&c, "WindowElevated", "0"), 0);
+        ck_assert_int_eq(backpressure_config_verify(&c, NULL), -EINVAL);
+        ck_assert_int_eq(backpressure_config_set(&c, "WindowElevated", "1.5"), 0);
+        ck_assert_int_eq(backpressure_config_verify(&c, NULL), -EINVAL);
+        ck_assert_int_eq(backpressure_config_set(&c, "WindowElevated", "x"), -EINVAL);
+}
+END_TEST
+
 START_TEST(test_telemetry_config) {
         TelemetryConfig c;
         ck_assert_int_eq(telemetry_config_defaults(&c), 0);
@@ -370,6 +454,7 @@ int main(void) {
         Suite *s = suite_create("backpressure");
         TCase *tc = tcase_create("backpressure");
         tcase_add_test(tc, test_healthy_stays_none);
+        tcase_add_test(tc, test_window);
         tcase_add_test(tc, test_rtt_inflation);
         tcase_add_test(tc, test_rtt_floor);
         tcase_add_test(tc, test_rtt_idle);

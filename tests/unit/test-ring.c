@@ -107,7 +107,7 @@ START_TEST(test_ring_overflow) {
         struct epd_ring_record rec, out;
         ck_assert_int_eq(ring_new(8, 8, &r), 0);
         worker_map(&w, r);
-        ring_record_backpressure(&rec, 900, 250);
+        ring_record_backpressure(&rec, "bravo", EPD_BACKPRESSURE_HIGH, EPD_BACKPRESSURE_REASON_RETRANSMITS, 900, 250);
         for (int i = 0; i < 8; i++)
                 ck_assert_int_eq(ring_post(r, &rec), 0);
         ck_assert_int_eq(ring_post(r, &rec), -ENOBUFS);
@@ -118,9 +118,48 @@ START_TEST(test_ring_overflow) {
         ck_assert_uint_eq(out.opcode, EPD_RING_EV_BACKPRESSURE);
         ck_assert_uint_eq(out.arg0, 900);
         ck_assert_uint_eq(out.arg1, 250);
+        struct epd_ring_backpressure bp;
+        ck_assert_int_eq(epd_ring_record_backpressure(&out, &bp), 0);
+        ck_assert_str_eq(bp.peer, "bravo");
+        ck_assert_int_eq(bp.truncated, 0);
+        ck_assert_uint_eq(bp.level, EPD_BACKPRESSURE_HIGH);
+        ck_assert_uint_eq(bp.reason, EPD_BACKPRESSURE_REASON_RETRANSMITS);
+        ck_assert_uint_eq(bp.permille, 900);
+        ck_assert_uint_eq(bp.retry_after_usec, 250);
         ck_assert_int_eq(ring_post(r, &rec), 0); /* room again */
         worker_unmap(&w);
         ring_free(r);
+}
+END_TEST
+
+START_TEST(test_ring_backpressure_record) {
+        struct epd_ring_record rec;
+        struct epd_ring_backpressure bp;
+        /* Exactly 32 bytes: fills the field, no terminator in the record, not cut. */
+        const char *p32 = "host-0123456789abcdef0123456789a";
+        ck_assert_uint_eq(strlen(p32), 32);
+        ring_record_backpressure(&rec, p32, EPD_BACKPRESSURE_STALLED, EPD_BACKPRESSURE_REASON_DISCONNECTED, 1000,
+                                 1000000);
+        ck_assert_int_eq(epd_ring_record_backpressure(&rec, &bp), 0);
+        ck_assert_str_eq(bp.peer, p32);
+        ck_assert_int_eq(bp.truncated, 0);
+        ck_assert_uint_eq(bp.level, EPD_BACKPRESSURE_STALLED);
+        ck_assert_uint_eq(bp.reason, EPD_BACKPRESSURE_REASON_DISCONNECTED);
+        ck_assert_uint_eq(rec.token >> 56, (uint8_t)'a'); /* the host id spans user_data..token */
+        /* Longer: cut at 32 and flagged. */
+        ring_record_backpressure(&rec, "gpu-node-17.rack-4.cluster.example.com", EPD_BACKPRESSURE_NONE,
+                                 EPD_BACKPRESSURE_REASON_NONE, 0, 0);
+        ck_assert_int_eq(epd_ring_record_backpressure(&rec, &bp), 0);
+        ck_assert_int_eq(bp.truncated, 1);
+        ck_assert_uint_eq(strlen(bp.peer), 32);
+        ck_assert_int_eq(strncmp(bp.peer, "gpu-node-17.rack-4.cluster.examp", 32), 0);
+        ck_assert_uint_eq(bp.retry_after_usec, 0);
+        /* Not a backpressure record, or an unknown level. */
+        ring_record_completion(&rec, 7, 0);
+        ck_assert_int_eq(epd_ring_record_backpressure(&rec, &bp), -EINVAL);
+        ring_record_backpressure(&rec, "x", 9, 0, 0, 0);
+        ck_assert_int_eq(epd_ring_record_backpressure(&rec, &bp), -EINVAL);
+        ck_assert_str_eq(ring_opcode_to_string(EPD_RING_EV_BACKPRESSURE), "backpressure");
 }
 END_TEST
 
@@ -240,6 +279,7 @@ int main(void) {
         TCase *tc = tcase_create("ring");
         tcase_add_test(tc, test_ring_roundtrip);
         tcase_add_test(tc, test_ring_overflow);
+        tcase_add_test(tc, test_ring_backpressure_record);
         tcase_add_test(tc, test_ring_hostile_worker);
         tcase_add_test(tc, test_ring_validate);
         tcase_add_test(tc, test_ring_attach_checks);

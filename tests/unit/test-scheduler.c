@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backpressure.h"
+#include "scheduler-manager.h"
 #include "scheduler.h"
 
 #define MS USEC_PER_MSEC
@@ -203,6 +205,143 @@ START_TEST(test_affinity_backpressure) {
         ck_assert_int_eq(d.reason, SCHED_REASON_BACKPRESSURE);
         ck_assert_int_eq(sched_admit(s, "c", TASK_INTERACTIVE, 0, &h, now, &d), 0);
         ck_assert_msg(d.verdict == SCHED_ADMIT, "%s %s", sched_verdict_to_string(d.verdict), sched_reason_to_string(d.reason));
+        sched_free(s);
+}
+END_TEST
+
+/* Two remote decode workers, on bravo and charlie; each path's level comes from the
+ * telemetry's own state machine (backpressure.c) fed with kernel samples on the
+ * simulated clock, mapped as epdd maps it (scheduler_path_pressure). */
+typedef struct SimPath {
+        BackpressureState bravo, charlie;
+} SimPath;
+
+static SchedPressure sim_path_cb(void *userdata, const char *from, const char *to) {
+        SimPath *sp = userdata;
+        const BackpressureState *b = strcmp(to, "d-bravo") == 0 ? &sp->bravo : &sp->charlie;
+        return scheduler_path_pressure(b->level, b->reason, false);
+}
+
+/* One evaluation interval of a path: 1000 segments out, `retr` of them retransmitted. */
+static void sim_sample(BackpressureState *b, const BackpressureConfig *bc, usec_t now, uint64_t *segs,
+                       uint64_t *retr, uint64_t *acked, unsigned retr_permille) {
+        *segs += 1000;
+        *retr += retr_permille;
+        *acked += 1000 * 1448;
+        BackpressureSample x = { .now = now, .have_kernel = true, .connected = true, .srtt_usec = 1000,
+                                 .min_rtt_usec = 1000, .segs_out = *segs, .retransmits = *retr,
+                                 .bytes_acked = *acked };
+        ck_assert_int_ge(backpressure_update(b, bc, &x), 0);
+}
+
+START_TEST(test_path_telemetry) {
+        SchedConfig c = test_config();
+        BackpressureConfig bc;
+        Scheduler *s;
+        SchedDecision d;
+        SimPath sp;
+        usec_t now = 10 * SEC;
+        uint64_t bs = 0, br = 0, ba = 0, cs = 0, cr = 0, ca = 0;
+        char id[32];
+        int n = 0;
+
+        backpressure_config_defaults(&bc); /* Interval 200ms, Hold 1s, retransmits 1% / 5% */
+        backpressure_state_init(&sp.bravo);
+        backpressure_state_init(&sp.charlie);
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        sched_set_ops(s, &(SchedOps){ .path = sim_path_cb, .userdata = &sp });
+        add(s, "p0", SCHED_STAGE_PREFILL, 64, 0, 0);
+        add(s, "d-bravo", SCHED_STAGE_DECODE, 64, 0, 0);
+        add(s, "d-charlie", SCHED_STAGE_DECODE, 64, 0, 0);
+
+#define ADMIT(type)                                                                           \
+        do {                                                                                  \
+                snprintf(id, sizeof id, "r%d", n++);                                          \
+                ck_assert_int_eq(sched_admit(s, id, (type), 0, NULL, now, &d), 0);            \
+        } while (0)
+#define TICK(rb, rc)                                                                          \
+        do {                                                                                  \
+                now += bc.interval_usec;                                                      \
+                sim_sample(&sp.bravo, &bc, now, &bs, &br, &ba, (rb));                         \
+                sim_sample(&sp.charlie, &bc, now, &cs, &cr, &ca, (rc));                       \
+        } while (0)
+
+        /* Mapping: high and stalled stop a path; a full window keeps it for the top
+         * pool; elevated makes it a second choice. */
+        const BackpressureReason R = BACKPRESSURE_REASON_RETRANSMITS, Q = BACKPRESSURE_REASON_RTT_INFLATION;
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_NONE, BACKPRESSURE_REASON_NONE, false), SCHED_PRESSURE_OK);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_ELEVATED, R, false), SCHED_PRESSURE_ELEVATED);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_NONE, BACKPRESSURE_REASON_NONE, true), SCHED_PRESSURE_HIGH);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_ELEVATED, Q, true), SCHED_PRESSURE_HIGH);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_HIGH, R, false), SCHED_PRESSURE_STOP);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_HIGH, BACKPRESSURE_REASON_DESTINATION_FULL, false),
+                         SCHED_PRESSURE_STOP);
+        /* High from queueing alone: the path is busy, not failing. */
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_HIGH, Q, false), SCHED_PRESSURE_ELEVATED);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_HIGH, BACKPRESSURE_REASON_SEND_QUEUE, true),
+                         SCHED_PRESSURE_HIGH);
+        ck_assert_int_eq(scheduler_path_pressure(BACKPRESSURE_STALLED, BACKPRESSURE_REASON_STALLED, false),
+                         SCHED_PRESSURE_STOP);
+
+        /* Healthy paths: admitted. */
+        TICK(0, 0);
+        TICK(0, 0);
+        ADMIT(TASK_INTERACTIVE);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+
+        /* 10% retransmits towards bravo: high; every request goes to charlie. */
+        TICK(100, 0);
+        ck_assert_int_eq(sp.bravo.level, BACKPRESSURE_HIGH);
+        for (int i = 0; i < 5; i++) {
+                ADMIT(i % 2 ? TASK_INTERACTIVE : TASK_THINKING);
+                ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+                ck_assert_str_eq(d.worker[SCHED_STAGE_DECODE], "d-charlie");
+        }
+
+        /* Charlie too: nowhere to go; deferred, and the reason names it. */
+        TICK(100, 100);
+        ck_assert_int_eq(sp.charlie.level, BACKPRESSURE_HIGH);
+        ADMIT(TASK_INTERACTIVE);
+        ck_assert_int_eq(d.verdict, SCHED_DEFER);
+        ck_assert_int_eq(d.reason, SCHED_REASON_BACKPRESSURE);
+        ck_assert_str_eq(sched_reason_to_string(d.reason), "backpressure");
+        ck_assert_uint_ge(d.retry_after, c.retry_min);
+        ck_assert_uint_le(d.retry_after, c.retry_max);
+
+        /* Bravo's link recovers: the level steps down only after Hold (1s of clean
+         * intervals), one level at a time; until then, still deferred. */
+        usec_t healed = now;
+        TICK(0, 100);
+        ADMIT(TASK_INTERACTIVE);
+        ck_assert_int_eq(d.verdict, SCHED_DEFER);
+        while (sp.bravo.level == BACKPRESSURE_HIGH)
+                TICK(0, 100);
+        ck_assert_uint_ge(now - healed, bc.hold_usec);
+        ck_assert_int_eq(sp.bravo.level, BACKPRESSURE_ELEVATED);
+        ck_assert_int_eq(sp.charlie.level, BACKPRESSURE_HIGH);
+        /* Elevated is usable: admitted, to bravo (charlie is stopped). */
+        ADMIT(TASK_THINKING);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_str_eq(d.worker[SCHED_STAGE_DECODE], "d-bravo");
+        while (sp.bravo.level != BACKPRESSURE_NONE)
+                TICK(0, 100);
+        ADMIT(TASK_INTERACTIVE);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_str_eq(d.worker[SCHED_STAGE_DECODE], "d-bravo");
+
+        /* Charlie recovers as well; bravo goes to elevated: charlie is preferred. */
+        while (sp.charlie.level != BACKPRESSURE_NONE)
+                TICK(20, 0); /* 2%: elevated on bravo */
+        ck_assert_int_eq(sp.bravo.level, BACKPRESSURE_ELEVATED);
+        ADMIT(TASK_INTERACTIVE);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_str_eq(d.worker[SCHED_STAGE_DECODE], "d-charlie");
+
+        SchedPoolMetrics pm;
+        sched_pool_metrics(s, TASK_INTERACTIVE, now, &pm);
+        ck_assert_uint_ge(pm.by_reason[SCHED_REASON_BACKPRESSURE], 2);
+#undef ADMIT
+#undef TICK
         sched_free(s);
 }
 END_TEST
@@ -534,6 +673,7 @@ int main(void) {
         tcase_add_test(tc, test_names_config);
         tcase_add_test(tc, test_basic_flow);
         tcase_add_test(tc, test_affinity_backpressure);
+        tcase_add_test(tc, test_path_telemetry);
         tcase_add_test(tc, test_watermarks_expire);
         tcase_add_test(tc, test_poisson_overload);
         tcase_add_test(tc, test_set_pools);

@@ -37,13 +37,17 @@ int epd_trace_get(epd_client *c, const char *request_id, epd_trace_event **ret, 
 int epd_telemetry_track_socket(epd_client *c, int fd, const char *peer);
 int epd_telemetry_untrack_socket(epd_client *c, int fd);
 
-/* Backpressure levels of org.epd1.Telemetry.Backpressure(peer, level, reason). */
+/* Backpressure levels of org.epd1.Telemetry.Backpressure(peer, level, reason) (also in
+ * the ring's backpressure record, epd/ring.h). */
+#ifndef EPD_BACKPRESSURE_LEVELS
+#define EPD_BACKPRESSURE_LEVELS 1
 enum {
         EPD_BACKPRESSURE_NONE = 0,
         EPD_BACKPRESSURE_ELEVATED = 1,
         EPD_BACKPRESSURE_HIGH = 2,
         EPD_BACKPRESSURE_STALLED = 3,
 };
+#endif
 
 typedef void (*epd_backpressure_fn)(epd_client *c, const char *peer, unsigned level,
                                     const char *reason, void *userdata);

@@ -149,6 +149,9 @@ int epd_complete(epd_client *c, const char *request_id, const char *stage, uint6
 /* This worker's capacity for the scheduler: requests it runs at once, its queue bound
  * (0: 4 x slots), and (decode) its free KV pages. */
 int epd_configure_worker(epd_client *c, uint32_t slots, uint32_t queue_limit, uint64_t free_pages);
+/* Where this (decode) worker's KV lands: the host id of the epdd that receives it ("" or
+ * NULL: this host). Admit then weighs the backpressure of the path to that peer. */
+int epd_configure_worker_host(epd_client *c, const char *host);
 
 /* -- agent workflows (org.epd1.Workflow; docs/scheduler.md#workflows) --
  * A workflow (named by a 32-hex-digit id) holds branches; each branch's head is a
@@ -190,6 +193,10 @@ void epd_workflow_branches_free(epd_workflow_branch *b, size_t n);
 
 const char *epd_last_error_name(const epd_client *c);
 const char *epd_last_error_message(const epd_client *c);
+/* After org.epd1.Error.Backpressure (-EAGAIN): the delay in microseconds the daemon asks
+ * before the same work is tried again ("retry_after_usec=N" in the message); 0 when the
+ * last error carried none. */
+uint64_t epd_last_error_retry_after_usec(const epd_client *c);
 
 /* Peers (org.epd1.Peer): the other hosts this daemon talks to. */
 typedef struct epd_peer {

@@ -83,13 +83,47 @@ enum {
         EPD_RING_EV_GROUP_PROGRESS = 0x82,
         /* Handoff state change: arg0 = EPD_HANDOFF_STATE_*, arg1 = EPD_HANDOFF_CAUSE_*. */
         EPD_RING_EV_HANDOFF_STATE = 0x83,
-        /* Backpressure notice: arg0 = load in permille (1000 = at capacity), arg1 = the
-         * delay in microseconds the daemon asks before new work (0: none). */
+        /* Backpressure notice, posted to every ring when a peer path's level changes
+         * (the same moment as the org.epd1.Telemetry.Backpressure signal). Fields:
+         * bytes 8..39 (user_data, request_id and token together) = the peer's host id,
+         * NUL-padded (not terminated when it is exactly 32 bytes; flags has
+         * EPD_RING_F_PEER_TRUNCATED when it is longer and was cut: ask the bus then);
+         * group = level (EPD_BACKPRESSURE_*), count = reason (EPD_BACKPRESSURE_REASON_*),
+         * arg0 = how full the peer's handoff window is, in permille (1000 = full or
+         * closed), arg1 = the delay in microseconds the daemon asks before new work
+         * for that peer (0: none). Decode with epd_ring_record_backpressure(). */
         EPD_RING_EV_BACKPRESSURE = 0x84,
 };
 
+/* Backpressure levels and reasons in EPD_RING_EV_BACKPRESSURE (the same numbers as the
+ * D-Bus signal's level; the reasons' names are its reason strings). */
+#ifndef EPD_BACKPRESSURE_LEVELS
+#define EPD_BACKPRESSURE_LEVELS 1
+enum {
+        EPD_BACKPRESSURE_NONE = 0,     /* send freely */
+        EPD_BACKPRESSURE_ELEVATED = 1, /* the window is smaller: prefer other peers */
+        EPD_BACKPRESSURE_HIGH = 2,     /* from loss: no new handoff to this peer; from queueing: as elevated */
+        EPD_BACKPRESSURE_STALLED = 3,  /* the path is not moving, or gone */
+};
+#endif
+
+enum {
+        EPD_BACKPRESSURE_REASON_NONE = 0,
+        EPD_BACKPRESSURE_REASON_RTT_INFLATION = 1,
+        EPD_BACKPRESSURE_REASON_RETRANSMITS = 2,
+        EPD_BACKPRESSURE_REASON_SEND_QUEUE = 3,
+        EPD_BACKPRESSURE_REASON_SEND_QUEUE_GROWTH = 4,
+        EPD_BACKPRESSURE_REASON_HANDOFFS_IN_FLIGHT = 5,
+        EPD_BACKPRESSURE_REASON_DESTINATION_FULL = 6,
+        EPD_BACKPRESSURE_REASON_STALLED = 7,
+        EPD_BACKPRESSURE_REASON_DISCONNECTED = 8,
+};
+
+#define EPD_RING_PEER_MAX 32U
+
 /* Record flags. */
 #define EPD_RING_F_ACK 0x0001U /* submission: answer with a completion even on success */
+#define EPD_RING_F_PEER_TRUNCATED 0x0002U /* backpressure: the host id was longer than 32 bytes */
 
 /* Handoff states and causes as seen in ring records and on the bus. */
 enum {
@@ -246,6 +280,33 @@ static inline void epd_ring_record_layer_group_ready(struct epd_ring_record *rec
         rec->token = token;
         rec->group = group;
         rec->user_data = user_data;
+}
+
+/* EPD_RING_EV_BACKPRESSURE, decoded. */
+struct epd_ring_backpressure {
+        char peer[EPD_RING_PEER_MAX + 1]; /* host id, NUL-terminated */
+        int truncated;                    /* the host id was longer and is cut here */
+        uint32_t level;                   /* EPD_BACKPRESSURE_* */
+        uint32_t reason;                  /* EPD_BACKPRESSURE_REASON_* */
+        uint32_t permille;
+        uint64_t retry_after_usec;
+};
+
+/* Fills *ret from a backpressure record: 0, or -EINVAL when it is not one (another
+ * opcode, or a level this version does not know). */
+static inline int epd_ring_record_backpressure(const struct epd_ring_record *rec,
+                                               struct epd_ring_backpressure *ret) {
+        if (!rec || !ret || rec->opcode != EPD_RING_EV_BACKPRESSURE ||
+            rec->group > EPD_BACKPRESSURE_STALLED)
+                return -EINVAL;
+        memset(ret, 0, sizeof *ret);
+        memcpy(ret->peer, (const uint8_t *)rec + 8, EPD_RING_PEER_MAX);
+        ret->truncated = !!(rec->flags & EPD_RING_F_PEER_TRUNCATED);
+        ret->level = rec->group;
+        ret->reason = rec->count;
+        ret->permille = rec->arg0 > 1000 ? 1000 : (uint32_t)rec->arg0;
+        ret->retry_after_usec = rec->arg1;
+        return 0;
 }
 
 #ifdef __cplusplus

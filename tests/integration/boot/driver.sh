@@ -218,6 +218,51 @@ section_stop() {
         check "no process of user epd left" bash -c "! pgrep -u epd >/dev/null"
 }
 
+# Pinned telemetry maps under the unit: with a bpffs at /sys/fs/bpf (the test binds one,
+# mounted mode=700 as systemd mounts it on a host), epdd pins under /sys/fs/bpf/epd;
+# without one, epdd says exactly why not.
+section_pins() {
+        local pid pins; pid=$(main_pid)
+        pins=$(busctl --system get-property org.epd1 /org/epd1/telemetry org.epd1.Telemetry PinDirectory)
+        log "/sys/fs/bpf: $(stat -f -c %T /sys/fs/bpf) $(stat -c '%a %U' /sys/fs/bpf); PinDirectory $pins"
+        log "journal: $(journalctl -b --no-pager -u $SVC -o cat | grep -iE 'pin|telemetry|bpf' | tail -n 4 | tr '\n' '|')"
+        log "epdd's bpf mounts: $(grep -E 'bpf' /proc/$pid/mountinfo | tr '\n' '|'); PID 1's: $(grep -E 'bpf' /proc/1/mountinfo | tr '\n' '|'); mine: $(grep -E 'bpf' /proc/self/mountinfo | tr '\n' '|')"
+        # ProtectKernelTunables= is spelled out in the unit (see there): /sys and /proc/sys
+        # stay read-only for epdd.
+        local m mp opts ro=yes
+        for m in /sys /proc/sys; do
+                opts=""
+                while read -r _ _ _ _ mp opts _; do [ "$mp" = "$m" ] && break; opts=""; done <"/proc/$pid/mountinfo"
+                log "epdd's mount $m: $opts"
+                [[ "$opts" == ro* ]] || ro=no
+        done
+        check "/sys and /proc/sys are read-only for epdd" [ "$ro" = yes ]
+        if [ -e "$T/bpffs" ]; then
+                check "/sys/fs/bpf/epd was made for user epd before the start (0750 epd:epd)" \
+                        bash -c '[ "$(stat -c "%a %U %G" /sys/fs/bpf/epd)" = "750 epd epd" ]'
+                check "epdd pinned its maps under /sys/fs/bpf/epd (PinDirectory)" \
+                        bash -c "[ '$pins' = 's \"/sys/fs/bpf/epd\"' ]"
+                check "the pins are on the host's bpffs: tracked, conns, settings, counters" \
+                        bash -c 'for m in tracked conns settings counters; do [ -e /sys/fs/bpf/epd/$m ] || exit 1; done'
+                if command -v bpftool >/dev/null; then
+                        check "a tool reads the pinned maps without the daemon (bpftool)" \
+                                bash -c 'bpftool -j map show pinned /sys/fs/bpf/epd/conns | grep -q "\"name\":\"conns\""'
+                fi
+                check "epdd sees /sys/fs/bpf as a cover directory (on /run), /sys/fs/bpf/epd as the bpffs" \
+                        bash -c "[ \"\$(stat -f -c %T /proc/$pid/root/sys/fs/bpf)\" = tmpfs ] && [ \"\$(stat -f -c %T /proc/$pid/root/sys/fs/bpf/epd)\" = bpf_fs ]"
+        else
+                check "no bpffs: epdd logs precisely why the maps are not pinned" \
+                        bash -c "journalctl -b --no-pager -u $SVC -o cat | grep -qE 'Cannot pin telemetry maps: .*(bpf filesystem|No such file or directory)'"
+                check "no bpffs: PinDirectory is empty" bash -c "[ '$pins' = 's \"\"' ]"
+        fi
+}
+
+section_pins_gone() {
+        [ -e "$T/bpffs" ] || return 0
+        check "stopping unpins the maps (the directory stays for the next start)" \
+                bash -c '[ -d /sys/fs/bpf/epd ] && [ -z "$(ls -A /sys/fs/bpf/epd)" ]'
+}
+
 section_activation() {
         check "a call to org.epd1 starts $SVC (D-Bus activation)" \
                 timeout 60 busctl --system get-property org.epd1 /org/epd1 org.epd1.Manager Version
@@ -229,12 +274,14 @@ main() {
         section_boot
         section_start
         section_bus
+        section_pins
         section_workers
         section_polkit
         section_reload
         section_watchdog
         section_restart
         section_stop
+        section_pins_gone
         section_activation
         section_stop
         systemctl --no-pager --failed
