@@ -149,3 +149,59 @@ int epd_workflow_attach(epd_client *c, const char *workflow) {
                 return -EINVAL;
         return epd__call(c, WF_PATH, WF_IFACE, "Attach", NULL, "s", workflow);
 }
+
+void epd_workflow_branches_free(epd_workflow_branch *b, size_t n) {
+        if (!b)
+                return;
+        for (size_t i = 0; i < n; i++)
+                free(b[i].head);
+        free(b);
+}
+
+int epd_workflow_get_branches(epd_client *c, const char *workflow, epd_workflow_branch **ret, size_t *ret_n) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        epd_workflow_branch *v = NULL;
+        size_t n = 0, cap = 0;
+        int r;
+
+        if (!c || !workflow || !ret || !ret_n)
+                return -EINVAL;
+        r = epd__call(c, WF_PATH, WF_IFACE, "GetBranches", &reply, "s", workflow);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_enter_container(reply, 'a', "(ubotu)");
+        for (;;) {
+                uint32_t id, nt;
+                int alive;
+                const char *head;
+                uint64_t steps;
+                if (r < 0)
+                        break;
+                r = sd_bus_message_read(reply, "(ubotu)", &id, &alive, &head, &steps, &nt);
+                if (r <= 0)
+                        break;
+                if (n == cap) {
+                        cap = cap ? cap * 2 : 8;
+                        epd_workflow_branch *p = realloc(v, cap * sizeof *p);
+                        if (!p) {
+                                r = -ENOMEM;
+                                break;
+                        }
+                        v = p;
+                }
+                v[n] = (epd_workflow_branch){ .branch = id, .alive = alive, .steps = steps, .n_tokens = nt,
+                                              .head = strdup(head) };
+                if (!v[n].head) {
+                        r = -ENOMEM;
+                        break;
+                }
+                n++;
+        }
+        if (r < 0) {
+                epd_workflow_branches_free(v, n);
+                return epd__error(c, r, NULL);
+        }
+        *ret = v;
+        *ret_n = n;
+        return (int)MIN(n, (size_t)INT32_MAX);
+}

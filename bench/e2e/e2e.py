@@ -1,15 +1,37 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
-"""End to end: a Qwen3-VL model served Encoder -> Prefill -> Decode through epdd (three
-worker processes), against the same model colocated in one process without epd.
+"""End to end: a Qwen3-VL model served Encoder -> Prefill -> Decode through epdd (worker
+processes), against the same model colocated in one process without epd.
 
   python3 bench/e2e/e2e.py --address direct:/tmp/epd/bus --check small     # token-exact
   python3 bench/e2e/e2e.py --address direct:/tmp/epd/bus --bench 8b        # benchmark
+  python3 bench/e2e/e2e.py ... --bench 8b --layout 1E1P2D --gpus 4         # one GPU per process
 
---backend synthetic runs the disaggregated path with numpy tensors (no GPU), for a
-smoke test of this driver. Results are printed as a table and written as JSON."""
+The request stream mixes images (some repeated: the feature cache hits) and agent
+requests: every --agent-every'th request is an agent whose --branches follow-up turns
+fork branches of its first turn's KV through a workflow (the decode worker reuses the
+shared prefix pages and computes only the new tokens).
+
+--check: every first turn's greedy tokens == Hugging Face generate in one process, and
+every branch's tokens == the same model in one process continuing from its in-memory
+KV of the first turn (the same computation without epd); the branch against a full
+recompute of its prompt is reported too (bf16 rounding of a different computation may
+flip a token there; it is not a gate).
+--bench: repeated images with the feature cache, and the same requests with the cache
+bypassed (every key unique: the vision tower always runs), side by side, against the
+colocated baseline (one process) and, with --gpus N > 1 or --dp, the colocated
+data-parallel baseline (N processes, one per GPU, requests dealt round robin).
+--layout: 1E1P1D, 1E1P2D, 2P2D, ... (no E: the prefill workers encode); --gpus N puts
+each worker process on its own GPU, round robin (with one GPU all share GPU 0).
+
+Gates (the exit status): every request and turn succeeds, token-exact (--check), no
+handoff failure, rollback or ring fallback, no failed encode, no handoff, sequence,
+workflow or feature handle left, nothing reserved, 0 retained KV pages after the run
+(all read from epdctl). --backend synthetic runs the
+disaggregated path with numpy tensors (no GPU), a smoke test of this driver."""
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import statistics
 import subprocess
@@ -21,12 +43,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from epd.workers import serve  # noqa: E402
 
 
-def specs(n, images, text_tokens, max_new, salt="", first=0):
+def specs(n, images, text_tokens, max_new, salt="", first=0, agent_every=0, branches=2, branch_tokens=24):
     out = []
     for i in range(first, first + n):
+        agent = agent_every > 0 and (i - first) % agent_every == agent_every - 1
         out.append(serve.Spec(serve.request_id_of(i) if not salt else serve.request_id_of(10_000 + i),
                               image_seed=i % images, text_seed=i, text_tokens=text_tokens + (i % 5) * 8,
-                              max_new_tokens=max_new, cache_salt=f"{salt}{i}" if salt else ""))
+                              max_new_tokens=max_new, cache_salt=f"{salt}{i}" if salt else "",
+                              branches=branches if agent else 0, branch_tokens=branch_tokens + (i % 3) * 5))
     return out
 
 
@@ -44,92 +68,267 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
 
 
+def mean(xs):
+    xs = list(xs)
+    return statistics.mean(xs) if xs else float("nan")
+
+
 def summarize(name, results, wall):
+    """One table row. Requests: first turns; turns: first turns + agent follow-ups."""
     ttft = [r["ttft_s"] for r in results]
-    toks = sum(len(r["tokens"]) for r in results)
-    row = {"config": name, "requests": len(results), "wall_s": wall, "rps": len(results) / wall,
-           "tok_s": toks / wall, "ttft_mean_ms": 1e3 * statistics.mean(ttft), "ttft_p95_ms": 1e3 * pct(ttft, 95),
-           "latency_mean_ms": 1e3 * statistics.mean(r["latency_s"] for r in results)}
+    branches = [b for r in results for b in r.get("branches", [])]
+    toks = sum(len(r["tokens"]) for r in results) + sum(len(b["tokens"]) for b in branches)
+    row = {"config": name, "requests": len(results), "turns": len(results) + len(branches), "wall_s": wall,
+           "rps": (len(results) + len(branches)) / wall, "tok_s": toks / wall,
+           "ttft_mean_ms": 1e3 * mean(ttft), "ttft_p95_ms": 1e3 * pct(ttft, 95),
+           "latency_mean_ms": 1e3 * mean(r["latency_s"] for r in results),
+           "branch_latency_mean_ms": 1e3 * mean(b["latency_s"] for b in branches)}
     if results and "prefill" in results[0]:
-        row["exposed_transfer_ms"] = 1e3 * statistics.mean(r["decode"]["wait_s"] for r in results)
-        row["epd_share_of_ttft"] = statistics.mean(
-            (r["prefill"]["fetch_s"] + r["prefill"]["sink_s"]) / r["ttft_s"] for r in results)
+        row["exposed_transfer_ms"] = 1e3 * mean(r["decode"]["wait_s"] for r in results)
+        row["epd_share_of_ttft"] = mean((r["prefill"]["fetch_s"] + r["prefill"]["sink_s"]) / r["ttft_s"]
+                                        for r in results)
         row["kv_bytes"] = sum(r["prefill"]["kv_bytes"] for r in results)
         row["encoder_hits"] = sum(1 for r in results if r.get("encode", {}).get("result") == "hit")
         row["encoder_runs"] = sum(1 for r in results if r.get("encode", {}).get("result") == "produced")
+        row["workflow"] = {
+            "workflows": sum(1 for r in results if r.get("branches")),
+            "forks": sum(b["forks"] for b in branches),
+            "shared_pages": sum(b["shared_pages"] for b in branches),
+            "reused_prefix_tokens": sum(b["reused_tokens"] for b in branches),
+            "computed_tokens": sum(b["computed_tokens"] for b in branches),
+            "cow_copies": sum(b["cow_copies"] for b in branches),
+            "branch_epd_ms": 1e3 * mean(b["epd_s"] for b in branches),
+        }
     return row
 
 
-def colocated(model_name, reqs):
-    """The same model in one process, no epd: vision tower, prefill, decode; in turn."""
+def colocated(model_name, reqs, device="cuda", m=None):
+    """The same model in one process, no epd: vision tower, prefill, decode, and each
+    agent follow-up continuing from the first turn's KV kept in memory; in turn."""
     import torch
     from epd.workers import qwen3vl as q
-    m = q.build_model(model_name)
-    enc, pre, dec = q.Encoder(m), q.Prefill(m), q.Decode(m)
+    m = m if m is not None else q.build_model(model_name, device)
+    enc, pre, dec, cont = q.Encoder(m), q.Prefill(m), q.Decode(m), q.Continue(m)
     out = []
     t_all = time.perf_counter()
     for s in reqs:
         t0 = time.perf_counter()
-        r = q.make_request(m, s.image_seed, s.text_seed, text_tokens=s.text_tokens)
+        r = q.make_request(m, s.image_seed, s.text_seed, text_tokens=s.text_tokens, device=device)
         kv = q.MemoryKv()
         first, delta = pre.prefill(r, enc.encode(r), kv)
         torch.cuda.synchronize()
         t1 = time.perf_counter()
         toks = dec.decode(kv, r.input_ids.shape[1], first, delta, s.max_new_tokens)
         torch.cuda.synchronize()
-        out.append({"ttft_s": t1 - t0, "latency_s": time.perf_counter() - t0, "tokens": toks})
+        res = {"ttft_s": t1 - t0, "latency_s": time.perf_counter() - t0, "tokens": toks}
+        if s.branches:
+            n = int(r.input_ids.shape[1])
+            P = n // 16 * 16
+            res["branches"] = []
+            for i in range(s.branches):
+                tb = time.perf_counter()
+                ids = torch.cat([r.input_ids, torch.tensor([q.branch_suffix(m, s.text_seed, i, s.branch_tokens)],
+                                                           device=r.input_ids.device)], dim=1)
+                bt = cont.run(q.PrefixKv(kv, P), P, ids, delta, None, s.max_new_tokens)
+                torch.cuda.synchronize()
+                res["branches"].append({"tokens": bt, "latency_s": time.perf_counter() - tb, "ids": ids})
+        out.append(res)
     return out, time.perf_counter() - t_all, m
 
 
-def check(args):
-    """Token-exact: disaggregated greedy output == colocated HF generate, every request."""
-    from epd.workers import qwen3vl as q
-    reqs = specs(args.requests, images=3, text_tokens=40, max_new=args.max_new)
-    w = serve.Workers(args.address, args.model)
+def _dp_worker(gpu, model_name, reqs, warm, conn):
+    """One replica of the data-parallel baseline, alone on its GPU."""
     try:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        _, _, m = colocated(model_name, warm, "cuda")  # builds this replica's model; warm-up
+        conn.send(("ready", None))
+        conn.recv()
+        res, wall, _ = colocated(model_name, reqs, "cuda", m)
+        for r in res:
+            for b in r.get("branches", []):
+                b.pop("ids", None)
+        conn.send(("ok", res))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+
+
+def warm_specs(args, n, salt="warm", first=0):
+    """Warm-up requests: every one an agent request when the mix has agents, so that the
+    branch path (a prefill on top of cached KV) is warm too."""
+    return specs(n, args.images, args.text_tokens, args.max_new, salt=salt, first=first,
+                 agent_every=1 if args.agent_every else 0, branches=args.branches, branch_tokens=args.branch_tokens)
+
+
+def colocated_dp(model_name, reqs, gpus, warm):
+    """Colocated data parallel: `gpus` processes, one per GPU, requests dealt round robin;
+    the clock runs from the common start to the last replica's end."""
+    ctx = mp.get_context("spawn")
+    shares = [reqs[i::gpus] for i in range(gpus)]
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    procs, conns = [], []
+    try:
+        for g in range(gpus):
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(g)
+            a, b = ctx.Pipe()
+            p = ctx.Process(target=_dp_worker, args=(g, model_name, shares[g], warm, b), daemon=True)
+            p.start()
+            procs.append(p)
+            conns.append(a)
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+    for c in conns:
+        msg = c.recv()
+        if msg[0] != "ready":
+            raise RuntimeError(f"data-parallel replica failed:\n{msg[1]}")
+    t0 = time.perf_counter()
+    for c in conns:
+        c.send("go")
+    out = []
+    for c in conns:
+        msg = c.recv()
+        if msg[0] != "ok":
+            raise RuntimeError(f"data-parallel replica failed:\n{msg[1]}")
+        out += msg[1]
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join(30)
+    return out, wall
+
+
+def workers(args):
+    return serve.Workers(args.address, args.model, layout=args.layout, gpus=args.gpus)
+
+
+def check(args):
+    """Token-exact: disaggregated greedy output == colocated, every request and branch."""
+    reqs = specs(args.requests, images=3, text_tokens=40, max_new=args.max_new, agent_every=args.agent_every,
+                 branches=args.branches, branch_tokens=args.branch_tokens)
+    w = workers(args)
+    try:
+        placement = w.placement()
         res = w.run(reqs, concurrency=args.concurrency)
     finally:
         w.close()
-    m = q.build_model(args.model)
-    exact = 0
-    for s, r in zip(reqs, res):
-        base = q.colocated_generate(m, q.make_request(m, s.image_seed, s.text_seed, text_tokens=s.text_tokens),
-                                    s.max_new_tokens)
-        same = base == r["tokens"]
+    out = {"requests": len(reqs), "turns": len(reqs) + sum(s.branches for s in reqs), "layout": args.layout,
+           "placement": placement, "completed": sum(1 for r in res if r is not None)}
+    out["workflow"] = summarize("check", res, 1.0).get("workflow")
+    if args.backend == "synthetic":
+        out["token_exact"], out["branch_exact"] = len(reqs), sum(s.branches for s in reqs)
+        return out
+    from epd.workers import qwen3vl as q
+    base, _, m = colocated(args.model, reqs)
+    exact = bexact = brecompute = 0
+    for s, r, b in zip(reqs, res, base):
+        ref = q.colocated_generate(m, q.make_request(m, s.image_seed, s.text_seed, text_tokens=s.text_tokens),
+                                   s.max_new_tokens)
+        same = ref == r["tokens"] and b["tokens"] == ref
         exact += same
-        print(f"  {s.request_id[:8]} image {s.image_seed} prompt {r['prefill']['prompt_len']:4d} "
-              f"encoder {r['encode']['result']:8s} {'EXACT' if same else 'DIFF ' + str(base[:6]) + ' ' + str(r['tokens'][:6])}",
-              flush=True)
-    return {"token_exact": exact, "requests": len(reqs)}
+        line = (f"  {s.request_id[:8]} image {s.image_seed} prompt {r['prefill']['prompt_len']:4d} "
+                f"encoder {r['encode']['result']:8s} {'EXACT' if same else 'DIFF ' + str(ref[:6]) + ' ' + str(r['tokens'][:6])}")
+        print(line, flush=True)
+        for i, (rb, bb) in enumerate(zip(r.get("branches", []), b.get("branches", []))):
+            same_b = rb["tokens"] == bb["tokens"]
+            bexact += same_b
+            req = q.make_request(m, s.image_seed, s.text_seed, text_tokens=s.text_tokens)
+            req.input_ids = bb["ids"]
+            full = q.colocated_generate(m, req, s.max_new_tokens)
+            brecompute += full == rb["tokens"]
+            print(f"      branch {rb['branch']}: prompt {rb['prompt_len']} shared pages {rb['shared_pages']} "
+                  f"computed {rb['computed_tokens']} tokens "
+                  f"{'EXACT' if same_b else 'DIFF ' + str(bb['tokens'][:6]) + ' ' + str(rb['tokens'][:6])}"
+                  f" (vs full recompute: {'same' if full == rb['tokens'] else 'differs'})", flush=True)
+    out.update(token_exact=exact, branch_exact=bexact, branch_same_as_full_recompute=brecompute)
+    return out
 
 
 def bench(args):
     rows = []
-    n, warm = args.requests, args.warmup
-    # Disaggregated, repeated images (the feature cache hits), then every image new.
-    w = serve.Workers(args.address, args.model)
+    n = args.requests
+    kw = dict(agent_every=args.agent_every, branches=args.branches, branch_tokens=args.branch_tokens)
+    # At least one warm-up request per worker process of a role (least-busy routing
+    # spreads them), so that no process meets its first request in a measured row.
+    warm = max([args.warmup] + list(serve.parse_layout(args.layout).values()))
+    w = workers(args)
     try:
-        w.run(specs(warm, args.images, args.text_tokens, args.max_new, salt="warm"), args.concurrency)
-        # Concurrency 1 is the colocated baseline's own shape (one request at a time): its
-        # TTFT compares like for like; at args.concurrency the workers overlap requests.
-        for name, salt, conc in ((f"EPD 1E+1P+1D, feature cache, {args.concurrency} in flight", "", args.concurrency),
-                                 (f"EPD 1E+1P+1D, no cache hits, {args.concurrency} in flight", "nocache",
-                                  args.concurrency),
-                                 ("EPD 1E+1P+1D, no cache hits, 1 in flight", "serial", 1)):
-            reqs = specs(n, args.images, args.text_tokens, args.max_new, salt=salt, first=100)
+        placement = w.placement()
+        w.run(warm_specs(args, warm), max(args.concurrency, warm))
+        # The same requests: repeated images with the feature cache, then with every key
+        # unique (the cache bypassed: the vision tower runs for every request), several in
+        # flight; and bypassed one at a time, the colocated baseline's own shape (its TTFT
+        # compares like for like).
+        c = args.concurrency
+        for name, salt, conc in ((f"EPD {args.layout}, repeated images, feature cache, {c} in flight", "", c),
+                                 (f"EPD {args.layout}, repeated images, cache bypassed, {c} in flight", "nocache", c),
+                                 (f"EPD {args.layout}, repeated images, cache bypassed, 1 in flight", "serial", 1)):
+            reqs = specs(n, args.images, args.text_tokens, args.max_new, salt=salt, first=100, **kw)
+            f0 = epdctl(args, "features")
             t0 = time.perf_counter()
             res = w.run(reqs, conc)
             rows.append(summarize(name, res, time.perf_counter() - t0))
+            rows[-1]["completed"] = sum(1 for r in res if r is not None)
+            rows[-1]["feature_counters"] = feature_delta(f0, epdctl(args, "features"))
             print(json.dumps(rows[-1]), flush=True)
     finally:
         w.close()
-    reqs = specs(n, args.images, args.text_tokens, args.max_new, first=100)
+    reqs = specs(n, args.images, args.text_tokens, args.max_new, first=100, **kw)
     if args.backend != "synthetic":
-        colocated(args.model, specs(2, 2, args.text_tokens, args.max_new, first=900))  # warm-up
-        res, wall, _ = colocated(args.model, reqs)
+        _, _, m = colocated(args.model, warm_specs(args, 2, salt="", first=900))  # warm-up
+        res, wall, _ = colocated(args.model, reqs, m=m)
+        del m
         rows.append(summarize("colocated, 1 process, no epd", res, wall))
         print(json.dumps(rows[-1]), flush=True)
-    return rows
+        if args.gpus and (args.gpus > 1 or args.dp):
+            res, wall = colocated_dp(args.model, reqs, args.gpus, warm_specs(args, 1, salt="", first=900))
+            rows.append(summarize(f"colocated data-parallel, {args.gpus} processes x 1 GPU, no epd", res, wall))
+            print(json.dumps(rows[-1]), flush=True)
+    return rows, placement
+
+
+def feature_delta(before, after):
+    """Counters of the feature cache that moved during a run."""
+    def flat(d, pre=""):
+        out = {}
+        for k, v in (d.items() if isinstance(d, dict) else []):
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[pre + k] = v
+            elif isinstance(v, dict):
+                out.update(flat(v, pre + k + "."))
+        return out
+    a, b = flat(before), flat(after)
+    return {k: b[k] - a.get(k, 0) for k in b if b[k] != a.get(k, 0)}
+
+
+def gates(args, out):
+    """Reads the daemon's state after the run; returns (ok, line)."""
+    pools = epdctl(args, "pages")
+    hand = epdctl(args, "handoffs")
+    seqs = epdctl(args, "sequences")
+    journal = epdctl(args, "journal")
+    feats = epdctl(args, "features")
+    out["pages"], out["handoffs"], out["journal"], out["features"] = pools, hand, journal, feats
+    kv = [p for p in pools.get("pools", []) if p.get("arena") == "host0"] if isinstance(pools, dict) else []
+    retained = kv[0]["total"] - kv[0]["free"] if kv else None
+    counters = hand.get("counters", {}) if isinstance(hand, dict) else {}
+    failures = sum(v for k, v in counters.items() if k.startswith("failures.")) + counters.get("rolled-back", 0)
+    left = len(hand.get("handoffs", [])) if isinstance(hand, dict) else None
+    n_seqs = len(seqs) if isinstance(seqs, list) else None
+    wfs = journal.get("workflows") if isinstance(journal, dict) else None
+    # Features: no handle held, nothing reserved, no failed encode.
+    f_handles = feats.get("handles") if isinstance(feats, dict) else None
+    f_reserved = feats.get("bytes_reserved") if isinstance(feats, dict) else None
+    f_failed = feats.get("failed") if isinstance(feats, dict) else None
+    out.update(retained_pages=retained, failures=failures, fallbacks=counters.get("ring-fallbacks", 0),
+               handoffs_left=left, sequences_left=n_seqs, workflows_left=wfs, feature_handles_left=f_handles,
+               feature_bytes_reserved=f_reserved, feature_failures=f_failed)
+    ok = (retained == 0 and failures == 0 and out["fallbacks"] == 0 and left == 0 and n_seqs == 0
+          and wfs == 0 and f_handles == 0 and f_reserved == 0 and f_failed == 0)
+    line = (f"retained pages {retained}, handoffs left {left}, sequences left {n_seqs}, workflows left {wfs}, "
+            f"feature handles left {f_handles}, feature bytes reserved {f_reserved}, "
+            f"failures {failures} (features {f_failed}), ring fallbacks {out['fallbacks']}")
+    return ok, line
 
 
 def main():
@@ -139,53 +338,63 @@ def main():
     ap.add_argument("--check", metavar="MODEL")
     ap.add_argument("--bench", metavar="MODEL")
     ap.add_argument("--backend", default="qwen3vl")
+    ap.add_argument("--layout", default="1E1P1D", help="worker processes: 1E1P1D, 1E1P2D, 2P2D, ...")
+    ap.add_argument("--gpus", type=int, default=None,
+                    help="GPUs: one per worker process, round robin (default: leave CUDA_VISIBLE_DEVICES alone)")
+    ap.add_argument("--dp", action="store_true", help="also the data-parallel baseline with --gpus 1")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--images", type=int, default=4)
     ap.add_argument("--text-tokens", type=int, default=100)
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--agent-every", type=int, default=3, help="every Nth request is an agent request (0: none)")
+    ap.add_argument("--branches", type=int, default=2, help="follow-up turns (branches) per agent request")
+    ap.add_argument("--branch-tokens", type=int, default=24, help="new tokens per follow-up turn")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    serve.parse_layout(args.layout)
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "layout": args.layout, "gpus": args.gpus,
+           "argv": sys.argv[1:]}
     ok = True
     try:
         if args.check:
             args.model = args.check if args.backend != "synthetic" else "synthetic"
-            out["check"] = check(args)
-            ok &= out["check"]["token_exact"] == out["check"]["requests"]
-            print(f"token-exact: {out['check']['token_exact']}/{out['check']['requests']}", flush=True)
+            c = out["check"] = check(args)
+            n_branch = c["turns"] - c["requests"]
+            ok &= c["completed"] == c["requests"]
+            ok &= c["token_exact"] == c["requests"] and c["branch_exact"] == n_branch
+            print(f"token-exact: {c['token_exact']}/{c['requests']}, branches {c['branch_exact']}/{n_branch}"
+                  + (f" (same as a full recompute: {c['branch_same_as_full_recompute']}/{n_branch})"
+                     if "branch_same_as_full_recompute" in c else "")
+                  + f"; workflow {json.dumps(c['workflow'])}", flush=True)
         if args.bench:
             args.model = args.bench if args.backend != "synthetic" else "synthetic"
-            out["bench"] = bench(args)
+            out["bench"], out["placement"] = bench(args)
+            ok &= all(r.get("completed", r["requests"]) == r["requests"] for r in out["bench"])
     except Exception:
         traceback.print_exc()
         out["error"] = traceback.format_exc()
         ok = False
-    # Gates: nothing retained, no handoff left, no failure or fallback.
-    pools = epdctl(args, "pages")
-    hand = epdctl(args, "handoffs")
-    out["pages"], out["handoffs"] = pools, hand
-    kv = [p for p in pools.get("pools", []) if p.get("arena") == "host0"]
-    retained = kv[0]["total"] - kv[0]["free"] if kv else None
-    out["retained_pages"] = retained
-    ok &= retained == 0
-    counters = hand.get("counters", {}) if isinstance(hand, dict) else {}
-    failures = sum(v for k, v in counters.items() if k.startswith("failures.")) + counters.get("rolled-back", 0)
-    out["failures"], out["fallbacks"] = failures, counters.get("ring-fallbacks", 0)
-    ok &= failures == 0 and out["fallbacks"] == 0 and not hand.get("handoffs")
+    g_ok, line = gates(args, out)
+    ok &= g_ok
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+            json.dump(out, f, indent=1, default=str)
     if "bench" in out:
-        print("\n| config | req/s | tok/s | TTFT mean ms | TTFT P95 ms | latency ms | exposed transfer ms | epd share of TTFT | encoder runs/hits |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("\n| config | turns | req/s | tok/s | TTFT mean ms | TTFT P95 ms | latency ms | branch turn ms "
+              "| exposed transfer ms | epd share of TTFT | encoder runs/hits |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in out["bench"]:
-            print(f"| {r['config']} | {r['rps']:.2f} | {r['tok_s']:.1f} | {r['ttft_mean_ms']:.1f} | {r['ttft_p95_ms']:.1f} "
-                  f"| {r['latency_mean_ms']:.1f} | {r.get('exposed_transfer_ms', float('nan')):.2f} "
-                  f"| {r.get('epd_share_of_ttft', float('nan')):.3f} | {r.get('encoder_runs', '-')}/{r.get('encoder_hits', '-')} |")
-    print(f"gates: retained pages {retained}, handoffs left {len(hand.get('handoffs', []))}, "
-          f"failures {out['failures']}, ring fallbacks {out['fallbacks']}: {'PASS' if ok else 'FAIL'}")
+            print(f"| {r['config']} | {r['turns']} | {r['rps']:.2f} | {r['tok_s']:.1f} | {r['ttft_mean_ms']:.1f} "
+                  f"| {r['ttft_p95_ms']:.1f} | {r['latency_mean_ms']:.1f} | {r['branch_latency_mean_ms']:.1f} "
+                  f"| {r.get('exposed_transfer_ms', float('nan')):.2f} "
+                  f"| {r.get('epd_share_of_ttft', float('nan')):.3f} "
+                  f"| {r.get('encoder_runs', '-')}/{r.get('encoder_hits', '-')} |")
+        for r in out["bench"]:
+            if "workflow" in r:
+                print(f"workflow ({r['config']}): {json.dumps(r['workflow'])}")
+    print(f"gates: {line}: {'PASS' if ok else 'FAIL'}")
     sys.exit(0 if ok else 1)
 
 

@@ -5,7 +5,16 @@
 # process), then the benchmark (8B-class Qwen3-VL, random weights) against the
 # colocated baseline, and prints the table last. Results: $OUT (or build-e2e/out).
 #
-#   bench/e2e/run-device.sh [REQUESTS]
+#   bench/e2e/run-device.sh [REQUESTS] [LAYOUT] [GPUS]
+#
+# LAYOUT: worker processes, 1E1P1D (default), 1E1P2D, 2P2D, ... (no E: the prefill
+# workers encode); GPUS: how many GPUs to spread them over, one per process, round robin
+# (default: all the machine has; with one GPU every process shares GPU 0). With more
+# than one GPU the benchmark adds the colocated data-parallel baseline on GPUS GPUs.
+# E2E_STEPS="gpu check bench" (default) picks the parts to run; E2E_BENCH_MODEL (default 8b)
+# is the benchmark's config; E2E_DP=1 adds the data-parallel baseline on one GPU too.
+# The request stream mixes repeated images and agent requests (follow-up turns on
+# workflow branches).
 #
 # Sizes and limits from the environment: CHECK_REQUESTS CHECK_MAX_NEW CHECK_TIMEOUT
 # WARMUP IMAGES MAX_NEW CONCURRENCY BENCH_TIMEOUT (defaults below).
@@ -18,6 +27,13 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 REQUESTS=${1:-12}
+LAYOUT=${2:-1E1P1D}
+GPUS=${3:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)}
+[ "$GPUS" -ge 1 ] 2>/dev/null || GPUS=1
+STEPS=${E2E_STEPS:-gpu check bench}
+BENCH_MODEL=${E2E_BENCH_MODEL:-8b}
+DP=()
+[ -n "${E2E_DP:-}" ] && DP=(--dp)
 OUTDIR=${OUT:-$ROOT/build-e2e/out}
 mkdir -p "$OUTDIR"
 if command -v meson >/dev/null; then MESON=(meson); else MESON=(python3 -m mesonbuild.mesonmain); fi
@@ -63,29 +79,45 @@ start_epdd() { # a fresh daemon: a KV arena takes the page size of the first lay
 stop_epdd() {
         kill -TERM $EPDD; wait $EPDD; epdd_rc=$?
 }
+EPDD=
 trap 'kill -TERM $EPDD 2>/dev/null; wait $EPDD 2>/dev/null' EXIT
 export EPD_LIBRARY=$ROOT/$B/client/libepd.so
-ARGS=(--address direct:$D/bus --epdctl $ROOT/$B/tools/epdctl)
+ARGS=(--address direct:$D/bus --epdctl $ROOT/$B/tools/epdctl --layout "$LAYOUT" --gpus "$GPUS")
+echo "layout $LAYOUT on $GPUS GPU(s); steps: $STEPS"
+gpu_torch_rc=- check_rc=- bench_rc=- epdd_rc=-
 
-echo "== GPU arena through torch views (python/tests/device_gpu_torch.py)"
-(cd python/tests && EPDD=$ROOT/$B/daemon/epdd timeout 60 python3 device_gpu_torch.py) 2>&1 | tail -3 | tee "$OUTDIR/gpu-torch.log"
-gpu_torch_rc=${PIPESTATUS[0]}
-start_epdd
-echo "== token-exact check (small config)"
-timeout ${CHECK_TIMEOUT:-150} python3 bench/e2e/e2e.py "${ARGS[@]}" --check small --requests ${CHECK_REQUESTS:-6} \
-        --max-new ${CHECK_MAX_NEW:-16} --concurrency 3 \
-        --json "$OUTDIR/check.json" 2>&1 | grep -vE "Warning|warn\(" | tee "$OUTDIR/check.log" | tail -12
-check_rc=${PIPESTATUS[0]}
-stop_epdd
-start_epdd
-echo "== benchmark (8B-class config)"
-timeout ${BENCH_TIMEOUT:-300} python3 bench/e2e/e2e.py "${ARGS[@]}" --bench 8b --requests "$REQUESTS" \
-        --warmup ${WARMUP:-2} --images ${IMAGES:-4} --max-new ${MAX_NEW:-32} --concurrency ${CONCURRENCY:-4} --json "$OUTDIR/bench.json" 2>&1 | grep -vE "Warning|warn\(" \
-        | tee "$OUTDIR/bench.log" | tail -14
-bench_rc=${PIPESTATUS[0]}
-$B/tools/epdctl -A direct:$D/bus features >"$OUTDIR/features.txt" 2>&1
-stop_epdd
+if [[ " $STEPS " == *" gpu "* ]]; then
+        echo "== GPU arena through torch views (python/tests/device_gpu_torch.py)"
+        (cd python/tests && EPDD=$ROOT/$B/daemon/epdd timeout 60 python3 device_gpu_torch.py) 2>&1 | tail -3 \
+                | tee "$OUTDIR/gpu-torch.log"
+        gpu_torch_rc=${PIPESTATUS[0]}
+fi
+if [[ " $STEPS " == *" check "* ]]; then
+        start_epdd
+        echo "== token-exact check (small config; first turns and agent branches)"
+        timeout ${CHECK_TIMEOUT:-150} python3 bench/e2e/e2e.py "${ARGS[@]}" --check small \
+                --requests ${CHECK_REQUESTS:-6} --agent-every 3 --branches 2 --max-new ${CHECK_MAX_NEW:-16} \
+                --concurrency 3 --json "$OUTDIR/check.json" 2>&1 | grep -vE "Warning|warn\(" \
+                | tee "$OUTDIR/check.log" | tail -22
+        check_rc=${PIPESTATUS[0]}
+        stop_epdd
+fi
+if [[ " $STEPS " == *" bench "* ]]; then
+        start_epdd
+        echo "== benchmark ($BENCH_MODEL config)"
+        timeout ${BENCH_TIMEOUT:-300} python3 bench/e2e/e2e.py "${ARGS[@]}" ${DP[@]+"${DP[@]}"} \
+                --bench "$BENCH_MODEL" --requests "$REQUESTS" --warmup ${WARMUP:-2} --images ${IMAGES:-4} \
+                --max-new ${MAX_NEW:-32} --concurrency ${CONCURRENCY:-4} --agent-every 3 --branches 2 \
+                --json "$OUTDIR/bench.json" 2>&1 | grep -vE "Warning|warn\(" | tee "$OUTDIR/bench.log" | tail -20
+        bench_rc=${PIPESTATUS[0]}
+        $B/tools/epdctl -A direct:$D/bus features >"$OUTDIR/features.txt" 2>&1
+        stop_epdd
+fi
 trap - EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "gpu-torch rc=$gpu_torch_rc check rc=$check_rc bench rc=$bench_rc epdd exit=$epdd_rc total $(( $(date +%s) - t0 )) s"
-exit $(( check_rc != 0 || bench_rc != 0 || gpu_torch_rc != 0 ))
+failed=0
+for rc in "$gpu_torch_rc" "$check_rc" "$bench_rc"; do  # "-": the step was not asked for
+        [ "$rc" = - ] || [ "$rc" = 0 ] || failed=1
+done
+exit $failed

@@ -17,12 +17,15 @@ import epd  # noqa: E402
 
 
 class Daemon:
-    def __init__(self, extra_conf: str = "", env=None):
+    def __init__(self, extra_conf: str = "", env=None, state: bool = False):
+        """state: a StateDirectory (the WAL), which workflows need."""
         self.dir = tempfile.mkdtemp(prefix="epd-py-")
         self.socket = os.path.join(self.dir, "bus")
         conf = os.path.join(self.dir, "epd.conf")
         with open(conf, "w") as f:
             f.write(f"[Daemon]\nSocket={self.socket}\nSystemBus=no\nHostId=py-host\n{extra_conf}")
+            if state:
+                f.write(f"StateDirectory={os.path.join(self.dir, 'state')}\n")
         self.log = open(os.path.join(self.dir, "epdd.log"), "w")
         self.proc = subprocess.Popen([os.environ["EPDD"], f"--config={conf}"],
                                      stdout=self.log, stderr=self.log,

@@ -22,6 +22,23 @@ except ImportError:
     HAVE_NUMPY = False
 
 
+def expected_branch_tokens(b, spec, branch):
+    """What the synthetic follow-up turn must produce if the branch read the first turn's
+    KV intact from the shared pages and its own new KV from its pages."""
+    import numpy as np
+    feats = b.encode(spec) if spec.image_seed is not None else None
+    fsum = float(feats["embeds"].astype("float32").sum()) if feats else 0.0
+    tokens = b.tokens(spec) + b.branch_suffix(spec, branch)
+    P = len(b.tokens(spec)) // 16 * 16
+    h = hashlib.sha256()
+    for layer in range(b.layers):
+        k, v = b.kv(spec, layer, fsum)
+        kn, vn = b.branch_kv(spec, branch, layer, len(tokens) - P, k[:, :, :P])
+        h.update(np.concatenate([k[:, :, :P], kn], axis=2).tobytes())
+        h.update(np.concatenate([v[:, :, :P], vn], axis=2).tobytes())
+    return b._tokens_of(h, tokens[-1] % 50000, spec.max_new_tokens), P
+
+
 def expected_tokens(b, spec, first):
     """What the synthetic decode must produce if every KV byte arrived intact."""
     h = hashlib.sha256()
@@ -39,7 +56,7 @@ def expected_tokens(b, spec, first):
 @unittest.skipUnless(HAVE_NUMPY, "numpy not installed")
 class WorkersTest(unittest.TestCase):
     def setUp(self):
-        self.d = Daemon()
+        self.d = Daemon(state=True)  # the WAL: agent requests use workflows
 
     def tearDown(self):
         self.assertEqual(self.d.stop(), 0)
@@ -72,6 +89,58 @@ class WorkersTest(unittest.TestCase):
         kv = [p for p in pools if p["arena"] == "host0"][0]
         self.assertEqual(kv["free"], kv["total"], pools)
         self.assertEqual(self.epdctl("sequences"), [])
+
+    def check_clean(self):
+        pools = self.epdctl("pages")["pools"]
+        kv = [p for p in pools if p["arena"] == "host0"][0]
+        self.assertEqual(kv["free"], kv["total"], pools)
+        self.assertEqual(self.epdctl("sequences"), [])
+        self.assertEqual(self.epdctl("journal")["workflows"], 0)
+        self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
+
+    def run_mix(self, layout):
+        """Plain and agent requests; an agent request's follow-up turns fork branches of
+        its first turn's KV through a workflow."""
+        from epd.workers import serve
+        w = serve.Workers(self.d.address, "synthetic", group_size=2, layout=layout, gpus=1)
+        try:
+            self.assertEqual(len(w.placement()), sum(serve.parse_layout(layout).values()))
+            self.assertTrue(all(p["gpu"] == 0 for p in w.placement()))
+            specs = [serve.Spec(serve.request_id_of(i), image_seed=i % 2 if i != 3 else None, text_seed=i,
+                                text_tokens=20 + 3 * i, max_new_tokens=8, branches=2 if i % 3 == 1 else 0,
+                                branch_tokens=10 + i)
+                     for i in range(6)]
+            results = w.run(specs, concurrency=3)
+        finally:
+            w.close()
+        b = serve.Synthetic()
+        n_branches = 0
+        for s, r in zip(specs, results):
+            self.assertEqual(r["tokens"], expected_tokens(b, s, r["prefill"]["first"]), s.request_id)
+            self.assertEqual(len(r.get("branches", [])), s.branches)
+            for i, br in enumerate(r.get("branches", [])):
+                want, P = expected_branch_tokens(b, s, i)
+                self.assertEqual(br["tokens"], want, (s.request_id, i))
+                self.assertEqual(br["branch"], i + 1)
+                self.assertEqual(br["shared_pages"], P // 16)
+                self.assertEqual(br["reused_tokens"], P)
+                self.assertEqual(br["computed_tokens"], b.prompt_len(s) + s.branch_tokens - P)
+                self.assertEqual(br["cow_copies"], 0)
+                n_branches += 1
+        self.assertEqual(n_branches, 4)
+        self.check_clean()
+        return results
+
+    def test_agent_branches(self):
+        self.run_mix("1E1P1D")
+
+    def test_layouts(self):
+        """Several prefill and decode processes (all on 'GPU 0' here); without an
+        encoder process the prefill workers encode, through the feature cache."""
+        for layout in ("1E1P2D", "2P2D"):
+            res = self.run_mix(layout)
+            if layout == "2P2D":
+                self.assertTrue(all("encode" in r for r in res if r["prefill"]["prompt_len"] > 100))
 
     def test_ring_keeps_up(self):
         """Many requests with one notice per layer on small rings: more events than a

@@ -179,6 +179,18 @@ int epd_workflow_drop(epd_client *c, const char *workflow, uint32_t branch);
 int epd_workflow_release(epd_client *c, const char *workflow);
 int epd_workflow_attach(epd_client *c, const char *workflow);
 
+typedef struct epd_workflow_branch {
+        uint32_t branch;
+        bool alive;           /* false once dropped or merged away */
+        char *head;           /* the head sequence's object path; "/" when not alive */
+        uint64_t steps;
+        uint32_t n_tokens;    /* tokens of the head */
+} epd_workflow_branch;
+
+/* Every branch the workflow handed out, in order; free with epd_workflow_branches_free(). */
+int epd_workflow_get_branches(epd_client *c, const char *workflow, epd_workflow_branch **ret, size_t *ret_n);
+void epd_workflow_branches_free(epd_workflow_branch *b, size_t n);
+
 const char *epd_last_error_name(const epd_client *c);
 const char *epd_last_error_message(const epd_client *c);
 /* After org.epd1.Error.Backpressure (-EAGAIN): the delay in microseconds the daemon asks

@@ -8,7 +8,12 @@
   the forward pass produces it (save_kv_layer) and reports each layer group ready, which
   ships that group at once (layered handoff); the decode's `EpdKvSource` accepts the
   handoff (start_load_kv), waits for the groups (wait_for_layer_load), reads the pages and
-  commits (get_finished).
+  commits (get_finished);
+- agent branches: an agent request's first turn keeps its committed KV as the root of a
+  workflow (`EpdKvSource.finish(keep=True)`); each follow-up turn forks a branch of it
+  and advances it with its tokens, and `EpdBranchKv` serves the shared prefix pages as
+  the model's KV source and writes the newly computed tokens into the branch's own
+  pages (the decode worker reuses the prefix instead of recomputing it).
 
 Arrays may be numpy arrays or torch tensors; reads return the same kind. A GPU process
 registers the host arena with CUDA once (page-locked), so that K/V goes between the GPU
@@ -313,32 +318,118 @@ class EpdKvSource:
         self._pinned = device is not None and _pin_host(a.address(), a.size)
 
     def layer(self, layer_idx: int):
-        L, T, S = self.layout, self.layout.tokens_per_block, self.tokens
-        H, D = L.kv_heads, L.head_dim
-        ks, vs = [], []
-        torch_like = self.device is not None
-        for b, off in enumerate(self.accepted.offsets[: L.pages_for(S)]):
-            n = min(T, S - b * T)
-            page = self._arena_buf[off: off + L.page_size]
-            ks.append(_view(page[L.k_offset(layer_idx):], self.dtype, (n, H, D), torch_like))
-            vs.append(_view(page[L.v_offset(layer_idx):], self.dtype, (n, H, D), torch_like))
-        if torch_like:
-            import torch
-            if self._pinned:  # each page straight to the GPU, asynchronous DMA from the pinned arena
-                k = torch.cat([x.to(self.device, non_blocking=True) for x in ks])
-                v = torch.cat([x.to(self.device, non_blocking=True) for x in vs])
-            else:
-                k, v = torch.cat(ks).to(self.device), torch.cat(vs).to(self.device)
-            k = k.transpose(0, 1).unsqueeze(0).contiguous()
-            v = v.transpose(0, 1).unsqueeze(0).contiguous()
+        L = self.layout
+        pages = [lambda off=off: self._arena_buf[off: off + L.page_size] for off in self.accepted.offsets]
+        return _read_tokens(L, pages, layer_idx, self.tokens, self.dtype, self.device, self._pinned)
+
+    def finish(self, keep: bool = False) -> Optional[Sequence]:
+        """After the cache is built: commit (the pages become ours), then let them go, or
+        with keep, return the committed sequence (an agent request's first turn: the
+        root of its workflow)."""
+        seq = Sequence(self.client, self.accepted.commit(), self.accepted.arena)
+        self.accepted.release(self.ring)
+        if keep:
+            return seq
+        seq.release()
+        return None
+
+
+def _write_tokens(L: KvPageLayout, page_fn, layer_idx: int, start: int, k, v) -> None:
+    """Writes K/V of tokens [start, start+S) (k, v: (S, H, D) on the host) of one layer
+    into the pages; page_fn(i) is page i's bytes. start is block-aligned."""
+    T = L.tokens_per_block
+    if start % T:
+        raise ValueError(f"write at token {start}: not at a page boundary")
+    S = k.shape[0]
+    for b in range(L.pages_for(S)):
+        t0, t1 = b * T, min((b + 1) * T, S)
+        page = page_fn(start // T + b)
+        _write(page[L.k_offset(layer_idx):], k[t0:t1])
+        _write(page[L.v_offset(layer_idx):], v[t0:t1])
+
+
+def _read_tokens(L: KvPageLayout, pages, layer_idx: int, S: int, dtype: str, device: Optional[str],
+                 pinned: bool = False):
+    """K/V of tokens [0, S) of one layer as (1, H, S, D): torch on `device`, or numpy when
+    device is None. pages[i]() is page i's bytes; pinned: the arena is page-locked, each
+    page goes straight to the GPU by an asynchronous copy."""
+    T, H, D = L.tokens_per_block, L.kv_heads, L.head_dim
+    ks, vs = [], []
+    torch_like = device is not None
+    for b in range(L.pages_for(S)):
+        n = min(T, S - b * T)
+        page = pages[b]()
+        ks.append(_view(page[L.k_offset(layer_idx):], dtype, (n, H, D), torch_like))
+        vs.append(_view(page[L.v_offset(layer_idx):], dtype, (n, H, D), torch_like))
+    if torch_like:
+        import torch
+        if pinned:
+            k = torch.cat([x.to(device, non_blocking=True) for x in ks])
+            v = torch.cat([x.to(device, non_blocking=True) for x in vs])
         else:
-            import numpy as np
-            k = np.concatenate(ks).transpose(1, 0, 2)[None].copy()
-            v = np.concatenate(vs).transpose(1, 0, 2)[None].copy()
+            k, v = torch.cat(ks).to(device), torch.cat(vs).to(device)
+        k = k.transpose(0, 1).unsqueeze(0).contiguous()
+        v = v.transpose(0, 1).unsqueeze(0).contiguous()
+    else:
+        import numpy as np
+        k = np.concatenate(ks).transpose(1, 0, 2)[None].copy()
+        v = np.concatenate(vs).transpose(1, 0, 2)[None].copy()
+    return k, v
+
+
+def _host_shd(k):
+    """(1, H, S, D) -> (S, H, D) row-major on the host: one synchronous device-to-host copy."""
+    if _is_torch(k):
+        return k[0].transpose(0, 1).contiguous().cpu()
+    return k[0].transpose(1, 0, 2).copy()
+
+
+class EpdBranchKv:
+    """The KV of one agent branch's head sequence, in place in its pages: the first
+    `prefix_tokens` tokens are the shared pages (read, never written), the rest is
+    computed by the worker and written into the branch's own pages. Used as the
+    model's KvSource (reads: the prefix) and KvSink (writes: from the prefix on)."""
+
+    def __init__(self, client, head: Sequence, layout: KvPageLayout, prefix_tokens: int, arena: str = "host0",
+                 device: Optional[str] = None, dtype: str = "bfloat16"):
+        if prefix_tokens % layout.tokens_per_block:
+            raise ValueError(f"prefix of {prefix_tokens} tokens: not whole pages")
+        self.client, self.head, self.layout = client, head, layout
+        self.prefix_tokens, self.device, self.dtype = prefix_tokens, device, dtype
+        a = client.arena(arena)
+        self._buf, self._base = a.buffer(), a.data_offset
+        self._pinned = device is not None and _pin_host(a.address(), a.size)
+        self.refresh()
+        self.bytes_read = self.bytes_written = 0
+        self.seconds = 0.0
+
+    def refresh(self):
+        """Reads the page table again (after append / prepare_write)."""
+        self.pages = self.head.pages
+
+    def _page(self, i: int) -> memoryview:
+        off = self._base + self.pages[i] * self.layout.page_size
+        return self._buf[off: off + self.layout.page_size]
+
+    def read(self, layer_idx: int, tokens: int):
+        t0 = time.perf_counter()
+        pages = [lambda i=i: self._page(i) for i in range(self.layout.pages_for(tokens))]
+        k, v = _read_tokens(self.layout, pages, layer_idx, tokens, self.dtype, self.device, self._pinned)
+        self.bytes_read += 2 * tokens * self.layout.k_bytes_per_token
+        self.seconds += time.perf_counter() - t0
         return k, v
 
-    def finish(self) -> None:
-        """After the cache is built: commit (the pages become ours), then let them go."""
-        seq = self.accepted.commit()
-        Sequence(self.client, seq).release()
-        self.accepted.release(self.ring)
+    def write(self, layer_idx: int, start: int, k, v) -> None:
+        t0 = time.perf_counter()
+        k, v = _host_shd(k), _host_shd(v)
+        _write_tokens(self.layout, self._page, layer_idx, start, k, v)
+        self.bytes_written += 2 * k.shape[0] * self.layout.k_bytes_per_token
+        self.seconds += time.perf_counter() - t0
+
+    def layer(self, layer_idx: int, k=None, v=None):
+        if k is None:
+            return self.read(layer_idx, self.prefix_tokens)
+        self.write(layer_idx, self.prefix_tokens, k, v)
+
+    def done(self) -> None:
+        pass

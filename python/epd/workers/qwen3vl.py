@@ -136,17 +136,21 @@ def _patched_image_features(bundle: FeatureBundle):
     return get_image_features
 
 
-def _sink_cache(sink: KvSink, config):
-    """A DynamicCache that hands every layer's K/V to the sink right after it is computed."""
+def _sink_cache(sink: Optional[KvSink], config):
+    """A DynamicCache that hands every layer's K/V to the sink right after it is computed
+    (while .sink is set: loading a prefix into it does not)."""
     from transformers.cache_utils import DynamicCache
 
     class SinkCache(DynamicCache):
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
             out = super().update(key_states, value_states, layer_idx, *args, **kwargs)
-            sink.layer(layer_idx, key_states, value_states)
+            if self.sink is not None:
+                self.sink.layer(layer_idx, key_states, value_states)
             return out
 
-    return SinkCache(config=config)
+    c = SinkCache(config=config)
+    c.sink = sink
+    return c
 
 
 class Prefill:
@@ -185,17 +189,75 @@ class Decode:
         for l in range(cfg.num_hidden_layers):
             k, v = source.layer(l)
             cache.update(k, v, l)
+        return _generate(self.model, cache, prompt_len, first_token, rope_delta, max_new_tokens)
+
+
+def _generate(model, cache, prompt_len: int, first_token: int, rope_delta: int, max_new_tokens: int) -> List[int]:
+    """Greedy decoding from a cache holding the prompt's KV (text positions: index + delta)."""
+    dev = model.device
+    tokens = [first_token]
+    tok = torch.tensor([[first_token]], device=dev)
+    for step in range(max_new_tokens - 1):
+        pos = prompt_len + step + rope_delta
+        position_ids = torch.full((3, 1, 1), pos, device=dev, dtype=torch.long)
+        out = model(input_ids=tok, past_key_values=cache, position_ids=position_ids, use_cache=True)
+        nxt = int(out.logits[0, -1].argmax())
+        tokens.append(nxt)
+        tok = torch.tensor([[nxt]], device=dev)
+    return tokens
+
+
+def branch_suffix(model, text_seed: int, branch: int, n: int) -> List[int]:
+    """The text a follow-up turn of an agent request adds (a tool's output), by seed."""
+    g = torch.Generator(device="cpu").manual_seed(50_000 + 97 * text_seed + branch)
+    vocab = model.config.text_config.vocab_size
+    return torch.randint(1000, min(vocab, 20000), (n,), generator=g).tolist()
+
+
+class Continue:
+    """An agent branch's turn: the prompt's first `prefix_tokens` tokens have their KV
+    already (shared pages of the first turn); the rest (text only) is computed on top of
+    it, each layer's new K/V handed to `sink`, then generation goes on greedily."""
+
+    def __init__(self, model):
+        self.model = model
+
+    @torch.no_grad()
+    def run(self, prefix: KvSource, prefix_tokens: int, input_ids: torch.Tensor, rope_delta: int,
+            sink: Optional[KvSink], max_new_tokens: int) -> List[int]:
+        cfg = self.model.config.text_config
+        n = int(input_ids.shape[1])
+        if not 0 < prefix_tokens < n:
+            raise ValueError(f"prefix of {prefix_tokens} tokens for a prompt of {n}")
+        if (input_ids[0, prefix_tokens:] == IMAGE_TOKEN_ID[0]).any():
+            raise ValueError("the part to compute holds image tokens: the prefix must cover the image")
+        cache = _sink_cache(None, cfg)
+        for l in range(cfg.num_hidden_layers):
+            k, v = prefix.layer(l)
+            if k.shape[2] != prefix_tokens:
+                raise ValueError(f"layer {l}: prefix KV of {k.shape[2]} tokens, expected {prefix_tokens}")
+            cache.update(k, v, l)
+        cache.sink = sink
         dev = self.model.device
-        tokens = [first_token]
-        tok = torch.tensor([[first_token]], device=dev)
-        for step in range(max_new_tokens - 1):
-            pos = prompt_len + step + rope_delta
-            position_ids = torch.full((3, 1, 1), pos, device=dev, dtype=torch.long)
-            out = self.model(input_ids=tok, past_key_values=cache, position_ids=position_ids, use_cache=True)
-            nxt = int(out.logits[0, -1].argmax())
-            tokens.append(nxt)
-            tok = torch.tensor([[nxt]], device=dev)
-        return tokens
+        pos = torch.arange(prefix_tokens, n, device=dev, dtype=torch.long) + rope_delta
+        out = self.model(input_ids=input_ids[:, prefix_tokens:], past_key_values=cache,
+                         position_ids=pos.view(1, 1, -1).expand(3, 1, -1), use_cache=True, logits_to_keep=1)
+        cache.sink = None
+        if sink is not None:
+            sink.done()
+        first = int(out.logits[0, -1].argmax())
+        return _generate(self.model, cache, n, first, rope_delta, max_new_tokens)
+
+
+class PrefixKv(KvSource):
+    """The first n tokens of another source's KV (an in-process prefix cache)."""
+
+    def __init__(self, source: KvSource, n: int):
+        self.source, self.n = source, n
+
+    def layer(self, layer_idx: int):
+        k, v = self.source.layer(layer_idx)
+        return k[:, :, : self.n], v[:, :, : self.n]
 
 
 @torch.no_grad()

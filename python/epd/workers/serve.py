@@ -7,6 +7,18 @@ moves through epdd (features, KV pages, handoffs). Two backends:
 - "synthetic": numpy tensors of a model's shapes (CI: no torch, no GPU);
 - "qwen3vl": the real Hugging Face Qwen3-VL model (qwen3vl.py) on a GPU.
 
+Layouts: how many encoder, prefill and decode processes ("1E1P1D", "1E1P2D", "2P2D";
+without encoders the prefill workers run the vision tower themselves, still through the
+feature cache), each on its own GPU (CUDA_VISIBLE_DEVICES per process, round robin over
+`gpus`; with one GPU they all share GPU 0).
+
+Agent requests (Spec.branches > 0): the first turn runs E -> P -> D as usual, but the
+decode worker keeps the committed KV as the root of a workflow; each follow-up turn
+forks a branch of it (a copy-on-write clone) and advances the branch with the first
+turn's prompt plus the turn's new text: the branch's head shares the prompt's whole
+pages, the decode worker computes only the rest on top of them, writes it into the
+branch's own pages, and generates. The last turn releases the workflow.
+
 Used by python/tests/test_workers.py (CI) and bench/e2e/run-device.sh (GPU)."""
 
 import hashlib
@@ -33,10 +45,21 @@ class Spec:
     max_new_tokens: int
     submit_t: float = 0.0
     cache_salt: str = ""   # non-empty: a key no other request shares (measures no-cache)
+    branches: int = 0      # agent request: follow-up turns, each on a branch forked from this turn's KV
+    branch_tokens: int = 24  # new tokens each follow-up turn adds (a tool's output)
 
 
 def request_id_of(i: int) -> str:
     return hashlib.sha256(f"req-{i}".encode()).hexdigest()[:32]
+
+
+def parse_layout(layout: str) -> Dict[str, int]:
+    """'1E1P2D' -> {'encoder': 1, 'prefill': 1, 'decode': 2}; E may be absent (0)."""
+    import re
+    m = re.fullmatch(r"(?:(\d+)E\+?)?(\d+)P\+?(\d+)D", layout.replace(" ", "").upper())
+    if not m or int(m.group(2)) < 1 or int(m.group(3)) < 1:
+        raise ValueError(f"layout {layout!r}: expected e.g. 1E1P1D, 1E+1P+2D or 2P2D")
+    return {"encoder": int(m.group(1) or 0), "prefill": int(m.group(2)), "decode": int(m.group(3))}
 
 
 # ------------------------------------------------------------------------------------
@@ -81,15 +104,52 @@ class Synthetic:
         return int(abs(fsum * 1000)) % 50000, 0
 
     def decode(self, spec: Spec, source, prompt_len, first, delta) -> List[int]:
-        toks = [first]
         h = hashlib.sha256()
         for layer in range(self.layers):
             k, v = source.layer(layer)
             h.update(k.tobytes())
             h.update(v.tobytes())
+        return self._tokens_of(h, first, spec.max_new_tokens)
+
+    @staticmethod
+    def _tokens_of(h, first: int, n: int) -> List[int]:
         d = h.digest()
-        toks += [int.from_bytes(d[i:i + 2], "little") for i in range(0, 2 * (spec.max_new_tokens - 1), 2)]
-        return toks[: spec.max_new_tokens]
+        while len(d) < 2 * n:
+            d += hashlib.sha256(d).digest()
+        return ([first] + [int.from_bytes(d[i:i + 2], "little") for i in range(0, 2 * (n - 1), 2)])[:n]
+
+    def tokens(self, spec: Spec) -> List[int]:
+        """The prompt's token ids (image placeholders, then text), by seed."""
+        img = [1] + [2] * self.n_image_tokens + [3] if spec.image_seed is not None else []
+        rng = self.np.random.default_rng(10_000 + spec.text_seed)
+        return img + [int(t) for t in rng.integers(1000, 20000, spec.text_tokens)]
+
+    def branch_suffix(self, spec: Spec, branch: int) -> List[int]:
+        rng = self.np.random.default_rng([50_000 + spec.text_seed, branch])
+        return [int(t) for t in rng.integers(1000, 20000, spec.branch_tokens)]
+
+    def branch_kv(self, spec: Spec, branch: int, layer: int, n_new: int, prefix_k):
+        """Synthetic K/V of a branch's new tokens; depends on the prefix KV it sees."""
+        np = self.np
+        base = np.float16(float(prefix_k.astype(np.float32).sum()) % 7)
+        rng = np.random.default_rng([spec.text_seed, 1000 + branch, layer])
+        k = rng.standard_normal((1, self.kv_heads, n_new, self.head_dim)).astype(np.float16)
+        return k, (k * 0.5 + base).astype(np.float16)
+
+    def branch(self, spec: Spec, branch: int, kv, tokens: List[int], delta: int) -> List[int]:
+        """A follow-up turn: reads the shared prefix, writes the new tokens' K/V into the
+        branch's pages, then 'generates' from every KV byte of the branch read back."""
+        n, P = len(tokens), kv.prefix_tokens
+        for layer in range(self.layers):
+            kp, _ = kv.read(layer, P)
+            k, v = self.branch_kv(spec, branch, layer, n - P, kp)
+            kv.write(layer, P, k, v)
+        h = hashlib.sha256()
+        for layer in range(self.layers):
+            k, v = kv.read(layer, n)
+            h.update(k.tobytes())
+            h.update(v.tobytes())
+        return self._tokens_of(h, tokens[-1] % 50000, spec.max_new_tokens)
 
 
 class Qwen3VL:
@@ -129,6 +189,17 @@ class Qwen3VL:
     def decode(self, spec: Spec, source, prompt_len, first, delta) -> List[int]:
         return self.q.Decode(self.model).decode(source, prompt_len, first, delta, spec.max_new_tokens)
 
+    def tokens(self, spec: Spec) -> List[int]:
+        return self.request(spec).input_ids[0].tolist()
+
+    def branch_suffix(self, spec: Spec, branch: int) -> List[int]:
+        return self.q.branch_suffix(self.model, spec.text_seed, branch, spec.branch_tokens)
+
+    def branch(self, spec: Spec, branch: int, kv, tokens: List[int], delta: int) -> List[int]:
+        import torch
+        ids = torch.tensor([tokens], device=self.device)
+        return self.q.Continue(self.model).run(kv, kv.prefix_tokens, ids, delta, kv, spec.max_new_tokens)
+
 
 def make_backend(name: str):
     if name == "synthetic":
@@ -140,49 +211,121 @@ def make_backend(name: str):
 # Worker processes
 # ------------------------------------------------------------------------------------
 
+class _DecodeAgents:
+    """The decode worker's agent requests: request id -> (workflow, prompt tokens, delta)."""
+
+    def __init__(self, client, layout, backend, device):
+        from ..workflow import Workflow
+        self.Workflow = Workflow
+        self.client, self.layout, self.b, self.device = client, layout, backend, device
+        self.live: Dict[str, tuple] = {}
+
+    def root(self, spec: Spec, seq, prompt_len: int, delta: int) -> dict:
+        """First turn done: its committed KV becomes branch 0 of a workflow."""
+        tokens = self.b.tokens(spec)
+        if len(tokens) != prompt_len:
+            raise RuntimeError(f"{spec.request_id}: {len(tokens)} prompt tokens, KV of {prompt_len}")
+        wf = self.Workflow.create(self.client, seq.path, tokens, arena="host0")
+        seq.release()  # the workflow holds its own clone
+        self.live[spec.request_id] = (wf, tokens, delta)
+        return {"workflow": wf.id}
+
+    def branch(self, spec: Spec, idx: int) -> dict:
+        """A follow-up turn: fork branch 0, advance it with the turn's tokens (the head
+        shares the prompt's whole pages), compute the rest into the branch's own pages,
+        generate."""
+        t0 = time.perf_counter()
+        wf, root_tokens, delta = self.live[spec.request_id]
+        tokens = root_tokens + self.b.branch_suffix(spec, idx)
+        nb, _ = wf.fork(0)
+        step = wf.advance(nb, tokens)
+        L = self.layout
+        shared = step.prefix_blocks
+        need = L.pages_for(len(tokens)) - shared
+        if need <= 0:
+            raise RuntimeError(f"{spec.request_id}: branch {idx} adds no token to compute")
+        step.head.append(need)
+        _, copied = step.head.prepare_write(shared, need)  # fresh pages: nothing to copy
+        kv = C.EpdBranchKv(self.client, step.head, L, shared * L.tokens_per_block, device=self.device,
+                           dtype=self.b.dtype)
+        t1 = time.perf_counter()
+        toks = self.b.branch(spec, idx, kv, tokens, delta)
+        _sync(self.device)
+        return {"tokens": toks, "branch": nb, "forks": 1, "shared_pages": shared,
+                "reused_tokens": shared * L.tokens_per_block, "computed_tokens": len(tokens) - kv.prefix_tokens,
+                "prompt_len": len(tokens), "cow_copies": copied, "kv_read_bytes": kv.bytes_read,
+                "kv_written_bytes": kv.bytes_written, "epd_s": (t1 - t0) + kv.seconds, "t": time.perf_counter() - t0}
+
+    def end(self, spec: Spec) -> dict:
+        wf, _, _ = self.live.pop(spec.request_id)
+        n = len(wf.branches())
+        wf.release()
+        return {"branches": n}
+
+    def close(self):
+        for wf, _, _ in self.live.values():
+            try:
+                wf.release()
+            except Exception:
+                pass
+        self.live.clear()
+
+
 def _worker(role: str, address: str, backend_name: str, conn, group_size: int, model_label: str,
             ring_entries: int = 1024):
     """One process: registers with epdd as `role`, then serves requests from the pipe."""
     try:
         b = make_backend(backend_name)
+        device = None if backend_name == "synthetic" else "cuda"
         client = Client(address)
         elem = 2
         layout = C.KvPageLayout(b.layers, 16, b.kv_heads, b.head_dim, elem)
         kv = KvLayout(b.layers, 16, layout.k_bytes_per_token, layout.v_bytes_per_token, b.dtype)
-        client.register(role, model_label, "cuda:0" if backend_name != "synthetic" else "cpu",
+        gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        # The physical GPU (this process sees it as cuda:0), as epdctl shows the worker.
+        client.register(role, model_label, (f"cuda:{gpu}" if gpu else "cuda:0") if device else "cpu",
                         kv=kv if role in ("prefill", "decode") else None)
         ring = None
         if role in ("prefill", "decode"):
             from ..handoff import Ring
             ring = Ring(client, cq_entries=ring_entries)
         groups = C.groups_of(b.layers, group_size)
-        conn.send(("ready", os.getpid()))
+        agents = _DecodeAgents(client, layout, b, device) if role == "decode" else None
+        conn.send(("ready", {"pid": os.getpid(), "gpu": gpu, "worker": client.worker_path}))
         pending = []  # prefill: sinks whose handoff is not released yet
         while True:
             msg = conn.recv()
             if msg[0] == "stop":
                 break
-            spec: Spec = msg[1]
+            kind, spec = msg[0], msg[1]
             t0 = time.perf_counter()
-            if role == "encoder":
+            if kind == "encode":
                 key = b.image_key(spec)
                 result, enc_s = C.produce(client, key, spec.request_id, lambda: b.encode(spec))
-                _sync(backend_name)
+                _sync(device)
                 conn.send(("ok", {"result": result, "encode_s": enc_s, "t": time.perf_counter() - t0}))
-            elif role == "prefill":
-                feats = None
+            elif kind == "prefill":
+                feats, enc = None, None
                 if spec.image_seed is not None:
-                    feats = C.fetch(client, b.image_key(spec), device=None if backend_name == "synthetic" else "cuda")
+                    if msg[2]:  # no encoder process: this worker runs the vision tower (feature cache first)
+                        result, enc_s = C.produce(client, b.image_key(spec), spec.request_id,
+                                                  lambda: b.encode(spec))
+                        _sync(device)
+                        enc = {"result": result, "encode_s": enc_s, "t": time.perf_counter() - t0}
+                    feats = C.fetch(client, b.image_key(spec), device=device)
                 t1 = time.perf_counter()
                 plen = b.prompt_len(spec)
                 sink = C.EpdKvSink(client, "host0", layout, spec.request_id, plen, groups, ring=ring)
                 first, delta = b.prefill(spec, feats, sink)
-                _sync(backend_name)
+                _sync(device)
                 sink.done()
                 pending.append(sink)
-                conn.send(("ok", {"first": first, "delta": delta, "prompt_len": plen,
-                                  "fetch_s": t1 - t0, "t": time.perf_counter() - t0,
-                                  "sink_s": sink.seconds, "kv_bytes": sink.bytes_written}))
+                out = {"first": first, "delta": delta, "prompt_len": plen,
+                       "fetch_s": t1 - t0 - (enc["t"] if enc else 0.0), "t": time.perf_counter() - t0,
+                       "sink_s": sink.seconds, "kv_bytes": sink.bytes_written}
+                if enc:
+                    out["encode"] = enc
+                conn.send(("ok", out))
                 # Release the handoffs the decode side has finished with.
                 still = []
                 for s in pending:
@@ -191,16 +334,25 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                     else:
                         still.append(s)
                 pending = still
-            elif role == "decode":
+            elif kind == "decode":
                 info = msg[2]
                 src = C.EpdKvSource(client, spec.request_id, layout, info["prompt_len"], ring=ring,
-                                    device=None if backend_name == "synthetic" else "cuda", dtype=b.dtype)
+                                    device=device, dtype=b.dtype)
                 t1 = time.perf_counter()
                 toks = b.decode(spec, src, info["prompt_len"], info["first"], info["delta"])
-                _sync(backend_name)
-                src.finish()
-                conn.send(("ok", {"tokens": toks, "wait_s": src.wait_s, "accept_s": t1 - t0,
-                                  "t": time.perf_counter() - t0}))
+                _sync(device)
+                seq = src.finish(keep=spec.branches > 0)
+                out = {"tokens": toks, "wait_s": src.wait_s, "accept_s": t1 - t0}
+                if seq is not None:
+                    out.update(agents.root(spec, seq, info["prompt_len"], info["delta"]))
+                out["t"] = time.perf_counter() - t0
+                conn.send(("ok", out))
+            elif kind == "branch":
+                conn.send(("ok", agents.branch(spec, msg[2])))
+            elif kind == "end":
+                conn.send(("ok", agents.end(spec)))
+        if agents:
+            agents.close()
         for s in pending:
             try:
                 s.handoff.release()
@@ -212,48 +364,117 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
         conn.send(("error", traceback.format_exc()))
 
 
-def _sync(backend_name: str):
-    if backend_name != "synthetic":
+def _sync(device):
+    if device is not None:
         import torch
         torch.cuda.synchronize()
 
 
+class _Proc:
+    def __init__(self, role: str, index: int, proc, conn, gpu: Optional[int]):
+        self.role, self.index, self.proc, self.conn, self.gpu = role, index, proc, conn, gpu
+        self.lock = threading.Lock()
+        self.busy = 0  # requests routed to it and not finished (routing: least busy)
+        self.info: dict = {}
+
+
 class Workers:
-    """Starts the three worker processes and runs requests through them, pipelined: a
-    request's decode overlaps the next one's prefill and encode."""
+    """Starts the worker processes of a layout and runs requests through them,
+    pipelined: a request's decode overlaps the next one's prefill and encode. Each
+    request goes to the least busy worker of each role; an agent request's follow-up
+    turns go to the decode worker that holds its workflow."""
 
     def __init__(self, address: str, backend: str, group_size: int = 1, model_label: str = "qwen3-vl",
-                 ring_entries: int = 1024):
+                 layout: str = "1E1P1D", gpus: Optional[int] = None, ring_entries: int = 1024):
         ctx = mp.get_context("spawn")
-        self.procs, self.conns, self.locks = {}, {}, {}
-        for role in ("encoder", "prefill", "decode"):
-            a, b = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(role, address, backend, b, group_size, model_label, ring_entries), daemon=True)
-            p.start()
-            self.procs[role], self.conns[role], self.locks[role] = p, a, threading.Lock()
-        for role, c in self.conns.items():
-            msg = c.recv()
+        self.layout = parse_layout(layout)
+        self.pools: Dict[str, List[_Proc]] = {r: [] for r in ("encoder", "prefill", "decode")}
+        self.route_lock = threading.Lock()
+        n = 0
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        try:
+            for role in ("encoder", "prefill", "decode"):
+                for i in range(self.layout[role]):
+                    gpu = n % gpus if gpus else None
+                    n += 1
+                    if gpu is not None:
+                        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # the spawned child inherits it
+                    a, b = ctx.Pipe()
+                    p = ctx.Process(target=_worker, args=(role, address, backend, b, group_size, model_label,
+                                                                     ring_entries),
+                                    daemon=True)
+                    p.start()
+                    self.pools[role].append(_Proc(role, i, p, a, gpu))
+        finally:
+            if saved is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = saved
+        for w in self.procs():
+            msg = w.conn.recv()
             if msg[0] != "ready":
-                raise RuntimeError(f"{role} worker failed to start:\n{msg[1]}")
+                self.close()
+                raise RuntimeError(f"{w.role} worker {w.index} failed to start:\n{msg[1]}")
+            w.info = msg[1]
 
-    def _call(self, role: str, *msg):
-        with self.locks[role]:
-            self.conns[role].send(msg)
-            r = self.conns[role].recv()
+    def procs(self) -> List[_Proc]:
+        return [w for pool in self.pools.values() for w in pool]
+
+    def placement(self) -> List[dict]:
+        """Where each worker process runs: role, index, GPU, pid."""
+        return [{"role": w.role, "index": w.index, "gpu": w.gpu, "pid": w.info.get("pid")} for w in self.procs()]
+
+    def _pick(self, role: str) -> _Proc:
+        with self.route_lock:
+            w = min(self.pools[role], key=lambda w: w.busy)
+            w.busy += 1
+            return w
+
+    def _done(self, w: _Proc):
+        with self.route_lock:
+            w.busy -= 1
+
+    def _call(self, w: _Proc, *msg):
+        with w.lock:
+            w.conn.send(msg)
+            r = w.conn.recv()
         if r[0] != "ok":
-            raise RuntimeError(f"{role} worker failed:\n{r[1]}")
+            raise RuntimeError(f"{w.role} worker {w.index} failed:\n{r[1]}")
         return r[1]
+
+    def _call_role(self, role: str, *msg):
+        w = self._pick(role)
+        try:
+            return self._call(w, *msg)
+        finally:
+            self._done(w)
 
     def run_one(self, spec: Spec) -> dict:
         spec.submit_t = spec.submit_t or time.perf_counter()
         out = {"request_id": spec.request_id}
-        if spec.image_seed is not None:
-            out["encode"] = self._call("encoder", "encode", spec)
-        out["prefill"] = self._call("prefill", "prefill", spec)
+        encoders = bool(self.pools["encoder"])
+        if spec.image_seed is not None and encoders:
+            out["encode"] = self._call_role("encoder", "encode", spec)
+        out["prefill"] = self._call_role("prefill", "prefill", spec, not encoders)
+        if "encode" in out["prefill"]:
+            out["encode"] = out["prefill"]["encode"]
         out["ttft_s"] = time.perf_counter() - spec.submit_t
-        out["decode"] = self._call("decode", "decode", spec, out["prefill"])
-        out["latency_s"] = time.perf_counter() - spec.submit_t
-        out["tokens"] = out["decode"]["tokens"]
+        d = self._pick("decode")
+        try:
+            out["decode"] = self._call(d, "decode", spec, out["prefill"])
+            out["latency_s"] = time.perf_counter() - spec.submit_t
+            out["tokens"] = out["decode"]["tokens"]
+            if spec.branches > 0:
+                # A failed turn ends its worker (which releases everything it held).
+                out["branches"] = []
+                for i in range(spec.branches):
+                    t0 = time.perf_counter()
+                    r = self._call(d, "branch", spec, i)
+                    r["latency_s"] = time.perf_counter() - t0
+                    out["branches"].append(r)
+                self._call(d, "end", spec)
+        finally:
+            self._done(d)
         return out
 
     def run(self, specs: List[Spec], concurrency: int = 3) -> List[dict]:
@@ -288,13 +509,13 @@ class Workers:
         return results
 
     def close(self):
-        for role, c in self.conns.items():
+        for w in self.procs():
             try:
-                c.send(("stop",))
-                c.recv()
+                w.conn.send(("stop",))
+                w.conn.recv()
             except Exception:
                 pass
-        for p in self.procs.values():
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+        for w in self.procs():
+            w.proc.join(10)
+            if w.proc.is_alive():
+                w.proc.kill()

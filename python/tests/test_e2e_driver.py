@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""bench/e2e/e2e.py, the proxy/load generator, with the synthetic backend (numpy, no GPU)
+against a real epdd: the mixed stream (repeated images, agent requests on workflow
+branches), cache on and bypassed side by side, a layout of several processes, the
+workflow counters, and the gates: a run passes when everything is released, and fails
+when the daemon still holds a page afterwards."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import epd  # noqa: E402
+import epd.sequence  # noqa: E402
+from test_binding import Daemon  # noqa: E402
+
+E2E = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "e2e", "e2e.py")
+
+try:
+    import numpy  # noqa: F401
+    HAVE_NUMPY = True
+except ImportError:
+    HAVE_NUMPY = False
+
+
+@unittest.skipUnless(HAVE_NUMPY, "numpy not installed")
+class E2eDriverTest(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon(state=True)
+        self.tmp = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.tmp.cleanup()
+        self.assertEqual(self.d.stop(), 0)
+
+    def e2e(self, *args):
+        out = os.path.join(self.tmp.name, "out.json")
+        p = subprocess.run([sys.executable, E2E, "--address", self.d.address, "--epdctl", os.environ["EPDCTL"],
+                            "--backend", "synthetic", "--json", out, *args],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+        with open(out) as f:
+            return p.returncode, p.stdout, json.load(f)
+
+    def test_check_and_bench(self):
+        rc, text, out = self.e2e("--check", "x", "--bench", "x", "--requests", "6", "--warmup", "1", "--images", "3",
+                                 "--layout", "1E+1P+2D", "--gpus", "1", "--agent-every", "3", "--branches", "2")
+        self.assertEqual(rc, 0, text)
+        c = out["check"]
+        self.assertEqual((c["requests"], c["turns"], c["completed"]), (6, 10, 6))
+        self.assertEqual(c["workflow"]["workflows"], 2)
+        self.assertEqual(c["workflow"]["forks"], 4)
+        self.assertGreater(c["workflow"]["shared_pages"], 0)
+        self.assertEqual(c["workflow"]["reused_prefix_tokens"], 16 * c["workflow"]["shared_pages"])
+        self.assertEqual([p["role"] for p in c["placement"]], ["encoder", "prefill", "decode", "decode"])
+        self.assertTrue(all(p["gpu"] == 0 for p in c["placement"]))
+        cached, bypassed, serial = out["bench"]
+        self.assertIn("feature cache", cached["config"])
+        self.assertIn("cache bypassed", bypassed["config"])
+        self.assertIn("1 in flight", serial["config"])
+        self.assertEqual(serial["encoder_runs"], 6)
+        # 3 images over 6 requests: the cache skips the vision tower for repeats;
+        # bypassed, it runs for every request.
+        self.assertLessEqual(cached["encoder_runs"], 3)
+        self.assertGreaterEqual(cached["feature_counters"]["hits"], 6)  # every prefill fetch, and repeats
+        self.assertEqual(bypassed["encoder_runs"], 6)
+        self.assertEqual(bypassed["encoder_hits"], 0)
+        for row in (cached, bypassed, serial):
+            self.assertEqual(row["turns"], 10)
+            self.assertEqual(row["workflow"]["forks"], 4)
+        for k in ("retained_pages", "failures", "fallbacks", "handoffs_left", "sequences_left", "workflows_left",
+                  "feature_handles_left"):
+            self.assertEqual(out[k], 0, k)
+        self.assertIn("PASS", text)
+
+    def test_gate_fails_on_retained_page(self):
+        kv = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=256, v_bytes_per_token=256,
+                          dtype="float16")
+        with epd.Client(self.d.address) as c:
+            c.register("prefill", "m", "cpu", kv=kv)
+            epd.sequence.Sequence.create(c, "host0", 2)  # held past the run
+            rc, text, out = self.e2e("--check", "x", "--requests", "2", "--agent-every", "0")
+        self.assertEqual(rc, 1, text)
+        self.assertEqual(out["retained_pages"], 2)
+        self.assertEqual(out["sequences_left"], 1)
+        self.assertIn("FAIL", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
