@@ -9,8 +9,11 @@
  *     reports each layer group ready DELAY_MS apart ("ready G"; "stale G" once the
  *     handoff is gone), then waits up to TIMEOUT_MS for the end: "final STATE CAUSE
  *     MS" (MS since the last group was ready), releases everything ("released").
+ *     With HANDOFF_CLIENT_RETRY_BACKPRESSURE=1, a Prepare refused with
+ *     Error.Backpressure is tried again after its retry-after ("deferred US"), as a
+ *     worker honouring it would, until TIMEOUT_MS.
  *   handoff-client decode ADDRESS REQUEST_ID TIMEOUT_MS
- *     registers as a decode worker, Accepts (retrying while the Prepare is on its
+ *     registers as a decode worker ("registered"), Accepts (retrying while the Prepare is on its
  *     way), follows the groups: "group G ok" when group G has landed and every byte of
  *     its layers matches (groups must complete in order: "group G OUT-OF-ORDER" or
  *     "group G MISMATCH" otherwise, exit 4), Commits when all are in ("final
@@ -51,6 +54,7 @@ static const epd_kv_layout kv = { .layers = LAYERS, .tokens_per_block = TOKENS, 
                                   .v_bytes_per_token = KV_BYTES, .dtype = "bfloat16" };
 
 static bool bench;
+static bool retry_backpressure;
 
 static uint64_t now_us(void) {
         struct timespec ts;
@@ -131,6 +135,13 @@ static int run_prefill(char **argv) {
         uint64_t end = now_ms() + timeout_ms;
         for (;;) {
                 r = epd_handoff_prepare(c, rid, dest, seq, groups, n_groups, NULL, &handoff, &token);
+                if (r < 0 && retry_backpressure && now_ms() < end && epd_last_error_name(c) &&
+                    strcmp(epd_last_error_name(c), "org.epd1.Error.Backpressure") == 0) {
+                        uint64_t retry = epd_last_error_retry_after_usec(c) ?: 100000;
+                        printf("deferred %" PRIu64 "\n", retry);
+                        usleep((useconds_t)(retry < 1000000 ? retry : 1000000));
+                        continue;
+                }
                 if (r != -EHOSTUNREACH || now_ms() > end)
                         break;
                 usleep(20000); /* the peer is still connecting */
@@ -211,6 +222,10 @@ static int run_decode(char **argv) {
         int r = connect_worker(address, "decode", &c);
         if (r)
                 return r;
+        /* Registered: the daemon's KV arena has this worker's page size from now on, so
+         * a Prepare towards it can land (the test waits for this line). */
+        printf("registered\n");
+        fflush(stdout);
         epd_handoff_accepted acc;
         uint64_t end = now_ms() + timeout_ms;
         for (;;) {
@@ -351,6 +366,8 @@ static int run_watch(char **argv) {
 int main(int argc, char *argv[]) {
         setvbuf(stdout, NULL, _IOLBF, 0);
         bench = getenv("HANDOFF_CLIENT_BENCH") && strcmp(getenv("HANDOFF_CLIENT_BENCH"), "1") == 0;
+        retry_backpressure = getenv("HANDOFF_CLIENT_RETRY_BACKPRESSURE") &&
+                             strcmp(getenv("HANDOFF_CLIENT_RETRY_BACKPRESSURE"), "1") == 0;
         if (argc == 10 && strcmp(argv[1], "prefill") == 0)
                 return run_prefill(argv + 2);
         if (argc == 5 && strcmp(argv[1], "decode") == 0)

@@ -138,11 +138,24 @@ class Cluster:
         self.clients.append(c)
         return c
 
-    def prefill(self, i, dest, rid, pages, groups=4, delay_ms=0, timeout_ms=20000):
-        return self.spawn("prefill", self.addr(i), "kv0", dest, rid, pages, groups, delay_ms, timeout_ms)
+    def prefill(self, i, dest, rid, pages, groups=4, delay_ms=0, timeout_ms=20000, retry_backpressure=True):
+        """A prefill worker on host i handing `pages` pages to `dest`. A Prepare refused
+        with Error.Backpressure (the path's window closed by loss, a burst's queueing on a
+        loaded machine) is retried after its retry-after, as a worker would, unless
+        retry_backpressure is False (the backpressure test looks at the refusal itself)."""
+        os.environ["HANDOFF_CLIENT_RETRY_BACKPRESSURE"] = "1" if retry_backpressure else "0"
+        try:
+            return self.spawn("prefill", self.addr(i), "kv0", dest, rid, pages, groups, delay_ms, timeout_ms)
+        finally:
+            os.environ.pop("HANDOFF_CLIENT_RETRY_BACKPRESSURE", None)
 
     def decode(self, i, rid, timeout_ms=20000):
-        return self.spawn("decode", self.addr(i), rid, timeout_ms)
+        """A decode worker on host i waiting for `rid`; returns once it has registered, so
+        that a Prepare towards host i finds its KV page size (a daemon whose KV arena has
+        no layout yet refuses: "no host KV arena with this page size")."""
+        d = self.spawn("decode", self.addr(i), rid, timeout_ms)
+        assert d.wait_line("registered", 30), ("decode worker did not register", d.lines)
+        return d
 
     def shape(self, i, rate):
         """tbf on host i's eth0 (its egress): slow enough to interrupt reliably."""
@@ -374,6 +387,11 @@ def test_loss(cl):
     cl.shape(0, "200mbit")
     results = []
     for pct in (2, 10, 40):
+        # The loss of the step before raised the path's level, which closes the handoff
+        # window (Prepare: Error.Backpressure, retry after): start each step once it is
+        # open again, as a client honouring the retry-after would.
+        wait_until(lambda: (path_level(cl, 0, "bravo") or {}).get("level") not in ("high", "stalled"), 30,
+                   f"the path open again before {pct}% loss")
         cl.nft(1, "table inet epdloss {\n chain in { type filter hook input priority 0; policy accept;\n"
                   f"  numgen random mod 100 < {pct} drop\n }}\n}}\n")
         r = rid(0x200 + pct)
@@ -457,7 +475,7 @@ def test_backpressure(cl):
     for k in range(5):
         if path_level(cl, 0, "bravo")["level"] not in ("high", "stalled"):
             break
-        q = cl.prefill(0, "bravo", rid(0x410 + k), 16, 4, 0, 5000)
+        q = cl.prefill(0, "bravo", rid(0x410 + k), 16, 4, 0, 5000, retry_backpressure=False)
         assert q.finish() == 0, q.lines
         print(f"prepare while {path_level(cl, 0, 'bravo')['level']}: {q.lines[0]}")
         if q.lines[0].startswith("prepare-failed org.epd1.Error.Backpressure retry_after_usec="):
