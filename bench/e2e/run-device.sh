@@ -88,7 +88,7 @@ gpu_torch_rc=- check_rc=- bench_rc=- epdd_rc=-
 
 if [[ " $STEPS " == *" gpu "* ]]; then
         echo "== GPU arena through torch views (python/tests/device_gpu_torch.py)"
-        (cd python/tests && EPDD=$ROOT/$B/daemon/epdd timeout 60 python3 device_gpu_torch.py) 2>&1 | tail -3 \
+        (cd python/tests && EPDD=$ROOT/$B/daemon/epdd timeout 60 python3 device_gpu_torch.py) 2>&1 | tail -12 \
                 | tee "$OUTDIR/gpu-torch.log"
         gpu_torch_rc=${PIPESTATUS[0]}
 fi

@@ -44,8 +44,12 @@ try:
         torch.manual_seed(7)
         t.copy_(torch.randn(*SHAPE, device="cuda").to(torch.bfloat16))
         torch.cuda.synchronize()
+        # The reader imports epd from this checkout, as this script does.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")] +
+            [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]))
         out = subprocess.run([sys.executable, "-c", READER, d.address], check=True, stdout=subprocess.PIPE,
-                             text=True).stdout.split()
+                             text=True, env=env).stdout.split()
         assert out == ["equal", "True"], out
         a.close()
         g.close()

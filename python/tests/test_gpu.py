@@ -91,8 +91,11 @@ class GpuArenaTest(unittest.TestCase):
             ctypes.memmove(cai["data"][0], pattern, len(pattern))
             # Another worker process maps the same arena from the fd epdd passes it and
             # reads the bytes this one wrote through its own device pointer.
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")] +
+                [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]))
             out = subprocess.run([sys.executable, "-c", READER, self.d.address], check=True,
-                                 stdout=subprocess.PIPE, text=True).stdout.split()
+                                 stdout=subprocess.PIPE, text=True, env=env).stdout.split()
             self.assertEqual(out[-1], hashlib.sha256(pattern).hexdigest())
             # Views are typed and bounded.
             self.assertEqual(m.view(m.data_offset, (8, 4, 128), "bfloat16").__cuda_array_interface__["shape"],

@@ -10,6 +10,7 @@
  * connection is closed, the next one works, and epdd exits without a leak. */
 #include <check.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,8 +206,8 @@ static const char *const setup_calls[] = {
 
 /* A new plan: written beside and renamed, so the preloaded library sees a new file. */
 static void plan(const char *path, const char *text) {
-        char tmp[400];
-        snprintf(tmp, sizeof tmp, "%s.new", path);
+        char tmp[PATH_MAX];
+        ck_assert_int_lt(snprintf(tmp, sizeof tmp, "%s.new", path), (int)sizeof tmp);
         FILE *f = fopen(tmp, "we");
         ck_assert_ptr_nonnull(f);
         fputs(text, f);
