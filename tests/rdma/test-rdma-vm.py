@@ -64,6 +64,7 @@ class RdmaCluster(Cluster):
         self.names = ["alpha", "bravo"]
         self.keys = [key_file(tmp, "key", "e" * 64)] * 2
         self.arena_mb = 64
+        self.heartbeat_s, self.extra = HEARTBEAT_S, ""
         self.procs, self.clients = {}, []
         self.net = VethNet()
 
@@ -72,7 +73,6 @@ class RdmaCluster(Cluster):
         with open(p) as f:
             text = f.read()
         with open(p, "w") as f:
-            text = text.replace("HeartbeatInterval=1000ms", f"HeartbeatInterval={int(HEARTBEAT_S * 1000)}ms")
             f.write(text.replace("[Cluster]\n", "[Cluster]\nTransport=auto\n", 1))
         return p
 
