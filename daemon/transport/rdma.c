@@ -23,6 +23,7 @@
 #include "time-util.h"
 #include "transport/rdma.h"
 #include "transport/slicer.h"
+#include "transport/transport-util.h"
 
 const bool rdma_data_path_built = true;
 
@@ -187,8 +188,7 @@ struct RdmaTransport {
         RdmaChanged changed;
         void *topology;
         int efd;
-        TransportCompletion *done;
-        size_t n_done, cap_done;
+        TransportDoneQueue done;
         int inotify_fd;
         sd_event_source *inotify_source;
 };
@@ -200,26 +200,7 @@ static RdmaTransport *rdma(Transport *t) {
 static void run(RdmaPeer *rp, unsigned a);
 
 static void complete(RdmaTransport *t, uint64_t cookie, int error, uint64_t bytes) {
-        if (t->n_done == t->cap_done) {
-                size_t cap = MAX(t->cap_done * 2, (size_t)64);
-                TransportCompletion *n = reallocarray(t->done, cap, sizeof *n);
-                if (!n) {
-                        log_error("rdma: out of memory queueing a completion (cookie %llu)",
-                                  (unsigned long long)cookie);
-                        return;
-                }
-                t->done = n;
-                t->cap_done = cap;
-        }
-        t->done[t->n_done++] = (TransportCompletion){ .cookie = cookie, .error = error, .bytes = bytes };
-        if (error)
-                t->base.stats.failures++;
-        else {
-                t->base.stats.bytes += bytes;
-                t->base.stats.writes++;
-        }
-        if (t->n_done == 1)
-                (void)eventfd_write(t->efd, 1);
+        transport_done_push(&t->base, &t->done, t->efd, cookie, error, bytes);
 }
 
 static int fd_prepare(int fd) {
@@ -1199,16 +1180,7 @@ static int rdma_completion_fd(Transport *tt) {
 
 static size_t rdma_poll(Transport *tt, TransportCompletion *c, size_t n) {
         RdmaTransport *t = rdma(tt);
-        eventfd_t v;
-        size_t k = MIN(n, t->n_done);
-
-        (void)eventfd_read(t->efd, &v);
-        memcpy(c, t->done, k * sizeof *c);
-        memmove(t->done, t->done + k, (t->n_done - k) * sizeof *c);
-        t->n_done -= k;
-        if (t->n_done > 0)
-                (void)eventfd_write(t->efd, 1);
-        return k;
+        return transport_done_take(&t->done, t->efd, c, n);
 }
 
 static void rdma_cancel_peer(Transport *tt, void *peer) {
@@ -1253,7 +1225,7 @@ static void rdma_free(Transport *tt) {
         sd_event_source_disable_unref(t->inotify_source);
         safe_close(t->inotify_fd);
         safe_close(t->efd);
-        free(t->done);
+        free(t->done.items);
         sd_event_unref(t->event);
         free(t);
 }

@@ -15,6 +15,7 @@
 #include "peer.h"
 #include "slicer.h"
 #include "tcp.h"
+#include "transport-util.h"
 
 /* Bytes one stream moves per wakeup before it yields to the rest of the loop. */
 #define STREAM_BUDGET (16U * 1024U * 1024U)
@@ -104,8 +105,7 @@ struct TcpTransport {
         TransportRegion *regions[MAX_REGIONS];
         LIST_HEAD(TcpPeer, peers);
         int efd;
-        TransportCompletion *done;
-        size_t n_done, cap_done;
+        TransportDoneQueue done;
         uint8_t *scratch;
 };
 
@@ -116,29 +116,7 @@ static TcpTransport *tcp(Transport *t) {
 static int stream_io(sd_event_source *s, int fd, uint32_t revents, void *userdata);
 
 static void complete(TcpTransport *t, uint64_t cookie, int error, uint64_t bytes) {
-        if (t->n_done == t->cap_done) {
-                size_t cap = MAX(t->cap_done * 2, (size_t)64);
-                TransportCompletion *n = reallocarray(t->done, cap, sizeof *n);
-                if (!n) {
-                        /* Cannot happen for long; losing a completion would leak a
-                         * lease, so say it loudly. */
-                        log_error("tcp: out of memory queueing a completion (cookie %llu)",
-                                  (unsigned long long)cookie);
-                        return;
-                }
-                t->done = n;
-                t->cap_done = cap;
-        }
-        t->done[t->n_done++] = (TransportCompletion){ .cookie = cookie, .error = error, .bytes = bytes };
-        if (error)
-                t->base.stats.failures++;
-        else {
-                t->base.stats.bytes += bytes;
-                t->base.stats.writes++;
-        }
-        /* The fd stays readable until poll() has taken everything. */
-        if (t->n_done == 1)
-                (void)eventfd_write(t->efd, 1);
+        transport_done_push(&t->base, &t->done, t->efd, cookie, error, bytes);
 }
 
 static TcpPeer *tcp_peer_get(TcpTransport *t, Peer *p, bool create) {
@@ -673,16 +651,7 @@ static int tcp_completion_fd(Transport *tt) {
 
 static size_t tcp_poll(Transport *tt, TransportCompletion *c, size_t n) {
         TcpTransport *t = tcp(tt);
-        eventfd_t v;
-        size_t k = MIN(n, t->n_done);
-
-        (void)eventfd_read(t->efd, &v);
-        memcpy(c, t->done, k * sizeof *c);
-        memmove(t->done, t->done + k, (t->n_done - k) * sizeof *c);
-        t->n_done -= k;
-        if (t->n_done > 0)
-                (void)eventfd_write(t->efd, 1);
-        return k;
+        return transport_done_take(&t->done, t->efd, c, n);
 }
 
 static void tcp_cancel_peer(Transport *tt, void *peer) {
@@ -718,7 +687,7 @@ static void tcp_free(Transport *tt) {
                 free(tp);
         }
         safe_close(t->efd);
-        free(t->done);
+        free(t->done.items);
         free(t->scratch);
         sd_event_unref(t->event);
         free(t);

@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 
+#include "log.h"
 #include "macro.h"
 #include "transport.h"
 #include "transport-util.h"
@@ -33,4 +36,40 @@ int transport_region_check(const TransportRegion *r, uint64_t offset, uint64_t l
         if (length == 0 || ADD_OVERFLOW(offset, length, &end) || end > r->size)
                 return -ERANGE;
         return 0;
+}
+
+void transport_done_push(Transport *t, TransportDoneQueue *q, int efd, uint64_t cookie, int error, uint64_t bytes) {
+        if (q->n == q->cap) {
+                size_t cap = MAX(q->cap * 2, (size_t)64);
+                TransportCompletion *n = reallocarray(q->items, cap, sizeof *n);
+                if (!n) {
+                        log_error("%s: out of memory queueing a completion (cookie %llu)", t->ops->name,
+                                  (unsigned long long)cookie);
+                        return;
+                }
+                q->items = n;
+                q->cap = cap;
+        }
+        q->items[q->n++] = (TransportCompletion){ .cookie = cookie, .error = error, .bytes = bytes };
+        if (error)
+                t->stats.failures++;
+        else {
+                t->stats.bytes += bytes;
+                t->stats.writes++;
+        }
+        if (q->n == 1)
+                (void)eventfd_write(efd, 1);
+}
+
+size_t transport_done_take(TransportDoneQueue *q, int efd, TransportCompletion *c, size_t n) {
+        eventfd_t v;
+        size_t k = MIN(n, q->n);
+
+        (void)eventfd_read(efd, &v);
+        memcpy(c, q->items, k * sizeof *c);
+        memmove(q->items, q->items + k, (q->n - k) * sizeof *c);
+        q->n -= k;
+        if (q->n > 0)
+                (void)eventfd_write(efd, 1);
+        return k;
 }
