@@ -28,9 +28,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "handoff.h"
+#include "handoff/handoff.h"
 #include "macro.h"
-#include "ring.h"
+#include "handoff/ring.h"
 #include "time-util.h"
 #include "transport/local.h"
 

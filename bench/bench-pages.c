@@ -16,11 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "directory.h"
+#include "pages/directory.h"
 #include "hashmap.h"
-#include "kvlayout.h"
-#include "pages.h"
-#include "sequence.h"
+#include "pages/kvlayout.h"
+#include "pages/pages.h"
+#include "pages/sequence.h"
 #include "time-util.h"
 
 static uint64_t bytes_copied;

@@ -23,17 +23,17 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "arena.h"
-#include "directory-record.h"
-#include "directory.h"
-#include "feature.h"
-#include "handoff-record.h"
+#include "core/arena.h"
+#include "pages/directory-record.h"
+#include "pages/directory.h"
+#include "feature/feature.h"
+#include "handoff/handoff-record.h"
 #include "hashmap.h"
-#include "pages.h"
-#include "sequence-record.h"
-#include "scheduler.h"
+#include "pages/pages.h"
+#include "pages/sequence-record.h"
+#include "sched/scheduler.h"
 #include "time-util.h"
-#include "wal.h"
+#include "wal/wal.h"
 
 static double now_s(void) {
         return (double)now_nsec(CLOCK_MONOTONIC) / 1e9;

@@ -29,7 +29,7 @@
 #include "log.h"
 #include "macro.h"
 #include "parse-util.h"
-#include "peer.h"
+#include "peer/peer-manager.h"
 
 #define NS_A "epdbench-a"
 #define NS_B "epdbench-b"

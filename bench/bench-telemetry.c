@@ -44,8 +44,8 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "telemetry-bpf.h"
-#include "telemetry.h"
+#include "telemetry/telemetry-bpf.h"
+#include "telemetry/telemetry.h"
 
 typedef enum Mode { MODE_OFF, MODE_UNTRACKED, MODE_TRACKED, _MODE_MAX } Mode;
 static const char *const mode_names[] = { "off", "untracked", "tracked" };

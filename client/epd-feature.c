@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "daemon/feature-desc.h"
+#include "proto/feature-desc.h"
 #include "epd-internal.h"
 #include "epd/epd-feature.h"
 #include "macro.h"

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "log.h"
-#include "manager.h"
+#include "core/manager.h"
 
 static const char *arg_config = NULL;
 static const char *arg_bus_address = NULL;

@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "copy.h"
-#include "gpu-domain.h"
+#include "gpu/gpu-domain.h"
 #include "gpu-test-util.h"
 #include "pack.h"
 #include "transport/cuda.h"

@@ -24,7 +24,7 @@
 
 #include "copy.h"
 #include "epd/epd-gpu.h"
-#include "gpu-domain.h"
+#include "gpu/gpu-domain.h"
 #include "gpu-test-util.h"
 #include "pack.h"
 #include "transport/cuda.h"

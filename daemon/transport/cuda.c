@@ -4,8 +4,8 @@
 #include <string.h>
 
 #include "copy.h"
-#include "cuda.h"
-#include "gpu-domain.h"
+#include "transport/cuda.h"
+#include "gpu/gpu-domain.h"
 #include "hashmap.h"
 #include "log.h"
 

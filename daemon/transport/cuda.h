@@ -11,7 +11,7 @@
  * it touches, so an arena cannot be unmapped under a copy. Host regions are pinned with
  * cuMemHostRegister while registered. `peer` must be NULL (same host only). */
 
-#include "transport.h"
+#include "transport/transport.h"
 
 typedef struct GpuContext GpuContext;
 typedef struct GpuCopyEngine GpuCopyEngine;

@@ -9,9 +9,9 @@
 #include <unistd.h>
 
 #include "list.h"
-#include "local.h"
+#include "transport/local.h"
 #include "macro.h"
-#include "transport-util.h"
+#include "transport/transport-util.h"
 
 typedef struct LocalJob LocalJob;
 struct LocalJob {

@@ -8,7 +8,7 @@
  * handoff code hands pages of one arena over by reference and posts no write at all.
  * GPU regions are refused (-EOPNOTSUPP): they take the CUDA transport. */
 
-#include "transport.h"
+#include "transport/transport.h"
 
 #define LOCAL_TRANSPORT_REGIONS_MAX 64U
 #define LOCAL_TRANSPORT_THREADS_MAX 16U

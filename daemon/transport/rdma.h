@@ -20,8 +20,8 @@
 #include <stdint.h>
 #include <systemd/sd-event.h>
 
-#include "rdma-select.h"
-#include "transport.h"
+#include "transport/rdma-select.h"
+#include "transport/transport.h"
 
 typedef struct PeerManager PeerManager;
 typedef struct Peer Peer;

@@ -4,8 +4,8 @@
 #include <string.h>
 
 #include "macro.h"
-#include "peer-proto.h"
-#include "slicer.h"
+#include "peer/peer-proto.h"
+#include "transport/slicer.h"
 
 int slice_write_init(SliceWrite *w, uint64_t length, uint32_t slice_size) {
         if (length == 0 || slice_size < PEER_SLICE_MIN || slice_size > PEER_SLICE_MAX ||

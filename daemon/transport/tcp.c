@@ -11,11 +11,11 @@
 #include "list.h"
 #include "log.h"
 #include "macro.h"
-#include "peer-proto.h"
-#include "peer.h"
-#include "slicer.h"
-#include "tcp.h"
-#include "transport-util.h"
+#include "peer/peer-proto.h"
+#include "peer/peer-manager.h"
+#include "transport/slicer.h"
+#include "transport/tcp.h"
+#include "transport/transport-util.h"
 
 /* Bytes one stream moves per wakeup before it yields to the rest of the loop. */
 #define STREAM_BUDGET (16U * 1024U * 1024U)

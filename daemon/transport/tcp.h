@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <systemd/sd-event.h>
 
-#include "transport.h"
+#include "transport/transport.h"
 
 typedef struct PeerManager PeerManager;
 typedef struct Peer Peer;

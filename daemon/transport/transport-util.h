@@ -3,7 +3,7 @@
 
 /* Helpers shared by the transport implementations (pure). */
 
-#include "transport.h"
+#include "transport/transport.h"
 
 int transport_kind_from_string(const char *s);
 /* 0 if [offset, offset+length) is a non-empty range inside the region; -ERANGE if not,

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "feature-desc.h"
+#include "proto/feature-desc.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

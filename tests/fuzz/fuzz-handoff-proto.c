@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "handoff-proto.h"
+#include "handoff/handoff-proto.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

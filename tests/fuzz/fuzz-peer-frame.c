@@ -7,7 +7,7 @@
 #include <sys/socket.h>
 
 #include "macro.h"
-#include "peer-proto.h"
+#include "peer/peer-proto.h"
 #include "transport/slicer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

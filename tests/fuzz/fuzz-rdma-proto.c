@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rdma-proto.h"
+#include "transport/rdma-proto.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

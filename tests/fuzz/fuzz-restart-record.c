@@ -20,11 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "directory-record.h"
-#include "feature.h"
-#include "handoff-record.h"
-#include "sequence-record.h"
-#include "sequence.h"
+#include "pages/directory-record.h"
+#include "feature/feature.h"
+#include "handoff/handoff-record.h"
+#include "pages/sequence-record.h"
+#include "pages/sequence.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backpressure.h"
-#include "telemetry-config.h"
-#include "telemetry-event.h"
+#include "telemetry/backpressure.h"
+#include "telemetry/telemetry-config.h"
+#include "telemetry/telemetry-event.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -27,7 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "arena.h"
+#include "core/arena.h"
 #include "epd/epd-feature.h"
 #include "epd/epd.h"
 

@@ -31,8 +31,8 @@
 #include "log.h"
 #include "macro.h"
 #include "parse-util.h"
-#include "peer.h"
-#include "topology.h"
+#include "peer/peer-manager.h"
+#include "peer/topology.h"
 #include "transport/tcp.h"
 
 static struct {

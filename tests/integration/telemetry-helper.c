@@ -32,8 +32,8 @@
 #include "epd-internal.h"
 #include "epd/epd-telemetry.h"
 #include "log.h"
-#include "manager.h"
-#include "telemetry.h"
+#include "core/manager.h"
+#include "telemetry/telemetry.h"
 
 typedef struct Sender {
         Manager m;

@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "epd/epd-feature.h"
-#include "feature-store.h"
+#include "feature/feature-store.h"
 #include "harness.h"
 #include "../check-main.h"
 

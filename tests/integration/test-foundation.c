@@ -13,7 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "arena.h"
+#include "core/arena.h"
 #include "harness.h"
 #include "../check-main.h"
 

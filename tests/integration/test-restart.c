@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "arena.h"
+#include "core/arena.h"
 #include "epd/epd-feature.h"
 #include "epd/handoff.h"
 #include "harness.h"

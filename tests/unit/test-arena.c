@@ -7,7 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "arena.h"
+#include "core/arena.h"
 #include "../check-main.h"
 
 START_TEST(test_size_round) {

@@ -3,8 +3,8 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "backpressure.h"
-#include "telemetry-config.h"
+#include "telemetry/backpressure.h"
+#include "telemetry/telemetry-config.h"
 #include "../check-main.h"
 
 #define MS USEC_PER_MSEC

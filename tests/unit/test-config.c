@@ -6,9 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "pool-select.h"
-#include "rdma-select.h"
+#include "core/config.h"
+#include "sched/pool-select.h"
+#include "transport/rdma-select.h"
 #include "../check-main.h"
 
 START_TEST(test_defaults) {

@@ -5,11 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "directory-record.h"
-#include "directory.h"
+#include "pages/directory-record.h"
+#include "pages/directory.h"
 #include "hashmap.h"
 #include "macro.h"
-#include "sequence.h"
+#include "pages/sequence.h"
 #include "../check-main.h"
 
 /* A vLLM-style chained block hash: hash(parent, tokens of the block). */

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "feature-alloc.h"
+#include "feature/feature-alloc.h"
 #include "macro.h"
 #include "../check-main.h"
 

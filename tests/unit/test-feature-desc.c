@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "feature-desc.h"
+#include "proto/feature-desc.h"
 #include "macro.h"
 #include "../check-main.h"
 

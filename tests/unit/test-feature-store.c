@@ -8,9 +8,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "feature-spill.h"
-#include "feature-store.h"
-#include "feature.h"
+#include "feature/feature-spill.h"
+#include "feature/feature-store.h"
+#include "feature/feature.h"
 #include "macro.h"
 #include "../check-main.h"
 

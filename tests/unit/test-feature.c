@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "feature-store.h"
-#include "feature.h"
+#include "feature/feature-store.h"
+#include "feature/feature.h"
 #include "macro.h"
 #include "../check-main.h"
 

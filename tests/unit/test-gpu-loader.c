@@ -20,7 +20,7 @@
 #include "epd/epd-gpu.h"
 #include "transport/cuda.h"
 #include "cuda-loader.h"
-#include "gpu-domain.h"
+#include "gpu/gpu-domain.h"
 #include "pack.h"
 #include "system.h"
 #include "vmm.h"

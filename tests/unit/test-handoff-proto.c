@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "handoff-proto.h"
+#include "handoff/handoff-proto.h"
 #include "../check-main.h"
 
 static EpdId rid(uint8_t v) {

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "handoff-record.h"
+#include "handoff/handoff-record.h"
 
 static EpdId rid(uint8_t v) {
         EpdId id;

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "handoff.h"
+#include "handoff/handoff.h"
 #include "macro.h"
 #include "../check-main.h"
 

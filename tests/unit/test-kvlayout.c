@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvlayout.h"
+#include "pages/kvlayout.h"
 #include "../check-main.h"
 
 START_TEST(test_init_and_ranges) {

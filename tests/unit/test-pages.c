@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pages.h"
+#include "pages/pages.h"
 #include "../check-main.h"
 
 static void verify(const PagePool *p) {

@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "peer-auth.h"
+#include "peer/peer-auth.h"
 #include "../check-main.h"
 
 static PeerAuthKey *key(const char *s) {

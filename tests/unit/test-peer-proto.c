@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "peer-proto.h"
+#include "peer/peer-proto.h"
 #include "../check-main.h"
 
 static void header_bytes(uint8_t b[16], uint16_t type, uint32_t len) {

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rdma-proto.h"
+#include "transport/rdma-proto.h"
 #include "../check-main.h"
 
 static void roundtrip(const RdmaMessage *m, RdmaMessage *out) {

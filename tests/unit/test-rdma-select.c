@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "rdma-select.h"
+#include "transport/rdma-select.h"
 #include "../check-main.h"
 
 static char root[PATH_MAX];

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rdma-session.h"
+#include "transport/rdma-session.h"
 #include "../check-main.h"
 
 #define A(x) RDMA_ACT_##x

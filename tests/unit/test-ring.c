@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "epd/ring.h"
-#include "handoff.h"
-#include "ring.h"
+#include "handoff/handoff.h"
+#include "handoff/ring.h"
 #include "../check-main.h"
 
 static const uint8_t rid[16] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };

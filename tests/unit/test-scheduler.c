@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backpressure.h"
-#include "scheduler-manager.h"
-#include "scheduler.h"
+#include "telemetry/backpressure.h"
+#include "sched/scheduler-manager.h"
+#include "sched/scheduler.h"
 
 #define MS USEC_PER_MSEC
 #define SEC USEC_PER_SEC

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "directory.h"
+#include "pages/directory.h"
 #include "macro.h"
-#include "pages.h"
-#include "sequence.h"
+#include "pages/pages.h"
+#include "pages/sequence.h"
 #include "../check-main.h"
 
 #define PS 32 /* page size of the test pools */

@@ -3,7 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "peer-proto.h"
+#include "peer/peer-proto.h"
 #include "transport/slicer.h"
 #include "../check-main.h"
 

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "telemetry-event.h"
+#include "telemetry/telemetry-event.h"
 
 static struct epd_event built(void) {
         return (struct epd_event){

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "topology-pci.h"
+#include "peer/topology-pci.h"
 #include "../check-main.h"
 
 #define ROOT "/sys/devices/pci0000:00"

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trace.h"
+#include "telemetry/trace.h"
 #include "../check-main.h"
 
 START_TEST(test_ids) {

@@ -11,10 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "core/config.h"
 #include "crc32c.h"
 #include "macro.h"
-#include "wal.h"
+#include "wal/wal.h"
 
 /* Every record's payload is a function of its LSN, so that replay can check that it
  * sees exactly what was appended and nothing else. */

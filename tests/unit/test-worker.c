@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include "macro.h"
-#include "manager.h"
-#include "worker.h"
+#include "core/manager.h"
+#include "core/worker.h"
 #include "../check-main.h"
 
 static Manager *m;

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "macro.h"
-#include "workflow-match.h"
+#include "workflow/workflow-match.h"
 #include "../check-main.h"
 
 #define P 16

@@ -6,8 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "wal.h"
-#include "workflow.h"
+#include "wal/wal.h"
+#include "workflow/workflow.h"
 #include "../check-main.h"
 
 #define BT 16 /* tokens per page */

@@ -28,7 +28,7 @@ from ..feature import Feature, Tensor
 from ..handoff import Accepted, Handoff, Ring
 from ..sequence import Sequence
 
-KV_LAYER_ALIGN = 256  # daemon/kvlayout.h
+KV_LAYER_ALIGN = 256  # daemon/pages/kvlayout.h
 
 _DT_NAMES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "int64": "i64", "int32": "i32",
              "uint8": "u8", "int8": "i8", "float64": "f64"}

@@ -1,0 +1,259 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "core/arena.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <fcntl.h>
+#include <linux/memfd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "macro.h"
+
+#define HOST_PAGE 4096ULL
+#define HUGE_PAGE (2ULL << 20)
+#define ARENA_MIN_SIZE (64ULL << 10)
+#define ARENA_MAX_SIZE (1ULL << 46)
+
+static const char *const usage_names[_ARENA_USAGE_MAX] = {
+        [ARENA_USAGE_KV] = "kv",
+        [ARENA_USAGE_FEATURE] = "feature",
+};
+
+const char *arena_usage_to_string(ArenaUsage u) {
+        return u < _ARENA_USAGE_MAX ? usage_names[u] : NULL;
+}
+
+int arena_usage_from_string(const char *s) {
+        for (int i = 0; i < _ARENA_USAGE_MAX; i++)
+                if (s && strcmp(s, usage_names[i]) == 0)
+                        return i;
+        return -EINVAL;
+}
+
+const char *memory_domain_to_string(MemoryDomain d) {
+        return d == MEMORY_GPU ? "gpu" : "host";
+}
+
+uint64_t arena_header_size(uint64_t granularity) {
+        return ALIGN_TO((uint64_t)sizeof(ArenaHeader), granularity);
+}
+
+int arena_size_round(uint64_t requested, uint64_t granularity, uint64_t *ret) {
+        if (granularity == 0 || !IS_POWER_OF_2(granularity))
+                return -EINVAL;
+        if (requested < ARENA_MIN_SIZE)
+                return -ERANGE;
+        if (requested > ARENA_MAX_SIZE)
+                return -E2BIG;
+        uint64_t total;
+        /* Room for the header page in front of the data. */
+        if (ADD_OVERFLOW(requested, arena_header_size(granularity), &total))
+                return -E2BIG;
+        *ret = ALIGN_TO(total, granularity);
+        return 0;
+}
+
+static int bind_numa(void *p, uint64_t size, int node) {
+        if (node < 0)
+                return 0;
+        unsigned long mask[16] = { 0 };
+        if (node >= (int)(sizeof mask * 8))
+                return -EINVAL;
+        mask[node / (8 * sizeof(unsigned long))] |= 1UL << (node % (8 * sizeof(unsigned long)));
+        /* MPOL_BIND = 2; the raw syscall avoids a libnuma dependency. */
+        if (syscall(SYS_mbind, p, size, 2, mask, sizeof mask * 8, 0) < 0)
+                return -errno;
+        return 0;
+}
+
+static void write_header(Arena *a, const char *host_id) {
+        ArenaHeader *h = a->base;
+        uint64_t generation = 0;
+        if (memcmp(h->magic, EPD_ARENA_MAGIC, 8) == 0)
+                generation = h->generation + 1;
+        memset(h, 0, sizeof *h);
+        memcpy(h->magic, EPD_ARENA_MAGIC, 8);
+        h->version = EPD_ARENA_HEADER_VERSION;
+        h->index = a->index;
+        h->size = a->size;
+        h->data_offset = a->data_offset;
+        snprintf(h->name, sizeof h->name, "%s", a->name);
+        snprintf(h->host_id, sizeof h->host_id, "%s", host_id ? host_id : "");
+        h->generation = generation;
+}
+
+static int arena_map(Arena *a, const ArenaConfig *c) {
+        void *p = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+        if (p == MAP_FAILED)
+                return log_error_errno(errno, "Failed to map arena '%s' (%" PRIu64 " bytes): %m",
+                                       a->name, a->size);
+        a->base = p;
+        int r = bind_numa(p, a->size, c->numa_node);
+        if (r < 0)
+                log_warning_errno(r, "Arena '%s': cannot bind to NUMA node %d, using any: %m",
+                                  a->name, c->numa_node);
+        a->region = (TransportRegion){
+                .id = a->index,
+                .domain = MEMORY_HOST,
+                .gpu_ordinal = -1,
+                .host_base = a->base,
+                .size = a->size,
+        };
+        return 0;
+}
+
+static Arena *arena_alloc(const ArenaConfig *c, uint32_t index) {
+        Arena *a = calloc(1, sizeof *a);
+        if (!a)
+                return NULL;
+        a->index = index;
+        a->domain = c->domain;
+        a->usage = c->usage;
+        a->fd = -EBADF;
+        a->name = strdup(c->name);
+        if (!a->name) {
+                free(a);
+                return NULL;
+        }
+        return a;
+}
+
+static int memfd_sized(const char *name, uint64_t size, bool huge) {
+        char n[64];
+        snprintf(n, sizeof n, "epd-arena-%s", name);
+        unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
+        if (huge)
+                flags |= MFD_HUGETLB | MFD_HUGE_2MB;
+        int fd = memfd_create(n, flags);
+        if (fd < 0)
+                return -errno;
+        if (ftruncate(fd, (off_t)size) < 0) {
+                int r = -errno;
+                close(fd);
+                return r;
+        }
+        if (huge) {
+                /* hugetlb reservations can succeed at ftruncate and fail on fault:
+                 * fault every huge page in now, while a failure can still fall back. */
+                if (fallocate(fd, 0, 0, (off_t)size) < 0) {
+                        int r = -errno;
+                        close(fd);
+                        return r;
+                }
+        }
+        return fd;
+}
+
+int arena_new_host(const ArenaConfig *c, uint32_t index, const char *host_id, Arena **ret) {
+        Arena *a = arena_alloc(c, index);
+        int r;
+        if (!a)
+                return log_oom();
+
+        bool huge = c->hugepages != HUGEPAGES_NO;
+        uint64_t size;
+        if (huge) {
+                r = arena_size_round(c->size, HUGE_PAGE, &size);
+                if (r >= 0) {
+                        a->fd = memfd_sized(c->name, size, true);
+                        if (a->fd < 0 && c->hugepages == HUGEPAGES_YES) {
+                                r = a->fd;
+                                log_error_errno(r, "Arena '%s': HugePages=yes but %" PRIu64
+                                                   " bytes of 2M huge pages are not available: %m",
+                                                c->name, size);
+                                arena_free(a);
+                                return r;
+                        }
+                        if (a->fd < 0) {
+                                log_notice_errno(a->fd, "Arena '%s': huge pages not available (%m), using normal pages.",
+                                                 c->name);
+                                huge = false;
+                        } else {
+                                a->size = size;
+                                a->data_offset = arena_header_size(HUGE_PAGE);
+                                a->hugepages = true;
+                        }
+                } else
+                        huge = false;
+        }
+        if (!huge) {
+                r = arena_size_round(c->size, HOST_PAGE, &size);
+                if (r < 0) {
+                        log_error_errno(r, "Arena '%s': Size=%" PRIu64 " is out of range: %m", c->name, c->size);
+                        arena_free(a);
+                        return r;
+                }
+                a->fd = memfd_sized(c->name, size, false);
+                if (a->fd < 0) {
+                        r = log_error_errno(a->fd, "Arena '%s': cannot create %" PRIu64 " byte memfd: %m",
+                                            c->name, size);
+                        arena_free(a);
+                        return r;
+                }
+                a->size = size;
+                a->data_offset = arena_header_size(HOST_PAGE);
+        }
+        /* Workers must not resize the arena under the daemon. */
+        (void)fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+        r = arena_map(a, c);
+        if (r < 0) {
+                arena_free(a);
+                return r;
+        }
+        write_header(a, host_id);
+        *ret = a;
+        return 0;
+}
+
+int arena_adopt_host(const ArenaConfig *c, uint32_t index, int fd, const char *host_id, Arena **ret) {
+        struct stat st;
+        Arena *a;
+        int r;
+
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        a = arena_alloc(c, index);
+        if (!a)
+                return log_oom();
+        a->fd = fd;
+        a->size = (uint64_t)st.st_size;
+        r = arena_map(a, c);
+        if (r < 0) {
+                a->fd = -EBADF; /* the caller still owns it */
+                arena_free(a);
+                return r;
+        }
+        ArenaHeader *h = a->base;
+        if (a->size < sizeof *h || memcmp(h->magic, EPD_ARENA_MAGIC, 8) != 0 ||
+            h->version != EPD_ARENA_HEADER_VERSION || h->size != a->size ||
+            h->data_offset >= a->size || strncmp(h->name, c->name, sizeof h->name) != 0) {
+                a->fd = -EBADF;
+                arena_free(a);
+                return log_error_errno(EBADMSG, "Stored fd for arena '%s' does not hold that arena.",
+                                       c->name);
+        }
+        a->data_offset = h->data_offset;
+        a->hugepages = h->data_offset >= HUGE_PAGE;
+        a->adopted = true;
+        write_header(a, host_id);
+        *ret = a;
+        return 0;
+}
+
+Arena *arena_free(Arena *a) {
+        if (!a)
+                return NULL;
+        if (a->base)
+                munmap(a->base, a->size);
+        safe_close(a->fd);
+        free(a->name);
+        free(a);
+        return NULL;
+}

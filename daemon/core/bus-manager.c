@@ -1,0 +1,342 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* org.epd1.Manager: vtable and method glue only; bookkeeping lives in worker.c. */
+#include "core/bus-manager.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "bus-error.h"
+#include "sched/pool-select.h"
+#include "log.h"
+#include "core/manager.h"
+#include "core/worker.h"
+
+static int property_version(sd_bus *bus, const char *path, const char *interface,
+                            const char *property, sd_bus_message *reply, void *userdata,
+                            sd_bus_error *error) {
+        return sd_bus_message_append(reply, "s", EPD_VERSION);
+}
+
+static int property_host_id(sd_bus *bus, const char *path, const char *interface,
+                            const char *property, sd_bus_message *reply, void *userdata,
+                            sd_bus_error *error) {
+        Manager *m = userdata;
+        return sd_bus_message_append(reply, "s", m->config.host_id);
+}
+
+static int property_arenas(sd_bus *bus, const char *path, const char *interface,
+                           const char *property, sd_bus_message *reply, void *userdata,
+                           sd_bus_error *error) {
+        Manager *m = userdata;
+        int r = sd_bus_message_open_container(reply, 'a', "(ssstt)");
+        for (size_t i = 0; r >= 0 && i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                r = sd_bus_message_append(reply, "(ssstt)", a->name,
+                                          memory_domain_to_string(a->domain),
+                                          arena_usage_to_string(a->usage), a->size, a->data_offset);
+        }
+        if (r >= 0)
+                r = sd_bus_message_close_container(reply);
+        return r;
+}
+
+static int property_workers(sd_bus *bus, const char *path, const char *interface,
+                            const char *property, sd_bus_message *reply, void *userdata,
+                            sd_bus_error *error) {
+        Manager *m = userdata;
+        Worker *w;
+        size_t it = 0;
+        int r = sd_bus_message_open_container(reply, 'a', "(osssu)");
+        while (r >= 0 && hashmap_iterate(m->workers, &it, (void **)&w, NULL))
+                r = sd_bus_message_append(reply, "(osssu)", w->path, worker_role_to_string(w->role),
+                                          w->model, w->device, (uint32_t)w->pid);
+        if (r >= 0)
+                r = sd_bus_message_close_container(reply);
+        return r;
+}
+
+static int property_clients(sd_bus *bus, const char *path, const char *interface,
+                            const char *property, sd_bus_message *reply, void *userdata,
+                            sd_bus_error *error) {
+        Manager *m = userdata;
+        return sd_bus_message_append(reply, "u", (uint32_t)hashmap_size(m->clients));
+}
+
+/* Which arenas a role maps unless the worker names them with the "arenas" option. */
+static bool role_wants_arena(WorkerRole role, const Arena *a) {
+        switch (role) {
+        case WORKER_ENCODER:
+                return a->usage == ARENA_USAGE_FEATURE;
+        case WORKER_DECODE:
+                return a->usage == ARENA_USAGE_KV;
+        case WORKER_PREFILL:
+        case WORKER_COLOCATED:
+                return true;
+        default:
+                return false;
+        }
+}
+
+/* Options "name" (s) and "labels" (as): what [Pool:NAME] worker selectors match. */
+typedef struct WorkerSelectOptions {
+        char *name;
+        char **labels;
+        size_t n_labels;
+} WorkerSelectOptions;
+
+static void select_options_done(WorkerSelectOptions *o) {
+        free(o->name);
+        for (size_t i = 0; i < o->n_labels; i++)
+                free(o->labels[i]);
+        free(o->labels);
+        *o = (WorkerSelectOptions){};
+}
+
+static int parse_options(Manager *m, sd_bus_message *msg, WorkerKvOptions *kv,
+                         uint64_t *arena_mask, bool *arenas_given, WorkerSelectOptions *sel,
+                         sd_bus_error *error) {
+        int r = sd_bus_message_enter_container(msg, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        for (;;) {
+                const char *key;
+                r = sd_bus_message_enter_container(msg, 'e', "sv");
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        break;
+                r = sd_bus_message_read(msg, "s", &key);
+                if (r < 0)
+                        return r;
+                const char *contents;
+                r = sd_bus_message_peek_type(msg, NULL, &contents);
+                if (r < 0)
+                        return r;
+#define EXPECT(sig)                                                                      \
+        if (strcmp(contents, sig) != 0)                                                  \
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,                   \
+                                     "Option '%s' must have type '%s', not '%s'.", key, sig, \
+                                     contents)
+                if (strcmp(key, "arenas") == 0) {
+                        EXPECT("as");
+                        char **names = NULL;
+                        r = sd_bus_message_enter_container(msg, 'v', "as");
+                        if (r >= 0)
+                                r = sd_bus_message_read_strv(msg, &names);
+                        if (r >= 0)
+                                r = sd_bus_message_exit_container(msg);
+                        if (r < 0)
+                                return r;
+                        *arenas_given = true;
+                        for (char **n = names; n && *n; n++) {
+                                Arena *a = manager_find_arena(m, *n);
+                                if (!a) {
+                                        r = epd_bus_error(error, EPD_ERROR_NOT_FOUND,
+                                                          "No arena named '%s'.", *n);
+                                        for (char **f = names; *f; f++)
+                                                free(*f);
+                                        free(names);
+                                        return r;
+                                }
+                                *arena_mask |= 1ULL << a->index;
+                        }
+                        for (char **f = names; f && *f; f++)
+                                free(*f);
+                        free(names);
+                } else if (strcmp(key, "name") == 0) {
+                        EXPECT("s");
+                        const char *n;
+                        r = sd_bus_message_read(msg, "v", "s", &n);
+                        if (r >= 0 && !pool_select_label_valid(n))
+                                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                                     "Option 'name' must be 1 to 63 printable characters without spaces.");
+                        if (r >= 0 && !sel->name && !(sel->name = strdup(n)))
+                                return -ENOMEM;
+                } else if (strcmp(key, "labels") == 0) {
+                        EXPECT("as");
+                        char **l = NULL;
+                        size_t n = 0;
+                        r = sd_bus_message_enter_container(msg, 'v', "as");
+                        if (r >= 0)
+                                r = sd_bus_message_read_strv(msg, &l);
+                        if (r >= 0)
+                                r = sd_bus_message_exit_container(msg);
+                        for (char **i = l; i && *i; i++)
+                                n++;
+                        bool ok = r >= 0 && n <= POOL_SELECT_LABELS_MAX && !sel->labels;
+                        for (size_t i = 0; ok && i < n; i++)
+                                ok = pool_select_label_valid(l[i]);
+                        if (r >= 0 && ok) {
+                                sel->labels = l;
+                                sel->n_labels = n;
+                                l = NULL;
+                        }
+                        for (char **i = l; i && *i; i++)
+                                free(*i);
+                        free(l);
+                        if (r >= 0 && !ok)
+                                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                                     "Option 'labels': at most %d labels of 1 to 63 printable characters without spaces.",
+                                                     POOL_SELECT_LABELS_MAX);
+                } else if (strcmp(key, "kv.layers") == 0) {
+                        EXPECT("u");
+                        r = sd_bus_message_read(msg, "v", "u", &kv->layers);
+                        kv->set = true;
+                } else if (strcmp(key, "kv.tokens_per_block") == 0) {
+                        EXPECT("u");
+                        r = sd_bus_message_read(msg, "v", "u", &kv->tokens_per_block);
+                        kv->set = true;
+                } else if (strcmp(key, "kv.k_bytes_per_token") == 0) {
+                        EXPECT("t");
+                        r = sd_bus_message_read(msg, "v", "t", &kv->k_bytes_per_token);
+                        kv->set = true;
+                } else if (strcmp(key, "kv.v_bytes_per_token") == 0) {
+                        EXPECT("t");
+                        r = sd_bus_message_read(msg, "v", "t", &kv->v_bytes_per_token);
+                        kv->set = true;
+                } else if (strcmp(key, "kv.dtype") == 0) {
+                        EXPECT("s");
+                        const char *d;
+                        r = sd_bus_message_read(msg, "v", "s", &d);
+                        if (r >= 0 && (strlen(d) == 0 || strlen(d) >= sizeof kv->dtype))
+                                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                                     "kv.dtype must be 1 to 15 characters.");
+                        if (r >= 0)
+                                strcpy(kv->dtype, d);
+                        kv->set = true;
+                } else
+                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                             "Unknown option '%s'.", key);
+#undef EXPECT
+                if (r < 0)
+                        return r;
+                r = sd_bus_message_exit_container(msg);
+                if (r < 0)
+                        return r;
+        }
+        return sd_bus_message_exit_container(msg);
+}
+
+static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *role, *model, *device, *why = NULL;
+        WorkerKvOptions kv = { 0 };
+        _cleanup_(select_options_done) WorkerSelectOptions sel = {};
+        uint64_t mask = 0;
+        bool arenas_given = false;
+        Client *c;
+        Worker *w;
+        int r;
+
+        r = sd_bus_message_read(msg, "sss", &role, &model, &device);
+        if (r < 0)
+                return r;
+        if (worker_validate(role, model, device, &why) < 0)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "%s", why);
+        r = parse_options(m, msg, &kv, &mask, &arenas_given, &sel, error);
+        if (r < 0)
+                return r;
+
+        r = manager_client_from_message(m, msg, &c);
+        if (r == -EUSERS)
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many clients.");
+        if (r < 0)
+                return r;
+        WorkerRole wr = (WorkerRole)worker_role_from_string(role);
+        r = worker_new(m, c, wr, model, device, &w);
+        if (r == -EALREADY)
+                return epd_bus_error(error, EPD_ERROR_EXISTS,
+                                     "This connection already registered a worker.");
+        if (r == -EUSERS || r == -EDQUOT)
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
+                                     "Worker limit reached (%u).", m->config.max_workers);
+        if (r < 0)
+                return r;
+        w->kv = kv;
+        w->name = TAKE_PTR(sel.name);
+        w->labels = TAKE_PTR(sel.labels);
+        w->n_labels = sel.n_labels;
+        sel.n_labels = 0;
+        if (!arenas_given)
+                for (size_t i = 0; i < m->n_arenas; i++)
+                        if (role_wants_arena(wr, m->arenas[i]))
+                                mask |= 1ULL << i;
+        w->arena_mask = mask;
+        r = manager_worker_added(m, w);
+        if (r < 0) {
+                worker_free(w);
+                if (!sd_bus_error_is_set(error))
+                        sd_bus_error_set_errno(error, r);
+                return r;
+        }
+
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        r = sd_bus_message_new_method_return(msg, &reply);
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "o", w->path);
+        if (r >= 0)
+                r = sd_bus_message_open_container(reply, 'a', "(sssttuh)");
+        for (size_t i = 0; r >= 0 && i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                if (!(mask & (1ULL << i)))
+                        continue;
+                r = sd_bus_message_append(reply, "(sssttuh)", a->name,
+                                          memory_domain_to_string(a->domain),
+                                          arena_usage_to_string(a->usage), a->size, a->data_offset,
+                                          (uint32_t)(a->domain == MEMORY_GPU ? a->region.gpu_ordinal : -1),
+                                          a->fd);
+        }
+        if (r >= 0)
+                r = sd_bus_message_close_container(reply);
+        if (r >= 0)
+                r = sd_bus_send(NULL, reply, NULL);
+        if (r < 0) {
+                worker_free(w);
+                return r;
+        }
+        return 1;
+}
+
+static int method_unregister_worker(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *path;
+        int r = sd_bus_message_read(msg, "o", &path);
+        if (r < 0)
+                return r;
+        const char *prefix = "/org/epd1/worker/";
+        if (strncmp(path, prefix, strlen(prefix)) != 0)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "%s is not a worker path.", path);
+        Worker *w = manager_get_worker(m, path + strlen(prefix));
+        if (!w)
+                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No worker %s.", path);
+        Client *c = manager_client_lookup_message(m, msg);
+        if (!c || w->object.owner != c)
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                     "Worker %s belongs to another client.", path);
+        worker_free(w);
+        return sd_bus_reply_method_return(msg, NULL);
+}
+
+static const sd_bus_vtable manager_vtable[] = {
+        SD_BUS_VTABLE_START(0),
+        SD_BUS_PROPERTY("Version", "s", property_version, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("HostId", "s", property_host_id, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Arenas", "a(ssstt)", property_arenas, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Workers", "a(osssu)", property_workers, 0,
+                        SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("Clients", "u", property_clients, 0, 0),
+        SD_BUS_METHOD_WITH_ARGS("RegisterWorker",
+                                SD_BUS_ARGS("s", role, "s", model, "s", device, "a{sv}", options),
+                                SD_BUS_RESULT("o", worker, "a(sssttuh)", arenas),
+                                method_register_worker, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("UnregisterWorker", SD_BUS_ARGS("o", worker), SD_BUS_NO_RESULT,
+                                method_unregister_worker, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_VTABLE_END,
+};
+
+int bus_manager_add(Manager *m, sd_bus *bus) {
+        int r = sd_bus_add_object_vtable(bus, NULL, "/org/epd1", "org.epd1.Manager", manager_vtable, m);
+        if (r < 0)
+                return log_error_errno(r, "Cannot add the Manager object: %m");
+        return bus_worker_add(m, bus);
+}

@@ -1,0 +1,193 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "core/client.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bus-error.h"
+#include "log.h"
+#include "core/manager.h"
+#include "core/worker.h"
+
+/* The connection a message came in on: NULL for the bus (unique names identify
+ * clients), or the direct connection's serial. */
+static int client_key(Manager *m, sd_bus_message *msg, char *buf, size_t n, bool *direct) {
+        sd_bus *bus = sd_bus_message_get_bus(msg);
+        if (bus == m->bus) {
+                const char *sender = sd_bus_message_get_sender(msg);
+                if (!sender)
+                        return -EBADMSG;
+                snprintf(buf, n, "b/%s", sender);
+                *direct = false;
+        } else {
+                uint64_t serial = manager_connection_serial(m, bus);
+                if (serial == 0)
+                        return -ENOTCONN;
+                snprintf(buf, n, "d/%" PRIu64, serial);
+                *direct = true;
+        }
+        return 0;
+}
+
+Client *manager_client_lookup_message(Manager *m, sd_bus_message *msg) {
+        char key[300];
+        bool direct;
+        if (client_key(m, msg, key, sizeof key, &direct) < 0)
+                return NULL;
+        return hashmap_get(m->clients, key);
+}
+
+static int on_track_gone(sd_bus_track *t, void *userdata) {
+        Client *c = userdata;
+        log_debug("Client %s left the bus.", c->key);
+        client_gone(c);
+        return 0;
+}
+
+int manager_client_from_message(Manager *m, sd_bus_message *msg, Client **ret) {
+        char key[300];
+        bool direct;
+        int r = client_key(m, msg, key, sizeof key, &direct);
+        if (r < 0)
+                return r;
+        Client *c = hashmap_get(m->clients, key);
+        if (c) {
+                *ret = c;
+                return 0;
+        }
+        if (hashmap_size(m->clients) >= m->config.max_clients)
+                return -EUSERS;
+
+        c = calloc(1, sizeof *c);
+        if (!c)
+                return -ENOMEM;
+        c->manager = m;
+        c->serial = ++m->next_serial;
+        c->bus = sd_bus_ref(sd_bus_message_get_bus(msg));
+        c->key = strdup(key);
+        if (!c->key) {
+                client_free(c);
+                return -ENOMEM;
+        }
+        if (!direct) {
+                c->unique_name = strdup(sd_bus_message_get_sender(msg));
+                if (!c->unique_name) {
+                        client_free(c);
+                        return -ENOMEM;
+                }
+                r = sd_bus_track_new(c->bus, &c->track, on_track_gone, c);
+                if (r >= 0)
+                        r = sd_bus_track_add_sender(c->track, msg);
+                if (r < 0) {
+                        client_free(c);
+                        return r;
+                }
+        }
+        sd_bus_creds *creds = NULL;
+        if (sd_bus_query_sender_creds(msg, SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID, &creds) >= 0) {
+                pid_t pid;
+                uid_t uid;
+                if (sd_bus_creds_get_pid(creds, &pid) >= 0)
+                        c->pid = pid;
+                if (sd_bus_creds_get_euid(creds, &uid) >= 0)
+                        c->uid = uid;
+                sd_bus_creds_unref(creds);
+        }
+        r = hashmap_put(m->clients, c->key, c);
+        if (r < 0) {
+                client_free(c);
+                return r;
+        }
+        log_debug("New client %s (pid %d, uid %u).", c->key, (int)c->pid, (unsigned)c->uid);
+        *ret = c;
+        return 0;
+}
+
+int client_object_link(Client *c, ClientObject *o, ClientObjectType type,
+                       void (*release)(ClientObject *o)) {
+        unsigned total = 0;
+        for (int i = 0; i < _CLIENT_OBJECT_TYPE_MAX; i++)
+                total += c->n_objects[i];
+        if (c->dying)
+                return -ESHUTDOWN;
+        if (total >= c->manager->config.max_objects_per_client)
+                return -EDQUOT;
+        if (type == CLIENT_OBJECT_WORKER && c->n_objects[type] >= 1)
+                return -EALREADY;
+        o->owner = c;
+        o->type = type;
+        o->release = release;
+        LIST_PREPEND(objects, c->objects, o);
+        c->n_objects[type]++;
+        return 0;
+}
+
+void client_object_unlink(ClientObject *o) {
+        Client *c = o->owner;
+        if (!c)
+                return;
+        LIST_REMOVE(objects, c->objects, o);
+        c->n_objects[o->type]--;
+        o->owner = NULL;
+}
+
+Worker *client_get_worker(Client *c) {
+        if (!c)
+                return NULL;
+        LIST_FOREACH(objects, o, c->objects)
+                if (o->type == CLIENT_OBJECT_WORKER)
+                        return container_of(o, Worker, object);
+        return NULL;
+}
+
+static void client_release_objects(Client *c) {
+        /* Objects that depend on the worker registration (sequences, handoffs, ...) go
+         * first, the registration last. Each release unlinks its object and may release
+         * others, so always restart from the head. */
+        for (;;) {
+                ClientObject *victim = NULL;
+                LIST_FOREACH(objects, o, c->objects)
+                        if (o->type != CLIENT_OBJECT_WORKER) {
+                                victim = o;
+                                break;
+                        }
+                if (!victim)
+                        break;
+                victim->release(victim);
+        }
+        while (c->objects)
+                c->objects->release(c->objects);
+}
+
+Client *client_free(Client *c) {
+        if (!c)
+                return NULL;
+        c->dying = true;
+        client_release_objects(c);
+        if (c->key && hashmap_get(c->manager->clients, c->key) == c)
+                hashmap_remove(c->manager->clients, c->key);
+        sd_bus_track_unref(c->track);
+        sd_bus_unref(c->bus);
+        free(c->unique_name);
+        free(c->key);
+        free(c);
+        return NULL;
+}
+
+void client_gone(Client *c) {
+        log_debug("Releasing everything client %s held.", c->key);
+        client_free(c);
+}
+
+int manager_require_worker(Manager *m, sd_bus_message *msg, Worker **ret, sd_bus_error *error) {
+        Client *c = manager_client_lookup_message(m, msg);
+        Worker *w = client_get_worker(c);
+        if (!w)
+                return epd_bus_error(error, EPD_ERROR_NOT_REGISTERED,
+                                     "The caller is not a registered worker; call RegisterWorker first.");
+        *ret = w;
+        return 0;
+}

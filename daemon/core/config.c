@@ -1,0 +1,818 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "core/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "macro.h"
+#include "parse-util.h"
+#include "sched/pool-select.h"
+#include "transport/rdma-select.h"
+
+/* Error collection: every problem in a file is reported, not just the first. */
+typedef struct ParseState {
+        Config *c;
+        const char *file;
+        unsigned line;
+        char *errors;
+        size_t errors_len;
+        unsigned n_errors;
+        char section[64];
+        char section_arg[64];
+        bool section_failed;
+        ArenaConfig *arena;
+        PeerConfig *peer;
+        PoolConfig *pool;
+        unsigned pools_seen; /* bit per TaskType: [Pool:NAME] given once */
+} ParseState;
+
+_printf_(2, 3) static void perr(ParseState *s, const char *fmt, ...) {
+        char msg[512];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        char line[640];
+        int n = snprintf(line, sizeof line, "%s:%u: %s\n", s->file, s->line, msg);
+        if (n < 0)
+                return;
+        char *e = realloc(s->errors, s->errors_len + (size_t)n + 1);
+        if (!e)
+                return;
+        memcpy(e + s->errors_len, line, (size_t)n + 1);
+        s->errors = e;
+        s->errors_len += (size_t)n;
+        s->n_errors++;
+}
+
+static int set_string(char **dst, const char *v) {
+        char *n = strdup(v);
+        if (!n)
+                return -ENOMEM;
+        free(*dst);
+        *dst = n;
+        return 0;
+}
+
+/* ---- value parsers: each returns 0 or reports an error and returns -EINVAL ---- */
+
+typedef int (*ValueParser)(ParseState *s, const char *key, const char *value, void *dst);
+
+static int p_string(ParseState *s, const char *key, const char *value, void *dst) {
+        if (!*value) {
+                perr(s, "%s= must not be empty", key);
+                return -EINVAL;
+        }
+        if (strlen(value) > 4096) {
+                perr(s, "%s= is too long", key);
+                return -EINVAL;
+        }
+        return set_string(dst, value);
+}
+
+static int p_path(ParseState *s, const char *key, const char *value, void *dst) {
+        if (value[0] != '/') {
+                perr(s, "%s=%s: expected an absolute path", key, value);
+                return -EINVAL;
+        }
+        if (strlen(value) >= 108 && strcmp(key, "Socket") == 0) {
+                perr(s, "%s=%s: a unix socket path must be shorter than 108 bytes", key, value);
+                return -EINVAL;
+        }
+        return p_string(s, key, value, dst);
+}
+
+static int p_host_id(ParseState *s, const char *key, const char *value, void *dst) {
+        size_t n = strlen(value);
+        if (n == 0 || n > 63) {
+                perr(s, "%s=%s: expected 1 to 63 characters", key, value);
+                return -EINVAL;
+        }
+        for (size_t i = 0; i < n; i++)
+                if (!isalnum((unsigned char)value[i]) && !strchr("-_.", value[i])) {
+                        perr(s, "%s=%s: only letters, digits, '-', '_' and '.' are allowed", key,
+                             value);
+                        return -EINVAL;
+                }
+        return set_string(dst, value);
+}
+
+static int p_bool(ParseState *s, const char *key, const char *value, void *dst) {
+        if (parse_bool(value, dst) < 0) {
+                perr(s, "%s=%s: expected a boolean (yes/no)", key, value);
+                return -EINVAL;
+        }
+        return 0;
+}
+
+static int p_unsigned(ParseState *s, const char *key, const char *value, void *dst) {
+        uint32_t v;
+        if (parse_u32(value, &v) < 0 || v == 0 || v > 1000000) {
+                perr(s, "%s=%s: expected a number from 1 to 1000000", key, value);
+                return -EINVAL;
+        }
+        *(unsigned *)dst = v;
+        return 0;
+}
+
+static int p_size(ParseState *s, const char *key, const char *value, void *dst) {
+        int r = parse_size(value, dst);
+        if (r < 0) {
+                perr(s, "%s=%s: expected a size such as 4096, 64K, 256M or 2G%s", key, value,
+                     r == -ERANGE ? " (value too large)" : "");
+                return -EINVAL;
+        }
+        return 0;
+}
+
+static int p_duration(ParseState *s, const char *key, const char *value, void *dst) {
+        usec_t u;
+        if (parse_duration(value, &u) < 0 || u == 0) {
+                perr(s, "%s=%s: expected a positive duration such as 2s or 500ms", key, value);
+                return -EINVAL;
+        }
+        *(usec_t *)dst = u;
+        return 0;
+}
+
+static int p_log_level(ParseState *s, const char *key, const char *value, void *dst) {
+        int l = log_level_from_string(value);
+        if (l < 0) {
+                perr(s, "%s=%s: expected one of emerg, alert, crit, err, warning, notice, info, debug",
+                     key, value);
+                return -EINVAL;
+        }
+        *(int *)dst = l;
+        return 0;
+}
+
+static int p_domain(ParseState *s, const char *key, const char *value, void *dst) {
+        if (strcmp(value, "host") == 0)
+                *(MemoryDomain *)dst = MEMORY_HOST;
+        else if (strcmp(value, "gpu") == 0)
+                *(MemoryDomain *)dst = MEMORY_GPU;
+        else {
+                perr(s, "%s=%s: expected host or gpu", key, value);
+                return -EINVAL;
+        }
+        return 0;
+}
+
+static int p_usage(ParseState *s, const char *key, const char *value, void *dst) {
+        int u = arena_usage_from_string(value);
+        if (u < 0) {
+                perr(s, "%s=%s: expected kv or feature", key, value);
+                return -EINVAL;
+        }
+        *(ArenaUsage *)dst = (ArenaUsage)u;
+        return 0;
+}
+
+static int p_hugepages(ParseState *s, const char *key, const char *value, void *dst) {
+        bool b;
+        if (strcmp(value, "try") == 0)
+                *(HugePages *)dst = HUGEPAGES_TRY;
+        else if (parse_bool(value, &b) == 0)
+                *(HugePages *)dst = b ? HUGEPAGES_YES : HUGEPAGES_NO;
+        else {
+                perr(s, "%s=%s: expected yes, no or try", key, value);
+                return -EINVAL;
+        }
+        return 0;
+}
+
+static int p_int_node(ParseState *s, const char *key, const char *value, void *dst) {
+        uint32_t v;
+        if (strcmp(value, "any") == 0) {
+                *(int *)dst = -1;
+                return 0;
+        }
+        if (parse_u32(value, &v) < 0 || v > 1023) {
+                perr(s, "%s=%s: expected a number from 0 to 1023 or 'any'", key, value);
+                return -EINVAL;
+        }
+        *(int *)dst = (int)v;
+        return 0;
+}
+
+static int p_address(ParseState *s, const char *key, const char *value, void *dst) {
+        const char *colon = strrchr(value, ':');
+        uint32_t port;
+        if (!colon || colon == value || parse_u32(colon + 1, &port) < 0 || port == 0 ||
+            port > 65535) {
+                perr(s, "%s=%s: expected HOST:PORT with a port from 1 to 65535", key, value);
+                return -EINVAL;
+        }
+        return set_string(dst, value);
+}
+
+/* [Telemetry] and [Backpressure]: the keys and their checks live in telemetry-config.c. */
+static int p_telemetry(ParseState *s, const char *key, const char *value, void *dst) {
+        int r = telemetry_config_set(dst, s->section, key, value);
+        if (r == -ENOMEM)
+                return r;
+        if (r < 0) {
+                perr(s, "%s=%s: invalid value (see docs/telemetry.md)", key, value);
+                return -EINVAL;
+        }
+        return 0;
+}
+
+static int p_wal_sync(ParseState *s, const char *key, const char *value, void *dst) {
+        /* The values of WalSyncPolicy (wal.h): always, batch, none. */
+        static const char *const names[] = { "always", "batch", "none" };
+        for (size_t i = 0; i < ELEMENTSOF(names); i++)
+                if (strcmp(value, names[i]) == 0) {
+                        *(int *)dst = (int)i;
+                        return 0;
+                }
+        perr(s, "%s=%s: expected always, batch or none", key, value);
+        return -EINVAL;
+}
+
+static int p_copy_kernel(ParseState *s, const char *key, const char *value, void *dst) {
+        /* The values of GpuCopyKernelPolicy (gpu/copy.h): never, small, always. */
+        static const char *const names[] = { "never", "small", "always" };
+        for (size_t i = 0; i < ELEMENTSOF(names); i++)
+                if (strcmp(value, names[i]) == 0) {
+                        *(int *)dst = (int)i;
+                        return 0;
+                }
+        perr(s, "%s=%s: expected never, small or always", key, value);
+        return -EINVAL;
+}
+
+static int p_transport(ParseState *s, const char *key, const char *value, void *dst) {
+        int p = transport_policy_from_string(value);
+        if (p < 0) {
+                perr(s, "%s=%s: expected auto, tcp or rdma", key, value);
+                return -EINVAL;
+        }
+        *(int *)dst = p;
+        return 0;
+}
+
+/* [Pool:NAME] values (docs/scheduler.md). */
+static int p_priority(ParseState *s, const char *key, const char *value, void *dst) {
+        char *end;
+        errno = 0;
+        long v = strtol(value, &end, 10);
+        if (!*value || *end || errno != 0 || v < -1000 || v > 1000) {
+                perr(s, "%s=%s: expected an integer from -1000 to 1000", key, value);
+                return -EINVAL;
+        }
+        *(int *)dst = (int)v;
+        return 0;
+}
+
+static int p_watermark(ParseState *s, const char *key, const char *value, void *dst) {
+        uint32_t v;
+        if (parse_u32(value, &v) < 0 || v > 1000000) {
+                perr(s, "%s=%s: expected a number from 0 to 1000000", key, value);
+                return -EINVAL;
+        }
+        *(unsigned *)dst = v;
+        if (s->pool && strcmp(key, "HighWatermark") == 0)
+                s->pool->high_set = true;
+        else if (s->pool)
+                s->pool->low_set = true;
+        return 0;
+}
+
+static int parse_double(const char *value, double *ret) {
+        char *end;
+        errno = 0;
+        double v = strtod(value, &end);
+        if (!*value || *end || errno != 0 || !(v == v) || v > 1e9 || v < -1e9)
+                return -EINVAL;
+        *ret = v;
+        return 0;
+}
+
+static int p_share(ParseState *s, const char *key, const char *value, void *dst) {
+        double v;
+        if (parse_double(value, &v) < 0 || !(v > 0 && v <= 1)) {
+                perr(s, "%s=%s: expected a fraction above 0 and at most 1, such as 0.5", key, value);
+                return -EINVAL;
+        }
+        *(double *)dst = v;
+        return 0;
+}
+
+static int p_rho(ParseState *s, const char *key, const char *value, void *dst) {
+        double v;
+        if (parse_double(value, &v) < 0 || !(v == 0 || (v >= 1 && v <= 1000))) {
+                perr(s, "%s=%s: expected 0 (never reject for load) or a number from 1 to 1000", key, value);
+                return -EINVAL;
+        }
+        *(double *)dst = v;
+        return 0;
+}
+
+static int p_selectors(ParseState *s, const char *key, const char *value, void *dst) {
+        char bad[128];
+        const char *why = NULL;
+        if (pool_select_validate(value, bad, sizeof bad, &why) < 0) {
+                if (bad[0])
+                        perr(s, "%s=: selector '%s': %s", key, bad, why);
+                else
+                        perr(s, "%s=: %s", key, why);
+                return -EINVAL;
+        }
+        /* Empty: every worker (the default). */
+        if (strspn(value, " \t") == strlen(value)) {
+                char **d = dst;
+                free(*d);
+                *d = NULL;
+                return 0;
+        }
+        return set_string(dst, value);
+}
+
+typedef struct ConfigItem {
+        const char *section; /* "Arena" and "Peer" take a name: [Arena:NAME] */
+        const char *key;
+        ValueParser parse;
+        size_t offset;       /* in Config, ArenaConfig or PeerConfig */
+} ConfigItem;
+
+#define C(f) offsetof(Config, f)
+#define A(f) offsetof(ArenaConfig, f)
+#define P(f) offsetof(PeerConfig, f)
+#define PL(f) offsetof(PoolConfig, f)
+
+static const ConfigItem items[] = {
+        { "Daemon", "HostId", p_host_id, C(host_id) },
+        { "Daemon", "Socket", p_path, C(socket_path) },
+        { "Daemon", "BusAddress", p_string, C(bus_address) },
+        { "Daemon", "SystemBus", p_bool, C(system_bus) },
+        { "Daemon", "LogLevel", p_log_level, C(log_level) },
+        { "Daemon", "StateDirectory", p_path, C(state_dir) },
+        { "Limits", "MaxClients", p_unsigned, C(max_clients) },
+        { "Limits", "MaxWorkers", p_unsigned, C(max_workers) },
+        { "Limits", "MaxObjectsPerClient", p_unsigned, C(max_objects_per_client) },
+        { "Limits", "MaxRequestSize", p_size, C(max_request_bytes) },
+        { "Arena", "Domain", p_domain, A(domain) },
+        { "Arena", "Usage", p_usage, A(usage) },
+        { "Arena", "Size", p_size, A(size) },
+        { "Arena", "HugePages", p_hugepages, A(hugepages) },
+        { "Arena", "NumaNode", p_int_node, A(numa_node) },
+        { "Arena", "Gpu", p_int_node, A(gpu) },
+        { "Arena", "PageSize", p_size, A(page_size) },
+        { "Cluster", "Listen", p_address, C(listen_address) },
+        { "Cluster", "ClusterKeyFile", p_path, C(cluster_key_file) },
+        { "Cluster", "HeartbeatInterval", p_duration, C(heartbeat_usec) },
+        { "Cluster", "HandoffTimeout", p_duration, C(handoff_timeout_usec) },
+        { "Cluster", "DataStreams", p_unsigned, C(peer_streams) },
+        { "Cluster", "SliceSize", p_size, C(peer_slice_size) },
+        { "Cluster", "Transport", p_transport, C(transport_policy) },
+        { "Peer", "Address", p_address, P(address) },
+        { "Peer", "HostId", p_host_id, P(host_id) },
+        { "Features", "CacheSize", p_size, C(feature_cache_bytes) },
+        { "Features", "StoreDirectory", p_path, C(feature_store_dir) },
+        { "Features", "StoreMaxSize", p_size, C(feature_store_max_bytes) },
+        { "Telemetry", "BPF", p_telemetry, C(telemetry) },
+        { "Telemetry", "PinDirectory", p_telemetry, C(telemetry) },
+        { "Telemetry", "SampleInterval", p_telemetry, C(telemetry) },
+        { "Telemetry", "WakeupBytes", p_telemetry, C(telemetry) },
+        { "Telemetry", "TraceRequests", p_telemetry, C(telemetry) },
+        { "Telemetry", "TraceEvents", p_telemetry, C(telemetry) },
+        { "Telemetry", "MaxPeers", p_telemetry, C(telemetry) },
+        { "Backpressure", "Enabled", p_telemetry, C(telemetry) },
+        { "Backpressure", "Interval", p_telemetry, C(telemetry) },
+        { "Backpressure", "RTTInflationElevated", p_telemetry, C(telemetry) },
+        { "Backpressure", "RTTInflationHigh", p_telemetry, C(telemetry) },
+        { "Backpressure", "RTTFloor", p_telemetry, C(telemetry) },
+        { "Backpressure", "RTTMinBytes", p_telemetry, C(telemetry) },
+        { "Backpressure", "RetransmitRateElevated", p_telemetry, C(telemetry) },
+        { "Backpressure", "RetransmitRateHigh", p_telemetry, C(telemetry) },
+        { "Backpressure", "SendQueueElevated", p_telemetry, C(telemetry) },
+        { "Backpressure", "SendQueueHigh", p_telemetry, C(telemetry) },
+        { "Backpressure", "SendQueueGrowthElevated", p_telemetry, C(telemetry) },
+        { "Backpressure", "SendQueueGrowthHigh", p_telemetry, C(telemetry) },
+        { "Backpressure", "HandoffsElevated", p_telemetry, C(telemetry) },
+        { "Backpressure", "HandoffsHigh", p_telemetry, C(telemetry) },
+        { "Backpressure", "DestinationFreeElevated", p_telemetry, C(telemetry) },
+        { "Backpressure", "DestinationFreeHigh", p_telemetry, C(telemetry) },
+        { "Backpressure", "StallTimeout", p_telemetry, C(telemetry) },
+        { "Backpressure", "Hold", p_telemetry, C(telemetry) },
+        { "Backpressure", "Release", p_telemetry, C(telemetry) },
+        { "Wal", "Sync", p_wal_sync, C(wal_sync) },
+        { "Wal", "CompactSize", p_size, C(wal_compact_bytes) },
+        { "Gpu", "CopyKernel", p_copy_kernel, C(gpu_copy_kernel) },
+        { "Pool", "Priority", p_priority, PL(policy.priority) },
+        { "Pool", "DefaultDeadline", p_duration, PL(policy.default_deadline) },
+        { "Pool", "QueueMax", p_unsigned, PL(policy.queue_max) },
+        { "Pool", "HighWatermark", p_watermark, PL(policy.high_watermark) },
+        { "Pool", "LowWatermark", p_watermark, PL(policy.low_watermark) },
+        { "Pool", "WorkerShare", p_share, PL(policy.worker_share) },
+        { "Pool", "RejectRho", p_rho, PL(policy.reject_rho) },
+        { "Pool", "EncodeEstimate", p_duration, PL(policy.service_estimate[SCHED_STAGE_ENCODE]) },
+        { "Pool", "PrefillEstimate", p_duration, PL(policy.service_estimate[SCHED_STAGE_PREFILL]) },
+        { "Pool", "DecodeEstimate", p_duration, PL(policy.service_estimate[SCHED_STAGE_DECODE]) },
+        { "Pool", "EncodeWorkers", p_selectors, PL(workers[SCHED_STAGE_ENCODE]) },
+        { "Pool", "PrefillWorkers", p_selectors, PL(workers[SCHED_STAGE_PREFILL]) },
+        { "Pool", "DecodeWorkers", p_selectors, PL(workers[SCHED_STAGE_DECODE]) },
+};
+
+static const char *const named_sections[] = { "Arena", "Peer", "Pool" };
+static const char *const plain_sections[] = { "Daemon", "Limits", "Cluster", "Features",
+                                               "Telemetry", "Backpressure", "Wal", "Gpu" };
+
+static void arena_config_done(ArenaConfig *a) {
+        free(a->name);
+}
+
+static void peer_config_done(PeerConfig *p) {
+        free(p->name);
+        free(p->address);
+        free(p->host_id);
+}
+
+static int add_default_arena(Config *c, const char *name, ArenaUsage usage, uint64_t size,
+                             uint64_t page_size) {
+        ArenaConfig *n = realloc(c->arenas, (c->n_arenas + 1) * sizeof *n);
+        if (!n)
+                return -ENOMEM;
+        c->arenas = n;
+        c->arenas[c->n_arenas] = (ArenaConfig){
+                .name = strdup(name),
+                .domain = MEMORY_HOST,
+                .usage = usage,
+                .size = size,
+                .hugepages = HUGEPAGES_NO,
+                .numa_node = -1,
+                .gpu = -1,
+                .page_size = page_size,
+        };
+        if (!c->arenas[c->n_arenas].name)
+                return -ENOMEM;
+        c->n_arenas++;
+        return 0;
+}
+
+static void pool_config_done(PoolConfig *p) {
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+        {
+                free(p->workers[st]);
+                p->workers[st] = NULL;
+        }
+}
+
+int config_defaults(Config *c) {
+        *c = (Config){
+                .system_bus = true,
+                .log_level = LOG_INFO,
+                .max_clients = 256,
+                .max_workers = 64,
+                .max_objects_per_client = 4096,
+                .max_request_bytes = 1ULL << 30,
+                .heartbeat_usec = 2 * USEC_PER_SEC,
+                .peer_streams = 2,
+                .peer_slice_size = 1024 * 1024,
+                .handoff_timeout_usec = 30 * USEC_PER_SEC,
+                .feature_cache_bytes = 48ULL << 20,
+                .feature_store_max_bytes = 1ULL << 30,
+                .wal_sync = 1, /* batch: group commit */
+                .wal_compact_bytes = 64ULL << 20,
+                .gpu_copy_kernel = 1, /* small: scattered pages through the batched copy kernel */
+        };
+        SchedConfig sc;
+        sched_config_defaults(&sc);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                c->pools[t].policy = sc.pools[t];
+        if (!(c->socket_path = strdup(EPD_SOCKET_PATH)) || !(c->state_dir = strdup(EPD_STATE_DIR)))
+                return -ENOMEM;
+        if (telemetry_config_defaults(&c->telemetry) < 0)
+                return -ENOMEM;
+        /* Embedded defaults: one host KV arena and one feature arena. */
+        int r = add_default_arena(c, "host0", ARENA_USAGE_KV, 256ULL << 20, 0);
+        if (r < 0)
+                return r;
+        return add_default_arena(c, "feat0", ARENA_USAGE_FEATURE, 64ULL << 20, 64ULL << 10);
+}
+
+void config_done(Config *c) {
+        free(c->host_id);
+        free(c->socket_path);
+        free(c->bus_address);
+        free(c->state_dir);
+        for (size_t i = 0; i < c->n_arenas; i++)
+                arena_config_done(&c->arenas[i]);
+        free(c->arenas);
+        for (size_t i = 0; i < c->n_peers; i++)
+                peer_config_done(&c->peers[i]);
+        free(c->peers);
+        free(c->listen_address);
+        free(c->cluster_key_file);
+        free(c->feature_store_dir);
+        telemetry_config_done(&c->telemetry);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                pool_config_done(&c->pools[t]);
+        *c = (Config){ 0 };
+}
+
+static bool valid_object_name(const char *s) {
+        size_t n = strlen(s);
+        if (n == 0 || n > 31)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-')
+                        return false;
+        return true;
+}
+
+static void start_section(ParseState *s, bool *arenas_replaced, char *line) {
+        char *end = strchr(line, ']');
+        s->arena = NULL;
+        s->peer = NULL;
+        s->pool = NULL;
+        s->section[0] = s->section_arg[0] = 0;
+        s->section_failed = true; /* until the header is accepted */
+        if (!end || end[1] != 0) {
+                perr(s, "malformed section header");
+                return;
+        }
+        *end = 0;
+        char *name = line + 1, *arg = strchr(name, ':');
+        if (arg)
+                *arg++ = 0;
+        bool named = false, known = false;
+        for (size_t i = 0; i < ELEMENTSOF(named_sections); i++)
+                if (strcmp(name, named_sections[i]) == 0)
+                        named = known = true;
+        for (size_t i = 0; i < ELEMENTSOF(plain_sections); i++)
+                if (strcmp(name, plain_sections[i]) == 0)
+                        known = true;
+        if (!known) {
+                perr(s, "unknown section [%s]", name);
+                return;
+        }
+        if (named && (!arg || !valid_object_name(arg))) {
+                perr(s, "[%s:NAME] needs a NAME of 1 to 31 letters, digits, '-' or '_'", name);
+                return;
+        }
+        if (!named && arg) {
+                perr(s, "section [%s] takes no name", name);
+                return;
+        }
+        s->section_failed = false;
+        snprintf(s->section, sizeof s->section, "%s", name);
+        if (arg)
+                snprintf(s->section_arg, sizeof s->section_arg, "%s", arg);
+
+        Config *c = s->c;
+        if (strcmp(name, "Arena") == 0) {
+                if (!*arenas_replaced) {
+                        /* A file that defines arenas replaces the embedded ones. */
+                        for (size_t i = 0; i < c->n_arenas; i++)
+                                arena_config_done(&c->arenas[i]);
+                        c->n_arenas = 0;
+                        *arenas_replaced = true;
+                }
+                for (size_t i = 0; i < c->n_arenas; i++)
+                        if (strcmp(c->arenas[i].name, arg) == 0) {
+                                perr(s, "arena '%s' is defined twice", arg);
+                                s->section[0] = 0;
+                                s->section_failed = true;
+                                return;
+                        }
+                if (c->n_arenas >= 64) {
+                        perr(s, "too many arenas (at most 64)");
+                        s->section[0] = 0;
+                                s->section_failed = true;
+                        return;
+                }
+                if (add_default_arena(c, arg, ARENA_USAGE_KV, 0, 0) < 0) {
+                        perr(s, "out of memory");
+                        s->section[0] = 0;
+                                s->section_failed = true;
+                        return;
+                }
+                s->arena = &c->arenas[c->n_arenas - 1];
+        } else if (strcmp(name, "Peer") == 0) {
+                for (size_t i = 0; i < c->n_peers; i++)
+                        if (strcmp(c->peers[i].name, arg) == 0) {
+                                perr(s, "peer '%s' is defined twice", arg);
+                                s->section[0] = 0;
+                                s->section_failed = true;
+                                return;
+                        }
+                if (c->n_peers >= 256) {
+                        perr(s, "too many peers (at most 256)");
+                        s->section[0] = 0;
+                                s->section_failed = true;
+                        return;
+                }
+                PeerConfig *n = realloc(c->peers, (c->n_peers + 1) * sizeof *n);
+                if (!n) {
+                        perr(s, "out of memory");
+                        s->section[0] = 0;
+                                s->section_failed = true;
+                        return;
+                }
+                c->peers = n;
+                c->peers[c->n_peers] = (PeerConfig){ .name = strdup(arg) };
+                s->peer = &c->peers[c->n_peers++];
+        } else if (strcmp(name, "Pool") == 0) {
+                TaskType t = task_type_from_string(arg);
+                if (t < 0) {
+                        perr(s, "[Pool:%s]: expected a pool named thinking, interactive or hybrid", arg);
+                        s->section[0] = 0;
+                        s->section_failed = true;
+                        return;
+                }
+                if (s->pools_seen & (1u << t)) {
+                        perr(s, "pool '%s' is defined twice", arg);
+                        s->section[0] = 0;
+                        s->section_failed = true;
+                        return;
+                }
+                s->pools_seen |= 1u << t;
+                s->pool = &c->pools[t];
+        }
+}
+
+static char *strip(char *s) {
+        while (isspace((unsigned char)*s))
+                s++;
+        char *e = s + strlen(s);
+        while (e > s && isspace((unsigned char)e[-1]))
+                *--e = 0;
+        return s;
+}
+
+static void check_complete(ParseState *s) {
+        Config *c = s->c;
+        s->line = 0;
+        for (size_t i = 0; i < c->n_arenas; i++) {
+                ArenaConfig *a = &c->arenas[i];
+                if (a->size == 0)
+                        perr(s, "[Arena:%s] needs Size=", a->name);
+                if (a->domain == MEMORY_GPU && a->gpu < 0)
+                        perr(s, "[Arena:%s] Domain=gpu needs Gpu=N", a->name);
+                if (a->domain == MEMORY_GPU && a->hugepages != HUGEPAGES_NO)
+                        perr(s, "[Arena:%s] HugePages= applies to host arenas only", a->name);
+                if (a->page_size && (!IS_POWER_OF_2(a->page_size) || a->page_size < 4096))
+                        perr(s, "[Arena:%s] PageSize= must be a power of two of at least 4K",
+                             a->name);
+        }
+        for (size_t i = 0; i < c->n_peers; i++)
+                if (!c->peers[i].address || !c->peers[i].host_id)
+                        perr(s, "[Peer:%s] needs Address= and HostId=", c->peers[i].name);
+        if (c->n_peers > 0 && !c->cluster_key_file)
+                perr(s, "peers are configured but [Cluster] ClusterKeyFile= is not set");
+        if (c->heartbeat_usec < 100 * USEC_PER_MSEC)
+                perr(s, "[Cluster] HeartbeatInterval= must be at least 100ms");
+        if (c->peer_streams > 16)
+                perr(s, "[Cluster] DataStreams=%u: expected 1 to 16", c->peer_streams);
+        if (c->peer_slice_size < 4096 || c->peer_slice_size > 16 * 1024 * 1024)
+                perr(s, "[Cluster] SliceSize=%llu: expected 4K to 16M", (unsigned long long)c->peer_slice_size);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                PoolConfig *p = &c->pools[t];
+                SchedPoolPolicy *pp = &p->policy;
+                const char *name = task_type_to_string((TaskType)t);
+                /* Watermarks not given follow QueueMax=. */
+                if (!p->high_set)
+                        pp->high_watermark = MIN(pp->high_watermark, MAX(pp->queue_max * 3 / 4, 1u));
+                if (!p->low_set)
+                        pp->low_watermark = MIN(pp->low_watermark, pp->high_watermark / 2);
+                if (pp->high_watermark == 0 || pp->high_watermark > pp->queue_max)
+                        perr(s, "[Pool:%s] HighWatermark=%u: expected 1 to QueueMax=%u", name,
+                             pp->high_watermark, pp->queue_max);
+                else if (pp->low_watermark >= pp->high_watermark)
+                        perr(s, "[Pool:%s] LowWatermark=%u: expected below HighWatermark=%u", name,
+                             pp->low_watermark, pp->high_watermark);
+        }
+        const char *problem;
+        if (telemetry_config_verify(&c->telemetry, &problem) < 0)
+                perr(s, "[Backpressure] %s", problem);
+}
+
+int config_parse_string(Config *c, const char *text, const char *name, char **errors) {
+        /* A file applies over the embedded defaults; it is parsed into a new Config so
+         * that a file with errors changes nothing. */
+        Config n;
+        int r = config_defaults(&n);
+        if (r < 0)
+                return r;
+        ParseState s = { .c = &n, .file = name ? name : "<string>" };
+        bool arenas_replaced = false;
+        char *buf = strdup(text);
+        if (!buf) {
+                config_done(&n);
+                return -ENOMEM;
+        }
+        for (char *p = buf, *nl; p; p = nl) {
+                nl = strchr(p, '\n');
+                if (nl)
+                        *nl++ = 0;
+                s.line++;
+                char *line = strip(p);
+                if (!*line || *line == '#' || *line == ';')
+                        continue;
+                if (strlen(line) > 8192) {
+                        perr(&s, "line too long");
+                        continue;
+                }
+                if (*line == '[') {
+                        start_section(&s, &arenas_replaced, line);
+                        continue;
+                }
+                char *eq = strchr(line, '=');
+                if (!eq) {
+                        perr(&s, "expected KEY=VALUE");
+                        continue;
+                }
+                *eq = 0;
+                char *key = strip(line), *value = strip(eq + 1);
+                if (!s.section[0]) {
+                        /* Keys of a section that was itself in error were reported there. */
+                        if (!s.section_failed)
+                                perr(&s, "%s= outside of a known section", key);
+                        continue;
+                }
+                const ConfigItem *it = NULL;
+                for (size_t i = 0; i < ELEMENTSOF(items); i++)
+                        if (strcmp(items[i].section, s.section) == 0 &&
+                            strcmp(items[i].key, key) == 0)
+                                it = &items[i];
+                if (!it) {
+                        perr(&s, "unknown key %s= in section [%s]", key, s.section);
+                        continue;
+                }
+                void *base = &n;
+                if (strcmp(it->section, "Arena") == 0)
+                        base = s.arena;
+                else if (strcmp(it->section, "Peer") == 0)
+                        base = s.peer;
+                else if (strcmp(it->section, "Pool") == 0)
+                        base = s.pool;
+                if (!base)
+                        continue;
+                if (it->parse(&s, key, value, (char *)base + it->offset) == -ENOMEM)
+                        perr(&s, "out of memory");
+        }
+        free(buf);
+        check_complete(&s);
+
+        if (s.n_errors > 0) {
+                config_done(&n);
+                if (errors)
+                        *errors = s.errors;
+                else
+                        free(s.errors);
+                return -EINVAL;
+        }
+        free(s.errors);
+        config_done(c);
+        *c = n;
+        return 0;
+}
+
+int config_parse_file(Config *c, const char *path, char **errors) {
+        _cleanup_(freep) char *text = NULL;
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return -errno;
+        size_t cap = 0, len = 0;
+        char chunk[4096];
+        size_t n;
+        while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+                if (len + n + 1 > cap) {
+                        if (len + n > (1u << 20)) {
+                                fclose(f);
+                                return -EFBIG;
+                        }
+                        cap = (len + n + 1) * 2;
+                        char *t = realloc(text, cap);
+                        if (!t) {
+                                fclose(f);
+                                return -ENOMEM;
+                        }
+                        text = t;
+                }
+                memcpy(text + len, chunk, n);
+                len += n;
+        }
+        bool err = ferror(f);
+        fclose(f);
+        if (err)
+                return -EIO;
+        if (!text)
+                text = strdup("");
+        else
+                text[len] = 0;
+        if (!text)
+                return -ENOMEM;
+        if (strlen(text) != len)
+                return -EBADMSG; /* NUL bytes */
+        return config_parse_string(c, text, path, errors);
+}

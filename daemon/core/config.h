@@ -1,0 +1,87 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* epd.conf: INI with [Daemon], [Limits], [Arena:NAME]... sections. Parsing is pure:
+ * every bad section, key or value is reported with file:line and what was expected,
+ * and a file with any error is rejected as a whole (nothing half-applied). Subsystems
+ * add their sections through the table in config.c. */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/arena.h"
+#include "sched/scheduler.h"
+#include "telemetry/telemetry-config.h"
+#include "time-util.h"
+
+typedef struct PeerConfig {
+        char *name;
+        char *address;  /* host:port */
+        char *host_id;
+} PeerConfig;
+
+/* [Pool:thinking], [Pool:interactive], [Pool:hybrid]: a scheduler pool's policy and the
+ * workers that serve it per stage (selector lists, pool-select.h; NULL: every worker
+ * of the stage). Defaults: sched_config_defaults(). docs/scheduler.md. */
+typedef struct PoolConfig {
+        SchedPoolPolicy policy;
+        char *workers[_SCHED_STAGE_MAX];
+        bool high_set, low_set; /* watermarks given; otherwise 3/4 and 1/2 of QueueMax */
+} PoolConfig;
+
+typedef struct Config {
+        /* [Daemon] */
+        char *host_id;           /* default: /etc/machine-id or hostname */
+        char *socket_path;       /* direct socket, default /run/epd/bus */
+        char *bus_address;       /* NULL: the system bus if there is one */
+        bool system_bus;         /* try the system bus (default yes) */
+        int log_level;
+        char *state_dir;
+
+        /* [Limits] */
+        unsigned max_clients;
+        unsigned max_workers;
+        unsigned max_objects_per_client;
+        uint64_t max_request_bytes; /* largest size a client may ask for in one call */
+
+        /* [Arena:NAME] */
+        ArenaConfig *arenas;
+        size_t n_arenas;
+
+        /* [Peer:NAME] and [Cluster] (multi-host; see docs/config.md) */
+        PeerConfig *peers;
+        size_t n_peers;
+        char *listen_address;
+        char *cluster_key_file;
+        usec_t heartbeat_usec;
+        usec_t handoff_timeout_usec;
+        unsigned peer_streams;      /* DataStreams=: TCP data streams per peer */
+        uint64_t peer_slice_size;   /* SliceSize=: bulk writes are sent in slices of this */
+        int transport_policy;       /* Transport=: TransportPolicy (rdma-select.h), auto */
+
+        /* [Features] */
+        uint64_t feature_cache_bytes;
+        char *feature_store_dir;
+        uint64_t feature_store_max_bytes; /* 0: no limit */
+
+        /* [Telemetry] and [Backpressure] (docs/telemetry.md) */
+        TelemetryConfig telemetry;
+        /* [Wal] (docs/wal.md) */
+        int wal_sync;            /* WalSyncPolicy: always, batch (default), none */
+        uint64_t wal_compact_bytes; /* compact when the log grows past this */
+        /* [Gpu] (docs/gpu.md) */
+        int gpu_copy_kernel;     /* GpuCopyKernelPolicy: never, small (default), always */
+        /* [Pool:NAME] (docs/scheduler.md), by TaskType */
+        PoolConfig pools[_TASK_TYPE_MAX];
+
+        /* Subsystem-private sections live beside the core: see config.c. */
+} Config;
+
+/* Fills in the embedded defaults (what runs with no config file at all). */
+int config_defaults(Config *c);
+/* Parses a whole file (or a string, for tests) over the defaults. On error, *errors
+ * receives a newline-separated list of "file:line: message" and nothing is applied. */
+int config_parse_file(Config *c, const char *path, char **errors);
+int config_parse_string(Config *c, const char *text, const char *name, char **errors);
+void config_done(Config *c);

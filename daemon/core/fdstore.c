@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+
+#include "core/fdstore.h"
+#include "log.h"
+
+bool fdstore_name_valid(const char *name) {
+        size_t n = name ? strlen(name) : 0;
+        if (n == 0 || n > FDSTORE_NAME_MAX)
+                return false;
+        /* systemd refuses ':' (the LISTEN_FDNAMES separator) and control characters. */
+        for (size_t i = 0; i < n; i++)
+                if (name[i] == ':' || name[i] <= ' ' || name[i] >= 0x7f)
+                        return false;
+        return true;
+}
+
+int fdstore_collect(FdStore **ret) {
+        FdStore *s;
+        char **names = NULL;
+        int n;
+
+        s = calloc(1, sizeof *s);
+        if (!s)
+                return -ENOMEM;
+        n = sd_listen_fds_with_names(true, &names);
+        if (n < 0) {
+                log_warning_errno(n, "Cannot take the stored file descriptors: %m");
+                n = 0;
+        }
+        if (n > 0) {
+                s->fds = calloc((size_t)n, sizeof *s->fds);
+                if (!s->fds) {
+                        for (int i = 0; i < n; i++) {
+                                safe_close(SD_LISTEN_FDS_START + i);
+                                free(names ? names[i] : NULL);
+                        }
+                        free(names);
+                        free(s);
+                        return -ENOMEM;
+                }
+                for (int i = 0; i < n; i++) {
+                        s->fds[i] = SD_LISTEN_FDS_START + i;
+                        /* Close-on-exec, like every other fd of epdd. */
+                        int flags = fcntl(s->fds[i], F_GETFD);
+                        if (flags < 0 || fcntl(s->fds[i], F_SETFD, flags | FD_CLOEXEC) < 0)
+                                log_debug_errno(errno, "Cannot set FD_CLOEXEC on a stored fd: %m");
+                }
+                s->names = names;
+                s->n = (size_t)n;
+                log_info("Got %d file descriptor(s) back from the fd store.", n);
+        } else
+                free(names);
+        *ret = s;
+        return 0;
+}
+
+int fdstore_take(FdStore *s, const char *name) {
+        for (size_t i = 0; s && i < s->n; i++)
+                if (s->fds[i] >= 0 && s->names && s->names[i] && strcmp(s->names[i], name) == 0)
+                        return TAKE_FD(s->fds[i]);
+        return -ENOENT;
+}
+
+FdStore *fdstore_free(FdStore *s) {
+        if (!s)
+                return NULL;
+        for (size_t i = 0; i < s->n; i++) {
+                if (s->fds[i] >= 0) {
+                        const char *name = s->names && s->names[i] ? s->names[i] : "unknown";
+                        log_notice("Stored fd '%s' is not used by this configuration; dropping it.", name);
+                        safe_close(s->fds[i]);
+                        if (fdstore_name_valid(name))
+                                (void)fdstore_remove(name);
+                }
+                if (s->names)
+                        free(s->names[i]);
+        }
+        free(s->names);
+        free(s->fds);
+        free(s);
+        return NULL;
+}
+
+int fdstore_push(const char *name, int fd) {
+        char msg[64 + FDSTORE_NAME_MAX];
+        int r;
+
+        if (!fdstore_name_valid(name) || fd < 0)
+                return -EINVAL;
+        if (!getenv("NOTIFY_SOCKET"))
+                return -ENOTCONN;
+        snprintf(msg, sizeof msg, "FDSTORE=1\nFDNAME=%s", name);
+        r = sd_pid_notify_with_fds(0, false, msg, &fd, 1);
+        if (r < 0)
+                return log_warning_errno(r, "Cannot store fd '%s' with the service manager: %m", name);
+        if (r == 0)
+                return -ENOTCONN;
+        return 0;
+}
+
+int fdstore_remove(const char *name) {
+        char msg[64 + FDSTORE_NAME_MAX];
+        int r;
+
+        if (!fdstore_name_valid(name))
+                return -EINVAL;
+        if (!getenv("NOTIFY_SOCKET"))
+                return -ENOTCONN;
+        snprintf(msg, sizeof msg, "FDSTOREREMOVE=1\nFDNAME=%s", name);
+        r = sd_notify(false, msg);
+        return r < 0 ? r : r == 0 ? -ENOTCONN : 0;
+}

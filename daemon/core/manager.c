@@ -1,0 +1,639 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "core/manager.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+#include <systemd/sd-id128.h>
+#include <unistd.h>
+
+#include "bus-error.h"
+#include "core/bus-manager.h"
+#include "core/fdstore.h"
+#include "log.h"
+#include "macro.h"
+#include "parse-util.h"
+#include "core/worker.h"
+
+/* Subsystems, in start order (stopped in reverse): daemon/core/subsystem-list.h names
+ * them, one SUBSYSTEM(name) line each; each defines `const Subsystem name_subsystem`
+ * in its own file. */
+#define SUBSYSTEM(n) extern const Subsystem n##_subsystem;
+#include "core/subsystem-list.h"
+#undef SUBSYSTEM
+
+static const Subsystem *const subsystems[] = {
+#define SUBSYSTEM(n) &n##_subsystem,
+#include "core/subsystem-list.h"
+#undef SUBSYSTEM
+        NULL,
+};
+
+#define FOREACH_SUBSYSTEM(s)                                                             \
+        for (const Subsystem *const *_sp = subsystems, *s; (s = *_sp); _sp++)
+
+/* A direct (peer-to-peer) connection on the daemon's socket. It is keyed by its serial,
+ * never by the address of its sd_bus: an address is reused by the next allocation as
+ * soon as a bus is freed, so a table keyed by it can confuse a new connection with one
+ * that just went away (and refuse or drop the new one). The bus carries its serial in
+ * its description ("d/<serial>"), and the Disconnected handler is given its own
+ * Connection, so neither direction needs an address lookup. */
+typedef struct Connection {
+        uint64_t serial; /* the hashmap key */
+        sd_bus *bus;
+        Manager *manager;
+} Connection;
+
+static Connection *connection_free(Connection *c) {
+        if (!c)
+                return NULL;
+        if (c->manager && hashmap_get(c->manager->connections, &c->serial) == c)
+                hashmap_remove(c->manager->connections, &c->serial);
+        if (c->bus) {
+                sd_bus_flush(c->bus);
+                sd_bus_detach_event(c->bus);
+                sd_bus_close_unref(c->bus);
+        }
+        free(c);
+        return NULL;
+}
+
+static void connection_freep(Connection **c) {
+        connection_free(*c);
+}
+
+static void connection_drop(Connection *conn) {
+        char key[64];
+        snprintf(key, sizeof key, "d/%" PRIu64, conn->serial);
+        Client *c = hashmap_get(conn->manager->clients, key);
+        if (c)
+                client_gone(c);
+        connection_free(conn);
+}
+
+uint64_t manager_connection_serial(Manager *m, sd_bus *bus) {
+        const char *d;
+        uint64_t serial;
+        if (!bus || bus == m->bus || sd_bus_get_description(bus, &d) < 0 || strncmp(d, "d/", 2) != 0 ||
+            parse_u64(d + 2, &serial) < 0)
+                return 0;
+        /* Only a connection that is still served: a message that outlived its
+         * connection's end (a deferred reply, say) names no client. */
+        Connection *conn = hashmap_get(m->connections, &serial);
+        return conn && conn->bus == bus ? serial : 0;
+}
+
+static int on_direct_disconnected(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Connection *conn = userdata;
+        log_debug("Direct connection %" PRIu64 " closed.", conn->serial);
+        connection_drop(conn);
+        return 0;
+}
+
+static int manager_add_bus_objects(Manager *m, sd_bus *bus) {
+        int r = bus_manager_add(m, bus);
+        if (r < 0)
+                return r;
+        FOREACH_SUBSYSTEM(s)
+                if (s->add_bus) {
+                        r = s->add_bus(m, bus);
+                        if (r < 0)
+                                return log_error_errno(r, "Failed to add %s bus objects: %m", s->name);
+                }
+        return 0;
+}
+
+/* Sets up the server side of an accepted socket; takes fd in every case. On failure,
+ * everything made so far is freed with the Connection (the caller's cleanup). */
+static int connection_setup(Connection *conn, int fd) {
+        Manager *m = conn->manager;
+        char desc[32];
+        sd_id128_t id;
+        int r;
+
+        r = sd_id128_randomize(&id);
+        if (r >= 0)
+                r = sd_bus_new(&conn->bus);
+        if (r < 0) {
+                safe_close(fd);
+                return r;
+        }
+        r = sd_bus_set_fd(conn->bus, fd, fd);
+        if (r < 0) {
+                safe_close(fd);
+                return r;
+        }
+        snprintf(desc, sizeof desc, "d/%" PRIu64, conn->serial);
+        r = sd_bus_set_description(conn->bus, desc);
+        if (r >= 0)
+                r = sd_bus_set_server(conn->bus, true, id);
+        if (r >= 0)
+                r = sd_bus_negotiate_fds(conn->bus, true);
+        if (r >= 0)
+                r = sd_bus_set_anonymous(conn->bus, false);
+        if (r >= 0)
+                r = sd_bus_match_signal(conn->bus, NULL, "org.freedesktop.DBus.Local",
+                                        "/org/freedesktop/DBus/Local",
+                                        "org.freedesktop.DBus.Local", "Disconnected",
+                                        on_direct_disconnected, conn);
+        if (r >= 0)
+                r = manager_add_bus_objects(m, conn->bus);
+        if (r >= 0)
+                r = sd_bus_start(conn->bus);
+        if (r >= 0)
+                r = hashmap_put(m->connections, &conn->serial, conn);
+        if (r >= 0)
+                r = sd_bus_attach_event(conn->bus, m->event, SD_EVENT_PRIORITY_NORMAL);
+        return r;
+}
+
+static int on_direct_connection(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Manager *m = userdata;
+        _cleanup_(closep) int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (cfd < 0) {
+                if (errno != EAGAIN && errno != EINTR)
+                        log_warning_errno(errno, "accept() on the direct socket failed: %m");
+                return 0;
+        }
+        if (hashmap_size(m->connections) >= m->config.max_clients) {
+                log_warning("Refusing direct connection: %u clients already connected.",
+                            m->config.max_clients);
+                return 0;
+        }
+        _cleanup_(connection_freep) Connection *conn = calloc(1, sizeof *conn);
+        if (!conn) {
+                log_oom();
+                return 0;
+        }
+        conn->manager = m;
+        conn->serial = ++m->next_serial;
+        int r = connection_setup(conn, TAKE_FD(cfd));
+        if (r < 0) {
+                log_warning_errno(r, "Failed to set up direct connection %" PRIu64 ": %m", conn->serial);
+                return 0;
+        }
+        Connection *c = TAKE_PTR(conn); /* the map owns it; its Disconnected frees it */
+        log_debug("Direct connection %" PRIu64 " accepted.", c->serial);
+        return 0;
+}
+
+static int mkdir_parents(const char *path, mode_t mode) {
+        _cleanup_(freep) char *p = strdup(path);
+        if (!p)
+                return -ENOMEM;
+        for (char *s = p + 1; (s = strchr(s, '/')); s++) {
+                *s = 0;
+                if (mkdir(p, mode) < 0 && errno != EEXIST)
+                        return -errno;
+                *s = '/';
+        }
+        return 0;
+}
+
+static int manager_listen_direct(Manager *m) {
+        const char *path = m->config.socket_path;
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        if (strlen(path) >= sizeof sa.sun_path)
+                return log_error_errno(ENAMETOOLONG, "Socket path %s is too long.", path);
+        strcpy(sa.sun_path, path);
+
+        int r = mkdir_parents(path, 0755);
+        if (r < 0)
+                return log_error_errno(r, "Cannot create the directory of %s: %m", path);
+        _cleanup_(closep) int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return log_error_errno(errno, "socket(): %m");
+        /* A stale socket from a previous run would make bind() fail. Only a socket is
+         * removed, never another kind of file. */
+        struct stat st;
+        if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+                (void)unlink(path);
+        mode_t old = umask(0117); /* rw for owner and group (epd) */
+        r = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+        umask(old);
+        if (r < 0)
+                return log_error_errno(errno, "Cannot bind the direct socket %s: %m", path);
+        if (listen(fd, SOMAXCONN) < 0)
+                return log_error_errno(errno, "listen() on %s: %m", path);
+        r = sd_event_add_io(m->event, &m->direct_source, fd, EPOLLIN, on_direct_connection, m);
+        if (r < 0)
+                return log_error_errno(r, "Cannot watch the direct socket: %m");
+        m->direct_fd = TAKE_FD(fd);
+        log_info("Serving the direct socket %s.", path);
+        return 0;
+}
+
+static int manager_connect_bus(Manager *m) {
+        int r;
+        if (!m->config.bus_address && !m->config.system_bus)
+                return 0;
+        if (m->config.bus_address) {
+                r = sd_bus_new(&m->bus);
+                if (r >= 0)
+                        r = sd_bus_set_address(m->bus, m->config.bus_address);
+                if (r >= 0)
+                        r = sd_bus_set_bus_client(m->bus, true);
+                if (r >= 0)
+                        r = sd_bus_negotiate_fds(m->bus, true);
+                if (r >= 0)
+                        r = sd_bus_negotiate_creds(m->bus, true, SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID);
+                if (r >= 0)
+                        r = sd_bus_start(m->bus);
+        } else
+                r = sd_bus_open_system(&m->bus);
+        if (r < 0) {
+                m->bus = sd_bus_unref(m->bus);
+                if (m->config.bus_address)
+                        return log_error_errno(r, "Cannot connect to the bus at %s: %m",
+                                               m->config.bus_address);
+                log_notice_errno(r, "No system bus (%m); serving the direct socket only.");
+                return 0;
+        }
+        r = manager_add_bus_objects(m, m->bus);
+        if (r < 0)
+                return r;
+        r = sd_bus_request_name(m->bus, "org.epd1", 0);
+        if (r < 0) {
+                log_error_errno(r, "Cannot own the name org.epd1 on the %s bus: %m",
+                                m->config.bus_address ? "configured" : "system");
+                if (m->config.bus_address)
+                        return r;
+                /* The system bus refused (no policy installed, say): go on directly. */
+                m->bus = sd_bus_flush_close_unref(m->bus);
+                return 0;
+        }
+        r = sd_bus_attach_event(m->bus, m->event, SD_EVENT_PRIORITY_NORMAL);
+        if (r < 0)
+                return log_error_errno(r, "Cannot attach the bus to the event loop: %m");
+        log_info("Owning org.epd1 on the %s bus.", m->config.bus_address ? "configured" : "system");
+        return 0;
+}
+
+static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
+        Manager *m = userdata;
+        if (si->ssi_signo == SIGHUP) {
+                (void)manager_reload(m);
+                return 0;
+        }
+        log_info("Received %s, stopping.", strsignal((int)si->ssi_signo));
+        (void)sd_notify(false, "STOPPING=1\nSTATUS=Stopping.");
+        return sd_event_exit(sd_event_source_get_event(s), 0);
+}
+
+static int host_id_default(char **ret) {
+        char buf[256] = { 0 };
+        FILE *f = fopen("/etc/machine-id", "re");
+        if (f) {
+                if (fgets(buf, sizeof buf, f))
+                        buf[strcspn(buf, "\n")] = 0;
+                fclose(f);
+        }
+        if (strlen(buf) < 8 && gethostname(buf, sizeof buf - 1) < 0)
+                snprintf(buf, sizeof buf, "localhost");
+        if (strlen(buf) > 63)
+                buf[63] = 0;
+        *ret = strdup(buf);
+        return *ret ? 0 : -ENOMEM;
+}
+
+int manager_new(Manager **ret, const char *config_path) {
+        _cleanup_(freep) Manager *m = calloc(1, sizeof *m);
+        int r;
+        if (!m)
+                return log_oom();
+        m->direct_fd = -EBADF;
+        r = config_defaults(&m->config);
+        if (r < 0)
+                return log_oom();
+        if (config_path || access(EPD_CONFIG_FILE, F_OK) == 0) {
+                const char *path = config_path ?: EPD_CONFIG_FILE;
+                char *errors = NULL;
+                r = config_parse_file(&m->config, path, &errors);
+                if (r < 0) {
+                        if (errors)
+                                log_error("Invalid configuration:\n%s", errors);
+                        else
+                                log_error_errno(r, "Cannot read configuration %s: %m", path);
+                        free(errors);
+                        config_done(&m->config);
+                        return r;
+                }
+                m->config_path = strdup(path);
+                if (!m->config_path) {
+                        config_done(&m->config);
+                        return log_oom();
+                }
+        }
+        m->clients = hashmap_new(HASHMAP_KEY_STRING, 0);
+        m->workers = hashmap_new(HASHMAP_KEY_STRING, 0);
+        m->connections = hashmap_new(HASHMAP_KEY_U64, 0);
+        if (!m->clients || !m->workers || !m->connections) {
+                manager_free(TAKE_PTR(m));
+                return log_oom();
+        }
+        r = sd_event_default(&m->event);
+        if (r < 0) {
+                manager_free(TAKE_PTR(m));
+                return log_error_errno(r, "Cannot allocate the event loop: %m");
+        }
+        *ret = TAKE_PTR(m);
+        return 0;
+}
+
+static int manager_setup_arenas(Manager *m) {
+        /* Arenas kept in systemd's fd store by a previous epdd come back with their
+         * contents (fdstore.h); new ones are put there. */
+        _cleanup_(fdstore_freep) FdStore *store = NULL;
+        (void)fdstore_collect(&store);
+        m->arenas = calloc(m->config.n_arenas, sizeof *m->arenas);
+        if (!m->arenas && m->config.n_arenas > 0)
+                return log_oom();
+        for (size_t i = 0; i < m->config.n_arenas; i++) {
+                const ArenaConfig *c = &m->config.arenas[i];
+                bool adopted = false;
+                char fdname[64];
+                int r;
+                snprintf(fdname, sizeof fdname, "arena-%s", c->name);
+                if (c->domain == MEMORY_GPU)
+                        r = manager_gpu_arena_new(m, c, (uint32_t)i, &m->arenas[i]);
+                else {
+                        int fd = fdstore_take(store, fdname);
+                        r = fd >= 0 ? arena_adopt_host(c, (uint32_t)i, fd, m->config.host_id, &m->arenas[i])
+                                    : -ENOENT;
+                        if (r >= 0)
+                                adopted = true;
+                        else {
+                                if (fd >= 0) {
+                                        safe_close(fd);
+                                        (void)fdstore_remove(fdname);
+                                }
+                                r = arena_new_host(c, (uint32_t)i, m->config.host_id, &m->arenas[i]);
+                                if (r >= 0)
+                                        (void)fdstore_push(fdname, m->arenas[i]->fd);
+                        }
+                }
+                if (r < 0)
+                        return r; /* logged */
+                m->n_arenas++;
+                char sz[32];
+                log_info("Arena %s: %s %s, %s%s%s.", c->name, memory_domain_to_string(c->domain),
+                         arena_usage_to_string(c->usage),
+                         format_size(sz, sizeof sz, m->arenas[i]->size),
+                         m->arenas[i]->hugepages ? ", huge pages" : "",
+                         adopted ? ", taken back from the fd store" : "");
+        }
+        return 0;
+}
+
+int manager_startup(Manager *m) {
+        int r;
+        log_set_max_level(m->config.log_level);
+        if (!m->config.host_id) {
+                r = host_id_default(&m->config.host_id);
+                if (r < 0)
+                        return log_oom();
+        }
+        (void)epd_bus_error_register();
+
+        sigset_t mask;
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGINT);
+        sigaddset(&mask, SIGHUP);
+        sigprocmask(SIG_BLOCK, &mask, NULL);
+        (void)signal(SIGPIPE, SIG_IGN);
+        if ((r = sd_event_add_signal(m->event, &m->sigterm, SIGTERM, on_signal, m)) < 0 ||
+            (r = sd_event_add_signal(m->event, &m->sigint, SIGINT, on_signal, m)) < 0 ||
+            (r = sd_event_add_signal(m->event, &m->sighup, SIGHUP, on_signal, m)) < 0)
+                return log_error_errno(r, "Cannot watch signals: %m");
+
+        /* A subsystem listed twice would register its bus objects twice and make every
+         * connection fail: refuse to start instead. */
+        for (size_t i = 0; subsystems[i]; i++)
+                for (size_t j = i + 1; subsystems[j]; j++)
+                        if (subsystems[i] == subsystems[j])
+                                return log_error_errno(EINVAL, "Subsystem %s is listed twice in subsystem-list.h.",
+                                                       subsystems[i]->name);
+
+        r = manager_setup_arenas(m);
+        if (r < 0)
+                return r;
+
+        FOREACH_SUBSYSTEM(s)
+                if (s->init) {
+                        r = s->init(m);
+                        if (r < 0)
+                                return log_error_errno(r, "Cannot start %s: %m", s->name);
+                }
+
+        r = manager_listen_direct(m);
+        if (r < 0)
+                return r;
+        r = manager_connect_bus(m);
+        if (r < 0)
+                return r;
+
+        /* Pings the watchdog from the loop itself when WATCHDOG_USEC is set. */
+        r = sd_event_set_watchdog(m->event, true);
+        if (r < 0)
+                log_warning_errno(r, "Cannot enable the watchdog: %m");
+        return 0;
+}
+
+int manager_run(Manager *m) {
+        char status[512];
+        snprintf(status, sizeof status,
+                 "READY=1\nSTATUS=Serving %zu arena(s) on %s%s (host %s).", m->n_arenas,
+                 m->config.socket_path, m->bus ? " and the bus" : "", m->config.host_id);
+        (void)sd_notify(false, status);
+        m->ready_sent = true;
+        int r = sd_event_loop(m->event);
+        (void)sd_notify(false, "STOPPING=1\nSTATUS=Stopping.");
+        return r;
+}
+
+int manager_reload(Manager *m) {
+        Config n;
+        char *errors = NULL;
+        int r;
+        (void)sd_notify(false, "RELOADING=1\nSTATUS=Reloading configuration.");
+        if (!m->config_path) {
+                log_info("SIGHUP: running on embedded defaults, nothing to reload.");
+                (void)sd_notify(false, "READY=1\nSTATUS=Serving.");
+                return 0;
+        }
+        r = config_defaults(&n);
+        if (r >= 0)
+                r = config_parse_file(&n, m->config_path, &errors);
+        if (r < 0) {
+                if (errors)
+                        log_error("Reload refused, keeping the running configuration:\n%s", errors);
+                else
+                        log_error_errno(r, "Reload refused: cannot read %s: %m", m->config_path);
+                free(errors);
+                config_done(&n);
+                (void)sd_notify(false, "READY=1\nSTATUS=Serving (reload refused).");
+                return r;
+        }
+        /* Reloadable: log level, limits, subsystem settings. Arenas, the socket and the
+         * bus need a restart; say so instead of silently ignoring a change. */
+        bool arenas_same = n.n_arenas == m->config.n_arenas;
+        for (size_t i = 0; arenas_same && i < n.n_arenas; i++)
+                arenas_same = strcmp(n.arenas[i].name, m->config.arenas[i].name) == 0 &&
+                              n.arenas[i].size == m->config.arenas[i].size &&
+                              n.arenas[i].domain == m->config.arenas[i].domain &&
+                              n.arenas[i].usage == m->config.arenas[i].usage;
+        if (!arenas_same)
+                log_notice("Arena configuration changed: it takes effect at the next restart.");
+        if (strcmp(n.socket_path, m->config.socket_path) != 0)
+                log_notice("Socket= changed: it takes effect at the next restart.");
+        FOREACH_SUBSYSTEM(s)
+                if (s->reload) {
+                        r = s->reload(m, &n);
+                        if (r < 0)
+                                log_warning_errno(r, "%s: reload failed, keeping its settings: %m", s->name);
+                }
+        m->config.log_level = n.log_level;
+        log_set_max_level(n.log_level);
+        m->config.max_clients = n.max_clients;
+        m->config.max_workers = n.max_workers;
+        m->config.max_objects_per_client = n.max_objects_per_client;
+        m->config.max_request_bytes = n.max_request_bytes;
+        m->config.heartbeat_usec = n.heartbeat_usec;
+        m->config.handoff_timeout_usec = n.handoff_timeout_usec;
+        m->config.feature_cache_bytes = n.feature_cache_bytes;
+        config_done(&n);
+        log_info("Configuration reloaded from %s.", m->config_path);
+        (void)sd_notify(false, "READY=1\nSTATUS=Serving (configuration reloaded).");
+        return 0;
+}
+
+Manager *manager_free(Manager *m) {
+        if (!m)
+                return NULL;
+        /* What the daemon drops while stopping stays in the WAL for the next start. */
+        m->stopping = true;
+        /* Clients first: their objects refer to subsystems and arenas. */
+        if (m->clients) {
+                Client *c;
+                size_t it = 0;
+                while ((it = 0, hashmap_iterate(m->clients, &it, (void **)&c, NULL)))
+                        client_free(c);
+        }
+        if (m->connections) {
+                Connection *conn;
+                size_t it = 0;
+                while ((it = 0, hashmap_iterate(m->connections, &it, (void **)&conn, NULL)))
+                        connection_free(conn);
+        }
+        size_t n = 0;
+        FOREACH_SUBSYSTEM(s)
+                n++;
+        for (size_t i = n; i > 0; i--)
+                if (subsystems[i - 1]->done)
+                        subsystems[i - 1]->done(m);
+        m->bus = sd_bus_flush_close_unref(m->bus);
+        m->direct_source = sd_event_source_disable_unref(m->direct_source);
+        if (m->direct_fd >= 0) {
+                m->direct_fd = safe_close(m->direct_fd);
+                if (m->config.socket_path)
+                        (void)unlink(m->config.socket_path);
+        }
+        for (size_t i = 0; i < m->n_arenas; i++)
+                manager_arena_free(m, m->arenas[i]);
+        free(m->arenas);
+        hashmap_free(m->clients);
+        hashmap_free(m->workers);
+        hashmap_free(m->connections);
+        sd_event_source_disable_unref(m->sigterm);
+        sd_event_source_disable_unref(m->sigint);
+        sd_event_source_disable_unref(m->sighup);
+        sd_event_unref(m->event);
+        config_done(&m->config);
+        free(m->config_path);
+        free(m);
+        return NULL;
+}
+
+int manager_worker_added(Manager *m, Worker *w) {
+        FOREACH_SUBSYSTEM(s)
+                if (s->worker_added) {
+                        int r = s->worker_added(m, w);
+                        if (r < 0)
+                                return r;
+                }
+        return 0;
+}
+
+void manager_worker_removed(Manager *m, Worker *w) {
+        FOREACH_SUBSYSTEM(s)
+                if (s->worker_gone)
+                        s->worker_gone(m, w);
+}
+
+static void emit_each(Manager *m, int (*fn)(sd_bus *bus, void *userdata), void *userdata) {
+        if (m->bus)
+                (void)fn(m->bus, userdata);
+        Connection *conn;
+        size_t it = 0;
+        while (hashmap_iterate(m->connections, &it, (void **)&conn, NULL))
+                (void)fn(conn->bus, userdata);
+}
+
+typedef struct ChangedArgs {
+        const char *path, *interface, *property;
+} ChangedArgs;
+
+static int emit_changed_one(sd_bus *bus, void *userdata) {
+        ChangedArgs *a = userdata;
+        return sd_bus_emit_properties_changed(bus, a->path, a->interface, a->property, NULL);
+}
+
+void manager_emit_changed(Manager *m, const char *path, const char *interface,
+                          const char *property) {
+        ChangedArgs a = { path, interface, property };
+        emit_each(m, emit_changed_one, &a);
+}
+
+typedef struct SignalArgs {
+        const char *path, *interface, *member, *types;
+        va_list *ap;
+        int r;
+} SignalArgs;
+
+static int emit_signal_one(sd_bus *bus, void *userdata) {
+        SignalArgs *a = userdata;
+        va_list ap;
+        va_copy(ap, *a->ap);
+        int r = sd_bus_emit_signalv(bus, a->path, a->interface, a->member, a->types, ap);
+        va_end(ap);
+        if (r < 0)
+                a->r = r;
+        return r;
+}
+
+int manager_emit_signal(Manager *m, const char *path, const char *interface,
+                        const char *member, const char *types, ...) {
+        va_list ap;
+        va_start(ap, types);
+        SignalArgs a = { path, interface, member, types, &ap, 0 };
+        emit_each(m, emit_signal_one, &a);
+        va_end(ap);
+        return a.r;
+}
+
+Arena *manager_find_arena(Manager *m, const char *name) {
+        for (size_t i = 0; i < m->n_arenas; i++)
+                if (strcmp(m->arenas[i]->name, name) == 0)
+                        return m->arenas[i];
+        return NULL;
+}

@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* The Manager owns every subsystem and every event source of epdd. */
+
+#include <stdbool.h>
+#include <systemd/sd-bus.h>
+#include <systemd/sd-event.h>
+
+#include "core/arena.h"
+#include "core/client.h"
+#include "core/config.h"
+#include "hashmap.h"
+
+typedef struct Manager Manager;
+typedef struct Worker Worker;
+
+/* Subsystems hook into the manager through this table, so that adding one does not
+ * touch every other: each may be NULL. See manager.c:subsystems[]. */
+typedef struct Subsystem {
+        const char *name;
+        int (*init)(Manager *m);                 /* after arenas, before the bus */
+        void (*done)(Manager *m);                /* at shutdown, before arenas go */
+        int (*add_bus)(Manager *m, sd_bus *bus); /* on every connection */
+        int (*reload)(Manager *m, const Config *new_config);
+        /* A worker registered / is about to be freed (unregistered or its client died):
+         * drop anything of the subsystem that refers to it. */
+        int (*worker_added)(Manager *m, Worker *w);
+        void (*worker_gone)(Manager *m, Worker *w);
+} Subsystem;
+
+struct Manager {
+        sd_event *event;
+        Config config;
+        char *config_path;
+
+        sd_bus *bus;                 /* system bus or --bus-address; may be NULL */
+        int direct_fd;               /* listening direct socket */
+        sd_event_source *direct_source;
+        Hashmap *connections;        /* direct connections (manager.c: Connection) by serial */
+        uint64_t next_serial;
+
+        Hashmap *clients;            /* Client* by key */
+        Hashmap *workers;            /* Worker* by id string */
+
+        Arena **arenas;
+        size_t n_arenas;
+
+        sd_event_source *sigterm, *sigint, *sighup;
+        bool ready_sent;
+        bool stopping;               /* manager_free(): releases are not journaled */
+
+        /* Subsystem state, owned here. Each subsystem's header defines its type. */
+        struct PageManager *page_manager;
+        struct FeatureCache *features;
+        struct HandoffManager *handoffs;
+        struct PeerManager *peers;
+        struct Topology *topology;
+        struct Telemetry *telemetry;
+        struct Scheduler *scheduler;
+        struct WorkflowManager *workflows;
+        struct Wal *wal;
+        struct GpuContext *gpu;
+};
+
+int manager_new(Manager **ret, const char *config_path);
+Manager *manager_free(Manager *m);
+int manager_startup(Manager *m);
+int manager_run(Manager *m);
+int manager_reload(Manager *m);
+
+/* The serial of a direct connection, 0 if `bus` is not one. */
+uint64_t manager_connection_serial(Manager *m, sd_bus *bus);
+
+/* Runs the subsystems' worker_added hooks (a failure undoes the registration) and
+ * worker_gone hooks. */
+int manager_worker_added(Manager *m, Worker *w);
+void manager_worker_removed(Manager *m, Worker *w);
+
+/* Arenas: GPU arenas come from the GPU domain; freeing goes through the manager so
+ * that the domain that made an arena releases it. */
+int manager_gpu_arena_new(Manager *m, const ArenaConfig *c, uint32_t index, Arena **ret);
+void manager_arena_free(Manager *m, Arena *a);
+Arena *manager_find_arena(Manager *m, const char *name);
+
+/* Emits PropertiesChanged for an org.epd1.Manager property on every connection. */
+void manager_emit_changed(Manager *m, const char *path, const char *interface,
+                          const char *property);
+/* Emits a signal on every connection (bus and direct). Ends the message. */
+int manager_emit_signal(Manager *m, const char *path, const char *interface,
+                        const char *member, const char *types, ...);

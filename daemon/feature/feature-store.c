@@ -1,0 +1,449 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "feature/feature-store.h"
+#include <stdbool.h>
+#include "id.h"
+#include "macro.h"
+#include "siphash24.h"
+
+#define STORE_VERSION 1u
+#define HEADER_SIZE 64u
+
+/* Fixed (public) keys: names must be stable across restarts. The file holds the full
+ * key, so a collision is only a miss, never the wrong bytes. */
+static const uint8_t name_key_a[16] = "epd-feature-nm-a";
+static const uint8_t name_key_b[16] = "epd-feature-nm-b";
+
+static int openat2_beneath(int dirfd, const char *name, int flags, mode_t mode);
+
+struct FeatureStore {
+        int root_fd;
+        char *root;
+        uint64_t max_bytes;
+        /* The spill thread saves while the event loop looks up: the lock covers the
+         * counters and every rename/unlink/scan that changes them. */
+        pthread_mutex_t lock;
+        uint64_t bytes;   /* of f-*.feat files */
+        uint64_t trimmed;
+};
+
+static bool is_entry_name(const char *n) {
+        size_t l = strlen(n);
+        return l > 7 && strncmp(n, "f-", 2) == 0 && strcmp(n + l - 5, ".feat") == 0;
+}
+
+/* Size of the entry `name`, 0 if there is none (or it is not a regular file). */
+static uint64_t entry_size(FeatureStore *s, const char *name) {
+        struct stat st;
+        if (fstatat(s->root_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+                return 0;
+        return (uint64_t)st.st_size;
+}
+
+static void unlink_entry(FeatureStore *s, const char *name) {
+        pthread_mutex_lock(&s->lock);
+        uint64_t size = entry_size(s, name);
+        if (unlinkat(s->root_fd, name, 0) >= 0)
+                s->bytes -= MIN(size, s->bytes);
+        pthread_mutex_unlock(&s->lock);
+}
+
+typedef struct TrimEntry {
+        struct timespec mtime;
+        uint64_t size;
+        char name[FEATURE_STORE_NAME_MAX];
+} TrimEntry;
+
+static int trim_cmp(const void *a, const void *b) {
+        const TrimEntry *x = a, *y = b;
+        if (x->mtime.tv_sec != y->mtime.tv_sec)
+                return x->mtime.tv_sec < y->mtime.tv_sec ? -1 : 1;
+        if (x->mtime.tv_nsec != y->mtime.tv_nsec)
+                return x->mtime.tv_nsec < y->mtime.tv_nsec ? -1 : 1;
+        return strcmp(x->name, y->name);
+}
+
+/* Scans the root: recounts the bytes, removes temporary files if asked, and removes
+ * the least recently used entries until the total is at most target. */
+static int scan(FeatureStore *s, bool remove_tmp, uint64_t target) {
+        _cleanup_(freep) TrimEntry *v = NULL;
+        size_t n = 0, cap = 0;
+        uint64_t total = 0;
+        struct dirent *de;
+        DIR *d;
+        int fd;
+
+        fd = openat2_beneath(s->root_fd, ".", O_RDONLY | O_DIRECTORY, 0);
+        if (fd < 0)
+                return fd;
+        d = fdopendir(fd);
+        if (!d) {
+                safe_close(fd);
+                return negative_errno();
+        }
+        while ((de = readdir(d))) {
+                struct stat st;
+                if (remove_tmp && strncmp(de->d_name, ".tmp-", 5) == 0) {
+                        (void)unlinkat(dirfd(d), de->d_name, 0);
+                        continue;
+                }
+                if (!is_entry_name(de->d_name) || strlen(de->d_name) >= FEATURE_STORE_NAME_MAX)
+                        continue;
+                if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+                        continue;
+                if (n == cap) {
+                        TrimEntry *nv = reallocarray(v, cap ? cap * 2 : 64, sizeof *nv);
+                        if (!nv) {
+                                closedir(d);
+                                return -ENOMEM;
+                        }
+                        v = nv;
+                        cap = cap ? cap * 2 : 64;
+                }
+                v[n].mtime = st.st_mtim;
+                v[n].size = (uint64_t)st.st_size;
+                strcpy(v[n].name, de->d_name);
+                total += v[n].size;
+                n++;
+        }
+        closedir(d);
+        if (total > target) {
+                qsort(v, n, sizeof *v, trim_cmp);
+                for (size_t i = 0; i < n && total > target; i++)
+                        if (unlinkat(s->root_fd, v[i].name, 0) >= 0) {
+                                total -= v[i].size;
+                                s->trimmed++;
+                        }
+        }
+        s->bytes = total;
+        return 0;
+}
+
+static int openat2_beneath(int dirfd, const char *name, int flags, mode_t mode) {
+        struct open_how how = {
+                .flags = (uint64_t)(flags | O_CLOEXEC | O_NOFOLLOW),
+                .mode = (flags & O_CREAT) ? mode : 0,
+                .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        };
+        long fd = syscall(SYS_openat2, dirfd, name, &how, sizeof how);
+        return fd < 0 ? negative_errno() : (int)fd;
+}
+
+int feature_store_open(const char *root, uint64_t max_bytes, FeatureStore **ret) {
+        _cleanup_(closep) int fd = -EBADF;
+        FeatureStore *s;
+        int probe;
+
+        if (!root || root[0] != '/')
+                return -EINVAL;
+        fd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0)
+                return negative_errno();
+        probe = openat2_beneath(fd, ".", O_PATH | O_DIRECTORY, 0);
+        if (probe < 0)
+                return probe == -ENOSYS ? -EOPNOTSUPP : probe;
+        safe_close(probe);
+
+        s = calloc(1, sizeof *s);
+        if (!s)
+                return -ENOMEM;
+        s->root = strdup(root);
+        if (!s->root) {
+                free(s);
+                return -ENOMEM;
+        }
+        s->root_fd = TAKE_FD(fd);
+        s->max_bytes = max_bytes;
+        pthread_mutex_init(&s->lock, NULL);
+        probe = scan(s, true, max_bytes ? max_bytes : UINT64_MAX);
+        if (probe < 0) {
+                feature_store_free(s);
+                return probe;
+        }
+        *ret = s;
+        return 0;
+}
+
+uint64_t feature_store_bytes(FeatureStore *s) {
+        pthread_mutex_lock(&s->lock);
+        uint64_t v = s->bytes;
+        pthread_mutex_unlock(&s->lock);
+        return v;
+}
+
+uint64_t feature_store_trimmed(FeatureStore *s) {
+        pthread_mutex_lock(&s->lock);
+        uint64_t v = s->trimmed;
+        pthread_mutex_unlock(&s->lock);
+        return v;
+}
+
+FeatureStore *feature_store_free(FeatureStore *s) {
+        if (!s)
+                return NULL;
+        safe_close(s->root_fd);
+        pthread_mutex_destroy(&s->lock);
+        free(s->root);
+        free(s);
+        return NULL;
+}
+
+int feature_store_name(const char *key, char buf[static FEATURE_STORE_NAME_MAX]) {
+        size_t n;
+
+        if (!key)
+                return -EINVAL;
+        n = strlen(key);
+        if (n == 0)
+                return -EINVAL;
+        snprintf(buf, FEATURE_STORE_NAME_MAX, "f-%016llx%016llx.feat",
+                 (unsigned long long)siphash24(key, n, name_key_a),
+                 (unsigned long long)siphash24(key, n, name_key_b));
+        return 0;
+}
+
+int feature_store_openat(FeatureStore *s, const char *name, int flags, mode_t mode) {
+        return openat2_beneath(s->root_fd, name, flags, mode);
+}
+
+static void put_le(uint8_t *p, uint64_t v, unsigned bytes) {
+        for (unsigned i = 0; i < bytes; i++)
+                p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le(const uint8_t *p, unsigned bytes) {
+        uint64_t v = 0;
+        for (unsigned i = 0; i < bytes; i++)
+                v |= (uint64_t)p[i] << (8 * i);
+        return v;
+}
+
+static int write_all(int fd, const void *p, size_t n) {
+        const uint8_t *b = p;
+        while (n > 0) {
+                ssize_t k = write(fd, b, n);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return negative_errno();
+                }
+                b += k;
+                n -= (size_t)k;
+        }
+        return 0;
+}
+
+static int read_all(int fd, void *p, size_t n) {
+        uint8_t *b = p;
+        while (n > 0) {
+                ssize_t k = read(fd, b, n);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return negative_errno();
+                }
+                if (k == 0)
+                        return -EBADMSG; /* short file */
+                b += k;
+                n -= (size_t)k;
+        }
+        return 0;
+}
+
+/* Header: magic[8] u32 version u32 key_len u64 data_size u32 desc_len u32 0
+ *         id[16] u64 encode_usec, padded to HEADER_SIZE. */
+int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const void *data) {
+        _cleanup_(freep) void *desc = NULL;
+        _cleanup_(closep) int fd = -EBADF;
+        char name[FEATURE_STORE_NAME_MAX], tmp[FEATURE_STORE_NAME_MAX + 24];
+        uint8_t header[HEADER_SIZE] = {};
+        size_t desc_len, key_len;
+        EpdId rnd;
+        int r;
+
+        if (!rec || !rec->key || !rec->desc || (!data && rec->size > 0))
+                return -EINVAL;
+        r = feature_store_name(rec->key, name);
+        if (r < 0)
+                return r;
+        r = feature_desc_serialize(rec->desc, &desc, &desc_len);
+        if (r < 0)
+                return r;
+        key_len = strlen(rec->key);
+
+        memcpy(header, FEATURE_STORE_MAGIC, 8);
+        put_le(header + 8, STORE_VERSION, 4);
+        put_le(header + 12, key_len, 4);
+        put_le(header + 16, rec->size, 8);
+        put_le(header + 24, desc_len, 4);
+        memcpy(header + 32, rec->request_id.bytes, 16);
+        put_le(header + 48, rec->encode_usec, 8);
+
+        r = epd_id_random(&rnd);
+        if (r < 0)
+                return r;
+        snprintf(tmp, sizeof tmp, ".tmp-%02x%02x%02x%02x%02x%02x%02x%02x", rnd.bytes[0],
+                 rnd.bytes[1], rnd.bytes[2], rnd.bytes[3], rnd.bytes[4], rnd.bytes[5],
+                 rnd.bytes[6], rnd.bytes[7]);
+        fd = openat2_beneath(s->root_fd, tmp, O_WRONLY | O_CREAT | O_EXCL, 0600);
+        if (fd < 0)
+                return fd;
+        r = write_all(fd, header, sizeof header);
+        if (r >= 0)
+                r = write_all(fd, rec->key, key_len);
+        if (r >= 0)
+                r = write_all(fd, desc, desc_len);
+        if (r >= 0)
+                r = write_all(fd, data, rec->size);
+        if (r < 0) {
+                (void)unlinkat(s->root_fd, tmp, 0);
+                return r;
+        }
+        pthread_mutex_lock(&s->lock);
+        uint64_t old = entry_size(s, name);
+        if (renameat(s->root_fd, tmp, s->root_fd, name) < 0) {
+                r = negative_errno();
+                pthread_mutex_unlock(&s->lock);
+                (void)unlinkat(s->root_fd, tmp, 0);
+                return r;
+        }
+        s->bytes = s->bytes - MIN(old, s->bytes) + HEADER_SIZE + key_len + desc_len + rec->size;
+        if (s->max_bytes && s->bytes > s->max_bytes)
+                (void)scan(s, false, s->max_bytes / 10 * 9);
+        pthread_mutex_unlock(&s->lock);
+        return 0;
+}
+
+void feature_store_entry_done(FeatureStoreEntry *e) {
+        if (!e)
+                return;
+        e->fd = safe_close(e->fd);
+        e->desc = feature_desc_free(e->desc);
+}
+
+int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *ret) {
+        _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
+        _cleanup_(closep) int fd = -EBADF;
+        _cleanup_(freep) uint8_t *buf = NULL;
+        char name[FEATURE_STORE_NAME_MAX];
+        uint8_t header[HEADER_SIZE];
+        uint64_t key_len, desc_len, size;
+        struct stat st;
+        int r;
+
+        r = feature_store_name(key, name);
+        if (r < 0)
+                return r;
+        fd = openat2_beneath(s->root_fd, name, O_RDONLY, 0);
+        if (fd < 0)
+                return fd;
+        if (fstat(fd, &st) < 0)
+                return negative_errno();
+        if (!S_ISREG(st.st_mode)) {
+                r = -EBADMSG;
+                goto bad;
+        }
+        r = read_all(fd, header, sizeof header);
+        if (r < 0)
+                goto bad;
+        key_len = get_le(header + 12, 4);
+        size = get_le(header + 16, 8);
+        desc_len = get_le(header + 24, 4);
+        if (memcmp(header, FEATURE_STORE_MAGIC, 8) != 0 || get_le(header + 8, 4) != STORE_VERSION ||
+            key_len != strlen(key) || desc_len > FEATURE_DESC_BINARY_MAX ||
+            size > (uint64_t)st.st_size ||
+            (uint64_t)st.st_size != HEADER_SIZE + key_len + desc_len + size) {
+                r = -EBADMSG;
+                goto bad;
+        }
+        buf = malloc(key_len + desc_len);
+        if (!buf)
+                return -ENOMEM;
+        r = read_all(fd, buf, key_len + desc_len);
+        if (r < 0)
+                goto bad;
+        if (memcmp(buf, key, key_len) != 0)
+                return -ENOENT; /* a hash collision: another key's file; leave it */
+        r = feature_desc_parse(buf + key_len, desc_len, size, &desc, NULL);
+        if (r < 0) {
+                r = -EBADMSG;
+                goto bad;
+        }
+
+        (void)futimens(fd, NULL); /* recently used: trimmed last */
+        *ret = (FeatureStoreEntry){
+                .fd = TAKE_FD(fd),
+                .size = size,
+                .desc = TAKE_PTR(desc),
+                .encode_usec = get_le(header + 48, 8),
+        };
+        memcpy(ret->request_id.bytes, header + 32, 16);
+        return 0;
+
+bad:
+        unlink_entry(s, name);
+        return r == -ENOMEM ? r : -EBADMSG;
+}
+
+int feature_store_entry_read(FeatureStoreEntry *e, void *dst) {
+        if (!e || e->fd < 0 || (!dst && e->size > 0))
+                return -EINVAL;
+        return read_all(e->fd, dst, e->size);
+}
+
+int feature_store_remove(FeatureStore *s, const char *key) {
+        char name[FEATURE_STORE_NAME_MAX];
+        uint64_t size;
+        int r = feature_store_name(key, name);
+        if (r < 0)
+                return r;
+        pthread_mutex_lock(&s->lock);
+        size = entry_size(s, name);
+        r = unlinkat(s->root_fd, name, 0) < 0 ? negative_errno() : 0;
+        if (r >= 0)
+                s->bytes -= MIN(size, s->bytes);
+        pthread_mutex_unlock(&s->lock);
+        return r;
+}
+
+int feature_store_usage(FeatureStore *s, uint64_t *ret_files, uint64_t *ret_bytes) {
+        uint64_t files = 0, bytes = 0;
+        struct dirent *de;
+        DIR *d;
+        int fd;
+
+        fd = openat2_beneath(s->root_fd, ".", O_RDONLY | O_DIRECTORY, 0);
+        if (fd < 0)
+                return fd;
+        d = fdopendir(fd);
+        if (!d) {
+                safe_close(fd);
+                return negative_errno();
+        }
+        while ((de = readdir(d))) {
+                struct stat st;
+                if (!is_entry_name(de->d_name))
+                        continue;
+                if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+                        continue;
+                files++;
+                bytes += (uint64_t)st.st_size;
+        }
+        closedir(d);
+        if (ret_files)
+                *ret_files = files;
+        if (ret_bytes)
+                *ret_bytes = bytes;
+        return 0;
+}

@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* Optional file-backed spill/load of READY features, under one configured root
+ * directory ([Features] StoreDirectory=).
+ *
+ * Confinement: a key is never used as a path. The file name of a key is derived from
+ * it ("f-" + 32 hex digits of a 128-bit hash + ".feat"), the full key is stored inside
+ * the file and compared on load, and every open is an openat2() relative to the root
+ * fd with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS, so neither a
+ * crafted key ("..", "/", ...) nor a symlink planted in the root can reach outside it.
+ * Files are written to a temporary name and renamed into place, so a reader never sees
+ * half a file.
+ *
+ * Thread-safe: the spill thread (feature-spill.c) saves while the event loop looks up.
+ *
+ * File: header (FEATURE_STORE_MAGIC, version, sizes, request id, encoder time), key,
+ * binary descriptor (feature-desc.h), data. Everything read back is validated. */
+
+#include <stdint.h>
+
+#include "proto/feature-desc.h"
+#include "id.h"
+#include "time-util.h"
+
+typedef struct FeatureStore FeatureStore;
+
+#define FEATURE_STORE_MAGIC "EPDFEAT1"
+#define FEATURE_STORE_NAME_MAX 48 /* "f-" + 32 + ".feat" + NUL, rounded */
+
+typedef struct FeatureStoreRecord {
+        const char *key;
+        uint64_t size;           /* data bytes */
+        const FeatureDesc *desc;
+        EpdId request_id;
+        usec_t encode_usec;
+} FeatureStoreRecord;
+
+/* Opens the root (which must exist and be a directory), removes temporary files a crash
+ * left behind, and counts what is there. The store keeps its files within max_bytes
+ * (0: no limit): when a save goes over, the least recently used files (by mtime; a
+ * load touches it) are removed until it is 10% under. -EOPNOTSUPP if the kernel lacks
+ * openat2 (Linux < 5.6). */
+int feature_store_open(const char *root, uint64_t max_bytes, FeatureStore **ret);
+FeatureStore *feature_store_free(FeatureStore *s);
+
+/* The file name of a key (never a path). */
+int feature_store_name(const char *key, char buf[static FEATURE_STORE_NAME_MAX]);
+
+/* Opens name (relative to the root) confined beneath it. A name that resolves
+ * outside, through "..", an absolute path or any symlink, fails (-EXDEV, -ELOOP).
+ * Exposed for the confinement tests. */
+int feature_store_openat(FeatureStore *s, const char *name, int flags, mode_t mode);
+
+int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const void *data);
+
+/* Looks key up: -ENOENT if absent. On success, *ret_size and *ret_desc describe the
+ * data, and the returned fd is positioned at its first byte. A file that does not
+ * parse, or holds another key, is -EBADMSG (and is removed). */
+typedef struct FeatureStoreEntry {
+        int fd;
+        uint64_t size;
+        FeatureDesc *desc;
+        EpdId request_id;
+        usec_t encode_usec;
+} FeatureStoreEntry;
+
+int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *ret);
+/* Reads the data into dst (entry->size bytes). */
+int feature_store_entry_read(FeatureStoreEntry *e, void *dst);
+void feature_store_entry_done(FeatureStoreEntry *e);
+
+int feature_store_remove(FeatureStore *s, const char *key);
+
+/* Number of entries and bytes in the root (a directory scan; for stats and tests). */
+int feature_store_usage(FeatureStore *s, uint64_t *ret_files, uint64_t *ret_bytes);
+/* Bytes of entries as the store counts them (kept up to date without a scan). */
+uint64_t feature_store_bytes(FeatureStore *s);
+/* Files removed to stay within max_bytes, since open. */
+uint64_t feature_store_trimmed(FeatureStore *s);
+
+static inline void feature_store_freep(FeatureStore **s) {
+        feature_store_free(*s);
+}

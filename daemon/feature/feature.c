@@ -1,0 +1,1055 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "feature/feature-alloc.h"
+#include "feature/feature-store.h"
+#include "feature/feature.h"
+#include "hashmap.h"
+#include "log.h"
+#include "macro.h"
+
+typedef struct CacheArena {
+        uint32_t index;
+        uint8_t *base;
+        FeatureAllocator *alloc;
+} CacheArena;
+
+struct FeatureCache {
+        FeatureCacheConfig config;
+        Hashmap *features; /* key → Feature, RESERVED and READY only */
+        CacheArena *arenas;
+        size_t n_arenas;
+        QUEUE_HEAD(Feature, lru);                 /* first: coldest */
+        QUEUE_HEAD(Feature, announced); /* first: earliest deadline */
+        FeatureStats stats;
+        FeatureStore *store;
+        feature_state_cb cb;
+        void *userdata;
+        feature_spill_fn spill_fn;
+        void *spill_userdata;
+        feature_load_fn load_fn;
+        void *load_userdata;
+        feature_journal_fn journal_fn;
+        void *journal_userdata;
+};
+
+/* Private flags kept beside the public fields. */
+typedef struct FeaturePriv {
+        Feature pub;
+        bool in_table;
+        bool on_disk; /* an identical copy is in the store */
+        bool loading; /* its data is being read back from the store (load_fn) */
+} FeaturePriv;
+
+#define PRIV(f) container_of(f, FeaturePriv, pub)
+
+static const char *const state_names[_FEATURE_STATE_MAX] = {
+        [FEATURE_RESERVED] = "reserved",
+        [FEATURE_READY] = "ready",
+        [FEATURE_FAILED] = "failed",
+        [FEATURE_EVICTED] = "evicted",
+};
+
+const char *feature_state_to_string(FeatureState s) {
+        if ((unsigned)s >= _FEATURE_STATE_MAX)
+                return NULL;
+        return state_names[s];
+}
+
+bool feature_key_valid(const char *key) {
+        if (!key)
+                return false;
+        size_t n = strnlen(key, FEATURE_KEY_MAX + 1);
+        return n > 0 && n <= FEATURE_KEY_MAX;
+}
+
+int feature_cache_new(const FeatureCacheConfig *config, FeatureCache **ret) {
+        FeatureCache *c = calloc(1, sizeof *c);
+
+        if (!c)
+                return -ENOMEM;
+        c->config = *config;
+        if (c->config.max_features == 0)
+                c->config.max_features = FEATURE_CACHE_MAX_FEATURES_DEFAULT;
+        if (c->config.max_refs == 0)
+                c->config.max_refs = FEATURE_CACHE_MAX_REFS_DEFAULT;
+        if (c->config.announce_timeout_usec == 0)
+                c->config.announce_timeout_usec = FEATURE_ANNOUNCE_TIMEOUT_DEFAULT;
+        if (c->config.max_announced == 0)
+                c->config.max_announced = FEATURE_CACHE_MAX_ANNOUNCED_DEFAULT;
+        c->features = hashmap_new(HASHMAP_KEY_STRING, 0);
+        if (!c->features) {
+                free(c);
+                return -ENOMEM;
+        }
+        *ret = c;
+        return 0;
+}
+
+static void feature_destroy(Feature *f) {
+        feature_desc_free(f->desc);
+        free(f->key);
+        free(PRIV(f));
+}
+
+FeatureCache *feature_cache_free(FeatureCache *c) {
+        if (!c)
+                return NULL;
+        /* Entries still in the table; FAILED/EVICTED ones left belong to references,
+         * which the clients released before (client_free runs first at shutdown). */
+        size_t it = 0;
+        void *v;
+        Feature **all = calloc(hashmap_size(c->features) + 1, sizeof(Feature *));
+        size_t n = 0;
+        while (hashmap_iterate(c->features, &it, &v, NULL))
+                if (all)
+                        all[n++] = v;
+        hashmap_free(c->features);
+        for (size_t i = 0; i < n; i++)
+                feature_destroy(all[i]);
+        free(all);
+        for (size_t i = 0; i < c->n_arenas; i++)
+                feature_allocator_free(c->arenas[i].alloc);
+        free(c->arenas);
+        free(c);
+        return NULL;
+}
+
+void feature_cache_set_callback(FeatureCache *c, feature_state_cb cb, void *userdata) {
+        c->cb = cb;
+        c->userdata = userdata;
+}
+
+void *feature_cache_get_userdata(const FeatureCache *c) {
+        return c->userdata;
+}
+
+int feature_cache_add_arena(FeatureCache *c, uint32_t index, void *base, uint64_t data_offset,
+                            uint64_t data_size, uint64_t chunk) {
+        FeatureAllocator *a;
+        CacheArena *n;
+        int r;
+
+        for (size_t i = 0; i < c->n_arenas; i++)
+                if (c->arenas[i].index == index)
+                        return -EEXIST;
+        r = feature_allocator_new(data_offset, data_size, chunk, &a);
+        if (r < 0)
+                return r;
+        n = reallocarray(c->arenas, c->n_arenas + 1, sizeof(CacheArena));
+        if (!n) {
+                feature_allocator_free(a);
+                return -ENOMEM;
+        }
+        c->arenas = n;
+        c->arenas[c->n_arenas++] = (CacheArena){ .index = index, .base = base, .alloc = a };
+        return 0;
+}
+
+void feature_cache_set_store(FeatureCache *c, FeatureStore *s) {
+        c->store = s;
+}
+
+void feature_cache_set_spill(FeatureCache *c, feature_spill_fn fn, void *userdata) {
+        c->spill_fn = fn;
+        c->spill_userdata = userdata;
+}
+
+void feature_cache_set_loader(FeatureCache *c, feature_load_fn fn, void *userdata) {
+        c->load_fn = fn;
+        c->load_userdata = userdata;
+}
+
+bool feature_loading(const Feature *f) {
+        return f && PRIV(f)->loading;
+}
+
+const FeatureStats *feature_cache_stats(FeatureCache *c) {
+        return &c->stats;
+}
+
+uint64_t feature_cache_budget(const FeatureCache *c) {
+        return c->config.budget_bytes;
+}
+
+Feature *feature_cache_get(FeatureCache *c, const char *key) {
+        if (!feature_key_valid(key))
+                return NULL;
+        return hashmap_get(c->features, key);
+}
+
+static CacheArena *arena_of(const FeatureCache *c, uint32_t index) {
+        for (size_t i = 0; i < c->n_arenas; i++)
+                if (c->arenas[i].index == index)
+                        return &c->arenas[i];
+        return NULL;
+}
+
+void *feature_data(const Feature *f) {
+        CacheArena *a;
+
+        if (!f || !f->has_region)
+                return NULL;
+        a = arena_of(f->cache, f->arena);
+        if (!a || !a->base)
+                return NULL;
+        return a->base + f->offset;
+}
+
+/* Table and queues. */
+
+static int feature_new(FeatureCache *c, const char *key, Feature **ret) {
+        FeaturePriv *p = calloc(1, sizeof *p);
+        int r;
+
+        if (!p)
+                return -ENOMEM;
+        p->pub.cache = c;
+        p->pub.state = FEATURE_RESERVED;
+        p->pub.key = strdup(key);
+        if (!p->pub.key) {
+                free(p);
+                return -ENOMEM;
+        }
+        r = hashmap_put(c->features, p->pub.key, &p->pub);
+        if (r < 0) {
+                free(p->pub.key);
+                free(p);
+                return r;
+        }
+        p->in_table = true;
+        c->stats.n_features++;
+        *ret = &p->pub;
+        return 0;
+}
+
+static void feature_unlink(FeatureCache *c, Feature *f) {
+        if (PRIV(f)->in_table) {
+                hashmap_remove(c->features, f->key);
+                PRIV(f)->in_table = false;
+                c->stats.n_features--;
+        }
+        if (f->in_lru) {
+                QUEUE_REMOVE(lru, c->lru, f);
+                f->in_lru = false;
+        }
+        if (f->in_announced) {
+                QUEUE_REMOVE(announced, c->announced, f);
+                f->in_announced = false;
+                c->stats.n_announced--;
+        }
+}
+
+/* -- journal (docs/wal.md) -- */
+
+static void put_le(uint8_t *p, uint64_t v, int n) {
+        for (int i = 0; i < n; i++)
+                p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le(const uint8_t *p, int n) {
+        uint64_t v = 0;
+        for (int i = n - 1; i >= 0; i--)
+                v = v << 8 | p[i];
+        return v;
+}
+
+int feature_record_ready_encode(const Feature *f, void **ret, size_t *ret_len) {
+        _cleanup_(freep) void *desc = NULL;
+        size_t desc_len = 0, key_len, len;
+        uint8_t *p;
+        int r;
+
+        if (!f || f->state != FEATURE_READY || !f->has_region || !f->desc)
+                return -EINVAL;
+        r = feature_desc_serialize(f->desc, &desc, &desc_len);
+        if (r < 0)
+                return r;
+        key_len = strlen(f->key);
+        len = FEATURE_REC_HEADER_SIZE + key_len + desc_len;
+        p = calloc(1, len);
+        if (!p)
+                return -ENOMEM;
+        put_le(p, f->arena, 4);
+        put_le(p + 4, key_len, 4);
+        put_le(p + 8, f->offset, 8);
+        put_le(p + 16, f->size, 8);
+        put_le(p + 24, f->bytes, 8);
+        put_le(p + 32, f->encode_usec, 8);
+        memcpy(p + 40, f->request_id.bytes, 16);
+        put_le(p + 56, desc_len, 4);
+        memcpy(p + FEATURE_REC_HEADER_SIZE, f->key, key_len);
+        memcpy(p + FEATURE_REC_HEADER_SIZE + key_len, desc, desc_len);
+        *ret = p;
+        *ret_len = len;
+        return 0;
+}
+
+int feature_record_ready_parse(const void *buf, size_t n, FeatureRecord *ret) {
+        const uint8_t *p = buf;
+        uint64_t key_len, desc_len;
+
+        if (!p || n < FEATURE_REC_HEADER_SIZE || get_le(p + 60, 4) != 0)
+                return -EBADMSG;
+        key_len = get_le(p + 4, 4);
+        desc_len = get_le(p + 56, 4);
+        if (key_len == 0 || key_len >= FEATURE_KEY_MAX || desc_len > FEATURE_DESC_BINARY_MAX ||
+            n != FEATURE_REC_HEADER_SIZE + key_len + desc_len)
+                return -EBADMSG;
+        *ret = (FeatureRecord){
+                .arena = (uint32_t)get_le(p, 4),
+                .offset = get_le(p + 8, 8),
+                .size = get_le(p + 16, 8),
+                .bytes = get_le(p + 24, 8),
+                .encode_usec = get_le(p + 32, 8),
+                .key = (const char *)p + FEATURE_REC_HEADER_SIZE,
+                .key_len = (size_t)key_len,
+                .desc = p + FEATURE_REC_HEADER_SIZE + key_len,
+                .desc_len = (size_t)desc_len,
+        };
+        memcpy(ret->request_id.bytes, p + 40, 16);
+        if (memchr(ret->key, 0, ret->key_len) || ret->bytes == 0 || ret->size < ret->bytes)
+                return -EBADMSG;
+        return 0;
+}
+
+static void journal_ready(FeatureCache *c, Feature *f) {
+        _cleanup_(freep) void *buf = NULL;
+        size_t len;
+        int r;
+
+        if (!c->journal_fn)
+                return;
+        r = feature_record_ready_encode(f, &buf, &len);
+        if (r >= 0)
+                r = c->journal_fn(c, FEATURE_REC_READY, buf, len, c->journal_userdata);
+        if (r < 0)
+                log_warning_errno(r, "Cannot journal a published feature: %m");
+}
+
+static void journal_gone(FeatureCache *c, Feature *f) {
+        int r;
+
+        if (!c->journal_fn)
+                return;
+        r = c->journal_fn(c, FEATURE_REC_GONE, f->key, strlen(f->key), c->journal_userdata);
+        if (r < 0)
+                log_warning_errno(r, "Cannot journal an evicted feature: %m");
+}
+
+void feature_cache_set_journal(FeatureCache *c, feature_journal_fn fn, void *userdata) {
+        c->journal_fn = fn;
+        c->journal_userdata = userdata;
+}
+
+static void region_release(FeatureCache *c, Feature *f) {
+        CacheArena *a;
+
+        if (!f->has_region)
+                return;
+        if (f->state == FEATURE_READY)
+                journal_gone(c, f);
+        a = arena_of(c, f->arena);
+        if (a)
+                (void)feature_allocator_release(a->alloc, f->offset);
+        if (f->state == FEATURE_READY)
+                c->stats.bytes_cached -= f->size;
+        else
+                c->stats.bytes_reserved -= f->size;
+        f->has_region = false;
+}
+
+/* Frees a feature that left the table once nothing refers to it any more. */
+static void feature_maybe_destroy(Feature *f) {
+        if (PRIV(f)->in_table || f->n_readers > 0 || f->n_pins > 0 || f->producer)
+                return;
+        feature_destroy(f);
+}
+
+static void lru_update(FeatureCache *c, Feature *f) {
+        bool want = f->state == FEATURE_READY && f->n_readers == 0 && f->n_pins == 0;
+
+        if (want && !f->in_lru) {
+                QUEUE_PUSH_BACK(lru, c->lru, f);
+                f->in_lru = true;
+        } else if (!want && f->in_lru) {
+                QUEUE_REMOVE(lru, c->lru, f);
+                f->in_lru = false;
+        }
+}
+
+static void lru_touch(FeatureCache *c, Feature *f) {
+        if (!f->in_lru)
+                return;
+        QUEUE_REMOVE(lru, c->lru, f);
+        QUEUE_PUSH_BACK(lru, c->lru, f);
+}
+
+static void spill(FeatureCache *c, Feature *f) {
+        const void *data;
+        int r;
+
+        if (!c->store || PRIV(f)->on_disk || !f->desc)
+                return;
+        data = feature_data(f);
+        if (!data)
+                return;
+        if (c->spill_fn) {
+                r = c->spill_fn(c, f, data, c->spill_userdata);
+                if (r >= 0)
+                        c->stats.spilled++;
+                return;
+        }
+        r = feature_store_save(c->store,
+                               &(FeatureStoreRecord){ .key = f->key,
+                                                      .size = f->bytes,
+                                                      .desc = f->desc,
+                                                      .request_id = f->request_id,
+                                                      .encode_usec = f->encode_usec },
+                               data);
+        if (r < 0) {
+                log_debug_errno(r, "Failed to spill feature to the store, dropping it: %m");
+                return;
+        }
+        PRIV(f)->on_disk = true;
+        c->stats.spilled++;
+}
+
+/* Evicts an unreferenced READY feature (the cold end of the LRU). */
+static void evict(FeatureCache *c, Feature *f) {
+        spill(c, f);
+        region_release(c, f);
+        f->state = FEATURE_EVICTED;
+        feature_unlink(c, f);
+        c->stats.evictions++;
+        feature_maybe_destroy(f);
+}
+
+static bool evict_one(FeatureCache *c) {
+        if (!c->lru.first)
+                return false;
+        evict(c, c->lru.first);
+        return true;
+}
+
+static void enforce_budget(FeatureCache *c) {
+        while (c->stats.bytes_cached + c->stats.bytes_reserved > c->config.budget_bytes &&
+               evict_one(c))
+                ;
+}
+
+void feature_cache_set_budget(FeatureCache *c, uint64_t budget_bytes) {
+        c->config.budget_bytes = budget_bytes;
+        enforce_budget(c);
+}
+
+uint64_t feature_cache_flush(FeatureCache *c) {
+        uint64_t n = 0;
+        while (evict_one(c))
+                n++;
+        return n;
+}
+
+static void notify(FeatureCache *c, Feature *f) {
+        if (c->cb)
+                c->cb(c, f, c->userdata);
+}
+
+/* RESERVED → FAILED: the region goes back, the key leaves the table (so the next
+ * Acquire starts over), waiters are told. */
+static void set_failed(FeatureCache *c, Feature *f, int error) {
+        region_release(c, f);
+        f->state = FEATURE_FAILED;
+        f->error = error < 0 ? error : -EIO;
+        feature_unlink(c, f);
+        if (f->producer) {
+                /* the producer stays, as a reader of the failed feature */
+                f->producer->kind = FEATURE_REF_READER;
+                f->producer = NULL;
+                f->n_readers++;
+        }
+        c->stats.failed++;
+        notify(c, f);
+        feature_maybe_destroy(f);
+}
+
+/* Allocates a region of bytes in some arena (mapped ones only, if need_map), evicting
+ * from the cold end until it fits the budget and an arena has a run long enough. */
+static bool arena_allowed(const CacheArena *a, bool need_map, uint64_t mask) {
+        if (need_map && !a->base)
+                return false;
+        return a->index >= 64 || (mask & (1ULL << a->index));
+}
+
+static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t mask,
+                        uint32_t *ret_arena, uint64_t *ret_offset, uint64_t *ret_size) {
+        bool any = false;
+
+        if (bytes == 0)
+                return -EINVAL;
+        if (c->n_arenas == 0)
+                return -ENODEV;
+        if (bytes > c->config.budget_bytes)
+                return -E2BIG;
+        for (size_t i = 0; i < c->n_arenas; i++)
+                if (arena_allowed(&c->arenas[i], need_map, mask) &&
+                    feature_allocator_total(c->arenas[i].alloc) >= bytes)
+                        any = true;
+        if (!any)
+                return -E2BIG;
+
+        for (;;) {
+                if (c->stats.bytes_cached + c->stats.bytes_reserved + bytes <= c->config.budget_bytes)
+                        for (size_t i = 0; i < c->n_arenas; i++) {
+                                CacheArena *a = &c->arenas[i];
+                                uint64_t off, size;
+
+                                if (!arena_allowed(a, need_map, mask))
+                                        continue;
+                                if (feature_allocator_alloc(a->alloc, bytes, &off, &size) < 0)
+                                        continue;
+                                if (c->stats.bytes_cached + c->stats.bytes_reserved + size >
+                                    c->config.budget_bytes) {
+                                        /* chunk rounding pushed it over */
+                                        (void)feature_allocator_release(a->alloc, off);
+                                        continue;
+                                }
+                                *ret_arena = a->index;
+                                *ret_offset = off;
+                                *ret_size = size;
+                                return 0;
+                        }
+                if (!evict_one(c))
+                        return -ENOSPC;
+        }
+}
+
+/* Gives f (RESERVED, no region) a region and its descriptor. Changes nothing on
+ * failure. */
+static int region_attach(FeatureCache *c, Feature *f, uint64_t bytes, uint64_t mask,
+                         FeatureDesc **desc, const EpdId *request_id, FeatureDescIssue *issue) {
+        uint64_t off, size;
+        uint32_t arena;
+        int r;
+
+        if (!desc || !*desc)
+                return -EINVAL;
+        r = feature_desc_validate(*desc, bytes, issue);
+        if (r < 0)
+                return r;
+        r = region_alloc(c, bytes, false, mask, &arena, &off, &size);
+        if (r < 0)
+                return r;
+        f->has_region = true;
+        f->arena = arena;
+        f->offset = off;
+        f->size = size;
+        f->bytes = bytes;
+        f->desc = TAKE_PTR(*desc);
+        if (request_id)
+                f->request_id = *request_id;
+        c->stats.bytes_reserved += size;
+        return 0;
+}
+
+static int make_slot(FeatureCache *c) {
+        while (c->stats.n_features >= c->config.max_features)
+                if (!evict_one(c))
+                        return -ENOSPC;
+        return 0;
+}
+
+static FeatureRef *ref_new(FeatureCache *c) {
+        if (c->stats.n_refs >= c->config.max_refs)
+                return NULL;
+        return calloc(1, sizeof(FeatureRef));
+}
+
+static void ref_link(FeatureCache *c, FeatureRef *r, Feature *f, FeatureRefKind kind) {
+        r->feature = f;
+        r->kind = kind;
+        switch (kind) {
+        case FEATURE_REF_READER:
+                f->n_readers++;
+                break;
+        case FEATURE_REF_PRODUCER:
+                f->producer = r;
+                break;
+        case FEATURE_REF_PIN:
+                f->n_pins++;
+                break;
+        }
+        c->stats.n_refs++;
+        lru_update(c, f);
+}
+
+static void load_finish(FeatureCache *c, Feature *f) {
+        c->stats.bytes_reserved -= f->size;
+        c->stats.bytes_cached += f->size;
+        f->state = FEATURE_READY;
+        PRIV(f)->on_disk = true;
+        c->stats.loaded++;
+        journal_ready(c, f);
+        lru_update(c, f);
+}
+
+/* Reads key back from the store into a mapped arena. Synchronously without a loader
+ * (0: READY); with one, the feature stays RESERVED while the loader reads its data off
+ * the loop (1: feature_load_done() follows). The header, key and descriptor (a few KiB
+ * at most) are read here; the data, which may be large, by the loader. */
+static int load(FeatureCache *c, const char *key, Feature **ret) {
+        _cleanup_(feature_store_entry_done) FeatureStoreEntry e = { .fd = -EBADF };
+        uint64_t off, size;
+        uint32_t arena;
+        Feature *f;
+        int r;
+
+        if (!c->store)
+                return -ENOENT;
+        r = feature_store_lookup(c->store, key, &e);
+        if (r < 0)
+                return r;
+        r = make_slot(c);
+        if (r < 0)
+                return r;
+        r = region_alloc(c, e.size, true, UINT64_MAX, &arena, &off, &size);
+        if (r < 0)
+                return r;
+        r = feature_new(c, key, &f);
+        if (r < 0) {
+                (void)feature_allocator_release(arena_of(c, arena)->alloc, off);
+                return r;
+        }
+        f->has_region = true;
+        f->arena = arena;
+        f->offset = off;
+        f->size = size;
+        f->bytes = e.size;
+        c->stats.bytes_reserved += size;
+        f->desc = TAKE_PTR(e.desc);
+        f->request_id = e.request_id;
+        f->encode_usec = e.encode_usec;
+        if (c->load_fn) {
+                r = c->load_fn(c, f, TAKE_FD(e.fd), feature_data(f), e.size, c->load_userdata);
+                if (r >= 0) {
+                        PRIV(f)->loading = true;
+                        *ret = f;
+                        return 1;
+                }
+        } else
+                r = feature_store_entry_read(&e, feature_data(f));
+        if (r < 0) {
+                region_release(c, f);
+                feature_unlink(c, f);
+                feature_destroy(f);
+                return r;
+        }
+        load_finish(c, f);
+        *ret = f;
+        return 0;
+}
+
+void feature_load_done(Feature *f, int error) {
+        FeatureCache *c;
+
+        if (!f || !PRIV(f)->loading)
+                return;
+        c = f->cache;
+        PRIV(f)->loading = false;
+        /* The state callback answers the waiting Acquires and may drop their references,
+         * the last one too: held here until it returns (and out of the LRU meanwhile). */
+        f->n_pins++;
+        if (error < 0)
+                set_failed(c, f, error);
+        else {
+                load_finish(c, f);
+                notify(c, f);
+        }
+        f->n_pins--;
+        if (f->state == FEATURE_READY) {
+                lru_update(c, f);
+                enforce_budget(c);
+        } else
+                feature_maybe_destroy(f);
+}
+
+int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t now,
+                    FeatureRef **ret, FeatureAcquireResult *result) {
+        _cleanup_(freep) FeatureRef *r = NULL;
+        Feature *f;
+        int k;
+
+        if (!feature_key_valid(key))
+                return -EINVAL;
+        r = ref_new(c);
+        if (!r)
+                return c->stats.n_refs >= c->config.max_refs ? -EUSERS : -ENOMEM;
+
+        f = hashmap_get(c->features, key);
+        if (f && f->state == FEATURE_READY) {
+                c->stats.hits++;
+                c->stats.encoder_usec_saved += f->encode_usec;
+                ref_link(c, r, f, FEATURE_REF_READER);
+                *result = FEATURE_ACQUIRE_HIT;
+        } else if (f && PRIV(f)->loading) {
+                c->stats.hits++;
+                c->stats.encoder_usec_saved += f->encode_usec;
+                ref_link(c, r, f, FEATURE_REF_READER);
+                *result = FEATURE_ACQUIRE_LOADING;
+        } else if (f && (f->producer || !may_produce)) {
+                c->stats.coalesced_waits++;
+                ref_link(c, r, f, FEATURE_REF_READER);
+                *result = FEATURE_ACQUIRE_WAIT;
+        } else if (f) {
+                /* announced, nobody producing yet: the caller does */
+                c->stats.misses++;
+                if (f->in_announced) {
+                        QUEUE_REMOVE(announced, c->announced, f);
+                        f->in_announced = false;
+                        c->stats.n_announced--;
+                }
+                ref_link(c, r, f, FEATURE_REF_PRODUCER);
+                *result = FEATURE_ACQUIRE_PRODUCE;
+        } else if ((k = load(c, key, &f)) >= 0) {
+                c->stats.hits++;
+                c->stats.encoder_usec_saved += f->encode_usec;
+                ref_link(c, r, f, FEATURE_REF_READER);
+                *result = k > 0 ? FEATURE_ACQUIRE_LOADING : FEATURE_ACQUIRE_HIT;
+        } else {
+                c->stats.misses++;
+                if (!may_produce)
+                        return k == -EBADMSG ? -EBADMSG : -ENOENT; /* a corrupt stored copy is said */
+                k = make_slot(c);
+                if (k < 0)
+                        return k;
+                k = feature_new(c, key, &f);
+                if (k < 0)
+                        return k;
+                ref_link(c, r, f, FEATURE_REF_PRODUCER);
+                *result = FEATURE_ACQUIRE_PRODUCE;
+        }
+        (void)now;
+        *ret = TAKE_PTR(r);
+        return 0;
+}
+
+int feature_reserve(FeatureCache *c, const char *key, uint64_t bytes, FeatureDesc **desc,
+                    const EpdId *request_id, FeatureRef **ret, FeatureDescIssue *issue) {
+        return feature_reserve_in(c, key, bytes, UINT64_MAX, desc, request_id, ret, issue);
+}
+
+int feature_reserve_in(FeatureCache *c, const char *key, uint64_t bytes, uint64_t arena_mask,
+                       FeatureDesc **desc, const EpdId *request_id, FeatureRef **ret,
+                       FeatureDescIssue *issue) {
+        _cleanup_(freep) FeatureRef *r = NULL;
+        Feature *f;
+        int k;
+
+        if (!feature_key_valid(key))
+                return -EINVAL;
+        r = ref_new(c);
+        if (!r)
+                return c->stats.n_refs >= c->config.max_refs ? -EUSERS : -ENOMEM;
+
+        f = hashmap_get(c->features, key);
+        if (f && f->state == FEATURE_READY)
+                return -EEXIST;
+        if (f && (f->producer || PRIV(f)->loading))
+                return -EBUSY;
+        if (f) {
+                /* announced: claim it */
+                k = region_attach(c, f, bytes, arena_mask, desc, request_id, issue);
+                if (k < 0)
+                        return k;
+                if (f->in_announced) {
+                        QUEUE_REMOVE(announced, c->announced, f);
+                        f->in_announced = false;
+                        c->stats.n_announced--;
+                }
+        } else {
+                /* Validate before evicting anything for it. */
+                if (!desc || !*desc)
+                        return -EINVAL;
+                k = feature_desc_validate(*desc, bytes, issue);
+                if (k < 0)
+                        return k;
+                k = make_slot(c);
+                if (k < 0)
+                        return k;
+                k = feature_new(c, key, &f);
+                if (k < 0)
+                        return k;
+                k = region_attach(c, f, bytes, arena_mask, desc, request_id, issue);
+                if (k < 0) {
+                        feature_unlink(c, f);
+                        feature_destroy(f);
+                        return k;
+                }
+        }
+        ref_link(c, r, f, FEATURE_REF_PRODUCER);
+        *ret = TAKE_PTR(r);
+        return 0;
+}
+
+int feature_ref_reserve(FeatureRef *r, uint64_t bytes, FeatureDesc **desc,
+                        const EpdId *request_id, FeatureDescIssue *issue) {
+        return feature_ref_reserve_in(r, bytes, UINT64_MAX, desc, request_id, issue);
+}
+
+int feature_ref_reserve_in(FeatureRef *r, uint64_t bytes, uint64_t arena_mask, FeatureDesc **desc,
+                           const EpdId *request_id, FeatureDescIssue *issue) {
+        Feature *f = r ? r->feature : NULL;
+
+        if (!f || r->kind != FEATURE_REF_PRODUCER || f->state != FEATURE_RESERVED)
+                return -EBADSLT;
+        if (f->has_region)
+                return -EALREADY;
+        return region_attach(f->cache, f, bytes, arena_mask, desc, request_id, issue);
+}
+
+int feature_publish(FeatureRef *r, usec_t encode_usec) {
+        Feature *f = r ? r->feature : NULL;
+        FeatureCache *c;
+
+        if (!f || r->kind != FEATURE_REF_PRODUCER || f->state != FEATURE_RESERVED ||
+            !f->has_region)
+                return -EBADSLT;
+        c = f->cache;
+        c->stats.bytes_reserved -= f->size;
+        c->stats.bytes_cached += f->size;
+        f->state = FEATURE_READY;
+        f->encode_usec = encode_usec;
+        f->producer = NULL;
+        r->kind = FEATURE_REF_READER;
+        f->n_readers++;
+        c->stats.produced++;
+        journal_ready(c, f);
+        notify(c, f);
+        lru_update(c, f);
+        return 0;
+}
+
+int feature_fail(FeatureRef *r, int error) {
+        Feature *f = r ? r->feature : NULL;
+
+        if (!f || r->kind != FEATURE_REF_PRODUCER || f->state != FEATURE_RESERVED)
+                return -EBADSLT;
+        set_failed(f->cache, f, error);
+        return 0;
+}
+
+int feature_pin(FeatureCache *c, const char *key, FeatureRef **ret) {
+        FeatureRef *r;
+        Feature *f;
+
+        if (!feature_key_valid(key))
+                return -EINVAL;
+        f = hashmap_get(c->features, key);
+        if (!f)
+                return -ENOENT;
+        r = ref_new(c);
+        if (!r)
+                return c->stats.n_refs >= c->config.max_refs ? -EUSERS : -ENOMEM;
+        ref_link(c, r, f, FEATURE_REF_PIN);
+        *ret = r;
+        return 0;
+}
+
+FeatureRef *feature_ref_release(FeatureRef *r) {
+        FeatureRefKind kind;
+        FeatureCache *c;
+        Feature *f;
+
+        if (!r)
+                return NULL;
+        f = r->feature;
+        c = f->cache;
+        kind = r->kind;
+        switch (kind) {
+        case FEATURE_REF_PRODUCER:
+                f->producer = NULL;
+                break;
+        case FEATURE_REF_READER:
+                f->n_readers--;
+                break;
+        case FEATURE_REF_PIN:
+                f->n_pins--;
+                break;
+        }
+        c->stats.n_refs--;
+        free(r);
+
+        if (f->state == FEATURE_RESERVED && kind == FEATURE_REF_PRODUCER)
+                set_failed(c, f, -EPIPE); /* the producer went away before publishing */
+        else if (f->state == FEATURE_READY) {
+                lru_update(c, f);
+                enforce_budget(c);
+        } else
+                feature_maybe_destroy(f);
+        return NULL;
+}
+
+int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefetchResult *ret) {
+        Feature *f;
+        int r;
+
+        if (!feature_key_valid(key))
+                return -EINVAL;
+        c->stats.prefetch_requests++;
+        f = hashmap_get(c->features, key);
+        if (f && f->state == FEATURE_READY) {
+                lru_touch(c, f);
+                c->stats.prefetch_hits++;
+                *ret = FEATURE_PREFETCH_PRESENT;
+                return 0;
+        }
+        if (f) {
+                *ret = FEATURE_PREFETCH_PENDING;
+                return 0;
+        }
+        if (load(c, key, &f) >= 0) {
+                c->stats.prefetch_hits++;
+                *ret = FEATURE_PREFETCH_LOADED;
+                return 0;
+        }
+        if (c->stats.n_announced >= c->config.max_announced ||
+            c->stats.n_features >= c->config.max_features)
+                return -ENOSPC;
+        r = feature_new(c, key, &f);
+        if (r < 0)
+                return r;
+        f->deadline = now + c->config.announce_timeout_usec;
+        QUEUE_PUSH_BACK(announced, c->announced, f);
+        f->in_announced = true;
+        c->stats.n_announced++;
+        *ret = FEATURE_PREFETCH_ANNOUNCED;
+        return 0;
+}
+
+usec_t feature_cache_expire(FeatureCache *c, usec_t now) {
+        while (c->announced.first && c->announced.first->deadline <= now)
+                set_failed(c, c->announced.first, -ETIMEDOUT);
+        return c->announced.first ? c->announced.first->deadline : USEC_INFINITY;
+}
+
+static void replayed_drop(FeatureCache *c, Feature *f) {
+        region_release(c, f); /* no journal is set during the replay */
+        feature_unlink(c, f);
+        feature_maybe_destroy(f);
+}
+
+int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *payload, size_t len) {
+        _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
+        char key[FEATURE_KEY_MAX];
+        FeatureRecord rec;
+        CacheArena *a;
+        Feature *f;
+        uint64_t size;
+        int r;
+
+        if (!c || c->journal_fn)
+                return -EBUSY; /* only before the journal is set: at start */
+        switch (type & 0xff) {
+        case FEATURE_REC_GONE:
+                if (!payload || len == 0 || len >= FEATURE_KEY_MAX || memchr(payload, 0, len))
+                        return -EBADMSG;
+                memcpy(key, payload, len);
+                key[len] = 0;
+                f = hashmap_get(c->features, key);
+                if (!f)
+                        return -ENOENT;
+                replayed_drop(c, f);
+                return 0;
+        case FEATURE_REC_READY:
+                break;
+        default:
+                return -EBADMSG;
+        }
+        r = feature_record_ready_parse(payload, len, &rec);
+        if (r < 0)
+                return r;
+        memcpy(key, rec.key, rec.key_len);
+        key[rec.key_len] = 0;
+        f = hashmap_get(c->features, key);
+        if (f)
+                replayed_drop(c, f);
+        a = arena_of(c, rec.arena);
+        if (!a)
+                return -ENODEV;
+        r = feature_desc_parse(rec.desc, rec.desc_len, rec.bytes, &desc, NULL);
+        if (r < 0)
+                return -EBADMSG;
+        if (c->stats.n_features >= c->config.max_features)
+                return -EDQUOT;
+        r = feature_allocator_alloc_at(a->alloc, rec.offset, rec.bytes, &size);
+        if (r < 0)
+                return r;
+        if (size != rec.size) {
+                (void)feature_allocator_release(a->alloc, rec.offset);
+                return -EBADMSG;
+        }
+        r = feature_new(c, key, &f);
+        if (r < 0) {
+                (void)feature_allocator_release(a->alloc, rec.offset);
+                return r;
+        }
+        f->has_region = true;
+        f->arena = rec.arena;
+        f->offset = rec.offset;
+        f->size = size;
+        f->bytes = rec.bytes;
+        f->desc = TAKE_PTR(desc);
+        f->request_id = rec.request_id;
+        f->encode_usec = rec.encode_usec;
+        f->state = FEATURE_READY;
+        c->stats.bytes_cached += size;
+        lru_update(c, f);
+        return 0;
+}
+
+int feature_cache_snapshot(FeatureCache *c, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+                           void *userdata, uint16_t type_base) {
+        size_t it = 0;
+        void *v;
+        int r;
+
+        if (!c)
+                return 0;
+        while (hashmap_iterate(c->features, &it, &v, NULL)) {
+                Feature *f = v;
+                _cleanup_(freep) void *buf = NULL;
+                size_t len;
+
+                if (f->state != FEATURE_READY || !f->has_region || !f->desc)
+                        continue;
+                r = feature_record_ready_encode(f, &buf, &len);
+                if (r < 0)
+                        return r;
+                r = add(userdata, type_base + FEATURE_REC_READY, buf, len);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+uint64_t feature_cache_drop_arena(FeatureCache *c, uint32_t arena) {
+        uint64_t n = 0;
+
+        for (bool again = true; c && again;) {
+                size_t it = 0;
+                void *v;
+                again = false;
+                while (hashmap_iterate(c->features, &it, &v, NULL)) {
+                        Feature *f = v;
+                        if (!f->has_region || f->arena != arena || f->state != FEATURE_READY)
+                                continue;
+                        replayed_drop(c, f); /* journals GONE once the journal is set */
+                        n++;
+                        again = true;
+                        break;
+                }
+        }
+        return n;
+}

@@ -1,0 +1,332 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* org.epd1.Handoffs (/org/epd1/handoff) and org.epd1.Handoff (/org/epd1/handoff/<id>):
+ * vtables and argument glue only; the logic is handoff-manager.c and handoff.c. The
+ * contract is dbus/org.epd1.Handoff.xml. */
+#include "handoff/bus-handoff.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/arena.h"
+#include "bus-error.h"
+#include "wal/wal-manager.h"
+#include "core/bus-objects.h"
+#include "handoff/handoff-manager.h"
+#include "log.h"
+#include "macro.h"
+#include "core/manager.h"
+#include "pages/page-manager.h"
+
+static HandoffManager *hm_of(void *userdata) {
+        return ((Manager *)userdata)->handoffs;
+}
+
+static const char *peer_of(const HandoffObject *o) {
+        return o->peer_host[0] ? o->peer_host : "";
+}
+
+/* Replies once the transitions the call journaled are durable (docs/wal.md). */
+static int reply_journaled(Manager *m, sd_bus_message *msg, const char *types, const char *arg) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r = sd_bus_message_new_method_return(msg, &reply);
+        if (r >= 0 && types)
+                r = sd_bus_message_append(reply, types, arg);
+        if (r < 0)
+                return r;
+        return wal_manager_reply(m, msg, reply);
+}
+
+/* -- org.epd1.Handoffs -- */
+
+static int method_prepare(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        HandoffManager *hm = hm_of(userdata);
+        HandoffPrepareArgs a = {};
+        const void *groups;
+        size_t sz;
+        int r;
+
+        r = sd_bus_message_read(msg, "sso", &a.request_id, &a.destination, &a.sequence);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read_array(msg, 'u', &groups, &sz);
+        if (r < 0)
+                return r;
+        a.layer_groups = groups;
+        a.n_groups = sz / sizeof(uint32_t);
+
+        r = sd_bus_message_enter_container(msg, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        while ((r = sd_bus_message_enter_container(msg, 'e', "sv")) > 0) {
+                const char *key;
+                r = sd_bus_message_read(msg, "s", &key);
+                if (r < 0)
+                        return r;
+                if (strcmp(key, "arena") == 0)
+                        r = sd_bus_message_read(msg, "v", "s", &a.arena);
+                else if (strcmp(key, "target") == 0)
+                        r = sd_bus_message_read(msg, "v", "o", &a.target);
+                else if (strcmp(key, "timeout_usec") == 0)
+                        r = sd_bus_message_read(msg, "v", "t", &a.timeout_usec);
+                else
+                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Unknown option '%s'.", key);
+                if (r < 0)
+                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Option '%s' has the wrong type.", key);
+                r = sd_bus_message_exit_container(msg);
+                if (r < 0)
+                        return r;
+        }
+        if (r < 0)
+                return r;
+        r = sd_bus_message_exit_container(msg);
+        if (r < 0)
+                return r;
+        return handoff_manager_prepare(hm, msg, &a, error);
+}
+
+static int method_accept(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        HandoffManager *hm = hm_of(userdata);
+        const char *rid;
+        HandoffObject *o;
+        Client *c;
+        int r;
+
+        r = sd_bus_message_read(msg, "s", &rid);
+        if (r < 0)
+                return r;
+        r = manager_client_from_message(m, msg, &c);
+        if (r < 0)
+                return r;
+        r = handoff_manager_accept(hm, c, rid, &o, error);
+        if (r < 0)
+                return r;
+
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        r = sd_bus_message_new_method_return(msg, &reply);
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "ots", o->path, o->h->token, m->arenas[o->arena]->name);
+        if (r >= 0)
+                r = sd_bus_message_open_container(reply, 'a', "t");
+        for (uint32_t i = 0; r >= 0 && i < o->n_pages; i++)
+                r = sd_bus_message_append(reply, "t", page_offset(o->pool, o->pages[i]));
+        if (r >= 0)
+                r = sd_bus_message_close_container(reply);
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "uu", o->h->n_groups, o->h->n_notified);
+        if (r < 0)
+                return r;
+        return sd_bus_send(NULL, reply, NULL);
+}
+
+static int method_open_ring(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        uint32_t sq, cq;
+        Client *c;
+        Ring *ring;
+        int r;
+
+        r = sd_bus_message_read(msg, "uu", &sq, &cq);
+        if (r < 0)
+                return r;
+        r = manager_client_from_message(m, msg, &c);
+        if (r < 0)
+                return r;
+        r = handoff_manager_open_ring(hm_of(userdata), c, sq, cq, &ring, error);
+        if (r < 0)
+                return r;
+        /* sd-bus duplicates the fds into the message. */
+        return sd_bus_reply_method_return(msg, "hhht", ring->memfd, ring->submit_fd, ring->complete_fd, ring->size);
+}
+
+static int property_handoffs(sd_bus *bus, const char *path, const char *interface, const char *property,
+                             sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        HandoffManager *hm = hm_of(userdata);
+        HandoffObject *o;
+        size_t it = 0;
+        int r = sd_bus_message_open_container(reply, 'a', "(ossssuuts)");
+        while (r >= 0 && hashmap_iterate(hm->by_handle, &it, (void **)&o, NULL))
+                r = sd_bus_message_append(reply, "(ossssuuts)", o->path, o->request_str,
+                                          handoff_role_to_string(o->h->role), handoff_state_to_string(o->h->state),
+                                          peer_of(o), o->h->n_done, o->h->n_groups, o->bytes_moved,
+                                          handoff_cause_to_string(o->h->cause));
+        return r < 0 ? r : sd_bus_message_close_container(reply);
+}
+
+static int property_counters(sd_bus *bus, const char *path, const char *interface, const char *property,
+                             sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        const char *names[64];
+        uint64_t values[64];
+        size_t n = MIN(handoff_manager_counters(hm_of(userdata), names, values, 64), (size_t)64);
+        int r = sd_bus_message_open_container(reply, 'a', "{st}");
+        for (size_t i = 0; r >= 0 && i < n; i++)
+                r = sd_bus_message_append(reply, "{st}", names[i], values[i]);
+        return r < 0 ? r : sd_bus_message_close_container(reply);
+}
+
+/* The WAL's view (handoff-record.h): every handoff side journaled and not released. */
+static int property_journal(sd_bus *bus, const char *path, const char *interface, const char *property,
+                            sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        HandoffManager *hm = hm_of(userdata);
+        HandoffJournalEntry *e;
+        size_t it = 0;
+        int r = sd_bus_message_open_container(reply, 'a', "(sstssuuob)");
+        while (r >= 0 && handoff_journal_iterate(&hm->journal, &it, &e)) {
+                char rid[EPD_ID_STRING_MAX], sid[EPD_ID_STRING_MAX], seq[64 + EPD_ID_STRING_MAX];
+                if (e->has_sequence)
+                        snprintf(seq, sizeof seq, SEQUENCE_PATH_PREFIX "/%s", epd_id_to_string(&e->sequence, sid));
+                else
+                        snprintf(seq, sizeof seq, "/");
+                r = sd_bus_message_append(reply, "(sstssuuob)", epd_id_to_string(&e->request_id, rid),
+                                          handoff_role_to_string(e->role), e->token, handoff_state_to_string(e->state),
+                                          handoff_cause_to_string(e->cause), e->groups_done, e->n_groups, seq,
+                                          e->recovered);
+        }
+        return r < 0 ? r : sd_bus_message_close_container(reply);
+}
+
+static const sd_bus_vtable handoffs_vtable[] = {
+        SD_BUS_VTABLE_START(0),
+        SD_BUS_PROPERTY("Handoffs", "a(ossssuuts)", property_handoffs, 0, 0),
+        SD_BUS_PROPERTY("Counters", "a{st}", property_counters, 0, 0),
+        SD_BUS_PROPERTY("Journal", "a(sstssuuob)", property_journal, 0, 0),
+        SD_BUS_METHOD_WITH_ARGS("Prepare",
+                                SD_BUS_ARGS("s", request_id, "s", destination, "o", sequence, "au", layer_groups,
+                                            "a{sv}", options),
+                                SD_BUS_RESULT("o", handoff, "t", token), method_prepare, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Accept", SD_BUS_ARGS("s", request_id),
+                                SD_BUS_RESULT("o", handoff, "t", token, "s", arena, "at", offsets, "u", n_groups,
+                                              "u", groups_done),
+                                method_accept, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("OpenRing", SD_BUS_ARGS("u", sq_entries, "u", cq_entries),
+                                SD_BUS_RESULT("h", memfd, "h", submit_fd, "h", complete_fd, "t", size),
+                                method_open_ring, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_VTABLE_END,
+};
+
+/* -- org.epd1.Handoff -- */
+
+static int owner_check(HandoffObject *o, sd_bus_message *msg, Client **ret, sd_bus_error *error) {
+        Client *c = manager_client_lookup_message(o->hm->manager, msg);
+        if (!handoff_object_owned_by(o, c))
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED, "Handoff %s is not yours.", o->request_str);
+        if (ret)
+                *ret = c;
+        return 0;
+}
+
+static int method_layer_group_ready(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        HandoffObject *o = userdata;
+        uint32_t g;
+        int r = sd_bus_message_read(msg, "u", &g);
+        if (r >= 0)
+                r = owner_check(o, msg, NULL, error);
+        if (r >= 0)
+                r = handoff_manager_group_ready(o, g, error);
+        if (r < 0)
+                return r;
+        return sd_bus_reply_method_return(msg, NULL);
+}
+
+static int method_commit(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        HandoffObject *o = userdata;
+        const char *seq;
+        Client *c = NULL;
+        int r = owner_check(o, msg, &c, error);
+        if (r >= 0)
+                r = handoff_manager_commit(o, c, &seq, error);
+        if (r < 0)
+                return r;
+        return reply_journaled(o->hm->manager, msg, "o", seq);
+}
+
+static int method_rollback(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        HandoffObject *o = userdata;
+        int r = owner_check(o, msg, NULL, error);
+        if (r >= 0)
+                r = handoff_manager_rollback(o, error);
+        if (r < 0)
+                return r;
+        return reply_journaled(o->hm->manager, msg, NULL, NULL);
+}
+
+static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        HandoffObject *o = userdata;
+        int r = owner_check(o, msg, NULL, error);
+        if (r < 0)
+                return r;
+        /* The object may be gone after this; the reply waits for the release's record. */
+        Manager *m = o->hm->manager;
+        handoff_manager_release(o);
+        return reply_journaled(m, msg, NULL, NULL);
+}
+
+#define H_PROPERTY(name, body) BUS_PROPERTY_GETTER(name, HandoffObject, o, body)
+
+H_PROPERTY(property_request_id, { return sd_bus_message_append(reply, "s", o->request_str); })
+H_PROPERTY(property_token, { return sd_bus_message_append(reply, "t", o->h->token); })
+H_PROPERTY(property_role, { return sd_bus_message_append(reply, "s", handoff_role_to_string(o->h->role)); })
+H_PROPERTY(property_state, { return sd_bus_message_append(reply, "s", handoff_state_to_string(o->h->state)); })
+H_PROPERTY(property_cause, { return sd_bus_message_append(reply, "s", handoff_cause_to_string(o->h->cause)); })
+H_PROPERTY(property_peer, { return sd_bus_message_append(reply, "s", peer_of(o)); })
+H_PROPERTY(property_groups, { return sd_bus_message_append(reply, "u", o->h->n_groups); })
+H_PROPERTY(property_groups_done, { return sd_bus_message_append(reply, "u", o->h->n_done); })
+H_PROPERTY(property_bytes, { return sd_bus_message_append(reply, "t", o->bytes_moved); })
+H_PROPERTY(property_zero_copy, { return sd_bus_message_append(reply, "b", o->zero_copy); })
+H_PROPERTY(property_arena, {
+        Manager *m = o->hm->manager;
+        return sd_bus_message_append(reply, "s", o->pool && o->arena < m->n_arenas ? m->arenas[o->arena]->name : "");
+})
+
+static const sd_bus_vtable handoff_vtable[] = {
+        SD_BUS_VTABLE_START(0),
+        SD_BUS_PROPERTY("RequestId", "s", property_request_id, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Token", "t", property_token, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Role", "s", property_role, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Peer", "s", property_peer, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Arena", "s", property_arena, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("ZeroCopy", "b", property_zero_copy, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Groups", "u", property_groups, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("State", "s", property_state, 0, 0),
+        SD_BUS_PROPERTY("Cause", "s", property_cause, 0, 0),
+        SD_BUS_PROPERTY("GroupsDone", "u", property_groups_done, 0, 0),
+        SD_BUS_PROPERTY("Bytes", "t", property_bytes, 0, 0),
+        SD_BUS_METHOD_WITH_ARGS("LayerGroupReady", SD_BUS_ARGS("u", group), SD_BUS_NO_RESULT,
+                                method_layer_group_ready, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Commit", SD_BUS_NO_ARGS, SD_BUS_RESULT("o", sequence), method_commit,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Rollback", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, method_rollback,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Release", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, method_release,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_SIGNAL_WITH_ARGS("Progress", SD_BUS_ARGS("u", groups_done, "u", n_groups, "t", bytes), 0),
+        SD_BUS_SIGNAL_WITH_ARGS("StateChanged", SD_BUS_ARGS("s", state, "s", cause), 0),
+        SD_BUS_VTABLE_END,
+};
+
+static int handoff_find(sd_bus *bus, const char *path, const char *interface, void *userdata, void **found,
+                        sd_bus_error *error) {
+        HandoffObject *o = handoff_manager_get(hm_of(userdata), path);
+        if (!o || strcmp(o->path, path) != 0)
+                return 0;
+        *found = o;
+        return 1;
+}
+
+static int handoff_enumerate(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error) {
+        return bus_enumerate_paths(hm_of(userdata)->by_handle, offsetof(HandoffObject, path), nodes);
+}
+
+int bus_handoff_add(Manager *m, sd_bus *bus) {
+        int r = sd_bus_add_object_vtable(bus, NULL, HANDOFF_PATH, "org.epd1.Handoffs", handoffs_vtable, m);
+        if (r >= 0)
+                r = sd_bus_add_fallback_vtable(bus, NULL, HANDOFF_PATH_PREFIX, "org.epd1.Handoff", handoff_vtable,
+                                               handoff_find, m);
+        if (r >= 0)
+                r = sd_bus_add_node_enumerator(bus, NULL, HANDOFF_PATH_PREFIX, handoff_enumerate, m);
+        if (r < 0)
+                return log_error_errno(r, "Cannot add the Handoff objects: %m");
+        return 0;
+}

@@ -1,0 +1,184 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* HandoffManager: the handoff subsystem of epdd. It drives one Handoff state machine
+ * (handoff.h) per side of every handoff this daemon takes part in, owns the pages and
+ * leases a handoff holds, moves the bytes of each layer group as soon as the prefill
+ * worker reports it ready (within this host the local transport, or the CUDA transport
+ * when a GPU arena is on either side; to another host rdma once the peer's queue pairs
+ * are connected (peer_manager_transport_for), tcp otherwise, GPU pages staged through
+ * pinned host memory either way), speaks the handoff messages of the peer protocol
+ * (handoff-proto.h), and
+ * serves the workers' ring pairs (ring.h). The bus glue is bus-handoff.c.
+ *
+ * Page ownership, the rule that no page is freed while a write into it can land:
+ *   source       leases every page of the prefill sequence at Prepare; the leases end
+ *                when the handoff is committed or ended AND no write of it is in flight.
+ *   destination  allocates its pages at Prepare (one reference + one lease each, held
+ *                by the handoff); Commit builds the decode sequence over them (its own
+ *                references) and then drops the handoff's; a rollback drops them once
+ *                no incoming write is in flight (the incoming validator admits no new
+ *                write into an ended handoff).
+ *   same arena   (local handoff, destination arena = source arena): no page is
+ *                allocated and no byte moves; Commit gives the decode sequence
+ *                references to the source pages. */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <systemd/sd-bus.h>
+#include <systemd/sd-event.h>
+
+#include "telemetry/backpressure.h"
+#include "core/client.h"
+#include "handoff/handoff-record.h"
+#include "handoff/handoff.h"
+#include "hashmap.h"
+#include "id.h"
+#include "core/manager.h"
+#include "pages/pages.h"
+#include "handoff/ring.h"
+#include "transport/transport.h"
+
+#define HANDOFF_PATH "/org/epd1/handoffs"
+#define HANDOFF_PATH_PREFIX "/org/epd1/handoff"
+#define HANDOFF_MANAGER_MAX 65536U      /* handoff objects in the daemon */
+#define HANDOFF_SLICE_DEFAULT (4U << 20) /* bytes per write */
+/* GPU pages to another host go through pinned host staging memory (one buffer per
+ * handoff, its region registered with the CUDA and the peer transport, ids from
+ * HANDOFF_STAGING_REGION_BASE), at most this many bytes of it at a time. */
+#define HANDOFF_STAGING_REGION_BASE 768U
+#define HANDOFF_STAGING_MAX 256U
+#define HANDOFF_STAGING_BYTES_MAX (8ULL << 30)
+
+typedef struct HandoffManager HandoffManager;
+typedef struct HandoffObject HandoffObject;
+typedef struct HandoffStaging HandoffStaging;
+typedef struct Peer Peer;
+
+struct HandoffObject {
+        HandoffManager *hm;
+        Handoff *h;
+        EpdId handle;
+        char handle_str[EPD_ID_STRING_MAX];
+        char request_str[EPD_ID_STRING_MAX];
+        char *path;
+        ClientObject object;     /* owner: the prefill client (source), the accepting
+                                  * decode client (destination, after Accept) */
+        bool owned;
+        bool in_request_map;
+
+        Peer *peer;              /* the other daemon; NULL for a local handoff */
+        HandoffObject *twin;     /* local handoff: the other side */
+        char peer_host[64];
+
+        uint32_t arena;          /* arena of `pages` */
+        PagePool *pool;
+        PageId *pages;
+        uint32_t n_pages;
+        bool holds_pages;        /* leases (source) / refs + leases (destination) */
+        uint64_t *page_keys;     /* destination: keys in hm->dest_pages */
+        bool zero_copy;
+        bool gpu;                /* local, through the CUDA transport (a GPU arena on a side) */
+        HandoffStaging *staging; /* remote with GPU source pages: GPU → host staging → peer */
+        TransportWrite **net;    /* staged: per group, the peer writes, posted once it is staged */
+        size_t *n_net;
+
+        /* Where the bytes go (source): the destination's arena region and page offsets. */
+        uint32_t dst_region;
+        uint64_t *dst_offsets;
+
+        uint64_t page_size;
+        HandoffGroupLayout *layouts; /* per group */
+        uint64_t bytes_moved;
+        EpdId target_worker;
+        uint64_t window_bytes;   /* source, remote: bytes it holds in the peer's window;
+                                  * in the window while `windowed` */
+        bool windowed;
+
+        sd_bus_message *pending_reply; /* source Prepare waiting for the destination */
+        sd_event_source *timer;
+        HandoffState notified_state;
+        uint64_t sequence_serial;      /* destination: what Commit made (for repeats) */
+        char *sequence_path;
+};
+
+struct HandoffManager {
+        Manager *manager;
+        Hashmap *by_handle;       /* HandoffObject* by handle_str */
+        Hashmap *sources;         /* HandoffObject* by request id bytes */
+        Hashmap *destinations;    /* HandoffObject* by request id bytes */
+        Hashmap *writes;          /* outgoing writes in flight by cookie */
+        Hashmap *incoming;        /* incoming writes in flight by (peer, cookie) */
+        Hashmap *dest_pages;      /* destination HandoffObject* by (arena << 32 | page) */
+        Hashmap *rings;           /* ClientRing* by client serial */
+        Hashmap *windows;         /* PeerWindow* by peer host id: handoffs in flight */
+        Transport *local;
+        sd_event_source *local_source;
+        sd_event_source *peer_source;
+        sd_event_source *rdma_source;
+        sd_event_source *gpu_source;  /* the CUDA transport's completions (m->gpu) */
+        uint64_t staging_bytes;   /* in all staging buffers */
+        HandoffStaging *staging[HANDOFF_STAGING_MAX]; /* by slot, busy or idle */
+        sd_event_source *attach;  /* deferred: hooks into the peer manager */
+        bool peer_attached;
+        uint64_t next_cookie;
+        uint64_t last_token;
+        uint64_t slice_size;
+        HandoffCounters counters;
+        /* What the WAL says about every handoff here (handoff-record.h): updated by
+         * applying each record as it is appended, rebuilt from them at start. */
+        HandoffJournal journal;
+        sd_event_source *journal_grace; /* drops the entries recovered at start */
+};
+
+extern const Subsystem handoff_subsystem;
+
+HandoffObject *handoff_manager_get(HandoffManager *hm, const char *handle_or_path);
+
+/* Bus-facing operations (bus-handoff.c). Each returns 0 or a negative errno and, on
+ * error, fills `error` with a named error. */
+typedef struct HandoffPrepareArgs {
+        const char *request_id;
+        const char *destination;     /* host id; "" or this host: local */
+        const char *sequence;
+        const uint32_t *layer_groups; /* layers per group */
+        size_t n_groups;
+        const char *arena;           /* destination arena (local), NULL: the source's */
+        const char *target;          /* worker path or id that will accept, NULL: any */
+        uint64_t timeout_usec;       /* 0: config */
+} HandoffPrepareArgs;
+
+/* Starts a handoff for the calling client. Replies to `msg` itself (at once, or when
+ * the remote destination answered): returns 1 then, or a negative errno with `error`. */
+int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const HandoffPrepareArgs *a,
+                            sd_bus_error *error);
+int handoff_manager_accept(HandoffManager *hm, Client *c, const char *request_id,
+                           HandoffObject **ret, sd_bus_error *error);
+int handoff_manager_group_ready(HandoffObject *o, uint32_t group, sd_bus_error *error);
+int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequence, sd_bus_error *error);
+int handoff_manager_rollback(HandoffObject *o, sd_bus_error *error);
+void handoff_manager_release(HandoffObject *o);
+int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32_t cq, Ring **ret,
+                              sd_bus_error *error);
+/* Whether client c owns o. */
+bool handoff_object_owned_by(const HandoffObject *o, const Client *c);
+
+/* A peer path's backpressure level changed (telemetry): posts an
+ * EPD_RING_EV_BACKPRESSURE record to every worker's ring. */
+void handoff_manager_backpressure_changed(HandoffManager *hm, const char *peer, BackpressureLevel level,
+                                          BackpressureReason reason);
+/* The window towards a peer: handoffs and bytes in flight (0 when none). */
+void handoff_manager_window(HandoffManager *hm, const char *peer, unsigned *ret_handoffs, uint64_t *ret_bytes);
+/* WAL replay: one 0x03xx record. A destination's COMMITTED carries its decode
+ * sequence, which is applied to the page manager here. */
+int handoff_manager_apply_record(Manager *m, uint16_t type, const void *payload, size_t len);
+/* After the replay: handoffs that were in flight come back rolled back (journaled);
+ * committed ones stay committed. Entries of before the restart are listed (Journal
+ * property) until a new attempt replaces them or the Attach grace period ends. */
+int handoff_manager_restore_finish(Manager *m);
+/* Compaction: the journal's entries as records. */
+int handoff_manager_snapshot(Manager *m, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+                             void *userdata);
+
+/* Counters, in a stable order: name and value. */
+size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t *values, size_t n);

@@ -1,0 +1,831 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "pages/page-manager.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/arena.h"
+#include "pages/bus-sequence.h"
+#include "gpu/gpu-manager.h"
+#include "pages/directory-record.h"
+#include "log.h"
+#include "macro.h"
+#include "pages/sequence-record.h"
+#include "time-util.h"
+#include "wal/wal-manager.h"
+#include "core/worker.h"
+#include "workflow/workflow.h"
+
+static int host_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) {
+        Arena *a = userdata;
+        uint64_t end_d, end_s;
+
+        if (!a->base || ADD_OVERFLOW(dst, length, &end_d) || ADD_OVERFLOW(src, length, &end_s) ||
+            end_d > a->size || end_s > a->size)
+                return -EINVAL;
+        memcpy((uint8_t *)a->base + dst, (const uint8_t *)a->base + src, length);
+        return 0;
+}
+
+int page_manager_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool **ret) {
+        PagePool *pool;
+        int r;
+
+        if (a->usage != ARENA_USAGE_KV)
+                return -EINVAL;
+        if (a->pages) {
+                if (page_pool_page_size(a->pages) != page_size)
+                        return -EBUSY;
+                *ret = a->pages;
+                return 0;
+        }
+        if (page_size == 0 || arena_data_size(a) / page_size == 0)
+                return -ENOSPC;
+        r = page_pool_new(arena_data_size(a) / page_size, page_size, a->data_offset, &pool);
+        if (r < 0)
+                return r;
+        directory_attach_pool(pm->directory, pool);
+        a->pages = pool;
+        if (a->domain == MEMORY_HOST && a->base) {
+                ((ArenaHeader *)a->base)->page_size = page_size;
+                if (!pm->copy[a->index]) {
+                        pm->copy[a->index] = host_copy;
+                        pm->copy_userdata[a->index] = a;
+                }
+        } else if (a->domain == MEMORY_GPU && a->gpu && !pm->copy[a->index]) {
+                /* The copy engine (gpu-subsystem.c). */
+                pm->copy[a->index] = manager_gpu_page_copy;
+                pm->copy_userdata[a->index] = a;
+        }
+        log_info("Arena %s: %" PRIu64 " KV pages of %" PRIu64 " bytes.", a->name,
+                 page_pool_size(pool), page_size);
+        *ret = pool;
+        return 0;
+}
+
+void page_manager_set_copy(PageManager *pm, uint32_t arena, PageCopyFn fn, void *userdata) {
+        if (!pm || arena >= pm->manager->n_arenas)
+                return;
+        pm->copy[arena] = fn;
+        pm->copy_userdata[arena] = userdata;
+}
+
+static void sequence_object_release(ClientObject *o) {
+        page_manager_release(container_of(o, Sequence, object));
+}
+
+int page_manager_register(PageManager *pm, Sequence *s, Client *c, Arena *a) {
+        int r;
+
+        if (!pm || !s || !c || !a || s->pool != a->pages)
+                return -EINVAL;
+        if (hashmap_size(pm->sequences) >= PAGE_MANAGER_SEQUENCES_MAX)
+                return -EDQUOT;
+        r = epd_id_random(&s->id);
+        if (r < 0)
+                return r;
+        epd_id_to_string(&s->id, s->id_str);
+        if (asprintf(&s->path, SEQUENCE_PATH_PREFIX "/%s", s->id_str) < 0) {
+                s->path = NULL;
+                return -ENOMEM;
+        }
+        r = client_object_link(c, &s->object, CLIENT_OBJECT_SEQUENCE, sequence_object_release);
+        if (r < 0)
+                goto fail;
+        r = hashmap_put(pm->sequences, s->id_str, s);
+        if (r < 0) {
+                client_object_unlink(&s->object);
+                goto fail;
+        }
+        s->manager = pm;
+        s->arena = a->index;
+        s->created_usec = now_usec(CLOCK_REALTIME);
+        s->uid = (uint32_t)c->uid;
+        r = page_manager_journal(s);
+        if (r < 0) {
+                (void)hashmap_remove(pm->sequences, s->id_str);
+                client_object_unlink(&s->object);
+                s->manager = NULL;
+                goto fail;
+        }
+        pm->sequences_created++;
+        return 0;
+fail:
+        s->path = (free(s->path), NULL);
+        return r;
+}
+
+void page_manager_release(Sequence *s) {
+        if (!s)
+                return;
+        PageManager *pm = s->manager;
+        if (s->object.owner)
+                client_object_unlink(&s->object);
+        if (pm) {
+                if (hashmap_get(pm->sequences, s->id_str) == s) {
+                        (void)hashmap_remove(pm->sequences, s->id_str);
+                        if (!pm->replaying && !pm->manager->stopping) {
+                                int r = wal_manager_append(pm->manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_DEL,
+                                                           s->id.bytes, sizeof s->id.bytes);
+                                if (r < 0 && r != -ENOTCONN)
+                                        log_warning_errno(r, "Sequence %s: cannot journal its release: %m",
+                                                          s->id_str);
+                        }
+                }
+                pm->sequences_released++;
+        }
+        sequence_free(s);
+}
+
+static int put_encode(const Sequence *s, void **ret, size_t *ret_len) {
+        if (s->n_pages > SEQUENCE_REC_PAGES_MAX)
+                return -E2BIG;
+        size_t len = sequence_record_put_size((uint32_t)s->n_grants, (uint32_t)s->n_pages);
+        void *buf = malloc(len);
+        if (!buf)
+                return -ENOMEM;
+        sequence_record_put_encode(buf, &s->id, s->arena, s->uid, page_pool_page_size(s->pool),
+                                   s->created_usec, s->grants, (uint32_t)s->n_grants, s->pages,
+                                   (uint32_t)s->n_pages);
+        *ret = buf;
+        *ret_len = len;
+        return 0;
+}
+
+int page_manager_sequence_record(Sequence *s, void **ret, size_t *ret_len) {
+        return put_encode(s, ret, ret_len);
+}
+
+int page_manager_journal(Sequence *s) {
+        PageManager *pm = s ? s->manager : NULL;
+        _cleanup_(freep) void *buf = NULL;
+        size_t len;
+        int r;
+
+        if (!pm || pm->replaying || pm->journal_held || pm->manager->stopping || !pm->manager->wal)
+                return 0;
+        r = put_encode(s, &buf, &len);
+        if (r < 0)
+                return r;
+        r = wal_manager_append(pm->manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_PUT, buf, len);
+        return r == -ENOTCONN ? 0 : r;
+}
+
+/* ---- block directory ownership in the WAL (directory-record.h) ---- */
+
+static int pool_arena(PageManager *pm, const PagePool *pool, uint32_t *ret) {
+        for (size_t i = 0; i < pm->manager->n_arenas; i++)
+                if (pm->manager->arenas[i]->pages == pool) {
+                        *ret = (uint32_t)i;
+                        return 0;
+                }
+        return -ENODEV;
+}
+
+static int directory_record(PageManager *pm, bool put, uint64_t hash, PagePool *pool, PageId page,
+                            uint8_t buf[static DIRECTORY_REC_PUT_SIZE], size_t *ret_len) {
+        if (!put) {
+                directory_record_del_encode(buf, hash);
+                *ret_len = DIRECTORY_REC_DEL_SIZE;
+                return 0;
+        }
+        DirectoryRecord rec = { .hash = hash, .page = page, .page_size = page_pool_page_size(pool) };
+        int r = pool_arena(pm, pool, &rec.arena);
+        if (r < 0)
+                return r;
+        directory_record_put_encode(buf, &rec);
+        *ret_len = DIRECTORY_REC_PUT_SIZE;
+        return 0;
+}
+
+static int directory_journal(void *userdata, bool put, uint64_t hash, PagePool *pool, PageId page) {
+        PageManager *pm = userdata;
+        uint8_t buf[DIRECTORY_REC_PUT_SIZE];
+        size_t len;
+
+        if (pm->replaying || pm->manager->stopping || !pm->manager->wal)
+                return 0;
+        int r = directory_record(pm, put, hash, pool, page, buf, &len);
+        if (r >= 0)
+                r = wal_manager_append(pm->manager, WAL_RECORD_DIRECTORY + (put ? DIRECTORY_REC_PUT : DIRECTORY_REC_DEL),
+                                       buf, len);
+        if (r < 0 && r != -ENOTCONN) {
+                /* A put is undone by the directory; a removal stands (the page is free
+                 * now): the next snapshot no longer has the entry either. */
+                log_warning_errno(r, "Block directory: cannot journal the %s of %016" PRIx64 ": %m",
+                                  put ? "entry" : "removal", hash);
+                return r;
+        }
+        return 0;
+}
+
+typedef struct DirectorySnapshotCtx {
+        PageManager *pm;
+        int (*add)(void *userdata, uint16_t type, const void *rec, size_t len);
+        void *userdata;
+} DirectorySnapshotCtx;
+
+static int directory_snapshot_one(void *userdata, uint64_t hash, PagePool *pool, PageId page) {
+        DirectorySnapshotCtx *c = userdata;
+        uint8_t buf[DIRECTORY_REC_PUT_SIZE];
+        size_t len;
+        int r = directory_record(c->pm, true, hash, pool, page, buf, &len);
+        if (r < 0)
+                return r;
+        return c->add(c->userdata, WAL_RECORD_DIRECTORY + DIRECTORY_REC_PUT, buf, len);
+}
+
+int page_manager_apply_directory_record(PageManager *pm, uint16_t type, const void *payload, size_t len) {
+        DirectoryRecord rec, *e;
+        uint64_t hash;
+        int r;
+
+        if (!pm->restored_directory && !(pm->restored_directory = hashmap_new(HASHMAP_KEY_U64, 0)))
+                return -ENOMEM;
+        switch (type & 0xff) {
+        case DIRECTORY_REC_DEL:
+                r = directory_record_del_parse(payload, len, &hash);
+                if (r < 0)
+                        return r;
+                e = hashmap_remove(pm->restored_directory, &hash);
+                if (!e)
+                        return -ENOENT;
+                free(e);
+                return 0;
+        case DIRECTORY_REC_PUT:
+                r = directory_record_put_parse(payload, len, &rec);
+                if (r < 0)
+                        return r;
+                break;
+        default:
+                return -EBADMSG;
+        }
+        e = hashmap_get(pm->restored_directory, &rec.hash);
+        if (e) {
+                *e = rec;
+                return 0;
+        }
+        if (hashmap_size(pm->restored_directory) >= (size_t)UINT32_MAX)
+                return -EDQUOT;
+        e = malloc(sizeof *e);
+        if (!e)
+                return -ENOMEM;
+        *e = rec;
+        r = hashmap_put(pm->restored_directory, &e->hash, e);
+        if (r < 0)
+                free(e);
+        return r;
+}
+
+/* The restored entries' pool (created if no sequence made it yet), or NULL when the
+ * entry cannot come back: its arena is gone, its memory is new, or its page does not
+ * fit. */
+static PagePool *restored_entry_pool(PageManager *pm, const DirectoryRecord *e) {
+        Manager *m = pm->manager;
+        PagePool *pool;
+        if (e->arena >= m->n_arenas || !m->arenas[e->arena]->adopted)
+                return NULL;
+        if (page_manager_pool(pm, m->arenas[e->arena], e->page_size, &pool) < 0 || e->page >= page_pool_size(pool))
+                return NULL;
+        return pool;
+}
+
+/* Drops the entries that cannot come back (journaling their removal, so that a later
+ * start does not bring them back over other bytes); counts the pages of the rest. */
+static void restored_directory_prune(PageManager *pm) {
+        DirectoryRecord *e;
+        uint64_t dropped = 0;
+        for (bool again = true; again && pm->restored_directory;) {
+                size_t it = 0;
+                again = false;
+                while (hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL)) {
+                        if (restored_entry_pool(pm, e))
+                                continue;
+                        (void)hashmap_remove(pm->restored_directory, &e->hash);
+                        (void)directory_journal(pm, false, e->hash, NULL, 0);
+                        free(e);
+                        dropped++;
+                        again = true;
+                        break;
+                }
+        }
+        if (dropped > 0)
+                log_info("%" PRIu64 " journaled block-directory entries dropped: their arena's memory did not survive.",
+                         dropped);
+}
+
+/* After the pools' references are back: every entry is inserted again (its page LIVE
+ * for the moment: a page no sequence holds gets a reference that is dropped after,
+ * which leaves it IDLE and evictable, as before the restart). */
+static void restored_directory_insert(PageManager *pm) {
+        DirectoryRecord *e;
+        size_t it = 0;
+        while (pm->restored_directory && hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL)) {
+                PagePool *pool = restored_entry_pool(pm, e);
+                if (!pool)
+                        continue;
+                int r = directory_insert(pm->directory, pool, e->hash, e->page);
+                if (r >= 0)
+                        pm->directory_restored++;
+                else
+                        log_warning_errno(r, "Block directory: entry %016" PRIx64 " (page %" PRIu32 ") does not come back: %m",
+                                          e->hash, e->page);
+        }
+}
+
+static void restored_directory_free(PageManager *pm) {
+        DirectoryRecord *e;
+        size_t it = 0;
+        while (pm->restored_directory && hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL))
+                free(e);
+        hashmap_free(pm->restored_directory);
+        pm->restored_directory = NULL;
+}
+
+int page_manager_snapshot(PageManager *pm, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+                          void *userdata) {
+        Sequence *s;
+        size_t it = 0;
+        int r;
+
+        if (!pm)
+                return 0;
+        while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)) {
+                _cleanup_(freep) void *buf = NULL;
+                size_t len;
+                r = put_encode(s, &buf, &len);
+                if (r < 0)
+                        return r;
+                r = add(userdata, WAL_RECORD_SEQUENCE + SEQUENCE_REC_PUT, buf, len);
+                if (r < 0)
+                        return r;
+        }
+        DirectorySnapshotCtx ctx = { .pm = pm, .add = add, .userdata = userdata };
+        return directory_foreach(pm->directory, directory_snapshot_one, &ctx);
+}
+
+/* A sequence of the replay: in the id map, without owner, its pages not referenced yet
+ * (page_manager_restore_finish() counts them all at once). */
+static void replayed_drop(PageManager *pm, Sequence *s) {
+        (void)hashmap_remove(pm->sequences, s->id_str);
+        s->n_pages = 0; /* no references were taken */
+        sequence_free(s);
+}
+
+int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payload, size_t len) {
+        Manager *m = pm->manager;
+        char id_str[EPD_ID_STRING_MAX];
+        SequenceRecord rec;
+        Sequence *s;
+        PagePool *pool;
+        EpdId id;
+        int r;
+
+        switch (type & 0xff) {
+        case SEQUENCE_REC_DEL:
+                r = sequence_record_del_parse(payload, len, &id);
+                if (r < 0)
+                        return r;
+                s = hashmap_get(pm->sequences, epd_id_to_string(&id, id_str));
+                if (!s)
+                        return -ENOENT;
+                replayed_drop(pm, s);
+                return 0;
+        case SEQUENCE_REC_PUT:
+                break;
+        default:
+                return -EBADMSG;
+        }
+
+        r = sequence_record_put_parse(payload, len, &rec);
+        if (r < 0)
+                return r;
+        if (rec.arena >= m->n_arenas)
+                return -ENODEV;
+        r = page_manager_pool(pm, m->arenas[rec.arena], rec.page_size, &pool);
+        if (r < 0)
+                return r;
+        for (uint32_t i = 0; i < rec.n_pages; i++)
+                if (sequence_record_page(&rec, i) >= page_pool_size(pool))
+                        return -ERANGE;
+
+        epd_id_to_string(&rec.id, id_str);
+        s = hashmap_get(pm->sequences, id_str);
+        if (s && s->pool != pool) {
+                replayed_drop(pm, s);
+                s = NULL;
+        }
+        if (!s) {
+                if (hashmap_size(pm->sequences) >= PAGE_MANAGER_SEQUENCES_MAX)
+                        return -EDQUOT;
+                r = sequence_new(pool, &s);
+                if (r < 0)
+                        return r;
+                s->id = rec.id;
+                memcpy(s->id_str, id_str, sizeof s->id_str);
+                if (asprintf(&s->path, SEQUENCE_PATH_PREFIX "/%s", s->id_str) < 0) {
+                        s->path = NULL;
+                        sequence_free(s);
+                        return -ENOMEM;
+                }
+                r = hashmap_put(pm->sequences, s->id_str, s);
+                if (r < 0) {
+                        sequence_free(s);
+                        return r;
+                }
+                s->manager = pm;
+        }
+        if (rec.n_pages > s->n_allocated) {
+                PageId *p = realloc(s->pages, rec.n_pages * sizeof(PageId));
+                if (!p)
+                        return -ENOMEM;
+                s->pages = p;
+                s->n_allocated = rec.n_pages;
+        }
+        for (uint32_t i = 0; i < rec.n_pages; i++)
+                s->pages[i] = sequence_record_page(&rec, i);
+        s->n_pages = rec.n_pages;
+        s->arena = rec.arena;
+        s->uid = rec.uid;
+        s->created_usec = rec.created_usec;
+        s->n_grants = rec.n_grants;
+        for (uint32_t i = 0; i < rec.n_grants; i++)
+                memcpy(s->grants[i].bytes, rec.grants + 16 * i, 16);
+        return 0;
+}
+
+static bool workflow_head(Manager *m, const EpdId *id) {
+        Workflow *w;
+        size_t it = 0;
+
+        if (!m->workflows)
+                return false;
+        while (workflow_iterate(m->workflows, &it, &w))
+                for (uint32_t b = 0; b < w->n_branches; b++)
+                        if (w->branches[b].alive && epd_id_equal(&w->branches[b].head, id))
+                                return true;
+        return false;
+}
+
+static int on_grace(sd_event_source *es, uint64_t usec, void *userdata) {
+        PageManager *pm = userdata;
+        Sequence *s;
+        size_t it = 0, n = 0;
+        bool again = true;
+
+        pm->grace = sd_event_source_disable_unref(pm->grace);
+        while (again) {
+                again = false;
+                it = 0;
+                while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)) {
+                        if (s->object.owner || workflow_head(pm->manager, &s->id))
+                                continue;
+                        page_manager_release(s); /* journals the release */
+                        n++;
+                        again = true; /* the map changed under the iterator */
+                        break;
+                }
+        }
+        if (n > 0)
+                log_info("%zu sequences restored at start were not re-attached in time and were released.", n);
+        return 0;
+}
+
+int page_manager_restore_finish(PageManager *pm) {
+        Manager *m = pm->manager;
+        Sequence *s;
+        size_t it;
+        int r;
+
+        pm->replaying = false;
+        /* Sequences of an arena whose memory is new (no fd store: not adopted) name
+         * bytes that are gone: they are dropped, and the drop is journaled so that a
+         * later start does not bring them back over other bytes. */
+        uint64_t dropped = 0;
+        for (bool again = true; again;) {
+                again = false;
+                it = 0;
+                while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)) {
+                        if (s->arena < m->n_arenas && m->arenas[s->arena]->adopted)
+                                continue;
+                        s->n_pages = 0; /* no references were taken */
+                        page_manager_release(s); /* journals DEL */
+                        dropped++;
+                        again = true;
+                        break;
+                }
+        }
+        if (dropped > 0)
+                log_info("%" PRIu64 " journaled sequences dropped: their arena's memory did not survive (no fd store).",
+                         dropped);
+        restored_directory_prune(pm);
+        _cleanup_(freep) bool **idle_pools = calloc(MAX(m->n_arenas, (size_t)1), sizeof *idle_pools);
+        if (!idle_pools)
+                return -ENOMEM;
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                uint64_t n = 0;
+                if (!a->pages)
+                        continue;
+                _cleanup_(freep) bool *idle = NULL;
+                _cleanup_(freep) uint32_t *refs = calloc(page_pool_size(a->pages), sizeof *refs);
+                if (!refs)
+                        return -ENOMEM;
+                it = 0;
+                while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)) {
+                        if (s->pool != a->pages)
+                                continue;
+                        for (size_t j = 0; j < s->n_pages; j++)
+                                if (refs[s->pages[j]]++ == 0)
+                                        n++;
+                }
+                /* Pages that only the directory holds: one reference for the
+                 * moment, dropped once their entry is back. */
+                DirectoryRecord *e;
+                size_t dit = 0;
+                while (pm->restored_directory && hashmap_iterate(pm->restored_directory, &dit, (void **)&e, NULL))
+                        if (e->arena == i && e->page < page_pool_size(a->pages) &&
+                            e->page_size == page_pool_page_size(a->pages) && refs[e->page] == 0) {
+                                refs[e->page] = 1;
+                                n++;
+                                if (!idle && !(idle = calloc(page_pool_size(a->pages), sizeof *idle)))
+                                        return -ENOMEM;
+                                idle[e->page] = true;
+                        }
+                if (n == 0)
+                        continue;
+                r = page_pool_restore(a->pages, refs);
+                if (r < 0)
+                        return log_error_errno(r, "Arena %s: cannot restore its page pool: %m", a->name);
+                log_info("Arena %s: %" PRIu64 " KV pages restored from the WAL.", a->name, n);
+                idle_pools[i] = TAKE_PTR(idle);
+        }
+        /* The directory's entries, with the journal quiet: they are in it already. */
+        pm->replaying = true;
+        restored_directory_insert(pm);
+        pm->replaying = false;
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                if (!idle_pools[i])
+                        continue;
+                for (PageId p = 0; p < page_pool_size(m->arenas[i]->pages); p++)
+                        if (idle_pools[i][p])
+                                (void)page_unref(m->arenas[i]->pages, p);
+                free(idle_pools[i]);
+        }
+        restored_directory_free(pm);
+        if (pm->directory_restored > 0)
+                log_info("%" PRIu64 " block-directory entries restored.", pm->directory_restored);
+        pm->sequences_restored = hashmap_size(pm->sequences);
+        if (pm->sequences_restored == 0)
+                return 0;
+        log_info("%" PRIu64 " sequences restored; their owners have %" PRIu64 " s to Attach.",
+                 pm->sequences_restored, (uint64_t)(PAGE_MANAGER_ATTACH_GRACE_USEC / USEC_PER_SEC));
+        r = sd_event_add_time_relative(m->event, &pm->grace, CLOCK_MONOTONIC, PAGE_MANAGER_ATTACH_GRACE_USEC,
+                                       USEC_PER_SEC, on_grace, pm);
+        if (r < 0)
+                return log_error_errno(r, "Cannot arm the Attach grace period: %m");
+        return 0;
+}
+
+int page_manager_attach(Sequence *s, Client *c) {
+        if (!s || !c)
+                return -EINVAL;
+        if (s->object.owner == c)
+                return 0;
+        if (s->object.owner)
+                return -EBUSY;
+        if ((uint32_t)c->uid != s->uid && c->uid != 0)
+                return -EPERM;
+        return client_object_link(c, &s->object, CLIENT_OBJECT_SEQUENCE, sequence_object_release);
+}
+
+Sequence *page_manager_get(PageManager *pm, const char *id_or_path) {
+        if (!pm || !id_or_path)
+                return NULL;
+        const char *id = id_or_path;
+        size_t l = strlen(SEQUENCE_PATH_PREFIX "/");
+        if (strncmp(id_or_path, SEQUENCE_PATH_PREFIX "/", l) == 0)
+                id = id_or_path + l;
+        return hashmap_get(pm->sequences, id);
+}
+
+static bool granted(const Sequence *s, Client *c) {
+        Worker *w = client_get_worker(c);
+        if (!w)
+                return false;
+        for (size_t i = 0; i < s->n_grants; i++)
+                if (epd_id_equal(&s->grants[i], &w->id))
+                        return true;
+        return false;
+}
+
+int page_manager_check_access(const Sequence *s, Client *c, SequenceAccess access) {
+        if (!s || !c)
+                return -EPERM;
+        if (s->object.owner == c)
+                return 0;
+        if (access == SEQUENCE_ACCESS_READ && granted(s, c))
+                return 0;
+        return -EPERM;
+}
+
+int page_manager_lookup(PageManager *pm, Client *c, const char *id_or_path,
+                        SequenceAccess access, Sequence **ret) {
+        Sequence *s = page_manager_get(pm, id_or_path);
+        if (!s)
+                return -ENOENT;
+        int r = page_manager_check_access(s, c, access);
+        if (r < 0)
+                return r;
+        *ret = s;
+        return 0;
+}
+
+Arena *page_manager_sequence_arena(PageManager *pm, const Sequence *s) {
+        if (!pm || !s || s->arena >= pm->manager->n_arenas)
+                return NULL;
+        return pm->manager->arenas[s->arena];
+}
+
+static int no_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) {
+        return -EOPNOTSUPP;
+}
+
+int page_manager_prepare_write(PageManager *pm, Sequence *s, size_t first, size_t count,
+                               PageId *ret_pages, size_t *ret_copied) {
+        if (!pm || !s || s->arena >= pm->manager->n_arenas)
+                return -EINVAL;
+        /* Without a copy function (a GPU arena before the GPU domain installed one),
+         * writes that need no copy still work; the others fail with -EOPNOTSUPP. */
+        PageCopyFn fn = pm->copy[s->arena] ?: no_copy;
+        return sequence_prepare_write(s, first, count, fn, pm->copy_userdata[s->arena],
+                                      ret_pages, ret_copied);
+}
+
+int page_manager_grant(Sequence *s, const EpdId *worker) {
+        for (size_t i = 0; i < s->n_grants; i++)
+                if (epd_id_equal(&s->grants[i], worker))
+                        return 0;
+        if (s->n_grants >= SEQUENCE_GRANTS_MAX)
+                return -EDQUOT;
+        s->grants[s->n_grants++] = *worker;
+        return 0;
+}
+
+int page_manager_revoke(Sequence *s, const EpdId *worker) {
+        for (size_t i = 0; i < s->n_grants; i++)
+                if (epd_id_equal(&s->grants[i], worker)) {
+                        s->grants[i] = s->grants[--s->n_grants];
+                        return 0;
+                }
+        return -ENOENT;
+}
+
+/* -- subsystem hooks -- */
+
+/* Owners of directory entries: this host and the configured peers. */
+static int set_hosts(PageManager *pm, const Config *c) {
+        if (c->n_peers == 0)
+                return directory_set_hosts(pm->directory, NULL, 0, 0);
+        size_t n = c->n_peers + 1;
+        const char **hosts = calloc(n, sizeof *hosts);
+        if (!hosts)
+                return -ENOMEM;
+        hosts[0] = c->host_id ?: pm->manager->config.host_id;
+        for (size_t i = 0; i < c->n_peers; i++)
+                hosts[i + 1] = c->peers[i].host_id;
+        int r = directory_set_hosts(pm->directory, hosts, n, 0);
+        free(hosts);
+        return r;
+}
+
+static int pages_init(Manager *m) {
+        PageManager *pm = calloc(1, sizeof *pm);
+        int r;
+
+        if (!pm)
+                return -ENOMEM;
+        pm->manager = m;
+        pm->replaying = true; /* until the WAL subsystem has replayed (or there is none) */
+        pm->sequences = hashmap_new(HASHMAP_KEY_STRING, 0);
+        pm->copy = calloc(MAX(m->n_arenas, (size_t)1), sizeof *pm->copy);
+        pm->copy_userdata = calloc(MAX(m->n_arenas, (size_t)1), sizeof *pm->copy_userdata);
+        r = directory_new(&pm->directory);
+        if (r < 0 || !pm->sequences || !pm->copy || !pm->copy_userdata) {
+                directory_free(pm->directory);
+                hashmap_free(pm->sequences);
+                free(pm->copy);
+                free(pm->copy_userdata);
+                free(pm);
+                return -ENOMEM;
+        }
+        m->page_manager = pm;
+        directory_set_journal(pm->directory, directory_journal, pm);
+
+        r = set_hosts(pm, &m->config);
+        if (r < 0)
+                return log_error_errno(r, "Cannot set the directory's hosts: %m");
+
+        /* KV arenas with a configured PageSize= get their pool now. */
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                PagePool *pool;
+                if (a->usage != ARENA_USAGE_KV || m->config.arenas[i].page_size == 0)
+                        continue;
+                r = page_manager_pool(pm, a, m->config.arenas[i].page_size, &pool);
+                if (r < 0)
+                        return log_error_errno(r, "Arena %s: cannot create its page pool: %m", a->name);
+        }
+        return 0;
+}
+
+static void pages_done(Manager *m) {
+        PageManager *pm = m->page_manager;
+        Sequence *s;
+        size_t it;
+
+        if (!pm)
+                return;
+        pm->grace = sd_event_source_disable_unref(pm->grace);
+        restored_directory_free(pm);
+        /* Clients are gone by now; anything left is released here. */
+        while ((it = 0, hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)))
+                page_manager_release(s);
+        pm->directory = directory_free(pm->directory);
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                if (!a->pages)
+                        continue;
+                if (page_pool_retained(a->pages) > 0)
+                        log_warning("Arena %s: %" PRIu64 " pages still leased at shutdown.", a->name,
+                                    page_pool_retained(a->pages));
+                a->pages = page_pool_free(a->pages);
+        }
+        hashmap_free(pm->sequences);
+        free(pm->copy);
+        free(pm->copy_userdata);
+        free(pm);
+        m->page_manager = NULL;
+}
+
+static int pages_worker_added(Manager *m, Worker *w) {
+        PageManager *pm = m->page_manager;
+        const char *why = NULL;
+        KvLayout l;
+        int r;
+
+        if (!pm || !w->kv.set)
+                return 0;
+        r = kv_layout_init(&l, w->kv.layers, w->kv.tokens_per_block, w->kv.k_bytes_per_token,
+                           w->kv.v_bytes_per_token, w->kv.dtype, &why);
+        if (r < 0) {
+                log_warning("Worker %s: invalid KV layout: %s", w->id_str, why);
+                return -EINVAL;
+        }
+        /* Every KV arena the worker maps must hold pages of this size. */
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                PagePool *pool;
+                if (!(w->arena_mask & (UINT64_C(1) << i)) || a->usage != ARENA_USAGE_KV)
+                        continue;
+                r = page_manager_pool(pm, a, l.page_size, &pool);
+                if (r == -EBUSY) {
+                        log_warning("Worker %s: KV pages of %" PRIu64 " bytes do not fit arena %s, which holds pages of %" PRIu64 " bytes.",
+                                    w->id_str, l.page_size, a->name, page_pool_page_size(a->pages));
+                        return -EINVAL;
+                }
+                if (r < 0) {
+                        log_warning_errno(r, "Worker %s: arena %s cannot hold pages of %" PRIu64 " bytes: %m",
+                                          w->id_str, a->name, l.page_size);
+                        return r == -ENOSPC ? -ENOSPC : -EINVAL;
+                }
+        }
+        w->layout = malloc(sizeof(KvLayout));
+        if (!w->layout)
+                return -ENOMEM;
+        *w->layout = l;
+        return 0;
+}
+
+static int pages_reload(Manager *m, const Config *c) {
+        /* Peers may come and go: directory ownership follows. Arenas need a restart. */
+        return m->page_manager ? set_hosts(m->page_manager, c) : 0;
+}
+
+static void pages_worker_gone(Manager *m, Worker *w) {
+        free(w->layout);
+        w->layout = NULL;
+}
+
+const Subsystem pages_subsystem = {
+        .name = "pages",
+        .init = pages_init,
+        .done = pages_done,
+        .add_bus = bus_sequence_add,
+        .reload = pages_reload,
+        .worker_added = pages_worker_added,
+        .worker_gone = pages_worker_gone,
+};

@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* PageManager: the pages subsystem of epdd. It ties a PagePool to every KV arena (made
+ * when the first KV layout arrives, or at start when the arena's PageSize= is set),
+ * owns the block directory and every Sequence registered under an id, and binds each
+ * sequence to the client that created it (a ClientObject: released on Release and on
+ * disconnect through one function). The bus glue is bus-sequence.c. */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pages/directory.h"
+#include "pages/kvlayout.h"
+#include "core/manager.h"
+#include "pages/pages.h"
+#include "pages/sequence.h"
+#include "time-util.h"
+
+#define PAGE_MANAGER_SEQUENCES_MAX 65536U
+#define SEQUENCE_PATH_PREFIX "/org/epd1/sequence"
+
+typedef struct PageManager {
+        Manager *manager;
+        Directory *directory;
+        Hashmap *sequences;          /* Sequence* by id_str */
+        /* Per arena (index): copy function for copy-on-write. Host arenas: memcpy;
+         * the GPU domain installs a CUDA copy with page_manager_set_copy(). */
+        PageCopyFn *copy;
+        void **copy_userdata;
+        uint64_t sequences_created, sequences_released;
+        /* Restart (docs/wal.md): sequences restored by the WAL replay have no owner
+         * until their uid Attaches; those still unclaimed when `grace` fires are
+         * released (unless a workflow's branch still heads on them). */
+        bool replaying;
+        sd_event_source *grace;
+        uint64_t sequences_restored;
+        /* Directory entries read by the replay (DirectoryRecord* by hash), put back by
+         * page_manager_restore_finish(). */
+        Hashmap *restored_directory;
+        uint64_t directory_restored;
+        /* Set around a registration whose caller journals the sequence in its own
+         * record (a handoff's commit): page_manager_journal() leaves it to it. */
+        bool journal_held;
+} PageManager;
+
+/* How long sequences restored after a restart wait for their owner to Attach. */
+#define PAGE_MANAGER_ATTACH_GRACE_USEC (300 * USEC_PER_SEC)
+
+extern const Subsystem pages_subsystem;
+
+/* The pool of a KV arena, creating it for page_size if there is none yet (-EBUSY if
+ * the pool exists with another page size, -EINVAL for a feature arena, -ENOSPC if the
+ * arena holds less than one page). */
+int page_manager_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool **ret);
+
+/* Registers a bare sequence (from sequence_new*) under a fresh id, owned by client c,
+ * over arena a (whose pool it must use). On failure the sequence is NOT freed. */
+int page_manager_register(PageManager *pm, Sequence *s, Client *c, Arena *a);
+/* Release path of a registered sequence: unlinks it from its client and the id map and
+ * frees it (dropping its page references). The Release method and the client's death
+ * both end here. */
+void page_manager_release(Sequence *s);
+
+/* The sequence with this id (32 hex digits) or object path, or NULL. */
+Sequence *page_manager_get(PageManager *pm, const char *id_or_path);
+
+typedef enum SequenceAccess {
+        SEQUENCE_ACCESS_READ,  /* properties, Clone: owner or a granted worker */
+        SEQUENCE_ACCESS_OWNER, /* everything else: the owner only */
+} SequenceAccess;
+
+/* Whether client c may access s: 0, or -EPERM. */
+int page_manager_check_access(const Sequence *s, Client *c, SequenceAccess access);
+/* Lookup by id or path with the access check: -ENOENT, -EPERM, or 0 with *ret set.
+ * This is what other subsystems (handoff) call on behalf of a client. */
+int page_manager_lookup(PageManager *pm, Client *c, const char *id_or_path,
+                        SequenceAccess access, Sequence **ret);
+
+/* Arena of a registered sequence. */
+Arena *page_manager_sequence_arena(PageManager *pm, const Sequence *s);
+
+/* Copy-on-write for a registered sequence, with the arena's copy function. */
+int page_manager_prepare_write(PageManager *pm, Sequence *s, size_t first, size_t count,
+                               PageId *ret_pages, size_t *ret_copied);
+
+/* Installs the copy function of an arena (the GPU domain: a CUDA copy). */
+void page_manager_set_copy(PageManager *pm, uint32_t arena, PageCopyFn fn, void *userdata);
+
+/* Journals the whole state of a registered sequence (a PUT record) after a committed
+ * transition. 0 when there is no WAL or the daemon is stopping; -E2BIG past
+ * SEQUENCE_REC_PAGES_MAX pages. */
+int page_manager_journal(Sequence *s);
+/* The PUT payload of a registered sequence (sequence-record.h), for a record that
+ * carries it (a handoff's commit). The caller frees *ret. */
+int page_manager_sequence_record(Sequence *s, void **ret, size_t *ret_len);
+/* WAL replay: applies one 0x04xx record (sequence-record.h). Pages get their references
+ * only in page_manager_restore_finish(), once every record is in. */
+int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payload, size_t len);
+/* WAL replay: applies one 0x02xx record (directory-record.h); the entries are put back
+ * in page_manager_restore_finish(). */
+int page_manager_apply_directory_record(PageManager *pm, uint16_t type, const void *payload, size_t len);
+/* After the replay: rebuilds every pool's refcounts and free list from the restored
+ * sequences and arms the Attach grace period. */
+int page_manager_restore_finish(PageManager *pm);
+/* Snapshot: one PUT per registered sequence, then one directory PUT per entry. */
+int page_manager_snapshot(PageManager *pm, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+                          void *userdata);
+/* Attach after a restart: client c (of the sequence's uid, or root) becomes the owner
+ * of a sequence that has none. -EBUSY if another client owns it, -EPERM for another uid. */
+int page_manager_attach(Sequence *s, Client *c);
+
+/* Grants a worker read access (Grant) / takes it back (Revoke: -ENOENT if absent). */
+int page_manager_grant(Sequence *s, const EpdId *worker);
+int page_manager_revoke(Sequence *s, const EpdId *worker);

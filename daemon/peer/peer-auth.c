@@ -1,0 +1,144 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "peer/peer-auth.h"
+
+struct PeerAuthKey {
+        size_t size;
+        uint8_t bytes[];
+};
+
+int peer_auth_key_from_bytes(const void *key, size_t n, PeerAuthKey **ret) {
+        PeerAuthKey *k;
+
+        if (!key || n < PEER_AUTH_KEY_MIN || n > PEER_AUTH_KEY_MAX)
+                return -EINVAL;
+        k = malloc(sizeof *k + n);
+        if (!k)
+                return -ENOMEM;
+        k->size = n;
+        memcpy(k->bytes, key, n);
+        *ret = k;
+        return 0;
+}
+
+PeerAuthKey *peer_auth_key_free(PeerAuthKey *k) {
+        if (!k)
+                return NULL;
+        OPENSSL_cleanse(k->bytes, k->size);
+        free(k);
+        return NULL;
+}
+
+int peer_auth_key_load(const char *path, PeerAuthKey **ret) {
+        _cleanup_(closep) int fd = -EBADF;
+        uint8_t buf[PEER_AUTH_KEY_MAX + 2];
+        struct stat st;
+        size_t n = 0;
+        int r;
+
+        if (!path)
+                return -EINVAL;
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0)
+                return -errno;
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        if (!S_ISREG(st.st_mode))
+                return -EINVAL;
+        if (st.st_mode & 0077)
+                return -EPERM;
+        for (;;) {
+                ssize_t l = read(fd, buf + n, sizeof buf - n);
+                if (l < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        r = -errno;
+                        OPENSSL_cleanse(buf, sizeof buf);
+                        return r;
+                }
+                if (l == 0)
+                        break;
+                n += (size_t)l;
+                if (n == sizeof buf) {
+                        OPENSSL_cleanse(buf, sizeof buf);
+                        return -EFBIG;
+                }
+        }
+        while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' ||
+                         buf[n - 1] == '\t'))
+                n--;
+        r = peer_auth_key_from_bytes(buf, n, ret);
+        OPENSSL_cleanse(buf, sizeof buf);
+        return r;
+}
+
+int peer_auth_random(void *buf, size_t n) {
+        if (n > INT32_MAX)
+                return -EINVAL;
+        if (RAND_bytes(buf, (int)n) != 1)
+                return -EIO;
+        return 0;
+}
+
+/* Serialises the transcript unambiguously: fixed-size fields, length-prefixed ids. */
+static size_t transcript_serialize(PeerAuthSide side, const PeerAuthTranscript *t, uint8_t *out) {
+        static const char label_d[16] = "epd-peer-dialer", label_a[16] = "epd-peer-accept";
+        uint8_t *p = out;
+        size_t nd = strnlen(t->dialer_id, PEER_HOST_ID_MAX), na = strnlen(t->acceptor_id, PEER_HOST_ID_MAX);
+
+        memcpy(p, side == PEER_AUTH_DIALER ? label_d : label_a, 16);
+        p += 16;
+        *p++ = PEER_PROTOCOL_VERSION;
+        memcpy(p, t->nonce_dialer, PEER_NONCE_SIZE);
+        p += PEER_NONCE_SIZE;
+        memcpy(p, t->nonce_acceptor, PEER_NONCE_SIZE);
+        p += PEER_NONCE_SIZE;
+        *p++ = (uint8_t)nd;
+        memcpy(p, t->dialer_id, nd);
+        p += nd;
+        *p++ = (uint8_t)na;
+        memcpy(p, t->acceptor_id, na);
+        p += na;
+        *p++ = t->role;
+        for (int i = 7; i >= 0; i--)
+                *p++ = (uint8_t)(t->session_id >> (8 * i));
+        *p++ = (uint8_t)(t->stream_index >> 8);
+        *p++ = (uint8_t)t->stream_index;
+        return (size_t)(p - out);
+}
+
+int peer_auth_mac(const PeerAuthKey *k, PeerAuthSide side, const PeerAuthTranscript *t,
+                  uint8_t out[static PEER_MAC_SIZE]) {
+        uint8_t buf[16 + 1 + 2 * PEER_NONCE_SIZE + 2 * (1 + PEER_HOST_ID_MAX) + 1 + 8 + 2];
+        unsigned len = 0;
+        size_t n;
+
+        if (!k || !t || !peer_host_id_is_valid(t->dialer_id) || !peer_host_id_is_valid(t->acceptor_id))
+                return -EINVAL;
+        n = transcript_serialize(side, t, buf);
+        if (!HMAC(EVP_sha256(), k->bytes, (int)k->size, buf, n, out, &len) || len != PEER_MAC_SIZE)
+                return -EIO;
+        return 0;
+}
+
+bool peer_auth_verify(const PeerAuthKey *k, PeerAuthSide side, const PeerAuthTranscript *t,
+                      const uint8_t mac[static PEER_MAC_SIZE]) {
+        uint8_t expected[PEER_MAC_SIZE];
+        bool ok;
+
+        if (peer_auth_mac(k, side, t, expected) < 0)
+                return false;
+        ok = CRYPTO_memcmp(expected, mac, PEER_MAC_SIZE) == 0;
+        OPENSSL_cleanse(expected, sizeof expected);
+        return ok;
+}

@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* Topology: which interface routes to each peer (libnl-route, RTM_GETROUTE), tracked
+ * as links, addresses and routes change (an rtnetlink multicast socket as an sd-event
+ * source); which NIC sits nearest each GPU (sysfs: PCIe path, NUMA node); and the path
+ * chosen per peer with the reason, shown by `epdctl peers` and on org.epd1.Peer. */
+
+#include <net/if.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <systemd/sd-event.h>
+
+#include "peer/peer-proto.h"
+#include "peer/topology-pci.h"
+#include "transport/transport.h"
+
+typedef struct Topology Topology;
+typedef struct PeerManager PeerManager;
+
+typedef struct TopologyPath {
+        char host_id[PEER_HOST_ID_MAX + 1];
+        char ifname[IF_NAMESIZE];   /* "" while there is no route */
+        int ifindex;
+        char src[64];               /* preferred source address */
+        char gateway[64];           /* "" when directly connected */
+        bool link_up;
+        int numa_node;              /* of the NIC; -1 unknown or virtual */
+        char pci[32];               /* the NIC's PCI address; "" if virtual */
+        char rdma[TOPO_NAME_MAX];   /* RDMA device on that NIC, "" if none */
+        TransportKind transport;
+        char reason[384];
+        uint64_t changes;           /* times the interface or its state changed */
+} TopologyPath;
+
+typedef struct TopologyGpu {
+        char pci[32];
+        int numa_node;
+        char nic[IF_NAMESIZE];      /* nearest NIC, "" if none */
+        char reason[256];
+} TopologyGpu;
+
+/* pm may be NULL (GPU/NIC discovery only). */
+int topology_new(Topology **ret, sd_event *e, PeerManager *pm);
+Topology *topology_free(Topology *t);
+/* [Cluster] Transport= (TransportPolicy, rdma-select.h); re-resolves every path. */
+void topology_set_transport_policy(Topology *t, int policy);
+/* Re-resolves every peer's path now (also done on every rtnetlink change). */
+int topology_refresh(Topology *t);
+const TopologyPath *topology_path(Topology *t, const char *host_id);
+size_t topology_n_gpus(Topology *t);
+const TopologyGpu *topology_gpu(Topology *t, size_t i);
+
+#include "core/manager.h"
+extern const Subsystem topology_subsystem;

@@ -1,0 +1,310 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* org.epd1.Scheduler at /org/epd1 (dbus/org.epd1.Scheduler.xml): vtable glue only. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bus-error.h"
+#include "log.h"
+#include "sched/scheduler-manager.h"
+#include "core/worker.h"
+
+#define WORKER_PREFIX "/org/epd1/worker/"
+
+static int worker_path(char *buf, size_t n, const char *id) {
+        if (!id)
+                return snprintf(buf, n, "/");
+        return snprintf(buf, n, WORKER_PREFIX "%s", id);
+}
+
+static int read_hints(Manager *m, sd_bus_message *msg, SchedHints *h, SchedulerAffinity *aff,
+                      sd_bus_error *error) {
+        int r = sd_bus_message_enter_container(msg, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        while ((r = sd_bus_message_enter_container(msg, 'e', "sv")) > 0) {
+                const char *key;
+                r = sd_bus_message_read(msg, "s", &key);
+                if (r < 0)
+                        return r;
+                if (strcmp(key, "PagesNeeded") == 0)
+                        r = sd_bus_message_read(msg, "v", "t", &h->pages_needed);
+                else if (strcmp(key, "Multimodal") == 0) {
+                        int b;
+                        r = sd_bus_message_read(msg, "v", "b", &b);
+                        h->needs_encoder = b;
+                } else if (strcmp(key, "FeatureKeys") == 0) {
+                        char **keys = NULL;
+                        r = sd_bus_message_enter_container(msg, 'v', "as");
+                        if (r >= 0)
+                                r = sd_bus_message_read_strv(msg, &keys);
+                        if (r >= 0)
+                                r = sd_bus_message_exit_container(msg);
+                        if (r >= 0) {
+                                aff->features_cached = scheduler_features_cached(m, keys);
+                                h->affinity_key = aff;
+                        }
+                        for (char **k = keys; k && *k; k++)
+                                free(*k);
+                        free(keys);
+                } else
+                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Unknown hint %s.", key);
+                if (r < 0)
+                        return r;
+                r = sd_bus_message_exit_container(msg);
+                if (r < 0)
+                        return r;
+        }
+        if (r < 0)
+                return r;
+        return sd_bus_message_exit_container(msg);
+}
+
+static int method_admit(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *request_id, *type;
+        uint64_t deadline_rel;
+        SchedHints hints = {};
+        SchedulerAffinity aff = {};
+        SchedDecision d;
+        TaskType t;
+        int r;
+
+        r = sd_bus_message_read(msg, "sst", &request_id, &type, &deadline_rel);
+        if (r < 0)
+                return r;
+        r = read_hints(m, msg, &hints, &aff, error);
+        if (r < 0)
+                return r;
+        t = task_type_from_string(type);
+        if (t < 0)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                     "Unknown task type '%s' (thinking, interactive or hybrid).", type);
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        if (deadline_rel > 24ULL * 3600 * USEC_PER_SEC)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Deadline beyond one day.");
+        scheduler_refresh_pages(m);
+        r = sched_admit(m->scheduler, request_id, t, deadline_rel > 0 ? now + deadline_rel : 0, &hints, now, &d);
+        if (r == -EINVAL)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                     "Invalid request id (1 to %d printable characters).", SCHED_REQUEST_ID_MAX);
+        if (r == -EEXIST)
+                return epd_bus_error(error, EPD_ERROR_EXISTS,
+                                     "Request %s is outstanding with another task type.", request_id);
+        if (r < 0)
+                return r;
+
+        char p[_SCHED_STAGE_MAX][128];
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                worker_path(p[st], sizeof p[st], d.worker[st]);
+        return sd_bus_reply_method_return(msg, "sstti" "ooo", sched_verdict_to_string(d.verdict),
+                                          sched_reason_to_string(d.reason), (uint64_t)d.retry_after,
+                                          (uint64_t)d.predicted, (int32_t)d.priority, p[SCHED_STAGE_ENCODE],
+                                          p[SCHED_STAGE_PREFILL], p[SCHED_STAGE_DECODE]);
+}
+
+static int method_complete(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *request_id, *stage;
+        uint64_t service;
+        int ok, r;
+
+        r = sd_bus_message_read(msg, "sstb", &request_id, &stage, &service, &ok);
+        if (r < 0)
+                return r;
+        SchedStage st = sched_stage_from_string(stage);
+        if (st < 0)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                     "Unknown stage '%s' (encode, prefill or decode).", stage);
+        r = sched_complete(m->scheduler, request_id, st, service, ok, now_usec(CLOCK_MONOTONIC));
+        if (r == -ENOENT)
+                return epd_bus_error(error, EPD_ERROR_NOT_FOUND,
+                                     "No outstanding %s stage of request %s.", stage, request_id);
+        if (r < 0)
+                return r;
+        return sd_bus_reply_method_return(msg, NULL);
+}
+
+static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *path;
+        uint32_t slots = 0, queue_limit = 0;
+        uint64_t free_pages = 0;
+        bool have_pages = false;
+        const char *host = NULL;
+        unsigned pools = 0;
+        int r;
+
+        r = sd_bus_message_read(msg, "o", &path);
+        if (r < 0)
+                return r;
+        if (strncmp(path, WORKER_PREFIX, strlen(WORKER_PREFIX)) != 0)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "%s is not a worker path.", path);
+        Worker *w = manager_get_worker(m, path + strlen(WORKER_PREFIX));
+        if (!w)
+                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No worker %s.", path);
+        Client *c = manager_client_lookup_message(m, msg);
+        if (!c || w->object.owner != c)
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                     "Worker %s belongs to another client.", path);
+
+        r = sd_bus_message_enter_container(msg, 'a', "{sv}");
+        if (r < 0)
+                return r;
+        while ((r = sd_bus_message_enter_container(msg, 'e', "sv")) > 0) {
+                const char *key;
+                r = sd_bus_message_read(msg, "s", &key);
+                if (r < 0)
+                        return r;
+                if (strcmp(key, "Slots") == 0)
+                        r = sd_bus_message_read(msg, "v", "u", &slots);
+                else if (strcmp(key, "QueueLimit") == 0)
+                        r = sd_bus_message_read(msg, "v", "u", &queue_limit);
+                else if (strcmp(key, "FreePages") == 0) {
+                        r = sd_bus_message_read(msg, "v", "t", &free_pages);
+                        have_pages = true;
+                } else if (strcmp(key, "Host") == 0)
+                        r = sd_bus_message_read(msg, "v", "s", &host);
+                else if (strcmp(key, "Pools") == 0) {
+                        char **l = NULL;
+                        r = sd_bus_message_enter_container(msg, 'v', "as");
+                        if (r >= 0)
+                                r = sd_bus_message_read_strv(msg, &l);
+                        if (r >= 0)
+                                r = sd_bus_message_exit_container(msg);
+                        for (char **i = l; r >= 0 && i && *i; i++) {
+                                TaskType t = task_type_from_string(*i);
+                                if (t < 0)
+                                        r = epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                                          "Unknown pool '%s'.", *i);
+                                else
+                                        pools |= 1u << t;
+                        }
+                        for (char **i = l; i && *i; i++)
+                                free(*i);
+                        free(l);
+                } else
+                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Unknown option %s.", key);
+                if (r < 0)
+                        return r;
+                r = sd_bus_message_exit_container(msg);
+                if (r < 0)
+                        return r;
+        }
+        if (r < 0)
+                return r;
+        r = sd_bus_message_exit_container(msg);
+        if (r < 0)
+                return r;
+
+        if (host) {
+                r = scheduler_set_worker_host(m, w->id_str, host);
+                if (r == -EINVAL)
+                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Host '%s' is not a host id.", host);
+                if (r < 0)
+                        return r;
+        }
+
+        /* Re-add the worker's stages with the new parameters; its outstanding requests
+         * stay only if nothing structural changed (slots/pools): dropping them is safer
+         * than routing by stale capacity, so only FreePages alone keeps them. */
+        unsigned stages = scheduler_stages_of_role(w->role);
+        if (slots == 0 && queue_limit == 0 && pools == 0) {
+                if (have_pages && (stages & (1u << SCHED_STAGE_DECODE)))
+                        (void)sched_worker_set_free_pages(m->scheduler, w->id_str, free_pages);
+                return sd_bus_reply_method_return(msg, NULL);
+        }
+        if (slots == 0 || slots > 65536 || queue_limit > (1u << 20))
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                     "Slots must be 1..65536 and QueueLimit at most 1048576.");
+        /* Pools= narrows what the [Pool:NAME] selectors give the worker. */
+        r = scheduler_set_pool_override(m, w, pools);
+        if (r < 0)
+                return r;
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
+                if (!(stages & (1u << st)))
+                        continue;
+                (void)sched_worker_remove(m->scheduler, w->id_str, (SchedStage)st, now);
+                r = sched_worker_add(m->scheduler, &(SchedWorkerInfo){
+                                                           .id = w->id_str,
+                                                           .stage = (SchedStage)st,
+                                                           .pools = scheduler_worker_pools(m, w, (SchedStage)st),
+                                                           .slots = slots,
+                                                           .queue_limit = queue_limit,
+                                                           .free_pages = free_pages,
+                                                   });
+                if (r < 0)
+                        return r;
+        }
+        return sd_bus_reply_method_return(msg, NULL);
+}
+
+static int property_pools(sd_bus *bus, const char *path, const char *interface, const char *property,
+                          sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        int r = sd_bus_message_open_container(reply, 'a', "(suuddddttttttt)");
+        for (int t = 0; r >= 0 && t < _TASK_TYPE_MAX; t++) {
+                SchedPoolMetrics pm;
+                sched_pool_metrics(m->scheduler, (TaskType)t, now, &pm);
+                r = sd_bus_message_append(reply, "(suuddddttttttt)", task_type_to_string(t), pm.queue,
+                                          pm.queue_peak, pm.arrival_rate, pm.service_rate, pm.capacity,
+                                          pm.rho, pm.admitted, pm.deferred, pm.rejected, pm.completed,
+                                          pm.failed, pm.deadline_misses, pm.expired);
+        }
+        if (r < 0)
+                return r;
+        return sd_bus_message_close_container(reply);
+}
+
+static int property_reasons(sd_bus *bus, const char *path, const char *interface, const char *property,
+                            sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        int r = sd_bus_message_open_container(reply, 'a', "(sst)");
+        for (int t = 0; r >= 0 && t < _TASK_TYPE_MAX; t++) {
+                SchedPoolMetrics pm;
+                sched_pool_metrics(m->scheduler, (TaskType)t, now_usec(CLOCK_MONOTONIC), &pm);
+                for (int k = 1; r >= 0 && k < _SCHED_REASON_MAX; k++)
+                        if (pm.by_reason[k] > 0)
+                                r = sd_bus_message_append(reply, "(sst)", task_type_to_string(t),
+                                                          sched_reason_to_string(k), pm.by_reason[k]);
+        }
+        if (r < 0)
+                return r;
+        return sd_bus_message_close_container(reply);
+}
+
+static int property_outstanding(sd_bus *bus, const char *path, const char *interface,
+                                const char *property, sd_bus_message *reply, void *userdata,
+                                sd_bus_error *error) {
+        Manager *m = userdata;
+        return sd_bus_message_append(reply, "u", sched_outstanding(m->scheduler));
+}
+
+static const sd_bus_vtable scheduler_vtable[] = {
+        SD_BUS_VTABLE_START(0),
+        SD_BUS_PROPERTY("Pools", "a(suuddddttttttt)", property_pools, 0, 0),
+        SD_BUS_PROPERTY("Reasons", "a(sst)", property_reasons, 0, 0),
+        SD_BUS_PROPERTY("Outstanding", "u", property_outstanding, 0, 0),
+        SD_BUS_METHOD_WITH_ARGS("Admit",
+                                SD_BUS_ARGS("s", request_id, "s", task_type, "t", deadline_usec, "a{sv}", hints),
+                                SD_BUS_RESULT("s", verdict, "s", reason, "t", retry_after_usec, "t",
+                                              predicted_usec, "i", priority, "o", encoder, "o", prefill, "o",
+                                              decode),
+                                method_admit, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Complete",
+                                SD_BUS_ARGS("s", request_id, "s", stage, "t", service_usec, "b", ok),
+                                SD_BUS_NO_RESULT, method_complete, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ConfigureWorker", SD_BUS_ARGS("o", worker, "a{sv}", options),
+                                SD_BUS_NO_RESULT, method_configure_worker, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_VTABLE_END,
+};
+
+int bus_scheduler_add(Manager *m, sd_bus *bus) {
+        int r = sd_bus_add_object_vtable(bus, NULL, "/org/epd1", "org.epd1.Scheduler", scheduler_vtable, m);
+        if (r < 0)
+                return log_error_errno(r, "Cannot add the Scheduler interface: %m");
+        return 0;
+}

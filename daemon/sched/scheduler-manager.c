@@ -1,0 +1,349 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "feature/feature.h"
+#include "handoff/handoff-manager.h"
+#include "hashmap.h"
+#include "log.h"
+#include "pages/pages.h"
+#include "peer/peer-manager.h"
+#include "sched/pool-select.h"
+#include "sched/scheduler-manager.h"
+#include "telemetry/telemetry.h"
+#include "core/worker.h"
+
+#define EXPIRE_INTERVAL_USEC (1 * USEC_PER_SEC)
+#define WORKER_SLOTS_DEFAULT 8u
+
+unsigned scheduler_stages_of_role(int role) {
+        switch (role) {
+        case WORKER_ENCODER:
+                return 1u << SCHED_STAGE_ENCODE;
+        case WORKER_PREFILL:
+                return 1u << SCHED_STAGE_PREFILL;
+        case WORKER_DECODE:
+                return 1u << SCHED_STAGE_DECODE;
+        case WORKER_COLOCATED:
+                return 1u << SCHED_STAGE_PREFILL | 1u << SCHED_STAGE_DECODE;
+        default:
+                return 0;
+        }
+}
+
+/* Event sources of the subsystem, hung on the Scheduler (sched_set_userdata). */
+typedef struct SchedulerGlue {
+        sd_event_source *expire;
+        Hashmap *hosts;            /* WorkerHost* by worker id (ConfigureWorker "Host") */
+        /* ConfigureWorker(Pools=): the pools a worker limited itself to, by id_str
+         * (the worker's own string is the key; value: mask | SCHED_OVERRIDE_SET). */
+        Hashmap *overrides;
+} SchedulerGlue;
+
+#define SCHED_OVERRIDE_SET (1u << 16)
+
+static SchedulerGlue *glue(Manager *m) {
+        return m->scheduler ? sched_get_userdata(m->scheduler) : NULL;
+}
+
+/* A worker's host (the key is the entry's own `worker`). */
+typedef struct WorkerHost {
+        char worker[EPD_ID_STRING_MAX];
+        char host[PEER_HOST_ID_MAX + 1];
+} WorkerHost;
+
+static void host_forget(SchedulerGlue *g, const char *worker_id) {
+        if (g && g->hosts)
+                free(hashmap_remove(g->hosts, worker_id));
+}
+
+static const char *host_of(SchedulerGlue *g, const char *worker_id) {
+        WorkerHost *h = g && g->hosts ? hashmap_get(g->hosts, worker_id) : NULL;
+        return h ? h->host : NULL;
+}
+
+int scheduler_set_worker_host(Manager *m, const char *worker_id, const char *host) {
+        SchedulerGlue *g = glue(m);
+        if (!g || !worker_id)
+                return -EINVAL;
+        if (!manager_get_worker(m, worker_id))
+                return -ENOENT;
+        if (host && strlen(host) > PEER_HOST_ID_MAX)
+                return -EINVAL;
+        host_forget(g, worker_id);
+        if (!host || !host[0] || strcmp(host, m->config.host_id) == 0)
+                return 0;
+        WorkerHost *h = calloc(1, sizeof *h);
+        if (!h)
+                return -ENOMEM;
+        snprintf(h->worker, sizeof h->worker, "%s", worker_id);
+        snprintf(h->host, sizeof h->host, "%s", host);
+        int r = hashmap_put(g->hosts, h->worker, h);
+        if (r < 0)
+                free(h);
+        return r;
+}
+
+SchedPressure scheduler_path_pressure(BackpressureLevel level, BackpressureReason reason, bool window_full) {
+        if (backpressure_window_closed(level, reason))
+                return SCHED_PRESSURE_STOP;
+        if (window_full)
+                return SCHED_PRESSURE_HIGH;
+        return level >= BACKPRESSURE_ELEVATED ? SCHED_PRESSURE_ELEVATED : SCHED_PRESSURE_OK;
+}
+
+/* The path from a prefill to a decode worker: the peer path to whichever of them is on
+ * another host (prefill workers register here; a decode worker may be remote). */
+static SchedPressure path(void *userdata, const char *from, const char *to) {
+        Manager *m = userdata;
+        SchedulerGlue *g = glue(m);
+        const char *hf = host_of(g, from), *ht = host_of(g, to);
+        const char *remote = ht ?: hf;
+        if (!remote || (hf && ht && strcmp(hf, ht) == 0))
+                return SCHED_PRESSURE_OK;
+        if (hf && ht)
+                return SCHED_PRESSURE_OK; /* between two other hosts: not a path we see */
+        Peer *p = m->peers ? peer_manager_find(m->peers, remote) : NULL;
+        if (!p)
+                return SCHED_PRESSURE_OK; /* not a configured peer: nothing known */
+        if (!peer_is_up(p))
+                return SCHED_PRESSURE_STOP;
+        const char *name = peer_name(p) ?: remote;
+        TelemetryPeerStats st;
+        if (telemetry_peer_stats(m, name, &st) < 0)
+                return SCHED_PRESSURE_OK; /* no telemetry of that path */
+        unsigned n;
+        uint64_t bytes;
+        handoff_manager_window(m->handoffs, remote, &n, &bytes);
+        bool full = backpressure_window_admit(&m->config.telemetry.backpressure, st.level, st.reason, n, bytes, 0,
+                                              NULL, NULL) < 0;
+        SchedPressure pr = scheduler_path_pressure(st.level, st.reason, full);
+        if (pr != SCHED_PRESSURE_OK)
+                log_debug("Scheduler: path %s -> %s (peer %s) is %s (%s)%s.", from, to, remote,
+                          backpressure_level_to_string(st.level), backpressure_reason_to_string(st.reason),
+                          full ? ", handoff window full" : "");
+        return pr;
+}
+
+/* The scheduler's config from epd.conf's [Pool:NAME] sections over the defaults. */
+static void sched_config_from(const Config *c, SchedConfig *ret) {
+        sched_config_defaults(ret);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                ret->pools[t] = c->pools[t].policy;
+}
+
+unsigned scheduler_worker_pools(Manager *m, Worker *w, SchedStage st) {
+        const PoolSelectWorker psw = {
+                .name = w->name,
+                .role = worker_role_to_string(w->role),
+                .model = w->model,
+                .device = w->device,
+                .labels = (const char *const *)w->labels,
+                .n_labels = w->n_labels,
+        };
+        SchedulerGlue *g = glue(m);
+        unsigned pools = 0;
+
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                if (pool_select_match(m->config.pools[t].workers[st], &psw))
+                        pools |= 1u << t;
+        if (g && g->overrides) {
+                uintptr_t o = (uintptr_t)hashmap_get(g->overrides, w->id_str);
+                if (o & SCHED_OVERRIDE_SET)
+                        pools &= (unsigned)o;
+        }
+        return pools;
+}
+
+int scheduler_set_pool_override(Manager *m, Worker *w, unsigned pools) {
+        SchedulerGlue *g = glue(m);
+        if (!g)
+                return -ENOTCONN;
+        if (!g->overrides && !(g->overrides = hashmap_new(HASHMAP_KEY_STRING, 0)))
+                return -ENOMEM;
+        if (pools == 0) {
+                (void)hashmap_remove(g->overrides, w->id_str);
+                return 0;
+        }
+        return hashmap_replace(g->overrides, w->id_str, (void *)(uintptr_t)(pools | SCHED_OVERRIDE_SET), NULL);
+}
+
+static int on_expire(sd_event_source *s, uint64_t usec, void *userdata) {
+        Manager *m = userdata;
+        unsigned n = sched_expire(m->scheduler, now_usec(CLOCK_MONOTONIC));
+        if (n > 0)
+                log_notice("Scheduler: %u request(s) dropped: no Complete() by deadline + grace.", n);
+        (void)sd_event_source_set_time_relative(s, EXPIRE_INTERVAL_USEC);
+        return 0;
+}
+
+bool scheduler_features_cached(Manager *m, char **keys) {
+        if (!m->features || !keys || !keys[0])
+                return false;
+        for (char **k = keys; *k; k++) {
+                Feature *f = feature_key_valid(*k) ? feature_cache_get(m->features, *k) : NULL;
+                if (!f || (f->state != FEATURE_READY && f->state != FEATURE_RESERVED))
+                        return false;
+        }
+        return true;
+}
+
+/* The encode stage is skipped when the request's features are cached: the feature
+ * cache is host-wide, so every prefill worker here sees the same hits. */
+static double affinity(void *userdata, const char *worker, SchedStage stage, const SchedHints *h) {
+        const SchedulerAffinity *a = h->affinity_key;
+        return stage == SCHED_STAGE_ENCODE && a && a->features_cached ? 1.0 : 0.0;
+}
+
+static int scheduler_init(Manager *m) {
+        SchedConfig c;
+        int r;
+
+        sched_config_from(&m->config, &c);
+        r = sched_new(&c, &m->scheduler);
+        if (r < 0)
+                return log_error_errno(r, "Cannot create the scheduler: %m");
+        SchedulerGlue *g = calloc(1, sizeof *g);
+        if (!g)
+                return log_oom();
+        sched_set_userdata(m->scheduler, g);
+        g->hosts = hashmap_new(HASHMAP_KEY_STRING, 0);
+        if (!g->hosts)
+                return log_oom();
+        sched_set_ops(m->scheduler, &(SchedOps){ .affinity = affinity, .path = path, .userdata = m });
+        r = sd_event_add_time_relative(m->event, &g->expire, CLOCK_MONOTONIC,
+                                       EXPIRE_INTERVAL_USEC, USEC_PER_SEC / 10, on_expire, m);
+        if (r < 0)
+                return log_error_errno(r, "Cannot add the scheduler's expiry timer: %m");
+        (void)sd_event_source_set_enabled(g->expire, SD_EVENT_ON);
+        return 0;
+}
+
+static void scheduler_done(Manager *m) {
+        SchedulerGlue *g = m->scheduler ? sched_get_userdata(m->scheduler) : NULL;
+        if (g) {
+                sd_event_source_disable_unref(g->expire);
+                void *v;
+                size_t it;
+                while ((it = 0, g->hosts && hashmap_iterate(g->hosts, &it, &v, NULL)))
+                        free(hashmap_remove(g->hosts, ((WorkerHost *)v)->worker));
+                hashmap_free(g->hosts);
+                hashmap_free(g->overrides);
+                free(g);
+        }
+        m->scheduler = sched_free(m->scheduler);
+}
+
+static int scheduler_worker_added(Manager *m, Worker *w) {
+        unsigned stages = scheduler_stages_of_role(w->role);
+        int r;
+
+        if (!m->scheduler)
+                return 0;
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
+                if (!(stages & (1u << st)))
+                        continue;
+                r = sched_worker_add(m->scheduler, &(SchedWorkerInfo){
+                                                           .id = w->id_str,
+                                                           .stage = (SchedStage)st,
+                                                           .pools = scheduler_worker_pools(m, w, (SchedStage)st),
+                                                           .slots = WORKER_SLOTS_DEFAULT,
+                                                   });
+                if (r < 0) {
+                        for (int k = 0; k < st; k++)
+                                (void)sched_worker_remove(m->scheduler, w->id_str, (SchedStage)k, 0);
+                        return log_warning_errno(r, "Scheduler: cannot add worker %s: %m", w->id_str);
+                }
+        }
+        return 0;
+}
+
+void scheduler_refresh_pages(Manager *m) {
+        Worker *w;
+        size_t it = 0;
+
+        while (hashmap_iterate(m->workers, &it, (void **)&w, NULL)) {
+                uint64_t free_pages = 0;
+                bool any = false;
+                if (!(scheduler_stages_of_role(w->role) & (1u << SCHED_STAGE_DECODE)))
+                        continue;
+                for (size_t i = 0; i < m->n_arenas && i < 64; i++) {
+                        Arena *a = m->arenas[i];
+                        PagePoolStats st;
+                        if (!(w->arena_mask & (UINT64_C(1) << i)) || a->usage != ARENA_USAGE_KV || !a->pages)
+                                continue;
+                        page_pool_stats(a->pages, &st);
+                        free_pages += st.free + st.cached_idle; /* idle cached pages are evictable */
+                        any = true;
+                }
+                /* Without a page pool yet, ConfigureWorker(FreePages=) is what counts. */
+                if (any)
+                        (void)sched_worker_set_free_pages(m->scheduler, w->id_str, free_pages);
+        }
+}
+
+static void scheduler_worker_gone(Manager *m, Worker *w) {
+        SchedulerGlue *g = glue(m);
+        if (!m->scheduler)
+                return;
+        host_forget(glue(m), w->id_str);
+        if (g && g->overrides)
+                (void)hashmap_remove(g->overrides, w->id_str);
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                (void)sched_worker_remove(m->scheduler, w->id_str, (SchedStage)st, now_usec(CLOCK_MONOTONIC));
+}
+
+/* [Pool:NAME] is reloadable: policies apply to the next Admit, and every registered
+ * worker serves the pools the new selectors give it (outstanding requests stay). */
+static int scheduler_reload(Manager *m, const Config *n) {
+        SchedConfig c;
+        PoolConfig pools[_TASK_TYPE_MAX] = {};
+        int r = 0;
+
+        if (!m->scheduler)
+                return 0;
+        sched_config_from(n, &c);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                pools[t].policy = n->pools[t].policy;
+                for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                        if (n->pools[t].workers[st] && !(pools[t].workers[st] = strdup(n->pools[t].workers[st])))
+                                r = -ENOMEM;
+        }
+        if (r >= 0)
+                r = sched_reconfigure(m->scheduler, &c);
+        if (r < 0) {
+                for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                        for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                                free(pools[t].workers[st]);
+                return r;
+        }
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                        free(m->config.pools[t].workers[st]);
+                m->config.pools[t] = pools[t];
+        }
+
+        Worker *w;
+        size_t it = 0;
+        while (hashmap_iterate(m->workers, &it, (void **)&w, NULL)) {
+                unsigned stages = scheduler_stages_of_role(w->role);
+                for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                        if (stages & (1u << st))
+                                (void)sched_worker_set_pools(m->scheduler, w->id_str, (SchedStage)st,
+                                                             scheduler_worker_pools(m, w, (SchedStage)st));
+        }
+        log_info("Scheduler: pool policies reloaded.");
+        return 0;
+}
+
+const Subsystem scheduler_subsystem = {
+        .name = "scheduler",
+        .init = scheduler_init,
+        .done = scheduler_done,
+        .add_bus = bus_scheduler_add,
+        .reload = scheduler_reload,
+        .worker_added = scheduler_worker_added,
+        .worker_gone = scheduler_worker_gone,
+};

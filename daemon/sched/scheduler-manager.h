@@ -1,0 +1,47 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* The scheduler subsystem of epdd: owns the pure Scheduler (scheduler.h) in
+ * Manager.scheduler, feeds it the registered workers (a colocated worker serves both
+ * prefill and decode), drops requests whose workers never reported, and serves
+ * org.epd1.Scheduler (bus-scheduler.c). */
+
+#include "telemetry/backpressure.h"
+#include "core/manager.h"
+#include "sched/scheduler.h"
+
+extern const Subsystem scheduler_subsystem;
+
+/* What Admit's hints told about the request, for SchedOps.affinity (SchedHints.affinity_key). */
+typedef struct SchedulerAffinity {
+        bool features_cached; /* every FeatureKeys entry is READY (or being produced) here */
+} SchedulerAffinity;
+
+/* Whether every key is in the feature cache, READY or RESERVED (a reader then waits
+ * for the producer instead of encoding again). False for an empty list. */
+bool scheduler_features_cached(Manager *m, char **keys);
+
+/* The pools worker w serves at stage st: those whose [Pool:NAME] selector for the stage
+ * matches it (pool-select.h), narrowed by its ConfigureWorker(Pools=). */
+unsigned scheduler_worker_pools(Manager *m, Worker *w, SchedStage st);
+/* ConfigureWorker(Pools=): limits w to pools (0: no limit of its own). */
+int scheduler_set_pool_override(Manager *m, Worker *w, unsigned pools);
+
+/* The stages a worker role serves (bit per SchedStage). */
+unsigned scheduler_stages_of_role(int role);
+int bus_scheduler_add(Manager *m, sd_bus *bus);
+/* Sets each decode worker's free pages from the KV page pools of the arenas it maps
+ * (free + evictable idle pages); called before each admission. */
+void scheduler_refresh_pages(Manager *m);
+
+/* Where a worker's KV lives, for the path between a prefill and a decode worker: the
+ * host id of the epdd that receives its pages (ConfigureWorker "Host"); NULL or "" is
+ * this host. -ENOENT for an unknown worker. */
+int scheduler_set_worker_host(Manager *m, const char *worker_id, const char *host);
+
+/* The scheduler's view of a path from the telemetry's: a closed handoff window (high
+ * from loss or a full destination, or stalled: the handoff path would defer the work
+ * with Error.Backpressure) stops new work on it; a full window leaves it to the
+ * top-priority pool only; elevated, or high from queueing alone, makes it a second
+ * choice. Pure. */
+SchedPressure scheduler_path_pressure(BackpressureLevel level, BackpressureReason reason, bool window_full);

@@ -1,0 +1,836 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hashmap.h"
+#include "list.h"
+#include "sched/scheduler.h"
+
+#define TOP_CANDIDATES 4
+
+typedef struct SchedRequest SchedRequest;
+typedef struct SchedWorker SchedWorker;
+
+typedef struct Estimator {
+        double srtt, rttvar; /* usec */
+        uint64_t n;
+} Estimator;
+
+typedef struct Rate {
+        double count;
+        usec_t last;
+} Rate;
+
+typedef struct StageRef {
+        SchedRequest *req;
+        SchedWorker *worker; /* NULL: stage skipped or done */
+        usec_t service;      /* conservative estimate at admission */
+        LIST_FIELDS(struct StageRef, queue);
+} StageRef;
+
+struct SchedRequest {
+        char id[SCHED_REQUEST_ID_MAX + 1];
+        TaskType type;
+        int priority;
+        usec_t admitted, deadline, predicted_end, stage_start, predicted;
+        uint64_t pages;
+        StageRef stages[_SCHED_STAGE_MAX];
+};
+
+struct SchedWorker {
+        char id[SCHED_WORKER_ID_MAX + 1];
+        SchedStage stage;
+        unsigned pools, slots, queue_limit;
+        uint64_t free_pages, reserved_pages;
+        unsigned outstanding;
+        unsigned outstanding_by_pool[_TASK_TYPE_MAX];
+        Estimator est[_TASK_TYPE_MAX];
+        LIST_HEAD(StageRef, queue);
+};
+
+typedef struct Pool {
+        unsigned queue, queue_peak;
+        bool throttled;
+        Rate arrivals, completions;
+        SchedPoolMetrics m;
+} Pool;
+
+struct Scheduler {
+        SchedConfig config;
+        SchedOps ops;
+        void *userdata;
+        Hashmap *requests; /* SchedRequest* by id */
+        SchedWorker **workers[_SCHED_STAGE_MAX];
+        size_t n_workers[_SCHED_STAGE_MAX];
+        Pool pools[_TASK_TYPE_MAX];
+};
+
+/* ---- names ---- */
+
+static const char *const task_type_table[_TASK_TYPE_MAX] = {
+        [TASK_THINKING] = "thinking",
+        [TASK_INTERACTIVE] = "interactive",
+        [TASK_HYBRID] = "hybrid",
+};
+static const char *const stage_table[_SCHED_STAGE_MAX] = {
+        [SCHED_STAGE_ENCODE] = "encode",
+        [SCHED_STAGE_PREFILL] = "prefill",
+        [SCHED_STAGE_DECODE] = "decode",
+};
+static const char *const verdict_table[_SCHED_VERDICT_MAX] = {
+        [SCHED_ADMIT] = "admit",
+        [SCHED_DEFER] = "defer",
+        [SCHED_REJECT] = "reject",
+};
+static const char *const reason_table[_SCHED_REASON_MAX] = {
+        [SCHED_REASON_NONE] = "none",
+        [SCHED_REASON_QUEUE_FULL] = "queue-full",
+        [SCHED_REASON_WATERMARK] = "over-watermark",
+        [SCHED_REASON_NO_WORKERS] = "no-workers",
+        [SCHED_REASON_DEADLINE_INFEASIBLE] = "deadline-infeasible",
+        [SCHED_REASON_WOULD_MISS_DEADLINE] = "would-miss-deadline",
+        [SCHED_REASON_BUSY] = "busy",
+        [SCHED_REASON_NO_PAGES] = "no-pages",
+        [SCHED_REASON_BACKPRESSURE] = "backpressure",
+        [SCHED_REASON_OVERLOADED] = "overloaded",
+        [SCHED_REASON_TOO_MANY] = "too-many-requests",
+};
+
+const char *task_type_to_string(TaskType t) {
+        return t >= 0 && t < _TASK_TYPE_MAX ? task_type_table[t] : NULL;
+}
+TaskType task_type_from_string(const char *s) {
+        for (int i = 0; s && i < _TASK_TYPE_MAX; i++)
+                if (strcmp(s, task_type_table[i]) == 0)
+                        return (TaskType)i;
+        return _TASK_TYPE_INVALID;
+}
+const char *sched_stage_to_string(SchedStage s) {
+        return s >= 0 && s < _SCHED_STAGE_MAX ? stage_table[s] : NULL;
+}
+SchedStage sched_stage_from_string(const char *s) {
+        for (int i = 0; s && i < _SCHED_STAGE_MAX; i++)
+                if (strcmp(s, stage_table[i]) == 0)
+                        return (SchedStage)i;
+        return _SCHED_STAGE_INVALID;
+}
+const char *sched_verdict_to_string(SchedVerdict v) {
+        return v >= 0 && v < _SCHED_VERDICT_MAX ? verdict_table[v] : NULL;
+}
+const char *sched_reason_to_string(SchedReason r) {
+        return r >= 0 && r < _SCHED_REASON_MAX ? reason_table[r] : NULL;
+}
+
+/* ---- config ---- */
+
+void sched_config_defaults(SchedConfig *c) {
+        *c = (SchedConfig){
+                .max_requests = SCHED_REQUESTS_MAX_DEFAULT,
+                .rate_window = 10 * USEC_PER_SEC,
+                .retry_min = 10 * USEC_PER_MSEC,
+                .retry_max = 10 * USEC_PER_SEC,
+                .expire_grace = 60 * USEC_PER_SEC,
+        };
+        c->pools[TASK_INTERACTIVE] = (SchedPoolPolicy){
+                .priority = 2, .default_deadline = 2 * USEC_PER_SEC,
+                .queue_max = 4096, .high_watermark = 3072, .low_watermark = 2048,
+                .worker_share = 1.0, .reject_rho = 2.0,
+                .service_estimate = { 50 * USEC_PER_MSEC, 100 * USEC_PER_MSEC, 500 * USEC_PER_MSEC },
+        };
+        c->pools[TASK_HYBRID] = (SchedPoolPolicy){
+                .priority = 1, .default_deadline = 10 * USEC_PER_SEC,
+                .queue_max = 4096, .high_watermark = 3072, .low_watermark = 2048,
+                .worker_share = 0.75, .reject_rho = 2.0,
+                .service_estimate = { 50 * USEC_PER_MSEC, 200 * USEC_PER_MSEC, 2 * USEC_PER_SEC },
+        };
+        c->pools[TASK_THINKING] = (SchedPoolPolicy){
+                .priority = 0, .default_deadline = 60 * USEC_PER_SEC,
+                .queue_max = 4096, .high_watermark = 3072, .low_watermark = 2048,
+                .worker_share = 0.5, .reject_rho = 2.0,
+                .service_estimate = { 50 * USEC_PER_MSEC, 200 * USEC_PER_MSEC, 10 * USEC_PER_SEC },
+        };
+}
+
+int sched_config_validate(const SchedConfig *c, const char **error_text) {
+        const char *e = NULL;
+
+        if (c->max_requests == 0)
+                e = "MaxRequests must be positive";
+        else if (c->rate_window == 0)
+                e = "RateWindow must be positive";
+        else if (c->retry_min == 0 || c->retry_min > c->retry_max)
+                e = "RetryMin must be positive and not above RetryMax";
+        for (int t = 0; !e && t < _TASK_TYPE_MAX; t++) {
+                const SchedPoolPolicy *p = &c->pools[t];
+                if (p->queue_max == 0 || p->high_watermark == 0 || p->high_watermark > p->queue_max ||
+                    p->low_watermark >= p->high_watermark)
+                        e = "watermarks must satisfy LowWatermark < HighWatermark <= QueueMax";
+                else if (!(p->worker_share > 0 && p->worker_share <= 1))
+                        e = "WorkerShare must be in (0, 1]";
+                else if (!(p->reject_rho == 0 || p->reject_rho >= 1))
+                        e = "RejectRho must be 0 (off) or at least 1";
+                else if (p->default_deadline == 0)
+                        e = "DefaultDeadline must be positive";
+                for (int st = 0; !e && st < _SCHED_STAGE_MAX; st++)
+                        if (p->service_estimate[st] == 0)
+                                e = "ServiceEstimate must be positive";
+        }
+        if (error_text)
+                *error_text = e;
+        return e ? -EINVAL : 0;
+}
+
+/* ---- small math ---- */
+
+static double rate_decayed(const Rate *r, usec_t now, usec_t tau) {
+        if (now <= r->last)
+                return r->count;
+        return r->count * exp(-(double)(now - r->last) / (double)tau);
+}
+
+static void rate_tick(Rate *r, usec_t now, usec_t tau) {
+        r->count = rate_decayed(r, now, tau) + 1.0;
+        r->last = MAX(now, r->last);
+}
+
+static double rate_get(const Rate *r, usec_t now, usec_t tau) {
+        return rate_decayed(r, now, tau) / ((double)tau / USEC_PER_SEC);
+}
+
+static void est_sample(Estimator *e, double sample) {
+        if (e->n == 0) {
+                e->srtt = sample;
+                e->rttvar = sample / 8;
+        } else {
+                e->rttvar = 0.75 * e->rttvar + 0.25 * fabs(e->srtt - sample);
+                e->srtt = 0.875 * e->srtt + 0.125 * sample;
+        }
+        e->n++;
+}
+
+static double est_mean(const Scheduler *s, const SchedWorker *w, TaskType t) {
+        const Estimator *e = &w->est[t];
+        return e->n > 0 ? e->srtt : (double)s->config.pools[t].service_estimate[w->stage];
+}
+
+static usec_t est_conservative(const Scheduler *s, const SchedWorker *w, TaskType t) {
+        const Estimator *e = &w->est[t];
+        double v = e->n > 0 ? e->srtt + 4 * e->rttvar
+                            : 1.5 * (double)s->config.pools[t].service_estimate[w->stage];
+        return (usec_t)MAX(v, 1.0);
+}
+
+/* ---- lifetime ---- */
+
+int sched_new(const SchedConfig *c, Scheduler **ret) {
+        Scheduler *s;
+        int r;
+
+        r = sched_config_validate(c, NULL);
+        if (r < 0)
+                return r;
+        s = calloc(1, sizeof *s);
+        if (!s)
+                return -ENOMEM;
+        s->config = *c;
+        s->requests = hashmap_new(HASHMAP_KEY_STRING, 0);
+        if (!s->requests) {
+                free(s);
+                return -ENOMEM;
+        }
+        *ret = s;
+        return 0;
+}
+
+static void request_free(SchedRequest *r) {
+        free(r);
+}
+
+Scheduler *sched_free(Scheduler *s) {
+        SchedRequest *r;
+        size_t i = 0;
+
+        if (!s)
+                return NULL;
+        while (hashmap_iterate(s->requests, &i, (void **)&r, NULL))
+                request_free(r);
+        hashmap_free(s->requests);
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
+                for (size_t k = 0; k < s->n_workers[st]; k++)
+                        free(s->workers[st][k]);
+                free(s->workers[st]);
+        }
+        free(s);
+        return NULL;
+}
+
+void sched_set_ops(Scheduler *s, const SchedOps *ops) {
+        s->ops = ops ? *ops : (SchedOps){};
+}
+
+void sched_set_userdata(Scheduler *s, void *userdata) {
+        s->userdata = userdata;
+}
+
+void *sched_get_userdata(const Scheduler *s) {
+        return s->userdata;
+}
+
+int sched_reconfigure(Scheduler *s, const SchedConfig *c) {
+        int r = sched_config_validate(c, NULL);
+        if (r < 0)
+                return r;
+        s->config = *c;
+        return 0;
+}
+
+unsigned sched_outstanding(const Scheduler *s) {
+        return (unsigned)hashmap_size(s->requests);
+}
+
+/* ---- workers ---- */
+
+static bool id_valid(const char *id, size_t max) {
+        size_t n;
+
+        if (!id)
+                return false;
+        n = strnlen(id, max + 1);
+        if (n == 0 || n > max)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (id[i] <= ' ' || id[i] >= 0x7f)
+                        return false;
+        return true;
+}
+
+static SchedWorker *worker_find(Scheduler *s, const char *id, SchedStage stage, size_t *idx) {
+        for (size_t k = 0; k < s->n_workers[stage]; k++)
+                if (strcmp(s->workers[stage][k]->id, id) == 0) {
+                        if (idx)
+                                *idx = k;
+                        return s->workers[stage][k];
+                }
+        return NULL;
+}
+
+int sched_worker_add(Scheduler *s, const SchedWorkerInfo *info) {
+        SchedWorker *w, **a;
+        SchedStage st = info->stage;
+
+        if (!id_valid(info->id, SCHED_WORKER_ID_MAX) || st < 0 || st >= _SCHED_STAGE_MAX ||
+            info->slots == 0 || info->slots > 65536 || info->queue_limit > 1u << 20 ||
+            (info->pools & ~((1u << _TASK_TYPE_MAX) - 1)))
+                return -EINVAL;
+        if (worker_find(s, info->id, st, NULL))
+                return -EEXIST;
+        if (s->n_workers[st] >= SCHED_WORKERS_MAX)
+                return -EDQUOT;
+        a = reallocarray(s->workers[st], s->n_workers[st] + 1, sizeof *a);
+        if (!a)
+                return -ENOMEM;
+        s->workers[st] = a;
+        w = calloc(1, sizeof *w);
+        if (!w)
+                return -ENOMEM;
+        strcpy(w->id, info->id);
+        w->stage = st;
+        w->pools = info->pools;
+        w->slots = info->slots;
+        w->queue_limit = info->queue_limit > 0 ? info->queue_limit : 4 * info->slots;
+        w->queue_limit = MAX(w->queue_limit, w->slots);
+        w->free_pages = info->free_pages;
+        a[s->n_workers[st]++] = w;
+        return 0;
+}
+
+int sched_worker_set_free_pages(Scheduler *s, const char *id, uint64_t free_pages) {
+        SchedWorker *w = id ? worker_find(s, id, SCHED_STAGE_DECODE, NULL) : NULL;
+        if (!w)
+                return -ENOENT;
+        w->free_pages = free_pages;
+        return 0;
+}
+
+int sched_worker_set_pools(Scheduler *s, const char *id, SchedStage stage, unsigned pools) {
+        if (!id || stage < 0 || stage >= _SCHED_STAGE_MAX || (pools & ~((1u << _TASK_TYPE_MAX) - 1)))
+                return -EINVAL;
+        SchedWorker *w = worker_find(s, id, stage, NULL);
+        if (!w)
+                return -ENOENT;
+        w->pools = pools;
+        return 0;
+}
+
+unsigned sched_worker_get_pools(Scheduler *s, const char *id, SchedStage stage) {
+        SchedWorker *w = id && stage >= 0 && stage < _SCHED_STAGE_MAX ? worker_find(s, id, stage, NULL) : NULL;
+        return w ? w->pools : 0;
+}
+
+/* ---- requests ---- */
+
+static void stage_release(SchedRequest *r, SchedStage st) {
+        StageRef *ref = &r->stages[st];
+        SchedWorker *w = ref->worker;
+
+        if (!w)
+                return;
+        LIST_REMOVE(queue, w->queue, ref);
+        w->outstanding--;
+        w->outstanding_by_pool[r->type]--;
+        if (st == SCHED_STAGE_DECODE)
+                w->reserved_pages -= MIN(w->reserved_pages, r->pages);
+        ref->worker = NULL;
+}
+
+static void pool_update_throttle(Scheduler *s, TaskType t) {
+        Pool *p = &s->pools[t];
+        const SchedPoolPolicy *pp = &s->config.pools[t];
+
+        if (p->queue >= pp->high_watermark)
+                p->throttled = true;
+        else if (p->queue <= pp->low_watermark)
+                p->throttled = false;
+}
+
+typedef enum FinishHow { FINISH_OK, FINISH_FAILED, FINISH_EXPIRED } FinishHow;
+
+static void request_finish(Scheduler *s, SchedRequest *r, FinishHow how, usec_t now) {
+        Pool *p = &s->pools[r->type];
+
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                stage_release(r, (SchedStage)st);
+        p->queue--;
+        pool_update_throttle(s, r->type);
+        if (how == FINISH_OK) {
+                p->m.completed++;
+                rate_tick(&p->completions, now, s->config.rate_window);
+                if (now > r->deadline)
+                        p->m.deadline_misses++;
+        } else if (how == FINISH_EXPIRED) {
+                p->m.expired++;
+                p->m.deadline_misses++;
+        } else
+                p->m.failed++;
+        hashmap_remove(s->requests, r->id);
+        request_free(r);
+}
+
+int sched_worker_remove(Scheduler *s, const char *id, SchedStage stage, usec_t now) {
+        SchedWorker *w;
+        size_t idx;
+
+        if (!id || stage < 0 || stage >= _SCHED_STAGE_MAX)
+                return -EINVAL;
+        w = worker_find(s, id, stage, &idx);
+        if (!w)
+                return -ENOENT;
+        while (w->queue)
+                request_finish(s, w->queue->req, FINISH_FAILED, now);
+        memmove(&s->workers[stage][idx], &s->workers[stage][idx + 1],
+                (s->n_workers[stage] - idx - 1) * sizeof(SchedWorker *));
+        s->n_workers[stage]--;
+        free(w);
+        return 0;
+}
+
+/* ---- admission ---- */
+
+typedef struct Candidate {
+        SchedWorker *w;
+        usec_t service; /* conservative, after affinity */
+        usec_t time;    /* wait + service */
+} Candidate;
+
+typedef struct StageEval {
+        Candidate top[TOP_CANDIDATES];
+        size_t n_top;
+        size_t n_serving;   /* workers that serve the pool at this stage */
+        bool no_pages;      /* some worker had room but not the pages */
+        usec_t idle;        /* best service time on an idle worker */
+        usec_t retry;       /* shortest expected time until one of them frees room */
+} StageEval;
+
+static double affinity(Scheduler *s, const SchedWorker *w, SchedStage st, const SchedHints *h) {
+        double a;
+        if (!s->ops.affinity)
+                return 0;
+        a = s->ops.affinity(s->ops.userdata, w->id, st, h);
+        return isfinite(a) ? CLAMP(a, 0.0, 1.0) : 0;
+}
+
+/* May a request of pool t join w? The top pool (share 1) may fill the worker's queue;
+ * a pool with share < 1 may only hold, together with the pools below it, that share of
+ * the worker's slots. So lower-priority work can never occupy every slot, and a
+ * higher-priority request always finds a slot free of it within its wait bound. */
+static bool pool_has_room(const Scheduler *s, const SchedWorker *w, TaskType t) {
+        const SchedPoolPolicy *pp = &s->config.pools[t];
+        unsigned n = 0, cap;
+
+        if (w->outstanding >= w->queue_limit)
+                return false;
+        if (pp->worker_share >= 1.0)
+                return true;
+        for (int q = 0; q < _TASK_TYPE_MAX; q++)
+                if (s->config.pools[q].priority <= pp->priority)
+                        n += w->outstanding_by_pool[q];
+        cap = (unsigned)((double)w->slots * pp->worker_share);
+        return n < MAX(cap, 1u);
+}
+
+static void eval_stage(Scheduler *s, SchedStage st, TaskType t, int prio, const SchedHints *h,
+                       usec_t now, StageEval *ev) {
+        *ev = (StageEval){ .idle = USEC_INFINITY, .retry = USEC_INFINITY };
+
+        for (size_t k = 0; k < s->n_workers[st]; k++) {
+                SchedWorker *w = s->workers[st][k];
+                usec_t svc, wait, time, sum = 0, max_low = 0;
+                unsigned n_low = 0;
+                bool ok = true;
+                double a;
+
+                if (!(w->pools & (1u << t)))
+                        continue;
+                ev->n_serving++;
+                a = affinity(s, w, st, h);
+                svc = (usec_t)((double)est_conservative(s, w, t) * (1.0 - a));
+                svc = MAX(svc, (usec_t)1);
+                ev->idle = MIN(ev->idle, svc);
+
+                /* Work ahead of us: equal or higher priority. Lower-priority requests
+                 * (n_low) hold at most n_low slots and are not preempted: with a slot
+                 * free of them, the others drain the work ahead; without, the longest
+                 * of them may have to end first. */
+                LIST_FOREACH(queue, ref, w->queue) {
+                        if (ref->req->priority >= prio)
+                                sum += ref->service;
+                        else {
+                                n_low++;
+                                max_low = MAX(max_low, ref->service);
+                        }
+                }
+                if (w->outstanding > 0) {
+                        usec_t per = (sum + (usec_t)n_low * max_low) / w->outstanding / w->slots;
+                        ev->retry = MIN(ev->retry, MAX(per, (usec_t)1));
+                }
+                if (!pool_has_room(s, w, t))
+                        continue;
+                if (st == SCHED_STAGE_DECODE &&
+                    (w->reserved_pages > w->free_pages || h->pages_needed > w->free_pages - w->reserved_pages)) {
+                        ev->no_pages = true;
+                        continue;
+                }
+                if (n_low < w->slots)
+                        wait = sum / (w->slots - n_low);
+                else
+                        wait = max_low + sum / w->slots;
+
+                /* We would delay lower-priority work that is admitted here: it must still
+                 * meet its deadline. */
+                LIST_FOREACH(queue, ref, w->queue)
+                        if (ref->req->priority < prio &&
+                            ref->req->predicted_end + svc / w->slots > ref->req->deadline) {
+                                ok = false;
+                                break;
+                        }
+                if (!ok)
+                        continue;
+
+                time = wait + svc;
+                /* Keep the best few, sorted by time. */
+                size_t pos = ev->n_top;
+                while (pos > 0 && ev->top[pos - 1].time > time)
+                        pos--;
+                if (pos >= TOP_CANDIDATES)
+                        continue;
+                if (ev->n_top < TOP_CANDIDATES)
+                        ev->n_top++;
+                memmove(&ev->top[pos + 1], &ev->top[pos], (ev->n_top - 1 - pos) * sizeof(Candidate));
+                ev->top[pos] = (Candidate){ .w = w, .service = svc, .time = time };
+        }
+        (void)now;
+}
+
+static int top_priority(const Scheduler *s) {
+        int m = s->config.pools[0].priority;
+        for (int t = 1; t < _TASK_TYPE_MAX; t++)
+                m = MAX(m, s->config.pools[t].priority);
+        return m;
+}
+
+static void fill_decision(const SchedRequest *r, usec_t now, SchedDecision *d) {
+        *d = (SchedDecision){
+                .verdict = SCHED_ADMIT,
+                .deadline = r->deadline,
+                .predicted = r->predicted_end > now ? r->predicted_end - now : 0,
+                .priority = r->priority,
+        };
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                d->worker[st] = r->stages[st].worker ? r->stages[st].worker->id : NULL;
+}
+
+/* min_time: the least time the request needs once admitted (0: not known yet). */
+static int decide(Scheduler *s, TaskType t, SchedVerdict v, SchedReason reason, usec_t retry,
+                  usec_t min_time, usec_t now, SchedDecision *d) {
+        Pool *p = &s->pools[t];
+        const SchedPoolPolicy *pp = &s->config.pools[t];
+
+        if (v == SCHED_DEFER) {
+                retry = CLAMP(retry, s->config.retry_min, s->config.retry_max);
+                /* Deferring cannot help when retrying would miss the deadline anyway. */
+                if (now + retry + min_time >= d->deadline) {
+                        v = SCHED_REJECT;
+                        reason = SCHED_REASON_WOULD_MISS_DEADLINE;
+                } else if (pp->reject_rho > 0) {
+                        SchedPoolMetrics m;
+                        sched_pool_metrics(s, t, now, &m);
+                        if (m.rho > pp->reject_rho) {
+                                v = SCHED_REJECT;
+                                reason = SCHED_REASON_OVERLOADED;
+                        }
+                }
+        }
+        d->verdict = v;
+        d->reason = reason;
+        d->retry_after = v == SCHED_DEFER ? retry : 0;
+        p->m.by_reason[reason]++;
+        if (v == SCHED_DEFER)
+                p->m.deferred++;
+        else {
+                p->m.rejected++;
+                rate_tick(&p->arrivals, now, s->config.rate_window);
+        }
+        return 0;
+}
+
+int sched_admit(Scheduler *s, const char *request_id, TaskType t, usec_t deadline,
+                const SchedHints *hints, usec_t now, SchedDecision *ret) {
+        static const SchedHints no_hints = {};
+        const SchedPoolPolicy *pp;
+        StageEval ev[_SCHED_STAGE_MAX];
+        Candidate best[_SCHED_STAGE_MAX] = {};
+        SchedRequest *r;
+        Pool *p;
+        bool need[_SCHED_STAGE_MAX] = { false, true, true };
+        usec_t idle = 0, best_time = USEC_INFINITY, retry = 0;
+        int prio, k;
+
+        if (!id_valid(request_id, SCHED_REQUEST_ID_MAX) || t < 0 || t >= _TASK_TYPE_MAX || !ret)
+                return -EINVAL;
+        if (!hints)
+                hints = &no_hints;
+        pp = &s->config.pools[t];
+        p = &s->pools[t];
+        prio = pp->priority;
+
+        r = hashmap_get(s->requests, request_id);
+        if (r) {
+                if (r->type != t)
+                        return -EEXIST;
+                fill_decision(r, now, ret);
+                return 0;
+        }
+
+        *ret = (SchedDecision){ .deadline = deadline > 0 ? deadline : now + pp->default_deadline };
+        if (ret->deadline <= now)
+                return decide(s, t, SCHED_REJECT, SCHED_REASON_DEADLINE_INFEASIBLE, 0, 0, now, ret);
+        if (p->queue >= pp->queue_max)
+                return decide(s, t, SCHED_REJECT, SCHED_REASON_QUEUE_FULL, 0, 0, now, ret);
+        if (hashmap_size(s->requests) >= s->config.max_requests)
+                return decide(s, t, SCHED_DEFER, SCHED_REASON_TOO_MANY, s->config.retry_min, 0, now, ret);
+        pool_update_throttle(s, t);
+        if (p->throttled) {
+                double rate = rate_get(&p->completions, now, s->config.rate_window);
+                usec_t drain = rate > 0 ? (usec_t)((p->queue - pp->low_watermark) / rate * USEC_PER_SEC)
+                                        : s->config.retry_max;
+                return decide(s, t, SCHED_DEFER, SCHED_REASON_WATERMARK, drain, 0, now, ret);
+        }
+
+        /* The encoder is needed for multimodal input, unless a worker has the features. */
+        if (hints->needs_encoder) {
+                need[SCHED_STAGE_ENCODE] = true;
+                for (size_t i = 0; i < s->n_workers[SCHED_STAGE_ENCODE]; i++)
+                        if (affinity(s, s->workers[SCHED_STAGE_ENCODE][i], SCHED_STAGE_ENCODE, hints) >= 1.0) {
+                                need[SCHED_STAGE_ENCODE] = false;
+                                break;
+                        }
+        }
+
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
+                if (!need[st])
+                        continue;
+                eval_stage(s, (SchedStage)st, t, prio, hints, now, &ev[st]);
+                if (ev[st].n_serving == 0)
+                        return decide(s, t, SCHED_REJECT, SCHED_REASON_NO_WORKERS, 0, 0, now, ret);
+                idle += ev[st].idle;
+        }
+        if (now + idle > ret->deadline)
+                return decide(s, t, SCHED_REJECT, SCHED_REASON_DEADLINE_INFEASIBLE, 0, 0, now, ret);
+
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                if (need[st] && ev[st].n_top == 0) {
+                        SchedReason why = st == SCHED_STAGE_DECODE && ev[st].no_pages ? SCHED_REASON_NO_PAGES
+                                                                                    : SCHED_REASON_BUSY;
+                        return decide(s, t, SCHED_DEFER, why,
+                                      ev[st].retry == USEC_INFINITY ? 0 : ev[st].retry, idle, now, ret);
+                }
+
+        /* Encoder: the best one. Prefill x decode: the best pair whose path is usable. */
+        if (need[SCHED_STAGE_ENCODE])
+                best[SCHED_STAGE_ENCODE] = ev[SCHED_STAGE_ENCODE].top[0];
+        bool blocked = false;
+        double best_score = INFINITY;
+        for (size_t i = 0; i < ev[SCHED_STAGE_PREFILL].n_top; i++)
+                for (size_t j = 0; j < ev[SCHED_STAGE_DECODE].n_top; j++) {
+                        const Candidate *cp = &ev[SCHED_STAGE_PREFILL].top[i];
+                        const Candidate *cd = &ev[SCHED_STAGE_DECODE].top[j];
+                        SchedPressure pr = s->ops.path ? s->ops.path(s->ops.userdata, cp->w->id, cd->w->id)
+                                                       : SCHED_PRESSURE_OK;
+                        double score = (double)cp->time + (double)cd->time;
+
+                        if (pr >= SCHED_PRESSURE_STOP || (pr == SCHED_PRESSURE_HIGH && prio < top_priority(s))) {
+                                blocked = true;
+                                continue;
+                        }
+                        if (pr == SCHED_PRESSURE_ELEVATED)
+                                score *= 1.5;
+                        if (score < best_score) {
+                                best_score = score;
+                                best[SCHED_STAGE_PREFILL] = *cp;
+                                best[SCHED_STAGE_DECODE] = *cd;
+                        }
+                }
+        if (!best[SCHED_STAGE_DECODE].w)
+                return decide(s, t, SCHED_DEFER, blocked ? SCHED_REASON_BACKPRESSURE : SCHED_REASON_BUSY,
+                              ev[SCHED_STAGE_DECODE].retry == USEC_INFINITY ? 0 : ev[SCHED_STAGE_DECODE].retry,
+                              idle, now, ret);
+
+        best_time = 0;
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                if (best[st].w)
+                        best_time += best[st].time;
+        if (now + best_time > ret->deadline) {
+                /* Too much work ahead now; it drains at about the rate it was predicted. */
+                retry = now + best_time - ret->deadline;
+                if (now + retry + idle > ret->deadline)
+                        return decide(s, t, SCHED_REJECT, SCHED_REASON_WOULD_MISS_DEADLINE, 0, 0, now, ret);
+                return decide(s, t, SCHED_DEFER, SCHED_REASON_BUSY, retry, idle, now, ret);
+        }
+
+        /* Admit. */
+        r = calloc(1, sizeof *r);
+        if (!r)
+                return -ENOMEM;
+        strcpy(r->id, request_id);
+        r->type = t;
+        r->priority = prio;
+        r->admitted = r->stage_start = now;
+        r->deadline = ret->deadline;
+        r->predicted_end = now + best_time;
+        r->pages = hints->pages_needed;
+        k = hashmap_put(s->requests, r->id, r);
+        if (k < 0) {
+                free(r);
+                return k;
+        }
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
+                SchedWorker *w = best[st].w;
+                StageRef *ref = &r->stages[st];
+
+                ref->req = r;
+                if (!w)
+                        continue;
+                /* Lower-priority work here is pushed back by our service / slots. */
+                LIST_FOREACH(queue, o, w->queue)
+                        if (o->req->priority < prio)
+                                o->req->predicted_end += best[st].service / w->slots;
+                ref->worker = w;
+                ref->service = best[st].service;
+                LIST_PREPEND(queue, w->queue, ref);
+                w->outstanding++;
+                w->outstanding_by_pool[t]++;
+                if (st == SCHED_STAGE_DECODE)
+                        w->reserved_pages += r->pages;
+        }
+        p->queue++;
+        p->queue_peak = MAX(p->queue_peak, p->queue);
+        p->m.admitted++;
+        rate_tick(&p->arrivals, now, s->config.rate_window);
+        pool_update_throttle(s, t);
+        fill_decision(r, now, ret);
+        return 0;
+}
+
+int sched_complete(Scheduler *s, const char *request_id, SchedStage st, usec_t service_usec,
+                   bool ok, usec_t now) {
+        SchedRequest *r;
+        SchedWorker *w;
+
+        if (!request_id || st < 0 || st >= _SCHED_STAGE_MAX)
+                return -EINVAL;
+        r = hashmap_get(s->requests, request_id);
+        if (!r)
+                return -ENOENT;
+        w = r->stages[st].worker;
+        if (!w)
+                return -ENOENT;
+        if (ok) {
+                usec_t sample = service_usec > 0 ? service_usec : now > r->stage_start ? now - r->stage_start : 1;
+                est_sample(&w->est[r->type], (double)sample);
+        }
+        r->stage_start = MAX(now, r->stage_start);
+        stage_release(r, st);
+
+        bool more = false;
+        for (int i = st + 1; i < _SCHED_STAGE_MAX; i++)
+                if (r->stages[i].worker)
+                        more = true;
+        if (!ok || !more)
+                request_finish(s, r, ok ? FINISH_OK : FINISH_FAILED, now);
+        return 0;
+}
+
+unsigned sched_expire(Scheduler *s, usec_t now) {
+        _cleanup_(freep) SchedRequest **victims = NULL;
+        size_t n = 0, i = 0;
+        SchedRequest *r;
+
+        victims = malloc(MAX(hashmap_size(s->requests), (size_t)1) * sizeof *victims);
+        if (!victims)
+                return 0;
+        while (hashmap_iterate(s->requests, &i, (void **)&r, NULL))
+                if (now > r->deadline && now - r->deadline > s->config.expire_grace)
+                        victims[n++] = r;
+        for (size_t k = 0; k < n; k++)
+                request_finish(s, victims[k], FINISH_EXPIRED, now);
+        return (unsigned)n;
+}
+
+void sched_pool_metrics(Scheduler *s, TaskType t, usec_t now, SchedPoolMetrics *ret) {
+        Pool *p = &s->pools[t];
+        double capacity = INFINITY;
+        bool any = false;
+
+        *ret = p->m;
+        ret->queue = p->queue;
+        ret->queue_peak = p->queue_peak;
+        ret->throttled = p->throttled;
+        ret->arrival_rate = rate_get(&p->arrivals, now, s->config.rate_window);
+        ret->service_rate = rate_get(&p->completions, now, s->config.rate_window);
+        /* Capacity: the bottleneck of prefill and decode, each the sum of slots / mean
+         * service time of its workers serving this pool. */
+        for (int st = SCHED_STAGE_PREFILL; st < _SCHED_STAGE_MAX; st++) {
+                double c = 0;
+                for (size_t k = 0; k < s->n_workers[st]; k++) {
+                        SchedWorker *w = s->workers[st][k];
+                        if (w->pools & (1u << t))
+                                c += w->slots / (est_mean(s, w, t) / USEC_PER_SEC);
+                }
+                capacity = MIN(capacity, c);
+                any = true;
+        }
+        ret->capacity = any && isfinite(capacity) ? capacity : 0;
+        ret->rho = ret->capacity > 0 ? ret->arrival_rate / ret->capacity : ret->arrival_rate > 0 ? INFINITY : 0;
+}

@@ -1,0 +1,430 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "telemetry/backpressure.h"
+#include "macro.h"
+#include "parse-util.h"
+
+static const char *const level_names[_BACKPRESSURE_LEVEL_MAX] = {
+        [BACKPRESSURE_NONE] = "none",
+        [BACKPRESSURE_ELEVATED] = "elevated",
+        [BACKPRESSURE_HIGH] = "high",
+        [BACKPRESSURE_STALLED] = "stalled",
+};
+
+static const char *const reason_names[_BACKPRESSURE_REASON_MAX] = {
+        [BACKPRESSURE_REASON_NONE] = "none",
+        [BACKPRESSURE_REASON_RTT_INFLATION] = "rtt-inflation",
+        [BACKPRESSURE_REASON_RETRANSMITS] = "retransmits",
+        [BACKPRESSURE_REASON_SEND_QUEUE] = "send-queue",
+        [BACKPRESSURE_REASON_SEND_QUEUE_GROWTH] = "send-queue-growth",
+        [BACKPRESSURE_REASON_HANDOFFS_IN_FLIGHT] = "handoffs-in-flight",
+        [BACKPRESSURE_REASON_DESTINATION_FULL] = "destination-full",
+        [BACKPRESSURE_REASON_STALLED] = "stalled",
+        [BACKPRESSURE_REASON_DISCONNECTED] = "disconnected",
+};
+
+const char *backpressure_level_to_string(BackpressureLevel l) {
+        return (unsigned)l < _BACKPRESSURE_LEVEL_MAX ? level_names[l] : NULL;
+}
+
+const char *backpressure_reason_to_string(BackpressureReason r) {
+        return (unsigned)r < _BACKPRESSURE_REASON_MAX ? reason_names[r] : NULL;
+}
+
+int backpressure_level_from_string(const char *s) {
+        if (!s)
+                return -EINVAL;
+        for (unsigned i = 0; i < _BACKPRESSURE_LEVEL_MAX; i++)
+                if (strcmp(s, level_names[i]) == 0)
+                        return (int)i;
+        return -EINVAL;
+}
+
+void backpressure_config_defaults(BackpressureConfig *c) {
+        *c = (BackpressureConfig){
+                .enabled = true,
+                .interval_usec = 200 * USEC_PER_MSEC,
+                .rtt_inflation = { 2.0, 4.0 },
+                .rtt_floor_usec = 500,
+                .rtt_min_bytes = 64 * 1024,
+                .retransmit_rate = { 0.01, 0.05 },
+                .send_queue_bytes = { 4ULL << 20, 16ULL << 20 },
+                .send_queue_growth = { 32ULL << 20, 128ULL << 20 },
+                .handoffs_in_flight = { 64, 256 },
+                .destination_free = { 0.10, 0.02 },
+                .stall_usec = 2 * USEC_PER_SEC,
+                .hold_usec = 1 * USEC_PER_SEC,
+                .release = 0.8,
+                .window_handoffs = 128,
+                .window_bytes = 4ULL << 30,
+                .window_elevated = 0.25,
+        };
+}
+
+static int parse_ratio(const char *s, double *ret) {
+        char *end;
+        errno = 0;
+        double v = strtod(s, &end);
+        if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v < 0)
+                return -EINVAL;
+        *ret = v;
+        return 0;
+}
+
+static int parse_unsigned(const char *s, unsigned *ret) {
+        uint32_t v;
+        int r = parse_u32(s, &v);
+        if (r < 0)
+                return r;
+        *ret = v;
+        return 0;
+}
+
+int backpressure_config_set(BackpressureConfig *c, const char *key, const char *value) {
+        if (!c || !key || !value)
+                return -EINVAL;
+
+        if (strcasecmp(key, "Enabled") == 0)
+                return parse_bool(value, &c->enabled);
+        if (strcasecmp(key, "Interval") == 0) {
+                usec_t u;
+                int r = parse_duration(value, &u);
+                if (r < 0)
+                        return r;
+                if (u < USEC_PER_MSEC || u > 60 * USEC_PER_SEC)
+                        return -EINVAL;
+                c->interval_usec = u;
+                return 0;
+        }
+        if (strcasecmp(key, "RTTInflationElevated") == 0)
+                return parse_ratio(value, &c->rtt_inflation[0]);
+        if (strcasecmp(key, "RTTInflationHigh") == 0)
+                return parse_ratio(value, &c->rtt_inflation[1]);
+        if (strcasecmp(key, "RTTFloor") == 0) {
+                usec_t u;
+                int r = parse_duration(value, &u);
+                if (r < 0)
+                        return r;
+                if (u > UINT32_MAX)
+                        return -EINVAL;
+                c->rtt_floor_usec = (uint32_t)u;
+                return 0;
+        }
+        if (strcasecmp(key, "RTTMinBytes") == 0)
+                return parse_size(value, &c->rtt_min_bytes);
+        if (strcasecmp(key, "RetransmitRateElevated") == 0)
+                return parse_ratio(value, &c->retransmit_rate[0]);
+        if (strcasecmp(key, "RetransmitRateHigh") == 0)
+                return parse_ratio(value, &c->retransmit_rate[1]);
+        if (strcasecmp(key, "SendQueueElevated") == 0)
+                return parse_size(value, &c->send_queue_bytes[0]);
+        if (strcasecmp(key, "SendQueueHigh") == 0)
+                return parse_size(value, &c->send_queue_bytes[1]);
+        if (strcasecmp(key, "SendQueueGrowthElevated") == 0)
+                return parse_size(value, &c->send_queue_growth[0]);
+        if (strcasecmp(key, "SendQueueGrowthHigh") == 0)
+                return parse_size(value, &c->send_queue_growth[1]);
+        if (strcasecmp(key, "HandoffsElevated") == 0)
+                return parse_unsigned(value, &c->handoffs_in_flight[0]);
+        if (strcasecmp(key, "HandoffsHigh") == 0)
+                return parse_unsigned(value, &c->handoffs_in_flight[1]);
+        if (strcasecmp(key, "DestinationFreeElevated") == 0)
+                return parse_ratio(value, &c->destination_free[0]);
+        if (strcasecmp(key, "DestinationFreeHigh") == 0)
+                return parse_ratio(value, &c->destination_free[1]);
+        if (strcasecmp(key, "StallTimeout") == 0)
+                return parse_duration(value, &c->stall_usec);
+        if (strcasecmp(key, "Hold") == 0)
+                return parse_duration(value, &c->hold_usec);
+        if (strcasecmp(key, "Release") == 0)
+                return parse_ratio(value, &c->release);
+        if (strcasecmp(key, "WindowHandoffs") == 0)
+                return parse_unsigned(value, &c->window_handoffs);
+        if (strcasecmp(key, "WindowBytes") == 0)
+                return parse_size(value, &c->window_bytes);
+        if (strcasecmp(key, "WindowElevated") == 0)
+                return parse_ratio(value, &c->window_elevated);
+        return -ENOENT;
+}
+
+int backpressure_config_verify(const BackpressureConfig *c, const char **ret_problem) {
+        const char *p = NULL;
+
+#define ORDERED(a) ((a)[0] == 0 || (a)[1] == 0 || (a)[0] <= (a)[1])
+        if (!ORDERED(c->rtt_inflation))
+                p = "RTTInflationElevated must not exceed RTTInflationHigh";
+        else if (c->rtt_inflation[0] != 0 && c->rtt_inflation[0] < 1.0)
+                p = "RTTInflationElevated must be at least 1.0 (srtt over min RTT)";
+        else if (!ORDERED(c->retransmit_rate))
+                p = "RetransmitRateElevated must not exceed RetransmitRateHigh";
+        else if (c->retransmit_rate[0] > 1.0 || c->retransmit_rate[1] > 1.0)
+                p = "retransmit rates are fractions of sent segments (0..1)";
+        else if (!ORDERED(c->send_queue_bytes))
+                p = "SendQueueElevated must not exceed SendQueueHigh";
+        else if (!ORDERED(c->send_queue_growth))
+                p = "SendQueueGrowthElevated must not exceed SendQueueGrowthHigh";
+        else if (!ORDERED(c->handoffs_in_flight))
+                p = "HandoffsElevated must not exceed HandoffsHigh";
+        else if (c->destination_free[0] > 1.0 || c->destination_free[1] > 1.0)
+                p = "destination free thresholds are fractions (0..1)";
+        else if (c->destination_free[1] > c->destination_free[0])
+                p = "DestinationFreeHigh must not exceed DestinationFreeElevated";
+        else if (c->release <= 0.0 || c->release > 1.0)
+                p = "Release must be in (0, 1]";
+        else if (c->interval_usec == 0)
+                p = "Interval must not be zero";
+        else if (c->window_elevated <= 0.0 || c->window_elevated > 1.0)
+                p = "WindowElevated must be in (0, 1]";
+#undef ORDERED
+
+        if (ret_problem)
+                *ret_problem = p;
+        return p ? -EINVAL : 0;
+}
+
+void backpressure_state_init(BackpressureState *s) {
+        *s = (BackpressureState){};
+}
+
+/* Level for "bigger is worse" signals; a zero threshold is off. */
+static BackpressureLevel level_above(double v, double elevated, double high, double scale) {
+        if (high > 0 && v >= high * scale)
+                return BACKPRESSURE_HIGH;
+        if (elevated > 0 && v >= elevated * scale)
+                return BACKPRESSURE_ELEVATED;
+        return BACKPRESSURE_NONE;
+}
+
+BackpressureLevel backpressure_evaluate(const BackpressureState *s, const BackpressureConfig *c,
+                                        const BackpressureSample *x, double scale,
+                                        BackpressureReason *ret_reason) {
+        BackpressureLevel best = BACKPRESSURE_NONE, l;
+        BackpressureReason why = BACKPRESSURE_REASON_NONE;
+
+#define CONSIDER(level, reason)                                                          \
+        do {                                                                             \
+                l = (level);                                                             \
+                if (l > best) {                                                          \
+                        best = l;                                                        \
+                        why = (reason);                                                  \
+                }                                                                        \
+        } while (0)
+
+        if (!x->connected) {
+                if (ret_reason)
+                        *ret_reason = BACKPRESSURE_REASON_DISCONNECTED;
+                return BACKPRESSURE_STALLED;
+        }
+
+        if (x->have_kernel) {
+                /* The kernel's records lag one ACK (tcp_probe fires before the ACK is
+                 * processed), so an idle connection can look like it has data
+                 * outstanding. A stall is therefore: no ACK progress for stall_usec
+                 * *and* the kernel retransmitting (RTOs firing) meanwhile. */
+                bool outstanding = x->send_queue_bytes > 0 || x->inflight_bytes > 0;
+                if (c->stall_usec > 0 && outstanding && x->retransmits > s->retransmits_at_progress &&
+                    x->now >= s->last_progress &&
+                    x->now - s->last_progress >= c->stall_usec) {
+                        if (ret_reason)
+                                *ret_reason = BACKPRESSURE_REASON_STALLED;
+                        return BACKPRESSURE_STALLED;
+                }
+
+                /* Loss first: at a tie it is the reason given (it closes the handoff
+                 * window; queueing alone only narrows it). */
+                CONSIDER(level_above(s->retransmit_rate, c->retransmit_rate[0],
+                                     c->retransmit_rate[1], scale),
+                         BACKPRESSURE_REASON_RETRANSMITS);
+                if (x->min_rtt_usec > 0 && x->srtt_usec >= c->rtt_floor_usec &&
+                    s->acked_delta >= c->rtt_min_bytes)
+                        CONSIDER(level_above(s->rtt_inflation, c->rtt_inflation[0],
+                                             c->rtt_inflation[1], scale),
+                                 BACKPRESSURE_REASON_RTT_INFLATION);
+                CONSIDER(level_above((double)x->send_queue_bytes, (double)c->send_queue_bytes[0],
+                                     (double)c->send_queue_bytes[1], scale),
+                         BACKPRESSURE_REASON_SEND_QUEUE);
+                CONSIDER(level_above(s->send_queue_growth, (double)c->send_queue_growth[0],
+                                     (double)c->send_queue_growth[1], scale),
+                         BACKPRESSURE_REASON_SEND_QUEUE_GROWTH);
+        }
+
+        CONSIDER(level_above((double)x->handoffs_in_flight, (double)c->handoffs_in_flight[0],
+                             (double)c->handoffs_in_flight[1], scale),
+                 BACKPRESSURE_REASON_HANDOFFS_IN_FLIGHT);
+
+        if (x->destination_total_pages > 0) {
+                double free_frac = (double)x->destination_free_pages / (double)x->destination_total_pages;
+                /* Smaller is worse: leaving needs more room than entering. */
+                l = BACKPRESSURE_NONE;
+                if (c->destination_free[1] > 0 && free_frac <= c->destination_free[1] / scale)
+                        l = BACKPRESSURE_HIGH;
+                else if (c->destination_free[0] > 0 && free_frac <= c->destination_free[0] / scale)
+                        l = BACKPRESSURE_ELEVATED;
+                CONSIDER(l, BACKPRESSURE_REASON_DESTINATION_FULL);
+        }
+#undef CONSIDER
+
+        if (ret_reason)
+                *ret_reason = why;
+        return best;
+}
+
+static void derive(BackpressureState *s, const BackpressureSample *x) {
+        s->rtt_inflation = x->min_rtt_usec > 0 ? (double)x->srtt_usec / (double)x->min_rtt_usec : 0.0;
+
+        if (!s->have_prev || !s->prev.have_kernel || !x->have_kernel) {
+                s->retransmit_rate = 0;
+                s->send_queue_growth = 0;
+                /* No interval yet: judge RTT by the totals so far. */
+                s->acked_delta = x->bytes_acked;
+                s->last_progress = x->now;
+                s->retransmits_at_progress = x->retransmits;
+                return;
+        }
+
+        const BackpressureSample *p = &s->prev;
+        if (x->segs_out < p->segs_out || x->retransmits < p->retransmits ||
+            x->bytes_acked < p->bytes_acked) {
+                /* A new connection replaced the old one: new baseline. */
+                s->retransmit_rate = 0;
+                s->send_queue_growth = 0;
+                s->acked_delta = x->bytes_acked;
+                s->last_progress = x->now;
+                s->retransmits_at_progress = x->retransmits;
+                return;
+        }
+
+        s->acked_delta = x->bytes_acked - p->bytes_acked;
+        uint64_t dsegs = x->segs_out - p->segs_out;
+        uint64_t dretr = x->retransmits - p->retransmits;
+        if (dsegs > 0)
+                s->retransmit_rate = MIN(1.0, (double)dretr / (double)dsegs);
+        else
+                s->retransmit_rate = dretr > 0 ? 1.0 : 0.0;
+
+        usec_t dt = x->now - p->now;
+        if (dt > 0 && x->send_queue_bytes > p->send_queue_bytes)
+                s->send_queue_growth = (double)(x->send_queue_bytes - p->send_queue_bytes) *
+                                       (double)USEC_PER_SEC / (double)dt;
+        else
+                s->send_queue_growth = 0;
+
+        if (x->bytes_acked > p->bytes_acked || (x->send_queue_bytes == 0 && x->inflight_bytes == 0)) {
+                s->last_progress = x->now;
+                s->retransmits_at_progress = x->retransmits;
+        }
+}
+
+int backpressure_update(BackpressureState *s, const BackpressureConfig *c, const BackpressureSample *x) {
+        if (s->have_prev && x->now < s->prev.now)
+                return -EINVAL;
+
+        derive(s, x);
+        s->prev = *x;
+        s->have_prev = true;
+
+        if (!c->enabled) {
+                bool changed = s->level != BACKPRESSURE_NONE;
+                s->level = BACKPRESSURE_NONE;
+                s->reason = BACKPRESSURE_REASON_NONE;
+                return changed;
+        }
+
+        BackpressureReason enter_reason, stay_reason;
+        BackpressureLevel enter = backpressure_evaluate(s, c, x, 1.0, &enter_reason);
+        BackpressureLevel stay = backpressure_evaluate(s, c, x, c->release, &stay_reason);
+
+        if (enter > s->level) {
+                s->level = enter;
+                s->reason = enter_reason;
+                s->below_since = 0;
+                return 1;
+        }
+
+        if (stay < s->level) {
+                if (s->below_since == 0) {
+                        s->below_since = x->now ? x->now : 1;
+                        return 0;
+                }
+                if (x->now - s->below_since < c->hold_usec)
+                        return 0;
+                s->level--;
+                if (stay == s->level)
+                        s->reason = stay_reason;
+                else if (s->level == BACKPRESSURE_NONE)
+                        s->reason = BACKPRESSURE_REASON_NONE;
+                s->below_since = s->level > stay ? x->now : 0;
+                return 1;
+        }
+
+        s->below_since = 0;
+        if (enter == s->level && enter != BACKPRESSURE_NONE)
+                s->reason = enter_reason;
+        return 0;
+}
+
+bool backpressure_window_closed(BackpressureLevel level, BackpressureReason reason) {
+        if (level >= BACKPRESSURE_STALLED)
+                return true;
+        return level == BACKPRESSURE_HIGH &&
+               (reason == BACKPRESSURE_REASON_RETRANSMITS || reason == BACKPRESSURE_REASON_DESTINATION_FULL ||
+                reason == BACKPRESSURE_REASON_STALLED || reason == BACKPRESSURE_REASON_DISCONNECTED);
+}
+
+void backpressure_window(const BackpressureConfig *c, BackpressureLevel level, BackpressureReason reason,
+                         BackpressureWindow *ret) {
+        *ret = (BackpressureWindow){ .handoffs = c->window_handoffs, .bytes = c->window_bytes };
+        if (!c->enabled)
+                return;
+        if (backpressure_window_closed(level, reason)) {
+                *ret = (BackpressureWindow){ .closed = true };
+                return;
+        }
+        if (level >= BACKPRESSURE_ELEVATED) {
+                if (ret->handoffs > 0)
+                        ret->handoffs = MAX(1u, (unsigned)((double)ret->handoffs * c->window_elevated));
+                if (ret->bytes > 0)
+                        ret->bytes = MAX((uint64_t)1, (uint64_t)((double)ret->bytes * c->window_elevated));
+        }
+}
+
+static unsigned permille(uint64_t used, uint64_t limit) {
+        if (limit == 0)
+                return 0;
+        if (used >= limit)
+                return 1000;
+        return (unsigned)(used * 1000 / limit);
+}
+
+int backpressure_window_admit(const BackpressureConfig *c, BackpressureLevel level, BackpressureReason reason,
+                              unsigned in_flight, uint64_t in_flight_bytes, uint64_t bytes,
+                              usec_t *ret_retry_after, unsigned *ret_permille) {
+        BackpressureWindow w;
+        backpressure_window(c, level, reason, &w);
+
+        usec_t retry = 0;
+        unsigned pm = 1000;
+        int r = 0;
+        if (w.closed) {
+                retry = MAX(c->hold_usec, c->interval_usec);
+                r = -EAGAIN;
+        } else {
+                pm = MAX(permille(in_flight, w.handoffs), permille(in_flight_bytes, w.bytes));
+                bool full = (w.handoffs > 0 && in_flight >= w.handoffs) ||
+                            (w.bytes > 0 && in_flight > 0 && in_flight_bytes + bytes > w.bytes);
+                if (full) {
+                        retry = c->interval_usec;
+                        r = -EAGAIN;
+                }
+        }
+        if (ret_retry_after)
+                *ret_retry_after = retry;
+        if (ret_permille)
+                *ret_permille = pm;
+        return r;
+}

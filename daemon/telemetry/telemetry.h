@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* Telemetry: what the kernel sees of epd's own peer connections (through the BPF
+ * programs in bpf/, optional), per-peer backpressure from that and from the daemon's
+ * own load, and per-request traces. Owned by the Manager (m->telemetry); the BPF ring
+ * buffer and the evaluation timer are sd-event sources of the manager's loop.
+ *
+ * The Telemetry object also works without a Manager (telemetry_new on any sd_event),
+ * which tests and benchmarks use. */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <systemd/sd-event.h>
+
+#include "telemetry/backpressure.h"
+#include "macro.h"
+#include "telemetry/telemetry-config.h"
+#include "telemetry/telemetry-event.h"
+#include "telemetry/trace.h"
+
+typedef struct Manager Manager;
+typedef struct Subsystem Subsystem;
+typedef struct Telemetry Telemetry;
+
+/* Called when a peer's backpressure level changes. */
+typedef void (*TelemetryBackpressureFn)(Telemetry *t, const char *peer, BackpressureLevel level,
+                                        BackpressureReason reason, void *userdata);
+
+/* A peer path as tools and the bus see it. */
+typedef struct TelemetryPeerStats {
+        const char *name;
+        bool kernel;                  /* the kernel fields are valid (BPF loaded) */
+        unsigned tracked;             /* connections tracked (path.n_conns: those the
+                                       * kernel has reported on yet) */
+        TelemetryPathStats path;
+        BackpressureLevel level;
+        BackpressureReason reason;
+        double rtt_inflation;
+        double retransmit_rate;
+        unsigned handoffs_in_flight;
+        uint64_t destination_free_pages, destination_total_pages;
+        uint64_t events;              /* ring events seen for this peer */
+} TelemetryPeerStats;
+
+typedef struct TelemetryCounters {
+        bool bpf_loaded;
+        const char *bpf_unavailable;  /* why not, or NULL */
+        const char *pin_dir;          /* where the maps are pinned, or NULL */
+        uint64_t ring_events;         /* decoded */
+        uint64_t ring_bad;            /* failed to decode */
+        uint64_t ring_wakeups;
+        uint64_t kernel_events;       /* from the BPF counters */
+        uint64_t kernel_dropped;
+        uint64_t kernel_run_nsec;     /* time in the BPF programs (when stats are on) */
+        uint64_t kernel_runs;
+        unsigned tracked;
+        unsigned peers;
+        size_t traces;
+        uint64_t traces_evicted;
+} TelemetryCounters;
+
+int telemetry_new(Telemetry **ret, sd_event *event, const TelemetryConfig *config);
+Telemetry *telemetry_free(Telemetry *t);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Telemetry *, telemetry_free);
+
+/* Loads the BPF programs when configured; when that is impossible, logs why once and
+ * carries on without (returns 0). Starts the evaluation timer. */
+int telemetry_start(Telemetry *t);
+int telemetry_reconfigure(Telemetry *t, const TelemetryConfig *config);
+void telemetry_set_backpressure_handler(Telemetry *t, TelemetryBackpressureFn fn, void *userdata);
+
+int telemetry_track(Telemetry *t, int fd, const char *peer);
+int telemetry_untrack(Telemetry *t, int fd);
+int telemetry_untrack_all(Telemetry *t, const char *peer);
+/* The daemon's own load towards a peer, folded into its backpressure. */
+int telemetry_set_peer_load(Telemetry *t, const char *peer, unsigned handoffs_in_flight,
+                            uint64_t destination_free_pages, uint64_t destination_total_pages);
+int telemetry_get_peer(Telemetry *t, const char *peer, TelemetryPeerStats *ret);
+/* Iterates peers: `size_t i = 0; TelemetryPeerStats s; while (telemetry_iterate_peers(t, &i, &s) > 0)`. */
+int telemetry_iterate_peers(Telemetry *t, size_t *state, TelemetryPeerStats *ret);
+BackpressureLevel telemetry_get_level(Telemetry *t, const char *peer);
+/* Re-reads the kernel's records and re-evaluates every peer now. */
+int telemetry_evaluate(Telemetry *t);
+void telemetry_get_counters(Telemetry *t, TelemetryCounters *ret);
+
+int telemetry_record(Telemetry *t, const char *request_id, TraceEventType type, const TraceDetail *d);
+const TraceRequest *telemetry_get_trace(Telemetry *t, const char *request_id);
+
+/* Manager-facing API, used by the peer, handoff and feature code. All are no-ops that
+ * return 0 when telemetry is not running. */
+int telemetry_track_socket(Manager *m, int fd, const char *peer);
+int telemetry_untrack_socket(Manager *m, int fd);
+/* Untracks every connection of a peer (by cookie: the fds may be closed already). */
+int telemetry_untrack_peer(Manager *m, const char *peer);
+int telemetry_peer_stats(Manager *m, const char *peer, TelemetryPeerStats *ret);
+int telemetry_peer_load(Manager *m, const char *peer, unsigned handoffs_in_flight,
+                        uint64_t destination_free_pages, uint64_t destination_total_pages);
+BackpressureLevel telemetry_peer_backpressure(Manager *m, const char *peer);
+int telemetry_trace(Manager *m, const char *request_id, TraceEventType type, const TraceDetail *d);
+
+extern const Subsystem telemetry_subsystem;

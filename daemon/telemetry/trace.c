@@ -1,0 +1,225 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hashmap.h"
+#include "parse-util.h"
+#include "telemetry/trace.h"
+
+struct TraceStore {
+        Hashmap *by_id;                 /* TraceRequest* by id */
+        LIST_HEAD(TraceRequest, oldest); /* newest first: prepend; tail is the oldest */
+        TraceRequest *tail;
+        size_t max_requests, max_events;
+        uint64_t n_evicted;
+};
+
+static const char *const type_names[_TRACE_EVENT_TYPE_MAX] = {
+        [TRACE_ENCODE_START] = "encode-start",
+        [TRACE_ENCODE_DONE] = "encode-done",
+        [TRACE_PUBLISH] = "publish",
+        [TRACE_ACQUIRE_HIT] = "acquire-hit",
+        [TRACE_ACQUIRE_MISS] = "acquire-miss",
+        [TRACE_PREFILL_START] = "prefill-start",
+        [TRACE_HANDOFF_PREPARE] = "handoff-prepare",
+        [TRACE_GROUP_READY] = "group-ready",
+        [TRACE_GROUP_SENT] = "group-sent",
+        [TRACE_GROUP_RECEIVED] = "group-received",
+        [TRACE_COMMIT] = "commit",
+        [TRACE_ROLLBACK] = "rollback",
+        [TRACE_RELEASE] = "release",
+        [TRACE_BACKPRESSURE] = "backpressure",
+        [TRACE_ERROR] = "error",
+};
+
+const char *trace_event_type_to_string(TraceEventType t) {
+        return (unsigned)t < _TRACE_EVENT_TYPE_MAX ? type_names[t] : NULL;
+}
+
+int trace_event_type_from_string(const char *s) {
+        if (!s)
+                return -EINVAL;
+        for (unsigned i = 0; i < _TRACE_EVENT_TYPE_MAX; i++)
+                if (strcmp(s, type_names[i]) == 0)
+                        return (int)i;
+        return -EINVAL;
+}
+
+bool trace_request_id_valid(const char *id) {
+        if (!id)
+                return false;
+        size_t n = 0;
+        for (const char *p = id; *p; p++, n++) {
+                char c = *p;
+                if (n >= TRACE_REQUEST_ID_MAX)
+                        return false;
+                if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '.' || c == '_' || c == ':' || c == '-'))
+                        return false;
+        }
+        return n > 0;
+}
+
+TraceStore *trace_store_new(size_t max_requests, size_t max_events) {
+        if (max_requests == 0 || max_events == 0)
+                return NULL;
+        TraceStore *t = calloc(1, sizeof *t);
+        if (!t)
+                return NULL;
+        t->by_id = hashmap_new(HASHMAP_KEY_STRING, 0);
+        if (!t->by_id) {
+                free(t);
+                return NULL;
+        }
+        t->max_requests = max_requests;
+        t->max_events = max_events;
+        return t;
+}
+
+static void request_free(TraceRequest *r) {
+        if (!r)
+                return;
+        free(r->events);
+        free(r);
+}
+
+static void store_unlink(TraceStore *t, TraceRequest *r) {
+        if (t->tail == r)
+                t->tail = r->age_prev;
+        LIST_REMOVE(age, t->oldest, r);
+        hashmap_remove(t->by_id, r->id);
+}
+
+TraceStore *trace_store_free(TraceStore *t) {
+        if (!t)
+                return NULL;
+        LIST_FOREACH_SAFE(age, r, n, t->oldest)
+                request_free(r);
+        hashmap_free(t->by_id);
+        free(t);
+        return NULL;
+}
+
+size_t trace_store_size(const TraceStore *t) {
+        return t ? hashmap_size(t->by_id) : 0;
+}
+
+uint64_t trace_store_evicted(const TraceStore *t) {
+        return t ? t->n_evicted : 0;
+}
+
+const TraceRequest *trace_store_get(const TraceStore *t, const char *request_id) {
+        if (!t || !request_id)
+                return NULL;
+        return hashmap_get(t->by_id, request_id);
+}
+
+void trace_store_remove(TraceStore *t, const char *request_id) {
+        TraceRequest *r = t && request_id ? hashmap_get(t->by_id, request_id) : NULL;
+        if (!r)
+                return;
+        store_unlink(t, r);
+        request_free(r);
+}
+
+static void copy_field(char *dst, size_t n, const char *src) {
+        if (!src) {
+                dst[0] = '\0';
+                return;
+        }
+        size_t l = strnlen(src, n - 1);
+        memcpy(dst, src, l);
+        dst[l] = '\0';
+}
+
+int trace_store_add(TraceStore *t, const char *request_id, usec_t ts, TraceEventType type,
+                    const TraceDetail *d) {
+        if (!t || !trace_request_id_valid(request_id) || (unsigned)type >= _TRACE_EVENT_TYPE_MAX)
+                return -EINVAL;
+
+        TraceRequest *r = hashmap_get(t->by_id, request_id);
+        if (!r) {
+                r = calloc(1, sizeof *r);
+                if (!r)
+                        return -ENOMEM;
+                strcpy(r->id, request_id); /* length checked above */
+                r->first_usec = ts;
+                int k = hashmap_put(t->by_id, r->id, r);
+                if (k < 0) {
+                        free(r);
+                        return k;
+                }
+                LIST_PREPEND(age, t->oldest, r);
+                if (!t->tail)
+                        t->tail = r;
+
+                while (hashmap_size(t->by_id) > t->max_requests && t->tail && t->tail != r) {
+                        TraceRequest *victim = t->tail;
+                        store_unlink(t, victim);
+                        request_free(victim);
+                        t->n_evicted++;
+                }
+        }
+
+        r->first_usec = MIN(r->first_usec, ts);
+        r->last_usec = MAX(r->last_usec, ts);
+        if (r->n_events >= t->max_events) {
+                r->n_dropped++;
+                return 0;
+        }
+        if (r->n_events == r->n_allocated) {
+                size_t n = r->n_allocated ? r->n_allocated * 2 : 8;
+                n = MIN(n, t->max_events);
+                TraceEvent *e = reallocarray(r->events, n, sizeof *e);
+                if (!e)
+                        return -ENOMEM;
+                r->events = e;
+                r->n_allocated = n;
+        }
+
+        TraceEvent *e = &r->events[r->n_events++];
+        *e = (TraceEvent){
+                .ts_usec = ts,
+                .type = type,
+                .group = d && d->has_group ? d->group : -1,
+                .bytes = d ? d->bytes : 0,
+                .duration_usec = d ? d->duration_usec : 0,
+        };
+        copy_field(e->transport, sizeof e->transport, d ? d->transport : NULL);
+        copy_field(e->peer, sizeof e->peer, d ? d->peer : NULL);
+        copy_field(e->detail, sizeof e->detail, d ? d->detail : NULL);
+        return 0;
+}
+
+int trace_request_format(const TraceRequest *r, FILE *f) {
+        if (!r || !f)
+                return -EINVAL;
+        fprintf(f, "request %s: %zu events", r->id, r->n_events);
+        if (r->n_dropped > 0)
+                fprintf(f, " (%" PRIu64 " more dropped)", r->n_dropped);
+        fprintf(f, ", %.3fms\n", (double)(r->last_usec - r->first_usec) / 1000.0);
+
+        for (size_t i = 0; i < r->n_events; i++) {
+                const TraceEvent *e = &r->events[i];
+                char buf[32];
+                /* Events may come from several threads of one host out of order. */
+                double rel = ((double)e->ts_usec - (double)r->first_usec) / 1000.0;
+                fprintf(f, "  %+10.3fms %-16s", rel, trace_event_type_to_string(e->type));
+                if (e->group >= 0)
+                        fprintf(f, " group=%" PRIi32, e->group);
+                if (e->bytes > 0)
+                        fprintf(f, " bytes=%s", format_size(buf, sizeof buf, e->bytes));
+                if (e->transport[0])
+                        fprintf(f, " transport=%s", e->transport);
+                if (e->peer[0])
+                        fprintf(f, " peer=%s", e->peer);
+                if (e->duration_usec > 0)
+                        fprintf(f, " took=%.3fms", (double)e->duration_usec / 1000.0);
+                if (e->detail[0])
+                        fprintf(f, " %s", e->detail);
+                fputc('\n', f);
+        }
+        return ferror(f) ? -EIO : 0;
+}

@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <string.h>
+
+#include "transport/rdma-proto.h"
+
+static uint32_t get32(const uint8_t *p) {
+        return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+static uint64_t get64(const uint8_t *p) {
+        return (uint64_t)get32(p) << 32 | get32(p + 4);
+}
+static void put32(uint8_t *p, uint32_t v) {
+        p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+static void put64(uint8_t *p, uint64_t v) {
+        put32(p, (uint32_t)(v >> 32));
+        put32(p + 4, (uint32_t)v);
+}
+
+static bool printable(const uint8_t *s, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                if (s[i] < 0x20 || s[i] > 0x7e)
+                        return false;
+        return true;
+}
+
+static bool all_zero(const uint8_t *s, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                if (s[i])
+                        return false;
+        return true;
+}
+
+#define CONNECT_FIXED 29U /* flags port mtu gid_index qpn psn gid[16] name_len */
+#define GRANT_SIZE 32U
+#define DOWN_FIXED 5U
+#define REQUEST_SIZE 36U
+#define ACK_SIZE 12U
+
+int rdma_message_decode(uint16_t type, const void *payload, size_t len, RdmaMessage *ret) {
+        const uint8_t *p = payload;
+        RdmaMessage m = { .type = type };
+
+        if (!ret || (len > 0 && !p))
+                return -EINVAL;
+        switch (type) {
+        case RDMA_MSG_CONNECT: {
+                size_t nl;
+                if (len < CONNECT_FIXED)
+                        return -EBADMSG;
+                nl = p[28];
+                if (len != CONNECT_FIXED + nl || (p[0] & ~RDMA_CONNECT_HAVE_RDMA))
+                        return -EBADMSG;
+                if (p[0] & RDMA_CONNECT_HAVE_RDMA) {
+                        m.connect.have_rdma = true;
+                        m.connect.port = p[1];
+                        m.connect.mtu = p[2];
+                        m.connect.gid_index = p[3];
+                        m.connect.qpn = get32(p + 4);
+                        m.connect.psn = get32(p + 8);
+                        memcpy(m.connect.gid, p + 12, 16);
+                        if (m.connect.port == 0 || m.connect.mtu < 1 || m.connect.mtu > 5 ||
+                            m.connect.qpn == 0 || m.connect.qpn > 0xffffff || m.connect.psn > 0xffffff ||
+                            nl == 0 || nl > RDMA_PROTO_NAME_MAX || !printable(p + CONNECT_FIXED, nl))
+                                return -EBADMSG;
+                        memcpy(m.connect.device, p + CONNECT_FIXED, nl);
+                } else if (!all_zero(p + 1, CONNECT_FIXED - 1 + nl))
+                        return -EBADMSG; /* "none" carries nothing else */
+                break;
+        }
+        case RDMA_MSG_GRANT:
+                if (len != GRANT_SIZE)
+                        return -EBADMSG;
+                m.grant.write_id = get64(p);
+                m.grant.region = get32(p + 8);
+                m.grant.rkey = get32(p + 12);
+                m.grant.addr = get64(p + 16);
+                m.grant.length = get64(p + 24);
+                if (m.grant.write_id == 0 || m.grant.write_id > RDMA_WRITE_ID_MAX || m.grant.length == 0 ||
+                    m.grant.addr + m.grant.length < m.grant.addr)
+                        return -EBADMSG;
+                break;
+        case RDMA_MSG_REQUEST:
+                if (len != REQUEST_SIZE)
+                        return -EBADMSG;
+                m.request.write_id = get64(p);
+                m.request.cookie = get64(p + 8);
+                m.request.region = get32(p + 16);
+                m.request.offset = get64(p + 20);
+                m.request.length = get64(p + 28);
+                if (m.request.write_id == 0 || m.request.write_id > RDMA_WRITE_ID_MAX || m.request.length == 0 ||
+                    m.request.offset + m.request.length < m.request.offset)
+                        return -EBADMSG;
+                break;
+        case RDMA_MSG_ACK:
+                if (len != ACK_SIZE)
+                        return -EBADMSG;
+                m.ack.write_id = get64(p);
+                m.ack.error = get32(p + 8);
+                if (m.ack.write_id == 0 || m.ack.write_id > RDMA_WRITE_ID_MAX || m.ack.error > 4095)
+                        return -EBADMSG;
+                break;
+        case RDMA_MSG_DOWN: {
+                size_t rl;
+                if (len < DOWN_FIXED)
+                        return -EBADMSG;
+                rl = p[4];
+                m.down.error = get32(p);
+                if (len != DOWN_FIXED + rl || rl > RDMA_PROTO_REASON_MAX || m.down.error == 0 ||
+                    m.down.error > 4095 || !printable(p + DOWN_FIXED, rl))
+                        return -EBADMSG;
+                memcpy(m.down.reason, p + DOWN_FIXED, rl);
+                break;
+        }
+        default:
+                return type >= RDMA_MSG_FIRST && type <= RDMA_MSG_LAST ? -EOPNOTSUPP : -EBADMSG;
+        }
+        *ret = m;
+        return 0;
+}
+
+int rdma_message_encode(const RdmaMessage *m, uint8_t *buf, size_t size) {
+        uint8_t tmp[RDMA_PROTO_MAX_PAYLOAD];
+        RdmaMessage check;
+        size_t n, l;
+
+        if (!m || !buf || size < RDMA_PROTO_MAX_PAYLOAD)
+                return -EINVAL;
+        memset(tmp, 0, sizeof tmp);
+        switch (m->type) {
+        case RDMA_MSG_CONNECT:
+                if (m->connect.have_rdma) {
+                        l = strnlen(m->connect.device, sizeof m->connect.device);
+                        if (l > RDMA_PROTO_NAME_MAX)
+                                return -EINVAL;
+                        tmp[0] = RDMA_CONNECT_HAVE_RDMA;
+                        tmp[1] = m->connect.port;
+                        tmp[2] = m->connect.mtu;
+                        tmp[3] = m->connect.gid_index;
+                        put32(tmp + 4, m->connect.qpn);
+                        put32(tmp + 8, m->connect.psn);
+                        memcpy(tmp + 12, m->connect.gid, 16);
+                        tmp[28] = (uint8_t)l;
+                        memcpy(tmp + CONNECT_FIXED, m->connect.device, l);
+                        n = CONNECT_FIXED + l;
+                } else
+                        n = CONNECT_FIXED;
+                break;
+        case RDMA_MSG_GRANT:
+                put64(tmp, m->grant.write_id);
+                put32(tmp + 8, m->grant.region);
+                put32(tmp + 12, m->grant.rkey);
+                put64(tmp + 16, m->grant.addr);
+                put64(tmp + 24, m->grant.length);
+                n = GRANT_SIZE;
+                break;
+        case RDMA_MSG_REQUEST:
+                put64(tmp, m->request.write_id);
+                put64(tmp + 8, m->request.cookie);
+                put32(tmp + 16, m->request.region);
+                put64(tmp + 20, m->request.offset);
+                put64(tmp + 28, m->request.length);
+                n = REQUEST_SIZE;
+                break;
+        case RDMA_MSG_ACK:
+                put64(tmp, m->ack.write_id);
+                put32(tmp + 8, m->ack.error);
+                n = ACK_SIZE;
+                break;
+        case RDMA_MSG_DOWN:
+                l = strnlen(m->down.reason, sizeof m->down.reason);
+                if (l > RDMA_PROTO_REASON_MAX)
+                        return -EINVAL;
+                put32(tmp, m->down.error);
+                tmp[4] = (uint8_t)l;
+                memcpy(tmp + DOWN_FIXED, m->down.reason, l);
+                n = DOWN_FIXED + l;
+                break;
+        default:
+                return -EINVAL;
+        }
+        /* Only what the decoder accepts goes on the wire. */
+        if (rdma_message_decode(m->type, tmp, n, &check) < 0)
+                return -EINVAL;
+        memcpy(buf, tmp, n);
+        return (int)n;
+}

@@ -1,0 +1,672 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "log.h"
+#include "macro.h"
+#include "time-util.h"
+#include "wal/wal.h"
+
+#define WAL_LOG_NAME "wal.log"
+#define WAL_SNAPSHOT_NAME "wal.snapshot"
+#define WAL_LOG_TMP "wal.log.tmp"
+#define WAL_SNAPSHOT_TMP "wal.snapshot.tmp"
+#define WAL_FILE_MAX ((uint64_t)1 << 36) /* refuse to slurp anything larger */
+
+struct Wal {
+        char *dir;
+        int dir_fd;
+        int fd;              /* wal.log, O_APPEND */
+        WalSyncPolicy policy;
+        bool replayed;
+        bool broken;         /* a compaction lost the log fd: refuse appends */
+        uint64_t base_lsn;   /* of the current log file */
+        uint64_t last_lsn;   /* last appended */
+        uint64_t synced_lsn;
+        uint64_t end;        /* bytes in wal.log */
+        void *buf;           /* encode buffer */
+        size_t buf_size;
+        WalStats stats;
+        void *userdata;
+};
+
+struct WalSnapshot {
+        int fd;
+        uint64_t lsn;        /* records in the snapshot are numbered 1.. */
+        uint64_t offset;
+        void *buf;
+        size_t buf_size;
+};
+
+/* ---- little-endian helpers ---- */
+
+static void put16(uint8_t *p, uint16_t v) {
+        v = htole16(v);
+        memcpy(p, &v, 2);
+}
+static void put32(uint8_t *p, uint32_t v) {
+        v = htole32(v);
+        memcpy(p, &v, 4);
+}
+static void put64(uint8_t *p, uint64_t v) {
+        v = htole64(v);
+        memcpy(p, &v, 8);
+}
+static uint16_t get16(const uint8_t *p) {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return le16toh(v);
+}
+static uint32_t get32(const uint8_t *p) {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        return le32toh(v);
+}
+static uint64_t get64(const uint8_t *p) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        return le64toh(v);
+}
+
+/* ---- records ---- */
+
+size_t wal_record_size(size_t payload_len) {
+        return WAL_RECORD_HEADER_SIZE + ALIGN_TO(payload_len, 8);
+}
+
+static uint32_t record_crc(const uint8_t *rec, size_t len) {
+        /* Everything but the CRC field itself: length, then lsn..payload. */
+        uint32_t c = crc32c(0, rec, 4);
+        return crc32c(c, rec + 8, WAL_RECORD_HEADER_SIZE - 8 + len);
+}
+
+void wal_record_encode(void *buf, uint64_t lsn, uint16_t type, const void *payload, size_t len) {
+        uint8_t *p = buf;
+        size_t padded = ALIGN_TO(len, 8);
+
+        put32(p, (uint32_t)len);
+        put64(p + 8, lsn);
+        put16(p + 16, type);
+        put16(p + 18, 0);
+        put32(p + 20, 0);
+        if (len > 0)
+                memcpy(p + WAL_RECORD_HEADER_SIZE, payload, len);
+        memset(p + WAL_RECORD_HEADER_SIZE + len, 0, padded - len);
+        put32(p + 4, record_crc(p, len));
+}
+
+int wal_record_parse(const void *buf, size_t n, WalRecord *ret, size_t *ret_size) {
+        const uint8_t *p = buf;
+        uint32_t len;
+        size_t size;
+
+        if (n < WAL_RECORD_HEADER_SIZE)
+                return -EAGAIN;
+        len = get32(p);
+        if (len > WAL_RECORD_PAYLOAD_MAX)
+                return -EBADMSG;
+        size = wal_record_size(len);
+        if (n < size)
+                return -EAGAIN;
+        if (record_crc(p, len) != get32(p + 4))
+                return -EBADMSG;
+        /* Covered by the CRC, but a writer never sets them: refuse what we did not write. */
+        if (get16(p + 18) != 0 || get32(p + 20) != 0)
+                return -EBADMSG;
+        for (size_t i = len; i < ALIGN_TO(len, 8); i++)
+                if (p[WAL_RECORD_HEADER_SIZE + i] != 0)
+                        return -EBADMSG;
+
+        *ret = (WalRecord){
+                .lsn = get64(p + 8),
+                .type = get16(p + 16),
+                .flags = get16(p + 18),
+                .length = len,
+                .payload = p + WAL_RECORD_HEADER_SIZE,
+        };
+        *ret_size = size;
+        return 0;
+}
+
+void wal_file_header_encode(void *buf, const WalFileHeader *h) {
+        uint8_t *p = buf;
+
+        memcpy(p, WAL_FILE_MAGIC, 8);
+        put32(p + 8, WAL_FILE_VERSION);
+        put32(p + 12, (uint32_t)h->kind);
+        put64(p + 16, h->base_lsn);
+        put64(p + 24, h->created_usec);
+        put32(p + 32, 0);
+        put32(p + 36, crc32c(0, p, 36));
+}
+
+int wal_file_header_parse(const void *buf, size_t n, WalFileHeader *ret) {
+        const uint8_t *p = buf;
+        uint32_t kind;
+
+        if (n < WAL_FILE_HEADER_SIZE)
+                return -EBADMSG;
+        if (memcmp(p, WAL_FILE_MAGIC, 8) != 0 || crc32c(0, p, 36) != get32(p + 36))
+                return -EBADMSG;
+        if (get32(p + 8) != WAL_FILE_VERSION)
+                return -EPROTONOSUPPORT;
+        kind = get32(p + 12);
+        if ((kind != WAL_FILE_LOG && kind != WAL_FILE_SNAPSHOT) || get32(p + 32) != 0)
+                return -EBADMSG;
+        *ret = (WalFileHeader){
+                .kind = (WalFileKind)kind,
+                .base_lsn = get64(p + 16),
+                .created_usec = get64(p + 24),
+        };
+        return 0;
+}
+
+int wal_parse_buffer(const void *buf, size_t n, uint64_t skip_through, WalApplyFn apply,
+                     void *userdata, bool from_snapshot, WalParseResult *result) {
+        const uint8_t *p = buf;
+        size_t off;
+        int r;
+
+        *result = (WalParseResult){};
+        r = wal_file_header_parse(buf, n, &result->header);
+        if (r < 0)
+                return r;
+        off = WAL_FILE_HEADER_SIZE;
+        /* Log records continue the LSNs after base_lsn; a snapshot numbers its own from 1. */
+        result->last_lsn = from_snapshot ? 0 : result->header.base_lsn;
+        result->good_bytes = off;
+
+        while (off < n) {
+                WalRecord rec;
+                size_t size;
+
+                r = wal_record_parse(p + off, n - off, &rec, &size);
+                if (r < 0) {
+                        result->tail = r;
+                        break;
+                }
+                if (rec.lsn != result->last_lsn + 1) {
+                        result->tail = -EBADMSG;
+                        break;
+                }
+                if (rec.type == WAL_RECORD_SNAPSHOT_END &&
+                    (!from_snapshot || rec.length != 8 || get64(rec.payload) != result->records)) {
+                        result->tail = -EBADMSG;
+                        break;
+                }
+                if (apply && rec.lsn > skip_through && rec.type != WAL_RECORD_SNAPSHOT_END) {
+                        r = apply(userdata, &rec, from_snapshot);
+                        if (r < 0)
+                                return r;
+                }
+                result->records++;
+                result->last_lsn = rec.lsn;
+                off += size;
+                result->good_bytes = off;
+        }
+        return 0;
+}
+
+static const char *const sync_policy_table[_WAL_SYNC_POLICY_MAX] = {
+        [WAL_SYNC_ALWAYS] = "always",
+        [WAL_SYNC_BATCH] = "batch",
+        [WAL_SYNC_NONE] = "none",
+};
+
+const char *wal_sync_policy_to_string(WalSyncPolicy p) {
+        return p >= 0 && p < _WAL_SYNC_POLICY_MAX ? sync_policy_table[p] : NULL;
+}
+
+int wal_sync_policy_from_string(const char *s) {
+        for (int i = 0; s && i < _WAL_SYNC_POLICY_MAX; i++)
+                if (strcmp(s, sync_policy_table[i]) == 0)
+                        return i;
+        return -EINVAL;
+}
+
+const char *wal_record_type_to_string(uint16_t type) {
+        switch (type >> 8) {
+        case 0x00:
+                return type == WAL_RECORD_SNAPSHOT_END ? "snapshot-end" : "unknown";
+        case WAL_RECORD_WORKFLOW >> 8:
+                return "workflow";
+        case WAL_RECORD_DIRECTORY >> 8:
+                return "directory";
+        case WAL_RECORD_HANDOFF >> 8:
+                return "handoff";
+        case WAL_RECORD_SEQUENCE >> 8:
+                return "sequence";
+        case WAL_RECORD_FEATURE >> 8:
+                return "feature";
+        case WAL_RECORD_TEST >> 8:
+                return "test";
+        default:
+                return "unknown";
+        }
+}
+
+/* ---- files ---- */
+
+static int write_all(int fd, const void *buf, size_t n) {
+        const uint8_t *p = buf;
+
+        while (n > 0) {
+                ssize_t k = write(fd, p, n);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                if (k == 0)
+                        return -EIO;
+                p += k;
+                n -= (size_t)k;
+        }
+        return 0;
+}
+
+static int read_file_at(int dir_fd, const char *name, void **ret, size_t *ret_size) {
+        _cleanup_(closep) int fd = -EBADF;
+        _cleanup_(freep) uint8_t *buf = NULL;
+        struct stat st;
+        size_t got = 0;
+
+        fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
+                return -errno;
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        if (!S_ISREG(st.st_mode))
+                return -EBADFD;
+        if ((uint64_t)st.st_size > WAL_FILE_MAX)
+                return -EFBIG;
+        buf = malloc(st.st_size > 0 ? (size_t)st.st_size : 1);
+        if (!buf)
+                return -ENOMEM;
+        while (got < (size_t)st.st_size) {
+                ssize_t k = read(fd, buf + got, (size_t)st.st_size - got);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                if (k == 0)
+                        break;
+                got += (size_t)k;
+        }
+        *ret = TAKE_PTR(buf);
+        *ret_size = got;
+        return 0;
+}
+
+static int ensure_buf(void **buf, size_t *size, size_t need) {
+        void *p;
+
+        if (*size >= need)
+                return 0;
+        need = MAX(need, (size_t)4096);
+        p = realloc(*buf, need);
+        if (!p)
+                return -ENOMEM;
+        *buf = p;
+        *size = need;
+        return 0;
+}
+
+/* Writes a fresh file with only a header, durably, and renames it into place. */
+static int create_file_atomic(int dir_fd, const char *tmp, const char *name, WalFileKind kind,
+                              uint64_t base_lsn) {
+        _cleanup_(closep) int fd = -EBADF;
+        uint8_t hdr[WAL_FILE_HEADER_SIZE];
+        int r;
+
+        fd = openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0)
+                return -errno;
+        wal_file_header_encode(hdr, &(WalFileHeader){ .kind = kind, .base_lsn = base_lsn,
+                                                      .created_usec = now_usec(CLOCK_REALTIME) });
+        r = write_all(fd, hdr, sizeof hdr);
+        if (r < 0)
+                return r;
+        if (fsync(fd) < 0)
+                return -errno;
+        if (renameat(dir_fd, tmp, dir_fd, name) < 0)
+                return -errno;
+        if (fsync(dir_fd) < 0)
+                return -errno;
+        return 0;
+}
+
+int wal_open(const char *dir, WalSyncPolicy policy, Wal **ret) {
+        _cleanup_(wal_freep) Wal *w = NULL;
+
+        if (!dir || policy < 0 || policy >= _WAL_SYNC_POLICY_MAX)
+                return -EINVAL;
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+                return log_error_errno(errno, "Failed to create WAL directory %s: %m", dir);
+
+        w = calloc(1, sizeof *w);
+        if (!w)
+                return -ENOMEM;
+        w->fd = w->dir_fd = -EBADF;
+        w->policy = policy;
+        w->dir = strdup(dir);
+        if (!w->dir)
+                return -ENOMEM;
+        w->dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (w->dir_fd < 0)
+                return log_error_errno(errno, "Failed to open WAL directory %s: %m", dir);
+        /* Leftovers of a compaction that crashed before its rename are garbage. */
+        (void)unlinkat(w->dir_fd, WAL_LOG_TMP, 0);
+        (void)unlinkat(w->dir_fd, WAL_SNAPSHOT_TMP, 0);
+        *ret = TAKE_PTR(w);
+        return 0;
+}
+
+Wal *wal_free(Wal *w) {
+        if (!w)
+                return NULL;
+        if (w->fd >= 0 && w->policy != WAL_SYNC_NONE && w->synced_lsn < w->last_lsn)
+                (void)fdatasync(w->fd);
+        safe_close(w->fd);
+        safe_close(w->dir_fd);
+        free(w->buf);
+        free(w->dir);
+        free(w);
+        return NULL;
+}
+
+static int open_log_for_append(Wal *w) {
+        struct stat st;
+
+        w->fd = safe_close(w->fd);
+        w->fd = openat(w->dir_fd, WAL_LOG_NAME, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
+        if (w->fd < 0)
+                return -errno;
+        if (fstat(w->fd, &st) < 0)
+                return -errno;
+        w->end = (uint64_t)st.st_size;
+        w->stats.log_bytes = w->end;
+        return 0;
+}
+
+int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
+        _cleanup_(freep) void *snap = NULL, *log = NULL;
+        size_t snap_size = 0, log_size = 0;
+        uint64_t snap_lsn = 0;
+        WalParseResult pr;
+        bool have_log;
+        int r;
+
+        if (w->replayed)
+                return -EBUSY;
+
+        r = read_file_at(w->dir_fd, WAL_SNAPSHOT_NAME, &snap, &snap_size);
+        if (r >= 0) {
+                r = wal_parse_buffer(snap, snap_size, 0, apply, userdata, true, &pr);
+                if (r < 0)
+                        return log_error_errno(r, "WAL snapshot %s/%s unusable: %m", w->dir,
+                                               WAL_SNAPSHOT_NAME);
+                /* A snapshot is written whole and renamed into place: any flaw is real
+                 * corruption, and the state it held cannot be recovered by cutting. */
+                if (pr.header.kind != WAL_FILE_SNAPSHOT || pr.tail != 0 || pr.records == 0)
+                        return log_error_errno(EBADMSG,
+                                               "WAL snapshot %s/%s is corrupt at byte %zu.",
+                                               w->dir, WAL_SNAPSHOT_NAME, pr.good_bytes);
+                snap_lsn = pr.header.base_lsn;
+                w->stats.snapshot_records = pr.records - 1;
+        } else if (r != -ENOENT)
+                return log_error_errno(r, "Failed to read WAL snapshot in %s: %m", w->dir);
+
+        r = read_file_at(w->dir_fd, WAL_LOG_NAME, &log, &log_size);
+        if (r == -ENOENT)
+                have_log = false;
+        else if (r < 0)
+                return log_error_errno(r, "Failed to read %s/%s: %m", w->dir, WAL_LOG_NAME);
+        else
+                have_log = true;
+
+        /* A log shorter than its header is a crash during creation (never renamed in
+         * that state) or outside damage; a log with a bad header has no usable records. */
+        if (have_log) {
+                r = wal_parse_buffer(log, log_size, snap_lsn, apply, userdata, false, &pr);
+                if (r == -EBADMSG || r == -EPROTONOSUPPORT) {
+                        log_error("WAL log %s/%s has a bad header; starting a new log.", w->dir,
+                                  WAL_LOG_NAME);
+                        w->stats.corrupt++;
+                        w->stats.cut_bytes = log_size;
+                        have_log = false;
+                } else if (r < 0)
+                        return r;
+                else if (pr.header.kind != WAL_FILE_LOG || pr.header.base_lsn > snap_lsn) {
+                        /* Records between the snapshot and this log are missing. */
+                        return log_error_errno(EBADMSG,
+                                               "WAL log %s/%s starts at LSN %" PRIu64
+                                               " but the snapshot ends at %" PRIu64 ".",
+                                               w->dir, WAL_LOG_NAME, pr.header.base_lsn + 1,
+                                               snap_lsn);
+                }
+        }
+
+        /* An old log left by a compaction that crashed between its two renames holds
+         * only records the snapshot already has: start a fresh one after it. */
+        if (have_log && pr.header.base_lsn < snap_lsn && pr.last_lsn <= snap_lsn)
+                have_log = false;
+
+        if (!have_log) {
+                r = create_file_atomic(w->dir_fd, WAL_LOG_TMP, WAL_LOG_NAME, WAL_FILE_LOG, snap_lsn);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to create %s/%s: %m", w->dir, WAL_LOG_NAME);
+                w->base_lsn = w->last_lsn = snap_lsn;
+        } else {
+                w->base_lsn = pr.header.base_lsn;
+                w->last_lsn = MAX(pr.last_lsn, snap_lsn);
+                w->stats.replayed = pr.last_lsn > snap_lsn ? pr.last_lsn - snap_lsn : 0;
+                if (pr.good_bytes < log_size) {
+                        _cleanup_(closep) int fd = -EBADF;
+
+                        if (pr.tail == -EAGAIN)
+                                w->stats.torn++;
+                        else
+                                w->stats.corrupt++;
+                        w->stats.cut_bytes = log_size - pr.good_bytes;
+                        log_warning("WAL %s/%s: %s record at byte %zu after LSN %" PRIu64
+                                    "; cutting %zu bytes.",
+                                    w->dir, WAL_LOG_NAME, pr.tail == -EAGAIN ? "torn" : "corrupt",
+                                    pr.good_bytes, pr.last_lsn, log_size - pr.good_bytes);
+                        fd = openat(w->dir_fd, WAL_LOG_NAME, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+                        if (fd < 0 || ftruncate(fd, (off_t)pr.good_bytes) < 0 || fsync(fd) < 0)
+                                return log_error_errno(errno, "Failed to cut %s/%s: %m", w->dir,
+                                                       WAL_LOG_NAME);
+                }
+        }
+
+        r = open_log_for_append(w);
+        if (r < 0)
+                return log_error_errno(r, "Failed to open %s/%s: %m", w->dir, WAL_LOG_NAME);
+        w->synced_lsn = w->last_lsn;
+        w->replayed = true;
+        return 0;
+}
+
+int wal_append(Wal *w, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn) {
+        size_t size;
+        int r;
+
+        if (!w->replayed)
+                return -ENOTCONN;
+        if (w->broken)
+                return -EIO;
+        if (len > WAL_RECORD_PAYLOAD_MAX || (len > 0 && !payload) || type == WAL_RECORD_SNAPSHOT_END)
+                return -EINVAL;
+
+        size = wal_record_size(len);
+        r = ensure_buf(&w->buf, &w->buf_size, size);
+        if (r < 0)
+                return r;
+        wal_record_encode(w->buf, w->last_lsn + 1, type, payload, len);
+
+        r = write_all(w->fd, w->buf, size);
+        if (r < 0) {
+                /* Never leave half a record behind a later good one. */
+                if (ftruncate(w->fd, (off_t)w->end) < 0)
+                        log_error_errno(errno, "Failed to cut a failed WAL append: %m");
+                return log_error_errno(r, "Failed to append to the WAL: %m");
+        }
+        w->end += size;
+        w->last_lsn++;
+        w->stats.appended++;
+        w->stats.appended_bytes += size;
+        w->stats.log_bytes = w->end;
+
+        if (w->policy == WAL_SYNC_ALWAYS) {
+                r = wal_sync(w);
+                if (r < 0)
+                        return r;
+        } else if (w->policy == WAL_SYNC_NONE)
+                w->synced_lsn = w->last_lsn;
+
+        if (ret_lsn)
+                *ret_lsn = w->last_lsn;
+        return 0;
+}
+
+int wal_sync(Wal *w) {
+        if (!w->replayed)
+                return -ENOTCONN;
+        if (w->synced_lsn >= w->last_lsn)
+                return 0;
+        if (w->policy != WAL_SYNC_NONE) {
+                if (fdatasync(w->fd) < 0)
+                        return log_error_errno(errno, "Failed to sync the WAL: %m");
+                w->stats.syncs++;
+        }
+        w->synced_lsn = w->last_lsn;
+        return 0;
+}
+
+bool wal_needs_sync(const Wal *w) {
+        return w->synced_lsn < w->last_lsn;
+}
+
+uint64_t wal_last_lsn(const Wal *w) {
+        return w->last_lsn;
+}
+
+uint64_t wal_synced_lsn(const Wal *w) {
+        return w->synced_lsn;
+}
+
+void wal_set_policy(Wal *w, WalSyncPolicy p) {
+        if (p >= 0 && p < _WAL_SYNC_POLICY_MAX)
+                w->policy = p;
+}
+
+WalSyncPolicy wal_get_policy(const Wal *w) {
+        return w->policy;
+}
+
+const WalStats *wal_get_stats(const Wal *w) {
+        return &w->stats;
+}
+
+void wal_set_userdata(Wal *w, void *userdata) {
+        w->userdata = userdata;
+}
+
+void *wal_get_userdata(const Wal *w) {
+        return w->userdata;
+}
+
+int wal_snapshot_add(WalSnapshot *s, uint16_t type, const void *payload, size_t len) {
+        size_t size;
+        int r;
+
+        if (len > WAL_RECORD_PAYLOAD_MAX || (len > 0 && !payload) || type == WAL_RECORD_SNAPSHOT_END)
+                return -EINVAL;
+        size = wal_record_size(len);
+        r = ensure_buf(&s->buf, &s->buf_size, size);
+        if (r < 0)
+                return r;
+        wal_record_encode(s->buf, s->lsn + 1, type, payload, len);
+        r = write_all(s->fd, s->buf, size);
+        if (r < 0)
+                return r;
+        s->lsn++;
+        s->offset += size;
+        return 0;
+}
+
+int wal_compact(Wal *w, WalSnapshotFn fn, void *userdata) {
+        WalSnapshot s = { .fd = -EBADF };
+        uint8_t hdr[WAL_FILE_HEADER_SIZE], end[8];
+        uint64_t lsn;
+        int r;
+
+        if (!w->replayed)
+                return -ENOTCONN;
+        r = wal_sync(w);
+        if (r < 0)
+                return r;
+        lsn = w->last_lsn;
+
+        s.fd = openat(w->dir_fd, WAL_SNAPSHOT_TMP, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
+                      0600);
+        if (s.fd < 0) {
+                r = -errno;
+                goto fail;
+        }
+        wal_file_header_encode(hdr, &(WalFileHeader){ .kind = WAL_FILE_SNAPSHOT, .base_lsn = lsn,
+                                                      .created_usec = now_usec(CLOCK_REALTIME) });
+        r = write_all(s.fd, hdr, sizeof hdr);
+        if (r < 0)
+                goto fail;
+        s.offset = sizeof hdr;
+        r = fn(userdata, &s);
+        if (r < 0)
+                goto fail;
+        put64(end, s.lsn);
+        r = ensure_buf(&s.buf, &s.buf_size, wal_record_size(8));
+        if (r < 0)
+                goto fail;
+        wal_record_encode(s.buf, s.lsn + 1, WAL_RECORD_SNAPSHOT_END, end, 8);
+        r = write_all(s.fd, s.buf, wal_record_size(8));
+        if (r < 0)
+                goto fail;
+        if (fsync(s.fd) < 0 || renameat(w->dir_fd, WAL_SNAPSHOT_TMP, w->dir_fd, WAL_SNAPSHOT_NAME) < 0 ||
+            fsync(w->dir_fd) < 0) {
+                r = -errno;
+                goto fail;
+        }
+        /* From here the snapshot is the truth; the old log's records are all <= lsn
+         * and replay skips them, so a crash before the next rename loses nothing. */
+        r = create_file_atomic(w->dir_fd, WAL_LOG_TMP, WAL_LOG_NAME, WAL_FILE_LOG, lsn);
+        if (r < 0)
+                goto fail_after;
+        r = open_log_for_append(w);
+        if (r < 0) {
+                w->broken = true;
+                goto fail_after;
+        }
+        w->base_lsn = lsn;
+        w->stats.snapshot_records = s.lsn;
+        w->stats.compactions++;
+        safe_close(s.fd);
+        free(s.buf);
+        return 0;
+
+fail:
+        (void)unlinkat(w->dir_fd, WAL_SNAPSHOT_TMP, 0);
+fail_after:
+        safe_close(s.fd);
+        free(s.buf);
+        return log_error_errno(r, "WAL compaction in %s failed: %m", w->dir);
+}

@@ -1,0 +1,358 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* org.epd1.Workflow at /org/epd1 (dbus/org.epd1.Workflow.xml): vtable glue only.
+ * Workflows are named by their id (32 hex digits); branches by number. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bus-error.h"
+#include "log.h"
+#include "pages/page-manager.h"
+#include "wal/wal-manager.h"
+#include "core/worker.h"
+#include "workflow/workflow-manager.h"
+
+static int map_error(sd_bus_error *error, int r, const char *what) {
+        switch (r) {
+        case -ESTALE:
+                return epd_bus_error(error, EPD_ERROR_STALE,
+                                     "%s: the sequence it needs is not on this daemon (lost, or not restored).", what);
+        case -ENOENT:
+                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "%s: no such workflow or branch.", what);
+        case -EDQUOT:
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "%s: limit reached.", what);
+        case -E2BIG:
+        case -EINVAL:
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "%s: invalid argument.", what);
+        case -EPERM:
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED, "%s: not yours.", what);
+        case -ENOSPC:
+                return epd_bus_error(error, EPD_ERROR_NO_SPACE, "%s: no free pages.", what);
+        case -ENOTCONN:
+        case -EIO:
+                return epd_bus_error(error, EPD_ERROR_FAILED, "%s: the journal could not be written.", what);
+        default:
+                return r;
+        }
+}
+
+/* The caller (a registered worker, for its client and KV block size) as the glue's call. */
+static int begin(Manager *m, sd_bus_message *msg, Client **ret, sd_bus_error *error) {
+        Worker *w;
+        int r = manager_require_worker(m, msg, &w, error);
+        if (r < 0)
+                return r;
+        workflows_set_call(m, &(WorkflowCall){ .m = m, .client = w->object.owner,
+                                               .block_tokens = w->kv.tokens_per_block });
+        *ret = w->object.owner;
+        return 0;
+}
+
+/* The workflow, which must be the caller's. */
+static int get_own(Manager *m, Client *c, const char *id, Workflow **ret, sd_bus_error *error) {
+        Workflow *w = workflow_get(m->workflows, id);
+        if (!w)
+                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No workflow %s.", id);
+        if (workflows_owner(w) != c)
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                     workflows_owner(w) ? "Workflow %s belongs to another client."
+                                                        : "Workflow %s has no owner since the restart; Attach first.",
+                                     id);
+        *ret = w;
+        return 0;
+}
+
+static void head_path(char *buf, size_t n, const EpdId *id) {
+        char s[EPD_ID_STRING_MAX];
+        snprintf(buf, n, SEQUENCE_PATH_PREFIX "/%s", epd_id_to_string(id, s));
+}
+
+static int read_tokens(sd_bus_message *msg, const uint32_t **ret, size_t *n) {
+        const void *p;
+        size_t sz;
+        int r = sd_bus_message_read_array(msg, 'u', &p, &sz);
+        if (r < 0)
+                return r;
+        *ret = p;
+        *n = sz / sizeof(uint32_t);
+        return 0;
+}
+
+static int reply(Manager *m, sd_bus_message *msg, sd_bus_message *rep) {
+        return wal_manager_reply(m, msg, rep);
+}
+
+static int method_create(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *rep = NULL;
+        Manager *m = userdata;
+        const char *path;
+        const uint32_t *tokens;
+        size_t n;
+        Client *c;
+        Sequence *s;
+        Workflow *w = NULL;
+        char head[128];
+        uid_t uid = 0;
+        int r;
+
+        r = sd_bus_message_read(msg, "o", &path);
+        if (r >= 0)
+                r = read_tokens(msg, &tokens, &n);
+        if (r < 0)
+                return r;
+        r = begin(m, msg, &c, error);
+        if (r < 0)
+                return r;
+        r = m->page_manager ? page_manager_lookup(m->page_manager, c, path, SEQUENCE_ACCESS_READ, &s) : -ENOENT;
+        if (r == -ENOENT)
+                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No sequence %s.", path);
+        if (r == -EPERM)
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED, "Sequence %s is not yours.", path);
+        if (r < 0)
+                return r;
+        uid = c->uid;
+        r = workflow_create(m->workflows, &s->id, tokens, n, uid, &w);
+        if (r < 0)
+                return map_error(error, r, "Create");
+        r = workflows_bind(m, w, c);
+        if (r < 0) {
+                (void)workflow_release(m->workflows, w);
+                return map_error(error, r, "Create");
+        }
+        head_path(head, sizeof head, &w->branches[0].head);
+        r = sd_bus_message_new_method_return(msg, &rep);
+        if (r >= 0)
+                r = sd_bus_message_append(rep, "so", w->id_str, head);
+        if (r < 0)
+                return r;
+        return reply(m, msg, rep);
+}
+
+static int method_fork(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *rep = NULL;
+        Manager *m = userdata;
+        const char *id;
+        uint32_t branch, nb;
+        Client *c;
+        Workflow *w = NULL;
+        char head[128];
+        int r;
+
+        r = sd_bus_message_read(msg, "su", &id, &branch);
+        if (r < 0)
+                return r;
+        if ((r = begin(m, msg, &c, error)) < 0 || (r = get_own(m, c, id, &w, error)) < 0)
+                return r;
+        r = workflow_fork(m->workflows, w, branch, &nb);
+        if (r < 0)
+                return map_error(error, r, "Fork");
+        head_path(head, sizeof head, &w->branches[nb].head);
+        r = sd_bus_message_new_method_return(msg, &rep);
+        if (r >= 0)
+                r = sd_bus_message_append(rep, "uo", nb, head);
+        if (r < 0)
+                return r;
+        return reply(m, msg, rep);
+}
+
+static int method_advance(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *rep = NULL;
+        Manager *m = userdata;
+        const char *id;
+        uint32_t branch;
+        const uint32_t *tokens;
+        size_t n;
+        int segments;
+        Client *c;
+        Workflow *w = NULL;
+        WorkflowAdvance a;
+        char head[128];
+        int r;
+
+        r = sd_bus_message_read(msg, "su", &id, &branch);
+        if (r >= 0)
+                r = read_tokens(msg, &tokens, &n);
+        if (r >= 0)
+                r = sd_bus_message_read(msg, "b", &segments);
+        if (r < 0)
+                return r;
+        if ((r = begin(m, msg, &c, error)) < 0 || (r = get_own(m, c, id, &w, error)) < 0)
+                return r;
+        r = workflow_advance(m->workflows, w, branch, tokens, n, segments, NULL, &a);
+        if (r < 0)
+                return map_error(error, r, "Advance");
+        head_path(head, sizeof head, &a.head);
+        r = sd_bus_message_new_method_return(msg, &rep);
+        if (r >= 0)
+                r = sd_bus_message_append(rep, "ou", head, (uint32_t)a.prefix_blocks);
+        if (r >= 0)
+                r = sd_bus_message_open_container(rep, 'a', "(uuub)");
+        for (size_t i = 0; r >= 0 && i < a.match.n_segments; i++) {
+                const MatchSegment *s = &a.match.segments[i];
+                r = sd_bus_message_append(rep, "(uuub)", (uint32_t)s->prev_block, (uint32_t)s->n_blocks,
+                                          (uint32_t)s->new_offset, (int)s->aligned);
+        }
+        if (r >= 0)
+                r = sd_bus_message_close_container(rep);
+        match_result_done(&a.match);
+        if (r < 0)
+                return r;
+        return reply(m, msg, rep);
+}
+
+static int simple(sd_bus_message *msg, Manager *m, int r, const char *what, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *rep = NULL;
+        if (r < 0)
+                return map_error(error, r, what);
+        r = sd_bus_message_new_method_return(msg, &rep);
+        if (r < 0)
+                return r;
+        return reply(m, msg, rep);
+}
+
+static int method_merge(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *id;
+        uint32_t from, into;
+        Client *c;
+        Workflow *w = NULL;
+        int r = sd_bus_message_read(msg, "suu", &id, &from, &into);
+        if (r < 0)
+                return r;
+        if ((r = begin(m, msg, &c, error)) < 0 || (r = get_own(m, c, id, &w, error)) < 0)
+                return r;
+        return simple(msg, m, workflow_merge(m->workflows, w, from, into), "Merge", error);
+}
+
+static int method_drop(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *id;
+        uint32_t branch;
+        Client *c;
+        Workflow *w = NULL;
+        int r = sd_bus_message_read(msg, "su", &id, &branch);
+        if (r < 0)
+                return r;
+        if ((r = begin(m, msg, &c, error)) < 0 || (r = get_own(m, c, id, &w, error)) < 0)
+                return r;
+        return simple(msg, m, workflow_drop(m->workflows, w, branch), "Drop", error);
+}
+
+static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *id;
+        Client *c;
+        Workflow *w = NULL;
+        int r = sd_bus_message_read(msg, "s", &id);
+        if (r < 0)
+                return r;
+        if ((r = begin(m, msg, &c, error)) < 0 || (r = get_own(m, c, id, &w, error)) < 0)
+                return r;
+        workflows_unbind(w);
+        r = workflow_release(m->workflows, w);
+        if (r < 0)
+                (void)workflows_bind(m, w, c);
+        return simple(msg, m, r, "Release", error);
+}
+
+static int method_attach(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *id;
+        Client *c;
+        int r = sd_bus_message_read(msg, "s", &id);
+        if (r < 0)
+                return r;
+        if ((r = begin(m, msg, &c, error)) < 0)
+                return r;
+        Workflow *w = workflow_get(m->workflows, id);
+        if (!w)
+                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No workflow %s.", id);
+        if (workflows_owner(w) == c)
+                return sd_bus_reply_method_return(msg, NULL);
+        if (workflows_owner(w))
+                return epd_bus_error(error, EPD_ERROR_BUSY, "Workflow %s is attached to another client.", id);
+        if (c->uid != w->uid && c->uid != 0)
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                     "Workflow %s belongs to uid %u.", id, (unsigned)w->uid);
+        r = workflows_bind(m, w, c);
+        if (r == -EDQUOT)
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many objects for this client.");
+        if (r < 0)
+                return r;
+        return sd_bus_reply_method_return(msg, NULL);
+}
+
+static int method_get_branches(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *rep = NULL;
+        Manager *m = userdata;
+        const char *id;
+        Client *c;
+        Workflow *w = NULL;
+        int r = sd_bus_message_read(msg, "s", &id);
+        if (r < 0)
+                return r;
+        if ((r = begin(m, msg, &c, error)) < 0 || (r = get_own(m, c, id, &w, error)) < 0)
+                return r;
+        r = sd_bus_message_new_method_return(msg, &rep);
+        if (r >= 0)
+                r = sd_bus_message_open_container(rep, 'a', "(ubotu)");
+        for (uint32_t i = 0; r >= 0 && i < w->n_branches; i++) {
+                const WorkflowBranch *b = &w->branches[i];
+                char head[128] = "/";
+                if (b->alive)
+                        head_path(head, sizeof head, &b->head);
+                r = sd_bus_message_append(rep, "(ubotu)", i, (int)b->alive, head, b->steps, (uint32_t)b->n_tokens);
+        }
+        if (r >= 0)
+                r = sd_bus_message_close_container(rep);
+        if (r < 0)
+                return r;
+        return sd_bus_send(NULL, rep, NULL);
+}
+
+static int property_count(sd_bus *bus, const char *path, const char *interface, const char *property,
+                          sd_bus_message *rep, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        return sd_bus_message_append(rep, "u", (uint32_t)workflow_count(m->workflows));
+}
+
+static int property_journal(sd_bus *bus, const char *path, const char *interface, const char *property,
+                            sd_bus_message *rep, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const WalStats *st = m->wal ? wal_get_stats(m->wal) : &(WalStats){};
+        return sd_bus_message_append(rep, "(sttttttt)", m->wal ? wal_sync_policy_to_string(wal_get_policy(m->wal)) : "",
+                                     m->wal ? wal_last_lsn(m->wal) : 0, m->wal ? wal_synced_lsn(m->wal) : 0,
+                                     st->appended, st->syncs, st->log_bytes, st->compactions, st->cut_bytes);
+}
+
+static const sd_bus_vtable workflow_vtable[] = {
+        SD_BUS_VTABLE_START(0),
+        SD_BUS_PROPERTY("Count", "u", property_count, 0, 0),
+        SD_BUS_PROPERTY("Journal", "(sttttttt)", property_journal, 0, 0),
+        SD_BUS_METHOD_WITH_ARGS("Create", SD_BUS_ARGS("o", sequence, "au", tokens),
+                                SD_BUS_RESULT("s", workflow, "o", head), method_create, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Fork", SD_BUS_ARGS("s", workflow, "u", branch),
+                                SD_BUS_RESULT("u", new_branch, "o", head), method_fork, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Advance",
+                                SD_BUS_ARGS("s", workflow, "u", branch, "au", tokens, "b", segments),
+                                SD_BUS_RESULT("o", head, "u", prefix_blocks, "a(uuub)", matches),
+                                method_advance, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Merge", SD_BUS_ARGS("s", workflow, "u", from, "u", into), SD_BUS_NO_RESULT,
+                                method_merge, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Drop", SD_BUS_ARGS("s", workflow, "u", branch), SD_BUS_NO_RESULT, method_drop,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Release", SD_BUS_ARGS("s", workflow), SD_BUS_NO_RESULT, method_release,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Attach", SD_BUS_ARGS("s", workflow), SD_BUS_NO_RESULT, method_attach,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("GetBranches", SD_BUS_ARGS("s", workflow), SD_BUS_RESULT("a(ubotu)", branches),
+                                method_get_branches, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_VTABLE_END,
+};
+
+int bus_workflow_add(Manager *m, sd_bus *bus) {
+        int r = sd_bus_add_object_vtable(bus, NULL, "/org/epd1", "org.epd1.Workflow", workflow_vtable, m);
+        if (r < 0)
+                return log_error_errno(r, "Cannot add the Workflow interface: %m");
+        return 0;
+}

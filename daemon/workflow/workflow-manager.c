@@ -1,0 +1,190 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "pages/page-manager.h"
+#include "wal/wal-manager.h"
+#include "workflow/workflow-manager.h"
+
+#define BLOCK_TOKENS_DEFAULT 16
+
+typedef struct Binding {
+        ClientObject object;
+        Manager *m;
+        Workflow *w;
+} Binding;
+
+typedef struct Glue {
+        WorkflowCall call;
+} Glue;
+
+static Glue *glue_of(Manager *m) {
+        return m->workflows ? workflow_manager_userdata(m->workflows) : NULL;
+}
+
+/* The ops' userdata is the Glue; one WorkflowManager per Manager. */
+static int op_clone(void *userdata, const EpdId *seq, size_t n_pages, EpdId *ret) {
+        Glue *g = userdata;
+        Manager *m = g->call.m;
+        char id[EPD_ID_STRING_MAX];
+        Sequence *s, *c;
+        int r;
+
+        if (!m->page_manager)
+                return -ESTALE;
+        s = page_manager_get(m->page_manager, epd_id_to_string(seq, id));
+        if (!s)
+                return -ESTALE;
+        if (!g->call.client)
+                return -EPERM;
+        Arena *a = page_manager_sequence_arena(m->page_manager, s);
+        if (!a)
+                return -ESTALE;
+        r = sequence_clone(s, &c);
+        if (r < 0)
+                return r;
+        if (n_pages < sequence_size(c)) {
+                r = sequence_truncate(c, n_pages);
+                if (r < 0) {
+                        sequence_free(c);
+                        return r;
+                }
+        }
+        r = page_manager_register(m->page_manager, c, g->call.client, a);
+        if (r < 0) {
+                sequence_free(c);
+                return r;
+        }
+        *ret = c->id;
+        return 0;
+}
+
+static int op_release(void *userdata, const EpdId *seq) {
+        Glue *g = userdata;
+        char id[EPD_ID_STRING_MAX];
+        Sequence *s = g->call.m->page_manager ? page_manager_get(g->call.m->page_manager, epd_id_to_string(seq, id))
+                                              : NULL;
+        if (!s)
+                return -ENOENT;
+        page_manager_release(s);
+        return 0;
+}
+
+static int op_check(void *userdata, const EpdId *seq, size_t *ret_pages, size_t *ret_block_tokens) {
+        Glue *g = userdata;
+        char id[EPD_ID_STRING_MAX];
+        Sequence *s = g->call.m->page_manager ? page_manager_get(g->call.m->page_manager, epd_id_to_string(seq, id))
+                                              : NULL;
+        if (!s)
+                return -ESTALE;
+        *ret_pages = sequence_size(s);
+        *ret_block_tokens = g->call.block_tokens > 0 ? g->call.block_tokens : BLOCK_TOKENS_DEFAULT;
+        return 0;
+}
+
+static int op_journal(void *userdata, const void *record, size_t len) {
+        Glue *g = userdata;
+        const uint8_t *p = record;
+        return wal_manager_append(g->call.m, (uint16_t)(WAL_RECORD_WORKFLOW + p[0]), record, len);
+}
+
+static void binding_release(ClientObject *o) {
+        Binding *b = container_of(o, Binding, object);
+        Manager *m = b->m;
+        Workflow *w = b->w;
+
+        client_object_unlink(o);
+        w->owner = NULL;
+        free(b);
+        /* epdd is stopping (its loop has finished): the workflow stays in the WAL, for
+         * its client to Attach to after the restart. */
+        if (sd_event_get_state(m->event) == SD_EVENT_FINISHED)
+                return;
+        /* The client is gone: so is its workflow (journaled like an explicit Release). */
+        workflows_set_call(m, &(WorkflowCall){ .m = m });
+        int r = workflow_release(m->workflows, w);
+        if (r < 0)
+                log_warning_errno(r, "Cannot release workflow %s of a departed client: %m", w->id_str);
+}
+
+int workflows_bind(Manager *m, Workflow *w, Client *c) {
+        Binding *b;
+        int r;
+
+        if (w->owner)
+                return -EBUSY;
+        b = calloc(1, sizeof *b);
+        if (!b)
+                return -ENOMEM;
+        b->m = m;
+        b->w = w;
+        r = client_object_link(c, &b->object, CLIENT_OBJECT_WORKFLOW, binding_release);
+        if (r < 0) {
+                free(b);
+                return r;
+        }
+        w->owner = b;
+        return 0;
+}
+
+Client *workflows_owner(Workflow *w) {
+        Binding *b = w->owner;
+        return b ? b->object.owner : NULL;
+}
+
+void workflows_unbind(Workflow *w) {
+        Binding *b = w->owner;
+        if (b) {
+                client_object_unlink(&b->object);
+                free(b);
+                w->owner = NULL;
+        }
+}
+
+static void unbind_all(Manager *m) {
+        Workflow *w;
+        size_t it = 0;
+        while (workflow_iterate(m->workflows, &it, &w))
+                workflows_unbind(w);
+}
+
+void workflows_set_call(Manager *m, const WorkflowCall *call) {
+        Glue *g = glue_of(m);
+        if (g)
+                g->call = *call;
+}
+
+static int workflows_init(Manager *m) {
+        Glue *g = calloc(1, sizeof *g);
+        int r;
+
+        if (!g)
+                return log_oom();
+        g->call.m = m;
+        WorkflowOps ops = { .clone = op_clone, .release = op_release, .check = op_check,
+                            .journal = op_journal, .userdata = g };
+        r = workflow_manager_new(&ops, 0, &m->workflows);
+        if (r < 0) {
+                free(g);
+                return log_error_errno(r, "Cannot create the workflow manager: %m");
+        }
+        return 0;
+}
+
+static void workflows_done(Manager *m) {
+        Glue *g = glue_of(m);
+        if (m->workflows)
+                unbind_all(m);
+        /* In memory only: the WAL keeps the workflows for the next start. */
+        m->workflows = workflow_manager_free(m->workflows);
+        free(g);
+}
+
+const Subsystem workflows_subsystem = {
+        .name = "workflows",
+        .init = workflows_init,
+        .done = workflows_done,
+        .add_bus = bus_workflow_add,
+};

@@ -1,0 +1,631 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <endian.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "workflow/workflow.h"
+
+struct WorkflowManager {
+        WorkflowOps ops;
+        Hashmap *workflows; /* Workflow* by id_str */
+        unsigned max_workflows;
+};
+
+/* ---- records ----
+ * u8 op | u8 0 | u16 0 | 16 bytes workflow id | op-specific, little-endian:
+ *   CREATE        u32 uid | id seq | u32 n | n x u32 tokens
+ *   FORK          u32 parent | u32 branch | id seq
+ *   ADVANCE       u32 branch | id seq | u32 n | tokens
+ *   MERGE         u32 from | u32 into
+ *   DROP          u32 branch
+ *   RELEASE       -
+ *   STATE_BRANCH  u32 uid | u32 branch | u32 alive | u64 steps | id seq | u32 n | tokens */
+
+typedef struct Rec {
+        uint8_t op;
+        EpdId wf;
+        uint32_t uid, a, b, alive;
+        uint64_t steps;
+        EpdId seq;
+        uint32_t *tokens; /* owned */
+        uint32_t n_tokens;
+} Rec;
+
+typedef struct Buf {
+        uint8_t *p;
+        size_t n, cap;
+        bool oom;
+} Buf;
+
+static void put(Buf *b, const void *data, size_t n) {
+        if (b->oom)
+                return;
+        if (b->n + n > b->cap) {
+                size_t cap = MAX(b->cap * 2, b->n + n + 64);
+                uint8_t *p = realloc(b->p, cap);
+                if (!p) {
+                        b->oom = true;
+                        return;
+                }
+                b->p = p;
+                b->cap = cap;
+        }
+        memcpy(b->p + b->n, data, n);
+        b->n += n;
+}
+
+static void put32(Buf *b, uint32_t v) {
+        v = htole32(v);
+        put(b, &v, 4);
+}
+
+static void put64(Buf *b, uint64_t v) {
+        v = htole64(v);
+        put(b, &v, 8);
+}
+
+static void put_tokens(Buf *b, const uint32_t *t, size_t n) {
+        put32(b, (uint32_t)n);
+        for (size_t i = 0; i < n; i++)
+                put32(b, t[i]);
+}
+
+static void put_header(Buf *b, uint8_t op, const EpdId *wf) {
+        uint8_t h[4] = { op, 0, 0, 0 };
+        put(b, h, 4);
+        put(b, wf->bytes, 16);
+}
+
+typedef struct Cursor {
+        const uint8_t *p;
+        size_t n;
+        bool bad;
+} Cursor;
+
+static const uint8_t *take(Cursor *c, size_t n) {
+        const uint8_t *p = c->p;
+        if (c->bad || c->n < n) {
+                c->bad = true;
+                return NULL;
+        }
+        c->p += n;
+        c->n -= n;
+        return p;
+}
+
+static uint32_t get32(Cursor *c) {
+        const uint8_t *p = take(c, 4);
+        uint32_t v = 0;
+        if (p)
+                memcpy(&v, p, 4);
+        return le32toh(v);
+}
+
+static uint64_t get64(Cursor *c) {
+        const uint8_t *p = take(c, 8);
+        uint64_t v = 0;
+        if (p)
+                memcpy(&v, p, 8);
+        return le64toh(v);
+}
+
+static void get_id(Cursor *c, EpdId *id) {
+        const uint8_t *p = take(c, 16);
+        if (p)
+                memcpy(id->bytes, p, 16);
+}
+
+static int get_tokens(Cursor *c, Rec *r) {
+        uint32_t n = get32(c);
+        const uint8_t *p;
+
+        if (c->bad || n > WORKFLOW_TOKENS_MAX || c->n / 4 < n)
+                return -EBADMSG;
+        p = take(c, (size_t)n * 4);
+        r->tokens = malloc(MAX((size_t)n, (size_t)1) * sizeof(uint32_t));
+        if (!r->tokens)
+                return -ENOMEM;
+        for (uint32_t i = 0; i < n; i++) {
+                uint32_t v;
+                memcpy(&v, p + 4 * i, 4);
+                r->tokens[i] = le32toh(v);
+        }
+        r->n_tokens = n;
+        return 0;
+}
+
+static int rec_decode(const void *data, size_t len, Rec *r) {
+        Cursor c = { .p = data, .n = len };
+        const uint8_t *h;
+        int k = 0;
+
+        *r = (Rec){};
+        h = take(&c, 4);
+        if (!h || h[1] || h[2] || h[3])
+                return -EBADMSG;
+        r->op = h[0];
+        get_id(&c, &r->wf);
+        switch (r->op) {
+        case WORKFLOW_REC_CREATE:
+                r->uid = get32(&c);
+                get_id(&c, &r->seq);
+                k = get_tokens(&c, r);
+                break;
+        case WORKFLOW_REC_FORK:
+                r->a = get32(&c);
+                r->b = get32(&c);
+                get_id(&c, &r->seq);
+                break;
+        case WORKFLOW_REC_ADVANCE:
+                r->a = get32(&c);
+                get_id(&c, &r->seq);
+                k = get_tokens(&c, r);
+                break;
+        case WORKFLOW_REC_MERGE:
+                r->a = get32(&c);
+                r->b = get32(&c);
+                break;
+        case WORKFLOW_REC_DROP:
+                r->a = get32(&c);
+                break;
+        case WORKFLOW_REC_RELEASE:
+                break;
+        case WORKFLOW_REC_STATE_BRANCH:
+                r->uid = get32(&c);
+                r->a = get32(&c);
+                r->alive = get32(&c);
+                r->steps = get64(&c);
+                get_id(&c, &r->seq);
+                k = get_tokens(&c, r);
+                break;
+        default:
+                return -EBADMSG;
+        }
+        if (k == 0 && (c.bad || c.n != 0))
+                k = -EBADMSG;
+        if (k == 0 && (r->a >= WORKFLOW_BRANCHES_MAX || r->b >= WORKFLOW_BRANCHES_MAX || r->alive > 1))
+                k = -EBADMSG;
+        if (k < 0) {
+                free(r->tokens);
+                r->tokens = NULL;
+        }
+        return k;
+}
+
+/* ---- state ---- */
+
+static Workflow *workflow_free_one(Workflow *w) {
+        if (!w)
+                return NULL;
+        for (uint32_t i = 0; i < w->n_branches; i++)
+                free(w->branches[i].tokens);
+        free(w);
+        return NULL;
+}
+
+int workflow_manager_new(const WorkflowOps *ops, unsigned max_workflows, WorkflowManager **ret) {
+        WorkflowManager *wm;
+
+        if (!ops || !ops->clone || !ops->release || !ops->check)
+                return -EINVAL;
+        wm = calloc(1, sizeof *wm);
+        if (!wm)
+                return -ENOMEM;
+        wm->ops = *ops;
+        wm->max_workflows = max_workflows > 0 ? max_workflows : WORKFLOWS_MAX_DEFAULT;
+        wm->workflows = hashmap_new(HASHMAP_KEY_STRING, 0);
+        if (!wm->workflows) {
+                free(wm);
+                return -ENOMEM;
+        }
+        *ret = wm;
+        return 0;
+}
+
+WorkflowManager *workflow_manager_free(WorkflowManager *wm) {
+        Workflow *w;
+        size_t i = 0;
+
+        if (!wm)
+                return NULL;
+        while (hashmap_iterate(wm->workflows, &i, (void **)&w, NULL))
+                workflow_free_one(w);
+        hashmap_free(wm->workflows);
+        free(wm);
+        return NULL;
+}
+
+void *workflow_manager_userdata(const WorkflowManager *wm) {
+        return wm->ops.userdata;
+}
+
+Workflow *workflow_get(WorkflowManager *wm, const char *id_str) {
+        return id_str ? hashmap_get(wm->workflows, id_str) : NULL;
+}
+
+size_t workflow_count(const WorkflowManager *wm) {
+        return hashmap_size(wm->workflows);
+}
+
+bool workflow_iterate(WorkflowManager *wm, size_t *state, Workflow **ret) {
+        return hashmap_iterate(wm->workflows, state, (void **)ret, NULL);
+}
+
+static Workflow *lookup(WorkflowManager *wm, const EpdId *id) {
+        char s[EPD_ID_STRING_MAX];
+        return hashmap_get(wm->workflows, epd_id_to_string(id, s));
+}
+
+static WorkflowBranch *branch_get(Workflow *w, uint32_t b) {
+        return b < w->n_branches && w->branches[b].alive ? &w->branches[b] : NULL;
+}
+
+/* Applies a decoded record, taking its tokens. Checks consistency first and changes
+ * nothing on error. The live operations validate the same things before journaling,
+ * so after a successful journal this cannot fail. */
+static int rec_apply(WorkflowManager *wm, Rec *r) {
+        Workflow *w = lookup(wm, &r->wf);
+        WorkflowBranch *b, *into;
+        int k = 0;
+
+        switch (r->op) {
+        case WORKFLOW_REC_CREATE:
+        case WORKFLOW_REC_STATE_BRANCH:
+                if (r->op == WORKFLOW_REC_CREATE && w) {
+                        k = -EEXIST;
+                        break;
+                }
+                if (!w) {
+                        if (hashmap_size(wm->workflows) >= wm->max_workflows) {
+                                k = -EDQUOT;
+                                break;
+                        }
+                        w = calloc(1, sizeof *w);
+                        if (!w) {
+                                k = -ENOMEM;
+                                break;
+                        }
+                        w->id = r->wf;
+                        epd_id_to_string(&w->id, w->id_str);
+                        w->uid = r->uid;
+                        k = hashmap_put(wm->workflows, w->id_str, w);
+                        if (k < 0) {
+                                free(w);
+                                break;
+                        }
+                }
+                uint32_t bi = r->op == WORKFLOW_REC_CREATE ? 0 : r->a;
+                b = &w->branches[bi];
+                free(b->tokens);
+                *b = (WorkflowBranch){ .id = bi, .alive = r->op == WORKFLOW_REC_CREATE || r->alive,
+                                       .head = r->seq, .steps = r->steps,
+                                       .tokens = TAKE_PTR(r->tokens), .n_tokens = r->n_tokens };
+                w->n_branches = MAX(w->n_branches, bi + 1);
+                break;
+        case WORKFLOW_REC_FORK:
+                if (!w || !branch_get(w, r->a)) {
+                        k = -ENOENT;
+                        break;
+                }
+                if (r->b != w->n_branches) {
+                        k = -EEXIST;
+                        break;
+                }
+                b = &w->branches[r->b];
+                const WorkflowBranch *parent = &w->branches[r->a];
+                uint32_t *t = malloc(MAX(parent->n_tokens, (size_t)1) * sizeof *t);
+                if (!t) {
+                        k = -ENOMEM;
+                        break;
+                }
+                memcpy(t, parent->tokens, parent->n_tokens * sizeof *t);
+                *b = (WorkflowBranch){ .id = r->b, .alive = true, .head = r->seq, .steps = parent->steps,
+                                       .tokens = t, .n_tokens = parent->n_tokens };
+                w->n_branches++;
+                break;
+        case WORKFLOW_REC_ADVANCE:
+                if (!w || !(b = branch_get(w, r->a))) {
+                        k = -ENOENT;
+                        break;
+                }
+                free(b->tokens);
+                b->tokens = TAKE_PTR(r->tokens);
+                b->n_tokens = r->n_tokens;
+                b->head = r->seq;
+                b->steps++;
+                break;
+        case WORKFLOW_REC_MERGE:
+                if (!w || !(b = branch_get(w, r->a)) || !(into = branch_get(w, r->b)) || r->a == r->b) {
+                        k = -ENOENT;
+                        break;
+                }
+                free(into->tokens);
+                into->tokens = TAKE_PTR(b->tokens);
+                into->n_tokens = b->n_tokens;
+                into->head = b->head;
+                into->steps = MAX(into->steps, b->steps) + 1;
+                b->alive = false;
+                b->n_tokens = 0;
+                break;
+        case WORKFLOW_REC_DROP:
+                if (!w || !(b = branch_get(w, r->a))) {
+                        k = -ENOENT;
+                        break;
+                }
+                b->alive = false;
+                free(b->tokens);
+                b->tokens = NULL;
+                b->n_tokens = 0;
+                break;
+        case WORKFLOW_REC_RELEASE:
+                if (!w) {
+                        k = -ENOENT;
+                        break;
+                }
+                hashmap_remove(wm->workflows, w->id_str);
+                workflow_free_one(w);
+                break;
+        default:
+                k = -EBADMSG;
+        }
+        free(r->tokens);
+        r->tokens = NULL;
+        return k;
+}
+
+int workflow_apply_record(WorkflowManager *wm, const void *record, size_t len) {
+        Rec r;
+        int k = rec_decode(record, len, &r);
+        if (k < 0)
+                return k;
+        return rec_apply(wm, &r);
+}
+
+/* Journal, then apply. The record is decoded (its allocations made) before the journal
+ * so that nothing but a consistency bug can fail after it. */
+static int commit(WorkflowManager *wm, Buf *b) {
+        Rec r;
+        int k;
+
+        if (b->oom) {
+                free(b->p);
+                return -ENOMEM;
+        }
+        k = rec_decode(b->p, b->n, &r);
+        if (k >= 0 && wm->ops.journal)
+                k = wm->ops.journal(wm->ops.userdata, b->p, b->n);
+        free(b->p);
+        if (k < 0) {
+                free(r.tokens);
+                return k;
+        }
+        k = rec_apply(wm, &r);
+        if (k < 0)
+                log_error_errno(k, "Workflow record journaled but not applicable: %m");
+        return k;
+}
+
+static void release_seq(WorkflowManager *wm, const EpdId *seq) {
+        int k = wm->ops.release(wm->ops.userdata, seq);
+        if (k < 0 && k != -ENOENT) {
+                char s[EPD_ID_STRING_MAX];
+                log_warning_errno(k, "Failed to release sequence %s of a workflow: %m", epd_id_to_string(seq, s));
+        }
+}
+
+int workflow_create(WorkflowManager *wm, const EpdId *root, const uint32_t *tokens, size_t n_tokens,
+                    uid_t uid, Workflow **ret) {
+        EpdId id, seq;
+        size_t pages, bt;
+        Buf b = {};
+        int k;
+
+        if (!root || (n_tokens > 0 && !tokens))
+                return -EINVAL;
+        if (n_tokens > WORKFLOW_TOKENS_MAX)
+                return -E2BIG;
+        if (hashmap_size(wm->workflows) >= wm->max_workflows)
+                return -EDQUOT;
+        k = wm->ops.check(wm->ops.userdata, root, &pages, &bt);
+        if (k < 0)
+                return k;
+        k = epd_id_random(&id);
+        if (k < 0)
+                return k;
+        k = wm->ops.clone(wm->ops.userdata, root, SIZE_MAX, &seq);
+        if (k < 0)
+                return k;
+        put_header(&b, WORKFLOW_REC_CREATE, &id);
+        put32(&b, (uint32_t)uid);
+        put(&b, seq.bytes, 16);
+        put_tokens(&b, tokens, n_tokens);
+        k = commit(wm, &b);
+        if (k < 0) {
+                release_seq(wm, &seq);
+                return k;
+        }
+        if (ret)
+                *ret = lookup(wm, &id);
+        return 0;
+}
+
+int workflow_fork(WorkflowManager *wm, Workflow *w, uint32_t branch, uint32_t *ret_branch) {
+        WorkflowBranch *p = branch_get(w, branch);
+        size_t pages, bt;
+        EpdId seq;
+        Buf b = {};
+        int k;
+
+        if (!p)
+                return -ENOENT;
+        if (w->n_branches >= WORKFLOW_BRANCHES_MAX)
+                return -EDQUOT;
+        k = wm->ops.check(wm->ops.userdata, &p->head, &pages, &bt);
+        if (k < 0)
+                return k;
+        k = wm->ops.clone(wm->ops.userdata, &p->head, SIZE_MAX, &seq);
+        if (k < 0)
+                return k;
+        uint32_t nb = w->n_branches;
+        put_header(&b, WORKFLOW_REC_FORK, &w->id);
+        put32(&b, branch);
+        put32(&b, nb);
+        put(&b, seq.bytes, 16);
+        k = commit(wm, &b);
+        if (k < 0) {
+                release_seq(wm, &seq);
+                return k;
+        }
+        if (ret_branch)
+                *ret_branch = nb;
+        return 0;
+}
+
+int workflow_advance(WorkflowManager *wm, Workflow *w, uint32_t branch, const uint32_t *tokens,
+                     size_t n_tokens, bool want_segments, const MatchOptions *o, WorkflowAdvance *ret) {
+        WorkflowBranch *p = branch_get(w, branch);
+        MatchOptions mo = o ? *o : (MatchOptions){};
+        MatchResult m = {};
+        size_t pages, bt;
+        EpdId seq, old;
+        Buf b = {};
+        int k;
+
+        if (!p)
+                return -ENOENT;
+        if ((n_tokens > 0 && !tokens) || !ret)
+                return -EINVAL;
+        if (n_tokens > WORKFLOW_TOKENS_MAX)
+                return -E2BIG;
+        /* The prototype crashed here when its state layer was missing: name it instead. */
+        k = wm->ops.check(wm->ops.userdata, &p->head, &pages, &bt);
+        if (k < 0)
+                return k;
+        if (mo.block_tokens == 0)
+                mo.block_tokens = bt;
+        if (mo.block_tokens == 0)
+                return -EINVAL;
+        /* Prefix only, unless segments were asked for: then the full match. */
+        if (want_segments)
+                k = workflow_match(p->tokens, p->n_tokens, tokens, n_tokens, &mo, &m);
+        else {
+                /* A scan of the common prefix alone: no table, no segments. */
+                size_t lim = MIN(p->n_tokens, n_tokens), i = 0;
+                while (i < lim && p->tokens[i] == tokens[i])
+                        i++;
+                m.prefix_blocks = i / mo.block_tokens;
+                k = 0;
+        }
+        if (k < 0)
+                return k;
+        /* Only pages that the predecessor's sequence really holds. */
+        m.prefix_blocks = MIN(m.prefix_blocks, pages);
+        k = wm->ops.clone(wm->ops.userdata, &p->head, m.prefix_blocks, &seq);
+        if (k < 0) {
+                match_result_done(&m);
+                return k;
+        }
+        old = p->head;
+        put_header(&b, WORKFLOW_REC_ADVANCE, &w->id);
+        put32(&b, branch);
+        put(&b, seq.bytes, 16);
+        put_tokens(&b, tokens, n_tokens);
+        k = commit(wm, &b);
+        if (k < 0) {
+                release_seq(wm, &seq);
+                match_result_done(&m);
+                return k;
+        }
+        release_seq(wm, &old);
+        *ret = (WorkflowAdvance){ .head = seq, .prefix_blocks = m.prefix_blocks, .match = m };
+        return 0;
+}
+
+int workflow_merge(WorkflowManager *wm, Workflow *w, uint32_t from, uint32_t into) {
+        WorkflowBranch *f = branch_get(w, from), *t = branch_get(w, into);
+        EpdId old;
+        Buf b = {};
+        int k;
+
+        if (!f || !t)
+                return -ENOENT;
+        if (from == into)
+                return -EINVAL;
+        old = t->head;
+        put_header(&b, WORKFLOW_REC_MERGE, &w->id);
+        put32(&b, from);
+        put32(&b, into);
+        k = commit(wm, &b);
+        if (k < 0)
+                return k;
+        release_seq(wm, &old);
+        return 0;
+}
+
+int workflow_drop(WorkflowManager *wm, Workflow *w, uint32_t branch) {
+        WorkflowBranch *p = branch_get(w, branch);
+        EpdId old;
+        Buf b = {};
+        int k;
+
+        if (!p)
+                return -ENOENT;
+        old = p->head;
+        put_header(&b, WORKFLOW_REC_DROP, &w->id);
+        put32(&b, branch);
+        k = commit(wm, &b);
+        if (k < 0)
+                return k;
+        release_seq(wm, &old);
+        return 0;
+}
+
+int workflow_release(WorkflowManager *wm, Workflow *w) {
+        EpdId heads[WORKFLOW_BRANCHES_MAX];
+        size_t n = 0;
+        Buf b = {};
+        int k;
+
+        for (uint32_t i = 0; i < w->n_branches; i++)
+                if (w->branches[i].alive)
+                        heads[n++] = w->branches[i].head;
+        put_header(&b, WORKFLOW_REC_RELEASE, &w->id);
+        k = commit(wm, &b);
+        if (k < 0)
+                return k;
+        for (size_t i = 0; i < n; i++)
+                release_seq(wm, &heads[i]);
+        return 0;
+}
+
+int workflow_snapshot(WorkflowManager *wm, int (*add)(void *userdata, const void *record, size_t len),
+                      void *userdata) {
+        Workflow *w;
+        size_t it = 0;
+        int k;
+
+        while (hashmap_iterate(wm->workflows, &it, (void **)&w, NULL))
+                for (uint32_t i = 0; i < w->n_branches; i++) {
+                        const WorkflowBranch *br = &w->branches[i];
+                        Buf b = {};
+
+                        put_header(&b, WORKFLOW_REC_STATE_BRANCH, &w->id);
+                        put32(&b, (uint32_t)w->uid);
+                        put32(&b, i);
+                        put32(&b, br->alive);
+                        put64(&b, br->steps);
+                        put(&b, br->head.bytes, 16);
+                        put_tokens(&b, br->tokens, br->n_tokens);
+                        if (b.oom) {
+                                free(b.p);
+                                return -ENOMEM;
+                        }
+                        k = add(userdata, b.p, b.n);
+                        free(b.p);
+                        if (k < 0)
+                                return k;
+                }
+        return 0;
+}
