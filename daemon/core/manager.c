@@ -41,6 +41,10 @@ static const Subsystem *const subsystems[] = {
 #define FOREACH_SUBSYSTEM(s)                                                             \
         for (const Subsystem *const *_sp = subsystems, *s; (s = *_sp); _sp++)
 
+const Subsystem *const *manager_subsystems(void) {
+        return subsystems;
+}
+
 /* A direct (peer-to-peer) connection on the daemon's socket. It is keyed by its serial,
  * never by the address of its sd_bus: an address is reused by the next allocation as
  * soon as a bus is freed, so a table keyed by it can confuse a new connection with one

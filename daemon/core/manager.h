@@ -15,6 +15,9 @@
 typedef struct Manager Manager;
 typedef struct Worker Worker;
 
+/* Writes one record of a subsystem's snapshot (wal/wal.h record type). */
+typedef int (*SubsystemSnapshotAdd)(void *userdata, uint16_t type, const void *rec, size_t len);
+
 /* Subsystems hook into the manager through this table, so that adding one does not
  * touch every other: each may be NULL. See manager.c:subsystems[]. */
 typedef struct Subsystem {
@@ -27,6 +30,18 @@ typedef struct Subsystem {
          * drop anything of the subsystem that refers to it. */
         int (*worker_added)(Manager *m, Worker *w);
         void (*worker_gone)(Manager *m, Worker *w);
+
+        /* Journaling (wal/): the WAL subsystem calls these, never a subsystem by name.
+         * Replay hands every record of the families listed in journal_families (wal.h:
+         * WAL_RECORD_X >> 8, ended by 0) to apply_record: -EBADMSG means corrupt and
+         * stops the replay, -ENOENT or -ESTALE that nothing was left to apply. Once
+         * every record is in, restore_finish runs, in start order. At compaction,
+         * snapshot writes the subsystem's live state through add, in start order (so a
+         * later subsystem may refer to an earlier one's records). */
+        const uint8_t *journal_families;
+        int (*apply_record)(Manager *m, uint16_t type, const void *payload, size_t len);
+        int (*restore_finish)(Manager *m);
+        int (*snapshot)(Manager *m, SubsystemSnapshotAdd add, void *userdata);
 } Subsystem;
 
 struct Manager {
@@ -64,6 +79,8 @@ struct Manager {
 };
 
 int manager_new(Manager **ret, const char *config_path);
+/* The subsystems in start order, NULL-terminated (core/subsystem-list.h). */
+const Subsystem *const *manager_subsystems(void);
 Manager *manager_free(Manager *m);
 int manager_startup(Manager *m);
 int manager_run(Manager *m);

@@ -783,10 +783,44 @@ static int feature_reload(Manager *m, const Config *n) {
         return 0;
 }
 
+static int feature_apply_record(Manager *m, uint16_t type, const void *payload, size_t len) {
+        return m->features ? feature_cache_apply_record(m->features, type, payload, len) : 0;
+}
+
+static int feature_journal(FeatureCache *c, uint16_t rec, const void *payload, size_t len, void *userdata) {
+        Manager *m = userdata;
+        /* What is dropped while stopping stays in the WAL for the next start. */
+        if (m->stopping)
+                return 0;
+        int r = wal_manager_append(m, WAL_RECORD_FEATURE + rec, payload, len);
+        return r == -ENOTCONN ? 0 : r;
+}
+
+/* Replay is done: journal from now on, and forget what was journaled in arenas whose
+ * memory did not survive the restart. */
+static int feature_restore_finish(Manager *m) {
+        if (!m->features)
+                return 0;
+        feature_cache_set_journal(m->features, feature_journal, m);
+        for (size_t i = 0; i < m->n_arenas; i++)
+                if (!m->arenas[i]->adopted && feature_cache_drop_arena(m->features, (uint32_t)i) > 0)
+                        log_info("Arena %s: journaled features dropped: its memory did not survive (no fd store).",
+                                 m->arenas[i]->name);
+        return 0;
+}
+
+static int feature_snapshot(Manager *m, SubsystemSnapshotAdd add, void *userdata) {
+        return m->features ? feature_cache_snapshot(m->features, add, userdata, WAL_RECORD_FEATURE) : 0;
+}
+
 const Subsystem feature_subsystem = {
         .name = "features",
         .init = feature_init,
         .done = feature_done,
         .add_bus = feature_add_bus,
         .reload = feature_reload,
+        .journal_families = (const uint8_t[]){ WAL_RECORD_FEATURE >> 8, 0 },
+        .apply_record = feature_apply_record,
+        .restore_finish = feature_restore_finish,
+        .snapshot = feature_snapshot,
 };

@@ -244,8 +244,11 @@ static const char *peer_host_of_name(Manager *m, const char *name) {
         return name;
 }
 
-void handoff_manager_backpressure_changed(HandoffManager *hm, const char *peer, BackpressureLevel level,
-                                          BackpressureReason reason) {
+/* A peer path's backpressure level changed (a telemetry subscription): posts an
+ * EPD_RING_EV_BACKPRESSURE record to every worker's ring. */
+static void on_backpressure(Telemetry *t, const char *peer, BackpressureLevel level,
+                            BackpressureReason reason, void *userdata) {
+        HandoffManager *hm = userdata;
         if (!hm || !peer)
                 return;
         Manager *m = hm->manager;
@@ -507,7 +510,7 @@ static int reply_journaled(HandoffManager *hm, sd_bus_message *msg, const char *
         return wal_manager_reply(hm->manager, msg, reply);
 }
 
-int handoff_manager_apply_record(Manager *m, uint16_t type, const void *payload, size_t len) {
+static int handoff_manager_apply_record(Manager *m, uint16_t type, const void *payload, size_t len) {
         HandoffManager *hm = m->handoffs;
         HandoffRecord rec;
         int r;
@@ -579,7 +582,7 @@ static int on_journal_grace(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
-int handoff_manager_restore_finish(Manager *m) {
+static int handoff_manager_restore_finish(Manager *m) {
         HandoffManager *hm = m->handoffs;
         if (!hm)
                 return 0;
@@ -606,7 +609,7 @@ static int journal_snapshot_add(void *userdata, uint8_t type, const void *rec, s
         return js->add(js->userdata, (uint16_t)(WAL_RECORD_HANDOFF + type), rec, len);
 }
 
-int handoff_manager_snapshot(Manager *m, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+static int handoff_manager_snapshot(Manager *m, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
                              void *userdata) {
         HandoffManager *hm = m->handoffs;
         HandoffJournalEntry *e;
@@ -2223,6 +2226,13 @@ static int handoff_init(Manager *m) {
                 if (r < 0)
                         return log_error_errno(r, "handoff: cannot watch the CUDA transport: %m");
         }
+        /* Workers that use the ring hear of backpressure there, without the bus (the
+         * telemetry subsystem starts first). */
+        if (m->telemetry) {
+                r = telemetry_add_backpressure_handler(m->telemetry, on_backpressure, hm);
+                if (r < 0)
+                        return log_error_errno(r, "handoff: cannot subscribe to backpressure: %m");
+        }
         /* The peer manager may start after this subsystem: hook into it from the loop's
          * first iteration, before any peer can have authenticated. */
         r = sd_event_add_defer(m->event, &hm->attach, attach_peer, hm);
@@ -2235,6 +2245,7 @@ static void handoff_done(Manager *m) {
         HandoffManager *hm = m->handoffs;
         if (!hm)
                 return;
+        telemetry_remove_backpressure_handler(m->telemetry, on_backpressure, hm);
         HandoffObject *o;
         ClientRing *cr;
         size_t it;
@@ -2324,4 +2335,8 @@ const Subsystem handoff_subsystem = {
         .init = handoff_init,
         .done = handoff_done,
         .add_bus = bus_handoff_add,
+        .journal_families = (const uint8_t[]){ WAL_RECORD_HANDOFF >> 8, 0 },
+        .apply_record = handoff_manager_apply_record,
+        .restore_finish = handoff_manager_restore_finish,
+        .snapshot = handoff_manager_snapshot,
 };

@@ -163,22 +163,8 @@ int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32
 /* Whether client c owns o. */
 bool handoff_object_owned_by(const HandoffObject *o, const Client *c);
 
-/* A peer path's backpressure level changed (telemetry): posts an
- * EPD_RING_EV_BACKPRESSURE record to every worker's ring. */
-void handoff_manager_backpressure_changed(HandoffManager *hm, const char *peer, BackpressureLevel level,
-                                          BackpressureReason reason);
 /* The window towards a peer: handoffs and bytes in flight (0 when none). */
 void handoff_manager_window(HandoffManager *hm, const char *peer, unsigned *ret_handoffs, uint64_t *ret_bytes);
-/* WAL replay: one 0x03xx record. A destination's COMMITTED carries its decode
- * sequence, which is applied to the page manager here. */
-int handoff_manager_apply_record(Manager *m, uint16_t type, const void *payload, size_t len);
-/* After the replay: handoffs that were in flight come back rolled back (journaled);
- * committed ones stay committed. Entries of before the restart are listed (Journal
- * property) until a new attempt replaces them or the Attach grace period ends. */
-int handoff_manager_restore_finish(Manager *m);
-/* Compaction: the journal's entries as records. */
-int handoff_manager_snapshot(Manager *m, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
-                             void *userdata);
 
 /* Counters, in a stable order: name and value. */
 size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t *values, size_t n);

@@ -17,7 +17,6 @@
 #include "time-util.h"
 #include "wal/wal-manager.h"
 #include "core/worker.h"
-#include "workflow/workflow.h"
 
 static int host_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) {
         Arena *a = userdata;
@@ -457,17 +456,10 @@ int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payloa
         return 0;
 }
 
-static bool workflow_head(Manager *m, const EpdId *id) {
-        Workflow *w;
-        size_t it = 0;
-
-        if (!m->workflows)
-                return false;
-        while (workflow_iterate(m->workflows, &it, &w))
-                for (uint32_t b = 0; b < w->n_branches; b++)
-                        if (w->branches[b].alive && epd_id_equal(&w->branches[b].head, id))
-                                return true;
-        return false;
+void page_manager_set_keeper(PageManager *pm, bool (*keeps)(void *userdata, const EpdId *sequence),
+                             void *userdata) {
+        pm->keeps = keeps;
+        pm->keeps_userdata = userdata;
 }
 
 static int on_grace(sd_event_source *es, uint64_t usec, void *userdata) {
@@ -481,7 +473,7 @@ static int on_grace(sd_event_source *es, uint64_t usec, void *userdata) {
                 again = false;
                 it = 0;
                 while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)) {
-                        if (s->object.owner || workflow_head(pm->manager, &s->id))
+                        if (s->object.owner || (pm->keeps && pm->keeps(pm->keeps_userdata, &s->id)))
                                 continue;
                         page_manager_release(s); /* journals the release */
                         n++;
@@ -820,6 +812,22 @@ static void pages_worker_gone(Manager *m, Worker *w) {
         w->layout = NULL;
 }
 
+static int pages_apply_record(Manager *m, uint16_t type, const void *payload, size_t len) {
+        if (!m->page_manager)
+                return 0;
+        if ((type & 0xff00) == WAL_RECORD_DIRECTORY)
+                return page_manager_apply_directory_record(m->page_manager, type, payload, len);
+        return page_manager_apply_record(m->page_manager, type, payload, len);
+}
+
+static int pages_restore_finish(Manager *m) {
+        return m->page_manager ? page_manager_restore_finish(m->page_manager) : 0;
+}
+
+static int pages_snapshot(Manager *m, SubsystemSnapshotAdd add, void *userdata) {
+        return m->page_manager ? page_manager_snapshot(m->page_manager, add, userdata) : 0;
+}
+
 const Subsystem pages_subsystem = {
         .name = "pages",
         .init = pages_init,
@@ -828,4 +836,8 @@ const Subsystem pages_subsystem = {
         .reload = pages_reload,
         .worker_added = pages_worker_added,
         .worker_gone = pages_worker_gone,
+        .journal_families = (const uint8_t[]){ WAL_RECORD_SEQUENCE >> 8, WAL_RECORD_DIRECTORY >> 8, 0 },
+        .apply_record = pages_apply_record,
+        .restore_finish = pages_restore_finish,
+        .snapshot = pages_snapshot,
 };

@@ -34,6 +34,10 @@ typedef struct PageManager {
          * released (unless a workflow's branch still heads on them). */
         bool replaying;
         sd_event_source *grace;
+        /* Whether another subsystem still refers to an ownerless sequence (a workflow
+         * branch's head): page_manager_set_keeper(). */
+        bool (*keeps)(void *userdata, const EpdId *sequence);
+        void *keeps_userdata;
         uint64_t sequences_restored;
         /* Directory entries read by the replay (DirectoryRecord* by hash), put back by
          * page_manager_restore_finish(). */
@@ -48,6 +52,12 @@ typedef struct PageManager {
 #define PAGE_MANAGER_ATTACH_GRACE_USEC (300 * USEC_PER_SEC)
 
 extern const Subsystem pages_subsystem;
+
+/* A subsystem that refers to sequences without owning them (workflows, whose branches
+ * head on them) keeps the ones it names from being released when the attach grace
+ * period ends. One keeper; NULL removes it. */
+void page_manager_set_keeper(PageManager *pm, bool (*keeps)(void *userdata, const EpdId *sequence),
+                             void *userdata);
 
 /* The pool of a KV arena, creating it for page_size if there is none yet (-EBUSY if
  * the pool exists with another page size, -EINVAL for a feature arena, -ENOSPC if the

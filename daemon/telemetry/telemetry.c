@@ -8,7 +8,6 @@
 #include "hashmap.h"
 #include "log.h"
 #include "telemetry/bus-telemetry.h"
-#include "handoff/handoff-manager.h"
 #include "core/manager.h"
 #include "telemetry/telemetry-bpf.h"
 #include "telemetry/telemetry.h"
@@ -50,8 +49,13 @@ struct Telemetry {
         Hashmap *conns;            /* TelemetryConn* by cookie */
         TraceStore *traces;
 
-        TelemetryBackpressureFn on_backpressure;
-        void *userdata;
+        /* Subscribers to backpressure changes (the bus signal, the handoff window and
+         * the workers' rings): telemetry_add_backpressure_handler(). */
+        struct {
+                TelemetryBackpressureFn fn;
+                void *userdata;
+        } on_backpressure[TELEMETRY_BACKPRESSURE_HANDLERS_MAX];
+        size_t n_on_backpressure;
 
         uint64_t ring_events, ring_bad, ring_wakeups;
 };
@@ -113,9 +117,27 @@ Telemetry *telemetry_free(Telemetry *t) {
         return NULL;
 }
 
-void telemetry_set_backpressure_handler(Telemetry *t, TelemetryBackpressureFn fn, void *userdata) {
-        t->on_backpressure = fn;
-        t->userdata = userdata;
+int telemetry_add_backpressure_handler(Telemetry *t, TelemetryBackpressureFn fn, void *userdata) {
+        if (t->n_on_backpressure >= ELEMENTSOF(t->on_backpressure))
+                return -ENOSPC;
+        t->on_backpressure[t->n_on_backpressure].fn = fn;
+        t->on_backpressure[t->n_on_backpressure++].userdata = userdata;
+        return 0;
+}
+
+void telemetry_remove_backpressure_handler(Telemetry *t, TelemetryBackpressureFn fn, void *userdata) {
+        for (size_t i = 0; t && i < t->n_on_backpressure; i++)
+                if (t->on_backpressure[i].fn == fn && t->on_backpressure[i].userdata == userdata) {
+                        memmove(&t->on_backpressure[i], &t->on_backpressure[i + 1],
+                                (t->n_on_backpressure - i - 1) * sizeof t->on_backpressure[0]);
+                        t->n_on_backpressure--;
+                        return;
+                }
+}
+
+static void backpressure_notify(Telemetry *t, const char *peer, BackpressureLevel level, BackpressureReason reason) {
+        for (size_t i = 0; i < t->n_on_backpressure; i++)
+                t->on_backpressure[i].fn(t, peer, level, reason, t->on_backpressure[i].userdata);
 }
 
 static int peer_get(Telemetry *t, const char *name, bool create, TelemetryPeer **ret) {
@@ -201,8 +223,7 @@ static void peer_evaluate(Telemetry *t, TelemetryPeer *p, usec_t now) {
                  p->name, backpressure_level_to_string(p->bp.level),
                  backpressure_reason_to_string(p->bp.reason), path.srtt_usec, path.min_rtt_usec,
                  p->bp.retransmit_rate);
-        if (t->on_backpressure)
-                t->on_backpressure(t, p->name, p->bp.level, p->bp.reason, t->userdata);
+        backpressure_notify(t, p->name, p->bp.level, p->bp.reason);
 }
 
 int telemetry_evaluate(Telemetry *t) {
@@ -422,8 +443,7 @@ int telemetry_track(Telemetry *t, int fd, const char *peer) {
         if (was_gone && p->bp.level != BACKPRESSURE_NONE) {
                 backpressure_state_init(&p->bp);
                 log_info("Backpressure towards %s: none (connected again).", p->name);
-                if (t->on_backpressure)
-                        t->on_backpressure(t, p->name, BACKPRESSURE_NONE, BACKPRESSURE_REASON_NONE, t->userdata);
+                backpressure_notify(t, p->name, BACKPRESSURE_NONE, BACKPRESSURE_REASON_NONE);
         }
 
         if (t->bpf) {
@@ -623,8 +643,6 @@ static void on_backpressure_bus(Telemetry *t, const char *peer, BackpressureLeve
         int r = bus_telemetry_emit_backpressure(m, peer, level, reason);
         if (r < 0)
                 log_warning_errno(r, "Cannot emit Backpressure for %s: %m", peer);
-        /* Workers that use the ring get the same news there, without the bus. */
-        handoff_manager_backpressure_changed(m->handoffs, peer, level, reason);
 }
 
 static int subsystem_init(Manager *m) {
@@ -634,7 +652,9 @@ static int subsystem_init(Manager *m) {
         r = telemetry_new(&t, m->event, &m->config.telemetry);
         if (r < 0)
                 return log_error_errno(r, "Cannot set up telemetry: %m");
-        telemetry_set_backpressure_handler(t, on_backpressure_bus, m);
+        r = telemetry_add_backpressure_handler(t, on_backpressure_bus, m);
+        if (r < 0)
+                return log_error_errno(r, "Cannot subscribe to backpressure: %m");
         r = telemetry_start(t);
         if (r < 0)
                 return r;

@@ -23,6 +23,8 @@ typedef struct Manager Manager;
 typedef struct Subsystem Subsystem;
 typedef struct Telemetry Telemetry;
 
+#define TELEMETRY_BACKPRESSURE_HANDLERS_MAX 4
+
 /* Called when a peer's backpressure level changes. */
 typedef void (*TelemetryBackpressureFn)(Telemetry *t, const char *peer, BackpressureLevel level,
                                         BackpressureReason reason, void *userdata);
@@ -68,7 +70,10 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(Telemetry *, telemetry_free);
  * carries on without (returns 0). Starts the evaluation timer. */
 int telemetry_start(Telemetry *t);
 int telemetry_reconfigure(Telemetry *t, const TelemetryConfig *config);
-void telemetry_set_backpressure_handler(Telemetry *t, TelemetryBackpressureFn fn, void *userdata);
+/* Subscribes fn to every change of a peer's backpressure level (in order of
+ * subscription; -ENOSPC past TELEMETRY_BACKPRESSURE_HANDLERS_MAX). */
+int telemetry_add_backpressure_handler(Telemetry *t, TelemetryBackpressureFn fn, void *userdata);
+void telemetry_remove_backpressure_handler(Telemetry *t, TelemetryBackpressureFn fn, void *userdata);
 
 int telemetry_track(Telemetry *t, int fd, const char *peer);
 int telemetry_untrack(Telemetry *t, int fd);

@@ -8,11 +8,7 @@
 
 #include "bus-error.h"
 #include "log.h"
-#include "feature/feature.h"
-#include "handoff/handoff-manager.h"
-#include "pages/page-manager.h"
 #include "wal/wal-manager.h"
-#include "workflow/workflow.h"
 
 #define PENDING_MAX 4096u
 
@@ -31,87 +27,52 @@ static WalGlue *glue(Manager *m) {
         return m->wal ? wal_get_userdata(m->wal) : NULL;
 }
 
+static const Subsystem *journal_owner(uint16_t type) {
+        for (const Subsystem *const *sp = manager_subsystems(); *sp; sp++)
+                if ((*sp)->journal_families)
+                        for (const uint8_t *f = (*sp)->journal_families; *f; f++)
+                                if (*f == type >> 8)
+                                        return *sp;
+        return NULL;
+}
+
 static int apply(void *userdata, const WalRecord *r, bool from_snapshot) {
         Manager *m = userdata;
+        const Subsystem *s = journal_owner(r->type);
         int k;
 
-        switch (r->type >> 8) {
-        case WAL_RECORD_WORKFLOW >> 8:
-                if (!m->workflows)
-                        return 0;
-                k = workflow_apply_record(m->workflows, r->payload, r->length);
-                if (k == -EBADMSG)
-                        return log_error_errno(k, "WAL: workflow record %" PRIu64 " is malformed.", r->lsn);
-                if (k < 0)
-                        log_warning_errno(k, "WAL: workflow record %" PRIu64 " does not apply: %m", r->lsn);
-                return 0;
-        case WAL_RECORD_SEQUENCE >> 8:
-                if (!m->page_manager)
-                        return 0;
-                k = page_manager_apply_record(m->page_manager, r->type, r->payload, r->length);
-                if (k == -EBADMSG)
-                        return log_error_errno(k, "WAL: sequence record %" PRIu64 " is malformed.", r->lsn);
-                if (k < 0)
-                        log_full_errno(k == -ENOENT ? LOG_DEBUG : LOG_WARNING, k,
-                                       "WAL: sequence record %" PRIu64 " does not apply: %m", r->lsn);
-                return 0;
-        case WAL_RECORD_HANDOFF >> 8:
-                k = handoff_manager_apply_record(m, r->type, r->payload, r->length);
-                if (k == -EBADMSG)
-                        return log_error_errno(k, "WAL: handoff record %" PRIu64 " is malformed.", r->lsn);
-                if (k < 0)
-                        log_full_errno(k == -ENOENT || k == -ESTALE ? LOG_DEBUG : LOG_WARNING, k,
-                                       "WAL: handoff record %" PRIu64 " does not apply: %m", r->lsn);
-                return 0;
-        case WAL_RECORD_DIRECTORY >> 8:
-                if (!m->page_manager)
-                        return 0;
-                k = page_manager_apply_directory_record(m->page_manager, r->type, r->payload, r->length);
-                if (k == -EBADMSG)
-                        return log_error_errno(k, "WAL: directory record %" PRIu64 " is malformed.", r->lsn);
-                if (k < 0)
-                        log_full_errno(k == -ENOENT ? LOG_DEBUG : LOG_WARNING, k,
-                                       "WAL: directory record %" PRIu64 " does not apply: %m", r->lsn);
-                return 0;
-        case WAL_RECORD_FEATURE >> 8:
-                if (!m->features)
-                        return 0;
-                k = feature_cache_apply_record(m->features, r->type, r->payload, r->length);
-                if (k == -EBADMSG)
-                        return log_error_errno(k, "WAL: feature record %" PRIu64 " is malformed.", r->lsn);
-                if (k < 0)
-                        log_full_errno(k == -ENOENT ? LOG_DEBUG : LOG_WARNING, k,
-                                       "WAL: feature record %" PRIu64 " does not apply: %m", r->lsn);
-                return 0;
-        default:
+        if (!s || !s->apply_record) {
                 /* A record of a subsystem this daemon does not run: kept, not applied. */
                 log_debug("WAL: record %" PRIu64 " of type 0x%04x (%s) not applied here.", r->lsn, r->type,
                           wal_record_type_to_string(r->type));
                 return 0;
         }
+        k = s->apply_record(m, r->type, r->payload, r->length);
+        if (k == -EBADMSG)
+                return log_error_errno(k, "WAL: %s record %" PRIu64 " (%s) is malformed.", s->name, r->lsn,
+                                       wal_record_type_to_string(r->type));
+        if (k < 0)
+                log_full_errno(k == -ENOENT || k == -ESTALE ? LOG_DEBUG : LOG_WARNING, k,
+                               "WAL: %s record %" PRIu64 " (%s) does not apply: %m", s->name, r->lsn,
+                               wal_record_type_to_string(r->type));
+        return 0;
 }
 
-static int snapshot_add(void *userdata, const void *rec, size_t len) {
-        return wal_snapshot_add(userdata, WAL_RECORD_WORKFLOW + WORKFLOW_REC_STATE_BRANCH, rec, len);
-}
-
-static int snapshot_add_typed(void *userdata, uint16_t type, const void *rec, size_t len) {
+static int snapshot_add(void *userdata, uint16_t type, const void *rec, size_t len) {
         return wal_snapshot_add(userdata, type, rec, len);
 }
 
 static int snapshot(void *userdata, WalSnapshot *s) {
         Manager *m = userdata;
-        int r;
 
-        /* Sequences and features first: workflows refer to sequences. */
-        r = page_manager_snapshot(m->page_manager, snapshot_add_typed, s);
-        if (r >= 0)
-                r = handoff_manager_snapshot(m, snapshot_add_typed, s);
-        if (r >= 0 && m->features)
-                r = feature_cache_snapshot(m->features, snapshot_add_typed, s, WAL_RECORD_FEATURE);
-        if (r >= 0 && m->workflows)
-                r = workflow_snapshot(m->workflows, snapshot_add, s);
-        return r;
+        /* In start order: sequences before the handoffs and workflows that refer to them. */
+        for (const Subsystem *const *sp = manager_subsystems(); *sp; sp++)
+                if ((*sp)->snapshot) {
+                        int r = (*sp)->snapshot(m, snapshot_add, s);
+                        if (r < 0)
+                                return r;
+                }
+        return 0;
 }
 
 static void flush_pending(WalGlue *g, int error) {
@@ -147,15 +108,6 @@ static int on_commit(sd_event_source *s, void *userdata) {
                                  wal_get_stats(m->wal)->snapshot_records);
         }
         return 0;
-}
-
-static int feature_journal(FeatureCache *c, uint16_t rec, const void *payload, size_t len, void *userdata) {
-        Manager *m = userdata;
-        /* What is dropped while stopping stays in the WAL for the next start. */
-        if (m->stopping)
-                return 0;
-        int r = wal_manager_append(m, WAL_RECORD_FEATURE + rec, payload, len);
-        return r == -ENOTCONN ? 0 : r;
 }
 
 int wal_manager_append(Manager *m, uint16_t type, const void *payload, size_t len) {
@@ -206,21 +158,12 @@ static int wal_init(Manager *m) {
         r = wal_replay(m->wal, apply, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot replay the WAL in %s: %m", dir);
-        if (m->page_manager) {
-                r = page_manager_restore_finish(m->page_manager);
-                if (r < 0)
-                        return r; /* logged */
-        }
-        r = handoff_manager_restore_finish(m);
-        if (r < 0)
-                return r; /* logged */
-        if (m->features) {
-                feature_cache_set_journal(m->features, feature_journal, m);
-                for (size_t i = 0; i < m->n_arenas; i++)
-                        if (!m->arenas[i]->adopted && feature_cache_drop_arena(m->features, (uint32_t)i) > 0)
-                                log_info("Arena %s: journaled features dropped: its memory did not survive (no fd store).",
-                                         m->arenas[i]->name);
-        }
+        for (const Subsystem *const *sp = manager_subsystems(); *sp; sp++)
+                if ((*sp)->restore_finish) {
+                        r = (*sp)->restore_finish(m);
+                        if (r < 0)
+                                return r; /* logged */
+                }
         log_info("WAL %s: %" PRIu64 " snapshot and %" PRIu64 " log records replayed, sync=%s%s.", dir,
                  wal_get_stats(m->wal)->snapshot_records, wal_get_stats(m->wal)->replayed,
                  wal_sync_policy_to_string(wal_get_policy(m->wal)),

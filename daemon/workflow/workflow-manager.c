@@ -156,6 +156,21 @@ void workflows_set_call(Manager *m, const WorkflowCall *call) {
                 g->call = *call;
 }
 
+/* A live branch that heads on a sequence keeps it past the pages' attach grace. */
+static bool keeps_sequence(void *userdata, const EpdId *id) {
+        Manager *m = userdata;
+        Workflow *w;
+        size_t it = 0;
+
+        if (!m->workflows)
+                return false;
+        while (workflow_iterate(m->workflows, &it, &w))
+                for (uint32_t b = 0; b < w->n_branches; b++)
+                        if (w->branches[b].alive && epd_id_equal(&w->branches[b].head, id))
+                                return true;
+        return false;
+}
+
 static int workflows_init(Manager *m) {
         Glue *g = calloc(1, sizeof *g);
         int r;
@@ -170,6 +185,8 @@ static int workflows_init(Manager *m) {
                 free(g);
                 return log_error_errno(r, "Cannot create the workflow manager: %m");
         }
+        if (m->page_manager)
+                page_manager_set_keeper(m->page_manager, keeps_sequence, m);
         return 0;
 }
 
@@ -177,9 +194,31 @@ static void workflows_done(Manager *m) {
         Glue *g = glue_of(m);
         if (m->workflows)
                 unbind_all(m);
+        if (m->page_manager)
+                page_manager_set_keeper(m->page_manager, NULL, NULL);
         /* In memory only: the WAL keeps the workflows for the next start. */
         m->workflows = workflow_manager_free(m->workflows);
         free(g);
+}
+
+static int workflows_apply_record(Manager *m, uint16_t type, const void *payload, size_t len) {
+        return m->workflows ? workflow_apply_record(m->workflows, payload, len) : 0;
+}
+
+typedef struct SnapshotAdd {
+        SubsystemSnapshotAdd add;
+        void *userdata;
+} SnapshotAdd;
+
+static int snapshot_add_branch(void *userdata, const void *rec, size_t len) {
+        SnapshotAdd *a = userdata;
+        return a->add(a->userdata, WAL_RECORD_WORKFLOW + WORKFLOW_REC_STATE_BRANCH, rec, len);
+}
+
+static int workflows_snapshot(Manager *m, SubsystemSnapshotAdd add, void *userdata) {
+        if (!m->workflows)
+                return 0;
+        return workflow_snapshot(m->workflows, snapshot_add_branch, &(SnapshotAdd){ add, userdata });
 }
 
 const Subsystem workflows_subsystem = {
@@ -187,4 +226,7 @@ const Subsystem workflows_subsystem = {
         .init = workflows_init,
         .done = workflows_done,
         .add_bus = bus_workflow_add,
+        .journal_families = (const uint8_t[]){ WAL_RECORD_WORKFLOW >> 8, 0 },
+        .apply_record = workflows_apply_record,
+        .snapshot = workflows_snapshot,
 };

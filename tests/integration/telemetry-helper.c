@@ -281,7 +281,9 @@ int main(int argc, char **argv) {
                 telemetry_config_done(&cfg);
                 if (r < 0)
                         return 1;
-                telemetry_set_backpressure_handler(s->m.telemetry, on_backpressure, s);
+                r = telemetry_add_backpressure_handler(s->m.telemetry, on_backpressure, s);
+                if (r < 0)
+                        return 1;
                 r = telemetry_start(s->m.telemetry);
                 if (r < 0)
                         return 1;
