@@ -24,6 +24,10 @@ static void by_base_remove(GpuContext *g, GpuArena *a) {
         }
 }
 
+static GpuArena *context_lookup(void *userdata, uint64_t device_base) {
+        return gpu_context_lookup(userdata, device_base);
+}
+
 int gpu_context_new(const char *library, GpuContext **ret) {
         _cleanup_(gpu_context_freep) GpuContext *g = NULL;
         int r;
@@ -38,7 +42,7 @@ int gpu_context_new(const char *library, GpuContext **ret) {
         r = gpu_system_open(library, &g->system);
         if (r < 0)
                 return r;
-        r = cuda_transport_new(g, &g->transport);
+        r = cuda_transport_new(g->system, context_lookup, g, &g->transport);
         if (r < 0)
                 return r;
         *ret = TAKE_PTR(g);

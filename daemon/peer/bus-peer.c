@@ -152,15 +152,24 @@ static const sd_bus_vtable peer_vtable[] = {
         SD_BUS_VTABLE_END,
 };
 
+/* Emits PeerStateChanged and PropertiesChanged(PeersUp). */
+static void on_peer_state(Peer *p, bool up, void *userdata) {
+        Manager *m = userdata;
+
+        (void)manager_emit_signal(m, PEER_OBJECT_PATH, PEER_INTERFACE, "PeerStateChanged", "sss",
+                                  peer_host_id(p), up ? "up" : "down", up ? "" : peer_last_error(p));
+        manager_emit_changed(m, PEER_OBJECT_PATH, PEER_INTERFACE, "PeersUp");
+}
+
 int bus_peer_add(Manager *m, sd_bus *bus) {
         int r = sd_bus_add_object_vtable(bus, NULL, PEER_OBJECT_PATH, PEER_INTERFACE, peer_vtable, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Peer object: %m");
+        /* The signals follow the peers' state (a subscription, made once). */
+        if (m->peers) {
+                r = peer_manager_add_state_handler(m->peers, on_peer_state, m);
+                if (r < 0)
+                        return log_error_errno(r, "Cannot follow the peers' state: %m");
+        }
         return 0;
-}
-
-void bus_peer_state_changed(Manager *m, Peer *p, bool up) {
-        (void)manager_emit_signal(m, PEER_OBJECT_PATH, PEER_INTERFACE, "PeerStateChanged", "sss",
-                                  peer_host_id(p), up ? "up" : "down", up ? "" : peer_last_error(p));
-        manager_emit_changed(m, PEER_OBJECT_PATH, PEER_INTERFACE, "PeersUp");
 }

@@ -12,5 +12,3 @@ typedef struct Peer Peer;
 
 /* org.epd1.Peer at /org/epd1/peer (dbus/org.epd1.Peer.xml). */
 int bus_peer_add(Manager *m, sd_bus *bus);
-/* Emits PeerStateChanged and PropertiesChanged(PeersUp). */
-void bus_peer_state_changed(Manager *m, Peer *p, bool up);

@@ -99,7 +99,7 @@ struct Peer {
         uint64_t heartbeat_seq;
         PeerStats stats;
         char last_error[160];
-        TcpPeer *tcp;
+        void *transport_state[_TRANSPORT_KIND_MAX]; /* each transport's state of this peer */
 };
 
 struct PeerManager {
@@ -1074,6 +1074,43 @@ PeerManager *peer_manager_free(PeerManager *pm) {
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(PeerManager *, peer_manager_free);
 
+/* What the transports (tcp, rdma) need from the peer layer: transport-peer.h. */
+static void **op_slot(Peer *p, TransportKind kind) {
+        return &p->transport_state[kind];
+}
+
+static int op_validate_incoming(void *userdata, Peer *p, uint32_t region, uint64_t offset, uint64_t length,
+                                uint64_t cookie) {
+        return peer_manager_validate_incoming(userdata, p, region, offset, length, cookie);
+}
+
+static void op_incoming_done(void *userdata, Peer *p, uint64_t cookie, int error) {
+        peer_manager_incoming_done(userdata, p, cookie, error);
+}
+
+static int op_register_handler(void *userdata, uint16_t first, uint16_t last, TransportPeerMessageFn fn,
+                               void *fn_userdata) {
+        return peer_manager_register_handler(userdata, first, last, fn, fn_userdata);
+}
+
+static int op_add_state_handler(void *userdata, TransportPeerStateFn fn, void *fn_userdata) {
+        return peer_manager_add_state_handler(userdata, fn, fn_userdata);
+}
+
+static const TransportPeerOps transport_peer_ops = {
+        .name = peer_name,
+        .is_up = peer_is_up,
+        .slot = op_slot,
+        .send = peer_send_core,
+        .cork = peer_cork,
+        .uncork = peer_uncork,
+        .stream_failed = peer_stream_failed,
+        .validate_incoming = op_validate_incoming,
+        .incoming_done = op_incoming_done,
+        .register_handler = op_register_handler,
+        .add_state_handler = op_add_state_handler,
+};
+
 int peer_manager_new(PeerManager **ret, sd_event *e, const PeerManagerConfig *c) {
         _cleanup_(peer_manager_freep) PeerManager *pm = NULL;
         int r;
@@ -1146,11 +1183,13 @@ int peer_manager_new(PeerManager **ret, sd_event *e, const PeerManagerConfig *c)
                         return log_error_errno(r, "peer %s: duplicate HostId= '%s'", p->name, p->host_id);
         }
 
-        r = tcp_transport_new(&pm->tcp, e, pm, pm->slice_size);
+        TransportPeerOps ops = transport_peer_ops;
+        ops.userdata = pm;
+        r = tcp_transport_new(&pm->tcp, e, &ops, pm->slice_size);
         if (r < 0)
                 return r;
         /* Peers choose rdma per path (topology.c); without it everything is tcp. */
-        r = rdma_transport_new(&pm->rdma, e, pm, pm->slice_size);
+        r = rdma_transport_new(&pm->rdma, e, &ops, pm->slice_size);
         if (r < 0 && r != -EOPNOTSUPP)
                 log_warning_errno(r, "peer: cannot start the RDMA transport, peers use tcp: %m");
         *ret = TAKE_PTR(pm);
@@ -1219,6 +1258,9 @@ int peer_manager_add_state_handler(PeerManager *pm, PeerStateHandler fn, void *u
 
         if (!pm || !fn)
                 return -EINVAL;
+        for (size_t i = 0; i < pm->n_state_handlers; i++)
+                if (pm->state_handlers[i].fn == fn && pm->state_handlers[i].userdata == userdata)
+                        return 0; /* subscribed already */
         n = reallocarray(pm->state_handlers, pm->n_state_handlers + 1, sizeof *n);
         if (!n)
                 return -ENOMEM;
@@ -1363,12 +1405,6 @@ unsigned peer_n_streams_up(Peer *p) {
 int peer_control_fd(Peer *p) {
         return p->state == PEER_UP && p->control ? p->control->fd : -1;
 }
-TcpPeer *peer_get_tcp(Peer *p) {
-        return p->tcp;
-}
-void peer_set_tcp(Peer *p, TcpPeer *t) {
-        p->tcp = t;
-}
 PeerManager *peer_get_manager(Peer *p) {
         return p->pm;
 }
@@ -1405,7 +1441,6 @@ static void peer_state_changed(Peer *p, bool up, void *userdata) {
         Manager *m = userdata;
 
         peer_telemetry_hook(m, p, up);
-        bus_peer_state_changed(m, p, up);
 }
 
 static int peer_subsystem_init(Manager *m) {

@@ -60,8 +60,6 @@ const char *peer_state_to_string(PeerState s);
 #define PEER_OUTPUT_MAX (64U * 1024U * 1024U)
 /* Bound on unauthenticated connections at once. */
 #define PEER_PENDING_MAX 64
-/* Bound on incoming writes in flight per peer. */
-#define PEER_INCOMING_MAX 65536
 
 typedef struct PeerManagerConfig {
         const char *host_id;
@@ -93,6 +91,8 @@ PeerManager *peer_manager_free(PeerManager *pm);
 
 int peer_manager_register_handler(PeerManager *pm, uint16_t first, uint16_t last,
                                   PeerMessageHandler h, void *userdata);
+/* Subscribes fn to peers going up or down (once: the same fn and userdata again is a
+ * no-op). */
 int peer_manager_add_state_handler(PeerManager *pm, PeerStateHandler fn, void *userdata);
 void peer_manager_set_incoming_validator(PeerManager *pm, PeerIncomingValidator fn, void *userdata);
 void peer_manager_set_incoming_done(PeerManager *pm, PeerIncomingDone fn, void *userdata);
@@ -137,13 +137,10 @@ void peer_manager_set_heartbeat(PeerManager *pm, usec_t usec);
 #include "core/manager.h"
 extern const Subsystem peer_subsystem;
 
-/* ---- Internal to the peer subsystem (peer.c <-> transport/tcp.c) ---- */
-typedef struct TcpPeer TcpPeer;
-TcpPeer *peer_get_tcp(Peer *p);
-void peer_set_tcp(Peer *p, TcpPeer *t);
+/* ---- Internal to the peer folder (the transports reach these through TransportPeerOps) ---- */
 PeerManager *peer_get_manager(Peer *p);
 uint64_t peer_session_id(Peer *p);
-/* Core messages (WRITE_ACK) from the transport. */
+/* Core messages (WRITE_ACK) of the transports. */
 int peer_send_core(Peer *p, uint16_t type, const void *payload, size_t len);
 int peer_manager_validate_incoming(PeerManager *pm, Peer *p, uint32_t region, uint64_t offset,
                                    uint64_t length, uint64_t cookie);

@@ -5,7 +5,8 @@
 
 #include "copy.h"
 #include "transport/cuda.h"
-#include "gpu/gpu-domain.h"
+#include "system.h"
+#include "vmm.h"
 #include "hashmap.h"
 #include "log.h"
 
@@ -24,7 +25,9 @@ typedef struct CudaBatch {
 
 typedef struct CudaTransport {
         Transport base;
-        GpuContext *context;
+        GpuSystem *system;
+        CudaArenaLookup lookup;  /* device base → GpuArena of the daemon (or registered) */
+        void *lookup_userdata;
         GpuCopyEngine *engine;
         Hashmap *regions;          /* region id → CudaRegion */
         /* Per-write completions expanded from finished batches, not yet polled. */
@@ -52,14 +55,14 @@ static int cuda_register_region(Transport *t, TransportRegion *r) {
         cr->id = r->id;
         cr->region = r;
         if (r->domain == MEMORY_GPU) {
-                GpuArena *a = gpu_context_lookup(c->context, r->device_base);
+                GpuArena *a = c->lookup(c->lookup_userdata, r->device_base);
                 if (!a || a->size < r->size) {
                         free(cr);
                         return -ENOENT; /* not memory this daemon mapped */
                 }
                 cr->arena = gpu_arena_ref(a);
         } else {
-                k = gpu_host_register(c->context->system, r->host_base, r->size);
+                k = gpu_host_register(c->system, r->host_base, r->size);
                 if (k < 0 && k != -EEXIST) {
                         free(cr);
                         return k;
@@ -69,7 +72,7 @@ static int cuda_register_region(Transport *t, TransportRegion *r) {
         k = hashmap_put(c->regions, &cr->id, cr);
         if (k < 0) {
                 if (cr->pinned)
-                        (void)gpu_host_unregister(c->context->system, r->host_base);
+                        (void)gpu_host_unregister(c->system, r->host_base);
                 gpu_arena_unref(cr->arena);
                 free(cr);
                 return k;
@@ -123,7 +126,7 @@ static void cuda_region_free(CudaTransport *c, CudaRegion *cr) {
                 while (gpu_copy_engine_in_flight(c->engine) > 0 &&
                        gpu_copy_wait(c->engine, 1000) >= 0)
                         (void)reap_into_ready(c);
-                (void)gpu_host_unregister(c->context->system, cr->region->host_base);
+                (void)gpu_host_unregister(c->system, cr->region->host_base);
         }
         gpu_arena_unref(cr->arena); /* batches in flight hold their own references */
         free(cr);
@@ -269,7 +272,7 @@ static void cuda_free(Transport *t) {
                 while (hashmap_iterate(c->regions, &i, &v, NULL)) {
                         CudaRegion *cr = v;
                         if (cr->pinned)
-                                (void)gpu_host_unregister(c->context->system, cr->region->host_base);
+                                (void)gpu_host_unregister(c->system, cr->region->host_base);
                         cr->pinned = false;
                         gpu_arena_unref(cr->arena);
                         free(cr);
@@ -293,7 +296,7 @@ static const TransportOps cuda_ops = {
         .free = cuda_free,
 };
 
-int cuda_transport_new(GpuContext *g, Transport **ret) {
+int cuda_transport_new(GpuSystem *system, CudaArenaLookup lookup, void *userdata, Transport **ret) {
         CudaTransport *c;
         int r;
 
@@ -301,13 +304,15 @@ int cuda_transport_new(GpuContext *g, Transport **ret) {
         if (!c)
                 return -ENOMEM;
         c->base.ops = &cuda_ops;
-        c->context = g;
+        c->system = system;
+        c->lookup = lookup;
+        c->lookup_userdata = userdata;
         c->regions = hashmap_new(HASHMAP_KEY_U64, 0);
         if (!c->regions) {
                 free(c);
                 return -ENOMEM;
         }
-        r = gpu_copy_engine_new(g->system, &c->engine);
+        r = gpu_copy_engine_new(system, &c->engine);
         if (r < 0) {
                 cuda_free(&c->base);
                 return r;

@@ -5,17 +5,22 @@
  * is GPU memory, through gpu/copy.h (copy engine, peer access, pinned host memory).
  * Host ↔ host writes belong to the local transport and are refused here (-EINVAL).
  *
- * GPU regions must be arenas the GpuContext knows (daemon arenas and registered
- * external memory), found by their device base: each registered region holds a
+ * GPU regions must be arenas the GPU domain knows (daemon arenas and registered
+ * external memory), found by their device base through the lookup the domain hands
+ * to cuda_transport_new(): each registered region holds a
  * reference on its GpuArena, and every batch in flight holds references on the arenas
  * it touches, so an arena cannot be unmapped under a copy. Host regions are pinned with
  * cuMemHostRegister while registered. `peer` must be NULL (same host only). */
 
 #include "transport/transport.h"
 
-typedef struct GpuContext GpuContext;
+typedef struct GpuArena GpuArena;
 typedef struct GpuCopyEngine GpuCopyEngine;
+typedef struct GpuSystem GpuSystem;
 
-int cuda_transport_new(GpuContext *g, Transport **ret);
+/* The GPU arena whose mapping starts at device_base, or NULL. */
+typedef GpuArena *(*CudaArenaLookup)(void *userdata, uint64_t device_base);
+
+int cuda_transport_new(GpuSystem *system, CudaArenaLookup lookup, void *userdata, Transport **ret);
 /* The engine under the transport (for its stats and kernel-batching policy). */
 GpuCopyEngine *cuda_transport_engine(Transport *t);

@@ -16,7 +16,7 @@ int rdma_discover(RdmaLink *links, size_t max, bool *logged_none) {
         return 0;
 }
 
-int rdma_transport_new(Transport **ret, sd_event *e, PeerManager *pm, uint32_t slice_size) {
+int rdma_transport_new(Transport **ret, sd_event *e, const TransportPeerOps *peers, uint32_t slice_size) {
         return -EOPNOTSUPP;
 }
 

@@ -17,11 +17,12 @@
 #include "list.h"
 #include "log.h"
 #include "macro.h"
-#include "peer/peer-manager.h"
+#include "peer/peer-proto.h"
 #include "transport/rdma-proto.h"
 #include "transport/rdma-session.h"
 #include "time-util.h"
 #include "transport/rdma.h"
+#include "transport/transport-peer.h"
 #include "transport/slicer.h"
 #include "transport/transport-util.h"
 
@@ -179,7 +180,7 @@ struct RdmaPeer {
 struct RdmaTransport {
         Transport base;
         sd_event *event;
-        PeerManager *pm;
+        TransportPeerOps peers_ops; /* the peer layer: control messages, validation */
         uint32_t slice_size;
         TransportRegion *regions[MAX_REGIONS];
         LIST_HEAD(RdmaDevice, devices);
@@ -318,6 +319,10 @@ static int device_get(RdmaTransport *t, const char *name, RdmaDevice **ret) {
 
 /* ---- peers ---- */
 
+static const char *rp_name(RdmaPeer *rp) {
+        return rp->t->peers_ops.name(rp->peer);
+}
+
 static RdmaPeer *peer_find(RdmaTransport *t, Peer *p) {
         LIST_FOREACH(peers, rp, t->peers)
                 if (rp->peer == p)
@@ -368,11 +373,11 @@ static void send_msg(RdmaPeer *rp, const RdmaMessage *m) {
         int n = rdma_message_encode(m, buf, sizeof buf);
 
         if (n < 0) {
-                log_error("rdma: peer %s: cannot encode message 0x%04x", peer_name(rp->peer), m->type);
+                log_error("rdma: peer %s: cannot encode message 0x%04x", rp_name(rp), m->type);
                 return;
         }
         /* Failing to queue ends the peer's session; the state handler cleans up. */
-        (void)peer_send(rp->peer, (uint16_t)m->type, buf, (size_t)n);
+        (void)rp->t->peers_ops.send(rp->peer, (uint16_t)m->type, buf, (size_t)n);
 }
 
 static void send_ack(RdmaPeer *rp, uint64_t write_id, int error) {
@@ -468,7 +473,7 @@ static int create_qp(RdmaPeer *rp) {
         r = post_recvs(rp);
         if (r < 0)
                 return r;
-        log_info("rdma: peer %s: RC QP %u on %s port %u (GID index %d, MTU %d)", peer_name(rp->peer),
+        log_info("rdma: peer %s: RC QP %u on %s port %u (GID index %d, MTU %d)", rp_name(rp),
                  rp->qp->qp_num, rp->dev->name, rp->link.port, rp->gid_index, 128 << rp->mtu);
         return 0;
 }
@@ -508,7 +513,7 @@ static int connect_qp(RdmaPeer *rp) {
                                               IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
         if (r != 0)
                 return -r;
-        log_info("rdma: peer %s: QP %u connected to %s QP %u: writes to this peer go over RDMA", peer_name(rp->peer),
+        log_info("rdma: peer %s: QP %u connected to %s QP %u: writes to this peer go over RDMA", rp_name(rp),
                  rp->qp->qp_num, rp->r_device, rp->r_qpn);
         return 0;
 }
@@ -539,10 +544,10 @@ static void finalize(RdmaPeer *rp) {
 
         rp->drain_timer = sd_event_source_disable_unref(rp->drain_timer);
         if (rp->qp && ibv_destroy_qp(rp->qp) != 0)
-                log_warning("rdma: peer %s: ibv_destroy_qp failed", peer_name(rp->peer));
+                log_warning("rdma: peer %s: ibv_destroy_qp failed", rp_name(rp));
         rp->qp = NULL;
         if (rp->cq && ibv_destroy_cq(rp->cq) != 0)
-                log_warning("rdma: peer %s: ibv_destroy_cq failed", peer_name(rp->peer));
+                log_warning("rdma: peer %s: ibv_destroy_cq failed", rp_name(rp));
         rp->cq = NULL;
         rp->recvs = 0;
         if (rp->dev) {
@@ -560,7 +565,7 @@ static void finalize(RdmaPeer *rp) {
         i = 0;
         while (hashmap_iterate(rp->in, &i, &v, NULL)) {
                 InWrite *w = v;
-                peer_manager_incoming_done(t->pm, rp->peer, w->cookie, error);
+                t->peers_ops.incoming_done(t->peers_ops.userdata, rp->peer, w->cookie, error);
                 free(w);
         }
         hashmap_clear(rp->in);
@@ -571,7 +576,7 @@ static int on_drain_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         RdmaPeer *rp = userdata;
 
         log_warning("rdma: peer %s: %u work request(s) not flushed after %llu ms; destroying the QP",
-                    peer_name(rp->peer), rp->s.outstanding, (unsigned long long)(DRAIN_TIMEOUT_USEC / USEC_PER_MSEC));
+                    rp_name(rp), rp->s.outstanding, (unsigned long long)(DRAIN_TIMEOUT_USEC / USEC_PER_MSEC));
         rp->s.outstanding = 0;
         run(rp, RDMA_ACT_FINALIZE);
         return 0;
@@ -594,7 +599,7 @@ static void run(RdmaPeer *rp, unsigned a) {
                         r = ibv_modify_qp(rp->qp, &qa, IBV_QP_STATE);
                         if (r != 0)
                                 log_warning("rdma: peer %s: cannot move QP %u to the error state: %s",
-                                            peer_name(rp->peer), rp->qp->qp_num, strerror(r));
+                                            rp_name(rp), rp->qp->qp_num, strerror(r));
                 }
                 if (!(a & RDMA_ACT_FINALIZE) && !rp->drain_timer)
                         (void)sd_event_add_time_relative(t->event, &rp->drain_timer, CLOCK_MONOTONIC,
@@ -619,7 +624,7 @@ static void run(RdmaPeer *rp, unsigned a) {
                         char why[RDMA_FAILURE_MAX];
                         snprintf(why, sizeof why, "cannot set up a queue pair on %s: %s", rp->link.device,
                                  strerror(-r));
-                        log_warning("rdma: peer %s: %s; using tcp", peer_name(rp->peer), why);
+                        log_warning("rdma: peer %s: %s; using tcp", rp_name(rp), why);
                         fault(rp, RDMA_FAULT_LOCAL, -ENODEV, why);
                         return;
                 }
@@ -644,14 +649,14 @@ static void run(RdmaPeer *rp, unsigned a) {
                         char why[RDMA_FAILURE_MAX];
                         snprintf(why, sizeof why, "cannot connect the queue pair on %s: %s", rp->link.device,
                                  strerror(-r));
-                        log_warning("rdma: peer %s: %s; using tcp", peer_name(rp->peer), why);
+                        log_warning("rdma: peer %s: %s; using tcp", rp_name(rp), why);
                         fault(rp, RDMA_FAULT_LOCAL, -ENODEV, why);
                         return;
                 }
         }
         if (a & RDMA_ACT_RECONNECT) {
-                log_warning("rdma: peer %s: queue pair failed; reconnecting the peer", peer_name(rp->peer));
-                peer_stream_failed(rp->peer, -EIO, "RDMA queue pair failed");
+                log_warning("rdma: peer %s: queue pair failed; reconnecting the peer", rp_name(rp));
+                rp->t->peers_ops.stream_failed(rp->peer, -EIO, "RDMA queue pair failed");
         }
         if ((a & RDMA_ACT_CHANGED) && t->changed)
                 t->changed(t->topology);
@@ -687,7 +692,7 @@ static void pump(RdmaPeer *rp) {
                 }, *bad;
                 int r = ibv_post_send(rp->qp, &wr, &bad);
                 if (r != 0) {
-                        log_warning("rdma: peer %s: ibv_post_send: %s", peer_name(rp->peer), strerror(r));
+                        log_warning("rdma: peer %s: ibv_post_send: %s", rp_name(rp), strerror(r));
                         fault(rp, RDMA_FAULT_WR, -EIO, NULL);
                         return;
                 }
@@ -697,7 +702,7 @@ static void pump(RdmaPeer *rp) {
 }
 
 static void protocol_error(RdmaPeer *rp, const char *what) {
-        log_warning("rdma: peer %s: %s; resetting the session", peer_name(rp->peer), what);
+        log_warning("rdma: peer %s: %s; resetting the session", rp_name(rp), what);
         fault(rp, RDMA_FAULT_WR, -EBADMSG, NULL);
 }
 
@@ -711,7 +716,7 @@ static void on_send_wc(RdmaPeer *rp, const struct ibv_wc *wc) {
         a = rdma_session_wr_done(&rp->s);
         if (wc->status != IBV_WC_SUCCESS) {
                 if (rp->s.state != RDMA_SESSION_DRAINING)
-                        log_warning("rdma: peer %s: RDMA WRITE failed: %s (vendor error 0x%x)", peer_name(rp->peer),
+                        log_warning("rdma: peer %s: RDMA WRITE failed: %s (vendor error 0x%x)", rp_name(rp),
                                     ibv_wc_status_str(wc->status), wc->vendor_err);
                 if (rp->s.state != RDMA_SESSION_DRAINING)
                         fault(rp, RDMA_FAULT_WR, wc->status == IBV_WC_RETRY_EXC_ERR ? -ETIMEDOUT : -EIO, NULL);
@@ -732,7 +737,7 @@ static void on_recv_wc(RdmaPeer *rp, const struct ibv_wc *wc) {
                 rp->recvs--;
         if (wc->status != IBV_WC_SUCCESS) {
                 if (rp->s.state != RDMA_SESSION_DRAINING && wc->status != IBV_WC_WR_FLUSH_ERR) {
-                        log_warning("rdma: peer %s: receive failed: %s", peer_name(rp->peer),
+                        log_warning("rdma: peer %s: receive failed: %s", rp_name(rp),
                                     ibv_wc_status_str(wc->status));
                         fault(rp, RDMA_FAULT_WR, -EIO, NULL);
                 }
@@ -749,7 +754,7 @@ static void on_recv_wc(RdmaPeer *rp, const struct ibv_wc *wc) {
                 return;
         }
         rp->bytes_in += w->length;
-        peer_manager_incoming_done(t->pm, rp->peer, w->cookie, 0);
+        t->peers_ops.incoming_done(t->peers_ops.userdata, rp->peer, w->cookie, 0);
         send_ack(rp, w->write_id, 0);
         free(w);
         if (rp->s.state == RDMA_SESSION_READY && rp->qp && post_recvs(rp) < 0)
@@ -759,7 +764,7 @@ static void on_recv_wc(RdmaPeer *rp, const struct ibv_wc *wc) {
 static void peer_poll(RdmaPeer *rp) {
         struct ibv_cq *cq = rp->cq;
 
-        peer_cork(rp->peer);
+        rp->t->peers_ops.cork(rp->peer);
         while (cq && rp->cq == cq) {
                 struct ibv_wc wc[32];
                 int n = ibv_poll_cq(cq, ELEMENTSOF(wc), wc);
@@ -775,7 +780,7 @@ static void peer_poll(RdmaPeer *rp) {
                                 on_send_wc(rp, wc + i);
                 }
         }
-        peer_uncork(rp->peer);
+        rp->t->peers_ops.uncork(rp->peer);
 }
 
 static int on_comp(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
@@ -813,7 +818,7 @@ static void device_lost(RdmaDevice *d, uint8_t port, const char *what) {
                         snprintf(why, sizeof why, "%s port %u: %s", d->name, port, what);
                 else
                         snprintf(why, sizeof why, "%s: %s", d->name, what);
-                log_warning("rdma: peer %s: %s; falling back to tcp", peer_name(rp->peer), why);
+                log_warning("rdma: peer %s: %s; falling back to tcp", rp_name(rp), why);
                 fault(rp, RDMA_FAULT_LOCAL, -ENODEV, why);
         }
         device_put(d);
@@ -851,7 +856,7 @@ static int on_async(sd_event_source *s, int fd, uint32_t revents, void *userdata
                 case IBV_EVENT_QP_ACCESS_ERR:
                         LIST_FOREACH(peers, rp, t->peers)
                                 if (rp->qp == qp && rp->s.state != RDMA_SESSION_DRAINING) {
-                                        log_warning("rdma: peer %s: %s", peer_name(rp->peer), ibv_event_type_str(type));
+                                        log_warning("rdma: peer %s: %s", rp_name(rp), ibv_event_type_str(type));
                                         fault(rp, RDMA_FAULT_WR, -EIO, NULL);
                                 }
                         break;
@@ -933,10 +938,10 @@ static void on_request(RdmaPeer *rp, const RdmaMessage *m) {
                 return;
         } else
                 /* Asked once per write, before the peer may write a byte of it. */
-                r = peer_manager_validate_incoming(t->pm, rp->peer, m->request.region, m->request.offset,
+                r = t->peers_ops.validate_incoming(t->peers_ops.userdata, rp->peer, m->request.region, m->request.offset,
                                                    m->request.length, m->request.cookie);
         if (r < 0) {
-                log_debug_errno(r, "rdma: peer %s: refused write %llu (region %u, %llu+%llu): %m", peer_name(rp->peer),
+                log_debug_errno(r, "rdma: peer %s: refused write %llu (region %u, %llu+%llu): %m", rp_name(rp),
                                 (unsigned long long)id, m->request.region, (unsigned long long)m->request.offset,
                                 (unsigned long long)m->request.length);
                 send_ack(rp, id, r);
@@ -948,7 +953,7 @@ static void on_request(RdmaPeer *rp, const RdmaMessage *m) {
         /* The map keeps a pointer to the key: the one inside w. */
         if (!w || hashmap_put(rp->in, &w->write_id, w) < 0) {
                 free(w);
-                peer_manager_incoming_done(t->pm, rp->peer, m->request.cookie, -ENOMEM);
+                t->peers_ops.incoming_done(t->peers_ops.userdata, rp->peer, m->request.cookie, -ENOMEM);
                 send_ack(rp, id, -ENOMEM);
                 return;
         }
@@ -1014,8 +1019,8 @@ static int on_message(Peer *p, uint16_t type, const void *payload, size_t len, v
         if (r == -EOPNOTSUPP)
                 return 0; /* a later version's message */
         if (r < 0) {
-                log_warning("rdma: peer %s: malformed message 0x%04x", peer_name(p), type);
-                peer_stream_failed(p, -EBADMSG, "malformed RDMA message");
+                log_warning("rdma: peer %s: malformed message 0x%04x", t->peers_ops.name(p), type);
+                t->peers_ops.stream_failed(p, -EBADMSG, "malformed RDMA message");
                 return r;
         }
         switch (m.type) {
@@ -1035,7 +1040,7 @@ static int on_message(Peer *p, uint16_t type, const void *payload, size_t len, v
         case RDMA_MSG_DOWN: {
                 char why[RDMA_FAILURE_MAX];
                 snprintf(why, sizeof why, "the peer stopped RDMA: %.120s", m.down.reason);
-                log_warning("rdma: peer %s: %s; falling back to tcp", peer_name(p), why);
+                log_warning("rdma: peer %s: %s; falling back to tcp", t->peers_ops.name(p), why);
                 fault(rp, RDMA_FAULT_REMOTE, -ENETDOWN, why);
                 break;
         }
@@ -1057,7 +1062,7 @@ static void on_peer_state(Peer *p, bool up, void *userdata) {
         RdmaPeer *rp = peer_get(t, p);
 
         if (!rp) {
-                log_error("rdma: peer %s: out of memory; it uses tcp", peer_name(p));
+                log_error("rdma: peer %s: out of memory; it uses tcp", t->peers_ops.name(p));
                 return;
         }
         if (up)
@@ -1108,7 +1113,7 @@ static int rdma_post(Transport *tt, void *peer, const TransportWrite *w, size_t 
         if (!p || (!w && n > 0) || n > MAX_POST)
                 return -EINVAL;
         rp = peer_find(t, p);
-        if (!rp || rp->s.state != RDMA_SESSION_READY || !peer_is_up(p))
+        if (!rp || rp->s.state != RDMA_SESSION_READY || !t->peers_ops.is_up(p))
                 return -ENOTCONN;
         if (hashmap_size(rp->out) + n > MAX_OUT_WRITES)
                 return -ENOBUFS;
@@ -1154,7 +1159,7 @@ static int rdma_post(Transport *tt, void *peer, const TransportWrite *w, size_t 
         }
         /* From here every write completes through the completion fd, also if the
          * session ends while the requests go out. */
-        peer_cork(p);
+        t->peers_ops.cork(p);
         for (size_t i = 0; i < n && rp->s.state == RDMA_SESSION_READY; i++) {
                 OutWrite *o = hashmap_get(rp->out, &ids[i]);
                 if (!o)
@@ -1168,7 +1173,7 @@ static int rdma_post(Transport *tt, void *peer, const TransportWrite *w, size_t 
                                                   .length = o->sw.length },
                              });
         }
-        peer_uncork(p);
+        t->peers_ops.uncork(p);
         free(ids);
         t->base.stats.batches++;
         return 0;
@@ -1242,7 +1247,7 @@ static const TransportOps rdma_ops = {
         .free = rdma_free,
 };
 
-int rdma_transport_new(Transport **ret, sd_event *e, PeerManager *pm, uint32_t slice_size) {
+int rdma_transport_new(Transport **ret, sd_event *e, const TransportPeerOps *peers, uint32_t slice_size) {
         RdmaTransport *t;
         int r;
 
@@ -1253,7 +1258,7 @@ int rdma_transport_new(Transport **ret, sd_event *e, PeerManager *pm, uint32_t s
                 return -ENOMEM;
         t->base.ops = &rdma_ops;
         t->event = sd_event_ref(e);
-        t->pm = pm;
+        t->peers_ops = *peers;
         t->slice_size = MIN(slice_size, MAX_SLICE);
         t->inotify_fd = -EBADF;
         t->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -1263,9 +1268,9 @@ int rdma_transport_new(Transport **ret, sd_event *e, PeerManager *pm, uint32_t s
                 return r;
         }
         watch_devices(t);
-        r = peer_manager_register_handler(pm, RDMA_MSG_FIRST, RDMA_MSG_LAST, on_message, t);
+        r = peers->register_handler(peers->userdata, RDMA_MSG_FIRST, RDMA_MSG_LAST, on_message, t);
         if (r >= 0)
-                r = peer_manager_add_state_handler(pm, on_peer_state, t);
+                r = peers->add_state_handler(peers->userdata, on_peer_state, t);
         if (r < 0) {
                 rdma_free(&t->base);
                 return r;
@@ -1299,7 +1304,7 @@ void rdma_transport_links_changed(Transport *tt) {
                         ok = false;
                 if (!ok && (rp->s.state == RDMA_SESSION_OFFERED || rp->s.state == RDMA_SESSION_READY))
                         log_warning("rdma: peer %s: the route no longer leaves through an ACTIVE port of %s; "
-                                    "falling back to tcp", peer_name(rp->peer), rp->dev ? rp->dev->name : "?");
+                                    "falling back to tcp", rp_name(rp), rp->dev ? rp->dev->name : "?");
                 run(rp, rdma_session_local_ok(&rp->s, ok));
         }
 }

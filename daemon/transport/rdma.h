@@ -21,10 +21,9 @@
 #include <systemd/sd-event.h>
 
 #include "transport/rdma-select.h"
+#include "transport/transport-peer.h"
 #include "transport/transport.h"
 
-typedef struct PeerManager PeerManager;
-typedef struct Peer Peer;
 
 /* Whether this build carries the RDMA data path (RDMA WRITE between peers). */
 extern const bool rdma_data_path_built;
@@ -45,8 +44,8 @@ typedef int (*RdmaLinkLookup)(Peer *p, RdmaLink *ret, char *src, size_t src_size
 typedef void (*RdmaChanged)(void *userdata);
 
 /* -EOPNOTSUPP without libibverbs. Registers its handler for the 0x0400 message range
- * and a peer state handler with pm. */
-int rdma_transport_new(Transport **ret, sd_event *e, PeerManager *pm, uint32_t slice_size);
+ * and a peer state handler through peers (copied). */
+int rdma_transport_new(Transport **ret, sd_event *e, const TransportPeerOps *peers, uint32_t slice_size);
 void rdma_transport_set_topology(Transport *t, RdmaLinkLookup lookup, RdmaChanged changed, void *userdata);
 /* Re-checks every peer against the current links (a route or port changed). */
 void rdma_transport_links_changed(Transport *t);

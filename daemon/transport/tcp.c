@@ -12,9 +12,9 @@
 #include "log.h"
 #include "macro.h"
 #include "peer/peer-proto.h"
-#include "peer/peer-manager.h"
 #include "transport/slicer.h"
 #include "transport/tcp.h"
+#include "transport/transport-peer.h"
 #include "transport/transport-util.h"
 
 /* Bytes one stream moves per wakeup before it yields to the rest of the loop. */
@@ -52,6 +52,8 @@ struct InWrite {
         int error;                     /* refused: bytes are discarded, ack carries it */
         SliceTracker tracker;
 };
+
+typedef struct TcpPeer TcpPeer;
 
 typedef struct SendSlice {
         OutWrite *w;
@@ -100,7 +102,7 @@ struct TcpPeer {
 struct TcpTransport {
         Transport base;
         sd_event *event;
-        PeerManager *pm;
+        TransportPeerOps peers_ops; /* the peer layer: control messages, validation */
         uint32_t slice_size;
         TransportRegion *regions[MAX_REGIONS];
         LIST_HEAD(TcpPeer, peers);
@@ -119,8 +121,12 @@ static void complete(TcpTransport *t, uint64_t cookie, int error, uint64_t bytes
         transport_done_push(&t->base, &t->done, t->efd, cookie, error, bytes);
 }
 
+static TcpPeer **tcp_peer_slot(TcpTransport *t, Peer *p) {
+        return (TcpPeer **)t->peers_ops.slot(p, TRANSPORT_TCP);
+}
+
 static TcpPeer *tcp_peer_get(TcpTransport *t, Peer *p, bool create) {
-        TcpPeer *tp = peer_get_tcp(p);
+        TcpPeer *tp = *tcp_peer_slot(t, p);
 
         if (tp || !create)
                 return tp;
@@ -139,7 +145,7 @@ static TcpPeer *tcp_peer_get(TcpTransport *t, Peer *p, bool create) {
                 return NULL;
         }
         LIST_PREPEND(peers, t->peers, tp);
-        peer_set_tcp(p, tp);
+        *tcp_peer_slot(t, p) = tp;
         return tp;
 }
 
@@ -159,7 +165,7 @@ static void in_write_free(InWrite *w) {
 
 void tcp_transport_peer_reset(Transport *tt, Peer *p, int error) {
         TcpTransport *t = tcp(tt);
-        TcpPeer *tp = peer_get_tcp(p);
+        TcpPeer *tp = *tcp_peer_slot(t, p);
         size_t i = 0;
         void *v;
 
@@ -182,7 +188,7 @@ void tcp_transport_peer_reset(Transport *tt, Peer *p, int error) {
         while (hashmap_iterate(tp->in, &i, &v, NULL)) {
                 InWrite *w = v;
                 if (w->error == 0)
-                        peer_manager_incoming_done(t->pm, p, w->cookie, error);
+                        t->peers_ops.incoming_done(t->peers_ops.userdata, p, w->cookie, error);
                 in_write_free(w);
         }
         hashmap_clear(tp->in);
@@ -243,12 +249,12 @@ int tcp_transport_attach_stream(Transport *tt, Peer *p, int fd, unsigned index) 
 }
 
 unsigned tcp_transport_streams_up(Transport *tt, Peer *p) {
-        TcpPeer *tp = peer_get_tcp(p);
+        TcpPeer *tp = *tcp_peer_slot(tcp(tt), p);
         return tp ? tp->n_streams : 0;
 }
 
 void tcp_transport_peer_inflight(Transport *tt, Peer *p, uint64_t *out, uint64_t *in) {
-        TcpPeer *tp = peer_get_tcp(p);
+        TcpPeer *tp = *tcp_peer_slot(tcp(tt), p);
         if (out)
                 *out = tp ? hashmap_size(tp->out) : 0;
         if (in)
@@ -257,7 +263,7 @@ void tcp_transport_peer_inflight(Transport *tt, Peer *p, uint64_t *out, uint64_t
 
 void tcp_transport_write_acked(Transport *tt, Peer *p, uint64_t write_id, int error) {
         TcpTransport *t = tcp(tt);
-        TcpPeer *tp = peer_get_tcp(p);
+        TcpPeer *tp = *tcp_peer_slot(t, p);
         OutWrite *w;
 
         if (!tp)
@@ -265,7 +271,7 @@ void tcp_transport_write_acked(Transport *tt, Peer *p, uint64_t write_id, int er
         w = hashmap_get(tp->out, &write_id);
         if (!w || w->sw.next_offset < w->sw.length || w->slices_sending > 0) {
                 /* An ack for something we never finished sending: the peer is confused. */
-                peer_stream_failed(p, -EBADMSG, "acknowledgement for an unknown write");
+                t->peers_ops.stream_failed(p, -EBADMSG, "acknowledgement for an unknown write");
                 return;
         }
         hashmap_remove(tp->out, &write_id);
@@ -362,7 +368,7 @@ static int send_ack(TcpPeer *tp, uint64_t write_id, int error) {
         uint8_t buf[PEER_WRITE_ACK_SIZE];
 
         (void)peer_write_ack_encode(&a, buf, sizeof buf);
-        return peer_send_core(tp->peer, PEER_MSG_WRITE_ACK, buf, sizeof buf);
+        return tp->t->peers_ops.send(tp->peer, PEER_MSG_WRITE_ACK, buf, sizeof buf);
 }
 
 /* A slice header arrived: find or create its write and decide where its bytes go. */
@@ -422,7 +428,7 @@ static int stream_slice_begin(TcpStream *s) {
                         w->error = -ERANGE;
                 else
                         /* Asked once per write, before its first byte lands. */
-                        w->error = peer_manager_validate_incoming(t->pm, tp->peer, dh.region, dh.dst_offset,
+                        w->error = t->peers_ops.validate_incoming(t->peers_ops.userdata, tp->peer, dh.region, dh.dst_offset,
                                                                   dh.total_length, dh.cookie);
                 if (w->error < 0)
                         log_debug_errno(w->error, "tcp: refused incoming write %llu (region %u, %llu+%llu): %m",
@@ -456,12 +462,12 @@ static int stream_slice_end(TcpStream *s) {
                 return 0;
         hashmap_remove(tp->in, &w->write_id);
         if (w->error == 0)
-                peer_manager_incoming_done(t->pm, p, w->cookie, 0);
+                t->peers_ops.incoming_done(t->peers_ops.userdata, p, w->cookie, 0);
         r = send_ack(tp, w->write_id, w->error);
         in_write_free(w);
-        if (r < 0 || !peer_is_up(p) || tp->streams[idx] != s) {
-                if (r < 0 && peer_is_up(p))
-                        peer_stream_failed(p, r, "sending acknowledgement");
+        if (r < 0 || !t->peers_ops.is_up(p) || tp->streams[idx] != s) {
+                if (r < 0 && t->peers_ops.is_up(p))
+                        t->peers_ops.stream_failed(p, r, "sending acknowledgement");
                 return 1;
         }
         return 0;
@@ -530,25 +536,26 @@ static int stream_recv(TcpStream *s) {
 static int stream_io(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
         TcpStream *s = userdata;
         Peer *p = s->tp->peer;
+        const TransportPeerOps *ops = &s->t->peers_ops;
         int r;
 
         if (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
                 /* The acknowledgements of everything this wakeup completes leave in
                  * one write. */
-                peer_cork(p);
+                ops->cork(p);
                 r = stream_recv(s);
-                peer_uncork(p);
+                ops->uncork(p);
                 if (r == 1)
                         return 0; /* the session was reset; s is gone */
                 if (r < 0) {
-                        peer_stream_failed(p, r, r == -ECONNRESET ? "data stream closed" : "data stream receive");
+                        ops->stream_failed(p, r, r == -ECONNRESET ? "data stream closed" : "data stream receive");
                         return 0;
                 }
         }
         if (revents & EPOLLOUT) {
                 r = stream_send(s);
                 if (r < 0) {
-                        peer_stream_failed(p, r, "data stream send");
+                        ops->stream_failed(p, r, "data stream send");
                         return 0;
                 }
         }
@@ -587,7 +594,7 @@ static int tcp_post(Transport *tt, void *peer, const TransportWrite *w, size_t n
 
         if (!p || (!w && n > 0) || n > MAX_POST)
                 return -EINVAL;
-        if (!peer_is_up(p))
+        if (!t->peers_ops.is_up(p))
                 return -ENOTCONN;
         for (size_t i = 0; i < n; i++) {
                 const TransportRegion *src = w[i].src_region < MAX_REGIONS ? t->regions[w[i].src_region] : NULL;
@@ -655,12 +662,13 @@ static size_t tcp_poll(Transport *tt, TransportCompletion *c, size_t n) {
 }
 
 static void tcp_cancel_peer(Transport *tt, void *peer) {
+        TcpTransport *t = tcp(tt);
         Peer *p = peer;
 
         /* Bytes already in the socket buffers would still land: only ending the
          * session guarantees that none does. The peer then reconnects. */
-        if (p && peer_get_tcp(p))
-                peer_stream_failed(p, -ECANCELED, "transfers cancelled");
+        if (p && *tcp_peer_slot(t, p))
+                t->peers_ops.stream_failed(p, -ECANCELED, "transfers cancelled");
 }
 
 static void tcp_free(Transport *tt) {
@@ -682,7 +690,7 @@ static void tcp_free(Transport *tt) {
                         in_write_free(v);
                 hashmap_free(tp->out);
                 hashmap_free(tp->in);
-                peer_set_tcp(tp->peer, NULL);
+                *tcp_peer_slot(t, tp->peer) = NULL;
                 LIST_REMOVE(peers, t->peers, tp);
                 free(tp);
         }
@@ -705,7 +713,7 @@ static const TransportOps tcp_ops = {
         .free = tcp_free,
 };
 
-int tcp_transport_new(Transport **ret, sd_event *e, PeerManager *pm, uint32_t slice_size) {
+int tcp_transport_new(Transport **ret, sd_event *e, const TransportPeerOps *peers, uint32_t slice_size) {
         TcpTransport *t;
 
         if (slice_size < PEER_SLICE_MIN || slice_size > PEER_SLICE_MAX)
@@ -715,7 +723,7 @@ int tcp_transport_new(Transport **ret, sd_event *e, PeerManager *pm, uint32_t sl
                 return -ENOMEM;
         t->base.ops = &tcp_ops;
         t->event = sd_event_ref(e);
-        t->pm = pm;
+        t->peers_ops = *peers;
         t->slice_size = slice_size;
         t->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         t->scratch = malloc(SCRATCH_SIZE);

@@ -2,7 +2,7 @@
 #pragma once
 
 /* The tcp transport: bulk writes to peer hosts over a few authenticated TCP data
- * streams per peer (their handshake lives in peer.c, which hands the connected fds
+ * streams per peer (their handshake lives in peer/, which hands the connected fds
  * over). Slices of all writes to a peer are sent round-robin (slicer.h) over whichever
  * stream can take them; the receiver recv()s each slice straight into the destination
  * region after asking the incoming validator, and acknowledges a write on the control
@@ -11,12 +11,10 @@
 #include <stdint.h>
 #include <systemd/sd-event.h>
 
-#include "transport/transport.h"
+#include "transport/transport-peer.h"
 
-typedef struct PeerManager PeerManager;
-typedef struct Peer Peer;
-
-int tcp_transport_new(Transport **ret, sd_event *e, PeerManager *pm, uint32_t slice_size);
+/* peers: the peer layer's operations (copied). */
+int tcp_transport_new(Transport **ret, sd_event *e, const TransportPeerOps *peers, uint32_t slice_size);
 /* Takes fd (an authenticated data stream of p's current session). */
 int tcp_transport_attach_stream(Transport *t, Peer *p, int fd, unsigned index);
 /* The session with p ended: every write in flight both ways completes with `error`,
