@@ -3,7 +3,6 @@
  * still work over tcp on whatever route the kernel picks. */
 #include <errno.h>
 
-#include "log.h"
 #include "peer/topology.h"
 
 int topology_new(Topology **ret, sd_event *e, PeerManager *pm) {
@@ -26,13 +25,3 @@ size_t topology_n_gpus(Topology *t) {
 const TopologyGpu *topology_gpu(Topology *t, size_t i) {
         return NULL;
 }
-
-static int topology_subsystem_init(Manager *m) {
-        log_info("topology: built without libnl; the path to each peer is the kernel's default route");
-        return 0;
-}
-
-const Subsystem topology_subsystem = {
-        .name = "topology",
-        .init = topology_subsystem_init,
-};

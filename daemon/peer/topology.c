@@ -481,31 +481,3 @@ size_t topology_n_gpus(Topology *t) {
 const TopologyGpu *topology_gpu(Topology *t, size_t i) {
         return t && i < t->n_gpus ? t->gpus + i : NULL;
 }
-
-/* ---- subsystem glue ---- */
-
-static int topology_subsystem_init(Manager *m) {
-        Topology *t;
-        int r;
-
-        /* After the peer subsystem in manager.c's table: paths are per peer. */
-        r = topology_new(&t, m->event, m->peers);
-        if (r < 0) {
-                /* Topology informs choices; without it everything still runs over tcp. */
-                log_warning_errno(r, "topology: unavailable, peers use tcp on the default route: %m");
-                return 0;
-        }
-        m->topology = t;
-        topology_set_transport_policy(t, m->config.transport_policy);
-        return 0;
-}
-
-static void topology_subsystem_done(Manager *m) {
-        m->topology = topology_free(m->topology);
-}
-
-const Subsystem topology_subsystem = {
-        .name = "topology",
-        .init = topology_subsystem_init,
-        .done = topology_subsystem_done,
-};

@@ -50,6 +50,3 @@ int topology_refresh(Topology *t);
 const TopologyPath *topology_path(Topology *t, const char *host_id);
 size_t topology_n_gpus(Topology *t);
 const TopologyGpu *topology_gpu(Topology *t, size_t i);
-
-#include "core/manager.h"
-extern const Subsystem topology_subsystem;

@@ -1,665 +1,20 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-#include <arpa/inet.h>
-#include <assert.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <infiniband/verbs.h>
-#include <net/if.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/eventfd.h>
-#include <sys/inotify.h>
-#include <sys/random.h>
-#include <unistd.h>
+#include "transport/rdma-internal.h"
 
-#include "hashmap.h"
-#include "list.h"
-#include "log.h"
-#include "macro.h"
-#include "peer/peer-proto.h"
-#include "transport/rdma-proto.h"
-#include "transport/rdma-session.h"
-#include "time-util.h"
-#include "transport/rdma.h"
-#include "transport/transport-peer.h"
-#include "transport/slicer.h"
-#include "transport/transport-util.h"
-
-const bool rdma_data_path_built = true;
-
-int rdma_discover(RdmaLink *links, size_t max, bool *logged_none) {
-        RdmaLink sys[RDMA_MAX_LINKS];
-        struct ibv_device **list;
-        int n_dev = 0, n_sys;
-        size_t n = 0;
-
-        list = ibv_get_device_list(&n_dev);
-        if (!list) {
-                /* ENOSYS: no kernel support (no uverbs); treated as no devices. */
-                if (errno != ENOSYS)
-                        log_debug("rdma: ibv_get_device_list: %m");
-                n_dev = 0;
-        }
-        n_sys = n_dev > 0 ? rdma_links_from_sysfs("/sys", sys, ELEMENTSOF(sys)) : 0;
-        if (n_sys < 0) {
-                log_warning_errno(n_sys, "rdma: reading /sys/class/infiniband: %m");
-                n_sys = 0;
-        }
-        for (int d = 0; d < n_dev; d++) {
-                const char *name = ibv_get_device_name(list[d]);
-                struct ibv_context *ctx;
-
-                if (!name)
-                        continue;
-                ctx = ibv_open_device(list[d]);
-                for (int i = 0; i < n_sys; i++) {
-                        struct ibv_port_attr pa;
-
-                        if (strcmp(sys[i].device, name) != 0)
-                                continue;
-                        if (ctx && ibv_query_port(ctx, sys[i].port, &pa) == 0) {
-                                sys[i].active = pa.state == IBV_PORT_ACTIVE;
-                                snprintf(sys[i].state, sizeof sys[i].state, "%s",
-                                         ibv_port_state_str(pa.state));
-                        }
-                        if (n < max)
-                                links[n++] = sys[i];
-                }
-                if (ctx)
-                        ibv_close_device(ctx);
-        }
-        if (list)
-                ibv_free_device_list(list);
-
-        if (n == 0) {
-                if (logged_none && !*logged_none) {
-                        if (n_dev > 0)
-                                log_info("rdma: no RDMA devices carry a network interface (%d without one); peers use tcp",
-                                         n_dev);
-                        else
-                                log_info("rdma: no RDMA devices; peers use tcp");
-                }
-                if (logged_none)
-                        *logged_none = true;
-        } else if (logged_none)
-                *logged_none = false;
-        return (int)n;
-}
-
-/* ---- the transport ---- */
-
-#define MAX_REGIONS 1024
-#define MAX_POST 65536
-/* Work requests per QP: send queue, receive queue (one receive per WITH_IMM write), and
- * the bound on slices in flight (below both, so neither queue overflows). */
-#define SQ_DEPTH 128U
-#define RQ_DEPTH 128U
-#define MAX_OUTSTANDING 32U
-/* A work request moves at most this much: with MAX_OUTSTANDING, 8 MiB in flight per QP
- * (far above a NIC's bandwidth-delay product), while soft-RoCE, which runs a posted
- * request's packets partly inside ibv_post_send, never holds the loop for long. */
-#define MAX_SLICE (256U * 1024U)
-/* Writes requested, granted or in flight to one peer. */
-#define MAX_OUT_WRITES 65536U
-/* Flushed completions that do not come within this are given up on: the QP is destroyed
- * (which also stops the device from touching the buffers) before anything is freed. */
-#define DRAIN_TIMEOUT_USEC (2 * USEC_PER_SEC)
-/* RC transport timer: 4.096 us * 2^17 ~ 0.5 s per try, 6 retries (7 would mean
- * "forever" to soft-RoCE): a peer that stops answering fails the work request after
- * ~4 s (longer than soft-RoCE's stalls under emulation). The receiver-not-ready retry
- * is infinite (7). */
-#define QP_TIMEOUT 17
-#define QP_RETRY 6
-#define WR_RECV_FLAG (UINT64_C(1) << 63)
-
-typedef struct RdmaTransport RdmaTransport;
-typedef struct RdmaDevice RdmaDevice;
-typedef struct RdmaPeer RdmaPeer;
-
-struct RdmaDevice {
-        RdmaTransport *t;
-        char name[RDMA_NAME_MAX];
-        struct ibv_context *ctx;
-        struct ibv_pd *pd;
-        struct ibv_comp_channel *channel;
-        sd_event_source *comp_source, *async_source;
-        struct ibv_mr *mrs[MAX_REGIONS];
-        unsigned users;          /* peers with a CQ/QP on it */
-        bool dead;               /* fatal, or removed: closed once unused */
-        LIST_FIELDS(RdmaDevice, devices);
-};
-
-typedef struct OutWrite {
-        SliceWrite sw;           /* first: container_of from the slice queue */
-        uint64_t write_id;
-        uint64_t cookie;
-        const TransportRegion *src;
-        uint64_t src_offset;
-        uint32_t dst_region;
-        uint64_t dst_offset;
-        uint32_t rkey;
-        uint64_t raddr;
-        bool granted, acked;
-        unsigned wrs;            /* work requests posted, not completed */
-} OutWrite;
-
-typedef struct InWrite {
-        uint64_t write_id;
-        uint64_t cookie, length;
-} InWrite;
-
-struct RdmaPeer {
-        RdmaTransport *t;
-        Peer *peer;
-        RdmaSession s;
-        RdmaDevice *dev;
-        RdmaLink link;           /* of the QP */
-        struct ibv_cq *cq;
-        struct ibv_qp *qp;
-        uint32_t psn;
-        int gid_index;
-        union ibv_gid gid;
-        enum ibv_mtu mtu;
-        unsigned recvs;          /* receives posted */
-        /* The peer's side, from its CONNECT. */
-        uint32_t r_qpn, r_psn;
-        uint8_t r_gid[16];
-        uint8_t r_mtu;
-        char r_device[RDMA_NAME_MAX];
-        int fail_error;          /* what the writes complete with when drained */
-        Hashmap *out;            /* OutWrite* by write_id */
-        Hashmap *in;             /* InWrite* by write_id */
-        SliceQueue queue;        /* granted writes with slices left to post */
-        uint32_t next_write_id;
-        sd_event_source *drain_timer;
-        uint64_t bytes, writes, bytes_in;
-        LIST_FIELDS(RdmaPeer, peers);
-};
-
-struct RdmaTransport {
-        Transport base;
-        sd_event *event;
-        TransportPeerOps peers_ops; /* the peer layer: control messages, validation */
-        uint32_t slice_size;
-        TransportRegion *regions[MAX_REGIONS];
-        LIST_HEAD(RdmaDevice, devices);
-        LIST_HEAD(RdmaPeer, peers);
-        RdmaLinkLookup lookup;
-        RdmaChanged changed;
-        void *topology;
-        int efd;
-        TransportDoneQueue done;
-        int inotify_fd;
-        sd_event_source *inotify_source;
-};
-
-static RdmaTransport *rdma(Transport *t) {
+RdmaTransport *rdma_of(Transport *t) {
         return container_of(t, RdmaTransport, base);
 }
 
-static void run(RdmaPeer *rp, unsigned a);
 
-static void complete(RdmaTransport *t, uint64_t cookie, int error, uint64_t bytes) {
+void rdma_complete(RdmaTransport *t, uint64_t cookie, int error, uint64_t bytes) {
         transport_done_push(&t->base, &t->done, t->efd, cookie, error, bytes);
 }
 
-static int fd_prepare(int fd) {
+int rdma_fd_prepare(int fd) {
         int fl = fcntl(fd, F_GETFL);
         if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
                 return -errno;
         return 0;
-}
-
-/* ---- devices ---- */
-
-static int on_comp(sd_event_source *s, int fd, uint32_t revents, void *userdata);
-static int on_async(sd_event_source *s, int fd, uint32_t revents, void *userdata);
-static void watch_devices(RdmaTransport *t);
-
-static int mr_register(RdmaDevice *d, TransportRegion *r) {
-        if (d->mrs[r->id])
-                return 0;
-        d->mrs[r->id] = ibv_reg_mr(d->pd, r->host_base, r->size,
-                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-        if (!d->mrs[r->id])
-                return log_warning_errno(errno, "rdma: %s: cannot register arena %u (%llu bytes): %m", d->name,
-                                         r->id, (unsigned long long)r->size);
-        return 0;
-}
-
-static RdmaDevice *device_free(RdmaDevice *d) {
-        if (!d)
-                return NULL;
-        sd_event_source_disable_unref(d->comp_source);
-        sd_event_source_disable_unref(d->async_source);
-        for (size_t i = 0; i < MAX_REGIONS; i++)
-                if (d->mrs[i])
-                        (void)ibv_dereg_mr(d->mrs[i]);
-        if (d->channel)
-                (void)ibv_destroy_comp_channel(d->channel);
-        if (d->pd)
-                (void)ibv_dealloc_pd(d->pd);
-        if (d->ctx)
-                (void)ibv_close_device(d->ctx);
-        free(d);
-        return NULL;
-}
-
-static void device_put(RdmaDevice *d) {
-        RdmaTransport *t = d->t;
-
-        assert(d->users > 0);
-        if (--d->users > 0 || !d->dead)
-                return;
-        /* Closing lets the kernel finish unregistering a removed device. */
-        log_info("rdma: %s closed", d->name);
-        LIST_REMOVE(devices, t->devices, d);
-        device_free(d);
-}
-
-static int device_get(RdmaTransport *t, const char *name, RdmaDevice **ret) {
-        struct ibv_device **list;
-        RdmaDevice *d;
-        unsigned n_mr = 0;
-        int n = 0, r;
-
-        LIST_FOREACH(devices, x, t->devices)
-                if (!x->dead && strcmp(x->name, name) == 0) {
-                        *ret = x;
-                        return 0;
-                }
-        d = calloc(1, sizeof *d);
-        if (!d)
-                return -ENOMEM;
-        d->t = t;
-        snprintf(d->name, sizeof d->name, "%s", name);
-        list = ibv_get_device_list(&n);
-        for (int i = 0; list && i < n; i++)
-                if (strcmp(ibv_get_device_name(list[i]), name) == 0) {
-                        d->ctx = ibv_open_device(list[i]);
-                        r = d->ctx ? 0 : -errno;
-                        break;
-                }
-        if (list)
-                ibv_free_device_list(list);
-        if (!d->ctx) {
-                device_free(d);
-                return -ENODEV;
-        }
-        d->pd = ibv_alloc_pd(d->ctx);
-        d->channel = d->pd ? ibv_create_comp_channel(d->ctx) : NULL;
-        if (!d->channel) {
-                r = -errno;
-                device_free(d);
-                return r ?: -EIO;
-        }
-        r = fd_prepare(d->channel->fd);
-        if (r >= 0)
-                r = fd_prepare(d->ctx->async_fd);
-        if (r >= 0)
-                r = sd_event_add_io(t->event, &d->comp_source, d->channel->fd, EPOLLIN, on_comp, d);
-        if (r >= 0)
-                r = sd_event_add_io(t->event, &d->async_source, d->ctx->async_fd, EPOLLIN, on_async, d);
-        for (size_t i = 0; r >= 0 && i < MAX_REGIONS; i++)
-                if (t->regions[i]) {
-                        r = mr_register(d, t->regions[i]);
-                        n_mr++;
-                }
-        if (r < 0) {
-                device_free(d);
-                return r;
-        }
-        LIST_PREPEND(devices, t->devices, d);
-        watch_devices(t);
-        log_info("rdma: opened %s: one protection domain, %u host arena(s) registered", d->name, n_mr);
-        *ret = d;
-        return 0;
-}
-
-/* ---- peers ---- */
-
-static const char *rp_name(RdmaPeer *rp) {
-        return rp->t->peers_ops.name(rp->peer);
-}
-
-static RdmaPeer *peer_find(RdmaTransport *t, Peer *p) {
-        LIST_FOREACH(peers, rp, t->peers)
-                if (rp->peer == p)
-                        return rp;
-        return NULL;
-}
-
-static RdmaPeer *peer_get(RdmaTransport *t, Peer *p) {
-        RdmaPeer *rp = peer_find(t, p);
-
-        if (rp)
-                return rp;
-        rp = calloc(1, sizeof *rp);
-        if (!rp)
-                return NULL;
-        rp->t = t;
-        rp->peer = p;
-        rp->next_write_id = 1;
-        rdma_session_init(&rp->s, MAX_OUTSTANDING);
-        rp->out = hashmap_new(HASHMAP_KEY_U64, 0);
-        rp->in = hashmap_new(HASHMAP_KEY_U64, 0);
-        if (!rp->out || !rp->in) {
-                hashmap_free(rp->out);
-                hashmap_free(rp->in);
-                free(rp);
-                return NULL;
-        }
-        LIST_PREPEND(peers, t->peers, rp);
-        return rp;
-}
-
-static bool local_ok(RdmaPeer *rp, RdmaLink *link) {
-        RdmaTransport *t = rp->t;
-        RdmaLink l;
-        char src[64];
-
-        if (!t->lookup || t->lookup(rp->peer, link ?: &l, src, sizeof src, t->topology) < 0)
-                return false;
-        /* A device that died stays unusable until discovery no longer lists it. */
-        LIST_FOREACH(devices, d, t->devices)
-                if (d->dead && strcmp(d->name, (link ?: &l)->device) == 0)
-                        return false;
-        return true;
-}
-
-static void send_msg(RdmaPeer *rp, const RdmaMessage *m) {
-        uint8_t buf[RDMA_PROTO_MAX_PAYLOAD];
-        int n = rdma_message_encode(m, buf, sizeof buf);
-
-        if (n < 0) {
-                log_error("rdma: peer %s: cannot encode message 0x%04x", rp_name(rp), m->type);
-                return;
-        }
-        /* Failing to queue ends the peer's session; the state handler cleans up. */
-        (void)rp->t->peers_ops.send(rp->peer, (uint16_t)m->type, buf, (size_t)n);
-}
-
-static void send_ack(RdmaPeer *rp, uint64_t write_id, int error) {
-        send_msg(rp, &(RdmaMessage){ .type = RDMA_MSG_ACK, .ack = { .write_id = write_id, .error = (uint32_t)-error } });
-}
-
-/* Picks the RoCE v2 GID of the port on `netdev` that carries the route's source
- * address (IPv4-mapped), else the first RoCE v2 GID on it, else the discovered one. */
-static int choose_gid(RdmaPeer *rp, const char *src) {
-        struct ibv_port_attr pa;
-        struct in_addr a4 = {};
-        unsigned ifindex = if_nametoindex(rp->link.netdev);
-        bool have_src = src && inet_pton(AF_INET, src, &a4) == 1;
-        int best = -1, any = -1;
-
-        if (ibv_query_port(rp->dev->ctx, rp->link.port, &pa) != 0)
-                return -errno;
-        if (pa.link_layer != IBV_LINK_LAYER_ETHERNET)
-                return -EPROTONOSUPPORT; /* InfiniBand needs LIDs, which are not exchanged */
-        rp->mtu = pa.active_mtu;
-        for (int i = 0; i < pa.gid_tbl_len && i < 256; i++) {
-                struct ibv_gid_entry e;
-                const uint8_t *g = e.gid.raw;
-                if (ibv_query_gid_ex(rp->dev->ctx, rp->link.port, (uint32_t)i, &e, 0) != 0)
-                        continue;
-                if (e.gid_type != IBV_GID_TYPE_ROCE_V2 || (ifindex && e.ndev_ifindex != ifindex))
-                        continue;
-                if (any < 0)
-                        any = i;
-                bool v4 = !g[0] && !g[1] && !g[2] && !g[3] && !g[4] && !g[5] && !g[6] && !g[7] && !g[8] && !g[9] &&
-                          g[10] == 0xff && g[11] == 0xff;
-                if (v4 && best < 0 && (!have_src || memcmp(g + 12, &a4, 4) == 0))
-                        best = i;
-        }
-        rp->gid_index = best >= 0 ? best : any >= 0 ? any : rp->link.gid_index;
-        if (ibv_query_gid(rp->dev->ctx, rp->link.port, rp->gid_index, &rp->gid) != 0)
-                return -errno;
-        return 0;
-}
-
-static int post_recvs(RdmaPeer *rp) {
-        while (rp->recvs < RQ_DEPTH) {
-                /* WRITE_WITH_IMM consumes a receive without payload: no scatter list. */
-                struct ibv_recv_wr wr = { .wr_id = WR_RECV_FLAG }, *bad;
-                int r = ibv_post_recv(rp->qp, &wr, &bad);
-                if (r != 0)
-                        return -r;
-                rp->recvs++;
-        }
-        return 0;
-}
-
-static int create_qp(RdmaPeer *rp) {
-        RdmaTransport *t = rp->t;
-        char src[64] = "";
-        int r;
-
-        if (!t->lookup || t->lookup(rp->peer, &rp->link, src, sizeof src, t->topology) < 0)
-                return -ENETUNREACH;
-        r = device_get(t, rp->link.device, &rp->dev);
-        if (r < 0)
-                return r;
-        rp->dev->users++;
-        r = choose_gid(rp, src);
-        if (r < 0)
-                return r;
-        rp->cq = ibv_create_cq(rp->dev->ctx, (int)(SQ_DEPTH + RQ_DEPTH), rp, rp->dev->channel, 0);
-        if (!rp->cq)
-                return -errno;
-        if (ibv_req_notify_cq(rp->cq, 0) != 0)
-                return -EIO;
-        struct ibv_qp_init_attr qa = {
-                .send_cq = rp->cq,
-                .recv_cq = rp->cq,
-                .cap = { .max_send_wr = SQ_DEPTH, .max_recv_wr = RQ_DEPTH, .max_send_sge = 1, .max_recv_sge = 1 },
-                .qp_type = IBV_QPT_RC,
-        };
-        rp->qp = ibv_create_qp(rp->dev->pd, &qa);
-        if (!rp->qp)
-                return -errno;
-        struct ibv_qp_attr a = {
-                .qp_state = IBV_QPS_INIT,
-                .port_num = rp->link.port,
-                .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
-        };
-        r = ibv_modify_qp(rp->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-        if (r != 0)
-                return -r;
-        if (getrandom(&rp->psn, sizeof rp->psn, 0) != sizeof rp->psn)
-                rp->psn = (uint32_t)now_usec(CLOCK_MONOTONIC);
-        rp->psn &= 0xffffff;
-        rp->recvs = 0;
-        r = post_recvs(rp);
-        if (r < 0)
-                return r;
-        log_info("rdma: peer %s: RC QP %u on %s port %u (GID index %d, MTU %d)", rp_name(rp),
-                 rp->qp->qp_num, rp->dev->name, rp->link.port, rp->gid_index, 128 << rp->mtu);
-        return 0;
-}
-
-static int connect_qp(RdmaPeer *rp) {
-        struct ibv_qp_attr a = {
-                .qp_state = IBV_QPS_RTR,
-                .path_mtu = MIN(rp->mtu, (enum ibv_mtu)rp->r_mtu),
-                .dest_qp_num = rp->r_qpn,
-                .rq_psn = rp->r_psn,
-                .max_dest_rd_atomic = 1,
-                .min_rnr_timer = 12,
-                .ah_attr = {
-                        .is_global = 1,
-                        .grh = { .sgid_index = (uint8_t)rp->gid_index, .hop_limit = 64 },
-                        .port_num = rp->link.port,
-                },
-        };
-        int r;
-
-        if (!rp->qp)
-                return -ENOTCONN;
-        memcpy(a.ah_attr.grh.dgid.raw, rp->r_gid, 16);
-        r = ibv_modify_qp(rp->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-        if (r != 0)
-                return -r;
-        a = (struct ibv_qp_attr){
-                .qp_state = IBV_QPS_RTS,
-                .timeout = QP_TIMEOUT,
-                .retry_cnt = QP_RETRY,
-                .rnr_retry = 7,
-                .sq_psn = rp->psn,
-                .max_rd_atomic = 1,
-        };
-        r = ibv_modify_qp(rp->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                              IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-        if (r != 0)
-                return -r;
-        log_info("rdma: peer %s: QP %u connected to %s QP %u: writes to this peer go over RDMA", rp_name(rp),
-                 rp->qp->qp_num, rp->r_device, rp->r_qpn);
-        return 0;
-}
-
-static void out_write_free(RdmaPeer *rp, OutWrite *w) {
-        if (w->sw.queued)
-                slice_queue_remove(&rp->queue, &w->sw);
-        free(w);
-}
-
-static void complete_write(RdmaPeer *rp, OutWrite *w, int error) {
-        hashmap_remove(rp->out, &w->write_id);
-        if (error == 0) {
-                rp->bytes += w->sw.length;
-                rp->writes++;
-        }
-        complete(rp->t, w->cookie, error, error ? 0 : w->sw.length);
-        out_write_free(rp, w);
-}
-
-/* Destroys the QP and CQ (no byte moves through them afterwards), then fails every
- * write both ways. */
-static void finalize(RdmaPeer *rp) {
-        RdmaTransport *t = rp->t;
-        int error = rp->fail_error ?: -ECONNRESET;
-        size_t i = 0;
-        void *v;
-
-        rp->drain_timer = sd_event_source_disable_unref(rp->drain_timer);
-        if (rp->qp && ibv_destroy_qp(rp->qp) != 0)
-                log_warning("rdma: peer %s: ibv_destroy_qp failed", rp_name(rp));
-        rp->qp = NULL;
-        if (rp->cq && ibv_destroy_cq(rp->cq) != 0)
-                log_warning("rdma: peer %s: ibv_destroy_cq failed", rp_name(rp));
-        rp->cq = NULL;
-        rp->recvs = 0;
-        if (rp->dev) {
-                RdmaDevice *d = rp->dev;
-                rp->dev = NULL;
-                device_put(d);
-        }
-        while (hashmap_iterate(rp->out, &i, &v, NULL)) {
-                OutWrite *w = v;
-                complete(t, w->cookie, error, 0);
-                free(w);
-        }
-        hashmap_clear(rp->out);
-        rp->queue = (SliceQueue){};
-        i = 0;
-        while (hashmap_iterate(rp->in, &i, &v, NULL)) {
-                InWrite *w = v;
-                t->peers_ops.incoming_done(t->peers_ops.userdata, rp->peer, w->cookie, error);
-                free(w);
-        }
-        hashmap_clear(rp->in);
-        rp->fail_error = 0;
-}
-
-static int on_drain_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
-        RdmaPeer *rp = userdata;
-
-        log_warning("rdma: peer %s: %u work request(s) not flushed after %llu ms; destroying the QP",
-                    rp_name(rp), rp->s.outstanding, (unsigned long long)(DRAIN_TIMEOUT_USEC / USEC_PER_MSEC));
-        rp->s.outstanding = 0;
-        run(rp, RDMA_ACT_FINALIZE);
-        return 0;
-}
-
-static void fault(RdmaPeer *rp, RdmaFault f, int error, const char *reason) {
-        if (!rp->fail_error)
-                rp->fail_error = error;
-        run(rp, rdma_session_fault(&rp->s, f, reason));
-}
-
-/* Performs the actions of a session transition, in their order. */
-static void run(RdmaPeer *rp, unsigned a) {
-        RdmaTransport *t = rp->t;
-        int r;
-
-        if (a & RDMA_ACT_QP_ERROR) {
-                if (rp->qp) {
-                        struct ibv_qp_attr qa = { .qp_state = IBV_QPS_ERR };
-                        r = ibv_modify_qp(rp->qp, &qa, IBV_QP_STATE);
-                        if (r != 0)
-                                log_warning("rdma: peer %s: cannot move QP %u to the error state: %s",
-                                            rp_name(rp), rp->qp->qp_num, strerror(r));
-                }
-                if (!(a & RDMA_ACT_FINALIZE) && !rp->drain_timer)
-                        (void)sd_event_add_time_relative(t->event, &rp->drain_timer, CLOCK_MONOTONIC,
-                                                         DRAIN_TIMEOUT_USEC, 0, on_drain_timeout, rp);
-        }
-        if (a & RDMA_ACT_SEND_DOWN) {
-                RdmaMessage m = { .type = RDMA_MSG_DOWN, .down = { .error = ENODEV } };
-                snprintf(m.down.reason, sizeof m.down.reason, "%.*s", (int)RDMA_PROTO_REASON_MAX, rp->s.failure);
-                for (char *c = m.down.reason; *c; c++)
-                        if (*c < 0x20 || *c > 0x7e)
-                                *c = '?';
-                send_msg(rp, &m);
-        }
-        if (a & RDMA_ACT_FINALIZE) {
-                finalize(rp);
-                run(rp, rdma_session_finalized(&rp->s, local_ok(rp, NULL)));
-                a &= ~(unsigned)RDMA_ACT_CHANGED; /* the nested run reported it */
-        }
-        if (a & RDMA_ACT_CREATE_QP) {
-                r = create_qp(rp);
-                if (r < 0) {
-                        char why[RDMA_FAILURE_MAX];
-                        snprintf(why, sizeof why, "cannot set up a queue pair on %s: %s", rp->link.device,
-                                 strerror(-r));
-                        log_warning("rdma: peer %s: %s; using tcp", rp_name(rp), why);
-                        fault(rp, RDMA_FAULT_LOCAL, -ENODEV, why);
-                        return;
-                }
-        }
-        if (a & RDMA_ACT_SEND_CONNECT) {
-                RdmaMessage m = { .type = RDMA_MSG_CONNECT };
-                m.connect.have_rdma = true;
-                m.connect.port = rp->link.port;
-                m.connect.mtu = (uint8_t)rp->mtu;
-                m.connect.gid_index = (uint8_t)rp->gid_index;
-                m.connect.qpn = rp->qp->qp_num;
-                m.connect.psn = rp->psn;
-                memcpy(m.connect.gid, rp->gid.raw, 16);
-                snprintf(m.connect.device, sizeof m.connect.device, "%s", rp->dev->name);
-                send_msg(rp, &m);
-        }
-        if (a & RDMA_ACT_SEND_NONE)
-                send_msg(rp, &(RdmaMessage){ .type = RDMA_MSG_CONNECT });
-        if (a & RDMA_ACT_CONNECT_QP) {
-                r = connect_qp(rp);
-                if (r < 0) {
-                        char why[RDMA_FAILURE_MAX];
-                        snprintf(why, sizeof why, "cannot connect the queue pair on %s: %s", rp->link.device,
-                                 strerror(-r));
-                        log_warning("rdma: peer %s: %s; using tcp", rp_name(rp), why);
-                        fault(rp, RDMA_FAULT_LOCAL, -ENODEV, why);
-                        return;
-                }
-        }
-        if (a & RDMA_ACT_RECONNECT) {
-                log_warning("rdma: peer %s: queue pair failed; reconnecting the peer", rp_name(rp));
-                rp->t->peers_ops.stream_failed(rp->peer, -EIO, "RDMA queue pair failed");
-        }
-        if ((a & RDMA_ACT_CHANGED) && t->changed)
-                t->changed(t->topology);
 }
 
 /* ---- data path ---- */
@@ -693,7 +48,7 @@ static void pump(RdmaPeer *rp) {
                 int r = ibv_post_send(rp->qp, &wr, &bad);
                 if (r != 0) {
                         log_warning("rdma: peer %s: ibv_post_send: %s", rp_name(rp), strerror(r));
-                        fault(rp, RDMA_FAULT_WR, -EIO, NULL);
+                        rdma_fault(rp, RDMA_FAULT_WR, -EIO, NULL);
                         return;
                 }
                 w->wrs++;
@@ -703,7 +58,7 @@ static void pump(RdmaPeer *rp) {
 
 static void protocol_error(RdmaPeer *rp, const char *what) {
         log_warning("rdma: peer %s: %s; resetting the session", rp_name(rp), what);
-        fault(rp, RDMA_FAULT_WR, -EBADMSG, NULL);
+        rdma_fault(rp, RDMA_FAULT_WR, -EBADMSG, NULL);
 }
 
 static void on_send_wc(RdmaPeer *rp, const struct ibv_wc *wc) {
@@ -719,11 +74,11 @@ static void on_send_wc(RdmaPeer *rp, const struct ibv_wc *wc) {
                         log_warning("rdma: peer %s: RDMA WRITE failed: %s (vendor error 0x%x)", rp_name(rp),
                                     ibv_wc_status_str(wc->status), wc->vendor_err);
                 if (rp->s.state != RDMA_SESSION_DRAINING)
-                        fault(rp, RDMA_FAULT_WR, wc->status == IBV_WC_RETRY_EXC_ERR ? -ETIMEDOUT : -EIO, NULL);
+                        rdma_fault(rp, RDMA_FAULT_WR, wc->status == IBV_WC_RETRY_EXC_ERR ? -ETIMEDOUT : -EIO, NULL);
         } else if (w && w->acked && w->wrs == 0)
-                complete_write(rp, w, 0);
+                rdma_complete_write(rp, w, 0);
         if (a)
-                run(rp, a);
+                rdma_run(rp, a);
         else if (rp->s.state == RDMA_SESSION_READY)
                 pump(rp);
 }
@@ -739,7 +94,7 @@ static void on_recv_wc(RdmaPeer *rp, const struct ibv_wc *wc) {
                 if (rp->s.state != RDMA_SESSION_DRAINING && wc->status != IBV_WC_WR_FLUSH_ERR) {
                         log_warning("rdma: peer %s: receive failed: %s", rp_name(rp),
                                     ibv_wc_status_str(wc->status));
-                        fault(rp, RDMA_FAULT_WR, -EIO, NULL);
+                        rdma_fault(rp, RDMA_FAULT_WR, -EIO, NULL);
                 }
                 return;
         }
@@ -755,10 +110,10 @@ static void on_recv_wc(RdmaPeer *rp, const struct ibv_wc *wc) {
         }
         rp->bytes_in += w->length;
         t->peers_ops.incoming_done(t->peers_ops.userdata, rp->peer, w->cookie, 0);
-        send_ack(rp, w->write_id, 0);
+        rdma_send_ack(rp, w->write_id, 0);
         free(w);
-        if (rp->s.state == RDMA_SESSION_READY && rp->qp && post_recvs(rp) < 0)
-                fault(rp, RDMA_FAULT_WR, -EIO, NULL);
+        if (rp->s.state == RDMA_SESSION_READY && rp->qp && rdma_post_recvs(rp) < 0)
+                rdma_fault(rp, RDMA_FAULT_WR, -EIO, NULL);
 }
 
 static void peer_poll(RdmaPeer *rp) {
@@ -770,7 +125,7 @@ static void peer_poll(RdmaPeer *rp) {
                 int n = ibv_poll_cq(cq, ELEMENTSOF(wc), wc);
                 if (n <= 0) {
                         if (n < 0)
-                                fault(rp, RDMA_FAULT_WR, -EIO, NULL);
+                                rdma_fault(rp, RDMA_FAULT_WR, -EIO, NULL);
                         break;
                 }
                 for (int i = 0; i < n && rp->cq == cq; i++) {
@@ -783,7 +138,7 @@ static void peer_poll(RdmaPeer *rp) {
         rp->t->peers_ops.uncork(rp->peer);
 }
 
-static int on_comp(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+int rdma_on_comp(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         RdmaDevice *d = userdata;
         struct ibv_cq *cq;
         void *ctx;
@@ -801,120 +156,6 @@ static int on_comp(sd_event_source *s, int fd, uint32_t revents, void *userdata)
 
 /* The device `d` (or its port `port`, 0: all) is gone: every peer on it drains and
  * falls back to tcp, visibly. */
-static void device_lost(RdmaDevice *d, uint8_t port, const char *what) {
-        RdmaTransport *t = d->t;
-        char why[RDMA_FAILURE_MAX];
-
-        if (port == 0) {
-                d->dead = true;
-                /* The fds may report errors from now on. */
-                (void)sd_event_source_set_enabled(d->async_source, SD_EVENT_OFF);
-        }
-        d->users++; /* held across the loop: finalize may drop the last user */
-        LIST_FOREACH(peers, rp, t->peers) {
-                if (rp->dev != d || (port && rp->link.port != port))
-                        continue;
-                if (port)
-                        snprintf(why, sizeof why, "%s port %u: %s", d->name, port, what);
-                else
-                        snprintf(why, sizeof why, "%s: %s", d->name, what);
-                log_warning("rdma: peer %s: %s; falling back to tcp", rp_name(rp), why);
-                fault(rp, RDMA_FAULT_LOCAL, -ENODEV, why);
-        }
-        device_put(d);
-        if (t->changed)
-                t->changed(t->topology);
-}
-
-static int on_async(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
-        RdmaDevice *d = userdata;
-        RdmaTransport *t = d->t;
-        struct ibv_async_event ev;
-
-        while (!d->dead && ibv_get_async_event(d->ctx, &ev) == 0) {
-                enum ibv_event_type type = ev.event_type;
-                struct ibv_qp *qp = ev.element.qp;
-                int port = ev.element.port_num;
-
-                /* Acknowledged first: destroying the QP waits for its events' acks. */
-                ibv_ack_async_event(&ev);
-                log_info("rdma: %s: async event %s", d->name, ibv_event_type_str(type));
-                switch (type) {
-                case IBV_EVENT_DEVICE_FATAL:
-                        device_lost(d, 0, "IBV_EVENT_DEVICE_FATAL");
-                        return 0; /* d may be gone */
-                case IBV_EVENT_PORT_ERR:
-                        device_lost(d, (uint8_t)port, "port went down (IBV_EVENT_PORT_ERR)");
-                        break;
-                case IBV_EVENT_PORT_ACTIVE:
-                case IBV_EVENT_GID_CHANGE:
-                        if (t->changed)
-                                t->changed(t->topology);
-                        break;
-                case IBV_EVENT_QP_FATAL:
-                case IBV_EVENT_QP_REQ_ERR:
-                case IBV_EVENT_QP_ACCESS_ERR:
-                        LIST_FOREACH(peers, rp, t->peers)
-                                if (rp->qp == qp && rp->s.state != RDMA_SESSION_DRAINING) {
-                                        log_warning("rdma: peer %s: %s", rp_name(rp), ibv_event_type_str(type));
-                                        fault(rp, RDMA_FAULT_WR, -EIO, NULL);
-                                }
-                        break;
-                default:
-                        break;
-                }
-        }
-        if (!d->dead && (revents & (EPOLLERR | EPOLLHUP)))
-                device_lost(d, 0, "its event fd failed");
-        return 0;
-}
-
-/* /dev/infiniband changed: a device whose verbs node went away is gone (soft-RoCE has
- * no fatal event for `rdma link delete`; the kernel waits for us to close it). */
-static int on_inotify(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
-        RdmaTransport *t = userdata;
-        uint8_t buf[4096];
-        struct ibv_device **list;
-        int n = 0;
-
-        while (read(fd, buf, sizeof buf) > 0)
-                ;
-        list = ibv_get_device_list(&n);
-        LIST_FOREACH_SAFE(devices, d, next, t->devices) {
-                bool found = false;
-                if (d->dead)
-                        continue;
-                for (int i = 0; list && i < n; i++)
-                        if (strcmp(ibv_get_device_name(list[i]), d->name) == 0)
-                                found = true;
-                if (!found)
-                        device_lost(d, 0, "device removed");
-        }
-        if (list)
-                ibv_free_device_list(list);
-        if (t->changed)
-                t->changed(t->topology);
-        return 0;
-}
-
-/* Watches /dev/infiniband (from the start, or once a device is first opened: the
- * directory appears with the first verbs device). */
-static void watch_devices(RdmaTransport *t) {
-        int r;
-
-        if (t->inotify_source)
-                return;
-        if (t->inotify_fd < 0)
-                t->inotify_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-        if (t->inotify_fd < 0 || inotify_add_watch(t->inotify_fd, "/dev/infiniband", IN_CREATE | IN_DELETE) < 0) {
-                log_debug("rdma: not watching /dev/infiniband (yet): %m");
-                return;
-        }
-        r = sd_event_add_io(t->event, &t->inotify_source, t->inotify_fd, EPOLLIN, on_inotify, t);
-        if (r < 0)
-                log_warning_errno(r, "rdma: cannot watch /dev/infiniband, a removed device is noticed only by its events: %m");
-}
-
 /* ---- control messages ---- */
 
 static void on_request(RdmaPeer *rp, const RdmaMessage *m) {
@@ -944,7 +185,7 @@ static void on_request(RdmaPeer *rp, const RdmaMessage *m) {
                 log_debug_errno(r, "rdma: peer %s: refused write %llu (region %u, %llu+%llu): %m", rp_name(rp),
                                 (unsigned long long)id, m->request.region, (unsigned long long)m->request.offset,
                                 (unsigned long long)m->request.length);
-                send_ack(rp, id, r);
+                rdma_send_ack(rp, id, r);
                 return;
         }
         w = calloc(1, sizeof *w);
@@ -954,10 +195,10 @@ static void on_request(RdmaPeer *rp, const RdmaMessage *m) {
         if (!w || hashmap_put(rp->in, &w->write_id, w) < 0) {
                 free(w);
                 t->peers_ops.incoming_done(t->peers_ops.userdata, rp->peer, m->request.cookie, -ENOMEM);
-                send_ack(rp, id, -ENOMEM);
+                rdma_send_ack(rp, id, -ENOMEM);
                 return;
         }
-        send_msg(rp, &(RdmaMessage){
+        rdma_send_msg(rp, &(RdmaMessage){
                              .type = RDMA_MSG_GRANT,
                              .grant = { .write_id = id,
                                         .region = m->request.region,
@@ -995,7 +236,7 @@ static void on_ack(RdmaPeer *rp, const RdmaMessage *m) {
                         protocol_error(rp, "a refusal of a granted write");
                         return;
                 }
-                complete_write(rp, w, -(int)m->ack.error);
+                rdma_complete_write(rp, w, -(int)m->ack.error);
                 return;
         }
         if (!w->granted || w->sw.next_offset < w->sw.length) {
@@ -1004,12 +245,12 @@ static void on_ack(RdmaPeer *rp, const RdmaMessage *m) {
         }
         w->acked = true;
         if (w->wrs == 0)
-                complete_write(rp, w, 0);
+                rdma_complete_write(rp, w, 0);
 }
 
 static int on_message(Peer *p, uint16_t type, const void *payload, size_t len, void *userdata) {
         RdmaTransport *t = userdata;
-        RdmaPeer *rp = peer_get(t, p);
+        RdmaPeer *rp = rdma_peer_get(t, p);
         RdmaMessage m;
         int r;
 
@@ -1035,13 +276,13 @@ static int on_message(Peer *p, uint16_t type, const void *payload, size_t len, v
                         rp->r_device[0] = 0;
                 if (!m.connect.have_rdma && rp->s.state != RDMA_SESSION_IDLE && !rp->fail_error)
                         rp->fail_error = -ENETDOWN;
-                run(rp, rdma_session_remote(&rp->s, m.connect.have_rdma, local_ok(rp, NULL)));
+                rdma_run(rp, rdma_session_remote(&rp->s, m.connect.have_rdma, rdma_local_ok(rp, NULL)));
                 break;
         case RDMA_MSG_DOWN: {
                 char why[RDMA_FAILURE_MAX];
                 snprintf(why, sizeof why, "the peer stopped RDMA: %.120s", m.down.reason);
                 log_warning("rdma: peer %s: %s; falling back to tcp", t->peers_ops.name(p), why);
-                fault(rp, RDMA_FAULT_REMOTE, -ENETDOWN, why);
+                rdma_fault(rp, RDMA_FAULT_REMOTE, -ENETDOWN, why);
                 break;
         }
         case RDMA_MSG_REQUEST:
@@ -1059,22 +300,22 @@ static int on_message(Peer *p, uint16_t type, const void *payload, size_t len, v
 
 static void on_peer_state(Peer *p, bool up, void *userdata) {
         RdmaTransport *t = userdata;
-        RdmaPeer *rp = peer_get(t, p);
+        RdmaPeer *rp = rdma_peer_get(t, p);
 
         if (!rp) {
                 log_error("rdma: peer %s: out of memory; it uses tcp", t->peers_ops.name(p));
                 return;
         }
         if (up)
-                run(rp, rdma_session_peer_up(&rp->s, local_ok(rp, NULL)));
+                rdma_run(rp, rdma_session_peer_up(&rp->s, rdma_local_ok(rp, NULL)));
         else
-                fault(rp, RDMA_FAULT_PEER_DOWN, -ECONNRESET, NULL);
+                rdma_fault(rp, RDMA_FAULT_PEER_DOWN, -ECONNRESET, NULL);
 }
 
 /* ---- the vtable ---- */
 
 static int rdma_register_region(Transport *tt, TransportRegion *r) {
-        RdmaTransport *t = rdma(tt);
+        RdmaTransport *t = rdma_of(tt);
 
         if (!r || r->id >= MAX_REGIONS)
                 return -EINVAL;
@@ -1087,12 +328,12 @@ static int rdma_register_region(Transport *tt, TransportRegion *r) {
         t->regions[r->id] = r;
         LIST_FOREACH(devices, d, t->devices)
                 if (!d->dead)
-                        (void)mr_register(d, r);
+                        (void)rdma_mr_register(d, r);
         return 0;
 }
 
 static void rdma_unregister_region(Transport *tt, TransportRegion *r) {
-        RdmaTransport *t = rdma(tt);
+        RdmaTransport *t = rdma_of(tt);
 
         if (!r || r->id >= MAX_REGIONS || t->regions[r->id] != r)
                 return;
@@ -1105,14 +346,14 @@ static void rdma_unregister_region(Transport *tt, TransportRegion *r) {
 }
 
 static int rdma_post(Transport *tt, void *peer, const TransportWrite *w, size_t n) {
-        RdmaTransport *t = rdma(tt);
+        RdmaTransport *t = rdma_of(tt);
         Peer *p = peer;
         RdmaPeer *rp;
         uint64_t *ids;
 
         if (!p || (!w && n > 0) || n > MAX_POST)
                 return -EINVAL;
-        rp = peer_find(t, p);
+        rp = rdma_peer_find(t, p);
         if (!rp || rp->s.state != RDMA_SESSION_READY || !t->peers_ops.is_up(p))
                 return -ENOTCONN;
         if (hashmap_size(rp->out) + n > MAX_OUT_WRITES)
@@ -1164,7 +405,7 @@ static int rdma_post(Transport *tt, void *peer, const TransportWrite *w, size_t 
                 OutWrite *o = hashmap_get(rp->out, &ids[i]);
                 if (!o)
                         continue;
-                send_msg(rp, &(RdmaMessage){
+                rdma_send_msg(rp, &(RdmaMessage){
                                      .type = RDMA_MSG_REQUEST,
                                      .request = { .write_id = o->write_id,
                                                   .cookie = o->cookie,
@@ -1180,20 +421,20 @@ static int rdma_post(Transport *tt, void *peer, const TransportWrite *w, size_t 
 }
 
 static int rdma_completion_fd(Transport *tt) {
-        return rdma(tt)->efd;
+        return rdma_of(tt)->efd;
 }
 
 static size_t rdma_poll(Transport *tt, TransportCompletion *c, size_t n) {
-        RdmaTransport *t = rdma(tt);
+        RdmaTransport *t = rdma_of(tt);
         return transport_done_take(&t->done, t->efd, c, n);
 }
 
 static void rdma_cancel_peer(Transport *tt, void *peer) {
-        RdmaPeer *rp = peer ? peer_find(rdma(tt), peer) : NULL;
+        RdmaPeer *rp = peer ? rdma_peer_find(rdma_of(tt), peer) : NULL;
 
         /* As for tcp: ending the session is what guarantees that nothing lands. */
         if (rp && rp->s.state != RDMA_SESSION_IDLE)
-                fault(rp, RDMA_FAULT_WR, -ECANCELED, NULL);
+                rdma_fault(rp, RDMA_FAULT_WR, -ECANCELED, NULL);
 }
 
 static void rdma_free(Transport *tt) {
@@ -1201,7 +442,7 @@ static void rdma_free(Transport *tt) {
 
         if (!tt)
                 return;
-        t = rdma(tt);
+        t = rdma_of(tt);
         while (t->peers) {
                 RdmaPeer *rp = t->peers;
                 size_t i = 0;
@@ -1225,7 +466,7 @@ static void rdma_free(Transport *tt) {
         while (t->devices) {
                 RdmaDevice *d = t->devices;
                 LIST_REMOVE(devices, t->devices, d);
-                device_free(d);
+                rdma_device_free(d);
         }
         sd_event_source_disable_unref(t->inotify_source);
         safe_close(t->inotify_fd);
@@ -1267,7 +508,7 @@ int rdma_transport_new(Transport **ret, sd_event *e, const TransportPeerOps *pee
                 rdma_free(&t->base);
                 return r;
         }
-        watch_devices(t);
+        rdma_watch_devices(t);
         r = peers->register_handler(peers->userdata, RDMA_MSG_FIRST, RDMA_MSG_LAST, on_message, t);
         if (r >= 0)
                 r = peers->add_state_handler(peers->userdata, on_peer_state, t);
@@ -1284,7 +525,7 @@ void rdma_transport_set_topology(Transport *tt, RdmaLinkLookup lookup, RdmaChang
 
         if (!tt)
                 return;
-        t = rdma(tt);
+        t = rdma_of(tt);
         t->lookup = lookup;
         t->changed = changed;
         t->topology = userdata;
@@ -1295,22 +536,22 @@ void rdma_transport_links_changed(Transport *tt) {
 
         if (!tt)
                 return;
-        t = rdma(tt);
+        t = rdma_of(tt);
         LIST_FOREACH(peers, rp, t->peers) {
                 RdmaLink l;
-                bool ok = local_ok(rp, &l);
+                bool ok = rdma_local_ok(rp, &l);
                 /* The QP's device must still be the one on the route. */
                 if (ok && rp->dev && strcmp(l.device, rp->dev->name) != 0)
                         ok = false;
                 if (!ok && (rp->s.state == RDMA_SESSION_OFFERED || rp->s.state == RDMA_SESSION_READY))
                         log_warning("rdma: peer %s: the route no longer leaves through an ACTIVE port of %s; "
                                     "falling back to tcp", rp_name(rp), rp->dev ? rp->dev->name : "?");
-                run(rp, rdma_session_local_ok(&rp->s, ok));
+                rdma_run(rp, rdma_session_local_ok(&rp->s, ok));
         }
 }
 
 void rdma_transport_peer_info(Transport *tt, Peer *p, RdmaPeerInfo *info) {
-        RdmaPeer *rp = tt ? peer_find(rdma(tt), p) : NULL;
+        RdmaPeer *rp = tt ? rdma_peer_find(rdma_of(tt), p) : NULL;
 
         memset(info, 0, sizeof *info);
         if (!rp)
@@ -1326,6 +567,6 @@ void rdma_transport_peer_info(Transport *tt, Peer *p, RdmaPeerInfo *info) {
 }
 
 bool rdma_transport_peer_ready(Transport *tt, Peer *p) {
-        RdmaPeer *rp = tt ? peer_find(rdma(tt), p) : NULL;
+        RdmaPeer *rp = tt ? rdma_peer_find(rdma_of(tt), p) : NULL;
         return rp && rp->s.state == RDMA_SESSION_READY;
 }

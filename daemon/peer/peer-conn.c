@@ -1,0 +1,420 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "peer/peer-internal.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "hashmap.h"
+#include "log.h"
+#include "macro.h"
+
+static const char *const peer_state_table[_PEER_STATE_MAX] = {
+        [PEER_DOWN] = "down",
+        [PEER_CONNECTING] = "connecting",
+        [PEER_AUTHENTICATING] = "authenticating",
+        [PEER_UP] = "up",
+};
+
+const char *peer_state_to_string(PeerState s) {
+        if ((unsigned)s >= _PEER_STATE_MAX)
+                return NULL;
+        return peer_state_table[s];
+}
+
+static int conn_io(sd_event_source *s, int fd, uint32_t revents, void *userdata);
+static int conn_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t len);
+
+/* ---- connections ---- */
+
+Conn *peer_conn_free(Conn *c) {
+        if (!c)
+                return NULL;
+        if (c->pending) {
+                LIST_REMOVE(pending, c->pm->pending, c);
+                c->pm->n_pending--;
+        }
+        sd_event_source_disable_unref(c->io);
+        sd_event_source_disable_unref(c->timeout);
+        safe_close(c->fd);
+        free(c->payload);
+        free(c->in);
+        free(c->out);
+        free(c);
+        return NULL;
+}
+
+static int conn_handshake_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
+        Conn *c = userdata;
+
+        if (c->role == PEER_ROLE_CONTROL && c->peer && c->peer->control == c)
+                peer_down(c->peer, -ETIMEDOUT, "handshake timed out");
+        else if (c->dialer && c->peer)
+                peer_stream_failed(c->peer, -ETIMEDOUT, "data stream handshake timed out");
+        else {
+                log_debug("peer: unauthenticated connection timed out");
+                peer_conn_free(c);
+        }
+        return 0;
+}
+
+int peer_conn_new(PeerManager *pm, int fd, bool dialer, Conn **ret) {
+        Conn *c;
+        usec_t to = MAX(pm->heartbeat_usec, USEC_PER_SEC);
+        int r;
+
+        c = calloc(1, sizeof *c);
+        if (!c)
+                return -ENOMEM;
+        c->pm = pm;
+        c->fd = fd;
+        c->dialer = dialer;
+        r = sd_event_add_io(pm->event, &c->io, fd, EPOLLIN, conn_io, c);
+        if (r < 0)
+                goto fail;
+        r = sd_event_add_time_relative(pm->event, &c->timeout, CLOCK_MONOTONIC, to, 0,
+                                       conn_handshake_timeout, c);
+        if (r < 0)
+                goto fail;
+        *ret = c;
+        return 0;
+fail:
+        c->fd = -EBADF; /* the caller still owns fd */
+        peer_conn_free(c);
+        return r;
+}
+
+int peer_conn_update_events(Conn *c) {
+        uint32_t ev = EPOLLIN;
+
+        if (c->state == CONN_CONNECTING)
+                ev = EPOLLOUT;
+        else if (c->out_end > c->out_start)
+                ev |= EPOLLOUT;
+        return sd_event_source_set_io_events(c->io, ev);
+}
+
+/* Writes as much of the output queue as the socket takes. */
+int peer_conn_flush(Conn *c) {
+        while (c->out_end > c->out_start) {
+                ssize_t n = send(c->fd, c->out + c->out_start, c->out_end - c->out_start,
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        if (errno == EAGAIN)
+                                break;
+                        return -errno;
+                }
+                c->out_start += (size_t)n;
+        }
+        if (c->out_start == c->out_end)
+                c->out_start = c->out_end = 0;
+        return peer_conn_update_events(c);
+}
+
+int peer_conn_queue(Conn *c, uint16_t type, const void *payload, size_t len) {
+        size_t need;
+        int r;
+
+        if (len > peer_frame_max_payload(type))
+                return -EMSGSIZE;
+        need = PEER_FRAME_HEADER_SIZE + len;
+        if (c->out_end - c->out_start + need > PEER_OUTPUT_MAX)
+                return -ENOBUFS;
+        if (c->out_start > 0 && c->out_end + need > c->out_cap) {
+                memmove(c->out, c->out + c->out_start, c->out_end - c->out_start);
+                c->out_end -= c->out_start;
+                c->out_start = 0;
+        }
+        if (c->out_end + need > c->out_cap) {
+                size_t cap = MAX(c->out_cap * 2, c->out_end + need);
+                uint8_t *b = realloc(c->out, MAX(cap, (size_t)4096));
+                if (!b)
+                        return -ENOMEM;
+                c->out = b;
+                c->out_cap = MAX(cap, (size_t)4096);
+        }
+        r = peer_frame_build(c->out + c->out_end, c->out_cap - c->out_end, type, payload, len);
+        if (r < 0)
+                return r;
+        c->out_end += (size_t)r;
+        if (c->peer && c->state == CONN_UP) {
+                c->peer->stats.frames_out++;
+                c->peer->stats.bytes_out += (uint64_t)r;
+        }
+        if (c->corked)
+                return 0;
+        return peer_conn_flush(c);
+}
+
+void peer_conn_send_fail(Conn *c, PeerFailReason reason) {
+        uint8_t buf[4];
+        PeerReason pr = { .reason = reason };
+
+        if (peer_reason_encode(&pr, buf, sizeof buf) > 0)
+                (void)peer_conn_queue(c, PEER_MSG_AUTH_FAIL, buf, sizeof buf);
+}
+
+void peer_set_socket_options(PeerManager *pm, int fd) {
+        int one = 1;
+        unsigned timeout_ms = (unsigned)MIN(pm->heartbeat_usec / USEC_PER_MSEC, (usec_t)UINT32_MAX);
+
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        /* Unacknowledged data for longer than the heartbeat bound aborts the connection,
+         * so a dead link is noticed on data streams too. */
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms);
+}
+
+/* ---- the control connection, once up ---- */
+
+static int control_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t len) {
+        Peer *p = c->peer;
+        PeerManager *pm = c->pm;
+
+        p->stats.frames_in++;
+        p->stats.bytes_in += PEER_FRAME_HEADER_SIZE + len;
+
+        switch (type) {
+        case PEER_MSG_HEARTBEAT: {
+                PeerHeartbeat hb;
+                return peer_heartbeat_decode(payload, len, &hb) < 0 ? -EBADMSG : 0;
+        }
+        case PEER_MSG_BYE: {
+                PeerReason pr = {};
+                (void)peer_reason_decode(payload, len, &pr);
+                peer_down(p, -ECONNRESET, "peer said goodbye");
+                return 1;
+        }
+        case PEER_MSG_WRITE_ACK: {
+                PeerWriteAck a;
+                if (peer_write_ack_decode(payload, len, &a) < 0)
+                        return -EBADMSG;
+                tcp_transport_write_acked(pm->tcp, p, a.write_id, a.error);
+                return p->control == c ? 0 : 1;
+        }
+        }
+        if (type <= PEER_MSG_CORE_LAST)
+                return -EBADMSG;
+        for (size_t i = 0; i < pm->n_handlers; i++) {
+                HandlerRange *h = pm->handlers + i;
+                if (type >= h->first && type <= h->last) {
+                        uint64_t sid = p->session_id;
+                        int r = h->fn(p, type, payload, len, h->userdata);
+                        if (r < 0)
+                                log_debug_errno(r, "peer %s: handler for %s message 0x%04x failed: %m",
+                                                p->name, peer_msg_type_to_string(type), type);
+                        /* The handler may have ended the session. */
+                        return p->control == c && p->session_id == sid ? 0 : 1;
+                }
+        }
+        log_debug("peer %s: no handler for message type 0x%04x, ignored", p->name, type);
+        return 0;
+}
+
+static int conn_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t len) {
+        if (c->state == CONN_UP)
+                return control_frame(c, type, payload, len);
+        if (c->dialer)
+                return peer_dialer_frame(c, type, payload, len);
+        return peer_acceptor_frame(c, type, payload, len);
+}
+
+/* Ends a connection after an error: a control connection takes its peer's session
+ * with it; a handshake connection just goes. */
+void peer_conn_fail(Conn *c, int error, const char *what) {
+        Peer *p = c->peer;
+
+        if (error == -EBADMSG || error == -EMSGSIZE || error == -EPROTONOSUPPORT) {
+                if (p)
+                        p->stats.protocol_errors++;
+                log_warning_errno(error, "peer %s: protocol error (%s): %m", p ? p->name : "(unknown)", what);
+        }
+        if (p && p->control == c)
+                peer_down(p, error, what);
+        else if (p && c->dialer && c->role == PEER_ROLE_DATA)
+                peer_stream_failed(p, error, what);
+        else
+                peer_conn_free(c);
+}
+
+#define CONTROL_READ_SIZE (64U * 1024U)
+
+/* An authenticated control connection: recv() in bulk, then dispatch every complete
+ * frame in the buffer. (Handshakes read exactly one frame at a time instead, so that
+ * no byte of what follows is taken from a data stream before the transport owns it.) */
+static int conn_read_buffered(Conn *c) {
+        size_t budget = 64;
+
+        while (budget-- > 0) {
+                ssize_t n;
+
+                /* Dispatch what is complete. */
+                for (;;) {
+                        PeerFrameHeader fh;
+                        size_t have = c->in_end - c->in_start;
+                        int r;
+
+                        if (have < PEER_FRAME_HEADER_SIZE)
+                                break;
+                        r = peer_frame_header_decode(c->in + c->in_start, have, &fh);
+                        if (r < 0)
+                                return r;
+                        if (fh.type == PEER_MSG_DATA)
+                                return -EBADMSG; /* bulk belongs on data streams */
+                        if (have < PEER_FRAME_HEADER_SIZE + (size_t)fh.length) {
+                                size_t need = PEER_FRAME_HEADER_SIZE + (size_t)fh.length;
+                                if (need > c->in_cap) {
+                                        uint8_t *b = realloc(c->in, need);
+                                        if (!b)
+                                                return -ENOMEM;
+                                        c->in = b;
+                                        c->in_cap = need;
+                                }
+                                break;
+                        }
+                        c->in_start += PEER_FRAME_HEADER_SIZE + fh.length;
+                        c->peer->stats.last_rx_usec = now_usec(CLOCK_MONOTONIC);
+                        r = conn_frame(c, fh.type, c->in + c->in_start - fh.length, fh.length);
+                        if (r != 0)
+                                return r; /* 1: the connection is gone */
+                }
+                if (c->in_start > 0) {
+                        memmove(c->in, c->in + c->in_start, c->in_end - c->in_start);
+                        c->in_end -= c->in_start;
+                        c->in_start = 0;
+                }
+                if (!c->in) {
+                        c->in = malloc(CONTROL_READ_SIZE);
+                        if (!c->in)
+                                return -ENOMEM;
+                        c->in_cap = CONTROL_READ_SIZE;
+                }
+                n = recv(c->fd, c->in + c->in_end, c->in_cap - c->in_end, MSG_DONTWAIT);
+                if (n < 0)
+                        return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+                if (n == 0)
+                        return -ECONNRESET;
+                c->in_end += (size_t)n;
+        }
+        return 0;
+}
+
+int peer_conn_read(Conn *c) {
+        size_t budget = 256;
+
+        if (c->state == CONN_UP && !c->have_fh && c->hdr_have == 0)
+                return conn_read_buffered(c);
+
+        while (budget-- > 0) {
+                ssize_t n;
+
+                if (!c->have_fh) {
+                        n = recv(c->fd, c->hdr + c->hdr_have, sizeof c->hdr - c->hdr_have, MSG_DONTWAIT);
+                        if (n < 0)
+                                return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+                        if (n == 0)
+                                return -ECONNRESET;
+                        c->hdr_have += (size_t)n;
+                        if (c->hdr_have < sizeof c->hdr)
+                                continue;
+                        n = peer_frame_header_decode(c->hdr, sizeof c->hdr, &c->fh);
+                        if (n < 0)
+                                return (int)n;
+                        if (c->fh.type == PEER_MSG_DATA)
+                                return -EBADMSG; /* bulk belongs on data streams */
+                        if (c->state != CONN_UP && c->fh.length > HANDSHAKE_MAX_PAYLOAD)
+                                return -EMSGSIZE;
+                        c->have_fh = true;
+                        c->payload_have = 0;
+                        if (c->fh.length > c->payload_cap) {
+                                uint8_t *b = realloc(c->payload, c->fh.length);
+                                if (!b)
+                                        return -ENOMEM;
+                                c->payload = b;
+                                c->payload_cap = c->fh.length;
+                        }
+                }
+                if (c->payload_have < c->fh.length) {
+                        n = recv(c->fd, c->payload + c->payload_have, c->fh.length - c->payload_have, MSG_DONTWAIT);
+                        if (n < 0)
+                                return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+                        if (n == 0)
+                                return -ECONNRESET;
+                        c->payload_have += (size_t)n;
+                        if (c->payload_have < c->fh.length)
+                                continue;
+                }
+                c->have_fh = false;
+                c->hdr_have = 0;
+                if (c->peer && c->state == CONN_UP)
+                        c->peer->stats.last_rx_usec = now_usec(CLOCK_MONOTONIC);
+                n = conn_frame(c, c->fh.type, c->payload, c->fh.length);
+                if (n != 0)
+                        return (int)n;
+        }
+        return 0;
+}
+
+static int conn_io(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Conn *c = userdata;
+        int r;
+
+        if (c->state == CONN_CONNECTING) {
+                r = peer_dialer_connected(c);
+                if (r < 0)
+                        peer_conn_fail(c, r, "connect");
+                return 0;
+        }
+        if (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+                r = peer_conn_read(c);
+                if (r == 1)
+                        return 0;
+                if (r < 0) {
+                        peer_conn_fail(c, r, r == -ECONNRESET ? "connection closed" :
+                                        r == -EACCES ? "authentication failed" : "reading");
+                        return 0;
+                }
+        }
+        r = peer_conn_flush(c);
+        if (r < 0)
+                peer_conn_fail(c, r, "writing");
+        return 0;
+}
+
+int peer_listen_io(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        PeerManager *pm = userdata;
+
+        for (;;) {
+                _cleanup_(closep) int cfd = -EBADF;
+                Conn *c;
+                int r;
+
+                cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                if (cfd < 0) {
+                        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                                log_warning_errno(errno, "peer: accept failed: %m");
+                        return 0;
+                }
+                if (pm->n_pending >= PEER_PENDING_MAX) {
+                        log_warning("peer: too many unauthenticated connections, refusing one");
+                        continue;
+                }
+                peer_set_socket_options(pm, cfd);
+                r = peer_conn_new(pm, cfd, false, &c);
+                if (r < 0) {
+                        log_warning_errno(r, "peer: cannot set up accepted connection: %m");
+                        continue;
+                }
+                TAKE_FD(cfd);
+                c->state = CONN_WAIT_HELLO;
+                c->pending = true;
+                LIST_PREPEND(pending, pm->pending, c);
+                pm->n_pending++;
+        }
+}

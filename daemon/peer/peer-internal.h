@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* Internal to peer/: the connection, peer and manager structures shared by
+ * peer-conn.c (framed control connections, the listen socket), peer-handshake.c
+ * (dialing, accepting, authentication), peer.c (one peer's session: up, down,
+ * heartbeats, reconnects) and peer-manager.c (the PeerManager and its Subsystem). */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <systemd/sd-event.h>
+
+#include "list.h"
+#include "peer/peer-auth.h"
+#include "peer/peer-manager.h"
+#include "transport/rdma.h"
+#include "transport/tcp.h"
+
+/* Largest payload accepted before a connection is authenticated. */
+#define HANDSHAKE_MAX_PAYLOAD 512
+
+typedef enum ConnState {
+        CONN_CONNECTING,     /* dialer: connect() in progress */
+        CONN_WAIT_HELLO,     /* acceptor */
+        CONN_WAIT_CHALLENGE, /* dialer */
+        CONN_WAIT_AUTH,      /* acceptor */
+        CONN_WAIT_AUTH_OK,   /* dialer */
+        CONN_UP,             /* control connection, authenticated */
+} ConnState;
+
+typedef struct Conn Conn;
+struct Conn {
+        PeerManager *pm;
+        Peer *peer;              /* dialer: from the start; acceptor: after HELLO */
+        int fd;
+        sd_event_source *io;
+        sd_event_source *timeout;
+        bool dialer;
+        ConnState state;
+        PeerRole role;
+        unsigned stream_index;
+        uint64_t session_id;
+        unsigned n_streams;
+
+        uint8_t nonce_dialer[PEER_NONCE_SIZE];
+        uint8_t nonce_acceptor[PEER_NONCE_SIZE];
+
+        /* Input: one frame at a time, header then exactly its payload. */
+        uint8_t hdr[PEER_FRAME_HEADER_SIZE];
+        size_t hdr_have;
+        PeerFrameHeader fh;
+        bool have_fh;
+        uint8_t *payload;
+        size_t payload_have, payload_cap;
+
+        /* Input once up: buffered, several frames per recv(). */
+        uint8_t *in;
+        size_t in_start, in_end, in_cap;
+
+        /* Output queue. */
+        uint8_t *out;
+        size_t out_start, out_end, out_cap;
+        bool corked;             /* queue without writing; peer_uncork() flushes */
+
+        bool pending; /* on pm->pending */
+        LIST_FIELDS(Conn, pending);
+};
+
+typedef struct HandlerRange {
+        uint16_t first, last;
+        PeerMessageHandler fn;
+        void *userdata;
+} HandlerRange;
+
+typedef struct StateHandler {
+        PeerStateHandler fn;
+        void *userdata;
+} StateHandler;
+
+struct Peer {
+        PeerManager *pm;
+        char *name;
+        char *host_id;
+        char *address;
+        struct sockaddr_storage sa;
+        unsigned sa_len;
+        bool dialer;             /* we dial this peer (our host id sorts first) */
+        PeerState state;
+        Conn *control;
+        uint64_t session_id;
+        unsigned n_streams;      /* negotiated for this session */
+        sd_event_source *reconnect_timer;
+        sd_event_source *heartbeat_timer;
+        usec_t backoff_usec;
+        uint64_t heartbeat_seq;
+        PeerStats stats;
+        char last_error[160];
+        void *transport_state[_TRANSPORT_KIND_MAX]; /* each transport's state of this peer */
+};
+
+struct PeerManager {
+        sd_event *event;
+        char *host_id;
+        char *listen_address;
+        PeerAuthKey *key;
+        usec_t heartbeat_usec;
+        unsigned n_streams;
+        uint32_t slice_size;
+
+        Peer **peers;
+        size_t n_peers;
+        Hashmap *by_host_id;
+
+        int listen_fd;
+        sd_event_source *listen_source;
+        LIST_HEAD(Conn, pending);
+        size_t n_pending;
+
+        HandlerRange *handlers;
+        size_t n_handlers;
+        StateHandler *state_handlers;
+        size_t n_state_handlers;
+        PeerIncomingValidator validator;
+        void *validator_userdata;
+        PeerIncomingDone done;
+        void *done_userdata;
+
+        Transport *tcp;
+        Transport *rdma;        /* NULL without libibverbs */
+        bool started;
+
+        /* Called with each authenticated data stream's fd as it is attached (telemetry). */
+        void (*stream_attached)(Peer *p, int fd, void *userdata);
+        void *stream_attached_userdata;
+};
+
+int peer_acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t len);
+void peer_conn_fail(Conn *c, int error, const char *what);
+int peer_conn_flush(Conn *c);
+Conn *peer_conn_free(Conn *c);
+int peer_conn_new(PeerManager *pm, int fd, bool dialer, Conn **ret);
+int peer_conn_queue(Conn *c, uint16_t type, const void *payload, size_t len);
+int peer_conn_read(Conn *c);
+void peer_conn_send_fail(Conn *c, PeerFailReason reason);
+int peer_conn_update_events(Conn *c);
+int peer_dialer_connected(Conn *c);
+int peer_dialer_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t len);
+int peer_listen_io(sd_event_source *s, int fd, uint32_t revents, void *userdata);
+int peer_dial(Peer *p, PeerRole role, unsigned stream_index);
+void peer_down(Peer *p, int error, const char *why);
+void peer_set_error(Peer *p, const char *why, int error);
+int peer_up(Peer *p, Conn *c, uint64_t session_id, unsigned n_streams);
+void peer_set_socket_options(PeerManager *pm, int fd);

@@ -1,0 +1,264 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "peer/peer-internal.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "hashmap.h"
+#include "log.h"
+#include "macro.h"
+
+/* ---- peers ---- */
+
+void peer_set_error(Peer *p, const char *why, int error) {
+        if (error)
+                snprintf(p->last_error, sizeof p->last_error, "%s: %s", why, strerror(-error));
+        else
+                snprintf(p->last_error, sizeof p->last_error, "%s", why);
+}
+
+static void notify_state(Peer *p, bool up) {
+        PeerManager *pm = p->pm;
+
+        for (size_t i = 0; i < pm->n_state_handlers; i++)
+                pm->state_handlers[i].fn(p, up, pm->state_handlers[i].userdata);
+}
+
+static int reconnect_cb(sd_event_source *s, uint64_t usec, void *userdata) {
+        Peer *p = userdata;
+        int r;
+
+        if (p->state != PEER_DOWN)
+                return 0;
+        r = peer_dial(p, PEER_ROLE_CONTROL, 0);
+        if (r < 0) {
+                peer_set_error(p, "connect", r);
+                peer_down(p, r, "connect failed");
+        }
+        return 0;
+}
+
+static void peer_schedule_reconnect(Peer *p) {
+        PeerManager *pm = p->pm;
+        uint16_t jitter = 0;
+        usec_t delay;
+        int r;
+
+        if (!p->dialer || !pm->started)
+                return;
+        if (p->backoff_usec == 0)
+                p->backoff_usec = PEER_RECONNECT_MIN_USEC;
+        delay = p->backoff_usec;
+        /* +-25% jitter, so that peers restarting together do not retry in lockstep. */
+        (void)peer_auth_random(&jitter, sizeof jitter);
+        delay = delay * 3 / 4 + delay / 2 * jitter / UINT16_MAX;
+        p->backoff_usec = MIN(p->backoff_usec * 2, PEER_RECONNECT_MAX_USEC);
+
+        if (!p->reconnect_timer)
+                r = sd_event_add_time_relative(pm->event, &p->reconnect_timer, CLOCK_MONOTONIC,
+                                               delay, 0, reconnect_cb, p);
+        else {
+                r = sd_event_source_set_time_relative(p->reconnect_timer, delay);
+                if (r >= 0)
+                        r = sd_event_source_set_enabled(p->reconnect_timer, SD_EVENT_ONESHOT);
+        }
+        if (r < 0)
+                log_warning_errno(r, "peer %s: cannot schedule reconnect: %m", p->name);
+}
+
+/* Ends the session (or the attempt) with p: everything in flight fails with `error`,
+ * handlers hear "down", and the dialer reconnects after its backoff. */
+void peer_down(Peer *p, int error, const char *why) {
+        bool was_up = p->state == PEER_UP;
+
+        if (p->state == PEER_DOWN && !p->control)
+                return;
+        if (was_up) {
+                log_warning("peer %s (%s): down: %s%s%s", p->name, p->host_id, why,
+                            error ? ": " : "", error ? strerror(-error) : "");
+                p->stats.disconnects++;
+        } else
+                log_debug("peer %s: connection attempt failed: %s", p->name, why);
+        peer_set_error(p, why, error);
+        p->control = peer_conn_free(p->control);
+        /* Handshakes of this peer's data streams (either direction) end with it. */
+        LIST_FOREACH_SAFE(pending, c, n, p->pm->pending)
+                if (c->peer == p)
+                        peer_conn_free(c);
+        sd_event_source_set_enabled(p->heartbeat_timer, SD_EVENT_OFF);
+        p->state = PEER_DOWN;
+        p->session_id = 0;
+        if (p->pm->tcp)
+                tcp_transport_peer_reset(p->pm->tcp, p, error ? error : -ECONNRESET);
+        if (was_up)
+                notify_state(p, false);
+        peer_schedule_reconnect(p);
+}
+
+void peer_stream_failed(Peer *p, int error, const char *what) {
+        peer_down(p, error, what);
+}
+
+static int heartbeat_cb(sd_event_source *s, uint64_t usec, void *userdata) {
+        Peer *p = userdata;
+        PeerManager *pm = p->pm;
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        uint8_t buf[16];
+        PeerHeartbeat hb;
+        int r;
+
+        if (p->state != PEER_UP)
+                return 0;
+        if (now > p->stats.last_rx_usec + pm->heartbeat_usec) {
+                /* Our own loop may have been the slow one: read what already arrived
+                 * before calling the peer dead. */
+                r = peer_conn_read(p->control);
+                if (r == 1)
+                        return 0;
+                if (r < 0) {
+                        peer_conn_fail(p->control, r, r == -ECONNRESET ? "connection closed" : "reading");
+                        return 0;
+                }
+        }
+        if (now > p->stats.last_rx_usec + pm->heartbeat_usec) {
+                p->stats.heartbeats_missed++;
+                peer_down(p, -ETIMEDOUT, "heartbeat timeout");
+                return 0;
+        }
+        hb = (PeerHeartbeat){ .seq = ++p->heartbeat_seq, .time_usec = now };
+        (void)peer_heartbeat_encode(&hb, buf, sizeof buf);
+        r = peer_conn_queue(p->control, PEER_MSG_HEARTBEAT, buf, sizeof buf);
+        if (r < 0) {
+                peer_down(p, r, "sending heartbeat");
+                return 0;
+        }
+        (void)sd_event_source_set_time_relative(s, pm->heartbeat_usec / 4);
+        (void)sd_event_source_set_enabled(s, SD_EVENT_ON);
+        return 0;
+}
+
+int peer_up(Peer *p, Conn *c, uint64_t session_id, unsigned n_streams) {
+        PeerManager *pm = p->pm;
+        int r;
+
+        if (c->pending) {
+                LIST_REMOVE(pending, pm->pending, c);
+                pm->n_pending--;
+                c->pending = false;
+        }
+        c->timeout = sd_event_source_disable_unref(c->timeout);
+        c->state = CONN_UP;
+        p->control = c;
+        p->session_id = session_id;
+        p->n_streams = n_streams;
+        p->state = PEER_UP;
+        p->backoff_usec = 0;
+        p->stats.connects++;
+        p->stats.last_rx_usec = p->stats.up_since_usec = now_usec(CLOCK_MONOTONIC);
+        p->last_error[0] = 0;
+
+        if (!p->heartbeat_timer)
+                r = sd_event_add_time_relative(pm->event, &p->heartbeat_timer, CLOCK_MONOTONIC,
+                                               pm->heartbeat_usec / 4, 0, heartbeat_cb, p);
+        else {
+                r = sd_event_source_set_time_relative(p->heartbeat_timer, pm->heartbeat_usec / 4);
+                if (r >= 0)
+                        r = sd_event_source_set_enabled(p->heartbeat_timer, SD_EVENT_ON);
+        }
+        if (r < 0)
+                return r;
+
+        log_info("peer %s (%s): up, session %016llx, %u data stream(s)", p->name, p->host_id,
+                 (unsigned long long)session_id, n_streams);
+
+        if (p->dialer)
+                for (unsigned i = 0; i < n_streams; i++) {
+                        r = peer_dial(p, PEER_ROLE_DATA, i);
+                        if (r < 0)
+                                return r;
+                }
+        notify_state(p, true);
+        return 0;
+}
+
+int peer_send(Peer *p, uint16_t type, const void *payload, size_t len) {
+        int r;
+
+        if (!p || type <= PEER_MSG_CORE_LAST || (len > 0 && !payload))
+                return -EINVAL;
+        if (p->state != PEER_UP || !p->control)
+                return -ENOTCONN;
+        r = peer_conn_queue(p->control, type, payload, len);
+        if (r < 0 && r != -EMSGSIZE && r != -ENOBUFS) {
+                /* The socket itself failed: the session is over. Defer nothing: the
+                 * caller learns through the state handler as well. */
+                peer_down(p, r, "writing");
+                return -ENOTCONN;
+        }
+        return r;
+}
+
+void peer_cork(Peer *p) {
+        if (p->state == PEER_UP && p->control)
+                p->control->corked = true;
+}
+
+void peer_uncork(Peer *p) {
+        int r;
+
+        if (p->state != PEER_UP || !p->control || !p->control->corked)
+                return;
+        p->control->corked = false;
+        r = peer_conn_flush(p->control);
+        if (r < 0)
+                peer_down(p, r, "writing");
+}
+
+int peer_send_core(Peer *p, uint16_t type, const void *payload, size_t len) {
+        int r;
+
+        if (p->state != PEER_UP || !p->control)
+                return -ENOTCONN;
+        r = peer_conn_queue(p->control, type, payload, len);
+        return r;
+}
+
+const char *peer_host_id(Peer *p) {
+        return p ? p->host_id : NULL;
+}
+const char *peer_name(Peer *p) {
+        return p ? p->name : NULL;
+}
+const char *peer_address(Peer *p) {
+        return p ? p->address : NULL;
+}
+bool peer_is_up(Peer *p) {
+        return p && p->state == PEER_UP;
+}
+PeerState peer_state(Peer *p) {
+        return p->state;
+}
+const PeerStats *peer_stats(Peer *p) {
+        return &p->stats;
+}
+const char *peer_last_error(Peer *p) {
+        return p->last_error;
+}
+unsigned peer_n_streams_up(Peer *p) {
+        return p->pm->tcp ? tcp_transport_streams_up(p->pm->tcp, p) : 0;
+}
+int peer_control_fd(Peer *p) {
+        return p->state == PEER_UP && p->control ? p->control->fd : -1;
+}
+PeerManager *peer_get_manager(Peer *p) {
+        return p->pm;
+}
+uint64_t peer_session_id(Peer *p) {
+        return p->session_id;
+}
