@@ -50,6 +50,19 @@ int epd_bus_error_to_errno(const char *name) {
         return -EIO;
 }
 
+int epd_bus_error_errno(sd_bus_error *e, int error, const char *message) {
+        if (error >= 0)
+                return error;
+        for (const sd_bus_error_map *m = epd_error_map; m->name; m++)
+                if (m->code == -error) {
+                        (void)sd_bus_error_set(e, m->name, message && message[0] ? message : strerror(-error));
+                        return error;
+                }
+        if (message && message[0])
+                (void)sd_bus_error_set_errnof(e, -error, "%s", message);
+        return error;
+}
+
 int epd_bus_error(sd_bus_error *error, const char *name, const char *fmt, ...) {
         va_list ap;
         va_start(ap, fmt);

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "macro.h"
 #include "core/manager.h"
+#include "core/worker.h"
 #include "pages/page-manager.h"
 
 static HandoffManager *hm_of(void *userdata) {
@@ -38,12 +39,65 @@ static int reply_journaled(Manager *m, sd_bus_message *msg, const char *types, c
         return wal_manager_reply(m, msg, reply);
 }
 
+/* Prepare's answer, once its records are durable: the handoff and its token. */
+static int reply_journaled_object(Manager *m, sd_bus_message *msg, HandoffObject *o) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r = sd_bus_message_new_method_return(msg, &reply);
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "ot", o->path, o->h->token);
+        if (r < 0)
+                return r;
+        return wal_manager_reply(m, msg, reply);
+}
+
+void bus_handoff_emit_progress(HandoffObject *o, uint32_t done) {
+        (void)manager_emit_signal(o->hm->manager, o->path, "org.epd1.Handoff", "Progress", "uut", done,
+                                  o->h->n_groups, o->bytes_moved);
+}
+
+void bus_handoff_emit_state(HandoffObject *o) {
+        (void)manager_emit_signal(o->hm->manager, o->path, "org.epd1.Handoff", "StateChanged", "ss",
+                                  handoff_state_to_string(o->h->state), handoff_cause_to_string(o->h->cause));
+}
+
 /* -- org.epd1.Handoffs -- */
 
+/* A Prepare whose answer waits for the destination host: the call, answered by done(). */
+typedef struct PrepareCall {
+        HandoffPrepareWaiter waiter;
+        Manager *manager;
+        sd_bus_message *msg;
+} PrepareCall;
+
+static PrepareCall *prepare_call_free(PrepareCall *c) {
+        if (c) {
+                sd_bus_message_unref(c->msg);
+                free(c);
+        }
+        return NULL;
+}
+
+static void prepare_done(HandoffPrepareWaiter *w, HandoffObject *o, int error, const char *why) {
+        PrepareCall *c = container_of(w, PrepareCall, waiter);
+        int r;
+        if (error < 0) {
+                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
+                (void)epd_bus_error_errno(&e, error, why);
+                r = sd_bus_reply_method_error(c->msg, &e);
+        } else
+                r = reply_journaled_object(c->manager, c->msg, o);
+        if (r < 0)
+                log_debug_errno(r, "handoff: cannot answer Prepare: %m");
+        prepare_call_free(c);
+}
+
 static int method_prepare(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
-        HandoffManager *hm = hm_of(userdata);
+        Manager *m = userdata;
         HandoffPrepareArgs a = {};
         const void *groups;
+        HandoffObject *o;
+        Reason why = {};
+        Worker *w;
         size_t sz;
         int r;
 
@@ -83,7 +137,23 @@ static int method_prepare(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = sd_bus_message_exit_container(msg);
         if (r < 0)
                 return r;
-        return handoff_manager_prepare(hm, msg, &a, error);
+        r = manager_require_worker(m, msg, &w, error);
+        if (r < 0)
+                return r;
+
+        PrepareCall *call = calloc(1, sizeof *call);
+        if (!call)
+                return -ENOMEM;
+        *call = (PrepareCall) { .waiter.done = prepare_done, .manager = m, .msg = sd_bus_message_ref(msg) };
+        r = handoff_manager_prepare(hm_of(userdata), w, &a, &call->waiter, &o, &why);
+        if (r == HANDOFF_PREPARE_PENDING)
+                return 1; /* prepare_done() answers and frees the call */
+        prepare_call_free(call);
+        if (r < 0)
+                return epd_bus_error_errno(error, r, why.text);
+        if (r == HANDOFF_PREPARED_ALREADY)
+                return sd_bus_reply_method_return(msg, "ot", o->path, o->h->token);
+        return reply_journaled_object(m, msg, o);
 }
 
 static int method_accept(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -100,9 +170,10 @@ static int method_accept(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         r = manager_client_from_message(m, msg, &c);
         if (r < 0)
                 return r;
-        r = handoff_manager_accept(hm, c, rid, &o, error);
+        Reason why = {};
+        r = handoff_manager_accept(hm, c, rid, &o, &why);
         if (r < 0)
-                return r;
+                return epd_bus_error_errno(error, r, why.text);
 
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         r = sd_bus_message_new_method_return(msg, &reply);
@@ -134,9 +205,10 @@ static int method_open_ring(sd_bus_message *msg, void *userdata, sd_bus_error *e
         r = manager_client_from_message(m, msg, &c);
         if (r < 0)
                 return r;
-        r = handoff_manager_open_ring(hm_of(userdata), c, sq, cq, &ring, error);
+        Reason why = {};
+        r = handoff_manager_open_ring(hm_of(userdata), c, sq, cq, &ring, &why);
         if (r < 0)
-                return r;
+                return epd_bus_error_errno(error, r, why.text);
         /* sd-bus duplicates the fds into the message. */
         return sd_bus_reply_method_return(msg, "hhht", ring->memfd, ring->submit_fd, ring->complete_fd, ring->size);
 }
@@ -219,14 +291,16 @@ static int owner_check(HandoffObject *o, sd_bus_message *msg, Client **ret, sd_b
 
 static int method_layer_group_ready(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         HandoffObject *o = userdata;
+        Reason why = {};
         uint32_t g;
         int r = sd_bus_message_read(msg, "u", &g);
         if (r >= 0)
                 r = owner_check(o, msg, NULL, error);
-        if (r >= 0)
-                r = handoff_manager_group_ready(o, g, error);
         if (r < 0)
                 return r;
+        r = handoff_manager_group_ready(o, g, &why);
+        if (r < 0)
+                return epd_bus_error_errno(error, r, why.text);
         return sd_bus_reply_method_return(msg, NULL);
 }
 
@@ -234,21 +308,25 @@ static int method_commit(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         HandoffObject *o = userdata;
         const char *seq;
         Client *c = NULL;
+        Reason why = {};
         int r = owner_check(o, msg, &c, error);
-        if (r >= 0)
-                r = handoff_manager_commit(o, c, &seq, error);
         if (r < 0)
                 return r;
+        r = handoff_manager_commit(o, c, &seq, &why);
+        if (r < 0)
+                return epd_bus_error_errno(error, r, why.text);
         return reply_journaled(o->hm->manager, msg, "o", seq);
 }
 
 static int method_rollback(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         HandoffObject *o = userdata;
+        Reason why = {};
         int r = owner_check(o, msg, NULL, error);
-        if (r >= 0)
-                r = handoff_manager_rollback(o, error);
         if (r < 0)
                 return r;
+        r = handoff_manager_rollback(o, &why);
+        if (r < 0)
+                return epd_bus_error_errno(error, r, why.text);
         return reply_journaled(o->hm->manager, msg, NULL, NULL);
 }
 

@@ -11,7 +11,6 @@
 #include <sys/mman.h>
 
 #include "core/arena.h"
-#include "bus-error.h"
 #include "handoff/bus-handoff.h"
 #include "copy.h"
 #include "gpu/gpu-domain.h"
@@ -168,8 +167,7 @@ static void notify_progress(HandoffObject *o, uint32_t done) {
                 o->hm->counters.ring_fallbacks++;
                 (void)ring_kick(cr->ring);
         }
-        (void)manager_emit_signal(obj_manager(o), o->path, "org.epd1.Handoff", "Progress", "uut", done,
-                                  h->n_groups, o->bytes_moved);
+        bus_handoff_emit_progress(o, done);
 }
 
 static void notify_state(HandoffObject *o) {
@@ -183,8 +181,7 @@ static void notify_state(HandoffObject *o) {
                 (void)ring_kick(cr->ring);
         }
         /* State changes are rare: always on the bus too. */
-        (void)manager_emit_signal(obj_manager(o), o->path, "org.epd1.Handoff", "StateChanged", "ss",
-                                  handoff_state_to_string(h->state), handoff_cause_to_string(h->cause));
+        bus_handoff_emit_state(o);
 }
 
 /* ---- the backpressure window per peer ---- */
@@ -493,23 +490,6 @@ static void journal_state(HandoffObject *o) {
         }
 }
 
-/* Replies once what was journaled is durable (Sync=batch: group commit). */
-static int reply_journaled(HandoffManager *hm, sd_bus_message *msg, const char *types, ...) {
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        va_list ap;
-        int r = sd_bus_message_new_method_return(msg, &reply);
-        if (r < 0)
-                return r;
-        if (types) {
-                va_start(ap, types);
-                r = sd_bus_message_appendv(reply, types, ap);
-                va_end(ap);
-                if (r < 0)
-                        return r;
-        }
-        return wal_manager_reply(hm->manager, msg, reply);
-}
-
 static int handoff_manager_apply_record(Manager *m, uint16_t type, const void *payload, size_t len) {
         HandoffManager *hm = m->handoffs;
         HandoffRecord rec;
@@ -683,9 +663,9 @@ static void obj_free(HandoffObject *o) {
         (void)hashmap_remove(hm->by_handle, o->handle_str);
         if (o->twin)
                 o->twin->twin = NULL;
-        if (o->pending_reply) {
-                (void)sd_bus_reply_method_errorf(o->pending_reply, EPD_ERROR_FAILED, "Handoff ended.");
-                sd_bus_message_unref(o->pending_reply);
+        if (o->waiter) {
+                HandoffPrepareWaiter *w = TAKE_PTR(o->waiter);
+                w->done(w, NULL, -EIO, "Handoff ended.");
         }
         sd_event_source_disable_unref(o->timer);
         if (o->staging)
@@ -798,36 +778,38 @@ static void on_progress(HandoffObject *o, uint32_t from, uint32_t to) {
         notify_progress(o, to);
 }
 
-static void reply_prepare(HandoffObject *o) {
-        if (!o->pending_reply)
+/* The destination answered the source's Prepare (pages reserved, or refused, or the
+ * peer is gone): the caller waiting for Prepare hears of it. */
+static void prepare_answered(HandoffObject *o) {
+        HandoffPrepareWaiter *w = TAKE_PTR(o->waiter);
+        if (!w)
                 return;
-        sd_bus_message *msg = TAKE_PTR(o->pending_reply);
+        if (!handoff_is_ended(o->h)) {
+                w->done(w, o, 0, NULL); /* journal_state() appended the PREPARED record */
+                return;
+        }
         int r;
-        if (handoff_is_ended(o->h)) {
-                const char *name = EPD_ERROR_FAILED;
-                switch (o->h->cause) {
-                case HANDOFF_CAUSE_NO_SPACE:
-                        name = EPD_ERROR_NO_SPACE;
-                        break;
-                case HANDOFF_CAUSE_PEER_DOWN:
-                        name = EPD_ERROR_PEER_UNAVAILABLE;
-                        break;
-                case HANDOFF_CAUSE_TIMEOUT:
-                        name = EPD_ERROR_TIMEOUT;
-                        break;
-                default:
-                        break;
-                }
-                r = sd_bus_reply_method_errorf(msg, name, "Handoff %s: the destination did not reserve pages (%s).",
-                                               o->request_str, handoff_cause_to_string(o->h->cause));
-                /* The caller never learnt the handoff's path: it goes now. */
-                (void)handoff_release(o->h);
-                obj_unown(o);
-        } else
-                r = reply_journaled(o->hm, msg, "ot", o->path, o->h->token); /* journal_state() appended */
-        if (r < 0)
-                log_debug_errno(r, "handoff %s: cannot reply to Prepare: %m", o->request_str);
-        sd_bus_message_unref(msg);
+        switch (o->h->cause) {
+        case HANDOFF_CAUSE_NO_SPACE:
+                r = -ENOSPC;
+                break;
+        case HANDOFF_CAUSE_PEER_DOWN:
+                r = -EHOSTUNREACH;
+                break;
+        case HANDOFF_CAUSE_TIMEOUT:
+                r = -ETIMEDOUT;
+                break;
+        default:
+                r = -EIO;
+                break;
+        }
+        Reason why;
+        (void)reason_set(&why, r, "Handoff %s: the destination did not reserve pages (%s).", o->request_str,
+                         handoff_cause_to_string(o->h->cause));
+        w->done(w, NULL, r, why.text);
+        /* The caller never learnt the handoff's path: it goes now. */
+        (void)handoff_release(o->h);
+        obj_unown(o);
 }
 
 static void on_state(HandoffObject *o, HandoffState old) {
@@ -836,8 +818,8 @@ static void on_state(HandoffObject *o, HandoffState old) {
         bool was_live = old != HANDOFF_COMMITTED && old != HANDOFF_ROLLED_BACK && old != HANDOFF_RELEASED;
 
         /* The destination answered (pages reserved, or refused, or the peer is gone). */
-        if (o->pending_reply && h->state != HANDOFF_PREPARING)
-                reply_prepare(o);
+        if (o->waiter && h->state != HANDOFF_PREPARING)
+                prepare_answered(o);
 
         if (handoff_is_ended(h) && was_live && h->cause != HANDOFF_CAUSE_NONE) {
                 if (counts(o)) {
@@ -1254,9 +1236,9 @@ static int dest_reserve(HandoffObject *d, Arena *a, uint32_t n_pages) {
 
 /* ---- source: Prepare ---- */
 
-static int parse_request_id(const char *s, EpdId *ret, sd_bus_error *error) {
+static int parse_request_id(const char *s, EpdId *ret, Reason *why) {
         if (epd_id_from_string(s, ret) < 0 || epd_id_is_null(ret))
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                return reason_set(why, -EINVAL,
                                      "Request id '%s' is not a non-zero 128-bit id in 32 hex digits.", s);
         return 0;
 }
@@ -1278,257 +1260,274 @@ static Worker *find_worker(Manager *m, const char *path_or_id) {
         return manager_get_worker(m, p ? p + 1 : path_or_id);
 }
 
-static int prepare_error(sd_bus_error *error, int r, const char *what) {
+static int prepare_error(Reason *why, int r, const char *what) {
         switch (r) {
         case -ENOSPC:
-                return epd_bus_error(error, EPD_ERROR_NO_SPACE, "%s: the destination has no room for the pages.", what);
+                return reason_set(why, -ENOSPC, "%s: the destination has no room for the pages.", what);
         case -EDQUOT:
-                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "%s: too many handoffs.", what);
+                return reason_set(why, -EDQUOT, "%s: too many handoffs.", what);
         case -EPERM:
-                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED, "%s: the sequence is not yours.", what);
+                return reason_set(why, -EPERM, "%s: the sequence is not yours.", what);
         case -ENOENT:
-                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "%s: no such sequence.", what);
+                return reason_set(why, -ENOENT, "%s: no such sequence.", what);
         case -EINVAL:
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "%s: invalid argument.", what);
+                return reason_set(why, -EINVAL, "%s: invalid argument.", what);
         default:
                 return r;
         }
 }
 
-int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const HandoffPrepareArgs *a,
-                            sd_bus_error *error) {
-        Manager *m = hm->manager;
-        Worker *w;
-        Sequence *s;
+/* What Prepare resolved from its arguments before anything is allocated. */
+typedef struct PrepareCtx {
+        Worker *worker;
+        Client *client;
         EpdId rid;
+        Sequence *sequence;
+        bool local;
+        Peer *peer;              /* remote: the destination's daemon */
+        Worker *target;
+        uint32_t n_groups;
+        HandoffGroupLayout *layouts;
+        uint64_t *bytes;         /* per group */
+        uint64_t total_bytes;
+        Arena *src_arena, *dst_arena;
+        bool gpu;
+        PeerWindow *window;      /* remote */
+        usec_t timeout;
+} PrepareCtx;
+
+static void prepare_ctx_done(PrepareCtx *x) {
+        free(x->layouts);
+        free(x->bytes);
+}
+
+/* The arguments, the caller's sequence, the destination and the target worker. */
+static int prepare_check(HandoffManager *hm, const HandoffPrepareArgs *a, PrepareCtx *x, Reason *why) {
+        Manager *m = hm->manager;
+        Worker *w = x->worker;
         int r;
 
-        r = manager_require_worker(m, msg, &w, error);
-        if (r < 0)
-                return r;
-        Client *c = w->object.owner;
-        r = parse_request_id(a->request_id, &rid, error);
+        r = parse_request_id(a->request_id, &x->rid, why);
         if (r < 0)
                 return r;
         if (!w->layout)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                     "Worker %s registered no KV layout: there are no layer groups to ship.", w->id_str);
+                return reason_set(why, -EINVAL,
+                                  "Worker %s registered no KV layout: there are no layer groups to ship.", w->id_str);
         if (!m->page_manager)
-                return epd_bus_error(error, EPD_ERROR_UNSUPPORTED, "No page manager.");
-        r = page_manager_lookup(m->page_manager, c, a->sequence, SEQUENCE_ACCESS_OWNER, &s);
+                return reason_set(why, -EOPNOTSUPP, "No page manager.");
+        r = page_manager_lookup(m->page_manager, x->client, a->sequence, SEQUENCE_ACCESS_OWNER, &x->sequence);
         if (r < 0)
-                return prepare_error(error, r, "Prepare");
-        if (s->n_pages == 0 || s->n_pages > HANDOFF_PAGES_MAX)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                     "The sequence has %zu pages; a handoff moves 1 to %u.", s->n_pages,
-                                     HANDOFF_PAGES_MAX);
+                return prepare_error(why, r, "Prepare");
+        if (x->sequence->n_pages == 0 || x->sequence->n_pages > HANDOFF_PAGES_MAX)
+                return reason_set(why, -EINVAL, "The sequence has %zu pages; a handoff moves 1 to %u.",
+                                  x->sequence->n_pages, HANDOFF_PAGES_MAX);
         if (a->n_groups == 0 || a->n_groups > HANDOFF_GROUPS_MAX)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Between 1 and %u layer groups.",
-                                     HANDOFF_GROUPS_MAX);
+                return reason_set(why, -EINVAL, "Between 1 and %u layer groups.", HANDOFF_GROUPS_MAX);
         uint64_t layers = 0;
         for (size_t g = 0; g < a->n_groups; g++) {
                 if (a->layer_groups[g] == 0)
-                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Layer group %zu is empty.", g);
+                        return reason_set(why, -EINVAL, "Layer group %zu is empty.", g);
                 layers += a->layer_groups[g];
         }
         if (layers != w->layout->layers)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                     "The layer groups hold %" PRIu64 " layers; the model has %" PRIu32 ".", layers,
-                                     w->layout->layers);
+                return reason_set(why, -EINVAL, "The layer groups hold %" PRIu64 " layers; the model has %" PRIu32 ".",
+                                  layers, w->layout->layers);
+        x->n_groups = (uint32_t)a->n_groups;
 
-        bool local = isempty_str(a->destination) || strcmp(a->destination, m->config.host_id) == 0;
-        Peer *peer = NULL;
-        if (!local) {
-                if (!m->peers || !(peer = peer_manager_find(m->peers, a->destination)))
-                        return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No peer with host id '%s'.", a->destination);
-                if (!peer_is_up(peer))
-                        return epd_bus_error(error, EPD_ERROR_PEER_UNAVAILABLE, "Peer '%s' is %s.", a->destination,
-                                             peer_state_to_string(peer_state(peer)));
+        x->local = isempty_str(a->destination) || strcmp(a->destination, m->config.host_id) == 0;
+        if (!x->local) {
+                if (!m->peers || !(x->peer = peer_manager_find(m->peers, a->destination)))
+                        return reason_set(why, -ENOENT, "No peer with host id '%s'.", a->destination);
+                if (!peer_is_up(x->peer))
+                        return reason_set(why, -EHOSTUNREACH, "Peer '%s' is %s.", a->destination,
+                                          peer_state_to_string(peer_state(x->peer)));
         }
-        Worker *target = NULL;
-        if (a->target && a->target[0] && !(target = find_worker(m, a->target)))
-                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No worker '%s'.", a->target);
-        if (target && !local)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "A target worker names a local worker.");
+        if (a->target && a->target[0] && !(x->target = find_worker(m, a->target)))
+                return reason_set(why, -ENOENT, "No worker '%s'.", a->target);
+        if (x->target && !x->local)
+                return reason_set(why, -EINVAL, "A target worker names a local worker.");
+        return 0;
+}
 
-        /* Idempotence: the same request, still live, from the same client. */
-        HandoffObject *old = hashmap_get(hm->sources, rid.bytes);
-        if (old && handoff_is_live(old->h)) {
-                if (!handoff_object_owned_by(old, c))
-                        return epd_bus_error(error, EPD_ERROR_EXISTS, "Request %s has a handoff of another client.",
-                                             a->request_id);
-                if (old->pending_reply)
-                        return epd_bus_error(error, EPD_ERROR_BUSY, "Request %s: Prepare is in progress.",
-                                             a->request_id);
-                return sd_bus_reply_method_return(msg, "ot", old->path, old->h->token);
-        }
+/* Each group's byte range within a page, from the model's KV layout, and the arenas. */
+static int prepare_layout(HandoffManager *hm, const HandoffPrepareArgs *a, PrepareCtx *x, Reason *why) {
+        Manager *m = hm->manager;
+        const KvLayout *l = x->worker->layout;
 
-        /* Group layout within a page, from the model's KV layout. */
-        uint32_t n_groups = (uint32_t)a->n_groups;
-        _cleanup_(freep) HandoffGroupLayout *layouts = calloc(n_groups, sizeof *layouts);
-        _cleanup_(freep) uint64_t *bytes = calloc(n_groups, sizeof *bytes);
-        if (!layouts || !bytes)
+        x->layouts = calloc(x->n_groups, sizeof *x->layouts);
+        x->bytes = calloc(x->n_groups, sizeof *x->bytes);
+        if (!x->layouts || !x->bytes)
                 return -ENOMEM;
         uint32_t first = 0;
-        for (uint32_t g = 0; g < n_groups; g++) {
+        for (uint32_t g = 0; g < x->n_groups; g++) {
                 uint64_t off, len;
-                r = kv_layout_group_range(w->layout, first, a->layer_groups[g], &off, &len);
-                if (r < 0)
-                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Layer group %u does not fit the layout.", g);
-                layouts[g].n_ranges = 1;
-                layouts[g].ranges[0] = (HandoffRange) { .offset = off, .length = len };
-                bytes[g] = len * s->n_pages;
+                if (kv_layout_group_range(l, first, a->layer_groups[g], &off, &len) < 0)
+                        return reason_set(why, -EINVAL, "Layer group %u does not fit the layout.", g);
+                x->layouts[g].n_ranges = 1;
+                x->layouts[g].ranges[0] = (HandoffRange) { .offset = off, .length = len };
+                x->bytes[g] = len * x->sequence->n_pages;
+                x->total_bytes += x->bytes[g];
                 first += a->layer_groups[g];
         }
 
-        Arena *src_arena = page_manager_sequence_arena(m->page_manager, s);
-        if (!src_arena)
-                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "The sequence's arena is gone.");
-        if (src_arena->domain == MEMORY_GPU && !m->gpu)
-                return epd_bus_error(error, EPD_ERROR_UNSUPPORTED, "The GPU domain is off.");
-        Arena *dst_arena = NULL;
-        if (local) {
-                Arena *want = src_arena;
+        x->src_arena = page_manager_sequence_arena(m->page_manager, x->sequence);
+        if (!x->src_arena)
+                return reason_set(why, -ENOENT, "The sequence's arena is gone.");
+        if (x->src_arena->domain == MEMORY_GPU && !m->gpu)
+                return reason_set(why, -EOPNOTSUPP, "The GPU domain is off.");
+        if (x->local) {
+                Arena *want = x->src_arena;
                 if (a->arena && a->arena[0] && !(want = manager_find_arena(m, a->arena)))
-                        return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No arena named '%s'.", a->arena);
-                dst_arena = pick_arena(m, w->layout->page_size, target, want, false);
-                if (!dst_arena || (a->arena && a->arena[0] && dst_arena != want))
-                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                             "No KV arena with pages of %" PRIu64 " bytes%s.", w->layout->page_size,
-                                             target ? " that the target worker maps" : "");
+                        return reason_set(why, -ENOENT, "No arena named '%s'.", a->arena);
+                x->dst_arena = pick_arena(m, l->page_size, x->target, want, false);
+                if (!x->dst_arena || (a->arena && a->arena[0] && x->dst_arena != want))
+                        return reason_set(why, -EINVAL, "No KV arena with pages of %" PRIu64 " bytes%s.", l->page_size,
+                                          x->target ? " that the target worker maps" : "");
+                /* Within this host, a copy that touches GPU memory goes through the CUDA transport. */
+                x->gpu = x->dst_arena != x->src_arena &&
+                         (x->src_arena->domain == MEMORY_GPU || x->dst_arena->domain == MEMORY_GPU);
         }
-        /* Within this host, a copy that touches GPU memory goes through the CUDA transport. */
-        bool gpu = local && dst_arena != src_arena &&
-                   (src_arena->domain == MEMORY_GPU || dst_arena->domain == MEMORY_GPU);
+        return 0;
+}
 
-        /* A congested path takes new work slowly, not into an unbounded queue: the
-         * peer's window (docs/telemetry.md, "The handoff window"). */
-        uint64_t total_bytes = 0;
-        for (uint32_t g = 0; g < n_groups; g++)
-                total_bytes += bytes[g];
-        PeerWindow *win = NULL;
-        if (!local) {
-                win = window_get(hm, peer, true);
-                if (!win)
-                        return -ENOMEM;
-                TelemetryPeerStats st;
-                if (telemetry_peer_stats(m, win->name, &st) < 0)
-                        st = (TelemetryPeerStats){ .level = BACKPRESSURE_NONE, .reason = BACKPRESSURE_REASON_NONE };
-                BackpressureLevel level = st.level;
-                usec_t retry;
-                r = backpressure_window_admit(&m->config.telemetry.backpressure, level, st.reason, win->handoffs,
-                                              win->bytes, total_bytes, &retry, NULL);
-                if (r == -EAGAIN) {
-                        const char *why = backpressure_reason_to_string(st.reason);
-                        hm->counters.deferred++;
-                        (void)telemetry_trace(m, a->request_id, TRACE_HANDOFF_PREPARE,
-                                              &(TraceDetail){ .peer = a->destination, .detail = "deferred: backpressure" });
-                        log_debug("handoff %s: deferred: peer %s at %s (%s), %u handoffs / %" PRIu64 " bytes in flight",
-                                  a->request_id, a->destination, backpressure_level_to_string(level), why,
-                                  win->handoffs, win->bytes);
-                        if (backpressure_window_closed(level, st.reason))
-                                return epd_bus_error(error, EPD_ERROR_BACKPRESSURE,
-                                                     "Peer '%s' is backpressured (%s: %s); retry_after_usec=%" PRIu64,
-                                                     a->destination, backpressure_level_to_string(level), why, retry);
-                        return epd_bus_error(error, EPD_ERROR_BACKPRESSURE,
-                                             "Peer '%s': the handoff window is full (%s: %u handoffs, %" PRIu64
-                                             " bytes in flight); retry_after_usec=%" PRIu64,
-                                             a->destination, backpressure_level_to_string(level), win->handoffs,
-                                             win->bytes, retry);
-                }
-        }
+/* A congested path takes new work slowly, not into an unbounded queue: the peer's
+ * window (docs/telemetry.md, "The handoff window"). */
+static int prepare_admit(HandoffManager *hm, const HandoffPrepareArgs *a, PrepareCtx *x, Reason *why) {
+        Manager *m = hm->manager;
+        PeerWindow *win = window_get(hm, x->peer, true);
+        TelemetryPeerStats st;
+        usec_t retry;
 
-        usec_t timeout = a->timeout_usec ? a->timeout_usec : m->config.handoff_timeout_usec;
-        hm->last_token = handoff_next_token(hm->last_token, now_usec(CLOCK_REALTIME));
+        if (!win)
+                return -ENOMEM;
+        x->window = win;
+        if (telemetry_peer_stats(m, win->name, &st) < 0)
+                st = (TelemetryPeerStats){ .level = BACKPRESSURE_NONE, .reason = BACKPRESSURE_REASON_NONE };
+        BackpressureLevel level = st.level;
+        int r = backpressure_window_admit(&m->config.telemetry.backpressure, level, st.reason, win->handoffs,
+                                          win->bytes, x->total_bytes, &retry, NULL);
+        if (r != -EAGAIN)
+                return 0;
+        const char *reason = backpressure_reason_to_string(st.reason);
+        hm->counters.deferred++;
+        (void)telemetry_trace(m, a->request_id, TRACE_HANDOFF_PREPARE,
+                              &(TraceDetail){ .peer = a->destination, .detail = "deferred: backpressure" });
+        log_debug("handoff %s: deferred: peer %s at %s (%s), %u handoffs / %" PRIu64 " bytes in flight", a->request_id,
+                  a->destination, backpressure_level_to_string(level), reason, win->handoffs, win->bytes);
+        if (backpressure_window_closed(level, st.reason))
+                return reason_set(why, -EAGAIN, "Peer '%s' is backpressured (%s: %s); retry_after_usec=%" PRIu64,
+                                  a->destination, backpressure_level_to_string(level), reason, retry);
+        return reason_set(why, -EAGAIN,
+                          "Peer '%s': the handoff window is full (%s: %u handoffs, %" PRIu64
+                          " bytes in flight); retry_after_usec=%" PRIu64,
+                          a->destination, backpressure_level_to_string(level), win->handoffs, win->bytes, retry);
+}
+
+/* The source side: a new attempt's object, leasing every page of the sequence. */
+static int prepare_source(HandoffManager *hm, PrepareCtx *x, HandoffObject **ret, Reason *why) {
         HandoffObject *o;
-        r = obj_new(hm, HANDOFF_SOURCE, &rid, hm->last_token, n_groups, bytes, timeout, &o);
+        int r;
+
+        hm->last_token = handoff_next_token(hm->last_token, now_usec(CLOCK_REALTIME));
+        r = obj_new(hm, HANDOFF_SOURCE, &x->rid, hm->last_token, x->n_groups, x->bytes, x->timeout, &o);
         if (r < 0)
-                return prepare_error(error, r, "Prepare");
-        o->layouts = TAKE_PTR(layouts);
-        o->page_size = w->layout->page_size;
-        o->arena = src_arena->index;
-        o->gpu = gpu;
-        o->pool = s->pool;
-        o->n_pages = (uint32_t)s->n_pages;
+                return prepare_error(why, r, "Prepare");
+        o->layouts = TAKE_PTR(x->layouts);
+        o->page_size = x->worker->layout->page_size;
+        o->arena = x->src_arena->index;
+        o->gpu = x->gpu;
+        o->pool = x->sequence->pool;
+        o->n_pages = (uint32_t)x->sequence->n_pages;
         o->pages = calloc(o->n_pages, sizeof *o->pages);
-        if (target)
-                o->target_worker = target->id;
-        r = o->pages ? sequence_lease(s, 0, o->n_pages, o->pages) : -ENOMEM;
+        if (x->target)
+                o->target_worker = x->target->id;
+        r = o->pages ? sequence_lease(x->sequence, 0, o->n_pages, o->pages) : -ENOMEM;
         if (r >= 0) {
                 o->holds_pages = true;
-                r = obj_link(o, c);
+                r = obj_link(o, x->client);
         }
         if (r < 0) {
                 obj_free(o);
-                return prepare_error(error, r, "Prepare");
+                return prepare_error(why, r, "Prepare");
         }
+        *ret = o;
+        return 0;
+}
 
-        if (local) {
-                HandoffObject *d;
-                r = obj_new(hm, HANDOFF_DESTINATION, &rid, o->h->token, n_groups, bytes, timeout, &d);
-                if (r >= 0) {
-                        d->layouts = calloc(n_groups, sizeof *d->layouts);
-                        if (d->layouts)
-                                memcpy(d->layouts, o->layouts, n_groups * sizeof *d->layouts);
-                        d->page_size = o->page_size;
-                        d->target_worker = o->target_worker;
-                        d->twin = o;
-                        d->gpu = gpu;
-                        o->twin = d;
-                        if (dst_arena == src_arena) {
-                                /* Same arena: the pages themselves are handed over. */
-                                o->zero_copy = d->zero_copy = true;
-                                d->arena = o->arena;
-                                d->pool = o->pool;
-                                d->n_pages = o->n_pages;
-                                d->pages = calloc(d->n_pages, sizeof *d->pages);
-                                if (d->pages)
-                                        memcpy(d->pages, o->pages, d->n_pages * sizeof *d->pages);
-                                else
-                                        r = -ENOMEM;
-                        } else
-                                r = dest_reserve(d, dst_arena, o->n_pages);
-                        if (r >= 0 && !d->layouts)
+/* Within this host: the destination side is a twin object over the same or another
+ * arena of this daemon; both are prepared and journaled now. */
+static int prepare_local(HandoffManager *hm, PrepareCtx *x, HandoffObject *o, Reason *why) {
+        HandoffObject *d;
+        int r = obj_new(hm, HANDOFF_DESTINATION, &x->rid, o->h->token, x->n_groups, x->bytes, x->timeout, &d);
+        if (r >= 0) {
+                d->layouts = calloc(x->n_groups, sizeof *d->layouts);
+                if (d->layouts)
+                        memcpy(d->layouts, o->layouts, x->n_groups * sizeof *d->layouts);
+                d->page_size = o->page_size;
+                d->target_worker = o->target_worker;
+                d->twin = o;
+                d->gpu = x->gpu;
+                o->twin = d;
+                if (x->dst_arena == x->src_arena) {
+                        /* Same arena: the pages themselves are handed over. */
+                        o->zero_copy = d->zero_copy = true;
+                        d->arena = o->arena;
+                        d->pool = o->pool;
+                        d->n_pages = o->n_pages;
+                        d->pages = calloc(d->n_pages, sizeof *d->pages);
+                        if (d->pages)
+                                memcpy(d->pages, o->pages, d->n_pages * sizeof *d->pages);
+                        else
                                 r = -ENOMEM;
-                        if (r >= 0 && !o->zero_copy) {
-                                o->dst_region = d->arena;
-                                o->dst_offsets = calloc(o->n_pages, sizeof *o->dst_offsets);
-                                if (!o->dst_offsets)
-                                        r = -ENOMEM;
-                                for (uint32_t i = 0; r >= 0 && i < o->n_pages; i++)
-                                        o->dst_offsets[i] = page_offset(d->pool, d->pages[i]);
-                        }
-                        if (r < 0)
-                                obj_free(d);
+                } else
+                        r = dest_reserve(d, x->dst_arena, o->n_pages);
+                if (r >= 0 && !d->layouts)
+                        r = -ENOMEM;
+                if (r >= 0 && !o->zero_copy) {
+                        o->dst_region = d->arena;
+                        o->dst_offsets = calloc(o->n_pages, sizeof *o->dst_offsets);
+                        if (!o->dst_offsets)
+                                r = -ENOMEM;
+                        for (uint32_t i = 0; r >= 0 && i < o->n_pages; i++)
+                                o->dst_offsets[i] = page_offset(d->pool, d->pages[i]);
                 }
-                if (r < 0) {
-                        if (r == -ENOSPC) {
-                                hm->counters.refused++;
-                                count_failure(hm, HANDOFF_CAUSE_NO_SPACE);
-                        }
-                        obj_free(o);
-                        return prepare_error(error, r, "Prepare");
-                }
-                (void)handoff_prepared(o->h);
-                o->notified_state = o->h->state;
-                r = journal_prepared(o);
-                if (r >= 0)
-                        r = journal_prepared(d);
-                if (r < 0) {
-                        log_warning_errno(r, "handoff %s: cannot journal Prepare: %m", o->request_str);
-                        obj_free(d); /* journals the release of what was journaled */
-                        obj_free(o);
-                        return prepare_error(error, r, "Prepare");
-                }
-                hm->counters.prepared++;
-                log_debug("handoff %s: prepared locally (%s, %u pages, %u groups)", o->request_str,
-                          o->zero_copy ? "same arena" : "copy", o->n_pages, n_groups);
-                return reply_journaled(hm, msg, "ot", o->path, o->h->token);
+                if (r < 0)
+                        obj_free(d);
         }
+        if (r < 0) {
+                if (r == -ENOSPC) {
+                        hm->counters.refused++;
+                        count_failure(hm, HANDOFF_CAUSE_NO_SPACE);
+                }
+                obj_free(o);
+                return prepare_error(why, r, "Prepare");
+        }
+        (void)handoff_prepared(o->h);
+        o->notified_state = o->h->state;
+        r = journal_prepared(o);
+        if (r >= 0)
+                r = journal_prepared(d);
+        if (r < 0) {
+                log_warning_errno(r, "handoff %s: cannot journal Prepare: %m", o->request_str);
+                obj_free(d); /* journals the release of what was journaled */
+                obj_free(o);
+                return prepare_error(why, r, "Prepare");
+        }
+        hm->counters.prepared++;
+        log_debug("handoff %s: prepared locally (%s, %u pages, %u groups)", o->request_str,
+                  o->zero_copy ? "same arena" : "copy", o->n_pages, x->n_groups);
+        return HANDOFF_PREPARED_NOW;
+}
 
-        /* Remote: GPU pages go through a pinned host staging buffer (the peer transport
-         * sends from host memory). */
-        if (src_arena->domain == MEMORY_GPU) {
+/* To another host: GPU pages go through a pinned host staging buffer (the peer
+ * transport sends from host memory); then the destination is asked, and the answer
+ * to Prepare waits for its. */
+static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, PrepareCtx *x, HandoffObject *o,
+                          HandoffPrepareWaiter *waiter, Reason *why) {
+        uint32_t n_groups = x->n_groups;
+        int r;
+
+        if (x->src_arena->domain == MEMORY_GPU) {
                 o->net = calloc(n_groups, sizeof *o->net);
                 o->n_net = calloc(n_groups, sizeof *o->n_net);
                 r = o->net && o->n_net ? staging_acquire(hm, (uint64_t)o->n_pages * o->page_size, &o->staging)
@@ -1536,22 +1535,20 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
                 if (r < 0) {
                         obj_free(o);
                         if (r == -ENOSPC)
-                                return epd_bus_error(error, EPD_ERROR_NO_SPACE,
-                                                     "No room for staging %" PRIu64 " bytes of GPU pages to '%s'.",
-                                                     (uint64_t)s->n_pages * w->layout->page_size, a->destination);
-                        return epd_bus_error(error, EPD_ERROR_FAILED, "Cannot stage GPU pages to '%s': %s",
-                                             a->destination, strerror(-r));
+                                return reason_set(why, -ENOSPC,
+                                                  "No room for staging %" PRIu64 " bytes of GPU pages to '%s'.",
+                                                  (uint64_t)x->sequence->n_pages * x->worker->layout->page_size,
+                                                  a->destination);
+                        return reason_set(why, -EIO, "Cannot stage GPU pages to '%s': %s", a->destination,
+                                          strerror(-r));
                 }
         }
 
-        /* Remote: ask the destination; the reply to Prepare waits for its answer. */
-        o->peer = peer;
+        o->peer = x->peer;
         snprintf(o->peer_host, sizeof o->peer_host, "%s", a->destination);
-        uint32_t *gr = calloc(n_groups + 1, sizeof *gr);
-        HandoffRange *ranges = calloc(n_groups, sizeof *ranges);
+        _cleanup_(freep) uint32_t *gr = calloc(n_groups + 1, sizeof *gr);
+        _cleanup_(freep) HandoffRange *ranges = calloc(n_groups, sizeof *ranges);
         if (!gr || !ranges) {
-                free(gr);
-                free(ranges);
                 obj_free(o);
                 return -ENOMEM;
         }
@@ -1562,9 +1559,11 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
         gr[n_groups] = n_groups;
         HandoffMessage pm = {
                 .type = HANDOFF_MSG_PREPARE,
-                .timeout_usec = timeout,
+                .request_id = x->rid,
+                .token = o->h->token,
+                .timeout_usec = x->timeout,
                 .page_size = o->page_size,
-                .layout_hash = layout_hash(w->layout),
+                .layout_hash = layout_hash(x->worker->layout),
                 .n_pages = o->n_pages,
                 .n_groups = n_groups,
                 .group_ranges = gr,
@@ -1573,26 +1572,58 @@ int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const Hando
         };
         _cleanup_(freep) uint8_t *buf = NULL;
         size_t len;
-        pm.request_id = rid;
-        pm.token = o->h->token;
         r = handoff_message_encode(&pm, &buf, &len);
-        free(gr);
-        free(ranges);
         if (r >= 0)
-                r = peer_send(peer, HANDOFF_MSG_PREPARE, buf, len);
+                r = peer_send(x->peer, HANDOFF_MSG_PREPARE, buf, len);
         if (r < 0) {
                 obj_free(o);
-                return epd_bus_error(error, EPD_ERROR_PEER_UNAVAILABLE, "Cannot reach peer '%s': %s",
-                                     a->destination, strerror(-r));
+                return reason_set(why, -EHOSTUNREACH, "Cannot reach peer '%s': %s", a->destination, strerror(-r));
         }
-        o->pending_reply = sd_bus_message_ref(msg);
+        o->waiter = waiter;
         o->windowed = true;
-        o->window_bytes = total_bytes;
-        win->handoffs++;
-        win->bytes += total_bytes;
-        window_publish(hm, win);
+        o->window_bytes = x->total_bytes;
+        x->window->handoffs++;
+        x->window->bytes += x->total_bytes;
+        window_publish(hm, x->window);
         hm->counters.prepared++;
-        return 1;
+        return HANDOFF_PREPARE_PENDING;
+}
+
+int handoff_manager_prepare(HandoffManager *hm, Worker *w, const HandoffPrepareArgs *a,
+                            HandoffPrepareWaiter *waiter, HandoffObject **ret, Reason *why) {
+        Manager *m = hm->manager;
+        _cleanup_(prepare_ctx_done) PrepareCtx x = { .worker = w, .client = w->object.owner };
+        HandoffObject *o;
+        int r;
+
+        r = prepare_check(hm, a, &x, why);
+        if (r < 0)
+                return r;
+
+        /* Idempotence: the same request, still live, from the same client. */
+        HandoffObject *old = hashmap_get(hm->sources, x.rid.bytes);
+        if (old && handoff_is_live(old->h)) {
+                if (!handoff_object_owned_by(old, x.client))
+                        return reason_set(why, -EEXIST, "Request %s has a handoff of another client.", a->request_id);
+                if (old->waiter)
+                        return reason_set(why, -EBUSY, "Request %s: Prepare is in progress.", a->request_id);
+                *ret = old;
+                return HANDOFF_PREPARED_ALREADY;
+        }
+
+        r = prepare_layout(hm, a, &x, why);
+        if (r >= 0 && !x.local)
+                r = prepare_admit(hm, a, &x, why);
+        if (r < 0)
+                return r;
+        x.timeout = a->timeout_usec ? a->timeout_usec : m->config.handoff_timeout_usec;
+        r = prepare_source(hm, &x, &o, why);
+        if (r < 0)
+                return r;
+        r = x.local ? prepare_local(hm, &x, o, why) : prepare_remote(hm, a, &x, o, waiter, why);
+        if (r >= 0)
+                *ret = o;
+        return r;
 }
 
 /* ---- destination: remote Prepare ---- */
@@ -1876,61 +1907,61 @@ static void on_incoming_done(Peer *p, uint64_t cookie, int error, void *userdata
 /* ---- decode side: Accept, Commit ---- */
 
 int handoff_manager_accept(HandoffManager *hm, Client *c, const char *request_id, HandoffObject **ret,
-                           sd_bus_error *error) {
+                           Reason *why) {
         Manager *m = hm->manager;
         EpdId rid;
-        int r = parse_request_id(request_id, &rid, error);
+        int r = parse_request_id(request_id, &rid, why);
         if (r < 0)
                 return r;
         Worker *w = client_get_worker(c);
         if (!w)
-                return epd_bus_error(error, EPD_ERROR_NOT_REGISTERED, "Register as a worker first.");
+                return reason_set(why, -ENOTCONN, "Register as a worker first.");
         HandoffObject *d = hashmap_get(hm->destinations, rid.bytes);
         if (!d)
-                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No handoff for request %s here.", request_id);
+                return reason_set(why, -ENOENT, "No handoff for request %s here.", request_id);
         if (!epd_id_is_null(&d->target_worker) && !epd_id_equal(&d->target_worker, &w->id))
-                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED, "Handoff %s is meant for another worker.",
+                return reason_set(why, -EPERM, "Handoff %s is meant for another worker.",
                                      request_id);
         if (!(w->arena_mask & (UINT64_C(1) << d->arena)))
-                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                return reason_set(why, -EPERM,
                                      "Handoff %s lands in arena '%s', which worker %s did not map.", request_id,
                                      m->arenas[d->arena]->name, w->id_str);
         r = handoff_accept(d->h, client_serial(c));
         if (r == -ESTALE)
-                return epd_bus_error(error, EPD_ERROR_STALE, "Handoff %s was rolled back (%s).", request_id,
+                return reason_set(why, -ESTALE, "Handoff %s was rolled back (%s).", request_id,
                                      handoff_cause_to_string(d->h->cause));
         if (r == -EPERM)
-                return epd_bus_error(error, EPD_ERROR_BUSY, "Handoff %s was accepted by another client.", request_id);
+                return reason_set(why, -EBUSY, "Handoff %s was accepted by another client.", request_id);
         if (r < 0)
                 return r;
         if (r > 0) {
                 r = obj_link(d, c);
                 if (r < 0) {
                         d->h->accepted_by = 0;
-                        return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many objects for this client.");
+                        return reason_set(why, -EDQUOT, "Too many objects for this client.");
                 }
         }
         *ret = d;
         return 0;
 }
 
-int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequence, sd_bus_error *error) {
+int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequence, Reason *why) {
         HandoffManager *hm = o->hm;
         Manager *m = hm->manager;
         Handoff *h = o->h;
 
         if (h->role != HANDOFF_DESTINATION)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                return reason_set(why, -EINVAL,
                                      "Commit is the decode side's: the source commits when the destination does.");
         if (h->state == HANDOFF_COMMITTED && h->accepted_by == client_serial(c)) {
                 *ret_sequence = o->sequence_path ? o->sequence_path : "/";
                 return 0;
         }
         if (handoff_is_ended(h))
-                return epd_bus_error(error, EPD_ERROR_STALE, "Handoff %s was rolled back (%s).", o->request_str,
+                return reason_set(why, -ESTALE, "Handoff %s was rolled back (%s).", o->request_str,
                                      handoff_cause_to_string(h->cause));
         if (h->state != HANDOFF_TRANSFERRED)
-                return epd_bus_error(error, EPD_ERROR_BUSY, "Handoff %s: %" PRIu32 " of %" PRIu32 " layer groups arrived.",
+                return reason_set(why, -EBUSY, "Handoff %s: %" PRIu32 " of %" PRIu32 " layer groups arrived.",
                                      o->request_str, h->n_done, h->n_groups);
 
         /* Build the decode sequence first: if it fails, nothing changed. Its record
@@ -1944,7 +1975,7 @@ int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequenc
         m->page_manager->journal_held = false;
         if (r < 0) {
                 sequence_free(s);
-                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Cannot register the decode sequence: %s",
+                return reason_set(why, -EDQUOT, "Cannot register the decode sequence: %s",
                                      strerror(-r));
         }
         _cleanup_(freep) void *put = NULL;
@@ -1987,15 +2018,15 @@ int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequenc
         return 0;
 }
 
-int handoff_manager_group_ready(HandoffObject *o, uint32_t group, sd_bus_error *error) {
+int handoff_manager_group_ready(HandoffObject *o, uint32_t group, Reason *why) {
         int r = handoff_group_ready(o->h, group);
         if (r == -EPERM)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "LayerGroupReady is the prefill side's.");
+                return reason_set(why, -EINVAL, "LayerGroupReady is the prefill side's.");
         if (r == -ESTALE)
-                return epd_bus_error(error, EPD_ERROR_STALE, "Handoff %s was rolled back (%s).", o->request_str,
+                return reason_set(why, -ESTALE, "Handoff %s was rolled back (%s).", o->request_str,
                                      handoff_cause_to_string(o->h->cause));
         if (r < 0)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                return reason_set(why, -EINVAL,
                                      "Layer group %" PRIu32 " is out of order or range (next: %" PRIu32 " of %" PRIu32 ").",
                                      group, o->h->n_ready, o->h->n_groups);
         if (r > 0)
@@ -2004,12 +2035,12 @@ int handoff_manager_group_ready(HandoffObject *o, uint32_t group, sd_bus_error *
         return 0;
 }
 
-int handoff_manager_rollback(HandoffObject *o, sd_bus_error *error) {
+int handoff_manager_rollback(HandoffObject *o, Reason *why) {
         int r = handoff_rollback(o->h, HANDOFF_CAUSE_REQUESTED, false);
         if (r == -EALREADY)
-                return epd_bus_error(error, EPD_ERROR_BUSY, "Handoff %s is committed.", o->request_str);
+                return reason_set(why, -EBUSY, "Handoff %s is committed.", o->request_str);
         if (r < 0)
-                return epd_bus_error(error, EPD_ERROR_STALE, "Handoff %s was released.", o->request_str);
+                return reason_set(why, -ESTALE, "Handoff %s was released.", o->request_str);
         after_event(o);
         return 0;
 }
@@ -2078,14 +2109,14 @@ static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *us
 }
 
 int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32_t cq, Ring **ret,
-                              sd_bus_error *error) {
+                              Reason *why) {
         uint64_t serial = client_serial(c);
         if (!epd_ring_entries_valid(sq) || !epd_ring_entries_valid(cq))
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                return reason_set(why, -EINVAL,
                                      "Ring sizes are powers of two from %u to %u.", EPD_RING_ENTRIES_MIN,
                                      EPD_RING_ENTRIES_MAX);
         if (hashmap_get(hm->rings, &serial))
-                return epd_bus_error(error, EPD_ERROR_EXISTS, "This client has a ring already.");
+                return reason_set(why, -EEXIST, "This client has a ring already.");
         ClientRing *cr = calloc(1, sizeof *cr);
         if (!cr)
                 return -ENOMEM;
@@ -2105,7 +2136,7 @@ int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32
                 cr->object.owner = NULL;
                 ring_free_object(cr);
                 if (r == -EDQUOT)
-                        return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many objects for this client.");
+                        return reason_set(why, -EDQUOT, "Too many objects for this client.");
                 return r;
         }
         *ret = cr->ring;

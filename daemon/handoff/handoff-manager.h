@@ -25,7 +25,6 @@
 
 #include <stdbool.h>
 #include <stdint.h>
-#include <systemd/sd-bus.h>
 #include <systemd/sd-event.h>
 
 #include "telemetry/backpressure.h"
@@ -34,6 +33,7 @@
 #include "handoff/handoff.h"
 #include "hashmap.h"
 #include "id.h"
+#include "reason.h"
 #include "core/manager.h"
 #include "pages/pages.h"
 #include "handoff/ring.h"
@@ -54,6 +54,14 @@ typedef struct HandoffManager HandoffManager;
 typedef struct HandoffObject HandoffObject;
 typedef struct HandoffStaging HandoffStaging;
 typedef struct Peer Peer;
+
+/* A caller waiting for the answer to a Prepare that asked another host (the bus
+ * layer's, which keeps what it needs to reply beside it): done() is called once, with
+ * the handoff (error 0), or with a negative errno and why it failed (o NULL). */
+typedef struct HandoffPrepareWaiter HandoffPrepareWaiter;
+struct HandoffPrepareWaiter {
+        void (*done)(HandoffPrepareWaiter *w, HandoffObject *o, int error, const char *why);
+};
 
 struct HandoffObject {
         HandoffManager *hm;
@@ -95,7 +103,7 @@ struct HandoffObject {
                                   * in the window while `windowed` */
         bool windowed;
 
-        sd_bus_message *pending_reply; /* source Prepare waiting for the destination */
+        HandoffPrepareWaiter *waiter;  /* source: a Prepare waiting for the destination */
         sd_event_source *timer;
         HandoffState notified_state;
         uint64_t sequence_serial;      /* destination: what Commit made (for repeats) */
@@ -135,8 +143,8 @@ extern const Subsystem handoff_subsystem;
 
 HandoffObject *handoff_manager_get(HandoffManager *hm, const char *handle_or_path);
 
-/* Bus-facing operations (bus-handoff.c). Each returns 0 or a negative errno and, on
- * error, fills `error` with a named error. */
+/* Operations of the bus glue (bus-handoff.c). Each returns 0 or a negative errno and,
+ * on error, says why in `why` (the bus glue names the error from the errno). */
 typedef struct HandoffPrepareArgs {
         const char *request_id;
         const char *destination;     /* host id; "" or this host: local */
@@ -148,18 +156,24 @@ typedef struct HandoffPrepareArgs {
         uint64_t timeout_usec;       /* 0: config */
 } HandoffPrepareArgs;
 
-/* Starts a handoff for the calling client. Replies to `msg` itself (at once, or when
- * the remote destination answered): returns 1 then, or a negative errno with `error`. */
-int handoff_manager_prepare(HandoffManager *hm, sd_bus_message *msg, const HandoffPrepareArgs *a,
-                            sd_bus_error *error);
+typedef enum HandoffPrepareResult {
+        HANDOFF_PREPARED_NOW,     /* *ret is prepared and journaled: answer once durable */
+        HANDOFF_PREPARED_ALREADY, /* a repeat of a live Prepare of the caller's: *ret, at once */
+        HANDOFF_PREPARE_PENDING,  /* another host was asked: waiter->done() answers later */
+} HandoffPrepareResult;
+
+/* Starts a handoff for worker w (whose client owns it). Returns a HandoffPrepareResult,
+ * or a negative errno with why. */
+int handoff_manager_prepare(HandoffManager *hm, Worker *w, const HandoffPrepareArgs *a,
+                            HandoffPrepareWaiter *waiter, HandoffObject **ret, Reason *why);
 int handoff_manager_accept(HandoffManager *hm, Client *c, const char *request_id,
-                           HandoffObject **ret, sd_bus_error *error);
-int handoff_manager_group_ready(HandoffObject *o, uint32_t group, sd_bus_error *error);
-int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequence, sd_bus_error *error);
-int handoff_manager_rollback(HandoffObject *o, sd_bus_error *error);
+                           HandoffObject **ret, Reason *why);
+int handoff_manager_group_ready(HandoffObject *o, uint32_t group, Reason *why);
+int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequence, Reason *why);
+int handoff_manager_rollback(HandoffObject *o, Reason *why);
 void handoff_manager_release(HandoffObject *o);
 int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32_t cq, Ring **ret,
-                              sd_bus_error *error);
+                              Reason *why);
 /* Whether client c owns o. */
 bool handoff_object_owned_by(const HandoffObject *o, const Client *c);
 
