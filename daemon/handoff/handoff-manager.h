@@ -9,7 +9,9 @@
  * are connected (peer_manager_transport_for), tcp otherwise, GPU pages staged through
  * pinned host memory either way), speaks the handoff messages of the peer protocol
  * (handoff-proto.h), and
- * serves the workers' ring pairs (ring.h). The bus glue is bus-handoff.c.
+ * serves the workers' ring pairs (ring.h). The bus glue is bus-handoff.c; the manager
+ * is handoff-manager.c with handoff-source.c, handoff-dest.c, handoff-journal.c,
+ * handoff-stage.c, handoff-window.c and handoff-ring.c beside it.
  *
  * Page ownership, the rule that no page is freed while a write into it can land:
  *   source       leases every page of the prefill sequence at Prepare; the leases end

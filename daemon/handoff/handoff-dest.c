@@ -1,0 +1,449 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The destination side of a handoff: reserving pages (here, or for a source on another
+ * host that sent PREPARE), the handoff messages of the peer protocol, validating and
+ * counting the writes a peer lands in those pages, and the decode worker's Accept and
+ * Commit (which builds the decode sequence and journals it in the commit's record). */
+#include "handoff/handoff-internal.h"
+
+/* ---- destination: reserving pages ---- */
+
+/* A KV arena with pages of page_size that `target` (if any) maps. Prefers `prefer`.
+ * Bytes from another host land in host arenas only (the peer transports write into
+ * the daemon's mapping); within this host, GPU arenas too (the CUDA transport). */
+Arena *handoff_pick_arena(Manager *m, uint64_t page_size, const Worker *target, Arena *prefer, bool host_only) {
+        if (prefer && prefer->pages && page_pool_page_size(prefer->pages) == page_size &&
+            (!host_only || prefer->domain == MEMORY_HOST) &&
+            (!target || (target->arena_mask & (UINT64_C(1) << prefer->index))))
+                return prefer;
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                if (a->usage != ARENA_USAGE_KV || !a->pages || page_pool_page_size(a->pages) != page_size)
+                        continue;
+                if (host_only && a->domain != MEMORY_HOST)
+                        continue;
+                if (a->domain == MEMORY_GPU && !m->gpu)
+                        continue;
+                if (target && !(target->arena_mask & (UINT64_C(1) << a->index)))
+                        continue;
+                return a;
+        }
+        return NULL;
+}
+
+/* Allocates, leases and indexes the destination's pages. */
+int handoff_dest_reserve(HandoffObject *d, Arena *a, uint32_t n_pages) {
+        HandoffManager *hm = d->hm;
+        d->arena = a->index;
+        d->pool = a->pages;
+        d->n_pages = n_pages;
+        d->pages = calloc(n_pages, sizeof *d->pages);
+        d->page_keys = calloc(n_pages, sizeof *d->page_keys);
+        if (!d->pages || !d->page_keys)
+                return -ENOMEM;
+        int r = page_pool_alloc_many(a->pages, n_pages, d->pages);
+        if (r < 0)
+                return r;
+        for (uint32_t i = 0; i < n_pages; i++) {
+                (void)page_lease(a->pages, d->pages[i]);
+                d->page_keys[i] = ((uint64_t)a->index << 32) | d->pages[i];
+        }
+        d->holds_pages = true;
+        for (uint32_t i = 0; i < n_pages; i++) {
+                r = hashmap_put(hm->dest_pages, &d->page_keys[i], d);
+                if (r < 0)
+                        return r; /* handoff_obj_free drops what was put */
+        }
+        return 0;
+}
+
+/* ---- destination: remote Prepare ---- */
+
+static void refuse(Peer *p, const HandoffMessage *in, HandoffCause cause, int err) {
+        HandoffMessage out = {
+                .type = HANDOFF_MSG_PREPARE_REFUSED,
+                .request_id = in->request_id,
+                .token = in->token,
+                .cause = cause,
+                .error = err,
+        };
+        _cleanup_(freep) uint8_t *buf = NULL;
+        size_t len;
+        if (handoff_message_encode(&out, &buf, &len) >= 0)
+                (void)peer_send(p, out.type, buf, len);
+}
+
+static void send_prepare_ok(HandoffObject *d) {
+        HandoffMessage ok = {
+                .type = HANDOFF_MSG_PREPARE_OK,
+                .region = d->arena,
+                .n_pages = d->n_pages,
+                .page_offsets = calloc(d->n_pages, sizeof(uint64_t)),
+        };
+        if (!ok.page_offsets)
+                return;
+        for (uint32_t i = 0; i < d->n_pages; i++)
+                ok.page_offsets[i] = page_offset(d->pool, d->pages[i]);
+        handoff_send_message(d, &ok);
+        free(ok.page_offsets);
+}
+
+static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
+        Manager *m = hm->manager;
+        HandoffObject *old = hashmap_get(hm->destinations, in->request_id.bytes);
+        if (old && old->peer == p) {
+                if (old->h->token == in->token) {
+                        if (handoff_is_live(old->h))
+                                send_prepare_ok(old); /* a repeat: same answer */
+                        return;
+                }
+                if (old->h->token > in->token) {
+                        refuse(p, in, HANDOFF_CAUSE_REFUSED, -ESTALE);
+                        return;
+                }
+                /* A newer attempt fences the older one off. */
+                (void)handoff_rollback(old->h, HANDOFF_CAUSE_REMOTE, true);
+                handoff_after_event(old);
+        }
+
+        uint64_t *bytes = calloc(in->n_groups, sizeof *bytes);
+        HandoffGroupLayout *layouts = calloc(in->n_groups, sizeof *layouts);
+        if (!bytes || !layouts) {
+                free(bytes);
+                free(layouts);
+                refuse(p, in, HANDOFF_CAUSE_REFUSED, -ENOMEM);
+                return;
+        }
+        for (uint32_t g = 0; g < in->n_groups; g++) {
+                (void)handoff_message_group_layout(in, g, &layouts[g]);
+                bytes[g] = handoff_group_layout_bytes(&layouts[g]) * in->n_pages;
+        }
+        Arena *a = handoff_pick_arena(m, in->page_size, NULL, NULL, true);
+        usec_t timeout = in->timeout_usec ? MIN(in->timeout_usec, m->config.handoff_timeout_usec)
+                                          : m->config.handoff_timeout_usec;
+        HandoffObject *d = NULL;
+        int r = a ? handoff_obj_new(hm, HANDOFF_DESTINATION, &in->request_id, in->token, in->n_groups, bytes, timeout, &d)
+                  : -EINVAL;
+        free(bytes);
+        if (r >= 0) {
+                d->layouts = layouts;
+                layouts = NULL;
+                d->peer = p;
+                snprintf(d->peer_host, sizeof d->peer_host, "%s", peer_host_id(p));
+                d->page_size = in->page_size;
+                d->target_worker = in->target_worker;
+                r = handoff_dest_reserve(d, a, in->n_pages);
+                if (r >= 0)
+                        r = handoff_journal_prepared(d); /* before PREPARE_OK acknowledges it */
+                if (r < 0) {
+                        handoff_obj_free(d);
+                        d = NULL;
+                }
+        }
+        free(layouts);
+        if (r < 0) {
+                HandoffCause cause = r == -ENOSPC ? HANDOFF_CAUSE_NO_SPACE : HANDOFF_CAUSE_REFUSED;
+                hm->counters.refused++;
+                handoff_count_failure(hm, cause);
+                log_info("handoff %s from %s: refused: %s", epd_id_to_string(&in->request_id, (char[EPD_ID_STRING_MAX]) {}),
+                         peer_host_id(p), a ? strerror(-r) : "no host KV arena with this page size");
+                refuse(p, in, cause, r == -ENOSPC ? -ENOSPC : (r < 0 ? r : -EINVAL));
+                return;
+        }
+        hm->counters.prepared++;
+        send_prepare_ok(d);
+}
+
+static HandoffObject *find_for_message(HandoffManager *hm, Peer *p, HandoffRole role, const HandoffMessage *in) {
+        HandoffObject *o = hashmap_get(handoff_request_map(hm, role), in->request_id.bytes);
+        if (!o || o->peer != p || o->h->token != in->token)
+                return NULL; /* unknown, another peer's, or an older attempt: fenced off */
+        return o;
+}
+
+/* The peer callbacks get the Manager, not the HandoffManager: at shutdown this subsystem
+ * stops before the peer manager does, which may still call them. */
+int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t len, void *userdata) {
+        HandoffManager *hm = ((Manager *)userdata)->handoffs;
+        HandoffMessage in;
+        HandoffObject *o;
+        if (!hm)
+                return 0;
+        int r = handoff_message_decode(type, payload, len, &in);
+        if (r < 0)
+                return log_debug_errno(r, "handoff: bad %s message from %s: %m",
+                                       strna(handoff_message_type_to_string(type)), peer_host_id(p));
+
+        switch (type) {
+        case HANDOFF_MSG_PREPARE:
+                on_remote_prepare(hm, p, &in);
+                break;
+
+        case HANDOFF_MSG_PREPARE_OK:
+                o = find_for_message(hm, p, HANDOFF_SOURCE, &in);
+                if (!o || o->h->state != HANDOFF_PREPARING)
+                        break;
+                if (in.n_pages != o->n_pages) {
+                        (void)handoff_rollback(o->h, HANDOFF_CAUSE_PROTOCOL, false);
+                        handoff_after_event(o);
+                        break;
+                }
+                o->dst_region = in.region;
+                o->dst_offsets = TAKE_PTR(in.page_offsets);
+                (void)handoff_prepared(o->h);
+                handoff_pump(o);
+                handoff_after_event(o);
+                break;
+
+        case HANDOFF_MSG_PREPARE_REFUSED:
+                o = find_for_message(hm, p, HANDOFF_SOURCE, &in);
+                if (!o)
+                        break;
+                (void)handoff_rollback(o->h, in.cause, true);
+                handoff_after_event(o);
+                break;
+
+        case HANDOFF_MSG_GROUP_SENT:
+                o = find_for_message(hm, p, HANDOFF_DESTINATION, &in);
+                if (!o)
+                        break;
+                if (in.group >= o->h->n_groups || handoff_group_sent_notice(o->h, in.group, in.bytes) == -EINVAL)
+                        (void)handoff_rollback(o->h, HANDOFF_CAUSE_PROTOCOL, false);
+                handoff_after_event(o);
+                break;
+
+        case HANDOFF_MSG_COMMIT:
+                o = find_for_message(hm, p, HANDOFF_SOURCE, &in);
+                if (!o)
+                        break;
+                if (handoff_commit(o->h, 0) == 1 && handoff_counts(o))
+                        hm->counters.committed++;
+                handoff_after_event(o);
+                break;
+
+        case HANDOFF_MSG_ROLLBACK:
+                o = find_for_message(hm, p, HANDOFF_SOURCE, &in);
+                if (!o)
+                        o = find_for_message(hm, p, HANDOFF_DESTINATION, &in);
+                if (!o)
+                        break;
+                (void)handoff_rollback(o->h, in.cause, true);
+                handoff_after_event(o);
+                break;
+        }
+        handoff_message_done(&in);
+        return 0;
+}
+
+void handoff_on_peer_state(Peer *p, bool up, void *userdata) {
+        HandoffManager *hm = ((Manager *)userdata)->handoffs;
+        if (up || !hm)
+                return;
+        /* Everything in flight with this peer rolls back, on this side now; the other
+         * side does the same when it notices (heartbeats), within the same bound. */
+        size_t n = 0, it = 0, cap = hashmap_size(hm->by_handle);
+        HandoffObject *o, **v = calloc(MAX(cap, (size_t)1), sizeof *v);
+        if (!v)
+                return;
+        while (hashmap_iterate(hm->by_handle, &it, (void **)&o, NULL))
+                if (o->peer == p && n < cap)
+                        v[n++] = o;
+        for (size_t i = 0; i < n; i++) {
+                v[i]->peer = NULL; /* nothing more to send it */
+                if (handoff_rollback(v[i]->h, HANDOFF_CAUSE_PEER_DOWN, true) > 0)
+                        log_info("handoff %s: peer %s went down", v[i]->request_str, v[i]->peer_host);
+        }
+        /* Keep the peer pointers of incoming writes: their done calls still come. */
+        for (size_t i = 0; i < n; i++)
+                handoff_after_event(v[i]);
+        free(v);
+}
+
+int handoff_on_incoming_validate(Peer *p, uint32_t region, uint64_t offset, uint64_t length, uint64_t cookie,
+                                void *userdata) {
+        Manager *m = userdata;
+        HandoffManager *hm = m->handoffs;
+        if (!hm)
+                return -ESHUTDOWN;
+        if (region >= m->n_arenas || !m->arenas[region]->pages)
+                return -ENOENT;
+        Arena *a = m->arenas[region];
+        uint64_t ps = page_pool_page_size(a->pages);
+        if (offset < a->data_offset)
+                return -ERANGE;
+        uint64_t page = (offset - a->data_offset) / ps;
+        uint64_t key = ((uint64_t)region << 32) | page;
+        HandoffObject *d = page < UINT32_MAX ? hashmap_get(hm->dest_pages, &key) : NULL;
+        uint32_t g = (uint32_t)(cookie & ((1U << COOKIE_GROUP_BITS) - 1));
+        if (!d || d->peer != p)
+                return -EACCES;
+        if (!handoff_may_land(d->h, g))
+                return -ESTALE;
+        /* Inside group g's bytes of every page it touches: a group that covers whole
+         * pages is planned as one write over adjacent pages, each of which must be
+         * this handoff's. */
+        uint64_t pos = offset, left = length;
+        if (length == 0)
+                return -ERANGE;
+        while (left > 0) {
+                if (pos != offset) {
+                        page = (pos - a->data_offset) / ps;
+                        key = ((uint64_t)region << 32) | page;
+                        if (page >= UINT32_MAX || hashmap_get(hm->dest_pages, &key) != d)
+                                return -EACCES;
+                }
+                uint64_t in_page = pos - page_offset(d->pool, (PageId)page);
+                uint64_t chunk = MIN(left, ps - in_page), end = in_page + chunk;
+                bool inside = false;
+                for (uint32_t i = 0; i < d->layouts[g].n_ranges; i++) {
+                        const HandoffRange *rg = &d->layouts[g].ranges[i];
+                        if (in_page >= rg->offset && end <= rg->offset + rg->length)
+                                inside = true;
+                }
+                if (!inside)
+                        return -ERANGE;
+                pos += chunk;
+                left -= chunk;
+        }
+        InWrite *w = calloc(1, sizeof *w);
+        if (!w)
+                return -ENOMEM;
+        *w = (InWrite) { .key = { .peer = p, .cookie = cookie }, .obj = d, .group = g, .length = length };
+        int r = hashmap_put(hm->incoming, &w->key, w);
+        if (r < 0) {
+                free(w);
+                return r; /* -EEXIST: a cookie in flight twice */
+        }
+        (void)handoff_write_landing(d->h, g);
+        return 0;
+}
+
+void handoff_on_incoming_done(Peer *p, uint64_t cookie, int error, void *userdata) {
+        HandoffManager *hm = ((Manager *)userdata)->handoffs;
+        if (!hm)
+                return;
+        InKey key = { .peer = p, .cookie = cookie };
+        InWrite *w = hashmap_remove(hm->incoming, &key);
+        if (!w)
+                return;
+        HandoffObject *d = w->obj;
+        uint64_t bytes = error < 0 ? 0 : w->length;
+        (void)handoff_write_landed(d->h, w->group, bytes, error);
+        d->bytes_moved += bytes;
+        hm->counters.bytes += bytes;
+        free(w);
+        handoff_after_event(d);
+}
+
+/* ---- decode side: Accept, Commit ---- */
+
+int handoff_manager_accept(HandoffManager *hm, Client *c, const char *request_id, HandoffObject **ret,
+                           Reason *why) {
+        Manager *m = hm->manager;
+        EpdId rid;
+        int r = handoff_parse_request_id(request_id, &rid, why);
+        if (r < 0)
+                return r;
+        Worker *w = client_get_worker(c);
+        if (!w)
+                return reason_set(why, -ENOTCONN, "Register as a worker first.");
+        HandoffObject *d = hashmap_get(hm->destinations, rid.bytes);
+        if (!d)
+                return reason_set(why, -ENOENT, "No handoff for request %s here.", request_id);
+        if (!epd_id_is_null(&d->target_worker) && !epd_id_equal(&d->target_worker, &w->id))
+                return reason_set(why, -EPERM, "Handoff %s is meant for another worker.",
+                                     request_id);
+        if (!(w->arena_mask & (UINT64_C(1) << d->arena)))
+                return reason_set(why, -EPERM,
+                                     "Handoff %s lands in arena '%s', which worker %s did not map.", request_id,
+                                     m->arenas[d->arena]->name, w->id_str);
+        r = handoff_accept(d->h, handoff_client_serial(c));
+        if (r == -ESTALE)
+                return reason_set(why, -ESTALE, "Handoff %s was rolled back (%s).", request_id,
+                                     handoff_cause_to_string(d->h->cause));
+        if (r == -EPERM)
+                return reason_set(why, -EBUSY, "Handoff %s was accepted by another client.", request_id);
+        if (r < 0)
+                return r;
+        if (r > 0) {
+                r = handoff_obj_link(d, c);
+                if (r < 0) {
+                        d->h->accepted_by = 0;
+                        return reason_set(why, -EDQUOT, "Too many objects for this client.");
+                }
+        }
+        *ret = d;
+        return 0;
+}
+
+int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequence, Reason *why) {
+        HandoffManager *hm = o->hm;
+        Manager *m = hm->manager;
+        Handoff *h = o->h;
+
+        if (h->role != HANDOFF_DESTINATION)
+                return reason_set(why, -EINVAL,
+                                     "Commit is the decode side's: the source commits when the destination does.");
+        if (h->state == HANDOFF_COMMITTED && h->accepted_by == handoff_client_serial(c)) {
+                *ret_sequence = o->sequence_path ? o->sequence_path : "/";
+                return 0;
+        }
+        if (handoff_is_ended(h))
+                return reason_set(why, -ESTALE, "Handoff %s was rolled back (%s).", o->request_str,
+                                     handoff_cause_to_string(h->cause));
+        if (h->state != HANDOFF_TRANSFERRED)
+                return reason_set(why, -EBUSY, "Handoff %s: %" PRIu32 " of %" PRIu32 " layer groups arrived.",
+                                     o->request_str, h->n_done, h->n_groups);
+
+        /* Build the decode sequence first: if it fails, nothing changed. Its record
+         * goes into the commit's, so that the WAL has both or neither. */
+        Sequence *s;
+        int r = sequence_new_from_pages(o->pool, o->pages, o->n_pages, &s);
+        if (r < 0)
+                return r;
+        m->page_manager->journal_held = true;
+        r = page_manager_register(m->page_manager, s, c, m->arenas[o->arena]);
+        m->page_manager->journal_held = false;
+        if (r < 0) {
+                sequence_free(s);
+                return reason_set(why, -EDQUOT, "Cannot register the decode sequence: %s",
+                                     strerror(-r));
+        }
+        _cleanup_(freep) void *put = NULL;
+        size_t put_len = 0;
+        HandoffRecord rec = handoff_record_of(o, HANDOFF_REC_COMMITTED);
+        r = page_manager_sequence_record(s, &put, &put_len);
+        if (r >= 0) {
+                rec.extra = put;
+                rec.extra_len = put_len;
+                r = handoff_journal_entry_of(o) ? handoff_journal_append(hm, &rec, NULL) : 0;
+        }
+        if (r < 0) {
+                log_warning_errno(r, "handoff %s: cannot journal the commit: %m", o->request_str);
+                page_manager_release(s);
+                return r;
+        }
+        r = handoff_commit(h, handoff_client_serial(c));
+        if (r < 0) { /* cannot happen after the checks above */
+                page_manager_release(s);
+                return r;
+        }
+        free(o->sequence_path);
+        o->sequence_path = strdup(s->path);
+        if (handoff_counts(o))
+                hm->counters.committed++;
+        /* The sequence holds the pages now. */
+        if (h->inflight == 0)
+                handoff_obj_drop_pages(o);
+        if (o->twin) {
+                HandoffObject *t = o->twin;
+                if (handoff_commit(t->h, 0) > 0 && handoff_counts(t))
+                        hm->counters.committed++;
+                handoff_after_event(t);
+        } else {
+                HandoffMessage msg = { .type = HANDOFF_MSG_COMMIT };
+                handoff_send_message(o, &msg);
+        }
+        *ret_sequence = o->sequence_path ? o->sequence_path : s->path;
+        handoff_after_event(o);
+        return 0;
+}

@@ -1,0 +1,161 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* Internal to handoff/: the structures and functions the files of the handoff manager
+ * share. The API other subsystems and the bus glue use is handoff-manager.h. */
+
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+
+#include "core/arena.h"
+#include "core/worker.h"
+#include "handoff/bus-handoff.h"
+#include "handoff/handoff-manager.h"
+#include "handoff/handoff-proto.h"
+#include "log.h"
+#include "macro.h"
+#include "pages/page-manager.h"
+#include "peer/peer-manager.h"
+#include "telemetry/telemetry.h"
+
+/* Writes this daemon posted (source side), by cookie: one per write to a peer (whose
+ * cookies travel and must be unique), one per group's batch within this host (every
+ * write of the batch carries the cookie; `pending` of them have not completed). */
+typedef struct OutWrite {
+        uint64_t cookie;
+        HandoffObject *obj;
+        uint32_t group;
+        size_t pending;
+        bool stage;   /* a GPU → staging copy (CUDA transport) of a remote handoff */
+        int error;    /* stage: the first error of its writes */
+} OutWrite;
+
+/* A pinned host buffer that GPU pages are staged through on their way to another host. */
+struct HandoffStaging {
+        TransportRegion region;  /* MEMORY_HOST; id HANDOFF_STAGING_REGION_BASE + slot */
+        uint32_t slot;
+        bool busy;
+        bool in_cuda, in_peer;   /* registered with the CUDA / the peer transport */
+        bool in_rdma;            /* ... and the rdma one, where there is one */
+};
+
+/* A write a peer is landing here (destination side), by (peer, cookie). */
+typedef struct InKey {
+        Peer *peer;
+        uint64_t cookie;
+} InKey;
+
+typedef struct InWrite {
+        InKey key;
+        HandoffObject *obj;
+        uint32_t group;
+        uint64_t length;
+} InWrite;
+
+/* A worker's ring pair. */
+typedef struct ClientRing {
+        ClientObject object;
+        HandoffManager *hm;
+        uint64_t serial;
+        Ring *ring;
+        sd_event_source *source;
+} ClientRing;
+
+/* Handoffs in flight towards one peer (source side): from Prepare until every group is
+ * transferred, or the handoff ends. Bounded by the backpressure window
+ * (backpressure_window_admit); one per peer ever used, freed at shutdown. */
+typedef struct PeerWindow {
+        char host[PEER_HOST_ID_MAX + 1]; /* key: the peer's host id */
+        char *name;                      /* the peer's name in telemetry */
+        unsigned handoffs;
+        uint64_t bytes;
+} PeerWindow;
+
+#define COOKIE_GROUP_BITS 10
+_Static_assert((1U << COOKIE_GROUP_BITS) >= HANDOFF_GROUPS_MAX, "cookie group bits");
+
+/* The writes of one group, as planned (handoff_plan_group). */
+typedef struct PlanCtx {
+        HandoffObject *o;
+        uint32_t group;
+        TransportWrite *w;
+        size_t n, cap;
+} PlanCtx;
+
+static inline bool isempty_str(const char *s) {
+        return !s || !s[0];
+}
+
+static inline const char *strna(const char *s) {
+        return s ? s : "n/a";
+}
+
+void handoff_after_event(HandoffObject *o);
+
+/* handoff-manager.c: lifetime of handoff objects, the central step after every event */
+uint64_t handoff_client_serial(const Client *c);
+void handoff_count_failure(HandoffManager *hm, HandoffCause c);
+bool handoff_counts(const HandoffObject *o);
+Transport *handoff_gpu_transport(HandoffManager *hm);
+void handoff_obj_drop_pages(HandoffObject *o);
+void handoff_obj_free(HandoffObject *o);
+int handoff_obj_link(HandoffObject *o, Client *c);
+Manager *handoff_obj_manager(HandoffObject *o);
+int handoff_obj_new(HandoffManager *hm, HandoffRole role, const EpdId *request_id, uint64_t token,
+                    uint32_t n_groups, const uint64_t *bytes_per_group, usec_t timeout,
+                    HandoffObject **ret);
+Hashmap *handoff_request_map(HandoffManager *hm, HandoffRole role);
+
+/* handoff-source.c: the source side: Prepare, shipping groups, completions */
+int handoff_on_gpu_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata);
+int handoff_on_local_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata);
+int handoff_on_peer_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata);
+int handoff_on_rdma_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata);
+int handoff_parse_request_id(const char *s, EpdId *ret, Reason *why);
+void handoff_pump(HandoffObject *o);
+void handoff_send_message(HandoffObject *o, HandoffMessage *m);
+
+/* handoff-dest.c: the destination side: remote Prepare, incoming writes, Accept, Commit */
+int handoff_dest_reserve(HandoffObject *d, Arena *a, uint32_t n_pages);
+void handoff_on_incoming_done(Peer *p, uint64_t cookie, int error, void *userdata);
+int handoff_on_incoming_validate(Peer *p, uint32_t region, uint64_t offset, uint64_t length, uint64_t cookie,
+                                 void *userdata);
+int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t len, void *userdata);
+void handoff_on_peer_state(Peer *p, bool up, void *userdata);
+Arena *handoff_pick_arena(Manager *m, uint64_t page_size, const Worker *target, Arena *prefer, bool host_only);
+
+/* handoff-journal.c: the WAL: every transition appended before it is acknowledged */
+int handoff_manager_apply_record(Manager *m, uint16_t type, const void *payload, size_t len);
+int handoff_manager_restore_finish(Manager *m);
+int handoff_manager_snapshot(Manager *m, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+                             void *userdata);
+HandoffJournalEntry *handoff_journal_entry_of(HandoffObject *o);
+void handoff_journal_groups(HandoffObject *o, uint32_t done);
+int handoff_journal_prepared(HandoffObject *o);
+int handoff_journal_append(HandoffManager *hm, const HandoffRecord *r, const uint32_t *pages);
+void handoff_journal_released(HandoffObject *o);
+void handoff_journal_state(HandoffObject *o);
+HandoffRecord handoff_record_of(HandoffObject *o, uint8_t type);
+
+/* handoff-stage.c: GPU pages to another host, through pinned staging buffers */
+int handoff_plan_collect(const HandoffSlice *s, void *userdata);
+int handoff_post_group_staged(HandoffObject *o, uint32_t g);
+void handoff_stage_landed(HandoffObject *o, uint32_t g, int error);
+int handoff_staging_acquire(HandoffManager *hm, uint64_t size, HandoffStaging **ret);
+void handoff_staging_free(HandoffManager *hm, HandoffStaging *st);
+
+/* handoff-window.c: the per-peer backpressure window */
+void handoff_on_backpressure(Telemetry *t, const char *peer, BackpressureLevel level,
+                             BackpressureReason reason, void *userdata);
+PeerWindow *handoff_window_get(HandoffManager *hm, Peer *peer, bool create);
+void handoff_window_leave(HandoffObject *o);
+void handoff_window_publish(HandoffManager *hm, PeerWindow *w);
+
+/* handoff-ring.c: the workers' rings: notifications, LayerGroupReady submissions */
+void handoff_notify_progress(HandoffObject *o, uint32_t done);
+void handoff_notify_state(HandoffObject *o);
+void handoff_ring_free(ClientRing *cr);

@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The workers' ring pairs (ring.h): progress and state of a handoff go to its owner's
+ * ring first (the bus signal stays, as the fallback), and LayerGroupReady comes in as
+ * submissions. */
+#include "handoff/handoff-internal.h"
+
+/* ---- notifications to the owning worker: ring first, D-Bus as fallback ---- */
+
+static ClientRing *owner_ring(HandoffObject *o) {
+        if (!o->owned)
+                return NULL;
+        uint64_t serial = handoff_client_serial(o->object.owner);
+        return hashmap_get(o->hm->rings, &serial);
+}
+
+void handoff_notify_progress(HandoffObject *o, uint32_t done) {
+        Handoff *h = o->h;
+        ClientRing *cr = owner_ring(o);
+        if (cr) {
+                struct epd_ring_record rec;
+                ring_record_group_progress(&rec, h->request_id.bytes, h->token, done, h->n_groups,
+                                           o->bytes_moved);
+                int r = ring_post(cr->ring, &rec);
+                if (r >= 0) {
+                        (void)ring_kick(cr->ring);
+                        return;
+                }
+                o->hm->counters.ring_fallbacks++;
+                (void)ring_kick(cr->ring);
+        }
+        bus_handoff_emit_progress(o, done);
+}
+
+void handoff_notify_state(HandoffObject *o) {
+        Handoff *h = o->h;
+        ClientRing *cr = owner_ring(o);
+        if (cr) {
+                struct epd_ring_record rec;
+                ring_record_handoff_state(&rec, h->request_id.bytes, h->token, h->state, h->cause);
+                if (ring_post(cr->ring, &rec) < 0)
+                        o->hm->counters.ring_fallbacks++;
+                (void)ring_kick(cr->ring);
+        }
+        /* State changes are rare: always on the bus too. */
+        bus_handoff_emit_state(o);
+}
+
+/* ---- rings ---- */
+
+void handoff_ring_free(ClientRing *cr) {
+        if (!cr)
+                return;
+        log_debug("handoff: ring of client %" PRIu64 " closed", cr->serial);
+        (void)hashmap_remove(cr->hm->rings, &cr->serial);
+        if (cr->object.owner)
+                client_object_unlink(&cr->object);
+        sd_event_source_disable_unref(cr->source);
+        ring_free(cr->ring);
+        free(cr);
+}
+
+static void release_ring(ClientObject *co) {
+        handoff_ring_free(container_of(co, ClientRing, object));
+}
+
+static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        ClientRing *cr = userdata;
+        HandoffManager *hm = cr->hm;
+        struct epd_ring_record rec, out;
+        int r;
+
+        (void)ring_drain_submit(cr->ring);
+        for (unsigned budget = 0; budget < 4096; budget++) {
+                r = ring_consume(cr->ring, &rec);
+                if (r == -EAGAIN)
+                        break;
+                if (r < 0) {
+                        log_warning("handoff: client %" PRIu64 " corrupted its ring; closing it.", cr->serial);
+                        handoff_ring_free(cr);
+                        return 0;
+                }
+                r = ring_record_validate_submission(&rec);
+                if (r >= 0 && rec.opcode == EPD_RING_OP_LAYER_GROUP_READY) {
+                        HandoffObject *o = hashmap_get(hm->sources, rec.request_id);
+                        if (!o || o->h->token != rec.token || !o->owned ||
+                            handoff_client_serial(o->object.owner) != cr->serial)
+                                r = -ENOENT;
+                        else {
+                                r = handoff_group_ready(o->h, rec.group);
+                                if (r > 0)
+                                        handoff_pump(o);
+                                handoff_after_event(o);
+                        }
+                }
+                if (r < 0 || rec.opcode == EPD_RING_OP_NOP || (rec.flags & EPD_RING_F_ACK)) {
+                        ring_record_completion(&out, rec.user_data, r < 0 ? r : 0);
+                        if (ring_post(cr->ring, &out) < 0)
+                                hm->counters.ring_fallbacks++;
+                }
+        }
+        (void)ring_kick(cr->ring);
+        return 0;
+}
+
+int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32_t cq, Ring **ret,
+                              Reason *why) {
+        uint64_t serial = handoff_client_serial(c);
+        if (!epd_ring_entries_valid(sq) || !epd_ring_entries_valid(cq))
+                return reason_set(why, -EINVAL,
+                                     "Ring sizes are powers of two from %u to %u.", EPD_RING_ENTRIES_MIN,
+                                     EPD_RING_ENTRIES_MAX);
+        if (hashmap_get(hm->rings, &serial))
+                return reason_set(why, -EEXIST, "This client has a ring already.");
+        ClientRing *cr = calloc(1, sizeof *cr);
+        if (!cr)
+                return -ENOMEM;
+        cr->hm = hm;
+        cr->serial = serial;
+        int r = ring_new(sq, cq, &cr->ring);
+        if (r >= 0)
+                r = sd_event_add_io(hm->manager->event, &cr->source, cr->ring->submit_fd, EPOLLIN, on_ring_submit, cr);
+        if (r >= 0)
+                r = hashmap_put(hm->rings, &cr->serial, cr);
+        if (r >= 0) {
+                r = client_object_link(c, &cr->object, CLIENT_OBJECT_RING, release_ring);
+                if (r < 0)
+                        (void)hashmap_remove(hm->rings, &cr->serial);
+        }
+        if (r < 0) {
+                cr->object.owner = NULL;
+                handoff_ring_free(cr);
+                if (r == -EDQUOT)
+                        return reason_set(why, -EDQUOT, "Too many objects for this client.");
+                return r;
+        }
+        *ret = cr->ring;
+        return 0;
+}

@@ -1,0 +1,606 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The source side of a handoff: Prepare (checks, layout, the peer's window, the source
+ * object that leases the prefill sequence's pages, then a local twin or the destination
+ * host asked), and shipping each layer group as the prefill worker reports it ready:
+ * planning its writes, posting them to the transport of the path, and their
+ * completions. */
+#include "handoff/handoff-internal.h"
+
+/* ---- messages to the peer ---- */
+
+void handoff_send_message(HandoffObject *o, HandoffMessage *m) {
+        _cleanup_(freep) uint8_t *buf = NULL;
+        size_t len;
+        if (!o->peer)
+                return;
+        m->request_id = o->h->request_id;
+        m->token = o->h->token;
+        int r = handoff_message_encode(m, &buf, &len);
+        if (r >= 0)
+                r = peer_send(o->peer, m->type, buf, len);
+        if (r < 0)
+                log_debug_errno(r, "handoff %s: cannot send %s to %s: %m", o->request_str,
+                                handoff_message_type_to_string(m->type), o->peer_host);
+}
+
+static int post_group(HandoffObject *o, uint32_t g) {
+        HandoffManager *hm = o->hm;
+        Handoff *h = o->h;
+        int r;
+
+        if (o->staging)
+                return handoff_post_group_staged(o, g);
+
+        if (o->zero_copy) {
+                r = handoff_group_posted(h, g, 0);
+                if (r >= 0 && o->twin)
+                        r = handoff_group_handed_over(o->twin->h, g);
+                if (r >= 0)
+                        hm->counters.zero_copy_groups++;
+                return r;
+        }
+
+        Transport *t = o->peer ? peer_manager_transport_for(handoff_obj_manager(o)->peers, o->peer)
+                     : o->gpu ? handoff_gpu_transport(hm)
+                              : hm->local;
+        if (!t)
+                return -ENOTCONN;
+
+        _cleanup_(freep) uint64_t *src = calloc(o->n_pages, sizeof *src);
+        if (!src)
+                return -ENOMEM;
+        for (uint32_t i = 0; i < o->n_pages; i++)
+                src[i] = page_offset(o->pool, o->pages[i]);
+        PlanCtx c = { .o = o, .group = g };
+        /* The CUDA transport takes runs whole (slices only cut a copy-engine operation
+         * into several, each costing microseconds). */
+        r = handoff_plan_group(&o->layouts[g], src, o->dst_offsets, o->n_pages, o->gpu ? 0 : hm->slice_size,
+                               handoff_plan_collect, &c);
+        if (r < 0) {
+                free(c.w);
+                return r;
+        }
+        /* Within this host, the whole batch shares one cookie. */
+        size_t n_out = o->peer ? c.n : MIN(c.n, (size_t)1);
+        OutWrite **ow = calloc(MAX(n_out, (size_t)1), sizeof *ow);
+        if (!ow) {
+                free(c.w);
+                return -ENOMEM;
+        }
+        size_t i;
+        r = 0;
+        for (i = 0; i < n_out; i++) {
+                ow[i] = malloc(sizeof(OutWrite));
+                if (!ow[i]) {
+                        r = -ENOMEM;
+                        break;
+                }
+                *ow[i] = (OutWrite) {
+                        .cookie = (++hm->next_cookie << COOKIE_GROUP_BITS) | g,
+                        .obj = o,
+                        .group = g,
+                        .pending = o->peer ? 1 : c.n,
+                };
+                r = hashmap_put(hm->writes, &ow[i]->cookie, ow[i]);
+                if (r < 0) {
+                        free(ow[i]);
+                        break;
+                }
+        }
+        for (size_t k = 0; r >= 0 && k < c.n; k++)
+                c.w[k].cookie = ow[o->peer ? k : 0]->cookie;
+        if (r >= 0)
+                r = t->ops->post(t, o->peer, c.w, c.n);
+        if (r < 0) {
+                for (size_t k = 0; k < i; k++) {
+                        (void)hashmap_remove(hm->writes, &ow[k]->cookie);
+                        free(ow[k]);
+                }
+                free(ow);
+                free(c.w);
+                return r;
+        }
+        free(ow);
+        free(c.w);
+        (void)handoff_group_posted(h, g, (uint32_t)c.n);
+        if (o->twin)
+                for (size_t k = 0; k < c.n; k++)
+                        (void)handoff_write_landing(o->twin->h, g);
+        hm->counters.batches++;
+        return 0;
+}
+
+void handoff_pump(HandoffObject *o) {
+        uint32_t g;
+        while (handoff_next_to_post(o->h, &g) == 0) {
+                int r = post_group(o, g);
+                if (r < 0) {
+                        log_warning_errno(r, "handoff %s: cannot ship group %" PRIu32 ": %m", o->request_str, g);
+                        (void)handoff_rollback(o->h, HANDOFF_CAUSE_TRANSFER_FAILED, false);
+                        break;
+                }
+        }
+}
+
+static void on_completions(HandoffManager *hm, Transport *t) {
+        TransportCompletion c[256];
+        size_t n;
+        while ((n = t->ops->poll(t, c, ELEMENTSOF(c))) > 0)
+                for (size_t i = 0; i < n; i++) {
+                        OutWrite *w = hashmap_get(hm->writes, &c[i].cookie);
+                        if (!w) {
+                                log_debug("handoff: completion of unknown write %" PRIu64, c[i].cookie);
+                                continue;
+                        }
+                        HandoffObject *o = w->obj;
+                        uint32_t g = w->group;
+                        if (w->stage) {
+                                /* Into the staging buffer: no bytes moved yet. */
+                                if (c[i].error < 0 && w->error == 0)
+                                        w->error = c[i].error;
+                                (void)handoff_write_done(o->h, g, 0, c[i].error);
+                                if (--w->pending == 0) {
+                                        int err = w->error;
+                                        free(hashmap_remove(hm->writes, &c[i].cookie));
+                                        handoff_stage_landed(o, g, err);
+                                }
+                                handoff_after_event(o);
+                                continue;
+                        }
+                        if (--w->pending == 0)
+                                free(hashmap_remove(hm->writes, &c[i].cookie));
+                        uint64_t bytes = c[i].error < 0 ? 0 : c[i].bytes;
+                        (void)handoff_write_done(o->h, g, bytes, c[i].error);
+                        if (o->twin) {
+                                (void)handoff_write_landed(o->twin->h, g, bytes, c[i].error);
+                                o->twin->bytes_moved += bytes;
+                        }
+                        o->bytes_moved += bytes;
+                        hm->counters.bytes += bytes;
+                        if (c[i].error < 0)
+                                log_debug("handoff %s: write of group %" PRIu32 " failed: %s", o->request_str, g,
+                                          strerror(-c[i].error));
+                        if (o->twin)
+                                handoff_after_event(o->twin);
+                        handoff_after_event(o);
+                }
+}
+
+int handoff_on_local_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        HandoffManager *hm = userdata;
+        on_completions(hm, hm->local);
+        return 0;
+}
+
+int handoff_on_gpu_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        HandoffManager *hm = userdata;
+        Transport *t = handoff_gpu_transport(hm);
+        if (t)
+                on_completions(hm, t);
+        return 0;
+}
+
+int handoff_on_peer_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        HandoffManager *hm = userdata;
+        Transport *t = peer_manager_transport(hm->manager->peers);
+        if (t)
+                on_completions(hm, t);
+        return 0;
+}
+
+int handoff_on_rdma_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        HandoffManager *hm = userdata;
+        Transport *t = peer_manager_rdma(hm->manager->peers);
+        if (t)
+                on_completions(hm, t);
+        return 0;
+}
+
+/* ---- source: Prepare ---- */
+
+int handoff_parse_request_id(const char *s, EpdId *ret, Reason *why) {
+        if (epd_id_from_string(s, ret) < 0 || epd_id_is_null(ret))
+                return reason_set(why, -EINVAL,
+                                     "Request id '%s' is not a non-zero 128-bit id in 32 hex digits.", s);
+        return 0;
+}
+
+static uint64_t layout_hash(const KvLayout *l) {
+        uint64_t h = 1469598103934665603ULL;
+        uint64_t v[5] = { l->layers, l->tokens_per_block, l->k_bytes_per_token_per_layer,
+                          l->v_bytes_per_token_per_layer, l->page_size };
+        for (size_t i = 0; i < ELEMENTSOF(v); i++)
+                for (int b = 0; b < 8; b++) {
+                        h ^= (v[i] >> (8 * b)) & 0xff;
+                        h *= 1099511628211ULL;
+                }
+        return h;
+}
+
+static Worker *find_worker(Manager *m, const char *path_or_id) {
+        const char *p = strrchr(path_or_id, '/');
+        return manager_get_worker(m, p ? p + 1 : path_or_id);
+}
+
+static int prepare_error(Reason *why, int r, const char *what) {
+        switch (r) {
+        case -ENOSPC:
+                return reason_set(why, -ENOSPC, "%s: the destination has no room for the pages.", what);
+        case -EDQUOT:
+                return reason_set(why, -EDQUOT, "%s: too many handoffs.", what);
+        case -EPERM:
+                return reason_set(why, -EPERM, "%s: the sequence is not yours.", what);
+        case -ENOENT:
+                return reason_set(why, -ENOENT, "%s: no such sequence.", what);
+        case -EINVAL:
+                return reason_set(why, -EINVAL, "%s: invalid argument.", what);
+        default:
+                return r;
+        }
+}
+
+/* What Prepare resolved from its arguments before anything is allocated. */
+typedef struct PrepareCtx {
+        Worker *worker;
+        Client *client;
+        EpdId rid;
+        Sequence *sequence;
+        bool local;
+        Peer *peer;              /* remote: the destination's daemon */
+        Worker *target;
+        uint32_t n_groups;
+        HandoffGroupLayout *layouts;
+        uint64_t *bytes;         /* per group */
+        uint64_t total_bytes;
+        Arena *src_arena, *dst_arena;
+        bool gpu;
+        PeerWindow *window;      /* remote */
+        usec_t timeout;
+} PrepareCtx;
+
+static void prepare_ctx_done(PrepareCtx *x) {
+        free(x->layouts);
+        free(x->bytes);
+}
+
+/* The arguments, the caller's sequence, the destination and the target worker. */
+static int prepare_check(HandoffManager *hm, const HandoffPrepareArgs *a, PrepareCtx *x, Reason *why) {
+        Manager *m = hm->manager;
+        Worker *w = x->worker;
+        int r;
+
+        r = handoff_parse_request_id(a->request_id, &x->rid, why);
+        if (r < 0)
+                return r;
+        if (!w->layout)
+                return reason_set(why, -EINVAL,
+                                  "Worker %s registered no KV layout: there are no layer groups to ship.", w->id_str);
+        if (!m->page_manager)
+                return reason_set(why, -EOPNOTSUPP, "No page manager.");
+        r = page_manager_lookup(m->page_manager, x->client, a->sequence, SEQUENCE_ACCESS_OWNER, &x->sequence);
+        if (r < 0)
+                return prepare_error(why, r, "Prepare");
+        if (x->sequence->n_pages == 0 || x->sequence->n_pages > HANDOFF_PAGES_MAX)
+                return reason_set(why, -EINVAL, "The sequence has %zu pages; a handoff moves 1 to %u.",
+                                  x->sequence->n_pages, HANDOFF_PAGES_MAX);
+        if (a->n_groups == 0 || a->n_groups > HANDOFF_GROUPS_MAX)
+                return reason_set(why, -EINVAL, "Between 1 and %u layer groups.", HANDOFF_GROUPS_MAX);
+        uint64_t layers = 0;
+        for (size_t g = 0; g < a->n_groups; g++) {
+                if (a->layer_groups[g] == 0)
+                        return reason_set(why, -EINVAL, "Layer group %zu is empty.", g);
+                layers += a->layer_groups[g];
+        }
+        if (layers != w->layout->layers)
+                return reason_set(why, -EINVAL, "The layer groups hold %" PRIu64 " layers; the model has %" PRIu32 ".",
+                                  layers, w->layout->layers);
+        x->n_groups = (uint32_t)a->n_groups;
+
+        x->local = isempty_str(a->destination) || strcmp(a->destination, m->config.host_id) == 0;
+        if (!x->local) {
+                if (!m->peers || !(x->peer = peer_manager_find(m->peers, a->destination)))
+                        return reason_set(why, -ENOENT, "No peer with host id '%s'.", a->destination);
+                if (!peer_is_up(x->peer))
+                        return reason_set(why, -EHOSTUNREACH, "Peer '%s' is %s.", a->destination,
+                                          peer_state_to_string(peer_state(x->peer)));
+        }
+        if (a->target && a->target[0] && !(x->target = find_worker(m, a->target)))
+                return reason_set(why, -ENOENT, "No worker '%s'.", a->target);
+        if (x->target && !x->local)
+                return reason_set(why, -EINVAL, "A target worker names a local worker.");
+        return 0;
+}
+
+/* Each group's byte range within a page, from the model's KV layout, and the arenas. */
+static int prepare_layout(HandoffManager *hm, const HandoffPrepareArgs *a, PrepareCtx *x, Reason *why) {
+        Manager *m = hm->manager;
+        const KvLayout *l = x->worker->layout;
+
+        x->layouts = calloc(x->n_groups, sizeof *x->layouts);
+        x->bytes = calloc(x->n_groups, sizeof *x->bytes);
+        if (!x->layouts || !x->bytes)
+                return -ENOMEM;
+        uint32_t first = 0;
+        for (uint32_t g = 0; g < x->n_groups; g++) {
+                uint64_t off, len;
+                if (kv_layout_group_range(l, first, a->layer_groups[g], &off, &len) < 0)
+                        return reason_set(why, -EINVAL, "Layer group %u does not fit the layout.", g);
+                x->layouts[g].n_ranges = 1;
+                x->layouts[g].ranges[0] = (HandoffRange) { .offset = off, .length = len };
+                x->bytes[g] = len * x->sequence->n_pages;
+                x->total_bytes += x->bytes[g];
+                first += a->layer_groups[g];
+        }
+
+        x->src_arena = page_manager_sequence_arena(m->page_manager, x->sequence);
+        if (!x->src_arena)
+                return reason_set(why, -ENOENT, "The sequence's arena is gone.");
+        if (x->src_arena->domain == MEMORY_GPU && !m->gpu)
+                return reason_set(why, -EOPNOTSUPP, "The GPU domain is off.");
+        if (x->local) {
+                Arena *want = x->src_arena;
+                if (a->arena && a->arena[0] && !(want = manager_find_arena(m, a->arena)))
+                        return reason_set(why, -ENOENT, "No arena named '%s'.", a->arena);
+                x->dst_arena = handoff_pick_arena(m, l->page_size, x->target, want, false);
+                if (!x->dst_arena || (a->arena && a->arena[0] && x->dst_arena != want))
+                        return reason_set(why, -EINVAL, "No KV arena with pages of %" PRIu64 " bytes%s.", l->page_size,
+                                          x->target ? " that the target worker maps" : "");
+                /* Within this host, a copy that touches GPU memory goes through the CUDA transport. */
+                x->gpu = x->dst_arena != x->src_arena &&
+                         (x->src_arena->domain == MEMORY_GPU || x->dst_arena->domain == MEMORY_GPU);
+        }
+        return 0;
+}
+
+/* A congested path takes new work slowly, not into an unbounded queue: the peer's
+ * window (docs/telemetry.md, "The handoff window"). */
+static int prepare_admit(HandoffManager *hm, const HandoffPrepareArgs *a, PrepareCtx *x, Reason *why) {
+        Manager *m = hm->manager;
+        PeerWindow *win = handoff_window_get(hm, x->peer, true);
+        TelemetryPeerStats st;
+        usec_t retry;
+
+        if (!win)
+                return -ENOMEM;
+        x->window = win;
+        if (telemetry_peer_stats(m, win->name, &st) < 0)
+                st = (TelemetryPeerStats){ .level = BACKPRESSURE_NONE, .reason = BACKPRESSURE_REASON_NONE };
+        BackpressureLevel level = st.level;
+        int r = backpressure_window_admit(&m->config.telemetry.backpressure, level, st.reason, win->handoffs,
+                                          win->bytes, x->total_bytes, &retry, NULL);
+        if (r != -EAGAIN)
+                return 0;
+        const char *reason = backpressure_reason_to_string(st.reason);
+        hm->counters.deferred++;
+        (void)telemetry_trace(m, a->request_id, TRACE_HANDOFF_PREPARE,
+                              &(TraceDetail){ .peer = a->destination, .detail = "deferred: backpressure" });
+        log_debug("handoff %s: deferred: peer %s at %s (%s), %u handoffs / %" PRIu64 " bytes in flight", a->request_id,
+                  a->destination, backpressure_level_to_string(level), reason, win->handoffs, win->bytes);
+        if (backpressure_window_closed(level, st.reason))
+                return reason_set(why, -EAGAIN, "Peer '%s' is backpressured (%s: %s); retry_after_usec=%" PRIu64,
+                                  a->destination, backpressure_level_to_string(level), reason, retry);
+        return reason_set(why, -EAGAIN,
+                          "Peer '%s': the handoff window is full (%s: %u handoffs, %" PRIu64
+                          " bytes in flight); retry_after_usec=%" PRIu64,
+                          a->destination, backpressure_level_to_string(level), win->handoffs, win->bytes, retry);
+}
+
+/* The source side: a new attempt's object, leasing every page of the sequence. */
+static int prepare_source(HandoffManager *hm, PrepareCtx *x, HandoffObject **ret, Reason *why) {
+        HandoffObject *o;
+        int r;
+
+        hm->last_token = handoff_next_token(hm->last_token, now_usec(CLOCK_REALTIME));
+        r = handoff_obj_new(hm, HANDOFF_SOURCE, &x->rid, hm->last_token, x->n_groups, x->bytes, x->timeout, &o);
+        if (r < 0)
+                return prepare_error(why, r, "Prepare");
+        o->layouts = TAKE_PTR(x->layouts);
+        o->page_size = x->worker->layout->page_size;
+        o->arena = x->src_arena->index;
+        o->gpu = x->gpu;
+        o->pool = x->sequence->pool;
+        o->n_pages = (uint32_t)x->sequence->n_pages;
+        o->pages = calloc(o->n_pages, sizeof *o->pages);
+        if (x->target)
+                o->target_worker = x->target->id;
+        r = o->pages ? sequence_lease(x->sequence, 0, o->n_pages, o->pages) : -ENOMEM;
+        if (r >= 0) {
+                o->holds_pages = true;
+                r = handoff_obj_link(o, x->client);
+        }
+        if (r < 0) {
+                handoff_obj_free(o);
+                return prepare_error(why, r, "Prepare");
+        }
+        *ret = o;
+        return 0;
+}
+
+/* Within this host: the destination side is a twin object over the same or another
+ * arena of this daemon; both are prepared and journaled now. */
+static int prepare_local(HandoffManager *hm, PrepareCtx *x, HandoffObject *o, Reason *why) {
+        HandoffObject *d;
+        int r = handoff_obj_new(hm, HANDOFF_DESTINATION, &x->rid, o->h->token, x->n_groups, x->bytes, x->timeout, &d);
+        if (r >= 0) {
+                d->layouts = calloc(x->n_groups, sizeof *d->layouts);
+                if (d->layouts)
+                        memcpy(d->layouts, o->layouts, x->n_groups * sizeof *d->layouts);
+                d->page_size = o->page_size;
+                d->target_worker = o->target_worker;
+                d->twin = o;
+                d->gpu = x->gpu;
+                o->twin = d;
+                if (x->dst_arena == x->src_arena) {
+                        /* Same arena: the pages themselves are handed over. */
+                        o->zero_copy = d->zero_copy = true;
+                        d->arena = o->arena;
+                        d->pool = o->pool;
+                        d->n_pages = o->n_pages;
+                        d->pages = calloc(d->n_pages, sizeof *d->pages);
+                        if (d->pages)
+                                memcpy(d->pages, o->pages, d->n_pages * sizeof *d->pages);
+                        else
+                                r = -ENOMEM;
+                } else
+                        r = handoff_dest_reserve(d, x->dst_arena, o->n_pages);
+                if (r >= 0 && !d->layouts)
+                        r = -ENOMEM;
+                if (r >= 0 && !o->zero_copy) {
+                        o->dst_region = d->arena;
+                        o->dst_offsets = calloc(o->n_pages, sizeof *o->dst_offsets);
+                        if (!o->dst_offsets)
+                                r = -ENOMEM;
+                        for (uint32_t i = 0; r >= 0 && i < o->n_pages; i++)
+                                o->dst_offsets[i] = page_offset(d->pool, d->pages[i]);
+                }
+                if (r < 0)
+                        handoff_obj_free(d);
+        }
+        if (r < 0) {
+                if (r == -ENOSPC) {
+                        hm->counters.refused++;
+                        handoff_count_failure(hm, HANDOFF_CAUSE_NO_SPACE);
+                }
+                handoff_obj_free(o);
+                return prepare_error(why, r, "Prepare");
+        }
+        (void)handoff_prepared(o->h);
+        o->notified_state = o->h->state;
+        r = handoff_journal_prepared(o);
+        if (r >= 0)
+                r = handoff_journal_prepared(d);
+        if (r < 0) {
+                log_warning_errno(r, "handoff %s: cannot journal Prepare: %m", o->request_str);
+                handoff_obj_free(d); /* journals the release of what was journaled */
+                handoff_obj_free(o);
+                return prepare_error(why, r, "Prepare");
+        }
+        hm->counters.prepared++;
+        log_debug("handoff %s: prepared locally (%s, %u pages, %u groups)", o->request_str,
+                  o->zero_copy ? "same arena" : "copy", o->n_pages, x->n_groups);
+        return HANDOFF_PREPARED_NOW;
+}
+
+/* To another host: GPU pages go through a pinned host staging buffer (the peer
+ * transport sends from host memory); then the destination is asked, and the answer
+ * to Prepare waits for its. */
+static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, PrepareCtx *x, HandoffObject *o,
+                          HandoffPrepareWaiter *waiter, Reason *why) {
+        uint32_t n_groups = x->n_groups;
+        int r;
+
+        if (x->src_arena->domain == MEMORY_GPU) {
+                o->net = calloc(n_groups, sizeof *o->net);
+                o->n_net = calloc(n_groups, sizeof *o->n_net);
+                r = o->net && o->n_net ? handoff_staging_acquire(hm, (uint64_t)o->n_pages * o->page_size, &o->staging)
+                                       : -ENOMEM;
+                if (r < 0) {
+                        handoff_obj_free(o);
+                        if (r == -ENOSPC)
+                                return reason_set(why, -ENOSPC,
+                                                  "No room for staging %" PRIu64 " bytes of GPU pages to '%s'.",
+                                                  (uint64_t)x->sequence->n_pages * x->worker->layout->page_size,
+                                                  a->destination);
+                        return reason_set(why, -EIO, "Cannot stage GPU pages to '%s': %s", a->destination,
+                                          strerror(-r));
+                }
+        }
+
+        o->peer = x->peer;
+        snprintf(o->peer_host, sizeof o->peer_host, "%s", a->destination);
+        _cleanup_(freep) uint32_t *gr = calloc(n_groups + 1, sizeof *gr);
+        _cleanup_(freep) HandoffRange *ranges = calloc(n_groups, sizeof *ranges);
+        if (!gr || !ranges) {
+                handoff_obj_free(o);
+                return -ENOMEM;
+        }
+        for (uint32_t g = 0; g < n_groups; g++) {
+                gr[g] = g;
+                ranges[g] = o->layouts[g].ranges[0];
+        }
+        gr[n_groups] = n_groups;
+        HandoffMessage pm = {
+                .type = HANDOFF_MSG_PREPARE,
+                .request_id = x->rid,
+                .token = o->h->token,
+                .timeout_usec = x->timeout,
+                .page_size = o->page_size,
+                .layout_hash = layout_hash(x->worker->layout),
+                .n_pages = o->n_pages,
+                .n_groups = n_groups,
+                .group_ranges = gr,
+                .ranges = ranges,
+                .n_ranges = n_groups,
+        };
+        _cleanup_(freep) uint8_t *buf = NULL;
+        size_t len;
+        r = handoff_message_encode(&pm, &buf, &len);
+        if (r >= 0)
+                r = peer_send(x->peer, HANDOFF_MSG_PREPARE, buf, len);
+        if (r < 0) {
+                handoff_obj_free(o);
+                return reason_set(why, -EHOSTUNREACH, "Cannot reach peer '%s': %s", a->destination, strerror(-r));
+        }
+        o->waiter = waiter;
+        o->windowed = true;
+        o->window_bytes = x->total_bytes;
+        x->window->handoffs++;
+        x->window->bytes += x->total_bytes;
+        handoff_window_publish(hm, x->window);
+        hm->counters.prepared++;
+        return HANDOFF_PREPARE_PENDING;
+}
+
+int handoff_manager_prepare(HandoffManager *hm, Worker *w, const HandoffPrepareArgs *a,
+                            HandoffPrepareWaiter *waiter, HandoffObject **ret, Reason *why) {
+        Manager *m = hm->manager;
+        _cleanup_(prepare_ctx_done) PrepareCtx x = { .worker = w, .client = w->object.owner };
+        HandoffObject *o;
+        int r;
+
+        r = prepare_check(hm, a, &x, why);
+        if (r < 0)
+                return r;
+
+        /* Idempotence: the same request, still live, from the same client. */
+        HandoffObject *old = hashmap_get(hm->sources, x.rid.bytes);
+        if (old && handoff_is_live(old->h)) {
+                if (!handoff_object_owned_by(old, x.client))
+                        return reason_set(why, -EEXIST, "Request %s has a handoff of another client.", a->request_id);
+                if (old->waiter)
+                        return reason_set(why, -EBUSY, "Request %s: Prepare is in progress.", a->request_id);
+                *ret = old;
+                return HANDOFF_PREPARED_ALREADY;
+        }
+
+        r = prepare_layout(hm, a, &x, why);
+        if (r >= 0 && !x.local)
+                r = prepare_admit(hm, a, &x, why);
+        if (r < 0)
+                return r;
+        x.timeout = a->timeout_usec ? a->timeout_usec : m->config.handoff_timeout_usec;
+        r = prepare_source(hm, &x, &o, why);
+        if (r < 0)
+                return r;
+        r = x.local ? prepare_local(hm, &x, o, why) : prepare_remote(hm, a, &x, o, waiter, why);
+        if (r >= 0)
+                *ret = o;
+        return r;
+}
+
+int handoff_manager_group_ready(HandoffObject *o, uint32_t group, Reason *why) {
+        int r = handoff_group_ready(o->h, group);
+        if (r == -EPERM)
+                return reason_set(why, -EINVAL, "LayerGroupReady is the prefill side's.");
+        if (r == -ESTALE)
+                return reason_set(why, -ESTALE, "Handoff %s was rolled back (%s).", o->request_str,
+                                     handoff_cause_to_string(o->h->cause));
+        if (r < 0)
+                return reason_set(why, -EINVAL,
+                                     "Layer group %" PRIu32 " is out of order or range (next: %" PRIu32 " of %" PRIu32 ").",
+                                     group, o->h->n_ready, o->h->n_groups);
+        if (r > 0)
+                handoff_pump(o);
+        handoff_after_event(o);
+        return 0;
+}

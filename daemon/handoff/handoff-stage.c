@@ -1,0 +1,235 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* GPU pages to another host: a pinned host staging buffer per handoff, registered with
+ * the CUDA and the peer transports; each group is copied GPU → buffer on the CUDA
+ * transport, then sent buffer → destination by the peer transport. */
+#include "handoff/handoff-internal.h"
+
+#include <sys/mman.h>
+
+/* ---- staging buffers (GPU pages to another host) ---- */
+
+void handoff_staging_free(HandoffManager *hm, HandoffStaging *st) {
+        Manager *m = hm->manager;
+        Transport *t;
+        if (!st)
+                return;
+        if (st->in_peer && (t = peer_manager_transport(m->peers)))
+                t->ops->unregister_region(t, &st->region);
+        if (st->in_rdma && (t = peer_manager_rdma(m->peers)))
+                t->ops->unregister_region(t, &st->region);
+        if (st->in_cuda && (t = handoff_gpu_transport(hm)))
+                t->ops->unregister_region(t, &st->region); /* unpins */
+        if (st->region.host_base) {
+                (void)munmap(st->region.host_base, st->region.size);
+                hm->staging_bytes -= st->region.size;
+        }
+        hm->staging[st->slot] = NULL;
+        free(st);
+}
+
+/* An idle buffer of at least `size` bytes, or a new one (pinned and registered with
+ * both transports), within HANDOFF_STAGING_BYTES_MAX in all: idle buffers go to make
+ * room. -ENOSPC when busy ones fill it. */
+int handoff_staging_acquire(HandoffManager *hm, uint64_t size, HandoffStaging **ret) {
+        Manager *m = hm->manager;
+        HandoffStaging *best = NULL;
+        uint32_t slot = HANDOFF_STAGING_MAX;
+        int r;
+
+        size = ALIGN_TO(size, (uint64_t)(2U << 20));
+        if (size == 0 || size > HANDOFF_STAGING_BYTES_MAX)
+                return -ENOSPC;
+        for (uint32_t i = 0; i < HANDOFF_STAGING_MAX; i++) {
+                HandoffStaging *st = hm->staging[i];
+                if (st && !st->busy && st->region.size >= size && (!best || st->region.size < best->region.size))
+                        best = st;
+        }
+        if (best) {
+                best->busy = true;
+                *ret = best;
+                return 0;
+        }
+        for (uint32_t i = 0; i < HANDOFF_STAGING_MAX && hm->staging_bytes + size > HANDOFF_STAGING_BYTES_MAX; i++)
+                if (hm->staging[i] && !hm->staging[i]->busy)
+                        handoff_staging_free(hm, hm->staging[i]);
+        if (hm->staging_bytes + size > HANDOFF_STAGING_BYTES_MAX)
+                return -ENOSPC;
+        for (uint32_t i = 0; i < HANDOFF_STAGING_MAX && slot == HANDOFF_STAGING_MAX; i++)
+                if (!hm->staging[i])
+                        slot = i;
+        if (slot == HANDOFF_STAGING_MAX)
+                return -ENOSPC;
+
+        HandoffStaging *st = calloc(1, sizeof *st);
+        if (!st)
+                return -ENOMEM;
+        st->slot = slot;
+        hm->staging[slot] = st;
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+                r = -errno;
+                handoff_staging_free(hm, st);
+                return r;
+        }
+        st->region = (TransportRegion) { .id = HANDOFF_STAGING_REGION_BASE + slot, .domain = MEMORY_HOST,
+                                         .host_base = p, .size = size };
+        hm->staging_bytes += size;
+        Transport *gt = handoff_gpu_transport(hm), *nt = peer_manager_transport(m->peers);
+        r = gt && nt ? 0 : -ENOTCONN;
+        if (r >= 0)
+                r = gt->ops->register_region(gt, &st->region);
+        if (r >= 0) {
+                st->in_cuda = true;
+                r = nt->ops->register_region(nt, &st->region);
+        }
+        /* GPU pages to a peer on RDMA go through this pinned host buffer too (the
+         * registration is an ibv_reg_mr on each open device). */
+        Transport *rt = peer_manager_rdma(m->peers);
+        if (r >= 0 && rt) {
+                st->in_peer = true;
+                r = rt->ops->register_region(rt, &st->region);
+                if (r >= 0)
+                        st->in_rdma = true;
+        }
+        if (r < 0) {
+                log_warning_errno(r, "handoff: cannot set up a staging buffer of %" PRIu64 " bytes: %m", size);
+                handoff_staging_free(hm, st);
+                return r;
+        }
+        st->in_peer = true;
+        st->busy = true;
+        log_debug("handoff: staging buffer %u of %" PRIu64 " bytes (%" PRIu64 " in all)", slot, size,
+                  hm->staging_bytes);
+        *ret = st;
+        return 0;
+}
+
+/* ---- shipping groups (source) ---- */
+
+int handoff_plan_collect(const HandoffSlice *s, void *userdata) {
+        PlanCtx *c = userdata;
+        if (c->n == c->cap) {
+                size_t cap = c->cap ? c->cap * 2 : 64;
+                TransportWrite *p = reallocarray(c->w, cap, sizeof *p);
+                if (!p)
+                        return -ENOMEM;
+                c->w = p;
+                c->cap = cap;
+        }
+        c->w[c->n++] = (TransportWrite) {
+                .src_region = c->o->arena,
+                .src_offset = s->src_offset,
+                .dst_region = c->o->dst_region,
+                .dst_offset = s->dst_offset,
+                .length = s->length,
+        };
+        return 0;
+}
+
+/* A remote handoff of GPU pages, group g: the group's bytes of every page are copied
+ * into the staging buffer (page i at i × page_size, one batch on the CUDA transport);
+ * once that batch completed, handoff_stage_landed() posts the peer writes planned here, from
+ * the staging buffer to the destination's pages. The group counts both kinds of write;
+ * the staging copies count no bytes. */
+int handoff_post_group_staged(HandoffObject *o, uint32_t g) {
+        HandoffManager *hm = o->hm;
+        Transport *gt = handoff_gpu_transport(hm);
+        uint32_t stage_id = o->staging->region.id;
+        int r;
+
+        if (!gt || !o->peer)
+                return -ENOTCONN;
+        _cleanup_(freep) uint64_t *src = calloc(o->n_pages, sizeof *src);
+        _cleanup_(freep) uint64_t *mid = calloc(o->n_pages, sizeof *mid);
+        if (!src || !mid)
+                return -ENOMEM;
+        for (uint32_t i = 0; i < o->n_pages; i++) {
+                src[i] = page_offset(o->pool, o->pages[i]);
+                mid[i] = (uint64_t)i * o->page_size;
+        }
+        PlanCtx a = { .o = o, .group = g }, b = { .o = o, .group = g };
+        r = handoff_plan_group(&o->layouts[g], src, mid, o->n_pages, 0, handoff_plan_collect, &a);
+        if (r >= 0)
+                r = handoff_plan_group(&o->layouts[g], mid, o->dst_offsets, o->n_pages, hm->slice_size,
+                                       handoff_plan_collect, &b);
+        if (r >= 0 && (a.n == 0 || b.n == 0))
+                r = -EINVAL;
+        OutWrite *ow = r >= 0 ? malloc(sizeof *ow) : NULL;
+        if (r >= 0 && !ow)
+                r = -ENOMEM;
+        if (r >= 0) {
+                *ow = (OutWrite) { .cookie = (++hm->next_cookie << COOKIE_GROUP_BITS) | g, .obj = o, .group = g,
+                                   .pending = a.n, .stage = true };
+                r = hashmap_put(hm->writes, &ow->cookie, ow);
+                if (r < 0)
+                        free(ow);
+        }
+        if (r >= 0) {
+                for (size_t k = 0; k < a.n; k++) {
+                        a.w[k].dst_region = stage_id;
+                        a.w[k].cookie = ow->cookie;
+                }
+                for (size_t k = 0; k < b.n; k++)
+                        b.w[k].src_region = stage_id;
+                r = gt->ops->post(gt, NULL, a.w, a.n);
+                if (r < 0)
+                        free(hashmap_remove(hm->writes, &ow->cookie));
+        }
+        free(a.w);
+        if (r < 0) {
+                free(b.w);
+                return r;
+        }
+        o->net[g] = b.w;
+        o->n_net[g] = b.n;
+        (void)handoff_group_posted(o->h, g, (uint32_t)(a.n + b.n));
+        hm->counters.batches++;
+        return 0;
+}
+
+/* Group g is in the staging buffer (or failed to get there): its peer writes go now,
+ * or complete at once with the error, so that the group's count of writes in flight
+ * comes down either way. */
+void handoff_stage_landed(HandoffObject *o, uint32_t g, int error) {
+        HandoffManager *hm = o->hm;
+        Transport *nt = peer_manager_transport_for(hm->manager->peers, o->peer);
+        TransportWrite *w = o->net ? o->net[g] : NULL;
+        size_t n = o->n_net ? o->n_net[g] : 0, i = 0;
+        int r = error;
+
+        if (!w)
+                return;
+        o->net[g] = NULL;
+        if (r >= 0 && (!handoff_is_live(o->h) || !o->peer || !nt))
+                r = -ECANCELED;
+        OutWrite **ow = r >= 0 ? calloc(n, sizeof *ow) : NULL;
+        if (r >= 0 && !ow)
+                r = -ENOMEM;
+        for (i = 0; r >= 0 && i < n; i++) {
+                ow[i] = malloc(sizeof(OutWrite));
+                if (!ow[i]) {
+                        r = -ENOMEM;
+                        break;
+                }
+                *ow[i] = (OutWrite) { .cookie = (++hm->next_cookie << COOKIE_GROUP_BITS) | g, .obj = o, .group = g,
+                                      .pending = 1 };
+                w[i].cookie = ow[i]->cookie;
+                r = hashmap_put(hm->writes, &ow[i]->cookie, ow[i]);
+                if (r < 0) {
+                        free(ow[i]);
+                        break;
+                }
+        }
+        if (r >= 0)
+                r = nt->ops->post(nt, o->peer, w, n);
+        if (r < 0) {
+                for (size_t k = 0; k < i; k++)
+                        free(hashmap_remove(hm->writes, &ow[k]->cookie));
+                if (r != -ECANCELED)
+                        log_warning_errno(r, "handoff %s: cannot send staged group %" PRIu32 ": %m", o->request_str, g);
+                for (size_t k = 0; k < n; k++)
+                        (void)handoff_write_done(o->h, g, 0, r);
+        }
+        free(ow);
+        free(w);
+}
