@@ -605,6 +605,56 @@ static int decide(Scheduler *s, TaskType t, SchedVerdict v, SchedReason reason, 
         return 0;
 }
 
+/* Records an admitted request on the chosen workers' queues. */
+static int admit(Scheduler *s, const char *request_id, TaskType t, int prio, const SchedHints *hints,
+                 const Candidate *best, usec_t best_time, usec_t now, SchedDecision *ret) {
+        Pool *p = &s->pools[t];
+        SchedRequest *r;
+        int k;
+
+        r = calloc(1, sizeof *r);
+        if (!r)
+                return -ENOMEM;
+        strcpy(r->id, request_id);
+        r->type = t;
+        r->priority = prio;
+        r->admitted = r->stage_start = now;
+        r->deadline = ret->deadline;
+        r->predicted_end = now + best_time;
+        r->pages = hints->pages_needed;
+        k = hashmap_put(s->requests, r->id, r);
+        if (k < 0) {
+                free(r);
+                return k;
+        }
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
+                SchedWorker *w = best[st].w;
+                StageRef *ref = &r->stages[st];
+
+                ref->req = r;
+                if (!w)
+                        continue;
+                /* Lower-priority work here is pushed back by our service / slots. */
+                LIST_FOREACH(queue, o, w->queue)
+                        if (o->req->priority < prio)
+                                o->req->predicted_end += best[st].service / w->slots;
+                ref->worker = w;
+                ref->service = best[st].service;
+                LIST_PREPEND(queue, w->queue, ref);
+                w->outstanding++;
+                w->outstanding_by_pool[t]++;
+                if (st == SCHED_STAGE_DECODE)
+                        w->reserved_pages += r->pages;
+        }
+        p->queue++;
+        p->queue_peak = MAX(p->queue_peak, p->queue);
+        p->m.admitted++;
+        rate_tick(&p->arrivals, now, s->config.rate_window);
+        pool_update_throttle(s, t);
+        fill_decision(r, now, ret);
+        return 0;
+}
+
 int sched_admit(Scheduler *s, const char *request_id, TaskType t, usec_t deadline,
                 const SchedHints *hints, usec_t now, SchedDecision *ret) {
         static const SchedHints no_hints = {};
@@ -615,7 +665,7 @@ int sched_admit(Scheduler *s, const char *request_id, TaskType t, usec_t deadlin
         Pool *p;
         bool need[_SCHED_STAGE_MAX] = { false, true, true };
         usec_t idle = 0, best_time = USEC_INFINITY, retry = 0;
-        int prio, k;
+        int prio;
 
         if (!id_valid(request_id, SCHED_REQUEST_ID_MAX) || t < 0 || t >= _TASK_TYPE_MAX || !ret)
                 return -EINVAL;
@@ -719,48 +769,7 @@ int sched_admit(Scheduler *s, const char *request_id, TaskType t, usec_t deadlin
                 return decide(s, t, SCHED_DEFER, SCHED_REASON_BUSY, retry, idle, now, ret);
         }
 
-        /* Admit. */
-        r = calloc(1, sizeof *r);
-        if (!r)
-                return -ENOMEM;
-        strcpy(r->id, request_id);
-        r->type = t;
-        r->priority = prio;
-        r->admitted = r->stage_start = now;
-        r->deadline = ret->deadline;
-        r->predicted_end = now + best_time;
-        r->pages = hints->pages_needed;
-        k = hashmap_put(s->requests, r->id, r);
-        if (k < 0) {
-                free(r);
-                return k;
-        }
-        for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
-                SchedWorker *w = best[st].w;
-                StageRef *ref = &r->stages[st];
-
-                ref->req = r;
-                if (!w)
-                        continue;
-                /* Lower-priority work here is pushed back by our service / slots. */
-                LIST_FOREACH(queue, o, w->queue)
-                        if (o->req->priority < prio)
-                                o->req->predicted_end += best[st].service / w->slots;
-                ref->worker = w;
-                ref->service = best[st].service;
-                LIST_PREPEND(queue, w->queue, ref);
-                w->outstanding++;
-                w->outstanding_by_pool[t]++;
-                if (st == SCHED_STAGE_DECODE)
-                        w->reserved_pages += r->pages;
-        }
-        p->queue++;
-        p->queue_peak = MAX(p->queue_peak, p->queue);
-        p->m.admitted++;
-        rate_tick(&p->arrivals, now, s->config.rate_window);
-        pool_update_throttle(s, t);
-        fill_decision(r, now, ret);
-        return 0;
+        return admit(s, request_id, t, prio, hints, best, best_time, now, ret);
 }
 
 int sched_complete(Scheduler *s, const char *request_id, SchedStage st, usec_t service_usec,
