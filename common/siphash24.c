@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include "siphash24.h"
+#include "unaligned.h"
 
 #include <string.h>
 
@@ -23,12 +24,7 @@
         } while (0)
 
 static uint64_t le64(const uint8_t *p) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-        v = __builtin_bswap64(v);
-#endif
-        return v;
+        return unaligned_read_le64(p);
 }
 
 uint64_t siphash24(const void *in, size_t len, const uint8_t k[16]) {

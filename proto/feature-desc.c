@@ -6,6 +6,7 @@
 
 #include "proto/feature-desc.h"
 #include "macro.h"
+#include "unaligned.h"
 
 static const struct {
         const char *name;
@@ -285,7 +286,7 @@ static bool read_le16(Reader *r, uint16_t *v) {
         uint8_t b[2];
         if (!read_bytes(r, b, 2))
                 return false;
-        *v = (uint16_t)(b[0] | b[1] << 8);
+        *v = unaligned_read_le16(b);
         return true;
 }
 
@@ -293,15 +294,15 @@ static bool read_le32(Reader *r, uint32_t *v) {
         uint8_t b[4];
         if (!read_bytes(r, b, 4))
                 return false;
-        *v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+        *v = unaligned_read_le32(b);
         return true;
 }
 
 static bool read_le64(Reader *r, uint64_t *v) {
-        uint32_t lo, hi;
-        if (!read_le32(r, &lo) || !read_le32(r, &hi))
+        uint8_t b[8];
+        if (!read_bytes(r, b, 8))
                 return false;
-        *v = (uint64_t)hi << 32 | lo;
+        *v = unaligned_read_le64(b);
         return true;
 }
 
@@ -373,9 +374,8 @@ int feature_desc_parse(const void *data, size_t size, uint64_t region_bytes,
 }
 
 static uint8_t *put_le(uint8_t *p, uint64_t v, unsigned bytes) {
-        for (unsigned i = 0; i < bytes; i++)
-                *p++ = (uint8_t)(v >> (8 * i));
-        return p;
+        unaligned_write_le(p, v, bytes);
+        return p + bytes;
 }
 
 int feature_desc_serialize(const FeatureDesc *d, void **ret, size_t *ret_size) {

@@ -16,6 +16,7 @@
 #include "id.h"
 #include "macro.h"
 #include "siphash24.h"
+#include "unaligned.h"
 
 #define STORE_VERSION 1u
 #define HEADER_SIZE 64u
@@ -217,18 +218,6 @@ int feature_store_openat(FeatureStore *s, const char *name, int flags, mode_t mo
         return openat2_beneath(s->root_fd, name, flags, mode);
 }
 
-static void put_le(uint8_t *p, uint64_t v, unsigned bytes) {
-        for (unsigned i = 0; i < bytes; i++)
-                p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, unsigned bytes) {
-        uint64_t v = 0;
-        for (unsigned i = 0; i < bytes; i++)
-                v |= (uint64_t)p[i] << (8 * i);
-        return v;
-}
-
 static int write_all(int fd, const void *p, size_t n) {
         const uint8_t *b = p;
         while (n > 0) {
@@ -283,12 +272,12 @@ int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const voi
         key_len = strlen(rec->key);
 
         memcpy(header, FEATURE_STORE_MAGIC, 8);
-        put_le(header + 8, STORE_VERSION, 4);
-        put_le(header + 12, key_len, 4);
-        put_le(header + 16, rec->size, 8);
-        put_le(header + 24, desc_len, 4);
+        unaligned_write_le(header + 8, STORE_VERSION, 4);
+        unaligned_write_le(header + 12, key_len, 4);
+        unaligned_write_le(header + 16, rec->size, 8);
+        unaligned_write_le(header + 24, desc_len, 4);
         memcpy(header + 32, rec->request_id.bytes, 16);
-        put_le(header + 48, rec->encode_usec, 8);
+        unaligned_write_le(header + 48, rec->encode_usec, 8);
 
         r = epd_id_random(&rnd);
         if (r < 0)
@@ -357,10 +346,10 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
         r = read_all(fd, header, sizeof header);
         if (r < 0)
                 goto bad;
-        key_len = get_le(header + 12, 4);
-        size = get_le(header + 16, 8);
-        desc_len = get_le(header + 24, 4);
-        if (memcmp(header, FEATURE_STORE_MAGIC, 8) != 0 || get_le(header + 8, 4) != STORE_VERSION ||
+        key_len = unaligned_read_le(header + 12, 4);
+        size = unaligned_read_le(header + 16, 8);
+        desc_len = unaligned_read_le(header + 24, 4);
+        if (memcmp(header, FEATURE_STORE_MAGIC, 8) != 0 || unaligned_read_le(header + 8, 4) != STORE_VERSION ||
             key_len != strlen(key) || desc_len > FEATURE_DESC_BINARY_MAX ||
             size > (uint64_t)st.st_size ||
             (uint64_t)st.st_size != HEADER_SIZE + key_len + desc_len + size) {
@@ -386,7 +375,7 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
                 .fd = TAKE_FD(fd),
                 .size = size,
                 .desc = TAKE_PTR(desc),
-                .encode_usec = get_le(header + 48, 8),
+                .encode_usec = unaligned_read_le(header + 48, 8),
         };
         memcpy(ret->request_id.bytes, header + 32, 16);
         return 0;

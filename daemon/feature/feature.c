@@ -9,6 +9,7 @@
 #include "hashmap.h"
 #include "log.h"
 #include "macro.h"
+#include "unaligned.h"
 
 typedef struct CacheArena {
         uint32_t index;
@@ -244,18 +245,6 @@ static void feature_unlink(FeatureCache *c, Feature *f) {
 
 /* -- journal (docs/wal.md) -- */
 
-static void put_le(uint8_t *p, uint64_t v, int n) {
-        for (int i = 0; i < n; i++)
-                p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n) {
-        uint64_t v = 0;
-        for (int i = n - 1; i >= 0; i--)
-                v = v << 8 | p[i];
-        return v;
-}
-
 int feature_record_ready_encode(const Feature *f, void **ret, size_t *ret_len) {
         _cleanup_(freep) void *desc = NULL;
         size_t desc_len = 0, key_len, len;
@@ -272,14 +261,14 @@ int feature_record_ready_encode(const Feature *f, void **ret, size_t *ret_len) {
         p = calloc(1, len);
         if (!p)
                 return -ENOMEM;
-        put_le(p, f->arena, 4);
-        put_le(p + 4, key_len, 4);
-        put_le(p + 8, f->offset, 8);
-        put_le(p + 16, f->size, 8);
-        put_le(p + 24, f->bytes, 8);
-        put_le(p + 32, f->encode_usec, 8);
+        unaligned_write_le(p, f->arena, 4);
+        unaligned_write_le(p + 4, key_len, 4);
+        unaligned_write_le(p + 8, f->offset, 8);
+        unaligned_write_le(p + 16, f->size, 8);
+        unaligned_write_le(p + 24, f->bytes, 8);
+        unaligned_write_le(p + 32, f->encode_usec, 8);
         memcpy(p + 40, f->request_id.bytes, 16);
-        put_le(p + 56, desc_len, 4);
+        unaligned_write_le(p + 56, desc_len, 4);
         memcpy(p + FEATURE_REC_HEADER_SIZE, f->key, key_len);
         memcpy(p + FEATURE_REC_HEADER_SIZE + key_len, desc, desc_len);
         *ret = p;
@@ -291,19 +280,19 @@ int feature_record_ready_parse(const void *buf, size_t n, FeatureRecord *ret) {
         const uint8_t *p = buf;
         uint64_t key_len, desc_len;
 
-        if (!p || n < FEATURE_REC_HEADER_SIZE || get_le(p + 60, 4) != 0)
+        if (!p || n < FEATURE_REC_HEADER_SIZE || unaligned_read_le(p + 60, 4) != 0)
                 return -EBADMSG;
-        key_len = get_le(p + 4, 4);
-        desc_len = get_le(p + 56, 4);
+        key_len = unaligned_read_le(p + 4, 4);
+        desc_len = unaligned_read_le(p + 56, 4);
         if (key_len == 0 || key_len >= FEATURE_KEY_MAX || desc_len > FEATURE_DESC_BINARY_MAX ||
             n != FEATURE_REC_HEADER_SIZE + key_len + desc_len)
                 return -EBADMSG;
         *ret = (FeatureRecord){
-                .arena = (uint32_t)get_le(p, 4),
-                .offset = get_le(p + 8, 8),
-                .size = get_le(p + 16, 8),
-                .bytes = get_le(p + 24, 8),
-                .encode_usec = get_le(p + 32, 8),
+                .arena = (uint32_t)unaligned_read_le(p, 4),
+                .offset = unaligned_read_le(p + 8, 8),
+                .size = unaligned_read_le(p + 16, 8),
+                .bytes = unaligned_read_le(p + 24, 8),
+                .encode_usec = unaligned_read_le(p + 32, 8),
                 .key = (const char *)p + FEATURE_REC_HEADER_SIZE,
                 .key_len = (size_t)key_len,
                 .desc = p + FEATURE_REC_HEADER_SIZE + key_len,

@@ -6,6 +6,7 @@
 
 #include "handoff/handoff-proto.h"
 #include "macro.h"
+#include "unaligned.h"
 
 /* ---- bounded little-endian reader and writer ---- */
 
@@ -28,12 +29,7 @@ static const uint8_t *take(Reader *r, size_t n) {
 
 static uint64_t get_le(Reader *r, size_t n) {
         const uint8_t *p = take(r, n);
-        uint64_t v = 0;
-        if (!p)
-                return 0;
-        for (size_t i = 0; i < n; i++)
-                v |= (uint64_t)p[i] << (8 * i);
-        return v;
+        return p ? unaligned_read_le(p, (unsigned)n) : 0;
 }
 
 static uint16_t get16(Reader *r) { return (uint16_t)get_le(r, 2); }
@@ -52,8 +48,8 @@ typedef struct Writer {
 } Writer;
 
 static void put_le(Writer *w, uint64_t v, size_t n) {
-        for (size_t i = 0; i < n; i++)
-                w->p[w->n++] = (uint8_t)(v >> (8 * i));
+        unaligned_write_le(w->p + w->n, v, (unsigned)n);
+        w->n += n;
 }
 
 static void put16(Writer *w, uint16_t v) { put_le(w, v, 2); }

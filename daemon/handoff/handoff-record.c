@@ -1,21 +1,10 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include "handoff/handoff-record.h"
+#include "unaligned.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void put_le(uint8_t *p, uint64_t v, int n) {
-        for (int i = 0; i < n; i++)
-                p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n) {
-        uint64_t v = 0;
-        for (int i = n - 1; i >= 0; i--)
-                v = v << 8 | p[i];
-        return v;
-}
 
 size_t handoff_record_size(const HandoffRecord *r) {
         switch (r->type) {
@@ -31,17 +20,17 @@ size_t handoff_record_size(const HandoffRecord *r) {
 void handoff_record_encode(void *buf, const HandoffRecord *r, const uint32_t *pages) {
         uint8_t *p = buf;
         memcpy(p, r->request_id.bytes, 16);
-        put_le(p + 16, r->token, 8);
+        unaligned_write_le(p + 16, r->token, 8);
         p[24] = (uint8_t)r->role;
         p[25] = r->type == HANDOFF_REC_ROLLED_BACK ? (uint8_t)r->cause : 0;
-        put_le(p + 26, 0, 2);
-        put_le(p + 28, r->type == HANDOFF_REC_PREPARED || r->type == HANDOFF_REC_GROUPS ? r->value : 0, 4);
+        unaligned_write_le(p + 26, 0, 2);
+        unaligned_write_le(p + 28, r->type == HANDOFF_REC_PREPARED || r->type == HANDOFF_REC_GROUPS ? r->value : 0, 4);
         if (r->type == HANDOFF_REC_PREPARED) {
-                put_le(p + 32, r->arena, 4);
-                put_le(p + 36, r->n_pages, 4);
-                put_le(p + 40, r->page_size, 8);
+                unaligned_write_le(p + 32, r->arena, 4);
+                unaligned_write_le(p + 36, r->n_pages, 4);
+                unaligned_write_le(p + 40, r->page_size, 8);
                 for (uint32_t i = 0; i < r->n_pages; i++)
-                        put_le(p + 48 + 4 * (size_t)i, pages[i], 4);
+                        unaligned_write_le(p + 48 + 4 * (size_t)i, pages[i], 4);
         } else if (r->type == HANDOFF_REC_COMMITTED && r->extra_len > 0)
                 memcpy(p + HANDOFF_REC_HEADER_SIZE, r->extra, r->extra_len);
 }
@@ -52,11 +41,11 @@ int handoff_record_parse(uint8_t type, const void *buf, size_t n, HandoffRecord 
                 return -EBADMSG;
         HandoffRecord r = { .type = type };
         memcpy(r.request_id.bytes, p, 16);
-        r.token = get_le(p + 16, 8);
+        r.token = unaligned_read_le(p + 16, 8);
         r.role = (HandoffRole)p[24];
         r.cause = (HandoffCause)p[25];
-        r.value = (uint32_t)get_le(p + 28, 4);
-        if (p[24] >= _HANDOFF_ROLE_MAX || get_le(p + 26, 2) != 0 || r.token == 0)
+        r.value = (uint32_t)unaligned_read_le(p + 28, 4);
+        if (p[24] >= _HANDOFF_ROLE_MAX || unaligned_read_le(p + 26, 2) != 0 || r.token == 0)
                 return -EBADMSG;
         if (type == HANDOFF_REC_ROLLED_BACK ? p[25] >= _HANDOFF_CAUSE_MAX : p[25] != 0)
                 return -EBADMSG;
@@ -64,9 +53,9 @@ int handoff_record_parse(uint8_t type, const void *buf, size_t n, HandoffRecord 
         case HANDOFF_REC_PREPARED:
                 if (n < HANDOFF_REC_PREPARED_SIZE(0))
                         return -EBADMSG;
-                r.arena = (uint32_t)get_le(p + 32, 4);
-                r.n_pages = (uint32_t)get_le(p + 36, 4);
-                r.page_size = get_le(p + 40, 8);
+                r.arena = (uint32_t)unaligned_read_le(p + 32, 4);
+                r.n_pages = (uint32_t)unaligned_read_le(p + 36, 4);
+                r.page_size = unaligned_read_le(p + 40, 8);
                 if (r.value == 0 || r.value > HANDOFF_GROUPS_MAX || r.n_pages == 0 ||
                     r.n_pages > HANDOFF_JOURNAL_PAGES_MAX || r.page_size == 0 ||
                     n != HANDOFF_REC_PREPARED_SIZE(r.n_pages))
@@ -163,7 +152,7 @@ int handoff_journal_apply(HandoffJournal *j, uint8_t type, const void *payload, 
                 n->n_pages = r.n_pages;
                 n->page_size = r.page_size;
                 for (uint32_t i = 0; i < r.n_pages; i++)
-                        n->pages[i] = (uint32_t)get_le(r.pages + 4 * (size_t)i, 4);
+                        n->pages[i] = (uint32_t)unaligned_read_le(r.pages + 4 * (size_t)i, 4);
                 make_key(n->key, &r.request_id, r.role);
                 void *old = NULL;
                 k = hashmap_replace(j->entries, n->key, n, &old);

@@ -5,24 +5,7 @@
 #include <string.h>
 
 #include "pages/sequence.h"
-
-static void put_u32(uint8_t *p, uint32_t v) {
-        for (int i = 0; i < 4; i++)
-                p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v) {
-        for (int i = 0; i < 8; i++)
-                p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const uint8_t *p) {
-        return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get_u64(const uint8_t *p) {
-        return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
-}
+#include "unaligned.h"
 
 size_t sequence_record_put_size(uint32_t n_grants, uint32_t n_pages) {
         return SEQUENCE_REC_HEADER_SIZE + (size_t)n_grants * 16 + (size_t)n_pages * 4;
@@ -34,17 +17,17 @@ void sequence_record_put_encode(void *buf, const EpdId *id, uint32_t arena, uint
         uint8_t *p = buf;
 
         memcpy(p, id->bytes, 16);
-        put_u32(p + 16, arena);
-        put_u32(p + 20, uid);
-        put_u64(p + 24, page_size);
-        put_u64(p + 32, created_usec);
-        put_u32(p + 40, n_grants);
-        put_u32(p + 44, n_pages);
+        unaligned_write_le32(p + 16, arena);
+        unaligned_write_le32(p + 20, uid);
+        unaligned_write_le64(p + 24, page_size);
+        unaligned_write_le64(p + 32, created_usec);
+        unaligned_write_le32(p + 40, n_grants);
+        unaligned_write_le32(p + 44, n_pages);
         p += SEQUENCE_REC_HEADER_SIZE;
         for (uint32_t i = 0; i < n_grants; i++, p += 16)
                 memcpy(p, grants[i].bytes, 16);
         for (uint32_t i = 0; i < n_pages; i++, p += 4)
-                put_u32(p, pages[i]);
+                unaligned_write_le32(p, pages[i]);
 }
 
 int sequence_record_put_parse(const void *buf, size_t n, SequenceRecord *ret) {
@@ -53,12 +36,12 @@ int sequence_record_put_parse(const void *buf, size_t n, SequenceRecord *ret) {
         if (!p || n < SEQUENCE_REC_HEADER_SIZE)
                 return -EBADMSG;
         *ret = (SequenceRecord){
-                .arena = get_u32(p + 16),
-                .uid = get_u32(p + 20),
-                .page_size = get_u64(p + 24),
-                .created_usec = get_u64(p + 32),
-                .n_grants = get_u32(p + 40),
-                .n_pages = get_u32(p + 44),
+                .arena = unaligned_read_le32(p + 16),
+                .uid = unaligned_read_le32(p + 20),
+                .page_size = unaligned_read_le64(p + 24),
+                .created_usec = unaligned_read_le64(p + 32),
+                .n_grants = unaligned_read_le32(p + 40),
+                .n_pages = unaligned_read_le32(p + 44),
         };
         memcpy(ret->id.bytes, p, 16);
         if (ret->n_grants > SEQUENCE_GRANTS_MAX || ret->n_pages > SEQUENCE_PAGES_MAX ||
@@ -80,5 +63,5 @@ int sequence_record_del_parse(const void *buf, size_t n, EpdId *ret) {
 }
 
 PageId sequence_record_page(const SequenceRecord *r, uint32_t i) {
-        return get_u32(r->pages + (size_t)i * 4);
+        return unaligned_read_le32(r->pages + (size_t)i * 4);
 }

@@ -9,24 +9,22 @@
 
 #include "macro.h"
 #include "peer/peer-proto.h"
+#include "unaligned.h"
 
-/* Unaligned big-endian accessors. */
+/* Big-endian cursors over unaligned.h. */
 static void put8(uint8_t **p, uint8_t v) {
         *(*p)++ = v;
 }
 static void put16(uint8_t **p, uint16_t v) {
-        v = htobe16(v);
-        memcpy(*p, &v, 2);
+        unaligned_write_be16(*p, v);
         *p += 2;
 }
 static void put32(uint8_t **p, uint32_t v) {
-        v = htobe32(v);
-        memcpy(*p, &v, 4);
+        unaligned_write_be32(*p, v);
         *p += 4;
 }
 static void put64(uint8_t **p, uint64_t v) {
-        v = htobe64(v);
-        memcpy(*p, &v, 8);
+        unaligned_write_be64(*p, v);
         *p += 8;
 }
 static void putbytes(uint8_t **p, const void *b, size_t n) {
@@ -37,22 +35,16 @@ static uint8_t get8(const uint8_t **p) {
         return *(*p)++;
 }
 static uint16_t get16(const uint8_t **p) {
-        uint16_t v;
-        memcpy(&v, *p, 2);
         *p += 2;
-        return be16toh(v);
+        return unaligned_read_be16(*p - 2);
 }
 static uint32_t get32(const uint8_t **p) {
-        uint32_t v;
-        memcpy(&v, *p, 4);
         *p += 4;
-        return be32toh(v);
+        return unaligned_read_be32(*p - 4);
 }
 static uint64_t get64(const uint8_t **p) {
-        uint64_t v;
-        memcpy(&v, *p, 8);
         *p += 8;
-        return be64toh(v);
+        return unaligned_read_be64(*p - 8);
 }
 static void getbytes(const uint8_t **p, void *b, size_t n) {
         memcpy(b, *p, n);

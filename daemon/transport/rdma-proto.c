@@ -3,20 +3,7 @@
 #include <string.h>
 
 #include "transport/rdma-proto.h"
-
-static uint32_t get32(const uint8_t *p) {
-        return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-static uint64_t get64(const uint8_t *p) {
-        return (uint64_t)get32(p) << 32 | get32(p + 4);
-}
-static void put32(uint8_t *p, uint32_t v) {
-        p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
-}
-static void put64(uint8_t *p, uint64_t v) {
-        put32(p, (uint32_t)(v >> 32));
-        put32(p + 4, (uint32_t)v);
-}
+#include "unaligned.h"
 
 static bool printable(const uint8_t *s, size_t n) {
         for (size_t i = 0; i < n; i++)
@@ -57,8 +44,8 @@ int rdma_message_decode(uint16_t type, const void *payload, size_t len, RdmaMess
                         m.connect.port = p[1];
                         m.connect.mtu = p[2];
                         m.connect.gid_index = p[3];
-                        m.connect.qpn = get32(p + 4);
-                        m.connect.psn = get32(p + 8);
+                        m.connect.qpn = unaligned_read_be32(p + 4);
+                        m.connect.psn = unaligned_read_be32(p + 8);
                         memcpy(m.connect.gid, p + 12, 16);
                         if (m.connect.port == 0 || m.connect.mtu < 1 || m.connect.mtu > 5 ||
                             m.connect.qpn == 0 || m.connect.qpn > 0xffffff || m.connect.psn > 0xffffff ||
@@ -72,11 +59,11 @@ int rdma_message_decode(uint16_t type, const void *payload, size_t len, RdmaMess
         case RDMA_MSG_GRANT:
                 if (len != GRANT_SIZE)
                         return -EBADMSG;
-                m.grant.write_id = get64(p);
-                m.grant.region = get32(p + 8);
-                m.grant.rkey = get32(p + 12);
-                m.grant.addr = get64(p + 16);
-                m.grant.length = get64(p + 24);
+                m.grant.write_id = unaligned_read_be64(p);
+                m.grant.region = unaligned_read_be32(p + 8);
+                m.grant.rkey = unaligned_read_be32(p + 12);
+                m.grant.addr = unaligned_read_be64(p + 16);
+                m.grant.length = unaligned_read_be64(p + 24);
                 if (m.grant.write_id == 0 || m.grant.write_id > RDMA_WRITE_ID_MAX || m.grant.length == 0 ||
                     m.grant.addr + m.grant.length < m.grant.addr)
                         return -EBADMSG;
@@ -84,11 +71,11 @@ int rdma_message_decode(uint16_t type, const void *payload, size_t len, RdmaMess
         case RDMA_MSG_REQUEST:
                 if (len != REQUEST_SIZE)
                         return -EBADMSG;
-                m.request.write_id = get64(p);
-                m.request.cookie = get64(p + 8);
-                m.request.region = get32(p + 16);
-                m.request.offset = get64(p + 20);
-                m.request.length = get64(p + 28);
+                m.request.write_id = unaligned_read_be64(p);
+                m.request.cookie = unaligned_read_be64(p + 8);
+                m.request.region = unaligned_read_be32(p + 16);
+                m.request.offset = unaligned_read_be64(p + 20);
+                m.request.length = unaligned_read_be64(p + 28);
                 if (m.request.write_id == 0 || m.request.write_id > RDMA_WRITE_ID_MAX || m.request.length == 0 ||
                     m.request.offset + m.request.length < m.request.offset)
                         return -EBADMSG;
@@ -96,8 +83,8 @@ int rdma_message_decode(uint16_t type, const void *payload, size_t len, RdmaMess
         case RDMA_MSG_ACK:
                 if (len != ACK_SIZE)
                         return -EBADMSG;
-                m.ack.write_id = get64(p);
-                m.ack.error = get32(p + 8);
+                m.ack.write_id = unaligned_read_be64(p);
+                m.ack.error = unaligned_read_be32(p + 8);
                 if (m.ack.write_id == 0 || m.ack.write_id > RDMA_WRITE_ID_MAX || m.ack.error > 4095)
                         return -EBADMSG;
                 break;
@@ -106,7 +93,7 @@ int rdma_message_decode(uint16_t type, const void *payload, size_t len, RdmaMess
                 if (len < DOWN_FIXED)
                         return -EBADMSG;
                 rl = p[4];
-                m.down.error = get32(p);
+                m.down.error = unaligned_read_be32(p);
                 if (len != DOWN_FIXED + rl || rl > RDMA_PROTO_REASON_MAX || m.down.error == 0 ||
                     m.down.error > 4095 || !printable(p + DOWN_FIXED, rl))
                         return -EBADMSG;
@@ -138,8 +125,8 @@ int rdma_message_encode(const RdmaMessage *m, uint8_t *buf, size_t size) {
                         tmp[1] = m->connect.port;
                         tmp[2] = m->connect.mtu;
                         tmp[3] = m->connect.gid_index;
-                        put32(tmp + 4, m->connect.qpn);
-                        put32(tmp + 8, m->connect.psn);
+                        unaligned_write_be32(tmp + 4, m->connect.qpn);
+                        unaligned_write_be32(tmp + 8, m->connect.psn);
                         memcpy(tmp + 12, m->connect.gid, 16);
                         tmp[28] = (uint8_t)l;
                         memcpy(tmp + CONNECT_FIXED, m->connect.device, l);
@@ -148,31 +135,31 @@ int rdma_message_encode(const RdmaMessage *m, uint8_t *buf, size_t size) {
                         n = CONNECT_FIXED;
                 break;
         case RDMA_MSG_GRANT:
-                put64(tmp, m->grant.write_id);
-                put32(tmp + 8, m->grant.region);
-                put32(tmp + 12, m->grant.rkey);
-                put64(tmp + 16, m->grant.addr);
-                put64(tmp + 24, m->grant.length);
+                unaligned_write_be64(tmp, m->grant.write_id);
+                unaligned_write_be32(tmp + 8, m->grant.region);
+                unaligned_write_be32(tmp + 12, m->grant.rkey);
+                unaligned_write_be64(tmp + 16, m->grant.addr);
+                unaligned_write_be64(tmp + 24, m->grant.length);
                 n = GRANT_SIZE;
                 break;
         case RDMA_MSG_REQUEST:
-                put64(tmp, m->request.write_id);
-                put64(tmp + 8, m->request.cookie);
-                put32(tmp + 16, m->request.region);
-                put64(tmp + 20, m->request.offset);
-                put64(tmp + 28, m->request.length);
+                unaligned_write_be64(tmp, m->request.write_id);
+                unaligned_write_be64(tmp + 8, m->request.cookie);
+                unaligned_write_be32(tmp + 16, m->request.region);
+                unaligned_write_be64(tmp + 20, m->request.offset);
+                unaligned_write_be64(tmp + 28, m->request.length);
                 n = REQUEST_SIZE;
                 break;
         case RDMA_MSG_ACK:
-                put64(tmp, m->ack.write_id);
-                put32(tmp + 8, m->ack.error);
+                unaligned_write_be64(tmp, m->ack.write_id);
+                unaligned_write_be32(tmp + 8, m->ack.error);
                 n = ACK_SIZE;
                 break;
         case RDMA_MSG_DOWN:
                 l = strnlen(m->down.reason, sizeof m->down.reason);
                 if (l > RDMA_PROTO_REASON_MAX)
                         return -EINVAL;
-                put32(tmp, m->down.error);
+                unaligned_write_be32(tmp, m->down.error);
                 tmp[4] = (uint8_t)l;
                 memcpy(tmp + DOWN_FIXED, m->down.reason, l);
                 n = DOWN_FIXED + l;

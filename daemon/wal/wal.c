@@ -14,6 +14,7 @@
 #include "macro.h"
 #include "time-util.h"
 #include "wal/wal.h"
+#include "unaligned.h"
 
 #define WAL_LOG_NAME "wal.log"
 #define WAL_SNAPSHOT_NAME "wal.snapshot"
@@ -46,36 +47,6 @@ struct WalSnapshot {
         size_t buf_size;
 };
 
-/* ---- little-endian helpers ---- */
-
-static void put16(uint8_t *p, uint16_t v) {
-        v = htole16(v);
-        memcpy(p, &v, 2);
-}
-static void put32(uint8_t *p, uint32_t v) {
-        v = htole32(v);
-        memcpy(p, &v, 4);
-}
-static void put64(uint8_t *p, uint64_t v) {
-        v = htole64(v);
-        memcpy(p, &v, 8);
-}
-static uint16_t get16(const uint8_t *p) {
-        uint16_t v;
-        memcpy(&v, p, 2);
-        return le16toh(v);
-}
-static uint32_t get32(const uint8_t *p) {
-        uint32_t v;
-        memcpy(&v, p, 4);
-        return le32toh(v);
-}
-static uint64_t get64(const uint8_t *p) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        return le64toh(v);
-}
-
 /* ---- records ---- */
 
 size_t wal_record_size(size_t payload_len) {
@@ -92,15 +63,15 @@ void wal_record_encode(void *buf, uint64_t lsn, uint16_t type, const void *paylo
         uint8_t *p = buf;
         size_t padded = ALIGN_TO(len, 8);
 
-        put32(p, (uint32_t)len);
-        put64(p + 8, lsn);
-        put16(p + 16, type);
-        put16(p + 18, 0);
-        put32(p + 20, 0);
+        unaligned_write_le32(p, (uint32_t)len);
+        unaligned_write_le64(p + 8, lsn);
+        unaligned_write_le16(p + 16, type);
+        unaligned_write_le16(p + 18, 0);
+        unaligned_write_le32(p + 20, 0);
         if (len > 0)
                 memcpy(p + WAL_RECORD_HEADER_SIZE, payload, len);
         memset(p + WAL_RECORD_HEADER_SIZE + len, 0, padded - len);
-        put32(p + 4, record_crc(p, len));
+        unaligned_write_le32(p + 4, record_crc(p, len));
 }
 
 int wal_record_parse(const void *buf, size_t n, WalRecord *ret, size_t *ret_size) {
@@ -110,25 +81,25 @@ int wal_record_parse(const void *buf, size_t n, WalRecord *ret, size_t *ret_size
 
         if (n < WAL_RECORD_HEADER_SIZE)
                 return -EAGAIN;
-        len = get32(p);
+        len = unaligned_read_le32(p);
         if (len > WAL_RECORD_PAYLOAD_MAX)
                 return -EBADMSG;
         size = wal_record_size(len);
         if (n < size)
                 return -EAGAIN;
-        if (record_crc(p, len) != get32(p + 4))
+        if (record_crc(p, len) != unaligned_read_le32(p + 4))
                 return -EBADMSG;
         /* Covered by the CRC, but a writer never sets them: refuse what we did not write. */
-        if (get16(p + 18) != 0 || get32(p + 20) != 0)
+        if (unaligned_read_le16(p + 18) != 0 || unaligned_read_le32(p + 20) != 0)
                 return -EBADMSG;
         for (size_t i = len; i < ALIGN_TO(len, 8); i++)
                 if (p[WAL_RECORD_HEADER_SIZE + i] != 0)
                         return -EBADMSG;
 
         *ret = (WalRecord){
-                .lsn = get64(p + 8),
-                .type = get16(p + 16),
-                .flags = get16(p + 18),
+                .lsn = unaligned_read_le64(p + 8),
+                .type = unaligned_read_le16(p + 16),
+                .flags = unaligned_read_le16(p + 18),
                 .length = len,
                 .payload = p + WAL_RECORD_HEADER_SIZE,
         };
@@ -140,12 +111,12 @@ void wal_file_header_encode(void *buf, const WalFileHeader *h) {
         uint8_t *p = buf;
 
         memcpy(p, WAL_FILE_MAGIC, 8);
-        put32(p + 8, WAL_FILE_VERSION);
-        put32(p + 12, (uint32_t)h->kind);
-        put64(p + 16, h->base_lsn);
-        put64(p + 24, h->created_usec);
-        put32(p + 32, 0);
-        put32(p + 36, crc32c(0, p, 36));
+        unaligned_write_le32(p + 8, WAL_FILE_VERSION);
+        unaligned_write_le32(p + 12, (uint32_t)h->kind);
+        unaligned_write_le64(p + 16, h->base_lsn);
+        unaligned_write_le64(p + 24, h->created_usec);
+        unaligned_write_le32(p + 32, 0);
+        unaligned_write_le32(p + 36, crc32c(0, p, 36));
 }
 
 int wal_file_header_parse(const void *buf, size_t n, WalFileHeader *ret) {
@@ -154,17 +125,17 @@ int wal_file_header_parse(const void *buf, size_t n, WalFileHeader *ret) {
 
         if (n < WAL_FILE_HEADER_SIZE)
                 return -EBADMSG;
-        if (memcmp(p, WAL_FILE_MAGIC, 8) != 0 || crc32c(0, p, 36) != get32(p + 36))
+        if (memcmp(p, WAL_FILE_MAGIC, 8) != 0 || crc32c(0, p, 36) != unaligned_read_le32(p + 36))
                 return -EBADMSG;
-        if (get32(p + 8) != WAL_FILE_VERSION)
+        if (unaligned_read_le32(p + 8) != WAL_FILE_VERSION)
                 return -EPROTONOSUPPORT;
-        kind = get32(p + 12);
-        if ((kind != WAL_FILE_LOG && kind != WAL_FILE_SNAPSHOT) || get32(p + 32) != 0)
+        kind = unaligned_read_le32(p + 12);
+        if ((kind != WAL_FILE_LOG && kind != WAL_FILE_SNAPSHOT) || unaligned_read_le32(p + 32) != 0)
                 return -EBADMSG;
         *ret = (WalFileHeader){
                 .kind = (WalFileKind)kind,
-                .base_lsn = get64(p + 16),
-                .created_usec = get64(p + 24),
+                .base_lsn = unaligned_read_le64(p + 16),
+                .created_usec = unaligned_read_le64(p + 24),
         };
         return 0;
 }
@@ -198,7 +169,7 @@ int wal_parse_buffer(const void *buf, size_t n, uint64_t skip_through, WalApplyF
                         break;
                 }
                 if (rec.type == WAL_RECORD_SNAPSHOT_END &&
-                    (!from_snapshot || rec.length != 8 || get64(rec.payload) != result->records)) {
+                    (!from_snapshot || rec.length != 8 || unaligned_read_le64(rec.payload) != result->records)) {
                         result->tail = -EBADMSG;
                         break;
                 }
@@ -633,7 +604,7 @@ int wal_compact(Wal *w, WalSnapshotFn fn, void *userdata) {
         r = fn(userdata, &s);
         if (r < 0)
                 goto fail;
-        put64(end, s.lsn);
+        unaligned_write_le64(end, s.lsn);
         r = ensure_buf(&s.buf, &s.buf_size, wal_record_size(8));
         if (r < 0)
                 goto fail;

@@ -6,6 +6,7 @@
 
 #include "log.h"
 #include "workflow/workflow.h"
+#include "unaligned.h"
 
 struct WorkflowManager {
         WorkflowOps ops;
@@ -57,13 +58,15 @@ static void put(Buf *b, const void *data, size_t n) {
 }
 
 static void put32(Buf *b, uint32_t v) {
-        v = htole32(v);
-        put(b, &v, 4);
+        uint8_t x[4];
+        unaligned_write_le32(x, v);
+        put(b, x, sizeof x);
 }
 
 static void put64(Buf *b, uint64_t v) {
-        v = htole64(v);
-        put(b, &v, 8);
+        uint8_t x[8];
+        unaligned_write_le64(x, v);
+        put(b, x, sizeof x);
 }
 
 static void put_tokens(Buf *b, const uint32_t *t, size_t n) {
@@ -97,18 +100,12 @@ static const uint8_t *take(Cursor *c, size_t n) {
 
 static uint32_t get32(Cursor *c) {
         const uint8_t *p = take(c, 4);
-        uint32_t v = 0;
-        if (p)
-                memcpy(&v, p, 4);
-        return le32toh(v);
+        return p ? unaligned_read_le32(p) : 0;
 }
 
 static uint64_t get64(Cursor *c) {
         const uint8_t *p = take(c, 8);
-        uint64_t v = 0;
-        if (p)
-                memcpy(&v, p, 8);
-        return le64toh(v);
+        return p ? unaligned_read_le64(p) : 0;
 }
 
 static void get_id(Cursor *c, EpdId *id) {
@@ -127,11 +124,8 @@ static int get_tokens(Cursor *c, Rec *r) {
         r->tokens = malloc(MAX((size_t)n, (size_t)1) * sizeof(uint32_t));
         if (!r->tokens)
                 return -ENOMEM;
-        for (uint32_t i = 0; i < n; i++) {
-                uint32_t v;
-                memcpy(&v, p + 4 * i, 4);
-                r->tokens[i] = le32toh(v);
-        }
+        for (uint32_t i = 0; i < n; i++)
+                r->tokens[i] = unaligned_read_le32(p + 4 * i);
         r->n_tokens = n;
         return 0;
 }
