@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* org.epd1.Manager: vtable and method glue only; bookkeeping lives in worker.c. */
+#include "core/bus-dict.h"
 #include "core/bus-manager.h"
 
 #include <errno.h>
@@ -92,129 +93,81 @@ static void select_options_done(WorkerSelectOptions *o) {
         *o = (WorkerSelectOptions){};
 }
 
+/* RegisterWorker's options (dbus/org.epd1.Manager.xml). */
+typedef struct RegisterOptions {
+        char **arenas;
+        bool arenas_given;
+        const char *name;
+        char **labels;
+        bool labels_given;
+        uint32_t kv_layers, kv_tokens_per_block;
+        uint64_t kv_k_bytes_per_token, kv_v_bytes_per_token;
+        const char *kv_dtype;
+        bool kv_given[5];
+} RegisterOptions;
+
+static void register_options_done(RegisterOptions *o) {
+        bus_dict_strv_free(o->arenas);
+        bus_dict_strv_free(o->labels);
+}
+
 static int parse_options(Manager *m, sd_bus_message *msg, WorkerKvOptions *kv,
                          uint64_t *arena_mask, bool *arenas_given, WorkerSelectOptions *sel,
                          sd_bus_error *error) {
-        int r = sd_bus_message_enter_container(msg, 'a', "{sv}");
+        static const BusDictItem items[] = {
+                BUS_DICT_FLAG("arenas", "as", RegisterOptions, arenas, arenas_given),
+                BUS_DICT("name", "s", RegisterOptions, name),
+                BUS_DICT_FLAG("labels", "as", RegisterOptions, labels, labels_given),
+                BUS_DICT_FLAG("kv.layers", "u", RegisterOptions, kv_layers, kv_given[0]),
+                BUS_DICT_FLAG("kv.tokens_per_block", "u", RegisterOptions, kv_tokens_per_block, kv_given[1]),
+                BUS_DICT_FLAG("kv.k_bytes_per_token", "t", RegisterOptions, kv_k_bytes_per_token, kv_given[2]),
+                BUS_DICT_FLAG("kv.v_bytes_per_token", "t", RegisterOptions, kv_v_bytes_per_token, kv_given[3]),
+                BUS_DICT_FLAG("kv.dtype", "s", RegisterOptions, kv_dtype, kv_given[4]),
+                {},
+        };
+        _cleanup_(register_options_done) RegisterOptions o = {};
+        int r = bus_dict_read(msg, items, &o, "option", error);
         if (r < 0)
                 return r;
-        for (;;) {
-                const char *key;
-                r = sd_bus_message_enter_container(msg, 'e', "sv");
-                if (r < 0)
-                        return r;
-                if (r == 0)
-                        break;
-                r = sd_bus_message_read(msg, "s", &key);
-                if (r < 0)
-                        return r;
-                const char *contents;
-                r = sd_bus_message_peek_type(msg, NULL, &contents);
-                if (r < 0)
-                        return r;
-#define EXPECT(sig)                                                                      \
-        if (strcmp(contents, sig) != 0)                                                  \
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,                   \
-                                     "Option '%s' must have type '%s', not '%s'.", key, sig, \
-                                     contents)
-                if (strcmp(key, "arenas") == 0) {
-                        EXPECT("as");
-                        char **names = NULL;
-                        r = sd_bus_message_enter_container(msg, 'v', "as");
-                        if (r >= 0)
-                                r = sd_bus_message_read_strv(msg, &names);
-                        if (r >= 0)
-                                r = sd_bus_message_exit_container(msg);
-                        if (r < 0)
-                                return r;
-                        *arenas_given = true;
-                        for (char **n = names; n && *n; n++) {
-                                Arena *a = manager_find_arena(m, *n);
-                                if (!a) {
-                                        r = epd_bus_error(error, EPD_ERROR_NOT_FOUND,
-                                                          "No arena named '%s'.", *n);
-                                        for (char **f = names; *f; f++)
-                                                free(*f);
-                                        free(names);
-                                        return r;
-                                }
-                                *arena_mask |= 1ULL << a->index;
-                        }
-                        for (char **f = names; f && *f; f++)
-                                free(*f);
-                        free(names);
-                } else if (strcmp(key, "name") == 0) {
-                        EXPECT("s");
-                        const char *n;
-                        r = sd_bus_message_read(msg, "v", "s", &n);
-                        if (r >= 0 && !pool_select_label_valid(n))
-                                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                                     "Option 'name' must be 1 to 63 printable characters without spaces.");
-                        if (r >= 0 && !sel->name && !(sel->name = strdup(n)))
-                                return -ENOMEM;
-                } else if (strcmp(key, "labels") == 0) {
-                        EXPECT("as");
-                        char **l = NULL;
-                        size_t n = 0;
-                        r = sd_bus_message_enter_container(msg, 'v', "as");
-                        if (r >= 0)
-                                r = sd_bus_message_read_strv(msg, &l);
-                        if (r >= 0)
-                                r = sd_bus_message_exit_container(msg);
-                        for (char **i = l; i && *i; i++)
-                                n++;
-                        bool ok = r >= 0 && n <= POOL_SELECT_LABELS_MAX && !sel->labels;
-                        for (size_t i = 0; ok && i < n; i++)
-                                ok = pool_select_label_valid(l[i]);
-                        if (r >= 0 && ok) {
-                                sel->labels = l;
-                                sel->n_labels = n;
-                                l = NULL;
-                        }
-                        for (char **i = l; i && *i; i++)
-                                free(*i);
-                        free(l);
-                        if (r >= 0 && !ok)
-                                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                                     "Option 'labels': at most %d labels of 1 to 63 printable characters without spaces.",
-                                                     POOL_SELECT_LABELS_MAX);
-                } else if (strcmp(key, "kv.layers") == 0) {
-                        EXPECT("u");
-                        r = sd_bus_message_read(msg, "v", "u", &kv->layers);
-                        kv->set = true;
-                } else if (strcmp(key, "kv.tokens_per_block") == 0) {
-                        EXPECT("u");
-                        r = sd_bus_message_read(msg, "v", "u", &kv->tokens_per_block);
-                        kv->set = true;
-                } else if (strcmp(key, "kv.k_bytes_per_token") == 0) {
-                        EXPECT("t");
-                        r = sd_bus_message_read(msg, "v", "t", &kv->k_bytes_per_token);
-                        kv->set = true;
-                } else if (strcmp(key, "kv.v_bytes_per_token") == 0) {
-                        EXPECT("t");
-                        r = sd_bus_message_read(msg, "v", "t", &kv->v_bytes_per_token);
-                        kv->set = true;
-                } else if (strcmp(key, "kv.dtype") == 0) {
-                        EXPECT("s");
-                        const char *d;
-                        r = sd_bus_message_read(msg, "v", "s", &d);
-                        if (r >= 0 && (strlen(d) == 0 || strlen(d) >= sizeof kv->dtype))
-                                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                                     "kv.dtype must be 1 to 15 characters.");
-                        if (r >= 0)
-                                strcpy(kv->dtype, d);
-                        kv->set = true;
-                } else
-                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                             "Unknown option '%s'.", key);
-#undef EXPECT
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(msg);
-                if (r < 0)
-                        return r;
+
+        *arenas_given = o.arenas_given;
+        for (char **n = o.arenas; n && *n; n++) {
+                Arena *a = manager_find_arena(m, *n);
+                if (!a)
+                        return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No arena named '%s'.", *n);
+                *arena_mask |= 1ULL << a->index;
         }
-        return sd_bus_message_exit_container(msg);
+        if (o.name) {
+                if (!pool_select_label_valid(o.name))
+                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                             "Option 'name' must be 1 to 63 printable characters without spaces.");
+                sel->name = strdup(o.name);
+                if (!sel->name)
+                        return -ENOMEM;
+        }
+        if (o.labels_given) {
+                size_t n = 0;
+                bool ok = true;
+                for (char **i = o.labels; i && *i; i++, n++)
+                        ok = ok && pool_select_label_valid(*i);
+                if (!ok || n > POOL_SELECT_LABELS_MAX)
+                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                             "Option 'labels': at most %d labels of 1 to 63 printable characters without spaces.",
+                                             POOL_SELECT_LABELS_MAX);
+                sel->labels = TAKE_PTR(o.labels);
+                sel->n_labels = n;
+        }
+        if (o.kv_dtype && (strlen(o.kv_dtype) == 0 || strlen(o.kv_dtype) >= sizeof kv->dtype))
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "kv.dtype must be 1 to 15 characters.");
+        for (size_t i = 0; i < ELEMENTSOF(o.kv_given); i++)
+                kv->set = kv->set || o.kv_given[i];
+        kv->layers = o.kv_layers;
+        kv->tokens_per_block = o.kv_tokens_per_block;
+        kv->k_bytes_per_token = o.kv_k_bytes_per_token;
+        kv->v_bytes_per_token = o.kv_v_bytes_per_token;
+        if (o.kv_dtype)
+                strcpy(kv->dtype, o.kv_dtype);
+        return 0;
 }
 
 static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_error *error) {

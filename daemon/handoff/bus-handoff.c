@@ -12,6 +12,7 @@
 #include "core/arena.h"
 #include "bus-error.h"
 #include "wal/wal-manager.h"
+#include "core/bus-dict.h"
 #include "core/bus-objects.h"
 #include "handoff/handoff-manager.h"
 #include "log.h"
@@ -110,31 +111,13 @@ static int method_prepare(sd_bus_message *msg, void *userdata, sd_bus_error *err
         a.layer_groups = groups;
         a.n_groups = sz / sizeof(uint32_t);
 
-        r = sd_bus_message_enter_container(msg, 'a', "{sv}");
-        if (r < 0)
-                return r;
-        while ((r = sd_bus_message_enter_container(msg, 'e', "sv")) > 0) {
-                const char *key;
-                r = sd_bus_message_read(msg, "s", &key);
-                if (r < 0)
-                        return r;
-                if (strcmp(key, "arena") == 0)
-                        r = sd_bus_message_read(msg, "v", "s", &a.arena);
-                else if (strcmp(key, "target") == 0)
-                        r = sd_bus_message_read(msg, "v", "o", &a.target);
-                else if (strcmp(key, "timeout_usec") == 0)
-                        r = sd_bus_message_read(msg, "v", "t", &a.timeout_usec);
-                else
-                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Unknown option '%s'.", key);
-                if (r < 0)
-                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Option '%s' has the wrong type.", key);
-                r = sd_bus_message_exit_container(msg);
-                if (r < 0)
-                        return r;
-        }
-        if (r < 0)
-                return r;
-        r = sd_bus_message_exit_container(msg);
+        static const BusDictItem options[] = {
+                BUS_DICT("arena", "s", HandoffPrepareArgs, arena),
+                BUS_DICT("target", "o", HandoffPrepareArgs, target),
+                BUS_DICT("timeout_usec", "t", HandoffPrepareArgs, timeout_usec),
+                {},
+        };
+        r = bus_dict_read(msg, options, &a, "option", error);
         if (r < 0)
                 return r;
         r = manager_require_worker(m, msg, &w, error);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/bus-dict.h"
 #include "log.h"
 #include "sched/scheduler-manager.h"
 #include "core/worker.h"
@@ -18,47 +19,33 @@ static int worker_path(char *buf, size_t n, const char *id) {
         return snprintf(buf, n, WORKER_PREFIX "%s", id);
 }
 
+typedef struct Hints {
+        uint64_t pages_needed;
+        bool multimodal;
+        char **feature_keys;
+        bool feature_keys_given;
+} Hints;
+
 static int read_hints(Manager *m, sd_bus_message *msg, SchedHints *h, SchedulerAffinity *aff,
                       sd_bus_error *error) {
-        int r = sd_bus_message_enter_container(msg, 'a', "{sv}");
-        if (r < 0)
-                return r;
-        while ((r = sd_bus_message_enter_container(msg, 'e', "sv")) > 0) {
-                const char *key;
-                r = sd_bus_message_read(msg, "s", &key);
-                if (r < 0)
-                        return r;
-                if (strcmp(key, "PagesNeeded") == 0)
-                        r = sd_bus_message_read(msg, "v", "t", &h->pages_needed);
-                else if (strcmp(key, "Multimodal") == 0) {
-                        int b;
-                        r = sd_bus_message_read(msg, "v", "b", &b);
-                        h->needs_encoder = b;
-                } else if (strcmp(key, "FeatureKeys") == 0) {
-                        char **keys = NULL;
-                        r = sd_bus_message_enter_container(msg, 'v', "as");
-                        if (r >= 0)
-                                r = sd_bus_message_read_strv(msg, &keys);
-                        if (r >= 0)
-                                r = sd_bus_message_exit_container(msg);
-                        if (r >= 0) {
-                                aff->features_cached = scheduler_features_cached(m, keys);
-                                h->affinity_key = aff;
-                        }
-                        for (char **k = keys; k && *k; k++)
-                                free(*k);
-                        free(keys);
-                } else
-                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Unknown hint %s.", key);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(msg);
-                if (r < 0)
-                        return r;
+        static const BusDictItem items[] = {
+                BUS_DICT("PagesNeeded", "t", Hints, pages_needed),
+                BUS_DICT("Multimodal", "b", Hints, multimodal),
+                BUS_DICT_FLAG("FeatureKeys", "as", Hints, feature_keys, feature_keys_given),
+                {},
+        };
+        Hints x = {};
+        int r = bus_dict_read(msg, items, &x, "hint", error);
+        if (r >= 0) {
+                h->pages_needed = x.pages_needed;
+                h->needs_encoder = x.multimodal;
+                if (x.feature_keys_given) {
+                        aff->features_cached = scheduler_features_cached(m, x.feature_keys);
+                        h->affinity_key = aff;
+                }
         }
-        if (r < 0)
-                return r;
-        return sd_bus_message_exit_container(msg);
+        bus_dict_strv_free(x.feature_keys);
+        return r;
 }
 
 static int method_admit(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -126,13 +113,21 @@ static int method_complete(sd_bus_message *msg, void *userdata, sd_bus_error *er
         return sd_bus_reply_method_return(msg, NULL);
 }
 
+typedef struct WorkerOptions {
+        uint32_t slots, queue_limit;
+        uint64_t free_pages;
+        bool have_pages;
+        const char *host;
+        char **pools;
+} WorkerOptions;
+
+static void worker_options_done(WorkerOptions *o) {
+        bus_dict_strv_free(o->pools);
+}
+
 static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         const char *path;
-        uint32_t slots = 0, queue_limit = 0;
-        uint64_t free_pages = 0;
-        bool have_pages = false;
-        const char *host = NULL;
         unsigned pools = 0;
         int r;
 
@@ -149,54 +144,28 @@ static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_e
                 return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
                                      "Worker %s belongs to another client.", path);
 
-        r = sd_bus_message_enter_container(msg, 'a', "{sv}");
+        static const BusDictItem items[] = {
+                BUS_DICT("Slots", "u", WorkerOptions, slots),
+                BUS_DICT("QueueLimit", "u", WorkerOptions, queue_limit),
+                BUS_DICT_FLAG("FreePages", "t", WorkerOptions, free_pages, have_pages),
+                BUS_DICT("Host", "s", WorkerOptions, host),
+                BUS_DICT("Pools", "as", WorkerOptions, pools),
+                {},
+        };
+        _cleanup_(worker_options_done) WorkerOptions o = {};
+        r = bus_dict_read(msg, items, &o, "option", error);
         if (r < 0)
                 return r;
-        while ((r = sd_bus_message_enter_container(msg, 'e', "sv")) > 0) {
-                const char *key;
-                r = sd_bus_message_read(msg, "s", &key);
-                if (r < 0)
-                        return r;
-                if (strcmp(key, "Slots") == 0)
-                        r = sd_bus_message_read(msg, "v", "u", &slots);
-                else if (strcmp(key, "QueueLimit") == 0)
-                        r = sd_bus_message_read(msg, "v", "u", &queue_limit);
-                else if (strcmp(key, "FreePages") == 0) {
-                        r = sd_bus_message_read(msg, "v", "t", &free_pages);
-                        have_pages = true;
-                } else if (strcmp(key, "Host") == 0)
-                        r = sd_bus_message_read(msg, "v", "s", &host);
-                else if (strcmp(key, "Pools") == 0) {
-                        char **l = NULL;
-                        r = sd_bus_message_enter_container(msg, 'v', "as");
-                        if (r >= 0)
-                                r = sd_bus_message_read_strv(msg, &l);
-                        if (r >= 0)
-                                r = sd_bus_message_exit_container(msg);
-                        for (char **i = l; r >= 0 && i && *i; i++) {
-                                TaskType t = task_type_from_string(*i);
-                                if (t < 0)
-                                        r = epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                                          "Unknown pool '%s'.", *i);
-                                else
-                                        pools |= 1u << t;
-                        }
-                        for (char **i = l; i && *i; i++)
-                                free(*i);
-                        free(l);
-                } else
-                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Unknown option %s.", key);
-                if (r < 0)
-                        return r;
-                r = sd_bus_message_exit_container(msg);
-                if (r < 0)
-                        return r;
+        for (char **i = o.pools; i && *i; i++) {
+                TaskType t = task_type_from_string(*i);
+                if (t < 0)
+                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Unknown pool '%s'.", *i);
+                pools |= 1u << t;
         }
-        if (r < 0)
-                return r;
-        r = sd_bus_message_exit_container(msg);
-        if (r < 0)
-                return r;
+        uint32_t slots = o.slots, queue_limit = o.queue_limit;
+        uint64_t free_pages = o.free_pages;
+        bool have_pages = o.have_pages;
+        const char *host = o.host;
 
         if (host) {
                 r = scheduler_set_worker_host(m, w->id_str, host);
