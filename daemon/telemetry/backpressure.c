@@ -6,6 +6,7 @@
 #include <strings.h>
 
 #include "telemetry/backpressure.h"
+#include "conf-table.h"
 #include "macro.h"
 #include "parse-util.h"
 
@@ -66,90 +67,59 @@ void backpressure_config_defaults(BackpressureConfig *c) {
         };
 }
 
-static int parse_ratio(const char *s, double *ret) {
-        char *end;
-        errno = 0;
-        double v = strtod(s, &end);
-        if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v < 0)
+static int p_interval(const char *value, void *dst) {
+        usec_t u;
+        int r = parse_duration(value, &u);
+        if (r < 0)
+                return r;
+        if (u < USEC_PER_MSEC || u > 60 * USEC_PER_SEC)
                 return -EINVAL;
-        *ret = v;
+        *(usec_t *)dst = u;
         return 0;
 }
 
-static int parse_unsigned(const char *s, unsigned *ret) {
-        uint32_t v;
-        int r = parse_u32(s, &v);
+static int p_rtt_floor(const char *value, void *dst) {
+        usec_t u;
+        int r = parse_duration(value, &u);
         if (r < 0)
                 return r;
-        *ret = v;
+        if (u > UINT32_MAX)
+                return -EINVAL;
+        *(uint32_t *)dst = (uint32_t)u;
         return 0;
 }
+
+#define B(f) offsetof(BackpressureConfig, f)
+static const ConfTableItem backpressure_items[] = {
+        { "Enabled", conf_parse_bool, B(enabled) },
+        { "Interval", p_interval, B(interval_usec) },
+        { "RTTInflationElevated", conf_parse_ratio, B(rtt_inflation[0]) },
+        { "RTTInflationHigh", conf_parse_ratio, B(rtt_inflation[1]) },
+        { "RTTFloor", p_rtt_floor, B(rtt_floor_usec) },
+        { "RTTMinBytes", conf_parse_size, B(rtt_min_bytes) },
+        { "RetransmitRateElevated", conf_parse_ratio, B(retransmit_rate[0]) },
+        { "RetransmitRateHigh", conf_parse_ratio, B(retransmit_rate[1]) },
+        { "SendQueueElevated", conf_parse_size, B(send_queue_bytes[0]) },
+        { "SendQueueHigh", conf_parse_size, B(send_queue_bytes[1]) },
+        { "SendQueueGrowthElevated", conf_parse_size, B(send_queue_growth[0]) },
+        { "SendQueueGrowthHigh", conf_parse_size, B(send_queue_growth[1]) },
+        { "HandoffsElevated", conf_parse_unsigned, B(handoffs_in_flight[0]) },
+        { "HandoffsHigh", conf_parse_unsigned, B(handoffs_in_flight[1]) },
+        { "DestinationFreeElevated", conf_parse_ratio, B(destination_free[0]) },
+        { "DestinationFreeHigh", conf_parse_ratio, B(destination_free[1]) },
+        { "StallTimeout", conf_parse_duration, B(stall_usec) },
+        { "Hold", conf_parse_duration, B(hold_usec) },
+        { "Release", conf_parse_ratio, B(release) },
+        { "WindowHandoffs", conf_parse_unsigned, B(window_handoffs) },
+        { "WindowBytes", conf_parse_size, B(window_bytes) },
+        { "WindowElevated", conf_parse_ratio, B(window_elevated) },
+};
+#undef B
 
 int backpressure_config_set(BackpressureConfig *c, const char *key, const char *value) {
         if (!c || !key || !value)
                 return -EINVAL;
-
-        if (strcasecmp(key, "Enabled") == 0)
-                return parse_bool(value, &c->enabled);
-        if (strcasecmp(key, "Interval") == 0) {
-                usec_t u;
-                int r = parse_duration(value, &u);
-                if (r < 0)
-                        return r;
-                if (u < USEC_PER_MSEC || u > 60 * USEC_PER_SEC)
-                        return -EINVAL;
-                c->interval_usec = u;
-                return 0;
-        }
-        if (strcasecmp(key, "RTTInflationElevated") == 0)
-                return parse_ratio(value, &c->rtt_inflation[0]);
-        if (strcasecmp(key, "RTTInflationHigh") == 0)
-                return parse_ratio(value, &c->rtt_inflation[1]);
-        if (strcasecmp(key, "RTTFloor") == 0) {
-                usec_t u;
-                int r = parse_duration(value, &u);
-                if (r < 0)
-                        return r;
-                if (u > UINT32_MAX)
-                        return -EINVAL;
-                c->rtt_floor_usec = (uint32_t)u;
-                return 0;
-        }
-        if (strcasecmp(key, "RTTMinBytes") == 0)
-                return parse_size(value, &c->rtt_min_bytes);
-        if (strcasecmp(key, "RetransmitRateElevated") == 0)
-                return parse_ratio(value, &c->retransmit_rate[0]);
-        if (strcasecmp(key, "RetransmitRateHigh") == 0)
-                return parse_ratio(value, &c->retransmit_rate[1]);
-        if (strcasecmp(key, "SendQueueElevated") == 0)
-                return parse_size(value, &c->send_queue_bytes[0]);
-        if (strcasecmp(key, "SendQueueHigh") == 0)
-                return parse_size(value, &c->send_queue_bytes[1]);
-        if (strcasecmp(key, "SendQueueGrowthElevated") == 0)
-                return parse_size(value, &c->send_queue_growth[0]);
-        if (strcasecmp(key, "SendQueueGrowthHigh") == 0)
-                return parse_size(value, &c->send_queue_growth[1]);
-        if (strcasecmp(key, "HandoffsElevated") == 0)
-                return parse_unsigned(value, &c->handoffs_in_flight[0]);
-        if (strcasecmp(key, "HandoffsHigh") == 0)
-                return parse_unsigned(value, &c->handoffs_in_flight[1]);
-        if (strcasecmp(key, "DestinationFreeElevated") == 0)
-                return parse_ratio(value, &c->destination_free[0]);
-        if (strcasecmp(key, "DestinationFreeHigh") == 0)
-                return parse_ratio(value, &c->destination_free[1]);
-        if (strcasecmp(key, "StallTimeout") == 0)
-                return parse_duration(value, &c->stall_usec);
-        if (strcasecmp(key, "Hold") == 0)
-                return parse_duration(value, &c->hold_usec);
-        if (strcasecmp(key, "Release") == 0)
-                return parse_ratio(value, &c->release);
-        if (strcasecmp(key, "WindowHandoffs") == 0)
-                return parse_unsigned(value, &c->window_handoffs);
-        if (strcasecmp(key, "WindowBytes") == 0)
-                return parse_size(value, &c->window_bytes);
-        if (strcasecmp(key, "WindowElevated") == 0)
-                return parse_ratio(value, &c->window_elevated);
-        return -ENOENT;
+        return conf_table_set(backpressure_items, ELEMENTSOF(backpressure_items), c, key, value);
 }
 
 int backpressure_config_verify(const BackpressureConfig *c, const char **ret_problem) {

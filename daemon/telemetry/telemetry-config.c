@@ -5,6 +5,7 @@
 #include <strings.h>
 
 #include "bpf/epd-telemetry.h"
+#include "conf-table.h"
 #include "macro.h"
 #include "parse-util.h"
 #include "telemetry/telemetry-config.h"
@@ -38,69 +39,81 @@ int telemetry_config_copy(TelemetryConfig *dst, const TelemetryConfig *src) {
         return 0;
 }
 
-static int set_unsigned(const char *value, unsigned *ret, unsigned lo, unsigned hi) {
-        uint32_t v;
-        int r = parse_u32(value, &v);
+static int p_pin_dir(const char *value, void *dst) {
+        char **pin = dst, *p;
+        bool b;
+        if (value[0] == '\0' || (parse_bool(value, &b) == 0 && !b))
+                p = NULL;
+        else if (value[0] != '/' || strlen(value) > 200 || strstr(value, "/../") || strstr(value, "//"))
+                return -EINVAL;
+        else if (!(p = strdup(value)))
+                return -ENOMEM;
+        free(*pin);
+        *pin = p;
+        return 0;
+}
+
+static int p_sample_interval(const char *value, void *dst) {
+        usec_t u;
+        int r = parse_duration(value, &u);
+        if (r < 0)
+                return r;
+        if (u > 10 * USEC_PER_SEC)
+                return -EINVAL;
+        *(usec_t *)dst = u;
+        return 0;
+}
+
+static int p_wakeup_bytes(const char *value, void *dst) {
+        uint64_t v;
+        int r = parse_size(value, &v);
+        if (r < 0)
+                return r;
+        if (v > EPD_TELEMETRY_RINGBUF_BYTES / 2)
+                return -EINVAL;
+        *(unsigned *)dst = (unsigned)v;
+        return 0;
+}
+
+static int unsigned_in(const char *value, void *dst, unsigned lo, unsigned hi) {
+        unsigned v;
+        int r = conf_parse_unsigned(value, &v);
         if (r < 0)
                 return r;
         if (v < lo || v > hi)
                 return -EINVAL;
-        *ret = v;
+        *(unsigned *)dst = v;
         return 0;
 }
+
+static int p_trace_requests(const char *value, void *dst) {
+        return unsigned_in(value, dst, 1, 1u << 20);
+}
+
+static int p_1_65536(const char *value, void *dst) {
+        return unsigned_in(value, dst, 1, 65536);
+}
+
+#define T(f) offsetof(TelemetryConfig, f)
+static const ConfTableItem telemetry_items[] = {
+        { "BPF", conf_parse_bool, T(bpf) },
+        { "PinDirectory", p_pin_dir, T(pin_dir) },
+        { "SampleInterval", p_sample_interval, T(sample_interval_usec) },
+        { "WakeupBytes", p_wakeup_bytes, T(wakeup_bytes) },
+        { "TraceRequests", p_trace_requests, T(trace_requests) },
+        { "TraceEvents", p_1_65536, T(trace_events) },
+        { "MaxPeers", p_1_65536, T(max_peers) },
+};
+#undef T
 
 int telemetry_config_set(TelemetryConfig *c, const char *section, const char *key, const char *value) {
         if (!c || !section || !key || !value)
                 return -EINVAL;
-
         if (strcasecmp(section, "Backpressure") == 0)
                 return backpressure_config_set(&c->backpressure, key, value);
         if (strcasecmp(section, "Telemetry") != 0)
                 return -ENOENT;
-
-        if (strcasecmp(key, "BPF") == 0)
-                return parse_bool(value, &c->bpf);
-        if (strcasecmp(key, "PinDirectory") == 0) {
-                bool b;
-                char *p;
-                if (value[0] == '\0' || (parse_bool(value, &b) == 0 && !b))
-                        p = NULL;
-                else if (value[0] != '/' || strlen(value) > 200 || strstr(value, "/../") ||
-                         strstr(value, "//"))
-                        return -EINVAL;
-                else if (!(p = strdup(value)))
-                        return -ENOMEM;
-                free(c->pin_dir);
-                c->pin_dir = p;
-                return 0;
-        }
-        if (strcasecmp(key, "SampleInterval") == 0) {
-                usec_t u;
-                int r = parse_duration(value, &u);
-                if (r < 0)
-                        return r;
-                if (u > 10 * USEC_PER_SEC)
-                        return -EINVAL;
-                c->sample_interval_usec = u;
-                return 0;
-        }
-        if (strcasecmp(key, "WakeupBytes") == 0) {
-                uint64_t v;
-                int r = parse_size(value, &v);
-                if (r < 0)
-                        return r;
-                if (v > EPD_TELEMETRY_RINGBUF_BYTES / 2)
-                        return -EINVAL;
-                c->wakeup_bytes = (unsigned)v;
-                return 0;
-        }
-        if (strcasecmp(key, "TraceRequests") == 0)
-                return set_unsigned(value, &c->trace_requests, 1, 1u << 20);
-        if (strcasecmp(key, "TraceEvents") == 0)
-                return set_unsigned(value, &c->trace_events, 1, 65536);
-        if (strcasecmp(key, "MaxPeers") == 0)
-                return set_unsigned(value, &c->max_peers, 1, 65536);
-        return -ENOENT;
+        return conf_table_set(telemetry_items, ELEMENTSOF(telemetry_items), c, key, value);
 }
 
 int telemetry_config_verify(const TelemetryConfig *c, const char **ret_problem) {
