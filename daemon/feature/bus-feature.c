@@ -1,9 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-/* org.epd1.Feature at /org/epd1/feature: the feature cache on the bus. The cache itself
- * is pure (feature.c); this file holds the subsystem hooks, the per-client handles
- * (ClientObjects: a dying client releases them, and a producer that dies before
- * publishing fails its waiters at once), the FeatureReady/FeatureWanted signals, the
- * announce timer, and the vtable. */
+/* org.epd1.Feature at /org/epd1/feature: the feature cache on the bus (vtable, replies,
+ * error names, the FeatureReady/FeatureWanted signals). The subsystem is
+ * feature-manager.c, the cache itself feature.c. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -11,6 +9,8 @@
 
 #include "bus-error.h"
 #include "core/bus-objects.h"
+#include "feature/bus-feature.h"
+#include "feature/feature-manager.h"
 #include "feature/feature-load.h"
 #include "feature/feature-spill.h"
 #include "feature/feature-store.h"
@@ -24,39 +24,7 @@
 #include "wal/wal-manager.h"
 #include "core/worker.h"
 
-#define FEATURE_PATH "/org/epd1/feature"
-#define FEATURE_IFACE "org.epd1.Feature"
-#define FEATURE_CHUNK_DEFAULT (64ULL << 10)
 #define PREFETCH_KEYS_MAX 1024u
-#define SPILL_PENDING_MAX (256ULL << 20) /* bytes copied and queued for the store */
-
-typedef struct FeatureHandle FeatureHandle;
-
-typedef struct FeatureBus {
-        Manager *manager;
-        FeatureStore *store;
-        FeatureSpiller *spiller; /* writes evictions to the store off the event loop */
-        Hashmap *handles;        /* FeatureHandle* by id bytes */
-        sd_event_source *timer;  /* announce deadlines */
-        FeatureLoader *loader;   /* reads spilled features back off the event loop */
-        LIST_HEAD(FeatureHandle, pending); /* Acquires answered when their load ends */
-} FeatureBus;
-
-struct FeatureHandle {
-        ClientObject object;
-        FeatureBus *fb;
-        EpdId id;
-        FeatureRef *ref;
-        sd_bus_message *pending; /* the Acquire, while its feature is read back */
-        LIST_FIELDS(FeatureHandle, pending);
-};
-
-static int append_info(sd_bus_message *reply, FeatureBus *fb, FeatureHandle *h);
-static void handle_release(ClientObject *o);
-
-static FeatureBus *bus_of(Manager *m) {
-        return m->features ? feature_cache_get_userdata(m->features) : NULL;
-}
 
 static const char *error_text(int error) {
         switch (error) {
@@ -73,126 +41,19 @@ static const char *error_text(int error) {
         }
 }
 
-static void on_state(FeatureCache *c, Feature *f, void *userdata) {
-        FeatureBus *fb = userdata;
-        int r = manager_emit_signal(fb->manager, FEATURE_PATH, FEATURE_IFACE, "FeatureReady", "sss",
-                                    f->key, feature_state_to_string(f->state),
-                                    error_text(f->error));
+void bus_feature_emit_ready(Manager *m, Feature *f) {
+        int r = manager_emit_signal(m, FEATURE_PATH, FEATURE_IFACE, "FeatureReady", "sss", f->key,
+                                    feature_state_to_string(f->state), error_text(f->error));
         if (r < 0)
                 log_debug_errno(r, "Cannot emit FeatureReady: %m");
-        /* Acquires that waited for this feature's load: answered now. */
-        FeatureHandle *next;
-        for (FeatureHandle *h = fb->pending; h; h = next) {
-                next = h->pending_next;
-                if (h->ref->feature != f)
-                        continue;
-                _cleanup_(sd_bus_message_unrefp) sd_bus_message *msg = TAKE_PTR(h->pending);
-                LIST_REMOVE(pending, fb->pending, h);
-                if (f->state == FEATURE_READY) {
-                        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-                        r = sd_bus_message_new_method_return(msg, &reply);
-                        if (r >= 0)
-                                r = sd_bus_message_append(reply, "s", "hit");
-                        if (r >= 0)
-                                r = append_info(reply, fb, h);
-                        if (r >= 0)
-                                r = sd_bus_send(NULL, reply, NULL);
-                        if (r >= 0)
-                                continue;
-                        log_debug_errno(r, "Cannot answer an Acquire of %.64s: %m", f->key);
-                } else
-                        (void)sd_bus_reply_method_errorf(msg, EPD_ERROR_FAILED,
-                                                         "Feature '%.64s' could not be read back from the store (%s); the stored copy was removed, acquire it again to produce it.",
-                                                         f->key, strerror(-f->error));
-                /* The caller never learnt this handle. */
-                handle_release(&h->object);
-        }
-}
-
-static int on_timer(sd_event_source *s, uint64_t usec, void *userdata);
-
-static void timer_arm(FeatureBus *fb, usec_t next) {
-        if (next == USEC_INFINITY) {
-                if (fb->timer)
-                        (void)sd_event_source_set_enabled(fb->timer, SD_EVENT_OFF);
-                return;
-        }
-        if (!fb->timer) {
-                int r = sd_event_add_time(fb->manager->event, &fb->timer, CLOCK_MONOTONIC, next,
-                                          10 * USEC_PER_MSEC, on_timer, fb);
-                if (r < 0)
-                        log_warning_errno(r, "Cannot arm the feature announce timer: %m");
-                return;
-        }
-        (void)sd_event_source_set_time(fb->timer, next);
-        (void)sd_event_source_set_enabled(fb->timer, SD_EVENT_ONESHOT);
-}
-
-static int on_timer(sd_event_source *s, uint64_t usec, void *userdata) {
-        FeatureBus *fb = userdata;
-        timer_arm(fb, feature_cache_expire(fb->manager->features, now_usec(CLOCK_MONOTONIC)));
-        return 0;
-}
-
-/* Handles. */
-
-static void handle_release(ClientObject *o) {
-        FeatureHandle *h = container_of(o, FeatureHandle, object);
-        if (h->pending) {
-                LIST_REMOVE(pending, h->fb->pending, h);
-                h->pending = sd_bus_message_unref(h->pending);
-        }
-        client_object_unlink(o);
-        hashmap_remove(h->fb->handles, &h->id);
-        feature_ref_release(h->ref); /* a producer's release fails its waiters */
-        free(h);
-}
-
-static int handle_new(FeatureBus *fb, Client *c, FeatureRef *ref, FeatureHandle **ret) {
-        FeatureHandle *h = calloc(1, sizeof *h);
-        int r;
-
-        if (!h)
-                return -ENOMEM;
-        h->fb = fb;
-        h->ref = ref;
-        r = epd_id_random(&h->id);
-        if (r >= 0)
-                r = client_object_link(c, &h->object,
-                                       ref->kind == FEATURE_REF_PIN ? CLIENT_OBJECT_PIN
-                                                                    : CLIENT_OBJECT_FEATURE_REF,
-                                       handle_release);
-        if (r < 0) {
-                free(h);
-                return r;
-        }
-        r = hashmap_put(fb->handles, &h->id, h);
-        if (r < 0) {
-                client_object_unlink(&h->object);
-                free(h);
-                return r;
-        }
-        ref->userdata = h;
-        *ret = h;
-        return 0;
 }
 
 /* The caller's handle named by id_str, or a named error. */
-static int handle_lookup(FeatureBus *fb, sd_bus_message *msg, const char *id_str,
-                         FeatureHandle **ret, sd_bus_error *error) {
-        EpdId id;
-        FeatureHandle *h;
-
-        if (epd_id_from_string(id_str, &id) < 0)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "'%.64s' is not a handle.", id_str);
-        h = hashmap_get(fb->handles, &id);
-        if (!h)
-                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No feature handle %s.", id_str);
-        if (h->object.owner != manager_client_lookup_message(fb->manager, msg))
-                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
-                                     "Feature handle %s belongs to another client.", id_str);
-        *ret = h;
-        return 0;
+static int handle_lookup(FeatureManager *fm, sd_bus_message *msg, const char *id_str, FeatureHandle **ret,
+                         sd_bus_error *error) {
+        Reason why = {};
+        int r = feature_handle_lookup(fm, manager_client_lookup_message(fm->manager, msg), id_str, ret, &why);
+        return r < 0 ? epd_bus_error_errno(error, r, why.text) : 0;
 }
 
 static int client_error(int r, sd_bus_error *error) {
@@ -242,7 +103,7 @@ static int check_key(const char *key, sd_bus_error *error) {
 /* (handle, state, error, arena, offset, bytes, descriptor, request id) */
 #define FEATURE_INFO_TYPES "sssstayss"
 
-static int append_info(sd_bus_message *reply, FeatureBus *fb, FeatureHandle *h) {
+static int append_info(sd_bus_message *reply, FeatureManager *fm, FeatureHandle *h) {
         Feature *f = h->ref->feature;
         _cleanup_(freep) void *desc = NULL;
         size_t desc_len = 0;
@@ -250,8 +111,8 @@ static int append_info(sd_bus_message *reply, FeatureBus *fb, FeatureHandle *h) 
         const char *arena = "";
         int r;
 
-        if (f->has_region && f->arena < fb->manager->n_arenas)
-                arena = fb->manager->arenas[f->arena]->name;
+        if (f->has_region && f->arena < fm->manager->n_arenas)
+                arena = fm->manager->arenas[f->arena]->name;
         if (f->desc) {
                 r = feature_desc_serialize(f->desc, &desc, &desc_len);
                 if (r < 0)
@@ -272,6 +133,40 @@ static int append_info(sd_bus_message *reply, FeatureBus *fb, FeatureHandle *h) 
         return r;
 }
 
+/* An Acquire answered once its feature is read back from the store. */
+typedef struct AcquireCall {
+        FeatureLoadWaiter waiter;
+        sd_bus_message *msg;
+} AcquireCall;
+
+static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
+        AcquireCall *call = container_of(w, AcquireCall, waiter);
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *msg = call->msg;
+        int r = 0;
+
+        free(call);
+        if (error == -ECANCELED)
+                return; /* the handle went first: its client is gone */
+        if (error == 0) {
+                _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+                r = sd_bus_message_new_method_return(msg, &reply);
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "s", "hit");
+                if (r >= 0)
+                        r = append_info(reply, h->fm, h);
+                if (r >= 0)
+                        r = sd_bus_send(NULL, reply, NULL);
+                if (r >= 0)
+                        return;
+                log_debug_errno(r, "Cannot answer an Acquire of %.64s: %m", h->ref->feature->key);
+        } else
+                (void)sd_bus_reply_method_errorf(msg, EPD_ERROR_FAILED,
+                                                 "Feature '%.64s' could not be read back from the store (%s); the stored copy was removed, acquire it again to produce it.",
+                                                 h->ref->feature->key, strerror(-error));
+        /* The caller never learnt this handle. */
+        feature_handle_release(h);
+}
+
 static const char *const acquire_results[] = {
         [FEATURE_ACQUIRE_HIT] = "hit",
         [FEATURE_ACQUIRE_WAIT] = "wait",
@@ -281,7 +176,7 @@ static const char *const acquire_results[] = {
 
 static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
-        FeatureBus *fb = bus_of(m);
+        FeatureManager *fm = feature_manager_get(m);
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         FeatureAcquireResult res;
         FeatureHandle *h;
@@ -302,26 +197,31 @@ static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = feature_acquire(m->features, key, may_produce, now_usec(CLOCK_MONOTONIC), &ref, &res);
         if (r < 0)
                 return cache_error(r, key, error);
-        r = handle_new(fb, w->object.owner, ref, &h);
+        r = feature_handle_new(fm, w->object.owner, ref, &h);
         if (r < 0) {
                 feature_ref_release(ref);
                 return client_error(r, error);
         }
         if (res == FEATURE_ACQUIRE_LOADING) {
-                /* Read back off the loop; on_state() answers. */
-                h->pending = sd_bus_message_ref(msg);
-                LIST_PREPEND(pending, fb->pending, h);
+                /* Read back off the loop; acquire_loaded() answers. */
+                AcquireCall *call = calloc(1, sizeof *call);
+                if (!call) {
+                        feature_handle_release(h);
+                        return -ENOMEM;
+                }
+                *call = (AcquireCall) { .waiter.done = acquire_loaded, .msg = sd_bus_message_ref(msg) };
+                feature_handle_wait_load(h, &call->waiter);
                 return 1;
         }
         r = sd_bus_message_new_method_return(msg, &reply);
         if (r >= 0)
                 r = sd_bus_message_append(reply, "s", acquire_results[res]);
         if (r >= 0)
-                r = append_info(reply, fb, h);
+                r = append_info(reply, fm, h);
         if (r >= 0)
                 r = sd_bus_send(NULL, reply, NULL);
         if (r < 0) {
-                handle_release(&h->object);
+                feature_handle_release(h);
                 return r;
         }
         return 1;
@@ -329,7 +229,7 @@ static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *err
 
 static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
-        FeatureBus *fb = bus_of(m);
+        FeatureManager *fm = feature_manager_get(m);
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
         FeatureDescIssue issue;
@@ -386,24 +286,24 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 r = feature_reserve_in(m->features, key, bytes, w->arena_mask, &desc, &req, &ref, &issue);
                 if (r < 0)
                         return cache_error(r, key, error);
-                r = handle_new(fb, w->object.owner, ref, &h);
+                r = feature_handle_new(fm, w->object.owner, ref, &h);
                 if (r < 0) {
                         feature_ref_release(ref); /* fails it: nobody waited yet */
                         return client_error(r, error);
                 }
         }
-        timer_arm(fb, feature_cache_expire(m->features, now_usec(CLOCK_MONOTONIC)));
+        feature_manager_arm_timer(fm);
 
         r = sd_bus_message_new_method_return(msg, &reply);
         if (r >= 0)
-                r = append_info(reply, fb, h);
+                r = append_info(reply, fm, h);
         if (r >= 0)
                 r = sd_bus_send(NULL, reply, NULL);
         return r < 0 ? r : 1;
 }
 
 static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
-        FeatureBus *fb = bus_of(userdata);
+        FeatureManager *fm = feature_manager_get(userdata);
         FeatureHandle *h;
         const char *id;
         uint64_t encode_usec;
@@ -412,7 +312,7 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = sd_bus_message_read(msg, "st", &id, &encode_usec);
         if (r < 0)
                 return r;
-        r = handle_lookup(fb, msg, id, &h, error);
+        r = handle_lookup(fm, msg, id, &h, error);
         if (r < 0)
                 return r;
         r = feature_publish(h->ref, encode_usec);
@@ -424,11 +324,11 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = sd_bus_message_new_method_return(msg, &reply);
         if (r < 0)
                 return r;
-        return wal_manager_reply(fb->manager, msg, reply);
+        return wal_manager_reply(fm->manager, msg, reply);
 }
 
 static int method_fail(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
-        FeatureBus *fb = bus_of(userdata);
+        FeatureManager *fm = feature_manager_get(userdata);
         FeatureHandle *h;
         const char *id, *reason;
         int r;
@@ -436,7 +336,7 @@ static int method_fail(sd_bus_message *msg, void *userdata, sd_bus_error *error)
         r = sd_bus_message_read(msg, "ss", &id, &reason);
         if (r < 0)
                 return r;
-        r = handle_lookup(fb, msg, id, &h, error);
+        r = handle_lookup(fm, msg, id, &h, error);
         if (r < 0)
                 return r;
         if (h->ref->kind == FEATURE_REF_PRODUCER)
@@ -450,11 +350,11 @@ static int method_fail(sd_bus_message *msg, void *userdata, sd_bus_error *error)
         r = sd_bus_message_new_method_return(msg, &reply);
         if (r < 0)
                 return r;
-        return wal_manager_reply(fb->manager, msg, reply);
+        return wal_manager_reply(fm->manager, msg, reply);
 }
 
 static int method_describe(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
-        FeatureBus *fb = bus_of(userdata);
+        FeatureManager *fm = feature_manager_get(userdata);
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         FeatureHandle *h;
         const char *id;
@@ -463,19 +363,19 @@ static int method_describe(sd_bus_message *msg, void *userdata, sd_bus_error *er
         r = sd_bus_message_read(msg, "s", &id);
         if (r < 0)
                 return r;
-        r = handle_lookup(fb, msg, id, &h, error);
+        r = handle_lookup(fm, msg, id, &h, error);
         if (r < 0)
                 return r;
         r = sd_bus_message_new_method_return(msg, &reply);
         if (r >= 0)
-                r = append_info(reply, fb, h);
+                r = append_info(reply, fm, h);
         if (r >= 0)
                 r = sd_bus_send(NULL, reply, NULL);
         return r < 0 ? r : 1;
 }
 
 static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
-        FeatureBus *fb = bus_of(userdata);
+        FeatureManager *fm = feature_manager_get(userdata);
         FeatureHandle *h;
         const char *id;
         int r;
@@ -483,16 +383,16 @@ static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = sd_bus_message_read(msg, "s", &id);
         if (r < 0)
                 return r;
-        r = handle_lookup(fb, msg, id, &h, error);
+        r = handle_lookup(fm, msg, id, &h, error);
         if (r < 0)
                 return r;
-        handle_release(&h->object);
+        feature_handle_release(h);
         return sd_bus_reply_method_return(msg, NULL);
 }
 
 static int method_pin(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
-        FeatureBus *fb = bus_of(m);
+        FeatureManager *fm = feature_manager_get(m);
         char id[EPD_ID_STRING_MAX];
         FeatureHandle *h;
         FeatureRef *ref;
@@ -512,7 +412,7 @@ static int method_pin(sd_bus_message *msg, void *userdata, sd_bus_error *error) 
         r = feature_pin(m->features, key, &ref);
         if (r < 0)
                 return cache_error(r, key, error);
-        r = handle_new(fb, w->object.owner, ref, &h);
+        r = feature_handle_new(fm, w->object.owner, ref, &h);
         if (r < 0) {
                 feature_ref_release(ref);
                 return client_error(r, error);
@@ -529,7 +429,7 @@ static const char *const prefetch_results[] = {
 
 static int method_prefetch(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
-        FeatureBus *fb = bus_of(m);
+        FeatureManager *fm = feature_manager_get(m);
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         const char **announced = NULL;
         char **keys = NULL;
@@ -578,7 +478,7 @@ static int method_prefetch(sd_bus_message *msg, void *userdata, sd_bus_error *er
                 r = sd_bus_message_close_container(reply);
         if (r >= 0)
                 r = sd_bus_send(NULL, reply, NULL);
-        timer_arm(fb, feature_cache_expire(m->features, now_usec(CLOCK_MONOTONIC)));
+        feature_manager_arm_timer(fm);
         /* encoders listening for work start on these */
         for (size_t i = 0; r >= 0 && i < n_announced; i++) {
                 int k = manager_emit_signal(m, FEATURE_PATH, FEATURE_IFACE, "FeatureWanted", "s",
@@ -629,7 +529,7 @@ static int property_store(sd_bus *bus, const char *path, const char *interface,
                           sd_bus_error *error) {
         Manager *m = userdata;
         return sd_bus_message_append(reply, "s",
-                                     bus_of(m)->store && m->config.feature_store_dir ? m->config.feature_store_dir : "");
+                                     feature_manager_get(m)->store && m->config.feature_store_dir ? m->config.feature_store_dir : "");
 }
 
 #define STAT(name, fn) SD_BUS_PROPERTY(name, "t", fn, 0, 0)
@@ -685,142 +585,9 @@ static const sd_bus_vtable feature_vtable[] = {
         SD_BUS_VTABLE_END,
 };
 
-/* Subsystem hooks. */
-
-static int feature_init(Manager *m) {
-        _cleanup_(feature_cache_freep) FeatureCache *c = NULL;
-        FeatureBus *fb;
-        int r;
-
-        r = feature_cache_new(&(FeatureCacheConfig){ .budget_bytes = m->config.feature_cache_bytes }, &c);
-        if (r < 0)
-                return log_error_errno(r, "Cannot create the feature cache: %m");
-        for (size_t i = 0; i < m->n_arenas; i++) {
-                Arena *a = m->arenas[i];
-                if (a->usage != ARENA_USAGE_FEATURE)
-                        continue;
-                uint64_t chunk = a->index < m->config.n_arenas ? m->config.arenas[a->index].page_size : 0;
-                r = feature_cache_add_arena(c, a->index, a->domain == MEMORY_HOST ? a->base : NULL,
-                                            a->data_offset, arena_data_size(a),
-                                            chunk ? chunk : FEATURE_CHUNK_DEFAULT);
-                if (r < 0)
-                        return log_error_errno(r, "Arena '%s': cannot use it for features: %m", a->name);
-        }
-        fb = calloc(1, sizeof *fb);
-        if (!fb)
-                return log_oom();
-        fb->manager = m;
-        fb->handles = hashmap_new(HASHMAP_KEY_BYTES, sizeof(EpdId));
-        if (!fb->handles) {
-                free(fb);
-                return log_oom();
-        }
-        if (m->config.feature_store_dir) {
-                r = feature_store_open(m->config.feature_store_dir, m->config.feature_store_max_bytes,
-                                       &fb->store);
-                if (r < 0) {
-                        hashmap_free(fb->handles);
-                        free(fb);
-                        return log_error_errno(r, "Feature store %s: %m", m->config.feature_store_dir);
-                }
-                r = feature_spiller_new(fb->store, MIN(SPILL_PENDING_MAX, m->config.feature_cache_bytes),
-                                        &fb->spiller);
-                if (r < 0) {
-                        feature_store_free(fb->store);
-                        hashmap_free(fb->handles);
-                        free(fb);
-                        return log_error_errno(r, "Cannot start the feature spill thread: %m");
-                }
-                r = feature_loader_new(m->event, fb->store, &fb->loader);
-                if (r < 0) {
-                        feature_spiller_free(fb->spiller);
-                        feature_store_free(fb->store);
-                        hashmap_free(fb->handles);
-                        free(fb);
-                        return log_error_errno(r, "Cannot start the feature load thread: %m");
-                }
-                feature_cache_set_store(c, fb->store);
-                feature_cache_set_spill(c, feature_spiller_queue, fb->spiller);
-                feature_cache_set_loader(c, feature_loader_queue, fb->loader);
-        }
-        feature_cache_set_callback(c, on_state, fb);
-        m->features = TAKE_PTR(c);
-        return 0;
-}
-
-static void feature_done(Manager *m) {
-        FeatureBus *fb = bus_of(m);
-
-        if (!fb)
-                return;
-        /* Clients (and with them every handle) are gone by now. The load thread stops
-         * before the cache (and the regions it reads into) goes. */
-        fb->loader = feature_loader_free(fb->loader);
-        m->features = feature_cache_free(m->features);
-        sd_event_source_disable_unref(fb->timer);
-        feature_spiller_free(fb->spiller); /* writes what is queued */
-        feature_store_free(fb->store);
-        hashmap_free(fb->handles);
-        free(fb);
-}
-
-static int feature_add_bus(Manager *m, sd_bus *bus) {
+int bus_feature_add(Manager *m, sd_bus *bus) {
         int r = sd_bus_add_object_vtable(bus, NULL, FEATURE_PATH, FEATURE_IFACE, feature_vtable, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Feature object: %m");
         return 0;
 }
-
-static int feature_reload(Manager *m, const Config *n) {
-        if ((n->feature_store_dir || m->config.feature_store_dir) &&
-            (!n->feature_store_dir || !m->config.feature_store_dir ||
-             strcmp(n->feature_store_dir, m->config.feature_store_dir) != 0))
-                log_notice("[Features] StoreDirectory= changes take effect at the next start.");
-        if (n->feature_cache_bytes != feature_cache_budget(m->features)) {
-                feature_cache_set_budget(m->features, n->feature_cache_bytes);
-                manager_emit_changed(m, FEATURE_PATH, FEATURE_IFACE, "CacheBytes");
-        }
-        return 0;
-}
-
-static int feature_apply_record(Manager *m, uint16_t type, const void *payload, size_t len) {
-        return m->features ? feature_cache_apply_record(m->features, type, payload, len) : 0;
-}
-
-static int feature_journal(FeatureCache *c, uint16_t rec, const void *payload, size_t len, void *userdata) {
-        Manager *m = userdata;
-        /* What is dropped while stopping stays in the WAL for the next start. */
-        if (m->stopping)
-                return 0;
-        int r = wal_manager_append(m, WAL_RECORD_FEATURE + rec, payload, len);
-        return r == -ENOTCONN ? 0 : r;
-}
-
-/* Replay is done: journal from now on, and forget what was journaled in arenas whose
- * memory did not survive the restart. */
-static int feature_restore_finish(Manager *m) {
-        if (!m->features)
-                return 0;
-        feature_cache_set_journal(m->features, feature_journal, m);
-        for (size_t i = 0; i < m->n_arenas; i++)
-                if (!m->arenas[i]->adopted && feature_cache_drop_arena(m->features, (uint32_t)i) > 0)
-                        log_info("Arena %s: journaled features dropped: its memory did not survive (no fd store).",
-                                 m->arenas[i]->name);
-        return 0;
-}
-
-static int feature_snapshot(Manager *m, SubsystemSnapshotAdd add, void *userdata) {
-        return m->features ? feature_cache_snapshot(m->features, add, userdata, WAL_RECORD_FEATURE) : 0;
-}
-
-const Subsystem feature_subsystem = {
-        .name = "features",
-        .init = feature_init,
-        .done = feature_done,
-        .add_bus = feature_add_bus,
-        .reload = feature_reload,
-        .journal_families = (const uint8_t[]){ WAL_RECORD_FEATURE >> 8, 0 },
-        .apply_record = feature_apply_record,
-        .restore_finish = feature_restore_finish,
-        .snapshot = feature_snapshot,
-};

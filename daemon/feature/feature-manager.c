@@ -1,0 +1,257 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "feature/feature-manager.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "feature/bus-feature.h"
+#include "log.h"
+#include "macro.h"
+#include "wal/wal-manager.h"
+
+FeatureManager *feature_manager_get(Manager *m) {
+        return m->features ? feature_cache_get_userdata(m->features) : NULL;
+}
+
+static void handle_release_object(ClientObject *o) {
+        feature_handle_release(container_of(o, FeatureHandle, object));
+}
+
+/* A feature changed state: FeatureReady on the bus, and the Acquires that waited for
+ * its load are answered. */
+static void on_state(FeatureCache *c, Feature *f, void *userdata) {
+        FeatureManager *fm = userdata;
+        bus_feature_emit_ready(fm->manager, f);
+        FeatureHandle *next;
+        for (FeatureHandle *h = fm->pending; h; h = next) {
+                next = h->pending_next;
+                if (h->ref->feature != f)
+                        continue;
+                FeatureLoadWaiter *w = TAKE_PTR(h->waiter);
+                LIST_REMOVE(pending, fm->pending, h);
+                w->done(w, h, f->state == FEATURE_READY ? 0 : (f->error < 0 ? f->error : -EIO));
+        }
+}
+
+static int on_timer(sd_event_source *s, uint64_t usec, void *userdata);
+
+void feature_manager_arm_timer(FeatureManager *fm) {
+        usec_t next = feature_cache_expire(fm->manager->features, now_usec(CLOCK_MONOTONIC));
+        if (next == USEC_INFINITY) {
+                if (fm->timer)
+                        (void)sd_event_source_set_enabled(fm->timer, SD_EVENT_OFF);
+                return;
+        }
+        if (!fm->timer) {
+                int r = sd_event_add_time(fm->manager->event, &fm->timer, CLOCK_MONOTONIC, next,
+                                          10 * USEC_PER_MSEC, on_timer, fm);
+                if (r < 0)
+                        log_warning_errno(r, "Cannot arm the feature announce timer: %m");
+                return;
+        }
+        (void)sd_event_source_set_time(fm->timer, next);
+        (void)sd_event_source_set_enabled(fm->timer, SD_EVENT_ONESHOT);
+}
+
+static int on_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        feature_manager_arm_timer(userdata);
+        return 0;
+}
+
+/* ---- handles ---- */
+
+void feature_handle_release(FeatureHandle *h) {
+        if (h->waiter) {
+                FeatureLoadWaiter *w = TAKE_PTR(h->waiter);
+                LIST_REMOVE(pending, h->fm->pending, h);
+                w->done(w, h, -ECANCELED);
+        }
+        client_object_unlink(&h->object);
+        hashmap_remove(h->fm->handles, &h->id);
+        feature_ref_release(h->ref); /* a producer's release fails its waiters */
+        free(h);
+}
+
+int feature_handle_new(FeatureManager *fm, Client *c, FeatureRef *ref, FeatureHandle **ret) {
+        FeatureHandle *h = calloc(1, sizeof *h);
+        int r;
+
+        if (!h)
+                return -ENOMEM;
+        h->fm = fm;
+        h->ref = ref;
+        r = epd_id_random(&h->id);
+        if (r >= 0)
+                r = client_object_link(c, &h->object,
+                                       ref->kind == FEATURE_REF_PIN ? CLIENT_OBJECT_PIN
+                                                                    : CLIENT_OBJECT_FEATURE_REF,
+                                       handle_release_object);
+        if (r < 0) {
+                free(h);
+                return r;
+        }
+        r = hashmap_put(fm->handles, &h->id, h);
+        if (r < 0) {
+                client_object_unlink(&h->object);
+                free(h);
+                return r;
+        }
+        ref->userdata = h;
+        *ret = h;
+        return 0;
+}
+
+int feature_handle_lookup(FeatureManager *fm, Client *caller, const char *id_str, FeatureHandle **ret,
+                          Reason *why) {
+        EpdId id;
+        FeatureHandle *h;
+
+        if (epd_id_from_string(id_str, &id) < 0)
+                return reason_set(why, -EINVAL, "'%.64s' is not a handle.", id_str);
+        h = hashmap_get(fm->handles, &id);
+        if (!h)
+                return reason_set(why, -ENOENT, "No feature handle %s.", id_str);
+        if (h->object.owner != caller)
+                return reason_set(why, -EPERM, "Feature handle %s belongs to another client.", id_str);
+        *ret = h;
+        return 0;
+}
+
+void feature_handle_wait_load(FeatureHandle *h, FeatureLoadWaiter *w) {
+        h->waiter = w;
+        LIST_PREPEND(pending, h->fm->pending, h);
+}
+
+/* ---- the subsystem ---- */
+
+static int feature_init(Manager *m) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = NULL;
+        FeatureManager *fm;
+        int r;
+
+        r = feature_cache_new(&(FeatureCacheConfig){ .budget_bytes = m->config.feature_cache_bytes }, &c);
+        if (r < 0)
+                return log_error_errno(r, "Cannot create the feature cache: %m");
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                if (a->usage != ARENA_USAGE_FEATURE)
+                        continue;
+                uint64_t chunk = a->index < m->config.n_arenas ? m->config.arenas[a->index].page_size : 0;
+                r = feature_cache_add_arena(c, a->index, a->domain == MEMORY_HOST ? a->base : NULL,
+                                            a->data_offset, arena_data_size(a),
+                                            chunk ? chunk : FEATURE_CHUNK_DEFAULT);
+                if (r < 0)
+                        return log_error_errno(r, "Arena '%s': cannot use it for features: %m", a->name);
+        }
+        fm = calloc(1, sizeof *fm);
+        if (!fm)
+                return log_oom();
+        fm->manager = m;
+        fm->handles = hashmap_new(HASHMAP_KEY_BYTES, sizeof(EpdId));
+        if (!fm->handles) {
+                free(fm);
+                return log_oom();
+        }
+        if (m->config.feature_store_dir) {
+                r = feature_store_open(m->config.feature_store_dir, m->config.feature_store_max_bytes,
+                                       &fm->store);
+                if (r < 0) {
+                        hashmap_free(fm->handles);
+                        free(fm);
+                        return log_error_errno(r, "Feature store %s: %m", m->config.feature_store_dir);
+                }
+                r = feature_spiller_new(fm->store, MIN(SPILL_PENDING_MAX, m->config.feature_cache_bytes),
+                                        &fm->spiller);
+                if (r < 0) {
+                        feature_store_free(fm->store);
+                        hashmap_free(fm->handles);
+                        free(fm);
+                        return log_error_errno(r, "Cannot start the feature spill thread: %m");
+                }
+                r = feature_loader_new(m->event, fm->store, &fm->loader);
+                if (r < 0) {
+                        feature_spiller_free(fm->spiller);
+                        feature_store_free(fm->store);
+                        hashmap_free(fm->handles);
+                        free(fm);
+                        return log_error_errno(r, "Cannot start the feature load thread: %m");
+                }
+                feature_cache_set_store(c, fm->store);
+                feature_cache_set_spill(c, feature_spiller_queue, fm->spiller);
+                feature_cache_set_loader(c, feature_loader_queue, fm->loader);
+        }
+        feature_cache_set_callback(c, on_state, fm);
+        m->features = TAKE_PTR(c);
+        return 0;
+}
+
+static void feature_done(Manager *m) {
+        FeatureManager *fm = feature_manager_get(m);
+
+        if (!fm)
+                return;
+        /* Clients (and with them every handle) are gone by now. The load thread stops
+         * before the cache (and the regions it reads into) goes. */
+        fm->loader = feature_loader_free(fm->loader);
+        m->features = feature_cache_free(m->features);
+        sd_event_source_disable_unref(fm->timer);
+        feature_spiller_free(fm->spiller); /* writes what is queued */
+        feature_store_free(fm->store);
+        hashmap_free(fm->handles);
+        free(fm);
+}
+
+static int feature_reload(Manager *m, const Config *n) {
+        if ((n->feature_store_dir || m->config.feature_store_dir) &&
+            (!n->feature_store_dir || !m->config.feature_store_dir ||
+             strcmp(n->feature_store_dir, m->config.feature_store_dir) != 0))
+                log_notice("[Features] StoreDirectory= changes take effect at the next start.");
+        if (n->feature_cache_bytes != feature_cache_budget(m->features)) {
+                feature_cache_set_budget(m->features, n->feature_cache_bytes);
+                manager_emit_changed(m, FEATURE_PATH, FEATURE_IFACE, "CacheBytes");
+        }
+        return 0;
+}
+
+static int feature_apply_record(Manager *m, uint16_t type, const void *payload, size_t len) {
+        return m->features ? feature_cache_apply_record(m->features, type, payload, len) : 0;
+}
+
+static int feature_journal(FeatureCache *c, uint16_t rec, const void *payload, size_t len, void *userdata) {
+        Manager *m = userdata;
+        /* What is dropped while stopping stays in the WAL for the next start. */
+        if (m->stopping)
+                return 0;
+        int r = wal_manager_append(m, WAL_RECORD_FEATURE + rec, payload, len);
+        return r == -ENOTCONN ? 0 : r;
+}
+
+/* Replay is done: journal from now on, and forget what was journaled in arenas whose
+ * memory did not survive the restart. */
+static int feature_restore_finish(Manager *m) {
+        if (!m->features)
+                return 0;
+        feature_cache_set_journal(m->features, feature_journal, m);
+        for (size_t i = 0; i < m->n_arenas; i++)
+                if (!m->arenas[i]->adopted && feature_cache_drop_arena(m->features, (uint32_t)i) > 0)
+                        log_info("Arena %s: journaled features dropped: its memory did not survive (no fd store).",
+                                 m->arenas[i]->name);
+        return 0;
+}
+
+static int feature_snapshot(Manager *m, SubsystemSnapshotAdd add, void *userdata) {
+        return m->features ? feature_cache_snapshot(m->features, add, userdata, WAL_RECORD_FEATURE) : 0;
+}
+
+const Subsystem feature_subsystem = {
+        .name = "features",
+        .init = feature_init,
+        .done = feature_done,
+        .add_bus = bus_feature_add,
+        .reload = feature_reload,
+        .journal_families = (const uint8_t[]){ WAL_RECORD_FEATURE >> 8, 0 },
+        .apply_record = feature_apply_record,
+        .restore_finish = feature_restore_finish,
+        .snapshot = feature_snapshot,
+};

@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* The feature subsystem of epdd: the feature cache (feature.c, pure) with its arenas,
+ * the file store it spills to and loads from (off the event loop), the per-client
+ * handles (ClientObjects: a dying client releases them, and a producer that dies
+ * before publishing fails its waiters at once), the announce timer and the WAL hooks.
+ * The bus glue is bus-feature.c. */
+
+#include <stdbool.h>
+
+#include "core/manager.h"
+#include "feature/feature-load.h"
+#include "feature/feature-spill.h"
+#include "feature/feature-store.h"
+#include "feature/feature.h"
+#include "hashmap.h"
+#include "id.h"
+#include "list.h"
+#include "reason.h"
+
+#define FEATURE_PATH "/org/epd1/feature"
+#define FEATURE_IFACE "org.epd1.Feature"
+#define FEATURE_CHUNK_DEFAULT (64ULL << 10)
+#define SPILL_PENDING_MAX (256ULL << 20) /* bytes copied and queued for the store */
+
+typedef struct FeatureHandle FeatureHandle;
+
+/* An Acquire answered once its feature is read back from the store (the bus glue's):
+ * done() is called once, with error 0 when the feature is ready, the load's error, or
+ * -ECANCELED when the handle goes first (nobody is to be answered then). */
+typedef struct FeatureLoadWaiter FeatureLoadWaiter;
+struct FeatureLoadWaiter {
+        void (*done)(FeatureLoadWaiter *w, FeatureHandle *h, int error);
+};
+
+typedef struct FeatureManager {
+        Manager *manager;
+        FeatureStore *store;
+        FeatureSpiller *spiller; /* writes evictions to the store off the event loop */
+        Hashmap *handles;        /* FeatureHandle* by id bytes */
+        sd_event_source *timer;  /* announce deadlines */
+        FeatureLoader *loader;   /* reads spilled features back off the event loop */
+        LIST_HEAD(FeatureHandle, pending); /* handles whose Acquire waits for a load */
+} FeatureManager;
+
+struct FeatureHandle {
+        ClientObject object;
+        FeatureManager *fm;
+        EpdId id;
+        FeatureRef *ref;
+        FeatureLoadWaiter *waiter; /* while its feature is read back */
+        LIST_FIELDS(FeatureHandle, pending);
+};
+
+extern const Subsystem feature_subsystem;
+
+FeatureManager *feature_manager_get(Manager *m);
+
+/* A handle of client c over ref (which it takes), linked to c. */
+int feature_handle_new(FeatureManager *fm, Client *c, FeatureRef *ref, FeatureHandle **ret);
+/* The explicit Release and the client's death: drops the reference (a producer's
+ * release fails its waiters). */
+void feature_handle_release(FeatureHandle *h);
+/* The handle named id_str, if it is the caller's; else a negative errno and why. */
+int feature_handle_lookup(FeatureManager *fm, Client *caller, const char *id_str, FeatureHandle **ret,
+                          Reason *why);
+/* h's Acquire is answered by w once the feature is read back. */
+void feature_handle_wait_load(FeatureHandle *h, FeatureLoadWaiter *w);
+
+/* Re-arms the announce timer after the cache's deadlines changed. */
+void feature_manager_arm_timer(FeatureManager *fm);
