@@ -45,7 +45,7 @@
 
 #include "log.h"
 #include "telemetry/telemetry-bpf.h"
-#include "telemetry/telemetry.h"
+#include "telemetry/telemetry-manager.h"
 
 typedef enum Mode { MODE_OFF, MODE_UNTRACKED, MODE_TRACKED, _MODE_MAX } Mode;
 static const char *const mode_names[] = { "off", "untracked", "tracked" };

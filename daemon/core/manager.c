@@ -45,6 +45,25 @@ const Subsystem *const *manager_subsystems(void) {
         return subsystems;
 }
 
+/* The subsystem that makes arenas of domain d (other than host memory). */
+static const Subsystem *domain_owner(MemoryDomain d) {
+        FOREACH_SUBSYSTEM(s)
+                if (s->arena_new && s->arena_domain == d)
+                        return s;
+        return NULL;
+}
+
+static void arena_release(Manager *m, Arena *a) {
+        if (!a)
+                return;
+        if (a->domain != MEMORY_HOST) {
+                const Subsystem *s = domain_owner(a->domain);
+                if (s && s->arena_release)
+                        s->arena_release(m, a);
+        }
+        arena_free(a);
+}
+
 /* A direct (peer-to-peer) connection on the daemon's socket. It is keyed by its serial,
  * never by the address of its sd_bus: an address is reused by the next allocation as
  * soon as a bus is freed, so a table keyed by it can confuse a new connection with one
@@ -367,9 +386,10 @@ static int manager_setup_arenas(Manager *m) {
                 char fdname[64];
                 int r;
                 snprintf(fdname, sizeof fdname, "arena-%s", c->name);
-                if (c->domain == MEMORY_GPU)
-                        r = manager_gpu_arena_new(m, c, (uint32_t)i, &m->arenas[i]);
-                else {
+                if (c->domain != MEMORY_HOST) {
+                        const Subsystem *s = domain_owner(c->domain);
+                        r = s ? s->arena_new(m, c, (uint32_t)i, &m->arenas[i]) : -EOPNOTSUPP;
+                } else {
                         int fd = fdstore_take(store, fdname);
                         r = fd >= 0 ? arena_adopt_host(c, (uint32_t)i, fd, m->config.host_id, &m->arenas[i])
                                     : -ENOENT;
@@ -553,7 +573,7 @@ Manager *manager_free(Manager *m) {
                         (void)unlink(m->config.socket_path);
         }
         for (size_t i = 0; i < m->n_arenas; i++)
-                manager_arena_free(m, m->arenas[i]);
+                arena_release(m, m->arenas[i]);
         free(m->arenas);
         hashmap_free(m->clients);
         hashmap_free(m->workers);

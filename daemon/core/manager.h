@@ -31,6 +31,14 @@ typedef struct Subsystem {
         int (*worker_added)(Manager *m, Worker *w);
         void (*worker_gone)(Manager *m, Worker *w);
 
+        /* Arenas of another memory domain than host memory (GPU): the subsystem whose
+         * arena_domain is the configured Domain= makes them at start, before any init,
+         * and releases its part of them after every done (arena_free then frees the
+         * Arena itself). */
+        MemoryDomain arena_domain;
+        int (*arena_new)(Manager *m, const ArenaConfig *c, uint32_t index, Arena **ret);
+        void (*arena_release)(Manager *m, Arena *a);
+
         /* Journaling (wal/): the WAL subsystem calls these, never a subsystem by name.
          * Replay hands every record of the families listed in journal_families (wal.h:
          * WAL_RECORD_X >> 8, ended by 0) to apply_record: -EBADMSG means corrupt and
@@ -94,10 +102,6 @@ uint64_t manager_connection_serial(Manager *m, sd_bus *bus);
 int manager_worker_added(Manager *m, Worker *w);
 void manager_worker_removed(Manager *m, Worker *w);
 
-/* Arenas: GPU arenas come from the GPU domain; freeing goes through the manager so
- * that the domain that made an arena releases it. */
-int manager_gpu_arena_new(Manager *m, const ArenaConfig *c, uint32_t index, Arena **ret);
-void manager_arena_free(Manager *m, Arena *a);
 Arena *manager_find_arena(Manager *m, const char *name);
 
 /* Emits PropertiesChanged for an org.epd1.Manager property on every connection. */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-/* The GPU domain's hooks into the Manager: creating configured GPU arenas (called by
- * the arena setup for Domain=gpu), start-up report and shutdown. The CUDA transport's
+/* The GPU domain's hooks into the Manager: creating and releasing configured GPU arenas
+ * (the Subsystem's arena_new/arena_release for Domain=gpu), start-up report and shutdown. The CUDA transport's
  * completion fd is watched by whoever posts to it (the handoff code), like every
  * transport's. Glue only; the logic is in gpu-domain.c. */
 
@@ -14,7 +14,9 @@
 #include "core/manager.h"
 #include "transport/cuda.h"
 
-int manager_gpu_arena_new(Manager *m, const ArenaConfig *c, uint32_t index, Arena **ret) {
+/* A configured Domain=gpu arena, loading the driver on first use. Fails with a clear
+ * "no GPU" message where there is none. */
+static int gpu_manager_arena_new(Manager *m, const ArenaConfig *c, uint32_t index, Arena **ret) {
         int r;
 
         if (!m->gpu) {
@@ -26,9 +28,7 @@ int manager_gpu_arena_new(Manager *m, const ArenaConfig *c, uint32_t index, Aren
         return gpu_context_arena_new(m->gpu, c, index, ret);
 }
 
-void manager_arena_free(Manager *m, Arena *a) {
-        if (!a)
-                return;
+static void gpu_manager_arena_release(Manager *m, Arena *a) {
         if (a->gpu) {
                 if (m->gpu)
                         gpu_context_arena_forget(m->gpu, a);
@@ -36,14 +36,13 @@ void manager_arena_free(Manager *m, Arena *a) {
                  * still map it keep it alive until they unmap). */
                 a->gpu = gpu_arena_unref(a->gpu);
         }
-        arena_free(a);
 }
 
 /* Copy-on-write of a page in a GPU arena (offsets into the arena): the copy engine, on
  * the daemon's context. Synchronous, like the host arenas' memcpy: the writer may only
  * write once its private copy exists; a page is MBs, microseconds on the copy engine.
  * The page manager installs it when it makes a GPU arena's page pool. */
-int manager_gpu_page_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) {
+int gpu_manager_page_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) {
         Arena *a = userdata;
         GpuArena *g = a->gpu;
         int r;
@@ -107,4 +106,7 @@ const Subsystem gpu_subsystem = {
         .done = gpu_done,
         .add_bus = bus_gpu_add,
         .worker_gone = bus_gpu_worker_gone,
+        .arena_domain = MEMORY_GPU,
+        .arena_new = gpu_manager_arena_new,
+        .arena_release = gpu_manager_arena_release,
 };

@@ -20,7 +20,7 @@
 #include "macro.h"
 #include "pages/page-manager.h"
 #include "peer/peer-manager.h"
-#include "telemetry/telemetry.h"
+#include "telemetry/telemetry-manager.h"
 
 /* Writes this daemon posted (source side), by cookie: one per write to a peer (whose
  * cookies travel and must be unique), one per group's batch within this host (every

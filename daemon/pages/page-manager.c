@@ -56,7 +56,7 @@ int page_manager_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool **
                 }
         } else if (a->domain == MEMORY_GPU && a->gpu && !pm->copy[a->index]) {
                 /* The copy engine (gpu-subsystem.c). */
-                pm->copy[a->index] = manager_gpu_page_copy;
+                pm->copy[a->index] = gpu_manager_page_copy;
                 pm->copy_userdata[a->index] = a;
         }
         log_info("Arena %s: %" PRIu64 " KV pages of %" PRIu64 " bytes.", a->name,

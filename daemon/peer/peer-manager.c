@@ -14,7 +14,7 @@
 #include "log.h"
 #include "macro.h"
 #include "peer/bus-peer.h"
-#include "telemetry/telemetry.h"
+#include "telemetry/telemetry-manager.h"
 
 /* ---- the manager ---- */
 

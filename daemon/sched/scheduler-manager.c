@@ -12,7 +12,7 @@
 #include "peer/peer-manager.h"
 #include "sched/pool-select.h"
 #include "sched/scheduler-manager.h"
-#include "telemetry/telemetry.h"
+#include "telemetry/telemetry-manager.h"
 #include "core/worker.h"
 
 #define EXPIRE_INTERVAL_USEC (1 * USEC_PER_SEC)

@@ -13,7 +13,7 @@
 #include "core/client.h"
 #include "log.h"
 #include "core/manager.h"
-#include "telemetry/telemetry.h"
+#include "telemetry/telemetry-manager.h"
 
 static int property_kernel(sd_bus *bus, const char *path, const char *interface, const char *property,
                            sd_bus_message *reply, void *userdata, sd_bus_error *error) {

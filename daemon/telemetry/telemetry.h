@@ -19,8 +19,6 @@
 #include "telemetry/telemetry-event.h"
 #include "telemetry/trace.h"
 
-typedef struct Manager Manager;
-typedef struct Subsystem Subsystem;
 typedef struct Telemetry Telemetry;
 
 #define TELEMETRY_BACKPRESSURE_HANDLERS_MAX 4
@@ -92,16 +90,3 @@ void telemetry_get_counters(Telemetry *t, TelemetryCounters *ret);
 int telemetry_record(Telemetry *t, const char *request_id, TraceEventType type, const TraceDetail *d);
 const TraceRequest *telemetry_get_trace(Telemetry *t, const char *request_id);
 
-/* Manager-facing API, used by the peer, handoff and feature code. All are no-ops that
- * return 0 when telemetry is not running. */
-int telemetry_track_socket(Manager *m, int fd, const char *peer);
-int telemetry_untrack_socket(Manager *m, int fd);
-/* Untracks every connection of a peer (by cookie: the fds may be closed already). */
-int telemetry_untrack_peer(Manager *m, const char *peer);
-int telemetry_peer_stats(Manager *m, const char *peer, TelemetryPeerStats *ret);
-int telemetry_peer_load(Manager *m, const char *peer, unsigned handoffs_in_flight,
-                        uint64_t destination_free_pages, uint64_t destination_total_pages);
-BackpressureLevel telemetry_peer_backpressure(Manager *m, const char *peer);
-int telemetry_trace(Manager *m, const char *request_id, TraceEventType type, const TraceDetail *d);
-
-extern const Subsystem telemetry_subsystem;

@@ -33,7 +33,7 @@
 #include "epd/epd-telemetry.h"
 #include "log.h"
 #include "core/manager.h"
-#include "telemetry/telemetry.h"
+#include "telemetry/telemetry-manager.h"
 
 typedef struct Sender {
         Manager m;
