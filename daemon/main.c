@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
 #include "core/manager.h"
+#include "log.h"
 
 static const char *arg_config = NULL;
 static const char *arg_bus_address = NULL;

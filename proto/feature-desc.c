@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proto/feature-desc.h"
 #include "macro.h"
+#include "proto/feature-desc.h"
 #include "unaligned.h"
 
 static const struct {

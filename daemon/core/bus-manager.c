@@ -7,10 +7,10 @@
 #include <string.h>
 
 #include "bus-error.h"
-#include "sched/pool-select.h"
-#include "log.h"
 #include "core/manager.h"
 #include "core/worker.h"
+#include "log.h"
+#include "sched/pool-select.h"
 
 static int property_version(sd_bus *bus, const char *path, const char *interface,
                             const char *property, sd_bus_message *reply, void *userdata,

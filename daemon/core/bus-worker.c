@@ -6,9 +6,9 @@
 
 #include "core/bus-manager.h"
 #include "core/bus-objects.h"
-#include "log.h"
 #include "core/manager.h"
 #include "core/worker.h"
+#include "log.h"
 
 #define WORKER_PREFIX "/org/epd1/worker"
 

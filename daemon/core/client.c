@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "bus-error.h"
-#include "log.h"
 #include "core/manager.h"
 #include "core/worker.h"
+#include "log.h"
 
 /* The connection a message came in on: NULL for the bus (unique names identify
  * clients), or the direct connection's serial. */

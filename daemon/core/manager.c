@@ -19,10 +19,10 @@
 #include "bus-error.h"
 #include "core/bus-manager.h"
 #include "core/fdstore.h"
+#include "core/worker.h"
 #include "log.h"
 #include "macro.h"
 #include "parse-util.h"
-#include "core/worker.h"
 
 /* Subsystems, in start order (stopped in reverse): daemon/core/subsystem-list.h names
  * them, one SUBSYSTEM(name) line each; each defines `const Subsystem name_subsystem`

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
 #include "core/manager.h"
+#include "log.h"
 #include "time-util.h"
 
 static const char *const role_names[_WORKER_ROLE_MAX] = {

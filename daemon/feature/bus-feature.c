@@ -9,9 +9,11 @@
 
 #include "bus-error.h"
 #include "core/bus-objects.h"
+#include "core/manager.h"
+#include "core/worker.h"
 #include "feature/bus-feature.h"
-#include "feature/feature-manager.h"
 #include "feature/feature-load.h"
+#include "feature/feature-manager.h"
 #include "feature/feature-spill.h"
 #include "feature/feature-store.h"
 #include "feature/feature.h"
@@ -20,9 +22,7 @@
 #include "list.h"
 #include "log.h"
 #include "macro.h"
-#include "core/manager.h"
 #include "wal/wal-manager.h"
-#include "core/worker.h"
 
 #define PREFETCH_KEYS_MAX 1024u
 

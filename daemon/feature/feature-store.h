@@ -19,8 +19,8 @@
 
 #include <stdint.h>
 
-#include "proto/feature-desc.h"
 #include "id.h"
+#include "proto/feature-desc.h"
 #include "time-util.h"
 
 typedef struct FeatureStore FeatureStore;

@@ -26,9 +26,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "proto/feature-desc.h"
 #include "id.h"
 #include "list.h"
+#include "proto/feature-desc.h"
 #include "time-util.h"
 
 typedef struct FeatureCache FeatureCache;

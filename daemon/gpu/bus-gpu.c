@@ -9,12 +9,12 @@
 #include <strings.h>
 
 #include "bus-error.h"
-#include "gpu/bus-gpu.h"
 #include "core/client.h"
-#include "gpu/gpu-domain.h"
-#include "log.h"
 #include "core/manager.h"
 #include "core/worker.h"
+#include "gpu/bus-gpu.h"
+#include "gpu/gpu-domain.h"
+#include "log.h"
 
 /* A worker's registered GPU memory: a client object, released by ReleaseMemory, by
  * UnregisterWorker's client teardown or by the client's death, through one function. */

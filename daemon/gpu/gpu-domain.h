@@ -14,8 +14,8 @@
 
 #include <stdint.h>
 
-#include "core/arena.h"
 #include "copy.h"
+#include "core/arena.h"
 #include "hashmap.h"
 #include "system.h"
 #include "transport/transport.h"

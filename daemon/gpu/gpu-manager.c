@@ -7,11 +7,11 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "core/manager.h"
 #include "gpu/bus-gpu.h"
 #include "gpu/gpu-domain.h"
 #include "gpu/gpu-manager.h"
 #include "log.h"
-#include "core/manager.h"
 #include "transport/cuda.h"
 
 /* A configured Domain=gpu arena, loading the driver on first use. Fails with a clear

@@ -9,17 +9,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/arena.h"
 #include "bus-error.h"
-#include "wal/wal-manager.h"
+#include "core/arena.h"
 #include "core/bus-dict.h"
 #include "core/bus-objects.h"
+#include "core/manager.h"
+#include "core/worker.h"
 #include "handoff/handoff-manager.h"
 #include "log.h"
 #include "macro.h"
-#include "core/manager.h"
-#include "core/worker.h"
 #include "pages/page-manager.h"
+#include "wal/wal-manager.h"
 
 static HandoffManager *hm_of(void *userdata) {
         return ((Manager *)userdata)->handoffs;

@@ -29,16 +29,16 @@
 #include <stdint.h>
 #include <systemd/sd-event.h>
 
-#include "telemetry/backpressure.h"
 #include "core/client.h"
+#include "core/manager.h"
 #include "handoff/handoff-record.h"
 #include "handoff/handoff.h"
+#include "handoff/ring.h"
 #include "hashmap.h"
 #include "id.h"
-#include "reason.h"
-#include "core/manager.h"
 #include "pages/pages.h"
-#include "handoff/ring.h"
+#include "reason.h"
+#include "telemetry/backpressure.h"
 #include "transport/transport.h"
 
 #define HANDOFF_PATH "/org/epd1/handoffs"

@@ -8,10 +8,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "telemetry/backpressure.h"
 #include "handoff/handoff.h"
-#include "macro.h"
 #include "handoff/ring.h"
+#include "macro.h"
+#include "telemetry/backpressure.h"
 
 /* The ring ABI's numbers are the state machine's. */
 _Static_assert((int)EPD_HANDOFF_STATE_PREPARING == (int)HANDOFF_PREPARING, "ABI");

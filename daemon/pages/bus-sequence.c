@@ -9,16 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/arena.h"
 #include "bus-error.h"
+#include "core/arena.h"
 #include "core/bus-objects.h"
+#include "core/manager.h"
+#include "core/worker.h"
 #include "log.h"
 #include "macro.h"
-#include "core/manager.h"
 #include "pages/page-manager.h"
 #include "pages/sequence-record.h"
 #include "wal/wal-manager.h"
-#include "core/worker.h"
 
 #define PAGES_PATH "/org/epd1/pages"
 #define WORKER_PATH_PREFIX "/org/epd1/worker/"

@@ -8,15 +8,15 @@
 #include <string.h>
 
 #include "core/arena.h"
-#include "pages/bus-sequence.h"
+#include "core/worker.h"
 #include "gpu/gpu-manager.h"
-#include "pages/directory-record.h"
 #include "log.h"
 #include "macro.h"
+#include "pages/bus-sequence.h"
+#include "pages/directory-record.h"
 #include "pages/sequence-record.h"
 #include "time-util.h"
 #include "wal/wal-manager.h"
-#include "core/worker.h"
 
 static int host_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) {
         Arena *a = userdata;

@@ -10,9 +10,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/manager.h"
 #include "pages/directory.h"
 #include "pages/kvlayout.h"
-#include "core/manager.h"
 #include "pages/pages.h"
 #include "pages/sequence.h"
 #include "time-util.h"

@@ -4,9 +4,9 @@
 #include <string.h>
 
 #include "bus-error.h"
-#include "peer/bus-peer.h"
-#include "log.h"
 #include "core/manager.h"
+#include "log.h"
+#include "peer/bus-peer.h"
 #include "peer/peer-manager.h"
 #include "peer/topology.h"
 

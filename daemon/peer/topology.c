@@ -15,8 +15,8 @@
 #include "log.h"
 #include "macro.h"
 #include "peer/peer-manager.h"
-#include "transport/rdma-select.h"
 #include "peer/topology.h"
+#include "transport/rdma-select.h"
 #include "transport/rdma.h"
 
 #define REFRESH_DELAY_USEC (20 * USEC_PER_MSEC)

@@ -7,9 +7,9 @@
 
 #include "bus-error.h"
 #include "core/bus-dict.h"
+#include "core/worker.h"
 #include "log.h"
 #include "sched/scheduler-manager.h"
-#include "core/worker.h"
 
 #define WORKER_PREFIX "/org/epd1/worker/"
 

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/worker.h"
 #include "feature/feature.h"
 #include "handoff/handoff-manager.h"
 #include "hashmap.h"
@@ -13,7 +14,6 @@
 #include "sched/pool-select.h"
 #include "sched/scheduler-manager.h"
 #include "telemetry/telemetry-manager.h"
-#include "core/worker.h"
 
 #define EXPIRE_INTERVAL_USEC (1 * USEC_PER_SEC)
 #define WORKER_SLOTS_DEFAULT 8u

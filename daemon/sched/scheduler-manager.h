@@ -6,9 +6,9 @@
  * prefill and decode), drops requests whose workers never reported, and serves
  * org.epd1.Scheduler (bus-scheduler.c). */
 
-#include "telemetry/backpressure.h"
 #include "core/manager.h"
 #include "sched/scheduler.h"
+#include "telemetry/backpressure.h"
 
 extern const Subsystem scheduler_subsystem;
 

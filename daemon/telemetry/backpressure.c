@@ -5,10 +5,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "telemetry/backpressure.h"
 #include "conf-table.h"
 #include "macro.h"
 #include "parse-util.h"
+#include "telemetry/backpressure.h"
 
 static const char *const level_names[_BACKPRESSURE_LEVEL_MAX] = {
         [BACKPRESSURE_NONE] = "none",

@@ -9,10 +9,10 @@
 #include <unistd.h>
 
 #include "bus-error.h"
-#include "telemetry/bus-telemetry.h"
 #include "core/client.h"
-#include "log.h"
 #include "core/manager.h"
+#include "log.h"
+#include "telemetry/bus-telemetry.h"
 #include "telemetry/telemetry-manager.h"
 
 static int property_kernel(sd_bus *bus, const char *path, const char *interface, const char *property,

@@ -13,8 +13,8 @@
 #include <stdint.h>
 #include <systemd/sd-event.h>
 
-#include "telemetry/backpressure.h"
 #include "macro.h"
+#include "telemetry/backpressure.h"
 #include "telemetry/telemetry-config.h"
 #include "telemetry/telemetry-event.h"
 #include "telemetry/trace.h"

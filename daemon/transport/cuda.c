@@ -4,11 +4,11 @@
 #include <string.h>
 
 #include "copy.h"
-#include "transport/cuda.h"
-#include "system.h"
-#include "vmm.h"
 #include "hashmap.h"
 #include "log.h"
+#include "system.h"
+#include "transport/cuda.h"
+#include "vmm.h"
 
 typedef struct CudaRegion {
         uint64_t id;               /* hashmap key */

@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include "list.h"
-#include "transport/local.h"
 #include "macro.h"
+#include "transport/local.h"
 #include "transport/transport-util.h"
 
 typedef struct LocalJob LocalJob;

@@ -24,12 +24,12 @@
 #include "log.h"
 #include "macro.h"
 #include "peer/peer-proto.h"
+#include "time-util.h"
 #include "transport/rdma-proto.h"
 #include "transport/rdma-session.h"
-#include "time-util.h"
 #include "transport/rdma.h"
-#include "transport/transport-peer.h"
 #include "transport/slicer.h"
+#include "transport/transport-peer.h"
 #include "transport/transport-util.h"
 /* ---- the transport ---- */
 

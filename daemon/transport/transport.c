@@ -6,8 +6,8 @@
 
 #include "log.h"
 #include "macro.h"
-#include "transport/transport.h"
 #include "transport/transport-util.h"
+#include "transport/transport.h"
 
 static const char *const kind_table[_TRANSPORT_KIND_MAX] = {
         [TRANSPORT_LOCAL] = "local",

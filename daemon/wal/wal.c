@@ -13,8 +13,8 @@
 #include "log.h"
 #include "macro.h"
 #include "time-util.h"
-#include "wal/wal.h"
 #include "unaligned.h"
+#include "wal/wal.h"
 
 #define WAL_LOG_NAME "wal.log"
 #define WAL_SNAPSHOT_NAME "wal.snapshot"

@@ -6,10 +6,10 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/worker.h"
 #include "log.h"
 #include "pages/page-manager.h"
 #include "wal/wal-manager.h"
-#include "core/worker.h"
 #include "workflow/workflow-manager.h"
 
 static int map_error(sd_bus_error *error, int r, const char *what) {

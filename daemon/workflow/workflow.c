@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "log.h"
-#include "workflow/workflow.h"
 #include "unaligned.h"
+#include "workflow/workflow.h"
 
 struct WorkflowManager {
         WorkflowOps ops;
