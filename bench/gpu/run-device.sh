@@ -29,7 +29,7 @@ if command -v meson >/dev/null; then MESON=(meson); else MESON=(python3 -m meson
 # Development files the machine may lack (it has libsystemd.so.0 but no headers, and no
 # check): a folder with include/ and lib/pkgconfig/ (libsystemd.pc, check.pc), carried
 # next to the checkout; see docs/gpu.md.
-SYSROOT=${EPD_DEVICE_SYSROOT:-$ROOT/../sysroot}
+SYSROOT=${EPD_DEVICE_SYSROOT:-$ROOT/.device/sysroot}
 if ! pkg-config --exists libsystemd && [ -d "$SYSROOT/lib/pkgconfig" ]; then
         lib=$(ldconfig -p | awk '/libsystemd\.so\.0 .*x86-64/ {print $NF; exit}')
         [ -n "$lib" ] && ln -sf "$lib" "$SYSROOT/lib/libsystemd.so"
