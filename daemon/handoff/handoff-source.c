@@ -555,7 +555,7 @@ int handoff_manager_prepare(HandoffManager *hm, Worker *w, const HandoffPrepareA
                             HandoffPrepareWaiter *waiter, HandoffObject **ret, Reason *why) {
         Manager *m = hm->manager;
         _cleanup_(prepare_ctx_done) PrepareCtx x = { .worker = w, .client = w->object.owner };
-        HandoffObject *o;
+        HandoffObject *o = NULL;
         int r;
 
         r = prepare_check(hm, a, &x, why);
