@@ -565,13 +565,17 @@ static void handoff_done(Manager *m) {
         m->handoffs = NULL;
 }
 
+static const SubsystemJournal handoff_journal_hooks = {
+        .families = (const uint8_t[]){ WAL_RECORD_HANDOFF >> 8, 0 },
+        .apply_record = handoff_manager_apply_record,
+        .restore_finish = handoff_manager_restore_finish,
+        .snapshot = handoff_manager_snapshot,
+};
+
 const Subsystem handoff_subsystem = {
         .name = "handoff",
         .init = handoff_init,
         .done = handoff_done,
         .add_bus = bus_handoff_add,
-        .journal_families = (const uint8_t[]){ WAL_RECORD_HANDOFF >> 8, 0 },
-        .apply_record = handoff_manager_apply_record,
-        .restore_finish = handoff_manager_restore_finish,
-        .snapshot = handoff_manager_snapshot,
+        .journal = &handoff_journal_hooks,
 };
