@@ -36,13 +36,7 @@ DP=()
 [ -n "${E2E_DP:-}" ] && DP=(--dp)
 OUTDIR=${OUT:-$ROOT/build-e2e/out}
 mkdir -p "$OUTDIR"
-if command -v meson >/dev/null; then MESON=(meson); else MESON=(python3 -m mesonbuild.mesonmain); fi
-SYSROOT=${EPD_DEVICE_SYSROOT:-$ROOT/.device/sysroot}
-if ! pkg-config --exists libsystemd && [ -d "$SYSROOT/lib/pkgconfig" ]; then
-        lib=$(ldconfig -p | awk '/libsystemd\.so\.0 .*x86-64/ {print $NF; exit}')
-        [ -n "$lib" ] && ln -sf "$lib" "$SYSROOT/lib/libsystemd.so"
-        export PKG_CONFIG_PATH=$SYSROOT/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-fi
+. bench/device-env.sh
 B=build-e2e
 t0=$(date +%s)
 if [ ! -f $B/build.ninja ]; then

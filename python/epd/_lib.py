@@ -86,3 +86,24 @@ def lib():
     if _lib is None:
         _lib = _declare(ctypes.CDLL(_find_library(), use_errno=True))
     return _lib
+
+
+class Closing:
+    """A handle on something of libepd's that close() gives back: usable in a with
+    statement, and closed when garbage collected (quietly: the interpreter may be
+    going away)."""
+
+    def close(self):
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

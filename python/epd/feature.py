@@ -115,7 +115,7 @@ def _c_tensors(tensors: Sequence[Tensor]):
     return arr, keep
 
 
-class Feature:
+class Feature(_lib.Closing):
     """A handle on one feature. Attributes mirror the daemon's answer."""
 
     def __init__(self, client, p: _Fp):
@@ -247,17 +247,8 @@ class Feature:
             p, self._p = self._p, None
             self._client._check(self._lib.epd_feature_release(self._client._c, p), "release feature")
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
+    def close(self):
         self.release()
-
-    def __del__(self):
-        try:
-            self.release()
-        except Exception:
-            pass
 
 
 def prefetch(client, keys: Sequence[str]) -> int:

@@ -72,7 +72,7 @@ class CudaView:
                 "strides": self.strides, "version": 3}
 
 
-class GpuArena:
+class GpuArena(_lib.Closing):
     """One GPU arena of this worker's registration, mapped on this process's ordinal of
     the daemon's GPU."""
 
@@ -111,20 +111,8 @@ class GpuArena:
             _lib_gpu().epd_gpu_unmap(self._m)
             self._m = None
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-class Gpu:
+class Gpu(_lib.Closing):
     """libepd's GPU side: the CUDA driver loaded at run time (EPD_LIBCUDA overrides
     libcuda.so.1)."""
 
@@ -150,15 +138,3 @@ class Gpu:
         if self._g:
             self._lib.epd_gpu_close(self._g)
             self._g = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

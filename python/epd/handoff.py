@@ -120,7 +120,7 @@ def _take_string(lib, p: ctypes.c_void_p) -> str:
     return s
 
 
-class Ring:
+class Ring(_lib.Closing):
     """The shared-memory ring pair (memfd + eventfds): submit records, take events.
 
     Events of every handoff this process owns arrive on one completion ring, in any order.
@@ -181,12 +181,6 @@ class Ring:
         if self._r:
             self._lib.epd_ring_close(self._r)
             self._r = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 class Handoff:
