@@ -11,6 +11,7 @@
 
 #include "bus-error.h"
 #include "core/arena.h"
+#include "core/bus-manager.h"
 #include "core/bus-objects.h"
 #include "core/manager.h"
 #include "core/worker.h"
@@ -21,7 +22,6 @@
 #include "wal/wal-manager.h"
 
 #define PAGES_PATH "/org/epd1/pages"
-#define WORKER_PATH_PREFIX "/org/epd1/worker/"
 
 /* Maps the errno of a pages operation to a named error. */
 static int pages_error(sd_bus_error *error, int r, const char *what) {
@@ -516,17 +516,7 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
 }
 
 static int grant_target(Manager *m, sd_bus_message *msg, Worker **ret, sd_bus_error *error) {
-        const char *path;
-        int r = sd_bus_message_read(msg, "o", &path);
-        if (r < 0)
-                return r;
-        if (strncmp(path, WORKER_PATH_PREFIX, strlen(WORKER_PATH_PREFIX)) != 0)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "%s is not a worker path.", path);
-        Worker *w = manager_get_worker(m, path + strlen(WORKER_PATH_PREFIX));
-        if (!w)
-                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No worker %s.", path);
-        *ret = w;
-        return 0;
+        return bus_read_worker(m, msg, false, ret, error);
 }
 
 static int method_grant(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
