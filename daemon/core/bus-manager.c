@@ -25,6 +25,27 @@ static int property_host_id(sd_bus *bus, const char *path, const char *interface
         return sd_bus_message_append(reply, "s", m->config.host_id);
 }
 
+static int property_started_at(sd_bus *bus, const char *path, const char *interface,
+                               const char *property, sd_bus_message *reply, void *userdata,
+                               sd_bus_error *error) {
+        Manager *m = userdata;
+        return sd_bus_message_append(reply, "t", (uint64_t)m->started_usec);
+}
+
+static int property_state_directory(sd_bus *bus, const char *path, const char *interface,
+                                    const char *property, sd_bus_message *reply, void *userdata,
+                                    sd_bus_error *error) {
+        Manager *m = userdata;
+        return sd_bus_message_append(reply, "s", m->config.state_dir);
+}
+
+static int property_socket(sd_bus *bus, const char *path, const char *interface,
+                           const char *property, sd_bus_message *reply, void *userdata,
+                           sd_bus_error *error) {
+        Manager *m = userdata;
+        return sd_bus_message_append(reply, "s", m->config.socket_path);
+}
+
 static int property_arenas(sd_bus *bus, const char *path, const char *interface,
                            const char *property, sd_bus_message *reply, void *userdata,
                            sd_bus_error *error) {
@@ -268,6 +289,9 @@ static const sd_bus_vtable manager_vtable[] = {
         SD_BUS_PROPERTY("Workers", "a(osssu)", property_workers, 0,
                         SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_PROPERTY("Clients", "u", property_clients, 0, 0),
+        SD_BUS_PROPERTY("StartedAt", "t", property_started_at, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("StateDirectory", "s", property_state_directory, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Socket", "s", property_socket, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_METHOD_WITH_ARGS("RegisterWorker",
                                 SD_BUS_ARGS("s", role, "s", model, "s", device, "a{sv}", options),
                                 SD_BUS_RESULT("o", worker, "a(sssttuh)", arenas),

@@ -19,10 +19,12 @@
 #include "bus-error.h"
 #include "core/bus-manager.h"
 #include "core/fdstore.h"
+#include "core/lockfile.h"
 #include "core/worker.h"
 #include "log.h"
 #include "macro.h"
 #include "parse-util.h"
+#include "time-util.h"
 
 /* Subsystems, in start order (stopped in reverse): daemon/core/subsystem-list.h names
  * them, one SUBSYSTEM(name) line each; each defines `const Subsystem name_subsystem`
@@ -333,7 +335,7 @@ int manager_new(Manager **ret, const char *config_path) {
         int r;
         if (!m)
                 return log_oom();
-        m->direct_fd = -EBADF;
+        m->direct_fd = m->socket_lock_fd = m->state_lock_fd = -EBADF;
         r = config_defaults(&m->config);
         if (r < 0)
                 return log_oom();
@@ -369,6 +371,52 @@ int manager_new(Manager **ret, const char *config_path) {
                 return log_error_errno(r, "Cannot allocate the event loop: %m");
         }
         *ret = TAKE_PTR(m);
+        return 0;
+}
+
+/* One daemon per socket and per state directory (core/lockfile.h). Taken before any
+ * arena is made or any file of the state directory opened, so that a second epdd
+ * started on the same socket or directory changes nothing of the first. */
+static int manager_take_locks(Manager *m) {
+        _cleanup_(freep) char *sock_lock = NULL, *state_lock = NULL;
+        pid_t holder = 0;
+        int r;
+
+        if (asprintf(&sock_lock, "%s.lock", m->config.socket_path) < 0 ||
+            asprintf(&state_lock, "%s/epdd.lock", m->config.state_dir) < 0)
+                return log_oom();
+        r = mkdir_parents(m->config.socket_path, 0755);
+        if (r < 0)
+                return log_error_errno(r, "Cannot create the directory of %s: %m", m->config.socket_path);
+        r = lockfile_take(sock_lock, &holder);
+        if (r == -EBUSY) {
+                if (holder > 0)
+                        log_error("Socket %s is served by another epdd (pid %d): refusing to start. Stop that "
+                                  "daemon first, or give this one its own --socket= and StateDirectory=.",
+                                  m->config.socket_path, (int)holder);
+                else
+                        log_error("Socket %s is served by another epdd (its pid is not visible here): refusing "
+                                  "to start. Stop that daemon first, or give this one its own --socket= and "
+                                  "StateDirectory=.", m->config.socket_path);
+                return -EBUSY;
+        }
+        if (r < 0)
+                return log_error_errno(r, "Cannot lock %s: %m", sock_lock);
+        m->socket_lock_fd = r;
+
+        /* Under systemd, StateDirectory= made it; elsewhere make it (one level). */
+        if (mkdir(m->config.state_dir, 0755) < 0 && errno != EEXIST)
+                return log_error_errno(errno, "Cannot create the state directory %s: %m", m->config.state_dir);
+        holder = 0;
+        r = lockfile_take(state_lock, &holder);
+        if (r == -EBUSY) {
+                log_error("State directory %s is in use by another epdd (pid %d): two daemons never share a "
+                          "WAL. Give this one its own StateDirectory=.", m->config.state_dir, (int)holder);
+                return -EBUSY;
+        }
+        if (r < 0)
+                return log_error_errno(r, "Cannot lock %s: %m", state_lock);
+        m->state_lock_fd = r;
         return 0;
 }
 
@@ -420,6 +468,7 @@ static int manager_setup_arenas(Manager *m) {
 
 int manager_startup(Manager *m) {
         int r;
+        m->started_usec = now_usec(CLOCK_REALTIME);
         log_set_max_level(m->config.log_level);
         if (!m->config.host_id) {
                 r = host_id_default(&m->config.host_id);
@@ -448,6 +497,9 @@ int manager_startup(Manager *m) {
                                 return log_error_errno(EINVAL, "Subsystem %s is listed twice in subsystem-list.h.",
                                                        subsystems[i]->name);
 
+        r = manager_take_locks(m);
+        if (r < 0)
+                return r;
         r = manager_setup_arenas(m);
         if (r < 0)
                 return r;
@@ -582,6 +634,9 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->sigint);
         sd_event_source_disable_unref(m->sighup);
         sd_event_unref(m->event);
+        /* Last: the socket is unlinked above while the lock still says it is ours. */
+        m->socket_lock_fd = safe_close(m->socket_lock_fd);
+        m->state_lock_fd = safe_close(m->state_lock_fd);
         config_done(&m->config);
         free(m->config_path);
         free(m);

@@ -63,6 +63,8 @@ struct Manager {
 
         sd_bus *bus;                 /* system bus or --bus-address; may be NULL */
         int direct_fd;               /* listening direct socket */
+        int socket_lock_fd;          /* <socket>.lock, held while serving (core/lockfile.h) */
+        int state_lock_fd;           /* <StateDirectory>/epdd.lock */
         sd_event_source *direct_source;
         Hashmap *connections;        /* direct connections (manager.c: Connection) by serial */
         uint64_t next_serial;
@@ -74,6 +76,7 @@ struct Manager {
         size_t n_arenas;
 
         sd_event_source *sigterm, *sigint, *sighup;
+        uint64_t started_usec;       /* CLOCK_REALTIME at startup (Manager.StartedAt) */
         bool ready_sent;
         bool stopping;               /* manager_free(): releases are not journaled */
 

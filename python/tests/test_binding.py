@@ -17,15 +17,18 @@ import epd  # noqa: E402
 
 
 class Daemon:
-    def __init__(self, extra_conf: str = "", env=None, state: bool = False):
-        """state: a StateDirectory (the WAL), which workflows need."""
+    def __init__(self, extra_conf: str = "", env=None, state: bool = True):
+        """Every daemon gets its own socket and its own StateDirectory (the WAL) in a
+        temporary directory, never the host's /var/lib/epd (a journal left there by
+        another run would fix the arenas' page sizes). `state` is kept for callers that
+        say they need the WAL; it is always there."""
         self.dir = tempfile.mkdtemp(prefix="epd-py-")
         self.socket = os.path.join(self.dir, "bus")
+        self.state_dir = os.path.join(self.dir, "state")
         conf = os.path.join(self.dir, "epd.conf")
         with open(conf, "w") as f:
-            f.write(f"[Daemon]\nSocket={self.socket}\nSystemBus=no\nHostId=py-host\n{extra_conf}")
-            if state:
-                f.write(f"StateDirectory={os.path.join(self.dir, 'state')}\n")
+            f.write(f"[Daemon]\nSocket={self.socket}\nSystemBus=no\nHostId=py-host\n"
+                    f"StateDirectory={self.state_dir}\n{extra_conf}")
         self.log = open(os.path.join(self.dir, "epdd.log"), "w")
         self.proc = subprocess.Popen([os.environ["EPDD"], f"--config={conf}"],
                                      stdout=self.log, stderr=self.log,

@@ -510,6 +510,7 @@ def test_epdd(node_bin, tmp):
         p = os.path.join(tmp, f"{names[i]}.conf")
         with open(p, "w") as f:
             f.write(f"[Daemon]\nHostId={names[i]}\nSystemBus=no\n"
+                    f"StateDirectory={tmp}/{names[i]}.state\n"
                     f"[Arena:kv]\nSize=16M\n"
                     f"[Cluster]\nListen={net.ip(i)}:7200\nClusterKeyFile={key}\n"
                     f"HeartbeatInterval={HEARTBEAT_MS}ms\n")
