@@ -236,12 +236,11 @@ static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_er
                         if (role_wants_arena(wr, m->arenas[i]))
                                 mask |= 1ULL << i;
         w->arena_mask = mask;
-        r = manager_worker_added(m, w);
+        Reason refused = {};
+        r = manager_worker_added(m, w, &refused);
         if (r < 0) {
                 worker_free(w);
-                if (!sd_bus_error_is_set(error))
-                        sd_bus_error_set_errno(error, r);
-                return r;
+                return epd_bus_error_errno(error, r, refused.text);
         }
 
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;

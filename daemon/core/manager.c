@@ -643,10 +643,10 @@ Manager *manager_free(Manager *m) {
         return NULL;
 }
 
-int manager_worker_added(Manager *m, Worker *w) {
+int manager_worker_added(Manager *m, Worker *w, Reason *why) {
         FOREACH_SUBSYSTEM(s)
                 if (s->worker_added) {
-                        int r = s->worker_added(m, w);
+                        int r = s->worker_added(m, w, why);
                         if (r < 0)
                                 return r;
                 }

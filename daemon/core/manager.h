@@ -11,6 +11,7 @@
 #include "core/client.h"
 #include "core/config.h"
 #include "hashmap.h"
+#include "reason.h"
 
 typedef struct Manager Manager;
 typedef struct Worker Worker;
@@ -49,8 +50,9 @@ typedef struct Subsystem {
         int (*add_bus)(Manager *m, sd_bus *bus); /* on every connection */
         int (*reload)(Manager *m, const Config *new_config);
         /* A worker registered / is about to be freed (unregistered or its client died):
-         * drop anything of the subsystem that refers to it. */
-        int (*worker_added)(Manager *m, Worker *w);
+         * drop anything of the subsystem that refers to it. A refusal of worker_added
+         * says why in `why`, which the caller of RegisterWorker gets as the message. */
+        int (*worker_added)(Manager *m, Worker *w, Reason *why);
         void (*worker_gone)(Manager *m, Worker *w);
         const SubsystemJournal *journal; /* NULL: journals nothing */
         const SubsystemArenas *arenas;   /* NULL: makes no arenas */
@@ -104,9 +106,9 @@ int manager_reload(Manager *m);
 /* The serial of a direct connection, 0 if `bus` is not one. */
 uint64_t manager_connection_serial(Manager *m, sd_bus *bus);
 
-/* Runs the subsystems' worker_added hooks (a failure undoes the registration) and
- * worker_gone hooks. */
-int manager_worker_added(Manager *m, Worker *w);
+/* Runs the subsystems' worker_added hooks (a failure undoes the registration and says
+ * why) and worker_gone hooks. */
+int manager_worker_added(Manager *m, Worker *w, Reason *why);
 void manager_worker_removed(Manager *m, Worker *w);
 
 Arena *manager_find_arena(Manager *m, const char *name);

@@ -48,6 +48,11 @@ int page_manager_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool **
                 return r;
         directory_attach_pool(pm->directory, pool);
         a->pages = pool;
+        if (!pm->pool_origin[a->index]) {
+                const char *o = pm->replaying || pm->restoring ? "restored from the journal of the previous run"
+                                                               : "set by the first KV layout that used the arena";
+                pm->pool_origin[a->index] = strdup(o); /* NULL: the refusal says less */
+        }
         if (a->domain == MEMORY_HOST && a->base) {
                 ((ArenaHeader *)a->base)->page_size = page_size;
                 if (!pm->copy[a->index]) {
@@ -486,6 +491,61 @@ static int on_grace(sd_event_source *es, uint64_t usec, void *userdata) {
         return 0;
 }
 
+/* A KV arena whose pool the replay made from journaled sequences, over memory that is
+ * new (no fd store): those sequences are gone, so the page size they fixed is free
+ * again; the first KV layout (or PageSize=) sets it, as on a first start. */
+static void drop_unused_journal_pools(PageManager *pm) {
+        Manager *m = pm->manager;
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                Sequence *s;
+                size_t it = 0;
+                bool used = false;
+                if (!a->pages || a->adopted || m->config.arenas[i].page_size != 0 ||
+                    page_pool_retained(a->pages) > 0 || page_pool_free_count(a->pages) != page_pool_size(a->pages))
+                        continue;
+                while (!used && hashmap_iterate(pm->sequences, &it, (void **)&s, NULL))
+                        used = s->pool == a->pages;
+                if (used)
+                        continue;
+                log_notice("Arena %s: the journal's sequences used KV pages of %" PRIu64 " bytes, but the arena's "
+                           "memory did not survive the restart (no fd store), so they were dropped and the page "
+                           "size is free again: the first worker's KV layout sets it.",
+                           a->name, page_pool_page_size(a->pages));
+                directory_detach_pool(pm->directory, a->pages);
+                a->pages = page_pool_free(a->pages);
+                if (a->domain == MEMORY_HOST && a->base)
+                        ((ArenaHeader *)a->base)->page_size = 0;
+                free(pm->pool_origin[i]);
+                pm->pool_origin[i] = NULL;
+        }
+}
+
+/* After the replay: a pool whose page size journaled sequences over surviving memory
+ * (fd store) keep is said once, with what a worker of another layout can do. */
+static void report_journal_pools(PageManager *pm) {
+        Manager *m = pm->manager;
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                Sequence *s;
+                size_t it = 0;
+                uint64_t n = 0;
+                if (!a->pages || m->config.arenas[i].page_size != 0)
+                        continue;
+                while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL))
+                        n += s->pool == a->pages;
+                if (n == 0)
+                        continue;
+                log_notice("Arena %s keeps KV pages of %" PRIu64 " bytes: %" PRIu64 " sequences restored from the "
+                           "journal in %s/wal hold them. Workers with another KV layout are refused on this arena "
+                           "until those sequences are released (their owners Attach and Release them, or the %" PRIu64
+                           " s grace period ends for those nobody attaches); or give that model its own arena "
+                           "([Arena:NAME] in epd.conf, RegisterWorker option 'arenas').",
+                           a->name, page_pool_page_size(a->pages), n, m->config.state_dir,
+                           (uint64_t)(PAGE_MANAGER_ATTACH_GRACE_USEC / USEC_PER_SEC));
+        }
+}
+
 int page_manager_restore_finish(PageManager *pm) {
         Manager *m = pm->manager;
         Sequence *s;
@@ -493,6 +553,7 @@ int page_manager_restore_finish(PageManager *pm) {
         int r;
 
         pm->replaying = false;
+        pm->restoring = true;
         /* Sequences of an arena whose memory is new (no fd store: not adopted) name
          * bytes that are gone: they are dropped, and the drop is journaled so that a
          * later start does not bring them back over other bytes. */
@@ -514,6 +575,7 @@ int page_manager_restore_finish(PageManager *pm) {
                 log_info("%" PRIu64 " journaled sequences dropped: their arena's memory did not survive (no fd store).",
                          dropped);
         restored_directory_prune(pm);
+        drop_unused_journal_pools(pm);
         _cleanup_(freep) bool **idle_pools = calloc(MAX(m->n_arenas, (size_t)1), sizeof *idle_pools);
         if (!idle_pools)
                 return -ENOMEM;
@@ -568,6 +630,8 @@ int page_manager_restore_finish(PageManager *pm) {
                 free(idle_pools[i]);
         }
         restored_directory_free(pm);
+        pm->restoring = false;
+        report_journal_pools(pm);
         if (pm->directory_restored > 0)
                 log_info("%" PRIu64 " block-directory entries restored.", pm->directory_restored);
         pm->sequences_restored = hashmap_size(pm->sequences);
@@ -705,12 +769,14 @@ static int pages_init(Manager *m) {
         pm->sequences = hashmap_new(HASHMAP_KEY_STRING, 0);
         pm->copy = calloc(MAX(m->n_arenas, (size_t)1), sizeof *pm->copy);
         pm->copy_userdata = calloc(MAX(m->n_arenas, (size_t)1), sizeof *pm->copy_userdata);
+        pm->pool_origin = calloc(MAX(m->n_arenas, (size_t)1), sizeof *pm->pool_origin);
         r = directory_new(&pm->directory);
-        if (r < 0 || !pm->sequences || !pm->copy || !pm->copy_userdata) {
+        if (r < 0 || !pm->sequences || !pm->copy || !pm->copy_userdata || !pm->pool_origin) {
                 directory_free(pm->directory);
                 hashmap_free(pm->sequences);
                 free(pm->copy);
                 free(pm->copy_userdata);
+                free(pm->pool_origin);
                 free(pm);
                 return -ENOMEM;
         }
@@ -727,6 +793,11 @@ static int pages_init(Manager *m) {
                 PagePool *pool;
                 if (a->usage != ARENA_USAGE_KV || m->config.arenas[i].page_size == 0)
                         continue;
+                if (asprintf(&pm->pool_origin[i], "set by PageSize= in %s",
+                             m->config_path ? m->config_path : "the configuration") < 0) {
+                        pm->pool_origin[i] = NULL;
+                        return log_oom();
+                }
                 r = page_manager_pool(pm, a, m->config.arenas[i].page_size, &pool);
                 if (r < 0)
                         return log_error_errno(r, "Arena %s: cannot create its page pool: %m", a->name);
@@ -759,11 +830,14 @@ static void pages_done(Manager *m) {
         hashmap_free(pm->sequences);
         free(pm->copy);
         free(pm->copy_userdata);
+        for (size_t i = 0; pm->pool_origin && i < m->n_arenas; i++)
+                free(pm->pool_origin[i]);
+        free(pm->pool_origin);
         free(pm);
         m->page_manager = NULL;
 }
 
-static int pages_worker_added(Manager *m, Worker *w) {
+static int pages_worker_added(Manager *m, Worker *w, Reason *refused) {
         PageManager *pm = m->page_manager;
         const char *why = NULL;
         KvLayout l;
@@ -775,7 +849,7 @@ static int pages_worker_added(Manager *m, Worker *w) {
                            w->kv.v_bytes_per_token, w->kv.dtype, &why);
         if (r < 0) {
                 log_warning("Worker %s: invalid KV layout: %s", w->id_str, why);
-                return -EINVAL;
+                return reason_set(refused, -EINVAL, "Invalid KV layout: %s", why);
         }
         /* Every KV arena the worker maps must hold pages of this size. */
         for (size_t i = 0; i < m->n_arenas; i++) {
@@ -785,14 +859,23 @@ static int pages_worker_added(Manager *m, Worker *w) {
                         continue;
                 r = page_manager_pool(pm, a, l.page_size, &pool);
                 if (r == -EBUSY) {
-                        log_warning("Worker %s: KV pages of %" PRIu64 " bytes do not fit arena %s, which holds pages of %" PRIu64 " bytes.",
-                                    w->id_str, l.page_size, a->name, page_pool_page_size(a->pages));
-                        return -EINVAL;
+                        const char *origin = pm->pool_origin[i];
+                        log_warning("Worker %s: KV pages of %" PRIu64 " bytes do not fit arena %s, which holds pages of %" PRIu64 " bytes%s%s%s.",
+                                    w->id_str, l.page_size, a->name, page_pool_page_size(a->pages),
+                                    origin ? " (" : "", origin ?: "", origin ? ")" : "");
+                        return reason_set(refused, -EINVAL,
+                                          "KV pages of %" PRIu64 " bytes do not fit arena %s, which holds pages of %" PRIu64
+                                          " bytes%s%s%s. Register with that KV layout, or map another KV arena "
+                                          "(RegisterWorker option 'arenas'; [Arena:NAME] in epd.conf).",
+                                          l.page_size, a->name, page_pool_page_size(a->pages),
+                                          origin ? " (" : "", origin ?: "", origin ? ")" : "");
                 }
                 if (r < 0) {
                         log_warning_errno(r, "Worker %s: arena %s cannot hold pages of %" PRIu64 " bytes: %m",
                                           w->id_str, a->name, l.page_size);
-                        return r == -ENOSPC ? -ENOSPC : -EINVAL;
+                        return reason_set(refused, r == -ENOSPC ? -ENOSPC : -EINVAL,
+                                          "Arena %s (%" PRIu64 " bytes of pages) cannot hold KV pages of %" PRIu64
+                                          " bytes: %s.", a->name, arena_data_size(a), l.page_size, strerror(-r));
                 }
         }
         w->layout = malloc(sizeof(KvLayout));

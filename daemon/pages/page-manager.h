@@ -28,6 +28,11 @@ typedef struct PageManager {
          * the GPU domain installs a CUDA copy with page_manager_set_copy(). */
         PageCopyFn *copy;
         void **copy_userdata;
+        /* Per arena (index): what fixed its pool's page size, in words for the worker
+         * whose KV layout does not fit ("PageSize= in ...", "restored from the journal",
+         * "the KV layout of worker ID"); NULL while it has no pool. */
+        char **pool_origin;
+        bool restoring;              /* in page_manager_restore_finish() */
         uint64_t sequences_created, sequences_released;
         /* Restart (docs/wal.md): sequences restored by the WAL replay have no owner
          * until their uid Attaches; those still unclaimed when `grace` fires are

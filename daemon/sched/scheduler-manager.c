@@ -236,7 +236,7 @@ static void scheduler_done(Manager *m) {
         m->scheduler = sched_free(m->scheduler);
 }
 
-static int scheduler_worker_added(Manager *m, Worker *w) {
+static int scheduler_worker_added(Manager *m, Worker *w, Reason *why) {
         unsigned stages = scheduler_stages_of_role(w->role);
         int r;
 
@@ -254,7 +254,9 @@ static int scheduler_worker_added(Manager *m, Worker *w) {
                 if (r < 0) {
                         for (int k = 0; k < st; k++)
                                 (void)sched_worker_remove(m->scheduler, w->id_str, (SchedStage)k, 0);
-                        return log_warning_errno(r, "Scheduler: cannot add worker %s: %m", w->id_str);
+                        log_warning_errno(r, "Scheduler: cannot add worker %s: %m", w->id_str);
+                        return reason_set(why, r, "The scheduler cannot add worker %s: %s", w->id_str,
+                                          strerror(-r));
                 }
         }
         return 0;
