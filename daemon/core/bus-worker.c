@@ -53,6 +53,30 @@ static int property_labels(sd_bus *bus, const char *path, const char *interface,
         return r < 0 ? r : sd_bus_message_close_container(reply);
 }
 
+/* What the worker did (core/worker.h: WorkerStats), by name. */
+static int property_stats(sd_bus *bus, const char *path, const char *interface, const char *property,
+                          sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Worker *w = userdata;
+        WorkerStats st;
+        manager_worker_stats(w->manager, w, &st);
+        const struct {
+                const char *key;
+                uint64_t v;
+        } rows[] = {
+                { "sequences", st.sequences },
+                { "pages", st.pages },
+                { "handoffs_out", st.handoffs_out },
+                { "handoffs_in", st.handoffs_in },
+                { "features_produced", st.features_produced },
+                { "feature_hits", st.feature_hits },
+                { "feature_misses", st.feature_misses },
+        };
+        int r = sd_bus_message_open_container(reply, 'a', "{st}");
+        for (size_t i = 0; r >= 0 && i < sizeof rows / sizeof rows[0]; i++)
+                r = sd_bus_message_append(reply, "{st}", rows[i].key, rows[i].v);
+        return r < 0 ? r : sd_bus_message_close_container(reply);
+}
+
 static const sd_bus_vtable worker_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY("Id", "s", property_id, 0, SD_BUS_VTABLE_PROPERTY_CONST),
@@ -66,6 +90,7 @@ static const sd_bus_vtable worker_vtable[] = {
         SD_BUS_PROPERTY("KvLayout", "(uutts)", property_layout, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("Name", "s", property_name, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("Labels", "as", property_labels, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Stats", "a{st}", property_stats, 0, 0),
         SD_BUS_VTABLE_END,
 };
 

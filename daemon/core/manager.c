@@ -659,6 +659,13 @@ void manager_worker_removed(Manager *m, Worker *w) {
                         s->worker_gone(m, w);
 }
 
+void manager_worker_stats(Manager *m, Worker *w, WorkerStats *ret) {
+        *ret = w->stats;
+        FOREACH_SUBSYSTEM(s)
+                if (s->worker_stats)
+                        s->worker_stats(m, w, ret);
+}
+
 static void emit_each(Manager *m, int (*fn)(sd_bus *bus, void *userdata), void *userdata) {
         if (m->bus)
                 (void)fn(m->bus, userdata);

@@ -15,6 +15,7 @@
 
 typedef struct Manager Manager;
 typedef struct Worker Worker;
+typedef struct WorkerStats WorkerStats;
 
 /* Writes one record of a subsystem's snapshot (wal/wal.h record type). */
 typedef int (*SubsystemSnapshotAdd)(void *userdata, uint16_t type, const void *rec, size_t len);
@@ -54,6 +55,8 @@ typedef struct Subsystem {
          * says why in `why`, which the caller of RegisterWorker gets as the message. */
         int (*worker_added)(Manager *m, Worker *w, Reason *why);
         void (*worker_gone)(Manager *m, Worker *w);
+        /* Fills in what the subsystem counts of a worker on demand (core/worker.h). */
+        void (*worker_stats)(Manager *m, Worker *w, WorkerStats *st);
         const SubsystemJournal *journal; /* NULL: journals nothing */
         const SubsystemArenas *arenas;   /* NULL: makes no arenas */
 } Subsystem;
@@ -110,6 +113,8 @@ uint64_t manager_connection_serial(Manager *m, sd_bus *bus);
  * why) and worker_gone hooks. */
 int manager_worker_added(Manager *m, Worker *w, Reason *why);
 void manager_worker_removed(Manager *m, Worker *w);
+/* The worker's counters with what the subsystems fill in on demand. */
+void manager_worker_stats(Manager *m, Worker *w, WorkerStats *ret);
 
 Arena *manager_find_arena(Manager *m, const char *name);
 

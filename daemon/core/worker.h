@@ -35,6 +35,20 @@ typedef struct WorkerKvOptions {
         char dtype[16];
 } WorkerKvOptions;
 
+/* What a worker did, for epdtop, epdctl and the metrics (org.epd1.Worker.Stats). The
+ * counters are bumped by the subsystems where it happens; `pages` (KV pages its
+ * sequences hold) is filled in when asked, by the pages subsystem's worker_stats hook. */
+typedef struct WorkerStats WorkerStats;
+struct WorkerStats {
+        uint64_t handoffs_out;      /* handoffs it prepared (a prefill worker) */
+        uint64_t handoffs_in;       /* handoffs it accepted (a decode worker) */
+        uint64_t features_produced; /* features it published (an encoder) */
+        uint64_t feature_hits;      /* its Acquires that found the feature (or its load) */
+        uint64_t feature_misses;    /* its Acquires told to produce */
+        uint64_t sequences;         /* sequences it owns (filled in when asked) */
+        uint64_t pages;             /* KV pages those sequences hold, shared ones included */
+};
+
 #define WORKER_MODEL_MAX 256
 #define WORKER_DEVICE_MAX 64
 
@@ -59,6 +73,7 @@ struct Worker {
         char *name;
         char **labels;
         size_t n_labels;
+        WorkerStats stats;
 };
 
 const char *worker_role_to_string(WorkerRole r);

@@ -197,6 +197,7 @@ static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = feature_acquire(m->features, key, may_produce, now_usec(CLOCK_MONOTONIC), &ref, &res);
         if (r < 0)
                 return cache_error(r, key, error);
+        feature_manager_count_acquire(w, res);
         r = feature_handle_new(fm, w->object.owner, ref, &h);
         if (r < 0) {
                 feature_ref_release(ref);
@@ -319,6 +320,7 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
         if (r < 0)
                 return epd_bus_error(error, EPD_ERROR_STALE,
                                      "Handle %s is not the producer of a reserved feature.", id);
+        feature_manager_count_publish(h);
         /* READY was journaled (docs/wal.md): the reply waits until it is durable. */
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         r = sd_bus_message_new_method_return(msg, &reply);

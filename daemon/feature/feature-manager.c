@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/worker.h"
 #include "feature/bus-feature.h"
 #include "log.h"
 #include "macro.h"
@@ -121,6 +122,19 @@ int feature_handle_lookup(FeatureManager *fm, Client *caller, const char *id_str
 void feature_handle_wait_load(FeatureHandle *h, FeatureLoadWaiter *w) {
         h->waiter = w;
         LIST_PREPEND(pending, h->fm->pending, h);
+}
+
+void feature_manager_count_acquire(Worker *w, FeatureAcquireResult res) {
+        if (res == FEATURE_ACQUIRE_HIT || res == FEATURE_ACQUIRE_LOADING)
+                w->stats.feature_hits++;
+        else if (res == FEATURE_ACQUIRE_PRODUCE)
+                w->stats.feature_misses++;
+}
+
+void feature_manager_count_publish(FeatureHandle *h) {
+        Worker *w = h->object.owner ? client_get_worker(h->object.owner) : NULL;
+        if (w)
+                w->stats.features_produced++;
 }
 
 /* ---- the subsystem ---- */

@@ -68,5 +68,10 @@ int feature_handle_lookup(FeatureManager *fm, Client *caller, const char *id_str
 /* h's Acquire is answered by w once the feature is read back. */
 void feature_handle_wait_load(FeatureHandle *h, FeatureLoadWaiter *w);
 
+/* A worker's Acquire (hit, or told to produce) and Publish, in its counters
+ * (core/worker.h: WorkerStats). */
+void feature_manager_count_acquire(Worker *w, FeatureAcquireResult res);
+void feature_manager_count_publish(FeatureHandle *h);
+
 /* Re-arms the announce timer after the cache's deadlines changed. */
 void feature_manager_arm_timer(FeatureManager *fm);

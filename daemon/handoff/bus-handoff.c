@@ -221,6 +221,32 @@ static int property_counters(sd_bus *bus, const char *path, const char *interfac
         return r < 0 ? r : sd_bus_message_close_container(reply);
 }
 
+/* Per (peer, transport): counts, bytes and the duration histogram (handoff-manager.h). */
+static int property_paths(sd_bus *bus, const char *path, const char *interface, const char *property,
+                          sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        HandoffManager *hm = hm_of(userdata);
+        const HandoffPath *p;
+        int r = sd_bus_message_open_container(reply, 'a', "(ssttttttat)");
+        for (size_t i = 0; r >= 0 && (p = handoff_manager_path(hm, i)); i++) {
+                r = sd_bus_message_open_container(reply, 'r', "ssttttttat");
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "ssttttttt", p->peer, p->transport, p->handoffs_out,
+                                                  p->handoffs_in, p->failed, p->bytes_out, p->bytes_in,
+                                                  p->duration.sum_usec);
+                if (r >= 0)
+                        r = sd_bus_message_append_array(reply, 't', p->duration.counts, sizeof p->duration.counts);
+                if (r >= 0)
+                        r = sd_bus_message_close_container(reply);
+        }
+        return r < 0 ? r : sd_bus_message_close_container(reply);
+}
+
+static int property_duration_buckets(sd_bus *bus, const char *path, const char *interface,
+                                     const char *property, sd_bus_message *reply, void *userdata,
+                                     sd_bus_error *error) {
+        return sd_bus_message_append_array(reply, 't', histogram_bounds_usec, sizeof histogram_bounds_usec);
+}
+
 /* The WAL's view (handoff-record.h): every handoff side journaled and not released. */
 static int property_journal(sd_bus *bus, const char *path, const char *interface, const char *property,
                             sd_bus_message *reply, void *userdata, sd_bus_error *error) {
@@ -247,6 +273,8 @@ static const sd_bus_vtable handoffs_vtable[] = {
         SD_BUS_PROPERTY("Handoffs", "a(ossssuuts)", property_handoffs, 0, 0),
         SD_BUS_PROPERTY("Counters", "a{st}", property_counters, 0, 0),
         SD_BUS_PROPERTY("Journal", "a(sstssuuob)", property_journal, 0, 0),
+        SD_BUS_PROPERTY("Paths", "a(ssttttttat)", property_paths, 0, 0),
+        SD_BUS_PROPERTY("DurationBuckets", "at", property_duration_buckets, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_METHOD_WITH_ARGS("Prepare",
                                 SD_BUS_ARGS("s", request_id, "s", destination, "o", sequence, "au", layer_groups,
                                             "a{sv}", options),

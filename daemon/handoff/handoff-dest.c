@@ -370,6 +370,7 @@ int handoff_manager_accept(HandoffManager *hm, Client *c, const char *request_id
                         d->h->accepted_by = 0;
                         return reason_set(why, -EDQUOT, "Too many objects for this client.");
                 }
+                w->stats.handoffs_in++;
         }
         *ret = d;
         return 0;

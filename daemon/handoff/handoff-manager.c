@@ -270,6 +270,54 @@ static void prepare_answered(HandoffObject *o) {
         obj_unown(o);
 }
 
+static HandoffPath *path_get(HandoffManager *hm, const char *peer, const char *transport) {
+        for (size_t i = 0; i < hm->n_paths; i++)
+                if (strcmp(hm->paths[i].peer, peer) == 0 && strcmp(hm->paths[i].transport, transport) == 0)
+                        return &hm->paths[i];
+        if (hm->n_paths >= HANDOFF_PATHS_MAX)
+                return NULL; /* counted in the daemon's totals all the same */
+        HandoffPath *p = reallocarray(hm->paths, hm->n_paths + 1, sizeof *p);
+        if (!p)
+                return NULL;
+        hm->paths = p;
+        p = &hm->paths[hm->n_paths++];
+        *p = (HandoffPath){};
+        snprintf(p->peer, sizeof p->peer, "%s", peer);
+        snprintf(p->transport, sizeof p->transport, "%s", transport);
+        return p;
+}
+
+/* A handoff committed or rolled back: its (peer, transport) counts it, once per side
+ * (the source of a local handoff only: its twin is the same handoff). */
+static void path_count(HandoffObject *o, bool committed) {
+        Handoff *h = o->h;
+        if (o->twin && h->role != HANDOFF_SOURCE)
+                return;
+        const char *transport = o->transport;
+        if (!transport) {
+                Transport *t = o->peer ? peer_manager_transport_for(o->hm->manager->peers, o->peer) : NULL;
+                transport = t ? t->ops->name : o->peer ? "tcp" : "local";
+        }
+        HandoffPath *p = path_get(o->hm, o->peer_host[0] && !o->twin ? o->peer_host : "local", transport);
+        if (!p)
+                return;
+        if (!committed)
+                p->failed++;
+        else if (h->role == HANDOFF_SOURCE) {
+                p->handoffs_out++;
+                p->bytes_out += o->bytes_moved;
+                usec_t now = now_usec(CLOCK_MONOTONIC);
+                histogram_observe(&p->duration, now > h->created_usec ? now - h->created_usec : 0);
+        } else {
+                p->handoffs_in++;
+                p->bytes_in += o->bytes_moved;
+        }
+}
+
+const HandoffPath *handoff_manager_path(HandoffManager *hm, size_t i) {
+        return hm && i < hm->n_paths ? &hm->paths[i] : NULL;
+}
+
 static void on_state(HandoffObject *o, HandoffState old) {
         Handoff *h = o->h;
         HandoffManager *hm = o->hm;
@@ -284,6 +332,7 @@ static void on_state(HandoffObject *o, HandoffState old) {
                         hm->counters.rolled_back++;
                         handoff_count_failure(hm, h->cause);
                 }
+                path_count(o, false);
                 log_info("handoff %s (%s): rolled back: %s%s", o->request_str, handoff_role_to_string(h->role),
                          handoff_cause_to_string(h->cause), h->remote_rolled_back ? " (other side)" : "");
                 trace(o, TRACE_ROLLBACK, &(TraceDetail){ .detail = handoff_cause_to_string(h->cause) });
@@ -298,8 +347,10 @@ static void on_state(HandoffObject *o, HandoffState old) {
                         }
                 }
         }
-        if (h->state == HANDOFF_COMMITTED && old != HANDOFF_COMMITTED)
+        if (h->state == HANDOFF_COMMITTED && old != HANDOFF_COMMITTED) {
                 trace(o, TRACE_COMMIT, &(TraceDetail){ .detail = handoff_role_to_string(h->role) });
+                path_count(o, true);
+        }
         if (h->state == HANDOFF_RELEASED && old != HANDOFF_RELEASED)
                 trace(o, TRACE_RELEASE, &(TraceDetail){ .detail = handoff_role_to_string(h->role) });
         if (h->state == HANDOFF_RELEASED && handoff_counts(o))
@@ -548,6 +599,7 @@ static void handoff_done(Manager *m) {
         sd_event_source_disable_unref(hm->attach);
         sd_event_source_disable_unref(hm->journal_grace);
         handoff_journal_done(&hm->journal);
+        free(hm->paths);
         hashmap_free(hm->by_handle);
         hashmap_free(hm->sources);
         hashmap_free(hm->destinations);

@@ -35,6 +35,7 @@
 #include "handoff/handoff.h"
 #include "handoff/ring.h"
 #include "hashmap.h"
+#include "histogram.h"
 #include "id.h"
 #include "pages/pages.h"
 #include "reason.h"
@@ -51,6 +52,21 @@
 #define HANDOFF_STAGING_REGION_BASE 768U
 #define HANDOFF_STAGING_MAX 256U
 #define HANDOFF_STAGING_BYTES_MAX (8ULL << 30)
+
+/* What the handoffs of one (peer, transport) did: "local" for handoffs within this
+ * host, the peer's host id otherwise; the transport that moved the bytes ("zero-copy",
+ * "local", "cuda", "tcp", "rdma"). A handoff counts on the side that prepared it (out)
+ * and, between hosts, also on the side that accepted it (in). For the bus
+ * (Handoffs.Paths), epdtop and the metrics. */
+typedef struct HandoffPath {
+        char peer[64];
+        char transport[16];
+        uint64_t handoffs_out, handoffs_in;  /* committed */
+        uint64_t failed;                     /* rolled back, either side */
+        uint64_t bytes_out, bytes_in;
+        Histogram duration;                  /* Prepare to Commit, on the source */
+} HandoffPath;
+#define HANDOFF_PATHS_MAX 1024U
 
 typedef struct HandoffManager HandoffManager;
 typedef struct HandoffObject HandoffObject;
@@ -92,6 +108,7 @@ struct HandoffObject {
         HandoffStaging *staging; /* remote with GPU source pages: GPU → host staging → peer */
         TransportWrite **net;    /* staged: per group, the peer writes, posted once it is staged */
         size_t *n_net;
+        const char *transport;   /* what moved its last group (TransportOps name, "zero-copy") */
 
         /* Where the bytes go (source): the destination's arena region and page offsets. */
         uint32_t dst_region;
@@ -135,6 +152,8 @@ struct HandoffManager {
         uint64_t last_token;
         uint64_t slice_size;
         HandoffCounters counters;
+        HandoffPath *paths;       /* HandoffPath, by (peer, transport), n_paths of them */
+        size_t n_paths;
         /* What the WAL says about every handoff here (handoff-record.h): updated by
          * applying each record as it is appended, rebuilt from them at start. */
         HandoffJournal journal;
@@ -181,6 +200,9 @@ bool handoff_object_owned_by(const HandoffObject *o, const Client *c);
 
 /* The window towards a peer: handoffs and bytes in flight (0 when none). */
 void handoff_manager_window(HandoffManager *hm, const char *peer, unsigned *ret_handoffs, uint64_t *ret_bytes);
+
+/* The i-th (peer, transport) with handoffs, or NULL past the last. */
+const HandoffPath *handoff_manager_path(HandoffManager *hm, size_t i);
 
 /* Counters, in a stable order: name and value. */
 size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t *values, size_t n);

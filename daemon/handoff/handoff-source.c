@@ -32,6 +32,7 @@ static int post_group(HandoffObject *o, uint32_t g) {
                 return handoff_post_group_staged(o, g);
 
         if (o->zero_copy) {
+                o->transport = "zero-copy";
                 r = handoff_group_posted(h, g, 0);
                 if (r >= 0 && o->twin)
                         r = handoff_group_handed_over(o->twin->h, g);
@@ -45,6 +46,7 @@ static int post_group(HandoffObject *o, uint32_t g) {
                               : hm->local;
         if (!t)
                 return -ENOTCONN;
+        o->transport = t->ops->name;
 
         _cleanup_(freep) uint64_t *src = calloc(o->n_pages, sizeof *src);
         if (!src)
@@ -476,6 +478,7 @@ static int prepare_local(HandoffManager *hm, PrepareCtx *x, HandoffObject *o, Re
                 return prepare_error(why, r, "Prepare");
         }
         hm->counters.prepared++;
+        x->worker->stats.handoffs_out++;
         log_debug("handoff %s: prepared locally (%s, %u pages, %u groups)", o->request_str,
                   o->zero_copy ? "same arena" : "copy", o->n_pages, x->n_groups);
         return HANDOFF_PREPARED_NOW;
@@ -548,6 +551,7 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
         x->window->bytes += x->total_bytes;
         handoff_window_publish(hm, x->window);
         hm->counters.prepared++;
+        x->worker->stats.handoffs_out++;
         return HANDOFF_PREPARE_PENDING;
 }
 

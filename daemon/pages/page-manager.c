@@ -895,6 +895,20 @@ static void pages_worker_gone(Manager *m, Worker *w) {
         w->layout = NULL;
 }
 
+/* The sequences of the worker's client and the pages they hold (a page two of them
+ * share counts twice: it is what the worker holds, not what it alone holds). */
+static void pages_worker_stats(Manager *m, Worker *w, WorkerStats *st) {
+        Client *c = w->object.owner;
+        if (!c)
+                return;
+        LIST_FOREACH(objects, o, c->objects)
+                if (o->type == CLIENT_OBJECT_SEQUENCE) {
+                        const Sequence *s = container_of(o, Sequence, object);
+                        st->sequences++;
+                        st->pages += s->n_pages;
+                }
+}
+
 static int pages_apply_record(Manager *m, uint16_t type, const void *payload, size_t len) {
         if (!m->page_manager)
                 return 0;
@@ -925,6 +939,7 @@ const Subsystem pages_subsystem = {
         .add_bus = bus_sequence_add,
         .reload = pages_reload,
         .worker_added = pages_worker_added,
+        .worker_stats = pages_worker_stats,
         .worker_gone = pages_worker_gone,
         .journal = &pages_journal_hooks,
 };
