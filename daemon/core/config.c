@@ -213,6 +213,19 @@ static int p_address(ParseState *s, const char *key, const char *value, void *ds
         return set_string(dst, value);
 }
 
+/* [Metrics] Listen=: HOST:PORT, where port 0 asks for a free port (Metrics.Address and
+ * `epdctl status` say which). */
+static int p_metrics_listen(ParseState *s, const char *key, const char *value, void *dst) {
+        const char *colon = strrchr(value, ':');
+        uint32_t port;
+        if (!colon || colon == value || parse_u32(colon + 1, &port) < 0 || port > 65535) {
+                perr(s, "%s=%s: expected HOST:PORT (such as 127.0.0.1:9464) with a port from 0 (any free one) to 65535",
+                     key, value);
+                return -EINVAL;
+        }
+        return set_string(dst, value);
+}
+
 /* [Telemetry] and [Backpressure]: the keys and their checks live in telemetry-config.c. */
 static int p_telemetry(ParseState *s, const char *key, const char *value, void *dst) {
         int r = telemetry_config_set(dst, s->section, key, value);
@@ -407,6 +420,7 @@ static const ConfigItem items[] = {
         { "Wal", "Sync", p_wal_sync, C(wal_sync) },
         { "Wal", "CompactSize", p_size, C(wal_compact_bytes) },
         { "Gpu", "CopyKernel", p_copy_kernel, C(gpu_copy_kernel) },
+        { "Metrics", "Listen", p_metrics_listen, C(metrics_listen) },
         { "Pool", "Priority", p_priority, PL(policy.priority) },
         { "Pool", "DefaultDeadline", p_duration, PL(policy.default_deadline) },
         { "Pool", "QueueMax", p_unsigned, PL(policy.queue_max) },
@@ -424,7 +438,7 @@ static const ConfigItem items[] = {
 
 static const char *const named_sections[] = { "Arena", "Peer", "Pool" };
 static const char *const plain_sections[] = { "Daemon", "Limits", "Cluster", "Features",
-                                               "Telemetry", "Backpressure", "Wal", "Gpu" };
+                                               "Telemetry", "Backpressure", "Wal", "Gpu", "Metrics" };
 
 static void arena_config_done(ArenaConfig *a) {
         free(a->name);
@@ -513,6 +527,7 @@ void config_done(Config *c) {
         free(c->listen_address);
         free(c->cluster_key_file);
         free(c->feature_store_dir);
+        free(c->metrics_listen);
         telemetry_config_done(&c->telemetry);
         for (int t = 0; t < _TASK_TYPE_MAX; t++)
                 pool_config_done(&c->pools[t]);

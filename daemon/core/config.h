@@ -72,6 +72,8 @@ typedef struct Config {
         uint64_t wal_compact_bytes; /* compact when the log grows past this */
         /* [Gpu] (docs/gpu.md) */
         int gpu_copy_kernel;     /* GpuCopyKernelPolicy: never, small (default), always */
+        /* [Metrics] (docs/telemetry.md#prometheus): HOST:PORT of the HTTP endpoint, NULL: off */
+        char *metrics_listen;
         /* [Pool:NAME] (docs/scheduler.md), by TaskType */
         PoolConfig pools[_TASK_TYPE_MAX];
 

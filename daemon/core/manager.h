@@ -96,6 +96,7 @@ struct Manager {
         struct WorkflowManager *workflows;
         struct Wal *wal;
         struct GpuContext *gpu;
+        struct MetricsServer *metrics;
 };
 
 int manager_new(Manager **ret, const char *config_path);

@@ -1,0 +1,412 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "metrics/metrics-collect.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/worker.h"
+#include "feature/feature.h"
+#include "handoff/handoff-manager.h"
+#include "histogram.h"
+#include "macro.h"
+#include "pages/pages.h"
+#include "peer/peer-manager.h"
+#include "sched/scheduler.h"
+#include "telemetry/telemetry.h"
+#include "time-util.h"
+#include "wal/wal.h"
+
+#define L METRIC_LABELS
+
+static void collect_daemon(Manager *m, MetricsWriter *w, uint64_t scrapes) {
+        metrics_family(w, "epd_build", METRIC_INFO, NULL, "The epdd version serving.");
+        metrics_sample_u64(w, L({ "version", EPD_VERSION }, { "host", m->config.host_id }), 1);
+        metrics_family(w, "epd_start_time_seconds", METRIC_GAUGE, "seconds",
+                       "When this epdd started, in seconds since the epoch.");
+        metrics_sample(w, METRIC_NO_LABELS, (double)m->started_usec / 1e6);
+        metrics_family(w, "epd_clients", METRIC_GAUGE, NULL, "Clients with state in the daemon.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, hashmap_size(m->clients));
+        unsigned by_role[_WORKER_ROLE_MAX] = {};
+        Worker *wk;
+        size_t it = 0;
+        while (hashmap_iterate(m->workers, &it, (void **)&wk, NULL))
+                if ((unsigned)wk->role < _WORKER_ROLE_MAX)
+                        by_role[wk->role]++;
+        metrics_family(w, "epd_workers", METRIC_GAUGE, NULL, "Registered workers, by role.");
+        for (int r = 0; r < _WORKER_ROLE_MAX; r++)
+                metrics_sample_u64(w, L({ "role", worker_role_to_string((WorkerRole)r) }), by_role[r]);
+        metrics_family(w, "epd_metrics_scrapes", METRIC_COUNTER, NULL, "Scrapes of this endpoint answered.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, scrapes);
+}
+
+static void collect_arenas(Manager *m, MetricsWriter *w) {
+        metrics_family(w, "epd_arena_size_bytes", METRIC_GAUGE, "bytes", "Size of each arena, its header included.");
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                metrics_sample_u64(w,
+                                   L({ "arena", a->name }, { "domain", memory_domain_to_string(a->domain) },
+                                     { "usage", arena_usage_to_string(a->usage) }),
+                                   a->size);
+        }
+        /* Page pools exist once a KV layout (or PageSize=) fixed the page size. */
+        PagePoolStats st[64];
+        const char *names[64];
+        size_t n = 0;
+        for (size_t i = 0; i < m->n_arenas && n < ELEMENTSOF(st); i++)
+                if (m->arenas[i]->pages) {
+                        page_pool_stats(m->arenas[i]->pages, &st[n]);
+                        names[n++] = m->arenas[i]->name;
+                }
+        metrics_family(w, "epd_arena_page_size_bytes", METRIC_GAUGE, "bytes", "Size of a KV page of the arena.");
+        for (size_t i = 0; i < n; i++)
+                metrics_sample_u64(w, L({ "arena", names[i] }), st[i].page_size);
+        metrics_family(w, "epd_arena_pages", METRIC_GAUGE, NULL,
+                       "KV pages by state: free, live (held by a sequence or a handoff), idle (cached, evictable).");
+        for (size_t i = 0; i < n; i++) {
+                metrics_sample_u64(w, L({ "arena", names[i] }, { "state", "free" }), st[i].free);
+                metrics_sample_u64(w, L({ "arena", names[i] }, { "state", "live" }), st[i].live);
+                metrics_sample_u64(w, L({ "arena", names[i] }, { "state", "idle" }), st[i].cached_idle);
+        }
+        metrics_family(w, "epd_arena_pages_leased", METRIC_GAUGE, NULL,
+                       "KV pages leased by a transfer or offload in flight.");
+        for (size_t i = 0; i < n; i++)
+                metrics_sample_u64(w, L({ "arena", names[i] }), st[i].leased);
+        metrics_family(w, "epd_arena_pages_shared", METRIC_GAUGE, NULL, "KV pages referenced by two sequences or more.");
+        for (size_t i = 0; i < n; i++)
+                metrics_sample_u64(w, L({ "arena", names[i] }), st[i].shared);
+        metrics_family(w, "epd_arena_shared_saved_bytes", METRIC_GAUGE, "bytes",
+                       "Bytes that sharing pages saves over copying them.");
+        for (size_t i = 0; i < n; i++)
+                metrics_sample_u64(w, L({ "arena", names[i] }), st[i].bytes_saved);
+        metrics_family(w, "epd_arena_cow_copies", METRIC_COUNTER, NULL, "KV pages copied on write.");
+        for (size_t i = 0; i < n; i++)
+                metrics_sample_u64(w, L({ "arena", names[i] }), st[i].cow_copies);
+        metrics_family(w, "epd_arena_page_evictions", METRIC_COUNTER, NULL, "Idle cached KV pages evicted.");
+        for (size_t i = 0; i < n; i++)
+                metrics_sample_u64(w, L({ "arena", names[i] }), st[i].evictions);
+        metrics_family(w, "epd_arena_page_alloc_failures", METRIC_COUNTER, NULL,
+                       "KV page allocations refused for want of free pages.");
+        for (size_t i = 0; i < n; i++)
+                metrics_sample_u64(w, L({ "arena", names[i] }), st[i].alloc_failures);
+}
+
+static void collect_workers(Manager *m, MetricsWriter *w) {
+        Worker *wk;
+        size_t it;
+        metrics_family(w, "epd_worker", METRIC_INFO, NULL, "A registered worker: role, model, device, name.");
+        it = 0;
+        while (hashmap_iterate(m->workers, &it, (void **)&wk, NULL))
+                metrics_sample_u64(w,
+                                   L({ "worker", wk->id_str }, { "role", worker_role_to_string(wk->role) },
+                                     { "model", wk->model }, { "device", wk->device }, { "name", wk->name ?: "" }),
+                                   1);
+        /* Each family needs all its samples together: one pass per family. */
+        static const struct {
+                const char *name;
+                MetricType type;
+                const char *help;
+        } fam[] = {
+                { "epd_worker_sequences", METRIC_GAUGE, "Sequences the worker owns." },
+                { "epd_worker_pages", METRIC_GAUGE, "KV pages the worker's sequences hold (shared ones included)." },
+                { "epd_worker_handoffs", METRIC_COUNTER, "Handoffs the worker prepared (out) or accepted (in)." },
+                { "epd_worker_features_produced", METRIC_COUNTER, "Features the worker published." },
+                { "epd_worker_feature_acquires", METRIC_COUNTER,
+                  "The worker's feature Acquires: hit (found, or read back) or miss (told to produce)." },
+        };
+        for (size_t f = 0; f < ELEMENTSOF(fam); f++) {
+                metrics_family(w, fam[f].name, fam[f].type, NULL, fam[f].help);
+                it = 0;
+                while (hashmap_iterate(m->workers, &it, (void **)&wk, NULL)) {
+                        WorkerStats st;
+                        manager_worker_stats(m, wk, &st);
+                        switch (f) {
+                        case 0:
+                                metrics_sample_u64(w, L({ "worker", wk->id_str }), st.sequences);
+                                break;
+                        case 1:
+                                metrics_sample_u64(w, L({ "worker", wk->id_str }), st.pages);
+                                break;
+                        case 2:
+                                metrics_sample_u64(w, L({ "worker", wk->id_str }, { "direction", "out" }),
+                                                   st.handoffs_out);
+                                metrics_sample_u64(w, L({ "worker", wk->id_str }, { "direction", "in" }),
+                                                   st.handoffs_in);
+                                break;
+                        case 3:
+                                metrics_sample_u64(w, L({ "worker", wk->id_str }), st.features_produced);
+                                break;
+                        default:
+                                metrics_sample_u64(w, L({ "worker", wk->id_str }, { "result", "hit" }),
+                                                   st.feature_hits);
+                                metrics_sample_u64(w, L({ "worker", wk->id_str }, { "result", "miss" }),
+                                                   st.feature_misses);
+                                break;
+                        }
+                }
+        }
+}
+
+static void collect_peers(Manager *m, MetricsWriter *w) {
+        PeerManager *pm = m->peers;
+        Peer *p;
+        size_t n = pm ? peer_manager_n_peers(pm) : 0;
+
+        metrics_family(w, "epd_peer_up", METRIC_GAUGE, NULL,
+                       "1 when the peer's control connection is up and authenticated; the transport its bytes take.");
+        for (size_t i = 0; i < n && (p = peer_manager_peer(pm, i)); i++) {
+                Transport *t = peer_manager_transport_for(pm, p);
+                metrics_sample_u64(w, L({ "peer", peer_host_id(p) }, { "transport", t ? t->ops->name : "tcp" }),
+                                   peer_is_up(p));
+        }
+        metrics_family(w, "epd_peer_connects", METRIC_COUNTER, NULL, "Times the peer came up.");
+        for (size_t i = 0; i < n && (p = peer_manager_peer(pm, i)); i++)
+                metrics_sample_u64(w, L({ "peer", peer_host_id(p) }), peer_stats(p)->connects);
+        metrics_family(w, "epd_peer_disconnects", METRIC_COUNTER, NULL, "Times the peer went down.");
+        for (size_t i = 0; i < n && (p = peer_manager_peer(pm, i)); i++)
+                metrics_sample_u64(w, L({ "peer", peer_host_id(p) }), peer_stats(p)->disconnects);
+        metrics_family(w, "epd_peer_heartbeats_missed", METRIC_COUNTER, NULL,
+                       "Times the peer was declared down for missed heartbeats.");
+        for (size_t i = 0; i < n && (p = peer_manager_peer(pm, i)); i++)
+                metrics_sample_u64(w, L({ "peer", peer_host_id(p) }), peer_stats(p)->heartbeats_missed);
+        metrics_family(w, "epd_peer_control_bytes", METRIC_COUNTER, "bytes",
+                       "Bytes of control frames to (out) and from (in) the peer.");
+        for (size_t i = 0; i < n && (p = peer_manager_peer(pm, i)); i++) {
+                metrics_sample_u64(w, L({ "peer", peer_host_id(p) }, { "direction", "out" }), peer_stats(p)->bytes_out);
+                metrics_sample_u64(w, L({ "peer", peer_host_id(p) }, { "direction", "in" }), peer_stats(p)->bytes_in);
+        }
+}
+
+/* The kernel's view of each peer path (BPF) and its backpressure level. */
+static void collect_paths(Manager *m, MetricsWriter *w) {
+        TelemetryPeerStats s[256];
+        size_t n = 0, it = 0;
+        while (m->telemetry && n < ELEMENTSOF(s) && telemetry_iterate_peers(m->telemetry, &it, &s[n]) > 0)
+                n++;
+        metrics_family(w, "epd_peer_backpressure_level", METRIC_GAUGE, NULL,
+                       "Backpressure of the path to the peer: 0 none, 1 elevated, 2 high, 3 stalled.");
+        for (size_t i = 0; i < n; i++)
+                metrics_sample_u64(w, L({ "peer", s[i].name }, { "reason", backpressure_reason_to_string(s[i].reason) }),
+                                   s[i].level);
+        metrics_family(w, "epd_peer_srtt_seconds", METRIC_GAUGE, "seconds",
+                       "Smoothed TCP round-trip time to the peer, as the kernel sees it (largest over its connections).");
+        for (size_t i = 0; i < n; i++)
+                if (s[i].kernel)
+                        metrics_sample(w, L({ "peer", s[i].name }), s[i].path.srtt_usec / 1e6);
+        metrics_family(w, "epd_peer_min_rtt_seconds", METRIC_GAUGE, "seconds",
+                       "Smallest TCP round-trip time to the peer the kernel measured.");
+        for (size_t i = 0; i < n; i++)
+                if (s[i].kernel)
+                        metrics_sample(w, L({ "peer", s[i].name }), s[i].path.min_rtt_usec / 1e6);
+        metrics_family(w, "epd_peer_retransmits", METRIC_COUNTER, NULL, "TCP segments retransmitted to the peer.");
+        for (size_t i = 0; i < n; i++)
+                if (s[i].kernel)
+                        metrics_sample_u64(w, L({ "peer", s[i].name }), s[i].path.retransmits);
+        metrics_family(w, "epd_peer_tcp_bytes", METRIC_COUNTER, "bytes",
+                       "TCP bytes to the peer, as the kernel counts them: sent, acked, received, retransmitted.");
+        for (size_t i = 0; i < n; i++)
+                if (s[i].kernel) {
+                        metrics_sample_u64(w, L({ "peer", s[i].name }, { "kind", "sent" }), s[i].path.bytes_sent);
+                        metrics_sample_u64(w, L({ "peer", s[i].name }, { "kind", "acked" }), s[i].path.bytes_acked);
+                        metrics_sample_u64(w, L({ "peer", s[i].name }, { "kind", "received" }),
+                                           s[i].path.bytes_received);
+                        metrics_sample_u64(w, L({ "peer", s[i].name }, { "kind", "retransmitted" }),
+                                           s[i].path.bytes_retrans);
+                }
+        metrics_family(w, "epd_peer_send_queue_bytes", METRIC_GAUGE, "bytes",
+                       "Bytes waiting in the send queues of the peer's connections.");
+        for (size_t i = 0; i < n; i++)
+                if (s[i].kernel)
+                        metrics_sample_u64(w, L({ "peer", s[i].name }), s[i].path.send_queue);
+        TelemetryCounters c = {};
+        if (m->telemetry)
+                telemetry_get_counters(m->telemetry, &c);
+        metrics_family(w, "epd_kernel_telemetry", METRIC_GAUGE, NULL,
+                       "1 when the BPF programs that watch peer connections are loaded.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, c.bpf_loaded);
+        metrics_family(w, "epd_ring_events", METRIC_COUNTER, NULL, "Events the BPF programs reported.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, c.ring_events);
+}
+
+static void collect_handoffs(Manager *m, MetricsWriter *w) {
+        HandoffManager *hm = m->handoffs;
+        const HandoffPath *p;
+        if (!hm)
+                return;
+#define PATH_LABELS(...) L({ "peer", p->peer }, { "transport", p->transport }, ##__VA_ARGS__)
+        metrics_family(w, "epd_handoffs", METRIC_COUNTER, NULL,
+                       "Handoffs committed, per peer (\"local\": within this host) and transport: out (prepared "
+                       "here) and in (from the peer).");
+        for (size_t i = 0; (p = handoff_manager_path(hm, i)); i++) {
+                metrics_sample_u64(w, PATH_LABELS({ "direction", "out" }), p->handoffs_out);
+                metrics_sample_u64(w, PATH_LABELS({ "direction", "in" }), p->handoffs_in);
+        }
+        metrics_family(w, "epd_handoff_failures", METRIC_COUNTER, NULL, "Handoffs rolled back, per peer and transport.");
+        for (size_t i = 0; (p = handoff_manager_path(hm, i)); i++)
+                metrics_sample_u64(w, PATH_LABELS(), p->failed);
+        metrics_family(w, "epd_handoff_bytes", METRIC_COUNTER, "bytes",
+                       "KV bytes of committed handoffs, per peer and transport (0 for zero-copy ones).");
+        for (size_t i = 0; (p = handoff_manager_path(hm, i)); i++) {
+                metrics_sample_u64(w, PATH_LABELS({ "direction", "out" }), p->bytes_out);
+                metrics_sample_u64(w, PATH_LABELS({ "direction", "in" }), p->bytes_in);
+        }
+        metrics_family(w, "epd_handoff_duration_seconds", METRIC_HISTOGRAM, "seconds",
+                       "Prepare to Commit of the handoffs this host prepared, per peer and transport.");
+        for (size_t i = 0; (p = handoff_manager_path(hm, i)); i++)
+                if (p->handoffs_out > 0)
+                        metrics_histogram(w, PATH_LABELS(), histogram_bounds_usec, 1e6, p->duration.counts,
+                                          ELEMENTSOF(p->duration.counts), (double)p->duration.sum_usec / 1e6);
+#undef PATH_LABELS
+        const HandoffCounters *c = &hm->counters;
+        metrics_family(w, "epd_handoffs_in_flight", METRIC_GAUGE, NULL, "Handoff sides this daemon holds.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, hashmap_size(hm->by_handle));
+        metrics_family(w, "epd_handoffs_prepared", METRIC_COUNTER, NULL, "Handoffs prepared.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, c->prepared);
+        metrics_family(w, "epd_handoffs_refused", METRIC_COUNTER, NULL, "Prepares refused by the destination's admission.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, c->refused);
+        metrics_family(w, "epd_handoffs_deferred", METRIC_COUNTER, NULL,
+                       "Prepares deferred by the backpressure window of the peer.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, c->deferred);
+        metrics_family(w, "epd_handoff_rollbacks", METRIC_COUNTER, NULL, "Handoffs rolled back, by cause.");
+        for (int i = 1; i < _HANDOFF_CAUSE_MAX; i++)
+                metrics_sample_u64(w, L({ "cause", handoff_cause_to_string((HandoffCause)i) }), c->failures[i]);
+        metrics_family(w, "epd_handoff_groups", METRIC_COUNTER, NULL, "Layer groups handed over.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, c->groups);
+        metrics_family(w, "epd_handoff_zero_copy_groups", METRIC_COUNTER, NULL,
+                       "Layer groups handed over without a copy (same arena).");
+        metrics_sample_u64(w, METRIC_NO_LABELS, c->zero_copy_groups);
+        metrics_family(w, "epd_handoff_ring_fallbacks", METRIC_COUNTER, NULL,
+                       "Notifications sent over D-Bus for want of room on a worker's ring.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, c->ring_fallbacks);
+}
+
+static void collect_features(Manager *m, MetricsWriter *w) {
+        if (!m->features)
+                return;
+        const FeatureStats *s = feature_cache_stats(m->features);
+        static const struct {
+                const char *name, *help;
+                size_t offset;
+        } counters[] = {
+                { "epd_feature_hits", "Acquires that found the feature ready (in memory or in the store).",
+                  offsetof(FeatureStats, hits) },
+                { "epd_feature_misses", "Acquires that found nothing.", offsetof(FeatureStats, misses) },
+                { "epd_feature_coalesced_waits", "Acquires that waited for a producer already at work.",
+                  offsetof(FeatureStats, coalesced_waits) },
+                { "epd_feature_produced", "Features published.", offsetof(FeatureStats, produced) },
+                { "epd_feature_failed", "Features that failed (producer gone, Fail, announce timeout).",
+                  offsetof(FeatureStats, failed) },
+                { "epd_feature_evictions", "Features evicted from memory.", offsetof(FeatureStats, evictions) },
+                { "epd_feature_spilled", "Features written to the store before eviction.", offsetof(FeatureStats, spilled) },
+                { "epd_feature_loaded", "Features read back from the store.", offsetof(FeatureStats, loaded) },
+                { "epd_feature_prefetch_requests", "Prefetch requests.", offsetof(FeatureStats, prefetch_requests) },
+                { "epd_feature_prefetch_hits", "Prefetches that found the feature ready or loadable.",
+                  offsetof(FeatureStats, prefetch_hits) },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(counters); i++) {
+                metrics_family(w, counters[i].name, METRIC_COUNTER, NULL, counters[i].help);
+                metrics_sample_u64(w, METRIC_NO_LABELS, *(const uint64_t *)((const char *)s + counters[i].offset));
+        }
+        metrics_family(w, "epd_feature_encoder_saved_seconds", METRIC_COUNTER, "seconds",
+                       "Encoder time the hits saved (the producers' reported encode time, summed over hits).");
+        metrics_sample(w, METRIC_NO_LABELS, (double)s->encoder_usec_saved / 1e6);
+        metrics_family(w, "epd_feature_cached_bytes", METRIC_GAUGE, "bytes", "Bytes of ready features in memory.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->bytes_cached);
+        metrics_family(w, "epd_feature_reserved_bytes", METRIC_GAUGE, "bytes", "Bytes reserved by producers at work.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->bytes_reserved);
+        metrics_family(w, "epd_feature_cache_budget_bytes", METRIC_GAUGE, "bytes", "The feature cache's budget.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, feature_cache_budget(m->features));
+        metrics_family(w, "epd_features", METRIC_GAUGE, NULL, "Features in the cache's key table.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->n_features);
+        metrics_family(w, "epd_feature_references", METRIC_GAUGE, NULL, "Live references to features.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->n_refs);
+}
+
+static void collect_wal(Manager *m, MetricsWriter *w) {
+        if (!m->wal)
+                return;
+        const WalStats *s = wal_get_stats(m->wal);
+        metrics_family(w, "epd_wal_appends", METRIC_COUNTER, NULL, "Records appended to the write-ahead log.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->appended);
+        metrics_family(w, "epd_wal_appended_bytes", METRIC_COUNTER, "bytes", "Bytes appended to the write-ahead log.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->appended_bytes);
+        metrics_family(w, "epd_wal_syncs", METRIC_COUNTER, NULL, "fsyncs of the write-ahead log (group commits).");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->syncs);
+        metrics_family(w, "epd_wal_records_per_sync", METRIC_GAUGE, NULL,
+                       "Records per fsync since the start: appends divided by syncs (0 before the first).");
+        metrics_sample(w, METRIC_NO_LABELS, s->syncs ? (double)s->appended / (double)s->syncs : 0);
+        metrics_family(w, "epd_wal_log_size_bytes", METRIC_GAUGE, "bytes", "Size of wal.log now.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->log_bytes);
+        metrics_family(w, "epd_wal_compactions", METRIC_COUNTER, NULL, "Compactions of the log into a snapshot.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->compactions);
+}
+
+static void collect_scheduler(Manager *m, MetricsWriter *w) {
+        if (!m->scheduler)
+                return;
+        SchedPoolMetrics pm[_TASK_TYPE_MAX];
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                sched_pool_metrics(m->scheduler, (TaskType)t, now, &pm[t]);
+#define POOL(t) L({ "pool", task_type_to_string((TaskType)(t)) })
+        metrics_family(w, "epd_scheduler_queue", METRIC_GAUGE, NULL, "Requests outstanding in the pool.");
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                metrics_sample_u64(w, POOL(t), pm[t].queue);
+        metrics_family(w, "epd_scheduler_queue_peak", METRIC_GAUGE, NULL, "The most requests outstanding at once.");
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                metrics_sample_u64(w, POOL(t), pm[t].queue_peak);
+        metrics_family(w, "epd_scheduler_rho", METRIC_GAUGE, NULL, "Load: arrival rate over capacity.");
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                metrics_sample(w, POOL(t), pm[t].rho);
+        metrics_family(w, "epd_scheduler_arrival_rate", METRIC_GAUGE, NULL, "Final decisions per second (EWMA).");
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                metrics_sample(w, POOL(t), pm[t].arrival_rate);
+        metrics_family(w, "epd_scheduler_service_rate", METRIC_GAUGE, NULL, "Completions per second (EWMA).");
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                metrics_sample(w, POOL(t), pm[t].service_rate);
+        metrics_family(w, "epd_scheduler_capacity", METRIC_GAUGE, NULL,
+                       "Requests per second the pool's workers can serve.");
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                metrics_sample(w, POOL(t), pm[t].capacity);
+        metrics_family(w, "epd_scheduler_decisions", METRIC_COUNTER, NULL,
+                       "Admission decisions by verdict: admitted, deferred, rejected.");
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                const char *pool = task_type_to_string((TaskType)t);
+                metrics_sample_u64(w, L({ "pool", pool }, { "verdict", "admitted" }), pm[t].admitted);
+                metrics_sample_u64(w, L({ "pool", pool }, { "verdict", "deferred" }), pm[t].deferred);
+                metrics_sample_u64(w, L({ "pool", pool }, { "verdict", "rejected" }), pm[t].rejected);
+        }
+        metrics_family(w, "epd_scheduler_refusals", METRIC_COUNTER, NULL,
+                       "Requests deferred or rejected, by reason.");
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                for (int k = 1; k < _SCHED_REASON_MAX; k++)
+                        metrics_sample_u64(w,
+                                           L({ "pool", task_type_to_string((TaskType)t) },
+                                             { "reason", sched_reason_to_string((SchedReason)k) }),
+                                           pm[t].by_reason[k]);
+        metrics_family(w, "epd_scheduler_completed", METRIC_COUNTER, NULL, "Requests completed.");
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                metrics_sample_u64(w, POOL(t), pm[t].completed);
+        metrics_family(w, "epd_scheduler_failed", METRIC_COUNTER, NULL, "Requests that failed.");
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                metrics_sample_u64(w, POOL(t), pm[t].failed);
+        metrics_family(w, "epd_scheduler_deadline_misses", METRIC_COUNTER, NULL, "Requests done after their deadline.");
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                metrics_sample_u64(w, POOL(t), pm[t].deadline_misses);
+        metrics_family(w, "epd_scheduler_expired", METRIC_COUNTER, NULL,
+                       "Requests dropped: never reported by deadline and grace.");
+        for (int t = 0; t < _TASK_TYPE_MAX; t++)
+                metrics_sample_u64(w, POOL(t), pm[t].expired);
+#undef POOL
+}
+
+void metrics_collect(Manager *m, MetricsWriter *w, uint64_t scrapes) {
+        collect_daemon(m, w, scrapes);
+        collect_arenas(m, w);
+        collect_workers(m, w);
+        collect_peers(m, w);
+        collect_paths(m, w);
+        collect_handoffs(m, w);
+        collect_features(m, w);
+        collect_wal(m, w);
+        collect_scheduler(m, w);
+}

@@ -1,0 +1,213 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The Prometheus endpoint over libmicrohttpd, driven by epdd's sd-event loop: MHD runs
+ * in "external epoll" mode (no thread of its own): the loop watches MHD's epoll fd and
+ * calls MHD_run() when it is readable or when MHD's own timeout (idle connections)
+ * comes, and the request handler renders the answer right there, on the loop, from the
+ * subsystems' counters. MHD_run() never blocks: every socket is non-blocking, a slow
+ * scraper only leaves bytes queued. HTTP parsing is MHD's. */
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <systemd/sd-event.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "macro.h"
+#include "metrics/metrics-manager.h"
+#include "metrics/metrics.h"
+#include "time-util.h"
+
+#define METRICS_CONNECTIONS_MAX 16
+#define METRICS_CONNECTIONS_PER_ADDRESS 4
+#define METRICS_IDLE_TIMEOUT_SEC 10
+
+struct MetricsHttp {
+        MetricsServer *server;
+        struct MHD_Daemon *mhd;
+        sd_event_source *io, *timer;
+};
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+        char msg[512];
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        msg[strcspn(msg, "\n")] = 0;
+        log_debug("metrics: %s", msg);
+}
+
+static enum MHD_Result answer(struct MHD_Connection *c, unsigned status, const char *type, char *body,
+                              size_t len, bool must_free, const char *allow) {
+        struct MHD_Response *r = MHD_create_response_from_buffer(len, body,
+                                                                 must_free ? MHD_RESPMEM_MUST_FREE
+                                                                           : MHD_RESPMEM_PERSISTENT);
+        if (!r) {
+                if (must_free)
+                        free(body);
+                return MHD_NO;
+        }
+        (void)MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+        if (allow)
+                (void)MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+        enum MHD_Result ret = MHD_queue_response(c, status, r);
+        MHD_destroy_response(r);
+        return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **req_cls) {
+        MetricsHttp *h = cls;
+        MetricsServer *s = h->server;
+        static char not_allowed[] = "Only GET and HEAD.\n", not_found[] = "Not found: the metrics are at /metrics.\n",
+                    index_text[] = "epdd: Prometheus metrics at /metrics\n";
+        const char *text = "text/plain; charset=utf-8";
+
+        if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
+                s->refused++;
+                return answer(c, MHD_HTTP_METHOD_NOT_ALLOWED, text, not_allowed, strlen(not_allowed), false,
+                              "GET, HEAD");
+        }
+        if (strcmp(url, "/") == 0)
+                return answer(c, MHD_HTTP_OK, text, index_text, strlen(index_text), false, NULL);
+        if (strcmp(url, "/metrics") != 0) {
+                s->refused++;
+                return answer(c, MHD_HTTP_NOT_FOUND, text, not_found, strlen(not_found), false, NULL);
+        }
+        const char *accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
+        MetricsFormat format = metrics_format_from_accept(accept);
+        char *body;
+        size_t len;
+        if (metrics_server_render(s, format, &body, &len) < 0) {
+                static char failed[] = "The metrics could not be rendered; see epdd's log.\n";
+                return answer(c, MHD_HTTP_INTERNAL_SERVER_ERROR, text, failed, strlen(failed), false, NULL);
+        }
+        return answer(c, MHD_HTTP_OK, metrics_format_content_type(format), body, len, true, NULL);
+}
+
+static void rearm(MetricsHttp *h) {
+        MHD_UNSIGNED_LONG_LONG ms;
+        if (MHD_get_timeout(h->mhd, &ms) == MHD_YES) {
+                (void)sd_event_source_set_time(h->timer, now_usec(CLOCK_MONOTONIC) + ms * USEC_PER_MSEC);
+                (void)sd_event_source_set_enabled(h->timer, SD_EVENT_ONESHOT);
+        } else
+                (void)sd_event_source_set_enabled(h->timer, SD_EVENT_OFF);
+}
+
+static int on_io(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
+        MetricsHttp *h = userdata;
+        (void)MHD_run(h->mhd);
+        rearm(h);
+        return 0;
+}
+
+static int on_timer(sd_event_source *es, uint64_t usec, void *userdata) {
+        return on_io(NULL, -1, 0, userdata);
+}
+
+/* HOST:PORT ([V6]:PORT) to a bound, listening, non-blocking socket. */
+static int listen_on(const char *listen_address, char **ret_url) {
+        _cleanup_(freep) char *host = strdup(listen_address);
+        if (!host)
+                return -ENOMEM;
+        char *colon = strrchr(host, ':');
+        if (!colon)
+                return -EINVAL;
+        *colon = 0;
+        const char *port = colon + 1, *node = host;
+        if (host[0] == '[') {
+                size_t n = strlen(host);
+                if (n < 2 || host[n - 1] != ']')
+                        return -EINVAL;
+                host[n - 1] = 0;
+                node = host + 1;
+        }
+        struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                                  .ai_flags = AI_PASSIVE | AI_NUMERICSERV }, *ai = NULL;
+        int r = getaddrinfo(node, port, &hints, &ai);
+        if (r != 0) {
+                log_error("[Metrics] Listen=%s: %s", listen_address, gai_strerror(r));
+                return -EADDRNOTAVAIL;
+        }
+        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0) {
+                r = -errno;
+                freeaddrinfo(ai);
+                return log_error_errno(r, "[Metrics] Listen=%s: socket(): %m", listen_address);
+        }
+        int one = 1;
+        (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 16) < 0) {
+                r = -errno;
+                freeaddrinfo(ai);
+                safe_close(fd);
+                return log_error_errno(r, "Cannot serve metrics on %s: %m", listen_address);
+        }
+        freeaddrinfo(ai);
+        struct sockaddr_storage sa;
+        socklen_t len = sizeof sa;
+        char h[NI_MAXHOST], p[NI_MAXSERV];
+        if (getsockname(fd, (struct sockaddr *)&sa, &len) < 0 ||
+            getnameinfo((struct sockaddr *)&sa, len, h, sizeof h, p, sizeof p, NI_NUMERICHOST | NI_NUMERICSERV) != 0 ||
+            asprintf(ret_url, sa.ss_family == AF_INET6 ? "http://[%s]:%s/metrics" : "http://%s:%s/metrics", h, p) < 0) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        return fd;
+}
+
+int metrics_http_start(MetricsServer *s, const char *listen_address, MetricsHttp **ret, char **ret_url) {
+        _cleanup_(freep) char *url = NULL;
+        int fd = listen_on(listen_address, &url);
+        if (fd < 0)
+                return fd == -ENOMEM ? log_oom() : fd;
+        MetricsHttp *h = calloc(1, sizeof *h);
+        if (!h) {
+                safe_close(fd);
+                return log_oom();
+        }
+        h->server = s;
+        /* MHD owns the socket from here (and closes it at stop). */
+        h->mhd = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, h,
+                                  MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_CONNECTIONS_MAX,
+                                  MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)METRICS_CONNECTIONS_PER_ADDRESS,
+                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_IDLE_TIMEOUT_SEC,
+                                  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                                  MHD_OPTION_END);
+        if (!h->mhd) {
+                safe_close(fd);
+                free(h);
+                log_error("Cannot start the metrics HTTP server on %s (libmicrohttpd refused).", listen_address);
+                return -EIO;
+        }
+        const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+        int r = info ? 0 : -EIO;
+        if (r >= 0)
+                r = sd_event_add_io(s->manager->event, &h->io, info->epoll_fd, EPOLLIN, on_io, h);
+        if (r >= 0)
+                r = sd_event_add_time(s->manager->event, &h->timer, CLOCK_MONOTONIC, USEC_INFINITY, 0, on_timer, h);
+        if (r < 0) {
+                metrics_http_stop(h);
+                return log_error_errno(r, "Cannot watch the metrics server: %m");
+        }
+        (void)sd_event_source_set_description(h->io, "metrics-http");
+        rearm(h);
+        *ret = h;
+        *ret_url = TAKE_PTR(url);
+        return 0;
+}
+
+MetricsHttp *metrics_http_stop(MetricsHttp *h) {
+        if (!h)
+                return NULL;
+        h->io = sd_event_source_disable_unref(h->io);
+        h->timer = sd_event_source_disable_unref(h->timer);
+        if (h->mhd)
+                MHD_stop_daemon(h->mhd);
+        free(h);
+        return NULL;
+}

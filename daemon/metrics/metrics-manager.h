@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* The metrics subsystem of epdd: when [Metrics] Listen= is set, an HTTP endpoint
+ * (GET /metrics) in the Prometheus text format or OpenMetrics, served by libmicrohttpd
+ * as an sd-event source of the daemon's loop (metrics-http.c): its epoll fd is watched
+ * by the loop, and the answer is rendered on the loop from every subsystem's counters
+ * (metrics-collect.c), so no lock and no thread stands between a scrape and the values.
+ * Bounded: 16 connections at once, 4 per address, 10 s of idleness. Off by default.
+ * docs/telemetry.md#prometheus. */
+
+#include <stdint.h>
+
+#include "core/manager.h"
+
+typedef struct MetricsHttp MetricsHttp;
+
+typedef struct MetricsServer {
+        Manager *manager;
+        MetricsHttp *http;
+        char *url;          /* http://HOST:PORT/metrics, as bound (the port resolved) */
+        uint64_t scrapes;   /* /metrics answered */
+        uint64_t refused;   /* other paths and methods */
+} MetricsServer;
+
+extern const Subsystem metrics_subsystem;
+
+/* The exposition of the daemon's counters now, in `format`: a malloc()ed buffer. */
+int metrics_server_render(MetricsServer *s, int format, char **ret, size_t *ret_len);
+
+/* metrics-http.c (or metrics-http-none.c without libmicrohttpd): serve `listen`
+ * (HOST:PORT) on the manager's loop; *ret_url says where. */
+int metrics_http_start(MetricsServer *s, const char *listen, MetricsHttp **ret, char **ret_url);
+MetricsHttp *metrics_http_stop(MetricsHttp *h);

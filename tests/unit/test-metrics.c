@@ -1,0 +1,132 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* daemon/metrics/metrics.c: the exposition formats, byte for byte. */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "metrics/metrics.h"
+#include "../check-main.h"
+
+static char *buf;
+static size_t len;
+static FILE *f;
+
+static MetricsWriter start(MetricsFormat format) {
+        f = open_memstream(&buf, &len);
+        ck_assert_ptr_nonnull(f);
+        MetricsWriter w;
+        metrics_writer_init(&w, f, format);
+        return w;
+}
+
+static const char *finish(MetricsWriter *w, int want) {
+        ck_assert_int_eq(metrics_writer_finish(w), want);
+        fclose(f);
+        return buf;
+}
+
+static void write_sample_set(MetricsWriter *w) {
+        metrics_family(w, "epd_handoff_bytes", METRIC_COUNTER, "bytes", "KV bytes moved.\nPer peer.");
+        metrics_sample_u64(w, METRIC_LABELS({ "peer", "bravo" }, { "transport", "tcp" }), 1048576);
+        metrics_sample_u64(w, METRIC_LABELS({ "peer", "we\"ird\\ho\nst" }, { "transport", "rdma" }), 0);
+        metrics_family(w, "epd_scheduler_rho", METRIC_GAUGE, NULL, "Load.");
+        metrics_sample(w, METRIC_LABELS({ "pool", "hybrid" }), 0.25);
+        metrics_sample(w, METRIC_LABELS({ "pool", "thinking" }), NAN);
+        metrics_family(w, "epd_build", METRIC_INFO, NULL, "Version.");
+        metrics_sample_u64(w, METRIC_LABELS({ "version", "0.1.0" }), 1);
+        metrics_family(w, "epd_handoff_duration_seconds", METRIC_HISTOGRAM, "seconds", "Prepare to Commit.");
+        static const uint64_t bounds[] = { 1000, 250000 };
+        static const uint64_t counts[] = { 3, 0, 2 };
+        metrics_histogram(w, METRIC_LABELS({ "peer", "local" }), bounds, 1e6, counts, 3, 9.5);
+}
+
+START_TEST(test_text_format) {
+        MetricsWriter w = start(METRICS_FORMAT_TEXT);
+        write_sample_set(&w);
+        ck_assert_str_eq(finish(&w, 0),
+                         "# HELP epd_handoff_bytes_total KV bytes moved.\\nPer peer.\n"
+                         "# TYPE epd_handoff_bytes_total counter\n"
+                         "epd_handoff_bytes_total{peer=\"bravo\",transport=\"tcp\"} 1048576\n"
+                         "epd_handoff_bytes_total{peer=\"we\\\"ird\\\\ho\\nst\",transport=\"rdma\"} 0\n"
+                         "# HELP epd_scheduler_rho Load.\n"
+                         "# TYPE epd_scheduler_rho gauge\n"
+                         "epd_scheduler_rho{pool=\"hybrid\"} 0.25\n"
+                         "epd_scheduler_rho{pool=\"thinking\"} NaN\n"
+                         "# HELP epd_build_info Version.\n"
+                         "# TYPE epd_build_info gauge\n"
+                         "epd_build_info{version=\"0.1.0\"} 1\n"
+                         "# HELP epd_handoff_duration_seconds Prepare to Commit.\n"
+                         "# TYPE epd_handoff_duration_seconds histogram\n"
+                         "epd_handoff_duration_seconds_bucket{peer=\"local\",le=\"0.001\"} 3\n"
+                         "epd_handoff_duration_seconds_bucket{peer=\"local\",le=\"0.25\"} 3\n"
+                         "epd_handoff_duration_seconds_bucket{peer=\"local\",le=\"+Inf\"} 5\n"
+                         "epd_handoff_duration_seconds_count{peer=\"local\"} 5\n"
+                         "epd_handoff_duration_seconds_sum{peer=\"local\"} 9.5\n");
+        free(buf);
+}
+END_TEST
+
+START_TEST(test_openmetrics) {
+        MetricsWriter w = start(METRICS_FORMAT_OPENMETRICS);
+        write_sample_set(&w);
+        const char *out = finish(&w, 0);
+        /* Family names without the sample suffix, UNIT lines, info type, # EOF last. */
+        ck_assert_ptr_nonnull(strstr(out, "# HELP epd_handoff_bytes KV bytes moved.\\nPer peer.\n"
+                                          "# TYPE epd_handoff_bytes counter\n"
+                                          "# UNIT epd_handoff_bytes bytes\n"
+                                          "epd_handoff_bytes_total{peer=\"bravo\",transport=\"tcp\"} 1048576\n"));
+        ck_assert_ptr_nonnull(strstr(out, "# TYPE epd_build info\nepd_build_info{version=\"0.1.0\"} 1\n"));
+        ck_assert_ptr_nonnull(strstr(out, "# UNIT epd_handoff_duration_seconds seconds\n"));
+        size_t n = strlen(out);
+        ck_assert(n > 6 && strcmp(out + n - 6, "# EOF\n") == 0);
+        free(buf);
+}
+END_TEST
+
+START_TEST(test_misuse) {
+        MetricsWriter w = start(METRICS_FORMAT_TEXT);
+        /* A counter named with _total, a unit that is not the name's suffix, a sample
+         * outside a family, a bad label name, a negative counter: each is an error. */
+        metrics_family(&w, "epd_x_total", METRIC_COUNTER, NULL, "x");
+        ck_assert_int_eq(w.error, -EINVAL);
+        w.error = 0;
+        metrics_family(&w, "epd_size", METRIC_GAUGE, "bytes", "x");
+        ck_assert_int_eq(w.error, -EINVAL);
+        w.error = 0;
+        metrics_sample_u64(&w, METRIC_NO_LABELS, 1);
+        ck_assert_int_eq(w.error, -EINVAL);
+        w.error = 0;
+        metrics_family(&w, "epd_ok", METRIC_COUNTER, NULL, "x");
+        metrics_sample_u64(&w, METRIC_LABELS({ "bad-name", "v" }), 1);
+        ck_assert_int_eq(w.error, -EINVAL);
+        w.error = 0;
+        metrics_sample(&w, METRIC_NO_LABELS, -1);
+        ck_assert_int_eq(w.error, -EINVAL);
+        finish(&w, -EINVAL);
+        free(buf);
+}
+END_TEST
+
+START_TEST(test_accept) {
+        ck_assert_int_eq(metrics_format_from_accept(NULL), METRICS_FORMAT_TEXT);
+        ck_assert_int_eq(metrics_format_from_accept("text/plain;version=0.0.4;q=0.5,*/*;q=0.1"), METRICS_FORMAT_TEXT);
+        ck_assert_int_eq(metrics_format_from_accept("application/openmetrics-text;version=1.0.0,"
+                                                    "text/plain;version=0.0.4;q=0.5"),
+                         METRICS_FORMAT_OPENMETRICS);
+        ck_assert_ptr_nonnull(strstr(metrics_format_content_type(METRICS_FORMAT_TEXT), "version=0.0.4"));
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("metrics");
+        TCase *tc = tcase_create("metrics");
+        tcase_add_test(tc, test_text_format);
+        tcase_add_test(tc, test_openmetrics);
+        tcase_add_test(tc, test_misuse);
+        tcase_add_test(tc, test_accept);
+        suite_add_tcase(s, tc);
+        return check_run(s, CK_FORK_GETENV);
+}
