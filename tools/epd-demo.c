@@ -33,6 +33,7 @@
 #include "epd/epd-feature.h"
 #include "epd/epd.h"
 #include "epd/handoff.h"
+#include "tool-connect.h"
 
 #define IMAGES_MAX 256
 #define REQUESTS_MAX 1000000
@@ -146,9 +147,16 @@ static int lane_fail(Lane *l, epd_client *c, int r, const char *what) {
 
 static int lane_open(Lane *l) {
         int r;
-        if ((r = epd_connect(arg_address, &l->enc)) < 0 || (r = epd_connect(arg_address, &l->pre)) < 0 ||
-            (r = epd_connect(arg_decode_address, &l->dec)) < 0)
-                return lane_fail(l, NULL, r, "connect");
+        const char *bad = arg_address;
+        if ((r = epd_connect(arg_address, &l->enc)) >= 0 && (r = epd_connect(arg_address, &l->pre)) >= 0 &&
+            (bad = arg_decode_address, r = epd_connect(arg_decode_address, &l->dec)) >= 0)
+                bad = NULL;
+        if (r < 0) {
+                char where[512], what[600];
+                tool_address_describe(bad, where, sizeof where);
+                snprintf(what, sizeof what, "cannot connect to epdd at %s", where);
+                return lane_fail(l, NULL, r, what);
+        }
         if ((r = epd_register(l->enc, "encoder", "qwen3-vl-demo", "cpu", NULL, NULL)) < 0)
                 return lane_fail(l, l->enc, r, "register the encoder");
         if ((r = epd_register(l->pre, "prefill", "qwen3-vl-demo", "cpu", &kv, NULL)) < 0)
@@ -609,6 +617,8 @@ static int parse_argv(int argc, char *argv[]) {
                 fprintf(stderr, "epd-demo: unexpected argument '%s'; see epd-demo --help.\n", argv[optind]);
                 return -EINVAL;
         }
+        if (tool_address_check("epd-demo", arg_address) < 0 || tool_address_check("epd-demo", arg_decode_address) < 0)
+                return -EINVAL;
         if (!arg_decode_address)
                 arg_decode_address = arg_address;
         if (arg_concurrency > arg_requests)

@@ -17,10 +17,6 @@ int verb_trace(epd_client *c, int argc, char **argv) {
         size_t n = 0;
         uint64_t dropped = 0;
 
-        if (argc != 1) {
-                fprintf(stderr, "Usage: epdctl trace REQUEST_ID\n");
-                return -EINVAL;
-        }
         int r = epd_trace_get(c, argv[0], &ev, &n, &dropped);
         if (r < 0)
                 return epdctl_fail(c, r, "trace");
@@ -78,86 +74,115 @@ int verb_trace(epd_client *c, int argc, char **argv) {
         return 0;
 }
 
-int verb_paths(epd_client *c, int argc, char **argv) {
+static const char *level_name(uint32_t level) {
+        static const char *const levels[] = { "none", "elevated", "high", "stalled" };
+        return level < ELEMENTSOF(levels) ? levels[level] : "?";
+}
+
+int epdctl_read_paths(epd_client *c, EpdctlPath **ret, size_t *ret_n) {
         sd_bus_message *reply = NULL;
+        EpdctlPath *v = NULL;
+        size_t n = 0;
         int r = epd__call(c, "/org/epd1/telemetry", "org.epd1.Telemetry", "GetPeers", &reply, NULL);
         if (r < 0)
-                return epdctl_fail(c, r, "paths");
+                return r;
         r = sd_bus_message_enter_container(reply, 'a', "(sa{sv})");
-        if (!arg_json)
-                printf("%-20s %5s %9s %9s %12s %9s %-9s %s\n", "PEER", "CONNS", "SRTT", "MIN_RTT",
-                       "ACKED", "RETRANS", "LEVEL", "REASON");
-        else
-                printf("[");
-        bool first = true;
         while (r >= 0) {
-                const char *name;
+                const char *name, *reason = "";
                 r = sd_bus_message_enter_container(reply, 'r', "sa{sv}");
                 if (r <= 0)
                         break;
+                EpdctlPath *q = reallocarray(v, n + 1, sizeof *v);
+                if (!q) {
+                        r = -ENOMEM;
+                        break;
+                }
+                v = q;
+                EpdctlPath *p = &v[n++];
+                *p = (EpdctlPath){};
                 r = sd_bus_message_read(reply, "s", &name);
-                uint32_t conns = 0, srtt = 0, min_rtt = 0, level = 0;
-                int kernel = 0;
-                uint64_t acked = 0, retrans = 0;
-                const char *reason = "";
-                if (r >= 0)
+                if (r >= 0) {
+                        snprintf(p->peer, sizeof p->peer, "%s", name);
                         r = sd_bus_message_enter_container(reply, 'a', "{sv}");
+                }
                 while (r > 0) {
                         const char *key;
+                        int kernel;
                         r = sd_bus_message_enter_container(reply, 'e', "sv");
                         if (r <= 0)
                                 break;
                         r = sd_bus_message_read(reply, "s", &key);
                         if (r < 0)
                                 break;
-                        if (strcmp(key, "kernel") == 0)
-                                r = sd_bus_message_read(reply, "v", "b", &kernel);
+                        if (strcmp(key, "kernel") == 0 && (r = sd_bus_message_read(reply, "v", "b", &kernel)) >= 0)
+                                p->kernel = kernel;
                         else if (strcmp(key, "connections") == 0)
-                                r = sd_bus_message_read(reply, "v", "u", &conns);
+                                r = sd_bus_message_read(reply, "v", "u", &p->connections);
                         else if (strcmp(key, "srtt_us") == 0)
-                                r = sd_bus_message_read(reply, "v", "u", &srtt);
+                                r = sd_bus_message_read(reply, "v", "u", &p->srtt_us);
                         else if (strcmp(key, "min_rtt_us") == 0)
-                                r = sd_bus_message_read(reply, "v", "u", &min_rtt);
+                                r = sd_bus_message_read(reply, "v", "u", &p->min_rtt_us);
                         else if (strcmp(key, "level") == 0)
-                                r = sd_bus_message_read(reply, "v", "u", &level);
+                                r = sd_bus_message_read(reply, "v", "u", &p->level);
                         else if (strcmp(key, "bytes_acked") == 0)
-                                r = sd_bus_message_read(reply, "v", "t", &acked);
+                                r = sd_bus_message_read(reply, "v", "t", &p->bytes_acked);
                         else if (strcmp(key, "retransmits") == 0)
-                                r = sd_bus_message_read(reply, "v", "t", &retrans);
-                        else if (strcmp(key, "reason") == 0)
-                                r = sd_bus_message_read(reply, "v", "s", &reason);
-                        else
+                                r = sd_bus_message_read(reply, "v", "t", &p->retransmits);
+                        else if (strcmp(key, "reason") == 0 && (r = sd_bus_message_read(reply, "v", "s", &reason)) >= 0)
+                                snprintf(p->reason, sizeof p->reason, "%s", reason);
+                        else if (strcmp(key, "kernel") != 0 && strcmp(key, "reason") != 0)
                                 r = sd_bus_message_skip(reply, "v");
                         if (r >= 0)
                                 r = sd_bus_message_exit_container(reply);
                         if (r >= 0)
                                 r = 1;
                 }
+                p->level_name = level_name(p->level);
                 if (r >= 0)
                         r = sd_bus_message_exit_container(reply);
                 if (r >= 0)
                         r = sd_bus_message_exit_container(reply);
-                if (r < 0)
-                        break;
-                static const char *const levels[] = { "none", "elevated", "high", "stalled" };
-                const char *lv = level < ELEMENTSOF(levels) ? levels[level] : "?";
+        }
+        sd_bus_message_unref(reply);
+        if (r < 0) {
+                free(v);
+                return r;
+        }
+        *ret = v;
+        *ret_n = n;
+        return 0;
+}
+
+int verb_paths(epd_client *c, int argc, char **argv) {
+        EpdctlPath *v = NULL;
+        size_t n = 0;
+        int r = epdctl_read_paths(c, &v, &n);
+        if (r < 0)
+                return epdctl_fail(c, r, "paths");
+        if (!arg_json)
+                printf("%-20s %5s %9s %9s %12s %9s %-9s %s\n", "PEER", "CONNS", "SRTT", "MIN_RTT",
+                       "ACKED", "RETRANS", "LEVEL", "REASON");
+        else
+                printf("[");
+        for (size_t i = 0; i < n; i++) {
+                const EpdctlPath *p = &v[i];
                 if (arg_json) {
-                        printf("%s{\"peer\":", first ? "" : ",");
-                        json_string(stdout, name);
+                        printf("%s{\"peer\":", i ? "," : "");
+                        json_string(stdout, p->peer);
                         printf(",\"kernel\":%s,\"connections\":%u,\"srtt_us\":%u,\"min_rtt_us\":%u,\"bytes_acked\":%" PRIu64
                                ",\"retransmits\":%" PRIu64 ",\"level\":",
-                               kernel ? "true" : "false", conns, srtt, min_rtt, acked, retrans);
-                        json_string(stdout, lv);
+                               p->kernel ? "true" : "false", p->connections, p->srtt_us, p->min_rtt_us, p->bytes_acked,
+                               p->retransmits);
+                        json_string(stdout, p->level_name);
                         printf(",\"reason\":");
-                        json_string(stdout, reason);
+                        json_string(stdout, p->reason);
                         printf("}");
                 } else
-                        printf("%-20s %5u %7uus %7uus %12" PRIu64 " %9" PRIu64 " %-9s %s\n", name, conns, srtt,
-                               min_rtt, acked, retrans, lv, reason);
-                first = false;
+                        printf("%-20s %5u %7uus %7uus %12" PRIu64 " %9" PRIu64 " %-9s %s\n", p->peer, p->connections,
+                               p->srtt_us, p->min_rtt_us, p->bytes_acked, p->retransmits, p->level_name, p->reason);
         }
         if (arg_json)
                 printf("]\n");
-        sd_bus_message_unref(reply);
-        return r < 0 ? r : 0;
+        free(v);
+        return 0;
 }

@@ -6,24 +6,31 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "epd-internal.h"
 #include "epdctl.h"
 #include "macro.h"
 #include "parse-util.h"
+#include "time-util.h"
+#include "tool-connect.h"
 
 bool arg_json = false;
 static const char *arg_address = NULL;
 
 static void help(void) {
-        printf("Usage: epdctl [OPTIONS] COMMAND\n\n"
+        printf("Usage: epdctl [OPTIONS] COMMAND [ARGS]\n\n"
+               "Inspect and drive epdd. Options may come before or after the command.\n\n"
                "Commands:\n");
         for (const EpdctlVerb *v = epdctl_verbs; v->name; v++)
                 printf("  %-22s %s\n", v->usage ? v->usage : v->name, v->help);
         printf("\nOptions:\n"
-               "  -A --address=ADDR   direct:PATH, bus:ADDRESS or system (default: as libepd)\n"
+               "  -A --address=ADDR   direct:PATH, bus:ADDRESS or system (default: $EPD_SOCKET,\n"
+               "                      $EPD_BUS_ADDRESS, /run/epd/bus, then the system bus)\n"
                "  -j --json           Print JSON for scripts\n"
-               "  -h --help           Show this help\n");
+               "  -h --help           Show this help (also: epdctl help)\n"
+               "     --version        Show the version\n\n"
+               "See epdctl(1).\n");
 }
 
 void json_string(FILE *f, const char *s) {
@@ -61,37 +68,145 @@ int epdctl_get_property(epd_client *c, const char *path, const char *interface,
         return r;
 }
 
+static int get_u64(epd_client *c, const char *path, const char *iface, const char *prop, uint64_t *ret) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        int r = sd_bus_get_property_trivial(c->bus, EPD_DESTINATION(c), path, iface, prop, &e, 't', ret);
+        sd_bus_error_free(&e);
+        return r;
+}
+
+static char *get_string(epd_client *c, const char *path, const char *iface, const char *prop) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        char *s = NULL;
+        if (sd_bus_get_property_string(c->bus, EPD_DESTINATION(c), path, iface, prop, &e, &s) < 0)
+                s = NULL;
+        sd_bus_error_free(&e);
+        return s;
+}
+
+static void format_uptime(char *buf, size_t n, uint64_t sec) {
+        if (sec >= 86400)
+                snprintf(buf, n, "%" PRIu64 "d %" PRIu64 "h %" PRIu64 "min", sec / 86400, sec % 86400 / 3600,
+                         sec % 3600 / 60);
+        else if (sec >= 3600)
+                snprintf(buf, n, "%" PRIu64 "h %" PRIu64 "min", sec / 3600, sec % 3600 / 60);
+        else if (sec >= 60)
+                snprintf(buf, n, "%" PRIu64 "min %" PRIu64 "s", sec / 60, sec % 60);
+        else
+                snprintf(buf, n, "%" PRIu64 "s", sec);
+}
+
+/* Daemon, uptime, where it serves and keeps its state, clients, workers by role, arenas,
+ * peers (up of configured, with the worst backpressure), the metrics endpoint. */
 static int verb_status(epd_client *c, int argc, char **argv) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *workers = NULL, *arenas = NULL;
         char *version = NULL, *host = NULL;
         uint32_t clients = 0;
+        uint64_t started = 0;
         int r;
         if ((r = epd_get_version(c, &version)) < 0 || (r = epd_get_host_id(c, &host)) < 0)
                 return epdctl_fail(c, r, "status");
         sd_bus_error e = SD_BUS_ERROR_NULL;
-        r = sd_bus_get_property_trivial(c->bus, EPD_DESTINATION(c), "/org/epd1", "org.epd1.Manager",
-                                        "Clients", &e, 'u', &clients);
+        (void)sd_bus_get_property_trivial(c->bus, EPD_DESTINATION(c), "/org/epd1", "org.epd1.Manager", "Clients", &e,
+                                          'u', &clients);
         sd_bus_error_free(&e);
-        unsigned n_workers = 0, n_arenas = 0;
+        (void)get_u64(c, "/org/epd1", "org.epd1.Manager", "StartedAt", &started);
+        char *state = get_string(c, "/org/epd1", "org.epd1.Manager", "StateDirectory");
+        char *sock = get_string(c, "/org/epd1", "org.epd1.Manager", "Socket");
+        char *metrics = get_string(c, "/org/epd1", "org.epd1.Metrics", "Address");
+        unsigned n_workers = 0, n_arenas = 0, by_role[8] = {};
+        static const char *const roles[] = { "encoder", "prefill", "decode", "colocated", "scheduler" };
         if (epdctl_get_property(c, "/org/epd1", "org.epd1.Manager", "Workers", "a(osssu)", &workers) >= 0 &&
-            sd_bus_message_enter_container(workers, 'a', "(osssu)") >= 0)
-                while (sd_bus_message_skip(workers, "(osssu)") > 0)
+            sd_bus_message_enter_container(workers, 'a', "(osssu)") >= 0) {
+                const char *path, *role, *model, *device;
+                uint32_t pid;
+                while (sd_bus_message_read(workers, "(osssu)", &path, &role, &model, &device, &pid) > 0) {
                         n_workers++;
+                        for (size_t i = 0; i < ELEMENTSOF(roles); i++)
+                                if (strcmp(role, roles[i]) == 0)
+                                        by_role[i]++;
+                }
+        }
         if (epdctl_get_property(c, "/org/epd1", "org.epd1.Manager", "Arenas", "a(ssstt)", &arenas) >= 0 &&
             sd_bus_message_enter_container(arenas, 'a', "(ssstt)") >= 0)
                 while (sd_bus_message_skip(arenas, "(ssstt)") > 0)
                         n_arenas++;
+        epd_peer *peers = NULL;
+        size_t n_peers = 0, n_up = 0;
+        if (epd_list_peers(c, &peers, &n_peers) < 0)
+                n_peers = 0;
+        for (size_t i = 0; i < n_peers; i++)
+                n_up += strcmp(peers[i].state, "up") == 0;
+        EpdctlPath *paths = NULL;
+        size_t n_paths = 0;
+        if (epdctl_read_paths(c, &paths, &n_paths) < 0)
+                n_paths = 0;
+        const EpdctlPath *worst = NULL;
+        for (size_t i = 0; i < n_paths; i++)
+                if (!worst || paths[i].level > worst->level)
+                        worst = &paths[i];
+        uint64_t now = now_usec(CLOCK_REALTIME), up = started && now > started ? (now - started) / USEC_PER_SEC : 0;
+
         if (arg_json) {
                 printf("{\"version\":");
                 json_string(stdout, version);
                 printf(",\"host_id\":");
                 json_string(stdout, host);
-                printf(",\"clients\":%u,\"workers\":%u,\"arenas\":%u}\n", clients, n_workers, n_arenas);
-        } else
-                printf("epdd %s on host %s\n  clients: %u\n  workers: %u\n  arenas:  %u\n", version,
-                       host, clients, n_workers, n_arenas);
+                printf(",\"started_at_usec\":%" PRIu64 ",\"uptime_sec\":%" PRIu64 ",\"socket\":", started, up);
+                json_string(stdout, sock ?: "");
+                printf(",\"state_directory\":");
+                json_string(stdout, state ?: "");
+                printf(",\"clients\":%u,\"workers\":%u,\"workers_by_role\":{", clients, n_workers);
+                for (size_t i = 0; i < ELEMENTSOF(roles); i++)
+                        printf("%s\"%s\":%u", i ? "," : "", roles[i], by_role[i]);
+                printf("},\"arenas\":%u,\"peers\":%zu,\"peers_up\":%zu,\"backpressure\":[", n_arenas, n_peers, n_up);
+                for (size_t i = 0; i < n_paths; i++) {
+                        printf("%s{\"peer\":", i ? "," : "");
+                        json_string(stdout, paths[i].peer);
+                        printf(",\"level\":");
+                        json_string(stdout, paths[i].level_name);
+                        printf(",\"reason\":");
+                        json_string(stdout, paths[i].reason);
+                        printf("}");
+                }
+                printf("],\"metrics\":");
+                json_string(stdout, metrics ?: "");
+                printf("}\n");
+        } else {
+                char b[64];
+                format_uptime(b, sizeof b, up);
+                printf("epdd %s on host %s, up %s\n", version, host, b);
+                printf("  socket:       %s\n  state:        %s\n", sock ?: "?", state ?: "?");
+                printf("  clients:      %u\n  workers:      %u", clients, n_workers);
+                bool first = true;
+                for (size_t i = 0; i < ELEMENTSOF(roles); i++)
+                        if (by_role[i]) {
+                                printf("%s%u %s", first ? " (" : ", ", by_role[i], roles[i]);
+                                first = false;
+                        }
+                printf("%s\n  arenas:       %u\n", first ? "" : ")", n_arenas);
+                if (n_peers == 0)
+                        printf("  peers:        none configured\n");
+                else {
+                        printf("  peers:        %zu of %zu up", n_up, n_peers);
+                        for (size_t i = 0; i < n_peers; i++)
+                                printf("%s%s %s", i ? ", " : " (", peers[i].host_id, peers[i].state);
+                        printf(")\n");
+                }
+                if (!worst || worst->level == 0)
+                        printf("  backpressure: none%s\n", n_paths ? "" : " (no peer paths)");
+                else
+                        printf("  backpressure: %s to %s (%s)%s\n", worst->level_name, worst->peer, worst->reason,
+                               n_paths > 1 ? "; epdctl paths shows every peer" : "");
+                printf("  metrics:      %s\n", metrics && *metrics ? metrics : "off ([Metrics] Listen= in epd.conf)");
+        }
+        epd_peers_free(peers, n_peers);
+        free(paths);
         free(version);
         free(host);
+        free(state);
+        free(sock);
+        free(metrics);
         return 0;
 }
 
@@ -171,34 +286,44 @@ static int verb_arenas(epd_client *c, int argc, char **argv) {
 
 int verb_handoffs(epd_client *c, int argc, char **argv); /* epdctl-handoff.c */
 
+static int verb_help(epd_client *c, int argc, char **argv) {
+        help();
+        return 0;
+}
+
 /* -- verb table: subsystems add their verbs in their own files (epdctl.h) -- */
 const EpdctlVerb epdctl_verbs[] = {
-        { "status", NULL, "Daemon version, host, clients, workers, arenas", verb_status },
+        { "status", NULL, "Daemon, uptime, socket, state, clients, workers, arenas, peers, backpressure", verb_status },
         { "workers", NULL, "Registered workers", verb_workers },
         { "arenas", NULL, "Memory arenas", verb_arenas },
         { "pages", NULL, "KV page pools per arena and the block directory", verb_pages },
         { "sequences", NULL, "KV sequences: owner, arena, pages, sharing", verb_sequences },
         { "features", NULL, "Feature cache: hits, misses, coalesced waits, bytes, evictions", verb_features },
         { "handoffs", NULL, "Handoffs in flight and their counters", verb_handoffs },
-        { "trace", "trace REQUEST_ID", "One request's path with timings, encode to decode", verb_trace },
+        { "trace", "trace REQUEST_ID", "One request's path with timings, encode to decode", verb_trace, 1, 1 },
         { "paths", NULL, "Peer paths as the kernel sees them: RTT, retransmits, backpressure", verb_paths },
         { "scheduler", NULL, "Admission pools: queues, rates, rho, verdicts and their reasons", verb_scheduler },
         { "journal", NULL, "The WAL (sync policy, LSNs, size) and the number of workflows", verb_journal },
         /* -- more verbs -- */
         { "peers", NULL, "Peer hosts: state, streams, and the path to each with its reason", verb_peers },
         { "gpus", NULL, "GPUs of the GPU domain and their peer access", verb_gpus },
+        { "help", NULL, "Show this help", verb_help },
         {},
 };
 
 int main(int argc, char *argv[]) {
+        enum { ARG_VERSION = 0x100 };
         static const struct option options[] = {
                 { "address", required_argument, NULL, 'A' },
                 { "json", no_argument, NULL, 'j' },
                 { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, ARG_VERSION },
                 {},
         };
         int c;
-        while ((c = getopt_long(argc, argv, "+A:jh", options, NULL)) >= 0)
+        /* Options anywhere: getopt permutes them in front of the command and its
+         * arguments (`epdctl workers --json` is `epdctl --json workers`). */
+        while ((c = getopt_long(argc, argv, "A:jh", options, NULL)) >= 0)
                 switch (c) {
                 case 'A':
                         arg_address = optarg;
@@ -209,7 +334,11 @@ int main(int argc, char *argv[]) {
                 case 'h':
                         help();
                         return 0;
+                case ARG_VERSION:
+                        printf("epdctl " EPD_VERSION "\n");
+                        return 0;
                 default:
+                        fprintf(stderr, "See epdctl --help.\n");
                         return 1;
                 }
         const char *verb = optind < argc ? argv[optind] : "status";
@@ -218,16 +347,26 @@ int main(int argc, char *argv[]) {
                 if (strcmp(v->name, verb) == 0)
                         break;
         if (!v->name) {
-                fprintf(stderr, "Unknown command '%s'; see epdctl --help.\n", verb);
+                fprintf(stderr, "epdctl: unknown command '%s'; see epdctl --help.\n", verb);
                 return 1;
         }
+        int nargs = argc - optind - (optind < argc);
+        if (nargs < (int)v->min_args || nargs > (int)v->max_args) {
+                if (v->max_args == 0)
+                        fprintf(stderr, "epdctl %s takes no arguments (got '%s').\n", v->name, argv[optind + 1]);
+                else
+                        fprintf(stderr, "Usage: epdctl %s\n", v->usage ? v->usage : v->name);
+                return 1;
+        }
+        if (v->run == verb_help)
+                return verb_help(NULL, 0, NULL);
+        if (tool_address_check("epdctl", arg_address) < 0)
+                return 1;
         epd_client *client = NULL;
-        int r = epd_connect(arg_address, &client);
-        if (r < 0) {
-                fprintf(stderr, "Cannot connect to epdd: %s\n", strerror(-r));
+        int r = tool_connect("epdctl", arg_address, &client);
+        if (r < 0)
                 return 1;
-        }
-        r = v->run(client, argc - optind - (optind < argc), argv + optind + (optind < argc));
+        r = v->run(client, nargs, argv + optind + (optind < argc));
         epd_disconnect(client);
         return r < 0 ? 1 : 0;
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <systemd/sd-bus.h>
 
@@ -12,7 +13,21 @@ typedef struct EpdctlVerb {
         const char *usage; /* e.g. "trace REQUEST_ID"; NULL: the name */
         const char *help;
         int (*run)(epd_client *c, int argc, char **argv); /* argv: after the verb */
+        unsigned min_args, max_args; /* arguments after the verb */
 } EpdctlVerb;
+
+/* One peer path as the Telemetry object reports it (GetPeers). */
+typedef struct EpdctlPath {
+        char peer[64];
+        bool kernel;
+        uint32_t connections, srtt_us, min_rtt_us, level;
+        uint64_t bytes_acked, retransmits;
+        char reason[48];
+        const char *level_name; /* none, elevated, high, stalled */
+} EpdctlPath;
+
+/* The paths (epdctl-telemetry.c); free() the array. */
+int epdctl_read_paths(epd_client *c, EpdctlPath **ret, size_t *ret_n);
 
 extern const EpdctlVerb epdctl_verbs[];
 extern bool arg_json;
