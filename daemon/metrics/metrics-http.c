@@ -22,8 +22,8 @@
 #include "metrics/metrics.h"
 #include "time-util.h"
 
-#define METRICS_CONNECTIONS_MAX 16
-#define METRICS_CONNECTIONS_PER_ADDRESS 4
+#define METRICS_CONNECTIONS_MAX 32
+#define METRICS_CONNECTIONS_PER_ADDRESS 8
 #define METRICS_IDLE_TIMEOUT_SEC 10
 
 struct MetricsHttp {

@@ -6,7 +6,7 @@
  * as an sd-event source of the daemon's loop (metrics-http.c): its epoll fd is watched
  * by the loop, and the answer is rendered on the loop from every subsystem's counters
  * (metrics-collect.c), so no lock and no thread stands between a scrape and the values.
- * Bounded: 16 connections at once, 4 per address, 10 s of idleness. Off by default.
+ * Bounded: 32 connections at once, 8 per address, 10 s of idleness. Off by default.
  * docs/telemetry.md#prometheus. */
 
 #include <stdint.h>

@@ -9,7 +9,7 @@
  * format), cumulative _bucket/_count/_sum of histograms, UNIT lines and the closing
  * "# EOF" of OpenMetrics, and escapes label values and help text. Pure: writes to a
  * FILE; unit-tested (tests/unit/test-metrics.c), and `promtool check metrics` reads its
- * output in tests/integration/test-metrics.py. */
+ * output in tests/tools/test-prometheus.py. */
 
 #include <stdbool.h>
 #include <stddef.h>

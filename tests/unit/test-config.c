@@ -125,6 +125,31 @@ static const struct {
         { "[Pool:thinking]\nPreemption=yes\n", "unknown key Preemption= in section [Pool]" },
 };
 
+/* [Metrics] and the window keys of [Backpressure] (docs/telemetry.md), which the
+ * section table once left out. */
+START_TEST(test_metrics_and_window) {
+        Config c;
+        char *errors = NULL;
+        ck_assert_int_eq(config_defaults(&c), 0);
+        ck_assert_ptr_null(c.metrics_listen); /* off by default */
+        ck_assert_int_eq(config_parse_string(&c,
+                                             "[Metrics]\nListen=127.0.0.1:9464\n"
+                                             "[Backpressure]\nWindowHandoffs=1\nWindowBytes=1G\nWindowElevated=0.5\n",
+                                             "m.conf", &errors),
+                         0);
+        ck_assert_ptr_null(errors);
+        ck_assert_str_eq(c.metrics_listen, "127.0.0.1:9464");
+        ck_assert_uint_eq(c.telemetry.backpressure.window_handoffs, 1);
+        ck_assert_uint_eq(c.telemetry.backpressure.window_bytes, 1ULL << 30);
+        ck_assert_int_eq(config_parse_string(&c, "[Metrics]\nListen=[::1]:0\n", "m.conf", &errors), 0);
+        ck_assert_str_eq(c.metrics_listen, "[::1]:0");
+        ck_assert_int_eq(config_parse_string(&c, "[Metrics]\nListen=9464\n", "m.conf", &errors), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(errors, "Listen=9464: expected HOST:PORT"));
+        free(errors);
+        config_done(&c);
+}
+END_TEST
+
 START_TEST(test_bad) {
         Config c;
         char *errors = NULL;
@@ -263,6 +288,7 @@ int main(void) {
         TCase *tc = tcase_create("config");
         tcase_add_test(tc, test_defaults);
         tcase_add_test(tc, test_good);
+        tcase_add_test(tc, test_metrics_and_window);
         tcase_add_loop_test(tc, test_bad, 0, (int)(sizeof bad / sizeof bad[0]));
         tcase_add_test(tc, test_all_errors_reported);
         tcase_add_test(tc, test_file);

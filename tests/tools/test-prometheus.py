@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""epdd's Prometheus endpoint with a real Prometheus (Debian's prometheus package):
+epdd starts with [Metrics] Listen= on a free port, epd-demo runs handoffs across two
+daemons and feature hits, `promtool check metrics` accepts the exposition, a Prometheus
+server scrapes both daemons, and its HTTP query API returns the series with the values
+the workload produced. Also: OpenMetrics when asked, 404/405 for other paths and methods,
+idle connections bounded per address without stopping the daemon's loop, and
+org.epd1.Metrics.Address. Skips (77) only when prometheus/promtool are not installed."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.parse
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+from epdtest import Pair, free_port, skip, tool  # noqa: E402
+
+PROMETHEUS = shutil.which("prometheus")
+PROMTOOL = shutil.which("promtool")
+
+
+def get(url, accept=None, method="GET"):
+    req = urllib.request.Request(url, method=method, headers={"Accept": accept} if accept else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.headers.get("Content-Type"), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type"), e.read().decode()
+
+
+def sample(text, name, **labels):
+    """The value of one sample of the text format."""
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        if key == name + (f"{{{want}}}" if want else ""):
+            return float(value)
+    raise KeyError(f"{name}{{{want}}} not in the exposition")
+
+
+class Metrics(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not PROMETHEUS or not PROMTOOL:
+            skip("prometheus/promtool are not installed (Debian package prometheus; scripts/install-deps.sh installs it)")
+        cls.pair = Pair("[Metrics]\nListen=127.0.0.1:0\n")
+        cls.url = {d: d.epdctl("status", json_out=True)["metrics"] for d in cls.pair.daemons}
+        for u in cls.url.values():
+            assert u.startswith("http://127.0.0.1:") and u.endswith("/metrics"), u
+        # The workload: 6 requests over 2 images, the decode side on bravo.
+        p = subprocess.run([tool("epd-demo"), f"--address={cls.pair.alpha.address}",
+                            f"--decode-address={cls.pair.bravo.address}", "--requests=6", "--images=2",
+                            "--concurrency=2", "--json"], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        cls.demo = json.loads(p.stdout)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.pair.close()
+
+    def test_exposition(self):
+        status, ctype, text = get(self.url[self.pair.alpha])
+        self.assertEqual(status, 200)
+        self.assertEqual(ctype, "text/plain; version=0.0.4; charset=utf-8")
+        p = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        # What the workload did, as alpha (source) and bravo (destination) count it.
+        self.assertEqual(sample(text, "epd_handoffs_total", peer="bravo", transport="tcp", direction="out"), 6)
+        self.assertEqual(sample(text, "epd_handoff_duration_seconds_count", peer="bravo", transport="tcp"), 6)
+        self.assertEqual(sample(text, "epd_handoff_bytes_total", peer="bravo", transport="tcp", direction="out"),
+                         6 * 36 * 512 * 1024)
+        self.assertEqual(sample(text, "epd_feature_misses_total"), 2)            # two images, encoded once each
+        self.assertEqual(sample(text, "epd_feature_hits_total"), 4 + 6)          # encoder hits + prefill reads
+        self.assertEqual(sample(text, "epd_peer_up", peer="bravo", transport="tcp"), 1)
+        self.assertGreater(sample(text, "epd_wal_appends_total"), 0)
+        self.assertEqual(sample(text, "epd_workers", role="prefill"), 0)         # the demo's workers are gone
+        _, _, bravo = get(self.url[self.pair.bravo])
+        self.assertEqual(sample(bravo, "epd_handoffs_total", peer="alpha", transport="tcp", direction="in"), 6)
+        self.assertEqual(sample(bravo, "epd_handoff_bytes_total", peer="alpha", transport="tcp", direction="in"),
+                         6 * 36 * 512 * 1024)
+
+    def test_openmetrics(self):
+        status, ctype, text = get(self.url[self.pair.alpha], accept="application/openmetrics-text;version=1.0.0")
+        self.assertEqual(status, 200)
+        self.assertTrue(ctype.startswith("application/openmetrics-text; version=1.0.0"))
+        self.assertTrue(text.endswith("# EOF\n"))
+        self.assertIn("# TYPE epd_handoffs counter\n", text)
+        self.assertIn("# UNIT epd_handoff_duration_seconds seconds\n", text)
+
+    def test_other_paths_and_methods(self):
+        base = self.url[self.pair.alpha][: -len("metrics")]
+        self.assertEqual(get(base + "nothing")[0], 404)
+        self.assertEqual(get(self.url[self.pair.alpha], method="POST")[0], 405)
+        self.assertEqual(get(base)[0], 200)
+
+    def test_idle_connections_do_not_block(self):
+        host, port = urllib.parse.urlsplit(self.url[self.pair.alpha]).netloc.split(":")
+        idle = []
+        try:
+            for _ in range(12):  # past the 8 per address: the rest are closed by epdd
+                s = socket.create_connection((host, int(port)), timeout=5)
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the end of the request
+                idle.append(s)
+            t0 = time.monotonic()
+            self.pair.alpha.epdctl("status")  # the loop answers at once
+            self.assertLess(time.monotonic() - t0, 2.0)
+        finally:
+            for s in idle:
+                s.close()
+        # Once they are closed, scrapes are answered again.
+        for _ in range(100):
+            try:
+                if get(self.url[self.pair.alpha])[0] == 200:
+                    break
+            except OSError:
+                pass  # epdd has not seen all of them close yet
+            time.sleep(0.05)
+        self.assertEqual(get(self.url[self.pair.alpha])[0], 200)
+
+    def test_prometheus_scrapes(self):
+        tmp = tempfile.mkdtemp(prefix="epd-prometheus-")
+        port = free_port()
+        targets = [urllib.parse.urlsplit(u).netloc for u in self.url.values()]
+        with open(os.path.join(tmp, "prometheus.yml"), "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+                    "scrape_configs:\n  - job_name: epdd\n    static_configs:\n"
+                    f"      - targets: {json.dumps(targets)}\n")
+        log = open(os.path.join(tmp, "prometheus.log"), "w")
+        prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/data",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                                stdout=log, stderr=subprocess.STDOUT)
+        api = f"http://127.0.0.1:{port}/api/v1/query?query="
+
+        def query(q):
+            status, _, body = get(api + urllib.parse.quote(q))
+            if status != 200:
+                return None
+            return json.loads(body)["data"]["result"]
+
+        try:
+            want = {
+                'sum(up{job="epdd"})': 2,
+                'epd_handoffs_total{peer="bravo",direction="out"}': 6,
+                'epd_handoffs_total{peer="alpha",direction="in"}': 6,
+                'epd_handoff_duration_seconds_count{peer="bravo"}': 6,
+                'epd_feature_hits_total{instance="%s"}' % targets[0]: 10,
+                'epd_feature_misses_total{instance="%s"}' % targets[0]: 2,
+            }
+            got = {}
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and got != want:
+                for q in want:
+                    try:
+                        r = query(q)
+                    except (OSError, ValueError, KeyError):
+                        r = None
+                    if r:
+                        got[q] = float(r[0]["value"][1])
+                if prom.poll() is not None:
+                    break
+                time.sleep(0.5)
+            if got != want:
+                with open(os.path.join(tmp, "prometheus.log")) as f:
+                    self.fail(f"Prometheus has {got}, want {want}; its log:\n{f.read()[-3000:]}")
+            # The histogram answers histogram_quantile() too.
+            r = query('histogram_quantile(0.5, sum by (le) (epd_handoff_duration_seconds_bucket{peer="bravo"}))')
+            self.assertTrue(r and 0 < float(r[0]["value"][1]) < 30, r)
+        finally:
+            prom.send_signal(signal.SIGTERM)
+            try:
+                prom.wait(20)
+            except subprocess.TimeoutExpired:
+                prom.kill()
+                prom.wait()
+            log.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
