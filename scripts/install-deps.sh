@@ -9,8 +9,10 @@ PKGS=(
         libnl-3-dev libnl-route-3-dev libssl-dev libncurses-dev
         libbpf-dev libelf-dev zlib1g-dev bpftool clang llvm
         libibverbs-dev
+        libmicrohttpd-dev
         dbus systemd-container iproute2 nftables iperf3 tmux
         python3 python3-numpy
+        prometheus
 )
 
 missing=()
