@@ -13,6 +13,7 @@ static const char *arg_config = NULL;
 static const char *arg_bus_address = NULL;
 static const char *arg_socket = NULL;
 static const char *arg_host_id = NULL;
+static const char *arg_state_directory = NULL;
 static int arg_log_level = -1;
 static int arg_system_bus = -1;
 static bool arg_check_config = false;
@@ -21,25 +22,27 @@ static void help(void) {
         printf("Usage: epdd [OPTIONS]\n\n"
                "The epd daemon: owns feature buffers and KV pages for Encoder, Prefill and\n"
                "Decode workers, serves org.epd1 on D-Bus and on a direct socket.\n\n"
-               "  -c --config=PATH        Configuration file (default " EPD_CONFIG_FILE ")\n"
-               "     --bus-address=ADDR   Serve this bus instead of the system bus\n"
-               "     --no-system-bus      Serve the direct socket only\n"
-               "  -s --socket=PATH        Direct socket (default " EPD_SOCKET_PATH ")\n"
-               "     --host-id=ID         This host's id in a cluster\n"
-               "     --log-level=LEVEL    emerg..debug\n"
-               "     --check-config       Validate the configuration and exit\n"
-               "  -h --help               Show this help\n"
-               "     --version            Show the version\n");
+               "  -c --config=PATH          Configuration file (default " EPD_CONFIG_FILE ")\n"
+               "     --bus-address=ADDR     Serve this bus instead of the system bus\n"
+               "     --no-system-bus        Serve the direct socket only\n"
+               "  -s --socket=PATH          Direct socket (default " EPD_SOCKET_PATH ")\n"
+               "     --state-directory=DIR  The WAL's directory (default " EPD_STATE_DIR ")\n"
+               "     --host-id=ID           This host's id in a cluster\n"
+               "     --log-level=LEVEL      emerg..debug\n"
+               "     --check-config         Validate the configuration and exit\n"
+               "  -h --help                 Show this help\n"
+               "     --version              Show the version\n");
 }
 
 static int parse_argv(int argc, char *argv[]) {
-        enum { ARG_BUS = 0x100, ARG_NO_SYSTEM_BUS, ARG_HOST_ID, ARG_LOG_LEVEL, ARG_CHECK, ARG_VERSION };
+        enum { ARG_BUS = 0x100, ARG_NO_SYSTEM_BUS, ARG_HOST_ID, ARG_LOG_LEVEL, ARG_CHECK, ARG_VERSION, ARG_STATE };
         static const struct option options[] = {
                 { "config", required_argument, NULL, 'c' },
                 { "bus-address", required_argument, NULL, ARG_BUS },
                 { "no-system-bus", no_argument, NULL, ARG_NO_SYSTEM_BUS },
                 { "socket", required_argument, NULL, 's' },
                 { "host-id", required_argument, NULL, ARG_HOST_ID },
+                { "state-directory", required_argument, NULL, ARG_STATE },
                 { "log-level", required_argument, NULL, ARG_LOG_LEVEL },
                 { "check-config", no_argument, NULL, ARG_CHECK },
                 { "help", no_argument, NULL, 'h' },
@@ -67,6 +70,13 @@ static int parse_argv(int argc, char *argv[]) {
                         break;
                 case ARG_HOST_ID:
                         arg_host_id = optarg;
+                        break;
+                case ARG_STATE:
+                        if (optarg[0] != '/') {
+                                log_error("--state-directory= needs an absolute path.");
+                                return -EINVAL;
+                        }
+                        arg_state_directory = optarg;
                         break;
                 case ARG_LOG_LEVEL:
                         arg_log_level = log_level_from_string(optarg);
@@ -120,7 +130,8 @@ int main(int argc, char *argv[]) {
         }
         if ((arg_bus_address && replace(&m->config.bus_address, arg_bus_address) < 0) ||
             (arg_socket && replace(&m->config.socket_path, arg_socket) < 0) ||
-            (arg_host_id && replace(&m->config.host_id, arg_host_id) < 0)) {
+            (arg_host_id && replace(&m->config.host_id, arg_host_id) < 0) ||
+            (arg_state_directory && replace(&m->config.state_dir, arg_state_directory) < 0)) {
                 log_oom();
                 manager_free(m);
                 return EXIT_FAILURE;
