@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,12 +30,17 @@ static const char *peer_of(const HandoffObject *o) {
         return o->peer_host[0] ? o->peer_host : "";
 }
 
-/* Replies once the transitions the call journaled are durable (docs/wal.md). */
-static int reply_journaled(Manager *m, sd_bus_message *msg, const char *types, const char *arg) {
+/* Replies (types, ...) once the transitions the call journaled are durable
+ * (docs/wal.md). */
+static int reply_journaled(Manager *m, sd_bus_message *msg, const char *types, ...) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        va_list ap;
         int r = sd_bus_message_new_method_return(msg, &reply);
-        if (r >= 0 && types)
-                r = sd_bus_message_append(reply, types, arg);
+        if (r < 0)
+                return r;
+        va_start(ap, types);
+        r = sd_bus_message_appendv(reply, types, ap);
+        va_end(ap);
         if (r < 0)
                 return r;
         return wal_manager_reply(m, msg, reply);
@@ -42,13 +48,7 @@ static int reply_journaled(Manager *m, sd_bus_message *msg, const char *types, c
 
 /* Prepare's answer, once its records are durable: the handoff and its token. */
 static int reply_journaled_object(Manager *m, sd_bus_message *msg, HandoffObject *o) {
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        int r = sd_bus_message_new_method_return(msg, &reply);
-        if (r >= 0)
-                r = sd_bus_message_append(reply, "ot", o->path, o->h->token);
-        if (r < 0)
-                return r;
-        return wal_manager_reply(m, msg, reply);
+        return reply_journaled(m, msg, "ot", o->path, o->h->token);
 }
 
 void bus_handoff_emit_progress(HandoffObject *o, uint32_t done) {
@@ -310,7 +310,7 @@ static int method_rollback(sd_bus_message *msg, void *userdata, sd_bus_error *er
         r = handoff_manager_rollback(o, &why);
         if (r < 0)
                 return epd_bus_error_errno(error, r, why.text);
-        return reply_journaled(o->hm->manager, msg, NULL, NULL);
+        return wal_manager_reply_empty(o->hm->manager, msg);
 }
 
 static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -321,7 +321,7 @@ static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *err
         /* The object may be gone after this; the reply waits for the release's record. */
         Manager *m = o->hm->manager;
         handoff_manager_release(o);
-        return reply_journaled(m, msg, NULL, NULL);
+        return wal_manager_reply_empty(m, msg);
 }
 
 #define H_PROPERTY(name, body) BUS_PROPERTY_GETTER(name, HandoffObject, o, body)
