@@ -72,10 +72,7 @@ def _lib_features():
         "epd_feature_release": (c_int, [c_void_p, _Fp]),
         "epd_feature_prefetch": (c_int, [c_void_p, P(c_char_p), c_size_t]),
     }
-    for name, (restype, argtypes) in decls.items():
-        f = getattr(lib, name)
-        f.restype = restype
-        f.argtypes = argtypes
+    _lib.declare(lib, decls)
     lib._epd_features_declared = True
     return lib
 

@@ -48,10 +48,7 @@ def _lib_gpu():
         "epd_gpu_mapping_size": (c_uint64, [c_void_p]),
         "epd_gpu_unmap": (c_void_p, [c_void_p]),
     }
-    for name, (restype, argtypes) in decls.items():
-        f = getattr(lib, name)
-        f.restype = restype
-        f.argtypes = argtypes
+    _lib.declare(lib, decls)
     lib._epd_gpu_declared = True
     return lib
 

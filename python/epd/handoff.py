@@ -106,18 +106,11 @@ def _lib_handoffs():
         "epd_ring_layer_group_ready": (c_int, [c_void_p, c_char_p, c_uint64, c_uint32, c_uint64]),
         "epd_ring_next": (c_int, [c_void_p, _P(RingRecord), c_uint64]),
     }
-    for name, (restype, argtypes) in decls.items():
-        f = getattr(lib, name)
-        f.restype = restype
-        f.argtypes = argtypes
+    _lib.declare(lib, decls)
     lib._epd_handoffs_declared = True
     return lib
 
 
-def _take_string(lib, p: ctypes.c_void_p) -> str:
-    s = ctypes.string_at(p.value).decode()
-    lib.free(p)
-    return s
 
 
 class Ring(_lib.Closing):
@@ -202,7 +195,7 @@ class Handoff:
                                               sequence.encode(), groups, len(layer_groups), ctypes.byref(opts),
                                               ctypes.byref(path), ctypes.byref(token)),
                       f"prepare handoff {request_id}")
-        return cls(client, _take_string(lib, path), token.value, request_id)
+        return cls(client, _lib.take_string(lib, path), token.value, request_id)
 
     def layer_group_ready(self, group: int, ring: Optional[Ring] = None):
         """Group computed: ship it now (through the ring when given: no bus round trip)."""
@@ -299,7 +292,7 @@ class Accepted:
         p = ctypes.c_void_p()
         self._client._check(self._lib.epd_handoff_commit(self._client._c, self.path.encode(), ctypes.byref(p)),
                             "commit handoff")
-        return _take_string(self._lib, p)
+        return _lib.take_string(self._lib, p)
 
     def rollback(self):
         self._client._check(self._lib.epd_handoff_rollback(self._client._c, self.path.encode()), "rollback")
