@@ -47,3 +47,33 @@ epd_copy_chunks(const EpdChunk *__restrict__ chunks, unsigned n_chunks) {
                 }
         }
 }
+
+// One layer's K and V between a (1, H, S, D) cache tensor pair and KV pages (kvcopy.h; head
+// and token strides in 16-byte words):
+// blockIdx.y picks K or V and a head, the x dimension runs over the tokens' 16-byte
+// words. Reads and writes are row-contiguous (a row is D × element size, e.g. 256
+// bytes), so both sides are coalesced. pages[] holds each page's address.
+extern "C" __global__ void __launch_bounds__(256)
+epd_kv_rows(const unsigned long long *__restrict__ pages, unsigned long long k, unsigned long long v,
+            unsigned long long tokens, unsigned heads, unsigned words_per_row, unsigned tokens_per_page,
+            unsigned long long k_offset, unsigned long long v_offset, unsigned long long head_words,
+            unsigned long long token_words, int to_pages) {
+        const unsigned kv = blockIdx.y / heads, h = blockIdx.y % heads;
+        uint4 *__restrict__ tensor = (uint4 *)(kv ? v : k) + (unsigned long long)h * head_words;
+        const unsigned long long off = kv ? v_offset : k_offset;
+        const unsigned long long n = tokens * words_per_row;
+        const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+
+        for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+                const unsigned long long s = i / words_per_row;
+                const unsigned w = (unsigned)(i % words_per_row);
+                const unsigned t = (unsigned)(s % tokens_per_page);
+                uint4 *page = (uint4 *)(pages[s / tokens_per_page] + off) +
+                              ((unsigned long long)t * heads + h) * words_per_row + w;
+                uint4 *row = tensor + s * token_words + w;
+                if (to_pages)
+                        __stcs(page, __ldcs(row));
+                else
+                        __stcs(row, __ldcs(page));
+        }
+}

@@ -54,6 +54,7 @@ typedef struct GpuKernels {
         int sms;
         CUmodule module;
         CUfunction copy_chunks;
+        CUfunction kv_rows;     /* kvcopy.h */
 } GpuKernels;
 
 int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret);
@@ -66,3 +67,10 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(GpuKernels *, gpu_kernels_free);
  * The device's context must be current. n <= GPU_CHUNKS_MAX. */
 int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *host_desc,
                             CUdeviceptr dev_desc, size_t n);
+
+/* Launches epd_kv_rows on `stream` (kvcopy.h: rows of words_per_row 16-byte words, 16-byte
+ * aligned). */
+int gpu_kernels_kv_rows(GpuKernels *k, CUstream stream, CUdeviceptr pages, uint64_t k_rows, uint64_t v_rows,
+                        uint64_t tokens, uint32_t heads, uint64_t words_per_row, uint32_t tokens_per_page,
+                        uint64_t k_offset, uint64_t v_offset, uint64_t head_words, uint64_t token_words,
+                        bool to_pages);

@@ -159,6 +159,7 @@ class Feature(_lib.Closing):
     offset = property(lambda self: self._f().offset)
     nbytes = property(lambda self: self._f().bytes)
     request_id = property(lambda self: self._f().request_id.decode())
+    arena = property(lambda self: self._f().arena)  # index for Client arenas; -1: no region
 
     @property
     def tensors(self) -> List[Tensor]:
@@ -238,6 +239,16 @@ class Feature(_lib.Closing):
         # the daemon validated the layout: the offset is aligned, the view in range
         flat = torch.frombuffer(self.buffer(), dtype=torch.uint8)
         return flat[t.offset:].view(dtype).as_strided(t.shape, t.strides)
+
+    def cuda(self, name: str, arena):
+        """A torch view, on the GPU, of one tensor of a feature in a GPU arena (`arena`: its
+        epd.gpu.GpuArena mapping); no copy. The view is valid while this handle is held."""
+        t = self._tensor(name)
+        span = 1
+        for n, st in zip(t.shape, t.strides):
+            span += (n - 1) * st
+        flat = arena.torch(self.offset + t.offset, (span,), _TORCH[t.dtype])
+        return flat.as_strided(t.shape, t.strides)
 
     def release(self):
         if self._p:

@@ -253,6 +253,22 @@ class Accepted:
         finally:
             lib.epd_handoff_accepted_done(ctypes.byref(a))
 
+    @classmethod
+    def accept_wait(cls, client, request_id: str, timeout_s: float = 30.0, ring: Optional[Ring] = None) -> "Accepted":
+        """Accepts the handoff of request_id, waiting up to timeout_s for the prefill to
+        prepare it (a decode worker may be told of a request before its handoff exists)."""
+        from . import EpdError
+        deadline = time.monotonic() + timeout_s
+        pause = 50e-6
+        while True:
+            try:
+                return cls.accept(client, request_id)
+            except EpdError as e:
+                if e.name != "org.epd1.Error.NotFound" or time.monotonic() > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+
     def status(self) -> dict:
         st = _Status()
         self._client._check(self._lib.epd_handoff_get(self._client._c, self.path.encode(), ctypes.byref(st)),
