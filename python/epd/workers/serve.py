@@ -214,10 +214,10 @@ def make_backend(name: str):
 class _DecodeAgents:
     """The decode worker's agent requests: request id -> (workflow, prompt tokens, delta)."""
 
-    def __init__(self, client, layout, backend, device):
+    def __init__(self, client, layout, backend, device, kv_arena: str = "host0"):
         from ..workflow import Workflow
         self.Workflow = Workflow
-        self.client, self.layout, self.b, self.device = client, layout, backend, device
+        self.client, self.layout, self.b, self.device, self.kv_arena = client, layout, backend, device, kv_arena
         self.live: Dict[str, tuple] = {}
 
     def root(self, spec: Spec, seq, prompt_len: int, delta: int) -> dict:
@@ -225,7 +225,7 @@ class _DecodeAgents:
         tokens = self.b.tokens(spec)
         if len(tokens) != prompt_len:
             raise RuntimeError(f"{spec.request_id}: {len(tokens)} prompt tokens, KV of {prompt_len}")
-        wf = self.Workflow.create(self.client, seq.path, tokens, arena="host0")
+        wf = self.Workflow.create(self.client, seq.path, tokens, arena=self.kv_arena)
         seq.release()  # the workflow holds its own clone
         self.live[spec.request_id] = (wf, tokens, delta)
         return {"workflow": wf.id}
@@ -246,8 +246,8 @@ class _DecodeAgents:
             raise RuntimeError(f"{spec.request_id}: branch {idx} adds no token to compute")
         step.head.append(need)
         _, copied = step.head.prepare_write(shared, need)  # fresh pages: nothing to copy
-        kv = C.EpdBranchKv(self.client, step.head, L, shared * L.tokens_per_block, device=self.device,
-                           dtype=self.b.dtype)
+        kv = C.EpdBranchKv(self.client, step.head, L, shared * L.tokens_per_block, arena=self.kv_arena,
+                           device=self.device, dtype=self.b.dtype)
         t1 = time.perf_counter()
         toks = self.b.branch(spec, idx, kv, tokens, delta)
         _sync(self.device)
@@ -272,7 +272,7 @@ class _DecodeAgents:
 
 
 def _worker(role: str, address: str, backend_name: str, conn, group_size: int, model_label: str,
-            ring_entries: int = 1024):
+            ring_entries: int = 1024, kv_arena: str = "host0"):
     """One process: registers with epdd as `role`, then serves requests from the pipe."""
     try:
         b = make_backend(backend_name)
@@ -290,7 +290,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
             from ..handoff import Ring
             ring = Ring(client, cq_entries=ring_entries)
         groups = C.groups_of(b.layers, group_size)
-        agents = _DecodeAgents(client, layout, b, device) if role == "decode" else None
+        agents = _DecodeAgents(client, layout, b, device, kv_arena) if role == "decode" else None
         conn.send(("ready", {"pid": os.getpid(), "gpu": gpu, "worker": client.worker_path}))
         pending = []  # prefill: sinks whose handoff is not released yet
         while True:
@@ -315,14 +315,19 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                     feats = C.fetch(client, b.image_key(spec), device=device)
                 t1 = time.perf_counter()
                 plen = b.prompt_len(spec)
-                sink = C.EpdKvSink(client, "host0", layout, spec.request_id, plen, groups, ring=ring)
+                sink = C.EpdKvSink(client, kv_arena, layout, spec.request_id, plen, groups, ring=ring)
+                t2 = time.perf_counter()
                 first, delta = b.prefill(spec, feats, sink)
                 _sync(device)
                 sink.done()
+                if feats is not None:
+                    feats.release()  # views of a GPU feature arena: the model is done with them
                 pending.append(sink)
+                t3 = time.perf_counter()
                 out = {"first": first, "delta": delta, "prompt_len": plen,
-                       "fetch_s": t1 - t0 - (enc["t"] if enc else 0.0), "t": time.perf_counter() - t0,
-                       "sink_s": sink.seconds, "kv_bytes": sink.bytes_written}
+                       "fetch_s": t1 - t0 - (enc["t"] if enc else 0.0), "t": t3 - t0,
+                       "prepare_s": t2 - t1, "sink_s": sink.seconds, "sink_wait_s": sink.wait_s,
+                       "compute_s": t3 - t2 - sink.seconds, "kv_bytes": sink.bytes_written}
                 if enc:
                     out["encode"] = enc
                 conn.send(("ok", out))
@@ -342,7 +347,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 toks = b.decode(spec, src, info["prompt_len"], info["first"], info["delta"])
                 _sync(device)
                 seq = src.finish(keep=spec.branches > 0)
-                out = {"tokens": toks, "wait_s": src.wait_s, "accept_s": t1 - t0}
+                out = {"tokens": toks, "wait_s": src.wait_s, "accept_s": t1 - t0, "load_s": src.seconds}
                 if seq is not None:
                     out.update(agents.root(spec, seq, info["prompt_len"], info["delta"]))
                 out["t"] = time.perf_counter() - t0
@@ -385,7 +390,8 @@ class Workers:
     turns go to the decode worker that holds its workflow."""
 
     def __init__(self, address: str, backend: str, group_size: int = 1, model_label: str = "qwen3-vl",
-                 layout: str = "1E1P1D", gpus: Optional[int] = None, ring_entries: int = 1024):
+                 layout: str = "1E1P1D", gpus: Optional[int] = None, ring_entries: int = 1024,
+                 kv_arena: str = "host0"):
         ctx = mp.get_context("spawn")
         self.layout = parse_layout(layout)
         self.pools: Dict[str, List[_Proc]] = {r: [] for r in ("encoder", "prefill", "decode")}
@@ -401,7 +407,7 @@ class Workers:
                         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # the spawned child inherits it
                     a, b = ctx.Pipe()
                     p = ctx.Process(target=_worker, args=(role, address, backend, b, group_size, model_label,
-                                                                     ring_entries),
+                                                          ring_entries, kv_arena),
                                     daemon=True)
                     p.start()
                     self.pools[role].append(_Proc(role, i, p, a, gpu))
@@ -459,6 +465,10 @@ class Workers:
         if "encode" in out["prefill"]:
             out["encode"] = out["prefill"]["encode"]
         out["ttft_s"] = time.perf_counter() - spec.submit_t
+        # Process hops and queueing: the part of TTFT spent outside the workers' own work
+        # (pipes, routing, waiting for a busy worker).
+        inside = out["prefill"]["t"] + (out["encode"]["t"] if "encode" in out and encoders else 0.0)
+        out["hops_s"] = max(0.0, out["ttft_s"] - inside)
         d = self._pick("decode")
         try:
             out["decode"] = self._call(d, "decode", spec, out["prefill"])
