@@ -278,18 +278,9 @@ class Accepted:
     @classmethod
     def accept_wait(cls, client, request_id: str, timeout_s: float = 30.0, ring: Optional[Ring] = None) -> "Accepted":
         """Accepts the handoff of request_id, waiting up to timeout_s for the prefill to
-        prepare it (a decode worker may be told of a request before its handoff exists)."""
-        from . import EpdError
-        deadline = time.monotonic() + timeout_s
-        pause = 50e-6
-        while True:
-            try:
-                return cls.accept(client, request_id)
-            except EpdError as e:
-                if e.name != "org.epd1.Error.NotFound" or time.monotonic() > deadline:
-                    raise
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+        prepare it (a decode worker may be told of a request before its handoff exists):
+        one AcceptWait call that the daemon answers when the handoff is prepared here."""
+        return cls.accept(client, request_id, wait_s=max(timeout_s, 1e-6))
 
     def status(self) -> dict:
         st = _Status()
