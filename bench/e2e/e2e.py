@@ -96,8 +96,10 @@ def summarize(name, results, wall):
             "prepare": 1e3 * mean(r["prefill"]["prepare_s"] for r in results),
             "prefill_compute": 1e3 * mean(r["prefill"]["compute_s"] for r in results),
             "kv_sink": 1e3 * mean(r["prefill"]["sink_s"] for r in results),
+            "kv_sink_wait": 1e3 * mean(r["prefill"].get("sink_wait_s", 0.0) for r in results),
             "hops_and_queue": 1e3 * mean(r["hops_s"] for r in results),
             "decode_accept_wait": 1e3 * mean(r["decode"]["accept_s"] for r in results),
+            "handoff_exposed": 1e3 * mean(r["decode"]["wait_s"] for r in results),
             "decode_kv_load": 1e3 * mean(r["decode"]["load_s"] for r in results),
         }
         row["kv_bytes"] = sum(r["prefill"]["kv_bytes"] for r in results)
@@ -412,12 +414,13 @@ def main():
                   f"| {r.get('epd_share_of_ttft', float('nan')):.3f} "
                   f"| {r.get('encoder_runs', '-')}/{r.get('encoder_hits', '-')} |")
         print("\nWhere TTFT goes (mean ms): encoder | feature fetch | sequence + Prepare | prefill compute "
-              "| KV sink | hops and queueing; decode: accept + wait | KV load")
+              "| KV sink | its wait for the model | hops and queueing; decode: accept | handoff exposed | KV load")
         for r in out["bench"]:
             sp = r.get("split_ms", {})
             print(f"| {r['config']} | " + " | ".join(
                 f"{sp[k]:.1f}" if k in sp else "-" for k in ("encoder", "feature_fetch", "prepare", "prefill_compute",
-                                                             "kv_sink", "hops_and_queue", "decode_accept_wait",
+                                                             "kv_sink", "kv_sink_wait", "hops_and_queue",
+                                                             "decode_accept_wait", "handoff_exposed",
                                                              "decode_kv_load")) + " |")
         for r in out["bench"]:
             if "workflow" in r:

@@ -393,6 +393,10 @@ class EpdKvSink:
             self._pending.pop(0)
             self._ready(g)
 
+    def flush(self) -> None:
+        """Waits for the model's writes of every layer so far and reports their groups."""
+        self._flush(block=True)
+
     def done(self) -> None:
         # Every group's writes have landed and been reported before the sequence goes.
         # Leases keep the pages alive until the transfer completes; the decode side's
@@ -410,17 +414,26 @@ class EpdKvSource:
     each layer's K/V, then commits and releases."""
 
     def __init__(self, client, request_id: str, layout: KvPageLayout, tokens: int, ring: Optional[Ring] = None,
-                 device: Optional[str] = None, dtype: str = "bfloat16", accept_timeout_s: float = 30.0):
+                 device: Optional[str] = None, dtype: str = "bfloat16", accept_timeout_s: float = 30.0,
+                 wait: bool = True):
         self.client, self.layout, self.tokens, self.device, self.dtype = client, layout, tokens, device, dtype
-        self.ring = ring
+        self.ring, self.timeout_s = ring, accept_timeout_s
         t0 = time.perf_counter()
         self.accepted = Accepted.accept_wait(client, request_id, accept_timeout_s, ring)
         self.accept_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        self.accepted.wait_groups(self.accepted.n_groups, ring)
-        self.wait_s = time.perf_counter() - t0
         self.kv = KvPages(client, self.accepted.arena, layout, self.accepted.offsets)
         self.seconds = 0.0  # launches or host copies of the layers
+        self.wait_s = 0.0   # waiting for layer groups to land
+        if wait:
+            self.wait_layer_group(self.accepted.n_groups)
+
+    def wait_layer_group(self, n: int, timeout_s: Optional[float] = None) -> None:
+        """Blocks until layer groups [0, n) have landed (progress records from the ring)."""
+        if self.accepted.groups_done >= n:
+            return
+        t0 = time.perf_counter()
+        self.accepted.wait_groups(n, self.ring, self.timeout_s if timeout_s is None else timeout_s)
+        self.wait_s += time.perf_counter() - t0
 
     def layer(self, layer_idx: int):
         t0 = time.perf_counter()
