@@ -59,16 +59,14 @@ uint64_t gpu_chunks_bytes(const GpuChunk *c, size_t n) {
 }
 
 void gpu_chunks_grid(size_t n, uint64_t max_len, int sms, unsigned *grid_x, unsigned *grid_y) {
-        /* 256 threads × 4 × 16 bytes per block pass; aim for ~8 blocks per SM in all. */
-        const uint64_t per_block = 256 * 4 * 16;
-        uint64_t target = (uint64_t)MAX(sms, 1) * 8, gy, gx;
+        /* One block per GPU_CHUNK_TILE of a chunk (x), one row of blocks per chunk (y; the
+         * kernel loops over chunks past 65535). sms does not change the shape: tiles are
+         * small enough that the blocks spread evenly over any number of SMs. */
+        uint64_t gx = DIV_ROUND_UP(MAX(max_len, (uint64_t)1), (uint64_t)GPU_CHUNK_TILE);
 
-        gy = MIN((uint64_t)MAX(n, (size_t)1), (uint64_t)65535);
-        gx = DIV_ROUND_UP(target, gy);
-        gx = MIN(gx, MAX(DIV_ROUND_UP(max_len, per_block), (uint64_t)1));
-        gx = CLAMP(gx, (uint64_t)1, (uint64_t)65535);
-        *grid_x = (unsigned)gx;
-        *grid_y = (unsigned)gy;
+        (void)sms;
+        *grid_x = (unsigned)CLAMP(gx, (uint64_t)1, (uint64_t)INT32_MAX);
+        *grid_y = (unsigned)MIN((uint64_t)MAX(n, (size_t)1), (uint64_t)65535);
 }
 
 GpuKernels *gpu_kernels_free(GpuKernels *k) {
@@ -117,9 +115,9 @@ int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret) {
 
 int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *chunks,
                             CUdeviceptr desc_buf, size_t n) {
-        unsigned gx, gy, n32 = (unsigned)n;
+        unsigned gx, gy, n32 = (unsigned)n, tile_words = GPU_CHUNK_TILE / 16;
         uint64_t max_len = 0;
-        void *params[] = { &desc_buf, &n32 };
+        void *params[] = { &desc_buf, &n32, &tile_words };
         int r;
 
         if (n == 0)

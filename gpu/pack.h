@@ -40,8 +40,11 @@ size_t gpu_chunks_coalesce(GpuChunk *c, size_t n);
 /* Sum of lengths (saturating). */
 uint64_t gpu_chunks_bytes(const GpuChunk *c, size_t n);
 
+/* The bytes of a chunk one block of the copy kernel moves. */
+#define GPU_CHUNK_TILE (64U << 10)
+
 /* Launch geometry for n chunks of at most max_len bytes on a device with `sms`
- * multiprocessors. Pure. */
+ * multiprocessors: a block per tile of a chunk. Pure. */
 void gpu_chunks_grid(size_t n, uint64_t max_len, int sms, unsigned *grid_x, unsigned *grid_y);
 
 /* The fatbin embedded at build time (size 0 when built without nvcc). */

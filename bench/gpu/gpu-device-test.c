@@ -498,7 +498,8 @@ static void test_pack(Env *e) {
         pack_case(e, k, a, st, 1 * MiB, 60, 256 * 1024, 512 * 1024, 66);
         pack_case(e, k, a, st, 256 * 1024, 500, 4096, 64 * 1024, 67);
         pack_case(e, k, a, st, 1 * MiB, 100, 333, 100003, 68);
-        printf("RESULT pack ok cases=3\n");
+        pack_case(e, k, a, st, 1 * MiB, 40, 4112, 200016, 69); /* aligned, 3 tiles and a part */
+        printf("RESULT pack ok cases=4\n");
         drop_arena(e, a);
         drop_arena(e, st);
         gpu_kernels_free(k);
