@@ -481,11 +481,12 @@ static int handoff_init(Manager *m) {
         hm->dest_pages = hashmap_new(HASHMAP_KEY_U64, 0);
         hm->rings = hashmap_new(HASHMAP_KEY_U64, 0);
         hm->windows = hashmap_new(HASHMAP_KEY_STRING, 0);
+        hm->expects = hashmap_new(HASHMAP_KEY_BYTES, sizeof(EpdId));
         m->handoffs = hm;
         if (handoff_journal_init(&hm->journal) < 0)
                 return -ENOMEM;
         if (!hm->by_handle || !hm->sources || !hm->destinations || !hm->writes || !hm->incoming ||
-            !hm->dest_pages || !hm->rings || !hm->windows)
+            !hm->dest_pages || !hm->rings || !hm->windows || !hm->expects)
                 return -ENOMEM;
 
         int r = local_transport_new(0, &hm->local);
@@ -540,6 +541,7 @@ static void handoff_done(Manager *m) {
                 peer_manager_set_incoming_validator(m->peers, NULL, NULL);
                 peer_manager_set_incoming_done(m->peers, NULL, NULL);
         }
+        handoff_expect_done(hm);
         /* Clients are gone by now: what is left has no owner. Roll everything back; the
          * transports are stopped below, so nothing lands later. */
         if (hm->local) {
@@ -607,6 +609,7 @@ static void handoff_done(Manager *m) {
         hashmap_free(hm->incoming);
         hashmap_free(hm->dest_pages);
         hashmap_free(hm->rings);
+        hashmap_free(hm->expects);
         while ((it = 0, hm->windows && hashmap_iterate(hm->windows, &it, &v, NULL))) {
                 PeerWindow *w = hashmap_remove(hm->windows, ((PeerWindow *)v)->host);
                 free(w->name);

@@ -479,6 +479,7 @@ static int prepare_local(HandoffManager *hm, PrepareCtx *x, HandoffObject *o, Re
         }
         hm->counters.prepared++;
         x->worker->stats.handoffs_out++;
+        handoff_expect_arrived(d);
         log_debug("handoff %s: prepared locally (%s, %u pages, %u groups)", o->request_str,
                   o->zero_copy ? "same arena" : "copy", o->n_pages, x->n_groups);
         return HANDOFF_PREPARED_NOW;

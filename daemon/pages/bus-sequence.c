@@ -91,14 +91,6 @@ static int reply_journaled(Manager *m, sd_bus_message *msg, sd_bus_message *repl
         return wal_manager_reply(m, msg, reply);
 }
 
-static int reply_empty_journaled(Manager *m, sd_bus_message *msg) {
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        int r = sd_bus_message_new_method_return(msg, &reply);
-        if (r < 0)
-                return r;
-        return reply_journaled(m, msg, reply);
-}
-
 /* Journals a transition that was applied: on failure the caller gets an error (the
  * change stays in memory but is not acknowledged as durable). */
 static int journal(Sequence *s, sd_bus_error *error, const char *what) {
@@ -406,7 +398,7 @@ static int method_truncate(sd_bus_message *msg, void *userdata, sd_bus_error *er
         r = journal(s, error, "Truncate");
         if (r < 0)
                 return r;
-        return reply_empty_journaled(seq_manager(s), msg);
+        return wal_manager_reply_empty(seq_manager(s), msg);
 }
 
 static int method_clone(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -538,7 +530,7 @@ static int method_grant(sd_bus_message *msg, void *userdata, sd_bus_error *error
         r = journal(s, error, "Grant");
         if (r < 0)
                 return r;
-        return reply_empty_journaled(m, msg);
+        return wal_manager_reply_empty(m, msg);
 }
 
 static int method_revoke(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -558,7 +550,7 @@ static int method_revoke(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         r = journal(s, error, "Revoke");
         if (r < 0)
                 return r;
-        return reply_empty_journaled(m, msg);
+        return wal_manager_reply_empty(m, msg);
 }
 
 static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -568,7 +560,7 @@ static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 return r;
         Manager *m = seq_manager(s);
         page_manager_release(s); /* journals the release */
-        return reply_empty_journaled(m, msg);
+        return wal_manager_reply_empty(m, msg);
 }
 
 /* Properties: visible to the owner and granted workers only. */

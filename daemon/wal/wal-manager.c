@@ -138,6 +138,14 @@ int wal_manager_reply(Manager *m, sd_bus_message *call, sd_bus_message *reply) {
         return 1;
 }
 
+int wal_manager_reply_empty(Manager *m, sd_bus_message *call) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r = sd_bus_message_new_method_return(call, &reply);
+        if (r < 0)
+                return r;
+        return wal_manager_reply(m, call, reply);
+}
+
 static int wal_init(Manager *m) {
         _cleanup_(freep) char *dir = NULL;
         WalGlue *g;
