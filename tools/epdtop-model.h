@@ -3,14 +3,19 @@
 
 /* epdtop's model and layout: pure (no bus, no curses), unit-tested. A snapshot is what
  * one poll read (bus and pinned maps); the model keeps the previous one to compute
- * rates from deltas, a history per peer for sparklines, the sort order and the filter.
- * The layout splits a terminal of any size into sections. */
+ * rates from deltas (and the handoff latency and feature hit rate of the last interval),
+ * a history per peer for sparklines, the sort order and the filter. The layout splits a
+ * terminal of any size into sections; each table (arenas, workers, peers) is a list of
+ * columns (TopColumn: title, width, priority, a cell formatter) of which the layout keeps
+ * those that fit, so a column is added with one entry in epdtop-model.c and never
+ * makes a line wrap. */
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
+#include "histogram.h"
 #include "time-util.h"
 
 #define TOP_HISTORY 120
@@ -26,7 +31,7 @@ typedef struct TopArena {
         char name[TOP_NAME_MAX], domain[16], usage[16];
         uint64_t size;
         bool have_pages;        /* page counts are known (pages subsystem) */
-        uint64_t pages_total, pages_used, pages_free, pages_shared, pages_leased;
+        uint64_t page_size, pages_total, pages_used, pages_free, pages_shared, pages_leased;
 } TopArena;
 
 typedef struct TopPeer {
@@ -38,6 +43,7 @@ typedef struct TopPeer {
         char reason[32];
         char transport[16];
         char transport_why[64];
+        char state[16];         /* from the peer list: up, connecting, down...; "" if unknown */
         /* Derived by the model: */
         double bandwidth;       /* acked bytes/s */
         double retransmits_per_sec;
@@ -46,14 +52,19 @@ typedef struct TopPeer {
 } TopPeer;
 
 typedef struct TopWorker {
-        char id[40], role[16], model[48], device[24];
+        char id[40], role[16], model[48], device[24], name[32];
         uint32_t pid;
+        bool have_stats;        /* org.epd1.Worker.Stats was read */
+        uint64_t sequences, pages, handoffs_out, handoffs_in, features_produced, feature_hits, feature_misses;
+        /* Derived by the model, over the last interval: */
+        double handoffs_per_sec; /* out + in */
 } TopWorker;
 
 typedef struct TopFeatures {
         bool known;
         uint64_t hits, misses, bytes, entries;
         double hit_rate;        /* over the last interval (all time if no delta) */
+        bool hit_rate_interval; /* hit_rate is the last interval's (else all time) */
 } TopFeatures;
 
 typedef struct TopHandoffs {
@@ -61,6 +72,15 @@ typedef struct TopHandoffs {
         uint64_t in_flight, completed, failed, bytes;
         double throughput;      /* bytes/s */
         double failures_per_sec;
+        double completed_per_sec;
+        /* Prepare-to-Commit durations of the handoffs this host prepared, all peers and
+         * transports: per-bucket counts since the start (common/histogram.h). */
+        bool have_durations;
+        uint64_t durations[HISTOGRAM_BUCKETS + 1];
+        /* Derived by the model: the quantiles of the last interval's handoffs (of all
+         * time when none completed in it); -1 when there were none. */
+        double p50_usec, p99_usec;
+        bool latency_interval;
 } TopHandoffs;
 
 typedef struct TopSnapshot {
@@ -94,8 +114,11 @@ typedef struct TopModel {
         TopSnapshot cur;
         bool have_prev;
         usec_t prev_ts;
+        double interval;        /* seconds between the last two snapshots (0: one so far) */
         TopFeatures prev_features;
         TopHandoffs prev_handoffs;
+        TopWorker *prev_workers; /* of the previous snapshot, for the workers' rates */
+        size_t n_prev_workers;
         TopHistory handoff_history;
         TopPeer *peers;         /* persistent, with history; includes ones gone away */
         size_t n_peers;
@@ -136,6 +159,7 @@ char *top_sparkline(const TopHistory *h, size_t width, char *buf, size_t size);
 char *top_format_bytes(char *buf, size_t n, double bytes);
 char *top_format_rate(char *buf, size_t n, double bytes_per_sec);
 char *top_format_usec(char *buf, size_t n, double usec);
+char *top_format_count(char *buf, size_t n, uint64_t v); /* 1234567 -> 1.2M */
 const char *top_level_to_string(unsigned level);
 
 typedef struct TopSection {
@@ -144,20 +168,53 @@ typedef struct TopSection {
         size_t hidden;          /* rows that did not fit */
 } TopSection;
 
+/* A column of a table: `cell` formats row `row` (a TopArena, TopWorker or TopPeer) of
+ * model m into buf (NULL row: nothing; the title is `title`). Cells are cut to `width`
+ * characters; text is left-aligned, numbers right-aligned. When the terminal is narrow,
+ * the columns with the highest `priority` go first (0: never). */
+typedef struct TopColumn {
+        const char *title;
+        int width;
+        int priority;
+        bool left;
+        void (*cell)(const TopModel *m, const void *row, char *buf, size_t n);
+} TopColumn;
+
+typedef enum TopTable {
+        TOP_TABLE_ARENAS,
+        TOP_TABLE_WORKERS,
+        TOP_TABLE_PEERS,
+        _TOP_TABLE_MAX,
+} TopTable;
+
+#define TOP_COLUMNS_MAX 32
+
+/* The columns of a table, and how many. */
+const TopColumn *top_table_columns(TopTable t, size_t *ret_n);
+
 typedef struct TopLayout {
         bool too_small;         /* below 40x10: only a message */
         int header_y, header_height;
-        TopSection arenas, peers, workers;
+        TopSection arenas, workers, peers;
         int status_y;           /* last row: keys, filter */
-        bool sparklines;        /* wide enough for the bandwidth sparkline */
+        bool sparklines;        /* wide enough for the bandwidth sparkline after the peer columns */
         int sparkline_width;
-        bool reason_column;
-        bool transport_column;
+        bool shown[_TOP_TABLE_MAX][TOP_COLUMNS_MAX]; /* columns that fit */
+        int width[_TOP_TABLE_MAX];                   /* characters of a line of each table */
 } TopLayout;
 
-/* Lays out rows x cols for the model's current content. Peers get room first, then
- * arenas, then workers; every section keeps its title row. */
+/* Lays out rows x cols for the model's current content: the header, then arenas,
+ * workers and peers. Workers and peers get room first, then arenas; every section
+ * keeps its title row. In each table the columns that fit `cols` are kept. */
 TopLayout top_layout(int rows, int cols, const TopModel *m);
+/* Whether the layout shows the column titled `title` of table t. */
+bool top_layout_shows(const TopLayout *l, TopTable t, const char *title);
+/* One line of table t: the titles (row NULL) or a row's cells, the columns the layout
+ * keeps, at most l->width[t] characters (ASCII). */
+char *top_table_line(const TopModel *m, const TopLayout *l, TopTable t, const void *row, char *buf, size_t size);
+/* The header's lines (the handoffs and features of the last interval), cut to cols. */
+#define TOP_HEADER_LINES 3
+void top_header_line(const TopModel *m, int line, int cols, char *buf, size_t size);
 
 /* One JSON object: the snapshot with derived rates (what --json prints). */
 int top_model_json(const TopModel *m, FILE *f);

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-/* epdtop: live view of epdd, like top/nvtop: arenas, features, handoffs, peer paths
- * (bandwidth, RTT, retransmits, backpressure) and workers. Reads the daemon over its
- * bus API and the BPF maps it pinned; all arithmetic and layout is in epdtop-model.c.
+/* epdtop: live view of epdd, like top/nvtop: the serving side (each worker's pages,
+ * handoffs in and out, features produced and hit; handoff latency P50/P99 and the
+ * feature hit rate over the last interval), arenas, and the peer paths (bandwidth, RTT,
+ * retransmits, backpressure, transport). Reads the daemon over its bus API and the BPF
+ * maps it pinned; all arithmetic and layout is in epdtop-model.c. epdtop(1).
  *
- *   epdtop                      interactive (q quit, s sort, r reverse, / filter, p pause)
+ *   epdtop                      interactive (? help, q quit, s sort, r reverse, / filter, p pause)
  *   epdtop --batch -n 3         three text snapshots, one per delay
  *   epdtop --json -n 2          JSON snapshots, one per line (rates from the 2nd on) */
 #include <curses.h>
@@ -23,6 +25,7 @@
 #include "epdtop-model.h"
 #include "epdtop-pins.h"
 #include "macro.h"
+#include "tool-connect.h"
 
 static const char *arg_address = NULL;
 static const char *arg_pins = NULL;
@@ -43,6 +46,118 @@ static int get_property(Source *src, const char *path, const char *iface, const 
                         const char *type, sd_bus_message **reply) {
         return sd_bus_get_property(src->client->bus, EPD_DESTINATION(src->client), path, iface, prop, NULL,
                                    reply, type);
+}
+
+/* org.epd1.Worker.Stats and Name of one worker. */
+static int read_worker_stats(Source *src, const char *path, TopWorker *w) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        char *name = NULL;
+        if (sd_bus_get_property_string(src->client->bus, EPD_DESTINATION(src->client), path, "org.epd1.Worker", "Name",
+                                       NULL, &name) >= 0) {
+                copy(w->name, sizeof w->name, name);
+                free(name);
+        }
+        int r = get_property(src, path, "org.epd1.Worker", "Stats", "a{st}", &reply);
+        if (r >= 0)
+                r = sd_bus_message_enter_container(reply, 'a', "{st}");
+        if (r < 0)
+                return r; /* an older daemon: the columns show "-" */
+        const char *k;
+        uint64_t v;
+        const struct {
+                const char *key;
+                uint64_t *dst;
+        } keys[] = {
+                { "sequences", &w->sequences },           { "pages", &w->pages },
+                { "handoffs_out", &w->handoffs_out },     { "handoffs_in", &w->handoffs_in },
+                { "features_produced", &w->features_produced }, { "feature_hits", &w->feature_hits },
+                { "feature_misses", &w->feature_misses },
+        };
+        while ((r = sd_bus_message_read(reply, "{st}", &k, &v)) > 0)
+                for (size_t i = 0; i < ELEMENTSOF(keys); i++)
+                        if (strcmp(k, keys[i].key) == 0)
+                                *keys[i].dst = v;
+        w->have_stats = r >= 0;
+        return r;
+}
+
+/* The feature cache (org.epd1.Feature) and the handoffs (org.epd1.Handoffs): counters,
+ * and the duration histogram of every path summed. */
+static void read_serving(Source *src, TopSnapshot *s) {
+        sd_bus *bus = src->client->bus;
+        const char *dest = EPD_DESTINATION(src->client);
+        TopFeatures *f = &s->features;
+        f->known = sd_bus_get_property_trivial(bus, dest, "/org/epd1/feature", "org.epd1.Feature", "Hits", NULL, 't',
+                                               &f->hits) >= 0 &&
+                   sd_bus_get_property_trivial(bus, dest, "/org/epd1/feature", "org.epd1.Feature", "Misses", NULL, 't',
+                                               &f->misses) >= 0;
+        (void)sd_bus_get_property_trivial(bus, dest, "/org/epd1/feature", "org.epd1.Feature", "BytesCached", NULL, 't',
+                                          &f->bytes);
+        (void)sd_bus_get_property_trivial(bus, dest, "/org/epd1/feature", "org.epd1.Feature", "Features", NULL, 't',
+                                          &f->entries);
+
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *counters = NULL, *paths = NULL;
+        TopHandoffs *h = &s->handoffs;
+        if (get_property(src, "/org/epd1/handoffs", "org.epd1.Handoffs", "Counters", "a{st}", &counters) >= 0 &&
+            sd_bus_message_enter_container(counters, 'a', "{st}") >= 0) {
+                const char *k;
+                uint64_t v;
+                h->known = true;
+                while (sd_bus_message_read(counters, "{st}", &k, &v) > 0) {
+                        if (strcmp(k, "live") == 0)
+                                h->in_flight = v;
+                        else if (strcmp(k, "committed") == 0)
+                                h->completed = v;
+                        else if (strcmp(k, "rolled-back") == 0)
+                                h->failed = v;
+                        else if (strcmp(k, "bytes") == 0)
+                                h->bytes = v;
+                }
+        }
+        if (!h->known ||
+            get_property(src, "/org/epd1/handoffs", "org.epd1.Handoffs", "Paths", "a(ssttttttat)", &paths) < 0 ||
+            sd_bus_message_enter_container(paths, 'a', "(ssttttttat)") < 0)
+                return;
+        h->have_durations = true;
+        while (sd_bus_message_enter_container(paths, 'r', "ssttttttat") > 0) {
+                const uint64_t *counts;
+                size_t size;
+                if (sd_bus_message_skip(paths, "sstttttt") < 0 ||
+                    sd_bus_message_read_array(paths, 't', (const void **)&counts, &size) < 0) {
+                        h->have_durations = false;
+                        break;
+                }
+                for (size_t i = 0; i < MIN(size / sizeof(uint64_t), (size_t)HISTOGRAM_BUCKETS + 1); i++)
+                        h->durations[i] += counts[i];
+                if (sd_bus_message_exit_container(paths) < 0)
+                        break;
+        }
+}
+
+/* The peers the daemon is configured with (org.epd1.Peer): their state and transport,
+ * and a row for those the kernel telemetry has nothing on (down ones). */
+static void read_peer_list(Source *src, TopSnapshot *s) {
+        epd_peer *peers = NULL;
+        size_t n = 0;
+        if (epd_list_peers(src->client, &peers, &n) < 0)
+                return;
+        for (size_t i = 0; i < n; i++) {
+                TopPeer *p = top_snapshot_find_peer(s, peers[i].host_id);
+                if (!p)
+                        p = top_snapshot_find_peer(s, peers[i].name);
+                if (!p) {
+                        p = top_snapshot_add_peer(s);
+                        if (!p)
+                                break;
+                        copy(p->name, sizeof p->name, peers[i].host_id);
+                }
+                copy(p->state, sizeof p->state, peers[i].state);
+                if (!p->transport[0])
+                        copy(p->transport, sizeof p->transport, peers[i].transport);
+                if (!p->transport_why[0])
+                        copy(p->transport_why, sizeof p->transport_why, peers[i].path_reason);
+        }
+        epd_peers_free(peers, n);
 }
 
 static int read_manager(Source *src, TopSnapshot *s) {
@@ -96,6 +211,7 @@ static int read_manager(Source *src, TopSnapshot *s) {
                         if (strcmp(s->arenas[i].name, name) == 0) {
                                 TopArena *a = &s->arenas[i];
                                 a->have_pages = true;
+                                a->page_size = page_size;
                                 a->pages_total = total;
                                 a->pages_free = free_pages;
                                 a->pages_used = total >= free_pages ? total - free_pages : 0;
@@ -122,6 +238,7 @@ static int read_manager(Source *src, TopSnapshot *s) {
                 copy(w->model, sizeof w->model, model);
                 copy(w->device, sizeof w->device, device);
                 w->pid = pid;
+                (void)read_worker_stats(src, path, w);
         }
         return 0;
 }
@@ -251,6 +368,8 @@ static void poll_sources(Source *src, TopSnapshot *s) {
                 } else {
                         s->bus = true;
                         (void)read_telemetry(src, s);
+                        read_peer_list(src, s);
+                        read_serving(src, s);
                 }
         }
         if (src->pin_dir[0])
@@ -260,40 +379,22 @@ static void poll_sources(Source *src, TopSnapshot *s) {
 /* ---- text output (batch) ---- */
 
 static void print_text(const TopModel *m) {
-        const TopSnapshot *s = &m->cur;
-        char b1[32], b2[32], b3[32];
-
-        printf("epdtop: host %s, epdd %s, %s; kernel telemetry %s%s%s\n", s->host[0] ? s->host : "?",
-               s->version[0] ? s->version : "?", s->bus ? "connected" : "daemon not reachable",
-               s->kernel ? "on" : "off", s->kernel_unavailable[0] ? ": " : "", s->kernel_unavailable);
-        printf("ARENAS\n%-16s %-6s %-8s %10s %8s %8s %8s %8s\n", "NAME", "DOMAIN", "USAGE", "SIZE", "USED",
-               "FREE", "SHARED", "LEASED");
-        for (size_t i = 0; i < s->n_arenas; i++) {
-                const TopArena *a = &s->arenas[i];
-                if (a->have_pages)
-                        printf("%-16s %-6s %-8s %10s %8lu %8lu %8lu %8lu\n", a->name, a->domain, a->usage,
-                               top_format_bytes(b1, sizeof b1, (double)a->size), (unsigned long)a->pages_used,
-                               (unsigned long)a->pages_free, (unsigned long)a->pages_shared,
-                               (unsigned long)a->pages_leased);
-                else
-                        printf("%-16s %-6s %-8s %10s %8s %8s %8s %8s\n", a->name, a->domain, a->usage,
-                               top_format_bytes(b1, sizeof b1, (double)a->size), "-", "-", "-", "-");
+        /* Every column, whatever the terminal: a snapshot for a file or a pipe. */
+        TopLayout l = top_layout(1000, 1000, m);
+        char line[1200];
+        for (int i = 0; i < TOP_HEADER_LINES; i++) {
+                top_header_line(m, i, 1000, line, sizeof line);
+                printf("%s\n", line);
         }
-        printf("PEERS\n%-16s %5s %10s %8s %8s %8s %8s %-9s %s\n", "NAME", "CONNS", "BANDWIDTH", "SRTT", "MINRTT",
-               "RETR/S", "QUEUE", "LEVEL", "REASON");
-        for (size_t i = 0; i < m->n_order; i++) {
-                const TopPeer *p = top_model_peer(m, i);
-                printf("%-16s %5u %10s %8s %8s %8.1f %8s %-9s %s\n", p->name, p->conns,
-                       top_format_rate(b1, sizeof b1, p->bandwidth), top_format_usec(b2, sizeof b2, p->srtt_us),
-                       top_format_usec(b3, sizeof b3, p->min_rtt_us), p->retransmits_per_sec,
-                       top_format_bytes((char[32]){}, 32, (double)p->send_queue), top_level_to_string(p->level),
-                       p->reason);
-        }
-        printf("WORKERS\n%-34s %-10s %-24s %-8s %s\n", "ID", "ROLE", "MODEL", "DEVICE", "PID");
-        for (size_t i = 0; i < s->n_workers; i++) {
-                const TopWorker *w = &s->workers[i];
-                printf("%-34s %-10s %-24s %-8s %u\n", w->id, w->role, w->model, w->device, w->pid);
-        }
+        printf("%s\n", top_table_line(m, &l, TOP_TABLE_ARENAS, NULL, line, sizeof line));
+        for (size_t i = 0; i < m->cur.n_arenas; i++)
+                printf("%s\n", top_table_line(m, &l, TOP_TABLE_ARENAS, &m->cur.arenas[i], line, sizeof line));
+        printf("%s\n", top_table_line(m, &l, TOP_TABLE_WORKERS, NULL, line, sizeof line));
+        for (size_t i = 0; i < m->cur.n_workers; i++)
+                printf("%s\n", top_table_line(m, &l, TOP_TABLE_WORKERS, &m->cur.workers[i], line, sizeof line));
+        printf("%s\n", top_table_line(m, &l, TOP_TABLE_PEERS, NULL, line, sizeof line));
+        for (size_t i = 0; i < m->n_order; i++)
+                printf("%s\n", top_table_line(m, &l, TOP_TABLE_PEERS, top_model_peer(m, i), line, sizeof line));
         printf("\n");
         fflush(stdout);
 }
@@ -302,9 +403,23 @@ static void print_text(const TopModel *m) {
 
 enum { PAIR_NONE = 1, PAIR_ELEVATED, PAIR_HIGH, PAIR_STALLED, PAIR_TITLE };
 
+static void draw_title(const TopModel *m, const TopLayout *l, TopTable t, int y, int cols, const char *extra) {
+        char line[1200];
+        attron(A_BOLD | COLOR_PAIR(PAIR_TITLE));
+        mvaddnstr(y, 0, top_table_line(m, l, t, NULL, line, sizeof line), cols);
+        if (extra)
+                addnstr(extra, MAX(cols - (int)strlen(line), 0));
+        attroff(A_BOLD | COLOR_PAIR(PAIR_TITLE));
+}
+
+static void draw_more(const TopSection *s) {
+        if (s->hidden && s->height > 1)
+                mvprintw(s->y + 1 + (int)s->shown, 0, "  (+%zu more)", s->hidden);
+}
+
 static void draw(const TopModel *m, bool paused, const char *prompt) {
         int rows, cols;
-        char b1[32], b2[32], b3[32], b4[32];
+        char line[1200];
 
         getmaxyx(stdscr, rows, cols);
         erase();
@@ -315,92 +430,87 @@ static void draw(const TopModel *m, bool paused, const char *prompt) {
                 return;
         }
         const TopSnapshot *s = &m->cur;
-
-        mvprintw(0, 0, "epdtop - host %s  epdd %s  %s  kernel telemetry: %s", s->host[0] ? s->host : "?",
-                 s->version[0] ? s->version : "?", s->bus ? "" : "[daemon not reachable]",
-                 s->kernel ? "on" : (s->kernel_unavailable[0] ? s->kernel_unavailable : "off"));
-        if (s->features.known)
-                mvprintw(1, 0, "features: %.0f%% hit, %s", s->features.hit_rate * 100,
-                         top_format_bytes(b1, sizeof b1, (double)s->features.bytes));
-        else
-                mvprintw(1, 0, "features: -");
-        if (s->handoffs.known)
-                printw("   handoffs: %lu in flight, %s, %.1f failures/s", (unsigned long)s->handoffs.in_flight,
-                       top_format_rate(b2, sizeof b2, s->handoffs.throughput), s->handoffs.failures_per_sec);
-        else
-                printw("   handoffs: -");
-        printw("   ring events: %lu", (unsigned long)s->ring_events);
-
-        attron(A_BOLD | COLOR_PAIR(PAIR_TITLE));
-        mvprintw(l.arenas.y, 0, "%-16s %-6s %-8s %10s %8s %8s %8s %8s", "ARENA", "DOMAIN", "USAGE", "SIZE", "USED",
-                 "FREE", "SHARED", "LEASED");
-        attroff(A_BOLD | COLOR_PAIR(PAIR_TITLE));
-        for (size_t i = 0; i < l.arenas.shown; i++) {
-                const TopArena *a = &s->arenas[i];
-                mvprintw(l.arenas.y + 1 + (int)i, 0, "%-16s %-6s %-8s %10s", a->name, a->domain, a->usage,
-                         top_format_bytes(b1, sizeof b1, (double)a->size));
-                if (a->have_pages)
-                        printw(" %8lu %8lu %8lu %8lu", (unsigned long)a->pages_used, (unsigned long)a->pages_free,
-                               (unsigned long)a->pages_shared, (unsigned long)a->pages_leased);
-                else
-                        printw(" %8s %8s %8s %8s", "-", "-", "-", "-");
+        for (int i = 0; i < TOP_HEADER_LINES; i++) {
+                top_header_line(m, i, cols, line, sizeof line);
+                mvaddnstr(l.header_y + i, 0, line, cols);
         }
-        if (l.arenas.hidden && l.arenas.height > 1)
-                mvprintw(l.arenas.y + 1 + (int)l.arenas.shown, 0, "  (+%zu more)", l.arenas.hidden);
 
-        attron(A_BOLD | COLOR_PAIR(PAIR_TITLE));
-        mvprintw(l.peers.y, 0, "%-16s %5s %10s %8s %8s %8s %8s %-9s", "PEER", "CONNS", "BANDWIDTH", "SRTT",
-                 "MINRTT", "RETR/S", "QUEUE", "LEVEL");
-        if (l.reason_column)
-                printw(" %-19s", "REASON");
-        if (l.transport_column)
-                printw(" %-9s", "TRANSPORT");
-        if (l.sparklines)
-                printw(" BANDWIDTH HISTORY");
-        attroff(A_BOLD | COLOR_PAIR(PAIR_TITLE));
+        draw_title(m, &l, TOP_TABLE_ARENAS, l.arenas.y, cols, NULL);
+        for (size_t i = 0; i < l.arenas.shown; i++)
+                mvaddnstr(l.arenas.y + 1 + (int)i, 0,
+                          top_table_line(m, &l, TOP_TABLE_ARENAS, &s->arenas[i], line, sizeof line), cols);
+        draw_more(&l.arenas);
+
+        if (l.workers.height > 0)
+                draw_title(m, &l, TOP_TABLE_WORKERS, l.workers.y, cols, NULL);
+        for (size_t i = 0; i < l.workers.shown; i++)
+                mvaddnstr(l.workers.y + 1 + (int)i, 0,
+                          top_table_line(m, &l, TOP_TABLE_WORKERS, &s->workers[i], line, sizeof line), cols);
+        draw_more(&l.workers);
+
+        if (l.peers.height > 0)
+                draw_title(m, &l, TOP_TABLE_PEERS, l.peers.y, cols, l.sparklines ? " BANDWIDTH HISTORY" : NULL);
         for (size_t i = 0; i < l.peers.shown; i++) {
                 const TopPeer *p = top_model_peer(m, i);
                 int y = l.peers.y + 1 + (int)i;
-                mvprintw(y, 0, "%-16.16s %5u %10s %8s %8s %8.1f %8s ", p->name, p->conns,
-                         top_format_rate(b1, sizeof b1, p->bandwidth), top_format_usec(b2, sizeof b2, p->srtt_us),
-                         top_format_usec(b3, sizeof b3, p->min_rtt_us), p->retransmits_per_sec,
-                         top_format_bytes(b4, sizeof b4, (double)p->send_queue));
-                attron(COLOR_PAIR(PAIR_NONE + (int)MIN(p->level, 3u)) | (p->level >= 2 ? A_BOLD : 0));
-                printw("%-9s", top_level_to_string(p->level));
-                attroff(COLOR_PAIR(PAIR_NONE + (int)MIN(p->level, 3u)) | A_BOLD);
-                if (l.reason_column)
-                        printw(" %-19.19s", p->reason);
-                if (l.transport_column)
-                        printw(" %-9.9s", p->transport[0] ? p->transport : "-");
+                top_table_line(m, &l, TOP_TABLE_PEERS, p, line, sizeof line);
+                mvaddnstr(y, 0, line, cols);
+                /* The level, coloured where it stands in the line. */
+                const char *lv = top_level_to_string(p->level);
+                const char *at = top_layout_shows(&l, TOP_TABLE_PEERS, "LEVEL") ? strstr(line + 16, lv) : NULL;
+                if (at && p->level > 0) {
+                        attron(COLOR_PAIR(PAIR_NONE + (int)MIN(p->level, 3u)) | (p->level >= 2 ? A_BOLD : 0));
+                        mvaddnstr(y, (int)(at - line), lv, cols - (int)(at - line));
+                        attroff(COLOR_PAIR(PAIR_NONE + (int)MIN(p->level, 3u)) | A_BOLD);
+                }
                 if (l.sparklines) {
                         char spark[3 * 64 + 1];
-                        printw(" %s", top_sparkline(&p->bandwidth_history, (size_t)l.sparkline_width, spark,
-                                                     sizeof spark));
+                        mvaddstr(y, l.width[TOP_TABLE_PEERS] + 1,
+                                 top_sparkline(&p->bandwidth_history, (size_t)l.sparkline_width, spark, sizeof spark));
                 }
         }
-        if (l.peers.hidden && l.peers.height > 1)
-                mvprintw(l.peers.y + 1 + (int)l.peers.shown, 0, "  (+%zu more)", l.peers.hidden);
-
-        attron(A_BOLD | COLOR_PAIR(PAIR_TITLE));
-        if (l.workers.height > 0)
-                mvprintw(l.workers.y, 0, "%-34s %-10s %-24s %-8s %s", "WORKER", "ROLE", "MODEL", "DEVICE", "PID");
-        attroff(A_BOLD | COLOR_PAIR(PAIR_TITLE));
-        for (size_t i = 0; i < l.workers.shown; i++) {
-                const TopWorker *w = &s->workers[i];
-                mvprintw(l.workers.y + 1 + (int)i, 0, "%-34.34s %-10s %-24.24s %-8.8s %u", w->id, w->role,
-                         w->model, w->device, w->pid);
-        }
-        if (l.workers.hidden && l.workers.height > 1)
-                mvprintw(l.workers.y + 1 + (int)l.workers.shown, 0, "  (+%zu more)", l.workers.hidden);
+        draw_more(&l.peers);
 
         move(l.status_y, 0);
         attron(A_REVERSE);
         if (prompt)
-                printw("filter: %s", prompt);
+                snprintf(line, sizeof line, "filter: %s", prompt);
         else
-                printw(" q quit  s sort:%s  r reverse  / filter%s%s  p %s ", top_sort_key_to_string(m->sort),
-                       m->filter[0] ? ":" : "", m->filter, paused ? "resume [PAUSED]" : "pause");
+                snprintf(line, sizeof line, " ? help  q quit  s sort:%s  r reverse  / filter%s%s  p %s ",
+                         top_sort_key_to_string(m->sort), m->filter[0] ? ":" : "", m->filter,
+                         paused ? "resume [PAUSED]" : "pause");
+        addnstr(line, cols);
         attroff(A_REVERSE);
+        refresh();
+}
+
+static const char *const help_lines[] = {
+        "epdtop - keys",
+        "",
+        "  ?          this help (any key closes it)",
+        "  q          quit",
+        "  s          sort the peers by the next key: name, bandwidth, rtt, retransmits, level",
+        "  r          reverse the sort",
+        "  /          filter the peers by name, reason or transport (Enter applies, Esc cancels)",
+        "  c          clear the filter",
+        "  p, space   pause / resume the updates",
+        "",
+        "Header: handoffs in flight and per second, KV bytes moved per second, the P50/P99",
+        "Prepare-to-Commit latency and the feature cache's hit rate, over the last interval.",
+        "WORKERS: PAGES KV pages its sequences hold; HO-OUT/HO-IN handoffs it prepared/accepted,",
+        "HO/S both per second; FEAT-PROD features it published, FEAT-HIT/FEAT-MISS its lookups.",
+        "PEERS: BANDWIDTH acked bytes/s, SRTT/MINRTT the kernel's RTT, RETR/S retransmits/s,",
+        "QUEUE send queue, LEVEL backpressure (none, elevated, high, stalled) and its REASON,",
+        "TRANSPORT tcp or rdma, STATE of the control connection. Narrow terminals drop columns.",
+        "See epdtop(1).",
+};
+
+static void draw_help(void) {
+        int rows, cols;
+        getmaxyx(stdscr, rows, cols);
+        erase();
+        for (size_t i = 0; i < ELEMENTSOF(help_lines) && (int)i < rows; i++)
+                mvaddnstr((int)i, 0, help_lines[i], cols);
         refresh();
 }
 
@@ -410,7 +520,7 @@ static void on_signal(int sig) {
 }
 
 static int run_interactive(Source *src, TopModel *m) {
-        bool paused = false, editing = false;
+        bool paused = false, editing = false, helping = false;
         char input[64] = "";
         usec_t next = 0;
 
@@ -440,12 +550,20 @@ static int run_interactive(Source *src, TopModel *m) {
                         (void)top_model_update(m, &s);
                         next = now + (usec_t)(arg_delay * 1e6);
                         n++;
-                        draw(m, paused, editing ? input : NULL);
+                        if (helping)
+                                draw_help();
+                        else
+                                draw(m, paused, editing ? input : NULL);
                 }
                 int ch = getch();
                 if (ch == ERR)
                         continue;
-                if (editing) {
+                if (helping) {
+                        if (ch != KEY_RESIZE)
+                                helping = false;
+                } else if (ch == '?' || ch == 'h' || ch == KEY_F(1))
+                        helping = true;
+                else if (editing) {
                         size_t l = strlen(input);
                         if (ch == '\n' || ch == KEY_ENTER) {
                                 editing = false;
@@ -472,7 +590,10 @@ static int run_interactive(Source *src, TopModel *m) {
                 } else if (ch == 'c')
                         top_model_set_filter(m, "");
                 /* KEY_RESIZE and every key redraw with the new size. */
-                draw(m, paused, editing ? input : NULL);
+                if (helping)
+                        draw_help();
+                else
+                        draw(m, paused, editing ? input : NULL);
         }
         endwin();
         return 0;
@@ -480,7 +601,8 @@ static int run_interactive(Source *src, TopModel *m) {
 
 static void help(void) {
         printf("Usage: epdtop [OPTIONS]\n\n"
-               "Live view of epdd: arenas, features, handoffs, peer paths, workers.\n\n"
+               "Live view of epdd: the serving side (workers' pages, handoffs and features; handoff\n"
+               "latency and feature hit rate over the last interval), arenas, and the peer paths.\n\n"
                "  -A --address=ADDR     direct:PATH, bus:ADDRESS or system (as epdctl)\n"
                "  -d --delay=SECONDS    between updates (default 1)\n"
                "  -n --iterations=N     stop after N updates\n"
@@ -489,9 +611,10 @@ static void help(void) {
                "     --pins=DIR         read the pinned BPF maps from DIR (default: the daemon's)\n"
                "     --sort=KEY         name, bandwidth, rtt, retransmits, level\n"
                "     --filter=TEXT      only peers whose name, reason or transport contain TEXT\n"
-               "  -h --help\n\n"
-               "Keys: q quit, s next sort key, r reverse, / filter (Enter to apply), c clear filter,\n"
-               "      p or space pause.\n");
+               "  -h --help             show this help\n"
+               "     --version          show the version\n\n"
+               "Keys: ? help, q quit, s next sort key, r reverse, / filter (Enter to apply), c clear\n"
+               "      filter, p or space pause. See epdtop(1).\n");
 }
 
 int main(int argc, char *argv[]) {
@@ -505,6 +628,7 @@ int main(int argc, char *argv[]) {
                 { "sort", required_argument, NULL, 'S' },
                 { "filter", required_argument, NULL, 'F' },
                 { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, 'V' },
                 {},
         };
         TopModel m;
@@ -558,9 +682,19 @@ int main(int argc, char *argv[]) {
                 case 'h':
                         help();
                         return 0;
+                case 'V':
+                        printf("epdtop " EPD_VERSION "\n");
+                        return 0;
                 default:
+                        fprintf(stderr, "See epdtop --help.\n");
                         return 1;
                 }
+        if (optind < argc) {
+                fprintf(stderr, "epdtop: unexpected argument '%s'; see epdtop --help.\n", argv[optind]);
+                return 1;
+        }
+        if (tool_address_check("epdtop", arg_address) < 0)
+                return 1;
         snprintf(src.pin_dir, sizeof src.pin_dir, "%s", arg_pins ? arg_pins : EPD_TELEMETRY_PIN_DIR);
 
         signal(SIGINT, on_signal);
@@ -585,7 +719,10 @@ int main(int argc, char *argv[]) {
                         fflush(stdout);
                 }
                 if (!m.cur.bus && !m.cur.pins) {
-                        fprintf(stderr, "epdtop: neither the daemon nor pinned maps are reachable\n");
+                        char where[512];
+                        tool_address_describe(arg_address, where, sizeof where);
+                        fprintf(stderr, "epdtop: neither the daemon (at %s) nor pinned maps (in %s) are reachable\n",
+                                where, src.pin_dir);
                         r = -ENOTCONN;
                 }
         } else

@@ -285,7 +285,7 @@ static int property_paths(sd_bus *bus, const char *path, const char *interface, 
         for (size_t i = 0; r >= 0 && (p = handoff_manager_path(hm, i)); i++) {
                 r = sd_bus_message_open_container(reply, 'r', "ssttttttat");
                 if (r >= 0)
-                        r = sd_bus_message_append(reply, "ssttttttt", p->peer, p->transport, p->handoffs_out,
+                        r = sd_bus_message_append(reply, "sstttttt", p->peer, p->transport, p->handoffs_out,
                                                   p->handoffs_in, p->failed, p->bytes_out, p->bytes_in,
                                                   p->duration.sum_usec);
                 if (r >= 0)

@@ -157,9 +157,9 @@ static void check_layout(int rows, int cols, const TopModel *m) {
         ck_assert(!l.too_small);
         /* Sections are in order, do not overlap, and end before the status line. */
         ck_assert_int_ge(l.arenas.y, l.header_y + l.header_height);
-        ck_assert_int_eq(l.peers.y, l.arenas.y + l.arenas.height);
-        ck_assert_int_eq(l.workers.y, l.peers.y + l.peers.height);
-        ck_assert_int_le(l.workers.y + l.workers.height, l.status_y);
+        ck_assert_int_eq(l.workers.y, l.arenas.y + l.arenas.height);
+        ck_assert_int_eq(l.peers.y, l.workers.y + l.workers.height);
+        ck_assert_int_le(l.peers.y + l.peers.height, l.status_y);
         ck_assert_int_eq(l.status_y, rows - 1);
         /* Every row is either shown or counted as hidden. */
         ck_assert_uint_eq(l.arenas.shown + l.arenas.hidden, m->cur.n_arenas);
@@ -172,6 +172,24 @@ static void check_layout(int rows, int cols, const TopModel *m) {
                                  MAX(secs[i]->height - 1, 0));
         if (l.sparklines)
                 ck_assert_int_gt(l.sparkline_width, 0);
+        /* No line is wider than the terminal: nothing wraps. */
+        char buf[1024];
+        for (int t = 0; t < _TOP_TABLE_MAX; t++) {
+                ck_assert_int_le(l.width[t], cols);
+                ck_assert_uint_le(strlen(top_table_line(m, &l, (TopTable)t, NULL, buf, sizeof buf)), (size_t)cols);
+        }
+        for (size_t i = 0; i < m->cur.n_workers; i++)
+                ck_assert_uint_le(strlen(top_table_line(m, &l, TOP_TABLE_WORKERS, &m->cur.workers[i], buf, sizeof buf)),
+                                  (size_t)cols);
+        for (size_t i = 0; i < m->n_order; i++)
+                ck_assert_uint_le(strlen(top_table_line(m, &l, TOP_TABLE_PEERS, top_model_peer(m, i), buf, sizeof buf)),
+                                  (size_t)cols);
+        for (int i = 0; i < TOP_HEADER_LINES; i++) {
+                top_header_line(m, i, cols, buf, sizeof buf);
+                ck_assert_uint_le(strlen(buf), (size_t)cols);
+        }
+        if (l.sparklines)
+                ck_assert_int_le(l.width[TOP_TABLE_PEERS] + 1 + l.sparkline_width, cols);
 }
 
 START_TEST(test_layout) {
@@ -185,8 +203,16 @@ START_TEST(test_layout) {
         }
         for (int i = 0; i < 5; i++)
                 snprintf(top_snapshot_add_arena(&s)->name, TOP_NAME_MAX, "a%d", i);
-        for (int i = 0; i < 7; i++)
-                snprintf(top_snapshot_add_worker(&s)->id, 40, "w%d", i);
+        for (int i = 0; i < 7; i++) {
+                TopWorker *w = top_snapshot_add_worker(&s);
+                snprintf(w->id, sizeof w->id, "%08x%024d", i, i);
+                snprintf(w->role, sizeof w->role, "prefill");
+                snprintf(w->model, sizeof w->model, "Qwen3-VL-8B-Instruct-with-a-long-name");
+                snprintf(w->device, sizeof w->device, "cuda:%d", i);
+                w->pid = 4000000 + (uint32_t)i; /* seven digits */
+                w->have_stats = true;
+                w->pages = 123456789;
+        }
         ck_assert_int_eq(top_model_update(&m, &s), 0);
 
         /* Every size from tiny to huge, as a resize would produce. */
@@ -199,8 +225,23 @@ START_TEST(test_layout) {
         ck_assert_uint_gt(l.peers.shown, 5);
         ck_assert_uint_gt(l.peers.hidden, 0);
         ck_assert_uint_gt(l.arenas.shown, 0);
+        ck_assert_uint_gt(l.workers.shown, 2);
+        /* At 80x24 the serving side's essentials stay: the worker's PID, pages and
+         * handoffs, the peer's transport. */
+        ck_assert(top_layout_shows(&l, TOP_TABLE_WORKERS, "PID"));
+        ck_assert(top_layout_shows(&l, TOP_TABLE_WORKERS, "PAGES"));
+        ck_assert(top_layout_shows(&l, TOP_TABLE_WORKERS, "HO-OUT"));
+        ck_assert(top_layout_shows(&l, TOP_TABLE_WORKERS, "FEAT-HIT"));
+        ck_assert(top_layout_shows(&l, TOP_TABLE_PEERS, "TRANSPORT"));
+        ck_assert(!top_layout_shows(&l, TOP_TABLE_PEERS, "REASON"));
+        char line[512];
+        top_table_line(&m, &l, TOP_TABLE_WORKERS, &m.cur.workers[0], line, sizeof line);
+        ck_assert_ptr_nonnull(strstr(line, "4000000"));
+        ck_assert_ptr_nonnull(strstr(line, "123.5M"));
         l = top_layout(60, 200, &m);
-        ck_assert(l.sparklines && l.reason_column && l.transport_column);
+        ck_assert(l.sparklines);
+        ck_assert(top_layout_shows(&l, TOP_TABLE_PEERS, "REASON") && top_layout_shows(&l, TOP_TABLE_PEERS, "TRANSPORT"));
+        ck_assert(top_layout_shows(&l, TOP_TABLE_WORKERS, "MODEL") && top_layout_shows(&l, TOP_TABLE_WORKERS, "FEAT-MISS"));
         ck_assert_uint_eq(l.arenas.shown, 5);
         ck_assert_uint_eq(l.workers.hidden + l.workers.shown, 7);
 
@@ -209,6 +250,55 @@ START_TEST(test_layout) {
         top_model_init(&e);
         check_layout(24, 80, &e);
         top_model_done(&e);
+        top_model_done(&m);
+}
+END_TEST
+
+/* The serving side over the last interval: handoff quantiles from the difference of two
+ * duration histograms, the feature hit rate of the interval, each worker's handoff rate. */
+START_TEST(test_serving_interval) {
+        TopModel m;
+        top_model_init(&m);
+        TopSnapshot s = { .ts = 1000000, .bus = true };
+        Histogram h = {};
+        for (int i = 0; i < 1000; i++)
+                histogram_observe(&h, 80); /* an old, fast history */
+        s.handoffs = (TopHandoffs){ .known = true, .completed = 1000, .have_durations = true };
+        memcpy(s.handoffs.durations, h.counts, sizeof h.counts);
+        s.features = (TopFeatures){ .known = true, .hits = 900, .misses = 100 };
+        TopWorker *w = top_snapshot_add_worker(&s);
+        snprintf(w->id, sizeof w->id, "w1");
+        w->have_stats = true;
+        w->handoffs_out = 10;
+        ck_assert_int_eq(top_model_update(&m, &s), 0);
+        /* One snapshot: since the start. */
+        ck_assert(!m.cur.handoffs.latency_interval && m.cur.handoffs.p50_usec <= 100);
+        ck_assert(!m.cur.features.hit_rate_interval && m.cur.features.hit_rate == 0.9);
+
+        s = (TopSnapshot){ .ts = 3000000, .bus = true };
+        for (int i = 0; i < 10; i++)
+                histogram_observe(&h, 40000); /* the last interval: slow */
+        s.handoffs = (TopHandoffs){ .known = true, .completed = 1010, .have_durations = true };
+        memcpy(s.handoffs.durations, h.counts, sizeof h.counts);
+        s.features = (TopFeatures){ .known = true, .hits = 901, .misses = 103 };
+        w = top_snapshot_add_worker(&s);
+        snprintf(w->id, sizeof w->id, "w1");
+        w->have_stats = true;
+        w->handoffs_out = 30;
+        ck_assert_int_eq(top_model_update(&m, &s), 0);
+        ck_assert(m.interval == 2.0);
+        ck_assert(m.cur.handoffs.latency_interval);
+        ck_assert(m.cur.handoffs.p50_usec > 25000 && m.cur.handoffs.p50_usec <= 50000);
+        ck_assert(m.cur.handoffs.p99_usec > 25000 && m.cur.handoffs.p99_usec <= 50000);
+        ck_assert(m.cur.handoffs.completed_per_sec == 5.0);
+        ck_assert(m.cur.features.hit_rate_interval && m.cur.features.hit_rate == 0.25);
+        ck_assert(m.cur.workers[0].handoffs_per_sec == 10.0);
+        char buf[256];
+        top_header_line(&m, 1, 200, buf, sizeof buf);
+        ck_assert_ptr_nonnull(strstr(buf, "(last 2.0s)"));
+        ck_assert_ptr_nonnull(strstr(buf, "P50 "));
+        top_header_line(&m, 2, 200, buf, sizeof buf);
+        ck_assert_ptr_nonnull(strstr(buf, "hit rate 25% (last 2.0s)"));
         top_model_done(&m);
 }
 END_TEST
@@ -254,6 +344,7 @@ int main(void) {
         tcase_add_test(tc, test_format);
         tcase_add_test(tc, test_layout);
         tcase_add_test(tc, test_json);
+        tcase_add_test(tc, test_serving_interval);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
