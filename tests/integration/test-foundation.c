@@ -177,6 +177,24 @@ START_TEST(test_introspection) {
         ck_assert_int_eq(harness_check_introspection(bus, harness_destination(&h), "/org/epd1", f), 0);
         snprintf(f, sizeof f, "%s/dbus/org.epd1.Worker.xml", src);
         ck_assert_int_eq(harness_check_introspection(bus, harness_destination(&h), epd_worker_path(c), f), 0);
+        snprintf(f, sizeof f, "%s/dbus/org.epd1.Metrics.xml", src);
+        ck_assert_int_eq(harness_check_introspection(bus, harness_destination(&h), "/org/epd1", f), 0);
+        /* Worker.Stats: every counter by name, zero for a worker that did nothing yet. */
+        sd_bus_message *reply = NULL;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        ck_assert_int_ge(sd_bus_get_property(bus, harness_destination(&h), epd_worker_path(c), "org.epd1.Worker", "Stats",
+                                             &e, &reply, "a{st}"),
+                         0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "{st}"), 0);
+        const char *k;
+        uint64_t v;
+        unsigned n = 0;
+        while (sd_bus_message_read(reply, "{st}", &k, &v) > 0) {
+                ck_assert_uint_eq(v, 0);
+                n++;
+        }
+        ck_assert_uint_eq(n, 7);
+        sd_bus_message_unref(reply);
         epd_disconnect(c);
         sd_bus_flush_close_unref(bus);
 }

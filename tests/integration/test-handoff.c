@@ -144,6 +144,41 @@ static uint64_t counter(epd_client *c, const char *name) {
         return found;
 }
 
+/* Handoffs.Paths: the row of (peer, transport), its counts and its duration histogram. */
+typedef struct PathRow {
+        uint64_t out, in, failed, bytes_out, bytes_in, sum_usec, count;
+} PathRow;
+
+static bool path_row(epd_client *c, const char *peer, const char *transport, PathRow *ret) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        bool found = false;
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/handoffs", "org.epd1.Handoffs", "Paths", &e, &reply,
+                                             "a(ssttttttat)"),
+                         0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "(ssttttttat)"), 0);
+        while (sd_bus_message_enter_container(reply, 'r', "ssttttttat") > 0) {
+                const char *p, *t;
+                PathRow r = {};
+                const uint64_t *counts;
+                size_t size;
+                ck_assert_int_ge(sd_bus_message_read(reply, "sstttttt", &p, &t, &r.out, &r.in, &r.failed, &r.bytes_out,
+                                                     &r.bytes_in, &r.sum_usec),
+                                 0);
+                ck_assert_int_ge(sd_bus_message_read_array(reply, 't', (const void **)&counts, &size), 0);
+                ck_assert_uint_eq(size, 19 * sizeof(uint64_t)); /* HISTOGRAM_BUCKETS + 1 */
+                for (size_t i = 0; i < size / sizeof(uint64_t); i++)
+                        r.count += counts[i];
+                ck_assert_int_ge(sd_bus_message_exit_container(reply), 0);
+                if (strcmp(p, peer) == 0 && strcmp(t, transport) == 0) {
+                        *ret = r;
+                        found = true;
+                }
+        }
+        sd_bus_message_unref(reply);
+        return found;
+}
+
 static void status(epd_client *c, const char *path, epd_handoff_status *s) {
         ck_assert_int_eq(epd_handoff_get(c, path, s), 0);
 }
@@ -235,6 +270,15 @@ START_TEST(test_two_arenas) {
         ck_assert_uint_eq(s.bytes, (uint64_t)N_PAGES * PAGE_SIZE);
         ck_assert_uint_eq(counter(p, "committed"), 1);
         ck_assert_uint_eq(counter(p, "bytes"), (uint64_t)N_PAGES * PAGE_SIZE);
+        /* Per path: once, as the source counts it, with its duration. */
+        PathRow row;
+        ck_assert(path_row(p, "local", "local", &row));
+        ck_assert_uint_eq(row.out, 1);
+        ck_assert_uint_eq(row.in, 0);
+        ck_assert_uint_eq(row.failed, 0);
+        ck_assert_uint_eq(row.bytes_out, (uint64_t)N_PAGES * PAGE_SIZE);
+        ck_assert_uint_eq(row.count, 1);
+        ck_assert_uint_gt(row.sum_usec, 0);
 
         ck_assert_int_eq(epd_handoff_release(p, path), 0);
         ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
