@@ -36,15 +36,42 @@ class EpdKvLayout(ctypes.Structure):
     ]
 
 
+def _installed_library():
+    """Where meson put libepd next to this package: _where.py, written by the build,
+    says so (a build tree: the library's path; an install: the package's and the
+    library's directories under the prefix, so that the prefix is found from where the
+    package is, wherever it was installed, with or without DESTDIR)."""
+    try:
+        from . import _where
+    except ImportError:
+        return None  # the source tree: no build wrote it
+    path = getattr(_where, "BUILD_LIBRARY", None)
+    if path:
+        return path if os.path.exists(path) else None
+    here = os.path.dirname(os.path.abspath(__file__))
+    tail = os.path.normpath(_where.PACKAGE_DIR_IN_PREFIX)
+    if not here.endswith(os.sep + tail):
+        return None  # moved away from its prefix
+    prefix = here[: -len(tail) - 1]
+    path = os.path.join(prefix, _where.LIBDIR_IN_PREFIX, _where.SONAME)
+    return path if os.path.exists(path) else None
+
+
 def _find_library():
-    """EPD_LIBRARY (a path), then the dynamic linker's search (libepd.so.0)."""
+    """EPD_LIBRARY (a path), then the libepd that meson installed or built beside this
+    package (_where.py), then the dynamic linker's search (libepd.so.0): no
+    LD_LIBRARY_PATH is needed for an installed epd or a build tree's package."""
     path = os.environ.get("EPD_LIBRARY")
+    if path:
+        return path
+    path = _installed_library()
     if path:
         return path
     for name in ("libepd.so.0", ctypes.util.find_library("epd")):
         if name:
             return name
-    raise OSError("libepd not found: install epd or set EPD_LIBRARY to libepd.so's path")
+    raise OSError("libepd not found: install epd (meson install), use the package of a build tree "
+                  "(PYTHONPATH=BUILD/python), or set EPD_LIBRARY to libepd.so's path")
 
 
 def _declare(lib):
