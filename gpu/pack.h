@@ -47,9 +47,10 @@ uint64_t gpu_chunks_bytes(const GpuChunk *c, size_t n);
  * multiprocessors: a block per tile of a chunk. Pure. */
 void gpu_chunks_grid(size_t n, uint64_t max_len, int sms, unsigned *grid_x, unsigned *grid_y);
 
-/* The fatbin embedded at build time (size 0 when built without nvcc). */
-extern const unsigned char epd_pack_fatbin[];
-extern const size_t epd_pack_fatbin_size;
+/* The fatbin embedded at build time (size 0 when built without nvcc). Hidden: libepd.so
+ * holds its own copy, and a program linking both must not have one interpose the other. */
+extern const unsigned char epd_pack_fatbin[] __attribute__((visibility("hidden")));
+extern const size_t epd_pack_fatbin_size __attribute__((visibility("hidden")));
 
 typedef struct GpuKernels {
         GpuSystem *system;
