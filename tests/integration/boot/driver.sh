@@ -67,9 +67,9 @@ section_start() {
         local st=/proc/$pid/status
         check "epdd runs as user and group epd" \
                 bash -c "grep -qP '^Uid:\t$EPD_UID\t$EPD_UID\t$EPD_UID\t$EPD_UID$' $st && grep -qP '^Gid:\t$EPD_GID\t$EPD_GID\t$EPD_GID\t$EPD_GID$' $st"
-        # CAP_NET_ADMIN (12), CAP_IPC_LOCK (14), CAP_PERFMON (38), CAP_BPF (39), nothing else.
-        local caps=000000c000005000
-        check "capabilities are exactly CAP_BPF CAP_PERFMON CAP_NET_ADMIN CAP_IPC_LOCK" \
+        # CAP_IPC_LOCK (14), CAP_PERFMON (38), CAP_BPF (39), nothing else.
+        local caps=000000c000004000
+        check "capabilities are exactly CAP_BPF CAP_PERFMON CAP_IPC_LOCK" \
                 bash -c "for c in CapPrm CapEff CapBnd CapAmb; do grep -qP \"^\$c:\t$caps\$\" $st || exit 1; done"
         check "NoNewPrivileges and a seccomp filter" bash -c "grep -qP '^NoNewPrivs:\t1$' $st && grep -qP '^Seccomp:\t2$' $st"
         grep -E '^(Uid|Gid|Groups|Cap[A-Za-z]+|NoNewPrivs|Seccomp):' "$st"
