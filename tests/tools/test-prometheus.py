@@ -6,10 +6,13 @@ daemons and feature hits, `promtool check metrics` accepts the exposition, a Pro
 server scrapes both daemons, and its HTTP query API returns the series with the values
 the workload produced. Also: OpenMetrics when asked, 404/405 for other paths and methods,
 idle connections bounded per address without stopping the daemon's loop, and
-org.epd1.Metrics.Address. Skips (77) only when prometheus/promtool are not installed."""
+org.epd1.Metrics.Address; docs/telemetry.md lists exactly the families epdd exports, with
+their types, and every query of docs/grafana-epd.json runs on the real Prometheus over
+series that exist. Skips (77) only when prometheus/promtool are not installed."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,7 +26,7 @@ import urllib.parse
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
-from epdtest import Pair, free_port, skip, tool  # noqa: E402
+from epdtest import SOURCE, Pair, free_port, skip, tool  # noqa: E402
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
@@ -36,6 +39,26 @@ def get(url, accept=None, method="GET"):
             return r.status, r.headers.get("Content-Type"), r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.headers.get("Content-Type"), e.read().decode()
+
+
+def families(text):
+    """{name: type} of the text format's # TYPE lines."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"^# TYPE (\S+) (\S+)$", text, re.M)}
+
+
+def documented():
+    """{name: type} of docs/telemetry.md's table of every metric."""
+    with open(os.path.join(SOURCE, "docs", "telemetry.md")) as f:
+        doc = f.read()
+    part = doc[doc.index("### Every metric"):]
+    part = part[: part.index("\n## ")]
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\| `(epd_\w+)` \| (\w+) \|", part, re.M)}
+
+
+def dashboard_queries():
+    with open(os.path.join(SOURCE, "docs", "grafana-epd.json")) as f:
+        d = json.load(f)
+    return [(p["title"], t["expr"]) for p in d["panels"] for t in p["targets"]]
 
 
 def sample(text, name, **labels):
@@ -90,6 +113,15 @@ class Metrics(unittest.TestCase):
         self.assertEqual(sample(bravo, "epd_handoffs_total", peer="alpha", transport="tcp", direction="in"), 6)
         self.assertEqual(sample(bravo, "epd_handoff_bytes_total", peer="alpha", transport="tcp", direction="in"),
                          6 * 36 * 512 * 1024)
+
+    def test_docs_list_every_metric(self):
+        _, _, text = get(self.url[self.pair.alpha])
+        exported, listed = families(text), documented()
+        self.assertGreater(len(exported), 50)
+        self.assertEqual(sorted(set(exported) - set(listed)), [], "exported but not in docs/telemetry.md")
+        self.assertEqual(sorted(set(listed) - set(exported)), [], "in docs/telemetry.md but not exported")
+        for name, kind in exported.items():
+            self.assertEqual(listed[name], kind, f"{name}: docs/telemetry.md says {listed[name]}")
 
     def test_openmetrics(self):
         status, ctype, text = get(self.url[self.pair.alpha], accept="application/openmetrics-text;version=1.0.0")
@@ -174,6 +206,18 @@ class Metrics(unittest.TestCase):
             if got != want:
                 with open(os.path.join(tmp, "prometheus.log")) as f:
                     self.fail(f"Prometheus has {got}, want {want}; its log:\n{f.read()[-3000:]}")
+            # Every query of the example dashboard: accepted, and over series epdd exports
+            # (a misspelt name would be an empty answer, not an error).
+            _, _, text = get(self.url[self.pair.alpha])
+            series = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"}
+            for title, expr in dashboard_queries():
+                for name in re.findall(r"\bepd_\w+", expr):
+                    self.assertTrue(name in series, f"dashboard panel {title!r}: {name} is not exported")
+                status, _, body = get(api + urllib.parse.quote(expr))
+                self.assertEqual(status, 200, f"{title}: {expr}: {body}")
+                self.assertEqual(json.loads(body)["status"], "success", body)
+            r = query("sum by (arena, state) (epd_arena_pages)")
+            self.assertTrue(r and {x["metric"].get("state") for x in r} == {"free", "live", "idle"}, r)
             # The histogram answers histogram_quantile() too.
             r = query('histogram_quantile(0.5, sum by (le) (epd_handoff_duration_seconds_bucket{peer="bravo"}))')
             self.assertTrue(r and 0 < float(r[0]["value"][1]) < 30, r)
