@@ -22,8 +22,35 @@ if [ ! -d build-asan ]; then
                 -Db_lundef=false >/dev/null
 fi
 ninja -C build-asan
+
+# No test may read or write the host's epd state (a journal a run left in /var/lib/epd
+# once broke every later run): each uses its own temporary directories. What is there
+# before the suite (or its absence) must be exactly what is there after it. (On a
+# machine where something else runs epdd at the same time, that daemon's changes show
+# here too: CI's machine runs nothing else.)
+host_state() {
+        local d
+        for d in /var/lib/epd /etc/epd /run/epd; do
+                if [ -e "$d" ]; then
+                        find "$d" -printf '%p %y %m %s %T@\n' 2>/dev/null | sort
+                else
+                        echo "$d absent"
+                fi
+        done
+}
+state_before=$(host_state)
+
 rc=0
 meson test -C build-asan --print-errorlogs --num-processes 2 "$@" || rc=$?
+
+state_after=$(host_state)
+if [ "$state_before" != "$state_after" ]; then
+        echo "FAIL: the suite changed the host's epd state (/var/lib/epd, /etc/epd, /run/epd); before < > after:"
+        diff <(echo "$state_before") <(echo "$state_after") || true
+        rc=1
+else
+        echo "ok: /var/lib/epd, /etc/epd and /run/epd are as they were before the suite"
+fi
 
 # The closing line, counted from meson's own log.
 python3 - build-asan/meson-logs/testlog.json <<'PY'
