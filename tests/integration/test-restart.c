@@ -258,6 +258,37 @@ static epd_client *kv_worker(uint8_t **ret_host0, uint8_t **ret_feat0) {
         return c;
 }
 
+/* Lines of epdd's log (every start appends to it) that hold text. */
+static unsigned log_count(const char *text) {
+        FILE *f = fopen(h.log, "re");
+        ck_assert_ptr_nonnull(f);
+        char line[4096];
+        unsigned n = 0;
+        while (fgets(line, sizeof line, f))
+                n += strstr(line, text) != NULL;
+        fclose(f);
+        return n;
+}
+
+/* The restored sequences keep host0's page size (its memory survived in the store):
+ * said once per start, and a worker of another layout is told so, by name. */
+static void check_journal_pool_reported(unsigned starts_with_journal) {
+        ck_assert_uint_eq(log_count("Arena host0 keeps KV pages of 32768 bytes: "), starts_with_journal);
+        char address[512];
+        epd_client *c;
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        epd_kv_layout other = kv;
+        other.layers = 8;
+        ck_assert_int_eq(epd_register(c, "decode", "m", "cpu", &other, NULL), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+        ck_assert_msg(strstr(epd_last_error_message(c), "KV pages of 65536 bytes do not fit arena host0, which holds "
+                                                        "pages of 32768 bytes (restored from the journal of the "
+                                                        "previous run)"),
+                      "message: %s", epd_last_error_message(c));
+        epd_disconnect(c);
+}
+
 static uint64_t page_at(epd_client *c, uint32_t page) {
         return epd_page_offset(epd_arena_get(c, (size_t)epd_arena_find(c, "host0")), KV_PAGE, page);
 }
@@ -366,6 +397,7 @@ START_TEST(test_restart_keeps_sequences_and_features) {
                 start_epdd(true);
 
                 c = kv_worker(&host0, &feat0);
+                check_journal_pool_reported(round + 1);
                 /* Not attached yet: the restored sequence has no owner. */
                 uint32_t *p2 = NULL;
                 size_t n2 = 0;
