@@ -131,7 +131,7 @@ typedef struct Lane {
         char *host_p, *host_d;
         bool remote;
         Stats st;
-        char error[512];
+        char error[1024];
 } Lane;
 
 static atomic_uint next_request;

@@ -344,7 +344,7 @@ char *top_format_bytes(char *buf, size_t n, double bytes) {
 }
 
 char *top_format_rate(char *buf, size_t n, double bytes_per_sec) {
-        char b[32];
+        char b[24]; /* "1023.9TiB" at most, and room for "/s" in the callers' 32 */
         snprintf(buf, n, "%s/s", top_format_bytes(b, sizeof b, bytes_per_sec));
         return buf;
 }
