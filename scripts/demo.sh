@@ -61,9 +61,24 @@ run() {
         child=
         return $rc
 }
+# A step's command with its output kept aside: on failure the step says so, with the
+# command's last lines, and the demo stops with the command's status.
+steplog=
+run_step() {
+        [ -n "$steplog" ] || steplog=$(mktemp /tmp/epd-demo-step-XXXXXX)
+        local rc=0
+        run "$@" >"$steplog" 2>&1 || rc=$?
+        if [ $rc -ne 0 ]; then
+                printf 'failed (%s s)\n' "$(seconds_since "$step_t")"
+                echo "$* exited with status $rc; its last lines:" >&2
+                tail -n 40 "$steplog" >&2
+                exit $rc
+        fi
+}
 cleanup() {
         local rc=$? p
         trap - EXIT INT TERM HUP
+        [ -z "$steplog" ] || rm -f "$steplog"
         if [ -n "$child" ]; then
                 kill -TERM "$child" 2>/dev/null || true
                 wait "$child" 2>/dev/null || true
@@ -96,17 +111,17 @@ if [ -n "${EPD_BUILD_DIR:-}" ]; then
         echo "Using the build in $B."
 else
         step "Checking build dependencies (Debian packages; apt-get installs what is missing)"
-        run scripts/install-deps.sh >/dev/null
+        run_step scripts/install-deps.sh
         done_step
         B=build-release
         if [ ! -f $B/build.ninja ]; then
                 rm -rf $B # an interrupted setup leaves a directory meson does not take again
                 step "Configuring the build (meson setup $B, release, -Werror)"
-                run meson setup $B -Dbuildtype=release -Dwerror=true >/dev/null
+                run_step meson setup $B -Dbuildtype=release -Dwerror=true
                 done_step
         fi
         step "Building epdd, libepd and the tools (ninja -C $B; a few minutes the first time)"
-        run ninja -C $B >/dev/null
+        run_step ninja -C $B
         done_step
 fi
 

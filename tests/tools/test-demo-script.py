@@ -7,11 +7,14 @@ broke the next test run); it runs twice in a row; and it removes its daemons, na
 and directory on every exit path: success, and SIGTERM in the middle of the workload.
 The two-host run (network namespaces) needs root; without it that part skips."""
 
+import glob
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -90,6 +93,33 @@ class Demo(unittest.TestCase):
         for ns in made:
             self.assertNotIn(ns, left)
 
+    def test_failed_step_says_so(self):
+        # A step that fails (here the dependency check, as on a machine without the
+        # package registry) stops the demo with that command's status, says "failed"
+        # and shows its last lines; before, its output went to /dev/null and a failed
+        # build left "[3] Building ... " as the demo's last words.
+        tmp = tempfile.mkdtemp(prefix="epd-demo-fail-")
+        try:
+            os.mkdir(os.path.join(tmp, "scripts"))
+            shutil.copy(DEMO, os.path.join(tmp, "scripts", "demo.sh"))
+            deps = os.path.join(tmp, "scripts", "install-deps.sh")
+            with open(deps, "w") as f:
+                f.write("#!/bin/sh\necho 'E: Unable to locate package libmicrohttpd-dev' >&2\nexit 100\n")
+            os.chmod(deps, 0o755)
+            before = set(glob.glob("/tmp/epd-demo-step-*"))
+            e = env(local=True)
+            e.pop("EPD_BUILD_DIR")
+            p = subprocess.run([os.path.join(tmp, "scripts", "demo.sh")], capture_output=True, text=True,
+                               timeout=60, env=e)
+            self.assertEqual(p.returncode, 100, p.stdout + p.stderr)
+            self.assertRegex(p.stdout, r"\[1\] Checking build dependencies .* \.\.\. failed \(\d+\.\d s\)\n$")
+            self.assertIn("scripts/install-deps.sh exited with status 100; its last lines:\n"
+                          "E: Unable to locate package libmicrohttpd-dev\n", p.stderr)
+            self.assertEqual(set(glob.glob("/tmp/epd-demo-step-*")), before)  # its log went too
+            self.assertFalse(os.path.exists(os.path.join(tmp, "build-release")))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def test_sigterm_mid_workload(self):
         proc = subprocess.Popen([DEMO, "--requests=100000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env(local=True))
@@ -109,6 +139,7 @@ class Demo(unittest.TestCase):
         self.assertTrue(os.path.exists(workdir))
         proc.send_signal(signal.SIGTERM)
         rest = proc.stdout.read()
+        proc.stdout.close()
         self.assertEqual(proc.wait(30), 143, rest)
         self.assertIn("Cleaned up: 1 daemon(s) stopped", rest)
         self.assertFalse(os.path.exists(workdir))
