@@ -62,6 +62,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                   void **req_cls) {
         MetricsHttp *h = cls;
         MetricsServer *s = h->server;
+        /* The first call comes when the headers are in: answering then ("early", before
+         * MHD read the whole request) makes MHD close the connection afterwards. So the
+         * first call only marks the request, and the answer goes out on the next one,
+         * which keeps the connection open for the scraper's next request (Prometheus
+         * reuses it). A body, which no GET has, is read and dropped. */
+        static int seen;
+        if (!*req_cls) {
+                *req_cls = &seen;
+                return MHD_YES;
+        }
+        if (*upload_data_size > 0) {
+                *upload_data_size = 0;
+                return MHD_YES;
+        }
         static char not_allowed[] = "Only GET and HEAD.\n", not_found[] = "Not found: the metrics are at /metrics.\n",
                     index_text[] = "epdd: Prometheus metrics at /metrics\n";
         const char *text = "text/plain; charset=utf-8";

@@ -137,6 +137,26 @@ class Metrics(unittest.TestCase):
         self.assertEqual(get(self.url[self.pair.alpha], method="POST")[0], 405)
         self.assertEqual(get(base)[0], 200)
 
+    def test_keep_alive(self):
+        # Scrapes, and a refused POST with a body, on one connection: epdd keeps it
+        # open (it used to answer 'Connection: close', a new connection per scrape).
+        import http.client
+        host, port = urllib.parse.urlsplit(self.url[self.pair.alpha]).netloc.split(":")
+        c = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            names = set()
+            for method, path, body, status in (("GET", "/metrics", None, 200), ("POST", "/metrics", b"x" * 100, 405),
+                                               ("GET", "/metrics", None, 200), ("HEAD", "/metrics", None, 200)):
+                c.request(method, path, body=body)
+                r = c.getresponse()
+                r.read()
+                self.assertEqual(r.status, status, (method, path))
+                self.assertNotEqual((r.getheader("Connection") or "").lower(), "close")
+                names.add(c.sock.getsockname())
+            self.assertEqual(len(names), 1, "epdd closed the connection between requests")
+        finally:
+            c.close()
+
     def test_idle_connections_do_not_block(self):
         host, port = urllib.parse.urlsplit(self.url[self.pair.alpha]).netloc.split(":")
         idle = []
