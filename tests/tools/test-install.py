@@ -8,7 +8,8 @@
   not change the host.)
 - `import epd` finds libepd where meson installed it (`meson install --destdir`, prefix
   relative) and in the build tree (BUILD/python), with no LD_LIBRARY_PATH or EPD_LIBRARY.
-- The README's C worker and Python worker, as written, build and run against epdd.
+- The README's C worker and Python worker, and docs/api.md's Python example, as written,
+  build and run against epdd.
 - The man pages of every command are installed."""
 
 import os
@@ -83,6 +84,21 @@ class Install(unittest.TestCase):
         p = self.python(readme_block("python"), site, EPD_SOCKET=self.daemon.socket)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertRegex(p.stdout, r"^/org/epd1/worker/[0-9a-f]{32} \d+\n$")
+
+    def test_api_md_python_example(self):
+        # docs/api.md's Python example, as written, with the installed package.
+        with open(os.path.join(SOURCE, "docs", "api.md")) as f:
+            text = f.read()
+        m = re.search(r"^## Python\n.*?```python\n(.*?)```", text, re.S | re.M)
+        self.assertIsNotNone(m, "docs/api.md has no Python section with an example")
+        site = os.path.join(self.dest, "usr", "lib", "python3", "dist-packages")
+        d = Daemon()  # its own: the example's KV layout fixes host0's page size
+        try:
+            p = self.python(m.group(1), site, EPD_SOCKET=d.socket)
+        finally:
+            d.close()
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout, "hit 00010203\norg.epd1.Error.NotFound\n")
 
     def test_readme_c_worker(self):
         src = os.path.join(self.tmp, "worker.c")
