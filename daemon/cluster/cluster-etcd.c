@@ -20,6 +20,7 @@
 #include "macro.h"
 #include "peer/peer-manager.h"
 #include "peer/topology.h"
+#include "transport/rdma.h"
 
 #define CALL_TIMEOUT_MS 2000L
 #define BACKOFF_MIN_MS 100
@@ -424,7 +425,10 @@ static int build_record(ClusterManager *cm) {
 
         snprintf(info.host_id, sizeof info.host_id, "%s", m->config.host_id);
         snprintf(info.address, sizeof info.address, "%s", m->config.listen_address);
-        snprintf(info.transports, sizeof info.transports, "tcp%s", peer_manager_rdma(m->peers) ? ",rdma" : "");
+        RdmaLink links[8];
+        bool logged = true; /* rdma.c said it at start already */
+        snprintf(info.transports, sizeof info.transports, "tcp%s",
+                 peer_manager_rdma(m->peers) && rdma_discover(links, ELEMENTSOF(links), &logged) > 0 ? ",rdma" : "");
         for (size_t i = 0; i < m->n_arenas; i++) {
                 Arena *a = m->arenas[i];
                 snprintf(arena, sizeof arena, "%s%s:%s:%" PRIu64 "M", i ? "," : "", a->name,
