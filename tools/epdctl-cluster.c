@@ -34,6 +34,26 @@ static void json_member(const epd_member *m) {
                m->share_permille, m->published_here);
 }
 
+/* The directory forwarding's counters (org.epd1.Placement.Counters), as JSON members. */
+static void json_directory_counters(epd_client *c) {
+        sd_bus_message *reply = NULL;
+        const char *name;
+        uint64_t v;
+        bool first = true;
+
+        printf(",\"directory\":{");
+        if (epdctl_get_property(c, "/org/epd1/placement", "org.epd1.Placement", "Counters", "a(st)", &reply) >= 0 &&
+            sd_bus_message_enter_container(reply, 'a', "(st)") >= 0)
+                while (sd_bus_message_read(reply, "(st)", &name, &v) > 0) {
+                        printf("%s", first ? "" : ",");
+                        json_string(stdout, name);
+                        printf(":%" PRIu64, v);
+                        first = false;
+                }
+        printf("}");
+        sd_bus_message_unref(reply);
+}
+
 int verb_cluster(epd_client *c, int argc, char **argv) {
         epd_member *members = NULL;
         epd_cluster cl;
@@ -64,7 +84,9 @@ int verb_cluster(epd_client *c, int argc, char **argv) {
                         printf("%s", i ? "," : "");
                         json_member(members + i);
                 }
-                printf("]}\n");
+                printf("]");
+                json_directory_counters(c);
+                printf("}\n");
         } else {
                 printf("Membership: %s", cl.source);
                 if (strcmp(cl.source, "etcd") == 0)

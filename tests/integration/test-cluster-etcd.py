@@ -1,0 +1,477 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Membership in etcd, the cluster-wide block directory and prefix-aware placement, with
+a real etcd (Debian's etcd-server) and epdd hosts in network namespaces joined by one
+bridge (as in test-peer-netns.py). etcd runs in the bridge's namespace, on an address of
+the bridge itself; the test starts it on a free port in its own temporary directory and
+stops it. No host lists another in a [Peer:] section: they find each other in etcd.
+
+    test-cluster-etcd.py TEST BUILD_ROOT [SOURCE_ROOT]
+
+cluster-etcd-eight: 8 epdd and one etcd: all 8 see each other (membership and
+  authenticated sessions) within 2 s of the last start; a handoff between every ordered
+  pair succeeds with exact bytes; a prefix published on one host is found by a lookup
+  on another (through the owners of its blocks, which are other hosts), and a handoff of
+  exactly those pages to that host's decode worker succeeds; the bus objects match
+  dbus/org.epd1.Cluster.xml and dbus/org.epd1.Placement.xml.
+cluster-etcd-faults: 4 epdd: kill -9 one during a handoff with it: the live side rolls
+  back within the heartbeat bound and holds nothing afterwards, every member drops it
+  within lease TTL + heartbeat bound, lookups of its shards go to the new owners, and
+  it rejoins when restarted; etcd stopped: serving continues (a handoff succeeds) on
+  the last membership, visibly degraded; etcd restarted: membership recovers with no
+  duplicate member; a member with a wrong cluster key is seen in etcd but refused at
+  connect, and nothing is written to it.
+
+Needs root (ip netns) and etcd; exits 77 (skip) without them."""
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load(name, file):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, file))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+peer_netns = _load("peer_netns", "test-peer-netns.py")
+handoff_netns = _load("handoff_netns", "test-handoff-netns.py")
+Net, sh, key_file, wait_until, skip = (peer_netns.Net, peer_netns.sh, peer_netns.key_file, peer_netns.wait_until,
+                                       peer_netns.skip)
+Client = handoff_netns.Client
+
+HEARTBEAT_S = 1.0
+LEASE_TTL_S = 2
+# A dead peer is noticed within the heartbeat (checked every quarter of it); slack for
+# polling through epdctl on this small shared machine.
+BOUND_S = HEARTBEAT_S * 1.25 + 1.25
+CONVERGE_S = 2.0
+SRC = None
+
+
+def rid(n):
+    return f"{n:032x}"
+
+
+class Etcd:
+    """etcd in the bridge's namespace, on the bridge's own address."""
+
+    def __init__(self, net, tmp):
+        self.net, self.tmp = net, tmp
+        self.ip = f"10.{net.subnet}.0.254"
+        sh("ip", "-n", net.bridge, "addr", "add", f"{self.ip}/24", "dev", "br0")
+        sh("ip", "-n", net.bridge, "link", "set", "lo", "up")
+        self.port = 20000 + os.getpid() % 20000
+        self.url = f"http://{self.ip}:{self.port}"
+        self.data = os.path.join(tmp, "etcd.data")
+        self.proc = None
+
+    def start(self):
+        log = open(os.path.join(self.tmp, "etcd.log"), "a")
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.net.bridge, "etcd", "--name", "epdtest", "--data-dir", self.data,
+             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+             "--listen-peer-urls", f"http://127.0.0.1:{self.port + 1}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.port + 1}",
+             "--initial-cluster", f"epdtest=http://127.0.0.1:{self.port + 1}",
+             "--heartbeat-interval", "100", "--election-timeout", "1000", "--log-level", "warn"],
+            stdout=log, stderr=log)
+        log.close()
+        wait_until(self.healthy, 20, "etcd up")
+
+    def ctl(self, *args):
+        return subprocess.run(["ip", "netns", "exec", self.net.bridge, "etcdctl", "--endpoints", self.url] + list(args),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, ETCDCTL_API="3"))
+
+    def healthy(self):
+        return self.ctl("endpoint", "health").returncode == 0
+
+    def keys(self):
+        r = self.ctl("get", "--prefix", "--keys-only", "/epd/")
+        return [k for k in r.stdout.split() if k]
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class EtcdCluster:
+    def __init__(self, build, tmp, n):
+        self.build, self.tmp, self.n = build, tmp, n
+        self.epdd = os.path.join(build, "daemon", "epdd")
+        self.epdctl = os.path.join(build, "tools", "epdctl")
+        self.client = os.path.join(build, "tests", "integration", "handoff-client")
+        self.names = [f"h{i}" for i in range(n)]
+        self.key = key_file(tmp, "key", "e" * 64)
+        self.keys = [self.key] * n
+        self.procs = {}
+        self.clients = []
+        self.net = Net(n)
+        try:
+            self.etcd = Etcd(self.net, tmp)
+        except Exception:
+            self.net.close()
+            raise
+
+    def conf(self, i):
+        p = os.path.join(self.tmp, f"{self.names[i]}.conf")
+        with open(p, "w") as f:
+            f.write(f"[Daemon]\nHostId={self.names[i]}\nSystemBus=no\n"
+                    f"StateDirectory={self.tmp}/{self.names[i]}.state\n"
+                    f"[Arena:kv0]\nSize=16M\n"
+                    f"[Cluster]\nListen={self.net.ip(i)}:7500\nClusterKeyFile={self.keys[i]}\n"
+                    f"HeartbeatInterval={int(HEARTBEAT_S * 1000)}ms\n"
+                    f"Etcd={self.etcd.url}\nEtcdLeaseTTL={LEASE_TTL_S}s\n")
+        return p
+
+    def sock(self, i):
+        return os.path.join(self.tmp, f"{self.names[i]}.sock")
+
+    def addr(self, i):
+        return f"direct:{self.sock(i)}"
+
+    def start(self, i):
+        if os.path.exists(self.sock(i)):
+            os.unlink(self.sock(i))
+        log = open(os.path.join(self.tmp, f"{self.names[i]}.log"), "a")
+        self.procs[i] = subprocess.Popen(["ip", "netns", "exec", self.net.hosts[i], self.epdd, "-c", self.conf(i),
+                                          "-s", self.sock(i), "--no-system-bus"],
+                                         stdout=subprocess.DEVNULL, stderr=log)
+        log.close()
+        wait_until(lambda: os.path.exists(self.sock(i)), 10, f"{self.names[i]} socket")
+
+    def kill(self, i, sig=signal.SIGKILL):
+        self.procs[i].send_signal(sig)
+        self.procs[i].wait()
+
+    def ctl(self, i, *what):
+        r = subprocess.run([self.epdctl, "-A", self.addr(i), "--json"] + list(what), stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+        return json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else None
+
+    def cluster(self, i):
+        return self.ctl(i, "cluster")
+
+    def sees(self, i, others):
+        """Host i has every other host as a member alive in etcd and a session up."""
+        c = self.cluster(i)
+        if not c:
+            return False
+        m = {x["host_id"]: x for x in c["members"]}
+        return all(self.names[j] in m and m[self.names[j]]["lease"] == "alive" and m[self.names[j]]["session"] == "up"
+                   for j in others)
+
+    def mesh(self, hosts):
+        return all(self.sees(i, [j for j in hosts if j != i]) for i in hosts)
+
+    def clean(self, i):
+        pages, hand = self.ctl(i, "pages"), self.ctl(i, "handoffs")
+        if pages is None or hand is None:
+            return False
+        for p in pages["pools"]:
+            if p["leased"] or p["live"]:
+                return False
+        c = hand["counters"]
+        return not hand["handoffs"] and c["live"] == 0 and c["writes-in-flight"] == 0
+
+    def spawn(self, args, env=None, stdin=False):
+        c = Client([self.client] + [str(a) for a in args]) if not stdin else StdinClient(
+            [self.client] + [str(a) for a in args], env)
+        self.clients.append(c)
+        return c
+
+    def decode(self, i, r, timeout_ms=20000):
+        d = self.spawn(["decode", self.addr(i), r, timeout_ms])
+        assert d.wait_line("registered", 30), ("decode worker did not register", d.lines)
+        return d
+
+    def prefill(self, i, dest, r, pages, groups=2, delay_ms=0, timeout_ms=20000):
+        os.environ["HANDOFF_CLIENT_RETRY_BACKPRESSURE"] = "1"
+        try:
+            return self.spawn(["prefill", self.addr(i), "kv0", dest, r, pages, groups, delay_ms, timeout_ms])
+        finally:
+            os.environ.pop("HANDOFF_CLIENT_RETRY_BACKPRESSURE", None)
+
+    def locate(self, i, hashes):
+        return self.ctl(i, "placement", *[str(h) for h in hashes])
+
+    def counters(self, i):
+        """The directory forwarding's counters (org.epd1.Placement.Counters)."""
+        return self.cluster(i)["directory"]
+
+    def close(self):
+        for c in self.clients:
+            c.kill()
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        self.etcd.stop()
+        self.net.close()
+
+
+class StdinClient(Client):
+    """A handoff-client with stdin (the publishing prefill waits for "go")."""
+
+    def __init__(self, argv, env):
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, bufsize=1, env=dict(os.environ, **(env or {})))
+        self.lines, self.buf, self.eof = [], "", False
+
+    def go(self):
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+
+def committed(pre, dec, label, n_groups=2):
+    rp, rd = pre.finish(), dec.finish()
+    groups = [l for l in dec.lines if l.startswith("group ")]
+    assert rd == 0 and rp == 0, (label, rp, pre.lines, rd, dec.lines)
+    assert groups == [f"group {g} ok" for g in range(n_groups)], (label, dec.lines)
+    assert dec.final()[1] == "committed" and pre.final()[1] == "committed", (label, pre.lines, dec.lines)
+
+
+def check_contract(cl, i, path, iface, xml):
+    introspect = os.path.join(cl.build, "tests", "integration", "epd-introspect")
+    live = subprocess.run([introspect, cl.sock(i), path], stdout=subprocess.PIPE, text=True).stdout
+    with open(os.path.join(SRC, "dbus", xml)) as f:
+        want = f.read()
+
+    def part(x):
+        a = x.index(f'<interface name="{iface}">')
+        return x[a:x.index("</interface>", a)]
+    assert part(live) == part(want), f"{iface} introspection differs from dbus/{xml}"
+
+
+def start_all(cl, hosts):
+    """Starts the hosts one after the other; returns the seconds from the last start
+    (its direct socket serving) until every member sees every other, and from the first."""
+    t_first = time.monotonic()
+    for i in hosts:
+        cl.start(i)
+    t_last = time.monotonic()
+    wait_until(lambda: cl.mesh(hosts), 30, "all members see each other")
+    t = time.monotonic()
+    return t - t_last, t - t_first
+
+
+def publish_prefix(cl, i, base, pages, name, dest):
+    """A prefill worker on host i fills `pages` pages, publishes them as the chain base..,
+    and waits (for "go") before handing them off to dest."""
+    p = cl.spawn(["prefill", cl.addr(i), "kv0", dest, rid(base), pages, 2, 0, 20000],
+                 env={"HANDOFF_CLIENT_PUBLISH": str(base), "HANDOFF_CLIENT_NAME": name}, stdin=True)
+    assert p.wait_line("published", 30) == f"published {pages}", p.lines
+    return p
+
+
+def test_eight(cl):
+    n = cl.n
+    cl.etcd.start()
+    took, total = start_all(cl, range(n))
+    print(f"8 hosts: every member sees every other (etcd and sessions) {took:.2f}s after the last start, "
+          f"{total:.2f}s after the first")
+    assert took <= CONVERGE_S, f"convergence took {took:.2f}s > {CONVERGE_S}s"
+    c0 = cl.cluster(0)
+    assert c0["source"] == "etcd" and c0["etcd_state"] == "up" and c0["members_alive"] == n - 1, c0
+    assert sorted(cl.etcd.keys()) == sorted(f"/epd/members/{h}" for h in cl.names), cl.etcd.keys()
+    # Shares of the hash space: every live member owns some, and they add up.
+    shares = [m["share_permille"] for m in c0["members"]]
+    assert all(s > 0 for s in shares) and abs(sum(shares) - 1000) <= 1, shares
+    check_contract(cl, 0, "/org/epd1/cluster", "org.epd1.Cluster", "org.epd1.Cluster.xml")
+    check_contract(cl, 0, "/org/epd1/placement", "org.epd1.Placement", "org.epd1.Placement.xml")
+
+    # A handoff between every ordered pair: 7 rounds, each host sending to one and
+    # receiving from another at once.
+    t0 = time.monotonic()
+    k = 0
+    for shift in range(1, n):
+        pairs = [(i, (i + shift) % n) for i in range(n)]
+        decs = [cl.decode(j, rid(1000 + k + x)) for x, (i, j) in enumerate(pairs)]
+        pres = [cl.prefill(i, cl.names[j], rid(1000 + k + x), 8) for x, (i, j) in enumerate(pairs)]
+        for x, (i, j) in enumerate(pairs):
+            committed(pres[x], decs[x], f"{cl.names[i]}->{cl.names[j]}")
+        k += len(pairs)
+    print(f"{k} handoffs between every ordered pair: {time.monotonic() - t0:.1f}s, all committed, bytes exact")
+
+    # A prefix published on h1 is found from h5 through the owners of its blocks.
+    base, pages = 0x5eed0000, 16
+    owners = set()
+    pre = publish_prefix(cl, 1, base, pages, "prefill-h1", "h5")
+    hashes = [base + b for b in range(pages)]
+    wait_until(lambda: (cl.locate(5, hashes) or {}).get("n_blocks") == pages, 5, "prefix located from h5")
+    loc = cl.locate(5, hashes)
+    print("located from h5:", loc)
+    assert loc["host"] == "h1" and loc["arena"] == "kv0" and loc["worker"] == "prefill-h1", loc
+    assert loc["owners_missing"] == 0, loc
+    # The records live with the owners: h1 published to others than itself and h5 asked others.
+    c1 = cl.cluster(1)
+    owners = {m["host_id"] for m in c1["members"] if m["published_here"] > 0}
+    assert owners - {"h1", "h5"}, f"every block owned by h1 or h5: {owners}"
+    cnt = cl.counters(5)
+    assert cnt["remote-queries"] > 0 and cnt["remote-answers"] > 0, cnt
+    # A shorter chain that diverges: the prefix up to the divergence.
+    loc = cl.locate(5, hashes[:5] + [0xdead] + hashes[6:])
+    assert loc["host"] == "h1" and loc["n_blocks"] == 5, loc
+    # Nobody has it.
+    loc = cl.locate(5, [0xbad0, 0xbad1])
+    assert loc["n_blocks"] == 0 and loc["candidates"] == [], loc
+    # A handoff of exactly those pages from h1 to h5's decode worker.
+    dec = cl.decode(5, rid(base))
+    pre.go()
+    committed(pre, dec, "h1->h5 located prefix")
+    print("handoff of the located prefix h1 -> h5: committed, bytes exact")
+    for i in range(n):
+        wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean")
+
+
+def test_faults(cl):
+    n = cl.n
+    cl.etcd.start()
+    start_all(cl, range(n))
+    c = cl.cluster(0)
+    assert c["etcd_state"] == "up", c
+
+    # A prefix on h1 whose records are spread over the owners (h3 among them).
+    base, pages = 0x77770000, 24
+    hashes = [base + b for b in range(pages)]
+    pre = publish_prefix(cl, 1, base, pages, "prefill-h1", "h0")
+    pre.kill()  # its pages stay cached in h1's directory (IDLE), as after any request
+    wait_until(lambda: (cl.locate(0, hashes) or {}).get("n_blocks") == pages, 5, "prefix located from h0")
+    assert any(m["host_id"] == "h3" and m["published_here"] > 0 for m in cl.cluster(1)["members"]), \
+        "h3 owns none of the prefix's blocks"
+
+    # kill -9 h3 in the middle of a handoff h2 -> h3 (groups 600 ms apart).
+    dec = cl.decode(3, rid(300))
+    p = cl.prefill(2, "h3", rid(300), 16, groups=4, delay_ms=600)
+    assert p.wait_line("ready 0", 20), p.lines
+    t0 = time.monotonic()
+    cl.kill(3)
+    rp = p.finish(timeout=20)
+    fin = p.final()
+    print(f"kill -9 h3: h2's handoff ended {fin} after {time.monotonic() - t0:.2f}s")
+    assert rp == 0 and fin and fin[1] == "rolled-back", p.lines
+    dec.kill()
+    wait_until(lambda: cl.clean(2), BOUND_S, "h2 holds nothing of the handoff")
+    # Every other member drops it: session at once, membership within lease TTL + bound.
+
+    def dropped(i):
+        c = cl.cluster(i)
+        m = {x["host_id"]: x for x in c["members"]} if c else {}
+        return "h3" in m and m["h3"]["lease"] == "left" and m["h3"]["session"] != "up"
+    wait_until(lambda: all(dropped(i) for i in (0, 1, 2)), LEASE_TTL_S + BOUND_S + 1, "h3 left everywhere")
+    print(f"h3 left every member's view {time.monotonic() - t0:.2f}s after kill -9")
+    # Its shards moved: the whole prefix is found again, through the new owners.
+    wait_until(lambda: (cl.locate(0, hashes) or {}).get("n_blocks") == pages and
+               cl.locate(0, hashes)["owners_missing"] == 0, 5, "prefix located after h3 left")
+    assert not any(m["host_id"] == "h3" and m["published_here"] > 0 for m in cl.cluster(1)["members"])
+    # It comes back and rejoins.
+    t0 = time.monotonic()
+    cl.start(3)
+    wait_until(lambda: cl.mesh(range(n)), 15, "h3 rejoined")
+    print(f"h3 rejoined in {time.monotonic() - t0:.2f}s")
+
+    # etcd stops: serving continues on the last membership, visibly degraded.
+    cl.etcd.stop()
+    wait_until(lambda: all((cl.cluster(i) or {}).get("etcd_state") == "degraded" for i in range(n)), 10,
+               "degraded everywhere")
+    c = cl.cluster(0)
+    print("etcd stopped:", c["etcd_state"], c["etcd_reason"])
+    assert c["members_alive"] == n - 1 and cl.mesh(range(n)), c
+    dec, p = cl.decode(1, rid(400)), cl.prefill(0, "h1", rid(400), 8)
+    committed(p, dec, "h0->h1 with etcd down")
+    # etcd restarts (same data): membership recovers, no duplicate members.
+    cl.etcd.start()
+    wait_until(lambda: all((cl.cluster(i) or {}).get("etcd_state") == "up" for i in range(n)), 15, "etcd up again")
+    for i in range(n):
+        ids = [m["host_id"] for m in cl.cluster(i)["members"]]
+        assert len(ids) == len(set(ids)) == n, ids
+    assert cl.mesh(range(n))
+    assert sorted(cl.etcd.keys()) == sorted(f"/epd/members/{h}" for h in cl.names), cl.etcd.keys()
+
+    # A member with a wrong cluster key: seen in etcd, refused at connect, nothing written.
+    cl.kill(n - 1, signal.SIGTERM)  # a clean stop revokes its lease: gone from etcd at once
+    wait_until(lambda: f"/epd/members/h{n - 1}" not in cl.etcd.keys(), 5, "clean stop revoked the lease")
+    cl.keys[n - 1] = key_file(cl.tmp, "wrong", "2e" * 32)
+    cl.start(n - 1)
+    wait_until(lambda: f"/epd/members/h{n - 1}" in cl.etcd.keys(), 10, "the wrong-key member registered")
+
+    def refused(i):
+        c = cl.cluster(i)
+        m = {x["host_id"]: x for x in c["members"]} if c else {}
+        return f"h{n - 1}" in m and m[f"h{n - 1}"]["lease"] == "alive" and m[f"h{n - 1}"]["session"] != "up"
+    wait_until(lambda: all(refused(i) for i in range(n - 1)), 10, "the wrong-key member seen but not up")
+    time.sleep(1.0)
+    assert all(refused(i) for i in range(n - 1))
+    bad = cl.ctl(n - 1, "cluster")
+    assert all(m["session"] != "up" for m in bad["members"] if m["source"] != "self"), bad
+    p = cl.prefill(0, f"h{n - 1}", rid(500), 8, timeout_ms=1500)
+    p.finish(timeout=20)
+    assert any(l.startswith("prepare-failed org.epd1.Error.PeerUnavailable") for l in p.lines), p.lines
+    hand = cl.ctl(n - 1, "handoffs")
+    assert hand["counters"]["live"] == 0 and not hand["handoffs"], hand
+    pool = cl.ctl(n - 1, "pages")["pools"]
+    assert all(x["live"] == 0 and x["leased"] == 0 for x in pool), pool
+    print("wrong key: registered in etcd, refused by every member, nothing written")
+    for i in range(n - 1):
+        wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean")
+
+
+def main():
+    global SRC
+    if len(sys.argv) < 3:
+        print(__doc__)
+        return 2
+    test, build = sys.argv[1], sys.argv[2]
+    SRC = sys.argv[3] if len(sys.argv) > 3 else os.path.dirname(os.path.dirname(HERE))
+    if os.geteuid() != 0:
+        skip("needs root for network namespaces")
+    for tool in ("ip", "etcd", "etcdctl"):
+        if not shutil.which(tool):
+            skip(f"{tool} not installed (Debian: etcd-server, etcd-client)")
+    r = sh("ip", "netns", "add", f"epdprobe{os.getpid()}", check=False)
+    if r.returncode != 0:
+        skip("cannot create network namespaces: " + r.stderr.strip())
+    sh("ip", "netns", "del", f"epdprobe{os.getpid()}")
+    tests = {"cluster-etcd-eight": (test_eight, 8), "cluster-etcd-faults": (test_faults, 4)}
+    fn, n = tests[test]
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        cl = EtcdCluster(build, tmp, n)
+        try:
+            fn(cl)
+        except BaseException:
+            for name in cl.names + ["etcd"]:
+                p = os.path.join(tmp, f"{name}.log")
+                if os.path.exists(p):
+                    print(f"--- {name}.log (tail)")
+                    print("".join(open(p).readlines()[-25:]))
+            raise
+        finally:
+            cl.close()
+    print(f"PASS {test} in {time.monotonic() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
