@@ -142,15 +142,11 @@ static int session_register(ClusterManager *cm, EtcdClient *c, uint64_t *ret_lea
 
 static void *session_main(void *userdata) {
         ClusterManager *cm = userdata;
-        EtcdClient *c = client_new(cm, &cm->never);
+        EtcdClient *c = cm->session_client;
         long backoff = BACKOFF_MIN_MS, period = (long)cm->ttl_sec * 1000 / 3;
         uint64_t lease = 0;
         char err[256];
 
-        if (!c) {
-                post_state(cm, EV_SESSION, false, 0, "cannot create an etcd client", NULL);
-                return NULL;
-        }
         while (!atomic_load(&cm->stop)) {
                 int r = session_register(cm, c, &lease, err, sizeof err);
                 if (r < 0) {
@@ -196,7 +192,6 @@ static void *session_main(void *userdata) {
                                        500, &ans, NULL, NULL, 0);
                 free(ans);
         }
-        etcd_client_free(c);
         return NULL;
 }
 
@@ -341,11 +336,7 @@ static void *watch_main(void *userdata) {
         WatchCtx w = { .cm = cm };
         long backoff = BACKOFF_MIN_MS;
 
-        w.c = client_new(cm, &cm->stop);
-        if (!w.c) {
-                post_state(cm, EV_WATCH, false, 0, "cannot create an etcd client", NULL);
-                return NULL;
-        }
+        w.c = cm->watch_client;
         while (!atomic_load(&cm->stop)) {
                 int r = watch_once(&w);
                 if (atomic_load(&cm->stop))
@@ -360,7 +351,6 @@ static void *watch_main(void *userdata) {
                 backoff = MIN(backoff * 2, (long)BACKOFF_MAX_MS);
         }
         free(w.infos);
-        etcd_client_free(w.c);
         return NULL;
 }
 
@@ -474,6 +464,12 @@ int cluster_etcd_start(ClusterManager *cm) {
         r = sd_event_add_io(m->event, &cm->efd_source, cm->efd, EPOLLIN, efd_io, cm);
         if (r < 0)
                 return r;
+        /* The session's client is not cancelled by stop: it revokes the lease on the way
+         * out (its calls have timeouts); the watch's is, and is woken for it. */
+        cm->session_client = client_new(cm, &cm->never);
+        cm->watch_client = client_new(cm, &cm->stop);
+        if (!cm->session_client || !cm->watch_client)
+                return -ENOMEM;
         r = -pthread_create(&cm->session_thread, NULL, session_main, cm);
         if (r < 0)
                 return r;
@@ -492,11 +488,14 @@ void cluster_etcd_stop(ClusterManager *cm) {
         pthread_mutex_lock(&cm->lock);
         pthread_cond_broadcast(&cm->cond);
         pthread_mutex_unlock(&cm->lock);
+        etcd_client_wakeup(cm->watch_client);
         if (cm->watch_started)
                 pthread_join(cm->watch_thread, NULL);
         if (cm->session_started)
                 pthread_join(cm->session_thread, NULL);
         cm->watch_started = cm->session_started = false;
+        cm->watch_client = etcd_client_free(cm->watch_client);
+        cm->session_client = etcd_client_free(cm->session_client);
         while (cm->queue) {
                 ClusterEvent *n = cm->queue->next;
                 event_free(cm->queue);

@@ -43,6 +43,7 @@ typedef struct ClusterManager {
         atomic_bool stop;
         atomic_bool never;       /* the session client's cancel flag: false until joined */
         pthread_t session_thread, watch_thread;
+        struct EtcdClient *session_client, *watch_client; /* one per thread */
         bool session_started, watch_started;
         pthread_mutex_t lock;
         pthread_cond_t cond;     /* wakes the threads' sleeps on stop */

@@ -15,6 +15,7 @@
 
 struct EtcdClient {
         CURL *curl;
+        CURLM *multi;          /* drives curl, so that etcd_client_wakeup() can interrupt a wait */
         char **endpoints;
         size_t n_endpoints;
         size_t current;
@@ -41,6 +42,8 @@ EtcdClient *etcd_client_free(EtcdClient *c) {
                 return NULL;
         if (c->curl)
                 curl_easy_cleanup(c->curl);
+        if (c->multi)
+                curl_multi_cleanup(c->multi);
         for (size_t i = 0; i < c->n_endpoints; i++)
                 free(c->endpoints[i]);
         free(c->endpoints);
@@ -64,7 +67,8 @@ int etcd_client_new(EtcdClient **ret, char *const *endpoints, const EtcdTls *tls
                 c->tls = *tls;
         c->endpoints = calloc(n, sizeof *c->endpoints);
         c->curl = curl_easy_init();
-        if (!c->endpoints || !c->curl) {
+        c->multi = curl_multi_init();
+        if (!c->endpoints || !c->curl || !c->multi) {
                 etcd_client_free(c);
                 return -ENOMEM;
         }
@@ -136,6 +140,43 @@ static int progress_cb(void *userdata, curl_off_t dltotal, curl_off_t dlnow, cur
         return atomic_load(c->stop) ? 1 : 0;
 }
 
+void etcd_client_wakeup(EtcdClient *c) {
+        if (c && c->multi)
+                (void)curl_multi_wakeup(c->multi);
+}
+
+/* curl_easy_perform(), through the multi handle: a stop is seen at once (wakeup), not
+ * at the next progress callback. */
+static CURLcode run(EtcdClient *c) {
+        CURLcode result = CURLE_OK;
+        CURLMsg *msg;
+        int running = 1, left;
+
+        if (curl_multi_add_handle(c->multi, c->curl) != CURLM_OK)
+                return CURLE_OUT_OF_MEMORY;
+        while (running) {
+                if (curl_multi_perform(c->multi, &running) != CURLM_OK) {
+                        result = CURLE_RECV_ERROR;
+                        break;
+                }
+                if (!running)
+                        break;
+                if (atomic_load(c->stop)) {
+                        result = CURLE_ABORTED_BY_CALLBACK;
+                        break;
+                }
+                if (curl_multi_poll(c->multi, NULL, 0, 1000, NULL) != CURLM_OK) {
+                        result = CURLE_RECV_ERROR;
+                        break;
+                }
+        }
+        while ((msg = curl_multi_info_read(c->multi, &left)))
+                if (msg->msg == CURLMSG_DONE && msg->easy_handle == c->curl)
+                        result = msg->data.result;
+        curl_multi_remove_handle(c->multi, c->curl);
+        return result;
+}
+
 static void setup(EtcdClient *c, const char *url, const char *body, Buffer *b, long timeout_ms,
                   struct curl_slist *headers) {
         CURL *h = c->curl;
@@ -189,7 +230,7 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                 b->error = 0;
                 b->got_data = false;
                 setup(c, url, body, b, timeout_ms, headers);
-                cc = curl_easy_perform(c->curl);
+                cc = run(c);
                 curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
                 if (b->error < 0) {
                         r = b->error;

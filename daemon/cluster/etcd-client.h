@@ -37,5 +37,8 @@ typedef int (*EtcdStreamFn)(void *userdata, const char *msg, size_t len);
 int etcd_client_stream(EtcdClient *c, const char *path, const char *body, EtcdStreamFn fn, void *userdata,
                        char *err, size_t err_size);
 
+/* Wakes a call in progress so that it sees *stop (thread-safe). */
+void etcd_client_wakeup(EtcdClient *c);
+
 /* The endpoint in use (the last that answered). */
 const char *etcd_client_endpoint(EtcdClient *c);

@@ -508,12 +508,11 @@ int directory_forward_locate(DirectoryForward *df, const uint64_t *hashes, size_
 static void on_publish(DirectoryForward *df, Peer *p, const DirectoryMessage *msg) {
         for (uint32_t i = 0; i < msg->count; i++) {
                 uint64_t h = msg->hashes[i];
-                if (!directory_owns(dir(df), h)) {
-                        /* The sender's view of the owners differs (a change in flight): it
-                         * publishes again to the right owner once it sees the change. */
+                /* The sender's view of the owners may be ahead of ours (a member just came
+                 * up): keep the record anyway; the next owner change prunes what is not
+                 * ours once both views agree. */
+                if (!directory_owns(dir(df), h))
                         df->stats.misdirected++;
-                        continue;
-                }
                 if (msg->type == DIRECTORY_MSG_PUBLISH) {
                         if (directory_shard_put(df->shard, h, peer_host_id(p), msg->arena, msg->worker) >= 0)
                                 df->stats.records_received++;
