@@ -425,6 +425,11 @@ int top_model_json(const TopModel *m, FILE *f) {
                 json_str(f, p->transport);
                 fprintf(f, ",\"transport_why\":");
                 json_str(f, p->transport_why);
+                if (p->lease[0]) {
+                        fprintf(f, ",\"lease\":");
+                        json_str(f, p->lease);
+                        fprintf(f, ",\"share_permille\":%u", p->share_permille);
+                }
                 fputc('}', f);
         }
         fprintf(f, "],\"workers\":[");
