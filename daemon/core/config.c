@@ -142,6 +142,17 @@ static int p_duration(ParseState *s, const char *key, const char *value, void *d
         return 0;
 }
 
+/* A duration where 0 means "off" (DirectoryCacheTime=0: nothing cached). */
+static int p_duration_or_zero(ParseState *s, const char *key, const char *value, void *dst) {
+        usec_t u;
+        if (parse_duration(value, &u) < 0) {
+                perr(s, "%s=%s: expected a duration such as 1s, 500ms or 0", key, value);
+                return -EINVAL;
+        }
+        *(usec_t *)dst = u;
+        return 0;
+}
+
 static int p_log_level(ParseState *s, const char *key, const char *value, void *dst) {
         int l = log_level_from_string(value);
         if (l < 0) {
@@ -442,7 +453,7 @@ static const ConfigItem items[] = {
         { "Cluster", "EtcdCertFile", p_path, C(etcd_cert_file) },
         { "Cluster", "EtcdKeyFile", p_path, C(etcd_key_file) },
         { "Cluster", "MaxMembers", p_unsigned, C(max_members) },
-        { "Cluster", "DirectoryCacheTime", p_duration, C(directory_cache_usec) },
+        { "Cluster", "DirectoryCacheTime", p_duration_or_zero, C(directory_cache_usec) },
         { "Peer", "Address", p_address, P(address) },
         { "Peer", "HostId", p_host_id, P(host_id) },
         { "Features", "CacheSize", p_size, C(feature_cache_bytes) },

@@ -122,6 +122,7 @@ class EtcdCluster:
         self.keys = [self.key] * n
         self.procs = {}
         self.clients = []
+        self.extra = {}  # host index -> more [Cluster] lines (benchmarks)
         self.net = Net(n)
         try:
             self.etcd = Etcd(self.net, tmp)
@@ -137,7 +138,7 @@ class EtcdCluster:
                     f"[Arena:kv0]\nSize=16M\n"
                     f"[Cluster]\nListen={self.net.ip(i)}:7500\nClusterKeyFile={self.keys[i]}\n"
                     f"HeartbeatInterval={int(HEARTBEAT_S * 1000)}ms\n"
-                    f"Etcd={self.etcd.url}\nEtcdLeaseTTL={LEASE_TTL_S}s\n")
+                    f"Etcd={self.etcd.url}\nEtcdLeaseTTL={LEASE_TTL_S}s\n" + self.extra.get(i, ""))
         return p
 
     def sock(self, i):

@@ -136,6 +136,7 @@ static const struct {
         { "[Cluster]\nMaxMembers=0\n", "MaxMembers=0: expected a number" },
         { "[Cluster]\nMaxMembers=5000\n", "MaxMembers=5000: expected 1 to 1023" },
         { "[Cluster]\nDirectoryCacheTime=2min\n", "DirectoryCacheTime= must be at most 60s" },
+        { "[Cluster]\nDirectoryCacheTime=soon\n", "DirectoryCacheTime=soon: expected a duration" },
 };
 
 START_TEST(test_bad) {
