@@ -9,33 +9,17 @@
 #include "core/manager.h"
 #include "log.h"
 #include "pages/directory-forward.h"
-#include "pages/directory.h"
 #include "peer/peer-manager.h"
 
 /* (host_id, address, source, lease, session, last_error, transports, arenas, nics, gpus,
  *  share_permille, published_here) */
 #define MEMBER_STRUCT "(sssssssssuut)"
 
-/* The part of the hash space host owns now, in permille, by a fixed sample. */
-static uint32_t share_permille(Manager *m, const char *host) {
-        size_t n, hit = 0;
-        const char *const *hosts = directory_forward_hosts(m->directory_forward, &n);
-        uint64_t x = 0x9e3779b97f4a7c15ULL;
-
-        if (n == 0)
-                return 0;
-        for (size_t k = 0; k < 1000; k++) {
-                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                hit += strcmp(hosts[directory_rendezvous(hosts, n, x)], host) == 0;
-        }
-        return (uint32_t)hit;
-}
-
 static int append_member(sd_bus_message *reply, Manager *m, const char *host, const char *address, const char *source,
                          const char *lease, const char *session, const char *error, const MemberInfo *info) {
         return sd_bus_message_append(reply, MEMBER_STRUCT, host, address, source, lease, session, error,
                                      info ? info->transports : "", info ? info->arenas : "", info ? info->nics : "",
-                                     info ? info->gpus : 0, share_permille(m, host),
+                                     info ? info->gpus : 0, directory_forward_share_permille(m->directory_forward, host),
                                      directory_forward_entries_owned_by(m->directory_forward, host));
 }
 

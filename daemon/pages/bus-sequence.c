@@ -504,7 +504,7 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = read_hashes(msg, &hashes, &n, error);
         if (r < 0)
                 return r;
-        Client *c;
+        Client *c = NULL;
         r = access_check(seq_manager(s), msg, s, SEQUENCE_ACCESS_OWNER, &c, error);
         if (r < 0)
                 return r;

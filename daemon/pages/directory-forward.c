@@ -15,6 +15,7 @@
 #include "peer/peer-manager.h"
 
 #define FLUSH_DELAY_USEC (1 * USEC_PER_MSEC)
+#define REBALANCE_STEP 8192
 
 /* What is queued for one owner: one PUBLISH and one UNPUBLISH batch, each for one
  * (arena, worker); another (arena, worker) flushes the batch first. */
@@ -72,6 +73,17 @@ struct DirectoryForward {
 
         Hashmap *queues; /* OwnerQueue* by host id */
         sd_event_source *flush_timer;
+
+        /* Rebalancing after the owners changed, in steps of REBALANCE_STEP hashes per
+         * loop iteration over snapshots of the keys: the records this host no longer
+         * owns go, its own entries whose owner changed are published to the new one. */
+        sd_event_source *rebalance;
+        char **old_hosts;        /* the owners before the change; NULL: publish all */
+        size_t n_old_hosts;
+        uint64_t *shard_keys, *entry_keys;
+        size_t n_shard_keys, n_entry_keys, shard_done, entry_done;
+        uint64_t *owned;         /* of this host's entries, how many each of hosts[] owns */
+        uint32_t *share;         /* the part of the hash space each of hosts[] owns, permille */
 
         Hashmap *parts;  /* LookupPart* by request */
         uint64_t next_request;
@@ -240,6 +252,14 @@ static void enqueue(DirectoryForward *df, const char *owner, uint16_t type, uint
 static void on_entry(void *userdata, bool put, uint64_t hash, const char *arena, const char *worker) {
         DirectoryForward *df = userdata;
         const char *owner = owner_of(df, hash);
+        size_t oi = directory_owner(dir(df), hash);
+
+        if (df->owned && oi < df->n_hosts) {
+                if (put)
+                        df->owned[oi]++;
+                else if (df->owned[oi] > 0)
+                        df->owned[oi]--;
+        }
 
         if (put)
                 tag_entry(df, hash, worker);
@@ -260,70 +280,137 @@ static void on_entry(void *userdata, bool put, uint64_t hash, const char *arena,
 
 /* ---- the owner set ---- */
 
-typedef struct Republish {
-        DirectoryForward *df;
-        char **old;
-        size_t n_old;
-} Republish;
-
-static int republish_one(void *userdata, uint64_t hash, PagePool *pool, PageId page) {
-        Republish *rp = userdata;
-        DirectoryForward *df = rp->df;
-        const char *owner = owner_of(df, hash);
-        const char *was = rp->n_old > 0 ? rp->old[directory_rendezvous((const char *const *)rp->old, rp->n_old, hash)]
-                                        : self_id(df);
-        const char *arena = page_manager_arena_of(df->m->page_manager, pool) ?: "";
-
-        if (strcmp(owner, was) == 0)
-                return 0;
-        df->stats.republished++;
-        if (is_self(df, owner))
-                (void)directory_shard_put(df->shard, hash, owner, arena, entry_worker(df, hash));
-        else
-                enqueue(df, owner, DIRECTORY_MSG_PUBLISH, hash, arena, entry_worker(df, hash));
-        return 0;
-}
-
-static bool owned_here(void *userdata, uint64_t hash) {
-        return directory_owns(dir(userdata), hash);
-}
-
 static void hosts_free(char **h, size_t n) {
         for (size_t i = 0; i < n; i++)
                 free(h[i]);
         free(h);
 }
 
-/* Recomputes the owners (this host and the peers up); moves what changed owner. */
+static void rebalance_reset(DirectoryForward *df) {
+        hosts_free(df->old_hosts, df->n_old_hosts);
+        df->old_hosts = NULL;
+        df->n_old_hosts = 0;
+        free(df->shard_keys);
+        free(df->entry_keys);
+        df->shard_keys = df->entry_keys = NULL;
+        df->n_shard_keys = df->n_entry_keys = df->shard_done = df->entry_done = 0;
+}
+
+/* One entry of this host's directory, after the owners changed. */
+static void rebalance_entry(DirectoryForward *df, uint64_t hash) {
+        PagePool *pool;
+        const char *arena, *owner, *was;
+        size_t oi;
+
+        if (!directory_find(dir(df), hash, &pool, NULL))
+                return; /* gone since the snapshot (its removal went to the new owner) */
+        oi = directory_owner(dir(df), hash);
+        owner = owner_of(df, hash);
+        if (oi < df->n_hosts)
+                df->owned[oi]++;
+        was = df->old_hosts ? df->old_hosts[directory_rendezvous((const char *const *)df->old_hosts,
+                                                                 df->n_old_hosts, hash)]
+                            : NULL;
+        if (was && strcmp(owner, was) == 0)
+                return;
+        arena = page_manager_arena_of(df->m->page_manager, pool) ?: "";
+        df->stats.republished++;
+        if (is_self(df, owner))
+                (void)directory_shard_put(df->shard, hash, owner, arena, entry_worker(df, hash));
+        else
+                enqueue(df, owner, DIRECTORY_MSG_PUBLISH, hash, arena, entry_worker(df, hash));
+}
+
+static int rebalance_cb(sd_event_source *s, void *userdata) {
+        DirectoryForward *df = userdata;
+        size_t budget = REBALANCE_STEP;
+
+        /* First the records this host no longer owns... */
+        for (; budget > 0 && df->shard_done < df->n_shard_keys; budget--, df->shard_done++) {
+                uint64_t h = df->shard_keys[df->shard_done];
+                if (!directory_owns(dir(df), h))
+                        df->stats.records_dropped += directory_shard_forget(df->shard, h);
+        }
+        /* ...then this host's entries whose owner changed. */
+        for (; budget > 0 && df->entry_done < df->n_entry_keys; budget--, df->entry_done++)
+                rebalance_entry(df, df->entry_keys[df->entry_done]);
+        flush_all(df);
+        if (df->shard_done < df->n_shard_keys || df->entry_done < df->n_entry_keys)
+                return sd_event_source_set_enabled(s, SD_EVENT_ONESHOT);
+        rebalance_reset(df);
+        return 0;
+}
+
+static int collect_key(void *userdata, uint64_t hash, PagePool *pool, PageId page) {
+        DirectoryForward *df = userdata;
+        df->entry_keys[df->n_entry_keys++] = hash;
+        return 0;
+}
+
+/* Recomputes the owners (this host and the peers up) and starts moving what changed
+ * owner, a step per loop iteration. */
 static void hosts_changed(DirectoryForward *df) {
         size_t n = 1, cap = 1 + peer_manager_n_peers(df->m->peers);
-        Republish rp = { df, df->hosts, df->n_hosts };
-        char **hosts = calloc(cap, sizeof *hosts);
+        char **hosts = calloc(cap, sizeof *hosts), **old = df->hosts;
+        uint64_t *owned = calloc(cap, sizeof *owned);
+        size_t n_old = df->n_hosts;
         Peer *p;
+        int r;
 
-        if (!hosts || !(hosts[0] = strdup(self_id(df)))) {
+        if (!hosts || !owned || !(hosts[0] = strdup(self_id(df)))) {
                 free(hosts);
+                free(owned);
                 log_oom();
                 return;
         }
         for (size_t i = 0; (p = peer_manager_peer(df->m->peers, i)); i++)
                 if (peer_is_up(p) && !(hosts[n++] = strdup(peer_host_id(p)))) {
                         hosts_free(hosts, n - 1);
+                        free(owned);
                         log_oom();
                         return;
                 }
         if (directory_set_hosts(dir(df), (const char *const *)hosts, n, 0) < 0) {
                 hosts_free(hosts, n);
+                free(owned);
                 return;
         }
         df->hosts = hosts;
         df->n_hosts = n;
+        free(df->owned);
+        df->owned = owned;
+        /* Each owner's share of the hash space, by a fixed sample of 1000 hashes. */
+        free(df->share);
+        df->share = calloc(n, sizeof *df->share);
+        for (uint64_t k = 0, x = 0x9e3779b97f4a7c15ULL; df->share && k < 1000; k++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                df->share[directory_owner(dir(df), x)]++;
+        }
         /* Answers cached under the old owners may be stale now. */
         directory_cache_clear(df->cache);
-        df->stats.records_dropped += directory_shard_prune(df->shard, owned_here, df);
-        (void)directory_foreach(dir(df), republish_one, &rp);
-        hosts_free(rp.old, rp.n_old);
-        flush_all(df);
+        if (df->shard_keys || df->entry_keys) {
+                /* A change while the last one is still being applied: its entries may sit
+                 * with owners of either view. Publish every entry to its owner now. */
+                rebalance_reset(df);
+                hosts_free(old, n_old);
+        } else {
+                df->old_hosts = old;
+                df->n_old_hosts = n_old;
+        }
+        r = directory_shard_keys(df->shard, &df->shard_keys, &df->n_shard_keys);
+        if (r >= 0) {
+                df->entry_keys = malloc(MAX(directory_size(dir(df)), (size_t)1) * sizeof *df->entry_keys);
+                if (!df->entry_keys)
+                        r = -ENOMEM;
+        }
+        if (r >= 0)
+                r = directory_foreach(dir(df), collect_key, df);
+        if (r >= 0)
+                r = sd_event_source_set_enabled(df->rebalance, SD_EVENT_ONESHOT);
+        if (r < 0) {
+                log_warning_errno(r, "directory: cannot move records to the new owners: %m");
+                rebalance_reset(df);
+        }
 }
 
 /* ---- locates ---- */
@@ -645,23 +732,18 @@ const char *const *directory_forward_hosts(DirectoryForward *df, size_t *ret_n) 
         return df ? (const char *const *)df->hosts : NULL;
 }
 
-typedef struct CountOwned {
-        DirectoryForward *df;
-        const char *host;
-        uint64_t n;
-} CountOwned;
-
-static int count_owned(void *userdata, uint64_t hash, PagePool *pool, PageId page) {
-        CountOwned *c = userdata;
-        c->n += strcmp(owner_of(c->df, hash), c->host) == 0;
+uint32_t directory_forward_share_permille(DirectoryForward *df, const char *host) {
+        for (size_t i = 0; df && df->share && i < df->n_hosts; i++)
+                if (strcmp(df->hosts[i], host) == 0)
+                        return df->share[i];
         return 0;
 }
 
 uint64_t directory_forward_entries_owned_by(DirectoryForward *df, const char *host) {
-        CountOwned c = { df, host, 0 };
-        if (df)
-                (void)directory_foreach(dir(df), count_owned, &c);
-        return c.n;
+        for (size_t i = 0; df && df->owned && i < df->n_hosts; i++)
+                if (strcmp(df->hosts[i], host) == 0)
+                        return df->owned[i];
+        return 0;
 }
 
 /* ---- subsystem ---- */
@@ -698,6 +780,10 @@ static DirectoryForward *forward_free(DirectoryForward *df) {
                 free(df->workers[k]);
         free(df->workers);
         hosts_free(df->hosts, df->n_hosts);
+        rebalance_reset(df);
+        free(df->owned);
+        free(df->share);
+        sd_event_source_disable_unref(df->rebalance);
         sd_event_source_disable_unref(df->flush_timer);
         directory_shard_free(df->shard);
         directory_cache_free(df->cache);
@@ -731,6 +817,10 @@ static int directory_forward_init(Manager *m) {
                                                flush_cb, df);
         if (r >= 0)
                 r = sd_event_source_set_enabled(df->flush_timer, SD_EVENT_OFF);
+        if (r >= 0)
+                r = sd_event_add_defer(m->event, &df->rebalance, rebalance_cb, df);
+        if (r >= 0)
+                r = sd_event_source_set_enabled(df->rebalance, SD_EVENT_OFF);
         if (r >= 0 && m->peers) {
                 r = peer_manager_register_handler(m->peers, DIRECTORY_MSG_FIRST, DIRECTORY_MSG_LAST, on_message, df);
                 if (r >= 0)

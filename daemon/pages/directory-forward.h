@@ -62,7 +62,10 @@ void directory_forward_stats(DirectoryForward *df, DirectoryForwardStats *ret);
 size_t directory_forward_records(DirectoryForward *df);
 /* The live members the hashes are sharded over (this host first), and its count. */
 const char *const *directory_forward_hosts(DirectoryForward *df, size_t *ret_n);
-/* Of this host's directory entries, how many the given host owns now. */
+/* Of this host's directory entries, how many the given host owns now (counted as the
+ * entries change and when the owners change; exact once a rebalance has finished). */
 uint64_t directory_forward_entries_owned_by(DirectoryForward *df, const char *host);
+/* The part of the hash space host owns now, in permille (0 for a host that owns none). */
+uint32_t directory_forward_share_permille(DirectoryForward *df, const char *host);
 
 extern const Subsystem directory_subsystem;

@@ -251,6 +251,29 @@ size_t directory_shard_prune(DirectoryShard *sh, bool (*keep)(void *userdata, ui
         return before - sh->records;
 }
 
+size_t directory_shard_forget(DirectoryShard *sh, uint64_t hash) {
+        Entry *e = hashmap_remove(sh->map, &hash);
+        size_t n = e ? e->n : 0;
+
+        sh->records -= n;
+        free(e);
+        return n;
+}
+
+int directory_shard_keys(const DirectoryShard *sh, uint64_t **ret, size_t *ret_n) {
+        size_t n = 0, i = 0;
+        uint64_t *k = malloc(MAX(hashmap_size(sh->map), (size_t)1) * sizeof *k);
+        void *v;
+
+        if (!k)
+                return -ENOMEM;
+        while (hashmap_iterate(sh->map, &i, &v, NULL))
+                k[n++] = ((Entry *)v)->hash;
+        *ret = k;
+        *ret_n = n;
+        return 0;
+}
+
 void directory_shard_get(const DirectoryShard *sh, uint64_t hash, DirectoryAnswerEntry *ret) {
         const Entry *e = hashmap_get(sh->map, &hash);
 

@@ -35,6 +35,10 @@ int directory_shard_del(DirectoryShard *sh, uint64_t hash, const char *host, con
 size_t directory_shard_drop_host(DirectoryShard *sh, const char *host);
 /* Removes every hash for which keep() is false; returns how many records went. */
 size_t directory_shard_prune(DirectoryShard *sh, bool (*keep)(void *userdata, uint64_t hash), void *userdata);
+/* Forgets every record of hash; returns how many went. */
+size_t directory_shard_forget(DirectoryShard *sh, uint64_t hash);
+/* Every hash held (malloc'ed array in *ret), for work done in steps over a snapshot. */
+int directory_shard_keys(const DirectoryShard *sh, uint64_t **ret, size_t *ret_n);
 /* The holders of hash (ret->n_holders 0 if none). */
 void directory_shard_get(const DirectoryShard *sh, uint64_t hash, DirectoryAnswerEntry *ret);
 /* Records (holder entries) and hashes held. */

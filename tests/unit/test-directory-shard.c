@@ -61,6 +61,18 @@ START_TEST(test_shard) {
         ck_assert_uint_eq(directory_shard_prune(sh, keep_even, NULL), 6);
         ck_assert_uint_eq(directory_shard_hashes(sh), 1);
         ck_assert_uint_eq(directory_shard_records(sh), 1);
+        /* A snapshot of the keys, and forgetting a hash whole. */
+        ck_assert_int_eq(directory_shard_put(sh, 12, "h2", "kv0", ""), 0);
+        ck_assert_int_eq(directory_shard_put(sh, 12, "h3", "kv0", ""), 0);
+        uint64_t *keys;
+        size_t nk;
+        ck_assert_int_eq(directory_shard_keys(sh, &keys, &nk), 0);
+        ck_assert_uint_eq(nk, 2);
+        ck_assert(keys[0] + keys[1] == 10 + 12);
+        free(keys);
+        ck_assert_uint_eq(directory_shard_forget(sh, 12), 2);
+        ck_assert_uint_eq(directory_shard_forget(sh, 12), 0);
+        ck_assert_uint_eq(directory_shard_records(sh), 1);
         directory_shard_free(sh);
 }
 END_TEST
