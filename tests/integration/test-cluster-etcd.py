@@ -113,7 +113,7 @@ class Etcd:
 
 class EtcdCluster:
     def __init__(self, build, tmp, n):
-        self.build, self.tmp, self.n = build, tmp, n
+        self.build, self.tmp, self.n = os.path.abspath(build), tmp, n
         self.epdd = os.path.join(build, "daemon", "epdd")
         self.epdctl = os.path.join(build, "tools", "epdctl")
         self.client = os.path.join(build, "tests", "integration", "handoff-client")
@@ -203,11 +203,9 @@ class EtcdCluster:
         return d
 
     def prefill(self, i, dest, r, pages, groups=2, delay_ms=0, timeout_ms=20000):
-        os.environ["HANDOFF_CLIENT_RETRY_BACKPRESSURE"] = "1"
-        try:
-            return self.spawn(["prefill", self.addr(i), "kv0", dest, r, pages, groups, delay_ms, timeout_ms])
-        finally:
-            os.environ.pop("HANDOFF_CLIENT_RETRY_BACKPRESSURE", None)
+        # The environment is passed, never set in os.environ: benchmarks spawn from threads.
+        return self.spawn(["prefill", self.addr(i), "kv0", dest, r, pages, groups, delay_ms, timeout_ms],
+                          env={"HANDOFF_CLIENT_RETRY_BACKPRESSURE": "1"}, stdin=True)
 
     def locate(self, i, hashes):
         return self.ctl(i, "placement", *[str(h) for h in hashes])
