@@ -65,10 +65,23 @@ void cluster_on_watch(ClusterManager *cm, bool up, const char *error) {
         refresh_link(cm);
 }
 
+/* This host's own key, as etcd has it: another epdd with the same HostId= overwrote it. */
+static void check_own_key(ClusterManager *cm, const MemberInfo *info) {
+        if (strcmp(info->host_id, cm->self.host_id) != 0 || info->started_usec == cm->self.started_usec)
+                return;
+        if (info->started_usec == cm->foreign_started)
+                return; /* said already */
+        cm->foreign_started = info->started_usec;
+        log_error("cluster: another epdd registered this host id (%s) in etcd from %s: host ids must be unique",
+                  info->host_id, info->address);
+}
+
 void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *infos, size_t n) {
         usec_t now = now_usec(CLOCK_MONOTONIC);
 
         membership_resync_begin(cm->members, revision);
+        for (size_t i = 0; i < n; i++)
+                check_own_key(cm, infos + i);
         for (size_t i = 0; i < n; i++)
                 if (membership_resync_put(cm->members, infos + i) == -ENOSPC)
                         log_warning("cluster: member %s refused: MaxMembers=%u reached", infos[i].host_id,
@@ -78,6 +91,7 @@ void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *i
 }
 
 void cluster_on_put(ClusterManager *cm, const MemberInfo *info) {
+        check_own_key(cm, info);
         if (membership_put(cm->members, info) == -ENOSPC)
                 log_warning("cluster: member %s refused: MaxMembers=%u reached", info->host_id,
                             cm->manager->config.max_members);

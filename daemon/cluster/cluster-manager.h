@@ -37,6 +37,7 @@ typedef struct ClusterManager {
         char *key;               /* PREFIX members/HOST_ID */
         char *value;             /* this host's record (JSON) */
         MemberInfo self;         /* what it says */
+        uint64_t foreign_started; /* another registration of our host id, reported */
         int64_t ttl_sec;
 
         /* Threads and what they post. */

@@ -14,6 +14,9 @@ cluster-etcd-eight: 8 epdd and one etcd: all 8 see each other (membership and
   on another (through the owners of its blocks, which are other hosts), and a handoff of
   exactly those pages to that host's decode worker succeeds; the bus objects match
   dbus/org.epd1.Cluster.xml and dbus/org.epd1.Placement.xml.
+cluster-etcd-tls: 3 epdd and etcd on https with client certificates required: two
+  members with the CA and a client certificate form the cluster; one without a client
+  certificate is refused by etcd, says so (degraded) and serves alone.
 cluster-etcd-faults: 4 epdd: kill -9 one during a handoff with it: the live side rolls
   back within the heartbeat bound and holds nothing afterwards, every member drops it
   within lease TTL + heartbeat bound, lookups of its shards go to the new owners, and
@@ -63,16 +66,44 @@ def rid(n):
     return f"{n:032x}"
 
 
-class Etcd:
-    """etcd in the bridge's namespace, on the bridge's own address."""
+def make_tls(tmp, ip):
+    """A CA, a server certificate for ip and a client certificate (openssl)."""
+    d = os.path.join(tmp, "tls")
+    os.makedirs(d)
 
-    def __init__(self, net, tmp):
+    def ossl(*args):
+        subprocess.run(["openssl"] + list(args), cwd=d, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+         "-subj", "/CN=epd-test-ca")
+    # etcd's JSON gateway dials etcd's own gRPC server with the server certificate: it
+    # needs clientAuth too, or every gateway call fails (503 "connection closed").
+    for name, ext in (("server", f"subjectAltName=IP:{ip}\nextendedKeyUsage=serverAuth,clientAuth"),
+                      ("client", "extendedKeyUsage=clientAuth")):
+        with open(os.path.join(d, f"{name}.ext"), "w") as f:
+            f.write(ext + "\n")
+        ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj",
+             f"/CN=epd-test-{name}")
+        ossl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+             f"{name}.pem", "-days", "1", "-extfile", f"{name}.ext")
+    for f in os.listdir(d):
+        os.chmod(os.path.join(d, f), 0o600)
+    return {k: os.path.join(d, v) for k, v in (("ca", "ca.pem"), ("cert", "client.pem"), ("key", "client.key"),
+                                                ("server_cert", "server.pem"), ("server_key", "server.key"))}
+
+
+class Etcd:
+    """etcd in the bridge's namespace, on the bridge's own address; with tls, on https
+    with client certificates required."""
+
+    def __init__(self, net, tmp, tls=False):
         self.net, self.tmp = net, tmp
         self.ip = f"10.{net.subnet}.0.254"
         sh("ip", "-n", net.bridge, "addr", "add", f"{self.ip}/24", "dev", "br0")
         sh("ip", "-n", net.bridge, "link", "set", "lo", "up")
         self.port = 20000 + os.getpid() % 20000
-        self.url = f"http://{self.ip}:{self.port}"
+        self.tls = make_tls(tmp, self.ip) if tls else None
+        self.url = f"{'https' if tls else 'http'}://{self.ip}:{self.port}"
         self.data = os.path.join(tmp, "etcd.data")
         self.proc = None
 
@@ -84,13 +115,17 @@ class Etcd:
              "--listen-peer-urls", f"http://127.0.0.1:{self.port + 1}",
              "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.port + 1}",
              "--initial-cluster", f"epdtest=http://127.0.0.1:{self.port + 1}",
-             "--heartbeat-interval", "100", "--election-timeout", "1000", "--log-level", "warn"],
+             "--heartbeat-interval", "100", "--election-timeout", "1000", "--log-level", "warn"] +
+            (["--cert-file", self.tls["server_cert"], "--key-file", self.tls["server_key"], "--client-cert-auth",
+              "--trusted-ca-file", self.tls["ca"]] if self.tls else []),
             stdout=log, stderr=log)
         log.close()
         wait_until(self.healthy, 20, "etcd up")
 
     def ctl(self, *args):
-        return subprocess.run(["ip", "netns", "exec", self.net.bridge, "etcdctl", "--endpoints", self.url] + list(args),
+        tls = ["--cacert", self.tls["ca"], "--cert", self.tls["cert"], "--key", self.tls["key"]] if self.tls else []
+        return subprocess.run(["ip", "netns", "exec", self.net.bridge, "etcdctl", "--endpoints", self.url] + tls +
+                              list(args),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict(os.environ, ETCDCTL_API="3"))
 
@@ -112,7 +147,7 @@ class Etcd:
 
 
 class EtcdCluster:
-    def __init__(self, build, tmp, n):
+    def __init__(self, build, tmp, n, tls=False):
         self.build, self.tmp, self.n = os.path.abspath(build), tmp, n
         self.epdd = os.path.join(build, "daemon", "epdd")
         self.epdctl = os.path.join(build, "tools", "epdctl")
@@ -123,9 +158,10 @@ class EtcdCluster:
         self.procs = {}
         self.clients = []
         self.extra = {}  # host index -> more [Cluster] lines (benchmarks)
+        self.no_client_cert = set()  # hosts that offer etcd no client certificate
         self.net = Net(n)
         try:
-            self.etcd = Etcd(self.net, tmp)
+            self.etcd = Etcd(self.net, tmp, tls)
         except Exception:
             self.net.close()
             raise
@@ -138,8 +174,16 @@ class EtcdCluster:
                     f"[Arena:kv0]\nSize=16M\n"
                     f"[Cluster]\nListen={self.net.ip(i)}:7500\nClusterKeyFile={self.keys[i]}\n"
                     f"HeartbeatInterval={int(HEARTBEAT_S * 1000)}ms\n"
-                    f"Etcd={self.etcd.url}\nEtcdLeaseTTL={LEASE_TTL_S}s\n" + self.extra.get(i, ""))
+                    f"Etcd={self.etcd.url}\nEtcdLeaseTTL={LEASE_TTL_S}s\n" + self.tls_conf(i) + self.extra.get(i, ""))
         return p
+
+    def tls_conf(self, i):
+        t = self.etcd.tls
+        if not t:
+            return ""
+        if i in self.no_client_cert:
+            return f"EtcdCAFile={t['ca']}\n"
+        return f"EtcdCAFile={t['ca']}\nEtcdCertFile={t['cert']}\nEtcdKeyFile={t['key']}\n"
 
     def sock(self, i):
         return os.path.join(self.tmp, f"{self.names[i]}.sock")
@@ -436,6 +480,25 @@ def test_faults(cl):
         wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean")
 
 
+def test_tls(cl):
+    """etcd on https, client certificates required: members with the CA and a client
+    certificate form the cluster; one without a certificate is refused by etcd, says
+    why, and serves alone."""
+    cl.no_client_cert = {2}
+    cl.etcd.start()
+    start_all(cl, [0, 1])
+    c = cl.cluster(0)
+    assert c["etcd_state"] == "up" and c["etcd_reason"].startswith("registered at https://"), c
+    cl.start(2)
+    wait_until(lambda: (cl.cluster(2) or {}).get("etcd_state") == "degraded", 10, "h2 degraded")
+    c2 = cl.cluster(2)
+    print("without a client certificate:", c2["etcd_reason"])
+    assert [m["host_id"] for m in c2["members"]] == ["h2"], c2
+    assert "/epd/members/h2" not in cl.etcd.keys() and len(cl.etcd.keys()) == 2, cl.etcd.keys()
+    dec, p = cl.decode(1, rid(600)), cl.prefill(0, "h1", rid(600), 8)
+    committed(p, dec, "h0->h1 over a cluster found through etcd over TLS")
+
+
 def main():
     global SRC
     if len(sys.argv) < 3:
@@ -452,11 +515,14 @@ def main():
     if r.returncode != 0:
         skip("cannot create network namespaces: " + r.stderr.strip())
     sh("ip", "netns", "del", f"epdprobe{os.getpid()}")
-    tests = {"cluster-etcd-eight": (test_eight, 8), "cluster-etcd-faults": (test_faults, 4)}
+    tests = {"cluster-etcd-eight": (test_eight, 8), "cluster-etcd-faults": (test_faults, 4),
+             "cluster-etcd-tls": (test_tls, 3)}
     fn, n = tests[test]
+    if test == "cluster-etcd-tls" and not shutil.which("openssl"):
+        skip("openssl not installed (certificates for etcd's TLS)")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        cl = EtcdCluster(build, tmp, n)
+        cl = EtcdCluster(build, tmp, n, tls=test == "cluster-etcd-tls")
         try:
             fn(cl)
         except BaseException:
