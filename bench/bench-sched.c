@@ -154,18 +154,28 @@ static void bench_wal(const char *base) {
         }
 }
 
+/* A host arena of `size` bytes, every byte written, and a dup of its fd (what the fd
+ * store keeps), made from *ac; NULL, having said why, where none can be made. */
+static Arena *full_arena(ArenaConfig *ac, uint64_t size, const char *what, int *ret_fd) {
+        *ac = (ArenaConfig){ .name = (char *)"bench0", .domain = MEMORY_HOST, .usage = ARENA_USAGE_KV,
+                             .size = size, .hugepages = HUGEPAGES_NO, .numa_node = -1, .gpu = -1 };
+        Arena *a;
+        if (arena_new_host(ac, 0, "bench", &a) < 0) {
+                printf("%s: skipped (cannot create a %" PRIu64 " MiB arena)\n", what, size >> 20);
+                return NULL;
+        }
+        memset((uint8_t *)a->base + a->data_offset, 0xa5, arena_data_size(a));
+        *ret_fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 3);
+        return a;
+}
+
 static void bench_restart(const char *base) {
         const uint64_t size = 256ULL << 20;
-        ArenaConfig ac = { .name = (char *)"bench0", .domain = MEMORY_HOST, .usage = ARENA_USAGE_KV,
-                           .size = size, .hugepages = HUGEPAGES_NO, .numa_node = -1, .gpu = -1 };
-        Arena *a;
-        if (arena_new_host(&ac, 0, "bench", &a) < 0) {
-                printf("restart: skipped (cannot create a %" PRIu64 " MiB arena)\n", size >> 20);
+        ArenaConfig ac;
+        int fd;
+        Arena *a = full_arena(&ac, size, "restart", &fd);
+        if (!a)
                 return;
-        }
-        /* A full arena: every byte written. */
-        memset((uint8_t *)a->base + a->data_offset, 0xa5, arena_data_size(a));
-        int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 3); /* what the fd store keeps */
 
         /* A WAL with a realistic backlog since the last compaction. */
         char dir[512];
@@ -425,15 +435,11 @@ static int dir_apply(void *u, const WalRecord *r, bool from_snapshot) {
 
 static void bench_restart_directory(const char *base) {
         const uint64_t size = 256ULL << 20, page = 32 << 10;
-        ArenaConfig ac = { .name = (char *)"bench0", .domain = MEMORY_HOST, .usage = ARENA_USAGE_KV,
-                           .size = size, .hugepages = HUGEPAGES_NO, .numa_node = -1, .gpu = -1 };
-        Arena *a;
-        if (arena_new_host(&ac, 0, "bench", &a) < 0) {
-                printf("restart with prefix cache: skipped (cannot create a %" PRIu64 " MiB arena)\n", size >> 20);
+        ArenaConfig ac;
+        int fd;
+        Arena *a = full_arena(&ac, size, "restart with prefix cache", &fd);
+        if (!a)
                 return;
-        }
-        memset((uint8_t *)a->base + a->data_offset, 0xa5, arena_data_size(a));
-        int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 3);
         uint64_t n_pages = arena_data_size(a) / page;
         const unsigned n_handoffs = 512;
 

@@ -84,18 +84,11 @@ void epd_handoff_accepted_done(epd_handoff_accepted *a) {
         memset(a, 0, sizeof *a);
 }
 
-int epd_handoff_accept(epd_client *c, const char *request_id, epd_handoff_accepted *ret) {
-        sd_bus_message *reply = NULL;
+static int read_accepted(epd_client *c, sd_bus_message *reply, epd_handoff_accepted *ret) {
         const char *path, *arena;
         const void *offs;
         size_t sz;
-        if (!c || !request_id || !ret)
-                return -EINVAL;
-        memset(ret, 0, sizeof *ret);
-        int r = epd__call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "Accept", &reply, "s", request_id);
-        if (r < 0)
-                return r;
-        r = sd_bus_message_read(reply, "ots", &path, &ret->token, &arena);
+        int r = sd_bus_message_read(reply, "ots", &path, &ret->token, &arena);
         if (r >= 0)
                 r = sd_bus_message_read_array(reply, 't', &offs, &sz);
         if (r >= 0)
@@ -116,6 +109,39 @@ int epd_handoff_accept(epd_client *c, const char *request_id, epd_handoff_accept
                 return epd__error(c, r, NULL);
         }
         return 0;
+}
+
+int epd_handoff_accept(epd_client *c, const char *request_id, epd_handoff_accepted *ret) {
+        sd_bus_message *reply = NULL;
+        if (!c || !request_id || !ret)
+                return -EINVAL;
+        memset(ret, 0, sizeof *ret);
+        int r = epd__call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "Accept", &reply, "s", request_id);
+        if (r < 0)
+                return r;
+        return read_accepted(c, reply, ret);
+}
+
+int epd_handoff_accept_wait(epd_client *c, const char *request_id, uint64_t timeout_usec,
+                            epd_handoff_accepted *ret) {
+        sd_bus_message *m = NULL, *reply = NULL;
+        if (!c || !request_id || !ret)
+                return -EINVAL;
+        memset(ret, 0, sizeof *ret);
+        int r = epd__new_call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "AcceptWait", &m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(m, "st", request_id, timeout_usec);
+        if (r < 0) {
+                sd_bus_message_unref(m);
+                return epd__error(c, r, NULL);
+        }
+        /* The daemon answers by the deadline; the call's own timeout leaves it room. */
+        r = epd__send_timeout(c, m, timeout_usec + 5 * 1000000ULL, &reply);
+        sd_bus_message_unref(m);
+        if (r < 0)
+                return r;
+        return read_accepted(c, reply, ret);
 }
 
 int epd_handoff_commit(epd_client *c, const char *handoff, char **ret_sequence) {
@@ -261,6 +287,15 @@ int epd_ring_layer_group_ready(epd_ring_client *r, const char *request_id, uint6
         if (!r || !request_id || epd_id_from_string(request_id, &id) < 0)
                 return -EINVAL;
         epd_ring_record_layer_group_ready(&rec, id.bytes, token, group, user_data);
+        return epd_ring_submit(r, &rec);
+}
+
+int epd_ring_accept(epd_ring_client *r, const char *request_id, uint64_t timeout_usec, uint64_t user_data) {
+        EpdId id;
+        struct epd_ring_record rec;
+        if (!r || !request_id || epd_id_from_string(request_id, &id) < 0)
+                return -EINVAL;
+        epd_ring_record_accept(&rec, id.bytes, timeout_usec, user_data);
         return epd_ring_submit(r, &rec);
 }
 

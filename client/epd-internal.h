@@ -29,3 +29,5 @@ int epd__call(epd_client *c, const char *path, const char *interface, const char
 int epd__new_call(epd_client *c, const char *path, const char *interface, const char *member,
                   sd_bus_message **ret);
 int epd__send(epd_client *c, sd_bus_message *m, sd_bus_message **reply);
+/* With the call's own timeout (0: sd-bus's default, 25 s). */
+int epd__send_timeout(epd_client *c, sd_bus_message *m, uint64_t timeout_usec, sd_bus_message **reply);

@@ -85,24 +85,31 @@ int epd_sequence_create_from_prefix(epd_client *c, const char *arena, const uint
         return r;
 }
 
-int epd_prefix_match(epd_client *c, const char *arena, const uint64_t *hashes, size_t n_hashes) {
-        sd_bus_message *m = NULL, *reply = NULL;
-        uint32_t blocks = 0;
-        if (!c || !arena || (n_hashes > 0 && !hashes))
-                return -EINVAL;
-        int r = epd__new_call(c, PAGES_PATH, PAGES_IFACE, "MatchPrefix", &m);
-        if (r < 0)
-                return r;
-        r = sd_bus_message_append(m, "s", arena);
+/* Appends the hashes to m (whose first arguments are in; r is how appending them
+ * went), sends it and returns the count the reply carries. Takes m. */
+static int call_hashes(epd_client *c, sd_bus_message *m, int r, const uint64_t *hashes, size_t n_hashes) {
+        sd_bus_message *reply = NULL;
+        uint32_t count = 0;
         if (r >= 0)
                 r = append_hashes(m, hashes, n_hashes);
         r = r < 0 ? epd__error(c, r, NULL) : epd__send(c, m, &reply);
         sd_bus_message_unref(m);
         if (r < 0)
                 return r;
-        r = sd_bus_message_read(reply, "u", &blocks);
+        r = sd_bus_message_read(reply, "u", &count);
         sd_bus_message_unref(reply);
-        return r < 0 ? epd__error(c, r, NULL) : (int)MIN(blocks, (uint32_t)INT32_MAX);
+        return r < 0 ? epd__error(c, r, NULL) : (int)MIN(count, (uint32_t)INT32_MAX);
+}
+
+int epd_prefix_match(epd_client *c, const char *arena, const uint64_t *hashes, size_t n_hashes) {
+        sd_bus_message *m = NULL;
+        if (!c || !arena || (n_hashes > 0 && !hashes))
+                return -EINVAL;
+        int r = epd__new_call(c, PAGES_PATH, PAGES_IFACE, "MatchPrefix", &m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(m, "s", arena);
+        return call_hashes(c, m, r, hashes, n_hashes);
 }
 
 int epd_sequence_append(epd_client *c, const char *path, uint32_t n_pages, uint32_t **ret_pages,
@@ -164,23 +171,14 @@ int epd_sequence_prepare_write(epd_client *c, const char *path, uint32_t first, 
 
 int epd_sequence_publish(epd_client *c, const char *path, uint32_t first, const uint64_t *hashes,
                          size_t n_hashes) {
-        sd_bus_message *m = NULL, *reply = NULL;
-        uint32_t inserted = 0;
+        sd_bus_message *m = NULL;
         if (!c || !path || (n_hashes > 0 && !hashes))
                 return -EINVAL;
         int r = epd__new_call(c, path, SEQ_IFACE, "Publish", &m);
         if (r < 0)
                 return r;
         r = sd_bus_message_append(m, "u", first);
-        if (r >= 0)
-                r = append_hashes(m, hashes, n_hashes);
-        r = r < 0 ? epd__error(c, r, NULL) : epd__send(c, m, &reply);
-        sd_bus_message_unref(m);
-        if (r < 0)
-                return r;
-        r = sd_bus_message_read(reply, "u", &inserted);
-        sd_bus_message_unref(reply);
-        return r < 0 ? epd__error(c, r, NULL) : (int)MIN(inserted, (uint32_t)INT32_MAX);
+        return call_hashes(c, m, r, hashes, n_hashes);
 }
 
 int epd_sequence_grant(epd_client *c, const char *path, const char *worker_path) {

@@ -56,9 +56,13 @@ int epd__new_call(epd_client *c, const char *path, const char *interface, const 
 }
 
 int epd__send(epd_client *c, sd_bus_message *m, sd_bus_message **reply) {
+        return epd__send_timeout(c, m, 0, reply);
+}
+
+int epd__send_timeout(epd_client *c, sd_bus_message *m, uint64_t timeout_usec, sd_bus_message **reply) {
         sd_bus_error e = SD_BUS_ERROR_NULL;
         epd__clear_error(c);
-        int r = sd_bus_call(c->bus, m, 0, &e, reply);
+        int r = sd_bus_call(c->bus, m, timeout_usec, &e, reply);
         if (r < 0)
                 r = epd__error(c, r, &e);
         sd_bus_error_free(&e);

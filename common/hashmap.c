@@ -122,16 +122,21 @@ static int grow(Hashmap *h) {
         return 0;
 }
 
-int hashmap_put(Hashmap *h, const void *key, void *value) {
-        uint64_t hash = key_hash(h, key);
-        if (find(h, key, hash))
-                return -EEXIST;
+/* A new key (not in the map): makes room, then inserts. */
+static int insert(Hashmap *h, const void *key, void *value, uint64_t hash) {
         int r = grow(h);
         if (r < 0)
                 return r;
         insert_nocheck(h->buckets, h->n_buckets, key, value, hash);
         h->n_entries++;
         return 0;
+}
+
+int hashmap_put(Hashmap *h, const void *key, void *value) {
+        uint64_t hash = key_hash(h, key);
+        if (find(h, key, hash))
+                return -EEXIST;
+        return insert(h, key, value, hash);
 }
 
 int hashmap_replace(Hashmap *h, const void *key, void *value, void **old) {
@@ -146,12 +151,7 @@ int hashmap_replace(Hashmap *h, const void *key, void *value, void **old) {
         }
         if (old)
                 *old = NULL;
-        int r = grow(h);
-        if (r < 0)
-                return r;
-        insert_nocheck(h->buckets, h->n_buckets, key, value, hash);
-        h->n_entries++;
-        return 0;
+        return insert(h, key, value, hash);
 }
 
 void *hashmap_get(const Hashmap *h, const void *key) {

@@ -67,23 +67,19 @@ int parse_u32(const char *s, uint32_t *ret) {
         return 0;
 }
 
-int parse_size(const char *s, uint64_t *ret) {
-        static const struct {
-                const char *suffix;
-                uint64_t factor;
-        } table[] = {
-                { "", 1ULL },           { "B", 1ULL },
-                { "K", 1ULL << 10 },    { "KB", 1ULL << 10 }, { "KiB", 1ULL << 10 },
-                { "M", 1ULL << 20 },    { "MB", 1ULL << 20 }, { "MiB", 1ULL << 20 },
-                { "G", 1ULL << 30 },    { "GB", 1ULL << 30 }, { "GiB", 1ULL << 30 },
-                { "T", 1ULL << 40 },    { "TB", 1ULL << 40 }, { "TiB", 1ULL << 40 },
-        };
+/* A number with one of the table's unit suffixes, times the unit's factor. */
+typedef struct Unit {
+        const char *suffix;
+        uint64_t factor;
+} Unit;
+
+static int parse_with_unit(const char *s, const Unit *table, size_t n, uint64_t *ret) {
         const char *e;
         uint64_t v, out;
         int r = parse_u64_prefix(s, &v, &e);
         if (r < 0)
                 return r;
-        for (size_t i = 0; i < ELEMENTSOF(table); i++)
+        for (size_t i = 0; i < n; i++)
                 if (strcmp(e, table[i].suffix) == 0) {
                         if (MUL_OVERFLOW(v, table[i].factor, &out))
                                 return -ERANGE;
@@ -93,30 +89,25 @@ int parse_size(const char *s, uint64_t *ret) {
         return -EINVAL;
 }
 
+int parse_size(const char *s, uint64_t *ret) {
+        static const Unit table[] = {
+                { "", 1ULL },           { "B", 1ULL },
+                { "K", 1ULL << 10 },    { "KB", 1ULL << 10 }, { "KiB", 1ULL << 10 },
+                { "M", 1ULL << 20 },    { "MB", 1ULL << 20 }, { "MiB", 1ULL << 20 },
+                { "G", 1ULL << 30 },    { "GB", 1ULL << 30 }, { "GiB", 1ULL << 30 },
+                { "T", 1ULL << 40 },    { "TB", 1ULL << 40 }, { "TiB", 1ULL << 40 },
+        };
+        return parse_with_unit(s, table, ELEMENTSOF(table), ret);
+}
+
 int parse_duration(const char *s, usec_t *ret) {
-        static const struct {
-                const char *suffix;
-                usec_t factor;
-        } table[] = {
+        static const Unit table[] = {
                 { "", USEC_PER_SEC },      { "s", USEC_PER_SEC },   { "sec", USEC_PER_SEC },
                 { "ms", USEC_PER_MSEC },   { "msec", USEC_PER_MSEC }, { "us", 1 },
                 { "usec", 1 },             { "min", 60 * USEC_PER_SEC },
                 { "m", 60 * USEC_PER_SEC }, { "h", 3600 * USEC_PER_SEC },
         };
-        const char *e;
-        uint64_t v;
-        usec_t out;
-        int r = parse_u64_prefix(s, &v, &e);
-        if (r < 0)
-                return r;
-        for (size_t i = 0; i < ELEMENTSOF(table); i++)
-                if (strcmp(e, table[i].suffix) == 0) {
-                        if (MUL_OVERFLOW(v, table[i].factor, &out))
-                                return -ERANGE;
-                        *ret = out;
-                        return 0;
-                }
-        return -EINVAL;
+        return parse_with_unit(s, table, ELEMENTSOF(table), ret);
 }
 
 const char *format_size(char *buf, size_t n, uint64_t size) {

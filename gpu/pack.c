@@ -58,17 +58,24 @@ uint64_t gpu_chunks_bytes(const GpuChunk *c, size_t n) {
         return s;
 }
 
-void gpu_chunks_grid(size_t n, uint64_t max_len, int sms, unsigned *grid_x, unsigned *grid_y) {
-        /* 256 threads × 4 × 16 bytes per block pass; aim for ~8 blocks per SM in all. */
-        const uint64_t per_block = 256 * 4 * 16;
-        uint64_t target = (uint64_t)MAX(sms, 1) * 8, gy, gx;
+bool gpu_chunks_uniform(const GpuChunk *c, size_t n) {
+        if (n == 0 || c[0].len == 0)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (c[i].len != c[0].len || ((c[i].src | c[i].dst | c[i].len) & 15))
+                        return false;
+        return true;
+}
 
-        gy = MIN((uint64_t)MAX(n, (size_t)1), (uint64_t)65535);
-        gx = DIV_ROUND_UP(target, gy);
-        gx = MIN(gx, MAX(DIV_ROUND_UP(max_len, per_block), (uint64_t)1));
-        gx = CLAMP(gx, (uint64_t)1, (uint64_t)65535);
-        *grid_x = (unsigned)gx;
-        *grid_y = (unsigned)gy;
+void gpu_chunks_grid(size_t n, uint64_t max_len, int sms, unsigned *grid_x, unsigned *grid_y) {
+        /* One block per GPU_CHUNK_TILE of a chunk (x), one row of blocks per chunk (y; the
+         * kernel loops over chunks past 65535). sms does not change the shape: tiles are
+         * small enough that the blocks spread evenly over any number of SMs. */
+        uint64_t gx = DIV_ROUND_UP(MAX(max_len, (uint64_t)1), (uint64_t)GPU_CHUNK_TILE);
+
+        (void)sms;
+        *grid_x = (unsigned)CLAMP(gx, (uint64_t)1, (uint64_t)INT32_MAX);
+        *grid_y = (unsigned)MIN((uint64_t)MAX(n, (size_t)1), (uint64_t)65535);
 }
 
 GpuKernels *gpu_kernels_free(GpuKernels *k) {
@@ -104,6 +111,10 @@ int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret) {
         if (r < 0)
                 return r;
         r = CU(s->driver, cuModuleGetFunction, &k->copy_chunks, k->module, "epd_copy_chunks");
+        if (r >= 0)
+                r = CU(s->driver, cuModuleGetFunction, &k->copy_uniform, k->module, "epd_copy_uniform");
+        if (r >= 0)
+                r = CU(s->driver, cuModuleGetFunction, &k->kv_rows, k->module, "epd_kv_rows");
         if (r < 0)
                 return r;
         if (CU(s->driver, cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
@@ -115,22 +126,56 @@ int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret) {
 
 int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *chunks,
                             CUdeviceptr desc_buf, size_t n) {
-        unsigned gx, gy, n32 = (unsigned)n;
+        unsigned gx, gy, n32 = (unsigned)n, tile_words = GPU_CHUNK_TILE / 16;
+        unsigned long long len_words;
         uint64_t max_len = 0;
-        void *params[] = { &desc_buf, &n32 };
+        bool uniform;
         int r;
 
         if (n == 0)
                 return 0;
         if (n > GPU_CHUNKS_MAX)
                 return -E2BIG;
+        uniform = !k->no_uniform && gpu_chunks_uniform(chunks, n);
         for (size_t i = 0; i < n; i++)
                 max_len = MAX(max_len, chunks[i].len);
-        gpu_chunks_grid(n, max_len, k->sms, &gx, &gy);
-
         r = CU(k->system->driver, cuMemcpyHtoDAsync, desc_buf, chunks, n * sizeof *chunks, stream);
         if (r < 0)
                 return r;
+        if (uniform) {
+                /* A persistent grid: about 8 blocks per SM, each looping over tiles. */
+                uint64_t tiles = DIV_ROUND_UP(max_len, (uint64_t)256 * 4 * 16) * n;
+                void *params[] = { &desc_buf, &n32, &len_words };
+
+                len_words = max_len / 16;
+                gx = (unsigned)CLAMP(tiles, (uint64_t)1, (uint64_t)MAX(k->sms, 1) * 8);
+                return CU(k->system->driver, cuLaunchKernel, k->copy_uniform, gx, 1, 1, 256, 1, 1, 0,
+                          stream, params, NULL);
+        }
+        void *params[] = { &desc_buf, &n32, &tile_words };
+        gpu_chunks_grid(n, max_len, k->sms, &gx, &gy);
         return CU(k->system->driver, cuLaunchKernel, k->copy_chunks, gx, gy, 1, 256, 1, 1, 0,
                   stream, params, NULL);
+}
+
+int gpu_kernels_kv_rows(GpuKernels *k, CUstream stream, CUdeviceptr pages, uint64_t k_rows, uint64_t v_rows,
+                        uint64_t tokens, uint32_t heads, uint64_t words_per_row, uint32_t tokens_per_page,
+                        uint64_t k_offset, uint64_t v_offset, uint64_t head_words, uint64_t token_words,
+                        bool to_pages) {
+        unsigned long long kk = k_rows, vv = v_rows, s = tokens, ko = k_offset, vo = v_offset, hw = head_words,
+                           tw = token_words;
+        unsigned h = heads, w = (unsigned)words_per_row, t = tokens_per_page;
+        int dir = to_pages;
+        void *params[] = { &pages, &kk, &vv, &s, &h, &w, &t, &ko, &vo, &hw, &tw, &dir };
+        uint64_t words = tokens * words_per_row, gx;
+
+        if (heads == 0 || 2ULL * heads > 65535 || words_per_row == 0 || words_per_row > UINT32_MAX ||
+            tokens_per_page == 0)
+                return -EINVAL;
+        /* Enough blocks to cover the SMs a few times over across the 2 × H rows of blocks,
+         * each thread moving a few words. */
+        gx = DIV_ROUND_UP(words, 256 * 4);
+        gx = CLAMP(gx, (uint64_t)1, MAX((uint64_t)k->sms * 8 / (2 * heads), (uint64_t)1));
+        return CU(k->system->driver, cuLaunchKernel, k->kv_rows, (unsigned)gx, 2 * heads, 1, 256, 1, 1, 0, stream,
+                  params, NULL);
 }

@@ -20,22 +20,7 @@ ROOT=$PWD
 LOGS=${OUT:-$ROOT/build-device/logs}
 mkdir -p "$LOGS"
 
-# Toolchain: nvcc from PATH or the usual CUDA prefixes; meson/ninja from PATH or pip.
-for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
-        [ -x "$d/nvcc" ] && case ":$PATH:" in *":$d:"*) ;; *) PATH=$PATH:$d ;; esac
-done
-export PATH
-if command -v meson >/dev/null; then MESON=(meson); else MESON=(python3 -m mesonbuild.mesonmain); fi
-# Development files the machine may lack (it has libsystemd.so.0 but no headers, and no
-# check): a folder with include/ and lib/pkgconfig/ (libsystemd.pc, check.pc), carried
-# next to the checkout; see docs/gpu.md.
-SYSROOT=${EPD_DEVICE_SYSROOT:-$ROOT/.device/sysroot}
-if ! pkg-config --exists libsystemd && [ -d "$SYSROOT/lib/pkgconfig" ]; then
-        lib=$(ldconfig -p | awk '/libsystemd\.so\.0 .*x86-64/ {print $NF; exit}')
-        [ -n "$lib" ] && ln -sf "$lib" "$SYSROOT/lib/libsystemd.so"
-        export PKG_CONFIG_PATH=$SYSROOT/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-        echo "using development files from $SYSROOT (libsystemd: $lib)"
-fi
+. bench/device-env.sh
 status() { printf '%-28s %s\n' "$1" "$2" | tee -a "$LOGS/summary.txt"; }
 : >"$LOGS/summary.txt"
 

@@ -252,20 +252,10 @@ static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_er
 
 static int method_unregister_worker(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
-        const char *path;
-        int r = sd_bus_message_read(msg, "o", &path);
+        Worker *w;
+        int r = bus_read_worker(m, msg, true, &w, error);
         if (r < 0)
                 return r;
-        const char *prefix = "/org/epd1/worker/";
-        if (strncmp(path, prefix, strlen(prefix)) != 0)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "%s is not a worker path.", path);
-        Worker *w = manager_get_worker(m, path + strlen(prefix));
-        if (!w)
-                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No worker %s.", path);
-        Client *c = manager_client_lookup_message(m, msg);
-        if (!c || w->object.owner != c)
-                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
-                                     "Worker %s belongs to another client.", path);
         worker_free(w);
         return sd_bus_reply_method_return(msg, NULL);
 }

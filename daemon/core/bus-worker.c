@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bus-error.h"
 #include "core/bus-manager.h"
 #include "core/bus-objects.h"
 #include "core/manager.h"
@@ -75,5 +76,25 @@ int bus_worker_add(Manager *m, sd_bus *bus) {
                 r = sd_bus_add_node_enumerator(bus, NULL, WORKER_PREFIX, worker_enumerate, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Worker objects: %m");
+        return 0;
+}
+
+int bus_read_worker(Manager *m, sd_bus_message *msg, bool own, Worker **ret, sd_bus_error *error) {
+        const char *path;
+        int r = sd_bus_message_read(msg, "o", &path);
+        if (r < 0)
+                return r;
+        if (strncmp(path, WORKER_PREFIX "/", strlen(WORKER_PREFIX) + 1) != 0)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "%s is not a worker path.", path);
+        Worker *w = manager_get_worker(m, path + strlen(WORKER_PREFIX) + 1);
+        if (!w)
+                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No worker %s.", path);
+        if (own) {
+                Client *c = manager_client_lookup_message(m, msg);
+                if (!c || w->object.owner != c)
+                        return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                             "Worker %s belongs to another client.", path);
+        }
+        *ret = w;
         return 0;
 }

@@ -48,7 +48,7 @@ const Subsystem *const *manager_subsystems(void) {
 /* The subsystem that makes arenas of domain d (other than host memory). */
 static const Subsystem *domain_owner(MemoryDomain d) {
         FOREACH_SUBSYSTEM(s)
-                if (s->arena_new && s->arena_domain == d)
+                if (s->arenas && (MemoryDomain)s->arenas->domain == d)
                         return s;
         return NULL;
 }
@@ -58,8 +58,8 @@ static void arena_release(Manager *m, Arena *a) {
                 return;
         if (a->domain != MEMORY_HOST) {
                 const Subsystem *s = domain_owner(a->domain);
-                if (s && s->arena_release)
-                        s->arena_release(m, a);
+                if (s && s->arenas->release)
+                        s->arenas->release(m, a);
         }
         arena_free(a);
 }
@@ -388,7 +388,7 @@ static int manager_setup_arenas(Manager *m) {
                 snprintf(fdname, sizeof fdname, "arena-%s", c->name);
                 if (c->domain != MEMORY_HOST) {
                         const Subsystem *s = domain_owner(c->domain);
-                        r = s ? s->arena_new(m, c, (uint32_t)i, &m->arenas[i]) : -EOPNOTSUPP;
+                        r = s ? s->arenas->make(m, c, (uint32_t)i, &m->arenas[i]) : -EOPNOTSUPP;
                 } else {
                         int fd = fdstore_take(store, fdname);
                         r = fd >= 0 ? arena_adopt_host(c, (uint32_t)i, fd, m->config.host_id, &m->arenas[i])

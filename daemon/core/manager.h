@@ -18,6 +18,28 @@ typedef struct Worker Worker;
 /* Writes one record of a subsystem's snapshot (wal/wal.h record type). */
 typedef int (*SubsystemSnapshotAdd)(void *userdata, uint16_t type, const void *rec, size_t len);
 
+/* Journaling (wal/): the WAL subsystem calls these, never a subsystem by name. Replay
+ * hands every record of the families listed in `families` (wal.h: WAL_RECORD_X >> 8,
+ * ended by 0) to apply_record: -EBADMSG means corrupt and stops the replay, -ENOENT or
+ * -ESTALE that nothing was left to apply. Once every record is in, restore_finish runs,
+ * in start order. At compaction, snapshot writes the subsystem's live state through
+ * add, in start order (so a later subsystem may refer to an earlier one's records). */
+typedef struct SubsystemJournal {
+        const uint8_t *families;
+        int (*apply_record)(Manager *m, uint16_t type, const void *payload, size_t len);
+        int (*restore_finish)(Manager *m);
+        int (*snapshot)(Manager *m, SubsystemSnapshotAdd add, void *userdata);
+} SubsystemJournal;
+
+/* Arenas of another memory domain than host memory (GPU): the subsystem whose domain is
+ * the configured Domain= makes them at start, before any init, and releases its part of
+ * them after every done (the Arena itself is freed after). */
+typedef struct SubsystemArenas {
+        int domain; /* MemoryDomain */
+        int (*make)(Manager *m, const ArenaConfig *c, uint32_t index, Arena **ret);
+        void (*release)(Manager *m, Arena *a);
+} SubsystemArenas;
+
 /* Subsystems hook into the manager through this table, so that adding one does not
  * touch every other: each may be NULL. See manager.c:subsystems[]. */
 typedef struct Subsystem {
@@ -30,26 +52,8 @@ typedef struct Subsystem {
          * drop anything of the subsystem that refers to it. */
         int (*worker_added)(Manager *m, Worker *w);
         void (*worker_gone)(Manager *m, Worker *w);
-
-        /* Arenas of another memory domain than host memory (GPU): the subsystem whose
-         * arena_domain is the configured Domain= makes them at start, before any init,
-         * and releases its part of them after every done (arena_free then frees the
-         * Arena itself). */
-        MemoryDomain arena_domain;
-        int (*arena_new)(Manager *m, const ArenaConfig *c, uint32_t index, Arena **ret);
-        void (*arena_release)(Manager *m, Arena *a);
-
-        /* Journaling (wal/): the WAL subsystem calls these, never a subsystem by name.
-         * Replay hands every record of the families listed in journal_families (wal.h:
-         * WAL_RECORD_X >> 8, ended by 0) to apply_record: -EBADMSG means corrupt and
-         * stops the replay, -ENOENT or -ESTALE that nothing was left to apply. Once
-         * every record is in, restore_finish runs, in start order. At compaction,
-         * snapshot writes the subsystem's live state through add, in start order (so a
-         * later subsystem may refer to an earlier one's records). */
-        const uint8_t *journal_families;
-        int (*apply_record)(Manager *m, uint16_t type, const void *payload, size_t len);
-        int (*restore_finish)(Manager *m);
-        int (*snapshot)(Manager *m, SubsystemSnapshotAdd add, void *userdata);
+        const SubsystemJournal *journal; /* NULL: journals nothing */
+        const SubsystemArenas *arenas;   /* NULL: makes no arenas */
 } Subsystem;
 
 struct Manager {

@@ -302,6 +302,15 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
         return r < 0 ? r : 1;
 }
 
+/* Publish and Fail: r is how ending the production went. The feature's new state was
+ * journaled (docs/wal.md): the reply waits until it is durable. */
+static int producer_ended(FeatureManager *fm, sd_bus_message *msg, const char *id, int r, sd_bus_error *error) {
+        if (r < 0)
+                return epd_bus_error(error, EPD_ERROR_STALE, "Handle %s is not the producer of a reserved feature.",
+                                     id);
+        return wal_manager_reply_empty(fm->manager, msg);
+}
+
 static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         FeatureManager *fm = feature_manager_get(userdata);
         FeatureHandle *h;
@@ -315,16 +324,7 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = handle_lookup(fm, msg, id, &h, error);
         if (r < 0)
                 return r;
-        r = feature_publish(h->ref, encode_usec);
-        if (r < 0)
-                return epd_bus_error(error, EPD_ERROR_STALE,
-                                     "Handle %s is not the producer of a reserved feature.", id);
-        /* READY was journaled (docs/wal.md): the reply waits until it is durable. */
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        r = sd_bus_message_new_method_return(msg, &reply);
-        if (r < 0)
-                return r;
-        return wal_manager_reply(fm->manager, msg, reply);
+        return producer_ended(fm, msg, id, feature_publish(h->ref, encode_usec), error);
 }
 
 static int method_fail(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -341,16 +341,7 @@ static int method_fail(sd_bus_message *msg, void *userdata, sd_bus_error *error)
                 return r;
         if (h->ref->kind == FEATURE_REF_PRODUCER)
                 log_debug("Feature '%.64s' failed: %.200s", h->ref->feature->key, reason);
-        r = feature_fail(h->ref, -ECANCELED);
-        if (r < 0)
-                return epd_bus_error(error, EPD_ERROR_STALE,
-                                     "Handle %s is not the producer of a reserved feature.", id);
-        /* READY was journaled (docs/wal.md): the reply waits until it is durable. */
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        r = sd_bus_message_new_method_return(msg, &reply);
-        if (r < 0)
-                return r;
-        return wal_manager_reply(fm->manager, msg, reply);
+        return producer_ended(fm, msg, id, feature_fail(h->ref, -ECANCELED), error);
 }
 
 static int method_describe(sd_bus_message *msg, void *userdata, sd_bus_error *error) {

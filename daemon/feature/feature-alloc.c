@@ -165,6 +165,23 @@ static uint32_t find_free(FeatureAllocator *a, uint32_t n) {
         return a->heads[fl][sl];
 }
 
+/* Chunks [s, s + n) of the free run [r, r + len), taken off its list already and with
+ * what lies before s given back: they become one used run, the rest after them a free
+ * run again. */
+static void take_run(FeatureAllocator *a, uint32_t r, uint32_t s, uint32_t len, uint32_t n, uint64_t *ret_length) {
+        if ((uint64_t)r + len > (uint64_t)s + n) {
+                uint32_t t = s + n;
+                set_run(a, t, r + len - t);
+                list_insert(a, t);
+        }
+        set_run(a, s, n);
+        a->state[s] = CHUNK_USED;
+        a->used_chunks += n;
+        a->n_allocations++;
+        if (ret_length)
+                *ret_length = (uint64_t)n * a->chunk;
+}
+
 int feature_allocator_alloc(FeatureAllocator *a, uint64_t bytes, uint64_t *ret_offset,
                             uint64_t *ret_length) {
         uint64_t n64;
@@ -191,18 +208,8 @@ int feature_allocator_alloc(FeatureAllocator *a, uint64_t bytes, uint64_t *ret_o
                         return -ENOSPC;
         }
         list_remove(a, s);
-        if (a->len[s] > n) {
-                uint32_t r = s + n;
-                set_run(a, r, a->len[s] - n);
-                list_insert(a, r);
-        }
-        set_run(a, s, n);
-        a->state[s] = CHUNK_USED;
-        a->used_chunks += n;
-        a->n_allocations++;
+        take_run(a, s, s, a->len[s], n, ret_length);
         *ret_offset = a->base + (uint64_t)s * a->chunk;
-        if (ret_length)
-                *ret_length = (uint64_t)n * a->chunk;
         return 0;
 }
 
@@ -354,16 +361,6 @@ int feature_allocator_alloc_at(FeatureAllocator *a, uint64_t offset, uint64_t by
                 set_run(a, r, s - r);
                 list_insert(a, r);
         }
-        if ((uint64_t)r + len > (uint64_t)s + n) {
-                uint32_t t = s + n;
-                set_run(a, t, r + len - t);
-                list_insert(a, t);
-        }
-        set_run(a, s, n);
-        a->state[s] = CHUNK_USED;
-        a->used_chunks += n;
-        a->n_allocations++;
-        if (ret_length)
-                *ret_length = (uint64_t)n * a->chunk;
+        take_run(a, r, s, len, n, ret_length);
         return 0;
 }

@@ -244,14 +244,18 @@ static int feature_snapshot(Manager *m, SubsystemSnapshotAdd add, void *userdata
         return m->features ? feature_cache_snapshot(m->features, add, userdata, WAL_RECORD_FEATURE) : 0;
 }
 
+static const SubsystemJournal feature_journal_hooks = {
+        .families = (const uint8_t[]){ WAL_RECORD_FEATURE >> 8, 0 },
+        .apply_record = feature_apply_record,
+        .restore_finish = feature_restore_finish,
+        .snapshot = feature_snapshot,
+};
+
 const Subsystem feature_subsystem = {
         .name = "features",
         .init = feature_init,
         .done = feature_done,
         .add_bus = bus_feature_add,
         .reload = feature_reload,
-        .journal_families = (const uint8_t[]){ WAL_RECORD_FEATURE >> 8, 0 },
-        .apply_record = feature_apply_record,
-        .restore_finish = feature_restore_finish,
-        .snapshot = feature_snapshot,
+        .journal = &feature_journal_hooks,
 };

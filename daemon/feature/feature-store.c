@@ -77,22 +77,28 @@ static int trim_cmp(const void *a, const void *b) {
 
 /* Scans the root: recounts the bytes, removes temporary files if asked, and removes
  * the least recently used entries until the total is at most target. */
+/* The store's directory, for reading its entries. */
+static int open_root(FeatureStore *s, DIR **ret) {
+        int fd = openat2_beneath(s->root_fd, ".", O_RDONLY | O_DIRECTORY, 0);
+        if (fd < 0)
+                return fd;
+        *ret = fdopendir(fd);
+        if (!*ret) {
+                safe_close(fd);
+                return negative_errno();
+        }
+        return 0;
+}
+
 static int scan(FeatureStore *s, bool remove_tmp, uint64_t target) {
         _cleanup_(freep) TrimEntry *v = NULL;
         size_t n = 0, cap = 0;
         uint64_t total = 0;
         struct dirent *de;
         DIR *d;
-        int fd;
-
-        fd = openat2_beneath(s->root_fd, ".", O_RDONLY | O_DIRECTORY, 0);
-        if (fd < 0)
-                return fd;
-        d = fdopendir(fd);
-        if (!d) {
-                safe_close(fd);
-                return negative_errno();
-        }
+        int r = open_root(s, &d);
+        if (r < 0)
+                return r;
         while ((de = readdir(d))) {
                 struct stat st;
                 if (remove_tmp && strncmp(de->d_name, ".tmp-", 5) == 0) {
@@ -410,16 +416,9 @@ int feature_store_usage(FeatureStore *s, uint64_t *ret_files, uint64_t *ret_byte
         uint64_t files = 0, bytes = 0;
         struct dirent *de;
         DIR *d;
-        int fd;
-
-        fd = openat2_beneath(s->root_fd, ".", O_RDONLY | O_DIRECTORY, 0);
-        if (fd < 0)
-                return fd;
-        d = fdopendir(fd);
-        if (!d) {
-                safe_close(fd);
-                return negative_errno();
-        }
+        int r = open_root(s, &d);
+        if (r < 0)
+                return r;
         while ((de = readdir(d))) {
                 struct stat st;
                 if (!is_entry_name(de->d_name))

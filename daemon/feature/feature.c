@@ -664,19 +664,24 @@ void feature_load_done(Feature *f, int error) {
                 feature_maybe_destroy(f);
 }
 
+/* A new reference for a call on key, and the key's feature if there is one. */
+static int ref_for_key(FeatureCache *c, const char *key, FeatureRef **ret, Feature **ret_feature) {
+        if (!feature_key_valid(key))
+                return -EINVAL;
+        *ret = ref_new(c);
+        if (!*ret)
+                return c->stats.n_refs >= c->config.max_refs ? -EUSERS : -ENOMEM;
+        *ret_feature = hashmap_get(c->features, key);
+        return 0;
+}
+
 int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t now,
                     FeatureRef **ret, FeatureAcquireResult *result) {
         _cleanup_(freep) FeatureRef *r = NULL;
         Feature *f;
-        int k;
-
-        if (!feature_key_valid(key))
-                return -EINVAL;
-        r = ref_new(c);
-        if (!r)
-                return c->stats.n_refs >= c->config.max_refs ? -EUSERS : -ENOMEM;
-
-        f = hashmap_get(c->features, key);
+        int k = ref_for_key(c, key, &r, &f);
+        if (k < 0)
+                return k;
         if (f && f->state == FEATURE_READY) {
                 c->stats.hits++;
                 c->stats.encoder_usec_saved += f->encode_usec;
@@ -734,15 +739,9 @@ int feature_reserve_in(FeatureCache *c, const char *key, uint64_t bytes, uint64_
                        FeatureDescIssue *issue) {
         _cleanup_(freep) FeatureRef *r = NULL;
         Feature *f;
-        int k;
-
-        if (!feature_key_valid(key))
-                return -EINVAL;
-        r = ref_new(c);
-        if (!r)
-                return c->stats.n_refs >= c->config.max_refs ? -EUSERS : -ENOMEM;
-
-        f = hashmap_get(c->features, key);
+        int k = ref_for_key(c, key, &r, &f);
+        if (k < 0)
+                return k;
         if (f && f->state == FEATURE_READY)
                 return -EEXIST;
         if (f && (f->producer || PRIV(f)->loading))

@@ -10,7 +10,7 @@
  * GPU" message (cuda_absence_to_string()).
  *
  * Nothing here touches the bus; the Subsystem hooks and the event source are in
- * gpu-subsystem.c. */
+ * gpu-manager.c. */
 
 #include <stdint.h>
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* The GPU domain's hooks into the Manager: creating and releasing configured GPU arenas
- * (the Subsystem's arena_new/arena_release for Domain=gpu), start-up report and shutdown. The CUDA transport's
+ * (the Subsystem's arenas hooks for Domain=gpu), start-up report and shutdown. The CUDA transport's
  * completion fd is watched by whoever posts to it (the handoff code), like every
  * transport's. Glue only; the logic is in gpu-domain.c. */
 
@@ -106,7 +106,9 @@ const Subsystem gpu_subsystem = {
         .done = gpu_done,
         .add_bus = bus_gpu_add,
         .worker_gone = bus_gpu_worker_gone,
-        .arena_domain = MEMORY_GPU,
-        .arena_new = gpu_manager_arena_new,
-        .arena_release = gpu_manager_arena_release,
+        .arenas = &(const SubsystemArenas){
+                .domain = MEMORY_GPU,
+                .make = gpu_manager_arena_new,
+                .release = gpu_manager_arena_release,
+        },
 };

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,12 +30,17 @@ static const char *peer_of(const HandoffObject *o) {
         return o->peer_host[0] ? o->peer_host : "";
 }
 
-/* Replies once the transitions the call journaled are durable (docs/wal.md). */
-static int reply_journaled(Manager *m, sd_bus_message *msg, const char *types, const char *arg) {
+/* Replies (types, ...) once the transitions the call journaled are durable
+ * (docs/wal.md). */
+static int reply_journaled(Manager *m, sd_bus_message *msg, const char *types, ...) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        va_list ap;
         int r = sd_bus_message_new_method_return(msg, &reply);
-        if (r >= 0 && types)
-                r = sd_bus_message_append(reply, types, arg);
+        if (r < 0)
+                return r;
+        va_start(ap, types);
+        r = sd_bus_message_appendv(reply, types, ap);
+        va_end(ap);
         if (r < 0)
                 return r;
         return wal_manager_reply(m, msg, reply);
@@ -42,13 +48,7 @@ static int reply_journaled(Manager *m, sd_bus_message *msg, const char *types, c
 
 /* Prepare's answer, once its records are durable: the handoff and its token. */
 static int reply_journaled_object(Manager *m, sd_bus_message *msg, HandoffObject *o) {
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        int r = sd_bus_message_new_method_return(msg, &reply);
-        if (r >= 0)
-                r = sd_bus_message_append(reply, "ot", o->path, o->h->token);
-        if (r < 0)
-                return r;
-        return wal_manager_reply(m, msg, reply);
+        return reply_journaled(m, msg, "ot", o->path, o->h->token);
 }
 
 void bus_handoff_emit_progress(HandoffObject *o, uint32_t done) {
@@ -139,6 +139,25 @@ static int method_prepare(sd_bus_message *msg, void *userdata, sd_bus_error *err
         return reply_journaled_object(m, msg, o);
 }
 
+/* Accept's answer: where the pages land, and the progress so far. */
+static int reply_accepted(Manager *m, sd_bus_message *msg, HandoffObject *o) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r = sd_bus_message_new_method_return(msg, &reply);
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "ots", o->path, o->h->token, m->arenas[o->arena]->name);
+        if (r >= 0)
+                r = sd_bus_message_open_container(reply, 'a', "t");
+        for (uint32_t i = 0; r >= 0 && i < o->n_pages; i++)
+                r = sd_bus_message_append(reply, "t", page_offset(o->pool, o->pages[i]));
+        if (r >= 0)
+                r = sd_bus_message_close_container(reply);
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "uu", o->h->n_groups, o->h->n_notified);
+        if (r < 0)
+                return r;
+        return sd_bus_send(NULL, reply, NULL);
+}
+
 static int method_accept(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         HandoffManager *hm = hm_of(userdata);
@@ -157,22 +176,58 @@ static int method_accept(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         r = handoff_manager_accept(hm, c, rid, &o, &why);
         if (r < 0)
                 return epd_bus_error_errno(error, r, why.text);
+        return reply_accepted(m, msg, o);
+}
 
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        r = sd_bus_message_new_method_return(msg, &reply);
-        if (r >= 0)
-                r = sd_bus_message_append(reply, "ots", o->path, o->h->token, m->arenas[o->arena]->name);
-        if (r >= 0)
-                r = sd_bus_message_open_container(reply, 'a', "t");
-        for (uint32_t i = 0; r >= 0 && i < o->n_pages; i++)
-                r = sd_bus_message_append(reply, "t", page_offset(o->pool, o->pages[i]));
-        if (r >= 0)
-                r = sd_bus_message_close_container(reply);
-        if (r >= 0)
-                r = sd_bus_message_append(reply, "uu", o->h->n_groups, o->h->n_notified);
+/* An AcceptWait whose handoff has not arrived yet: the call, answered by done(). */
+typedef struct AcceptCall {
+        HandoffAcceptWaiter waiter;
+        Manager *manager;
+        sd_bus_message *msg;
+} AcceptCall;
+
+static void accept_done(HandoffAcceptWaiter *w, HandoffObject *o, int error, const char *why) {
+        AcceptCall *c = container_of(w, AcceptCall, waiter);
+        int r;
+        if (error < 0) {
+                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
+                (void)epd_bus_error_errno(&e, error, why);
+                r = sd_bus_reply_method_error(c->msg, &e);
+        } else
+                r = reply_accepted(c->manager, c->msg, o);
+        if (r < 0)
+                log_debug_errno(r, "handoff: cannot answer AcceptWait: %m");
+        sd_bus_message_unref(c->msg);
+        free(c);
+}
+
+static int method_accept_wait(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *rid;
+        uint64_t timeout;
+        HandoffObject *o;
+        Client *c;
+        int r;
+
+        r = sd_bus_message_read(msg, "st", &rid, &timeout);
         if (r < 0)
                 return r;
-        return sd_bus_send(NULL, reply, NULL);
+        r = manager_client_from_message(m, msg, &c);
+        if (r < 0)
+                return r;
+        AcceptCall *call = calloc(1, sizeof *call);
+        if (!call)
+                return -ENOMEM;
+        *call = (AcceptCall){ .waiter.done = accept_done, .manager = m, .msg = sd_bus_message_ref(msg) };
+        Reason why = {};
+        r = handoff_manager_accept_wait(hm_of(userdata), c, rid, timeout, &call->waiter, 0, &o, &why);
+        if (r == HANDOFF_ACCEPT_PENDING)
+                return 1; /* accept_done() answers and frees the call */
+        sd_bus_message_unref(call->msg);
+        free(call);
+        if (r < 0)
+                return epd_bus_error_errno(error, r, why.text);
+        return reply_accepted(m, msg, o);
 }
 
 static int method_open_ring(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -255,6 +310,10 @@ static const sd_bus_vtable handoffs_vtable[] = {
                                 SD_BUS_RESULT("o", handoff, "t", token, "s", arena, "at", offsets, "u", n_groups,
                                               "u", groups_done),
                                 method_accept, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("AcceptWait", SD_BUS_ARGS("s", request_id, "t", timeout_usec),
+                                SD_BUS_RESULT("o", handoff, "t", token, "s", arena, "at", offsets, "u", n_groups,
+                                              "u", groups_done),
+                                method_accept_wait, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("OpenRing", SD_BUS_ARGS("u", sq_entries, "u", cq_entries),
                                 SD_BUS_RESULT("h", memfd, "h", submit_fd, "h", complete_fd, "t", size),
                                 method_open_ring, SD_BUS_VTABLE_UNPRIVILEGED),
@@ -310,7 +369,7 @@ static int method_rollback(sd_bus_message *msg, void *userdata, sd_bus_error *er
         r = handoff_manager_rollback(o, &why);
         if (r < 0)
                 return epd_bus_error_errno(error, r, why.text);
-        return reply_journaled(o->hm->manager, msg, NULL, NULL);
+        return wal_manager_reply_empty(o->hm->manager, msg);
 }
 
 static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -321,7 +380,7 @@ static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *err
         /* The object may be gone after this; the reply waits for the release's record. */
         Manager *m = o->hm->manager;
         handoff_manager_release(o);
-        return reply_journaled(m, msg, NULL, NULL);
+        return wal_manager_reply_empty(m, msg);
 }
 
 #define H_PROPERTY(name, body) BUS_PROPERTY_GETTER(name, HandoffObject, o, body)

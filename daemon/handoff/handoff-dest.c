@@ -151,6 +151,7 @@ static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
         }
         hm->counters.prepared++;
         send_prepare_ok(d);
+        handoff_expect_arrived(d);
 }
 
 static HandoffObject *find_for_message(HandoffManager *hm, Peer *p, HandoffRole role, const HandoffMessage *in) {
@@ -338,17 +339,22 @@ void handoff_on_incoming_done(Peer *p, uint64_t cookie, int error, void *userdat
 
 int handoff_manager_accept(HandoffManager *hm, Client *c, const char *request_id, HandoffObject **ret,
                            Reason *why) {
-        Manager *m = hm->manager;
         EpdId rid;
         int r = handoff_parse_request_id(request_id, &rid, why);
         if (r < 0)
                 return r;
-        Worker *w = client_get_worker(c);
-        if (!w)
-                return reason_set(why, -ENOTCONN, "Register as a worker first.");
         HandoffObject *d = hashmap_get(hm->destinations, rid.bytes);
         if (!d)
                 return reason_set(why, -ENOENT, "No handoff for request %s here.", request_id);
+        return handoff_dest_accept(hm, c, d, ret, why);
+}
+
+int handoff_dest_accept(HandoffManager *hm, Client *c, HandoffObject *d, HandoffObject **ret, Reason *why) {
+        Manager *m = hm->manager;
+        const char *request_id = d->request_str;
+        Worker *w = client_get_worker(c);
+        if (!w)
+                return reason_set(why, -ENOTCONN, "Register as a worker first.");
         if (!epd_id_is_null(&d->target_worker) && !epd_id_equal(&d->target_worker, &w->id))
                 return reason_set(why, -EPERM, "Handoff %s is meant for another worker.",
                                      request_id);
@@ -356,7 +362,7 @@ int handoff_manager_accept(HandoffManager *hm, Client *c, const char *request_id
                 return reason_set(why, -EPERM,
                                      "Handoff %s lands in arena '%s', which worker %s did not map.", request_id,
                                      m->arenas[d->arena]->name, w->id_str);
-        r = handoff_accept(d->h, handoff_client_serial(c));
+        int r = handoff_accept(d->h, handoff_client_serial(c));
         if (r == -ESTALE)
                 return reason_set(why, -ESTALE, "Handoff %s was rolled back (%s).", request_id,
                                      handoff_cause_to_string(d->h->cause));

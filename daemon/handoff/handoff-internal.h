@@ -120,6 +120,7 @@ void handoff_pump(HandoffObject *o);
 void handoff_send_message(HandoffObject *o, HandoffMessage *m);
 
 /* handoff-dest.c: the destination side: remote Prepare, incoming writes, Accept, Commit */
+int handoff_dest_accept(HandoffManager *hm, Client *c, HandoffObject *d, HandoffObject **ret, Reason *why);
 int handoff_dest_reserve(HandoffObject *d, Arena *a, uint32_t n_pages);
 void handoff_on_incoming_done(Peer *p, uint64_t cookie, int error, void *userdata);
 int handoff_on_incoming_validate(Peer *p, uint32_t region, uint64_t offset, uint64_t length, uint64_t cookie,
@@ -127,6 +128,10 @@ int handoff_on_incoming_validate(Peer *p, uint32_t region, uint64_t offset, uint
 int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t len, void *userdata);
 void handoff_on_peer_state(Peer *p, bool up, void *userdata);
 Arena *handoff_pick_arena(Manager *m, uint64_t page_size, const Worker *target, Arena *prefer, bool host_only);
+
+/* handoff-expect.c: decode workers waiting for their request's handoff (AcceptWait, ring) */
+void handoff_expect_arrived(HandoffObject *d);
+void handoff_expect_done(HandoffManager *hm);
 
 /* handoff-journal.c: the WAL: every transition appended before it is acknowledged */
 int handoff_manager_apply_record(Manager *m, uint16_t type, const void *payload, size_t len);

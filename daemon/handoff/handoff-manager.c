@@ -430,11 +430,12 @@ static int handoff_init(Manager *m) {
         hm->dest_pages = hashmap_new(HASHMAP_KEY_U64, 0);
         hm->rings = hashmap_new(HASHMAP_KEY_U64, 0);
         hm->windows = hashmap_new(HASHMAP_KEY_STRING, 0);
+        hm->expects = hashmap_new(HASHMAP_KEY_BYTES, sizeof(EpdId));
         m->handoffs = hm;
         if (handoff_journal_init(&hm->journal) < 0)
                 return -ENOMEM;
         if (!hm->by_handle || !hm->sources || !hm->destinations || !hm->writes || !hm->incoming ||
-            !hm->dest_pages || !hm->rings || !hm->windows)
+            !hm->dest_pages || !hm->rings || !hm->windows || !hm->expects)
                 return -ENOMEM;
 
         int r = local_transport_new(0, &hm->local);
@@ -489,6 +490,7 @@ static void handoff_done(Manager *m) {
                 peer_manager_set_incoming_validator(m->peers, NULL, NULL);
                 peer_manager_set_incoming_done(m->peers, NULL, NULL);
         }
+        handoff_expect_done(hm);
         /* Clients are gone by now: what is left has no owner. Roll everything back; the
          * transports are stopped below, so nothing lands later. */
         if (hm->local) {
@@ -555,6 +557,7 @@ static void handoff_done(Manager *m) {
         hashmap_free(hm->incoming);
         hashmap_free(hm->dest_pages);
         hashmap_free(hm->rings);
+        hashmap_free(hm->expects);
         while ((it = 0, hm->windows && hashmap_iterate(hm->windows, &it, &v, NULL))) {
                 PeerWindow *w = hashmap_remove(hm->windows, ((PeerWindow *)v)->host);
                 free(w->name);
@@ -565,13 +568,17 @@ static void handoff_done(Manager *m) {
         m->handoffs = NULL;
 }
 
+static const SubsystemJournal handoff_journal_hooks = {
+        .families = (const uint8_t[]){ WAL_RECORD_HANDOFF >> 8, 0 },
+        .apply_record = handoff_manager_apply_record,
+        .restore_finish = handoff_manager_restore_finish,
+        .snapshot = handoff_manager_snapshot,
+};
+
 const Subsystem handoff_subsystem = {
         .name = "handoff",
         .init = handoff_init,
         .done = handoff_done,
         .add_bus = bus_handoff_add,
-        .journal_families = (const uint8_t[]){ WAL_RECORD_HANDOFF >> 8, 0 },
-        .apply_record = handoff_manager_apply_record,
-        .restore_finish = handoff_manager_restore_finish,
-        .snapshot = handoff_manager_snapshot,
+        .journal = &handoff_journal_hooks,
 };

@@ -122,6 +122,7 @@ struct HandoffManager {
         Hashmap *dest_pages;      /* destination HandoffObject* by (arena << 32 | page) */
         Hashmap *rings;           /* ClientRing* by client serial */
         Hashmap *windows;         /* PeerWindow* by peer host id: handoffs in flight */
+        Hashmap *expects;         /* waiters for a handoff to arrive, by request id (handoff-expect.c) */
         Transport *local;
         sd_event_source *local_source;
         sd_event_source *peer_source;
@@ -170,6 +171,23 @@ int handoff_manager_prepare(HandoffManager *hm, Worker *w, const HandoffPrepareA
                             HandoffPrepareWaiter *waiter, HandoffObject **ret, Reason *why);
 int handoff_manager_accept(HandoffManager *hm, Client *c, const char *request_id,
                            HandoffObject **ret, Reason *why);
+/* A decode worker waiting for the handoff of its request to be prepared here (AcceptWait,
+ * or the ring's EPD_RING_OP_ACCEPT): done() is called once, with the handoff accepted for
+ * the waiting client (error 0), or with a negative errno and why (o NULL): -ETIMEDOUT at
+ * the deadline, Accept's errors, -ECONNRESET when the client went away. */
+typedef struct HandoffAcceptWaiter HandoffAcceptWaiter;
+struct HandoffAcceptWaiter {
+        void (*done)(HandoffAcceptWaiter *w, HandoffObject *o, int error, const char *why);
+};
+#define HANDOFF_ACCEPT_PENDING 1
+#define HANDOFF_ACCEPT_WAIT_MAX (3600ULL * 1000000ULL) /* usec */
+/* Accept when the handoff of request_id is here: returns 0 with *ret when it is now (or
+ * timeout is 0: then exactly Accept); HANDOFF_ACCEPT_PENDING when it waits (waiter->done()
+ * answers later; a NULL waiter answers on the client's ring with user_data); or a
+ * negative errno and why. */
+int handoff_manager_accept_wait(HandoffManager *hm, Client *c, const char *request_id, usec_t timeout,
+                                HandoffAcceptWaiter *waiter, uint64_t user_data, HandoffObject **ret,
+                                Reason *why);
 int handoff_manager_group_ready(HandoffObject *o, uint32_t group, Reason *why);
 int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequence, Reason *why);
 int handoff_manager_rollback(HandoffObject *o, Reason *why);

@@ -63,6 +63,30 @@ static void release_ring(ClientObject *co) {
         handoff_ring_free(container_of(co, ClientRing, object));
 }
 
+static int ring_accept(ClientRing *cr, const struct epd_ring_record *rec) {
+        HandoffManager *hm = cr->hm;
+        char rid[EPD_ID_STRING_MAX];
+        HandoffObject *o = NULL;
+        Reason why = {};
+        EpdId id;
+        memcpy(id.bytes, rec->request_id, sizeof id.bytes);
+        epd_id_to_string(&id, rid);
+        usec_t timeout = rec->arg0 ? rec->arg0 : hm->manager->config.handoff_timeout_usec;
+        int r = handoff_manager_accept_wait(hm, cr->object.owner, rid, timeout, NULL, rec->user_data, &o, &why);
+        if (r < 0) {
+                log_debug("handoff: ring accept of %s for client %" PRIu64 ": %s", rid, cr->serial, why.text);
+                return r;
+        }
+        if (r == HANDOFF_ACCEPT_PENDING)
+                return 0;
+        struct epd_ring_record out;
+        ring_record_handoff_accepted(&out, rec->user_data, o->h->request_id.bytes, o->h->token, o->h->n_done,
+                                     o->h->n_groups, o->n_pages, o->arena);
+        if (ring_post(cr->ring, &out) < 0)
+                hm->counters.ring_fallbacks++;
+        return 0;
+}
+
 static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         ClientRing *cr = userdata;
         HandoffManager *hm = cr->hm;
@@ -80,7 +104,14 @@ static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *us
                         return 0;
                 }
                 r = ring_record_validate_submission(&rec);
-                if (r >= 0 && rec.opcode == EPD_RING_OP_LAYER_GROUP_READY) {
+                if (r >= 0 && rec.opcode == EPD_RING_OP_ACCEPT) {
+                        /* Answered by an EPD_RING_EV_HANDOFF_ACCEPTED record, now or
+                         * when the handoff arrives (handoff-expect.c), or by a
+                         * completion with the error. */
+                        r = ring_accept(cr, &rec);
+                        if (r >= 0)
+                                continue;
+                } else if (r >= 0 && rec.opcode == EPD_RING_OP_LAYER_GROUP_READY) {
                         HandoffObject *o = hashmap_get(hm->sources, rec.request_id);
                         if (!o || o->h->token != rec.token || !o->owned ||
                             handoff_client_serial(o->object.owner) != cr->serial)

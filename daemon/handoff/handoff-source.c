@@ -476,6 +476,7 @@ static int prepare_local(HandoffManager *hm, PrepareCtx *x, HandoffObject *o, Re
                 return prepare_error(why, r, "Prepare");
         }
         hm->counters.prepared++;
+        handoff_expect_arrived(d);
         log_debug("handoff %s: prepared locally (%s, %u pages, %u groups)", o->request_str,
                   o->zero_copy ? "same arena" : "copy", o->n_pages, x->n_groups);
         return HANDOFF_PREPARED_NOW;

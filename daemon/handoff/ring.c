@@ -128,6 +128,14 @@ int ring_record_validate_submission(const struct epd_ring_record *rec) {
                         return -EINVAL;
                 return 0;
         }
+        case EPD_RING_OP_ACCEPT: {
+                static const uint8_t zero[16] = {};
+                /* arg0: how long to wait, in microseconds. */
+                if (memcmp(rec->request_id, zero, 16) == 0 || rec->token != 0 || rec->group != 0 ||
+                    rec->count != 0)
+                        return -EINVAL;
+                return 0;
+        }
         default:
                 return -EOPNOTSUPP;
         }
@@ -205,6 +213,20 @@ void ring_record_handoff_state(struct epd_ring_record *rec, const uint8_t reques
         rec->arg1 = cause;
 }
 
+void ring_record_handoff_accepted(struct epd_ring_record *rec, uint64_t user_data, const uint8_t request_id[16],
+                                  uint64_t token, uint32_t groups_done, uint32_t n_groups, uint32_t n_pages,
+                                  uint32_t arena) {
+        memset(rec, 0, sizeof *rec);
+        rec->opcode = EPD_RING_EV_HANDOFF_ACCEPTED;
+        rec->user_data = user_data;
+        memcpy(rec->request_id, request_id, 16);
+        rec->token = token;
+        rec->group = groups_done;
+        rec->count = n_groups;
+        rec->arg0 = n_pages;
+        rec->arg1 = arena;
+}
+
 _Static_assert(offsetof(struct epd_ring_record, group) == 8 + EPD_RING_PEER_MAX, "backpressure record ABI");
 _Static_assert((int)EPD_BACKPRESSURE_STALLED == (int)BACKPRESSURE_STALLED &&
                (int)EPD_BACKPRESSURE_HIGH == (int)BACKPRESSURE_HIGH &&
@@ -238,6 +260,10 @@ const char *ring_opcode_to_string(uint16_t opcode) {
                 return "nop";
         case EPD_RING_OP_LAYER_GROUP_READY:
                 return "layer-group-ready";
+        case EPD_RING_OP_ACCEPT:
+                return "accept";
+        case EPD_RING_EV_HANDOFF_ACCEPTED:
+                return "handoff-accepted";
         case EPD_RING_EV_COMPLETION:
                 return "completion";
         case EPD_RING_EV_GROUP_PROGRESS:

@@ -50,6 +50,10 @@ void ring_record_group_progress(struct epd_ring_record *rec, const uint8_t reque
                                 uint64_t bytes);
 void ring_record_handoff_state(struct epd_ring_record *rec, const uint8_t request_id[16],
                                uint64_t token, uint32_t state, uint32_t cause);
+/* The answer to EPD_RING_OP_ACCEPT: the handoff is the worker's now. */
+void ring_record_handoff_accepted(struct epd_ring_record *rec, uint64_t user_data, const uint8_t request_id[16],
+                                  uint64_t token, uint32_t groups_done, uint32_t n_groups, uint32_t n_pages,
+                                  uint32_t arena);
 /* peer: its host id (cut at EPD_RING_PEER_MAX bytes, flagged); level and reason as in
  * backpressure.h (the public EPD_BACKPRESSURE_* numbers). */
 void ring_record_backpressure(struct epd_ring_record *rec, const char *peer, uint32_t level, uint32_t reason,

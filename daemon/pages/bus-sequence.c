@@ -11,6 +11,7 @@
 
 #include "bus-error.h"
 #include "core/arena.h"
+#include "core/bus-manager.h"
 #include "core/bus-objects.h"
 #include "core/manager.h"
 #include "core/worker.h"
@@ -21,7 +22,6 @@
 #include "wal/wal-manager.h"
 
 #define PAGES_PATH "/org/epd1/pages"
-#define WORKER_PATH_PREFIX "/org/epd1/worker/"
 
 /* Maps the errno of a pages operation to a named error. */
 static int pages_error(sd_bus_error *error, int r, const char *what) {
@@ -89,14 +89,6 @@ static int reply_pages(sd_bus_message *reply, const PageId *pages, size_t n) {
  * (Sync=batch: once per loop iteration). */
 static int reply_journaled(Manager *m, sd_bus_message *msg, sd_bus_message *reply) {
         return wal_manager_reply(m, msg, reply);
-}
-
-static int reply_empty_journaled(Manager *m, sd_bus_message *msg) {
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        int r = sd_bus_message_new_method_return(msg, &reply);
-        if (r < 0)
-                return r;
-        return reply_journaled(m, msg, reply);
 }
 
 /* Journals a transition that was applied: on failure the caller gets an error (the
@@ -406,7 +398,7 @@ static int method_truncate(sd_bus_message *msg, void *userdata, sd_bus_error *er
         r = journal(s, error, "Truncate");
         if (r < 0)
                 return r;
-        return reply_empty_journaled(seq_manager(s), msg);
+        return wal_manager_reply_empty(seq_manager(s), msg);
 }
 
 static int method_clone(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -527,17 +519,7 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
 }
 
 static int grant_target(Manager *m, sd_bus_message *msg, Worker **ret, sd_bus_error *error) {
-        const char *path;
-        int r = sd_bus_message_read(msg, "o", &path);
-        if (r < 0)
-                return r;
-        if (strncmp(path, WORKER_PATH_PREFIX, strlen(WORKER_PATH_PREFIX)) != 0)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "%s is not a worker path.", path);
-        Worker *w = manager_get_worker(m, path + strlen(WORKER_PATH_PREFIX));
-        if (!w)
-                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No worker %s.", path);
-        *ret = w;
-        return 0;
+        return bus_read_worker(m, msg, false, ret, error);
 }
 
 static int method_grant(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -559,7 +541,7 @@ static int method_grant(sd_bus_message *msg, void *userdata, sd_bus_error *error
         r = journal(s, error, "Grant");
         if (r < 0)
                 return r;
-        return reply_empty_journaled(m, msg);
+        return wal_manager_reply_empty(m, msg);
 }
 
 static int method_revoke(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -579,7 +561,7 @@ static int method_revoke(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         r = journal(s, error, "Revoke");
         if (r < 0)
                 return r;
-        return reply_empty_journaled(m, msg);
+        return wal_manager_reply_empty(m, msg);
 }
 
 static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -589,7 +571,7 @@ static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 return r;
         Manager *m = seq_manager(s);
         page_manager_release(s); /* journals the release */
-        return reply_empty_journaled(m, msg);
+        return wal_manager_reply_empty(m, msg);
 }
 
 /* Properties: visible to the owner and granted workers only. */

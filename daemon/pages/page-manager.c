@@ -55,7 +55,7 @@ int page_manager_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool **
                         pm->copy_userdata[a->index] = a;
                 }
         } else if (a->domain == MEMORY_GPU && a->gpu && !pm->copy[a->index]) {
-                /* The copy engine (gpu-subsystem.c). */
+                /* The copy engine (gpu-manager.c). */
                 pm->copy[a->index] = gpu_manager_page_copy;
                 pm->copy_userdata[a->index] = a;
         }
@@ -863,6 +863,13 @@ static int pages_snapshot(Manager *m, SubsystemSnapshotAdd add, void *userdata) 
         return m->page_manager ? page_manager_snapshot(m->page_manager, add, userdata) : 0;
 }
 
+static const SubsystemJournal pages_journal_hooks = {
+        .families = (const uint8_t[]){ WAL_RECORD_SEQUENCE >> 8, WAL_RECORD_DIRECTORY >> 8, 0 },
+        .apply_record = pages_apply_record,
+        .restore_finish = pages_restore_finish,
+        .snapshot = pages_snapshot,
+};
+
 const Subsystem pages_subsystem = {
         .name = "pages",
         .init = pages_init,
@@ -871,8 +878,5 @@ const Subsystem pages_subsystem = {
         .reload = pages_reload,
         .worker_added = pages_worker_added,
         .worker_gone = pages_worker_gone,
-        .journal_families = (const uint8_t[]){ WAL_RECORD_SEQUENCE >> 8, WAL_RECORD_DIRECTORY >> 8, 0 },
-        .apply_record = pages_apply_record,
-        .restore_finish = pages_restore_finish,
-        .snapshot = pages_snapshot,
+        .journal = &pages_journal_hooks,
 };

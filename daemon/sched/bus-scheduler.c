@@ -7,6 +7,7 @@
 
 #include "bus-error.h"
 #include "core/bus-dict.h"
+#include "core/bus-manager.h"
 #include "core/worker.h"
 #include "log.h"
 #include "sched/scheduler-manager.h"
@@ -127,22 +128,13 @@ static void worker_options_done(WorkerOptions *o) {
 
 static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
-        const char *path;
         unsigned pools = 0;
         int r;
 
-        r = sd_bus_message_read(msg, "o", &path);
+        Worker *w;
+        r = bus_read_worker(m, msg, true, &w, error);
         if (r < 0)
                 return r;
-        if (strncmp(path, WORKER_PREFIX, strlen(WORKER_PREFIX)) != 0)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "%s is not a worker path.", path);
-        Worker *w = manager_get_worker(m, path + strlen(WORKER_PREFIX));
-        if (!w)
-                return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No worker %s.", path);
-        Client *c = manager_client_lookup_message(m, msg);
-        if (!c || w->object.owner != c)
-                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
-                                     "Worker %s belongs to another client.", path);
 
         static const BusDictItem items[] = {
                 BUS_DICT("Slots", "u", WorkerOptions, slots),

@@ -5,6 +5,11 @@
 #include "transport/rdma-proto.h"
 #include "unaligned.h"
 
+/* A write id in range and a non-empty byte range that does not wrap. */
+static bool write_range_ok(uint64_t write_id, uint64_t start, uint64_t length) {
+        return write_id != 0 && write_id <= RDMA_WRITE_ID_MAX && length != 0 && start + length >= start;
+}
+
 static bool printable(const uint8_t *s, size_t n) {
         for (size_t i = 0; i < n; i++)
                 if (s[i] < 0x20 || s[i] > 0x7e)
@@ -64,8 +69,7 @@ int rdma_message_decode(uint16_t type, const void *payload, size_t len, RdmaMess
                 m.grant.rkey = unaligned_read_be32(p + 12);
                 m.grant.addr = unaligned_read_be64(p + 16);
                 m.grant.length = unaligned_read_be64(p + 24);
-                if (m.grant.write_id == 0 || m.grant.write_id > RDMA_WRITE_ID_MAX || m.grant.length == 0 ||
-                    m.grant.addr + m.grant.length < m.grant.addr)
+                if (!write_range_ok(m.grant.write_id, m.grant.addr, m.grant.length))
                         return -EBADMSG;
                 break;
         case RDMA_MSG_REQUEST:
@@ -76,8 +80,7 @@ int rdma_message_decode(uint16_t type, const void *payload, size_t len, RdmaMess
                 m.request.region = unaligned_read_be32(p + 16);
                 m.request.offset = unaligned_read_be64(p + 20);
                 m.request.length = unaligned_read_be64(p + 28);
-                if (m.request.write_id == 0 || m.request.write_id > RDMA_WRITE_ID_MAX || m.request.length == 0 ||
-                    m.request.offset + m.request.length < m.request.offset)
+                if (!write_range_ok(m.request.write_id, m.request.offset, m.request.length))
                         return -EBADMSG;
                 break;
         case RDMA_MSG_ACK:

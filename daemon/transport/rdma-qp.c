@@ -269,6 +269,14 @@ void rdma_fault(RdmaPeer *rp, RdmaFault f, int error, const char *reason) {
 }
 
 /* Performs the actions of a session transition, in their order. */
+/* This side cannot use its device for p: p goes over tcp, and says why. */
+static void local_failure(RdmaPeer *rp, const char *what, int error) {
+        char why[RDMA_FAILURE_MAX];
+        snprintf(why, sizeof why, "%s on %s: %s", what, rp->link.device, strerror(-error));
+        log_warning("rdma: peer %s: %s; using tcp", rp_name(rp), why);
+        rdma_fault(rp, RDMA_FAULT_LOCAL, -ENODEV, why);
+}
+
 void rdma_run(RdmaPeer *rp, unsigned a) {
         RdmaTransport *t = rp->t;
         int r;
@@ -301,11 +309,7 @@ void rdma_run(RdmaPeer *rp, unsigned a) {
         if (a & RDMA_ACT_CREATE_QP) {
                 r = create_qp(rp);
                 if (r < 0) {
-                        char why[RDMA_FAILURE_MAX];
-                        snprintf(why, sizeof why, "cannot set up a queue pair on %s: %s", rp->link.device,
-                                 strerror(-r));
-                        log_warning("rdma: peer %s: %s; using tcp", rp_name(rp), why);
-                        rdma_fault(rp, RDMA_FAULT_LOCAL, -ENODEV, why);
+                        local_failure(rp, "cannot set up a queue pair", r);
                         return;
                 }
         }
@@ -326,11 +330,7 @@ void rdma_run(RdmaPeer *rp, unsigned a) {
         if (a & RDMA_ACT_CONNECT_QP) {
                 r = connect_qp(rp);
                 if (r < 0) {
-                        char why[RDMA_FAILURE_MAX];
-                        snprintf(why, sizeof why, "cannot connect the queue pair on %s: %s", rp->link.device,
-                                 strerror(-r));
-                        log_warning("rdma: peer %s: %s; using tcp", rp_name(rp), why);
-                        rdma_fault(rp, RDMA_FAULT_LOCAL, -ENODEV, why);
+                        local_failure(rp, "cannot connect the queue pair", r);
                         return;
                 }
         }

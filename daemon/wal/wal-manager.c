@@ -29,8 +29,8 @@ static WalGlue *glue(Manager *m) {
 
 static const Subsystem *journal_owner(uint16_t type) {
         for (const Subsystem *const *sp = manager_subsystems(); *sp; sp++)
-                if ((*sp)->journal_families)
-                        for (const uint8_t *f = (*sp)->journal_families; *f; f++)
+                if ((*sp)->journal)
+                        for (const uint8_t *f = (*sp)->journal->families; *f; f++)
                                 if (*f == type >> 8)
                                         return *sp;
         return NULL;
@@ -41,13 +41,13 @@ static int apply(void *userdata, const WalRecord *r, bool from_snapshot) {
         const Subsystem *s = journal_owner(r->type);
         int k;
 
-        if (!s || !s->apply_record) {
+        if (!s || !s->journal->apply_record) {
                 /* A record of a subsystem this daemon does not run: kept, not applied. */
                 log_debug("WAL: record %" PRIu64 " of type 0x%04x (%s) not applied here.", r->lsn, r->type,
                           wal_record_type_to_string(r->type));
                 return 0;
         }
-        k = s->apply_record(m, r->type, r->payload, r->length);
+        k = s->journal->apply_record(m, r->type, r->payload, r->length);
         if (k == -EBADMSG)
                 return log_error_errno(k, "WAL: %s record %" PRIu64 " (%s) is malformed.", s->name, r->lsn,
                                        wal_record_type_to_string(r->type));
@@ -67,8 +67,8 @@ static int snapshot(void *userdata, WalSnapshot *s) {
 
         /* In start order: sequences before the handoffs and workflows that refer to them. */
         for (const Subsystem *const *sp = manager_subsystems(); *sp; sp++)
-                if ((*sp)->snapshot) {
-                        int r = (*sp)->snapshot(m, snapshot_add, s);
+                if ((*sp)->journal && (*sp)->journal->snapshot) {
+                        int r = (*sp)->journal->snapshot(m, snapshot_add, s);
                         if (r < 0)
                                 return r;
                 }
@@ -138,6 +138,14 @@ int wal_manager_reply(Manager *m, sd_bus_message *call, sd_bus_message *reply) {
         return 1;
 }
 
+int wal_manager_reply_empty(Manager *m, sd_bus_message *call) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r = sd_bus_message_new_method_return(call, &reply);
+        if (r < 0)
+                return r;
+        return wal_manager_reply(m, call, reply);
+}
+
 static int wal_init(Manager *m) {
         _cleanup_(freep) char *dir = NULL;
         WalGlue *g;
@@ -159,8 +167,8 @@ static int wal_init(Manager *m) {
         if (r < 0)
                 return log_error_errno(r, "Cannot replay the WAL in %s: %m", dir);
         for (const Subsystem *const *sp = manager_subsystems(); *sp; sp++)
-                if ((*sp)->restore_finish) {
-                        r = (*sp)->restore_finish(m);
+                if ((*sp)->journal && (*sp)->journal->restore_finish) {
+                        r = (*sp)->journal->restore_finish(m);
                         if (r < 0)
                                 return r; /* logged */
                 }

@@ -19,3 +19,5 @@ int wal_manager_append(Manager *m, uint16_t type, const void *payload, size_t le
  * if that sync fails, call gets org.epd1.Error.Failed instead: nothing is acknowledged
  * that is not durable. Takes references; returns 1 (for a method handler) or -errno. */
 int wal_manager_reply(Manager *m, sd_bus_message *call, sd_bus_message *reply);
+/* The same with an empty reply. */
+int wal_manager_reply_empty(Manager *m, sd_bus_message *call);

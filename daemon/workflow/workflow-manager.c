@@ -221,12 +221,16 @@ static int workflows_snapshot(Manager *m, SubsystemSnapshotAdd add, void *userda
         return workflow_snapshot(m->workflows, snapshot_add_branch, &(SnapshotAdd){ add, userdata });
 }
 
+static const SubsystemJournal workflows_journal_hooks = {
+        .families = (const uint8_t[]){ WAL_RECORD_WORKFLOW >> 8, 0 },
+        .apply_record = workflows_apply_record,
+        .snapshot = workflows_snapshot,
+};
+
 const Subsystem workflows_subsystem = {
         .name = "workflows",
         .init = workflows_init,
         .done = workflows_done,
         .add_bus = bus_workflow_add,
-        .journal_families = (const uint8_t[]){ WAL_RECORD_WORKFLOW >> 8, 0 },
-        .apply_record = workflows_apply_record,
-        .snapshot = workflows_snapshot,
+        .journal = &workflows_journal_hooks,
 };

@@ -97,7 +97,7 @@ class Arena:
         return torch.frombuffer(self.buffer(offset, nbytes), dtype=dtype).view(*shape)
 
 
-class Client:
+class Client(_lib.Closing):
     """A connection to epdd. address: None (libepd's default search), 'direct:PATH',
     'bus:ADDRESS' or 'system'."""
 
@@ -120,18 +120,6 @@ class Client:
         if self._c:
             self._l.epd_disconnect(self._c)
             self._c = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def register(self, role: str, model: str, device: str, kv: Optional[KvLayout] = None,
                  arenas: Optional[Sequence[str]] = None, name: Optional[str] = None,

@@ -6,7 +6,8 @@ Prefill side:
     ring = Ring(c)                       # optional: per-group notices without a bus round trip
     ... compute group g ... ; h.layer_group_ready(g, ring)
 Decode side:
-    a = Accepted.accept(c, request_id)   # arena + page offsets where the KV lands
+    a = Accepted.accept(c, request_id, wait_s=30)   # arena + page offsets where the KV lands
+                                         # (waits for the prefill's Prepare, no polling)
     a.wait_groups(a.n_groups, ring)      # progress records (or polling without a ring)
     seq_path = a.commit()
 
@@ -26,6 +27,7 @@ RING_EV_COMPLETION = 0x81
 RING_EV_GROUP_PROGRESS = 0x82
 RING_EV_HANDOFF_STATE = 0x83
 RING_EV_BACKPRESSURE = 0x84
+RING_EV_HANDOFF_ACCEPTED = 0x85
 HANDOFF_STATE_COMMITTED = 4
 HANDOFF_STATE_RELEASED = 5
 HANDOFF_STATE_ROLLED_BACK = 6
@@ -96,6 +98,8 @@ def _lib_handoffs():
                                         _P(_Options), _P(c_void_p), _P(c_uint64)]),
         "epd_handoff_layer_group_ready": (c_int, [c_void_p, c_char_p, c_uint32]),
         "epd_handoff_accept": (c_int, [c_void_p, c_char_p, _P(_Accepted)]),
+        "epd_handoff_accept_wait": (c_int, [c_void_p, c_char_p, c_uint64, _P(_Accepted)]),
+        "epd_ring_accept": (c_int, [c_void_p, c_char_p, c_uint64, c_uint64]),
         "epd_handoff_accepted_done": (None, [_P(_Accepted)]),
         "epd_handoff_commit": (c_int, [c_void_p, c_char_p, _P(c_void_p)]),
         "epd_handoff_rollback": (c_int, [c_void_p, c_char_p]),
@@ -106,21 +110,14 @@ def _lib_handoffs():
         "epd_ring_layer_group_ready": (c_int, [c_void_p, c_char_p, c_uint64, c_uint32, c_uint64]),
         "epd_ring_next": (c_int, [c_void_p, _P(RingRecord), c_uint64]),
     }
-    for name, (restype, argtypes) in decls.items():
-        f = getattr(lib, name)
-        f.restype = restype
-        f.argtypes = argtypes
+    _lib.declare(lib, decls)
     lib._epd_handoffs_declared = True
     return lib
 
 
-def _take_string(lib, p: ctypes.c_void_p) -> str:
-    s = ctypes.string_at(p.value).decode()
-    lib.free(p)
-    return s
 
 
-class Ring:
+class Ring(_lib.Closing):
     """The shared-memory ring pair (memfd + eventfds): submit records, take events.
 
     Events of every handoff this process owns arrive on one completion ring, in any order.
@@ -137,10 +134,19 @@ class Ring:
         self.progress = {}  # token -> groups landed (the highest count seen)
         self.state = {}     # token -> (EPD_HANDOFF_STATE_*, EPD_HANDOFF_CAUSE_*)
         self.other = []     # events that are not about a handoff (completions, backpressure), oldest first
+        self.accepted = {}  # request id (32 hex digits) -> token: answers to accept()
 
     def layer_group_ready(self, request_id: str, token: int, group: int, user_data: int = 0):
         self._client._check(self._lib.epd_ring_layer_group_ready(self._r, request_id.encode(), token, group,
                                                                  user_data), "ring: layer group ready")
+
+    def accept(self, request_id: str, timeout_s: float = 0, user_data: int = 0):
+        """Asks the daemon to accept the handoff of request_id for this client as soon as it
+        is prepared here (waiting up to timeout_s; 0: the daemon's HandoffTimeout=). The
+        answer is a RING_EV_HANDOFF_ACCEPTED record (kept in `accepted`, by request id) or a
+        completion with the error (in `other`); Accepted.accept() then gives the offsets."""
+        self._client._check(self._lib.epd_ring_accept(self._r, request_id.encode(), int(timeout_s * 1e6),
+                                                      user_data), "ring: accept")
 
     def next(self, timeout_s: Optional[float] = None) -> Optional[RingRecord]:
         """The next raw event, or None after timeout_s (None: wait for ever)."""
@@ -157,6 +163,9 @@ class Ring:
             self.progress[rec.token] = max(self.progress.get(rec.token, 0), rec.count)
         elif rec.opcode == RING_EV_HANDOFF_STATE:
             self.state[rec.token] = (rec.arg0, rec.arg1)
+        elif rec.opcode == RING_EV_HANDOFF_ACCEPTED:
+            self.accepted[bytes(rec.request_id).hex()] = rec.token
+            self.progress[rec.token] = max(self.progress.get(rec.token, 0), rec.group)
         else:
             self.other.append(rec)
             del self.other[:-1024]  # bounded: only the newest are kept
@@ -182,12 +191,6 @@ class Ring:
             self._lib.epd_ring_close(self._r)
             self._r = None
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
 
 class Handoff:
     """The prefill side of one handoff."""
@@ -208,7 +211,7 @@ class Handoff:
                                               sequence.encode(), groups, len(layer_groups), ctypes.byref(opts),
                                               ctypes.byref(path), ctypes.byref(token)),
                       f"prepare handoff {request_id}")
-        return cls(client, _take_string(lib, path), token.value, request_id)
+        return cls(client, _lib.take_string(lib, path), token.value, request_id)
 
     def layer_group_ready(self, group: int, ring: Optional[Ring] = None):
         """Group computed: ship it now (through the ring when given: no bus round trip)."""
@@ -257,14 +260,27 @@ class Accepted:
         self.groups_done = a.groups_done
 
     @classmethod
-    def accept(cls, client, request_id: str) -> "Accepted":
+    def accept(cls, client, request_id: str, wait_s: float = 0) -> "Accepted":
+        """Takes the handoff of request_id on this host. With wait_s > 0, one that is not
+        prepared here yet is waited for (AcceptWait: no polling) and taken the moment it
+        arrives; EpdError with errno ETIMEDOUT (org.epd1.Error.Timeout) when none came."""
         lib, a = _lib_handoffs(), _Accepted()
-        client._check(lib.epd_handoff_accept(client._c, request_id.encode(), ctypes.byref(a)),
-                      f"accept handoff {request_id}")
+        if wait_s > 0:
+            r = lib.epd_handoff_accept_wait(client._c, request_id.encode(), int(wait_s * 1e6), ctypes.byref(a))
+        else:
+            r = lib.epd_handoff_accept(client._c, request_id.encode(), ctypes.byref(a))
+        client._check(r, f"accept handoff {request_id}")
         try:
             return cls(client, a, request_id)
         finally:
             lib.epd_handoff_accepted_done(ctypes.byref(a))
+
+    @classmethod
+    def accept_wait(cls, client, request_id: str, timeout_s: float = 30.0, ring: Optional[Ring] = None) -> "Accepted":
+        """Accepts the handoff of request_id, waiting up to timeout_s for the prefill to
+        prepare it (a decode worker may be told of a request before its handoff exists):
+        one AcceptWait call that the daemon answers when the handoff is prepared here."""
+        return cls.accept(client, request_id, wait_s=max(timeout_s, 1e-6))
 
     def status(self) -> dict:
         st = _Status()
@@ -305,7 +321,7 @@ class Accepted:
         p = ctypes.c_void_p()
         self._client._check(self._lib.epd_handoff_commit(self._client._c, self.path.encode(), ctypes.byref(p)),
                             "commit handoff")
-        return _take_string(self._lib, p)
+        return _lib.take_string(self._lib, p)
 
     def rollback(self):
         self._client._check(self._lib.epd_handoff_rollback(self._client._c, self.path.encode()), "rollback")

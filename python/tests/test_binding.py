@@ -120,6 +120,38 @@ class BindingTest(unittest.TestCase):
             y = a.numpy(np.float32, (128,), a.data_offset)
             self.assertEqual(float(y[127]), 127.0)
 
+    def test_accept_waits_for_the_handoff(self):
+        """The decode side waits for a handoff not prepared yet, on its ring and with
+        Accepted.accept(wait_s=...): no polling."""
+        import errno
+        from epd.handoff import Accepted, Handoff, Ring
+        from epd.sequence import Sequence
+        kv = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=256, v_bytes_per_token=256)
+        rid = "%032x" % 0x5151
+        with epd.Client(self.d.address) as p, epd.Client(self.d.address) as d:
+            p.register("prefill", "m", "cpu", kv=kv)
+            d.register("decode", "m", "cpu", kv=kv)
+            with self.assertRaises(epd.EpdError) as e:
+                Accepted.accept(d, "%032x" % 0x5152, wait_s=0.05)
+            self.assertEqual(e.exception.errno, errno.ETIMEDOUT)
+            self.assertEqual(e.exception.name, "org.epd1.Error.Timeout")
+            with Ring(d) as dring, Ring(p) as pring:
+                dring.accept(rid, timeout_s=5, user_data=3)
+                seq = Sequence.create(p, "host0", 2)
+                h = Handoff.prepare(p, rid, "", seq.path, [2, 2])
+                while rid not in dring.accepted:
+                    dring.poll(1.0)
+                self.assertEqual(dring.accepted[rid], h.token)
+                a = Accepted.accept(d, rid, wait_s=1)   # a repeat: the offsets
+                self.assertEqual(a.token, h.token)
+                for g in range(2):
+                    h.layer_group_ready(g, pring)
+                self.assertEqual(a.wait_groups(2, dring, timeout_s=5), 2)
+                Sequence(d, a.commit(), a.arena).release()
+                a.release(dring)
+                h.release(pring)
+                seq.release()
+
     def test_errors_carry_dbus_names(self):
         with epd.Client(self.d.address) as c:
             with self.assertRaises(epd.EpdError) as e:

@@ -182,26 +182,34 @@ START_TEST(test_cross_host) {
                         for (uint32_t k = 0; k < LAYER_BYTES; k++)
                                 ((uint8_t *)pb)[src[pg] + (uint64_t)l * LAYER_BYTES + k] = pattern(pg, l, k);
 
+        /* The decode worker waits on its ring for the handoff to arrive (no polling),
+         * and follows its groups there. */
+        epd_ring_client *dr;
+        struct epd_ring_record rec;
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+        ck_assert_int_eq(epd_ring_accept(dr, "000000000000000000000000000000a1", 10000000, 1), 0);
         char *path;
         uint64_t token;
         ck_assert_msg(prepare(p, "000000000000000000000000000000a1", seq, &path, &token) == 0, "Prepare: %s",
                       epd_last_error_message(p));
+        do
+                ck_assert_int_eq(epd_ring_next(dr, &rec, 5000000), 0);
+        while (rec.opcode != EPD_RING_EV_HANDOFF_ACCEPTED);
+        ck_assert_uint_eq(rec.token, token);
+        ck_assert_uint_eq(rec.arg0, N_PAGES);
         epd_handoff_accepted acc;
         ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000a1", &acc), 0);
         ck_assert_uint_eq(acc.token, token);
         ck_assert_uint_eq(acc.n_pages, N_PAGES);
         for (uint32_t g = 0; g < 4; g++) {
                 ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
-                epd_handoff_status s = {};
-                for (int k = 0; k < 500 && s.groups_done < g + 1; k++) {
-                        ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
-                        ck_assert_uint_le(s.groups_done, g + 1);
-                        if (s.groups_done < g + 1)
-                                usleep(10000);
-                }
-                ck_assert_uint_eq(s.groups_done, g + 1);
+                do
+                        ck_assert_int_eq(epd_ring_next(dr, &rec, 5000000), 0);
+                while (rec.opcode != EPD_RING_EV_GROUP_PROGRESS);
+                ck_assert_uint_eq(rec.group, g + 1);
                 ck_assert(layers_equal(db, acc.offsets, N_PAGES, 0, 2 * (g + 1)));
         }
+        epd_ring_close(dr);
         char *dseq;
         ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
         Cond c = { p, path, "committed" };

@@ -397,6 +397,133 @@ START_TEST(test_ring) {
 }
 END_TEST
 
+/* The decode worker waits for a handoff that is not prepared yet, on its ring and with a
+ * blocking AcceptWait: it owns the handoff before any byte lands, and sees every group's
+ * progress on its ring. */
+static uint32_t ring_wait_for(epd_ring_client *r, uint16_t opcode, struct epd_ring_record *out) {
+        do
+                ck_assert_int_eq(epd_ring_next(r, out, 5000000), 0);
+        while (out->opcode != opcode);
+        return out->group;
+}
+
+START_TEST(test_accept_wait) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        epd_ring_client *dr;
+        struct epd_ring_record out;
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+        char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
+        epd_handoff_options o = { .arena = "kv1" };
+        char *path;
+        uint64_t token;
+
+        /* Nothing arrives: the ring says when the wait ends, so does AcceptWait. */
+        ck_assert_int_eq(epd_ring_accept(dr, rid(20), 100000, 7), 0);
+        ring_wait_for(dr, EPD_RING_EV_COMPLETION, &out);
+        ck_assert_uint_eq(out.user_data, 7);
+        ck_assert_int_eq(out.result, -ETIMEDOUT);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept_wait(d, rid(20), 100000, &acc), -ETIMEDOUT);
+        ck_assert_str_eq(epd_last_error_name(d), "org.epd1.Error.Timeout");
+        ck_assert_int_eq(epd_handoff_accept_wait(d, "nothex", 100000, &acc), -EINVAL);
+        ck_assert_int_eq(epd_handoff_accept_wait(d, rid(20), 7200ULL * 1000000ULL, &acc), -EINVAL);
+
+        /* On the ring, before Prepare: accepted the moment it is prepared. */
+        ck_assert_int_eq(epd_ring_accept(dr, rid(21), 5000000, 8), 0);
+        /* A second waiter of another client for the same request: Busy, once it arrives. */
+        epd_client *d2 = worker("decode");
+        epd_ring_client *dr2;
+        ck_assert_int_eq(epd_ring_open(d2, 64, 64, &dr2), 0);
+        ck_assert_int_eq(epd_ring_accept(dr2, rid(21), 5000000, 9), 0);
+        usleep(50000); /* both wait in the daemon now */
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(21), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        ring_wait_for(dr, EPD_RING_EV_HANDOFF_ACCEPTED, &out);
+        ck_assert_uint_eq(out.user_data, 8);
+        ck_assert_uint_eq(out.token, token);
+        ck_assert_uint_eq(out.count, 4);
+        ck_assert_uint_eq(out.group, 0);
+        ck_assert_uint_eq(out.arg0, N_PAGES);
+        ck_assert_int_eq((int)out.arg1, epd_arena_find(d, "kv1"));
+        ring_wait_for(dr2, EPD_RING_EV_COMPLETION, &out);
+        ck_assert_uint_eq(out.user_data, 9);
+        ck_assert_int_eq(out.result, -EBUSY);
+        epd_ring_close(dr2);
+        epd_disconnect(d2);
+        /* Accept is a repeat now: it gives the offsets. */
+        ck_assert_int_eq(epd_handoff_accept(d, rid(21), &acc), 0);
+        ck_assert_uint_eq(acc.token, token);
+        ck_assert_uint_eq(acc.n_pages, N_PAGES);
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+        uint32_t last = 0;
+        while (last < 4) {
+                uint32_t done = ring_wait_for(dr, EPD_RING_EV_GROUP_PROGRESS, &out);
+                ck_assert_uint_gt(done, last);
+                last = done;
+        }
+        char *dseq;
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+        wait_state(p, path, "committed");
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        release_sequence(d, dseq);
+        free(dseq);
+        free(path);
+        epd_handoff_accepted_done(&acc);
+
+        /* Blocking AcceptWait in another process, prepared while it waits. */
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                epd_client *c = NULL;
+                epd_handoff_accepted a;
+                if (epd_connect(address, &c) < 0 || epd_register(c, "decode", "model", "cpu", &kv, NULL) < 0)
+                        _exit(1);
+                if (epd_handoff_accept_wait(c, rid(22), 5000000, &a) < 0 || a.n_pages != N_PAGES || a.n_groups != 4)
+                        _exit(2);
+                epd_handoff_status st = {};
+                for (int i = 0; i < 500 && st.groups_done < 4; i++) {
+                        if (epd_handoff_get(c, a.path, &st) < 0)
+                                _exit(3);
+                        usleep(10000);
+                }
+                char *s2 = NULL;
+                if (epd_handoff_commit(c, a.path, &s2) < 0)
+                        _exit(4);
+                _exit(0); /* the sequence and the handoff go with the connection */
+        }
+        usleep(100000);
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(22), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+        int st;
+        ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+        ck_assert(WIFEXITED(st));
+        ck_assert_int_eq(WEXITSTATUS(st), 0);
+        wait_state(p, path, "committed");
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        free(path);
+
+        /* A waiter whose client goes away leaves nothing behind. */
+        ck_assert_int_eq(epd_ring_accept(dr, rid(23), 5000000, 10), 0);
+        epd_ring_close(dr);
+        epd_disconnect(d);
+        d = worker("decode");
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(23), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        ck_assert_int_eq(epd_handoff_accept(d, rid(23), &acc), 0); /* nobody took it */
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        release_sequence(p, seq);
+        free(seq);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 START_TEST(test_decode_dies) {
         epd_client *p = worker("prefill");
         char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
@@ -529,6 +656,7 @@ int main(void) {
         tcase_add_test(tc, test_two_arenas);
         tcase_add_test(tc, test_same_arena_zero_copy);
         tcase_add_test(tc, test_ring);
+        tcase_add_test(tc, test_accept_wait);
         tcase_add_test(tc, test_decode_dies);
         tcase_add_test(tc, test_timeout_and_admission);
         tcase_add_test(tc, test_introspection);

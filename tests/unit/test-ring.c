@@ -224,6 +224,26 @@ START_TEST(test_ring_validate) {
         ck_assert_int_eq(ring_record_validate_submission(&rec), -EOPNOTSUPP);
         rec.opcode = 0x7777;
         ck_assert_int_eq(ring_record_validate_submission(&rec), -EOPNOTSUPP);
+        /* ACCEPT: a request id and a wait in arg0; nothing else. */
+        epd_ring_record_accept(&rec, rid, 250000, 12);
+        ck_assert_int_eq(ring_record_validate_submission(&rec), 0);
+        ck_assert_uint_eq(rec.arg0, 250000);
+        rec.token = 1;
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EINVAL);
+        epd_ring_record_accept(&rec, rid, 0, 12);
+        rec.count = 2;
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EINVAL);
+        epd_ring_record_accept(&rec, zero, 0, 12);
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EINVAL);
+        ring_record_handoff_accepted(&rec, 12, rid, 77, 1, 4, 16, 2);
+        ck_assert_uint_eq(rec.opcode, EPD_RING_EV_HANDOFF_ACCEPTED);
+        ck_assert_uint_eq(rec.user_data, 12);
+        ck_assert_uint_eq(rec.token, 77);
+        ck_assert_uint_eq(rec.group, 1);
+        ck_assert_uint_eq(rec.count, 4);
+        ck_assert_uint_eq(rec.arg0, 16);
+        ck_assert_uint_eq(rec.arg1, 2);
+        ck_assert_str_eq(ring_opcode_to_string(EPD_RING_OP_ACCEPT), "accept");
         ck_assert_ptr_null(ring_opcode_to_string(0x7777));
         ck_assert_str_eq(ring_opcode_to_string(EPD_RING_OP_LAYER_GROUP_READY), "layer-group-ready");
 

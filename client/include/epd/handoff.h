@@ -7,7 +7,8 @@
  *   prefill: epd_handoff_prepare() -> per layer group: epd_handoff_layer_group_ready()
  *            (or epd_ring_layer_group_ready() without a bus round trip) -> wait for the
  *            state "committed" -> epd_handoff_release()
- *   decode:  epd_handoff_accept() -> progress (ring records, or epd_handoff_get()) ->
+ *   decode:  epd_handoff_accept() (or epd_handoff_accept_wait() / epd_ring_accept() before the
+ *            prefill prepared it) -> progress (ring records, or epd_handoff_get()) ->
  *            epd_handoff_commit() (the pages become a sequence of its own) ->
  *            epd_handoff_release()
  *
@@ -47,6 +48,12 @@ typedef struct epd_handoff_accepted {
 } epd_handoff_accepted;
 
 int epd_handoff_accept(epd_client *c, const char *request_id, epd_handoff_accepted *ret);
+/* Accept once the handoff of request_id is prepared on this host: at once when it is
+ * here, else waiting up to timeout_usec (at most an hour) for it to arrive; accepted
+ * before its first byte lands, so its progress reaches this client's ring. -ETIMEDOUT
+ * (org.epd1.Error.Timeout) when none came. Without blocking: epd_ring_accept(). */
+int epd_handoff_accept_wait(epd_client *c, const char *request_id, uint64_t timeout_usec,
+                            epd_handoff_accepted *ret);
 void epd_handoff_accepted_done(epd_handoff_accepted *a);
 
 /* The decode sequence's object path comes back (the caller frees it). */
@@ -83,6 +90,12 @@ int epd_ring_submit(epd_ring_client *r, const struct epd_ring_record *rec);
 /* LayerGroupReady(group) of the handoff (request_id as 32 hex digits, token). */
 int epd_ring_layer_group_ready(epd_ring_client *r, const char *request_id, uint64_t token,
                                uint32_t group, uint64_t user_data);
+/* Asks the daemon to accept the handoff of request_id for this client as soon as it is
+ * prepared here (waiting up to timeout_usec; 0: the daemon's HandoffTimeout=). The answer
+ * comes on the ring: EPD_RING_EV_HANDOFF_ACCEPTED with user_data (then its progress
+ * records), or an EPD_RING_EV_COMPLETION with the error. epd_handoff_accept() gives the
+ * page offsets afterwards (a repeat: it changes nothing). */
+int epd_ring_accept(epd_ring_client *r, const char *request_id, uint64_t timeout_usec, uint64_t user_data);
 /* Takes the next completion or event, waiting up to timeout_usec (UINT64_MAX: forever;
  * 0: do not wait). -EAGAIN when none came in time. */
 int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t timeout_usec);

@@ -72,6 +72,14 @@ enum {
          * token): the daemon ships it. Answered by a completion with result 0 or
          * -errno (only when flags has EPD_RING_F_ACK, or on error). */
         EPD_RING_OP_LAYER_GROUP_READY = 2,
+        /* The decode worker takes the handoff of request_id as soon as it is prepared
+         * on this host (at once when it is here already), waiting up to arg0
+         * microseconds (0: the daemon's HandoffTimeout=; at most an hour). Answered by
+         * an EPD_RING_EV_HANDOFF_ACCEPTED record, or by an EPD_RING_EV_COMPLETION with
+         * -ETIMEDOUT, or Accept's errors (-EPERM, -EBUSY, -ESTALE, ...). From then on
+         * the handoff's progress comes on this ring; org.epd1.Handoffs.Accept (a repeat:
+         * it changes nothing) gives the page offsets. token, group, count, arg1: 0. */
+        EPD_RING_OP_ACCEPT = 3,
 };
 
 /* Completions and events (daemon -> worker). */
@@ -93,6 +101,11 @@ enum {
          * closed), arg1 = the delay in microseconds the daemon asks before new work
          * for that peer (0: none). Decode with epd_ring_record_backpressure(). */
         EPD_RING_EV_BACKPRESSURE = 0x84,
+        /* Answer to EPD_RING_OP_ACCEPT: user_data echoed; the handoff (request_id,
+         * token) is this worker's: group = groups already landed, count = groups,
+         * arg0 = pages, arg1 = the arena's index in org.epd1.Manager.Arenas (the
+         * order of epd_arena_get()). */
+        EPD_RING_EV_HANDOFF_ACCEPTED = 0x85,
 };
 
 /* Backpressure levels and reasons in EPD_RING_EV_BACKPRESSURE (the same numbers as the
@@ -279,6 +292,15 @@ static inline void epd_ring_record_layer_group_ready(struct epd_ring_record *rec
         memcpy(rec->request_id, request_id, 16);
         rec->token = token;
         rec->group = group;
+        rec->user_data = user_data;
+}
+
+static inline void epd_ring_record_accept(struct epd_ring_record *rec, const uint8_t request_id[16],
+                                          uint64_t timeout_usec, uint64_t user_data) {
+        memset(rec, 0, sizeof *rec);
+        rec->opcode = EPD_RING_OP_ACCEPT;
+        memcpy(rec->request_id, request_id, 16);
+        rec->arg0 = timeout_usec;
         rec->user_data = user_data;
 }
 

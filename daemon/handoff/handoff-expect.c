@@ -1,0 +1,172 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* A decode worker waiting for the handoff of its request to arrive here, without
+ * polling: org.epd1.Handoffs.AcceptWait (a D-Bus call answered once the destination
+ * side exists, or at its deadline) and the ring's EPD_RING_OP_ACCEPT (answered with an
+ * EPD_RING_EV_HANDOFF_ACCEPTED record). Either accepts for its client the moment the
+ * destination is prepared here (handoff_expect_arrived), so that the worker owns it, and
+ * hears of its progress on its ring, before the first byte lands. Each waiter is a
+ * ClientObject of its client (counted against MaxObjectsPerClient, released on
+ * disconnect) with a timer. */
+#include "handoff/handoff-internal.h"
+
+/* One waiter, in its request's list (hm->expects: request id -> first waiter). */
+typedef struct Expect Expect;
+struct Expect {
+        ClientObject object;
+        HandoffManager *hm;
+        EpdId request_id;
+        char request_str[EPD_ID_STRING_MAX];
+        uint64_t client_serial;
+        HandoffAcceptWaiter *bus;  /* AcceptWait; NULL: the client's ring */
+        uint64_t user_data;        /* ring: echoed in the answer */
+        usec_t timeout;
+        sd_event_source *timer;
+        LIST_FIELDS(Expect, by_request);
+};
+
+static void expect_unlink(Expect *e) {
+        HandoffManager *hm = e->hm;
+        Expect *head = hashmap_get(hm->expects, e->request_id.bytes), *h = head;
+        LIST_REMOVE(by_request, h, e);
+        if (h != head) {
+                if (h)
+                        (void)hashmap_replace(hm->expects, h->request_id.bytes, h, NULL);
+                else
+                        (void)hashmap_remove(hm->expects, e->request_id.bytes);
+        }
+}
+
+static void expect_free(Expect *e) {
+        if (!e)
+                return;
+        expect_unlink(e);
+        if (e->object.owner)
+                client_object_unlink(&e->object);
+        sd_event_source_disable_unref(e->timer);
+        free(e);
+}
+
+static ClientRing *expect_ring(Expect *e) {
+        return hashmap_get(e->hm->rings, &e->client_serial);
+}
+
+/* Answers the waiter (o accepted, or error with why) and frees it. */
+static void expect_answer(Expect *e, HandoffObject *o, int error, const char *why) {
+        HandoffAcceptWaiter *w = e->bus;
+        ClientRing *cr = w ? NULL : expect_ring(e);
+        uint64_t user_data = e->user_data;
+        expect_free(e);
+        if (w) {
+                w->done(w, o, error, why);
+                return;
+        }
+        if (!cr)
+                return; /* the ring went away meanwhile: nobody to tell */
+        struct epd_ring_record rec;
+        if (error < 0)
+                ring_record_completion(&rec, user_data, error);
+        else
+                ring_record_handoff_accepted(&rec, user_data, o->h->request_id.bytes, o->h->token, o->h->n_done,
+                                             o->h->n_groups, o->n_pages, o->arena);
+        if (ring_post(cr->ring, &rec) < 0)
+                cr->hm->counters.ring_fallbacks++;
+        (void)ring_kick(cr->ring);
+}
+
+static void release_expect(ClientObject *co) {
+        Expect *e = container_of(co, Expect, object);
+        expect_answer(e, NULL, -ECONNRESET, "The client is gone.");
+}
+
+static int on_expect_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
+        Expect *e = userdata;
+        Reason why;
+        (void)reason_set(&why, -ETIMEDOUT, "No handoff for request %s arrived here within %" PRIu64 " us.",
+                         e->request_str, (uint64_t)e->timeout);
+        expect_answer(e, NULL, -ETIMEDOUT, why.text);
+        return 0;
+}
+
+void handoff_expect_arrived(HandoffObject *d) {
+        HandoffManager *hm = d->hm;
+        /* Each waiter of the request in turn: the first accepts, the others hear why not
+         * (Busy: accepted by another client). Answering may run a bus reply, never a
+         * callback into this list: take the head anew each time. */
+        Expect *e;
+        while (hm->expects && (e = hashmap_get(hm->expects, d->h->request_id.bytes))) {
+                Reason why = {};
+                HandoffObject *o;
+                /* The waiter is one of its client's objects: the client is there. */
+                int r = handoff_dest_accept(hm, e->object.owner, d, &o, &why);
+                if (r < 0)
+                        expect_answer(e, NULL, r, why.text);
+                else
+                        expect_answer(e, d, 0, NULL);
+        }
+}
+
+int handoff_manager_accept_wait(HandoffManager *hm, Client *c, const char *request_id, usec_t timeout,
+                                HandoffAcceptWaiter *waiter, uint64_t user_data, HandoffObject **ret,
+                                Reason *why) {
+        Manager *m = hm->manager;
+        EpdId rid;
+        int r = handoff_parse_request_id(request_id, &rid, why);
+        if (r < 0)
+                return r;
+        if (timeout > HANDOFF_ACCEPT_WAIT_MAX)
+                return reason_set(why, -EINVAL, "A wait of at most %" PRIu64 " us.", (uint64_t)HANDOFF_ACCEPT_WAIT_MAX);
+        if (!client_get_worker(c))
+                return reason_set(why, -ENOTCONN, "Register as a worker first.");
+        /* Here already (or not worth waiting for): as Accept. */
+        if (timeout == 0 || hashmap_get(hm->destinations, rid.bytes))
+                return handoff_manager_accept(hm, c, request_id, ret, why);
+
+        Expect *e = calloc(1, sizeof *e);
+        if (!e)
+                return -ENOMEM;
+        *e = (Expect){
+                .hm = hm,
+                .request_id = rid,
+                .client_serial = handoff_client_serial(c),
+                .bus = waiter,
+                .user_data = user_data,
+                .timeout = timeout,
+        };
+        epd_id_to_string(&rid, e->request_str);
+        r = sd_event_add_time_relative(m->event, &e->timer, CLOCK_MONOTONIC, timeout, 0, on_expect_timeout, e);
+        if (r < 0) {
+                free(e);
+                return r;
+        }
+        r = client_object_link(c, &e->object, CLIENT_OBJECT_OTHER, release_expect);
+        if (r < 0) {
+                sd_event_source_disable_unref(e->timer);
+                free(e);
+                return r == -EDQUOT ? reason_set(why, -EDQUOT, "Too many objects for this client.") : r;
+        }
+        Expect *head = hashmap_get(hm->expects, rid.bytes);
+        /* Waiters of a request are answered in the order they came: append. */
+        if (!head)
+                r = hashmap_put(hm->expects, e->request_id.bytes, e);
+        else {
+                Expect *t = head;
+                while (t->by_request_next)
+                        t = t->by_request_next;
+                t->by_request_next = e;
+                e->by_request_prev = t;
+        }
+        if (r < 0) {
+                client_object_unlink(&e->object);
+                sd_event_source_disable_unref(e->timer);
+                free(e);
+                return r;
+        }
+        return HANDOFF_ACCEPT_PENDING;
+}
+
+void handoff_expect_done(HandoffManager *hm) {
+        Expect *e;
+        size_t it;
+        while ((it = 0, hm->expects && hashmap_iterate(hm->expects, &it, (void **)&e, NULL)))
+                expect_answer(e, NULL, -ESHUTDOWN, "The daemon is stopping.");
+}
