@@ -388,6 +388,10 @@ int top_model_json(const TopModel *m, FILE *f) {
         fprintf(f, ",\"bus\":%s,\"pins\":%s,\"kernel_telemetry\":%s,\"kernel_unavailable\":",
                 s->bus ? "true" : "false", s->pins ? "true" : "false", s->kernel ? "true" : "false");
         json_str(f, s->kernel_unavailable);
+        if (s->membership[0]) {
+                fprintf(f, ",\"membership\":");
+                json_str(f, s->membership);
+        }
         fprintf(f, ",\"ring_events\":%" PRIu64 ",\"arenas\":[", s->ring_events);
         for (size_t i = 0; i < s->n_arenas; i++) {
                 const TopArena *a = &s->arenas[i];
