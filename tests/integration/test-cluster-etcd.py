@@ -328,6 +328,24 @@ def publish_prefix(cl, i, base, pages, name, dest):
     return p
 
 
+def check_views(cl, i):
+    """epdctl peers (text and JSON) and epdtop --json on host i show where membership
+    comes from, each member's lease and its share of the hash space."""
+    ps = cl.ctl(i, "peers")
+    assert len(ps) == cl.n - 1 and all(p["source"] == "etcd" and p["lease"] == "alive" and p["share_permille"] > 0
+                                       for p in ps), ps
+    text = subprocess.run([cl.epdctl, "-A", cl.addr(i), "peers"], stdout=subprocess.PIPE, text=True,
+                          check=True).stdout
+    assert text.startswith("Membership: etcd (up: registered at ") and " SOURCE " in text and " SHARE" in text, text
+    assert sum(1 for l in text.splitlines() if " etcd " in l and " alive " in l) == cl.n - 1, text
+    top = subprocess.run([os.path.join(cl.build, "tools", "epdtop"), "-A", cl.addr(i), "--json", "-n", "1"],
+                         stdout=subprocess.PIPE, text=True, check=True).stdout
+    top = json.loads(top.splitlines()[0])
+    assert top["membership"] == f"etcd up, {cl.n - 1} alive", top.get("membership")
+    assert len(top["peers"]) == cl.n - 1 and all(p["lease"] == "alive" and p["share_permille"] > 0
+                                                for p in top["peers"]), top["peers"]
+
+
 def test_eight(cl):
     n = cl.n
     cl.etcd.start()
@@ -341,6 +359,7 @@ def test_eight(cl):
     # Shares of the hash space: every live member owns some, and they add up.
     shares = [m["share_permille"] for m in c0["members"]]
     assert all(s > 0 for s in shares) and abs(sum(shares) - 1000) <= 1, shares
+    check_views(cl, 0)
     check_contract(cl, 0, "/org/epd1/cluster", "org.epd1.Cluster", "org.epd1.Cluster.xml")
     check_contract(cl, 0, "/org/epd1/placement", "org.epd1.Placement", "org.epd1.Placement.xml")
 
@@ -365,6 +384,9 @@ def test_eight(cl):
     wait_until(lambda: (cl.locate(5, hashes) or {}).get("n_blocks") == pages, 5, "prefix located from h5")
     loc = cl.locate(5, hashes)
     print("located from h5:", loc)
+    text = subprocess.run([cl.epdctl, "-A", cl.addr(5), "placement"] + [str(h) for h in hashes],
+                          stdout=subprocess.PIPE, text=True, check=True).stdout
+    assert text.startswith(f"Best: h1, arena kv0, worker prefill-h1: {pages} of {pages} blocks cached\n"), text
     assert loc["host"] == "h1" and loc["arena"] == "kv0" and loc["worker"] == "prefill-h1", loc
     assert loc["owners_missing"] == 0, loc
     # The records live with the owners: h1 published to others than itself and h5 asked others.
@@ -404,18 +426,36 @@ def test_faults(cl):
     assert any(m["host_id"] == "h3" and m["published_here"] > 0 for m in cl.cluster(1)["members"]), \
         "h3 owns none of the prefix's blocks"
 
-    # kill -9 h3 in the middle of a handoff h2 -> h3 (groups 600 ms apart).
+    # A prefix cached on h3 itself, known to every member through the owners.
+    base3, pages3 = 0x33330000, 8
+    hashes3 = [base3 + b for b in range(pages3)]
+    pre3 = publish_prefix(cl, 3, base3, pages3, "prefill-h3", "h0")
+    pre3.kill()
+    wait_until(lambda: all((cl.locate(i, hashes3) or {}).get("host") == "h3" and
+                           cl.locate(i, hashes3)["n_blocks"] == pages3 for i in (0, 1, 2)), 5, "h3's prefix located")
+
+    # kill -9 h3 in the middle of a handoff h2 -> h3 and of one h3 -> h0 (groups 600 ms
+    # apart): the live side of each rolls back.
     dec = cl.decode(3, rid(300))
     p = cl.prefill(2, "h3", rid(300), 16, groups=4, delay_ms=600)
+    dec_in = cl.decode(0, rid(301))
+    p_in = cl.prefill(3, "h0", rid(301), 16, groups=4, delay_ms=600)
     assert p.wait_line("ready 0", 20), p.lines
+    assert dec_in.wait_line("group 0 ok", 20), (dec_in.lines, p_in.lines)
+    assert dec_in.wait_line("final", 0) is None, f"h3 -> h0 ended before the kill: {dec_in.lines}"
     t0 = time.monotonic()
     cl.kill(3)
     rp = p.finish(timeout=20)
     fin = p.final()
     print(f"kill -9 h3: h2's handoff ended {fin} after {time.monotonic() - t0:.2f}s")
     assert rp == 0 and fin and fin[1] == "rolled-back", p.lines
+    rd = dec_in.finish(timeout=20)
+    fin = dec_in.final()
+    print(f"kill -9 h3: h0's incoming handoff ended {fin} after {time.monotonic() - t0:.2f}s")
+    assert rd == 0 and fin and fin[1] == "rolled-back", dec_in.lines
     dec.kill()
-    wait_until(lambda: cl.clean(2), BOUND_S, "h2 holds nothing of the handoff")
+    p_in.kill()
+    wait_until(lambda: cl.clean(2) and cl.clean(0), BOUND_S, "h2 and h0 hold nothing of the handoffs")
     # Every other member drops it: session at once, membership within lease TTL + bound.
 
     def dropped(i):
@@ -428,6 +468,10 @@ def test_faults(cl):
     wait_until(lambda: (cl.locate(0, hashes) or {}).get("n_blocks") == pages and
                cl.locate(0, hashes)["owners_missing"] == 0, 5, "prefix located after h3 left")
     assert not any(m["host_id"] == "h3" and m["published_here"] > 0 for m in cl.cluster(1)["members"])
+    # h3's own entries went with it: nobody finds its prefix any more.
+    for i in (0, 1, 2):
+        loc = cl.locate(i, hashes3)
+        assert loc["n_blocks"] == 0 and loc["candidates"] == [] and loc["owners_missing"] == 0, (i, loc)
     # It comes back and rejoins.
     t0 = time.monotonic()
     cl.start(3)
