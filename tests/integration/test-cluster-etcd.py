@@ -484,6 +484,12 @@ def test_faults(cl):
                "degraded everywhere")
     c = cl.cluster(0)
     print("etcd stopped:", c["etcd_state"], c["etcd_reason"])
+    for i in range(n):
+        with open(os.path.join(cl.tmp, f"{cl.names[i]}.log")) as f:
+            assert "etcd unreachable" in f.read(), f"{cl.names[i]} did not log that etcd is unreachable"
+    text = subprocess.run([cl.epdctl, "-A", cl.addr(0), "cluster"], stdout=subprocess.PIPE, text=True,
+                          check=True).stdout
+    assert text.startswith("Membership: etcd (degraded: "), text
     assert c["members_alive"] == n - 1 and cl.mesh(range(n)), c
     dec, p = cl.decode(1, rid(400)), cl.prefill(0, "h1", rid(400), 8)
     committed(p, dec, "h0->h1 with etcd down")
