@@ -10,6 +10,7 @@ PKGS=(
         libbpf-dev libelf-dev zlib1g-dev bpftool clang llvm
         libibverbs-dev
         libmicrohttpd-dev
+        libcurl4-openssl-dev libjson-c-dev etcd-server etcd-client openssl
         dbus systemd-container iproute2 nftables iperf3 tmux
         python3 python3-numpy
         groff-base man-db

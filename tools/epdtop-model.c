@@ -440,15 +440,20 @@ CELL(peer_level, TopPeer, snprintf(b, n, "%s", top_level_to_string(r->level)))
 CELL(peer_reason, TopPeer, snprintf(b, n, "%s", r->reason))
 CELL(peer_transport, TopPeer, snprintf(b, n, "%s", r->transport[0] ? r->transport : "-"))
 CELL(peer_state, TopPeer, snprintf(b, n, "%s", r->state[0] ? r->state : "-"))
+CELL(peer_lease, TopPeer, snprintf(b, n, "%s", r->lease[0] ? r->lease : "-"))
+CELL(peer_share, TopPeer,
+     r->lease[0] ? (void)snprintf(b, n, "%.1f%%", r->share_permille / 10.0) : (void)snprintf(b, n, "-"))
 
-/* Peer columns; more (cluster membership, leases, shards) go in as entries here. */
+/* Peer columns; more go in as entries here. LEASE and SHARE: cluster membership (the
+ * peer's lease in etcd, or static; its share of the directory's hash space). */
 static const TopColumn peer_columns[] = {
         { "PEER", 16, 0, true, peer_name },          { "CONNS", 5, 3, false, peer_conns },
         { "BANDWIDTH", 10, 0, false, peer_bandwidth }, { "SRTT", 8, 0, false, peer_srtt },
         { "MINRTT", 8, 2, false, peer_minrtt },      { "RETR/S", 7, 1, false, peer_retr },
         { "QUEUE", 8, 2, false, peer_queue },        { "LEVEL", 9, 0, true, peer_level },
         { "REASON", 19, 2, true, peer_reason },      { "TRANSPORT", 9, 1, true, peer_transport },
-        { "STATE", 10, 2, true, peer_state },
+        { "STATE", 10, 2, true, peer_state },        { "LEASE", 7, 3, true, peer_lease },
+        { "SHARE", 6, 3, false, peer_share },
 };
 #undef CELL
 
@@ -619,10 +624,11 @@ void top_header_line(const TopModel *m, int line, int cols, char *buf, size_t si
                 snprintf(over, sizeof over, " (last %.1fs)", m->interval);
         switch (line) {
         case 0:
-                snprintf(buf, size, "epdtop - host %s  epdd %s%s  kernel telemetry: %s  (? for help)",
+                snprintf(buf, size, "epdtop - host %s  epdd %s%s  kernel telemetry: %s%s%s  (? for help)",
                          s->host[0] ? s->host : "?", s->version[0] ? s->version : "?",
                          s->bus ? "" : "  [daemon not reachable]",
-                         s->kernel ? "on" : (s->kernel_unavailable[0] ? s->kernel_unavailable : "off"));
+                         s->kernel ? "on" : (s->kernel_unavailable[0] ? s->kernel_unavailable : "off"),
+                         s->membership[0] ? "  membership: " : "", s->membership);
                 break;
         case 1: {
                 const TopHandoffs *h = &s->handoffs;
@@ -685,6 +691,10 @@ int top_model_json(const TopModel *m, FILE *f) {
         fprintf(f, ",\"bus\":%s,\"pins\":%s,\"kernel_telemetry\":%s,\"kernel_unavailable\":",
                 s->bus ? "true" : "false", s->pins ? "true" : "false", s->kernel ? "true" : "false");
         json_str(f, s->kernel_unavailable);
+        if (s->membership[0]) {
+                fprintf(f, ",\"membership\":");
+                json_str(f, s->membership);
+        }
         fprintf(f, ",\"ring_events\":%" PRIu64 ",\"arenas\":[", s->ring_events);
         for (size_t i = 0; i < s->n_arenas; i++) {
                 const TopArena *a = &s->arenas[i];
@@ -725,6 +735,11 @@ int top_model_json(const TopModel *m, FILE *f) {
                 json_str(f, p->transport_why);
                 fprintf(f, ",\"state\":");
                 json_str(f, p->state);
+                if (p->lease[0]) {
+                        fprintf(f, ",\"lease\":");
+                        json_str(f, p->lease);
+                        fprintf(f, ",\"share_permille\":%u", p->share_permille);
+                }
                 fputc('}', f);
         }
         fprintf(f, "],\"workers\":[");

@@ -354,6 +354,31 @@ static int read_telemetry(Source *src, TopSnapshot *s) {
         return r < 0 ? r : 0;
 }
 
+/* Membership (org.epd1.Cluster): the source and etcd's state for the header, each
+ * peer's lease and share of the directory. Absent without peers. */
+static void read_cluster(Source *src, TopSnapshot *s) {
+        epd_member *members = NULL;
+        epd_cluster cl;
+        size_t n = 0;
+
+        if (epd_cluster_get(src->client, &cl) < 0)
+                return;
+        if (strcmp(cl.source, "etcd") == 0)
+                snprintf(s->membership, sizeof s->membership, "etcd %s, %u alive", cl.etcd_state, cl.members_alive);
+        else
+                snprintf(s->membership, sizeof s->membership, "static");
+        epd_cluster_done(&cl);
+        if (epd_list_members(src->client, &members, &n) < 0)
+                return;
+        for (size_t i = 0; i < s->n_peers; i++)
+                for (size_t k = 0; k < n; k++)
+                        if (strcmp(s->peers[i].name, members[k].host_id) == 0) {
+                                copy(s->peers[i].lease, sizeof s->peers[i].lease, members[k].lease);
+                                s->peers[i].share_permille = members[k].share_permille;
+                        }
+        epd_members_free(members, n);
+}
+
 static void poll_sources(Source *src, TopSnapshot *s) {
         *s = (TopSnapshot){ .ts = now_usec(CLOCK_MONOTONIC) };
 
@@ -370,6 +395,7 @@ static void poll_sources(Source *src, TopSnapshot *s) {
                         (void)read_telemetry(src, s);
                         read_peer_list(src, s);
                         read_serving(src, s);
+                        read_cluster(src, s); /* after the peers: it adds their leases */
                 }
         }
         if (src->pin_dir[0])
@@ -501,7 +527,9 @@ static const char *const help_lines[] = {
         "HO/S both per second; FEAT-PROD features it published, FEAT-HIT/FEAT-MISS its lookups.",
         "PEERS: BANDWIDTH acked bytes/s, SRTT/MINRTT the kernel's RTT, RETR/S retransmits/s,",
         "QUEUE send queue, LEVEL backpressure (none, elevated, high, stalled) and its REASON,",
-        "TRANSPORT tcp or rdma, STATE of the control connection. Narrow terminals drop columns.",
+        "TRANSPORT tcp or rdma, STATE of the control connection; with cluster membership, LEASE",
+        "(static, or in etcd: alive, missing, left) and SHARE of the block directory's hash",
+        "space. Narrow terminals drop columns.",
         "See epdtop(1).",
 };
 

@@ -97,6 +97,8 @@ struct Manager {
         struct Wal *wal;
         struct GpuContext *gpu;
         struct MetricsServer *metrics;
+        struct DirectoryForward *directory_forward;
+        struct ClusterManager *cluster;
 };
 
 int manager_new(Manager **ret, const char *config_path);

@@ -83,7 +83,7 @@ class Serving(unittest.TestCase):
         self.assertRegex(out, r"handoffs: \d+ in flight, .* P50 \S+ P99 \S+")
         self.assertRegex(out, r"features: hit rate \d+%")
         self.assertRegex(out, r"(?m)^WORKER +ROLE +MODEL +DEVICE +PID +SEQS +PAGES +HO-OUT +HO-IN")
-        self.assertRegex(out, r"(?m)^bravo .* tcp +up$")
+        self.assertRegex(out, r"(?m)^bravo .* tcp +up +static +\d+\.\d%$")  # LEASE, SHARE: membership
 
     def test_screen_80x24(self):
         if not shutil.which("tmux"):
