@@ -340,7 +340,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 result, enc_s = ec.last_save
                 conn.send(("ok", {"result": result, "encode_s": enc_s, "t": time.perf_counter() - t0}))
             elif kind == "prefill":
-                feats, enc, key = None, None, b.image_key(spec)
+                feats, enc, key, detail = None, None, b.image_key(spec), {}
                 if spec.image_seed is not None:
                     if msg[2]:  # no encoder process: this worker runs the vision tower (feature cache first)
                         ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id)
@@ -352,6 +352,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                     ec.start_load_caches(feats)
                     ec.clear_connector_metadata()
                     feats = feats[key]
+                    detail = feats.timing
                 t1 = time.perf_counter()
                 plen = b.prompt_len(spec)
                 kvc.bind_connector_metadata(kvc.build_connector_meta(saves=[H.KvTransfer(spec.request_id, plen)]))
@@ -367,7 +368,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 save_s = kvc.stats["save_s"] - s0["save_s"]
                 out = {"first": first, "delta": delta, "prompt_len": plen,
                        "fetch_s": t1 - t0 - (enc["t"] if enc else 0.0), "t": t3 - t0,
-                       "prepare_s": t2 - t1, "sink_s": save_s,
+                       "fetch_detail": detail, "prepare_s": t2 - t1, "sink_s": save_s,
                        "sink_wait_s": kvc.stats["save_wait_s"] - s0["save_wait_s"],
                        "compute_s": t3 - t2 - save_s, "kv_bytes": sink.bytes_written}
                 if enc:
