@@ -417,6 +417,10 @@ int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequenc
         _cleanup_(freep) void *put = NULL;
         size_t put_len = 0;
         HandoffRecord rec = handoff_record_of(o, HANDOFF_REC_COMMITTED);
+        /* Within this host the source commits with it, in the same record: a crash leaves
+         * both sides committed or neither. */
+        if (o->twin && handoff_journal_entry_of(o->twin))
+                rec.value = HANDOFF_REC_COMMIT_PAIR;
         r = page_manager_sequence_record(s, &put, &put_len);
         if (r >= 0) {
                 rec.extra = put;

@@ -139,7 +139,6 @@ int handoff_manager_restore_finish(Manager *m);
 int handoff_manager_snapshot(Manager *m, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
                              void *userdata);
 HandoffJournalEntry *handoff_journal_entry_of(HandoffObject *o);
-void handoff_journal_groups(HandoffObject *o, uint32_t done);
 int handoff_journal_prepared(HandoffObject *o);
 int handoff_journal_append(HandoffManager *hm, const HandoffRecord *r, const uint32_t *pages);
 void handoff_journal_released(HandoffObject *o);
