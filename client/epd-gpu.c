@@ -8,12 +8,25 @@
 #include "epd-internal.h"
 #include "epd/epd-gpu.h"
 #include "system.h"
+#include "kvcopy.h"
+#include "macro.h"
 #include "vmm.h"
 
 struct EpdGpu {
         GpuSystem *system;
-        unsigned n_mappings;
+        unsigned n_mappings;     /* and page tables: both keep the handle */
         bool closing;
+        GpuKernels **kernels;    /* per ordinal, loaded on first use */
+        int *kernels_error;      /* per ordinal: why they could not be loaded (0: not tried) */
+};
+
+struct EpdGpuPages {
+        EpdGpu *gpu;
+        int ordinal;
+        uint64_t *pages;         /* on the host */
+        size_t n_pages;
+        uint64_t page_size;
+        CUdeviceptr dev;         /* the same in device memory */
 };
 
 struct EpdGpuMapping {
@@ -22,6 +35,10 @@ struct EpdGpuMapping {
 };
 
 static void epd_gpu_free(EpdGpu *g) {
+        for (size_t i = 0; g->kernels && i < g->system->n_devices; i++)
+                gpu_kernels_free(g->kernels[i]);
+        free(g->kernels);
+        free(g->kernels_error);
         gpu_system_unref(g->system);
         free(g);
 }
@@ -39,6 +56,12 @@ int epd_gpu_open(EpdGpu **ret) {
         if (r < 0) {
                 free(g);
                 return r;
+        }
+        g->kernels = calloc(MAX(g->system->n_devices, (size_t)1), sizeof *g->kernels);
+        g->kernels_error = calloc(MAX(g->system->n_devices, (size_t)1), sizeof *g->kernels_error);
+        if (!g->kernels || !g->kernels_error) {
+                epd_gpu_free(g);
+                return -ENOMEM;
         }
         *ret = g;
         return 0;
@@ -94,6 +117,10 @@ uint64_t epd_gpu_mapping_device_pointer(const EpdGpuMapping *m) {
 
 uint64_t epd_gpu_mapping_size(const EpdGpuMapping *m) {
         return m ? m->arena->size : 0;
+}
+
+int epd_gpu_mapping_ordinal(const EpdGpuMapping *m) {
+        return m ? m->arena->ordinal : -EINVAL;
 }
 
 EpdGpuMapping *epd_gpu_unmap(EpdGpuMapping *m) {
@@ -192,3 +219,116 @@ int epd_gpu_release_memory(epd_client *c, uint32_t region) {
                 return -EINVAL;
         return epd__call(c, "/org/epd1", "org.epd1.Gpu", "ReleaseMemory", NULL, "u", region);
 }
+
+/* ---- KV pages (gpu/kvcopy.h) ---- */
+
+/* The batched kernels of a GPU, or NULL (built without them, or the driver has none):
+ * the copies then go row by row. */
+static GpuKernels *kernels_of(EpdGpu *g, int ordinal) {
+        if (!g->kernels[ordinal] && g->kernels_error[ordinal] == 0) {
+                int r = gpu_kernels_load(g->system, ordinal, &g->kernels[ordinal]);
+                g->kernels_error[ordinal] = r < 0 ? r : 1;
+        }
+        return g->kernels[ordinal];
+}
+
+int epd_gpu_pages_new(EpdGpu *g, int ordinal, const uint64_t *page_addresses, size_t n_pages, uint64_t page_size,
+                      uint64_t stream, EpdGpuPages **ret) {
+        EpdGpuPages *p;
+        GpuDevice *d;
+        int r;
+
+        if (!g || g->closing || !ret || (n_pages > 0 && !page_addresses) || page_size == 0)
+                return -EINVAL;
+        d = gpu_system_device(g->system, ordinal);
+        if (!d)
+                return -ENODEV;
+        p = calloc(1, sizeof *p);
+        if (!p)
+                return -ENOMEM;
+        p->gpu = g;
+        p->ordinal = ordinal;
+        p->n_pages = n_pages;
+        p->page_size = page_size;
+        p->pages = malloc(MAX(n_pages, (size_t)1) * sizeof *p->pages);
+        r = p->pages ? gpu_device_make_current(g->system, d) : -ENOMEM;
+        if (r >= 0 && n_pages > 0) {
+                memcpy(p->pages, page_addresses, n_pages * sizeof *p->pages);
+                r = CU(g->system->driver, cuMemAlloc, &p->dev, n_pages * sizeof *p->pages);
+                if (r >= 0)
+                        r = CU(g->system->driver, cuMemcpyHtoDAsync, p->dev, p->pages, n_pages * sizeof *p->pages,
+                               (CUstream)(uintptr_t)stream);
+        }
+        if (r < 0) {
+                if (p->dev)
+                        (void)CU(g->system->driver, cuMemFree, p->dev);
+                free(p->pages);
+                free(p);
+                return r;
+        }
+        g->n_mappings++;
+        *ret = p;
+        return 0;
+}
+
+EpdGpuPages *epd_gpu_pages_free(EpdGpuPages *p) {
+        EpdGpu *g;
+
+        if (!p)
+                return NULL;
+        g = p->gpu;
+        if (p->dev && gpu_device_make_current(g->system, &g->system->devices[p->ordinal]) >= 0)
+                (void)CU(g->system->driver, cuMemFree, p->dev); /* waits for its users */
+        free(p->pages);
+        free(p);
+        if (--g->n_mappings == 0 && g->closing)
+                epd_gpu_free(g);
+        return NULL;
+}
+
+static int kv_copy(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream, GpuKvDirection d) {
+        EpdGpu *g;
+        int e;
+
+        if (!p || !r)
+                return -EINVAL;
+        e = gpu_kv_rows_check((const GpuKvRows *)r, p->n_pages, p->page_size);
+        if (e < 0)
+                return e;
+        g = p->gpu;
+        e = gpu_device_make_current(g->system, &g->system->devices[p->ordinal]);
+        if (e < 0)
+                return e;
+        return gpu_kv_rows_copy(g->system, kernels_of(g, p->ordinal), (CUstream)(uintptr_t)stream, p->dev,
+                                p->pages, p->n_pages, (const GpuKvRows *)r, d);
+}
+
+int epd_gpu_kv_write(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream) {
+        return kv_copy(p, r, stream, GPU_KV_TO_PAGES);
+}
+
+int epd_gpu_kv_read(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream) {
+        return kv_copy(p, r, stream, GPU_KV_FROM_PAGES);
+}
+
+static int kv_copy_host(const uint64_t *pages, size_t n_pages, uint64_t page_size, const epd_kv_rows *r,
+                        GpuKvDirection d) {
+        if (!r || (n_pages > 0 && !pages))
+                return -EINVAL;
+        int e = gpu_kv_rows_check((const GpuKvRows *)r, n_pages, page_size);
+        if (e < 0)
+                return e;
+        gpu_kv_rows_copy_host((const GpuKvRows *)r, pages, d);
+        return 0;
+}
+
+int epd_kv_write_host(const uint64_t *page_addresses, size_t n_pages, uint64_t page_size, const epd_kv_rows *r) {
+        return kv_copy_host(page_addresses, n_pages, page_size, r, GPU_KV_TO_PAGES);
+}
+
+int epd_kv_read_host(const uint64_t *page_addresses, size_t n_pages, uint64_t page_size, const epd_kv_rows *r) {
+        return kv_copy_host(page_addresses, n_pages, page_size, r, GPU_KV_FROM_PAGES);
+}
+
+_Static_assert(sizeof(epd_kv_rows) == sizeof(GpuKvRows) && offsetof(epd_kv_rows, v_offset) == offsetof(GpuKvRows, v_offset),
+               "epd_kv_rows is GpuKvRows");

@@ -59,16 +59,14 @@ uint64_t gpu_chunks_bytes(const GpuChunk *c, size_t n) {
 }
 
 void gpu_chunks_grid(size_t n, uint64_t max_len, int sms, unsigned *grid_x, unsigned *grid_y) {
-        /* 256 threads × 4 × 16 bytes per block pass; aim for ~8 blocks per SM in all. */
-        const uint64_t per_block = 256 * 4 * 16;
-        uint64_t target = (uint64_t)MAX(sms, 1) * 8, gy, gx;
+        /* One block per GPU_CHUNK_TILE of a chunk (x), one row of blocks per chunk (y; the
+         * kernel loops over chunks past 65535). sms does not change the shape: tiles are
+         * small enough that the blocks spread evenly over any number of SMs. */
+        uint64_t gx = DIV_ROUND_UP(MAX(max_len, (uint64_t)1), (uint64_t)GPU_CHUNK_TILE);
 
-        gy = MIN((uint64_t)MAX(n, (size_t)1), (uint64_t)65535);
-        gx = DIV_ROUND_UP(target, gy);
-        gx = MIN(gx, MAX(DIV_ROUND_UP(max_len, per_block), (uint64_t)1));
-        gx = CLAMP(gx, (uint64_t)1, (uint64_t)65535);
-        *grid_x = (unsigned)gx;
-        *grid_y = (unsigned)gy;
+        (void)sms;
+        *grid_x = (unsigned)CLAMP(gx, (uint64_t)1, (uint64_t)INT32_MAX);
+        *grid_y = (unsigned)MIN((uint64_t)MAX(n, (size_t)1), (uint64_t)65535);
 }
 
 GpuKernels *gpu_kernels_free(GpuKernels *k) {
@@ -104,6 +102,8 @@ int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret) {
         if (r < 0)
                 return r;
         r = CU(s->driver, cuModuleGetFunction, &k->copy_chunks, k->module, "epd_copy_chunks");
+        if (r >= 0)
+                r = CU(s->driver, cuModuleGetFunction, &k->kv_rows, k->module, "epd_kv_rows");
         if (r < 0)
                 return r;
         if (CU(s->driver, cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
@@ -115,9 +115,9 @@ int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret) {
 
 int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *chunks,
                             CUdeviceptr desc_buf, size_t n) {
-        unsigned gx, gy, n32 = (unsigned)n;
+        unsigned gx, gy, n32 = (unsigned)n, tile_words = GPU_CHUNK_TILE / 16;
         uint64_t max_len = 0;
-        void *params[] = { &desc_buf, &n32 };
+        void *params[] = { &desc_buf, &n32, &tile_words };
         int r;
 
         if (n == 0)
@@ -133,4 +133,26 @@ int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *chun
                 return r;
         return CU(k->system->driver, cuLaunchKernel, k->copy_chunks, gx, gy, 1, 256, 1, 1, 0,
                   stream, params, NULL);
+}
+
+int gpu_kernels_kv_rows(GpuKernels *k, CUstream stream, CUdeviceptr pages, uint64_t k_rows, uint64_t v_rows,
+                        uint64_t tokens, uint32_t heads, uint64_t words_per_row, uint32_t tokens_per_page,
+                        uint64_t k_offset, uint64_t v_offset, uint64_t head_words, uint64_t token_words,
+                        bool to_pages) {
+        unsigned long long kk = k_rows, vv = v_rows, s = tokens, ko = k_offset, vo = v_offset, hw = head_words,
+                           tw = token_words;
+        unsigned h = heads, w = (unsigned)words_per_row, t = tokens_per_page;
+        int dir = to_pages;
+        void *params[] = { &pages, &kk, &vv, &s, &h, &w, &t, &ko, &vo, &hw, &tw, &dir };
+        uint64_t words = tokens * words_per_row, gx;
+
+        if (heads == 0 || 2ULL * heads > 65535 || words_per_row == 0 || words_per_row > UINT32_MAX ||
+            tokens_per_page == 0)
+                return -EINVAL;
+        /* Enough blocks to cover the SMs a few times over across the 2 × H rows of blocks,
+         * each thread moving a few words. */
+        gx = DIV_ROUND_UP(words, 256 * 4);
+        gx = CLAMP(gx, (uint64_t)1, MAX((uint64_t)k->sms * 8 / (2 * heads), (uint64_t)1));
+        return CU(k->system->driver, cuLaunchKernel, k->kv_rows, (unsigned)gx, 2 * heads, 1, 256, 1, 1, 0, stream,
+                  params, NULL);
 }

@@ -14,36 +14,76 @@ struct EpdChunk {
 
 #define UNROLL 4
 
+// blockIdx.y picks a chunk (looping when there are more than gridDim.y), blockIdx.x a tile
+// of tile_words 16-byte words of it: every block moves at most one tile, so the work is
+// spread in small even pieces whatever the chunk sizes (no wave of long blocks leaving
+// SMs idle at the end), and blocks past a short chunk's end return at once.
 extern "C" __global__ void __launch_bounds__(256)
-epd_copy_chunks(const EpdChunk *__restrict__ chunks, unsigned n_chunks) {
+epd_copy_chunks(const EpdChunk *__restrict__ chunks, unsigned n_chunks, unsigned tile_words) {
         for (unsigned c = blockIdx.y; c < n_chunks; c += gridDim.y) {
                 const EpdChunk e = chunks[c];
-                const unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-                const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+                const unsigned long long begin = (unsigned long long)blockIdx.x * tile_words;
 
                 if (((e.src | e.dst | e.len) & 15ULL) == 0) {
                         const uint4 *__restrict__ s = (const uint4 *)e.src;
                         uint4 *__restrict__ d = (uint4 *)e.dst;
                         const unsigned long long n = e.len / 16;
-                        unsigned long long i = tid;
+                        if (begin >= n)
+                                continue;
+                        const unsigned long long end = min(begin + tile_words, n);
+                        unsigned long long i = begin + threadIdx.x;
 
                         /* UNROLL independent 16-byte loads in flight per thread. */
-                        for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
+                        for (; i + (UNROLL - 1) * 256 < end; i += UNROLL * 256) {
                                 uint4 v[UNROLL];
 #pragma unroll
                                 for (int u = 0; u < UNROLL; u++)
-                                        v[u] = __ldcs(s + i + u * stride);
+                                        v[u] = __ldcs(s + i + u * 256);
 #pragma unroll
                                 for (int u = 0; u < UNROLL; u++)
-                                        __stcs(d + i + u * stride, v[u]);
+                                        __stcs(d + i + u * 256, v[u]);
                         }
-                        for (; i < n; i += stride)
+                        for (; i < end; i += 256)
                                 __stcs(d + i, __ldcs(s + i));
                 } else {
                         const unsigned char *s = (const unsigned char *)e.src;
                         unsigned char *d = (unsigned char *)e.dst;
-                        for (unsigned long long i = tid; i < e.len; i += stride)
+                        const unsigned long long b0 = begin * 16;
+                        if (b0 >= e.len)
+                                continue;
+                        const unsigned long long end = min(b0 + 16ULL * tile_words, e.len);
+                        for (unsigned long long i = b0 + threadIdx.x; i < end; i += 256)
                                 d[i] = s[i];
                 }
+        }
+}
+
+// One layer's K and V between a (1, H, S, D) cache tensor pair and KV pages (kvcopy.h; head
+// and token strides in 16-byte words):
+// blockIdx.y picks K or V and a head, the x dimension runs over the tokens' 16-byte
+// words. Reads and writes are row-contiguous (a row is D × element size, e.g. 256
+// bytes), so both sides are coalesced. pages[] holds each page's address.
+extern "C" __global__ void __launch_bounds__(256)
+epd_kv_rows(const unsigned long long *__restrict__ pages, unsigned long long k, unsigned long long v,
+            unsigned long long tokens, unsigned heads, unsigned words_per_row, unsigned tokens_per_page,
+            unsigned long long k_offset, unsigned long long v_offset, unsigned long long head_words,
+            unsigned long long token_words, int to_pages) {
+        const unsigned kv = blockIdx.y / heads, h = blockIdx.y % heads;
+        uint4 *__restrict__ tensor = (uint4 *)(kv ? v : k) + (unsigned long long)h * head_words;
+        const unsigned long long off = kv ? v_offset : k_offset;
+        const unsigned long long n = tokens * words_per_row;
+        const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+
+        for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+                const unsigned long long s = i / words_per_row;
+                const unsigned w = (unsigned)(i % words_per_row);
+                const unsigned t = (unsigned)(s % tokens_per_page);
+                uint4 *page = (uint4 *)(pages[s / tokens_per_page] + off) +
+                              ((unsigned long long)t * heads + h) * words_per_row + w;
+                uint4 *row = tensor + s * token_words + w;
+                if (to_pages)
+                        __stcs(page, __ldcs(row));
+                else
+                        __stcs(row, __ldcs(page));
         }
 }

@@ -40,8 +40,11 @@ size_t gpu_chunks_coalesce(GpuChunk *c, size_t n);
 /* Sum of lengths (saturating). */
 uint64_t gpu_chunks_bytes(const GpuChunk *c, size_t n);
 
+/* The bytes of a chunk one block of the copy kernel moves. */
+#define GPU_CHUNK_TILE (64U << 10)
+
 /* Launch geometry for n chunks of at most max_len bytes on a device with `sms`
- * multiprocessors. Pure. */
+ * multiprocessors: a block per tile of a chunk. Pure. */
 void gpu_chunks_grid(size_t n, uint64_t max_len, int sms, unsigned *grid_x, unsigned *grid_y);
 
 /* The fatbin embedded at build time (size 0 when built without nvcc). */
@@ -54,6 +57,7 @@ typedef struct GpuKernels {
         int sms;
         CUmodule module;
         CUfunction copy_chunks;
+        CUfunction kv_rows;     /* kvcopy.h */
 } GpuKernels;
 
 int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret);
@@ -66,3 +70,10 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(GpuKernels *, gpu_kernels_free);
  * The device's context must be current. n <= GPU_CHUNKS_MAX. */
 int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *host_desc,
                             CUdeviceptr dev_desc, size_t n);
+
+/* Launches epd_kv_rows on `stream` (kvcopy.h: rows of words_per_row 16-byte words, 16-byte
+ * aligned). */
+int gpu_kernels_kv_rows(GpuKernels *k, CUstream stream, CUdeviceptr pages, uint64_t k_rows, uint64_t v_rows,
+                        uint64_t tokens, uint32_t heads, uint64_t words_per_row, uint32_t tokens_per_page,
+                        uint64_t k_offset, uint64_t v_offset, uint64_t head_words, uint64_t token_words,
+                        bool to_pages);

@@ -85,8 +85,23 @@ def summarize(name, results, wall):
            "branch_latency_mean_ms": 1e3 * mean(b["latency_s"] for b in branches)}
     if results and "prefill" in results[0]:
         row["exposed_transfer_ms"] = 1e3 * mean(r["decode"]["wait_s"] for r in results)
-        row["epd_share_of_ttft"] = mean((r["prefill"]["fetch_s"] + r["prefill"]["sink_s"]) / r["ttft_s"]
-                                        for r in results)
+        # epd's part of TTFT: its calls and copies on the critical path (feature fetch,
+        # sequence + Prepare, the KV sink's writes and notices).
+        row["epd_share_of_ttft"] = mean((r["prefill"]["fetch_s"] + r["prefill"]["prepare_s"]
+                                         + r["prefill"]["sink_s"]) / r["ttft_s"] for r in results)
+        enc = [r["encode"]["t"] for r in results if "encode" in r]
+        row["split_ms"] = {
+            "encoder": 1e3 * mean(enc) if enc else 0.0,
+            "feature_fetch": 1e3 * mean(r["prefill"]["fetch_s"] for r in results),
+            "prepare": 1e3 * mean(r["prefill"]["prepare_s"] for r in results),
+            "prefill_compute": 1e3 * mean(r["prefill"]["compute_s"] for r in results),
+            "kv_sink": 1e3 * mean(r["prefill"]["sink_s"] for r in results),
+            "kv_sink_wait": 1e3 * mean(r["prefill"].get("sink_wait_s", 0.0) for r in results),
+            "hops_and_queue": 1e3 * mean(r["hops_s"] for r in results),
+            "decode_accept_wait": 1e3 * mean(r["decode"]["accept_s"] for r in results),
+            "handoff_exposed": 1e3 * mean(r["decode"]["wait_s"] for r in results),
+            "decode_kv_load": 1e3 * mean(r["decode"]["load_s"] for r in results),
+        }
         row["kv_bytes"] = sum(r["prefill"]["kv_bytes"] for r in results)
         row["encoder_hits"] = sum(1 for r in results if r.get("encode", {}).get("result") == "hit")
         row["encoder_runs"] = sum(1 for r in results if r.get("encode", {}).get("result") == "produced")
@@ -115,12 +130,16 @@ def colocated(model_name, reqs, device="cuda", m=None):
         t0 = time.perf_counter()
         r = q.make_request(m, s.image_seed, s.text_seed, text_tokens=s.text_tokens, device=device)
         kv = q.MemoryKv()
-        first, delta = pre.prefill(r, enc.encode(r), kv)
+        feats = enc.encode(r)
+        torch.cuda.synchronize()
+        te = time.perf_counter()
+        first, delta = pre.prefill(r, feats, kv)
         torch.cuda.synchronize()
         t1 = time.perf_counter()
         toks = dec.decode(kv, r.input_ids.shape[1], first, delta, s.max_new_tokens)
         torch.cuda.synchronize()
-        res = {"ttft_s": t1 - t0, "latency_s": time.perf_counter() - t0, "tokens": toks}
+        res = {"ttft_s": t1 - t0, "latency_s": time.perf_counter() - t0, "tokens": toks,
+               "encode_s": te - t0, "prefill_s": t1 - te}
         if s.branches:
             n = int(r.input_ids.shape[1])
             P = n // 16 * 16
@@ -199,7 +218,7 @@ def colocated_dp(model_name, reqs, gpus, warm):
 
 
 def workers(args):
-    return serve.Workers(args.address, args.model, layout=args.layout, gpus=args.gpus)
+    return serve.Workers(args.address, args.model, layout=args.layout, gpus=args.gpus, kv_arena=args.kv_arena)
 
 
 def check(args):
@@ -279,6 +298,8 @@ def bench(args):
         res, wall, _ = colocated(args.model, reqs, m=m)
         del m
         rows.append(summarize("colocated, 1 process, no epd", res, wall))
+        rows[-1]["split_ms"] = {"encoder": 1e3 * mean(r["encode_s"] for r in res),
+                                "prefill_compute": 1e3 * mean(r["prefill_s"] for r in res)}
         print(json.dumps(rows[-1]), flush=True)
         if args.gpus and (args.gpus > 1 or args.dp):
             res, wall = colocated_dp(args.model, reqs, args.gpus, warm_specs(args, 1, salt="", first=900))
@@ -309,7 +330,7 @@ def gates(args, out):
     journal = epdctl(args, "journal")
     feats = epdctl(args, "features")
     out["pages"], out["handoffs"], out["journal"], out["features"] = pools, hand, journal, feats
-    kv = [p for p in pools.get("pools", []) if p.get("arena") == "host0"] if isinstance(pools, dict) else []
+    kv = [p for p in pools.get("pools", []) if p.get("arena") == args.kv_arena] if isinstance(pools, dict) else []
     retained = kv[0]["total"] - kv[0]["free"] if kv else None
     counters = hand.get("counters", {}) if isinstance(hand, dict) else {}
     failures = sum(v for k, v in counters.items() if k.startswith("failures.")) + counters.get("rolled-back", 0)
@@ -351,6 +372,7 @@ def main():
     ap.add_argument("--agent-every", type=int, default=3, help="every Nth request is an agent request (0: none)")
     ap.add_argument("--branches", type=int, default=2, help="follow-up turns (branches) per agent request")
     ap.add_argument("--branch-tokens", type=int, default=24, help="new tokens per follow-up turn")
+    ap.add_argument("--kv-arena", default="host0", help="the KV arena of the workers (a GPU arena: KV stays on the GPU)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     serve.parse_layout(args.layout)
@@ -391,6 +413,15 @@ def main():
                   f"| {r.get('exposed_transfer_ms', float('nan')):.2f} "
                   f"| {r.get('epd_share_of_ttft', float('nan')):.3f} "
                   f"| {r.get('encoder_runs', '-')}/{r.get('encoder_hits', '-')} |")
+        print("\nWhere TTFT goes (mean ms): encoder | feature fetch | sequence + Prepare | prefill compute "
+              "| KV sink | its wait for the model | hops and queueing; decode: accept | handoff exposed | KV load")
+        for r in out["bench"]:
+            sp = r.get("split_ms", {})
+            print(f"| {r['config']} | " + " | ".join(
+                f"{sp[k]:.1f}" if k in sp else "-" for k in ("encoder", "feature_fetch", "prepare", "prefill_compute",
+                                                             "kv_sink", "kv_sink_wait", "hops_and_queue",
+                                                             "decode_accept_wait", "handoff_exposed",
+                                                             "decode_kv_load")) + " |")
         for r in out["bench"]:
             if "workflow" in r:
                 print(f"workflow ({r['config']}): {json.dumps(r['workflow'])}")

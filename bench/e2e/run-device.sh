@@ -48,19 +48,42 @@ echo "build: $(( $(date +%s) - t0 )) s"
 
 D=/tmp/epd-e2e
 rm -rf $D; mkdir -p $D
+# Where KV and features live: GPU arenas of epdd on GPU 0 (the default with one GPU:
+# the prefill writes K/V into pages with one kernel per layer, the decode on the same GPU
+# takes the pages over without a byte copied, features are read in place), or host
+# arenas (E2E_ARENAS=host; the default with several GPUs, whose processes cannot all map
+# GPU 0's arenas).
+E2E_ARENAS=${E2E_ARENAS:-$([ "$GPUS" -eq 1 ] && echo gpu || echo host)}
+if [ "$E2E_ARENAS" = gpu ]; then
+        KV_ARENA=kvgpu
+        ARENAS="[Arena:kvgpu]
+Domain=gpu
+Gpu=0
+Usage=kv
+Size=8G
+[Arena:featgpu]
+Domain=gpu
+Gpu=0
+Usage=feature
+Size=2G
+PageSize=64K"
+else
+        KV_ARENA=host0
+        ARENAS="[Arena:host0]
+Usage=kv
+Size=4G
+[Arena:feat0]
+Usage=feature
+Size=2G
+PageSize=64K"
+fi
 cat >$D/epd.conf <<CONF
 [Daemon]
 Socket=$D/bus
 SystemBus=no
 HostId=gpu-host
 StateDirectory=$D/state
-[Arena:host0]
-Usage=kv
-Size=4G
-[Arena:feat0]
-Usage=feature
-Size=2G
-PageSize=64K
+$ARENAS
 [Features]
 CacheSize=1G
 CONF
@@ -76,8 +99,8 @@ stop_epdd() {
 EPDD=
 trap 'kill -TERM $EPDD 2>/dev/null; wait $EPDD 2>/dev/null' EXIT
 export EPD_LIBRARY=$ROOT/$B/client/libepd.so
-ARGS=(--address direct:$D/bus --epdctl $ROOT/$B/tools/epdctl --layout "$LAYOUT" --gpus "$GPUS")
-echo "layout $LAYOUT on $GPUS GPU(s); steps: $STEPS"
+ARGS=(--address direct:$D/bus --epdctl $ROOT/$B/tools/epdctl --layout "$LAYOUT" --gpus "$GPUS" --kv-arena "$KV_ARENA")
+echo "layout $LAYOUT on $GPUS GPU(s); arenas: $E2E_ARENAS; steps: $STEPS"
 gpu_torch_rc=- check_rc=- bench_rc=- epdd_rc=-
 
 if [[ " $STEPS " == *" gpu "* ]]; then

@@ -14,7 +14,8 @@
  *   cow       a cloned sequence writes 5 of 64 shared pages: exactly those are copied
  *             (through the transport) before the write; the originals are unchanged
  *   pack      pack/unpack kernels against a host reference on random data, aligned
- *             and unaligned layer groups */
+ *             and unaligned layer groups
+ *   kv-rows   the KV layer scatter/gather kernel against the host copy (kvcopy.h) */
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdbool.h>
@@ -26,6 +27,7 @@
 #include "epd/epd-gpu.h"
 #include "gpu/gpu-domain.h"
 #include "gpu-test-util.h"
+#include "kvcopy.h"
 #include "pack.h"
 #include "transport/cuda.h"
 
@@ -496,9 +498,83 @@ static void test_pack(Env *e) {
         pack_case(e, k, a, st, 1 * MiB, 60, 256 * 1024, 512 * 1024, 66);
         pack_case(e, k, a, st, 256 * 1024, 500, 4096, 64 * 1024, 67);
         pack_case(e, k, a, st, 1 * MiB, 100, 333, 100003, 68);
-        printf("RESULT pack ok cases=3\n");
+        pack_case(e, k, a, st, 1 * MiB, 40, 4112, 200016, 69); /* aligned, 3 tiles and a part */
+        printf("RESULT pack ok cases=4\n");
         drop_arena(e, a);
         drop_arena(e, st);
+        gpu_kernels_free(k);
+}
+
+/* The KV layer copies (kvcopy.h): the kernel against the host copy, both directions,
+ * both tensor layouts, a last page partly used. Pages: a GPU arena; tensors: another.
+ * Host image: [pages arena | tensor arena] in e->host. */
+static void kv_case(Env *e, GpuKernels *k, Arena *pa, Arena *ta, bool token_major, GpuKvDirection dir,
+                    uint64_t seed) {
+        const uint32_t H = 8, T = 16, L = 4, layer = 2;
+        const uint64_t row = 256, S = 1000, block = (uint64_t)T * H * row, page = (uint64_t)L * 2 * block;
+        const size_t n_pages = (S + T - 1) / T;
+        CudaDriver *d = e->s->driver;
+        uint64_t *dev_pages = malloc(n_pages * 8), *host_pages = malloc(n_pages * 8);
+        uint8_t *img = e->host, *ref = malloc(pa->size + ta->size);
+        CUdeviceptr table;
+        CUstream stream;
+
+        REQUIRE(dev_pages && host_pages && ref, "oom");
+        REQUIRE(pa->size + ta->size <= e->host_size && n_pages <= pa->size / page, "sizes");
+        for (size_t i = 0; i < n_pages; i++) {
+                uint64_t id = (i * 7919 + seed) % (pa->size / page);
+                dev_pages[i] = pa->gpu->base + id * page;
+                host_pages[i] = (uintptr_t)(img + id * page);
+        }
+        fill_random(img, pa->size + ta->size, seed, 0);
+        host_to_arena(e, pa, 0, 0, pa->size);
+        host_to_arena(e, ta, 0, pa->size, ta->size);
+        GpuKvRows r = { .tokens = S, .heads = H, .tokens_per_page = T, .row_bytes = row,
+                        .k_offset = layer * 2 * block, .v_offset = layer * 2 * block + block,
+                        .head_stride = token_major ? row : 0, .token_stride = token_major ? H * row : 0 };
+        /* The reference on the host image. */
+        r.k = (uintptr_t)(img + pa->size);
+        r.v = r.k + (uint64_t)H * S * row;
+        CHECK(gpu_kv_rows_check(&r, n_pages, page));
+        gpu_kv_rows_copy_host(&r, host_pages, dir);
+        memcpy(ref, img, pa->size + ta->size); /* what the GPU must produce */
+        /* The GPU run. */
+        r.k = ta->gpu->base;
+        r.v = r.k + (uint64_t)H * S * row;
+        CHECK(CU(d, cuStreamCreate, &stream, CU_STREAM_NON_BLOCKING));
+        CHECK(CU(d, cuMemAlloc, &table, n_pages * 8));
+        CHECK(CU(d, cuMemcpyHtoD, table, dev_pages, n_pages * 8));
+        REQUIRE(gpu_kv_rows_aligned(&r, dev_pages, n_pages), "aligned");
+        CHECK(gpu_kv_rows_copy(e->s, k, stream, table, dev_pages, n_pages, &r, dir));
+        CHECK(CU(d, cuStreamSynchronize, stream));
+        arena_to_host(e, pa, 0, 0, pa->size);
+        arena_to_host(e, ta, 0, pa->size, ta->size);
+        REQUIRE(memcmp(img, ref, pa->size + ta->size) == 0, "kv rows (%s, %s) differ from the host copy",
+                token_major ? "token-major" : "head-major", dir == GPU_KV_TO_PAGES ? "scatter" : "gather");
+        (void)CU(d, cuMemFree, table);
+        (void)CU(d, cuStreamDestroy, stream);
+        free(ref);
+        free(dev_pages);
+        free(host_pages);
+}
+
+static void test_kv_rows(Env *e) {
+        GpuKernels *k = NULL;
+        int r = gpu_kernels_load(e->s, 0, &k);
+        if (r == -EOPNOTSUPP) {
+                printf("RESULT kv-rows skipped: built without nvcc\n");
+                return;
+        }
+        CHECK(r);
+        Arena *pa = make_arena(e, "kv-pages", 8, 128 * MiB);
+        Arena *ta = make_arena(e, "kv-tensors", 9, 32 * MiB);
+        unsigned cases = 0;
+        for (int tm = 0; tm < 2; tm++)
+                for (int dir = 0; dir < 2; dir++, cases++)
+                        kv_case(e, k, pa, ta, tm, (GpuKvDirection)dir, 70 + cases);
+        printf("RESULT kv-rows ok cases=%u\n", cases);
+        drop_arena(e, pa);
+        drop_arena(e, ta);
         gpu_kernels_free(k);
 }
 
@@ -549,6 +625,7 @@ int main(int argc, char **argv) {
         test_handoff(&e, VIA_KERNEL);
         test_cow(&e);
         test_pack(&e);
+        test_kv_rows(&e);
 
         const GpuCopyStats *st = gpu_copy_engine_stats(cuda_transport_engine(e.t));
         printf("copy engine: %" PRIu64 " batches, %" PRIu64 " bytes, %" PRIu64 " failures\n",

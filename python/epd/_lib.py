@@ -68,14 +68,26 @@ def _declare(lib):
         "epd_last_error_name": (c_char_p, [c_void_p]),
         "epd_last_error_message": (c_char_p, [c_void_p]),
     }
-    for name, (restype, argtypes) in decls.items():
-        f = getattr(lib, name)
-        f.restype = restype
-        f.argtypes = argtypes
+    declare(lib, decls)
     # The library frees these; ctypes must not take ownership.
     lib.free.restype = None
     lib.free.argtypes = [c_void_p]
     return lib
+
+
+def declare(lib, decls):
+    """Sets the result and argument types of libepd's functions: {name: (restype, argtypes)}."""
+    for name, (restype, argtypes) in decls.items():
+        f = getattr(lib, name)
+        f.restype = restype
+        f.argtypes = argtypes
+
+
+def take_string(lib, p: ctypes.c_void_p) -> str:
+    """A string libepd allocated for the caller, which it then frees."""
+    s = ctypes.string_at(p.value).decode()
+    lib.free(p)
+    return s
 
 
 _lib = None

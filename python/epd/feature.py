@@ -72,10 +72,7 @@ def _lib_features():
         "epd_feature_release": (c_int, [c_void_p, _Fp]),
         "epd_feature_prefetch": (c_int, [c_void_p, P(c_char_p), c_size_t]),
     }
-    for name, (restype, argtypes) in decls.items():
-        f = getattr(lib, name)
-        f.restype = restype
-        f.argtypes = argtypes
+    _lib.declare(lib, decls)
     lib._epd_features_declared = True
     return lib
 
@@ -162,6 +159,7 @@ class Feature(_lib.Closing):
     offset = property(lambda self: self._f().offset)
     nbytes = property(lambda self: self._f().bytes)
     request_id = property(lambda self: self._f().request_id.decode())
+    arena = property(lambda self: self._f().arena)  # index for Client arenas; -1: no region
 
     @property
     def tensors(self) -> List[Tensor]:
@@ -241,6 +239,16 @@ class Feature(_lib.Closing):
         # the daemon validated the layout: the offset is aligned, the view in range
         flat = torch.frombuffer(self.buffer(), dtype=torch.uint8)
         return flat[t.offset:].view(dtype).as_strided(t.shape, t.strides)
+
+    def cuda(self, name: str, arena):
+        """A torch view, on the GPU, of one tensor of a feature in a GPU arena (`arena`: its
+        epd.gpu.GpuArena mapping); no copy. The view is valid while this handle is held."""
+        t = self._tensor(name)
+        span = 1
+        for n, st in zip(t.shape, t.strides):
+            span += (n - 1) * st
+        flat = arena.torch(self.offset + t.offset, (span,), _TORCH[t.dtype])
+        return flat.as_strided(t.shape, t.strides)
 
     def release(self):
         if self._p:

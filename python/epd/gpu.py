@@ -20,7 +20,7 @@ from typing import Optional, Sequence as Seq
 
 from . import EpdError, _lib
 
-__all__ = ["Gpu", "GpuArena", "CudaView"]
+__all__ = ["Gpu", "GpuArena", "CudaView", "KvRows", "PageTable", "kv_write_host", "kv_read_host"]
 
 _P = ctypes.POINTER
 
@@ -31,6 +31,36 @@ _TYPESTR = {"uint8": "|u1", "int8": "|i1", "int16": "<i2", "int32": "<i4", "int6
             "float16": "<f2", "float32": "<f4", "float64": "<f8", "bfloat16": "<V2"}
 _SIZE = {"uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2, "float32": 4,
          "float64": 8, "bfloat16": 2}
+
+
+class KvRows(ctypes.Structure):
+    """One layer's K and V (epd_kv_rows, epd-gpu.h): the model's (1, H, S, D) cache tensors
+    k and v (last dimension contiguous; head_stride/token_stride in bytes, 0: (H, S, D)
+    contiguous), and where the layer's rows are in a page."""
+    _fields_ = [("k", ctypes.c_uint64), ("v", ctypes.c_uint64), ("tokens", ctypes.c_uint64),
+                ("heads", ctypes.c_uint32), ("tokens_per_page", ctypes.c_uint32),
+                ("row_bytes", ctypes.c_uint64), ("k_offset", ctypes.c_uint64), ("v_offset", ctypes.c_uint64),
+                ("head_stride", ctypes.c_uint64), ("token_stride", ctypes.c_uint64)]
+
+
+def _addresses(pages: Seq[int]):
+    return (ctypes.c_uint64 * max(len(pages), 1))(*pages), len(pages)
+
+
+def kv_write_host(pages: Seq[int], page_size: int, rows: KvRows) -> None:
+    """Host memory: writes the layer's K and V rows into the pages at these addresses."""
+    a, n = _addresses(pages)
+    r = _lib_gpu().epd_kv_write_host(a, n, page_size, ctypes.byref(rows))
+    if r < 0:
+        raise EpdError(-r, None, None, "write KV rows")
+
+
+def kv_read_host(pages: Seq[int], page_size: int, rows: KvRows) -> None:
+    """Host memory: reads the layer's K and V rows from the pages into the tensors."""
+    a, n = _addresses(pages)
+    r = _lib_gpu().epd_kv_read_host(a, n, page_size, ctypes.byref(rows))
+    if r < 0:
+        raise EpdError(-r, None, None, "read KV rows")
 
 
 def _lib_gpu():
@@ -46,12 +76,17 @@ def _lib_gpu():
         "epd_gpu_arena_map": (c_int, [c_void_p, c_void_p, c_size_t, _P(c_void_p)]),
         "epd_gpu_mapping_device_pointer": (c_uint64, [c_void_p]),
         "epd_gpu_mapping_size": (c_uint64, [c_void_p]),
+        "epd_gpu_mapping_ordinal": (c_int, [c_void_p]),
         "epd_gpu_unmap": (c_void_p, [c_void_p]),
+        "epd_gpu_pages_new": (c_int, [c_void_p, c_int, _P(c_uint64), c_size_t, c_uint64, c_uint64,
+                                      _P(c_void_p)]),
+        "epd_gpu_pages_free": (c_void_p, [c_void_p]),
+        "epd_gpu_kv_write": (c_int, [c_void_p, _P(KvRows), c_uint64]),
+        "epd_gpu_kv_read": (c_int, [c_void_p, _P(KvRows), c_uint64]),
+        "epd_kv_write_host": (c_int, [_P(c_uint64), c_size_t, c_uint64, _P(KvRows)]),
+        "epd_kv_read_host": (c_int, [_P(c_uint64), c_size_t, c_uint64, _P(KvRows)]),
     }
-    for name, (restype, argtypes) in decls.items():
-        f = getattr(lib, name)
-        f.restype = restype
-        f.argtypes = argtypes
+    _lib.declare(lib, decls)
     lib._epd_gpu_declared = True
     return lib
 
@@ -84,6 +119,12 @@ class GpuArena(_lib.Closing):
         lib = _lib_gpu()
         self.device_pointer = lib.epd_gpu_mapping_device_pointer(mapping)
         self.size = lib.epd_gpu_mapping_size(mapping)
+        self.ordinal = lib.epd_gpu_mapping_ordinal(mapping)
+
+    def page_table(self, pages: Seq[int], page_size: int, stream: int = 0) -> "PageTable":
+        """The page table of these pages (page ids of this arena) for the KV copies."""
+        base = self.device_pointer + self.data_offset
+        return PageTable(self._gpu, self.ordinal, [base + p * page_size for p in pages], page_size, stream)
 
     def view(self, offset: int, shape: Seq[int], dtype: str = "uint8") -> CudaView:
         """The bytes at `offset` of the arena as a C-contiguous array of `shape`."""
@@ -110,6 +151,37 @@ class GpuArena(_lib.Closing):
         if self._m is not None:
             _lib_gpu().epd_gpu_unmap(self._m)
             self._m = None
+
+
+class PageTable(_lib.Closing):
+    """A sequence's pages in a GPU arena, as a page table on the GPU: each layer's K/V
+    copy between the model's cache and the pages is then one kernel launch on the given
+    stream (a CUstream handle, e.g. torch.cuda.current_stream().cuda_stream)."""
+
+    def __init__(self, gpu: "Gpu", ordinal: int, addresses: Seq[int], page_size: int, stream: int = 0):
+        a, n = _addresses(addresses)
+        p = ctypes.c_void_p()
+        r = _lib_gpu().epd_gpu_pages_new(gpu._g, ordinal, a, n, page_size, stream, ctypes.byref(p))
+        if r < 0:
+            raise EpdError(-r, None, None, "page table")
+        self._p, self._gpu, self.n_pages, self.page_size = p, gpu, n, page_size
+
+    def write(self, rows: KvRows, stream: int = 0) -> None:
+        """Enqueues tensors -> pages on `stream`."""
+        r = _lib_gpu().epd_gpu_kv_write(self._p, ctypes.byref(rows), stream)
+        if r < 0:
+            raise EpdError(-r, None, None, "write KV rows")
+
+    def read(self, rows: KvRows, stream: int = 0) -> None:
+        """Enqueues pages -> tensors on `stream`."""
+        r = _lib_gpu().epd_gpu_kv_read(self._p, ctypes.byref(rows), stream)
+        if r < 0:
+            raise EpdError(-r, None, None, "read KV rows")
+
+    def close(self):
+        if self._p:
+            _lib_gpu().epd_gpu_pages_free(self._p)
+            self._p = None
 
 
 class Gpu(_lib.Closing):

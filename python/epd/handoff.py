@@ -110,18 +110,11 @@ def _lib_handoffs():
         "epd_ring_layer_group_ready": (c_int, [c_void_p, c_char_p, c_uint64, c_uint32, c_uint64]),
         "epd_ring_next": (c_int, [c_void_p, _P(RingRecord), c_uint64]),
     }
-    for name, (restype, argtypes) in decls.items():
-        f = getattr(lib, name)
-        f.restype = restype
-        f.argtypes = argtypes
+    _lib.declare(lib, decls)
     lib._epd_handoffs_declared = True
     return lib
 
 
-def _take_string(lib, p: ctypes.c_void_p) -> str:
-    s = ctypes.string_at(p.value).decode()
-    lib.free(p)
-    return s
 
 
 class Ring(_lib.Closing):
@@ -218,7 +211,7 @@ class Handoff:
                                               sequence.encode(), groups, len(layer_groups), ctypes.byref(opts),
                                               ctypes.byref(path), ctypes.byref(token)),
                       f"prepare handoff {request_id}")
-        return cls(client, _take_string(lib, path), token.value, request_id)
+        return cls(client, _lib.take_string(lib, path), token.value, request_id)
 
     def layer_group_ready(self, group: int, ring: Optional[Ring] = None):
         """Group computed: ship it now (through the ring when given: no bus round trip)."""
@@ -282,6 +275,13 @@ class Accepted:
         finally:
             lib.epd_handoff_accepted_done(ctypes.byref(a))
 
+    @classmethod
+    def accept_wait(cls, client, request_id: str, timeout_s: float = 30.0, ring: Optional[Ring] = None) -> "Accepted":
+        """Accepts the handoff of request_id, waiting up to timeout_s for the prefill to
+        prepare it (a decode worker may be told of a request before its handoff exists):
+        one AcceptWait call that the daemon answers when the handoff is prepared here."""
+        return cls.accept(client, request_id, wait_s=max(timeout_s, 1e-6))
+
     def status(self) -> dict:
         st = _Status()
         self._client._check(self._lib.epd_handoff_get(self._client._c, self.path.encode(), ctypes.byref(st)),
@@ -321,7 +321,7 @@ class Accepted:
         p = ctypes.c_void_p()
         self._client._check(self._lib.epd_handoff_commit(self._client._c, self.path.encode(), ctypes.byref(p)),
                             "commit handoff")
-        return _take_string(self._lib, p)
+        return _lib.take_string(self._lib, p)
 
     def rollback(self):
         self._client._check(self._lib.epd_handoff_rollback(self._client._c, self.path.encode()), "rollback")

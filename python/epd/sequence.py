@@ -49,10 +49,7 @@ def _lib_sequences():
         "epd_sequence_get_pages": (c_int, [c_void_p, c_char_p, _P(_u32p), _P(c_size_t)]),
         "epd_sequence_get_page_size": (c_int, [c_void_p, c_char_p, _P(c_uint64)]),
     }
-    for name, (restype, argtypes) in decls.items():
-        f = getattr(lib, name)
-        f.restype = restype
-        f.argtypes = argtypes
+    _lib.declare(lib, decls)
     lib._epd_sequences_declared = True
     return lib
 

@@ -80,18 +80,11 @@ def _lib_workflows():
         "epd_workflow_get_branches": (c_int, [c_void_p, c_char_p, _P(_P(_CBranch)), _P(c_size_t)]),
         "epd_workflow_branches_free": (None, [_P(_CBranch), c_size_t]),
     }
-    for name, (restype, argtypes) in decls.items():
-        f = getattr(lib, name)
-        f.restype = restype
-        f.argtypes = argtypes
+    _lib.declare(lib, decls)
     lib._epd_workflows_declared = True
     return lib
 
 
-def _take_string(lib, p: ctypes.c_void_p) -> str:
-    s = ctypes.string_at(p.value).decode()
-    lib.free(p)
-    return s
 
 
 def _tokens(tokens: Seq[int]):
@@ -122,15 +115,15 @@ class Workflow:
         wf, head = ctypes.c_void_p(), ctypes.c_void_p()
         client._check(lib.epd_workflow_create(client._c, sequence.encode(), arr, n, ctypes.byref(wf),
                                               ctypes.byref(head)), "create workflow")
-        _take_string(lib, head)
-        return cls(client, _take_string(lib, wf), arena)
+        _lib.take_string(lib, head)
+        return cls(client, _lib.take_string(lib, wf), arena)
 
     def fork(self, branch: int = 0) -> Tuple[int, Sequence]:
         """A new branch on a CoW clone of `branch`'s head: (its number, its head)."""
         nb, head = ctypes.c_uint32(), ctypes.c_void_p()
         self._client._check(self._lib.epd_workflow_fork(self._client._c, self._id(), branch, ctypes.byref(nb),
                                                         ctypes.byref(head)), f"fork branch {branch}")
-        return nb.value, Sequence(self._client, _take_string(self._lib, head), self._arena)
+        return nb.value, Sequence(self._client, _lib.take_string(self._lib, head), self._arena)
 
     def advance(self, branch: int, tokens: Seq[int], segments: bool = False) -> Step:
         """Moves `branch` to a new step over `tokens`; the new head shares the
@@ -147,7 +140,7 @@ class Workflow:
                for i in range(nseg.value)]
         if segs:
             self._lib.free(ctypes.cast(segs, ctypes.c_void_p))
-        return Step(Sequence(self._client, _take_string(self._lib, head), self._arena), prefix.value, out)
+        return Step(Sequence(self._client, _lib.take_string(self._lib, head), self._arena), prefix.value, out)
 
     def merge(self, source: int, into: int):
         """`into` adopts `source`'s head; `source` is gone."""

@@ -121,3 +121,130 @@ class GpuArenaTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def _per_page(layout, pages, layer, k, v):
+    """The per-page path: page i's rows of the layer's K and V, written one token row at a
+    time in the page layout (token-major rows of H × D), as bytes by page."""
+    import numpy as np
+    T, H = layout.tokens_per_block, layout.kv_heads
+    out = {p: bytearray(layout.page_size) for p in pages}
+    S = k.shape[2]
+    for s in range(S):
+        page = out[pages[s // T]]
+        for kv, x in ((0, k), (1, v)):
+            base = layout.k_offset(layer) if kv == 0 else layout.v_offset(layer)
+            row = np.ascontiguousarray(x[0, :, s, :]).tobytes()  # H rows of D for token s
+            off = base + (s % T) * H * len(row) // H
+            page[off: off + len(row)] = row
+    return out
+
+
+class KvCopyTest(unittest.TestCase):
+    """The batched scatter/gather of one layer (epd_kv_*, epd.gpu) writes exactly the bytes
+    the per-page path writes: partial last pages, several layers (groups), both tensor
+    memory layouts; and reads them back. On the stand-in driver the GPU page table takes
+    the same path as a GPU without the kernels (one copy per row); the kernel itself is
+    checked against the host copy on the GPU machine (gpu-device-test kv-rows)."""
+
+    def layout(self):
+        from epd.workers.connector import KvPageLayout
+        return KvPageLayout(layers=4, tokens_per_block=16, kv_heads=2, head_dim=64, elem_size=2)
+
+    def tensors(self, layer, S, transposed=False):
+        import numpy as np
+        rng = np.random.default_rng(layer)
+        k = rng.integers(0, 1 << 16, (1, 2, S, 64), dtype=np.uint16).view(np.float16)
+        v = rng.integers(0, 1 << 16, (1, 2, S, 64), dtype=np.uint16).view(np.float16)
+        if transposed:  # (1, S, H, D) memory seen as (1, H, S, D)
+            k = np.ascontiguousarray(k.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+            v = np.ascontiguousarray(v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+        return k, v
+
+    def check_host(self, S, transposed):
+        import numpy as np
+        L = self.layout()
+        pages = [7, 2, 5, 0]
+        n = L.pages_for(S)
+        arena = np.zeros(8 * L.page_size, dtype=np.uint8)
+        addrs = [arena.ctypes.data + p * L.page_size for p in pages[:n]]
+        groups = [(0, 1), (2, 3)]  # two layer groups
+        for g in groups:
+            for layer in g:
+                k, v = self.tensors(layer, S, transposed)
+                es = 2
+                rows = epd.gpu.KvRows(k=k.ctypes.data, v=v.ctypes.data, tokens=S, heads=2, tokens_per_page=16,
+                                      row_bytes=64 * es, k_offset=L.k_offset(layer), v_offset=L.v_offset(layer),
+                                      head_stride=k.strides[1], token_stride=k.strides[2])
+                epd.gpu.kv_write_host(addrs, L.page_size, rows)
+                want = _per_page(L, pages[:n], layer, k, v)
+                for p in pages[:n]:
+                    got = arena[p * L.page_size:(p + 1) * L.page_size]
+                    for base in (L.k_offset(layer), L.v_offset(layer)):
+                        span = min(16, S) * 2 * 64 * es
+                        if p == pages[n - 1] and S % 16:
+                            span = (S % 16) * 2 * 64 * es
+                        self.assertEqual(got[base:base + span].tobytes(), bytes(want[p][base:base + span]),
+                                         f"layer {layer} page {p}")
+                k2, v2 = np.zeros((1, 2, S, 64), np.float16), np.zeros((1, 2, S, 64), np.float16)
+                rows = epd.gpu.KvRows(k=k2.ctypes.data, v=v2.ctypes.data, tokens=S, heads=2, tokens_per_page=16,
+                                      row_bytes=64 * es, k_offset=L.k_offset(layer), v_offset=L.v_offset(layer))
+                epd.gpu.kv_read_host(addrs, L.page_size, rows)
+                self.assertTrue((k2.view(np.uint16) == np.ascontiguousarray(k).view(np.uint16)).all())
+                self.assertTrue((v2.view(np.uint16) == np.ascontiguousarray(v).view(np.uint16)).all())
+        # Pages not used are untouched.
+        for p in set(range(8)) - set(pages[:n]):
+            self.assertFalse(arena[p * L.page_size:(p + 1) * L.page_size].any())
+
+    def test_host_partial_last_page(self):
+        self.check_host(50, False)
+
+    def test_host_whole_pages_transposed_memory(self):
+        self.check_host(64, True)
+
+    def test_bad_rows_are_refused(self):
+        import numpy as np
+        L = self.layout()
+        k = np.zeros((1, 2, 40, 64), np.float16)
+        arena = np.zeros(2 * L.page_size, dtype=np.uint8)
+        rows = epd.gpu.KvRows(k=k.ctypes.data, v=k.ctypes.data, tokens=40, heads=2, tokens_per_page=16,
+                              row_bytes=128, k_offset=L.k_offset(0), v_offset=L.v_offset(0))
+        with self.assertRaises(epd.EpdError):  # 40 tokens need 3 pages
+            epd.gpu.kv_write_host([arena.ctypes.data, arena.ctypes.data + L.page_size], L.page_size, rows)
+
+    @unittest.skipUnless(FAKE, "FAKE_LIBCUDA (the stand-in driver) not given")
+    def test_gpu_page_table_on_the_stand_in_driver(self):
+        import numpy as np
+        os.environ.update(gpu_env("gpu"))
+        d = Daemon(ARENA, env=gpu_env("gpu"))
+        try:
+            from epd.workers.connector import KvPages, gpu_arena
+            L = self.layout()
+            kvl = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=2 * 64 * 2,
+                               v_bytes_per_token=2 * 64 * 2)
+            with epd.Client(d.address) as c:
+                c.register("prefill", "m", "cuda:0", kv=kvl)
+                m = gpu_arena(c, "kvgpu")
+                pages = [3, 1, 4]
+                offsets = [m.data_offset + p * L.page_size for p in pages]
+                pg = KvPages(c, "kvgpu", L, offsets)
+                self.assertTrue(pg.on_gpu)
+                # Device pointers are addresses here: numpy tensors stand in for the model's.
+                for layer in range(4):
+                    k, v = self.tensors(layer, 40)
+                    rows = pg._rows(layer, k, v, 40)
+                    pg._table(0).write(rows, 0)
+                    want = _per_page(L, pages, layer, k, v)
+                    for p in pages:
+                        raw = ctypes.string_at(m.device_pointer + m.data_offset + p * L.page_size, L.page_size)
+                        for base in (L.k_offset(layer), L.v_offset(layer)):
+                            span = (16 if p != pages[-1] else 40 % 16) * 2 * 64 * 2
+                            self.assertEqual(raw[base:base + span], bytes(want[p][base:base + span]))
+                    k2, v2 = np.zeros_like(k), np.zeros_like(v)
+                    pg._table(0).read(pg._rows(layer, k2, v2, 40), 0)
+                    self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
+                pg.close()
+        finally:
+            os.environ.pop("EPD_LIBCUDA")
+            os.environ.pop("FAKE_CUDA_MODE")
+            self.assertEqual(d.stop(), 0)

@@ -36,6 +36,8 @@ int epd_gpu_ordinal_from_pci_bus_id(EpdGpu *g, const char *pci_bus_id);
 int epd_gpu_map(EpdGpu *g, int fd, uint64_t size, int ordinal, EpdGpuMapping **ret);
 uint64_t epd_gpu_mapping_device_pointer(const EpdGpuMapping *m);
 uint64_t epd_gpu_mapping_size(const EpdGpuMapping *m);
+/* This process's ordinal of the mapping's GPU. */
+int epd_gpu_mapping_ordinal(const EpdGpuMapping *m);
 EpdGpuMapping *epd_gpu_unmap(EpdGpuMapping *m);
 
 /* Exports memory this process allocated itself with cuMemCreate and a POSIX-fd handle
@@ -43,6 +45,41 @@ EpdGpuMapping *epd_gpu_unmap(EpdGpuMapping *m);
  * daemon as external memory. The process keeps ownership: the daemon never frees it,
  * and drops its mapping when the registration is released or this process goes. */
 int epd_gpu_export(EpdGpu *g, uint64_t device_pointer, int *ret_fd);
+
+/* KV pages and the model's cache, one layer at a time (docs/e2e.md): the batched
+ * scatter of a layer's K and V into the pages (a prefill's save) and the gather back
+ * (a decode's load), for any number of pages, in one step. The tensors are (1, H, S, D)
+ * attention-cache tensors with a contiguous last dimension: a row of row_bytes (D ×
+ * element size) per head and token, head h's row of token s at h × head_stride +
+ * s × token_stride bytes (0, 0: (H, S, D) contiguous). In a page, the layer's K rows start at k_offset and
+ * its V rows at v_offset, token-major (the row of the page's token t and head h at
+ * (t × H + h) × row_bytes, as vLLM's cache blocks). Token s is in page s / T. */
+typedef struct epd_kv_rows {
+        uint64_t k, v;               /* the tensors' addresses (device pointers on a GPU) */
+        uint64_t tokens;             /* S: tokens [0, S) of the layer */
+        uint32_t heads;              /* H */
+        uint32_t tokens_per_page;    /* T */
+        uint64_t row_bytes;          /* D × element size */
+        uint64_t k_offset, v_offset; /* the layer's K and V rows within a page */
+        uint64_t head_stride;        /* bytes between heads; 0: tokens × row_bytes */
+        uint64_t token_stride;       /* bytes between tokens; 0: row_bytes */
+} epd_kv_rows;
+
+/* A page table on one GPU (pages of a GPU arena this process mapped): the addresses of
+ * a sequence's pages, copied to device memory once so that each layer's copy is one
+ * kernel launch. Enqueued on `stream` (a CUstream; 0: the default stream). */
+typedef struct EpdGpuPages EpdGpuPages;
+int epd_gpu_pages_new(EpdGpu *g, int ordinal, const uint64_t *page_addresses, size_t n_pages, uint64_t page_size,
+                      uint64_t stream, EpdGpuPages **ret);
+EpdGpuPages *epd_gpu_pages_free(EpdGpuPages *p);
+/* Tensors → pages, and pages → tensors, enqueued on `stream` (nothing waits: the caller
+ * records an event or synchronizes when it needs the bytes). One launch of the batched
+ * kernel where it is built in and the rows are 16-byte aligned; else one copy per row. */
+int epd_gpu_kv_write(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream);
+int epd_gpu_kv_read(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream);
+/* The same copies in host memory (host arenas; the reference of the GPU copies). */
+int epd_kv_write_host(const uint64_t *page_addresses, size_t n_pages, uint64_t page_size, const epd_kv_rows *r);
+int epd_kv_read_host(const uint64_t *page_addresses, size_t n_pages, uint64_t page_size, const epd_kv_rows *r);
 
 /* With a daemon connection (epd.h): */
 

@@ -23,7 +23,7 @@ event says its copies have landed."""
 import time
 from typing import Dict, List, Optional, Sequence as Seq, Tuple
 
-from .. import EpdError
+from .. import Arena, EpdError
 from ..feature import Feature, Tensor
 from ..handoff import Accepted, Handoff, Ring
 from ..sequence import Sequence
@@ -59,42 +59,6 @@ def _write(mv: memoryview, x, non_blocking: bool = False) -> None:
         np.frombuffer(mv, dtype=x.dtype, count=x.size).reshape(x.shape)[...] = x
 
 
-_PINNED: Dict[int, bool] = {}  # arena mapping address -> registered with CUDA
-
-
-def _pin_host(address: int, length: int) -> bool:
-    """Registers a mapped host arena with CUDA once per process (page-locked, so that
-    copies between it and the GPU are asynchronous DMA on the copy engine instead of
-    synchronous staged copies). False when there is no CUDA or the driver refuses; the
-    callers then copy synchronously."""
-    if address not in _PINNED:
-        ok = False
-        try:
-            import torch
-            if torch.cuda.is_available():
-                ok = int(torch.cuda.cudart().cudaHostRegister(address, length, 0)) == 0
-        except Exception:
-            ok = False
-        _PINNED[address] = ok
-    return _PINNED[address]
-
-
-def _view(mv: memoryview, dtype_name: str, shape, like_torch: bool):
-    if like_torch:
-        import torch
-        dt = getattr(torch, dtype_name)
-        n = 1
-        for s in shape:
-            n *= s
-        return torch.frombuffer(mv, dtype=torch.uint8)[: n * torch.empty((), dtype=dt).element_size()] \
-            .view(dt).view(*shape)
-    import numpy as np
-    n = 1
-    for s in shape:
-        n *= s
-    return np.frombuffer(mv, dtype=np.dtype(dtype_name), count=n).reshape(shape)
-
-
 # ---------------------------------------------------------------------------------------
 # Features
 # ---------------------------------------------------------------------------------------
@@ -128,12 +92,18 @@ def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.
             tensors = encode_fn()
             spec, nbytes = _layout(tensors)
             f.produce(nbytes, spec, request_id)
-            buf = f.buffer()
-            for t, (name, x) in zip(spec, tensors.items()):
-                _write(buf[t.offset:], x)
+            gpu = _feature_gpu_arena(client, f)
+            if gpu is not None:
+                # A GPU feature arena: device-to-device copies into it.
+                for t, (name, x) in zip(spec, tensors.items()):
+                    f.cuda(t.name, gpu).copy_(x)
+            else:
+                buf = f.buffer()
+                for t, (name, x) in zip(spec, tensors.items()):
+                    _write(buf[t.offset:], x)
             if any(_is_torch(x) and x.is_cuda for x in tensors.values()):
                 import torch
-                torch.cuda.synchronize()
+                torch.cuda.current_stream().synchronize()  # the bytes are there before Publish
         except BaseException:
             f.fail("encoder-error")
             raise
@@ -144,22 +114,53 @@ def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.
         f.release()
 
 
-def fetch(client, key: str, device: Optional[str] = None, timeout_s: float = 60.0) -> Dict[str, object]:
-    """Prefill: the tensors of `key`, waiting for its producer if needed. With device,
-    torch tensors on it (one host-to-device copy each); else numpy views copied out."""
+def _feature_gpu_arena(client, f: Feature):
+    """The mapping of the GPU arena that holds f, or None (a host arena)."""
+    if f.arena < 0:
+        return None
+    a = Arena(client, f.arena)
+    return gpu_arena(client, a.name) if a.domain == "gpu" else None
+
+
+class FeatureTensors(dict):
+    """A feature's tensors by name. From a GPU arena they are views of it (no copy), and
+    the feature stays pinned until release(); from a host arena, copies (release() does
+    nothing)."""
+
+    def __init__(self, tensors: Dict[str, object], handle: Optional[Feature] = None):
+        super().__init__(tensors)
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            h, self._handle = self._handle, None
+            h.release()
+
+
+def fetch(client, key: str, device: Optional[str] = None, timeout_s: float = 60.0) -> FeatureTensors:
+    """Prefill: the tensors of `key`, waiting for its producer if needed. From a GPU arena
+    (device given): views of the arena, read in place; release() them when done. From a
+    host arena: with device, torch tensors on it (one host-to-device copy each); else numpy
+    copies."""
     f = Feature.acquire(client, key, may_produce=False)
+    keep = False
     try:
         if f.result != "hit" and not f.wait(timeout_s):
             raise EpdError(110, "org.epd1.Error.Timeout", f"feature {key} not ready", "fetch")
+        gpu = _feature_gpu_arena(client, f) if device is not None else None
+        if gpu is not None:
+            keep = True
+            return FeatureTensors({t.name: f.cuda(t.name, gpu) for t in f.tensors}, f)
         out = {}
         for t in f.tensors:
             if device is not None:
                 out[t.name] = f.torch(t.name).to(device, non_blocking=False)
             else:
                 out[t.name] = f.numpy(t.name).copy()
-        return out
+        return FeatureTensors(out)
     finally:
-        f.release()
+        if not keep:
+            f.release()
 
 
 # ---------------------------------------------------------------------------------------
@@ -196,9 +197,143 @@ def groups_of(layers: int, group_size: int) -> List[int]:
     return g
 
 
+# The GPU side of this process: the driver handle and the GPU arenas it mapped.
+_GPU: Dict[object, object] = {}
+
+
+def _gpu():
+    g = _GPU.get("gpu")
+    if g is None:
+        from .. import gpu as G
+        g = _GPU["gpu"] = G.Gpu()
+    return g
+
+
+def gpu_arena(client, name: str):
+    """The GPU arena `name` of client's registration, mapped once per process."""
+    key = (id(client), name)
+    m = _GPU.get(key)
+    if m is None:
+        m = _GPU[key] = _gpu().map_arena(client, name)
+    return m
+
+
+def _stream() -> int:
+    """The current CUDA stream of torch (the model's), or the default stream without torch."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.current_stream().cuda_stream if torch.cuda.is_available() else 0
+
+
+_TORCH_DTYPES = {"bfloat16", "float16", "float32"}
+
+
+class KvPages:
+    """The pages of one sequence (byte offsets in an arena) seen through a KvPageLayout:
+    each layer's K and V go in, or come out, in one call of the batched scatter/gather
+    (epd.gpu.PageTable / kv_write_host): one kernel launch on the current CUDA stream when
+    the arena is a GPU arena, one C call over host memory otherwise. Tensors are the
+    model's (1, H, S, D) cache tensors (numpy or torch; the last dimension contiguous)."""
+
+    def __init__(self, client, arena: str, layout: "KvPageLayout", offsets: Seq[int]):
+        a = client.arena(arena)
+        self.layout, self.offsets = layout, [int(o) for o in offsets]
+        self.on_gpu = a.domain == "gpu"
+        self._tables: Dict[int, object] = {}
+        if self.on_gpu:
+            self._m = gpu_arena(client, arena)
+        else:
+            base = a.address()
+            self._addrs = [base + o for o in self.offsets]
+
+    def _table(self, first: int):
+        t = self._tables.get(first)
+        if t is None:
+            from .. import gpu as G
+            addrs = [self._m.device_pointer + o for o in self.offsets[first:]]
+            t = self._tables[first] = G.PageTable(_gpu(), self._m.ordinal, addrs, self.layout.page_size, _stream())
+        return t
+
+    def _rows(self, layer: int, k, v, tokens: int):
+        from .. import gpu as G
+        L = self.layout
+        es = _elem_size(k)
+        if _is_torch(k):
+            st, sv = k.stride(), v.stride()
+            ptr_k, ptr_v = k.data_ptr(), v.data_ptr()
+        else:
+            st, sv = tuple(x // es for x in k.strides), tuple(x // es for x in v.strides)
+            ptr_k, ptr_v = k.ctypes.data, v.ctypes.data
+        if st != sv or st[3] != 1:
+            raise ValueError(f"layer {layer}: K and V must share strides, the last dimension contiguous")
+        return G.KvRows(k=ptr_k, v=ptr_v, tokens=tokens, heads=L.kv_heads, tokens_per_page=L.tokens_per_block,
+                        row_bytes=L.head_dim * es, k_offset=L.k_offset(layer), v_offset=L.v_offset(layer),
+                        head_stride=st[1] * es, token_stride=st[2] * es)
+
+    def _first_page(self, start: int) -> int:
+        if start % self.layout.tokens_per_block:
+            raise ValueError(f"KV at token {start}: not at a page boundary")
+        return start // self.layout.tokens_per_block
+
+    def write(self, layer: int, k, v, start: int = 0) -> None:
+        """K/V (1, H, S, D) of tokens [start, start+S) (start at a page boundary)."""
+        from .. import gpu as G
+        first = self._first_page(start)
+        if self.on_gpu:
+            if k.stride(3) != 1 or v.stride() != k.stride():
+                k, v = k.contiguous(), v.contiguous()
+            self._table(first).write(self._rows(layer, k, v, int(k.shape[2])), _stream())
+            return
+        if _is_torch(k):
+            k, v = k.contiguous().cpu(), v.contiguous().cpu()
+        elif k.strides[3] != k.itemsize or k.strides != v.strides:
+            import numpy as np
+            k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
+        G.kv_write_host(self._addrs[first:], self.layout.page_size, self._rows(layer, k, v, int(k.shape[2])))
+
+    def read(self, layer: int, tokens: int, dtype: str, device: Optional[str] = None):
+        """K/V of tokens [0, tokens) as (1, H, S, D): torch on `device` (a GPU arena reads
+        straight into it), else numpy."""
+        from .. import gpu as G
+        L = self.layout
+        shape = (1, L.kv_heads, tokens, L.head_dim)
+        if self.on_gpu:
+            import torch
+            dt = getattr(torch, dtype)
+            k = torch.empty(shape, dtype=dt, device=device or "cuda")
+            v = torch.empty(shape, dtype=dt, device=device or "cuda")
+            self._table(0).read(self._rows(layer, k, v, tokens), _stream())
+            return k, v
+        if device is not None or dtype == "bfloat16":
+            import torch
+            dt = getattr(torch, dtype)
+            k, v = torch.empty(shape, dtype=dt), torch.empty(shape, dtype=dt)
+        else:
+            import numpy as np
+            k, v = np.empty(shape, dtype=np.dtype(dtype)), np.empty(shape, dtype=np.dtype(dtype))
+        G.kv_read_host(self._addrs, L.page_size, self._rows(layer, k, v, tokens))
+        if device is not None:
+            k, v = k.to(device), v.to(device)
+        return k, v
+
+    def close(self) -> None:
+        for t in self._tables.values():
+            t.close()
+        self._tables.clear()
+
+
+def _seq_offsets(client, arena: str, pages: Seq[int], page_size: int) -> List[int]:
+    base = client.arena(arena).data_offset
+    return [base + p * page_size for p in pages]
+
+
 class EpdKvSink:
     """Prefill: writes K/V layer by layer into a fresh sequence and ships each layer group
-    as soon as its last layer is written (save_kv_layer + layer group ready)."""
+    as soon as its last layer is written (save_kv_layer + layer group ready). On a GPU
+    the writes are asynchronous on the model's stream, and a group is reported ready
+    once a CUDA event says its writes have landed (never before)."""
 
     def __init__(self, client, arena: str, layout: KvPageLayout, request_id: str, tokens: int,
                  group_sizes: Seq[int], destination: str = "", ring: Optional[Ring] = None,
@@ -210,9 +345,7 @@ class EpdKvSink:
             raise EpdError(22, "org.epd1.Error.InvalidArgument",
                            f"page size {self.seq.page_size} != layout {layout.page_size}", "kv sink")
         self.pages = self.seq.pages
-        a = client.arena(arena)
-        self._arena_buf = a.buffer()
-        self._base = a.data_offset
+        self.kv = KvPages(client, arena, layout, _seq_offsets(client, arena, self.pages, layout.page_size))
         self.group_last = []
         n = 0
         for g in group_sizes:
@@ -222,40 +355,18 @@ class EpdKvSink:
                                        target=target)
         self.bytes_written = 0
         self.groups_sent = 0
-        self.seconds = 0.0  # time spent in this sink: device-to-host copies, page writes, notices
-        self.wait_s = 0.0   # time done() waited for the model's kernels before the last copies
-        self._pending = []  # (CUDA event, group) of groups whose copies are in flight
-        self._pinned = _pin_host(a.address(), a.size)
-
-    def _page(self, i: int) -> memoryview:
-        off = self._base + self.pages[i] * self.layout.page_size
-        return self._arena_buf[off: off + self.layout.page_size]
+        self.seconds = 0.0  # time spent in this sink: launches or host copies, notices
+        self.wait_s = 0.0   # time done() waited for the model's kernels before the last groups
+        self._pending = []  # (CUDA event, group) of groups whose writes are in flight
 
     def layer(self, layer_idx: int, k, v) -> None:
         t_start = time.perf_counter()
-        L, T = self.layout, self.layout.tokens_per_block
-        # (1, H, S, D) -> (S, H, D) row-major: transposed on the device, then each page's
-        # slice goes to the host page. Into a pinned arena the copies are asynchronous and
-        # the group is reported ready once a CUDA event says its copies have landed.
-        async_copy = _is_torch(k) and k.is_cuda and self._pinned
-        if _is_torch(k):
-            k = k[0].transpose(0, 1).contiguous()
-            v = v[0].transpose(0, 1).contiguous()
-            if not async_copy:
-                k, v = k.cpu(), v.cpu()
-        else:
-            k = k[0].transpose(1, 0, 2).copy()
-            v = v[0].transpose(1, 0, 2).copy()
-        S = k.shape[0]
-        for b in range(L.pages_for(S)):
-            t0, t1 = b * T, min((b + 1) * T, S)
-            page = self._page(b)
-            _write(page[L.k_offset(layer_idx):], k[t0:t1], async_copy)
-            _write(page[L.v_offset(layer_idx):], v[t0:t1], async_copy)
-        self.bytes_written += 2 * S * L.k_bytes_per_token
+        self.kv.write(layer_idx, k, v)
+        S = int(k.shape[2])
+        self.bytes_written += 2 * S * self.layout.k_bytes_per_token
         if layer_idx in self.group_last:
             g = self.group_last.index(layer_idx)
-            if async_copy:
+            if _is_torch(k) and k.is_cuda:
                 import torch
                 ev = torch.cuda.Event()
                 ev.record()
@@ -270,7 +381,7 @@ class EpdKvSink:
         self.groups_sent += 1
 
     def _flush(self, block: bool) -> None:
-        """Reports ready, in order, the groups whose copies have landed (all when block)."""
+        """Reports ready, in order, the groups whose writes have landed (all when block)."""
         while self._pending:
             ev, g = self._pending[0]
             if block:
@@ -282,14 +393,19 @@ class EpdKvSink:
             self._pending.pop(0)
             self._ready(g)
 
+    def flush(self) -> None:
+        """Waits for the model's writes of every layer so far and reports their groups."""
+        self._flush(block=True)
+
     def done(self) -> None:
-        # Every group's copies have landed and been reported before the sequence goes.
+        # Every group's writes have landed and been reported before the sequence goes.
         # Leases keep the pages alive until the transfer completes; the decode side's
         # commit gives it references of its own. Idempotent (the model's prefill and the
         # worker loop may both call it).
         self._flush(block=True)
         if self.seq is not None:
             seq, self.seq = self.seq, None
+            self.kv.close()
             seq.release()
 
 
@@ -298,90 +414,44 @@ class EpdKvSource:
     each layer's K/V, then commits and releases."""
 
     def __init__(self, client, request_id: str, layout: KvPageLayout, tokens: int, ring: Optional[Ring] = None,
-                 device: Optional[str] = None, dtype: str = "bfloat16", accept_timeout_s: float = 30.0):
+                 device: Optional[str] = None, dtype: str = "bfloat16", accept_timeout_s: float = 30.0,
+                 wait: bool = True):
         self.client, self.layout, self.tokens, self.device, self.dtype = client, layout, tokens, device, dtype
-        self.ring = ring
-        deadline = time.monotonic() + accept_timeout_s
-        while True:
-            try:
-                self.accepted = Accepted.accept(client, request_id)
-                break
-            except EpdError as e:
-                if e.name != "org.epd1.Error.NotFound" or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.001)
+        self.ring, self.timeout_s = ring, accept_timeout_s
         t0 = time.perf_counter()
-        self.accepted.wait_groups(self.accepted.n_groups, ring)
-        self.wait_s = time.perf_counter() - t0
-        a = client.arena(self.accepted.arena)
-        self._arena_buf = a.buffer()
-        self._pinned = device is not None and _pin_host(a.address(), a.size)
+        self.accepted = Accepted.accept_wait(client, request_id, accept_timeout_s, ring)
+        self.accept_s = time.perf_counter() - t0
+        self.kv = KvPages(client, self.accepted.arena, layout, self.accepted.offsets)
+        self.seconds = 0.0  # launches or host copies of the layers
+        self.wait_s = 0.0   # waiting for layer groups to land
+        if wait:
+            self.wait_layer_group(self.accepted.n_groups)
+
+    def wait_layer_group(self, n: int, timeout_s: Optional[float] = None) -> None:
+        """Blocks until layer groups [0, n) have landed (progress records from the ring)."""
+        if self.accepted.groups_done >= n:
+            return
+        t0 = time.perf_counter()
+        self.accepted.wait_groups(n, self.ring, self.timeout_s if timeout_s is None else timeout_s)
+        self.wait_s += time.perf_counter() - t0
 
     def layer(self, layer_idx: int):
-        L = self.layout
-        pages = [lambda off=off: self._arena_buf[off: off + L.page_size] for off in self.accepted.offsets]
-        return _read_tokens(L, pages, layer_idx, self.tokens, self.dtype, self.device, self._pinned)
+        t0 = time.perf_counter()
+        out = self.kv.read(layer_idx, self.tokens, self.dtype, self.device)
+        self.seconds += time.perf_counter() - t0
+        return out
 
     def finish(self, keep: bool = False) -> Optional[Sequence]:
         """After the cache is built: commit (the pages become ours), then let them go, or
         with keep, return the committed sequence (an agent request's first turn: the
         root of its workflow)."""
+        self.kv.close()
         seq = Sequence(self.client, self.accepted.commit(), self.accepted.arena)
         self.accepted.release(self.ring)
         if keep:
             return seq
         seq.release()
         return None
-
-
-def _write_tokens(L: KvPageLayout, page_fn, layer_idx: int, start: int, k, v) -> None:
-    """Writes K/V of tokens [start, start+S) (k, v: (S, H, D) on the host) of one layer
-    into the pages; page_fn(i) is page i's bytes. start is block-aligned."""
-    T = L.tokens_per_block
-    if start % T:
-        raise ValueError(f"write at token {start}: not at a page boundary")
-    S = k.shape[0]
-    for b in range(L.pages_for(S)):
-        t0, t1 = b * T, min((b + 1) * T, S)
-        page = page_fn(start // T + b)
-        _write(page[L.k_offset(layer_idx):], k[t0:t1])
-        _write(page[L.v_offset(layer_idx):], v[t0:t1])
-
-
-def _read_tokens(L: KvPageLayout, pages, layer_idx: int, S: int, dtype: str, device: Optional[str],
-                 pinned: bool = False):
-    """K/V of tokens [0, S) of one layer as (1, H, S, D): torch on `device`, or numpy when
-    device is None. pages[i]() is page i's bytes; pinned: the arena is page-locked, each
-    page goes straight to the GPU by an asynchronous copy."""
-    T, H, D = L.tokens_per_block, L.kv_heads, L.head_dim
-    ks, vs = [], []
-    torch_like = device is not None
-    for b in range(L.pages_for(S)):
-        n = min(T, S - b * T)
-        page = pages[b]()
-        ks.append(_view(page[L.k_offset(layer_idx):], dtype, (n, H, D), torch_like))
-        vs.append(_view(page[L.v_offset(layer_idx):], dtype, (n, H, D), torch_like))
-    if torch_like:
-        import torch
-        if pinned:
-            k = torch.cat([x.to(device, non_blocking=True) for x in ks])
-            v = torch.cat([x.to(device, non_blocking=True) for x in vs])
-        else:
-            k, v = torch.cat(ks).to(device), torch.cat(vs).to(device)
-        k = k.transpose(0, 1).unsqueeze(0).contiguous()
-        v = v.transpose(0, 1).unsqueeze(0).contiguous()
-    else:
-        import numpy as np
-        k = np.concatenate(ks).transpose(1, 0, 2)[None].copy()
-        v = np.concatenate(vs).transpose(1, 0, 2)[None].copy()
-    return k, v
-
-
-def _host_shd(k):
-    """(1, H, S, D) -> (S, H, D) row-major on the host: one synchronous device-to-host copy."""
-    if _is_torch(k):
-        return k[0].transpose(0, 1).contiguous().cpu()
-    return k[0].transpose(1, 0, 2).copy()
 
 
 class EpdBranchKv:
@@ -394,36 +464,32 @@ class EpdBranchKv:
                  device: Optional[str] = None, dtype: str = "bfloat16"):
         if prefix_tokens % layout.tokens_per_block:
             raise ValueError(f"prefix of {prefix_tokens} tokens: not whole pages")
-        self.client, self.head, self.layout = client, head, layout
+        self.client, self.head, self.layout, self.arena = client, head, layout, arena
         self.prefix_tokens, self.device, self.dtype = prefix_tokens, device, dtype
-        a = client.arena(arena)
-        self._buf, self._base = a.buffer(), a.data_offset
-        self._pinned = device is not None and _pin_host(a.address(), a.size)
+        self.kv = None
         self.refresh()
         self.bytes_read = self.bytes_written = 0
         self.seconds = 0.0
 
     def refresh(self):
         """Reads the page table again (after append / prepare_write)."""
+        if self.kv is not None:
+            self.kv.close()
         self.pages = self.head.pages
-
-    def _page(self, i: int) -> memoryview:
-        off = self._base + self.pages[i] * self.layout.page_size
-        return self._buf[off: off + self.layout.page_size]
+        self.kv = KvPages(self.client, self.arena, self.layout,
+                          _seq_offsets(self.client, self.arena, self.pages, self.layout.page_size))
 
     def read(self, layer_idx: int, tokens: int):
         t0 = time.perf_counter()
-        pages = [lambda i=i: self._page(i) for i in range(self.layout.pages_for(tokens))]
-        k, v = _read_tokens(self.layout, pages, layer_idx, tokens, self.dtype, self.device, self._pinned)
+        k, v = self.kv.read(layer_idx, tokens, self.dtype, self.device)
         self.bytes_read += 2 * tokens * self.layout.k_bytes_per_token
         self.seconds += time.perf_counter() - t0
         return k, v
 
     def write(self, layer_idx: int, start: int, k, v) -> None:
         t0 = time.perf_counter()
-        k, v = _host_shd(k), _host_shd(v)
-        _write_tokens(self.layout, self._page, layer_idx, start, k, v)
-        self.bytes_written += 2 * k.shape[0] * self.layout.k_bytes_per_token
+        self.kv.write(layer_idx, k, v, start)
+        self.bytes_written += 2 * int(k.shape[2]) * self.layout.k_bytes_per_token
         self.seconds += time.perf_counter() - t0
 
     def layer(self, layer_idx: int, k=None, v=None):
@@ -432,4 +498,5 @@ class EpdBranchKv:
         self.write(layer_idx, self.prefix_tokens, k, v)
 
     def done(self) -> None:
-        pass
+        if self.kv is not None:
+            self.kv.close()

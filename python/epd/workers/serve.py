@@ -33,6 +33,7 @@ from typing import Dict, List, Optional
 from .. import Client
 from .. import KvLayout
 from . import connector as C
+from . import hooks as H
 
 
 @dataclass
@@ -214,10 +215,10 @@ def make_backend(name: str):
 class _DecodeAgents:
     """The decode worker's agent requests: request id -> (workflow, prompt tokens, delta)."""
 
-    def __init__(self, client, layout, backend, device):
+    def __init__(self, client, layout, backend, device, kv_arena: str = "host0"):
         from ..workflow import Workflow
         self.Workflow = Workflow
-        self.client, self.layout, self.b, self.device = client, layout, backend, device
+        self.client, self.layout, self.b, self.device, self.kv_arena = client, layout, backend, device, kv_arena
         self.live: Dict[str, tuple] = {}
 
     def root(self, spec: Spec, seq, prompt_len: int, delta: int) -> dict:
@@ -225,7 +226,7 @@ class _DecodeAgents:
         tokens = self.b.tokens(spec)
         if len(tokens) != prompt_len:
             raise RuntimeError(f"{spec.request_id}: {len(tokens)} prompt tokens, KV of {prompt_len}")
-        wf = self.Workflow.create(self.client, seq.path, tokens, arena="host0")
+        wf = self.Workflow.create(self.client, seq.path, tokens, arena=self.kv_arena)
         seq.release()  # the workflow holds its own clone
         self.live[spec.request_id] = (wf, tokens, delta)
         return {"workflow": wf.id}
@@ -246,8 +247,8 @@ class _DecodeAgents:
             raise RuntimeError(f"{spec.request_id}: branch {idx} adds no token to compute")
         step.head.append(need)
         _, copied = step.head.prepare_write(shared, need)  # fresh pages: nothing to copy
-        kv = C.EpdBranchKv(self.client, step.head, L, shared * L.tokens_per_block, device=self.device,
-                           dtype=self.b.dtype)
+        kv = C.EpdBranchKv(self.client, step.head, L, shared * L.tokens_per_block, arena=self.kv_arena,
+                           device=self.device, dtype=self.b.dtype)
         t1 = time.perf_counter()
         toks = self.b.branch(spec, idx, kv, tokens, delta)
         _sync(self.device)
@@ -271,8 +272,35 @@ class _DecodeAgents:
         self.live.clear()
 
 
+def _layer_name(layer: int) -> str:
+    return f"model.language_model.layers.{layer}.self_attn"
+
+
+class _SaveThrough:
+    """The model's KV sink, through the KV connector's save_kv_layer / wait_for_save."""
+
+    def __init__(self, kvc):
+        self.kvc = kvc
+
+    def layer(self, layer: int, k, v) -> None:
+        self.kvc.save_kv_layer(_layer_name(layer), (k, v))
+
+    def done(self) -> None:
+        self.kvc.wait_for_save()
+
+
+class _LoadThrough:
+    """The model's KV source, through the KV connector's wait_for_layer_load."""
+
+    def __init__(self, kvc, request_id: str):
+        self.kvc, self.request_id = kvc, request_id
+
+    def layer(self, layer: int):
+        return self.kvc.wait_for_layer_load(_layer_name(layer))[self.request_id]
+
+
 def _worker(role: str, address: str, backend_name: str, conn, group_size: int, model_label: str,
-            ring_entries: int = 1024):
+            ring_entries: int = 1024, kv_arena: str = "host0"):
     """One process: registers with epdd as `role`, then serves requests from the pipe."""
     try:
         b = make_backend(backend_name)
@@ -289,10 +317,16 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
         if role in ("prefill", "decode"):
             from ..handoff import Ring
             ring = Ring(client, cq_entries=ring_entries)
-        groups = C.groups_of(b.layers, group_size)
-        agents = _DecodeAgents(client, layout, b, device) if role == "decode" else None
+        # The engine-facing hooks (vLLM's names): features through the EC connector, K/V
+        # through the KV connector, the model's layers registered by name.
+        ec = H.EpdEcConnector(client, device=device)
+        kvc = None
+        if role in ("prefill", "decode"):
+            kvc = H.EpdKvConnector(client, layout, "producer" if role == "prefill" else "consumer",
+                                   arena=kv_arena, group_size=group_size, ring=ring, device=device, dtype=b.dtype)
+            kvc.register_kv_caches({_layer_name(l): None for l in range(b.layers)})
+        agents = _DecodeAgents(client, layout, b, device, kv_arena) if role == "decode" else None
         conn.send(("ready", {"pid": os.getpid(), "gpu": gpu, "worker": client.worker_path}))
-        pending = []  # prefill: sinks whose handoff is not released yet
         while True:
             msg = conn.recv()
             if msg[0] == "stop":
@@ -301,48 +335,63 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
             t0 = time.perf_counter()
             if kind == "encode":
                 key = b.image_key(spec)
-                result, enc_s = C.produce(client, key, spec.request_id, lambda: b.encode(spec))
+                ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id)
                 _sync(device)
+                result, enc_s = ec.last_save
                 conn.send(("ok", {"result": result, "encode_s": enc_s, "t": time.perf_counter() - t0}))
             elif kind == "prefill":
-                feats, enc = None, None
+                feats, enc, key = None, None, b.image_key(spec)
                 if spec.image_seed is not None:
                     if msg[2]:  # no encoder process: this worker runs the vision tower (feature cache first)
-                        result, enc_s = C.produce(client, b.image_key(spec), spec.request_id,
-                                                  lambda: b.encode(spec))
+                        ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id)
                         _sync(device)
+                        result, enc_s = ec.last_save
                         enc = {"result": result, "encode_s": enc_s, "t": time.perf_counter() - t0}
-                    feats = C.fetch(client, b.image_key(spec), device=device)
+                    feats = {}
+                    ec.bind_connector_metadata(H.EpdEcMetadata({spec.request_id: [key]}))
+                    ec.start_load_caches(feats)
+                    ec.clear_connector_metadata()
+                    feats = feats[key]
                 t1 = time.perf_counter()
                 plen = b.prompt_len(spec)
-                sink = C.EpdKvSink(client, "host0", layout, spec.request_id, plen, groups, ring=ring)
-                first, delta = b.prefill(spec, feats, sink)
+                kvc.bind_connector_metadata(kvc.build_connector_meta(saves=[H.KvTransfer(spec.request_id, plen)]))
+                t2 = time.perf_counter()
+                s0 = dict(kvc.stats)
+                first, delta = b.prefill(spec, feats, _SaveThrough(kvc))
                 _sync(device)
-                sink.done()
-                pending.append(sink)
+                kvc.wait_for_save()
+                kvc.clear_connector_metadata()
+                ec.get_finished({spec.request_id})  # views of a GPU feature arena: the model is done with them
+                t3 = time.perf_counter()
+                sink = kvc.sink_of(spec.request_id)
+                save_s = kvc.stats["save_s"] - s0["save_s"]
                 out = {"first": first, "delta": delta, "prompt_len": plen,
-                       "fetch_s": t1 - t0 - (enc["t"] if enc else 0.0), "t": time.perf_counter() - t0,
-                       "sink_s": sink.seconds, "kv_bytes": sink.bytes_written}
+                       "fetch_s": t1 - t0 - (enc["t"] if enc else 0.0), "t": t3 - t0,
+                       "prepare_s": t2 - t1, "sink_s": save_s,
+                       "sink_wait_s": kvc.stats["save_wait_s"] - s0["save_wait_s"],
+                       "compute_s": t3 - t2 - save_s, "kv_bytes": sink.bytes_written}
                 if enc:
                     out["encode"] = enc
                 conn.send(("ok", out))
                 # Release the handoffs the decode side has finished with.
-                still = []
-                for s in pending:
-                    if s.handoff.finished(ring):
-                        s.handoff.release(ring)
-                    else:
-                        still.append(s)
-                pending = still
+                kvc.get_finished({spec.request_id})
             elif kind == "decode":
                 info = msg[2]
-                src = C.EpdKvSource(client, spec.request_id, layout, info["prompt_len"], ring=ring,
-                                    device=device, dtype=b.dtype)
+                rid = spec.request_id
+                kvc.bind_connector_metadata(kvc.build_connector_meta(
+                    loads=[H.KvTransfer(rid, info["prompt_len"], keep=spec.branches > 0)]))
+                s0 = dict(kvc.stats)
+                kvc.start_load_kv()
                 t1 = time.perf_counter()
-                toks = b.decode(spec, src, info["prompt_len"], info["first"], info["delta"])
+                toks = b.decode(spec, _LoadThrough(kvc, rid), info["prompt_len"], info["first"], info["delta"])
                 _sync(device)
-                seq = src.finish(keep=spec.branches > 0)
-                out = {"tokens": toks, "wait_s": src.wait_s, "accept_s": t1 - t0}
+                kvc.clear_connector_metadata()
+                _, received = kvc.get_finished({rid})
+                if not received or rid not in received:
+                    raise RuntimeError(f"decode of {rid}: the model did not read every layer")
+                seq = kvc.take_sequence(rid)
+                out = {"tokens": toks, "wait_s": kvc.stats["wait_s"] - s0["wait_s"], "accept_s": t1 - t0,
+                       "load_s": kvc.stats["load_s"] - s0["load_s"]}
                 if seq is not None:
                     out.update(agents.root(spec, seq, info["prompt_len"], info["delta"]))
                 out["t"] = time.perf_counter() - t0
@@ -353,11 +402,9 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 conn.send(("ok", agents.end(spec)))
         if agents:
             agents.close()
-        for s in pending:
-            try:
-                s.handoff.release()
-            except Exception:
-                pass
+        if kvc:
+            kvc.shutdown()
+        ec.shutdown()
         client.close()
         conn.send(("stopped", None))
     except BaseException:
@@ -385,7 +432,8 @@ class Workers:
     turns go to the decode worker that holds its workflow."""
 
     def __init__(self, address: str, backend: str, group_size: int = 1, model_label: str = "qwen3-vl",
-                 layout: str = "1E1P1D", gpus: Optional[int] = None, ring_entries: int = 1024):
+                 layout: str = "1E1P1D", gpus: Optional[int] = None, ring_entries: int = 1024,
+                 kv_arena: str = "host0"):
         ctx = mp.get_context("spawn")
         self.layout = parse_layout(layout)
         self.pools: Dict[str, List[_Proc]] = {r: [] for r in ("encoder", "prefill", "decode")}
@@ -401,7 +449,7 @@ class Workers:
                         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # the spawned child inherits it
                     a, b = ctx.Pipe()
                     p = ctx.Process(target=_worker, args=(role, address, backend, b, group_size, model_label,
-                                                                     ring_entries),
+                                                          ring_entries, kv_arena),
                                     daemon=True)
                     p.start()
                     self.pools[role].append(_Proc(role, i, p, a, gpu))
@@ -459,6 +507,10 @@ class Workers:
         if "encode" in out["prefill"]:
             out["encode"] = out["prefill"]["encode"]
         out["ttft_s"] = time.perf_counter() - spec.submit_t
+        # Process hops and queueing: the part of TTFT spent outside the workers' own work
+        # (pipes, routing, waiting for a busy worker).
+        inside = out["prefill"]["t"] + (out["encode"]["t"] if "encode" in out and encoders else 0.0)
+        out["hops_s"] = max(0.0, out["ttft_s"] - inside)
         d = self._pick("decode")
         try:
             out["decode"] = self._call(d, "decode", spec, out["prefill"])

@@ -1,0 +1,319 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""epd behind the hook names of vLLM's V1 KV connector and encoder-cache (EC) connector, so
+that an engine adapter is a thin subclass that turns the engine's objects (requests,
+forward context, paged blocks) into the plain values used here. Nothing here imports
+vLLM; the worker harness (serve.py) drives its model through these hooks.
+
+KV (EpdKvConnector), per engine step:
+    scheduler side  request_finished(request_id) -> (delay_free, kv_transfer_params)
+                    build_connector_meta(saves=[...], loads=[...]) -> EpdKvMetadata
+    worker side     register_kv_caches({layer_name: cache})   once: the layers' order
+                    bind_connector_metadata(meta)             before the forward pass
+                    start_load_kv()                           decode: accept the handoffs
+                    wait_for_layer_load(layer_name)           decode: that layer has landed
+                    save_kv_layer(layer_name, (k, v))         prefill: write it, ship its group
+                    wait_for_save()                           prefill: every group reported
+                    clear_connector_metadata()                after the forward pass
+                    get_finished(finished_req_ids) -> (sent, received)
+
+Encoder cache (EpdEcConnector):
+    has_cache_item(mm_hash) -> bool           the feature cache holds it (the encoder may skip)
+    save_caches(encoder_cache, mm_hash)       the encoder's output into a feature buffer
+    start_load_caches(encoder_cache)          the bound request's features, in place on a GPU arena
+    get_finished(finished_req_ids)            features of finished requests let go
+
+Semantics follow vLLM's: saves are layer-wise and asynchronous (a group ships when its
+last layer's writes have landed, told by a CUDA event, never by a host sync), loads are
+layer-wise (wait_for_layer_load returns when the group holding the layer has landed),
+and transfers finish asynchronously, reported by request id from get_finished() only for
+requests the engine has said are finished (in this call or an earlier one).
+
+The one difference: vLLM's paged KV cache is the engine's own tensor, which the KV
+connector reads and writes by block id. This harness's model keeps a contiguous cache
+per layer, so a load's K/V are returned by wait_for_layer_load (and kept by
+layer_kv()) rather than written into registered blocks, and save_kv_layer takes the
+layer's (k, v) of the request rather than the paged layer plus slot mapping.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence as Seq, Set, Tuple
+
+from .. import EpdError
+from ..feature import prefetch
+from ..handoff import Accepted, Ring
+from ..sequence import Sequence
+from . import connector as C
+
+
+@dataclass
+class KvTransfer:
+    """One request's KV transfer in a step: a save (prefill) or a load (decode)."""
+    request_id: str
+    tokens: int
+    destination: str = ""          # save: the decode host ("" = this one)
+    target: Optional[str] = None   # save: the decode worker's object path, when known
+    keep: bool = False             # load: keep the committed sequence (take_sequence())
+
+
+@dataclass
+class EpdKvMetadata:
+    saves: List[KvTransfer] = field(default_factory=list)
+    loads: List[KvTransfer] = field(default_factory=list)
+
+
+class _Load:
+    def __init__(self, t: KvTransfer):
+        self.t = t
+        self.source: Optional[C.EpdKvSource] = None
+        self.layers: Dict[int, tuple] = {}
+        self.committed: Optional[Sequence] = None
+        self.done = False
+
+
+class EpdKvConnector:
+    """The KV side. role "producer" (prefill: saves) or "consumer" (decode: loads)."""
+
+    def __init__(self, client, layout: C.KvPageLayout, role: str, arena: str = "host0", group_size: int = 1,
+                 ring: Optional[Ring] = None, device: Optional[str] = None, dtype: str = "bfloat16",
+                 timeout_s: float = 30.0):
+        if role not in ("producer", "consumer"):
+            raise ValueError(f"role {role!r}: producer or consumer")
+        self.client, self.layout, self.role, self.arena = client, layout, role, arena
+        self.ring, self.device, self.dtype, self.timeout_s = ring, device, dtype, timeout_s
+        self.group_sizes = C.groups_of(layout.layers, group_size)
+        self.layer_index: Dict[str, int] = {}
+        self._meta: Optional[EpdKvMetadata] = None
+        self._sinks: Dict[str, C.EpdKvSink] = {}      # saves whose handoff is not released
+        self._loads: Dict[str, _Load] = {}
+        self._finished_reqs: Set[str] = set()          # the engine says these are done
+        self.stats = {"save_s": 0.0, "save_wait_s": 0.0, "load_s": 0.0, "accept_s": 0.0, "wait_s": 0.0}
+
+    # -- scheduler side -------------------------------------------------------------
+    @staticmethod
+    def build_connector_meta(saves: Seq[KvTransfer] = (), loads: Seq[KvTransfer] = ()) -> EpdKvMetadata:
+        return EpdKvMetadata(list(saves), list(loads))
+
+    def request_finished(self, request_id: str, block_ids=None) -> Tuple[bool, Optional[dict]]:
+        """The engine is done with request_id. A save still being consumed keeps its pages
+        (delay_free True) until get_finished() reports it; the params tell the decode
+        side what to load."""
+        s = self._sinks.get(request_id)
+        if s is None:
+            return False, None
+        return True, {"request_id": request_id, "tokens": s.tokens, "n_groups": len(self.group_sizes)}
+
+    # -- worker side ----------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: Dict[str, object]) -> None:
+        """The model's layers by name, in layer order (the caches themselves are the
+        model's; see the module's note)."""
+        if len(kv_caches) != self.layout.layers:
+            raise ValueError(f"{len(kv_caches)} layers registered, the layout has {self.layout.layers}")
+        self.layer_index = {name: i for i, name in enumerate(kv_caches)}
+
+    def bind_connector_metadata(self, meta: EpdKvMetadata) -> None:
+        self._meta = meta
+        if self.role == "producer":
+            for t in meta.saves:
+                if t.request_id not in self._sinks:
+                    self._sinks[t.request_id] = C.EpdKvSink(self.client, self.arena, self.layout, t.request_id,
+                                                            t.tokens, self.group_sizes, t.destination,
+                                                            ring=self.ring, target=t.target)
+
+    def clear_connector_metadata(self) -> None:
+        self._meta = None
+
+    def _bound(self) -> EpdKvMetadata:
+        if self._meta is None:
+            raise RuntimeError("no connector metadata bound (bind_connector_metadata before the forward pass)")
+        return self._meta
+
+    def _layer(self, layer_name) -> int:
+        if isinstance(layer_name, int):
+            return layer_name
+        try:
+            return self.layer_index[layer_name]
+        except KeyError:
+            raise KeyError(f"layer {layer_name!r} was not registered (register_kv_caches)") from None
+
+    def start_load_kv(self, forward_context=None, **kwargs) -> None:
+        """Decode: takes the bound requests' handoffs. Each is one AcceptWait, which the
+        daemon answers once the prefill has prepared it (no polling); the bytes keep
+        landing while the model starts."""
+        for t in self._bound().loads:
+            if t.request_id in self._loads:
+                continue
+            ld = _Load(t)
+            t0 = time.perf_counter()
+            ld.source = C.EpdKvSource(self.client, t.request_id, self.layout, t.tokens, ring=self.ring,
+                                      device=self.device, dtype=self.dtype, accept_timeout_s=self.timeout_s,
+                                      wait=False)
+            self.stats["accept_s"] += time.perf_counter() - t0
+            self._loads[t.request_id] = ld
+
+    def _group_of(self, layer: int) -> int:
+        n = 0
+        for g, size in enumerate(self.group_sizes):
+            n += size
+            if layer < n:
+                return g
+        raise IndexError(f"layer {layer} of {self.layout.layers}")
+
+    def wait_for_layer_load(self, layer_name) -> Dict[str, tuple]:
+        """Decode: blocks until the layer has landed for every bound load, reads it (one
+        gather per layer) and returns {request_id: (k, v)}."""
+        layer = self._layer(layer_name)
+        out = {}
+        for t in self._bound().loads:
+            ld = self._loads[t.request_id]
+            t0 = time.perf_counter()
+            ld.source.wait_layer_group(self._group_of(layer) + 1, self.timeout_s)
+            t1 = time.perf_counter()
+            kv = ld.source.layer(layer)
+            self.stats["wait_s"] += t1 - t0
+            self.stats["load_s"] += time.perf_counter() - t1
+            ld.layers[layer] = kv
+            out[t.request_id] = kv
+            if len(ld.layers) == self.layout.layers and not ld.done:
+                self._finish_load(ld)
+        return out
+
+    def layer_kv(self, request_id: str, layer_name) -> tuple:
+        return self._loads[request_id].layers[self._layer(layer_name)]
+
+    def _finish_load(self, ld: _Load) -> None:
+        # Every layer is in the model's cache: commit (the pages become ours), then let
+        # them go, or keep the sequence (an agent's first turn: its workflow's root).
+        ld.committed = ld.source.finish(keep=ld.t.keep)
+        ld.layers.clear()
+        ld.done = True
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata=None, **kwargs) -> None:
+        """Prefill: writes the layer's K/V of each bound save (kv_layer: (k, v) with one
+        save bound, else {request_id: (k, v)}) on the model's stream; the layer group is
+        shipped as soon as its writes have landed."""
+        layer = self._layer(layer_name)
+        saves = self._bound().saves
+        per_req = kv_layer if isinstance(kv_layer, dict) else None
+        if per_req is None and len(saves) != 1:
+            raise ValueError(f"{len(saves)} saves bound: pass {{request_id: (k, v)}}")
+        for t in saves:
+            k, v = per_req[t.request_id] if per_req is not None else kv_layer
+            sink = self._sinks[t.request_id]
+            t0 = time.perf_counter()
+            sink.layer(layer, k, v)
+            self.stats["save_s"] += time.perf_counter() - t0
+
+    def wait_for_save(self) -> None:
+        """Prefill: every bound save's groups are written and reported ready (the transfer
+        goes on; get_finished() says when the decode side has it)."""
+        for t in self._bound().saves:
+            sink = self._sinks[t.request_id]
+            w = sink.wait_s
+            sink.flush()
+            self.stats["save_wait_s"] += sink.wait_s - w
+
+    def get_finished(self, finished_req_ids: Set[str] = frozenset()) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        """(sends finished, loads finished) among the requests the engine has finished.
+        A finished send's handoff is released and its pages let go."""
+        self._finished_reqs |= set(finished_req_ids)
+        sent, received = set(), set()
+        for rid in list(self._sinks):
+            s = self._sinks[rid]
+            if rid in self._finished_reqs and s.handoff.finished(self.ring):
+                s.done()
+                s.handoff.release(self.ring)
+                del self._sinks[rid]
+                sent.add(rid)
+        for rid in list(self._loads):
+            if self._loads[rid].done and rid in self._finished_reqs:
+                received.add(rid)
+        self._finished_reqs -= sent | received
+        return (sent or None), (received or None)
+
+    def take_sequence(self, request_id: str) -> Optional[Sequence]:
+        """A finished load's committed sequence (keep=True), which is the caller's from now."""
+        ld = self._loads.pop(request_id, None)
+        if ld is None or not ld.done:
+            raise EpdError(2, "org.epd1.Error.NotFound", f"no finished load of {request_id}", "take sequence")
+        return ld.committed
+
+    def sink_of(self, request_id: str) -> C.EpdKvSink:
+        return self._sinks[request_id]
+
+    def source_of(self, request_id: str) -> C.EpdKvSource:
+        return self._loads[request_id].source
+
+    def shutdown(self) -> None:
+        for s in self._sinks.values():
+            try:
+                s.done()
+                s.handoff.release()
+            except Exception:
+                pass
+        self._sinks.clear()
+        for ld in self._loads.values():
+            if ld.committed is not None:
+                ld.committed.release()
+        self._loads.clear()
+
+
+@dataclass
+class EpdEcMetadata:
+    """The step's requests and the features each needs: {request_id: [mm_hash, ...]}."""
+    loads: Dict[str, List[str]] = field(default_factory=dict)
+
+
+class EpdEcConnector:
+    """The encoder-cache side. Features are keyed by the media's content hash (mm_hash)."""
+
+    def __init__(self, client, device: Optional[str] = None, timeout_s: float = 60.0):
+        self.client, self.device, self.timeout_s = client, device, timeout_s
+        self._meta: Optional[EpdEcMetadata] = None
+        self._held: Dict[str, List[C.FeatureTensors]] = {}
+        self.last_save: Tuple[str, float] = ("", 0.0)  # (hit|waited|produced, encode seconds)
+
+    # -- scheduler side -------------------------------------------------------------
+    def has_cache_item(self, identifier: str) -> bool:
+        """The feature cache holds identifier (ready): the encoder need not run for it."""
+        return prefetch(self.client, [identifier]) == 1
+
+    # -- worker side ----------------------------------------------------------------
+    def bind_connector_metadata(self, meta: EpdEcMetadata) -> None:
+        self._meta = meta
+
+    def clear_connector_metadata(self) -> None:
+        self._meta = None
+
+    def save_caches(self, encoder_cache: Dict[str, object], mm_hash: str, request_id: str = "", **kwargs) -> None:
+        """Publishes encoder_cache[mm_hash] ({name: tensor}) under mm_hash. It may also be a
+        callable that computes it: then it runs only when this worker is the one to produce
+        the feature (another encoder's concurrent or earlier output is a hit)."""
+        item = encoder_cache[mm_hash]
+        fn = item if callable(item) else (lambda: item)
+        self.last_save = C.produce(self.client, mm_hash, request_id or mm_hash[:32], fn, self.timeout_s)
+
+    def start_load_caches(self, encoder_cache: Dict[str, object], **kwargs) -> None:
+        """Fills encoder_cache[mm_hash] for each feature of the bound requests: views of a
+        GPU feature arena (no copy; pinned until get_finished() reports the request), or
+        copies from a host arena."""
+        meta = self._meta if self._meta is not None else EpdEcMetadata(kwargs.get("loads", {}))
+        for rid, hashes in meta.loads.items():
+            for h in hashes:
+                if h in encoder_cache:
+                    continue
+                ft = C.fetch(self.client, h, device=self.device, timeout_s=self.timeout_s)
+                self._held.setdefault(rid, []).append(ft)
+                encoder_cache[h] = ft
+
+    def get_finished(self, finished_req_ids: Set[str] = frozenset()) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        """Lets go of the features the finished requests read; returns (None, those ids)."""
+        done = set()
+        for rid in finished_req_ids:
+            for ft in self._held.pop(rid, []):
+                ft.release()
+            done.add(rid)
+        return None, (done or None)
+
+    def shutdown(self) -> None:
+        self.get_finished(set(self._held))

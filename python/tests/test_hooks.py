@@ -1,0 +1,151 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The vLLM-named connector hooks (epd.workers.hooks) against a real epdd, without torch:
+a prefill saves layer by layer, a decode loads layer by layer, transfers finish by
+request id only for requests the engine has finished, and nothing is left behind; the
+encoder-cache side skips the encoder on a hit and lends features until get_finished."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from test_binding import Daemon  # noqa: E402
+
+try:
+    import numpy as np
+    HAVE_NUMPY = True
+except ImportError:
+    HAVE_NUMPY = False
+
+LAYERS, HEADS, DIM, TOKENS = 4, 2, 64, 37  # pages of 32 KiB (host0's); the last one partial
+
+
+def names():
+    return {f"layers.{i}.attn": None for i in range(LAYERS)}
+
+
+@unittest.skipUnless(HAVE_NUMPY, "numpy not installed")
+class HooksTest(unittest.TestCase):
+    def setUp(self):
+        from epd import Client, KvLayout
+        from epd.handoff import Ring
+        from epd.workers import connector as C
+        self.d = Daemon()
+        self.layout = C.KvPageLayout(LAYERS, 16, HEADS, DIM, 2)
+        kv = KvLayout(LAYERS, 16, self.layout.k_bytes_per_token, self.layout.v_bytes_per_token, "float16")
+        self.p, self.c = Client(self.d.address), Client(self.d.address)
+        self.p.register("prefill", "m", "cpu", kv=kv)
+        self.c.register("decode", "m", "cpu", kv=kv)
+        self.rp, self.rc = Ring(self.p), Ring(self.c)
+
+    def tearDown(self):
+        for x in (self.rp, self.rc, self.p, self.c):
+            x.close()
+        self.assertEqual(self.d.stop(), 0)
+
+    def epdctl(self, *args):
+        out = subprocess.run([os.environ["EPDCTL"], "-A", self.d.address, "--json", *args],
+                             check=True, stdout=subprocess.PIPE).stdout
+        return json.loads(out)
+
+    def kv(self, layer):
+        rng = np.random.default_rng(layer)
+        k = rng.standard_normal((1, HEADS, TOKENS, DIM)).astype(np.float16)
+        return k, (k * 3).astype(np.float16)
+
+    def test_layerwise_save_load_and_finish(self):
+        from epd.workers import hooks as H
+        rid = "ab" * 16
+        prod = H.EpdKvConnector(self.p, self.layout, "producer", group_size=2, ring=self.rp, dtype="float16")
+        cons = H.EpdKvConnector(self.c, self.layout, "consumer", group_size=2, ring=self.rc, dtype="float16")
+        prod.register_kv_caches(names())
+        cons.register_kv_caches(names())
+        with self.assertRaises(RuntimeError):  # no metadata bound
+            prod.save_kv_layer("layers.0.attn", self.kv(0))
+
+        prod.bind_connector_metadata(prod.build_connector_meta(saves=[H.KvTransfer(rid, TOKENS)]))
+        with self.assertRaises(KeyError):
+            prod.save_kv_layer("layers.7.attn", self.kv(0))
+        # The decode side accepts before the prefill has written anything, then loads
+        # layer by layer as the groups land.
+        cons.bind_connector_metadata(cons.build_connector_meta(loads=[H.KvTransfer(rid, TOKENS)]))
+        cons.start_load_kv()
+        for layer in range(LAYERS):
+            prod.save_kv_layer(f"layers.{layer}.attn", self.kv(layer))
+        prod.wait_for_save()
+        prod.clear_connector_metadata()
+        delay, params = prod.request_finished(rid)
+        self.assertTrue(delay)
+        self.assertEqual(params["tokens"], TOKENS)
+        for layer in range(LAYERS):
+            k, v = cons.wait_for_layer_load(f"layers.{layer}.attn")[rid]
+            ek, ev = self.kv(layer)
+            np.testing.assert_array_equal(k, ek)
+            np.testing.assert_array_equal(v, ev)
+        cons.clear_connector_metadata()
+        # Not reported before the engine says the request is finished.
+        self.assertEqual(cons.get_finished(set()), (None, None))
+        self.assertEqual(cons.get_finished({rid}), (None, {rid}))
+        self.assertIsNone(cons.take_sequence(rid))  # not kept: the pages went back
+        deadline = time.monotonic() + 10
+        sent = None
+        while sent is None and time.monotonic() < deadline:
+            sent, _ = prod.get_finished({rid})
+            if sent is None:
+                self.rp.poll(0.05)
+        self.assertEqual(sent, {rid})
+        self.assertEqual(prod.request_finished(rid), (False, None))
+        pools = self.epdctl("pages")["pools"]
+        kv = [p for p in pools if p["arena"] == "host0"][0]
+        self.assertEqual(kv["free"], kv["total"], pools)
+        self.assertEqual(self.epdctl("sequences"), [])
+        self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
+
+    def test_load_times_out_named(self):
+        from epd import EpdError
+        from epd.workers import hooks as H
+        cons = H.EpdKvConnector(self.c, self.layout, "consumer", ring=self.rc, timeout_s=0.2)
+        cons.register_kv_caches(names())
+        cons.bind_connector_metadata(cons.build_connector_meta(loads=[H.KvTransfer("cd" * 16, TOKENS)]))
+        t0 = time.monotonic()
+        with self.assertRaises(EpdError) as e:
+            cons.start_load_kv()  # nobody prepares this handoff
+        self.assertEqual(e.exception.name, "org.epd1.Error.Timeout")
+        self.assertLess(time.monotonic() - t0, 5)
+
+    def test_encoder_cache(self):
+        from epd.workers import hooks as H
+        import hashlib
+        key = hashlib.sha256(b"an image").hexdigest()
+        from epd import Client
+        enc = Client(self.d.address)
+        self.addCleanup(enc.close)
+        enc.register("encoder", "m", "cpu")
+        ec = H.EpdEcConnector(enc)
+        self.assertFalse(ec.has_cache_item(key))
+        calls = []
+        feats = {"embeds": np.arange(96, dtype=np.float16).reshape(12, 8)}
+
+        def encode():
+            calls.append(1)
+            return feats
+        ec.save_caches({key: encode}, key, "01" * 16)
+        self.assertEqual(ec.last_save[0], "produced")
+        self.assertTrue(ec.has_cache_item(key))
+        ec.save_caches({key: encode}, key, "02" * 16)  # a hit: the encoder does not run
+        self.assertEqual((ec.last_save[0], len(calls)), ("hit", 1))
+
+        ec2 = H.EpdEcConnector(self.p)  # the prefill reads it
+        cache = {}
+        ec2.bind_connector_metadata(H.EpdEcMetadata({"r1": [key]}))
+        ec2.start_load_caches(cache)
+        ec2.clear_connector_metadata()
+        np.testing.assert_array_equal(cache[key]["embeds"], feats["embeds"])
+        self.assertEqual(ec2.get_finished({"r1"}), (None, {"r1"}))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The KV layer copies (gpu/kvcopy.h) on host memory: a layer's K and V land in the
+ * pages exactly where the page layout puts them (token-major rows, the last page partly
+ * used), whatever the tensors' strides, and the gather gives back what was scattered;
+ * the chunk list describes the same copies; bad shapes are refused. The GPU kernel is
+ * checked against the same host copy on the GPU machine (bench/gpu/gpu-device-test). */
+#include <check.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check-main.h"
+#include "kvcopy.h"
+#include "macro.h"
+
+#define H 3
+#define D 8 /* elements of 2 bytes: 16-byte rows */
+#define T 4
+#define LAYERS 2
+#define ROW (D * 2)
+/* A page: per layer a K block and a V block of T × H rows. */
+#define LAYER_STRIDE 384
+#define PAGE (LAYERS * LAYER_STRIDE)
+
+static uint16_t value(unsigned kv, unsigned layer, unsigned h, unsigned s, unsigned d) {
+        return (uint16_t)(kv << 15 | layer << 13 | h << 10 | s << 4 | d);
+}
+
+/* (H, S, D) tensors, or with transposed memory (S, H, D). */
+static void fill(uint16_t *t, unsigned kv, unsigned layer, unsigned S, bool token_major) {
+        for (unsigned h = 0; h < H; h++)
+                for (unsigned s = 0; s < S; s++)
+                        for (unsigned d = 0; d < D; d++)
+                                t[(token_major ? (s * H + h) : (h * S + s)) * D + d] = value(kv, layer, h, s, d);
+}
+
+static GpuKvRows rows_of(uint16_t *k, uint16_t *v, unsigned layer, unsigned S, bool token_major) {
+        return (GpuKvRows){
+                .k = (uintptr_t)k, .v = (uintptr_t)v, .tokens = S, .heads = H, .tokens_per_page = T,
+                .row_bytes = ROW, .k_offset = layer * LAYER_STRIDE, .v_offset = layer * LAYER_STRIDE + T * H * ROW,
+                .head_stride = token_major ? ROW : 0, .token_stride = token_major ? H * ROW : 0,
+        };
+}
+
+/* Every element where the page layout says it is. */
+static void check_pages(uint8_t *arena, const unsigned *page_ids, unsigned layer, unsigned S) {
+        for (unsigned kv = 0; kv < 2; kv++)
+                for (unsigned s = 0; s < S; s++)
+                        for (unsigned h = 0; h < H; h++)
+                                for (unsigned d = 0; d < D; d++) {
+                                        uint8_t *page = arena + (size_t)page_ids[s / T] * PAGE;
+                                        size_t off = layer * LAYER_STRIDE + (kv ? T * H * ROW : 0) +
+                                                     ((s % T) * H + h) * ROW + d * 2;
+                                        uint16_t x;
+                                        memcpy(&x, page + off, 2);
+                                        ck_assert_uint_eq(x, value(kv, layer, h, s, d));
+                                }
+}
+
+static void round_trip(bool token_major) {
+        /* 10 tokens: 3 pages, the last holding 2; pages out of order in the arena. */
+        const unsigned S = 10, page_ids[] = { 5, 1, 3 };
+        uint8_t *arena = aligned_alloc(64, 8 * PAGE);
+        uint64_t pages[3];
+        uint16_t k[H * 10 * D], v[H * 10 * D], k2[H * 10 * D], v2[H * 10 * D];
+
+        ck_assert_ptr_nonnull(arena);
+        memset(arena, 0xee, 8 * PAGE);
+        for (unsigned i = 0; i < 3; i++)
+                pages[i] = (uintptr_t)(arena + (size_t)page_ids[i] * PAGE);
+        for (unsigned layer = 0; layer < LAYERS; layer++) {
+                fill(k, 0, layer, S, token_major);
+                fill(v, 1, layer, S, token_major);
+                GpuKvRows r = rows_of(k, v, layer, S, token_major);
+                ck_assert_int_eq(gpu_kv_rows_check(&r, 3, PAGE), 0);
+                ck_assert(gpu_kv_rows_aligned(&r, pages, 3));
+                gpu_kv_rows_copy_host(&r, pages, GPU_KV_TO_PAGES);
+                check_pages(arena, page_ids, layer, S);
+        }
+        /* Pages no token uses are untouched; so is the last page past its 2 tokens. */
+        for (size_t i = 0; i < PAGE; i++)
+                ck_assert_uint_eq(arena[0 * PAGE + i], 0xee);
+        ck_assert_uint_eq(arena[3 * PAGE + 2 * H * ROW], 0xee);
+        /* Gather gives the tensors back. */
+        for (unsigned layer = 0; layer < LAYERS; layer++) {
+                fill(k, 0, layer, S, token_major);
+                fill(v, 1, layer, S, token_major);
+                memset(k2, 0, sizeof k2);
+                memset(v2, 0, sizeof v2);
+                GpuKvRows r = rows_of(k2, v2, layer, S, token_major);
+                gpu_kv_rows_copy_host(&r, pages, GPU_KV_FROM_PAGES);
+                ck_assert_mem_eq(k2, k, sizeof k);
+                ck_assert_mem_eq(v2, v, sizeof v);
+        }
+        free(arena);
+}
+
+START_TEST(test_heads_major) {
+        round_trip(false);
+}
+END_TEST
+
+START_TEST(test_tokens_major) {
+        round_trip(true);
+}
+END_TEST
+
+START_TEST(test_chunks_are_the_same_copies) {
+        const unsigned S = 7;
+        uint8_t *a = aligned_alloc(64, 4 * PAGE), *b = aligned_alloc(64, 4 * PAGE);
+        uint16_t k[H * 7 * D], v[H * 7 * D];
+        GpuChunk c[2 * H * 7];
+        uint64_t pa[2], pb[2];
+
+        memset(a, 0, 4 * PAGE);
+        memset(b, 0, 4 * PAGE);
+        pa[0] = (uintptr_t)(a + 2 * PAGE), pa[1] = (uintptr_t)a;
+        pb[0] = (uintptr_t)(b + 2 * PAGE), pb[1] = (uintptr_t)b;
+        fill(k, 0, 1, S, false);
+        fill(v, 1, 1, S, false);
+        GpuKvRows r = rows_of(k, v, 1, S, false);
+        gpu_kv_rows_copy_host(&r, pa, GPU_KV_TO_PAGES);
+        size_t n = gpu_kv_rows_chunks(&r, pb, GPU_KV_TO_PAGES, c, ELEMENTSOF(c));
+        ck_assert_uint_eq(n, 2 * H * S);
+        for (size_t i = 0; i < n; i++) {
+                ck_assert_uint_eq(c[i].len, ROW);
+                memcpy((void *)(uintptr_t)c[i].dst, (const void *)(uintptr_t)c[i].src, c[i].len);
+        }
+        ck_assert_mem_eq(a, b, 4 * PAGE);
+        /* A short buffer: at most max chunks. */
+        ck_assert_uint_eq(gpu_kv_rows_chunks(&r, pb, GPU_KV_TO_PAGES, c, 5), 5);
+        free(a);
+        free(b);
+}
+END_TEST
+
+START_TEST(test_bad_shapes_are_refused) {
+        uint16_t k[64], v[64];
+        GpuKvRows r = rows_of(k, v, 0, 9, false);
+
+        ck_assert_int_eq(gpu_kv_rows_check(&r, 3, PAGE), 0);
+        ck_assert_int_eq(gpu_kv_rows_check(&r, 2, PAGE), -ERANGE); /* 9 tokens need 3 pages */
+        ck_assert_int_eq(gpu_kv_rows_check(&r, 3, LAYER_STRIDE - 1), -ERANGE);
+        GpuKvRows x = r;
+        x.v_offset = x.k_offset + ROW; /* V over K */
+        ck_assert_int_eq(gpu_kv_rows_check(&x, 3, PAGE), -EINVAL);
+        x = r;
+        x.tokens = 0;
+        ck_assert_int_eq(gpu_kv_rows_check(&x, 3, PAGE), -EINVAL);
+        x = r;
+        x.token_stride = ROW / 2; /* rows overlap */
+        ck_assert_int_eq(gpu_kv_rows_check(&x, 3, PAGE), -EINVAL);
+        x = r;
+        x.k = UINT64_MAX - 8;
+        ck_assert_int_eq(gpu_kv_rows_check(&x, 3, PAGE), -EOVERFLOW);
+        x = r;
+        x.row_bytes = 24; /* not whole 16-byte words: no kernel */
+        uint64_t pages[3] = { 0, PAGE, 2 * PAGE };
+        ck_assert(!gpu_kv_rows_aligned(&x, pages, 3));
+        ck_assert_uint_eq(gpu_kv_rows_pages(&r), 3);
+}
+END_TEST
+
+static Suite *suite(void) {
+        Suite *s = suite_create("kvcopy");
+        TCase *tc = tcase_create("kvcopy");
+        tcase_add_test(tc, test_heads_major);
+        tcase_add_test(tc, test_tokens_major);
+        tcase_add_test(tc, test_chunks_are_the_same_copies);
+        tcase_add_test(tc, test_bad_shapes_are_refused);
+        suite_add_tcase(s, tc);
+        return s;
+}
+
+int main(void) {
+        return check_run(suite(), CK_FORK_GETENV);
+}
