@@ -115,6 +115,7 @@ static int method_prepare(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 BUS_DICT("arena", "s", HandoffPrepareArgs, arena),
                 BUS_DICT("target", "o", HandoffPrepareArgs, target),
                 BUS_DICT("timeout_usec", "t", HandoffPrepareArgs, timeout_usec),
+                BUS_DICT("ready", "u", HandoffPrepareArgs, ready),
                 {},
         };
         r = bus_dict_read(msg, options, &a, "option", error);

@@ -117,14 +117,19 @@ int handoff_on_peer_completion(sd_event_source *s, int fd, uint32_t revents, voi
 int handoff_on_rdma_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata);
 int handoff_parse_request_id(const char *s, EpdId *ret, Reason *why);
 void handoff_pump(HandoffObject *o);
+/* The last write of group g of a handoff whose completions ride the data: it carries
+ * the group's immediate (handoff-proto.h). */
+void handoff_mark_group_end(HandoffObject *o, uint32_t g, TransportWrite *w);
 void handoff_send_message(HandoffObject *o, HandoffMessage *m);
 
 /* handoff-dest.c: the destination side: remote Prepare, incoming writes, Accept, Commit */
 int handoff_dest_accept(HandoffManager *hm, Client *c, HandoffObject *d, HandoffObject **ret, Reason *why);
 int handoff_dest_reserve(HandoffObject *d, Arena *a, uint32_t n_pages);
-void handoff_on_incoming_done(Peer *p, uint64_t cookie, int error, void *userdata);
-int handoff_on_incoming_validate(Peer *p, uint32_t region, uint64_t offset, uint64_t length, uint64_t cookie,
-                                 void *userdata);
+void handoff_on_incoming_done(Peer *p, const TransportIncoming *in, int error, void *userdata);
+int handoff_on_incoming_validate(Peer *p, TransportIncoming *in, void *userdata);
+HandoffObject *handoff_slot_get(HandoffManager *hm, Peer *p, uint64_t slot);
+void handoff_slot_forget(HandoffObject *d);
+void handoff_slots_peer_down(HandoffManager *hm, Peer *p);
 int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t len, void *userdata);
 void handoff_on_peer_state(Peer *p, bool up, void *userdata);
 Arena *handoff_pick_arena(Manager *m, uint64_t page_size, const Worker *target, Arena *prefer, bool host_only);

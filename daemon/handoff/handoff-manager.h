@@ -65,6 +65,12 @@ struct HandoffPrepareWaiter {
         void (*done)(HandoffPrepareWaiter *w, HandoffObject *o, int error, const char *why);
 };
 
+/* A pipelined handoff's slot at the destination: (peer, slot) -> HandoffObject. */
+typedef struct SlotKey {
+        Peer *peer;
+        uint64_t slot;
+} SlotKey;
+
 struct HandoffObject {
         HandoffManager *hm;
         Handoff *h;
@@ -78,6 +84,10 @@ struct HandoffObject {
         bool in_request_map;
 
         Peer *peer;              /* the other daemon; NULL for a local handoff */
+        Transport *net;          /* remote: the transport its writes take (chosen at Prepare) */
+        bool imm;                /* remote: group completions ride the data (no GROUP_SENT) */
+        uint64_t slot;           /* remote, pipelined: the slot its writes name (0: none) */
+        SlotKey slot_key;        /* destination: its key in hm->slots */
         HandoffObject *twin;     /* local handoff: the other side */
         char peer_host[64];
 
@@ -90,7 +100,7 @@ struct HandoffObject {
         bool zero_copy;
         bool gpu;                /* local, through the CUDA transport (a GPU arena on a side) */
         HandoffStaging *staging; /* remote with GPU source pages: GPU → host staging → peer */
-        TransportWrite **net;    /* staged: per group, the peer writes, posted once it is staged */
+        TransportWrite **net_writes; /* staged: per group, the peer writes, posted once it is staged */
         size_t *n_net;
 
         /* Where the bytes go (source): the destination's arena region and page offsets. */
@@ -123,6 +133,10 @@ struct HandoffManager {
         Hashmap *rings;           /* ClientRing* by client serial */
         Hashmap *windows;         /* PeerWindow* by peer host id: handoffs in flight */
         Hashmap *expects;         /* waiters for a handoff to arrive, by request id (handoff-expect.c) */
+        /* Pipelined handoffs (handoff-proto.h: HANDOFF_PREPARE_F_PIPELINED). */
+        uint64_t next_slot;       /* source: the last slot given */
+        Hashmap *slots;           /* destination: HandoffObject* by (peer, slot) */
+        Hashmap *peer_slots;      /* destination: PeerSlots* by peer: the last slot announced */
         Transport *local;
         sd_event_source *local_source;
         sd_event_source *peer_source;
@@ -157,6 +171,7 @@ typedef struct HandoffPrepareArgs {
         const char *arena;           /* destination arena (local), NULL: the source's */
         const char *target;          /* worker path or id that will accept, NULL: any */
         uint64_t timeout_usec;       /* 0: config */
+        uint32_t ready;              /* layer groups [0, ready) are computed already */
 } HandoffPrepareArgs;
 
 typedef enum HandoffPrepareResult {

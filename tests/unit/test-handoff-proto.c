@@ -58,7 +58,7 @@ START_TEST(test_prepare) {
         uint8_t *buf;
         size_t len;
         roundtrip(&m, &d, &buf, &len);
-        ck_assert_uint_eq(len, 16 + 8 + 24 + 16 + 8 + 3 * 4 + 4 * 16);
+        ck_assert_uint_eq(len, 16 + 8 + 24 + 16 + 8 + 16 + 3 * 4 + 4 * 16);
         ck_assert_uint_eq(d.timeout_usec, 5000000);
         ck_assert_uint_eq(d.page_size, 1000);
         ck_assert_uint_eq(d.layout_hash, 0xfeed);
@@ -132,12 +132,32 @@ START_TEST(test_prepare_invalid) {
         buf[68] = 0xff; /* n_groups low byte -> 0xff groups */
         ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
         buf[68] = 3;
-        buf[72 + 2] = 1; /* group 0's reserved field */
+        buf[88 + 2] = 1; /* group 0's reserved field */
         ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
-        buf[72 + 2] = 0;
-        buf[72] = 0; /* group 0 with zero ranges */
+        buf[88 + 2] = 0;
+        buf[88] = 0; /* group 0 with zero ranges */
         ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
-        buf[72] = 1;
+        buf[88] = 1;
+        buf[76] = 1; /* the reserved word after the flags */
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
+        buf[76] = 0;
+        buf[72] = 0x80; /* an unknown flag */
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
+        buf[72] = HANDOFF_PREPARE_F_PIPELINED; /* pipelined needs a slot */
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
+        buf[80] = 9;
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), 0);
+        ck_assert_uint_eq(d.slot, 9);
+        ck_assert_uint_eq(d.flags, HANDOFF_PREPARE_F_PIPELINED);
+        handoff_message_done(&d);
+        buf[72] = 0; /* a slot without pipelining */
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
+        buf[72] = HANDOFF_PREPARE_F_IMM | HANDOFF_PREPARE_F_PIPELINED;
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), 0);
+        ck_assert_uint_eq(d.flags, HANDOFF_PREPARE_F_IMM | HANDOFF_PREPARE_F_PIPELINED);
+        handoff_message_done(&d);
+        buf[72] = 0;
+        buf[80] = 0;
         ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), 0);
         handoff_message_done(&d);
         free(buf);
