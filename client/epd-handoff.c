@@ -48,6 +48,8 @@ int epd_handoff_prepare(epd_client *c, const char *request_id, const char *desti
                 r = sd_bus_message_append(m, "{sv}", "target", "o", opts->target);
         if (r >= 0 && opts && opts->timeout_usec)
                 r = sd_bus_message_append(m, "{sv}", "timeout_usec", "t", opts->timeout_usec);
+        if (r >= 0 && opts && opts->ready)
+                r = sd_bus_message_append(m, "{sv}", "ready", "u", opts->ready);
         if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r < 0) {
@@ -297,6 +299,10 @@ int epd_ring_accept(epd_ring_client *r, const char *request_id, uint64_t timeout
                 return -EINVAL;
         epd_ring_record_accept(&rec, id.bytes, timeout_usec, user_data);
         return epd_ring_submit(r, &rec);
+}
+
+int epd_ring_fd(const epd_ring_client *r) {
+        return r ? r->complete_fd : -EINVAL;
 }
 
 static uint64_t now_usec_mono(void) {
