@@ -544,6 +544,12 @@ void gpu_copy_engine_set_kernel_policy(GpuCopyEngine *e, GpuCopyKernelPolicy p, 
         e->kernel_min_segments = MAX(min_segments, (size_t)1);
 }
 
+void gpu_copy_engine_set_kernel_uniform(GpuCopyEngine *e, bool enable) {
+        for (size_t i = 0; i < e->system->n_devices; i++)
+                if (e->lanes[i].kernels)
+                        e->lanes[i].kernels->no_uniform = !enable;
+}
+
 void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t min_segments) {
         gpu_copy_engine_set_kernel_policy(e, enable ? GPU_COPY_KERNEL_ALWAYS : GPU_COPY_KERNEL_NEVER, min_segments);
 }

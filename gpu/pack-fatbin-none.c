@@ -3,5 +3,5 @@
  * paths use the copy engine alone. */
 #include <stddef.h>
 
-const unsigned char epd_pack_fatbin[] = { 0 };
-const size_t epd_pack_fatbin_size = 0;
+__attribute__((visibility("hidden"))) const unsigned char epd_pack_fatbin[] = { 0 };
+__attribute__((visibility("hidden"))) const size_t epd_pack_fatbin_size = 0;

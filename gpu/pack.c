@@ -58,6 +58,15 @@ uint64_t gpu_chunks_bytes(const GpuChunk *c, size_t n) {
         return s;
 }
 
+bool gpu_chunks_uniform(const GpuChunk *c, size_t n) {
+        if (n == 0 || c[0].len == 0)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (c[i].len != c[0].len || ((c[i].src | c[i].dst | c[i].len) & 15))
+                        return false;
+        return true;
+}
+
 void gpu_chunks_grid(size_t n, uint64_t max_len, int sms, unsigned *grid_x, unsigned *grid_y) {
         /* One block per GPU_CHUNK_TILE of a chunk (x), one row of blocks per chunk (y; the
          * kernel loops over chunks past 65535). sms does not change the shape: tiles are
@@ -103,6 +112,8 @@ int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret) {
                 return r;
         r = CU(s->driver, cuModuleGetFunction, &k->copy_chunks, k->module, "epd_copy_chunks");
         if (r >= 0)
+                r = CU(s->driver, cuModuleGetFunction, &k->copy_uniform, k->module, "epd_copy_uniform");
+        if (r >= 0)
                 r = CU(s->driver, cuModuleGetFunction, &k->kv_rows, k->module, "epd_kv_rows");
         if (r < 0)
                 return r;
@@ -116,21 +127,33 @@ int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret) {
 int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *chunks,
                             CUdeviceptr desc_buf, size_t n) {
         unsigned gx, gy, n32 = (unsigned)n, tile_words = GPU_CHUNK_TILE / 16;
+        unsigned long long len_words;
         uint64_t max_len = 0;
-        void *params[] = { &desc_buf, &n32, &tile_words };
+        bool uniform;
         int r;
 
         if (n == 0)
                 return 0;
         if (n > GPU_CHUNKS_MAX)
                 return -E2BIG;
+        uniform = !k->no_uniform && gpu_chunks_uniform(chunks, n);
         for (size_t i = 0; i < n; i++)
                 max_len = MAX(max_len, chunks[i].len);
-        gpu_chunks_grid(n, max_len, k->sms, &gx, &gy);
-
         r = CU(k->system->driver, cuMemcpyHtoDAsync, desc_buf, chunks, n * sizeof *chunks, stream);
         if (r < 0)
                 return r;
+        if (uniform) {
+                /* A persistent grid: about 8 blocks per SM, each looping over tiles. */
+                uint64_t tiles = DIV_ROUND_UP(max_len, (uint64_t)256 * 4 * 16) * n;
+                void *params[] = { &desc_buf, &n32, &len_words };
+
+                len_words = max_len / 16;
+                gx = (unsigned)CLAMP(tiles, (uint64_t)1, (uint64_t)MAX(k->sms, 1) * 8);
+                return CU(k->system->driver, cuLaunchKernel, k->copy_uniform, gx, 1, 1, 256, 1, 1, 0,
+                          stream, params, NULL);
+        }
+        void *params[] = { &desc_buf, &n32, &tile_words };
+        gpu_chunks_grid(n, max_len, k->sms, &gx, &gy);
         return CU(k->system->driver, cuLaunchKernel, k->copy_chunks, gx, gy, 1, 256, 1, 1, 0,
                   stream, params, NULL);
 }

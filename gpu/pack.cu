@@ -58,6 +58,39 @@ epd_copy_chunks(const EpdChunk *__restrict__ chunks, unsigned n_chunks, unsigned
         }
 }
 
+// A batch whose chunks all have one length, 16-byte aligned (the same layer group of
+// every page, or whole pages): tile t of the batch is tile t % tiles_per_chunk of chunk
+// t / tiles_per_chunk, and block b moves tiles b, b + gridDim.x, b + 2 gridDim.x, ...
+// The blocks resident at any moment work on neighbouring tiles, so few chunks (and few
+// pages of either arena, few TLB entries) are touched at once, as in one contiguous copy.
+extern "C" __global__ void __launch_bounds__(256)
+epd_copy_uniform(const EpdChunk *__restrict__ chunks, unsigned n_chunks, unsigned long long len_words) {
+        const unsigned long long tile = 256 * UNROLL;
+        const unsigned long long tiles_per_chunk = (len_words + tile - 1) / tile;
+        const unsigned long long n_tiles = tiles_per_chunk * n_chunks;
+
+        for (unsigned long long t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+                const EpdChunk e = chunks[t / tiles_per_chunk];
+                const unsigned long long begin = (t % tiles_per_chunk) * tile;
+                const uint4 *__restrict__ s = (const uint4 *)e.src;
+                uint4 *__restrict__ d = (uint4 *)e.dst;
+                const unsigned long long i = begin + threadIdx.x;
+
+                if (begin + tile <= len_words) {
+                        uint4 v[UNROLL];
+#pragma unroll
+                        for (int u = 0; u < UNROLL; u++)
+                                v[u] = __ldcs(s + i + u * 256);
+#pragma unroll
+                        for (int u = 0; u < UNROLL; u++)
+                                __stcs(d + i + u * 256, v[u]);
+                } else {
+                        for (unsigned long long k = i; k < len_words; k += 256)
+                                __stcs(d + k, __ldcs(s + k));
+                }
+        }
+}
+
 // One layer's K and V between a (1, H, S, D) cache tensor pair and KV pages (kvcopy.h; head
 // and token strides in 16-byte words):
 // blockIdx.y picks K or V and a head, the x dimension runs over the tokens' 16-byte

@@ -43,13 +43,18 @@ uint64_t gpu_chunks_bytes(const GpuChunk *c, size_t n);
 /* The bytes of a chunk one block of the copy kernel moves. */
 #define GPU_CHUNK_TILE (64U << 10)
 
+/* Whether n chunks all have one length and 16-byte aligned addresses (the uniform
+ * kernel's case). Pure. */
+bool gpu_chunks_uniform(const GpuChunk *c, size_t n);
+
 /* Launch geometry for n chunks of at most max_len bytes on a device with `sms`
  * multiprocessors: a block per tile of a chunk. Pure. */
 void gpu_chunks_grid(size_t n, uint64_t max_len, int sms, unsigned *grid_x, unsigned *grid_y);
 
-/* The fatbin embedded at build time (size 0 when built without nvcc). */
-extern const unsigned char epd_pack_fatbin[];
-extern const size_t epd_pack_fatbin_size;
+/* The fatbin embedded at build time (size 0 when built without nvcc). Hidden: libepd.so
+ * holds its own copy, and a program linking both must not have one interpose the other. */
+extern const unsigned char epd_pack_fatbin[] __attribute__((visibility("hidden")));
+extern const size_t epd_pack_fatbin_size __attribute__((visibility("hidden")));
 
 typedef struct GpuKernels {
         GpuSystem *system;
@@ -57,7 +62,9 @@ typedef struct GpuKernels {
         int sms;
         CUmodule module;
         CUfunction copy_chunks;
+        CUfunction copy_uniform; /* chunks of one length, aligned */
         CUfunction kv_rows;     /* kvcopy.h */
+        bool no_uniform;        /* always the tiled 2-D grid (benchmarks compare) */
 } GpuKernels;
 
 int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret);

@@ -495,11 +495,16 @@ static void test_pack(Env *e) {
         Arena *a = make_arena(e, "pack-pages", 6, 256 * MiB);
         Arena *st = make_arena(e, "pack-staging", 7, 64 * MiB);
         /* 16-byte aligned groups (vector path) and odd ones (byte path). */
-        pack_case(e, k, a, st, 1 * MiB, 60, 256 * 1024, 512 * 1024, 66);
-        pack_case(e, k, a, st, 256 * 1024, 500, 4096, 64 * 1024, 67);
-        pack_case(e, k, a, st, 1 * MiB, 100, 333, 100003, 68);
-        pack_case(e, k, a, st, 1 * MiB, 40, 4112, 200016, 69); /* aligned, 3 tiles and a part */
-        printf("RESULT pack ok cases=4\n");
+        /* Equal aligned chunks take the uniform kernel; each case again on the 2-D grid. */
+        for (int u = 0; u < 2; u++) {
+                k->no_uniform = u;
+                pack_case(e, k, a, st, 1 * MiB, 60, 256 * 1024, 512 * 1024, 66);
+                pack_case(e, k, a, st, 256 * 1024, 500, 4096, 64 * 1024, 67);
+                pack_case(e, k, a, st, 1 * MiB, 100, 333, 100003, 68);
+                pack_case(e, k, a, st, 1 * MiB, 40, 4112, 200016, 69); /* aligned, 3 tiles and a part */
+        }
+        k->no_uniform = false;
+        printf("RESULT pack ok cases=8\n");
         drop_arena(e, a);
         drop_arena(e, st);
         gpu_kernels_free(k);

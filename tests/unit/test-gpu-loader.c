@@ -234,6 +234,11 @@ START_TEST(test_grid) {
         ck_assert_uint_eq(gy, 65535);
         ck_assert_uint_eq(gx, 1);
         gpu_chunks_grid(0, 0, 0, &gx, &gy);
+        ck_assert(gpu_chunks_uniform((GpuChunk[]) { { 16, 32, 4096 }, { 8192, 64, 4096 } }, 2));
+        ck_assert(!gpu_chunks_uniform((GpuChunk[]) { { 16, 32, 4096 }, { 8192, 64, 4080 } }, 2));
+        ck_assert(!gpu_chunks_uniform((GpuChunk[]) { { 16, 32, 4096 }, { 8193, 64, 4096 } }, 2));
+        ck_assert(!gpu_chunks_uniform((GpuChunk[]) { { 16, 32, 0 } }, 1));
+        ck_assert(!gpu_chunks_uniform(NULL, 0));
         ck_assert_uint_ge(gx, 1);
         ck_assert_uint_ge(gy, 1);
 }

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
-"""The workers' side of epd, shaped like vLLM's connectors so an engine adapter is thin:
+"""The workers' side of epd (hooks.py puts it behind vLLM's connector hook names):
 
 - features (encoder cache connector): the encoder `produce()`s a FeatureBundle into a
   feature buffer of epdd keyed by the image's content hash; the prefill `fetch()`es it
@@ -15,10 +15,11 @@
   the model's KV source and writes the newly computed tokens into the branch's own
   pages (the decode worker reuses the prefix instead of recomputing it).
 
-Arrays may be numpy arrays or torch tensors; reads return the same kind. A GPU process
-registers the host arena with CUDA once (page-locked), so that K/V goes between the GPU
-and the pages by asynchronous copies, and a layer group is reported ready when a CUDA
-event says its copies have landed."""
+Arrays may be numpy arrays or torch tensors; reads return the same kind. In a GPU arena
+each layer's K/V goes between the model's tensors and the pages by one kernel launch on
+torch's current stream (KvPages); from a host arena, a GPU process registers the arena
+with CUDA once (page-locked) and copies asynchronously. Either way a layer group is
+reported ready when a CUDA event says its writes have landed, never by a host sync."""
 
 import time
 from typing import Dict, List, Optional, Sequence as Seq, Tuple
