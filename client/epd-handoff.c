@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* libepd: handoffs and the ring pair. */
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -175,41 +176,67 @@ int epd_handoff_release(epd_client *c, const char *handoff) {
         return epd__call(c, handoff, IFACE_HANDOFF, "Release", NULL, NULL);
 }
 
-static int get_prop(epd_client *c, const char *path, const char *name, char type, void *ret) {
-        sd_bus_error e = SD_BUS_ERROR_NULL;
-        sd_bus_message *reply = NULL;
-        char t[2] = { type, 0 };
-        int r = sd_bus_get_property(c->bus, EPD_DESTINATION(c), path, IFACE_HANDOFF, name, &e, &reply, t);
-        if (r < 0) {
-                r = epd__error(c, r, &e);
-                sd_bus_error_free(&e);
-                return r;
-        }
-        if (type == 's') {
-                const char *s;
-                r = sd_bus_message_read(reply, "s", &s);
+/* One Properties.GetAll round trip (an idle bus round trip costs tens of µs). */
+static int read_status(sd_bus_message *reply, epd_handoff_status *ret) {
+        static const struct {
+                const char *name;
+                char type;
+                size_t offset;
+        } props[] = {
+                { "State", 's', offsetof(epd_handoff_status, state) },
+                { "Cause", 's', offsetof(epd_handoff_status, cause) },
+                { "GroupsDone", 'u', offsetof(epd_handoff_status, groups_done) },
+                { "Groups", 'u', offsetof(epd_handoff_status, n_groups) },
+                { "Bytes", 't', offsetof(epd_handoff_status, bytes) },
+        };
+        unsigned seen = 0;
+        const char *name;
+        int r;
+
+        r = sd_bus_message_enter_container(reply, 'a', "{sv}");
+        while (r >= 0 && (r = sd_bus_message_enter_container(reply, 'e', "sv")) > 0) {
+                size_t i;
+                r = sd_bus_message_read(reply, "s", &name);
+                for (i = 0; r >= 0 && i < ELEMENTSOF(props) && strcmp(props[i].name, name) != 0; i++)
+                        ;
+                if (r >= 0 && i < ELEMENTSOF(props)) {
+                        char t[2] = { props[i].type, 0 };
+                        void *dst = (uint8_t *)ret + props[i].offset;
+                        r = sd_bus_message_enter_container(reply, 'v', t);
+                        if (r >= 0 && props[i].type == 's') {
+                                const char *s;
+                                r = sd_bus_message_read_basic(reply, 's', &s);
+                                if (r >= 0)
+                                        snprintf(dst, sizeof ret->state, "%s", s);
+                        } else if (r >= 0)
+                                r = sd_bus_message_read_basic(reply, props[i].type, dst);
+                        if (r >= 0)
+                                r = sd_bus_message_exit_container(reply);
+                        if (r >= 0)
+                                seen |= 1U << i;
+                } else if (r >= 0)
+                        r = sd_bus_message_skip(reply, "v");
                 if (r >= 0)
-                        snprintf(ret, 24, "%s", s);
-        } else
-                r = sd_bus_message_read_basic(reply, type, ret);
-        sd_bus_message_unref(reply);
-        return r < 0 ? epd__error(c, r, NULL) : 0;
+                        r = sd_bus_message_exit_container(reply);
+        }
+        if (r >= 0)
+                r = sd_bus_message_exit_container(reply);
+        if (r >= 0 && seen != (1U << ELEMENTSOF(props)) - 1)
+                r = -EBADMSG; /* a daemon without one of them */
+        return r;
 }
 
 int epd_handoff_get(epd_client *c, const char *handoff, epd_handoff_status *ret) {
+        sd_bus_message *reply = NULL;
         if (!c || !handoff || !ret)
                 return -EINVAL;
         memset(ret, 0, sizeof *ret);
-        int r = get_prop(c, handoff, "State", 's', ret->state);
-        if (r >= 0)
-                r = get_prop(c, handoff, "Cause", 's', ret->cause);
-        if (r >= 0)
-                r = get_prop(c, handoff, "GroupsDone", 'u', &ret->groups_done);
-        if (r >= 0)
-                r = get_prop(c, handoff, "Groups", 'u', &ret->n_groups);
-        if (r >= 0)
-                r = get_prop(c, handoff, "Bytes", 't', &ret->bytes);
-        return r;
+        int r = epd__call(c, handoff, "org.freedesktop.DBus.Properties", "GetAll", &reply, "s", IFACE_HANDOFF);
+        if (r < 0)
+                return r;
+        r = read_status(reply, ret);
+        sd_bus_message_unref(reply);
+        return r < 0 ? epd__error(c, r, NULL) : 0;
 }
 
 /* ---- ring ---- */
