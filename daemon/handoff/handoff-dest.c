@@ -293,6 +293,14 @@ int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t 
 
         case HANDOFF_MSG_COMMIT:
                 o = find_for_message(hm, p, HANDOFF_SOURCE, &in);
+                if (o && o->imm && o->h->state == HANDOFF_TRANSFERRING) {
+                        /* Completions in-band: the destination had every group from the
+                         * data, and its WRITE_ACKS came before this COMMIT on the control
+                         * connection; their completions may still wait on the transport's
+                         * eventfd. Take them first, so the writes are done here too. */
+                        (void)handoff_on_peer_completion(NULL, -1, 0, hm);
+                        o = find_for_message(hm, p, HANDOFF_SOURCE, &in);
+                }
                 if (!o)
                         break;
                 if (handoff_commit(o->h, 0) == 1 && handoff_counts(o))
