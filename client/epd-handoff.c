@@ -170,6 +170,12 @@ int epd_handoff_rollback(epd_client *c, const char *handoff) {
         return epd__call(c, handoff, IFACE_HANDOFF, "Rollback", NULL, NULL);
 }
 
+int epd_handoff_watch(epd_client *c, bool enable) {
+        if (!c)
+                return -EINVAL;
+        return epd__call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "Watch", NULL, "b", (int)enable);
+}
+
 int epd_handoff_release(epd_client *c, const char *handoff) {
         if (!c || !handoff)
                 return -EINVAL;

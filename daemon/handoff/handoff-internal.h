@@ -65,6 +65,13 @@ typedef struct ClientRing {
         sd_event_source *source;
 } ClientRing;
 
+/* A client that asked for every handoff's signals (org.epd1.Handoffs.Watch). */
+typedef struct HandoffWatcher {
+        ClientObject object;
+        HandoffManager *hm;
+        uint64_t serial;
+} HandoffWatcher;
+
 /* Handoffs in flight towards one peer (source side): from Prepare until every group is
  * transferred, or the handoff ends. Bounded by the backpressure window
  * (backpressure_window_admit); one per peer ever used, freed at shutdown. */
@@ -168,3 +175,4 @@ void handoff_window_publish(HandoffManager *hm, PeerWindow *w);
 void handoff_notify_progress(HandoffObject *o, uint32_t done);
 void handoff_notify_state(HandoffObject *o);
 void handoff_ring_free(ClientRing *cr);
+void handoff_watcher_free(HandoffWatcher *w);

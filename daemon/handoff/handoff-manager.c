@@ -433,6 +433,7 @@ static int handoff_init(Manager *m) {
         hm->incoming = hashmap_new(HASHMAP_KEY_BYTES, sizeof(InKey));
         hm->dest_pages = hashmap_new(HASHMAP_KEY_U64, 0);
         hm->rings = hashmap_new(HASHMAP_KEY_U64, 0);
+        hm->watchers = hashmap_new(HASHMAP_KEY_U64, 0);
         hm->windows = hashmap_new(HASHMAP_KEY_STRING, 0);
         hm->expects = hashmap_new(HASHMAP_KEY_BYTES, sizeof(EpdId));
         hm->slots = hashmap_new(HASHMAP_KEY_BYTES, sizeof(SlotKey));
@@ -441,7 +442,7 @@ static int handoff_init(Manager *m) {
         if (handoff_journal_init(&hm->journal) < 0)
                 return -ENOMEM;
         if (!hm->by_handle || !hm->sources || !hm->destinations || !hm->writes || !hm->incoming ||
-            !hm->dest_pages || !hm->rings || !hm->windows || !hm->expects || !hm->slots || !hm->peer_slots)
+            !hm->dest_pages || !hm->rings || !hm->watchers || !hm->windows || !hm->expects || !hm->slots || !hm->peer_slots)
                 return -ENOMEM;
 
         int r = local_transport_new(0, &hm->local);
@@ -542,6 +543,9 @@ static void handoff_done(Manager *m) {
         }
         while ((it = 0, hm->rings && hashmap_iterate(hm->rings, &it, (void **)&cr, NULL)))
                 handoff_ring_free(cr);
+        HandoffWatcher *hw;
+        while ((it = 0, hm->watchers && hashmap_iterate(hm->watchers, &it, (void **)&hw, NULL)))
+                handoff_watcher_free(hw);
         for (uint32_t i = 0; i < HANDOFF_STAGING_MAX; i++)
                 handoff_staging_free(hm, hm->staging[i]);
         void *v;
@@ -563,6 +567,7 @@ static void handoff_done(Manager *m) {
         hashmap_free(hm->incoming);
         hashmap_free(hm->dest_pages);
         hashmap_free(hm->rings);
+        hashmap_free(hm->watchers);
         hashmap_free(hm->expects);
         hashmap_free(hm->slots);
         while ((it = 0, hm->peer_slots && hashmap_iterate(hm->peer_slots, &it, &v, NULL)))

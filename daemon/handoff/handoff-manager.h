@@ -131,6 +131,7 @@ struct HandoffManager {
         Hashmap *incoming;        /* incoming writes in flight by (peer, cookie) */
         Hashmap *dest_pages;      /* destination HandoffObject* by (arena << 32 | page) */
         Hashmap *rings;           /* ClientRing* by client serial */
+        Hashmap *watchers;        /* HandoffWatcher* by client serial: Watch(true) */
         Hashmap *windows;         /* PeerWindow* by peer host id: handoffs in flight */
         Hashmap *expects;         /* waiters for a handoff to arrive, by request id (handoff-expect.c) */
         /* Pipelined handoffs (handoff-proto.h: HANDOFF_PREPARE_F_PIPELINED). */
@@ -207,6 +208,12 @@ int handoff_manager_group_ready(HandoffObject *o, uint32_t group, Reason *why);
 int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequence, Reason *why);
 int handoff_manager_rollback(HandoffObject *o, Reason *why);
 void handoff_manager_release(HandoffObject *o);
+/* Progress and StateChanged go only to the watchers, and to the owner when its ring
+ * could not take the record (or it has none): unicast, never to every connection. */
+void handoff_emit_signal(HandoffObject *o, bool to_owner, const char *member, const char *types, ...);
+/* Watch(enable): the client gets every handoff's Progress and StateChanged signals
+ * (until Watch(false) or it goes away). */
+int handoff_manager_watch(HandoffManager *hm, Client *c, bool enable, Reason *why);
 int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32_t cq, Ring **ret,
                               Reason *why);
 /* Whether client c owns o. */

@@ -105,6 +105,7 @@ def _lib_handoffs():
         "epd_handoff_accepted_done": (None, [_P(_Accepted)]),
         "epd_handoff_commit": (c_int, [c_void_p, c_char_p, _P(c_void_p)]),
         "epd_handoff_rollback": (c_int, [c_void_p, c_char_p]),
+        "epd_handoff_watch": (c_int, [c_void_p, ctypes.c_bool]),
         "epd_handoff_release": (c_int, [c_void_p, c_char_p]),
         "epd_handoff_get": (c_int, [c_void_p, c_char_p, _P(_Status)]),
         "epd_ring_open": (c_int, [c_void_p, c_uint32, c_uint32, _P(c_void_p)]),
@@ -196,6 +197,11 @@ class Ring(_lib.Closing):
         if self._r:
             self._lib.epd_ring_close(self._r)
             self._r = None
+
+
+def watch(client, enable: bool = True):
+    """This client gets every handoff's Progress and StateChanged signals (a monitor)."""
+    client._check(_lib_handoffs().epd_handoff_watch(client._c, enable), "watch")
 
 
 class Handoff:

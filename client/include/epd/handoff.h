@@ -62,6 +62,10 @@ void epd_handoff_accepted_done(epd_handoff_accepted *a);
 int epd_handoff_commit(epd_client *c, const char *handoff, char **ret_sequence);
 int epd_handoff_rollback(epd_client *c, const char *handoff);
 int epd_handoff_release(epd_client *c, const char *handoff);
+/* enable: this client gets the Progress and StateChanged signals of every handoff (a
+ * monitor); without it, only its own handoffs' and only when its ring could not take
+ * the record (or it has none). Ends with the connection. */
+int epd_handoff_watch(epd_client *c, bool enable);
 
 typedef struct epd_handoff_status {
         char state[24];
