@@ -410,6 +410,28 @@ int peer_data_header_decode(const void *buf, size_t n, uint32_t payload_length,
         return 0;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        return x < y ? -1 : x > y;
+}
+
+size_t peer_ack_runs_build(uint64_t *ids, size_t n, PeerAckRun *runs, size_t max, size_t *ret_used) {
+        size_t k = 0, i;
+
+        if (n > 1)
+                qsort(ids, n, sizeof *ids, cmp_u64);
+        for (i = 0; i < n; i++) {
+                if (k > 0 && runs[k - 1].first + runs[k - 1].count == ids[i] && runs[k - 1].count < UINT32_MAX)
+                        runs[k - 1].count++;
+                else if (k < max)
+                        runs[k++] = (PeerAckRun){ .first = ids[i], .count = 1 };
+                else
+                        break;
+        }
+        *ret_used = i;
+        return k;
+}
+
 int peer_write_acks_encode(const PeerAckRun *runs, size_t n_runs, void *buf, size_t n) {
         uint8_t *p = buf;
         uint64_t end;

@@ -185,6 +185,10 @@ int peer_heartbeat_encode(const PeerHeartbeat *h, void *buf, size_t n);
 int peer_heartbeat_decode(const void *buf, size_t n, PeerHeartbeat *ret);
 int peer_write_ack_encode(const PeerWriteAck *a, void *buf, size_t n);
 int peer_write_ack_decode(const void *buf, size_t n, PeerWriteAck *ret);
+/* Cumulative acknowledgement: the write ids ids[0..n) (any order, no repeats; sorted in
+ * place) as runs of consecutive ids, at most max of them; returns how many, and in
+ * *ret_used how many ids they cover (the rest go in the next frame). */
+size_t peer_ack_runs_build(uint64_t *ids, size_t n, PeerAckRun *runs, size_t max, size_t *ret_used);
 /* runs: 1..PEER_WRITE_ACKS_RUNS_MAX; decode fills at most `max` runs and says how many. */
 int peer_write_acks_encode(const PeerAckRun *runs, size_t n_runs, void *buf, size_t n);
 int peer_write_acks_decode(const void *buf, size_t n, PeerAckRun *runs, size_t max, size_t *ret_n);

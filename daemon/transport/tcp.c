@@ -520,34 +520,22 @@ static int acks_push(TcpPeer *tp, uint64_t write_id) {
         return 0;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-        return x < y ? -1 : x > y;
-}
-
 /* The writes that landed in this wakeup, acknowledged as runs of consecutive ids in one
  * WRITE_ACKS (more only past PEER_WRITE_ACKS_RUNS_MAX runs). */
 static int acks_flush(TcpPeer *tp) {
         static PeerAckRun runs[PEER_WRITE_ACKS_RUNS_MAX];
         static uint8_t buf[PEER_WRITE_ACKS_SIZE(PEER_WRITE_ACKS_RUNS_MAX)];
-        size_t n = 0;
+        uint64_t *ids = tp->acked;
+        size_t left = tp->n_acked, used;
         int r = 0;
 
-        if (tp->n_acked == 0)
-                return 0;
-        if (tp->n_acked > 1)
-                qsort(tp->acked, tp->n_acked, sizeof *tp->acked, cmp_u64);
-        for (size_t i = 0; i < tp->n_acked && r >= 0; i++) {
-                if (n > 0 && runs[n - 1].first + runs[n - 1].count == tp->acked[i] && runs[n - 1].count < UINT32_MAX)
-                        runs[n - 1].count++;
-                else
-                        runs[n++] = (PeerAckRun){ .first = tp->acked[i], .count = 1 };
-                if (n == PEER_WRITE_ACKS_RUNS_MAX || i + 1 == tp->n_acked) {
-                        r = peer_write_acks_encode(runs, n, buf, sizeof buf);
-                        if (r >= 0)
-                                r = tp->t->peers_ops.send(tp->peer, PEER_MSG_WRITE_ACKS, buf, (size_t)r);
-                        n = 0;
-                }
+        while (left > 0 && r >= 0) {
+                size_t n = peer_ack_runs_build(ids, left, runs, ELEMENTSOF(runs), &used);
+                r = peer_write_acks_encode(runs, n, buf, sizeof buf);
+                if (r >= 0)
+                        r = tp->t->peers_ops.send(tp->peer, PEER_MSG_WRITE_ACKS, buf, (size_t)r);
+                ids += used;
+                left -= used;
         }
         tp->n_acked = 0;
         return r < 0 ? r : 0;

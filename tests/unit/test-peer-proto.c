@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "macro.h"
 #include "peer/peer-proto.h"
 #include "../check-main.h"
 
@@ -365,6 +366,41 @@ START_TEST(test_data_header) {
 }
 END_TEST
 
+/* Cumulative acknowledgement: the ids that landed in one wakeup, in any order, become
+ * runs of consecutive ids; past the runs' room the rest is left for the next frame. */
+START_TEST(test_ack_runs) {
+        uint64_t ids[] = { 7, 3, 4, 10, 5, 11, 1, 100 };
+        PeerAckRun runs[8];
+        size_t used;
+        size_t n = peer_ack_runs_build(ids, ELEMENTSOF(ids), runs, ELEMENTSOF(runs), &used);
+        ck_assert_uint_eq(used, ELEMENTSOF(ids));
+        ck_assert_uint_eq(n, 5);
+        const PeerAckRun want[] = { { 1, 1 }, { 3, 3 }, { 7, 1 }, { 10, 2 }, { 100, 1 } };
+        for (size_t i = 0; i < n; i++) {
+                ck_assert_uint_eq(runs[i].first, want[i].first);
+                ck_assert_uint_eq(runs[i].count, want[i].count);
+        }
+        /* Room for two runs: [1], [3, 6); the ids from 7 on wait. */
+        uint64_t again[] = { 7, 3, 4, 10, 5, 11, 1, 100 };
+        n = peer_ack_runs_build(again, ELEMENTSOF(again), runs, 2, &used);
+        ck_assert_uint_eq(n, 2);
+        ck_assert_uint_eq(used, 4);
+        ck_assert_uint_eq(again[used], 7);
+        /* 10 000 writes landed in one wakeup, shuffled: one run. */
+        static uint64_t many[10000];
+        for (size_t i = 0; i < ELEMENTSOF(many); i++)
+                many[i] = 5000 + (i * 7919) % ELEMENTSOF(many);
+        n = peer_ack_runs_build(many, ELEMENTSOF(many), runs, 1, &used);
+        ck_assert_uint_eq(n, 1);
+        ck_assert_uint_eq(used, ELEMENTSOF(many));
+        ck_assert_uint_eq(runs[0].first, 5000);
+        ck_assert_uint_eq(runs[0].count, ELEMENTSOF(many));
+        n = peer_ack_runs_build(many, 0, runs, 1, &used);
+        ck_assert_uint_eq(n, 0);
+        ck_assert_uint_eq(used, 0);
+}
+END_TEST
+
 START_TEST(test_write_acks) {
         PeerAckRun runs[3] = { { 1, 5 }, { 9, 1 }, { 100, 200 } }, back[3];
         uint8_t buf[PEER_WRITE_ACKS_SIZE(3)];
@@ -467,6 +503,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_small_messages);
         tcase_add_test(tc, test_data_header);
         tcase_add_test(tc, test_write_acks);
+        tcase_add_test(tc, test_ack_runs);
         tcase_add_test(tc, test_slice_math);
         tcase_add_test(tc, test_frame_build);
         tcase_add_test(tc, test_address);
