@@ -234,12 +234,33 @@ START_TEST(test_small_messages) {
 }
 END_TEST
 
+/* A group's completion in the data stream: the immediate of its last write names the
+ * group (every group up to HANDOFF_GROUPS_MAX) and the bytes it moves in all. A pipelined
+ * write's offset names the page and the offset in it. */
+START_TEST(test_group_imm) {
+        ck_assert_uint_ge(1024, HANDOFF_GROUPS_MAX);
+        for (uint32_t g = 0; g < HANDOFF_GROUPS_MAX; g += 37) {
+                uint64_t bytes = ((uint64_t)g << 20) + 4096 * g + 1;
+                uint64_t imm = handoff_group_imm(g, bytes);
+                ck_assert_uint_eq(HANDOFF_IMM_GROUP(imm), g);
+                ck_assert_uint_eq(HANDOFF_IMM_BYTES(imm), bytes);
+        }
+        uint64_t big = (UINT64_C(1) << 53) + 12345; /* far past any arena */
+        ck_assert_uint_eq(HANDOFF_IMM_BYTES(handoff_group_imm(HANDOFF_GROUPS_MAX - 1, big)), big);
+        ck_assert_uint_eq(HANDOFF_IMM_GROUP(handoff_group_imm(HANDOFF_GROUPS_MAX - 1, big)), HANDOFF_GROUPS_MAX - 1);
+        uint64_t off = handoff_slot_offset(7, 65535);
+        ck_assert_uint_eq(off >> 32, 7);
+        ck_assert_uint_eq(off & UINT32_MAX, 65535);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("handoff-proto");
         TCase *tc = tcase_create("handoff-proto");
         tcase_add_test(tc, test_prepare);
         tcase_add_test(tc, test_prepare_invalid);
         tcase_add_test(tc, test_small_messages);
+        tcase_add_test(tc, test_group_imm);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
