@@ -10,7 +10,9 @@
  *   prefill  ring: committed; Release
  *
  * Latency is from the Prepare call to the decode worker's ring record saying the first
- * group, and every group, landed (both clients in one process: one clock). With
+ * group, and every group, landed (both clients in one process: one clock; the decode
+ * worker waits on its ring in a thread of its own while the prefill calls Prepare);
+ * prepare_* is the Prepare call itself. With
  * --inflight K, K threads (each a prefill and a decode client) run the loop at once
  * and the figure is handoffs per second. bench-handoff-netns.py runs it between two
  * network namespaces beside the bare TCP ping-pong and iperf3 limits.
@@ -55,14 +57,24 @@ static void die(epd_client *c, int r, const char *what) {
 typedef struct Worker {
         unsigned id;
         unsigned count;
-        uint64_t *first_ns, *all_ns; /* per handoff, after the warmup */
+        uint64_t *first_ns, *all_ns, *prepare_ns; /* per handoff, after the warmup */
         unsigned done;
         pthread_t thread;
+        /* The decode worker: its own thread, waiting on its ring while the prefill
+         * thread calls Prepare (two processes in a real deployment). */
+        pthread_t decode_thread;
+        pthread_barrier_t accepted, landed;
+        epd_ring_client *dr;
+        const char *rid;
+        struct DecodeWait *dw;
 } Worker;
 
 static pthread_barrier_t start;
 
-static epd_client *connect_as(const char *address, const char *role) {
+/* Each maps one arena (an arena holds pages of one size): the prefill the source's,
+ * the decode worker the one the pages land in. */
+static epd_client *connect_as(const char *address, const char *role, const char *arena) {
+        const char *arenas[] = { arena, NULL };
         epd_client *c = NULL;
         /* tokens_per_block 16, K and V: layer_bytes / 32 bytes per token each */
         epd_kv_layout kv = { .layers = arg_layers, .tokens_per_block = 16,
@@ -71,7 +83,7 @@ static epd_client *connect_as(const char *address, const char *role) {
         int r = epd_connect(address, &c);
         if (r < 0)
                 die(NULL, r, "connect");
-        r = epd_register(c, role, "bench", "cpu", &kv, NULL);
+        r = epd_register(c, role, "bench", "cpu", &kv, arenas);
         if (r < 0)
                 die(c, r, "register");
         return c;
@@ -95,6 +107,7 @@ static void ring_until(epd_ring_client *r, RecordFn fn, void *userdata, const ch
         }
 }
 
+struct DecodeWait;
 typedef struct DecodeWait {
         uint64_t token;
         uint32_t groups;
@@ -143,15 +156,32 @@ static bool source_record(const struct epd_ring_record *rec, void *userdata) {
         return rec->arg0 == EPD_HANDOFF_STATE_COMMITTED;
 }
 
+static void *decode_worker(void *userdata) {
+        Worker *w = userdata;
+        for (unsigned i = 0; i < arg_warmup + w->count; i++) {
+                /* The ring ACCEPT is queued before the prefill prepares. */
+                pthread_barrier_wait(&w->accepted);
+                ring_until(w->dr, decode_record, w->dw, "progress");
+                pthread_barrier_wait(&w->landed);
+        }
+        return NULL;
+}
+
 static void *worker(void *userdata) {
         Worker *w = userdata;
-        epd_client *p = connect_as(arg_prefill, "prefill"), *d = connect_as(arg_decode, "decode");
+        epd_client *p = connect_as(arg_prefill, "prefill", arg_arena),
+                   *d = connect_as(arg_decode, "decode", arg_dest_arena ? arg_dest_arena : arg_arena);
         epd_ring_client *pr, *dr;
         int r;
         if ((r = epd_ring_open(p, 64, 1024, &pr)) < 0)
                 die(p, r, "open ring");
         if ((r = epd_ring_open(d, 64, 1024, &dr)) < 0)
                 die(d, r, "open ring");
+        w->dr = dr;
+        pthread_barrier_init(&w->accepted, NULL, 2);
+        pthread_barrier_init(&w->landed, NULL, 2);
+        if (pthread_create(&w->decode_thread, NULL, decode_worker, w) != 0)
+                die(NULL, -errno, "thread");
         char *seq = NULL;
         uint32_t *pages = NULL;
         size_t n;
@@ -169,6 +199,8 @@ static void *worker(void *userdata) {
                 DecodeWait dw = { .groups = arg_groups };
                 if ((r = epd_ring_accept(dr, rid, 10 * 1000000ULL, i)) < 0)
                         die(d, r, "ring accept");
+                w->dw = &dw;
+                pthread_barrier_wait(&w->accepted);
                 char *path = NULL;
                 uint64_t token, t0 = now_ns();
                 for (;;) {
@@ -183,11 +215,12 @@ static void *worker(void *userdata) {
                 }
                 if (r < 0)
                         die(p, r, "prepare");
+                uint64_t t_prepared = now_ns();
                 if (arg_ring_ready)
                         for (unsigned g = 0; g < arg_groups; g++)
                                 if ((r = epd_ring_layer_group_ready(pr, rid, token, g, 0)) < 0)
                                         die(p, r, "ring layer group ready");
-                ring_until(dr, decode_record, &dw, "progress");
+                pthread_barrier_wait(&w->landed);
                 epd_handoff_accepted acc;
                 char *dseq = NULL;
                 if ((r = epd_handoff_accept(d, rid, &acc)) < 0)
@@ -203,12 +236,14 @@ static void *worker(void *userdata) {
                 if (i >= arg_warmup) {
                         w->first_ns[w->done] = dw.first_ns - t0;
                         w->all_ns[w->done] = dw.all_ns - t0;
+                        w->prepare_ns[w->done] = t_prepared - t0;
                         w->done++;
                 }
                 free(dseq);
                 free(path);
                 epd_handoff_accepted_done(&acc);
         }
+        pthread_join(w->decode_thread, NULL);
         epd_sequence_release(p, seq);
         free(seq);
         free(pages);
@@ -273,6 +308,7 @@ int main(int argc, char **argv) {
                 w[i].count = arg_count / arg_inflight;
                 w[i].first_ns = calloc(w[i].count, sizeof(uint64_t));
                 w[i].all_ns = calloc(w[i].count, sizeof(uint64_t));
+                w[i].prepare_ns = calloc(w[i].count, sizeof(uint64_t));
                 if (pthread_create(&w[i].thread, NULL, worker, &w[i]) != 0)
                         return 1;
         }
@@ -284,18 +320,21 @@ int main(int argc, char **argv) {
         size_t total = 0;
         for (unsigned i = 0; i < arg_inflight; i++)
                 total += w[i].done;
-        uint64_t *first = calloc(total, sizeof *first), *all = calloc(total, sizeof *all);
+        uint64_t *first = calloc(total, sizeof *first), *all = calloc(total, sizeof *all),
+                 *prep = calloc(total, sizeof *prep);
         size_t k = 0;
         for (unsigned i = 0; i < arg_inflight; i++)
                 for (unsigned j = 0; j < w[i].done; j++, k++) {
                         first[k] = w[i].first_ns[j];
                         all[k] = w[i].all_ns[j];
+                        prep[k] = w[i].prepare_ns[j];
                 }
         uint64_t bytes = (uint64_t)arg_pages * arg_layers * arg_layer_bytes;
         printf("RESULT handoffs=%zu inflight=%u groups=%u bytes=%" PRIu64 " per_s=%.0f", total, arg_inflight,
                arg_groups, bytes, (double)(total + (size_t)arg_warmup * arg_inflight) / secs);
         stats("first", first, total);
         stats("all", all, total);
+        stats("prepare", prep, total);
         printf(" mib_s=%.1f\n", (double)bytes * (double)(total + (size_t)arg_warmup * arg_inflight) / secs / 1048576.0);
         return 0;
 }

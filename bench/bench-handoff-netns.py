@@ -158,8 +158,9 @@ def pingpong(build, net, size, count):
         srv.wait()
 
 
-def handoff_latency(build, pair, dest, count, layers, groups, layer_bytes, inflight=1, dest_arena=None):
+def handoff_latency(build, pair, dest, count, layers, groups, layer_bytes, inflight=1, dest_arena=None, arena="kv0"):
     argv = [os.path.join(build, "bench", "bench-handoff-latency"), "--prefill", f"direct:{pair.sock(0)}",
+            "--arena", arena,
             "--decode", f"direct:{pair.sock(1 if dest else 0)}", "--dest", dest, "--layers", str(layers),
             "--groups", str(groups), "--layer-bytes", str(layer_bytes), "--count", str(count),
             "--inflight", str(inflight), "--warmup", str(min(50, max(count // (10 * inflight), 2)))]
@@ -169,6 +170,42 @@ def handoff_latency(build, pair, dest, count, layers, groups, layer_bytes, infli
     if r.returncode != 0:
         raise RuntimeError(f"bench-handoff-latency {argv[1:]}: {r.stdout} {r.stderr}")
     return result(r.stdout)
+
+
+def strace_counts(path):
+    """{syscall: calls} from strace -c output."""
+    calls = {}
+    for line in open(path):
+        f = line.split()
+        if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
+            try:
+                calls[f[-1]] = int(f[3])
+            except ValueError:
+                pass
+    return calls
+
+
+def syscalls(build, tmp, pair, count, inflight=1):
+    """strace -c -f on both daemons and the client over `count` 64 KiB 4-group handoffs
+    (warmup 0: every one counted): syscalls and fdatasyncs per handoff, per process."""
+    outs = [os.path.join(tmp, f"strace-{n}.txt") for n in ("source", "destination", "client")]
+    tracers = [subprocess.Popen(["strace", "-f", "-c", "-o", outs[i], "-p", str(pair.procs[i].pid)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in (0, 1)]
+    time.sleep(1.0)  # attached
+    argv = ["strace", "-f", "-c", "-o", outs[2], os.path.join(build, "bench", "bench-handoff-latency"),
+            "--prefill", f"direct:{pair.sock(0)}", "--decode", f"direct:{pair.sock(1)}", "--dest", "bravo",
+            "--count", str(count), "--warmup", "0", "--inflight", str(inflight)]
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    for t in tracers:
+        t.send_signal(2)
+        t.wait()
+    if r.returncode != 0:
+        raise RuntimeError("strace run: " + r.stderr)
+    res = []
+    for name, path in zip(("source", "destination", "client"), outs):
+        c = strace_counts(path)
+        res.append((name, sum(c.values()) / count, c.get("fdatasync", 0) / count))
+    return res
 
 
 def latency_main(build, quick, count):
@@ -181,19 +218,28 @@ def latency_main(build, quick, count):
             limit = iperf3(net, 1, 1 if quick else 2)
             print(f"  limit: TCP ping-pong 64 KiB mean {pp['rtt_mean']:.1f} us  P50 {pp['rtt_p50']:.1f} us  "
                   f"P99 {pp['rtt_p99']:.1f} us;  iperf3 -P 1 {limit:.1f} MiB/s", flush=True)
-            pair = Pair(build, tmp, net, 1, 256, extra="[Arena:kv1]\nSize=64M\n")
+            # An arena holds pages of one size: the 36-layer layout (63 KiB pages) has its own.
+            pair = Pair(build, tmp, net, 1, 256, extra="[Arena:kv1]\nSize=64M\n[Arena:kv36]\nSize=32M\n"
+                                                        "[Arena:kv36b]\nSize=32M\n")
             try:
-                cases = [("64 KiB, 4 groups", 8, 4, 8192), ("64 KiB, 1 group", 8, 1, 8192),
-                         ("63 KiB, 36 groups", 36, 36, 1792)]
-                for label, layers, groups, lb in cases:
-                    for where, dest, da in (("inter-host", "bravo", None), ("local", "", "kv1")):
-                        r = handoff_latency(build, pair, dest, count, layers, groups, lb, dest_arena=da)
+                cases = [("64 KiB, 4 groups", 8, 4, 8192, "kv0", "kv1"), ("64 KiB, 1 group", 8, 1, 8192, "kv0", "kv1"),
+                         ("63 KiB, 36 groups", 36, 36, 1792, "kv36", "kv36b")]
+                for label, layers, groups, lb, arena, local_arena in cases:
+                    for where, dest, da in (("inter-host", "bravo", None), ("local", "", local_arena)):
+                        r = handoff_latency(build, pair, dest, count, layers, groups, lb, dest_arena=da, arena=arena)
                         ratio = r["all_p50"] / pp["rtt_p50"]
                         print(f"  {where:10} {label:18}: first group mean {r['first_mean']:7.1f} P50 "
                               f"{r['first_p50']:7.1f} P99 {r['first_p99']:7.1f} us;  all landed mean "
-                              f"{r['all_mean']:7.1f} P50 {r['all_p50']:7.1f} P99 {r['all_p99']:7.1f} us;  "
+                              f"{r['all_mean']:7.1f} P50 {r['all_p50']:7.1f} P99 {r['all_p99']:7.1f} us (Prepare call P50 "
+                              f"{r['prepare_p50']:.1f});  "
                               f"P50 / ping-pong P50 {ratio:5.2f}, P99 / ping-pong P99 "
                               f"{r['all_p99'] / pp['rtt_p99']:5.2f}", flush=True)
+                for k in (1, 64) if shutil.which("strace") else ():
+                    n = (128 if quick else 512) if k > 1 else (100 if quick else 300)
+                    res = syscalls(build, tmp, pair, n, k)
+                    print(f"  syscalls per 64 KiB 4-group inter-host handoff, {k} in flight (strace -c -f, {n} "
+                          f"handoffs, the clients' connection setup included): "
+                          + ", ".join(f"{name} {sc:.1f} (fdatasync {fs:.2f})" for name, sc, fs in res), flush=True)
                 for k in (1, 8, 64):
                     n = max(count, 4 * k) // k * k
                     r = handoff_latency(build, pair, "bravo", n, 8, 4, 8192, inflight=k)
