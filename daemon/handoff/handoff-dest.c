@@ -90,15 +90,13 @@ static void send_prepare_ok(HandoffObject *d) {
 /* ---- pipelined handoffs: slots (handoff-proto.h) ---- */
 
 /* The last slot a peer announced in a pipelined PREPARE (they come in order on its
- * control connection): a write naming a larger one waits for its PREPARE; a write naming
- * a smaller one that no live handoff holds is refused. */
+ * control connection): a write naming a larger one waits for its PREPARE (at most the
+ * transport's park timeout); a write naming a smaller one that no live handoff holds is
+ * refused. */
 typedef struct PeerSlots {
         uint64_t key;   /* the Peer pointer */
         uint64_t last;
 } PeerSlots;
-
-/* How far ahead of the last announced slot a write may name one and be held. */
-#define SLOTS_AHEAD_MAX (UINT64_C(1) << 20)
 
 static PeerSlots *peer_slots(HandoffManager *hm, Peer *p, bool create) {
         uint64_t key = (uint64_t)(uintptr_t)p;
@@ -353,11 +351,14 @@ static int resolve_slot(HandoffManager *hm, Peer *p, TransportIncoming *in, Hand
         HandoffObject *d = handoff_slot_get(hm, p, in->target);
         if (!d) {
                 PeerSlots *ps = peer_slots(hm, p, false);
-                uint64_t last = ps ? ps->last : 0;
-                /* Its PREPARE is still on its way on the control connection: wait. */
-                if (in->target > last && in->target - last <= SLOTS_AHEAD_MAX)
+                /* Its PREPARE is still on its way on the control connection (or none of
+                 * this session came yet: the source numbers its slots across sessions
+                 * and peers, so they need not be near the last one): wait, as long as
+                 * the parked stream's timer allows. A slot announced already and gone
+                 * (refused, rolled back): refused. */
+                if (!ps || in->target > ps->last)
                         return -EAGAIN;
-                return in->target > last ? -EPROTO : -ESTALE;
+                return -ESTALE;
         }
         uint64_t page = in->offset >> 32, in_page = in->offset & UINT32_MAX, end;
         if (page >= d->n_pages || ADD_OVERFLOW(in_page, in->length, &end) || end > d->page_size)
