@@ -307,9 +307,17 @@ def test_three(cl):
                      f"{cl.names[i]}->{cl.names[j]}"))
     for p, d, label in runs:
         check_ok(cl, p, d, label)
+    # Small ones (512 KiB: pipelined, slots numbered across both peers of each source).
+    runs = []
+    for k, (i, j) in enumerate(pairs):
+        runs.append((cl.prefill(i, cl.names[j], rid(0x40 + k), 8, 4, 0), cl.decode(j, rid(0x40 + k)),
+                     f"{cl.names[i]}->{cl.names[j]} pipelined"))
+    for p, d, label in runs:
+        check_ok(cl, p, d, label)
     for i in range(3):
         wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean")
-        assert cl.counters(i)["committed"] >= 2 and cl.counters(i)["rolled-back"] == 0, cl.counters(i)
+        assert cl.counters(i)["committed"] >= 4 and cl.counters(i)["rolled-back"] == 0, cl.counters(i)
+        assert cl.counters(i)["pipelined"] >= 2, cl.counters(i)
 
 
 def interrupted(cl, label, fault, after="group 0 ok", pages=256, expect_cause=None, heal=None, before=None):
