@@ -112,6 +112,7 @@ void handoff_obj_free(HandoffObject *o) {
                 return;
         HandoffManager *hm = o->hm;
         handoff_window_leave(o);
+        handoff_signals_flush_one(o); /* its last signals leave before it goes */
         /* Gone is released, also on the error paths of Prepare. */
         handoff_journal_released(o);
         handoff_obj_drop_pages(o);
@@ -554,6 +555,7 @@ static void handoff_done(Manager *m) {
         while ((it = 0, hm->incoming && hashmap_iterate(hm->incoming, &it, &v, NULL)))
                 free(hashmap_remove(hm->incoming, &((InWrite *)v)->key));
         sd_event_source_disable_unref(hm->local_source);
+        hm->signal_source = sd_event_source_disable_unref(hm->signal_source);
         sd_event_source_disable_unref(hm->peer_source);
         sd_event_source_disable_unref(hm->rdma_source);
         sd_event_source_disable_unref(hm->gpu_source);

@@ -89,6 +89,9 @@ struct HandoffObject {
         uint64_t slot;           /* remote, pipelined: the slot its writes name (0: none) */
         SlotKey slot_key;        /* destination: its key in hm->slots */
         HandoffObject *twin;     /* local handoff: the other side */
+        unsigned signals;        /* HANDOFF_SIG_*: signals to send at the end of this loop
+                                  * iteration (coalesced: the latest state and progress) */
+        LIST_FIELDS(HandoffObject, signal);
         char peer_host[64];
 
         uint32_t arena;          /* arena of `pages` */
@@ -132,6 +135,8 @@ struct HandoffManager {
         Hashmap *dest_pages;      /* destination HandoffObject* by (arena << 32 | page) */
         Hashmap *rings;           /* ClientRing* by client serial */
         Hashmap *watchers;        /* HandoffWatcher* by client serial: Watch(true) */
+        LIST_HEAD(HandoffObject, signal_pending); /* objects with signals to send */
+        sd_event_source *signal_source;           /* sends them (a defer source) */
         Hashmap *windows;         /* PeerWindow* by peer host id: handoffs in flight */
         Hashmap *expects;         /* waiters for a handoff to arrive, by request id (handoff-expect.c) */
         /* Pipelined handoffs (handoff-proto.h: HANDOFF_PREPARE_F_PIPELINED). */
@@ -208,6 +213,14 @@ int handoff_manager_group_ready(HandoffObject *o, uint32_t group, Reason *why);
 int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequence, Reason *why);
 int handoff_manager_rollback(HandoffObject *o, Reason *why);
 void handoff_manager_release(HandoffObject *o);
+#define HANDOFF_SIG_STATE 0x1u          /* StateChanged to the watchers */
+#define HANDOFF_SIG_PROGRESS 0x2u       /* Progress to the watchers */
+#define HANDOFF_SIG_STATE_OWNER 0x4u    /* ... and to the owner (its ring did not take it) */
+#define HANDOFF_SIG_PROGRESS_OWNER 0x8u
+/* Queues the signals (HANDOFF_SIG_*) of o; they leave once per loop iteration with the
+ * latest state and progress, or when o is freed. */
+void handoff_signal_later(HandoffObject *o, unsigned signals);
+void handoff_signals_flush_one(HandoffObject *o);
 /* Progress and StateChanged go only to the watchers, and to the owner when its ring
  * could not take the record (or it has none): unicast, never to every connection. */
 void handoff_emit_signal(HandoffObject *o, bool to_owner, const char *member, const char *types, ...);

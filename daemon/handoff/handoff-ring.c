@@ -100,13 +100,13 @@ void handoff_notify_progress(HandoffObject *o, uint32_t done) {
                 int r = ring_post(cr->ring, &rec);
                 if (r >= 0) {
                         (void)ring_kick(cr->ring);
-                        bus_handoff_emit_progress(o, false, done);
+                        handoff_signal_later(o, HANDOFF_SIG_PROGRESS);
                         return;
                 }
                 o->hm->counters.ring_fallbacks++;
                 (void)ring_kick(cr->ring);
         }
-        bus_handoff_emit_progress(o, true, done);
+        handoff_signal_later(o, HANDOFF_SIG_PROGRESS | HANDOFF_SIG_PROGRESS_OWNER);
 }
 
 void handoff_notify_state(HandoffObject *o) {
@@ -123,7 +123,42 @@ void handoff_notify_state(HandoffObject *o) {
                 (void)ring_kick(cr->ring);
         }
         /* On the bus: to the watchers, and to the owner when its ring did not take it. */
-        bus_handoff_emit_state(o, fallback);
+        handoff_signal_later(o, HANDOFF_SIG_STATE | (fallback ? HANDOFF_SIG_STATE_OWNER : 0));
+}
+
+void handoff_signals_flush_one(HandoffObject *o) {
+        unsigned s = o->signals;
+        if (!s)
+                return;
+        o->signals = 0;
+        LIST_REMOVE(signal, o->hm->signal_pending, o);
+        if (s & HANDOFF_SIG_PROGRESS)
+                bus_handoff_emit_progress(o, s & HANDOFF_SIG_PROGRESS_OWNER, o->h->n_notified);
+        if (s & HANDOFF_SIG_STATE)
+                bus_handoff_emit_state(o, s & HANDOFF_SIG_STATE_OWNER);
+}
+
+static int on_signals(sd_event_source *es, void *userdata) {
+        HandoffManager *hm = userdata;
+        while (hm->signal_pending)
+                handoff_signals_flush_one(hm->signal_pending);
+        return 0;
+}
+
+void handoff_signal_later(HandoffObject *o, unsigned signals) {
+        HandoffManager *hm = o->hm;
+        /* Nobody to tell: no watcher, and the owner's ring took it. */
+        if (!(signals & (HANDOFF_SIG_STATE_OWNER | HANDOFF_SIG_PROGRESS_OWNER)) && hashmap_size(hm->watchers) == 0)
+                return;
+        if (!o->signals)
+                LIST_PREPEND(signal, hm->signal_pending, o);
+        o->signals |= signals;
+        if (!hm->signal_source &&
+            sd_event_add_defer(hm->manager->event, &hm->signal_source, on_signals, hm) < 0) {
+                on_signals(NULL, hm); /* no source: at once */
+                return;
+        }
+        (void)sd_event_source_set_enabled(hm->signal_source, SD_EVENT_ONESHOT);
 }
 
 /* ---- rings ---- */
