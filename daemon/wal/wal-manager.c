@@ -131,7 +131,8 @@ int wal_manager_append(Manager *m, uint16_t type, const void *payload, size_t le
         uint64_t lsn;
         if (!g || !g->writer)
                 return -ENOTCONN;
-        int r = wal_writer_append(g->writer, type, payload, len, &lsn);
+        /* Synced when a reply waits for it (wal_manager_after_durable), or soon after. */
+        int r = wal_writer_append_lazy(g->writer, type, payload, len, &lsn);
         if (r < 0)
                 return r;
         g->last = lsn;
@@ -152,7 +153,10 @@ int wal_manager_after_durable(Manager *m, WalWaitFn fn, void *userdata) {
                 fn(userdata, st.durable_lsn >= g->last ? 0 : st.error);
                 return 0;
         }
-        return wal_wait_queue_push(&g->waiting, g->last, fn, userdata);
+        int r = wal_wait_queue_push(&g->waiting, g->last, fn, userdata);
+        if (r >= 0)
+                wal_writer_urge(g->writer); /* someone waits: no lazy delay */
+        return r;
 }
 
 int wal_manager_reply(Manager *m, sd_bus_message *call, sd_bus_message *reply) {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -33,6 +34,10 @@ struct WalWriter {
         /* Under lock. */
         bool stop;
         bool hold;
+        bool urgent;           /* a record of the pending batch is waited for: write now */
+        uint64_t lazy_since;   /* CLOCK_MONOTONIC µs when the first record nobody waits
+                                * for entered the (otherwise lazy) pending batch */
+        uint64_t lazy_usec;    /* such records wait at most this long for company */
         WalSyncPolicy policy;
         uint8_t *pending;      /* encoded records, LSNs durable+1.. in order */
         size_t pending_size, pending_cap;
@@ -49,6 +54,33 @@ static void lock(WalWriter *ww) {
 
 static void unlock(WalWriter *ww) {
         pthread_mutex_unlock(&ww->lock);
+}
+
+static uint64_t now_usec(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000ULL;
+}
+
+/* Under lock: waits until there is a batch to take (urgent, a lazy batch's time is up,
+ * a compaction) or the thread is to stop. */
+static void wait_for_work(WalWriter *ww) {
+        while (!ww->stop) {
+                if (ww->hold || (ww->pending_size == 0 && !ww->have_compact)) {
+                        pthread_cond_wait(&ww->wake, &ww->lock);
+                        continue;
+                }
+                if (ww->have_compact || ww->urgent)
+                        return;
+                /* Only records nobody waits for yet: they wait for one that is (it
+                 * makes them durable with it) or for their time to be up. */
+                uint64_t deadline = ww->lazy_since + ww->lazy_usec, now = now_usec();
+                if (now >= deadline)
+                        return;
+                struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000ULL),
+                                       .tv_nsec = (long)(deadline % 1000000ULL) * 1000L };
+                (void)pthread_cond_timedwait(&ww->wake, &ww->lock, &ts);
+        }
 }
 
 static void kick(WalWriter *ww) {
@@ -99,10 +131,10 @@ static void *writer_thread(void *userdata) {
 
         lock(ww);
         for (;;) {
-                while (!ww->stop && (ww->hold || (ww->pending_size == 0 && !ww->have_compact)))
-                        pthread_cond_wait(&ww->wake, &ww->lock);
+                wait_for_work(ww);
                 if (ww->pending_size == 0 && !ww->have_compact)
                         break; /* stopping, and everything is written */
+                ww->urgent = false; /* whoever waits is in this batch */
 
                 /* Take the whole batch (and the compaction, if one is queued): the loop
                  * keeps appending into the other buffer meanwhile. */
@@ -180,8 +212,13 @@ int wal_writer_new(Wal *w, WalWriter **ret) {
         ww->stats.log_bytes = wal_get_stats(w)->log_bytes;
         ww->stats.compactions = wal_get_stats(w)->compactions;
         ww->stats.snapshot_records = wal_get_stats(w)->snapshot_records;
+        ww->lazy_usec = WAL_WRITER_LAZY_USEC;
         pthread_mutex_init(&ww->lock, NULL);
-        pthread_cond_init(&ww->wake, NULL);
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* lazy_since is monotonic */
+        pthread_cond_init(&ww->wake, &ca);
+        pthread_condattr_destroy(&ca);
         pthread_cond_init(&ww->done, NULL);
         ww->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (ww->efd < 0) {
@@ -220,7 +257,7 @@ WalWriter *wal_writer_free(WalWriter *ww) {
         return NULL;
 }
 
-int wal_writer_append(WalWriter *ww, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn) {
+static int append(WalWriter *ww, uint16_t type, const void *payload, size_t len, bool lazy, uint64_t *ret_lsn) {
         size_t size;
         int r = 0;
 
@@ -250,10 +287,41 @@ int wal_writer_append(WalWriter *ww, uint16_t type, const void *payload, size_t 
                 ww->stats.appended_bytes += size;
                 if (ret_lsn)
                         *ret_lsn = lsn;
-                pthread_cond_signal(&ww->wake);
+                /* The thread hears of a lazy batch once, when it begins (to time it),
+                 * and of every record someone waits for. */
+                if (!lazy)
+                        ww->urgent = true;
+                else if (ww->pending_records == 1)
+                        ww->lazy_since = now_usec();
+                if (!lazy || ww->pending_records == 1)
+                        pthread_cond_signal(&ww->wake);
         }
         unlock(ww);
         return r;
+}
+
+int wal_writer_append(WalWriter *ww, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn) {
+        return append(ww, type, payload, len, false, ret_lsn);
+}
+
+int wal_writer_append_lazy(WalWriter *ww, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn) {
+        return append(ww, type, payload, len, true, ret_lsn);
+}
+
+void wal_writer_urge(WalWriter *ww) {
+        lock(ww);
+        if (ww->pending_size > 0 && !ww->urgent) {
+                ww->urgent = true;
+                pthread_cond_signal(&ww->wake);
+        }
+        unlock(ww);
+}
+
+void wal_writer_set_lazy_usec(WalWriter *ww, uint64_t usec) {
+        lock(ww);
+        ww->lazy_usec = usec;
+        pthread_cond_signal(&ww->wake);
+        unlock(ww);
 }
 
 int wal_writer_compact(WalWriter *ww, void *snapshot, size_t size, uint64_t lsn, uint64_t records) {
@@ -326,6 +394,10 @@ int wal_writer_flush(WalWriter *ww) {
 
 int wal_writer_wait(WalWriter *ww, uint64_t want) {
         lock(ww);
+        if (ww->stats.durable_lsn < want && ww->pending_size > 0 && !ww->urgent) {
+                ww->urgent = true; /* someone waits now */
+                pthread_cond_signal(&ww->wake);
+        }
         while (ww->stats.durable_lsn < want && ww->stats.error == 0)
                 pthread_cond_wait(&ww->done, &ww->lock);
         int r = ww->stats.durable_lsn >= want ? 0 : ww->stats.error;

@@ -202,6 +202,66 @@ START_TEST(test_group_commit) {
 }
 END_TEST
 
+/* Records nobody waits for are not synced on their own: they wait for one that is
+ * waited for (then one sync makes all durable), or for their time to be up. */
+START_TEST(test_lazy) {
+        char *dir = make_dir();
+        Wal *w = open_replayed(dir, WAL_SYNC_BATCH, NULL, NULL);
+        WalWriter *ww;
+        WalWriterStats st;
+        uint64_t lsn = 0;
+        uint8_t p[8] = { 0 };
+        ck_assert_int_eq(wal_writer_new(w, &ww), 0);
+
+        wal_writer_set_lazy_usec(ww, 3600ULL * 1000000ULL); /* never, in this test */
+        for (unsigned i = 0; i < 10; i++) {
+                p[4] = (uint8_t)i; /* appender 0, sequence i */
+                ck_assert_int_eq(wal_writer_append_lazy(ww, WAL_RECORD_TEST + 1, p, sizeof p, &lsn), 0);
+        }
+        usleep(100 * 1000);
+        wal_writer_stats(ww, &st);
+        ck_assert_uint_eq(st.durable_lsn, 0); /* nobody asked */
+        ck_assert_uint_eq(st.syncs, 0);
+        ck_assert_uint_eq(st.writes, 0);
+        /* One that is waited for takes them all along: one write, one sync. */
+        p[4] = 10;
+        ck_assert_int_eq(wal_writer_append(ww, WAL_RECORD_TEST + 1, p, sizeof p, &lsn), 0);
+        ck_assert_int_eq(wal_writer_wait(ww, lsn), 0);
+        wal_writer_stats(ww, &st);
+        ck_assert_uint_eq(st.durable_lsn, 11);
+        ck_assert_uint_eq(st.syncs, 1);
+        ck_assert_uint_eq(st.writes, 1);
+
+        /* wal_writer_urge: the same for lazy records alone. */
+        p[4] = 11;
+        ck_assert_int_eq(wal_writer_append_lazy(ww, WAL_RECORD_TEST + 1, p, sizeof p, &lsn), 0);
+        usleep(50 * 1000);
+        ck_assert_uint_eq(wal_writer_durable(ww), 11);
+        wal_writer_urge(ww);
+        ck_assert_int_eq(wal_writer_wait(ww, lsn), 0);
+        ck_assert_uint_eq(wal_writer_durable(ww), 12);
+
+        /* Their time up: durable without anyone asking. */
+        wal_writer_set_lazy_usec(ww, 2000);
+        p[4] = 12;
+        ck_assert_int_eq(wal_writer_append_lazy(ww, WAL_RECORD_TEST + 1, p, sizeof p, &lsn), 0);
+        for (int i = 0; i < 2000 && wal_writer_durable(ww) < lsn; i++)
+                usleep(1000);
+        ck_assert_uint_eq(wal_writer_durable(ww), 13);
+        ww = wal_writer_free(ww);
+        wal_free(w);
+
+        /* Replay: all of them, in order. */
+        Replay x = {};
+        w = open_replayed(dir, WAL_SYNC_BATCH, replay_apply, &x);
+        ck_assert_uint_eq(x.bad, 0);
+        ck_assert_uint_eq(x.records, 13);
+        ck_assert_uint_eq(x.next[0], 13);
+        wal_free(w);
+        rm_dir(dir);
+}
+END_TEST
+
 /* Appends while the thread syncs: every record lands, in as few syncs as the disk
  * allows (at most one per append). */
 START_TEST(test_load) {
@@ -335,6 +395,7 @@ int main(void) {
         TCase *tc = tcase_create("writer");
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_group_commit);
+        tcase_add_test(tc, test_lazy);
         tcase_add_test(tc, test_load);
         tcase_add_test(tc, test_policies);
         tcase_add_test(tc, test_compaction);
