@@ -9,6 +9,7 @@ PKGS=(
         libnl-3-dev libnl-route-3-dev libssl-dev libncurses-dev
         libbpf-dev libelf-dev zlib1g-dev bpftool clang llvm
         libibverbs-dev
+        libcurl4-openssl-dev libjson-c-dev etcd-server etcd-client openssl
         dbus systemd-container iproute2 nftables iperf3 tmux
         python3 python3-numpy
 )

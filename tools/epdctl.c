@@ -187,6 +187,8 @@ const EpdctlVerb epdctl_verbs[] = {
         /* -- more verbs -- */
         { "peers", NULL, "Peer hosts: state, streams, and the path to each with its reason", verb_peers },
         { "gpus", NULL, "GPUs of the GPU domain and their peer access", verb_gpus },
+        { "cluster", NULL, "Membership: static or etcd, etcd's state, each member's lease and directory shard", verb_cluster },
+        { "placement", "placement HASH...", "Which host and worker hold the longest cached prefix of these block hashes", verb_placement },
         {},
 };
 

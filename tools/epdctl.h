@@ -34,3 +34,5 @@ int verb_paths(epd_client *c, int argc, char **argv); /* epdctl-telemetry.c */
 int verb_scheduler(epd_client *c, int argc, char **argv); /* epdctl-scheduler.c */
 int verb_journal(epd_client *c, int argc, char **argv);   /* epdctl-scheduler.c */
 int verb_gpus(epd_client *c, int argc, char **argv); /* epdctl-gpu.c */
+int verb_cluster(epd_client *c, int argc, char **argv);   /* epdctl-cluster.c */
+int verb_placement(epd_client *c, int argc, char **argv); /* epdctl-cluster.c */

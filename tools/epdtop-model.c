@@ -388,6 +388,10 @@ int top_model_json(const TopModel *m, FILE *f) {
         fprintf(f, ",\"bus\":%s,\"pins\":%s,\"kernel_telemetry\":%s,\"kernel_unavailable\":",
                 s->bus ? "true" : "false", s->pins ? "true" : "false", s->kernel ? "true" : "false");
         json_str(f, s->kernel_unavailable);
+        if (s->membership[0]) {
+                fprintf(f, ",\"membership\":");
+                json_str(f, s->membership);
+        }
         fprintf(f, ",\"ring_events\":%" PRIu64 ",\"arenas\":[", s->ring_events);
         for (size_t i = 0; i < s->n_arenas; i++) {
                 const TopArena *a = &s->arenas[i];
@@ -425,6 +429,11 @@ int top_model_json(const TopModel *m, FILE *f) {
                 json_str(f, p->transport);
                 fprintf(f, ",\"transport_why\":");
                 json_str(f, p->transport_why);
+                if (p->lease[0]) {
+                        fprintf(f, ",\"lease\":");
+                        json_str(f, p->lease);
+                        fprintf(f, ",\"share_permille\":%u", p->share_permille);
+                }
                 fputc('}', f);
         }
         fprintf(f, "],\"workers\":[");

@@ -38,6 +38,10 @@ typedef struct TopPeer {
         char reason[32];
         char transport[16];
         char transport_why[64];
+        /* Membership (org.epd1.Cluster.ListMembers, matched by host id): "static",
+         * "alive", "missing", "left"; "" when unknown. */
+        char lease[12];
+        uint32_t share_permille; /* of the directory's hash space */
         /* Derived by the model: */
         double bandwidth;       /* acked bytes/s */
         double retransmits_per_sec;
@@ -79,6 +83,9 @@ typedef struct TopSnapshot {
         size_t n_workers;
         TopFeatures features;
         TopHandoffs handoffs;
+        /* Where membership comes from: "static", or "etcd up/connecting/degraded" and
+         * the members alive; "" without peers. */
+        char membership[96];
 } TopSnapshot;
 
 typedef enum TopSortKey {

@@ -237,6 +237,31 @@ static int read_telemetry(Source *src, TopSnapshot *s) {
         return r < 0 ? r : 0;
 }
 
+/* Membership (org.epd1.Cluster): the source and etcd's state for the header, each
+ * peer's lease and share of the directory. Absent without peers. */
+static void read_cluster(Source *src, TopSnapshot *s) {
+        epd_member *members = NULL;
+        epd_cluster cl;
+        size_t n = 0;
+
+        if (epd_cluster_get(src->client, &cl) < 0)
+                return;
+        if (strcmp(cl.source, "etcd") == 0)
+                snprintf(s->membership, sizeof s->membership, "etcd %s, %u alive", cl.etcd_state, cl.members_alive);
+        else
+                snprintf(s->membership, sizeof s->membership, "static");
+        epd_cluster_done(&cl);
+        if (epd_list_members(src->client, &members, &n) < 0)
+                return;
+        for (size_t i = 0; i < s->n_peers; i++)
+                for (size_t k = 0; k < n; k++)
+                        if (strcmp(s->peers[i].name, members[k].host_id) == 0) {
+                                copy(s->peers[i].lease, sizeof s->peers[i].lease, members[k].lease);
+                                s->peers[i].share_permille = members[k].share_permille;
+                        }
+        epd_members_free(members, n);
+}
+
 static void poll_sources(Source *src, TopSnapshot *s) {
         *s = (TopSnapshot){ .ts = now_usec(CLOCK_MONOTONIC) };
 
@@ -251,6 +276,7 @@ static void poll_sources(Source *src, TopSnapshot *s) {
                 } else {
                         s->bus = true;
                         (void)read_telemetry(src, s);
+                        read_cluster(src, s);
                 }
         }
         if (src->pin_dir[0])
@@ -263,9 +289,10 @@ static void print_text(const TopModel *m) {
         const TopSnapshot *s = &m->cur;
         char b1[32], b2[32], b3[32];
 
-        printf("epdtop: host %s, epdd %s, %s; kernel telemetry %s%s%s\n", s->host[0] ? s->host : "?",
+        printf("epdtop: host %s, epdd %s, %s; kernel telemetry %s%s%s", s->host[0] ? s->host : "?",
                s->version[0] ? s->version : "?", s->bus ? "connected" : "daemon not reachable",
                s->kernel ? "on" : "off", s->kernel_unavailable[0] ? ": " : "", s->kernel_unavailable);
+        printf("%s%s\n", s->membership[0] ? "; membership " : "", s->membership);
         printf("ARENAS\n%-16s %-6s %-8s %10s %8s %8s %8s %8s\n", "NAME", "DOMAIN", "USAGE", "SIZE", "USED",
                "FREE", "SHARED", "LEASED");
         for (size_t i = 0; i < s->n_arenas; i++) {
@@ -279,15 +306,18 @@ static void print_text(const TopModel *m) {
                         printf("%-16s %-6s %-8s %10s %8s %8s %8s %8s\n", a->name, a->domain, a->usage,
                                top_format_bytes(b1, sizeof b1, (double)a->size), "-", "-", "-", "-");
         }
-        printf("PEERS\n%-16s %5s %10s %8s %8s %8s %8s %-9s %s\n", "NAME", "CONNS", "BANDWIDTH", "SRTT", "MINRTT",
-               "RETR/S", "QUEUE", "LEVEL", "REASON");
+        printf("PEERS\n%-16s %5s %10s %8s %8s %8s %8s %-9s %-7s %6s %s\n", "NAME", "CONNS", "BANDWIDTH", "SRTT",
+               "MINRTT", "RETR/S", "QUEUE", "LEVEL", "LEASE", "SHARE", "REASON");
         for (size_t i = 0; i < m->n_order; i++) {
                 const TopPeer *p = top_model_peer(m, i);
-                printf("%-16s %5u %10s %8s %8s %8.1f %8s %-9s %s\n", p->name, p->conns,
+                char share[16] = "-";
+                if (p->lease[0])
+                        snprintf(share, sizeof share, "%.1f%%", p->share_permille / 10.0);
+                printf("%-16s %5u %10s %8s %8s %8.1f %8s %-9s %-7s %6s %s\n", p->name, p->conns,
                        top_format_rate(b1, sizeof b1, p->bandwidth), top_format_usec(b2, sizeof b2, p->srtt_us),
                        top_format_usec(b3, sizeof b3, p->min_rtt_us), p->retransmits_per_sec,
                        top_format_bytes((char[32]){}, 32, (double)p->send_queue), top_level_to_string(p->level),
-                       p->reason);
+                       p->lease[0] ? p->lease : "-", share, p->reason);
         }
         printf("WORKERS\n%-34s %-10s %-24s %-8s %s\n", "ID", "ROLE", "MODEL", "DEVICE", "PID");
         for (size_t i = 0; i < s->n_workers; i++) {
@@ -316,9 +346,10 @@ static void draw(const TopModel *m, bool paused, const char *prompt) {
         }
         const TopSnapshot *s = &m->cur;
 
-        mvprintw(0, 0, "epdtop - host %s  epdd %s  %s  kernel telemetry: %s", s->host[0] ? s->host : "?",
+        mvprintw(0, 0, "epdtop - host %s  epdd %s  %s  kernel telemetry: %s%s%s", s->host[0] ? s->host : "?",
                  s->version[0] ? s->version : "?", s->bus ? "" : "[daemon not reachable]",
-                 s->kernel ? "on" : (s->kernel_unavailable[0] ? s->kernel_unavailable : "off"));
+                 s->kernel ? "on" : (s->kernel_unavailable[0] ? s->kernel_unavailable : "off"),
+                 s->membership[0] ? "  membership: " : "", s->membership);
         if (s->features.known)
                 mvprintw(1, 0, "features: %.0f%% hit, %s", s->features.hit_rate * 100,
                          top_format_bytes(b1, sizeof b1, (double)s->features.bytes));
@@ -355,6 +386,8 @@ static void draw(const TopModel *m, bool paused, const char *prompt) {
                 printw(" %-19s", "REASON");
         if (l.transport_column)
                 printw(" %-9s", "TRANSPORT");
+        if (l.transport_column && s->membership[0])
+                printw(" %-7s", "LEASE");
         if (l.sparklines)
                 printw(" BANDWIDTH HISTORY");
         attroff(A_BOLD | COLOR_PAIR(PAIR_TITLE));
@@ -372,6 +405,8 @@ static void draw(const TopModel *m, bool paused, const char *prompt) {
                         printw(" %-19.19s", p->reason);
                 if (l.transport_column)
                         printw(" %-9.9s", p->transport[0] ? p->transport : "-");
+                if (l.transport_column && s->membership[0])
+                        printw(" %-7.7s", p->lease[0] ? p->lease : "-");
                 if (l.sparklines) {
                         char spark[3 * 64 + 1];
                         printw(" %s", top_sparkline(&p->bandwidth_history, (size_t)l.sparkline_width, spark,

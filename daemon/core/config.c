@@ -142,6 +142,17 @@ static int p_duration(ParseState *s, const char *key, const char *value, void *d
         return 0;
 }
 
+/* A duration where 0 means "off" (DirectoryCacheTime=0: nothing cached). */
+static int p_duration_or_zero(ParseState *s, const char *key, const char *value, void *dst) {
+        usec_t u;
+        if (parse_duration(value, &u) < 0) {
+                perr(s, "%s=%s: expected a duration such as 1s, 500ms or 0", key, value);
+                return -EINVAL;
+        }
+        *(usec_t *)dst = u;
+        return 0;
+}
+
 static int p_log_level(ParseState *s, const char *key, const char *value, void *dst) {
         int l = log_level_from_string(value);
         if (l < 0) {
@@ -210,6 +221,68 @@ static int p_address(ParseState *s, const char *key, const char *value, void *ds
                 perr(s, "%s=%s: expected HOST:PORT with a port from 1 to 65535", key, value);
                 return -EINVAL;
         }
+        return set_string(dst, value);
+}
+
+static const char *startswith(const char *s, const char *prefix) {
+        size_t n = strlen(prefix);
+        return strncmp(s, prefix, n) == 0 ? s + n : NULL;
+}
+
+static void strv_free(char **l) {
+        for (char **i = l; i && *i; i++)
+                free(*i);
+        free(l);
+}
+
+/* Etcd=URL[ URL...] (spaces or commas): http:// or https://, a host and a port, no path. */
+static int p_etcd_endpoints(ParseState *s, const char *key, const char *value, void *dst) {
+        char ***ret = dst, **l = NULL, *copy, *save = NULL;
+        size_t n = 0;
+
+        if (!(copy = strdup(value)))
+                return -ENOMEM;
+        for (char *w = strtok_r(copy, " \t,", &save); w; w = strtok_r(NULL, " \t,", &save)) {
+                const char *hp = startswith(w, "http://") ?: startswith(w, "https://");
+                const char *colon = hp ? strrchr(hp, ':') : NULL;
+                uint32_t port;
+                char **nl;
+
+                if (!hp || !colon || colon == hp || strchr(hp, '/') || strchr(hp, '@') ||
+                    parse_u32(colon + 1, &port) < 0 || port == 0 || port > 65535 || n >= 16) {
+                        perr(s, "%s=%s: expected up to 16 URLs http://HOST:PORT or https://HOST:PORT", key, w);
+                        free(copy);
+                        strv_free(l);
+                        return -EINVAL;
+                }
+                nl = reallocarray(l, n + 2, sizeof *l);
+                if (!nl || !(nl[n] = strdup(w))) {
+                        free(nl ?: l);
+                        free(copy);
+                        return -ENOMEM;
+                }
+                l = nl;
+                l[++n] = NULL;
+        }
+        free(copy);
+        strv_free(*ret);
+        *ret = l; /* NULL for an empty value: no etcd */
+        return 0;
+}
+
+/* EtcdPrefix=: an absolute key prefix of printable characters, ending in '/'. */
+static int p_etcd_prefix(ParseState *s, const char *key, const char *value, void *dst) {
+        size_t n = strlen(value);
+        if (n < 2 || n > 128 || value[0] != '/' || value[n - 1] != '/') {
+                perr(s, "%s=%s: expected a key prefix like /epd/ (starting and ending with '/', at most 128 bytes)",
+                     key, value);
+                return -EINVAL;
+        }
+        for (size_t i = 0; i < n; i++)
+                if (!isgraph((unsigned char)value[i])) {
+                        perr(s, "%s=%s: only printable characters without spaces", key, value);
+                        return -EINVAL;
+                }
         return set_string(dst, value);
 }
 
@@ -374,6 +447,14 @@ static const ConfigItem items[] = {
         { "Cluster", "SliceSize", p_size, C(peer_slice_size) },
         { "Cluster", "PipelineBytes", p_size, C(handoff_pipeline_bytes) },
         { "Cluster", "Transport", p_transport, C(transport_policy) },
+        { "Cluster", "Etcd", p_etcd_endpoints, C(etcd_endpoints) },
+        { "Cluster", "EtcdPrefix", p_etcd_prefix, C(etcd_prefix) },
+        { "Cluster", "EtcdLeaseTTL", p_duration, C(etcd_lease_ttl_usec) },
+        { "Cluster", "EtcdCAFile", p_path, C(etcd_ca_file) },
+        { "Cluster", "EtcdCertFile", p_path, C(etcd_cert_file) },
+        { "Cluster", "EtcdKeyFile", p_path, C(etcd_key_file) },
+        { "Cluster", "MaxMembers", p_unsigned, C(max_members) },
+        { "Cluster", "DirectoryCacheTime", p_duration_or_zero, C(directory_cache_usec) },
         { "Peer", "Address", p_address, P(address) },
         { "Peer", "HostId", p_host_id, P(host_id) },
         { "Features", "CacheSize", p_size, C(feature_cache_bytes) },
@@ -480,6 +561,9 @@ int config_defaults(Config *c) {
                 .peer_slice_size = 1024 * 1024,
                 .handoff_pipeline_bytes = 1024 * 1024,
                 .handoff_timeout_usec = 30 * USEC_PER_SEC,
+                .etcd_lease_ttl_usec = 10 * USEC_PER_SEC,
+                .max_members = 256,
+                .directory_cache_usec = USEC_PER_SEC,
                 .feature_cache_bytes = 48ULL << 20,
                 .feature_store_max_bytes = 1ULL << 30,
                 .wal_sync = 1, /* batch: group commit */
@@ -490,7 +574,8 @@ int config_defaults(Config *c) {
         sched_config_defaults(&sc);
         for (int t = 0; t < _TASK_TYPE_MAX; t++)
                 c->pools[t].policy = sc.pools[t];
-        if (!(c->socket_path = strdup(EPD_SOCKET_PATH)) || !(c->state_dir = strdup(EPD_STATE_DIR)))
+        if (!(c->socket_path = strdup(EPD_SOCKET_PATH)) || !(c->state_dir = strdup(EPD_STATE_DIR)) ||
+            !(c->etcd_prefix = strdup("/epd/")))
                 return -ENOMEM;
         if (telemetry_config_defaults(&c->telemetry) < 0)
                 return -ENOMEM;
@@ -514,6 +599,11 @@ void config_done(Config *c) {
         free(c->peers);
         free(c->listen_address);
         free(c->cluster_key_file);
+        strv_free(c->etcd_endpoints);
+        free(c->etcd_prefix);
+        free(c->etcd_ca_file);
+        free(c->etcd_cert_file);
+        free(c->etcd_key_file);
         free(c->feature_store_dir);
         telemetry_config_done(&c->telemetry);
         for (int t = 0; t < _TASK_TYPE_MAX; t++)
@@ -677,6 +767,17 @@ static void check_complete(ParseState *s) {
                 perr(s, "[Cluster] DataStreams=%u: expected 1 to 16", c->peer_streams);
         if (c->peer_slice_size < 4096 || c->peer_slice_size > 16 * 1024 * 1024)
                 perr(s, "[Cluster] SliceSize=%llu: expected 4K to 16M", (unsigned long long)c->peer_slice_size);
+        if (c->etcd_endpoints && (!c->listen_address || !c->cluster_key_file))
+                perr(s, "[Cluster] Etcd= needs Listen= (the address members dial) and ClusterKeyFile=");
+        if (c->etcd_lease_ttl_usec < 2 * USEC_PER_SEC || c->etcd_lease_ttl_usec > 300 * USEC_PER_SEC ||
+            c->etcd_lease_ttl_usec % USEC_PER_SEC)
+                perr(s, "[Cluster] EtcdLeaseTTL= must be whole seconds from 2s to 300s");
+        if (c->max_members < 1 || c->max_members > 1023)
+                perr(s, "[Cluster] MaxMembers=%u: expected 1 to 1023", c->max_members);
+        if (c->directory_cache_usec > 60 * USEC_PER_SEC)
+                perr(s, "[Cluster] DirectoryCacheTime= must be at most 60s");
+        if (!!c->etcd_cert_file != !!c->etcd_key_file)
+                perr(s, "[Cluster] EtcdCertFile= and EtcdKeyFile= go together");
         for (int t = 0; t < _TASK_TYPE_MAX; t++) {
                 PoolConfig *p = &c->pools[t];
                 SchedPoolPolicy *pp = &p->policy;

@@ -61,6 +61,15 @@ typedef struct Config {
         uint64_t handoff_pipeline_bytes; /* PipelineBytes=: handoffs up to this size to another
                                      * host ship without waiting for the destination (0: never) */
         int transport_policy;       /* Transport=: TransportPolicy (rdma-select.h), auto */
+        /* [Cluster] membership in etcd (docs/cluster.md); no Etcd=: static peers only */
+        char **etcd_endpoints;      /* Etcd=: NULL-terminated URLs, or NULL */
+        char *etcd_prefix;          /* EtcdPrefix=: key prefix, "/epd/" */
+        usec_t etcd_lease_ttl_usec; /* EtcdLeaseTTL=: a member's lease, 10s */
+        char *etcd_ca_file;         /* EtcdCAFile=, EtcdCertFile=, EtcdKeyFile=: TLS */
+        char *etcd_cert_file;
+        char *etcd_key_file;
+        unsigned max_members;       /* MaxMembers=: members taken from etcd, 256 */
+        usec_t directory_cache_usec; /* DirectoryCacheTime=: remote lookup answers kept, 1s */
 
         /* [Features] */
         uint64_t feature_cache_bytes;

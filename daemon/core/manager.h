@@ -88,6 +88,8 @@ struct Manager {
         struct WorkflowManager *workflows;
         struct Wal *wal;
         struct GpuContext *gpu;
+        struct DirectoryForward *directory_forward;
+        struct ClusterManager *cluster;
 };
 
 int manager_new(Manager **ret, const char *config_path);

@@ -474,6 +474,15 @@ static int method_prepare_write(sd_bus_message *msg, void *userdata, sd_bus_erro
         return reply_journaled(seq_manager(s), msg, reply);
 }
 
+/* Who published, for placement answers: the worker's "name" option, else its path. */
+static const char *publisher_name(const Worker *w) {
+        if (!w)
+                return "";
+        if (w->name && strlen(w->name) <= 63)
+                return w->name;
+        return w->path;
+}
+
 static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Sequence *s = userdata;
         const uint64_t *hashes = NULL;
@@ -487,14 +496,16 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = read_hashes(msg, &hashes, &n, error);
         if (r < 0)
                 return r;
-        r = access_check(seq_manager(s), msg, s, SEQUENCE_ACCESS_OWNER, NULL, error);
+        Client *c = NULL;
+        r = access_check(seq_manager(s), msg, s, SEQUENCE_ACCESS_OWNER, &c, error);
         if (r < 0)
                 return r;
         if ((uint64_t)first + n > s->n_pages)
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "Pages %" PRIu32 "+%zu are outside the sequence (%zu pages).", first, n,
                                      s->n_pages);
-        r = directory_insert_chain(s->manager->directory, s->pool, hashes, s->pages + first, n);
+        Worker *w = c ? client_get_worker(c) : NULL;
+        r = page_manager_publish(s, first, hashes, n, publisher_name(w));
         if (r < 0)
                 return pages_error(error, r, "Publish");
         /* The entries are journaled: acknowledged once durable. */

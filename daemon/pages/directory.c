@@ -205,18 +205,18 @@ int directory_set_hosts(Directory *d, const char *const *host_ids, size_t n, siz
         return 0;
 }
 
-size_t directory_owner(const Directory *d, uint64_t hash) {
+size_t directory_rendezvous(const char *const *hosts, size_t n, uint64_t hash) {
         size_t best = 0;
         uint64_t best_score = 0;
         uint8_t buf[8 + 256];
 
-        if (!d || d->n_hosts <= 1)
+        if (!hosts || n <= 1)
                 return 0;
-        for (size_t i = 0; i < d->n_hosts; i++) {
-                size_t l = strnlen(d->hosts[i], sizeof buf - 8);
+        for (size_t i = 0; i < n; i++) {
+                size_t l = strnlen(hosts[i], sizeof buf - 8);
                 for (size_t b = 0; b < 8; b++)
                         buf[b] = (uint8_t)(hash >> (8 * b));
-                memcpy(buf + 8, d->hosts[i], l);
+                memcpy(buf + 8, hosts[i], l);
                 uint64_t score = siphash24(buf, 8 + l, rendezvous_key);
                 if (i == 0 || score > best_score) {
                         best = i;
@@ -224,6 +224,23 @@ size_t directory_owner(const Directory *d, uint64_t hash) {
                 }
         }
         return best;
+}
+
+size_t directory_owner(const Directory *d, uint64_t hash) {
+        if (!d || d->n_hosts <= 1)
+                return 0;
+        return directory_rendezvous((const char *const *)d->hosts, d->n_hosts, hash);
+}
+
+bool directory_find(Directory *d, uint64_t hash, PagePool **ret_pool, PageId *ret_page) {
+        DirectoryEntry *e = hashmap_get(d->map, &hash);
+        if (!e)
+                return false;
+        if (ret_pool)
+                *ret_pool = e->pool;
+        if (ret_page)
+                *ret_page = e->page;
+        return true;
 }
 
 const char *directory_owner_host(const Directory *d, uint64_t hash) {

@@ -14,8 +14,10 @@
  * IDLE pages are evicted and their entries forgotten. Pinned (referenced) and leased
  * pages are LIVE and never evicted.
  *
- * Each hash has an owner host, chosen by rendezvous hashing over the configured hosts
- * (deterministic on every host; a single host owns all). Pure; unit-tested. */
+ * Each hash has an owner host, chosen by rendezvous hashing over the live hosts
+ * (deterministic on every host; a single host owns all); the owner keeps the
+ * cluster-wide record of who caches the block (directory-shard.h, docs/cluster.md).
+ * Pure; unit-tested. */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -52,6 +54,9 @@ void directory_detach_pool(Directory *d, PagePool *pool);
 /* The hosts (host ids) that own hashes, and which of them this host is. Copies the
  * strings. n = 0 means this host alone. -EINVAL for self >= n or n > DIRECTORY_HOSTS_MAX. */
 int directory_set_hosts(Directory *d, const char *const *host_ids, size_t n, size_t self);
+/* Rendezvous (highest random weight) hashing: the index of the host of hosts[0..n)
+ * that owns hash; the same on every host whatever the order of the list. */
+size_t directory_rendezvous(const char *const *hosts, size_t n, uint64_t hash);
 /* Index of the host that owns hash (0 when no hosts are configured). */
 size_t directory_owner(const Directory *d, uint64_t hash);
 /* The owner's host id, or NULL when no hosts are configured (this host owns all). */
@@ -88,6 +93,8 @@ int directory_insert_chain(Directory *d, PagePool *pool, const uint64_t *hashes,
  * Stops at the first hash that is missing or cached in another pool. */
 int directory_lookup(Directory *d, PagePool *pool, const uint64_t *hashes, size_t n,
                      PageId *ret_pages, size_t *ret_len);
+/* Whether hash is cached here, and where (either may be NULL); nothing is pinned. */
+bool directory_find(Directory *d, uint64_t hash, PagePool **ret_pool, PageId *ret_page);
 /* Length of the cached prefix without pinning anything. */
 size_t directory_match_len(Directory *d, PagePool *pool, const uint64_t *hashes, size_t n);
 

@@ -200,8 +200,7 @@ static int directory_record(PageManager *pm, bool put, uint64_t hash, PagePool *
         return 0;
 }
 
-static int directory_journal(void *userdata, bool put, uint64_t hash, PagePool *pool, PageId page) {
-        PageManager *pm = userdata;
+static int directory_journal_wal(PageManager *pm, bool put, uint64_t hash, PagePool *pool, PageId page) {
         uint8_t buf[DIRECTORY_REC_PUT_SIZE];
         size_t len;
 
@@ -219,6 +218,42 @@ static int directory_journal(void *userdata, bool put, uint64_t hash, PagePool *
                 return r;
         }
         return 0;
+}
+
+/* Every entry that appears or goes: into the WAL, then to the observer (the cluster-wide
+ * directory), which hears only what stands. */
+static int directory_journal(void *userdata, bool put, uint64_t hash, PagePool *pool, PageId page) {
+        PageManager *pm = userdata;
+        int r = directory_journal_wal(pm, put, hash, pool, page);
+
+        if (r >= 0 && pm->observer && !pm->manager->stopping) {
+                uint32_t a;
+                const char *arena = pool && pool_arena(pm, pool, &a) >= 0 ? pm->manager->arenas[a]->name : "";
+                pm->observer(pm->observer_userdata, put, hash, arena, put && pm->publishing_worker ? pm->publishing_worker : "");
+        }
+        return r;
+}
+
+void page_manager_set_directory_observer(PageManager *pm, PageDirectoryObserver fn, void *userdata) {
+        pm->observer = fn;
+        pm->observer_userdata = userdata;
+}
+
+int page_manager_publish(Sequence *s, uint32_t first, const uint64_t *hashes, size_t n, const char *worker) {
+        PageManager *pm = s->manager;
+        int r;
+
+        if ((uint64_t)first + n > s->n_pages)
+                return -ERANGE;
+        pm->publishing_worker = worker;
+        r = directory_insert_chain(pm->directory, s->pool, hashes, s->pages + first, n);
+        pm->publishing_worker = NULL;
+        return r;
+}
+
+const char *page_manager_arena_of(PageManager *pm, const PagePool *pool) {
+        uint32_t a;
+        return pool && pool_arena(pm, pool, &a) >= 0 ? pm->manager->arenas[a]->name : NULL;
 }
 
 typedef struct DirectorySnapshotCtx {

@@ -46,7 +46,23 @@ typedef struct PageManager {
         /* Set around a registration whose caller journals the sequence in its own
          * record (a handoff's commit): page_manager_journal() leaves it to it. */
         bool journal_held;
+        /* The cluster-wide directory (directory-forward.c) hears of every entry that
+         * appears or goes: page_manager_set_directory_observer(). */
+        void (*observer)(void *userdata, bool put, uint64_t hash, const char *arena, const char *worker);
+        void *observer_userdata;
+        const char *publishing_worker; /* set around page_manager_publish()'s inserts */
 } PageManager;
+
+/* Called after each directory entry appears (put) or goes, once it is journaled, with
+ * its arena's name and, for a Publish, the name of the worker that published it ("" if
+ * none). One observer; NULL removes it. */
+typedef void (*PageDirectoryObserver)(void *userdata, bool put, uint64_t hash, const char *arena, const char *worker);
+void page_manager_set_directory_observer(PageManager *pm, PageDirectoryObserver fn, void *userdata);
+/* Publish: hashes[i] -> page first+i of s in the block directory; the number inserted
+ * (directory_insert_chain()), -ERANGE outside the sequence. worker names the publisher. */
+int page_manager_publish(Sequence *s, uint32_t first, const uint64_t *hashes, size_t n, const char *worker);
+/* The name of the arena of pool, or NULL. */
+const char *page_manager_arena_of(PageManager *pm, const PagePool *pool);
 
 /* How long sequences restored after a restart wait for their owner to Attach. */
 #define PAGE_MANAGER_ATTACH_GRACE_USEC (300 * USEC_PER_SEC)

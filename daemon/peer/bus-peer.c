@@ -29,7 +29,7 @@ static int append_peer(sd_bus_message *reply, Manager *m, Peer *p) {
         usec_t age = peer_is_up(p) && st->last_rx_usec <= now ? now - st->last_rx_usec : UINT64_MAX;
 
         return sd_bus_message_append(reply, PEER_STRUCT, peer_name(p), peer_host_id(p), peer_address(p),
-                                     peer_state_to_string(peer_state(p)),
+                                     peer_is_retired(p) ? "left" : peer_state_to_string(peer_state(p)),
                                      path_transport(path),
                                      path && path->ifname[0] ? path->ifname : "",
                                      path ? path->reason : "topology unavailable", peer_n_streams_up(p), age,

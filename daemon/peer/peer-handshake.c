@@ -213,7 +213,7 @@ int peer_acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t l
                         return -EPROTONOSUPPORT;
                 }
                 p = hashmap_get(pm->by_host_id, h.host_id);
-                if (!p || p->dialer) {
+                if (!p || p->dialer || p->retired) {
                         log_warning("peer: refused connection from unknown host '%s'", h.host_id);
                         peer_conn_send_fail(c, PEER_FAIL_UNKNOWN_HOST);
                         return -EACCES;

@@ -86,6 +86,8 @@ struct Peer {
         struct sockaddr_storage sa;
         unsigned sa_len;
         bool dialer;             /* we dial this peer (our host id sorts first) */
+        bool member;             /* added at run time from the cluster's membership */
+        bool retired;            /* a member that left: not dialed, connections refused */
         PeerState state;
         Conn *control;
         uint64_t session_id;
@@ -110,6 +112,7 @@ struct PeerManager {
 
         Peer **peers;
         size_t n_peers;
+        size_t n_members;        /* of them, added at run time (peer_manager_add_member) */
         Hashmap *by_host_id;
 
         int listen_fd;

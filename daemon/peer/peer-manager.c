@@ -106,6 +106,44 @@ static const TransportPeerOps transport_peer_ops = {
         .add_state_handler = op_add_state_handler,
 };
 
+/* A new peer in pm->peers and pm->by_host_id. */
+static int peer_new(PeerManager *pm, const char *name, const char *host_id, const char *address, Peer **ret) {
+        Peer **np, *p;
+        int r;
+
+        if (hashmap_contains(pm->by_host_id, host_id))
+                return -EEXIST;
+        np = reallocarray(pm->peers, pm->n_peers + 1, sizeof *np);
+        if (!np)
+                return -ENOMEM;
+        pm->peers = np;
+        p = calloc(1, sizeof *p);
+        if (!p)
+                return -ENOMEM;
+        p->pm = pm;
+        p->name = strdup(name);
+        p->host_id = strdup(host_id);
+        p->address = strdup(address);
+        if (!p->name || !p->host_id || !p->address) {
+                peer_free(p);
+                return -ENOMEM;
+        }
+        if (peer_address_parse(p->address, &p->sa, &p->sa_len) < 0) {
+                peer_free(p);
+                return -EINVAL;
+        }
+        p->dialer = strcmp(pm->host_id, p->host_id) < 0;
+        r = hashmap_put(pm->by_host_id, p->host_id, p);
+        if (r < 0) {
+                peer_free(p);
+                return r;
+        }
+        pm->peers[pm->n_peers++] = p;
+        if (ret)
+                *ret = p;
+        return 0;
+}
+
 int peer_manager_new(PeerManager **ret, sd_event *e, const PeerManagerConfig *c) {
         _cleanup_(peer_manager_freep) PeerManager *pm = NULL;
         int r;
@@ -147,35 +185,21 @@ int peer_manager_new(PeerManager **ret, sd_event *e, const PeerManagerConfig *c)
         pm->by_host_id = hashmap_new(HASHMAP_KEY_STRING, 0);
         if (!pm->by_host_id)
                 return -ENOMEM;
-        if (c->n_peers > 0) {
-                pm->peers = calloc(c->n_peers, sizeof *pm->peers);
-                if (!pm->peers)
-                        return -ENOMEM;
-        }
         for (size_t i = 0; i < c->n_peers; i++) {
                 const PeerConfig *pc = c->peers + i;
-                Peer *p;
 
                 if (!peer_host_id_is_valid(pc->host_id) || strcmp(pc->host_id, pm->host_id) == 0)
                         return log_error_errno(EINVAL, "peer %s: invalid HostId= '%s'", pc->name,
                                                pc->host_id ? pc->host_id : "");
-                p = calloc(1, sizeof *p);
-                if (!p)
-                        return -ENOMEM;
-                pm->peers[pm->n_peers++] = p;
-                p->pm = pm;
-                p->name = strdup(pc->name ? pc->name : pc->host_id);
-                p->host_id = strdup(pc->host_id);
-                p->address = strdup(pc->address ? pc->address : "");
-                if (!p->name || !p->host_id || !p->address)
-                        return -ENOMEM;
-                if (peer_address_parse(p->address, &p->sa, &p->sa_len) < 0)
-                        return log_error_errno(EINVAL, "peer %s: invalid Address= '%s' (numeric host:port)",
-                                               p->name, p->address);
-                p->dialer = strcmp(pm->host_id, p->host_id) < 0;
-                r = hashmap_put(pm->by_host_id, p->host_id, p);
+                r = peer_new(pm, pc->name ? pc->name : pc->host_id, pc->host_id, pc->address ? pc->address : "",
+                             NULL);
+                if (r == -EINVAL)
+                        return log_error_errno(r, "peer %s: invalid Address= '%s' (numeric host:port)", pc->name,
+                                               pc->address ? pc->address : "");
+                if (r == -EEXIST)
+                        return log_error_errno(r, "peer %s: duplicate HostId= '%s'", pc->name, pc->host_id);
                 if (r < 0)
-                        return log_error_errno(r, "peer %s: duplicate HostId= '%s'", p->name, p->host_id);
+                        return r;
         }
 
         TransportPeerOps ops = transport_peer_ops;
@@ -311,6 +335,78 @@ Transport *peer_manager_transport_for(PeerManager *pm, Peer *p) {
         if (pm->rdma && rdma_transport_peer_ready(pm->rdma, p))
                 return pm->rdma;
         return pm->tcp;
+}
+
+int peer_manager_add_member(PeerManager *pm, const char *host_id, const char *address, Peer **ret) {
+        struct sockaddr_storage sa;
+        unsigned sl;
+        Peer *p;
+        int r;
+
+        if (!pm || !peer_host_id_is_valid(host_id) || !address || peer_address_parse(address, &sa, &sl) < 0)
+                return -EINVAL;
+        if (strcmp(host_id, pm->host_id) == 0)
+                return -EEXIST;
+        p = hashmap_get(pm->by_host_id, host_id);
+        if (p && !p->member)
+                return -EEXIST; /* a [Peer:NAME] section has it */
+        if (!p) {
+                if (pm->n_members >= PEER_MEMBERS_MAX)
+                        return -ENOSPC;
+                r = peer_new(pm, host_id, host_id, address, &p);
+                if (r < 0)
+                        return r;
+                p->member = true;
+                pm->n_members++;
+        } else if (strcmp(p->address, address) != 0) {
+                char *a = strdup(address);
+                if (!a)
+                        return -ENOMEM;
+                free(p->address);
+                p->address = a;
+                p->sa = sa;
+                p->sa_len = sl;
+                log_info("peer %s: member address now %s", p->name, a);
+        } else if (!p->retired) {
+                if (ret)
+                        *ret = p;
+                return 0; /* known already */
+        }
+        p->retired = false;
+        p->backoff_usec = 0;
+        if (pm->started && p->dialer && p->state == PEER_DOWN && !p->control) {
+                r = peer_dial(p, PEER_ROLE_CONTROL, 0);
+                if (r < 0) {
+                        peer_set_error(p, "connect", r);
+                        peer_down(p, r, "connect failed");
+                }
+        }
+        if (ret)
+                *ret = p;
+        return 0;
+}
+
+int peer_manager_retire_member(PeerManager *pm, const char *host_id) {
+        Peer *p = pm ? peer_manager_find(pm, host_id) : NULL;
+
+        if (!p)
+                return -ENOENT;
+        if (!p->member)
+                return -EPERM;
+        if (p->retired)
+                return 0;
+        p->retired = true; /* first: peer_down() must not schedule a reconnect */
+        (void)sd_event_source_set_enabled(p->reconnect_timer, SD_EVENT_OFF);
+        peer_down(p, -EHOSTDOWN, "left the cluster membership");
+        return 0;
+}
+
+bool peer_is_member(Peer *p) {
+        return p && p->member;
+}
+
+bool peer_is_retired(Peer *p) {
+        return p && p->retired;
 }
 
 Peer *peer_manager_find(PeerManager *pm, const char *host_id) {

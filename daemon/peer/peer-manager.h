@@ -134,6 +134,24 @@ unsigned peer_n_streams_up(Peer *p);
 /* The control connection's fd (-1 when down), e.g. for per-connection telemetry. */
 int peer_control_fd(Peer *p);
 
+/* Membership from a coordination service (daemon/cluster/): peers added and retired at
+ * run time, authenticated with the cluster key exactly as configured ones.
+ *
+ * add_member adds a peer (or brings back a retired one, with its address updated) and
+ * dials it if our host id sorts first; -EEXIST for the host id of a configured peer or
+ * of this host, -ENOSPC past PEER_MEMBERS_MAX, -EINVAL for a bad id or address.
+ * retire_member ends the session (everything in flight with it fails and the state
+ * handlers hear "down": handoffs roll back), and the peer is no longer dialed and its
+ * connections are refused until it is added again. A retired Peer stays allocated
+ * (transports and handoffs may still name it) and is reused when the same host comes
+ * back. -ENOENT for an unknown host id, -EPERM for a configured peer. */
+#define PEER_MEMBERS_MAX 1024
+int peer_manager_add_member(PeerManager *pm, const char *host_id, const char *address, Peer **ret);
+int peer_manager_retire_member(PeerManager *pm, const char *host_id);
+/* Whether p came from the membership (true) or from a [Peer:NAME] section. */
+bool peer_is_member(Peer *p);
+bool peer_is_retired(Peer *p);
+
 /* Applies a new heartbeat bound (config reload). */
 void peer_manager_set_heartbeat(PeerManager *pm, usec_t usec);
 

@@ -34,7 +34,7 @@ static int reconnect_cb(sd_event_source *s, uint64_t usec, void *userdata) {
         Peer *p = userdata;
         int r;
 
-        if (p->state != PEER_DOWN)
+        if (p->state != PEER_DOWN || p->retired)
                 return 0;
         r = peer_dial(p, PEER_ROLE_CONTROL, 0);
         if (r < 0) {
@@ -50,7 +50,7 @@ static void peer_schedule_reconnect(Peer *p) {
         usec_t delay;
         int r;
 
-        if (!p->dialer || !pm->started)
+        if (!p->dialer || !pm->started || p->retired)
                 return;
         if (p->backoff_usec == 0)
                 p->backoff_usec = PEER_RECONNECT_MIN_USEC;

@@ -90,7 +90,8 @@ static int connect_worker(const char *address, const char *role, epd_client **re
         int r = epd_connect(address, ret);
         if (r < 0)
                 return fail(NULL, r, "connect");
-        r = epd_register(*ret, role, "netfaults", "cpu", &kv, NULL);
+        /* HANDOFF_CLIENT_NAME: the worker's "name" (placement answers name the publisher). */
+        r = epd_register_named(*ret, role, "netfaults", "cpu", &kv, NULL, getenv("HANDOFF_CLIENT_NAME"), NULL);
         if (r < 0)
                 return fail(*ret, r, "register");
         return 0;
@@ -131,6 +132,26 @@ static int run_prefill(char **argv) {
                 uint8_t *pg = base + epd_page_offset(a, PAGE_SIZE, pages[p]);
                 for (uint64_t o = 0; o < PAGE_SIZE; o++)
                         pg[o] = pattern(p, o, seed);
+        }
+        /* HANDOFF_CLIENT_PUBLISH=BASE: publish the pages in the block directory as the
+         * chain BASE, BASE+1, ... ("published N"), then wait for "go" on stdin before the
+         * handoff (the cluster test locates the prefix from another host first). */
+        const char *publish = getenv("HANDOFF_CLIENT_PUBLISH");
+        if (publish) {
+                uint64_t hbase = strtoull(publish, NULL, 0), *hashes = calloc(n_pages, sizeof *hashes);
+                char line[64];
+                if (!hashes)
+                        return fail(c, -ENOMEM, "publish");
+                for (uint32_t p = 0; p < n_pages; p++)
+                        hashes[p] = hbase + p;
+                r = epd_sequence_publish(c, seq, 0, hashes, n_pages);
+                free(hashes);
+                if (r < 0)
+                        return fail(c, r, "publish");
+                printf("published %d\n", r);
+                fflush(stdout);
+                if (!fgets(line, sizeof line, stdin) || strncmp(line, "go", 2) != 0)
+                        return fail(c, -ECANCELED, "publish-wait");
         }
         uint32_t groups[LAYERS];
         for (uint32_t g = 0; g < n_groups; g++)

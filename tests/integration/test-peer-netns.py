@@ -10,6 +10,7 @@ TEST: peer-two-hosts, peer-three-hosts, peer-wrong-key, peer-faults, and peer-ep
 (epdd itself in each namespace, seen through epdctl and org.epd1.Peer).
 Needs root (ip netns, nft); exits 77 (skip) without it."""
 
+import json
 import os
 import select
 import shutil
@@ -563,6 +564,19 @@ def test_epdd(node_bin, tmp):
                     n = lf.read().count("no RDMA devices")
                 assert n == 1, f"{names[i]}: 'no RDMA devices' logged {n} times"
         subprocess.run([epdctl, "-A", f"direct:{sock(0)}", "peers"])
+        # Membership from the configuration (docs/cluster.md): every peer says so, with
+        # its share of the directory's hash space; the shares add up.
+        for i in range(3):
+            ps = peers(i)
+            assert all(p["source"] == "static" and p["lease"] == "static" and p["share_permille"] > 0
+                       for p in ps), ps
+            cl = json.loads(subprocess.run([epdctl, "-A", f"direct:{sock(i)}", "--json", "cluster"],
+                                           stdout=subprocess.PIPE, text=True, check=True).stdout)
+            assert cl["source"] == "static" and cl["etcd_state"] == "off", cl
+            assert abs(sum(m["share_permille"] for m in cl["members"]) - 1000) <= 1, cl
+        text = subprocess.run([epdctl, "-A", f"direct:{sock(0)}", "peers"], stdout=subprocess.PIPE, text=True,
+                              check=True).stdout
+        assert text.startswith("Membership: static\n") and "SOURCE" in text and "LEASE" in text, text
         # The bus object matches its contract.
         live = subprocess.run([introspect, sock(0), "/org/epd1/peer"], stdout=subprocess.PIPE, text=True).stdout
         with open(os.path.join(src, "dbus", "org.epd1.Peer.xml")) as f:

@@ -123,6 +123,20 @@ static const struct {
         { "[Pool:thinking]\nPrefillWorkers=role:trainer\n", "PrefillWorkers=: selector 'role:trainer': role: expects" },
         { "[Pool:thinking]\nEncodeWorkers=colour:red\n", "EncodeWorkers=: selector 'colour:red': unknown selector kind" },
         { "[Pool:thinking]\nPreemption=yes\n", "unknown key Preemption= in section [Pool]" },
+        { "[Cluster]\nEtcd=127.0.0.1:2379\n", "Etcd=127.0.0.1:2379: expected up to 16 URLs http://HOST:PORT" },
+        { "[Cluster]\nEtcd=http://e:2379/v3\n", "Etcd=http://e:2379/v3: expected" },
+        { "[Cluster]\nEtcd=http://u@e:2379\n", "Etcd=http://u@e:2379: expected" },
+        { "[Cluster]\nEtcd=http://e:0\n", "Etcd=http://e:0: expected" },
+        { "[Cluster]\nEtcd=http://e:2379\n", "Etcd= needs Listen=" },
+        { "[Cluster]\nEtcdLeaseTTL=1s\n", "EtcdLeaseTTL= must be whole seconds from 2s to 300s" },
+        { "[Cluster]\nEtcdLeaseTTL=2500ms\n", "EtcdLeaseTTL= must be whole seconds" },
+        { "[Cluster]\nEtcdPrefix=epd\n", "EtcdPrefix=epd: expected a key prefix like /epd/" },
+        { "[Cluster]\nEtcdPrefix=/e p/\n", "EtcdPrefix=/e p/: only printable characters" },
+        { "[Cluster]\nEtcdCertFile=/c.pem\n", "EtcdCertFile= and EtcdKeyFile= go together" },
+        { "[Cluster]\nMaxMembers=0\n", "MaxMembers=0: expected a number" },
+        { "[Cluster]\nMaxMembers=5000\n", "MaxMembers=5000: expected 1 to 1023" },
+        { "[Cluster]\nDirectoryCacheTime=2min\n", "DirectoryCacheTime= must be at most 60s" },
+        { "[Cluster]\nDirectoryCacheTime=soon\n", "DirectoryCacheTime=soon: expected a duration" },
 };
 
 START_TEST(test_bad) {
@@ -139,6 +153,33 @@ START_TEST(test_bad) {
         ck_assert_uint_eq(c.n_arenas, 2);
         ck_assert_str_eq(c.arenas[0].name, "host0");
         free(errors);
+        config_done(&c);
+}
+END_TEST
+
+START_TEST(test_etcd) {
+        Config c;
+        char *errors = NULL;
+        ck_assert_int_eq(config_defaults(&c), 0);
+        ck_assert_ptr_null(c.etcd_endpoints);
+        ck_assert_str_eq(c.etcd_prefix, "/epd/");
+        ck_assert_uint_eq(c.etcd_lease_ttl_usec, 10 * USEC_PER_SEC);
+        ck_assert_uint_eq(c.max_members, 256);
+        ck_assert_int_eq(config_parse_string(&c,
+                                             "[Cluster]\nListen=10.0.0.1:7100\nClusterKeyFile=/k\n"
+                                             "Etcd=http://10.0.0.9:2379, https://etcd-b:2379\nEtcdPrefix=/prod/epd/\n"
+                                             "EtcdLeaseTTL=3s\nEtcdCAFile=/ca.pem\nEtcdCertFile=/c.pem\nEtcdKeyFile=/k.pem\n"
+                                             "MaxMembers=64\nDirectoryCacheTime=250ms\n",
+                                             "good.conf", &errors),
+                         0);
+        ck_assert_str_eq(c.etcd_endpoints[0], "http://10.0.0.9:2379");
+        ck_assert_str_eq(c.etcd_endpoints[1], "https://etcd-b:2379");
+        ck_assert_ptr_null(c.etcd_endpoints[2]);
+        ck_assert_str_eq(c.etcd_prefix, "/prod/epd/");
+        ck_assert_uint_eq(c.etcd_lease_ttl_usec, 3 * USEC_PER_SEC);
+        ck_assert_str_eq(c.etcd_key_file, "/k.pem");
+        ck_assert_uint_eq(c.max_members, 64);
+        ck_assert_uint_eq(c.directory_cache_usec, 250 * USEC_PER_MSEC);
         config_done(&c);
 }
 END_TEST
@@ -265,6 +306,7 @@ int main(void) {
         tcase_add_test(tc, test_good);
         tcase_add_loop_test(tc, test_bad, 0, (int)(sizeof bad / sizeof bad[0]));
         tcase_add_test(tc, test_all_errors_reported);
+        tcase_add_test(tc, test_etcd);
         tcase_add_test(tc, test_file);
         tcase_add_test(tc, test_pools);
         tcase_add_test(tc, test_pool_select);

@@ -240,6 +240,22 @@ START_TEST(test_json) {
         ck_assert_int_eq(top_model_json(&m, f), 0);
         fclose(f);
         ck_assert_ptr_nonnull(strstr(buf, "\"a\\\"b\\\\c\\u000a\""));
+        ck_assert_ptr_null(strstr(buf, "\"membership\""));
+        ck_assert_ptr_null(strstr(buf, "\"lease\""));
+        free(buf);
+
+        /* Membership: its source and state, each peer's lease and share. */
+        TopSnapshot c = { .ts = 4000000 };
+        snprintf(c.membership, sizeof c.membership, "etcd degraded, 1 alive");
+        add_peer(&c, "h1", 1, 0, 1, 0);
+        snprintf(c.peers[0].lease, sizeof c.peers[0].lease, "alive");
+        c.peers[0].share_permille = 498;
+        ck_assert_int_eq(top_model_update(&m, &c), 0);
+        f = open_memstream(&buf, &n);
+        ck_assert_int_eq(top_model_json(&m, f), 0);
+        fclose(f);
+        ck_assert_ptr_nonnull(strstr(buf, "\"membership\":\"etcd degraded, 1 alive\""));
+        ck_assert_ptr_nonnull(strstr(buf, "\"lease\":\"alive\",\"share_permille\":498}"));
         free(buf);
         top_model_done(&m);
 }

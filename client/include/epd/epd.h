@@ -217,6 +217,57 @@ typedef struct epd_peer {
 int epd_list_peers(epd_client *c, epd_peer **ret, size_t *n);
 void epd_peers_free(epd_peer *peers, size_t n);
 
+/* ---- org.epd1.Cluster and org.epd1.Placement (docs/cluster.md) ---- */
+
+typedef struct epd_cluster {
+        char *source;        /* "static" or "etcd" */
+        char *etcd_state;    /* "off", "connecting", "up", "degraded" */
+        char *etcd_reason;
+        char *etcd_prefix;
+        uint64_t lease_id;
+        uint64_t lease_ttl_usec;
+        uint64_t revision;
+        uint64_t shard_records; /* directory records this host keeps as an owner */
+        uint32_t members_alive;
+} epd_cluster;
+
+typedef struct epd_member {
+        char *host_id, *address;
+        char *source;        /* "self", "static", "etcd" */
+        char *lease;         /* "self", "static", "alive", "missing", "left" */
+        char *session;       /* the peer connection's state; "self" */
+        char *last_error;
+        char *transports, *arenas, *nics;
+        uint32_t gpus;
+        uint32_t share_permille;  /* of the directory's hash space it owns now */
+        uint64_t published_here;  /* this host's entries whose records it holds */
+} epd_member;
+
+/* The Cluster object's properties (-ENOENT style errors where the daemon has no peers:
+ * its Cluster object exists only with [Cluster] Listen= or peers). */
+int epd_cluster_get(epd_client *c, epd_cluster *ret);
+void epd_cluster_done(epd_cluster *cl);
+/* Every member, this host first; free with epd_members_free(). Returns the count. */
+int epd_list_members(epd_client *c, epd_member **ret, size_t *n);
+void epd_members_free(epd_member *members, size_t n);
+
+typedef struct epd_placement_candidate {
+        char *host, *arena, *worker;
+        uint32_t n_blocks;
+} epd_placement_candidate;
+
+typedef struct epd_placement {
+        uint32_t n_blocks;   /* of the best candidate; 0 when nobody holds the first block */
+        char *host, *arena, *worker;
+        epd_placement_candidate *candidates; /* longest first */
+        size_t n_candidates;
+        uint32_t owners_missing;             /* owners that did not answer in time */
+} epd_placement;
+
+/* Where the longest cached prefix of a request's chained block hashes lives. */
+int epd_locate_prefix(epd_client *c, const uint64_t *hashes, size_t n, epd_placement *ret);
+void epd_placement_done(epd_placement *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,509 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The etcd side of the ClusterManager: the session and watch threads (libcurl through
+ * etcd's JSON gateway) and the queue through which they post to the event loop
+ * (an eventfd). Everything here but efd_io() runs on the threads; efd_io() hands each
+ * event to cluster-manager.c on the loop. */
+#include "cluster/cluster-manager.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "cluster/etcd-client.h"
+#include "cluster/etcd-json.h"
+#include "cluster/member-record.h"
+#include "log.h"
+#include "macro.h"
+#include "peer/peer-manager.h"
+#include "peer/topology.h"
+#include "transport/rdma.h"
+
+#define CALL_TIMEOUT_MS 2000L
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 2000
+
+typedef enum ClusterEventType {
+        EV_SESSION,   /* up (lease) or down (error) */
+        EV_WATCH,     /* up or down (error) */
+        EV_RESYNC,    /* a full read: infos[n] at revision */
+        EV_PUT,
+        EV_DELETE,
+} ClusterEventType;
+
+struct ClusterEvent {
+        ClusterEventType type;
+        bool up;
+        uint64_t lease;
+        int64_t revision;
+        char text[256];          /* error, or the deleted host id */
+        char endpoint[256];
+        MemberInfo *infos;       /* EV_RESYNC: n; EV_PUT: 1 */
+        size_t n;
+        ClusterEvent *next;
+};
+
+/* ---- posting from the threads ---- */
+
+static void post(ClusterManager *cm, ClusterEvent *ev) {
+        uint64_t one = 1;
+
+        pthread_mutex_lock(&cm->lock);
+        if (cm->queue_tail)
+                cm->queue_tail->next = ev;
+        else
+                cm->queue = ev;
+        cm->queue_tail = ev;
+        pthread_mutex_unlock(&cm->lock);
+        (void)!write(cm->efd, &one, sizeof one);
+}
+
+static ClusterEvent *event_new(ClusterEventType type) {
+        ClusterEvent *ev = calloc(1, sizeof *ev);
+        if (ev)
+                ev->type = type;
+        return ev;
+}
+
+static void post_state(ClusterManager *cm, ClusterEventType type, bool up, uint64_t lease, const char *text,
+                       EtcdClient *c) {
+        ClusterEvent *ev = event_new(type);
+        if (!ev)
+                return;
+        ev->up = up;
+        ev->lease = lease;
+        snprintf(ev->text, sizeof ev->text, "%s", text ?: "");
+        snprintf(ev->endpoint, sizeof ev->endpoint, "%s", c ? etcd_client_endpoint(c) : "");
+        post(cm, ev);
+}
+
+/* Sleeps up to ms, or until stop. Returns true when stopping. */
+static bool nap(ClusterManager *cm, long ms) {
+        struct timespec ts;
+        bool stop;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += ms / 1000;
+        ts.tv_nsec += (ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&cm->lock);
+        while (!(stop = atomic_load(&cm->stop)))
+                if (pthread_cond_timedwait(&cm->cond, &cm->lock, &ts) == ETIMEDOUT)
+                        break;
+        pthread_mutex_unlock(&cm->lock);
+        return stop || atomic_load(&cm->stop);
+}
+
+static EtcdClient *client_new(ClusterManager *cm, const atomic_bool *cancel) {
+        const Config *c = &cm->manager->config;
+        EtcdTls tls = { c->etcd_ca_file, c->etcd_cert_file, c->etcd_key_file };
+        EtcdClient *ec;
+
+        return etcd_client_new(&ec, c->etcd_endpoints, &tls, cancel) < 0 ? NULL : ec;
+}
+
+/* ---- the session thread: lease, registration, keepalives ---- */
+
+static int call(EtcdClient *c, const char *path, char *body, char **ret, size_t *ret_len, char *err, size_t n) {
+        int r;
+        if (!body)
+                return -ENOMEM;
+        r = etcd_client_call(c, path, body, CALL_TIMEOUT_MS, ret, ret_len, err, n);
+        free(body);
+        return r;
+}
+
+static int session_register(ClusterManager *cm, EtcdClient *c, uint64_t *ret_lease, char *err, size_t n) {
+        char *ans = NULL;
+        size_t len;
+        int64_t ttl;
+        int r;
+
+        r = call(c, "/v3/lease/grant", etcd_json_lease_grant_request(cm->ttl_sec), &ans, &len, err, n);
+        if (r >= 0)
+                r = etcd_json_lease_grant(ans, len, ret_lease, &ttl, err, n);
+        free(ans);
+        ans = NULL;
+        if (r < 0)
+                return r;
+        r = call(c, "/v3/kv/put", etcd_json_put_request(cm->key, cm->value, strlen(cm->value), *ret_lease), &ans,
+                 &len, err, n);
+        if (r >= 0)
+                r = etcd_json_check(ans, len, err, n);
+        free(ans);
+        return r;
+}
+
+static void *session_main(void *userdata) {
+        ClusterManager *cm = userdata;
+        EtcdClient *c = cm->session_client;
+        long backoff = BACKOFF_MIN_MS, period = (long)cm->ttl_sec * 1000 / 3;
+        uint64_t lease = 0;
+        char err[256];
+
+        while (!atomic_load(&cm->stop)) {
+                int r = session_register(cm, c, &lease, err, sizeof err);
+                if (r < 0) {
+                        lease = 0;
+                        if (!err[0])
+                                snprintf(err, sizeof err, "%s: %s", etcd_client_endpoint(c), strerror(-r));
+                        post_state(cm, EV_SESSION, false, 0, err, c);
+                        if (nap(cm, backoff))
+                                break;
+                        backoff = MIN(backoff * 2, (long)BACKOFF_MAX_MS);
+                        continue;
+                }
+                backoff = BACKOFF_MIN_MS;
+                post_state(cm, EV_SESSION, true, lease, "", c);
+                /* Keepalives until the lease is lost or etcd stops answering. */
+                while (!nap(cm, period)) {
+                        char *ans = NULL;
+                        size_t len;
+                        int64_t ttl = 0;
+
+                        r = call(c, "/v3/lease/keepalive", etcd_json_lease_id_request(lease), &ans, &len, err,
+                                 sizeof err);
+                        if (r >= 0)
+                                r = etcd_json_keepalive(ans, len, &ttl, err, sizeof err);
+                        free(ans);
+                        if (r >= 0 && ttl == 0) {
+                                snprintf(err, sizeof err, "lease %" PRIx64 " expired in etcd; registering again", lease);
+                                r = -ENOENT;
+                        }
+                        if (r < 0) {
+                                if (!err[0])
+                                        snprintf(err, sizeof err, "keepalive: %s", strerror(-r));
+                                post_state(cm, EV_SESSION, false, 0, err, c);
+                                break;
+                        }
+                }
+        }
+        /* A clean stop revokes the lease: the others see this host leave at once
+         * instead of after the TTL. Best effort. */
+        if (lease) {
+                char *ans = NULL;
+                (void)etcd_client_call(c, "/v3/lease/revoke", etcd_json_lease_id_request(lease) ?: (char[]){ "{}" },
+                                       500, &ans, NULL, NULL, 0);
+                free(ans);
+        }
+        return NULL;
+}
+
+/* ---- the watch thread: read the prefix, then follow it ---- */
+
+typedef struct WatchCtx {
+        ClusterManager *cm;
+        EtcdClient *c;
+        MemberInfo *infos;
+        size_t n, cap;
+        int64_t revision;      /* the last revision seen */
+        bool created;
+        char err[256];
+} WatchCtx;
+
+/* A member key and record, or -EINVAL/-EBADMSG (skipped, counted by the caller). */
+static int kv_info(ClusterManager *cm, const EtcdKv *kv, MemberInfo *ret) {
+        char host[MEMBER_HOST_ID_MAX + 1];
+        int r = member_key_host(cm->manager->config.etcd_prefix, kv->key, kv->key_len, host, sizeof host);
+        if (r < 0)
+                return r;
+        r = member_record_parse(host, kv->value, kv->value_len, ret);
+        if (r < 0)
+                return r;
+        ret->lease = kv->lease;
+        ret->revision = kv->mod_revision;
+        return 0;
+}
+
+static int range_kv(void *userdata, const EtcdKv *kv) {
+        WatchCtx *w = userdata;
+        MemberInfo info;
+
+        if (kv_info(w->cm, kv, &info) < 0)
+                return 0; /* not a member record, or a malformed one: ignored */
+        if (w->n == w->cap) {
+                size_t cap = MAX(w->cap * 2, (size_t)16);
+                MemberInfo *n = reallocarray(w->infos, cap, sizeof *n);
+                if (!n)
+                        return -ENOMEM;
+                w->infos = n;
+                w->cap = cap;
+        }
+        w->infos[w->n++] = info;
+        return 0;
+}
+
+static int watch_event(void *userdata, bool put, const EtcdKv *kv) {
+        WatchCtx *w = userdata;
+        ClusterEvent *ev;
+        char host[MEMBER_HOST_ID_MAX + 1];
+
+        if (kv->mod_revision > w->revision)
+                w->revision = kv->mod_revision;
+        if (member_key_host(w->cm->manager->config.etcd_prefix, kv->key, kv->key_len, host, sizeof host) < 0)
+                return 0;
+        ev = event_new(put ? EV_PUT : EV_DELETE);
+        if (!ev)
+                return -ENOMEM;
+        ev->revision = kv->mod_revision;
+        if (put) {
+                ev->infos = calloc(1, sizeof *ev->infos);
+                if (!ev->infos) {
+                        free(ev);
+                        return -ENOMEM;
+                }
+                if (kv_info(w->cm, kv, ev->infos) < 0) {
+                        free(ev->infos);
+                        free(ev);
+                        return 0; /* not a valid member record: ignored */
+                }
+                ev->n = 1;
+        } else
+                snprintf(ev->text, sizeof ev->text, "%s", host);
+        post(w->cm, ev);
+        return 0;
+}
+
+static int watch_message(void *userdata, const char *msg, size_t len) {
+        WatchCtx *w = userdata;
+        EtcdWatchInfo info;
+        int r = etcd_json_watch(msg, len, &info, watch_event, w, w->err, sizeof w->err);
+
+        if (r < 0) {
+                if (!w->err[0])
+                        snprintf(w->err, sizeof w->err, "watch: malformed message from etcd");
+                return r;
+        }
+        if (info.compact_revision > 0 || info.canceled) {
+                snprintf(w->err, sizeof w->err, "watch canceled by etcd%s%s", info.cancel_reason[0] ? ": " : "",
+                         info.cancel_reason);
+                return -ESTALE; /* read everything again */
+        }
+        if (info.created && !w->created) {
+                w->created = true;
+                post_state(w->cm, EV_WATCH, true, 0, "", w->c);
+        }
+        return 0;
+}
+
+static int watch_once(WatchCtx *w) {
+        char *ans = NULL, *req;
+        ClusterEvent *ev;
+        size_t len;
+        int r;
+
+        w->n = 0;
+        w->err[0] = 0;
+        r = call(w->c, "/v3/kv/range", etcd_json_range_request(w->cm->manager->config.etcd_prefix), &ans, &len,
+                 w->err, sizeof w->err);
+        if (r >= 0)
+                r = etcd_json_range(ans, len, &w->revision, range_kv, w, w->err, sizeof w->err);
+        free(ans);
+        if (r < 0)
+                return r;
+        ev = event_new(EV_RESYNC);
+        if (!ev)
+                return -ENOMEM;
+        ev->revision = w->revision;
+        ev->n = w->n;
+        if (w->n > 0) {
+                ev->infos = malloc(w->n * sizeof *ev->infos);
+                if (!ev->infos) {
+                        free(ev);
+                        return -ENOMEM;
+                }
+                memcpy(ev->infos, w->infos, w->n * sizeof *ev->infos);
+        }
+        post(w->cm, ev);
+        /* Everything after the read, in order. */
+        req = etcd_json_watch_request(w->cm->manager->config.etcd_prefix, w->revision + 1);
+        if (!req)
+                return -ENOMEM;
+        w->created = false;
+        r = etcd_client_stream(w->c, "/v3/watch", req, watch_message, w, w->err[0] ? NULL : w->err, sizeof w->err);
+        free(req);
+        return r;
+}
+
+static void *watch_main(void *userdata) {
+        ClusterManager *cm = userdata;
+        WatchCtx w = { .cm = cm };
+        long backoff = BACKOFF_MIN_MS;
+
+        w.c = cm->watch_client;
+        while (!atomic_load(&cm->stop)) {
+                int r = watch_once(&w);
+                if (atomic_load(&cm->stop))
+                        break;
+                if (!w.err[0])
+                        snprintf(w.err, sizeof w.err, "watch: %s: %s", etcd_client_endpoint(w.c), strerror(-r));
+                post_state(cm, EV_WATCH, false, 0, w.err, w.c);
+                if (w.created)
+                        backoff = BACKOFF_MIN_MS; /* it had worked: retry soon */
+                if (nap(cm, backoff))
+                        break;
+                backoff = MIN(backoff * 2, (long)BACKOFF_MAX_MS);
+        }
+        free(w.infos);
+        return NULL;
+}
+
+/* ---- to the loop ---- */
+
+static void event_free(ClusterEvent *ev) {
+        free(ev->infos);
+        free(ev);
+}
+
+static void apply(ClusterManager *cm, ClusterEvent *ev) {
+        switch (ev->type) {
+        case EV_SESSION:
+                cluster_on_session(cm, ev->up, ev->lease, ev->text, ev->endpoint);
+                break;
+        case EV_WATCH:
+                cluster_on_watch(cm, ev->up, ev->text);
+                break;
+        case EV_RESYNC:
+                cluster_on_resync(cm, ev->revision, ev->infos, ev->n);
+                break;
+        case EV_PUT:
+                cluster_on_put(cm, ev->infos);
+                break;
+        case EV_DELETE:
+                cluster_on_delete(cm, ev->text, ev->revision);
+                break;
+        }
+}
+
+static int efd_io(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        ClusterManager *cm = userdata;
+        ClusterEvent *list;
+        uint64_t v;
+
+        (void)!read(cm->efd, &v, sizeof v);
+        pthread_mutex_lock(&cm->lock);
+        list = cm->queue;
+        cm->queue = cm->queue_tail = NULL;
+        pthread_mutex_unlock(&cm->lock);
+        while (list) {
+                ClusterEvent *next = list->next;
+                apply(cm, list);
+                event_free(list);
+                list = next;
+        }
+        return 0;
+}
+
+/* ---- this host's record ---- */
+
+static void append(char *buf, size_t size, const char *s) {
+        size_t n = strlen(buf);
+        if (n < size)
+                snprintf(buf + n, size - n, "%s", s);
+}
+
+static int build_record(ClusterManager *cm) {
+        Manager *m = cm->manager;
+        MemberInfo info = {};
+        char arena[128];
+
+        snprintf(info.host_id, sizeof info.host_id, "%s", m->config.host_id);
+        snprintf(info.address, sizeof info.address, "%s", m->config.listen_address);
+        RdmaLink links[8];
+        bool logged = true; /* rdma.c said it at start already */
+        snprintf(info.transports, sizeof info.transports, "tcp%s",
+                 peer_manager_rdma(m->peers) && rdma_discover(links, ELEMENTSOF(links), &logged) > 0 ? ",rdma" : "");
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                Arena *a = m->arenas[i];
+                snprintf(arena, sizeof arena, "%s%s:%s:%" PRIu64 "M", i ? "," : "", a->name,
+                         a->domain == MEMORY_GPU ? "gpu" : "host", (uint64_t)(a->size >> 20));
+                append(info.arenas, sizeof info.arenas, arena);
+        }
+        info.gpus = (uint32_t)topology_n_gpus(m->topology);
+        for (size_t i = 0; i < info.gpus; i++) {
+                const TopologyGpu *g = topology_gpu(m->topology, i);
+                snprintf(arena, sizeof arena, "%sgpu%zu->%s", i ? "," : "", i, g && g->nic[0] ? g->nic : "none");
+                append(info.nics, sizeof info.nics, arena);
+        }
+        if (!info.nics[0])
+                snprintf(info.nics, sizeof info.nics, "no GPUs");
+        info.started_usec = now_usec(CLOCK_REALTIME);
+        cm->self = info;
+        cm->value = member_record_encode(&info);
+        return cm->value ? 0 : -ENOMEM;
+}
+
+int cluster_etcd_start(ClusterManager *cm) {
+        Manager *m = cm->manager;
+        const Config *c = &m->config;
+        char key[512];
+        int r;
+
+        r = etcd_global_init();
+        if (r < 0)
+                return log_error_errno(r, "cluster: cannot initialize libcurl: %m");
+        r = member_key(c->etcd_prefix, c->host_id, key, sizeof key);
+        if (r < 0)
+                return r;
+        cm->key = strdup(key);
+        if (!cm->key)
+                return -ENOMEM;
+        r = build_record(cm);
+        if (r < 0)
+                return r;
+        cm->ttl_sec = (int64_t)(c->etcd_lease_ttl_usec / USEC_PER_SEC);
+        cm->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (cm->efd < 0)
+                return -errno;
+        r = sd_event_add_io(m->event, &cm->efd_source, cm->efd, EPOLLIN, efd_io, cm);
+        if (r < 0)
+                return r;
+        /* The session's client is not cancelled by stop: it revokes the lease on the way
+         * out (its calls have timeouts); the watch's is, and is woken for it. */
+        cm->session_client = client_new(cm, &cm->never);
+        cm->watch_client = client_new(cm, &cm->stop);
+        if (!cm->session_client || !cm->watch_client)
+                return -ENOMEM;
+        r = -pthread_create(&cm->session_thread, NULL, session_main, cm);
+        if (r < 0)
+                return r;
+        cm->session_started = true;
+        r = -pthread_create(&cm->watch_thread, NULL, watch_main, cm);
+        if (r < 0)
+                return r;
+        cm->watch_started = true;
+        log_info("cluster: membership in etcd at %s, key %s, lease TTL %" PRId64 "s", c->etcd_endpoints[0], cm->key,
+                 cm->ttl_sec);
+        return 0;
+}
+
+void cluster_etcd_stop(ClusterManager *cm) {
+        atomic_store(&cm->stop, true);
+        pthread_mutex_lock(&cm->lock);
+        pthread_cond_broadcast(&cm->cond);
+        pthread_mutex_unlock(&cm->lock);
+        etcd_client_wakeup(cm->watch_client);
+        if (cm->watch_started)
+                pthread_join(cm->watch_thread, NULL);
+        if (cm->session_started)
+                pthread_join(cm->session_thread, NULL);
+        cm->watch_started = cm->session_started = false;
+        cm->watch_client = etcd_client_free(cm->watch_client);
+        cm->session_client = etcd_client_free(cm->session_client);
+        while (cm->queue) {
+                ClusterEvent *n = cm->queue->next;
+                event_free(cm->queue);
+                cm->queue = n;
+        }
+        cm->queue_tail = NULL;
+        cm->efd_source = sd_event_source_disable_unref(cm->efd_source);
+        if (cm->efd >= 0)
+                close(cm->efd);
+        cm->efd = -1;
+}

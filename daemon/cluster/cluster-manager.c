@@ -1,0 +1,225 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "cluster/cluster-manager.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster/bus-cluster.h"
+#include "log.h"
+#include "macro.h"
+#include "peer/peer-manager.h"
+#include "peer/topology.h"
+
+/* ---- the loop side ---- */
+
+static void refresh_link(ClusterManager *cm) {
+        EtcdLink before = membership_link(cm->members), link;
+        char why[300];
+
+        if (cm->session_up && cm->watch_up) {
+                link = ETCD_LINK_UP;
+                snprintf(why, sizeof why, "registered at %s, lease %" PRIx64, cm->endpoint, cm->lease);
+                cm->ever_up = true;
+        } else {
+                const char *e = !cm->session_up && cm->session_error[0] ? cm->session_error : cm->watch_error;
+                /* Not yet registered and not failing: still connecting. */
+                link = e[0] ? ETCD_LINK_DEGRADED : ETCD_LINK_CONNECTING;
+                snprintf(why, sizeof why, "%s", e[0] ? e : "connecting");
+        }
+        if (link == before && strcmp(why, membership_link_reason(cm->members)) == 0)
+                return;
+        membership_set_link(cm->members, link, why);
+        if (link == ETCD_LINK_DEGRADED && before != ETCD_LINK_DEGRADED)
+                log_warning("cluster: etcd unreachable (%s); serving on the last known membership of %zu member(s)",
+                            why, membership_size(cm->members));
+        else if (link == ETCD_LINK_UP && before != ETCD_LINK_UP)
+                log_info("cluster: %s", why);
+        bus_cluster_emit_state(cm->manager);
+}
+
+static void arm_tick(ClusterManager *cm, usec_t next) {
+        if (next == USEC_INFINITY) {
+                (void)sd_event_source_set_enabled(cm->tick, SD_EVENT_OFF);
+                return;
+        }
+        (void)sd_event_source_set_time(cm->tick, next);
+        (void)sd_event_source_set_enabled(cm->tick, SD_EVENT_ONESHOT);
+}
+
+void cluster_on_session(ClusterManager *cm, bool up, uint64_t lease, const char *error, const char *endpoint) {
+        cm->session_up = up;
+        cm->lease = up ? lease : 0;
+        snprintf(cm->session_error, sizeof cm->session_error, "%s", error ?: "");
+        if (endpoint && endpoint[0])
+                snprintf(cm->endpoint, sizeof cm->endpoint, "%s", endpoint);
+        refresh_link(cm);
+        bus_cluster_emit_lease(cm->manager);
+}
+
+void cluster_on_watch(ClusterManager *cm, bool up, const char *error) {
+        cm->watch_up = up;
+        snprintf(cm->watch_error, sizeof cm->watch_error, "%s", error ?: "");
+        refresh_link(cm);
+}
+
+/* This host's own key, as etcd has it: another epdd with the same HostId= overwrote it. */
+static void check_own_key(ClusterManager *cm, const MemberInfo *info) {
+        if (strcmp(info->host_id, cm->self.host_id) != 0 || info->started_usec == cm->self.started_usec)
+                return;
+        if (info->started_usec == cm->foreign_started)
+                return; /* said already */
+        cm->foreign_started = info->started_usec;
+        log_error("cluster: another epdd registered this host id (%s) in etcd from %s: host ids must be unique",
+                  info->host_id, info->address);
+}
+
+void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *infos, size_t n) {
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+
+        membership_resync_begin(cm->members, revision);
+        for (size_t i = 0; i < n; i++)
+                check_own_key(cm, infos + i);
+        for (size_t i = 0; i < n; i++)
+                if (membership_resync_put(cm->members, infos + i) == -ENOSPC)
+                        log_warning("cluster: member %s refused: MaxMembers=%u reached", infos[i].host_id,
+                                    cm->manager->config.max_members);
+        membership_resync_end(cm->members, now);
+        arm_tick(cm, membership_tick(cm->members, now));
+}
+
+void cluster_on_put(ClusterManager *cm, const MemberInfo *info) {
+        check_own_key(cm, info);
+        if (membership_put(cm->members, info) == -ENOSPC)
+                log_warning("cluster: member %s refused: MaxMembers=%u reached", info->host_id,
+                            cm->manager->config.max_members);
+}
+
+void cluster_on_delete(ClusterManager *cm, const char *host_id, int64_t revision) {
+        (void)membership_delete(cm->members, host_id, revision, "lease expired or revoked in etcd");
+}
+
+static int tick_cb(sd_event_source *s, uint64_t usec, void *userdata) {
+        ClusterManager *cm = userdata;
+        arm_tick(cm, membership_tick(cm->members, now_usec(CLOCK_MONOTONIC)));
+        return 0;
+}
+
+/* What the Membership reports: members become peers, and stop being peers. */
+static void on_member(void *userdata, MembershipEvent ev, const Member *mb, const char *why) {
+        ClusterManager *cm = userdata;
+        Manager *m = cm->manager;
+        const char *host = mb->info.host_id;
+        int r;
+
+        switch (ev) {
+        case MEMBERSHIP_JOIN:
+        case MEMBERSHIP_UPDATE:
+                if (mb->state == MEMBER_MISSING) {
+                        log_info("cluster: member %s missing from etcd (%s); kept for the grace period", host, why);
+                        break;
+                }
+                r = peer_manager_add_member(m->peers, host, mb->info.address, NULL);
+                if (r == -EEXIST)
+                        log_debug("cluster: member %s is a configured peer; its [Peer:] section applies", host);
+                else if (r < 0)
+                        log_warning_errno(r, "cluster: cannot add member %s at %s: %m", host, mb->info.address);
+                else if (ev == MEMBERSHIP_JOIN)
+                        log_info("cluster: member %s joined at %s (%s)", host, mb->info.address, why);
+                if (m->topology)
+                        (void)topology_refresh(m->topology);
+                break;
+        case MEMBERSHIP_LEAVE:
+                log_info("cluster: member %s left (%s)", host, why);
+                r = peer_manager_retire_member(m->peers, host);
+                if (r < 0 && r != -ENOENT && r != -EPERM)
+                        log_warning_errno(r, "cluster: cannot retire member %s: %m", host);
+                break;
+        }
+        bus_cluster_emit_member(m, host,
+                                ev == MEMBERSHIP_JOIN ? "joined" : ev == MEMBERSHIP_LEAVE ? "left" : "updated", why);
+}
+
+/* ---- subsystem ---- */
+
+static ClusterManager *cluster_free(ClusterManager *cm) {
+        if (!cm)
+                return NULL;
+        cluster_etcd_stop(cm);
+        sd_event_source_disable_unref(cm->tick);
+        if (cm->efd >= 0)
+                close(cm->efd);
+        membership_free(cm->members);
+        pthread_cond_destroy(&cm->cond);
+        pthread_mutex_destroy(&cm->lock);
+        free(cm->key);
+        free(cm->value);
+        free(cm);
+        return NULL;
+}
+
+static int cluster_init(Manager *m) {
+        ClusterManager *cm;
+        pthread_condattr_t ca;
+        int r;
+
+        if (!m->peers)
+                return 0; /* single host: no membership to speak of */
+        cm = calloc(1, sizeof *cm);
+        if (!cm)
+                return -ENOMEM;
+        cm->manager = m;
+        cm->efd = -1;
+        pthread_mutex_init(&cm->lock, NULL);
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* nap() waits on CLOCK_MONOTONIC */
+        pthread_cond_init(&cm->cond, &ca);
+        pthread_condattr_destroy(&ca);
+        cm->etcd = m->config.etcd_endpoints != NULL;
+        if (cm->etcd) {
+                const Config *c = &m->config;
+                /* A member missing after a resync gets as long as a lease lasts to come back. */
+                r = membership_new(&cm->members, c->host_id, c->max_members, c->etcd_lease_ttl_usec, on_member, cm);
+                if (r >= 0)
+                        r = sd_event_add_time(m->event, &cm->tick, CLOCK_MONOTONIC, USEC_INFINITY, 0, tick_cb, cm);
+                if (r >= 0)
+                        r = sd_event_source_set_enabled(cm->tick, SD_EVENT_OFF);
+                if (r >= 0)
+                        r = cluster_etcd_start(cm);
+                if (r < 0) {
+                        cluster_free(cm);
+                        return log_error_errno(r, "cluster: cannot start the etcd membership: %m");
+                }
+        }
+        m->cluster = cm;
+        return 0;
+}
+
+static void cluster_done(Manager *m) {
+        m->cluster = cluster_free(m->cluster);
+}
+
+const char *cluster_source(ClusterManager *cm) {
+        return cm && cm->etcd ? "etcd" : "static";
+}
+
+const char *cluster_etcd_state(ClusterManager *cm) {
+        if (!cm || !cm->etcd)
+                return "off";
+        return etcd_link_to_string(membership_link(cm->members));
+}
+
+const char *cluster_etcd_reason(ClusterManager *cm) {
+        if (!cm || !cm->etcd)
+                return "";
+        return membership_link_reason(cm->members);
+}
+
+const Subsystem cluster_subsystem = {
+        .name = "cluster",
+        .init = cluster_init,
+        .done = cluster_done,
+        .add_bus = bus_cluster_add,
+};

@@ -1,0 +1,296 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "cluster/etcd-client.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "macro.h"
+
+#define STREAM_LINE_MAX (4U << 20)
+#define ANSWER_MAX (16U << 20)
+#define CONNECT_TIMEOUT_MS 1000L
+
+struct EtcdClient {
+        CURL *curl;
+        CURLM *multi;          /* drives curl, so that etcd_client_wakeup() can interrupt a wait */
+        char **endpoints;
+        size_t n_endpoints;
+        size_t current;
+        const atomic_bool *stop;
+        EtcdTls tls;
+};
+
+typedef struct Buffer {
+        char *data;
+        size_t len, cap, max;
+        /* streaming */
+        EtcdStreamFn fn;
+        void *userdata;
+        int error;
+        bool got_data;
+} Buffer;
+
+int etcd_global_init(void) {
+        return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK ? 0 : -EIO;
+}
+
+EtcdClient *etcd_client_free(EtcdClient *c) {
+        if (!c)
+                return NULL;
+        if (c->curl)
+                curl_easy_cleanup(c->curl);
+        if (c->multi)
+                curl_multi_cleanup(c->multi);
+        for (size_t i = 0; i < c->n_endpoints; i++)
+                free(c->endpoints[i]);
+        free(c->endpoints);
+        free(c);
+        return NULL;
+}
+
+int etcd_client_new(EtcdClient **ret, char *const *endpoints, const EtcdTls *tls, const atomic_bool *stop) {
+        EtcdClient *c;
+        size_t n = 0;
+
+        while (endpoints && endpoints[n])
+                n++;
+        if (!ret || n == 0 || !stop)
+                return -EINVAL;
+        c = calloc(1, sizeof *c);
+        if (!c)
+                return -ENOMEM;
+        c->stop = stop;
+        if (tls)
+                c->tls = *tls;
+        c->endpoints = calloc(n, sizeof *c->endpoints);
+        c->curl = curl_easy_init();
+        c->multi = curl_multi_init();
+        if (!c->endpoints || !c->curl || !c->multi) {
+                etcd_client_free(c);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+                c->endpoints[i] = strdup(endpoints[i]);
+                if (!c->endpoints[i]) {
+                        etcd_client_free(c);
+                        return -ENOMEM;
+                }
+                c->n_endpoints++;
+        }
+        *ret = c;
+        return 0;
+}
+
+const char *etcd_client_endpoint(EtcdClient *c) {
+        return c->endpoints[c->current];
+}
+
+static int buffer_add(Buffer *b, const char *p, size_t n) {
+        if (b->len + n + 1 > b->max)
+                return -EMSGSIZE;
+        if (b->len + n + 1 > b->cap) {
+                size_t cap = MAX(b->cap * 2, b->len + n + 1);
+                char *d = realloc(b->data, MAX(cap, (size_t)4096));
+                if (!d)
+                        return -ENOMEM;
+                b->data = d;
+                b->cap = MAX(cap, (size_t)4096);
+        }
+        memcpy(b->data + b->len, p, n);
+        b->len += n;
+        b->data[b->len] = 0;
+        return 0;
+}
+
+static size_t write_cb(char *p, size_t size, size_t nmemb, void *userdata) {
+        Buffer *b = userdata;
+        size_t n = size * nmemb;
+
+        b->got_data = true;
+        b->error = buffer_add(b, p, n);
+        if (b->error < 0)
+                return 0; /* aborts the transfer */
+        if (!b->fn)
+                return n;
+        /* Streaming: hand out every complete line. */
+        for (;;) {
+                char *nl = memchr(b->data, '\n', b->len);
+                size_t k;
+                if (!nl)
+                        break;
+                k = (size_t)(nl - b->data);
+                if (k > 0) {
+                        b->error = b->fn(b->userdata, b->data, k);
+                        if (b->error < 0)
+                                return 0;
+                }
+                memmove(b->data, nl + 1, b->len - k - 1);
+                b->len -= k + 1;
+                b->data[b->len] = 0;
+        }
+        return n;
+}
+
+static int progress_cb(void *userdata, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow) {
+        EtcdClient *c = userdata;
+        return atomic_load(c->stop) ? 1 : 0;
+}
+
+void etcd_client_wakeup(EtcdClient *c) {
+        if (c && c->multi)
+                (void)curl_multi_wakeup(c->multi);
+}
+
+/* curl_easy_perform(), through the multi handle: a stop is seen at once (wakeup), not
+ * at the next progress callback. */
+static CURLcode run(EtcdClient *c) {
+        CURLcode result = CURLE_OK;
+        CURLMsg *msg;
+        int running = 1, left;
+
+        if (curl_multi_add_handle(c->multi, c->curl) != CURLM_OK)
+                return CURLE_OUT_OF_MEMORY;
+        while (running) {
+                if (curl_multi_perform(c->multi, &running) != CURLM_OK) {
+                        result = CURLE_RECV_ERROR;
+                        break;
+                }
+                if (!running)
+                        break;
+                if (atomic_load(c->stop)) {
+                        result = CURLE_ABORTED_BY_CALLBACK;
+                        break;
+                }
+                if (curl_multi_poll(c->multi, NULL, 0, 1000, NULL) != CURLM_OK) {
+                        result = CURLE_RECV_ERROR;
+                        break;
+                }
+        }
+        while ((msg = curl_multi_info_read(c->multi, &left)))
+                if (msg->msg == CURLMSG_DONE && msg->easy_handle == c->curl)
+                        result = msg->data.result;
+        curl_multi_remove_handle(c->multi, c->curl);
+        return result;
+}
+
+static void setup(EtcdClient *c, const char *url, const char *body, Buffer *b, long timeout_ms,
+                  struct curl_slist *headers) {
+        CURL *h = c->curl;
+
+        curl_easy_reset(h);
+        curl_easy_setopt(h, CURLOPT_URL, url);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_cb);
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, b);
+        curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+        curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, progress_cb);
+        curl_easy_setopt(h, CURLOPT_XFERINFODATA, c);
+        curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, CONNECT_TIMEOUT_MS);
+        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+        curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+        curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+        /* A dead etcd ends a quiet watch within a few seconds. */
+        curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+        curl_easy_setopt(h, CURLOPT_TCP_KEEPIDLE, 1L);
+        curl_easy_setopt(h, CURLOPT_TCP_KEEPINTVL, 1L);
+        if (c->tls.ca_file)
+                curl_easy_setopt(h, CURLOPT_CAINFO, c->tls.ca_file);
+        if (c->tls.cert_file)
+                curl_easy_setopt(h, CURLOPT_SSLCERT, c->tls.cert_file);
+        if (c->tls.key_file)
+                curl_easy_setopt(h, CURLOPT_SSLKEY, c->tls.key_file);
+}
+
+/* One request, trying each endpoint once starting with the current one. */
+static int perform(EtcdClient *c, const char *path, const char *body, long timeout_ms, Buffer *b, char *err,
+                   size_t err_size) {
+        struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
+        int r = -EHOSTUNREACH;
+
+        if (!headers)
+                return -ENOMEM;
+        for (size_t k = 0; k < c->n_endpoints; k++) {
+                size_t i = (c->current + k) % c->n_endpoints;
+                char url[512];
+                CURLcode cc;
+                long status = 0;
+
+                if (atomic_load(c->stop)) {
+                        r = -ECANCELED;
+                        break;
+                }
+                snprintf(url, sizeof url, "%s%s", c->endpoints[i], path);
+                b->len = 0;
+                b->error = 0;
+                b->got_data = false;
+                setup(c, url, body, b, timeout_ms, headers);
+                cc = run(c);
+                curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
+                if (b->error < 0) {
+                        r = b->error;
+                        c->current = i;
+                        break;
+                }
+                if (cc == CURLE_ABORTED_BY_CALLBACK) {
+                        r = -ECANCELED;
+                        break;
+                }
+                if (status != 0) {
+                        /* It answered: this endpoint is the one to keep using. */
+                        c->current = i;
+                        if (status != 200) {
+                                if (err && err_size)
+                                        snprintf(err, err_size, "%s: HTTP %ld: %.200s", c->endpoints[i], status,
+                                                 b->data ?: "");
+                                r = -EIO;
+                        } else if (cc != CURLE_OK) {
+                                if (err && err_size)
+                                        snprintf(err, err_size, "%s: %s", c->endpoints[i], curl_easy_strerror(cc));
+                                r = b->fn ? -ECONNRESET : -EIO;
+                        } else
+                                r = b->fn ? -ECONNRESET : 0; /* a stream that ended */
+                        break;
+                }
+                if (err && err_size)
+                        snprintf(err, err_size, "%s: %s", c->endpoints[i], curl_easy_strerror(cc));
+        }
+        curl_slist_free_all(headers);
+        return r;
+}
+
+int etcd_client_call(EtcdClient *c, const char *path, const char *body, long timeout_ms, char **ret,
+                     size_t *ret_len, char *err, size_t err_size) {
+        Buffer b = { .max = ANSWER_MAX };
+        int r;
+
+        if (err && err_size)
+                err[0] = 0;
+        r = perform(c, path, body, timeout_ms, &b, err, err_size);
+        if (r < 0 || !b.data) {
+                free(b.data);
+                return r < 0 ? r : -EBADMSG;
+        }
+        *ret = b.data;
+        if (ret_len)
+                *ret_len = b.len;
+        return 0;
+}
+
+int etcd_client_stream(EtcdClient *c, const char *path, const char *body, EtcdStreamFn fn, void *userdata,
+                       char *err, size_t err_size) {
+        Buffer b = { .max = STREAM_LINE_MAX, .fn = fn, .userdata = userdata };
+        int r;
+
+        if (err && err_size)
+                err[0] = 0;
+        /* No overall timeout: a watch lasts as long as etcd serves it. */
+        r = perform(c, path, body, 0, &b, err, err_size);
+        free(b.data);
+        return r;
+}

@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* HTTP to etcd's v3 JSON gateway with libcurl (one easy handle per client, so one
+ * client per thread). Every call blocks: only the cluster manager's threads use it,
+ * never the event loop. A call goes to the endpoint that answered last and moves on to
+ * the next one when it cannot be reached. Calls end early when *stop becomes true. */
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct EtcdClient EtcdClient;
+
+typedef struct EtcdTls {
+        const char *ca_file;   /* verify etcd's certificate against this CA */
+        const char *cert_file; /* client certificate and key, where etcd asks for one */
+        const char *key_file;
+} EtcdTls;
+
+/* libcurl's global setup: once, from the main thread, before any client. */
+int etcd_global_init(void);
+
+int etcd_client_new(EtcdClient **ret, char *const *endpoints, const EtcdTls *tls, const atomic_bool *stop);
+EtcdClient *etcd_client_free(EtcdClient *c);
+
+/* POST body to path (e.g. "/v3/kv/put"); the answer's body in *ret (malloc'ed,
+ * NUL-terminated). -EHOSTUNREACH when no endpoint answered (err says why), -EIO for an
+ * HTTP error status, -ECANCELED when stopped. */
+int etcd_client_call(EtcdClient *c, const char *path, const char *body, long timeout_ms, char **ret,
+                     size_t *ret_len, char *err, size_t err_size);
+
+/* A streaming POST (the watch): fn gets every newline-separated message as it arrives;
+ * returns when the stream ends (-ECONNRESET), stops, or fn returns a negative errno
+ * (returned). -EHOSTUNREACH when no endpoint could be reached. */
+typedef int (*EtcdStreamFn)(void *userdata, const char *msg, size_t len);
+int etcd_client_stream(EtcdClient *c, const char *path, const char *body, EtcdStreamFn fn, void *userdata,
+                       char *err, size_t err_size);
+
+/* Wakes a call in progress so that it sees *stop (thread-safe). */
+void etcd_client_wakeup(EtcdClient *c);
+
+/* The endpoint in use (the last that answered). */
+const char *etcd_client_endpoint(EtcdClient *c);

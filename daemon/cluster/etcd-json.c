@@ -1,0 +1,449 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include "cluster/etcd-json.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "macro.h"
+
+/* ---- base64 (OpenSSL's EVP block coder) ---- */
+
+static char *b64_encode(const void *p, size_t n) {
+        char *out;
+
+        if (n > ETCD_KV_MAX * 4)
+                return NULL;
+        out = malloc(4 * DIV_ROUND_UP(n, 3) + 1);
+        if (!out)
+                return NULL;
+        EVP_EncodeBlock((unsigned char *)out, p, (int)n);
+        return out;
+}
+
+/* Decodes into a new buffer; -EBADMSG for anything but canonical padded base64. */
+static int b64_decode(const char *s, size_t n, uint8_t **ret, size_t *ret_len) {
+        size_t pad = 0;
+        uint8_t *out;
+        int k;
+
+        if (n % 4 != 0 || n / 4 * 3 > ETCD_KV_MAX)
+                return -EBADMSG;
+        if (n == 0) {
+                *ret = calloc(1, 1);
+                *ret_len = 0;
+                return *ret ? 0 : -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+                char c = s[i];
+                bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' ||
+                          c == '/' || (c == '=' && i >= n - 2);
+                if (!ok)
+                        return -EBADMSG;
+        }
+        if (s[n - 1] == '=')
+                pad = s[n - 2] == '=' ? 2 : 1;
+        else if (s[n - 2] == '=')
+                return -EBADMSG;
+        out = malloc(n / 4 * 3 + 1);
+        if (!out)
+                return -ENOMEM;
+        k = EVP_DecodeBlock(out, (const unsigned char *)s, (int)n);
+        if (k < 0 || (size_t)k < pad) {
+                free(out);
+                return -EBADMSG;
+        }
+        out[k - pad] = 0;
+        *ret = out;
+        *ret_len = (size_t)k - pad;
+        return 0;
+}
+
+/* ---- requests ---- */
+
+static char *finish(json_object *o) {
+        char *s = NULL;
+        if (o) {
+                const char *t = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+                s = t ? strdup(t) : NULL;
+        }
+        json_object_put(o);
+        return s;
+}
+
+static int add_i64(json_object *o, const char *k, int64_t v) {
+        char buf[32];
+        snprintf(buf, sizeof buf, "%" PRId64, v);
+        return json_object_object_add(o, k, json_object_new_string(buf));
+}
+
+static int add_u64(json_object *o, const char *k, uint64_t v) {
+        char buf[32];
+        snprintf(buf, sizeof buf, "%" PRIu64, v);
+        return json_object_object_add(o, k, json_object_new_string(buf));
+}
+
+static int add_b64(json_object *o, const char *k, const void *p, size_t n) {
+        char *b = b64_encode(p, n);
+        int r;
+        if (!b)
+                return -ENOMEM;
+        r = json_object_object_add(o, k, json_object_new_string(b));
+        free(b);
+        return r;
+}
+
+char *etcd_json_lease_grant_request(int64_t ttl_sec) {
+        json_object *o = json_object_new_object();
+        if (o && add_i64(o, "TTL", ttl_sec) < 0) {
+                json_object_put(o);
+                return NULL;
+        }
+        return finish(o);
+}
+
+char *etcd_json_lease_id_request(uint64_t lease) {
+        json_object *o = json_object_new_object();
+        if (o && add_u64(o, "ID", lease) < 0) {
+                json_object_put(o);
+                return NULL;
+        }
+        return finish(o);
+}
+
+char *etcd_json_put_request(const char *key, const void *value, size_t value_len, uint64_t lease) {
+        json_object *o = json_object_new_object();
+        if (!o)
+                return NULL;
+        if (add_b64(o, "key", key, strlen(key)) < 0 || add_b64(o, "value", value, value_len) < 0 ||
+            (lease && add_u64(o, "lease", lease) < 0)) {
+                json_object_put(o);
+                return NULL;
+        }
+        return finish(o);
+}
+
+/* The end of the range of every key starting with prefix. */
+static int add_prefix_range(json_object *o, const char *prefix) {
+        size_t n = strlen(prefix);
+        char end[ETCD_KV_MAX];
+
+        if (n == 0 || n >= sizeof end || (uint8_t)prefix[n - 1] == 0xff)
+                return -EINVAL;
+        memcpy(end, prefix, n);
+        end[n - 1]++;
+        if (add_b64(o, "key", prefix, n) < 0 || add_b64(o, "range_end", end, n) < 0)
+                return -ENOMEM;
+        return 0;
+}
+
+char *etcd_json_range_request(const char *prefix) {
+        json_object *o = json_object_new_object();
+        if (!o || add_prefix_range(o, prefix) < 0) {
+                json_object_put(o);
+                return NULL;
+        }
+        return finish(o);
+}
+
+char *etcd_json_watch_request(const char *prefix, int64_t start_revision) {
+        json_object *o = json_object_new_object(), *c = json_object_new_object();
+        if (!o || !c || add_prefix_range(c, prefix) < 0 ||
+            (start_revision > 0 && add_i64(c, "start_revision", start_revision) < 0) ||
+            json_object_object_add(o, "create_request", c) < 0) {
+                json_object_put(c);
+                json_object_put(o);
+                return NULL;
+        }
+        return finish(o);
+}
+
+/* ---- answers ---- */
+
+static int parse(const char *body, size_t len, json_object **ret) {
+        json_tokener *tok;
+        json_object *o;
+
+        if (!body || len == 0 || len > (16U << 20))
+                return -EBADMSG;
+        tok = json_tokener_new();
+        if (!tok)
+                return -ENOMEM;
+        o = json_tokener_parse_ex(tok, body, (int)len);
+        /* One complete object and nothing but whitespace after it. */
+        if (!o || json_tokener_get_error(tok) != json_tokener_success || !json_object_is_type(o, json_type_object)) {
+                json_object_put(o);
+                json_tokener_free(tok);
+                return -EBADMSG;
+        }
+        for (size_t i = (size_t)json_tokener_get_parse_end(tok); i < len; i++)
+                if (!strchr(" \t\r\n", body[i])) {
+                        json_object_put(o);
+                        json_tokener_free(tok);
+                        return -EBADMSG;
+                }
+        json_tokener_free(tok);
+        *ret = o;
+        return 0;
+}
+
+/* A member that etcd sends as a decimal string (or, from some versions, a number). */
+static int get_i64(json_object *o, const char *k, int64_t *ret, bool required) {
+        json_object *v;
+        const char *s;
+        char *end;
+        long long x;
+
+        if (!json_object_object_get_ex(o, k, &v) || json_object_is_type(v, json_type_null)) {
+                if (required)
+                        return -EBADMSG;
+                *ret = 0;
+                return 0;
+        }
+        if (json_object_is_type(v, json_type_int)) {
+                *ret = json_object_get_int64(v);
+                return 0;
+        }
+        if (!json_object_is_type(v, json_type_string))
+                return -EBADMSG;
+        s = json_object_get_string(v);
+        if (!s || !*s || strlen(s) > 20)
+                return -EBADMSG;
+        errno = 0;
+        x = strtoll(s, &end, 10);
+        if (errno || *end)
+                return -EBADMSG;
+        *ret = x;
+        return 0;
+}
+
+static int get_u64(json_object *o, const char *k, uint64_t *ret, bool required) {
+        json_object *v;
+        const char *s;
+        char *end;
+        unsigned long long x;
+
+        if (!json_object_object_get_ex(o, k, &v) || json_object_is_type(v, json_type_null)) {
+                if (required)
+                        return -EBADMSG;
+                *ret = 0;
+                return 0;
+        }
+        if (json_object_is_type(v, json_type_int)) {
+                int64_t i = json_object_get_int64(v);
+                if (i < 0)
+                        return -EBADMSG;
+                *ret = (uint64_t)i;
+                return 0;
+        }
+        if (!json_object_is_type(v, json_type_string))
+                return -EBADMSG;
+        s = json_object_get_string(v);
+        if (!s || !*s || strlen(s) > 20 || *s == '-' || *s == '+' || *s == ' ')
+                return -EBADMSG;
+        errno = 0;
+        x = strtoull(s, &end, 10);
+        if (errno || *end)
+                return -EBADMSG;
+        *ret = x;
+        return 0;
+}
+
+static int get_bool(json_object *o, const char *k, bool *ret) {
+        json_object *v;
+        *ret = false;
+        if (!json_object_object_get_ex(o, k, &v) || json_object_is_type(v, json_type_null))
+                return 0;
+        if (!json_object_is_type(v, json_type_boolean))
+                return -EBADMSG;
+        *ret = json_object_get_boolean(v);
+        return 0;
+}
+
+/* {"error": "...", "code": N, "message": "..."}: -EIO with the message. */
+static int check_error(json_object *o, char *err, size_t err_size) {
+        json_object *e;
+
+        if (!json_object_object_get_ex(o, "error", &e) && !json_object_object_get_ex(o, "message", &e))
+                return 0;
+        if (err && err_size)
+                snprintf(err, err_size, "etcd: %s",
+                         json_object_is_type(e, json_type_string) ? json_object_get_string(e) : "error");
+        return -EIO;
+}
+
+int etcd_json_check(const char *body, size_t len, char *err, size_t err_size) {
+        json_object *o;
+        int r = parse(body, len, &o);
+        if (r < 0)
+                return r;
+        r = check_error(o, err, err_size);
+        json_object_put(o);
+        return r;
+}
+
+int etcd_json_lease_grant(const char *body, size_t len, uint64_t *ret_id, int64_t *ret_ttl, char *err,
+                          size_t err_size) {
+        json_object *o;
+        int r = parse(body, len, &o);
+        if (r < 0)
+                return r;
+        r = check_error(o, err, err_size);
+        if (r >= 0)
+                r = get_u64(o, "ID", ret_id, true);
+        if (r >= 0)
+                r = get_i64(o, "TTL", ret_ttl, true);
+        if (r >= 0 && (*ret_id == 0 || *ret_ttl <= 0))
+                r = -EBADMSG;
+        json_object_put(o);
+        return r;
+}
+
+int etcd_json_keepalive(const char *body, size_t len, int64_t *ret_ttl, char *err, size_t err_size) {
+        json_object *o, *res;
+        int r = parse(body, len, &o);
+        if (r < 0)
+                return r;
+        r = check_error(o, err, err_size);
+        if (r >= 0) {
+                /* The gateway streams {"result": {...}}; a lease that is gone has no TTL. */
+                if (!json_object_object_get_ex(o, "result", &res) || !json_object_is_type(res, json_type_object))
+                        r = -EBADMSG;
+                else
+                        r = get_i64(res, "TTL", ret_ttl, false);
+                if (r >= 0 && *ret_ttl < 0)
+                        r = -EBADMSG;
+        }
+        json_object_put(o);
+        return r;
+}
+
+static int parse_kv(json_object *k, EtcdKv *kv, uint8_t **key, uint8_t **value) {
+        json_object *v;
+        int r;
+
+        *kv = (EtcdKv){};
+        if (!json_object_is_type(k, json_type_object))
+                return -EBADMSG;
+        if (!json_object_object_get_ex(k, "key", &v) || !json_object_is_type(v, json_type_string))
+                return -EBADMSG;
+        r = b64_decode(json_object_get_string(v), (size_t)json_object_get_string_len(v), key, &kv->key_len);
+        if (r < 0)
+                return r;
+        kv->key = *key;
+        if (json_object_object_get_ex(k, "value", &v) && !json_object_is_type(v, json_type_null)) {
+                if (!json_object_is_type(v, json_type_string))
+                        return -EBADMSG;
+                r = b64_decode(json_object_get_string(v), (size_t)json_object_get_string_len(v), value,
+                               &kv->value_len);
+                if (r < 0)
+                        return r;
+                kv->value = *value;
+        }
+        r = get_i64(k, "mod_revision", &kv->mod_revision, false);
+        if (r >= 0)
+                r = get_u64(k, "lease", &kv->lease, false);
+        return r;
+}
+
+static int header_revision(json_object *o, int64_t *ret) {
+        json_object *h;
+        *ret = 0;
+        if (!json_object_object_get_ex(o, "header", &h))
+                return 0;
+        if (!json_object_is_type(h, json_type_object))
+                return -EBADMSG;
+        return get_i64(h, "revision", ret, false);
+}
+
+int etcd_json_range(const char *body, size_t len, int64_t *ret_revision, EtcdKvFn fn, void *userdata, char *err,
+                    size_t err_size) {
+        json_object *o, *kvs;
+        int r = parse(body, len, &o);
+        if (r < 0)
+                return r;
+        r = check_error(o, err, err_size);
+        if (r >= 0)
+                r = header_revision(o, ret_revision);
+        if (r >= 0 && json_object_object_get_ex(o, "kvs", &kvs)) {
+                if (!json_object_is_type(kvs, json_type_array))
+                        r = -EBADMSG;
+                for (size_t i = 0; r >= 0 && i < json_object_array_length(kvs); i++) {
+                        uint8_t *key = NULL, *value = NULL;
+                        EtcdKv kv;
+                        r = parse_kv(json_object_array_get_idx(kvs, i), &kv, &key, &value);
+                        if (r >= 0 && fn)
+                                r = fn(userdata, &kv);
+                        free(key);
+                        free(value);
+                }
+        }
+        json_object_put(o);
+        return r;
+}
+
+int etcd_json_watch(const char *msg, size_t len, EtcdWatchInfo *ret, EtcdEventFn fn, void *userdata, char *err,
+                    size_t err_size) {
+        json_object *o, *res, *evs, *v;
+        int r = parse(msg, len, &o);
+        if (r < 0)
+                return r;
+        *ret = (EtcdWatchInfo){};
+        r = check_error(o, err, err_size);
+        if (r < 0)
+                goto out;
+        /* The gateway wraps each WatchResponse as {"result": {...}}. */
+        if (!json_object_object_get_ex(o, "result", &res) || !json_object_is_type(res, json_type_object)) {
+                r = -EBADMSG;
+                goto out;
+        }
+        r = header_revision(res, &ret->revision);
+        if (r >= 0)
+                r = get_bool(res, "created", &ret->created);
+        if (r >= 0)
+                r = get_bool(res, "canceled", &ret->canceled);
+        if (r >= 0)
+                r = get_i64(res, "compact_revision", &ret->compact_revision, false);
+        if (r >= 0 && json_object_object_get_ex(res, "cancel_reason", &v) && json_object_is_type(v, json_type_string))
+                snprintf(ret->cancel_reason, sizeof ret->cancel_reason, "%s", json_object_get_string(v));
+        if (r < 0 || !json_object_object_get_ex(res, "events", &evs))
+                goto out;
+        if (!json_object_is_type(evs, json_type_array)) {
+                r = -EBADMSG;
+                goto out;
+        }
+        for (size_t i = 0; r >= 0 && i < json_object_array_length(evs); i++) {
+                json_object *ev = json_object_array_get_idx(evs, i), *kvo, *type;
+                uint8_t *key = NULL, *value = NULL;
+                bool put = true;
+                EtcdKv kv;
+
+                if (!json_object_is_type(ev, json_type_object) || !json_object_object_get_ex(ev, "kv", &kvo)) {
+                        r = -EBADMSG;
+                        break;
+                }
+                /* PUT is the enum's zero and left out; DELETE is named. */
+                if (json_object_object_get_ex(ev, "type", &type) && !json_object_is_type(type, json_type_null)) {
+                        const char *t = json_object_is_type(type, json_type_string) ? json_object_get_string(type)
+                                                                                   : NULL;
+                        if (t && strcmp(t, "DELETE") == 0)
+                                put = false;
+                        else if (!t || strcmp(t, "PUT") != 0) {
+                                r = -EBADMSG;
+                                break;
+                        }
+                }
+                r = parse_kv(kvo, &kv, &key, &value);
+                if (r >= 0 && fn)
+                        r = fn(userdata, put, &kv);
+                free(key);
+                free(value);
+        }
+out:
+        json_object_put(o);
+        return r;
+}

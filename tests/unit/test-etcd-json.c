@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* etcd's JSON gateway format (daemon/cluster/etcd-json.c) on answers as etcd 3.4 sends
+ * them, and this host's record in etcd (daemon/cluster/member-record.c). */
+#include <check.h>
+#include <errno.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster/etcd-json.h"
+#include "cluster/member-record.h"
+#include "../check-main.h"
+
+#define S(x) x, strlen(x)
+
+START_TEST(test_requests) {
+        char *s = etcd_json_put_request("/epd/members/a", "{}", 2, 0x1234);
+        json_object *o = json_tokener_parse(s), *v;
+        ck_assert_ptr_nonnull(o);
+        ck_assert(json_object_object_get_ex(o, "key", &v));
+        ck_assert_str_eq(json_object_get_string(v), "L2VwZC9tZW1iZXJzL2E="); /* base64("/epd/members/a") */
+        ck_assert(json_object_object_get_ex(o, "value", &v));
+        ck_assert_str_eq(json_object_get_string(v), "e30=");
+        ck_assert(json_object_object_get_ex(o, "lease", &v));
+        ck_assert_str_eq(json_object_get_string(v), "4660");
+        json_object_put(o);
+        free(s);
+
+        /* The range of a prefix ends at the prefix with its last byte + 1: "/epd/" -> "/epd0". */
+        s = etcd_json_range_request("/epd/");
+        o = json_tokener_parse(s);
+        ck_assert(json_object_object_get_ex(o, "range_end", &v));
+        ck_assert_str_eq(json_object_get_string(v), "L2VwZDA=");
+        json_object_put(o);
+        free(s);
+        s = etcd_json_watch_request("/epd/", 42);
+        ck_assert_ptr_nonnull(strstr(s, "\"start_revision\":\"42\""));
+        ck_assert_ptr_nonnull(strstr(s, "\"create_request\""));
+        free(s);
+        ck_assert_ptr_null(etcd_json_range_request(""));
+}
+END_TEST
+
+START_TEST(test_lease_answers) {
+        uint64_t id;
+        int64_t ttl;
+        char err[128];
+
+        ck_assert_int_eq(etcd_json_lease_grant(S("{\"header\":{\"cluster_id\":\"1\",\"revision\":\"5\"},"
+                                                 "\"ID\":\"7587862072307451637\",\"TTL\":\"2\"}"),
+                                               &id, &ttl, err, sizeof err),
+                         0);
+        ck_assert_uint_eq(id, 7587862072307451637ULL);
+        ck_assert_int_eq(ttl, 2);
+        /* An error answer says why. */
+        ck_assert_int_eq(etcd_json_lease_grant(S("{\"error\":\"etcdserver: too many requests\",\"code\":14,"
+                                                 "\"message\":\"etcdserver: too many requests\"}"),
+                                               &id, &ttl, err, sizeof err),
+                         -EIO);
+        ck_assert_ptr_nonnull(strstr(err, "too many requests"));
+        ck_assert_int_eq(etcd_json_lease_grant(S("{\"ID\":\"0\",\"TTL\":\"2\"}"), &id, &ttl, NULL, 0), -EBADMSG);
+        ck_assert_int_eq(etcd_json_lease_grant(S("{\"ID\":\"-3\",\"TTL\":\"2\"}"), &id, &ttl, NULL, 0), -EBADMSG);
+        ck_assert_int_eq(etcd_json_lease_grant(S("{\"ID\":\"3x\",\"TTL\":\"2\"}"), &id, &ttl, NULL, 0), -EBADMSG);
+
+        ck_assert_int_eq(etcd_json_keepalive(S("{\"result\":{\"header\":{},\"ID\":\"5\",\"TTL\":\"2\"}}\n"), &ttl,
+                                             NULL, 0),
+                         0);
+        ck_assert_int_eq(ttl, 2);
+        /* A lease that is gone: no TTL. */
+        ck_assert_int_eq(etcd_json_keepalive(S("{\"result\":{\"header\":{},\"ID\":\"5\"}}"), &ttl, NULL, 0), 0);
+        ck_assert_int_eq(ttl, 0);
+        ck_assert_int_eq(etcd_json_keepalive(S("{\"ID\":\"5\"}"), &ttl, NULL, 0), -EBADMSG);
+        /* Trailing garbage, truncation, not an object. */
+        ck_assert_int_eq(etcd_json_check(S("{} x"), NULL, 0), -EBADMSG);
+        ck_assert_int_eq(etcd_json_check(S("{\"header\":"), NULL, 0), -EBADMSG);
+        ck_assert_int_eq(etcd_json_check(S("[1]"), NULL, 0), -EBADMSG);
+        ck_assert_int_eq(etcd_json_check(S("{\"header\":{}}"), NULL, 0), 0);
+}
+END_TEST
+
+typedef struct Seen {
+        char keys[8][64];
+        char values[8][64];
+        bool put[8];
+        int64_t rev[8];
+        size_t n;
+} Seen;
+
+static int on_kv(void *userdata, const EtcdKv *kv) {
+        Seen *s = userdata;
+        ck_assert_uint_lt(s->n, 8);
+        snprintf(s->keys[s->n], 64, "%.*s", (int)kv->key_len, (const char *)kv->key);
+        snprintf(s->values[s->n], 64, "%.*s", (int)kv->value_len, kv->value ? (const char *)kv->value : "");
+        s->rev[s->n] = kv->mod_revision;
+        s->put[s->n++] = true;
+        return 0;
+}
+
+static int on_event(void *userdata, bool put, const EtcdKv *kv) {
+        Seen *s = userdata;
+        int r = on_kv(userdata, kv);
+        s->put[s->n - 1] = put;
+        return r;
+}
+
+START_TEST(test_range_and_watch) {
+        Seen s = {};
+        int64_t rev;
+        EtcdWatchInfo wi;
+
+        /* Keys "/epd/members/a" and "/epd/members/b", values "1" and "2". */
+        ck_assert_int_eq(etcd_json_range(S("{\"header\":{\"revision\":\"12\"},\"kvs\":["
+                                           "{\"key\":\"L2VwZC9tZW1iZXJzL2E=\",\"create_revision\":\"3\","
+                                           "\"mod_revision\":\"3\",\"version\":\"1\",\"value\":\"MQ==\",\"lease\":\"9\"},"
+                                           "{\"key\":\"L2VwZC9tZW1iZXJzL2I=\",\"mod_revision\":\"11\",\"value\":\"Mg==\"}],"
+                                           "\"count\":\"2\"}"),
+                                         &rev, on_kv, &s, NULL, 0),
+                         0);
+        ck_assert_int_eq(rev, 12);
+        ck_assert_uint_eq(s.n, 2);
+        ck_assert_str_eq(s.keys[0], "/epd/members/a");
+        ck_assert_str_eq(s.values[1], "2");
+        ck_assert_int_eq(s.rev[1], 11);
+        /* An empty range has no kvs at all. */
+        s.n = 0;
+        ck_assert_int_eq(etcd_json_range(S("{\"header\":{\"revision\":\"12\"}}"), &rev, on_kv, &s, NULL, 0), 0);
+        ck_assert_uint_eq(s.n, 0);
+        /* Bad base64 anywhere is refused. */
+        ck_assert_int_eq(etcd_json_range(S("{\"kvs\":[{\"key\":\"L2V*\"}]}"), &rev, on_kv, &s, NULL, 0), -EBADMSG);
+        ck_assert_int_eq(etcd_json_range(S("{\"kvs\":[{\"key\":\"L2V\"}]}"), &rev, on_kv, &s, NULL, 0), -EBADMSG);
+        ck_assert_int_eq(etcd_json_range(S("{\"kvs\":[{\"key\":\"L2=w\"}]}"), &rev, on_kv, &s, NULL, 0), -EBADMSG);
+        ck_assert_int_eq(etcd_json_range(S("{\"kvs\":{}}"), &rev, on_kv, &s, NULL, 0), -EBADMSG);
+
+        ck_assert_int_eq(etcd_json_watch(S("{\"result\":{\"header\":{\"revision\":\"12\"},\"created\":true}}"), &wi,
+                                         on_event, &s, NULL, 0),
+                         0);
+        ck_assert(wi.created);
+        ck_assert_int_eq(wi.revision, 12);
+        s.n = 0;
+        /* A put (type left out) and a delete. */
+        ck_assert_int_eq(etcd_json_watch(S("{\"result\":{\"header\":{\"revision\":\"14\"},\"events\":["
+                                           "{\"kv\":{\"key\":\"L2VwZC9tZW1iZXJzL2E=\",\"mod_revision\":\"13\",\"value\":\"Mw==\"}},"
+                                           "{\"type\":\"DELETE\",\"kv\":{\"key\":\"L2VwZC9tZW1iZXJzL2I=\",\"mod_revision\":\"14\"}}]}}"),
+                                         &wi, on_event, &s, NULL, 0),
+                         0);
+        ck_assert_uint_eq(s.n, 2);
+        ck_assert(s.put[0]);
+        ck_assert_str_eq(s.values[0], "3");
+        ck_assert(!s.put[1]);
+        ck_assert_str_eq(s.keys[1], "/epd/members/b");
+        /* Compaction: the caller must read everything again. */
+        ck_assert_int_eq(etcd_json_watch(S("{\"result\":{\"canceled\":true,\"compact_revision\":\"40\","
+                                           "\"cancel_reason\":\"mvcc: required revision has been compacted\"}}"),
+                                         &wi, on_event, &s, NULL, 0),
+                         0);
+        ck_assert(wi.canceled);
+        ck_assert_int_eq(wi.compact_revision, 40);
+        ck_assert_ptr_nonnull(strstr(wi.cancel_reason, "compacted"));
+        ck_assert_int_eq(etcd_json_watch(S("{\"result\":{\"events\":[{\"type\":\"BOGUS\",\"kv\":{\"key\":\"YQ==\"}}]}}"),
+                                         &wi, on_event, &s, NULL, 0),
+                         -EBADMSG);
+        ck_assert_int_eq(etcd_json_watch(S("{\"result\":{\"events\":[{\"type\":\"PUT\"}]}}"), &wi, on_event, &s, NULL,
+                                         0),
+                         -EBADMSG);
+        ck_assert_int_eq(etcd_json_watch(S("{\"error\":{\"grpc_code\":14}}"), &wi, on_event, &s, NULL, 0), -EIO);
+}
+END_TEST
+
+START_TEST(test_member_record) {
+        MemberInfo in = {}, out;
+        char key[128], host[64];
+        char *v;
+
+        snprintf(in.host_id, sizeof in.host_id, "alpha");
+        snprintf(in.address, sizeof in.address, "10.1.0.1:7100");
+        snprintf(in.transports, sizeof in.transports, "tcp,rdma");
+        snprintf(in.arenas, sizeof in.arenas, "kv0:host:64M,g0:gpu:1024M");
+        snprintf(in.nics, sizeof in.nics, "gpu0->eth1");
+        in.gpus = 1;
+        in.started_usec = 1764750000123456ULL;
+        v = member_record_encode(&in);
+        ck_assert_ptr_nonnull(v);
+        ck_assert_int_eq(member_record_parse("alpha", (const uint8_t *)v, strlen(v), &out), 0);
+        ck_assert_str_eq(out.address, in.address);
+        ck_assert_str_eq(out.arenas, in.arenas);
+        ck_assert_uint_eq(out.gpus, 1);
+        ck_assert_uint_eq(out.started_usec, in.started_usec);
+        /* The record's host id must be the key's. */
+        ck_assert_int_eq(member_record_parse("bravo", (const uint8_t *)v, strlen(v), &out), -EBADMSG);
+        free(v);
+
+        const char *bad[] = {
+                "{\"version\":2,\"host_id\":\"alpha\",\"address\":\"10.1.0.1:7100\"}",
+                "{\"host_id\":\"alpha\",\"address\":\"10.1.0.1:7100\"}",
+                "{\"version\":1,\"host_id\":\"alpha\"}",
+                "{\"version\":1,\"host_id\":\"alpha\",\"address\":7100}",
+                "{\"version\":1,\"host_id\":\"alpha\",\"address\":\"nocolon\"}",
+                "{\"version\":1,\"host_id\":\"alpha\",\"address\":\"10.1.0.1:7100\",\"gpus\":-1}",
+                "{\"version\":1,\"host_id\":\"alpha\",\"address\":\"10.1.0.1:7100\",\"started_usec\":\"-5\"}",
+                "{\"version\":1,\"host_id\":\"alpha\",\"address\":\"10.1.0.1:7100\"} trailing",
+                "not json",
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+                ck_assert_msg(member_record_parse("alpha", (const uint8_t *)bad[i], strlen(bad[i]), &out) == -EBADMSG,
+                              "accepted: %s", bad[i]);
+        /* Unknown fields are fine (a newer epdd may add some). */
+        const char *newer = "{\"version\":1,\"host_id\":\"alpha\",\"address\":\"10.1.0.1:7100\",\"zone\":\"b\"}";
+        ck_assert_int_eq(member_record_parse("alpha", (const uint8_t *)newer, strlen(newer), &out), 0);
+
+        ck_assert_int_eq(member_key("/epd/", "alpha", key, sizeof key), 0);
+        ck_assert_str_eq(key, "/epd/members/alpha");
+        char small[10];
+        ck_assert_int_eq(member_key("/epd/", "alpha", small, sizeof small), -ENAMETOOLONG);
+        ck_assert_int_eq(member_key_host("/epd/", (const uint8_t *)key, strlen(key), host, sizeof host), 0);
+        ck_assert_str_eq(host, "alpha");
+        ck_assert_int_eq(member_key_host("/epd/", (const uint8_t *)"/epd/members/", 13, host, sizeof host), -EINVAL);
+        ck_assert_int_eq(member_key_host("/epd/", (const uint8_t *)"/epd/other/x", 12, host, sizeof host), -EINVAL);
+        ck_assert_int_eq(member_key_host("/epd/", (const uint8_t *)"/epd/members/a\0b", 16, host, sizeof host), -EINVAL);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("etcd-json");
+        TCase *tc = tcase_create("etcd-json");
+        tcase_add_test(tc, test_requests);
+        tcase_add_test(tc, test_lease_answers);
+        tcase_add_test(tc, test_range_and_watch);
+        tcase_add_test(tc, test_member_record);
+        suite_add_tcase(s, tc);
+        return check_run(s, CK_FORK_GETENV);
+}
