@@ -102,6 +102,10 @@ def summarize(name, results, wall):
             "handoff_exposed": 1e3 * mean(r["decode"]["wait_s"] for r in results),
             "decode_kv_load": 1e3 * mean(r["decode"]["load_s"] for r in results),
         }
+        # The feature fetch's parts: the bus call, the wait for the producer, the read.
+        parts = [r["prefill"].get("fetch_detail") or {} for r in results]
+        row["feature_fetch_ms"] = {k: 1e3 * mean(p.get(k, 0.0) for p in parts)
+                                   for k in ("acquire", "wait", "read")}
         row["kv_bytes"] = sum(r["prefill"]["kv_bytes"] for r in results)
         row["encoder_hits"] = sum(1 for r in results if r.get("encode", {}).get("result") == "hit")
         row["encoder_runs"] = sum(1 for r in results if r.get("encode", {}).get("result") == "produced")

@@ -202,6 +202,35 @@ class KvCopyTest(unittest.TestCase):
     def test_host_whole_pages_transposed_memory(self):
         self.check_host(64, True)
 
+    def test_size_one_dimensions_take_any_stride(self):
+        """torch calls a tensor contiguous whatever the strides of its size-1 dimensions
+        (one KV head, one new token), and K and V may differ there: the connector's rows
+        accept them and copy the bytes the per-page path writes."""
+        import numpy as np
+        from numpy.lib.stride_tricks import as_strided
+        from epd.workers.connector import KvPageLayout, KvPages
+        L = KvPageLayout(layers=2, tokens_per_block=16, kv_heads=1, head_dim=64, elem_size=2)
+        S = 20
+        rng = np.random.default_rng(3)
+        base_k = rng.integers(0, 1 << 16, 4096, dtype=np.uint16).view(np.float16)
+        base_v = rng.integers(0, 1 << 16, 4096, dtype=np.uint16).view(np.float16)
+        k = as_strided(base_k, (1, 1, S, 64), (4096 * 2, 999 * 2, 64 * 2, 2))
+        v = as_strided(base_v, (1, 1, S, 64), (7 * 2, 5 * 2, 64 * 2, 2))
+        kp = object.__new__(KvPages)
+        kp.layout = L
+        rows = kp._rows(1, k, v, S)
+        self.assertEqual((rows.head_stride, rows.token_stride), (S * 64 * 2, 64 * 2))
+        pages = [1, 0]
+        arena = np.zeros(2 * L.page_size, dtype=np.uint8)
+        addrs = [arena.ctypes.data + p * L.page_size for p in pages]
+        epd.gpu.kv_write_host(addrs, L.page_size, rows)
+        want = _per_page(L, pages, 1, k, v)
+        for p in pages:
+            got = arena[p * L.page_size:(p + 1) * L.page_size].tobytes()
+            self.assertEqual(got, bytes(want[p]), f"page {p}")
+        with self.assertRaises(ValueError):  # a real stride difference is still refused
+            kp._rows(1, k, as_strided(base_v, (1, 1, S, 64), (0, 0, 128 * 2, 2)), S)
+
     def test_bad_rows_are_refused(self):
         import numpy as np
         L = self.layout()

@@ -128,9 +128,11 @@ class FeatureTensors(dict):
     the feature stays pinned until release(); from a host arena, copies (release() does
     nothing)."""
 
-    def __init__(self, tensors: Dict[str, object], handle: Optional[Feature] = None):
+    def __init__(self, tensors: Dict[str, object], handle: Optional[Feature] = None,
+                 timing: Optional[Dict[str, float]] = None):
         super().__init__(tensors)
         self._handle = handle
+        self.timing = timing or {}  # seconds: acquire (the bus call), wait (for the producer), read
 
     def release(self) -> None:
         if self._handle is not None:
@@ -143,22 +145,27 @@ def fetch(client, key: str, device: Optional[str] = None, timeout_s: float = 60.
     (device given): views of the arena, read in place; release() them when done. From a
     host arena: with device, torch tensors on it (one host-to-device copy each); else numpy
     copies."""
+    t0 = time.perf_counter()
     f = Feature.acquire(client, key, may_produce=False)
+    t1 = time.perf_counter()
     keep = False
     try:
         if f.result != "hit" and not f.wait(timeout_s):
             raise EpdError(110, "org.epd1.Error.Timeout", f"feature {key} not ready", "fetch")
+        t2 = time.perf_counter()
         gpu = _feature_gpu_arena(client, f) if device is not None else None
         if gpu is not None:
             keep = True
-            return FeatureTensors({t.name: f.cuda(t.name, gpu) for t in f.tensors}, f)
-        out = {}
-        for t in f.tensors:
-            if device is not None:
-                out[t.name] = f.torch(t.name).to(device, non_blocking=False)
-            else:
-                out[t.name] = f.numpy(t.name).copy()
-        return FeatureTensors(out)
+            out = {t.name: f.cuda(t.name, gpu) for t in f.tensors}
+        else:
+            out = {}
+            for t in f.tensors:
+                if device is not None:
+                    out[t.name] = f.torch(t.name).to(device, non_blocking=False)
+                else:
+                    out[t.name] = f.numpy(t.name).copy()
+        timing = {"acquire": t1 - t0, "wait": t2 - t1, "read": time.perf_counter() - t2}
+        return FeatureTensors(out, f if keep else None, timing)
     finally:
         if not keep:
             f.release()
@@ -231,6 +238,20 @@ def _stream() -> int:
 _TORCH_DTYPES = {"bfloat16", "float16", "float32"}
 
 
+def _strides(x) -> Tuple[int, ...]:
+    """x's strides in elements, where a dimension of size 1 (whose stride is arbitrary:
+    torch calls such a tensor contiguous whatever it says) counts as laid out contiguously
+    after the ones that follow it."""
+    shape = tuple(int(n) for n in x.shape)
+    st = list(x.stride() if _is_torch(x) else (s // x.itemsize for s in x.strides))
+    inner = 1
+    for d in range(len(shape) - 1, -1, -1):
+        if shape[d] == 1:
+            st[d] = inner
+        inner = st[d] * shape[d]
+    return tuple(st)
+
+
 class KvPages:
     """The pages of one sequence (byte offsets in an arena) seen through a KvPageLayout:
     each layer's K and V go in, or come out, in one call of the batched scatter/gather
@@ -261,14 +282,10 @@ class KvPages:
         from .. import gpu as G
         L = self.layout
         es = _elem_size(k)
-        if _is_torch(k):
-            st, sv = k.stride(), v.stride()
-            ptr_k, ptr_v = k.data_ptr(), v.data_ptr()
-        else:
-            st, sv = tuple(x // es for x in k.strides), tuple(x // es for x in v.strides)
-            ptr_k, ptr_v = k.ctypes.data, v.ctypes.data
+        st, sv = _strides(k), _strides(v)
         if st != sv or st[3] != 1:
             raise ValueError(f"layer {layer}: K and V must share strides, the last dimension contiguous")
+        ptr_k, ptr_v = (k.data_ptr(), v.data_ptr()) if _is_torch(k) else (k.ctypes.data, v.ctypes.data)
         return G.KvRows(k=ptr_k, v=ptr_v, tokens=tokens, heads=L.kv_heads, tokens_per_page=L.tokens_per_block,
                         row_bytes=L.head_dim * es, k_offset=L.k_offset(layer), v_offset=L.v_offset(layer),
                         head_stride=st[1] * es, token_stride=st[2] * es)
@@ -283,7 +300,7 @@ class KvPages:
         from .. import gpu as G
         first = self._first_page(start)
         if self.on_gpu:
-            if k.stride(3) != 1 or v.stride() != k.stride():
+            if _strides(k)[3] != 1 or _strides(v) != _strides(k):
                 k, v = k.contiguous(), v.contiguous()
             self._table(first).write(self._rows(layer, k, v, int(k.shape[2])), _stream())
             return

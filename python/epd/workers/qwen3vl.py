@@ -46,13 +46,47 @@ def build_model(name: str = "small", device: str = "cuda", seed: int = 0, dtype=
     return m
 
 
-@dataclass
 class Request:
-    """One image + text prompt, made deterministically from seeds (no processor)."""
-    input_ids: torch.Tensor      # (1, L)
-    pixel_values: torch.Tensor   # (patches, C*T*P*P)
-    image_grid_thw: torch.Tensor  # (1, 3)
-    image_key: str               # content key of the image
+    """One image + text prompt, made deterministically from seeds (no processor). The
+    pixels and their content key are made when first asked for: a prefill that reads the
+    image's features from epd needs neither (its key comes with the request, computed
+    once where the image is, as a serving frontend does)."""
+
+    def __init__(self, input_ids: torch.Tensor, image_grid_thw: torch.Tensor, image_seed: int, image_px: int,
+                 pixel_shape, device):
+        self.input_ids = input_ids              # (1, L)
+        self.image_grid_thw = image_grid_thw    # (1, 3)
+        self._seed, self._px, self._shape, self._device = image_seed, image_px, pixel_shape, device
+        self._pixels_cpu = self._pixels = self._key = None
+
+    def _cpu(self) -> torch.Tensor:
+        if self._pixels_cpu is None:
+            g = torch.Generator(device="cpu").manual_seed(self._seed)
+            self._pixels_cpu = torch.randn(*self._shape, generator=g).to(torch.bfloat16)
+        return self._pixels_cpu
+
+    @property
+    def pixel_values(self) -> torch.Tensor:
+        """(patches, C*T*P*P), bfloat16 on the device."""
+        if self._pixels is None:
+            self._pixels = self._cpu().to(self._device)
+        return self._pixels
+
+    @property
+    def pixel_row(self) -> torch.Tensor:
+        """One row of zeros shaped like the pixels: what the model's forward is given when
+        the features come from elsewhere (it never reads them)."""
+        return torch.zeros(1, self._shape[1], dtype=torch.bfloat16, device=self._device)
+
+    @property
+    def image_key(self) -> str:
+        """The content key of the image: sha256 of its pixels' bytes and size."""
+        if self._key is None:
+            import hashlib
+            h = hashlib.sha256(self._cpu().view(torch.int16).numpy().tobytes())
+            h.update(b"|" + str(self._px).encode())
+            self._key = h.hexdigest()
+        return self._key
 
     @property
     def mm_token_type_ids(self) -> torch.Tensor:
@@ -62,21 +96,18 @@ class Request:
 
 def make_request(model, image_seed: int, text_seed: int, image_px: int = 448, text_tokens: int = 100,
                  device: str = "cuda") -> Request:
-    import hashlib
     cfg = model.config
     vc = cfg.vision_config
     ps, ms, tps = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
     gh = gw = image_px // ps
-    g = torch.Generator(device="cpu").manual_seed(image_seed)
-    pix = torch.randn(gh * gw, vc.in_channels * tps * ps * ps, generator=g).to(device, torch.bfloat16)
     grid = torch.tensor([[1, gh, gw]], device=device)
     n_img = gh * gw // (ms * ms)
     gt = torch.Generator(device="cpu").manual_seed(10_000 + text_seed)
     vocab = cfg.text_config.vocab_size
     text = torch.randint(1000, min(vocab, 20000), (text_tokens,), generator=gt).tolist()
     ids = [cfg.vision_start_token_id] + [cfg.image_token_id] * n_img + [cfg.vision_end_token_id] + text
-    key = hashlib.sha256(pix.float().cpu().numpy().tobytes() + b"|" + str(image_px).encode()).hexdigest()
-    return Request(torch.tensor([ids], device=device), pix, grid, key)
+    return Request(torch.tensor([ids], device=device), grid, image_seed, image_px,
+                   (gh * gw, vc.in_channels * tps * ps * ps), device)
 
 
 @dataclass
@@ -166,7 +197,7 @@ class Prefill:
         try:
             cache = _sink_cache(sink, self.model.config.text_config)
             out = self.model(input_ids=req.input_ids, attention_mask=torch.ones_like(req.input_ids),
-                             pixel_values=req.pixel_values[:1], image_grid_thw=bundle.grid_thw,
+                             pixel_values=req.pixel_row, image_grid_thw=bundle.grid_thw,
                              mm_token_type_ids=req.mm_token_type_ids,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
         finally:

@@ -48,6 +48,7 @@ class Spec:
     cache_salt: str = ""   # non-empty: a key no other request shares (measures no-cache)
     branches: int = 0      # agent request: follow-up turns, each on a branch forked from this turn's KV
     branch_tokens: int = 24  # new tokens each follow-up turn adds (a tool's output)
+    image_key: str = ""    # the image's feature key, once the encoder has computed it
 
 
 def request_id_of(i: int) -> str:
@@ -77,7 +78,7 @@ class Synthetic:
         self.np = np
 
     def image_key(self, spec: Spec) -> str:
-        return hashlib.sha256(f"synthetic-image-{spec.image_seed}{spec.cache_salt}".encode()).hexdigest()
+        return spec.image_key or hashlib.sha256(f"synthetic-image-{spec.image_seed}{spec.cache_salt}".encode()).hexdigest()
 
     def prompt_len(self, spec: Spec) -> int:
         return (self.n_image_tokens + 2 if spec.image_seed is not None else 0) + spec.text_tokens
@@ -173,7 +174,7 @@ class Qwen3VL:
         return r
 
     def image_key(self, spec: Spec) -> str:
-        return self.request(spec).image_key + spec.cache_salt
+        return spec.image_key or self.request(spec).image_key + spec.cache_salt
 
     def prompt_len(self, spec: Spec) -> int:
         return int(self.request(spec).input_ids.shape[1])
@@ -338,9 +339,9 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id)
                 _sync(device)
                 result, enc_s = ec.last_save
-                conn.send(("ok", {"result": result, "encode_s": enc_s, "t": time.perf_counter() - t0}))
+                conn.send(("ok", {"result": result, "encode_s": enc_s, "key": key, "t": time.perf_counter() - t0}))
             elif kind == "prefill":
-                feats, enc, key = None, None, b.image_key(spec)
+                feats, enc, key, detail = None, None, b.image_key(spec), {}
                 if spec.image_seed is not None:
                     if msg[2]:  # no encoder process: this worker runs the vision tower (feature cache first)
                         ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id)
@@ -352,6 +353,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                     ec.start_load_caches(feats)
                     ec.clear_connector_metadata()
                     feats = feats[key]
+                    detail = feats.timing
                 t1 = time.perf_counter()
                 plen = b.prompt_len(spec)
                 kvc.bind_connector_metadata(kvc.build_connector_meta(saves=[H.KvTransfer(spec.request_id, plen)]))
@@ -367,7 +369,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 save_s = kvc.stats["save_s"] - s0["save_s"]
                 out = {"first": first, "delta": delta, "prompt_len": plen,
                        "fetch_s": t1 - t0 - (enc["t"] if enc else 0.0), "t": t3 - t0,
-                       "prepare_s": t2 - t1, "sink_s": save_s,
+                       "fetch_detail": detail, "prepare_s": t2 - t1, "sink_s": save_s,
                        "sink_wait_s": kvc.stats["save_wait_s"] - s0["save_wait_s"],
                        "compute_s": t3 - t2 - save_s, "kv_bytes": sink.bytes_written}
                 if enc:
@@ -503,6 +505,7 @@ class Workers:
         encoders = bool(self.pools["encoder"])
         if spec.image_seed is not None and encoders:
             out["encode"] = self._call_role("encoder", "encode", spec)
+            spec.image_key = out["encode"]["key"]  # the prefill reads the features by it
         out["prefill"] = self._call_role("prefill", "prefill", spec, not encoders)
         if "encode" in out["prefill"]:
             out["encode"] = out["prefill"]["encode"]
