@@ -10,11 +10,23 @@ client (libepd, tests/integration/handoff-client in bench mode: no pattern fill 
 check) on "alpha" hands a sequence of SIZE bytes (4 layer groups, reported ready at
 once; BENCH_GROUPS=n for another count) off to a decode
 client on "bravo"; the time is from LayerGroupReady to the source's handoff reaching
-"transferred" (every byte acknowledged by the destination daemon), polled every
-100 us. Sizes 64 KiB to 1 GiB; the small ones repeat and take the median, the large
+"transferred" (every byte acknowledged by the destination daemon), waited for on the
+prefill client's ring (its eventfd), not polled. Sizes 64 KiB to 1 GiB; the small ones repeat and take the median, the large
 ones run twice (cold arenas, then warm; the warm one is the figure). Prints
 handoff MiB/s, iperf3 MiB/s and the ratio. Needs root (ip netns) and iperf3; exits 77
-(skip) otherwise. Keep it short: this is a small shared machine."""
+(skip) otherwise. Keep it short: this is a small shared machine.
+
+    bench-handoff-netns.py BUILD_ROOT --latency [--count N] [--quick]
+
+Small handoffs end to end (bench-handoff-latency: a prefill and a decode client in one
+process, the decode worker waiting on its ring, groups ready with Prepare): 64 KiB in 4
+groups, in 1 group and 63 KiB in 36 groups, alpha -> bravo and local on alpha (kv0 ->
+kv1: a copy); latency from Prepare to the first group and to every group landed at the
+decode worker (mean, P50, P99), beside the limit measured in the same run: a bare TCP
+ping-pong (bench-tcp-pingpong: 64 KiB one way, 8 bytes back, between the same
+namespaces) and iperf3 -P 1. Then handoffs/s with 1, 8 and 64 in flight (64 KiB, 4
+groups) against iperf3's throughput. A Prepare refused with Error.Backpressure is
+retried after its retry-after, as workers do."""
 
 import importlib.util
 import json
@@ -59,7 +71,7 @@ def iperf3(net, streams, seconds):
 
 
 class Pair:
-    def __init__(self, build, tmp, net, streams, arena_mb):
+    def __init__(self, build, tmp, net, streams, arena_mb, extra=""):
         self.build, self.tmp, self.net = build, tmp, net
         self.client = os.path.join(build, "tests", "integration", "handoff-client")
         key = key_file(tmp, "key", "b" * 64)
@@ -70,7 +82,7 @@ class Pair:
             with open(conf, "w") as f:
                 f.write(f"[Daemon]\nHostId={names[i]}\nSystemBus=no\nLogLevel=warning\n"
                         f"StateDirectory={tmp}/{names[i]}-{streams}.state\n"
-                        f"[Arena:kv0]\nSize={arena_mb}M\nHugePages=try\n"
+                        f"[Arena:kv0]\nSize={arena_mb}M\nHugePages=try\n" + extra +
                         f"[Cluster]\nListen={net.ip(i)}:7500\nClusterKeyFile={key}\nDataStreams={streams}\n"
                         f"HandoffTimeout=300s\n"
                         f"[Peer:{names[1 - i]}]\nAddress={net.ip(1 - i)}:7500\nHostId={names[1 - i]}\n")
@@ -99,7 +111,9 @@ class Pair:
     def handoff(self, size):
         self.n += 1
         rid = f"{os.getpid():016x}{self.n:016x}"
-        env = dict(os.environ, HANDOFF_CLIENT_BENCH="1")
+        # A Prepare refused with Error.Backpressure is retried after its retry-after, as the
+        # tests and workers do.
+        env = dict(os.environ, HANDOFF_CLIENT_BENCH="1", HANDOFF_CLIENT_RETRY_BACKPRESSURE="1")
         dec = subprocess.Popen([self.client, "decode", f"direct:{self.sock(1)}", rid, "60000"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         pre = subprocess.run([self.client, "prefill", f"direct:{self.sock(0)}", "kv0", "bravo", rid,
@@ -117,6 +131,128 @@ class Pair:
         for p in self.procs:
             p.terminate()
             p.wait()
+
+
+def run_ns(net, i, argv, **kw):
+    return subprocess.Popen(["ip", "netns", "exec", net.hosts[i]] + argv, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def result(out):
+    line = next((l for l in out.splitlines() if l.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError("no RESULT in: " + out)
+    return {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
+
+
+def pingpong(build, net, size, count):
+    prog = os.path.join(build, "bench", "bench-tcp-pingpong")
+    srv = run_ns(net, 1, [prog, "server", net.ip(1), "7600"])
+    try:
+        srv.stdout.readline()  # listening
+        cl = run_ns(net, 0, [prog, "client", net.ip(1), "7600", str(size), str(count)])
+        out, err = cl.communicate(timeout=120)
+        if cl.returncode != 0:
+            raise RuntimeError("bench-tcp-pingpong: " + err)
+        return result(out)
+    finally:
+        srv.kill()
+        srv.wait()
+
+
+def handoff_latency(build, pair, dest, count, layers, groups, layer_bytes, inflight=1, dest_arena=None, arena="kv0"):
+    argv = [os.path.join(build, "bench", "bench-handoff-latency"), "--prefill", f"direct:{pair.sock(0)}",
+            "--arena", arena,
+            "--decode", f"direct:{pair.sock(1 if dest else 0)}", "--dest", dest, "--layers", str(layers),
+            "--groups", str(groups), "--layer-bytes", str(layer_bytes), "--count", str(count),
+            "--inflight", str(inflight), "--warmup", str(min(50, max(count // (10 * inflight), 2)))]
+    if dest_arena:
+        argv += ["--dest-arena", dest_arena]
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"bench-handoff-latency {argv[1:]}: {r.stdout} {r.stderr}")
+    return result(r.stdout)
+
+
+def strace_counts(path):
+    """{syscall: calls} from strace -c output."""
+    calls = {}
+    for line in open(path):
+        f = line.split()
+        if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
+            try:
+                calls[f[-1]] = int(f[3])
+            except ValueError:
+                pass
+    return calls
+
+
+def syscalls(build, tmp, pair, count, inflight=1):
+    """strace -c -f on both daemons and the client over `count` 64 KiB 4-group handoffs
+    (warmup 0: every one counted): syscalls and fdatasyncs per handoff, per process."""
+    outs = [os.path.join(tmp, f"strace-{n}.txt") for n in ("source", "destination", "client")]
+    tracers = [subprocess.Popen(["strace", "-f", "-c", "-o", outs[i], "-p", str(pair.procs[i].pid)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in (0, 1)]
+    time.sleep(1.0)  # attached
+    argv = ["strace", "-f", "-c", "-o", outs[2], os.path.join(build, "bench", "bench-handoff-latency"),
+            "--prefill", f"direct:{pair.sock(0)}", "--decode", f"direct:{pair.sock(1)}", "--dest", "bravo",
+            "--count", str(count), "--warmup", "0", "--inflight", str(inflight)]
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    for t in tracers:
+        t.send_signal(2)
+        t.wait()
+    if r.returncode != 0:
+        raise RuntimeError("strace run: " + r.stderr)
+    res = []
+    for name, path in zip(("source", "destination", "client"), outs):
+        c = strace_counts(path)
+        res.append((name, sum(c.values()) / count, c.get("fdatasync", 0) / count))
+    return res
+
+
+def latency_main(build, quick, count):
+    print(f"bench-handoff-netns --latency: small handoffs alpha -> bravo (network namespaces, veth + bridge) "
+          f"and local on alpha (kv0 -> kv1), {count} each, vs a bare TCP ping-pong and iperf3 in the same run")
+    with tempfile.TemporaryDirectory() as tmp:
+        net = Net(2)
+        try:
+            pp = pingpong(build, net, 64 * KiB, count)
+            limit = iperf3(net, 1, 1 if quick else 2)
+            print(f"  limit: TCP ping-pong 64 KiB mean {pp['rtt_mean']:.1f} us  P50 {pp['rtt_p50']:.1f} us  "
+                  f"P99 {pp['rtt_p99']:.1f} us;  iperf3 -P 1 {limit:.1f} MiB/s", flush=True)
+            # An arena holds pages of one size: the 36-layer layout (63 KiB pages) has its own.
+            pair = Pair(build, tmp, net, 1, 256, extra="[Arena:kv1]\nSize=64M\n[Arena:kv36]\nSize=32M\n"
+                                                        "[Arena:kv36b]\nSize=32M\n")
+            try:
+                cases = [("64 KiB, 4 groups", 8, 4, 8192, "kv0", "kv1"), ("64 KiB, 1 group", 8, 1, 8192, "kv0", "kv1"),
+                         ("63 KiB, 36 groups", 36, 36, 1792, "kv36", "kv36b")]
+                for label, layers, groups, lb, arena, local_arena in cases:
+                    for where, dest, da in (("inter-host", "bravo", None), ("local", "", local_arena)):
+                        r = handoff_latency(build, pair, dest, count, layers, groups, lb, dest_arena=da, arena=arena)
+                        ratio = r["all_p50"] / pp["rtt_p50"]
+                        print(f"  {where:10} {label:18}: first group mean {r['first_mean']:7.1f} P50 "
+                              f"{r['first_p50']:7.1f} P99 {r['first_p99']:7.1f} us;  all landed mean "
+                              f"{r['all_mean']:7.1f} P50 {r['all_p50']:7.1f} P99 {r['all_p99']:7.1f} us (Prepare call P50 "
+                              f"{r['prepare_p50']:.1f});  "
+                              f"P50 / ping-pong P50 {ratio:5.2f}, P99 / ping-pong P99 "
+                              f"{r['all_p99'] / pp['rtt_p99']:5.2f}", flush=True)
+                for k in (1, 64) if shutil.which("strace") else ():
+                    n = (128 if quick else 512) if k > 1 else (100 if quick else 300)
+                    res = syscalls(build, tmp, pair, n, k)
+                    print(f"  syscalls per 64 KiB 4-group inter-host handoff, {k} in flight (strace -c -f, {n} "
+                          f"handoffs, the clients' connection setup included): "
+                          + ", ".join(f"{name} {sc:.1f} (fdatasync {fs:.2f})" for name, sc, fs in res), flush=True)
+                for k in (1, 8, 64):
+                    n = max(count, 4 * k) // k * k
+                    r = handoff_latency(build, pair, "bravo", n, 8, 4, 8192, inflight=k)
+                    print(f"  inter-host 64 KiB x {k:2} in flight: {r['per_s']:8.0f} handoffs/s  "
+                          f"{r['mib_s']:7.1f} MiB/s  = {r['mib_s'] / limit:5.3f} of iperf3 -P 1;  all landed P50 "
+                          f"{r['all_p50']:.1f} P99 {r['all_p99']:.1f} us", flush=True)
+            finally:
+                pair.close()
+        finally:
+            net.close()
+    return 0
 
 
 def fmt(size):
@@ -139,6 +275,9 @@ def main():
         if not shutil.which(tool):
             print(f"SKIP: {tool} not installed")
             return 77
+    if "--latency" in sys.argv:
+        count = int(sys.argv[sys.argv.index("--count") + 1]) if "--count" in sys.argv else (200 if quick else 1000)
+        return latency_main(build, quick, count)
     sizes = [64 * KiB, MiB, 16 * MiB, 256 * MiB, 1024 * MiB]
     sizes = [s for s in sizes if s <= max_mib * MiB]
     if quick:

@@ -117,7 +117,7 @@ typedef struct Side {
         uint64_t inflight, done_bytes, errors;
 } Side;
 
-static int accept_all(Peer *p, uint32_t region, uint64_t offset, uint64_t length, uint64_t cookie, void *ud) {
+static int accept_all(Peer *p, TransportIncoming *in, void *ud) {
         return 0;
 }
 

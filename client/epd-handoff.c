@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* libepd: handoffs and the ring pair. */
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -48,6 +49,8 @@ int epd_handoff_prepare(epd_client *c, const char *request_id, const char *desti
                 r = sd_bus_message_append(m, "{sv}", "target", "o", opts->target);
         if (r >= 0 && opts && opts->timeout_usec)
                 r = sd_bus_message_append(m, "{sv}", "timeout_usec", "t", opts->timeout_usec);
+        if (r >= 0 && opts && opts->ready)
+                r = sd_bus_message_append(m, "{sv}", "ready", "u", opts->ready);
         if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r < 0) {
@@ -167,47 +170,79 @@ int epd_handoff_rollback(epd_client *c, const char *handoff) {
         return epd__call(c, handoff, IFACE_HANDOFF, "Rollback", NULL, NULL);
 }
 
+int epd_handoff_watch(epd_client *c, bool enable) {
+        if (!c)
+                return -EINVAL;
+        return epd__call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "Watch", NULL, "b", (int)enable);
+}
+
 int epd_handoff_release(epd_client *c, const char *handoff) {
         if (!c || !handoff)
                 return -EINVAL;
         return epd__call(c, handoff, IFACE_HANDOFF, "Release", NULL, NULL);
 }
 
-static int get_prop(epd_client *c, const char *path, const char *name, char type, void *ret) {
-        sd_bus_error e = SD_BUS_ERROR_NULL;
-        sd_bus_message *reply = NULL;
-        char t[2] = { type, 0 };
-        int r = sd_bus_get_property(c->bus, EPD_DESTINATION(c), path, IFACE_HANDOFF, name, &e, &reply, t);
-        if (r < 0) {
-                r = epd__error(c, r, &e);
-                sd_bus_error_free(&e);
-                return r;
-        }
-        if (type == 's') {
-                const char *s;
-                r = sd_bus_message_read(reply, "s", &s);
+/* One Properties.GetAll round trip (an idle bus round trip costs tens of µs). */
+static int read_status(sd_bus_message *reply, epd_handoff_status *ret) {
+        static const struct {
+                const char *name;
+                char type;
+                size_t offset;
+        } props[] = {
+                { "State", 's', offsetof(epd_handoff_status, state) },
+                { "Cause", 's', offsetof(epd_handoff_status, cause) },
+                { "GroupsDone", 'u', offsetof(epd_handoff_status, groups_done) },
+                { "Groups", 'u', offsetof(epd_handoff_status, n_groups) },
+                { "Bytes", 't', offsetof(epd_handoff_status, bytes) },
+        };
+        unsigned seen = 0;
+        const char *name;
+        int r;
+
+        r = sd_bus_message_enter_container(reply, 'a', "{sv}");
+        while (r >= 0 && (r = sd_bus_message_enter_container(reply, 'e', "sv")) > 0) {
+                size_t i;
+                r = sd_bus_message_read(reply, "s", &name);
+                for (i = 0; r >= 0 && i < ELEMENTSOF(props) && strcmp(props[i].name, name) != 0; i++)
+                        ;
+                if (r >= 0 && i < ELEMENTSOF(props)) {
+                        char t[2] = { props[i].type, 0 };
+                        void *dst = (uint8_t *)ret + props[i].offset;
+                        r = sd_bus_message_enter_container(reply, 'v', t);
+                        if (r >= 0 && props[i].type == 's') {
+                                const char *s;
+                                r = sd_bus_message_read_basic(reply, 's', &s);
+                                if (r >= 0)
+                                        snprintf(dst, sizeof ret->state, "%s", s);
+                        } else if (r >= 0)
+                                r = sd_bus_message_read_basic(reply, props[i].type, dst);
+                        if (r >= 0)
+                                r = sd_bus_message_exit_container(reply);
+                        if (r >= 0)
+                                seen |= 1U << i;
+                } else if (r >= 0)
+                        r = sd_bus_message_skip(reply, "v");
                 if (r >= 0)
-                        snprintf(ret, 24, "%s", s);
-        } else
-                r = sd_bus_message_read_basic(reply, type, ret);
-        sd_bus_message_unref(reply);
-        return r < 0 ? epd__error(c, r, NULL) : 0;
+                        r = sd_bus_message_exit_container(reply);
+        }
+        if (r >= 0)
+                r = sd_bus_message_exit_container(reply);
+        if (r >= 0 && seen != (1U << ELEMENTSOF(props)) - 1)
+                r = -EBADMSG; /* a daemon without one of them */
+        return r;
 }
 
 int epd_handoff_get(epd_client *c, const char *handoff, epd_handoff_status *ret) {
+        sd_bus_message *reply = NULL;
         if (!c || !handoff || !ret)
                 return -EINVAL;
         memset(ret, 0, sizeof *ret);
-        int r = get_prop(c, handoff, "State", 's', ret->state);
-        if (r >= 0)
-                r = get_prop(c, handoff, "Cause", 's', ret->cause);
-        if (r >= 0)
-                r = get_prop(c, handoff, "GroupsDone", 'u', &ret->groups_done);
-        if (r >= 0)
-                r = get_prop(c, handoff, "Groups", 'u', &ret->n_groups);
-        if (r >= 0)
-                r = get_prop(c, handoff, "Bytes", 't', &ret->bytes);
-        return r;
+        int r = epd__call(c, handoff, "org.freedesktop.DBus.Properties", "GetAll", &reply, "s", IFACE_HANDOFF);
+        if (r < 0)
+                return r;
+        r = read_status(reply, ret);
+        sd_bus_message_unref(reply);
+        return r < 0 ? epd__error(c, r, NULL) : 0;
 }
 
 /* ---- ring ---- */
@@ -297,6 +332,10 @@ int epd_ring_accept(epd_ring_client *r, const char *request_id, uint64_t timeout
                 return -EINVAL;
         epd_ring_record_accept(&rec, id.bytes, timeout_usec, user_data);
         return epd_ring_submit(r, &rec);
+}
+
+int epd_ring_fd(const epd_ring_client *r) {
+        return r ? r->complete_fd : -EINVAL;
 }
 
 static uint64_t now_usec_mono(void) {

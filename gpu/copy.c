@@ -547,7 +547,7 @@ void gpu_copy_engine_set_kernel_policy(GpuCopyEngine *e, GpuCopyKernelPolicy p, 
 void gpu_copy_engine_set_kernel_uniform(GpuCopyEngine *e, bool enable) {
         for (size_t i = 0; i < e->system->n_devices; i++)
                 if (e->lanes[i].kernels)
-                        e->lanes[i].kernels->no_uniform = !enable;
+                        e->lanes[i].kernels->uniform = enable;
 }
 
 void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t min_segments) {

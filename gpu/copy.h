@@ -107,8 +107,9 @@ void gpu_copy_engine_set_kernel_policy(GpuCopyEngine *e, GpuCopyKernelPolicy p, 
 bool gpu_copy_kernel_wanted(GpuCopyKernelPolicy p, size_t min_segments, size_t n, uint64_t bytes);
 /* enable: GPU_COPY_KERNEL_ALWAYS, else NEVER. */
 void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t min_segments);
-/* Batches of equal, aligned chunks go to the persistent uniform kernel (the default);
- * off, to the tiled 2-D grid like any other batch (benchmarks compare the two). */
+/* On: batches of equal, aligned chunks go to the persistent uniform kernel; off (the
+ * default: on the H200 it measured 2-4 % slower than the tiled 2-D grid, bench/RESULTS.md)
+ * every batch takes the 2-D grid. The benchmark compares the two. */
 void gpu_copy_engine_set_kernel_uniform(GpuCopyEngine *e, bool enable);
 /* cuMemcpyBatchAsync (driver 13.0+) for multi-segment device-to-device groups: on by
  * default where the driver has it; off, every segment is its own cuMemcpyDtoDAsync. */

@@ -136,7 +136,7 @@ int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *chun
                 return 0;
         if (n > GPU_CHUNKS_MAX)
                 return -E2BIG;
-        uniform = !k->no_uniform && gpu_chunks_uniform(chunks, n);
+        uniform = k->uniform && gpu_chunks_uniform(chunks, n);
         for (size_t i = 0; i < n; i++)
                 max_len = MAX(max_len, chunks[i].len);
         r = CU(k->system->driver, cuMemcpyHtoDAsync, desc_buf, chunks, n * sizeof *chunks, stream);

@@ -64,7 +64,7 @@ typedef struct GpuKernels {
         CUfunction copy_chunks;
         CUfunction copy_uniform; /* chunks of one length, aligned */
         CUfunction kv_rows;     /* kvcopy.h */
-        bool no_uniform;        /* always the tiled 2-D grid (benchmarks compare) */
+        bool uniform;           /* equal aligned chunks: the persistent kernel (off: 2-D grid) */
 } GpuKernels;
 
 int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret);

@@ -159,10 +159,10 @@ static void bench_d2d(Bench *b) {
                 gpu_copy_engine_set_kernel_batching(eng, true, 16);
                 snprintf(name, sizeof name, "d2d %" PRIu64 "K pages (kernel batch)", pages[p] >> 10);
                 row(name, S, time_transport(b, w, n), raw, 0.9);
-                gpu_copy_engine_set_kernel_uniform(eng, false);
-                snprintf(name, sizeof name, "d2d %" PRIu64 "K pages (kernel, 2-D grid)", pages[p] >> 10);
-                row(name, S, time_transport(b, w, n), raw, 0.9);
                 gpu_copy_engine_set_kernel_uniform(eng, true);
+                snprintf(name, sizeof name, "d2d %" PRIu64 "K pages (kernel, uniform)", pages[p] >> 10);
+                row(name, S, time_transport(b, w, n), raw, 0.9);
+                gpu_copy_engine_set_kernel_uniform(eng, false);
                 gpu_copy_engine_set_kernel_batching(eng, false, 0);
         }
         free(w);

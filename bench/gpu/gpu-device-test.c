@@ -495,15 +495,15 @@ static void test_pack(Env *e) {
         Arena *a = make_arena(e, "pack-pages", 6, 256 * MiB);
         Arena *st = make_arena(e, "pack-staging", 7, 64 * MiB);
         /* 16-byte aligned groups (vector path) and odd ones (byte path). */
-        /* Equal aligned chunks take the uniform kernel; each case again on the 2-D grid. */
+        /* Each case on the 2-D grid, then with equal aligned chunks on the uniform kernel. */
         for (int u = 0; u < 2; u++) {
-                k->no_uniform = u;
+                k->uniform = u;
                 pack_case(e, k, a, st, 1 * MiB, 60, 256 * 1024, 512 * 1024, 66);
                 pack_case(e, k, a, st, 256 * 1024, 500, 4096, 64 * 1024, 67);
                 pack_case(e, k, a, st, 1 * MiB, 100, 333, 100003, 68);
                 pack_case(e, k, a, st, 1 * MiB, 40, 4112, 200016, 69); /* aligned, 3 tiles and a part */
         }
-        k->no_uniform = false;
+        k->uniform = false;
         printf("RESULT pack ok cases=8\n");
         drop_arena(e, a);
         drop_arena(e, st);

@@ -58,6 +58,8 @@ typedef struct Config {
         usec_t handoff_timeout_usec;
         unsigned peer_streams;      /* DataStreams=: TCP data streams per peer */
         uint64_t peer_slice_size;   /* SliceSize=: bulk writes are sent in slices of this */
+        uint64_t handoff_pipeline_bytes; /* PipelineBytes=: handoffs up to this size to another
+                                     * host ship without waiting for the destination (0: never) */
         int transport_policy;       /* Transport=: TransportPolicy (rdma-select.h), auto */
         /* [Cluster] membership in etcd (docs/cluster.md); no Etcd=: static peers only */
         char **etcd_endpoints;      /* Etcd=: NULL-terminated URLs, or NULL */

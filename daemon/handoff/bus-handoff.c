@@ -51,14 +51,13 @@ static int reply_journaled_object(Manager *m, sd_bus_message *msg, HandoffObject
         return reply_journaled(m, msg, "ot", o->path, o->h->token);
 }
 
-void bus_handoff_emit_progress(HandoffObject *o, uint32_t done) {
-        (void)manager_emit_signal(o->hm->manager, o->path, "org.epd1.Handoff", "Progress", "uut", done,
-                                  o->h->n_groups, o->bytes_moved);
+void bus_handoff_emit_progress(HandoffObject *o, bool to_owner, uint32_t done) {
+        handoff_emit_signal(o, to_owner, "Progress", "uut", done, o->h->n_groups, o->bytes_moved);
 }
 
-void bus_handoff_emit_state(HandoffObject *o) {
-        (void)manager_emit_signal(o->hm->manager, o->path, "org.epd1.Handoff", "StateChanged", "ss",
-                                  handoff_state_to_string(o->h->state), handoff_cause_to_string(o->h->cause));
+void bus_handoff_emit_state(HandoffObject *o, bool to_owner) {
+        handoff_emit_signal(o, to_owner, "StateChanged", "ss", handoff_state_to_string(o->h->state),
+                            handoff_cause_to_string(o->h->cause));
 }
 
 /* -- org.epd1.Handoffs -- */
@@ -115,6 +114,7 @@ static int method_prepare(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 BUS_DICT("arena", "s", HandoffPrepareArgs, arena),
                 BUS_DICT("target", "o", HandoffPrepareArgs, target),
                 BUS_DICT("timeout_usec", "t", HandoffPrepareArgs, timeout_usec),
+                BUS_DICT("ready", "u", HandoffPrepareArgs, ready),
                 {},
         };
         r = bus_dict_read(msg, options, &a, "option", error);
@@ -251,6 +251,24 @@ static int method_open_ring(sd_bus_message *msg, void *userdata, sd_bus_error *e
         return sd_bus_reply_method_return(msg, "hhht", ring->memfd, ring->submit_fd, ring->complete_fd, ring->size);
 }
 
+static int method_watch(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        Reason why = {};
+        Client *c;
+        int enable, r;
+
+        r = sd_bus_message_read(msg, "b", &enable);
+        if (r < 0)
+                return r;
+        r = manager_client_from_message(m, msg, &c);
+        if (r < 0)
+                return r;
+        r = handoff_manager_watch(hm_of(userdata), c, enable, &why);
+        if (r < 0)
+                return epd_bus_error_errno(error, r, why.text[0] ? why.text : "Cannot watch handoffs.");
+        return sd_bus_reply_method_return(msg, NULL);
+}
+
 static int property_handoffs(sd_bus *bus, const char *path, const char *interface, const char *property,
                              sd_bus_message *reply, void *userdata, sd_bus_error *error) {
         HandoffManager *hm = hm_of(userdata);
@@ -345,6 +363,8 @@ static const sd_bus_vtable handoffs_vtable[] = {
         SD_BUS_METHOD_WITH_ARGS("OpenRing", SD_BUS_ARGS("u", sq_entries, "u", cq_entries),
                                 SD_BUS_RESULT("h", memfd, "h", submit_fd, "h", complete_fd, "t", size),
                                 method_open_ring, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Watch", SD_BUS_ARGS("b", enable), SD_BUS_NO_RESULT, method_watch,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
 };
 

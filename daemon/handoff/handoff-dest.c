@@ -87,12 +87,81 @@ static void send_prepare_ok(HandoffObject *d) {
         free(ok.page_offsets);
 }
 
+/* ---- pipelined handoffs: slots (handoff-proto.h) ---- */
+
+/* The last slot a peer announced in a pipelined PREPARE (they come in order on its
+ * control connection): a write naming a larger one waits for its PREPARE (at most the
+ * transport's park timeout); a write naming a smaller one that no live handoff holds is
+ * refused. */
+typedef struct PeerSlots {
+        uint64_t key;   /* the Peer pointer */
+        uint64_t last;
+} PeerSlots;
+
+static PeerSlots *peer_slots(HandoffManager *hm, Peer *p, bool create) {
+        uint64_t key = (uint64_t)(uintptr_t)p;
+        PeerSlots *ps = hashmap_get(hm->peer_slots, &key);
+        if (ps || !create)
+                return ps;
+        ps = calloc(1, sizeof *ps);
+        if (!ps)
+                return NULL;
+        ps->key = key;
+        if (hashmap_put(hm->peer_slots, &ps->key, ps) < 0) {
+                free(ps);
+                return NULL;
+        }
+        return ps;
+}
+
+HandoffObject *handoff_slot_get(HandoffManager *hm, Peer *p, uint64_t slot) {
+        SlotKey k = { .peer = p, .slot = slot };
+        return hashmap_get(hm->slots, &k);
+}
+
+void handoff_slot_forget(HandoffObject *d) {
+        if (!d->slot || d->h->role != HANDOFF_DESTINATION)
+                return;
+        if (handoff_slot_get(d->hm, d->slot_key.peer, d->slot) == d)
+                (void)hashmap_remove(d->hm->slots, &d->slot_key);
+        d->slot = 0;
+}
+
+/* The peer's session ended: its slots start again with the next one. */
+void handoff_slots_peer_down(HandoffManager *hm, Peer *p) {
+        uint64_t key = (uint64_t)(uintptr_t)p;
+        free(hashmap_remove(hm->peer_slots, &key));
+        HandoffObject *o;
+        size_t it = 0;
+        unsigned n = 0;
+        HandoffObject **v = calloc(MAX(hashmap_size(hm->slots), (size_t)1), sizeof *v);
+        if (!v)
+                return;
+        while (hashmap_iterate(hm->slots, &it, (void **)&o, NULL))
+                if (o->slot_key.peer == p)
+                        v[n++] = o;
+        for (unsigned i = 0; i < n; i++)
+                handoff_slot_forget(v[i]);
+        free(v);
+}
+
 static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
         Manager *m = hm->manager;
+        bool pipelined = in->flags & HANDOFF_PREPARE_F_PIPELINED;
+        if (pipelined) {
+                PeerSlots *ps = peer_slots(hm, p, true);
+                if (!ps || in->slot <= ps->last) {
+                        refuse(p, in, HANDOFF_CAUSE_PROTOCOL, ps ? -EPROTO : -ENOMEM);
+                        return;
+                }
+                /* From here the slot is announced: its writes are taken (or refused). */
+                ps->last = in->slot;
+                peer_manager_resume_incoming(m->peers, p);
+        }
         HandoffObject *old = hashmap_get(hm->destinations, in->request_id.bytes);
         if (old && old->peer == p) {
                 if (old->h->token == in->token) {
-                        if (handoff_is_live(old->h))
+                        if (handoff_is_live(old->h) && !pipelined)
                                 send_prepare_ok(old); /* a repeat: same answer */
                         return;
                 }
@@ -131,7 +200,14 @@ static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
                 snprintf(d->peer_host, sizeof d->peer_host, "%s", peer_host_id(p));
                 d->page_size = in->page_size;
                 d->target_worker = in->target_worker;
+                d->imm = in->flags & HANDOFF_PREPARE_F_IMM;
                 r = handoff_dest_reserve(d, a, in->n_pages);
+                if (r >= 0 && pipelined) {
+                        d->slot_key = (SlotKey){ .peer = p, .slot = in->slot };
+                        r = hashmap_put(hm->slots, &d->slot_key, d);
+                        if (r >= 0)
+                                d->slot = in->slot;
+                }
                 if (r >= 0)
                         r = handoff_journal_prepared(d); /* before PREPARE_OK acknowledges it */
                 if (r < 0) {
@@ -150,7 +226,8 @@ static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
                 return;
         }
         hm->counters.prepared++;
-        send_prepare_ok(d);
+        if (!pipelined)
+                send_prepare_ok(d);
         handoff_expect_arrived(d);
 }
 
@@ -214,6 +291,14 @@ int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t 
 
         case HANDOFF_MSG_COMMIT:
                 o = find_for_message(hm, p, HANDOFF_SOURCE, &in);
+                if (o && o->imm && o->h->state == HANDOFF_TRANSFERRING) {
+                        /* Completions in-band: the destination had every group from the
+                         * data, and its WRITE_ACKS came before this COMMIT on the control
+                         * connection; their completions may still wait on the transport's
+                         * eventfd. Take them first, so the writes are done here too. */
+                        (void)handoff_on_peer_completion(NULL, -1, 0, hm);
+                        o = find_for_message(hm, p, HANDOFF_SOURCE, &in);
+                }
                 if (!o)
                         break;
                 if (handoff_commit(o->h, 0) == 1 && handoff_counts(o))
@@ -257,14 +342,47 @@ void handoff_on_peer_state(Peer *p, bool up, void *userdata) {
         for (size_t i = 0; i < n; i++)
                 handoff_after_event(v[i]);
         free(v);
+        handoff_slots_peer_down(hm, p);
 }
 
-int handoff_on_incoming_validate(Peer *p, uint32_t region, uint64_t offset, uint64_t length, uint64_t cookie,
-                                void *userdata) {
+/* A pipelined write (TRANSPORT_WRITE_TARGET): the slot's handoff, the page and the
+ * offset in it; resolved into the arena region and offset. */
+static int resolve_slot(HandoffManager *hm, Peer *p, TransportIncoming *in, HandoffObject **ret) {
+        HandoffObject *d = handoff_slot_get(hm, p, in->target);
+        if (!d) {
+                PeerSlots *ps = peer_slots(hm, p, false);
+                /* Its PREPARE is still on its way on the control connection (or none of
+                 * this session came yet: the source numbers its slots across sessions
+                 * and peers, so they need not be near the last one): wait, as long as
+                 * the parked stream's timer allows. A slot announced already and gone
+                 * (refused, rolled back): refused. */
+                if (!ps || in->target > ps->last)
+                        return -EAGAIN;
+                return -ESTALE;
+        }
+        uint64_t page = in->offset >> 32, in_page = in->offset & UINT32_MAX, end;
+        if (page >= d->n_pages || ADD_OVERFLOW(in_page, in->length, &end) || end > d->page_size)
+                return -ERANGE;
+        in->region = d->arena;
+        in->offset = page_offset(d->pool, d->pages[page]) + in_page;
+        *ret = d;
+        return 0;
+}
+
+int handoff_on_incoming_validate(Peer *p, TransportIncoming *in, void *userdata) {
         Manager *m = userdata;
         HandoffManager *hm = m->handoffs;
+        HandoffObject *d = NULL;
+        int r;
         if (!hm)
                 return -ESHUTDOWN;
+        if (in->flags & TRANSPORT_WRITE_TARGET) {
+                r = resolve_slot(hm, p, in, &d);
+                if (r < 0)
+                        return r;
+        }
+        uint32_t region = in->region;
+        uint64_t offset = in->offset, length = in->length, cookie = in->cookie;
         if (region >= m->n_arenas || !m->arenas[region]->pages)
                 return -ENOENT;
         Arena *a = m->arenas[region];
@@ -273,10 +391,13 @@ int handoff_on_incoming_validate(Peer *p, uint32_t region, uint64_t offset, uint
                 return -ERANGE;
         uint64_t page = (offset - a->data_offset) / ps;
         uint64_t key = ((uint64_t)region << 32) | page;
-        HandoffObject *d = page < UINT32_MAX ? hashmap_get(hm->dest_pages, &key) : NULL;
+        HandoffObject *owner = page < UINT32_MAX ? hashmap_get(hm->dest_pages, &key) : NULL;
         uint32_t g = (uint32_t)(cookie & ((1U << COOKIE_GROUP_BITS) - 1));
-        if (!d || d->peer != p)
+        if (!owner || owner->peer != p || (d && owner != d))
                 return -EACCES;
+        d = owner;
+        if ((in->flags & TRANSPORT_WRITE_IMM) && (!d->imm || HANDOFF_IMM_GROUP(in->imm) != g))
+                return -EPROTO;
         if (!handoff_may_land(d->h, g))
                 return -ESTALE;
         /* Inside group g's bytes of every page it touches: a group that covers whole
@@ -309,7 +430,7 @@ int handoff_on_incoming_validate(Peer *p, uint32_t region, uint64_t offset, uint
         if (!w)
                 return -ENOMEM;
         *w = (InWrite) { .key = { .peer = p, .cookie = cookie }, .obj = d, .group = g, .length = length };
-        int r = hashmap_put(hm->incoming, &w->key, w);
+        r = hashmap_put(hm->incoming, &w->key, w);
         if (r < 0) {
                 free(w);
                 return r; /* -EEXIST: a cookie in flight twice */
@@ -318,11 +439,11 @@ int handoff_on_incoming_validate(Peer *p, uint32_t region, uint64_t offset, uint
         return 0;
 }
 
-void handoff_on_incoming_done(Peer *p, uint64_t cookie, int error, void *userdata) {
+void handoff_on_incoming_done(Peer *p, const TransportIncoming *in, int error, void *userdata) {
         HandoffManager *hm = ((Manager *)userdata)->handoffs;
         if (!hm)
                 return;
-        InKey key = { .peer = p, .cookie = cookie };
+        InKey key = { .peer = p, .cookie = in->cookie };
         InWrite *w = hashmap_remove(hm->incoming, &key);
         if (!w)
                 return;
@@ -331,6 +452,11 @@ void handoff_on_incoming_done(Peer *p, uint64_t cookie, int error, void *userdat
         (void)handoff_write_landed(d->h, w->group, bytes, error);
         d->bytes_moved += bytes;
         hm->counters.bytes += bytes;
+        /* The group's last write says the group is complete (the source's GROUP_SENT,
+         * in-band): it is RECEIVED once every byte of it has landed. */
+        if (error == 0 && (in->flags & TRANSPORT_WRITE_IMM) &&
+            handoff_group_sent_notice(d->h, HANDOFF_IMM_GROUP(in->imm), HANDOFF_IMM_BYTES(in->imm)) == -EINVAL)
+                (void)handoff_rollback(d->h, HANDOFF_CAUSE_PROTOCOL, false);
         free(w);
         handoff_after_event(d);
 }
@@ -418,6 +544,10 @@ int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequenc
         _cleanup_(freep) void *put = NULL;
         size_t put_len = 0;
         HandoffRecord rec = handoff_record_of(o, HANDOFF_REC_COMMITTED);
+        /* Within this host the source commits with it, in the same record: a crash leaves
+         * both sides committed or neither. */
+        if (o->twin && handoff_journal_entry_of(o->twin))
+                rec.value = HANDOFF_REC_COMMIT_PAIR;
         r = page_manager_sequence_record(s, &put, &put_len);
         if (r >= 0) {
                 rec.extra = put;

@@ -65,6 +65,13 @@ typedef struct ClientRing {
         sd_event_source *source;
 } ClientRing;
 
+/* A client that asked for every handoff's signals (org.epd1.Handoffs.Watch). */
+typedef struct HandoffWatcher {
+        ClientObject object;
+        HandoffManager *hm;
+        uint64_t serial;
+} HandoffWatcher;
+
 /* Handoffs in flight towards one peer (source side): from Prepare until every group is
  * transferred, or the handoff ends. Bounded by the backpressure window
  * (backpressure_window_admit); one per peer ever used, freed at shutdown. */
@@ -117,14 +124,19 @@ int handoff_on_peer_completion(sd_event_source *s, int fd, uint32_t revents, voi
 int handoff_on_rdma_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata);
 int handoff_parse_request_id(const char *s, EpdId *ret, Reason *why);
 void handoff_pump(HandoffObject *o);
+/* The last write of group g of a handoff whose completions ride the data: it carries
+ * the group's immediate (handoff-proto.h). */
+void handoff_mark_group_end(HandoffObject *o, uint32_t g, TransportWrite *w);
 void handoff_send_message(HandoffObject *o, HandoffMessage *m);
 
 /* handoff-dest.c: the destination side: remote Prepare, incoming writes, Accept, Commit */
 int handoff_dest_accept(HandoffManager *hm, Client *c, HandoffObject *d, HandoffObject **ret, Reason *why);
 int handoff_dest_reserve(HandoffObject *d, Arena *a, uint32_t n_pages);
-void handoff_on_incoming_done(Peer *p, uint64_t cookie, int error, void *userdata);
-int handoff_on_incoming_validate(Peer *p, uint32_t region, uint64_t offset, uint64_t length, uint64_t cookie,
-                                 void *userdata);
+void handoff_on_incoming_done(Peer *p, const TransportIncoming *in, int error, void *userdata);
+int handoff_on_incoming_validate(Peer *p, TransportIncoming *in, void *userdata);
+HandoffObject *handoff_slot_get(HandoffManager *hm, Peer *p, uint64_t slot);
+void handoff_slot_forget(HandoffObject *d);
+void handoff_slots_peer_down(HandoffManager *hm, Peer *p);
 int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t len, void *userdata);
 void handoff_on_peer_state(Peer *p, bool up, void *userdata);
 Arena *handoff_pick_arena(Manager *m, uint64_t page_size, const Worker *target, Arena *prefer, bool host_only);
@@ -139,7 +151,6 @@ int handoff_manager_restore_finish(Manager *m);
 int handoff_manager_snapshot(Manager *m, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
                              void *userdata);
 HandoffJournalEntry *handoff_journal_entry_of(HandoffObject *o);
-void handoff_journal_groups(HandoffObject *o, uint32_t done);
 int handoff_journal_prepared(HandoffObject *o);
 int handoff_journal_append(HandoffManager *hm, const HandoffRecord *r, const uint32_t *pages);
 void handoff_journal_released(HandoffObject *o);
@@ -164,3 +175,4 @@ void handoff_window_publish(HandoffManager *hm, PeerWindow *w);
 void handoff_notify_progress(HandoffObject *o, uint32_t done);
 void handoff_notify_state(HandoffObject *o);
 void handoff_ring_free(ClientRing *cr);
+void handoff_watcher_free(HandoffWatcher *w);

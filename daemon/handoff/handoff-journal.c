@@ -62,15 +62,6 @@ static void journal_warn(HandoffObject *o, int r, const char *what) {
                                   handoff_role_to_string(o->h->role), what);
 }
 
-void handoff_journal_groups(HandoffObject *o, uint32_t done) {
-        HandoffJournalEntry *e = handoff_journal_entry_of(o);
-        if (!e || e->state != HANDOFF_PREPARED || done <= e->groups_done)
-                return;
-        HandoffRecord r = handoff_record_of(o, HANDOFF_REC_GROUPS);
-        r.value = done;
-        journal_warn(o, handoff_journal_append(o->hm, &r, NULL), "group progress");
-}
-
 void handoff_journal_released(HandoffObject *o) {
         if (!handoff_journal_entry_of(o))
                 return;
@@ -151,9 +142,8 @@ static void recovered_rolled_back(void *userdata, const HandoffJournalEntry *e) 
         if (k < 0 && k != -ENOTCONN)
                 log_warning_errno(k, "handoff %s: cannot journal its rollback at restart: %m",
                                   epd_id_to_string(&e->request_id, id));
-        log_info("handoff %s (%s): in flight at the last stop: rolled back, %" PRIu32 " of %" PRIu32
-                 " groups had arrived; its pages are free.",
-                 epd_id_to_string(&e->request_id, id), handoff_role_to_string(e->role), e->groups_done, e->n_groups);
+        log_info("handoff %s (%s): in flight at the last stop: rolled back; its pages are free.",
+                 epd_id_to_string(&e->request_id, id), handoff_role_to_string(e->role));
 }
 
 static int on_journal_grace(sd_event_source *s, uint64_t usec, void *userdata) {

@@ -81,6 +81,12 @@ struct HandoffPrepareWaiter {
         void (*done)(HandoffPrepareWaiter *w, HandoffObject *o, int error, const char *why);
 };
 
+/* A pipelined handoff's slot at the destination: (peer, slot) -> HandoffObject. */
+typedef struct SlotKey {
+        Peer *peer;
+        uint64_t slot;
+} SlotKey;
+
 struct HandoffObject {
         HandoffManager *hm;
         Handoff *h;
@@ -94,7 +100,14 @@ struct HandoffObject {
         bool in_request_map;
 
         Peer *peer;              /* the other daemon; NULL for a local handoff */
+        Transport *net;          /* remote: the transport its writes take (chosen at Prepare) */
+        bool imm;                /* remote: group completions ride the data (no GROUP_SENT) */
+        uint64_t slot;           /* remote, pipelined: the slot its writes name (0: none) */
+        SlotKey slot_key;        /* destination: its key in hm->slots */
         HandoffObject *twin;     /* local handoff: the other side */
+        unsigned signals;        /* HANDOFF_SIG_*: signals to send at the end of this loop
+                                  * iteration (coalesced: the latest state and progress) */
+        LIST_FIELDS(HandoffObject, signal);
         char peer_host[64];
 
         uint32_t arena;          /* arena of `pages` */
@@ -106,7 +119,7 @@ struct HandoffObject {
         bool zero_copy;
         bool gpu;                /* local, through the CUDA transport (a GPU arena on a side) */
         HandoffStaging *staging; /* remote with GPU source pages: GPU → host staging → peer */
-        TransportWrite **net;    /* staged: per group, the peer writes, posted once it is staged */
+        TransportWrite **net_writes; /* staged: per group, the peer writes, posted once it is staged */
         size_t *n_net;
         const char *transport;   /* what moved its last group (TransportOps name, "zero-copy") */
 
@@ -138,8 +151,15 @@ struct HandoffManager {
         Hashmap *incoming;        /* incoming writes in flight by (peer, cookie) */
         Hashmap *dest_pages;      /* destination HandoffObject* by (arena << 32 | page) */
         Hashmap *rings;           /* ClientRing* by client serial */
+        Hashmap *watchers;        /* HandoffWatcher* by client serial: Watch(true) */
+        LIST_HEAD(HandoffObject, signal_pending); /* objects with signals to send */
+        sd_event_source *signal_source;           /* sends them (a defer source) */
         Hashmap *windows;         /* PeerWindow* by peer host id: handoffs in flight */
         Hashmap *expects;         /* waiters for a handoff to arrive, by request id (handoff-expect.c) */
+        /* Pipelined handoffs (handoff-proto.h: HANDOFF_PREPARE_F_PIPELINED). */
+        uint64_t next_slot;       /* source: the last slot given */
+        Hashmap *slots;           /* destination: HandoffObject* by (peer, slot) */
+        Hashmap *peer_slots;      /* destination: PeerSlots* by peer: the last slot announced */
         Transport *local;
         sd_event_source *local_source;
         sd_event_source *peer_source;
@@ -176,6 +196,7 @@ typedef struct HandoffPrepareArgs {
         const char *arena;           /* destination arena (local), NULL: the source's */
         const char *target;          /* worker path or id that will accept, NULL: any */
         uint64_t timeout_usec;       /* 0: config */
+        uint32_t ready;              /* layer groups [0, ready) are computed already */
 } HandoffPrepareArgs;
 
 typedef enum HandoffPrepareResult {
@@ -211,6 +232,20 @@ int handoff_manager_group_ready(HandoffObject *o, uint32_t group, Reason *why);
 int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequence, Reason *why);
 int handoff_manager_rollback(HandoffObject *o, Reason *why);
 void handoff_manager_release(HandoffObject *o);
+#define HANDOFF_SIG_STATE 0x1u          /* StateChanged to the watchers */
+#define HANDOFF_SIG_PROGRESS 0x2u       /* Progress to the watchers */
+#define HANDOFF_SIG_STATE_OWNER 0x4u    /* ... and to the owner (its ring did not take it) */
+#define HANDOFF_SIG_PROGRESS_OWNER 0x8u
+/* Queues the signals (HANDOFF_SIG_*) of o; they leave once per loop iteration with the
+ * latest state and progress, or when o is freed. */
+void handoff_signal_later(HandoffObject *o, unsigned signals);
+void handoff_signals_flush_one(HandoffObject *o);
+/* Progress and StateChanged go only to the watchers, and to the owner when its ring
+ * could not take the record (or it has none): unicast, never to every connection. */
+void handoff_emit_signal(HandoffObject *o, bool to_owner, const char *member, const char *types, ...);
+/* Watch(enable): the client gets every handoff's Progress and StateChanged signals
+ * (until Watch(false) or it goes away). */
+int handoff_manager_watch(HandoffManager *hm, Client *c, bool enable, Reason *why);
 int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32_t cq, Ring **ret,
                               Reason *why);
 /* Whether client c owns o. */

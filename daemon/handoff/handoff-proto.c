@@ -64,7 +64,7 @@ static void put_id(Writer *w, const EpdId *id) {
 /* ---- validation, shared by encode and decode ---- */
 
 #define HEAD_SIZE (16 + 8)
-#define PREPARE_FIXED (HEAD_SIZE + 8 * 3 + 16 + 4 + 4)
+#define PREPARE_FIXED (HEAD_SIZE + 8 * 3 + 16 + 4 + 4 + 4 + 4 + 8)
 #define GROUP_HEAD 4
 #define RANGE_SIZE 16
 
@@ -89,6 +89,9 @@ static int validate(const HandoffMessage *m) {
                 if (!m->group_ranges || !m->ranges)
                         return -EINVAL;
                 if (m->group_ranges[0] != 0 || m->group_ranges[m->n_groups] != m->n_ranges)
+                        return -EINVAL;
+                if ((m->flags & ~HANDOFF_PREPARE_F_ALL) ||
+                    !(m->flags & HANDOFF_PREPARE_F_PIPELINED) != !m->slot)
                         return -EINVAL;
                 for (uint32_t g = 0; g < m->n_groups; g++) {
                         HandoffGroupLayout l;
@@ -166,7 +169,10 @@ int handoff_message_decode(uint16_t type, const void *payload, size_t len, Hando
                 get_id(&r, &m.target_worker);
                 m.n_pages = get32(&r);
                 m.n_groups = get32(&r);
-                if (r.bad || m.n_groups == 0 || m.n_groups > HANDOFF_GROUPS_MAX)
+                m.flags = get32(&r);
+                uint32_t reserved0 = get32(&r);
+                m.slot = get64(&r);
+                if (r.bad || reserved0 != 0 || m.n_groups == 0 || m.n_groups > HANDOFF_GROUPS_MAX)
                         return -EBADMSG;
                 /* Each group takes at least GROUP_HEAD + one range: bound before
                  * allocating by what the payload can hold. */
@@ -294,6 +300,9 @@ int handoff_message_encode(const HandoffMessage *m, uint8_t **ret, size_t *ret_l
                 put_id(&w, &m->target_worker);
                 put32(&w, m->n_pages);
                 put32(&w, m->n_groups);
+                put32(&w, m->flags);
+                put32(&w, 0);
+                put64(&w, m->slot);
                 for (uint32_t g = 0; g < m->n_groups; g++) {
                         uint32_t a = m->group_ranges[g], b = m->group_ranges[g + 1];
                         put16(&w, (uint16_t)(b - a));

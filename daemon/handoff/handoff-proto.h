@@ -10,8 +10,14 @@
  *
  *  PREPARE          source -> destination: reserve pages for a handoff
  *      request_id[16] token:u64 timeout_usec:u64 page_size:u64 layout_hash:u64
- *      target_worker[16] n_pages:u32 n_groups:u32
+ *      target_worker[16] n_pages:u32 n_groups:u32 flags:u32 reserved:u32 slot:u64
  *      n_groups x { n_ranges:u16 reserved:u16 n_ranges x { offset:u64 length:u64 } }
+ *    flags: HANDOFF_PREPARE_F_IMM: group completions ride the data (each group's last
+ *      write carries an immediate, handoff_group_imm()): no GROUP_SENT;
+ *      HANDOFF_PREPARE_F_PIPELINED (with a non-zero slot, larger than every earlier one
+ *      of the session): the source does not wait for PREPARE_OK (none is sent) and
+ *      addresses its writes to the slot (TRANSPORT_WRITE_TARGET, offsets
+ *      handoff_slot_offset()); a refusal is PREPARE_REFUSED as ever.
  *  PREPARE_OK       destination -> source: pages reserved
  *      request_id[16] token:u64 region:u32 n_pages:u32 n_pages x { offset:u64 }
  *  PREPARE_REFUSED  destination -> source: admission said no
@@ -46,6 +52,21 @@ typedef enum HandoffMessageType {
 #define HANDOFF_PROTO_RANGES_MAX 8192U  /* ranges of all groups of one PREPARE */
 #define HANDOFF_PAGE_SIZE_MAX (1ULL << 32)
 
+#define HANDOFF_PREPARE_F_IMM 0x1u
+#define HANDOFF_PREPARE_F_PIPELINED 0x2u
+#define HANDOFF_PREPARE_F_ALL (HANDOFF_PREPARE_F_IMM | HANDOFF_PREPARE_F_PIPELINED)
+
+/* A pipelined handoff's write offsets: page index and offset within the page. */
+static inline uint64_t handoff_slot_offset(uint32_t page, uint64_t in_page) {
+        return ((uint64_t)page << 32) | in_page;
+}
+/* The immediate of a group's last write: the group and the bytes it moves in all. */
+static inline uint64_t handoff_group_imm(uint32_t group, uint64_t bytes) {
+        return (bytes << 10) | group;
+}
+#define HANDOFF_IMM_GROUP(imm) ((uint32_t)((imm) & 1023u))
+#define HANDOFF_IMM_BYTES(imm) ((imm) >> 10)
+
 typedef struct HandoffMessage {
         uint16_t type;
         EpdId request_id;
@@ -57,6 +78,8 @@ typedef struct HandoffMessage {
         uint64_t layout_hash;
         EpdId target_worker;      /* null: any decode worker may accept */
         uint32_t n_groups;
+        uint32_t flags;           /* HANDOFF_PREPARE_F_* */
+        uint64_t slot;            /* F_PIPELINED */
         uint32_t *group_ranges;   /* n_groups + 1 entries: group g's ranges are
                                    * ranges[group_ranges[g] .. group_ranges[g+1]) */
         HandoffRange *ranges;

@@ -24,7 +24,7 @@ void handoff_record_encode(void *buf, const HandoffRecord *r, const uint32_t *pa
         p[24] = (uint8_t)r->role;
         p[25] = r->type == HANDOFF_REC_ROLLED_BACK ? (uint8_t)r->cause : 0;
         unaligned_write_le(p + 26, 0, 2);
-        unaligned_write_le(p + 28, r->type == HANDOFF_REC_PREPARED || r->type == HANDOFF_REC_GROUPS ? r->value : 0, 4);
+        unaligned_write_le(p + 28, r->type == HANDOFF_REC_PREPARED || r->type == HANDOFF_REC_GROUPS || r->type == HANDOFF_REC_COMMITTED ? r->value : 0, 4);
         if (r->type == HANDOFF_REC_PREPARED) {
                 unaligned_write_le(p + 32, r->arena, 4);
                 unaligned_write_le(p + 36, r->n_pages, 4);
@@ -67,7 +67,8 @@ int handoff_record_parse(uint8_t type, const void *buf, size_t n, HandoffRecord 
                         return -EBADMSG;
                 break;
         case HANDOFF_REC_COMMITTED:
-                if (r.value != 0 || (n > HANDOFF_REC_HEADER_SIZE && r.role != HANDOFF_DESTINATION))
+                if (r.value > HANDOFF_REC_COMMIT_PAIR || (r.value != 0 && r.role != HANDOFF_DESTINATION) ||
+                    (n > HANDOFF_REC_HEADER_SIZE && r.role != HANDOFF_DESTINATION))
                         return -EBADMSG;
                 r.extra = n > HANDOFF_REC_HEADER_SIZE ? p + HANDOFF_REC_HEADER_SIZE : NULL;
                 r.extra_len = n - HANDOFF_REC_HEADER_SIZE;
@@ -183,6 +184,14 @@ int handoff_journal_apply(HandoffJournal *j, uint8_t type, const void *payload, 
                 }
                 e->state = HANDOFF_COMMITTED;
                 e->groups_done = e->n_groups;
+                if (r.value == HANDOFF_REC_COMMIT_PAIR) {
+                        /* The source side of the same attempt, in this daemon, with it. */
+                        HandoffJournalEntry *src = handoff_journal_get(j, &r.request_id, HANDOFF_SOURCE);
+                        if (src && src->token == r.token && src->state == HANDOFF_PREPARED) {
+                                src->state = HANDOFF_COMMITTED;
+                                src->groups_done = src->n_groups;
+                        }
+                }
                 return 0;
         case HANDOFF_REC_ROLLED_BACK:
                 if (e->state == HANDOFF_COMMITTED)

@@ -14,7 +14,10 @@
  *   24 1  role (HandoffRole)
  *   25 1  cause (ROLLED_BACK; else 0)
  *   26 2  reserved, 0
- *   28 4  PREPARED: number of layer groups; GROUPS: groups done in order; else 0
+ *   28 4  PREPARED: number of layer groups; GROUPS: groups done in order (no longer
+ *         written: progress is not journaled; old logs replay); COMMITTED of a
+ *         destination: HANDOFF_REC_COMMIT_PAIR when the source side is in this daemon
+ *         (a local handoff) and commits in the same record; else 0
  * PREPARED continues with: u32 arena | u32 n_pages | u64 page size | n_pages × u32 page.
  * COMMITTED of a destination continues with the decode sequence's PUT payload
  * (sequence-record.h), so that the commit and the sequence it made are one record: a
@@ -48,6 +51,10 @@ enum {
         HANDOFF_REC_RELEASED = 0x05,
 };
 
+/* COMMITTED's value: both sides of a local handoff commit in this one record, so that a
+ * crash never leaves one side committed and the other in flight. */
+#define HANDOFF_REC_COMMIT_PAIR 1u
+
 #define HANDOFF_REC_HEADER_SIZE 32u
 #define HANDOFF_REC_PREPARED_SIZE(n_pages) (HANDOFF_REC_HEADER_SIZE + 16u + 4u * (size_t)(n_pages))
 #define HANDOFF_JOURNAL_MAX 131072u /* entries: both roles of HANDOFF_MANAGER_MAX handoffs */
@@ -59,7 +66,8 @@ typedef struct HandoffRecord {
         uint64_t token;
         HandoffRole role;
         HandoffCause cause;
-        uint32_t value;         /* PREPARED: groups; GROUPS: groups done */
+        uint32_t value;         /* PREPARED: groups; GROUPS: groups done; COMMITTED: 0 or
+                                 * HANDOFF_REC_COMMIT_PAIR */
         uint32_t arena;         /* PREPARED */
         uint32_t n_pages;       /* PREPARED */
         uint64_t page_size;     /* PREPARED */

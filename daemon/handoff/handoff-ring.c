@@ -6,6 +6,83 @@
 
 /* ---- notifications to the owning worker: ring first, D-Bus as fallback ---- */
 
+/* A signal to one client: on its direct connection, or unicast to its unique name. */
+static void emit_to(Client *c, const char *path, const char *member, const char *types, va_list ap) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        va_list aq;
+        if (!c || !c->bus || c->dying)
+                return;
+        int r = sd_bus_message_new_signal(c->bus, &m, path, "org.epd1.Handoff", member);
+        if (r >= 0 && c->unique_name)
+                r = sd_bus_message_set_destination(m, c->unique_name);
+        if (r >= 0) {
+                va_copy(aq, ap);
+                r = sd_bus_message_appendv(m, types, aq);
+                va_end(aq);
+        }
+        if (r >= 0)
+                r = sd_bus_send(c->bus, m, NULL);
+        if (r < 0)
+                log_debug_errno(r, "handoff: cannot send %s to client %" PRIu64 ": %m", member, c->serial);
+}
+
+void handoff_emit_signal(HandoffObject *o, bool to_owner, const char *member, const char *types, ...) {
+        HandoffManager *hm = o->hm;
+        Client *owner = o->owned ? o->object.owner : NULL;
+        HandoffWatcher *w;
+        size_t it = 0;
+        va_list ap;
+        va_start(ap, types);
+        while (hashmap_iterate(hm->watchers, &it, (void **)&w, NULL))
+                if (w->object.owner != owner) /* the owner gets it once, below */
+                        emit_to(w->object.owner, o->path, member, types, ap);
+        if (owner && (to_owner || hashmap_get(hm->watchers, &(uint64_t){ handoff_client_serial(owner) })))
+                emit_to(owner, o->path, member, types, ap);
+        va_end(ap);
+}
+
+void handoff_watcher_free(HandoffWatcher *w) {
+        if (!w)
+                return;
+        (void)hashmap_remove(w->hm->watchers, &w->serial);
+        if (w->object.owner)
+                client_object_unlink(&w->object);
+        free(w);
+}
+
+static void release_watcher(ClientObject *co) {
+        handoff_watcher_free(container_of(co, HandoffWatcher, object));
+}
+
+int handoff_manager_watch(HandoffManager *hm, Client *c, bool enable, Reason *why) {
+        uint64_t serial = handoff_client_serial(c);
+        HandoffWatcher *w = hashmap_get(hm->watchers, &serial);
+        if (!enable) {
+                handoff_watcher_free(w);
+                return 0;
+        }
+        if (w)
+                return 0; /* a repeat */
+        w = calloc(1, sizeof *w);
+        if (!w)
+                return -ENOMEM;
+        w->hm = hm;
+        w->serial = serial;
+        int r = hashmap_put(hm->watchers, &w->serial, w);
+        if (r >= 0) {
+                r = client_object_link(c, &w->object, CLIENT_OBJECT_OTHER, release_watcher);
+                if (r < 0)
+                        (void)hashmap_remove(hm->watchers, &w->serial);
+        }
+        if (r < 0) {
+                free(w);
+                if (r == -EDQUOT)
+                        return reason_set(why, -EDQUOT, "Too many objects for this client.");
+                return r;
+        }
+        return 0;
+}
+
 static ClientRing *owner_ring(HandoffObject *o) {
         if (!o->owned)
                 return NULL;
@@ -23,26 +100,65 @@ void handoff_notify_progress(HandoffObject *o, uint32_t done) {
                 int r = ring_post(cr->ring, &rec);
                 if (r >= 0) {
                         (void)ring_kick(cr->ring);
+                        handoff_signal_later(o, HANDOFF_SIG_PROGRESS);
                         return;
                 }
                 o->hm->counters.ring_fallbacks++;
                 (void)ring_kick(cr->ring);
         }
-        bus_handoff_emit_progress(o, done);
+        handoff_signal_later(o, HANDOFF_SIG_PROGRESS | HANDOFF_SIG_PROGRESS_OWNER);
 }
 
 void handoff_notify_state(HandoffObject *o) {
         Handoff *h = o->h;
         ClientRing *cr = owner_ring(o);
+        bool fallback = true;
         if (cr) {
                 struct epd_ring_record rec;
                 ring_record_handoff_state(&rec, h->request_id.bytes, h->token, h->state, h->cause);
                 if (ring_post(cr->ring, &rec) < 0)
                         o->hm->counters.ring_fallbacks++;
+                else
+                        fallback = false;
                 (void)ring_kick(cr->ring);
         }
-        /* State changes are rare: always on the bus too. */
-        bus_handoff_emit_state(o);
+        /* On the bus: to the watchers, and to the owner when its ring did not take it. */
+        handoff_signal_later(o, HANDOFF_SIG_STATE | (fallback ? HANDOFF_SIG_STATE_OWNER : 0));
+}
+
+void handoff_signals_flush_one(HandoffObject *o) {
+        unsigned s = o->signals;
+        if (!s)
+                return;
+        o->signals = 0;
+        LIST_REMOVE(signal, o->hm->signal_pending, o);
+        if (s & HANDOFF_SIG_PROGRESS)
+                bus_handoff_emit_progress(o, s & HANDOFF_SIG_PROGRESS_OWNER, o->h->n_notified);
+        if (s & HANDOFF_SIG_STATE)
+                bus_handoff_emit_state(o, s & HANDOFF_SIG_STATE_OWNER);
+}
+
+static int on_signals(sd_event_source *es, void *userdata) {
+        HandoffManager *hm = userdata;
+        while (hm->signal_pending)
+                handoff_signals_flush_one(hm->signal_pending);
+        return 0;
+}
+
+void handoff_signal_later(HandoffObject *o, unsigned signals) {
+        HandoffManager *hm = o->hm;
+        /* Nobody to tell: no watcher, and the owner's ring took it. */
+        if (!(signals & (HANDOFF_SIG_STATE_OWNER | HANDOFF_SIG_PROGRESS_OWNER)) && hashmap_size(hm->watchers) == 0)
+                return;
+        if (!o->signals)
+                LIST_PREPEND(signal, hm->signal_pending, o);
+        o->signals |= signals;
+        if (!hm->signal_source &&
+            sd_event_add_defer(hm->manager->event, &hm->signal_source, on_signals, hm) < 0) {
+                on_signals(NULL, hm); /* no source: at once */
+                return;
+        }
+        (void)sd_event_source_set_enabled(hm->signal_source, SD_EVENT_ONESHOT);
 }
 
 /* ---- rings ---- */

@@ -41,9 +41,7 @@ static int post_group(HandoffObject *o, uint32_t g) {
                 return r;
         }
 
-        Transport *t = o->peer ? peer_manager_transport_for(handoff_obj_manager(o)->peers, o->peer)
-                     : o->gpu ? handoff_gpu_transport(hm)
-                              : hm->local;
+        Transport *t = o->peer ? o->net : o->gpu ? handoff_gpu_transport(hm) : hm->local;
         if (!t)
                 return -ENOTCONN;
         o->transport = t->ops->name;
@@ -89,8 +87,16 @@ static int post_group(HandoffObject *o, uint32_t g) {
                         break;
                 }
         }
-        for (size_t k = 0; r >= 0 && k < c.n; k++)
+        for (size_t k = 0; r >= 0 && k < c.n; k++) {
                 c.w[k].cookie = ow[o->peer ? k : 0]->cookie;
+                if (o->slot) {
+                        /* Pipelined: the destination resolves the slot's pages. */
+                        c.w[k].flags |= TRANSPORT_WRITE_TARGET;
+                        c.w[k].target = o->slot;
+                }
+        }
+        if (r >= 0 && c.n > 0)
+                handoff_mark_group_end(o, g, &c.w[c.n - 1]);
         if (r >= 0)
                 r = t->ops->post(t, o->peer, c.w, c.n);
         if (r < 0) {
@@ -110,6 +116,13 @@ static int post_group(HandoffObject *o, uint32_t g) {
                         (void)handoff_write_landing(o->twin->h, g);
         hm->counters.batches++;
         return 0;
+}
+
+void handoff_mark_group_end(HandoffObject *o, uint32_t g, TransportWrite *w) {
+        if (!o->imm)
+                return;
+        w->flags |= TRANSPORT_WRITE_IMM;
+        w->imm = handoff_group_imm(g, o->h->groups[g].bytes_expected);
 }
 
 void handoff_pump(HandoffObject *o) {
@@ -287,6 +300,9 @@ static int prepare_check(HandoffManager *hm, const HandoffPrepareArgs *a, Prepar
                                   x->sequence->n_pages, HANDOFF_PAGES_MAX);
         if (a->n_groups == 0 || a->n_groups > HANDOFF_GROUPS_MAX)
                 return reason_set(why, -EINVAL, "Between 1 and %u layer groups.", HANDOFF_GROUPS_MAX);
+        if (a->ready > a->n_groups)
+                return reason_set(why, -EINVAL, "Option ready=%" PRIu32 ": there are %zu layer groups.", a->ready,
+                                  a->n_groups);
         uint64_t layers = 0;
         for (size_t g = 0; g < a->n_groups; g++) {
                 if (a->layer_groups[g] == 0)
@@ -494,9 +510,9 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
         int r;
 
         if (x->src_arena->domain == MEMORY_GPU) {
-                o->net = calloc(n_groups, sizeof *o->net);
+                o->net_writes = calloc(n_groups, sizeof *o->net_writes);
                 o->n_net = calloc(n_groups, sizeof *o->n_net);
-                r = o->net && o->n_net ? handoff_staging_acquire(hm, (uint64_t)o->n_pages * o->page_size, &o->staging)
+                r = o->net_writes && o->n_net ? handoff_staging_acquire(hm, (uint64_t)o->n_pages * o->page_size, &o->staging)
                                        : -ENOMEM;
                 if (r < 0) {
                         handoff_obj_free(o);
@@ -512,6 +528,25 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
 
         o->peer = x->peer;
         snprintf(o->peer_host, sizeof o->peer_host, "%s", a->destination);
+        /* The transport is chosen once: completions in-band and pipelining depend on
+         * what it carries (tcp: both; rdma: neither, it asks the destination anyway). */
+        o->net = peer_manager_transport_for(handoff_obj_manager(o)->peers, x->peer);
+        unsigned caps = o->net ? o->net->ops->caps : 0;
+        o->imm = caps & TRANSPORT_CAP_IMM;
+        bool pipelined = o->imm && (caps & TRANSPORT_CAP_TARGET) && !o->staging &&
+                         x->total_bytes <= hm->manager->config.handoff_pipeline_bytes &&
+                         o->page_size < HANDOFF_PAGE_SIZE_MAX;
+        if (pipelined) {
+                /* Page i at (i << 32): pages are never adjacent, so no write spans two. */
+                o->dst_offsets = calloc(o->n_pages, sizeof *o->dst_offsets);
+                if (!o->dst_offsets) {
+                        handoff_obj_free(o);
+                        return -ENOMEM;
+                }
+                for (uint32_t i = 0; i < o->n_pages; i++)
+                        o->dst_offsets[i] = handoff_slot_offset(i, 0);
+                o->slot = ++hm->next_slot;
+        }
         _cleanup_(freep) uint32_t *gr = calloc(n_groups + 1, sizeof *gr);
         _cleanup_(freep) HandoffRange *ranges = calloc(n_groups, sizeof *ranges);
         if (!gr || !ranges) {
@@ -532,6 +567,8 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
                 .layout_hash = layout_hash(x->worker->layout),
                 .n_pages = o->n_pages,
                 .n_groups = n_groups,
+                .flags = (o->imm ? HANDOFF_PREPARE_F_IMM : 0) | (pipelined ? HANDOFF_PREPARE_F_PIPELINED : 0),
+                .slot = o->slot,
                 .group_ranges = gr,
                 .ranges = ranges,
                 .n_ranges = n_groups,
@@ -545,7 +582,6 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
                 handoff_obj_free(o);
                 return reason_set(why, -EHOSTUNREACH, "Cannot reach peer '%s': %s", a->destination, strerror(-r));
         }
-        o->waiter = waiter;
         o->windowed = true;
         o->window_bytes = x->total_bytes;
         x->window->handoffs++;
@@ -553,7 +589,27 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
         handoff_window_publish(hm, x->window);
         hm->counters.prepared++;
         x->worker->stats.handoffs_out++;
-        return HANDOFF_PREPARE_PENDING;
+        if (!pipelined) {
+                /* The answer to Prepare waits for the destination's (PREPARE_OK or
+                 * PREPARE_REFUSED: NoSpace to the caller). */
+                o->waiter = waiter;
+                return HANDOFF_PREPARE_PENDING;
+        }
+        /* Pipelined: no round trip. The writes name the slot, and the destination
+         * reserves the pages when the PREPARE, sent first, reaches it; a refusal comes
+         * back as a rollback. */
+        (void)handoff_prepared(o->h);
+        o->notified_state = o->h->state;
+        r = handoff_journal_prepared(o);
+        if (r < 0) {
+                log_warning_errno(r, "handoff %s: cannot journal Prepare: %m", o->request_str);
+                /* The caller never learns of it: it ends here (and at the destination). */
+                (void)handoff_rollback(o->h, HANDOFF_CAUSE_REFUSED, false);
+                handoff_manager_release(o);
+                return prepare_error(why, r, "Prepare");
+        }
+        hm->counters.pipelined++;
+        return HANDOFF_PREPARED_NOW;
 }
 
 int handoff_manager_prepare(HandoffManager *hm, Worker *w, const HandoffPrepareArgs *a,
@@ -588,8 +644,16 @@ int handoff_manager_prepare(HandoffManager *hm, Worker *w, const HandoffPrepareA
         if (r < 0)
                 return r;
         r = x.local ? prepare_local(hm, &x, o, why) : prepare_remote(hm, a, &x, o, waiter, why);
-        if (r >= 0)
-                *ret = o;
+        if (r < 0)
+                return r;
+        *ret = o;
+        /* Groups computed already ship now (or once the destination answered). */
+        if (a->ready > 0) {
+                for (uint32_t g = 0; g < MIN(a->ready, o->h->n_groups); g++)
+                        (void)handoff_group_ready(o->h, g);
+                handoff_pump(o);
+                handoff_after_event(o);
+        }
         return r;
 }
 

@@ -180,7 +180,7 @@ int handoff_post_group_staged(HandoffObject *o, uint32_t g) {
                 free(b.w);
                 return r;
         }
-        o->net[g] = b.w;
+        o->net_writes[g] = b.w;
         o->n_net[g] = b.n;
         (void)handoff_group_posted(o->h, g, (uint32_t)(a.n + b.n));
         hm->counters.batches++;
@@ -192,14 +192,14 @@ int handoff_post_group_staged(HandoffObject *o, uint32_t g) {
  * comes down either way. */
 void handoff_stage_landed(HandoffObject *o, uint32_t g, int error) {
         HandoffManager *hm = o->hm;
-        Transport *nt = peer_manager_transport_for(hm->manager->peers, o->peer);
-        TransportWrite *w = o->net ? o->net[g] : NULL;
+        Transport *nt = o->net ? o->net : peer_manager_transport_for(hm->manager->peers, o->peer);
+        TransportWrite *w = o->net_writes ? o->net_writes[g] : NULL;
         size_t n = o->n_net ? o->n_net[g] : 0, i = 0;
         int r = error;
 
         if (!w)
                 return;
-        o->net[g] = NULL;
+        o->net_writes[g] = NULL;
         if (r >= 0 && (!handoff_is_live(o->h) || !o->peer || !nt))
                 r = -ECANCELED;
         OutWrite **ow = r >= 0 ? calloc(n, sizeof *ow) : NULL;
@@ -220,6 +220,8 @@ void handoff_stage_landed(HandoffObject *o, uint32_t g, int error) {
                         break;
                 }
         }
+        if (r >= 0 && n > 0)
+                handoff_mark_group_end(o, g, &w[n - 1]);
         if (r >= 0)
                 r = nt->ops->post(nt, o->peer, w, n);
         if (r < 0) {

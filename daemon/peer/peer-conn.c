@@ -198,6 +198,16 @@ static int control_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t 
                 tcp_transport_write_acked(pm->tcp, p, a.write_id, a.error);
                 return p->control == c ? 0 : 1;
         }
+        case PEER_MSG_WRITE_ACKS: {
+                size_t n, max = len >= 8 ? (len - 8) / 16 : 0;
+                _cleanup_(freep) PeerAckRun *runs = calloc(MAX(max, (size_t)1), sizeof *runs);
+                if (!runs)
+                        return -ENOMEM;
+                if (peer_write_acks_decode(payload, len, runs, max, &n) < 0)
+                        return -EBADMSG;
+                tcp_transport_writes_acked(pm->tcp, p, runs, n);
+                return p->control == c ? 0 : 1;
+        }
         }
         if (type <= PEER_MSG_CORE_LAST)
                 return -EBADMSG;

@@ -75,13 +75,12 @@ static void **op_slot(Peer *p, TransportKind kind) {
         return &p->transport_state[kind];
 }
 
-static int op_validate_incoming(void *userdata, Peer *p, uint32_t region, uint64_t offset, uint64_t length,
-                                uint64_t cookie) {
-        return peer_manager_validate_incoming(userdata, p, region, offset, length, cookie);
+static int op_validate_incoming(void *userdata, Peer *p, TransportIncoming *in) {
+        return peer_manager_validate_incoming(userdata, p, in);
 }
 
-static void op_incoming_done(void *userdata, Peer *p, uint64_t cookie, int error) {
-        peer_manager_incoming_done(userdata, p, cookie, error);
+static void op_incoming_done(void *userdata, Peer *p, const TransportIncoming *in, int error) {
+        peer_manager_incoming_done(userdata, p, in, error);
 }
 
 static int op_register_handler(void *userdata, uint16_t first, uint16_t last, TransportPeerMessageFn fn,
@@ -299,23 +298,27 @@ void peer_manager_set_incoming_done(PeerManager *pm, PeerIncomingDone fn, void *
         pm->done_userdata = userdata;
 }
 
-int peer_manager_validate_incoming(PeerManager *pm, Peer *p, uint32_t region, uint64_t offset,
-                                   uint64_t length, uint64_t cookie) {
+int peer_manager_validate_incoming(PeerManager *pm, Peer *p, TransportIncoming *in) {
         int r;
 
         /* Nothing lands without an owner that said yes. */
         if (!pm->validator)
                 r = -EPERM;
         else
-                r = pm->validator(p, region, offset, length, cookie, pm->validator_userdata);
-        if (r < 0)
+                r = pm->validator(p, in, pm->validator_userdata);
+        if (r < 0 && r != -EAGAIN)
                 p->stats.writes_refused++;
         return r < 0 ? r : 0;
 }
 
-void peer_manager_incoming_done(PeerManager *pm, Peer *p, uint64_t cookie, int error) {
+void peer_manager_incoming_done(PeerManager *pm, Peer *p, const TransportIncoming *in, int error) {
         if (pm->done)
-                pm->done(p, cookie, error, pm->done_userdata);
+                pm->done(p, in, error, pm->done_userdata);
+}
+
+void peer_manager_resume_incoming(PeerManager *pm, Peer *p) {
+        if (pm->tcp && pm->tcp->ops->resume_incoming)
+                pm->tcp->ops->resume_incoming(pm->tcp, p);
 }
 
 Transport *peer_manager_transport(PeerManager *pm) {

@@ -34,13 +34,15 @@ typedef struct Manager Manager;
 typedef int (*PeerMessageHandler)(Peer *p, uint16_t type, const void *payload, size_t len,
                                   void *userdata);
 typedef void (*PeerStateHandler)(Peer *p, bool up, void *userdata);
-/* Asked before any byte of an incoming write lands: 0 to accept, negative errno to
+/* Asked before any byte of an incoming write lands: 0 to accept (a write relative to a
+ * target resolved into in->region and in->offset), -EAGAIN when its target is not known
+ * yet (asked again after peer_manager_resume_incoming()), another negative errno to
  * refuse (the bytes are then discarded and the sender's write fails with that error). */
-typedef int (*PeerIncomingValidator)(Peer *p, uint32_t region, uint64_t offset,
-                                     uint64_t length, uint64_t cookie, void *userdata);
-/* Told once per accepted incoming write: error 0 when every byte has landed, or the
- * error that ended it (connection dropped: no byte of it lands after this call). */
-typedef void (*PeerIncomingDone)(Peer *p, uint64_t cookie, int error, void *userdata);
+typedef int (*PeerIncomingValidator)(Peer *p, TransportIncoming *in, void *userdata);
+/* Told once per accepted incoming write: error 0 when every byte has landed (with its
+ * immediate, when it carries one), or the error that ended it (connection dropped: no
+ * byte of it lands after this call). */
+typedef void (*PeerIncomingDone)(Peer *p, const TransportIncoming *in, int error, void *userdata);
 
 typedef enum PeerState {
         PEER_DOWN,           /* not connected; the dialer waits for its backoff */
@@ -96,6 +98,8 @@ int peer_manager_register_handler(PeerManager *pm, uint16_t first, uint16_t last
 int peer_manager_add_state_handler(PeerManager *pm, PeerStateHandler fn, void *userdata);
 void peer_manager_set_incoming_validator(PeerManager *pm, PeerIncomingValidator fn, void *userdata);
 void peer_manager_set_incoming_done(PeerManager *pm, PeerIncomingDone fn, void *userdata);
+/* Incoming writes of p that waited for their target are asked about again. */
+void peer_manager_resume_incoming(PeerManager *pm, Peer *p);
 
 /* The tcp transport (owned by the manager). post(t, peer, writes, n): src_region names
  * a local region registered with register_region, dst_region/dst_offset the REMOTE
@@ -160,9 +164,8 @@ PeerManager *peer_get_manager(Peer *p);
 uint64_t peer_session_id(Peer *p);
 /* Core messages (WRITE_ACK) of the transports. */
 int peer_send_core(Peer *p, uint16_t type, const void *payload, size_t len);
-int peer_manager_validate_incoming(PeerManager *pm, Peer *p, uint32_t region, uint64_t offset,
-                                   uint64_t length, uint64_t cookie);
-void peer_manager_incoming_done(PeerManager *pm, Peer *p, uint64_t cookie, int error);
+int peer_manager_validate_incoming(PeerManager *pm, Peer *p, TransportIncoming *in);
+void peer_manager_incoming_done(PeerManager *pm, Peer *p, const TransportIncoming *in, int error);
 /* Batches control frames (acknowledgements) queued until peer_uncork() into one write. */
 void peer_cork(Peer *p);
 void peer_uncork(Peer *p);

@@ -364,6 +364,10 @@ int peer_data_header_encode(const PeerDataHeader *d, void *buf, size_t n) {
         put64(&p, d->slice_offset);
         put32(&p, d->region);
         put32(&p, d->slice_size);
+        put64(&p, d->target);
+        put64(&p, d->imm);
+        put32(&p, d->flags);
+        put32(&p, 0);
         return PEER_DATA_HEADER_SIZE;
 }
 
@@ -383,6 +387,12 @@ int peer_data_header_decode(const void *buf, size_t n, uint32_t payload_length,
         d.slice_offset = get64(&p);
         d.region = get32(&p);
         d.slice_size = get32(&p);
+        d.target = get64(&p);
+        d.imm = get64(&p);
+        d.flags = get32(&p);
+        if (get32(&p) != 0 || (d.flags & ~PEER_DATA_F_ALL) || (!(d.flags & PEER_DATA_F_TARGET) && d.target != 0) ||
+            (!(d.flags & PEER_DATA_F_IMM) && d.imm != 0) || ((d.flags & PEER_DATA_F_TARGET) && d.region != 0))
+                return -EBADMSG;
 
         slice_len = payload_length - PEER_DATA_HEADER_SIZE;
         if (d.slice_size < PEER_SLICE_MIN || d.slice_size > PEER_SLICE_MAX)
@@ -397,6 +407,69 @@ int peer_data_header_decode(const void *buf, size_t n, uint32_t payload_length,
         if (slice_len != peer_slice_length(d.total_length, d.slice_size, index))
                 return -EBADMSG;
         *ret = d;
+        return 0;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        return x < y ? -1 : x > y;
+}
+
+size_t peer_ack_runs_build(uint64_t *ids, size_t n, PeerAckRun *runs, size_t max, size_t *ret_used) {
+        size_t k = 0, i;
+
+        if (n > 1)
+                qsort(ids, n, sizeof *ids, cmp_u64);
+        for (i = 0; i < n; i++) {
+                if (k > 0 && runs[k - 1].first + runs[k - 1].count == ids[i] && runs[k - 1].count < UINT32_MAX)
+                        runs[k - 1].count++;
+                else if (k < max)
+                        runs[k++] = (PeerAckRun){ .first = ids[i], .count = 1 };
+                else
+                        break;
+        }
+        *ret_used = i;
+        return k;
+}
+
+int peer_write_acks_encode(const PeerAckRun *runs, size_t n_runs, void *buf, size_t n) {
+        uint8_t *p = buf;
+        uint64_t end;
+
+        if (n_runs == 0 || n_runs > PEER_WRITE_ACKS_RUNS_MAX || !runs)
+                return -EINVAL;
+        if (n < PEER_WRITE_ACKS_SIZE(n_runs))
+                return -ENOBUFS;
+        put32(&p, (uint32_t)n_runs);
+        put32(&p, 0);
+        for (size_t i = 0; i < n_runs; i++) {
+                if (runs[i].count == 0 || ADD_OVERFLOW(runs[i].first, (uint64_t)runs[i].count, &end))
+                        return -EINVAL;
+                put64(&p, runs[i].first);
+                put32(&p, runs[i].count);
+                put32(&p, 0);
+        }
+        return (int)PEER_WRITE_ACKS_SIZE(n_runs);
+}
+
+int peer_write_acks_decode(const void *buf, size_t n, PeerAckRun *runs, size_t max, size_t *ret_n) {
+        const uint8_t *p = buf;
+        uint32_t k;
+        uint64_t end;
+
+        if (!buf || n < 8)
+                return -EBADMSG;
+        k = get32(&p);
+        if (get32(&p) != 0 || k == 0 || k > PEER_WRITE_ACKS_RUNS_MAX || n != PEER_WRITE_ACKS_SIZE(k) || k > max)
+                return -EBADMSG;
+        for (uint32_t i = 0; i < k; i++) {
+                runs[i].first = get64(&p);
+                runs[i].count = get32(&p);
+                if (get32(&p) != 0 || runs[i].count == 0 ||
+                    ADD_OVERFLOW(runs[i].first, (uint64_t)runs[i].count, &end))
+                        return -EBADMSG;
+        }
+        *ret_n = k;
         return 0;
 }
 
@@ -422,6 +495,7 @@ const char *peer_msg_type_to_string(uint16_t type) {
         case PEER_MSG_BYE: return "bye";
         case PEER_MSG_DATA: return "data";
         case PEER_MSG_WRITE_ACK: return "write-ack";
+        case PEER_MSG_WRITE_ACKS: return "write-acks";
         }
         if (type >= PEER_MSG_HANDOFF_FIRST && type <= PEER_MSG_HANDOFF_LAST)
                 return "handoff";

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #define PEER_FRAME_MAGIC UINT32_C(0x45504450) /* "EPDP" */
-#define PEER_PROTOCOL_VERSION 1
+#define PEER_PROTOCOL_VERSION 2 /* 2: DATA header with flags, immediate and target; WRITE_ACKS */
 #define PEER_FRAME_HEADER_SIZE 16
 
 /* Largest payload of any frame other than DATA (control messages of every range). */
@@ -57,7 +57,8 @@ enum {
         PEER_MSG_HEARTBEAT = 0x0006,  /* both ways, on the control connection */
         PEER_MSG_BYE = 0x0007,        /* orderly close */
         PEER_MSG_DATA = 0x0010,       /* one slice of a bulk write (data streams) */
-        PEER_MSG_WRITE_ACK = 0x0011,  /* receiver -> sender: a write landed or failed */
+        PEER_MSG_WRITE_ACK = 0x0011,  /* receiver -> sender: a write failed (or landed) */
+        PEER_MSG_WRITE_ACKS = 0x0012, /* receiver -> sender: runs of writes that landed */
 };
 
 typedef enum PeerRole {
@@ -123,15 +124,23 @@ typedef struct PeerHeartbeat {
         uint64_t time_usec; /* sender's CLOCK_MONOTONIC, echoed nowhere: for logs */
 } PeerHeartbeat;
 
-#define PEER_DATA_HEADER_SIZE 48
+#define PEER_DATA_HEADER_SIZE 72
+/* DATA flags (the same in every slice of a write). */
+#define PEER_DATA_F_IMM 0x1u    /* `imm` is delivered to the receiver with the write's completion */
+#define PEER_DATA_F_TARGET 0x2u /* dst_offset is relative to `target`, an object of the
+                                 * receiver's (a handoff's slot), which resolves it */
+#define PEER_DATA_F_ALL (PEER_DATA_F_IMM | PEER_DATA_F_TARGET)
 typedef struct PeerDataHeader {
         uint64_t write_id;      /* sender-chosen, unique per session and direction */
         uint64_t cookie;        /* the sender's TransportWrite.cookie */
-        uint64_t dst_offset;    /* of the whole write, in the receiver's region */
+        uint64_t dst_offset;    /* of the whole write, in the receiver's region (or target) */
         uint64_t total_length;  /* of the whole write */
         uint64_t slice_offset;  /* of this slice within the write */
-        uint32_t region;        /* receiver's region id */
+        uint32_t region;        /* receiver's region id (0 with F_TARGET) */
         uint32_t slice_size;    /* every slice but the last has this size */
+        uint64_t target;        /* F_TARGET; else 0 */
+        uint64_t imm;           /* F_IMM; else 0 */
+        uint32_t flags;         /* PEER_DATA_F_*; then 4 reserved bytes, 0 */
 } PeerDataHeader;
 
 typedef struct PeerWriteAck {
@@ -139,6 +148,16 @@ typedef struct PeerWriteAck {
         int32_t error;          /* 0 or negative errno (wire: two's complement) */
 } PeerWriteAck;
 #define PEER_WRITE_ACK_SIZE 12
+
+/* WRITE_ACKS: every write of each run [first, first + count) landed without error
+ * (errors go one by one in WRITE_ACK). Payload: u32 n_runs, u32 reserved (0), then
+ * n_runs × (u64 first, u32 count, u32 reserved). */
+typedef struct PeerAckRun {
+        uint64_t first;
+        uint32_t count;         /* >= 1 */
+} PeerAckRun;
+#define PEER_WRITE_ACKS_RUNS_MAX 4096
+#define PEER_WRITE_ACKS_SIZE(n) (8u + 16u * (size_t)(n))
 
 /* Header. decode validates magic, version, flags, reserved bits and the length bound
  * of the type; `len` must be at least PEER_FRAME_HEADER_SIZE. */
@@ -166,12 +185,19 @@ int peer_heartbeat_encode(const PeerHeartbeat *h, void *buf, size_t n);
 int peer_heartbeat_decode(const void *buf, size_t n, PeerHeartbeat *ret);
 int peer_write_ack_encode(const PeerWriteAck *a, void *buf, size_t n);
 int peer_write_ack_decode(const void *buf, size_t n, PeerWriteAck *ret);
+/* Cumulative acknowledgement: the write ids ids[0..n) (any order, no repeats; sorted in
+ * place) as runs of consecutive ids, at most max of them; returns how many, and in
+ * *ret_used how many ids they cover (the rest go in the next frame). */
+size_t peer_ack_runs_build(uint64_t *ids, size_t n, PeerAckRun *runs, size_t max, size_t *ret_used);
+/* runs: 1..PEER_WRITE_ACKS_RUNS_MAX; decode fills at most `max` runs and says how many. */
+int peer_write_acks_encode(const PeerAckRun *runs, size_t n_runs, void *buf, size_t n);
+int peer_write_acks_decode(const void *buf, size_t n, PeerAckRun *runs, size_t max, size_t *ret_n);
 
 /* DATA: the slice header is the first PEER_DATA_HEADER_SIZE bytes of the payload; the
  * slice bytes follow. decode checks the header against the frame's payload length
  * (slice length = payload_length - PEER_DATA_HEADER_SIZE): the slice lies inside the
  * write, sits on a slice boundary, has exactly the length the boundary implies, and no
- * sum overflows. */
+ * sum overflows; flags are known ones, and target / imm are 0 without their flag. */
 int peer_data_header_encode(const PeerDataHeader *d, void *buf, size_t n);
 int peer_data_header_decode(const void *buf, size_t n, uint32_t payload_length,
                             PeerDataHeader *ret);

@@ -245,7 +245,8 @@ void rdma_finalize(RdmaPeer *rp) {
         i = 0;
         while (hashmap_iterate(rp->in, &i, &v, NULL)) {
                 InWrite *w = v;
-                t->peers_ops.incoming_done(t->peers_ops.userdata, rp->peer, w->cookie, error);
+                t->peers_ops.incoming_done(t->peers_ops.userdata, rp->peer,
+                                           &(TransportIncoming){ .cookie = w->cookie, .length = w->length }, error);
                 free(w);
         }
         hashmap_clear(rp->in);

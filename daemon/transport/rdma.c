@@ -109,7 +109,8 @@ static void on_recv_wc(RdmaPeer *rp, const struct ibv_wc *wc) {
                 return;
         }
         rp->bytes_in += w->length;
-        t->peers_ops.incoming_done(t->peers_ops.userdata, rp->peer, w->cookie, 0);
+        t->peers_ops.incoming_done(t->peers_ops.userdata, rp->peer,
+                                   &(TransportIncoming){ .cookie = w->cookie, .length = w->length }, 0);
         rdma_send_ack(rp, w->write_id, 0);
         free(w);
         if (rp->s.state == RDMA_SESSION_READY && rp->qp && rdma_post_recvs(rp) < 0)
@@ -179,8 +180,13 @@ static void on_request(RdmaPeer *rp, const RdmaMessage *m) {
                 return;
         } else
                 /* Asked once per write, before the peer may write a byte of it. */
-                r = t->peers_ops.validate_incoming(t->peers_ops.userdata, rp->peer, m->request.region, m->request.offset,
-                                                   m->request.length, m->request.cookie);
+                r = t->peers_ops.validate_incoming(t->peers_ops.userdata, rp->peer,
+                                                   &(TransportIncoming){ .region = m->request.region,
+                                                                         .offset = m->request.offset,
+                                                                         .length = m->request.length,
+                                                                         .cookie = m->request.cookie });
+        if (r == -EAGAIN)
+                r = -EPROTO; /* rdma writes name real regions: there is nothing to wait for */
         if (r < 0) {
                 log_debug_errno(r, "rdma: peer %s: refused write %llu (region %u, %llu+%llu): %m", rp_name(rp),
                                 (unsigned long long)id, m->request.region, (unsigned long long)m->request.offset,
@@ -194,7 +200,8 @@ static void on_request(RdmaPeer *rp, const RdmaMessage *m) {
         /* The map keeps a pointer to the key: the one inside w. */
         if (!w || hashmap_put(rp->in, &w->write_id, w) < 0) {
                 free(w);
-                t->peers_ops.incoming_done(t->peers_ops.userdata, rp->peer, m->request.cookie, -ENOMEM);
+                t->peers_ops.incoming_done(t->peers_ops.userdata, rp->peer,
+                                           &(TransportIncoming){ .cookie = m->request.cookie }, -ENOMEM);
                 rdma_send_ack(rp, id, -ENOMEM);
                 return;
         }
@@ -360,6 +367,8 @@ static int rdma_post(Transport *tt, void *peer, const TransportWrite *w, size_t 
                 return -ENOBUFS;
         for (size_t i = 0; i < n; i++) {
                 const TransportRegion *src = w[i].src_region < MAX_REGIONS ? t->regions[w[i].src_region] : NULL;
+                if (w[i].flags != 0)
+                        return -EOPNOTSUPP; /* no caps: writes name real regions, completions carry nothing */
                 uint64_t end;
 
                 if (!src || !rp->dev->mrs[src->id])

@@ -28,6 +28,9 @@
  * waits for at most SEND_BATCH_BYTES per stream. */
 #define SEND_BATCH 16
 #define SEND_BATCH_BYTES (2U * 1024U * 1024U)
+/* A stream whose next write names a target the receiver does not know yet (its
+ * PREPARE is still on the control connection) waits at most this long for it. */
+#define PARK_TIMEOUT_USEC (10ULL * 1000000ULL)
 
 typedef struct TcpTransport TcpTransport;
 typedef struct TcpStream TcpStream;
@@ -42,13 +45,15 @@ struct OutWrite {
         uint64_t src_offset;
         uint32_t dst_region;
         uint64_t dst_offset;
+        uint32_t flags;                /* TRANSPORT_WRITE_* (the same bits as PEER_DATA_F_*) */
+        uint64_t imm, target;
         unsigned slices_sending;       /* handed out, not yet fully written */
 };
 
 struct InWrite {
         uint64_t write_id;             /* hashmap key */
-        uint64_t cookie, dst_offset, total;
-        uint32_t region, slice_size;
+        PeerDataHeader hdr;            /* as the first slice said: every slice must agree */
+        TransportIncoming in;          /* where it lands (resolved), for the validator */
         int error;                     /* refused: bytes are discarded, ack carries it */
         SliceTracker tracker;
 };
@@ -69,7 +74,9 @@ struct TcpStream {
         unsigned index;
         int fd;
         sd_event_source *io;
-        bool want_out;
+        uint32_t events;               /* what io watches now */
+        bool parked;                   /* the next write's target is not known yet */
+        sd_event_source *park_timer;
 
         /* Send side: the slices taken from the peer's queue, sent in order, several
          * per sendmsg(). */
@@ -96,6 +103,8 @@ struct TcpPeer {
         Hashmap *in;                   /* InWrite* by write_id */
         uint64_t next_write_id;
         uint64_t bytes_in;
+        uint64_t *acked;               /* writes landed this wakeup: one WRITE_ACKS */
+        size_t n_acked, acked_cap;
         LIST_FIELDS(TcpPeer, peers);
 };
 
@@ -152,6 +161,7 @@ static TcpPeer *tcp_peer_get(TcpTransport *t, Peer *p, bool create) {
 static TcpStream *stream_free(TcpStream *s) {
         if (!s)
                 return NULL;
+        sd_event_source_disable_unref(s->park_timer);
         sd_event_source_disable_unref(s->io);
         safe_close(s->fd);
         free(s);
@@ -188,19 +198,21 @@ void tcp_transport_peer_reset(Transport *tt, Peer *p, int error) {
         while (hashmap_iterate(tp->in, &i, &v, NULL)) {
                 InWrite *w = v;
                 if (w->error == 0)
-                        t->peers_ops.incoming_done(t->peers_ops.userdata, p, w->cookie, error);
+                        t->peers_ops.incoming_done(t->peers_ops.userdata, p, &w->in, error);
                 in_write_free(w);
         }
         hashmap_clear(tp->in);
+        tp->n_acked = 0;
 }
 
 static void stream_update(TcpStream *s) {
         bool want = s->b_n > 0 || !slice_queue_empty(&s->tp->queue);
+        uint32_t ev = (s->parked ? 0 : EPOLLIN) | (want ? EPOLLOUT : 0);
 
-        if (want == s->want_out)
+        if (ev == s->events)
                 return;
-        s->want_out = want;
-        (void)sd_event_source_set_io_events(s->io, EPOLLIN | (want ? EPOLLOUT : 0));
+        s->events = ev;
+        (void)sd_event_source_set_io_events(s->io, ev);
 }
 
 static void kick_streams(TcpPeer *tp) {
@@ -237,6 +249,7 @@ int tcp_transport_attach_stream(Transport *tt, Peer *p, int fd, unsigned index) 
         s->tp = tp;
         s->index = index;
         s->fd = fd;
+        s->events = EPOLLIN;
         r = sd_event_add_io(t->event, &s->io, fd, EPOLLIN, stream_io, s);
         if (r < 0) {
                 stream_free(s);
@@ -261,22 +274,36 @@ void tcp_transport_peer_inflight(Transport *tt, Peer *p, uint64_t *out, uint64_t
                 *in = tp ? hashmap_size(tp->in) : 0;
 }
 
-void tcp_transport_write_acked(Transport *tt, Peer *p, uint64_t write_id, int error) {
-        TcpTransport *t = tcp(tt);
-        TcpPeer *tp = *tcp_peer_slot(t, p);
-        OutWrite *w;
-
-        if (!tp)
-                return;
-        w = hashmap_get(tp->out, &write_id);
+/* The receiver says write_id landed (error 0) or failed. Returns false when it never
+ * finished sending it: the peer is confused, and the session was reset. */
+static bool write_acked(TcpTransport *t, TcpPeer *tp, uint64_t write_id, int error) {
+        OutWrite *w = hashmap_get(tp->out, &write_id);
         if (!w || w->sw.next_offset < w->sw.length || w->slices_sending > 0) {
-                /* An ack for something we never finished sending: the peer is confused. */
-                t->peers_ops.stream_failed(p, -EBADMSG, "acknowledgement for an unknown write");
-                return;
+                t->peers_ops.stream_failed(tp->peer, -EBADMSG, "acknowledgement for an unknown write");
+                return false;
         }
         hashmap_remove(tp->out, &write_id);
         complete(t, w->cookie, error, error ? 0 : w->sw.length);
         free(w);
+        return true;
+}
+
+void tcp_transport_write_acked(Transport *tt, Peer *p, uint64_t write_id, int error) {
+        TcpTransport *t = tcp(tt);
+        TcpPeer *tp = *tcp_peer_slot(t, p);
+
+        if (tp)
+                (void)write_acked(t, tp, write_id, error);
+}
+
+void tcp_transport_writes_acked(Transport *tt, Peer *p, const PeerAckRun *runs, size_t n) {
+        TcpTransport *t = tcp(tt);
+        TcpPeer *tp = *tcp_peer_slot(t, p);
+
+        for (size_t i = 0; tp && i < n; i++)
+                for (uint64_t id = runs[i].first; id < runs[i].first + runs[i].count; id++)
+                        if (!write_acked(t, tp, id, 0))
+                                return;
 }
 
 /* ---- sending ---- */
@@ -294,6 +321,9 @@ static void batch_fill(TcpStream *s) {
                 *b = (SendSlice){ .w = (OutWrite *)sl.write, .offset = sl.offset, .length = sl.length };
                 b->w->slices_sending++;
                 dh = (PeerDataHeader){
+                        .target = b->w->target,
+                        .imm = b->w->imm,
+                        .flags = b->w->flags,
                         .write_id = b->w->write_id,
                         .cookie = b->w->cookie,
                         .dst_offset = b->w->dst_offset,
@@ -371,7 +401,51 @@ static int send_ack(TcpPeer *tp, uint64_t write_id, int error) {
         return tp->t->peers_ops.send(tp->peer, PEER_MSG_WRITE_ACK, buf, sizeof buf);
 }
 
-/* A slice header arrived: find or create its write and decide where its bytes go. */
+_Static_assert(TRANSPORT_WRITE_IMM == PEER_DATA_F_IMM && TRANSPORT_WRITE_TARGET == PEER_DATA_F_TARGET,
+               "write flags travel as they are");
+
+/* Where a new write's bytes go (w->in), or why they are discarded (w->error): the
+ * peer layer's validator decides, after the region checks a write into a named region
+ * needs. -EAGAIN: its target is not known here yet; ask again later. */
+static int in_write_admit(TcpTransport *t, TcpPeer *tp, InWrite *w) {
+        const PeerDataHeader *dh = &w->hdr;
+        TransportRegion *reg;
+        uint64_t end;
+        int r;
+
+        w->in = (TransportIncoming){
+                .region = dh->region,
+                .offset = dh->dst_offset,
+                .length = dh->total_length,
+                .cookie = dh->cookie,
+                .flags = dh->flags,
+                .imm = dh->imm,
+                .target = dh->target,
+        };
+        if (!(dh->flags & PEER_DATA_F_TARGET)) {
+                reg = dh->region < MAX_REGIONS ? t->regions[dh->region] : NULL;
+                if (!reg || reg->domain != MEMORY_HOST || !reg->host_base)
+                        return -ENXIO;
+                if (ADD_OVERFLOW(dh->dst_offset, dh->total_length, &end) || end > reg->size)
+                        return -ERANGE;
+        }
+        /* Asked once per write, before its first byte lands. */
+        r = t->peers_ops.validate_incoming(t->peers_ops.userdata, tp->peer, &w->in);
+        if (r < 0)
+                return r;
+        /* A write into a target lands where the validator resolved it: check that too. */
+        reg = w->in.region < MAX_REGIONS ? t->regions[w->in.region] : NULL;
+        if (!reg || reg->domain != MEMORY_HOST || !reg->host_base || ADD_OVERFLOW(w->in.offset, w->in.length, &end) ||
+            end > reg->size || w->in.length != dh->total_length) {
+                /* Accepted by the validator: it counts the write as landing. */
+                t->peers_ops.incoming_done(t->peers_ops.userdata, tp->peer, &w->in, -ERANGE);
+                return -ERANGE;
+        }
+        return 0;
+}
+
+/* A slice header arrived: find or create its write and decide where its bytes go.
+ * -EAGAIN: the write's target is not known yet (the stream waits, nothing taken). */
 static int stream_slice_begin(TcpStream *s) {
         TcpTransport *t = s->t;
         TcpPeer *tp = s->tp;
@@ -391,45 +465,33 @@ static int stream_slice_begin(TcpStream *s) {
 
         w = hashmap_get(tp->in, &dh.write_id);
         if (w) {
-                if (w->cookie != dh.cookie || w->dst_offset != dh.dst_offset || w->total != dh.total_length ||
-                    w->region != dh.region || w->slice_size != dh.slice_size)
+                if (w->hdr.cookie != dh.cookie || w->hdr.dst_offset != dh.dst_offset ||
+                    w->hdr.total_length != dh.total_length || w->hdr.region != dh.region ||
+                    w->hdr.slice_size != dh.slice_size || w->hdr.flags != dh.flags || w->hdr.imm != dh.imm ||
+                    w->hdr.target != dh.target)
                         return -EBADMSG;
         } else {
-                TransportRegion *reg;
-                uint64_t end;
-
                 if (hashmap_size(tp->in) >= PEER_INCOMING_MAX)
                         return -EBADMSG;
                 w = calloc(1, sizeof *w);
                 if (!w)
                         return -ENOMEM;
-                *w = (InWrite){
-                        .write_id = dh.write_id,
-                        .cookie = dh.cookie,
-                        .dst_offset = dh.dst_offset,
-                        .total = dh.total_length,
-                        .region = dh.region,
-                        .slice_size = dh.slice_size,
-                };
-                r = slice_tracker_init(&w->tracker, dh.total_length, dh.slice_size);
-                if (r < 0) {
+                *w = (InWrite){ .write_id = dh.write_id, .hdr = dh };
+                w->hdr.slice_offset = 0;
+                w->error = in_write_admit(t, tp, w);
+                if (w->error == -EAGAIN) {
                         free(w);
-                        return r;
+                        return -EAGAIN;
                 }
-                r = hashmap_put(tp->in, &w->write_id, w);
+                r = slice_tracker_init(&w->tracker, dh.total_length, dh.slice_size);
+                if (r >= 0)
+                        r = hashmap_put(tp->in, &w->write_id, w);
                 if (r < 0) {
+                        if (w->error == 0)
+                                t->peers_ops.incoming_done(t->peers_ops.userdata, tp->peer, &w->in, r);
                         in_write_free(w);
                         return r;
                 }
-                reg = dh.region < MAX_REGIONS ? t->regions[dh.region] : NULL;
-                if (!reg || reg->domain != MEMORY_HOST || !reg->host_base)
-                        w->error = -ENXIO;
-                else if (ADD_OVERFLOW(dh.dst_offset, dh.total_length, &end) || end > reg->size)
-                        w->error = -ERANGE;
-                else
-                        /* Asked once per write, before its first byte lands. */
-                        w->error = t->peers_ops.validate_incoming(t->peers_ops.userdata, tp->peer, dh.region, dh.dst_offset,
-                                                                  dh.total_length, dh.cookie);
                 if (w->error < 0)
                         log_debug_errno(w->error, "tcp: refused incoming write %llu (region %u, %llu+%llu): %m",
                                         (unsigned long long)dh.write_id, dh.region,
@@ -439,10 +501,44 @@ static int stream_slice_begin(TcpStream *s) {
         s->r_slice_index = dh.slice_offset / dh.slice_size;
         s->r_remaining = fh.length - PEER_DATA_HEADER_SIZE;
         if (w->error == 0)
-                s->r_dst = (uint8_t *)t->regions[w->region]->host_base + w->dst_offset + dh.slice_offset;
+                s->r_dst = (uint8_t *)t->regions[w->in.region]->host_base + w->in.offset + dh.slice_offset;
         else
                 s->r_dst = NULL;
         return 0;
+}
+
+static int acks_push(TcpPeer *tp, uint64_t write_id) {
+        if (tp->n_acked == tp->acked_cap) {
+                size_t cap = MAX(tp->acked_cap * 2, (size_t)64);
+                uint64_t *a = reallocarray(tp->acked, cap, sizeof *a);
+                if (!a)
+                        return -ENOMEM;
+                tp->acked = a;
+                tp->acked_cap = cap;
+        }
+        tp->acked[tp->n_acked++] = write_id;
+        return 0;
+}
+
+/* The writes that landed in this wakeup, acknowledged as runs of consecutive ids in one
+ * WRITE_ACKS (more only past PEER_WRITE_ACKS_RUNS_MAX runs). */
+static int acks_flush(TcpPeer *tp) {
+        static PeerAckRun runs[PEER_WRITE_ACKS_RUNS_MAX];
+        static uint8_t buf[PEER_WRITE_ACKS_SIZE(PEER_WRITE_ACKS_RUNS_MAX)];
+        uint64_t *ids = tp->acked;
+        size_t left = tp->n_acked, used;
+        int r = 0;
+
+        while (left > 0 && r >= 0) {
+                size_t n = peer_ack_runs_build(ids, left, runs, ELEMENTSOF(runs), &used);
+                r = peer_write_acks_encode(runs, n, buf, sizeof buf);
+                if (r >= 0)
+                        r = tp->t->peers_ops.send(tp->peer, PEER_MSG_WRITE_ACKS, buf, (size_t)r);
+                ids += used;
+                left -= used;
+        }
+        tp->n_acked = 0;
+        return r < 0 ? r : 0;
 }
 
 /* The slice's last byte landed. Returns 1 if the session was reset meanwhile. */
@@ -461,9 +557,12 @@ static int stream_slice_end(TcpStream *s) {
         if (!slice_tracker_complete(&w->tracker))
                 return 0;
         hashmap_remove(tp->in, &w->write_id);
-        if (w->error == 0)
-                t->peers_ops.incoming_done(t->peers_ops.userdata, p, w->cookie, 0);
-        r = send_ack(tp, w->write_id, w->error);
+        if (w->error == 0) {
+                t->peers_ops.incoming_done(t->peers_ops.userdata, p, &w->in, 0);
+                /* Acknowledged with the others of this wakeup. */
+                r = acks_push(tp, w->write_id);
+        } else
+                r = send_ack(tp, w->write_id, w->error);
         in_write_free(w);
         if (r < 0 || !t->peers_ops.is_up(p) || tp->streams[idx] != s) {
                 if (r < 0 && t->peers_ops.is_up(p))
@@ -473,9 +572,30 @@ static int stream_slice_end(TcpStream *s) {
         return 0;
 }
 
+static int on_park_timeout(sd_event_source *es, uint64_t usec, void *userdata) {
+        TcpStream *s = userdata;
+        s->park_timer = sd_event_source_disable_unref(s->park_timer);
+        s->t->peers_ops.stream_failed(s->tp->peer, -ETIMEDOUT, "data for a target that was never announced");
+        return 0;
+}
+
+/* The next write's target is not known yet: stop reading this stream (TCP holds the
+ * bytes back) until tcp_resume_incoming(), for at most PARK_TIMEOUT_USEC. */
+static void stream_park(TcpStream *s) {
+        s->parked = true;
+        s->r_hdr_have = sizeof s->r_hdr; /* the header is kept, and asked about again */
+        if (!s->park_timer && sd_event_add_time_relative(s->t->event, &s->park_timer, CLOCK_MONOTONIC,
+                                                         PARK_TIMEOUT_USEC, 0, on_park_timeout, s) < 0)
+                log_debug("tcp: cannot arm a parked stream's timer");
+        stream_update(s);
+}
+
 static int stream_recv(TcpStream *s) {
         size_t budget = STREAM_BUDGET;
         int r;
+
+        if (s->parked)
+                return 0;
 
         while (budget > 0) {
                 ssize_t n;
@@ -494,6 +614,10 @@ static int stream_recv(TcpStream *s) {
                         }
                         s->r_hdr_have = 0;
                         r = stream_slice_begin(s);
+                        if (r == -EAGAIN) {
+                                stream_park(s);
+                                return 0;
+                        }
                         if (r < 0)
                                 return r;
                 }
@@ -539,11 +663,21 @@ static int stream_io(sd_event_source *es, int fd, uint32_t revents, void *userda
         const TransportPeerOps *ops = &s->t->peers_ops;
         int r;
 
+        if (s->parked && (revents & (EPOLLHUP | EPOLLERR))) {
+                ops->stream_failed(p, -ECONNRESET, "data stream closed");
+                return 0;
+        }
         if (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
                 /* The acknowledgements of everything this wakeup completes leave in
                  * one write. */
+                TcpPeer *tp = s->tp;
                 ops->cork(p);
                 r = stream_recv(s);
+                if (r == 0 && acks_flush(tp) < 0 && ops->is_up(p)) {
+                        ops->uncork(p);
+                        ops->stream_failed(p, -EIO, "sending acknowledgements");
+                        return 0;
+                }
                 ops->uncork(p);
                 if (r == 1)
                         return 0; /* the session was reset; s is gone */
@@ -602,6 +736,10 @@ static int tcp_post(Transport *tt, void *peer, const TransportWrite *w, size_t n
 
                 if (!src)
                         return -ENXIO;
+                if ((w[i].flags & ~(TRANSPORT_WRITE_IMM | TRANSPORT_WRITE_TARGET)) ||
+                    (!(w[i].flags & TRANSPORT_WRITE_IMM) && w[i].imm != 0) ||
+                    (!(w[i].flags & TRANSPORT_WRITE_TARGET) && w[i].target != 0))
+                        return -EINVAL;
                 if (w[i].length == 0 || ADD_OVERFLOW(w[i].src_offset, w[i].length, &end) || end > src->size ||
                     ADD_OVERFLOW(w[i].dst_offset, w[i].length, &end) ||
                     peer_slice_count(w[i].length, t->slice_size) > PEER_MAX_SLICES_PER_WRITE)
@@ -625,8 +763,11 @@ static int tcp_post(Transport *tt, void *peer, const TransportWrite *w, size_t n
                 o->cookie = w[i].cookie;
                 o->src = t->regions[w[i].src_region];
                 o->src_offset = w[i].src_offset;
-                o->dst_region = w[i].dst_region;
+                o->dst_region = w[i].flags & TRANSPORT_WRITE_TARGET ? 0 : w[i].dst_region;
                 o->dst_offset = w[i].dst_offset;
+                o->flags = w[i].flags;
+                o->imm = w[i].imm;
+                o->target = w[i].target;
                 r = hashmap_put(tp->out, &o->write_id, o);
                 if (r < 0) {
                         free(o);
@@ -671,6 +812,21 @@ static void tcp_cancel_peer(Transport *tt, void *peer) {
                 t->peers_ops.stream_failed(p, -ECANCELED, "transfers cancelled");
 }
 
+static void tcp_resume_incoming(Transport *tt, void *peer) {
+        TcpPeer *tp = peer ? *tcp_peer_slot(tcp(tt), peer) : NULL;
+
+        /* The streams read again: their held header is asked about first (level-triggered
+         * epoll wakes them, the rest of the slice being in the socket or on its way). */
+        for (unsigned k = 0; tp && k < PEER_MAX_STREAMS; k++) {
+                TcpStream *s = tp->streams[k];
+                if (!s || !s->parked)
+                        continue;
+                s->parked = false;
+                s->park_timer = sd_event_source_disable_unref(s->park_timer);
+                stream_update(s);
+        }
+}
+
 static void tcp_free(Transport *tt) {
         TcpTransport *t;
 
@@ -690,6 +846,7 @@ static void tcp_free(Transport *tt) {
                         in_write_free(v);
                 hashmap_free(tp->out);
                 hashmap_free(tp->in);
+                free(tp->acked);
                 *tcp_peer_slot(t, tp->peer) = NULL;
                 LIST_REMOVE(peers, t->peers, tp);
                 free(tp);
@@ -704,12 +861,14 @@ static void tcp_free(Transport *tt) {
 static const TransportOps tcp_ops = {
         .kind = TRANSPORT_TCP,
         .name = "tcp",
+        .caps = TRANSPORT_CAP_IMM | TRANSPORT_CAP_TARGET,
         .register_region = tcp_register_region,
         .unregister_region = tcp_unregister_region,
         .post = tcp_post,
         .completion_fd = tcp_completion_fd,
         .poll = tcp_poll,
         .cancel_peer = tcp_cancel_peer,
+        .resume_incoming = tcp_resume_incoming,
         .free = tcp_free,
 };
 

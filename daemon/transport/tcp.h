@@ -5,12 +5,18 @@
  * streams per peer (their handshake lives in peer/, which hands the connected fds
  * over). Slices of all writes to a peer are sent round-robin (slicer.h) over whichever
  * stream can take them; the receiver recv()s each slice straight into the destination
- * region after asking the incoming validator, and acknowledges a write on the control
- * connection once every slice has landed. */
+ * region after asking the incoming validator, and acknowledges on the control
+ * connection the writes whose every slice landed, as runs of write ids (WRITE_ACKS), one
+ * frame per wakeup; a refused write is acknowledged alone with its error. A write may
+ * carry an immediate (delivered with its completion: a completion flag in-band) and be
+ * addressed relative to a target the receiver resolves; a stream whose next write names
+ * a target the receiver does not know yet waits (TCP holds the bytes back) until it is
+ * announced (resume_incoming). */
 
 #include <stdint.h>
 #include <systemd/sd-event.h>
 
+#include "peer/peer-proto.h"
 #include "transport/transport-peer.h"
 
 /* peers: the peer layer's operations (copied). */
@@ -22,6 +28,8 @@ int tcp_transport_attach_stream(Transport *t, Peer *p, int fd, unsigned index);
 void tcp_transport_peer_reset(Transport *t, Peer *p, int error);
 /* WRITE_ACK from p. */
 void tcp_transport_write_acked(Transport *t, Peer *p, uint64_t write_id, int error);
+/* WRITE_ACKS: every write of the runs landed. */
+void tcp_transport_writes_acked(Transport *t, Peer *p, const PeerAckRun *runs, size_t n);
 unsigned tcp_transport_streams_up(Transport *t, Peer *p);
 /* Writes queued or awaiting acknowledgement to p, and incoming writes from p. */
 void tcp_transport_peer_inflight(Transport *t, Peer *p, uint64_t *out, uint64_t *in);

@@ -38,12 +38,13 @@ typedef struct TransportPeerOps {
         /* A data stream or queue pair broke: the whole session with p is reset. */
         void (*stream_failed)(Peer *p, int error, const char *what);
 
-        /* Asked before any byte of an incoming write lands: 0 to accept, negative
-         * errno to refuse. Then told once per accepted write when every byte landed
-         * (error 0) or what ended it. */
-        int (*validate_incoming)(void *userdata, Peer *p, uint32_t region, uint64_t offset,
-                                 uint64_t length, uint64_t cookie);
-        void (*incoming_done)(void *userdata, Peer *p, uint64_t cookie, int error);
+        /* Asked before any byte of an incoming write lands: 0 to accept (a TARGET
+         * write's region and offset resolved in *in), -EAGAIN to ask again later (its
+         * target is not known yet: resume_incoming()), other negative errno to refuse.
+         * Then told once per accepted write when every byte landed (error 0; in->imm
+         * with TRANSPORT_WRITE_IMM) or what ended it. */
+        int (*validate_incoming)(void *userdata, Peer *p, TransportIncoming *in);
+        void (*incoming_done)(void *userdata, Peer *p, const TransportIncoming *in, int error);
         /* Subscriptions: messages of a type range, and peers going up or down. */
         int (*register_handler)(void *userdata, uint16_t first, uint16_t last, TransportPeerMessageFn fn,
                                 void *fn_userdata);

@@ -40,6 +40,12 @@ struct TransportRegion {
         void *transport_data; /* owned by the transport (e.g. an ibv_mr) */
 };
 
+/* Write flags (a transport to other hosts supports them when its ops' caps say so). */
+#define TRANSPORT_WRITE_IMM 0x1u    /* `imm` reaches the receiver with the write's completion
+                                     * (as RDMA's WRITE_WITH_IMM): a completion flag in-band */
+#define TRANSPORT_WRITE_TARGET 0x2u /* dst_offset is relative to `target`, an object the
+                                     * receiver resolves (its validator); dst_region unused */
+
 /* One write: bytes [src_offset, src_offset+length) of the source region to
  * [dst_offset, ...) of the destination region. `cookie` comes back on completion. */
 typedef struct TransportWrite {
@@ -49,7 +55,26 @@ typedef struct TransportWrite {
         uint64_t dst_offset;
         uint64_t length;
         uint64_t cookie;
+        uint32_t flags;  /* TRANSPORT_WRITE_* */
+        uint64_t imm;
+        uint64_t target;
 } TransportWrite;
+
+/* An incoming write as the receiving side's validator sees it: it may resolve a
+ * TRANSPORT_WRITE_TARGET write's (region, offset), and is told the same struct (with imm)
+ * when the write is done. */
+typedef struct TransportIncoming {
+        uint32_t region;
+        uint64_t offset;
+        uint64_t length;
+        uint64_t cookie;
+        uint32_t flags;
+        uint64_t imm;
+        uint64_t target;
+} TransportIncoming;
+
+#define TRANSPORT_CAP_IMM 0x1u    /* carries TRANSPORT_WRITE_IMM */
+#define TRANSPORT_CAP_TARGET 0x2u /* carries TRANSPORT_WRITE_TARGET */
 
 typedef struct TransportCompletion {
         uint64_t cookie;
@@ -67,6 +92,7 @@ typedef struct TransportStats {
 typedef struct TransportOps {
         TransportKind kind;
         const char *name;
+        unsigned caps;  /* TRANSPORT_CAP_* */
         int (*register_region)(Transport *t, TransportRegion *r);
         void (*unregister_region)(Transport *t, TransportRegion *r);
         /* Queue a batch. Returns 0 if all were queued (each completes later), or a
@@ -79,6 +105,9 @@ typedef struct TransportOps {
         /* Cancels everything in flight for a peer: each write completes with
          * -ECANCELED, after the transport guarantees no byte of it lands later. */
         void (*cancel_peer)(Transport *t, void *peer);
+        /* Incoming writes of a peer that the validator asked to wait (-EAGAIN: their
+         * target is not known yet) are asked again (optional). */
+        void (*resume_incoming)(Transport *t, void *peer);
         void (*free)(Transport *t);
 } TransportOps;
 

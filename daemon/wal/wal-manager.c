@@ -9,18 +9,20 @@
 #include "bus-error.h"
 #include "log.h"
 #include "wal/wal-manager.h"
+#include "wal/wal-writer.h"
 
-#define PENDING_MAX 4096u
-
+/* A reply waiting for the durability of the records before it. */
 typedef struct Pending {
         sd_bus_message *call, *reply;
 } Pending;
 
-/* The subsystem's event source and queue, hung on the Wal (wal_set_userdata). */
+/* The subsystem's writer and queue, hung on the Wal (wal_set_userdata). */
 typedef struct WalGlue {
-        sd_event_source *commit;  /* post source: one sync per loop iteration */
-        Pending *pending;         /* replies waiting for the sync */
-        size_t n_pending;
+        WalWriter *writer;
+        sd_event_source *durable;  /* the writer's eventfd: the durable point moved */
+        uint64_t last;             /* LSN of the last record this loop appended */
+        WalWaitQueue waiting;      /* replies (and other acknowledgements) in LSN order */
+        uint64_t compactions;      /* the writer's, as last seen */
 } WalGlue;
 
 static WalGlue *glue(Manager *m) {
@@ -75,66 +77,100 @@ static int snapshot(void *userdata, WalSnapshot *s) {
         return 0;
 }
 
-static void flush_pending(WalGlue *g, int error) {
-        for (size_t i = 0; i < g->n_pending; i++) {
-                Pending *p = &g->pending[i];
-                /* Never acknowledge what is not known durable. */
-                if (error < 0)
-                        (void)sd_bus_reply_method_errorf(p->call, EPD_ERROR_FAILED,
-                                                         "The journal could not be made durable: %s",
-                                                         strerror(-error));
-                else
-                        (void)sd_bus_send(NULL, p->reply, NULL);
-                sd_bus_message_unref(p->call);
-                sd_bus_message_unref(p->reply);
-        }
-        g->n_pending = 0;
+static void reply_one(void *userdata, int error) {
+        Pending *p = userdata;
+        /* Never acknowledge what is not known durable. */
+        if (error < 0)
+                (void)sd_bus_reply_method_errorf(p->call, EPD_ERROR_FAILED,
+                                                 "The journal could not be made durable: %s", strerror(-error));
+        else
+                (void)sd_bus_send(NULL, p->reply, NULL);
+        sd_bus_message_unref(p->call);
+        sd_bus_message_unref(p->reply);
+        free(p);
 }
 
-static int on_commit(sd_event_source *s, void *userdata) {
+static void maybe_compact(Manager *m, WalGlue *g, const WalWriterStats *st) {
+        if (st->error < 0 || st->log_bytes <= m->config.wal_compact_bytes || wal_writer_compacting(g->writer))
+                return;
+        /* The state is taken here, where it lives, as of the last record appended; the
+         * writer thread writes it out after the records before it. */
+        void *snap;
+        size_t size;
+        uint64_t records;
+        int r = wal_snapshot_build(snapshot, m, g->last, &snap, &size, &records);
+        if (r >= 0)
+                r = wal_writer_compact(g->writer, snap, size, g->last, records);
+        if (r < 0)
+                log_warning_errno(r, "WAL: cannot compact: %m");
+        else
+                log_debug("WAL compaction queued: %" PRIu64 " snapshot records as of LSN %" PRIu64 ".", records,
+                          g->last);
+}
+
+static int on_durable(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Manager *m = userdata;
         WalGlue *g = glue(m);
-        int r = 0;
+        WalWriterStats st;
 
-        if (!g || !m->wal)
+        if (!g || !g->writer)
                 return 0;
-        if (wal_needs_sync(m->wal))
-                r = wal_sync(m->wal);
-        flush_pending(g, r);
-        if (r >= 0 && wal_get_stats(m->wal)->log_bytes > m->config.wal_compact_bytes) {
-                r = wal_compact(m->wal, snapshot, m);
-                if (r >= 0)
-                        log_info("WAL compacted: %" PRIu64 " snapshot records.",
-                                 wal_get_stats(m->wal)->snapshot_records);
+        wal_writer_ack(g->writer);
+        wal_writer_stats(g->writer, &st);
+        (void)wal_wait_queue_advance(&g->waiting, st.durable_lsn, st.error);
+        if (st.compactions > g->compactions) {
+                g->compactions = st.compactions;
+                log_info("WAL compacted: %" PRIu64 " snapshot records.", st.snapshot_records);
         }
+        maybe_compact(m, g, &st);
         return 0;
 }
 
 int wal_manager_append(Manager *m, uint16_t type, const void *payload, size_t len) {
-        if (!m->wal)
+        WalGlue *g = glue(m);
+        uint64_t lsn;
+        if (!g || !g->writer)
                 return -ENOTCONN;
-        return wal_append(m->wal, type, payload, len, NULL);
+        /* Synced when a reply waits for it (wal_manager_after_durable), or soon after. */
+        int r = wal_writer_append_lazy(g->writer, type, payload, len, &lsn);
+        if (r < 0)
+                return r;
+        g->last = lsn;
+        return 0;
+}
+
+int wal_manager_after_durable(Manager *m, WalWaitFn fn, void *userdata) {
+        WalGlue *g = glue(m);
+        if (!g || !g->writer) {
+                fn(userdata, 0); /* no WAL: nothing to wait for */
+                return 0;
+        }
+        WalWriterStats st;
+        wal_writer_stats(g->writer, &st);
+        /* At once when nothing of this loop's waits for the disk and nothing is queued
+         * before it (acknowledgements leave in order). */
+        if (g->waiting.n == 0 && (st.durable_lsn >= g->last || st.error < 0)) {
+                fn(userdata, st.durable_lsn >= g->last ? 0 : st.error);
+                return 0;
+        }
+        int r = wal_wait_queue_push(&g->waiting, g->last, fn, userdata);
+        if (r >= 0)
+                wal_writer_urge(g->writer); /* someone waits: no lazy delay */
+        return r;
 }
 
 int wal_manager_reply(Manager *m, sd_bus_message *call, sd_bus_message *reply) {
-        WalGlue *g = glue(m);
-        int r;
-
-        if (!g || !wal_needs_sync(m->wal) || g->n_pending >= PENDING_MAX) {
-                if (m->wal && wal_needs_sync(m->wal)) {
-                        r = wal_sync(m->wal);
-                        if (r < 0)
-                                return r;
-                }
-                r = sd_bus_send(NULL, reply, NULL);
-                return r < 0 ? r : 1;
+        Pending *p = malloc(sizeof *p);
+        if (!p)
+                return -ENOMEM;
+        *p = (Pending){ sd_bus_message_ref(call), sd_bus_message_ref(reply) };
+        int r = wal_manager_after_durable(m, reply_one, p);
+        if (r < 0) {
+                sd_bus_message_unref(p->call);
+                sd_bus_message_unref(p->reply);
+                free(p);
+                return r;
         }
-        if (!g->pending) {
-                g->pending = calloc(PENDING_MAX, sizeof *g->pending);
-                if (!g->pending)
-                        return -ENOMEM;
-        }
-        g->pending[g->n_pending++] = (Pending){ sd_bus_message_ref(call), sd_bus_message_ref(reply) };
         return 1;
 }
 
@@ -144,6 +180,49 @@ int wal_manager_reply_empty(Manager *m, sd_bus_message *call) {
         if (r < 0)
                 return r;
         return wal_manager_reply(m, call, reply);
+}
+
+int wal_manager_stats(Manager *m, WalManagerStats *ret) {
+        WalGlue *g = glue(m);
+        if (!g || !g->writer) {
+                *ret = (WalManagerStats){};
+                return -ENOTCONN;
+        }
+        wal_writer_stats(g->writer, &ret->writer);
+        ret->policy = wal_sync_policy_to_string(ret->writer.policy);
+        ret->replies_waiting = g->waiting.n;
+        return 0;
+}
+
+size_t wal_manager_counters(Manager *m, const char **names, uint64_t *values, size_t n) {
+        WalManagerStats st;
+        size_t k = 0;
+        if (wal_manager_stats(m, &st) < 0)
+                return 0;
+        const WalWriterStats *w = &st.writer;
+        const struct {
+                const char *name;
+                uint64_t value;
+        } c[] = {
+                { "appended", w->appended },
+                { "appended-bytes", w->appended_bytes },
+                { "assigned-lsn", w->assigned_lsn },
+                { "durable-lsn", w->durable_lsn },
+                { "writes", w->writes },
+                { "syncs", w->syncs },
+                { "synced-records", w->synced_records },
+                { "max-records-per-sync", w->max_batch },
+                { "log-bytes", w->log_bytes },
+                { "compactions", w->compactions },
+                { "replies-waiting", st.replies_waiting },
+                { "failed", w->error < 0 },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(c); i++, k++)
+                if (k < n) {
+                        names[k] = c[i].name;
+                        values[k] = c[i].value;
+                }
+        return k;
 }
 
 static int wal_init(Manager *m) {
@@ -166,6 +245,16 @@ static int wal_init(Manager *m) {
         r = wal_replay(m->wal, apply, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot replay the WAL in %s: %m", dir);
+        WalStats replayed = *wal_get_stats(m->wal);
+        /* From here on the thread does the log's I/O: what the subsystems journal while
+         * they finish their restore (in-flight handoffs rolled back, ...) goes through it. */
+        r = wal_writer_new(m->wal, &g->writer);
+        if (r < 0)
+                return log_error_errno(r, "Cannot start the WAL writer thread: %m");
+        g->last = wal_writer_assigned(g->writer);
+        r = sd_event_add_io(m->event, &g->durable, wal_writer_fd(g->writer), EPOLLIN, on_durable, m);
+        if (r < 0)
+                return log_error_errno(r, "Cannot watch the WAL writer: %m");
         for (const Subsystem *const *sp = manager_subsystems(); *sp; sp++)
                 if ((*sp)->journal && (*sp)->journal->restore_finish) {
                         r = (*sp)->journal->restore_finish(m);
@@ -173,30 +262,34 @@ static int wal_init(Manager *m) {
                                 return r; /* logged */
                 }
         log_info("WAL %s: %" PRIu64 " snapshot and %" PRIu64 " log records replayed, sync=%s%s.", dir,
-                 wal_get_stats(m->wal)->snapshot_records, wal_get_stats(m->wal)->replayed,
-                 wal_sync_policy_to_string(wal_get_policy(m->wal)),
-                 wal_get_stats(m->wal)->cut_bytes ? ", a damaged tail was cut" : "");
-        r = sd_event_add_post(m->event, &g->commit, on_commit, m);
-        if (r < 0)
-                return log_error_errno(r, "Cannot add the WAL commit source: %m");
+                 replayed.snapshot_records, replayed.replayed, wal_sync_policy_to_string(m->config.wal_sync),
+                 replayed.cut_bytes ? ", a damaged tail was cut" : "");
         return 0;
 }
 
 static void wal_done(Manager *m) {
         WalGlue *g = glue(m);
         if (g) {
-                int r = wal_sync(m->wal);
-                flush_pending(g, r);
-                sd_event_source_disable_unref(g->commit);
-                free(g->pending);
+                WalWriterStats st = {};
+                /* Everything appended is written (and synced) before the thread stops. */
+                if (g->writer) {
+                        (void)wal_writer_flush(g->writer);
+                        wal_writer_stats(g->writer, &st);
+                        g->writer = wal_writer_free(g->writer);
+                }
+                (void)wal_wait_queue_advance(&g->waiting, st.durable_lsn,
+                                             st.error < 0 ? st.error : (st.durable_lsn < g->last ? -EIO : 0));
+                wal_wait_queue_done(&g->waiting, -ESHUTDOWN);
+                sd_event_source_disable_unref(g->durable);
                 free(g);
         }
         m->wal = wal_free(m->wal);
 }
 
 static int wal_reload(Manager *m, const Config *n) {
-        if (m->wal)
-                wal_set_policy(m->wal, (WalSyncPolicy)n->wal_sync);
+        WalGlue *g = glue(m);
+        if (g && g->writer)
+                wal_writer_set_policy(g->writer, (WalSyncPolicy)n->wal_sync);
         m->config.wal_sync = n->wal_sync;
         m->config.wal_compact_bytes = n->wal_compact_bytes;
         return 0;

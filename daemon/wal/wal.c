@@ -40,11 +40,13 @@ struct Wal {
 };
 
 struct WalSnapshot {
-        int fd;
+        int fd;              /* -EBADF: into memory (mem) instead */
         uint64_t lsn;        /* records in the snapshot are numbered 1.. */
         uint64_t offset;
         void *buf;
         size_t buf_size;
+        uint8_t *mem;        /* the whole file image when building in memory */
+        size_t mem_size, mem_cap;
 };
 
 /* ---- records ---- */
@@ -510,6 +512,32 @@ int wal_append(Wal *w, uint16_t type, const void *payload, size_t len, uint64_t 
         return 0;
 }
 
+int wal_write_encoded(Wal *w, const void *records, size_t size, uint64_t last_lsn) {
+        int r;
+
+        if (!w->replayed)
+                return -ENOTCONN;
+        if (w->broken)
+                return -EIO;
+        if (last_lsn <= w->last_lsn || size == 0)
+                return -EINVAL;
+        r = write_all(w->fd, records, size);
+        if (r < 0) {
+                /* Never leave part of a batch behind a later good record. */
+                if (ftruncate(w->fd, (off_t)w->end) < 0)
+                        log_error_errno(errno, "Failed to cut a failed WAL write: %m");
+                return log_error_errno(r, "Failed to append to the WAL: %m");
+        }
+        w->end += size;
+        w->stats.appended += last_lsn - w->last_lsn;
+        w->stats.appended_bytes += size;
+        w->stats.log_bytes = w->end;
+        w->last_lsn = last_lsn;
+        if (w->policy == WAL_SYNC_NONE)
+                w->synced_lsn = w->last_lsn;
+        return 0;
+}
+
 int wal_sync(Wal *w) {
         if (!w->replayed)
                 return -ENOTCONN;
@@ -557,6 +585,23 @@ void *wal_get_userdata(const Wal *w) {
         return w->userdata;
 }
 
+/* Appends bytes to the snapshot: its file, or its memory image. */
+static int snapshot_put(WalSnapshot *s, const void *p, size_t n) {
+        if (s->fd >= 0)
+                return write_all(s->fd, p, n);
+        if (s->mem_size + n > s->mem_cap) {
+                size_t cap = MAX(s->mem_cap * 2, s->mem_size + n);
+                uint8_t *m = realloc(s->mem, MAX(cap, (size_t)4096));
+                if (!m)
+                        return -ENOMEM;
+                s->mem = m;
+                s->mem_cap = MAX(cap, (size_t)4096);
+        }
+        memcpy(s->mem + s->mem_size, p, n);
+        s->mem_size += n;
+        return 0;
+}
+
 int wal_snapshot_add(WalSnapshot *s, uint16_t type, const void *payload, size_t len) {
         size_t size;
         int r;
@@ -568,7 +613,7 @@ int wal_snapshot_add(WalSnapshot *s, uint16_t type, const void *payload, size_t 
         if (r < 0)
                 return r;
         wal_record_encode(s->buf, s->lsn + 1, type, payload, len);
-        r = write_all(s->fd, s->buf, size);
+        r = snapshot_put(s, s->buf, size);
         if (r < 0)
                 return r;
         s->lsn++;
@@ -576,9 +621,93 @@ int wal_snapshot_add(WalSnapshot *s, uint16_t type, const void *payload, size_t 
         return 0;
 }
 
+/* Header, the state (fn), SNAPSHOT_END: into s (its fd or its memory). */
+static int snapshot_write(WalSnapshot *s, uint64_t lsn, WalSnapshotFn fn, void *userdata) {
+        uint8_t hdr[WAL_FILE_HEADER_SIZE], end[8];
+        int r;
+
+        wal_file_header_encode(hdr, &(WalFileHeader){ .kind = WAL_FILE_SNAPSHOT, .base_lsn = lsn,
+                                                      .created_usec = now_usec(CLOCK_REALTIME) });
+        r = snapshot_put(s, hdr, sizeof hdr);
+        if (r < 0)
+                return r;
+        s->offset = sizeof hdr;
+        r = fn(userdata, s);
+        if (r < 0)
+                return r;
+        unaligned_write_le64(end, s->lsn);
+        r = ensure_buf(&s->buf, &s->buf_size, wal_record_size(8));
+        if (r < 0)
+                return r;
+        wal_record_encode(s->buf, s->lsn + 1, WAL_RECORD_SNAPSHOT_END, end, 8);
+        return snapshot_put(s, s->buf, wal_record_size(8));
+}
+
+int wal_snapshot_build(WalSnapshotFn fn, void *userdata, uint64_t lsn, void **ret, size_t *ret_size,
+                       uint64_t *ret_records) {
+        WalSnapshot s = { .fd = -EBADF };
+        int r = snapshot_write(&s, lsn, fn, userdata);
+        free(s.buf);
+        if (r < 0) {
+                free(s.mem);
+                return r;
+        }
+        *ret = s.mem;
+        *ret_size = s.mem_size;
+        if (ret_records)
+                *ret_records = s.lsn;
+        return 0;
+}
+
+/* The snapshot file is in place (renamed, directory synced): a fresh log after it. */
+static int compact_finish(Wal *w, uint64_t lsn, uint64_t records) {
+        int r = create_file_atomic(w->dir_fd, WAL_LOG_TMP, WAL_LOG_NAME, WAL_FILE_LOG, lsn);
+        if (r < 0)
+                return r;
+        r = open_log_for_append(w);
+        if (r < 0) {
+                w->broken = true;
+                return r;
+        }
+        w->base_lsn = lsn;
+        w->stats.snapshot_records = records;
+        w->stats.compactions++;
+        return 0;
+}
+
+int wal_compact_buffer(Wal *w, const void *snapshot, size_t size, uint64_t lsn, uint64_t records) {
+        _cleanup_(closep) int fd = -EBADF;
+        int r;
+
+        if (!w->replayed)
+                return -ENOTCONN;
+        if (w->broken)
+                return -EIO;
+        if (lsn != w->last_lsn)
+                return -EINVAL; /* records before the snapshot are not all in the log yet */
+        r = wal_sync(w);
+        if (r < 0)
+                return r;
+        fd = openat(w->dir_fd, WAL_SNAPSHOT_TMP, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0)
+                return log_error_errno(errno, "WAL compaction in %s failed: %m", w->dir);
+        r = write_all(fd, snapshot, size);
+        if (r >= 0 && (fsync(fd) < 0 || renameat(w->dir_fd, WAL_SNAPSHOT_TMP, w->dir_fd, WAL_SNAPSHOT_NAME) < 0 ||
+                       fsync(w->dir_fd) < 0))
+                r = -errno;
+        if (r < 0) {
+                (void)unlinkat(w->dir_fd, WAL_SNAPSHOT_TMP, 0);
+                return log_error_errno(r, "WAL compaction in %s failed: %m", w->dir);
+        }
+        /* From here the snapshot is the truth: the old log's records are all <= lsn. */
+        r = compact_finish(w, lsn, records);
+        if (r < 0)
+                return log_error_errno(r, "WAL compaction in %s failed: %m", w->dir);
+        return 0;
+}
+
 int wal_compact(Wal *w, WalSnapshotFn fn, void *userdata) {
         WalSnapshot s = { .fd = -EBADF };
-        uint8_t hdr[WAL_FILE_HEADER_SIZE], end[8];
         uint64_t lsn;
         int r;
 
@@ -595,21 +724,7 @@ int wal_compact(Wal *w, WalSnapshotFn fn, void *userdata) {
                 r = -errno;
                 goto fail;
         }
-        wal_file_header_encode(hdr, &(WalFileHeader){ .kind = WAL_FILE_SNAPSHOT, .base_lsn = lsn,
-                                                      .created_usec = now_usec(CLOCK_REALTIME) });
-        r = write_all(s.fd, hdr, sizeof hdr);
-        if (r < 0)
-                goto fail;
-        s.offset = sizeof hdr;
-        r = fn(userdata, &s);
-        if (r < 0)
-                goto fail;
-        unaligned_write_le64(end, s.lsn);
-        r = ensure_buf(&s.buf, &s.buf_size, wal_record_size(8));
-        if (r < 0)
-                goto fail;
-        wal_record_encode(s.buf, s.lsn + 1, WAL_RECORD_SNAPSHOT_END, end, 8);
-        r = write_all(s.fd, s.buf, wal_record_size(8));
+        r = snapshot_write(&s, lsn, fn, userdata);
         if (r < 0)
                 goto fail;
         if (fsync(s.fd) < 0 || renameat(w->dir_fd, WAL_SNAPSHOT_TMP, w->dir_fd, WAL_SNAPSHOT_NAME) < 0 ||
@@ -619,17 +734,9 @@ int wal_compact(Wal *w, WalSnapshotFn fn, void *userdata) {
         }
         /* From here the snapshot is the truth; the old log's records are all <= lsn
          * and replay skips them, so a crash before the next rename loses nothing. */
-        r = create_file_atomic(w->dir_fd, WAL_LOG_TMP, WAL_LOG_NAME, WAL_FILE_LOG, lsn);
+        r = compact_finish(w, lsn, s.lsn);
         if (r < 0)
                 goto fail_after;
-        r = open_log_for_append(w);
-        if (r < 0) {
-                w->broken = true;
-                goto fail_after;
-        }
-        w->base_lsn = lsn;
-        w->stats.snapshot_records = s.lsn;
-        w->stats.compactions++;
         safe_close(s.fd);
         free(s.buf);
         return 0;

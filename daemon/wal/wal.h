@@ -137,6 +137,10 @@ int wal_replay(Wal *w, WalApplyFn apply, void *userdata);
 /* Appends one record; with WAL_SYNC_ALWAYS it is on stable storage when this
  * returns. A failed append leaves the log as it was before the call. */
 int wal_append(Wal *w, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn);
+/* Appends records encoded by the caller (wal_record_encode, LSNs last+1..last_lsn in
+ * order, `size` bytes in all) with one write; no sync (the writer thread's batches). A
+ * failed write is cut back: the log is as before the call. */
+int wal_write_encoded(Wal *w, const void *records, size_t size, uint64_t last_lsn);
 /* Makes every appended record durable (no-op when already synced, or with NONE). */
 int wal_sync(Wal *w);
 bool wal_needs_sync(const Wal *w);
@@ -155,3 +159,10 @@ void *wal_get_userdata(const Wal *w);
 typedef int (*WalSnapshotFn)(void *userdata, WalSnapshot *s);
 int wal_snapshot_add(WalSnapshot *s, uint16_t type, const void *payload, size_t len);
 int wal_compact(Wal *w, WalSnapshotFn fn, void *userdata);
+/* The same in two halves, so that the state is taken where it lives (the event loop)
+ * and the files are written elsewhere (the writer thread): a whole snapshot file image
+ * as of `lsn`, in memory (the caller frees it), and the replacement of the log by it
+ * (every record up to lsn must be appended: lsn == wal_last_lsn()). */
+int wal_snapshot_build(WalSnapshotFn fn, void *userdata, uint64_t lsn, void **ret, size_t *ret_size,
+                       uint64_t *ret_records);
+int wal_compact_buffer(Wal *w, const void *snapshot, size_t size, uint64_t lsn, uint64_t records);

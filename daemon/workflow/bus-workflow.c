@@ -319,10 +319,13 @@ static int property_count(sd_bus *bus, const char *path, const char *interface, 
 static int property_journal(sd_bus *bus, const char *path, const char *interface, const char *property,
                             sd_bus_message *rep, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
-        const WalStats *st = m->wal ? wal_get_stats(m->wal) : &(WalStats){};
-        return sd_bus_message_append(rep, "(sttttttt)", m->wal ? wal_sync_policy_to_string(wal_get_policy(m->wal)) : "",
-                                     m->wal ? wal_last_lsn(m->wal) : 0, m->wal ? wal_synced_lsn(m->wal) : 0,
-                                     st->appended, st->syncs, st->log_bytes, st->compactions, st->cut_bytes);
+        WalManagerStats st;
+        /* The writer thread's counters: the log is its to touch. */
+        bool have = wal_manager_stats(m, &st) >= 0;
+        const WalStats *ws = m->wal ? wal_get_stats(m->wal) : &(WalStats){};
+        return sd_bus_message_append(rep, "(sttttttt)", have ? st.policy : "", st.writer.assigned_lsn,
+                                     st.writer.durable_lsn, st.writer.appended, st.writer.syncs, st.writer.log_bytes,
+                                     st.writer.compactions, have ? ws->cut_bytes : 0);
 }
 
 static const sd_bus_vtable workflow_vtable[] = {

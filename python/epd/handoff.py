@@ -34,7 +34,8 @@ HANDOFF_STATE_ROLLED_BACK = 6
 
 
 class _Options(ctypes.Structure):
-    _fields_ = [("arena", ctypes.c_char_p), ("target", ctypes.c_char_p), ("timeout_usec", ctypes.c_uint64)]
+    _fields_ = [("arena", ctypes.c_char_p), ("target", ctypes.c_char_p), ("timeout_usec", ctypes.c_uint64),
+                ("ready", ctypes.c_uint32)]
 
 
 class _Accepted(ctypes.Structure):
@@ -100,9 +101,11 @@ def _lib_handoffs():
         "epd_handoff_accept": (c_int, [c_void_p, c_char_p, _P(_Accepted)]),
         "epd_handoff_accept_wait": (c_int, [c_void_p, c_char_p, c_uint64, _P(_Accepted)]),
         "epd_ring_accept": (c_int, [c_void_p, c_char_p, c_uint64, c_uint64]),
+        "epd_ring_fd": (c_int, [c_void_p]),
         "epd_handoff_accepted_done": (None, [_P(_Accepted)]),
         "epd_handoff_commit": (c_int, [c_void_p, c_char_p, _P(c_void_p)]),
         "epd_handoff_rollback": (c_int, [c_void_p, c_char_p]),
+        "epd_handoff_watch": (c_int, [c_void_p, ctypes.c_bool]),
         "epd_handoff_release": (c_int, [c_void_p, c_char_p]),
         "epd_handoff_get": (c_int, [c_void_p, c_char_p, _P(_Status)]),
         "epd_ring_open": (c_int, [c_void_p, c_uint32, c_uint32, _P(c_void_p)]),
@@ -148,6 +151,10 @@ class Ring(_lib.Closing):
         self._client._check(self._lib.epd_ring_accept(self._r, request_id.encode(), int(timeout_s * 1e6),
                                                       user_data), "ring: accept")
 
+    def fileno(self) -> int:
+        """The completion eventfd: readable when events were posted (select/poll/asyncio)."""
+        return self._lib.epd_ring_fd(self._r)
+
     def next(self, timeout_s: Optional[float] = None) -> Optional[RingRecord]:
         """The next raw event, or None after timeout_s (None: wait for ever)."""
         rec = RingRecord()
@@ -192,6 +199,11 @@ class Ring(_lib.Closing):
             self._r = None
 
 
+def watch(client, enable: bool = True):
+    """This client gets every handoff's Progress and StateChanged signals (a monitor)."""
+    client._check(_lib_handoffs().epd_handoff_watch(client._c, enable), "watch")
+
+
 class Handoff:
     """The prefill side of one handoff."""
 
@@ -201,11 +213,13 @@ class Handoff:
 
     @classmethod
     def prepare(cls, client, request_id: str, destination: str, sequence: str, layer_groups: Seq[int],
-                arena: Optional[str] = None, target: Optional[str] = None, timeout_s: float = 0) -> "Handoff":
+                arena: Optional[str] = None, target: Optional[str] = None, timeout_s: float = 0,
+                ready: int = 0) -> "Handoff":
+        """ready: layer groups [0, ready) are computed already and ship with Prepare."""
         lib = _lib_handoffs()
         groups = (ctypes.c_uint32 * len(layer_groups))(*layer_groups)
         opts = _Options(arena.encode() if arena else None, target.encode() if target else None,
-                        int(timeout_s * 1e6))
+                        int(timeout_s * 1e6), ready)
         path, token = ctypes.c_void_p(), ctypes.c_uint64()
         client._check(lib.epd_handoff_prepare(client._c, request_id.encode(), destination.encode(),
                                               sequence.encode(), groups, len(layer_groups), ctypes.byref(opts),

@@ -74,10 +74,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         (void)peer_write_ack_decode(payload, len, &x);
                         break;
                 }
+                case PEER_MSG_WRITE_ACKS: {
+                        static PeerAckRun runs[PEER_WRITE_ACKS_RUNS_MAX];
+                        static uint8_t out[PEER_WRITE_ACKS_SIZE(PEER_WRITE_ACKS_RUNS_MAX)];
+                        size_t n;
+                        if (peer_write_acks_decode(payload, len, runs, ELEMENTSOF(runs), &n) == 0) {
+                                int k = peer_write_acks_encode(runs, n, out, sizeof out);
+                                /* Round trip is exact. */
+                                if (k != (int)len || memcmp(out, payload, len) != 0)
+                                        abort();
+                        }
+                        break;
+                }
                 case PEER_MSG_DATA: {
                         PeerDataHeader d;
                         if (peer_data_header_decode(payload, len, h.length, &d) < 0)
                                 break;
+                        {
+                                uint8_t again[PEER_DATA_HEADER_SIZE];
+                                if (peer_data_header_encode(&d, again, sizeof again) != PEER_DATA_HEADER_SIZE ||
+                                    memcmp(again, payload, PEER_DATA_HEADER_SIZE) != 0)
+                                        abort();
+                        }
                         if (!have_tracker || d.write_id != tracked_id) {
                                 if (have_tracker)
                                         slice_tracker_done(&tracker);

@@ -110,9 +110,13 @@ static int run_prefill(char **argv) {
                 return 1;
         }
         epd_client *c = NULL;
+        epd_ring_client *ring = NULL;
         int r = connect_worker(address, "prefill", &c);
         if (r)
                 return r;
+        /* Bench mode waits for the source's state on its ring (an fd), not by polling. */
+        if (bench && (r = epd_ring_open(c, 64, 256, &ring)) < 0)
+                return fail(c, r, "open ring");
         char *seq = NULL, *handoff = NULL;
         uint32_t *pages = NULL;
         size_t n;
@@ -178,6 +182,7 @@ static int run_prefill(char **argv) {
                 epd_sequence_release(c, seq);
                 free(seq);
                 free(pages);
+                epd_ring_close(ring);
                 epd_disconnect(c);
                 return 0;
         }
@@ -201,13 +206,29 @@ static int run_prefill(char **argv) {
         }
         epd_handoff_status st = {};
         end = now_ms() + timeout_ms;
-        bool shipped = false;
+        bool shipped = false, ended_on_ring = false;
+        while (ring && !ended_on_ring && now_ms() < end) {
+                struct epd_ring_record rec;
+                int k = epd_ring_next(ring, &rec, 100000);
+                if (k == -EAGAIN)
+                        continue;
+                if (k < 0)
+                        break;
+                if (rec.opcode != EPD_RING_EV_HANDOFF_STATE || rec.token != token)
+                        continue;
+                if (!shipped &&
+                    (rec.arg0 == EPD_HANDOFF_STATE_TRANSFERRED || rec.arg0 == EPD_HANDOFF_STATE_COMMITTED)) {
+                        printf("shipped %" PRIu64 " %" PRIu64 "\n", now_us() - t_first, (uint64_t)n_pages * PAGE_SIZE);
+                        shipped = true;
+                }
+                ended_on_ring = rec.arg0 == EPD_HANDOFF_STATE_COMMITTED || rec.arg0 == EPD_HANDOFF_STATE_ROLLED_BACK;
+        }
         while ((r = epd_handoff_get(c, handoff, &st)) >= 0 && !final_state(st.state) && now_ms() < end) {
                 if (bench && !shipped && strcmp(st.state, "transferred") == 0) {
                         printf("shipped %" PRIu64 " %" PRIu64 "\n", now_us() - t_first, st.bytes);
                         shipped = true;
                 }
-                usleep(bench ? 100 : 5000);
+                usleep(5000);
         }
         if (bench && !shipped && r >= 0 && strcmp(st.state, "committed") == 0)
                 printf("shipped %" PRIu64 " %" PRIu64 "\n", now_us() - t_first, st.bytes);
@@ -223,6 +244,7 @@ static int run_prefill(char **argv) {
         free(seq);
         free(pages);
         free(handoff);
+        epd_ring_close(ring);
         epd_disconnect(c);
         return ended ? 0 : 3;
 }

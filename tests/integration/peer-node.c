@@ -66,12 +66,12 @@ static void on_state(Peer *p, bool up, void *userdata) {
         out("state %s %s %s", peer_host_id(p), up ? "up" : "down", up ? "-" : peer_last_error(p));
 }
 
-static int validator(Peer *p, uint32_t region, uint64_t offset, uint64_t length, uint64_t cookie, void *ud) {
+static int validator(Peer *p, TransportIncoming *in, void *ud) {
         S.in_validated++;
         return S.refuse ? -EPERM : 0;
 }
 
-static void incoming_done(Peer *p, uint64_t cookie, int error, void *ud) {
+static void incoming_done(Peer *p, const TransportIncoming *in, int error, void *ud) {
         if (error)
                 S.in_err++;
         else

@@ -23,7 +23,7 @@ decode worker placed on bravo with reason "backpressure"; once the link recovers
 level steps down, the ring says so, and handoffs and admissions resume.
 
 TEST: handoff-netns-two, handoff-netns-three, handoff-netns-faults, handoff-netns-loss,
-handoff-netns-wrong-key, handoff-netns-backpressure. Needs root (ip netns, tc, nft);
+handoff-netns-wrong-key, handoff-netns-backpressure, handoff-netns-pipelined. Needs root (ip netns, tc, nft);
 exits 77 (skip) without it."""
 
 import importlib.util
@@ -72,13 +72,16 @@ class Cluster:
         with open(p, "w") as f:
             f.write(f"[Daemon]\nHostId={self.names[i]}\nSystemBus=no\n"
                     f"StateDirectory={self.tmp}/{self.names[i]}.state\n"
-                    f"[Arena:kv0]\nSize={self.arena_mb}M\n"
+                    f"[Arena:kv0]\nSize={self.arena(i)}M\n"
                     f"[Cluster]\nListen={self.net.ip(i)}:7400\nClusterKeyFile={self.keys[i]}\n"
                     f"HeartbeatInterval={int(self.heartbeat_s * 1000)}ms\n" + self.extra)
             for j, n in enumerate(self.names):
                 if j != i:
                     f.write(f"[Peer:{n}]\nAddress={self.net.ip(j)}:7400\nHostId={n}\n")
         return p
+
+    def arena(self, i):
+        return self.arena_mb[i] if isinstance(self.arena_mb, (list, tuple)) else self.arena_mb
 
     def sock(self, i):
         return os.path.join(self.tmp, f"{self.names[i]}.sock")
@@ -304,12 +307,20 @@ def test_three(cl):
                      f"{cl.names[i]}->{cl.names[j]}"))
     for p, d, label in runs:
         check_ok(cl, p, d, label)
+    # Small ones (512 KiB: pipelined, slots numbered across both peers of each source).
+    runs = []
+    for k, (i, j) in enumerate(pairs):
+        runs.append((cl.prefill(i, cl.names[j], rid(0x40 + k), 8, 4, 0), cl.decode(j, rid(0x40 + k)),
+                     f"{cl.names[i]}->{cl.names[j]} pipelined"))
+    for p, d, label in runs:
+        check_ok(cl, p, d, label)
     for i in range(3):
         wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean")
-        assert cl.counters(i)["committed"] >= 2 and cl.counters(i)["rolled-back"] == 0, cl.counters(i)
+        assert cl.counters(i)["committed"] >= 4 and cl.counters(i)["rolled-back"] == 0, cl.counters(i)
+        assert cl.counters(i)["pipelined"] >= 2, cl.counters(i)
 
 
-def interrupted(cl, label, fault, after="group 0 ok", pages=256, expect_cause=None, heal=None):
+def interrupted(cl, label, fault, after="group 0 ok", pages=256, expect_cause=None, heal=None, before=None):
     """Starts a slow handoff alpha -> bravo, applies fault() once `after` shows on the
     decode side, and checks that it ends in a rollback on alpha (and bravo, where it
     still runs) with both sides clean within the bound."""
@@ -320,6 +331,8 @@ def interrupted(cl, label, fault, after="group 0 ok", pages=256, expect_cause=No
     d = cl.decode(1, r)
     p = cl.prefill(0, "bravo", r, pages, 4, 0)
     assert d.wait_line(after, 30), (label, d.lines, p.lines)
+    if before:
+        before()
     assert d.wait_line("group 3", 0) is None, f"{label}: the transfer finished before the fault"
     t0 = time.monotonic()
     fault()
@@ -379,6 +392,75 @@ def test_faults(cl):
     print("alpha:", {k: v for k, v in c0.items() if v}, "\nbravo:", {k: v for k, v in c1.items() if v})
     assert c0["committed"] == 0 and c1["committed"] == 0, (c0, c1)
     assert c0["rolled-back"] == interrupted.count, c0
+
+
+# Handoffs up to 64 MiB are pipelined here (no round trip before the data).
+PIPE_CONF = "PipelineBytes=64M\n"
+
+
+def dest_bytes(cl, i, r):
+    """Bytes landed so far at host i for request r (its destination side), or -1."""
+    for h in (cl.ctl(i, "handoffs") or {}).get("handoffs", []):
+        if h.get("request_id") == r and h.get("role") == "destination":
+            return h["bytes"]
+    return -1
+
+
+def test_pipelined(cl):
+    """Pipelined handoffs (PREPARE and data without a round trip, group completions in the
+    data stream): many small ones at once both ways commit with exact bytes; one the
+    destination cannot hold is refused there and rolls back both sides; a link cut
+    after part of a group's data landed but before its completion flag (the group's
+    last write) rolls back both sides within the bound."""
+    cl.start_all()
+    cl.wait_mesh()
+    runs = []
+    for k in range(6):
+        src, dst = (0, 1) if k < 4 else (1, 0)
+        r = rid(0x400 + k)
+        runs.append((cl.decode(dst, r), cl.prefill(src, cl.names[dst], r, 8, 4, 0), f"pipelined {k}"))
+    for d, p, label in runs:
+        check_ok(cl, p, d, label)
+    # 4 groups of 16 pages in one, at once after Prepare; and a single group.
+    d, p = cl.decode(1, rid(0x410)), cl.prefill(0, "bravo", rid(0x410), 16, 1, 0)
+    check_ok(cl, p, d, "pipelined one group", 1)
+    for i in (0, 1):
+        wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean")
+    c0, c1 = cl.counters(0), cl.counters(1)
+    assert c0["pipelined"] >= 5 and c1["pipelined"] >= 2, (c0, c1)
+    assert c0["rolled-back"] == 0 and c1["rolled-back"] == 0, (c0, c1)
+
+    # bravo's arena (16 MiB) cannot hold 32 MiB: it refuses the PREPARE it never
+    # answered; the source (which had answered Prepare already) rolls back.
+    r = rid(0x420)
+    d = cl.decode(1, r, 3000)
+    p = cl.prefill(0, "bravo", r, 512, 4, 0, 5000)
+    assert p.finish() == 0, p.lines
+    fp = p.final()
+    assert fp and fp[1] == "rolled-back", p.lines
+    assert any(l.startswith("prepared") for l in p.lines), ("not pipelined", p.lines)
+    d.kill()
+    for i in (0, 1):
+        wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean after the refusal")
+    print(f"refused at the destination: prefill {fp[1:3]}")
+    assert cl.counters(0)["rolled-back"] == 1, cl.counters(0)
+
+    # 8 MiB (4 groups of 2 MiB) at 40 Mbit/s: cut the link once group 1's first bytes
+    # landed at bravo (its completion rides its last write, not sent yet).
+    cl.shape(0, "40mbit")
+    h = cl.net.hosts[1]
+    n = getattr(interrupted, "count", 0) + 1
+    group = 128 * PAGE // 4
+
+    def group1_partly_landed():
+        wait_until(lambda: dest_bytes(cl, 1, rid(0x100 + n)) > group, 10, "part of group 1 landed")
+    interrupted(cl, "pipelined: link down between a group's data and its completion",
+                lambda: sh("ip", "-n", h, "link", "set", "eth0", "down"), pages=128,
+                heal=lambda: sh("ip", "-n", h, "link", "set", "eth0", "up"),
+                expect_cause=("peer-down", "transfer-failed"), before=group1_partly_landed)
+    cl.unshape(0)
+    c0 = cl.counters(0)
+    assert c0["pipelined"] >= 7 and c0["committed"] >= 5, c0
 
 
 def test_loss(cl):
@@ -528,6 +610,7 @@ def main():
         "handoff-netns-loss": (test_loss, 2),
         "handoff-netns-wrong-key": (test_wrong_key, 3),
         "handoff-netns-backpressure": (test_backpressure, 2),
+        "handoff-netns-pipelined": (test_pipelined, 2),
     }
     fn, n = tests[test]
     with tempfile.TemporaryDirectory() as tmp:
@@ -538,6 +621,8 @@ def main():
         if test == "handoff-netns-backpressure":
             # A longer heartbeat: lossy intervals must not take the peer down.
             cl = Cluster(build, tmp, n, keys, heartbeat_s=10.0, extra=BP_CONF)
+        elif test == "handoff-netns-pipelined":
+            cl = Cluster(build, tmp, n, keys, arena_mb=(64, 16), extra=PIPE_CONF)
         else:
             cl = Cluster(build, tmp, n, keys)
         try:

@@ -371,6 +371,93 @@ START_TEST(test_same_arena_zero_copy) {
 }
 END_TEST
 
+/* Handoff signals reach only whom they concern: a client that called Watch(true), and the
+ * owner without a ring; neither the owner with a ring nor a bystander. */
+typedef struct SignalCount {
+        unsigned state, progress;
+} SignalCount;
+
+static int on_handoff_signal(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        SignalCount *n = userdata;
+        if (sd_bus_message_is_signal(m, "org.epd1.Handoff", "StateChanged"))
+                n->state++;
+        else if (sd_bus_message_is_signal(m, "org.epd1.Handoff", "Progress"))
+                n->progress++;
+        return 0;
+}
+
+static void count_signals(epd_client *c, SignalCount *n) {
+        ck_assert_int_ge(sd_bus_match_signal(c->bus, NULL, NULL, NULL, "org.epd1.Handoff", NULL, on_handoff_signal, n),
+                         0);
+}
+
+static void drain(epd_client *const *cs, size_t n) {
+        /* Signals were sent before the replies the test waited for: what is queued is all. */
+        for (int round = 0; round < 20; round++)
+                for (size_t i = 0; i < n; i++) {
+                        while (sd_bus_process(cs[i]->bus, NULL) > 0)
+                                ;
+                        (void)sd_bus_wait(cs[i]->bus, 5000);
+                }
+}
+
+START_TEST(test_watch_signals) {
+        epd_client *p = worker("prefill"), *d = worker("decode"), *w = NULL, *x = NULL;
+        ck_assert_int_eq(epd_connect(address, &w), 0);
+        ck_assert_int_eq(epd_connect(address, &x), 0);
+        SignalCount np = {}, nd = {}, nw = {}, nx = {};
+        count_signals(p, &np);
+        count_signals(d, &nd);
+        count_signals(w, &nw);
+        count_signals(x, &nx);
+        ck_assert_int_eq(epd_handoff_watch(w, true), 0);
+        ck_assert_int_eq(epd_handoff_watch(w, true), 0); /* a repeat */
+        epd_ring_client *dr = NULL;
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+
+        char *seq = make_sequence(p, "kv0", N_PAGES, NULL), *path, *dseq;
+        uint64_t token;
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(40), "alpha", seq, groups4, 4, NULL, &path, &token), 0);
+        ck_assert_int_eq(epd_handoff_accept(d, rid(40), &acc), 0);
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+        wait_state(d, acc.path, "transferred");
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+        wait_state(p, path, "committed");
+        epd_client *all[] = { p, d, w, x };
+        drain(all, 4);
+        /* The watcher saw both sides' states and the destination's progress; the owner
+         * without a ring (the prefill) its own states; the decode worker, whose ring took
+         * every record, and the bystander nothing. */
+        ck_assert_msg(nw.state >= 4 && nw.progress >= 1, "watcher: %u states, %u progress", nw.state, nw.progress);
+        ck_assert_msg(np.state >= 2, "owner without a ring: %u states", np.state);
+        ck_assert_msg(nd.state == 0 && nd.progress == 0, "owner with a ring: %u states, %u progress", nd.state,
+                      nd.progress);
+        ck_assert_msg(nx.state == 0 && nx.progress == 0, "bystander: %u states, %u progress", nx.state, nx.progress);
+
+        /* Watch(false): no more. */
+        ck_assert_int_eq(epd_handoff_watch(w, false), 0);
+        unsigned before = nw.state;
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        drain(all, 4);
+        ck_assert_uint_eq(nw.state, before);
+        ck_assert_uint_eq(nx.state, 0);
+        release_sequence(d, dseq);
+        release_sequence(p, seq);
+        free(dseq);
+        free(path);
+        free(seq);
+        epd_handoff_accepted_done(&acc);
+        epd_ring_close(dr);
+        epd_disconnect(w);
+        epd_disconnect(x);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 START_TEST(test_ring) {
         epd_client *p = worker("prefill"), *d = worker("decode");
         epd_ring_client *pr, *dr, *dup;
@@ -700,6 +787,7 @@ int main(void) {
         tcase_add_test(tc, test_two_arenas);
         tcase_add_test(tc, test_same_arena_zero_copy);
         tcase_add_test(tc, test_ring);
+        tcase_add_test(tc, test_watch_signals);
         tcase_add_test(tc, test_accept_wait);
         tcase_add_test(tc, test_decode_dies);
         tcase_add_test(tc, test_timeout_and_admission);

@@ -58,7 +58,7 @@ START_TEST(test_prepare) {
         uint8_t *buf;
         size_t len;
         roundtrip(&m, &d, &buf, &len);
-        ck_assert_uint_eq(len, 16 + 8 + 24 + 16 + 8 + 3 * 4 + 4 * 16);
+        ck_assert_uint_eq(len, 16 + 8 + 24 + 16 + 8 + 16 + 3 * 4 + 4 * 16);
         ck_assert_uint_eq(d.timeout_usec, 5000000);
         ck_assert_uint_eq(d.page_size, 1000);
         ck_assert_uint_eq(d.layout_hash, 0xfeed);
@@ -132,12 +132,32 @@ START_TEST(test_prepare_invalid) {
         buf[68] = 0xff; /* n_groups low byte -> 0xff groups */
         ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
         buf[68] = 3;
-        buf[72 + 2] = 1; /* group 0's reserved field */
+        buf[88 + 2] = 1; /* group 0's reserved field */
         ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
-        buf[72 + 2] = 0;
-        buf[72] = 0; /* group 0 with zero ranges */
+        buf[88 + 2] = 0;
+        buf[88] = 0; /* group 0 with zero ranges */
         ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
-        buf[72] = 1;
+        buf[88] = 1;
+        buf[76] = 1; /* the reserved word after the flags */
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
+        buf[76] = 0;
+        buf[72] = 0x80; /* an unknown flag */
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
+        buf[72] = HANDOFF_PREPARE_F_PIPELINED; /* pipelined needs a slot */
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
+        buf[80] = 9;
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), 0);
+        ck_assert_uint_eq(d.slot, 9);
+        ck_assert_uint_eq(d.flags, HANDOFF_PREPARE_F_PIPELINED);
+        handoff_message_done(&d);
+        buf[72] = 0; /* a slot without pipelining */
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
+        buf[72] = HANDOFF_PREPARE_F_IMM | HANDOFF_PREPARE_F_PIPELINED;
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), 0);
+        ck_assert_uint_eq(d.flags, HANDOFF_PREPARE_F_IMM | HANDOFF_PREPARE_F_PIPELINED);
+        handoff_message_done(&d);
+        buf[72] = 0;
+        buf[80] = 0;
         ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), 0);
         handoff_message_done(&d);
         free(buf);
@@ -214,12 +234,33 @@ START_TEST(test_small_messages) {
 }
 END_TEST
 
+/* A group's completion in the data stream: the immediate of its last write names the
+ * group (every group up to HANDOFF_GROUPS_MAX) and the bytes it moves in all. A pipelined
+ * write's offset names the page and the offset in it. */
+START_TEST(test_group_imm) {
+        ck_assert_uint_ge(1024, HANDOFF_GROUPS_MAX);
+        for (uint32_t g = 0; g < HANDOFF_GROUPS_MAX; g += 37) {
+                uint64_t bytes = ((uint64_t)g << 20) + 4096 * g + 1;
+                uint64_t imm = handoff_group_imm(g, bytes);
+                ck_assert_uint_eq(HANDOFF_IMM_GROUP(imm), g);
+                ck_assert_uint_eq(HANDOFF_IMM_BYTES(imm), bytes);
+        }
+        uint64_t big = (UINT64_C(1) << 53) + 12345; /* far past any arena */
+        ck_assert_uint_eq(HANDOFF_IMM_BYTES(handoff_group_imm(HANDOFF_GROUPS_MAX - 1, big)), big);
+        ck_assert_uint_eq(HANDOFF_IMM_GROUP(handoff_group_imm(HANDOFF_GROUPS_MAX - 1, big)), HANDOFF_GROUPS_MAX - 1);
+        uint64_t off = handoff_slot_offset(7, 65535);
+        ck_assert_uint_eq(off >> 32, 7);
+        ck_assert_uint_eq(off & UINT32_MAX, 65535);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("handoff-proto");
         TCase *tc = tcase_create("handoff-proto");
         tcase_add_test(tc, test_prepare);
         tcase_add_test(tc, test_prepare_invalid);
         tcase_add_test(tc, test_small_messages);
+        tcase_add_test(tc, test_group_imm);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }

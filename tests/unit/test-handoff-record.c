@@ -185,12 +185,57 @@ START_TEST(test_recover_and_snapshot) {
 }
 END_TEST
 
+/* A local handoff's commit is one record for both sides. */
+START_TEST(test_commit_pair) {
+        HandoffJournal j;
+        uint32_t pages[2] = { 3, 4 };
+        ck_assert_int_eq(handoff_journal_init(&j), 0);
+        ck_assert_int_eq(apply(&j, prep(7, 50, HANDOFF_SOURCE, 2), pages), 0);
+        ck_assert_int_eq(apply(&j, prep(7, 50, HANDOFF_DESTINATION, 2), pages), 0);
+        EpdId seq = rid(0x77), id = rid(7);
+        HandoffRecord c = ev(HANDOFF_REC_COMMITTED, 7, 50, HANDOFF_DESTINATION);
+        c.value = HANDOFF_REC_COMMIT_PAIR;
+        c.extra = seq.bytes;
+        c.extra_len = 16;
+        ck_assert_int_eq(apply(&j, c, NULL), 0);
+        HandoffJournalEntry *src = handoff_journal_get(&j, &id, HANDOFF_SOURCE);
+        HandoffJournalEntry *dst = handoff_journal_get(&j, &id, HANDOFF_DESTINATION);
+        ck_assert_int_eq(src->state, HANDOFF_COMMITTED);
+        ck_assert_int_eq(dst->state, HANDOFF_COMMITTED);
+        ck_assert(dst->has_sequence && !src->has_sequence);
+        /* Nothing is in flight: recovery leaves both committed. */
+        ck_assert_uint_eq(handoff_journal_recover(&j, NULL, NULL), 0);
+        ck_assert_int_eq(src->state, HANDOFF_COMMITTED);
+
+        /* The pair flag belongs to a destination's commit only, and is 0 or 1. */
+        uint8_t buf[HANDOFF_REC_HEADER_SIZE];
+        HandoffRecord bad = ev(HANDOFF_REC_COMMITTED, 7, 50, HANDOFF_SOURCE), back;
+        bad.value = HANDOFF_REC_COMMIT_PAIR;
+        handoff_record_encode(buf, &bad, NULL);
+        ck_assert_int_eq(handoff_record_parse(HANDOFF_REC_COMMITTED, buf, sizeof buf, &back), -EBADMSG);
+        bad.role = HANDOFF_DESTINATION;
+        bad.value = 2;
+        handoff_record_encode(buf, &bad, NULL);
+        ck_assert_int_eq(handoff_record_parse(HANDOFF_REC_COMMITTED, buf, sizeof buf, &back), -EBADMSG);
+        /* A source of another attempt is left alone. */
+        ck_assert_int_eq(apply(&j, prep(8, 60, HANDOFF_SOURCE, 2), pages), 0);
+        ck_assert_int_eq(apply(&j, prep(8, 61, HANDOFF_DESTINATION, 2), pages), 0);
+        HandoffRecord c2 = ev(HANDOFF_REC_COMMITTED, 8, 61, HANDOFF_DESTINATION);
+        c2.value = HANDOFF_REC_COMMIT_PAIR;
+        ck_assert_int_eq(apply(&j, c2, NULL), 0);
+        EpdId id8 = rid(8);
+        ck_assert_int_eq(handoff_journal_get(&j, &id8, HANDOFF_SOURCE)->state, HANDOFF_PREPARED);
+        handoff_journal_done(&j);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("handoff-record");
         TCase *tc = tcase_create("handoff-record");
         tcase_add_test(tc, test_journal_rules);
         tcase_add_test(tc, test_malformed);
         tcase_add_test(tc, test_recover_and_snapshot);
+        tcase_add_test(tc, test_commit_pair);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
         srunner_run_all(sr, CK_NORMAL);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "macro.h"
 #include "peer/peer-proto.h"
 #include "../check-main.h"
 
@@ -51,7 +52,7 @@ START_TEST(test_header_malformed) {
         memcpy(c, b, 16);
         c[4] = 0;
         ck_assert_int_eq(peer_frame_header_decode(c, 16, &h), -EPROTONOSUPPORT);
-        c[4] = 2;
+        c[4] = PEER_PROTOCOL_VERSION + 1;
         ck_assert_int_eq(peer_frame_header_decode(c, 16, &h), -EPROTONOSUPPORT);
         /* Any flag bit. */
         for (int bit = 0; bit < 8; bit++) {
@@ -334,6 +335,104 @@ START_TEST(test_data_header) {
         ck_assert_int_eq(peer_data_header_decode(buf, sizeof buf, PEER_DATA_HEADER_SIZE, &out), -EBADMSG);
         ck_assert_int_eq(peer_data_header_decode(buf, sizeof buf, UINT32_MAX, &out), -EBADMSG);
         ck_assert_int_eq(peer_data_header_encode(&d, buf, sizeof buf - 1), -ENOBUFS);
+
+        /* Flags: an immediate and a target only with their flag; a target write names
+         * no region; unknown flags and the reserved word are refused. */
+        d.total_length = 4096;
+        d.flags = PEER_DATA_F_IMM | PEER_DATA_F_TARGET;
+        d.imm = 0x1234;
+        d.target = 77;
+        d.region = 0;
+        ck_assert_int_eq(data_decode(d, 4096), 0);
+        ck_assert_int_eq(peer_data_header_encode(&d, buf, sizeof buf), PEER_DATA_HEADER_SIZE);
+        ck_assert_int_eq(peer_data_header_decode(buf, sizeof buf, PEER_DATA_HEADER_SIZE + 4096, &out), 0);
+        ck_assert_uint_eq(out.imm, 0x1234);
+        ck_assert_uint_eq(out.target, 77);
+        ck_assert_uint_eq(out.flags, PEER_DATA_F_IMM | PEER_DATA_F_TARGET);
+        d.region = 3;
+        ck_assert_int_eq(data_decode(d, 4096), -EBADMSG);
+        d.region = 0;
+        d.flags = PEER_DATA_F_TARGET; /* an immediate without its flag */
+        ck_assert_int_eq(data_decode(d, 4096), -EBADMSG);
+        d.flags = PEER_DATA_F_IMM; /* a target without its flag */
+        ck_assert_int_eq(data_decode(d, 4096), -EBADMSG);
+        d.flags = 0x4;
+        d.imm = d.target = 0;
+        ck_assert_int_eq(data_decode(d, 4096), -EBADMSG);
+        d.flags = 0;
+        ck_assert_int_eq(peer_data_header_encode(&d, buf, sizeof buf), PEER_DATA_HEADER_SIZE);
+        buf[PEER_DATA_HEADER_SIZE - 1] = 1; /* reserved */
+        ck_assert_int_eq(peer_data_header_decode(buf, sizeof buf, PEER_DATA_HEADER_SIZE + 4096, &out), -EBADMSG);
+}
+END_TEST
+
+/* Cumulative acknowledgement: the ids that landed in one wakeup, in any order, become
+ * runs of consecutive ids; past the runs' room the rest is left for the next frame. */
+START_TEST(test_ack_runs) {
+        uint64_t ids[] = { 7, 3, 4, 10, 5, 11, 1, 100 };
+        PeerAckRun runs[8];
+        size_t used;
+        size_t n = peer_ack_runs_build(ids, ELEMENTSOF(ids), runs, ELEMENTSOF(runs), &used);
+        ck_assert_uint_eq(used, ELEMENTSOF(ids));
+        ck_assert_uint_eq(n, 5);
+        const PeerAckRun want[] = { { 1, 1 }, { 3, 3 }, { 7, 1 }, { 10, 2 }, { 100, 1 } };
+        for (size_t i = 0; i < n; i++) {
+                ck_assert_uint_eq(runs[i].first, want[i].first);
+                ck_assert_uint_eq(runs[i].count, want[i].count);
+        }
+        /* Room for two runs: [1], [3, 6); the ids from 7 on wait. */
+        uint64_t again[] = { 7, 3, 4, 10, 5, 11, 1, 100 };
+        n = peer_ack_runs_build(again, ELEMENTSOF(again), runs, 2, &used);
+        ck_assert_uint_eq(n, 2);
+        ck_assert_uint_eq(used, 4);
+        ck_assert_uint_eq(again[used], 7);
+        /* 10 000 writes landed in one wakeup, shuffled: one run. */
+        static uint64_t many[10000];
+        for (size_t i = 0; i < ELEMENTSOF(many); i++)
+                many[i] = 5000 + (i * 7919) % ELEMENTSOF(many);
+        n = peer_ack_runs_build(many, ELEMENTSOF(many), runs, 1, &used);
+        ck_assert_uint_eq(n, 1);
+        ck_assert_uint_eq(used, ELEMENTSOF(many));
+        ck_assert_uint_eq(runs[0].first, 5000);
+        ck_assert_uint_eq(runs[0].count, ELEMENTSOF(many));
+        n = peer_ack_runs_build(many, 0, runs, 1, &used);
+        ck_assert_uint_eq(n, 0);
+        ck_assert_uint_eq(used, 0);
+}
+END_TEST
+
+START_TEST(test_write_acks) {
+        PeerAckRun runs[3] = { { 1, 5 }, { 9, 1 }, { 100, 200 } }, back[3];
+        uint8_t buf[PEER_WRITE_ACKS_SIZE(3)];
+        size_t n;
+
+        ck_assert_int_eq(peer_write_acks_encode(runs, 3, buf, sizeof buf), (int)PEER_WRITE_ACKS_SIZE(3));
+        ck_assert_int_eq(peer_write_acks_decode(buf, sizeof buf, back, 3, &n), 0);
+        ck_assert_uint_eq(n, 3);
+        for (size_t i = 0; i < 3; i++) {
+                ck_assert_uint_eq(back[i].first, runs[i].first);
+                ck_assert_uint_eq(back[i].count, runs[i].count);
+        }
+        /* Room for fewer runs than it holds; a length that does not match its count. */
+        ck_assert_int_eq(peer_write_acks_decode(buf, sizeof buf, back, 2, &n), -EBADMSG);
+        ck_assert_int_eq(peer_write_acks_decode(buf, sizeof buf - 1, back, 3, &n), -EBADMSG);
+        ck_assert_int_eq(peer_write_acks_decode(buf, 4, back, 3, &n), -EBADMSG);
+        /* An empty run, a run past the end of the ids, reserved words. */
+        buf[8 + 16 + 8 + 3] = 0; /* run 1's count (big-endian u32: 1 -> 0) */
+        ck_assert_int_eq(peer_write_acks_decode(buf, sizeof buf, back, 3, &n), -EBADMSG);
+        buf[8 + 16 + 8 + 3] = 1;
+        buf[8 + 12] = 1;
+        ck_assert_int_eq(peer_write_acks_decode(buf, sizeof buf, back, 3, &n), -EBADMSG);
+        buf[8 + 12] = 0;
+        buf[4] = 1;
+        ck_assert_int_eq(peer_write_acks_decode(buf, sizeof buf, back, 3, &n), -EBADMSG);
+        buf[4] = 0;
+        PeerAckRun huge = { UINT64_MAX - 1, 5 };
+        ck_assert_int_eq(peer_write_acks_encode(&huge, 1, buf, sizeof buf), -EINVAL);
+        ck_assert_int_eq(peer_write_acks_encode(runs, 0, buf, sizeof buf), -EINVAL);
+        ck_assert_int_eq(peer_write_acks_encode(runs, 3, buf, sizeof buf - 1), -ENOBUFS);
+        memset(buf, 0, 8);
+        ck_assert_int_eq(peer_write_acks_decode(buf, 8, back, 3, &n), -EBADMSG); /* no run */
 }
 END_TEST
 
@@ -403,6 +502,8 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_hello_fields);
         tcase_add_test(tc, test_small_messages);
         tcase_add_test(tc, test_data_header);
+        tcase_add_test(tc, test_write_acks);
+        tcase_add_test(tc, test_ack_runs);
         tcase_add_test(tc, test_slice_math);
         tcase_add_test(tc, test_frame_build);
         tcase_add_test(tc, test_address);

@@ -28,6 +28,8 @@ typedef struct epd_handoff_options {
         const char *arena;     /* local destination arena; NULL: the sequence's own */
         const char *target;    /* worker path that will accept; NULL: any */
         uint64_t timeout_usec; /* 0: the daemon's HandoffTimeout= */
+        uint32_t ready;        /* layer groups [0, ready) are computed already: they ship
+                                * with Prepare, no LayerGroupReady needed for them */
 } epd_handoff_options;
 
 /* request_id: 32 hex digits. destination: a host id, or NULL/"" for this host. The
@@ -60,6 +62,10 @@ void epd_handoff_accepted_done(epd_handoff_accepted *a);
 int epd_handoff_commit(epd_client *c, const char *handoff, char **ret_sequence);
 int epd_handoff_rollback(epd_client *c, const char *handoff);
 int epd_handoff_release(epd_client *c, const char *handoff);
+/* enable: this client gets the Progress and StateChanged signals of every handoff (a
+ * monitor); without it, only its own handoffs' and only when its ring could not take
+ * the record (or it has none). Ends with the connection. */
+int epd_handoff_watch(epd_client *c, bool enable);
 
 typedef struct epd_handoff_status {
         char state[24];
@@ -96,6 +102,9 @@ int epd_ring_layer_group_ready(epd_ring_client *r, const char *request_id, uint6
  * records), or an EPD_RING_EV_COMPLETION with the error. epd_handoff_accept() gives the
  * page offsets afterwards (a repeat: it changes nothing). */
 int epd_ring_accept(epd_ring_client *r, const char *request_id, uint64_t timeout_usec, uint64_t user_data);
+/* The ring's completion eventfd, readable when records were posted: poll it (with
+ * others) instead of polling the daemon; then take the records with epd_ring_next(r, .., 0). */
+int epd_ring_fd(const epd_ring_client *r);
 /* Takes the next completion or event, waiting up to timeout_usec (UINT64_MAX: forever;
  * 0: do not wait). -EAGAIN when none came in time. */
 int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t timeout_usec);

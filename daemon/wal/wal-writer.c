@@ -1,0 +1,466 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "unaligned.h"
+#include "wal/wal-writer.h"
+
+/* A compaction queued at a point of the record stream: the records before `split` bytes
+ * of the pending batch are the ones up to `lsn`, which the snapshot holds. */
+typedef struct CompactJob {
+        void *snapshot;
+        size_t size;
+        uint64_t lsn;
+        uint64_t records;   /* in the snapshot */
+        size_t split;       /* bytes of the pending batch up to lsn */
+} CompactJob;
+
+struct WalWriter {
+        Wal *wal;              /* its I/O is the thread's from wal_writer_new() on */
+        pthread_t thread;
+        bool started;
+        pthread_mutex_t lock;
+        pthread_cond_t wake;   /* the thread waits here for work */
+        pthread_cond_t done;   /* wal_writer_flush() waits here */
+        int efd;
+
+        /* Under lock. */
+        bool stop;
+        bool hold;
+        bool urgent;           /* a record of the pending batch is waited for: write now */
+        uint64_t lazy_since;   /* CLOCK_MONOTONIC µs when the first record nobody waits
+                                * for entered the (otherwise lazy) pending batch */
+        uint64_t lazy_usec;    /* such records wait at most this long for company */
+        WalSyncPolicy policy;
+        uint8_t *pending;      /* encoded records, LSNs durable+1.. in order */
+        size_t pending_size, pending_cap;
+        uint64_t pending_records;
+        CompactJob compact;
+        bool have_compact;     /* queued, not yet taken by the thread */
+        bool compacting;       /* queued or running */
+        WalWriterStats stats;
+};
+
+static void lock(WalWriter *ww) {
+        pthread_mutex_lock(&ww->lock);
+}
+
+static void unlock(WalWriter *ww) {
+        pthread_mutex_unlock(&ww->lock);
+}
+
+static uint64_t now_usec(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000ULL;
+}
+
+/* Under lock: waits until there is a batch to take (urgent, a lazy batch's time is up,
+ * a compaction) or the thread is to stop. */
+static void wait_for_work(WalWriter *ww) {
+        while (!ww->stop) {
+                if (ww->hold || (ww->pending_size == 0 && !ww->have_compact)) {
+                        pthread_cond_wait(&ww->wake, &ww->lock);
+                        continue;
+                }
+                if (ww->have_compact || ww->urgent)
+                        return;
+                /* Only records nobody waits for yet: they wait for one that is (it
+                 * makes them durable with it) or for their time to be up. */
+                uint64_t deadline = ww->lazy_since + ww->lazy_usec, now = now_usec();
+                if (now >= deadline)
+                        return;
+                struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000ULL),
+                                       .tv_nsec = (long)(deadline % 1000000ULL) * 1000L };
+                (void)pthread_cond_timedwait(&ww->wake, &ww->lock, &ts);
+        }
+}
+
+static void kick(WalWriter *ww) {
+        uint64_t one = 1;
+        /* EAGAIN: the counter is full, the loop is woken anyway. */
+        (void)!write(ww->efd, &one, sizeof one);
+}
+
+/* Writes records [p, p+n) (their LSNs end at last_lsn) and makes them durable under the
+ * Wal's policy. Returns 0 or the error; *syncs counts the fdatasyncs it made. */
+static int write_batch(WalWriter *ww, const uint8_t *p, size_t n, uint64_t last_lsn, bool one_by_one,
+                       uint64_t *syncs) {
+        Wal *w = ww->wal;
+        int r;
+
+        if (n == 0)
+                return 0;
+        if (!one_by_one) {
+                r = wal_write_encoded(w, p, n, last_lsn);
+                if (r >= 0 && wal_get_policy(w) != WAL_SYNC_NONE && wal_needs_sync(w)) {
+                        r = wal_sync(w);
+                        if (r >= 0)
+                                (*syncs)++;
+                }
+                return r;
+        }
+        /* Sync=always: a write and a sync per record, in order. */
+        for (size_t off = 0; off < n;) {
+                size_t size = wal_record_size(unaligned_read_le32(p + off));
+                uint64_t lsn = unaligned_read_le64(p + off + 8);
+                r = wal_write_encoded(w, p + off, size, lsn);
+                if (r >= 0 && wal_needs_sync(w)) {
+                        r = wal_sync(w);
+                        if (r >= 0)
+                                (*syncs)++;
+                }
+                if (r < 0)
+                        return r;
+                off += size;
+        }
+        return 0;
+}
+
+static void *writer_thread(void *userdata) {
+        WalWriter *ww = userdata;
+        uint8_t *batch = NULL;
+        size_t batch_cap = 0;
+
+        lock(ww);
+        for (;;) {
+                wait_for_work(ww);
+                if (ww->pending_size == 0 && !ww->have_compact)
+                        break; /* stopping, and everything is written */
+                ww->urgent = false; /* whoever waits is in this batch */
+
+                /* Take the whole batch (and the compaction, if one is queued): the loop
+                 * keeps appending into the other buffer meanwhile. */
+                uint8_t *b = ww->pending;
+                size_t n = ww->pending_size, cap = ww->pending_cap;
+                uint64_t last_lsn = ww->stats.assigned_lsn;
+                ww->pending = batch;
+                ww->pending_cap = batch_cap;
+                ww->pending_size = 0;
+                ww->pending_records = 0;
+                batch = b;
+                batch_cap = cap;
+                CompactJob job = ww->compact;
+                bool compact = ww->have_compact;
+                ww->have_compact = false;
+                ww->compact = (CompactJob){};
+                WalSyncPolicy policy = ww->policy;
+                bool failed = ww->stats.error < 0;
+                unlock(ww);
+
+                Wal *w = ww->wal;
+                uint64_t syncs = 0, before = wal_synced_lsn(w);
+                int r = failed ? -EIO : 0;
+                if (r >= 0 && wal_get_policy(w) != policy)
+                        wal_set_policy(w, policy);
+                bool one_by_one = policy == WAL_SYNC_ALWAYS;
+                if (r >= 0 && compact) {
+                        /* The records the snapshot holds go to the old log first. */
+                        r = write_batch(ww, batch, job.split, job.lsn, one_by_one, &syncs);
+                        if (r >= 0)
+                                r = wal_compact_buffer(w, job.snapshot, job.size, job.lsn, job.records);
+                        if (r >= 0)
+                                r = write_batch(ww, batch + job.split, n - job.split, last_lsn, one_by_one, &syncs);
+                } else if (r >= 0)
+                        r = write_batch(ww, batch, n, last_lsn, one_by_one, &syncs);
+                free(job.snapshot);
+                const WalStats *ws = wal_get_stats(w);
+                uint64_t durable = wal_synced_lsn(w);
+
+                lock(ww);
+                if (r < 0 && ww->stats.error == 0) {
+                        ww->stats.error = r;
+                        log_error_errno(r, "WAL: records after LSN %" PRIu64 " could not be made durable; "
+                                        "no further record is accepted: %m", durable);
+                }
+                ww->stats.durable_lsn = durable;
+                ww->stats.writes += n > 0 ? 1 : 0;
+                ww->stats.syncs += syncs;
+                if (syncs > 0 && durable > before) {
+                        ww->stats.synced_records += durable - before;
+                        ww->stats.max_batch = MAX(ww->stats.max_batch, one_by_one ? 1 : (durable - before) / syncs);
+                }
+                ww->stats.log_bytes = ws->log_bytes;
+                ww->stats.compactions = ws->compactions;
+                ww->stats.snapshot_records = ws->snapshot_records;
+                if (compact)
+                        ww->compacting = false;
+                pthread_cond_broadcast(&ww->done);
+                kick(ww);
+        }
+        unlock(ww);
+        free(batch);
+        return NULL;
+}
+
+int wal_writer_new(Wal *w, WalWriter **ret) {
+        WalWriter *ww = calloc(1, sizeof *ww);
+        int r;
+
+        if (!ww)
+                return -ENOMEM;
+        ww->wal = w;
+        ww->policy = wal_get_policy(w);
+        ww->stats.assigned_lsn = ww->stats.durable_lsn = wal_last_lsn(w);
+        ww->stats.log_bytes = wal_get_stats(w)->log_bytes;
+        ww->stats.compactions = wal_get_stats(w)->compactions;
+        ww->stats.snapshot_records = wal_get_stats(w)->snapshot_records;
+        ww->lazy_usec = WAL_WRITER_LAZY_USEC;
+        pthread_mutex_init(&ww->lock, NULL);
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* lazy_since is monotonic */
+        pthread_cond_init(&ww->wake, &ca);
+        pthread_condattr_destroy(&ca);
+        pthread_cond_init(&ww->done, NULL);
+        ww->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (ww->efd < 0) {
+                r = -errno;
+                wal_writer_free(ww);
+                return r;
+        }
+        r = -pthread_create(&ww->thread, NULL, writer_thread, ww);
+        if (r < 0) {
+                wal_writer_free(ww);
+                return r;
+        }
+        (void)pthread_setname_np(ww->thread, "epd-wal");
+        ww->started = true;
+        *ret = ww;
+        return 0;
+}
+
+WalWriter *wal_writer_free(WalWriter *ww) {
+        if (!ww)
+                return NULL;
+        if (ww->started) {
+                lock(ww);
+                ww->stop = true;
+                pthread_cond_signal(&ww->wake);
+                unlock(ww);
+                pthread_join(ww->thread, NULL);
+        }
+        pthread_mutex_destroy(&ww->lock);
+        pthread_cond_destroy(&ww->wake);
+        pthread_cond_destroy(&ww->done);
+        safe_close(ww->efd);
+        free(ww->pending);
+        free(ww->compact.snapshot);
+        free(ww);
+        return NULL;
+}
+
+static int append(WalWriter *ww, uint16_t type, const void *payload, size_t len, bool lazy, uint64_t *ret_lsn) {
+        size_t size;
+        int r = 0;
+
+        if (len > WAL_RECORD_PAYLOAD_MAX || (len > 0 && !payload) || type == WAL_RECORD_SNAPSHOT_END)
+                return -EINVAL;
+        size = wal_record_size(len);
+        lock(ww);
+        if (ww->stats.error < 0)
+                r = -EIO;
+        else if (ww->pending_size + size > WAL_WRITER_PENDING_MAX)
+                r = -ENOBUFS;
+        else if (ww->pending_size + size > ww->pending_cap) {
+                size_t cap = MAX(MAX(ww->pending_cap * 2, ww->pending_size + size), (size_t)65536);
+                uint8_t *p = realloc(ww->pending, cap);
+                if (p) {
+                        ww->pending = p;
+                        ww->pending_cap = cap;
+                } else
+                        r = -ENOMEM;
+        }
+        if (r >= 0) {
+                uint64_t lsn = ++ww->stats.assigned_lsn;
+                wal_record_encode(ww->pending + ww->pending_size, lsn, type, payload, len);
+                ww->pending_size += size;
+                ww->pending_records++;
+                ww->stats.appended++;
+                ww->stats.appended_bytes += size;
+                if (ret_lsn)
+                        *ret_lsn = lsn;
+                /* The thread hears of a lazy batch once, when it begins (to time it),
+                 * and of every record someone waits for. */
+                if (!lazy)
+                        ww->urgent = true;
+                else if (ww->pending_records == 1)
+                        ww->lazy_since = now_usec();
+                if (!lazy || ww->pending_records == 1)
+                        pthread_cond_signal(&ww->wake);
+        }
+        unlock(ww);
+        return r;
+}
+
+int wal_writer_append(WalWriter *ww, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn) {
+        return append(ww, type, payload, len, false, ret_lsn);
+}
+
+int wal_writer_append_lazy(WalWriter *ww, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn) {
+        return append(ww, type, payload, len, true, ret_lsn);
+}
+
+void wal_writer_urge(WalWriter *ww) {
+        lock(ww);
+        if (ww->pending_size > 0 && !ww->urgent) {
+                ww->urgent = true;
+                pthread_cond_signal(&ww->wake);
+        }
+        unlock(ww);
+}
+
+void wal_writer_set_lazy_usec(WalWriter *ww, uint64_t usec) {
+        lock(ww);
+        ww->lazy_usec = usec;
+        pthread_cond_signal(&ww->wake);
+        unlock(ww);
+}
+
+int wal_writer_compact(WalWriter *ww, void *snapshot, size_t size, uint64_t lsn, uint64_t records) {
+        int r = 0;
+
+        lock(ww);
+        if (ww->stats.error < 0)
+                r = -EIO;
+        else if (ww->compacting)
+                r = -EBUSY;
+        else if (lsn != ww->stats.assigned_lsn)
+                r = -EINVAL;
+        else {
+                ww->compact = (CompactJob){
+                        .snapshot = snapshot,
+                        .size = size,
+                        .lsn = lsn,
+                        .records = records,
+                        .split = ww->pending_size,
+                };
+                ww->have_compact = ww->compacting = true;
+                pthread_cond_signal(&ww->wake);
+        }
+        unlock(ww);
+        if (r < 0)
+                free(snapshot);
+        return r;
+}
+
+bool wal_writer_compacting(WalWriter *ww) {
+        lock(ww);
+        bool c = ww->compacting;
+        unlock(ww);
+        return c;
+}
+
+int wal_writer_fd(WalWriter *ww) {
+        return ww->efd;
+}
+
+void wal_writer_ack(WalWriter *ww) {
+        uint64_t v;
+        (void)!read(ww->efd, &v, sizeof v);
+}
+
+void wal_writer_stats(WalWriter *ww, WalWriterStats *ret) {
+        lock(ww);
+        *ret = ww->stats;
+        ret->policy = ww->policy;
+        unlock(ww);
+}
+
+uint64_t wal_writer_durable(WalWriter *ww) {
+        lock(ww);
+        uint64_t d = ww->stats.durable_lsn;
+        unlock(ww);
+        return d;
+}
+
+uint64_t wal_writer_assigned(WalWriter *ww) {
+        lock(ww);
+        uint64_t a = ww->stats.assigned_lsn;
+        unlock(ww);
+        return a;
+}
+
+int wal_writer_flush(WalWriter *ww) {
+        return wal_writer_wait(ww, wal_writer_assigned(ww));
+}
+
+int wal_writer_wait(WalWriter *ww, uint64_t want) {
+        lock(ww);
+        if (ww->stats.durable_lsn < want && ww->pending_size > 0 && !ww->urgent) {
+                ww->urgent = true; /* someone waits now */
+                pthread_cond_signal(&ww->wake);
+        }
+        while (ww->stats.durable_lsn < want && ww->stats.error == 0)
+                pthread_cond_wait(&ww->done, &ww->lock);
+        int r = ww->stats.durable_lsn >= want ? 0 : ww->stats.error;
+        unlock(ww);
+        return r;
+}
+
+void wal_writer_set_policy(WalWriter *ww, WalSyncPolicy p) {
+        if (p < 0 || p >= _WAL_SYNC_POLICY_MAX)
+                return;
+        lock(ww);
+        ww->policy = p;
+        unlock(ww);
+}
+
+void wal_writer_hold(WalWriter *ww, bool hold) {
+        lock(ww);
+        ww->hold = hold;
+        pthread_cond_signal(&ww->wake);
+        unlock(ww);
+}
+
+int wal_wait_queue_push(WalWaitQueue *q, uint64_t lsn, WalWaitFn fn, void *userdata) {
+        if (!fn)
+                return -EINVAL;
+        if (q->n > 0 && q->v[(q->head + q->n - 1) % q->cap].lsn > lsn)
+                return -EINVAL;
+        if (q->n == q->cap) {
+                size_t cap = MAX(q->cap * 2, (size_t)64);
+                WalWaiter *v = malloc(cap * sizeof *v);
+                if (!v)
+                        return -ENOMEM;
+                for (size_t i = 0; i < q->n; i++)
+                        v[i] = q->v[(q->head + i) % q->cap];
+                free(q->v);
+                q->v = v;
+                q->cap = cap;
+                q->head = 0;
+        }
+        q->v[(q->head + q->n) % q->cap] = (WalWaiter){ lsn, fn, userdata };
+        q->n++;
+        return 0;
+}
+
+size_t wal_wait_queue_advance(WalWaitQueue *q, uint64_t durable, int error) {
+        size_t ran = 0;
+        while (q->n > 0) {
+                WalWaiter w = q->v[q->head];
+                if (w.lsn > durable && error == 0)
+                        break;
+                /* Out of the queue before it runs: fn may push again. */
+                q->head = (q->head + 1) % q->cap;
+                q->n--;
+                w.fn(w.userdata, w.lsn > durable ? error : 0);
+                ran++;
+        }
+        if (q->n == 0)
+                q->head = 0;
+        return ran;
+}
+
+void wal_wait_queue_done(WalWaitQueue *q, int error) {
+        (void)wal_wait_queue_advance(q, 0, error < 0 ? error : -ECANCELED);
+        free(q->v);
+        *q = (WalWaitQueue){};
+}
