@@ -14,7 +14,8 @@
 #include "sched/scheduler.h"
 #include "telemetry/telemetry.h"
 #include "time-util.h"
-#include "wal/wal.h"
+#include "wal/wal-manager.h"
+#include "wal/wal-writer.h"
 
 #define L METRIC_LABELS
 
@@ -322,18 +323,31 @@ static void collect_features(Manager *m, MetricsWriter *w) {
 }
 
 static void collect_wal(Manager *m, MetricsWriter *w) {
-        if (!m->wal)
+        /* The writer thread does the log's I/O: its counters, read under its lock. */
+        WalManagerStats st;
+        if (!m->wal || wal_manager_stats(m, &st) < 0)
                 return;
-        const WalStats *s = wal_get_stats(m->wal);
+        const WalWriterStats *s = &st.writer;
         metrics_family(w, "epd_wal_appends", METRIC_COUNTER, NULL, "Records appended to the write-ahead log.");
         metrics_sample_u64(w, METRIC_NO_LABELS, s->appended);
         metrics_family(w, "epd_wal_appended_bytes", METRIC_COUNTER, "bytes", "Bytes appended to the write-ahead log.");
         metrics_sample_u64(w, METRIC_NO_LABELS, s->appended_bytes);
-        metrics_family(w, "epd_wal_syncs", METRIC_COUNTER, NULL, "fsyncs of the write-ahead log (group commits).");
+        metrics_family(w, "epd_wal_writes", METRIC_COUNTER, NULL, "Batches of records the WAL's writer thread wrote.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->writes);
+        metrics_family(w, "epd_wal_syncs", METRIC_COUNTER, NULL, "fdatasyncs of the write-ahead log (group commits).");
         metrics_sample_u64(w, METRIC_NO_LABELS, s->syncs);
         metrics_family(w, "epd_wal_records_per_sync", METRIC_GAUGE, NULL,
-                       "Records per fsync since the start: appends divided by syncs (0 before the first).");
-        metrics_sample(w, METRIC_NO_LABELS, s->syncs ? (double)s->appended / (double)s->syncs : 0);
+                       "Records each fdatasync made durable, on average since the start (0 before the first).");
+        metrics_sample(w, METRIC_NO_LABELS, s->syncs ? (double)s->synced_records / (double)s->syncs : 0);
+        metrics_family(w, "epd_wal_max_records_per_sync", METRIC_GAUGE, NULL,
+                       "The most records one fdatasync made durable.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->max_batch);
+        metrics_family(w, "epd_wal_replies_waiting", METRIC_GAUGE, NULL,
+                       "Replies held until their record is durable.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, st.replies_waiting);
+        metrics_family(w, "epd_wal_failed", METRIC_GAUGE, NULL,
+                       "1 once a write or sync of the log failed (no record is accepted after it).");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->error < 0);
         metrics_family(w, "epd_wal_log_size_bytes", METRIC_GAUGE, "bytes", "Size of wal.log now.");
         metrics_sample_u64(w, METRIC_NO_LABELS, s->log_bytes);
         metrics_family(w, "epd_wal_compactions", METRIC_COUNTER, NULL, "Compactions of the log into a snapshot.");

@@ -108,6 +108,11 @@ class Metrics(unittest.TestCase):
         self.assertEqual(sample(text, "epd_feature_hits_total"), 4 + 6)          # encoder hits + prefill reads
         self.assertEqual(sample(text, "epd_peer_up", peer="bravo", transport="tcp"), 1)
         self.assertGreater(sample(text, "epd_wal_appends_total"), 0)
+        # The WAL writer thread's group commit: syncs happened, each made records durable.
+        self.assertGreater(sample(text, "epd_wal_syncs_total"), 0)
+        self.assertGreaterEqual(sample(text, "epd_wal_records_per_sync"), 1)
+        self.assertGreaterEqual(sample(text, "epd_wal_max_records_per_sync"), 1)
+        self.assertEqual(sample(text, "epd_wal_failed"), 0)
         self.assertEqual(sample(text, "epd_workers", role="prefill"), 0)         # the demo's workers are gone
         _, _, bravo = get(self.url[self.pair.bravo])
         self.assertEqual(sample(bravo, "epd_handoffs_total", peer="alpha", transport="tcp", direction="in"), 6)
