@@ -13,7 +13,7 @@
 
 /* Pinned descriptor slots for the batched copy kernel, per device. */
 #define DESC_SLOTS 16U
-#define DESC_SLOT_CHUNKS 4096U
+#define DESC_SLOT_CHUNKS 16384U
 #define ARENAS_PER_JOB_INLINE 4U
 
 typedef struct GpuCopyJob GpuCopyJob;
@@ -61,6 +61,10 @@ struct GpuCopyEngine {
         bool batch_api;              /* cuMemcpyBatchAsync for multi-segment D2D groups */
         unsigned d2d_streams;        /* streams a D2D group is spread over (1..4) */
         GpuCopyStats stats;
+        /* Submission's working arrays (order, group: 2 × scratch_cap), kept between
+         * submissions: large batches would otherwise fault in fresh pages each time. */
+        size_t *scratch;
+        size_t scratch_cap;
 };
 
 static const char *const path_names[_GPU_COPY_PATH_MAX] = {
@@ -316,7 +320,7 @@ static int group_try_batch_api(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopy
 }
 
 int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t cookie) {
-        _cleanup_(freep) size_t *order = NULL, *group = NULL;
+        size_t *order, *group;
         GpuCopyJob *j;
         size_t n_groups = 0, queued = 0;
         int r, err = 0;
@@ -329,13 +333,18 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                         return r;
         }
 
-        j = calloc(1, sizeof *j);
-        order = malloc(sizeof *order * n);
-        group = malloc(sizeof *group * n);
-        if (!j || !order || !group) {
-                free(j);
-                return -ENOMEM;
+        if (n > e->scratch_cap) {
+                size_t *m = realloc(e->scratch, 2 * n * sizeof *m);
+                if (!m)
+                        return -ENOMEM;
+                e->scratch = m;
+                e->scratch_cap = n;
         }
+        order = e->scratch;
+        group = e->scratch + n;
+        j = calloc(1, sizeof *j);
+        if (!j)
+                return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
                 GpuCopyPath q = gpu_copy_path(e->system, &segs[i]);
                 group[i] = (size_t)seg_device(q, &segs[i]) * _GPU_COPY_PATH_MAX + (size_t)q;
@@ -612,6 +621,7 @@ GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e) {
                 job_free(j);
         }
         free(e->lanes);
+        free(e->scratch);
         safe_close(e->efd);
         pthread_mutex_destroy(&e->lock);
         gpu_system_unref(e->system);

@@ -105,8 +105,8 @@ static inline int recv_fd(int sock, int *ret_fd, void *data, size_t len) {
 
 /* Posts a batch and waits for all of its completions (poll on the completion fd).
  * Returns the first error, or 0; *ret_count gets the completions seen. */
-static inline int transport_run(Transport *t, const TransportWrite *w, size_t n,
-                                size_t *ret_count) {
+static inline int transport_run_full(Transport *t, const TransportWrite *w, size_t n,
+                                     size_t *ret_count, double *ret_posted) {
         TransportCompletion c[256];
         size_t seen = 0;
         int err = 0, r;
@@ -114,6 +114,8 @@ static inline int transport_run(Transport *t, const TransportWrite *w, size_t n,
         r = t->ops->post(t, NULL, w, n);
         if (r < 0)
                 return r;
+        if (ret_posted)
+                *ret_posted = now_sec();
         while (seen < n) {
                 struct pollfd p = { .fd = t->ops->completion_fd(t), .events = POLLIN };
                 size_t k = t->ops->poll(t, c, ELEMENTSOF(c));
@@ -128,6 +130,15 @@ static inline int transport_run(Transport *t, const TransportWrite *w, size_t n,
         if (ret_count)
                 *ret_count = seen;
         return err;
+}
+
+static inline int transport_run(Transport *t, const TransportWrite *w, size_t n, size_t *ret_count) {
+        return transport_run_full(t, w, n, ret_count, NULL);
+}
+
+/* The same; *ret_posted gets now_sec() when post() returned. */
+static inline int transport_run_timed(Transport *t, const TransportWrite *w, size_t n, double *ret_posted) {
+        return transport_run_full(t, w, n, NULL, ret_posted);
 }
 
 static int cmp_double(const void *a, const void *b) {

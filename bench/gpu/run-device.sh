@@ -92,6 +92,16 @@ if [ $r -eq 0 ]; then status "gpu handoff bench" ok; else status "gpu handoff be
 ./build-device/bench/gpu/gpu-bench >"$LOGS/bench.log" 2>&1; r=$?
 if [ $r -ne 0 ]; then status "gpu bench" "FAILED (rc=$r)"; tail -30 "$LOGS/bench.log"; rc=1; fi
 
+# The copy kernels alone (descriptors already on the GPU, CUDA-event timing): which tile
+# and which kernel come closest to a raw copy for scattered chunks (bench/gpu/kernel-study.cu).
+if nvcc -O3 -std=c++17 -arch=sm_90a -DSTUDY_TMA -o build-device/kernel-study bench/gpu/kernel-study.cu -lcuda \
+        >"$LOGS/kernel-study-build.log" 2>&1 || nvcc -O3 -std=c++17 -o build-device/kernel-study \
+        bench/gpu/kernel-study.cu -lcuda >>"$LOGS/kernel-study-build.log" 2>&1; then
+        timeout 120 ./build-device/kernel-study >"$LOGS/kernel-study.log" 2>&1 || status "kernel study" "FAILED"
+else
+        status "kernel study" "not built (see kernel-study-build.log)"
+fi
+
 echo
 echo "== summary =="
 cat "$LOGS/summary.txt"
@@ -99,6 +109,11 @@ grep '^RESULT' "$LOGS/device-test.log" || true
 echo
 echo "== benchmarks ($(head -1 "$LOGS/gpu.txt"); $(grep -c . "$LOGS/gpu.txt") GPU(s)) =="
 sed -n '/^| benchmark/,$p' "$LOGS/bench.log"
+echo "(post_ms: the host's part of each transport batch, before the GPU has all of it)"
+grep -E '^RESULT d2d' "$LOGS/bench.log" | sed 's/bytes=[0-9]* //'
+echo
+echo "== copy kernels alone (scattered chunks; ratio to a raw copy of the same 4 GiB) =="
+grep -E '^raw|^STUDY' "$LOGS/kernel-study.log" 2>/dev/null | grep -E 'raw|pack.cu|16K cs U4|32K plain U8|bulk2 4x32K'
 echo
 echo "== handoffs through epdd =="
 grep -E "^GPUs:|^CoW:|not measured" "$LOGS/handoff-bench.log"

@@ -18,10 +18,14 @@ typedef struct CudaRegion {
 } CudaRegion;
 
 typedef struct CudaBatch {
-        size_t n;
+        size_t n, cap;
         uint64_t *cookies;
         uint64_t *lengths;
 } CudaBatch;
+
+/* Finished batches kept for reuse, with their arrays: a post of thousands of writes
+ * would otherwise map fresh pages for them (and fault them in) every time. */
+#define SPARE_BATCHES 4
 
 typedef struct CudaTransport {
         Transport base;
@@ -34,6 +38,11 @@ typedef struct CudaTransport {
         TransportCompletion *ready;
         size_t n_ready, ready_head, ready_cap;
         size_t n_in_flight;        /* writes posted, not yet in ready */
+        /* The segments of the post in progress (the engine copies what it keeps). */
+        GpuCopySeg *segs;
+        size_t segs_cap;
+        CudaBatch *spare[SPARE_BATCHES];
+        size_t n_spare;
 } CudaTransport;
 
 static CudaTransport *to_cuda(Transport *t) {
@@ -90,6 +99,50 @@ static void batch_free(CudaBatch *b) {
         free(b);
 }
 
+/* A batch for n writes: a spare one that is large enough, or a new one. */
+static CudaBatch *batch_get(CudaTransport *c, size_t n) {
+        CudaBatch *b;
+
+        for (size_t i = 0; i < c->n_spare; i++)
+                if (c->spare[i]->cap >= n) {
+                        b = c->spare[i];
+                        c->spare[i] = c->spare[--c->n_spare];
+                        b->n = 0;
+                        return b;
+                }
+        b = calloc(1, sizeof *b);
+        if (!b)
+                return NULL;
+        b->cookies = malloc(n * sizeof *b->cookies);
+        b->lengths = malloc(n * sizeof *b->lengths);
+        if (!b->cookies || !b->lengths) {
+                batch_free(b);
+                return NULL;
+        }
+        b->cap = n;
+        return b;
+}
+
+/* Keeps a finished batch for reuse (replacing the smallest spare), or frees it. */
+static void batch_put(CudaTransport *c, CudaBatch *b) {
+        size_t smallest = 0;
+
+        if (!b)
+                return;
+        if (c->n_spare < SPARE_BATCHES) {
+                c->spare[c->n_spare++] = b;
+                return;
+        }
+        for (size_t i = 1; i < c->n_spare; i++)
+                if (c->spare[i]->cap < c->spare[smallest]->cap)
+                        smallest = i;
+        if (c->spare[smallest]->cap < b->cap) {
+                batch_free(c->spare[smallest]);
+                c->spare[smallest] = b;
+        } else
+                batch_free(b);
+}
+
 /* Moves finished batches from the engine into per-write completions. Room for every
  * write in flight was reserved at post time. Returns how many batches were reaped. */
 static size_t reap_into_ready(CudaTransport *c) {
@@ -112,7 +165,7 @@ static size_t reap_into_ready(CudaTransport *c) {
                                                 .bytes = d[i].error < 0 ? 0 : b->lengths[j],
                                         };
                         c->n_in_flight -= b->n;
-                        batch_free(b);
+                        batch_put(c, b);
                 }
                 total += m;
         }
@@ -153,7 +206,7 @@ static int seg_side(CudaRegion *cr, uint64_t offset, uint64_t length, GpuArena *
 
 static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n) {
         CudaTransport *c = to_cuda(t);
-        _cleanup_(freep) GpuCopySeg *segs = NULL;
+        GpuCopySeg *segs;
         CudaBatch *b;
         int r;
 
@@ -161,16 +214,17 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                 return -EOPNOTSUPP; /* same host only */
         if (n == 0 || !w)
                 return -EINVAL;
-        segs = calloc(n, sizeof *segs);
-        b = calloc(1, sizeof *b);
-        if (b) {
-                b->cookies = malloc(n * sizeof *b->cookies);
-                b->lengths = malloc(n * sizeof *b->lengths);
+        if (n > c->segs_cap) {
+                GpuCopySeg *m = realloc(c->segs, n * sizeof *m);
+                if (!m)
+                        return -ENOMEM;
+                c->segs = m;
+                c->segs_cap = n;
         }
-        if (!segs || !b || !b->cookies || !b->lengths) {
-                r = -ENOMEM;
-                goto fail;
-        }
+        segs = c->segs;
+        b = batch_get(c, n);
+        if (!b)
+                return -ENOMEM;
         /* A completion slot for every write is reserved up front, so that poll never has
          * to drop one. */
         if (c->n_ready + c->n_in_flight + n > c->ready_cap) {
@@ -204,6 +258,7 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                         r = -EINVAL; /* host → host: the local transport's */
                         goto fail;
                 }
+                segs[i] = (GpuCopySeg) { 0 };
                 r = seg_side(src, w[i].src_offset, w[i].length, &segs[i].src, &segs[i].src_host);
                 if (r >= 0)
                         r = seg_side(dst, w[i].dst_offset, w[i].length, &segs[i].dst, &segs[i].dst_host);
@@ -228,7 +283,7 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
         return 0;
 
 fail:
-        batch_free(b);
+        batch_put(c, b);
         return r;
 }
 
@@ -280,6 +335,9 @@ static void cuda_free(Transport *t) {
                 hashmap_free(c->regions);
         }
         gpu_copy_engine_free(c->engine);
+        for (size_t k = 0; k < c->n_spare; k++)
+                batch_free(c->spare[k]);
+        free(c->segs);
         free(c->ready);
         free(c);
 }

@@ -225,10 +225,10 @@ START_TEST(test_grid) {
         gpu_chunks_grid(1, 1ULL << 30, 132, &gx, &gy);
         ck_assert_uint_eq(gy, 1);
         ck_assert_uint_eq(gx, (1U << 30) / GPU_CHUNK_TILE);
-        gpu_chunks_grid(4096, 64 << 10, 132, &gx, &gy);
+        gpu_chunks_grid(4096, GPU_CHUNK_TILE, 132, &gx, &gy);
         ck_assert_uint_eq(gy, 4096);
         ck_assert_uint_eq(gx, 1);
-        gpu_chunks_grid(4096, (256 << 10) + 16, 132, &gx, &gy); /* a partial last tile */
+        gpu_chunks_grid(4096, 4 * GPU_CHUNK_TILE + 16, 132, &gx, &gy); /* a partial last tile */
         ck_assert_uint_eq(gx, 5);
         gpu_chunks_grid(100000, 16, 132, &gx, &gy);
         ck_assert_uint_eq(gy, 65535);
