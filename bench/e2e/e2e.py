@@ -106,6 +106,11 @@ def summarize(name, results, wall):
         parts = [r["prefill"].get("fetch_detail") or {} for r in results]
         row["feature_fetch_ms"] = {k: 1e3 * mean(p.get(k, 0.0) for p in parts)
                                    for k in ("acquire", "wait", "read")}
+        # The KV sink's parts: the writes (one launch per layer) and the groups' events
+        # and ready notices.
+        sparts = [r["prefill"].get("sink_detail") or {} for r in results]
+        row["kv_sink_ms"] = {k: 1e3 * mean(p.get(k, 0.0) for p in sparts) for k in ("write", "notice")}
+        row["kv_sink_ms"]["groups"] = mean(p.get("groups", 0) for p in sparts)
         row["kv_bytes"] = sum(r["prefill"]["kv_bytes"] for r in results)
         row["encoder_hits"] = sum(1 for r in results if r.get("encode", {}).get("result") == "hit")
         row["encoder_runs"] = sum(1 for r in results if r.get("encode", {}).get("result") == "produced")
@@ -426,6 +431,12 @@ def main():
                                                              "kv_sink", "kv_sink_wait", "hops_and_queue",
                                                              "decode_accept_wait", "handoff_exposed",
                                                              "decode_kv_load")) + " |")
+        for r in out["bench"]:
+            if "kv_sink_ms" in r:
+                ks, ff = r["kv_sink_ms"], r.get("feature_fetch_ms", {})
+                print(f"parts ({r['config']}): KV sink writes {ks['write']:.2f} ms, events and notices "
+                      f"{ks['notice']:.2f} ms, {ks['groups']:.0f} groups; feature fetch acquire "
+                      f"{ff.get('acquire', 0):.2f} ms, wait {ff.get('wait', 0):.2f} ms, read {ff.get('read', 0):.2f} ms")
         for r in out["bench"]:
             if "workflow" in r:
                 print(f"workflow ({r['config']}): {json.dumps(r['workflow'])}")

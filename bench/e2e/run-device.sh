@@ -128,6 +128,11 @@ if [[ " $STEPS " == *" bench "* ]]; then
                 --json "$OUTDIR/bench.json" 2>&1 | grep -vE "Warning|warn\(" | tee "$OUTDIR/bench.log" | tail -20
         bench_rc=${PIPESTATUS[0]}
         $B/tools/epdctl -A direct:$D/bus features >"$OUTDIR/features.txt" 2>&1
+        if [ "$E2E_ARENAS" = gpu ]; then
+                # The sink's host cost per layer with the GPU idle (bench/e2e/sink-overhead.py).
+                timeout 60 python3 bench/e2e/sink-overhead.py --address direct:$D/bus --arena $KV_ARENA 2>&1 \
+                        | grep -vE "Warning|warn\(" | tail -3 | tee "$OUTDIR/sink-overhead.log"
+        fi
         stop_epdd
 fi
 trap - EXIT

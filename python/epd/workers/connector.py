@@ -264,6 +264,7 @@ class KvPages:
         self.layout, self.offsets = layout, [int(o) for o in offsets]
         self.on_gpu = a.domain == "gpu"
         self._tables: Dict[int, object] = {}
+        self._cached_rows = None  # (tensors' shapes, strides and dtype, KvRows): see _gpu_rows
         if self.on_gpu:
             self._m = gpu_arena(client, arena)
         else:
@@ -290,6 +291,23 @@ class KvPages:
                         row_bytes=L.head_dim * es, k_offset=L.k_offset(layer), v_offset=L.v_offset(layer),
                         head_stride=st[1] * es, token_stride=st[2] * es)
 
+    def _gpu_rows(self, layer: int, k, v, tokens: int):
+        """_rows for the GPU path, without redoing per layer what is the same for every
+        layer of a forward pass: the model's K/V tensors have one shape, strides and dtype
+        from layer to layer, so the checked KvRows of the first layer is kept and only its
+        addresses, token count and the layer's offsets change (the launch copies the
+        struct's values: reusing it is safe)."""
+        key = (tuple(k.shape), tuple(k.stride()), tuple(v.stride()), k.dtype, v.dtype)
+        c = self._cached_rows
+        if c is None or c[0] != key:
+            rows = self._rows(layer, k, v, tokens)
+            self._cached_rows = (key, rows)
+            return rows
+        rows, L = c[1], self.layout
+        rows.k, rows.v, rows.tokens = k.data_ptr(), v.data_ptr(), tokens
+        rows.k_offset, rows.v_offset = L.k_offset(layer), L.v_offset(layer)
+        return rows
+
     def _first_page(self, start: int) -> int:
         if start % self.layout.tokens_per_block:
             raise ValueError(f"KV at token {start}: not at a page boundary")
@@ -300,6 +318,11 @@ class KvPages:
         from .. import gpu as G
         first = self._first_page(start)
         if self.on_gpu:
+            if _is_torch(k):
+                if k.stride(3) != 1 or v.stride(3) != 1 or _strides(v) != _strides(k):
+                    k, v = k.contiguous(), v.contiguous()
+                self._table(first).write(self._gpu_rows(layer, k, v, int(k.shape[2])), _stream())
+                return
             if _strides(k)[3] != 1 or _strides(v) != _strides(k):
                 k, v = k.contiguous(), v.contiguous()
             self._table(first).write(self._rows(layer, k, v, int(k.shape[2])), _stream())
@@ -322,7 +345,7 @@ class KvPages:
             dt = getattr(torch, dtype)
             k = torch.empty(shape, dtype=dt, device=device or "cuda")
             v = torch.empty(shape, dtype=dt, device=device or "cuda")
-            self._table(0).read(self._rows(layer, k, v, tokens), _stream())
+            self._table(0).read(self._gpu_rows(layer, k, v, tokens), _stream())
             return k, v
         if device is not None or dtype == "bfloat16":
             import torch
@@ -374,12 +397,16 @@ class EpdKvSink:
         self.bytes_written = 0
         self.groups_sent = 0
         self.seconds = 0.0  # time spent in this sink: launches or host copies, notices
+        self.write_s = 0.0  # of which the writes (launches, host copies)
+        self.notice_s = 0.0  # of which the groups' events and ready notices
         self.wait_s = 0.0   # time done() waited for the model's kernels before the last groups
         self._pending = []  # (CUDA event, group) of groups whose writes are in flight
 
     def layer(self, layer_idx: int, k, v) -> None:
         t_start = time.perf_counter()
         self.kv.write(layer_idx, k, v)
+        t_written = time.perf_counter()
+        self.write_s += t_written - t_start
         S = int(k.shape[2])
         self.bytes_written += 2 * S * self.layout.k_bytes_per_token
         if layer_idx in self.group_last:
@@ -392,7 +419,9 @@ class EpdKvSink:
                 self._flush(block=False)
             else:
                 self._ready(g)
-        self.seconds += time.perf_counter() - t_start
+        t_end = time.perf_counter()
+        self.notice_s += t_end - t_written
+        self.seconds += t_end - t_start
 
     def _ready(self, group: int) -> None:
         self.handoff.layer_group_ready(group, self.ring)

@@ -371,7 +371,9 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                        "fetch_s": t1 - t0 - (enc["t"] if enc else 0.0), "t": t3 - t0,
                        "fetch_detail": detail, "prepare_s": t2 - t1, "sink_s": save_s,
                        "sink_wait_s": kvc.stats["save_wait_s"] - s0["save_wait_s"],
-                       "compute_s": t3 - t2 - save_s, "kv_bytes": sink.bytes_written}
+                       "compute_s": t3 - t2 - save_s, "kv_bytes": sink.bytes_written,
+                       "sink_detail": {"write": sink.write_s, "notice": sink.notice_s,
+                                       "groups": sink.groups_sent}}
                 if enc:
                     out["encode"] = enc
                 conn.send(("ok", out))

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""What the prefill's KV sink costs the host per layer when the GPU is not the bottleneck.
+
+In the benchmark the sink's time is measured inside the model's forward pass, where the
+host runs ahead of the GPU: a kernel launch there can wait for room in the launch queue,
+and that wait (the model's compute, not epd's) lands in whichever call makes it. Here the
+same calls run with the GPU idle, against a real epdd and a GPU KV arena: one
+KvPages.write per layer (the batched scatter launch through libepd), and per layer group
+the CUDA event the sink records and queries. The GPU time of the writes is measured apart
+with CUDA events.
+
+    sink-overhead.py --address direct:/path/to/bus --arena kvgpu [--layers 36 --kv-heads 8
+                     --head-dim 128 --tokens 1400 --reps 20]
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+
+import torch  # noqa: E402
+
+from epd import Client  # noqa: E402
+from epd.sequence import Sequence  # noqa: E402
+from epd.workers import connector as C  # noqa: E402
+from epd.workers.serve import KvLayout  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--address", required=True)
+    ap.add_argument("--arena", default="kvgpu")
+    ap.add_argument("--layers", type=int, default=36)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--tokens", type=int, default=1400)
+    ap.add_argument("--reps", type=int, default=20)
+    a = ap.parse_args()
+
+    layout = C.KvPageLayout(a.layers, 16, a.kv_heads, a.head_dim, 2)
+    client = Client(a.address)
+    client.register("prefill", "sink-overhead", "cuda:0",
+                    kv=KvLayout(a.layers, 16, layout.k_bytes_per_token, layout.v_bytes_per_token, "bfloat16"))
+    seq = Sequence.create(client, a.arena, layout.pages_for(a.tokens))
+    kv = C.KvPages(client, a.arena, layout, C._seq_offsets(client, a.arena, seq.pages, layout.page_size))
+    # The model's cache tensors: (1, H, S, D), one pair per layer.
+    ks = [torch.randn(1, a.kv_heads, a.tokens, a.head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(a.layers)]
+    vs = [torch.randn(1, a.kv_heads, a.tokens, a.head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(a.layers)]
+    for layer in range(a.layers):  # warm-up: page table, kernels loaded
+        kv.write(layer, ks[layer], vs[layer])
+    torch.cuda.synchronize()
+
+    write_us, event_us, gpu_us = [], [], []
+    for _ in range(a.reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for layer in range(a.layers):
+            kv.write(layer, ks[layer], vs[layer])
+        t1 = time.perf_counter()
+        for layer in range(a.layers):
+            ev = torch.cuda.Event()
+            ev.record()
+            ev.query()
+        t2 = time.perf_counter()
+        torch.cuda.synchronize()
+        write_us.append(1e6 * (t1 - t0) / a.layers)
+        event_us.append(1e6 * (t2 - t1) / a.layers)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for layer in range(a.layers):
+            kv.write(layer, ks[layer], vs[layer])
+        end.record()
+        end.synchronize()
+        gpu_us.append(1e3 * start.elapsed_time(end) / a.layers)
+    kv.close()
+    seq.release()
+    client.close()
+    mb = 2 * a.tokens * layout.k_bytes_per_token / 1e6
+    print(f"sink overhead, GPU idle ({a.layers} layers, {a.tokens} tokens, {mb:.2f} MB of K+V a layer), "
+          f"median of {a.reps}: host per layer: write {statistics.median(write_us):.1f} us, "
+          f"event record+query {statistics.median(event_us):.1f} us; GPU per layer write "
+          f"{statistics.median(gpu_us):.1f} us; a forward pass: host "
+          f"{a.layers * (statistics.median(write_us) + statistics.median(event_us)) / 1e3:.2f} ms, "
+          f"GPU {a.layers * statistics.median(gpu_us) / 1e3:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
