@@ -1323,10 +1323,12 @@ static void ev_workload(epd_client *c, EvRun *x, uint8_t *host0) {
         if (epd_feature_acquire(c, EV_KEY, true, &f) < 0)
                 return;
         ck_assert_str_eq(f->result, "produce");
-        if (epd_feature_produce(c, f, FEAT_BYTES, &ft, 1, NULL) < 0)
-                return;
-        memset(f->data, 0x5a, FEAT_BYTES);
-        if (epd_feature_publish(c, f, 77) < 0 || epd_feature_release(c, f) < 0)
+        r = epd_feature_produce(c, f, FEAT_BYTES, &ft, 1, NULL);
+        if (r >= 0) {
+                memset(f->data, 0x5a, FEAT_BYTES);
+                r = epd_feature_publish(c, f, 77);
+        }
+        if (epd_feature_release(c, f) < 0 || r < 0) /* frees f either way */
                 return;
         ev_ack(x);
 
