@@ -1685,8 +1685,9 @@ static void ev_check(epd_client *c, EvRun *x, uint64_t lsn) {
         free(owners.path);
 }
 
-/* The last LSN in the log of the state directory (read offline). */
-static uint64_t ev_last_lsn(void) {
+/* The last LSN in the log of the state directory (read offline); with types, their
+ * record types are printed. */
+static uint64_t ev_last_lsn(bool types) {
         char path[400];
         snprintf(path, sizeof path, "%s/state/wal/wal.log", h.dir);
         FILE *f = fopen(path, "re");
@@ -1699,6 +1700,8 @@ static uint64_t ev_last_lsn(void) {
                 uint32_t len;
                 memcpy(&len, rec, 4);
                 memcpy(&last, rec + 8, 8);
+                if (types)
+                        printf(" %" PRIu64 ":%02x%02x", last, rec[17], rec[16]);
                 ck_assert_int_eq(fseek(f, (long)((len + 7) & ~7u), SEEK_CUR), 0);
         }
         fclose(f);
@@ -1742,7 +1745,9 @@ START_TEST(test_crash_every_record) {
         usleep(20000); /* records nobody waits for are written within 5 ms */
         kill9_epdd();
         epd_disconnect(c);
-        uint64_t records = ev_last_lsn(), checked = 0;
+        printf("records (LSN:type):");
+        uint64_t records = ev_last_lsn(true), checked = 0;
+        printf("\n");
         ck_assert_uint_ge(records, 25);
         printf("crash after every record: the workload makes %" PRIu64 " records, %u transitions\n", records,
                x.n_acked);
@@ -1764,7 +1769,7 @@ START_TEST(test_crash_every_record) {
                 pump_notify();
                 epd_disconnect(c);
                 /* The log ends exactly there. */
-                ck_assert_uint_eq(ev_last_lsn(), lsn);
+                ck_assert_uint_eq(ev_last_lsn(false), lsn);
 
                 start_epdd(true);
                 c = kv_worker(&host0, &feat0);
