@@ -131,7 +131,7 @@ void page_manager_release(Sequence *s) {
         if (pm) {
                 if (hashmap_get(pm->sequences, s->id_str) == s) {
                         (void)hashmap_remove(pm->sequences, s->id_str);
-                        if (!pm->replaying && !pm->manager->stopping) {
+                        if (!pm->replaying && !pm->journal_held && !pm->manager->stopping) {
                                 int r = wal_manager_append(pm->manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_DEL,
                                                            s->id.bytes, sizeof s->id.bytes);
                                 if (r < 0 && r != -ENOTCONN)

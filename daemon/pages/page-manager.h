@@ -48,8 +48,9 @@ typedef struct PageManager {
          * page_manager_restore_finish(). */
         Hashmap *restored_directory;
         uint64_t directory_restored;
-        /* Set around a registration whose caller journals the sequence in its own
-         * record (a handoff's commit): page_manager_journal() leaves it to it. */
+        /* Set around a registration (or a release) whose caller journals the sequence's
+         * PUT (or DEL) in its own record (a handoff's commit, a workflow transition):
+         * page_manager_journal() and page_manager_release() leave it to it. */
         bool journal_held;
         /* The cluster-wide directory (directory-forward.c) hears of every entry that
          * appears or goes: page_manager_set_directory_observer(). */

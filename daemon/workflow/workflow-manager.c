@@ -5,6 +5,7 @@
 
 #include "log.h"
 #include "pages/page-manager.h"
+#include "pages/sequence-record.h"
 #include "wal/wal-manager.h"
 #include "workflow/workflow-manager.h"
 
@@ -25,7 +26,10 @@ static Glue *glue_of(Manager *m) {
 }
 
 /* The ops' userdata is the Glue; one WorkflowManager per Manager. */
-static int op_clone(void *userdata, const EpdId *seq, size_t n_pages, EpdId *ret) {
+/* The clone is registered with its own journaling held back: its PUT goes into the
+ * workflow transition's record (workflow.h). */
+static int op_clone(void *userdata, const EpdId *seq, size_t n_pages, EpdId *ret, void **ret_put,
+                    size_t *ret_put_len) {
         Glue *g = userdata;
         Manager *m = g->call.m;
         char id[EPD_ID_STRING_MAX];
@@ -52,9 +56,18 @@ static int op_clone(void *userdata, const EpdId *seq, size_t n_pages, EpdId *ret
                         return r;
                 }
         }
+        m->page_manager->journal_held = true;
         r = page_manager_register(m->page_manager, c, g->call.client, a);
+        m->page_manager->journal_held = false;
         if (r < 0) {
                 sequence_free(c);
+                return r;
+        }
+        r = page_manager_sequence_record(c, ret_put, ret_put_len);
+        if (r < 0) {
+                m->page_manager->journal_held = true;
+                page_manager_release(c); /* never journaled */
+                m->page_manager->journal_held = false;
                 return r;
         }
         *ret = c->id;
@@ -68,7 +81,10 @@ static int op_release(void *userdata, const EpdId *seq) {
                                               : NULL;
         if (!s)
                 return -ENOENT;
+        /* Its DEL is in the transition's record (or it was never journaled). */
+        g->call.m->page_manager->journal_held = true;
         page_manager_release(s);
+        g->call.m->page_manager->journal_held = false;
         return 0;
 }
 
@@ -88,6 +104,16 @@ static int op_journal(void *userdata, const void *record, size_t len) {
         Glue *g = userdata;
         const uint8_t *p = record;
         return wal_manager_append(g->call.m, (uint16_t)(WAL_RECORD_WORKFLOW + p[0]), record, len);
+}
+
+/* Replay: a PUT or DEL of a workflow record's sequence part. */
+static int op_apply_sequence(void *userdata, bool put, const void *payload, size_t len) {
+        Glue *g = userdata;
+        PageManager *pm = g->call.m->page_manager;
+        if (!pm)
+                return 0;
+        return page_manager_apply_record(pm, WAL_RECORD_SEQUENCE + (put ? SEQUENCE_REC_PUT : SEQUENCE_REC_DEL), payload,
+                                         len);
 }
 
 static void binding_release(ClientObject *o) {
@@ -179,7 +205,7 @@ static int workflows_init(Manager *m) {
                 return log_oom();
         g->call.m = m;
         WorkflowOps ops = { .clone = op_clone, .release = op_release, .check = op_check,
-                            .journal = op_journal, .userdata = g };
+                            .journal = op_journal, .apply_sequence = op_apply_sequence, .userdata = g };
         r = workflow_manager_new(&ops, 0, &m->workflows);
         if (r < 0) {
                 free(g);

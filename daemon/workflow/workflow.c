@@ -5,7 +5,9 @@
 #include <string.h>
 
 #include "log.h"
+#include "pages/sequence-record.h"
 #include "unaligned.h"
+#include "wal/wal.h"
 #include "workflow/workflow.h"
 
 struct WorkflowManager {
@@ -15,14 +17,22 @@ struct WorkflowManager {
 };
 
 /* ---- records ----
- * u8 op | u8 0 | u16 0 | 16 bytes workflow id | op-specific, little-endian:
+ * u8 op | u8 flags | u16 0 | 16 bytes workflow id | op-specific, little-endian:
  *   CREATE        u32 uid | id seq | u32 n | n x u32 tokens
  *   FORK          u32 parent | u32 branch | id seq
  *   ADVANCE       u32 branch | id seq | u32 n | tokens
  *   MERGE         u32 from | u32 into
  *   DROP          u32 branch
  *   RELEASE       -
- *   STATE_BRANCH  u32 uid | u32 branch | u32 alive | u64 steps | id seq | u32 n | tokens */
+ *   STATE_BRANCH  u32 uid | u32 branch | u32 alive | u64 steps | id seq | u32 n | tokens
+ * then, with flags WORKFLOW_REC_F_SEQUENCES (every live transition since it exists; not
+ * STATE_BRANCH), the sequence part:
+ *   u32 n_put | n_put x (u32 len | PUT payload, sequence-record.h) | u32 n_del | n_del x id
+ * CREATE, FORK and ADVANCE put exactly the sequence they name (their clone). Records
+ * without the flag (older logs) have no sequence part: their sequences have records of
+ * their own. */
+
+#define SEQUENCE_PART_MAX WORKFLOW_BRANCHES_MAX
 
 typedef struct Rec {
         uint8_t op;
@@ -32,6 +42,10 @@ typedef struct Rec {
         EpdId seq;
         uint32_t *tokens; /* owned */
         uint32_t n_tokens;
+        /* The sequence part (inside the decoded buffer), when flags has it. */
+        bool has_sequences;
+        const uint8_t *sequences;
+        size_t sequences_len;
 } Rec;
 
 typedef struct Buf {
@@ -75,10 +89,23 @@ static void put_tokens(Buf *b, const uint32_t *t, size_t n) {
                 put32(b, t[i]);
 }
 
-static void put_header(Buf *b, uint8_t op, const EpdId *wf) {
-        uint8_t h[4] = { op, 0, 0, 0 };
+static void put_header(Buf *b, uint8_t op, uint8_t flags, const EpdId *wf) {
+        uint8_t h[4] = { op, flags, 0, 0 };
         put(b, h, 4);
         put(b, wf->bytes, 16);
+}
+
+/* The sequence part: the PUT of the sequence the transition made (or none), the DELs of
+ * those it lets go of. */
+static void put_sequences(Buf *b, const void *put_rec, size_t put_len, const EpdId *dels, size_t n_dels) {
+        put32(b, put_rec ? 1 : 0);
+        if (put_rec) {
+                put32(b, (uint32_t)put_len);
+                put(b, put_rec, put_len);
+        }
+        put32(b, (uint32_t)n_dels);
+        for (size_t i = 0; i < n_dels; i++)
+                put(b, dels[i].bytes, 16);
 }
 
 typedef struct Cursor {
@@ -130,6 +157,35 @@ static int get_tokens(Cursor *c, Rec *r) {
         return 0;
 }
 
+/* Checks the sequence part at c (and takes it): well-formed PUTs, at most one, naming
+ * the record's sequence when it has one; a bounded number of DELs. */
+static int sequences_decode(Cursor *c, Rec *r) {
+        const uint8_t *start = c->p;
+        uint32_t n_put = get32(c);
+
+        if (c->bad || n_put > 1)
+                return -EBADMSG;
+        for (uint32_t i = 0; i < n_put; i++) {
+                uint32_t n = get32(c);
+                const uint8_t *p = take(c, n);
+                SequenceRecord sr;
+                if (!p || sequence_record_put_parse(p, n, &sr) < 0)
+                        return -EBADMSG;
+                bool names_seq = r->op == WORKFLOW_REC_CREATE || r->op == WORKFLOW_REC_FORK ||
+                                 r->op == WORKFLOW_REC_ADVANCE;
+                if (!names_seq || !epd_id_equal(&sr.id, &r->seq))
+                        return -EBADMSG;
+        }
+        uint32_t n_del = get32(c);
+        if (c->bad || n_del > SEQUENCE_PART_MAX || c->n / 16 < n_del)
+                return -EBADMSG;
+        (void)take(c, (size_t)n_del * 16);
+        r->has_sequences = true;
+        r->sequences = start;
+        r->sequences_len = (size_t)(c->p - start);
+        return 0;
+}
+
 static int rec_decode(const void *data, size_t len, Rec *r) {
         Cursor c = { .p = data, .n = len };
         const uint8_t *h;
@@ -137,7 +193,7 @@ static int rec_decode(const void *data, size_t len, Rec *r) {
 
         *r = (Rec){};
         h = take(&c, 4);
-        if (!h || h[1] || h[2] || h[3])
+        if (!h || (h[1] & ~WORKFLOW_REC_F_SEQUENCES) || h[2] || h[3])
                 return -EBADMSG;
         r->op = h[0];
         get_id(&c, &r->wf);
@@ -177,6 +233,8 @@ static int rec_decode(const void *data, size_t len, Rec *r) {
         default:
                 return -EBADMSG;
         }
+        if (k == 0 && (h[1] & WORKFLOW_REC_F_SEQUENCES))
+                k = r->op == WORKFLOW_REC_STATE_BRANCH || c.bad ? -EBADMSG : sequences_decode(&c, r);
         if (k == 0 && (c.bad || c.n != 0))
                 k = -EBADMSG;
         if (k == 0 && (r->a >= WORKFLOW_BRANCHES_MAX || r->b >= WORKFLOW_BRANCHES_MAX || r->alive > 1))
@@ -369,12 +427,39 @@ static int rec_apply(WorkflowManager *wm, Rec *r) {
         return k;
 }
 
+/* Replay of a record's sequence part, after its workflow part applied: the clone's
+ * PUT, then the DELs. A DEL of a sequence that is not there (gone with its arena's
+ * memory, or released by its client first) is no error. */
+static int sequences_apply(WorkflowManager *wm, const Rec *r) {
+        Cursor c = { .p = r->sequences, .n = r->sequences_len };
+        int ret = 0;
+
+        if (!wm->ops.apply_sequence)
+                return 0;
+        for (uint32_t i = 0, n_put = get32(&c); i < n_put; i++) {
+                uint32_t n = get32(&c);
+                const uint8_t *p = take(&c, n);
+                int k = wm->ops.apply_sequence(wm->ops.userdata, true, p, n);
+                if (k < 0 && ret == 0)
+                        ret = k;
+        }
+        for (uint32_t i = 0, n_del = get32(&c); i < n_del; i++) {
+                int k = wm->ops.apply_sequence(wm->ops.userdata, false, take(&c, 16), 16);
+                if (k < 0 && k != -ENOENT && ret == 0)
+                        ret = k;
+        }
+        return ret;
+}
+
 int workflow_apply_record(WorkflowManager *wm, const void *record, size_t len) {
         Rec r;
         int k = rec_decode(record, len, &r);
         if (k < 0)
                 return k;
-        return rec_apply(wm, &r);
+        k = rec_apply(wm, &r);
+        if (k < 0 || !r.has_sequences)
+                return k;
+        return sequences_apply(wm, &r);
 }
 
 /* Journal, then apply. The record is decoded (its allocations made) before the journal
@@ -386,6 +471,11 @@ static int commit(WorkflowManager *wm, Buf *b) {
         if (b->oom) {
                 free(b->p);
                 return -ENOMEM;
+        }
+        if (b->n > WAL_RECORD_PAYLOAD_MAX) {
+                /* The transition and its sequence part do not fit one record. */
+                free(b->p);
+                return -EDQUOT;
         }
         k = rec_decode(b->p, b->n, &r);
         if (k >= 0 && wm->ops.journal)
@@ -401,6 +491,12 @@ static int commit(WorkflowManager *wm, Buf *b) {
         return k;
 }
 
+/* Whether seq is on this daemon (1) or not (0): only those get a DEL. */
+static size_t present(WorkflowManager *wm, const EpdId *seq) {
+        size_t pages, bt;
+        return wm->ops.check(wm->ops.userdata, seq, &pages, &bt) >= 0 ? 1 : 0;
+}
+
 static void release_seq(WorkflowManager *wm, const EpdId *seq) {
         int k = wm->ops.release(wm->ops.userdata, seq);
         if (k < 0 && k != -ENOENT) {
@@ -412,7 +508,8 @@ static void release_seq(WorkflowManager *wm, const EpdId *seq) {
 int workflow_create(WorkflowManager *wm, const EpdId *root, const uint32_t *tokens, size_t n_tokens,
                     uid_t uid, Workflow **ret) {
         EpdId id, seq;
-        size_t pages, bt;
+        size_t pages, bt, put_len = 0;
+        void *put_rec = NULL;
         Buf b = {};
         int k;
 
@@ -428,13 +525,15 @@ int workflow_create(WorkflowManager *wm, const EpdId *root, const uint32_t *toke
         k = epd_id_random(&id);
         if (k < 0)
                 return k;
-        k = wm->ops.clone(wm->ops.userdata, root, SIZE_MAX, &seq);
+        k = wm->ops.clone(wm->ops.userdata, root, SIZE_MAX, &seq, &put_rec, &put_len);
         if (k < 0)
                 return k;
-        put_header(&b, WORKFLOW_REC_CREATE, &id);
+        put_header(&b, WORKFLOW_REC_CREATE, WORKFLOW_REC_F_SEQUENCES, &id);
         put32(&b, (uint32_t)uid);
         put(&b, seq.bytes, 16);
         put_tokens(&b, tokens, n_tokens);
+        put_sequences(&b, put_rec, put_len, NULL, 0);
+        free(put_rec);
         k = commit(wm, &b);
         if (k < 0) {
                 release_seq(wm, &seq);
@@ -447,7 +546,8 @@ int workflow_create(WorkflowManager *wm, const EpdId *root, const uint32_t *toke
 
 int workflow_fork(WorkflowManager *wm, Workflow *w, uint32_t branch, uint32_t *ret_branch) {
         WorkflowBranch *p = branch_get(w, branch);
-        size_t pages, bt;
+        size_t pages, bt, put_len = 0;
+        void *put_rec = NULL;
         EpdId seq;
         Buf b = {};
         int k;
@@ -459,14 +559,16 @@ int workflow_fork(WorkflowManager *wm, Workflow *w, uint32_t branch, uint32_t *r
         k = wm->ops.check(wm->ops.userdata, &p->head, &pages, &bt);
         if (k < 0)
                 return k;
-        k = wm->ops.clone(wm->ops.userdata, &p->head, SIZE_MAX, &seq);
+        k = wm->ops.clone(wm->ops.userdata, &p->head, SIZE_MAX, &seq, &put_rec, &put_len);
         if (k < 0)
                 return k;
         uint32_t nb = w->n_branches;
-        put_header(&b, WORKFLOW_REC_FORK, &w->id);
+        put_header(&b, WORKFLOW_REC_FORK, WORKFLOW_REC_F_SEQUENCES, &w->id);
         put32(&b, branch);
         put32(&b, nb);
         put(&b, seq.bytes, 16);
+        put_sequences(&b, put_rec, put_len, NULL, 0);
+        free(put_rec);
         k = commit(wm, &b);
         if (k < 0) {
                 release_seq(wm, &seq);
@@ -482,7 +584,8 @@ int workflow_advance(WorkflowManager *wm, Workflow *w, uint32_t branch, const ui
         WorkflowBranch *p = branch_get(w, branch);
         MatchOptions mo = o ? *o : (MatchOptions){};
         MatchResult m = {};
-        size_t pages, bt;
+        size_t pages, bt, put_len = 0;
+        void *put_rec = NULL;
         EpdId seq, old;
         Buf b = {};
         int k;
@@ -516,16 +619,19 @@ int workflow_advance(WorkflowManager *wm, Workflow *w, uint32_t branch, const ui
                 return k;
         /* Only pages that the predecessor's sequence really holds. */
         m.prefix_blocks = MIN(m.prefix_blocks, pages);
-        k = wm->ops.clone(wm->ops.userdata, &p->head, m.prefix_blocks, &seq);
+        k = wm->ops.clone(wm->ops.userdata, &p->head, m.prefix_blocks, &seq, &put_rec, &put_len);
         if (k < 0) {
                 match_result_done(&m);
                 return k;
         }
+        /* One record: the new head (its PUT), the step, the old head's release (DEL). */
         old = p->head;
-        put_header(&b, WORKFLOW_REC_ADVANCE, &w->id);
+        put_header(&b, WORKFLOW_REC_ADVANCE, WORKFLOW_REC_F_SEQUENCES, &w->id);
         put32(&b, branch);
         put(&b, seq.bytes, 16);
         put_tokens(&b, tokens, n_tokens);
+        put_sequences(&b, put_rec, put_len, &old, 1);
+        free(put_rec);
         k = commit(wm, &b);
         if (k < 0) {
                 release_seq(wm, &seq);
@@ -548,9 +654,10 @@ int workflow_merge(WorkflowManager *wm, Workflow *w, uint32_t from, uint32_t int
         if (from == into)
                 return -EINVAL;
         old = t->head;
-        put_header(&b, WORKFLOW_REC_MERGE, &w->id);
+        put_header(&b, WORKFLOW_REC_MERGE, WORKFLOW_REC_F_SEQUENCES, &w->id);
         put32(&b, from);
         put32(&b, into);
+        put_sequences(&b, NULL, 0, &old, present(wm, &old));
         k = commit(wm, &b);
         if (k < 0)
                 return k;
@@ -567,8 +674,9 @@ int workflow_drop(WorkflowManager *wm, Workflow *w, uint32_t branch) {
         if (!p)
                 return -ENOENT;
         old = p->head;
-        put_header(&b, WORKFLOW_REC_DROP, &w->id);
+        put_header(&b, WORKFLOW_REC_DROP, WORKFLOW_REC_F_SEQUENCES, &w->id);
         put32(&b, branch);
+        put_sequences(&b, NULL, 0, &old, present(wm, &old));
         k = commit(wm, &b);
         if (k < 0)
                 return k;
@@ -585,7 +693,14 @@ int workflow_release(WorkflowManager *wm, Workflow *w) {
         for (uint32_t i = 0; i < w->n_branches; i++)
                 if (w->branches[i].alive)
                         heads[n++] = w->branches[i].head;
-        put_header(&b, WORKFLOW_REC_RELEASE, &w->id);
+        /* The DELs of the heads still here (a departing client's may be gone already). */
+        EpdId dels[WORKFLOW_BRANCHES_MAX];
+        size_t n_dels = 0;
+        for (size_t i = 0; i < n; i++)
+                if (present(wm, &heads[i]))
+                        dels[n_dels++] = heads[i];
+        put_header(&b, WORKFLOW_REC_RELEASE, WORKFLOW_REC_F_SEQUENCES, &w->id);
+        put_sequences(&b, NULL, 0, dels, n_dels);
         k = commit(wm, &b);
         if (k < 0)
                 return k;
@@ -605,7 +720,7 @@ int workflow_snapshot(WorkflowManager *wm, int (*add)(void *userdata, const void
                         const WorkflowBranch *br = &w->branches[i];
                         Buf b = {};
 
-                        put_header(&b, WORKFLOW_REC_STATE_BRANCH, &w->id);
+                        put_header(&b, WORKFLOW_REC_STATE_BRANCH, 0, &w->id);
                         put32(&b, (uint32_t)w->uid);
                         put32(&b, i);
                         put32(&b, br->alive);

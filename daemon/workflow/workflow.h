@@ -15,9 +15,14 @@
  *
  * Every transition is journaled (the WAL, through ops->journal) after its side
  * effects on sequences are prepared and before it is applied and acknowledged; a
- * failed journal undoes the side effects. Replay rebuilds the same state from the
- * records without touching sequences. A workflow whose sequences are not on this
- * daemon (lost, or not restored) answers -ESTALE, never crashes.
+ * failed journal undoes the side effects. The transition's record carries those side
+ * effects too: the PUT of the sequence it made (a clone) and the DEL of every sequence
+ * it lets go of, which are not journaled on their own. One checksummed record: after a
+ * crash the whole transition is there or none of it, never a clone that no branch
+ * heads on or a replaced head still held. Replay rebuilds the same state from the
+ * records and hands their sequence part to ops->apply_sequence. A workflow whose
+ * sequences are not on this daemon (lost, or not restored) answers -ESTALE, never
+ * crashes.
  *
  * Pure: sequences are reached through WorkflowOps (the pages subsystem in epdd, a
  * model in the tests). */
@@ -47,15 +52,27 @@ enum {
         _WORKFLOW_REC_MAX,
 };
 
+/* Record flags (the record's second byte): the record carries its sequence part
+ * (docs/wal.md). Records of before it (flags 0) still replay. */
+#define WORKFLOW_REC_F_SEQUENCES 0x01u
+
 typedef struct WorkflowOps {
-        /* A CoW clone of the first n_pages pages of seq (SIZE_MAX: all) -> *ret. */
-        int (*clone)(void *userdata, const EpdId *seq, size_t n_pages, EpdId *ret);
+        /* A CoW clone of the first n_pages pages of seq (SIZE_MAX: all) -> *ret, not
+         * journaled on its own: its PUT payload (pages/sequence-record.h) goes to
+         * *ret_put (the caller frees it), for the transition's record. */
+        int (*clone)(void *userdata, const EpdId *seq, size_t n_pages, EpdId *ret, void **ret_put,
+                     size_t *ret_put_len);
+        /* Releases seq without journaling it: its DEL is in the transition's record (or
+         * it was never journaled: an undone clone). */
         int (*release)(void *userdata, const EpdId *seq);
         /* 0 if seq is here with all its pages (its page count and tokens per page to
          * *ret_pages, *ret_block_tokens); -ESTALE / -ENOENT if not. */
         int (*check)(void *userdata, const EpdId *seq, size_t *ret_pages, size_t *ret_block_tokens);
         /* Appends one record to the journal (the WAL); durable per its policy on return. */
         int (*journal)(void *userdata, const void *record, size_t len);
+        /* Replay: the sequence part of a record, one PUT payload (put) or DEL id (16
+         * bytes) at a time, after its workflow part applied. Optional. */
+        int (*apply_sequence)(void *userdata, bool put, const void *payload, size_t len);
         void *userdata;
 } WorkflowOps;
 
@@ -111,9 +128,10 @@ int workflow_drop(WorkflowManager *wm, Workflow *w, uint32_t branch);
 /* Releases every sequence and forgets the workflow (journaled). */
 int workflow_release(WorkflowManager *wm, Workflow *w);
 
-/* Applies one journaled record (replay). -EBADMSG for a malformed record; records that
- * do not fit the state (a fork of an unknown workflow) are -ENOENT/-EEXIST and leave the
- * state unchanged. */
+/* Applies one journaled record (replay). -EBADMSG for a malformed record (its sequence
+ * part included: nothing of it is applied); records that do not fit the state (a fork
+ * of an unknown workflow) are -ENOENT/-EEXIST and leave the state unchanged, their
+ * sequence part not applied either. */
 int workflow_apply_record(WorkflowManager *wm, const void *record, size_t len);
 /* Emits the whole state as records (compaction): add(userdata, record, len). */
 int workflow_snapshot(WorkflowManager *wm, int (*add)(void *userdata, const void *record, size_t len),

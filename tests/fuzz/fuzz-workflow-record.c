@@ -10,7 +10,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static int no_clone(void *u, const EpdId *s, size_t n, EpdId *r) {
+static int no_clone(void *u, const EpdId *s, size_t n, EpdId *r, void **put, size_t *put_len) {
         return -ESTALE;
 }
 static int no_release(void *u, const EpdId *s) {
@@ -20,8 +20,16 @@ static int no_check(void *u, const EpdId *s, size_t *p, size_t *b) {
         return -ESTALE;
 }
 
+/* The sequence part of a record reaches the pages only once it is well-formed. */
+static int check_sequence(void *u, bool put, const void *p, size_t n) {
+        if (!put && n != 16)
+                __builtin_trap();
+        return put ? 0 : -ENOENT;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-        WorkflowOps ops = { .clone = no_clone, .release = no_release, .check = no_check };
+        WorkflowOps ops = { .clone = no_clone, .release = no_release, .check = no_check,
+                            .apply_sequence = check_sequence };
         WorkflowManager *wm;
 
         if (workflow_manager_new(&ops, 16, &wm) < 0)

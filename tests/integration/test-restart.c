@@ -11,6 +11,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,11 +83,25 @@ static bool pump_notify(void) {
         }
 }
 
+/* When set, the next start_epdd() preloads fault-wal.c: epdd is killed with SIGKILL
+ * right after WAL record fault_lsn is in the log. */
+static uint64_t fault_lsn;
+
 static void start_epdd(bool with_store) {
         pid_t pid = fork();
         ck_assert_int_ge(pid, 0);
         if (pid == 0) {
                 char cfg[400], names[4096] = "", n[32], p[32];
+                if (fault_lsn > 0) {
+                        const char *asan = getenv("ASAN_OPTIONS");
+                        char lsn[32], env[1024];
+                        snprintf(lsn, sizeof lsn, "%" PRIu64, fault_lsn);
+                        snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", asan ? asan : "",
+                                 asan && *asan ? ":" : "");
+                        setenv("ASAN_OPTIONS", env, 1);
+                        setenv("LD_PRELOAD", getenv("FAULT_WAL"), 1);
+                        setenv("EPD_FAULT_WAL_LSN", lsn, 1);
+                }
                 int logfd = open(h.log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
                 if (logfd >= 0) {
                         dup2(logfd, 2);
@@ -1125,18 +1140,674 @@ START_TEST(test_directory_handoff_crash_loop) {
 }
 END_TEST
 
+/* -- a crash right after every WAL record of a scripted workload -- */
+
+/* Every kind of journaled transition, one after the other (sequences, the block
+ * directory, a feature, a handoff, workflows), run once to count its records, then
+ * once per record N with epdd killed right after record N is in the log
+ * (tests/integration/fault-wal.c). After each restart: every acknowledged transition
+ * is there whole, the one in flight wholly or not at all, and no sequence is left
+ * without an owner: once the worker has attached what it knows, only the heads of
+ * live workflow branches are ownerless (plus, when the call in flight created a
+ * sequence or a workflow, the one it made); when it has released everything, no page
+ * is held. */
+
+#define EV_SEQS 4
+#define EV_WFS 2
+#define EV_BR 8
+#define EV_PAGES 64
+#define EV_KEY "image:every-record"
+
+typedef struct EvSeq {
+        char path[128]; /* "": none */
+        uint32_t pages[EV_PAGES];
+        size_t n;
+        bool known;     /* pages read back */
+} EvSeq;
+
+typedef struct EvWf {
+        char id[40];    /* "": none */
+        unsigned n_branches;
+        bool alive[EV_BR];
+        uint64_t steps[EV_BR];
+        uint32_t ntok[EV_BR];
+} EvWf;
+
+typedef enum { EH_NONE, EH_PREPARED, EH_ACCEPTED, EH_COMMITTED, EH_SRC_RELEASED, EH_RELEASED } EvHo;
+
+typedef struct EvModel {
+        EvSeq seq[EV_SEQS];
+        EvWf wf[EV_WFS];
+        unsigned dir_entries;
+        bool feature;
+        EvHo ho;
+        char decode[128];
+} EvModel;
+
+typedef struct EvRun {
+        EvModel acked, after; /* after: acked plus the call in flight */
+        /* The call in flight makes an object whose name it never got: a sequence
+         * (CreateSequence, Clone), or a workflow with its head sequence (Create). */
+        bool stray_ok, stray_workflow;
+        const char *step;
+        unsigned n_acked;
+        char rid[33];
+} EvRun;
+
+static void ev_begin(EvRun *x, const char *step, bool stray_ok) {
+        x->after = x->acked;
+        x->step = step;
+        x->stray_ok = stray_ok;
+        x->stray_workflow = stray_ok && strncmp(step, "Workflow.", 9) == 0;
+}
+
+static void ev_ack(EvRun *x) {
+        x->acked = x->after;
+        x->n_acked++;
+        x->step = NULL;
+        x->stray_ok = x->stray_workflow = false;
+}
+
+/* Reads a sequence's table into the model (the acknowledged state); false if epdd died
+ * under the read (then nothing is in flight). */
+static bool ev_read(epd_client *c, EvRun *x, unsigned i) {
+        EvSeq *q = &x->acked.seq[i];
+        uint32_t *p = NULL;
+        size_t n = 0;
+        x->after = x->acked;
+        if (epd_sequence_get_pages(c, q->path, &p, &n) < 0)
+                return false;
+        ck_assert_uint_le(n, EV_PAGES);
+        memcpy(q->pages, p, n * sizeof *p);
+        q->n = n;
+        q->known = true;
+        free(p);
+        x->after = x->acked;
+        return true;
+}
+
+static void ev_set_path(EvSeq *q, char *path) {
+        snprintf(q->path, sizeof q->path, "%s", path);
+        q->n = 0;
+        q->known = false;
+        free(path);
+}
+
+static void ev_tokens(uint32_t *t, size_t n, uint32_t base, size_t same) {
+        for (size_t i = 0; i < n; i++)
+                t[i] = i < same ? 1000 + (uint32_t)i : base + (uint32_t)i;
+}
+
+/* The workload; returns when a call fails (epdd died under it: x->step names it) or
+ * at the end (x->step NULL). */
+static void ev_workload(epd_client *c, EvRun *x, uint8_t *host0) {
+        char *p = NULL;
+        uint32_t t[128];
+        int r;
+
+        ev_begin(x, "CreateSequence", true);
+        if (epd_sequence_create(c, "host0", 4, &p, NULL, NULL) < 0)
+                return;
+        ev_set_path(&x->after.seq[0], p);
+        ev_ack(x);
+        if (!ev_read(c, x, 0))
+                return;
+        ev_begin(x, "Append", false);
+        x->after.seq[0].known = false;
+        x->after.seq[0].n = 6;
+        if (epd_sequence_append(c, x->acked.seq[0].path, 2, NULL, NULL) < 0)
+                return;
+        ev_ack(x);
+        if (!ev_read(c, x, 0))
+                return;
+        ev_begin(x, "Clone", true);
+        if (epd_sequence_clone(c, x->acked.seq[0].path, &p) < 0)
+                return;
+        ev_set_path(&x->after.seq[1], p);
+        ev_ack(x);
+        if (!ev_read(c, x, 1))
+                return;
+        ev_begin(x, "PrepareWrite", false);
+        x->after.seq[1].known = false;
+        uint32_t w0;
+        if (epd_sequence_prepare_write(c, x->acked.seq[1].path, 0, 1, &w0) < 0)
+                return;
+        ev_ack(x);
+        if (!ev_read(c, x, 1))
+                return;
+        ev_begin(x, "Truncate", false);
+        x->after.seq[0].known = false;
+        x->after.seq[0].n = 5;
+        if (epd_sequence_truncate(c, x->acked.seq[0].path, 5) < 0)
+                return;
+        ev_ack(x);
+        if (!ev_read(c, x, 0))
+                return;
+        ev_begin(x, "Grant", false);
+        if (epd_sequence_grant(c, x->acked.seq[0].path, epd_worker_path(c)) < 0)
+                return;
+        ev_ack(x);
+
+        /* Two blocks published, then their sequence released: the directory alone
+         * holds the pages. */
+        uint32_t *pg = NULL;
+        size_t n = 0;
+        ev_begin(x, "CreateSequence", true);
+        if (epd_sequence_create(c, "host0", 2, &p, &pg, &n) < 0)
+                return;
+        ev_set_path(&x->after.seq[2], p);
+        x->after.seq[2].n = n;
+        memcpy(x->after.seq[2].pages, pg, n * sizeof *pg);
+        x->after.seq[2].known = true;
+        ev_ack(x);
+        write_page(c, host0, pg[0], 11);
+        write_page(c, host0, pg[1], 12);
+        free(pg);
+        uint64_t hashes[2] = { 0xe7e40001ULL, 0xe7e40002ULL };
+        ev_begin(x, "Publish", false);
+        x->after.dir_entries = 2;
+        if (epd_sequence_publish(c, x->acked.seq[2].path, 0, hashes, 2) < 0)
+                return;
+        ev_ack(x);
+        ev_begin(x, "Release", false);
+        x->after.seq[2] = (EvSeq){};
+        if (epd_sequence_release(c, x->acked.seq[2].path) < 0)
+                return;
+        ev_ack(x);
+
+        /* A feature produced and published (READY), its handle released. */
+        ev_begin(x, "feature", false);
+        x->after.feature = true;
+        epd_feature *f = NULL;
+        epd_feature_tensor ft = { .name = "pixels", .dtype = "f32", .rank = 2, .shape = { 3, 4096 } };
+        if (epd_feature_acquire(c, EV_KEY, true, &f) < 0)
+                return;
+        ck_assert_str_eq(f->result, "produce");
+        r = epd_feature_produce(c, f, FEAT_BYTES, &ft, 1, NULL);
+        if (r >= 0) {
+                memset(f->data, 0x5a, FEAT_BYTES);
+                r = epd_feature_publish(c, f, 77);
+        }
+        if (epd_feature_release(c, f) < 0 || r < 0) /* frees f either way */
+                return;
+        ev_ack(x);
+
+        /* A handoff into host1: prepare, ship, accept, commit, release both sides. */
+        static const uint32_t groups[2] = { 2, 2 };
+        char *src = NULL, *dst = NULL, *decode = NULL;
+        ev_begin(x, "CreateSequence", true);
+        if (epd_sequence_create(c, "host0", 2, &p, NULL, NULL) < 0)
+                return;
+        ev_set_path(&x->after.seq[3], p);
+        x->after.seq[3].n = 2;
+        ev_ack(x);
+        ev_begin(x, "handoff Prepare", false);
+        x->after.ho = EH_PREPARED;
+        epd_handoff_options o = { .arena = "host1" };
+        if (epd_handoff_prepare(c, x->rid, NULL, x->acked.seq[3].path, groups, 2, &o, &src, NULL) < 0)
+                return;
+        ev_ack(x);
+        ev_begin(x, "handoff Accept", false);
+        x->after.ho = EH_ACCEPTED;
+        epd_handoff_accepted acc = {};
+        r = epd_handoff_layer_group_ready(c, src, 0);
+        if (r >= 0)
+                r = epd_handoff_layer_group_ready(c, src, 1);
+        if (r >= 0)
+                r = epd_handoff_accept(c, x->rid, &acc);
+        if (r < 0)
+                goto out;
+        dst = strdup(acc.path);
+        epd_handoff_accepted_done(&acc);
+        ev_ack(x);
+        if (!wait_transferred(c, dst))
+                goto out;
+        ev_begin(x, "handoff Commit", false);
+        x->after.ho = EH_COMMITTED;
+        if (epd_handoff_commit(c, dst, &decode) < 0)
+                goto out;
+        snprintf(x->after.decode, sizeof x->after.decode, "%s", decode);
+        ev_ack(x);
+        ev_begin(x, "handoff Release (source)", false);
+        x->after.ho = EH_SRC_RELEASED;
+        if (epd_handoff_release(c, src) < 0)
+                goto out;
+        ev_ack(x);
+        ev_begin(x, "handoff Release (destination)", false);
+        x->after.ho = EH_RELEASED;
+        if (epd_handoff_release(c, dst) < 0)
+                goto out;
+        ev_ack(x);
+
+        /* Workflows: every transition. */
+        EvWf *w = &x->after.wf[0];
+        char *id = NULL, *head = NULL;
+        uint32_t nb, prefix;
+        ev_begin(x, "Workflow.Create", true);
+        ev_tokens(t, 64, 0, 64);
+        if (epd_workflow_create(c, x->acked.seq[0].path, t, 64, &id, &head) < 0)
+                goto out;
+        snprintf(w->id, sizeof w->id, "%s", id);
+        w->n_branches = 1;
+        w->alive[0] = true;
+        w->ntok[0] = 64;
+        free(id);
+        free(head);
+        ev_ack(x);
+        w = &x->after.wf[0];
+        ev_begin(x, "Workflow.Fork", false);
+        w->alive[1] = true;
+        w->ntok[1] = 64;
+        w->n_branches = 2;
+        if (epd_workflow_fork(c, w->id, 0, &nb, &head) < 0)
+                goto out;
+        free(head);
+        ev_ack(x);
+        ev_begin(x, "Workflow.Advance", false);
+        w->steps[1]++;
+        w->ntok[1] = 80;
+        ev_tokens(t, 80, 5000, 32);
+        if (epd_workflow_advance(c, w->id, 1, t, 80, false, &head, &prefix, NULL, NULL) < 0)
+                goto out;
+        ck_assert_uint_eq(prefix, 2);
+        free(head);
+        ev_ack(x);
+        ev_begin(x, "Workflow.Fork", false);
+        w->alive[2] = true;
+        w->steps[2] = w->steps[1];
+        w->ntok[2] = 80;
+        w->n_branches = 3;
+        if (epd_workflow_fork(c, w->id, 1, &nb, &head) < 0)
+                goto out;
+        free(head);
+        ev_ack(x);
+        ev_begin(x, "Workflow.Merge", false);
+        w->ntok[0] = w->ntok[2];
+        w->steps[0] = MAX(w->steps[0], w->steps[2]) + 1;
+        w->alive[2] = false;
+        if (epd_workflow_merge(c, w->id, 2, 0) < 0)
+                goto out;
+        ev_ack(x);
+        ev_begin(x, "Workflow.Drop", false);
+        w->alive[1] = false;
+        if (epd_workflow_drop(c, w->id, 1) < 0)
+                goto out;
+        ev_ack(x);
+        w = &x->after.wf[1];
+        ev_begin(x, "Workflow.Create", true);
+        ev_tokens(t, 48, 0, 48);
+        if (epd_workflow_create(c, x->acked.seq[1].path, t, 48, &id, &head) < 0)
+                goto out;
+        snprintf(w->id, sizeof w->id, "%s", id);
+        w->n_branches = 1;
+        w->alive[0] = true;
+        w->ntok[0] = 48;
+        free(id);
+        free(head);
+        ev_ack(x);
+        w = &x->after.wf[1];
+        ev_begin(x, "Workflow.Advance", false);
+        w->steps[0]++;
+        w->ntok[0] = 96;
+        ev_tokens(t, 96, 9000, 40);
+        if (epd_workflow_advance(c, w->id, 0, t, 96, true, &head, &prefix, NULL, NULL) < 0)
+                goto out;
+        free(head);
+        ev_ack(x);
+        ev_begin(x, "Workflow.Release", false);
+        x->after.wf[0] = (EvWf){};
+        if (epd_workflow_release(c, x->acked.wf[0].id) < 0)
+                goto out;
+        ev_ack(x);
+        ev_begin(x, "Release", false);
+        x->after.seq[1] = (EvSeq){};
+        if (epd_sequence_release(c, x->acked.seq[1].path) < 0)
+                goto out;
+        ev_ack(x);
+out:
+        free(src);
+        free(dst);
+        free(decode);
+}
+
+typedef struct EvNames {
+        char (*path)[128];
+        size_t n, cap;
+} EvNames;
+
+static void ev_names_add(EvNames *s, const char *path) {
+        if (s->n == s->cap) {
+                s->cap = MAX(s->cap * 2, (size_t)16);
+                s->path = realloc(s->path, s->cap * sizeof *s->path);
+                ck_assert_ptr_nonnull(s->path);
+        }
+        snprintf(s->path[s->n++], sizeof s->path[0], "%s", path);
+}
+
+static bool ev_names_has(const EvNames *s, const char *path) {
+        for (size_t i = 0; i < s->n; i++)
+                if (strcmp(s->path[i], path) == 0)
+                        return true;
+        return false;
+}
+
+/* Every sequence of the daemon: path and owner worker ("/" for none). */
+static size_t ev_sequences(EvNames *paths, EvNames *owners) {
+        sd_bus *bus;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
+        int r = sd_bus_get_property(bus, NULL, "/org/epd1/pages", "org.epd1.Pages", "Sequences", &e, &reply,
+                                    "a(oosuut)");
+        ck_assert_msg(r >= 0, "Sequences: %s", e.message);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "(oosuut)"), 0);
+        const char *path, *owner, *arena;
+        uint32_t n, shared;
+        uint64_t cow;
+        while ((r = sd_bus_message_read(reply, "(oosuut)", &path, &owner, &arena, &n, &shared, &cow)) > 0) {
+                ev_names_add(paths, path);
+                ev_names_add(owners, owner);
+        }
+        ck_assert_int_ge(r, 0);
+        sd_bus_error_free(&e);
+        sd_bus_flush_close_unref(bus);
+        return paths->n;
+}
+
+static bool ev_seq_matches(const EvSeq *q, const uint32_t *p, size_t n) {
+        return q->path[0] && n == q->n && (!q->known || memcmp(p, q->pages, n * sizeof *p) == 0);
+}
+
+static bool ev_wf_matches(const EvWf *w, const epd_workflow_branch *br, size_t n) {
+        if (!w->id[0] || n != w->n_branches)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (br[i].alive != w->alive[i] ||
+                    (w->alive[i] && (br[i].steps != w->steps[i] || br[i].n_tokens != w->ntok[i])))
+                        return false;
+        return true;
+}
+
+/* After the restart: the checks above; then releases everything, and no page is held
+ * but the directory's. */
+static void ev_check(epd_client *c, EvRun *x, uint64_t lsn) {
+        const EvModel *A = &x->acked, *B = &x->after;
+        EvNames mine = {}, heads = {};
+        char what[160];
+        snprintf(what, sizeof what, "killed after record %" PRIu64 " (in flight: %s)", lsn, x->step ?: "nothing");
+
+        /* Sequences: as acknowledged, or as the call in flight left them. */
+        for (unsigned i = 0; i < EV_SEQS; i++) {
+                const EvSeq *a = &A->seq[i], *b = &B->seq[i];
+                const char *path = a->path[0] ? a->path : b->path;
+                if (!path[0])
+                        continue;
+                int r = epd_sequence_attach(c, path, NULL);
+                if (r < 0) {
+                        ck_assert_msg(!a->path[0] || !b->path[0], "%s: acknowledged sequence %s is gone", what, path);
+                        continue;
+                }
+                uint32_t *p = NULL;
+                size_t n = 0;
+                ck_assert_int_eq(epd_sequence_get_pages(c, path, &p, &n), 0);
+                ck_assert_msg(ev_seq_matches(a, p, n) || ev_seq_matches(b, p, n),
+                              "%s: sequence %s has %zu pages, neither as acknowledged (%zu) nor as the call in "
+                              "flight left it (%zu)", what, path, n, a->n, b->n);
+                free(p);
+                ev_names_add(&mine, path);
+        }
+
+        /* The handoff: its journal entries and decode sequence. */
+        JournalRow rows[8];
+        size_t n_rows = read_journal(rows, ELEMENTSOF(rows));
+        const JournalRow *src = journal_find(rows, n_rows, x->rid, "source");
+        const JournalRow *dst = journal_find(rows, n_rows, x->rid, "destination");
+        ck_assert_uint_eq(n_rows, (src != NULL) + (dst != NULL));
+        EvHo seen;
+        if (!src && !dst)
+                seen = A->ho >= EH_COMMITTED ? EH_RELEASED : EH_NONE;
+        else if (src && strcmp(src->state, "rolled-back") == 0) {
+                ck_assert_str_eq(src->cause, "shutdown");
+                ck_assert(src->recovered);
+                if (dst)
+                        ck_assert_str_eq(dst->state, "rolled-back");
+                seen = EH_PREPARED;
+        } else if (src) {
+                ck_assert_str_eq(src->state, "committed");
+                ck_assert_msg(dst && strcmp(dst->state, "committed") == 0, "%s: handoff source committed alone", what);
+                seen = EH_COMMITTED;
+        } else {
+                ck_assert_str_eq(dst->state, "committed");
+                seen = EH_SRC_RELEASED;
+        }
+#define HO_IS(m, s) ((m) == (s) || ((s) == EH_PREPARED && (m) == EH_ACCEPTED))
+        ck_assert_msg(HO_IS(A->ho, seen) || HO_IS(B->ho, seen), "%s: handoff journal says %d, acknowledged %d, "
+                      "in flight %d", what, (int)seen, (int)A->ho, (int)B->ho);
+        const char *decode = A->decode[0] ? A->decode : dst && seen >= EH_COMMITTED ? dst->seq : "";
+        if (seen >= EH_COMMITTED) {
+                ck_assert_msg(decode[0], "%s: committed handoff without its decode sequence", what);
+                ck_assert_msg(epd_sequence_attach(c, decode, NULL) == 0, "%s: decode sequence %s is gone", what, decode);
+                ev_names_add(&mine, decode);
+        }
+
+        /* The feature: READY once acknowledged. */
+        epd_feature *f = NULL;
+        int r = epd_feature_acquire(c, EV_KEY, false, &f);
+        bool hit = r == 0 && strcmp(f->result, "hit") == 0;
+        if (r == 0)
+                ck_assert_int_eq(epd_feature_release(c, f), 0);
+        ck_assert_msg(hit == A->feature || hit == B->feature, "%s: feature %s", what, hit ? "ready" : "missing");
+
+        /* The directory: the acknowledged entries (a Publish in flight: some of its). */
+        uint64_t entries = directory_entries();
+        ck_assert_msg(entries >= MIN(A->dir_entries, B->dir_entries) && entries <= MAX(A->dir_entries, B->dir_entries),
+                      "%s: %" PRIu64 " directory entries, acknowledged %u", what, entries, A->dir_entries);
+
+        /* Workflows: as acknowledged or as the call in flight left them; their live
+         * branches' heads are sequences of the daemon. */
+        unsigned known = 0;
+        for (unsigned i = 0; i < EV_WFS; i++) {
+                const EvWf *a = &A->wf[i], *b = &B->wf[i];
+                const char *id = a->id[0] ? a->id : b->id;
+                if (!id[0])
+                        continue;
+                if (epd_workflow_attach(c, id) < 0) {
+                        ck_assert_msg(!a->id[0] || !b->id[0], "%s: acknowledged workflow %s is gone", what, id);
+                        continue;
+                }
+                known++;
+                epd_workflow_branch *br = NULL;
+                size_t nbr = 0;
+                ck_assert_int_ge(epd_workflow_get_branches(c, id, &br, &nbr), 0);
+                ck_assert_msg(ev_wf_matches(a, br, nbr) || ev_wf_matches(b, br, nbr),
+                              "%s: workflow %s matches neither the acknowledged state nor it plus the call in flight",
+                              what, id);
+                for (size_t j = 0; j < nbr; j++)
+                        if (br[j].alive)
+                                ev_names_add(&heads, br[j].head);
+                epd_workflow_branches_free(br, nbr);
+        }
+        uint32_t count = 0;
+        sd_bus *bus;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
+        ck_assert_int_ge(sd_bus_get_property_trivial(bus, NULL, "/org/epd1", "org.epd1.Workflow", "Count", &e, 'u', &count),
+                         0);
+        sd_bus_flush_close_unref(bus);
+        ck_assert_msg(count == known || (x->stray_workflow && count == known + 1), "%s: %u workflows, %u known", what,
+                      count, known);
+
+        /* Nothing without an owner: every sequence is one the worker attached, or the
+         * head of a live branch; at most the one a call in flight made and never named
+         * (for a workflow's Create, only if the workflow it heads is there). */
+        EvNames all = {}, owners = {};
+        size_t n_all = ev_sequences(&all, &owners), strays = 0;
+        for (size_t i = 0; i < heads.n; i++)
+                ck_assert_msg(ev_names_has(&all, heads.path[i]), "%s: branch head %s is not a sequence", what,
+                              heads.path[i]);
+        for (size_t i = 0; i < n_all; i++) {
+                if (ev_names_has(&heads, all.path[i]))
+                        continue;
+                if (strcmp(owners.path[i], "/") != 0) {
+                        ck_assert_msg(ev_names_has(&mine, all.path[i]), "%s: sequence %s owned by %s", what,
+                                      all.path[i], owners.path[i]);
+                        continue;
+                }
+                fprintf(stderr, "%s: sequence %s has no owner and no branch heads on it\n", what, all.path[i]);
+                strays++;
+                /* Taken, to be released with the rest. */
+                ck_assert_int_eq(epd_sequence_attach(c, all.path[i], NULL), 0);
+                ev_names_add(&mine, all.path[i]);
+        }
+        size_t strays_ok = x->stray_workflow ? count - known : x->stray_ok ? 1 : 0;
+        ck_assert_msg(strays <= strays_ok, "%s: %zu sequences without an owner or a branch", what, strays);
+
+        /* Let go of everything: no page stays held (but the directory's cached ones). */
+        for (unsigned i = 0; i < EV_WFS; i++) {
+                const char *id = A->wf[i].id[0] ? A->wf[i].id : B->wf[i].id;
+                if (id[0])
+                        (void)epd_workflow_release(c, id);
+        }
+        for (size_t i = 0; i < mine.n; i++)
+                ck_assert_int_eq(epd_sequence_release(c, mine.path[i]), 0);
+        uint64_t pc[4];
+        pool_counts("host0", pc);
+        /* (A workflow whose Create was in flight holds its head: nobody can name it.) */
+        if (count == known)
+                ck_assert_msg(pc[1] == 0 && pc[3] == 0 && pc[2] == entries,
+                              "%s: host0 keeps %" PRIu64 " live, %" PRIu64 " cached (%" PRIu64 " entries), %" PRIu64
+                              " leased pages after everything was released", what, pc[1], pc[2], entries, pc[3]);
+        pool_counts("host1", pc);
+        ck_assert_msg(pc[1] == 0 && pc[2] == 0 && pc[3] == 0, "%s: host1 keeps pages", what);
+        free(mine.path);
+        free(heads.path);
+        free(all.path);
+        free(owners.path);
+}
+
+/* The last LSN in the log of the state directory (read offline); with types, their
+ * record types are printed. */
+static uint64_t ev_last_lsn(bool types) {
+        char path[400];
+        snprintf(path, sizeof path, "%s/state/wal/wal.log", h.dir);
+        FILE *f = fopen(path, "re");
+        ck_assert_ptr_nonnull(f);
+        uint8_t hdr[40], rec[24];
+        ck_assert_uint_eq(fread(hdr, 1, sizeof hdr, f), sizeof hdr);
+        uint64_t last = 0;
+        memcpy(&last, hdr + 16, 8); /* the base LSN */
+        while (fread(rec, 1, sizeof rec, f) == sizeof rec) {
+                uint32_t len;
+                memcpy(&len, rec, 4);
+                memcpy(&last, rec + 8, 8);
+                if (types)
+                        printf(" %" PRIu64 ":%02x%02x", last, rec[17], rec[16]);
+                ck_assert_int_eq(fseek(f, (long)((len + 7) & ~7u), SEEK_CUR), 0);
+        }
+        fclose(f);
+        return last;
+}
+
+static void ev_fresh_state(void) {
+        char cmd[400];
+        for (size_t i = 0; i < store_n; i++)
+                close(store_fds[i]);
+        store_n = 0;
+        snprintf(cmd, sizeof cmd, "rm -rf '%s/state'", h.dir);
+        ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(test_crash_every_record) {
+        if (!getenv("FAULT_WAL")) {
+                fprintf(stderr, "FAULT_WAL is not set (run through meson test): skipped.\n");
+                exit(77);
+        }
+        ck_assert_int_eq(harness_init(&h, "[Wal]\nSync=batch\n"
+                                          "[Arena:host0]\nSize=16M\n[Arena:host1]\nSize=16M\n"
+                                          "[Arena:feat0]\nUsage=feature\nSize=16M\nPageSize=64K\n"),
+                         0);
+        snprintf(notify_path, sizeof notify_path, "%s/notify", h.dir);
+        notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        ck_assert_int_ge(notify_fd, 0);
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        strcpy(sa.sun_path, notify_path);
+        ck_assert_int_eq(bind(notify_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+
+        /* The workload once, whole: how many records it makes. */
+        uint8_t *host0, *feat0;
+        EvRun x = {};
+        snprintf(x.rid, sizeof x.rid, "%032x", 0xe7e4);
+        ev_fresh_state();
+        start_epdd(true);
+        epd_client *c = kv_worker(&host0, &feat0);
+        ev_workload(c, &x, host0);
+        ck_assert_msg(!x.step, "the workload failed at %s without a fault", x.step);
+        usleep(20000); /* records nobody waits for are written within 5 ms */
+        kill9_epdd();
+        epd_disconnect(c);
+        printf("records (LSN:type):");
+        uint64_t records = ev_last_lsn(true), checked = 0;
+        printf("\n");
+        ck_assert_uint_ge(records, 25);
+        printf("crash after every record: the workload makes %" PRIu64 " records, %u transitions\n", records,
+               x.n_acked);
+
+        for (uint64_t lsn = 1; lsn <= records; lsn++) {
+                ev_fresh_state();
+                x = (EvRun){};
+                snprintf(x.rid, sizeof x.rid, "%032" PRIx64, lsn);
+                fault_lsn = lsn;
+                start_epdd(true);
+                fault_lsn = 0;
+                c = kv_worker(&host0, &feat0);
+                ev_workload(c, &x, host0);
+                int status;
+                ck_assert_int_eq(waitpid(h.epdd_pid, &status, 0), h.epdd_pid);
+                ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+                              "epdd was to be killed after record %" PRIu64 " (status %d)", lsn, status);
+                h.epdd_pid = 0;
+                pump_notify();
+                epd_disconnect(c);
+                /* The log ends exactly there. */
+                ck_assert_uint_eq(ev_last_lsn(false), lsn);
+
+                start_epdd(true);
+                c = kv_worker(&host0, &feat0);
+                ev_check(c, &x, lsn);
+                printf("record %" PRIu64 ": %u transitions acknowledged, in flight: %s\n", lsn, x.n_acked,
+                       x.step ?: "nothing");
+                checked += x.n_acked;
+                epd_disconnect(c);
+                ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        }
+        printf("crash after every record: %" PRIu64 " kill -9 restarts, %" PRIu64 " acknowledged transitions checked\n",
+               records, checked);
+        ev_fresh_state();
+        close(notify_fd);
+        harness_done(&h);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("restart");
         TCase *tc = tcase_create("restart");
         tcase_set_timeout(tc, 400);
-#if defined(CRASH_LOOP_DH)
+#if defined(CRASH_EVERY_RECORD)
+        tcase_add_test(tc, test_crash_every_record);
+        (void)test_directory_handoff_crash_loop;
+        (void)test_sequence_crash_loop;
+        (void)test_restart_keeps_arenas;
+        (void)test_restart_keeps_sequences_and_features;
+#elif defined(CRASH_LOOP_DH)
         tcase_add_test(tc, test_directory_handoff_crash_loop);
         (void)test_sequence_crash_loop;
         (void)test_restart_keeps_arenas;
         (void)test_restart_keeps_sequences_and_features;
+        (void)test_crash_every_record;
 #elif defined(CRASH_LOOP)
         tcase_add_test(tc, test_sequence_crash_loop);
         (void)test_directory_handoff_crash_loop;
+        (void)test_crash_every_record;
         (void)test_restart_keeps_arenas;
         (void)test_restart_keeps_sequences_and_features;
 #else
@@ -1144,6 +1815,7 @@ int main(void) {
         tcase_add_test(tc, test_restart_keeps_sequences_and_features);
         (void)test_sequence_crash_loop;
         (void)test_directory_handoff_crash_loop;
+        (void)test_crash_every_record;
 #endif
         suite_add_tcase(s, tc);
         return check_run(s, CK_NOFORK);

@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* Fault injection for test-restart-crash-every-record: preloaded into epdd, it kills the
+ * daemon right after WAL record N is in the log. When $EPD_FAULT_WAL_LSN is N, a write()
+ * to a file named wal.log that holds the record of LSN N writes the records up to and
+ * including it, fdatasync()s the file, and raises SIGKILL: what a kill -9 between that
+ * record and the next would leave, whatever the writer thread batched together. Every
+ * other write is the real one. Test builds only: nothing in epdd knows of it. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define RECORD_HEADER 24u
+
+static uint64_t le64(const uint8_t *p) {
+        uint64_t v = 0;
+        for (int i = 7; i >= 0; i--)
+                v = v << 8 | p[i];
+        return v;
+}
+
+static uint32_t le32(const uint8_t *p) {
+        return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static bool is_wal_log(int fd) {
+        struct stat st;
+        char link[64], target[4096];
+        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+                return false;
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(link, target, sizeof target - 1);
+        if (n < 8)
+                return false;
+        target[n] = 0;
+        return strcmp(target + n - 8, "/wal.log") == 0;
+}
+
+ssize_t write(int fd, const void *buf, size_t count) {
+        static ssize_t (*real)(int, const void *, size_t);
+        if (!real)
+                real = (ssize_t (*)(int, const void *, size_t))dlsym(RTLD_NEXT, "write");
+        const char *target = getenv("EPD_FAULT_WAL_LSN");
+        if (!target || count < RECORD_HEADER || !is_wal_log(fd))
+                return real(fd, buf, count);
+        uint64_t want = strtoull(target, NULL, 10);
+        const uint8_t *p = buf;
+        /* The writer writes whole records (a batch, or one); a file header starts with
+         * the magic, not a record. */
+        if (memcmp(p, "EPDWAL", 6) == 0)
+                return real(fd, buf, count);
+        size_t off = 0;
+        while (off + RECORD_HEADER <= count) {
+                size_t size = RECORD_HEADER + (((size_t)le32(p + off) + 7) & ~(size_t)7);
+                uint64_t lsn = le64(p + off + 8);
+                if (lsn >= want) {
+                        size_t end = lsn == want ? off + size : off;
+                        for (size_t done = 0; done < end;) {
+                                ssize_t k = real(fd, p + done, end - done);
+                                if (k <= 0 && errno != EINTR)
+                                        break;
+                                done += k > 0 ? (size_t)k : 0;
+                        }
+                        (void)fdatasync(fd);
+                        raise(SIGKILL);
+                        _exit(137);
+                }
+                off += size;
+        }
+        return real(fd, buf, count);
+}
