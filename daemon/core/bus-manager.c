@@ -211,9 +211,7 @@ static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_er
         if (r < 0)
                 return r;
 
-        r = manager_client_from_message(m, msg, &c);
-        if (r == -EUSERS)
-                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many clients.");
+        r = manager_client_require(m, msg, &c, error);
         if (r < 0)
                 return r;
         WorkerRole wr = (WorkerRole)worker_role_from_string(role);

@@ -86,16 +86,27 @@ int manager_client_from_message(Manager *m, sd_bus_message *msg, Client **ret) {
                         return r;
                 }
         }
+        /* Who the caller is decides what it may touch: credentials that cannot be read
+         * refuse the call. No client exists with an unknown uid or pid, so no decision
+         * rests on a default value. */
         sd_bus_creds *creds = NULL;
-        if (sd_bus_query_sender_creds(msg, SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID, &creds) >= 0) {
-                pid_t pid;
-                uid_t uid;
-                if (sd_bus_creds_get_pid(creds, &pid) >= 0)
-                        c->pid = pid;
-                if (sd_bus_creds_get_euid(creds, &uid) >= 0)
-                        c->uid = uid;
-                sd_bus_creds_unref(creds);
+        pid_t pid = 0;
+        uid_t uid = 0;
+        r = sd_bus_query_sender_creds(msg, SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID, &creds);
+        if (r >= 0)
+                r = sd_bus_creds_get_pid(creds, &pid);
+        if (r >= 0)
+                r = sd_bus_creds_get_euid(creds, &uid);
+        sd_bus_creds_unref(creds);
+        if (r >= 0 && pid <= 0)
+                r = -ENODATA;
+        if (r < 0) {
+                log_warning_errno(r, "Refusing client %s: cannot read its credentials: %m", c->key);
+                client_free(c);
+                return -EACCES;
         }
+        c->pid = pid;
+        c->uid = uid;
         r = hashmap_put(m->clients, c->key, c);
         if (r < 0) {
                 client_free(c);
@@ -104,6 +115,16 @@ int manager_client_from_message(Manager *m, sd_bus_message *msg, Client **ret) {
         log_debug("New client %s (pid %d, uid %u).", c->key, (int)c->pid, (unsigned)c->uid);
         *ret = c;
         return 0;
+}
+
+int manager_client_require(Manager *m, sd_bus_message *msg, Client **ret, sd_bus_error *error) {
+        int r = manager_client_from_message(m, msg, ret);
+        if (r == -EACCES)
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                     "The caller's credentials (pid, uid) cannot be read; the call is refused.");
+        if (r == -EUSERS)
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many clients.");
+        return r;
 }
 
 int client_object_link(Client *c, ClientObject *o, ClientObjectType type,

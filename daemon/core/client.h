@@ -49,15 +49,19 @@ struct Client {
         char *unique_name;    /* on a bus; NULL on a direct connection */
         char *key;            /* hashmap key: "<serial of connection>/<unique name or ->" */
         sd_bus_track *track;  /* on a bus */
-        pid_t pid;            /* from the connection's credentials, 0 if unknown */
-        uid_t uid;
+        pid_t pid;            /* from the connection's credentials: always read, a client */
+        uid_t uid;            /* whose credentials cannot be read is never created */
         bool dying;
         unsigned n_objects[_CLIENT_OBJECT_TYPE_MAX];
         LIST_HEAD(ClientObject, objects);
 };
 
-/* Finds or creates the client that sent the message. */
+/* Finds or creates the client that sent the message; -EACCES if its credentials cannot
+ * be read (the call is refused), -EUSERS past MaxClients=. */
 int manager_client_from_message(Manager *m, sd_bus_message *msg, Client **ret);
+/* The same for method handlers: refusals become named errors (PermissionDenied,
+ * LimitExceeded) with their reason. */
+int manager_client_require(Manager *m, sd_bus_message *msg, Client **ret, sd_bus_error *error);
 /* Finds the client, without creating it; NULL if it has no state here. */
 Client *manager_client_lookup_message(Manager *m, sd_bus_message *msg);
 

@@ -169,7 +169,7 @@ static int method_accept(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         r = sd_bus_message_read(msg, "s", &rid);
         if (r < 0)
                 return r;
-        r = manager_client_from_message(m, msg, &c);
+        r = manager_client_require(m, msg, &c, error);
         if (r < 0)
                 return r;
         Reason why = {};
@@ -212,7 +212,7 @@ static int method_accept_wait(sd_bus_message *msg, void *userdata, sd_bus_error 
         r = sd_bus_message_read(msg, "st", &rid, &timeout);
         if (r < 0)
                 return r;
-        r = manager_client_from_message(m, msg, &c);
+        r = manager_client_require(m, msg, &c, error);
         if (r < 0)
                 return r;
         AcceptCall *call = calloc(1, sizeof *call);
@@ -240,7 +240,7 @@ static int method_open_ring(sd_bus_message *msg, void *userdata, sd_bus_error *e
         r = sd_bus_message_read(msg, "uu", &sq, &cq);
         if (r < 0)
                 return r;
-        r = manager_client_from_message(m, msg, &c);
+        r = manager_client_require(m, msg, &c, error);
         if (r < 0)
                 return r;
         Reason why = {};
@@ -260,7 +260,7 @@ static int method_watch(sd_bus_message *msg, void *userdata, sd_bus_error *error
         r = sd_bus_message_read(msg, "b", &enable);
         if (r < 0)
                 return r;
-        r = manager_client_from_message(m, msg, &c);
+        r = manager_client_require(m, msg, &c, error);
         if (r < 0)
                 return r;
         r = handoff_manager_watch(hm_of(userdata), c, enable, &why);

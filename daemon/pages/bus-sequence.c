@@ -230,7 +230,7 @@ static int method_attach(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         int r = sd_bus_message_read(msg, "s", &id);
         if (r < 0)
                 return r;
-        r = manager_client_from_message(m, msg, &c);
+        r = manager_client_require(m, msg, &c, error);
         if (r < 0)
                 return r;
         Sequence *s = page_manager_get(m->page_manager, id);

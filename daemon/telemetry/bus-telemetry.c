@@ -220,7 +220,7 @@ static int method_track_socket(sd_bus_message *msg, void *userdata, sd_bus_error
         if (!m->telemetry)
                 return epd_bus_error(error, EPD_ERROR_UNSUPPORTED, "Telemetry is not running");
 
-        r = manager_client_from_message(m, msg, &c);
+        r = manager_client_require(m, msg, &c, error);
         if (r < 0)
                 return r;
         TrackedSocket *t = calloc(1, sizeof *t);

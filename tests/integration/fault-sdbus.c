@@ -86,3 +86,10 @@ int sd_bus_attach_event(sd_bus *bus, sd_event *e, int priority) {
                 return -ENOMEM;
         return REAL(sd_bus_attach_event)(bus, e, priority);
 }
+
+/* test-connections' credentials test: the daemon cannot read a caller's credentials. */
+int sd_bus_query_sender_creds(sd_bus_message *m, uint64_t mask, sd_bus_creds **creds) {
+        if (fail_now(__func__))
+                return -ENOMEM;
+        return REAL(sd_bus_query_sender_creds)(m, mask, creds);
+}

@@ -281,6 +281,47 @@ START_TEST(test_setup_faults) {
 }
 END_TEST
 
+
+/* A caller whose credentials cannot be read is refused, never taken for root (uid 0 of a
+ * zeroed client): Register fails with PermissionDenied and leaves no worker behind. */
+START_TEST(test_creds_fault) {
+        const char *lib = getenv("FAULT_SDBUS");
+        char fault_file[400], env[1200];
+        ck_assert_msg(lib && access(lib, R_OK) == 0, "FAULT_SDBUS is not set (run through meson test)");
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        snprintf(fault_file, sizeof fault_file, "%s/fault", h.dir);
+        const char *asan = getenv("ASAN_OPTIONS");
+        snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", asan ? asan : "", asan && *asan ? ":" : "");
+        char *old_asan = asan ? strdup(asan) : NULL;
+        ck_assert_int_eq(setenv("ASAN_OPTIONS", env, 1), 0);
+        ck_assert_int_eq(setenv("LD_PRELOAD", lib, 1), 0);
+        ck_assert_int_eq(setenv("EPD_FAULT_FILE", fault_file, 1), 0);
+        harness_start(&h, false, address, sizeof address);
+        unsetenv("LD_PRELOAD");
+        unsetenv("EPD_FAULT_FILE");
+        if (old_asan)
+                setenv("ASAN_OPTIONS", old_asan, 1);
+        else
+                unsetenv("ASAN_OPTIONS");
+        free(old_asan);
+
+        plan(fault_file, "sd_bus_query_sender_creds 1\n");
+        epd_client *c;
+        ck_assert_int_ge(epd_connect(address, &c), 0);
+        int r = epd_register(c, "prefill", "creds", "cpu", &kv, NULL);
+        ck_assert_int_lt(r, 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.PermissionDenied");
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_workers(&h), 0);
+        /* the next caller's credentials are read: it is served */
+        plan(fault_file, "none 0\n");
+        ck_assert(connection_works());
+        unlink(fault_file);
+        ck_assert(harness_wait_for(no_workers, NULL, 10000));
+        teardown();
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("connections");
         TCase *tc = tcase_create("connections");
@@ -288,6 +329,7 @@ int main(void) {
         tcase_add_test(tc, test_churn);
         tcase_add_test(tc, test_limit);
         tcase_add_test(tc, test_setup_faults);
+        tcase_add_test(tc, test_creds_fault);
         suite_add_tcase(s, tc);
         return check_run(s, CK_NOFORK);
 }
