@@ -15,10 +15,12 @@ PKGS=(
         python3 python3-numpy
         groff-base man-db
 )
-# Only one test needs these (test-prometheus: a real Prometheus scraping epdd, and
+# Only one test needs prometheus (test-prometheus: a real Prometheus scraping epdd, and
 # promtool); where they cannot be had, that test says so and skips, and nothing else
 # is held up.
-OPTIONAL=(prometheus)
+# The soft-RoCE VM test (tests/rdma/run-vm-test.sh) needs the next ones; without them it
+# skips and says why.
+OPTIONAL=(prometheus qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-providers)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()

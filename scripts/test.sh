@@ -43,6 +43,19 @@ state_before=$(host_state)
 rc=0
 meson test -C build-asan --print-errorlogs --num-processes 2 "$@" || rc=$?
 
+# 3. RDMA on soft-RoCE: two epdd in a qemu VM (TCG) on rxe devices, handoffs over RDMA,
+# faults, fallback to tcp (tests/rdma/run-vm-test.sh, docs/rdma.md). About a minute; bounded
+# so that a hung guest fails the suite instead of holding it. It runs the release build
+# (the sanitizers' cost under emulation would multiply the time). Exit 77 (no qemu, no
+# rxe provider, the kernel package cannot be downloaded) is a skip with its reason.
+rdma_rc=0
+EPD_RDMA_VM_TIMEOUT=${EPD_RDMA_VM_TIMEOUT:-480} timeout 540 tests/rdma/run-vm-test.sh build-release || rdma_rc=$?
+case $rdma_rc in
+0) echo "ok: RDMA soft-RoCE VM test passed" ;;
+77) echo "SKIP: RDMA soft-RoCE VM test (reason above)" ;;
+*) echo "FAIL: RDMA soft-RoCE VM test (exit $rdma_rc)"; rc=1 ;;
+esac
+
 state_after=$(host_state)
 if [ "$state_before" != "$state_after" ]; then
         echo "FAIL: the suite changed the host's epd state (/var/lib/epd, /etc/epd, /run/epd); before < > after:"
