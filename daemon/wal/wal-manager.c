@@ -8,6 +8,7 @@
 
 #include "bus-error.h"
 #include "log.h"
+#include "time-util.h"
 #include "wal/wal-manager.h"
 #include "wal/wal-writer.h"
 
@@ -23,10 +24,30 @@ typedef struct WalGlue {
         uint64_t last;             /* LSN of the last record this loop appended */
         WalWaitQueue waiting;      /* replies (and other acknowledgements) in LSN order */
         uint64_t compactions;      /* the writer's, as last seen */
+        sd_event_source *urge;     /* idle-priority defer: urge the writer once the loop
+                                    * has handled every request that was ready */
+        uint64_t urge_since;       /* CLOCK_MONOTONIC µs the urge was first deferred; 0: none */
 } WalGlue;
 
 static WalGlue *glue(Manager *m) {
         return m->wal ? wal_get_userdata(m->wal) : NULL;
+}
+
+/* A deferred urge waits at most this long (a loop that never idles still syncs). */
+#define WAL_URGE_DEFER_MAX_USEC 200ULL
+
+static void urge_now(WalGlue *g) {
+        g->urge_since = 0;
+        if (g->urge)
+                (void)sd_event_source_set_enabled(g->urge, SD_EVENT_OFF);
+        wal_writer_urge(g->writer);
+}
+
+static int on_urge(sd_event_source *s, void *userdata) {
+        WalGlue *g = glue(userdata);
+        if (g && g->writer)
+                urge_now(g);
+        return 0;
 }
 
 static const Subsystem *journal_owner(uint16_t type) {
@@ -154,9 +175,21 @@ int wal_manager_after_durable(Manager *m, WalWaitFn fn, void *userdata) {
                 return 0;
         }
         int r = wal_wait_queue_push(&g->waiting, g->last, fn, userdata);
-        if (r >= 0)
-                wal_writer_urge(g->writer); /* someone waits: no lazy delay */
-        return r;
+        if (r < 0)
+                return r;
+        /* Someone waits: no lazy delay, but not a sync per reply either. The urge is
+         * deferred to the loop's idle point, so every request that was ready when this
+         * one was handled journals first and their replies share one fdatasync; a loop
+         * that stays busy urges after WAL_URGE_DEFER_MAX_USEC at the latest. */
+        uint64_t now = now_usec(CLOCK_MONOTONIC);
+        if (!g->urge || (g->urge_since > 0 && now - g->urge_since >= WAL_URGE_DEFER_MAX_USEC))
+                urge_now(g);
+        else if (g->urge_since == 0) {
+                g->urge_since = now;
+                if (sd_event_source_set_enabled(g->urge, SD_EVENT_ONESHOT) < 0)
+                        urge_now(g);
+        }
+        return 0;
 }
 
 int wal_manager_reply(Manager *m, sd_bus_message *call, sd_bus_message *reply) {
@@ -255,6 +288,11 @@ static int wal_init(Manager *m) {
         r = sd_event_add_io(m->event, &g->durable, wal_writer_fd(g->writer), EPOLLIN, on_durable, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot watch the WAL writer: %m");
+        r = sd_event_add_defer(m->event, &g->urge, on_urge, m);
+        if (r < 0)
+                return log_error_errno(r, "Cannot add the WAL urge source: %m");
+        (void)sd_event_source_set_priority(g->urge, SD_EVENT_PRIORITY_IDLE);
+        (void)sd_event_source_set_enabled(g->urge, SD_EVENT_OFF);
         for (const Subsystem *const *sp = manager_subsystems(); *sp; sp++)
                 if ((*sp)->journal && (*sp)->journal->restore_finish) {
                         r = (*sp)->journal->restore_finish(m);
@@ -281,6 +319,7 @@ static void wal_done(Manager *m) {
                                              st.error < 0 ? st.error : (st.durable_lsn < g->last ? -EIO : 0));
                 wal_wait_queue_done(&g->waiting, -ESHUTDOWN);
                 sd_event_source_disable_unref(g->durable);
+                sd_event_source_disable_unref(g->urge);
                 free(g);
         }
         m->wal = wal_free(m->wal);
