@@ -7,6 +7,7 @@
  * Built twice: over the direct socket, and over a private dbus-daemon (OVER_BUS). */
 #include <check.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,7 +16,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../../client/epd-internal.h"
 #include "harness.h"
+#include "macro.h"
 #include "../check-main.h"
 
 #ifdef OVER_BUS
@@ -41,6 +44,27 @@ static void setup(void) {
 static void setup_page_size(void) {
         ck_assert_int_eq(harness_init(&h, "[Arena:kv1]\nUsage=kv\nSize=16M\nPageSize=64K\n"), 0);
         harness_start(&h, OVER_BUS_MODE, address, sizeof address);
+}
+
+/* The state (and so the WAL) on tmpfs: an fdatasync costs next to nothing, so the
+ * writer thread does not batch by itself while one runs. */
+static char shm_dir[64];
+static void setup_shm(void) {
+        strcpy(shm_dir, "/dev/shm/epd-test-XXXXXX");
+        if (!mkdtemp(shm_dir))
+                ck_abort_msg("mkdtemp %s: %s", shm_dir, strerror(errno));
+        char extra[200];
+        snprintf(extra, sizeof extra, "[Daemon]\nStateDirectory=%s/state\n", shm_dir);
+        ck_assert_int_eq(harness_init(&h, extra), 0);
+        harness_start(&h, OVER_BUS_MODE, address, sizeof address);
+}
+
+static void teardown_shm(void) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+        char cmd[100];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", shm_dir);
+        ck_assert_int_eq(system(cmd), 0);
 }
 
 static void teardown(void) {
@@ -514,6 +538,76 @@ START_TEST(test_introspection) {
 }
 END_TEST
 
+/* The WAL writer thread's fdatasyncs so far (org.epd1.Workflow.Journal). */
+static uint64_t wal_syncs(sd_bus *bus) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        const char *policy;
+        uint64_t assigned, durable, appended, syncs, bytes, compactions, cut;
+        int r = sd_bus_get_property(bus, harness_destination(&h), "/org/epd1", "org.epd1.Workflow", "Journal", &e,
+                                    &reply, "(sttttttt)");
+        ck_assert_msg(r >= 0, "Journal: %s", e.message);
+        ck_assert_int_ge(sd_bus_message_read(reply, "(sttttttt)", &policy, &assigned, &durable, &appended, &syncs,
+                                             &bytes, &compactions, &cut), 0);
+        ck_assert_str_eq(policy, "batch");
+        sd_bus_error_free(&e);
+        return syncs;
+}
+
+static int created(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        ck_assert_msg(!sd_bus_message_is_method_error(m, NULL), "CreateSequence: %s",
+                      sd_bus_message_get_error(m) ? sd_bus_message_get_error(m)->message : "?");
+        (*(unsigned *)userdata)++;
+        return 0;
+}
+
+/* Requests that arrive together journal together: their replies wait for one
+ * group commit (the writer is urged once the loop has handled every request that was
+ * ready), not an fdatasync each. Every reply still comes only once its record is
+ * durable (test-restart-crash*). */
+START_TEST(test_ready_requests_share_sync) {
+        epd_client *c = worker("prefill", NULL, NULL);
+        enum { N = 64 };
+        unsigned done = 0;
+        /* Settle: the registration's records are durable. */
+        ck_assert_int_eq(sd_bus_call_method_async(c->bus, NULL, harness_destination(&h), "/org/epd1/pages",
+                                                  "org.epd1.Pages", "CreateSequence", created, &done, "su", "host0",
+                                                  1),
+                         1);
+        while (done < 1)
+                ck_assert_int_ge(sd_bus_wait(c->bus, UINT64_MAX) >= 0 ? sd_bus_process(c->bus, NULL) : -1, 0);
+        uint64_t before = wal_syncs(c->bus);
+        done = 0;
+        /* N calls sent while epdd is stopped: it finds them all ready at once. (Over
+         * the bus, dbus-daemon forwards them meanwhile.) */
+        ck_assert_int_ge(sd_bus_set_method_call_timeout(c->bus, 30 * 1000000ULL), 0);
+        ck_assert_int_eq(kill(h.epdd_pid, SIGSTOP), 0);
+        for (unsigned i = 0; i < N; i++) {
+                _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+                ck_assert_int_ge(sd_bus_message_new_method_call(c->bus, &m, harness_destination(&h),
+                                                                "/org/epd1/pages", "org.epd1.Pages",
+                                                                "CreateSequence"),
+                                 0);
+                ck_assert_int_ge(sd_bus_message_append(m, "su", "host0", 1), 0);
+                ck_assert_int_ge(sd_bus_call_async(c->bus, NULL, m, created, &done, 0), 0);
+        }
+        ck_assert_int_ge(sd_bus_flush(c->bus), 0);
+        usleep(100 * 1000);
+        ck_assert_int_eq(kill(h.epdd_pid, SIGCONT), 0);
+        while (done < N) {
+                int r = sd_bus_process(c->bus, NULL);
+                ck_assert_int_ge(r, 0);
+                if (r == 0)
+                        ck_assert_int_ge(sd_bus_wait(c->bus, UINT64_MAX), 0);
+        }
+        uint64_t syncs = wal_syncs(c->bus) - before;
+        printf("%u journaled requests in one burst: %" PRIu64 " fdatasyncs\n", N, syncs);
+        ck_assert_uint_ge(syncs, 1);
+        ck_assert_uint_le(syncs, N / 8);
+        epd_disconnect(c);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("pages");
         TCase *tc = tcase_create("pages");
@@ -527,6 +621,12 @@ int main(void) {
         tcase_add_test(tc, test_epdctl);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
+        TCase *tc3 = tcase_create("group-commit");
+        tcase_add_checked_fixture(tc3, setup_shm, teardown_shm);
+        tcase_set_timeout(tc3, 60);
+        tcase_add_test(tc3, test_ready_requests_share_sync);
+        suite_add_tcase(s, tc3);
+
         TCase *tc2 = tcase_create("configured-page-size");
         tcase_add_checked_fixture(tc2, setup_page_size, teardown);
         tcase_set_timeout(tc2, 60);
