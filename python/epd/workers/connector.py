@@ -226,6 +226,22 @@ def gpu_arena(client, name: str):
     return m
 
 
+def _notifier(ring, ordinal: int):
+    """The notifier (epd.gpu.Notifier) of this ring on GPU `ordinal`: one per ring and GPU."""
+    key = ("notifier", id(ring), ordinal)
+    n = _GPU.get(key)
+    if n is None:
+        from .. import gpu as G
+        n = _GPU[key] = G.Notifier(_gpu(), ordinal, ring)
+    return n
+
+
+def close_notifiers(ring) -> None:
+    """Flushes and ends the ring's notifiers (before the ring itself is closed)."""
+    for key in [k for k in _GPU if isinstance(k, tuple) and k[0] == "notifier" and k[1] == id(ring)]:
+        _GPU.pop(key).close()
+
+
 def _stream() -> int:
     """The current CUDA stream of torch (the model's), or the default stream without torch."""
     try:
@@ -401,6 +417,10 @@ class EpdKvSink:
         self.notice_s = 0.0  # of which the groups' events and ready notices
         self.wait_s = 0.0   # time done() waited for the model's kernels before the last groups
         self._pending = []  # (CUDA event, group) of groups whose writes are in flight
+        # GPU arena and a ring: libepd's notifier reports each group ready once its
+        # writes have run on the GPU, from its own thread (no polling, no host sync).
+        self._notifier = _notifier(ring, self.kv._m.ordinal) if ring is not None and self.kv.on_gpu else None
+        self._rid = self.handoff.request_id.encode()
 
     def layer(self, layer_idx: int, k, v) -> None:
         t_start = time.perf_counter()
@@ -411,7 +431,10 @@ class EpdKvSink:
         self.bytes_written += 2 * S * self.layout.k_bytes_per_token
         if layer_idx in self.group_last:
             g = self.group_last.index(layer_idx)
-            if _is_torch(k) and k.is_cuda:
+            if self._notifier is not None and _is_torch(k) and k.is_cuda:
+                self._notifier.ready_after(_stream(), self._rid, self.handoff.token, g)
+                self.groups_sent += 1
+            elif _is_torch(k) and k.is_cuda:
                 import torch
                 ev = torch.cuda.Event()
                 ev.record()
@@ -429,6 +452,10 @@ class EpdKvSink:
 
     def _flush(self, block: bool) -> None:
         """Reports ready, in order, the groups whose writes have landed (all when block)."""
+        if block and self._notifier is not None:
+            t0 = time.perf_counter()
+            self._notifier.flush(30.0)
+            self.wait_s += time.perf_counter() - t0
         while self._pending:
             ev, g = self._pending[0]
             if block:

@@ -252,6 +252,8 @@ class EpdKvConnector:
             except Exception:
                 pass
         self._sinks.clear()
+        if self.ring is not None:
+            C.close_notifiers(self.ring)
         for ld in self._loads.values():
             if ld.committed is not None:
                 ld.committed.release()
