@@ -171,16 +171,17 @@ class PageTable(_lib.Closing):
         if r < 0:
             raise EpdError(-r, None, None, "page table")
         self._p, self._gpu, self.n_pages, self.page_size = p, gpu, n, page_size
+        self._write, self._read = _lib_gpu().epd_gpu_kv_write, _lib_gpu().epd_gpu_kv_read
 
     def write(self, rows: KvRows, stream: int = 0) -> None:
         """Enqueues tensors -> pages on `stream`."""
-        r = _lib_gpu().epd_gpu_kv_write(self._p, ctypes.byref(rows), stream)
+        r = self._write(self._p, ctypes.byref(rows), stream)
         if r < 0:
             raise EpdError(-r, None, None, "write KV rows")
 
     def read(self, rows: KvRows, stream: int = 0) -> None:
         """Enqueues pages -> tensors on `stream`."""
-        r = _lib_gpu().epd_gpu_kv_read(self._p, ctypes.byref(rows), stream)
+        r = self._read(self._p, ctypes.byref(rows), stream)
         if r < 0:
             raise EpdError(-r, None, None, "read KV rows")
 
