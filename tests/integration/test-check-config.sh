@@ -11,6 +11,9 @@ set -u
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
 ok()   { echo "ok: $*"; }
+FAILED=0
+# Each case is checked to the end, so that one run names every case that fails.
+bad()  { echo "FAIL: $*"; FAILED=1; }
 
 : "${EPDD:?EPDD is set by meson}"
 [ -x "$EPDD" ] || skip "no epdd at $EPDD"
@@ -39,22 +42,37 @@ cluster() { # KEYFILE [LISTEN]
 
 # name | file content (printf format) | what the message must say
 check_refused() {
-        local name=$1 want=$2 conf="$W/$1.conf"
+        local name=$1 want=$2 conf="$W/$1.conf" rc
         rm -rf "$W/run" "$W/state"
         "$EPDD" --check-config -c "$conf" "${ARGS[@]}" >"$W/$name.check.out" 2>"$W/$name.check.err"
-        local rc=$?
-        [ $rc -ne 0 ] || { cat "$W/$name.check.out" "$W/$name.check.err"; fail "$name: --check-config exited 0"; }
-        grep -qF -- "$want" "$W/$name.check.err" ||
-                { cat "$W/$name.check.err"; fail "$name: --check-config does not say '$want'"; }
-        [ ! -e "$W/run" ] && [ ! -e "$W/state" ] || fail "$name: --check-config created the socket's or the state directory"
-        [ ! -s "$W/$name.check.out" ] || { cat "$W/$name.check.out"; fail "$name: --check-config printed on stdout"; }
+        rc=$?
+        if [ $rc -eq 0 ]; then
+                cat "$W/$name.check.out" "$W/$name.check.err"
+                bad "$name: --check-config exited 0"
+                return
+        fi
+        if ! grep -qF -- "$want" "$W/$name.check.err"; then
+                cat "$W/$name.check.err"
+                bad "$name: --check-config does not say '$want'"
+                return
+        fi
+        [ ! -e "$W/run" ] && [ ! -e "$W/state" ] ||
+                { bad "$name: --check-config created the socket's or the state directory"; return; }
+        [ ! -s "$W/$name.check.out" ] || { cat "$W/$name.check.out"; bad "$name: --check-config printed on stdout"; return; }
 
         timeout 30 "$EPDD" -c "$conf" "${ARGS[@]}" >"$W/$name.start.out" 2>"$W/$name.start.err"
         rc=$?
-        [ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat "$W/$name.start.err"; fail "$name: epdd started (rc $rc)"; }
-        cmp -s "$W/$name.check.err" "$W/$name.start.err" ||
-                { diff "$W/$name.check.err" "$W/$name.start.err"; fail "$name: --check-config and start-up say different things"; }
-        [ ! -e "$W/state" ] || fail "$name: start-up made the state directory before refusing"
+        if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then
+                cat "$W/$name.start.err"
+                bad "$name: epdd started (rc $rc)"
+                return
+        fi
+        if ! cmp -s "$W/$name.check.err" "$W/$name.start.err"; then
+                diff "$W/$name.check.err" "$W/$name.start.err"
+                bad "$name: --check-config and start-up say different things"
+                return
+        fi
+        [ ! -e "$W/state" ] || { bad "$name: start-up made the state directory before refusing"; return; }
         ok "$name: refused by both, with: $(head -c 160 "$W/$name.check.err" | tr '\n' ' ')"
 }
 
@@ -87,3 +105,4 @@ out=$("$EPDD" --check-config -c "$W/good.conf" "${ARGS[@]}" 2>"$W/good.err") ||
 [ "$out" = "Configuration OK: 1 arena(s), 1 peer(s)." ] || fail "unexpected output: $out"
 [ ! -e "$W/run" ] && [ ! -e "$W/state" ] || fail "--check-config of a good configuration created a directory"
 ok "a good configuration: $out"
+[ $FAILED -eq 0 ] || fail "some configurations were not refused alike (above)"
