@@ -226,6 +226,21 @@ static int mkdir_parents(const char *path, mode_t mode) {
         return 0;
 }
 
+/* Gives path (the socket or its directory) the socket's group. Refused (EPERM: epdd
+ * is neither root nor a member), SocketGroup= is an error; the default group epd is
+ * not, and path keeps the daemon's group. */
+static int manager_chgrp_socket(Manager *m, const char *path) {
+        const char *name = m->config.socket_group ?: EPD_GROUP;
+        if (m->socket_gid == (gid_t)-1 ||
+            fchownat(AT_FDCWD, path, (uid_t)-1, m->socket_gid, AT_SYMLINK_NOFOLLOW) >= 0)
+                return 0;
+        if (errno == EPERM && !m->config.socket_group) {
+                log_notice_errno(errno, "Cannot give %s group %s (%m): it keeps the daemon's group.", path, name);
+                return 0;
+        }
+        return log_error_errno(errno, "Cannot give %s group %s: %m", path, name);
+}
+
 static int manager_listen_direct(Manager *m) {
         const char *path = m->config.socket_path;
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -251,9 +266,9 @@ static int manager_listen_direct(Manager *m) {
                 return log_error_errno(errno, "Cannot bind the direct socket %s: %m", path);
         /* The group whose members may connect (docs/security.md), however epdd was
          * started: as root by hand the socket would otherwise be root's. */
-        if (m->socket_gid != (gid_t)-1 && fchownat(AT_FDCWD, path, (uid_t)-1, m->socket_gid, AT_SYMLINK_NOFOLLOW) < 0)
-                return log_error_errno(errno, "Cannot give the direct socket %s group %s: %m", path,
-                                       m->config.socket_group ?: EPD_GROUP);
+        r = manager_chgrp_socket(m, path);
+        if (r < 0)
+                return r;
         if (listen(fd, SOMAXCONN) < 0)
                 return log_error_errno(errno, "listen() on %s: %m", path);
         r = sd_event_add_io(m->event, &m->direct_source, fd, EPOLLIN, on_direct_connection, m);
@@ -405,8 +420,9 @@ static int manager_make_socket_dir(Manager *m) {
         if (!made && (strcmp(dir, dir_default) != 0 || stat(dir, &st) < 0 || !S_ISDIR(st.st_mode) ||
                       st.st_uid != geteuid()))
                 return 0;
-        if (m->socket_gid != (gid_t)-1 && chown(dir, (uid_t)-1, m->socket_gid) < 0)
-                return log_error_errno(errno, "Cannot give %s group %s: %m", dir, m->config.socket_group ?: EPD_GROUP);
+        r = manager_chgrp_socket(m, dir);
+        if (r < 0)
+                return r;
         /* Not the umask's: exactly 0750. */
         if (chmod(dir, 0750) < 0)
                 return log_error_errno(errno, "Cannot make %s mode 0750: %m", dir);
