@@ -324,7 +324,8 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
         kvc = None
         if role in ("prefill", "decode"):
             kvc = H.EpdKvConnector(client, layout, "producer" if role == "prefill" else "consumer",
-                                   arena=kv_arena, group_size=group_size, ring=ring, device=device, dtype=b.dtype)
+                                   arena=kv_arena, group_size=group_size, ring=ring, device=device, dtype=b.dtype,
+                                   background_setup=True)
             kvc.register_kv_caches({_layer_name(l): None for l in range(b.layers)})
         agents = _DecodeAgents(client, layout, b, device, kv_arena) if role == "decode" else None
         conn.send(("ready", {"pid": os.getpid(), "gpu": gpu, "worker": client.worker_path}))
@@ -373,7 +374,8 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                        "sink_wait_s": kvc.stats["save_wait_s"] - s0["save_wait_s"],
                        "compute_s": t3 - t2 - save_s, "kv_bytes": sink.bytes_written,
                        "sink_detail": {"write": sink.write_s, "notice": sink.notice_s,
-                                       "groups": sink.groups_sent}}
+                                       "groups": sink.groups_sent, "setup": sink.setup_s,
+                                       "setup_wait": sink.setup_wait_s}}
                 if enc:
                     out["encode"] = enc
                 conn.send(("ok", out))
