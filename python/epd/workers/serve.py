@@ -336,11 +336,13 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
             kind, spec = msg[0], msg[1]
             t0 = time.perf_counter()
             if kind == "encode":
-                key = b.image_key(spec)
+                key = b.image_key(spec)  # the image (synthesized here) and its content hash
+                key_s = time.perf_counter() - t0
                 ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id)
                 _sync(device)
                 result, enc_s = ec.last_save
-                conn.send(("ok", {"result": result, "encode_s": enc_s, "key": key, "t": time.perf_counter() - t0}))
+                conn.send(("ok", {"result": result, "encode_s": enc_s, "key_s": key_s, "key": key,
+                                  "t": time.perf_counter() - t0}))
             elif kind == "prefill":
                 feats, enc, key, detail = None, None, b.image_key(spec), {}
                 if spec.image_seed is not None:
