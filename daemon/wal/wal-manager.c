@@ -33,7 +33,7 @@ static WalGlue *glue(Manager *m) {
         return m->wal ? wal_get_userdata(m->wal) : NULL;
 }
 
-/* A deferred urge waits at most this long (a loop that never idles still syncs). */
+/* A reply queued this long after a deferred urge urges at once (a busy loop still syncs). */
 #define WAL_URGE_DEFER_MAX_USEC 200ULL
 
 static void urge_now(WalGlue *g) {
@@ -179,8 +179,9 @@ int wal_manager_after_durable(Manager *m, WalWaitFn fn, void *userdata) {
                 return r;
         /* Someone waits: no lazy delay, but not a sync per reply either. The urge is
          * deferred to the loop's idle point, so every request that was ready when this
-         * one was handled journals first and their replies share one fdatasync; a loop
-         * that stays busy urges after WAL_URGE_DEFER_MAX_USEC at the latest. */
+         * one was handled journals first and their replies share one fdatasync. On a
+         * loop that stays busy, a reply queued WAL_URGE_DEFER_MAX_USEC after the deferral
+         * urges at once; the writer's lazy bound (WAL_WRITER_LAZY_USEC) holds anyway. */
         uint64_t now = now_usec(CLOCK_MONOTONIC);
         if (!g->urge || (g->urge_since > 0 && now - g->urge_since >= WAL_URGE_DEFER_MAX_USEC))
                 urge_now(g);
