@@ -687,6 +687,7 @@ START_TEST(test_introspection) {
 END_TEST
 
 int main(void) {
+        harness_require_bus(OVER_BUS_MODE);
         Suite *s = suite_create("feature");
         TCase *tc = tcase_create("feature");
         tcase_add_checked_fixture(tc, setup, teardown);

@@ -515,6 +515,7 @@ START_TEST(test_introspection) {
 END_TEST
 
 int main(void) {
+        harness_require_bus(OVER_BUS_MODE);
         Suite *s = suite_create("pages");
         TCase *tc = tcase_create("pages");
         tcase_add_checked_fixture(tc, setup, teardown);
