@@ -9,6 +9,7 @@
 
 #include "bus-error.h"
 #include "core/bus-objects.h"
+#include "core/client.h"
 #include "core/manager.h"
 #include "core/worker.h"
 #include "feature/bus-feature.h"
@@ -41,11 +42,47 @@ static const char *error_text(int error) {
         }
 }
 
+static int send_ready(Client *c, Feature *f) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *msg = NULL;
+        int r = sd_bus_message_new_signal(c->bus, &msg, FEATURE_PATH, FEATURE_IFACE, "FeatureReady");
+        if (r >= 0 && c->unique_name)
+                r = sd_bus_message_set_destination(msg, c->unique_name);
+        if (r >= 0)
+                r = sd_bus_message_append(msg, "sss", f->key, feature_state_to_string(f->state),
+                                          error_text(f->error));
+        if (r >= 0)
+                r = sd_bus_send(c->bus, msg, NULL);
+        return r;
+}
+
+/* FeatureReady goes to the clients that hold a handle on the feature (its producer,
+ * readers and waiters, pins), once each, as a unicast signal: a key is a content hash
+ * of someone's input, and nobody else learns that it was produced. */
 void bus_feature_emit_ready(Manager *m, Feature *f) {
-        int r = manager_emit_signal(m, FEATURE_PATH, FEATURE_IFACE, "FeatureReady", "sss", f->key,
-                                    feature_state_to_string(f->state), error_text(f->error));
-        if (r < 0)
-                log_debug_errno(r, "Cannot emit FeatureReady: %m");
+        FeatureManager *fm = feature_manager_get(m);
+        if (!fm)
+                return;
+        Hashmap *sent = hashmap_new(HASHMAP_KEY_U64, sizeof(uint64_t));
+        if (!sent) {
+                log_oom();
+                return;
+        }
+        FeatureHandle *h;
+        size_t it = 0;
+        while (hashmap_iterate(fm->handles, &it, (void **)&h, NULL)) {
+                Client *c = h->object.owner;
+                if (!h->ref || h->ref->feature != f || !c || !c->bus || hashmap_contains(sent, &c->serial))
+                        continue;
+                int r = hashmap_put(sent, &c->serial, c);
+                if (r < 0) {
+                        log_oom();
+                        break;
+                }
+                r = send_ready(c, f);
+                if (r < 0)
+                        log_debug_errno(r, "Cannot send FeatureReady to client %" PRIu64 ": %m", c->serial);
+        }
+        hashmap_free(sent);
 }
 
 /* The caller's handle named by id_str, or a named error. */

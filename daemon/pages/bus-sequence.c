@@ -303,10 +303,25 @@ static int property_sequences(sd_bus *bus, const char *path, const char *interfa
                               const char *property, sd_bus_message *reply, void *userdata,
                               sd_bus_error *error) {
         Manager *m = userdata;
+        sd_bus_message *msg = sd_bus_get_current_message(bus);
         Sequence *s;
         size_t it = 0;
-        int r = sd_bus_message_open_container(reply, 'a', "(oosuut)");
+        /* Root sees every sequence; anyone else those it may read itself (its own and
+         * those granted to it), as each sequence's own properties allow. */
+        sd_bus_creds *creds = NULL;
+        uid_t uid = 0;
+        int r = sd_bus_query_sender_creds(msg, SD_BUS_CREDS_EUID, &creds);
+        if (r >= 0)
+                r = sd_bus_creds_get_euid(creds, &uid);
+        sd_bus_creds_unref(creds);
+        if (r < 0)
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                     "The caller's uid cannot be read; Sequences is refused.");
+        Client *c = uid == 0 ? NULL : manager_client_lookup_message(m, msg);
+        r = sd_bus_message_open_container(reply, 'a', "(oosuut)");
         while (r >= 0 && hashmap_iterate(m->page_manager->sequences, &it, (void **)&s, NULL)) {
+                if (uid != 0 && page_manager_check_access(s, c, SEQUENCE_ACCESS_READ) < 0)
+                        continue;
                 Arena *a = page_manager_sequence_arena(m->page_manager, s);
                 r = sd_bus_message_append(reply, "(oosuut)", s->path, owner_path(s), a ? a->name : "",
                                           (uint32_t)s->n_pages, (uint32_t)sequence_shared_pages(s),

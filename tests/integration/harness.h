@@ -27,13 +27,20 @@ const char *harness_epdd(void);
 /* Creates the directory and writes a config with the socket in it, SystemBus=no, plus
  * `extra` (more INI text, may be NULL). */
 int harness_init(Harness *h, const char *extra);
-/* Starts a private dbus-daemon (system-bus-like, but allowing everything). */
+/* A test that runs over a private dbus-daemon calls this in main(), before its suite:
+ * without a dbus-daemon in PATH the whole test exits 77 (skip) with its reason, rather
+ * than each case failing inside check's forked child. No-op when !over_bus. */
+void harness_require_bus(bool over_bus);
+/* Starts a private dbus-daemon (system-bus-like, but allowing everything), the one
+ * found in PATH; -ENOENT when there is none. */
 int harness_start_bus(Harness *h);
 /* Starts epdd (on the private bus too if one runs) and waits until it serves. Extra
  * arguments, NULL-terminated, are appended. */
 int harness_start_epdd(Harness *h, const char *const *extra_args);
 /* SIGTERM; waits up to 10 s; returns epdd's exit status (0 = clean). */
 int harness_stop_epdd(Harness *h);
+/* Whether epdd's log (its stderr) has a line containing `needle`. */
+bool harness_log_has(Harness *h, const char *needle);
 /* Stops everything and removes the directory. */
 void harness_done(Harness *h);
 

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "epd-internal.h"
 #include "epd/epd-feature.h"
 #include "feature/feature-store.h"
 #include "harness.h"
@@ -686,7 +687,83 @@ START_TEST(test_introspection) {
 }
 END_TEST
 
+static int count_ready(sd_bus_message *m, void *userdata, sd_bus_error *e) {
+        (*(unsigned *)userdata)++;
+        return 0;
+}
+
+/* FeatureReady reaches the clients holding the feature (its waiter here), never a
+ * connection that holds nothing: a key is a content hash of someone's input. */
+START_TEST(test_ready_only_to_holders) {
+        const char *key = "sha256:private-ready";
+        epd_client *enc = worker("encoder"), *pre = worker("prefill"), *other = worker("decode");
+        epd_feature *fe, *fw;
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(10, t, &bytes);
+        unsigned got_waiter = 0, got_other = 0, got_raw = 0;
+        sd_bus_slot *s1 = NULL, *s2 = NULL, *s3 = NULL;
+        sd_bus *raw;
+
+        ck_assert_int_eq(epd_feature_acquire(enc, key, true, &fe), 0);
+        ck_assert_str_eq(fe->result, "produce");
+        ck_assert_int_eq(epd_feature_produce(enc, fe, bytes, t, n, NULL), 0);
+        fill(fe->data, bytes, 5);
+        ck_assert_int_eq(epd_feature_acquire(pre, key, false, &fw), 0);
+        ck_assert_str_eq(fw->result, "wait");
+
+        ck_assert_int_ge(sd_bus_match_signal(pre->bus, &s1, NULL, "/org/epd1/feature", "org.epd1.Feature",
+                                             "FeatureReady", count_ready, &got_waiter), 0);
+        ck_assert_int_ge(sd_bus_match_signal(other->bus, &s2, NULL, "/org/epd1/feature", "org.epd1.Feature",
+                                             "FeatureReady", count_ready, &got_other), 0);
+        ck_assert_int_ge(harness_raw_bus(&h, &raw), 0);
+        ck_assert_int_ge(sd_bus_match_signal(raw, &s3, NULL, "/org/epd1/feature", "org.epd1.Feature",
+                                             "FeatureReady", count_ready, &got_raw), 0);
+        /* The match rules are in place at the bus before the publish. */
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        uint64_t v;
+        ck_assert_int_ge(sd_bus_get_property_trivial(raw, harness_destination(&h), "/org/epd1/feature",
+                                                     "org.epd1.Feature", "Produced", &e, 't', &v), 0);
+
+        ck_assert_int_eq(epd_feature_publish(enc, fe, 1000), 0);
+
+        /* The waiter gets its signal. */
+        for (int i = 0; i < 500 && got_waiter == 0; i++) {
+                while (sd_bus_process(pre->bus, NULL) > 0)
+                        ;
+                if (got_waiter == 0)
+                        (void)sd_bus_wait(pre->bus, 10000);
+        }
+        ck_assert_uint_eq(got_waiter, 1);
+
+        /* A round trip to epdd on each other connection: its reply comes after anything
+         * epdd sent that connection before, so a FeatureReady would be queued by now. */
+        ck_assert_int_ge(sd_bus_get_property_trivial(raw, harness_destination(&h), "/org/epd1/feature",
+                                                     "org.epd1.Feature", "Produced", &e, 't', &v), 0);
+        ck_assert_uint_eq(v, 1);
+        while (sd_bus_process(raw, NULL) > 0)
+                ;
+        ck_assert_int_ge(sd_bus_get_property_trivial(other->bus, harness_destination(&h), "/org/epd1/feature",
+                                                     "org.epd1.Feature", "Produced", &e, 't', &v), 0);
+        while (sd_bus_process(other->bus, NULL) > 0)
+                ;
+        ck_assert_msg(got_raw == 0, "a connection holding nothing received FeatureReady for %s", key);
+        ck_assert_msg(got_other == 0, "a worker holding nothing received FeatureReady for %s", key);
+
+        sd_bus_slot_unref(s1);
+        sd_bus_slot_unref(s2);
+        sd_bus_slot_unref(s3);
+        sd_bus_flush_close_unref(raw);
+        epd_feature_release(pre, fw);
+        epd_feature_release(enc, fe);
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+        epd_disconnect(other);
+}
+END_TEST
+
 int main(void) {
+        harness_require_bus(OVER_BUS_MODE);
         Suite *s = suite_create("feature");
         TCase *tc = tcase_create("feature");
         tcase_add_checked_fixture(tc, setup, teardown);
@@ -694,6 +771,7 @@ int main(void) {
         tcase_add_test(tc, test_publish_then_hit);
         tcase_add_test(tc, test_bad_descriptor);
         tcase_add_test(tc, test_coalescing);
+        tcase_add_test(tc, test_ready_only_to_holders);
         tcase_add_test(tc, test_producer_killed);
         tcase_add_test(tc, test_prefetch_pin_store);
         tcase_add_test(tc, test_load_off_loop);

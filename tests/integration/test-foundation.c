@@ -201,6 +201,7 @@ START_TEST(test_introspection) {
 END_TEST
 
 int main(void) {
+        harness_require_bus(OVER_BUS_MODE);
         Suite *s = suite_create("foundation");
         TCase *tc = tcase_create("foundation");
         tcase_add_checked_fixture(tc, setup, teardown);

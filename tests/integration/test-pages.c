@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -308,6 +310,43 @@ static void expect_seq_error(sd_bus *bus, const char *path, const char *name, co
         sd_bus_message_unref(reply);
 }
 
+/* Entries of Pages.Sequences read on a connection of its own by uid (a forked child
+ * running as that uid when it is not ours), or -1 when the read fails. */
+static int sequences_seen_by(uid_t uid) {
+        int fds[2];
+        ck_assert_int_eq(pipe(fds), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                close(fds[0]);
+                int n = -1;
+                sd_bus *raw = NULL;
+                sd_bus_message *reply = NULL;
+                sd_bus_error e = SD_BUS_ERROR_NULL;
+                if (uid != geteuid() && (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 ||
+                                         setresuid(uid, uid, uid) < 0))
+                        _exit(2);
+                if (harness_raw_bus(&h, &raw) >= 0 &&
+                    sd_bus_get_property(raw, harness_destination(&h), "/org/epd1/pages", "org.epd1.Pages",
+                                        "Sequences", &e, &reply, "a(oosuut)") >= 0 &&
+                    sd_bus_message_enter_container(reply, 'a', "(oosuut)") >= 0) {
+                        n = 0;
+                        while (sd_bus_message_skip(reply, "(oosuut)") > 0)
+                                n++;
+                } else
+                        fprintf(stderr, "Sequences as uid %u: %s\n", (unsigned)uid, e.message ? e.message : "no bus");
+                if (write(fds[1], &n, sizeof n) != sizeof n)
+                        _exit(3);
+                _exit(0);
+        }
+        close(fds[1]);
+        int n = -2, status;
+        ck_assert_int_eq(read(fds[0], &n, sizeof n), (ssize_t)sizeof n);
+        close(fds[0]);
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        return n;
+}
+
 START_TEST(test_other_client_needs_grant) {
         epd_client *a = worker("prefill", NULL, NULL), *b = worker("decode", NULL, NULL);
         char *seq = NULL, *mine = NULL, *stolen = NULL;
@@ -316,6 +355,21 @@ START_TEST(test_other_client_needs_grant) {
         sd_bus *raw;
 
         ck_assert_int_eq(epd_sequence_create(a, "host0", 3, &seq, NULL, NULL), 0);
+
+        /* Pages.Sequences lists, to anyone but root, only what the caller may read:
+         * another uid (here nobody, let through the directory and sockets) sees
+         * nothing of A's, where each sequence's Owner refuses it too. */
+        if (geteuid() == 0) {
+                char bus_sock[320];
+                ck_assert_int_eq(chmod(h.dir, 0711), 0);
+                ck_assert_int_eq(chmod(h.socket, 0666), 0);
+                snprintf(bus_sock, sizeof bus_sock, "%s/dbus.sock", h.dir);
+                if (h.bus_address[0])
+                        ck_assert_int_eq(chmod(bus_sock, 0666), 0);
+                ck_assert_int_eq(sequences_seen_by(0), 1);
+                ck_assert_int_eq(sequences_seen_by(65534), 0);
+        } else
+                ck_assert_int_eq(sequences_seen_by(geteuid()), 0);
 
         /* B: every method and property is refused by name. */
         ck_assert_int_eq(epd_sequence_append(b, seq, 1, NULL, NULL), -EPERM);
@@ -609,6 +663,7 @@ START_TEST(test_ready_requests_share_sync) {
 END_TEST
 
 int main(void) {
+        harness_require_bus(OVER_BUS_MODE);
         Suite *s = suite_create("pages");
         TCase *tc = tcase_create("pages");
         tcase_add_checked_fixture(tc, setup, teardown);

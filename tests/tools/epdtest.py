@@ -125,17 +125,14 @@ class Pair:
         fd = os.open(key, os.O_WRONLY | os.O_CREAT, 0o600)
         os.write(fd, os.urandom(32).hex().encode())
         os.close(fd)
-        ports = [free_port(), free_port()]
-        names = ["alpha", "bravo"]
-        self.daemons = []
-        for i in (0, 1):
-            d = os.path.join(self.dir, names[i])
-            os.mkdir(d)
-            j = 1 - i
-            self.daemons.append(Daemon(
-                f"[Cluster]\nListen=127.0.0.1:{ports[i]}\nClusterKeyFile={key}\nHeartbeatInterval=2s\n"
-                f"[Peer:{names[j]}]\nAddress=127.0.0.1:{ports[j]}\nHostId={names[j]}\n{extra_conf}",
-                host_id=names[i], directory=d))
+        # Each names the other's port in its config, so both ports are chosen before
+        # either binds: one that another process took in between (tests run in
+        # parallel) is retried with other ports, never reported as a failure.
+        for attempt in range(20):
+            if self._start(key, extra_conf, attempt):
+                break
+        else:
+            raise RuntimeError("no free pair of ports in 20 attempts")
         self.alpha, self.bravo = self.daemons
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
@@ -143,6 +140,28 @@ class Pair:
                 return
             time.sleep(0.05)
         raise RuntimeError("the two daemons did not connect: " + self.alpha.log_text()[-1500:])
+
+    def _start(self, key, extra_conf, attempt):
+        ports = [free_port(), free_port()]
+        names = ["alpha", "bravo"]
+        self.daemons = []
+        for i in (0, 1):
+            d = os.path.join(self.dir, f"{names[i]}-{attempt}" if attempt else names[i])
+            os.mkdir(d)
+            j = 1 - i
+            try:
+                self.daemons.append(Daemon(
+                    f"[Cluster]\nListen=127.0.0.1:{ports[i]}\nClusterKeyFile={key}\nHeartbeatInterval=2s\n"
+                    f"[Peer:{names[j]}]\nAddress=127.0.0.1:{ports[j]}\nHostId={names[j]}\n{extra_conf}",
+                    host_id=names[i], directory=d))
+            except RuntimeError as e:
+                for x in self.daemons:
+                    x.close()
+                if "Address already in use" not in str(e):
+                    raise
+                print(f"port {ports[i]} was taken before epdd bound it; trying others", file=sys.stderr)
+                return False
+        return True
 
     def close(self):
         for d in self.daemons:
