@@ -1,12 +1,16 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "epd-internal.h"
 #include "epd/epd-gpu.h"
+#include "epd/handoff.h"
+#include "id.h"
 #include "system.h"
 #include "kvcopy.h"
 #include "macro.h"
@@ -332,3 +336,259 @@ int epd_kv_read_host(const uint64_t *page_addresses, size_t n_pages, uint64_t pa
 
 _Static_assert(sizeof(epd_kv_rows) == sizeof(GpuKvRows) && offsetof(epd_kv_rows, v_offset) == offsetof(GpuKvRows, v_offset),
                "epd_kv_rows is GpuKvRows");
+
+/* ---- layer groups reported ready from the GPU (epd_gpu_notifier_*) ---- */
+
+#define NOTIFIER_RING_FULL_USEC 1000000ULL /* how long a full ring is retried */
+
+typedef struct Notice {
+        CUevent event;
+        EpdId request;
+        uint64_t token;
+        uint32_t group;
+} Notice;
+
+struct EpdGpuNotifier {
+        EpdGpu *gpu;
+        int ordinal;
+        epd_ring_client *ring;
+        pthread_t thread;
+        pthread_mutex_t lock;
+        pthread_cond_t more;     /* a notice was queued, or stop */
+        pthread_cond_t finished; /* a notice was dealt with */
+        Notice *queue;           /* circular: [head, head + len) */
+        size_t cap, head, len;
+        CUevent *spare;          /* recorded and waited for: reused */
+        size_t n_spare, cap_spare;
+        uint64_t asked, done, submitted;
+        int error;               /* the first since the last flush */
+        bool stop;
+};
+
+static uint64_t mono_usec(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000ULL;
+}
+
+/* Submits the notice's LayerGroupReady, retrying a full ring for a while (the daemon
+ * drains it on its loop). */
+static int notice_submit(epd_ring_client *ring, const Notice *q) {
+        struct epd_ring_record rec;
+        uint64_t deadline = 0;
+
+        epd_ring_record_layer_group_ready(&rec, q->request.bytes, q->token, q->group, 0);
+        for (;;) {
+                int e = epd_ring_submit(ring, &rec);
+                if (e != -EAGAIN)
+                        return e;
+                uint64_t now = mono_usec();
+                if (deadline == 0)
+                        deadline = now + NOTIFIER_RING_FULL_USEC;
+                else if (now >= deadline)
+                        return -EAGAIN;
+                usleep(50);
+        }
+}
+
+static void *notifier_thread(void *userdata) {
+        EpdGpuNotifier *n = userdata;
+        GpuSystem *s = n->gpu->system;
+        int ctx = gpu_device_make_current(s, &s->devices[n->ordinal]);
+
+        pthread_mutex_lock(&n->lock);
+        for (;;) {
+                while (n->len == 0 && !n->stop)
+                        pthread_cond_wait(&n->more, &n->lock);
+                if (n->len == 0)
+                        break;
+                Notice q = n->queue[n->head];
+                pthread_mutex_unlock(&n->lock);
+
+                int e = ctx < 0 ? ctx : CU(s->driver, cuEventSynchronize, q.event);
+                if (e >= 0)
+                        e = notice_submit(n->ring, &q);
+
+                pthread_mutex_lock(&n->lock);
+                n->head = (n->head + 1) % n->cap;
+                n->len--;
+                n->spare[n->n_spare++] = q.event; /* room: every event is spare or queued */
+                n->done++;
+                if (e < 0) {
+                        if (n->error == 0)
+                                n->error = e;
+                } else
+                        n->submitted++;
+                pthread_cond_broadcast(&n->finished);
+        }
+        pthread_mutex_unlock(&n->lock);
+        return NULL;
+}
+
+int epd_gpu_notifier_new(EpdGpu *g, int ordinal, struct epd_ring_client *ring, EpdGpuNotifier **ret) {
+        EpdGpuNotifier *n;
+        pthread_condattr_t attr;
+        int r;
+
+        if (!g || g->closing || !ring || !ret || ordinal < 0 || (size_t)ordinal >= g->system->n_devices)
+                return -EINVAL;
+        n = calloc(1, sizeof *n);
+        if (!n)
+                return -ENOMEM;
+        n->gpu = g;
+        n->ordinal = ordinal;
+        n->ring = ring;
+        pthread_mutex_init(&n->lock, NULL);
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&n->more, &attr);
+        pthread_cond_init(&n->finished, &attr);
+        pthread_condattr_destroy(&attr);
+        r = -pthread_create(&n->thread, NULL, notifier_thread, n);
+        if (r < 0) {
+                pthread_cond_destroy(&n->more);
+                pthread_cond_destroy(&n->finished);
+                pthread_mutex_destroy(&n->lock);
+                free(n);
+                return r;
+        }
+        g->n_mappings++; /* the handle lives as long as the notifier */
+        *ret = n;
+        return 0;
+}
+
+/* Room for one more queued notice and its event (under the lock). */
+static int notifier_reserve(EpdGpuNotifier *n) {
+        if (n->len == n->cap) {
+                size_t cap = n->cap ? 2 * n->cap : 16;
+                Notice *q = malloc(cap * sizeof *q);
+                if (!q)
+                        return -ENOMEM;
+                for (size_t i = 0; i < n->len; i++)
+                        q[i] = n->queue[(n->head + i) % n->cap];
+                free(n->queue);
+                n->queue = q;
+                n->cap = cap;
+                n->head = 0;
+        }
+        if (n->cap_spare < n->cap) {
+                CUevent *sp = realloc(n->spare, n->cap * sizeof *sp);
+                if (!sp)
+                        return -ENOMEM;
+                n->spare = sp;
+                n->cap_spare = n->cap;
+        }
+        return 0;
+}
+
+int epd_gpu_notifier_ready_after(EpdGpuNotifier *n, uint64_t stream, const char *request_id, uint64_t token,
+                                 uint32_t group) {
+        GpuSystem *s;
+        Notice q = { .token = token, .group = group };
+        int e;
+
+        if (!n || !request_id || epd_id_from_string(request_id, &q.request) < 0)
+                return -EINVAL;
+        s = n->gpu->system;
+        e = gpu_device_make_current(s, &s->devices[n->ordinal]);
+        if (e < 0)
+                return e;
+
+        /* Under the lock throughout (the thread holds it only between events): the
+         * queue has room for this notice, and every event ever made is either queued or
+         * spare, so that `spare` always has room for the ones that come back. */
+        pthread_mutex_lock(&n->lock);
+        e = notifier_reserve(n);
+        if (e >= 0) {
+                if (n->n_spare > 0)
+                        q.event = n->spare[--n->n_spare];
+                else
+                        e = CU(s->driver, cuEventCreate, &q.event, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING);
+        }
+        if (e >= 0) {
+                e = CU(s->driver, cuEventRecord, q.event, (CUstream)(uintptr_t)stream);
+                if (e < 0)
+                        n->spare[n->n_spare++] = q.event;
+        }
+        if (e >= 0) {
+                n->queue[(n->head + n->len) % n->cap] = q;
+                n->len++;
+                n->asked++;
+                pthread_cond_signal(&n->more);
+        }
+        pthread_mutex_unlock(&n->lock);
+        return e < 0 ? e : 0;
+}
+
+int epd_gpu_notifier_flush(EpdGpuNotifier *n, uint64_t timeout_usec) {
+        struct timespec deadline;
+        int e = 0;
+
+        if (!n)
+                return -EINVAL;
+        if (timeout_usec != UINT64_MAX) {
+                clock_gettime(CLOCK_MONOTONIC, &deadline);
+                uint64_t ns = (uint64_t)deadline.tv_nsec + (timeout_usec % 1000000ULL) * 1000ULL;
+                deadline.tv_sec += (time_t)(timeout_usec / 1000000ULL + ns / 1000000000ULL);
+                deadline.tv_nsec = (long)(ns % 1000000000ULL);
+        }
+        pthread_mutex_lock(&n->lock);
+        uint64_t target = n->asked;
+        while (n->done < target && e == 0) {
+                if (timeout_usec == UINT64_MAX)
+                        pthread_cond_wait(&n->finished, &n->lock);
+                else if (pthread_cond_timedwait(&n->finished, &n->lock, &deadline) == ETIMEDOUT)
+                        e = -ETIMEDOUT;
+        }
+        if (e == 0) {
+                e = n->error;
+                n->error = 0;
+        }
+        pthread_mutex_unlock(&n->lock);
+        return e;
+}
+
+uint64_t epd_gpu_notifier_pending(EpdGpuNotifier *n) {
+        if (!n)
+                return 0;
+        pthread_mutex_lock(&n->lock);
+        uint64_t v = n->asked - n->done;
+        pthread_mutex_unlock(&n->lock);
+        return v;
+}
+
+uint64_t epd_gpu_notifier_submitted(EpdGpuNotifier *n) {
+        if (!n)
+                return 0;
+        pthread_mutex_lock(&n->lock);
+        uint64_t v = n->submitted;
+        pthread_mutex_unlock(&n->lock);
+        return v;
+}
+
+EpdGpuNotifier *epd_gpu_notifier_free(EpdGpuNotifier *n) {
+        EpdGpu *g;
+
+        if (!n)
+                return NULL;
+        (void)epd_gpu_notifier_flush(n, UINT64_MAX);
+        pthread_mutex_lock(&n->lock);
+        n->stop = true;
+        pthread_cond_signal(&n->more);
+        pthread_mutex_unlock(&n->lock);
+        pthread_join(n->thread, NULL);
+
+        g = n->gpu;
+        if (n->n_spare > 0 && gpu_device_make_current(g->system, &g->system->devices[n->ordinal]) >= 0)
+                for (size_t i = 0; i < n->n_spare; i++)
+                        (void)CU(g->system->driver, cuEventDestroy, n->spare[i]);
+        free(n->spare);
+        free(n->queue);
+        pthread_cond_destroy(&n->more);
+        pthread_cond_destroy(&n->finished);
+        pthread_mutex_destroy(&n->lock);
+        free(n);
+        if (--g->n_mappings == 0 && g->closing)
+                epd_gpu_free(g);
+        return NULL;
+}

@@ -258,6 +258,7 @@ epd_ring_client *epd_ring_close(epd_ring_client *r) {
                 close(r->submit_fd);
         if (r->complete_fd >= 0)
                 close(r->complete_fd);
+        pthread_mutex_destroy(&r->submit_lock);
         free(r);
         return NULL;
 }
@@ -277,6 +278,7 @@ int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_r
                 return epd__error(c, -ENOMEM, NULL);
         }
         rc->memfd = rc->submit_fd = rc->complete_fd = -1;
+        pthread_mutex_init(&rc->submit_lock, NULL);
         r = sd_bus_message_read(reply, "hhht", &fds[0], &fds[1], &fds[2], &size);
         if (r >= 0) {
                 /* The message owns its fds: keep duplicates. */
@@ -306,7 +308,9 @@ int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_r
 int epd_ring_submit(epd_ring_client *r, const struct epd_ring_record *rec) {
         if (!r || !rec)
                 return -EINVAL;
+        pthread_mutex_lock(&r->submit_lock);
         int e = epd_ring_produce(&r->ring.sq, rec);
+        pthread_mutex_unlock(&r->submit_lock);
         if (e < 0)
                 return e;
         uint64_t one = 1;

@@ -29,7 +29,7 @@ static void help(void) {
                "     --state-directory=DIR  The WAL's directory (default " EPD_STATE_DIR ")\n"
                "     --host-id=ID           This host's id in a cluster\n"
                "     --log-level=LEVEL      emerg..debug\n"
-               "     --check-config         Validate the configuration and exit\n"
+               "     --check-config         Run start-up's checks of the configuration and exit\n"
                "  -h --help                 Show this help\n"
                "     --version              Show the version\n");
 }
@@ -122,12 +122,6 @@ int main(int argc, char *argv[]) {
         r = manager_new(&m, arg_config);
         if (r < 0)
                 return EXIT_FAILURE;
-        if (arg_check_config) {
-                printf("Configuration OK: %zu arena(s), %zu peer(s).\n", m->config.n_arenas,
-                       m->config.n_peers);
-                manager_free(m);
-                return EXIT_SUCCESS;
-        }
         if ((arg_bus_address && replace(&m->config.bus_address, arg_bus_address) < 0) ||
             (arg_socket && replace(&m->config.socket_path, arg_socket) < 0) ||
             (arg_host_id && replace(&m->config.host_id, arg_host_id) < 0) ||
@@ -141,6 +135,17 @@ int main(int argc, char *argv[]) {
         if (arg_system_bus >= 0)
                 m->config.system_bus = arg_system_bus;
 
+        if (arg_check_config) {
+                /* The checks start-up runs first, with its messages; nothing is bound,
+                 * created or written (no socket, runtime or state directory). */
+                log_set_max_level(m->config.log_level);
+                r = manager_verify(m);
+                if (r >= 0)
+                        printf("Configuration OK: %zu arena(s), %zu peer(s).\n", m->config.n_arenas,
+                               m->config.n_peers);
+                manager_free(m);
+                return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+        }
         r = manager_startup(m);
         if (r >= 0)
                 r = manager_run(m);

@@ -12,8 +12,8 @@
 #include "log.h"
 
 /* Pinned descriptor slots for the batched copy kernel, per device. */
-#define DESC_SLOTS 16U
-#define DESC_SLOT_CHUNKS 16384U
+#define DESC_SLOTS 64U
+#define DESC_SLOT_CHUNKS 4096U
 #define ARENAS_PER_JOB_INLINE 4U
 
 typedef struct GpuCopyJob GpuCopyJob;

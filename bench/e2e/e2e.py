@@ -109,7 +109,14 @@ def summarize(name, results, wall):
         # The KV sink's parts: the writes (one launch per layer) and the groups' events
         # and ready notices.
         sparts = [r["prefill"].get("sink_detail") or {} for r in results]
-        row["kv_sink_ms"] = {k: 1e3 * mean(p.get(k, 0.0) for p in sparts) for k in ("write", "notice")}
+        row["kv_sink_ms"] = {k: 1e3 * mean(p.get(k, 0.0) for p in sparts)
+                             for k in ("write", "notice", "setup", "setup_wait")}
+        # The encoder's epd calls: Acquire, Publish, Release (its time less the image and
+        # its key, and less the vision tower with the reserve and the copy into the arena).
+        encs = [r["encode"] for r in results if r.get("encode", {}).get("result") == "produced"]
+        row["encoder_epd_ms"] = (1e3 * mean(e["t"] - e["encode_s"] - e.get("key_s", 0.0) for e in encs)
+                                 if encs else 0.0)
+        row["encoder_key_ms"] = 1e3 * mean(e.get("key_s", 0.0) for e in encs) if encs else 0.0
         row["kv_sink_ms"]["groups"] = mean(p.get("groups", 0) for p in sparts)
         row["kv_bytes"] = sum(r["prefill"]["kv_bytes"] for r in results)
         row["encoder_hits"] = sum(1 for r in results if r.get("encode", {}).get("result") == "hit")
@@ -435,8 +442,11 @@ def main():
             if "kv_sink_ms" in r:
                 ks, ff = r["kv_sink_ms"], r.get("feature_fetch_ms", {})
                 print(f"parts ({r['config']}): KV sink writes {ks['write']:.2f} ms, events and notices "
-                      f"{ks['notice']:.2f} ms, {ks['groups']:.0f} groups; feature fetch acquire "
-                      f"{ff.get('acquire', 0):.2f} ms, wait {ff.get('wait', 0):.2f} ms, read {ff.get('read', 0):.2f} ms")
+                      f"{ks['notice']:.2f} ms, {ks['groups']:.0f} groups, sequence + Prepare "
+                      f"{ks.get('setup', 0):.2f} ms (on a thread; the first layer waited {ks.get('setup_wait', 0):.2f} ms); "
+                      f"feature fetch acquire {ff.get('acquire', 0):.2f} ms, wait {ff.get('wait', 0):.2f} ms, "
+                      f"read {ff.get('read', 0):.2f} ms; encoder: image + key {r.get('encoder_key_ms', 0):.2f} ms, "
+                      f"Acquire + Publish + Release {r.get('encoder_epd_ms', 0):.2f} ms")
         for r in out["bench"]:
             if "workflow" in r:
                 print(f"workflow ({r['config']}): {json.dumps(r['workflow'])}")

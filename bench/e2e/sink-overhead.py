@@ -53,6 +53,41 @@ def main():
         kv.write(layer, ks[layer], vs[layer])
     torch.cuda.synchronize()
 
+    # The parts of a write on the host: the stream lookup, and a bare torch launch of
+    # one small kernel (what any launch from Python costs here) as the reference.
+    tiny = torch.zeros(16, device="cuda")
+    n = 1000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        C._stream_of(ks[0])
+    stream_us = 1e6 * (time.perf_counter() - t0) / n
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        tiny.zero_()
+    torch_launch_us = 1e6 * (time.perf_counter() - t0) / n
+    torch.cuda.synchronize()
+
+    # Groups reported ready through libepd's notifier (an event recorded per group, the
+    # ring submission on its thread), one group per layer, against a real local handoff.
+    from epd.handoff import Handoff, Ring
+    ring = Ring(client)
+    notifier = C._notifier(ring, kv._m.ordinal)
+    notify_us = []
+    for rep in range(a.reps):
+        rid = "%032x" % (0x5e0000 + rep)
+        h = Handoff.prepare(client, rid, "", seq.path, [1] * a.layers)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for layer in range(a.layers):
+            notifier.ready_after(C._stream_of(ks[0]), rid.encode(), h.token, layer)
+        notify_us.append(1e6 * (time.perf_counter() - t0) / a.layers)
+        notifier.flush(10)
+        h.rollback()
+        h.release()
+    C.close_notifiers(ring)
+    ring.close()
+
     write_us, event_us, gpu_us = [], [], []
     for _ in range(a.reps):
         torch.cuda.synchronize()
@@ -85,6 +120,9 @@ def main():
           f"{statistics.median(gpu_us):.1f} us; a forward pass: host "
           f"{a.layers * (statistics.median(write_us) + statistics.median(event_us)) / 1e3:.2f} ms, "
           f"GPU {a.layers * statistics.median(gpu_us) / 1e3:.2f} ms")
+    print(f"sink overhead parts (host, per call): notifier ready_after {statistics.median(notify_us):.1f} us "
+          f"(the events path above: record+query); stream lookup {stream_us:.2f} us; a bare torch launch "
+          f"(zero_ of 16 floats) {torch_launch_us:.1f} us")
 
 
 if __name__ == "__main__":

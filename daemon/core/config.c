@@ -8,11 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "macro.h"
 #include "parse-util.h"
+#include "peer/peer-proto.h"
 #include "sched/pool-select.h"
 #include "transport/rdma-select.h"
 
@@ -101,6 +103,23 @@ static int p_host_id(ParseState *s, const char *key, const char *value, void *ds
                              value);
                         return -EINVAL;
                 }
+        return set_string(dst, value);
+}
+
+/* A group name as useradd(8) takes it: a letter or '_', then letters, digits, '_', '-'
+ * or '.' (a trailing '$' aside), at most 32 bytes. Whether it exists is start-up's
+ * question (manager_verify()). */
+static int p_group(ParseState *s, const char *key, const char *value, void *dst) {
+        size_t n = strlen(value);
+        bool ok = n > 0 && n <= 32 && (isalpha((unsigned char)value[0]) || value[0] == '_');
+        for (size_t i = 1; ok && i < n; i++)
+                ok = isalnum((unsigned char)value[i]) || strchr("_-.", value[i]) ||
+                     (value[i] == '$' && i == n - 1);
+        if (!ok) {
+                perr(s, "%s=%s: expected a group name (a letter or '_', then letters, digits, '_', '-' or '.'; "
+                     "at most 32 bytes)", key, value);
+                return -EINVAL;
+        }
         return set_string(dst, value);
 }
 
@@ -213,12 +232,16 @@ static int p_int_node(ParseState *s, const char *key, const char *value, void *d
         return 0;
 }
 
+/* [Cluster] Listen= and [Peer:NAME] Address=: what the peer layer will bind or dial,
+ * parsed by the very function it uses (peer_address_parse(): a numeric IPv4 address or
+ * a bracketed IPv6 one, and a port; host names are not resolved), so that a file the
+ * parser accepts is one the peer layer takes. */
 static int p_address(ParseState *s, const char *key, const char *value, void *dst) {
-        const char *colon = strrchr(value, ':');
-        uint32_t port;
-        if (!colon || colon == value || parse_u32(colon + 1, &port) < 0 || port == 0 ||
-            port > 65535) {
-                perr(s, "%s=%s: expected HOST:PORT with a port from 1 to 65535", key, value);
+        struct sockaddr_storage sa;
+        unsigned sl;
+        if (peer_address_parse(value, &sa, &sl) < 0) {
+                perr(s, "%s=%s: expected a numeric IPv4 address and a port (10.0.0.1:7199) or [IPV6]:PORT, "
+                     "port 1 to 65535; host names are not resolved", key, value);
                 return -EINVAL;
         }
         return set_string(dst, value);
@@ -437,6 +460,7 @@ typedef struct ConfigItem {
 static const ConfigItem items[] = {
         { "Daemon", "HostId", p_host_id, C(host_id) },
         { "Daemon", "Socket", p_path, C(socket_path) },
+        { "Daemon", "SocketGroup", p_group, C(socket_group) },
         { "Daemon", "BusAddress", p_string, C(bus_address) },
         { "Daemon", "SystemBus", p_bool, C(system_bus) },
         { "Daemon", "LogLevel", p_log_level, C(log_level) },
@@ -606,6 +630,7 @@ int config_defaults(Config *c) {
 void config_done(Config *c) {
         free(c->host_id);
         free(c->socket_path);
+        free(c->socket_group);
         free(c->bus_address);
         free(c->state_dir);
         for (size_t i = 0; i < c->n_arenas; i++)
@@ -933,7 +958,17 @@ int config_parse_file(Config *c, const char *path, char **errors) {
                 text[len] = 0;
         if (!text)
                 return -ENOMEM;
-        if (strlen(text) != len)
-                return -EBADMSG; /* NUL bytes */
+        size_t nul = strlen(text);
+        if (nul != len) {
+                /* Reported as any other error, with its file and line. */
+                unsigned line = 1;
+                for (size_t i = 0; i < nul; i++)
+                        line += text[i] == '\n';
+                if (errors && asprintf(errors, "%s:%u: a NUL byte: the file is not text\n", path, line) < 0) {
+                        *errors = NULL;
+                        return -ENOMEM;
+                }
+                return -EINVAL;
+        }
         return config_parse_string(c, text, path, errors);
 }

@@ -34,6 +34,7 @@ typedef struct Config {
         /* [Daemon] */
         char *host_id;           /* default: /etc/machine-id or hostname */
         char *socket_path;       /* direct socket, default /run/epd/bus */
+        char *socket_group;      /* SocketGroup=: the socket's group; NULL: "epd" if it exists */
         char *bus_address;       /* NULL: the system bus if there is one */
         bool system_bus;         /* try the system bus (default yes) */
         int log_level;

@@ -3,7 +3,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <inttypes.h>
+#include <libgen.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -224,6 +226,21 @@ static int mkdir_parents(const char *path, mode_t mode) {
         return 0;
 }
 
+/* Gives path (the socket or its directory) the socket's group. Refused (EPERM: epdd
+ * is neither root nor a member), SocketGroup= is an error; the default group epd is
+ * not, and path keeps the daemon's group. */
+static int manager_chgrp_socket(Manager *m, const char *path) {
+        const char *name = m->config.socket_group ?: EPD_GROUP;
+        if (m->socket_gid == (gid_t)-1 ||
+            fchownat(AT_FDCWD, path, (uid_t)-1, m->socket_gid, AT_SYMLINK_NOFOLLOW) >= 0)
+                return 0;
+        if (errno == EPERM && !m->config.socket_group) {
+                log_notice_errno(errno, "Cannot give %s group %s (%m): it keeps the daemon's group.", path, name);
+                return 0;
+        }
+        return log_error_errno(errno, "Cannot give %s group %s: %m", path, name);
+}
+
 static int manager_listen_direct(Manager *m) {
         const char *path = m->config.socket_path;
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -247,6 +264,11 @@ static int manager_listen_direct(Manager *m) {
         umask(old);
         if (r < 0)
                 return log_error_errno(errno, "Cannot bind the direct socket %s: %m", path);
+        /* The group whose members may connect (docs/security.md), however epdd was
+         * started: as root by hand the socket would otherwise be root's. */
+        r = manager_chgrp_socket(m, path);
+        if (r < 0)
+                return r;
         if (listen(fd, SOMAXCONN) < 0)
                 return log_error_errno(errno, "listen() on %s: %m", path);
         r = sd_event_add_io(m->event, &m->direct_source, fd, EPOLLIN, on_direct_connection, m);
@@ -336,6 +358,7 @@ int manager_new(Manager **ret, const char *config_path) {
         if (!m)
                 return log_oom();
         m->direct_fd = m->socket_lock_fd = m->state_lock_fd = -EBADF;
+        m->socket_gid = (gid_t)-1;
         r = config_defaults(&m->config);
         if (r < 0)
                 return log_oom();
@@ -374,6 +397,104 @@ int manager_new(Manager **ret, const char *config_path) {
         return 0;
 }
 
+/* The socket's directory: mode 0750 and the socket's group, so that members of the
+ * group (and nobody else) can reach the socket; docs/security.md. Set on a directory
+ * epdd makes, and on the default runtime directory (/run/epd) when it is epdd's own
+ * (as an earlier epdd started by hand may have left it); any other directory that
+ * already exists is the administrator's and is left as it is. */
+static int manager_make_socket_dir(Manager *m) {
+        const char *path = m->config.socket_path;
+        _cleanup_(freep) char *d = strdup(path), *d_default = strdup(EPD_SOCKET_PATH);
+        struct stat st;
+        int r;
+
+        if (!d || !d_default)
+                return log_oom();
+        const char *dir = dirname(d), *dir_default = dirname(d_default);
+        r = mkdir_parents(dir, 0755);
+        if (r < 0)
+                return log_error_errno(r, "Cannot create the directory of %s: %m", path);
+        bool made = mkdir(dir, 0750) == 0;
+        if (!made && errno != EEXIST)
+                return log_error_errno(errno, "Cannot create the directory of %s: %m", path);
+        if (!made && (strcmp(dir, dir_default) != 0 || stat(dir, &st) < 0 || !S_ISDIR(st.st_mode) ||
+                      st.st_uid != geteuid()))
+                return 0;
+        r = manager_chgrp_socket(m, dir);
+        if (r < 0)
+                return r;
+        /* Not the umask's: exactly 0750. */
+        if (chmod(dir, 0750) < 0)
+                return log_error_errno(errno, "Cannot make %s mode 0750: %m", dir);
+        return 0;
+}
+
+/* SocketGroup=, or group epd where it exists; a SocketGroup= that does not exist is an
+ * error. Without either, the socket keeps epdd's own group (root's, started by hand). */
+static int manager_resolve_socket_group(Manager *m) {
+        const char *name = m->config.socket_group ?: EPD_GROUP;
+        struct group grp, *g = NULL;
+        char buf[16384];
+        int r = getgrnam_r(name, &grp, buf, sizeof buf, &g);
+
+        m->socket_gid = (gid_t)-1;
+        if (r == 0 && g) {
+                m->socket_gid = g->gr_gid;
+                return 0;
+        }
+        if (m->config.socket_group) {
+                if (r != 0)
+                        return log_error_errno(r, "[Daemon] SocketGroup=%s: cannot look the group up: %m", name);
+                return log_error_errno(ENOENT, "[Daemon] SocketGroup=%s: no such group.", name);
+        }
+        log_debug("No group %s: the direct socket keeps the daemon's group.", name);
+        return 0;
+}
+
+/* What arena_new_host() refuses of a host arena's size, without making it. */
+static int manager_verify_arenas(Manager *m) {
+        for (size_t i = 0; i < m->config.n_arenas; i++) {
+                const ArenaConfig *c = &m->config.arenas[i];
+                uint64_t size;
+                int r;
+                if (c->domain != MEMORY_HOST)
+                        continue;
+                r = arena_size_round(c->size, 4096, &size); /* arena.c: HOST_PAGE */
+                if (r < 0)
+                        return log_error_errno(r, "Arena '%s': Size=%" PRIu64 " is out of range: %m", c->name, c->size);
+        }
+        return 0;
+}
+
+int manager_verify(Manager *m) {
+        int r;
+        if (!m->config.host_id) {
+                r = host_id_default(&m->config.host_id);
+                if (r < 0)
+                        return log_oom();
+        }
+        /* A subsystem listed twice would register its bus objects twice and make every
+         * connection fail: refuse to start instead. */
+        for (size_t i = 0; subsystems[i]; i++)
+                for (size_t j = i + 1; subsystems[j]; j++)
+                        if (subsystems[i] == subsystems[j])
+                                return log_error_errno(EINVAL, "Subsystem %s is listed twice in subsystem-list.h.",
+                                                       subsystems[i]->name);
+        r = manager_resolve_socket_group(m);
+        if (r < 0)
+                return r;
+        r = manager_verify_arenas(m);
+        if (r < 0)
+                return r;
+        FOREACH_SUBSYSTEM(s)
+                if (s->verify) {
+                        r = s->verify(m);
+                        if (r < 0)
+                                return r; /* logged */
+                }
+        return 0;
+}
+
 /* One daemon per socket and per state directory (core/lockfile.h). Taken before any
  * arena is made or any file of the state directory opened, so that a second epdd
  * started on the same socket or directory changes nothing of the first. */
@@ -385,9 +506,9 @@ static int manager_take_locks(Manager *m) {
         if (asprintf(&sock_lock, "%s.lock", m->config.socket_path) < 0 ||
             asprintf(&state_lock, "%s/epdd.lock", m->config.state_dir) < 0)
                 return log_oom();
-        r = mkdir_parents(m->config.socket_path, 0755);
+        r = manager_make_socket_dir(m);
         if (r < 0)
-                return log_error_errno(r, "Cannot create the directory of %s: %m", m->config.socket_path);
+                return r;
         r = lockfile_take(sock_lock, &holder);
         if (r == -EBUSY) {
                 if (holder > 0)
@@ -470,11 +591,10 @@ int manager_startup(Manager *m) {
         int r;
         m->started_usec = now_usec(CLOCK_REALTIME);
         log_set_max_level(m->config.log_level);
-        if (!m->config.host_id) {
-                r = host_id_default(&m->config.host_id);
-                if (r < 0)
-                        return log_oom();
-        }
+        /* The very checks `epdd --check-config` runs, before anything is made. */
+        r = manager_verify(m);
+        if (r < 0)
+                return r;
         (void)epd_bus_error_register();
 
         sigset_t mask;
@@ -488,14 +608,6 @@ int manager_startup(Manager *m) {
             (r = sd_event_add_signal(m->event, &m->sigint, SIGINT, on_signal, m)) < 0 ||
             (r = sd_event_add_signal(m->event, &m->sighup, SIGHUP, on_signal, m)) < 0)
                 return log_error_errno(r, "Cannot watch signals: %m");
-
-        /* A subsystem listed twice would register its bus objects twice and make every
-         * connection fail: refuse to start instead. */
-        for (size_t i = 0; subsystems[i]; i++)
-                for (size_t j = i + 1; subsystems[j]; j++)
-                        if (subsystems[i] == subsystems[j])
-                                return log_error_errno(EINVAL, "Subsystem %s is listed twice in subsystem-list.h.",
-                                                       subsystems[i]->name);
 
         r = manager_take_locks(m);
         if (r < 0)

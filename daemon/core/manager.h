@@ -46,6 +46,10 @@ typedef struct SubsystemArenas {
  * touch every other: each may be NULL. See manager.c:subsystems[]. */
 typedef struct Subsystem {
         const char *name;
+        /* Checks what init would refuse of m->config without side effects (no socket
+         * bound, no file written, no device opened) and logs why: run by
+         * manager_verify(), at start-up and by `epdd --check-config`. */
+        int (*verify)(Manager *m);
         int (*init)(Manager *m);                 /* after arenas, before the bus */
         void (*done)(Manager *m);                /* at shutdown, before arenas go */
         int (*add_bus)(Manager *m, sd_bus *bus); /* on every connection */
@@ -69,6 +73,7 @@ struct Manager {
         sd_bus *bus;                 /* system bus or --bus-address; may be NULL */
         int direct_fd;               /* listening direct socket */
         int socket_lock_fd;          /* <socket>.lock, held while serving (core/lockfile.h) */
+        gid_t socket_gid;            /* the socket's and its directory's group; -1: epdd's own */
         int state_lock_fd;           /* <StateDirectory>/epdd.lock */
         sd_event_source *direct_source;
         Hashmap *connections;        /* direct connections (manager.c: Connection) by serial */
@@ -105,6 +110,12 @@ int manager_new(Manager **ret, const char *config_path);
 /* The subsystems in start order, NULL-terminated (core/subsystem-list.h). */
 const Subsystem *const *manager_subsystems(void);
 Manager *manager_free(Manager *m);
+/* Everything start-up checks of the configuration that needs no socket bound and no
+ * state directory: the host id, the socket's group, the arenas' sizes, and each
+ * subsystem's verify hook (the cluster key loaded, peer addresses parsed, ...). Logs
+ * what is wrong, as start-up says it; manager_startup() runs it first, and
+ * `epdd --check-config` runs it alone. */
+int manager_verify(Manager *m);
 int manager_startup(Manager *m);
 int manager_run(Manager *m);
 int manager_reload(Manager *m);

@@ -5,7 +5,9 @@
 
 #include "peer/peer-auth.h"
 
-int peer_auth_key_load(const char *path, PeerAuthKey **ret) {
+int peer_auth_key_load(const char *path, PeerAuthKey **ret, const char **ret_why) {
+        if (ret_why)
+                *ret_why = "epd was built without libcrypto: no peer authentication";
         return -EOPNOTSUPP;
 }
 int peer_auth_key_from_bytes(const void *key, size_t n, PeerAuthKey **ret) {

@@ -39,24 +39,34 @@ PeerAuthKey *peer_auth_key_free(PeerAuthKey *k) {
         return NULL;
 }
 
-int peer_auth_key_load(const char *path, PeerAuthKey **ret) {
+int peer_auth_key_load(const char *path, PeerAuthKey **ret, const char **ret_why) {
         _cleanup_(closep) int fd = -EBADF;
         uint8_t buf[PEER_AUTH_KEY_MAX + 2];
         struct stat st;
+        const char *why_dummy;
         size_t n = 0;
         int r;
 
+        if (!ret_why)
+                ret_why = &why_dummy;
+        *ret_why = NULL;
         if (!path)
                 return -EINVAL;
-        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        /* O_NONBLOCK: a FIFO given as the key opens at once and is refused below. */
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
         if (fd < 0)
                 return -errno;
         if (fstat(fd, &st) < 0)
                 return -errno;
-        if (!S_ISREG(st.st_mode))
+        if (!S_ISREG(st.st_mode)) {
+                *ret_why = S_ISDIR(st.st_mode) ? "it is a directory, not a file"
+                                               : "it is not a regular file (a device, FIFO or socket)";
                 return -EINVAL;
-        if (st.st_mode & 0077)
+        }
+        if (st.st_mode & 0077) {
+                *ret_why = "it is readable or writable by group or others; chmod 600 it";
                 return -EPERM;
+        }
         for (;;) {
                 ssize_t l = read(fd, buf + n, sizeof buf - n);
                 if (l < 0) {
@@ -71,12 +81,20 @@ int peer_auth_key_load(const char *path, PeerAuthKey **ret) {
                 n += (size_t)l;
                 if (n == sizeof buf) {
                         OPENSSL_cleanse(buf, sizeof buf);
+                        *ret_why = "it is longer than 4096 bytes; a key is 16 to 4096 bytes";
                         return -EFBIG;
                 }
         }
         while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' ||
                          buf[n - 1] == '\t'))
                 n--;
+        if (n == 0)
+                *ret_why = "it is empty; a key is 16 to 4096 bytes (openssl rand -hex 32 > FILE)";
+        else if (n < PEER_AUTH_KEY_MIN)
+                *ret_why = "it holds fewer than 16 bytes (trailing whitespace aside); a key is 16 to 4096 "
+                           "bytes (openssl rand -hex 32 > FILE)";
+        else if (n > PEER_AUTH_KEY_MAX)
+                *ret_why = "it is longer than 4096 bytes; a key is 16 to 4096 bytes";
         r = peer_auth_key_from_bytes(buf, n, ret);
         OPENSSL_cleanse(buf, sizeof buf);
         return r;

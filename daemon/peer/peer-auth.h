@@ -42,8 +42,10 @@ typedef struct PeerAuthTranscript {
 
 /* The key is the file's content with trailing whitespace removed (e.g. the output of
  * `openssl rand -hex 32`), 16..4096 bytes. A file readable by other users is refused
- * (-EPERM). */
-int peer_auth_key_load(const char *path, PeerAuthKey **ret);
+ * (-EPERM); anything but a regular file (a directory, /dev/zero), or a key of the wrong
+ * length, is -EINVAL (-EFBIG: too long). ret_why (may be NULL) receives what is wrong in
+ * words for a refusal that is not a plain errno of open() or read(), else NULL. */
+int peer_auth_key_load(const char *path, PeerAuthKey **ret, const char **ret_why);
 int peer_auth_key_from_bytes(const void *key, size_t n, PeerAuthKey **ret);
 /* Wipes the key material. */
 PeerAuthKey *peer_auth_key_free(PeerAuthKey *k);

@@ -144,6 +144,46 @@ static int peer_new(PeerManager *pm, const char *name, const char *host_id, cons
         return 0;
 }
 
+int peer_manager_config_verify(const PeerManagerConfig *c, PeerAuthKey **ret_key) {
+        _cleanup_(peer_auth_key_freep) PeerAuthKey *key = NULL;
+        struct sockaddr_storage sa;
+        unsigned sl;
+        int r;
+
+        if (c->n_peers == 0 && !c->listen_address)
+                return 0;
+        if (!c->cluster_key_file)
+                return log_error_errno(EINVAL, "peer: [Cluster] ClusterKeyFile= is required with peers and Listen=");
+        const char *why = NULL;
+        r = peer_auth_key_load(c->cluster_key_file, &key, &why);
+        if (r < 0) {
+                if (why)
+                        return log_error_errno(r, "peer: cannot load the cluster key %s: %s", c->cluster_key_file,
+                                               why);
+                return log_error_errno(r, "peer: cannot load the cluster key %s: %m", c->cluster_key_file);
+        }
+        if (c->listen_address && peer_address_parse(c->listen_address, &sa, &sl) < 0)
+                return log_error_errno(EINVAL, "peer: invalid [Cluster] Listen= '%s' (numeric host:port)",
+                                       c->listen_address);
+        for (size_t i = 0; i < c->n_peers; i++) {
+                const PeerConfig *pc = c->peers + i;
+
+                if (!peer_host_id_is_valid(pc->host_id) || strcmp(pc->host_id, c->host_id) == 0)
+                        return log_error_errno(EINVAL, "peer %s: invalid HostId= '%s'", pc->name,
+                                               pc->host_id ? pc->host_id : "");
+                if (!pc->address || peer_address_parse(pc->address, &sa, &sl) < 0)
+                        return log_error_errno(EINVAL, "peer %s: invalid Address= '%s' (numeric host:port)",
+                                               pc->name, pc->address ? pc->address : "");
+                for (size_t j = 0; j < i; j++)
+                        if (strcmp(c->peers[j].host_id, pc->host_id) == 0)
+                                return log_error_errno(EEXIST, "peer %s: duplicate HostId= '%s'", pc->name,
+                                                       pc->host_id);
+        }
+        if (ret_key)
+                *ret_key = TAKE_PTR(key);
+        return 0;
+}
+
 int peer_manager_new(PeerManager **ret, sd_event *e, const PeerManagerConfig *c) {
         _cleanup_(peer_manager_freep) PeerManager *pm = NULL;
         int r;
@@ -173,14 +213,9 @@ int peer_manager_new(PeerManager **ret, sd_event *e, const PeerManagerConfig *c)
         if (pm->slice_size < PEER_SLICE_MIN || pm->slice_size > PEER_SLICE_MAX)
                 return -EINVAL;
 
-        if (c->n_peers > 0 || c->listen_address) {
-                if (!c->cluster_key_file)
-                        return log_error_errno(EINVAL, "peer: [Cluster] KeyFile= is required with peers");
-                r = peer_auth_key_load(c->cluster_key_file, &pm->key);
-                if (r < 0)
-                        return log_error_errno(r, "peer: cannot load cluster key %s: %m%s", c->cluster_key_file,
-                                               r == -EPERM ? " (readable by others; chmod 600)" : "");
-        }
+        r = peer_manager_config_verify(c, &pm->key);
+        if (r < 0)
+                return r;
 
         pm->by_host_id = hashmap_new(HASHMAP_KEY_STRING, 0);
         if (!pm->by_host_id)
@@ -188,9 +223,6 @@ int peer_manager_new(PeerManager **ret, sd_event *e, const PeerManagerConfig *c)
         for (size_t i = 0; i < c->n_peers; i++) {
                 const PeerConfig *pc = c->peers + i;
 
-                if (!peer_host_id_is_valid(pc->host_id) || strcmp(pc->host_id, pm->host_id) == 0)
-                        return log_error_errno(EINVAL, "peer %s: invalid HostId= '%s'", pc->name,
-                                               pc->host_id ? pc->host_id : "");
                 r = peer_new(pm, pc->name ? pc->name : pc->host_id, pc->host_id, pc->address ? pc->address : "",
                              NULL);
                 if (r == -EINVAL)
@@ -462,9 +494,8 @@ static void peer_state_changed(Peer *p, bool up, void *userdata) {
         peer_telemetry_hook(m, p, up);
 }
 
-static int peer_subsystem_init(Manager *m) {
-        const Config *c = &m->config;
-        PeerManagerConfig pc = {
+static PeerManagerConfig peer_manager_config(const Config *c) {
+        return (PeerManagerConfig){
                 .host_id = c->host_id,
                 .listen_address = c->listen_address,
                 .peers = c->peers,
@@ -474,6 +505,16 @@ static int peer_subsystem_init(Manager *m) {
                 .n_streams = c->peer_streams,
                 .slice_size = (uint32_t)c->peer_slice_size,
         };
+}
+
+static int peer_subsystem_verify(Manager *m) {
+        PeerManagerConfig pc = peer_manager_config(&m->config);
+        return peer_manager_config_verify(&pc, NULL);
+}
+
+static int peer_subsystem_init(Manager *m) {
+        const Config *c = &m->config;
+        PeerManagerConfig pc = peer_manager_config(c);
         PeerManager *pm;
         int r;
 
@@ -521,6 +562,7 @@ static int peer_subsystem_reload(Manager *m, const Config *n) {
 
 const Subsystem peer_subsystem = {
         .name = "peer",
+        .verify = peer_subsystem_verify,
         .init = peer_subsystem_init,
         .done = peer_subsystem_done,
         .add_bus = bus_peer_add,

@@ -86,6 +86,12 @@ typedef struct PeerStats {
         usec_t up_since_usec;
 } PeerStats;
 
+struct PeerAuthKey;
+/* Everything of c that peer_manager_new() refuses, checked without side effects: the
+ * cluster key is loaded (and handed to ret_key, which may be NULL), the listen and peer
+ * addresses parsed, the peers' host ids checked. Logs what is wrong. Also run by
+ * `epdd --check-config`, so that it says what start-up would. */
+int peer_manager_config_verify(const PeerManagerConfig *c, struct PeerAuthKey **ret_key);
 int peer_manager_new(PeerManager **ret, sd_event *e, const PeerManagerConfig *c);
 /* Starts listening and dialing. */
 int peer_manager_start(PeerManager *pm);

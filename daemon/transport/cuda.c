@@ -21,7 +21,16 @@ typedef struct CudaBatch {
         size_t n, cap;
         uint64_t *cookies;
         uint64_t *lengths;
+        /* The batch goes to the engine in parts (POST_PART writes each), so that the GPU
+         * starts on the first part while the host prepares the next: it completes once
+         * every part has, with the first error of any. */
+        unsigned parts, parts_done;
+        int error;
+        uint64_t bytes;
 } CudaBatch;
+
+/* Writes per part of a batch handed to the copy engine (one descriptor slot each). */
+#define POST_PART 4096U
 
 /* Finished batches kept for reuse, with their arrays: a post of thousands of writes
  * would otherwise map fresh pages for them (and fault them in) every time. */
@@ -108,6 +117,9 @@ static CudaBatch *batch_get(CudaTransport *c, size_t n) {
                         b = c->spare[i];
                         c->spare[i] = c->spare[--c->n_spare];
                         b->n = 0;
+                        b->parts = b->parts_done = 0;
+                        b->error = 0;
+                        b->bytes = 0;
                         return b;
                 }
         b = calloc(1, sizeof *b);
@@ -153,16 +165,21 @@ static size_t reap_into_ready(CudaTransport *c) {
                 for (size_t i = 0; i < m; i++) {
                         CudaBatch *b = (CudaBatch *)(uintptr_t)d[i].cookie;
 
-                        if (d[i].error < 0)
+                        if (d[i].error < 0 && b->error == 0)
+                                b->error = d[i].error;
+                        b->bytes += d[i].bytes;
+                        if (++b->parts_done < b->parts)
+                                continue;
+                        if (b->error < 0)
                                 c->base.stats.failures += b->n;
                         else
-                                c->base.stats.bytes += d[i].bytes;
+                                c->base.stats.bytes += b->bytes;
                         for (size_t j = 0; j < b->n; j++)
                                 c->ready[(c->ready_head + c->n_ready++) % c->ready_cap] =
                                         (TransportCompletion) {
                                                 .cookie = b->cookies[j],
-                                                .error = d[i].error,
-                                                .bytes = d[i].error < 0 ? 0 : b->lengths[j],
+                                                .error = b->error,
+                                                .bytes = b->error < 0 ? 0 : b->lengths[j],
                                         };
                         c->n_in_flight -= b->n;
                         batch_put(c, b);
@@ -214,12 +231,12 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                 return -EOPNOTSUPP; /* same host only */
         if (n == 0 || !w)
                 return -EINVAL;
-        if (n > c->segs_cap) {
-                GpuCopySeg *m = realloc(c->segs, n * sizeof *m);
+        if (MIN(n, (size_t)POST_PART) > c->segs_cap) {
+                GpuCopySeg *m = realloc(c->segs, MIN(n, (size_t)POST_PART) * sizeof *m);
                 if (!m)
                         return -ENOMEM;
                 c->segs = m;
-                c->segs_cap = n;
+                c->segs_cap = MIN(n, (size_t)POST_PART);
         }
         segs = c->segs;
         b = batch_get(c, n);
@@ -242,6 +259,8 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                 c->ready_head = 0;
         }
 
+        /* Every write is checked before any part goes: a bad one refuses the whole
+         * batch, with nothing in flight (as every transport's post does). */
         CudaRegion *src = NULL, *dst = NULL;
         for (size_t i = 0; i < n; i++) {
                 /* A batch nearly always names the same two regions: look up only changes. */
@@ -249,7 +268,6 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                         src = hashmap_get(c->regions, &(uint64_t) { w[i].src_region });
                 if (!dst || dst->id != w[i].dst_region)
                         dst = hashmap_get(c->regions, &(uint64_t) { w[i].dst_region });
-
                 if (!src || !dst) {
                         r = -ENOENT;
                         goto fail;
@@ -258,25 +276,52 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                         r = -EINVAL; /* host → host: the local transport's */
                         goto fail;
                 }
-                segs[i] = (GpuCopySeg) { 0 };
-                r = seg_side(src, w[i].src_offset, w[i].length, &segs[i].src, &segs[i].src_host);
-                if (r >= 0)
-                        r = seg_side(dst, w[i].dst_offset, w[i].length, &segs[i].dst, &segs[i].dst_host);
-                if (r < 0)
+                if (w[i].src_offset > src->region->size || w[i].length > src->region->size - w[i].src_offset ||
+                    w[i].dst_offset > dst->region->size || w[i].length > dst->region->size - w[i].dst_offset) {
+                        r = -ERANGE;
                         goto fail;
-                segs[i].src_offset = w[i].src_offset;
-                segs[i].dst_offset = w[i].dst_offset;
-                segs[i].length = w[i].length;
+                }
+        }
+
+        size_t part0 = 0;
+        src = dst = NULL;
+        for (size_t i = 0; i < n; i++) {
+                GpuCopySeg *sg = &segs[i - part0];
+
+                if (!src || src->id != w[i].src_region)
+                        src = hashmap_get(c->regions, &(uint64_t) { w[i].src_region });
+                if (!dst || dst->id != w[i].dst_region)
+                        dst = hashmap_get(c->regions, &(uint64_t) { w[i].dst_region });
+                *sg = (GpuCopySeg) {
+                        .src_offset = w[i].src_offset,
+                        .dst_offset = w[i].dst_offset,
+                        .length = w[i].length,
+                };
+                (void)seg_side(src, w[i].src_offset, w[i].length, &sg->src, &sg->src_host);
+                (void)seg_side(dst, w[i].dst_offset, w[i].length, &sg->dst, &sg->dst_host);
                 b->cookies[i] = w[i].cookie;
                 b->lengths[i] = w[i].length;
+                if (i + 1 - part0 < POST_PART && i + 1 < n)
+                        continue;
+                /* A part is ready: to the engine now, so the GPU works on it while the
+                 * next one is prepared. Writes that continue each other (adjacent pages
+                 * of a run, on both sides) become one copy: the copy engine costs
+                 * microseconds per operation, whatever its size. The batch still
+                 * completes every write with its own cookie. */
+                r = gpu_copy_submit(c->engine, segs, gpu_copy_segs_coalesce(segs, i + 1 - part0),
+                                    (uint64_t)(uintptr_t)b);
+                if (r < 0) {
+                        if (b->parts == 0)
+                                goto fail;
+                        /* Earlier parts are in flight: the batch completes when they
+                         * have, every write with this error (the rest is never copied). */
+                        b->error = r;
+                        break;
+                }
+                b->parts++;
+                part0 = i + 1;
         }
         b->n = n;
-        /* Writes that continue each other (adjacent pages of a run, on both sides) become
-         * one copy: the copy engine costs microseconds per operation, whatever its size.
-         * The batch still completes every write with its own cookie. */
-        r = gpu_copy_submit(c->engine, segs, gpu_copy_segs_coalesce(segs, n), (uint64_t)(uintptr_t)b);
-        if (r < 0)
-                goto fail;
         c->n_in_flight += n;
         t->stats.batches++;
         t->stats.writes += n;

@@ -20,7 +20,7 @@ from typing import Optional, Sequence as Seq
 
 from . import EpdError, _lib
 
-__all__ = ["Gpu", "GpuArena", "CudaView", "KvRows", "PageTable", "kv_write_host", "kv_read_host"]
+__all__ = ["Gpu", "GpuArena", "CudaView", "KvRows", "PageTable", "Notifier", "kv_write_host", "kv_read_host"]
 
 _P = ctypes.POINTER
 
@@ -83,6 +83,12 @@ def _lib_gpu():
         "epd_gpu_pages_free": (c_void_p, [c_void_p]),
         "epd_gpu_kv_write": (c_int, [c_void_p, _P(KvRows), c_uint64]),
         "epd_gpu_kv_read": (c_int, [c_void_p, _P(KvRows), c_uint64]),
+        "epd_gpu_notifier_new": (c_int, [c_void_p, c_int, c_void_p, _P(c_void_p)]),
+        "epd_gpu_notifier_ready_after": (c_int, [c_void_p, c_uint64, c_char_p, c_uint64, ctypes.c_uint32]),
+        "epd_gpu_notifier_flush": (c_int, [c_void_p, c_uint64]),
+        "epd_gpu_notifier_pending": (c_uint64, [c_void_p]),
+        "epd_gpu_notifier_submitted": (c_uint64, [c_void_p]),
+        "epd_gpu_notifier_free": (c_void_p, [c_void_p]),
         "epd_kv_write_host": (c_int, [_P(c_uint64), c_size_t, c_uint64, _P(KvRows)]),
         "epd_kv_read_host": (c_int, [_P(c_uint64), c_size_t, c_uint64, _P(KvRows)]),
     }
@@ -165,16 +171,17 @@ class PageTable(_lib.Closing):
         if r < 0:
             raise EpdError(-r, None, None, "page table")
         self._p, self._gpu, self.n_pages, self.page_size = p, gpu, n, page_size
+        self._write, self._read = _lib_gpu().epd_gpu_kv_write, _lib_gpu().epd_gpu_kv_read
 
     def write(self, rows: KvRows, stream: int = 0) -> None:
         """Enqueues tensors -> pages on `stream`."""
-        r = _lib_gpu().epd_gpu_kv_write(self._p, ctypes.byref(rows), stream)
+        r = self._write(self._p, ctypes.byref(rows), stream)
         if r < 0:
             raise EpdError(-r, None, None, "write KV rows")
 
     def read(self, rows: KvRows, stream: int = 0) -> None:
         """Enqueues pages -> tensors on `stream`."""
-        r = _lib_gpu().epd_gpu_kv_read(self._p, ctypes.byref(rows), stream)
+        r = self._read(self._p, ctypes.byref(rows), stream)
         if r < 0:
             raise EpdError(-r, None, None, "read KV rows")
 
@@ -182,6 +189,48 @@ class PageTable(_lib.Closing):
         if self._p:
             _lib_gpu().epd_gpu_pages_free(self._p)
             self._p = None
+
+
+class Notifier(_lib.Closing):
+    """Layer groups reported ready from the GPU (epd_gpu_notifier_*, epd-gpu.h):
+    ready_after() records an event on the stream and returns; libepd's thread puts the
+    group's LayerGroupReady on the ring once the event is done. flush() waits until
+    every group asked for so far is on the ring and raises the first error since the
+    last flush (a failed event, a ring that stayed full): such a group is never
+    reported, so its handoff rolls back rather than ship unwritten bytes."""
+
+    def __init__(self, gpu: "Gpu", ordinal: int, ring):
+        p = ctypes.c_void_p()
+        r = _lib_gpu().epd_gpu_notifier_new(gpu._g, ordinal, ring._r, ctypes.byref(p))
+        if r < 0:
+            raise EpdError(-r, None, None, "GPU notifier")
+        self._n, self._gpu, self._ring = p, gpu, ring
+        self._ready_after = _lib_gpu().epd_gpu_notifier_ready_after
+
+    def ready_after(self, stream: int, request_id: bytes, token: int, group: int) -> None:
+        """request_id: the handoff's request id, 32 hex digits, as bytes."""
+        r = self._ready_after(self._n, stream, request_id, token, group)
+        if r < 0:
+            raise EpdError(-r, None, None, f"layer group {group} ready after the stream's work")
+
+    def flush(self, timeout_s: Optional[float] = None) -> None:
+        t = (1 << 64) - 1 if timeout_s is None else int(timeout_s * 1e6)
+        r = _lib_gpu().epd_gpu_notifier_flush(self._n, t)
+        if r < 0:
+            raise EpdError(-r, None, None, "layer groups reported ready from the GPU")
+
+    @property
+    def pending(self) -> int:
+        return _lib_gpu().epd_gpu_notifier_pending(self._n)
+
+    @property
+    def submitted(self) -> int:
+        return _lib_gpu().epd_gpu_notifier_submitted(self._n)
+
+    def close(self):
+        if self._n:
+            _lib_gpu().epd_gpu_notifier_free(self._n)
+            self._n = None
 
 
 class Gpu(_lib.Closing):

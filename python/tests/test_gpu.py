@@ -109,6 +109,50 @@ class GpuArenaTest(unittest.TestCase):
                 m.view(0, (4,), "uint8")
             g.close()
 
+    def test_notifier_reports_groups_ready_from_events(self):
+        """epd.gpu.Notifier: each group's event recorded on the stream, LayerGroupReady
+        put on the ring by libepd's thread; the decode side sees every group; a failed
+        event (the stand-in driver's FAKE_CUDA_FAIL_EVENTS) is never reported ready and
+        flush() raises it."""
+        from epd.handoff import Accepted, Handoff, Ring
+        from epd.sequence import Sequence
+        with epd.Client(self.d.address) as p, epd.Client(self.d.address) as d:
+            p.register("prefill", "m", "cuda:0", kv=KV)
+            d.register("decode", "m", "cuda:0", kv=KV)
+            g = epd.gpu.Gpu()
+            with Ring(d) as dring, Ring(p) as pring:
+                n = epd.gpu.Notifier(g, 0, pring)
+                seq = Sequence.create(p, "kvgpu", 2)
+                rid = "%032x" % 0x6161
+                h = Handoff.prepare(p, rid, "", seq.path, [2, 2])
+                a = Accepted.accept(d, rid, wait_s=1)
+                for grp in range(2):
+                    n.ready_after(0, rid.encode(), h.token, grp)
+                n.flush(10)
+                self.assertEqual((n.pending, n.submitted), (0, 2))
+                self.assertEqual(a.wait_groups(2, dring, timeout_s=5), 2)
+                Sequence(d, a.commit(), a.arena).release()
+                a.release(dring)
+                h.release(pring)
+
+                rid = "%032x" % 0x6162
+                h = Handoff.prepare(p, rid, "", seq.path, [2, 2])
+                os.environ["FAKE_CUDA_FAIL_EVENTS"] = "1"
+                try:
+                    n.ready_after(0, rid.encode(), h.token, 0)
+                    with self.assertRaises(epd.EpdError) as e:
+                        n.flush(10)
+                finally:
+                    os.environ.pop("FAKE_CUDA_FAIL_EVENTS")
+                self.assertIn("layer groups reported ready", str(e.exception))
+                self.assertEqual(n.submitted, 2)
+                self.assertEqual(h.status()["groups_done"], 0)
+                h.rollback()
+                h.release()
+                seq.release()
+                n.close()
+            g.close()
+
     def test_host_arena_is_not_a_gpu_arena(self):
         with epd.Client(self.d.address) as c:
             c.register("prefill", "m", "cuda:0", kv=KV)

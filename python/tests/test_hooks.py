@@ -57,9 +57,31 @@ class HooksTest(unittest.TestCase):
         return k, (k * 3).astype(np.float16)
 
     def test_layerwise_save_load_and_finish(self):
+        self._save_load("ab" * 16, background=False)
+
+    def test_layerwise_save_with_background_setup(self):
+        """The save's sequence and Prepare on a thread while the caller goes on: the same
+        bytes, the same cleanup."""
+        self._save_load("ac" * 16, background=True)
+
+    def test_background_setup_failure_reaches_the_first_save(self):
+        from epd import EpdError
         from epd.workers import hooks as H
-        rid = "ab" * 16
-        prod = H.EpdKvConnector(self.p, self.layout, "producer", group_size=2, ring=self.rp, dtype="float16")
+        prod = H.EpdKvConnector(self.p, self.layout, "producer", arena="nosuch", ring=self.rp,
+                                dtype="float16", background_setup=True)
+        prod.register_kv_caches(names())
+        prod.bind_connector_metadata(prod.build_connector_meta(saves=[H.KvTransfer("ad" * 16, TOKENS)]))
+        with self.assertRaises(EpdError) as e:
+            prod.save_kv_layer("layers.0.attn", self.kv(0))
+        self.assertEqual(e.exception.name, "org.epd1.Error.NotFound")
+        prod.shutdown()
+        self.assertEqual(self.epdctl("sequences"), [])
+        self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
+
+    def _save_load(self, rid, background):
+        from epd.workers import hooks as H
+        prod = H.EpdKvConnector(self.p, self.layout, "producer", group_size=2, ring=self.rp, dtype="float16",
+                                background_setup=background)
         cons = H.EpdKvConnector(self.c, self.layout, "consumer", group_size=2, ring=self.rc, dtype="float16")
         prod.register_kv_caches(names())
         cons.register_kv_caches(names())

@@ -688,7 +688,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 } else if (reply)
                         collect_paths(reply);
                 sd_bus_message_unref(reply);
-                char what[256];
+                char what[64 + 64 + 160 + 8];
                 snprintf(what, sizeof what, "%s.%s on %s", mt->iface, mt->name, path);
                 check_invariants(what);
         }

@@ -389,6 +389,83 @@ START_TEST(test_host_to_gpu) {
 }
 END_TEST
 
+/* Layer groups reported ready from the GPU: the notifier records an event per group on
+ * the stream and its thread submits LayerGroupReady on the ring once the event is done;
+ * the caller never waits. Then (fake driver only) an event that fails: that group is
+ * never reported, the flush says why, and the handoff is rolled back. */
+START_TEST(test_notifier) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "gpu0", N_PAGES, src);
+        Mem ms = map_arena(p, "gpu0"), md = map_arena(d, "gpu1");
+        fill_pages(&ms, src, N_PAGES, 9);
+        char *path = NULL;
+        uint64_t token = 0;
+        epd_handoff_options o = { .arena = "gpu1" };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(9), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(9), &acc), 0);
+
+        epd_ring_client *ring = NULL;
+        EpdGpuNotifier *n = NULL;
+        ck_assert_int_eq(epd_ring_open(p, 64, 64, &ring), 0);
+        ck_assert_int_eq(epd_gpu_notifier_new(ms.g, 0, ring, &n), 0);
+        ck_assert_int_eq(epd_gpu_notifier_ready_after(n, 0, "not an id", token, 0), -EINVAL);
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_gpu_notifier_ready_after(n, 0, rid(9), token, g), 0);
+        ck_assert_int_eq(epd_gpu_notifier_flush(n, 10 * 1000000ULL), 0);
+        ck_assert_uint_eq(epd_gpu_notifier_pending(n), 0);
+        ck_assert_uint_eq(epd_gpu_notifier_submitted(n), 4);
+        epd_handoff_status s = {};
+        for (int i = 0; i < 2000 && s.groups_done < 4; i++) {
+                ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
+                if (s.groups_done < 4)
+                        usleep(5000);
+        }
+        ck_assert_uint_eq(s.groups_done, 4);
+        ck_assert(layers_equal(&md, acc.offsets, N_PAGES, 0, LAYERS, 9));
+        char *dseq = NULL;
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        release_sequence(d, dseq);
+        free(dseq);
+        free(path);
+        epd_handoff_accepted_done(&acc);
+
+        if (fake) {
+                ck_assert_int_eq(epd_handoff_prepare(p, rid(10), NULL, seq, groups4, 4, &o, &path, &token), 0);
+                ck_assert_int_eq(epd_handoff_accept(d, rid(10), &acc), 0);
+                ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_EVENTS", "1", 1), 0);
+                ck_assert_int_eq(epd_gpu_notifier_ready_after(n, 0, rid(10), token, 0), 0);
+                int e = epd_gpu_notifier_flush(n, 10 * 1000000ULL);
+                ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_EVENTS", "0", 1), 0);
+                ck_assert_msg(e < 0 && e != -ETIMEDOUT, "flush after a failed event: %d", e);
+                ck_assert_int_eq(epd_gpu_notifier_flush(n, 0), 0); /* the error was said once */
+                ck_assert_uint_eq(epd_gpu_notifier_submitted(n), 4);
+                ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
+                ck_assert_uint_eq(s.groups_done, 0);
+                ck_assert_int_eq(epd_handoff_rollback(p, path), 0);
+                wait_state(d, acc.path, "rolled-back");
+                ck_assert_int_eq(epd_handoff_release(p, path), 0);
+                ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+                free(path);
+                epd_handoff_accepted_done(&acc);
+        }
+        n = epd_gpu_notifier_free(n);
+        ring = epd_ring_close(ring);
+        release_sequence(p, seq);
+        free(seq);
+        unmap_arena(&ms);
+        unmap_arena(&md);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        printf("notifier: 4 groups reported ready from events, exact bytes%s\n",
+               fake ? "; a failed event reported by the flush, its group never shipped" : "");
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 /* The decode worker accepts and dies mid-handoff: rolled back, nothing retained. */
 START_TEST(test_decode_dies) {
         epd_client *p = worker("prefill"), *d = worker("decode");
@@ -708,6 +785,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_host_to_gpu);
         tcase_add_test(tc, test_decode_dies);
         tcase_add_test(tc, test_cow);
+        tcase_add_test(tc, test_notifier);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         TCase *tf = tcase_create("failing-copies");

@@ -283,6 +283,15 @@ static CUresult f_event_create(void **e, unsigned flags) {
         *e = &token;
         return OK;
 }
+/* Streams run their work at once, so an event is complete when recorded; waiting for
+ * one fails (as after a fault on its stream) with FAKE_CUDA_FAIL_EVENTS=1. */
+static CUresult f_event_record(void *e, void *stream) {
+        return OK;
+}
+static CUresult f_event_sync(void *e) {
+        const char *fail = getenv("FAKE_CUDA_FAIL_EVENTS");
+        return fail && strcmp(fail, "1") == 0 ? 700 /* CUDA_ERROR_ILLEGAL_ADDRESS */ : OK;
+}
 static CUresult f_event_elapsed(float *ms, void *a, void *b) {
         *ms = 0;
         return OK;
@@ -345,7 +354,8 @@ static const struct {
         { "cuStreamAddCallback", (void *)f_add_callback },
         { "cuEventCreate", (void *)f_event_create },
         { "cuEventDestroy", (void *)f_ok_ptr },
-        { "cuEventSynchronize", (void *)f_ok_ptr },
+        { "cuEventRecord", (void *)f_event_record },
+        { "cuEventSynchronize", (void *)f_event_sync },
         { "cuEventElapsedTime", (void *)f_event_elapsed },
         { "cuModuleLoadData", (void *)f_module_load },
 };

@@ -31,19 +31,21 @@ START_TEST(test_good) {
         ck_assert_int_eq(config_defaults(&c), 0);
         ck_assert_int_eq(config_parse_string(&c,
                                              "# comment\n; another\n"
-                                             "[Daemon]\nHostId = node-1\nSocket=/tmp/x/bus\nSystemBus=no\nLogLevel=debug\n"
+                                             "[Daemon]\nHostId = node-1\nSocket=/tmp/x/bus\nSocketGroup=_epd-work.1\nSystemBus=no\nLogLevel=debug\n"
                                              "[Limits]\nMaxWorkers=8\nMaxRequestSize=16M\n"
                                              "[Arena:kv0]\nSize=1G\nHugePages=try\nNumaNode=0\n"
                                              "[Arena:feat]\nUsage=feature\nSize=128M\nPageSize=64K\n"
                                              "[Arena:gpu0]\nDomain=gpu\nGpu=0\nSize=4G\n"
                                              "[Cluster]\nListen=0.0.0.0:7100\nClusterKeyFile=/etc/epd/key\nHeartbeatInterval=500ms\nTransport=rdma\n"
                                              "[Peer:b]\nAddress=10.0.0.2:7100\nHostId=node-2\n"
+                                             "[Peer:c]\nAddress=[fd00::3]:7100\nHostId=node-3\n"
                                              "[Features]\nCacheSize=2G\n"
                                              "[Gpu]\nCopyKernel=never\n",
                                              "good.conf", &errors),
                          0);
         ck_assert_ptr_null(errors);
         ck_assert_str_eq(c.host_id, "node-1");
+        ck_assert_str_eq(c.socket_group, "_epd-work.1");
         ck_assert(!c.system_bus);
         ck_assert_int_eq(c.log_level, 7);
         ck_assert_uint_eq(c.max_workers, 8);
@@ -59,7 +61,7 @@ START_TEST(test_good) {
         ck_assert_int_eq(c.arenas[2].gpu, 0);
         ck_assert_uint_eq(c.heartbeat_usec, 500000);
         ck_assert_int_eq(c.transport_policy, TRANSPORT_POLICY_RDMA);
-        ck_assert_uint_eq(c.n_peers, 1);
+        ck_assert_uint_eq(c.n_peers, 2);
         ck_assert_str_eq(c.peers[0].host_id, "node-2");
         ck_assert_uint_eq(c.feature_cache_bytes, 2ULL << 30);
         ck_assert_int_eq(c.gpu_copy_kernel, 0); /* never; the default is small (1) */
@@ -99,8 +101,15 @@ static const struct {
         { "[Arena:a]\nSize=1G\nPageSize=3000\n", "PageSize= must be a power of two" },
         { "[Gpu]\nCopyKernel=maybe\n", "CopyKernel=maybe: expected never, small or always" },
         { "[Arena:a]\nSize=1G\nNumaNode=5000\n", "NumaNode=5000: expected a number from 0 to 1023" },
-        { "[Cluster]\nListen=nowhere\n", "Listen=nowhere: expected HOST:PORT" },
-        { "[Cluster]\nListen=h:70000\n", "Listen=h:70000: expected HOST:PORT" },
+        { "[Cluster]\nListen=nowhere\n", "Listen=nowhere: expected a numeric IPv4 address and a port" },
+        { "[Cluster]\nListen=10.0.0.1:70000\n", "Listen=10.0.0.1:70000: expected a numeric IPv4 address" },
+        /* Host names: the peer layer never resolves them (peer_address_parse()). */
+        { "[Cluster]\nListen=localhost:7199\n", "Listen=localhost:7199: expected a numeric IPv4 address and a port "
+                                               "(10.0.0.1:7199) or [IPV6]:PORT, port 1 to 65535; host names are not resolved" },
+        { "[Peer:b]\nAddress=db.example:7100\nHostId=b\n", "Address=db.example:7100: expected a numeric IPv4" },
+        { "[Peer:b]\nAddress=fd00::1:7100\nHostId=b\n", "Address=fd00::1:7100: expected a numeric IPv4" },
+        { "[Daemon]\nSocketGroup=9users\n", "SocketGroup=9users: expected a group name" },
+        { "[Daemon]\nSocketGroup=a b\n", "SocketGroup=a b: expected a group name" },
         { "[Cluster]\nHeartbeatInterval=0\n", "HeartbeatInterval=0: expected a positive duration" },
         { "[Peer:b]\nAddress=10.0.0.2:7100\n", "[Peer:b] needs Address= and HostId=" },
         { "[Cluster]\nListen=0.0.0.0:1\n[Peer:b]\nAddress=h:1\nHostId=b\n", "ClusterKeyFile= is not set" },
@@ -321,6 +330,24 @@ START_TEST(test_file) {
         ck_assert_int_eq(config_defaults(&c), 0);
         ck_assert_int_eq(config_parse_file(&c, "/nonexistent/epd.conf", NULL), -ENOENT);
         config_done(&c);
+
+        /* A NUL byte is an error of its file and line, as any other. */
+        char nulpath[] = "/tmp/epd-config-XXXXXX";
+        fd = mkstemp(nulpath);
+        ck_assert_int_ge(fd, 0);
+        static const char nultext[] = "[Daemon]\nHostId=a\nLog\0Level=info\n";
+        ck_assert_int_eq(write(fd, nultext, sizeof nultext - 1), (int)sizeof nultext - 1);
+        close(fd);
+        char *errors = NULL, want[128];
+        ck_assert_int_eq(config_defaults(&c), 0);
+        ck_assert_int_eq(config_parse_file(&c, nulpath, &errors), -EINVAL);
+        snprintf(want, sizeof want, "%s:3: a NUL byte: the file is not text\n", nulpath);
+        ck_assert_ptr_nonnull(errors);
+        ck_assert_str_eq(errors, want);
+        ck_assert_str_eq(c.host_id ?: "(default)", "(default)");
+        free(errors);
+        config_done(&c);
+        unlink(nulpath);
 }
 END_TEST
 

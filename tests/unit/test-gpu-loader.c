@@ -493,6 +493,65 @@ START_TEST(test_fake_transport) {
 }
 END_TEST
 
+/* A batch larger than a part (the transport hands the engine 4096 writes at a time so
+ * that the GPU starts while the host prepares the rest): every write completes exactly
+ * once, after all parts, with its bytes; a bad write anywhere refuses the whole batch
+ * before any part goes; a failing copy fails every write of the batch, once. */
+START_TEST(test_fake_transport_parts) {
+        enum { N = 10000, PIECE = 128 };
+        GpuContext *g = NULL;
+        TransportWrite *w = calloc(N, sizeof *w);
+        uint64_t *seen = calloc(N, sizeof *seen);
+        uint8_t *hit = calloc(N, 1);
+
+        fake_gpu(false);
+        ck_assert_int_eq(gpu_context_new(fake(), &g), 0);
+        Transport *t = g->transport;
+        Arena *a = fake_arena(g, 1, 2 << 20), *b = fake_arena(g, 2, 2 << 20);
+        uint8_t *src = (uint8_t *)(uintptr_t)a->gpu->base, *dst = (uint8_t *)(uintptr_t)b->gpu->base;
+        for (size_t i = 0; i < (size_t)N * PIECE; i++)
+                src[i] = (uint8_t)(i * 13 + 5);
+        memset(dst, 0, (size_t)N * PIECE);
+        /* Reversed on the destination: nothing coalesces. */
+        for (int i = 0; i < N; i++)
+                w[i] = (TransportWrite) { .src_region = 1, .src_offset = (uint64_t)i * PIECE, .dst_region = 2,
+                                          .dst_offset = (uint64_t)(N - 1 - i) * PIECE, .length = PIECE,
+                                          .cookie = (uint64_t)i };
+        uint64_t batches = t->stats.batches, bytes = t->stats.bytes;
+        ck_assert_int_eq(run_writes(t, w, N, seen), 0);
+        for (int i = 0; i < N; i++) {
+                ck_assert_uint_lt(seen[i], N);
+                ck_assert_uint_eq(hit[seen[i]]++, 0);
+        }
+        for (int i = 0; i < N; i++)
+                ck_assert_int_eq(memcmp(dst + (size_t)(N - 1 - i) * PIECE, src + (size_t)i * PIECE, PIECE), 0);
+        ck_assert_uint_eq(t->stats.batches - batches, 1);
+        ck_assert_uint_eq(t->stats.bytes - bytes, (uint64_t)N * PIECE);
+
+        /* A bad write in the last part: refused whole, nothing queued. */
+        w[N - 10].dst_offset = 3 << 20;
+        ck_assert_int_eq(t->ops->post(t, NULL, w, N), -ERANGE);
+        TransportCompletion c[4];
+        ck_assert_uint_eq(t->ops->poll(t, c, 4), 0);
+        ck_assert_uint_eq(gpu_copy_engine_in_flight(cuda_transport_engine(t)), 0);
+        w[N - 10].dst_offset = 9 * PIECE;
+
+        /* Every part's copies fail: every write fails, once. */
+        ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", "1", 1), 0);
+        uint64_t failures = t->stats.failures;
+        ck_assert_int_eq(run_writes(t, w, N, NULL), -EFAULT);
+        ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", "0", 1), 0);
+        ck_assert_uint_eq(t->stats.failures - failures, N);
+
+        fake_arena_free(g, a);
+        fake_arena_free(g, b);
+        gpu_context_free(g);
+        free(w);
+        free(seen);
+        free(hit);
+}
+END_TEST
+
 START_TEST(test_fake_copy_errors) {
         GpuContext *g = NULL;
         TransportWrite w[3];
@@ -615,6 +674,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_fake_system);
         tcase_add_test(tc, test_fake_arena_fd);
         tcase_add_test(tc, test_fake_transport);
+        tcase_add_test(tc, test_fake_transport_parts);
         tcase_add_test(tc, test_fake_copy_errors);
         tcase_add_test(tc, test_fake_external);
         tcase_add_test(tc, test_fake_libepd);

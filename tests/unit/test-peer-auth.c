@@ -136,7 +136,7 @@ START_TEST(test_key_file) {
 
         /* Trailing newline is not part of the key. */
         p = write_key_file("0123456789abcdef0123456789abcdef\n", 0600);
-        ck_assert_int_eq(peer_auth_key_load(p, &k), 0);
+        ck_assert_int_eq(peer_auth_key_load(p, &k, NULL), 0);
         k2 = key("0123456789abcdef0123456789abcdef");
         ck_assert_int_eq(peer_auth_mac(k, PEER_AUTH_DIALER, &t, mac), 0);
         ck_assert(peer_auth_verify(k2, PEER_AUTH_DIALER, &t, mac));
@@ -147,18 +147,43 @@ START_TEST(test_key_file) {
 
         /* Readable by others: refused. */
         p = write_key_file("0123456789abcdef0123456789abcdef\n", 0644);
-        ck_assert_int_eq(peer_auth_key_load(p, &k), -EPERM);
+        ck_assert_int_eq(peer_auth_key_load(p, &k, NULL), -EPERM);
         unlink(p);
         free(p);
 
         /* Too short after trimming. */
         p = write_key_file("short\n\n\n  \n", 0600);
-        ck_assert_int_eq(peer_auth_key_load(p, &k), -EINVAL);
+        ck_assert_int_eq(peer_auth_key_load(p, &k, NULL), -EINVAL);
         unlink(p);
         free(p);
 
-        ck_assert_int_eq(peer_auth_key_load("/nonexistent/key", &k), -ENOENT);
-        ck_assert_int_eq(peer_auth_key_load("/tmp", &k), -EINVAL);
+        ck_assert_int_eq(peer_auth_key_load("/nonexistent/key", &k, NULL), -ENOENT);
+        ck_assert_int_eq(peer_auth_key_load("/tmp", &k, NULL), -EINVAL);
+
+        /* Every refusal says why in words (epdd logs it, at start and --check-config). */
+        const char *why = NULL;
+        ck_assert_int_eq(peer_auth_key_load("/tmp", &k, &why), -EINVAL);
+        ck_assert_str_eq(why, "it is a directory, not a file");
+        ck_assert_int_eq(peer_auth_key_load("/dev/zero", &k, &why), -EINVAL);
+        ck_assert_str_eq(why, "it is not a regular file (a device, FIFO or socket)");
+        p = write_key_file("", 0600);
+        ck_assert_int_eq(peer_auth_key_load(p, &k, &why), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(why, "it is empty"));
+        unlink(p);
+        free(p);
+        p = write_key_file("0123456789abcdef0123456789abcdef\n", 0640);
+        ck_assert_int_eq(peer_auth_key_load(p, &k, &why), -EPERM);
+        ck_assert_ptr_nonnull(strstr(why, "chmod 600"));
+        unlink(p);
+        free(p);
+        p = write_key_file("0123456789abcdef0123456789abcdef\n", 0600);
+        ck_assert_int_eq(peer_auth_key_load(p, &k, &why), 0);
+        ck_assert_ptr_null(why);
+        peer_auth_key_free(k);
+        unlink(p);
+        free(p);
+        ck_assert_int_eq(peer_auth_key_load("/nonexistent/key", &k, &why), -ENOENT);
+        ck_assert_ptr_null(why);
 }
 END_TEST
 

@@ -81,6 +81,30 @@ int epd_gpu_kv_read(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream);
 int epd_kv_write_host(const uint64_t *page_addresses, size_t n_pages, uint64_t page_size, const epd_kv_rows *r);
 int epd_kv_read_host(const uint64_t *page_addresses, size_t n_pages, uint64_t page_size, const epd_kv_rows *r);
 
+/* Layer groups reported ready from the GPU, without the caller waiting (docs/e2e.md):
+ * epd_gpu_notifier_ready_after() records an event on `stream` (everything enqueued there
+ * so far: the group's writes) and returns; the notifier's thread waits for that event
+ * (a blocking-sync event: it sleeps, it does not spin) and then submits the group's
+ * LayerGroupReady on the ring (epd_ring_layer_group_ready()), in the order they were
+ * asked for. The ring may be used from the caller's thread meanwhile (submission is
+ * serialized). epd_gpu_notifier_flush() waits until every group asked for so far is on
+ * the ring, up to timeout_usec (UINT64_MAX: forever), and returns 0, -ETIMEDOUT, or the
+ * first error since the last flush: a failed event (the CUDA error as -errno), a ring
+ * that stayed full for a second (-EAGAIN), a bad request id (-EINVAL); a group whose
+ * notice failed is not reported ready, so its handoff times out and rolls back, never
+ * ships unwritten bytes. epd_gpu_notifier_free() flushes (forever) and ends the thread;
+ * the ring and the EpdGpu must outlive the notifier. */
+struct epd_ring_client;
+typedef struct EpdGpuNotifier EpdGpuNotifier;
+int epd_gpu_notifier_new(EpdGpu *g, int ordinal, struct epd_ring_client *ring, EpdGpuNotifier **ret);
+int epd_gpu_notifier_ready_after(EpdGpuNotifier *n, uint64_t stream, const char *request_id, uint64_t token,
+                                 uint32_t group);
+int epd_gpu_notifier_flush(EpdGpuNotifier *n, uint64_t timeout_usec);
+/* Notices asked for and not yet on the ring, and how many went on the ring in all. */
+uint64_t epd_gpu_notifier_pending(EpdGpuNotifier *n);
+uint64_t epd_gpu_notifier_submitted(EpdGpuNotifier *n);
+EpdGpuNotifier *epd_gpu_notifier_free(EpdGpuNotifier *n);
+
 /* With a daemon connection (epd.h): */
 
 /* Maps GPU arena i of this worker's registration (epd_arena_get(c, i)->domain "gpu"),

@@ -14,10 +14,12 @@
  *
  * Every function returns 0 or a negative errno (epd_last_error_name() says more). */
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "epd/epd.h"
+
 #include "epd/ring.h"
 
 #ifdef __cplusplus
@@ -86,6 +88,7 @@ typedef struct epd_ring_client {
         int memfd;
         int submit_fd;
         int complete_fd;
+        pthread_mutex_t submit_lock; /* the SQ has one producer at a time (epd_gpu_notifier) */
 } epd_ring_client;
 
 /* Opens this client's ring (sq/cq: powers of two, 8..32768) and maps it. */

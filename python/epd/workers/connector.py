@@ -226,6 +226,36 @@ def gpu_arena(client, name: str):
     return m
 
 
+def _notifier(ring, ordinal: int):
+    """The notifier (epd.gpu.Notifier) of this ring on GPU `ordinal`: one per ring and GPU."""
+    key = ("notifier", id(ring), ordinal)
+    n = _GPU.get(key)
+    if n is None:
+        from .. import gpu as G
+        n = _GPU[key] = G.Notifier(_gpu(), ordinal, ring)
+    return n
+
+
+def close_notifiers(ring) -> None:
+    """Flushes and ends the ring's notifiers (before the ring itself is closed)."""
+    for key in [k for k in _GPU if isinstance(k, tuple) and k[0] == "notifier" and k[1] == id(ring)]:
+        _GPU.pop(key).close()
+
+
+_RAW_STREAM = []
+
+
+def _stream_of(t) -> int:
+    """The current CUDA stream (a CUstream handle) of torch tensor t's device: the
+    model's stream, by torch's own cheap accessor where this torch has it."""
+    if not _RAW_STREAM:
+        import torch
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _RAW_STREAM.append(raw if raw is not None else
+                           (lambda dev: torch.cuda.current_stream(dev).cuda_stream))
+    return _RAW_STREAM[0](t.get_device())
+
+
 def _stream() -> int:
     """The current CUDA stream of torch (the model's), or the default stream without torch."""
     try:
@@ -291,6 +321,18 @@ class KvPages:
                         row_bytes=L.head_dim * es, k_offset=L.k_offset(layer), v_offset=L.v_offset(layer),
                         head_stride=st[1] * es, token_stride=st[2] * es)
 
+    def _cached_gpu_rows(self, layer: int, k, v, tokens: int):
+        """The KvRows kept by _gpu_rows, updated for this layer's tensors, when they have
+        the same shape, strides and dtype as the checked ones (else None). The hot path
+        of a forward pass: no stride analysis, no new ctypes structure."""
+        c = self._cached_rows
+        if c is None or c[0] != (k.shape, k.stride(), v.stride(), k.dtype, v.dtype):
+            return None
+        rows, L = c[1], self.layout
+        rows.k, rows.v, rows.tokens = k.data_ptr(), v.data_ptr(), tokens
+        rows.k_offset, rows.v_offset = L.k_offset(layer), L.v_offset(layer)
+        return rows
+
     def _gpu_rows(self, layer: int, k, v, tokens: int):
         """_rows for the GPU path, without redoing per layer what is the same for every
         layer of a forward pass: the model's K/V tensors have one shape, strides and dtype
@@ -319,9 +361,13 @@ class KvPages:
         first = self._first_page(start)
         if self.on_gpu:
             if _is_torch(k):
-                if k.stride(3) != 1 or v.stride(3) != 1 or _strides(v) != _strides(k):
-                    k, v = k.contiguous(), v.contiguous()
-                self._table(first).write(self._gpu_rows(layer, k, v, int(k.shape[2])), _stream())
+                rows = self._cached_gpu_rows(layer, k, v, k.shape[2])
+                if rows is None:
+                    if k.stride(3) != 1 or v.stride(3) != 1 or _strides(v) != _strides(k):
+                        k, v = k.contiguous(), v.contiguous()
+                    rows = self._gpu_rows(layer, k, v, int(k.shape[2]))
+                t = self._tables.get(first)
+                (t if t is not None else self._table(first)).write(rows, _stream_of(k))
                 return
             if _strides(k)[3] != 1 or _strides(v) != _strides(k):
                 k, v = k.contiguous(), v.contiguous()
@@ -345,7 +391,11 @@ class KvPages:
             dt = getattr(torch, dtype)
             k = torch.empty(shape, dtype=dt, device=device or "cuda")
             v = torch.empty(shape, dtype=dt, device=device or "cuda")
-            self._table(0).read(self._gpu_rows(layer, k, v, tokens), _stream())
+            rows = self._cached_gpu_rows(layer, k, v, tokens)
+            if rows is None:
+                rows = self._gpu_rows(layer, k, v, tokens)
+            t = self._tables.get(0)
+            (t if t is not None else self._table(0)).read(rows, _stream_of(k))
             return k, v
         if device is not None or dtype == "bfloat16":
             import torch
@@ -378,40 +428,113 @@ class EpdKvSink:
 
     def __init__(self, client, arena: str, layout: KvPageLayout, request_id: str, tokens: int,
                  group_sizes: Seq[int], destination: str = "", ring: Optional[Ring] = None,
-                 target: Optional[str] = None):
+                 target: Optional[str] = None, background: bool = False):
+        """background: the sequence and the handoff's Prepare (bus calls, the daemon's
+        journal) are made on a thread of their own while the caller goes on launching the
+        model's forward pass; the first layer() waits for them. Only while this sink is
+        being set up, nothing else may use `client` (libepd's connection is not shared
+        between threads)."""
         self.client, self.layout, self.ring = client, layout, ring
         self.tokens = tokens
-        self.seq = Sequence.create(client, arena, layout.pages_for(tokens))
-        if self.seq.page_size != layout.page_size:
-            raise EpdError(22, "org.epd1.Error.InvalidArgument",
-                           f"page size {self.seq.page_size} != layout {layout.page_size}", "kv sink")
-        self.pages = self.seq.pages
-        self.kv = KvPages(client, arena, layout, _seq_offsets(client, arena, self.pages, layout.page_size))
         self.group_last = []
         n = 0
         for g in group_sizes:
             n += g
             self.group_last.append(n - 1)
-        self.handoff = Handoff.prepare(client, request_id, destination, self.seq.path, list(group_sizes),
-                                       target=target)
         self.bytes_written = 0
         self.groups_sent = 0
         self.seconds = 0.0  # time spent in this sink: launches or host copies, notices
         self.write_s = 0.0  # of which the writes (launches, host copies)
         self.notice_s = 0.0  # of which the groups' events and ready notices
         self.wait_s = 0.0   # time done() waited for the model's kernels before the last groups
+        self.setup_s = 0.0  # the sequence and Prepare themselves (hidden when in the background)
+        self.setup_wait_s = 0.0  # how long the first layer waited for a background setup
         self._pending = []  # (CUDA event, group) of groups whose writes are in flight
+        self._seq = self._kv = self._handoff = self._notifier = None
+        self._setup_error: Optional[BaseException] = None
+        self._thread = None
+        args = (arena, request_id, destination, list(group_sizes), target)
+        if background:
+            import threading
+            self._thread = threading.Thread(target=self._setup_in_background, args=args,
+                                            name=f"epd-sink-{request_id[:8]}", daemon=True)
+            self._thread.start()
+        else:
+            self._setup(*args)
+
+    def _setup(self, arena, request_id, destination, group_sizes, target) -> None:
+        t0 = time.perf_counter()
+        seq = Sequence.create(self.client, arena, self.layout.pages_for(self.tokens))
+        try:
+            if seq.page_size != self.layout.page_size:
+                raise EpdError(22, "org.epd1.Error.InvalidArgument",
+                               f"page size {seq.page_size} != layout {self.layout.page_size}", "kv sink")
+            kv = KvPages(self.client, arena, self.layout,
+                         _seq_offsets(self.client, arena, seq.pages, self.layout.page_size))
+            handoff = Handoff.prepare(self.client, request_id, destination, seq.path, group_sizes, target=target)
+        except BaseException:
+            seq.release()
+            raise
+        self._seq_pages = seq.pages
+        self._seq, self._kv, self._handoff = seq, kv, handoff
+        # GPU arena and a ring: libepd's notifier reports each group ready once its
+        # writes have run on the GPU, from its own thread (no polling, no host sync).
+        ring = self.ring
+        self._notifier = _notifier(ring, kv._m.ordinal) if ring is not None and kv.on_gpu else None
+        self._rid = handoff.request_id.encode()
+        self.setup_s = time.perf_counter() - t0
+
+    def _setup_in_background(self, *args) -> None:
+        try:
+            self._setup(*args)
+        except BaseException as e:  # raised to the caller by _settle()
+            self._setup_error = e
+
+    def _settle(self) -> None:
+        """Waits for a background setup; raises what it failed with."""
+        if self._thread is not None:
+            t0 = time.perf_counter()
+            self._thread.join()
+            self.setup_wait_s += time.perf_counter() - t0
+            self._thread = None
+        if self._setup_error is not None:
+            raise self._setup_error
+
+    @property
+    def seq(self):
+        self._settle()
+        return self._seq
+
+    @property
+    def kv(self):
+        self._settle()
+        return self._kv
+
+    @property
+    def handoff(self):
+        self._settle()
+        return self._handoff
+
+    @property
+    def pages(self):
+        self._settle()
+        return self._seq_pages
 
     def layer(self, layer_idx: int, k, v) -> None:
         t_start = time.perf_counter()
-        self.kv.write(layer_idx, k, v)
+        if self._thread is not None or self._setup_error is not None:
+            self._settle()
+        self._kv.write(layer_idx, k, v)
         t_written = time.perf_counter()
         self.write_s += t_written - t_start
         S = int(k.shape[2])
         self.bytes_written += 2 * S * self.layout.k_bytes_per_token
         if layer_idx in self.group_last:
             g = self.group_last.index(layer_idx)
-            if _is_torch(k) and k.is_cuda:
+            if self._notifier is not None and _is_torch(k) and k.is_cuda:
+                self._notifier.ready_after(_stream_of(k), self._rid, self._handoff.token, g)
+                self.groups_sent += 1
+            elif _is_torch(k) and k.is_cuda:
                 import torch
                 ev = torch.cuda.Event()
                 ev.record()
@@ -429,6 +552,10 @@ class EpdKvSink:
 
     def _flush(self, block: bool) -> None:
         """Reports ready, in order, the groups whose writes have landed (all when block)."""
+        if block and self._notifier is not None:
+            t0 = time.perf_counter()
+            self._notifier.flush(30.0)
+            self.wait_s += time.perf_counter() - t0
         while self._pending:
             ev, g = self._pending[0]
             if block:
@@ -442,6 +569,7 @@ class EpdKvSink:
 
     def flush(self) -> None:
         """Waits for the model's writes of every layer so far and reports their groups."""
+        self._settle()
         self._flush(block=True)
 
     def done(self) -> None:
@@ -449,10 +577,11 @@ class EpdKvSink:
         # Leases keep the pages alive until the transfer completes; the decode side's
         # commit gives it references of its own. Idempotent (the model's prefill and the
         # worker loop may both call it).
+        self._settle()
         self._flush(block=True)
-        if self.seq is not None:
-            seq, self.seq = self.seq, None
-            self.kv.close()
+        if self._seq is not None:
+            seq, self._seq = self._seq, None
+            self._kv.close()
             seq.release()
 
 

@@ -76,11 +76,14 @@ class EpdKvConnector:
 
     def __init__(self, client, layout: C.KvPageLayout, role: str, arena: str = "host0", group_size: int = 1,
                  ring: Optional[Ring] = None, device: Optional[str] = None, dtype: str = "bfloat16",
-                 timeout_s: float = 30.0):
+                 timeout_s: float = 30.0, background_setup: bool = False):
         if role not in ("producer", "consumer"):
             raise ValueError(f"role {role!r}: producer or consumer")
         self.client, self.layout, self.role, self.arena = client, layout, role, arena
         self.ring, self.device, self.dtype, self.timeout_s = ring, device, dtype, timeout_s
+        # A save's sequence and Prepare made on a thread while the model's forward pass is
+        # launched (EpdKvSink's background); the engine must not use `client` meanwhile.
+        self.background_setup = background_setup
         self.group_sizes = C.groups_of(layout.layers, group_size)
         self.layer_index: Dict[str, int] = {}
         self._meta: Optional[EpdKvMetadata] = None
@@ -118,7 +121,8 @@ class EpdKvConnector:
                 if t.request_id not in self._sinks:
                     self._sinks[t.request_id] = C.EpdKvSink(self.client, self.arena, self.layout, t.request_id,
                                                             t.tokens, self.group_sizes, t.destination,
-                                                            ring=self.ring, target=t.target)
+                                                            ring=self.ring, target=t.target,
+                                                            background=self.background_setup)
 
     def clear_connector_metadata(self) -> None:
         self._meta = None
@@ -252,6 +256,8 @@ class EpdKvConnector:
             except Exception:
                 pass
         self._sinks.clear()
+        if self.ring is not None:
+            C.close_notifiers(self.ring)
         for ld in self._loads.values():
             if ld.committed is not None:
                 ld.committed.release()

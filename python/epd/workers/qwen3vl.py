@@ -83,7 +83,8 @@ class Request:
         """The content key of the image: sha256 of its pixels' bytes and size."""
         if self._key is None:
             import hashlib
-            h = hashlib.sha256(self._cpu().view(torch.int16).numpy().tobytes())
+            # The pixels' own buffer, not a copy of it (the same bytes, the same key).
+            h = hashlib.sha256(memoryview(self._cpu().view(torch.int16).contiguous().numpy()).cast("B"))
             h.update(b"|" + str(self._px).encode())
             self._key = h.hexdigest()
         return self._key

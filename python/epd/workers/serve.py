@@ -324,7 +324,8 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
         kvc = None
         if role in ("prefill", "decode"):
             kvc = H.EpdKvConnector(client, layout, "producer" if role == "prefill" else "consumer",
-                                   arena=kv_arena, group_size=group_size, ring=ring, device=device, dtype=b.dtype)
+                                   arena=kv_arena, group_size=group_size, ring=ring, device=device, dtype=b.dtype,
+                                   background_setup=True)
             kvc.register_kv_caches({_layer_name(l): None for l in range(b.layers)})
         agents = _DecodeAgents(client, layout, b, device, kv_arena) if role == "decode" else None
         conn.send(("ready", {"pid": os.getpid(), "gpu": gpu, "worker": client.worker_path}))
@@ -335,11 +336,13 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
             kind, spec = msg[0], msg[1]
             t0 = time.perf_counter()
             if kind == "encode":
-                key = b.image_key(spec)
+                key = b.image_key(spec)  # the image (synthesized here) and its content hash
+                key_s = time.perf_counter() - t0
                 ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id)
                 _sync(device)
                 result, enc_s = ec.last_save
-                conn.send(("ok", {"result": result, "encode_s": enc_s, "key": key, "t": time.perf_counter() - t0}))
+                conn.send(("ok", {"result": result, "encode_s": enc_s, "key_s": key_s, "key": key,
+                                  "t": time.perf_counter() - t0}))
             elif kind == "prefill":
                 feats, enc, key, detail = None, None, b.image_key(spec), {}
                 if spec.image_seed is not None:
@@ -373,7 +376,8 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                        "sink_wait_s": kvc.stats["save_wait_s"] - s0["save_wait_s"],
                        "compute_s": t3 - t2 - save_s, "kv_bytes": sink.bytes_written,
                        "sink_detail": {"write": sink.write_s, "notice": sink.notice_s,
-                                       "groups": sink.groups_sent}}
+                                       "groups": sink.groups_sent, "setup": sink.setup_s,
+                                       "setup_wait": sink.setup_wait_s}}
                 if enc:
                     out["encode"] = enc
                 conn.send(("ok", out))

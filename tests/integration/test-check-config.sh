@@ -1,0 +1,108 @@
+#!/bin/bash
+# SPDX-License-Identifier: LGPL-2.1-or-later
+# `epdd --check-config` runs the checks start-up runs and says what start-up says:
+# for every configuration below that start-up refuses (a cluster key file readable by
+# others, too short, empty, /dev/zero or a directory; a Listen= or peer Address= with
+# a host name; a NUL byte; an arena too small; a SocketGroup= that does not exist) it
+# exits non-zero with exactly the output epdd gives when started with the same
+# configuration, and neither creates the socket's nor the state directory. A good
+# configuration passes, also without creating anything.
+set -u
+skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*"; exit 1; }
+ok()   { echo "ok: $*"; }
+FAILED=0
+# Each case is checked to the end, so that one run names every case that fails.
+bad()  { echo "FAIL: $*"; FAILED=1; }
+
+: "${EPDD:?EPDD is set by meson}"
+[ -x "$EPDD" ] || skip "no epdd at $EPDD"
+command -v timeout >/dev/null || skip "timeout(1) is not installed"
+
+W=$(mktemp -d /tmp/epd-check-config.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+# Every run gets its own socket and state directory under $W: neither may appear.
+ARGS=(--no-system-bus --socket="$W/run/bus" --state-directory="$W/state")
+
+printf '%s\n' 0123456789abcdef0123456789abcdef > "$W/key-good"
+chmod 600 "$W/key-good"
+cp "$W/key-good" "$W/key-0644"
+chmod 644 "$W/key-0644"
+printf 'abc\n' > "$W/key-short"
+chmod 600 "$W/key-short"
+: > "$W/key-empty"
+chmod 600 "$W/key-empty"
+mkdir "$W/key-dir"
+chmod 700 "$W/key-dir"
+
+cluster() { # KEYFILE [LISTEN]
+        printf '[Daemon]\nHostId=node-a\n[Arena:kv]\nSize=16M\n[Cluster]\nClusterKeyFile=%s\nListen=%s\n' \
+                "$1" "${2:-127.0.0.1:7199}"
+}
+
+# name | file content (printf format) | what the message must say
+check_refused() {
+        local name=$1 want=$2 conf="$W/$1.conf" rc
+        rm -rf "$W/run" "$W/state"
+        "$EPDD" --check-config -c "$conf" "${ARGS[@]}" >"$W/$name.check.out" 2>"$W/$name.check.err"
+        rc=$?
+        if [ $rc -eq 0 ]; then
+                cat "$W/$name.check.out" "$W/$name.check.err"
+                bad "$name: --check-config exited 0"
+                return
+        fi
+        if ! grep -qF -- "$want" "$W/$name.check.err"; then
+                cat "$W/$name.check.err"
+                bad "$name: --check-config does not say '$want'"
+                return
+        fi
+        [ ! -e "$W/run" ] && [ ! -e "$W/state" ] ||
+                { bad "$name: --check-config created the socket's or the state directory"; return; }
+        [ ! -s "$W/$name.check.out" ] || { cat "$W/$name.check.out"; bad "$name: --check-config printed on stdout"; return; }
+
+        timeout 30 "$EPDD" -c "$conf" "${ARGS[@]}" >"$W/$name.start.out" 2>"$W/$name.start.err"
+        rc=$?
+        if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then
+                cat "$W/$name.start.err"
+                bad "$name: epdd started (rc $rc)"
+                return
+        fi
+        if ! cmp -s "$W/$name.check.err" "$W/$name.start.err"; then
+                diff "$W/$name.check.err" "$W/$name.start.err"
+                bad "$name: --check-config and start-up say different things"
+                return
+        fi
+        [ ! -e "$W/state" ] || { bad "$name: start-up made the state directory before refusing"; return; }
+        ok "$name: refused by both, with: $(head -c 160 "$W/$name.check.err" | tr '\n' ' ')"
+}
+
+cluster "$W/key-0644" > "$W/key-mode.conf"
+check_refused key-mode "cannot load the cluster key $W/key-0644: it is readable or writable by group or others; chmod 600 it"
+cluster "$W/key-short" > "$W/key-length.conf"
+check_refused key-length "cannot load the cluster key $W/key-short: it holds fewer than 16 bytes"
+cluster "$W/key-empty" > "$W/key-empty.conf"
+check_refused key-empty "cannot load the cluster key $W/key-empty: it is empty"
+cluster /dev/zero > "$W/key-devzero.conf"
+check_refused key-devzero "cannot load the cluster key /dev/zero: it is not a regular file"
+cluster "$W/key-dir" > "$W/key-dir.conf"
+check_refused key-dir "cannot load the cluster key $W/key-dir: it is a directory, not a file"
+cluster "$W/key-good" localhost:7199 > "$W/listen-name.conf"
+check_refused listen-name "listen-name.conf:7: Listen=localhost:7199: expected a numeric IPv4 address and a port"
+{ cluster "$W/key-good"; printf '[Peer:b]\nAddress=peer-b.example:7199\nHostId=node-b\n'; } > "$W/peer-name.conf"
+check_refused peer-name "peer-name.conf:9: Address=peer-b.example:7199: expected a numeric IPv4 address and a port"
+printf '[Daemon]\nHostId=node-a\n[Arena:kv]\nSize=16M\x00\n' > "$W/nul.conf"
+check_refused nul "nul.conf:4: a NUL byte: the file is not text"
+printf '[Arena:kv]\nSize=4K\n' > "$W/arena-small.conf"
+check_refused arena-small "Arena 'kv': Size=4096 is out of range"
+printf '[Daemon]\nSocketGroup=epd-no-such-group\n' > "$W/group.conf"
+check_refused group "[Daemon] SocketGroup=epd-no-such-group: no such group."
+
+# A configuration start-up takes passes, and --check-config still creates nothing.
+{ cluster "$W/key-good"; printf '[Peer:b]\nAddress=127.0.0.2:7199\nHostId=node-b\n'; } > "$W/good.conf"
+rm -rf "$W/run" "$W/state"
+out=$("$EPDD" --check-config -c "$W/good.conf" "${ARGS[@]}" 2>"$W/good.err") ||
+        { cat "$W/good.err"; fail "a good configuration is refused"; }
+[ "$out" = "Configuration OK: 1 arena(s), 1 peer(s)." ] || fail "unexpected output: $out"
+[ ! -e "$W/run" ] && [ ! -e "$W/state" ] || fail "--check-config of a good configuration created a directory"
+ok "a good configuration: $out"
+[ $FAILED -eq 0 ] || fail "some configurations were not refused alike (above)"
