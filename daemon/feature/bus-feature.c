@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/bus-objects.h"
 #include "core/manager.h"
 #include "core/worker.h"
@@ -581,7 +582,7 @@ static const sd_bus_vtable feature_vtable[] = {
 };
 
 int bus_feature_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, FEATURE_PATH, FEATURE_IFACE, feature_vtable, m);
+        int r = bus_glue_add_vtable(bus, FEATURE_PATH, FEATURE_IFACE, feature_vtable, NULL, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Feature object: %m");
         return 0;

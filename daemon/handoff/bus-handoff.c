@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/arena.h"
 #include "core/bus-dict.h"
 #include "core/bus-objects.h"
@@ -488,9 +489,9 @@ static int handoff_enumerate(sd_bus *bus, const char *path, void *userdata, char
 }
 
 int bus_handoff_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, HANDOFF_PATH, "org.epd1.Handoffs", handoffs_vtable, m);
+        int r = bus_glue_add_vtable(bus, HANDOFF_PATH, "org.epd1.Handoffs", handoffs_vtable, NULL, m);
         if (r >= 0)
-                r = sd_bus_add_fallback_vtable(bus, NULL, HANDOFF_PATH_PREFIX, "org.epd1.Handoff", handoff_vtable,
+                r = bus_glue_add_vtable(bus, HANDOFF_PATH_PREFIX, "org.epd1.Handoff", handoff_vtable,
                                                handoff_find, m);
         if (r >= 0)
                 r = sd_bus_add_node_enumerator(bus, NULL, HANDOFF_PATH_PREFIX, handoff_enumerate, m);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/manager.h"
 #include "log.h"
 #include "macro.h"
@@ -30,8 +31,11 @@ static int reply_locate(LocateCall *lc, const DirectoryLocateResult *res) {
         int r;
 
         r = placement_rank(res->entries, res->n, lc->m->config.host_id, &c, &n);
-        if (r < 0)
-                return sd_bus_reply_method_errnof(lc->msg, -r, "Cannot rank the holders: %m");
+        if (r < 0) {
+                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
+                (void)epd_bus_error_errno(&e, r, "Cannot rank the holders.");
+                return sd_bus_reply_method_error(lc->msg, &e);
+        }
         r = sd_bus_message_new_method_return(lc->msg, &reply);
         if (r >= 0)
                 r = sd_bus_message_append(reply, "usss", n ? c[0].n_blocks : 0, n ? c[0].host : "",
@@ -138,7 +142,7 @@ static const sd_bus_vtable placement_vtable[] = {
 };
 
 static int bus_placement_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, PLACEMENT_OBJECT_PATH, PLACEMENT_INTERFACE, placement_vtable, m);
+        int r = bus_glue_add_vtable(bus, PLACEMENT_OBJECT_PATH, PLACEMENT_INTERFACE, placement_vtable, NULL, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Placement object: %m");
         return 0;
