@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-/* Fault injection for test-connection-faults: preloaded into epdd, it makes one call of
+/* Fault injection for test-connection-faults and test-bus-errors: preloaded into epdd, it makes one call of
  * the sd-bus functions that set up a direct connection fail with -ENOMEM. The plan is
  * the file named by $EPD_FAULT_FILE: "FUNCTION N" fails the Nth call of FUNCTION
  * counted from when the file was written (each new plan, a new inode, restarts the
@@ -92,4 +92,12 @@ int sd_bus_query_sender_creds(sd_bus_message *m, uint64_t mask, sd_bus_creds **c
         if (fail_now(__func__))
                 return -ENOMEM;
         return REAL(sd_bus_query_sender_creds)(m, mask, creds);
+}
+
+/* test-bus-errors: a method handler's own reply cannot be made, so the handler returns a
+ * bare errno (the bus glue must name it). */
+int sd_bus_message_new_method_return(sd_bus_message *call, sd_bus_message **m) {
+        if (fail_now(__func__))
+                return -ENOMEM;
+        return REAL(sd_bus_message_new_method_return)(call, m);
 }

@@ -4,13 +4,16 @@
  * bare InvalidArgs: hints and options of the wrong variant type (Scheduler.Admit,
  * Scheduler.ConfigureWorker, Manager.RegisterWorker, Handoffs.Prepare), values of a
  * variant that is not what its type says, and a call whose arguments have the wrong
- * signature altogether. */
+ * signature altogether. A handler that fails with a bare errno (its reply cannot be
+ * made: fault-sdbus.so preloaded into epdd) is org.epd1.Error.Failed naming the method,
+ * not org.freedesktop.DBus.Error.NoMemory. */
 #include <check.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -18,9 +21,30 @@ static Harness h;
 static sd_bus *bus;
 static char worker[256];
 
+static char fault_file[400];
+
 static void setup(void) {
+        const char *lib = getenv("FAULT_SDBUS");
         ck_assert_int_eq(harness_init(&h, NULL), 0);
+        snprintf(fault_file, sizeof fault_file, "%s/fault", h.dir);
+        /* fault-sdbus.so in epdd: no plan file, no fault, until test_bare_errno writes one. */
+        char *old_asan = getenv("ASAN_OPTIONS") ? strdup(getenv("ASAN_OPTIONS")) : NULL;
+        if (lib) {
+                char env[1200];
+                snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", old_asan ? old_asan : "",
+                         old_asan && *old_asan ? ":" : "");
+                ck_assert_int_eq(setenv("ASAN_OPTIONS", env, 1), 0);
+                ck_assert_int_eq(setenv("LD_PRELOAD", lib, 1), 0);
+                ck_assert_int_eq(setenv("EPD_FAULT_FILE", fault_file, 1), 0);
+        }
         ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+        unsetenv("LD_PRELOAD");
+        unsetenv("EPD_FAULT_FILE");
+        if (old_asan)
+                setenv("ASAN_OPTIONS", old_asan, 1);
+        else
+                unsetenv("ASAN_OPTIONS");
+        free(old_asan);
         ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
 
         sd_bus_error e = SD_BUS_ERROR_NULL;
@@ -117,6 +141,37 @@ START_TEST(test_other_readers) {
 }
 END_TEST
 
+/* A handler whose reply cannot be made returns a bare -ENOMEM: named by the glue. */
+START_TEST(test_bare_errno) {
+        ck_assert_msg(getenv("FAULT_SDBUS"), "FAULT_SDBUS is not set (run through meson test)");
+        sd_bus *other; /* one worker per connection: setup's holds one */
+        ck_assert_int_ge(harness_direct_bus(&h, &other), 0);
+        FILE *f = fopen(fault_file, "we");
+        ck_assert_ptr_nonnull(f);
+        fputs("sd_bus_message_new_method_return 1\n", f);
+        fclose(f);
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        int r = sd_bus_call_method(other, NULL, "/org/epd1", "org.epd1.Manager", "RegisterWorker", &e, &reply,
+                                   "sssa{sv}", "prefill", "m", "cpu", 0);
+        ck_assert_int_lt(r, 0);
+        ck_assert_msg(strcmp(e.name, "org.epd1.Error.Failed") == 0, "RegisterWorker: %s: %s", e.name, e.message);
+        ck_assert_msg(strstr(e.message, "org.epd1.Manager.RegisterWorker") &&
+                              strstr(e.message, strerror(ENOMEM)),
+                      "'%s' names neither the method nor the errno", e.message);
+        sd_bus_error_free(&e);
+        ck_assert_int_eq(unlink(fault_file), 0);
+        /* the failed registration left nothing behind; the next one is served */
+        ck_assert_int_eq(harness_count_workers(bus, NULL), 1);
+        r = sd_bus_call_method(other, NULL, "/org/epd1", "org.epd1.Manager", "RegisterWorker", &e, &reply,
+                               "sssa{sv}", "prefill", "m", "cpu", 0);
+        ck_assert_msg(r >= 0, "RegisterWorker: %s", e.message);
+        sd_bus_message_unref(reply);
+        ck_assert_int_eq(harness_count_workers(bus, NULL), 2);
+        sd_bus_flush_close_unref(other);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("bus-errors");
         TCase *tc = tcase_create("bus-errors");
@@ -124,6 +179,7 @@ int main(void) {
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_scheduler_wrong_variants);
         tcase_add_test(tc, test_other_readers);
+        tcase_add_test(tc, test_bare_errno);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
         srunner_set_fork_status(sr, CK_NOFORK);
