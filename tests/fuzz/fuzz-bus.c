@@ -13,11 +13,13 @@
  *  - an error reply is named org.epd1.Error.* (or sd-bus's own routing errors for a
  *    path or interface that does not exist): never a System.Error.* errno nor a bare
  *    InvalidArgs;
+ *  - a reply comes: within 5 s for every method but those that wait by design;
  *  - the observer, another client holding a worker and a sequence, sees them exactly as
  *    before (its objects counted the same, its sequence's pages the same);
  *  - the daemon's counts agree: workers registered = clients' worker objects.
  * Checked after the fuzz client hangs up (end of every input): the daemon holds exactly
- * what it held before the input (clients, workers, sequences). */
+ * what it held before the input (clients, workers, sequences). The temporary directory
+ * goes at exit, and before a failure aborts. */
 #include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -47,9 +49,18 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+static bool listed(const char *const *list, const char *name);
+
+/* Methods that wait by design (AcceptWait: for a handoff, up to its timeout_usec): no
+ * reply within 100 ms is their normal course, and the hang-up at the end must end the
+ * wait. Every other call is answered at once: no reply in 5 s fails the fuzzer. */
+static const char *const waiting_methods[] = {
+        "AcceptWait",
+        NULL,
+};
+
 /* sd-bus's routing, not a refusal of the daemon: the call named no object/interface/member
  * served at that path (the fuzzer sends interfaces to paths that lack them on purpose). */
-static bool listed(const char *const *list, const char *name);
 static const char *const routing_errors[] = {
         "org.freedesktop.DBus.Error.UnknownObject",
         "org.freedesktop.DBus.Error.UnknownInterface",
@@ -409,14 +420,17 @@ static void pump_once(int timeout_usec) {
                 die("sd_event_run", r);
 }
 
-/* Sends msg on bus and runs the daemon until the reply comes (or 5 s pass). */
-static sd_bus_message *call(sd_bus *bus, sd_bus_message *msg) {
+/* Sends msg on bus and runs the daemon until the reply comes or wait_ms pass; NULL
+ * without a reply, with *hung_up set when the connection is gone. */
+static sd_bus_message *call_for(sd_bus *bus, sd_bus_message *msg, int wait_ms, bool *hung_up) {
         uint64_t cookie;
         sd_bus_message *reply = NULL;
         int r = sd_bus_send(bus, msg, &cookie);
-        if (r < 0)
+        if (r < 0) {
+                *hung_up = true;
                 return NULL;
-        for (int i = 0; i < 5000 && !reply; i++) {
+        }
+        for (int i = 0; i < wait_ms && !reply; i++) {
                 sd_bus_message *in = NULL;
                 pump_once(0);
                 while ((r = sd_bus_process(bus, &in)) > 0) {
@@ -430,14 +444,21 @@ static sd_bus_message *call(sd_bus *bus, sd_bus_message *msg) {
                                 in = NULL;
                         }
                 }
-                if (r < 0)
+                if (r < 0) {
+                        *hung_up = true;
                         return NULL; /* the daemon hung up on us */
+                }
                 if (!reply) {
                         pump_once(1000);
                         (void)sd_bus_wait(bus, 0);
                 }
         }
         return reply;
+}
+
+static sd_bus_message *call(sd_bus *bus, sd_bus_message *msg) {
+        bool hung_up = false;
+        return call_for(bus, msg, 5000, &hung_up);
 }
 
 static sd_bus_message *call_method(sd_bus *bus, const char *path, const char *iface, const char *member,
@@ -618,7 +639,6 @@ static void setup(void) {
         observer_pages = observer_pages_text();
 }
 
-static bool listed(const char *const *list, const char *name);
 static bool listed(const char *const *list, const char *name) {
         for (size_t i = 0; list[i]; i++)
                 if (strcmp(list[i], name) == 0)
@@ -676,8 +696,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         sd_bus_message_unref(msg);
                         continue;
                 }
-                sd_bus_message *reply = call(bus, msg); if (!reply || (sd_bus_message_is_method_error(reply, NULL) && strncmp(sd_bus_message_get_error(reply)->name, "org.epd1.", 9) && !listed(routing_errors, sd_bus_message_get_error(reply)->name))) { fprintf(stderr, "DBG %s.%s(%s) -> %s: %s\n", mt->iface, mt->name, mt->sig, !reply ? "NONE" : sd_bus_message_get_error(reply)->name, reply ? sd_bus_message_get_error(reply)->message : ""); sd_bus_message_unref(reply); sd_bus_message_unref(msg); continue; }
+                bool waits = listed(waiting_methods, mt->name);
+                bool hung_up = false;
+                sd_bus_message *reply = call_for(bus, msg, waits ? 100 : 5000, &hung_up);
                 sd_bus_message_unref(msg);
+                if (!reply && !hung_up && !waits) {
+                        fprintf(stderr, "fuzz-bus: %s.%s(%s) on %s: no reply in 5 s\n", mt->iface, mt->name, mt->sig,
+                                path);
+                        fail();
+                }
                 if (reply && sd_bus_message_is_method_error(reply, NULL)) {
                         const sd_bus_error *e = sd_bus_message_get_error(reply);
                         if (strncmp(e->name, "org.epd1.Error.", 15) != 0 && !listed(routing_errors, e->name)) {
