@@ -141,18 +141,47 @@ START_TEST(test_other_readers) {
 }
 END_TEST
 
-/* A handler whose reply cannot be made returns a bare -ENOMEM: named by the glue. */
+/* Writes the fault plan as a new file renamed over the old one: a new inode while the
+ * old one exists, so fault-sdbus restarts its count. A plan fails one call only: the
+ * calls after it are served. */
+static void plan(const char *text) {
+        char tmp[420];
+        snprintf(tmp, sizeof tmp, "%s.new", fault_file);
+        FILE *f = fopen(tmp, "we");
+        ck_assert_ptr_nonnull(f);
+        fputs(text, f);
+        ck_assert_int_eq(fclose(f), 0);
+        ck_assert_int_eq(rename(tmp, fault_file), 0);
+}
+
+/* A handler whose reply cannot be made, or a getter its value, returns a bare -ENOMEM:
+ * named by the glue. */
 START_TEST(test_bare_errno) {
         ck_assert_msg(getenv("FAULT_SDBUS"), "FAULT_SDBUS is not set (run through meson test)");
-        sd_bus *other; /* one worker per connection: setup's holds one */
-        ck_assert_int_ge(harness_direct_bus(&h, &other), 0);
-        FILE *f = fopen(fault_file, "we");
-        ck_assert_ptr_nonnull(f);
-        fputs("sd_bus_message_new_method_return 1\n", f);
-        fclose(f);
         sd_bus_error e = SD_BUS_ERROR_NULL;
         sd_bus_message *reply = NULL;
-        int r = sd_bus_call_method(other, NULL, "/org/epd1", "org.epd1.Manager", "RegisterWorker", &e, &reply,
+        int r;
+
+        /* A property getter's bare errno: the same table. (First: the daemon does nothing
+         * else in between, which could take the planned call.) */
+        /* the 1st: sd-bus's own, the variant around the value; the 2nd: the getter's */
+        plan("sd_bus_message_open_container 2\n");
+        r = sd_bus_call_method(bus, NULL, "/org/epd1", "org.freedesktop.DBus.Properties", "Get", &e, &reply, "ss",
+                               "org.epd1.Manager", "Arenas");
+        ck_assert_int_lt(r, 0);
+        ck_assert_msg(strcmp(e.name, "org.epd1.Error.Failed") == 0, "Get(Arenas): %s: %s", e.name, e.message);
+        ck_assert_msg(strstr(e.message, "org.epd1.Manager.Arenas"), "'%s' does not name the property", e.message);
+        sd_bus_error_free(&e);
+        r = sd_bus_call_method(bus, NULL, "/org/epd1", "org.freedesktop.DBus.Properties", "Get", &e, &reply, "ss",
+                               "org.epd1.Manager", "Arenas");
+        ck_assert_msg(r >= 0, "Get(Arenas): %s", e.message);
+        sd_bus_message_unref(reply);
+
+        /* A method handler's. */
+        sd_bus *other; /* one worker per connection: setup's holds one */
+        ck_assert_int_ge(harness_direct_bus(&h, &other), 0);
+        plan("sd_bus_message_new_method_return 1\n");
+        r = sd_bus_call_method(other, NULL, "/org/epd1", "org.epd1.Manager", "RegisterWorker", &e, &reply,
                                    "sssa{sv}", "prefill", "m", "cpu", 0);
         ck_assert_int_lt(r, 0);
         ck_assert_msg(strcmp(e.name, "org.epd1.Error.Failed") == 0, "RegisterWorker: %s: %s", e.name, e.message);
@@ -160,7 +189,6 @@ START_TEST(test_bare_errno) {
                               strstr(e.message, strerror(ENOMEM)),
                       "'%s' names neither the method nor the errno", e.message);
         sd_bus_error_free(&e);
-        ck_assert_int_eq(unlink(fault_file), 0);
         /* the failed registration left nothing behind; the next one is served */
         ck_assert_int_eq(harness_count_workers(bus, NULL), 1);
         r = sd_bus_call_method(other, NULL, "/org/epd1", "org.epd1.Manager", "RegisterWorker", &e, &reply,
@@ -169,6 +197,8 @@ START_TEST(test_bare_errno) {
         sd_bus_message_unref(reply);
         ck_assert_int_eq(harness_count_workers(bus, NULL), 2);
         sd_bus_flush_close_unref(other);
+
+        ck_assert_int_eq(unlink(fault_file), 0);
 }
 END_TEST
 
