@@ -78,6 +78,12 @@ int bus_glue_name_error(sd_bus_error *error, int r, const char *interface, const
         return epd_bus_error_errno(error, r, text);
 }
 
+int bus_glue_reply_errno(sd_bus_message *call, int r, const char *message) {
+        _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
+        (void)epd_bus_error_errno(&e, r < 0 ? r : -EIO, message);
+        return sd_bus_reply_method_error(call, &e);
+}
+
 static int method_wrapped(sd_bus_message *m, void *userdata, sd_bus_error *error) {
         const char *interface = sd_bus_message_get_interface(m), *member = sd_bus_message_get_member(m);
         const sd_bus_vtable *v = glue_find(interface, member, _SD_BUS_VTABLE_METHOD);

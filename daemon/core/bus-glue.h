@@ -20,6 +20,11 @@ int bus_glue_add_vtable(sd_bus *bus, const char *path, const char *interface, co
 /* Installs the argument check on one connection (a filter ahead of sd-bus's dispatch). */
 int bus_glue_add_argument_check(sd_bus *bus);
 
+/* The error reply to a call answered later (after its handler returned): the name that
+ * the errno r maps to (epd_bus_error_errno()), `message` (may be NULL) as its text. For
+ * a deferred reply that cannot be built, so that the caller is answered all the same. */
+int bus_glue_reply_errno(sd_bus_message *call, int r, const char *message);
+
 /* Turns the outcome r of a handler for interface.member into a named error in `error`:
  * what the wrapped handlers do, exposed for the unit test. Returns r. */
 int bus_glue_name_error(sd_bus_error *error, int r, const char *interface, const char *member);

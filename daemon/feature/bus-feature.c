@@ -160,6 +160,7 @@ static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
                 if (r >= 0)
                         return;
                 log_debug_errno(r, "Cannot answer an Acquire of %.64s: %m", h->ref->feature->key);
+                (void)bus_glue_reply_errno(msg, r, "Cannot build the reply.");
         } else
                 (void)sd_bus_reply_method_errorf(msg, EPD_ERROR_FAILED,
                                                  "Feature '%.64s' could not be read back from the store (%s); the stored copy was removed, acquire it again to produce it.",

@@ -81,11 +81,9 @@ static PrepareCall *prepare_call_free(PrepareCall *c) {
 static void prepare_done(HandoffPrepareWaiter *w, HandoffObject *o, int error, const char *why) {
         PrepareCall *c = container_of(w, PrepareCall, waiter);
         int r;
-        if (error < 0) {
-                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
-                (void)epd_bus_error_errno(&e, error, why);
-                r = sd_bus_reply_method_error(c->msg, &e);
-        } else
+        if (error < 0)
+                r = bus_glue_reply_errno(c->msg, error, why);
+        else
                 r = reply_journaled_object(c->manager, c->msg, o);
         if (r < 0)
                 log_debug_errno(r, "handoff: cannot answer Prepare: %m");
@@ -190,11 +188,9 @@ typedef struct AcceptCall {
 static void accept_done(HandoffAcceptWaiter *w, HandoffObject *o, int error, const char *why) {
         AcceptCall *c = container_of(w, AcceptCall, waiter);
         int r;
-        if (error < 0) {
-                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
-                (void)epd_bus_error_errno(&e, error, why);
-                r = sd_bus_reply_method_error(c->msg, &e);
-        } else
+        if (error < 0)
+                r = bus_glue_reply_errno(c->msg, error, why);
+        else
                 r = reply_accepted(c->manager, c->msg, o);
         if (r < 0)
                 log_debug_errno(r, "handoff: cannot answer AcceptWait: %m");

@@ -31,11 +31,8 @@ static int reply_locate(LocateCall *lc, const DirectoryLocateResult *res) {
         int r;
 
         r = placement_rank(res->entries, res->n, lc->m->config.host_id, &c, &n);
-        if (r < 0) {
-                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
-                (void)epd_bus_error_errno(&e, r, "Cannot rank the holders.");
-                return sd_bus_reply_method_error(lc->msg, &e);
-        }
+        if (r < 0)
+                return bus_glue_reply_errno(lc->msg, r, "Cannot rank the holders.");
         r = sd_bus_message_new_method_return(lc->msg, &reply);
         if (r >= 0)
                 r = sd_bus_message_append(reply, "usss", n ? c[0].n_blocks : 0, n ? c[0].host : "",
@@ -57,8 +54,11 @@ static int reply_locate(LocateCall *lc, const DirectoryLocateResult *res) {
 static void locate_done(DirectoryLocateWaiter *w, const DirectoryLocateResult *res) {
         LocateCall *lc = container_of(w, LocateCall, waiter);
         int r = reply_locate(lc, res);
-        if (r < 0)
+        if (r < 0) {
+                /* the reply could not be built: answered all the same */
                 log_debug_errno(r, "placement: cannot reply to LocatePrefix: %m");
+                (void)bus_glue_reply_errno(lc->msg, r, "Cannot build the reply.");
+        }
         sd_bus_message_unref(lc->msg);
         free(lc);
 }
