@@ -136,6 +136,19 @@ START_TEST(test_other_readers) {
         expect_invalid("/org/epd1/pages", "org.epd1.Pages", "CreateSequence", WORDS("CreateSequence", "su"), "s",
                        "host0");
 
+        /* A call without an interface: routed by sd-bus (the glue finds handlers by
+         * interface), never a crash nor a reply outside the rule. */
+        sd_bus_message *msg = NULL, *reply = NULL;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        ck_assert_int_ge(sd_bus_message_new_method_call(bus, &msg, NULL, "/org/epd1", NULL, "Admit"), 0);
+        ck_assert_int_ge(sd_bus_message_append(msg, "ssta{sv}", "r1", "interactive", (uint64_t)0, 0), 0);
+        ck_assert_int_lt(sd_bus_call(bus, msg, 10 * 1000000, &e, &reply), 0);
+        ck_assert_msg(strncmp(e.name, "org.epd1.Error.", 15) == 0 ||
+                              strncmp(e.name, "org.freedesktop.DBus.Error.Unknown", 34) == 0,
+                      "Admit without an interface: %s: %s", e.name, e.message);
+        sd_bus_error_free(&e);
+        sd_bus_message_unref(msg);
+
         /* The daemon serves on, and the worker it has is still there. */
         ck_assert_int_eq(harness_count_workers(bus, NULL), 1);
 }
