@@ -58,8 +58,11 @@ int epd_bus_error_errno(sd_bus_error *e, int error, const char *message) {
                         (void)sd_bus_error_set(e, m->name, message && message[0] ? message : strerror(-error));
                         return error;
                 }
+        /* Outside the table: org.epd1.Error.Failed, the errno's text in the message. */
         if (message && message[0])
-                (void)sd_bus_error_set_errnof(e, -error, "%s", message);
+                (void)sd_bus_error_setf(e, EPD_ERROR_FAILED, "%s (%s)", message, strerror(-error));
+        else
+                (void)sd_bus_error_set(e, EPD_ERROR_FAILED, strerror(-error));
         return error;
 }
 

@@ -34,7 +34,7 @@ int epd_bus_error(sd_bus_error *error, const char *name, const char *fmt, ...)
 
 /* Sets the named error that the negative errno `error` maps to (the table above), with
  * `message` (or strerror when it is NULL or empty) as its text; an errno outside the
- * table keeps sd-bus's own mapping. Returns `error`. */
+ * table is org.epd1.Error.Failed with strerror after the message. Returns `error`. */
 int epd_bus_error_errno(sd_bus_error *e, int error, const char *message);
 
 /* The negative errno a named error maps to (-EIO for unknown names). */

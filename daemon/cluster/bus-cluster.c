@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cluster/cluster-manager.h"
+#include "core/bus-glue.h"
 #include "core/manager.h"
 #include "log.h"
 #include "pages/directory-forward.h"
@@ -127,7 +128,7 @@ int bus_cluster_add(Manager *m, sd_bus *bus) {
 
         if (!m->cluster)
                 return 0;
-        r = sd_bus_add_object_vtable(bus, NULL, CLUSTER_OBJECT_PATH, CLUSTER_INTERFACE, cluster_vtable, m);
+        r = bus_glue_add_vtable(bus, CLUSTER_OBJECT_PATH, CLUSTER_INTERFACE, cluster_vtable, NULL, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Cluster object: %m");
         return 0;

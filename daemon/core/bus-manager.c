@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/manager.h"
 #include "core/worker.h"
 #include "log.h"
@@ -299,7 +300,7 @@ static const sd_bus_vtable manager_vtable[] = {
 };
 
 int bus_manager_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, "/org/epd1", "org.epd1.Manager", manager_vtable, m);
+        int r = bus_glue_add_vtable(bus, "/org/epd1", "org.epd1.Manager", manager_vtable, NULL, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Manager object: %m");
         return bus_worker_add(m, bus);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/bus-manager.h"
 #include "core/bus-objects.h"
 #include "core/manager.h"
@@ -95,7 +96,7 @@ static const sd_bus_vtable worker_vtable[] = {
 };
 
 int bus_worker_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_fallback_vtable(bus, NULL, WORKER_PREFIX, "org.epd1.Worker",
+        int r = bus_glue_add_vtable(bus, WORKER_PREFIX, "org.epd1.Worker",
                                            worker_vtable, worker_find, m);
         if (r >= 0)
                 r = sd_bus_add_node_enumerator(bus, NULL, WORKER_PREFIX, worker_enumerate, m);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/bus-manager.h"
 #include "core/fdstore.h"
 #include "core/lockfile.h"
@@ -127,7 +128,10 @@ static int on_direct_disconnected(sd_bus_message *msg, void *userdata, sd_bus_er
 }
 
 static int manager_add_bus_objects(Manager *m, sd_bus *bus) {
-        int r = bus_manager_add(m, bus);
+        int r = bus_glue_add_argument_check(bus);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the argument check: %m");
+        r = bus_manager_add(m, bus);
         if (r < 0)
                 return r;
         FOREACH_SUBSYSTEM(s)

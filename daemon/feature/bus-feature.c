@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/bus-objects.h"
 #include "core/client.h"
 #include "core/manager.h"
@@ -196,6 +197,7 @@ static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
                 if (r >= 0)
                         return;
                 log_debug_errno(r, "Cannot answer an Acquire of %.64s: %m", h->ref->feature->key);
+                (void)bus_glue_reply_errno(msg, r, "Cannot build the reply.");
         } else
                 (void)sd_bus_reply_method_errorf(msg, EPD_ERROR_FAILED,
                                                  "Feature '%.64s' could not be read back from the store (%s); the stored copy was removed, acquire it again to produce it.",
@@ -618,7 +620,7 @@ static const sd_bus_vtable feature_vtable[] = {
 };
 
 int bus_feature_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, FEATURE_PATH, FEATURE_IFACE, feature_vtable, m);
+        int r = bus_glue_add_vtable(bus, FEATURE_PATH, FEATURE_IFACE, feature_vtable, NULL, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Feature object: %m");
         return 0;

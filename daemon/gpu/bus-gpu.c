@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/client.h"
 #include "core/manager.h"
 #include "core/worker.h"
@@ -180,7 +181,7 @@ void bus_gpu_worker_gone(Manager *m, Worker *w) {
 }
 
 int bus_gpu_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, "/org/epd1", "org.epd1.Gpu", gpu_vtable, m);
+        int r = bus_glue_add_vtable(bus, "/org/epd1", "org.epd1.Gpu", gpu_vtable, NULL, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Gpu object: %m");
         return 0;

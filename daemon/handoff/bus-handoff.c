@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/arena.h"
 #include "core/bus-dict.h"
 #include "core/bus-objects.h"
@@ -80,11 +81,9 @@ static PrepareCall *prepare_call_free(PrepareCall *c) {
 static void prepare_done(HandoffPrepareWaiter *w, HandoffObject *o, int error, const char *why) {
         PrepareCall *c = container_of(w, PrepareCall, waiter);
         int r;
-        if (error < 0) {
-                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
-                (void)epd_bus_error_errno(&e, error, why);
-                r = sd_bus_reply_method_error(c->msg, &e);
-        } else
+        if (error < 0)
+                r = bus_glue_reply_errno(c->msg, error, why);
+        else
                 r = reply_journaled_object(c->manager, c->msg, o);
         if (r < 0)
                 log_debug_errno(r, "handoff: cannot answer Prepare: %m");
@@ -189,11 +188,9 @@ typedef struct AcceptCall {
 static void accept_done(HandoffAcceptWaiter *w, HandoffObject *o, int error, const char *why) {
         AcceptCall *c = container_of(w, AcceptCall, waiter);
         int r;
-        if (error < 0) {
-                _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
-                (void)epd_bus_error_errno(&e, error, why);
-                r = sd_bus_reply_method_error(c->msg, &e);
-        } else
+        if (error < 0)
+                r = bus_glue_reply_errno(c->msg, error, why);
+        else
                 r = reply_accepted(c->manager, c->msg, o);
         if (r < 0)
                 log_debug_errno(r, "handoff: cannot answer AcceptWait: %m");
@@ -488,9 +485,9 @@ static int handoff_enumerate(sd_bus *bus, const char *path, void *userdata, char
 }
 
 int bus_handoff_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, HANDOFF_PATH, "org.epd1.Handoffs", handoffs_vtable, m);
+        int r = bus_glue_add_vtable(bus, HANDOFF_PATH, "org.epd1.Handoffs", handoffs_vtable, NULL, m);
         if (r >= 0)
-                r = sd_bus_add_fallback_vtable(bus, NULL, HANDOFF_PATH_PREFIX, "org.epd1.Handoff", handoff_vtable,
+                r = bus_glue_add_vtable(bus, HANDOFF_PATH_PREFIX, "org.epd1.Handoff", handoff_vtable,
                                                handoff_find, m);
         if (r >= 0)
                 r = sd_bus_add_node_enumerator(bus, NULL, HANDOFF_PATH_PREFIX, handoff_enumerate, m);

@@ -2,6 +2,7 @@
 /* org.epd1.Metrics: where the Prometheus endpoint is, and how often it was scraped. */
 #include "metrics/bus-metrics.h"
 
+#include "core/bus-glue.h"
 #include "log.h"
 #include "metrics/metrics-manager.h"
 
@@ -25,7 +26,7 @@ static const sd_bus_vtable metrics_vtable[] = {
 };
 
 int bus_metrics_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, "/org/epd1", "org.epd1.Metrics", metrics_vtable, m);
+        int r = bus_glue_add_vtable(bus, "/org/epd1", "org.epd1.Metrics", metrics_vtable, NULL, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Metrics interface: %m");
         return 0;

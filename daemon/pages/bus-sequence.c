@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/arena.h"
 #include "core/bus-manager.h"
 #include "core/bus-objects.h"
@@ -681,9 +682,9 @@ static int sequence_enumerate(sd_bus *bus, const char *path, void *userdata, cha
 }
 
 int bus_sequence_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, PAGES_PATH, "org.epd1.Pages", pages_vtable, m);
+        int r = bus_glue_add_vtable(bus, PAGES_PATH, "org.epd1.Pages", pages_vtable, NULL, m);
         if (r >= 0)
-                r = sd_bus_add_fallback_vtable(bus, NULL, SEQUENCE_PATH_PREFIX, "org.epd1.Sequence",
+                r = bus_glue_add_vtable(bus, SEQUENCE_PATH_PREFIX, "org.epd1.Sequence",
                                                sequence_vtable, sequence_find, m);
         if (r >= 0)
                 r = sd_bus_add_node_enumerator(bus, NULL, SEQUENCE_PATH_PREFIX, sequence_enumerate, m);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/manager.h"
 #include "log.h"
 #include "peer/bus-peer.h"
@@ -162,7 +163,7 @@ static void on_peer_state(Peer *p, bool up, void *userdata) {
 }
 
 int bus_peer_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, PEER_OBJECT_PATH, PEER_INTERFACE, peer_vtable, m);
+        int r = bus_glue_add_vtable(bus, PEER_OBJECT_PATH, PEER_INTERFACE, peer_vtable, NULL, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Peer object: %m");
         /* The signals follow the peers' state (a subscription, made once). */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/manager.h"
 #include "log.h"
 #include "macro.h"
@@ -31,7 +32,7 @@ static int reply_locate(LocateCall *lc, const DirectoryLocateResult *res) {
 
         r = placement_rank(res->entries, res->n, lc->m->config.host_id, &c, &n);
         if (r < 0)
-                return sd_bus_reply_method_errnof(lc->msg, -r, "Cannot rank the holders: %m");
+                return bus_glue_reply_errno(lc->msg, r, "Cannot rank the holders.");
         r = sd_bus_message_new_method_return(lc->msg, &reply);
         if (r >= 0)
                 r = sd_bus_message_append(reply, "usss", n ? c[0].n_blocks : 0, n ? c[0].host : "",
@@ -53,8 +54,11 @@ static int reply_locate(LocateCall *lc, const DirectoryLocateResult *res) {
 static void locate_done(DirectoryLocateWaiter *w, const DirectoryLocateResult *res) {
         LocateCall *lc = container_of(w, LocateCall, waiter);
         int r = reply_locate(lc, res);
-        if (r < 0)
+        if (r < 0) {
+                /* the reply could not be built: answered all the same */
                 log_debug_errno(r, "placement: cannot reply to LocatePrefix: %m");
+                (void)bus_glue_reply_errno(lc->msg, r, "Cannot build the reply.");
+        }
         sd_bus_message_unref(lc->msg);
         free(lc);
 }
@@ -138,7 +142,7 @@ static const sd_bus_vtable placement_vtable[] = {
 };
 
 static int bus_placement_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, PLACEMENT_OBJECT_PATH, PLACEMENT_INTERFACE, placement_vtable, m);
+        int r = bus_glue_add_vtable(bus, PLACEMENT_OBJECT_PATH, PLACEMENT_INTERFACE, placement_vtable, NULL, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Placement object: %m");
         return 0;

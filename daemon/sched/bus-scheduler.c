@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/bus-dict.h"
 #include "core/bus-manager.h"
 #include "core/worker.h"
@@ -264,7 +265,7 @@ static const sd_bus_vtable scheduler_vtable[] = {
 };
 
 int bus_scheduler_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, "/org/epd1", "org.epd1.Scheduler", scheduler_vtable, m);
+        int r = bus_glue_add_vtable(bus, "/org/epd1", "org.epd1.Scheduler", scheduler_vtable, NULL, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Scheduler interface: %m");
         return 0;

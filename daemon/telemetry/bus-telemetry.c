@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/client.h"
 #include "core/manager.h"
 #include "log.h"
@@ -299,8 +300,8 @@ static const sd_bus_vtable telemetry_vtable[] = {
 };
 
 int bus_telemetry_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, TELEMETRY_OBJECT_PATH, TELEMETRY_INTERFACE,
-                                         telemetry_vtable, m);
+        int r = bus_glue_add_vtable(bus, TELEMETRY_OBJECT_PATH, TELEMETRY_INTERFACE,
+                                         telemetry_vtable, NULL, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Telemetry object: %m");
         return 0;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "bus-error.h"
+#include "core/bus-glue.h"
 #include "core/worker.h"
 #include "log.h"
 #include "pages/page-manager.h"
@@ -354,7 +355,7 @@ static const sd_bus_vtable workflow_vtable[] = {
 };
 
 int bus_workflow_add(Manager *m, sd_bus *bus) {
-        int r = sd_bus_add_object_vtable(bus, NULL, "/org/epd1", "org.epd1.Workflow", workflow_vtable, m);
+        int r = bus_glue_add_vtable(bus, "/org/epd1", "org.epd1.Workflow", workflow_vtable, NULL, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot add the Workflow interface: %m");
         return 0;

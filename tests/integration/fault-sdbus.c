@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-/* Fault injection for test-connection-faults: preloaded into epdd, it makes one call of
- * the sd-bus functions that set up a direct connection fail with -ENOMEM. The plan is
+/* Fault injection for test-connections and test-bus-errors: preloaded into epdd, it
+ * makes one call of the sd-bus functions below fail with -ENOMEM (those that set up a
+ * direct connection; those a handler builds its reply with). The plan is
  * the file named by $EPD_FAULT_FILE: "FUNCTION N" fails the Nth call of FUNCTION
  * counted from when the file was written (each new plan, a new inode, restarts the
  * count); no file, no fault. Only calls the real library would have made are counted,
@@ -92,4 +93,20 @@ int sd_bus_query_sender_creds(sd_bus_message *m, uint64_t mask, sd_bus_creds **c
         if (fail_now(__func__))
                 return -ENOMEM;
         return REAL(sd_bus_query_sender_creds)(m, mask, creds);
+}
+
+/* test-bus-errors: a method handler's own reply cannot be made, so the handler returns a
+ * bare errno (the bus glue must name it). */
+int sd_bus_message_new_method_return(sd_bus_message *call, sd_bus_message **m) {
+        if (fail_now(__func__))
+                return -ENOMEM;
+        return REAL(sd_bus_message_new_method_return)(call, m);
+}
+
+/* test-bus-errors: a property getter cannot build its value. Calls inside libsystemd
+ * count too (sd-bus opens the variant around a property's value itself). */
+int sd_bus_message_open_container(sd_bus_message *m, char type, const char *contents) {
+        if (fail_now(__func__))
+                return -ENOMEM;
+        return REAL(sd_bus_message_open_container)(m, type, contents);
 }

@@ -126,8 +126,8 @@ START_TEST(test_bad_input) {
         memset(longname, 'm', sizeof longname - 1);
         longname[sizeof longname - 1] = 0;
 
-        expect_error(bus, "org.freedesktop.DBus.Error.InvalidArgs", "RegisterWorker", "ss", "prefill", "m");
-        expect_error(bus, "org.freedesktop.DBus.Error.InvalidArgs", "RegisterWorker", "uuu", 1, 2, 3);
+        expect_error(bus, "org.epd1.Error.InvalidArgument", "RegisterWorker", "ss", "prefill", "m");
+        expect_error(bus, "org.epd1.Error.InvalidArgument", "RegisterWorker", "uuu", 1, 2, 3);
         expect_error(bus, "org.epd1.Error.InvalidArgument", "RegisterWorker", "sssa{sv}", "janitor", "m", "cpu", 0);
         expect_error(bus, "org.epd1.Error.InvalidArgument", "RegisterWorker", "sssa{sv}", "prefill", longname, "cpu", 0);
         expect_error(bus, "org.epd1.Error.InvalidArgument", "RegisterWorker", "sssa{sv}", "prefill", "m", "bad\001dev", 0);
