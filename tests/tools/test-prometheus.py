@@ -41,6 +41,12 @@ def get(url, accept=None, method="GET"):
         return e.code, e.headers.get("Content-Type"), e.read().decode()
 
 
+def _listening(port):
+    with socket.socket() as sk:
+        sk.settimeout(0.5)
+        return sk.connect_ex(("127.0.0.1", port)) == 0
+
+
 def families(text):
     """{name: type} of the text format's # TYPE lines."""
     return {m.group(1): m.group(2) for m in re.finditer(r"^# TYPE (\S+) (\S+)$", text, re.M)}
@@ -188,16 +194,34 @@ class Metrics(unittest.TestCase):
 
     def test_prometheus_scrapes(self):
         tmp = tempfile.mkdtemp(prefix="epd-prometheus-")
-        port = free_port()
         targets = [urllib.parse.urlsplit(u).netloc for u in self.url.values()]
         with open(os.path.join(tmp, "prometheus.yml"), "w") as f:
             f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
                     "scrape_configs:\n  - job_name: epdd\n    static_configs:\n"
                     f"      - targets: {json.dumps(targets)}\n")
-        log = open(os.path.join(tmp, "prometheus.log"), "w")
-        prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/data",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                                stdout=log, stderr=subprocess.STDOUT)
+        # A port found free may be taken by another process before Prometheus binds it:
+        # then Prometheus exits saying so, and it starts again on another one.
+        for attempt in range(20):
+            port = free_port()
+            log = open(os.path.join(tmp, "prometheus.log"), "w")
+            prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp}/prometheus.yml",
+                                     f"--storage.tsdb.path={tmp}/data",
+                                     f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                                    stdout=log, stderr=subprocess.STDOUT)
+            ready = time.monotonic() + 30
+            while time.monotonic() < ready and prom.poll() is None:
+                try:
+                    if _listening(port) and get(f"http://127.0.0.1:{port}/-/ready")[0] == 200:
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.2)
+            log.close()
+            if prom.poll() is None:
+                break
+            with open(os.path.join(tmp, "prometheus.log")) as f:
+                if "address already in use" not in f.read().lower():
+                    break
         api = f"http://127.0.0.1:{port}/api/v1/query?query="
 
         def query(q):
