@@ -28,6 +28,7 @@ typedef enum ClientObjectType {
         CLIENT_OBJECT_RING,
         CLIENT_OBJECT_WORKFLOW,
         CLIENT_OBJECT_PIN,
+        CLIENT_OBJECT_REQUEST,   /* an admitted scheduler request */
         CLIENT_OBJECT_OTHER,
         _CLIENT_OBJECT_TYPE_MAX,
 } ClientObjectType;

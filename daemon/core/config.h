@@ -44,6 +44,7 @@ typedef struct Config {
         unsigned max_clients;
         unsigned max_workers;
         unsigned max_objects_per_client;
+        unsigned max_requests_per_client; /* outstanding scheduler requests (Admit) */
         uint64_t max_request_bytes; /* largest size a client may ask for in one call */
 
         /* [Arena:NAME] */

@@ -9,6 +9,7 @@
 #include "core/bus-glue.h"
 #include "core/bus-dict.h"
 #include "core/bus-manager.h"
+#include "core/client.h"
 #include "core/worker.h"
 #include "log.h"
 #include "sched/scheduler-manager.h"
@@ -60,12 +61,25 @@ static int method_admit(sd_bus_message *msg, void *userdata, sd_bus_error *error
         TaskType t;
         int r;
 
+        Client *c, *owner;
         r = sd_bus_message_read(msg, "sst", &request_id, &type, &deadline_rel);
         if (r < 0)
                 return r;
         r = read_hints(m, msg, &hints, &aff, error);
         if (r < 0)
                 return r;
+        /* The request will be the caller's: refused when who it is cannot be read. */
+        r = manager_client_require(m, msg, &c, error);
+        if (r < 0)
+                return r;
+        bool outstanding = scheduler_request_owner(m, request_id, &owner) >= 0;
+        if (outstanding && owner && owner != c)
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                     "Request %s was admitted by another client.", request_id);
+        if (!outstanding && c->n_objects[CLIENT_OBJECT_REQUEST] >= m->config.max_requests_per_client)
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
+                                     "This client has %u requests outstanding, the most [Limits] "
+                                     "MaxRequestsPerClient= allows.", c->n_objects[CLIENT_OBJECT_REQUEST]);
         t = task_type_from_string(type);
         if (t < 0)
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
@@ -83,6 +97,15 @@ static int method_admit(sd_bus_message *msg, void *userdata, sd_bus_error *error
                                      "Request %s is outstanding with another task type.", request_id);
         if (r < 0)
                 return r;
+        /* Newly outstanding (admitted): it belongs to the caller from now on. */
+        if (!outstanding && scheduler_request_owner(m, request_id, &owner) >= 0 && !owner) {
+                r = scheduler_own_request(m, request_id, c);
+                if (r == -EDQUOT)
+                        return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
+                                             "This client holds as many objects as [Limits] allows.");
+                if (r < 0)
+                        return r;
+        }
 
         char p[_SCHED_STAGE_MAX][128];
         for (int st = 0; st < _SCHED_STAGE_MAX; st++)
@@ -106,6 +129,20 @@ static int method_complete(sd_bus_message *msg, void *userdata, sd_bus_error *er
         if (st < 0)
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "Unknown stage '%s' (encode, prefill or decode).", stage);
+        /* A stage is reported by the client that admitted the request, the worker the
+         * stage was given to, or root; nobody else. */
+        Client *c, *owner;
+        r = manager_client_require(m, msg, &c, error);
+        if (r < 0)
+                return r;
+        if (scheduler_request_owner(m, request_id, &owner) >= 0 && owner && owner != c && c->uid != 0) {
+                const char *assigned = sched_request_stage_worker(m->scheduler, request_id, st);
+                Worker *w = client_get_worker(c);
+                if (!assigned || !w || strcmp(assigned, w->id_str) != 0)
+                        return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                             "Request %s was admitted by another client and its %s stage "
+                                             "was not given to this worker.", request_id, stage);
+        }
         r = sched_complete(m->scheduler, request_id, st, service, ok, now_usec(CLOCK_MONOTONIC));
         if (r == -ENOENT)
                 return epd_bus_error(error, EPD_ERROR_NOT_FOUND,

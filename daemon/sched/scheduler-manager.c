@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/client.h"
 #include "core/worker.h"
 #include "feature/feature.h"
 #include "handoff/handoff-manager.h"
@@ -197,6 +199,63 @@ static double affinity(void *userdata, const char *worker, SchedStage stage, con
         return stage == SCHED_STAGE_ENCODE && a && a->features_cached ? 1.0 : 0.0;
 }
 
+typedef struct SchedOwned {
+        ClientObject object;
+        Manager *manager;
+        char id[SCHED_REQUEST_ID_MAX + 1];
+} SchedOwned;
+
+/* The scheduler ended an owned request (completed, failed, expired, cancelled, freed). */
+static void request_finished(void *userdata, const char *request_id, void *owner) {
+        SchedOwned *x = owner;
+        client_object_unlink(&x->object);
+        free(x);
+}
+
+/* Its client goes (disconnect, UnregisterWorker of a worker's connection): the request
+ * ends with it, so nothing it admitted holds the scheduler's capacity. */
+static void owned_release(ClientObject *o) {
+        SchedOwned *x = container_of(o, SchedOwned, object);
+        Manager *m = x->manager;
+        if (m->scheduler && sched_cancel(m->scheduler, x->id, now_usec(CLOCK_MONOTONIC)) >= 0)
+                return; /* request_finished() freed x */
+        client_object_unlink(o);
+        free(x);
+}
+
+int scheduler_request_owner(Manager *m, const char *request_id, Client **ret) {
+        void *owner = NULL;
+        int r = m->scheduler ? sched_request_get_owner(m->scheduler, request_id, &owner) : -ENOENT;
+        if (r < 0)
+                return r;
+        *ret = owner ? ((SchedOwned *)owner)->object.owner : NULL;
+        return 0;
+}
+
+int scheduler_own_request(Manager *m, const char *request_id, Client *c) {
+        SchedOwned *x;
+        int r;
+
+        if (c->n_objects[CLIENT_OBJECT_REQUEST] >= m->config.max_requests_per_client)
+                r = -EDQUOT;
+        else if (!(x = calloc(1, sizeof *x)))
+                r = -ENOMEM;
+        else {
+                x->manager = m;
+                snprintf(x->id, sizeof x->id, "%s", request_id);
+                r = client_object_link(c, &x->object, CLIENT_OBJECT_REQUEST, owned_release);
+                if (r >= 0)
+                        r = sched_request_set_owner(m->scheduler, request_id, x);
+                if (r < 0) {
+                        client_object_unlink(&x->object);
+                        free(x);
+                }
+        }
+        if (r < 0)
+                (void)sched_cancel(m->scheduler, request_id, now_usec(CLOCK_MONOTONIC));
+        return r;
+}
+
 static int scheduler_init(Manager *m) {
         SchedConfig c;
         int r;
@@ -212,7 +271,8 @@ static int scheduler_init(Manager *m) {
         g->hosts = hashmap_new(HASHMAP_KEY_STRING, 0);
         if (!g->hosts)
                 return log_oom();
-        sched_set_ops(m->scheduler, &(SchedOps){ .affinity = affinity, .path = path, .userdata = m });
+        sched_set_ops(m->scheduler, &(SchedOps){ .affinity = affinity, .path = path,
+                                                 .finished = request_finished, .userdata = m });
         r = sd_event_add_time_relative(m->event, &g->expire, CLOCK_MONOTONIC,
                                        EXPIRE_INTERVAL_USEC, USEC_PER_SEC / 10, on_expire, m);
         if (r < 0)

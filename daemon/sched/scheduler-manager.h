@@ -45,3 +45,11 @@ int scheduler_set_worker_host(Manager *m, const char *worker_id, const char *hos
  * top-priority pool only; elevated, or high from queueing alone, makes it a second
  * choice. Pure. */
 SchedPressure scheduler_path_pressure(BackpressureLevel level, BackpressureReason reason, bool window_full);
+
+/* Admitted requests belong to the client that admitted them (a ClientObject of type
+ * CLIENT_OBJECT_REQUEST): cancelled when it goes, ended by Complete only from it or root.
+ * scheduler_request_owner(): 0 and *ret the owning client (NULL: none), or -ENOENT when
+ * the request is not outstanding. scheduler_own_request(): links an outstanding request
+ * to c (-EDQUOT/-ESHUTDOWN from the client's limits: the request is then cancelled). */
+int scheduler_request_owner(Manager *m, const char *request_id, Client **ret);
+int scheduler_own_request(Manager *m, const char *request_id, Client *c);

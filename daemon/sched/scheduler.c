@@ -36,6 +36,7 @@ struct SchedRequest {
         int priority;
         usec_t admitted, deadline, predicted_end, stage_start, predicted;
         uint64_t pages;
+        void *owner;         /* the caller's (sched_request_set_owner), told at the end */
         StageRef stages[_SCHED_STAGE_MAX];
 };
 
@@ -254,8 +255,11 @@ Scheduler *sched_free(Scheduler *s) {
 
         if (!s)
                 return NULL;
-        while (hashmap_iterate(s->requests, &i, (void **)&r, NULL))
+        while (hashmap_iterate(s->requests, &i, (void **)&r, NULL)) {
+                if (r->owner && s->ops.finished)
+                        s->ops.finished(s->ops.userdata, r->id, r->owner);
                 request_free(r);
+        }
         hashmap_free(s->requests);
         for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
                 for (size_t k = 0; k < s->n_workers[st]; k++)
@@ -415,6 +419,8 @@ static void request_finish(Scheduler *s, SchedRequest *r, FinishHow how, usec_t 
         } else
                 p->m.failed++;
         hashmap_remove(s->requests, r->id);
+        if (r->owner && s->ops.finished)
+                s->ops.finished(s->ops.userdata, r->id, r->owner);
         request_free(r);
 }
 
@@ -798,6 +804,37 @@ int sched_complete(Scheduler *s, const char *request_id, SchedStage st, usec_t s
                         more = true;
         if (!ok || !more)
                 request_finish(s, r, ok ? FINISH_OK : FINISH_FAILED, now);
+        return 0;
+}
+
+int sched_cancel(Scheduler *s, const char *request_id, usec_t now) {
+        SchedRequest *r = request_id ? hashmap_get(s->requests, request_id) : NULL;
+        if (!r)
+                return -ENOENT;
+        request_finish(s, r, FINISH_FAILED, now);
+        return 0;
+}
+
+int sched_request_set_owner(Scheduler *s, const char *request_id, void *owner) {
+        SchedRequest *r = request_id ? hashmap_get(s->requests, request_id) : NULL;
+        if (!r)
+                return -ENOENT;
+        r->owner = owner;
+        return 0;
+}
+
+const char *sched_request_stage_worker(Scheduler *s, const char *request_id, SchedStage st) {
+        SchedRequest *r = request_id ? hashmap_get(s->requests, request_id) : NULL;
+        if (!r || st < 0 || st >= _SCHED_STAGE_MAX || !r->stages[st].worker)
+                return NULL;
+        return r->stages[st].worker->id;
+}
+
+int sched_request_get_owner(Scheduler *s, const char *request_id, void **ret) {
+        SchedRequest *r = request_id ? hashmap_get(s->requests, request_id) : NULL;
+        if (!r)
+                return -ENOENT;
+        *ret = r->owner;
         return 0;
 }
 

@@ -128,6 +128,9 @@ typedef struct SchedOps {
         double (*affinity)(void *userdata, const char *worker, SchedStage stage, const SchedHints *h);
         /* Backpressure of the path between two workers (from -> to). */
         SchedPressure (*path)(void *userdata, const char *from, const char *to);
+        /* A request that has an owner ended (completed, failed, expired, cancelled, or the
+         * scheduler freed): the owner may go. */
+        void (*finished)(void *userdata, const char *request_id, void *owner);
         void *userdata;
 } SchedOps;
 
@@ -185,6 +188,14 @@ int sched_admit(Scheduler *s, const char *request_id, TaskType type, usec_t dead
  * (or ok == false at any stage) ends the request. -ENOENT: unknown request or stage. */
 int sched_complete(Scheduler *s, const char *request_id, SchedStage stage, usec_t service_usec,
                    bool ok, usec_t now);
+/* Ends an outstanding request at once, as failed (its owner went away). -ENOENT. */
+int sched_cancel(Scheduler *s, const char *request_id, usec_t now);
+/* What the caller attaches to an outstanding request (ops->finished gets it back at the
+ * end), and reads back; -ENOENT when the request is not outstanding. */
+int sched_request_set_owner(Scheduler *s, const char *request_id, void *owner);
+int sched_request_get_owner(Scheduler *s, const char *request_id, void **ret);
+/* The id of the worker an outstanding request's stage was given to (NULL: none). */
+const char *sched_request_stage_worker(Scheduler *s, const char *request_id, SchedStage st);
 /* Drops requests whose workers never reported (deadline + grace passed). Returns how many. */
 unsigned sched_expire(Scheduler *s, usec_t now);
 

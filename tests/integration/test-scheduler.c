@@ -10,6 +10,9 @@
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
+#include <grp.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 
 #include "harness.h"
 
@@ -349,6 +352,125 @@ START_TEST(test_introspection) {
 }
 END_TEST
 
+/* A call by another uid (65534) on its own connection: the error name it got, or "" when
+ * the call succeeded. */
+static void call_as_nobody(const char *member, const char *request_id, char *ret, size_t n) {
+        int fds[2];
+        ck_assert_int_eq(pipe(fds), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                char name[200] = "";
+                sd_bus *raw = NULL;
+                sd_bus_message *reply = NULL;
+                sd_bus_error e = SD_BUS_ERROR_NULL;
+                int r;
+                close(fds[0]);
+                if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 ||
+                    setresuid(65534, 65534, 65534) < 0)
+                        _exit(2);
+                r = harness_raw_bus(&h, &raw);
+                if (r < 0) {
+                        fprintf(stderr, "uid 65534: no connection: %s\n", strerror(-r));
+                        _exit(4);
+                }
+                if (strcmp(member, "Complete") == 0)
+                        r = sd_bus_call_method(raw, harness_destination(&h), "/org/epd1", "org.epd1.Scheduler",
+                                               "Complete", &e, &reply, "sstb", request_id, "prefill",
+                                               (uint64_t)1000, 1);
+                else
+                        r = sd_bus_call_method(raw, harness_destination(&h), "/org/epd1", "org.epd1.Scheduler",
+                                               "Admit", &e, &reply, "ssta{sv}", request_id, "interactive",
+                                               (uint64_t)0, 0);
+                if (r < 0)
+                        snprintf(name, sizeof name, "%s", e.name ? e.name : "?");
+                if (write(fds[1], name, sizeof name) != (ssize_t)sizeof name)
+                        _exit(3);
+                _exit(0);
+        }
+        close(fds[1]);
+        char name[200] = "-";
+        int status;
+        ck_assert_int_eq(read(fds[0], name, sizeof name), (ssize_t)sizeof name);
+        close(fds[0]);
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the uid 65534 child failed");
+        snprintf(ret, n, "%s", name);
+}
+
+/* Requests belong to the client that admitted them: gone with it, completed only by it,
+ * the worker given the stage, or root; their number per client bounded. */
+START_TEST(test_requests_belong_to_their_client) {
+        epd_client *p, *d, *tool, *other;
+        epd_admission a;
+        char name[200];
+
+        ck_assert_int_eq(epd_connect(address, &p), 0);
+        ck_assert_int_eq(epd_register(p, "prefill", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_connect(address, &d), 0);
+        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_configure_worker(d, 64, 0, 1000), 0);
+        ck_assert_int_eq(epd_connect(address, &tool), 0);
+        ck_assert_int_eq(epd_admit(tool, "o1", "interactive", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        ck_assert_int_eq(epd_admit(tool, "o2", "interactive", 3600ULL * 1000000, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        /* Its own repeat is its first admission again (idempotent). */
+        ck_assert_int_eq(epd_admit(tool, "o2", "interactive", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        ck_assert_uint_eq(outstanding(), 2);
+
+        /* Another user (nobody, let through the directory and socket) may neither
+         * complete nor claim them. */
+        if (geteuid() != 0) {
+                printf("SKIP part: not root, cannot call as another uid\n");
+                goto bound;
+        }
+        ck_assert_int_eq(chmod(h.dir, 0711), 0);
+        ck_assert_int_eq(chmod(h.socket, 0666), 0);
+        call_as_nobody("Complete", "o1", name, sizeof name);
+        ck_assert_str_eq(name, "org.epd1.Error.PermissionDenied");
+        call_as_nobody("Admit", "o1", name, sizeof name);
+        ck_assert_str_eq(name, "org.epd1.Error.PermissionDenied");
+        ck_assert_uint_eq(outstanding(), 2);
+
+bound:
+        /* The bound per client ([Limits] MaxRequestsPerClient=3 here). */
+        ck_assert_int_eq(epd_admit(tool, "o3", "interactive", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        ck_assert_int_lt(epd_admit(tool, "o4", "interactive", 0, 1, false, &a), 0);
+        ck_assert_str_eq(epd_last_error_name(tool), "org.epd1.Error.LimitExceeded");
+        ck_assert_uint_eq(outstanding(), 3);
+        /* Another client has its own allowance. */
+        ck_assert_int_eq(epd_connect(address, &other), 0);
+        ck_assert_int_eq(epd_admit(other, "o4", "interactive", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        /* The workers given the stages report them (o1 ends). */
+        ck_assert_int_eq(epd_complete(p, "o1", "prefill", 1000, true), 0);
+        ck_assert_int_eq(epd_complete(d, "o1", "decode", 1000, true), 0);
+        ck_assert_uint_eq(outstanding(), 3);
+
+        /* The admitting client goes: its requests go with it, at once, not at their
+         * deadline (o2's is an hour away). */
+        epd_disconnect(tool);
+        for (int i = 0; i < 200 && outstanding() != 1; i++)
+                usleep(5000);
+        ck_assert_uint_eq(outstanding(), 1);
+        epd_disconnect(other);
+        for (int i = 0; i < 200 && outstanding() != 0; i++)
+                usleep(5000);
+        ck_assert_uint_eq(outstanding(), 0);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+static void setup_bounded(void) {
+        ck_assert_int_eq(harness_init(&h, "[Limits]\nMaxRequestsPerClient=3\n"), 0);
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+}
+
 int main(void) {
         Suite *s = suite_create("scheduler");
         TCase *tc = tcase_create("scheduler");
@@ -358,6 +480,11 @@ int main(void) {
         tcase_add_test(tc, test_feature_affinity);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
+        TCase *to = tcase_create("ownership");
+        tcase_add_checked_fixture(to, setup_bounded, teardown);
+        tcase_set_timeout(to, 60);
+        tcase_add_test(to, test_requests_belong_to_their_client);
+        suite_add_tcase(s, to);
         TCase *tp = tcase_create("pool-config");
         tcase_set_timeout(tp, 60);
         tcase_add_test(tp, test_pool_config);
