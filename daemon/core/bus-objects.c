@@ -5,7 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-int bus_enumerate_paths(Hashmap *h, size_t path_offset, char ***ret) {
+int bus_enumerate_paths(Hashmap *h, size_t path_offset, bool (*keep)(const void *o, void *userdata),
+                        void *userdata, char ***ret) {
         size_t n = hashmap_size(h), i = 0, it = 0;
         char **l = calloc(n + 1, sizeof *l);
         void *o;
@@ -13,6 +14,8 @@ int bus_enumerate_paths(Hashmap *h, size_t path_offset, char ***ret) {
         if (!l)
                 return -ENOMEM;
         while (hashmap_iterate(h, &it, &o, NULL)) {
+                if (keep && !keep(o, userdata))
+                        continue;
                 l[i] = strdup(*(char **)((char *)o + path_offset));
                 if (!l[i]) {
                         while (i > 0)

@@ -29,7 +29,7 @@ static int worker_find(sd_bus *bus, const char *path, const char *interface, voi
 static int worker_enumerate(sd_bus *bus, const char *path, void *userdata, char ***nodes,
                             sd_bus_error *error) {
         Manager *m = userdata;
-        return bus_enumerate_paths(m->workers, offsetof(Worker, path), nodes);
+        return bus_enumerate_paths(m->workers, offsetof(Worker, path), NULL, NULL, nodes);
 }
 
 BUS_PROPERTY_GETTER(property_role, Worker, w, return sd_bus_message_append(reply, "s", worker_role_to_string(w->role));)

@@ -127,6 +127,28 @@ int manager_client_require(Manager *m, sd_bus_message *msg, Client **ret, sd_bus
         return r;
 }
 
+int manager_reader(Manager *m, sd_bus_message *msg, bool *ret_root, Client **ret_client) {
+        sd_bus_creds *creds = NULL;
+        uid_t uid = (uid_t)-1;
+        int r = msg ? sd_bus_query_sender_creds(msg, SD_BUS_CREDS_EUID, &creds) : -EINVAL;
+        if (r >= 0)
+                r = sd_bus_creds_get_euid(creds, &uid);
+        sd_bus_creds_unref(creds);
+        if (r < 0 || uid == (uid_t)-1)
+                return -EACCES;
+        *ret_root = uid == 0;
+        *ret_client = manager_client_lookup_message(m, msg);
+        return 0;
+}
+
+int manager_reader_require(Manager *m, sd_bus_message *msg, const char *what, bool *ret_root,
+                           Client **ret_client, sd_bus_error *error) {
+        if (manager_reader(m, msg, ret_root, ret_client) < 0)
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                     "The caller's uid cannot be read; %s is refused.", what);
+        return 0;
+}
+
 int client_object_link(Client *c, ClientObject *o, ClientObjectType type,
                        void (*release)(ClientObject *o)) {
         unsigned total = 0;

@@ -66,6 +66,16 @@ int manager_client_require(Manager *m, sd_bus_message *msg, Client **ret, sd_bus
 /* Finds the client, without creating it; NULL if it has no state here. */
 Client *manager_client_lookup_message(Manager *m, sd_bus_message *msg);
 
+/* The reader of something filtered by owner (a list of objects, an object tree): *ret_root
+ * when its effective uid is 0 (root reads everything listed as root's in
+ * docs/security.md), *ret_client its client, NULL when it has no state here (it then owns
+ * nothing). -EACCES when its uid cannot be read: the reader is never taken for root. Makes
+ * no client. */
+int manager_reader(Manager *m, sd_bus_message *msg, bool *ret_root, Client **ret_client);
+/* The same for property getters: the refusal is PermissionDenied naming `what`. */
+int manager_reader_require(Manager *m, sd_bus_message *msg, const char *what, bool *ret_root,
+                           Client **ret_client, sd_bus_error *error);
+
 /* Links a new object to its owner, enforcing the per-type limit (-EDQUOT past it). */
 int client_object_link(Client *c, ClientObject *o, ClientObjectType type,
                        void (*release)(ClientObject *o));

@@ -4,6 +4,7 @@
  * feature-manager.c, the cache itself feature.c. */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,17 +44,42 @@ static const char *error_text(int error) {
         }
 }
 
-static int send_ready(Client *c, Feature *f) {
+/* A signal of the Feature object to client c alone (unicast: on the bus it names c as
+ * its destination; on a direct connection only c's peer is there). */
+static int send_unicast(Client *c, const char *member, const char *types, ...) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *msg = NULL;
-        int r = sd_bus_message_new_signal(c->bus, &msg, FEATURE_PATH, FEATURE_IFACE, "FeatureReady");
+        va_list ap;
+        int r = sd_bus_message_new_signal(c->bus, &msg, FEATURE_PATH, FEATURE_IFACE, member);
         if (r >= 0 && c->unique_name)
                 r = sd_bus_message_set_destination(msg, c->unique_name);
-        if (r >= 0)
-                r = sd_bus_message_append(msg, "sss", f->key, feature_state_to_string(f->state),
-                                          error_text(f->error));
+        if (r >= 0) {
+                va_start(ap, types);
+                r = sd_bus_message_appendv(msg, types, ap);
+                va_end(ap);
+        }
         if (r >= 0)
                 r = sd_bus_send(c->bus, msg, NULL);
         return r;
+}
+
+static int send_ready(Client *c, Feature *f) {
+        return send_unicast(c, "FeatureReady", "sss", f->key, feature_state_to_string(f->state),
+                            error_text(f->error));
+}
+
+/* FeatureWanted goes to the registered encoders only, each alone: a key is a content
+ * hash of someone's input (docs/security.md). */
+static void emit_wanted(Manager *m, const char *key) {
+        Worker *w;
+        size_t it = 0;
+        while (hashmap_iterate(m->workers, &it, (void **)&w, NULL)) {
+                Client *c = w->object.owner;
+                if (w->role != WORKER_ENCODER || !c || !c->bus || c->dying)
+                        continue;
+                int r = send_unicast(c, "FeatureWanted", "s", key);
+                if (r < 0)
+                        log_debug_errno(r, "Cannot send FeatureWanted to client %" PRIu64 ": %m", c->serial);
+        }
 }
 
 /* FeatureReady goes to the clients that hold a handle on the feature (its producer,
@@ -514,12 +540,8 @@ static int method_prefetch(sd_bus_message *msg, void *userdata, sd_bus_error *er
                 r = sd_bus_send(NULL, reply, NULL);
         feature_manager_arm_timer(fm);
         /* encoders listening for work start on these */
-        for (size_t i = 0; r >= 0 && i < n_announced; i++) {
-                int k = manager_emit_signal(m, FEATURE_PATH, FEATURE_IFACE, "FeatureWanted", "s",
-                                            announced[i]);
-                if (k < 0)
-                        log_debug_errno(k, "Cannot emit FeatureWanted: %m");
-        }
+        for (size_t i = 0; r >= 0 && i < n_announced; i++)
+                emit_wanted(m, announced[i]);
         if (r >= 0)
                 r = 1;
 finish:

@@ -271,12 +271,19 @@ static int property_handoffs(sd_bus *bus, const char *path, const char *interfac
         HandoffManager *hm = hm_of(userdata);
         HandoffObject *o;
         size_t it = 0;
-        int r = sd_bus_message_open_container(reply, 'a', "(ossssuuts)");
+        bool root;
+        Client *c;
+        /* Every handoff to root; to anyone else its own (docs/security.md). */
+        int r = manager_reader_require(hm->manager, sd_bus_get_current_message(bus), "Handoffs", &root, &c, error);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_open_container(reply, 'a', "(ossssuuts)");
         while (r >= 0 && hashmap_iterate(hm->by_handle, &it, (void **)&o, NULL))
-                r = sd_bus_message_append(reply, "(ossssuuts)", o->path, o->request_str,
-                                          handoff_role_to_string(o->h->role), handoff_state_to_string(o->h->state),
-                                          peer_of(o), o->h->n_done, o->h->n_groups, o->bytes_moved,
-                                          handoff_cause_to_string(o->h->cause));
+                if (root || handoff_object_owned_by(o, c))
+                                r = sd_bus_message_append(reply, "(ossssuuts)", o->path, o->request_str,
+                                                  handoff_role_to_string(o->h->role),
+                                                  handoff_state_to_string(o->h->state), peer_of(o), o->h->n_done,
+                                                  o->h->n_groups, o->bytes_moved, handoff_cause_to_string(o->h->cause));
         return r < 0 ? r : sd_bus_message_close_container(reply);
 }
 
@@ -317,14 +324,28 @@ static int property_duration_buckets(sd_bus *bus, const char *path, const char *
         return sd_bus_message_append_array(reply, 't', histogram_bounds_usec, sizeof histogram_bounds_usec);
 }
 
+static bool journal_entry_owned_by(HandoffManager *hm, const HandoffJournalEntry *e, const Client *c) {
+        HandoffObject *o = hashmap_get(e->role == HANDOFF_SOURCE ? hm->sources : hm->destinations,
+                                       e->request_id.bytes);
+        return o && o->h->token == e->token && handoff_object_owned_by(o, c);
+}
+
 /* The WAL's view (handoff-record.h): every handoff side journaled and not released. */
 static int property_journal(sd_bus *bus, const char *path, const char *interface, const char *property,
                             sd_bus_message *reply, void *userdata, sd_bus_error *error) {
         HandoffManager *hm = hm_of(userdata);
         HandoffJournalEntry *e;
         size_t it = 0;
-        int r = sd_bus_message_open_container(reply, 'a', "(sstssuuob)");
+        bool root;
+        Client *c;
+        /* Every entry to root; to anyone else those of the handoffs it owns now. */
+        int r = manager_reader_require(hm->manager, sd_bus_get_current_message(bus), "Journal", &root, &c, error);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_open_container(reply, 'a', "(sstssuuob)");
         while (r >= 0 && handoff_journal_iterate(&hm->journal, &it, &e)) {
+                if (!root && !journal_entry_owned_by(hm, e, c))
+                        continue;
                 char rid[EPD_ID_STRING_MAX], sid[EPD_ID_STRING_MAX], seq[64 + EPD_ID_STRING_MAX];
                 if (e->has_sequence)
                         snprintf(seq, sizeof seq, SEQUENCE_PATH_PREFIX "/%s", epd_id_to_string(&e->sequence, sid));
@@ -370,7 +391,7 @@ static const sd_bus_vtable handoffs_vtable[] = {
 static int owner_check(HandoffObject *o, sd_bus_message *msg, Client **ret, sd_bus_error *error) {
         Client *c = manager_client_lookup_message(o->hm->manager, msg);
         if (!handoff_object_owned_by(o, c))
-                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED, "Handoff %s is not yours.", o->request_str);
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED, "Handoff %s is not yours.", o->handle_str);
         if (ret)
                 *ret = c;
         return 0;
@@ -428,7 +449,26 @@ static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *err
         return wal_manager_reply_empty(m, msg);
 }
 
-#define H_PROPERTY(name, body) BUS_PROPERTY_GETTER(name, HandoffObject, o, body)
+/* A handoff's properties are its owner's (the prefill client on the source side, the
+ * accepting decode client on the destination side), as its methods are: a request id
+ * says whose request it is (docs/security.md). The refusal names the handle the caller
+ * already knows, not the request. */
+static int read_check(HandoffObject *o, sd_bus *bus, sd_bus_error *error) {
+        Client *c = manager_client_lookup_message(o->hm->manager, sd_bus_get_current_message(bus));
+        if (!handoff_object_owned_by(o, c))
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                     "Handoff %s belongs to another client; its properties are its owner's.",
+                                     o->handle_str);
+        return 0;
+}
+
+#define H_PROPERTY(name, body)                                        \
+        BUS_PROPERTY_GETTER(name, HandoffObject, o, {                 \
+                int _r = read_check(o, bus, error);                   \
+                if (_r < 0)                                           \
+                        return _r;                                    \
+                body                                                  \
+        })
 
 H_PROPERTY(property_request_id, { return sd_bus_message_append(reply, "s", o->request_str); })
 H_PROPERTY(property_token, { return sd_bus_message_append(reply, "t", o->h->token); })
@@ -480,8 +520,19 @@ static int handoff_find(sd_bus *bus, const char *path, const char *interface, vo
         return 1;
 }
 
+static bool handoff_readable(const void *o, void *userdata) {
+        return handoff_object_owned_by(o, userdata);
+}
+
+/* The object tree shows the handoffs Handoffs lists: all to root, to anyone else its own. */
 static int handoff_enumerate(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error) {
-        return bus_enumerate_paths(hm_of(userdata)->by_handle, offsetof(HandoffObject, path), nodes);
+        HandoffManager *hm = hm_of(userdata);
+        bool root = false;
+        Client *c = NULL;
+        if (manager_reader(hm->manager, sd_bus_get_current_message(bus), &root, &c) < 0)
+                root = false, c = NULL;
+        return bus_enumerate_paths(hm->by_handle, offsetof(HandoffObject, path), root ? NULL : handoff_readable, c,
+                                   nodes);
 }
 
 int bus_handoff_add(Manager *m, sd_bus *bus) {

@@ -309,19 +309,14 @@ static int property_sequences(sd_bus *bus, const char *path, const char *interfa
         size_t it = 0;
         /* Root sees every sequence; anyone else those it may read itself (its own and
          * those granted to it), as each sequence's own properties allow. */
-        sd_bus_creds *creds = NULL;
-        uid_t uid = 0;
-        int r = sd_bus_query_sender_creds(msg, SD_BUS_CREDS_EUID, &creds);
-        if (r >= 0)
-                r = sd_bus_creds_get_euid(creds, &uid);
-        sd_bus_creds_unref(creds);
+        bool root;
+        Client *c;
+        int r = manager_reader_require(m, msg, "Sequences", &root, &c, error);
         if (r < 0)
-                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
-                                     "The caller's uid cannot be read; Sequences is refused.");
-        Client *c = uid == 0 ? NULL : manager_client_lookup_message(m, msg);
+                return r;
         r = sd_bus_message_open_container(reply, 'a', "(oosuut)");
         while (r >= 0 && hashmap_iterate(m->page_manager->sequences, &it, (void **)&s, NULL)) {
-                if (uid != 0 && page_manager_check_access(s, c, SEQUENCE_ACCESS_READ) < 0)
+                if (!root && page_manager_check_access(s, c, SEQUENCE_ACCESS_READ) < 0)
                         continue;
                 Arena *a = page_manager_sequence_arena(m->page_manager, s);
                 r = sd_bus_message_append(reply, "(oosuut)", s->path, owner_path(s), a ? a->name : "",
@@ -675,10 +670,22 @@ static int sequence_find(sd_bus *bus, const char *path, const char *interface, v
         return 1;
 }
 
+static bool sequence_readable(const void *o, void *userdata) {
+        return page_manager_check_access(o, userdata, SEQUENCE_ACCESS_READ) >= 0;
+}
+
+/* The object tree shows the same sequences as Pages.Sequences: all to root, to anyone
+ * else those it may read; a reader whose uid cannot be read sees none (docs/security.md,
+ * "The read surface"). */
 static int sequence_enumerate(sd_bus *bus, const char *path, void *userdata, char ***nodes,
                               sd_bus_error *error) {
         Manager *m = userdata;
-        return bus_enumerate_paths(m->page_manager->sequences, offsetof(Sequence, path), nodes);
+        bool root = false;
+        Client *c = NULL;
+        if (manager_reader(m, sd_bus_get_current_message(bus), &root, &c) < 0)
+                root = false, c = NULL;
+        return bus_enumerate_paths(m->page_manager->sequences, offsetof(Sequence, path),
+                                   root ? NULL : sequence_readable, c, nodes);
 }
 
 int bus_sequence_add(Manager *m, sd_bus *bus) {

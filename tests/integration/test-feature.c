@@ -422,7 +422,7 @@ static bool cache_bytes_is(void *userdata) {
         return stat_u64(NULL, "CacheBytes") == cache_bytes;
 }
 
-/* Prefetch broadcasts FeatureWanted to encoders; other clients cannot touch a handle;
+/* Prefetch announces FeatureWanted to the registered encoders only; other clients cannot touch a handle;
  * a reload changes the budget and evicts down to it. */
 /* The stored file of key, and whether it is there (complete: the spill thread writes a
  * temporary file and renames it). */
@@ -551,12 +551,27 @@ START_TEST(test_wanted_permissions_reload) {
         size_t n = bundle(8192, t, &bytes); /* 1 MiB */
         epd_feature *p, *r;
 
+        /* FeatureWanted goes to registered encoders only (a key is a content hash of
+         * someone's input): the listener registers as one; another connection (a
+         * client that is not an encoder) must not receive it. */
+        sd_bus *bystander;
+        sd_bus_slot *bystander_slot = NULL;
         ck_assert_int_ge(harness_raw_bus(&h, &listener), 0);
+        ck_assert_int_ge(harness_raw_bus(&h, &bystander), 0);
         ck_assert_int_ge(sd_bus_match_signal(listener, &slot, NULL, "/org/epd1/feature",
                                              "org.epd1.Feature", "FeatureWanted", on_wanted, NULL), 0);
+        ck_assert_int_ge(sd_bus_match_signal(bystander, &bystander_slot, NULL, "/org/epd1/feature",
+                                             "org.epd1.Feature", "FeatureWanted", on_wanted, NULL), 0);
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reg = NULL;
+        ck_assert_int_ge(sd_bus_call_method(listener, harness_destination(&h), "/org/epd1", "org.epd1.Manager",
+                                            "RegisterWorker", &e, &reg, "sssa{sv}", "encoder", "m", "cpu", 0),
+                         0);
+        sd_bus_message_unref(reg);
         /* A round trip first: on the direct socket the daemon must have accepted the
-         * listener's connection before the signal is emitted, or it is not sent there. */
-        ck_assert_int_ge(sd_bus_call_method(listener, harness_destination(&h), "/org/epd1", "org.freedesktop.DBus.Peer", "Ping",
+         * bystander's connection before the signal is emitted, or it would not be sent
+         * there whatever the rule. */
+        ck_assert_int_ge(sd_bus_call_method(bystander, harness_destination(&h), "/org/epd1", "org.freedesktop.DBus.Peer", "Ping",
                                             NULL, NULL, NULL), 0);
         wanted_count = 0;
         ck_assert_int_eq(epd_feature_prefetch(sched, keys, 1), 0);
@@ -568,6 +583,15 @@ START_TEST(test_wanted_permissions_reload) {
         }
         ck_assert_int_eq(wanted_count, 1);
         ck_assert_str_eq(wanted_key, "wanted:1");
+        /* The bystander: a round trip after the signal was sent to the encoder, then
+         * everything it was sent is in; none of it is FeatureWanted. */
+        ck_assert_int_ge(sd_bus_call_method(bystander, harness_destination(&h), "/org/epd1", "org.freedesktop.DBus.Peer", "Ping",
+                                            NULL, NULL, NULL), 0);
+        while (sd_bus_process(bystander, NULL) > 0)
+                ;
+        ck_assert_int_eq(wanted_count, 1);
+        sd_bus_slot_unref(bystander_slot);
+        sd_bus_flush_close_unref(bystander);
         sd_bus_slot_unref(slot);
         sd_bus_flush_close_unref(listener);
 

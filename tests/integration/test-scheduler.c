@@ -465,6 +465,71 @@ bound:
 }
 END_TEST
 
+/* The worker a stage was given to reports it, as the user it runs as (not root): a
+ * decode worker of uid 65534 completes the decode stage of a request another client
+ * admitted, and may not report the prefill stage it was not given. */
+START_TEST(test_stage_worker_not_root) {
+        if (geteuid() != 0) {
+                printf("SKIP: not root, cannot run a worker as another uid\n");
+                return;
+        }
+        ck_assert_int_eq(chmod(h.dir, 0711), 0);
+        ck_assert_int_eq(chmod(h.socket, 0666), 0);
+        int ready[2], go[2], result[2];
+        ck_assert_int_eq(pipe(ready), 0);
+        ck_assert_int_eq(pipe(go), 0);
+        ck_assert_int_eq(pipe(result), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                char names[2][200] = { "", "" }, c = 0;
+                epd_client *d;
+                if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 ||
+                    setresuid(65534, 65534, 65534) < 0)
+                        _exit(2);
+                if (epd_connect(address, &d) < 0 || epd_register(d, "decode", "m", "cpu", NULL, NULL) < 0 ||
+                    epd_configure_worker(d, 64, 0, 1000) < 0)
+                        _exit(3);
+                if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
+                        _exit(4);
+                if (epd_complete(d, "s1", "prefill", 1000, true) < 0)
+                        snprintf(names[0], sizeof names[0], "%s", epd_last_error_name(d));
+                if (epd_complete(d, "s1", "decode", 1000, true) < 0)
+                        snprintf(names[1], sizeof names[1], "%s", epd_last_error_name(d));
+                if (write(result[1], names, sizeof names) != (ssize_t)sizeof names)
+                        _exit(5);
+                epd_disconnect(d);
+                _exit(0);
+        }
+        char c = 0, names[2][200];
+        ck_assert_int_eq(read(ready[0], &c, 1), 1);
+        epd_client *p, *tool;
+        epd_admission a;
+        ck_assert_int_eq(epd_connect(address, &p), 0);
+        ck_assert_int_eq(epd_register(p, "prefill", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_connect(address, &tool), 0);
+        ck_assert_int_eq(epd_admit(tool, "s1", "interactive", 3600ULL * 1000000, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        ck_assert_uint_eq(outstanding(), 1);
+        ck_assert_int_eq(write(go[1], &c, 1), 1);
+        ck_assert_int_eq(read(result[0], names, sizeof names), (ssize_t)sizeof names);
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the uid 65534 worker failed (%d)", status);
+        ck_assert_str_eq(names[0], "org.epd1.Error.PermissionDenied");
+        ck_assert_str_eq(names[1], "");
+        /* Its decode stage, the last, ended the request. */
+        ck_assert_uint_eq(outstanding(), 0);
+        for (int i = 0; i < 2; i++) {
+                close(ready[i]);
+                close(go[i]);
+                close(result[i]);
+        }
+        epd_disconnect(tool);
+        epd_disconnect(p);
+}
+END_TEST
+
 static void setup_bounded(void) {
         ck_assert_int_eq(harness_init(&h, "[Limits]\nMaxRequestsPerClient=3\n"), 0);
         harness_direct_address(&h, address, sizeof address);
@@ -484,6 +549,7 @@ int main(void) {
         tcase_add_checked_fixture(to, setup_bounded, teardown);
         tcase_set_timeout(to, 60);
         tcase_add_test(to, test_requests_belong_to_their_client);
+        tcase_add_test(to, test_stage_worker_not_root);
         suite_add_tcase(s, to);
         TCase *tp = tcase_create("pool-config");
         tcase_set_timeout(tp, 60);
