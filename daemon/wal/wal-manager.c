@@ -27,6 +27,11 @@ typedef struct WalGlue {
         sd_event_source *urge;     /* idle-priority defer: urge the writer once the loop
                                     * has handled every request that was ready */
         uint64_t urge_since;       /* CLOCK_MONOTONIC µs the urge was first deferred; 0: none */
+        sd_event_source *lazy;     /* the lazy bound of records nobody waits for: the
+                                    * loop times them, so the writer thread is not woken
+                                    * for each batch of them */
+        uint64_t batch_lsn;        /* the first record of the latest such batch */
+        uint64_t batch_since;      /* CLOCK_MONOTONIC µs it began */
 } WalGlue;
 
 static WalGlue *glue(Manager *m) {
@@ -48,6 +53,34 @@ static int on_urge(sd_event_source *s, void *userdata) {
         if (g && g->writer)
                 urge_now(g);
         return 0;
+}
+
+/* The lazy timer: the latest batch of records nobody waits for is urged once it is
+ * WAL_WRITER_LAZY_USEC old, unless it is durable already (a reply's sync took it); a
+ * batch that began after the timer was armed gets its own full bound. */
+static int on_lazy(sd_event_source *s, uint64_t usec, void *userdata) {
+        WalGlue *g = glue(userdata);
+        if (!g || !g->writer || wal_writer_durable(g->writer) >= g->batch_lsn)
+                return 0;
+        uint64_t due = g->batch_since + WAL_WRITER_LAZY_USEC, now = now_usec(CLOCK_MONOTONIC);
+        if (now + WAL_WRITER_LAZY_USEC / 10 >= due ||
+            sd_event_source_set_time(s, due) < 0 || sd_event_source_set_enabled(s, SD_EVENT_ONESHOT) < 0)
+                wal_writer_urge(g->writer);
+        return 0;
+}
+
+/* A batch of records nobody waits for began (its first record: lsn). An armed timer is
+ * left as it is (on_lazy re-arms it for this batch if need be): one timer syscall per
+ * bound at most, however many batches. */
+static void lazy_arm(WalGlue *g, uint64_t lsn) {
+        int enabled = SD_EVENT_OFF;
+        g->batch_lsn = lsn;
+        g->batch_since = now_usec(CLOCK_MONOTONIC);
+        if (!g->lazy || (sd_event_source_get_enabled(g->lazy, &enabled) >= 0 && enabled != SD_EVENT_OFF))
+                return;
+        if (sd_event_source_set_time(g->lazy, g->batch_since + WAL_WRITER_LAZY_USEC) < 0 ||
+            sd_event_source_set_enabled(g->lazy, SD_EVENT_ONESHOT) < 0)
+                wal_writer_urge(g->writer); /* no timer: durable now rather than late */
 }
 
 static const Subsystem *journal_owner(uint16_t type) {
@@ -152,11 +185,14 @@ int wal_manager_append(Manager *m, uint16_t type, const void *payload, size_t le
         uint64_t lsn;
         if (!g || !g->writer)
                 return -ENOTCONN;
-        /* Synced when a reply waits for it (wal_manager_after_durable), or soon after. */
-        int r = wal_writer_append_lazy(g->writer, type, payload, len, &lsn);
+        /* Synced when a reply waits for it (wal_manager_after_durable), or at the latest
+         * when the loop's lazy timer fires. */
+        int r = wal_writer_append_deferred(g->writer, type, payload, len, &lsn);
         if (r < 0)
                 return r;
         g->last = lsn;
+        if (r > 0)
+                lazy_arm(g, lsn);
         return 0;
 }
 
@@ -294,6 +330,12 @@ static int wal_init(Manager *m) {
                 return log_error_errno(r, "Cannot add the WAL urge source: %m");
         (void)sd_event_source_set_priority(g->urge, SD_EVENT_PRIORITY_IDLE);
         (void)sd_event_source_set_enabled(g->urge, SD_EVENT_OFF);
+        /* Accuracy: a tenth of the bound, so that sd-event may coalesce its wake-up. */
+        r = sd_event_add_time_relative(m->event, &g->lazy, CLOCK_MONOTONIC, WAL_WRITER_LAZY_USEC,
+                                       WAL_WRITER_LAZY_USEC / 10, on_lazy, m);
+        if (r < 0)
+                return log_error_errno(r, "Cannot add the WAL lazy timer: %m");
+        (void)sd_event_source_set_enabled(g->lazy, SD_EVENT_OFF);
         for (const Subsystem *const *sp = manager_subsystems(); *sp; sp++)
                 if ((*sp)->journal && (*sp)->journal->restore_finish) {
                         r = (*sp)->journal->restore_finish(m);
@@ -321,6 +363,7 @@ static void wal_done(Manager *m) {
                 wal_wait_queue_done(&g->waiting, -ESHUTDOWN);
                 sd_event_source_disable_unref(g->durable);
                 sd_event_source_disable_unref(g->urge);
+                sd_event_source_disable_unref(g->lazy);
                 free(g);
         }
         m->wal = wal_free(m->wal);

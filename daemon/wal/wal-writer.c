@@ -73,7 +73,13 @@ static void wait_for_work(WalWriter *ww) {
                 if (ww->have_compact || ww->urgent)
                         return;
                 /* Only records nobody waits for yet: they wait for one that is (it
-                 * makes them durable with it) or for their time to be up. */
+                 * makes them durable with it) or for their time to be up. Records
+                 * appended deferred (wal_writer_append_deferred) alone are timed by
+                 * their owner, who urges: no timer here. */
+                if (ww->lazy_since == 0) {
+                        pthread_cond_wait(&ww->wake, &ww->lock);
+                        continue;
+                }
                 uint64_t deadline = ww->lazy_since + ww->lazy_usec, now = now_usec();
                 if (now >= deadline)
                         return;
@@ -135,6 +141,7 @@ static void *writer_thread(void *userdata) {
                 if (ww->pending_size == 0 && !ww->have_compact)
                         break; /* stopping, and everything is written */
                 ww->urgent = false; /* whoever waits is in this batch */
+                ww->lazy_since = 0; /* and every lazy record */
 
                 /* Take the whole batch (and the compaction, if one is queued): the loop
                  * keeps appending into the other buffer meanwhile. */
@@ -257,8 +264,19 @@ WalWriter *wal_writer_free(WalWriter *ww) {
         return NULL;
 }
 
-static int append(WalWriter *ww, uint16_t type, const void *payload, size_t len, bool lazy, uint64_t *ret_lsn) {
+typedef enum AppendMode {
+        APPEND_WAITED,   /* someone waits for it: write now */
+        APPEND_LAZY,     /* nobody waits: this thread times the batch */
+        APPEND_DEFERRED, /* nobody waits: the caller times the batch and urges */
+} AppendMode;
+
+/* Returns 1 when a deferred record begins a batch nobody urged (the caller's timer
+ * starts), else 0, or the error. The thread is signalled after the lock is released, so
+ * that it does not wake into a held mutex. */
+static int append(WalWriter *ww, uint16_t type, const void *payload, size_t len, AppendMode mode,
+                  uint64_t *ret_lsn) {
         size_t size;
+        bool wake = false;
         int r = 0;
 
         if (len > WAL_RECORD_PAYLOAD_MAX || (len > 0 && !payload) || type == WAL_RECORD_SNAPSHOT_END)
@@ -288,33 +306,52 @@ static int append(WalWriter *ww, uint16_t type, const void *payload, size_t len,
                 if (ret_lsn)
                         *ret_lsn = lsn;
                 /* The thread hears of a lazy batch once, when it begins (to time it),
-                 * and of every record someone waits for. */
-                if (!lazy)
+                 * and of every record someone waits for; of a deferred one never. */
+                switch (mode) {
+                case APPEND_WAITED:
+                        wake = !ww->urgent;
                         ww->urgent = true;
-                else if (ww->pending_records == 1)
-                        ww->lazy_since = now_usec();
-                if (!lazy || ww->pending_records == 1)
-                        pthread_cond_signal(&ww->wake);
+                        break;
+                case APPEND_LAZY:
+                        if (ww->lazy_since == 0) {
+                                ww->lazy_since = now_usec();
+                                wake = true;
+                        }
+                        break;
+                case APPEND_DEFERRED:
+                        r = ww->pending_records == 1 && !ww->urgent;
+                        break;
+                }
         }
         unlock(ww);
+        if (wake)
+                pthread_cond_signal(&ww->wake);
         return r;
 }
 
 int wal_writer_append(WalWriter *ww, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn) {
-        return append(ww, type, payload, len, false, ret_lsn);
+        return append(ww, type, payload, len, APPEND_WAITED, ret_lsn);
 }
 
 int wal_writer_append_lazy(WalWriter *ww, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn) {
-        return append(ww, type, payload, len, true, ret_lsn);
+        return append(ww, type, payload, len, APPEND_LAZY, ret_lsn);
+}
+
+int wal_writer_append_deferred(WalWriter *ww, uint16_t type, const void *payload, size_t len,
+                               uint64_t *ret_lsn) {
+        return append(ww, type, payload, len, APPEND_DEFERRED, ret_lsn);
 }
 
 void wal_writer_urge(WalWriter *ww) {
+        bool wake = false;
         lock(ww);
         if (ww->pending_size > 0 && !ww->urgent) {
                 ww->urgent = true;
-                pthread_cond_signal(&ww->wake);
+                wake = true;
         }
         unlock(ww);
+        if (wake)
+                pthread_cond_signal(&ww->wake);
 }
 
 void wal_writer_set_lazy_usec(WalWriter *ww, uint64_t usec) {

@@ -72,6 +72,12 @@ int wal_writer_append(WalWriter *ww, uint16_t type, const void *payload, size_t 
  * someone needs one. */
 #define WAL_WRITER_LAZY_USEC (5ULL * 1000ULL)
 int wal_writer_append_lazy(WalWriter *ww, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn);
+/* The same, timed by the caller instead of the thread (which is not woken for it: no
+ * context switch per record on a quiet loop): returns 1 when the record begins a batch
+ * that nobody urged yet, and the caller must then call wal_writer_urge() within its own
+ * lazy bound; 0 when the batch is already timed or urged; or the error. */
+int wal_writer_append_deferred(WalWriter *ww, uint16_t type, const void *payload, size_t len,
+                               uint64_t *ret_lsn);
 /* Someone waits for what is pending: write and sync it now. */
 void wal_writer_urge(WalWriter *ww);
 /* Tests: how long lazy records may wait. */

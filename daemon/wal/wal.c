@@ -25,14 +25,15 @@
 struct Wal {
         char *dir;
         int dir_fd;
-        int fd;              /* wal.log, O_APPEND */
+        int fd;              /* wal.log, written at `end` */
         WalSyncPolicy policy;
         bool replayed;
         bool broken;         /* a compaction lost the log fd: refuse appends */
         uint64_t base_lsn;   /* of the current log file */
         uint64_t last_lsn;   /* last appended */
         uint64_t synced_lsn;
-        uint64_t end;        /* bytes in wal.log */
+        uint64_t end;        /* bytes of records (and the header) in wal.log */
+        uint64_t alloc;      /* the file's size: [end, alloc) is zeros written ahead */
         void *buf;           /* encode buffer */
         size_t buf_size;
         WalStats stats;
@@ -246,6 +247,71 @@ static int write_all(int fd, const void *buf, size_t n) {
         return 0;
 }
 
+static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off) {
+        const uint8_t *p = buf;
+
+        while (n > 0) {
+                ssize_t k = pwrite(fd, p, n, (off_t)off);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                if (k == 0)
+                        return -EIO;
+                p += k;
+                n -= (size_t)k;
+                off += (uint64_t)k;
+        }
+        return 0;
+}
+
+static bool all_zero(const uint8_t *p, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                if (p[i] != 0)
+                        return false;
+        return true;
+}
+
+/* Records are written over zeros written ahead, WAL_PREALLOC bytes at a time: a
+ * record's fdatasync then flushes its data only, with no change of the file's size or
+ * blocks to journal (the file system's journal commit would double its cost). Replay
+ * reads the zeros after the last record as the end of the log, not as damage. */
+#define WAL_PREALLOC ((uint64_t)1 << 20)
+
+static int log_reserve(Wal *w, size_t n) {
+        static const uint8_t zeros[65536];
+        if (w->end + n <= w->alloc)
+                return 0;
+        uint64_t want = ALIGN_TO(w->end + n, WAL_PREALLOC);
+        for (uint64_t off = w->alloc; off < want;) {
+                size_t k = (size_t)MIN(want - off, (uint64_t)sizeof zeros);
+                int r = pwrite_all(w->fd, zeros, k, off);
+                if (r < 0)
+                        return r;
+                off += k;
+                w->alloc = off;
+        }
+        return 0;
+}
+
+/* n bytes of records at the end of the log. A failure leaves no part of them behind a
+ * later good record: the file is cut back to the records before them. */
+static int log_write(Wal *w, const void *p, size_t n) {
+        int r = log_reserve(w, n);
+        if (r >= 0)
+                r = pwrite_all(w->fd, p, n, w->end);
+        if (r < 0) {
+                if (ftruncate(w->fd, (off_t)w->end) < 0)
+                        log_error_errno(errno, "Failed to cut a failed WAL write: %m");
+                else
+                        w->alloc = w->end;
+                return log_error_errno(r, "Failed to append to the WAL: %m");
+        }
+        w->end += n;
+        return 0;
+}
+
 static int read_file_at(int dir_fd, const char *name, void **ret, size_t *ret_size) {
         _cleanup_(closep) int fd = -EBADF;
         _cleanup_(freep) uint8_t *buf = NULL;
@@ -349,6 +415,10 @@ Wal *wal_free(Wal *w) {
                 return NULL;
         if (w->fd >= 0 && w->policy != WAL_SYNC_NONE && w->synced_lsn < w->last_lsn)
                 (void)fdatasync(w->fd);
+        /* A clean close leaves the records alone in the file, without the zeros written
+         * ahead (replay would take them for the end of the log all the same). */
+        if (w->fd >= 0 && w->alloc > w->end)
+                (void)!ftruncate(w->fd, (off_t)w->end);
         safe_close(w->fd);
         safe_close(w->dir_fd);
         free(w->buf);
@@ -357,16 +427,19 @@ Wal *wal_free(Wal *w) {
         return NULL;
 }
 
-static int open_log_for_append(Wal *w) {
+/* end: where the records stop (a replayed log may have zeros written ahead after them);
+ * UINT64_MAX: at the end of the file. */
+static int open_log_for_append(Wal *w, uint64_t end) {
         struct stat st;
 
         w->fd = safe_close(w->fd);
-        w->fd = openat(w->dir_fd, WAL_LOG_NAME, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
+        w->fd = openat(w->dir_fd, WAL_LOG_NAME, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
         if (w->fd < 0)
                 return -errno;
         if (fstat(w->fd, &st) < 0)
                 return -errno;
-        w->end = (uint64_t)st.st_size;
+        w->alloc = (uint64_t)st.st_size;
+        w->end = MIN(end, w->alloc);
         w->stats.log_bytes = w->end;
         return 0;
 }
@@ -443,7 +516,10 @@ int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
                 w->base_lsn = pr.header.base_lsn;
                 w->last_lsn = MAX(pr.last_lsn, snap_lsn);
                 w->stats.replayed = pr.last_lsn > snap_lsn ? pr.last_lsn - snap_lsn : 0;
-                if (pr.good_bytes < log_size) {
+                if (pr.good_bytes < log_size && all_zero((const uint8_t *)log + pr.good_bytes, log_size - pr.good_bytes))
+                        log_debug("WAL %s/%s: %zu bytes written ahead after LSN %" PRIu64 ".", w->dir,
+                                  WAL_LOG_NAME, log_size - pr.good_bytes, pr.last_lsn);
+                else if (pr.good_bytes < log_size) {
                         _cleanup_(closep) int fd = -EBADF;
 
                         if (pr.tail == -EAGAIN)
@@ -462,7 +538,7 @@ int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
                 }
         }
 
-        r = open_log_for_append(w);
+        r = open_log_for_append(w, have_log ? pr.good_bytes : UINT64_MAX);
         if (r < 0)
                 return log_error_errno(r, "Failed to open %s/%s: %m", w->dir, WAL_LOG_NAME);
         w->synced_lsn = w->last_lsn;
@@ -487,14 +563,9 @@ int wal_append(Wal *w, uint16_t type, const void *payload, size_t len, uint64_t 
                 return r;
         wal_record_encode(w->buf, w->last_lsn + 1, type, payload, len);
 
-        r = write_all(w->fd, w->buf, size);
-        if (r < 0) {
-                /* Never leave half a record behind a later good one. */
-                if (ftruncate(w->fd, (off_t)w->end) < 0)
-                        log_error_errno(errno, "Failed to cut a failed WAL append: %m");
-                return log_error_errno(r, "Failed to append to the WAL: %m");
-        }
-        w->end += size;
+        r = log_write(w, w->buf, size);
+        if (r < 0)
+                return r;
         w->last_lsn++;
         w->stats.appended++;
         w->stats.appended_bytes += size;
@@ -521,14 +592,9 @@ int wal_write_encoded(Wal *w, const void *records, size_t size, uint64_t last_ls
                 return -EIO;
         if (last_lsn <= w->last_lsn || size == 0)
                 return -EINVAL;
-        r = write_all(w->fd, records, size);
-        if (r < 0) {
-                /* Never leave part of a batch behind a later good record. */
-                if (ftruncate(w->fd, (off_t)w->end) < 0)
-                        log_error_errno(errno, "Failed to cut a failed WAL write: %m");
-                return log_error_errno(r, "Failed to append to the WAL: %m");
-        }
-        w->end += size;
+        r = log_write(w, records, size);
+        if (r < 0)
+                return r;
         w->stats.appended += last_lsn - w->last_lsn;
         w->stats.appended_bytes += size;
         w->stats.log_bytes = w->end;
@@ -664,7 +730,7 @@ static int compact_finish(Wal *w, uint64_t lsn, uint64_t records) {
         int r = create_file_atomic(w->dir_fd, WAL_LOG_TMP, WAL_LOG_NAME, WAL_FILE_LOG, lsn);
         if (r < 0)
                 return r;
-        r = open_log_for_append(w);
+        r = open_log_for_append(w, UINT64_MAX);
         if (r < 0) {
                 w->broken = true;
                 return r;

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Fault injection for test-restart-crash-every-record: preloaded into epdd, it kills the
  * daemon right after WAL record N is in the log. When $EPD_FAULT_WAL_LSN is N, a write()
- * to a file named wal.log that holds the record of LSN N writes the records up to and
- * including it, fdatasync()s the file, and raises SIGKILL: what a kill -9 between that
- * record and the next would leave, whatever the writer thread batched together. Every
- * other write is the real one. Test builds only: nothing in epdd knows of it. */
+ * or pwrite() to a file named wal.log that holds the record of LSN N writes the records
+ * up to and including it, fdatasync()s the file, and raises SIGKILL: what a kill -9
+ * between that record and the next would leave, whatever the writer thread batched
+ * together. Every other write is the real one (the zeros the log writes ahead hold no
+ * record: LSN 0). Test builds only: nothing in epdd knows of it. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
@@ -42,27 +43,36 @@ static bool is_wal_log(int fd) {
         return strcmp(target + n - 8, "/wal.log") == 0;
 }
 
-ssize_t write(int fd, const void *buf, size_t count) {
-        static ssize_t (*real)(int, const void *, size_t);
-        if (!real)
-                real = (ssize_t (*)(int, const void *, size_t))dlsym(RTLD_NEXT, "write");
+/* Writes buf (count bytes, at off, or at the file position when off < 0) with the real
+ * call; when it holds the record of $EPD_FAULT_WAL_LSN, only up to that record, then the
+ * kill. */
+static ssize_t faulty(int fd, const void *buf, size_t count, off_t off, bool positioned) {
+        static ssize_t (*real_write)(int, const void *, size_t);
+        static ssize_t (*real_pwrite)(int, const void *, size_t, off_t);
+        if (!real_write)
+                real_write = (ssize_t (*)(int, const void *, size_t))dlsym(RTLD_NEXT, "write");
+        if (!real_pwrite)
+                real_pwrite = (ssize_t (*)(int, const void *, size_t, off_t))dlsym(RTLD_NEXT, "pwrite64");
+#define REAL(p, n, o) (positioned ? real_pwrite(fd, (p), (n), (o)) : real_write(fd, (p), (n)))
         const char *target = getenv("EPD_FAULT_WAL_LSN");
         if (!target || count < RECORD_HEADER || !is_wal_log(fd))
-                return real(fd, buf, count);
+                return REAL(buf, count, off);
         uint64_t want = strtoull(target, NULL, 10);
         const uint8_t *p = buf;
         /* The writer writes whole records (a batch, or one); a file header starts with
          * the magic, not a record. */
         if (memcmp(p, "EPDWAL", 6) == 0)
-                return real(fd, buf, count);
-        size_t off = 0;
-        while (off + RECORD_HEADER <= count) {
-                size_t size = RECORD_HEADER + (((size_t)le32(p + off) + 7) & ~(size_t)7);
-                uint64_t lsn = le64(p + off + 8);
+                return REAL(buf, count, off);
+        size_t at = 0;
+        while (at + RECORD_HEADER <= count) {
+                size_t size = RECORD_HEADER + (((size_t)le32(p + at) + 7) & ~(size_t)7);
+                uint64_t lsn = le64(p + at + 8);
+                if (lsn == 0)
+                        break; /* zeros written ahead */
                 if (lsn >= want) {
-                        size_t end = lsn == want ? off + size : off;
+                        size_t end = lsn == want ? at + size : at;
                         for (size_t done = 0; done < end;) {
-                                ssize_t k = real(fd, p + done, end - done);
+                                ssize_t k = REAL(p + done, end - done, off + (off_t)done);
                                 if (k <= 0 && errno != EINTR)
                                         break;
                                 done += k > 0 ? (size_t)k : 0;
@@ -71,7 +81,17 @@ ssize_t write(int fd, const void *buf, size_t count) {
                         raise(SIGKILL);
                         _exit(137);
                 }
-                off += size;
+                at += size;
         }
-        return real(fd, buf, count);
+        return REAL(buf, count, off);
+#undef REAL
+}
+
+ssize_t write(int fd, const void *buf, size_t count) {
+        return faulty(fd, buf, count, -1, false);
+}
+
+/* With _FILE_OFFSET_BITS=64 (as epdd is built) this is pwrite64, what epdd calls. */
+ssize_t pwrite(int fd, const void *buf, size_t count, off_t off) {
+        return faulty(fd, buf, count, off, true);
 }

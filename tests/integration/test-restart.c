@@ -1698,8 +1698,12 @@ static uint64_t ev_last_lsn(bool types) {
         memcpy(&last, hdr + 16, 8); /* the base LSN */
         while (fread(rec, 1, sizeof rec, f) == sizeof rec) {
                 uint32_t len;
+                uint64_t lsn;
                 memcpy(&len, rec, 4);
-                memcpy(&last, rec + 8, 8);
+                memcpy(&lsn, rec + 8, 8);
+                if (lsn == 0)
+                        break; /* the zeros the log writes ahead */
+                last = lsn;
                 if (types)
                         printf(" %" PRIu64 ":%02x%02x", last, rec[17], rec[16]);
                 ck_assert_int_eq(fseek(f, (long)((len + 7) & ~7u), SEEK_CUR), 0);

@@ -403,6 +403,51 @@ END_TEST
 
 /* kill -9 a writer at random points, compactions included: after every restart each
  * acknowledged record is there, and nothing but appended records. */
+/* Records are written over zeros written ahead: a log left by a kill (the zeros still
+ * there) replays every record and takes the zeros for its end, not for damage, and the
+ * next records go where the last one ended; a clean close leaves the records alone. A
+ * damaged record before the zeros is still damage. */
+START_TEST(test_written_ahead) {
+        char *dir = make_dir();
+        State s = {};
+        Wal *w;
+
+        ck_assert_int_eq(wal_open(dir, WAL_SYNC_BATCH, &w), 0);
+        ck_assert_int_eq(wal_replay(w, apply, &s), 0);
+        append_n(w, &s, 20);
+        ck_assert_int_eq(wal_sync(w), 0);
+        uint64_t end = wal_get_stats(w)->log_bytes;
+        off_t ahead = file_size(dir, "wal.log");
+        ck_assert_int_gt(ahead, (off_t)end); /* zeros after the records */
+        copy_file(dir, "wal.log", "killed"); /* what a kill -9 leaves */
+        wal_free(w);
+        ck_assert_int_eq(file_size(dir, "wal.log"), (off_t)end);
+
+        copy_file(dir, "killed", "wal.log");
+        w = reopen(dir, &s);
+        ck_assert_uint_eq(s.n, 20);
+        ck_assert_uint_eq(wal_get_stats(w)->torn, 0);
+        ck_assert_uint_eq(wal_get_stats(w)->corrupt, 0);
+        ck_assert_uint_eq(wal_get_stats(w)->cut_bytes, 0);
+        ck_assert_uint_eq(wal_get_stats(w)->log_bytes, end);
+        append_n(w, &s, 5);
+        wal_free(w);
+        w = reopen(dir, &s);
+        ck_assert_uint_eq(s.n, 25);
+        ck_assert_uint_eq(wal_get_stats(w)->torn + wal_get_stats(w)->corrupt, 0);
+        wal_free(w);
+
+        /* A flipped bit in the last record before the zeros: that record is cut. */
+        copy_file(dir, "killed", "wal.log");
+        file_flip(dir, "wal.log", (off_t)end - 3, 1);
+        w = reopen(dir, &s);
+        ck_assert_uint_eq(s.n, 19);
+        ck_assert_uint_eq(wal_get_stats(w)->corrupt + wal_get_stats(w)->torn, 1);
+        wal_free(w);
+        rm_dir(dir);
+}
+END_TEST
+
 START_TEST(test_crash) {
         char *dir = make_dir();
         uint64_t acked_total = 0;
@@ -496,6 +541,7 @@ int main(void) {
         tcase_add_test(tc, test_truncated);
         tcase_add_test(tc, test_bitflip);
         tcase_add_test(tc, test_compaction);
+        tcase_add_test(tc, test_written_ahead);
         tcase_add_test(tc, test_crash);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
