@@ -6,8 +6,8 @@
  *   decode   ring ACCEPT(request)           (the decode worker waits without polling)
  *   prefill  Prepare(request, dest, seq, groups, ready=all | then ring LayerGroupReady)
  *   decode   ring: ACCEPTED, progress ... groups [0, G) landed   -> first, all landed
- *   decode   Accept (the offsets), Commit, release the decode sequence, Release
- *   prefill  ring: committed; Release
+ *   decode   Accept (the offsets), CommitAndRelease, release the decode sequence
+ *   prefill  ring: committed (prepared with release_on_commit: no Release call)
  *
  * Latency is from the Prepare call to the decode worker's ring record saying the first
  * group, and every group, landed (both clients in one process: one clock; the decode
@@ -190,7 +190,8 @@ static void *worker(void *userdata) {
         uint32_t groups[1024];
         for (unsigned g = 0; g < arg_groups; g++)
                 groups[g] = arg_layers / arg_groups + (g < arg_layers % arg_groups);
-        epd_handoff_options o = { .arena = arg_dest_arena, .ready = arg_ring_ready ? 0 : arg_groups };
+        epd_handoff_options o = { .arena = arg_dest_arena, .ready = arg_ring_ready ? 0 : arg_groups,
+                                  .release_on_commit = true };
         pthread_barrier_wait(&start);
 
         for (unsigned i = 0; i < arg_warmup + w->count; i++) {
@@ -225,14 +226,12 @@ static void *worker(void *userdata) {
                 char *dseq = NULL;
                 if ((r = epd_handoff_accept(d, rid, &acc)) < 0)
                         die(d, r, "accept");
-                if ((r = epd_handoff_commit(d, acc.path, &dseq)) < 0)
+                if ((r = epd_handoff_commit_and_release(d, acc.path, &dseq)) < 0)
                         die(d, r, "commit");
-                if ((r = epd_sequence_release(d, dseq)) < 0 || (r = epd_handoff_release(d, acc.path)) < 0)
-                        die(d, r, "release (decode)");
+                if ((r = epd_sequence_release(d, dseq)) < 0)
+                        die(d, r, "release (decode sequence)");
                 SourceWait sw = { token };
                 ring_until(pr, source_record, &sw, "commit at the source");
-                if ((r = epd_handoff_release(p, path)) < 0)
-                        die(p, r, "release (prefill)");
                 if (i >= arg_warmup) {
                         w->first_ns[w->done] = dw.first_ns - t0;
                         w->all_ns[w->done] = dw.all_ns - t0;

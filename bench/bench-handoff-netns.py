@@ -206,7 +206,9 @@ def syscalls(build, tmp, pair, count, inflight=1):
     res = []
     for name, path in zip(("source", "destination", "client"), outs):
         c = strace_counts(path)
-        res.append((name, sum(c.values()) / count, c.get("fdatasync", 0) / count))
+        top = sorted(c.items(), key=lambda kv: -kv[1])[:8]
+        res.append((name, sum(c.values()) / count, c.get("fdatasync", 0) / count,
+                    " ".join(f"{k} {v / count:.1f}" for k, v in top)))
     return res
 
 
@@ -241,7 +243,9 @@ def latency_main(build, quick, count):
                     res = syscalls(build, tmp, pair, n, k)
                     print(f"  syscalls per 64 KiB 4-group inter-host handoff, {k} in flight (strace -c -f, {n} "
                           f"handoffs, the clients' connection setup included): "
-                          + ", ".join(f"{name} {sc:.1f} (fdatasync {fs:.2f})" for name, sc, fs in res), flush=True)
+                          + ", ".join(f"{name} {sc:.1f} (fdatasync {fs:.2f})" for name, sc, fs, _ in res), flush=True)
+                    for name, _, _, top in res:
+                        print(f"    {name:11} most made, per handoff: {top}", flush=True)
                 for k in (1, 8, 64):
                     n = max(count, 4 * k) // k * k
                     r = handoff_latency(build, pair, "bravo", n, 8, 4, 8192, inflight=k)

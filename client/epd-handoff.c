@@ -51,6 +51,8 @@ int epd_handoff_prepare(epd_client *c, const char *request_id, const char *desti
                 r = sd_bus_message_append(m, "{sv}", "timeout_usec", "t", opts->timeout_usec);
         if (r >= 0 && opts && opts->ready)
                 r = sd_bus_message_append(m, "{sv}", "ready", "u", opts->ready);
+        if (r >= 0 && opts && opts->release_on_commit)
+                r = sd_bus_message_append(m, "{sv}", "release_on_commit", "b", 1);
         if (r >= 0)
                 r = sd_bus_message_close_container(m);
         if (r < 0) {
@@ -147,12 +149,12 @@ int epd_handoff_accept_wait(epd_client *c, const char *request_id, uint64_t time
         return read_accepted(c, reply, ret);
 }
 
-int epd_handoff_commit(epd_client *c, const char *handoff, char **ret_sequence) {
+static int commit(epd_client *c, const char *handoff, const char *method, char **ret_sequence) {
         sd_bus_message *reply = NULL;
         const char *seq;
         if (!c || !handoff)
                 return -EINVAL;
-        int r = epd__call(c, handoff, IFACE_HANDOFF, "Commit", &reply, NULL);
+        int r = epd__call(c, handoff, IFACE_HANDOFF, method, &reply, NULL);
         if (r < 0)
                 return r;
         r = sd_bus_message_read(reply, "o", &seq);
@@ -162,6 +164,14 @@ int epd_handoff_commit(epd_client *c, const char *handoff, char **ret_sequence) 
                 r = epd__error(c, r, NULL);
         sd_bus_message_unref(reply);
         return r < 0 ? r : 0;
+}
+
+int epd_handoff_commit(epd_client *c, const char *handoff, char **ret_sequence) {
+        return commit(c, handoff, "Commit", ret_sequence);
+}
+
+int epd_handoff_commit_and_release(epd_client *c, const char *handoff, char **ret_sequence) {
+        return commit(c, handoff, "CommitAndRelease", ret_sequence);
 }
 
 int epd_handoff_rollback(epd_client *c, const char *handoff) {

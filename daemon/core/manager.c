@@ -749,6 +749,7 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->sigterm);
         sd_event_source_disable_unref(m->sigint);
         sd_event_source_disable_unref(m->sighup);
+        sd_event_source_disable_unref(m->changed_source);
         sd_event_unref(m->event);
         /* Last: the socket is unlinked above while the lock still says it is ours. */
         m->socket_lock_fd = safe_close(m->socket_lock_fd);
@@ -792,18 +793,77 @@ static void emit_each(Manager *m, int (*fn)(sd_bus *bus, void *userdata), void *
 }
 
 typedef struct ChangedArgs {
-        const char *path, *interface, *property;
+        const char *path, *interface;
+        char **properties;
 } ChangedArgs;
 
 static int emit_changed_one(sd_bus *bus, void *userdata) {
         ChangedArgs *a = userdata;
-        return sd_bus_emit_properties_changed(bus, a->path, a->interface, a->property, NULL);
+        return sd_bus_emit_properties_changed_strv(bus, a->path, a->interface, a->properties);
 }
+
+/* Sends what is pending: per (path, interface), one PropertiesChanged naming each
+ * property changed meanwhile. */
+static void changed_flush(Manager *m) {
+        size_t n = m->n_changed;
+        bool done[ELEMENTSOF(m->changed)] = {};
+        m->n_changed = 0;
+        m->changed_since = 0;
+        if (m->changed_source)
+                (void)sd_event_source_set_enabled(m->changed_source, SD_EVENT_OFF);
+        for (size_t i = 0; i < n; i++) {
+                if (done[i])
+                        continue;
+                char *props[ELEMENTSOF(m->changed) + 1];
+                size_t k = 0;
+                for (size_t j = i; j < n; j++)
+                        if (!done[j] && (strcmp(m->changed[j].path, m->changed[i].path) == 0) &&
+                            (strcmp(m->changed[j].interface, m->changed[i].interface) == 0)) {
+                                props[k++] = (char *)m->changed[j].property;
+                                done[j] = true;
+                        }
+                props[k] = NULL;
+                ChangedArgs a = { m->changed[i].path, m->changed[i].interface, props };
+                emit_each(m, emit_changed_one, &a);
+        }
+}
+
+static int on_changed(sd_event_source *s, void *userdata) {
+        changed_flush(userdata);
+        return 0;
+}
+
+#define CHANGED_DELAY_MAX_USEC (10ULL * 1000ULL)
 
 void manager_emit_changed(Manager *m, const char *path, const char *interface,
                           const char *property) {
-        ChangedArgs a = { path, interface, property };
-        emit_each(m, emit_changed_one, &a);
+        if (m->stopping)
+                return; /* nobody to tell: the connections go too */
+        for (size_t i = 0; i < m->n_changed; i++)
+                if ((strcmp(m->changed[i].path, path) == 0) && (strcmp(m->changed[i].interface, interface) == 0) &&
+                    (strcmp(m->changed[i].property, property) == 0))
+                        goto pending;
+        if (m->n_changed == ELEMENTSOF(m->changed))
+                changed_flush(m);
+        m->changed[m->n_changed++] = (typeof(m->changed[0])){ path, interface, property };
+pending:;
+        uint64_t now = now_usec(CLOCK_MONOTONIC);
+        if (m->changed_since == 0)
+                m->changed_since = now;
+        if (!m->event || now - m->changed_since >= CHANGED_DELAY_MAX_USEC) {
+                changed_flush(m);
+                return;
+        }
+        if (!m->changed_source) {
+                if (sd_event_add_defer(m->event, &m->changed_source, on_changed, m) < 0) {
+                        changed_flush(m);
+                        return;
+                }
+                /* After the requests that are ready: a burst is one signal. */
+                (void)sd_event_source_set_priority(m->changed_source, SD_EVENT_PRIORITY_NORMAL + 10);
+        }
+        if (sd_event_source_set_enabled(m->changed_source, SD_EVENT_ONESHOT) < 0)
+                changed_flush(m);
 }
 
 typedef struct SignalArgs {

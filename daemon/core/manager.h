@@ -86,6 +86,12 @@ struct Manager {
         size_t n_arenas;
 
         sd_event_source *sigterm, *sigint, *sighup;
+        /* PropertiesChanged not sent yet (manager_emit_changed): coalesced, one signal
+         * per object and interface for every change made meanwhile. */
+        sd_event_source *changed_source;
+        struct { const char *path, *interface, *property; } changed[16];
+        size_t n_changed;
+        uint64_t changed_since;      /* CLOCK_MONOTONIC µs of the oldest one */
         uint64_t started_usec;       /* CLOCK_REALTIME at startup (Manager.StartedAt) */
         bool ready_sent;
         bool stopping;               /* manager_free(): releases are not journaled */
@@ -132,7 +138,10 @@ void manager_worker_stats(Manager *m, Worker *w, WorkerStats *ret);
 
 Arena *manager_find_arena(Manager *m, const char *name);
 
-/* Emits PropertiesChanged for an org.epd1.Manager property on every connection. */
+/* PropertiesChanged for `property` (of `interface` at `path`; all three static
+ * strings) on every connection: coalesced, sent once the loop has handled what was
+ * ready (a burst of changes, such as many workers registering at once, is one signal),
+ * and within 10 ms however busy the loop is. */
 void manager_emit_changed(Manager *m, const char *path, const char *interface,
                           const char *property);
 /* Emits a signal on every connection (bus and direct). Ends the message. */

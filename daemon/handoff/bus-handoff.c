@@ -114,6 +114,7 @@ static int method_prepare(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 BUS_DICT("target", "o", HandoffPrepareArgs, target),
                 BUS_DICT("timeout_usec", "t", HandoffPrepareArgs, timeout_usec),
                 BUS_DICT("ready", "u", HandoffPrepareArgs, ready),
+                BUS_DICT("release_on_commit", "b", HandoffPrepareArgs, release_on_commit),
                 {},
         };
         r = bus_dict_read(msg, options, &a, "option", error);
@@ -426,6 +427,27 @@ static int method_commit(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         return reply_journaled(o->hm->manager, msg, "o", seq);
 }
 
+/* Commit, then Release, in one call: the reply (the decode sequence) waits for both
+ * records, one sync. */
+static int method_commit_and_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        HandoffObject *o = userdata;
+        const char *seq;
+        Client *c = NULL;
+        Reason why = {};
+        int r = owner_check(o, msg, &c, error);
+        if (r < 0)
+                return r;
+        r = handoff_manager_commit(o, c, &seq, &why);
+        if (r < 0)
+                return epd_bus_error_errno(error, r, why.text);
+        _cleanup_(freep) char *path = strdup(seq); /* o may be gone after the release */
+        if (!path)
+                return -ENOMEM;
+        Manager *m = o->hm->manager;
+        handoff_manager_release(o);
+        return reply_journaled(m, msg, "o", path);
+}
+
 static int method_rollback(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         HandoffObject *o = userdata;
         Reason why = {};
@@ -502,6 +524,8 @@ static const sd_bus_vtable handoff_vtable[] = {
                                 method_layer_group_ready, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Commit", SD_BUS_NO_ARGS, SD_BUS_RESULT("o", sequence), method_commit,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("CommitAndRelease", SD_BUS_NO_ARGS, SD_BUS_RESULT("o", sequence),
+                                method_commit_and_release, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Rollback", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, method_rollback,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Release", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, method_release,

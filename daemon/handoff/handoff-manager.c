@@ -382,6 +382,12 @@ void handoff_after_event(HandoffObject *o) {
         if (o->holds_pages && h->inflight == 0 &&
             (handoff_is_ended(h) || h->state == HANDOFF_COMMITTED))
                 handoff_obj_drop_pages(o);
+        /* Prepared with release_on_commit: committed (its owner told above), so
+         * released as a Release call would; nothing of o is used after. */
+        if (o->release_on_commit && o->owned && h->state == HANDOFF_COMMITTED) {
+                handoff_manager_release(o);
+                return;
+        }
         if (handoff_can_free(h) && (h->state == HANDOFF_RELEASED || !o->owned))
                 handoff_obj_free(o);
 }

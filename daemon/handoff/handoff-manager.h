@@ -98,6 +98,8 @@ struct HandoffObject {
                                   * decode client (destination, after Accept) */
         bool owned;
         bool in_request_map;
+        bool release_on_commit;  /* source: released (and freed) once committed, without a
+                                  * Release call; its ring hears "committed" first */
 
         Peer *peer;              /* the other daemon; NULL for a local handoff */
         Transport *net;          /* remote: the transport its writes take (chosen at Prepare) */
@@ -197,6 +199,7 @@ typedef struct HandoffPrepareArgs {
         const char *target;          /* worker path or id that will accept, NULL: any */
         uint64_t timeout_usec;       /* 0: config */
         uint32_t ready;              /* layer groups [0, ready) are computed already */
+        bool release_on_commit;      /* the source side is released when it commits */
 } HandoffPrepareArgs;
 
 typedef enum HandoffPrepareResult {

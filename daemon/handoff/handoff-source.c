@@ -126,7 +126,13 @@ void handoff_mark_group_end(HandoffObject *o, uint32_t g, TransportWrite *w) {
 }
 
 void handoff_pump(HandoffObject *o) {
+        /* The groups ready now leave together (one sendmsg over tcp). */
+        Transport *net = o->peer ? o->net : NULL;
+        Peer *peer = o->peer;
+        bool plugged = net && net->ops->plug && net->ops->unplug;
         uint32_t g;
+        if (plugged)
+                net->ops->plug(net, peer);
         while (handoff_next_to_post(o->h, &g) == 0) {
                 int r = post_group(o, g);
                 if (r < 0) {
@@ -135,6 +141,8 @@ void handoff_pump(HandoffObject *o) {
                         break;
                 }
         }
+        if (plugged)
+                net->ops->unplug(net, peer);
 }
 
 static void on_completions(HandoffManager *hm, Transport *t) {
@@ -643,6 +651,7 @@ int handoff_manager_prepare(HandoffManager *hm, Worker *w, const HandoffPrepareA
         r = prepare_source(hm, &x, &o, why);
         if (r < 0)
                 return r;
+        o->release_on_commit = a->release_on_commit;
         r = x.local ? prepare_local(hm, &x, o, why) : prepare_remote(hm, a, &x, o, waiter, why);
         if (r < 0)
                 return r;

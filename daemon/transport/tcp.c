@@ -105,6 +105,8 @@ struct TcpPeer {
         uint64_t bytes_in;
         uint64_t *acked;               /* writes landed this wakeup: one WRITE_ACKS */
         size_t n_acked, acked_cap;
+        unsigned plugged;              /* tcp_plug() depth: posts wait for tcp_unplug() */
+        bool send_due;                 /* posted while plugged */
         LIST_FIELDS(TcpPeer, peers);
 };
 
@@ -213,12 +215,6 @@ static void stream_update(TcpStream *s) {
                 return;
         s->events = ev;
         (void)sd_event_source_set_io_events(s->io, ev);
-}
-
-static void kick_streams(TcpPeer *tp) {
-        for (unsigned k = 0; k < PEER_MAX_STREAMS; k++)
-                if (tp->streams[k])
-                        stream_update(tp->streams[k]);
 }
 
 int tcp_transport_attach_stream(Transport *tt, Peer *p, int fd, unsigned index) {
@@ -339,9 +335,7 @@ static void batch_fill(TcpStream *s) {
         }
 }
 
-static int stream_send(TcpStream *s) {
-        size_t budget = STREAM_BUDGET;
-
+static int stream_send_budget(TcpStream *s, size_t budget) {
         while (budget > 0) {
                 struct iovec iov[2 * SEND_BATCH];
                 size_t n_iov = 0;
@@ -389,6 +383,25 @@ static int stream_send(TcpStream *s) {
         }
         stream_update(s);
         return 0;
+}
+
+static int stream_send(TcpStream *s) {
+        return stream_send_budget(s, STREAM_BUDGET);
+}
+
+/* New writes go out at once, a batch per stream, from the call that queued them: a small
+ * handoff's bytes leave without waiting for the loop's next turn (an EPOLLOUT round: two
+ * epoll_ctl and an epoll_wait). What a stream cannot send now, or an error, is left to
+ * its EPOLLOUT handler (stream_io), which fails the stream where the caller cannot. */
+static void send_now(TcpPeer *tp) {
+        for (unsigned k = 0; k < PEER_MAX_STREAMS; k++) {
+                TcpStream *s = tp->streams[k];
+                if (!s)
+                        continue;
+                if (!(s->events & EPOLLOUT))
+                        (void)stream_send_budget(s, SEND_BATCH_BYTES); /* an error: stream_io's */
+                stream_update(s);
+        }
 }
 
 /* ---- receiving ---- */
@@ -789,8 +802,27 @@ static int tcp_post(Transport *tt, void *peer, const TransportWrite *w, size_t n
                 slice_queue_push(&tp->queue, &ws[i]->sw);
         free(ws);
         t->base.stats.batches++;
-        kick_streams(tp);
+        if (tp->plugged)
+                tp->send_due = true;
+        else
+                send_now(tp);
         return 0;
+}
+
+/* Posts between tcp_plug() and tcp_unplug() leave together: a handoff's groups shipped
+ * at once go out in one sendmsg() rather than one each. */
+static void tcp_plug(Transport *tt, void *peer) {
+        TcpPeer *tp = tcp_peer_get(tcp(tt), peer, true);
+        if (tp)
+                tp->plugged++;
+}
+
+static void tcp_unplug(Transport *tt, void *peer) {
+        TcpPeer *tp = tcp_peer_get(tcp(tt), peer, false);
+        if (!tp || tp->plugged == 0 || --tp->plugged > 0 || !tp->send_due)
+                return;
+        tp->send_due = false;
+        send_now(tp);
 }
 
 static int tcp_completion_fd(Transport *tt) {
@@ -869,6 +901,8 @@ static const TransportOps tcp_ops = {
         .poll = tcp_poll,
         .cancel_peer = tcp_cancel_peer,
         .resume_incoming = tcp_resume_incoming,
+        .plug = tcp_plug,
+        .unplug = tcp_unplug,
         .free = tcp_free,
 };
 

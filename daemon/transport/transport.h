@@ -108,6 +108,11 @@ typedef struct TransportOps {
         /* Incoming writes of a peer that the validator asked to wait (-EAGAIN: their
          * target is not known yet) are asked again (optional). */
         void (*resume_incoming)(Transport *t, void *peer);
+        /* Posts to peer between plug and unplug (nested) leave together at the last
+         * unplug rather than one by one (optional: a transport that batches anyway has
+         * neither). */
+        void (*plug)(Transport *t, void *peer);
+        void (*unplug)(Transport *t, void *peer);
         void (*free)(Transport *t);
 } TransportOps;
 

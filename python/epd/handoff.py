@@ -35,7 +35,7 @@ HANDOFF_STATE_ROLLED_BACK = 6
 
 class _Options(ctypes.Structure):
     _fields_ = [("arena", ctypes.c_char_p), ("target", ctypes.c_char_p), ("timeout_usec", ctypes.c_uint64),
-                ("ready", ctypes.c_uint32)]
+                ("ready", ctypes.c_uint32), ("release_on_commit", ctypes.c_bool)]
 
 
 class _Accepted(ctypes.Structure):
@@ -104,6 +104,7 @@ def _lib_handoffs():
         "epd_ring_fd": (c_int, [c_void_p]),
         "epd_handoff_accepted_done": (None, [_P(_Accepted)]),
         "epd_handoff_commit": (c_int, [c_void_p, c_char_p, _P(c_void_p)]),
+        "epd_handoff_commit_and_release": (c_int, [c_void_p, c_char_p, _P(c_void_p)]),
         "epd_handoff_rollback": (c_int, [c_void_p, c_char_p]),
         "epd_handoff_watch": (c_int, [c_void_p, ctypes.c_bool]),
         "epd_handoff_release": (c_int, [c_void_p, c_char_p]),
@@ -214,12 +215,14 @@ class Handoff:
     @classmethod
     def prepare(cls, client, request_id: str, destination: str, sequence: str, layer_groups: Seq[int],
                 arena: Optional[str] = None, target: Optional[str] = None, timeout_s: float = 0,
-                ready: int = 0) -> "Handoff":
-        """ready: layer groups [0, ready) are computed already and ship with Prepare."""
+                ready: int = 0, release_on_commit: bool = False) -> "Handoff":
+        """ready: layer groups [0, ready) are computed already and ship with Prepare.
+        release_on_commit: the source side is released once the destination commits (no
+        release() call; its ring says committed first)."""
         lib = _lib_handoffs()
         groups = (ctypes.c_uint32 * len(layer_groups))(*layer_groups)
         opts = _Options(arena.encode() if arena else None, target.encode() if target else None,
-                        int(timeout_s * 1e6), ready)
+                        int(timeout_s * 1e6), ready, release_on_commit)
         path, token = ctypes.c_void_p(), ctypes.c_uint64()
         client._check(lib.epd_handoff_prepare(client._c, request_id.encode(), destination.encode(),
                                               sequence.encode(), groups, len(layer_groups), ctypes.byref(opts),
@@ -331,10 +334,15 @@ class Accepted:
                     time.sleep(0.0005)
         return self.groups_done
 
-    def commit(self) -> str:
+    def commit(self, release: bool = False, ring: Optional[Ring] = None) -> str:
+        """The decode sequence's path. release: the handoff is released in the same call
+        (one round trip, one sync): call no release() after it (ring: forgets it there,
+        as release(ring) would)."""
         p = ctypes.c_void_p()
-        self._client._check(self._lib.epd_handoff_commit(self._client._c, self.path.encode(), ctypes.byref(p)),
-                            "commit handoff")
+        fn = self._lib.epd_handoff_commit_and_release if release else self._lib.epd_handoff_commit
+        self._client._check(fn(self._client._c, self.path.encode(), ctypes.byref(p)), "commit handoff")
+        if release and ring is not None:
+            ring.forget(self.token)
         return _lib.take_string(self._lib, p)
 
     def rollback(self):

@@ -155,6 +155,35 @@ class BindingTest(unittest.TestCase):
                 h.release(pring)
                 seq.release()
 
+    def test_released_at_commit(self):
+        """release_on_commit and commit(release=True): no release() on either side; the
+        handoffs are gone once the decode side committed, its sequence stays."""
+        from epd.handoff import Accepted, Handoff, Ring
+        from epd.sequence import Sequence
+        kv = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=256, v_bytes_per_token=256)
+        rid = "%032x" % 0x5153
+        with epd.Client(self.d.address) as p, epd.Client(self.d.address) as d:
+            p.register("prefill", "m", "cpu", kv=kv)
+            d.register("decode", "m", "cpu", kv=kv)
+            with Ring(d) as dring, Ring(p) as pring:
+                seq = Sequence.create(p, "host0", 2)
+                h = Handoff.prepare(p, rid, "", seq.path, [2, 2], ready=2, release_on_commit=True)
+                a = Accepted.accept(d, rid, wait_s=1)
+                self.assertEqual(a.wait_groups(2, dring, timeout_s=5), 2)
+                dseq = a.commit(release=True)
+                with self.assertRaises(epd.EpdError):
+                    a.status()
+                for _ in range(200):
+                    try:
+                        h.status()
+                    except epd.EpdError:
+                        break
+                    pring.poll(0.01)
+                else:
+                    self.fail("the source side was not released at commit")
+                Sequence(d, dseq, a.arena).release()
+                seq.release()
+
     def test_errors_carry_dbus_names(self):
         with epd.Client(self.d.address) as c:
             with self.assertRaises(epd.EpdError) as e:

@@ -26,6 +26,9 @@
  *     every 100 ms an Admit of a new request, printed as "verdict VERDICT REASON" when
  *     it differs from the previous one (admitted requests are completed at once).
  *
+ * With HANDOFF_CLIENT_RELEASE_ON_COMMIT=1 the prefill prepares with release_on_commit
+ * (its ring says committed, then the handoff is gone: no Release) and the decode commits
+ * with CommitAndRelease (no Release either).
  * With HANDOFF_CLIENT_BENCH=1 (bench/bench-handoff-netns.py): no pattern is written or
  * checked, the state is polled every 100 us, and the prefill side prints "shipped US
  * BYTES", the microseconds from the first LayerGroupReady to the source's handoff
@@ -55,6 +58,7 @@ static const epd_kv_layout kv = { .layers = LAYERS, .tokens_per_block = TOKENS, 
 
 static bool bench;
 static bool retry_backpressure;
+static bool release_on_commit;
 
 static uint64_t now_us(void) {
         struct timespec ts;
@@ -115,7 +119,7 @@ static int run_prefill(char **argv) {
         if (r)
                 return r;
         /* Bench mode waits for the source's state on its ring (an fd), not by polling. */
-        if (bench && (r = epd_ring_open(c, 64, 256, &ring)) < 0)
+        if ((bench || release_on_commit) && (r = epd_ring_open(c, 64, 256, &ring)) < 0)
                 return fail(c, r, "open ring");
         char *seq = NULL, *handoff = NULL;
         uint32_t *pages = NULL;
@@ -159,7 +163,8 @@ static int run_prefill(char **argv) {
         uint64_t token = 0;
         uint64_t end = now_ms() + timeout_ms;
         for (;;) {
-                r = epd_handoff_prepare(c, rid, dest, seq, groups, n_groups, NULL, &handoff, &token);
+                epd_handoff_options o = { .release_on_commit = release_on_commit };
+                r = epd_handoff_prepare(c, rid, dest, seq, groups, n_groups, &o, &handoff, &token);
                 if (r < 0 && retry_backpressure && now_ms() < end && epd_last_error_name(c) &&
                     strcmp(epd_last_error_name(c), "org.epd1.Error.Backpressure") == 0) {
                         uint64_t retry = epd_last_error_retry_after_usec(c) ?: 100000;
@@ -222,6 +227,20 @@ static int run_prefill(char **argv) {
                         shipped = true;
                 }
                 ended_on_ring = rec.arg0 == EPD_HANDOFF_STATE_COMMITTED || rec.arg0 == EPD_HANDOFF_STATE_ROLLED_BACK;
+                if (release_on_commit && rec.arg0 == EPD_HANDOFF_STATE_COMMITTED) {
+                        /* Released by the daemon as it committed: nothing to ask or release. */
+                        printf("final committed - %" PRIu64 "\n", now_ms() - t_last);
+                        if ((r = epd_sequence_release(c, seq)) < 0)
+                                return fail(c, r, "release");
+                        printf("released\n");
+                        fflush(stdout);
+                        free(seq);
+                        free(pages);
+                        free(handoff);
+                        epd_ring_close(ring);
+                        epd_disconnect(c);
+                        return 0;
+                }
         }
         while ((r = epd_handoff_get(c, handoff, &st)) >= 0 && !final_state(st.state) && now_ms() < end) {
                 if (bench && !shipped && strcmp(st.state, "transferred") == 0) {
@@ -316,7 +335,8 @@ static int run_decode(char **argv) {
                         break;
                 if (acc.n_groups > 0 && st.groups_done == acc.n_groups) {
                         char *dseq = NULL;
-                        r = epd_handoff_commit(c, acc.path, &dseq);
+                        r = release_on_commit ? epd_handoff_commit_and_release(c, acc.path, &dseq)
+                                              : epd_handoff_commit(c, acc.path, &dseq);
                         if (r == -ESTALE)
                                 continue; /* rolled back under us: reported on the next turn */
                         if (r < 0)
@@ -332,6 +352,12 @@ static int run_decode(char **argv) {
                         free(dseq);
                         if (r < 0)
                                 return fail(c, r, "release-sequence");
+                        if (release_on_commit) {
+                                /* CommitAndRelease: the handoff is gone already. */
+                                snprintf(st.state, sizeof st.state, "committed");
+                                st.cause[0] = 0;
+                                break;
+                        }
                         if ((r = epd_handoff_get(c, acc.path, &st)) < 0)
                                 return fail(c, r, "get");
                         break;
@@ -344,7 +370,7 @@ static int run_decode(char **argv) {
         }
         printf("final %s %s %" PRIu64 "\n", st.state, st.cause[0] ? st.cause : "-", now_ms() - t_last);
         fflush(stdout);
-        if ((r = epd_handoff_release(c, acc.path)) < 0)
+        if (!(release_on_commit && strcmp(st.state, "committed") == 0) && (r = epd_handoff_release(c, acc.path)) < 0)
                 return fail(c, r, "release");
         printf("released\n");
         fflush(stdout);
@@ -409,6 +435,8 @@ static int run_watch(char **argv) {
 int main(int argc, char *argv[]) {
         setvbuf(stdout, NULL, _IOLBF, 0);
         bench = getenv("HANDOFF_CLIENT_BENCH") && strcmp(getenv("HANDOFF_CLIENT_BENCH"), "1") == 0;
+        release_on_commit = getenv("HANDOFF_CLIENT_RELEASE_ON_COMMIT") &&
+                            strcmp(getenv("HANDOFF_CLIENT_RELEASE_ON_COMMIT"), "1") == 0;
         retry_backpressure = getenv("HANDOFF_CLIENT_RETRY_BACKPRESSURE") &&
                              strcmp(getenv("HANDOFF_CLIENT_RETRY_BACKPRESSURE"), "1") == 0;
         if (argc == 10 && strcmp(argv[1], "prefill") == 0)

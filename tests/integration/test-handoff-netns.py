@@ -424,10 +424,18 @@ def test_pipelined(cl):
     # 4 groups of 16 pages in one, at once after Prepare; and a single group.
     d, p = cl.decode(1, rid(0x410)), cl.prefill(0, "bravo", rid(0x410), 16, 1, 0)
     check_ok(cl, p, d, "pipelined one group", 1)
+    # No Release calls: the source prepared with release_on_commit goes when bravo
+    # commits, bravo's side in its CommitAndRelease.
+    os.environ["HANDOFF_CLIENT_RELEASE_ON_COMMIT"] = "1"
+    try:
+        d, p = cl.decode(1, rid(0x411)), cl.prefill(0, "bravo", rid(0x411), 8, 4, 0)
+        check_ok(cl, p, d, "pipelined, released at commit")
+    finally:
+        del os.environ["HANDOFF_CLIENT_RELEASE_ON_COMMIT"]
     for i in (0, 1):
         wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean")
     c0, c1 = cl.counters(0), cl.counters(1)
-    assert c0["pipelined"] >= 5 and c1["pipelined"] >= 2, (c0, c1)
+    assert c0["pipelined"] >= 6 and c1["pipelined"] >= 2, (c0, c1)
     assert c0["rolled-back"] == 0 and c1["rolled-back"] == 0, (c0, c1)
 
     # bravo's arena (16 MiB) cannot hold 32 MiB: it refuses the PREPARE it never

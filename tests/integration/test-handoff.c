@@ -458,6 +458,60 @@ START_TEST(test_watch_signals) {
 }
 END_TEST
 
+/* release_on_commit and CommitAndRelease: the source side goes by itself once the
+ * destination commits (its ring hears "committed"), the destination's in the Commit
+ * call; the decode sequence stays its caller's. No Release call on either side. */
+START_TEST(test_commit_and_release) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "kv0", N_PAGES, src);
+        fill_pages(arena_base(p, "kv0"), src, N_PAGES);
+        uint64_t live1 = arena_live(p, "kv1");
+        epd_ring_client *pr;
+        ck_assert_int_eq(epd_ring_open(p, 64, 64, &pr), 0);
+
+        char *path = NULL, *dseq = NULL;
+        uint64_t token = 0;
+        epd_handoff_options o = { .arena = "kv1", .ready = 4, .release_on_commit = true };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(7), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(7), &acc), 0);
+        wait_state(d, acc.path, "transferred");
+        ck_assert(layers_equal(arena_base(d, "kv1"), acc.offsets, N_PAGES, 0, LAYERS));
+        ck_assert_uint_eq(counter(p, "live"), 2);
+        ck_assert_int_eq(epd_handoff_commit_and_release(d, acc.path, &dseq), 0);
+        ck_assert_ptr_nonnull(dseq);
+
+        /* The prefill's ring says committed (the daemon released the source side in
+         * the same turn: as after a Release, no record says so). */
+        struct epd_ring_record out;
+        bool committed = false;
+        for (int i = 0; i < 64 && !committed; i++) {
+                ck_assert_int_eq(epd_ring_next(pr, &out, 5000000), 0);
+                committed = out.opcode == EPD_RING_EV_HANDOFF_STATE && out.arg0 == EPD_HANDOFF_STATE_COMMITTED;
+        }
+        ck_assert(committed);
+        /* Both objects are gone; a Release now finds nothing. */
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        ck_assert_uint_eq(counter(p, "committed"), 1);
+        ck_assert_uint_eq(counter(p, "released"), 2);
+        ck_assert_int_lt(epd_handoff_release(p, path), 0);
+        ck_assert_int_lt(epd_handoff_release(d, acc.path), 0);
+        /* The decode sequence holds the pages until its owner releases it. */
+        ck_assert_uint_eq(arena_live(p, "kv1"), live1 + N_PAGES);
+        release_sequence(d, dseq);
+        ck_assert_uint_eq(arena_live(p, "kv1"), live1);
+        release_sequence(p, seq);
+        epd_ring_close(pr);
+        free(dseq);
+        free(path);
+        free(seq);
+        epd_handoff_accepted_done(&acc);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 START_TEST(test_ring) {
         epd_client *p = worker("prefill"), *d = worker("decode");
         epd_ring_client *pr, *dr, *dup;
@@ -786,6 +840,7 @@ int main(void) {
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_two_arenas);
         tcase_add_test(tc, test_same_arena_zero_copy);
+        tcase_add_test(tc, test_commit_and_release);
         tcase_add_test(tc, test_ring);
         tcase_add_test(tc, test_watch_signals);
         tcase_add_test(tc, test_accept_wait);

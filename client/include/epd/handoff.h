@@ -32,6 +32,9 @@ typedef struct epd_handoff_options {
         uint64_t timeout_usec; /* 0: the daemon's HandoffTimeout= */
         uint32_t ready;        /* layer groups [0, ready) are computed already: they ship
                                 * with Prepare, no LayerGroupReady needed for them */
+        bool release_on_commit; /* the source side is released once the destination
+                                 * commits (its ring says committed first): no
+                                 * epd_handoff_release() for it */
 } epd_handoff_options;
 
 /* request_id: 32 hex digits. destination: a host id, or NULL/"" for this host. The
@@ -62,6 +65,9 @@ void epd_handoff_accepted_done(epd_handoff_accepted *a);
 
 /* The decode sequence's object path comes back (the caller frees it). */
 int epd_handoff_commit(epd_client *c, const char *handoff, char **ret_sequence);
+/* Commit, then release the handoff, in one call (one round trip, one sync): the decode
+ * sequence stays the caller's. */
+int epd_handoff_commit_and_release(epd_client *c, const char *handoff, char **ret_sequence);
 int epd_handoff_rollback(epd_client *c, const char *handoff);
 int epd_handoff_release(epd_client *c, const char *handoff);
 /* enable: this client gets the Progress and StateChanged signals of every handoff (a

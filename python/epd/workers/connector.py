@@ -622,8 +622,7 @@ class EpdKvSource:
         with keep, return the committed sequence (an agent request's first turn: the
         root of its workflow)."""
         self.kv.close()
-        seq = Sequence(self.client, self.accepted.commit(), self.accepted.arena)
-        self.accepted.release(self.ring)
+        seq = Sequence(self.client, self.accepted.commit(release=True, ring=self.ring), self.accepted.arena)
         if keep:
             return seq
         seq.release()
