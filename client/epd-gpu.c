@@ -307,6 +307,30 @@ static int kv_copy(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream, GpuKvD
                                 p->pages, p->n_pages, (const GpuKvRows *)r, d);
 }
 
+static int kv_copy_many(EpdGpuPages *p, const epd_kv_rows *rows, size_t n, uint64_t stream, GpuKvDirection d) {
+        if (!p || (n > 0 && !rows))
+                return -EINVAL;
+        for (size_t i = 0; i < n; i++) {
+                int e = gpu_kv_rows_check((const GpuKvRows *)&rows[i], p->n_pages, p->page_size);
+                if (e < 0)
+                        return e;
+        }
+        for (size_t i = 0; i < n; i++) {
+                int e = kv_copy(p, &rows[i], stream, d);
+                if (e < 0)
+                        return e;
+        }
+        return 0;
+}
+
+int epd_gpu_kv_write_many(EpdGpuPages *p, const epd_kv_rows *rows, size_t n, uint64_t stream) {
+        return kv_copy_many(p, rows, n, stream, GPU_KV_TO_PAGES);
+}
+
+int epd_gpu_kv_read_many(EpdGpuPages *p, const epd_kv_rows *rows, size_t n, uint64_t stream) {
+        return kv_copy_many(p, rows, n, stream, GPU_KV_FROM_PAGES);
+}
+
 int epd_gpu_kv_write(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream) {
         return kv_copy(p, r, stream, GPU_KV_TO_PAGES);
 }

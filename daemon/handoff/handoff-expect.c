@@ -70,7 +70,7 @@ static void expect_answer(Expect *e, HandoffObject *o, int error, const char *wh
                                              o->h->n_groups, o->n_pages, o->arena);
         if (ring_post(cr->ring, &rec) < 0)
                 cr->hm->counters.ring_fallbacks++;
-        (void)ring_kick(cr->ring);
+        handoff_ring_kick_later(cr);
 }
 
 static void release_expect(ClientObject *co) {

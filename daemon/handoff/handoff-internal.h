@@ -63,7 +63,14 @@ typedef struct ClientRing {
         uint64_t serial;
         Ring *ring;
         sd_event_source *source;
+        bool kick_queued;              /* on hm->kick_pending: kicked by on_kicks() */
+        LIST_FIELDS(struct ClientRing, kick);
 } ClientRing;
+
+/* Wakes the ring's worker once the loop is done with what woke it: the records posted
+ * meanwhile (a handoff's groups landed in one read, its state) cost one eventfd write
+ * and one wake-up of the worker, not one each. */
+void handoff_ring_kick_later(ClientRing *cr);
 
 /* A client that asked for every handoff's signals (org.epd1.Handoffs.Watch). */
 typedef struct HandoffWatcher {

@@ -613,6 +613,7 @@ static void handoff_done(Manager *m) {
                 free(hashmap_remove(hm->incoming, &((InWrite *)v)->key));
         sd_event_source_disable_unref(hm->local_source);
         hm->signal_source = sd_event_source_disable_unref(hm->signal_source);
+        hm->kick_source = sd_event_source_disable_unref(hm->kick_source);
         sd_event_source_disable_unref(hm->peer_source);
         sd_event_source_disable_unref(hm->rdma_source);
         sd_event_source_disable_unref(hm->gpu_source);

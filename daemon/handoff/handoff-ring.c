@@ -98,13 +98,12 @@ void handoff_notify_progress(HandoffObject *o, uint32_t done) {
                 ring_record_group_progress(&rec, h->request_id.bytes, h->token, done, h->n_groups,
                                            o->bytes_moved);
                 int r = ring_post(cr->ring, &rec);
+                handoff_ring_kick_later(cr);
                 if (r >= 0) {
-                        (void)ring_kick(cr->ring);
                         handoff_signal_later(o, HANDOFF_SIG_PROGRESS);
                         return;
                 }
                 o->hm->counters.ring_fallbacks++;
-                (void)ring_kick(cr->ring);
         }
         handoff_signal_later(o, HANDOFF_SIG_PROGRESS | HANDOFF_SIG_PROGRESS_OWNER);
 }
@@ -120,7 +119,7 @@ void handoff_notify_state(HandoffObject *o) {
                         o->hm->counters.ring_fallbacks++;
                 else
                         fallback = false;
-                (void)ring_kick(cr->ring);
+                handoff_ring_kick_later(cr);
         }
         /* On the bus: to the watchers, and to the owner when its ring did not take it. */
         handoff_signal_later(o, HANDOFF_SIG_STATE | (fallback ? HANDOFF_SIG_STATE_OWNER : 0));
@@ -163,9 +162,42 @@ void handoff_signal_later(HandoffObject *o, unsigned signals) {
 
 /* ---- rings ---- */
 
+static int on_kicks(sd_event_source *s, void *userdata) {
+        HandoffManager *hm = userdata;
+        while (hm->kick_pending) {
+                ClientRing *cr = hm->kick_pending;
+                LIST_REMOVE(kick, hm->kick_pending, cr);
+                cr->kick_queued = false;
+                (void)ring_kick(cr->ring);
+        }
+        return 0;
+}
+
+void handoff_ring_kick_later(ClientRing *cr) {
+        HandoffManager *hm = cr->hm;
+        if (!cr->kick_queued) {
+                cr->kick_queued = true;
+                LIST_PREPEND(kick, hm->kick_pending, cr);
+        }
+        if (!hm->kick_source) {
+                if (sd_event_add_defer(hm->manager->event, &hm->kick_source, on_kicks, hm) < 0) {
+                        on_kicks(NULL, hm); /* no source: at once */
+                        return;
+                }
+                /* First thing on the loop's next turn: the worker waits for it. */
+                (void)sd_event_source_set_priority(hm->kick_source, SD_EVENT_PRIORITY_IMPORTANT);
+        }
+        if (sd_event_source_set_enabled(hm->kick_source, SD_EVENT_ONESHOT) < 0)
+                on_kicks(NULL, hm);
+}
+
 void handoff_ring_free(ClientRing *cr) {
         if (!cr)
                 return;
+        if (cr->kick_queued) {
+                LIST_REMOVE(kick, cr->hm->kick_pending, cr);
+                cr->kick_queued = false;
+        }
         log_debug("handoff: ring of client %" PRIu64 " closed", cr->serial);
         (void)hashmap_remove(cr->hm->rings, &cr->serial);
         if (cr->object.owner)

@@ -86,6 +86,6 @@ void handoff_on_backpressure(Telemetry *t, const char *peer, BackpressureLevel l
         while (hashmap_iterate(hm->rings, &it, (void **)&cr, NULL)) {
                 if (ring_post(cr->ring, &rec) < 0)
                         hm->counters.ring_fallbacks++; /* the D-Bus signal carries it too */
-                (void)ring_kick(cr->ring);
+                handoff_ring_kick_later(cr);
         }
 }

@@ -83,6 +83,8 @@ def _lib_gpu():
         "epd_gpu_pages_free": (c_void_p, [c_void_p]),
         "epd_gpu_kv_write": (c_int, [c_void_p, _P(KvRows), c_uint64]),
         "epd_gpu_kv_read": (c_int, [c_void_p, _P(KvRows), c_uint64]),
+        "epd_gpu_kv_write_many": (c_int, [c_void_p, _P(KvRows), ctypes.c_size_t, c_uint64]),
+        "epd_gpu_kv_read_many": (c_int, [c_void_p, _P(KvRows), ctypes.c_size_t, c_uint64]),
         "epd_gpu_notifier_new": (c_int, [c_void_p, c_int, c_void_p, _P(c_void_p)]),
         "epd_gpu_notifier_ready_after": (c_int, [c_void_p, c_uint64, c_char_p, c_uint64, ctypes.c_uint32]),
         "epd_gpu_notifier_flush": (c_int, [c_void_p, c_uint64]),
@@ -184,6 +186,19 @@ class PageTable(_lib.Closing):
         r = self._read(self._p, ctypes.byref(rows), stream)
         if r < 0:
             raise EpdError(-r, None, None, "read KV rows")
+
+    def read_many(self, rows, stream: int = 0) -> None:
+        """pages -> tensors for every KvRows of the ctypes array `rows` (one layer each),
+        in one call: all checked first, then enqueued on `stream`."""
+        r = _lib_gpu().epd_gpu_kv_read_many(self._p, rows, len(rows), stream)
+        if r < 0:
+            raise EpdError(-r, None, None, "read KV rows")
+
+    def write_many(self, rows, stream: int = 0) -> None:
+        """tensors -> pages for every KvRows of the ctypes array `rows`, in one call."""
+        r = _lib_gpu().epd_gpu_kv_write_many(self._p, rows, len(rows), stream)
+        if r < 0:
+            raise EpdError(-r, None, None, "write KV rows")
 
     def close(self):
         if self._p:

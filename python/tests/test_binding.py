@@ -46,7 +46,13 @@ class Daemon:
             time.sleep(0.01)
             if self.proc.poll() is not None:
                 break
-        raise RuntimeError("epdd did not start: " + open(os.path.join(self.dir, "epdd.log")).read()[-2000:])
+        # Neither the daemon nor its directory outlives a start that failed.
+        log = open(os.path.join(self.dir, "epdd.log")).read()[-2000:]
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        raise RuntimeError("epdd did not start: " + log)
 
     @property
     def address(self):
@@ -54,9 +60,15 @@ class Daemon:
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(10)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            rc = self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # a hung stop fails the test, and leaves nothing running
+            self.proc.wait()
+            rc = "did not stop within 10 s"
+        finally:
+            self.log.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
         return rc
 
 

@@ -316,6 +316,35 @@ class KvCopyTest(unittest.TestCase):
                     k2, v2 = np.zeros_like(k), np.zeros_like(v)
                     pg._table(0).read(pg._rows(layer, k2, v2, 40), 0)
                     self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
+                # Every layer in one call (read_many / write_many): the same bytes; a bad
+                # row anywhere refuses the whole call before anything is copied.
+                outs = [tuple(np.zeros_like(t) for t in self.tensors(layer, 40)) for layer in range(4)]
+                rows = (epd.gpu.KvRows * 4)()
+                for layer, (k2, v2) in enumerate(outs):
+                    rows[layer] = pg._rows(layer, k2, v2, 40)
+                pg._table(0).read_many(rows, 0)
+                for layer, (k2, v2) in enumerate(outs):
+                    k, v = self.tensors(layer, 40)
+                    self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
+                    self.assertTrue((v2.view(np.uint16) == v.view(np.uint16)).all())
+                new = [tuple(t[::-1].copy() for t in self.tensors(layer, 40)) for layer in range(4)]
+                rows = (epd.gpu.KvRows * 4)()
+                for layer, (k, v) in enumerate(new):
+                    rows[layer] = pg._rows(layer, k, v, 40)
+                pg._table(0).write_many(rows, 0)
+                bad = (epd.gpu.KvRows * 2)()
+                k3, v3 = np.zeros_like(new[0][0]), np.zeros_like(new[0][1])
+                bad[0] = pg._rows(0, k3, v3, 40)
+                bad[1] = pg._rows(1, k3, v3, 40)
+                bad[1].tokens = 1000  # past the three pages
+                with self.assertRaises(epd.EpdError):
+                    pg._table(0).read_many(bad, 0)
+                self.assertFalse(k3.any())  # nothing was copied
+                for layer, (k, v) in enumerate(new):
+                    k2, v2 = np.zeros_like(k), np.zeros_like(v)
+                    pg._table(0).read(pg._rows(layer, k2, v2, 40), 0)
+                    self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
+                    self.assertTrue((v2.view(np.uint16) == v.view(np.uint16)).all())
                 pg.close()
         finally:
             os.environ.pop("EPD_LIBCUDA")

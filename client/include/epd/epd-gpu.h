@@ -77,6 +77,12 @@ EpdGpuPages *epd_gpu_pages_free(EpdGpuPages *p);
  * kernel where it is built in and the rows are 16-byte aligned; else one copy per row. */
 int epd_gpu_kv_write(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream);
 int epd_gpu_kv_read(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream);
+/* The same for n layers in one call (rows[i]: one layer's tensors and offsets), such as a
+ * decode loading every layer of a finished handoff at once: every rows[i] is checked
+ * before anything is enqueued (all or nothing), then one launch each, from C rather
+ * than n calls from the caller's language. */
+int epd_gpu_kv_write_many(EpdGpuPages *p, const epd_kv_rows *rows, size_t n, uint64_t stream);
+int epd_gpu_kv_read_many(EpdGpuPages *p, const epd_kv_rows *rows, size_t n, uint64_t stream);
 /* The same copies in host memory (host arenas; the reference of the GPU copies). */
 int epd_kv_write_host(const uint64_t *page_addresses, size_t n_pages, uint64_t page_size, const epd_kv_rows *r);
 int epd_kv_read_host(const uint64_t *page_addresses, size_t n_pages, uint64_t page_size, const epd_kv_rows *r);
