@@ -413,24 +413,9 @@ static int method_layer_group_ready(sd_bus_message *msg, void *userdata, sd_bus_
         return sd_bus_reply_method_return(msg, NULL);
 }
 
-static int method_commit(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
-        HandoffObject *o = userdata;
-        const char *seq;
-        Client *c = NULL;
-        Reason why = {};
-        int r = owner_check(o, msg, &c, error);
-        if (r < 0)
-                return r;
-        r = handoff_manager_commit(o, c, &seq, &why);
-        if (r < 0)
-                return epd_bus_error_errno(error, r, why.text);
-        return reply_journaled(o->hm->manager, msg, "o", seq);
-}
-
-/* Commit, then Release, in one call: the reply (the decode sequence) waits for both
- * records, one sync. */
-static int method_commit_and_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
-        HandoffObject *o = userdata;
+/* Commit; with release, Release too, in the same call: the reply (the decode sequence)
+ * waits for both records, one sync. */
+static int commit(sd_bus_message *msg, HandoffObject *o, bool release, sd_bus_error *error) {
         const char *seq;
         Client *c = NULL;
         Reason why = {};
@@ -444,8 +429,17 @@ static int method_commit_and_release(sd_bus_message *msg, void *userdata, sd_bus
         if (!path)
                 return -ENOMEM;
         Manager *m = o->hm->manager;
-        handoff_manager_release(o);
+        if (release)
+                handoff_manager_release(o);
         return reply_journaled(m, msg, "o", path);
+}
+
+static int method_commit(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        return commit(msg, userdata, false, error);
+}
+
+static int method_commit_and_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        return commit(msg, userdata, true, error);
 }
 
 static int method_rollback(sd_bus_message *msg, void *userdata, sd_bus_error *error) {

@@ -229,11 +229,12 @@ const char *wal_record_type_to_string(uint16_t type) {
 
 /* ---- files ---- */
 
-static int write_all(int fd, const void *buf, size_t n) {
+/* All n bytes, at `off` (pwrite), or at the file position when off < 0 (write). */
+static int write_at(int fd, const void *buf, size_t n, int64_t off) {
         const uint8_t *p = buf;
 
         while (n > 0) {
-                ssize_t k = write(fd, p, n);
+                ssize_t k = off < 0 ? write(fd, p, n) : pwrite(fd, p, n, (off_t)off);
                 if (k < 0) {
                         if (errno == EINTR)
                                 continue;
@@ -243,27 +244,18 @@ static int write_all(int fd, const void *buf, size_t n) {
                         return -EIO;
                 p += k;
                 n -= (size_t)k;
+                if (off >= 0)
+                        off += k;
         }
         return 0;
 }
 
-static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off) {
-        const uint8_t *p = buf;
+static int write_all(int fd, const void *buf, size_t n) {
+        return write_at(fd, buf, n, -1);
+}
 
-        while (n > 0) {
-                ssize_t k = pwrite(fd, p, n, (off_t)off);
-                if (k < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return -errno;
-                }
-                if (k == 0)
-                        return -EIO;
-                p += k;
-                n -= (size_t)k;
-                off += (uint64_t)k;
-        }
-        return 0;
+static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off) {
+        return write_at(fd, buf, n, (int64_t)off);
 }
 
 static bool all_zero(const uint8_t *p, size_t n) {

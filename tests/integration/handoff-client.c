@@ -227,22 +227,16 @@ static int run_prefill(char **argv) {
                         shipped = true;
                 }
                 ended_on_ring = rec.arg0 == EPD_HANDOFF_STATE_COMMITTED || rec.arg0 == EPD_HANDOFF_STATE_ROLLED_BACK;
-                if (release_on_commit && rec.arg0 == EPD_HANDOFF_STATE_COMMITTED) {
-                        /* Released by the daemon as it committed: nothing to ask or release. */
-                        printf("final committed - %" PRIu64 "\n", now_ms() - t_last);
-                        if ((r = epd_sequence_release(c, seq)) < 0)
-                                return fail(c, r, "release");
-                        printf("released\n");
-                        fflush(stdout);
-                        free(seq);
-                        free(pages);
-                        free(handoff);
-                        epd_ring_close(ring);
-                        epd_disconnect(c);
-                        return 0;
-                }
         }
-        while ((r = epd_handoff_get(c, handoff, &st)) >= 0 && !final_state(st.state) && now_ms() < end) {
+        /* Prepared with release_on_commit and committed: the daemon released it as it
+         * committed, nothing to ask or release. */
+        bool gone = release_on_commit && ended_on_ring && (epd_handoff_get(c, handoff, &st) < 0);
+        if (gone) {
+                snprintf(st.state, sizeof st.state, "committed");
+                st.cause[0] = 0;
+                r = 0;
+        }
+        while (!gone && (r = epd_handoff_get(c, handoff, &st)) >= 0 && !final_state(st.state) && now_ms() < end) {
                 if (bench && !shipped && strcmp(st.state, "transferred") == 0) {
                         printf("shipped %" PRIu64 " %" PRIu64 "\n", now_us() - t_first, st.bytes);
                         shipped = true;
@@ -256,7 +250,7 @@ static int run_prefill(char **argv) {
         printf("final %s %s %" PRIu64 "\n", st.state, st.cause[0] ? st.cause : "-", now_ms() - t_last);
         fflush(stdout);
         bool ended = final_state(st.state);
-        if ((r = epd_handoff_release(c, handoff)) < 0 || (r = epd_sequence_release(c, seq)) < 0)
+        if ((!gone && (r = epd_handoff_release(c, handoff)) < 0) || (r = epd_sequence_release(c, seq)) < 0)
                 return fail(c, r, "release");
         printf("released\n");
         fflush(stdout);
