@@ -380,31 +380,6 @@ class KvPages:
             k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
         G.kv_write_host(self._addrs[first:], self.layout.page_size, self._rows(layer, k, v, int(k.shape[2])))
 
-    def read_layers(self, n_layers: int, tokens: int, dtype: str, device: Optional[str] = None):
-        """[(K, V)] of layers [0, n_layers), tokens [0, tokens), as read() gives them:
-        from a GPU arena, views of one allocation filled by one libepd call (one launch
-        per layer enqueued from C, nothing per layer in Python but the row's addresses);
-        else read() layer by layer."""
-        if not self.on_gpu:
-            return [self.read(layer, tokens, dtype, device) for layer in range(n_layers)]
-        import torch
-        from .. import gpu as G
-        L = self.layout
-        kv = torch.empty((2, n_layers, 1, L.kv_heads, tokens, L.head_dim), dtype=getattr(torch, dtype),
-                         device=device or "cuda")
-        rows = (G.KvRows * n_layers)()
-        k0, v0 = kv[0, 0], kv[1, 0]
-        proto = self._rows(0, k0, v0, tokens)
-        step = kv[0, 1].data_ptr() - k0.data_ptr() if n_layers > 1 else 0
-        for layer in range(n_layers):
-            rows[layer] = proto  # a copy; rows[layer] is then a view of the array's element
-            r = rows[layer]
-            r.k, r.v = k0.data_ptr() + layer * step, v0.data_ptr() + layer * step
-            r.k_offset, r.v_offset = L.k_offset(layer), L.v_offset(layer)
-        t = self._tables.get(0)
-        (t if t is not None else self._table(0)).read_many(rows, _stream_of(kv))
-        return [(kv[0, layer], kv[1, layer]) for layer in range(n_layers)]
-
     def read(self, layer: int, tokens: int, dtype: str, device: Optional[str] = None):
         """K/V of tokens [0, tokens) as (1, H, S, D): torch on `device` (a GPU arena reads
         straight into it), else numpy."""
@@ -639,14 +614,6 @@ class EpdKvSource:
     def layer(self, layer_idx: int):
         t0 = time.perf_counter()
         out = self.kv.read(layer_idx, self.tokens, self.dtype, self.device)
-        self.seconds += time.perf_counter() - t0
-        return out
-
-    def layers(self, n_layers: int):
-        """[(K, V)] of every layer [0, n_layers) at once (KvPages.read_layers): for a
-        decode that builds its whole cache before its first step."""
-        t0 = time.perf_counter()
-        out = self.kv.read_layers(n_layers, self.tokens, self.dtype, self.device)
         self.seconds += time.perf_counter() - t0
         return out
 

@@ -218,9 +218,8 @@ class Decode:
         from transformers.cache_utils import DynamicCache
         cfg = self.model.config.text_config
         cache = DynamicCache(config=cfg)
-        n = cfg.num_hidden_layers
-        kvs = source.layers(n) if hasattr(source, "layers") else [source.layer(l) for l in range(n)]
-        for l, (k, v) in enumerate(kvs):
+        for l in range(cfg.num_hidden_layers):
+            k, v = source.layer(l)
             cache.update(k, v, l)
         return _generate(self.model, cache, prompt_len, first_token, rope_delta, max_new_tokens)
 
