@@ -104,15 +104,6 @@ static int parse_argv(int argc, char *argv[]) {
         return 1;
 }
 
-static int replace(char **dst, const char *v) {
-        char *n = strdup(v);
-        if (!n)
-                return -ENOMEM;
-        free(*dst);
-        *dst = n;
-        return 0;
-}
-
 int main(int argc, char *argv[]) {
         Manager *m = NULL;
         int r = parse_argv(argc, argv);
@@ -122,18 +113,15 @@ int main(int argc, char *argv[]) {
         r = manager_new(&m, arg_config);
         if (r < 0)
                 return EXIT_FAILURE;
-        if ((arg_bus_address && replace(&m->config.bus_address, arg_bus_address) < 0) ||
-            (arg_socket && replace(&m->config.socket_path, arg_socket) < 0) ||
-            (arg_host_id && replace(&m->config.host_id, arg_host_id) < 0) ||
-            (arg_state_directory && replace(&m->config.state_dir, arg_state_directory) < 0)) {
+        /* The command line wins over the file, at start and at every reload. */
+        m->cmdline = (ManagerCmdline){ .bus_address = arg_bus_address, .socket = arg_socket,
+                                       .host_id = arg_host_id, .state_dir = arg_state_directory,
+                                       .log_level = arg_log_level, .system_bus = arg_system_bus };
+        if (manager_apply_cmdline(m, &m->config) < 0) {
                 log_oom();
                 manager_free(m);
                 return EXIT_FAILURE;
         }
-        if (arg_log_level >= 0)
-                m->config.log_level = arg_log_level;
-        if (arg_system_bus >= 0)
-                m->config.system_bus = arg_system_bus;
 
         if (arg_check_config) {
                 /* The checks start-up runs first, with its messages; nothing is bound,

@@ -363,6 +363,7 @@ int manager_new(Manager **ret, const char *config_path) {
                 return log_oom();
         m->direct_fd = m->socket_lock_fd = m->state_lock_fd = -EBADF;
         m->socket_gid = (gid_t)-1;
+        m->cmdline = (ManagerCmdline){ .log_level = -1, .system_bus = -1 };
         r = config_defaults(&m->config);
         if (r < 0)
                 return log_oom();
@@ -653,6 +654,81 @@ int manager_run(Manager *m) {
         return r;
 }
 
+static int replace_str(char **dst, const char *v) {
+        if (!v)
+                return 0;
+        char *n = strdup(v);
+        if (!n)
+                return -ENOMEM;
+        free(*dst);
+        *dst = n;
+        return 0;
+}
+
+int manager_apply_cmdline(Manager *m, Config *c) {
+        const ManagerCmdline *o = &m->cmdline;
+        if (replace_str(&c->bus_address, o->bus_address) < 0 || replace_str(&c->socket_path, o->socket) < 0 ||
+            replace_str(&c->host_id, o->host_id) < 0 || replace_str(&c->state_dir, o->state_dir) < 0)
+                return -ENOMEM;
+        if (o->log_level >= 0)
+                c->log_level = o->log_level;
+        if (o->system_bus >= 0)
+                c->system_bus = o->system_bus;
+        return 0;
+}
+
+static bool str_same(const char *a, const char *b) {
+        return a == b || (a && b && strcmp(a, b) == 0);
+}
+
+/* The checks start-up runs (manager_verify()), on the new configuration n: a reload is
+ * refused for what a start would refuse (a cluster key others may read, a SocketGroup=
+ * that does not exist, ...). Fills in n's defaults as start-up would (its host id). */
+static int reload_verify(Manager *m, Config *n) {
+        Config running = m->config;
+        gid_t gid = m->socket_gid;
+        m->config = *n;
+        int r = manager_verify(m);
+        *n = m->config;
+        m->config = running;
+        m->socket_gid = gid;
+        return r;
+}
+
+/* What a reload cannot apply, said rather than ignored: how many there were. */
+static unsigned reload_restart_notices(Manager *m, const Config *n) {
+        const Config *c = &m->config;
+        unsigned k = 0;
+        bool arenas_same = n->n_arenas == c->n_arenas;
+        for (size_t i = 0; arenas_same && i < n->n_arenas; i++)
+                arenas_same = strcmp(n->arenas[i].name, c->arenas[i].name) == 0 && n->arenas[i].size == c->arenas[i].size &&
+                              n->arenas[i].domain == c->arenas[i].domain && n->arenas[i].usage == c->arenas[i].usage;
+        bool peers_same = n->n_peers == c->n_peers && str_same(n->listen_address, c->listen_address) &&
+                          n->peer_streams == c->peer_streams && n->peer_slice_size == c->peer_slice_size;
+        for (size_t i = 0; peers_same && i < n->n_peers; i++)
+                peers_same = str_same(n->peers[i].name, c->peers[i].name) &&
+                             str_same(n->peers[i].address, c->peers[i].address) &&
+                             str_same(n->peers[i].host_id, c->peers[i].host_id);
+        struct {
+                bool changed;
+                const char *what;
+        } fixed[] = {
+                { !arenas_same, "Arena configuration" },
+                { !str_same(n->socket_path, c->socket_path), "Socket=" },
+                { !str_same(n->socket_group, c->socket_group), "SocketGroup=" },
+                { !str_same(n->host_id, c->host_id), "HostId=" },
+                { !str_same(n->state_dir, c->state_dir), "StateDirectory=" },
+                { !peers_same, "[Cluster] Listen=, DataStreams=, SliceSize= or the [Peer:] sections" },
+                { !str_same(n->cluster_key_file, c->cluster_key_file), "ClusterKeyFile=" },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(fixed); i++)
+                if (fixed[i].changed) {
+                        log_notice("%s changed: it takes effect at the next restart.", fixed[i].what);
+                        k++;
+                }
+        return k;
+}
+
 int manager_reload(Manager *m) {
         Config n;
         char *errors = NULL;
@@ -676,18 +752,23 @@ int manager_reload(Manager *m) {
                 (void)sd_notify(false, "READY=1\nSTATUS=Serving (reload refused).");
                 return r;
         }
-        /* Reloadable: log level, limits, subsystem settings. Arenas, the socket and the
-         * bus need a restart; say so instead of silently ignoring a change. */
-        bool arenas_same = n.n_arenas == m->config.n_arenas;
-        for (size_t i = 0; arenas_same && i < n.n_arenas; i++)
-                arenas_same = strcmp(n.arenas[i].name, m->config.arenas[i].name) == 0 &&
-                              n.arenas[i].size == m->config.arenas[i].size &&
-                              n.arenas[i].domain == m->config.arenas[i].domain &&
-                              n.arenas[i].usage == m->config.arenas[i].usage;
-        if (!arenas_same)
-                log_notice("Arena configuration changed: it takes effect at the next restart.");
-        if (strcmp(n.socket_path, m->config.socket_path) != 0)
-                log_notice("Socket= changed: it takes effect at the next restart.");
+        r = manager_apply_cmdline(m, &n);
+        if (r < 0) {
+                config_done(&n);
+                (void)sd_notify(false, "READY=1\nSTATUS=Serving (reload refused).");
+                return log_oom();
+        }
+        r = reload_verify(m, &n);
+        if (r < 0) {
+                log_error("Reload refused, keeping the running configuration: %s does not pass the checks "
+                          "start-up runs (said above).", m->config_path);
+                config_done(&n);
+                (void)sd_notify(false, "READY=1\nSTATUS=Serving (reload refused).");
+                return r;
+        }
+        /* Reloadable: log level, limits, subsystem settings. The rest needs a restart;
+         * say so instead of silently ignoring a change. */
+        unsigned pending = reload_restart_notices(m, &n);
         FOREACH_SUBSYSTEM(s)
                 if (s->reload) {
                         r = s->reload(m, &n);
@@ -704,8 +785,10 @@ int manager_reload(Manager *m) {
         m->config.handoff_timeout_usec = n.handoff_timeout_usec;
         m->config.feature_cache_bytes = n.feature_cache_bytes;
         config_done(&n);
-        log_info("Configuration reloaded from %s.", m->config_path);
-        (void)sd_notify(false, "READY=1\nSTATUS=Serving (configuration reloaded).");
+        log_info("Configuration reloaded from %s%s.", m->config_path,
+                 pending ? "; some changes take effect at the next restart (said above)" : "");
+        (void)sd_notify(false, pending ? "READY=1\nSTATUS=Serving (configuration reloaded; some changes need a restart)."
+                                       : "READY=1\nSTATUS=Serving (configuration reloaded).");
         return 0;
 }
 

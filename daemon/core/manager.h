@@ -65,10 +65,18 @@ typedef struct Subsystem {
         const SubsystemArenas *arenas;   /* NULL: makes no arenas */
 } Subsystem;
 
+/* What the command line set (NULL / -1: not given): it overrides the configuration
+ * file, at start and at every reload. */
+typedef struct ManagerCmdline {
+        const char *bus_address, *socket, *host_id, *state_dir;
+        int log_level, system_bus;
+} ManagerCmdline;
+
 struct Manager {
         sd_event *event;
         Config config;
         char *config_path;
+        ManagerCmdline cmdline;
 
         sd_bus *bus;                 /* system bus or --bus-address; may be NULL */
         int direct_fd;               /* listening direct socket */
@@ -137,6 +145,9 @@ void manager_worker_removed(Manager *m, Worker *w);
 void manager_worker_stats(Manager *m, Worker *w, WorkerStats *ret);
 
 Arena *manager_find_arena(Manager *m, const char *name);
+
+/* Applies m->cmdline to c (a configuration read from the file). -ENOMEM. */
+int manager_apply_cmdline(Manager *m, Config *c);
 
 /* PropertiesChanged for `property` (of `interface` at `path`; all three static
  * strings) on every connection: coalesced, sent once the loop has handled what was

@@ -6,7 +6,8 @@
 # a host name; a NUL byte; an arena too small; a SocketGroup= that does not exist) it
 # exits non-zero with exactly the output epdd gives when started with the same
 # configuration, and neither creates the socket's nor the state directory. A good
-# configuration passes, also without creating anything.
+# configuration passes, also without creating anything. A reload (SIGHUP) of a running
+# epdd refuses what start-up refuses and says what needs a restart.
 set -u
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
@@ -106,3 +107,44 @@ out=$("$EPDD" --check-config -c "$W/good.conf" "${ARGS[@]}" 2>"$W/good.err") ||
 [ ! -e "$W/run" ] && [ ! -e "$W/state" ] || fail "--check-config of a good configuration created a directory"
 ok "a good configuration: $out"
 [ $FAILED -eq 0 ] || fail "some configurations were not refused alike (above)"
+
+# A reload (SIGHUP) runs the same checks: what start-up refuses, it refuses, keeping the
+# running configuration (and serving); what it cannot apply it says needs a restart. The
+# command line (--socket, --state-directory here) still wins over the file.
+wait_log() { # PATTERN: within 10 s
+        for _ in $(seq 1 200); do grep -qF -- "$1" "$W/reload.err" && return 0; sleep 0.05; done
+        return 1
+}
+reload_conf() { # KEYFILE [SOCKETGROUP]
+        { printf '[Daemon]\nHostId=node-a\n'
+          [ -n "${2:-}" ] && printf 'SocketGroup=%s\n' "$2"
+          printf '[Arena:kv]\nSize=16M\n[Cluster]\nClusterKeyFile=%s\n' "$1"; } > "$W/reload.conf"
+}
+rm -rf "$W/run" "$W/state"
+reload_conf "$W/key-good"
+"$EPDD" -c "$W/reload.conf" "${ARGS[@]}" >/dev/null 2>"$W/reload.err" &
+PID=$!
+trap 'kill $PID 2>/dev/null; rm -rf "$W"' EXIT
+for _ in $(seq 1 200); do [ -S "$W/run/bus" ] && break; sleep 0.05; done
+[ -S "$W/run/bus" ] || { cat "$W/reload.err"; fail "epdd did not start for the reload checks"; }
+reload_conf "$W/key-good" epd-no-such-group
+kill -HUP $PID
+wait_log "Reload refused" || { cat "$W/reload.err"; fail "a reload with a SocketGroup= that does not exist was not refused"; }
+grep -qF "[Daemon] SocketGroup=epd-no-such-group: no such group." "$W/reload.err" ||
+        { cat "$W/reload.err"; fail "the refused reload does not say why"; }
+! grep -qF "Configuration reloaded" "$W/reload.err" || fail "a refused reload was applied"
+kill -0 $PID 2>/dev/null && [ -S "$W/run/bus" ] || fail "epdd stopped serving after a refused reload"
+ok "reload: a SocketGroup= that does not exist is refused as at start-up; epdd serves on"
+cp "$W/key-good" "$W/key-good2"
+reload_conf "$W/key-good2" root
+kill -HUP $PID
+wait_log "Configuration reloaded" || { cat "$W/reload.err"; fail "a good reload did not complete"; }
+for what in "ClusterKeyFile= changed: it takes effect at the next restart." \
+            "SocketGroup= changed: it takes effect at the next restart."; do
+        grep -qF -- "$what" "$W/reload.err" || { cat "$W/reload.err"; fail "a reload does not say: $what"; }
+done
+! grep -qE "(Socket|StateDirectory)= changed" "$W/reload.err" ||
+        { cat "$W/reload.err"; fail "a reload took the file's socket or state directory over the command line's"; }
+ok "reload: what needs a restart is said (the key, the socket's group); the command line still wins"
+kill -TERM $PID
+wait $PID || fail "epdd exited with $? after the reloads"
