@@ -274,6 +274,38 @@ void harness_done(Harness *h) {
         }
 }
 
+int harness_start_cluster(Harness *const *h, size_t n,
+                          void (*conf)(size_t i, unsigned port, char *buf, size_t size, void *userdata),
+                          void *userdata) {
+        unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+        char buf[2048];
+        int r = -EADDRINUSE;
+        for (int attempt = 0; attempt < 20 && r == -EADDRINUSE; attempt++) {
+                unsigned port = 20000 + (unsigned)(rand_r(&seed) % (36000 / n)) * (unsigned)n;
+                r = 0;
+                for (size_t i = 0; i < n && r == 0; i++) {
+                        conf(i, port, buf, sizeof buf, userdata);
+                        r = harness_init(h[i], buf);
+                        if (r < 0)
+                                return r;
+                }
+                for (size_t i = 0; i < n && r == 0; i++) {
+                        r = harness_start_epdd(h[i], NULL);
+                        if (r < 0 && harness_log_has(h[i], "Address already in use"))
+                                r = -EADDRINUSE;
+                }
+                if (r == 0)
+                        return 0;
+                for (size_t i = 0; i < n; i++) {
+                        harness_done(h[i]);
+                        memset(h[i], 0, sizeof *h[i]);
+                }
+                if (r == -EADDRINUSE)
+                        fprintf(stderr, "ports %u..%u: one is in use, trying others\n", port, port + (unsigned)n - 1);
+        }
+        return r;
+}
+
 const char *harness_direct_address(Harness *h, char *buf, size_t n) {
         snprintf(buf, n, "direct:%s", h->socket);
         return buf;

@@ -44,6 +44,17 @@ bool harness_log_has(Harness *h, const char *needle);
 /* Stops everything and removes the directory. */
 void harness_done(Harness *h);
 
+/* Starts n daemons that name each other's ports in their configurations (a cluster on
+ * 127.0.0.1): conf(i, port, buf, size, userdata) writes daemon i's configuration into buf,
+ * the cluster's ports being port .. port + n - 1; h[i] is initialized with it and started.
+ * The ports are chosen before any daemon binds, so one that another process took in
+ * between (tests run in parallel) is not an error of the code under test: every daemon
+ * is stopped and another set of ports tried, up to 20 times. Returns 0, or the error of
+ * a start that failed for another reason (everything stopped). */
+int harness_start_cluster(Harness *const *h, size_t n,
+                          void (*conf)(size_t i, unsigned port, char *buf, size_t size, void *userdata),
+                          void *userdata);
+
 /* "direct:<socket>" */
 const char *harness_direct_address(Harness *h, char *buf, size_t n);
 

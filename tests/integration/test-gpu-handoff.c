@@ -617,10 +617,24 @@ END_TEST
 static Harness hb;
 static char address_b[512], keyfile[128];
 
-/* Starts alpha and bravo on port and port+1; -EADDRINUSE when another process held one
- * of them (both are stopped again). */
-static int try_start_two(const char *fail_copies, unsigned port) {
-        char conf[1024];
+static void two_conf(size_t i, unsigned port, char *buf, size_t size, void *userdata) {
+        if (i == 0)
+                snprintf(buf, size,
+                         CONFIG "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
+                                "[Peer:bravo]\nAddress=127.0.0.1:%u\nHostId=bravo\n",
+                         port, keyfile, port + 1);
+        else
+                snprintf(buf, size,
+                         "[Daemon]\nHostId=bravo\n[Arena:kv0]\nSize=16M\n"
+                         "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
+                         "[Peer:alpha]\nAddress=127.0.0.1:%u\nHostId=alpha\n",
+                         port + 1, keyfile, port);
+}
+
+/* alpha and bravo name each other's ports: harness_start_cluster() retries a pair of
+ * ports another process took meanwhile (tests run in parallel). */
+static void start_two(const char *fail_copies) {
+        choose_driver();
         snprintf(keyfile, sizeof keyfile, "/tmp/epd-gpu-handoff-key-%d", (int)getpid());
         int fd = open(keyfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         ck_assert_int_ge(fd, 0);
@@ -628,48 +642,13 @@ static int try_start_two(const char *fail_copies, unsigned port) {
         close(fd);
         if (fake)
                 ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", fail_copies, 1), 0);
-        snprintf(conf, sizeof conf,
-                 CONFIG "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
-                        "[Peer:bravo]\nAddress=127.0.0.1:%u\nHostId=bravo\n",
-                 port, keyfile, port + 1);
-        ck_assert_int_eq(harness_init(&h, conf), 0);
-        snprintf(conf, sizeof conf,
-                 "[Daemon]\nHostId=bravo\n[Arena:kv0]\nSize=16M\n"
-                 "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
-                 "[Peer:alpha]\nAddress=127.0.0.1:%u\nHostId=alpha\n",
-                 port + 1, keyfile, port);
-        ck_assert_int_eq(harness_init(&hb, conf), 0);
+        Harness *both[2] = { &h, &hb };
+        int r = harness_start_cluster(both, 2, two_conf, NULL);
+        if (r < 0)
+                unlink(keyfile);
+        ck_assert_msg(r == 0, "cannot start the two daemons: %s", strerror(-r));
         harness_direct_address(&h, address, sizeof address);
         harness_direct_address(&hb, address_b, sizeof address_b);
-        Harness *both[2] = { &h, &hb };
-        for (size_t i = 0; i < 2; i++) {
-                int r = harness_start_epdd(both[i], NULL);
-                if (r == 0)
-                        continue;
-                bool in_use = harness_log_has(both[i], "Address already in use");
-                for (size_t j = 0; j < 2; j++) {
-                        harness_done(both[j]);
-                        memset(both[j], 0, sizeof *both[j]);
-                }
-                unlink(keyfile);
-                return in_use ? -EADDRINUSE : r;
-        }
-        return 0;
-}
-
-/* The daemons name each other's ports, so both are chosen before either binds; a port
- * another process took in between (tests run in parallel) is retried with others. */
-static void start_two(const char *fail_copies) {
-        choose_driver();
-        unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
-        int r = -EADDRINUSE;
-        for (int attempt = 0; attempt < 20 && r == -EADDRINUSE; attempt++) {
-                unsigned port = 20000 + (rand_r(&seed) % 18000) * 2;
-                r = try_start_two(fail_copies, port);
-                if (r == -EADDRINUSE)
-                        fprintf(stderr, "port %u or %u is in use, trying others\n", port, port + 1);
-        }
-        ck_assert_msg(r == 0, "cannot start the two daemons: %s", strerror(-r));
         if (fake)
                 ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", "0", 1), 0);
         if (!sys) {

@@ -37,67 +37,38 @@ static const epd_kv_layout kv = { .layers = LAYERS, .tokens_per_block = TOKENS, 
                                   .v_bytes_per_token = KV_BYTES, .dtype = "bfloat16" };
 static const uint32_t groups4[4] = { 2, 2, 2, 2 };
 
-/* Starts the three daemons on ports port..port+2; -EADDRINUSE when one of them could
- * not listen because another process holds its port (everything is stopped again). */
-static int start_three(unsigned port) {
-        char conf[1024];
+static void three_conf(size_t i, unsigned port, char *buf, size_t size, void *userdata) {
+        if (i == 0)
+                snprintf(buf, size,
+                         "[Daemon]\nHostId=alpha\n[Arena:kv0]\nSize=32M\n"
+                         "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
+                         "[Peer:bravo]\nAddress=127.0.0.1:%u\nHostId=bravo\n"
+                         "[Peer:charlie]\nAddress=127.0.0.1:%u\nHostId=charlie\n",
+                         port, keyfile, port + 1, port + 2);
+        else
+                snprintf(buf, size,
+                         "[Daemon]\nHostId=%s\n[Arena:kv0]\nSize=%s\n"
+                         "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
+                         "[Peer:alpha]\nAddress=127.0.0.1:%u\nHostId=alpha\n",
+                         i == 1 ? "bravo" : "charlie", i == 1 ? "6M" : "32M", port + (unsigned)i, keyfile, port);
+}
+
+/* The three daemons name each other's ports: harness_start_cluster() retries a set of
+ * ports another process took meanwhile. */
+static void setup(void) {
         snprintf(keyfile, sizeof keyfile, "/tmp/epd-handoff-key-%d", (int)getpid());
         int fd = open(keyfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         ck_assert_int_ge(fd, 0);
         ck_assert_int_eq(write(fd, "handoff-test-cluster-key-0123456789\n", 36), 36);
         close(fd);
-
-        snprintf(conf, sizeof conf,
-                 "[Daemon]\nHostId=alpha\n[Arena:kv0]\nSize=32M\n"
-                 "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
-                 "[Peer:bravo]\nAddress=127.0.0.1:%u\nHostId=bravo\n"
-                 "[Peer:charlie]\nAddress=127.0.0.1:%u\nHostId=charlie\n",
-                 port, keyfile, port + 1, port + 2);
-        ck_assert_int_eq(harness_init(&ha, conf), 0);
-        snprintf(conf, sizeof conf,
-                 "[Daemon]\nHostId=bravo\n[Arena:kv0]\nSize=6M\n"
-                 "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
-                 "[Peer:alpha]\nAddress=127.0.0.1:%u\nHostId=alpha\n",
-                 port + 1, keyfile, port);
-        ck_assert_int_eq(harness_init(&hb, conf), 0);
-        snprintf(conf, sizeof conf,
-                 "[Daemon]\nHostId=charlie\n[Arena:kv0]\nSize=32M\n"
-                 "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
-                 "[Peer:alpha]\nAddress=127.0.0.1:%u\nHostId=alpha\n",
-                 port + 2, keyfile, port);
-        ck_assert_int_eq(harness_init(&hc, conf), 0);
+        Harness *all[3] = { &ha, &hb, &hc };
+        int r = harness_start_cluster(all, 3, three_conf, NULL);
+        if (r < 0)
+                unlink(keyfile);
+        ck_assert_msg(r == 0, "cannot start the three daemons: %s", strerror(-r));
         harness_direct_address(&ha, addr_a, sizeof addr_a);
         harness_direct_address(&hb, addr_b, sizeof addr_b);
         harness_direct_address(&hc, addr_c, sizeof addr_c);
-        Harness *all[3] = { &ha, &hb, &hc };
-        for (size_t i = 0; i < 3; i++) {
-                int r = harness_start_epdd(all[i], NULL);
-                if (r == 0)
-                        continue;
-                bool in_use = harness_log_has(all[i], "Address already in use");
-                for (size_t j = 0; j < 3; j++) {
-                        harness_done(all[j]);
-                        memset(all[j], 0, sizeof *all[j]);
-                }
-                unlink(keyfile);
-                return in_use ? -EADDRINUSE : r;
-        }
-        return 0;
-}
-
-/* The daemons name each other's ports in their configs, so the ports are chosen before
- * any of them binds: a port another process took in between (tests run in parallel)
- * is not an error of the code under test; another set of ports is tried. */
-static void setup(void) {
-        unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
-        int r = -EADDRINUSE;
-        for (int attempt = 0; attempt < 20 && r == -EADDRINUSE; attempt++) {
-                unsigned port = 20000 + (rand_r(&seed) % 12000) * 3;
-                r = start_three(port);
-                if (r == -EADDRINUSE)
-                        fprintf(stderr, "ports %u..%u: one is in use, trying others\n", port, port + 2);
-        }
-        ck_assert_msg(r == 0, "cannot start the three daemons: %s", strerror(-r));
 }
 
 static void teardown(void) {
