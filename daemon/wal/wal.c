@@ -276,7 +276,7 @@ static int log_reserve(Wal *w, size_t n) {
         if (w->end + n <= w->alloc)
                 return 0;
         uint64_t want = ALIGN_TO(w->end + n, WAL_PREALLOC);
-        for (uint64_t off = w->alloc; off < want;) {
+        for (uint64_t off = MAX(w->alloc, w->end); off < want;) {
                 size_t k = (size_t)MIN(want - off, (uint64_t)sizeof zeros);
                 int r = pwrite_all(w->fd, zeros, k, off);
                 if (r < 0)
@@ -290,9 +290,11 @@ static int log_reserve(Wal *w, size_t n) {
 /* n bytes of records at the end of the log. A failure leaves no part of them behind a
  * later good record: the file is cut back to the records before them. */
 static int log_write(Wal *w, const void *p, size_t n) {
-        int r = log_reserve(w, n);
-        if (r >= 0)
-                r = pwrite_all(w->fd, p, n, w->end);
+        /* Zeros that cannot be written ahead (a full disk) are no reason to refuse a
+         * record that fits: it is written at the end all the same, as an append. */
+        if (log_reserve(w, n) < 0)
+                log_debug("WAL: cannot write zeros ahead of the log; writing the record without.");
+        int r = pwrite_all(w->fd, p, n, w->end);
         if (r < 0) {
                 if (ftruncate(w->fd, (off_t)w->end) < 0)
                         log_error_errno(errno, "Failed to cut a failed WAL write: %m");
@@ -301,6 +303,7 @@ static int log_write(Wal *w, const void *p, size_t n) {
                 return log_error_errno(r, "Failed to append to the WAL: %m");
         }
         w->end += n;
+        w->alloc = MAX(w->alloc, w->end); /* written past the zeros: they end here now */
         return 0;
 }
 

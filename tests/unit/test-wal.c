@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -448,6 +449,43 @@ START_TEST(test_written_ahead) {
 }
 END_TEST
 
+/* Where the zeros cannot be written ahead (here RLIMIT_FSIZE stands in for a full
+ * disk: the file may not grow by the next MiB), a record that fits is still written, as
+ * an append, and later zeros never overwrite it; replay has every record. */
+START_TEST(test_no_room_ahead) {
+        char *dir = make_dir();
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                State s = {};
+                Wal *w;
+                signal(SIGXFSZ, SIG_IGN); /* a write past the limit fails with EFBIG */
+                if (wal_open(dir, WAL_SYNC_BATCH, &w) < 0 || wal_replay(w, apply, &s) < 0)
+                        _exit(2);
+                /* Room for the header and about 200 records, not for 1 MiB of zeros. */
+                struct rlimit rl = { 64 * 1024, 64 * 1024 };
+                if (setrlimit(RLIMIT_FSIZE, &rl) < 0)
+                        _exit(3);
+                for (unsigned i = 0; i < 100; i++) {
+                        uint8_t buf[256];
+                        size_t len = gen_payload(wal_last_lsn(w) + 1, buf);
+                        if (wal_append(w, WAL_RECORD_TEST + 1, buf, len, NULL) < 0 || wal_sync(w) < 0)
+                                _exit(4);
+                }
+                _exit(0); /* as a kill would leave it: no clean close */
+        }
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the writer failed (%d)", status);
+        State s = {};
+        Wal *w = reopen(dir, &s);
+        ck_assert_uint_eq(s.n, 100);
+        ck_assert_uint_eq(wal_get_stats(w)->torn + wal_get_stats(w)->corrupt, 0);
+        wal_free(w);
+        rm_dir(dir);
+}
+END_TEST
+
 START_TEST(test_crash) {
         char *dir = make_dir();
         uint64_t acked_total = 0;
@@ -542,6 +580,7 @@ int main(void) {
         tcase_add_test(tc, test_bitflip);
         tcase_add_test(tc, test_compaction);
         tcase_add_test(tc, test_written_ahead);
+        tcase_add_test(tc, test_no_room_ahead);
         tcase_add_test(tc, test_crash);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
