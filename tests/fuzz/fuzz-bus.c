@@ -587,18 +587,21 @@ static void setup(void) {
         if (r < 0)
                 die("manager_startup", r);
 
-        DIR *d = opendir(BUS_XML_DIR);
-        if (!d)
+        /* In name order, not the directory's: an input's method index names the same
+         * method on every machine, so a seed reproduces what it found anywhere. */
+        struct dirent **names = NULL;
+        int n_names = scandir(BUS_XML_DIR, &names, NULL, alphasort);
+        if (n_names < 0)
                 die(BUS_XML_DIR, errno);
-        struct dirent *de;
-        while ((de = readdir(d))) {
+        for (int i = 0; i < n_names; i++) {
                 char p[512];
-                if (!strstr(de->d_name, ".xml"))
-                        continue;
-                snprintf(p, sizeof p, "%s/%s", BUS_XML_DIR, de->d_name);
-                load_xml(p);
+                if (strstr(names[i]->d_name, ".xml")) {
+                        snprintf(p, sizeof p, "%s/%s", BUS_XML_DIR, names[i]->d_name);
+                        load_xml(p);
+                }
+                free(names[i]);
         }
-        closedir(d);
+        free(names);
         if (n_methods < 20)
                 die("too few methods in the XML", EINVAL);
 

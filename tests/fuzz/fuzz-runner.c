@@ -111,22 +111,24 @@ int main(int argc, char **argv) {
                         n++;
                         continue;
                 }
-                DIR *d = opendir(argv[i]);
-                if (!d)
+                /* In name order: the same run on every file system. */
+                struct dirent **names = NULL;
+                int n_names = scandir(argv[i], &names, NULL, alphasort);
+                if (n_names < 0)
                         return EXIT_FAILURE;
-                struct dirent *de;
-                while ((de = readdir(d))) {
-                        if (de->d_name[0] == '.')
-                                continue;
+                int r = 0;
+                for (int k = 0; k < n_names; k++) {
                         char p[4096];
-                        snprintf(p, sizeof p, "%s/%s", argv[i], de->d_name);
-                        if (run_file(p) < 0) {
-                                closedir(d);
-                                return EXIT_FAILURE;
+                        if (r == 0 && names[k]->d_name[0] != '.') {
+                                snprintf(p, sizeof p, "%s/%s", argv[i], names[k]->d_name);
+                                r = run_file(p);
+                                n++;
                         }
-                        n++;
+                        free(names[k]);
                 }
-                closedir(d);
+                free(names);
+                if (r < 0)
+                        return EXIT_FAILURE;
         }
         LLVMFuzzerTestOneInput((const uint8_t *)"", 0);
         printf("%u inputs (+ the empty one), %lu mutations each: ok\n", n, mutations);
