@@ -281,7 +281,7 @@ static int property_handoffs(sd_bus *bus, const char *path, const char *interfac
         r = sd_bus_message_open_container(reply, 'a', "(ossssuuts)");
         while (r >= 0 && hashmap_iterate(hm->by_handle, &it, (void **)&o, NULL))
                 if (root || handoff_object_owned_by(o, c))
-                                r = sd_bus_message_append(reply, "(ossssuuts)", o->path, o->request_str,
+                        r = sd_bus_message_append(reply, "(ossssuuts)", o->path, o->request_str,
                                                   handoff_role_to_string(o->h->role),
                                                   handoff_state_to_string(o->h->state), peer_of(o), o->h->n_done,
                                                   o->h->n_groups, o->bytes_moved, handoff_cause_to_string(o->h->cause));
