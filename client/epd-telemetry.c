@@ -109,6 +109,12 @@ int epd_backpressure_subscribe(epd_client *c, epd_backpressure_fn fn, void *user
         if (!s)
                 return -ENOMEM;
         *s = (BackpressureSubscription){ c, fn, userdata };
+        /* A direct connection gets broadcast signals only once it asks for them. */
+        int k = c->direct ? epd__call(c, "/org/epd1", "org.epd1.Manager", "Subscribe", NULL, "b", 1) : 0;
+        if (k < 0) {
+                free(s);
+                return k;
+        }
         sd_bus_slot *slot = NULL;
         int r = sd_bus_match_signal(c->bus, &slot, c->direct ? NULL : "org.epd1", TELEMETRY_PATH,
                                     TELEMETRY_IFACE, "Backpressure", on_backpressure, s);

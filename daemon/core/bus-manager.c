@@ -279,6 +279,17 @@ static int method_unregister_worker(sd_bus_message *msg, void *userdata, sd_bus_
         return sd_bus_reply_method_return(msg, NULL);
 }
 
+static int method_subscribe(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        int enable;
+        int r = sd_bus_message_read(msg, "b", &enable);
+        if (r < 0)
+                return r;
+        r = manager_connection_subscribe(userdata, sd_bus_message_get_bus(msg), enable);
+        if (r < 0)
+                return epd_bus_error(error, EPD_ERROR_FAILED, "This connection is closing.");
+        return sd_bus_reply_method_return(msg, NULL);
+}
+
 static const sd_bus_vtable manager_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY("Version", "s", property_version, 0, SD_BUS_VTABLE_PROPERTY_CONST),
@@ -296,6 +307,8 @@ static const sd_bus_vtable manager_vtable[] = {
                                 method_register_worker, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("UnregisterWorker", SD_BUS_ARGS("o", worker), SD_BUS_NO_RESULT,
                                 method_unregister_worker, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Subscribe", SD_BUS_ARGS("b", enable), SD_BUS_NO_RESULT, method_subscribe,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
 };
 

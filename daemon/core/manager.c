@@ -79,6 +79,7 @@ typedef struct Connection {
         uint64_t serial; /* the hashmap key */
         sd_bus *bus;
         Manager *manager;
+        bool subscribed; /* Manager.Subscribe(true): gets the broadcast signals */
 } Connection;
 
 static Connection *connection_free(Connection *c) {
@@ -118,6 +119,17 @@ uint64_t manager_connection_serial(Manager *m, sd_bus *bus) {
          * connection's end (a deferred reply, say) names no client. */
         Connection *conn = hashmap_get(m->connections, &serial);
         return conn && conn->bus == bus ? serial : 0;
+}
+
+int manager_connection_subscribe(Manager *m, sd_bus *bus, bool enable) {
+        uint64_t serial = manager_connection_serial(m, bus);
+        if (serial == 0)
+                return 0; /* the bus: its match rules decide who gets what */
+        Connection *conn = hashmap_get(m->connections, &serial);
+        if (!conn)
+                return -ENOTCONN;
+        conn->subscribed = enable;
+        return 1;
 }
 
 static int on_direct_disconnected(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -866,13 +878,17 @@ void manager_worker_stats(Manager *m, Worker *w, WorkerStats *ret) {
                         s->worker_stats(m, w, ret);
 }
 
+/* A broadcast signal: once on the bus (whose match rules pick its receivers), and on
+ * each direct connection that subscribed (Manager.Subscribe): a peer-to-peer connection
+ * has no match rules, and a worker that never asked is not woken for them. */
 static void emit_each(Manager *m, int (*fn)(sd_bus *bus, void *userdata), void *userdata) {
         if (m->bus)
                 (void)fn(m->bus, userdata);
         Connection *conn;
         size_t it = 0;
         while (hashmap_iterate(m->connections, &it, (void **)&conn, NULL))
-                (void)fn(conn->bus, userdata);
+                if (conn->subscribed)
+                        (void)fn(conn->bus, userdata);
 }
 
 typedef struct ChangedArgs {

@@ -136,6 +136,10 @@ int manager_reload(Manager *m);
 
 /* The serial of a direct connection, 0 if `bus` is not one. */
 uint64_t manager_connection_serial(Manager *m, sd_bus *bus);
+/* The direct connection `bus` gets the broadcast signals (PropertiesChanged,
+ * Backpressure, PeerStateChanged, MemberChanged) from now on (enable) or no more.
+ * 1 for a direct connection; 0 on the bus (its match rules decide); -ENOTCONN. */
+int manager_connection_subscribe(Manager *m, sd_bus *bus, bool enable);
 
 /* Runs the subsystems' worker_added hooks (a failure undoes the registration and says
  * why) and worker_gone hooks. */

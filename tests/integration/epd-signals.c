@@ -2,7 +2,8 @@
 /* Test helper: prints the signals epdd sends on one direct connection, one line each,
  * for SECONDS (busctl monitor needs a bus broker; epdd's socket is peer to peer):
  *   epd-signals SOCKET SECONDS
- * "ready" once connected (a Ping answered: signals from then on reach this helper),
+ * "ready" once connected and subscribed (Manager.Subscribe answered: the broadcast
+ * signals from then on reach this helper),
  * then per signal "PATH INTERFACE MEMBER ARG...": basic arguments as text, a container
  * as "[...]"; PropertiesChanged as "PATH org.freedesktop.DBus.Properties
  * PropertiesChanged IFACE NAME=VALUE..." for the basic values it carries and
@@ -152,7 +153,7 @@ int main(int argc, char *argv[]) {
         snprintf(addr, sizeof addr, "unix:path=%s", argv[1]);
         if (sd_bus_new(&bus) < 0 || sd_bus_set_address(bus, addr) < 0 ||
             sd_bus_add_filter(bus, NULL, on_message, NULL) < 0 || sd_bus_start(bus) < 0 ||
-            sd_bus_call_method(bus, NULL, "/", "org.freedesktop.DBus.Peer", "Ping", &e, NULL, NULL) < 0) {
+            sd_bus_call_method(bus, NULL, "/org/epd1", "org.epd1.Manager", "Subscribe", &e, NULL, "b", 1) < 0) {
                 fprintf(stderr, "epd-signals: cannot reach %s: %s\n", argv[1], e.message ? e.message : "");
                 return 1;
         }

@@ -164,6 +164,68 @@ START_TEST(test_bad_input) {
 }
 END_TEST
 
+#ifndef OVER_BUS
+static unsigned changed_seen;
+static int on_changed(sd_bus_message *m, void *userdata, sd_bus_error *e) {
+        if (sd_bus_message_is_signal(m, "org.freedesktop.DBus.Properties", "PropertiesChanged"))
+                changed_seen++;
+        return 0;
+}
+
+/* Every message the daemon sent conn up to now has arrived (a round trip after it). */
+static void drain(sd_bus *conn) {
+        ck_assert_int_ge(sd_bus_call_method(conn, NULL, "/", "org.freedesktop.DBus.Peer", "Ping", NULL, NULL, NULL), 0);
+        while (sd_bus_process(conn, NULL) > 0)
+                ;
+}
+
+/* A direct connection gets the broadcast signals only once it subscribed: a worker
+ * registering is PropertiesChanged (Manager.Workers) to a subscriber, nothing to
+ * another connection; Subscribe(false) ends it. */
+START_TEST(test_broadcast_to_subscribers) {
+        sd_bus *quiet, *listener;
+        epd_client *c;
+        ck_assert_int_ge(harness_direct_bus(&h, &quiet), 0);
+        ck_assert_int_ge(harness_direct_bus(&h, &listener), 0);
+        ck_assert_int_ge(sd_bus_add_filter(quiet, NULL, on_changed, NULL), 0);
+        ck_assert_int_ge(sd_bus_call_method(listener, NULL, "/org/epd1", "org.epd1.Manager", "Subscribe", NULL, NULL,
+                                            "b", 1), 0);
+        drain(quiet);
+        changed_seen = 0;
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", NULL, NULL), 0);
+        /* The listener: the signal comes (coalesced, within 10 ms). */
+        unsigned got = 0;
+        sd_bus_slot *slot = NULL;
+        ck_assert_int_ge(sd_bus_match_signal(listener, &slot, NULL, "/org/epd1", "org.freedesktop.DBus.Properties",
+                                             "PropertiesChanged", on_changed, NULL), 0);
+        for (int i = 0; i < 500 && changed_seen == 0; i++) {
+                while (sd_bus_process(listener, NULL) > 0)
+                        ;
+                if (changed_seen == 0)
+                        sd_bus_wait(listener, 10000);
+        }
+        got = changed_seen;
+        ck_assert_uint_ge(got, 1);
+        /* The quiet connection: nothing, everything sent to it being in. */
+        changed_seen = 0;
+        drain(quiet);
+        ck_assert_uint_eq(changed_seen, 0);
+        /* Unsubscribed: nothing more for the listener either. */
+        ck_assert_int_ge(sd_bus_call_method(listener, NULL, "/org/epd1", "org.epd1.Manager", "Subscribe", NULL, NULL,
+                                            "b", 0), 0);
+        epd_disconnect(c); /* the worker goes: Workers changes */
+        usleep(50000);      /* past the coalescing bound */
+        changed_seen = 0;
+        drain(listener);
+        ck_assert_uint_eq(changed_seen, 0);
+        sd_bus_slot_unref(slot);
+        sd_bus_flush_close_unref(quiet);
+        sd_bus_flush_close_unref(listener);
+}
+END_TEST
+#endif
+
 START_TEST(test_introspection) {
         sd_bus *bus;
         epd_client *c;
@@ -209,6 +271,9 @@ int main(void) {
         tcase_add_test(tc, test_register_map_kill);
         tcase_add_test(tc, test_bad_input);
         tcase_add_test(tc, test_introspection);
+#ifndef OVER_BUS
+        tcase_add_test(tc, test_broadcast_to_subscribers);
+#endif
         suite_add_tcase(s, tc);
         return check_run(s, CK_NOFORK);
 }
