@@ -432,6 +432,20 @@ def test_pipelined(cl):
         check_ok(cl, p, d, "pipelined, released at commit")
     finally:
         del os.environ["HANDOFF_CLIENT_RELEASE_ON_COMMIT"]
+    # A record nobody waits for is durable by the WAL's lazy bound (5 ms) all the same: bravo
+    # journals the PREPARE of a handoff whose groups come a second apart, and no call there
+    # waits for the disk meanwhile (the decode worker only waits for the groups).
+    before = cl.ctl(1, "journal")["last_lsn"]
+    d, p = cl.decode(1, rid(0x412)), cl.prefill(0, "bravo", rid(0x412), 8, 4, 1000)
+    wait_until(lambda: cl.ctl(1, "journal")["last_lsn"] > before, 5, "bravo journaled the PREPARE")
+    j = None
+    for _ in range(100):
+        j = cl.ctl(1, "journal")
+        if j["synced_lsn"] == j["last_lsn"]:
+            break
+        time.sleep(0.01)
+    assert j["synced_lsn"] == j["last_lsn"], ("a record nobody waits for was not made durable", j)
+    check_ok(cl, p, d, "pipelined, groups a second apart")
     for i in (0, 1):
         wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean")
     c0, c1 = cl.counters(0), cl.counters(1)
