@@ -13,8 +13,9 @@
  *     Error.Backpressure is tried again after its retry-after ("deferred US"), as a
  *     worker honouring it would, until TIMEOUT_MS.
  *   handoff-client decode ADDRESS REQUEST_ID TIMEOUT_MS
- *     registers as a decode worker ("registered"), Accepts (retrying while the Prepare is on its
- *     way), follows the groups: "group G ok" when group G has landed and every byte of
+ *     registers as a decode worker ("registered"), accepts with AcceptWait (no retries: it
+ *     answers when the Prepare arrives), follows the groups on its ring (no polling):
+ *     "group G ok" when group G has landed and every byte of
  *     its layers matches (groups must complete in order: "group G OUT-OF-ORDER" or
  *     "group G MISMATCH" otherwise, exit 4), Commits when all are in ("final
  *     committed - MS"), or reports "final rolled-back CAUSE MS"; releases everything.
@@ -30,7 +31,7 @@
  * (its ring says committed, then the handoff is gone: no Release) and the decode commits
  * with CommitAndRelease (no Release either).
  * With HANDOFF_CLIENT_BENCH=1 (bench/bench-handoff-netns.py): no pattern is written or
- * checked, the state is polled every 100 us, and the prefill side prints "shipped US
+ * checked, and the prefill side prints "shipped US
  * BYTES", the microseconds from the first LayerGroupReady to the source's handoff
  * reaching transferred (every byte acknowledged by the destination) or committed.
  *
@@ -282,16 +283,13 @@ static int run_decode(char **argv) {
          * a Prepare towards it can land (the test waits for this line). */
         printf("registered\n");
         fflush(stdout);
+        /* No polling: the ring tells of progress, AcceptWait of the handoff's arrival (it
+         * accepts before the first byte lands, so the progress reaches the ring). */
+        epd_ring_client *ring = NULL;
+        if ((r = epd_ring_open(c, 64, 1024, &ring)) < 0)
+                return fail(c, r, "open-ring");
         epd_handoff_accepted acc;
-        uint64_t end = now_ms() + timeout_ms;
-        for (;;) {
-                r = epd_handoff_accept(c, rid, &acc);
-                bool not_yet = r == -ENOENT ||
-                               (epd_last_error_name(c) && strcmp(epd_last_error_name(c), "org.epd1.Error.NotFound") == 0);
-                if (r >= 0 || !not_yet || now_ms() > end)
-                        break;
-                usleep(5000); /* the Prepare is on its way */
-        }
+        r = epd_handoff_accept_wait(c, rid, timeout_ms * 1000, &acc);
         if (r < 0)
                 return fail(c, r, "accept");
         printf("accepted %zu %u\n", acc.n_pages, acc.n_groups);
@@ -305,10 +303,10 @@ static int run_decode(char **argv) {
         epd_handoff_status st = {};
         uint64_t t_last = now_ms();
         int ret = 0;
-        end = now_ms() + timeout_ms;
+        uint64_t end = now_ms() + timeout_ms;
+        if ((r = epd_handoff_get(c, acc.path, &st)) < 0)
+                return fail(c, r, "get");
         for (;;) {
-                if ((r = epd_handoff_get(c, acc.path, &st)) < 0)
-                        return fail(c, r, "get");
                 if (st.groups_done < checked) {
                         printf("group %u OUT-OF-ORDER\n", st.groups_done);
                         ret = 4;
@@ -360,7 +358,23 @@ static int run_decode(char **argv) {
                         ret = 3;
                         break;
                 }
-                usleep(bench ? 100 : 2000);
+                /* The next ring record of this handoff (progress or state); after 200 ms
+                 * without one, the state is read once more (a record the ring could not
+                 * take went as a signal instead): a safety net, not a polling loop. */
+                struct epd_ring_record rec;
+                int k = epd_ring_next(ring, &rec, 200000);
+                if (k >= 0 && rec.token != acc.token)
+                        continue;
+                if (k >= 0 && rec.opcode == EPD_RING_EV_GROUP_PROGRESS) {
+                        /* Records queued before a state read may be older than it. */
+                        if (rec.group > st.groups_done)
+                                st.groups_done = rec.group;
+                        continue;
+                }
+                if (k < 0 && k != -EAGAIN && k != -ETIMEDOUT)
+                        return fail(c, k, "ring");
+                if ((r = epd_handoff_get(c, acc.path, &st)) < 0)
+                        return fail(c, r, "get");
         }
         printf("final %s %s %" PRIu64 "\n", st.state, st.cause[0] ? st.cause : "-", now_ms() - t_last);
         fflush(stdout);
@@ -369,6 +383,7 @@ static int run_decode(char **argv) {
         printf("released\n");
         fflush(stdout);
         epd_handoff_accepted_done(&acc);
+        epd_ring_close(ring);
         epd_disconnect(c);
         return ret;
 }

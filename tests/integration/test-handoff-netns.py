@@ -299,11 +299,14 @@ def test_two(cl):
 def test_three(cl):
     cl.start_all()
     cl.wait_mesh()
-    # Every host hands off to both others at once: 6 handoffs over 3 links.
+    # Every host hands off to both others at once: 6 handoffs over 3 links. The decode
+    # workers register first: a fresh daemon learns its KV page size from the first
+    # worker's layout, and refuses a Prepare that arrives before it.
     pairs = [(i, j) for i in range(3) for j in range(3) if i != j]
+    decodes = [cl.decode(j, rid(0x30 + k)) for k, (i, j) in enumerate(pairs)]
     runs = []
     for k, (i, j) in enumerate(pairs):
-        runs.append((cl.prefill(i, cl.names[j], rid(0x30 + k), 64, 4, 10), cl.decode(j, rid(0x30 + k)),
+        runs.append((cl.prefill(i, cl.names[j], rid(0x30 + k), 64, 4, 10), decodes[k],
                      f"{cl.names[i]}->{cl.names[j]}"))
     for p, d, label in runs:
         check_ok(cl, p, d, label)
