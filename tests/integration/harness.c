@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include "harness.h"
 
+#include <check.h>
+
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -272,6 +275,24 @@ void harness_done(Harness *h) {
                 if (system(cmd) < 0)
                         perror("system");
         }
+}
+
+void harness_let_others_in(Harness *h) {
+        char bus_sock[sizeof h->dir + 16];
+        ck_assert_int_eq(chmod(h->dir, 0711), 0);
+        ck_assert_int_eq(chmod(h->socket, 0666), 0);
+        snprintf(bus_sock, sizeof bus_sock, "%s/dbus.sock", h->dir);
+        if (h->bus_address[0])
+                ck_assert_int_eq(chmod(bus_sock, 0666), 0);
+}
+
+pid_t harness_fork_as(uid_t uid) {
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0 && uid != geteuid() &&
+            (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0))
+                _exit(2);
+        return pid;
 }
 
 int harness_start_cluster(Harness *const *h, size_t n,

@@ -44,6 +44,14 @@ bool harness_log_has(Harness *h, const char *needle);
 /* Stops everything and removes the directory. */
 void harness_done(Harness *h);
 
+/* Lets another uid reach epdd as a member of its group would: the test directory
+ * searchable, the direct socket (and the private bus's, when one runs) writable by all. */
+void harness_let_others_in(Harness *h);
+/* fork(); the child runs as uid (and gid) with no supplementary groups (unless uid is the
+ * caller's already), or exits 2 when it cannot become it. Returns the child's pid in the
+ * parent, 0 in the child. */
+pid_t harness_fork_as(uid_t uid);
+
 /* Starts n daemons that name each other's ports in their configurations (a cluster on
  * 127.0.0.1): conf(i, port, buf, size, userdata) writes daemon i's configuration into buf,
  * the cluster's ports being port .. port + n - 1; h[i] is initialized with it and started.

@@ -315,17 +315,13 @@ static void expect_seq_error(sd_bus *bus, const char *path, const char *name, co
 static int sequences_seen_by(uid_t uid) {
         int fds[2];
         ck_assert_int_eq(pipe(fds), 0);
-        pid_t pid = fork();
-        ck_assert_int_ge(pid, 0);
+        pid_t pid = harness_fork_as(uid);
         if (pid == 0) {
                 close(fds[0]);
                 int n = -1;
                 sd_bus *raw = NULL;
                 sd_bus_message *reply = NULL;
                 sd_bus_error e = SD_BUS_ERROR_NULL;
-                if (uid != geteuid() && (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 ||
-                                         setresuid(uid, uid, uid) < 0))
-                        _exit(2);
                 if (harness_raw_bus(&h, &raw) >= 0 &&
                     sd_bus_get_property(raw, harness_destination(&h), "/org/epd1/pages", "org.epd1.Pages",
                                         "Sequences", &e, &reply, "a(oosuut)") >= 0 &&
@@ -360,12 +356,7 @@ START_TEST(test_other_client_needs_grant) {
          * another uid (here nobody, let through the directory and sockets) sees
          * nothing of A's, where each sequence's Owner refuses it too. */
         if (geteuid() == 0) {
-                char bus_sock[320];
-                ck_assert_int_eq(chmod(h.dir, 0711), 0);
-                ck_assert_int_eq(chmod(h.socket, 0666), 0);
-                snprintf(bus_sock, sizeof bus_sock, "%s/dbus.sock", h.dir);
-                if (h.bus_address[0])
-                        ck_assert_int_eq(chmod(bus_sock, 0666), 0);
+                harness_let_others_in(&h);
                 ck_assert_int_eq(sequences_seen_by(0), 1);
                 ck_assert_int_eq(sequences_seen_by(65534), 0);
         } else

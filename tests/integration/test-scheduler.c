@@ -357,8 +357,7 @@ END_TEST
 static void call_as_nobody(const char *member, const char *request_id, char *ret, size_t n) {
         int fds[2];
         ck_assert_int_eq(pipe(fds), 0);
-        pid_t pid = fork();
-        ck_assert_int_ge(pid, 0);
+        pid_t pid = harness_fork_as(65534);
         if (pid == 0) {
                 char name[200] = "";
                 sd_bus *raw = NULL;
@@ -366,9 +365,6 @@ static void call_as_nobody(const char *member, const char *request_id, char *ret
                 sd_bus_error e = SD_BUS_ERROR_NULL;
                 int r;
                 close(fds[0]);
-                if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 ||
-                    setresuid(65534, 65534, 65534) < 0)
-                        _exit(2);
                 r = harness_raw_bus(&h, &raw);
                 if (r < 0) {
                         fprintf(stderr, "uid 65534: no connection: %s\n", strerror(-r));
@@ -426,8 +422,7 @@ START_TEST(test_requests_belong_to_their_client) {
                 printf("SKIP part: not root, cannot call as another uid\n");
                 goto bound;
         }
-        ck_assert_int_eq(chmod(h.dir, 0711), 0);
-        ck_assert_int_eq(chmod(h.socket, 0666), 0);
+        harness_let_others_in(&h);
         call_as_nobody("Complete", "o1", name, sizeof name);
         ck_assert_str_eq(name, "org.epd1.Error.PermissionDenied");
         call_as_nobody("Admit", "o1", name, sizeof name);
@@ -473,20 +468,15 @@ START_TEST(test_stage_worker_not_root) {
                 printf("SKIP: not root, cannot run a worker as another uid\n");
                 return;
         }
-        ck_assert_int_eq(chmod(h.dir, 0711), 0);
-        ck_assert_int_eq(chmod(h.socket, 0666), 0);
+        harness_let_others_in(&h);
         int ready[2], go[2], result[2];
         ck_assert_int_eq(pipe(ready), 0);
         ck_assert_int_eq(pipe(go), 0);
         ck_assert_int_eq(pipe(result), 0);
-        pid_t pid = fork();
-        ck_assert_int_ge(pid, 0);
+        pid_t pid = harness_fork_as(65534);
         if (pid == 0) {
                 char names[2][200] = { "", "" }, c = 0;
                 epd_client *d;
-                if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 ||
-                    setresuid(65534, 65534, 65534) < 0)
-                        _exit(2);
                 if (epd_connect(address, &d) < 0 || epd_register(d, "decode", "m", "cpu", NULL, NULL) < 0 ||
                     epd_configure_worker(d, 64, 0, 1000) < 0)
                         _exit(3);
