@@ -34,10 +34,7 @@ struct WalWriter {
         /* Under lock. */
         bool stop;
         bool hold;
-        bool urgent;           /* a record of the pending batch is waited for: write now */
-        uint64_t lazy_since;   /* CLOCK_MONOTONIC µs when the first record nobody waits
-                                * for entered the (otherwise lazy) pending batch */
-        uint64_t lazy_usec;    /* such records wait at most this long for company */
+        bool urgent;           /* the pending batch is waited for, or urged: write now */
         WalSyncPolicy policy;
         uint8_t *pending;      /* encoded records, LSNs durable+1.. in order */
         size_t pending_size, pending_cap;
@@ -56,36 +53,15 @@ static void unlock(WalWriter *ww) {
         pthread_mutex_unlock(&ww->lock);
 }
 
-static uint64_t now_usec(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000ULL;
-}
-
-/* Under lock: waits until there is a batch to take (urgent, a lazy batch's time is up,
- * a compaction) or the thread is to stop. */
+/* Under lock: waits until there is a batch to take (waited for or urged, a compaction)
+ * or the thread is to stop. Records nobody waits for wait for one that is (it makes them
+ * durable with it) or for their owner's urge (wal_writer_append_deferred): the thread
+ * keeps no timer of its own. */
 static void wait_for_work(WalWriter *ww) {
         while (!ww->stop) {
-                if (ww->hold || (ww->pending_size == 0 && !ww->have_compact)) {
-                        pthread_cond_wait(&ww->wake, &ww->lock);
-                        continue;
-                }
-                if (ww->have_compact || ww->urgent)
+                if (!ww->hold && (ww->have_compact || (ww->pending_size > 0 && ww->urgent)))
                         return;
-                /* Only records nobody waits for yet: they wait for one that is (it
-                 * makes them durable with it) or for their time to be up. Records
-                 * appended deferred (wal_writer_append_deferred) alone are timed by
-                 * their owner, who urges: no timer here. */
-                if (ww->lazy_since == 0) {
-                        pthread_cond_wait(&ww->wake, &ww->lock);
-                        continue;
-                }
-                uint64_t deadline = ww->lazy_since + ww->lazy_usec, now = now_usec();
-                if (now >= deadline)
-                        return;
-                struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000ULL),
-                                       .tv_nsec = (long)(deadline % 1000000ULL) * 1000L };
-                (void)pthread_cond_timedwait(&ww->wake, &ww->lock, &ts);
+                pthread_cond_wait(&ww->wake, &ww->lock);
         }
 }
 
@@ -141,7 +117,6 @@ static void *writer_thread(void *userdata) {
                 if (ww->pending_size == 0 && !ww->have_compact)
                         break; /* stopping, and everything is written */
                 ww->urgent = false; /* whoever waits is in this batch */
-                ww->lazy_since = 0; /* and every lazy record */
 
                 /* Take the whole batch (and the compaction, if one is queued): the loop
                  * keeps appending into the other buffer meanwhile. */
@@ -219,11 +194,9 @@ int wal_writer_new(Wal *w, WalWriter **ret) {
         ww->stats.log_bytes = wal_get_stats(w)->log_bytes;
         ww->stats.compactions = wal_get_stats(w)->compactions;
         ww->stats.snapshot_records = wal_get_stats(w)->snapshot_records;
-        ww->lazy_usec = WAL_WRITER_LAZY_USEC;
         pthread_mutex_init(&ww->lock, NULL);
         pthread_condattr_t ca;
         pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* lazy_since is monotonic */
         pthread_cond_init(&ww->wake, &ca);
         pthread_condattr_destroy(&ca);
         pthread_cond_init(&ww->done, NULL);
@@ -264,16 +237,11 @@ WalWriter *wal_writer_free(WalWriter *ww) {
         return NULL;
 }
 
-typedef enum AppendMode {
-        APPEND_WAITED,   /* someone waits for it: write now */
-        APPEND_LAZY,     /* nobody waits: this thread times the batch */
-        APPEND_DEFERRED, /* nobody waits: the caller times the batch and urges */
-} AppendMode;
-
-/* Returns 1 when a deferred record begins a batch nobody urged (the caller's timer
- * starts), else 0, or the error. The thread is signalled after the lock is released, so
- * that it does not wake into a held mutex. */
-static int append(WalWriter *ww, uint16_t type, const void *payload, size_t len, AppendMode mode,
+/* waited: someone waits for the record (write now); else the caller times the batch and
+ * urges. Returns 1 when a record nobody waits for begins a batch nobody urged (the
+ * caller's timer starts), else 0, or the error. The thread is signalled after the lock is
+ * released, so that it does not wake into a held mutex. */
+static int append(WalWriter *ww, uint16_t type, const void *payload, size_t len, bool waited,
                   uint64_t *ret_lsn) {
         size_t size;
         bool wake = false;
@@ -305,23 +273,13 @@ static int append(WalWriter *ww, uint16_t type, const void *payload, size_t len,
                 ww->stats.appended_bytes += size;
                 if (ret_lsn)
                         *ret_lsn = lsn;
-                /* The thread hears of a lazy batch once, when it begins (to time it),
-                 * and of every record someone waits for; of a deferred one never. */
-                switch (mode) {
-                case APPEND_WAITED:
+                /* The thread hears of every record someone waits for, never of one
+                 * nobody waits for. */
+                if (waited) {
                         wake = !ww->urgent;
                         ww->urgent = true;
-                        break;
-                case APPEND_LAZY:
-                        if (ww->lazy_since == 0) {
-                                ww->lazy_since = now_usec();
-                                wake = true;
-                        }
-                        break;
-                case APPEND_DEFERRED:
+                } else
                         r = ww->pending_records == 1 && !ww->urgent;
-                        break;
-                }
         }
         unlock(ww);
         if (wake)
@@ -330,16 +288,12 @@ static int append(WalWriter *ww, uint16_t type, const void *payload, size_t len,
 }
 
 int wal_writer_append(WalWriter *ww, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn) {
-        return append(ww, type, payload, len, APPEND_WAITED, ret_lsn);
-}
-
-int wal_writer_append_lazy(WalWriter *ww, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn) {
-        return append(ww, type, payload, len, APPEND_LAZY, ret_lsn);
+        return append(ww, type, payload, len, true, ret_lsn);
 }
 
 int wal_writer_append_deferred(WalWriter *ww, uint16_t type, const void *payload, size_t len,
                                uint64_t *ret_lsn) {
-        return append(ww, type, payload, len, APPEND_DEFERRED, ret_lsn);
+        return append(ww, type, payload, len, false, ret_lsn);
 }
 
 void wal_writer_urge(WalWriter *ww) {
@@ -352,13 +306,6 @@ void wal_writer_urge(WalWriter *ww) {
         unlock(ww);
         if (wake)
                 pthread_cond_signal(&ww->wake);
-}
-
-void wal_writer_set_lazy_usec(WalWriter *ww, uint64_t usec) {
-        lock(ww);
-        ww->lazy_usec = usec;
-        pthread_cond_signal(&ww->wake);
-        unlock(ww);
 }
 
 int wal_writer_compact(WalWriter *ww, void *snapshot, size_t size, uint64_t lsn, uint64_t records) {

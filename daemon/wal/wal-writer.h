@@ -67,21 +67,17 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(WalWriter *, wal_writer_free);
  * (WAL_WRITER_PENDING_MAX), -EIO once a write or sync failed, -ENOMEM. */
 int wal_writer_append(WalWriter *ww, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn);
 /* The same for a record nobody waits for yet: it is written with the next record that
- * is waited for (wal_writer_append, wal_writer_urge, wal_writer_wait), or at the latest
- * WAL_WRITER_LAZY_USEC after the first such record of the batch: a sync only when
- * someone needs one. */
+ * is waited for (wal_writer_append, wal_writer_urge, wal_writer_wait), or when its
+ * caller urges, which it does at the latest WAL_WRITER_LAZY_USEC after the first such
+ * record of the batch (the thread is not woken for it and keeps no timer: no context
+ * switch per record on a quiet loop). Returns 1 when the record begins a batch that
+ * nobody urged yet (the caller's bound starts), 0 when the batch is already waited for
+ * or urged, or the error. */
 #define WAL_WRITER_LAZY_USEC (5ULL * 1000ULL)
-int wal_writer_append_lazy(WalWriter *ww, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn);
-/* The same, timed by the caller instead of the thread (which is not woken for it: no
- * context switch per record on a quiet loop): returns 1 when the record begins a batch
- * that nobody urged yet, and the caller must then call wal_writer_urge() within its own
- * lazy bound; 0 when the batch is already timed or urged; or the error. */
 int wal_writer_append_deferred(WalWriter *ww, uint16_t type, const void *payload, size_t len,
                                uint64_t *ret_lsn);
 /* Someone waits for what is pending: write and sync it now. */
 void wal_writer_urge(WalWriter *ww);
-/* Tests: how long lazy records may wait. */
-void wal_writer_set_lazy_usec(WalWriter *ww, uint64_t usec);
 /* Queues a compaction: `snapshot` (from wal_snapshot_build(), taken over: freed by the
  * writer; `records` in it) holds the state as of `lsn`, which must be the last LSN
  * assigned. -EBUSY while one is queued or running. */
