@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Daemon CPU per small handoff: two epdd in network namespaces (bench-handoff-netns.py's
+pair), bench-handoff-latency running COUNT 64 KiB handoffs of one layer group alpha ->
+bravo with one in flight (and 50 of warm-up); the user and system CPU each daemon spent
+meanwhile, from /proc/PID/stat, divided by the handoffs. Needs root (ip netns).
+
+    bench-handoff-cpu.py BUILD_ROOT [COUNT] [--perf]
+
+With --perf, `perf record -g` runs on both daemons meanwhile (perf-alpha.data and
+perf-bravo.data in the current directory) for `perf report --no-children`."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("bench_netns", os.path.join(HERE, "bench-handoff-netns.py"))
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def cpu_seconds(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    tck = os.sysconf("SC_CLK_TCK")
+    return int(f[11]) / tck, int(f[12]) / tck  # utime, stime
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if not args:
+        print(__doc__)
+        return 2
+    build, count, perf = args[0], int(args[1]) if len(args) > 1 else 2000, "--perf" in sys.argv
+    if os.geteuid() != 0:
+        print("SKIP: needs root (ip netns)")
+        return 77
+    with tempfile.TemporaryDirectory() as tmp:
+        net = bench.Net(2)
+        try:
+            pair = bench.Pair(build, tmp, net, 1, 256, extra="[Arena:kv1]\nSize=64M\n")
+            try:
+                recorders = [subprocess.Popen(["perf", "record", "-F", "4999", "-g", "-o", f"perf-{n}.data", "-p",
+                                               str(p.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             for n, p in zip(("alpha", "bravo"), pair.procs)] if perf else []
+                time.sleep(1 if perf else 0)
+                before = [cpu_seconds(p.pid) for p in pair.procs]
+                r = subprocess.run([os.path.join(build, "bench", "bench-handoff-latency"), "--prefill",
+                                    f"direct:{pair.sock(0)}", "--decode", f"direct:{pair.sock(1)}", "--dest", "bravo",
+                                    "--count", str(count), "--warmup", "50", "--groups", "1"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                after = [cpu_seconds(p.pid) for p in pair.procs]
+                for p in recorders:
+                    p.send_signal(2)
+                    p.wait()
+                if r.returncode != 0:
+                    raise RuntimeError(r.stderr)
+                res = bench.result(r.stdout)
+                print(f"bench-handoff-cpu: {count} + 50 handoffs of 64 KiB, 1 group, 1 in flight, alpha -> bravo; "
+                      f"all landed P50 {res['all_p50']:.1f} us")
+                for name, b, a in zip(("alpha (source)", "bravo (destination)"), before, after):
+                    u, s = a[0] - b[0], a[1] - b[1]
+                    print(f"  {name:20} user {u:.2f} s  sys {s:.2f} s  = {(u + s) / (count + 50) * 1e6:.0f} us of CPU "
+                          f"per handoff")
+            finally:
+                pair.close()
+        finally:
+            net.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
