@@ -277,6 +277,28 @@ void harness_done(Harness *h) {
         }
 }
 
+int harness_start_epdd_preloaded(Harness *h, const char *lib, const char *var, const char *value) {
+        if (!lib)
+                return harness_start_epdd(h, NULL);
+        const char *asan = getenv("ASAN_OPTIONS");
+        char *old_asan = asan ? strdup(asan) : NULL, env[1200];
+        snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", asan ? asan : "", asan && *asan ? ":" : "");
+        setenv("ASAN_OPTIONS", env, 1);
+        setenv("LD_PRELOAD", lib, 1);
+        if (var)
+                setenv(var, value, 1);
+        int r = harness_start_epdd(h, NULL);
+        unsetenv("LD_PRELOAD");
+        if (var)
+                unsetenv(var);
+        if (old_asan)
+                setenv("ASAN_OPTIONS", old_asan, 1);
+        else
+                unsetenv("ASAN_OPTIONS");
+        free(old_asan);
+        return r;
+}
+
 void harness_let_others_in(Harness *h) {
         char bus_sock[sizeof h->dir + 16];
         ck_assert_int_eq(chmod(h->dir, 0711), 0);

@@ -44,6 +44,12 @@ bool harness_log_has(Harness *h, const char *needle);
 /* Stops everything and removes the directory. */
 void harness_done(Harness *h);
 
+/* harness_start_epdd() with the test library `lib` preloaded into epdd and var=value
+ * (var NULL: none) in its environment; the test's own environment is as it was after.
+ * Under ASan the preloaded library comes before the runtime, which ASan is told to
+ * accept. lib NULL: a plain start. */
+int harness_start_epdd_preloaded(Harness *h, const char *lib, const char *var, const char *value);
+
 /* Lets another uid reach epdd as a member of its group would: the test directory
  * searchable, the direct socket (and the private bus's, when one runs) writable by all. */
 void harness_let_others_in(Harness *h);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "../check-main.h"
 
 static Harness h;
 static sd_bus *bus;
@@ -28,23 +29,7 @@ static void setup(void) {
         ck_assert_int_eq(harness_init(&h, NULL), 0);
         snprintf(fault_file, sizeof fault_file, "%s/fault", h.dir);
         /* fault-sdbus.so in epdd: no plan file, no fault, until test_bare_errno writes one. */
-        char *old_asan = getenv("ASAN_OPTIONS") ? strdup(getenv("ASAN_OPTIONS")) : NULL;
-        if (lib) {
-                char env[1200];
-                snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", old_asan ? old_asan : "",
-                         old_asan && *old_asan ? ":" : "");
-                ck_assert_int_eq(setenv("ASAN_OPTIONS", env, 1), 0);
-                ck_assert_int_eq(setenv("LD_PRELOAD", lib, 1), 0);
-                ck_assert_int_eq(setenv("EPD_FAULT_FILE", fault_file, 1), 0);
-        }
-        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
-        unsetenv("LD_PRELOAD");
-        unsetenv("EPD_FAULT_FILE");
-        if (old_asan)
-                setenv("ASAN_OPTIONS", old_asan, 1);
-        else
-                unsetenv("ASAN_OPTIONS");
-        free(old_asan);
+        ck_assert_int_eq(harness_start_epdd_preloaded(&h, lib, "EPD_FAULT_FILE", fault_file), 0);
         ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
 
         sd_bus_error e = SD_BUS_ERROR_NULL;
@@ -224,10 +209,5 @@ int main(void) {
         tcase_add_test(tc, test_other_readers);
         tcase_add_test(tc, test_bare_errno);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_NOFORK);
 }

@@ -229,29 +229,16 @@ static bool connection_works(void) {
 
 START_TEST(test_setup_faults) {
         const char *lib = getenv("FAULT_SDBUS");
-        char fault_file[400], env[1200];
+        char fault_file[400];
         if (!lib || access(lib, R_OK) < 0) {
                 fprintf(stderr, "FAULT_SDBUS is not set (run through meson test): skipped.\n");
                 return;
         }
         ck_assert_int_eq(harness_init(&h, NULL), 0);
         snprintf(fault_file, sizeof fault_file, "%s/fault", h.dir);
-        /* For epdd only: the test itself runs unchanged. Under ASan the preloaded
-         * library comes before the runtime, which ASan must be told to accept. */
-        const char *asan = getenv("ASAN_OPTIONS");
-        snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", asan ? asan : "", asan && *asan ? ":" : "");
-        char *old_asan = asan ? strdup(asan) : NULL;
-        ck_assert_int_eq(setenv("ASAN_OPTIONS", env, 1), 0);
-        ck_assert_int_eq(setenv("LD_PRELOAD", lib, 1), 0);
-        ck_assert_int_eq(setenv("EPD_FAULT_FILE", fault_file, 1), 0);
-        harness_start(&h, false, address, sizeof address);
-        unsetenv("LD_PRELOAD");
-        unsetenv("EPD_FAULT_FILE");
-        if (old_asan)
-                setenv("ASAN_OPTIONS", old_asan, 1);
-        else
-                unsetenv("ASAN_OPTIONS");
-        free(old_asan);
+        /* For epdd only: the test itself runs unchanged. */
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(harness_start_epdd_preloaded(&h, lib, "EPD_FAULT_FILE", fault_file), 0);
 
         ck_assert(connection_works());
         unsigned failed = 0;
@@ -286,24 +273,12 @@ END_TEST
  * zeroed client): Register fails with PermissionDenied and leaves no worker behind. */
 START_TEST(test_creds_fault) {
         const char *lib = getenv("FAULT_SDBUS");
-        char fault_file[400], env[1200];
+        char fault_file[400];
         ck_assert_msg(lib && access(lib, R_OK) == 0, "FAULT_SDBUS is not set (run through meson test)");
         ck_assert_int_eq(harness_init(&h, NULL), 0);
         snprintf(fault_file, sizeof fault_file, "%s/fault", h.dir);
-        const char *asan = getenv("ASAN_OPTIONS");
-        snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", asan ? asan : "", asan && *asan ? ":" : "");
-        char *old_asan = asan ? strdup(asan) : NULL;
-        ck_assert_int_eq(setenv("ASAN_OPTIONS", env, 1), 0);
-        ck_assert_int_eq(setenv("LD_PRELOAD", lib, 1), 0);
-        ck_assert_int_eq(setenv("EPD_FAULT_FILE", fault_file, 1), 0);
-        harness_start(&h, false, address, sizeof address);
-        unsetenv("LD_PRELOAD");
-        unsetenv("EPD_FAULT_FILE");
-        if (old_asan)
-                setenv("ASAN_OPTIONS", old_asan, 1);
-        else
-                unsetenv("ASAN_OPTIONS");
-        free(old_asan);
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(harness_start_epdd_preloaded(&h, lib, "EPD_FAULT_FILE", fault_file), 0);
 
         plan(fault_file, "sd_bus_query_sender_creds 1\n");
         epd_client *c;
