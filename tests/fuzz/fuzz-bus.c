@@ -78,6 +78,7 @@ static size_t n_methods;
 static Manager *m;
 static sd_bus *observer;
 static char dir[] = "/tmp/epd-fuzz-bus-XXXXXX";
+static bool dir_made; /* mkdtemp() succeeded: remove_dir() has a directory to remove */
 static char socket_path[256];
 static char observer_worker[128], observer_seq[128];
 static unsigned observer_objects[_CLIENT_OBJECT_TYPE_MAX];
@@ -96,8 +97,8 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
 }
 
 static void remove_dir(void) {
-        if (strchr(dir, 'X'))
-                return; /* never created */
+        if (!dir_made)
+                return;
         (void)nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
@@ -570,6 +571,7 @@ static void setup(void) {
         char conf[300];
         if (!mkdtemp(dir))
                 die("mkdtemp", errno);
+        dir_made = true; /* (its random part may hold an 'X' too) */
         atexit(remove_dir);
         snprintf(conf, sizeof conf, "%s/epd.conf", dir);
         snprintf(socket_path, sizeof socket_path, "%s/bus", dir);
