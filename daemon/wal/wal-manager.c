@@ -217,7 +217,7 @@ int wal_manager_after_durable(Manager *m, WalWaitFn fn, void *userdata) {
          * deferred to the loop's idle point, so every request that was ready when this
          * one was handled journals first and their replies share one fdatasync. On a
          * loop that stays busy, a reply queued WAL_URGE_DEFER_MAX_USEC after the deferral
-         * urges at once; the writer's lazy bound (WAL_WRITER_LAZY_USEC) holds anyway. */
+         * urges at once; the lazy timer's bound (WAL_WRITER_LAZY_USEC) holds anyway. */
         uint64_t now = now_usec(CLOCK_MONOTONIC);
         if (!g->urge || (g->urge_since > 0 && now - g->urge_since >= WAL_URGE_DEFER_MAX_USEC))
                 urge_now(g);
