@@ -405,7 +405,9 @@ int manager_new(Manager **ret, const char *config_path) {
                 manager_free(TAKE_PTR(m));
                 return log_oom();
         }
-        r = sd_event_default(&m->event);
+        /* A loop of its own, not sd_event_default(): the default loop checks its thread
+         * with a gettid() system call on every turn (one per dispatched event). */
+        r = sd_event_new(&m->event);
         if (r < 0) {
                 manager_free(TAKE_PTR(m));
                 return log_error_errno(r, "Cannot allocate the event loop: %m");
