@@ -315,12 +315,14 @@ static int kv_copy_many(EpdGpuPages *p, const epd_kv_rows *rows, size_t n, uint6
                 if (e < 0)
                         return e;
         }
-        for (size_t i = 0; i < n; i++) {
-                int e = kv_copy(p, &rows[i], stream, d);
-                if (e < 0)
-                        return e;
-        }
-        return 0;
+        if (n == 0)
+                return 0;
+        EpdGpu *g = p->gpu;
+        int e = gpu_device_make_current(g->system, &g->system->devices[p->ordinal]);
+        if (e < 0)
+                return e;
+        return gpu_kv_rows_copy_many(g->system, kernels_of(g, p->ordinal), (CUstream)(uintptr_t)stream, p->dev,
+                                     p->pages, p->n_pages, (const GpuKvRows *)rows, n, d);
 }
 
 int epd_gpu_kv_write_many(EpdGpuPages *p, const epd_kv_rows *rows, size_t n, uint64_t stream) {
@@ -369,7 +371,7 @@ typedef struct Notice {
         CUevent event;
         EpdId request;
         uint64_t token;
-        uint32_t group;
+        uint32_t group, count; /* groups [group, group + count) */
 } Notice;
 
 struct EpdGpuNotifier {
@@ -395,13 +397,13 @@ static uint64_t mono_usec(void) {
         return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000ULL;
 }
 
-/* Submits the notice's LayerGroupReady, retrying a full ring for a while (the daemon
- * drains it on its loop). */
-static int notice_submit(epd_ring_client *ring, const Notice *q) {
+/* Submits one LayerGroupReady, retrying a full ring for a while (the daemon drains it on
+ * its loop). */
+static int notice_submit_one(epd_ring_client *ring, const Notice *q, uint32_t group) {
         struct epd_ring_record rec;
         uint64_t deadline = 0;
 
-        epd_ring_record_layer_group_ready(&rec, q->request.bytes, q->token, q->group, 0);
+        epd_ring_record_layer_group_ready(&rec, q->request.bytes, q->token, group, 0);
         for (;;) {
                 int e = epd_ring_submit(ring, &rec);
                 if (e != -EAGAIN)
@@ -413,6 +415,18 @@ static int notice_submit(epd_ring_client *ring, const Notice *q) {
                         return -EAGAIN;
                 usleep(50);
         }
+}
+
+/* The notice's groups, in order; how many went on the ring, or the error that stopped
+ * the rest (the groups after it are not reported: their handoff rolls back). */
+static int notice_submit(epd_ring_client *ring, const Notice *q, uint64_t *submitted) {
+        for (uint32_t i = 0; i < q->count; i++) {
+                int e = notice_submit_one(ring, q, q->group + i);
+                if (e < 0)
+                        return e;
+                (*submitted)++;
+        }
+        return 0;
 }
 
 static void *notifier_thread(void *userdata) {
@@ -429,20 +443,19 @@ static void *notifier_thread(void *userdata) {
                 Notice q = n->queue[n->head];
                 pthread_mutex_unlock(&n->lock);
 
+                uint64_t submitted = 0;
                 int e = ctx < 0 ? ctx : CU(s->driver, cuEventSynchronize, q.event);
                 if (e >= 0)
-                        e = notice_submit(n->ring, &q);
+                        e = notice_submit(n->ring, &q, &submitted);
 
                 pthread_mutex_lock(&n->lock);
                 n->head = (n->head + 1) % n->cap;
                 n->len--;
                 n->spare[n->n_spare++] = q.event; /* room: every event is spare or queued */
                 n->done++;
-                if (e < 0) {
-                        if (n->error == 0)
-                                n->error = e;
-                } else
-                        n->submitted++;
+                n->submitted += submitted;
+                if (e < 0 && n->error == 0)
+                        n->error = e;
                 pthread_cond_broadcast(&n->finished);
         }
         pthread_mutex_unlock(&n->lock);
@@ -505,13 +518,14 @@ static int notifier_reserve(EpdGpuNotifier *n) {
         return 0;
 }
 
-int epd_gpu_notifier_ready_after(EpdGpuNotifier *n, uint64_t stream, const char *request_id, uint64_t token,
-                                 uint32_t group) {
+int epd_gpu_notifier_ready_after_range(EpdGpuNotifier *n, uint64_t stream, const char *request_id, uint64_t token,
+                                       uint32_t first, uint32_t count) {
         GpuSystem *s;
-        Notice q = { .token = token, .group = group };
+        Notice q = { .token = token, .group = first, .count = count };
         int e;
 
-        if (!n || !request_id || epd_id_from_string(request_id, &q.request) < 0)
+        if (!n || !request_id || count == 0 || first > UINT32_MAX - count ||
+            epd_id_from_string(request_id, &q.request) < 0)
                 return -EINVAL;
         s = n->gpu->system;
         e = gpu_device_make_current(s, &s->devices[n->ordinal]);
@@ -542,6 +556,11 @@ int epd_gpu_notifier_ready_after(EpdGpuNotifier *n, uint64_t stream, const char 
         }
         pthread_mutex_unlock(&n->lock);
         return e < 0 ? e : 0;
+}
+
+int epd_gpu_notifier_ready_after(EpdGpuNotifier *n, uint64_t stream, const char *request_id, uint64_t token,
+                                 uint32_t group) {
+        return epd_gpu_notifier_ready_after_range(n, stream, request_id, token, group, 1);
 }
 
 int epd_gpu_notifier_flush(EpdGpuNotifier *n, uint64_t timeout_usec) {

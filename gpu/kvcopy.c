@@ -114,3 +114,55 @@ int gpu_kv_rows_copy(GpuSystem *s, GpuKernels *k, CUstream stream, CUdeviceptr p
                         }
         return 0;
 }
+
+bool gpu_kv_rows_uniform(const GpuKvRows *rows, size_t n, const uint64_t *pages, size_t n_pages) {
+        if (n == 0 || !gpu_kv_rows_aligned(&rows[0], pages, n_pages))
+                return false;
+        for (size_t i = 1; i < n; i++) {
+                const GpuKvRows *a = &rows[0], *b = &rows[i];
+                if (b->tokens != a->tokens || b->heads != a->heads || b->tokens_per_page != a->tokens_per_page ||
+                    b->row_bytes != a->row_bytes || head_stride(b) != head_stride(a) ||
+                    token_stride(b) != token_stride(a) ||
+                    ((b->k | b->v | b->k_offset | b->v_offset) & 15) != 0)
+                        return false;
+        }
+        return true;
+}
+
+void gpu_kv_layers_params(const GpuKvRows *rows, size_t n, GpuKvDirection d, GpuKvLayers *ret) {
+        const GpuKvRows *r = &rows[0];
+
+        *ret = (GpuKvLayers){
+                .tokens = r->tokens,
+                .head_words = head_stride(r) / 16,
+                .token_words = token_stride(r) / 16,
+                .heads = r->heads,
+                .words_per_row = (uint32_t)(r->row_bytes / 16),
+                .tokens_per_page = r->tokens_per_page,
+                .n_layers = (uint32_t)n,
+                .to_pages = d == GPU_KV_TO_PAGES,
+        };
+        for (size_t i = 0; i < n; i++)
+                ret->layer[i] = (GpuKvLayer){ rows[i].k, rows[i].v, rows[i].k_offset, rows[i].v_offset };
+}
+
+int gpu_kv_rows_copy_many(GpuSystem *s, GpuKernels *k, CUstream stream, CUdeviceptr pages_dev, const uint64_t *pages,
+                          size_t n_pages, const GpuKvRows *rows, size_t n, GpuKvDirection d) {
+        if (k && k->kv_layers && pages_dev && n > 1 && rows[0].row_bytes / 16 <= UINT32_MAX &&
+            gpu_kv_rows_uniform(rows, n, pages, n_pages)) {
+                GpuKvLayers p;
+                for (size_t i = 0; i < n; i += GPU_KV_LAYERS_MAX) {
+                        gpu_kv_layers_params(rows + i, MIN(n - i, (size_t)GPU_KV_LAYERS_MAX), d, &p);
+                        int e = gpu_kernels_kv_layers(k, stream, pages_dev, &p);
+                        if (e < 0)
+                                return e;
+                }
+                return 0;
+        }
+        for (size_t i = 0; i < n; i++) {
+                int e = gpu_kv_rows_copy(s, k, stream, pages_dev, pages, n_pages, &rows[i], d);
+                if (e < 0)
+                        return e;
+        }
+        return 0;
+}

@@ -62,9 +62,21 @@ size_t gpu_kv_rows_chunks(const GpuKvRows *r, const uint64_t *pages, GpuKvDirect
  * "device" memory). pages[i]: page i's address. */
 void gpu_kv_rows_copy_host(const GpuKvRows *r, const uint64_t *pages, GpuKvDirection d);
 
+/* Whether rows[0..n) can go in one launch of the several-layer kernel: the same tensor
+ * shape and strides, row size and tokens per page (the layers of one model), each
+ * aligned as gpu_kv_rows_aligned() asks. Pure. */
+bool gpu_kv_rows_uniform(const GpuKvRows *rows, size_t n, const uint64_t *pages, size_t n_pages);
+/* The launch parameters for rows[0..n) (n <= GPU_KV_LAYERS_MAX, uniform). Pure. */
+void gpu_kv_layers_params(const GpuKvRows *rows, size_t n, GpuKvDirection d, GpuKvLayers *ret);
+
 /* On the GPU, on `stream` (the device's context current): one launch when the kernels
  * are loaded (k non-NULL) and the rows are aligned, else one copy-engine copy per row.
  * pages_dev: the page table (n_pages addresses) in device memory; pages: the same on the
  * host. */
 int gpu_kv_rows_copy(GpuSystem *s, GpuKernels *k, CUstream stream, CUdeviceptr pages_dev, const uint64_t *pages,
                      size_t n_pages, const GpuKvRows *r, GpuKvDirection d);
+/* n layers (each already checked with gpu_kv_rows_check()): one launch for up to
+ * GPU_KV_LAYERS_MAX uniform layers when the kernels are loaded, else
+ * gpu_kv_rows_copy() layer by layer. */
+int gpu_kv_rows_copy_many(GpuSystem *s, GpuKernels *k, CUstream stream, CUdeviceptr pages_dev, const uint64_t *pages,
+                          size_t n_pages, const GpuKvRows *rows, size_t n, GpuKvDirection d);

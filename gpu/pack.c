@@ -115,6 +115,8 @@ int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret) {
                 r = CU(s->driver, cuModuleGetFunction, &k->copy_uniform, k->module, "epd_copy_uniform");
         if (r >= 0)
                 r = CU(s->driver, cuModuleGetFunction, &k->kv_rows, k->module, "epd_kv_rows");
+        if (r >= 0)
+                r = CU(s->driver, cuModuleGetFunction, &k->kv_layers, k->module, "epd_kv_layers");
         if (r < 0)
                 return r;
         if (CU(s->driver, cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
@@ -178,4 +180,29 @@ int gpu_kernels_kv_rows(GpuKernels *k, CUstream stream, CUdeviceptr pages, uint6
         gx = CLAMP(gx, (uint64_t)1, MAX((uint64_t)k->sms * 8 / (2 * heads), (uint64_t)1));
         return CU(k->system->driver, cuLaunchKernel, k->kv_rows, (unsigned)gx, 2 * heads, 1, 256, 1, 1, 0, stream,
                   params, NULL);
+}
+
+_Static_assert(sizeof(GpuKvLayers) == 48 + GPU_KV_LAYERS_MAX * sizeof(GpuKvLayer) && sizeof(GpuKvLayers) <= 4096,
+               "GpuKvLayers mirrors pack.cu's EpdKvLayers and fits a launch's parameters");
+
+int gpu_kernels_kv_layers(GpuKernels *k, CUstream stream, CUdeviceptr pages, const GpuKvLayers *p) {
+        /* The driver copies the parameter from here at the launch: a const copy is
+         * enough, and the caller's table may change as soon as this returns. */
+        GpuKvLayers copy = *p;
+        void *params[] = { &pages, &copy };
+        uint64_t words, gx, rows;
+
+        if (!k->kv_layers)
+                return -EOPNOTSUPP;
+        if (p->n_layers == 0 || p->n_layers > GPU_KV_LAYERS_MAX || p->heads == 0 || 2ULL * p->heads > 65535 ||
+            p->words_per_row == 0 || p->tokens_per_page == 0)
+                return -EINVAL;
+        /* As epd_kv_rows, over every layer's 2 × H rows of blocks: a few blocks per SM in
+         * all, each thread moving several words. */
+        words = p->tokens * p->words_per_row;
+        rows = 2ULL * p->heads * p->n_layers;
+        gx = DIV_ROUND_UP(words, 256 * 4);
+        gx = CLAMP(gx, (uint64_t)1, MAX((uint64_t)k->sms * 16 / rows, (uint64_t)1));
+        return CU(k->system->driver, cuLaunchKernel, k->kv_layers, (unsigned)gx, 2 * p->heads, p->n_layers, 256, 1,
+                  1, 0, stream, params, NULL);
 }

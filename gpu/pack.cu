@@ -120,3 +120,47 @@ epd_kv_rows(const unsigned long long *__restrict__ pages, unsigned long long k, 
                         __stcs(row, __ldcs(page));
         }
 }
+
+// Several layers' K and V in one launch (kvcopy.h: gpu_kv_rows_copy_many): layers of one
+// model share the tensors' shape and strides, the row size and the page geometry, and
+// differ in their tensors' addresses and their rows' offsets in a page. blockIdx.z picks
+// the layer, the rest is epd_kv_rows. The table travels as the launch's parameter
+// (__grid_constant__: read in place from the parameter bank, never copied per thread),
+// so nothing is uploaded and nothing outlives the launch. Mirrors GpuKvLayers (pack.h).
+#define EPD_KV_LAYERS_MAX 64
+
+struct EpdKvLayer {
+        unsigned long long k, v, k_offset, v_offset;
+};
+
+struct EpdKvLayers {
+        unsigned long long tokens, head_words, token_words;
+        unsigned heads, words_per_row, tokens_per_page, n_layers;
+        int to_pages;
+        unsigned pad;
+        EpdKvLayer layer[EPD_KV_LAYERS_MAX];
+};
+
+extern "C" __global__ void __launch_bounds__(256)
+epd_kv_layers(const unsigned long long *__restrict__ pages, const __grid_constant__ EpdKvLayers p) {
+        const EpdKvLayer &l = p.layer[blockIdx.z];
+        const unsigned heads = p.heads, words_per_row = p.words_per_row, tokens_per_page = p.tokens_per_page;
+        const unsigned kv = blockIdx.y / heads, h = blockIdx.y % heads;
+        uint4 *__restrict__ tensor = (uint4 *)(kv ? l.v : l.k) + (unsigned long long)h * p.head_words;
+        const unsigned long long off = kv ? l.v_offset : l.k_offset;
+        const unsigned long long n = p.tokens * words_per_row;
+        const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+
+        for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+                const unsigned long long s = i / words_per_row;
+                const unsigned w = (unsigned)(i % words_per_row);
+                const unsigned t = (unsigned)(s % tokens_per_page);
+                uint4 *page = (uint4 *)(pages[s / tokens_per_page] + off) +
+                              ((unsigned long long)t * heads + h) * words_per_row + w;
+                uint4 *row = tensor + s * p.token_words + w;
+                if (p.to_pages)
+                        __stcs(page, __ldcs(row));
+                else
+                        __stcs(row, __ldcs(page));
+        }
+}

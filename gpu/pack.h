@@ -66,6 +66,7 @@ typedef struct GpuKernels {
         CUfunction copy_chunks;
         CUfunction copy_uniform; /* chunks of one length, aligned */
         CUfunction kv_rows;     /* kvcopy.h */
+        CUfunction kv_layers;   /* kvcopy.h: several layers a launch */
         bool uniform;           /* equal aligned chunks: the persistent kernel (off: 2-D grid) */
 } GpuKernels;
 
@@ -79,6 +80,25 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(GpuKernels *, gpu_kernels_free);
  * The device's context must be current. n <= GPU_CHUNKS_MAX. */
 int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *host_desc,
                             CUdeviceptr dev_desc, size_t n);
+
+/* The layer table of one epd_kv_layers launch, passed by value as its parameter
+ * (pack.cu: EpdKvLayers, the same layout): 2 KiB, inside the 4 KiB every CUDA version
+ * takes for a kernel's parameters. */
+#define GPU_KV_LAYERS_MAX 64
+typedef struct GpuKvLayer {
+        uint64_t k, v, k_offset, v_offset;
+} GpuKvLayer;
+typedef struct GpuKvLayers {
+        uint64_t tokens, head_words, token_words;
+        uint32_t heads, words_per_row, tokens_per_page, n_layers;
+        int32_t to_pages;
+        uint32_t pad;
+        GpuKvLayer layer[GPU_KV_LAYERS_MAX];
+} GpuKvLayers;
+
+/* Launches epd_kv_layers on `stream`: p->n_layers (1..GPU_KV_LAYERS_MAX) layers of
+ * p's common geometry. */
+int gpu_kernels_kv_layers(GpuKernels *k, CUstream stream, CUdeviceptr pages, const GpuKvLayers *p);
 
 /* Launches epd_kv_rows on `stream` (kvcopy.h: rows of words_per_row 16-byte words, 16-byte
  * aligned). */

@@ -563,6 +563,65 @@ static void kv_case(Env *e, GpuKernels *k, Arena *pa, Arena *ta, bool token_majo
         free(host_pages);
 }
 
+/* Every layer of a page in one launch (gpu_kv_rows_copy_many: epd_kv_layers) against
+ * the host copy of each layer, both directions, both tensor layouts. */
+static void kv_layers_case(Env *e, GpuKernels *k, Arena *pa, Arena *ta, bool token_major, GpuKvDirection dir,
+                           uint64_t seed) {
+        enum { L = 4 };
+        const uint32_t H = 8, T = 16;
+        const uint64_t row = 256, S = 1000, block = (uint64_t)T * H * row, page = (uint64_t)L * 2 * block,
+                       tensor = (uint64_t)H * S * row;
+        const size_t n_pages = (S + T - 1) / T;
+        CudaDriver *d = e->s->driver;
+        uint64_t *dev_pages = malloc(n_pages * 8), *host_pages = malloc(n_pages * 8);
+        uint8_t *img = e->host, *ref = malloc(pa->size + ta->size);
+        GpuKvRows rows[L];
+        CUdeviceptr table;
+        CUstream stream;
+
+        REQUIRE(dev_pages && host_pages && ref, "oom");
+        REQUIRE(pa->size + ta->size <= e->host_size && n_pages <= pa->size / page && 2 * L * tensor <= ta->size,
+                "sizes");
+        for (size_t i = 0; i < n_pages; i++) {
+                uint64_t id = (i * 7919 + seed) % (pa->size / page);
+                dev_pages[i] = pa->gpu->base + id * page;
+                host_pages[i] = (uintptr_t)(img + id * page);
+        }
+        fill_random(img, pa->size + ta->size, seed, 0);
+        host_to_arena(e, pa, 0, 0, pa->size);
+        host_to_arena(e, ta, 0, pa->size, ta->size);
+        for (unsigned l = 0; l < L; l++) {
+                rows[l] = (GpuKvRows){ .tokens = S, .heads = H, .tokens_per_page = T, .row_bytes = row,
+                                       .k_offset = l * 2 * block, .v_offset = l * 2 * block + block,
+                                       .head_stride = token_major ? row : 0,
+                                       .token_stride = token_major ? H * row : 0 };
+                rows[l].k = (uintptr_t)(img + pa->size) + 2 * l * tensor;
+                rows[l].v = rows[l].k + tensor;
+                CHECK(gpu_kv_rows_check(&rows[l], n_pages, page));
+                gpu_kv_rows_copy_host(&rows[l], host_pages, dir);
+        }
+        memcpy(ref, img, pa->size + ta->size);
+        for (unsigned l = 0; l < L; l++) {
+                rows[l].k = ta->gpu->base + 2 * l * tensor;
+                rows[l].v = rows[l].k + tensor;
+        }
+        CHECK(CU(d, cuStreamCreate, &stream, CU_STREAM_NON_BLOCKING));
+        CHECK(CU(d, cuMemAlloc, &table, n_pages * 8));
+        CHECK(CU(d, cuMemcpyHtoD, table, dev_pages, n_pages * 8));
+        REQUIRE(gpu_kv_rows_uniform(rows, L, dev_pages, n_pages), "uniform");
+        CHECK(gpu_kv_rows_copy_many(e->s, k, stream, table, dev_pages, n_pages, rows, L, dir));
+        CHECK(CU(d, cuStreamSynchronize, stream));
+        arena_to_host(e, pa, 0, 0, pa->size);
+        arena_to_host(e, ta, 0, pa->size, ta->size);
+        REQUIRE(memcmp(img, ref, pa->size + ta->size) == 0, "kv layers (%s, %s) differ from the host copy",
+                token_major ? "token-major" : "head-major", dir == GPU_KV_TO_PAGES ? "scatter" : "gather");
+        (void)CU(d, cuMemFree, table);
+        (void)CU(d, cuStreamDestroy, stream);
+        free(ref);
+        free(dev_pages);
+        free(host_pages);
+}
+
 static void test_kv_rows(Env *e) {
         GpuKernels *k = NULL;
         int r = gpu_kernels_load(e->s, 0, &k);
@@ -577,7 +636,10 @@ static void test_kv_rows(Env *e) {
         for (int tm = 0; tm < 2; tm++)
                 for (int dir = 0; dir < 2; dir++, cases++)
                         kv_case(e, k, pa, ta, tm, (GpuKvDirection)dir, 70 + cases);
-        printf("RESULT kv-rows ok cases=%u\n", cases);
+        for (int tm = 0; tm < 2; tm++)
+                for (int dir = 0; dir < 2; dir++, cases++)
+                        kv_layers_case(e, k, pa, ta, tm, (GpuKvDirection)dir, 70 + cases);
+        printf("RESULT kv-rows ok cases=%u (4 one layer a launch, 4 four layers a launch)\n", cases);
         drop_arena(e, pa);
         drop_arena(e, ta);
         gpu_kernels_free(k);

@@ -87,6 +87,8 @@ def _lib_gpu():
         "epd_gpu_kv_read_many": (c_int, [c_void_p, _P(KvRows), ctypes.c_size_t, c_uint64]),
         "epd_gpu_notifier_new": (c_int, [c_void_p, c_int, c_void_p, _P(c_void_p)]),
         "epd_gpu_notifier_ready_after": (c_int, [c_void_p, c_uint64, c_char_p, c_uint64, ctypes.c_uint32]),
+        "epd_gpu_notifier_ready_after_range": (c_int, [c_void_p, c_uint64, c_char_p, c_uint64, ctypes.c_uint32,
+                                                       ctypes.c_uint32]),
         "epd_gpu_notifier_flush": (c_int, [c_void_p, c_uint64]),
         "epd_gpu_notifier_pending": (c_uint64, [c_void_p]),
         "epd_gpu_notifier_submitted": (c_uint64, [c_void_p]),
@@ -189,7 +191,8 @@ class PageTable(_lib.Closing):
 
     def read_many(self, rows, stream: int = 0) -> None:
         """pages -> tensors for every KvRows of the ctypes array `rows` (one layer each),
-        in one call: all checked first, then enqueued on `stream`."""
+        in one call: all checked first, then enqueued on `stream` (one launch for up to
+        64 layers of one geometry)."""
         r = _lib_gpu().epd_gpu_kv_read_many(self._p, rows, len(rows), stream)
         if r < 0:
             raise EpdError(-r, None, None, "read KV rows")
@@ -227,6 +230,13 @@ class Notifier(_lib.Closing):
         r = self._ready_after(self._n, stream, request_id, token, group)
         if r < 0:
             raise EpdError(-r, None, None, f"layer group {group} ready after the stream's work")
+
+    def ready_after_range(self, stream: int, request_id: bytes, token: int, first: int, count: int) -> None:
+        """Groups [first, first + count) ready after one event (every layer written in one
+        launch: one notice for all of its groups)."""
+        r = _lib_gpu().epd_gpu_notifier_ready_after_range(self._n, stream, request_id, token, first, count)
+        if r < 0:
+            raise EpdError(-r, None, None, f"layer groups {first}..{first + count - 1} ready after the stream's work")
 
     def flush(self, timeout_s: Optional[float] = None) -> None:
         t = (1 << 64) - 1 if timeout_s is None else int(timeout_s * 1e6)

@@ -53,6 +53,38 @@ try:
         assert out == ["equal", "True"], out
         a.close()
         g.close()
+
+        # Every layer in one launch (KvPages.write_layers / read_layers: the several-layer
+        # kernel) puts and finds the same bytes as one launch per layer: per-layer writes
+        # read back in one launch and the other way round, both tensor layouts, a last
+        # page partly used.
+        from epd.sequence import Sequence
+        from epd.workers.connector import KvPageLayout, KvPages, _seq_offsets
+        L = KvPageLayout(layers=4, tokens_per_block=16, kv_heads=8, head_dim=128, elem_size=2)
+        S = 37
+        kv = [(torch.randn(1, 8, S, 128, device="cuda").to(torch.bfloat16),
+               torch.randn(1, 8, S, 128, device="cuda").to(torch.bfloat16)) for _ in range(L.layers)]
+        # (B, S, H, D) memory seen as (B, H, S, D): the projections' layout.
+        kv_t = [(k.transpose(1, 2).contiguous().transpose(1, 2), v.transpose(1, 2).contiguous().transpose(1, 2))
+                for k, v in kv]
+        for tensors in (kv, kv_t):
+            seqs = [Sequence.create(c, "kvgpu", L.pages_for(S)) for _ in range(2)]
+            one, many = (KvPages(c, "kvgpu", L, _seq_offsets(c, "kvgpu", q.pages, L.page_size)) for q in seqs)
+            for layer, (k, v) in enumerate(tensors):
+                one.write(layer, k, v)
+            many.write_layers([(layer, k, v) for layer, (k, v) in enumerate(tensors)])
+            got_many = one.read_layers(list(range(L.layers)), S, "bfloat16")
+            got_one = [many.read(layer, S, "bfloat16") for layer in range(L.layers)]
+            torch.cuda.synchronize()
+            for layer, (k, v) in enumerate(tensors):
+                for got in (got_many[layer], got_one[layer]):
+                    assert torch.equal(got[0], k) and torch.equal(got[1], v), f"layer {layer} differs"
+            one.close()
+            many.close()
+            for q in seqs:
+                q.release()
+    print(f"device_gpu_torch: ok: every layer in one launch = one launch per layer (4 layers, {S} tokens, both "
+          f"layouts)")
     print(f"device_gpu_torch: ok: two processes share a {a.size >> 20} MiB GPU arena through torch views "
           f"(import+map {map_ms:.2f} ms, torch {torch.__version__})")
 finally:

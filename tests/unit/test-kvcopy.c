@@ -162,6 +162,94 @@ START_TEST(test_bad_shapes_are_refused) {
 }
 END_TEST
 
+/* What epd_kv_layers (pack.cu) does with its parameters, word by word on the host: the
+ * parameters gpu_kv_layers_params() makes must put every row where the one-layer copy
+ * does. (The kernel itself is checked against the host copy on a GPU: gpu-device-test.) */
+static void emulate_kv_layers(const uint64_t *pages, const GpuKvLayers *p) {
+        for (unsigned z = 0; z < p->n_layers; z++)
+                for (unsigned y = 0; y < 2 * p->heads; y++) {
+                        const GpuKvLayer *l = &p->layer[z];
+                        unsigned kv = y / p->heads, h = y % p->heads;
+                        uint8_t *tensor = (uint8_t *)(uintptr_t)(kv ? l->v : l->k) + (uint64_t)h * p->head_words * 16;
+                        uint64_t off = kv ? l->v_offset : l->k_offset;
+                        for (uint64_t i = 0; i < p->tokens * p->words_per_row; i++) {
+                                uint64_t s = i / p->words_per_row, w = i % p->words_per_row, t = s % p->tokens_per_page;
+                                uint8_t *page = (uint8_t *)(uintptr_t)(pages[s / p->tokens_per_page] + off) +
+                                                ((t * p->heads + h) * p->words_per_row + w) * 16;
+                                uint8_t *row = tensor + (s * p->token_words + w) * 16;
+                                if (p->to_pages)
+                                        memcpy(page, row, 16);
+                                else
+                                        memcpy(row, page, 16);
+                        }
+                }
+}
+
+START_TEST(test_layers_in_one_launch) {
+        enum { S = 9 }; /* 3 pages, the last one partly used */
+        _Alignas(16) static uint16_t k[LAYERS][H * S * D], v[LAYERS][H * S * D], back[2][LAYERS][H * S * D];
+        _Alignas(16) static uint8_t arena[5 * PAGE], ref[5 * PAGE];
+        const unsigned ids[] = { 4, 0, 2 };
+        uint64_t pages[3], ref_pages[3];
+        GpuKvRows rows[LAYERS], again[LAYERS];
+        GpuKvLayers p;
+
+        for (int tm = 0; tm < 2; tm++) {
+                memset(arena, 0, sizeof arena);
+                memset(ref, 0, sizeof ref);
+                for (unsigned i = 0; i < 3; i++) {
+                        pages[i] = (uintptr_t)(arena + ids[i] * PAGE);
+                        ref_pages[i] = (uintptr_t)(ref + ids[i] * PAGE);
+                }
+                for (unsigned l = 0; l < LAYERS; l++) {
+                        fill(k[l], 0, l, S, tm);
+                        fill(v[l], 1, l, S, tm);
+                        rows[l] = rows_of(k[l], v[l], l, S, tm);
+                        ck_assert_int_eq(gpu_kv_rows_check(&rows[l], 3, PAGE), 0);
+                        gpu_kv_rows_copy_host(&rows[l], ref_pages, GPU_KV_TO_PAGES);
+                }
+                ck_assert(gpu_kv_rows_uniform(rows, LAYERS, pages, 3));
+                /* Scatter: the same bytes as layer by layer. */
+                gpu_kv_layers_params(rows, LAYERS, GPU_KV_TO_PAGES, &p);
+                ck_assert_uint_eq(p.n_layers, LAYERS);
+                ck_assert_uint_eq(p.words_per_row, ROW / 16);
+                ck_assert_int_eq(p.to_pages, 1);
+                emulate_kv_layers(pages, &p);
+                ck_assert_int_eq(memcmp(arena, ref, sizeof arena), 0);
+                for (unsigned l = 0; l < LAYERS; l++)
+                        check_pages(arena, ids, l, S);
+                /* Gather back into fresh tensors of the same layout. */
+                for (unsigned l = 0; l < LAYERS; l++) {
+                        again[l] = rows_of(back[0][l], back[1][l], l, S, tm);
+                        memset(back[0][l], 0, sizeof back[0][l]);
+                        memset(back[1][l], 0, sizeof back[1][l]);
+                }
+                gpu_kv_layers_params(again, LAYERS, GPU_KV_FROM_PAGES, &p);
+                ck_assert_int_eq(p.to_pages, 0);
+                emulate_kv_layers(pages, &p);
+                for (unsigned l = 0; l < LAYERS; l++) {
+                        ck_assert_int_eq(memcmp(back[0][l], k[l], sizeof k[l]), 0);
+                        ck_assert_int_eq(memcmp(back[1][l], v[l], sizeof v[l]), 0);
+                }
+        }
+
+        /* Layers of different geometry, or unaligned, go one launch each. */
+        GpuKvRows x[2] = { rows[0], rows[1] };
+        x[1].tokens = S - 1;
+        ck_assert(!gpu_kv_rows_uniform(x, 2, pages, 3));
+        x[1] = rows[1];
+        x[1].token_stride = x[1].head_stride = 0; /* the other layout (rows are token-major here) */
+        ck_assert(!gpu_kv_rows_uniform(x, 2, pages, 3));
+        x[1] = rows[1];
+        x[1].v += 2;
+        ck_assert(!gpu_kv_rows_uniform(x, 2, pages, 3));
+        x[1] = rows[1];
+        pages[2] += 8;
+        ck_assert(!gpu_kv_rows_uniform(x, 2, pages, 3));
+        ck_assert(!gpu_kv_rows_uniform(x, 0, pages, 3));
+}
+END_TEST
+
 static Suite *suite(void) {
         Suite *s = suite_create("kvcopy");
         TCase *tc = tcase_create("kvcopy");
@@ -169,6 +257,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_tokens_major);
         tcase_add_test(tc, test_chunks_are_the_same_copies);
         tcase_add_test(tc, test_bad_shapes_are_refused);
+        tcase_add_test(tc, test_layers_in_one_launch);
         suite_add_tcase(s, tc);
         return s;
 }

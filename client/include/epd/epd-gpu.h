@@ -79,8 +79,9 @@ int epd_gpu_kv_write(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream);
 int epd_gpu_kv_read(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream);
 /* The same for n layers in one call (rows[i]: one layer's tensors and offsets), such as a
  * decode loading every layer of a finished handoff at once: every rows[i] is checked
- * before anything is enqueued (all or nothing), then one launch each, from C rather
- * than n calls from the caller's language. */
+ * before anything is enqueued (all or nothing); layers of one geometry (the same tensor
+ * shape, strides and dtype: one model's) go in one launch of the several-layer kernel,
+ * up to 64 a launch, others one launch each. */
 int epd_gpu_kv_write_many(EpdGpuPages *p, const epd_kv_rows *rows, size_t n, uint64_t stream);
 int epd_gpu_kv_read_many(EpdGpuPages *p, const epd_kv_rows *rows, size_t n, uint64_t stream);
 /* The same copies in host memory (host arenas; the reference of the GPU copies). */
@@ -105,8 +106,12 @@ typedef struct EpdGpuNotifier EpdGpuNotifier;
 int epd_gpu_notifier_new(EpdGpu *g, int ordinal, struct epd_ring_client *ring, EpdGpuNotifier **ret);
 int epd_gpu_notifier_ready_after(EpdGpuNotifier *n, uint64_t stream, const char *request_id, uint64_t token,
                                  uint32_t group);
+/* Groups [first, first + count) ready after one event: a save that writes every layer
+ * in one launch reports every group with one notice (submitted in order). */
+int epd_gpu_notifier_ready_after_range(EpdGpuNotifier *n, uint64_t stream, const char *request_id, uint64_t token,
+                                       uint32_t first, uint32_t count);
 int epd_gpu_notifier_flush(EpdGpuNotifier *n, uint64_t timeout_usec);
-/* Notices asked for and not yet on the ring, and how many went on the ring in all. */
+/* Notices asked for and not yet on the ring, and how many groups went on the ring in all. */
 uint64_t epd_gpu_notifier_pending(EpdGpuNotifier *n);
 uint64_t epd_gpu_notifier_submitted(EpdGpuNotifier *n);
 EpdGpuNotifier *epd_gpu_notifier_free(EpdGpuNotifier *n);

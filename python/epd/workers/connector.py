@@ -21,6 +21,7 @@ torch's current stream (KvPages); from a host arena, a GPU process registers the
 with CUDA once (page-locked) and copies asynchronously. Either way a layer group is
 reported ready when a CUDA event says its writes have landed, never by a host sync."""
 
+import ctypes
 import time
 from typing import Dict, List, Optional, Sequence as Seq, Tuple
 
@@ -409,6 +410,58 @@ class KvPages:
             k, v = k.to(device), v.to(device)
         return k, v
 
+    def _many_rows(self, items, tokens: int):
+        """A ctypes array of KvRows for [(layer, k, v)] whose tensors share one shape,
+        strides and dtype (the layers of one model), from the first layer's checked rows;
+        None if they do not."""
+        from .. import gpu as G
+        L = self.layout
+        l0, k0, v0 = items[0]
+        key = (tuple(k0.shape), tuple(k0.stride()), tuple(v0.stride()), k0.dtype, v0.dtype)
+        first = self._rows(l0, k0, v0, tokens)
+        rows = (G.KvRows * len(items))()
+        for i, (layer, k, v) in enumerate(items):
+            if i and (tuple(k.shape), tuple(k.stride()), tuple(v.stride()), k.dtype, v.dtype) != key:
+                return None
+            rows[i] = first
+            r = rows[i]  # a view of the array's element
+            r.k, r.v = k.data_ptr(), v.data_ptr()
+            r.k_offset, r.v_offset = L.k_offset(layer), L.v_offset(layer)
+        return rows
+
+    def write_layers(self, items, start: int = 0) -> None:
+        """Several layers' K/V, [(layer, k, v)] of tokens [start, start+S), in one call:
+        on a GPU arena one launch of the batched scatter for all of them (layers of one
+        shape and dtype); else layer by layer."""
+        if not items:
+            return
+        k0 = items[0][1]
+        if self.on_gpu and _is_torch(k0) and all(k.stride(3) == 1 and v.stride(3) == 1 for _, k, v in items):
+            rows = self._many_rows(items, int(k0.shape[2]))
+            if rows is not None:
+                first = self._first_page(start)
+                t = self._tables.get(first)
+                (t if t is not None else self._table(first)).write_many(rows, _stream_of(k0))
+                return
+        for layer, k, v in items:
+            self.write(layer, k, v, start)
+
+    def read_layers(self, layers: Seq[int], tokens: int, dtype: str, device: Optional[str] = None):
+        """K/V of tokens [0, tokens) of these layers, [(k, v)]: on a GPU arena one
+        allocation and one launch of the batched gather for all of them (views of one
+        buffer, each (1, H, S, D) contiguous); else layer by layer (read())."""
+        if not self.on_gpu or not layers:
+            return [self.read(layer, tokens, dtype, device) for layer in layers]
+        import torch
+        L = self.layout
+        buf = torch.empty((len(layers), 2, 1, L.kv_heads, tokens, L.head_dim), dtype=getattr(torch, dtype),
+                          device=device or "cuda")
+        out = [(buf[i, 0], buf[i, 1]) for i in range(len(layers))]
+        rows = self._many_rows([(layer, k, v) for layer, (k, v) in zip(layers, out)], tokens)
+        t = self._tables.get(0)
+        (t if t is not None else self._table(0)).read_many(rows, _stream_of(buf))
+        return out
+
     def close(self) -> None:
         for t in self._tables.values():
             t.close()
@@ -420,6 +473,20 @@ def _seq_offsets(client, arena: str, pages: Seq[int], page_size: int) -> List[in
     return [base + p * page_size for p in pages]
 
 
+_SETUP_EXECUTOR = []
+
+
+def _setup_executor():
+    """The one thread that runs sinks' background setups, in the order asked: a new
+    thread per request cost its start-up on the caller's critical path (the caller
+    waited for the thread to run), and one after the other the setups never use the
+    client connection at the same time."""
+    if not _SETUP_EXECUTOR:
+        from concurrent.futures import ThreadPoolExecutor
+        _SETUP_EXECUTOR.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="epd-sink-setup"))
+    return _SETUP_EXECUTOR[0]
+
+
 class EpdKvSink:
     """Prefill: writes K/V layer by layer into a fresh sequence and ships each layer group
     as soon as its last layer is written (save_kv_layer + layer group ready). On a GPU
@@ -428,12 +495,26 @@ class EpdKvSink:
 
     def __init__(self, client, arena: str, layout: KvPageLayout, request_id: str, tokens: int,
                  group_sizes: Seq[int], destination: str = "", ring: Optional[Ring] = None,
-                 target: Optional[str] = None, background: bool = False):
+                 target: Optional[str] = None, background: bool = False, save: str = "layer"):
         """background: the sequence and the handoff's Prepare (bus calls, the daemon's
         journal) are made on a thread of their own while the caller goes on launching the
         model's forward pass; the first layer() waits for them. Only while this sink is
         being set up, nothing else may use `client` (libepd's connection is not shared
-        between threads)."""
+        between threads).
+
+        save: "layer" writes each layer as it comes and ships each group once its writes
+        have run (the transfer overlaps the rest of the forward pass); "end" keeps the
+        model's K/V tensors and writes every layer in one launch at flush()/done(), with
+        one notice for every group: for a handoff with nothing to overlap (a destination
+        in the same GPU arena takes the pages, zero bytes move), it saves a launch and a
+        notice per layer on the prefill's critical path. Host arenas always write layer
+        by layer (the copies are the CPU's either way)."""
+        if save not in ("layer", "end"):
+            raise ValueError(f"save {save!r}: layer or end")
+        self.save = save
+        self._deferred = []  # save="end": (layer, k, v) not written yet
+        self.write_gpu_s = 0.0  # save="end": the GPU time of the one write (CUDA events)
+        self._gpu_timing = None
         self.client, self.layout, self.ring = client, layout, ring
         self.tokens = tokens
         self.group_last = []
@@ -455,10 +536,7 @@ class EpdKvSink:
         self._thread = None
         args = (arena, request_id, destination, list(group_sizes), target)
         if background:
-            import threading
-            self._thread = threading.Thread(target=self._setup_in_background, args=args,
-                                            name=f"epd-sink-{request_id[:8]}", daemon=True)
-            self._thread.start()
+            self._thread = _setup_executor().submit(self._setup_in_background, *args)
         else:
             self._setup(*args)
 
@@ -494,7 +572,7 @@ class EpdKvSink:
         """Waits for a background setup; raises what it failed with."""
         if self._thread is not None:
             t0 = time.perf_counter()
-            self._thread.join()
+            self._thread.result()
             self.setup_wait_s += time.perf_counter() - t0
             self._thread = None
         if self._setup_error is not None:
@@ -522,6 +600,14 @@ class EpdKvSink:
 
     def layer(self, layer_idx: int, k, v) -> None:
         t_start = time.perf_counter()
+        if self.save == "end" and _is_torch(k) and k.is_cuda:
+            # Kept (the model's cache holds these tensors anyway) and written at flush().
+            self._deferred.append((layer_idx, k, v))
+            self.bytes_written += 2 * int(k.shape[2]) * self.layout.k_bytes_per_token
+            t_end = time.perf_counter()
+            self.write_s += t_end - t_start
+            self.seconds += t_end - t_start
+            return
         if self._thread is not None or self._setup_error is not None:
             self._settle()
         self._kv.write(layer_idx, k, v)
@@ -550,8 +636,42 @@ class EpdKvSink:
         self.handoff.layer_group_ready(group, self.ring)
         self.groups_sent += 1
 
+    def _write_deferred(self) -> None:
+        """save="end": every kept layer in one launch on the model's stream, then every
+        group reported ready after it (one event, one notice)."""
+        if not self._deferred:
+            return
+        import torch
+        t0 = time.perf_counter()
+        items, self._deferred = self._deferred, []
+        k0 = items[0][1]
+        if self.group_last[-1] not in (layer for layer, _, _ in items):
+            raise ValueError(f"save='end': the last layer ({self.group_last[-1]}) was never saved")
+        stream = _stream_of(k0)
+        timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        timing[0].record()
+        self._kv.write_layers(items)
+        timing[1].record()
+        self._gpu_timing = timing
+        t1 = time.perf_counter()
+        self.write_s += t1 - t0
+        n = len(self.group_last)
+        if self._notifier is not None:
+            self._notifier.ready_after_range(stream, self._rid, self._handoff.token, 0, n)
+            self.groups_sent += n
+        else:
+            ev = torch.cuda.Event()
+            ev.record()
+            self._pending.extend((ev, g) for g in range(n))
+        t2 = time.perf_counter()
+        self.notice_s += t2 - t1
+        self.seconds += t2 - t0
+
     def _flush(self, block: bool) -> None:
         """Reports ready, in order, the groups whose writes have landed (all when block)."""
+        if self._deferred:
+            self._settle()
+            self._write_deferred()
         if block and self._notifier is not None:
             t0 = time.perf_counter()
             self._notifier.flush(30.0)
@@ -566,6 +686,11 @@ class EpdKvSink:
                 return
             self._pending.pop(0)
             self._ready(g)
+        if block and self._gpu_timing is not None:
+            start, end = self._gpu_timing
+            self._gpu_timing = None
+            end.synchronize()  # done already: the groups' notices waited for it
+            self.write_gpu_s += start.elapsed_time(end) / 1e3
 
     def flush(self) -> None:
         """Waits for the model's writes of every layer so far and reports their groups."""
@@ -600,6 +725,7 @@ class EpdKvSource:
         self.kv = KvPages(client, self.accepted.arena, layout, self.accepted.offsets)
         self.seconds = 0.0  # launches or host copies of the layers
         self.wait_s = 0.0   # waiting for layer groups to land
+        self._loaded = None  # layers read ahead in one launch: {layer: (k, v)}
         if wait:
             self.wait_layer_group(self.accepted.n_groups)
 
@@ -612,8 +738,18 @@ class EpdKvSource:
         self.wait_s += time.perf_counter() - t0
 
     def layer(self, layer_idx: int):
+        """The layer's (k, v). On a GPU arena, once every group has landed (at once when
+        the handoff moved the pages within one arena), the first layer asked for reads it
+        and every later layer in one launch; before that, layer by layer."""
         t0 = time.perf_counter()
-        out = self.kv.read(layer_idx, self.tokens, self.dtype, self.device)
+        out = self._loaded.pop(layer_idx, None) if self._loaded else None
+        if out is None:
+            if self.kv.on_gpu and self._loaded is None and self.accepted.groups_done >= self.accepted.n_groups:
+                rest = list(range(layer_idx, self.layout.layers))
+                self._loaded = dict(zip(rest, self.kv.read_layers(rest, self.tokens, self.dtype, self.device)))
+                out = self._loaded.pop(layer_idx)
+            else:
+                out = self.kv.read(layer_idx, self.tokens, self.dtype, self.device)
         self.seconds += time.perf_counter() - t0
         return out
 
@@ -622,6 +758,7 @@ class EpdKvSource:
         with keep, return the committed sequence (an agent request's first turn: the
         root of its workflow)."""
         self.kv.close()
+        self._loaded = None
         seq = Sequence(self.client, self.accepted.commit(release=True, ring=self.ring), self.accepted.arena)
         if keep:
             return seq

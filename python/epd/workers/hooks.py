@@ -76,14 +76,25 @@ class EpdKvConnector:
 
     def __init__(self, client, layout: C.KvPageLayout, role: str, arena: str = "host0", group_size: int = 1,
                  ring: Optional[Ring] = None, device: Optional[str] = None, dtype: str = "bfloat16",
-                 timeout_s: float = 30.0, background_setup: bool = False):
+                 timeout_s: float = 30.0, background_setup: bool = False, save: str = "auto"):
+        """save (producer): how save_kv_layer writes, EpdKvSink's save: "layer" (each layer
+        at once, each group shipped as soon as it is written: the transfer overlaps the
+        forward pass), "end" (every layer in one launch at wait_for_save, one notice for
+        every group), or "auto": "end" for a save to this host from a GPU arena (the
+        decode takes the pages where they are, or copies them GPU to GPU at copy-engine
+        speed: nothing worth overlapping, while a launch and a notice per layer are on
+        the prefill's critical path), "layer" for a save to another host."""
         if role not in ("producer", "consumer"):
             raise ValueError(f"role {role!r}: producer or consumer")
+        if save not in ("auto", "layer", "end"):
+            raise ValueError(f"save {save!r}: auto, layer or end")
+        self.save = save
         self.client, self.layout, self.role, self.arena = client, layout, role, arena
         self.ring, self.device, self.dtype, self.timeout_s = ring, device, dtype, timeout_s
         # A save's sequence and Prepare made on a thread while the model's forward pass is
         # launched (EpdKvSink's background); the engine must not use `client` meanwhile.
         self.background_setup = background_setup
+        self._arena_on_gpu: Optional[bool] = None
         self.group_sizes = C.groups_of(layout.layers, group_size)
         self.layer_index: Dict[str, int] = {}
         self._meta: Optional[EpdKvMetadata] = None
@@ -122,7 +133,18 @@ class EpdKvConnector:
                     self._sinks[t.request_id] = C.EpdKvSink(self.client, self.arena, self.layout, t.request_id,
                                                             t.tokens, self.group_sizes, t.destination,
                                                             ring=self.ring, target=t.target,
-                                                            background=self.background_setup)
+                                                            background=self.background_setup,
+                                                            save=self._save_mode(t))
+
+    def _save_mode(self, t: KvTransfer) -> str:
+        if self.save != "auto":
+            return self.save
+        if self._arena_on_gpu is None:
+            try:
+                self._arena_on_gpu = self.client.arena(self.arena).domain == "gpu"
+            except EpdError:
+                return "layer"  # the sink's own setup says what is wrong with the arena
+        return "end" if self._arena_on_gpu and not t.destination else "layer"
 
     def clear_connector_metadata(self) -> None:
         self._meta = None
@@ -213,9 +235,11 @@ class EpdKvConnector:
         goes on; get_finished() says when the decode side has it)."""
         for t in self._bound().saves:
             sink = self._sinks[t.request_id]
-            w = sink.wait_s
+            w, own = sink.wait_s, sink.seconds
             sink.flush()
             self.stats["save_wait_s"] += sink.wait_s - w
+            # A save="end" sink writes and reports here: its own time, not a wait.
+            self.stats["save_s"] += sink.seconds - own
 
     def get_finished(self, finished_req_ids: Set[str] = frozenset()) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         """(sends finished, loads finished) among the requests the engine has finished.

@@ -358,7 +358,8 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                     feats = feats[key]
                     detail = feats.timing
                 t1 = time.perf_counter()
-                plen = b.prompt_len(spec)
+                plen = b.prompt_len(spec)  # the model's input (token ids on the GPU): its time, not epd's
+                t1b = time.perf_counter()
                 kvc.bind_connector_metadata(kvc.build_connector_meta(saves=[H.KvTransfer(spec.request_id, plen)]))
                 t2 = time.perf_counter()
                 s0 = dict(kvc.stats)
@@ -372,10 +373,11 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 save_s = kvc.stats["save_s"] - s0["save_s"]
                 out = {"first": first, "delta": delta, "prompt_len": plen,
                        "fetch_s": t1 - t0 - (enc["t"] if enc else 0.0), "t": t3 - t0,
-                       "fetch_detail": detail, "prepare_s": t2 - t1, "sink_s": save_s,
+                       "fetch_detail": detail, "prepare_s": t2 - t1b, "sink_s": save_s,
                        "sink_wait_s": kvc.stats["save_wait_s"] - s0["save_wait_s"],
-                       "compute_s": t3 - t2 - save_s, "kv_bytes": sink.bytes_written,
-                       "sink_detail": {"write": sink.write_s, "notice": sink.notice_s,
+                       "compute_s": t3 - t2 - save_s + (t1b - t1), "kv_bytes": sink.bytes_written,
+                       "sink_detail": {"write": sink.write_s, "write_gpu": sink.write_gpu_s,
+                                       "mode": sink.save, "notice": sink.notice_s,
                                        "groups": sink.groups_sent, "setup": sink.setup_s,
                                        "setup_wait": sink.setup_wait_s}}
                 if enc:
