@@ -24,6 +24,10 @@ typedef struct GpuCopyJob GpuCopyJob;
 
 typedef struct DeviceLane {
         CUstream streams[_GPU_COPY_PATH_MAX][STREAMS_PER_PATH];
+        /* Completion events (blocking-sync) recorded and waited for: reused. Every event
+         * ever made is here or in the engine's watch queue. */
+        CUevent *spare_events;
+        size_t n_spare_events, n_events;
         GpuKernels *kernels;         /* NULL: not built or not loadable */
         GpuChunk *desc_host;         /* DESC_SLOTS * DESC_SLOT_CHUNKS, pinned */
         CUdeviceptr desc_dev;
@@ -35,7 +39,7 @@ struct GpuCopyJob {
         uint64_t cookie;
         uint64_t bytes;
         int error;
-        unsigned pending;            /* stream callbacks still to run */
+        unsigned pending;            /* completion events still to pass, +1 while submitting */
         GpuArena **arenas;           /* references held until reaped */
         size_t n_arenas;
         GpuArena *arenas_inline[ARENAS_PER_JOB_INLINE];
@@ -49,11 +53,26 @@ struct GpuCopyJob {
         LIST_FIELDS(GpuCopyJob, done);
 };
 
+/* A job's part on one stream: done once its event is. */
+typedef struct Watch {
+        CUevent event;
+        GpuCopyJob *job;
+        int dev;
+} Watch;
+
 struct GpuCopyEngine {
         GpuSystem *system;
         DeviceLane *lanes;
         int efd;
-        pthread_mutex_t lock;        /* guards done, slot_busy, job->pending/error */
+        pthread_mutex_t lock;        /* guards done, slot_busy, job->pending/error, watches, events */
+        /* Completion: an event recorded behind each part and a thread that waits for them
+         * in order. (A stream callback would hold the stream until the driver's callback
+         * thread has run: a bubble between one part and the next.) */
+        pthread_t waiter;
+        bool waiter_started, stopping;
+        pthread_cond_t watch_more;
+        Watch *watches;              /* circular: [watch_head, watch_head + n_watches) */
+        size_t watch_cap, watch_head, n_watches;
         QUEUE_HEAD(GpuCopyJob, done);
         size_t in_flight;
         GpuCopyKernelPolicy kernel_policy;
@@ -129,17 +148,125 @@ static void job_finish_locked(GpuCopyEngine *e, GpuCopyJob *j) {
         (void)!write(e->efd, &one, sizeof one);
 }
 
-/* Runs on a CUDA driver thread: no CUDA calls here, only bookkeeping. */
-static void stream_callback(CUstream stream, CUresult status, void *userdata) {
-        GpuCopyJob *j = userdata;
-        GpuCopyEngine *e = j->engine;
+/* The completion thread: waits for each watched event in order (a blocking-sync event:
+ * it sleeps), then counts its job's part done; the last part finishes the job. */
+static void *waiter_thread(void *userdata) {
+        GpuCopyEngine *e = userdata;
+        GpuSystem *s = e->system;
+        int current = -1;
 
         pthread_mutex_lock(&e->lock);
-        if (status != CUDA_SUCCESS && j->error == 0)
-                j->error = cuda_result_to_errno(status);
-        if (--j->pending == 0)
-                job_finish_locked(e, j);
+        for (;;) {
+                while (e->n_watches == 0 && !e->stopping)
+                        pthread_cond_wait(&e->watch_more, &e->lock);
+                if (e->n_watches == 0)
+                        break;
+                Watch w = e->watches[e->watch_head];
+                pthread_mutex_unlock(&e->lock);
+
+                int r = 0;
+                if (w.dev != current) {
+                        r = gpu_device_make_current(s, &s->devices[w.dev]);
+                        current = r < 0 ? -1 : w.dev;
+                }
+                if (r >= 0)
+                        r = CU(s->driver, cuEventSynchronize, w.event);
+
+                pthread_mutex_lock(&e->lock);
+                e->watch_head = (e->watch_head + 1) % e->watch_cap;
+                e->n_watches--;
+                DeviceLane *l = &e->lanes[w.dev];
+                l->spare_events[l->n_spare_events++] = w.event; /* room: see watch_add() */
+                if (r < 0 && w.job->error == 0)
+                        w.job->error = r;
+                if (--w.job->pending == 0)
+                        job_finish_locked(e, w.job);
+        }
         pthread_mutex_unlock(&e->lock);
+        return NULL;
+}
+
+static int waiter_start(GpuCopyEngine *e) {
+        pthread_condattr_t attr;
+        int r;
+
+        if (e->waiter_started)
+                return 0;
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&e->watch_more, &attr);
+        pthread_condattr_destroy(&attr);
+        r = -pthread_create(&e->waiter, NULL, waiter_thread, e);
+        if (r < 0) {
+                pthread_cond_destroy(&e->watch_more);
+                return r;
+        }
+        e->waiter_started = true;
+        return 0;
+}
+
+/* The job's work queued on `stream` of device dev so far completes the job's part: an
+ * event recorded there, watched by the completion thread (the device's context current). */
+static int watch_add(GpuCopyEngine *e, int dev, CUstream stream, GpuCopyJob *j) {
+        CudaDriver *d = e->system->driver;
+        DeviceLane *l = &e->lanes[dev];
+        CUevent ev = NULL;
+        int r = 0;
+
+        pthread_mutex_lock(&e->lock);
+        if (l->n_spare_events > 0)
+                ev = l->spare_events[--l->n_spare_events];
+        else {
+                /* A new event needs room among the spares for when it comes back. */
+                CUevent *m = realloc(l->spare_events, (l->n_events + 1) * sizeof *m);
+                if (!m)
+                        r = -ENOMEM;
+                else
+                        l->spare_events = m;
+        }
+        if (r >= 0 && e->n_watches == e->watch_cap) {
+                size_t cap = MAX(e->watch_cap * 2, (size_t)64);
+                Watch *q = malloc(cap * sizeof *q);
+                if (!q)
+                        r = -ENOMEM;
+                else {
+                        for (size_t i = 0; i < e->n_watches; i++)
+                                q[i] = e->watches[(e->watch_head + i) % e->watch_cap];
+                        free(e->watches);
+                        e->watches = q;
+                        e->watch_cap = cap;
+                        e->watch_head = 0;
+                }
+        }
+        pthread_mutex_unlock(&e->lock);
+        if (r < 0) {
+                if (ev) {
+                        pthread_mutex_lock(&e->lock);
+                        l->spare_events[l->n_spare_events++] = ev;
+                        pthread_mutex_unlock(&e->lock);
+                }
+                return r;
+        }
+        if (!ev) {
+                r = CU(d, cuEventCreate, &ev, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING);
+                if (r < 0)
+                        return r;
+                pthread_mutex_lock(&e->lock);
+                l->n_events++;
+                pthread_mutex_unlock(&e->lock);
+        }
+        r = CU(d, cuEventRecord, ev, stream);
+        pthread_mutex_lock(&e->lock);
+        if (r < 0)
+                l->spare_events[l->n_spare_events++] = ev;
+        else {
+                /* Room: the queue grew above, and only this thread adds. */
+                e->watches[(e->watch_head + e->n_watches++) % e->watch_cap] = (Watch){ ev, j, dev };
+                j->pending++;
+                pthread_cond_signal(&e->watch_more);
+        }
+        pthread_mutex_unlock(&e->lock);
+        return r;
 }
 
 static int job_hold_arena(GpuCopyJob *j, GpuArena *a) {
@@ -403,19 +530,12 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                                 break;
                         }
                         for (size_t k = 0; k < used; k++) {
-                                pthread_mutex_lock(&e->lock);
-                                j->pending++;
-                                pthread_mutex_unlock(&e->lock);
-                                r = CU(e->system->driver, cuStreamAddCallback, streams[k],
-                                       stream_callback, j, 0);
+                                r = watch_add(e, (int)dev, streams[k], j);
                                 if (r < 0) {
-                                        /* Without its callback this stream's part cannot
+                                        /* Without its event this stream's part cannot
                                          * complete: wait for it here (failure path only). */
                                         for (size_t q = k; q < used; q++)
                                                 (void)CU(e->system->driver, cuStreamSynchronize, streams[q]);
-                                        pthread_mutex_lock(&e->lock);
-                                        j->pending--;
-                                        pthread_mutex_unlock(&e->lock);
                                         err = r;
                                         break;
                                 }
@@ -596,6 +716,16 @@ GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e) {
                 return NULL;
         CudaDriver *d = e->system->driver;
 
+        if (e->waiter_started) {
+                /* Shutdown: the thread sees every event of work in flight pass first. */
+                pthread_mutex_lock(&e->lock);
+                e->stopping = true;
+                pthread_cond_signal(&e->watch_more);
+                pthread_mutex_unlock(&e->lock);
+                (void)pthread_join(e->waiter, NULL);
+                pthread_cond_destroy(&e->watch_more);
+        }
+        free(e->watches);
         if (e->lanes)
                 for (size_t i = 0; i < e->system->n_devices; i++) {
                         DeviceLane *l = &e->lanes[i];
@@ -604,10 +734,12 @@ GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e) {
                         for (int p = 0; p < _GPU_COPY_PATH_MAX; p++)
                                 for (unsigned k = 0; k < STREAMS_PER_PATH; k++)
                                         if (l->streams[p][k]) {
-                                                /* Shutdown: let the callbacks of work in flight run. */
                                                 (void)CU(d, cuStreamSynchronize, l->streams[p][k]);
                                                 (void)CU(d, cuStreamDestroy, l->streams[p][k]);
                                         }
+                        for (size_t k = 0; k < l->n_spare_events; k++)
+                                (void)CU(d, cuEventDestroy, l->spare_events[k]);
+                        free(l->spare_events);
                         if (l->desc_dev)
                                 (void)CU(d, cuMemFree, l->desc_dev);
                         if (l->desc_host)
@@ -649,6 +781,9 @@ int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
         e->lanes = calloc(s->n_devices, sizeof *e->lanes);
         if (!e->lanes)
                 return -ENOMEM;
+        r = waiter_start(e);
+        if (r < 0)
+                return r;
 
         for (size_t i = 0; i < s->n_devices; i++) {
                 DeviceLane *l = &e->lanes[i];

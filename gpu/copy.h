@@ -14,9 +14,11 @@
  *
  * Each path has its own non-blocking stream per device, so transfers in the two
  * directions and between GPUs overlap. A batch (gpu_copy_submit) completes once, with
- * the first error of any of its segments: a stream callback (cuStreamAddCallback, which
- * also reports failed work) queues the completion and writes to an eventfd; the event
- * loop watches that fd and calls gpu_copy_reap(). Nothing spins on the host.
+ * the first error of any of its segments: an event recorded behind each of its parts,
+ * which the engine's completion thread waits for in order (blocking-sync: it sleeps;
+ * a failed stream fails the wait), queues the completion and writes to an eventfd; the
+ * event loop watches that fd and calls gpu_copy_reap(). Nothing spins on the host, and
+ * no stream waits for the host (as behind a stream callback) between parts.
  *
  * A group of several device-to-device segments is one cuMemcpyBatchAsync call where
  * the driver has it (13.0+; still the copy engines), else one cuMemcpyDtoDAsync each.

@@ -284,13 +284,16 @@ static CUresult f_event_create(void **e, unsigned flags) {
         return OK;
 }
 /* Streams run their work at once, so an event is complete when recorded; waiting for
- * one fails (as after a fault on its stream) with FAKE_CUDA_FAIL_EVENTS=1. */
+ * one fails (as after a fault on its stream) with FAKE_CUDA_FAIL_EVENTS=1, and with
+ * FAKE_CUDA_FAIL_COPIES=1 (the copies before it failed). */
 static CUresult f_event_record(void *e, void *stream) {
         return OK;
 }
 static CUresult f_event_sync(void *e) {
-        const char *fail = getenv("FAKE_CUDA_FAIL_EVENTS");
-        return fail && strcmp(fail, "1") == 0 ? 700 /* CUDA_ERROR_ILLEGAL_ADDRESS */ : OK;
+        const char *fail = getenv("FAKE_CUDA_FAIL_EVENTS"), *copies = getenv("FAKE_CUDA_FAIL_COPIES");
+        return (fail && strcmp(fail, "1") == 0) || (copies && strcmp(copies, "1") == 0)
+                       ? 700 /* CUDA_ERROR_ILLEGAL_ADDRESS */
+                       : OK;
 }
 static CUresult f_event_elapsed(float *ms, void *a, void *b) {
         *ms = 0;

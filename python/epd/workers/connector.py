@@ -417,16 +417,18 @@ class KvPages:
         from .. import gpu as G
         L = self.layout
         l0, k0, v0 = items[0]
-        key = (tuple(k0.shape), tuple(k0.stride()), tuple(v0.stride()), k0.dtype, v0.dtype)
+        shape, ks, vs, kd, vd = k0.shape, k0.stride(), v0.stride(), k0.dtype, v0.dtype
         first = self._rows(l0, k0, v0, tokens)
         rows = (G.KvRows * len(items))()
+        stride, v_in_page = L.layer_stride, L.tokens_per_block * L.k_bytes_per_token
         for i, (layer, k, v) in enumerate(items):
-            if i and (tuple(k.shape), tuple(k.stride()), tuple(v.stride()), k.dtype, v.dtype) != key:
+            if i and (k.shape != shape or k.stride() != ks or v.stride() != vs or k.dtype != kd or v.dtype != vd):
                 return None
             rows[i] = first
             r = rows[i]  # a view of the array's element
             r.k, r.v = k.data_ptr(), v.data_ptr()
-            r.k_offset, r.v_offset = L.k_offset(layer), L.v_offset(layer)
+            r.k_offset = layer * stride  # KvPageLayout.k_offset / v_offset, without the calls
+            r.v_offset = layer * stride + v_in_page
         return rows
 
     def write_layers(self, items, start: int = 0) -> None:
@@ -436,7 +438,9 @@ class KvPages:
         if not items:
             return
         k0 = items[0][1]
-        if self.on_gpu and _is_torch(k0) and all(k.stride(3) == 1 and v.stride(3) == 1 for _, k, v in items):
+        v0 = items[0][2]
+        # _many_rows holds every layer to the first one's strides: checking it is enough.
+        if self.on_gpu and _is_torch(k0) and k0.stride(3) == 1 and v0.stride(3) == 1:
             rows = self._many_rows(items, int(k0.shape[2]))
             if rows is not None:
                 first = self._first_page(start)
@@ -599,15 +603,12 @@ class EpdKvSink:
         return self._seq_pages
 
     def layer(self, layer_idx: int, k, v) -> None:
-        t_start = time.perf_counter()
-        if self.save == "end" and _is_torch(k) and k.is_cuda:
-            # Kept (the model's cache holds these tensors anyway) and written at flush().
+        if self._deferred or (self.save == "end" and _is_torch(k) and k.is_cuda):
+            # Kept (the model's cache holds these tensors anyway) and written at flush():
+            # nothing else here, this runs in the forward pass.
             self._deferred.append((layer_idx, k, v))
-            self.bytes_written += 2 * int(k.shape[2]) * self.layout.k_bytes_per_token
-            t_end = time.perf_counter()
-            self.write_s += t_end - t_start
-            self.seconds += t_end - t_start
             return
+        t_start = time.perf_counter()
         if self._thread is not None or self._setup_error is not None:
             self._settle()
         self._kv.write(layer_idx, k, v)
@@ -645,6 +646,7 @@ class EpdKvSink:
         t0 = time.perf_counter()
         items, self._deferred = self._deferred, []
         k0 = items[0][1]
+        self.bytes_written += sum(2 * int(k.shape[2]) for _, k, _ in items) * self.layout.k_bytes_per_token
         if self.group_last[-1] not in (layer for layer, _, _ in items):
             raise ValueError(f"save='end': the last layer ({self.group_last[-1]}) was never saved")
         stream = _stream_of(k0)
