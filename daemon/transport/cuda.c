@@ -21,16 +21,21 @@ typedef struct CudaBatch {
         size_t n, cap;
         uint64_t *cookies;
         uint64_t *lengths;
-        /* The batch goes to the engine in parts (POST_PART writes each), so that the GPU
-         * starts on the first part while the host prepares the next: it completes once
-         * every part has, with the first error of any. */
+        /* The batch goes to the engine in parts (POST_PART_FIRST writes, then twice as
+         * many each time up to POST_PART), so that the GPU starts on the first part
+         * while the host prepares the next: it completes once every part has, with the
+         * first error of any. */
         unsigned parts, parts_done;
         int error;
         uint64_t bytes;
 } CudaBatch;
 
-/* Writes per part of a batch handed to the copy engine (one descriptor slot each). */
+/* Writes per part of a batch handed to the copy engine (one descriptor slot each). The
+ * first part is small, so that the GPU starts after a few microseconds of the host's
+ * preparation, and each next part twice the last, up to POST_PART: the host prepares a
+ * part while the GPU copies the one before, which is twice as long. */
 #define POST_PART 4096U
+#define POST_PART_FIRST 256U
 
 /* Finished batches kept for reuse, with their arrays: a post of thousands of writes
  * would otherwise map fresh pages for them (and fault them in) every time. */
@@ -283,7 +288,7 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                 }
         }
 
-        size_t part0 = 0;
+        size_t part0 = 0, part_len = POST_PART_FIRST;
         src = dst = NULL;
         for (size_t i = 0; i < n; i++) {
                 GpuCopySeg *sg = &segs[i - part0];
@@ -301,7 +306,7 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                 (void)seg_side(dst, w[i].dst_offset, w[i].length, &sg->dst, &sg->dst_host);
                 b->cookies[i] = w[i].cookie;
                 b->lengths[i] = w[i].length;
-                if (i + 1 - part0 < POST_PART && i + 1 < n)
+                if (i + 1 - part0 < part_len && i + 1 < n)
                         continue;
                 /* A part is ready: to the engine now, so the GPU works on it while the
                  * next one is prepared. Writes that continue each other (adjacent pages
@@ -320,6 +325,7 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                 }
                 b->parts++;
                 part0 = i + 1;
+                part_len = MIN(2 * part_len, (size_t)POST_PART);
         }
         b->n = n;
         c->n_in_flight += n;

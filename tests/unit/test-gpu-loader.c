@@ -493,8 +493,9 @@ START_TEST(test_fake_transport) {
 }
 END_TEST
 
-/* A batch larger than a part (the transport hands the engine 4096 writes at a time so
- * that the GPU starts while the host prepares the rest): every write completes exactly
+/* A batch larger than a part (the transport hands the engine 256 writes, then 512, ...
+ * up to 4096 at a time, so that the GPU starts while the host prepares the rest; here
+ * six parts): every write completes exactly
  * once, after all parts, with its bytes; a bad write anywhere refuses the whole batch
  * before any part goes; a failing copy fails every write of the batch, once. */
 START_TEST(test_fake_transport_parts) {
