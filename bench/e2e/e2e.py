@@ -116,6 +116,7 @@ def summarize(name, results, wall):
         row["kv_sink_ms"] = {k: 1e3 * mean(p.get(k, 0.0) for p in sparts)
                              for k in ("write", "write_gpu", "notice", "setup", "setup_wait")}
         row["kv_sink_mode"] = ",".join(sorted({p.get("mode", "layer") for p in sparts}))
+        row["decode_layers_in_one_launch"] = mean(r["decode"].get("load_layers_at_once", 0) for r in results)
         # The encoder's epd calls: Acquire, Publish, Release (its time less the image and
         # its key, and less the vision tower with the reserve and the copy into the arena).
         encs = [r["encode"] for r in results if r.get("encode", {}).get("result") == "produced"]
@@ -453,7 +454,8 @@ def main():
                       f"{ks.get('setup', 0):.2f} ms (on a thread; the first layer waited {ks.get('setup_wait', 0):.2f} ms); "
                       f"feature fetch acquire {ff.get('acquire', 0):.2f} ms, wait {ff.get('wait', 0):.2f} ms, "
                       f"read {ff.get('read', 0):.2f} ms; encoder: image + key {r.get('encoder_key_ms', 0):.2f} ms, "
-                      f"Acquire + Publish + Release {r.get('encoder_epd_ms', 0):.2f} ms")
+                      f"Acquire + Publish + Release {r.get('encoder_epd_ms', 0):.2f} ms; decode: "
+                      f"{r.get('decode_layers_in_one_launch', 0):.1f} layers read in one launch (mean)")
         for r in out["bench"]:
             if "workflow" in r:
                 print(f"workflow ({r['config']}): {json.dumps(r['workflow'])}")

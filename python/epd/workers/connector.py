@@ -728,6 +728,7 @@ class EpdKvSource:
         self.seconds = 0.0  # launches or host copies of the layers
         self.wait_s = 0.0   # waiting for layer groups to land
         self._loaded = None  # layers read ahead in one launch: {layer: (k, v)}
+        self.layers_at_once = 0  # how many layers that one launch read
         if wait:
             self.wait_layer_group(self.accepted.n_groups)
 
@@ -746,9 +747,15 @@ class EpdKvSource:
         t0 = time.perf_counter()
         out = self._loaded.pop(layer_idx, None) if self._loaded else None
         if out is None:
-            if self.kv.on_gpu and self._loaded is None and self.accepted.groups_done >= self.accepted.n_groups:
+            a = self.accepted
+            if self.kv.on_gpu and self._loaded is None and a.groups_done < a.n_groups and self.ring is not None:
+                # What the ring says already (no wait): the groups may all have landed.
+                self.ring.poll(0)
+                a.groups_done = max(a.groups_done, self.ring.progress.get(a.token, 0))
+            if self.kv.on_gpu and self._loaded is None and a.groups_done >= a.n_groups:
                 rest = list(range(layer_idx, self.layout.layers))
                 self._loaded = dict(zip(rest, self.kv.read_layers(rest, self.tokens, self.dtype, self.device)))
+                self.layers_at_once = len(rest)
                 out = self._loaded.pop(layer_idx)
             else:
                 out = self.kv.read(layer_idx, self.tokens, self.dtype, self.device)
