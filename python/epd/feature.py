@@ -21,7 +21,7 @@ goes away before publishing fails the waiters ("producer-gone"). See docs/featur
 
 import ctypes
 import errno as _errno
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import EpdError, _lib
 
@@ -249,6 +249,32 @@ class Feature(_lib.Closing):
             span += (n - 1) * st
         flat = arena.torch(self.offset + t.offset, (span,), _TORCH[t.dtype])
         return flat.as_strided(t.shape, t.strides)
+
+    def cuda_all(self, arena) -> Dict[str, object]:
+        """Every tensor of the feature as torch views of a GPU arena (as cuda()), from one
+        import of the feature's bytes into torch and a view each (a slice, a dtype, the
+        strides): one __cuda_array_interface__ import per tensor cost tens of
+        microseconds each."""
+        import torch
+        tensors = self.tensors
+        spans = []
+        end = 0
+        for t in tensors:
+            span = 1
+            for n, st in zip(t.shape, t.strides):
+                span += (n - 1) * st
+            nbytes = span * _SIZE[t.dtype] if all(t.shape) else 0
+            spans.append(nbytes)
+            end = max(end, t.offset + nbytes)
+        base = arena.torch(self.offset, (max(end, 1),), "uint8")
+        out = {}
+        for t, nbytes in zip(tensors, spans):
+            try:
+                flat = base[t.offset:t.offset + nbytes].view(getattr(torch, _TORCH[t.dtype]))
+                out[t.name] = flat.as_strided(t.shape, t.strides)
+            except RuntimeError:  # empty, or an offset the dtype cannot view at: on its own
+                out[t.name] = self.cuda(t.name, arena)
+        return out
 
     def release(self):
         if self._p:

@@ -31,7 +31,8 @@ ref = torch.randn(1024, 8, 128, device="cuda").to(torch.bfloat16)
 print("equal" if torch.equal(t, ref) else "differs", t.data_ptr() == a.device_pointer + a.data_offset)
 """
 
-d = Daemon("[Arena:kvgpu]\nDomain=gpu\nGpu=0\nUsage=kv\nSize=1G\n")
+d = Daemon("[Arena:kvgpu]\nDomain=gpu\nGpu=0\nUsage=kv\nSize=1G\n"
+           "[Arena:featgpu]\nDomain=gpu\nGpu=0\nUsage=feature\nSize=256M\nPageSize=64K\n")
 try:
     with epd.Client(d.address) as c:
         c.register("prefill", "m", "cuda:0", kv=KV)
@@ -83,6 +84,28 @@ try:
             many.close()
             for q in seqs:
                 q.release()
+        # A feature in a GPU feature arena: the prefill's views of all its tensors from
+        # one import (Feature.cuda_all) are the same views as one import each (cuda()).
+        from epd.workers.connector import _feature_gpu_arena, fetch, produce
+        enc = epd.Client(d.address)
+        enc.register("encoder", "m", "cuda:0")
+        feats = {"embeds": torch.randn(196, 4096, device="cuda").to(torch.bfloat16),
+                 "deepstack.0": torch.randn(196, 4096, device="cuda").to(torch.bfloat16),
+                 "grid_thw": torch.tensor([[1, 28, 28]], device="cuda"),
+                 "scale": torch.randn(7, device="cuda").to(torch.float16)}
+        assert produce(enc, "img:gpu-views", "ab" * 16, lambda: feats)[0] == "produced"
+        got = fetch(c, "img:gpu-views", device="cuda")
+        fh = got._handle
+        assert _feature_gpu_arena(c, fh) is not None, "the feature is not in the GPU feature arena"
+        m = _feature_gpu_arena(c, fh)
+        for name, x in feats.items():
+            one = fh.cuda(name, m)
+            assert got[name].dtype == x.dtype and torch.equal(got[name], x), f"feature tensor {name} differs"
+            assert got[name].data_ptr() == one.data_ptr() and got[name].stride() == one.stride(), name
+        got.release()
+        enc.close()
+    print(f"device_gpu_torch: ok: a GPU feature's tensors viewed from one import = one import each "
+          f"({len(feats)} tensors)")
     print(f"device_gpu_torch: ok: every layer in one launch = one launch per layer (4 layers, {S} tokens, both "
           f"layouts)")
     print(f"device_gpu_torch: ok: two processes share a {a.size >> 20} MiB GPU arena through torch views "

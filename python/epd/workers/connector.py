@@ -157,7 +157,7 @@ def fetch(client, key: str, device: Optional[str] = None, timeout_s: float = 60.
         gpu = _feature_gpu_arena(client, f) if device is not None else None
         if gpu is not None:
             keep = True
-            out = {t.name: f.cuda(t.name, gpu) for t in f.tensors}
+            out = f.cuda_all(gpu)
         else:
             out = {}
             for t in f.tensors:
