@@ -656,6 +656,35 @@ int manager_startup(Manager *m) {
         return 0;
 }
 
+static void manager_after_dispatch(Manager *m) {
+        FOREACH_SUBSYSTEM(s)
+                if (s->after_dispatch)
+                        s->after_dispatch(m);
+}
+
+/* sd_event_loop(), with the subsystems' after_dispatch hooks run after every
+ * sd_event_run() (each dispatches one event source, or the exit sources): what a
+ * callback queued for right after itself is done before the loop waits again, without
+ * a defer source's extra turn. Returns as sd_event_loop() does: a negative errno of
+ * sd_event_run(), or the code given to sd_event_exit(). */
+static int manager_loop(Manager *m) {
+        _cleanup_(sd_event_unrefp) sd_event *e = sd_event_ref(m->event); /* as sd_event_loop() */
+        int r, code = 0;
+
+        m->in_loop = true;
+        while (sd_event_get_state(e) != SD_EVENT_FINISHED) {
+                r = sd_event_run(e, UINT64_MAX);
+                manager_after_dispatch(m);
+                if (r < 0) {
+                        m->in_loop = false;
+                        return r;
+                }
+        }
+        m->in_loop = false;
+        r = sd_event_get_exit_code(e, &code);
+        return r < 0 ? r : code;
+}
+
 int manager_run(Manager *m) {
         char status[512];
         snprintf(status, sizeof status,
@@ -663,7 +692,7 @@ int manager_run(Manager *m) {
                  m->config.socket_path, m->bus ? " and the bus" : "", m->config.host_id);
         (void)sd_notify(false, status);
         m->ready_sent = true;
-        int r = sd_event_loop(m->event);
+        int r = manager_loop(m);
         (void)sd_notify(false, "STOPPING=1\nSTATUS=Stopping.");
         return r;
 }

@@ -173,12 +173,22 @@ static int on_kicks(sd_event_source *s, void *userdata) {
         return 0;
 }
 
+void handoff_rings_kick_pending(HandoffManager *hm) {
+        if (hm && hm->kick_pending)
+                on_kicks(NULL, hm);
+}
+
 void handoff_ring_kick_later(ClientRing *cr) {
         HandoffManager *hm = cr->hm;
         if (!cr->kick_queued) {
                 cr->kick_queued = true;
                 LIST_PREPEND(kick, hm->kick_pending, cr);
         }
+        /* manager_run()'s loop kicks right after the callback that queued this (the
+         * subsystem's after_dispatch hook), with no loop turn of its own. */
+        if (hm->manager->in_loop)
+                return;
+        /* Any other loop (tests, helpers): the next thing it runs. */
         if (!hm->kick_source) {
                 if (sd_event_add_defer(hm->manager->event, &hm->kick_source, on_kicks, hm) < 0) {
                         on_kicks(NULL, hm); /* no source: at once */
