@@ -131,6 +131,10 @@ void handoff_signals_flush_one(HandoffObject *o) {
                 return;
         o->signals = 0;
         LIST_REMOVE(signal, o->hm->signal_pending, o);
+        /* The last one went early (its object is being freed): the defer source would
+         * only cost the loop a turn for an empty list. */
+        if (!o->hm->signal_pending && o->hm->signal_source)
+                (void)sd_event_source_set_enabled(o->hm->signal_source, SD_EVENT_OFF);
         if (s & HANDOFF_SIG_PROGRESS)
                 bus_handoff_emit_progress(o, s & HANDOFF_SIG_PROGRESS_OWNER, o->h->n_notified);
         if (s & HANDOFF_SIG_STATE)
