@@ -12,7 +12,10 @@ typedef struct EpdId {
 } EpdId;
 
 #define EPD_ID_STRING_MAX 33
+/* Random bytes epd_id_random() asks getrandom() for at once (id.c). */
+#define EPD_ID_POOL_SIZE 512
 
+/* A fresh unguessable id (from getrandom(), through a pool per thread), or -errno. */
 int epd_id_random(EpdId *ret);
 char *epd_id_to_string(const EpdId *id, char buf[static EPD_ID_STRING_MAX]);
 int epd_id_from_string(const char *s, EpdId *ret);

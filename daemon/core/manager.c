@@ -656,6 +656,56 @@ int manager_startup(Manager *m) {
         return 0;
 }
 
+static void manager_after_dispatch(Manager *m) {
+        FOREACH_SUBSYSTEM(s)
+                if (s->after_dispatch)
+                        s->after_dispatch(m);
+}
+
+/* The wait's timeout: until the earliest time a before_wait hook asked for. */
+static uint64_t manager_before_wait(Manager *m) {
+        uint64_t until = UINT64_MAX;
+        FOREACH_SUBSYSTEM(s)
+                if (s->before_wait) {
+                        uint64_t u = s->before_wait(m);
+                        until = MIN(until, u);
+                }
+        if (until == UINT64_MAX)
+                return UINT64_MAX;
+        uint64_t now = now_usec(CLOCK_MONOTONIC);
+        return until > now ? until - now : 0;
+}
+
+/* sd_event_loop(), made of sd_event_run()'s steps so that the subsystems' hooks run in
+ * between: before_wait when nothing is pending and the loop is about to wait (the wait
+ * ends by the time they ask), after_dispatch after every dispatch (sd_event_run()
+ * dispatches one event source, or the exit sources, each time) and after a wait that
+ * timed out. What a callback queued for right after itself is done then, without a
+ * defer source's extra turn (an epoll_wait each), and a deadline needs no timer.
+ * Returns as sd_event_loop() does: a negative errno of a step, or the code given to
+ * sd_event_exit(). */
+static int manager_loop(Manager *m) {
+        _cleanup_(sd_event_unrefp) sd_event *e = sd_event_ref(m->event); /* as sd_event_loop() */
+        int r, code = 0;
+
+        m->in_loop = true;
+        while (sd_event_get_state(e) != SD_EVENT_FINISHED) {
+                r = sd_event_prepare(e);
+                if (r == 0)
+                        r = sd_event_wait(e, manager_before_wait(m));
+                if (r > 0)
+                        r = sd_event_dispatch(e);
+                manager_after_dispatch(m);
+                if (r < 0) {
+                        m->in_loop = false;
+                        return r;
+                }
+        }
+        m->in_loop = false;
+        r = sd_event_get_exit_code(e, &code);
+        return r < 0 ? r : code;
+}
+
 int manager_run(Manager *m) {
         char status[512];
         snprintf(status, sizeof status,
@@ -663,7 +713,7 @@ int manager_run(Manager *m) {
                  m->config.socket_path, m->bus ? " and the bus" : "", m->config.host_id);
         (void)sd_notify(false, status);
         m->ready_sent = true;
-        int r = sd_event_loop(m->event);
+        int r = manager_loop(m);
         (void)sd_notify(false, "STOPPING=1\nSTATUS=Stopping.");
         return r;
 }

@@ -61,6 +61,21 @@ typedef struct Subsystem {
         void (*worker_gone)(Manager *m, Worker *w);
         /* Fills in what the subsystem counts of a worker on demand (core/worker.h). */
         void (*worker_stats)(Manager *m, Worker *w, WorkerStats *st);
+        /* After every event manager_run()'s loop dispatched (while Manager.in_loop):
+         * work a callback queued for "right after this callback" is done here rather than
+         * in a defer source of its own, which would cost the loop another turn (an
+         * epoll_wait) per callback that queued it. A subsystem that uses it keeps a defer
+         * source as its fallback for when Manager.in_loop is false. */
+        void (*after_dispatch)(Manager *m);
+        /* manager_run()'s loop is about to wait for events (only while Manager.in_loop):
+         * returns the CLOCK_MONOTONIC µs by which the subsystem needs the loop back (the
+         * wait's timeout; its after_dispatch runs then), UINT64_MAX if none. A deadline
+         * checked there and in after_dispatch needs no sd-event timer, whose every move
+         * costs a timerfd_settime. Nothing is pending as far as the loop knows, but fds
+         * are not polled again before this: it is not the idle point an idle-priority
+         * defer source finds. The loop is armed: the hook must not add, enable or re-time
+         * an event source, which the wait would not see. */
+        uint64_t (*before_wait)(Manager *m);
         const SubsystemJournal *journal; /* NULL: journals nothing */
         const SubsystemArenas *arenas;   /* NULL: makes no arenas */
 } Subsystem;
@@ -102,6 +117,7 @@ struct Manager {
         uint64_t changed_since;      /* CLOCK_MONOTONIC µs of the oldest one */
         uint64_t started_usec;       /* CLOCK_REALTIME at startup (Manager.StartedAt) */
         bool ready_sent;
+        bool in_loop;                /* manager_run()'s loop: it runs the after_dispatch and before_wait hooks */
         bool stopping;               /* manager_free(): releases are not journaled */
 
         /* Subsystem state, owned here. Each subsystem's header defines its type. */

@@ -67,10 +67,12 @@ typedef struct ClientRing {
         LIST_FIELDS(struct ClientRing, kick);
 } ClientRing;
 
-/* Wakes the ring's worker once the loop is done with what woke it: the records posted
- * meanwhile (a handoff's groups landed in one read, its state) cost one eventfd write
- * and one wake-up of the worker, not one each. */
+/* Wakes the ring's worker once the loop is done with the event that woke it: the
+ * records posted meanwhile (a handoff's groups landed in one read, its state) cost one
+ * eventfd write and one wake-up of the worker, not one each. */
 void handoff_ring_kick_later(ClientRing *cr);
+/* Kicks every ring handoff_ring_kick_later() queued (the after_dispatch hook). */
+void handoff_rings_kick_pending(HandoffManager *hm);
 
 /* A client that asked for every handoff's signals (org.epd1.Handoffs.Watch). */
 typedef struct HandoffWatcher {

@@ -651,10 +651,15 @@ static const SubsystemJournal handoff_journal_hooks = {
         .snapshot = handoff_manager_snapshot,
 };
 
+static void handoff_after_dispatch(Manager *m) {
+        handoff_rings_kick_pending(m->handoffs);
+}
+
 const Subsystem handoff_subsystem = {
         .name = "handoff",
         .init = handoff_init,
         .done = handoff_done,
         .add_bus = bus_handoff_add,
+        .after_dispatch = handoff_after_dispatch,
         .journal = &handoff_journal_hooks,
 };

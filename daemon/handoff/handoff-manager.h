@@ -157,7 +157,7 @@ struct HandoffManager {
         LIST_HEAD(HandoffObject, signal_pending); /* objects with signals to send */
         sd_event_source *signal_source;           /* sends them (a defer source) */
         LIST_HEAD(struct ClientRing, kick_pending); /* rings with records to announce */
-        sd_event_source *kick_source;             /* announces them (a defer source) */
+        sd_event_source *kick_source;             /* announces them outside manager_run() (a defer source) */
         Hashmap *windows;         /* PeerWindow* by peer host id: handoffs in flight */
         Hashmap *expects;         /* waiters for a handoff to arrive, by request id (handoff-expect.c) */
         /* Pipelined handoffs (handoff-proto.h: HANDOFF_PREPARE_F_PIPELINED). */

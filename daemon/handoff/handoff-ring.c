@@ -131,6 +131,10 @@ void handoff_signals_flush_one(HandoffObject *o) {
                 return;
         o->signals = 0;
         LIST_REMOVE(signal, o->hm->signal_pending, o);
+        /* The last one went early (its object is being freed): the defer source would
+         * only cost the loop a turn for an empty list. */
+        if (!o->hm->signal_pending && o->hm->signal_source)
+                (void)sd_event_source_set_enabled(o->hm->signal_source, SD_EVENT_OFF);
         if (s & HANDOFF_SIG_PROGRESS)
                 bus_handoff_emit_progress(o, s & HANDOFF_SIG_PROGRESS_OWNER, o->h->n_notified);
         if (s & HANDOFF_SIG_STATE)
@@ -173,12 +177,22 @@ static int on_kicks(sd_event_source *s, void *userdata) {
         return 0;
 }
 
+void handoff_rings_kick_pending(HandoffManager *hm) {
+        if (hm && hm->kick_pending)
+                on_kicks(NULL, hm);
+}
+
 void handoff_ring_kick_later(ClientRing *cr) {
         HandoffManager *hm = cr->hm;
         if (!cr->kick_queued) {
                 cr->kick_queued = true;
                 LIST_PREPEND(kick, hm->kick_pending, cr);
         }
+        /* manager_run()'s loop kicks right after the callback that queued this (the
+         * subsystem's after_dispatch hook), with no loop turn of its own. */
+        if (hm->manager->in_loop)
+                return;
+        /* Any other loop (tests, helpers): the next thing it runs. */
         if (!hm->kick_source) {
                 if (sd_event_add_defer(hm->manager->event, &hm->kick_source, on_kicks, hm) < 0) {
                         on_kicks(NULL, hm); /* no source: at once */

@@ -257,9 +257,14 @@ void peer_conn_fail(Conn *c, int error, const char *what) {
 
 /* An authenticated control connection: recv() in bulk, then dispatch every complete
  * frame in the buffer. (Handshakes read exactly one frame at a time instead, so that
- * no byte of what follows is taken from a data stream before the transport owns it.) */
+ * no byte of what follows is taken from a data stream before the transport owns it.)
+ * A recv() that returns less than it asked for has emptied the socket: what it brought
+ * is dispatched and reading stops there, rather than with one more recv() that only
+ * says EAGAIN. The fd is level-triggered (no EPOLLET), so bytes that arrive meanwhile
+ * wake the loop again. */
 static int conn_read_buffered(Conn *c) {
         size_t budget = 64;
+        bool drained = false;
 
         while (budget-- > 0) {
                 ssize_t n;
@@ -299,18 +304,22 @@ static int conn_read_buffered(Conn *c) {
                         c->in_end -= c->in_start;
                         c->in_start = 0;
                 }
+                if (drained)
+                        return 0;
                 if (!c->in) {
                         c->in = malloc(CONTROL_READ_SIZE);
                         if (!c->in)
                                 return -ENOMEM;
                         c->in_cap = CONTROL_READ_SIZE;
                 }
-                n = recv(c->fd, c->in + c->in_end, c->in_cap - c->in_end, MSG_DONTWAIT);
+                size_t want = c->in_cap - c->in_end;
+                n = recv(c->fd, c->in + c->in_end, want, MSG_DONTWAIT);
                 if (n < 0)
                         return errno == EAGAIN || errno == EINTR ? 0 : -errno;
                 if (n == 0)
                         return -ECONNRESET;
                 c->in_end += (size_t)n;
+                drained = (size_t)n < want;
         }
         return 0;
 }

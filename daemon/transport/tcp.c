@@ -603,6 +603,10 @@ static void stream_park(TcpStream *s) {
         stream_update(s);
 }
 
+/* Reads until the socket is empty: a recv() or readv() that returns less than it asked
+ * for has emptied it, so reading stops there rather than with one more call that only
+ * says EAGAIN. The fd is level-triggered (no EPOLLET): bytes that arrive meanwhile wake
+ * the loop again. */
 static int stream_recv(TcpStream *s) {
         size_t budget = STREAM_BUDGET;
         int r;
@@ -611,6 +615,7 @@ static int stream_recv(TcpStream *s) {
                 return 0;
 
         while (budget > 0) {
+                bool drained;
                 ssize_t n;
 
                 if (!s->rw) {
@@ -623,7 +628,7 @@ static int stream_recv(TcpStream *s) {
                                         return -ECONNRESET;
                                 s->r_hdr_have += (size_t)n;
                                 if (s->r_hdr_have < sizeof s->r_hdr)
-                                        continue;
+                                        return 0; /* short: the socket is empty */
                         }
                         s->r_hdr_have = 0;
                         r = stream_slice_begin(s);
@@ -653,6 +658,8 @@ static int stream_recv(TcpStream *s) {
                                 return errno == EAGAIN || errno == EINTR ? 0 : -errno;
                         if (n == 0)
                                 return -ECONNRESET;
+                        /* Short (the next header asked for included): the socket is empty. */
+                        drained = (size_t)n < iov[0].iov_len + (n_iov > 1 ? iov[1].iov_len : 0);
                         budget -= MIN(budget, (size_t)n);
                         take = MIN((uint64_t)n, s->r_remaining);
                         s->tp->bytes_in += take;
@@ -666,6 +673,8 @@ static int stream_recv(TcpStream *s) {
                         if (r != 0)
                                 return r;
                 }
+                if (drained)
+                        return 0;
         }
         return 0;
 }

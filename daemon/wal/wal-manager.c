@@ -27,11 +27,14 @@ typedef struct WalGlue {
         sd_event_source *urge;     /* idle-priority defer: urge the writer once the loop
                                     * has handled every request that was ready */
         uint64_t urge_since;       /* CLOCK_MONOTONIC µs the urge was first deferred; 0: none */
+        uint64_t urged_lsn;        /* the writer was urged with every record up to it */
         sd_event_source *lazy;     /* the lazy bound of records nobody waits for: the
                                     * loop times them, so the writer thread is not woken
                                     * for each batch of them */
         uint64_t batch_lsn;        /* the first record of the latest such batch */
         uint64_t batch_since;      /* CLOCK_MONOTONIC µs it began */
+        bool lazy_pending;         /* that batch is bounded by manager_run()'s loop (its
+                                    * wait's timeout) rather than by the timer `lazy` */
 } WalGlue;
 
 static WalGlue *glue(Manager *m) {
@@ -41,11 +44,17 @@ static WalGlue *glue(Manager *m) {
 /* A reply queued this long after a deferred urge urges at once (a busy loop still syncs). */
 #define WAL_URGE_DEFER_MAX_USEC 200ULL
 
-static void urge_now(WalGlue *g) {
+/* The writer takes every record appended so far in its next batch. */
+static void urge_writer(WalGlue *g) {
         g->urge_since = 0;
+        g->urged_lsn = g->last;
+        wal_writer_urge(g->writer);
+}
+
+static void urge_now(WalGlue *g) {
         if (g->urge)
                 (void)sd_event_source_set_enabled(g->urge, SD_EVENT_OFF);
-        wal_writer_urge(g->writer);
+        urge_writer(g);
 }
 
 static int on_urge(sd_event_source *s, void *userdata) {
@@ -65,22 +74,51 @@ static int on_lazy(sd_event_source *s, uint64_t usec, void *userdata) {
         uint64_t due = g->batch_since + WAL_WRITER_LAZY_USEC, now = now_usec(CLOCK_MONOTONIC);
         if (now + WAL_WRITER_LAZY_USEC / 10 >= due ||
             sd_event_source_set_time(s, due) < 0 || sd_event_source_set_enabled(s, SD_EVENT_ONESHOT) < 0)
-                wal_writer_urge(g->writer);
+                urge_writer(g);
         return 0;
 }
 
-/* A batch of records nobody waits for began (its first record: lsn). An armed timer is
- * left as it is (on_lazy re-arms it for this batch if need be): one timer syscall per
- * bound at most, however many batches. */
-static void lazy_arm(WalGlue *g, uint64_t lsn) {
+/* The same bound in manager_run()'s loop, checked after every dispatch and before it
+ * waits: the batch is urged once it is WAL_WRITER_LAZY_USEC old, from a tenth of that
+ * before (the wait's timeout is rounded up to whole milliseconds: the urge comes within
+ * a tenth of the bound either side), unless an urge took it meanwhile (a reply's).
+ * Returns when the loop must be back to urge it (its wait's timeout), UINT64_MAX if it
+ * need not. */
+static uint64_t lazy_check(WalGlue *g) {
+        if (!g->lazy_pending)
+                return UINT64_MAX;
+        if (g->urged_lsn >= g->batch_lsn) {
+                g->lazy_pending = false;
+                return UINT64_MAX;
+        }
+        uint64_t due = g->batch_since + WAL_WRITER_LAZY_USEC - WAL_WRITER_LAZY_USEC / 10;
+        if (now_usec(CLOCK_MONOTONIC) >= due) {
+                g->lazy_pending = false;
+                urge_writer(g);
+                return UINT64_MAX;
+        }
+        return due;
+}
+
+/* A batch of records nobody waits for began (its first record: lsn). In manager_run()'s
+ * loop, the loop's own wait bounds it (lazy_check()): no timer is armed, then disarmed
+ * or fired for nothing when a reply's sync takes the batch first (a timerfd_settime
+ * each, and the wake-up). Elsewhere the timer: an armed timer is left as it is (on_lazy
+ * re-arms it for this batch if need be), one timer syscall per bound at most, however
+ * many batches. */
+static void lazy_arm(Manager *m, WalGlue *g, uint64_t lsn) {
         int enabled = SD_EVENT_OFF;
         g->batch_lsn = lsn;
         g->batch_since = now_usec(CLOCK_MONOTONIC);
+        if (m->in_loop) {
+                g->lazy_pending = true;
+                return;
+        }
         if (!g->lazy || (sd_event_source_get_enabled(g->lazy, &enabled) >= 0 && enabled != SD_EVENT_OFF))
                 return;
         if (sd_event_source_set_time(g->lazy, g->batch_since + WAL_WRITER_LAZY_USEC) < 0 ||
             sd_event_source_set_enabled(g->lazy, SD_EVENT_ONESHOT) < 0)
-                wal_writer_urge(g->writer); /* no timer: durable now rather than late */
+                urge_writer(g); /* no timer: durable now rather than late */
 }
 
 static const Subsystem *journal_owner(uint16_t type) {
@@ -192,7 +230,7 @@ int wal_manager_append(Manager *m, uint16_t type, const void *payload, size_t le
                 return r;
         g->last = lsn;
         if (r > 0)
-                lazy_arm(g, lsn);
+                lazy_arm(m, g, lsn);
         return 0;
 }
 
@@ -215,9 +253,12 @@ int wal_manager_after_durable(Manager *m, WalWaitFn fn, void *userdata) {
                 return r;
         /* Someone waits: no lazy delay, but not a sync per reply either. The urge is
          * deferred to the loop's idle point, so every request that was ready when this
-         * one was handled journals first and their replies share one fdatasync. On a
+         * one was handled journals first and their replies share one fdatasync. That
+         * point is found by the idle-priority defer source's turn: its epoll_wait(0) is
+         * what sees the requests still unread in their sockets (sd-bus reads one message
+         * per dispatch), which a hook run before the loop polls again would not. On a
          * loop that stays busy, a reply queued WAL_URGE_DEFER_MAX_USEC after the deferral
-         * urges at once; the lazy timer's bound (WAL_WRITER_LAZY_USEC) holds anyway. */
+         * urges at once; the lazy bound (WAL_WRITER_LAZY_USEC) holds anyway. */
         uint64_t now = now_usec(CLOCK_MONOTONIC);
         if (!g->urge || (g->urge_since > 0 && now - g->urge_since >= WAL_URGE_DEFER_MAX_USEC))
                 urge_now(g);
@@ -378,9 +419,26 @@ static int wal_reload(Manager *m, const Config *n) {
         return 0;
 }
 
+/* manager_run()'s loop is about to wait: it waits no longer than the lazy bound. */
+static uint64_t wal_before_wait(Manager *m) {
+        WalGlue *g = glue(m);
+        if (!g || !g->writer)
+                return UINT64_MAX;
+        return lazy_check(g);
+}
+
+/* The lazy bound on a loop that does not idle (and after a wait that timed out). */
+static void wal_after_dispatch(Manager *m) {
+        WalGlue *g = glue(m);
+        if (g && g->writer && g->lazy_pending)
+                (void)lazy_check(g);
+}
+
 const Subsystem wal_subsystem = {
         .name = "wal",
         .init = wal_init,
         .done = wal_done,
         .reload = wal_reload,
+        .after_dispatch = wal_after_dispatch,
+        .before_wait = wal_before_wait,
 };

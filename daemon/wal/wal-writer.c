@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -27,11 +28,16 @@ struct WalWriter {
         pthread_t thread;
         bool started;
         pthread_mutex_t lock;
-        pthread_cond_t wake;   /* the thread waits here for work */
+        /* The thread waits here for work, posted once per sleep (wake_take()). Not a
+         * condition variable: pthread_cond_wait() takes the mutex back marked as
+         * contended, so the thread's next unlock made a FUTEX_WAKE system call for
+         * nobody, once per batch. */
+        sem_t wake;
         pthread_cond_t done;   /* wal_writer_flush() waits here */
         int efd;
 
         /* Under lock. */
+        bool sleeping;         /* the thread waits on `wake` (or is about to) */
         bool stop;
         bool hold;
         bool urgent;           /* the pending batch is waited for, or urged: write now */
@@ -53,6 +59,20 @@ static void unlock(WalWriter *ww) {
         pthread_mutex_unlock(&ww->lock);
 }
 
+/* Under lock, by whoever just gave the thread something to look at: true when the thread
+ * sleeps and is to be posted (wake_post(), best after unlock(), so that it does not wake
+ * into a held mutex). It then counts as awake: one post per sleep, so the semaphore never
+ * holds a post the thread's next sleep would take for a wake-up. */
+static bool wake_take(WalWriter *ww) {
+        bool s = ww->sleeping;
+        ww->sleeping = false;
+        return s;
+}
+
+static void wake_post(WalWriter *ww) {
+        (void)sem_post(&ww->wake);
+}
+
 /* Under lock: waits until there is a batch to take (waited for or urged, a compaction)
  * or the thread is to stop. Records nobody waits for wait for one that is (it makes them
  * durable with it) or for their owner's urge (wal_writer_append_deferred): the thread
@@ -61,7 +81,13 @@ static void wait_for_work(WalWriter *ww) {
         while (!ww->stop) {
                 if (!ww->hold && (ww->have_compact || (ww->pending_size > 0 && ww->urgent)))
                         return;
-                pthread_cond_wait(&ww->wake, &ww->lock);
+                /* Whoever changes what is checked above does so under the lock, then sees
+                 * `sleeping` and posts: a change after the unlock below is never missed. */
+                ww->sleeping = true;
+                unlock(ww);
+                while (sem_wait(&ww->wake) < 0 && errno == EINTR)
+                        ;
+                lock(ww);
         }
 }
 
@@ -195,10 +221,7 @@ int wal_writer_new(Wal *w, WalWriter **ret) {
         ww->stats.compactions = wal_get_stats(w)->compactions;
         ww->stats.snapshot_records = wal_get_stats(w)->snapshot_records;
         pthread_mutex_init(&ww->lock, NULL);
-        pthread_condattr_t ca;
-        pthread_condattr_init(&ca);
-        pthread_cond_init(&ww->wake, &ca);
-        pthread_condattr_destroy(&ca);
+        (void)sem_init(&ww->wake, 0, 0);
         pthread_cond_init(&ww->done, NULL);
         ww->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (ww->efd < 0) {
@@ -223,12 +246,14 @@ WalWriter *wal_writer_free(WalWriter *ww) {
         if (ww->started) {
                 lock(ww);
                 ww->stop = true;
-                pthread_cond_signal(&ww->wake);
+                bool wake = wake_take(ww);
                 unlock(ww);
+                if (wake)
+                        wake_post(ww);
                 pthread_join(ww->thread, NULL);
         }
         pthread_mutex_destroy(&ww->lock);
-        pthread_cond_destroy(&ww->wake);
+        (void)sem_destroy(&ww->wake);
         pthread_cond_destroy(&ww->done);
         safe_close(ww->efd);
         free(ww->pending);
@@ -276,14 +301,15 @@ static int append(WalWriter *ww, uint16_t type, const void *payload, size_t len,
                 /* The thread hears of every record someone waits for, never of one
                  * nobody waits for. */
                 if (waited) {
-                        wake = !ww->urgent;
+                        if (!ww->urgent)
+                                wake = wake_take(ww);
                         ww->urgent = true;
                 } else
                         r = ww->pending_records == 1 && !ww->urgent;
         }
         unlock(ww);
         if (wake)
-                pthread_cond_signal(&ww->wake);
+                wake_post(ww);
         return r;
 }
 
@@ -301,14 +327,15 @@ void wal_writer_urge(WalWriter *ww) {
         lock(ww);
         if (ww->pending_size > 0 && !ww->urgent) {
                 ww->urgent = true;
-                wake = true;
+                wake = wake_take(ww);
         }
         unlock(ww);
         if (wake)
-                pthread_cond_signal(&ww->wake);
+                wake_post(ww);
 }
 
 int wal_writer_compact(WalWriter *ww, void *snapshot, size_t size, uint64_t lsn, uint64_t records) {
+        bool wake = false;
         int r = 0;
 
         lock(ww);
@@ -327,9 +354,11 @@ int wal_writer_compact(WalWriter *ww, void *snapshot, size_t size, uint64_t lsn,
                         .split = ww->pending_size,
                 };
                 ww->have_compact = ww->compacting = true;
-                pthread_cond_signal(&ww->wake);
+                wake = wake_take(ww);
         }
         unlock(ww);
+        if (wake)
+                wake_post(ww);
         if (r < 0)
                 free(snapshot);
         return r;
@@ -380,7 +409,8 @@ int wal_writer_wait(WalWriter *ww, uint64_t want) {
         lock(ww);
         if (ww->stats.durable_lsn < want && ww->pending_size > 0 && !ww->urgent) {
                 ww->urgent = true; /* someone waits now */
-                pthread_cond_signal(&ww->wake);
+                if (wake_take(ww))
+                        wake_post(ww); /* under the lock: this caller waits below anyway */
         }
         while (ww->stats.durable_lsn < want && ww->stats.error == 0)
                 pthread_cond_wait(&ww->done, &ww->lock);
@@ -400,8 +430,10 @@ void wal_writer_set_policy(WalWriter *ww, WalSyncPolicy p) {
 void wal_writer_hold(WalWriter *ww, bool hold) {
         lock(ww);
         ww->hold = hold;
-        pthread_cond_signal(&ww->wake);
+        bool wake = wake_take(ww);
         unlock(ww);
+        if (wake)
+                wake_post(ww);
 }
 
 int wal_wait_queue_push(WalWaitQueue *q, uint64_t lsn, WalWaitFn fn, void *userdata) {
