@@ -266,7 +266,7 @@ static int conn_read_buffered(Conn *c) {
         size_t budget = 64;
         bool drained = false;
 
-        while (budget-- > 0) {
+        for (;;) {
                 ssize_t n;
 
                 /* Dispatch what is complete. */
@@ -304,7 +304,9 @@ static int conn_read_buffered(Conn *c) {
                         c->in_end -= c->in_start;
                         c->in_start = 0;
                 }
-                if (drained)
+                /* Everything read so far is dispatched: stop when the socket is empty,
+                 * or after `budget` reads (the rest wakes the loop again: level-triggered). */
+                if (drained || budget-- == 0)
                         return 0;
                 if (!c->in) {
                         c->in = malloc(CONTROL_READ_SIZE);
@@ -321,7 +323,6 @@ static int conn_read_buffered(Conn *c) {
                 c->in_end += (size_t)n;
                 drained = (size_t)n < want;
         }
-        return 0;
 }
 
 int peer_conn_read(Conn *c) {
