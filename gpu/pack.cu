@@ -96,11 +96,11 @@ epd_copy_uniform(const EpdChunk *__restrict__ chunks, unsigned n_chunks, unsigne
 // blockIdx.y picks K or V and a head, the x dimension runs over the tokens' 16-byte
 // words. Reads and writes are row-contiguous (a row is D × element size, e.g. 256
 // bytes), so both sides are coalesced. pages[] holds each page's address.
-extern "C" __global__ void __launch_bounds__(256)
-epd_kv_rows(const unsigned long long *__restrict__ pages, unsigned long long k, unsigned long long v,
-            unsigned long long tokens, unsigned heads, unsigned words_per_row, unsigned tokens_per_page,
-            unsigned long long k_offset, unsigned long long v_offset, unsigned long long head_words,
-            unsigned long long token_words, int to_pages) {
+__device__ __forceinline__ void
+kv_rows_copy(const unsigned long long *__restrict__ pages, unsigned long long k, unsigned long long v,
+             unsigned long long tokens, unsigned heads, unsigned words_per_row, unsigned tokens_per_page,
+             unsigned long long k_offset, unsigned long long v_offset, unsigned long long head_words,
+             unsigned long long token_words, int to_pages) {
         const unsigned kv = blockIdx.y / heads, h = blockIdx.y % heads;
         uint4 *__restrict__ tensor = (uint4 *)(kv ? v : k) + (unsigned long long)h * head_words;
         const unsigned long long off = kv ? v_offset : k_offset;
@@ -119,6 +119,15 @@ epd_kv_rows(const unsigned long long *__restrict__ pages, unsigned long long k, 
                 else
                         __stcs(row, __ldcs(page));
         }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+epd_kv_rows(const unsigned long long *__restrict__ pages, unsigned long long k, unsigned long long v,
+            unsigned long long tokens, unsigned heads, unsigned words_per_row, unsigned tokens_per_page,
+            unsigned long long k_offset, unsigned long long v_offset, unsigned long long head_words,
+            unsigned long long token_words, int to_pages) {
+        kv_rows_copy(pages, k, v, tokens, heads, words_per_row, tokens_per_page, k_offset, v_offset, head_words,
+                     token_words, to_pages);
 }
 
 // Several layers' K and V in one launch (kvcopy.h: gpu_kv_rows_copy_many): layers of one
@@ -144,23 +153,6 @@ struct EpdKvLayers {
 extern "C" __global__ void __launch_bounds__(256)
 epd_kv_layers(const unsigned long long *__restrict__ pages, const __grid_constant__ EpdKvLayers p) {
         const EpdKvLayer &l = p.layer[blockIdx.z];
-        const unsigned heads = p.heads, words_per_row = p.words_per_row, tokens_per_page = p.tokens_per_page;
-        const unsigned kv = blockIdx.y / heads, h = blockIdx.y % heads;
-        uint4 *__restrict__ tensor = (uint4 *)(kv ? l.v : l.k) + (unsigned long long)h * p.head_words;
-        const unsigned long long off = kv ? l.v_offset : l.k_offset;
-        const unsigned long long n = p.tokens * words_per_row;
-        const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-
-        for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-                const unsigned long long s = i / words_per_row;
-                const unsigned w = (unsigned)(i % words_per_row);
-                const unsigned t = (unsigned)(s % tokens_per_page);
-                uint4 *page = (uint4 *)(pages[s / tokens_per_page] + off) +
-                              ((unsigned long long)t * heads + h) * words_per_row + w;
-                uint4 *row = tensor + s * p.token_words + w;
-                if (p.to_pages)
-                        __stcs(page, __ldcs(row));
-                else
-                        __stcs(row, __ldcs(page));
-        }
+        kv_rows_copy(pages, l.k, l.v, p.tokens, p.heads, p.words_per_row, p.tokens_per_page, l.k_offset, l.v_offset,
+                     p.head_words, p.token_words, p.to_pages);
 }

@@ -511,67 +511,18 @@ static void test_pack(Env *e) {
 }
 
 /* The KV layer copies (kvcopy.h): the kernel against the host copy, both directions,
- * both tensor layouts, a last page partly used. Pages: a GPU arena; tensors: another.
- * Host image: [pages arena | tensor arena] in e->host. */
-static void kv_case(Env *e, GpuKernels *k, Arena *pa, Arena *ta, bool token_major, GpuKvDirection dir,
+ * both tensor layouts, a last page partly used. many: every layer of the page in one
+ * launch (gpu_kv_rows_copy_many: epd_kv_layers); else one layer (epd_kv_rows). Pages: a
+ * GPU arena; tensors: another. Host image: [pages arena | tensor arena] in e->host. */
+static void kv_case(Env *e, GpuKernels *k, Arena *pa, Arena *ta, bool token_major, GpuKvDirection dir, bool many,
                     uint64_t seed) {
-        const uint32_t H = 8, T = 16, L = 4, layer = 2;
-        const uint64_t row = 256, S = 1000, block = (uint64_t)T * H * row, page = (uint64_t)L * 2 * block;
-        const size_t n_pages = (S + T - 1) / T;
-        CudaDriver *d = e->s->driver;
-        uint64_t *dev_pages = malloc(n_pages * 8), *host_pages = malloc(n_pages * 8);
-        uint8_t *img = e->host, *ref = malloc(pa->size + ta->size);
-        CUdeviceptr table;
-        CUstream stream;
-
-        REQUIRE(dev_pages && host_pages && ref, "oom");
-        REQUIRE(pa->size + ta->size <= e->host_size && n_pages <= pa->size / page, "sizes");
-        for (size_t i = 0; i < n_pages; i++) {
-                uint64_t id = (i * 7919 + seed) % (pa->size / page);
-                dev_pages[i] = pa->gpu->base + id * page;
-                host_pages[i] = (uintptr_t)(img + id * page);
-        }
-        fill_random(img, pa->size + ta->size, seed, 0);
-        host_to_arena(e, pa, 0, 0, pa->size);
-        host_to_arena(e, ta, 0, pa->size, ta->size);
-        GpuKvRows r = { .tokens = S, .heads = H, .tokens_per_page = T, .row_bytes = row,
-                        .k_offset = layer * 2 * block, .v_offset = layer * 2 * block + block,
-                        .head_stride = token_major ? row : 0, .token_stride = token_major ? H * row : 0 };
-        /* The reference on the host image. */
-        r.k = (uintptr_t)(img + pa->size);
-        r.v = r.k + (uint64_t)H * S * row;
-        CHECK(gpu_kv_rows_check(&r, n_pages, page));
-        gpu_kv_rows_copy_host(&r, host_pages, dir);
-        memcpy(ref, img, pa->size + ta->size); /* what the GPU must produce */
-        /* The GPU run. */
-        r.k = ta->gpu->base;
-        r.v = r.k + (uint64_t)H * S * row;
-        CHECK(CU(d, cuStreamCreate, &stream, CU_STREAM_NON_BLOCKING));
-        CHECK(CU(d, cuMemAlloc, &table, n_pages * 8));
-        CHECK(CU(d, cuMemcpyHtoD, table, dev_pages, n_pages * 8));
-        REQUIRE(gpu_kv_rows_aligned(&r, dev_pages, n_pages), "aligned");
-        CHECK(gpu_kv_rows_copy(e->s, k, stream, table, dev_pages, n_pages, &r, dir));
-        CHECK(CU(d, cuStreamSynchronize, stream));
-        arena_to_host(e, pa, 0, 0, pa->size);
-        arena_to_host(e, ta, 0, pa->size, ta->size);
-        REQUIRE(memcmp(img, ref, pa->size + ta->size) == 0, "kv rows (%s, %s) differ from the host copy",
-                token_major ? "token-major" : "head-major", dir == GPU_KV_TO_PAGES ? "scatter" : "gather");
-        (void)CU(d, cuMemFree, table);
-        (void)CU(d, cuStreamDestroy, stream);
-        free(ref);
-        free(dev_pages);
-        free(host_pages);
-}
-
-/* Every layer of a page in one launch (gpu_kv_rows_copy_many: epd_kv_layers) against
- * the host copy of each layer, both directions, both tensor layouts. */
-static void kv_layers_case(Env *e, GpuKernels *k, Arena *pa, Arena *ta, bool token_major, GpuKvDirection dir,
-                           uint64_t seed) {
         enum { L = 4 };
         const uint32_t H = 8, T = 16;
         const uint64_t row = 256, S = 1000, block = (uint64_t)T * H * row, page = (uint64_t)L * 2 * block,
                        tensor = (uint64_t)H * S * row;
         const size_t n_pages = (S + T - 1) / T;
+        /* One layer: the page's third. */
+        const unsigned first = many ? 0 : 2, n = many ? L : 1;
         CudaDriver *d = e->s->driver;
         uint64_t *dev_pages = malloc(n_pages * 8), *host_pages = malloc(n_pages * 8);
         uint8_t *img = e->host, *ref = malloc(pa->size + ta->size);
@@ -590,31 +541,39 @@ static void kv_layers_case(Env *e, GpuKernels *k, Arena *pa, Arena *ta, bool tok
         fill_random(img, pa->size + ta->size, seed, 0);
         host_to_arena(e, pa, 0, 0, pa->size);
         host_to_arena(e, ta, 0, pa->size, ta->size);
-        for (unsigned l = 0; l < L; l++) {
-                rows[l] = (GpuKvRows){ .tokens = S, .heads = H, .tokens_per_page = T, .row_bytes = row,
+        /* The reference on the host image. */
+        for (unsigned i = 0; i < n; i++) {
+                unsigned l = first + i;
+                rows[i] = (GpuKvRows){ .tokens = S, .heads = H, .tokens_per_page = T, .row_bytes = row,
                                        .k_offset = l * 2 * block, .v_offset = l * 2 * block + block,
                                        .head_stride = token_major ? row : 0,
                                        .token_stride = token_major ? H * row : 0 };
-                rows[l].k = (uintptr_t)(img + pa->size) + 2 * l * tensor;
-                rows[l].v = rows[l].k + tensor;
-                CHECK(gpu_kv_rows_check(&rows[l], n_pages, page));
-                gpu_kv_rows_copy_host(&rows[l], host_pages, dir);
+                rows[i].k = (uintptr_t)(img + pa->size) + 2 * i * tensor;
+                rows[i].v = rows[i].k + tensor;
+                CHECK(gpu_kv_rows_check(&rows[i], n_pages, page));
+                gpu_kv_rows_copy_host(&rows[i], host_pages, dir);
         }
-        memcpy(ref, img, pa->size + ta->size);
-        for (unsigned l = 0; l < L; l++) {
-                rows[l].k = ta->gpu->base + 2 * l * tensor;
-                rows[l].v = rows[l].k + tensor;
+        memcpy(ref, img, pa->size + ta->size); /* what the GPU must produce */
+        /* The GPU run. */
+        for (unsigned i = 0; i < n; i++) {
+                rows[i].k = ta->gpu->base + 2 * i * tensor;
+                rows[i].v = rows[i].k + tensor;
         }
         CHECK(CU(d, cuStreamCreate, &stream, CU_STREAM_NON_BLOCKING));
         CHECK(CU(d, cuMemAlloc, &table, n_pages * 8));
         CHECK(CU(d, cuMemcpyHtoD, table, dev_pages, n_pages * 8));
-        REQUIRE(gpu_kv_rows_uniform(rows, L, dev_pages, n_pages), "uniform");
-        CHECK(gpu_kv_rows_copy_many(e->s, k, stream, table, dev_pages, n_pages, rows, L, dir));
+        REQUIRE(gpu_kv_rows_aligned(&rows[0], dev_pages, n_pages), "aligned");
+        if (many) {
+                REQUIRE(gpu_kv_rows_uniform(rows, n, dev_pages, n_pages), "uniform");
+                CHECK(gpu_kv_rows_copy_many(e->s, k, stream, table, dev_pages, n_pages, rows, n, dir));
+        } else
+                CHECK(gpu_kv_rows_copy(e->s, k, stream, table, dev_pages, n_pages, &rows[0], dir));
         CHECK(CU(d, cuStreamSynchronize, stream));
         arena_to_host(e, pa, 0, 0, pa->size);
         arena_to_host(e, ta, 0, pa->size, ta->size);
-        REQUIRE(memcmp(img, ref, pa->size + ta->size) == 0, "kv layers (%s, %s) differ from the host copy",
-                token_major ? "token-major" : "head-major", dir == GPU_KV_TO_PAGES ? "scatter" : "gather");
+        REQUIRE(memcmp(img, ref, pa->size + ta->size) == 0, "kv %s (%s, %s) differ from the host copy",
+                many ? "layers" : "rows", token_major ? "token-major" : "head-major",
+                dir == GPU_KV_TO_PAGES ? "scatter" : "gather");
         (void)CU(d, cuMemFree, table);
         (void)CU(d, cuStreamDestroy, stream);
         free(ref);
@@ -633,12 +592,10 @@ static void test_kv_rows(Env *e) {
         Arena *pa = make_arena(e, "kv-pages", 8, 128 * MiB);
         Arena *ta = make_arena(e, "kv-tensors", 9, 32 * MiB);
         unsigned cases = 0;
-        for (int tm = 0; tm < 2; tm++)
-                for (int dir = 0; dir < 2; dir++, cases++)
-                        kv_case(e, k, pa, ta, tm, (GpuKvDirection)dir, 70 + cases);
-        for (int tm = 0; tm < 2; tm++)
-                for (int dir = 0; dir < 2; dir++, cases++)
-                        kv_layers_case(e, k, pa, ta, tm, (GpuKvDirection)dir, 70 + cases);
+        for (int many = 0; many < 2; many++)
+                for (int tm = 0; tm < 2; tm++)
+                        for (int dir = 0; dir < 2; dir++, cases++)
+                                kv_case(e, k, pa, ta, tm, (GpuKvDirection)dir, many, 70 + cases);
         printf("RESULT kv-rows ok cases=%u (4 one layer a launch, 4 four layers a launch)\n", cases);
         drop_arena(e, pa);
         drop_arena(e, ta);

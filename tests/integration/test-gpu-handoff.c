@@ -390,6 +390,28 @@ START_TEST(test_host_to_gpu) {
 }
 END_TEST
 
+/* The decode side of a 4-group handoff whose groups were reported ready: waits until
+ * they have landed, checks the bytes (fill_pages' seed), commits and releases both sides. */
+static void landed_commit_release(epd_client *p, epd_client *d, Mem *md, epd_handoff_accepted *acc, char *path,
+                                  uint32_t seed) {
+        epd_handoff_status s = {};
+        for (int i = 0; i < 2000 && s.groups_done < 4; i++) {
+                ck_assert_int_eq(epd_handoff_get(d, acc->path, &s), 0);
+                if (s.groups_done < 4)
+                        usleep(5000);
+        }
+        ck_assert_uint_eq(s.groups_done, 4);
+        ck_assert(layers_equal(md, acc->offsets, N_PAGES, 0, LAYERS, seed));
+        char *dseq = NULL;
+        ck_assert_int_eq(epd_handoff_commit(d, acc->path, &dseq), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc->path), 0);
+        release_sequence(d, dseq);
+        free(dseq);
+        free(path);
+        epd_handoff_accepted_done(acc);
+}
+
 /* Layer groups reported ready from the GPU: the notifier records an event per group on
  * the stream and its thread submits LayerGroupReady on the ring once the event is done;
  * the caller never waits. Then (fake driver only) an event that fails: that group is
@@ -417,22 +439,7 @@ START_TEST(test_notifier) {
         ck_assert_int_eq(epd_gpu_notifier_flush(n, 10 * 1000000ULL), 0);
         ck_assert_uint_eq(epd_gpu_notifier_pending(n), 0);
         ck_assert_uint_eq(epd_gpu_notifier_submitted(n), 4);
-        epd_handoff_status s = {};
-        for (int i = 0; i < 2000 && s.groups_done < 4; i++) {
-                ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
-                if (s.groups_done < 4)
-                        usleep(5000);
-        }
-        ck_assert_uint_eq(s.groups_done, 4);
-        ck_assert(layers_equal(&md, acc.offsets, N_PAGES, 0, LAYERS, 9));
-        char *dseq = NULL;
-        ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
-        ck_assert_int_eq(epd_handoff_release(p, path), 0);
-        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
-        release_sequence(d, dseq);
-        free(dseq);
-        free(path);
-        epd_handoff_accepted_done(&acc);
+        landed_commit_release(p, d, &md, &acc, path, 9);
 
         /* Every group after one event (a save that wrote every layer in one launch). */
         fill_pages(&ms, src, N_PAGES, 11);
@@ -443,22 +450,7 @@ START_TEST(test_notifier) {
         ck_assert_int_eq(epd_gpu_notifier_ready_after_range(n, 0, rid(11), token, 0, 4), 0);
         ck_assert_int_eq(epd_gpu_notifier_flush(n, 10 * 1000000ULL), 0);
         ck_assert_uint_eq(epd_gpu_notifier_submitted(n), 8);
-        s = (epd_handoff_status){};
-        for (int i = 0; i < 2000 && s.groups_done < 4; i++) {
-                ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
-                if (s.groups_done < 4)
-                        usleep(5000);
-        }
-        ck_assert_uint_eq(s.groups_done, 4);
-        ck_assert(layers_equal(&md, acc.offsets, N_PAGES, 0, LAYERS, 11));
-        dseq = NULL;
-        ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
-        ck_assert_int_eq(epd_handoff_release(p, path), 0);
-        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
-        release_sequence(d, dseq);
-        free(dseq);
-        free(path);
-        epd_handoff_accepted_done(&acc);
+        landed_commit_release(p, d, &md, &acc, path, 11);
 
         if (fake) {
                 ck_assert_int_eq(epd_handoff_prepare(p, rid(10), NULL, seq, groups4, 4, &o, &path, &token), 0);
@@ -470,6 +462,7 @@ START_TEST(test_notifier) {
                 ck_assert_msg(e < 0 && e != -ETIMEDOUT, "flush after a failed event: %d", e);
                 ck_assert_int_eq(epd_gpu_notifier_flush(n, 0), 0); /* the error was said once */
                 ck_assert_uint_eq(epd_gpu_notifier_submitted(n), 8);
+                epd_handoff_status s;
                 ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
                 ck_assert_uint_eq(s.groups_done, 0);
                 ck_assert_int_eq(epd_handoff_rollback(p, path), 0);
