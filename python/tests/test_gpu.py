@@ -135,6 +135,20 @@ class GpuArenaTest(unittest.TestCase):
                 a.release(dring)
                 h.release(pring)
 
+                # Every group after one event (a save written in one launch).
+                rid = "%032x" % 0x6163
+                h = Handoff.prepare(p, rid, "", seq.path, [2, 2])
+                a = Accepted.accept(d, rid, wait_s=1)
+                with self.assertRaises(epd.EpdError):
+                    n.ready_after_range(0, rid.encode(), h.token, 0, 0)
+                n.ready_after_range(0, rid.encode(), h.token, 0, 2)
+                n.flush(10)
+                self.assertEqual((n.pending, n.submitted), (0, 4))
+                self.assertEqual(a.wait_groups(2, dring, timeout_s=5), 2)
+                Sequence(d, a.commit(), a.arena).release()
+                a.release(dring)
+                h.release(pring)
+
                 rid = "%032x" % 0x6162
                 h = Handoff.prepare(p, rid, "", seq.path, [2, 2])
                 os.environ["FAKE_CUDA_FAIL_EVENTS"] = "1"
@@ -145,7 +159,7 @@ class GpuArenaTest(unittest.TestCase):
                 finally:
                     os.environ.pop("FAKE_CUDA_FAIL_EVENTS")
                 self.assertIn("layer groups reported ready", str(e.exception))
-                self.assertEqual(n.submitted, 2)
+                self.assertEqual(n.submitted, 4)
                 self.assertEqual(h.status()["groups_done"], 0)
                 h.rollback()
                 h.release()
