@@ -110,6 +110,10 @@ def summarize(name, results, wall):
         parts = [r["prefill"].get("fetch_detail") or {} for r in results]
         row["feature_fetch_ms"] = {k: 1e3 * mean(p.get(k, 0.0) for p in parts)
                                    for k in ("acquire", "wait", "read")}
+        # The Acquire's spread: a mean of ms can be one slow call or all of them.
+        acq = [1e3 * p["acquire"] for p in parts if "acquire" in p]
+        row["feature_fetch_ms"].update(acquire_p50=pct(acq, 50), acquire_p95=pct(acq, 95),
+                                       acquire_max=max(acq) if acq else float("nan"))
         # The KV sink's parts: the writes (one launch per layer) and the groups' events
         # and ready notices.
         sparts = [r["prefill"].get("sink_detail") or {} for r in results]
@@ -452,7 +456,9 @@ def main():
                       f"events and notices "
                       f"{ks['notice']:.2f} ms, {ks['groups']:.0f} groups, sequence + Prepare "
                       f"{ks.get('setup', 0):.2f} ms (on a thread; the first layer waited {ks.get('setup_wait', 0):.2f} ms); "
-                      f"feature fetch acquire {ff.get('acquire', 0):.2f} ms, wait {ff.get('wait', 0):.2f} ms, "
+                      f"feature fetch acquire {ff.get('acquire', 0):.2f} ms (P50 {ff.get('acquire_p50', 0):.2f}, "
+                      f"P95 {ff.get('acquire_p95', 0):.2f}, max {ff.get('acquire_max', 0):.2f}), "
+                      f"wait {ff.get('wait', 0):.2f} ms, "
                       f"read {ff.get('read', 0):.2f} ms; encoder: image + key {r.get('encoder_key_ms', 0):.2f} ms, "
                       f"Acquire + Publish + Release {r.get('encoder_epd_ms', 0):.2f} ms; decode: "
                       f"{r.get('decode_layers_in_one_launch', 0):.1f} layers read in one launch (mean)")
