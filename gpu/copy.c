@@ -187,15 +187,9 @@ static void *waiter_thread(void *userdata) {
 }
 
 static int waiter_start(GpuCopyEngine *e) {
-        pthread_condattr_t attr;
         int r;
 
-        if (e->waiter_started)
-                return 0;
-        pthread_condattr_init(&attr);
-        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-        pthread_cond_init(&e->watch_more, &attr);
-        pthread_condattr_destroy(&attr);
+        pthread_cond_init(&e->watch_more, NULL); /* never waited for with a timeout */
         r = -pthread_create(&e->waiter, NULL, waiter_thread, e);
         if (r < 0) {
                 pthread_cond_destroy(&e->watch_more);
