@@ -26,7 +26,14 @@ decode worker (mean, P50, P99), beside the limit measured in the same run: a bar
 ping-pong (bench-tcp-pingpong: 64 KiB one way, 8 bytes back, between the same
 namespaces) and iperf3 -P 1. Then handoffs/s with 1, 8 and 64 in flight (64 KiB, 4
 groups) against iperf3's throughput. A Prepare refused with Error.Backpressure is
-retried after its retry-after, as workers do."""
+retried after its retry-after, as workers do.
+
+    bench-handoff-netns.py BUILD_ROOT --syscalls [--count N]
+
+The system calls per 64 KiB 4-group inter-host handoff with one in flight (the
+--latency run's strace line alone: strace -c -f of both daemons and the client over N
+handoffs, default 300), then that handoff's latency over 1000 more without strace,
+beside the same run's TCP ping-pong: what a change to the hot path is measured with."""
 
 import importlib.util
 import json
@@ -259,6 +266,30 @@ def latency_main(build, quick, count):
     return 0
 
 
+def syscalls_main(build, count):
+    with tempfile.TemporaryDirectory() as tmp:
+        net = Net(2)
+        try:
+            pp = pingpong(build, net, 64 * KiB, 1000)
+            pair = Pair(build, tmp, net, 1, 256)
+            try:
+                handoff_latency(build, pair, "bravo", 100, 8, 4, 8192)  # warm up: connections, pages
+                res = syscalls(build, tmp, pair, count, 1)
+                print(f"bench-handoff-netns --syscalls: 64 KiB 4-group handoffs alpha -> bravo, 1 in flight "
+                      f"(strace -c -f, {count} handoffs, the clients' connection setup included)")
+                for name, sc, fs, top in res:
+                    print(f"  {name:11} {sc:6.1f} system calls per handoff (fdatasync {fs:.2f}); most made: {top}")
+                r = handoff_latency(build, pair, "bravo", 1000, 8, 4, 8192)
+                print(f"  latency without strace, 1000 handoffs: all landed P50 {r['all_p50']:.1f} P99 "
+                      f"{r['all_p99']:.1f} us; limit: TCP ping-pong 64 KiB P50 {pp['rtt_p50']:.1f} P99 "
+                      f"{pp['rtt_p99']:.1f} us", flush=True)
+            finally:
+                pair.close()
+        finally:
+            net.close()
+    return 0
+
+
 def fmt(size):
     return f"{size // MiB} MiB" if size >= MiB else f"{size // KiB} KiB"
 
@@ -282,6 +313,12 @@ def main():
     if "--latency" in sys.argv:
         count = int(sys.argv[sys.argv.index("--count") + 1]) if "--count" in sys.argv else (200 if quick else 1000)
         return latency_main(build, quick, count)
+    if "--syscalls" in sys.argv:
+        if not shutil.which("strace"):
+            print("SKIP: strace not installed")
+            return 77
+        count = int(sys.argv[sys.argv.index("--count") + 1]) if "--count" in sys.argv else 300
+        return syscalls_main(build, count)
     sizes = [64 * KiB, MiB, 16 * MiB, 256 * MiB, 1024 * MiB]
     sizes = [s for s in sizes if s <= max_mib * MiB]
     if quick:
