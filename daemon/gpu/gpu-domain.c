@@ -58,6 +58,7 @@ GpuContext *gpu_context_free(GpuContext *g) {
         /* The transport first: it waits for copies in flight and unpins host regions. */
         if (g->transport)
                 g->transport->ops->free(g->transport);
+        g->cow_engine = gpu_copy_engine_free(g->cow_engine); /* waits for copies in flight */
         if (g->by_base) {
                 while (hashmap_iterate(g->by_base, &i, &v, NULL))
                         gpu_arena_unref(v);

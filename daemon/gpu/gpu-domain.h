@@ -32,6 +32,10 @@ typedef struct GpuExternal GpuExternal;
 typedef struct GpuContext {
         GpuSystem *system;
         Transport *transport;        /* the CUDA transport */
+        /* Copy-on-write copies of GPU pages (gpu-manager.c): an engine of their own, whose
+         * completions the event loop hears on its fd (cow_source, an sd_event_source). */
+        GpuCopyEngine *cow_engine;
+        void *cow_source;
         Hashmap *by_base;            /* uint64_t device base → GpuArena* (referenced) */
         unsigned n_external;
         uint32_t next_external_id;

@@ -5,13 +5,18 @@
  * transport's. Glue only; the logic is in gpu-domain.c. */
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <sys/epoll.h>
+
+#include <systemd/sd-event.h>
 
 #include "core/manager.h"
 #include "gpu/bus-gpu.h"
 #include "gpu/gpu-domain.h"
 #include "gpu/gpu-manager.h"
 #include "log.h"
+#include "macro.h"
 #include "transport/cuda.h"
 
 /* A configured Domain=gpu arena, loading the driver on first use. Fails with a clear
@@ -38,10 +43,10 @@ static void gpu_manager_arena_release(Manager *m, Arena *a) {
         }
 }
 
-/* Copy-on-write of a page in a GPU arena (offsets into the arena): the copy engine, on
- * the daemon's context. Synchronous, like the host arenas' memcpy: the writer may only
- * write once its private copy exists; a page is MBs, microseconds on the copy engine.
- * The page manager installs it when it makes a GPU arena's page pool. */
+/* Copy-on-write of a page in a GPU arena (offsets into the arena), synchronously, on the
+ * daemon's context. The daemon itself does not call it on its loop: a synchronous copy
+ * waits until the GPU schedules the daemon's context, milliseconds while the workers'
+ * kernels hold it, and the whole loop would wait with it. */
 int gpu_manager_page_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) {
         Arena *a = userdata;
         GpuArena *g = a->gpu;
@@ -55,6 +60,73 @@ int gpu_manager_page_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t l
         return r;
 }
 
+/* One asynchronous copy-on-write batch: its cookie in the engine is this struct. */
+typedef struct CowCall {
+        PageCopyDoneFn done;
+        void *userdata;
+} CowCall;
+
+static void cow_dispatch(GpuContext *g) {
+        GpuCopyDone d[64];
+        size_t n;
+
+        while ((n = gpu_copy_reap(g->cow_engine, d, ELEMENTSOF(d))) > 0)
+                for (size_t i = 0; i < n; i++) {
+                        CowCall *c = (CowCall *)(uintptr_t)d[i].cookie;
+                        c->done(c->userdata, d[i].error);
+                        free(c);
+                }
+}
+
+static int on_cow_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Manager *m = userdata;
+        if (m->gpu && m->gpu->cow_engine)
+                cow_dispatch(m->gpu);
+        return 0;
+}
+
+int gpu_manager_page_copy_async(void *userdata, uint32_t arena, const uint64_t *dst, const uint64_t *src,
+                                size_t n, uint64_t length, PageCopyDoneFn done, void *done_userdata) {
+        Manager *m = userdata;
+        _cleanup_(freep) GpuCopySeg *segs = NULL;
+        int r;
+
+        if (!m || !done || n == 0)
+                return -EINVAL;
+        if (!m->gpu || !m->gpu->cow_engine)
+                return -ENODEV;
+        if (arena >= m->n_arenas || !m->arenas[arena]->gpu)
+                return -EINVAL;
+        GpuArena *g = m->arenas[arena]->gpu;
+        segs = calloc(n, sizeof *segs);
+        if (!segs)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                if (!gpu_arena_range_ok(g, dst[i], length) || !gpu_arena_range_ok(g, src[i], length))
+                        return -ERANGE;
+                segs[i] = (GpuCopySeg) { .src = g, .dst = g, .src_offset = src[i], .dst_offset = dst[i],
+                                         .length = length };
+        }
+        CowCall *c = malloc(sizeof *c);
+        if (!c)
+                return -ENOMEM;
+        *c = (CowCall) { .done = done, .userdata = done_userdata };
+        r = gpu_copy_submit(m->gpu->cow_engine, segs, n, (uint64_t)(uintptr_t)c);
+        if (r < 0)
+                free(c);
+        return r;
+}
+
+void gpu_manager_page_copy_drain(Manager *m) {
+        GpuContext *g = m ? m->gpu : NULL;
+        if (!g || !g->cow_engine)
+                return;
+        /* A GPU copy cannot be recalled: wait for it (the engine's fd; no spinning). */
+        while (gpu_copy_engine_in_flight(g->cow_engine) > 0 && gpu_copy_wait(g->cow_engine, 1000) >= 0)
+                cow_dispatch(g);
+        cow_dispatch(g);
+}
+
 static int gpu_init(Manager *m) {
         char *text = NULL;
 
@@ -65,10 +137,22 @@ static int gpu_init(Manager *m) {
         gpu_copy_engine_set_kernel_policy(cuda_transport_engine(m->gpu->transport),
                                           (GpuCopyKernelPolicy)m->config.gpu_copy_kernel, 16);
 
+        /* Copy-on-write copies, off the loop (gpu_manager_page_copy_async). */
+        GpuCopyEngine *e = NULL;
+        int r = gpu_copy_engine_new(m->gpu->system, &e);
+        if (r < 0)
+                return log_error_errno(r, "GPU: cannot start the copy-on-write copy engine: %m");
+        m->gpu->cow_engine = e;
+        gpu_copy_engine_set_kernel_policy(e, (GpuCopyKernelPolicy)m->config.gpu_copy_kernel, 16);
+        sd_event_source *src = NULL;
+        r = sd_event_add_io(m->event, &src, gpu_copy_engine_fd(e), EPOLLIN, on_cow_completion, m);
+        if (r < 0)
+                return log_error_errno(r, "GPU: cannot watch the copy-on-write copy engine: %m");
+        m->gpu->cow_source = src;
+
         /* Host arenas are pinned for the GPU ↔ host copy paths (cuMemHostRegister). */
         for (size_t i = 0; i < m->n_arenas; i++) {
                 Arena *a = m->arenas[i];
-                int r;
                 if (a->domain != MEMORY_HOST)
                         continue;
                 r = m->gpu->transport->ops->register_region(m->gpu->transport, &a->region);
@@ -87,6 +171,8 @@ static int gpu_init(Manager *m) {
 static void gpu_done(Manager *m) {
         if (!m->gpu)
                 return;
+        /* The page manager drained its copies at its own shutdown, which comes first. */
+        m->gpu->cow_source = sd_event_source_disable_unref((sd_event_source *)m->gpu->cow_source);
         /* Arenas keep their own references to the driver, so they may go after this. */
         for (size_t i = 0; i < m->n_arenas; i++) {
                 Arena *a = m->arenas[i];

@@ -2,9 +2,23 @@
 #pragma once
 
 #include "core/manager.h"
+#include "pages/pages.h"
 
 extern const Subsystem gpu_subsystem;
 
 /* Copy-on-write of `length` bytes within the GPU arena `userdata` (an Arena*), from
- * offset src to dst: a PageCopyFn (sequence.h). */
+ * offset src to dst, synchronously: a PageCopyFn (pages.h). For tools and tests; the
+ * daemon's page manager copies through gpu_manager_page_copy_async(). */
 int gpu_manager_page_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length);
+
+/* Copy-on-write of n pages of `length` bytes within GPU arena number `arena` of the
+ * Manager `userdata` (dst[i] <- src[i], arena offsets), off the event loop: a
+ * PageCopyAsyncFn (pages.h). The copies go to the copy engine at once and the call
+ * returns; done(done_userdata, error) runs later on the event loop, once all of them
+ * have finished (error: 0 or the first failure). Nothing is queued, and done never
+ * runs, when it fails (-ERANGE outside the arena, -ENODEV without a GPU domain). */
+int gpu_manager_page_copy_async(void *userdata, uint32_t arena, const uint64_t *dst, const uint64_t *src,
+                                size_t n, uint64_t length, PageCopyDoneFn done, void *done_userdata);
+/* Waits for every such copy still in flight and runs its done: the page manager's
+ * shutdown, before its pools go. */
+void gpu_manager_page_copy_drain(Manager *m);

@@ -46,6 +46,10 @@ static int pages_error(sd_bus_error *error, int r, const char *what) {
                 return epd_bus_error(error, EPD_ERROR_STALE, "%s: a page is no longer allocated.", what);
         case -EOVERFLOW:
                 return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "%s: a page has too many references.", what);
+        case -ERANGE:
+                return epd_bus_error(error, EPD_ERROR_FAILED, "%s: a page lies outside its arena.", what);
+        case -ENODEV:
+                return epd_bus_error(error, EPD_ERROR_FAILED, "%s: the arena's GPU copy engine is not running.", what);
         default:
                 return r;
         }
@@ -445,9 +449,68 @@ static int method_clone(sd_bus_message *msg, void *userdata, sd_bus_error *error
         return reply_journaled(m, msg, reply);
 }
 
+/* The reply of a PrepareWrite: the range's pages and how many were copied, after the
+ * journal made a copy's remapping durable. */
+static int prepare_write_reply(Sequence *s, sd_bus_message *msg, uint32_t first, uint32_t count, size_t copied,
+                               sd_bus_error *error) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r;
+
+        if ((uint64_t)first + count > s->n_pages)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                     "Pages %" PRIu32 "+%" PRIu32 " are outside the sequence (%zu pages).",
+                                     first, count, s->n_pages);
+        if (copied > 0) {
+                /* copy-on-write remapped pages of the table */
+                r = journal(s, error, "PrepareWrite");
+                if (r < 0)
+                        return r;
+        }
+        r = sd_bus_message_new_method_return(msg, &reply);
+        if (r >= 0)
+                r = reply_pages(reply, s->pages + first, count);
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "u", (uint32_t)copied);
+        if (r < 0)
+                return r;
+        return reply_journaled(seq_manager(s), msg, reply);
+}
+
+/* A PrepareWrite whose copies run on the GPU's copy engine, off the loop. */
+typedef struct PrepareWriteCall {
+        sd_bus_message *msg;
+        uint32_t first, count;
+} PrepareWriteCall;
+
+static void prepare_write_ready(void *userdata, Sequence *s, int error, size_t copied) {
+        PrepareWriteCall *call = userdata;
+        _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
+        int r = error;
+
+        if (error == -ECANCELED)
+                goto done; /* the daemon is stopping: the caller hears of it by the disconnect */
+        if (error == -ENOENT)
+                r = epd_bus_error(&e, EPD_ERROR_NOT_FOUND,
+                                  "PrepareWrite: the sequence was released while its pages were being copied.");
+        else if (error < 0)
+                r = epd_bus_error(&e, EPD_ERROR_FAILED,
+                                  "PrepareWrite: copying shared pages on the GPU failed (%s); nothing changed.",
+                                  strerror(-error));
+        else
+                r = prepare_write_reply(s, call->msg, call->first, call->count, copied, &e);
+        if (r < 0) {
+                if (sd_bus_error_is_set(&e))
+                        (void)sd_bus_reply_method_error(call->msg, &e);
+                else
+                        (void)sd_bus_reply_method_errnof(call->msg, r, "PrepareWrite: %m");
+        }
+done:
+        sd_bus_message_unref(call->msg);
+        free(call);
+}
+
 static int method_prepare_write(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Sequence *s = userdata;
-        _cleanup_(freep) PageId *pages = NULL;
         uint32_t first, count;
         size_t copied;
         int r;
@@ -462,27 +525,19 @@ static int method_prepare_write(sd_bus_message *msg, void *userdata, sd_bus_erro
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "Pages %" PRIu32 "+%" PRIu32 " are outside the sequence (%zu pages).",
                                      first, count, s->n_pages);
-        pages = malloc(MAX(count, 1U) * sizeof(PageId));
-        if (!pages)
+        PrepareWriteCall *call = malloc(sizeof *call);
+        if (!call)
                 return -ENOMEM;
-        r = page_manager_prepare_write(s->manager, s, first, count, pages, &copied);
+        *call = (PrepareWriteCall) { .msg = msg, .first = first, .count = count };
+        r = page_manager_prepare_write_async(s->manager, s, first, count, &copied, prepare_write_ready, call);
+        if (r == 1) {
+                sd_bus_message_ref(msg); /* answered by prepare_write_ready() */
+                return 1;
+        }
+        free(call);
         if (r < 0)
                 return pages_error(error, r, "PrepareWrite");
-        if (copied > 0) {
-                /* copy-on-write remapped pages of the table */
-                r = journal(s, error, "PrepareWrite");
-                if (r < 0)
-                        return r;
-        }
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        r = sd_bus_message_new_method_return(msg, &reply);
-        if (r >= 0)
-                r = reply_pages(reply, pages, count);
-        if (r >= 0)
-                r = sd_bus_message_append(reply, "u", (uint32_t)copied);
-        if (r < 0)
-                return r;
-        return reply_journaled(seq_manager(s), msg, reply);
+        return prepare_write_reply(s, msg, first, count, copied, error);
 }
 
 /* Who published, for placement answers: the worker's "name" option, else its path. */

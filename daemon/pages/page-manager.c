@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include "pages/page-manager.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -59,10 +60,10 @@ int page_manager_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool **
                         pm->copy[a->index] = host_copy;
                         pm->copy_userdata[a->index] = a;
                 }
-        } else if (a->domain == MEMORY_GPU && a->gpu && !pm->copy[a->index]) {
-                /* The copy engine (gpu-manager.c). */
-                pm->copy[a->index] = gpu_manager_page_copy;
-                pm->copy_userdata[a->index] = a;
+        } else if (a->domain == MEMORY_GPU && a->gpu && !pm->copy[a->index] && !pm->copy_async[a->index]) {
+                /* The copy engine, off the event loop (gpu-manager.c). */
+                pm->copy_async[a->index] = gpu_manager_page_copy_async;
+                pm->copy_userdata[a->index] = pm->manager;
         }
         log_info("Arena %s: %" PRIu64 " KV pages of %" PRIu64 " bytes.", a->name,
                  page_pool_size(pool), page_size);
@@ -74,6 +75,7 @@ void page_manager_set_copy(PageManager *pm, uint32_t arena, PageCopyFn fn, void 
         if (!pm || arena >= pm->manager->n_arenas)
                 return;
         pm->copy[arena] = fn;
+        pm->copy_async[arena] = NULL;
         pm->copy_userdata[arena] = userdata;
 }
 
@@ -745,6 +747,80 @@ static int no_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) 
         return -EOPNOTSUPP;
 }
 
+/* A copy-on-write whose copies are under way. The sequence is found again by its id
+ * when they finish: it may have been released meanwhile. */
+typedef struct PendingWrite {
+        PageManager *pm;
+        char id[EPD_ID_STRING_MAX];
+        SequenceCow *cow;
+        PageWriteReadyFn ready;
+        void *userdata;
+} PendingWrite;
+
+static void pending_write_done(void *userdata, int error) {
+        PendingWrite *p = userdata;
+        PageManager *pm = p->pm;
+        Sequence *s = hashmap_get(pm->sequences, p->id);
+
+        assert(pm->writes_pending > 0);
+        pm->writes_pending--;
+        if (pm->manager->stopping)
+                error = -ECANCELED; /* the table stays as journaled */
+        else if (error >= 0 && !s)
+                error = -ENOENT;
+        if (error < 0) {
+                sequence_cow_free(p->cow);
+                p->ready(p->userdata, s, error, 0);
+        } else {
+                size_t n = sequence_cow_commit(s, p->cow);
+                p->ready(p->userdata, s, 0, n);
+        }
+        free(p);
+}
+
+int page_manager_prepare_write_async(PageManager *pm, Sequence *s, size_t first, size_t count,
+                                     size_t *ret_copied, PageWriteReadyFn ready, void *userdata) {
+        _cleanup_(sequence_cow_freep) SequenceCow *c = NULL;
+        int r;
+
+        if (!pm || !s || s->arena >= pm->manager->n_arenas || !ret_copied || !ready)
+                return -EINVAL;
+        PageCopyAsyncFn fn = pm->copy_async[s->arena];
+        if (!fn) {
+                r = page_manager_prepare_write(pm, s, first, count, NULL, ret_copied);
+                return r < 0 ? r : 0;
+        }
+        r = sequence_cow_plan(s, first, count, &c);
+        if (r < 0)
+                return r;
+        if (!c) {
+                *ret_copied = 0;
+                return 0;
+        }
+        _cleanup_(freep) uint64_t *dst = malloc(c->n * sizeof(uint64_t));
+        _cleanup_(freep) uint64_t *src = malloc(c->n * sizeof(uint64_t));
+        PendingWrite *p = calloc(1, sizeof *p);
+        if (!dst || !src || !p) {
+                free(p);
+                return -ENOMEM;
+        }
+        for (size_t j = 0; j < c->n; j++) {
+                dst[j] = page_offset(c->pool, c->fresh[j]);
+                src[j] = page_offset(c->pool, c->original[j]);
+        }
+        *p = (PendingWrite) { .pm = pm, .cow = c, .ready = ready, .userdata = userdata };
+        memcpy(p->id, s->id_str, sizeof p->id);
+        r = fn(pm->copy_userdata[s->arena], s->arena, dst, src, c->n, page_pool_page_size(c->pool),
+               pending_write_done, p);
+        if (r < 0) {
+                free(p);
+                return r;
+        }
+        TAKE_PTR(c); /* the pending write's now */
+        pm->writes_pending++;
+        return 1;
+}
+
 int page_manager_prepare_write(PageManager *pm, Sequence *s, size_t first, size_t count,
                                PageId *ret_pages, size_t *ret_copied) {
         if (!pm || !s || s->arena >= pm->manager->n_arenas)
@@ -803,13 +879,15 @@ static int pages_init(Manager *m) {
         pm->replaying = true; /* until the WAL subsystem has replayed (or there is none) */
         pm->sequences = hashmap_new(HASHMAP_KEY_STRING, 0);
         pm->copy = calloc(MAX(m->n_arenas, (size_t)1), sizeof *pm->copy);
+        pm->copy_async = calloc(MAX(m->n_arenas, (size_t)1), sizeof *pm->copy_async);
         pm->copy_userdata = calloc(MAX(m->n_arenas, (size_t)1), sizeof *pm->copy_userdata);
         pm->pool_origin = calloc(MAX(m->n_arenas, (size_t)1), sizeof *pm->pool_origin);
         r = directory_new(&pm->directory);
-        if (r < 0 || !pm->sequences || !pm->copy || !pm->copy_userdata || !pm->pool_origin) {
+        if (r < 0 || !pm->sequences || !pm->copy || !pm->copy_async || !pm->copy_userdata || !pm->pool_origin) {
                 directory_free(pm->directory);
                 hashmap_free(pm->sequences);
                 free(pm->copy);
+                free(pm->copy_async);
                 free(pm->copy_userdata);
                 free(pm->pool_origin);
                 free(pm);
@@ -849,6 +927,9 @@ static void pages_done(Manager *m) {
                 return;
         pm->grace = sd_event_source_disable_unref(pm->grace);
         restored_directory_free(pm);
+        /* Copies under way read and write pages: they finish before the pools go. */
+        if (pm->writes_pending > 0)
+                gpu_manager_page_copy_drain(m);
         /* Clients are gone by now; anything left is released here. */
         while ((it = 0, hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)))
                 page_manager_release(s);
@@ -864,6 +945,7 @@ static void pages_done(Manager *m) {
         }
         hashmap_free(pm->sequences);
         free(pm->copy);
+        free(pm->copy_async);
         free(pm->copy_userdata);
         for (size_t i = 0; pm->pool_origin && i < m->n_arenas; i++)
                 free(pm->pool_origin[i]);

@@ -27,7 +27,9 @@ typedef struct PageManager {
         /* Per arena (index): copy function for copy-on-write. Host arenas: memcpy;
          * the GPU domain installs a CUDA copy with page_manager_set_copy(). */
         PageCopyFn *copy;
+        PageCopyAsyncFn *copy_async; /* GPU arenas: copies that finish off the loop */
         void **copy_userdata;
+        size_t writes_pending;       /* page_manager_prepare_write_async() under way */
         /* Per arena (index): what fixed its pool's page size, in words for the worker
          * whose KV layout does not fit ("PageSize= in ...", "restored from the journal",
          * "the KV layout of worker ID"); NULL while it has no pool. */
@@ -115,6 +117,17 @@ Arena *page_manager_sequence_arena(PageManager *pm, const Sequence *s);
 /* Copy-on-write for a registered sequence, with the arena's copy function. */
 int page_manager_prepare_write(PageManager *pm, Sequence *s, size_t first, size_t count,
                                PageId *ret_pages, size_t *ret_copied);
+
+/* The same without waiting for copies on the event loop: 0 when the range is writable
+ * now (*ret_copied: the pages copied, synchronously, as in host arenas), 1 when copies
+ * are under way (a GPU arena's copy engine), or a negative errno. After 1, ready()
+ * runs exactly once on the loop: with the sequence looked up again and the number of
+ * pages swapped in, or an error and the table unchanged (-ENOENT: the sequence was
+ * released meanwhile, s NULL; -ECANCELED: the daemon is stopping, reply to nobody; the
+ * copy's own error). Its pages are then [first, first + count) of s, if still there. */
+typedef void (*PageWriteReadyFn)(void *userdata, Sequence *s, int error, size_t copied);
+int page_manager_prepare_write_async(PageManager *pm, Sequence *s, size_t first, size_t count,
+                                     size_t *ret_copied, PageWriteReadyFn ready, void *userdata);
 
 /* Installs the copy function of an arena (the GPU domain: a CUDA copy). */
 void page_manager_set_copy(PageManager *pm, uint32_t arena, PageCopyFn fn, void *userdata);

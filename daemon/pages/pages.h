@@ -40,6 +40,12 @@ typedef size_t (*PageEvictFn)(PagePool *pool, size_t want, void *userdata);
 /* Copies `length` bytes inside the pool's arena, from arena offset `src` to `dst`.
  * Host arenas use memcpy; GPU arenas a CUDA copy. Returns 0 or negative errno. */
 typedef int (*PageCopyFn)(void *userdata, uint64_t dst, uint64_t src, uint64_t length);
+/* The same for n pages at once, finishing later: 0 when queued (done(done_userdata,
+ * error) follows exactly once, on the caller's event loop), a negative errno when
+ * nothing was queued (done never runs). */
+typedef void (*PageCopyDoneFn)(void *userdata, int error);
+typedef int (*PageCopyAsyncFn)(void *userdata, uint32_t arena, const uint64_t *dst, const uint64_t *src,
+                               size_t n, uint64_t length, PageCopyDoneFn done, void *done_userdata);
 
 typedef struct PagePoolStats {
         uint64_t total;         /* pages in the pool */

@@ -164,56 +164,112 @@ static bool range_ok(const Sequence *s, size_t first, size_t count) {
         return s && first <= s->n_pages && count <= s->n_pages - first;
 }
 
-int sequence_prepare_write(Sequence *s, size_t first, size_t count, PageCopyFn copy,
-                           void *userdata, PageId *ret_pages, size_t *ret_copied) {
-        _cleanup_(freep) PageId *fresh = NULL;
-        _cleanup_(freep) size_t *slots = NULL;
+SequenceCow *sequence_cow_free(SequenceCow *c) {
+        if (!c)
+                return NULL;
+        unref_all(c->pool, c->fresh, c->n);
+        unref_all(c->pool, c->original, c->n);
+        free(c->slots);
+        free(c->original);
+        free(c->fresh);
+        free(c);
+        return NULL;
+}
+
+int sequence_cow_plan(Sequence *s, size_t first, size_t count, SequenceCow **ret) {
+        _cleanup_(sequence_cow_freep) SequenceCow *c = NULL;
         size_t n_copy = 0;
-        uint64_t page_size;
         int r;
 
+        if (!ret)
+                return -EINVAL;
+        *ret = NULL;
         if (!range_ok(s, first, count))
                 return -EINVAL;
-
         for (size_t i = first; i < first + count; i++)
                 n_copy += !page_is_exclusive(s->pool, s->pages[i]);
+        if (n_copy == 0)
+                return 0;
 
-        if (n_copy > 0) {
+        c = calloc(1, sizeof *c);
+        if (!c)
+                return -ENOMEM;
+        c->pool = s->pool;
+        c->slots = malloc(n_copy * sizeof(size_t));
+        c->original = malloc(n_copy * sizeof(PageId));
+        c->fresh = malloc(n_copy * sizeof(PageId));
+        if (!c->slots || !c->original || !c->fresh)
+                return -ENOMEM;
+        /* Decide once which slots are copied: a page that occurs twice in the range
+         * becomes exclusive half-way through the commit. */
+        for (size_t i = first, j = 0; i < first + count; i++)
+                if (!page_is_exclusive(s->pool, s->pages[i])) {
+                        c->slots[j] = i;
+                        c->original[j++] = s->pages[i];
+                }
+        /* Eviction may run here; it only frees IDLE pages, never ours (the sequence
+         * holds a reference on every page of the range). */
+        r = page_pool_alloc_many(s->pool, n_copy, c->fresh);
+        if (r < 0)
+                return r; /* c->n is 0: nothing to drop */
+        r = ref_all(s->pool, c->original, n_copy);
+        if (r < 0) {
+                unref_all(s->pool, c->fresh, n_copy);
+                return r;
+        }
+        c->n = n_copy;
+        *ret = TAKE_PTR(c);
+        return 0;
+}
+
+size_t sequence_cow_commit(Sequence *s, SequenceCow *c) {
+        size_t swapped = 0;
+
+        if (!c)
+                return 0;
+        if (s && s->pool == c->pool)
+                for (size_t j = 0; j < c->n; j++) {
+                        if (c->slots[j] >= s->n_pages || s->pages[c->slots[j]] != c->original[j])
+                                continue; /* the table changed meanwhile: the copy is dropped */
+                        (void)page_unref(s->pool, s->pages[c->slots[j]]);
+                        s->pages[c->slots[j]] = c->fresh[j];
+                        c->fresh[j] = PAGE_ID_INVALID;
+                        swapped++;
+                }
+        for (size_t j = 0; j < c->n; j++)
+                if (c->fresh[j] != PAGE_ID_INVALID)
+                        (void)page_unref(c->pool, c->fresh[j]);
+        unref_all(c->pool, c->original, c->n);
+        if (swapped > 0) {
+                page_pool_count_cow(s->pool, swapped);
+                s->cow_copies += swapped;
+        }
+        c->n = 0;
+        sequence_cow_free(c);
+        return swapped;
+}
+
+int sequence_prepare_write(Sequence *s, size_t first, size_t count, PageCopyFn copy,
+                           void *userdata, PageId *ret_pages, size_t *ret_copied) {
+        _cleanup_(sequence_cow_freep) SequenceCow *c = NULL;
+        size_t n_copy = 0;
+        int r;
+
+        r = sequence_cow_plan(s, first, count, &c);
+        if (r < 0)
+                return r;
+        if (c) {
                 if (!copy)
                         return -EINVAL;
-                /* Decide once which slots are copied: a page that occurs twice in the
-                 * range becomes exclusive half-way through the commit below. */
-                slots = malloc(n_copy * sizeof(size_t));
-                fresh = malloc(n_copy * sizeof(PageId));
-                if (!slots || !fresh)
-                        return -ENOMEM;
-                for (size_t i = first, j = 0; i < first + count; i++)
-                        if (!page_is_exclusive(s->pool, s->pages[i]))
-                                slots[j++] = i;
-
-                /* Eviction may run here; it only frees IDLE pages, never ours (we hold
-                 * a reference on every page of the range). */
-                r = page_pool_alloc_many(s->pool, n_copy, fresh);
-                if (r < 0)
-                        return r;
-
-                page_size = page_pool_page_size(s->pool);
-                for (size_t j = 0; j < n_copy; j++) {
-                        r = copy(userdata, page_offset(s->pool, fresh[j]),
-                                 page_offset(s->pool, s->pages[slots[j]]), page_size);
-                        if (r < 0) {
-                                unref_all(s->pool, fresh, n_copy);
+                uint64_t page_size = page_pool_page_size(s->pool);
+                for (size_t j = 0; j < c->n; j++) {
+                        r = copy(userdata, page_offset(s->pool, c->fresh[j]), page_offset(s->pool, c->original[j]),
+                                 page_size);
+                        if (r < 0)
                                 return r;
-                        }
                 }
-
                 /* Commit: swap the copies in, dropping our reference on the originals. */
-                for (size_t j = 0; j < n_copy; j++) {
-                        (void)page_unref(s->pool, s->pages[slots[j]]);
-                        s->pages[slots[j]] = fresh[j];
-                }
-                page_pool_count_cow(s->pool, n_copy);
-                s->cow_copies += n_copy;
+                n_copy = sequence_cow_commit(s, TAKE_PTR(c));
         }
 
         if (ret_pages && count > 0)

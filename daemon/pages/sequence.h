@@ -23,6 +23,7 @@
 
 #include "core/client.h"
 #include "id.h"
+#include "macro.h"
 #include "pages/pages.h"
 
 #define SEQUENCE_PAGES_MAX (UINT32_C(1) << 22) /* 4M pages per sequence */
@@ -95,6 +96,29 @@ int sequence_clone(const Sequence *s, Sequence **ret);
  * outside the sequence or a missing callback when a copy is needed. */
 int sequence_prepare_write(Sequence *s, size_t first, size_t count, PageCopyFn copy,
                            void *userdata, PageId *ret_pages, size_t *ret_copied);
+
+/* The same in two steps, for a copy that finishes later (a GPU arena's copy engine, off
+ * the event loop): sequence_cow_plan() decides which pages of the range are copied and
+ * allocates their fresh pages (*ret NULL when none needs a copy); the caller copies
+ * c->original[j] into c->fresh[j] (page ids of c->pool), then sequence_cow_commit()
+ * swaps the copies into the table, or sequence_cow_free() drops them. Until then the
+ * table is unchanged and the plan holds one reference on every original and fresh page,
+ * so neither is freed under the copy even if the sequence is released meanwhile. The
+ * commit skips a slot whose page changed since the plan (its copy is dropped), takes
+ * the sequence s (NULL: it is gone, everything is dropped), frees c and returns the
+ * number of pages swapped in. */
+typedef struct SequenceCow {
+        PagePool *pool;
+        size_t n;
+        size_t *slots;     /* indices into the table */
+        PageId *original;  /* what each slot held at the plan */
+        PageId *fresh;     /* its copy */
+} SequenceCow;
+
+int sequence_cow_plan(Sequence *s, size_t first, size_t count, SequenceCow **ret);
+size_t sequence_cow_commit(Sequence *s, SequenceCow *c);
+SequenceCow *sequence_cow_free(SequenceCow *c);
+DEFINE_TRIVIAL_CLEANUP_FUNC(SequenceCow *, sequence_cow_free);
 
 /* Leases pages [first, first + count) (for a transfer reading them), all or nothing,
  * and writes their ids to ret_pages[] (count entries). The leases are the caller's:

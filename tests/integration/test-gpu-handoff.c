@@ -86,16 +86,23 @@ static void choose_driver(void) {
         printf("driver: %s\n", fake ? "fake (FAKE_CUDA_MODE=gpu)" : "the real one");
 }
 
+static const char *copy_delay_ms = "0"; /* epdd's FAKE_CUDA_COPY_DELAY_MS */
+
 static void start(const char *fail_copies) {
         choose_driver();
-        if (fake)
+        if (fake) {
                 ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", fail_copies, 1), 0);
+                ck_assert_int_eq(setenv("FAKE_CUDA_COPY_DELAY_MS", copy_delay_ms, 1), 0);
+        }
         ck_assert_int_eq(harness_init(&h, CONFIG), 0);
         harness_direct_address(&h, address, sizeof address);
         ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
-        /* Only epdd fails its copies; this process's own (filling, checking) work. */
-        if (fake)
+        /* Only epdd fails (or waits for) its copies; this process's own (filling,
+         * checking) work at once. */
+        if (fake) {
                 ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", "0", 1), 0);
+                ck_assert_int_eq(setenv("FAKE_CUDA_COPY_DELAY_MS", "0", 1), 0);
+        }
         if (!sys) {
                 ck_assert_int_eq(gpu_system_open(getenv("EPD_LIBCUDA"), &sys), 0);
                 ck_assert_int_eq(gpu_device_make_current(sys, &sys->devices[0]), 0);
@@ -631,6 +638,173 @@ START_TEST(test_cow) {
 }
 END_TEST
 
+/* A PrepareWrite sent without waiting for its reply: the reply lands in *done. */
+typedef struct AsyncCall {
+        bool done;
+        char error[256];
+        uint32_t copied;
+        uint64_t usec;
+        uint64_t started;
+} AsyncCall;
+
+static uint64_t now_us(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static int on_prepare_write(sd_bus_message *m, void *userdata, sd_bus_error *ret_error) {
+        AsyncCall *a = userdata;
+        const sd_bus_error *e = sd_bus_message_get_error(m);
+        a->done = true;
+        a->usec = now_us() - a->started;
+        if (e) {
+                snprintf(a->error, sizeof a->error, "%s: %s", e->name, e->message ? e->message : "");
+                return 0;
+        }
+        const void *pages;
+        size_t sz;
+        ck_assert_int_ge(sd_bus_message_read_array(m, 'u', &pages, &sz), 0);
+        ck_assert_int_ge(sd_bus_message_read(m, "u", &a->copied), 0);
+        return 0;
+}
+
+static void prepare_write_async(epd_client *c, const char *path, uint32_t first, uint32_t count, AsyncCall *a) {
+        sd_bus_message *m = NULL;
+        *a = (AsyncCall) { .started = now_us() };
+        ck_assert_int_ge(epd__new_call(c, path, "org.epd1.Sequence", "PrepareWrite", &m), 0);
+        ck_assert_int_ge(sd_bus_message_append(m, "uu", first, count), 0);
+        ck_assert_int_ge(sd_bus_call_async(c->bus, NULL, m, on_prepare_write, a, 30 * 1000000ULL), 0);
+        sd_bus_message_unref(m);
+}
+
+static void wait_async(epd_client *c, AsyncCall *a) {
+        while (!a->done) {
+                int r = sd_bus_process(c->bus, NULL);
+                ck_assert_int_ge(r, 0);
+                if (r == 0)
+                        ck_assert_int_ge(sd_bus_wait(c->bus, 5 * 1000000ULL), 0);
+        }
+}
+
+static void setup_slow_copies(void) {
+        copy_delay_ms = "400";
+        start("0");
+        copy_delay_ms = "0";
+}
+
+/* A GPU copy-on-write waits for the GPU, never on epdd's event loop: with every copy
+ * taking 400 ms (the fake driver, as when the workers' kernels hold the GPU), other
+ * calls are answered meanwhile, the table keeps its shared page until the copy is
+ * done, and a sequence released under its copy frees every page once the copy ends. */
+START_TEST(test_cow_off_loop) {
+        if (!fake) {
+                printf("real driver: copies are not slowed down here; test_cow covers the copy\n");
+                return;
+        }
+        epd_client *c = worker("decode"), *o = worker("prefill");
+        uint64_t offs[N_PAGES], during[N_PAGES], after[N_PAGES];
+        char *seq = make_sequence(c, "gpu0", N_PAGES, offs);
+        Mem m = map_arena(c, "gpu0");
+        fill_pages(&m, offs, N_PAGES, 3);
+        sd_bus_message *reply = NULL;
+        const char *cp;
+        ck_assert_int_eq(epd__call(c, seq, "org.epd1.Sequence", "Clone", &reply, NULL), 0);
+        ck_assert_int_ge(sd_bus_message_read(reply, "o", &cp), 0);
+        char *clone = strdup(cp);
+        sd_bus_message_unref(reply);
+
+        AsyncCall a;
+        prepare_write_async(c, clone, 5, 1, &a);
+        /* While the copy runs: another client's call, and the same client's. */
+        uint64_t t0 = now_us();
+        ck_assert_uint_eq(arena_live(o, "gpu0"), N_PAGES + 1); /* the fresh page, held by the copy */
+        uint64_t other = now_us() - t0;
+        sequence_offsets(c, clone, during, N_PAGES);
+        ck_assert(!a.done);
+        ck_assert_uint_eq(during[5], offs[5]); /* unchanged until the copy is done */
+        ck_assert_msg(other < 200000, "a call took %" PRIu64 " us while a copy-on-write was under way", other);
+        wait_async(c, &a);
+        ck_assert_msg(a.error[0] == 0, "PrepareWrite: %s", a.error);
+        ck_assert_uint_eq(a.copied, 1);
+        ck_assert_uint_ge(a.usec, 350000); /* it did wait for the copy */
+        ck_assert_uint_eq(cow_copies(c, clone), 1);
+        sequence_offsets(c, clone, after, N_PAGES);
+        ck_assert_uint_ne(after[5], offs[5]);
+        static uint8_t x[PAGE_SIZE], y[PAGE_SIZE];
+        mem_read(&m, offs[5], x, PAGE_SIZE);
+        mem_read(&m, after[5], y, PAGE_SIZE);
+        ck_assert(memcmp(x, y, PAGE_SIZE) == 0);
+        printf("CoW of a GPU page under a 400 ms copy: another call answered in %" PRIu64 " us, the write in %" PRIu64 " us\n",
+               other, a.usec);
+
+        /* Released while its copy runs: the caller hears NotFound, nothing leaks. */
+        prepare_write_async(c, clone, 7, 2, &a);
+        release_sequence(c, clone);
+        ck_assert(!a.done);
+        wait_async(c, &a);
+        ck_assert_msg(strstr(a.error, "org.epd1.Error.NotFound") && strstr(a.error, "released"), "got %s", a.error);
+        ck_assert_uint_eq(arena_live(c, "gpu0"), N_PAGES);
+        ck_assert_uint_eq(cow_copies(c, seq), 0);
+
+        /* Disconnected while its copy runs: the same. */
+        epd_client *w = worker("decode");
+        release_sequence(c, seq);
+        ck_assert_uint_eq(arena_live(o, "gpu0"), 0);
+        char *own = make_sequence(w, "gpu0", 4, offs);
+        ck_assert_int_eq(epd__call(w, own, "org.epd1.Sequence", "Clone", &reply, NULL), 0);
+        ck_assert_int_ge(sd_bus_message_read(reply, "o", &cp), 0);
+        char *wc = strdup(cp);
+        sd_bus_message_unref(reply);
+        prepare_write_async(w, wc, 0, 4, &a);
+        ck_assert_int_ge(sd_bus_flush(w->bus), 0);
+        epd_disconnect(w);
+        uint64_t live = UINT64_MAX;
+        for (int i = 0; i < 150 && (live = arena_live(o, "gpu0")) != 0; i++)
+                usleep(20000);
+        ck_assert_uint_eq(live, 0);
+
+        free(wc);
+        free(own);
+        free(clone);
+        free(seq);
+        unmap_arena(&m);
+        epd_disconnect(c);
+        epd_disconnect(o);
+}
+END_TEST
+
+/* Every GPU copy fails (fake driver): a copy-on-write says so with Error.Failed and
+ * changes nothing; the fresh page goes back. */
+START_TEST(test_cow_copy_fails) {
+        if (!fake)
+                return;
+        epd_client *c = worker("decode");
+        uint64_t offs[N_PAGES], after[N_PAGES];
+        char *seq = make_sequence(c, "gpu0", N_PAGES, offs);
+        sd_bus_message *reply = NULL;
+        const char *cp;
+        ck_assert_int_eq(epd__call(c, seq, "org.epd1.Sequence", "Clone", &reply, NULL), 0);
+        ck_assert_int_ge(sd_bus_message_read(reply, "o", &cp), 0);
+        char *clone = strdup(cp);
+        sd_bus_message_unref(reply);
+        int r = epd__call(c, clone, "org.epd1.Sequence", "PrepareWrite", &reply, "uu", 5, 1);
+        ck_assert_int_lt(r, 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
+        ck_assert_msg(strstr(epd_last_error_message(c), "nothing changed"), "%s", epd_last_error_message(c));
+        sequence_offsets(c, clone, after, N_PAGES);
+        ck_assert(memcmp(offs, after, sizeof offs) == 0);
+        ck_assert_uint_eq(cow_copies(c, clone), 0);
+        ck_assert_uint_eq(arena_live(c, "gpu0"), N_PAGES);
+        release_sequence(c, clone);
+        release_sequence(c, seq);
+        ck_assert_uint_eq(arena_live(c, "gpu0"), 0);
+        free(clone);
+        free(seq);
+        epd_disconnect(c);
+}
+END_TEST
+
 /* ---- to another host ---- */
 
 static Harness hb;
@@ -814,9 +988,15 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_notifier);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
+        TCase *ts = tcase_create("slow-copies");
+        tcase_add_checked_fixture(ts, setup_slow_copies, teardown);
+        tcase_add_test(ts, test_cow_off_loop);
+        tcase_set_timeout(ts, 120);
+        suite_add_tcase(s, ts);
         TCase *tf = tcase_create("failing-copies");
         tcase_add_checked_fixture(tf, setup_failing, teardown);
         tcase_add_test(tf, test_copy_fails);
+        tcase_add_test(tf, test_cow_copy_fails);
         tcase_set_timeout(tf, 120);
         suite_add_tcase(s, tf);
         TCase *tr = tcase_create("other-host");

@@ -9,7 +9,10 @@
  *             memfds (exported fds are dups, imports map the same pages), device
  *             pointers are addresses in this process, copies are memcpy, and stream
  *             callbacks run at once. FAKE_CUDA_FAIL_COPIES=1 makes every stream
- *             callback report CUDA_ERROR_ILLEGAL_ADDRESS.
+ *             callback report CUDA_ERROR_ILLEGAL_ADDRESS. FAKE_CUDA_COPY_DELAY_MS=N
+ *             makes a copy take N ms as the host sees it, as on a GPU that another
+ *             context holds: a synchronous cuMemcpyDtoD returns after N ms, and an
+ *             event waited for (behind asynchronous copies) completes N ms later.
  * It lets the GPU domain's logic (arenas, transport, completions, registrations) run
  * in CI; the real driver is exercised on the device machine. */
 #include <errno.h>
@@ -20,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -241,20 +245,30 @@ static CUresult f_free_host(void *p) {
 static CUresult f_host_register(void *p, size_t size, unsigned flags) {
         return p && size ? OK : E_INVALID;
 }
-static CUresult f_copy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+static void copy_delay(void) {
+        const char *d = getenv("FAKE_CUDA_COPY_DELAY_MS");
+        long ms = d ? strtol(d, NULL, 10) : 0;
+        if (ms > 0)
+                (void)nanosleep(&(struct timespec) { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L }, NULL);
+}
+static CUresult f_copy_now(CUdeviceptr dst, CUdeviceptr src, size_t n) {
         memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
         return OK;
 }
+static CUresult f_copy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+        copy_delay();
+        return f_copy_now(dst, src, n);
+}
 static CUresult f_copy_async(CUdeviceptr dst, CUdeviceptr src, size_t n, void *stream) {
-        return f_copy(dst, src, n);
+        return f_copy_now(dst, src, n);
 }
 static CUresult f_copy_peer_async(CUdeviceptr dst, void *dc, CUdeviceptr src, void *sc, size_t n, void *s) {
-        return f_copy(dst, src, n);
+        return f_copy_now(dst, src, n);
 }
 static CUresult f_batch_async(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
                               void *attrs, size_t *idx, size_t n_attrs, void *stream) {
         for (size_t i = 0; i < count; i++)
-                f_copy(dsts[i], srcs[i], sizes[i]);
+                f_copy_now(dsts[i], srcs[i], sizes[i]);
         return OK;
 }
 static CUresult f_memset8(CUdeviceptr dst, unsigned char v, size_t n) {
@@ -290,6 +304,7 @@ static CUresult f_event_record(void *e, void *stream) {
         return OK;
 }
 static CUresult f_event_sync(void *e) {
+        copy_delay();
         const char *fail = getenv("FAKE_CUDA_FAIL_EVENTS"), *copies = getenv("FAKE_CUDA_FAIL_COPIES");
         return (fail && strcmp(fail, "1") == 0) || (copies && strcmp(copies, "1") == 0)
                        ? 700 /* CUDA_ERROR_ILLEGAL_ADDRESS */

@@ -103,6 +103,90 @@ START_TEST(test_clone_and_cow) {
 }
 END_TEST
 
+/* Copy-on-write in two steps (a copy that finishes later): the table is unchanged until
+ * the commit; the plan keeps its pages alive even when the sequence goes first; a slot
+ * that changed meanwhile keeps its page and the copy is dropped. */
+START_TEST(test_cow_plan_commit) {
+        PagePool *p;
+        Sequence *s, *c;
+        SequenceCow *cow;
+        TestArena a = { .mem = calloc(16, PS), .fail_after = -1 };
+        PageId ids[4];
+        PagePoolStats st;
+
+        ck_assert_int_eq(page_pool_new(16, PS, 0, &p), 0);
+        ck_assert_int_eq(sequence_new(p, &s), 0);
+        ck_assert_int_eq(sequence_append(s, 4, ids), 0);
+        for (int i = 0; i < 4; i++)
+                fill(&a, p, ids[i], (uint8_t)(1 + i));
+        ck_assert_int_eq(sequence_clone(s, &c), 0);
+
+        /* Nothing to copy in exclusive pages: no plan. */
+        PageId extra;
+        ck_assert_int_eq(sequence_append(c, 1, &extra), 0);
+        ck_assert_int_eq(sequence_cow_plan(c, 4, 1, &cow), 0);
+        ck_assert_ptr_null(cow);
+        ck_assert_int_eq(sequence_cow_plan(c, 4, 2, &cow), -EINVAL);
+
+        /* Plan pages 1..3: three fresh pages, the table as it was. */
+        ck_assert_int_eq(sequence_cow_plan(c, 1, 3, &cow), 0);
+        ck_assert_ptr_nonnull(cow);
+        ck_assert_uint_eq(cow->n, 3);
+        ck_assert_mem_eq(sequence_pages(c), ids, 4 * sizeof(PageId));
+        page_pool_stats(p, &st);
+        ck_assert_uint_eq(st.live, 4 + 1 + 3);
+        for (size_t j = 0; j < cow->n; j++) {
+                ck_assert_uint_eq(cow->original[j], ids[1 + j]);
+                ck_assert_uint_eq(page_refs(p, cow->original[j]), 3); /* s, c and the plan */
+                memcpy(a.mem + page_offset(p, cow->fresh[j]), a.mem + page_offset(p, cow->original[j]), PS);
+        }
+        /* Meanwhile slot 2 is written by another path (truncate and re-append). */
+        PageId slot3 = sequence_pages(c)[3];
+        ck_assert_int_eq(sequence_truncate(c, 2), 0);
+        PageId fresh2;
+        ck_assert_int_eq(sequence_append(c, 1, &fresh2), 0);
+        ck_assert_int_eq(sequence_append_pages(c, &slot3, 1), 0);
+        ck_assert_uint_eq(sequence_cow_commit(c, cow), 2); /* slots 1 and 3; slot 2's copy dropped */
+        ck_assert_uint_eq(c->cow_copies, 2);
+        ck_assert_uint_ne(sequence_pages(c)[1], ids[1]);
+        ck_assert_uint_eq(sequence_pages(c)[2], fresh2);
+        ck_assert_uint_ne(sequence_pages(c)[3], ids[3]);
+        ck_assert_uint_eq(content(&a, p, sequence_pages(c)[1]), 2);
+        ck_assert_uint_eq(content(&a, p, sequence_pages(c)[3]), 4);
+        for (int i = 0; i < 4; i++)
+                ck_assert_uint_eq(page_refs(p, ids[i]), i == 0 ? 2 : 1);
+
+        /* The sequence goes while a plan is out: the plan's pages stay until it goes. */
+        ck_assert_int_eq(sequence_cow_plan(c, 0, 1, &cow), 0);
+        ck_assert_ptr_nonnull(cow);
+        sequence_free(c);
+        ck_assert_uint_eq(page_refs(p, cow->original[0]), 2); /* s and the plan */
+        ck_assert(page_is_allocated(p, cow->fresh[0]));
+        ck_assert_uint_eq(sequence_cow_commit(NULL, cow), 0);
+        sequence_free(s);
+        ck_assert_uint_eq(page_pool_retained(p), 0);
+        page_pool_stats(p, &st);
+        ck_assert_uint_eq(st.live, 0);
+        ck_assert_int_eq(page_pool_verify(p), 0);
+
+        /* Out of pages: nothing changes. */
+        ck_assert_int_eq(sequence_new(p, &s), 0);
+        ck_assert_int_eq(sequence_append(s, 10, NULL), 0);
+        ck_assert_int_eq(sequence_clone(s, &c), 0);
+        ck_assert_int_eq(sequence_cow_plan(c, 0, 10, &cow), -ENOSPC);
+        ck_assert_ptr_null(cow);
+        ck_assert_int_eq(sequence_cow_plan(c, 0, 6, &cow), 0);
+        sequence_cow_free(cow);
+        sequence_free(c);
+        sequence_free(s);
+        page_pool_stats(p, &st);
+        ck_assert_uint_eq(st.live, 0);
+        ck_assert_int_eq(page_pool_verify(p), 0);
+        page_pool_free(p);
+        free(a.mem);
+}
+END_TEST
+
 START_TEST(test_write_exclusive_no_copy) {
         PagePool *p;
         Sequence *s;
@@ -638,6 +722,7 @@ int main(void) {
         Suite *s = suite_create("sequence");
         TCase *tc = tcase_create("sequence");
         tcase_add_test(tc, test_clone_and_cow);
+        tcase_add_test(tc, test_cow_plan_commit);
         tcase_add_test(tc, test_write_exclusive_no_copy);
         tcase_add_test(tc, test_write_all_or_nothing);
         tcase_add_test(tc, test_duplicate_page_in_range);
