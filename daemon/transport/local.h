@@ -6,7 +6,10 @@
  * loop watches (completion_fd). Writes within one region are memmove()d, and a write
  * onto itself (same region, same offset) completes without touching a byte: the
  * handoff code hands pages of one arena over by reference and posts no write at all.
- * GPU regions are refused (-EOPNOTSUPP): they take the CUDA transport. */
+ * GPU regions are refused (-EOPNOTSUPP): they take the CUDA transport. A batch of at
+ * most 64 writes and 64 KiB in all is copied by post() itself, on the caller's thread
+ * (a thread's wake-up costs more than such a copy); its completions still come through
+ * completion_fd and poll(). */
 
 #include "transport/transport.h"
 

@@ -93,6 +93,70 @@ START_TEST(test_copy) {
 }
 END_TEST
 
+/* Small batches (at most 64 writes, 64 KiB) are copied by post() itself; their
+ * completions come through the fd like the others, and a refused one copies nothing. */
+START_TEST(test_small_batches) {
+        Transport *t = NULL;
+        uint8_t *a = malloc(SZ), *b = calloc(1, SZ);
+        TransportRegion ra, rb;
+        for (size_t i = 0; i < SZ; i++)
+                a[i] = (uint8_t)(i * 13 + 1);
+        region_init(&ra, 0, a);
+        region_init(&rb, 1, b);
+        ck_assert_int_eq(local_transport_new(2, &t), 0);
+        ck_assert_int_eq(t->ops->register_region(t, &ra), 0);
+        ck_assert_int_eq(t->ops->register_region(t, &rb), 0);
+
+        /* 36 layer groups of 1792 bytes (63 KiB): copied before post() returns. */
+        enum { N = 36, L = 1792 };
+        TransportWrite w[N + 30];
+        for (int i = 0; i < N; i++)
+                w[i] = (TransportWrite) { .src_region = 0, .src_offset = (uint64_t)i * L, .dst_region = 1,
+                                          .dst_offset = (uint64_t)i * 4096, .length = L, .cookie = 500 + i };
+        ck_assert_int_eq(t->ops->post(t, NULL, w, N), 0);
+        for (int i = 0; i < N; i++)
+                ck_assert_mem_eq(b + (size_t)i * 4096, a + (size_t)i * L, L);
+        ck_assert_uint_eq(local_transport_inflight(t), N);
+        TransportCompletion c[N + 30];
+        collect(t, c, N);
+        for (int i = 0; i < N; i++) {
+                ck_assert_int_eq(c[i].error, 0);
+                ck_assert_uint_eq(c[i].bytes, L);
+                ck_assert_uint_eq(c[i].cookie, 500 + i);
+        }
+        ck_assert_uint_eq(local_transport_inflight(t), 0);
+        struct pollfd p = { .fd = t->ops->completion_fd(t), .events = POLLIN };
+        ck_assert_int_eq(poll(&p, 1, 0), 0); /* nothing more */
+
+        /* A refused small batch copies nothing, not even its valid writes. */
+        memset(b, 0, SZ);
+        w[1].dst_region = 7;
+        ck_assert_int_eq(t->ops->post(t, NULL, w, 2), -ENOENT);
+        for (size_t i = 0; i < 2 * 4096; i++)
+                ck_assert_uint_eq(b[i], 0);
+        ck_assert_uint_eq(local_transport_inflight(t), 0);
+        w[1].dst_region = 1;
+
+        /* Past 64 writes or 64 KiB, the copy threads: the same bytes and completions. */
+        for (int i = 0; i < N + 30; i++)
+                w[i] = (TransportWrite) { .src_region = 0, .src_offset = (uint64_t)i * 1024, .dst_region = 1,
+                                          .dst_offset = (uint64_t)i * 1024, .length = 1024, .cookie = i };
+        ck_assert_int_eq(t->ops->post(t, NULL, w, N + 30), 0);
+        collect(t, c, N + 30);
+        ck_assert_mem_eq(b, a, (size_t)(N + 30) * 1024);
+        TransportWrite big = { .src_region = 0, .dst_region = 1, .length = (64U << 10) + 1, .cookie = 99 };
+        ck_assert_int_eq(t->ops->post(t, NULL, &big, 1), 0);
+        collect(t, c, 1);
+        ck_assert_uint_eq(c[0].cookie, 99);
+        ck_assert_mem_eq(b, a, (64U << 10) + 1);
+        ck_assert_uint_eq(local_transport_inflight(t), 0);
+        ck_assert_uint_eq(t->stats.batches, 3);
+        t->ops->free(t);
+        free(a);
+        free(b);
+}
+END_TEST
+
 START_TEST(test_reject) {
         Transport *t = NULL;
         uint8_t *a = malloc(SZ), *b = malloc(SZ);
@@ -187,6 +251,7 @@ int main(void) {
         tcase_add_test(tc, test_copy);
         tcase_add_test(tc, test_reject);
         tcase_add_test(tc, test_cancel);
+        tcase_add_test(tc, test_small_batches);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
