@@ -31,6 +31,12 @@
 /* A stream whose next write names a target the receiver does not know yet (its
  * PREPARE is still on the control connection) waits at most this long for it. */
 #define PARK_TIMEOUT_USEC (10ULL * 1000000ULL)
+/* A slice with at most SMALL_SLICE bytes left is read into the stream's buffer, up to
+ * RBUF_SIZE bytes at once, with whatever follows it (the next slices' headers and
+ * payloads), and copied out: one syscall for many small layer groups instead of one
+ * each. Bigger slices are read straight into their pages. */
+#define SMALL_SLICE (16U * 1024U)
+#define RBUF_SIZE (64U * 1024U)
 
 typedef struct TcpTransport TcpTransport;
 typedef struct TcpStream TcpStream;
@@ -91,6 +97,9 @@ struct TcpStream {
         uint8_t *r_dst;                /* NULL: discard */
         uint64_t r_remaining;
         uint64_t r_slice_index;
+        uint8_t *rbuf;                 /* small slices: bytes read ahead (RBUF_SIZE) */
+        size_t rpos, rlen;             /* rbuf[rpos, rlen) not consumed yet */
+        sd_event_source *again;        /* reads rbuf's rest when no socket wakeup will */
 };
 
 struct TcpPeer {
@@ -165,7 +174,9 @@ static TcpStream *stream_free(TcpStream *s) {
                 return NULL;
         sd_event_source_disable_unref(s->park_timer);
         sd_event_source_disable_unref(s->io);
+        sd_event_source_disable_unref(s->again);
         safe_close(s->fd);
+        free(s->rbuf);
         free(s);
         return NULL;
 }
@@ -603,23 +614,83 @@ static void stream_park(TcpStream *s) {
         stream_update(s);
 }
 
+static int on_stream_again(sd_event_source *es, void *userdata) {
+        TcpStream *s = userdata;
+        return stream_io(NULL, s->fd, EPOLLIN, s);
+}
+
+/* Bytes wait in rbuf that no socket wakeup will bring back (the socket may be empty):
+ * read them in the next loop iteration. */
+static void stream_again(TcpStream *s) {
+        if (s->parked || s->rpos >= s->rlen)
+                return;
+        if (!s->again) {
+                if (sd_event_add_defer(s->t->event, &s->again, on_stream_again, s) < 0) {
+                        log_debug("tcp: cannot queue a stream's buffered bytes");
+                        return;
+                }
+        }
+        (void)sd_event_source_set_enabled(s->again, SD_EVENT_ONESHOT);
+}
+
+/* Up to `want` bytes from rbuf into dst (NULL: discarded); how many. */
+static size_t rbuf_take(TcpStream *s, uint8_t *dst, size_t want) {
+        size_t n = MIN(want, s->rlen - s->rpos);
+        if (dst && n > 0)
+                memcpy(dst, s->rbuf + s->rpos, n);
+        s->rpos += n;
+        return n;
+}
+
+/* Fills the empty rbuf from the socket: 1, 0 when the socket had nothing, or an error.
+ * *drained: the read came back short, so the socket is empty now. */
+static int rbuf_fill(TcpStream *s, bool *drained) {
+        if (!s->rbuf) {
+                s->rbuf = malloc(RBUF_SIZE);
+                if (!s->rbuf)
+                        return -ENOMEM;
+        }
+        ssize_t n = recv(s->fd, s->rbuf, RBUF_SIZE, MSG_DONTWAIT);
+        if (n < 0)
+                return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+        if (n == 0)
+                return -ECONNRESET;
+        s->rpos = 0;
+        s->rlen = (size_t)n;
+        *drained = (size_t)n < RBUF_SIZE;
+        return 1;
+}
+
+/* The slice's bytes arrived (from rbuf or the socket): `n` of them, at r_dst. */
+static void slice_took(TcpStream *s, uint64_t n) {
+        s->tp->bytes_in += n;
+        s->r_remaining -= n;
+        if (s->r_dst)
+                s->r_dst += n;
+}
+
 /* Reads until the socket is empty: a recv() or readv() that returns less than it asked
  * for has emptied it, so reading stops there rather than with one more call that only
  * says EAGAIN. The fd is level-triggered (no EPOLLET): bytes that arrive meanwhile wake
- * the loop again. */
+ * the loop again; bytes left in rbuf do not, so stream_again() queues them. */
 static int stream_recv(TcpStream *s) {
         size_t budget = STREAM_BUDGET;
+        bool drained = false;
         int r;
 
         if (s->parked)
                 return 0;
 
         while (budget > 0) {
-                bool drained;
                 ssize_t n;
 
                 if (!s->rw) {
+                        if (s->r_hdr_have < sizeof s->r_hdr)
+                                s->r_hdr_have += rbuf_take(s, s->r_hdr + s->r_hdr_have,
+                                                           sizeof s->r_hdr - s->r_hdr_have);
                         if (s->r_hdr_have < sizeof s->r_hdr) {
+                                if (drained)
+                                        return 0;
                                 n = recv(s->fd, s->r_hdr + s->r_hdr_have, sizeof s->r_hdr - s->r_hdr_have,
                                          MSG_DONTWAIT);
                                 if (n < 0)
@@ -633,13 +704,27 @@ static int stream_recv(TcpStream *s) {
                         s->r_hdr_have = 0;
                         r = stream_slice_begin(s);
                         if (r == -EAGAIN) {
-                                stream_park(s);
+                                stream_park(s); /* rbuf keeps what follows the header */
                                 return 0;
                         }
                         if (r < 0)
                                 return r;
                 }
-                {
+                if (s->r_remaining == 0) {
+                        /* nothing to read: an empty slice */
+                } else if (s->rpos < s->rlen) {
+                        /* Read ahead with an earlier small slice. */
+                        size_t take = rbuf_take(s, s->r_dst, (size_t)MIN(s->r_remaining, (uint64_t)SIZE_MAX));
+                        slice_took(s, take);
+                } else if (drained) {
+                        return 0;
+                } else if (s->r_remaining <= SMALL_SLICE) {
+                        r = rbuf_fill(s, &drained);
+                        if (r <= 0)
+                                return r;
+                        budget -= MIN(budget, s->rlen);
+                        continue;
+                } else {
                         /* The rest of this slice, and the next slice's header with it
                          * (data streams carry nothing but DATA frames): one syscall
                          * per slice. */
@@ -662,10 +747,7 @@ static int stream_recv(TcpStream *s) {
                         drained = (size_t)n < iov[0].iov_len + (n_iov > 1 ? iov[1].iov_len : 0);
                         budget -= MIN(budget, (size_t)n);
                         take = MIN((uint64_t)n, s->r_remaining);
-                        s->tp->bytes_in += take;
-                        s->r_remaining -= take;
-                        if (s->r_dst)
-                                s->r_dst += take;
+                        slice_took(s, take);
                         s->r_hdr_have = (size_t)((uint64_t)n - take);
                 }
                 if (s->r_remaining == 0) {
@@ -673,9 +755,10 @@ static int stream_recv(TcpStream *s) {
                         if (r != 0)
                                 return r;
                 }
-                if (drained)
+                if (drained && s->rpos >= s->rlen && (s->rw || s->r_hdr_have < sizeof s->r_hdr))
                         return 0;
         }
+        stream_again(s); /* out of budget with bytes read ahead */
         return 0;
 }
 
@@ -865,6 +948,7 @@ static void tcp_resume_incoming(Transport *tt, void *peer) {
                 s->parked = false;
                 s->park_timer = sd_event_source_disable_unref(s->park_timer);
                 stream_update(s);
+                stream_again(s); /* what followed the held header may be in rbuf */
         }
 }
 

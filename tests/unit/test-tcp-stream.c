@@ -1,0 +1,204 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The tcp transport's receive path, two transports in one event loop over a socketpair
+ * (the peer layer's operations are this file's: acknowledgements are handed straight
+ * to the sender):
+ *  - many small writes (layer groups of 1792 bytes) land byte-exact, read ahead several
+ *    at a time, and big writes read straight into their region land likewise, in any
+ *    mix;
+ *  - a write whose target is not announced yet parks the stream with the writes behind
+ *    it already read ahead: once the target is announced (resume_incoming) every one of
+ *    them lands, although no further byte arrives on the socket to wake the stream. */
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <systemd/sd-event.h>
+
+#include "macro.h"
+#include "peer/peer-proto.h"
+#include "transport/tcp.h"
+#include "../check-main.h"
+
+#define REGION_SIZE (8U << 20)
+
+struct Peer {
+        int side;          /* 0: the sender's view of the receiver, 1: the receiver's of the sender */
+        void *slot;
+};
+
+static struct Peer to_b = { 0 }, to_a = { 1 };
+static Transport *ta, *tb;
+static sd_event *ev;
+static uint64_t announced = 0;   /* targets 1..announced are known at the receiver */
+static uint64_t target_base[64]; /* where target k's bytes go in region 1 */
+static size_t landed, completed, asked_again;
+static int failures;
+
+static const char *p_name(Peer *p) {
+        return p->side ? "alpha" : "bravo";
+}
+static bool p_up(Peer *p) {
+        return true;
+}
+static void **p_slot(Peer *p, TransportKind kind) {
+        return &p->slot;
+}
+/* Control messages: the receiver's acknowledgements go to the sender at once. */
+static int p_send(Peer *p, uint16_t type, const void *payload, size_t len) {
+        ck_assert_int_eq(p->side, 1);
+        if (type == PEER_MSG_WRITE_ACKS) {
+                PeerAckRun runs[64];
+                size_t n;
+                ck_assert_int_ge(peer_write_acks_decode(payload, len, runs, 64, &n), 0);
+                tcp_transport_writes_acked(ta, &to_b, runs, n);
+                return 0;
+        }
+        ck_abort_msg("unexpected control message %u", type);
+        return -EPROTO;
+}
+static void p_cork(Peer *p) {
+}
+static void p_stream_failed(Peer *p, int error, const char *what) {
+        failures++;
+        ck_abort_msg("stream failed: %s: %s", what, strerror(-error));
+}
+static int p_validate(void *userdata, Peer *p, TransportIncoming *in) {
+        if (!(in->flags & TRANSPORT_WRITE_TARGET))
+                return 0;
+        if (in->target > announced) {
+                asked_again++;
+                return -EAGAIN;
+        }
+        in->region = 1;
+        in->offset += target_base[in->target];
+        return 0;
+}
+static void p_done(void *userdata, Peer *p, const TransportIncoming *in, int error) {
+        ck_assert_int_eq(error, 0);
+        landed++;
+}
+
+static const TransportPeerOps ops = {
+        .name = p_name, .is_up = p_up, .slot = p_slot, .send = p_send, .cork = p_cork, .uncork = p_cork,
+        .stream_failed = p_stream_failed, .validate_incoming = p_validate, .incoming_done = p_done,
+};
+
+static uint8_t *src, *dst;
+static TransportRegion rs, rd;
+
+static void setup(void) {
+        int sv[2];
+        ck_assert_int_ge(sd_event_new(&ev), 0);
+        ck_assert_int_eq(tcp_transport_new(&ta, ev, &ops, 256U << 10), 0);
+        ck_assert_int_eq(tcp_transport_new(&tb, ev, &ops, 256U << 10), 0);
+        src = malloc(REGION_SIZE);
+        dst = calloc(1, REGION_SIZE);
+        for (size_t i = 0; i < REGION_SIZE; i++)
+                src[i] = (uint8_t)(i * 131 + (i >> 13));
+        rs = (TransportRegion) { .id = 0, .domain = MEMORY_HOST, .host_base = src, .size = REGION_SIZE };
+        rd = (TransportRegion) { .id = 1, .domain = MEMORY_HOST, .host_base = dst, .size = REGION_SIZE };
+        ck_assert_int_eq(ta->ops->register_region(ta, &rs), 0);
+        ck_assert_int_eq(tb->ops->register_region(tb, &rd), 0);
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        ck_assert_int_eq(tcp_transport_attach_stream(ta, &to_b, sv[0], 0), 0);
+        ck_assert_int_eq(tcp_transport_attach_stream(tb, &to_a, sv[1], 0), 0);
+        announced = 0;
+        landed = completed = asked_again = 0;
+}
+
+static void teardown(void) {
+        tcp_transport_peer_reset(ta, &to_b, -ECANCELED);
+        tcp_transport_peer_reset(tb, &to_a, -ECANCELED);
+        ta->ops->free(ta);
+        tb->ops->free(tb);
+        to_a.slot = to_b.slot = NULL;
+        sd_event_unref(ev);
+        free(src);
+        free(dst);
+}
+
+/* Runs the loop until `n` writes completed at the sender (and landed at the receiver),
+ * or false once nothing happened for idle_ms. */
+static bool run_until(size_t n, int idle_ms) {
+        TransportCompletion c[256];
+        while (completed < n) {
+                int r = sd_event_run(ev, (uint64_t)idle_ms * 1000);
+                ck_assert_int_ge(r, 0);
+                size_t k;
+                while ((k = ta->ops->poll(ta, c, 256)) > 0)
+                        for (size_t i = 0; i < k; i++) {
+                                ck_assert_int_eq(c[i].error, 0);
+                                completed++;
+                        }
+                if (r == 0 && completed < n)
+                        return false; /* nothing happened for idle_ms */
+        }
+        return landed == n;
+}
+
+START_TEST(test_small_and_big) {
+        /* 36 small writes, 3 big ones, 36 small again, in one post; small sizes that put
+         * the read-ahead's end anywhere in a frame or its header, up to and just past the
+         * largest slice read ahead (16 KiB). */
+        static const uint64_t smalls[] = { 1, 1000, 1792, 4000, 16383, 16384, 16385 };
+        enum { N = 36 + 3 + 36 };
+        size_t total = 0;
+        for (size_t k = 0; k < ELEMENTSOF(smalls); k++) {
+                TransportWrite w[N];
+                uint64_t off = 0, doff = 0;
+                memset(dst, 0, REGION_SIZE);
+                for (int i = 0; i < N; i++) {
+                        uint64_t len = (i >= 36 && i < 39) ? (1U << 20) + 77 : smalls[k];
+                        w[i] = (TransportWrite) { .src_region = 0, .src_offset = off, .dst_region = 1,
+                                                  .dst_offset = doff, .length = len, .cookie = 100 + i };
+                        off += len + 5;
+                        doff += len + 11;
+                }
+                ck_assert_int_eq(ta->ops->post(ta, &to_b, w, N), 0);
+                total += N;
+                ck_assert_msg(run_until(total, 5000), "writes of %llu bytes: %zu of %zu landed",
+                              (unsigned long long)smalls[k], landed, total);
+                for (int i = 0; i < N; i++)
+                        ck_assert_mem_eq(dst + w[i].dst_offset, src + w[i].src_offset, w[i].length);
+        }
+}
+END_TEST
+
+START_TEST(test_parked_with_read_ahead) {
+        /* A small write the receiver takes, then 29 into target 1, which it does not know
+         * yet: reading the first one's payload reads all the others' frames ahead (30
+         * frames fit in the 64 KiB read: none is left in the socket to wake the stream). */
+        enum { SMALL = 1792, N = 30 };
+        TransportWrite w[N];
+        target_base[1] = 4096;
+        w[0] = (TransportWrite) { .src_region = 0, .dst_region = 1, .length = SMALL, .cookie = 0 };
+        for (int i = 1; i < N; i++)
+                w[i] = (TransportWrite) { .src_region = 0, .src_offset = (uint64_t)i * SMALL,
+                                          .dst_offset = (uint64_t)i * SMALL, .length = SMALL, .cookie = i,
+                                          .flags = TRANSPORT_WRITE_TARGET, .target = 1 };
+        ck_assert_int_eq(ta->ops->post(ta, &to_b, w, N), 0);
+        /* Everything is sent; the receiver took the first write and waits: nothing more
+         * lands. */
+        ck_assert(!run_until(N, 200));
+        ck_assert_uint_eq(landed, 1);
+        ck_assert_uint_ge(asked_again, 1);
+        /* Announced: every write lands, with no new byte on the socket. */
+        announced = 1;
+        tb->ops->resume_incoming(tb, &to_a);
+        ck_assert_msg(run_until(N, 2000), "%zu of %d landed after the target was announced", landed, N);
+        ck_assert_mem_eq(dst, src, SMALL);
+        ck_assert_mem_eq(dst + 4096 + SMALL, src + SMALL, (size_t)(N - 1) * SMALL);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("tcp-stream");
+        TCase *tc = tcase_create("receive");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_add_test(tc, test_small_and_big);
+        tcase_add_test(tc, test_parked_with_read_ahead);
+        suite_add_tcase(s, tc);
+        return check_run(s, CK_FORK_GETENV);
+}
