@@ -146,6 +146,13 @@ static int verb_status(epd_client *c, int argc, char **argv) {
                 if (!worst || paths[i].level > worst->level)
                         worst = &paths[i];
         uint64_t now = now_usec(CLOCK_REALTIME), up = started && now > started ? (now - started) / USEC_PER_SEC : 0;
+        /* The event loop's stalls: dispatches of 1 ms or longer. */
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *stalls_msg = NULL;
+        uint64_t stalls = 0, stall_max = 0, stall_at = 0;
+        const char *stall_what = "";
+        if (epdctl_get_property(c, "/org/epd1", "org.epd1.Manager", "LoopStalls", "(ttst)", &stalls_msg) < 0 ||
+            sd_bus_message_read(stalls_msg, "(ttst)", &stalls, &stall_max, &stall_what, &stall_at) < 0)
+                stall_what = "";
 
         if (arg_json) {
                 printf("{\"version\":");
@@ -169,7 +176,10 @@ static int verb_status(epd_client *c, int argc, char **argv) {
                         json_string(stdout, paths[i].reason);
                         printf("}");
                 }
-                printf("],\"metrics\":");
+                printf("],\"loop_stalls\":%" PRIu64 ",\"loop_stall_max_usec\":%" PRIu64 ",\"loop_stall_max_what\":",
+                       stalls, stall_max);
+                json_string(stdout, stall_what);
+                printf(",\"loop_stall_max_at_usec\":%" PRIu64 ",\"metrics\":", stall_at);
                 json_string(stdout, metrics ?: "");
                 printf("}\n");
         } else {
@@ -198,6 +208,12 @@ static int verb_status(epd_client *c, int argc, char **argv) {
                 else
                         printf("  backpressure: %s to %s (%s)%s\n", worst->level_name, worst->peer, worst->reason,
                                n_paths > 1 ? "; epdctl paths shows every peer" : "");
+                if (stalls == 0)
+                        printf("  event loop:   no dispatch held it 1 ms or longer\n");
+                else
+                        printf("  event loop:   %" PRIu64 " dispatch%s held it 1 ms or longer; the longest %" PRIu64
+                               ".%03" PRIu64 " ms, %s\n",
+                               stalls, stalls == 1 ? "" : "es", stall_max / 1000, stall_max % 1000, stall_what);
                 printf("  metrics:      %s\n", metrics && *metrics ? metrics : "off ([Metrics] Listen= in epd.conf)");
         }
         epd_peers_free(peers, n_peers);

@@ -309,12 +309,18 @@ def bench(args):
                                  (f"EPD {args.layout}, repeated images, cache bypassed, {c} in flight", "nocache", c),
                                  (f"EPD {args.layout}, repeated images, cache bypassed, 1 in flight", "serial", 1)):
             reqs = specs(n, args.images, args.text_tokens, args.max_new, salt=salt, first=100, **kw)
-            f0 = epdctl(args, "features")
+            f0, st0 = epdctl(args, "features"), epdctl(args, "status")
             t0 = time.perf_counter()
             res = w.run(reqs, conc)
             rows.append(summarize(name, res, time.perf_counter() - t0))
             rows[-1]["completed"] = sum(1 for r in res if r is not None)
             rows[-1]["feature_counters"] = feature_delta(f0, epdctl(args, "features"))
+            # The daemon's event loop: dispatches that held it 1 ms or longer in this row,
+            # and the longest since it started (what it was).
+            st1 = epdctl(args, "status")
+            rows[-1]["loop_stalls"] = {"count": st1.get("loop_stalls", 0) - st0.get("loop_stalls", 0),
+                                       "longest_ms_so_far": st1.get("loop_stall_max_usec", 0) / 1e3,
+                                       "longest_what": st1.get("loop_stall_max_what", "")}
             print(json.dumps(rows[-1]), flush=True)
     finally:
         w.close()
@@ -462,6 +468,11 @@ def main():
                       f"read {ff.get('read', 0):.2f} ms; encoder: image + key {r.get('encoder_key_ms', 0):.2f} ms, "
                       f"Acquire + Publish + Release {r.get('encoder_epd_ms', 0):.2f} ms; decode: "
                       f"{r.get('decode_layers_in_one_launch', 0):.1f} layers read in one launch (mean)")
+        for r in out["bench"]:
+            if "loop_stalls" in r:
+                ls = r["loop_stalls"]
+                print(f"epdd's event loop ({r['config']}): {ls['count']} dispatches held it 1 ms or longer; "
+                      f"the longest since it started {ls['longest_ms_so_far']:.2f} ms ({ls['longest_what'] or '-'})")
         for r in out["bench"]:
             if "workflow" in r:
                 print(f"workflow ({r['config']}): {json.dumps(r['workflow'])}")

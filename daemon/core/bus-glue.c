@@ -9,6 +9,7 @@
 
 #include "bus-error.h"
 #include "macro.h"
+#include "time-util.h"
 
 static const char *strna(const char *s) {
         return s ? s : "n/a";
@@ -84,13 +85,35 @@ int bus_glue_reply_errno(sd_bus_message *call, int r, const char *message) {
         return sd_bus_reply_method_error(call, &e);
 }
 
+/* Per thread: the handlers run on their event loop's thread, which reads these. */
+static _Thread_local uint64_t slow_generation;
+static _Thread_local char slow_what[160];
+
+uint64_t bus_glue_slow_generation(void) {
+        return slow_generation;
+}
+
+const char *bus_glue_slow_what(void) {
+        return slow_what;
+}
+
+static void note_slow(uint64_t since, const char *verb, const char *interface, const char *member) {
+        if (now_usec(CLOCK_MONOTONIC) - since < BUS_GLUE_SLOW_USEC)
+                return;
+        snprintf(slow_what, sizeof slow_what, "%s%s%s.%s", verb, *verb ? " " : "", strna(interface), strna(member));
+        slow_generation++;
+}
+
 static int method_wrapped(sd_bus_message *m, void *userdata, sd_bus_error *error) {
         const char *interface = sd_bus_message_get_interface(m), *member = sd_bus_message_get_member(m);
         const sd_bus_vtable *v = glue_find(interface, member, _SD_BUS_VTABLE_METHOD);
         if (!v || !v->x.method.handler)
                 return epd_bus_error(error, EPD_ERROR_FAILED, "No handler for %s.%s.", strna(interface),
                                      strna(member));
-        return bus_glue_name_error(error, v->x.method.handler(m, userdata, error), interface, member);
+        uint64_t t0 = now_usec(CLOCK_MONOTONIC);
+        int r = v->x.method.handler(m, userdata, error);
+        note_slow(t0, "", interface, member);
+        return bus_glue_name_error(error, r, interface, member);
 }
 
 static int get_wrapped(sd_bus *bus, const char *path, const char *interface, const char *property,
@@ -99,8 +122,10 @@ static int get_wrapped(sd_bus *bus, const char *path, const char *interface, con
         if (!v || !v->x.property.get)
                 return epd_bus_error(error, EPD_ERROR_FAILED, "No getter for %s.%s.", strna(interface),
                                      strna(property));
-        return bus_glue_name_error(error, v->x.property.get(bus, path, interface, property, reply, userdata, error),
-                                   interface, property);
+        uint64_t t0 = now_usec(CLOCK_MONOTONIC);
+        int r = v->x.property.get(bus, path, interface, property, reply, userdata, error);
+        note_slow(t0, "Get", interface, property);
+        return bus_glue_name_error(error, r, interface, property);
 }
 
 static int set_wrapped(sd_bus *bus, const char *path, const char *interface, const char *property,

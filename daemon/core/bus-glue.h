@@ -28,3 +28,11 @@ int bus_glue_reply_errno(sd_bus_message *call, int r, const char *message);
 /* Turns the outcome r of a handler for interface.member into a named error in `error`:
  * what the wrapped handlers do, exposed for the unit test. Returns r. */
 int bus_glue_name_error(sd_bus_error *error, int r, const char *interface, const char *member);
+
+/* The wrapped handlers also time themselves: the last method or property access that
+ * took BUS_GLUE_SLOW_USEC or longer is named here ("org.epd1.Gpu.RegisterMemory",
+ * "Get org.epd1.Pages.Pools"), with a generation that counts such calls, so that the
+ * event loop's stall accounting (manager.c) can say which call held it. */
+#define BUS_GLUE_SLOW_USEC 1000U
+uint64_t bus_glue_slow_generation(void);
+const char *bus_glue_slow_what(void);

@@ -85,6 +85,15 @@ static int property_clients(sd_bus *bus, const char *path, const char *interface
         return sd_bus_message_append(reply, "u", (uint32_t)hashmap_size(m->clients));
 }
 
+/* The event loop's stalls (Manager.loop_stalls): (count, longest µs, what, when). */
+static int property_loop_stalls(sd_bus *bus, const char *path, const char *interface,
+                                const char *property, sd_bus_message *reply, void *userdata,
+                                sd_bus_error *error) {
+        Manager *m = userdata;
+        return sd_bus_message_append(reply, "(ttst)", m->loop_stalls, m->loop_stall_max_usec,
+                                     m->loop_stall_max_what, m->loop_stall_max_at);
+}
+
 /* Which arenas a role maps unless the worker names them with the "arenas" option. */
 static bool role_wants_arena(WorkerRole role, const Arena *a) {
         switch (role) {
@@ -298,6 +307,7 @@ static const sd_bus_vtable manager_vtable[] = {
         SD_BUS_PROPERTY("Workers", "a(osssu)", property_workers, 0,
                         SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_PROPERTY("Clients", "u", property_clients, 0, 0),
+        SD_BUS_PROPERTY("LoopStalls", "(ttst)", property_loop_stalls, 0, 0),
         SD_BUS_PROPERTY("StartedAt", "t", property_started_at, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("StateDirectory", "s", property_state_directory, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("Socket", "s", property_socket, 0, SD_BUS_VTABLE_PROPERTY_CONST),

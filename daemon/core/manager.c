@@ -676,6 +676,28 @@ static uint64_t manager_before_wait(Manager *m) {
         return until > now ? until - now : 0;
 }
 
+/* A dispatch that began at t0 (CLOCK_MONOTONIC) is over: a stall if it took
+ * MANAGER_STALL_USEC or longer, named by the bus call that took as long if one did (the
+ * glue's generation moved past gen). Two clock reads per dispatch, no system call. */
+static void manager_note_dispatch(Manager *m, uint64_t t0, uint64_t gen) {
+        uint64_t d = now_usec(CLOCK_MONOTONIC) - t0;
+        if (d < MANAGER_STALL_USEC)
+                return;
+        const char *what = bus_glue_slow_generation() != gen ? bus_glue_slow_what() : "an event source";
+        m->loop_stalls++;
+        if (d <= m->loop_stall_max_usec) {
+                log_debug("The event loop was busy for %" PRIu64 " us with %s.", d, what);
+                return;
+        }
+        m->loop_stall_max_usec = d;
+        m->loop_stall_max_at = now_usec(CLOCK_REALTIME);
+        snprintf(m->loop_stall_max_what, sizeof m->loop_stall_max_what, "%s", what);
+        /* A new longest one: rare by construction, so worth a line. */
+        log_full(d >= 100 * MANAGER_STALL_USEC ? LOG_WARNING : LOG_INFO,
+                 "The event loop was busy for %" PRIu64 ".%03" PRIu64 " ms with %s: every other call waited (the longest so far).",
+                 d / 1000, d % 1000, what);
+}
+
 /* sd_event_loop(), made of sd_event_run()'s steps so that the subsystems' hooks run in
  * between: before_wait when nothing is pending and the loop is about to wait (the wait
  * ends by the time they ask), after_dispatch after every dispatch (sd_event_run()
@@ -693,9 +715,11 @@ static int manager_loop(Manager *m) {
                 r = sd_event_prepare(e);
                 if (r == 0)
                         r = sd_event_wait(e, manager_before_wait(m));
+                uint64_t t0 = now_usec(CLOCK_MONOTONIC), gen = bus_glue_slow_generation();
                 if (r > 0)
                         r = sd_event_dispatch(e);
                 manager_after_dispatch(m);
+                manager_note_dispatch(m, t0, gen);
                 if (r < 0) {
                         m->in_loop = false;
                         return r;

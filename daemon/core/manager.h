@@ -13,6 +13,9 @@
 #include "hashmap.h"
 #include "reason.h"
 
+/* A dispatch of the event loop this long or longer counts as a stall (Manager.loop_stalls). */
+#define MANAGER_STALL_USEC 1000U
+
 typedef struct Manager Manager;
 typedef struct Worker Worker;
 typedef struct WorkerStats WorkerStats;
@@ -119,6 +122,14 @@ struct Manager {
         bool ready_sent;
         bool in_loop;                /* manager_run()'s loop: it runs the after_dispatch and before_wait hooks */
         bool stopping;               /* manager_free(): releases are not journaled */
+        /* Dispatches of the loop (a callback and the after_dispatch hooks behind it) that
+         * kept it from everything else for MANAGER_STALL_USEC or longer: how many, the
+         * longest, what it was (a bus call by name, else "an event source") and when
+         * (CLOCK_REALTIME). Manager.LoopStalls and the metrics show them. */
+        uint64_t loop_stalls;
+        uint64_t loop_stall_max_usec;
+        uint64_t loop_stall_max_at;
+        char loop_stall_max_what[160];
 
         /* Subsystem state, owned here. Each subsystem's header defines its type. */
         struct PageManager *page_manager;

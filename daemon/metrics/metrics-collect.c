@@ -36,6 +36,13 @@ static void collect_daemon(Manager *m, MetricsWriter *w, uint64_t scrapes) {
         metrics_family(w, "epd_workers", METRIC_GAUGE, NULL, "Registered workers, by role.");
         for (int r = 0; r < _WORKER_ROLE_MAX; r++)
                 metrics_sample_u64(w, L({ "role", worker_role_to_string((WorkerRole)r) }), by_role[r]);
+        metrics_family(w, "epd_loop_stalls", METRIC_COUNTER, NULL,
+                       "Dispatches of the event loop that held it 1 ms or longer (every other call waited).");
+        metrics_sample_u64(w, METRIC_NO_LABELS, m->loop_stalls);
+        metrics_family(w, "epd_loop_stall_longest_seconds", METRIC_GAUGE, "seconds",
+                       "The longest such dispatch, and what it was (a bus call by name, or an event source).");
+        if (m->loop_stalls > 0)
+                metrics_sample(w, L({ "what", m->loop_stall_max_what }), (double)m->loop_stall_max_usec / 1e6);
         metrics_family(w, "epd_metrics_scrapes", METRIC_COUNTER, NULL, "Scrapes of this endpoint answered.");
         metrics_sample_u64(w, METRIC_NO_LABELS, scrapes);
 }

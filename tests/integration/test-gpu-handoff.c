@@ -33,6 +33,7 @@
 #include "epd/handoff.h"
 #include "harness.h"
 #include "system.h"
+#include "vmm.h"
 
 #define LAYERS 8
 #define TOKENS 16
@@ -93,6 +94,7 @@ static void start(const char *fail_copies) {
         if (fake) {
                 ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", fail_copies, 1), 0);
                 ck_assert_int_eq(setenv("FAKE_CUDA_COPY_DELAY_MS", copy_delay_ms, 1), 0);
+                ck_assert_int_eq(setenv("FAKE_CUDA_IMPORT_DELAY_MS", copy_delay_ms, 1), 0);
         }
         ck_assert_int_eq(harness_init(&h, CONFIG), 0);
         harness_direct_address(&h, address, sizeof address);
@@ -102,6 +104,7 @@ static void start(const char *fail_copies) {
         if (fake) {
                 ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", "0", 1), 0);
                 ck_assert_int_eq(setenv("FAKE_CUDA_COPY_DELAY_MS", "0", 1), 0);
+                ck_assert_int_eq(setenv("FAKE_CUDA_IMPORT_DELAY_MS", "0", 1), 0);
         }
         if (!sys) {
                 ck_assert_int_eq(gpu_system_open(getenv("EPD_LIBCUDA"), &sys), 0);
@@ -805,6 +808,50 @@ START_TEST(test_cow_copy_fails) {
 }
 END_TEST
 
+static void loop_stalls(epd_client *c, uint64_t *n, uint64_t *max_usec, char *what, size_t size) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        const char *w;
+        uint64_t at;
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1", "org.epd1.Manager", "LoopStalls", &e, &reply,
+                                             "(ttst)"), 0);
+        ck_assert_int_ge(sd_bus_message_read(reply, "(ttst)", n, max_usec, &w, &at), 0);
+        snprintf(what, size, "%s", w);
+        if (*n > 0)
+                ck_assert_uint_gt(at, 0);
+        sd_bus_message_unref(reply);
+}
+
+/* A call that holds the event loop is counted and named: importing a worker's memory
+ * takes 400 ms here (the fake driver; the real one maps on the loop too). */
+START_TEST(test_loop_stall_named) {
+        if (!fake) {
+                printf("real driver: imports are not slowed down here\n");
+                return;
+        }
+        epd_client *c = worker("decode");
+        uint64_t n0, max0, n1, max1;
+        char what[200];
+        loop_stalls(c, &n0, &max0, what, sizeof what);
+        ck_assert_uint_lt(max0, 300000); /* nothing of the kind yet */
+        GpuArena *own = NULL;
+        EpdGpu *g = NULL;
+        uint32_t region;
+        ck_assert_int_eq(gpu_arena_new(sys, 0, 4 << 20, &own), 0);
+        ck_assert_int_eq(epd_gpu_open(&g), 0);
+        ck_assert_int_eq(epd_gpu_register_memory(c, g, 0, own->base, own->size, &region), 0);
+        loop_stalls(c, &n1, &max1, what, sizeof what);
+        ck_assert_uint_ge(n1, n0 + 1);
+        ck_assert_uint_ge(max1, 390000);
+        ck_assert_str_eq(what, "org.epd1.Gpu.RegisterMemory");
+        printf("loop stalls: %" PRIu64 ", the longest %" PRIu64 " us: %s\n", n1, max1, what);
+        ck_assert_int_eq(epd_gpu_release_memory(c, region), 0);
+        epd_gpu_close(g);
+        gpu_arena_unref(own);
+        epd_disconnect(c);
+}
+END_TEST
+
 /* ---- to another host ---- */
 
 static Harness hb;
@@ -991,6 +1038,7 @@ static Suite *suite(void) {
         TCase *ts = tcase_create("slow-copies");
         tcase_add_checked_fixture(ts, setup_slow_copies, teardown);
         tcase_add_test(ts, test_cow_off_loop);
+        tcase_add_test(ts, test_loop_stall_named);
         tcase_set_timeout(ts, 120);
         suite_add_tcase(s, ts);
         TCase *tf = tcase_create("failing-copies");

@@ -13,6 +13,7 @@
  *             makes a copy take N ms as the host sees it, as on a GPU that another
  *             context holds: a synchronous cuMemcpyDtoD returns after N ms, and an
  *             event waited for (behind asynchronous copies) completes N ms later.
+ *             FAKE_CUDA_IMPORT_DELAY_MS=N: importing an exported allocation takes N ms.
  * It lets the GPU domain's logic (arenas, transport, completions, registrations) run
  * in CI; the real driver is exercised on the device machine. */
 #include <errno.h>
@@ -151,7 +152,16 @@ static CUresult f_export(void *out, unsigned long long h, int type, unsigned lon
         *(int *)out = fd;
         return OK;
 }
+/* Sleeps for the milliseconds the environment variable says (none: no sleep). */
+static void env_delay(const char *var) {
+        const char *d = getenv(var);
+        long ms = d ? strtol(d, NULL, 10) : 0;
+        if (ms > 0)
+                (void)nanosleep(&(struct timespec) { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L }, NULL);
+}
+
 static CUresult f_import(unsigned long long *h, void *os_handle, int type) {
+        env_delay("FAKE_CUDA_IMPORT_DELAY_MS");
         int fd = (int)(intptr_t)os_handle;
         off_t size = lseek(fd, 0, SEEK_END);
         if (size <= 0)
@@ -246,10 +256,7 @@ static CUresult f_host_register(void *p, size_t size, unsigned flags) {
         return p && size ? OK : E_INVALID;
 }
 static void copy_delay(void) {
-        const char *d = getenv("FAKE_CUDA_COPY_DELAY_MS");
-        long ms = d ? strtol(d, NULL, 10) : 0;
-        if (ms > 0)
-                (void)nanosleep(&(struct timespec) { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L }, NULL);
+        env_delay("FAKE_CUDA_COPY_DELAY_MS");
 }
 static CUresult f_copy_now(CUdeviceptr dst, CUdeviceptr src, size_t n) {
         memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
