@@ -12,7 +12,10 @@
 # (default: all the machine has; with one GPU every process shares GPU 0). With more
 # than one GPU the benchmark adds the colocated data-parallel baseline on GPUS GPUs.
 # E2E_STEPS="gpu check bench" (default) picks the parts to run; E2E_BENCH_MODEL (default 8b)
-# is the benchmark's config; E2E_DP=1 adds the data-parallel baseline on one GPU too.
+# is the benchmark's config; E2E_DP=1 adds the data-parallel baseline on one GPU too;
+# EPDD_NICE=N starts epdd under `nice -n N`, default -10 as its unit runs it (a daemon on
+# every request's critical path runs ahead of the workers' threads: docs/systemd.md);
+# EPDD_NICE=0 for the default priority.
 # The request stream mixes repeated images and agent requests (follow-up turns on
 # workflow branches).
 #
@@ -89,7 +92,7 @@ CacheSize=1G
 CONF
 start_epdd() { # a fresh daemon: a KV arena takes the page size of the first layout
         rm -rf $D/state $D/bus
-        $B/daemon/epdd --config=$D/epd.conf 2>>"$OUTDIR/epdd.log" &
+        nice -n "${EPDD_NICE:--10}" $B/daemon/epdd --config=$D/epd.conf 2>>"$OUTDIR/epdd.log" &
         EPDD=$!
         for _ in $(seq 200); do [ -S $D/bus ] && break; sleep 0.05; done
 }

@@ -72,6 +72,9 @@ section_start() {
         check "capabilities are exactly CAP_BPF CAP_PERFMON CAP_IPC_LOCK" \
                 bash -c "for c in CapPrm CapEff CapBnd CapAmb; do grep -qP \"^\$c:\t$caps\$\" $st || exit 1; done"
         check "NoNewPrivileges and a seccomp filter" bash -c "grep -qP '^NoNewPrivs:\t1$' $st && grep -qP '^Seccomp:\t2$' $st"
+        # Nice=-10: field 19 of /proc/PID/stat (after the parenthesized name).
+        check "epdd runs at nice -10 (Nice=)" bash -c "[ \"\$(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f17)\" = -10 ]"
+        check "CPUWeight=1000" bash -c "[ \$(systemctl show -P CPUWeight $SVC) = 1000 ]"
         grep -E '^(Uid|Gid|Groups|Cap[A-Za-z]+|NoNewPrivs|Seccomp):' "$st"
         check "/run/epd is 0750 epd:epd (RuntimeDirectory=)" bash -c '[ "$(stat -c "%a %U %G" /run/epd)" = "750 epd epd" ]'
         check "/run/epd/bus is a socket 0660 epd:epd" \
