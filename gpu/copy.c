@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "copy.h"
@@ -148,8 +149,33 @@ static void job_finish_locked(GpuCopyEngine *e, GpuCopyJob *j) {
         (void)!write(e->efd, &one, sizeof one);
 }
 
-/* The completion thread: waits for each watched event in order (a blocking-sync event:
- * it sleeps), then counts its job's part done; the last part finishes the job. */
+/* A small copy's event is often done within microseconds of the thread asking: polled
+ * for up to GPU_COPY_SPIN_USEC first, then waited for with the blocking sync (which
+ * sleeps until the GPU's interrupt wakes the thread: a wake-up of its own). */
+#define GPU_COPY_SPIN_USEC 50
+
+static uint64_t mono_usec(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static int event_wait(GpuSystem *s, CUevent ev) {
+        uint64_t until = mono_usec() + GPU_COPY_SPIN_USEC;
+        for (;;) {
+                CUresult q = s->driver->cuEventQuery(ev);
+                if (q == CUDA_SUCCESS)
+                        return 0;
+                if (q != CUDA_ERROR_NOT_READY)
+                        return cuda_check(s->driver, q, "cuEventQuery");
+                if (mono_usec() >= until)
+                        return CU(s->driver, cuEventSynchronize, ev);
+        }
+}
+
+/* The completion thread: waits for each watched event in order (polled briefly, then a
+ * blocking-sync wait: it sleeps), then counts its job's part done; the last part
+ * finishes the job. */
 static void *waiter_thread(void *userdata) {
         GpuCopyEngine *e = userdata;
         GpuSystem *s = e->system;
@@ -170,7 +196,7 @@ static void *waiter_thread(void *userdata) {
                         current = r < 0 ? -1 : w.dev;
                 }
                 if (r >= 0)
-                        r = CU(s->driver, cuEventSynchronize, w.event);
+                        r = event_wait(s, w.event);
 
                 pthread_mutex_lock(&e->lock);
                 e->watch_head = (e->watch_head + 1) % e->watch_cap;

@@ -214,6 +214,7 @@ typedef struct CUmemAccessDesc {
         X(cuEventDestroy, (CUevent event))                                               \
         X(cuEventRecord, (CUevent event, CUstream stream))                               \
         X(cuEventSynchronize, (CUevent event))                                           \
+        X(cuEventQuery, (CUevent event))                                                 \
         X(cuEventElapsedTime, (float *ms, CUevent start, CUevent end))                   \
         X(cuCtxSynchronize, (void))                                                      \
         X(cuModuleLoadData, (CUmodule *module, const void *image))                       \

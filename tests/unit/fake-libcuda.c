@@ -317,6 +317,15 @@ static CUresult f_event_sync(void *e) {
                        ? 700 /* CUDA_ERROR_ILLEGAL_ADDRESS */
                        : OK;
 }
+/* Done at once, as the streams run their work at once; not yet while copies are slowed
+ * down (FAKE_CUDA_COPY_DELAY_MS: cuEventSynchronize waits), failed as f_event_sync. */
+static CUresult f_event_query(void *e) {
+        const char *fail = getenv("FAKE_CUDA_FAIL_EVENTS"), *copies = getenv("FAKE_CUDA_FAIL_COPIES");
+        const char *delay = getenv("FAKE_CUDA_COPY_DELAY_MS");
+        if ((fail && strcmp(fail, "1") == 0) || (copies && strcmp(copies, "1") == 0))
+                return 700;
+        return delay && strtol(delay, NULL, 10) > 0 ? 600 /* CUDA_ERROR_NOT_READY */ : OK;
+}
 static CUresult f_event_elapsed(float *ms, void *a, void *b) {
         *ms = 0;
         return OK;
@@ -381,6 +390,7 @@ static const struct {
         { "cuEventDestroy", (void *)f_ok_ptr },
         { "cuEventRecord", (void *)f_event_record },
         { "cuEventSynchronize", (void *)f_event_sync },
+        { "cuEventQuery", (void *)f_event_query },
         { "cuEventElapsedTime", (void *)f_event_elapsed },
         { "cuModuleLoadData", (void *)f_module_load },
 };
