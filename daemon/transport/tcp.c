@@ -31,10 +31,11 @@
 /* A stream whose next write names a target the receiver does not know yet (its
  * PREPARE is still on the control connection) waits at most this long for it. */
 #define PARK_TIMEOUT_USEC (10ULL * 1000000ULL)
-/* A slice with at most SMALL_SLICE bytes left is read into the stream's buffer, up to
+/* A slice of at most SMALL_SLICE bytes is read into the stream's buffer, up to
  * RBUF_SIZE bytes at once, with whatever follows it (the next slices' headers and
  * payloads), and copied out: one syscall for many small layer groups instead of one
- * each. Bigger slices are read straight into their pages. */
+ * each. Bigger slices are read straight into their pages (bytes of one that came with
+ * an earlier small slice excepted), so that bulk data is copied once. */
 #define SMALL_SLICE (16U * 1024U)
 #define RBUF_SIZE (64U * 1024U)
 
@@ -96,6 +97,7 @@ struct TcpStream {
         InWrite *rw;
         uint8_t *r_dst;                /* NULL: discard */
         uint64_t r_remaining;
+        uint64_t r_slice_len;          /* the slice's payload, in all */
         uint64_t r_slice_index;
         uint8_t *rbuf;                 /* small slices: bytes read ahead (RBUF_SIZE) */
         size_t rpos, rlen;             /* rbuf[rpos, rlen) not consumed yet */
@@ -523,7 +525,7 @@ static int stream_slice_begin(TcpStream *s) {
         }
         s->rw = w;
         s->r_slice_index = dh.slice_offset / dh.slice_size;
-        s->r_remaining = fh.length - PEER_DATA_HEADER_SIZE;
+        s->r_remaining = s->r_slice_len = fh.length - PEER_DATA_HEADER_SIZE;
         if (w->error == 0)
                 s->r_dst = (uint8_t *)t->regions[w->in.region]->host_base + w->in.offset + dh.slice_offset;
         else
@@ -718,7 +720,7 @@ static int stream_recv(TcpStream *s) {
                         slice_took(s, take);
                 } else if (drained) {
                         return 0;
-                } else if (s->r_remaining <= SMALL_SLICE) {
+                } else if (s->r_slice_len <= SMALL_SLICE) {
                         r = rbuf_fill(s, &drained);
                         if (r <= 0)
                                 return r;
