@@ -240,6 +240,17 @@ static void sequence_offsets(epd_client *c, const char *path, uint64_t *offs, ui
         sd_bus_message_unref(reply);
 }
 
+/* A clone of the sequence at path, owned by c: its path (free it). */
+static char *clone_sequence(epd_client *c, const char *path) {
+        sd_bus_message *reply = NULL;
+        const char *cp;
+        ck_assert_int_eq(epd__call(c, path, "org.epd1.Sequence", "Clone", &reply, NULL), 0);
+        ck_assert_int_ge(sd_bus_message_read(reply, "o", &cp), 0);
+        char *clone = strdup(cp);
+        sd_bus_message_unref(reply);
+        return clone;
+}
+
 static void release_sequence(epd_client *c, const char *path) {
         ck_assert_int_eq(epd__call(c, path, "org.epd1.Sequence", "Release", NULL, NULL), 0);
 }
@@ -584,11 +595,7 @@ START_TEST(test_cow) {
         fill_pages(&m, offs, N_PAGES, 7);
 
         sd_bus_message *reply = NULL;
-        const char *cp;
-        ck_assert_int_eq(epd__call(c, seq, "org.epd1.Sequence", "Clone", &reply, NULL), 0);
-        ck_assert_int_ge(sd_bus_message_read(reply, "o", &cp), 0);
-        char *clone = strdup(cp);
-        sd_bus_message_unref(reply);
+        char *clone = clone_sequence(c, seq);
         sequence_offsets(c, clone, clone_offs, N_PAGES);
         ck_assert(memcmp(offs, clone_offs, sizeof offs) == 0); /* shares every page */
         ck_assert_uint_eq(arena_live(c, "gpu0"), N_PAGES);
@@ -710,12 +717,7 @@ START_TEST(test_cow_off_loop) {
         char *seq = make_sequence(c, "gpu0", N_PAGES, offs);
         Mem m = map_arena(c, "gpu0");
         fill_pages(&m, offs, N_PAGES, 3);
-        sd_bus_message *reply = NULL;
-        const char *cp;
-        ck_assert_int_eq(epd__call(c, seq, "org.epd1.Sequence", "Clone", &reply, NULL), 0);
-        ck_assert_int_ge(sd_bus_message_read(reply, "o", &cp), 0);
-        char *clone = strdup(cp);
-        sd_bus_message_unref(reply);
+        char *clone = clone_sequence(c, seq);
 
         AsyncCall a;
         prepare_write_async(c, clone, 5, 1, &a);
@@ -755,10 +757,7 @@ START_TEST(test_cow_off_loop) {
         release_sequence(c, seq);
         ck_assert_uint_eq(arena_live(o, "gpu0"), 0);
         char *own = make_sequence(w, "gpu0", 4, offs);
-        ck_assert_int_eq(epd__call(w, own, "org.epd1.Sequence", "Clone", &reply, NULL), 0);
-        ck_assert_int_ge(sd_bus_message_read(reply, "o", &cp), 0);
-        char *wc = strdup(cp);
-        sd_bus_message_unref(reply);
+        char *wc = clone_sequence(w, own);
         prepare_write_async(w, wc, 0, 4, &a);
         ck_assert_int_ge(sd_bus_flush(w->bus), 0);
         epd_disconnect(w);
@@ -786,11 +785,7 @@ START_TEST(test_cow_copy_fails) {
         uint64_t offs[N_PAGES], after[N_PAGES];
         char *seq = make_sequence(c, "gpu0", N_PAGES, offs);
         sd_bus_message *reply = NULL;
-        const char *cp;
-        ck_assert_int_eq(epd__call(c, seq, "org.epd1.Sequence", "Clone", &reply, NULL), 0);
-        ck_assert_int_ge(sd_bus_message_read(reply, "o", &cp), 0);
-        char *clone = strdup(cp);
-        sd_bus_message_unref(reply);
+        char *clone = clone_sequence(c, seq);
         int r = epd__call(c, clone, "org.epd1.Sequence", "PrepareWrite", &reply, "uu", 5, 1);
         ck_assert_int_lt(r, 0);
         ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
