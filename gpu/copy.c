@@ -80,6 +80,7 @@ struct GpuCopyEngine {
         size_t kernel_min_segments;
         bool batch_api;              /* cuMemcpyBatchAsync for multi-segment D2D groups */
         unsigned d2d_streams;        /* streams a D2D group is spread over (1..4) */
+        unsigned spin_usec;          /* the completion thread polls an event this long first */
         GpuCopyStats stats;
         /* Submission's working arrays (order, group: 2 × scratch_cap), kept between
          * submissions: large batches would otherwise fault in fresh pages each time. */
@@ -149,19 +150,17 @@ static void job_finish_locked(GpuCopyEngine *e, GpuCopyJob *j) {
         (void)!write(e->efd, &one, sizeof one);
 }
 
-/* A small copy's event is often done within microseconds of the thread asking: polled
- * for up to GPU_COPY_SPIN_USEC first, then waited for with the blocking sync (which
- * sleeps until the GPU's interrupt wakes the thread: a wake-up of its own). */
-#define GPU_COPY_SPIN_USEC 50
-
+/* An event is polled for up to spin_usec (gpu_copy_engine_set_spin(); 0 by default)
+ * first, then waited for with the blocking sync (which sleeps until the GPU's interrupt
+ * wakes the thread). */
 static uint64_t mono_usec(void) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-static int event_wait(GpuSystem *s, CUevent ev) {
-        uint64_t until = mono_usec() + GPU_COPY_SPIN_USEC;
+static int event_wait(GpuSystem *s, CUevent ev, unsigned spin_usec) {
+        uint64_t until = mono_usec() + spin_usec;
         for (;;) {
                 CUresult q = s->driver->cuEventQuery(ev);
                 if (q == CUDA_SUCCESS)
@@ -173,8 +172,8 @@ static int event_wait(GpuSystem *s, CUevent ev) {
         }
 }
 
-/* The completion thread: waits for each watched event in order (polled briefly, then a
- * blocking-sync wait: it sleeps), then counts its job's part done; the last part
+/* The completion thread: waits for each watched event in order (a blocking-sync event:
+ * it sleeps, after an optional poll), then counts its job's part done; the last part
  * finishes the job. */
 static void *waiter_thread(void *userdata) {
         GpuCopyEngine *e = userdata;
@@ -196,7 +195,7 @@ static void *waiter_thread(void *userdata) {
                         current = r < 0 ? -1 : w.dev;
                 }
                 if (r >= 0)
-                        r = event_wait(s, w.event);
+                        r = event_wait(s, w.event, __atomic_load_n(&e->spin_usec, __ATOMIC_RELAXED));
 
                 pthread_mutex_lock(&e->lock);
                 e->watch_head = (e->watch_head + 1) % e->watch_cap;
@@ -652,6 +651,10 @@ void gpu_copy_engine_set_d2d_streams(GpuCopyEngine *e, unsigned n) {
         e->d2d_streams = CLAMP(n, 1U, STREAMS_PER_PATH);
 }
 
+void gpu_copy_engine_set_spin(GpuCopyEngine *e, unsigned usec) {
+        __atomic_store_n(&e->spin_usec, usec, __ATOMIC_RELAXED);
+}
+
 void gpu_copy_engine_set_batch_api(GpuCopyEngine *e, bool enable) {
         e->batch_api = enable;
 }
@@ -795,6 +798,7 @@ int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
         e->kernel_min_segments = 16;
         e->batch_api = true;
         e->d2d_streams = 1;
+        e->spin_usec = GPU_COPY_SPIN_USEC;
         e->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (e->efd < 0)
                 return -errno;

@@ -11,6 +11,9 @@
  *            of the same bytes
  *   vmm      cuMemCreate + export + map, and import + map of the fd, per arena size
  *
+ *   small    a 64 KiB copy through the transport, the completion thread polling its
+ *            event before it sleeps or sleeping at once, vs a raw copy + synchronize
+ *
  * Times are host wall clock from submission to observed completion (the transport's
  * completion fd; for the raw copies, cuStreamSynchronize), median of several runs after
  * a warm-up. Bandwidth counts bytes copied once. */
@@ -36,7 +39,7 @@ typedef struct Row {
         double goal;
 } Row;
 
-static Row rows[32];
+static Row rows[48];
 static size_t n_rows;
 /* The median time post() took in the last time_transport() (the host's part before the
  * GPU has the whole batch), printed with its row. */
@@ -90,17 +93,22 @@ static void drop(Bench *b, Arena *a) {
         free(a);
 }
 
-static double time_transport(Bench *b, const TransportWrite *w, size_t n) {
-        double v[REPS], post[REPS];
+static double time_transport_reps(Bench *b, const TransportWrite *w, size_t n, int reps) {
+        double v[201], post[201];
+        REQUIRE(reps <= 201, "too many repetitions");
         CHECK(transport_run(b->t, w, n, NULL)); /* warm-up */
-        for (int i = 0; i < REPS; i++) {
+        for (int i = 0; i < reps; i++) {
                 double t0 = now_sec();
                 CHECK(transport_run_timed(b->t, w, n, &post[i]));
                 v[i] = (now_sec() - t0) * 1e3;
                 post[i] = (post[i] - t0) * 1e3;
         }
-        last_post_ms = median(post, REPS);
-        return median(v, REPS);
+        last_post_ms = median(post, reps);
+        return median(v, reps);
+}
+
+static double time_transport(Bench *b, const TransportWrite *w, size_t n) {
+        return time_transport_reps(b, w, n, REPS);
 }
 
 typedef enum { RAW_D2D, RAW_D2H, RAW_H2D } RawKind;
@@ -137,6 +145,27 @@ static void bench_d2d(Bench *b) {
 
         w[0] = (TransportWrite) { .src_region = x->index, .dst_region = y->index, .length = S };
         row("d2d contiguous (copy engine)", S, time_transport(b, w, 1), raw, 0.9);
+        /* A small copy is all completion: submission to the transport's fd, median of 201,
+         * the completion thread polling its event for 50 µs first or sleeping at once (the
+         * default), against a raw copy and cuStreamSynchronize. */
+        {
+                const uint64_t small = 64 * 1024;
+                double v[202];
+                for (int i = 0; i < 202; i++) {
+                        double t0 = now_sec();
+                        CHECK(CU(b->d, cuMemcpyDtoDAsync, y->gpu->base, x->gpu->base, small, b->stream));
+                        CHECK(CU(b->d, cuStreamSynchronize, b->stream));
+                        v[i] = (now_sec() - t0) * 1e3;
+                }
+                double raw_small = median(v + 1, 201);
+                w[0].length = small;
+                gpu_copy_engine_set_spin(eng, 50);
+                row("d2d 64K, completion (poll, then sleep)", small, time_transport_reps(b, w, 1, 201), raw_small, 0);
+                gpu_copy_engine_set_spin(eng, 0);
+                row("d2d 64K, completion (sleep at once)", small, time_transport_reps(b, w, 1, 201), raw_small, 0);
+                gpu_copy_engine_set_spin(eng, GPU_COPY_SPIN_USEC);
+                w[0].length = S;
+        }
         /* Adjacent pages, one write each: the transport coalesces them into one copy. */
         for (uint64_t i = 0; i < S / (2 * MiB); i++)
                 w[i] = (TransportWrite) { .src_region = x->index, .src_offset = i * 2 * MiB, .dst_region = y->index,
