@@ -61,9 +61,26 @@ static int write_file(const char *path, const char *text) {
         return fclose(f) == 0 ? 0 : -errno;
 }
 
+/* Notes a process this harness started in its directory's .pids, so that the test's
+ * main can kill it if the test ends before its teardown (check-main.h). */
+static void note_pid(Harness *h, pid_t pid) {
+        char path[sizeof h->dir + 8];
+        snprintf(path, sizeof path, "%s/.pids", h->dir);
+        FILE *f = fopen(path, "ae");
+        if (f) {
+                fprintf(f, "%ld\n", (long)pid);
+                fclose(f);
+        }
+}
+
 int harness_init(Harness *h, const char *extra) {
         memset(h, 0, sizeof *h);
-        strcpy(h->dir, "/tmp/epd-test-XXXXXX");
+        /* Under the run's own directory when the test's main made one (check-main.h). */
+        const char *run = getenv("EPD_TEST_RUN_DIR");
+        if (run && strncmp(run, "/tmp/epd-test-run-", 18) == 0 && strlen(run) < 200)
+                snprintf(h->dir, sizeof h->dir, "%s/epd-test-XXXXXX", run);
+        else
+                strcpy(h->dir, "/tmp/epd-test-XXXXXX");
         if (!mkdtemp(h->dir))
                 return -errno;
         snprintf(h->socket, sizeof h->socket, "%s/bus", h->dir);
@@ -118,6 +135,7 @@ int harness_start_bus(Harness *h) {
                 _exit(127);
         }
         h->dbus_pid = pid;
+        note_pid(h, pid);
         snprintf(h->bus_address, sizeof h->bus_address, "unix:path=%s/dbus.sock", h->dir);
         char sock[320];
         snprintf(sock, sizeof sock, "%s/dbus.sock", h->dir);
@@ -197,6 +215,7 @@ int harness_start_epdd(Harness *h, const char *const *extra_args) {
                 _exit(127);
         }
         h->epdd_pid = pid;
+        note_pid(h, pid);
         /* Serving means READY=1: the direct socket listens and the bus name is owned. */
         for (int i = 0; i < 1000; i++) {
                 int status;

@@ -32,6 +32,7 @@
 #include "epd/epd-telemetry.h"
 #include "epd/handoff.h"
 #include "harness.h"
+#include "../check-main.h"
 #include "system.h"
 #include "vmm.h"
 
@@ -1058,9 +1059,5 @@ static Suite *suite(void) {
 int main(void) {
         /* Before check forks a child per test: this process never starts CUDA. */
         choose_driver();
-        SRunner *sr = srunner_create(suite());
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+        return check_run(suite(), CK_FORK_GETENV);
 }

@@ -21,6 +21,7 @@
 #include "cuda-loader.h"
 #include "epd/epd-gpu.h"
 #include "harness.h"
+#include "../check-main.h"
 #include "system.h"
 #include "vmm.h"
 
@@ -231,9 +232,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-        SRunner *sr = srunner_create(suite());
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+        return check_run(suite(), CK_FORK_GETENV);
 }

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 
 #include "harness.h"
+#include "../check-main.h"
 
 static Harness h;
 static char address[512];
@@ -545,10 +546,5 @@ int main(void) {
         tcase_set_timeout(tp, 60);
         tcase_add_test(tp, test_pool_config);
         suite_add_tcase(s, tp);
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_NOFORK);
 }

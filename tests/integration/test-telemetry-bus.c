@@ -16,6 +16,7 @@
 
 #include "epd/epd-telemetry.h"
 #include "harness.h"
+#include "../check-main.h"
 
 static Harness h;
 static char address[512];
@@ -162,10 +163,5 @@ int main(void) {
         tcase_add_test(tc, test_introspection);
         tcase_add_test(tc, test_calls_and_errors);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return check_run(s, CK_NOFORK);
 }
