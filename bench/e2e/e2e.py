@@ -127,6 +127,8 @@ def summarize(name, results, wall):
         row["encoder_epd_ms"] = (1e3 * mean(e["t"] - e["encode_s"] - e.get("key_s", 0.0) for e in encs)
                                  if encs else 0.0)
         row["encoder_key_ms"] = 1e3 * mean(e.get("key_s", 0.0) for e in encs) if encs else 0.0
+        row["encoder_image_ms"] = 1e3 * mean(e.get("image_s", 0.0) for e in encs) if encs else 0.0
+        row["encoder_tower_ms"] = 1e3 * mean(e["encode_s"] for e in encs) if encs else 0.0
         row["kv_sink_ms"]["groups"] = mean(p.get("groups", 0) for p in sparts)
         row["kv_bytes"] = sum(r["prefill"]["kv_bytes"] for r in results)
         row["encoder_hits"] = sum(1 for r in results if r.get("encode", {}).get("result") == "hit")
@@ -465,7 +467,10 @@ def main():
                       f"feature fetch acquire {ff.get('acquire', 0):.2f} ms (P50 {ff.get('acquire_p50', 0):.2f}, "
                       f"P95 {ff.get('acquire_p95', 0):.2f}, max {ff.get('acquire_max', 0):.2f}), "
                       f"wait {ff.get('wait', 0):.2f} ms, "
-                      f"read {ff.get('read', 0):.2f} ms; encoder: image + key {r.get('encoder_key_ms', 0):.2f} ms, "
+                      f"read {ff.get('read', 0):.2f} ms; encoder: image + key {r.get('encoder_key_ms', 0):.2f} ms "
+                      f"(the image {r.get('encoder_image_ms', 0):.2f}, its key "
+                      f"{r.get('encoder_key_ms', 0) - r.get('encoder_image_ms', 0):.2f}), vision tower "
+                      f"{r.get('encoder_tower_ms', 0):.2f} ms, "
                       f"Acquire + Publish + Release {r.get('encoder_epd_ms', 0):.2f} ms; decode: "
                       f"{r.get('decode_layers_in_one_launch', 0):.1f} layers read in one launch (mean)")
         for r in out["bench"]:

@@ -21,11 +21,13 @@ goes away before publishing fails the waiters ("producer-gone"). See docs/featur
 
 import ctypes
 import errno as _errno
+import hashlib
+import os
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import EpdError, _lib
 
-__all__ = ["Tensor", "Feature", "prefetch"]
+__all__ = ["Tensor", "Feature", "prefetch", "content_key"]
 
 RANK_MAX = 8
 TENSORS_MAX = 64
@@ -290,3 +292,36 @@ def prefetch(client, keys: Sequence[str]) -> int:
     lib = _lib_features()
     arr = (ctypes.c_char_p * max(len(keys), 1))(*[k.encode() for k in keys])
     return client._check(lib.epd_feature_prefetch(client._c, arr, len(keys)), "prefetch features")
+
+
+# -- content keys --------------------------------------------------------------------
+CONTENT_CHUNK = 1 << 20
+_HASH_POOL = []
+
+
+def _hash_pool():
+    if not _HASH_POOL:
+        from concurrent.futures import ThreadPoolExecutor
+        _HASH_POOL.append(ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                             thread_name_prefix="epd-content-key"))
+    return _HASH_POOL[0]
+
+
+def content_key(data, extra: bytes = b"") -> str:
+    """A key for the feature cache from the content itself (an image's bytes or pixels):
+    sha256 over the sha256 of each 1 MiB chunk of `data` (any contiguous buffer), its
+    length and `extra`, as 64 hex digits. The chunks are hashed on a few threads at once
+    (hashlib lets go of the GIL), so a large image costs the worker's critical path a
+    fraction of one sha256 over it; the same bytes give the same key in every process."""
+    mv = memoryview(data).cast("B")
+    n = len(mv)
+    chunks = [mv[i:i + CONTENT_CHUNK] for i in range(0, n, CONTENT_CHUNK)] or [mv]
+    if len(chunks) > 1:
+        digests = list(_hash_pool().map(lambda c: hashlib.sha256(c).digest(), chunks))
+    else:
+        digests = [hashlib.sha256(chunks[0]).digest()]
+    h = hashlib.sha256(b"epd-content-v1|%d|" % n)
+    for d in digests:
+        h.update(d)
+    h.update(b"|" + bytes(extra))
+    return h.hexdigest()

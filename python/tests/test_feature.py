@@ -75,5 +75,33 @@ class FeatureTest(unittest.TestCase):
             self.assertEqual(e.exception.errno, errno.ENOENT)
 
 
+class ContentKeyTest(unittest.TestCase):
+    """epd.feature.content_key: chunks hashed on threads, one definition of the key."""
+
+    def reference(self, data: bytes, extra: bytes = b"") -> str:
+        import hashlib
+        h = hashlib.sha256(b"epd-content-v1|%d|" % len(data))
+        for i in range(0, max(len(data), 1), ef.CONTENT_CHUNK):
+            h.update(hashlib.sha256(data[i:i + ef.CONTENT_CHUNK]).digest())
+        h.update(b"|" + extra)
+        return h.hexdigest()
+
+    def test_key(self):
+        import os
+        for n in (0, 1, ef.CONTENT_CHUNK - 1, ef.CONTENT_CHUNK, ef.CONTENT_CHUNK + 1, 5 * ef.CONTENT_CHUNK + 7):
+            data = os.urandom(n)
+            k = ef.content_key(data, b"448")
+            self.assertEqual(k, self.reference(data, b"448"), n)
+            self.assertEqual(len(k), 64)
+            self.assertEqual(ef.content_key(bytearray(data), b"448"), k)  # any buffer, the same key
+            self.assertNotEqual(ef.content_key(data, b"449"), k)  # extra counts
+            if n:
+                flipped = bytearray(data)
+                flipped[n // 2] ^= 1
+                self.assertNotEqual(ef.content_key(flipped, b"448"), k)  # one bit counts
+        # The length counts: a buffer and the same buffer with a zero byte more differ.
+        self.assertNotEqual(ef.content_key(b"\0" * 10), ef.content_key(b"\0" * 11))
+
+
 if __name__ == "__main__":
     unittest.main()

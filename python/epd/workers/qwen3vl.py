@@ -78,15 +78,18 @@ class Request:
         the features come from elsewhere (it never reads them)."""
         return torch.zeros(1, self._shape[1], dtype=torch.bfloat16, device=self._device)
 
+    def synthesize(self) -> None:
+        """Makes the image's pixels (on the CPU), as decoding a real image would."""
+        self._cpu()
+
     @property
     def image_key(self) -> str:
-        """The content key of the image: sha256 of its pixels' bytes and size."""
+        """The content key of the image: epd.feature.content_key of its pixels' bytes and
+        size (chunks hashed in parallel)."""
         if self._key is None:
-            import hashlib
+            from ..feature import content_key
             # The pixels' own buffer, not a copy of it (the same bytes, the same key).
-            h = hashlib.sha256(memoryview(self._cpu().view(torch.int16).contiguous().numpy()).cast("B"))
-            h.update(b"|" + str(self._px).encode())
-            self._key = h.hexdigest()
+            self._key = content_key(self._cpu().view(torch.int16).contiguous().numpy(), str(self._px).encode())
         return self._key
 
     @property
