@@ -186,10 +186,9 @@ _Static_assert(sizeof(GpuKvLayers) == 48 + GPU_KV_LAYERS_MAX * sizeof(GpuKvLayer
                "GpuKvLayers mirrors pack.cu's EpdKvLayers and fits a launch's parameters");
 
 int gpu_kernels_kv_layers(GpuKernels *k, CUstream stream, CUdeviceptr pages, const GpuKvLayers *p) {
-        /* The driver copies the parameter from here at the launch: a const copy is
-         * enough, and the caller's table may change as soon as this returns. */
-        GpuKvLayers copy = *p;
-        void *params[] = { &pages, &copy };
+        /* The driver copies the parameter at the launch: the caller's table may change as
+         * soon as this returns. */
+        void *params[] = { &pages, (void *)p };
         uint64_t words, gx, rows;
 
         if (!k->kv_layers)

@@ -320,9 +320,9 @@ def bench(args):
             # The daemon's event loop: dispatches that held it 1 ms or longer in this row,
             # and the longest since it started (what it was).
             st1 = epdctl(args, "status")
-            rows[-1]["loop_stalls"] = {"count": st1.get("loop_stalls", 0) - st0.get("loop_stalls", 0),
-                                       "longest_ms_so_far": st1.get("loop_stall_max_usec", 0) / 1e3,
-                                       "longest_what": st1.get("loop_stall_max_what", "")}
+            rows[-1]["loop_stalls"] = {"count": st1["loop_stalls"] - st0["loop_stalls"],
+                                       "longest_ms_so_far": st1["loop_stall_max_usec"] / 1e3,
+                                       "longest_what": st1["loop_stall_max_what"]}
             print(json.dumps(rows[-1]), flush=True)
     finally:
         w.close()

@@ -43,23 +43,6 @@ static void gpu_manager_arena_release(Manager *m, Arena *a) {
         }
 }
 
-/* Copy-on-write of a page in a GPU arena (offsets into the arena), synchronously, on the
- * daemon's context. The daemon itself does not call it on its loop: a synchronous copy
- * waits until the GPU schedules the daemon's context, milliseconds while the workers'
- * kernels hold it, and the whole loop would wait with it. */
-int gpu_manager_page_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) {
-        Arena *a = userdata;
-        GpuArena *g = a->gpu;
-        int r;
-
-        if (!g || !gpu_arena_range_ok(g, dst, length) || !gpu_arena_range_ok(g, src, length))
-                return -ERANGE;
-        r = gpu_device_make_current(g->system, &g->system->devices[g->ordinal]);
-        if (r >= 0)
-                r = CU(g->system->driver, cuMemcpyDtoD, g->base + dst, g->base + src, length);
-        return r;
-}
-
 /* One asynchronous copy-on-write batch: its cookie in the engine is this struct. */
 typedef struct CowCall {
         PageCopyDoneFn done;

@@ -6,11 +6,6 @@
 
 extern const Subsystem gpu_subsystem;
 
-/* Copy-on-write of `length` bytes within the GPU arena `userdata` (an Arena*), from
- * offset src to dst, synchronously: a PageCopyFn (pages.h). For tools and tests; the
- * daemon's page manager copies through gpu_manager_page_copy_async(). */
-int gpu_manager_page_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length);
-
 /* Copy-on-write of n pages of `length` bytes within GPU arena number `arena` of the
  * Manager `userdata` (dst[i] <- src[i], arena offsets), off the event loop: a
  * PageCopyAsyncFn (pages.h). The copies go to the copy engine at once and the call

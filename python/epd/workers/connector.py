@@ -21,7 +21,6 @@ torch's current stream (KvPages); from a host arena, a GPU process registers the
 with CUDA once (page-locked) and copies asynchronously. Either way a layer group is
 reported ready when a CUDA event says its writes have landed, never by a host sync."""
 
-import ctypes
 import time
 from typing import Dict, List, Optional, Sequence as Seq, Tuple
 
