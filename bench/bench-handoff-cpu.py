@@ -2,16 +2,21 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """Daemon CPU per small handoff: two epdd in network namespaces (bench-handoff-netns.py's
 pair), bench-handoff-latency running COUNT 64 KiB handoffs of one layer group alpha ->
-bravo with one in flight (and 50 of warm-up); the user and system CPU each daemon spent
-meanwhile, from /proc/PID/stat, divided by the handoffs. Needs root (ip netns).
+bravo with one in flight (and 50 of warm-up); the user and system CPU each daemon and
+the client spent meanwhile (/proc/PID/stat, the client's rusage), divided by the
+handoffs, and as CPUs kept busy over the run. Needs root (ip netns).
 
-    bench-handoff-cpu.py BUILD_ROOT [COUNT] [--perf]
+    bench-handoff-cpu.py BUILD_ROOT [COUNT] [--perf] [--inflight N]
+
+--inflight N keeps N handoffs in flight (4 layer groups each, as the latency run's
+throughput lines), where the machine's CPUs are the limit.
 
 With --perf, `perf record -g` runs on both daemons meanwhile (perf-alpha.data and
 perf-bravo.data in the current directory) for `perf report --no-children`."""
 
 import importlib.util
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -30,11 +35,19 @@ def cpu_seconds(pid):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    argv = sys.argv[1:]
+    inflight = 1
+    if "--inflight" in argv:
+        i = argv.index("--inflight")
+        inflight = int(argv[i + 1])
+        del argv[i:i + 2]
+    args = [a for a in argv if not a.startswith("--")]
     if not args:
         print(__doc__)
         return 2
     build, count, perf = args[0], int(args[1]) if len(args) > 1 else 2000, "--perf" in sys.argv
+    count = max(count // inflight, 1) * inflight
+    groups = "1" if inflight == 1 else "4"
     if os.geteuid() != 0:
         print("SKIP: needs root (ip netns)")
         return 77
@@ -47,11 +60,16 @@ def main():
                                                str(p.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                              for n, p in zip(("alpha", "bravo"), pair.procs)] if perf else []
                 time.sleep(1 if perf else 0)
+                warmup = 50 if inflight == 1 else inflight
                 before = [cpu_seconds(p.pid) for p in pair.procs]
+                ru0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
                 r = subprocess.run([os.path.join(build, "bench", "bench-handoff-latency"), "--prefill",
                                     f"direct:{pair.sock(0)}", "--decode", f"direct:{pair.sock(1)}", "--dest", "bravo",
-                                    "--count", str(count), "--warmup", "50", "--groups", "1"],
+                                    "--count", str(count), "--warmup", str(warmup), "--groups", groups,
+                                    "--inflight", str(inflight)],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                wall = time.perf_counter() - t0
+                ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 after = [cpu_seconds(p.pid) for p in pair.procs]
                 for p in recorders:
                     p.send_signal(2)
@@ -59,12 +77,16 @@ def main():
                 if r.returncode != 0:
                     raise RuntimeError(r.stderr)
                 res = bench.result(r.stdout)
-                print(f"bench-handoff-cpu: {count} + 50 handoffs of 64 KiB, 1 group, 1 in flight, alpha -> bravo; "
-                      f"all landed P50 {res['all_p50']:.1f} us")
-                for name, b, a in zip(("alpha (source)", "bravo (destination)"), before, after):
-                    u, s = a[0] - b[0], a[1] - b[1]
-                    print(f"  {name:20} user {u:.2f} s  sys {s:.2f} s  = {(u + s) / (count + 50) * 1e6:.0f} us of CPU "
-                          f"per handoff")
+                n = count + warmup
+                print(f"bench-handoff-cpu: {count} + {warmup} handoffs of 64 KiB, {groups} group(s), {inflight} in "
+                      f"flight, alpha -> bravo; {res['per_s']:.0f} handoffs/s, all landed P50 {res['all_p50']:.1f} us; "
+                      f"{os.cpu_count()} CPUs")
+                client = (ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime)
+                for name, u, s in [(nm, a[0] - b[0], a[1] - b[1])
+                                   for nm, b, a in zip(("alpha (source)", "bravo (destination)"), before, after)] + \
+                                  [("client", client[0], client[1])]:
+                    print(f"  {name:20} user {u:.2f} s  sys {s:.2f} s  = {(u + s) / n * 1e6:.0f} us of CPU "
+                          f"per handoff, {(u + s) / wall:.2f} CPUs busy")
             finally:
                 pair.close()
         finally:

@@ -28,12 +28,14 @@ namespaces) and iperf3 -P 1. Then handoffs/s with 1, 8 and 64 in flight (64 KiB,
 groups) against iperf3's throughput. A Prepare refused with Error.Backpressure is
 retried after its retry-after, as workers do.
 
-    bench-handoff-netns.py BUILD_ROOT --syscalls [--count N]
+    bench-handoff-netns.py BUILD_ROOT --syscalls [--count N] [--groups 36]
 
 The system calls per 64 KiB 4-group inter-host handoff with one in flight (the
 --latency run's strace line alone: strace -c -f of both daemons and the client over N
 handoffs, default 300), then that handoff's latency over 1000 more without strace,
-beside the same run's TCP ping-pong: what a change to the hot path is measured with."""
+beside the same run's TCP ping-pong: what a change to the hot path is measured with.
+With --groups 36 the same for the 63 KiB handoff in 36 layer groups (the latency run's
+third case) instead of 64 KiB in 4."""
 
 import importlib.util
 import json
@@ -194,16 +196,18 @@ def strace_counts(path):
     return calls
 
 
-def syscalls(build, tmp, pair, count, inflight=1):
+def syscalls(build, tmp, pair, count, inflight=1, shape=()):
     """strace -c -f on both daemons and the client over `count` 64 KiB 4-group handoffs
-    (warmup 0: every one counted): syscalls and fdatasyncs per handoff, per process."""
+    (or `shape`: bench-handoff-latency's --layers/--groups/--layer-bytes/--arena
+    arguments) (warmup 0: every one counted): syscalls and fdatasyncs per handoff, per
+    process."""
     outs = [os.path.join(tmp, f"strace-{n}.txt") for n in ("source", "destination", "client")]
     tracers = [subprocess.Popen(["strace", "-f", "-c", "-o", outs[i], "-p", str(pair.procs[i].pid)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in (0, 1)]
     time.sleep(1.0)  # attached
     argv = ["strace", "-f", "-c", "-o", outs[2], os.path.join(build, "bench", "bench-handoff-latency"),
             "--prefill", f"direct:{pair.sock(0)}", "--decode", f"direct:{pair.sock(1)}", "--dest", "bravo",
-            "--count", str(count), "--warmup", "0", "--inflight", str(inflight)]
+            "--count", str(count), "--warmup", "0", "--inflight", str(inflight)] + list(shape)
     r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
     for t in tracers:
         t.send_signal(2)
@@ -266,20 +270,26 @@ def latency_main(build, quick, count):
     return 0
 
 
-def syscalls_main(build, count):
+# The latency run's 36-group case: 36 layers of 1792 bytes (63 KiB pages) in an arena of their own.
+SHAPE_36 = ("--layers", "36", "--groups", "36", "--layer-bytes", "1792", "--arena", "kv36")
+
+
+def syscalls_main(build, count, groups36=False):
+    shape, label = (SHAPE_36, "63 KiB 36-group") if groups36 else ((), "64 KiB 4-group")
     with tempfile.TemporaryDirectory() as tmp:
         net = Net(2)
         try:
             pp = pingpong(build, net, 64 * KiB, 1000)
-            pair = Pair(build, tmp, net, 1, 256)
+            pair = Pair(build, tmp, net, 1, 256, extra="[Arena:kv36]\nSize=32M\n" if groups36 else "")
             try:
-                handoff_latency(build, pair, "bravo", 100, 8, 4, 8192)  # warm up: connections, pages
-                res = syscalls(build, tmp, pair, count, 1)
-                print(f"bench-handoff-netns --syscalls: 64 KiB 4-group handoffs alpha -> bravo, 1 in flight "
+                layers, groups, lb, arena = (36, 36, 1792, "kv36") if groups36 else (8, 4, 8192, "kv0")
+                handoff_latency(build, pair, "bravo", 100, layers, groups, lb, arena=arena)  # warm up
+                res = syscalls(build, tmp, pair, count, 1, shape)
+                print(f"bench-handoff-netns --syscalls: {label} handoffs alpha -> bravo, 1 in flight "
                       f"(strace -c -f, {count} handoffs, the clients' connection setup included)")
                 for name, sc, fs, top in res:
                     print(f"  {name:11} {sc:6.1f} system calls per handoff (fdatasync {fs:.2f}); most made: {top}")
-                r = handoff_latency(build, pair, "bravo", 1000, 8, 4, 8192)
+                r = handoff_latency(build, pair, "bravo", 1000, layers, groups, lb, arena=arena)
                 print(f"  latency without strace, 1000 handoffs: all landed P50 {r['all_p50']:.1f} P99 "
                       f"{r['all_p99']:.1f} us; limit: TCP ping-pong 64 KiB P50 {pp['rtt_p50']:.1f} P99 "
                       f"{pp['rtt_p99']:.1f} us", flush=True)
@@ -318,7 +328,7 @@ def main():
             print("SKIP: strace not installed")
             return 77
         count = int(sys.argv[sys.argv.index("--count") + 1]) if "--count" in sys.argv else 300
-        return syscalls_main(build, count)
+        return syscalls_main(build, count, "--groups" in sys.argv and sys.argv[sys.argv.index("--groups") + 1] == "36")
     sizes = [64 * KiB, MiB, 16 * MiB, 256 * MiB, 1024 * MiB]
     sizes = [s for s in sizes if s <= max_mib * MiB]
     if quick:
