@@ -32,7 +32,7 @@
 #define REPS 7
 
 typedef struct Row {
-        char name[48];
+        char name[64];
         uint64_t bytes;
         double ms;
         double limit_ms;
@@ -42,8 +42,9 @@ typedef struct Row {
 static Row rows[48];
 static size_t n_rows;
 /* The median time post() took in the last time_transport() (the host's part before the
- * GPU has the whole batch), printed with its row. */
-static double last_post_ms = -1;
+ * GPU has the whole batch) and the median drain (from the wake-up that found the batch
+ * done to its last completion: the host's part after the GPU), printed with its row. */
+static double last_post_ms = -1, last_drain_ms = -1;
 
 static void row(const char *name, uint64_t bytes, double ms, double limit_ms, double goal) {
         Row *r = &rows[n_rows++];
@@ -56,8 +57,10 @@ static void row(const char *name, uint64_t bytes, double ms, double limit_ms, do
                limit_ms, limit_ms > 0 ? limit_ms / ms : 0);
         if (last_post_ms >= 0)
                 printf(" post_ms=%.3f", last_post_ms);
+        if (last_drain_ms >= 0)
+                printf(" drain_ms=%.3f", last_drain_ms);
         printf("\n");
-        last_post_ms = -1;
+        last_post_ms = last_drain_ms = -1;
 }
 
 typedef struct Bench {
@@ -94,16 +97,18 @@ static void drop(Bench *b, Arena *a) {
 }
 
 static double time_transport_reps(Bench *b, const TransportWrite *w, size_t n, int reps) {
-        double v[201], post[201];
+        double v[201], post[201], drain[201];
         REQUIRE(reps <= 201, "too many repetitions");
         CHECK(transport_run(b->t, w, n, NULL)); /* warm-up */
         for (int i = 0; i < reps; i++) {
                 double t0 = now_sec();
-                CHECK(transport_run_timed(b->t, w, n, &post[i]));
+                CHECK(transport_run_timed(b->t, w, n, &post[i], &drain[i]));
                 v[i] = (now_sec() - t0) * 1e3;
                 post[i] = (post[i] - t0) * 1e3;
+                drain[i] *= 1e3;
         }
         last_post_ms = median(post, reps);
+        last_drain_ms = median(drain, reps);
         return median(v, reps);
 }
 
@@ -132,6 +137,40 @@ static double time_raw(Bench *b, RawKind k, CUdeviceptr dst, CUdeviceptr src, vo
                 v[i] = (now_sec() - t0) * 1e3;
         }
         return median(v + 1, REPS); /* first is the warm-up */
+}
+
+/* The batched copy kernel on its own, on the same writes as a transport row: the
+ * descriptors built beforehand in pinned memory, then uploaded and launched either in
+ * one launch or in the transport's parts (POST_PART_FIRST writes, doubling up to
+ * POST_PART), one synchronize at the end; host wall clock, median of REPS. Between this
+ * and the transport row lies what the transport adds: validating and preparing the
+ * writes, its completion thread, and expanding the batch into per-write completions. */
+static double time_kernel_alone(Bench *b, GpuKernels *k, const TransportWrite *w, size_t n, const Arena *x,
+                                const Arena *y, bool parts) {
+        GpuChunk *host = NULL;
+        CUdeviceptr dev = 0;
+        double v[REPS + 1];
+
+        CHECK(CU(b->d, cuMemAllocHost, (void **)&host, n * sizeof *host));
+        CHECK(CU(b->d, cuMemAlloc, &dev, n * sizeof *host));
+        for (size_t i = 0; i < n; i++)
+                host[i] = (GpuChunk) { .src = x->gpu->base + w[i].src_offset, .dst = y->gpu->base + w[i].dst_offset,
+                                       .len = w[i].length };
+        for (int i = 0; i <= REPS; i++) {
+                double t0 = now_sec();
+                size_t part = parts ? 256 : n;
+                for (size_t at = 0; at < n; at += part, part = MIN(2 * part, (size_t)4096)) {
+                        size_t m = MIN(part, n - at);
+                        CHECK(gpu_kernels_copy_chunks(k, b->stream, host + at, dev + at * sizeof *host, m));
+                        if (!parts)
+                                break;
+                }
+                CHECK(CU(b->d, cuStreamSynchronize, b->stream));
+                v[i] = (now_sec() - t0) * 1e3;
+        }
+        (void)CU(b->d, cuMemFree, dev);
+        (void)CU(b->d, cuMemFreeHost, host);
+        return median(v + 1, REPS);
 }
 
 static void bench_d2d(Bench *b) {
@@ -173,6 +212,9 @@ static void bench_d2d(Bench *b) {
         row("d2d 2048K pages in a run (coalesced)", S, time_transport(b, w, S / (2 * MiB)), raw, 0.9);
 
         const uint64_t pages[] = { 2 * MiB, 256 * 1024 };
+        GpuKernels *kernels = NULL;
+        if (gpu_kernels_load(b->s, 0, &kernels) < 0)
+                kernels = NULL; /* built without nvcc: the rows that need it are left out */
         for (size_t p = 0; p < ELEMENTSOF(pages); p++) {
                 uint64_t n = S / pages[p];
                 for (uint64_t i = 0; i < n; i++) {
@@ -182,7 +224,7 @@ static void bench_d2d(Bench *b) {
                                                   .dst_offset = ((i * 7919) % n) * pages[p],
                                                   .length = pages[p], .cookie = i };
                 }
-                char name[48];
+                char name[64];
                 gpu_copy_engine_set_kernel_batching(eng, false, 0);
                 gpu_copy_engine_set_batch_api(eng, false);
                 snprintf(name, sizeof name, "d2d %" PRIu64 "K pages (CE, per call)", pages[p] >> 10);
@@ -197,12 +239,27 @@ static void bench_d2d(Bench *b) {
                 gpu_copy_engine_set_kernel_batching(eng, true, 16);
                 snprintf(name, sizeof name, "d2d %" PRIu64 "K pages (kernel batch)", pages[p] >> 10);
                 row(name, S, time_transport(b, w, n), raw, 0.9);
+                /* The transport's parts: fewer and larger, or the whole batch at once. */
+                cuda_transport_set_parts(b->t, 1024, 16384);
+                snprintf(name, sizeof name, "d2d %" PRIu64 "K pages (kernel, parts 1K-16K)", pages[p] >> 10);
+                row(name, S, time_transport(b, w, n), raw, 0.9);
+                cuda_transport_set_parts(b->t, n, n);
+                snprintf(name, sizeof name, "d2d %" PRIu64 "K pages (kernel, one part)", pages[p] >> 10);
+                row(name, S, time_transport(b, w, n), raw, 0.9);
+                cuda_transport_set_parts(b->t, 256, 4096);
+                if (kernels) {
+                        snprintf(name, sizeof name, "d2d %" PRIu64 "K pages, kernel, 1 launch", pages[p] >> 10);
+                        row(name, S, time_kernel_alone(b, kernels, w, n, x, y, false), raw, 0.9);
+                        snprintf(name, sizeof name, "d2d %" PRIu64 "K pages, kernel, parts", pages[p] >> 10);
+                        row(name, S, time_kernel_alone(b, kernels, w, n, x, y, true), raw, 0.9);
+                }
                 gpu_copy_engine_set_kernel_uniform(eng, true);
                 snprintf(name, sizeof name, "d2d %" PRIu64 "K pages (kernel, uniform)", pages[p] >> 10);
                 row(name, S, time_transport(b, w, n), raw, 0.9);
                 gpu_copy_engine_set_kernel_uniform(eng, false);
                 gpu_copy_engine_set_kernel_batching(eng, false, 0);
         }
+        gpu_kernels_free(kernels);
         free(w);
         drop(b, x);
         drop(b, y);

@@ -104,18 +104,23 @@ static inline int recv_fd(int sock, int *ret_fd, void *data, size_t len) {
 }
 
 /* Posts a batch and waits for all of its completions (poll on the completion fd).
- * Returns the first error, or 0; *ret_count gets the completions seen. */
+ * Returns the first error, or 0; *ret_count gets the completions seen; *ret_posted the
+ * time post() returned; *ret_drained the time from the last wake-up before the first
+ * completion came out (the batch done on the GPU, its completion fd readable) to the
+ * last completion (the host's part after the copy). */
 static inline int transport_run_full(Transport *t, const TransportWrite *w, size_t n,
-                                     size_t *ret_count, double *ret_posted) {
+                                     size_t *ret_count, double *ret_posted, double *ret_drained) {
         TransportCompletion c[256];
         size_t seen = 0;
         int err = 0, r;
+        double woke, first = 0;
 
         r = t->ops->post(t, NULL, w, n);
         if (r < 0)
                 return r;
+        woke = now_sec();
         if (ret_posted)
-                *ret_posted = now_sec();
+                *ret_posted = woke;
         while (seen < n) {
                 struct pollfd p = { .fd = t->ops->completion_fd(t), .events = POLLIN };
                 size_t k = t->ops->poll(t, c, ELEMENTSOF(c));
@@ -123,22 +128,31 @@ static inline int transport_run_full(Transport *t, const TransportWrite *w, size
                 for (size_t i = 0; i < k; i++)
                         if (c[i].error < 0 && err == 0)
                                 err = c[i].error;
+                if (k > 0 && seen == 0)
+                        first = woke;
                 seen += k;
-                if (k == 0 && poll(&p, 1, 10000) <= 0)
-                        return -ETIMEDOUT;
+                if (k == 0) {
+                        if (poll(&p, 1, 10000) <= 0)
+                                return -ETIMEDOUT;
+                        woke = now_sec();
+                }
         }
         if (ret_count)
                 *ret_count = seen;
+        if (ret_drained)
+                *ret_drained = now_sec() - first;
         return err;
 }
 
 static inline int transport_run(Transport *t, const TransportWrite *w, size_t n, size_t *ret_count) {
-        return transport_run_full(t, w, n, ret_count, NULL);
+        return transport_run_full(t, w, n, ret_count, NULL, NULL);
 }
 
-/* The same; *ret_posted gets now_sec() when post() returned. */
-static inline int transport_run_timed(Transport *t, const TransportWrite *w, size_t n, double *ret_posted) {
-        return transport_run_full(t, w, n, NULL, ret_posted);
+/* The same; *ret_posted gets now_sec() when post() returned, *ret_drained the host's
+ * part after the copy (transport_run_full). */
+static inline int transport_run_timed(Transport *t, const TransportWrite *w, size_t n, double *ret_posted,
+                                      double *ret_drained) {
+        return transport_run_full(t, w, n, NULL, ret_posted, ret_drained);
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -57,6 +57,7 @@ typedef struct CudaTransport {
         size_t segs_cap;
         CudaBatch *spare[SPARE_BATCHES];
         size_t n_spare;
+        size_t part_first, part_max; /* POST_PART_FIRST, POST_PART unless set */
 } CudaTransport;
 
 static CudaTransport *to_cuda(Transport *t) {
@@ -179,13 +180,20 @@ static size_t reap_into_ready(CudaTransport *c) {
                                 c->base.stats.failures += b->n;
                         else
                                 c->base.stats.bytes += b->bytes;
-                        for (size_t j = 0; j < b->n; j++)
-                                c->ready[(c->ready_head + c->n_ready++) % c->ready_cap] =
-                                        (TransportCompletion) {
-                                                .cookie = b->cookies[j],
-                                                .error = b->error,
-                                                .bytes = b->error < 0 ? 0 : b->lengths[j],
-                                        };
+                        /* Thousands of writes per batch: no division per entry. */
+                        size_t at = c->ready_head + c->n_ready;
+                        if (at >= c->ready_cap)
+                                at -= c->ready_cap;
+                        for (size_t j = 0; j < b->n; j++) {
+                                c->ready[at] = (TransportCompletion) {
+                                        .cookie = b->cookies[j],
+                                        .error = b->error,
+                                        .bytes = b->error < 0 ? 0 : b->lengths[j],
+                                };
+                                if (++at == c->ready_cap)
+                                        at = 0;
+                        }
+                        c->n_ready += b->n;
                         c->n_in_flight -= b->n;
                         batch_put(c, b);
                 }
@@ -236,12 +244,12 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                 return -EOPNOTSUPP; /* same host only */
         if (n == 0 || !w)
                 return -EINVAL;
-        if (MIN(n, (size_t)POST_PART) > c->segs_cap) {
-                GpuCopySeg *m = realloc(c->segs, MIN(n, (size_t)POST_PART) * sizeof *m);
+        if (MIN(n, c->part_max) > c->segs_cap) {
+                GpuCopySeg *m = realloc(c->segs, MIN(n, c->part_max) * sizeof *m);
                 if (!m)
                         return -ENOMEM;
                 c->segs = m;
-                c->segs_cap = MIN(n, (size_t)POST_PART);
+                c->segs_cap = MIN(n, c->part_max);
         }
         segs = c->segs;
         b = batch_get(c, n);
@@ -288,7 +296,7 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                 }
         }
 
-        size_t part0 = 0, part_len = POST_PART_FIRST;
+        size_t part0 = 0, part_len = c->part_first;
         src = dst = NULL;
         for (size_t i = 0; i < n; i++) {
                 GpuCopySeg *sg = &segs[i - part0];
@@ -325,7 +333,7 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                 }
                 b->parts++;
                 part0 = i + 1;
-                part_len = MIN(2 * part_len, (size_t)POST_PART);
+                part_len = MIN(2 * part_len, c->part_max);
         }
         b->n = n;
         c->n_in_flight += n;
@@ -348,9 +356,14 @@ static size_t cuda_poll(Transport *t, TransportCompletion *out, size_t n) {
 
         do {
                 while (k < n && c->n_ready > 0) {
-                        out[k++] = c->ready[c->ready_head];
-                        c->ready_head = (c->ready_head + 1) % c->ready_cap;
-                        c->n_ready--;
+                        /* The ready entries up to the ring's end (or the count) in one copy. */
+                        size_t m = MIN(MIN(n - k, c->n_ready), c->ready_cap - c->ready_head);
+                        memcpy(out + k, c->ready + c->ready_head, m * sizeof *out);
+                        k += m;
+                        c->n_ready -= m;
+                        c->ready_head += m;
+                        if (c->ready_head == c->ready_cap)
+                                c->ready_head = 0;
                 }
         } while (k < n && reap_into_ready(c) > 0);
         return k;
@@ -413,6 +426,8 @@ int cuda_transport_new(GpuSystem *system, CudaArenaLookup lookup, void *userdata
         if (!c)
                 return -ENOMEM;
         c->base.ops = &cuda_ops;
+        c->part_first = POST_PART_FIRST;
+        c->part_max = POST_PART;
         c->system = system;
         c->lookup = lookup;
         c->lookup_userdata = userdata;
@@ -432,4 +447,11 @@ int cuda_transport_new(GpuSystem *system, CudaArenaLookup lookup, void *userdata
 
 GpuCopyEngine *cuda_transport_engine(Transport *t) {
         return to_cuda(t)->engine;
+}
+
+void cuda_transport_set_parts(Transport *t, size_t first, size_t max) {
+        CudaTransport *c = to_cuda(t);
+
+        c->part_max = CLAMP(max, (size_t)1, (size_t)65536);
+        c->part_first = CLAMP(first, (size_t)1, c->part_max);
 }

@@ -24,3 +24,7 @@ typedef GpuArena *(*CudaArenaLookup)(void *userdata, uint64_t device_base);
 int cuda_transport_new(GpuSystem *system, CudaArenaLookup lookup, void *userdata, Transport **ret);
 /* The engine under the transport (for its stats and kernel-batching policy). */
 GpuCopyEngine *cuda_transport_engine(Transport *t);
+/* The parts a batch goes to the engine in: `first` writes, then twice as many each
+ * time up to `max` (both clamped to 1..65536; by default 256 and 4096). For
+ * benchmarks comparing the part sizes. */
+void cuda_transport_set_parts(Transport *t, size_t first, size_t max);
