@@ -209,6 +209,27 @@ int epd_feature_publish(epd_client *c, epd_feature *f, uint64_t encode_usec) {
         return r;
 }
 
+int epd_feature_publish_release(epd_client *c, epd_feature *f, uint64_t encode_usec) {
+        int r;
+        if (!c || !f)
+                return -EINVAL;
+        r = epd__call_nowait(c, FEATURE_PATH, FEATURE_IFACE, "Publish", "st", f->handle, encode_usec);
+        if (r < 0) {
+                /* Nothing was sent: give the handle back (the producer's release fails the
+                 * feature), keeping the send's error for the caller. */
+                char name[sizeof c->error_name], message[sizeof c->error_message];
+                memcpy(name, c->error_name, sizeof name);
+                memcpy(message, c->error_message, sizeof message);
+                (void)epd_feature_release(c, f);
+                memcpy(c->error_name, name, sizeof name);
+                memcpy(c->error_message, message, sizeof message);
+                return r;
+        }
+        r = epd__call_nowait(c, FEATURE_PATH, FEATURE_IFACE, "Release", "s", f->handle);
+        free(f);
+        return r;
+}
+
 int epd_feature_fail(epd_client *c, epd_feature *f, const char *reason) {
         int r;
         if (!c || !f)

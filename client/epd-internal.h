@@ -15,6 +15,12 @@ struct epd_client {
         size_t n_arenas;
         char error_name[128];
         char error_message[512];
+        /* Calls sent without waiting (epd__call_nowait): how many are unanswered, and the
+         * first refusal among them, until epd_flush() returns it. */
+        unsigned nowait_pending;
+        int nowait_error;
+        char nowait_error_name[128];
+        char nowait_error_message[512];
 };
 
 #define EPD_DESTINATION(c) ((c)->direct ? NULL : "org.epd1")
@@ -25,6 +31,11 @@ void epd__clear_error(epd_client *c);
 /* A method call on org.epd1.<interface> at path; on failure, records the error. */
 int epd__call(epd_client *c, const char *path, const char *interface, const char *member,
               sd_bus_message **reply, const char *types, ...);
+/* Sends the call without waiting for its reply: the reply is taken by a later
+ * epd_process(), epd_wait(), epd_flush() or nowait call, and a refusal is kept (its
+ * message prefixed with `member`) for epd_flush() to return. */
+int epd__call_nowait(epd_client *c, const char *path, const char *interface, const char *member,
+                     const char *types, ...);
 /* Like epd__call, with a message the caller filled (sd_bus_message_new_method_call). */
 int epd__new_call(epd_client *c, const char *path, const char *interface, const char *member,
                   sd_bus_message **ret);

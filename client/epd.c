@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bus-error.h"
@@ -88,6 +89,113 @@ int epd__call(epd_client *c, const char *path, const char *interface, const char
         r = epd__send(c, m, reply);
         sd_bus_message_unref(m);
         return r;
+}
+
+typedef struct NowaitCall {
+        epd_client *client;
+        char member[64];
+} NowaitCall;
+
+static int on_nowait_reply(sd_bus_message *m, void *userdata, sd_bus_error *ret_error) {
+        NowaitCall *call = userdata;
+        epd_client *c = call->client;
+        const sd_bus_error *e = sd_bus_message_get_error(m);
+
+        if (c->nowait_pending > 0)
+                c->nowait_pending--;
+        if (e && c->nowait_error == 0) {
+                int k = sd_bus_error_get_errno(e);
+                c->nowait_error = k > 0 ? -k : -EIO;
+                snprintf(c->nowait_error_name, sizeof c->nowait_error_name, "%s", e->name);
+                snprintf(c->nowait_error_message, sizeof c->nowait_error_message, "%s: %s", call->member,
+                         e->message ?: "");
+        }
+        return 0;
+}
+
+/* Dispatches what has arrived, without blocking, while nowait calls are unanswered. */
+static int drain_nowait(epd_client *c) {
+        int r = 0;
+        while (c->nowait_pending > 0 && (r = sd_bus_process(c->bus, NULL)) > 0)
+                ;
+        return r;
+}
+
+int epd__call_nowait(epd_client *c, const char *path, const char *interface, const char *member,
+                     const char *types, ...) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        int r = epd__new_call(c, path, interface, member, &m);
+        if (r < 0)
+                return r;
+        if (types) {
+                va_list ap;
+                va_start(ap, types);
+                r = sd_bus_message_appendv(m, types, ap);
+                va_end(ap);
+                if (r < 0)
+                        return epd__error(c, r, NULL);
+        }
+        /* Replies of earlier ones that are in already: keep the queue short. */
+        r = drain_nowait(c);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        /* The call's name goes with its slot (a reply does not carry it), freed with it. */
+        NowaitCall *call = calloc(1, sizeof *call);
+        if (!call)
+                return epd__error(c, -ENOMEM, NULL);
+        call->client = c;
+        snprintf(call->member, sizeof call->member, "%s", member);
+        sd_bus_slot *slot = NULL;
+        r = sd_bus_call_async(c->bus, &slot, m, on_nowait_reply, call, 0);
+        if (r < 0) {
+                free(call);
+                return epd__error(c, r, NULL);
+        }
+        (void)sd_bus_slot_set_destroy_callback(slot, free);
+        (void)sd_bus_slot_set_floating(slot, 1);
+        sd_bus_slot_unref(slot); /* the bus holds it until the reply (or its own end) */
+        c->nowait_pending++;
+        epd__clear_error(c);
+        return 0;
+}
+
+int epd_flush(epd_client *c, uint64_t timeout_usec) {
+        uint64_t now, until;
+        struct timespec ts;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        now = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+        until = timeout_usec > UINT64_MAX - now ? UINT64_MAX : now + timeout_usec;
+        for (;;) {
+                r = drain_nowait(c);
+                if (r < 0)
+                        return epd__error(c, r, NULL);
+                if (c->nowait_pending == 0)
+                        break;
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                now = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+                if (now >= until) {
+                        epd__error(c, -ETIMEDOUT, NULL);
+                        snprintf(c->error_message, sizeof c->error_message,
+                                 "%u call(s) sent without waiting are not answered yet", c->nowait_pending);
+                        return -ETIMEDOUT;
+                }
+                r = sd_bus_wait(c->bus, until == UINT64_MAX ? UINT64_MAX : until - now);
+                if (r < 0)
+                        return epd__error(c, r, NULL);
+        }
+        epd__clear_error(c);
+        if (c->nowait_error < 0) {
+                r = c->nowait_error;
+                c->nowait_error = 0;
+                snprintf(c->error_name, sizeof c->error_name, "%s", c->nowait_error_name);
+                snprintf(c->error_message, sizeof c->error_message, "%s", c->nowait_error_message);
+                return r;
+        }
+        return 0;
 }
 
 static int connect_direct(epd_client *c, const char *path) {

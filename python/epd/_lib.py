@@ -92,6 +92,7 @@ def _declare(lib):
         "epd_get_fd": (c_int, [c_void_p]),
         "epd_process": (c_int, [c_void_p]),
         "epd_wait": (c_int, [c_void_p, c_uint64]),
+        "epd_flush": (c_int, [c_void_p, c_uint64]),
         "epd_last_error_name": (c_char_p, [c_void_p]),
         "epd_last_error_message": (c_char_p, [c_void_p]),
     }

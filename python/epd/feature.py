@@ -67,6 +67,7 @@ def _lib_features():
         "epd_feature_reserve": (c_int, [c_void_p, c_char_p, c_uint64, P(_CTensor), c_size_t, c_char_p, P(_Fp)]),
         "epd_feature_produce": (c_int, [c_void_p, _Fp, c_uint64, P(_CTensor), c_size_t, c_char_p]),
         "epd_feature_publish": (c_int, [c_void_p, _Fp, c_uint64]),
+        "epd_feature_publish_release": (c_int, [c_void_p, _Fp, c_uint64]),
         "epd_feature_fail": (c_int, [c_void_p, _Fp, c_char_p]),
         "epd_feature_wait": (c_int, [c_void_p, _Fp, c_uint64]),
         "epd_feature_refresh": (c_int, [c_void_p, _Fp]),
@@ -184,6 +185,15 @@ class Feature(_lib.Closing):
     def publish(self, encode_usec: int = 0):
         self._client._check(self._lib.epd_feature_publish(self._client._c, self._p, encode_usec),
                             f"publish feature {self.key!r}")
+
+    def publish_release(self, encode_usec: int = 0):
+        """publish() and release() at once, without waiting for epdd's replies (the
+        Publish's waits for the journal's sync): the feature is READY for readers as soon
+        as epdd has read the call. A refusal comes back from client.flush()."""
+        key = self.key
+        p, self._p = self._p, None  # freed by the call, sent or not
+        self._client._check(self._lib.epd_feature_publish_release(self._client._c, p, encode_usec),
+                            f"publish feature {key!r}")
 
     def fail(self, reason: str = ""):
         self._client._check(self._lib.epd_feature_fail(self._client._c, self._p, reason.encode()),

@@ -53,6 +53,39 @@ class FeatureTest(unittest.TestCase):
                 self.assertEqual(h.result, "hit")
             self.assertEqual(ef.prefetch(b, ["img:1", "img:2"]), 1)
 
+    def test_publish_release_without_waiting(self):
+        with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
+            a.register("encoder", "m", "cpu")
+            b.register("prefill", "m", "cpu")
+            p = ef.Feature.acquire(a, "img:nowait", may_produce=True)
+            self.assertEqual(p.result, "produce")
+            w = ef.Feature.acquire(b, "img:nowait")
+            self.assertEqual(w.result, "wait")
+            p.produce(NBYTES, BUNDLE)
+            p.buffer()[:4] = b"\x05\x06\x07\x08"
+            p.publish_release(250)  # sent, not waited for: the handle is gone from p at once
+            with self.assertRaises(ValueError):
+                p.key
+            self.assertTrue(w.wait(5))  # the waiter is woken by the Publish
+            self.assertEqual(bytes(w.buffer()[:4]), b"\x05\x06\x07\x08")
+            w.release()
+            self.assertIsNone(a.flush(5))  # both answered, neither refused
+            with ef.Feature.acquire(b, "img:nowait") as h:
+                self.assertEqual(h.result, "hit")
+            # A refusal comes back from flush(), naming the call; the Release still went.
+            r = ef.Feature.acquire(a, "img:nowait")
+            self.assertEqual(r.result, "hit")
+            r.publish_release(1)  # a reader's handle: not the producer
+            with self.assertRaises(epd.EpdError) as e:
+                a.flush(5)
+            self.assertEqual(e.exception.name, "org.epd1.Error.Stale")
+            self.assertIn("Publish", str(e.exception))
+            self.assertIsNone(a.flush(5))  # returned once
+            # Every handle of a was released: a's Release after the refused Publish too.
+            p2 = ef.Feature.acquire(a, "img:other", may_produce=True)
+            self.assertEqual(p2.result, "produce")
+            p2.release()
+
     def test_producer_gone_and_errors(self):
         with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
             a.register("encoder", "m", "cpu")

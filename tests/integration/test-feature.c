@@ -147,6 +147,65 @@ START_TEST(test_publish_then_hit) {
 }
 END_TEST
 
+/* Publish and Release sent together without waiting: a reader is woken by them, every
+ * handle is gone once epd_flush() returns, and a refusal comes back from epd_flush(),
+ * naming the call, once. */
+START_TEST(test_publish_release_nowait) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(10, t, &bytes);
+        epd_feature *p, *w, *r;
+
+        ck_assert_int_eq(epd_flush(enc, 0), 0); /* nothing sent: nothing to wait for */
+        ck_assert_int_eq(epd_feature_acquire(enc, "sha256:nowait", true, &p), 0);
+        ck_assert_str_eq(p->result, "produce");
+        ck_assert_int_eq(epd_feature_acquire(pre, "sha256:nowait", true, &w), 0);
+        ck_assert_str_eq(w->result, "wait");
+        ck_assert_int_eq(epd_feature_produce(enc, p, bytes, t, n, NULL), 0);
+        fill(p->data, bytes, 3);
+        ck_assert_int_eq(epd_feature_publish_release(enc, p, 77), 0); /* p is freed */
+        ck_assert_int_eq(epd_feature_wait(pre, w, 5 * 1000000ULL), 0);
+        ck_assert_str_eq(w->state, "ready");
+        ck_assert(same(w->data, bytes, 3));
+        ck_assert_int_eq(epd_feature_release(pre, w), 0);
+        ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+        ck_assert_uint_eq(stat_u64(pre, "Produced"), 1);
+
+        /* A reader's handle is not the producer's: the Publish is refused, the Release
+         * goes through; epd_flush() says so once. */
+        ck_assert_int_eq(epd_feature_acquire(enc, "sha256:nowait", false, &r), 0);
+        ck_assert_str_eq(r->result, "hit");
+        ck_assert_int_eq(epd_feature_publish_release(enc, r, 1), 0);
+        ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), -ESTALE);
+        ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.Stale");
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(enc), "Publish"));
+        ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+
+        /* Many in a row: the replies are taken as the next ones go out. */
+        for (int i = 0; i < 64; i++) {
+                char key[32];
+                snprintf(key, sizeof key, "sha256:nowait-%d", i);
+                ck_assert_int_eq(epd_feature_reserve(enc, key, bytes, t, n, NULL, &p), 0);
+                fill(p->data, bytes, (uint8_t)i);
+                ck_assert_int_eq(epd_feature_publish_release(enc, p, 1), 0);
+        }
+        ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+        ck_assert_uint_eq(stat_u64(pre, "Produced"), 65);
+        /* Sent and not waited for, then the client goes: the daemon still gets both. */
+        ck_assert_int_eq(epd_feature_reserve(enc, "sha256:nowait-last", bytes, t, n, NULL, &p), 0);
+        ck_assert_int_eq(epd_feature_publish_release(enc, p, 1), 0);
+        epd_disconnect(enc);
+        ck_assert_int_eq(epd_feature_acquire(pre, "sha256:nowait-last", false, &r), 0);
+        ck_assert_str_eq(r->result, "hit");
+        ck_assert_int_eq(epd_feature_release(pre, r), 0);
+        epd_disconnect(pre);
+}
+END_TEST
+
 START_TEST(test_bad_descriptor) {
         epd_client *enc = worker("encoder");
         epd_feature_tensor t[2];
@@ -793,6 +852,7 @@ int main(void) {
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_publish_then_hit);
+        tcase_add_test(tc, test_publish_release_nowait);
         tcase_add_test(tc, test_bad_descriptor);
         tcase_add_test(tc, test_coalescing);
         tcase_add_test(tc, test_ready_only_to_holders);

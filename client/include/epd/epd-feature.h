@@ -66,6 +66,14 @@ int epd_feature_produce(epd_client *c, epd_feature *f, uint64_t bytes,
                         const epd_feature_tensor *tensors, size_t n_tensors,
                         const char *request_id);
 int epd_feature_publish(epd_client *c, epd_feature *f, uint64_t encode_usec);
+/* Publishes f and releases its handle without waiting: both calls are sent at once, in
+ * this order, and f is freed. The Publish's reply waits in epdd for the journal's sync
+ * (docs/wal.md), which the producer need not: the feature is READY for readers as soon
+ * as epdd has read the call (a reader that comes first is told to wait, and woken). A
+ * refusal (Error.Stale: not the producer of a reserved feature) comes back from
+ * epd_flush(). Returns 0 once both are sent; on a failure to send, the handle is
+ * released as epd_feature_release() does. */
+int epd_feature_publish_release(epd_client *c, epd_feature *f, uint64_t encode_usec);
 int epd_feature_fail(epd_client *c, epd_feature *f, const char *reason);
 
 /* Blocks until f is no longer "reserved", or timeout_usec (UINT64_MAX: forever).

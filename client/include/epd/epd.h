@@ -79,6 +79,12 @@ int epd_get_host_id(epd_client *c, char **ret);
 int epd_get_fd(epd_client *c);
 int epd_process(epd_client *c);
 int epd_wait(epd_client *c, uint64_t timeout_usec);
+/* Waits up to timeout_usec (UINT64_MAX: forever) until every call sent without waiting
+ * for its reply (epd_feature_publish_release) is answered. Returns the first refusal
+ * among them since the last epd_flush() (a negative errno; epd_last_error_name() and
+ * _message() name it and the call), -ETIMEDOUT if some are still unanswered, else 0.
+ * Their replies are also taken by epd_process() and epd_wait(). */
+int epd_flush(epd_client *c, uint64_t timeout_usec);
 
 /* -- KV pages and sequences (org.epd1.Pages, org.epd1.Sequence; docs/pages.md) --
  * A sequence is the page table of one request or agent branch in one KV arena, named
