@@ -88,10 +88,20 @@ def summarize(name, results, wall):
         # epd's part of TTFT: its calls and copies on the critical path (feature fetch,
         # sequence + Prepare, the KV sink's writes and notices; a sink that writes every
         # layer at the end also its copy's GPU time, which runs after the forward pass).
-        row["epd_share_of_ttft"] = mean((r["prefill"]["fetch_s"] + r["prefill"]["prepare_s"]
-                                         + r["prefill"]["sink_s"]
-                                         + (r["prefill"].get("sink_detail") or {}).get("write_gpu", 0.0))
-                                        / r["ttft_s"] for r in results)
+        # And the encoder's: its Acquire (a hit's only call), and when it produced, the
+        # reserve, the copies into the arena and sending Publish + Release (not the vision
+        # tower, nor waiting for it). The prefill's part alone is kept beside it (the
+        # figure of runs before the encoder's was counted).
+        def enc_epd(r):
+            d = (r.get("encode") or {}).get("detail") or {}
+            return sum(d.get(k, 0.0) for k in ("acquire", "reserve", "copy", "publish"))
+
+        def pre_epd(r):
+            return (r["prefill"]["fetch_s"] + r["prefill"]["prepare_s"] + r["prefill"]["sink_s"]
+                    + (r["prefill"].get("sink_detail") or {}).get("write_gpu", 0.0))
+        row["epd_share_of_ttft"] = mean((pre_epd(r) + enc_epd(r)) / r["ttft_s"] for r in results)
+        row["epd_share_of_ttft_prefill_only"] = mean(pre_epd(r) / r["ttft_s"] for r in results)
+        row["encoder_epd_critical_ms"] = 1e3 * mean(enc_epd(r) for r in results)
         enc = [r["encode"]["t"] for r in results if "encode" in r]
         row["split_ms"] = {
             "encoder": 1e3 * mean(enc) if enc else 0.0,
@@ -121,14 +131,22 @@ def summarize(name, results, wall):
                              for k in ("write", "write_gpu", "notice", "setup", "setup_wait")}
         row["kv_sink_mode"] = ",".join(sorted({p.get("mode", "layer") for p in sparts}))
         row["decode_layers_in_one_launch"] = mean(r["decode"].get("load_layers_at_once", 0) for r in results)
-        # The encoder's epd calls: Acquire, Publish, Release (its time less the image and
-        # its key, and less the vision tower with the reserve and the copy into the arena).
+        # The encoder's time outside the image, its key and the produce (the tower, the
+        # reserve, the copies, Publish + Release sent): the Acquire and the pipe's turn.
         encs = [r["encode"] for r in results if r.get("encode", {}).get("result") == "produced"]
         row["encoder_epd_ms"] = (1e3 * mean(e["t"] - e["encode_s"] - e.get("key_s", 0.0) for e in encs)
                                  if encs else 0.0)
         row["encoder_key_ms"] = 1e3 * mean(e.get("key_s", 0.0) for e in encs) if encs else 0.0
         row["encoder_image_ms"] = 1e3 * mean(e.get("image_s", 0.0) for e in encs) if encs else 0.0
         row["encoder_tower_ms"] = 1e3 * mean(e["encode_s"] for e in encs) if encs else 0.0
+        # The tower's produce in parts: the host until the tower's launches returned, the
+        # reserve, the copies queued, the wait for the GPU; the GPU's own time for the tower
+        # and for the copies (CUDA events).
+        dets = [e.get("detail") or {} for e in encs]
+        row["encoder_produce_ms"] = {k: 1e3 * mean(d[k] for d in dets if k in d)
+                                     for k in ("acquire", "fn", "reserve", "copy", "sync", "publish", "fn_gpu",
+                                               "copy_gpu")
+                                     if any(k in d for d in dets)}
         row["kv_sink_ms"]["groups"] = mean(p.get("groups", 0) for p in sparts)
         row["kv_bytes"] = sum(r["prefill"]["kv_bytes"] for r in results)
         row["encoder_hits"] = sum(1 for r in results if r.get("encode", {}).get("result") == "hit")
@@ -158,6 +176,9 @@ def colocated(model_name, reqs, device="cuda", m=None):
         t0 = time.perf_counter()
         r = q.make_request(m, s.image_seed, s.text_seed, text_tokens=s.text_tokens, device=device)
         kv = q.MemoryKv()
+        r.synthesize()  # the image's pixels (made on first use anyway): timed apart, as the split's "image"
+        torch.cuda.synchronize()
+        ti = time.perf_counter()
         feats = enc.encode(r)
         torch.cuda.synchronize()
         te = time.perf_counter()
@@ -167,7 +188,7 @@ def colocated(model_name, reqs, device="cuda", m=None):
         toks = dec.decode(kv, r.input_ids.shape[1], first, delta, s.max_new_tokens)
         torch.cuda.synchronize()
         res = {"ttft_s": t1 - t0, "latency_s": time.perf_counter() - t0, "tokens": toks,
-               "encode_s": te - t0, "prefill_s": t1 - te}
+               "encode_s": te - t0, "image_s": ti - t0, "tower_s": te - ti, "prefill_s": t1 - te}
         if s.branches:
             n = int(r.input_ids.shape[1])
             P = n // 16 * 16
@@ -334,6 +355,8 @@ def bench(args):
         rows.append(summarize("colocated, 1 process, no epd", res, wall))
         rows[-1]["split_ms"] = {"encoder": 1e3 * mean(r["encode_s"] for r in res),
                                 "prefill_compute": 1e3 * mean(r["prefill_s"] for r in res)}
+        rows[-1]["encoder_image_ms"] = 1e3 * mean(r["image_s"] for r in res)
+        rows[-1]["encoder_tower_ms"] = 1e3 * mean(r["tower_s"] for r in res)
         print(json.dumps(rows[-1]), flush=True)
         if args.gpus and (args.gpus > 1 or args.dp):
             res, wall = colocated_dp(args.model, reqs, args.gpus, warm_specs(args, 1, salt="", first=900))
@@ -457,6 +480,11 @@ def main():
                                                              "decode_accept_wait", "handoff_exposed",
                                                              "decode_kv_load")) + " |")
         for r in out["bench"]:
+            if "epd_share_of_ttft_prefill_only" in r:
+                print(f"epd share of TTFT ({r['config']}): {r['epd_share_of_ttft']:.3f}, of which the encoder's calls "
+                      f"{r['encoder_epd_critical_ms']:.2f} ms a request; the prefill's calls alone "
+                      f"{r['epd_share_of_ttft_prefill_only']:.3f}")
+        for r in out["bench"]:
             if "kv_sink_ms" in r:
                 ks, ff = r["kv_sink_ms"], r.get("feature_fetch_ms", {})
                 print(f"parts ({r['config']}): KV sink ({r.get('kv_sink_mode', 'layer')}) writes {ks['write']:.2f} ms "
@@ -471,8 +499,13 @@ def main():
                       f"(the image {r.get('encoder_image_ms', 0):.2f}, its key "
                       f"{r.get('encoder_key_ms', 0) - r.get('encoder_image_ms', 0):.2f}), vision tower "
                       f"{r.get('encoder_tower_ms', 0):.2f} ms, "
-                      f"Acquire + Publish + Release {r.get('encoder_epd_ms', 0):.2f} ms; decode: "
+                      f"(in parts: {json.dumps({k: round(v, 2) for k, v in r.get('encoder_produce_ms', {}).items()})}), "
+                      f"outside these {r.get('encoder_epd_ms', 0):.2f} ms; decode: "
                       f"{r.get('decode_layers_in_one_launch', 0):.1f} layers read in one launch (mean)")
+        for r in out["bench"]:
+            if "kv_sink_ms" not in r and "encoder_tower_ms" in r:
+                print(f"parts ({r['config']}): encoder: the image {r['encoder_image_ms']:.2f} ms, "
+                      f"vision tower {r['encoder_tower_ms']:.2f} ms")
         for r in out["bench"]:
             if "loop_stalls" in r:
                 ls = r["loop_stalls"]

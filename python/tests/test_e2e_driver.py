@@ -67,6 +67,11 @@ class E2eDriverTest(unittest.TestCase):
         self.assertGreaterEqual(cached["feature_counters"]["hits"], 6)  # every prefill fetch, and repeats
         self.assertEqual(bypassed["encoder_runs"], 6)
         self.assertEqual(bypassed["encoder_hits"], 0)
+        # The encoder's epd calls count in epd's share: its produce's parts are timed.
+        for k in ("acquire", "fn", "reserve", "copy", "sync", "publish"):
+            self.assertIn(k, bypassed["encoder_produce_ms"])
+        self.assertGreater(bypassed["encoder_epd_critical_ms"], 0)
+        self.assertGreaterEqual(bypassed["epd_share_of_ttft"], bypassed["epd_share_of_ttft_prefill_only"])
         for row in (cached, bypassed, serial):
             self.assertEqual(row["turns"], 10)
             self.assertEqual(row["workflow"]["forks"], 4)

@@ -77,42 +77,90 @@ def _layout(tensors: Dict[str, object], align: int = 256) -> Tuple[List[Tensor],
     return out, max(off, 1)
 
 
-def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.0) -> Tuple[str, float]:
-    """Encoder: makes sure `key` is cached. Returns ("hit"|"waited"|"produced", encode seconds).
-    encode_fn() -> {name: array} runs only when this worker is told to produce."""
-    f = Feature.acquire(client, key, may_produce=True)
+def _gpu_events():
+    """Two timing events on the current CUDA stream's device, if torch has CUDA up."""
     try:
+        import torch
+    except ImportError:
+        return None
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    return [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+
+
+def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.0,
+            detail: Optional[Dict[str, float]] = None) -> Tuple[str, float]:
+    """Encoder: makes sure `key` is cached. Returns ("hit"|"waited"|"produced", encode seconds).
+    encode_fn() -> {name: array} runs only when this worker is told to produce.
+
+    The Publish and the Release go out together without waiting for epdd's replies (the
+    Publish's waits for the journal's sync, which the producer need not: the feature is
+    READY for readers once epdd has read it); the next produce() first takes their replies,
+    so a refusal is raised there (or call client.flush()).
+
+    detail, when given, gets the parts in seconds: the Acquire ("acquire"), host time until
+    encode_fn returned ("fn"), the reserve ("reserve"), finding the arena and queueing the
+    copies ("copy"), waiting for the GPU ("sync"), sending Publish + Release ("publish");
+    on a GPU also the GPU's own time for encode_fn's work ("fn_gpu") and from there to the
+    copies queued ("copy_gpu"), from CUDA events (no extra synchronization)."""
+    client.flush(timeout_s)  # the previous produce's Publish and Release: answered, not refused
+    t_a = time.perf_counter()
+    f = Feature.acquire(client, key, may_produce=True)
+    released = False
+    try:
+        if detail is not None:
+            detail["acquire"] = time.perf_counter() - t_a
         if f.result == "hit":
             return "hit", 0.0
         if f.result == "wait":
             if not f.wait(timeout_s):
                 raise EpdError(110, "org.epd1.Error.Timeout", "feature not produced in time", "produce")
             return "waited", 0.0
+        ev = _gpu_events() if detail is not None else None
         t0 = time.perf_counter()
         try:
+            if ev:
+                ev[0].record()
             tensors = encode_fn()
+            if ev:
+                ev[1].record()
+            t1 = time.perf_counter()
             spec, nbytes = _layout(tensors)
             f.produce(nbytes, spec, request_id)
+            t2 = time.perf_counter()
             gpu = _feature_gpu_arena(client, f)
             if gpu is not None:
-                # A GPU feature arena: device-to-device copies into it.
+                # A GPU feature arena: device-to-device copies into views of it (one import).
+                views = f.cuda_all(gpu)
                 for t, (name, x) in zip(spec, tensors.items()):
-                    f.cuda(t.name, gpu).copy_(x)
+                    views[t.name].copy_(x)
             else:
                 buf = f.buffer()
                 for t, (name, x) in zip(spec, tensors.items()):
                     _write(buf[t.offset:], x)
+            if ev:
+                ev[2].record()
+            t3 = time.perf_counter()
             if any(_is_torch(x) and x.is_cuda for x in tensors.values()):
                 import torch
                 torch.cuda.current_stream().synchronize()  # the bytes are there before Publish
         except BaseException:
             f.fail("encoder-error")
             raise
-        dt = time.perf_counter() - t0
-        f.publish(int(dt * 1e6))
+        t4 = time.perf_counter()
+        dt = t4 - t0
+        released = True
+        f.publish_release(int(dt * 1e6))
+        if detail is not None:
+            detail.update(fn=t1 - t0, reserve=t2 - t1, copy=t3 - t2, sync=t4 - t3,
+                          publish=time.perf_counter() - t4)
+            if ev:
+                ev[2].synchronize()
+                detail.update(fn_gpu=ev[0].elapsed_time(ev[1]) / 1e3, copy_gpu=ev[1].elapsed_time(ev[2]) / 1e3)
         return "produced", dt
     finally:
-        f.release()
+        if not released:
+            f.release()
 
 
 def _feature_gpu_arena(client, f: Feature):

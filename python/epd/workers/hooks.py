@@ -302,6 +302,7 @@ class EpdEcConnector:
         self._meta: Optional[EpdEcMetadata] = None
         self._held: Dict[str, List[C.FeatureTensors]] = {}
         self.last_save: Tuple[str, float] = ("", 0.0)  # (hit|waited|produced, encode seconds)
+        self.last_save_detail: Dict[str, float] = {}  # its parts (connector.produce's detail)
 
     # -- scheduler side -------------------------------------------------------------
     def has_cache_item(self, identifier: str) -> bool:
@@ -321,7 +322,9 @@ class EpdEcConnector:
         the feature (another encoder's concurrent or earlier output is a hit)."""
         item = encoder_cache[mm_hash]
         fn = item if callable(item) else (lambda: item)
-        self.last_save = C.produce(self.client, mm_hash, request_id or mm_hash[:32], fn, self.timeout_s)
+        self.last_save_detail = {}
+        self.last_save = C.produce(self.client, mm_hash, request_id or mm_hash[:32], fn, self.timeout_s,
+                                   self.last_save_detail)
 
     def start_load_caches(self, encoder_cache: Dict[str, object], **kwargs) -> None:
         """Fills encoder_cache[mm_hash] for each feature of the bound requests: views of a
@@ -347,3 +350,4 @@ class EpdEcConnector:
 
     def shutdown(self) -> None:
         self.get_finished(set(self._held))
+        self.client.flush(self.timeout_s)  # the last Publish and Release: answered, not refused

@@ -351,7 +351,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 _sync(device)
                 result, enc_s = ec.last_save
                 conn.send(("ok", {"result": result, "encode_s": enc_s, "key_s": key_s, "image_s": image_s,
-                                  "key": key, "t": time.perf_counter() - t0}))
+                                  "key": key, "detail": ec.last_save_detail, "t": time.perf_counter() - t0}))
             elif kind == "prefill":
                 feats, enc, key, detail = None, None, b.image_key(spec), {}
                 if spec.image_seed is not None:
