@@ -130,6 +130,7 @@ class GpuArena(_lib.Closing):
         self.device_pointer = lib.epd_gpu_mapping_device_pointer(mapping)
         self.size = lib.epd_gpu_mapping_size(mapping)
         self.ordinal = lib.epd_gpu_mapping_ordinal(mapping)
+        self._torch_base = None  # the whole arena as one torch uint8 tensor, once asked for
 
     def page_table(self, pages: Seq[int], page_size: int, stream: int = 0) -> "PageTable":
         """The page table of these pages (page ids of this arena) for the KV copies."""
@@ -151,13 +152,30 @@ class GpuArena(_lib.Closing):
 
     def torch(self, offset: int, shape: Seq[int], dtype: str = "uint8"):
         """A torch tensor on the arena's GPU viewing `offset` (torch needed); no copy.
-        torch has no typestr for bfloat16, so it is viewed as int16 and reinterpreted."""
+        The whole arena is imported into torch once (a __cuda_array_interface__ import
+        costs tens of microseconds: the driver is asked about the pointer), and each
+        call is a slice and a view of it. torch has no typestr for bfloat16, so a range
+        the slice cannot be reinterpreted at is imported on its own as int16."""
         import torch
-        as_dtype = "int16" if dtype == "bfloat16" else dtype
-        t = torch.as_tensor(self.view(offset, shape, as_dtype), device="cuda")
-        return t.view(torch.bfloat16) if dtype == "bfloat16" else t
+        v = self.view(offset, shape, dtype)  # checks the range, the dtype, the mapping
+        n = _SIZE[dtype]
+        for s in v.shape:
+            n *= s
+        base = self._torch_base
+        if base is None:
+            base = self._torch_base = torch.as_tensor(self.view(0, (self.size,), "uint8"), device="cuda")
+        flat = base[offset:offset + n]
+        if dtype != "uint8":
+            try:
+                flat = flat.view(getattr(torch, dtype))
+            except RuntimeError:  # an offset the dtype cannot be viewed at: on its own
+                as_dtype = "int16" if dtype == "bfloat16" else dtype
+                t = torch.as_tensor(self.view(offset, shape, as_dtype), device="cuda")
+                return t.view(torch.bfloat16) if dtype == "bfloat16" else t
+        return flat.view(v.shape)
 
     def close(self):
+        self._torch_base = None
         if self._m is not None:
             _lib_gpu().epd_gpu_unmap(self._m)
             self._m = None

@@ -68,8 +68,18 @@ class WorkersTest(unittest.TestCase):
 
     def test_encode_prefill_decode(self):
         from epd.workers import serve
-        w = serve.Workers(self.d.address, "synthetic", group_size=2)
+        saved = os.environ.pop("OMP_WAIT_POLICY", None)
         try:
+            w = serve.Workers(self.d.address, "synthetic", group_size=2)
+            self.assertNotIn("OMP_WAIT_POLICY", os.environ)  # the caller's environment is left alone
+        finally:
+            if saved is not None:
+                os.environ["OMP_WAIT_POLICY"] = saved
+        try:
+            # Each worker's OpenMP threads sleep when idle (they share the cores).
+            for p in w.procs():
+                with open(f"/proc/{p.proc.pid}/environ", "rb") as f:
+                    self.assertIn(b"OMP_WAIT_POLICY=PASSIVE", f.read().split(b"\0"))
             specs = [serve.Spec(serve.request_id_of(i), image_seed=i % 3 if i != 5 else None, text_seed=i,
                                 text_tokens=20 + i, max_new_tokens=8) for i in range(8)]
             results = w.run(specs, concurrency=3)
