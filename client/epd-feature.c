@@ -144,17 +144,19 @@ int epd_feature_acquire(epd_client *c, const char *key, bool may_produce, epd_fe
         return 0;
 }
 
-static int reserve(epd_client *c, const char *key, uint64_t bytes, const epd_feature_tensor *tensors,
-                   size_t n, const char *request_id, epd_feature *f) {
+/* Reserve, or AcquireOrReserve (with_result: the reply starts with Acquire's result). */
+static int reserve_call(epd_client *c, const char *member, bool with_result, const char *key, uint64_t bytes,
+                        const epd_feature_tensor *tensors, size_t n, const char *request_id, epd_feature *f) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
         _cleanup_(freep) void *bin = NULL;
+        const char *result;
         size_t bin_len;
         int r;
 
         r = build_desc(c, tensors, n, &bin, &bin_len);
         if (r < 0)
                 return r;
-        r = epd__new_call(c, FEATURE_PATH, FEATURE_IFACE, "Reserve", &m);
+        r = epd__new_call(c, FEATURE_PATH, FEATURE_IFACE, member, &m);
         if (r < 0)
                 return r;
         r = sd_bus_message_append(m, "st", key, bytes);
@@ -167,7 +169,39 @@ static int reserve(epd_client *c, const char *key, uint64_t bytes, const epd_fea
         r = epd__send(c, m, &reply);
         if (r < 0)
                 return r;
+        if (with_result) {
+                r = sd_bus_message_read(reply, "s", &result);
+                if (r < 0)
+                        return epd__error(c, r, NULL);
+                copy_str(f->result, sizeof f->result, result);
+        }
         return read_info(c, reply, f);
+}
+
+static int reserve(epd_client *c, const char *key, uint64_t bytes, const epd_feature_tensor *tensors,
+                   size_t n, const char *request_id, epd_feature *f) {
+        return reserve_call(c, "Reserve", false, key, bytes, tensors, n, request_id, f);
+}
+
+int epd_feature_acquire_or_reserve(epd_client *c, const char *key, uint64_t bytes,
+                                   const epd_feature_tensor *tensors, size_t n_tensors, const char *request_id,
+                                   epd_feature **ret) {
+        epd_feature *f;
+        int r;
+
+        if (!c || !key || !ret || strlen(key) > EPD_FEATURE_KEY_MAX)
+                return -EINVAL;
+        f = calloc(1, sizeof *f);
+        if (!f)
+                return -ENOMEM;
+        copy_str(f->key, sizeof f->key, key);
+        r = reserve_call(c, "AcquireOrReserve", true, key, bytes, tensors, n_tensors, request_id, f);
+        if (r < 0) {
+                free(f);
+                return r;
+        }
+        *ret = f;
+        return 0;
 }
 
 int epd_feature_reserve(epd_client *c, const char *key, uint64_t bytes,

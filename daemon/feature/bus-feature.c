@@ -293,20 +293,15 @@ static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *err
         return 1;
 }
 
-static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
-        Manager *m = userdata;
-        FeatureManager *fm = feature_manager_get(m);
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
+/* Reserve's and AcquireOrReserve's arguments: (key, bytes, descriptor, request_id),
+ * each checked, the descriptor parsed against bytes. */
+static int read_reservation(Manager *m, sd_bus_message *msg, const char **ret_key, uint64_t *ret_bytes,
+                            FeatureDesc **ret_desc, EpdId *ret_req, sd_bus_error *error) {
         FeatureDescIssue issue;
-        FeatureHandle *h = NULL;
         const char *key, *req_str;
         const void *bin;
         size_t bin_len;
         uint64_t bytes;
-        EpdId req = {};
-        Worker *w;
-        Feature *f;
         int r;
 
         r = sd_bus_message_read(msg, "st", &key, &bytes);
@@ -322,17 +317,107 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
         if (bytes == 0 || bytes > m->config.max_request_bytes)
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "bytes must be 1 to %" PRIu64 ".", m->config.max_request_bytes);
-        if (req_str[0] && epd_id_from_string(req_str, &req) < 0)
+        *ret_req = (EpdId) {};
+        if (req_str[0] && epd_id_from_string(req_str, ret_req) < 0)
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "request_id must be 32 hex digits or empty.");
         if (bin_len > FEATURE_DESC_BINARY_MAX)
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Descriptor too long.");
-        r = feature_desc_parse(bin, bin_len, bytes, &desc, &issue);
+        r = feature_desc_parse(bin, bin_len, bytes, ret_desc, &issue);
         if (r < 0) {
                 char text[256];
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Bad descriptor: %s.",
                                      feature_desc_issue_format(&issue, NULL, text, sizeof text));
         }
+        *ret_key = key;
+        *ret_bytes = bytes;
+        return 0;
+}
+
+/* Acquire with may_produce, and when the caller is told to produce, Reserve through the
+ * new handle in the same call: a producer that knows its output's layout before it runs
+ * makes one round trip instead of two. A refused reservation fails the fresh feature
+ * (nobody can have waited for it yet) and is answered like Reserve's. */
+static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        FeatureManager *fm = feature_manager_get(m);
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
+        FeatureAcquireResult res;
+        FeatureDescIssue issue;
+        FeatureHandle *h;
+        FeatureRef *ref;
+        const char *key;
+        uint64_t bytes;
+        EpdId req;
+        Worker *w;
+        int r;
+
+        r = read_reservation(m, msg, &key, &bytes, &desc, &req, error);
+        if (r < 0)
+                return r;
+        r = manager_require_worker(m, msg, &w, error);
+        if (r < 0)
+                return r;
+        r = feature_acquire(m->features, key, true, now_usec(CLOCK_MONOTONIC), &ref, &res);
+        if (r < 0)
+                return cache_error(r, key, error);
+        feature_manager_count_acquire(w, res);
+        if (res == FEATURE_ACQUIRE_PRODUCE) {
+                r = feature_ref_reserve_in(ref, bytes, w->arena_mask, &desc, &req, &issue);
+                if (r < 0) {
+                        feature_ref_release(ref);
+                        return cache_error(r, key, error);
+                }
+                feature_manager_arm_timer(fm);
+        }
+        r = feature_handle_new(fm, w->object.owner, ref, &h);
+        if (r < 0) {
+                feature_ref_release(ref);
+                return client_error(r, error);
+        }
+        if (res == FEATURE_ACQUIRE_LOADING) {
+                /* Read back off the loop; acquire_loaded() answers (a hit). */
+                AcquireCall *call = calloc(1, sizeof *call);
+                if (!call) {
+                        feature_handle_release(h);
+                        return -ENOMEM;
+                }
+                *call = (AcquireCall) { .waiter.done = acquire_loaded, .msg = sd_bus_message_ref(msg) };
+                feature_handle_wait_load(h, &call->waiter);
+                return 1;
+        }
+        r = sd_bus_message_new_method_return(msg, &reply);
+        if (r >= 0)
+                r = sd_bus_message_append(reply, "s", acquire_results[res]);
+        if (r >= 0)
+                r = append_info(reply, fm, h);
+        if (r >= 0)
+                r = sd_bus_send(NULL, reply, NULL);
+        if (r < 0) {
+                feature_handle_release(h);
+                return r;
+        }
+        return 1;
+}
+
+static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        FeatureManager *fm = feature_manager_get(m);
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
+        FeatureDescIssue issue;
+        FeatureHandle *h = NULL;
+        const char *key;
+        uint64_t bytes;
+        EpdId req;
+        Worker *w;
+        Feature *f;
+        int r;
+
+        r = read_reservation(m, msg, &key, &bytes, &desc, &req, error);
+        if (r < 0)
+                return r;
         r = manager_require_worker(m, msg, &w, error);
         if (r < 0)
                 return r;
@@ -615,6 +700,12 @@ static const sd_bus_vtable feature_vtable[] = {
                                               "s", arena, "t", offset, "t", bytes,
                                               "ay", descriptor, "s", request_id),
                                 method_acquire, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("AcquireOrReserve",
+                                SD_BUS_ARGS("s", key, "t", bytes, "ay", descriptor, "s", request_id),
+                                SD_BUS_RESULT("s", result, "s", handle, "s", state, "s", error,
+                                              "s", arena, "t", offset, "t", bytes,
+                                              "ay", descriptor, "s", request_id),
+                                method_acquire_or_reserve, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Reserve",
                                 SD_BUS_ARGS("s", key, "t", bytes, "ay", descriptor, "s", request_id),
                                 SD_BUS_RESULT("s", handle, "s", state, "s", error, "s", arena,

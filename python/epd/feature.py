@@ -66,6 +66,8 @@ def _lib_features():
         "epd_feature_acquire": (c_int, [c_void_p, c_char_p, c_bool, P(_Fp)]),
         "epd_feature_reserve": (c_int, [c_void_p, c_char_p, c_uint64, P(_CTensor), c_size_t, c_char_p, P(_Fp)]),
         "epd_feature_produce": (c_int, [c_void_p, _Fp, c_uint64, P(_CTensor), c_size_t, c_char_p]),
+        "epd_feature_acquire_or_reserve": (c_int, [c_void_p, c_char_p, c_uint64, P(_CTensor), c_size_t, c_char_p,
+                                                   P(_Fp)]),
         "epd_feature_publish": (c_int, [c_void_p, _Fp, c_uint64]),
         "epd_feature_publish_release": (c_int, [c_void_p, _Fp, c_uint64]),
         "epd_feature_fail": (c_int, [c_void_p, _Fp, c_char_p]),
@@ -139,6 +141,19 @@ class Feature(_lib.Closing):
         client._check(lib.epd_feature_reserve(client._c, key.encode(), nbytes, arr, len(tensors),
                                               request_id.encode() if request_id else None, ctypes.byref(p)),
                       f"reserve feature {key!r}")
+        return cls(client, p)
+
+    @classmethod
+    def acquire_or_reserve(cls, client, key: str, nbytes: int, tensors: Sequence[Tensor],
+                           request_id: Optional[str] = None) -> "Feature":
+        """acquire(may_produce=True) and, when told to produce, reserve() in the same call:
+        result "hit", "wait" or "produce" (reserved: write, then publish)."""
+        lib, p = _lib_features(), _Fp()
+        arr, _keep = _c_tensors(tensors)
+        client._check(lib.epd_feature_acquire_or_reserve(client._c, key.encode(), nbytes, arr, len(tensors),
+                                                         request_id.encode() if request_id else None,
+                                                         ctypes.byref(p)),
+                      f"acquire or reserve feature {key!r}")
         return cls(client, p)
 
     @classmethod

@@ -168,6 +168,36 @@ class HooksTest(unittest.TestCase):
         np.testing.assert_array_equal(cache[key]["embeds"], feats["embeds"])
         self.assertEqual(ec2.get_finished({"r1"}), (None, {"r1"}))
 
+        # With a shape key, the layout of the first output of that key is reserved with
+        # the next Acquire (one call); the bytes are the encoder's all the same.
+        from epd.workers import connector as C
+        made = []
+
+        def encode2(i):
+            out = {"embeds": np.full((12, 8), i, dtype=np.float16)}
+            made.append(i)
+            return out
+        for i in range(3):
+            k = hashlib.sha256(b"image %d" % i).hexdigest()
+            ec.save_caches({k: lambda i=i: encode2(i)}, k, "03" * 16, shape_key=("12x8",))
+            self.assertEqual(ec.last_save[0], "produced")
+            ec2.bind_connector_metadata(H.EpdEcMetadata({"r2": [k]}))
+            cache = {}
+            ec2.start_load_caches(cache)
+            ec2.clear_connector_metadata()
+            np.testing.assert_array_equal(cache[k]["embeds"], np.full((12, 8), i, dtype=np.float16))
+            ec2.get_finished({"r2"})
+        self.assertEqual(made, [0, 1, 2])
+        self.assertEqual(ec._layouts[("12x8",)], C._layout(encode2(9)))
+        # An output that does not match the reserved layout fails the feature, named.
+        k = hashlib.sha256(b"image odd").hexdigest()
+        with self.assertRaises(ValueError):
+            ec.save_caches({k: lambda: {"embeds": np.zeros((13, 8), np.float16)}}, k, "04" * 16,
+                           shape_key=("12x8",))
+        self.assertFalse(ec.has_cache_item(k))
+        self.assertEqual(ec._layouts[("12x8",)], C._layout(encode2(9)))  # not taught by the odd one
+        ec.shutdown()
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -206,6 +206,57 @@ START_TEST(test_publish_release_nowait) {
 }
 END_TEST
 
+/* Acquire and Reserve in one call: a miss comes back reserved, a hit and a wait as
+ * Acquire's, a refused reservation leaves no feature behind. */
+START_TEST(test_acquire_or_reserve) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(20, t, &bytes);
+        epd_feature *p, *w, *r;
+
+        ck_assert_int_eq(epd_feature_acquire_or_reserve(enc, "sha256:aor", bytes, t, n,
+                                                        "00000000000000000000000000000abc", &p), 0);
+        ck_assert_str_eq(p->result, "produce");
+        ck_assert_str_eq(p->state, "reserved");
+        ck_assert_ptr_nonnull(p->data);
+        ck_assert_uint_eq(p->bytes, bytes);
+        ck_assert_uint_eq(p->n_tensors, 2);
+        /* another producer meanwhile waits, as with Acquire */
+        ck_assert_int_eq(epd_feature_acquire_or_reserve(pre, "sha256:aor", bytes, t, n, NULL, &w), 0);
+        ck_assert_str_eq(w->result, "wait");
+        fill(p->data, bytes, 9);
+        ck_assert_int_eq(epd_feature_publish(enc, p, 5), 0);
+        ck_assert_int_eq(epd_feature_wait(pre, w, 5 * 1000000ULL), 0);
+        ck_assert(same(w->data, bytes, 9));
+        ck_assert_str_eq(w->request_id, "00000000000000000000000000000abc");
+        ck_assert_int_eq(epd_feature_release(pre, w), 0);
+        ck_assert_int_eq(epd_feature_release(enc, p), 0);
+        /* then a hit: nothing reserved */
+        ck_assert_int_eq(epd_feature_acquire_or_reserve(pre, "sha256:aor", bytes, t, n, NULL, &r), 0);
+        ck_assert_str_eq(r->result, "hit");
+        ck_assert(same(r->data, bytes, 9));
+        ck_assert_int_eq(epd_feature_release(pre, r), 0);
+        ck_assert_uint_eq(stat_u64(pre, "Produced"), 1);
+        ck_assert_uint_eq(stat_u64(pre, "BytesReserved"), 0);
+
+        /* A reservation refused: the call's error, named; no feature left to wait for. */
+        uint64_t features = stat_u64(pre, "Features");
+        ck_assert_int_eq(epd_feature_acquire_or_reserve(enc, "sha256:aor-big", 64ULL << 20, t, n, NULL, &p),
+                         -ENOSPC);
+        ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.NoSpace");
+        ck_assert_int_eq(epd_feature_acquire_or_reserve(enc, "sha256:aor-big", bytes, t, n, "x", &p), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.InvalidArgument");
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+        ck_assert_int_eq(epd_feature_acquire(pre, "sha256:aor-big", true, &r), 0);
+        ck_assert_str_eq(r->result, "produce"); /* fresh: the refused one was not kept */
+        ck_assert_int_eq(epd_feature_release(pre, r), 0);
+        ck_assert_uint_le(stat_u64(pre, "Features"), features);
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+}
+END_TEST
+
 START_TEST(test_bad_descriptor) {
         epd_client *enc = worker("encoder");
         epd_feature_tensor t[2];
@@ -853,6 +904,7 @@ int main(void) {
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_publish_then_hit);
         tcase_add_test(tc, test_publish_release_nowait);
+        tcase_add_test(tc, test_acquire_or_reserve);
         tcase_add_test(tc, test_bad_descriptor);
         tcase_add_test(tc, test_coalescing);
         tcase_add_test(tc, test_ready_only_to_holders);

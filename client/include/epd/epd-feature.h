@@ -61,6 +61,14 @@ int epd_feature_acquire(epd_client *c, const char *key, bool may_produce, epd_fe
 int epd_feature_reserve(epd_client *c, const char *key, uint64_t bytes,
                         const epd_feature_tensor *tensors, size_t n_tensors,
                         const char *request_id, epd_feature **ret);
+/* Acquire with may_produce and, when the result is "produce", the reservation of
+ * epd_feature_reserve() in the same call (one round trip for a producer that knows its
+ * output's layout before it runs): *ret->result is "hit", "wait" or "produce" (then
+ * reserved: write ret->data, publish). A refused reservation is the call's error, as
+ * epd_feature_reserve()'s, and leaves no feature behind. */
+int epd_feature_acquire_or_reserve(epd_client *c, const char *key, uint64_t bytes,
+                                   const epd_feature_tensor *tensors, size_t n_tensors, const char *request_id,
+                                   epd_feature **ret);
 /* The same for a feature acquired with result "produce": updates f. */
 int epd_feature_produce(epd_client *c, epd_feature *f, uint64_t bytes,
                         const epd_feature_tensor *tensors, size_t n_tensors,

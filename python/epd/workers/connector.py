@@ -89,9 +89,15 @@ def _gpu_events():
 
 
 def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.0,
-            detail: Optional[Dict[str, float]] = None) -> Tuple[str, float]:
+            detail: Optional[Dict[str, float]] = None,
+            layout: Optional[Tuple[List[Tensor], int]] = None) -> Tuple[str, float]:
     """Encoder: makes sure `key` is cached. Returns ("hit"|"waited"|"produced", encode seconds).
     encode_fn() -> {name: array} runs only when this worker is told to produce.
+
+    layout, when the caller knows encode_fn's output layout beforehand (_layout() of an
+    earlier output of the same shapes): the Acquire reserves the region in the same call
+    (AcquireOrReserve, one round trip instead of two); an output that does not match it
+    fails the feature and raises ValueError.
 
     The Publish and the Release go out together without waiting for epdd's replies (the
     Publish's waits for the journal's sync, which the producer need not: the feature is
@@ -105,7 +111,10 @@ def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.
     copies queued ("copy_gpu"), from CUDA events (no extra synchronization)."""
     client.flush(timeout_s)  # the previous produce's Publish and Release: answered, not refused
     t_a = time.perf_counter()
-    f = Feature.acquire(client, key, may_produce=True)
+    if layout is not None:
+        f = Feature.acquire_or_reserve(client, key, layout[1], layout[0], request_id)
+    else:
+        f = Feature.acquire(client, key, may_produce=True)
     released = False
     try:
         if detail is not None:
@@ -126,7 +135,11 @@ def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.
                 ev[1].record()
             t1 = time.perf_counter()
             spec, nbytes = _layout(tensors)
-            f.produce(nbytes, spec, request_id)
+            if layout is None:
+                f.produce(nbytes, spec, request_id)
+            elif (spec, nbytes) != (list(layout[0]), layout[1]):
+                raise ValueError(f"feature {key}: the encoder's output {spec} ({nbytes} bytes) is not the "
+                                 f"layout reserved for it {layout[0]} ({layout[1]} bytes)")
             t2 = time.perf_counter()
             gpu = _feature_gpu_arena(client, f)
             if gpu is not None:

@@ -303,6 +303,7 @@ class EpdEcConnector:
         self._held: Dict[str, List[C.FeatureTensors]] = {}
         self.last_save: Tuple[str, float] = ("", 0.0)  # (hit|waited|produced, encode seconds)
         self.last_save_detail: Dict[str, float] = {}  # its parts (connector.produce's detail)
+        self._layouts: Dict[object, tuple] = {}  # save_caches' shape_key -> its output's layout
 
     # -- scheduler side -------------------------------------------------------------
     def has_cache_item(self, identifier: str) -> bool:
@@ -322,9 +323,21 @@ class EpdEcConnector:
         the feature (another encoder's concurrent or earlier output is a hit)."""
         item = encoder_cache[mm_hash]
         fn = item if callable(item) else (lambda: item)
+        # shape_key (optional): what fixes the output's shapes (e.g. the image's grid). The
+        # layout of an earlier output with the same key is reserved with the Acquire, in
+        # one call; the first output of a key teaches it.
+        shape_key = kwargs.get("shape_key")
+        if shape_key is not None:
+            inner = fn
+
+            def fn():
+                out = inner()
+                self._layouts.setdefault(shape_key, C._layout(out))  # the first teaches it
+                return out
         self.last_save_detail = {}
         self.last_save = C.produce(self.client, mm_hash, request_id or mm_hash[:32], fn, self.timeout_s,
-                                   self.last_save_detail)
+                                   self.last_save_detail,
+                                   self._layouts.get(shape_key) if shape_key is not None else None)
 
     def start_load_caches(self, encoder_cache: Dict[str, object], **kwargs) -> None:
         """Fills encoder_cache[mm_hash] for each feature of the bound requests: views of a

@@ -78,6 +78,11 @@ class Request:
         the features come from elsewhere (it never reads them)."""
         return torch.zeros(1, self._shape[1], dtype=torch.bfloat16, device=self._device)
 
+    @property
+    def pixel_shape(self) -> tuple:
+        """The pixels' shape, (patches, C*T*P*P): it fixes the vision tower's output shapes."""
+        return tuple(self._shape)
+
     def synthesize(self) -> None:
         """Makes the image's pixels (on the CPU), as decoding a real image would."""
         self._cpu()

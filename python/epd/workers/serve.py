@@ -83,6 +83,10 @@ class Synthetic:
     def image_key(self, spec: Spec) -> str:
         return spec.image_key or hashlib.sha256(f"synthetic-image-{spec.image_seed}{spec.cache_salt}".encode()).hexdigest()
 
+    def feature_shape_key(self, spec: Spec):
+        """What fixes the shapes of encode()'s output: here nothing (one shape)."""
+        return "synthetic"
+
     def prompt_len(self, spec: Spec) -> int:
         return (self.n_image_tokens + 2 if spec.image_seed is not None else 0) + spec.text_tokens
 
@@ -182,6 +186,10 @@ class Qwen3VL:
 
     def image_key(self, spec: Spec) -> str:
         return spec.image_key or self.request(spec).image_key + spec.cache_salt
+
+    def feature_shape_key(self, spec: Spec):
+        """What fixes the shapes of encode()'s output: the image's pixel shape (its grid)."""
+        return ("qwen3vl",) + self.request(spec).pixel_shape
 
     def prompt_len(self, spec: Spec) -> int:
         return int(self.request(spec).input_ids.shape[1])
@@ -347,7 +355,8 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 image_s = time.perf_counter() - t0
                 key = b.image_key(spec)  # its content hash
                 key_s = time.perf_counter() - t0
-                ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id)
+                ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id,
+                               shape_key=b.feature_shape_key(spec))
                 _sync(device)
                 result, enc_s = ec.last_save
                 conn.send(("ok", {"result": result, "encode_s": enc_s, "key_s": key_s, "image_s": image_s,
@@ -356,7 +365,8 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 feats, enc, key, detail = None, None, b.image_key(spec), {}
                 if spec.image_seed is not None:
                     if msg[2]:  # no encoder process: this worker runs the vision tower (feature cache first)
-                        ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id)
+                        ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id,
+                               shape_key=b.feature_shape_key(spec))
                         _sync(device)
                         result, enc_s = ec.last_save
                         enc = {"result": result, "encode_s": enc_s, "t": time.perf_counter() - t0}
