@@ -199,5 +199,53 @@ class HooksTest(unittest.TestCase):
         ec.shutdown()
 
 
+class _FakeTorchTensor:
+    """Just what KvPages._many_rows reads of a torch tensor (no torch in CI)."""
+
+    def __init__(self, ptr, shape=(1, 2, 37, 8), strides=None, dtype="bfloat16"):
+        self._ptr, self.shape, self.dtype = ptr, shape, dtype
+        self._strides = strides or (2 * 37 * 8, 37 * 8, 8, 1)
+
+    def data_ptr(self):
+        return self._ptr
+
+    def stride(self):
+        return self._strides
+
+    def element_size(self):
+        return 2
+
+
+_FakeTorchTensor.__module__ = "torch.fake"
+
+
+class ManyRowsTest(unittest.TestCase):
+    """The batched KV copies' rows, built column by column, equal the per-layer rows."""
+
+    def test_columns_equal_per_layer_rows(self):
+        from epd.workers import connector as C
+        from epd import gpu as G
+        pages = object.__new__(C.KvPages)
+        pages.layout = C.KvPageLayout(layers=40, tokens_per_block=16, kv_heads=2, head_dim=8, elem_size=2)
+        layers = [0, 3, 4, 17, 39]
+        items = [(i, _FakeTorchTensor(0x7f0000000000 + 4096 * i), _FakeTorchTensor(0x7f1000000000 + 8192 * i))
+                 for i in layers]
+        rows = pages._many_rows(items, 37)
+        self.assertEqual(len(rows), len(items))
+        for r, (layer, k, v) in zip(rows, items):
+            want = pages._rows(layer, k, v, 37)
+            self.assertEqual(bytes(r), bytes(want), layer)
+            self.assertEqual((r.k, r.v, r.heads, r.tokens_per_page), (k.data_ptr(), v.data_ptr(), 2, 16))
+        self.assertEqual(ctypes_sizeof_rows(G), 72)
+        # A layer of another shape: no batched rows.
+        odd = items + [(5, _FakeTorchTensor(1 << 40, shape=(1, 2, 36, 8)), _FakeTorchTensor(2 << 40))]
+        self.assertIsNone(pages._many_rows(odd, 37))
+
+
+def ctypes_sizeof_rows(G):
+    import ctypes
+    return ctypes.sizeof(G.KvRows)
+
+
 if __name__ == "__main__":
     unittest.main()

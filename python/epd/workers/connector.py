@@ -21,6 +21,7 @@ torch's current stream (KvPages); from a host arena, a GPU process registers the
 with CUDA once (page-locked) and copies asynchronously. Either way a layer group is
 reported ready when a CUDA event says its writes have landed, never by a host sync."""
 
+import ctypes
 import time
 from typing import Dict, List, Optional, Sequence as Seq, Tuple
 
@@ -477,19 +478,36 @@ class KvPages:
         from .. import gpu as G
         L = self.layout
         l0, k0, v0 = items[0]
-        shape, ks, vs, kd, vd = k0.shape, k0.stride(), v0.stride(), k0.dtype, v0.dtype
-        first = self._rows(l0, k0, v0, tokens)
-        rows = (G.KvRows * len(items))()
-        stride, v_in_page = L.layer_stride, L.tokens_per_block * L.k_bytes_per_token
-        for i, (layer, k, v) in enumerate(items):
-            if i and (k.shape != shape or k.stride() != ks or v.stride() != vs or k.dtype != kd or v.dtype != vd):
+        sig = (k0.shape, k0.stride(), v0.stride(), k0.dtype, v0.dtype)
+        for _, k, v in items[1:]:
+            if (k.shape, k.stride(), v.stride(), k.dtype, v.dtype) != sig:
                 return None
-            rows[i] = first
-            r = rows[i]  # a view of the array's element
-            r.k, r.v = k.data_ptr(), v.data_ptr()
-            r.k_offset = layer * stride  # KvPageLayout.k_offset / v_offset, without the calls
-            r.v_offset = layer * stride + v_in_page
-        return rows
+        first = self._rows(l0, k0, v0, tokens)
+        stride, v_in_page = L.layer_stride, L.tokens_per_block * L.k_bytes_per_token
+        try:
+            import numpy as np
+        except ImportError:
+            np = None
+        if np is None or ctypes.sizeof(G.KvRows) != 9 * 8:
+            rows = (G.KvRows * len(items))()
+            for i, (layer, k, v) in enumerate(items):
+                rows[i] = first
+                r = rows[i]  # a view of the array's element
+                r.k, r.v = k.data_ptr(), v.data_ptr()
+                r.k_offset = layer * stride  # KvPageLayout.k_offset / v_offset, without the calls
+                r.v_offset = layer * stride + v_in_page
+            return rows
+        # Column by column (a few numpy calls, not a dozen ctypes and torch calls per
+        # layer): KvRows is 9 words, k, v, tokens, heads|tokens_per_page, row_bytes,
+        # k_offset, v_offset, head_stride, token_stride (native byte order).
+        a = np.empty((len(items), 9), dtype=np.uint64)
+        a[:] = np.frombuffer(bytes(first), dtype=np.uint64)
+        a[:, 0] = [k.data_ptr() for _, k, _ in items]
+        a[:, 1] = [v.data_ptr() for _, _, v in items]
+        off = np.fromiter((layer for layer, _, _ in items), dtype=np.uint64, count=len(items)) * np.uint64(stride)
+        a[:, 5] = off  # KvPageLayout.k_offset / v_offset, without the calls
+        a[:, 6] = off + np.uint64(v_in_page)
+        return (G.KvRows * len(items)).from_buffer(a)  # keeps `a` alive
 
     def write_layers(self, items, start: int = 0) -> None:
         """Several layers' K/V, [(layer, k, v)] of tokens [start, start+S), in one call:
