@@ -135,6 +135,10 @@ if [[ " $STEPS " == *" bench "* ]]; then
                 # The sink's host cost per layer with the GPU idle (bench/e2e/sink-overhead.py).
                 timeout 60 python3 bench/e2e/sink-overhead.py --address direct:$D/bus --arena $KV_ARENA 2>&1 \
                         | grep -vE "Warning|warn\(" | tail -3 | tee "$OUTDIR/sink-overhead.log"
+                # The feature calls' host cost, step by step, beside a bus round trip
+                # (bench/e2e/feature-overhead.py).
+                timeout 60 python3 bench/e2e/feature-overhead.py --address direct:$D/bus 2>&1 \
+                        | grep -vE "Warning|warn\(" | tail -2 | tee "$OUTDIR/feature-overhead.log"
         fi
         stop_epdd
 fi
