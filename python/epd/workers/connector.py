@@ -371,6 +371,26 @@ class KvPages:
             t = self._tables[first] = G.PageTable(_gpu(), self._m.ordinal, addrs, self.layout.page_size, _stream())
         return t
 
+    def prepare(self) -> None:
+        """Builds the page table of the whole sequence now (its device memory allocated
+        and the pages' addresses uploaded), off the caller's critical path: from a setup
+        thread, on a stream of its own that it waits for, so that the copies later
+        launched on the model's stream, whichever it is, find it in place."""
+        if not self.on_gpu or 0 in self._tables:
+            return
+        from .. import gpu as G
+        try:
+            import torch
+        except ImportError:  # no torch (a fake GPU in tests): built at the first copy, as before
+            return
+        s = _GPU.get(("upload", self._m.ordinal))
+        if s is None:
+            s = _GPU[("upload", self._m.ordinal)] = torch.cuda.Stream(device=self._m.ordinal)
+        addrs = [self._m.device_pointer + o for o in self.offsets]
+        t = G.PageTable(_gpu(), self._m.ordinal, addrs, self.layout.page_size, s.cuda_stream)
+        s.synchronize()
+        self._tables[0] = t
+
     def _rows(self, layer: int, k, v, tokens: int):
         from .. import gpu as G
         L = self.layout
@@ -632,6 +652,8 @@ class EpdKvSink:
             kv = KvPages(self.client, arena, self.layout,
                          _seq_offsets(self.client, arena, seq.pages, self.layout.page_size))
             handoff = Handoff.prepare(self.client, request_id, destination, seq.path, group_sizes, target=target)
+            if kv.on_gpu:
+                kv.prepare()  # the page table's allocation and upload: here, not at the first write
         except BaseException:
             seq.release()
             raise
