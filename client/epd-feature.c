@@ -183,9 +183,10 @@ static int reserve(epd_client *c, const char *key, uint64_t bytes, const epd_fea
         return reserve_call(c, "Reserve", false, key, bytes, tensors, n, request_id, f);
 }
 
-int epd_feature_acquire_or_reserve(epd_client *c, const char *key, uint64_t bytes,
-                                   const epd_feature_tensor *tensors, size_t n_tensors, const char *request_id,
-                                   epd_feature **ret) {
+/* Reserve or AcquireOrReserve into a new epd_feature for key. */
+static int reserve_new(epd_client *c, const char *member, bool with_result, const char *key, uint64_t bytes,
+                       const epd_feature_tensor *tensors, size_t n_tensors, const char *request_id,
+                       epd_feature **ret) {
         epd_feature *f;
         int r;
 
@@ -195,7 +196,7 @@ int epd_feature_acquire_or_reserve(epd_client *c, const char *key, uint64_t byte
         if (!f)
                 return -ENOMEM;
         copy_str(f->key, sizeof f->key, key);
-        r = reserve_call(c, "AcquireOrReserve", true, key, bytes, tensors, n_tensors, request_id, f);
+        r = reserve_call(c, member, with_result, key, bytes, tensors, n_tensors, request_id, f);
         if (r < 0) {
                 free(f);
                 return r;
@@ -204,25 +205,16 @@ int epd_feature_acquire_or_reserve(epd_client *c, const char *key, uint64_t byte
         return 0;
 }
 
+int epd_feature_acquire_or_reserve(epd_client *c, const char *key, uint64_t bytes,
+                                   const epd_feature_tensor *tensors, size_t n_tensors, const char *request_id,
+                                   epd_feature **ret) {
+        return reserve_new(c, "AcquireOrReserve", true, key, bytes, tensors, n_tensors, request_id, ret);
+}
+
 int epd_feature_reserve(epd_client *c, const char *key, uint64_t bytes,
                         const epd_feature_tensor *tensors, size_t n_tensors,
                         const char *request_id, epd_feature **ret) {
-        epd_feature *f;
-        int r;
-
-        if (!c || !key || !ret || strlen(key) > EPD_FEATURE_KEY_MAX)
-                return -EINVAL;
-        f = calloc(1, sizeof *f);
-        if (!f)
-                return -ENOMEM;
-        copy_str(f->key, sizeof f->key, key);
-        r = reserve(c, key, bytes, tensors, n_tensors, request_id, f);
-        if (r < 0) {
-                free(f);
-                return r;
-        }
-        *ret = f;
-        return 0;
+        return reserve_new(c, "Reserve", false, key, bytes, tensors, n_tensors, request_id, ret);
 }
 
 int epd_feature_produce(epd_client *c, epd_feature *f, uint64_t bytes,

@@ -70,22 +70,33 @@ int epd__send_timeout(epd_client *c, sd_bus_message *m, uint64_t timeout_usec, s
         return r < 0 ? r : 0;
 }
 
-int epd__call(epd_client *c, const char *path, const char *interface, const char *member,
-              sd_bus_message **reply, const char *types, ...) {
+/* A method call with its arguments appended (types and ap as sd_bus_message_appendv). */
+static int new_call_v(epd_client *c, const char *path, const char *interface, const char *member,
+                      sd_bus_message **ret, const char *types, va_list ap) {
         sd_bus_message *m = NULL;
         int r = epd__new_call(c, path, interface, member, &m);
         if (r < 0)
                 return r;
         if (types) {
-                va_list ap;
-                va_start(ap, types);
                 r = sd_bus_message_appendv(m, types, ap);
-                va_end(ap);
                 if (r < 0) {
                         sd_bus_message_unref(m);
                         return epd__error(c, r, NULL);
                 }
         }
+        *ret = m;
+        return 0;
+}
+
+int epd__call(epd_client *c, const char *path, const char *interface, const char *member,
+              sd_bus_message **reply, const char *types, ...) {
+        sd_bus_message *m = NULL;
+        va_list ap;
+        va_start(ap, types);
+        int r = new_call_v(c, path, interface, member, &m, types, ap);
+        va_end(ap);
+        if (r < 0)
+                return r;
         r = epd__send(c, m, reply);
         sd_bus_message_unref(m);
         return r;
@@ -124,17 +135,12 @@ static int drain_nowait(epd_client *c) {
 int epd__call_nowait(epd_client *c, const char *path, const char *interface, const char *member,
                      const char *types, ...) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
-        int r = epd__new_call(c, path, interface, member, &m);
+        va_list ap;
+        va_start(ap, types);
+        int r = new_call_v(c, path, interface, member, &m, types, ap);
+        va_end(ap);
         if (r < 0)
                 return r;
-        if (types) {
-                va_list ap;
-                va_start(ap, types);
-                r = sd_bus_message_appendv(m, types, ap);
-                va_end(ap);
-                if (r < 0)
-                        return epd__error(c, r, NULL);
-        }
         /* Replies of earlier ones that are in already: keep the queue short. */
         r = drain_nowait(c);
         if (r < 0)

@@ -239,37 +239,21 @@ static const char *const acquire_results[] = {
         [FEATURE_ACQUIRE_LOADING] = "hit", /* answered once loaded */
 };
 
-static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
-        Manager *m = userdata;
-        FeatureManager *fm = feature_manager_get(m);
+/* Acquire's and AcquireOrReserve's answer: a handle on ref for the caller, and the
+ * result with the handle's info; a feature being read back is answered when loaded. */
+static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, Worker *w, FeatureRef *ref,
+                          FeatureAcquireResult res, sd_bus_error *error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-        FeatureAcquireResult res;
         FeatureHandle *h;
-        FeatureRef *ref;
-        Worker *w;
-        const char *key;
-        int may_produce, r;
+        int r;
 
-        r = sd_bus_message_read(msg, "sb", &key, &may_produce);
-        if (r < 0)
-                return r;
-        r = check_key(key, error);
-        if (r < 0)
-                return r;
-        r = manager_require_worker(m, msg, &w, error);
-        if (r < 0)
-                return r;
-        r = feature_acquire(m->features, key, may_produce, now_usec(CLOCK_MONOTONIC), &ref, &res);
-        if (r < 0)
-                return cache_error(r, key, error);
-        feature_manager_count_acquire(w, res);
         r = feature_handle_new(fm, w->object.owner, ref, &h);
         if (r < 0) {
                 feature_ref_release(ref);
                 return client_error(r, error);
         }
         if (res == FEATURE_ACQUIRE_LOADING) {
-                /* Read back off the loop; acquire_loaded() answers. */
+                /* Read back off the loop; acquire_loaded() answers (a hit). */
                 AcquireCall *call = calloc(1, sizeof *call);
                 if (!call) {
                         feature_handle_release(h);
@@ -291,6 +275,31 @@ static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 return r;
         }
         return 1;
+}
+
+static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        FeatureManager *fm = feature_manager_get(m);
+        FeatureAcquireResult res;
+        FeatureRef *ref;
+        Worker *w;
+        const char *key;
+        int may_produce, r;
+
+        r = sd_bus_message_read(msg, "sb", &key, &may_produce);
+        if (r < 0)
+                return r;
+        r = check_key(key, error);
+        if (r < 0)
+                return r;
+        r = manager_require_worker(m, msg, &w, error);
+        if (r < 0)
+                return r;
+        r = feature_acquire(m->features, key, may_produce, now_usec(CLOCK_MONOTONIC), &ref, &res);
+        if (r < 0)
+                return cache_error(r, key, error);
+        feature_manager_count_acquire(w, res);
+        return acquire_answer(fm, msg, w, ref, res, error);
 }
 
 /* Reserve's and AcquireOrReserve's arguments: (key, bytes, descriptor, request_id),
@@ -341,11 +350,9 @@ static int read_reservation(Manager *m, sd_bus_message *msg, const char **ret_ke
 static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         FeatureManager *fm = feature_manager_get(m);
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
         FeatureAcquireResult res;
         FeatureDescIssue issue;
-        FeatureHandle *h;
         FeatureRef *ref;
         const char *key;
         uint64_t bytes;
@@ -371,34 +378,7 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
                 }
                 feature_manager_arm_timer(fm);
         }
-        r = feature_handle_new(fm, w->object.owner, ref, &h);
-        if (r < 0) {
-                feature_ref_release(ref);
-                return client_error(r, error);
-        }
-        if (res == FEATURE_ACQUIRE_LOADING) {
-                /* Read back off the loop; acquire_loaded() answers (a hit). */
-                AcquireCall *call = calloc(1, sizeof *call);
-                if (!call) {
-                        feature_handle_release(h);
-                        return -ENOMEM;
-                }
-                *call = (AcquireCall) { .waiter.done = acquire_loaded, .msg = sd_bus_message_ref(msg) };
-                feature_handle_wait_load(h, &call->waiter);
-                return 1;
-        }
-        r = sd_bus_message_new_method_return(msg, &reply);
-        if (r >= 0)
-                r = sd_bus_message_append(reply, "s", acquire_results[res]);
-        if (r >= 0)
-                r = append_info(reply, fm, h);
-        if (r >= 0)
-                r = sd_bus_send(NULL, reply, NULL);
-        if (r < 0) {
-                feature_handle_release(h);
-                return r;
-        }
-        return 1;
+        return acquire_answer(fm, msg, w, ref, res, error);
 }
 
 static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
