@@ -79,7 +79,7 @@ def _layout(tensors: Dict[str, object], align: int = 256) -> Tuple[List[Tensor],
 
 
 def _gpu_events():
-    """Two timing events on the current CUDA stream's device, if torch has CUDA up."""
+    """Three timing events (before and after encode_fn, after the copies), if torch has CUDA up."""
     try:
         import torch
     except ImportError:
