@@ -14,6 +14,10 @@
  *             context holds: a synchronous cuMemcpyDtoD returns after N ms, and an
  *             event waited for (behind asynchronous copies) completes N ms later.
  *             FAKE_CUDA_IMPORT_DELAY_MS=N: importing an exported allocation takes N ms.
+ *             FAKE_CUDA_KERNELS=1: any module loads, and the batched copy kernels
+ *             (epd_copy_chunks, epd_copy_uniform) run on the host when launched: each
+ *             descriptor's bytes copied as the kernel copies them. The KV kernels are
+ *             not emulated (a launch of one fails).
  * It lets the GPU domain's logic (arenas, transport, completions, registrations) run
  * in CI; the real driver is exercised on the device machine. */
 #include <errno.h>
@@ -330,8 +334,56 @@ static CUresult f_event_elapsed(float *ms, void *a, void *b) {
         *ms = 0;
         return OK;
 }
+/* ---- kernels: none, or with FAKE_CUDA_KERNELS=1 the chunk copies on the host ---- */
+
+typedef struct FakeFunction {
+        const char *name;
+        int copies_chunks;
+} FakeFunction;
+
+static FakeFunction fake_functions[] = {
+        { "epd_copy_chunks", 1 },
+        { "epd_copy_uniform", 1 },
+        { "epd_kv_rows", 0 },
+        { "epd_kv_layers", 0 },
+};
+
+static int fake_kernels(void) {
+        const char *k = getenv("FAKE_CUDA_KERNELS");
+        return is_gpu() && k && strcmp(k, "1") == 0;
+}
+
 static CUresult f_module_load(void **m, const void *image) {
-        return E_NOT_SUPPORTED; /* no kernels on a fake GPU */
+        static int token;
+        if (!fake_kernels() || !image)
+                return E_NOT_SUPPORTED; /* no kernels on a fake GPU */
+        *m = &token;
+        return OK;
+}
+static CUresult f_module_function(void **f, void *m, const char *name) {
+        for (size_t i = 0; i < sizeof fake_functions / sizeof fake_functions[0]; i++)
+                if (strcmp(fake_functions[i].name, name) == 0) {
+                        *f = &fake_functions[i];
+                        return OK;
+                }
+        return E_NOT_FOUND;
+}
+/* The chunk kernels' first two parameters: the descriptors' device address and their
+ * count (gpu/pack.cu, EpdChunk). The grid must cover something. */
+static CUresult f_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                         unsigned shared, void *stream, void **params, void **extra) {
+        const FakeFunction *fn = f;
+        if (!fn || !params || gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0)
+                return E_INVALID;
+        if (!fn->copies_chunks)
+                return E_NOT_SUPPORTED;
+        const struct {
+                unsigned long long src, dst, len;
+        } *c = (const void *)(uintptr_t)*(const CUdeviceptr *)params[0];
+        unsigned n = *(const unsigned *)params[1];
+        for (unsigned i = 0; i < n; i++)
+                memmove((void *)(uintptr_t)c[i].dst, (const void *)(uintptr_t)c[i].src, c[i].len);
+        return OK;
 }
 static CUresult f_unsupported(void) {
         return E_NOT_SUPPORTED;
@@ -393,6 +445,9 @@ static const struct {
         { "cuEventQuery", (void *)f_event_query },
         { "cuEventElapsedTime", (void *)f_event_elapsed },
         { "cuModuleLoadData", (void *)f_module_load },
+        { "cuModuleGetFunction", (void *)f_module_function },
+        { "cuModuleUnload", (void *)f_ok_ptr },
+        { "cuLaunchKernel", (void *)f_launch },
 };
 
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,

@@ -24,6 +24,7 @@
 #include "pack.h"
 #include "system.h"
 #include "vmm.h"
+#include "fake-gpu.h"
 
 /* The layouts of cuda.h (CUDA 12.0 – 13.0) on LP64. */
 _Static_assert(sizeof(CUmemLocation) == 8, "CUmemLocation");
@@ -33,12 +34,6 @@ _Static_assert(offsetof(CUmemAllocationProp, win32HandleMetaData) == 16, "prop.w
 _Static_assert(offsetof(CUmemAllocationProp, allocFlags) == 24, "prop.allocFlags");
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp");
 _Static_assert(sizeof(GpuChunk) == 24, "GpuChunk matches EpdChunk in pack.cu");
-
-static const char *fake(void) {
-        const char *p = getenv("FAKE_LIBCUDA");
-        ck_assert_msg(p, "FAKE_LIBCUDA not set (run through meson test)");
-        return p;
-}
 
 START_TEST(test_no_library) {
         CudaDriver *d = (CudaDriver *)0x1;
@@ -303,36 +298,6 @@ END_TEST
 
 /* ---- the fake GPU ---- */
 
-static void fake_gpu(bool fail_copies) {
-        ck_assert_int_eq(setenv("FAKE_CUDA_MODE", "gpu", 1), 0);
-        ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", fail_copies ? "1" : "0", 1), 0);
-}
-
-/* Posts and collects every completion through the completion fd. */
-static int run_writes(Transport *t, const TransportWrite *w, size_t n, uint64_t *cookies_seen) {
-        TransportCompletion c[64];
-        size_t seen = 0;
-        int err = 0, r;
-
-        r = t->ops->post(t, NULL, w, n);
-        if (r < 0)
-                return r;
-        while (seen < n) {
-                struct pollfd p = { .fd = t->ops->completion_fd(t), .events = POLLIN };
-                size_t k = t->ops->poll(t, c, ELEMENTSOF(c));
-                for (size_t i = 0; i < k; i++) {
-                        if (c[i].error < 0 && err == 0)
-                                err = c[i].error;
-                        if (cookies_seen)
-                                cookies_seen[seen + i] = c[i].cookie;
-                }
-                seen += k;
-                if (k == 0)
-                        ck_assert_int_eq(poll(&p, 1, 5000), 1);
-        }
-        return err;
-}
-
 START_TEST(test_fake_system) {
         GpuSystem *s = NULL;
         char *text = NULL;
@@ -393,21 +358,6 @@ START_TEST(test_fake_arena_fd) {
         gpu_context_free(g);
 }
 END_TEST
-
-static Arena *fake_arena(GpuContext *g, uint32_t index, uint64_t size) {
-        ArenaConfig c = { .name = (char *)"t", .domain = MEMORY_GPU, .size = size, .gpu = 0 };
-        Arena *a = NULL;
-        ck_assert_int_eq(gpu_context_arena_new(g, &c, index, &a), 0);
-        return a;
-}
-
-static void fake_arena_free(GpuContext *g, Arena *a) {
-        gpu_context_arena_forget(g, a);
-        gpu_arena_unref(a->gpu);
-        close(a->fd);
-        free(a->name);
-        free(a);
-}
 
 START_TEST(test_fake_transport) {
         GpuContext *g = NULL;

@@ -1,0 +1,220 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The CUDA transport's batched-kernel path without a GPU: the fake driver loads any
+ * module and runs the chunk kernels on the host (FAKE_CUDA_KERNELS=1), so what the host
+ * does around them runs in CI: small writes going to the kernel instead of the copy
+ * engine, a batch in parts (each its descriptor slot, upload and launch), descriptor
+ * slots given back on completion and on failure, the part sizes, the uniform kernel,
+ * every write completed once with its own cookie. What the kernels do on a real GPU is
+ * tested on the device machine (bench/gpu/run-device.sh). */
+#include <check.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "copy.h"
+#include "gpu/gpu-domain.h"
+#include "pack.h"
+#include "transport/cuda.h"
+#include "vmm.h"
+#include "fake-gpu.h"
+
+/* A stand-in for the embedded fatbin (the fake driver loads any image): this test's
+ * definition takes the place of the build's, which is empty without nvcc. */
+__attribute__((visibility("hidden"))) const unsigned char epd_pack_fatbin[] = { 0x50, 0xed, 0x55, 0xba };
+__attribute__((visibility("hidden"))) const size_t epd_pack_fatbin_size = sizeof epd_pack_fatbin;
+
+enum { N = 10000, PIECE = 128 };
+
+typedef struct Fixture {
+        GpuContext *g;
+        Transport *t;
+        GpuCopyEngine *e;
+        Arena *a, *b;
+        uint8_t *src, *dst;
+        TransportWrite *w;
+        uint64_t *seen;
+} Fixture;
+
+static void setup(Fixture *f) {
+        fake_gpu(false);
+        ck_assert_int_eq(setenv("FAKE_CUDA_KERNELS", "1", 1), 0);
+        ck_assert_int_eq(gpu_context_new(fake(), &f->g), 0);
+        f->t = f->g->transport;
+        f->e = cuda_transport_engine(f->t);
+        /* As epdd sets it ([Gpu] CopyKernel=small): batches of 16 or more small writes. */
+        gpu_copy_engine_set_kernel_policy(f->e, GPU_COPY_KERNEL_SMALL, 16);
+        f->a = fake_arena(f->g, 1, 2 << 20);
+        f->b = fake_arena(f->g, 2, 2 << 20);
+        f->src = (uint8_t *)(uintptr_t)f->a->gpu->base;
+        f->dst = (uint8_t *)(uintptr_t)f->b->gpu->base;
+        for (size_t i = 0; i < (size_t)N * PIECE; i++)
+                f->src[i] = (uint8_t)(i * 13 + 5);
+        f->w = calloc(N, sizeof *f->w);
+        f->seen = calloc(N, sizeof *f->seen);
+        ck_assert_ptr_nonnull(f->w);
+        ck_assert_ptr_nonnull(f->seen);
+        /* Reversed on the destination: nothing coalesces, every write is a descriptor. */
+        for (int i = 0; i < N; i++)
+                f->w[i] = (TransportWrite) { .src_region = 1, .src_offset = (uint64_t)i * PIECE, .dst_region = 2,
+                                             .dst_offset = (uint64_t)(N - 1 - i) * PIECE, .length = PIECE,
+                                             .cookie = (uint64_t)i };
+}
+
+static void teardown(Fixture *f) {
+        fake_arena_free(f->g, f->a);
+        fake_arena_free(f->g, f->b);
+        gpu_context_free(f->g);
+        free(f->w);
+        free(f->seen);
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_KERNELS"), 0);
+}
+
+/* Runs the batch; checks every byte landed and every cookie came back once. */
+static void run_and_check(Fixture *f) {
+        uint8_t *hit = calloc(N, 1);
+        ck_assert_ptr_nonnull(hit);
+        memset(f->dst, 0, (size_t)N * PIECE);
+        ck_assert_int_eq(run_writes(f->t, f->w, N, f->seen), 0);
+        for (int i = 0; i < N; i++) {
+                ck_assert_uint_lt(f->seen[i], N);
+                ck_assert_uint_eq(hit[f->seen[i]]++, 0);
+        }
+        for (int i = 0; i < N; i++)
+                ck_assert_int_eq(memcmp(f->dst + (size_t)(N - 1 - i) * PIECE, f->src + (size_t)i * PIECE, PIECE), 0);
+        free(hit);
+}
+
+START_TEST(test_small_writes_go_to_the_kernel_in_parts) {
+        Fixture f = {};
+        setup(&f);
+        uint64_t launches = gpu_copy_engine_stats(f.e)->kernel_launches;
+        uint64_t bytes = f.t->stats.bytes;
+        run_and_check(&f);
+        /* Parts of 256, 512, 1024, 2048, 4096 writes, then the rest (2064): one launch each. */
+        ck_assert_uint_eq(gpu_copy_engine_stats(f.e)->kernel_launches - launches, 6);
+        ck_assert_uint_eq(f.t->stats.bytes - bytes, (uint64_t)N * PIECE);
+
+        /* Other part sizes: the same bytes, a launch per part: 16 + 32 + 40 x 249 (the
+         * last one short; more parts than the 64 descriptor slots, so a part that comes
+         * before the completion thread gave one back takes the copy engine: at most
+         * that many); one part of 10000 in slots of 4096 descriptors, three launches;
+         * parts under the kernel's minimum of 16 writes all go to the copy engine. */
+        static const struct {
+                size_t first, max;
+                uint64_t launches;
+        } cases[] = { { 1000, 1000, 10 }, { 16, 40, 2 + 249 }, { N, N, 3 }, { 3, 7, 0 } };
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                cuda_transport_set_parts(f.t, cases[i].first, cases[i].max);
+                launches = gpu_copy_engine_stats(f.e)->kernel_launches;
+                run_and_check(&f);
+                uint64_t got = gpu_copy_engine_stats(f.e)->kernel_launches - launches;
+                if (cases[i].launches > 64) {
+                        ck_assert_uint_le(got, cases[i].launches);
+                        ck_assert_uint_ge(got, 64);
+                } else
+                        ck_assert_uint_eq(got, cases[i].launches);
+        }
+        cuda_transport_set_parts(f.t, 256, 4096);
+
+        /* The uniform kernel (every chunk of one length): the same bytes. */
+        gpu_copy_engine_set_kernel_uniform(f.e, true);
+        run_and_check(&f);
+        gpu_copy_engine_set_kernel_uniform(f.e, false);
+        teardown(&f);
+}
+END_TEST
+
+START_TEST(test_many_batches_in_flight) {
+        /* More parts in flight than descriptor slots (64): a part that finds none goes
+         * to the copy engine instead; every batch still completes whole. */
+        Fixture f = {};
+        setup(&f);
+        enum { BATCHES = 40 };
+        cuda_transport_set_parts(f.t, 64, 64); /* 157 parts a batch */
+        memset(f.dst, 0, (size_t)N * PIECE);
+        uint64_t before = gpu_copy_engine_stats(f.e)->kernel_launches;
+        for (int k = 0; k < BATCHES; k++)
+                ck_assert_int_eq(f.t->ops->post(f.t, NULL, f.w, N), 0);
+        size_t seen = 0;
+        TransportCompletion c[256];
+        while (seen < (size_t)BATCHES * N) {
+                struct pollfd p = { .fd = f.t->ops->completion_fd(f.t), .events = POLLIN };
+                size_t k = f.t->ops->poll(f.t, c, ELEMENTSOF(c));
+                for (size_t i = 0; i < k; i++)
+                        ck_assert_int_eq(c[i].error, 0);
+                seen += k;
+                if (k == 0)
+                        ck_assert_int_eq(poll(&p, 1, 5000), 1);
+        }
+        ck_assert_uint_eq(gpu_copy_engine_in_flight(f.e), 0);
+        ck_assert_uint_gt(gpu_copy_engine_stats(f.e)->kernel_launches, before);
+        for (int i = 0; i < N; i++)
+                ck_assert_int_eq(memcmp(f.dst + (size_t)(N - 1 - i) * PIECE, f.src + (size_t)i * PIECE, PIECE), 0);
+        /* Every slot came back: a batch afterwards still takes the kernel, part by part. */
+        cuda_transport_set_parts(f.t, 256, 4096);
+        uint64_t launches = gpu_copy_engine_stats(f.e)->kernel_launches;
+        run_and_check(&f);
+        ck_assert_uint_eq(gpu_copy_engine_stats(f.e)->kernel_launches - launches, 6);
+        teardown(&f);
+}
+END_TEST
+
+START_TEST(test_failed_kernels_give_their_slots_back) {
+        /* The copies fail (as after a fault on the stream): every write fails once, and
+         * the descriptor slots are free again for the next batch, which succeeds. */
+        Fixture f = {};
+        setup(&f);
+        uint64_t failures = f.t->stats.failures;
+        ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", "1", 1), 0);
+        for (int k = 0; k < 20; k++) /* 20 x 6 parts: more than the 64 slots, if any leaked */
+                ck_assert_int_eq(run_writes(f.t, f.w, N, NULL), -EFAULT);
+        ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", "0", 1), 0);
+        ck_assert_uint_eq(f.t->stats.failures - failures, 20ULL * N);
+        uint64_t launches = gpu_copy_engine_stats(f.e)->kernel_launches;
+        run_and_check(&f);
+        ck_assert_uint_eq(gpu_copy_engine_stats(f.e)->kernel_launches - launches, 6);
+        teardown(&f);
+}
+END_TEST
+
+START_TEST(test_few_writes_stay_on_the_copy_engine) {
+        /* Fewer writes than the kernel's minimum (16) go to the copy engine. */
+        Fixture f = {};
+        setup(&f);
+        TransportWrite w[4];
+        for (int i = 0; i < 4; i++)
+                w[i] = (TransportWrite) { .src_region = 1, .src_offset = (uint64_t)i * (256 << 10), .dst_region = 2,
+                                          .dst_offset = (uint64_t)(3 - i) * (256 << 10), .length = 256 << 10,
+                                          .cookie = (uint64_t)i };
+        uint64_t launches = gpu_copy_engine_stats(f.e)->kernel_launches;
+        ck_assert_int_eq(run_writes(f.t, w, 4, NULL), 0);
+        ck_assert_uint_eq(gpu_copy_engine_stats(f.e)->kernel_launches - launches, 0);
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(memcmp(f.dst + (size_t)(3 - i) * (256 << 10), f.src + (size_t)i * (256 << 10),
+                                        256 << 10), 0);
+        teardown(&f);
+}
+END_TEST
+
+static Suite *suite(void) {
+        Suite *s = suite_create("gpu-kernels-fake");
+        TCase *tc = tcase_create("core");
+
+        tcase_add_test(tc, test_small_writes_go_to_the_kernel_in_parts);
+        tcase_add_test(tc, test_many_batches_in_flight);
+        tcase_add_test(tc, test_failed_kernels_give_their_slots_back);
+        tcase_add_test(tc, test_few_writes_stay_on_the_copy_engine);
+        suite_add_tcase(s, tc);
+        return s;
+}
+
+int main(void) {
+        SRunner *sr = srunner_create(suite());
+        int failed;
+
+        srunner_run_all(sr, CK_NORMAL);
+        failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
