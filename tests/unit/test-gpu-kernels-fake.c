@@ -18,6 +18,7 @@
 #include "transport/cuda.h"
 #include "vmm.h"
 #include "fake-gpu.h"
+#include "../check-main.h"
 
 /* A stand-in for the embedded fatbin (the fake driver loads any image): this test's
  * definition takes the place of the build's, which is empty without nvcc. */
@@ -210,11 +211,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-        SRunner *sr = srunner_create(suite());
-        int failed;
-
-        srunner_run_all(sr, CK_NORMAL);
-        failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+        return check_run(suite(), CK_FORK_GETENV);
 }
