@@ -60,7 +60,7 @@ int page_manager_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool **
                         pm->copy[a->index] = host_copy;
                         pm->copy_userdata[a->index] = a;
                 }
-        } else if (a->domain == MEMORY_GPU && a->gpu && !pm->copy[a->index] && !pm->copy_async[a->index]) {
+        } else if (a->domain == MEMORY_GPU && a->gpu && !pm->copy_async[a->index]) {
                 /* The copy engine, off the event loop (gpu-manager.c). */
                 pm->copy_async[a->index] = gpu_manager_page_copy_async;
                 pm->copy_userdata[a->index] = pm->manager;
@@ -69,14 +69,6 @@ int page_manager_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool **
                  page_pool_size(pool), page_size);
         *ret = pool;
         return 0;
-}
-
-void page_manager_set_copy(PageManager *pm, uint32_t arena, PageCopyFn fn, void *userdata) {
-        if (!pm || arena >= pm->manager->n_arenas)
-                return;
-        pm->copy[arena] = fn;
-        pm->copy_async[arena] = NULL;
-        pm->copy_userdata[arena] = userdata;
 }
 
 static void sequence_object_release(ClientObject *o) {

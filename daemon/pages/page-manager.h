@@ -24,10 +24,11 @@ typedef struct PageManager {
         Manager *manager;
         Directory *directory;
         Hashmap *sequences;          /* Sequence* by id_str */
-        /* Per arena (index): copy function for copy-on-write. Host arenas: memcpy;
-         * the GPU domain installs a CUDA copy with page_manager_set_copy(). */
+        /* Per arena (index): copy function for copy-on-write, set when the arena's pool
+         * is made. Host arenas: memcpy (copy); GPU arenas: the copy engine, finishing off
+         * the loop (copy_async, gpu_manager_page_copy_async()). */
         PageCopyFn *copy;
-        PageCopyAsyncFn *copy_async; /* GPU arenas: copies that finish off the loop */
+        PageCopyAsyncFn *copy_async;
         void **copy_userdata;
         size_t writes_pending;       /* page_manager_prepare_write_async() under way */
         /* Per arena (index): what fixed its pool's page size, in words for the worker
@@ -128,9 +129,6 @@ int page_manager_prepare_write(PageManager *pm, Sequence *s, size_t first, size_
 typedef void (*PageWriteReadyFn)(void *userdata, Sequence *s, int error, size_t copied);
 int page_manager_prepare_write_async(PageManager *pm, Sequence *s, size_t first, size_t count,
                                      size_t *ret_copied, PageWriteReadyFn ready, void *userdata);
-
-/* Installs the copy function of an arena (the GPU domain: a CUDA copy). */
-void page_manager_set_copy(PageManager *pm, uint32_t arena, PageCopyFn fn, void *userdata);
 
 /* Journals the whole state of a registered sequence (a PUT record) after a committed
  * transition. 0 when there is no WAL or the daemon is stopping; -E2BIG past
