@@ -7,12 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "bus-error.h"
 #include "epd-internal.h"
 #include "macro.h"
+#include "time-util.h"
 
 #define DEFAULT_SOCKET "/run/epd/bus"
 
@@ -167,13 +167,11 @@ int epd__call_nowait(epd_client *c, const char *path, const char *interface, con
 
 int epd_flush(epd_client *c, uint64_t timeout_usec) {
         uint64_t now, until;
-        struct timespec ts;
         int r;
 
         if (!c)
                 return -EINVAL;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        now = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+        now = now_usec(CLOCK_MONOTONIC);
         until = timeout_usec > UINT64_MAX - now ? UINT64_MAX : now + timeout_usec;
         for (;;) {
                 r = drain_nowait(c);
@@ -181,8 +179,7 @@ int epd_flush(epd_client *c, uint64_t timeout_usec) {
                         return epd__error(c, r, NULL);
                 if (c->nowait_pending == 0)
                         break;
-                clock_gettime(CLOCK_MONOTONIC, &ts);
-                now = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+                now = now_usec(CLOCK_MONOTONIC);
                 if (now >= until) {
                         epd__error(c, -ETIMEDOUT, NULL);
                         snprintf(c->error_message, sizeof c->error_message,

@@ -5,12 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "copy.h"
 #include "list.h"
 #include "log.h"
+#include "time-util.h"
 
 /* Pinned descriptor slots for the batched copy kernel, per device. */
 #define DESC_SLOTS 64U
@@ -153,21 +153,15 @@ static void job_finish_locked(GpuCopyEngine *e, GpuCopyJob *j) {
 /* An event is polled for up to spin_usec (gpu_copy_engine_set_spin(); 0 by default)
  * first, then waited for with the blocking sync (which sleeps until the GPU's interrupt
  * wakes the thread). */
-static uint64_t mono_usec(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 static int event_wait(GpuSystem *s, CUevent ev, unsigned spin_usec) {
-        uint64_t until = mono_usec() + spin_usec;
+        uint64_t until = now_usec(CLOCK_MONOTONIC) + spin_usec;
         for (;;) {
                 CUresult q = s->driver->cuEventQuery(ev);
                 if (q == CUDA_SUCCESS)
                         return 0;
                 if (q != CUDA_ERROR_NOT_READY)
                         return cuda_check(s->driver, q, "cuEventQuery");
-                if (mono_usec() >= until)
+                if (now_usec(CLOCK_MONOTONIC) >= until)
                         return CU(s->driver, cuEventSynchronize, ev);
         }
 }
