@@ -344,6 +344,14 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
             kvc.register_kv_caches({_layer_name(l): None for l in range(b.layers)})
         agents = _DecodeAgents(client, layout, b, device, kv_arena) if role == "decode" else None
         conn.send(("ready", {"pid": os.getpid(), "gpu": gpu, "worker": client.worker_path}))
+
+        def encode_into_cache(spec, key):
+            """The vision tower through the feature cache (it runs only on a miss):
+            (hit|waited|produced, encode seconds)."""
+            ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id, shape_key=b.feature_shape_key(spec))
+            _sync(device)
+            return ec.last_save
+
         while True:
             msg = conn.recv()
             if msg[0] == "stop":
@@ -355,20 +363,14 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 image_s = time.perf_counter() - t0
                 key = b.image_key(spec)  # its content hash
                 key_s = time.perf_counter() - t0
-                ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id,
-                               shape_key=b.feature_shape_key(spec))
-                _sync(device)
-                result, enc_s = ec.last_save
+                result, enc_s = encode_into_cache(spec, key)
                 conn.send(("ok", {"result": result, "encode_s": enc_s, "key_s": key_s, "image_s": image_s,
                                   "key": key, "detail": ec.last_save_detail, "t": time.perf_counter() - t0}))
             elif kind == "prefill":
                 feats, enc, key, detail = None, None, b.image_key(spec), {}
                 if spec.image_seed is not None:
                     if msg[2]:  # no encoder process: this worker runs the vision tower (feature cache first)
-                        ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id,
-                               shape_key=b.feature_shape_key(spec))
-                        _sync(device)
-                        result, enc_s = ec.last_save
+                        result, enc_s = encode_into_cache(spec, key)
                         enc = {"result": result, "encode_s": enc_s, "t": time.perf_counter() - t0}
                     feats = {}
                     ec.bind_connector_metadata(H.EpdEcMetadata({spec.request_id: [key]}))
