@@ -504,22 +504,11 @@ class KvPages:
                 return None
         first = self._rows(l0, k0, v0, tokens)
         stride, v_in_page = L.layer_stride, L.tokens_per_block * L.k_bytes_per_token
-        try:
-            import numpy as np
-        except ImportError:
-            np = None
-        if np is None or ctypes.sizeof(G.KvRows) != 9 * 8:
-            rows = (G.KvRows * len(items))()
-            for i, (layer, k, v) in enumerate(items):
-                rows[i] = first
-                r = rows[i]  # a view of the array's element
-                r.k, r.v = k.data_ptr(), v.data_ptr()
-                r.k_offset = layer * stride  # KvPageLayout.k_offset / v_offset, without the calls
-                r.v_offset = layer * stride + v_in_page
-            return rows
+        import numpy as np
         # Column by column (a few numpy calls, not a dozen ctypes and torch calls per
         # layer): KvRows is 9 words, k, v, tokens, heads|tokens_per_page, row_bytes,
         # k_offset, v_offset, head_stride, token_stride (native byte order).
+        assert ctypes.sizeof(G.KvRows) == 9 * 8, "KvRows is not 9 words"
         a = np.empty((len(items), 9), dtype=np.uint64)
         a[:] = np.frombuffer(bytes(first), dtype=np.uint64)
         a[:, 0] = [k.data_ptr() for _, k, _ in items]
