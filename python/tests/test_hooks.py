@@ -4,6 +4,7 @@ a prefill saves layer by layer, a decode loads layer by layer, transfers finish 
 request id only for requests the engine has finished, and nothing is left behind; the
 encoder-cache side skips the encoder on a hit and lends features until get_finished."""
 
+import ctypes
 import json
 import os
 import subprocess
@@ -236,15 +237,10 @@ class ManyRowsTest(unittest.TestCase):
             want = pages._rows(layer, k, v, 37)
             self.assertEqual(bytes(r), bytes(want), layer)
             self.assertEqual((r.k, r.v, r.heads, r.tokens_per_page), (k.data_ptr(), v.data_ptr(), 2, 16))
-        self.assertEqual(ctypes_sizeof_rows(G), 72)
+        self.assertEqual(ctypes.sizeof(G.KvRows), 72)
         # A layer of another shape: no batched rows.
         odd = items + [(5, _FakeTorchTensor(1 << 40, shape=(1, 2, 36, 8)), _FakeTorchTensor(2 << 40))]
         self.assertIsNone(pages._many_rows(odd, 37))
-
-
-def ctypes_sizeof_rows(G):
-    import ctypes
-    return ctypes.sizeof(G.KvRows)
 
 
 if __name__ == "__main__":
