@@ -76,7 +76,7 @@ class E2eDriverTest(unittest.TestCase):
             self.assertEqual(row["turns"], 10)
             self.assertEqual(row["workflow"]["forks"], 4)
             # The daemon's loop stalls are read for every row (how many is the machine's).
-            self.assertGreaterEqual(row["loop_stalls"]["count"], 0)
+            self.assertIsInstance(row["loop_stalls"]["count"], int)
             self.assertIn("longest_what", row["loop_stalls"])
         self.assertIn("epdd's event loop (", text)
         for k in ("retained_pages", "failures", "fallbacks", "handoffs_left", "sequences_left", "workflows_left",

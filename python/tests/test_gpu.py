@@ -123,17 +123,21 @@ class GpuArenaTest(unittest.TestCase):
             with Ring(d) as dring, Ring(p) as pring:
                 n = epd.gpu.Notifier(g, 0, pring)
                 seq = Sequence.create(p, "kvgpu", 2)
+
+                def landed(h, a, submitted):
+                    """Both groups reported after their events, landed, committed, released."""
+                    n.flush(10)
+                    self.assertEqual((n.pending, n.submitted), (0, submitted))
+                    self.assertEqual(a.wait_groups(2, dring, timeout_s=5), 2)
+                    Sequence(d, a.commit(), a.arena).release()
+                    a.release(dring)
+                    h.release(pring)
                 rid = "%032x" % 0x6161
                 h = Handoff.prepare(p, rid, "", seq.path, [2, 2])
                 a = Accepted.accept(d, rid, wait_s=1)
                 for grp in range(2):
                     n.ready_after(0, rid.encode(), h.token, grp)
-                n.flush(10)
-                self.assertEqual((n.pending, n.submitted), (0, 2))
-                self.assertEqual(a.wait_groups(2, dring, timeout_s=5), 2)
-                Sequence(d, a.commit(), a.arena).release()
-                a.release(dring)
-                h.release(pring)
+                landed(h, a, 2)
 
                 # Every group after one event (a save written in one launch).
                 rid = "%032x" % 0x6163
@@ -142,12 +146,7 @@ class GpuArenaTest(unittest.TestCase):
                 with self.assertRaises(epd.EpdError):
                     n.ready_after_range(0, rid.encode(), h.token, 0, 0)
                 n.ready_after_range(0, rid.encode(), h.token, 0, 2)
-                n.flush(10)
-                self.assertEqual((n.pending, n.submitted), (0, 4))
-                self.assertEqual(a.wait_groups(2, dring, timeout_s=5), 2)
-                Sequence(d, a.commit(), a.arena).release()
-                a.release(dring)
-                h.release(pring)
+                landed(h, a, 4)
 
                 rid = "%032x" % 0x6162
                 h = Handoff.prepare(p, rid, "", seq.path, [2, 2])
