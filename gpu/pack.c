@@ -160,26 +160,41 @@ int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *chun
                   stream, params, NULL);
 }
 
+/* The grid of epd_kv_rows / epd_kv_layers (pack.cu: kv_rows_copy): one block per page the
+ * tokens use (x), per K or V and head (y), per layer (z); a block's threads cover one
+ * page's rows of its head (T × words_per_row words, a multiple of 32 up to 256), so a
+ * thread moves one word, or a few when a page holds more. 32-bit index arithmetic in the
+ * kernel: what it multiplies must fit. */
+static int kv_grid(uint64_t tokens, uint32_t heads, uint64_t words_per_row, uint32_t tokens_per_page,
+                   unsigned *gx, unsigned *gy, unsigned *bx) {
+        uint64_t pages, words;
+
+        if (tokens == 0 || heads == 0 || 2ULL * heads > 65535 || words_per_row == 0 || tokens_per_page == 0 ||
+            (uint64_t)tokens_per_page * words_per_row > UINT32_MAX || (uint64_t)heads * words_per_row > UINT32_MAX)
+                return -EINVAL;
+        pages = DIV_ROUND_UP(tokens, (uint64_t)tokens_per_page);
+        if (pages > INT32_MAX)
+                return -E2BIG;
+        words = (uint64_t)tokens_per_page * words_per_row;
+        *gx = (unsigned)pages;
+        *gy = 2 * heads;
+        *bx = (unsigned)MIN(DIV_ROUND_UP(words, (uint64_t)32) * 32, (uint64_t)256);
+        return 0;
+}
+
 int gpu_kernels_kv_rows(GpuKernels *k, CUstream stream, CUdeviceptr pages, uint64_t k_rows, uint64_t v_rows,
                         uint64_t tokens, uint32_t heads, uint64_t words_per_row, uint32_t tokens_per_page,
                         uint64_t k_offset, uint64_t v_offset, uint64_t head_words, uint64_t token_words,
                         bool to_pages) {
         unsigned long long kk = k_rows, vv = v_rows, s = tokens, ko = k_offset, vo = v_offset, hw = head_words,
                            tw = token_words;
-        unsigned h = heads, w = (unsigned)words_per_row, t = tokens_per_page;
-        int dir = to_pages;
+        unsigned h = heads, w = (unsigned)words_per_row, t = tokens_per_page, gx, gy, bx;
+        int dir = to_pages, r = kv_grid(tokens, heads, words_per_row, tokens_per_page, &gx, &gy, &bx);
         void *params[] = { &pages, &kk, &vv, &s, &h, &w, &t, &ko, &vo, &hw, &tw, &dir };
-        uint64_t words = tokens * words_per_row, gx;
 
-        if (heads == 0 || 2ULL * heads > 65535 || words_per_row == 0 || words_per_row > UINT32_MAX ||
-            tokens_per_page == 0)
-                return -EINVAL;
-        /* Enough blocks to cover the SMs a few times over across the 2 × H rows of blocks,
-         * each thread moving a few words. */
-        gx = DIV_ROUND_UP(words, 256 * 4);
-        gx = CLAMP(gx, (uint64_t)1, MAX((uint64_t)k->sms * 8 / (2 * heads), (uint64_t)1));
-        return CU(k->system->driver, cuLaunchKernel, k->kv_rows, (unsigned)gx, 2 * heads, 1, 256, 1, 1, 0, stream,
-                  params, NULL);
+        if (r < 0)
+                return r;
+        return CU(k->system->driver, cuLaunchKernel, k->kv_rows, gx, gy, 1, bx, 1, 1, 0, stream, params, NULL);
 }
 
 _Static_assert(sizeof(GpuKvLayers) == 48 + GPU_KV_LAYERS_MAX * sizeof(GpuKvLayer) && sizeof(GpuKvLayers) <= 4096,
@@ -189,19 +204,16 @@ int gpu_kernels_kv_layers(GpuKernels *k, CUstream stream, CUdeviceptr pages, con
         /* The driver copies the parameter at the launch: the caller's table may change as
          * soon as this returns. */
         void *params[] = { &pages, (void *)p };
-        uint64_t words, gx, rows;
+        unsigned gx, gy, bx;
+        int r;
 
         if (!k->kv_layers)
                 return -EOPNOTSUPP;
-        if (p->n_layers == 0 || p->n_layers > GPU_KV_LAYERS_MAX || p->heads == 0 || 2ULL * p->heads > 65535 ||
-            p->words_per_row == 0 || p->tokens_per_page == 0)
+        if (p->n_layers == 0 || p->n_layers > GPU_KV_LAYERS_MAX)
                 return -EINVAL;
-        /* As epd_kv_rows, over every layer's 2 × H rows of blocks: a few blocks per SM in
-         * all, each thread moving several words. */
-        words = p->tokens * p->words_per_row;
-        rows = 2ULL * p->heads * p->n_layers;
-        gx = DIV_ROUND_UP(words, 256 * 4);
-        gx = CLAMP(gx, (uint64_t)1, MAX((uint64_t)k->sms * 16 / rows, (uint64_t)1));
-        return CU(k->system->driver, cuLaunchKernel, k->kv_layers, (unsigned)gx, 2 * p->heads, p->n_layers, 256, 1,
-                  1, 0, stream, params, NULL);
+        r = kv_grid(p->tokens, p->heads, p->words_per_row, p->tokens_per_page, &gx, &gy, &bx);
+        if (r < 0)
+                return r;
+        return CU(k->system->driver, cuLaunchKernel, k->kv_layers, gx, gy, p->n_layers, bx, 1, 1, 0, stream, params,
+                  NULL);
 }

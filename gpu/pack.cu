@@ -92,32 +92,39 @@ epd_copy_uniform(const EpdChunk *__restrict__ chunks, unsigned n_chunks, unsigne
 }
 
 // One layer's K and V between a (1, H, S, D) cache tensor pair and KV pages (kvcopy.h; head
-// and token strides in 16-byte words):
-// blockIdx.y picks K or V and a head, the x dimension runs over the tokens' 16-byte
-// words. Reads and writes are row-contiguous (a row is D × element size, e.g. 256
-// bytes), so both sides are coalesced. pages[] holds each page's address.
+// and token strides in 16-byte words). blockIdx.x picks a page (its tokens [x T, x T + T)
+// clipped to the sequence), blockIdx.y K or V and a head: the block moves that head's rows
+// of those tokens, T rows of words_per_row words (16 tokens of 256-byte rows: 4 KiB, one
+// word a thread). Inside a page a layer's K (or V) is token-major, (T, H, row), so the
+// block's rows are heads x row apart there and token_words apart in the tensor; a row is
+// contiguous on both sides (coalesced). Index arithmetic is 32-bit, one division a word:
+// the grid-stride form before it divided 64-bit indices three times a word. pages[]
+// holds each page's address.
 __device__ __forceinline__ void
 kv_rows_copy(const unsigned long long *__restrict__ pages, unsigned long long k, unsigned long long v,
              unsigned long long tokens, unsigned heads, unsigned words_per_row, unsigned tokens_per_page,
              unsigned long long k_offset, unsigned long long v_offset, unsigned long long head_words,
              unsigned long long token_words, int to_pages) {
-        const unsigned kv = blockIdx.y / heads, h = blockIdx.y % heads;
-        uint4 *__restrict__ tensor = (uint4 *)(kv ? v : k) + (unsigned long long)h * head_words;
-        const unsigned long long off = kv ? v_offset : k_offset;
-        const unsigned long long n = tokens * words_per_row;
-        const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+        const unsigned kv = blockIdx.y / heads, h = blockIdx.y - kv * heads;
+        const unsigned long long first = (unsigned long long)blockIdx.x * tokens_per_page;
+        if (first >= tokens)
+                return;
+        const unsigned long long left = tokens - first;
+        const unsigned n_tok = left < tokens_per_page ? (unsigned)left : tokens_per_page;
+        const unsigned n = n_tok * words_per_row, page_token = heads * words_per_row;
+        uint4 *__restrict__ page = (uint4 *)(pages[blockIdx.x] + (kv ? v_offset : k_offset)) +
+                                   (unsigned long long)h * words_per_row;
+        uint4 *__restrict__ tensor = (uint4 *)(kv ? v : k) + (unsigned long long)h * head_words +
+                                     first * token_words;
 
-        for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-                const unsigned long long s = i / words_per_row;
-                const unsigned w = (unsigned)(i % words_per_row);
-                const unsigned t = (unsigned)(s % tokens_per_page);
-                uint4 *page = (uint4 *)(pages[s / tokens_per_page] + off) +
-                              ((unsigned long long)t * heads + h) * words_per_row + w;
-                uint4 *row = tensor + s * token_words + w;
+        for (unsigned i = threadIdx.x; i < n; i += blockDim.x) {
+                const unsigned t = i / words_per_row, w = i - t * words_per_row;
+                uint4 *p = page + (unsigned long long)t * page_token + w;
+                uint4 *r = tensor + (unsigned long long)t * token_words + w;
                 if (to_pages)
-                        __stcs(page, __ldcs(row));
+                        __stcs(p, __ldcs(r));
                 else
-                        __stcs(row, __ldcs(page));
+                        __stcs(r, __ldcs(p));
         }
 }
 

@@ -8,7 +8,10 @@ and that wait (the model's compute, not epd's) lands in whichever call makes it.
 same calls run with the GPU idle, against a real epdd and a GPU KV arena: one
 KvPages.write per layer (the batched scatter launch through libepd), and per layer group
 the CUDA event the sink records and queries. The GPU time of the writes is measured apart
-with CUDA events.
+with CUDA events (for one launch per layer, events around the 36 launches: when the kernels
+are shorter than the launches, that is the host's pace); and every layer in one launch
+(the sink's save="end", the decode's read of all layers), events around that launch alone,
+against one contiguous copy of the same bytes on the same GPU (the limit).
 
     sink-overhead.py --address direct:/path/to/bus --arena kvgpu [--layers 36 --kv-heads 8
                      --head-dim 128 --tokens 1400 --reps 20]
@@ -110,9 +113,39 @@ def main():
         end.record()
         end.synchronize()
         gpu_us.append(1e3 * start.elapsed_time(end) / a.layers)
+    # Every layer in one launch (the sink's save="end", the decode's read of all layers),
+    # its GPU time from events around the launch alone, against the limit in the same
+    # run: one contiguous device-to-device copy of the same bytes (torch's copy_).
+    items = [(layer, ks[layer], vs[layer]) for layer in range(a.layers)]
+    nbytes = 2 * a.layers * a.tokens * layout.k_bytes_per_token
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+
+    def gpu_time(fn):
+        ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        fn(ev)
+        ev[1].synchronize()
+        return 1e3 * ev[0].elapsed_time(ev[1])
+
+    def limit(ev):
+        ev[0].record()
+        dst.copy_(src)
+        ev[1].record()
+
+    for _ in range(3):  # warm-up
+        gpu_time(lambda ev: kv.write_layers(items, events=ev))
+        gpu_time(lambda ev: kv.read_layers(range(a.layers), a.tokens, "bfloat16", events=ev))
+        gpu_time(limit)
+    write_all = statistics.median(gpu_time(lambda ev: kv.write_layers(items, events=ev)) for _ in range(a.reps))
+    read_all = statistics.median(gpu_time(lambda ev: kv.read_layers(range(a.layers), a.tokens, "bfloat16", events=ev))
+                                 for _ in range(a.reps))
+    copy_all = statistics.median(gpu_time(limit) for _ in range(a.reps))
     kv.close()
     seq.release()
     client.close()
+    print(f"every layer in one launch ({nbytes / 1e6:.1f} MB), GPU time, median of {a.reps}: write "
+          f"{write_all:.1f} us ({copy_all / write_all:.3f} of the limit), read {read_all:.1f} us "
+          f"({copy_all / read_all:.3f}); the limit, one contiguous copy of the same bytes: {copy_all:.1f} us")
     mb = 2 * a.tokens * layout.k_bytes_per_token / 1e6
     print(f"sink overhead, GPU idle ({a.layers} layers, {a.tokens} tokens, {mb:.2f} MB of K+V a layer), "
           f"median of {a.reps}: host per layer: write {statistics.median(write_us):.1f} us, "

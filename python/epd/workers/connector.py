@@ -178,11 +178,16 @@ def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.
 
 
 def _feature_gpu_arena(client, f: Feature):
-    """The mapping of the GPU arena that holds f, or None (a host arena)."""
-    if f.arena < 0:
+    """The mapping of the GPU arena that holds f, or None (a host arena); looked up once
+    per arena of this client's registration (kept on the client)."""
+    i = f.arena
+    if i < 0:
         return None
-    a = Arena(client, f.arena)
-    return gpu_arena(client, a.name) if a.domain == "gpu" else None
+    seen = client.__dict__.setdefault("_feature_gpu_arenas", {})
+    if i not in seen:
+        a = Arena(client, i)
+        seen[i] = gpu_arena(client, a.name) if a.domain == "gpu" else None
+    return seen[i]
 
 
 class FeatureTensors(dict):
@@ -518,10 +523,12 @@ class KvPages:
         a[:, 6] = off + np.uint64(v_in_page)
         return (G.KvRows * len(items)).from_buffer(a)  # keeps `a` alive
 
-    def write_layers(self, items, start: int = 0) -> None:
+    def write_layers(self, items, start: int = 0, events=None) -> None:
         """Several layers' K/V, [(layer, k, v)] of tokens [start, start+S), in one call:
         on a GPU arena one launch of the batched scatter for all of them (layers of one
-        shape and dtype); else layer by layer."""
+        shape and dtype); else layer by layer. events: CUDA events (start, end) recorded
+        on the tensors' stream just before and after the launch (the copy's GPU time,
+        without the host's preparation of the launch)."""
         if not items:
             return
         k0 = items[0][1]
@@ -532,15 +539,26 @@ class KvPages:
             if rows is not None:
                 first = self._first_page(start)
                 t = self._tables.get(first)
-                (t if t is not None else self._table(first)).write_many(rows, _stream_of(k0))
+                if t is None:
+                    t = self._table(first)
+                if events is not None:
+                    events[0].record()
+                t.write_many(rows, _stream_of(k0))
+                if events is not None:
+                    events[1].record()
                 return
+        if events is not None:
+            events[0].record()
         for layer, k, v in items:
             self.write(layer, k, v, start)
+        if events is not None:
+            events[1].record()
 
-    def read_layers(self, layers: Seq[int], tokens: int, dtype: str, device: Optional[str] = None):
+    def read_layers(self, layers: Seq[int], tokens: int, dtype: str, device: Optional[str] = None, events=None):
         """K/V of tokens [0, tokens) of these layers, [(k, v)]: on a GPU arena one
         allocation and one launch of the batched gather for all of them (views of one
-        buffer, each (1, H, S, D) contiguous); else layer by layer (read())."""
+        buffer, each (1, H, S, D) contiguous); else layer by layer (read()). events: as
+        write_layers (GPU arenas)."""
         if not self.on_gpu or not layers:
             return [self.read(layer, tokens, dtype, device) for layer in layers]
         import torch
@@ -550,7 +568,13 @@ class KvPages:
         out = [(buf[i, 0], buf[i, 1]) for i in range(len(layers))]
         rows = self._many_rows([(layer, k, v) for layer, (k, v) in zip(layers, out)], tokens)
         t = self._tables.get(0)
-        (t if t is not None else self._table(0)).read_many(rows, _stream_of(buf))
+        if t is None:
+            t = self._table(0)
+        if events is not None:
+            events[0].record()
+        t.read_many(rows, _stream_of(buf))
+        if events is not None:
+            events[1].record()
         return out
 
     def close(self) -> None:
@@ -739,10 +763,10 @@ class EpdKvSink:
         if self.group_last[-1] not in (layer for layer, _, _ in items):
             raise ValueError(f"save='end': the last layer ({self.group_last[-1]}) was never saved")
         stream = _stream_of(k0)
+        # The copy's GPU time: the events go around the launch alone (recorded before the
+        # launch's preparation, they would time the host's work as the GPU's).
         timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        timing[0].record()
-        self._kv.write_layers(items)
-        timing[1].record()
+        self._kv.write_layers(items, events=timing)
         self._gpu_timing = timing
         t1 = time.perf_counter()
         self.write_s += t1 - t0
