@@ -19,7 +19,9 @@ flip a token there; it is not a gate).
 --bench: repeated images with the feature cache, and the same requests with the cache
 bypassed (every key unique: the vision tower always runs), side by side, against the
 colocated baseline (one process) and, with --gpus N > 1 or --dp, the colocated
-data-parallel baseline (N processes, one per GPU, requests dealt round robin).
+data-parallel baseline (N processes, one per GPU, requests dealt round robin; --dp-procs M:
+M processes over the GPUs round robin, e.g. 2 on one GPU beside a layout with two
+decode processes on it).
 --layout: 1E1P1D, 1E1P2D, 2P2D, ... (no E: the prefill workers encode); --gpus N puts
 each worker process on its own GPU, round robin (with one GPU all share GPU 0).
 
@@ -227,18 +229,21 @@ def warm_specs(args, n, salt="warm", first=0):
                  agent_every=1 if args.agent_every else 0, branches=args.branches, branch_tokens=args.branch_tokens)
 
 
-def colocated_dp(model_name, reqs, gpus, warm):
-    """Colocated data parallel: `gpus` processes, one per GPU, requests dealt round robin;
-    the clock runs from the common start to the last replica's end."""
+def colocated_dp(model_name, reqs, gpus, warm, n_procs=None):
+    """Colocated data parallel: `n_procs` processes (default: one per GPU) over `gpus` GPUs
+    round robin, requests dealt round robin; the clock runs from the common start to the
+    last replica's end."""
     ctx = mp.get_context("spawn")
-    shares = [reqs[i::gpus] for i in range(gpus)]
+    n_procs = n_procs or gpus
+    shares = [reqs[i::n_procs] for i in range(n_procs)]
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     procs, conns = [], []
     try:
-        for g in range(gpus):
+        for i in range(n_procs):
+            g = i % gpus
             os.environ["CUDA_VISIBLE_DEVICES"] = str(g)
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_dp_worker, args=(g, model_name, shares[g], warm, b), daemon=True)
+            p = ctx.Process(target=_dp_worker, args=(g, model_name, shares[i], warm, b), daemon=True)
             p.start()
             procs.append(p)
             conns.append(a)
@@ -358,9 +363,11 @@ def bench(args):
         rows[-1]["encoder_image_ms"] = 1e3 * mean(r["image_s"] for r in res)
         rows[-1]["encoder_tower_ms"] = 1e3 * mean(r["tower_s"] for r in res)
         print(json.dumps(rows[-1]), flush=True)
-        if args.gpus and (args.gpus > 1 or args.dp):
-            res, wall = colocated_dp(args.model, reqs, args.gpus, warm_specs(args, 1, salt="", first=900))
-            rows.append(summarize(f"colocated data-parallel, {args.gpus} processes x 1 GPU, no epd", res, wall))
+        if args.gpus and (args.gpus > 1 or args.dp or args.dp_procs):
+            n_procs = args.dp_procs or args.gpus
+            res, wall = colocated_dp(args.model, reqs, args.gpus, warm_specs(args, 1, salt="", first=900), n_procs)
+            rows.append(summarize(f"colocated data-parallel, {n_procs} processes on {args.gpus} GPU(s), no epd",
+                                  res, wall))
             print(json.dumps(rows[-1]), flush=True)
     return rows, placement
 
@@ -420,6 +427,8 @@ def main():
     ap.add_argument("--gpus", type=int, default=None,
                     help="GPUs: one per worker process, round robin (default: leave CUDA_VISIBLE_DEVICES alone)")
     ap.add_argument("--dp", action="store_true", help="also the data-parallel baseline with --gpus 1")
+    ap.add_argument("--dp-procs", type=int, default=0,
+                    help="the data-parallel baseline with this many processes over the GPUs (default: one per GPU)")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--images", type=int, default=4)

@@ -12,7 +12,9 @@
 # (default: all the machine has; with one GPU every process shares GPU 0). With more
 # than one GPU the benchmark adds the colocated data-parallel baseline on GPUS GPUs.
 # E2E_STEPS="gpu check bench" (default) picks the parts to run; E2E_BENCH_MODEL (default 8b)
-# is the benchmark's config; E2E_DP=1 adds the data-parallel baseline on one GPU too;
+# is the benchmark's config; E2E_DP=N adds the colocated data-parallel baseline with N
+# processes over the GPUs (E2E_DP=2 with one GPU: two colocated processes on it, the
+# baseline for a layout with two decode processes on that GPU);
 # EPDD_NICE=N starts epdd under `nice -n N`, default -10 as its unit runs it (a daemon on
 # every request's critical path runs ahead of the workers' threads: docs/systemd.md);
 # EPDD_NICE=0 for the default priority.
@@ -36,7 +38,7 @@ GPUS=${3:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)}
 STEPS=${E2E_STEPS:-gpu check bench}
 BENCH_MODEL=${E2E_BENCH_MODEL:-8b}
 DP=()
-[ -n "${E2E_DP:-}" ] && DP=(--dp)
+[ -n "${E2E_DP:-}" ] && DP=(--dp --dp-procs "$E2E_DP")
 OUTDIR=${OUT:-$ROOT/build-e2e/out}
 mkdir -p "$OUTDIR"
 . bench/device-env.sh
@@ -134,7 +136,7 @@ if [[ " $STEPS " == *" bench "* ]]; then
         if [ "$E2E_ARENAS" = gpu ]; then
                 # The sink's host cost per layer with the GPU idle (bench/e2e/sink-overhead.py).
                 timeout 60 python3 bench/e2e/sink-overhead.py --address direct:$D/bus --arena $KV_ARENA 2>&1 \
-                        | grep -vE "Warning|warn\(" | tail -3 | tee "$OUTDIR/sink-overhead.log"
+                        | grep -vE "Warning|warn\(" | tail -4 | tee "$OUTDIR/sink-overhead.log"
                 # The feature calls' host cost, step by step, beside a bus round trip
                 # (bench/e2e/feature-overhead.py).
                 timeout 60 python3 bench/e2e/feature-overhead.py --address direct:$D/bus 2>&1 \

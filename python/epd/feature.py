@@ -100,6 +100,10 @@ _SIZE = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "fp8_e4m3": 1, "fp8_e5m2": 1, 
          "i16": 2, "i32": 4, "i64": 8, "bool": 1}
 
 
+# Feature.cuda_all's layouts, by the C structure's bytes (Feature._layout).
+_LAYOUTS: Dict[bytes, tuple] = {}
+
+
 def _c_tensors(tensors: Sequence[Tensor]):
     if not tensors or len(tensors) > TENSORS_MAX:
         raise ValueError(f"a bundle has 1 to {TENSORS_MAX} tensors")
@@ -277,30 +281,48 @@ class Feature(_lib.Closing):
         flat = arena.torch(self.offset + t.offset, (span,), _TORCH[t.dtype])
         return flat.as_strided(t.shape, t.strides)
 
+    def _layout(self) -> Tuple[Tuple[str, str, int, Tuple[int, ...], Tuple[int, ...], int, int], ...]:
+        """The tensors as (name, torch dtype, element size, shape, strides, offset, bytes
+        spanned), kept per layout: features of one shape (every image of one size) share
+        it, and reading it from the C structure field by field costs more than the rest
+        of a fetch. Keyed by the structure's bytes less its two string pointers per
+        tensor (they point into the structure itself), plus the strings."""
+        f = self._f()
+        n = f.n_tensors
+        size = ctypes.sizeof(_CTensor)
+        raw = ctypes.string_at(ctypes.addressof(f.tensors), n * size)
+        key = b"".join(raw[i * size + 16:(i + 1) * size] for i in range(n)) + \
+            ctypes.string_at(ctypes.addressof(f._names), n * ctypes.sizeof(f._names[0]))
+        lay = _LAYOUTS.get(key)
+        if lay is None:
+            out = []
+            for t in self.tensors:
+                span = 1
+                for d, st in zip(t.shape, t.strides):
+                    span += (d - 1) * st
+                es = _SIZE[t.dtype]
+                out.append((t.name, _TORCH[t.dtype], es, t.shape, t.strides, t.offset,
+                            span * es if all(t.shape) else 0))
+            lay = tuple(out)
+            if len(_LAYOUTS) >= 256:
+                _LAYOUTS.clear()
+            _LAYOUTS[key] = lay
+        return lay
+
     def cuda_all(self, arena) -> Dict[str, object]:
-        """Every tensor of the feature as torch views of a GPU arena (as cuda()), from one
-        import of the feature's bytes into torch and a view each (a slice, a dtype, the
-        strides): one __cuda_array_interface__ import per tensor cost tens of
-        microseconds each."""
-        import torch
-        tensors = self.tensors
-        spans = []
-        end = 0
-        for t in tensors:
-            span = 1
-            for n, st in zip(t.shape, t.strides):
-                span += (n - 1) * st
-            nbytes = span * _SIZE[t.dtype] if all(t.shape) else 0
-            spans.append(nbytes)
-            end = max(end, t.offset + nbytes)
-        base = arena.torch(self.offset, (max(end, 1),), "uint8")
+        """Every tensor of the feature as torch views of a GPU arena (as cuda()): one
+        as_strided each over the whole arena imported once per dtype (GpuArena.typed),
+        the layout read once per shape of feature (_layout); torch checks each view
+        against the arena's bounds. One __cuda_array_interface__ import per tensor cost
+        tens of microseconds each."""
         out = {}
-        for t, nbytes in zip(tensors, spans):
-            try:
-                flat = base[t.offset:t.offset + nbytes].view(getattr(torch, _TORCH[t.dtype]))
-                out[t.name] = flat.as_strided(t.shape, t.strides)
-            except RuntimeError:  # empty, or an offset the dtype cannot view at: on its own
-                out[t.name] = self.cuda(t.name, arena)
+        base = self.offset
+        for name, dtype, es, shape, strides, off, nbytes in self._layout():
+            o = base + off
+            if nbytes and o % es == 0:
+                out[name] = arena.typed(dtype).as_strided(shape, strides, o // es)
+            else:  # empty, or an offset the dtype cannot view at: on its own
+                out[name] = self.cuda(name, arena)
         return out
 
     def release(self):

@@ -131,6 +131,7 @@ class GpuArena(_lib.Closing):
         self.size = lib.epd_gpu_mapping_size(mapping)
         self.ordinal = lib.epd_gpu_mapping_ordinal(mapping)
         self._torch_base = None  # the whole arena as one torch uint8 tensor, once asked for
+        self._typed = {}  # the same by dtype name (typed())
 
     def page_table(self, pages: Seq[int], page_size: int, stream: int = 0) -> "PageTable":
         """The page table of these pages (page ids of this arena) for the KV copies."""
@@ -174,7 +175,19 @@ class GpuArena(_lib.Closing):
                 return t.view(torch.bfloat16) if dtype == "bfloat16" else t
         return flat.view(v.shape)
 
+    def typed(self, dtype: str):
+        """The whole arena as one torch tensor of `dtype` (a torch dtype name), imported
+        once (torch()'s import, viewed as the dtype) and kept: Feature.cuda_all makes each
+        view with one as_strided of it, which torch checks against the arena's bounds."""
+        t = self._typed.get(dtype)
+        if t is None:
+            import torch
+            self.torch(0, (1,))  # the import, once
+            t = self._typed[dtype] = self._torch_base.view(getattr(torch, dtype))
+        return t
+
     def close(self):
+        self._typed = {}
         self._torch_base = None
         if self._m is not None:
             _lib_gpu().epd_gpu_unmap(self._m)

@@ -53,6 +53,26 @@ class FeatureTest(unittest.TestCase):
                 self.assertEqual(h.result, "hit")
             self.assertEqual(ef.prefetch(b, ["img:1", "img:2"]), 1)
 
+    def test_layout_kept_per_shape(self):
+        """cuda_all's layout (names, dtypes, shapes, strides, offsets, spans) is read from
+        the C structure once per shape of feature: two features of one shape, held by
+        different handles at different addresses, share it; another shape gets its own."""
+        other = [ef.Tensor("image_embeds", "bfloat16", (8, 64)),
+                 ef.Tensor("grid_thw", "i64", (1, 3), offset=8 * 64 * 2)]
+        with epd.Client(self.d.address) as a:
+            a.register("encoder", "m", "cpu")
+            fs = [ef.Feature.reserve(a, "img:lay1", NBYTES, BUNDLE), ef.Feature.reserve(a, "img:lay2", NBYTES, BUNDLE),
+                  ef.Feature.reserve(a, "img:lay3", 8 * 64 * 2 + 24, other)]
+            lays = [f._layout() for f in fs]
+            self.assertEqual(lays[0], (("image_embeds", "bfloat16", 2, (16, 64), (64, 1), 0, 16 * 64 * 2),
+                                       ("grid_thw", "int64", 8, (1, 3), (3, 1), 16 * 64 * 2, 24)))
+            self.assertIs(lays[1], lays[0])
+            self.assertEqual(lays[2][0][3], (8, 64))
+            self.assertEqual(lays[2][1][5], 8 * 64 * 2)
+            for f in fs:
+                f.fail("test")
+                f.release()
+
     def test_publish_release_without_waiting(self):
         with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
             a.register("encoder", "m", "cpu")
