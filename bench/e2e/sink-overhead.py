@@ -121,9 +121,14 @@ def main():
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
 
-    def gpu_time(fn):
+    host = {}
+
+    def gpu_time(fn, name=None):
         ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        t0 = time.perf_counter()
         fn(ev)
+        if name:  # the call's host time: the rows built and checked, the launch
+            host.setdefault(name, []).append(1e6 * (time.perf_counter() - t0))
         ev[1].synchronize()
         return 1e3 * ev[0].elapsed_time(ev[1])
 
@@ -136,16 +141,19 @@ def main():
         gpu_time(lambda ev: kv.write_layers(items, events=ev))
         gpu_time(lambda ev: kv.read_layers(range(a.layers), a.tokens, "bfloat16", events=ev))
         gpu_time(limit)
-    write_all = statistics.median(gpu_time(lambda ev: kv.write_layers(items, events=ev)) for _ in range(a.reps))
-    read_all = statistics.median(gpu_time(lambda ev: kv.read_layers(range(a.layers), a.tokens, "bfloat16", events=ev))
-                                 for _ in range(a.reps))
+    write_all = statistics.median(gpu_time(lambda ev: kv.write_layers(items, events=ev), "write")
+                                  for _ in range(a.reps))
+    read_all = statistics.median(gpu_time(lambda ev: kv.read_layers(range(a.layers), a.tokens, "bfloat16", events=ev),
+                                          "read") for _ in range(a.reps))
     copy_all = statistics.median(gpu_time(limit) for _ in range(a.reps))
     kv.close()
     seq.release()
     client.close()
     print(f"every layer in one launch ({nbytes / 1e6:.1f} MB), GPU time, median of {a.reps}: write "
           f"{write_all:.1f} us ({copy_all / write_all:.3f} of the limit), read {read_all:.1f} us "
-          f"({copy_all / read_all:.3f}); the limit, one contiguous copy of the same bytes: {copy_all:.1f} us")
+          f"({copy_all / read_all:.3f}); the limit, one contiguous copy of the same bytes: {copy_all:.1f} us; "
+          f"host time of the call: write {statistics.median(host['write']):.1f} us, "
+          f"read {statistics.median(host['read']):.1f} us")
     mb = 2 * a.tokens * layout.k_bytes_per_token / 1e6
     print(f"sink overhead, GPU idle ({a.layers} layers, {a.tokens} tokens, {mb:.2f} MB of K+V a layer), "
           f"median of {a.reps}: host per layer: write {statistics.median(write_us):.1f} us, "

@@ -288,6 +288,25 @@ class KvCopyTest(unittest.TestCase):
         with self.assertRaises(ValueError):  # a real stride difference is still refused
             kp._rows(1, k, as_strided(base_v, (1, 1, S, 64), (0, 0, 128 * 2, 2)), S)
 
+    def test_tensors_must_fit_the_layout(self):
+        """The rows take the layout's heads, head size and element size: K/V tensors of
+        another shape or dtype (the copy would read or write past them), or a V shaped
+        unlike K, are refused before anything is copied."""
+        import numpy as np
+        from epd.workers.connector import KvPageLayout, KvPages
+        L = KvPageLayout(layers=2, tokens_per_block=16, kv_heads=2, head_dim=64, elem_size=2)
+        kp = object.__new__(KvPages)
+        kp.layout = L
+        ok = np.zeros((1, 2, 20, 64), np.float16)
+        kp._rows(0, ok, ok.copy(), 20)
+        for k, v, tokens in ((np.zeros((1, 1, 20, 64), np.float16), None, 20),  # fewer heads
+                             (np.zeros((1, 2, 20, 32), np.float16), None, 20),  # shorter rows
+                             (np.zeros((1, 2, 20, 64), np.float32), None, 20),  # wider elements
+                             (ok, np.zeros((1, 2, 12, 64), np.float16), 20),    # V shorter than K
+                             (ok, None, 24)):                                    # more tokens than given
+            with self.assertRaises(ValueError):
+                kp._rows(0, k, v if v is not None else k.copy(), tokens)
+
     def test_bad_rows_are_refused(self):
         import numpy as np
         L = self.layout()

@@ -146,8 +146,7 @@ def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.
             if gpu is not None:
                 # A GPU feature arena: device-to-device copies into views of it (one import).
                 views = f.cuda_all(gpu)
-                for t, (name, x) in zip(spec, tensors.items()):
-                    views[t.name].copy_(x)
+                _copy_all([views[t.name] for t in spec], list(tensors.values()))
             else:
                 buf = f.buffer()
                 for t, (name, x) in zip(spec, tensors.items()):
@@ -175,6 +174,23 @@ def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.
     finally:
         if not released:
             f.release()
+
+
+def _copy_all(dst: List[object], src: List[object]) -> None:
+    """dst[i].copy_(src[i]) for every i (torch tensors), as one call of torch's foreach
+    copy (one launch for tensors of one dtype, its own loop in C++ otherwise) rather than
+    a Python call and a launch each; each copy_ on its own where torch has no foreach copy
+    or refuses the lists."""
+    import torch
+    fe = getattr(torch, "_foreach_copy_", None)
+    if fe is not None:
+        try:
+            fe(dst, src)
+            return
+        except (RuntimeError, TypeError):
+            pass
+    for d, x in zip(dst, src):
+        d.copy_(x)
 
 
 def _feature_gpu_arena(client, f: Feature):
@@ -401,8 +417,12 @@ class KvPages:
         L = self.layout
         es = _elem_size(k)
         st, sv = _strides(k), _strides(v)
-        if st != sv or st[3] != 1:
-            raise ValueError(f"layer {layer}: K and V must share strides, the last dimension contiguous")
+        if st != sv or st[3] != 1 or tuple(k.shape) != tuple(v.shape):
+            raise ValueError(f"layer {layer}: K and V must share shape and strides, the last dimension contiguous")
+        if len(k.shape) != 4 or k.shape[1] != L.kv_heads or k.shape[3] != L.head_dim or es != L.elem_size \
+                or k.shape[2] < tokens:
+            raise ValueError(f"layer {layer}: K/V of shape {tuple(k.shape)} and {es}-byte elements for a layout of "
+                             f"{L.kv_heads} heads of {L.head_dim} x {L.elem_size} bytes, {tokens} tokens")
         ptr_k, ptr_v = (k.data_ptr(), v.data_ptr()) if _is_torch(k) else (k.ctypes.data, v.ctypes.data)
         return G.KvRows(k=ptr_k, v=ptr_v, tokens=tokens, heads=L.kv_heads, tokens_per_page=L.tokens_per_block,
                         row_bytes=L.head_dim * es, k_offset=L.k_offset(layer), v_offset=L.v_offset(layer),
@@ -503,25 +523,36 @@ class KvPages:
         from .. import gpu as G
         L = self.layout
         l0, k0, v0 = items[0]
-        sig = (k0.shape, k0.stride(), v0.stride(), k0.dtype, v0.dtype)
-        for _, k, v in items[1:]:
-            if (k.shape, k.stride(), v.stride(), k.dtype, v.dtype) != sig:
+        shape, ks, vs, kd, vd = k0.shape, k0.stride(), v0.stride(), k0.dtype, v0.dtype
+        layers, kp, vp = [], [], []
+        for layer, k, v in items:  # one pass: the checks and the addresses
+            if k.shape != shape or v.shape != shape or k.stride() != ks or v.stride() != vs or k.dtype != kd \
+                    or v.dtype != vd:
                 return None
-        first = self._rows(l0, k0, v0, tokens)
+            layers.append(layer)
+            kp.append(k.data_ptr())
+            vp.append(v.data_ptr())
+        return self._rows_array(self._rows(l0, k0, v0, tokens), layers, kp, vp)
+
+    def _rows_array(self, first, layers, kp, vp):
+        """A ctypes array of KvRows: `first`'s (checked) geometry for every layer, with
+        the layers' tensor addresses kp / vp and the layers' offsets in a page."""
+        from .. import gpu as G
+        L = self.layout
         stride, v_in_page = L.layer_stride, L.tokens_per_block * L.k_bytes_per_token
         import numpy as np
         # Column by column (a few numpy calls, not a dozen ctypes and torch calls per
         # layer): KvRows is 9 words, k, v, tokens, heads|tokens_per_page, row_bytes,
         # k_offset, v_offset, head_stride, token_stride (native byte order).
         assert ctypes.sizeof(G.KvRows) == 9 * 8, "KvRows is not 9 words"
-        a = np.empty((len(items), 9), dtype=np.uint64)
+        a = np.empty((len(layers), 9), dtype=np.uint64)
         a[:] = np.frombuffer(bytes(first), dtype=np.uint64)
-        a[:, 0] = [k.data_ptr() for _, k, _ in items]
-        a[:, 1] = [v.data_ptr() for _, _, v in items]
-        off = np.fromiter((layer for layer, _, _ in items), dtype=np.uint64, count=len(items)) * np.uint64(stride)
+        a[:, 0] = kp
+        a[:, 1] = vp
+        off = np.array(layers, dtype=np.uint64) * np.uint64(stride)
         a[:, 5] = off  # KvPageLayout.k_offset / v_offset, without the calls
         a[:, 6] = off + np.uint64(v_in_page)
-        return (G.KvRows * len(items)).from_buffer(a)  # keeps `a` alive
+        return (G.KvRows * len(layers)).from_buffer(a)  # keeps `a` alive
 
     def write_layers(self, items, start: int = 0, events=None) -> None:
         """Several layers' K/V, [(layer, k, v)] of tokens [start, start+S), in one call:
@@ -561,12 +592,19 @@ class KvPages:
         write_layers (GPU arenas)."""
         if not self.on_gpu or not layers:
             return [self.read(layer, tokens, dtype, device) for layer in layers]
+        import numpy as np
         import torch
         L = self.layout
+        layers = list(layers)
         buf = torch.empty((len(layers), 2, 1, L.kv_heads, tokens, L.head_dim), dtype=getattr(torch, dtype),
                           device=device or "cuda")
-        out = [(buf[i, 0], buf[i, 1]) for i in range(len(layers))]
-        rows = self._many_rows([(layer, k, v) for layer, (k, v) in zip(layers, out)], tokens)
+        out = [tuple(kv.unbind(0)) for kv in buf.unbind(0)]
+        # Views of one contiguous buffer: the first layer's rows checked, every other
+        # layer's K and V at fixed distances from it (no per-layer torch calls).
+        layer_bytes = L.kv_heads * tokens * L.head_dim * buf.element_size()
+        kp = np.uint64(buf.data_ptr()) + np.arange(len(layers), dtype=np.uint64) * np.uint64(2 * layer_bytes)
+        rows = self._rows_array(self._rows(layers[0], out[0][0], out[0][1], tokens), layers, kp,
+                                kp + np.uint64(layer_bytes))
         t = self._tables.get(0)
         if t is None:
             t = self._table(0)
