@@ -520,8 +520,6 @@ class KvPages:
         """A ctypes array of KvRows for [(layer, k, v)] whose tensors share one shape,
         strides and dtype (the layers of one model), from the first layer's checked rows;
         None if they do not."""
-        from .. import gpu as G
-        L = self.layout
         l0, k0, v0 = items[0]
         shape, ks, vs, kd, vd = k0.shape, k0.stride(), v0.stride(), k0.dtype, v0.dtype
         layers, kp, vp = [], [], []
