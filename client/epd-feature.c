@@ -296,6 +296,27 @@ static int settled(epd_feature *f) {
         return strcmp(f->state, "ready") == 0 ? 1 : -EPIPE;
 }
 
+/* The daemon's Wait: one call, answered when the feature is ready or failed. 1 when
+ * answered (f updated), -ETIMEDOUT, -EOPNOTSUPP from a daemon without Wait, or another
+ * error. */
+static int wait_call(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        int r;
+
+        r = epd__new_call(c, FEATURE_PATH, FEATURE_IFACE, "Wait", &m);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_append(m, "s", f->handle);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        /* sd_bus_call: UINT64_MAX waits without a timeout (0 would be its default). */
+        r = epd__send_timeout(c, m, timeout_usec, &reply);
+        if (r < 0)
+                return strcmp(c->error_name, SD_BUS_ERROR_UNKNOWN_METHOD) == 0 ? -EOPNOTSUPP : r;
+        r = read_info(c, reply, f);
+        return r < 0 ? r : 1;
+}
+
 int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
         _cleanup_(sd_bus_slot_unrefp) sd_bus_slot *slot = NULL;
         WaitState w = { .key = f ? f->key : NULL };
@@ -309,6 +330,22 @@ int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
         deadline = timeout_usec == UINT64_MAX || now_mono() + timeout_usec < timeout_usec
                            ? UINT64_MAX
                            : now_mono() + timeout_usec;
+        if (timeout_usec > 0) {
+                /* One round trip answered by the Publish (or the failure), then the
+                 * signal path below only for a daemon that has no Wait. */
+                for (;;) {
+                        uint64_t now = now_mono();
+                        if (now >= deadline)
+                                return -ETIMEDOUT;
+                        r = wait_call(c, f, deadline == UINT64_MAX ? UINT64_MAX : deadline - now);
+                        if (r == -EOPNOTSUPP)
+                                break;
+                        if (r < 0)
+                                return r;
+                        if ((r = settled(f)) != 0)
+                                return r > 0 ? 0 : r;
+                }
+        }
         /* Subscribe first, then look: a change after the look arrives as a signal. */
         /* Any sender: a signal only makes us ask the daemon again (Describe), so a forged
          * one cannot change what we report. */

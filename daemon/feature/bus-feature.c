@@ -232,6 +232,47 @@ static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
         feature_handle_release(h);
 }
 
+/* A Wait answered once its feature settles (READY or FAILED): the same answer as
+ * Describe's, from which the caller learns which. */
+typedef struct WaitCall {
+        FeatureLoadWaiter waiter;
+        sd_bus_message *msg;
+} WaitCall;
+
+static int reply_info(FeatureManager *fm, sd_bus_message *msg, FeatureHandle *h) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        int r = sd_bus_message_new_method_return(msg, &reply);
+        if (r >= 0)
+                r = append_info(reply, fm, h);
+        if (r >= 0)
+                r = sd_bus_send(NULL, reply, NULL);
+        return r;
+}
+
+static void wait_settled(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
+        WaitCall *call = container_of(w, WaitCall, waiter);
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *msg = call->msg;
+        int r;
+
+        free(call);
+        /* By the feature's state, not the error (a failed feature's error may be any). */
+        if (h->ref->feature->state == FEATURE_RESERVED) {
+                if (error == -ESTALE)
+                        (void)sd_bus_reply_method_errorf(msg, EPD_ERROR_STALE,
+                                                         "A later Wait on the same feature handle took its place.");
+                else /* the handle went first (its client, or a Release) */
+                        (void)sd_bus_reply_method_errorf(msg, EPD_ERROR_NOT_FOUND,
+                                                         "The feature handle was released while waiting.");
+                return;
+        }
+        /* READY, or FAILED (the info says so, with the error). */
+        r = reply_info(h->fm, msg, h);
+        if (r < 0) {
+                log_debug_errno(r, "Cannot answer a Wait for %.64s: %m", h->ref->feature->key);
+                (void)bus_glue_reply_errno(msg, r, "Cannot build the reply.");
+        }
+}
+
 static const char *const acquire_results[] = {
         [FEATURE_ACQUIRE_HIT] = "hit",
         [FEATURE_ACQUIRE_WAIT] = "wait",
@@ -499,6 +540,45 @@ static int method_describe(sd_bus_message *msg, void *userdata, sd_bus_error *er
         return r < 0 ? r : 1;
 }
 
+/* Wait(handle): answered, as Describe, once the feature is READY or FAILED (at once if
+ * it is already): the reader's one round trip, with no signal to watch and no Describe
+ * after it. A later Wait on the same handle (the caller gave up on the first) takes the
+ * earlier one's place. */
+static int method_wait(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        FeatureManager *fm = feature_manager_get(userdata);
+        FeatureHandle *h;
+        const char *id;
+        int r;
+
+        r = sd_bus_message_read(msg, "s", &id);
+        if (r < 0)
+                return r;
+        r = handle_lookup(fm, msg, id, &h, error);
+        if (r < 0)
+                return r;
+        if (h->ref->feature->state != FEATURE_RESERVED) {
+                r = reply_info(fm, msg, h);
+                return r < 0 ? r : 1;
+        }
+        if (h->ref->kind != FEATURE_REF_READER)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                     "Feature handle %s is not a reader's: its holder produces '%.64s' (Publish or "
+                                     "Fail it) or pins it.",
+                                     id, h->ref->feature->key);
+        if (h->waiter) {
+                if (h->waiter->done != wait_settled)
+                        return epd_bus_error(error, EPD_ERROR_BUSY, "Feature handle %s is being answered already.", id);
+                FeatureLoadWaiter *old = feature_handle_unwait(h);
+                old->done(old, h, -ESTALE);
+        }
+        WaitCall *call = calloc(1, sizeof *call);
+        if (!call)
+                return -ENOMEM;
+        *call = (WaitCall) { .waiter.done = wait_settled, .msg = sd_bus_message_ref(msg) };
+        feature_handle_wait_load(h, &call->waiter);
+        return 1;
+}
+
 static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         FeatureManager *fm = feature_manager_get(userdata);
         FeatureHandle *h;
@@ -701,6 +781,11 @@ static const sd_bus_vtable feature_vtable[] = {
                                               "t", offset, "t", bytes, "ay", descriptor,
                                               "s", request_id),
                                 method_describe, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Wait", SD_BUS_ARGS("s", handle),
+                                SD_BUS_RESULT("s", handle, "s", state, "s", error, "s", arena,
+                                              "t", offset, "t", bytes, "ay", descriptor,
+                                              "s", request_id),
+                                method_wait, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Release", SD_BUS_ARGS("s", handle), SD_BUS_NO_RESULT,
                                 method_release, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Pin", SD_BUS_ARGS("s", key), SD_BUS_RESULT("s", handle),

@@ -19,8 +19,8 @@ static void handle_release_object(ClientObject *o) {
         feature_handle_release(container_of(o, FeatureHandle, object));
 }
 
-/* A feature changed state: FeatureReady on the bus, and the Acquires that waited for
- * its load are answered. */
+/* A feature changed state: FeatureReady on the bus, and the calls that waited for it
+ * (Acquires for its load, Waits for its Publish or failure) are answered. */
 static void on_state(FeatureCache *c, Feature *f, void *userdata) {
         FeatureManager *fm = userdata;
         bus_feature_emit_ready(fm->manager, f);
@@ -122,6 +122,13 @@ int feature_handle_lookup(FeatureManager *fm, Client *caller, const char *id_str
 void feature_handle_wait_load(FeatureHandle *h, FeatureLoadWaiter *w) {
         h->waiter = w;
         LIST_PREPEND(pending, h->fm->pending, h);
+}
+
+FeatureLoadWaiter *feature_handle_unwait(FeatureHandle *h) {
+        FeatureLoadWaiter *w = TAKE_PTR(h->waiter);
+        if (w)
+                LIST_REMOVE(pending, h->fm->pending, h);
+        return w;
 }
 
 void feature_manager_count_acquire(Worker *w, FeatureAcquireResult res) {

@@ -26,9 +26,9 @@
 
 typedef struct FeatureHandle FeatureHandle;
 
-/* An Acquire answered once its feature is read back from the store (the bus glue's):
- * done() is called once, with error 0 when the feature is ready, the load's error, or
- * -ECANCELED when the handle goes first (nobody is to be answered then). */
+/* A call answered once its handle's feature settles (the bus glue's: an Acquire waiting
+ * for a read back, a Wait for a Publish): done() is called once, with error 0 when the
+ * feature is ready, its error when it failed, or -ECANCELED when the handle goes first. */
 typedef struct FeatureLoadWaiter FeatureLoadWaiter;
 struct FeatureLoadWaiter {
         void (*done)(FeatureLoadWaiter *w, FeatureHandle *h, int error);
@@ -65,8 +65,11 @@ void feature_handle_release(FeatureHandle *h);
 /* The handle named id_str, if it is the caller's; else a negative errno and why. */
 int feature_handle_lookup(FeatureManager *fm, Client *caller, const char *id_str, FeatureHandle **ret,
                           Reason *why);
-/* h's Acquire is answered by w once the feature is read back. */
+/* w is called once h's feature settles (READY or FAILED): h's Acquire once the feature
+ * is read back, or h's Wait once it is published or failed. */
 void feature_handle_wait_load(FeatureHandle *h, FeatureLoadWaiter *w);
+/* Takes h's waiter off (NULL if none), without calling it. */
+FeatureLoadWaiter *feature_handle_unwait(FeatureHandle *h);
 
 /* A worker's Acquire (hit, or told to produce) and Publish, in its counters
  * (core/worker.h: WorkerStats). */

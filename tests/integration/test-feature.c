@@ -809,6 +809,106 @@ START_TEST(test_soak) {
 }
 END_TEST
 
+/* Wait's answer: the state, or the error's name. */
+static int on_wait(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        Answer *a = userdata;
+        const char *handle = NULL, *state = NULL;
+        a->order = ++answered;
+        if (sd_bus_message_is_method_error(m, NULL))
+                snprintf(a->error, sizeof a->error, "%s", sd_bus_message_get_error(m)->name);
+        else if (sd_bus_message_read(m, "ss", &handle, &state) > 0)
+                snprintf(a->result, sizeof a->result, "%s", state);
+        return 0;
+}
+
+static void run_until(sd_bus *bus, int n) {
+        while (answered < n) {
+                int r = sd_bus_process(bus, NULL);
+                ck_assert_int_ge(r, 0);
+                if (r == 0)
+                        ck_assert_int_ge(sd_bus_wait(bus, 30 * 1000000ULL), 0);
+        }
+}
+
+/* Wait(handle) is answered by the Publish, by the failure, or at once when settled; a
+ * later Wait takes an earlier one's place (answered Stale); a handle released while
+ * waiting answers NotFound; a producer's handle cannot wait for itself. */
+START_TEST(test_wait_call) {
+        epd_client *enc = worker("encoder");
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(10, t, &bytes);
+        epd_feature *p[3];
+        const char *keys[] = { "wait:publish", "wait:fail", "wait:release" };
+        const char *handles[3];
+        sd_bus_message *replies[3] = {};
+        sd_bus *bus;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        const char *dest = harness_destination(&h);
+
+        for (int i = 0; i < 3; i++)
+                ck_assert_int_eq(epd_feature_reserve(enc, keys[i], bytes, t, n, NULL, &p[i]), 0);
+        /* The producer's own handle: refused by name, not a wait that never ends. */
+        ck_assert_int_eq(epd_feature_wait(enc, p[0], 1000000), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.InvalidArgument");
+
+        ck_assert_int_ge(harness_raw_bus(&h, &bus), 0);
+        ck_assert_int_ge(sd_bus_call_method(bus, dest, "/org/epd1", "org.epd1.Manager", "RegisterWorker", &e,
+                                            &reply, "sssa{sv}", "prefill", "raw", "cpu", 0), 0);
+        reply = sd_bus_message_unref(reply);
+        for (int i = 0; i < 3; i++) {
+                const char *result;
+                ck_assert_int_ge(sd_bus_call_method(bus, dest, "/org/epd1/feature", "org.epd1.Feature", "Acquire", &e,
+                                                    &replies[i], "sb", keys[i], 0), 0);
+                ck_assert_int_ge(sd_bus_message_read(replies[i], "ss", &result, &handles[i]), 0);
+                ck_assert_str_eq(result, "wait");
+        }
+        Answer first = {}, second = {}, failed = {}, released = {}, release = {}, settled = {};
+        answered = 0;
+        ck_assert_int_ge(sd_bus_call_method_async(bus, NULL, dest, "/org/epd1/feature", "org.epd1.Feature", "Wait",
+                                                  on_wait, &first, "s", handles[0]), 0);
+        ck_assert_int_ge(sd_bus_call_method_async(bus, NULL, dest, "/org/epd1/feature", "org.epd1.Feature", "Wait",
+                                                  on_wait, &second, "s", handles[0]), 0);
+        run_until(bus, 1); /* the first, superseded */
+        ck_assert_str_eq(first.error, "org.epd1.Error.Stale");
+        ck_assert_int_eq(second.order, 0); /* still waiting */
+        ck_assert_int_eq(epd_feature_publish(enc, p[0], 1), 0);
+        run_until(bus, 2);
+        ck_assert_str_eq(second.error, "");
+        ck_assert_str_eq(second.result, "ready");
+        /* Settled already: answered at once. */
+        ck_assert_int_ge(sd_bus_call_method_async(bus, NULL, dest, "/org/epd1/feature", "org.epd1.Feature", "Wait",
+                                                  on_wait, &settled, "s", handles[0]), 0);
+        run_until(bus, 3);
+        ck_assert_str_eq(settled.result, "ready");
+        /* A producer that fails: the waiter learns it from the answer. */
+        ck_assert_int_ge(sd_bus_call_method_async(bus, NULL, dest, "/org/epd1/feature", "org.epd1.Feature", "Wait",
+                                                  on_wait, &failed, "s", handles[1]), 0);
+        ck_assert_int_eq(epd_feature_fail(enc, p[1], "encoder-error"), 0);
+        run_until(bus, 4);
+        ck_assert_str_eq(failed.result, "failed");
+        /* Released while waiting: NotFound, and the Release itself succeeds. */
+        ck_assert_int_ge(sd_bus_call_method_async(bus, NULL, dest, "/org/epd1/feature", "org.epd1.Feature", "Wait",
+                                                  on_wait, &released, "s", handles[2]), 0);
+        ck_assert_int_ge(sd_bus_call_method_async(bus, NULL, dest, "/org/epd1/feature", "org.epd1.Feature",
+                                                  "Release", on_wait, &release, "s", handles[2]), 0);
+        run_until(bus, 6);
+        ck_assert_str_eq(released.error, "org.epd1.Error.NotFound");
+        ck_assert_str_eq(release.error, "");
+        for (int i = 0; i < 3; i++) {
+                if (i < 2)
+                        ck_assert_int_ge(sd_bus_call_method(bus, dest, "/org/epd1/feature", "org.epd1.Feature",
+                                                            "Release", &e, NULL, "s", handles[i]), 0);
+                sd_bus_message_unref(replies[i]);
+                ck_assert_int_eq(epd_feature_release(enc, p[i]), 0);
+        }
+        ck_assert_uint_eq(stat_u64(NULL, "Handles"), 0);
+        sd_bus_flush_close_unref(bus);
+        epd_disconnect(enc);
+}
+END_TEST
+
 START_TEST(test_introspection) {
         sd_bus *bus;
         char f[512];
@@ -913,6 +1013,7 @@ int main(void) {
         tcase_add_test(tc, test_load_off_loop);
         tcase_add_test(tc, test_wanted_permissions_reload);
         tcase_add_test(tc, test_soak);
+        tcase_add_test(tc, test_wait_call);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
