@@ -503,7 +503,7 @@ def main():
                       f"{ks.get('setup', 0):.2f} ms (on a thread; the first layer waited {ks.get('setup_wait', 0):.2f} ms); "
                       f"feature fetch acquire {ff.get('acquire', 0):.2f} ms (P50 {ff.get('acquire_p50', 0):.2f}, "
                       f"P95 {ff.get('acquire_p95', 0):.2f}, max {ff.get('acquire_max', 0):.2f}), "
-                      f"wait {ff.get('wait', 0):.2f} ms, "
+                      f"wait {ff.get('wait', 0):.2f} ms (for the encoder, which the prefill overlaps: not epd's), "
                       f"read {ff.get('read', 0):.2f} ms; encoder: image + key {r.get('encoder_key_ms', 0):.2f} ms "
                       f"(the image {r.get('encoder_image_ms', 0):.2f}, its key "
                       f"{r.get('encoder_key_ms', 0) - r.get('encoder_image_ms', 0):.2f}), vision tower "

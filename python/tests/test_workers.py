@@ -100,6 +100,33 @@ class WorkersTest(unittest.TestCase):
         self.assertEqual(kv["free"], kv["total"], pools)
         self.assertEqual(self.epdctl("sequences"), [])
 
+    def test_prefill_overlaps_the_encoder(self):
+        """The prefill starts once the encoder has the feature in epdd, not when the
+        encoder replies: its Acquire, sequence and Prepare run while the tower does and it
+        waits for the Publish, woken by epdd. With a tower of 300 ms, the prefill's wait
+        for its feature is most of it, and TTFT is less than the encoder's and the
+        prefill's times end to end; the bytes are still the ones the encoder made."""
+        from epd.workers import serve
+        os.environ["EPD_SYNTHETIC_ENCODE_MS"] = "300"
+        try:
+            w = serve.Workers(self.d.address, "synthetic", group_size=2)
+        finally:
+            del os.environ["EPD_SYNTHETIC_ENCODE_MS"]
+        try:
+            specs = [serve.Spec(serve.request_id_of(40 + i), image_seed=40 + i, text_seed=i, text_tokens=20,
+                                max_new_tokens=4) for i in range(2)]
+            results = w.run(specs, concurrency=1)
+        finally:
+            w.close()
+        b = serve.Synthetic()
+        for s, r in zip(specs, results):
+            self.assertEqual(r["encode"]["result"], "produced")
+            self.assertEqual(r["tokens"], expected_tokens(b, s, r["prefill"]["first"]), s.request_id)
+            self.assertGreater(r["prefill"]["feature_wait_s"], 0.15, r["prefill"])
+            self.assertLess(r["ttft_s"], r["encode"]["t"] + r["prefill"]["t"] - 0.15)
+            self.assertLess(r["prefill"]["fetch_s"], 0.15)  # the wait is not counted as the fetch
+        self.check_clean()
+
     def check_clean(self):
         pools = self.epdctl("pages")["pools"]
         kv = [p for p in pools if p["arena"] == "host0"][0]

@@ -23,7 +23,7 @@ reported ready when a CUDA event says its writes have landed, never by a host sy
 
 import ctypes
 import time
-from typing import Dict, List, Optional, Sequence as Seq, Tuple
+from typing import Callable, Dict, List, Optional, Sequence as Seq, Tuple
 
 from .. import Arena, EpdError
 from ..feature import Feature, Tensor
@@ -91,7 +91,8 @@ def _gpu_events():
 
 def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.0,
             detail: Optional[Dict[str, float]] = None,
-            layout: Optional[Tuple[List[Tensor], int]] = None) -> Tuple[str, float]:
+            layout: Optional[Tuple[List[Tensor], int]] = None,
+            on_acquired: Optional[Callable[[str], None]] = None) -> Tuple[str, float]:
     """Encoder: makes sure `key` is cached. Returns ("hit"|"waited"|"produced", encode seconds).
     encode_fn() -> {name: array} runs only when this worker is told to produce.
 
@@ -109,7 +110,12 @@ def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.
     encode_fn returned ("fn"), the reserve ("reserve"), finding the arena and queueing the
     copies ("copy"), waiting for the GPU ("sync"), sending Publish + Release ("publish");
     on a GPU also the GPU's own time for encode_fn's work ("fn_gpu") and from there to the
-    copies queued ("copy_gpu"), from CUDA events (no extra synchronization)."""
+    copies queued ("copy_gpu"), from CUDA events (no extra synchronization).
+
+    on_acquired(result), when given, is called once the Acquire has answered (hit, wait
+    or produce), before encode_fn runs: from then on a reader's Acquire of `key` finds the
+    feature (ready, or being produced: it waits for the Publish, woken by epdd), so a
+    caller can start the reader's side (a prefill) while the encoder runs."""
     client.flush(timeout_s)  # the previous produce's Publish and Release: answered, not refused
     t_a = time.perf_counter()
     if layout is not None:
@@ -120,6 +126,8 @@ def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.
     try:
         if detail is not None:
             detail["acquire"] = time.perf_counter() - t_a
+        if on_acquired is not None:
+            on_acquired(f.result)
         if f.result == "hit":
             return "hit", 0.0
         if f.result == "wait":

@@ -91,6 +91,10 @@ class Synthetic:
         return (self.n_image_tokens + 2 if spec.image_seed is not None else 0) + spec.text_tokens
 
     def encode(self, spec: Spec) -> Dict[str, object]:
+        # EPD_SYNTHETIC_ENCODE_MS: a vision tower that takes this long (tests of overlap).
+        delay = float(os.environ.get("EPD_SYNTHETIC_ENCODE_MS", "0") or 0)
+        if delay > 0:
+            time.sleep(delay / 1e3)
         rng = self.np.random.default_rng(spec.image_seed)
         out = {"embeds": rng.standard_normal((self.n_image_tokens, self.hidden)).astype(self.np.float16)}
         for i in range(self.deepstack):
@@ -345,10 +349,11 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
         agents = _DecodeAgents(client, layout, b, device, kv_arena) if role == "decode" else None
         conn.send(("ready", {"pid": os.getpid(), "gpu": gpu, "worker": client.worker_path}))
 
-        def encode_into_cache(spec, key):
+        def encode_into_cache(spec, key, on_acquired=None):
             """The vision tower through the feature cache (it runs only on a miss):
             (hit|waited|produced, encode seconds)."""
-            ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id, shape_key=b.feature_shape_key(spec))
+            ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id, shape_key=b.feature_shape_key(spec),
+                           on_acquired=on_acquired)
             _sync(device)
             return ec.last_save
 
@@ -363,7 +368,11 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 image_s = time.perf_counter() - t0
                 key = b.image_key(spec)  # its content hash
                 key_s = time.perf_counter() - t0
-                result, enc_s = encode_into_cache(spec, key)
+                # Asked to (msg[2]): the key goes back as soon as epdd has the feature (ready
+                # or being produced here), so that the prefill starts while the tower runs;
+                # the reply follows when the feature is published.
+                announce = (lambda result: conn.send(("key", key))) if len(msg) > 2 and msg[2] else None
+                result, enc_s = encode_into_cache(spec, key, announce)
                 conn.send(("ok", {"result": result, "encode_s": enc_s, "key_s": key_s, "image_s": image_s,
                                   "key": key, "detail": ec.last_save_detail, "t": time.perf_counter() - t0}))
             elif kind == "prefill":
@@ -379,6 +388,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                     feats = feats[key]
                     detail = feats.timing
                 t1 = time.perf_counter()
+                feature_wait = detail.get("wait", 0.0)  # for the encoder still producing it: not epd's time
                 plen = b.prompt_len(spec)  # the model's input (token ids on the GPU): its time, not epd's
                 t1b = time.perf_counter()
                 kvc.bind_connector_metadata(kvc.build_connector_meta(saves=[H.KvTransfer(spec.request_id, plen)]))
@@ -393,7 +403,8 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 sink = kvc.sink_of(spec.request_id)
                 save_s = kvc.stats["save_s"] - s0["save_s"]
                 out = {"first": first, "delta": delta, "prompt_len": plen,
-                       "fetch_s": t1 - t0 - (enc["t"] if enc else 0.0), "t": t3 - t0,
+                       "fetch_s": t1 - t0 - (enc["t"] if enc else 0.0) - feature_wait,
+                       "feature_wait_s": feature_wait, "t": t3 - t0,
                        "fetch_detail": detail, "prepare_s": t2 - t1b, "sink_s": save_s,
                        "sink_wait_s": kvc.stats["save_wait_s"] - s0["save_wait_s"],
                        "compute_s": t3 - t2 - save_s + (t1b - t1), "kv_bytes": sink.bytes_written,
@@ -452,9 +463,31 @@ def _sync(device):
 class _Proc:
     def __init__(self, role: str, index: int, proc, conn, gpu: Optional[int]):
         self.role, self.index, self.proc, self.conn, self.gpu = role, index, proc, conn, gpu
-        self.lock = threading.Lock()
+        self.lock = _FifoLock()
         self.busy = 0  # requests routed to it and not finished (routing: least busy)
         self.info: dict = {}
+
+
+class _FifoLock:
+    """A lock taken in the order it was asked for: a worker serves the requests routed to
+    it first come, first served (threading.Lock wakes any waiter, so a prefill waiting for
+    a feature still being encoded could go before one whose feature is ready)."""
+
+    def __init__(self):
+        self._c = threading.Condition()
+        self._next = self._serving = 0
+
+    def __enter__(self):
+        with self._c:
+            ticket = self._next
+            self._next += 1
+            while self._serving != ticket:
+                self._c.wait()
+
+    def __exit__(self, *exc):
+        with self._c:
+            self._serving += 1
+            self._c.notify_all()
 
 
 class Workers:
@@ -539,20 +572,60 @@ class Workers:
         finally:
             self._done(w)
 
+    def _encode_and_prefill(self, spec: Spec):
+        """The encoder and the prefill overlapped: the encoder answers with the feature's
+        key as soon as epdd has the feature (ready, or being produced by it), and the
+        prefill starts then, on a thread: its Acquire, sequence and handoff Prepare run
+        while the tower does, and it waits for the Publish (woken by epdd, no polling),
+        not for the encoder's reply to come back through this process. (encode, prefill)
+        replies; the encoder is free for the next request once it has replied."""
+        we = self._pick("encoder")
+        pre: dict = {}
+
+        def prefill():
+            try:
+                pre["r"] = self._call_role("prefill", "prefill", spec, False)
+            except BaseException as e:  # raised by the caller below
+                pre["e"] = e
+
+        th = None
+        try:
+            with we.lock:
+                we.conn.send(("encode", spec, True))
+                r = we.conn.recv()
+                if r[0] == "key":
+                    spec.image_key = r[1]  # the prefill reads the features by it
+                    th = threading.Thread(target=prefill)
+                    th.start()
+                    r = we.conn.recv()
+        finally:
+            self._done(we)
+        if th is not None:
+            th.join()  # an encoder that failed after the key failed the feature: the prefill's wait ends
+        if r[0] != "ok":
+            raise RuntimeError(f"encoder worker {we.index} failed:\n{r[1]}")
+        if th is None:
+            raise RuntimeError(f"encoder worker {we.index} answered without the feature's key")
+        if "e" in pre:
+            raise pre["e"]
+        return r[1], pre["r"]
+
     def run_one(self, spec: Spec) -> dict:
         spec.submit_t = spec.submit_t or time.perf_counter()
         out = {"request_id": spec.request_id}
         encoders = bool(self.pools["encoder"])
         if spec.image_seed is not None and encoders:
-            out["encode"] = self._call_role("encoder", "encode", spec)
-            spec.image_key = out["encode"]["key"]  # the prefill reads the features by it
-        out["prefill"] = self._call_role("prefill", "prefill", spec, not encoders)
+            out["encode"], out["prefill"] = self._encode_and_prefill(spec)
+        else:
+            out["prefill"] = self._call_role("prefill", "prefill", spec, not encoders)
         if "encode" in out["prefill"]:
             out["encode"] = out["prefill"]["encode"]
         out["ttft_s"] = time.perf_counter() - spec.submit_t
         # Process hops and queueing: the part of TTFT spent outside the workers' own work
-        # (pipes, routing, waiting for a busy worker).
-        inside = out["prefill"]["t"] + (out["encode"]["t"] if "encode" in out and encoders else 0.0)
+        # (pipes, routing, waiting for a busy worker). The prefill's wait for its feature
+        # overlaps the encoder's work.
+        inside = (out["prefill"]["t"] - out["prefill"].get("feature_wait_s", 0.0)
+                  + (out["encode"]["t"] if "encode" in out and encoders else 0.0))
         out["hops_s"] = max(0.0, out["ttft_s"] - inside)
         d = self._pick("decode")
         try:
