@@ -173,8 +173,10 @@ def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.
         released = True
         f.publish_release(int(dt * 1e6))
         if detail is not None:
+            # publish_at: when the Publish went out (time.perf_counter(), CLOCK_MONOTONIC on
+            # Linux: comparable with a reader's woke_at in another process of the host).
             detail.update(fn=t1 - t0, reserve=t2 - t1, copy=t3 - t2, sync=t4 - t3,
-                          publish=time.perf_counter() - t4)
+                          publish=time.perf_counter() - t4, publish_at=t4)
             if ev:
                 ev[2].synchronize()
                 detail.update(fn_gpu=ev[0].elapsed_time(ev[1]) / 1e3, copy_gpu=ev[1].elapsed_time(ev[2]) / 1e3)
@@ -255,7 +257,8 @@ def fetch(client, key: str, device: Optional[str] = None, timeout_s: float = 60.
                     out[t.name] = f.torch(t.name).to(device, non_blocking=False)
                 else:
                     out[t.name] = f.numpy(t.name).copy()
-        timing = {"acquire": t1 - t0, "wait": t2 - t1, "read": time.perf_counter() - t2}
+        # woke_at: when the wait returned (time.perf_counter(); see produce's publish_at).
+        timing = {"acquire": t1 - t0, "wait": t2 - t1, "read": time.perf_counter() - t2, "woke_at": t2}
         return FeatureTensors(out, f if keep else None, timing)
     finally:
         if not keep:
