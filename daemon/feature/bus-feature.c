@@ -519,24 +519,25 @@ static int method_fail(sd_bus_message *msg, void *userdata, sd_bus_error *error)
         return producer_ended(fm, msg, id, feature_fail(h->ref, -ECANCELED), error);
 }
 
+/* The one argument of Describe, Wait and Release: the caller's handle. */
+static int read_handle(FeatureManager *fm, sd_bus_message *msg, const char **ret_id, FeatureHandle **ret,
+                       sd_bus_error *error) {
+        int r = sd_bus_message_read(msg, "s", ret_id);
+        if (r < 0)
+                return r;
+        return handle_lookup(fm, msg, *ret_id, ret, error);
+}
+
 static int method_describe(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         FeatureManager *fm = feature_manager_get(userdata);
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         FeatureHandle *h;
         const char *id;
         int r;
 
-        r = sd_bus_message_read(msg, "s", &id);
+        r = read_handle(fm, msg, &id, &h, error);
         if (r < 0)
                 return r;
-        r = handle_lookup(fm, msg, id, &h, error);
-        if (r < 0)
-                return r;
-        r = sd_bus_message_new_method_return(msg, &reply);
-        if (r >= 0)
-                r = append_info(reply, fm, h);
-        if (r >= 0)
-                r = sd_bus_send(NULL, reply, NULL);
+        r = reply_info(fm, msg, h);
         return r < 0 ? r : 1;
 }
 
@@ -550,10 +551,7 @@ static int method_wait(sd_bus_message *msg, void *userdata, sd_bus_error *error)
         const char *id;
         int r;
 
-        r = sd_bus_message_read(msg, "s", &id);
-        if (r < 0)
-                return r;
-        r = handle_lookup(fm, msg, id, &h, error);
+        r = read_handle(fm, msg, &id, &h, error);
         if (r < 0)
                 return r;
         if (h->ref->feature->state != FEATURE_RESERVED) {
@@ -585,10 +583,7 @@ static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *err
         const char *id;
         int r;
 
-        r = sd_bus_message_read(msg, "s", &id);
-        if (r < 0)
-                return r;
-        r = handle_lookup(fm, msg, id, &h, error);
+        r = read_handle(fm, msg, &id, &h, error);
         if (r < 0)
                 return r;
         feature_handle_release(h);
