@@ -160,13 +160,8 @@ int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *chun
                   stream, params, NULL);
 }
 
-/* The grid of epd_kv_rows / epd_kv_layers (pack.cu: kv_rows_copy): one block per page the
- * tokens use (x), per K or V and head (y), per layer (z); a block's threads cover one
- * page's rows of its head (T × words_per_row words, a multiple of 32 up to 256), so a
- * thread moves one word, or a few when a page holds more. 32-bit index arithmetic in the
- * kernel: what it multiplies must fit. */
-static int kv_grid(uint64_t tokens, uint32_t heads, uint64_t words_per_row, uint32_t tokens_per_page,
-                   unsigned *gx, unsigned *gy, unsigned *bx) {
+int gpu_kv_grid(uint64_t tokens, uint32_t heads, uint64_t words_per_row, uint32_t tokens_per_page, unsigned *gx,
+                unsigned *gy, unsigned *bx) {
         uint64_t pages, words;
 
         if (tokens == 0 || heads == 0 || 2ULL * heads > 65535 || words_per_row == 0 || tokens_per_page == 0 ||
@@ -189,7 +184,7 @@ int gpu_kernels_kv_rows(GpuKernels *k, CUstream stream, CUdeviceptr pages, uint6
         unsigned long long kk = k_rows, vv = v_rows, s = tokens, ko = k_offset, vo = v_offset, hw = head_words,
                            tw = token_words;
         unsigned h = heads, w = (unsigned)words_per_row, t = tokens_per_page, gx, gy, bx;
-        int dir = to_pages, r = kv_grid(tokens, heads, words_per_row, tokens_per_page, &gx, &gy, &bx);
+        int dir = to_pages, r = gpu_kv_grid(tokens, heads, words_per_row, tokens_per_page, &gx, &gy, &bx);
         void *params[] = { &pages, &kk, &vv, &s, &h, &w, &t, &ko, &vo, &hw, &tw, &dir };
 
         if (r < 0)
@@ -211,7 +206,7 @@ int gpu_kernels_kv_layers(GpuKernels *k, CUstream stream, CUdeviceptr pages, con
                 return -EOPNOTSUPP;
         if (p->n_layers == 0 || p->n_layers > GPU_KV_LAYERS_MAX)
                 return -EINVAL;
-        r = kv_grid(p->tokens, p->heads, p->words_per_row, p->tokens_per_page, &gx, &gy, &bx);
+        r = gpu_kv_grid(p->tokens, p->heads, p->words_per_row, p->tokens_per_page, &gx, &gy, &bx);
         if (r < 0)
                 return r;
         return CU(k->system->driver, cuLaunchKernel, k->kv_layers, gx, gy, p->n_layers, bx, 1, 1, 0, stream, params,

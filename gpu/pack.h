@@ -96,6 +96,14 @@ typedef struct GpuKvLayers {
         GpuKvLayer layer[GPU_KV_LAYERS_MAX];
 } GpuKvLayers;
 
+/* The grid of epd_kv_rows / epd_kv_layers (pack.cu: kv_rows_copy): one block per page the
+ * tokens use (*gx), per K or V and head (*gy; the layers are z), *bx threads covering
+ * one page's rows of a head (T × words_per_row words, a multiple of 32 up to 256), so a
+ * thread moves one word, or a few when a page holds more. -EINVAL for what the kernel's
+ * 32-bit index arithmetic or the grid's limits cannot take, -E2BIG for too many pages. */
+int gpu_kv_grid(uint64_t tokens, uint32_t heads, uint64_t words_per_row, uint32_t tokens_per_page, unsigned *gx,
+                unsigned *gy, unsigned *bx);
+
 /* Launches epd_kv_layers on `stream`: p->n_layers (1..GPU_KV_LAYERS_MAX) layers of
  * p's common geometry. */
 int gpu_kernels_kv_layers(GpuKernels *k, CUstream stream, CUdeviceptr pages, const GpuKvLayers *p);

@@ -162,28 +162,69 @@ START_TEST(test_bad_shapes_are_refused) {
 }
 END_TEST
 
-/* What epd_kv_layers (pack.cu) does with its parameters, word by word on the host: the
- * parameters gpu_kv_layers_params() makes must put every row where the one-layer copy
- * does. (The kernel itself is checked against the host copy on a GPU: gpu-device-test.) */
+/* What epd_kv_layers (pack.cu: kv_rows_copy) does with its parameters, block by block
+ * and thread by thread of the grid gpu_kv_grid() gives it, on the host: the launcher's
+ * grid and the parameters gpu_kv_layers_params() makes must put every row where the
+ * one-layer copy does. (The kernel itself is checked against the host copy on a GPU:
+ * gpu-device-test.) */
 static void emulate_kv_layers(const uint64_t *pages, const GpuKvLayers *p) {
+        unsigned gx, gy, bx;
+        ck_assert_int_eq(gpu_kv_grid(p->tokens, p->heads, p->words_per_row, p->tokens_per_page, &gx, &gy, &bx), 0);
+        ck_assert_uint_eq(gx, DIV_ROUND_UP(p->tokens, (uint64_t)p->tokens_per_page));
+        ck_assert_uint_eq(gy, 2 * p->heads);
+        ck_assert(bx > 0 && bx <= 256 && bx % 32 == 0);
         for (unsigned z = 0; z < p->n_layers; z++)
-                for (unsigned y = 0; y < 2 * p->heads; y++) {
-                        const GpuKvLayer *l = &p->layer[z];
-                        unsigned kv = y / p->heads, h = y % p->heads;
-                        uint8_t *tensor = (uint8_t *)(uintptr_t)(kv ? l->v : l->k) + (uint64_t)h * p->head_words * 16;
-                        uint64_t off = kv ? l->v_offset : l->k_offset;
-                        for (uint64_t i = 0; i < p->tokens * p->words_per_row; i++) {
-                                uint64_t s = i / p->words_per_row, w = i % p->words_per_row, t = s % p->tokens_per_page;
-                                uint8_t *page = (uint8_t *)(uintptr_t)(pages[s / p->tokens_per_page] + off) +
-                                                ((t * p->heads + h) * p->words_per_row + w) * 16;
-                                uint8_t *row = tensor + (s * p->token_words + w) * 16;
-                                if (p->to_pages)
-                                        memcpy(page, row, 16);
-                                else
-                                        memcpy(row, page, 16);
-                        }
-                }
+                for (unsigned y = 0; y < gy; y++)
+                        for (unsigned x = 0; x < gx; x++)
+                                for (unsigned thread = 0; thread < bx; thread++) {
+                                        const GpuKvLayer *l = &p->layer[z];
+                                        const unsigned kv = y / p->heads, h = y - kv * p->heads;
+                                        const uint64_t first = (uint64_t)x * p->tokens_per_page;
+                                        if (first >= p->tokens)
+                                                continue;
+                                        const uint64_t left = p->tokens - first;
+                                        const unsigned n_tok = left < p->tokens_per_page ? (unsigned)left
+                                                                                           : p->tokens_per_page;
+                                        const unsigned n = n_tok * p->words_per_row,
+                                                       page_token = p->heads * p->words_per_row;
+                                        uint8_t *page = (uint8_t *)(uintptr_t)(pages[x] +
+                                                                               (kv ? l->v_offset : l->k_offset)) +
+                                                        (uint64_t)h * p->words_per_row * 16;
+                                        uint8_t *tensor = (uint8_t *)(uintptr_t)(kv ? l->v : l->k) +
+                                                          ((uint64_t)h * p->head_words + first * p->token_words) * 16;
+                                        for (unsigned i = thread; i < n; i += bx) {
+                                                const unsigned t = i / p->words_per_row, w = i - t * p->words_per_row;
+                                                uint8_t *pg = page + ((uint64_t)t * page_token + w) * 16;
+                                                uint8_t *row = tensor + ((uint64_t)t * p->token_words + w) * 16;
+                                                if (p->to_pages)
+                                                        memcpy(pg, row, 16);
+                                                else
+                                                        memcpy(row, pg, 16);
+                                        }
+                                }
 }
+
+/* The grid's limits: what the kernel's 32-bit arithmetic or the launch cannot take. */
+START_TEST(test_kv_grid) {
+        unsigned gx, gy, bx;
+        ck_assert_int_eq(gpu_kv_grid(1400, 8, 16, 16, &gx, &gy, &bx), 0);
+        ck_assert_uint_eq(gx, 88); /* 87.5 pages */
+        ck_assert_uint_eq(gy, 16);
+        ck_assert_uint_eq(bx, 256); /* 16 tokens × 16 words: one word a thread */
+        ck_assert_int_eq(gpu_kv_grid(5, 1, 1, 16, &gx, &gy, &bx), 0);
+        ck_assert_uint_eq(bx, 32); /* 16 words: one warp */
+        ck_assert_uint_eq(gx, 1);
+        ck_assert_int_eq(gpu_kv_grid(100, 2, 64, 64, &gx, &gy, &bx), 0);
+        ck_assert_uint_eq(bx, 256); /* 4096 words a page: 16 a thread */
+        ck_assert_int_eq(gpu_kv_grid(0, 8, 16, 16, &gx, &gy, &bx), -EINVAL);
+        ck_assert_int_eq(gpu_kv_grid(16, 0, 16, 16, &gx, &gy, &bx), -EINVAL);
+        ck_assert_int_eq(gpu_kv_grid(16, 40000, 16, 16, &gx, &gy, &bx), -EINVAL);
+        ck_assert_int_eq(gpu_kv_grid(16, 8, 0, 16, &gx, &gy, &bx), -EINVAL);
+        ck_assert_int_eq(gpu_kv_grid(16, 8, 16, 0, &gx, &gy, &bx), -EINVAL);
+        ck_assert_int_eq(gpu_kv_grid(16, 8, 1ULL << 30, 16, &gx, &gy, &bx), -EINVAL);
+        ck_assert_int_eq(gpu_kv_grid(16ULL << 32, 8, 16, 1, &gx, &gy, &bx), -E2BIG);
+}
+END_TEST
 
 START_TEST(test_layers_in_one_launch) {
         enum { S = 9 }; /* 3 pages, the last one partly used */
@@ -258,6 +299,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_chunks_are_the_same_copies);
         tcase_add_test(tc, test_bad_shapes_are_refused);
         tcase_add_test(tc, test_layers_in_one_launch);
+        tcase_add_test(tc, test_kv_grid);
         suite_add_tcase(s, tc);
         return s;
 }
