@@ -317,35 +317,12 @@ static int wait_call(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
         return r < 0 ? r : 1;
 }
 
-int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
+/* The wait against a daemon without Wait: woken by FeatureReady, then Describe. */
+int epd__feature_wait_signal(epd_client *c, epd_feature *f, uint64_t deadline) {
         _cleanup_(sd_bus_slot_unrefp) sd_bus_slot *slot = NULL;
-        WaitState w = { .key = f ? f->key : NULL };
-        uint64_t deadline;
+        WaitState w = { .key = f->key };
         int r;
 
-        if (!c || !f)
-                return -EINVAL;
-        if ((r = settled(f)) != 0)
-                return r > 0 ? 0 : r;
-        deadline = timeout_usec == UINT64_MAX || now_mono() + timeout_usec < timeout_usec
-                           ? UINT64_MAX
-                           : now_mono() + timeout_usec;
-        if (timeout_usec > 0) {
-                /* One round trip answered by the Publish (or the failure), then the
-                 * signal path below only for a daemon that has no Wait. */
-                for (;;) {
-                        uint64_t now = now_mono();
-                        if (now >= deadline)
-                                return -ETIMEDOUT;
-                        r = wait_call(c, f, deadline == UINT64_MAX ? UINT64_MAX : deadline - now);
-                        if (r == -EOPNOTSUPP)
-                                break;
-                        if (r < 0)
-                                return r;
-                        if ((r = settled(f)) != 0)
-                                return r > 0 ? 0 : r;
-                }
-        }
         /* Subscribe first, then look: a change after the look arrives as a signal. */
         /* Any sender: a signal only makes us ask the daemon again (Describe), so a forged
          * one cannot change what we report. */
@@ -377,6 +354,37 @@ int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
                 if (r < 0)
                         return epd__error(c, r, NULL);
         }
+}
+
+int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
+        uint64_t deadline;
+        int r;
+
+        if (!c || !f)
+                return -EINVAL;
+        if ((r = settled(f)) != 0)
+                return r > 0 ? 0 : r;
+        deadline = timeout_usec == UINT64_MAX || now_mono() + timeout_usec < timeout_usec
+                           ? UINT64_MAX
+                           : now_mono() + timeout_usec;
+        if (timeout_usec > 0) {
+                /* One round trip answered by the Publish (or the failure); the signal path
+                 * only for a daemon that has no Wait. */
+                for (;;) {
+                        uint64_t now = now_mono();
+                        if (now >= deadline)
+                                return -ETIMEDOUT;
+                        r = wait_call(c, f, deadline == UINT64_MAX ? UINT64_MAX : deadline - now);
+                        if (r == -EOPNOTSUPP)
+                                break;
+                        if (r < 0)
+                                return r;
+                        if ((r = settled(f)) != 0)
+                                return r > 0 ? 0 : r;
+                }
+        }
+        /* A timeout of 0 only looks (Describe once). */
+        return epd__feature_wait_signal(c, f, deadline);
 }
 
 int epd_feature_pin(epd_client *c, const char *key, epd_feature **ret) {

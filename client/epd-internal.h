@@ -42,3 +42,8 @@ int epd__new_call(epd_client *c, const char *path, const char *interface, const 
 int epd__send(epd_client *c, sd_bus_message *m, sd_bus_message **reply);
 /* With the call's own timeout (0: sd-bus's default, 25 s). */
 int epd__send_timeout(epd_client *c, sd_bus_message *m, uint64_t timeout_usec, sd_bus_message **reply);
+/* epd_feature_wait against a daemon without org.epd1.Feature.Wait: woken by FeatureReady,
+ * then Describe, until deadline (CLOCK_MONOTONIC usec; UINT64_MAX: none). Internal, and
+ * for the tests (the daemon of the same build has Wait). */
+struct epd_feature;
+int epd__feature_wait_signal(epd_client *c, struct epd_feature *f, uint64_t deadline);

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -830,6 +831,52 @@ static void run_until(sd_bus *bus, int n) {
         }
 }
 
+typedef struct LatePublish {
+        epd_client *c;
+        epd_feature *f;
+        int r;
+} LatePublish;
+
+static void *publish_later(void *userdata) {
+        LatePublish *l = userdata;
+        usleep(100 * 1000);
+        l->r = epd_feature_publish(l->c, l->f, 1);
+        return NULL;
+}
+
+static uint64_t mono_usec(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+/* The wait libepd falls back to against a daemon without Wait: FeatureReady, then
+ * Describe; a timeout, then a Publish from another thread that wakes it. */
+START_TEST(test_wait_by_signal) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(10, t, &bytes);
+        epd_feature *p, *r;
+        pthread_t th;
+
+        ck_assert_int_eq(epd_feature_reserve(enc, "wait:signal", bytes, t, n, NULL, &p), 0);
+        ck_assert_int_eq(epd_feature_acquire(pre, "wait:signal", false, &r), 0);
+        ck_assert_str_eq(r->result, "wait");
+        ck_assert_int_eq(epd__feature_wait_signal(pre, r, mono_usec() + 50000), -ETIMEDOUT);
+        LatePublish l = { .c = enc, .f = p };
+        ck_assert_int_eq(pthread_create(&th, NULL, publish_later, &l), 0);
+        ck_assert_int_eq(epd__feature_wait_signal(pre, r, mono_usec() + 30 * 1000000ULL), 0);
+        ck_assert_str_eq(r->state, "ready");
+        ck_assert_int_eq(pthread_join(th, NULL), 0);
+        ck_assert_int_eq(l.r, 0);
+        ck_assert_int_eq(epd_feature_release(pre, r), 0);
+        ck_assert_int_eq(epd_feature_release(enc, p), 0);
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+}
+END_TEST
+
 /* Wait(handle) is answered by the Publish, by the failure, or at once when settled; a
  * later Wait takes an earlier one's place (answered Stale); a handle released while
  * waiting answers NotFound; a producer's handle cannot wait for itself. */
@@ -1014,6 +1061,7 @@ int main(void) {
         tcase_add_test(tc, test_wanted_permissions_reload);
         tcase_add_test(tc, test_soak);
         tcase_add_test(tc, test_wait_call);
+        tcase_add_test(tc, test_wait_by_signal);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
