@@ -318,6 +318,20 @@ static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, Worker *w, Fe
         return 1;
 }
 
+/* Acquire's and AcquireOrReserve's common part: the calling worker, its reference on
+ * key (counted in its stats) and what to do with it. */
+static int acquire_for(Manager *m, sd_bus_message *msg, const char *key, bool may_produce, Worker **ret_w,
+                       FeatureRef **ret_ref, FeatureAcquireResult *ret_res, sd_bus_error *error) {
+        int r = manager_require_worker(m, msg, ret_w, error);
+        if (r < 0)
+                return r;
+        r = feature_acquire(m->features, key, may_produce, now_usec(CLOCK_MONOTONIC), ret_ref, ret_res);
+        if (r < 0)
+                return cache_error(r, key, error);
+        feature_manager_count_acquire(*ret_w, *ret_res);
+        return 0;
+}
+
 static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         FeatureManager *fm = feature_manager_get(m);
@@ -333,13 +347,9 @@ static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = check_key(key, error);
         if (r < 0)
                 return r;
-        r = manager_require_worker(m, msg, &w, error);
+        r = acquire_for(m, msg, key, may_produce, &w, &ref, &res, error);
         if (r < 0)
                 return r;
-        r = feature_acquire(m->features, key, may_produce, now_usec(CLOCK_MONOTONIC), &ref, &res);
-        if (r < 0)
-                return cache_error(r, key, error);
-        feature_manager_count_acquire(w, res);
         return acquire_answer(fm, msg, w, ref, res, error);
 }
 
@@ -404,13 +414,9 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
         r = read_reservation(m, msg, &key, &bytes, &desc, &req, error);
         if (r < 0)
                 return r;
-        r = manager_require_worker(m, msg, &w, error);
+        r = acquire_for(m, msg, key, true, &w, &ref, &res, error);
         if (r < 0)
                 return r;
-        r = feature_acquire(m->features, key, true, now_usec(CLOCK_MONOTONIC), &ref, &res);
-        if (r < 0)
-                return cache_error(r, key, error);
-        feature_manager_count_acquire(w, res);
         if (res == FEATURE_ACQUIRE_PRODUCE) {
                 r = feature_ref_reserve_in(ref, bytes, w->arena_mask, &desc, &req, &issue);
                 if (r < 0) {
@@ -425,7 +431,6 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
 static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         FeatureManager *fm = feature_manager_get(m);
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
         FeatureDescIssue issue;
         FeatureHandle *h = NULL;
@@ -465,12 +470,7 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 }
         }
         feature_manager_arm_timer(fm);
-
-        r = sd_bus_message_new_method_return(msg, &reply);
-        if (r >= 0)
-                r = append_info(reply, fm, h);
-        if (r >= 0)
-                r = sd_bus_send(NULL, reply, NULL);
+        r = reply_info(fm, msg, h);
         return r < 0 ? r : 1;
 }
 
