@@ -10,15 +10,10 @@
 #include "epd-internal.h"
 #include "epd/epd-feature.h"
 #include "macro.h"
+#include "time-util.h"
 
 #define FEATURE_PATH "/org/epd1/feature"
 #define FEATURE_IFACE "org.epd1.Feature"
-
-static uint64_t now_mono(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 static void copy_str(char *dst, size_t n, const char *src) {
         snprintf(dst, n, "%s", src ? src : "");
@@ -347,7 +342,7 @@ int epd__feature_wait_signal(epd_client *c, epd_feature *f, uint64_t deadline) {
                                 return r;
                         continue;
                 }
-                uint64_t now = now_mono();
+                uint64_t now = now_usec(CLOCK_MONOTONIC);
                 if (now >= deadline)
                         return -ETIMEDOUT;
                 r = sd_bus_wait(c->bus, deadline == UINT64_MAX ? UINT64_MAX : deadline - now);
@@ -364,14 +359,12 @@ int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
                 return -EINVAL;
         if ((r = settled(f)) != 0)
                 return r > 0 ? 0 : r;
-        deadline = timeout_usec == UINT64_MAX || now_mono() + timeout_usec < timeout_usec
-                           ? UINT64_MAX
-                           : now_mono() + timeout_usec;
+        deadline = usec_add(now_usec(CLOCK_MONOTONIC), timeout_usec);
         if (timeout_usec > 0) {
                 /* One round trip answered by the Publish (or the failure); the signal path
                  * only for a daemon that has no Wait. */
                 for (;;) {
-                        uint64_t now = now_mono();
+                        uint64_t now = now_usec(CLOCK_MONOTONIC);
                         if (now >= deadline)
                                 return -ETIMEDOUT;
                         r = wait_call(c, f, deadline == UINT64_MAX ? UINT64_MAX : deadline - now);

@@ -14,6 +14,7 @@
 #include "system.h"
 #include "kvcopy.h"
 #include "macro.h"
+#include "time-util.h"
 #include "vmm.h"
 
 struct EpdGpu {
@@ -391,12 +392,6 @@ struct EpdGpuNotifier {
         bool stop;
 };
 
-static uint64_t mono_usec(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000ULL;
-}
-
 /* Submits one LayerGroupReady, retrying a full ring for a while (the daemon drains it on
  * its loop). */
 static int notice_submit_one(epd_ring_client *ring, const Notice *q, uint32_t group) {
@@ -408,7 +403,7 @@ static int notice_submit_one(epd_ring_client *ring, const Notice *q, uint32_t gr
                 int e = epd_ring_submit(ring, &rec);
                 if (e != -EAGAIN)
                         return e;
-                uint64_t now = mono_usec();
+                uint64_t now = now_usec(CLOCK_MONOTONIC);
                 if (deadline == 0)
                         deadline = now + NOTIFIER_RING_FULL_USEC;
                 else if (now >= deadline)

@@ -171,8 +171,7 @@ int epd_flush(epd_client *c, uint64_t timeout_usec) {
 
         if (!c)
                 return -EINVAL;
-        now = now_usec(CLOCK_MONOTONIC);
-        until = timeout_usec > UINT64_MAX - now ? UINT64_MAX : now + timeout_usec;
+        until = usec_add(now_usec(CLOCK_MONOTONIC), timeout_usec);
         for (;;) {
                 r = drain_nowait(c);
                 if (r < 0)

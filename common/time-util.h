@@ -16,6 +16,11 @@ static inline usec_t now_usec(clockid_t clock) {
         return (usec_t)ts.tv_sec * USEC_PER_SEC + (usec_t)ts.tv_nsec / NSEC_PER_USEC;
 }
 
+/* a + b, USEC_INFINITY when it would overflow (a deadline `timeout` after `now`). */
+static inline usec_t usec_add(usec_t a, usec_t b) {
+        return b > USEC_INFINITY - a ? USEC_INFINITY : a + b;
+}
+
 static inline uint64_t now_nsec(clockid_t clock) {
         struct timespec ts;
         clock_gettime(clock, &ts);

@@ -5,9 +5,9 @@
  * exit status. fork_status: CK_FORK_GETENV (check's default: each test in a child
  * unless CK_FORK=no) or CK_NOFORK (integration tests: one process, one daemon).
  *
- * The run has a directory of its own, /tmp/epd-test-run-XXXXXX (EPD_TEST_RUN_DIR), under
- * which the integration harness makes every daemon's directory; it is removed at the end
- * whatever became of the tests. A test that fails or times out in check's forked child
+ * The run has a directory of its own, CHECK_RUN_PREFIX plus mkdtemp's six characters
+ * (EPD_TEST_RUN_DIR), under which the integration harness makes every daemon's directory;
+ * it is removed at the end whatever became of the tests. A test that fails or times out in check's forked child
  * ends with _exit() or SIGKILL before its teardown: the epdd and dbus-daemon it started
  * (their pids in their directory's .pids) are killed here, and nothing is left in /tmp. */
 
@@ -20,6 +20,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* Where a run's directory goes (mkdtemp adds the rest); the harness checks it too. */
+#define CHECK_RUN_PREFIX "/tmp/epd-test-run-"
 
 /* Kills what a harness directory's .pids names, if it is still an epdd or dbus-daemon. */
 static inline void check_run_kill_leftovers(const char *dir) {
@@ -57,12 +60,12 @@ static inline void check_run_cleanup(const char *run) {
         }
         char cmd[600];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", run);
-        if (strncmp(run, "/tmp/epd-test-run-", 18) == 0 && system(cmd) != 0)
+        if (strncmp(run, CHECK_RUN_PREFIX, strlen(CHECK_RUN_PREFIX)) == 0 && system(cmd) != 0)
                 fprintf(stderr, "cannot remove %s\n", run);
 }
 
 static inline int check_run(Suite *s, enum fork_status fork_status) {
-        char run[] = "/tmp/epd-test-run-XXXXXX";
+        char run[] = CHECK_RUN_PREFIX "XXXXXX";
         /* 0711: the harness lets other uids reach a daemon's socket (read-surface test). */
         bool have_run = mkdtemp(run) && chmod(run, 0711) == 0 && setenv("EPD_TEST_RUN_DIR", run, 1) == 0;
         SRunner *sr = srunner_create(s);

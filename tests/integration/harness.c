@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include "harness.h"
+#include "../check-main.h"
 
 #include <check.h>
 
@@ -77,7 +78,7 @@ int harness_init(Harness *h, const char *extra) {
         memset(h, 0, sizeof *h);
         /* Under the run's own directory when the test's main made one (check-main.h). */
         const char *run = getenv("EPD_TEST_RUN_DIR");
-        if (run && strncmp(run, "/tmp/epd-test-run-", 18) == 0 && strlen(run) < 200)
+        if (run && strncmp(run, CHECK_RUN_PREFIX, strlen(CHECK_RUN_PREFIX)) == 0 && strlen(run) < 200)
                 snprintf(h->dir, sizeof h->dir, "%s/epd-test-XXXXXX", run);
         else
                 strcpy(h->dir, "/tmp/epd-test-XXXXXX");

@@ -24,6 +24,7 @@
 #include "epd/epd-feature.h"
 #include "feature/feature-store.h"
 #include "harness.h"
+#include "time-util.h"
 #include "../check-main.h"
 
 #ifdef OVER_BUS
@@ -844,12 +845,6 @@ static void *publish_later(void *userdata) {
         return NULL;
 }
 
-static uint64_t mono_usec(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
-}
-
 /* The wait libepd falls back to against a daemon without Wait: FeatureReady, then
  * Describe; a timeout, then a Publish from another thread that wakes it. */
 START_TEST(test_wait_by_signal) {
@@ -863,10 +858,10 @@ START_TEST(test_wait_by_signal) {
         ck_assert_int_eq(epd_feature_reserve(enc, "wait:signal", bytes, t, n, NULL, &p), 0);
         ck_assert_int_eq(epd_feature_acquire(pre, "wait:signal", false, &r), 0);
         ck_assert_str_eq(r->result, "wait");
-        ck_assert_int_eq(epd__feature_wait_signal(pre, r, mono_usec() + 50000), -ETIMEDOUT);
+        ck_assert_int_eq(epd__feature_wait_signal(pre, r, now_usec(CLOCK_MONOTONIC) + 50000), -ETIMEDOUT);
         LatePublish l = { .c = enc, .f = p };
         ck_assert_int_eq(pthread_create(&th, NULL, publish_later, &l), 0);
-        ck_assert_int_eq(epd__feature_wait_signal(pre, r, mono_usec() + 30 * 1000000ULL), 0);
+        ck_assert_int_eq(epd__feature_wait_signal(pre, r, now_usec(CLOCK_MONOTONIC) + 30 * 1000000ULL), 0);
         ck_assert_str_eq(r->state, "ready");
         ck_assert_int_eq(pthread_join(th, NULL), 0);
         ck_assert_int_eq(l.r, 0);
