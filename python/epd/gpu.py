@@ -162,10 +162,7 @@ class GpuArena(_lib.Closing):
         n = _SIZE[dtype]
         for s in v.shape:
             n *= s
-        base = self._torch_base
-        if base is None:
-            base = self._torch_base = torch.as_tensor(self.view(0, (self.size,), "uint8"), device="cuda")
-        flat = base[offset:offset + n]
+        flat = self._base()[offset:offset + n]
         if dtype != "uint8":
             try:
                 flat = flat.view(getattr(torch, dtype))
@@ -175,6 +172,13 @@ class GpuArena(_lib.Closing):
                 return t.view(torch.bfloat16) if dtype == "bfloat16" else t
         return flat.view(v.shape)
 
+    def _base(self):
+        """The whole arena as one torch uint8 tensor, imported the first time."""
+        if self._torch_base is None:
+            import torch
+            self._torch_base = torch.as_tensor(self.view(0, (self.size,), "uint8"), device="cuda")
+        return self._torch_base
+
     def typed(self, dtype: str):
         """The whole arena as one torch tensor of `dtype` (a torch dtype name), imported
         once (torch()'s import, viewed as the dtype) and kept: Feature.cuda_all makes each
@@ -182,8 +186,7 @@ class GpuArena(_lib.Closing):
         t = self._typed.get(dtype)
         if t is None:
             import torch
-            self.torch(0, (1,))  # the import, once
-            t = self._typed[dtype] = self._torch_base.view(getattr(torch, dtype))
+            t = self._typed[dtype] = self._base().view(getattr(torch, dtype))
         return t
 
     def close(self):

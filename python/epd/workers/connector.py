@@ -395,12 +395,15 @@ class KvPages:
             base = a.address()
             self._addrs = [base + o for o in self.offsets]
 
-    def _table(self, first: int):
+    def _table(self, first: int, stream: Optional[int] = None):
+        """The page table of pages [first, ...), built on `stream` (default: the current
+        one) the first time it is asked for."""
         t = self._tables.get(first)
         if t is None:
             from .. import gpu as G
             addrs = [self._m.device_pointer + o for o in self.offsets[first:]]
-            t = self._tables[first] = G.PageTable(_gpu(), self._m.ordinal, addrs, self.layout.page_size, _stream())
+            t = self._tables[first] = G.PageTable(_gpu(), self._m.ordinal, addrs, self.layout.page_size,
+                                                  _stream() if stream is None else stream)
         return t
 
     def prepare(self) -> None:
@@ -410,7 +413,6 @@ class KvPages:
         launched on the model's stream, whichever it is, find it in place."""
         if not self.on_gpu or 0 in self._tables:
             return
-        from .. import gpu as G
         try:
             import torch
         except ImportError:  # no torch (a fake GPU in tests): built at the first copy, as before
@@ -418,10 +420,8 @@ class KvPages:
         s = _GPU.get(("upload", self._m.ordinal))
         if s is None:
             s = _GPU[("upload", self._m.ordinal)] = torch.cuda.Stream(device=self._m.ordinal)
-        addrs = [self._m.device_pointer + o for o in self.offsets]
-        t = G.PageTable(_gpu(), self._m.ordinal, addrs, self.layout.page_size, s.cuda_stream)
+        self._table(0, s.cuda_stream)
         s.synchronize()
-        self._tables[0] = t
 
     def _rows(self, layer: int, k, v, tokens: int):
         from .. import gpu as G
@@ -705,16 +705,19 @@ class EpdKvSink:
     def _setup(self, arena, request_id, destination, group_sizes, target) -> None:
         t0 = time.perf_counter()
         seq = Sequence.create(self.client, arena, self.layout.pages_for(self.tokens))
+        kv = None
         try:
             if seq.page_size != self.layout.page_size:
                 raise EpdError(22, "org.epd1.Error.InvalidArgument",
                                f"page size {seq.page_size} != layout {self.layout.page_size}", "kv sink")
             kv = KvPages(self.client, arena, self.layout,
                          _seq_offsets(self.client, arena, seq.pages, self.layout.page_size))
+            kv.prepare()  # a GPU page table's allocation and upload: here, not at the first write
+            # Last: nothing after it can fail, so a prepared handoff is never left behind.
             handoff = Handoff.prepare(self.client, request_id, destination, seq.path, group_sizes, target=target)
-            if kv.on_gpu:
-                kv.prepare()  # the page table's allocation and upload: here, not at the first write
         except BaseException:
+            if kv is not None:
+                kv.close()  # its page tables' device memory
             seq.release()
             raise
         self._seq_pages = seq.pages
