@@ -111,9 +111,8 @@ static int post_group(HandoffObject *o, uint32_t g) {
         free(ow);
         free(c.w);
         (void)handoff_group_posted(h, g, (uint32_t)c.n);
-        if (o->twin)
-                for (size_t k = 0; k < c.n; k++)
-                        (void)handoff_write_landing(o->twin->h, g);
+        if (o->twin && c.n > 0)
+                (void)handoff_writes_landing(o->twin->h, g, (uint32_t)c.n);
         hm->counters.batches++;
         return 0;
 }
@@ -157,12 +156,21 @@ static void on_completions(HandoffManager *hm, Transport *t) {
                         }
                         HandoffObject *o = w->obj;
                         uint32_t g = w->group;
+                        /* A completion may stand for several writes of the batch (the
+                         * CUDA transport merges a batch's writes under one cookie). */
+                        uint32_t n_writes = c[i].writes;
+                        if (n_writes == 0 || n_writes > w->pending) {
+                                log_error("handoff %s: a completion of %" PRIu32 " write(s) where %zu are pending",
+                                          o->request_str, n_writes, w->pending);
+                                n_writes = (uint32_t)MIN(MAX(n_writes, 1U), w->pending);
+                        }
                         if (w->stage) {
                                 /* Into the staging buffer: no bytes moved yet. */
                                 if (c[i].error < 0 && w->error == 0)
                                         w->error = c[i].error;
-                                (void)handoff_write_done(o->h, g, 0, c[i].error);
-                                if (--w->pending == 0) {
+                                (void)handoff_writes_done(o->h, g, n_writes, 0, c[i].error);
+                                w->pending -= n_writes;
+                                if (w->pending == 0) {
                                         int err = w->error;
                                         free(hashmap_remove(hm->writes, &c[i].cookie));
                                         handoff_stage_landed(o, g, err);
@@ -170,12 +178,13 @@ static void on_completions(HandoffManager *hm, Transport *t) {
                                 handoff_after_event(o);
                                 continue;
                         }
-                        if (--w->pending == 0)
+                        w->pending -= n_writes;
+                        if (w->pending == 0)
                                 free(hashmap_remove(hm->writes, &c[i].cookie));
                         uint64_t bytes = c[i].error < 0 ? 0 : c[i].bytes;
-                        (void)handoff_write_done(o->h, g, bytes, c[i].error);
+                        (void)handoff_writes_done(o->h, g, n_writes, bytes, c[i].error);
                         if (o->twin) {
-                                (void)handoff_write_landed(o->twin->h, g, bytes, c[i].error);
+                                (void)handoff_writes_landed(o->twin->h, g, n_writes, bytes, c[i].error);
                                 o->twin->bytes_moved += bytes;
                         }
                         o->bytes_moved += bytes;

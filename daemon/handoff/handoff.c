@@ -181,17 +181,17 @@ int handoff_group_posted(Handoff *h, uint32_t g, uint32_t n_writes) {
         return 1;
 }
 
-int handoff_write_done(Handoff *h, uint32_t g, uint64_t bytes, int error) {
+int handoff_writes_done(Handoff *h, uint32_t g, uint32_t n, uint64_t bytes, int error) {
         if (!h)
                 return -EINVAL;
         if (h->role != HANDOFF_SOURCE)
                 return -EPERM;
-        if (g >= h->n_groups || h->groups[g].writes_pending == 0)
+        if (g >= h->n_groups || n == 0 || h->groups[g].writes_pending < n)
                 return -EINVAL;
 
         HandoffGroup *gr = &h->groups[g];
-        gr->writes_pending--;
-        h->inflight--;
+        gr->writes_pending -= n;
+        h->inflight -= n;
 
         if (!handoff_is_live(h))
                 return 1; /* accounted; nothing else to do */
@@ -227,34 +227,34 @@ static void try_receive(Handoff *h, uint32_t g) {
                 group_complete(h, g, HANDOFF_GROUP_RECEIVED);
 }
 
-int handoff_write_landing(Handoff *h, uint32_t g) {
+int handoff_writes_landing(Handoff *h, uint32_t g, uint32_t n) {
         if (!h)
                 return -EINVAL;
         if (h->role != HANDOFF_DESTINATION)
                 return -EPERM;
-        if (g >= h->n_groups)
+        if (g >= h->n_groups || n == 0 || h->groups[g].writes_pending > UINT32_MAX - n)
                 return -EINVAL;
         if (!handoff_is_live(h))
                 return -ESTALE;
         if (!handoff_may_land(h, g))
                 return -EINVAL; /* group already complete */
         start_transfer(h);
-        h->groups[g].writes_pending++;
-        h->inflight++;
+        h->groups[g].writes_pending += n;
+        h->inflight += n;
         return 1;
 }
 
-int handoff_write_landed(Handoff *h, uint32_t g, uint64_t bytes, int error) {
+int handoff_writes_landed(Handoff *h, uint32_t g, uint32_t n, uint64_t bytes, int error) {
         if (!h)
                 return -EINVAL;
         if (h->role != HANDOFF_DESTINATION)
                 return -EPERM;
-        if (g >= h->n_groups || h->groups[g].writes_pending == 0)
+        if (g >= h->n_groups || n == 0 || h->groups[g].writes_pending < n)
                 return -EINVAL;
 
         HandoffGroup *gr = &h->groups[g];
-        gr->writes_pending--;
-        h->inflight--;
+        gr->writes_pending -= n;
+        h->inflight -= n;
 
         if (!handoff_is_live(h))
                 return 1;

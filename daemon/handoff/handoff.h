@@ -147,18 +147,29 @@ int handoff_next_to_post(const Handoff *h, uint32_t *ret);
 /* Source: the writes of group g are queued (n_writes of them). With n_writes == 0
  * (pages handed over without a copy) the group is SENT at once. */
 int handoff_group_posted(Handoff *h, uint32_t g, uint32_t n_writes);
-/* Source: one write of group g completed (error 0 or negative errno). Always accounted,
- * even after the handoff ended, so that handoff_can_free() is exact; an error rolls a
- * live handoff back (TRANSFER_FAILED). */
-int handoff_write_done(Handoff *h, uint32_t g, uint64_t bytes, int error);
+/* Source: n writes of group g completed, `bytes` in all (error 0 or negative errno: for
+ * all n). Always accounted, even after the handoff ended, so that handoff_can_free() is
+ * exact; an error rolls a live handoff back (TRANSFER_FAILED). n must be at least 1 and
+ * at most the group's writes pending (else -EINVAL, nothing counted). */
+int handoff_writes_done(Handoff *h, uint32_t g, uint32_t n, uint64_t bytes, int error);
+static inline int handoff_write_done(Handoff *h, uint32_t g, uint64_t bytes, int error) {
+        return handoff_writes_done(h, g, 1, bytes, error);
+}
 
 /* Destination: whether a write into group g's pages may start now. */
 bool handoff_may_land(const Handoff *h, uint32_t g);
-/* Destination: an incoming write into group g was admitted (by the incoming
- * validator); -ESTALE / -EINVAL if it must be refused. */
-int handoff_write_landing(Handoff *h, uint32_t g);
-/* Destination: an admitted incoming write finished (bytes that landed, or error). */
-int handoff_write_landed(Handoff *h, uint32_t g, uint64_t bytes, int error);
+/* Destination: n incoming writes into group g were admitted (by the incoming
+ * validator); -ESTALE / -EINVAL if they must be refused. */
+int handoff_writes_landing(Handoff *h, uint32_t g, uint32_t n);
+static inline int handoff_write_landing(Handoff *h, uint32_t g) {
+        return handoff_writes_landing(h, g, 1);
+}
+/* Destination: n admitted incoming writes finished (the bytes that landed, or error);
+ * n as for handoff_writes_done(). */
+int handoff_writes_landed(Handoff *h, uint32_t g, uint32_t n, uint64_t bytes, int error);
+static inline int handoff_write_landed(Handoff *h, uint32_t g, uint64_t bytes, int error) {
+        return handoff_writes_landed(h, g, 1, bytes, error);
+}
 /* Destination: group g's bytes were handed over without a copy (same arena). */
 int handoff_group_handed_over(Handoff *h, uint32_t g);
 /* Destination: the source says group g is complete with `bytes` bytes. A byte count

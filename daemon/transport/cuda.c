@@ -161,8 +161,10 @@ static void batch_put(CudaTransport *c, CudaBatch *b) {
                 batch_free(b);
 }
 
-/* Moves finished batches from the engine into per-write completions. Room for every
- * write in flight was reserved at post time. Returns how many batches were reaped. */
+/* Moves finished batches from the engine into completions: one for each run of
+ * consecutive writes with the same cookie (a handoff's group posts thousands under one),
+ * bytes summed. Room for every write in flight was reserved at post time. Returns how
+ * many batches were reaped. */
 static size_t reap_into_ready(CudaTransport *c) {
         GpuCopyDone d[16];
         size_t m, total = 0;
@@ -184,16 +186,20 @@ static size_t reap_into_ready(CudaTransport *c) {
                         size_t at = c->ready_head + c->n_ready;
                         if (at >= c->ready_cap)
                                 at -= c->ready_cap;
-                        for (size_t j = 0; j < b->n; j++) {
+                        for (size_t j = 0, k; j < b->n; j = k) {
+                                uint64_t bytes = 0;
+                                for (k = j; k < b->n && k - j < UINT32_MAX && b->cookies[k] == b->cookies[j]; k++)
+                                        bytes += b->lengths[k];
                                 c->ready[at] = (TransportCompletion) {
                                         .cookie = b->cookies[j],
                                         .error = b->error,
-                                        .bytes = b->error < 0 ? 0 : b->lengths[j],
+                                        .writes = (uint32_t)(k - j),
+                                        .bytes = b->error < 0 ? 0 : bytes,
                                 };
                                 if (++at == c->ready_cap)
                                         at = 0;
+                                c->n_ready++;
                         }
-                        c->n_ready += b->n;
                         c->n_in_flight -= b->n;
                         batch_put(c, b);
                 }

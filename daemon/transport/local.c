@@ -54,7 +54,7 @@ static bool push_done(LocalTransport *l, uint64_t cookie, int error, uint64_t by
                 l->done = p;
                 l->done_cap = cap;
         }
-        l->done[l->n_done++] = (TransportCompletion) { .cookie = cookie, .error = error, .bytes = bytes };
+        l->done[l->n_done++] = (TransportCompletion) { .cookie = cookie, .error = error, .writes = 1, .bytes = bytes };
         return l->n_done == 1;
 }
 

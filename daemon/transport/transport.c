@@ -50,7 +50,7 @@ void transport_done_push(Transport *t, TransportDoneQueue *q, int efd, uint64_t 
                 q->items = n;
                 q->cap = cap;
         }
-        q->items[q->n++] = (TransportCompletion){ .cookie = cookie, .error = error, .bytes = bytes };
+        q->items[q->n++] = (TransportCompletion){ .cookie = cookie, .error = error, .writes = 1, .bytes = bytes };
         if (error)
                 t->stats.failures++;
         else {

@@ -40,7 +40,8 @@ static inline void fake_arena_free(GpuContext *g, Arena *a) {
         free(a);
 }
 
-/* Posts and collects every completion through the completion fd. */
+/* Posts and collects every completion through the completion fd; cookies_seen gets a
+ * write's cookie for each write a completion stands for (c.writes of them). */
 static inline int run_writes(Transport *t, const TransportWrite *w, size_t n, uint64_t *cookies_seen) {
         TransportCompletion c[64];
         size_t seen = 0;
@@ -55,10 +56,12 @@ static inline int run_writes(Transport *t, const TransportWrite *w, size_t n, ui
                 for (size_t i = 0; i < k; i++) {
                         if (c[i].error < 0 && err == 0)
                                 err = c[i].error;
-                        if (cookies_seen)
-                                cookies_seen[seen + i] = c[i].cookie;
+                        ck_assert_uint_ge(c[i].writes, 1);
+                        ck_assert_uint_le(seen + c[i].writes, n);
+                        for (uint32_t j = 0; cookies_seen && j < c[i].writes; j++)
+                                cookies_seen[seen + j] = c[i].cookie;
+                        seen += c[i].writes;
                 }
-                seen += k;
                 if (k == 0)
                         ck_assert_int_eq(poll(&p, 1, 5000), 1);
         }

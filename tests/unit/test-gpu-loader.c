@@ -503,6 +503,56 @@ START_TEST(test_fake_transport_parts) {
 }
 END_TEST
 
+/* A batch's consecutive writes under one cookie complete as one completion (the
+ * handoff posts a group's thousands of writes under one): writes counts them, bytes
+ * sums them, in the batch's order; a failed batch fails each run once, with no bytes. */
+START_TEST(test_fake_transport_merged) {
+        enum { N = 6000, PIECE = 64 };
+        GpuContext *g = NULL;
+        TransportWrite *w = calloc(N, sizeof *w);
+
+        fake_gpu(false);
+        ck_assert_int_eq(gpu_context_new(fake(), &g), 0);
+        Transport *t = g->transport;
+        Arena *a = fake_arena(g, 1, 2 << 20), *b = fake_arena(g, 2, 2 << 20);
+        /* Runs of cookies 7 (5000 writes, over several parts), 8 (1), 7 again (999). */
+        for (int i = 0; i < N; i++)
+                w[i] = (TransportWrite) { .src_region = 1, .src_offset = (uint64_t)i * PIECE, .dst_region = 2,
+                                          .dst_offset = (uint64_t)(N - 1 - i) * PIECE, .length = PIECE,
+                                          .cookie = i == 5000 ? 8 : 7 };
+        for (int fail = 0; fail <= 1; fail++) {
+                ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", fail ? "1" : "0", 1), 0);
+                uint64_t failures = t->stats.failures;
+                ck_assert_int_eq(t->ops->post(t, NULL, w, N), 0);
+                TransportCompletion c[8];
+                size_t k = 0;
+                while (k < 3) {
+                        struct pollfd p = { .fd = t->ops->completion_fd(t), .events = POLLIN };
+                        size_t m = t->ops->poll(t, c + k, ELEMENTSOF(c) - k);
+                        k += m;
+                        if (m == 0)
+                                ck_assert_int_eq(poll(&p, 1, 5000), 1);
+                }
+                ck_assert_uint_eq(t->ops->poll(t, c + k, ELEMENTSOF(c) - k), 0);
+                const uint64_t cookie[3] = { 7, 8, 7 };
+                const uint32_t writes[3] = { 5000, 1, 999 };
+                for (int i = 0; i < 3; i++) {
+                        ck_assert_uint_eq(c[i].cookie, cookie[i]);
+                        ck_assert_uint_eq(c[i].writes, writes[i]);
+                        ck_assert_int_eq(c[i].error, fail ? -EFAULT : 0);
+                        ck_assert_uint_eq(c[i].bytes, fail ? 0 : (uint64_t)writes[i] * PIECE);
+                }
+                ck_assert_uint_eq(t->stats.failures - failures, fail ? N : 0);
+                ck_assert_uint_eq(gpu_copy_engine_in_flight(cuda_transport_engine(t)), 0);
+        }
+        ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", "0", 1), 0);
+        fake_arena_free(g, a);
+        fake_arena_free(g, b);
+        gpu_context_free(g);
+        free(w);
+}
+END_TEST
+
 START_TEST(test_fake_copy_errors) {
         GpuContext *g = NULL;
         TransportWrite w[3];
@@ -626,6 +676,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_fake_arena_fd);
         tcase_add_test(tc, test_fake_transport);
         tcase_add_test(tc, test_fake_transport_parts);
+        tcase_add_test(tc, test_fake_transport_merged);
         tcase_add_test(tc, test_fake_copy_errors);
         tcase_add_test(tc, test_fake_external);
         tcase_add_test(tc, test_fake_libepd);

@@ -402,6 +402,42 @@ START_TEST(test_destination_landing) {
 }
 END_TEST
 
+/* Completions that stand for several writes (a transport's merged completion): counted
+ * by n on both sides; n of 0 or more than pending is refused with nothing counted. */
+START_TEST(test_counted_writes) {
+        EpdId id = rid(9);
+        uint64_t bytes[1] = { 8192 };
+        Handoff *s = NULL, *d = NULL;
+        ck_assert_int_eq(handoff_new(HANDOFF_SOURCE, &id, 1, 1, bytes, 0, 0, &s), 0);
+        ck_assert_int_eq(handoff_new(HANDOFF_DESTINATION, &id, 1, 1, bytes, 0, 0, &d), 0);
+        ck_assert_int_eq(handoff_prepared(s), 1);
+        ck_assert_int_eq(handoff_group_ready(s, 0), 1);
+        ck_assert_int_eq(handoff_group_posted(s, 0, 4096), 1);
+        ck_assert_int_eq(handoff_writes_landing(d, 0, 4096), 1);
+        ck_assert_uint_eq(d->groups[0].writes_pending, 4096);
+        ck_assert_uint_eq(d->inflight, 4096);
+        ck_assert_int_eq(handoff_writes_landing(d, 0, 0), -EINVAL);
+        ck_assert_int_eq(handoff_writes_landing(d, 0, UINT32_MAX), -EINVAL); /* would wrap */
+
+        ck_assert_int_eq(handoff_writes_done(s, 0, 0, 0, 0), -EINVAL);
+        ck_assert_int_eq(handoff_writes_done(s, 0, 4097, 8192, 0), -EINVAL);
+        ck_assert_uint_eq(s->groups[0].writes_pending, 4096);
+        ck_assert_int_eq(handoff_writes_done(s, 0, 4000, 8000, 0), 1);
+        ck_assert_int_eq(s->state, HANDOFF_TRANSFERRING);
+        ck_assert_int_eq(handoff_writes_done(s, 0, 96, 192, 0), 1);
+        ck_assert_int_eq(s->state, HANDOFF_TRANSFERRED);
+        ck_assert_uint_eq(s->inflight, 0);
+
+        ck_assert_int_eq(handoff_writes_landed(d, 0, 4097, 8192, 0), -EINVAL);
+        ck_assert_int_eq(handoff_writes_landed(d, 0, 4096, 8192, 0), 1);
+        ck_assert_int_eq(handoff_group_sent_notice(d, 0, 8192), 1);
+        ck_assert_int_eq(d->groups[0].state, HANDOFF_GROUP_RECEIVED);
+        ck_assert_uint_eq(d->inflight, 0);
+        handoff_free(s);
+        handoff_free(d);
+}
+END_TEST
+
 START_TEST(test_destination_rollback_while_landing) {
         EpdId id = rid(9);
         uint64_t bytes[1] = { 100 };
@@ -588,6 +624,7 @@ int main(void) {
         tcase_add_test(tc, test_source_progress_in_order);
         tcase_add_test(tc, test_source_write_failure);
         tcase_add_test(tc, test_destination_landing);
+        tcase_add_test(tc, test_counted_writes);
         tcase_add_test(tc, test_destination_rollback_while_landing);
         tcase_add_test(tc, test_timeout_and_release);
         tcase_add_test(tc, test_strings);
