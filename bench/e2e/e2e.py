@@ -75,6 +75,31 @@ def mean(xs):
     return statistics.mean(xs) if xs else float("nan")
 
 
+def feature_delivery_s(r):
+    """A prefill that waited for its feature (its Acquire found it being produced): from
+    the encoder's Publish to the prefill awake (epdd reads the Publish, answers the
+    prefill's Wait; one clock, CLOCK_MONOTONIC, in both processes). On the critical path,
+    and epd's. A prefill that found the feature ready (it started after the Publish, as
+    when it queued behind another request) has none: its start was late for other
+    reasons, counted as queueing."""
+    pub = ((r.get("encode") or {}).get("detail") or {}).get("publish_at")
+    ff = r["prefill"].get("fetch_detail") or {}
+    if pub is None or "woke_at" not in ff or not ff.get("waited", False):
+        return 0.0
+    return max(0.0, ff["woke_at"] - pub)
+
+
+def prefill_fetch_critical_s(r):
+    """The prefill's feature fetch on the critical path of TTFT: its calls (the Acquire,
+    the views; not the wait for the encoder), less the Acquire when it then waited (the
+    Acquire ran while the encoder's tower did: off the critical path), plus the Publish's
+    delivery to it."""
+    p = r["prefill"]
+    ff = p.get("fetch_detail") or {}
+    s = p["fetch_s"] - (ff.get("acquire", 0.0) if ff.get("waited", False) else 0.0)
+    return max(0.0, s) + feature_delivery_s(r)
+
+
 def summarize(name, results, wall):
     """One table row. Requests: first turns; turns: first turns + agent follow-ups."""
     ttft = [r["ttft_s"] for r in results]
@@ -92,26 +117,17 @@ def summarize(name, results, wall):
         # layer at the end also its copy's GPU time, which runs after the forward pass).
         # And the encoder's: its Acquire (a hit's only call), and when it produced, the
         # reserve, the copies into the arena and sending Publish + Release (not the vision
-        # tower, nor waiting for it). The prefill's feature fetch is its Acquire and views
-        # and, when it waited for the encoder, the Publish's delivery to it (delivery()),
-        # not the wait for the tower. The prefill's part alone is kept beside it (the
+        # tower, nor waiting for it). The prefill's feature fetch is its Acquire and views,
+        # and when it waited for the encoder, its views and the Publish's delivery to it
+        # (prefill_fetch_critical_s(): its Acquire then ran while the tower did), not the
+        # wait for the tower. The prefill's part alone is kept beside it (the
         # figure of runs before the encoder's was counted).
         def enc_epd(r):
             d = (r.get("encode") or {}).get("detail") or {}
             return sum(d.get(k, 0.0) for k in ("acquire", "reserve", "copy", "publish"))
 
-        def delivery(r):
-            """A prefill that waited for its feature: from the encoder's Publish to the
-            prefill awake (epdd reads the Publish, answers the prefill's Wait; one clock,
-            CLOCK_MONOTONIC, in both processes). On the critical path, and epd's."""
-            pub = ((r.get("encode") or {}).get("detail") or {}).get("publish_at")
-            ff = r["prefill"].get("fetch_detail") or {}
-            if pub is None or "woke_at" not in ff or ff.get("wait", 0.0) <= 0.0:
-                return 0.0
-            return max(0.0, ff["woke_at"] - pub)
-
         def pre_epd(r):
-            return (r["prefill"]["fetch_s"] + delivery(r) + r["prefill"]["prepare_s"] + r["prefill"]["sink_s"]
+            return (prefill_fetch_critical_s(r) + r["prefill"]["prepare_s"] + r["prefill"]["sink_s"]
                     + (r["prefill"].get("sink_detail") or {}).get("write_gpu", 0.0))
         row["epd_share_of_ttft"] = mean((pre_epd(r) + enc_epd(r)) / r["ttft_s"] for r in results)
         row["epd_share_of_ttft_prefill_only"] = mean(pre_epd(r) / r["ttft_s"] for r in results)
@@ -119,7 +135,7 @@ def summarize(name, results, wall):
         enc = [r["encode"]["t"] for r in results if "encode" in r]
         row["split_ms"] = {
             "encoder": 1e3 * mean(enc) if enc else 0.0,
-            "feature_fetch": 1e3 * mean(r["prefill"]["fetch_s"] + delivery(r) for r in results),
+            "feature_fetch": 1e3 * mean(prefill_fetch_critical_s(r) for r in results),
             "prepare": 1e3 * mean(r["prefill"]["prepare_s"] for r in results),
             "prefill_compute": 1e3 * mean(r["prefill"]["compute_s"] for r in results),
             "kv_sink": 1e3 * mean(r["prefill"]["sink_s"] + (r["prefill"].get("sink_detail") or {}).get("write_gpu", 0.0)
@@ -134,7 +150,7 @@ def summarize(name, results, wall):
         parts = [r["prefill"].get("fetch_detail") or {} for r in results]
         row["feature_fetch_ms"] = {k: 1e3 * mean(p.get(k, 0.0) for p in parts)
                                    for k in ("acquire", "wait", "read")}
-        row["feature_fetch_ms"]["publish_to_woken"] = 1e3 * mean(delivery(r) for r in results)
+        row["feature_fetch_ms"]["publish_to_woken"] = 1e3 * mean(feature_delivery_s(r) for r in results)
         # The Acquire's spread: a mean of ms can be one slow call or all of them.
         acq = [1e3 * p["acquire"] for p in parts if "acquire" in p]
         row["feature_fetch_ms"].update(acquire_p50=pct(acq, 50), acquire_p95=pct(acq, 95),
@@ -515,7 +531,8 @@ def main():
                       f"{ks['notice']:.2f} ms, {ks['groups']:.0f} groups, sequence + Prepare "
                       f"{ks.get('setup', 0):.2f} ms (on a thread; the first layer waited {ks.get('setup_wait', 0):.2f} ms); "
                       f"feature fetch acquire {ff.get('acquire', 0):.2f} ms (P50 {ff.get('acquire_p50', 0):.2f}, "
-                      f"P95 {ff.get('acquire_p95', 0):.2f}, max {ff.get('acquire_max', 0):.2f}), "
+                      f"P95 {ff.get('acquire_p95', 0):.2f}, max {ff.get('acquire_max', 0):.2f}; counted when it "
+                      f"found the feature ready, not when it waited: the tower ran meanwhile), "
                       f"wait {ff.get('wait', 0):.2f} ms (for the encoder, which the prefill overlaps: not epd's, "
                       f"but for the Publish's delivery to it, {ff.get('publish_to_woken', 0):.2f} ms, counted), "
                       f"read {ff.get('read', 0):.2f} ms; encoder: image + key {r.get('encoder_key_ms', 0):.2f} ms "

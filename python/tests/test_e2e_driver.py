@@ -26,6 +26,46 @@ except ImportError:
     HAVE_NUMPY = False
 
 
+def _e2e_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("e2e_bench", E2E)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+class FeatureDeliveryTest(unittest.TestCase):
+    """The Publish's delivery to a waiting prefill counts in epd's share; a prefill that
+    found its feature ready (it queued behind another request: its start came after the
+    Publish for reasons not epd's) has none, however late it started."""
+
+    def test_only_a_wait_counts(self):
+        d = _e2e_module().feature_delivery_s
+        enc = {"encode": {"detail": {"publish_at": 10.0}}}
+        waited = dict(enc, prefill={"fetch_detail": {"woke_at": 10.0004, "wait": 0.03, "waited": True}})
+        self.assertAlmostEqual(d(waited), 0.0004)
+        hit = dict(enc, prefill={"fetch_detail": {"woke_at": 10.0177, "wait": 1e-6, "waited": False}})
+        self.assertEqual(d(hit), 0.0)
+        older = dict(enc, prefill={"fetch_detail": {"woke_at": 10.0177, "wait": 1e-6}})  # no "waited": none
+        self.assertEqual(d(older), 0.0)
+        self.assertEqual(d({"prefill": {"fetch_detail": {"woke_at": 1.0, "waited": True}}}), 0.0)  # no Publish
+        early = dict(enc, prefill={"fetch_detail": {"woke_at": 9.9, "waited": True}})
+        self.assertEqual(d(early), 0.0)
+
+    def test_fetch_on_the_critical_path(self):
+        f = _e2e_module().prefill_fetch_critical_s
+        enc = {"encode": {"detail": {"publish_at": 10.0}}}
+        # It waited: its Acquire (0.2 ms) overlapped the tower; the read (0.15) and the
+        # delivery (0.4) are on the path.
+        waited = dict(enc, prefill={"fetch_s": 0.00035, "fetch_detail": {"acquire": 0.0002, "wait": 0.03,
+                                                                          "woke_at": 10.0004, "waited": True}})
+        self.assertAlmostEqual(f(waited), 0.00055)
+        # A hit: the whole fetch is on the path, no delivery.
+        hit = dict(enc, prefill={"fetch_s": 0.00035, "fetch_detail": {"acquire": 0.0002, "wait": 1e-6,
+                                                                       "woke_at": 10.02, "waited": False}})
+        self.assertAlmostEqual(f(hit), 0.00035)
+
+
 @unittest.skipUnless(HAVE_NUMPY, "numpy not installed")
 class E2eDriverTest(unittest.TestCase):
     def setUp(self):

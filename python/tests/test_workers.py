@@ -126,6 +126,7 @@ class WorkersTest(unittest.TestCase):
             self.assertLess(r["ttft_s"], r["encode"]["t"] + r["prefill"]["t"] - 0.15)
             self.assertLess(r["prefill"]["fetch_s"], 0.15)  # the wait is not counted as the fetch
             # Its tail is epd's: the Publish going out to the prefill awake, on one clock.
+            self.assertTrue(r["prefill"]["fetch_detail"]["waited"])
             woken = r["prefill"]["fetch_detail"]["woke_at"] - r["encode"]["detail"]["publish_at"]
             self.assertGreaterEqual(woken, 0.0)
             self.assertLess(woken, 0.15)

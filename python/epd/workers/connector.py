@@ -257,8 +257,10 @@ def fetch(client, key: str, device: Optional[str] = None, timeout_s: float = 60.
                     out[t.name] = f.torch(t.name).to(device, non_blocking=False)
                 else:
                     out[t.name] = f.numpy(t.name).copy()
-        # woke_at: when the wait returned (time.perf_counter(); see produce's publish_at).
-        timing = {"acquire": t1 - t0, "wait": t2 - t1, "read": time.perf_counter() - t2, "woke_at": t2}
+        # woke_at: when the wait returned (time.perf_counter(); see produce's publish_at);
+        # waited: whether there was a wait (the Acquire did not find the feature ready).
+        timing = {"acquire": t1 - t0, "wait": t2 - t1, "read": time.perf_counter() - t2, "woke_at": t2,
+                  "waited": f.result != "hit"}
         return FeatureTensors(out, f if keep else None, timing)
     finally:
         if not keep:
