@@ -11,7 +11,7 @@
 # workers encode); GPUS: how many GPUs to spread them over, one per process, round robin
 # (default: all the machine has; with one GPU every process shares GPU 0). With more
 # than one GPU the benchmark adds the colocated data-parallel baseline on GPUS GPUs.
-# E2E_STEPS="gpu check bench" (default) picks the parts to run; E2E_BENCH_MODEL (default 8b)
+# E2E_STEPS="gpu check bench overhead" (default) picks the parts to run; E2E_BENCH_MODEL (default 8b)
 # is the benchmark's config; E2E_DP=N adds the colocated data-parallel baseline with N
 # processes over the GPUs (E2E_DP=2 with one GPU: two colocated processes on it, the
 # baseline for a layout with two decode processes on that GPU);
@@ -35,7 +35,7 @@ REQUESTS=${1:-12}
 LAYOUT=${2:-1E1P1D}
 GPUS=${3:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)}
 [ "$GPUS" -ge 1 ] 2>/dev/null || GPUS=1
-STEPS=${E2E_STEPS:-gpu check bench}
+STEPS=${E2E_STEPS:-gpu check bench overhead}
 BENCH_MODEL=${E2E_BENCH_MODEL:-8b}
 DP=()
 [ -n "${E2E_DP:-}" ] && DP=(--dp --dp-procs "$E2E_DP")
@@ -133,15 +133,18 @@ if [[ " $STEPS " == *" bench "* ]]; then
                 --json "$OUTDIR/bench.json" 2>&1 | grep -vE "Warning|warn\(" | tee "$OUTDIR/bench.log" | tail -20
         bench_rc=${PIPESTATUS[0]}
         $B/tools/epdctl -A direct:$D/bus features >"$OUTDIR/features.txt" 2>&1
-        if [ "$E2E_ARENAS" = gpu ]; then
-                # The sink's host cost per layer with the GPU idle (bench/e2e/sink-overhead.py).
-                timeout 60 python3 bench/e2e/sink-overhead.py --address direct:$D/bus --arena $KV_ARENA 2>&1 \
-                        | grep -vE "Warning|warn\(" | tail -4 | tee "$OUTDIR/sink-overhead.log"
-                # The feature calls' host cost, step by step, beside a bus round trip
-                # (bench/e2e/feature-overhead.py).
-                timeout 60 python3 bench/e2e/feature-overhead.py --address direct:$D/bus 2>&1 \
-                        | grep -vE "Warning|warn\(" | tail -2 | tee "$OUTDIR/feature-overhead.log"
-        fi
+        stop_epdd
+fi
+if [[ " $STEPS " == *" overhead "* ]] && [ "$E2E_ARENAS" = gpu ]; then
+        start_epdd
+        # The sink's host cost per layer with the GPU idle, and its one-launch write in
+        # parts (bench/e2e/sink-overhead.py).
+        timeout 90 python3 bench/e2e/sink-overhead.py --address direct:$D/bus --arena $KV_ARENA 2>&1 \
+                | grep -vE "Warning|warn\(" | tail -5 | tee "$OUTDIR/sink-overhead.log"
+        # The feature calls' host cost, step by step, beside a bus round trip
+        # (bench/e2e/feature-overhead.py).
+        timeout 60 python3 bench/e2e/feature-overhead.py --address direct:$D/bus 2>&1 \
+                | grep -vE "Warning|warn\(" | tail -2 | tee "$OUTDIR/feature-overhead.log"
         stop_epdd
 fi
 trap - EXIT

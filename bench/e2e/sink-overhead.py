@@ -146,6 +146,7 @@ def main():
     read_all = statistics.median(gpu_time(lambda ev: kv.read_layers(range(a.layers), a.tokens, "bfloat16", events=ev),
                                           "read") for _ in range(a.reps))
     copy_all = statistics.median(gpu_time(limit) for _ in range(a.reps))
+    parts = write_layers_parts(kv, items, a.tokens, 10 * a.reps)
     kv.close()
     seq.release()
     client.close()
@@ -164,6 +165,48 @@ def main():
     print(f"sink overhead parts (host, per call): notifier ready_after {statistics.median(notify_us):.1f} us "
           f"(the events path above: record+query); stream lookup {stream_us:.2f} us; a bare torch launch "
           f"(zero_ of 16 floats) {torch_launch_us:.1f} us")
+    print("write_layers in parts (host, GPU idle, median us): " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
+
+
+def write_layers_parts(kv, items, tokens, reps):
+    """The host's parts of KvPages.write_layers (every layer in one launch), each timed
+    on its own with the GPU idle: the per-layer checks and addresses (_many_rows), the
+    rows array alone, the two timing events, the stream lookup, the launch through
+    libepd; and the whole call with its events."""
+    k0 = items[0][1]
+    t = kv._tables.get(0) or kv._table(0)
+    stream = C._stream_of(k0)
+    rows = kv._many_rows(items, tokens)
+    layers = [layer for layer, _, _ in items]
+    kp = [k.data_ptr() for _, k, _ in items]
+    vp = [v.data_ptr() for _, _, v in items]
+    first = kv._rows(layers[0], items[0][1], items[0][2], tokens)
+
+    def events():
+        ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        ev[0].record()
+        ev[1].record()
+
+    steps = {
+        "checks and addresses (_many_rows)": lambda: kv._many_rows(items, tokens),
+        "rows array alone": lambda: kv._rows_array(first, layers, kp, vp),
+        "first layer's rows (_rows)": lambda: kv._rows(layers[0], items[0][1], items[0][2], tokens),
+        "two timing events": events,
+        "stream lookup": lambda: C._stream_of(k0),
+        "launch (write_many)": lambda: t.write_many(rows, stream),
+        "whole write_layers": lambda: kv.write_layers(items),
+    }
+    out = {}
+    for name, fn in steps.items():
+        v = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            v.append(1e6 * (time.perf_counter() - t0))
+        out[name] = statistics.median(v)
+    torch.cuda.synchronize()
+    return out
 
 
 if __name__ == "__main__":
