@@ -356,7 +356,7 @@ static int seg_enqueue(GpuCopyEngine *e, GpuCopyPath p, const GpuCopySeg *seg, C
 /* Tries to move a group of device-to-device segments with batched kernel launches.
  * Returns 1 if done that way, 0 if the caller should use the copy engine, <0 on error. */
 static int group_try_kernel(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPath p,
-                            const GpuCopySeg *segs, const size_t *idx, size_t n) {
+                            const GpuCopySeg *segs, const size_t *idx, size_t n, uint64_t bytes) {
         DeviceLane *l = &e->lanes[dev];
         size_t slots_needed = DIV_ROUND_UP(n, (size_t)DESC_SLOT_CHUNKS);
         int slots[DESC_SLOTS];
@@ -365,9 +365,6 @@ static int group_try_kernel(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPat
 
         if (!l->kernels || (p != GPU_COPY_SAME_GPU && p != GPU_COPY_PEER))
                 return 0;
-        uint64_t bytes = 0;
-        for (size_t k = 0; k < n; k++)
-                bytes += segs[idx[k]].length;
         if (!gpu_copy_kernel_wanted(e->kernel_policy, e->kernel_min_segments, n, bytes))
                 return 0;
         if (p == GPU_COPY_PEER && !gpu_system_can_access_peer(e->system, dev, segs[idx[0]].src->ordinal))
@@ -391,6 +388,7 @@ static int group_try_kernel(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPat
 
         for (size_t s = 0, k = 0; s < slots_needed; s++) {
                 GpuChunk *h = l->desc_host + (size_t)slots[s] * DESC_SLOT_CHUNKS;
+                uint64_t max_len = 0;
                 size_t m = 0;
 
                 for (; k < n && m < DESC_SLOT_CHUNKS; k++, m++) {
@@ -400,10 +398,11 @@ static int group_try_kernel(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPat
                                 .dst = g->dst->base + g->dst_offset,
                                 .len = g->length,
                         };
+                        max_len = MAX(max_len, g->length);
                 }
-                r = gpu_kernels_copy_chunks(l->kernels, l->streams[p][0], h,
-                                            l->desc_dev + (CUdeviceptr)slots[s] * DESC_SLOT_CHUNKS *
-                                                    sizeof(GpuChunk), m);
+                r = gpu_kernels_copy_chunks_sized(l->kernels, l->streams[p][0], h,
+                                                  l->desc_dev + (CUdeviceptr)slots[s] * DESC_SLOT_CHUNKS *
+                                                          sizeof(GpuChunk), m, max_len);
                 if (r < 0)
                         return r;
                 e->stats.kernel_launches++;
@@ -467,11 +466,6 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
 
         if (n == 0)
                 return -EINVAL;
-        for (size_t i = 0; i < n; i++) {
-                r = seg_validate(e->system, &segs[i]);
-                if (r < 0)
-                        return r;
-        }
 
         if (n > e->scratch_cap) {
                 size_t *m = realloc(e->scratch, 2 * n * sizeof *m);
@@ -485,20 +479,23 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
         j = calloc(1, sizeof *j);
         if (!j)
                 return -ENOMEM;
-        for (size_t i = 0; i < n; i++) {
-                GpuCopyPath q = gpu_copy_path(e->system, &segs[i]);
-                group[i] = (size_t)seg_device(q, &segs[i]) * _GPU_COPY_PATH_MAX + (size_t)q;
-        }
         j->engine = e;
         j->cookie = cookie;
         /* Submission holds one count, so that an early callback cannot finish the job
          * while later groups are still being queued. */
         j->pending = 1;
         j->arenas = j->arenas_inline;
+        /* One pass over the segments (a part of a batch is thousands of them): each
+         * checked, its (device, path) group, the arenas held, the bytes counted, and
+         * whether they all share one group (nearly always: the scan per group is then
+         * the identity). */
+        uint64_t path_bytes[_GPU_COPY_PATH_MAX] = {};
+        bool one_group = true;
         for (size_t i = 0; i < n; i++) {
+                r = seg_validate(e->system, &segs[i]);
+                GpuCopyPath q = r < 0 ? _GPU_COPY_PATH_INVALID : gpu_copy_path(e->system, &segs[i]);
                 /* Batches usually touch the same two arenas: skip repeats cheaply. */
-                r = 0;
-                if (i == 0 || segs[i].src != segs[i - 1].src)
+                if (r >= 0 && (i == 0 || segs[i].src != segs[i - 1].src))
                         r = job_hold_arena(j, segs[i].src);
                 if (r >= 0 && (i == 0 || segs[i].dst != segs[i - 1].dst))
                         r = job_hold_arena(j, segs[i].dst);
@@ -506,7 +503,11 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                         job_free(j);
                         return r;
                 }
+                group[i] = (size_t)seg_device(q, &segs[i]) * _GPU_COPY_PATH_MAX + (size_t)q;
+                order[i] = i;
+                one_group = one_group && group[i] == group[0];
                 j->bytes += segs[i].length;
+                path_bytes[q] += segs[i].length;
         }
 
         /* Group by (device, path): one stream and one callback per group, in submission
@@ -514,17 +515,28 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
         for (size_t dev = 0; err == 0 && dev < e->system->n_devices; dev++)
                 for (int p = 0; err == 0 && p < _GPU_COPY_PATH_MAX; p++) {
                         CUstream *streams = e->lanes[dev].streams[p];
-                        size_t start = queued, m, used = 1;
+                        size_t key = dev * _GPU_COPY_PATH_MAX + (size_t)p, start = queued, m, used = 1;
+                        uint64_t bytes;
 
-                        for (size_t i = 0; i < n; i++)
-                                if (group[i] == dev * _GPU_COPY_PATH_MAX + (size_t)p)
-                                        order[queued++] = i;
+                        if (one_group) {
+                                if (key != group[0])
+                                        continue;
+                                queued = n; /* order[] is the identity */
+                                bytes = j->bytes;
+                        } else {
+                                bytes = 0;
+                                for (size_t i = 0; i < n; i++)
+                                        if (group[i] == key) {
+                                                order[queued++] = i;
+                                                bytes += segs[i].length;
+                                        }
+                        }
                         m = queued - start;
                         if (m == 0)
                                 continue;
                         r = gpu_device_make_current(e->system, &e->system->devices[dev]);
                         if (r >= 0)
-                                r = group_try_kernel(e, j, (int)dev, p, segs, order + start, m);
+                                r = group_try_kernel(e, j, (int)dev, p, segs, order + start, m, bytes);
                         if (r == 0)
                                 r = group_try_batch_api(e, j, (int)dev, p, segs, order + start,
                                                         start, m, n);
@@ -576,8 +588,8 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
 
         e->stats.batches++;
         e->stats.segments += n;
-        for (size_t i = 0; i < n; i++)
-                e->stats.bytes_by_path[group[i] % _GPU_COPY_PATH_MAX] += segs[i].length;
+        for (int q = 0; q < _GPU_COPY_PATH_MAX; q++)
+                e->stats.bytes_by_path[q] += path_bytes[q];
         return 0;
 }
 

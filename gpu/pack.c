@@ -128,9 +128,16 @@ int gpu_kernels_load(GpuSystem *s, int ordinal, GpuKernels **ret) {
 
 int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *chunks,
                             CUdeviceptr desc_buf, size_t n) {
+        uint64_t max_len = 0;
+        for (size_t i = 0; i < n; i++)
+                max_len = MAX(max_len, chunks[i].len);
+        return gpu_kernels_copy_chunks_sized(k, stream, chunks, desc_buf, n, max_len);
+}
+
+int gpu_kernels_copy_chunks_sized(GpuKernels *k, CUstream stream, const GpuChunk *chunks,
+                                  CUdeviceptr desc_buf, size_t n, uint64_t max_len) {
         unsigned gx, gy, n32 = (unsigned)n, tile_words = GPU_CHUNK_TILE / 16;
         unsigned long long len_words;
-        uint64_t max_len = 0;
         bool uniform;
         int r;
 
@@ -139,8 +146,6 @@ int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *chun
         if (n > GPU_CHUNKS_MAX)
                 return -E2BIG;
         uniform = k->uniform && gpu_chunks_uniform(chunks, n);
-        for (size_t i = 0; i < n; i++)
-                max_len = MAX(max_len, chunks[i].len);
         r = CU(k->system->driver, cuMemcpyHtoDAsync, desc_buf, chunks, n * sizeof *chunks, stream);
         if (r < 0)
                 return r;

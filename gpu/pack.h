@@ -80,6 +80,10 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(GpuKernels *, gpu_kernels_free);
  * The device's context must be current. n <= GPU_CHUNKS_MAX. */
 int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *host_desc,
                             CUdeviceptr dev_desc, size_t n);
+/* The same, told the longest chunk's length (the launch's shape) by a caller that saw
+ * every chunk already, instead of another pass over them. */
+int gpu_kernels_copy_chunks_sized(GpuKernels *k, CUstream stream, const GpuChunk *host_desc,
+                                  CUdeviceptr dev_desc, size_t n, uint64_t max_len);
 
 /* The layer table of one epd_kv_layers launch, passed by value as its parameter
  * (pack.cu: EpdKvLayers, the same layout): 2 KiB, inside the 4 KiB every CUDA version

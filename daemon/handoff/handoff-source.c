@@ -53,7 +53,14 @@ static int post_group(HandoffObject *o, uint32_t g) {
                 src[i] = page_offset(o->pool, o->pages[i]);
         PlanCtx c = { .o = o, .group = g };
         /* The CUDA transport takes runs whole (slices only cut a copy-engine operation
-         * into several, each costing microseconds). */
+         * into several, each costing microseconds): at most a write per page and range,
+         * allocated once rather than grown (thousands of pages). */
+        if (o->gpu) {
+                c.cap = MAX((size_t)o->n_pages * o->layouts[g].n_ranges, (size_t)1);
+                c.w = malloc(c.cap * sizeof *c.w);
+                if (!c.w)
+                        return -ENOMEM;
+        }
         r = handoff_plan_group(&o->layouts[g], src, o->dst_offsets, o->n_pages, o->gpu ? 0 : hm->slice_size,
                                handoff_plan_collect, &c);
         if (r < 0) {

@@ -406,6 +406,21 @@ START_TEST(test_fake_transport) {
         ck_assert_uint_eq(st->bytes_by_path[GPU_COPY_H2D], 1 << 20);
         ck_assert_uint_eq(st->bytes_by_path[GPU_COPY_SAME_GPU], N * PAGE);
         ck_assert_uint_eq(st->bytes_by_path[GPU_COPY_D2H], N * PAGE);
+        /* Three paths in one batch (one (device, path) group each, in order): every
+         * write done once, each path's bytes counted. */
+        memset(host + (3 << 20), 0, 3 * PAGE);
+        w[0] = (TransportWrite) { .src_region = HOST, .src_offset = 0, .dst_region = 1, .dst_offset = 1 << 20,
+                                  .length = PAGE, .cookie = 21 };
+        w[1] = (TransportWrite) { .src_region = 1, .src_offset = 1 << 20, .dst_region = 2, .dst_offset = 1 << 20,
+                                  .length = PAGE, .cookie = 22 };
+        w[2] = (TransportWrite) { .src_region = 2, .src_offset = 0, .dst_region = HOST, .dst_offset = 3 << 20,
+                                  .length = 2 * PAGE, .cookie = 23 };
+        ck_assert_int_eq(run_writes(t, w, 3, seen), 0);
+        ck_assert_uint_eq(seen[0] + seen[1] + seen[2], 21 + 22 + 23);
+        ck_assert_uint_eq(st->bytes_by_path[GPU_COPY_H2D], (1 << 20) + PAGE);
+        ck_assert_uint_eq(st->bytes_by_path[GPU_COPY_SAME_GPU], N * PAGE + PAGE);
+        ck_assert_uint_eq(st->bytes_by_path[GPU_COPY_D2H], N * PAGE + 2 * PAGE);
+        ck_assert_int_eq(memcmp(host + (3 << 20), host + (size_t)(N - 1) * PAGE, PAGE), 0); /* b's page 0 */
 
         /* Refusals queue nothing. */
         w[0] = (TransportWrite) { .src_region = HOST, .dst_region = HOST, .length = 8 };
