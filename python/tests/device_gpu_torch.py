@@ -84,6 +84,32 @@ try:
             many.close()
             for q in seqs:
                 q.release()
+        # The KV sink's save="end" write: its host time is told apart as hidden only when
+        # the GPU was still on work queued before it (here 20+ ms of torch.cuda._sleep),
+        # never with the GPU idle; the bytes land either way.
+        from epd.workers.connector import EpdKvSink
+        hidden = {}
+        for busy in (True, False):
+            rid = "%032x" % (0xd0e0 + busy)
+            sink = EpdKvSink(c, "kvgpu", L, rid, S, [2, 2], save="end")
+            for layer, (k, v) in enumerate(kv):
+                sink.layer(layer, k, v)
+            if busy:
+                torch.cuda._sleep(40_000_000)
+            else:
+                torch.cuda.synchronize()
+            sink.flush()
+            hidden[busy] = (sink.host_hidden_s, sink.write_s + sink.notice_s)
+            got = sink.kv.read_layers(list(range(L.layers)), S, "bfloat16")
+            torch.cuda.synchronize()
+            for layer, (k, v) in enumerate(kv):
+                assert torch.equal(got[layer][0], k) and torch.equal(got[layer][1], v), f"sink layer {layer} differs"
+            h = sink.handoff
+            h.rollback()
+            h.release()
+            sink.done()
+        assert hidden[True][0] > 0 and abs(hidden[True][0] - hidden[True][1]) < 1e-9, hidden
+        assert hidden[False][0] == 0, hidden
         # A feature in a GPU feature arena: the prefill's views of all its tensors from
         # one import (Feature.cuda_all) are the same views as one import each (cuda()).
         from epd.workers.connector import _feature_gpu_arena, fetch, produce
@@ -104,6 +130,8 @@ try:
             assert got[name].data_ptr() == one.data_ptr() and got[name].stride() == one.stride(), name
         got.release()
         enc.close()
+    print(f"device_gpu_torch: ok: the KV sink's host time hidden behind queued GPU work "
+          f"{1e3 * hidden[True][0]:.3f} ms (all of its {1e3 * hidden[True][1]:.3f}), none with the GPU idle")
     print(f"device_gpu_torch: ok: a GPU feature's tensors viewed from one import = one import each "
           f"({len(feats)} tensors)")
     print(f"device_gpu_torch: ok: every layer in one launch = one launch per layer (4 layers, {S} tokens, both "

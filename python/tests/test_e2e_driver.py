@@ -34,10 +34,11 @@ def _e2e_module():
     return m
 
 
-class FeatureDeliveryTest(unittest.TestCase):
-    """The Publish's delivery to a waiting prefill counts in epd's share; a prefill that
-    found its feature ready (it queued behind another request: its start came after the
-    Publish for reasons not epd's) has none, however late it started."""
+class ShareAccountingTest(unittest.TestCase):
+    """What epd's share of TTFT counts. The Publish's delivery to a waiting prefill counts;
+    a prefill that found its feature ready (it queued behind another request: its start
+    came after the Publish for reasons not epd's) has none, however late it started. The
+    KV sink's host time counts unless the GPU was still on the model's work meanwhile."""
 
     def test_only_a_wait_counts(self):
         d = _e2e_module().feature_delivery_s
@@ -64,6 +65,18 @@ class FeatureDeliveryTest(unittest.TestCase):
         hit = dict(enc, prefill={"fetch_s": 0.00035, "fetch_detail": {"acquire": 0.0002, "wait": 1e-6,
                                                                        "woke_at": 10.02, "waited": False}})
         self.assertAlmostEqual(f(hit), 0.00035)
+
+    def test_sink_on_the_critical_path(self):
+        m = _e2e_module()
+        # 0.4 ms of host time, all of it while the GPU was still on the model's work: only
+        # the write's GPU time (0.05) is on the path; counted, all of it.
+        hidden = {"prefill": {"sink_s": 0.0004, "sink_detail": {"write_gpu": 0.00005, "host_hidden": 0.0004}}}
+        self.assertAlmostEqual(m.sink_critical_s(hidden), 0.00005)
+        self.assertAlmostEqual(m.sink_counted_s(hidden), 0.00045)
+        exposed = {"prefill": {"sink_s": 0.0004, "sink_detail": {"write_gpu": 0.00005, "host_hidden": 0.0}}}
+        self.assertAlmostEqual(m.sink_critical_s(exposed), 0.00045)
+        older = {"prefill": {"sink_s": 0.0004}}  # no detail: all of it
+        self.assertAlmostEqual(m.sink_critical_s(older), 0.0004)
 
 
 @unittest.skipUnless(HAVE_NUMPY, "numpy not installed")
@@ -112,6 +125,7 @@ class E2eDriverTest(unittest.TestCase):
             self.assertIn(k, bypassed["encoder_produce_ms"])
         self.assertGreater(bypassed["encoder_epd_critical_ms"], 0)
         self.assertGreaterEqual(bypassed["epd_share_of_ttft"], bypassed["epd_share_of_ttft_prefill_only"])
+        self.assertGreaterEqual(bypassed["epd_share_of_ttft_host_counted"], bypassed["epd_share_of_ttft"])
         for row in (cached, bypassed, serial):
             self.assertEqual(row["turns"], 10)
             self.assertEqual(row["workflow"]["forks"], 4)

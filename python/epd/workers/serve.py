@@ -409,6 +409,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                        "sink_wait_s": kvc.stats["save_wait_s"] - s0["save_wait_s"],
                        "compute_s": t3 - t2 - save_s + (t1b - t1), "kv_bytes": sink.bytes_written,
                        "sink_detail": {"write": sink.write_s, "write_gpu": sink.write_gpu_s,
+                                       "host_hidden": sink.host_hidden_s,
                                        "mode": sink.save, "notice": sink.notice_s,
                                        "groups": sink.groups_sent, "setup": sink.setup_s,
                                        "setup_wait": sink.setup_wait_s}}
