@@ -302,7 +302,10 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                 }
         }
 
-        size_t part0 = 0, part_len = c->part_first;
+        /* Small first parts get an idle GPU going within microseconds; behind work still
+         * in flight (the handoff's previous layer group) the GPU is busy anyway, and each
+         * part costs its descriptors' upload between two kernels: whole parts then. */
+        size_t part0 = 0, part_len = gpu_copy_engine_in_flight(c->engine) > 0 ? c->part_max : c->part_first;
         src = dst = NULL;
         for (size_t i = 0; i < n; i++) {
                 GpuCopySeg *sg = &segs[i - part0];
