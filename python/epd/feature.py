@@ -342,33 +342,42 @@ def prefetch(client, keys: Sequence[str]) -> int:
 
 
 # -- content keys --------------------------------------------------------------------
-CONTENT_CHUNK = 1 << 20
+CONTENT_CHUNK = 256 << 10
+CONTENT_THREADS = 8
 _HASH_POOL = []
 
 
 def _hash_pool():
     if not _HASH_POOL:
         from concurrent.futures import ThreadPoolExecutor
-        _HASH_POOL.append(ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+        _HASH_POOL.append(ThreadPoolExecutor(max_workers=min(CONTENT_THREADS, os.cpu_count() or 1),
                                              thread_name_prefix="epd-content-key"))
     return _HASH_POOL[0]
 
 
+def _hash_chunks(chunks) -> bytes:
+    return b"".join(hashlib.sha256(c).digest() for c in chunks)
+
+
 def content_key(data, extra: bytes = b"") -> str:
     """A key for the feature cache from the content itself (an image's bytes or pixels):
-    sha256 over the sha256 of each 1 MiB chunk of `data` (any contiguous buffer), its
-    length and `extra`, as 64 hex digits. The chunks are hashed on a few threads at once
-    (hashlib lets go of the GIL), so a large image costs the worker's critical path a
-    fraction of one sha256 over it; the same bytes give the same key in every process."""
+    sha256 over the sha256 of each 256 KiB chunk of `data` (any contiguous buffer), its
+    length and `extra`, as 64 hex digits ("epd-content-v2"; v1 had 1 MiB chunks, three
+    for an image of 2.4 MB: no more than three threads at once). The chunks are hashed on
+    up to CONTENT_THREADS threads at once, each a run of consecutive chunks (hashlib lets
+    go of the GIL), so a large image costs the worker's critical path a fraction of one
+    sha256 over it; the key depends on the bytes alone, not on the threads: the same bytes
+    give the same key in every process on every machine."""
     mv = memoryview(data).cast("B")
     n = len(mv)
     chunks = [mv[i:i + CONTENT_CHUNK] for i in range(0, n, CONTENT_CHUNK)] or [mv]
-    if len(chunks) > 1:
-        digests = list(_hash_pool().map(lambda c: hashlib.sha256(c).digest(), chunks))
+    tasks = min(len(chunks), CONTENT_THREADS, os.cpu_count() or 1)
+    if tasks > 1:
+        per = -(-len(chunks) // tasks)
+        digests = b"".join(_hash_pool().map(_hash_chunks, [chunks[i:i + per] for i in range(0, len(chunks), per)]))
     else:
-        digests = [hashlib.sha256(chunks[0]).digest()]
-    h = hashlib.sha256(b"epd-content-v1|%d|" % n)
-    for d in digests:
-        h.update(d)
+        digests = _hash_chunks(chunks)
+    h = hashlib.sha256(b"epd-content-v2|%d|" % n)
+    h.update(digests)
     h.update(b"|" + bytes(extra))
     return h.hexdigest()

@@ -133,7 +133,7 @@ class ContentKeyTest(unittest.TestCase):
 
     def reference(self, data: bytes, extra: bytes = b"") -> str:
         import hashlib
-        h = hashlib.sha256(b"epd-content-v1|%d|" % len(data))
+        h = hashlib.sha256(b"epd-content-v2|%d|" % len(data))
         for i in range(0, max(len(data), 1), ef.CONTENT_CHUNK):
             h.update(hashlib.sha256(data[i:i + ef.CONTENT_CHUNK]).digest())
         h.update(b"|" + extra)
@@ -141,7 +141,8 @@ class ContentKeyTest(unittest.TestCase):
 
     def test_key(self):
         import os
-        for n in (0, 1, ef.CONTENT_CHUNK - 1, ef.CONTENT_CHUNK, ef.CONTENT_CHUNK + 1, 5 * ef.CONTENT_CHUNK + 7):
+        for n in (0, 1, ef.CONTENT_CHUNK - 1, ef.CONTENT_CHUNK, ef.CONTENT_CHUNK + 1, 5 * ef.CONTENT_CHUNK + 7,
+                  37 * ef.CONTENT_CHUNK + 3):  # more chunks than threads: runs of several a thread
             data = os.urandom(n)
             k = ef.content_key(data, b"448")
             self.assertEqual(k, self.reference(data, b"448"), n)
