@@ -146,6 +146,13 @@ if [[ " $STEPS " == *" overhead "* ]] && [ "$E2E_ARENAS" = gpu ]; then
         timeout 60 python3 bench/e2e/feature-overhead.py --address direct:$D/bus 2>&1 \
                 | grep -vE "Warning|warn\(" | tail -2 | tee "$OUTDIR/feature-overhead.log"
         stop_epdd
+        # The vision tower alone, as the workers run it (OMP_WAIT_POLICY=PASSIVE), back to
+        # back and after idling as the encoder does between requests at one in flight
+        # (bench/e2e/tower-threads.py).
+        for gap in 0 1.2; do
+                OMP_WAIT_POLICY=PASSIVE timeout 90 python3 bench/e2e/tower-threads.py --reps 10 --gap $gap 2>&1 \
+                        | grep -E "^tower-threads" | tee -a "$OUTDIR/tower-threads.log"
+        done
 fi
 trap - EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
