@@ -545,10 +545,10 @@ def main():
             if "kv_sink_ms" in r:
                 ks, ff = r["kv_sink_ms"], r.get("feature_fetch_ms", {})
                 print(f"parts ({r['config']}): KV sink ({r.get('kv_sink_mode', 'layer')}) writes {ks['write']:.2f} ms "
-                      f"of host time ({ks.get('host_hidden', 0):.2f} of it while the GPU was still on the model's "
-                      f"work: not counted) and {ks.get('write_gpu', 0):.2f} ms of GPU time (measured when written at the end), "
-                      f"events and notices "
-                      f"{ks['notice']:.2f} ms, {ks['groups']:.0f} groups, sequence + Prepare "
+                      f"of host time and {ks.get('write_gpu', 0):.2f} ms of GPU time (measured when written at the end), "
+                      f"events and notices {ks['notice']:.2f} ms (of the writes' and notices' host time, "
+                      f"{ks.get('host_hidden', 0):.2f} ms while the GPU was still on the model's work: not counted), "
+                      f"{ks['groups']:.0f} groups, sequence + Prepare "
                       f"{ks.get('setup', 0):.2f} ms (on a thread; the first layer waited {ks.get('setup_wait', 0):.2f} ms); "
                       f"feature fetch acquire {ff.get('acquire', 0):.2f} ms (P50 {ff.get('acquire_p50', 0):.2f}, "
                       f"P95 {ff.get('acquire_p95', 0):.2f}, max {ff.get('acquire_max', 0):.2f}; counted when it "
