@@ -678,10 +678,14 @@ class EpdKvSink:
         self.save = save
         self._deferred = []  # save="end": (layer, k, v) not written yet
         self.write_gpu_s = 0.0  # save="end": the GPU time of the one write (CUDA events)
-        # save="end": host time of the write and its notices spent while the GPU was still
-        # on the model's work queued before them (the write's start event not reached yet
-        # when the host was done): off the critical path, the GPU being the longer one.
+        # save="end": the part of the write's and notices' host time that did not delay
+        # the write on the GPU. When the model's stream still had work queued as the sink
+        # began: their host time less the GPU's gap between the end of that work and the
+        # write's start (CUDA events: the delay the host's preparation put on the GPU's
+        # timeline, whatever else shared the GPU); the GPU still busy with the model all
+        # along, all of it. When the stream was idle already: none (all of it counted).
         self.host_hidden_s = 0.0
+        self._host_s = 0.0
         self._gpu_timing = None
         self.client, self.layout, self.ring = client, layout, ring
         self.tokens = tokens
@@ -813,6 +817,12 @@ class EpdKvSink:
             return
         import torch
         t0 = time.perf_counter()
+        # Work still queued on the model's stream (its forward pass)? If so, an event
+        # reached when it is done, on the GPU's clock.
+        queued_done = None
+        if not torch.cuda.current_stream().query():
+            queued_done = torch.cuda.Event(enable_timing=True)
+            queued_done.record()
         items, self._deferred = self._deferred, []
         k0 = items[0][1]
         self.bytes_written += sum(2 * int(k.shape[2]) for _, k, _ in items) * self.layout.k_bytes_per_token
@@ -823,7 +833,7 @@ class EpdKvSink:
         # launch's preparation, they would time the host's work as the GPU's).
         timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         self._kv.write_layers(items, events=timing)
-        self._gpu_timing = timing
+        self._gpu_timing = (queued_done,) + timing
         t1 = time.perf_counter()
         self.write_s += t1 - t0
         n = len(self.group_last)
@@ -837,11 +847,7 @@ class EpdKvSink:
         t2 = time.perf_counter()
         self.notice_s += t2 - t1
         self.seconds += t2 - t0
-        if timing[0].query() is False:
-            # The event just before the launch, behind every kernel the model queued, is
-            # not reached yet: all of this host work overlapped the model's GPU time.
-            # (Reached: some of it did not; all of it stays counted.)
-            self.host_hidden_s += t2 - t0
+        self._host_s = t2 - t0  # set against the GPU's gap once the events are done
 
     def _flush(self, block: bool) -> None:
         """Reports ready, in order, the groups whose writes have landed (all when block)."""
@@ -863,10 +869,15 @@ class EpdKvSink:
             self._pending.pop(0)
             self._ready(g)
         if block and self._gpu_timing is not None:
-            start, end = self._gpu_timing
+            queued_done, start, end = self._gpu_timing
             self._gpu_timing = None
             end.synchronize()  # done already: the groups' notices waited for it
             self.write_gpu_s += start.elapsed_time(end) / 1e3
+            if queued_done is not None:
+                # What the host's preparation delayed the write by on the GPU: the gap from
+                # the model's last work to the write's start (0: the GPU was still busy).
+                gap = max(0.0, queued_done.elapsed_time(start) / 1e3)
+                self.host_hidden_s += max(0.0, self._host_s - gap)
 
     def flush(self) -> None:
         """Waits for the model's writes of every layer so far and reports their groups."""
