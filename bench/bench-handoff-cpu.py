@@ -6,10 +6,11 @@ bravo with one in flight (and 50 of warm-up); the user and system CPU each daemo
 the client spent meanwhile (/proc/PID/stat, the client's rusage), divided by the
 handoffs, and as CPUs kept busy over the run. Needs root (ip netns).
 
-    bench-handoff-cpu.py BUILD_ROOT [COUNT] [--perf] [--inflight N]
+    bench-handoff-cpu.py BUILD_ROOT [COUNT] [--perf] [--inflight N] [--bus-commit]
 
 --inflight N keeps N handoffs in flight (4 layer groups each, as the latency run's
-throughput lines), where the machine's CPUs are the limit.
+throughput lines), where the machine's CPUs are the limit. --bus-commit: the decode
+commits with Accept and CommitAndRelease on the bus instead of on its ring.
 
 With --perf, `perf record -g` runs on both daemons meanwhile (perf-alpha.data and
 perf-bravo.data in the current directory) for `perf report --no-children`."""
@@ -66,7 +67,7 @@ def main():
                 r = subprocess.run([os.path.join(build, "bench", "bench-handoff-latency"), "--prefill",
                                     f"direct:{pair.sock(0)}", "--decode", f"direct:{pair.sock(1)}", "--dest", "bravo",
                                     "--count", str(count), "--warmup", str(warmup), "--groups", groups,
-                                    "--inflight", str(inflight)],
+                                    "--inflight", str(inflight)] + (["--bus-commit"] if "--bus-commit" in argv else []),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 wall = time.perf_counter() - t0
                 ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -78,9 +79,10 @@ def main():
                     raise RuntimeError(r.stderr)
                 res = bench.result(r.stdout)
                 n = count + warmup
+                how = "Accept + CommitAndRelease on the bus" if "--bus-commit" in argv else "commit on the ring"
                 print(f"bench-handoff-cpu: {count} + {warmup} handoffs of 64 KiB, {groups} group(s), {inflight} in "
-                      f"flight, alpha -> bravo; {res['per_s']:.0f} handoffs/s, all landed P50 {res['all_p50']:.1f} us; "
-                      f"{os.cpu_count()} CPUs")
+                      f"flight, alpha -> bravo, {how}; {res['per_s']:.0f} handoffs/s, all landed P50 "
+                      f"{res['all_p50']:.1f} us; {os.cpu_count()} CPUs")
                 client = (ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime)
                 for name, u, s in [(nm, a[0] - b[0], a[1] - b[1])
                                    for nm, b, a in zip(("alpha (source)", "bravo (destination)"), before, after)] + \

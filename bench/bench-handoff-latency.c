@@ -6,7 +6,10 @@
  *   decode   ring ACCEPT(request)           (the decode worker waits without polling)
  *   prefill  Prepare(request, dest, seq, groups, ready=all | then ring LayerGroupReady)
  *   decode   ring: ACCEPTED, progress ... groups [0, G) landed   -> first, all landed
- *   decode   Accept (the offsets), CommitAndRelease, release the decode sequence
+ *   decode   ring COMMIT with release (answered once durable: the decode sequence),
+ *            release the decode sequence
+ *            (--bus-commit: Accept, for the offsets and path, then CommitAndRelease on
+ *            the bus, as before 2026-12-04)
  *   prefill  ring: committed (prepared with release_on_commit: no Release call)
  *
  * Latency is from the Prepare call to the decode worker's ring record saying the first
@@ -19,7 +22,7 @@
  *
  *   bench-handoff-latency --prefill ADDR --decode ADDR [--dest HOST] [--arena A]
  *       [--dest-arena A] [--pages P] [--layers L] [--groups G] [--layer-bytes B]
- *       [--count N] [--inflight K] [--warmup W] [--ring-ready]
+ *       [--count N] [--inflight K] [--warmup W] [--ring-ready] [--bus-commit]
  *
  * Prints "RESULT key=value ..." (latencies in microseconds). */
 #include <errno.h>
@@ -39,7 +42,7 @@
 static const char *arg_prefill, *arg_decode, *arg_dest = "", *arg_arena = "kv0", *arg_dest_arena;
 static unsigned arg_pages = 1, arg_layers = 8, arg_groups = 4, arg_count = 1000, arg_inflight = 1, arg_warmup = 50;
 static uint64_t arg_layer_bytes = 8192; /* K and V of one layer of one page */
-static bool arg_ring_ready;
+static bool arg_ring_ready, arg_bus_commit;
 
 static uint64_t now_ns(void) {
         struct timespec ts;
@@ -141,6 +144,22 @@ static bool decode_record(const struct epd_ring_record *rec, void *userdata) {
         return w->all_ns != 0;
 }
 
+typedef struct CommitWait {
+        uint64_t user_data;
+        int result;
+        char sequence[EPD_RING_SEQUENCE_PATH_MAX];
+} CommitWait;
+
+static bool commit_record(const struct epd_ring_record *rec, void *userdata) {
+        CommitWait *w = userdata;
+        if (rec->opcode != EPD_RING_EV_COMPLETION || rec->user_data != w->user_data)
+                return false; /* this handoff's later progress or state: not needed */
+        w->result = rec->result;
+        if (rec->result >= 0)
+                (void)epd_ring_record_sequence_path(rec, w->sequence, sizeof w->sequence);
+        return true;
+}
+
 typedef struct SourceWait {
         uint64_t token;
 } SourceWait;
@@ -222,12 +241,24 @@ static void *worker(void *userdata) {
                                 if ((r = epd_ring_layer_group_ready(pr, rid, token, g, 0)) < 0)
                                         die(p, r, "ring layer group ready");
                 pthread_barrier_wait(&w->landed);
-                epd_handoff_accepted acc;
+                /* The decode thread takes no record until the next ACCEPT: this thread
+                 * may wait on its ring meanwhile. */
+                epd_handoff_accepted acc = {};
                 char *dseq = NULL;
-                if ((r = epd_handoff_accept(d, rid, &acc)) < 0)
-                        die(d, r, "accept");
-                if ((r = epd_handoff_commit_and_release(d, acc.path, &dseq)) < 0)
-                        die(d, r, "commit");
+                if (arg_bus_commit) {
+                        if ((r = epd_handoff_accept(d, rid, &acc)) < 0)
+                                die(d, r, "accept");
+                        if ((r = epd_handoff_commit_and_release(d, acc.path, &dseq)) < 0)
+                                die(d, r, "commit");
+                } else {
+                        CommitWait cw = { .user_data = UINT64_C(1) << 63 | i };
+                        if ((r = epd_ring_commit(dr, rid, dw.token, 1, cw.user_data)) < 0)
+                                die(d, r, "ring commit");
+                        ring_until(dr, commit_record, &cw, "the commit's answer");
+                        if (cw.result < 0)
+                                die(NULL, cw.result, "ring commit");
+                        dseq = strdup(cw.sequence);
+                }
                 if ((r = epd_sequence_release(d, dseq)) < 0)
                         die(d, r, "release (decode sequence)");
                 SourceWait sw = { token };
@@ -275,7 +306,8 @@ int main(int argc, char **argv) {
                 { "layers", required_argument, NULL, 'L' },    { "groups", required_argument, NULL, 'G' },
                 { "layer-bytes", required_argument, NULL, 'B' }, { "count", required_argument, NULL, 'n' },
                 { "inflight", required_argument, NULL, 'k' },  { "warmup", required_argument, NULL, 'w' },
-                { "ring-ready", no_argument, NULL, 'r' },      {},
+                { "ring-ready", no_argument, NULL, 'r' },      { "bus-commit", no_argument, NULL, 'b' },
+                {},
         };
         int c;
         while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0)
@@ -293,6 +325,7 @@ int main(int argc, char **argv) {
                 case 'k': arg_inflight = (unsigned)strtoul(optarg, NULL, 0); break;
                 case 'w': arg_warmup = (unsigned)strtoul(optarg, NULL, 0); break;
                 case 'r': arg_ring_ready = true; break;
+                case 'b': arg_bus_commit = true; break;
                 default: return 2;
                 }
         if (!arg_prefill || !arg_decode || arg_groups == 0 || arg_groups > arg_layers || arg_groups > 1024 ||

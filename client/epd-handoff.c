@@ -348,6 +348,15 @@ int epd_ring_accept(epd_ring_client *r, const char *request_id, uint64_t timeout
         return epd_ring_submit(r, &rec);
 }
 
+int epd_ring_commit(epd_ring_client *r, const char *request_id, uint64_t token, int release, uint64_t user_data) {
+        EpdId id;
+        struct epd_ring_record rec;
+        if (!r || !request_id || token == 0 || epd_id_from_string(request_id, &id) < 0)
+                return -EINVAL;
+        epd_ring_record_commit(&rec, id.bytes, token, release, user_data);
+        return epd_ring_submit(r, &rec);
+}
+
 int epd_ring_fd(const epd_ring_client *r) {
         return r ? r->complete_fd : -EINVAL;
 }

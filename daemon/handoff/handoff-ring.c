@@ -3,6 +3,7 @@
  * ring first (the bus signal stays, as the fallback), and LayerGroupReady comes in as
  * submissions. */
 #include "handoff/handoff-internal.h"
+#include "wal/wal-manager.h"
 
 /* ---- notifications to the owning worker: ring first, D-Bus as fallback ---- */
 
@@ -249,6 +250,66 @@ static int ring_accept(ClientRing *cr, const struct epd_ring_record *rec) {
         return 0;
 }
 
+/* A ring COMMIT's answer, once its records are durable: posted to the client's ring if
+ * it still has one (looked up again: it may have closed meanwhile). */
+typedef struct RingCommit {
+        HandoffManager *hm;
+        uint64_t serial, user_data;
+        EpdId sequence;
+} RingCommit;
+
+static void ring_commit_durable(void *userdata, int error) {
+        RingCommit *rc = userdata;
+        HandoffManager *hm = rc->hm;
+        ClientRing *cr = hashmap_get(hm->rings, &rc->serial);
+        if (cr) {
+                struct epd_ring_record out;
+                ring_record_completion(&out, rc->user_data, error < 0 ? error : 0);
+                if (error >= 0)
+                        memcpy(out.request_id, rc->sequence.bytes, sizeof out.request_id);
+                if (ring_post(cr->ring, &out) < 0)
+                        hm->counters.ring_fallbacks++;
+                handoff_ring_kick_later(cr);
+        }
+        free(rc);
+}
+
+/* EPD_RING_OP_COMMIT: the destination handoff (request id, token) this client accepted,
+ * committed (and released when asked) as Commit / CommitAndRelease do; answered by
+ * ring_commit_durable(). <0: answered at once with that error. */
+static int ring_commit(ClientRing *cr, const struct epd_ring_record *rec) {
+        HandoffManager *hm = cr->hm;
+        HandoffObject *o = hashmap_get(hm->destinations, rec->request_id);
+        Client *c = cr->object.owner;
+        const char *seq;
+        Reason why = {};
+        if (!o || o->h->token != rec->token)
+                return -ENOENT;
+        if (!handoff_object_owned_by(o, c))
+                return -EPERM;
+        int r = handoff_manager_commit(o, c, &seq, &why);
+        if (r < 0) {
+                log_debug("handoff: ring commit of %s for client %" PRIu64 ": %s", o->request_str, cr->serial,
+                          why.text);
+                return r;
+        }
+        RingCommit *rc = calloc(1, sizeof *rc);
+        if (!rc)
+                return -ENOMEM;
+        *rc = (RingCommit) { .hm = hm, .serial = cr->serial, .user_data = rec->user_data };
+        const char *id = strrchr(seq, '/');
+        if (!id || epd_id_from_string(id + 1, &rc->sequence) < 0) {
+                free(rc);
+                return -EIO;
+        }
+        if (rec->arg0 & EPD_RING_COMMIT_RELEASE)
+                handoff_manager_release(o); /* o may be gone after this */
+        r = wal_manager_after_durable(hm->manager, ring_commit_durable, rc);
+        if (r < 0)
+                free(rc);
+        return r;
+}
+
 static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         ClientRing *cr = userdata;
         HandoffManager *hm = cr->hm;
@@ -271,6 +332,12 @@ static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *us
                          * when the handoff arrives (handoff-expect.c), or by a
                          * completion with the error. */
                         r = ring_accept(cr, &rec);
+                        if (r >= 0)
+                                continue;
+                } else if (r >= 0 && rec.opcode == EPD_RING_OP_COMMIT) {
+                        /* Answered once durable (ring_commit_durable()), or now with
+                         * the error. */
+                        r = ring_commit(cr, &rec);
                         if (r >= 0)
                                 continue;
                 } else if (r >= 0 && rec.opcode == EPD_RING_OP_LAYER_GROUP_READY) {

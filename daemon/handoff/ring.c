@@ -136,6 +136,13 @@ int ring_record_validate_submission(const struct epd_ring_record *rec) {
                         return -EINVAL;
                 return 0;
         }
+        case EPD_RING_OP_COMMIT: {
+                static const uint8_t zero[16] = {};
+                if (memcmp(rec->request_id, zero, 16) == 0 || rec->token == 0 || rec->group != 0 ||
+                    rec->count != 0 || (rec->arg0 & ~EPD_RING_COMMIT_RELEASE))
+                        return -EINVAL;
+                return 0;
+        }
         default:
                 return -EOPNOTSUPP;
         }
@@ -262,6 +269,8 @@ const char *ring_opcode_to_string(uint16_t opcode) {
                 return "layer-group-ready";
         case EPD_RING_OP_ACCEPT:
                 return "accept";
+        case EPD_RING_OP_COMMIT:
+                return "commit";
         case EPD_RING_EV_HANDOFF_ACCEPTED:
                 return "handoff-accepted";
         case EPD_RING_EV_COMPLETION:

@@ -28,6 +28,7 @@ RING_EV_GROUP_PROGRESS = 0x82
 RING_EV_HANDOFF_STATE = 0x83
 RING_EV_BACKPRESSURE = 0x84
 RING_EV_HANDOFF_ACCEPTED = 0x85
+_COMMIT_USER_DATA = 0x434F4D4D << 32  # "COMM": Ring.commit()'s answers
 HANDOFF_STATE_COMMITTED = 4
 HANDOFF_STATE_RELEASED = 5
 HANDOFF_STATE_ROLLED_BACK = 6
@@ -101,6 +102,7 @@ def _lib_handoffs():
         "epd_handoff_accept": (c_int, [c_void_p, c_char_p, _P(_Accepted)]),
         "epd_handoff_accept_wait": (c_int, [c_void_p, c_char_p, c_uint64, _P(_Accepted)]),
         "epd_ring_accept": (c_int, [c_void_p, c_char_p, c_uint64, c_uint64]),
+        "epd_ring_commit": (c_int, [c_void_p, c_char_p, c_uint64, c_int, c_uint64]),
         "epd_ring_fd": (c_int, [c_void_p]),
         "epd_handoff_accepted_done": (None, [_P(_Accepted)]),
         "epd_handoff_commit": (c_int, [c_void_p, c_char_p, _P(c_void_p)]),
@@ -139,6 +141,7 @@ class Ring(_lib.Closing):
         self.state = {}     # token -> (EPD_HANDOFF_STATE_*, EPD_HANDOFF_CAUSE_*)
         self.other = []     # events that are not about a handoff (completions, backpressure), oldest first
         self.accepted = {}  # request id (32 hex digits) -> token: answers to accept()
+        self._serial = 0    # commit()'s user_data
 
     def layer_group_ready(self, request_id: str, token: int, group: int, user_data: int = 0):
         self._client._check(self._lib.epd_ring_layer_group_ready(self._r, request_id.encode(), token, group,
@@ -151,6 +154,32 @@ class Ring(_lib.Closing):
         completion with the error (in `other`); Accepted.accept() then gives the offsets."""
         self._client._check(self._lib.epd_ring_accept(self._r, request_id.encode(), int(timeout_s * 1e6),
                                                       user_data), "ring: accept")
+
+    def commit(self, request_id: str, token: int, release: bool = False, timeout_s: float = 30.0) -> str:
+        """Commits the handoff (request_id, token) this client accepted, and releases it
+        too with release (CommitAndRelease), on the ring: no bus round trip. Waits for the
+        answer (sent once the records are durable; other events met meanwhile go to the
+        tables as poll() puts them) and returns the decode sequence's path; EpdError with
+        Commit's errno on a refusal (EBUSY groups missing, ESTALE rolled back, EPERM
+        another client's, ENOENT none)."""
+        from . import EpdError
+        self._serial += 1
+        user_data = _COMMIT_USER_DATA | self._serial
+        self._client._check(self._lib.epd_ring_commit(self._r, request_id.encode(), token, int(release), user_data),
+                            "ring: commit")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rec = self.next(max(0.0, deadline - time.monotonic()))
+            if rec is None:
+                raise EpdError(_errno.ETIMEDOUT, "org.epd1.Error.Timeout", f"no answer to the commit of {request_id}",
+                               "ring: commit")
+            if rec.opcode == RING_EV_COMPLETION and rec.user_data == user_data:
+                if rec.result < 0:
+                    raise EpdError(-rec.result, None, f"commit of {request_id} refused", "ring: commit")
+                if release:
+                    self.forget(token)
+                return "/org/epd1/sequence/" + bytes(rec.request_id).hex()
+            self._absorb(rec)
 
     def fileno(self) -> int:
         """The completion eventfd: readable when events were posted (select/poll/asyncio)."""
@@ -336,8 +365,11 @@ class Accepted:
 
     def commit(self, release: bool = False, ring: Optional[Ring] = None) -> str:
         """The decode sequence's path. release: the handoff is released in the same call
-        (one round trip, one sync): call no release() after it (ring: forgets it there,
-        as release(ring) would)."""
+        (one round trip, one sync): call no release() after it. With the ring this client
+        accepted on: the commit goes on it (Ring.commit, no bus round trip) and the ring
+        forgets the handoff when released."""
+        if ring is not None:
+            return ring.commit(self.request_id, self.token, release)
         p = ctypes.c_void_p()
         fn = self._lib.epd_handoff_commit_and_release if release else self._lib.epd_handoff_commit
         self._client._check(fn(self._client._c, self.path.encode(), ctypes.byref(p)), "commit handoff")

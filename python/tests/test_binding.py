@@ -196,6 +196,37 @@ class BindingTest(unittest.TestCase):
                 Sequence(d, dseq, a.arena).release()
                 seq.release()
 
+    def test_commit_on_the_ring(self):
+        """Accepted.commit(ring=): the commit (and release) as a ring submission, answered
+        once durable with the decode sequence; a refusal raises Commit's errno."""
+        import errno
+        from epd.handoff import Accepted, Handoff, Ring
+        from epd.sequence import Sequence
+        kv = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=256, v_bytes_per_token=256)
+        rid = "%032x" % 0x5154
+        with epd.Client(self.d.address) as p, epd.Client(self.d.address) as d:
+            p.register("prefill", "m", "cpu", kv=kv)
+            d.register("decode", "m", "cpu", kv=kv)
+            with Ring(d) as dring, Ring(p) as pring:
+                seq = Sequence.create(p, "host0", 2)
+                h = Handoff.prepare(p, rid, "", seq.path, [2, 2], release_on_commit=True)
+                a = Accepted.accept(d, rid, wait_s=1)
+                with self.assertRaises(epd.EpdError) as e:
+                    a.commit(release=True, ring=dring)  # no group has arrived
+                self.assertEqual(e.exception.errno, errno.EBUSY)
+                for g in range(2):
+                    h.layer_group_ready(g, pring)
+                self.assertEqual(a.wait_groups(2, dring, timeout_s=5), 2)
+                dseq = a.commit(release=True, ring=dring)
+                self.assertTrue(dseq.startswith("/org/epd1/sequence/"), dseq)
+                s = Sequence(d, dseq, a.arena)
+                self.assertEqual(len(s.pages), 2)
+                with self.assertRaises(epd.EpdError):
+                    a.status()  # released with the commit
+                self.assertNotIn(a.token, dring.progress)
+                s.release()
+                seq.release()
+
     def test_errors_carry_dbus_names(self):
         with epd.Client(self.d.address) as c:
             with self.assertRaises(epd.EpdError) as e:

@@ -709,6 +709,101 @@ START_TEST(test_accept_wait) {
 }
 END_TEST
 
+/* Commit on the ring (EPD_RING_OP_COMMIT): refused with Commit's errors before the
+ * groups arrived, for another token, by another client; then committed and released in
+ * one submission, answered once durable with the decode sequence; the source sees it
+ * committed; nothing left. */
+START_TEST(test_ring_commit) {
+        epd_client *p = worker("prefill"), *d = worker("decode"), *d2 = worker("decode");
+        epd_ring_client *dr, *dr2;
+        struct epd_ring_record out, bad;
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+        ck_assert_int_eq(epd_ring_open(d2, 64, 64, &dr2), 0);
+        uint64_t offs[N_PAGES];
+        char *seq = make_sequence(p, "kv0", N_PAGES, offs);
+        fill_pages(arena_base(p, "kv0"), offs, N_PAGES);
+        epd_handoff_options o = { .arena = "kv1" };
+        char *path;
+        uint64_t token;
+
+        ck_assert_int_eq(epd_ring_commit(dr, rid(30), 0, 1, 1), -EINVAL); /* no token */
+        ck_assert_int_eq(epd_ring_commit(dr, "nothex", 1, 1, 1), -EINVAL);
+        ck_assert_int_eq(epd_ring_accept(dr, rid(30), 5000000, 40), 0);
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(30), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        ring_wait_for(dr, EPD_RING_EV_HANDOFF_ACCEPTED, &out);
+        ck_assert_uint_eq(out.user_data, 40);
+
+        /* Refusals, each a completion with the error; nothing changes. */
+        ck_assert_int_eq(epd_ring_commit(dr, rid(30), token, 1, 41), 0); /* groups missing */
+        ring_wait_for(dr, EPD_RING_EV_COMPLETION, &out);
+        ck_assert_uint_eq(out.user_data, 41);
+        ck_assert_int_eq(out.result, -EBUSY);
+        ck_assert_int_eq(epd_ring_commit(dr, rid(30), token + 1, 1, 42), 0); /* another token */
+        ring_wait_for(dr, EPD_RING_EV_COMPLETION, &out);
+        ck_assert_int_eq(out.result, -ENOENT);
+        ck_assert_int_eq(epd_ring_commit(dr2, rid(30), token, 1, 43), 0); /* not its handoff */
+        ring_wait_for(dr2, EPD_RING_EV_COMPLETION, &out);
+        ck_assert_uint_eq(out.user_data, 43);
+        ck_assert_int_eq(out.result, -EPERM);
+        uint8_t id[16];
+        memset(id, 0x30, sizeof id);
+        epd_ring_record_commit(&bad, id, token, 1, 44);
+        bad.arg0 = 2; /* an unknown flag */
+        ck_assert_int_eq(epd_ring_submit(dr, &bad), 0);
+        ring_wait_for(dr, EPD_RING_EV_COMPLETION, &out);
+        ck_assert_uint_eq(out.user_data, 44);
+        ck_assert_int_eq(out.result, -EINVAL);
+
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+        uint32_t last = 0;
+        while (last < 4)
+                last = ring_wait_for(dr, EPD_RING_EV_GROUP_PROGRESS, &out);
+
+        /* Commit and release in one submission: the decode sequence comes back. */
+        ck_assert_int_eq(epd_ring_commit(dr, rid(30), token, 1, 45), 0);
+        for (;;) {
+                ring_wait_for(dr, EPD_RING_EV_COMPLETION, &out);
+                if (out.user_data == 45)
+                        break;
+        }
+        ck_assert_int_eq(out.result, 0);
+        char dseq[EPD_RING_SEQUENCE_PATH_MAX];
+        ck_assert_int_eq(epd_ring_record_sequence_path(&out, dseq, 8), -ENOBUFS);
+        ck_assert_int_eq(epd_ring_record_sequence_path(&out, dseq, sizeof dseq), 0);
+        ck_assert(strncmp(dseq, "/org/epd1/sequence/", 19) == 0);
+        ck_assert_uint_eq(strlen(dseq), 51);
+        /* It is the decode client's sequence, holding the bytes the prefill wrote. */
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        const void *v;
+        size_t sz;
+        ck_assert_int_ge(sd_bus_get_property(d->bus, NULL, dseq, "org.epd1.Sequence", "Offsets", &e, &reply, "at"), 0);
+        ck_assert_int_ge(sd_bus_message_read_array(reply, 't', &v, &sz), 0);
+        ck_assert_uint_eq(sz / 8, N_PAGES);
+        ck_assert(layers_equal(arena_base(d, "kv1"), v, N_PAGES, 0, LAYERS));
+        sd_bus_message_unref(reply);
+        wait_state(p, path, "committed");
+        /* Released with the commit: the handoff is gone on the decode side. */
+        ck_assert_int_eq(epd_ring_commit(dr, rid(30), token, 0, 46), 0);
+        ring_wait_for(dr, EPD_RING_EV_COMPLETION, &out);
+        ck_assert_uint_eq(out.user_data, 46);
+        ck_assert_int_eq(out.result, -ENOENT);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        release_sequence(d, dseq);
+        release_sequence(p, seq);
+        free(seq);
+        free(path);
+        epd_ring_close(dr);
+        epd_ring_close(dr2);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        epd_disconnect(p);
+        epd_disconnect(d);
+        epd_disconnect(d2);
+}
+END_TEST
+
 START_TEST(test_decode_dies) {
         epd_client *p = worker("prefill");
         char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
@@ -844,6 +939,7 @@ int main(void) {
         tcase_add_test(tc, test_ring);
         tcase_add_test(tc, test_watch_signals);
         tcase_add_test(tc, test_accept_wait);
+        tcase_add_test(tc, test_ring_commit);
         tcase_add_test(tc, test_decode_dies);
         tcase_add_test(tc, test_timeout_and_admission);
         tcase_add_test(tc, test_introspection);

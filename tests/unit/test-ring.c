@@ -244,6 +244,34 @@ START_TEST(test_ring_validate) {
         ck_assert_uint_eq(rec.arg0, 16);
         ck_assert_uint_eq(rec.arg1, 2);
         ck_assert_str_eq(ring_opcode_to_string(EPD_RING_OP_ACCEPT), "accept");
+        /* COMMIT: a request id, a token, and in arg0 only EPD_RING_COMMIT_RELEASE. */
+        epd_ring_record_commit(&rec, rid, 77, 1, 13);
+        ck_assert_int_eq(ring_record_validate_submission(&rec), 0);
+        ck_assert_uint_eq(rec.arg0, EPD_RING_COMMIT_RELEASE);
+        ck_assert_uint_eq(rec.user_data, 13);
+        epd_ring_record_commit(&rec, rid, 77, 0, 13);
+        ck_assert_int_eq(ring_record_validate_submission(&rec), 0);
+        ck_assert_uint_eq(rec.arg0, 0);
+        rec.arg0 = 2;
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EINVAL);
+        epd_ring_record_commit(&rec, rid, 0, 1, 13);
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EINVAL);
+        epd_ring_record_commit(&rec, zero, 77, 1, 13);
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EINVAL);
+        epd_ring_record_commit(&rec, rid, 77, 1, 13);
+        rec.group = 1;
+        ck_assert_int_eq(ring_record_validate_submission(&rec), -EINVAL);
+        ck_assert_str_eq(ring_opcode_to_string(EPD_RING_OP_COMMIT), "commit");
+        /* A commit's answer names the decode sequence by its id's bytes. */
+        char path[EPD_RING_SEQUENCE_PATH_MAX];
+        ring_record_completion(&rec, 13, 0);
+        for (int i = 0; i < 16; i++)
+                rec.request_id[i] = (uint8_t)(0xa0 + i);
+        ck_assert_int_eq(epd_ring_record_sequence_path(&rec, path, sizeof path - 1), -ENOBUFS);
+        ck_assert_int_eq(epd_ring_record_sequence_path(&rec, path, sizeof path), 0);
+        ck_assert_str_eq(path, "/org/epd1/sequence/a0a1a2a3a4a5a6a7a8a9aaabacadaeaf");
+        rec.result = -EBUSY;
+        ck_assert_int_eq(epd_ring_record_sequence_path(&rec, path, sizeof path), -EINVAL);
         ck_assert_ptr_null(ring_opcode_to_string(0x7777));
         ck_assert_str_eq(ring_opcode_to_string(EPD_RING_OP_LAYER_GROUP_READY), "layer-group-ready");
 

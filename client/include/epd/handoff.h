@@ -111,6 +111,11 @@ int epd_ring_layer_group_ready(epd_ring_client *r, const char *request_id, uint6
  * records), or an EPD_RING_EV_COMPLETION with the error. epd_handoff_accept() gives the
  * page offsets afterwards (a repeat: it changes nothing). */
 int epd_ring_accept(epd_ring_client *r, const char *request_id, uint64_t timeout_usec, uint64_t user_data);
+/* Commits the handoff (request_id, token) this client accepted, and releases it too when
+ * release is non-zero (CommitAndRelease), without a bus round trip. The answer comes on
+ * the ring once durable: an EPD_RING_EV_COMPLETION with user_data, result 0 or -errno,
+ * and on success the decode sequence (epd_ring_record_sequence_path()). */
+int epd_ring_commit(epd_ring_client *r, const char *request_id, uint64_t token, int release, uint64_t user_data);
 /* The ring's completion eventfd, readable when records were posted: poll it (with
  * others) instead of polling the daemon; then take the records with epd_ring_next(r, .., 0). */
 int epd_ring_fd(const epd_ring_client *r);

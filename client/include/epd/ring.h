@@ -80,7 +80,20 @@ enum {
          * the handoff's progress comes on this ring; org.epd1.Handoffs.Accept (a repeat:
          * it changes nothing) gives the page offsets. token, group, count, arg1: 0. */
         EPD_RING_OP_ACCEPT = 3,
+        /* The decode worker commits the handoff (request_id, token) it accepted (on this
+         * ring or by Accept): org.epd1.Handoff.Commit, and with EPD_RING_COMMIT_RELEASE
+         * in arg0 its Release too (CommitAndRelease), without a bus round trip. Answered
+         * once the records are durable by an EPD_RING_EV_COMPLETION: user_data echoed,
+         * result 0 or Commit's -errno (-EBUSY: groups still missing, -ESTALE: rolled
+         * back, -EPERM: accepted by another client, -ENOENT: no such handoff here or
+         * another token); on success its request_id field holds the decode sequence's
+         * id (the object /org/epd1/sequence/ and those 16 bytes as 32 hex digits:
+         * epd_ring_record_sequence_path()). group, count, arg1: 0. */
+        EPD_RING_OP_COMMIT = 4,
 };
+
+/* EPD_RING_OP_COMMIT's arg0. */
+#define EPD_RING_COMMIT_RELEASE 0x1ULL
 
 /* Completions and events (daemon -> worker). */
 enum {
@@ -302,6 +315,35 @@ static inline void epd_ring_record_accept(struct epd_ring_record *rec, const uin
         memcpy(rec->request_id, request_id, 16);
         rec->arg0 = timeout_usec;
         rec->user_data = user_data;
+}
+
+static inline void epd_ring_record_commit(struct epd_ring_record *rec, const uint8_t request_id[16],
+                                          uint64_t token, int release, uint64_t user_data) {
+        memset(rec, 0, sizeof *rec);
+        rec->opcode = EPD_RING_OP_COMMIT;
+        memcpy(rec->request_id, request_id, 16);
+        rec->token = token;
+        rec->arg0 = release ? EPD_RING_COMMIT_RELEASE : 0;
+        rec->user_data = user_data;
+}
+
+/* The decode sequence's object path from a successful commit's completion:
+ * "/org/epd1/sequence/" and 32 lowercase hex digits (52 bytes with the NUL). 0, or
+ * -EINVAL when rec is not such a completion, -ENOBUFS when n is too small. */
+#define EPD_RING_SEQUENCE_PATH_MAX 52U
+static inline int epd_ring_record_sequence_path(const struct epd_ring_record *rec, char *buf, size_t n) {
+        static const char prefix[] = "/org/epd1/sequence/", hex[] = "0123456789abcdef";
+        if (!rec || !buf || rec->opcode != EPD_RING_EV_COMPLETION || rec->result != 0)
+                return -EINVAL;
+        if (n < EPD_RING_SEQUENCE_PATH_MAX)
+                return -ENOBUFS;
+        memcpy(buf, prefix, sizeof prefix - 1);
+        for (unsigned i = 0; i < 16; i++) {
+                buf[sizeof prefix - 1 + 2 * i] = hex[rec->request_id[i] >> 4];
+                buf[sizeof prefix - 1 + 2 * i + 1] = hex[rec->request_id[i] & 15];
+        }
+        buf[sizeof prefix - 1 + 32] = 0;
+        return 0;
 }
 
 /* EPD_RING_EV_BACKPRESSURE, decoded. */
