@@ -2,6 +2,7 @@
 """The Python binding against a real epdd (started here on a private direct socket).
 Runs without torch: plain buffers, and numpy when present."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -99,6 +100,16 @@ class RingRecordTest(unittest.TestCase):
 
 
 class BindingTest(unittest.TestCase):
+    @contextlib.contextmanager
+    def prefill_and_decode(self):
+        """Two clients of the daemon registered as a prefill and a decode worker of one
+        small KV layout."""
+        kv = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=256, v_bytes_per_token=256)
+        with epd.Client(self.d.address) as p, epd.Client(self.d.address) as d:
+            p.register("prefill", "m", "cpu", kv=kv)
+            d.register("decode", "m", "cpu", kv=kv)
+            yield p, d
+
     def setUp(self):
         self.d = Daemon()
 
@@ -141,11 +152,8 @@ class BindingTest(unittest.TestCase):
         import errno
         from epd.handoff import Accepted, Handoff, Ring
         from epd.sequence import Sequence
-        kv = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=256, v_bytes_per_token=256)
         rid = "%032x" % 0x5151
-        with epd.Client(self.d.address) as p, epd.Client(self.d.address) as d:
-            p.register("prefill", "m", "cpu", kv=kv)
-            d.register("decode", "m", "cpu", kv=kv)
+        with self.prefill_and_decode() as (p, d):
             with self.assertRaises(epd.EpdError) as e:
                 Accepted.accept(d, "%032x" % 0x5152, wait_s=0.05)
             self.assertEqual(e.exception.errno, errno.ETIMEDOUT)
@@ -172,11 +180,8 @@ class BindingTest(unittest.TestCase):
         handoffs are gone once the decode side committed, its sequence stays."""
         from epd.handoff import Accepted, Handoff, Ring
         from epd.sequence import Sequence
-        kv = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=256, v_bytes_per_token=256)
         rid = "%032x" % 0x5153
-        with epd.Client(self.d.address) as p, epd.Client(self.d.address) as d:
-            p.register("prefill", "m", "cpu", kv=kv)
-            d.register("decode", "m", "cpu", kv=kv)
+        with self.prefill_and_decode() as (p, d):
             with Ring(d) as dring, Ring(p) as pring:
                 seq = Sequence.create(p, "host0", 2)
                 h = Handoff.prepare(p, rid, "", seq.path, [2, 2], ready=2, release_on_commit=True)
@@ -202,11 +207,8 @@ class BindingTest(unittest.TestCase):
         import errno
         from epd.handoff import Accepted, Handoff, Ring
         from epd.sequence import Sequence
-        kv = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=256, v_bytes_per_token=256)
         rid = "%032x" % 0x5154
-        with epd.Client(self.d.address) as p, epd.Client(self.d.address) as d:
-            p.register("prefill", "m", "cpu", kv=kv)
-            d.register("decode", "m", "cpu", kv=kv)
+        with self.prefill_and_decode() as (p, d):
             with Ring(d) as dring, Ring(p) as pring:
                 seq = Sequence.create(p, "host0", 2)
                 h = Handoff.prepare(p, rid, "", seq.path, [2, 2], release_on_commit=True)

@@ -32,6 +32,7 @@
 #include "epd/epd-telemetry.h"
 #include "epd/handoff.h"
 #include "harness.h"
+#include "test-sequence-util.h"
 #include "../check-main.h"
 #include "system.h"
 #include "vmm.h"
@@ -227,18 +228,6 @@ static char *make_sequence(epd_client *c, const char *arena, uint32_t n, uint64_
         memcpy(offs, o, sz);
         sd_bus_message_unref(reply);
         return p;
-}
-
-static void sequence_offsets(epd_client *c, const char *path, uint64_t *offs, uint32_t n) {
-        sd_bus_error e = SD_BUS_ERROR_NULL;
-        sd_bus_message *reply = NULL;
-        const void *o;
-        size_t sz;
-        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, path, "org.epd1.Sequence", "Offsets", &e, &reply, "at"), 0);
-        ck_assert_int_ge(sd_bus_message_read_array(reply, 't', &o, &sz), 0);
-        ck_assert_uint_eq(sz / 8, n);
-        memcpy(offs, o, sz);
-        sd_bus_message_unref(reply);
 }
 
 /* A clone of the sequence at path, owned by c: its path (free it). */

@@ -18,6 +18,7 @@
 #include "epd/epd-telemetry.h"
 #include "epd/handoff.h"
 #include "harness.h"
+#include "test-sequence-util.h"
 #include "../check-main.h"
 
 #define LAYERS 8
@@ -65,15 +66,8 @@ static char *make_sequence(epd_client *c, const char *arena, uint32_t n, uint64_
         ck_assert_int_ge(sd_bus_message_read_array(reply, 'u', &pages, &sz), 0);
         char *p = strdup(path);
         sd_bus_message_unref(reply);
-        if (offs) {
-                sd_bus_error e = SD_BUS_ERROR_NULL;
-                ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, p, "org.epd1.Sequence", "Offsets", &e, &reply, "at"), 0);
-                const void *o;
-                ck_assert_int_ge(sd_bus_message_read_array(reply, 't', &o, &sz), 0);
-                ck_assert_uint_eq(sz / 8, n);
-                memcpy(offs, o, sz);
-                sd_bus_message_unref(reply);
-        }
+        if (offs)
+                sequence_offsets(c, p, offs, n);
         return p;
 }
 
@@ -774,15 +768,9 @@ START_TEST(test_ring_commit) {
         ck_assert(strncmp(dseq, "/org/epd1/sequence/", 19) == 0);
         ck_assert_uint_eq(strlen(dseq), 51);
         /* It is the decode client's sequence, holding the bytes the prefill wrote. */
-        sd_bus_error e = SD_BUS_ERROR_NULL;
-        sd_bus_message *reply = NULL;
-        const void *v;
-        size_t sz;
-        ck_assert_int_ge(sd_bus_get_property(d->bus, NULL, dseq, "org.epd1.Sequence", "Offsets", &e, &reply, "at"), 0);
-        ck_assert_int_ge(sd_bus_message_read_array(reply, 't', &v, &sz), 0);
-        ck_assert_uint_eq(sz / 8, N_PAGES);
-        ck_assert(layers_equal(arena_base(d, "kv1"), v, N_PAGES, 0, LAYERS));
-        sd_bus_message_unref(reply);
+        uint64_t doffs[N_PAGES];
+        sequence_offsets(d, dseq, doffs, N_PAGES);
+        ck_assert(layers_equal(arena_base(d, "kv1"), doffs, N_PAGES, 0, LAYERS));
         wait_state(p, path, "committed");
         /* Released with the commit: the handoff is gone on the decode side. */
         ck_assert_int_eq(epd_ring_commit(dr, rid(30), token, 0, 46), 0);
