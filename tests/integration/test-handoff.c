@@ -792,6 +792,44 @@ START_TEST(test_ring_commit) {
 }
 END_TEST
 
+/* A worker that unmaps its ring right after a COMMIT (epd_ring_close() tells the daemon
+ * nothing: the ring lives until the client goes): the commit stands (the source sees it
+ * committed), its answer lands where nobody reads it, and the decode sequence goes with
+ * the client. */
+START_TEST(test_ring_commit_ring_closed) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        epd_ring_client *dr;
+        struct epd_ring_record out;
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+        char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
+        epd_handoff_options o = { .arena = "kv1" };
+        char *path;
+        uint64_t token;
+        ck_assert_int_eq(epd_ring_accept(dr, rid(31), 5000000, 50), 0);
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(31), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        ring_wait_for(dr, EPD_RING_EV_HANDOFF_ACCEPTED, &out);
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+        uint32_t last = 0;
+        while (last < 4)
+                last = ring_wait_for(dr, EPD_RING_EV_GROUP_PROGRESS, &out);
+        ck_assert_int_eq(epd_ring_commit(dr, rid(31), token, 1, 51), 0);
+        epd_ring_close(dr); /* before its answer, most likely */
+        wait_state(p, path, "committed");
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_uint_gt(arena_live(p, "kv1"), 0); /* the decode sequence */
+        epd_disconnect(d);
+        for (int i = 0; i < 200 && arena_live(p, "kv1") > 0; i++)
+                usleep(10000);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        release_sequence(p, seq);
+        free(seq);
+        free(path);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        epd_disconnect(p);
+}
+END_TEST
+
 START_TEST(test_decode_dies) {
         epd_client *p = worker("prefill");
         char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
@@ -928,6 +966,7 @@ int main(void) {
         tcase_add_test(tc, test_watch_signals);
         tcase_add_test(tc, test_accept_wait);
         tcase_add_test(tc, test_ring_commit);
+        tcase_add_test(tc, test_ring_commit_ring_closed);
         tcase_add_test(tc, test_decode_dies);
         tcase_add_test(tc, test_timeout_and_admission);
         tcase_add_test(tc, test_introspection);
