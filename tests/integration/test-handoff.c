@@ -586,6 +586,35 @@ static uint32_t ring_wait_for(epd_ring_client *r, uint16_t opcode, struct epd_ri
         return out->group;
 }
 
+/* The handoff of `seq` (kv0 -> kv1) as request `request`: accepted on d's ring first
+ * (user_data ud), then prepared by p; returns its path, *token its token. */
+static char *ring_accepted_handoff(epd_client *p, epd_ring_client *dr, const char *request, const char *seq,
+                                   uint64_t ud, uint64_t *token) {
+        epd_handoff_options o = { .arena = "kv1" };
+        struct epd_ring_record out;
+        char *path;
+        ck_assert_int_eq(epd_ring_accept(dr, request, 5000000, ud), 0);
+        ck_assert_int_eq(epd_handoff_prepare(p, request, NULL, seq, groups4, 4, &o, &path, token), 0);
+        ring_wait_for(dr, EPD_RING_EV_HANDOFF_ACCEPTED, &out);
+        ck_assert_uint_eq(out.user_data, ud);
+        ck_assert_uint_eq(out.token, *token);
+        return path;
+}
+
+/* Every group of the handoff at `path` reported ready by p, and seen landed, in order,
+ * on the decode side's ring dr. */
+static void ring_all_landed(epd_client *p, const char *path, epd_ring_client *dr) {
+        struct epd_ring_record out;
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+        uint32_t last = 0;
+        while (last < 4) {
+                uint32_t done = ring_wait_for(dr, EPD_RING_EV_GROUP_PROGRESS, &out);
+                ck_assert_uint_gt(done, last);
+                last = done;
+        }
+}
+
 START_TEST(test_accept_wait) {
         epd_client *p = worker("prefill"), *d = worker("decode");
         epd_ring_client *dr;
@@ -632,14 +661,7 @@ START_TEST(test_accept_wait) {
         ck_assert_int_eq(epd_handoff_accept(d, rid(21), &acc), 0);
         ck_assert_uint_eq(acc.token, token);
         ck_assert_uint_eq(acc.n_pages, N_PAGES);
-        for (uint32_t g = 0; g < 4; g++)
-                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
-        uint32_t last = 0;
-        while (last < 4) {
-                uint32_t done = ring_wait_for(dr, EPD_RING_EV_GROUP_PROGRESS, &out);
-                ck_assert_uint_gt(done, last);
-                last = done;
-        }
+        ring_all_landed(p, path, dr);
         char *dseq;
         ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
         wait_state(p, path, "committed");
@@ -716,16 +738,11 @@ START_TEST(test_ring_commit) {
         uint64_t offs[N_PAGES];
         char *seq = make_sequence(p, "kv0", N_PAGES, offs);
         fill_pages(arena_base(p, "kv0"), offs, N_PAGES);
-        epd_handoff_options o = { .arena = "kv1" };
-        char *path;
         uint64_t token;
 
         ck_assert_int_eq(epd_ring_commit(dr, rid(30), 0, 1, 1), -EINVAL); /* no token */
         ck_assert_int_eq(epd_ring_commit(dr, "nothex", 1, 1, 1), -EINVAL);
-        ck_assert_int_eq(epd_ring_accept(dr, rid(30), 5000000, 40), 0);
-        ck_assert_int_eq(epd_handoff_prepare(p, rid(30), NULL, seq, groups4, 4, &o, &path, &token), 0);
-        ring_wait_for(dr, EPD_RING_EV_HANDOFF_ACCEPTED, &out);
-        ck_assert_uint_eq(out.user_data, 40);
+        char *path = ring_accepted_handoff(p, dr, rid(30), seq, 40, &token);
 
         /* Refusals, each a completion with the error; nothing changes. */
         ck_assert_int_eq(epd_ring_commit(dr, rid(30), token, 1, 41), 0); /* groups missing */
@@ -748,11 +765,7 @@ START_TEST(test_ring_commit) {
         ck_assert_uint_eq(out.user_data, 44);
         ck_assert_int_eq(out.result, -EINVAL);
 
-        for (uint32_t g = 0; g < 4; g++)
-                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
-        uint32_t last = 0;
-        while (last < 4)
-                last = ring_wait_for(dr, EPD_RING_EV_GROUP_PROGRESS, &out);
+        ring_all_landed(p, path, dr);
 
         /* Commit and release in one submission: the decode sequence comes back. */
         ck_assert_int_eq(epd_ring_commit(dr, rid(30), token, 1, 45), 0);
@@ -799,20 +812,11 @@ END_TEST
 START_TEST(test_ring_commit_ring_closed) {
         epd_client *p = worker("prefill"), *d = worker("decode");
         epd_ring_client *dr;
-        struct epd_ring_record out;
         ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
         char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
-        epd_handoff_options o = { .arena = "kv1" };
-        char *path;
         uint64_t token;
-        ck_assert_int_eq(epd_ring_accept(dr, rid(31), 5000000, 50), 0);
-        ck_assert_int_eq(epd_handoff_prepare(p, rid(31), NULL, seq, groups4, 4, &o, &path, &token), 0);
-        ring_wait_for(dr, EPD_RING_EV_HANDOFF_ACCEPTED, &out);
-        for (uint32_t g = 0; g < 4; g++)
-                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
-        uint32_t last = 0;
-        while (last < 4)
-                last = ring_wait_for(dr, EPD_RING_EV_GROUP_PROGRESS, &out);
+        char *path = ring_accepted_handoff(p, dr, rid(31), seq, 50, &token);
+        ring_all_landed(p, path, dr);
         ck_assert_int_eq(epd_ring_commit(dr, rid(31), token, 1, 51), 0);
         epd_ring_close(dr); /* before its answer, most likely */
         wait_state(p, path, "committed");
