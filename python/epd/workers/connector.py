@@ -21,6 +21,7 @@ torch's current stream (KvPages); from a host arena, a GPU process registers the
 with CUDA once (page-locked) and copies asynchronously. Either way a layer group is
 reported ready when a CUDA event says its writes have landed, never by a host sync."""
 
+import contextlib
 import ctypes
 import time
 from typing import Callable, Dict, List, Optional, Sequence as Seq, Tuple
@@ -583,18 +584,12 @@ class KvPages:
                 t = self._tables.get(first)
                 if t is None:
                     t = self._table(first)
-                if events is not None:
-                    events[0].record()
-                t.write_many(rows, _stream_of(k0))
-                if events is not None:
-                    events[1].record()
+                with _between(events):
+                    t.write_many(rows, _stream_of(k0))
                 return
-        if events is not None:
-            events[0].record()
-        for layer, k, v in items:
-            self.write(layer, k, v, start)
-        if events is not None:
-            events[1].record()
+        with _between(events):
+            for layer, k, v in items:
+                self.write(layer, k, v, start)
 
     def read_layers(self, layers: Seq[int], tokens: int, dtype: str, device: Optional[str] = None, events=None):
         """K/V of tokens [0, tokens) of these layers, [(k, v)]: on a GPU arena one
@@ -619,17 +614,25 @@ class KvPages:
         t = self._tables.get(0)
         if t is None:
             t = self._table(0)
-        if events is not None:
-            events[0].record()
-        t.read_many(rows, _stream_of(buf))
-        if events is not None:
-            events[1].record()
+        with _between(events):
+            t.read_many(rows, _stream_of(buf))
         return out
 
     def close(self) -> None:
         for t in self._tables.values():
             t.close()
         self._tables.clear()
+
+
+@contextlib.contextmanager
+def _between(events):
+    """CUDA events (start, end), when given, recorded on the current stream just before
+    and after what the block enqueues."""
+    if events is not None:
+        events[0].record()
+    yield
+    if events is not None:
+        events[1].record()
 
 
 def _seq_offsets(client, arena: str, pages: Seq[int], page_size: int) -> List[int]:
