@@ -375,18 +375,24 @@ int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t time
                 int e = epd_ring_consume(&r->ring.cq, rec);
                 if (e != -EAGAIN)
                         return e;
+                /* Empty: clear the eventfd's count (the wakeups of records already taken)
+                 * and look again, for a record whose wakeup that read took. The fd is then
+                 * readable only for records posted after this look: a caller polling it in
+                 * its own loop does not spin on stale wakeups. The daemon posts a record
+                 * before its wakeup, so a count of 0 means no record is missed. */
+                uint64_t v;
+                if (read(r->complete_fd, &v, sizeof v) > 0) {
+                        e = epd_ring_consume(&r->ring.cq, rec);
+                        if (e != -EAGAIN)
+                                return e;
+                }
                 uint64_t now = now_usec_mono();
                 if (now >= deadline)
                         return -EAGAIN;
-                /* A wakeup may be stale (its record was taken without waiting): wait
-                 * again until the deadline. */
                 struct pollfd p = { .fd = r->complete_fd, .events = POLLIN };
                 int ms = deadline == UINT64_MAX ? -1 : (int)MIN((deadline - now + 999) / 1000, (uint64_t)INT32_MAX);
                 e = poll(&p, 1, ms);
                 if (e < 0 && errno != EINTR)
                         return -errno;
-                uint64_t v;
-                if (e > 0)
-                        (void)!read(r->complete_fd, &v, sizeof v);
         }
 }

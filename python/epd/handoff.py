@@ -182,7 +182,8 @@ class Ring(_lib.Closing):
             self._absorb(rec)
 
     def fileno(self) -> int:
-        """The completion eventfd: readable when events were posted (select/poll/asyncio)."""
+        """The completion eventfd: readable when events were posted (select/poll/asyncio);
+        take them with next(0) until None, which also clears it."""
         return self._lib.epd_ring_fd(self._r)
 
     def next(self, timeout_s: Optional[float] = None) -> Optional[RingRecord]:

@@ -229,6 +229,28 @@ class BindingTest(unittest.TestCase):
                 s.release()
                 seq.release()
 
+    def test_ring_fd_quiet_once_drained(self):
+        """A worker that waits on Ring.fileno() in its own loop (select, poll, asyncio) and
+        takes the records with next(0) until None finds the fd quiet again: a readable fd
+        with nothing to take would spin its loop."""
+        import select
+        from epd.handoff import Ring
+        with self.prefill_and_decode() as (p, d):
+            with Ring(d) as dring:
+                for i in range(3):
+                    # Two answers (timeouts: no such handoff), then the fd.
+                    dring.accept("%032x" % (0x5160 + 2 * i), timeout_s=0.02, user_data=1)
+                    dring.accept("%032x" % (0x5161 + 2 * i), timeout_s=0.02, user_data=2)
+                    got = []
+                    while len(got) < 2:
+                        r, _, _ = select.select([dring], [], [], 5)
+                        self.assertTrue(r, "no wakeup for the answers")
+                        while (rec := dring.next(0)) is not None:
+                            got.append(rec.user_data)
+                    self.assertEqual(sorted(got), [1, 2])
+                    r, _, _ = select.select([dring], [], [], 0.05)
+                    self.assertEqual(r, [], "the ring's fd stays readable with nothing to take")
+
     def test_errors_carry_dbus_names(self):
         with epd.Client(self.d.address) as c:
             with self.assertRaises(epd.EpdError) as e:

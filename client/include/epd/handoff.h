@@ -117,7 +117,8 @@ int epd_ring_accept(epd_ring_client *r, const char *request_id, uint64_t timeout
  * and on success the decode sequence (epd_ring_record_sequence_path()). */
 int epd_ring_commit(epd_ring_client *r, const char *request_id, uint64_t token, int release, uint64_t user_data);
 /* The ring's completion eventfd, readable when records were posted: poll it (with
- * others) instead of polling the daemon; then take the records with epd_ring_next(r, .., 0). */
+ * others) instead of polling the daemon; then take the records with epd_ring_next(r, .., 0)
+ * until it returns -EAGAIN, which also clears the fd (it stays readable until then). */
 int epd_ring_fd(const epd_ring_client *r);
 /* Takes the next completion or event, waiting up to timeout_usec (UINT64_MAX: forever;
  * 0: do not wait). -EAGAIN when none came in time. */
