@@ -201,7 +201,11 @@ static void *writer_thread(void *userdata) {
                 if (compact)
                         ww->compacting = false;
                 pthread_cond_broadcast(&ww->done);
+                /* The loop's wake-up after the unlock: woken while this thread still held
+                 * the lock, the loop blocked on it (a FUTEX_WAIT and a FUTEX_WAKE a batch). */
+                unlock(ww);
                 kick(ww);
+                lock(ww);
         }
         unlock(ww);
         free(batch);
