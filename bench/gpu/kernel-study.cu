@@ -14,7 +14,8 @@
 // Cases: 256 KiB pieces contiguous on both sides (the kernel's own ceiling), 2 MiB pages
 // scattered, 256 KiB pages scattered, and layer groups: 8 groups of 256 KiB in each
 // 2 MiB page, pages scattered, shipped group by group (what a handoff between GPU arenas
-// moves).
+// moves); the same with the pages in order on both sides, where a group is also one
+// strided copy on a copy engine (cuMemcpy2DAsync, one call a group).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -351,7 +352,18 @@ int main() {
                 cases.push_back(a);
         }
         {
-                Case a{ "8 groups x 256K, sorted by dst", cases.back().c };
+                /* Pages in the same order on both sides (a sequence allocated in one
+                 * piece): a group is then one strided 2-D copy (the copy-engine row). */
+                Case a{ "8 groups x 256K, pages in order", {} };
+                size_t n = S / (2 * MiB);
+                for (size_t g = 0; g < 8; g++)
+                        for (size_t i = 0; i < n; i++)
+                                a.c.push_back({ x + i * 2 * MiB + g * 256 * 1024, y + i * 2 * MiB + g * 256 * 1024,
+                                                256 * 1024 });
+                cases.push_back(a);
+        }
+        {
+                Case a{ "8 groups x 256K, sorted by dst", cases[cases.size() - 2].c };
                 std::sort(a.c.begin(), a.c.end(), [](const Chunk &l, const Chunk &r) { return l.dst < r.dst; });
                 cases.push_back(a);
         }
@@ -386,8 +398,27 @@ int main() {
                         if (check(kname))
                                 row(kname, ms);
                 };
-                tiles(copy_tiles<true, 4>, 64 * 1024, "2-D grid 64K cs U4 (pack.cu)");
-                tiles(copy_tiles<true, 4>, 16 * 1024, "2-D grid 16K cs U4");
+                tiles(copy_tiles<true, 4>, 64 * 1024, "2-D grid 64K cs U4");
+                tiles(copy_tiles<true, 4>, 16 * 1024, "2-D grid 16K cs U4 (pack.cu)");
+                if (strstr(cs.name, "pages in order")) {
+                        /* Each group as one cuMemcpy2DAsync (256 KiB rows at a 2 MiB pitch). */
+                        const size_t pages = S / (2 * MiB);
+                        RK(cudaMemsetAsync((void *)y, 0, S, stream));
+                        double ms = time_it([&] {
+                                for (size_t g = 0; g < 8; g++) {
+                                        CUDA_MEMCPY2D m = {};
+                                        m.srcMemoryType = m.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+                                        m.srcDevice = x + g * 256 * 1024;
+                                        m.dstDevice = y + g * 256 * 1024;
+                                        m.srcPitch = m.dstPitch = 2 * MiB;
+                                        m.WidthInBytes = 256 * 1024;
+                                        m.Height = pages;
+                                        CK(cuMemcpy2DAsync(&m, (CUstream)stream));
+                                }
+                        });
+                        if (check("copy engine, 2-D, 1 call a group"))
+                                row("copy engine, 2-D, 1 call a group", ms);
+                }
                 tiles(copy_tiles<true, 4>, 256 * 1024, "2-D grid 256K cs U4");
                 tiles(copy_tiles<false, 4>, 64 * 1024, "2-D grid 64K plain U4");
                 tiles(copy_tiles<true, 8>, 64 * 1024, "2-D grid 64K cs U8");

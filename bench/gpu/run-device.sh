@@ -113,7 +113,7 @@ echo "(post_ms: the host's part of each transport batch, before the GPU has all 
 grep -E '^RESULT d2d' "$LOGS/bench.log" | sed 's/bytes=[0-9]* //'
 echo
 echo "== copy kernels alone (scattered chunks; ratio to a raw copy of the same 4 GiB) =="
-grep -E '^raw|^STUDY' "$LOGS/kernel-study.log" 2>/dev/null | grep -E 'raw|pack.cu|16K cs U4|32K plain U8|bulk2 4x32K'
+grep -E '^raw|^STUDY' "$LOGS/kernel-study.log" 2>/dev/null | grep -E 'raw|pack.cu|64K cs U4|32K plain U8|bulk2 4x32K|copy engine'
 echo
 echo "== handoffs through epdd =="
 grep -E "^GPUs:|^CoW:|not measured" "$LOGS/handoff-bench.log"
