@@ -126,6 +126,13 @@ def summarize(name, results, wall):
            "ttft_mean_ms": 1e3 * mean(ttft), "ttft_p95_ms": 1e3 * pct(ttft, 95),
            "latency_mean_ms": 1e3 * mean(r["latency_s"] for r in results),
            "branch_latency_mean_ms": 1e3 * mean(b["latency_s"] for b in branches)}
+    # The decode's steps after the first token (the split's: its KV loads included), per
+    # token; the split's latency also holds an agent request's workflow root.
+    dec = [(r["decode"] if "decode" in r else r) for r in results]
+    if dec and all("decode_s" in d for d in dec):
+        row["decode_ms_per_token"] = 1e3 * mean(d["decode_s"] / max(len(r["tokens"]) - 1, 1)
+                                                for d, r in zip(dec, results))
+        row["workflow_root_ms"] = 1e3 * mean(d.get("root_s", 0.0) for d in dec)
     if results and "prefill" in results[0]:
         row["exposed_transfer_ms"] = 1e3 * mean(r["decode"]["wait_s"] for r in results)
         # epd's part of TTFT: its calls and copies on the critical path (feature fetch,
@@ -236,7 +243,8 @@ def colocated(model_name, reqs, device="cuda", m=None):
         t1 = time.perf_counter()
         toks = dec.decode(kv, r.input_ids.shape[1], first, delta, s.max_new_tokens)
         torch.cuda.synchronize()
-        res = {"ttft_s": t1 - t0, "latency_s": time.perf_counter() - t0, "tokens": toks,
+        t2 = time.perf_counter()
+        res = {"ttft_s": t1 - t0, "latency_s": t2 - t0, "tokens": toks, "decode_s": t2 - t1,
                "encode_s": te - t0, "image_s": ti - t0, "tower_s": te - ti, "prefill_s": t1 - te}
         if s.branches:
             n = int(r.input_ids.shape[1])
@@ -562,6 +570,10 @@ def main():
                       f"(in parts: {json.dumps({k: round(v, 2) for k, v in r.get('encoder_produce_ms', {}).items()})}), "
                       f"outside these {r.get('encoder_epd_ms', 0):.2f} ms; decode: "
                       f"{r.get('decode_layers_in_one_launch', 0):.1f} layers read in one launch (mean)")
+        for r in out["bench"]:
+            if "decode_ms_per_token" in r:
+                print(f"decode ({r['config']}): {r['decode_ms_per_token']:.2f} ms a token after the first; "
+                      f"an agent request's workflow root {r['workflow_root_ms']:.2f} ms (mean over requests)")
         for r in out["bench"]:
             if "kv_sink_ms" not in r and "encoder_tower_ms" in r:
                 print(f"parts ({r['config']}): encoder: the image {r['encoder_image_ms']:.2f} ms, "

@@ -11,6 +11,8 @@
 # workers encode); GPUS: how many GPUs to spread them over, one per process, round robin
 # (default: all the machine has; with one GPU every process shares GPU 0). With more
 # than one GPU the benchmark adds the colocated data-parallel baseline on GPUS GPUs.
+# E2E_MPS=1 runs every process (epdd's CUDA work included) as a client of a CUDA MPS
+# server started for the run, so that the processes' kernels share the GPU side by side;
 # E2E_STEPS="gpu check bench overhead" (default) picks the parts to run; E2E_BENCH_MODEL (default 8b)
 # is the benchmark's config; E2E_DP=N adds the colocated data-parallel baseline with N
 # processes over the GPUs (E2E_DP=2 with one GPU: two colocated processes on it, the
@@ -102,10 +104,24 @@ stop_epdd() {
         kill -TERM $EPDD; wait $EPDD; epdd_rc=$?
 }
 EPDD=
-trap 'kill -TERM $EPDD 2>/dev/null; wait $EPDD 2>/dev/null' EXIT
+MPS=off
+# E2E_MPS=1: the processes sharing the GPU run as clients of a CUDA MPS server started
+# here (its pipe and log directories in $D; stopped at the end), so that their kernels
+# can run side by side instead of taking turns.
+if [ "${E2E_MPS:-0}" = 1 ]; then
+        if command -v nvidia-cuda-mps-control >/dev/null; then
+                export CUDA_MPS_PIPE_DIRECTORY=$D/mps-pipe CUDA_MPS_LOG_DIRECTORY=$D/mps-log
+                mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+                nvidia-cuda-mps-control -d && MPS=on || MPS="failed to start"
+        else
+                MPS="not available (no nvidia-cuda-mps-control)"
+        fi
+fi
+stop_mps() { [ "$MPS" = on ] && echo quit | nvidia-cuda-mps-control; MPS=stopped; }
+trap 'kill -TERM $EPDD 2>/dev/null; wait $EPDD 2>/dev/null; stop_mps' EXIT
 export EPD_LIBRARY=$ROOT/$B/client/libepd.so
 ARGS=(--address direct:$D/bus --epdctl $ROOT/$B/tools/epdctl --layout "$LAYOUT" --gpus "$GPUS" --kv-arena "$KV_ARENA")
-echo "layout $LAYOUT on $GPUS GPU(s); arenas: $E2E_ARENAS; steps: $STEPS"
+echo "layout $LAYOUT on $GPUS GPU(s); arenas: $E2E_ARENAS; steps: $STEPS; MPS: $MPS"
 gpu_torch_rc=- check_rc=- bench_rc=- epdd_rc=-
 
 if [[ " $STEPS " == *" gpu "* ]]; then
@@ -154,6 +170,7 @@ if [[ " $STEPS " == *" overhead "* ]] && [ "$E2E_ARENAS" = gpu ]; then
                         | grep -E "^tower-threads" | tee -a "$OUTDIR/tower-threads.log"
         done
 fi
+stop_mps
 trap - EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "gpu-torch rc=$gpu_torch_rc check rc=$check_rc bench rc=$bench_rc epdd exit=$epdd_rc total $(( $(date +%s) - t0 )) s"

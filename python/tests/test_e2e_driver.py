@@ -128,6 +128,10 @@ class E2eDriverTest(unittest.TestCase):
         self.assertGreaterEqual(bypassed["epd_share_of_ttft_host_counted"], bypassed["epd_share_of_ttft"])
         for row in (cached, bypassed, serial):
             self.assertEqual(row["turns"], 10)
+            # The decode's steps per token and an agent request's workflow root, timed.
+            self.assertGreater(row["decode_ms_per_token"], 0)
+            self.assertGreater(row["workflow_root_ms"], 0)
+            self.assertIn(f"decode ({row['config']}): ", text)
             self.assertEqual(row["workflow"]["forks"], 4)
             # The daemon's loop stalls are read for every row (how many is the machine's).
             self.assertIsInstance(row["loop_stalls"]["count"], int)

@@ -428,6 +428,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 t1 = time.perf_counter()
                 toks = b.decode(spec, _LoadThrough(kvc, rid), info["prompt_len"], info["first"], info["delta"])
                 _sync(device)
+                t2 = time.perf_counter()
                 kvc.clear_connector_metadata()
                 _, received = kvc.get_finished({rid})
                 if not received or rid not in received:
@@ -436,8 +437,12 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 seq = kvc.take_sequence(rid)
                 out = {"tokens": toks, "wait_s": kvc.stats["wait_s"] - s0["wait_s"], "accept_s": t1 - t0,
                        "load_s": kvc.stats["load_s"] - s0["load_s"], "load_layers_at_once": at_once}
+                t3 = time.perf_counter()
                 if seq is not None:
                     out.update(agents.root(spec, seq, info["prompt_len"], info["delta"]))
+                # The model's decoding (the KV loads included) and, for an agent request,
+                # keeping its KV as a workflow's root: both inside the request's latency.
+                out["decode_s"], out["root_s"] = t2 - t1, time.perf_counter() - t3
                 out["t"] = time.perf_counter() - t0
                 conn.send(("ok", out))
             elif kind == "branch":
