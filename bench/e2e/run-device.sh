@@ -169,6 +169,13 @@ if [[ " $STEPS " == *" overhead "* ]] && [ "$E2E_ARENAS" = gpu ]; then
                 OMP_WAIT_POLICY=PASSIVE timeout 90 python3 bench/e2e/tower-threads.py --reps 10 --gap $gap 2>&1 \
                         | grep -E "^tower-threads" | tee -a "$OUTDIR/tower-threads.log"
         done
+        # The greedy decode alone, per step, under OpenMP's default (the colocated
+        # process's) and the workers' setting (bench/e2e/decode-threads.py).
+        for policy in - PASSIVE; do
+                if [ "$policy" = - ]; then run=(env -u OMP_WAIT_POLICY); else run=(env OMP_WAIT_POLICY=$policy); fi
+                "${run[@]}" timeout 100 python3 bench/e2e/decode-threads.py --reps 4 2>&1 \
+                        | grep -E "^decode-threads" | tee -a "$OUTDIR/decode-threads.log"
+        done
 fi
 stop_mps
 trap - EXIT
