@@ -310,6 +310,9 @@ static int ring_commit(ClientRing *cr, const struct epd_ring_record *rec) {
         return r;
 }
 
+/* Submissions taken in one turn of the loop. */
+#define RING_SUBMIT_BUDGET 4096U
+
 static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         ClientRing *cr = userdata;
         HandoffManager *hm = cr->hm;
@@ -317,7 +320,14 @@ static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *us
         int r;
 
         (void)ring_drain_submit(cr->ring);
-        for (unsigned budget = 0; budget < 4096; budget++) {
+        for (unsigned budget = 0;; budget++) {
+                if (budget == RING_SUBMIT_BUDGET) {
+                        /* Other work gets its turn; the rest are taken on the next one. The
+                         * wakeup that announced them was read above: without one of our
+                         * own they would wait for the worker's next submission. */
+                        (void)ring_wake_submit(cr->ring);
+                        break;
+                }
                 r = ring_consume(cr->ring, &rec);
                 if (r == -EAGAIN)
                         break;

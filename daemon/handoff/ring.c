@@ -191,6 +191,15 @@ int ring_drain_submit(Ring *r) {
         return 1;
 }
 
+int ring_wake_submit(Ring *r) {
+        if (!r)
+                return -EINVAL;
+        uint64_t one = 1;
+        if (write(r->submit_fd, &one, sizeof one) < 0 && errno != EAGAIN)
+                return -errno;
+        return 0;
+}
+
 void ring_record_completion(struct epd_ring_record *rec, uint64_t user_data, int result) {
         memset(rec, 0, sizeof *rec);
         rec->opcode = EPD_RING_EV_COMPLETION;

@@ -38,6 +38,9 @@ int ring_record_validate_submission(const struct epd_ring_record *rec);
 /* Posts a completion or event. -ENOBUFS when the CQ is full (the overflow counter in the
  * mapping is bumped: the caller sends it over D-Bus instead); -EBADMSG when broken. */
 int ring_post(Ring *r, const struct epd_ring_record *rec);
+/* Makes the submit eventfd readable again: the daemon's loop comes back for submissions
+ * it left in the queue (its per-turn budget). */
+int ring_wake_submit(Ring *r);
 /* Signals the worker once for everything posted since the last kick. */
 int ring_kick(Ring *r);
 /* Clears the submit eventfd (after it became readable). */

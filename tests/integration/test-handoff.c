@@ -506,6 +506,32 @@ START_TEST(test_commit_and_release) {
 }
 END_TEST
 
+/* More submissions than the daemon takes in one turn of its loop (4096), queued before
+ * one wakeup: every one is answered (the daemon wakes itself for the rest), none waits
+ * for the worker's next submission. */
+START_TEST(test_ring_submissions_past_one_turn) {
+        epd_client *p = worker("prefill");
+        epd_ring_client *pr;
+        enum { N = 5000 };
+        ck_assert_int_eq(epd_ring_open(p, 8192, 8192, &pr), 0);
+        struct epd_ring_record rec = { .opcode = EPD_RING_OP_NOP }, out;
+        for (unsigned i = 0; i < N - 1; i++) {
+                rec.user_data = i;
+                ck_assert_int_eq(epd_ring_produce(&pr->ring.sq, &rec), 0); /* no wakeup yet */
+        }
+        rec.user_data = N - 1;
+        ck_assert_int_eq(epd_ring_submit(pr, &rec), 0); /* the one wakeup */
+        for (unsigned i = 0; i < N; i++) {
+                ck_assert_int_eq(epd_ring_next(pr, &out, 5000000), 0);
+                ck_assert_uint_eq(out.opcode, EPD_RING_EV_COMPLETION);
+                ck_assert_uint_eq(out.user_data, i);
+                ck_assert_int_eq(out.result, 0);
+        }
+        epd_ring_close(pr);
+        epd_disconnect(p);
+}
+END_TEST
+
 START_TEST(test_ring) {
         epd_client *p = worker("prefill"), *d = worker("decode");
         epd_ring_client *pr, *dr, *dup;
@@ -967,6 +993,7 @@ int main(void) {
         tcase_add_test(tc, test_same_arena_zero_copy);
         tcase_add_test(tc, test_commit_and_release);
         tcase_add_test(tc, test_ring);
+        tcase_add_test(tc, test_ring_submissions_past_one_turn);
         tcase_add_test(tc, test_watch_signals);
         tcase_add_test(tc, test_accept_wait);
         tcase_add_test(tc, test_ring_commit);
