@@ -386,6 +386,15 @@ int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t time
                         if (e != -EAGAIN)
                                 return e;
                 }
+                /* Records the daemon keeps back for want of room (the CQ was full): the
+                 * room is there now; a wakeup has it post them. Read after the head was
+                 * published (the daemon looks at the head after setting the count). */
+                __atomic_thread_fence(__ATOMIC_SEQ_CST);
+                if (__atomic_load_n(epd_ring_cq_backlog(&r->ring), __ATOMIC_RELAXED) > 0) {
+                        uint64_t one = 1;
+                        if (write(r->submit_fd, &one, sizeof one) < 0 && errno != EAGAIN)
+                                return -errno;
+                }
                 uint64_t now = now_usec_mono();
                 if (now >= deadline)
                         return -EAGAIN;

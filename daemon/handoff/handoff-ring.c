@@ -214,6 +214,7 @@ void handoff_ring_free(ClientRing *cr) {
                 cr->kick_queued = false;
         }
         log_debug("handoff: ring of client %" PRIu64 " closed", cr->serial);
+        cr->hm->counters.ring_backlogged += cr->ring->backlogged;
         (void)hashmap_remove(cr->hm->rings, &cr->serial);
         if (cr->object.owner)
                 client_object_unlink(&cr->object);

@@ -90,6 +90,7 @@ Ring *ring_free(Ring *r) {
                 return NULL;
         if (r->base != MAP_FAILED && r->base)
                 (void)munmap(r->base, r->size);
+        free(r->backlog);
         safe_close(r->memfd);
         safe_close(r->submit_fd);
         safe_close(r->complete_fd);
@@ -148,30 +149,74 @@ int ring_record_validate_submission(const struct epd_ring_record *rec) {
         }
 }
 
+static void set_backlog(Ring *r) {
+        __atomic_store_n(epd_ring_cq_backlog(&r->view), r->backlog_n, __ATOMIC_RELEASE);
+}
+
+uint32_t ring_flush_backlog(Ring *r) {
+        if (!r || r->broken || r->backlog_n == 0)
+                return r ? r->backlog_n : 0;
+        uint32_t k = 0;
+        while (k < r->backlog_n) {
+                int e = epd_ring_produce(&r->view.cq, &r->backlog[k]);
+                if (e == -EBADMSG)
+                        r->broken = true;
+                if (e < 0)
+                        break;
+                k++;
+        }
+        if (k > 0) {
+                memmove(r->backlog, r->backlog + k, (size_t)(r->backlog_n - k) * sizeof *r->backlog);
+                r->backlog_n -= k;
+                r->posted += k;
+                r->kick_pending = true;
+                set_backlog(r);
+        }
+        return r->backlog_n;
+}
+
 int ring_post(Ring *r, const struct epd_ring_record *rec) {
         if (!r || !rec)
                 return -EINVAL;
         if (r->broken)
                 return -EBADMSG;
-        int e = epd_ring_produce(&r->view.cq, rec);
+        int e = r->backlog_n > 0 ? -EAGAIN : epd_ring_produce(&r->view.cq, rec); /* in order behind the backlog */
         if (e == -EBADMSG) {
                 r->broken = true;
                 return e;
         }
-        if (e == -EAGAIN) {
+        r->kick_pending = true; /* posted, or waiting for room: wake the worker to drain */
+        if (e == 0) {
+                r->posted++;
+                return 0;
+        }
+        if (r->backlog_n >= RING_BACKLOG_MAX(r->view.cq.entries)) {
                 r->overflows++;
                 __atomic_fetch_add(r->view.cq_overflow, 1, __ATOMIC_RELEASE);
-                r->kick_pending = true; /* wake the worker: it should drain */
                 return -ENOBUFS;
         }
-        r->posted++;
-        r->kick_pending = true;
+        if (r->backlog_n == r->backlog_cap) {
+                uint32_t cap = r->backlog_cap ? r->backlog_cap * 2 : 16;
+                struct epd_ring_record *b = reallocarray(r->backlog, cap, sizeof *b);
+                if (!b)
+                        return -ENOMEM;
+                r->backlog = b;
+                r->backlog_cap = cap;
+        }
+        r->backlog[r->backlog_n++] = *rec;
+        r->backlogged++;
+        set_backlog(r);
+        /* The worker may have made room and looked at cq_backlog before it was set (it
+         * then wrote no wakeup): look at the CQ again after setting it. */
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        (void)ring_flush_backlog(r);
         return 0;
 }
 
 int ring_kick(Ring *r) {
         if (!r)
                 return -EINVAL;
+        (void)ring_flush_backlog(r);
         if (!r->kick_pending)
                 return 0;
         uint64_t one = 1;

@@ -21,8 +21,16 @@ typedef struct Ring {
         struct epd_ring view;
         bool broken;     /* the worker corrupted the queue indexes */
         bool kick_pending;
-        uint64_t submitted, posted, overflows;
+        /* Records posted while the CQ was full, oldest first, waiting for room (posted by
+         * ring_flush_backlog(): on the next post, kick or submission). */
+        struct epd_ring_record *backlog;
+        uint32_t backlog_n, backlog_cap;
+        uint64_t submitted, posted, overflows, backlogged;
 } Ring;
+
+/* Records a ring keeps back for a worker that does not drain its CQ, at most: beyond
+ * them a record is dropped and counted in the mapping's cq_overflow. */
+#define RING_BACKLOG_MAX(cq_entries) ((cq_entries) * 4U < 16384U ? (cq_entries) * 4U : 16384U)
 
 /* Creates a ring with the given queue sizes (powers of two within the ABI's limits). */
 int ring_new(uint32_t sq_entries, uint32_t cq_entries, Ring **ret);
@@ -35,13 +43,20 @@ int ring_consume(Ring *r, struct epd_ring_record *rec);
 /* Checks a submission's opcode, flags and reserved fields. */
 int ring_record_validate_submission(const struct epd_ring_record *rec);
 
-/* Posts a completion or event. -ENOBUFS when the CQ is full (the overflow counter in the
- * mapping is bumped: the caller sends it over D-Bus instead); -EBADMSG when broken. */
+/* Posts a completion or event, in order after those posted before. With the CQ full it
+ * waits in the ring's backlog (the mapping's cq_backlog says how many: a worker that
+ * finds its CQ empty while it is not 0 writes the submit eventfd) and is posted once
+ * there is room. -ENOBUFS when the backlog is full too (the overflow counter in the
+ * mapping is bumped: the caller sends it over D-Bus instead, where it can); -EBADMSG
+ * when broken. */
 int ring_post(Ring *r, const struct epd_ring_record *rec);
+/* Posts what the backlog holds as far as the CQ has room; the number left. */
+uint32_t ring_flush_backlog(Ring *r);
 /* Makes the submit eventfd readable again: the daemon's loop comes back for submissions
  * it left in the queue (its per-turn budget). */
 int ring_wake_submit(Ring *r);
-/* Signals the worker once for everything posted since the last kick. */
+/* Signals the worker once for everything posted since the last kick (the backlog
+ * flushed first). */
 int ring_kick(Ring *r);
 /* Clears the submit eventfd (after it became readable). */
 int ring_drain_submit(Ring *r);

@@ -130,7 +130,8 @@ class Ring(_lib.Closing):
     The ring keeps, per handoff token, the latest progress and state it has seen, so that
     a worker waiting for one request never drops another request's events, and a worker
     that only submits (prefill) can drain its events with poll() and never fill the ring
-    (a full ring makes the daemon fall back to D-Bus signals)."""
+    (a full ring makes the daemon hold its events back, and past 4 x its size fall back
+    to D-Bus signals)."""
 
     def __init__(self, client, sq_entries: int = 256, cq_entries: int = 1024):
         self._client, self._lib = client, _lib_handoffs()

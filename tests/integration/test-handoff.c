@@ -532,6 +532,35 @@ START_TEST(test_ring_submissions_past_one_turn) {
 }
 END_TEST
 
+/* A worker that lets its CQ fill up loses no answer: the daemon keeps what does not fit
+ * and posts it once the worker drained the CQ (epd_ring_next wakes it for them). */
+START_TEST(test_ring_answers_past_a_full_cq) {
+        epd_client *p = worker("prefill");
+        epd_ring_client *pr;
+        enum { N = 20 };
+        ck_assert_int_eq(epd_ring_open(p, 64, 8, &pr), 0);
+        struct epd_ring_record rec = { .opcode = EPD_RING_OP_NOP }, out;
+        for (unsigned i = 0; i < N; i++) {
+                rec.user_data = i;
+                ck_assert_int_eq(epd_ring_submit(pr, &rec), 0);
+        }
+        /* Every one answered before the worker takes any: 8 in the CQ, 12 kept back. */
+        for (int i = 0; i < 500 && __atomic_load_n(epd_ring_cq_backlog(&pr->ring), __ATOMIC_ACQUIRE) < N - 8; i++)
+                usleep(10000);
+        ck_assert_uint_eq(__atomic_load_n(epd_ring_cq_backlog(&pr->ring), __ATOMIC_ACQUIRE), N - 8);
+        for (unsigned i = 0; i < N; i++) {
+                ck_assert_int_eq(epd_ring_next(pr, &out, 5000000), 0);
+                ck_assert_uint_eq(out.opcode, EPD_RING_EV_COMPLETION);
+                ck_assert_uint_eq(out.user_data, i);
+        }
+        ck_assert_uint_eq(__atomic_load_n(pr->ring.cq_overflow, __ATOMIC_ACQUIRE), 0);
+        ck_assert_uint_eq(counter(p, "ring-backlogged"), N - 8);
+        ck_assert_uint_eq(counter(p, "ring-fallbacks"), 0);
+        epd_ring_close(pr);
+        epd_disconnect(p);
+}
+END_TEST
+
 START_TEST(test_ring) {
         epd_client *p = worker("prefill"), *d = worker("decode");
         epd_ring_client *pr, *dr, *dup;
@@ -994,6 +1023,7 @@ int main(void) {
         tcase_add_test(tc, test_commit_and_release);
         tcase_add_test(tc, test_ring);
         tcase_add_test(tc, test_ring_submissions_past_one_turn);
+        tcase_add_test(tc, test_ring_answers_past_a_full_cq);
         tcase_add_test(tc, test_watch_signals);
         tcase_add_test(tc, test_accept_wait);
         tcase_add_test(tc, test_ring_commit);

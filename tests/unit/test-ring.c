@@ -108,8 +108,10 @@ START_TEST(test_ring_overflow) {
         ck_assert_int_eq(ring_new(8, 8, &r), 0);
         worker_map(&w, r);
         ring_record_backpressure(&rec, "bravo", EPD_BACKPRESSURE_HIGH, EPD_BACKPRESSURE_REASON_RETRANSMITS, 900, 250);
-        for (int i = 0; i < 8; i++)
+        /* The CQ's 8, then the backlog's 4 x 8, then none. */
+        for (unsigned i = 0; i < 8 + RING_BACKLOG_MAX(8); i++)
                 ck_assert_int_eq(ring_post(r, &rec), 0);
+        ck_assert_uint_eq(__atomic_load_n(epd_ring_cq_backlog(&w.ring), __ATOMIC_ACQUIRE), RING_BACKLOG_MAX(8));
         ck_assert_int_eq(ring_post(r, &rec), -ENOBUFS);
         ck_assert_int_eq(ring_post(r, &rec), -ENOBUFS);
         ck_assert_uint_eq(r->overflows, 2);
@@ -126,7 +128,60 @@ START_TEST(test_ring_overflow) {
         ck_assert_uint_eq(bp.reason, EPD_BACKPRESSURE_REASON_RETRANSMITS);
         ck_assert_uint_eq(bp.permille, 900);
         ck_assert_uint_eq(bp.retry_after_usec, 250);
-        ck_assert_int_eq(ring_post(r, &rec), 0); /* room again */
+        ck_assert_uint_eq(ring_flush_backlog(r), RING_BACKLOG_MAX(8) - 1); /* room for one */
+        ck_assert_int_eq(ring_post(r, &rec), 0); /* room in the backlog again */
+        worker_unmap(&w);
+        ring_free(r);
+}
+END_TEST
+
+/* A worker that does not drain: what the CQ cannot take waits in the backlog, in order,
+ * and is posted as the worker makes room (at the next post, kick or flush). */
+START_TEST(test_ring_backlog_order) {
+        Ring *r = NULL;
+        Worker w;
+        struct epd_ring_record rec, out;
+        ck_assert_int_eq(ring_new(8, 8, &r), 0);
+        worker_map(&w, r);
+        for (uint64_t i = 0; i < 20; i++) {
+                ring_record_completion(&rec, i, 0);
+                ck_assert_int_eq(ring_post(r, &rec), 0);
+        }
+        ck_assert_uint_eq(r->backlog_n, 12);
+        ck_assert_uint_eq(r->backlogged, 12);
+        ck_assert_uint_eq(__atomic_load_n(epd_ring_cq_backlog(&w.ring), __ATOMIC_ACQUIRE), 12);
+        ck_assert_int_eq(ring_kick(r), 1);
+        ck_assert(readable(r->complete_fd));
+        uint64_t next = 0;
+        for (int round = 0; round < 3; round++) {
+                while (epd_ring_consume(&w.ring.cq, &out) == 0) {
+                        ck_assert_uint_eq(out.user_data, next);
+                        next++;
+                }
+                (void)ring_kick(r); /* what the daemon does on the worker's wakeup */
+        }
+        ck_assert_uint_eq(next, 20);
+        ck_assert_uint_eq(r->backlog_n, 0);
+        ck_assert_uint_eq(__atomic_load_n(epd_ring_cq_backlog(&w.ring), __ATOMIC_ACQUIRE), 0);
+        ck_assert_uint_eq(r->overflows, 0);
+        /* A post behind a backlog goes behind it, even with room in the CQ. */
+        for (uint64_t i = 0; i < 9; i++) {
+                ring_record_completion(&rec, 100 + i, 0);
+                ck_assert_int_eq(ring_post(r, &rec), 0);
+        }
+        ck_assert_int_eq(epd_ring_consume(&w.ring.cq, &out), 0);
+        ck_assert_uint_eq(out.user_data, 100);
+        ring_record_completion(&rec, 109, 0);
+        ck_assert_int_eq(ring_post(r, &rec), 0); /* the room taken by the backlog's 108 */
+        ck_assert_uint_eq(r->backlog_n, 1);
+        for (uint64_t i = 101; i <= 108; i++) {
+                ck_assert_int_eq(epd_ring_consume(&w.ring.cq, &out), 0);
+                ck_assert_uint_eq(out.user_data, i);
+        }
+        ck_assert_int_eq(epd_ring_consume(&w.ring.cq, &out), -EAGAIN);
+        ck_assert_uint_eq(ring_flush_backlog(r), 0);
+        ck_assert_int_eq(epd_ring_consume(&w.ring.cq, &out), 0);
+        ck_assert_uint_eq(out.user_data, 109);
         worker_unmap(&w);
         ring_free(r);
 }
@@ -327,6 +382,7 @@ int main(void) {
         TCase *tc = tcase_create("ring");
         tcase_add_test(tc, test_ring_roundtrip);
         tcase_add_test(tc, test_ring_overflow);
+        tcase_add_test(tc, test_ring_backlog_order);
         tcase_add_test(tc, test_ring_backpressure_record);
         tcase_add_test(tc, test_ring_hostile_worker);
         tcase_add_test(tc, test_ring_validate);

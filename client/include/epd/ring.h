@@ -17,8 +17,13 @@
  *    128  sq_tail   (uint32; written by the worker)
  *    192  cq_head   (uint32; written by the worker)
  *    256  cq_tail   (uint32; written by the daemon)
- *    320  cq_overflow (uint32; completions the daemon could not post: the CQ was full;
- *                    it then sent them as D-Bus signals instead)
+ *    320  cq_overflow (uint32; completions the daemon could not post: the CQ and its
+ *                    backlog were full; it then sent them as D-Bus signals instead
+ *                    where it could)
+ *    384  cq_backlog (uint32; written by the daemon: records it keeps, in order, until
+ *                    the CQ has room; a worker that finds the CQ empty while this is
+ *                    not 0 writes the submit eventfd, with no submission if it has none,
+ *                    and the daemon posts them)
  *    header.sq_offset  sq_entries records of 64 bytes
  *    header.cq_offset  cq_entries records of 64 bytes
  *
@@ -49,6 +54,7 @@ extern "C" {
 #define EPD_RING_OFF_CQ_HEAD 192U
 #define EPD_RING_OFF_CQ_TAIL 256U
 #define EPD_RING_OFF_CQ_OVERFLOW 320U
+#define EPD_RING_OFF_CQ_BACKLOG 384U
 #define EPD_RING_OFF_RECORDS 512U
 
 struct epd_ring_header {
@@ -286,6 +292,12 @@ static inline int epd_ring_consume(struct epd_ring_queue *q, struct epd_ring_rec
         q->local = head + 1;
         __atomic_store_n(q->head, head + 1, __ATOMIC_RELEASE);
         return 0;
+}
+
+/* The daemon's count of records waiting for room in the CQ (the field at
+ * EPD_RING_OFF_CQ_BACKLOG). */
+static inline uint32_t *epd_ring_cq_backlog(const struct epd_ring *r) {
+        return (uint32_t *)((uint8_t *)r->base + EPD_RING_OFF_CQ_BACKLOG);
 }
 
 /* Records queued and not yet consumed (0 on a corrupt queue). */
