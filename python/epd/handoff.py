@@ -142,6 +142,7 @@ class Ring(_lib.Closing):
         self.state = {}     # token -> (EPD_HANDOFF_STATE_*, EPD_HANDOFF_CAUSE_*)
         self.other = []     # events that are not about a handoff (completions, backpressure), oldest first
         self.accepted = {}  # request id (32 hex digits) -> token: answers to accept()
+        self._accepted_rid = {}  # token -> its request id in `accepted` (forget() drops both)
         self._serial = 0    # commit()'s user_data
 
     def layer_group_ready(self, request_id: str, token: int, group: int, user_data: int = 0):
@@ -203,7 +204,9 @@ class Ring(_lib.Closing):
         elif rec.opcode == RING_EV_HANDOFF_STATE:
             self.state[rec.token] = (rec.arg0, rec.arg1)
         elif rec.opcode == RING_EV_HANDOFF_ACCEPTED:
-            self.accepted[bytes(rec.request_id).hex()] = rec.token
+            rid = bytes(rec.request_id).hex()
+            self.accepted[rid] = rec.token
+            self._accepted_rid[rec.token] = rid
             self.progress[rec.token] = max(self.progress.get(rec.token, 0), rec.group)
         else:
             self.other.append(rec)
@@ -221,9 +224,14 @@ class Ring(_lib.Closing):
         return n
 
     def forget(self, token: int):
-        """Drops what the ring remembers of a handoff this process is done with."""
+        """Drops what the ring remembers of a handoff this process is done with (its
+        progress, state and accept answer): a long-running worker's tables stay as large
+        as its handoffs in flight."""
         self.progress.pop(token, None)
         self.state.pop(token, None)
+        rid = self._accepted_rid.pop(token, None)
+        if rid is not None and self.accepted.get(rid) == token:
+            del self.accepted[rid]
 
     def close(self):
         if self._r:
@@ -239,9 +247,11 @@ def watch(client, enable: bool = True):
 class Handoff:
     """The prefill side of one handoff."""
 
-    def __init__(self, client, path: str, token: int, request_id: str):
+    def __init__(self, client, path: str, token: int, request_id: str, release_on_commit: bool = False):
         self._client, self._lib = client, _lib_handoffs()
         self.path, self.token, self.request_id = path, token, request_id
+        self.release_on_commit = release_on_commit
+        self._finished = False
 
     @classmethod
     def prepare(cls, client, request_id: str, destination: str, sequence: str, layer_groups: Seq[int],
@@ -259,7 +269,7 @@ class Handoff:
                                               sequence.encode(), groups, len(layer_groups), ctypes.byref(opts),
                                               ctypes.byref(path), ctypes.byref(token)),
                       f"prepare handoff {request_id}")
-        return cls(client, _lib.take_string(lib, path), token.value, request_id)
+        return cls(client, _lib.take_string(lib, path), token.value, request_id, release_on_commit)
 
     def layer_group_ready(self, group: int, ring: Optional[Ring] = None):
         """Group computed: ship it now (through the ring when given: no bus round trip)."""
@@ -279,10 +289,15 @@ class Handoff:
     def finished(self, ring: Optional[Ring] = None) -> bool:
         """Whether the destination is done with this handoff (committed or rolled back): from
         the ring's state records when given (no bus round trip), else from its status."""
+        if self._finished:
+            return True
         if ring is not None:
             ring.poll(0)
             st = ring.state.get(self.token)
-            return st is not None and st[0] in (HANDOFF_STATE_COMMITTED, HANDOFF_STATE_ROLLED_BACK)
+            self._finished = st is not None and st[0] in (HANDOFF_STATE_COMMITTED, HANDOFF_STATE_ROLLED_BACK)
+            if self._finished and self.release_on_commit and st[0] == HANDOFF_STATE_COMMITTED:
+                ring.forget(self.token)  # released at commit: no release() will forget it
+            return self._finished
         return self.status()["state"] in ("committed", "rolled-back")
 
     def rollback(self):
@@ -375,8 +390,6 @@ class Accepted:
         p = ctypes.c_void_p()
         fn = self._lib.epd_handoff_commit_and_release if release else self._lib.epd_handoff_commit
         self._client._check(fn(self._client._c, self.path.encode(), ctypes.byref(p)), "commit handoff")
-        if release and ring is not None:
-            ring.forget(self.token)
         return _lib.take_string(self._lib, p)
 
     def rollback(self):

@@ -165,6 +165,8 @@ class BindingTest(unittest.TestCase):
                 while rid not in dring.accepted:
                     dring.poll(1.0)
                 self.assertEqual(dring.accepted[rid], h.token)
+                dring.forget(h.token)  # what release(dring) does: the answer goes too
+                self.assertNotIn(rid, dring.accepted)
                 a = Accepted.accept(d, rid, wait_s=1)   # a repeat: the offsets
                 self.assertEqual(a.token, h.token)
                 for g in range(2):
@@ -198,6 +200,15 @@ class BindingTest(unittest.TestCase):
                     pring.poll(0.01)
                 else:
                     self.fail("the source side was not released at commit")
+                # The prefill's ring says committed, then forgets the handoff (no release()
+                # will): a long-running worker's tables do not grow.
+                for _ in range(200):
+                    if h.finished(pring):
+                        break
+                    pring.poll(0.01)
+                self.assertTrue(h.finished(pring))
+                self.assertNotIn(h.token, pring.state)
+                self.assertNotIn(h.token, pring.progress)
                 Sequence(d, dseq, a.arena).release()
                 seq.release()
 
