@@ -112,7 +112,12 @@ class HooksTest(unittest.TestCase):
         # Not reported before the engine says the request is finished.
         self.assertEqual(cons.get_finished(set()), (None, None))
         self.assertEqual(cons.get_finished({rid}), (None, {rid}))
-        self.assertIsNone(cons.take_sequence(rid))  # not kept: the pages went back
+        # Not kept: the pages went back, and the connector forgot the load once it
+        # reported it (an engine that never asks for a sequence leaks nothing).
+        with self.assertRaises(KeyError):
+            cons.source_of(rid)
+        self.assertEqual(cons.get_finished({rid}), (None, None))
+        self.assertIsNone(cons.take_sequence(rid))
         deadline = time.monotonic() + 10
         sent = None
         while sent is None and time.monotonic() < deadline:

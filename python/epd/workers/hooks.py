@@ -254,16 +254,24 @@ class EpdKvConnector:
                 del self._sinks[rid]
                 sent.add(rid)
         for rid in list(self._loads):
-            if self._loads[rid].done and rid in self._finished_reqs:
+            ld = self._loads[rid]
+            if ld.done and rid in self._finished_reqs:
                 received.add(rid)
+                if not ld.t.keep:
+                    del self._loads[rid]  # its pages went back at commit: nothing left to take
         self._finished_reqs -= sent | received
         return (sent or None), (received or None)
 
     def take_sequence(self, request_id: str) -> Optional[Sequence]:
-        """A finished load's committed sequence (keep=True), which is the caller's from now."""
-        ld = self._loads.pop(request_id, None)
-        if ld is None or not ld.done:
+        """A finished load's committed sequence (keep=True), which is the caller's from now;
+        None for a load not kept (its pages went back when it finished; get_finished()
+        forgets it). NotFound for a load still in progress."""
+        ld = self._loads.get(request_id)
+        if ld is None:
+            return None
+        if not ld.done:
             raise EpdError(2, "org.epd1.Error.NotFound", f"no finished load of {request_id}", "take sequence")
+        del self._loads[request_id]
         return ld.committed
 
     def sink_of(self, request_id: str) -> C.EpdKvSink:

@@ -430,10 +430,10 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 _sync(device)
                 t2 = time.perf_counter()
                 kvc.clear_connector_metadata()
+                at_once = kvc.source_of(rid).layers_at_once
                 _, received = kvc.get_finished({rid})
                 if not received or rid not in received:
                     raise RuntimeError(f"decode of {rid}: the model did not read every layer")
-                at_once = kvc.source_of(rid).layers_at_once
                 seq = kvc.take_sequence(rid)
                 out = {"tokens": toks, "wait_s": kvc.stats["wait_s"] - s0["wait_s"], "accept_s": t1 - t0,
                        "load_s": kvc.stats["load_s"] - s0["load_s"], "load_layers_at_once": at_once}
