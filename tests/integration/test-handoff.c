@@ -506,6 +506,17 @@ START_TEST(test_commit_and_release) {
 }
 END_TEST
 
+/* The answers to NOPs 0 .. n-1, in order. */
+static void expect_nop_answers(epd_ring_client *r, unsigned n) {
+        struct epd_ring_record out;
+        for (unsigned i = 0; i < n; i++) {
+                ck_assert_int_eq(epd_ring_next(r, &out, 5000000), 0);
+                ck_assert_uint_eq(out.opcode, EPD_RING_EV_COMPLETION);
+                ck_assert_uint_eq(out.user_data, i);
+                ck_assert_int_eq(out.result, 0);
+        }
+}
+
 /* More submissions than the daemon takes in one turn of its loop (4096), queued before
  * one wakeup: every one is answered (the daemon wakes itself for the rest), none waits
  * for the worker's next submission. */
@@ -514,19 +525,14 @@ START_TEST(test_ring_submissions_past_one_turn) {
         epd_ring_client *pr;
         enum { N = 5000 };
         ck_assert_int_eq(epd_ring_open(p, 8192, 8192, &pr), 0);
-        struct epd_ring_record rec = { .opcode = EPD_RING_OP_NOP }, out;
+        struct epd_ring_record rec = { .opcode = EPD_RING_OP_NOP };
         for (unsigned i = 0; i < N - 1; i++) {
                 rec.user_data = i;
                 ck_assert_int_eq(epd_ring_produce(&pr->ring.sq, &rec), 0); /* no wakeup yet */
         }
         rec.user_data = N - 1;
         ck_assert_int_eq(epd_ring_submit(pr, &rec), 0); /* the one wakeup */
-        for (unsigned i = 0; i < N; i++) {
-                ck_assert_int_eq(epd_ring_next(pr, &out, 5000000), 0);
-                ck_assert_uint_eq(out.opcode, EPD_RING_EV_COMPLETION);
-                ck_assert_uint_eq(out.user_data, i);
-                ck_assert_int_eq(out.result, 0);
-        }
+        expect_nop_answers(pr, N);
         epd_ring_close(pr);
         epd_disconnect(p);
 }
@@ -539,7 +545,7 @@ START_TEST(test_ring_answers_past_a_full_cq) {
         epd_ring_client *pr;
         enum { N = 20 };
         ck_assert_int_eq(epd_ring_open(p, 64, 8, &pr), 0);
-        struct epd_ring_record rec = { .opcode = EPD_RING_OP_NOP }, out;
+        struct epd_ring_record rec = { .opcode = EPD_RING_OP_NOP };
         for (unsigned i = 0; i < N; i++) {
                 rec.user_data = i;
                 ck_assert_int_eq(epd_ring_submit(pr, &rec), 0);
@@ -548,11 +554,7 @@ START_TEST(test_ring_answers_past_a_full_cq) {
         for (int i = 0; i < 500 && __atomic_load_n(epd_ring_cq_backlog(&pr->ring), __ATOMIC_ACQUIRE) < N - 8; i++)
                 usleep(10000);
         ck_assert_uint_eq(__atomic_load_n(epd_ring_cq_backlog(&pr->ring), __ATOMIC_ACQUIRE), N - 8);
-        for (unsigned i = 0; i < N; i++) {
-                ck_assert_int_eq(epd_ring_next(pr, &out, 5000000), 0);
-                ck_assert_uint_eq(out.opcode, EPD_RING_EV_COMPLETION);
-                ck_assert_uint_eq(out.user_data, i);
-        }
+        expect_nop_answers(pr, N);
         ck_assert_uint_eq(__atomic_load_n(pr->ring.cq_overflow, __ATOMIC_ACQUIRE), 0);
         ck_assert_uint_eq(counter(p, "ring-backlogged"), N - 8);
         ck_assert_uint_eq(counter(p, "ring-fallbacks"), 0);

@@ -28,6 +28,14 @@ static void worker_map(Worker *w, const Ring *r) {
         ck_assert_int_eq(epd_ring_attach(&w->ring, w->base, w->size, 0), 0);
 }
 
+/* A daemon ring of 8 + 8 entries and the worker's view of it. */
+static Ring *ring_8x8(Worker *w) {
+        Ring *r = NULL;
+        ck_assert_int_eq(ring_new(8, 8, &r), 0);
+        worker_map(w, r);
+        return r;
+}
+
 static void worker_unmap(Worker *w) {
         munmap(w->base, w->size);
 }
@@ -102,11 +110,9 @@ START_TEST(test_ring_roundtrip) {
 END_TEST
 
 START_TEST(test_ring_overflow) {
-        Ring *r = NULL;
         Worker w;
+        Ring *r = ring_8x8(&w);
         struct epd_ring_record rec, out;
-        ck_assert_int_eq(ring_new(8, 8, &r), 0);
-        worker_map(&w, r);
         ring_record_backpressure(&rec, "bravo", EPD_BACKPRESSURE_HIGH, EPD_BACKPRESSURE_REASON_RETRANSMITS, 900, 250);
         /* The CQ's 8, then the backlog's 4 x 8, then none. */
         for (unsigned i = 0; i < 8 + RING_BACKLOG_MAX(8); i++)
@@ -138,11 +144,9 @@ END_TEST
 /* A worker that does not drain: what the CQ cannot take waits in the backlog, in order,
  * and is posted as the worker makes room (at the next post, kick or flush). */
 START_TEST(test_ring_backlog_order) {
-        Ring *r = NULL;
         Worker w;
+        Ring *r = ring_8x8(&w);
         struct epd_ring_record rec, out;
-        ck_assert_int_eq(ring_new(8, 8, &r), 0);
-        worker_map(&w, r);
         for (uint64_t i = 0; i < 20; i++) {
                 ring_record_completion(&rec, i, 0);
                 ck_assert_int_eq(ring_post(r, &rec), 0);
