@@ -27,12 +27,11 @@ static int dup_string(epd_client *c, const char *s, char **ret) {
         return 0;
 }
 
-int epd_handoff_prepare(epd_client *c, const char *request_id, const char *destination,
-                        const char *sequence, const uint32_t *layer_groups, size_t n_groups,
-                        const epd_handoff_options *opts, char **ret_path, uint64_t *ret_token) {
-        sd_bus_message *m = NULL, *reply = NULL;
-        const char *path;
-        uint64_t token;
+/* The Prepare call's message (the caller sends and unrefs it). */
+static int prepare_message(epd_client *c, const char *request_id, const char *destination, const char *sequence,
+                           const uint32_t *layer_groups, size_t n_groups, const epd_handoff_options *opts,
+                           sd_bus_message **ret) {
+        sd_bus_message *m = NULL;
         if (!c || !request_id || !sequence || (!layer_groups && n_groups > 0))
                 return -EINVAL;
         int r = epd__new_call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "Prepare", &m);
@@ -59,6 +58,19 @@ int epd_handoff_prepare(epd_client *c, const char *request_id, const char *desti
                 sd_bus_message_unref(m);
                 return epd__error(c, r, NULL);
         }
+        *ret = m;
+        return 0;
+}
+
+int epd_handoff_prepare(epd_client *c, const char *request_id, const char *destination,
+                        const char *sequence, const uint32_t *layer_groups, size_t n_groups,
+                        const epd_handoff_options *opts, char **ret_path, uint64_t *ret_token) {
+        sd_bus_message *m = NULL, *reply = NULL;
+        const char *path;
+        uint64_t token;
+        int r = prepare_message(c, request_id, destination, sequence, layer_groups, n_groups, opts, &m);
+        if (r < 0)
+                return r;
         r = epd__send(c, m, &reply);
         sd_bus_message_unref(m);
         if (r < 0)
@@ -72,6 +84,59 @@ int epd_handoff_prepare(epd_client *c, const char *request_id, const char *desti
                 *ret_token = token;
         sd_bus_message_unref(reply);
         return r < 0 ? r : 0;
+}
+
+typedef struct PrepareCall {
+        epd_client *client;
+        epd_handoff_prepared_fn fn;
+        void *userdata;
+} PrepareCall;
+
+static int on_prepared(sd_bus_message *m, void *userdata, sd_bus_error *ret_error) {
+        PrepareCall *call = userdata;
+        epd_client *c = call->client;
+        const sd_bus_error *e = sd_bus_message_get_error(m);
+        const char *path = NULL;
+        uint64_t token = 0;
+        int r = 0;
+
+        if (e)
+                r = epd__error(c, sd_bus_error_get_errno(e) > 0 ? -sd_bus_error_get_errno(e) : -EIO, e);
+        else {
+                r = sd_bus_message_read(m, "ot", &path, &token);
+                if (r < 0)
+                        r = epd__error(c, r, NULL);
+                else
+                        epd__clear_error(c);
+        }
+        call->fn(c, r < 0 ? r : 0, r < 0 ? NULL : path, r < 0 ? 0 : token, call->userdata);
+        return 0;
+}
+
+int epd_handoff_prepare_async(epd_client *c, const char *request_id, const char *destination,
+                              const char *sequence, const uint32_t *layer_groups, size_t n_groups,
+                              const epd_handoff_options *opts, epd_handoff_prepared_fn fn, void *userdata) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        if (!fn)
+                return -EINVAL;
+        int r = prepare_message(c, request_id, destination, sequence, layer_groups, n_groups, opts, &m);
+        if (r < 0)
+                return r;
+        PrepareCall *call = calloc(1, sizeof *call);
+        if (!call)
+                return epd__error(c, -ENOMEM, NULL);
+        *call = (PrepareCall) { .client = c, .fn = fn, .userdata = userdata };
+        sd_bus_slot *slot = NULL;
+        r = sd_bus_call_async(c->bus, &slot, m, on_prepared, call, 0);
+        if (r < 0) {
+                free(call);
+                return epd__error(c, r, NULL);
+        }
+        (void)sd_bus_slot_set_destroy_callback(slot, free);
+        (void)sd_bus_slot_set_floating(slot, 1);
+        sd_bus_slot_unref(slot); /* the bus holds it until the reply (or its own end) */
+        epd__clear_error(c);
+        return 0;
 }
 
 int epd_handoff_layer_group_ready(epd_client *c, const char *handoff, uint32_t group) {

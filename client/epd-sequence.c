@@ -199,6 +199,12 @@ int epd_sequence_release(epd_client *c, const char *path) {
         return epd__call(c, path, SEQ_IFACE, "Release", NULL, NULL);
 }
 
+int epd_sequence_release_nowait(epd_client *c, const char *path) {
+        if (!c || !path)
+                return -EINVAL;
+        return epd__call_nowait(c, path, SEQ_IFACE, "Release", NULL);
+}
+
 static int get_property(epd_client *c, const char *path, const char *property, const char *type,
                         sd_bus_message **reply) {
         sd_bus_error e = SD_BUS_ERROR_NULL;

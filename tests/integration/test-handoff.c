@@ -506,6 +506,76 @@ START_TEST(test_commit_and_release) {
 }
 END_TEST
 
+typedef struct Prepared {
+        int calls, error;
+        char path[128], error_name[128];
+        uint64_t token;
+} Prepared;
+
+static void on_prepared(epd_client *c, int error, const char *path, uint64_t token, void *userdata) {
+        Prepared *p = userdata;
+        p->calls++;
+        p->error = error;
+        p->token = token;
+        snprintf(p->path, sizeof p->path, "%s", path ? path : "");
+        snprintf(p->error_name, sizeof p->error_name, "%s", error < 0 ? epd_last_error_name(c) : "");
+}
+
+/* Several Prepares in flight on one connection, answered through epd_process(): each its
+ * own path and token, a refusal with its name; the handoffs are as real as Prepare's. */
+START_TEST(test_prepare_async) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        char *seqs[3];
+        Prepared got[4] = {};
+        epd_handoff_options o = { .arena = "kv1", .ready = 4, .release_on_commit = true };
+        for (int i = 0; i < 3; i++) {
+                seqs[i] = make_sequence(p, "kv0", N_PAGES, NULL);
+                ck_assert_int_eq(epd_handoff_prepare_async(p, rid(40 + i), NULL, seqs[i], groups4, 4, &o, on_prepared,
+                                                           &got[i]), 0);
+        }
+        ck_assert_int_eq(epd_handoff_prepare_async(p, rid(43), NULL, "/org/epd1/sequence/00000000000000000000000000000bad",
+                                                   groups4, 4, &o, on_prepared, &got[3]), 0);
+        ck_assert_int_eq(epd_handoff_prepare_async(p, "not-an-id", NULL, seqs[0], groups4, 4, &o, NULL, NULL), -EINVAL);
+        for (int i = 0; i < 500 && (got[0].calls + got[1].calls + got[2].calls + got[3].calls) < 4; i++) {
+                ck_assert_int_ge(epd_wait(p, 100000), 0);
+                while (epd_process(p) > 0)
+                        ;
+        }
+        for (int i = 0; i < 3; i++) {
+                ck_assert_int_eq(got[i].calls, 1);
+                ck_assert_int_eq(got[i].error, 0);
+                ck_assert(strncmp(got[i].path, "/org/epd1/handoff/", 18) == 0);
+                ck_assert_uint_ne(got[i].token, 0);
+                for (int k = 0; k < i; k++)
+                        ck_assert_uint_ne(got[i].token, got[k].token);
+        }
+        ck_assert_int_eq(got[3].calls, 1);
+        ck_assert_int_lt(got[3].error, 0);
+        ck_assert_str_eq(got[3].error_name, "org.epd1.Error.NotFound");
+        /* The decode side takes them as any other. */
+        for (int i = 0; i < 3; i++) {
+                epd_handoff_accepted acc;
+                char *dseq = NULL;
+                ck_assert_int_eq(epd_handoff_accept(d, rid(40 + i), &acc), 0);
+                ck_assert_uint_eq(acc.token, got[i].token);
+                wait_state(d, acc.path, "transferred");
+                ck_assert_int_eq(epd_handoff_commit_and_release(d, acc.path, &dseq), 0);
+                ck_assert_int_eq(epd_sequence_release_nowait(d, dseq), 0);
+                free(dseq);
+                epd_handoff_accepted_done(&acc);
+        }
+        ck_assert_int_eq(epd_flush(d, 5000000), 0);
+        ck_assert_int_eq(epd_sequence_release_nowait(d, "/org/epd1/sequence/00000000000000000000000000000bad"), 0);
+        ck_assert_int_lt(epd_flush(d, 5000000), 0); /* the refusal comes back here */
+        for (int i = 0; i < 3; i++) {
+                release_sequence(p, seqs[i]);
+                free(seqs[i]);
+        }
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 /* The answers to NOPs 0 .. n-1, in order. */
 static void expect_nop_answers(epd_ring_client *r, unsigned n) {
         struct epd_ring_record out;
@@ -1026,6 +1096,7 @@ int main(void) {
         tcase_add_test(tc, test_ring);
         tcase_add_test(tc, test_ring_submissions_past_one_turn);
         tcase_add_test(tc, test_ring_answers_past_a_full_cq);
+        tcase_add_test(tc, test_prepare_async);
         tcase_add_test(tc, test_watch_signals);
         tcase_add_test(tc, test_accept_wait);
         tcase_add_test(tc, test_ring_commit);

@@ -124,6 +124,8 @@ int epd_sequence_publish(epd_client *c, const char *path, uint32_t first, const 
 int epd_sequence_grant(epd_client *c, const char *path, const char *worker_path);
 int epd_sequence_revoke(epd_client *c, const char *path, const char *worker_path);
 int epd_sequence_release(epd_client *c, const char *path);
+/* Release without waiting for the answer (a refusal is returned by epd_flush()). */
+int epd_sequence_release_nowait(epd_client *c, const char *path);
 /* After epdd restarted: takes back a sequence (its id or path) that this uid owned.
  * Sequences that nobody attaches within the grace period are released (docs/wal.md). */
 int epd_sequence_attach(epd_client *c, const char *id_or_path, char **ret_path);

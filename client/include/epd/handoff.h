@@ -42,6 +42,20 @@ typedef struct epd_handoff_options {
 int epd_handoff_prepare(epd_client *c, const char *request_id, const char *destination,
                         const char *sequence, const uint32_t *layer_groups, size_t n_groups,
                         const epd_handoff_options *opts, char **ret_path, uint64_t *ret_token);
+/* Prepare without waiting for the answer, for a worker that keeps many handoffs in flight
+ * on one connection: the call is sent now and fn runs from epd_process(), epd_wait() or
+ * epd_flush() when the daemon answers: error 0 with the handoff's path (valid during the
+ * call) and token, or the refusal as a negative errno (epd_last_error_name() and
+ * _message() say more during the call). fn must not call libepd on c (the bus is being
+ * processed): it records what it needs and returns. A refusal of the arguments
+ * themselves (EINVAL) returns at once and fn is never called; a connection that breaks
+ * while processing answers fn with its error; epd_disconnect() drops calls still
+ * unanswered without calling fn. */
+typedef void (*epd_handoff_prepared_fn)(epd_client *c, int error, const char *path, uint64_t token,
+                                        void *userdata);
+int epd_handoff_prepare_async(epd_client *c, const char *request_id, const char *destination,
+                              const char *sequence, const uint32_t *layer_groups, size_t n_groups,
+                              const epd_handoff_options *opts, epd_handoff_prepared_fn fn, void *userdata);
 int epd_handoff_layer_group_ready(epd_client *c, const char *handoff, uint32_t group);
 
 typedef struct epd_handoff_accepted {
