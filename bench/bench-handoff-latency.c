@@ -17,12 +17,16 @@
  * worker waits on its ring in a thread of its own while the prefill calls Prepare);
  * prepare_* is the Prepare call itself. With
  * --inflight K, K threads (each a prefill and a decode client) run the loop at once
- * and the figure is handoffs per second. bench-handoff-netns.py runs it between two
+ * and the figure is handoffs per second. --pipeline K keeps K in flight from one thread
+ * instead, on one prefill and one decode connection and ring, as a worker that pipelines
+ * its requests does: Prepare sent without waiting (epd_handoff_prepare_async), the
+ * decode's accept, progress and commit on its ring, its sequence released without
+ * waiting; warm-up W x K handoffs, then COUNT measured. bench-handoff-netns.py runs it between two
  * network namespaces beside the bare TCP ping-pong and iperf3 limits.
  *
  *   bench-handoff-latency --prefill ADDR --decode ADDR [--dest HOST] [--arena A]
  *       [--dest-arena A] [--pages P] [--layers L] [--groups G] [--layer-bytes B]
- *       [--count N] [--inflight K] [--warmup W] [--ring-ready] [--bus-commit]
+ *       [--count N] [--inflight K | --pipeline K] [--warmup W] [--ring-ready] [--bus-commit]
  *
  * Prints "RESULT key=value ..." (latencies in microseconds). */
 #include <errno.h>
@@ -42,7 +46,7 @@
 static const char *arg_prefill, *arg_decode, *arg_dest = "", *arg_arena = "kv0", *arg_dest_arena;
 static unsigned arg_pages = 1, arg_layers = 8, arg_groups = 4, arg_count = 1000, arg_inflight = 1, arg_warmup = 50;
 static uint64_t arg_layer_bytes = 8192; /* K and V of one layer of one page */
-static bool arg_ring_ready, arg_bus_commit;
+static bool arg_ring_ready, arg_bus_commit, arg_pipeline;
 
 static uint64_t now_ns(void) {
         struct timespec ts;
@@ -284,6 +288,262 @@ static void *worker(void *userdata) {
         return NULL;
 }
 
+static void stats(const char *name, uint64_t *v, size_t n);
+
+/* ---- --pipeline K: one thread, one prefill and one decode connection and ring, K
+ * handoffs in flight on them, as a worker that pipelines its requests does (Prepare
+ * without waiting for its answer, everything else on the rings). ---- */
+
+typedef struct Slot {
+        unsigned idx, serial;
+        char rid[33];
+        char *seq;                    /* its source sequence (handed off again and again) */
+        uint64_t token, dtoken;       /* source (Prepare's answer), destination (ACCEPTED) */
+        uint64_t t0, t_first, t_all, t_prepared;
+        bool prepared, src_committed, commit_done, busy;
+        uint64_t retry_at;            /* Prepare refused with Backpressure: again at */
+} Slot;
+
+typedef struct Pipe {
+        epd_client *p, *d;
+        epd_ring_client *pr, *dr;
+        Slot *slots;
+        unsigned started, done, measured;
+        uint64_t *first_ns, *all_ns, *prepare_ns;
+        uint64_t early[64];           /* sources seen committed before their Prepare's answer */
+        unsigned n_early;
+        uint64_t t_measure;
+} Pipe;
+
+static Pipe pipe_;
+
+#define COMMIT_TAG (UINT64_C(1) << 63)
+
+static void pipe_prepared(epd_client *c, int error, const char *path, uint64_t token, void *userdata) {
+        Slot *s = userdata;
+        if (error < 0) {
+                const char *name = epd_last_error_name(c);
+                if (!name || strcmp(name, "org.epd1.Error.Backpressure") != 0)
+                        die(c, error, "prepare (pipelined)");
+                /* A full window: again after what the daemon asks, as workers do. */
+                uint64_t retry = epd_last_error_retry_after_usec(c);
+                s->retry_at = now_ns() + (retry ? (retry < 100000 ? retry : 100000) : 100) * 1000;
+                return;
+        }
+        s->prepared = true;
+        s->token = token;
+        s->t_prepared = now_ns();
+        for (unsigned i = 0; i < pipe_.n_early; i++)
+                if (pipe_.early[i] == token) {
+                        s->src_committed = true;
+                        pipe_.early[i] = pipe_.early[--pipe_.n_early];
+                        break;
+                }
+}
+
+static void pipe_prepare(Slot *s) {
+        epd_handoff_options o = { .arena = arg_dest_arena, .ready = arg_groups, .release_on_commit = true };
+        uint32_t groups[1024];
+        for (unsigned g = 0; g < arg_groups; g++)
+                groups[g] = arg_layers / arg_groups + (g < arg_layers % arg_groups);
+        s->retry_at = 0;
+        int r = epd_handoff_prepare_async(pipe_.p, s->rid, arg_dest, s->seq, groups, arg_groups, &o, pipe_prepared, s);
+        if (r < 0)
+                die(pipe_.p, r, "prepare (pipelined)");
+}
+
+static void pipe_start(Slot *s) {
+        s->serial++;
+        snprintf(s->rid, sizeof s->rid, "%08x%08x%016x", (unsigned)getpid(), s->idx, s->serial);
+        s->token = s->dtoken = 0;
+        s->t_first = s->t_all = 0;
+        s->prepared = s->src_committed = s->commit_done = false;
+        s->busy = true;
+        pipe_.started++;
+        int r = epd_ring_accept(pipe_.dr, s->rid, 10 * 1000000ULL, s->idx);
+        if (r < 0)
+                die(pipe_.d, r, "ring accept (pipelined)");
+        s->t0 = now_ns();
+        pipe_prepare(s);
+}
+
+static Slot *slot_of_dtoken(uint64_t token) {
+        for (unsigned i = 0; i < arg_inflight; i++)
+                if (pipe_.slots[i].busy && pipe_.slots[i].dtoken == token)
+                        return &pipe_.slots[i];
+        return NULL;
+}
+
+static void pipe_progress(Slot *s, uint32_t done) {
+        uint64_t t = now_ns();
+        if (done >= 1 && !s->t_first)
+                s->t_first = t;
+        if (done >= arg_groups && !s->t_all) {
+                s->t_all = t;
+                int r = epd_ring_commit(pipe_.dr, s->rid, s->dtoken, 1, COMMIT_TAG | s->idx);
+                if (r < 0)
+                        die(pipe_.d, r, "ring commit (pipelined)");
+        }
+}
+
+static void pipe_decode_record(const struct epd_ring_record *rec) {
+        if (rec->opcode == EPD_RING_EV_HANDOFF_ACCEPTED && rec->user_data < arg_inflight) {
+                Slot *s = &pipe_.slots[rec->user_data];
+                s->dtoken = rec->token;
+                pipe_progress(s, rec->group);
+        } else if (rec->opcode == EPD_RING_EV_GROUP_PROGRESS) {
+                Slot *s = slot_of_dtoken(rec->token);
+                if (s)
+                        pipe_progress(s, rec->group);
+        } else if (rec->opcode == EPD_RING_EV_COMPLETION) {
+                if (rec->result < 0) {
+                        fprintf(stderr, "bench-handoff-latency: ring %s failed: %s\n",
+                                rec->user_data & COMMIT_TAG ? "commit" : "accept", strerror(-rec->result));
+                        exit(1);
+                }
+                if (!(rec->user_data & COMMIT_TAG))
+                        return;
+                Slot *s = &pipe_.slots[rec->user_data & ~COMMIT_TAG];
+                char dseq[EPD_RING_SEQUENCE_PATH_MAX];
+                if (epd_ring_record_sequence_path(rec, dseq, sizeof dseq) < 0)
+                        die(NULL, -EBADMSG, "the commit's sequence");
+                int r = epd_sequence_release_nowait(pipe_.d, dseq);
+                if (r < 0)
+                        die(pipe_.d, r, "release (decode sequence, pipelined)");
+                s->commit_done = true;
+        } else if (rec->opcode == EPD_RING_EV_HANDOFF_STATE && rec->arg0 == EPD_HANDOFF_STATE_ROLLED_BACK &&
+                   slot_of_dtoken(rec->token)) {
+                fprintf(stderr, "bench-handoff-latency: handoff rolled back (cause %" PRIu64 ")\n", rec->arg1);
+                exit(1);
+        }
+}
+
+static void pipe_source_record(const struct epd_ring_record *rec) {
+        if (rec->opcode != EPD_RING_EV_HANDOFF_STATE || rec->arg0 != EPD_HANDOFF_STATE_COMMITTED)
+                return;
+        for (unsigned i = 0; i < arg_inflight; i++) {
+                Slot *s = &pipe_.slots[i];
+                if (s->busy && s->prepared && s->token == rec->token) {
+                        s->src_committed = true;
+                        return;
+                }
+        }
+        /* Before its Prepare's answer was taken (the answer waits for the journal). */
+        if (pipe_.n_early < sizeof pipe_.early / sizeof pipe_.early[0])
+                pipe_.early[pipe_.n_early++] = rec->token;
+}
+
+/* Slots whose handoff is over: measured (after the warm-up), then started again. */
+static void pipe_reap(unsigned total) {
+        for (unsigned i = 0; i < arg_inflight; i++) {
+                Slot *s = &pipe_.slots[i];
+                if (!s->busy || !s->prepared || !s->src_committed || !s->commit_done)
+                        continue;
+                s->busy = false;
+                pipe_.done++;
+                if (pipe_.done == arg_warmup * arg_inflight)
+                        pipe_.t_measure = now_ns();
+                if (pipe_.done > arg_warmup * arg_inflight && pipe_.measured < arg_count) {
+                        unsigned k = pipe_.measured++;
+                        pipe_.first_ns[k] = s->t_first - s->t0;
+                        pipe_.all_ns[k] = s->t_all - s->t0;
+                        pipe_.prepare_ns[k] = s->t_prepared - s->t0;
+                }
+                if (pipe_.started < total)
+                        pipe_start(s);
+        }
+}
+
+static int run_pipelined(void) {
+        unsigned total = arg_count + arg_warmup * arg_inflight;
+        int r;
+        pipe_.p = connect_as(arg_prefill, "prefill", arg_arena);
+        pipe_.d = connect_as(arg_decode, "decode", arg_dest_arena ? arg_dest_arena : arg_arena);
+        if ((r = epd_ring_open(pipe_.p, 1024, 4096, &pipe_.pr)) < 0)
+                die(pipe_.p, r, "open ring");
+        if ((r = epd_ring_open(pipe_.d, 1024, 4096, &pipe_.dr)) < 0)
+                die(pipe_.d, r, "open ring");
+        pipe_.slots = calloc(arg_inflight, sizeof *pipe_.slots);
+        pipe_.first_ns = calloc(arg_count, sizeof(uint64_t));
+        pipe_.all_ns = calloc(arg_count, sizeof(uint64_t));
+        pipe_.prepare_ns = calloc(arg_count, sizeof(uint64_t));
+        if (!pipe_.slots || !pipe_.first_ns || !pipe_.all_ns || !pipe_.prepare_ns)
+                die(NULL, -ENOMEM, "memory");
+        for (unsigned i = 0; i < arg_inflight; i++) {
+                uint32_t *pages = NULL;
+                size_t n;
+                pipe_.slots[i].idx = i;
+                if ((r = epd_sequence_create(pipe_.p, arg_arena, arg_pages, &pipe_.slots[i].seq, &pages, &n)) < 0)
+                        die(pipe_.p, r, "create sequence");
+                free(pages);
+        }
+        uint64_t t0 = now_ns();
+        if (arg_warmup == 0)
+                pipe_.t_measure = t0;
+        for (unsigned i = 0; i < arg_inflight; i++)
+                pipe_start(&pipe_.slots[i]);
+        while (pipe_.done < total) {
+                /* What came in: Prepare answers (callbacks), then the rings' records. */
+                while ((r = epd_process(pipe_.p)) > 0)
+                        ;
+                if (r < 0)
+                        die(pipe_.p, r, "process");
+                while ((r = epd_process(pipe_.d)) > 0)
+                        ;
+                if (r < 0)
+                        die(pipe_.d, r, "process");
+                struct epd_ring_record rec;
+                while (epd_ring_next(pipe_.dr, &rec, 0) == 0)
+                        pipe_decode_record(&rec);
+                while (epd_ring_next(pipe_.pr, &rec, 0) == 0)
+                        pipe_source_record(&rec);
+                pipe_reap(total);
+                uint64_t now = now_ns(), wake = UINT64_MAX;
+                for (unsigned i = 0; i < arg_inflight; i++) {
+                        Slot *s = &pipe_.slots[i];
+                        if (s->busy && s->retry_at) {
+                                if (s->retry_at <= now)
+                                        pipe_prepare(s);
+                                else if (s->retry_at < wake)
+                                        wake = s->retry_at;
+                        }
+                }
+                if (pipe_.done >= total)
+                        break;
+                struct pollfd fds[4] = {
+                        { .fd = epd_get_fd(pipe_.p), .events = POLLIN },
+                        { .fd = epd_get_fd(pipe_.d), .events = POLLIN },
+                        { .fd = epd_ring_fd(pipe_.pr), .events = POLLIN },
+                        { .fd = epd_ring_fd(pipe_.dr), .events = POLLIN },
+                };
+                /* The bus connections' writes go out from epd_process(); 10 ms at most in
+                 * case one was left queued. */
+                uint64_t wait_ms = wake == UINT64_MAX ? 10 : (wake - now) / 1000000 + 1;
+                int ms = wait_ms < 10 ? (int)wait_ms : 10;
+                if (poll(fds, 4, ms) < 0 && errno != EINTR)
+                        die(NULL, -errno, "poll");
+        }
+        double secs = (double)(now_ns() - pipe_.t_measure) / 1e9;
+        if ((r = epd_flush(pipe_.d, 10 * 1000000ULL)) < 0)
+                die(pipe_.d, r, "release (decode sequences)");
+        uint64_t bytes = (uint64_t)arg_pages * arg_layers * arg_layer_bytes;
+        printf("RESULT handoffs=%u inflight=%u pipelined=1 groups=%u bytes=%" PRIu64 " per_s=%.0f", pipe_.measured,
+               arg_inflight, arg_groups, bytes, (double)pipe_.measured / secs);
+        stats("first", pipe_.first_ns, pipe_.measured);
+        stats("all", pipe_.all_ns, pipe_.measured);
+        stats("prepare", pipe_.prepare_ns, pipe_.measured);
+        printf(" mib_s=%.1f\n", (double)bytes * (double)pipe_.measured / secs / 1048576.0);
+        for (unsigned i = 0; i < arg_inflight; i++) {
+                (void)epd_sequence_release(pipe_.p, pipe_.slots[i].seq);
+                free(pipe_.slots[i].seq);
+        }
+        epd_ring_close(pipe_.pr);
+        epd_ring_close(pipe_.dr);
+        epd_disconnect(pipe_.p);
+        epd_disconnect(pipe_.d);
+        return 0;
+}
+
 static int cmp_u64(const void *a, const void *b) {
         uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
         return x < y ? -1 : x > y;
@@ -307,6 +567,7 @@ int main(int argc, char **argv) {
                 { "layer-bytes", required_argument, NULL, 'B' }, { "count", required_argument, NULL, 'n' },
                 { "inflight", required_argument, NULL, 'k' },  { "warmup", required_argument, NULL, 'w' },
                 { "ring-ready", no_argument, NULL, 'r' },      { "bus-commit", no_argument, NULL, 'b' },
+                { "pipeline", required_argument, NULL, 'K' },
                 {},
         };
         int c;
@@ -326,6 +587,7 @@ int main(int argc, char **argv) {
                 case 'w': arg_warmup = (unsigned)strtoul(optarg, NULL, 0); break;
                 case 'r': arg_ring_ready = true; break;
                 case 'b': arg_bus_commit = true; break;
+                case 'K': arg_inflight = (unsigned)strtoul(optarg, NULL, 0); arg_pipeline = true; break;
                 default: return 2;
                 }
         if (!arg_prefill || !arg_decode || arg_groups == 0 || arg_groups > arg_layers || arg_groups > 1024 ||
@@ -333,6 +595,8 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "usage: see the comment at the top of bench/bench-handoff-latency.c\n");
                 return 2;
         }
+        if (arg_pipeline)
+                return run_pipelined();
         Worker *w = calloc(arg_inflight, sizeof *w);
         pthread_barrier_init(&start, NULL, arg_inflight + 1);
         for (unsigned i = 0; i < arg_inflight; i++) {

@@ -25,8 +25,10 @@ kv1: a copy); latency from Prepare to the first group and to every group landed 
 decode worker (mean, P50, P99), beside the limit measured in the same run: a bare TCP
 ping-pong (bench-tcp-pingpong: 64 KiB one way, 8 bytes back, between the same
 namespaces) and iperf3 -P 1. Then handoffs/s with 1, 8 and 64 in flight (64 KiB, 4
-groups) against iperf3's throughput. A Prepare refused with Error.Backpressure is
-retried after its retry-after, as workers do.
+groups; K client threads, and K pipelined from one thread on one connection and ring
+per side, as a worker that pipelines its requests) against iperf3's throughput. A
+Prepare refused with Error.Backpressure is retried after its retry-after, as workers
+do.
 
     bench-handoff-netns.py BUILD_ROOT --syscalls [--count N] [--groups 36]
 
@@ -169,12 +171,15 @@ def pingpong(build, net, size, count):
         srv.wait()
 
 
-def handoff_latency(build, pair, dest, count, layers, groups, layer_bytes, inflight=1, dest_arena=None, arena="kv0"):
+def handoff_latency(build, pair, dest, count, layers, groups, layer_bytes, inflight=1, dest_arena=None, arena="kv0",
+                    pipelined=False):
+    """pipelined: the K handoffs in flight from one client thread (--pipeline), not K threads."""
     argv = [os.path.join(build, "bench", "bench-handoff-latency"), "--prefill", f"direct:{pair.sock(0)}",
             "--arena", arena,
             "--decode", f"direct:{pair.sock(1 if dest else 0)}", "--dest", dest, "--layers", str(layers),
             "--groups", str(groups), "--layer-bytes", str(layer_bytes), "--count", str(count),
-            "--inflight", str(inflight), "--warmup", str(min(50, max(count // (10 * inflight), 2)))]
+            "--pipeline" if pipelined else "--inflight", str(inflight),
+            "--warmup", str(min(50, max(count // (10 * inflight), 2)))]
     if dest_arena:
         argv += ["--dest-arena", dest_arena]
     r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
@@ -196,7 +201,7 @@ def strace_counts(path):
     return calls
 
 
-def syscalls(build, tmp, pair, count, inflight=1, shape=()):
+def syscalls(build, tmp, pair, count, inflight=1, shape=(), pipelined=False):
     """strace -c -f on both daemons and the client over `count` 64 KiB 4-group handoffs
     (or `shape`: bench-handoff-latency's --layers/--groups/--layer-bytes/--arena
     arguments) (warmup 0: every one counted): syscalls and fdatasyncs per handoff, per
@@ -207,7 +212,8 @@ def syscalls(build, tmp, pair, count, inflight=1, shape=()):
     time.sleep(1.0)  # attached
     argv = ["strace", "-f", "-c", "-o", outs[2], os.path.join(build, "bench", "bench-handoff-latency"),
             "--prefill", f"direct:{pair.sock(0)}", "--decode", f"direct:{pair.sock(1)}", "--dest", "bravo",
-            "--count", str(count), "--warmup", "0", "--inflight", str(inflight)] + list(shape)
+            "--count", str(count), "--warmup", "0", "--pipeline" if pipelined else "--inflight",
+            str(inflight)] + list(shape)
     r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
     for t in tracers:
         t.send_signal(2)
@@ -249,18 +255,20 @@ def latency_main(build, quick, count):
                               f"{r['prepare_p50']:.1f});  "
                               f"P50 / ping-pong P50 {ratio:5.2f}, P99 / ping-pong P99 "
                               f"{r['all_p99'] / pp['rtt_p99']:5.2f}", flush=True)
-                for k in (1, 64) if shutil.which("strace") else ():
+                for k, pipelined in ((1, False), (64, False), (64, True)) if shutil.which("strace") else ():
                     n = (128 if quick else 512) if k > 1 else (100 if quick else 300)
-                    res = syscalls(build, tmp, pair, n, k)
-                    print(f"  syscalls per 64 KiB 4-group inter-host handoff, {k} in flight (strace -c -f, {n} "
+                    res = syscalls(build, tmp, pair, n, k, pipelined=pipelined)
+                    how = "pipelined from one thread" if pipelined else "in flight"
+                    print(f"  syscalls per 64 KiB 4-group inter-host handoff, {k} {how} (strace -c -f, {n} "
                           f"handoffs, the clients' connection setup included): "
                           + ", ".join(f"{name} {sc:.1f} (fdatasync {fs:.2f})" for name, sc, fs, _ in res), flush=True)
                     for name, _, _, top in res:
                         print(f"    {name:11} most made, per handoff: {top}", flush=True)
-                for k in (1, 8, 64):
+                for k, pipelined in ((1, False), (8, False), (64, False), (8, True), (64, True)):
                     n = max(count, 4 * k) // k * k
-                    r = handoff_latency(build, pair, "bravo", n, 8, 4, 8192, inflight=k)
-                    print(f"  inter-host 64 KiB x {k:2} in flight: {r['per_s']:8.0f} handoffs/s  "
+                    r = handoff_latency(build, pair, "bravo", n, 8, 4, 8192, inflight=k, pipelined=pipelined)
+                    how = "pipelined from one thread" if pipelined else "in flight"
+                    print(f"  inter-host 64 KiB x {k:2} {how}: {r['per_s']:8.0f} handoffs/s  "
                           f"{r['mib_s']:7.1f} MiB/s  = {r['mib_s'] / limit:5.3f} of iperf3 -P 1;  all landed P50 "
                           f"{r['all_p50']:.1f} P99 {r['all_p99']:.1f} us", flush=True)
             finally:

@@ -2,8 +2,9 @@
 """bench/bench-handoff-latency.c against a real epdd (a local handoff, kv0 -> kv1), small,
 so that the benchmark keeps working where there is no second host: the decode side's
 commit on its ring (EPD_RING_OP_COMMIT, the default) and on the bus (--bus-commit), one
-and several handoffs in flight; each run completes every handoff and leaves nothing
-behind."""
+and several handoffs in flight, from threads and pipelined from one (--pipeline: Prepare
+without waiting, epd_handoff_prepare_async); each run completes every handoff and leaves
+nothing behind."""
 
 import json
 import os
@@ -36,11 +37,13 @@ class BenchLatencyTest(unittest.TestCase):
         return int(m.group(1)), int(m.group(2)), p.stdout
 
     def test_commit_on_the_ring_and_the_bus(self):
-        for extra in ((), ("--bus-commit",), ("--inflight", "4"), ("--inflight", "4", "--bus-commit")):
+        for extra in ((), ("--bus-commit",), ("--inflight", "4"), ("--inflight", "4", "--bus-commit"),
+                      ("--pipeline", "8"), ("--pipeline", "8", "--groups", "1")):
             n, k, out = self.run_bench(*extra)
             self.assertEqual(n, 40, (extra, out))
-            self.assertEqual(k, int(extra[1]) if extra[:1] == ("--inflight",) else 1)
+            self.assertEqual(k, int(extra[1]) if extra[:1] in (("--inflight",), ("--pipeline",)) else 1)
             self.assertIn("all_p50=", out)
+            self.assertEqual("pipelined=1" in out, extra[:1] == ("--pipeline",), out)
         # Nothing left: every page free again, no handoff, no sequence.
         for pool in self.epdctl("pages")["pools"]:
             self.assertEqual(pool["free"], pool["total"], pool)
