@@ -537,6 +537,10 @@ static int run_pipelined(void) {
                 (void)epd_sequence_release(pipe_.p, pipe_.slots[i].seq);
                 free(pipe_.slots[i].seq);
         }
+        free(pipe_.slots);
+        free(pipe_.first_ns);
+        free(pipe_.all_ns);
+        free(pipe_.prepare_ns);
         epd_ring_close(pipe_.pr);
         epd_ring_close(pipe_.dr);
         epd_disconnect(pipe_.p);
@@ -632,5 +636,14 @@ int main(int argc, char **argv) {
         stats("all", all, total);
         stats("prepare", prep, total);
         printf(" mib_s=%.1f\n", (double)bytes * (double)(total + (size_t)arg_warmup * arg_inflight) / secs / 1048576.0);
+        for (unsigned i = 0; i < arg_inflight; i++) {
+                free(w[i].first_ns);
+                free(w[i].all_ns);
+                free(w[i].prepare_ns);
+        }
+        free(w);
+        free(first);
+        free(all);
+        free(prep);
         return 0;
 }
