@@ -410,6 +410,15 @@ void handoff_manager_release(HandoffObject *o) {
 
 /* ---- counters ---- */
 
+uint64_t handoff_manager_ring_backlogged(HandoffManager *hm) {
+        uint64_t n = hm->counters.ring_backlogged;
+        ClientRing *cr;
+        size_t it = 0;
+        while (hashmap_iterate(hm->rings, &it, (void **)&cr, NULL))
+                n += cr->ring->backlogged;
+        return n;
+}
+
 size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t *values, size_t n) {
         const HandoffCounters *c = &hm->counters;
         size_t k = 0;
@@ -432,12 +441,7 @@ size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t
         PUT("batches", c->batches);
         PUT("zero-copy-groups", c->zero_copy_groups);
         PUT("ring-fallbacks", c->ring_fallbacks);
-        uint64_t backlogged = c->ring_backlogged;
-        ClientRing *cr;
-        size_t it = 0;
-        while (hashmap_iterate(hm->rings, &it, (void **)&cr, NULL))
-                backlogged += cr->ring->backlogged;
-        PUT("ring-backlogged", backlogged);
+        PUT("ring-backlogged", handoff_manager_ring_backlogged(hm));
         PUT("pipelined", c->pipelined);
         PUT("live", hashmap_size(hm->by_handle));
         PUT("writes-in-flight", hashmap_size(hm->writes) + hashmap_size(hm->incoming));

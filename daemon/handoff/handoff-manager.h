@@ -264,3 +264,5 @@ const HandoffPath *handoff_manager_path(HandoffManager *hm, size_t i);
 
 /* Counters, in a stable order: name and value. */
 size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t *values, size_t n);
+/* Records the workers' rings held back for want of CQ room (counter ring-backlogged). */
+uint64_t handoff_manager_ring_backlogged(HandoffManager *hm);

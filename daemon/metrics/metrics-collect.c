@@ -285,6 +285,9 @@ static void collect_handoffs(Manager *m, MetricsWriter *w) {
         metrics_family(w, "epd_handoff_ring_fallbacks", METRIC_COUNTER, NULL,
                        "Notifications sent over D-Bus for want of room on a worker's ring.");
         metrics_sample_u64(w, METRIC_NO_LABELS, c->ring_fallbacks);
+        metrics_family(w, "epd_handoff_ring_backlogged", METRIC_COUNTER, NULL,
+                       "Notifications held back for want of room on a worker's ring, posted once it drained.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, handoff_manager_ring_backlogged(hm));
 }
 
 static void collect_features(Manager *m, MetricsWriter *w) {
