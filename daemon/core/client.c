@@ -165,6 +165,8 @@ int client_object_link(Client *c, ClientObject *o, ClientObjectType type,
         o->release = release;
         LIST_PREPEND(objects, c->objects, o);
         c->n_objects[type]++;
+        if (type == CLIENT_OBJECT_WORKER)
+                c->worker = o;
         return 0;
 }
 
@@ -174,16 +176,13 @@ void client_object_unlink(ClientObject *o) {
                 return;
         LIST_REMOVE(objects, c->objects, o);
         c->n_objects[o->type]--;
+        if (c->worker == o)
+                c->worker = NULL;
         o->owner = NULL;
 }
 
 Worker *client_get_worker(Client *c) {
-        if (!c)
-                return NULL;
-        LIST_FOREACH(objects, o, c->objects)
-                if (o->type == CLIENT_OBJECT_WORKER)
-                        return container_of(o, Worker, object);
-        return NULL;
+        return c && c->worker ? container_of(c->worker, Worker, object) : NULL;
 }
 
 static void client_release_objects(Client *c) {

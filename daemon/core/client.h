@@ -55,6 +55,7 @@ struct Client {
         bool dying;
         unsigned n_objects[_CLIENT_OBJECT_TYPE_MAX];
         LIST_HEAD(ClientObject, objects);
+        ClientObject *worker; /* its registration, among objects (looked up on most calls) */
 };
 
 /* Finds or creates the client that sent the message; -EACCES if its credentials cannot
