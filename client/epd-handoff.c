@@ -126,17 +126,7 @@ int epd_handoff_prepare_async(epd_client *c, const char *request_id, const char 
         if (!call)
                 return epd__error(c, -ENOMEM, NULL);
         *call = (PrepareCall) { .client = c, .fn = fn, .userdata = userdata };
-        sd_bus_slot *slot = NULL;
-        r = sd_bus_call_async(c->bus, &slot, m, on_prepared, call, 0);
-        if (r < 0) {
-                free(call);
-                return epd__error(c, r, NULL);
-        }
-        (void)sd_bus_slot_set_destroy_callback(slot, free);
-        (void)sd_bus_slot_set_floating(slot, 1);
-        sd_bus_slot_unref(slot); /* the bus holds it until the reply (or its own end) */
-        epd__clear_error(c);
-        return 0;
+        return epd__send_async(c, m, on_prepared, call);
 }
 
 int epd_handoff_layer_group_ready(epd_client *c, const char *handoff, uint32_t group) {

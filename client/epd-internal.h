@@ -36,6 +36,9 @@ int epd__call(epd_client *c, const char *path, const char *interface, const char
  * message prefixed with `member`) for epd_flush() to return. */
 int epd__call_nowait(epd_client *c, const char *path, const char *interface, const char *member,
                      const char *types, ...);
+/* Sends m without waiting: callback(reply, userdata) runs from sd_bus_process() when the
+ * answer comes; userdata is freed with the call (also when sending fails). */
+int epd__send_async(epd_client *c, sd_bus_message *m, sd_bus_message_handler_t callback, void *userdata);
 /* Like epd__call, with a message the caller filled (sd_bus_message_new_method_call). */
 int epd__new_call(epd_client *c, const char *path, const char *interface, const char *member,
                   sd_bus_message **ret);

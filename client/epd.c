@@ -132,6 +132,20 @@ static int drain_nowait(epd_client *c) {
         return r;
 }
 
+int epd__send_async(epd_client *c, sd_bus_message *m, sd_bus_message_handler_t callback, void *userdata) {
+        sd_bus_slot *slot = NULL;
+        int r = sd_bus_call_async(c->bus, &slot, m, callback, userdata, 0);
+        if (r < 0) {
+                free(userdata);
+                return epd__error(c, r, NULL);
+        }
+        (void)sd_bus_slot_set_destroy_callback(slot, free);
+        (void)sd_bus_slot_set_floating(slot, 1);
+        sd_bus_slot_unref(slot); /* the bus holds it until the reply (or its own end) */
+        epd__clear_error(c);
+        return 0;
+}
+
 int epd__call_nowait(epd_client *c, const char *path, const char *interface, const char *member,
                      const char *types, ...) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
@@ -151,17 +165,10 @@ int epd__call_nowait(epd_client *c, const char *path, const char *interface, con
                 return epd__error(c, -ENOMEM, NULL);
         call->client = c;
         snprintf(call->member, sizeof call->member, "%s", member);
-        sd_bus_slot *slot = NULL;
-        r = sd_bus_call_async(c->bus, &slot, m, on_nowait_reply, call, 0);
-        if (r < 0) {
-                free(call);
-                return epd__error(c, r, NULL);
-        }
-        (void)sd_bus_slot_set_destroy_callback(slot, free);
-        (void)sd_bus_slot_set_floating(slot, 1);
-        sd_bus_slot_unref(slot); /* the bus holds it until the reply (or its own end) */
+        r = epd__send_async(c, m, on_nowait_reply, call);
+        if (r < 0)
+                return r;
         c->nowait_pending++;
-        epd__clear_error(c);
         return 0;
 }
 
