@@ -328,6 +328,12 @@ epd_ring_client *epd_ring_close(epd_ring_client *r) {
         return NULL;
 }
 
+int epd_ring_release(epd_client *c, epd_ring_client *r) {
+        int e = c ? epd__call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "CloseRing", NULL, NULL) : -EINVAL;
+        epd_ring_close(r);
+        return e;
+}
+
 int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_ring_client **ret) {
         sd_bus_message *reply = NULL;
         int fds[3];

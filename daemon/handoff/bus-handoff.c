@@ -249,6 +249,21 @@ static int method_open_ring(sd_bus_message *msg, void *userdata, sd_bus_error *e
         return sd_bus_reply_method_return(msg, "hhht", ring->memfd, ring->submit_fd, ring->complete_fd, ring->size);
 }
 
+static int method_close_ring(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        Reason why = {};
+        Client *c;
+        int r;
+
+        r = manager_client_require(m, msg, &c, error);
+        if (r < 0)
+                return r;
+        r = handoff_manager_close_ring(hm_of(userdata), c, &why);
+        if (r < 0)
+                return epd_bus_error_errno(error, r, why.text);
+        return sd_bus_reply_method_return(msg, NULL);
+}
+
 static int method_watch(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         Reason why = {};
@@ -382,6 +397,8 @@ static const sd_bus_vtable handoffs_vtable[] = {
         SD_BUS_METHOD_WITH_ARGS("OpenRing", SD_BUS_ARGS("u", sq_entries, "u", cq_entries),
                                 SD_BUS_RESULT("h", memfd, "h", submit_fd, "h", complete_fd, "t", size),
                                 method_open_ring, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("CloseRing", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, method_close_ring,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Watch", SD_BUS_ARGS("b", enable), SD_BUS_NO_RESULT, method_watch,
                                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,

@@ -253,6 +253,9 @@ void handoff_emit_signal(HandoffObject *o, bool to_owner, const char *member, co
 int handoff_manager_watch(HandoffManager *hm, Client *c, bool enable, Reason *why);
 int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32_t cq, Ring **ret,
                               Reason *why);
+/* Frees the client's ring (CloseRing): its notifications go back to D-Bus signals and it
+ * may open another. -ENOENT when it has none. */
+int handoff_manager_close_ring(HandoffManager *hm, Client *c, Reason *why);
 /* Whether client c owns o. */
 bool handoff_object_owned_by(const HandoffObject *o, const Client *c);
 

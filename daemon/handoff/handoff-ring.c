@@ -373,6 +373,15 @@ static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *us
         return 0;
 }
 
+int handoff_manager_close_ring(HandoffManager *hm, Client *c, Reason *why) {
+        uint64_t serial = handoff_client_serial(c);
+        ClientRing *cr = hashmap_get(hm->rings, &serial);
+        if (!cr)
+                return reason_set(why, -ENOENT, "This client has no ring.");
+        handoff_ring_free(cr);
+        return 0;
+}
+
 int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32_t cq, Ring **ret,
                               Reason *why) {
         uint64_t serial = handoff_client_serial(c);

@@ -115,6 +115,7 @@ def _lib_handoffs():
         "epd_ring_close": (c_void_p, [c_void_p]),
         "epd_ring_layer_group_ready": (c_int, [c_void_p, c_char_p, c_uint64, c_uint32, c_uint64]),
         "epd_ring_next": (c_int, [c_void_p, _P(RingRecord), c_uint64]),
+        "epd_ring_release": (c_int, [c_void_p, c_void_p]),
     }
     _lib.declare(lib, decls)
     lib._epd_handoffs_declared = True
@@ -234,8 +235,14 @@ class Ring(_lib.Closing):
             del self.accepted[rid]
 
     def close(self):
+        """Closes the ring on both sides while the client is open (the daemon's side goes
+        too: notifications go back to D-Bus signals and the client may open another
+        ring), else this side alone (the daemon's goes with the client)."""
         if self._r:
-            self._lib.epd_ring_close(self._r)
+            if getattr(self._client, "_c", None):
+                self._lib.epd_ring_release(self._client._c, self._r)  # closes self._r either way
+            else:
+                self._lib.epd_ring_close(self._r)
             self._r = None
 
 

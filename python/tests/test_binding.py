@@ -240,6 +240,16 @@ class BindingTest(unittest.TestCase):
                 s.release()
                 seq.release()
 
+    def test_ring_reopened_after_close(self):
+        """Ring.close() closes the daemon's side too: the same client opens another."""
+        from epd.handoff import Ring
+        with self.prefill_and_decode() as (p, d):
+            for _ in range(3):
+                with Ring(d) as r:
+                    r.accept("%032x" % 0x5170, timeout_s=0.01, user_data=9)
+                    rec = r.next(5)
+                    self.assertEqual(rec.user_data, 9)
+
     def test_ring_fd_quiet_once_drained(self):
         """A worker that waits on Ring.fileno() in its own loop (select, poll, asyncio) and
         takes the records with next(0) until None finds the fd quiet again: a readable fd

@@ -640,6 +640,11 @@ START_TEST(test_ring) {
         ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
         ck_assert_int_eq(epd_ring_open(d, 64, 64, &dup), -EEXIST);
         ck_assert_int_eq(epd_ring_open(p, 7, 64, &dup), -EINVAL);
+        /* Closed on both sides (CloseRing), a client opens another; without one, NotFound. */
+        ck_assert_int_eq(epd_ring_release(d, dr), 0);
+        ck_assert_int_eq(epd__call(d, "/org/epd1/handoffs", "org.epd1.Handoffs", "CloseRing", NULL, NULL), -ENOENT);
+        ck_assert_str_eq(epd_last_error_name(d), "org.epd1.Error.NotFound");
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
 
         /* Ping. */
         struct epd_ring_record rec = { .opcode = EPD_RING_OP_NOP, .user_data = 77 }, out;

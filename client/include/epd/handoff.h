@@ -114,6 +114,11 @@ typedef struct epd_ring_client {
 /* Opens this client's ring (sq/cq: powers of two, 8..32768) and maps it. */
 int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_ring_client **ret);
 epd_ring_client *epd_ring_close(epd_ring_client *r);
+/* Closes the daemon's side of c's ring (CloseRing), then r as epd_ring_close() does: the
+ * client's notifications go back to D-Bus signals and it may open another ring. (Without
+ * it the daemon keeps the ring until the client disconnects.) The daemon's answer (0, or
+ * -ENOENT when it had no ring for c); r is closed either way. */
+int epd_ring_release(epd_client *c, epd_ring_client *r);
 /* Queues a submission and kicks the daemon. -EAGAIN when the SQ is full. */
 int epd_ring_submit(epd_ring_client *r, const struct epd_ring_record *rec);
 /* LayerGroupReady(group) of the handoff (request_id as 32 hex digits, token). */
