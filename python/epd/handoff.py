@@ -245,6 +245,16 @@ class Ring(_lib.Closing):
                 self._lib.epd_ring_close(self._r)
             self._r = None
 
+    def __del__(self):
+        # Collected: this side alone, no bus call (the collector may run in any thread,
+        # while another uses the client); the daemon's side goes with the client.
+        try:
+            if self._r:
+                self._lib.epd_ring_close(self._r)
+                self._r = None
+        except Exception:
+            pass
+
 
 def watch(client, enable: bool = True):
     """This client gets every handoff's Progress and StateChanged signals (a monitor)."""
