@@ -310,7 +310,7 @@ typedef struct Pipe {
         Slot *slots;
         unsigned started, done, measured;
         uint64_t *first_ns, *all_ns, *prepare_ns;
-        uint64_t early[64];           /* sources seen committed before their Prepare's answer */
+        uint64_t *early;              /* sources seen committed before their Prepare's answer (K at most) */
         unsigned n_early;
         uint64_t t_measure;
 } Pipe;
@@ -428,8 +428,9 @@ static void pipe_source_record(const struct epd_ring_record *rec) {
                         return;
                 }
         }
-        /* Before its Prepare's answer was taken (the answer waits for the journal). */
-        if (pipe_.n_early < sizeof pipe_.early / sizeof pipe_.early[0])
+        /* Before its Prepare's answer was taken (the answer waits for the journal): one
+         * per slot at most. */
+        if (pipe_.n_early < arg_inflight)
                 pipe_.early[pipe_.n_early++] = rec->token;
 }
 
@@ -467,7 +468,8 @@ static int run_pipelined(void) {
         pipe_.first_ns = calloc(arg_count, sizeof(uint64_t));
         pipe_.all_ns = calloc(arg_count, sizeof(uint64_t));
         pipe_.prepare_ns = calloc(arg_count, sizeof(uint64_t));
-        if (!pipe_.slots || !pipe_.first_ns || !pipe_.all_ns || !pipe_.prepare_ns)
+        pipe_.early = calloc(arg_inflight, sizeof(uint64_t));
+        if (!pipe_.slots || !pipe_.first_ns || !pipe_.all_ns || !pipe_.prepare_ns || !pipe_.early)
                 die(NULL, -ENOMEM, "memory");
         for (unsigned i = 0; i < arg_inflight; i++) {
                 uint32_t *pages = NULL;
@@ -482,7 +484,23 @@ static int run_pipelined(void) {
                 pipe_.t_measure = t0;
         for (unsigned i = 0; i < arg_inflight; i++)
                 pipe_start(&pipe_.slots[i]);
+        unsigned last_done = 0;
+        uint64_t last_progress = now_ns();
         while (pipe_.done < total) {
+                /* No handoff finished in 30 s: say where each slot stands and stop. */
+                if (pipe_.done != last_done) {
+                        last_done = pipe_.done;
+                        last_progress = now_ns();
+                } else if (now_ns() - last_progress > 30ULL * 1000000000ULL) {
+                        for (unsigned i = 0; i < arg_inflight; i++) {
+                                Slot *s = &pipe_.slots[i];
+                                if (s->busy)
+                                        fprintf(stderr, "bench-handoff-latency: %s: prepared %d, landed %d, "
+                                                "committed (decode) %d, committed (source) %d\n", s->rid,
+                                                s->prepared, s->t_all != 0, s->commit_done, s->src_committed);
+                        }
+                        die(NULL, -ETIMEDOUT, "pipelined handoffs stalled");
+                }
                 /* What came in: Prepare answers (callbacks), then the rings' records. */
                 while ((r = epd_process(pipe_.p)) > 0)
                         ;
@@ -541,6 +559,7 @@ static int run_pipelined(void) {
         free(pipe_.first_ns);
         free(pipe_.all_ns);
         free(pipe_.prepare_ns);
+        free(pipe_.early);
         epd_ring_close(pipe_.pr);
         epd_ring_close(pipe_.dr);
         epd_disconnect(pipe_.p);
