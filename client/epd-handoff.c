@@ -14,6 +14,7 @@
 #include "epd/handoff.h"
 #include "id.h"
 #include "macro.h"
+#include "time-util.h"
 
 #define HANDOFFS_PATH "/org/epd1/handoffs"
 #define IFACE_HANDOFFS "org.epd1.Handoffs"
@@ -422,16 +423,10 @@ int epd_ring_fd(const epd_ring_client *r) {
         return r ? r->complete_fd : -EINVAL;
 }
 
-static uint64_t now_usec_mono(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000ULL;
-}
-
 int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t timeout_usec) {
         if (!r || !rec)
                 return -EINVAL;
-        uint64_t deadline = timeout_usec == UINT64_MAX ? UINT64_MAX : now_usec_mono() + timeout_usec;
+        uint64_t deadline = usec_add(now_usec(CLOCK_MONOTONIC), timeout_usec);
         for (;;) {
                 int e = epd_ring_consume(&r->ring.cq, rec);
                 if (e != -EAGAIN)
@@ -456,7 +451,7 @@ int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t time
                         if (write(r->submit_fd, &one, sizeof one) < 0 && errno != EAGAIN)
                                 return -errno;
                 }
-                uint64_t now = now_usec_mono();
+                uint64_t now = now_usec(CLOCK_MONOTONIC);
                 if (now >= deadline)
                         return -EAGAIN;
                 struct pollfd p = { .fd = r->complete_fd, .events = POLLIN };
