@@ -580,10 +580,7 @@ class KvPages:
         if self.on_gpu and _is_torch(k0) and k0.stride(3) == 1 and v0.stride(3) == 1:
             rows = self._many_rows(items, int(k0.shape[2]))
             if rows is not None:
-                first = self._first_page(start)
-                t = self._tables.get(first)
-                if t is None:
-                    t = self._table(first)
+                t = self._table(self._first_page(start))
                 with _between(events):
                     t.write_many(rows, _stream_of(k0))
                 return
@@ -611,9 +608,7 @@ class KvPages:
         kp = np.uint64(buf.data_ptr()) + np.arange(len(layers), dtype=np.uint64) * np.uint64(2 * layer_bytes)
         rows = self._rows_array(self._rows(layers[0], out[0][0], out[0][1], tokens), layers, kp,
                                 kp + np.uint64(layer_bytes))
-        t = self._tables.get(0)
-        if t is None:
-            t = self._table(0)
+        t = self._table(0)
         with _between(events):
             t.read_many(rows, _stream_of(buf))
         return out
