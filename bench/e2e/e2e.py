@@ -133,6 +133,12 @@ def summarize(name, results, wall):
         row["decode_ms_per_token"] = 1e3 * mean(d["decode_s"] / max(len(r["tokens"]) - 1, 1)
                                                 for d, r in zip(dec, results))
         row["workflow_root_ms"] = 1e3 * mean(d.get("root_s", 0.0) for d in dec)
+    # The steps in two parts: the host issuing the forward pass, the wait for its token.
+    steps = [d["steps"] for d in dec if d.get("steps", {}).get("steps")]
+    if steps:
+        n = sum(st["steps"] for st in steps)
+        row["step_launch_ms"] = 1e3 * sum(st["launch_s"] for st in steps) / n
+        row["step_wait_ms"] = 1e3 * sum(st["wait_s"] for st in steps) / n
     if results and "prefill" in results[0]:
         row["exposed_transfer_ms"] = 1e3 * mean(r["decode"]["wait_s"] for r in results)
         # epd's part of TTFT: its calls and copies on the critical path (feature fetch,
@@ -241,10 +247,12 @@ def colocated(model_name, reqs, device="cuda", m=None):
         first, delta = pre.prefill(r, feats, kv)
         torch.cuda.synchronize()
         t1 = time.perf_counter()
+        steps0 = dict(q.STEP_TIMING)
         toks = dec.decode(kv, r.input_ids.shape[1], first, delta, s.max_new_tokens)
         torch.cuda.synchronize()
         t2 = time.perf_counter()
         res = {"ttft_s": t1 - t0, "latency_s": t2 - t0, "tokens": toks, "decode_s": t2 - t1,
+               "steps": q.step_timing_since(steps0),
                "encode_s": te - t0, "image_s": ti - t0, "tower_s": te - ti, "prefill_s": t1 - te}
         if s.branches:
             n = int(r.input_ids.shape[1])
@@ -379,6 +387,18 @@ def bench(args):
     # At least one warm-up request per worker process of a role (least-busy routing
     # spreads them), so that no process meets its first request in a measured row.
     warm = max([args.warmup] + list(serve.parse_layout(args.layout).values()))
+    # The colocated baseline runs its requests once before the split's rows and once
+    # after (its model kept meanwhile), and its row holds both: the host's speed drifts
+    # within minutes on these machines (the decode step, launch-bound, by up to a third),
+    # and a baseline measured only before or after the split would carry that drift
+    # into the ratio. The row shows each pass apart.
+    base_reqs = specs(n, args.images, args.text_tokens, args.max_new, first=100, **kw)
+    base = []
+    m = None
+    if args.backend != "synthetic":
+        _, _, m = colocated(args.model, warm_specs(args, 2, salt="", first=900))  # warm-up
+        res, wall, _ = colocated(args.model, base_reqs, m=m)
+        base.append((res, wall))
     w = workers(args)
     try:
         placement = w.placement()
@@ -407,12 +427,19 @@ def bench(args):
             print(json.dumps(rows[-1]), flush=True)
     finally:
         w.close()
-    reqs = specs(n, args.images, args.text_tokens, args.max_new, first=100, **kw)
+    reqs = base_reqs
     if args.backend != "synthetic":
-        _, _, m = colocated(args.model, warm_specs(args, 2, salt="", first=900))  # warm-up
         res, wall, _ = colocated(args.model, reqs, m=m)
+        base.append((res, wall))
         del m
-        rows.append(summarize("colocated, 1 process, no epd", res, wall))
+        from epd.workers import qwen3vl as q
+        q.write_profiles()  # EPD_DECODE_PROFILE's tables, if any
+        res = [r for rs, _ in base for r in rs]
+        rows.append(summarize("colocated, 1 process, no epd", res, sum(wl for _, wl in base)))
+        rows[-1]["passes"] = [{k: v for k, v in summarize(when, rs, wl).items()
+                               if k in ("config", "rps", "ttft_mean_ms", "decode_ms_per_token", "step_launch_ms",
+                                        "step_wait_ms")}
+                              for when, (rs, wl) in zip(("before the split's rows", "after them"), base)]
         rows[-1]["split_ms"] = {"encoder": 1e3 * mean(r["encode_s"] for r in res),
                                 "prefill_compute": 1e3 * mean(r["prefill_s"] for r in res)}
         rows[-1]["encoder_image_ms"] = 1e3 * mean(r["image_s"] for r in res)
@@ -572,8 +599,15 @@ def main():
                       f"{r.get('decode_layers_in_one_launch', 0):.1f} layers read in one launch (mean)")
         for r in out["bench"]:
             if "decode_ms_per_token" in r:
-                print(f"decode ({r['config']}): {r['decode_ms_per_token']:.2f} ms a token after the first; "
+                parts = (f" (a step: the host issuing it {r['step_launch_ms']:.2f} ms, then waiting for its "
+                         f"token {r['step_wait_ms']:.2f} ms)" if "step_launch_ms" in r else "")
+                print(f"decode ({r['config']}): {r['decode_ms_per_token']:.2f} ms a token after the first{parts}; "
                       f"an agent request's workflow root {r['workflow_root_ms']:.2f} ms (mean over requests)")
+        for r in out["bench"]:
+            for p in r.get("passes", []):
+                print(f"{r['config']}, {p['config']}: {p['rps']:.2f} req/s, TTFT {p['ttft_mean_ms']:.1f} ms, decode "
+                      f"{p.get('decode_ms_per_token', float('nan')):.2f} ms a token (issuing "
+                      f"{p.get('step_launch_ms', float('nan')):.2f}, waiting {p.get('step_wait_ms', float('nan')):.2f})")
         for r in out["bench"]:
             if "kv_sink_ms" not in r and "encoder_tower_ms" in r:
                 print(f"parts ({r['config']}): encoder: the image {r['encoder_image_ms']:.2f} ms, "

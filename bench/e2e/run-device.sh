@@ -17,6 +17,13 @@
 # is the benchmark's config; E2E_DP=N adds the colocated data-parallel baseline with N
 # processes over the GPUs (E2E_DP=2 with one GPU: two colocated processes on it, the
 # baseline for a layout with two decode processes on that GPU);
+# E2E_PROFILE=N[,N...] runs the Nth greedy decode of each process (counted per process:
+# the decode worker's warm-up, then each row's first turns; the benchmark's own process:
+# the colocated baseline's warm-up, its pass before the split's rows, its pass after)
+# under torch's profiler, tables in $OUT/profile (qwen3vl.py's EPD_DECODE_PROFILE); with
+# 12 requests, E2E_PROFILE=5,20,30 takes the decode worker's 5th (four in flight), 20th
+# (four in flight, cache bypassed) and 30th (one in flight), the colocated baseline's
+# 5th (its pass before) and 20th (after).
 # EPDD_NICE=N starts epdd under `nice -n N`, default -10 as its unit runs it (a daemon on
 # every request's critical path runs ahead of the workers' threads: docs/systemd.md);
 # EPDD_NICE=0 for the default priority.
@@ -143,11 +150,13 @@ fi
 if [[ " $STEPS " == *" bench "* ]]; then
         start_epdd
         echo "== benchmark ($BENCH_MODEL config)"
+        [ -n "${E2E_PROFILE:-}" ] && export EPD_DECODE_PROFILE="$OUTDIR/profile:$E2E_PROFILE"
         timeout ${BENCH_TIMEOUT:-300} python3 bench/e2e/e2e.py "${ARGS[@]}" ${DP[@]+"${DP[@]}"} \
                 --bench "$BENCH_MODEL" --requests "$REQUESTS" --warmup ${WARMUP:-2} --images ${IMAGES:-4} \
                 --max-new ${MAX_NEW:-32} --concurrency ${CONCURRENCY:-4} --agent-every 3 --branches 2 \
                 --json "$OUTDIR/bench.json" 2>&1 | grep -vE "Warning|warn\(" | tee "$OUTDIR/bench.log" | tail -20
         bench_rc=${PIPESTATUS[0]}
+        unset EPD_DECODE_PROFILE
         $B/tools/epdctl -A direct:$D/bus features >"$OUTDIR/features.txt" 2>&1
         stop_epdd
 fi

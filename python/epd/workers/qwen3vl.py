@@ -12,6 +12,8 @@
 Weights are random and deterministic (a seed): nothing is downloaded. Configs: `small`
 for tests, `8b` for benchmarks (the Qwen3-VL-8B text settings)."""
 
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -216,6 +218,18 @@ class Prefill:
         return first, int(out.rope_deltas.reshape(-1)[0])
 
 
+# What this process's greedy decode steps cost, summed: the host's time to issue a
+# step's forward pass ("launch": Python, torch and the CUDA launches, the GPU running
+# behind it) and its wait for the step's token ("wait": the GPU finishing the step). A
+# caller takes the difference around its own decode (a launch-bound step shows a short
+# wait; a step the GPU holds back, by other work on it or a slower kernel, a long one).
+STEP_TIMING = {"steps": 0, "launch_s": 0.0, "wait_s": 0.0}
+
+
+def step_timing_since(before: Dict[str, float]) -> Dict[str, float]:
+    return {k: STEP_TIMING[k] - before[k] for k in STEP_TIMING}
+
+
 class Decode:
     def __init__(self, model):
         self.model = model
@@ -229,7 +243,61 @@ class Decode:
         for l in range(cfg.num_hidden_layers):
             k, v = source.layer(l)
             cache.update(k, v, l)
-        return _generate(self.model, cache, prompt_len, first_token, rope_delta, max_new_tokens)
+        with _maybe_profiled("decode"):
+            return _generate(self.model, cache, prompt_len, first_token, rope_delta, max_new_tokens)
+
+
+_PROFILED_CALLS: Dict[str, int] = {}
+
+
+_PROFILES: List["_Profiled"] = []
+
+
+def _maybe_profiled(what: str):
+    """EPD_DECODE_PROFILE=DIR:N[,N...]: the Nth call (counted per process from 1) of
+    `what` runs under torch's profiler; write_profiles() writes each one's operators'
+    table to DIR/<what>-<pid>-<N>.txt (a benchmark's diagnosis; off unless set). The
+    tables are made then, not at the call's end: making one takes seconds, which a
+    worker serving requests does not have (its handoffs would time out meanwhile)."""
+    import contextlib
+    spec = os.environ.get("EPD_DECODE_PROFILE", "")
+    n = _PROFILED_CALLS[what] = _PROFILED_CALLS.get(what, 0) + 1
+    if ":" not in spec:
+        return contextlib.nullcontext()
+    where, _, at = spec.rpartition(":")
+    if str(n) not in at.split(","):
+        return contextlib.nullcontext()
+    return _Profiled(os.path.join(where, f"{what}-{os.getpid()}-{n}.txt"))
+
+
+class _Profiled:
+    def __init__(self, path: str):
+        from torch.profiler import ProfilerActivity, profile
+        self.path = path
+        self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+
+    def __enter__(self):
+        self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.prof.__exit__(*exc)
+        _PROFILES.append(self)
+        return False
+
+    def write(self):
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        ka = self.prof.key_averages()
+        with open(self.path, "w") as f:
+            f.write(ka.table(sort_by="self_cpu_time_total", row_limit=30))
+            f.write("\n")
+            f.write(ka.table(sort_by="self_device_time_total", row_limit=20))
+
+
+def write_profiles():
+    """Writes the tables of the calls profiled so far (EPD_DECODE_PROFILE)."""
+    while _PROFILES:
+        _PROFILES.pop(0).write()
 
 
 def _generate(model, cache, prompt_len: int, first_token: int, rope_delta: int, max_new_tokens: int) -> List[int]:
@@ -237,13 +305,23 @@ def _generate(model, cache, prompt_len: int, first_token: int, rope_delta: int, 
     dev = model.device
     tokens = [first_token]
     tok = torch.tensor([[first_token]], device=dev)
+    clock = time.perf_counter
+    launch = wait = 0.0
     for step in range(max_new_tokens - 1):
+        t0 = clock()
         pos = prompt_len + step + rope_delta
         position_ids = torch.full((3, 1, 1), pos, device=dev, dtype=torch.long)
         out = model(input_ids=tok, past_key_values=cache, position_ids=position_ids, use_cache=True)
+        t1 = clock()
         nxt = int(out.logits[0, -1].argmax())
+        t2 = clock()
+        launch += t1 - t0
+        wait += t2 - t1
         tokens.append(nxt)
         tok = torch.tensor([[nxt]], device=dev)
+    STEP_TIMING["steps"] += max(max_new_tokens - 1, 0)
+    STEP_TIMING["launch_s"] += launch
+    STEP_TIMING["wait_s"] += wait
     return tokens
 
 
