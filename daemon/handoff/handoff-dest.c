@@ -470,8 +470,10 @@ int handoff_manager_accept(HandoffManager *hm, Client *c, const char *request_id
         if (r < 0)
                 return r;
         HandoffObject *d = hashmap_get(hm->destinations, rid.bytes);
-        if (!d)
-                return reason_set(why, -ENOENT, "No handoff for request %s here.", request_id);
+        if (!d) {
+                r = handoff_ending_refuse(hm, &rid, request_id, why);
+                return r < 0 ? r : reason_set(why, -ENOENT, "No handoff for request %s here.", request_id);
+        }
         return handoff_dest_accept(hm, c, d, ret, why);
 }
 

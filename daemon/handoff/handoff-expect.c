@@ -6,8 +6,71 @@
  * destination is prepared here (handoff_expect_arrived), so that the worker owns it, and
  * hears of its progress on its ring, before the first byte lands. Each waiter is a
  * ClientObject of its client (counted against MaxObjectsPerClient, released on
- * disconnect) with a timer. */
+ * disconnect) with a timer.
+ *
+ * A destination that rolls back before anyone accepted it (its deadline passed while
+ * the decode was busy, the source went away) leaves an ending behind: an Accept or
+ * AcceptWait for its request then hears Stale and why at once, where it would hear
+ * NotFound or wait out its whole deadline for a handoff that is not coming. A newer
+ * attempt for the request (the source trying again) clears it. The last
+ * HANDOFF_ENDINGS_MAX endings are kept, in memory only. */
 #include "handoff/handoff-internal.h"
+
+struct HandoffEnding {
+        EpdId request_id;
+        HandoffCause cause;
+        usec_t at;
+        bool used;
+};
+
+void handoff_ending_remember(HandoffObject *d) {
+        HandoffManager *hm = d->hm;
+        if (!hm->ending_map) {
+                hm->ending_map = hashmap_new(HASHMAP_KEY_BYTES, sizeof(EpdId));
+                hm->endings = calloc(HANDOFF_ENDINGS_MAX, sizeof *hm->endings);
+                if (!hm->ending_map || !hm->endings) {
+                        hm->ending_map = hashmap_free(hm->ending_map);
+                        free(hm->endings);
+                        hm->endings = NULL;
+                        return; /* only a diagnosis lost: Accept answers NotFound */
+                }
+        }
+        handoff_ending_forget(hm, &d->h->request_id);
+        HandoffEnding *e = &hm->endings[hm->endings_next];
+        if (e->used)
+                (void)hashmap_remove(hm->ending_map, e->request_id.bytes);
+        *e = (HandoffEnding){ .request_id = d->h->request_id, .cause = d->h->cause,
+                              .at = now_usec(CLOCK_MONOTONIC), .used = true };
+        if (hashmap_put(hm->ending_map, e->request_id.bytes, e) < 0) {
+                e->used = false;
+                return;
+        }
+        hm->endings_next = (hm->endings_next + 1) % HANDOFF_ENDINGS_MAX;
+}
+
+void handoff_ending_forget(HandoffManager *hm, const EpdId *request_id) {
+        HandoffEnding *e = hm->ending_map ? hashmap_remove(hm->ending_map, request_id->bytes) : NULL;
+        if (e)
+                e->used = false;
+}
+
+int handoff_ending_refuse(HandoffManager *hm, const EpdId *request_id, const char *request_str, Reason *why) {
+        const HandoffEnding *e = hm->ending_map ? hashmap_get(hm->ending_map, request_id->bytes) : NULL;
+        if (!e)
+                return 0;
+        usec_t now = now_usec(CLOCK_MONOTONIC), ago = now > e->at ? now - e->at : 0;
+        return reason_set(why, -ESTALE,
+                          "The handoff for request %s was rolled back here %" PRIu64 ".%03" PRIu64
+                          " s ago (%s), before anyone accepted it.",
+                          request_str, ago / USEC_PER_SEC, ago % USEC_PER_SEC / USEC_PER_MSEC,
+                          handoff_cause_to_string(e->cause));
+}
+
+void handoff_endings_free(HandoffManager *hm) {
+        hm->ending_map = hashmap_free(hm->ending_map);
+        free(hm->endings);
+        hm->endings = NULL;
+}
 
 /* One waiter, in its request's list (hm->expects: request id -> first waiter). */
 typedef struct Expect Expect;
@@ -117,8 +180,10 @@ int handoff_manager_accept_wait(HandoffManager *hm, Client *c, const char *reque
                 return reason_set(why, -EINVAL, "A wait of at most %" PRIu64 " us.", (uint64_t)HANDOFF_ACCEPT_WAIT_MAX);
         if (!client_get_worker(c))
                 return reason_set(why, -ENOTCONN, "Register as a worker first.");
-        /* Here already (or not worth waiting for): as Accept. */
-        if (timeout == 0 || hashmap_get(hm->destinations, rid.bytes))
+        /* Here already, or rolled back here unaccepted, or not worth waiting for: as
+         * Accept. */
+        if (timeout == 0 || hashmap_get(hm->destinations, rid.bytes) ||
+            (hm->ending_map && hashmap_get(hm->ending_map, rid.bytes)))
                 return handoff_manager_accept(hm, c, request_id, ret, why);
 
         Expect *e = calloc(1, sizeof *e);

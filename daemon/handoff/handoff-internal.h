@@ -153,6 +153,14 @@ Arena *handoff_pick_arena(Manager *m, uint64_t page_size, const Worker *target, 
 /* handoff-expect.c: decode workers waiting for their request's handoff (AcceptWait, ring) */
 void handoff_expect_arrived(HandoffObject *d);
 void handoff_expect_done(HandoffManager *hm);
+#define HANDOFF_ENDINGS_MAX 1024
+typedef struct HandoffEnding HandoffEnding;
+void handoff_ending_remember(HandoffObject *d);
+void handoff_ending_forget(HandoffManager *hm, const EpdId *request_id);
+/* -ESTALE and why if request_id's last destination here rolled back before anyone
+ * accepted it; 0 if not. */
+int handoff_ending_refuse(HandoffManager *hm, const EpdId *request_id, const char *request_str, Reason *why);
+void handoff_endings_free(HandoffManager *hm);
 
 /* handoff-journal.c: the WAL: every transition appended before it is acknowledged */
 int handoff_manager_apply_record(Manager *m, uint16_t type, const void *payload, size_t len);

@@ -117,8 +117,13 @@ void handoff_obj_free(HandoffObject *o) {
         handoff_journal_released(o);
         handoff_obj_drop_pages(o);
         obj_unown(o);
-        if (o->in_request_map && hashmap_get(handoff_request_map(hm, o->h->role), o->h->request_id.bytes) == o)
+        if (o->in_request_map && hashmap_get(handoff_request_map(hm, o->h->role), o->h->request_id.bytes) == o) {
                 (void)hashmap_remove(handoff_request_map(hm, o->h->role), o->h->request_id.bytes);
+                /* The request's last attempt here ends unaccepted: a late Accept hears why. */
+                if (o->h->role == HANDOFF_DESTINATION && o->h->accepted_by == 0 &&
+                    o->h->state == HANDOFF_ROLLED_BACK)
+                        handoff_ending_remember(o);
+        }
         (void)hashmap_remove(hm->by_handle, o->handle_str);
         handoff_slot_forget(o);
         if (o->twin)
@@ -202,6 +207,8 @@ int handoff_obj_new(HandoffManager *hm, HandoffRole role, const EpdId *request_i
         if (old)
                 ((HandoffObject *)old)->in_request_map = false;
         o->in_request_map = true;
+        if (role == HANDOFF_DESTINATION)
+                handoff_ending_forget(hm, &o->h->request_id); /* a newer attempt */
         *ret = o;
         return 0;
 }
@@ -640,6 +647,7 @@ static void handoff_done(Manager *m) {
         hashmap_free(hm->rings);
         hashmap_free(hm->watchers);
         hashmap_free(hm->expects);
+        handoff_endings_free(hm);
         hashmap_free(hm->slots);
         while ((it = 0, hm->peer_slots && hashmap_iterate(hm->peer_slots, &it, &v, NULL)))
                 free(hashmap_remove(hm->peer_slots, v));

@@ -160,6 +160,12 @@ struct HandoffManager {
         sd_event_source *kick_source;             /* announces them outside manager_run() (a defer source) */
         Hashmap *windows;         /* PeerWindow* by peer host id: handoffs in flight */
         Hashmap *expects;         /* waiters for a handoff to arrive, by request id (handoff-expect.c) */
+        /* Destinations rolled back before anyone accepted them, the last
+         * HANDOFF_ENDINGS_MAX (handoff-expect.c): an Accept or AcceptWait for one is
+         * answered Stale with why at once, not NotFound or a wait to its deadline. */
+        struct HandoffEnding *endings;
+        size_t endings_next;
+        Hashmap *ending_map;      /* HandoffEnding* by request id */
         /* Pipelined handoffs (handoff-proto.h: HANDOFF_PREPARE_F_PIPELINED). */
         uint64_t next_slot;       /* source: the last slot given */
         Hashmap *slots;           /* destination: HandoffObject* by (peer, slot) */

@@ -19,6 +19,7 @@
 #include "epd/handoff.h"
 #include "harness.h"
 #include "test-sequence-util.h"
+#include "time-util.h"
 #include "../check-main.h"
 
 #define LAYERS 8
@@ -857,6 +858,59 @@ START_TEST(test_accept_wait) {
 }
 END_TEST
 
+/* A handoff that rolls back before its decode accepts it (its deadline passed while the
+ * decode was busy): the decode's late AcceptWait, Accept and ring ACCEPT hear Stale and
+ * why at once, not NotFound or a wait to their own deadline; a newer attempt for the
+ * request is accepted as usual. */
+START_TEST(test_accept_after_rollback) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        epd_ring_client *dr;
+        struct epd_ring_record out;
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+        char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
+        epd_handoff_options o = { .arena = "kv1", .timeout_usec = 100000 };
+        char *path, *path2;
+        uint64_t token, token2;
+
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(24), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        wait_state(p, path, "rolled-back");
+        usec_t t0 = now_usec(CLOCK_MONOTONIC);
+        ck_assert_int_eq(epd_handoff_accept_wait(d, rid(24), 5000000, &acc), -ESTALE);
+        ck_assert_uint_lt(now_usec(CLOCK_MONOTONIC) - t0, 2000000); /* at once, not in 5 s */
+        ck_assert_str_eq(epd_last_error_name(d), "org.epd1.Error.Stale");
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(d), "rolled back here"));
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(d), "(timeout)"));
+        ck_assert_int_eq(epd_handoff_accept(d, rid(24), &acc), -ESTALE);
+        ck_assert_int_eq(epd_ring_accept(dr, rid(24), 5000000, 11), 0);
+        ring_wait_for(dr, EPD_RING_EV_COMPLETION, &out);
+        ck_assert_uint_eq(out.user_data, 11);
+        ck_assert_int_eq(out.result, -ESTALE);
+        /* Another request's wait is not affected. */
+        ck_assert_int_eq(epd_handoff_accept_wait(d, rid(25), 50000, &acc), -ETIMEDOUT);
+
+        /* The source tries again (a newer token): accepted as usual. */
+        o.timeout_usec = 0;
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(24), NULL, seq, groups4, 4, &o, &path2, &token2), 0);
+        ck_assert_uint_gt(token2, token);
+        ck_assert_int_eq(epd_handoff_accept_wait(d, rid(24), 5000000, &acc), 0);
+        ck_assert_uint_eq(acc.token, token2);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path2), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        free(path2);
+        release_sequence(p, seq);
+        free(seq);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        epd_ring_close(dr);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 /* Commit on the ring (EPD_RING_OP_COMMIT): refused with Commit's errors before the
  * groups arrived, for another token, by another client; then committed and released in
  * one submission, answered once durable with the decode sequence; the source sees it
@@ -1104,6 +1158,7 @@ int main(void) {
         tcase_add_test(tc, test_prepare_async);
         tcase_add_test(tc, test_watch_signals);
         tcase_add_test(tc, test_accept_wait);
+        tcase_add_test(tc, test_accept_after_rollback);
         tcase_add_test(tc, test_ring_commit);
         tcase_add_test(tc, test_ring_commit_ring_closed);
         tcase_add_test(tc, test_decode_dies);

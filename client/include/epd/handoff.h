@@ -72,7 +72,9 @@ int epd_handoff_accept(epd_client *c, const char *request_id, epd_handoff_accept
 /* Accept once the handoff of request_id is prepared on this host: at once when it is
  * here, else waiting up to timeout_usec (at most an hour) for it to arrive; accepted
  * before its first byte lands, so its progress reaches this client's ring. -ETIMEDOUT
- * (org.epd1.Error.Timeout) when none came. Without blocking: epd_ring_accept(). */
+ * (org.epd1.Error.Timeout) when none came; -ESTALE (org.epd1.Error.Stale) at once when
+ * the request's handoff rolled back here before anyone accepted it (the message says
+ * when and why), as from epd_handoff_accept(). Without blocking: epd_ring_accept(). */
 int epd_handoff_accept_wait(epd_client *c, const char *request_id, uint64_t timeout_usec,
                             epd_handoff_accepted *ret);
 void epd_handoff_accepted_done(epd_handoff_accepted *a);
