@@ -201,7 +201,8 @@ class Ring(_lib.Closing):
 
     def _absorb(self, rec: RingRecord):
         if rec.opcode == RING_EV_GROUP_PROGRESS:
-            self.progress[rec.token] = max(self.progress.get(rec.token, 0), rec.count)
+            # groups [0, group) complete, out of count (ring.h)
+            self.progress[rec.token] = max(self.progress.get(rec.token, 0), rec.group)
         elif rec.opcode == RING_EV_HANDOFF_STATE:
             self.state[rec.token] = (rec.arg0, rec.arg1)
         elif rec.opcode == RING_EV_HANDOFF_ACCEPTED:

@@ -177,6 +177,31 @@ class BindingTest(unittest.TestCase):
                 h.release(pring)
                 seq.release()
 
+    def test_ring_progress_counts_groups_landed(self):
+        """The ring's progress for a handoff is the number of groups landed (the record's
+        `group`), not the handoff's group count: one group ready of three, and the decode
+        side sees 1, not 3 (it would read layers that have not arrived)."""
+        from epd.handoff import Accepted, Handoff, Ring
+        from epd.sequence import Sequence
+        rid = "%032x" % 0x5159
+        with self.prefill_and_decode() as (p, d):
+            with Ring(d) as dring, Ring(p) as pring:
+                seq = Sequence.create(p, "host0", 2)
+                h = Handoff.prepare(p, rid, "", seq.path, [2, 1, 1])
+                a = Accepted.accept(d, rid, wait_s=1)
+                self.assertEqual(a.n_groups, 3)
+                for g in range(3):
+                    h.layer_group_ready(g, pring)
+                    self.assertEqual(a.wait_groups(g + 1, dring, timeout_s=5), g + 1)
+                    dring.poll(0.05)  # any later record would say more than has landed
+                    self.assertEqual(dring.progress[a.token], g + 1)
+                    pring.poll(0.05)
+                    self.assertLessEqual(pring.progress.get(h.token, 0), g + 1)
+                Sequence(d, a.commit(), a.arena).release()
+                a.release(dring)
+                h.release(pring)
+                seq.release()
+
     def test_released_at_commit(self):
         """release_on_commit and commit(release=True): no release() on either side; the
         handoffs are gone once the decode side committed, its sequence stays."""
