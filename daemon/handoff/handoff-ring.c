@@ -214,8 +214,10 @@ void handoff_ring_free(ClientRing *cr) {
                 cr->kick_queued = false;
         }
         log_debug("handoff: ring of client %" PRIu64 " closed", cr->serial);
-        cr->hm->counters.ring_backlogged += cr->ring->backlogged;
-        (void)hashmap_remove(cr->hm->rings, &cr->serial);
+        if (cr->ring) /* NULL when OpenRing failed making it */
+                cr->hm->counters.ring_backlogged += cr->ring->backlogged;
+        if (hashmap_get(cr->hm->rings, &cr->serial) == cr)
+                (void)hashmap_remove(cr->hm->rings, &cr->serial);
         if (cr->object.owner)
                 client_object_unlink(&cr->object);
         sd_event_source_disable_unref(cr->source);
@@ -397,8 +399,11 @@ int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32
         cr->hm = hm;
         cr->serial = serial;
         int r = ring_new(sq, cq, &cr->ring);
-        if (r >= 0)
-                r = sd_event_add_io(hm->manager->event, &cr->source, cr->ring->submit_fd, EPOLLIN, on_ring_submit, cr);
+        if (r < 0) {
+                handoff_ring_free(cr);
+                return reason_set(why, r, "Cannot make the ring (its memory and eventfds): %s.", strerror(-r));
+        }
+        r = sd_event_add_io(hm->manager->event, &cr->source, cr->ring->submit_fd, EPOLLIN, on_ring_submit, cr);
         if (r >= 0)
                 r = hashmap_put(hm->rings, &cr->serial, cr);
         if (r >= 0) {

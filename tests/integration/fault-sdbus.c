@@ -5,13 +5,15 @@
  * the file named by $EPD_FAULT_FILE: "FUNCTION N" fails the Nth call of FUNCTION
  * counted from when the file was written (each new plan, a new inode, restarts the
  * count); no file, no fault. Only calls the real library would have made are counted,
- * and the real function runs for every call that does not fail. */
+ * and the real function runs for every call that does not fail. Also memfd_create()
+ * of a worker's ring ("epd-ring"), failing with EMFILE as when epdd is out of fds. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <systemd/sd-bus.h>
 
@@ -40,6 +42,14 @@ static bool fail_now(const char *fn) {
 }
 
 #define REAL(fn) ((__typeof__(&fn))dlsym(RTLD_NEXT, #fn))
+
+int memfd_create(const char *name, unsigned int flags) {
+        if (name && strcmp(name, "epd-ring") == 0 && fail_now(__func__)) {
+                errno = EMFILE;
+                return -1;
+        }
+        return REAL(memfd_create)(name, flags);
+}
 
 int sd_bus_add_object_vtable(sd_bus *bus, sd_bus_slot **slot, const char *path, const char *interface,
                              const sd_bus_vtable *vtable, void *userdata) {

@@ -200,6 +200,29 @@ START_TEST(test_bare_errno) {
 }
 END_TEST
 
+/* OpenRing failing to make the ring (epdd out of fds: its memfd_create fails) is a
+ * named refusal saying why; the daemon goes on, and the client's next OpenRing is
+ * served. */
+START_TEST(test_open_ring_fails) {
+        ck_assert_msg(getenv("FAULT_SDBUS"), "FAULT_SDBUS is not set (run through meson test)");
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        plan("memfd_create 1\n");
+        int r = sd_bus_call_method(bus, NULL, "/org/epd1/handoffs", "org.epd1.Handoffs", "OpenRing", &e, &reply,
+                                   "uu", 64, 64);
+        ck_assert_int_lt(r, 0);
+        ck_assert_msg(strcmp(e.name, "org.epd1.Error.Failed") == 0, "OpenRing: %s: %s", e.name, e.message);
+        ck_assert_msg(strstr(e.message, "Cannot make the ring") && strstr(e.message, strerror(EMFILE)),
+                      "'%s' does not say why", e.message);
+        sd_bus_error_free(&e);
+        ck_assert_int_eq(unlink(fault_file), 0);
+        r = sd_bus_call_method(bus, NULL, "/org/epd1/handoffs", "org.epd1.Handoffs", "OpenRing", &e, &reply, "uu",
+                               64, 64);
+        ck_assert_msg(r >= 0, "OpenRing after the fault: %s", e.message);
+        sd_bus_message_unref(reply);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("bus-errors");
         TCase *tc = tcase_create("bus-errors");
@@ -208,6 +231,7 @@ int main(void) {
         tcase_add_test(tc, test_scheduler_wrong_variants);
         tcase_add_test(tc, test_other_readers);
         tcase_add_test(tc, test_bare_errno);
+        tcase_add_test(tc, test_open_ring_fails);
         suite_add_tcase(s, tc);
         return check_run(s, CK_NOFORK);
 }
