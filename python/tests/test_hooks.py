@@ -79,6 +79,89 @@ class HooksTest(unittest.TestCase):
         self.assertEqual(self.epdctl("sequences"), [])
         self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
 
+    def test_failed_save_does_not_hold_up_the_others(self):
+        """A save whose background setup failed holds nothing: request_finished says so,
+        get_finished reports it done once the engine finished it, and later saves are
+        reported as usual (it does not raise its error at every call)."""
+        from epd import EpdError
+        from epd.workers import hooks as H
+        prod = H.EpdKvConnector(self.p, self.layout, "producer", group_size=2, ring=self.rp, dtype="float16",
+                                background_setup=True)
+        cons = H.EpdKvConnector(self.c, self.layout, "consumer", group_size=2, ring=self.rc, dtype="float16")
+        prod.register_kv_caches(names())
+        cons.register_kv_caches(names())
+        bad, good = "b1" * 16, "b2" * 16
+        prod.bind_connector_metadata(prod.build_connector_meta(saves=[H.KvTransfer(bad, 10 ** 8)]))  # no room
+        with self.assertRaises(EpdError):
+            prod.save_kv_layer(0, self.kv(0))
+        prod.clear_connector_metadata()
+        self.assertEqual(prod.request_finished(bad), (False, None))
+        self.assertEqual(prod.get_finished({bad}), ({bad}, None))
+        prod.bind_connector_metadata(prod.build_connector_meta(saves=[H.KvTransfer(good, TOKENS)]))
+        cons.bind_connector_metadata(cons.build_connector_meta(loads=[H.KvTransfer(good, TOKENS)]))
+        cons.start_load_kv()
+        for layer in range(LAYERS):
+            prod.save_kv_layer(layer, self.kv(layer))
+        prod.wait_for_save()
+        prod.clear_connector_metadata()
+        for layer in range(LAYERS):
+            cons.wait_for_layer_load(layer)
+        cons.clear_connector_metadata()
+        self.assertEqual(cons.get_finished({good}), (None, {good}))
+        sent, deadline = None, time.monotonic() + 10
+        while sent is None and time.monotonic() < deadline:
+            sent, _ = prod.get_finished({good})
+            if sent is None:
+                self.rp.poll(0.05)
+        self.assertEqual(sent, {good})
+        prod.shutdown()
+        cons.shutdown()
+        self.assertEqual(self.epdctl("sequences"), [])
+        self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
+
+    def test_background_setup_needs_a_ring(self):
+        from epd.workers import hooks as H
+        with self.assertRaises(ValueError):
+            H.EpdKvConnector(self.p, self.layout, "producer", background_setup=True)
+
+    def test_aborted_load_lets_go(self):
+        """The engine finishes a request whose KV never fully loaded (aborted): the decode
+        side's handoff and page tables go at get_finished, the prefill's save ends rolled
+        back and is reported; the ids of requests that are neither saves nor loads are not
+        kept."""
+        from epd.workers import hooks as H
+        rid = "b3" * 16
+        prod = H.EpdKvConnector(self.p, self.layout, "producer", group_size=2, ring=self.rp, dtype="float16")
+        cons = H.EpdKvConnector(self.c, self.layout, "consumer", group_size=2, ring=self.rc, dtype="float16")
+        prod.register_kv_caches(names())
+        cons.register_kv_caches(names())
+        prod.bind_connector_metadata(prod.build_connector_meta(saves=[H.KvTransfer(rid, TOKENS)]))
+        cons.bind_connector_metadata(cons.build_connector_meta(loads=[H.KvTransfer(rid, TOKENS)]))
+        cons.start_load_kv()
+        prod.save_kv_layer(0, self.kv(0))  # the first group only
+        prod.save_kv_layer(1, self.kv(1))
+        cons.wait_for_layer_load(0)
+        cons.clear_connector_metadata()
+        self.assertEqual(cons.get_finished({rid, "f0" * 16}), (None, None))  # aborted: not received
+        with self.assertRaises(KeyError):
+            cons.source_of(rid)
+        self.assertEqual(cons._finished_reqs, set())
+        prod.clear_connector_metadata()
+        sent, deadline = None, time.monotonic() + 10
+        while sent is None and time.monotonic() < deadline:
+            sent, _ = prod.get_finished({rid, "f1" * 16})
+            if sent is None:
+                self.rp.poll(0.05)
+        self.assertEqual(sent, {rid})
+        self.assertEqual(prod._finished_reqs, set())
+        prod.shutdown()
+        cons.shutdown()
+        self.assertEqual(self.epdctl("sequences"), [])
+        self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
+        pools = self.epdctl("pages")["pools"]
+        kv = [p for p in pools if p["arena"] == "host0"][0]
+        self.assertEqual(kv["free"], kv["total"], pools)
+
     def _save_load(self, rid, background):
         from epd.workers import hooks as H
         prod = H.EpdKvConnector(self.p, self.layout, "producer", group_size=2, ring=self.rp, dtype="float16",
@@ -172,7 +255,18 @@ class HooksTest(unittest.TestCase):
         ec2.start_load_caches(cache)
         ec2.clear_connector_metadata()
         np.testing.assert_array_equal(cache[key]["embeds"], feats["embeds"])
+        # A second request with the same image finds it in the engine's cache: no fetch,
+        # but the pin stays until the last request reading it is finished.
+        ec2.bind_connector_metadata(H.EpdEcMetadata({"r1b": [key]}))
+        ec2.start_load_caches(cache)
+        ec2.clear_connector_metadata()
+        # (A host arena's fetch copies and lets go of its handle at once: the pin is the
+        # connector's, which matters for a GPU arena's views.)
         self.assertEqual(ec2.get_finished({"r1"}), (None, {"r1"}))
+        self.assertEqual(ec2._pins[key][1], {"r1b"})
+        self.assertEqual(ec2.get_finished({"r1b"}), (None, {"r1b"}))
+        self.assertEqual(ec2._pins, {})
+        self.assertEqual(self.epdctl("features")["handles"], 0)
 
         # With a shape key, the layout of the first output of that key is reserved with
         # the next Acquire (one call); the bytes are the encoder's all the same.

@@ -753,6 +753,15 @@ class EpdKvSink:
         if self._setup_error is not None:
             raise self._setup_error
 
+    def setup_error(self) -> Optional[BaseException]:
+        """What the sequence and Prepare failed with (waiting for a background setup), or
+        None. A failed setup holds nothing: it let go of what it had made."""
+        try:
+            self._settle()
+        except BaseException as e:
+            return e
+        return None
+
     @property
     def seq(self):
         self._settle()
@@ -944,6 +953,18 @@ class EpdKvSource:
                 out = self.kv.read(layer_idx, self.tokens, self.dtype, self.device)
         self.seconds += time.perf_counter() - t0
         return out
+
+    def abandon(self) -> None:
+        """A load the engine gave up on (the request aborted, or its wait or commit
+        failed): its page tables closed, the handoff released (rolled back when not
+        committed). Idempotent."""
+        if self.kv is not None:
+            self.kv.close()
+            self.kv = None
+        self._loaded = None
+        if self.accepted is not None:
+            a, self.accepted = self.accepted, None
+            a.release(self.ring)
 
     def finish(self, keep: bool = False) -> Optional[Sequence]:
         """After the cache is built: commit (the pages become ours), then let them go, or

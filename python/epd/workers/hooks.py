@@ -88,6 +88,11 @@ class EpdKvConnector:
             raise ValueError(f"role {role!r}: producer or consumer")
         if save not in ("auto", "layer", "end"):
             raise ValueError(f"save {save!r}: auto, layer or end")
+        if background_setup and ring is None:
+            # Without a ring every layer group's report is a bus call on `client` from
+            # the caller's thread, while the setup thread makes its own: libepd's client
+            # is one thread's at a time.
+            raise ValueError("background_setup needs a ring (the groups' reports go on it, not on the bus)")
         self.save = save
         self.client, self.layout, self.role, self.arena = client, layout, role, arena
         self.ring, self.device, self.dtype, self.timeout_s = ring, device, dtype, timeout_s
@@ -113,7 +118,7 @@ class EpdKvConnector:
         (delay_free True) until get_finished() reports it; the params tell the decode
         side what to load."""
         s = self._sinks.get(request_id)
-        if s is None:
+        if s is None or s.setup_error() is not None:  # a failed save holds no pages
             return False, None
         return True, {"request_id": request_id, "tokens": s.tokens, "n_groups": len(self.group_sizes)}
 
@@ -125,9 +130,18 @@ class EpdKvConnector:
             raise ValueError(f"{len(kv_caches)} layers registered, the layout has {self.layout.layers}")
         self.layer_index = {name: i for i, name in enumerate(kv_caches)}
 
+    def _settle_setups(self) -> None:
+        """Waits for the saves' background setups (their errors stay with their saves):
+        what follows calls on `client`, which the setup thread must not be using."""
+        if self.background_setup:
+            for s in self._sinks.values():
+                s.setup_error()
+
     def bind_connector_metadata(self, meta: EpdKvMetadata) -> None:
         self._meta = meta
         if self.role == "producer":
+            if self._arena_on_gpu is None and self.save == "auto":
+                self._settle_setups()  # _save_mode asks the daemon about the arena
             for t in meta.saves:
                 if t.request_id not in self._sinks:
                     self._sinks[t.request_id] = C.EpdKvSink(self.client, self.arena, self.layout, t.request_id,
@@ -245,22 +259,48 @@ class EpdKvConnector:
         """(sends finished, loads finished) among the requests the engine has finished.
         A finished send's handoff is released and its pages let go."""
         self._finished_reqs |= set(finished_req_ids)
+        self._settle_setups()  # the releases below are bus calls
         sent, received = set(), set()
         for rid in list(self._sinks):
+            if rid not in self._finished_reqs:
+                continue
             s = self._sinks[rid]
-            if rid in self._finished_reqs and s.handoff.finished(self.ring):
+            if s.setup_error() is not None:
+                # Its sequence or Prepare failed (the error reached save_kv_layer or
+                # wait_for_save): nothing was shipped and nothing is held; done with it,
+                # so that it does not stand in the way of the others.
+                del self._sinks[rid]
+                sent.add(rid)
+            elif s.handoff.finished(self.ring):
                 s.done()
                 s.handoff.release(self.ring)
                 del self._sinks[rid]
                 sent.add(rid)
         for rid in list(self._loads):
             ld = self._loads[rid]
-            if ld.done and rid in self._finished_reqs:
+            if rid not in self._finished_reqs:
+                continue
+            if ld.done:
                 received.add(rid)
                 if not ld.t.keep:
                     del self._loads[rid]  # its pages went back at commit: nothing left to take
-        self._finished_reqs -= sent | received
+            else:
+                # The engine finished a request whose KV never fully loaded (aborted, or
+                # its wait or commit raised): its handoff and page tables go now.
+                del self._loads[rid]
+                self._abandon(ld)
+        # Only the ids of saves and loads still here wait for their turn: the engine
+        # passes every finished request, ours or not.
+        self._finished_reqs &= set(self._sinks) | set(self._loads)
         return (sent or None), (received or None)
+
+    @staticmethod
+    def _abandon(ld: _Load) -> None:
+        if ld.source is not None:
+            try:
+                ld.source.abandon()
+            except EpdError:
+                pass  # gone already (rolled back, its client's objects released)
 
     def take_sequence(self, request_id: str) -> Optional[Sequence]:
         """A finished load's committed sequence (keep=True), which is the caller's from now;
@@ -281,6 +321,7 @@ class EpdKvConnector:
         return self._loads[request_id].source
 
     def shutdown(self) -> None:
+        self._settle_setups()
         for s in self._sinks.values():
             try:
                 s.done()
@@ -293,6 +334,8 @@ class EpdKvConnector:
         for ld in self._loads.values():
             if ld.committed is not None:
                 ld.committed.release()
+            elif not ld.done:
+                self._abandon(ld)
         self._loads.clear()
 
 
@@ -308,7 +351,11 @@ class EpdEcConnector:
     def __init__(self, client, device: Optional[str] = None, timeout_s: float = 60.0):
         self.client, self.device, self.timeout_s = client, device, timeout_s
         self._meta: Optional[EpdEcMetadata] = None
-        self._held: Dict[str, List[C.FeatureTensors]] = {}
+        # The features this worker fetched, by hash: the handle and the requests reading
+        # it (a second request with the same image finds it in the engine's cache and
+        # fetches nothing, but must keep the pin: the cache holds views of it).
+        self._pins: Dict[str, Tuple[C.FeatureTensors, Set[str]]] = {}
+        self._held: Dict[str, List[str]] = {}  # request id -> hashes it reads
         self.last_save: Tuple[str, float] = ("", 0.0)  # (hit|waited|produced, encode seconds)
         self.last_save_detail: Dict[str, float] = {}  # its parts (connector.produce's detail)
         self._layouts: Dict[object, tuple] = {}  # save_caches' shape_key -> its output's layout
@@ -357,18 +404,30 @@ class EpdEcConnector:
         meta = self._meta if self._meta is not None else EpdEcMetadata(kwargs.get("loads", {}))
         for rid, hashes in meta.loads.items():
             for h in hashes:
-                if h in encoder_cache:
-                    continue
-                ft = C.fetch(self.client, h, device=self.device, timeout_s=self.timeout_s)
-                self._held.setdefault(rid, []).append(ft)
-                encoder_cache[h] = ft
+                pin = self._pins.get(h)
+                if pin is None:
+                    if h in encoder_cache:
+                        continue  # the engine's own (not fetched here): nothing to pin
+                    ft = C.fetch(self.client, h, device=self.device, timeout_s=self.timeout_s)
+                    pin = self._pins[h] = (ft, set())
+                    encoder_cache[h] = ft
+                elif h not in encoder_cache:
+                    encoder_cache[h] = pin[0]
+                if rid not in pin[1]:
+                    pin[1].add(rid)
+                    self._held.setdefault(rid, []).append(h)
 
     def get_finished(self, finished_req_ids: Set[str] = frozenset()) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
-        """Lets go of the features the finished requests read; returns (None, those ids)."""
+        """Lets go of the features the finished requests read (each once no request that
+        reads it is left); returns (None, those ids)."""
         done = set()
         for rid in finished_req_ids:
-            for ft in self._held.pop(rid, []):
-                ft.release()
+            for h in self._held.pop(rid, []):
+                ft, readers = self._pins[h]
+                readers.discard(rid)
+                if not readers:
+                    del self._pins[h]
+                    ft.release()
             done.add(rid)
         return None, (done or None)
 
