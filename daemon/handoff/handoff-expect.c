@@ -229,6 +229,33 @@ int handoff_manager_accept_wait(HandoffManager *hm, Client *c, const char *reque
         return HANDOFF_ACCEPT_PENDING;
 }
 
+void handoff_expect_drop_ring(HandoffManager *hm, uint64_t client_serial) {
+        /* The client closed its ring: its ring ACCEPTs still waiting would otherwise
+         * accept a handoff for it that nobody hears of (or answer a later ring with this
+         * one's user_data). Its bus AcceptWaits stay. Collected first: freeing edits the
+         * map being walked. */
+        size_t n = 0, cap = 0, it = 0;
+        Expect **drop = NULL, *head;
+        while (hm->expects && hashmap_iterate(hm->expects, &it, (void **)&head, NULL))
+                for (Expect *e = head; e; e = e->by_request_next) {
+                        if (e->bus || e->client_serial != client_serial)
+                                continue;
+                        if (n == cap) {
+                                size_t c = cap ? 2 * cap : 16;
+                                Expect **d = reallocarray(drop, c, sizeof *d);
+                                if (!d)
+                                        goto done; /* what is collected goes; the rest times out */
+                                drop = d;
+                                cap = c;
+                        }
+                        drop[n++] = e;
+                }
+done:
+        for (size_t i = 0; i < n; i++)
+                expect_free(drop[i]);
+        free(drop);
+}
+
 void handoff_expect_done(HandoffManager *hm) {
         Expect *e;
         size_t it;

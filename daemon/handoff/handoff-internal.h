@@ -153,6 +153,7 @@ Arena *handoff_pick_arena(Manager *m, uint64_t page_size, const Worker *target, 
 /* handoff-expect.c: decode workers waiting for their request's handoff (AcceptWait, ring) */
 void handoff_expect_arrived(HandoffObject *d);
 void handoff_expect_done(HandoffManager *hm);
+void handoff_expect_drop_ring(HandoffManager *hm, uint64_t client_serial);
 #define HANDOFF_ENDINGS_MAX 1024
 typedef struct HandoffEnding HandoffEnding;
 void handoff_ending_remember(HandoffObject *d);

@@ -216,8 +216,10 @@ void handoff_ring_free(ClientRing *cr) {
         log_debug("handoff: ring of client %" PRIu64 " closed", cr->serial);
         if (cr->ring) /* NULL when OpenRing failed making it */
                 cr->hm->counters.ring_backlogged += cr->ring->backlogged;
-        if (hashmap_get(cr->hm->rings, &cr->serial) == cr)
+        if (hashmap_get(cr->hm->rings, &cr->serial) == cr) {
                 (void)hashmap_remove(cr->hm->rings, &cr->serial);
+                handoff_expect_drop_ring(cr->hm, cr->serial);
+        }
         if (cr->object.owner)
                 client_object_unlink(&cr->object);
         sd_event_source_disable_unref(cr->source);

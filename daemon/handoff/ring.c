@@ -198,8 +198,12 @@ int ring_post(Ring *r, const struct epd_ring_record *rec) {
         if (r->backlog_n == r->backlog_cap) {
                 uint32_t cap = r->backlog_cap ? r->backlog_cap * 2 : 16;
                 struct epd_ring_record *b = reallocarray(r->backlog, cap, sizeof *b);
-                if (!b)
+                if (!b) {
+                        /* Not posted: counted where ring.h says every such record is. */
+                        r->overflows++;
+                        __atomic_fetch_add(r->view.cq_overflow, 1, __ATOMIC_RELEASE);
                         return -ENOMEM;
+                }
                 r->backlog = b;
                 r->backlog_cap = cap;
         }

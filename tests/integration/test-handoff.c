@@ -911,6 +911,46 @@ START_TEST(test_accept_after_rollback) {
 }
 END_TEST
 
+/* A ring ACCEPT still waiting when its client closes the ring goes with it: the handoff
+ * that arrives later is not taken for a client that will never hear of it (another
+ * client accepts it), and the client's next ring gets no answer meant for the old one. */
+START_TEST(test_ring_accept_goes_with_the_ring) {
+        epd_client *p = worker("prefill"), *d = worker("decode"), *d2 = worker("decode");
+        epd_ring_client *dr;
+        struct epd_ring_record out;
+        epd_handoff_accepted acc;
+        char *path;
+        uint64_t token;
+        char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
+        epd_handoff_options o = { .arena = "kv1" };
+
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+        ck_assert_int_eq(epd_ring_accept(dr, rid(26), 5000000, 12), 0);
+        /* A NOP behind it: answered once the daemon has taken the ACCEPT (in order). */
+        struct epd_ring_record nop = { .opcode = EPD_RING_OP_NOP, .user_data = 13 };
+        ck_assert_int_eq(epd_ring_submit(dr, &nop), 0);
+        ring_wait_for(dr, EPD_RING_EV_COMPLETION, &out);
+        ck_assert_uint_eq(out.user_data, 13);
+        ck_assert_int_eq(epd_ring_release(d, dr), 0);
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(26), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        ck_assert_int_eq(epd_handoff_accept(d2, rid(26), &acc), 0); /* nobody took it */
+        ck_assert_int_eq(epd_ring_next(dr, &out, 200000), -EAGAIN);  /* nothing for the new ring */
+        ck_assert_int_eq(epd_handoff_release(d2, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        release_sequence(p, seq);
+        free(seq);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        epd_ring_close(dr);
+        epd_disconnect(p);
+        epd_disconnect(d);
+        epd_disconnect(d2);
+}
+END_TEST
+
 /* Commit on the ring (EPD_RING_OP_COMMIT): refused with Commit's errors before the
  * groups arrived, for another token, by another client; then committed and released in
  * one submission, answered once durable with the decode sequence; the source sees it
@@ -1159,6 +1199,7 @@ int main(void) {
         tcase_add_test(tc, test_watch_signals);
         tcase_add_test(tc, test_accept_wait);
         tcase_add_test(tc, test_accept_after_rollback);
+        tcase_add_test(tc, test_ring_accept_goes_with_the_ring);
         tcase_add_test(tc, test_ring_commit);
         tcase_add_test(tc, test_ring_commit_ring_closed);
         tcase_add_test(tc, test_decode_dies);
