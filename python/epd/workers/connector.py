@@ -249,8 +249,8 @@ def fetch(client, key: str, device: Optional[str] = None, timeout_s: float = 60.
         t2 = time.perf_counter()
         gpu = _feature_gpu_arena(client, f) if device is not None else None
         if gpu is not None:
-            keep = True
             out = f.cuda_all(gpu)
+            keep = True  # the views need the handle: FeatureTensors.release() lets go
         else:
             out = {}
             for t in f.tensors:
