@@ -32,6 +32,7 @@ struct Wal {
         uint64_t base_lsn;   /* of the current log file */
         uint64_t last_lsn;   /* last appended */
         uint64_t synced_lsn;
+        uint64_t synced_end;  /* the log's size up to synced_lsn */
         uint64_t end;        /* bytes of records (and the header) in wal.log */
         uint64_t alloc;      /* the file's size: [end, alloc) is zeros written ahead */
         void *buf;           /* encode buffer */
@@ -537,6 +538,7 @@ int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
         if (r < 0)
                 return log_error_errno(r, "Failed to open %s/%s: %m", w->dir, WAL_LOG_NAME);
         w->synced_lsn = w->last_lsn;
+        w->synced_end = w->end;
         w->replayed = true;
         return 0;
 }
@@ -570,8 +572,10 @@ int wal_append(Wal *w, uint16_t type, const void *payload, size_t len, uint64_t 
                 r = wal_sync(w);
                 if (r < 0)
                         return r;
-        } else if (w->policy == WAL_SYNC_NONE)
+        } else if (w->policy == WAL_SYNC_NONE) {
                 w->synced_lsn = w->last_lsn;
+                w->synced_end = w->end;
+        }
 
         if (ret_lsn)
                 *ret_lsn = w->last_lsn;
@@ -594,8 +598,10 @@ int wal_write_encoded(Wal *w, const void *records, size_t size, uint64_t last_ls
         w->stats.appended_bytes += size;
         w->stats.log_bytes = w->end;
         w->last_lsn = last_lsn;
-        if (w->policy == WAL_SYNC_NONE)
+        if (w->policy == WAL_SYNC_NONE) {
                 w->synced_lsn = w->last_lsn;
+                w->synced_end = w->end;
+        }
         return 0;
 }
 
@@ -605,11 +611,26 @@ int wal_sync(Wal *w) {
         if (w->synced_lsn >= w->last_lsn)
                 return 0;
         if (w->policy != WAL_SYNC_NONE) {
-                if (fdatasync(w->fd) < 0)
-                        return log_error_errno(errno, "Failed to sync the WAL: %m");
+                if (fdatasync(w->fd) < 0) {
+                        int e = -errno;
+                        /* The records since the last good sync are not known to be on
+                         * disk and their callers hear they failed: cut them off, so that
+                         * neither a restart's replay nor a clean close keeps them. */
+                        if (ftruncate(w->fd, (off_t)w->synced_end) < 0)
+                                log_error_errno(errno, "Failed to cut the WAL back after a failed sync: %m");
+                        else {
+                                w->end = w->alloc = w->synced_end;
+                                w->last_lsn = w->synced_lsn;
+                                w->stats.log_bytes = w->end;
+                                if (fdatasync(w->fd) < 0)
+                                        log_error_errno(errno, "Failed to sync the WAL's cut: %m");
+                        }
+                        return log_error_errno(e, "Failed to sync the WAL: %m");
+                }
                 w->stats.syncs++;
         }
         w->synced_lsn = w->last_lsn;
+        w->synced_end = w->end;
         return 0;
 }
 
@@ -731,6 +752,7 @@ static int compact_finish(Wal *w, uint64_t lsn, uint64_t records) {
                 return r;
         }
         w->base_lsn = lsn;
+        w->synced_end = w->end; /* the new log's header, made durable by its creation */
         w->stats.snapshot_records = records;
         w->stats.compactions++;
         return 0;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,6 +17,18 @@
 #include "crc32c.h"
 #include "macro.h"
 #include "wal/wal.h"
+
+/* fdatasync() as wal.c calls it in this test binary: the next fail_fdatasync calls fail
+ * with EIO (a disk that lost the writes). */
+static int fail_fdatasync;
+int fdatasync(int fd) {
+        if (fail_fdatasync > 0) {
+                fail_fdatasync--;
+                errno = EIO;
+                return -1;
+        }
+        return (int)syscall(SYS_fdatasync, fd);
+}
 
 /* Every record's payload is a function of its LSN, so that replay can check that it
  * sees exactly what was appended and nothing else. */
@@ -238,6 +251,49 @@ START_TEST(test_append_replay) {
         wal_free(w);
         w = reopen(dir, &s);
         ck_assert_uint_eq(s.n, 160);
+        wal_free(w);
+        rm_dir(dir);
+}
+END_TEST
+
+/* A failed fdatasync: the records it was to cover (whose callers hear they failed) are
+ * cut off, so that neither a clean close nor a restart's replay keeps them; the log goes
+ * on from the last good sync, and a compacted log's cut stays within the new file. */
+START_TEST(test_sync_failure_cuts) {
+        char *dir = make_dir();
+        State s = {};
+        Wal *w;
+
+        ck_assert_int_eq(wal_open(dir, WAL_SYNC_BATCH, &w), 0);
+        ck_assert_int_eq(wal_replay(w, apply, &s), 0);
+        append_n(w, &s, 10);
+        ck_assert_int_eq(wal_sync(w), 0);
+        append_n(w, &s, 5);
+        fail_fdatasync = 1;
+        ck_assert_int_eq(wal_sync(w), -EIO);
+        ck_assert_uint_eq(wal_last_lsn(w), 10);
+        ck_assert_uint_eq(wal_synced_lsn(w), 10);
+        s.n = 10;
+        wal_free(w); /* a clean close keeps no cut record */
+        w = reopen(dir, &s);
+        ck_assert_uint_eq(s.n, 10);
+        ck_assert_uint_eq(s.bad, 0);
+        /* It goes on from there; after a compaction too. */
+        wal_set_policy(w, WAL_SYNC_BATCH);
+        append_n(w, &s, 5);
+        ck_assert_int_eq(wal_sync(w), 0);
+        ck_assert_int_eq(wal_compact(w, snapshot, &s), 0);
+        append_n(w, &s, 3);
+        fail_fdatasync = 1;
+        ck_assert_int_eq(wal_sync(w), -EIO);
+        ck_assert_uint_eq(wal_last_lsn(w), 15);
+        s.n = 15;
+        append_n(w, &s, 2);
+        ck_assert_int_eq(wal_sync(w), 0);
+        wal_free(w);
+        w = reopen(dir, &s);
+        ck_assert_uint_eq(s.n, 17);
+        ck_assert_uint_eq(s.bad, 0);
         wal_free(w);
         rm_dir(dir);
 }
@@ -576,6 +632,7 @@ int main(void) {
         tcase_add_test(tc, test_config);
         tcase_add_test(tc, test_record_parse);
         tcase_add_test(tc, test_append_replay);
+        tcase_add_test(tc, test_sync_failure_cuts);
         tcase_add_test(tc, test_truncated);
         tcase_add_test(tc, test_bitflip);
         tcase_add_test(tc, test_compaction);
