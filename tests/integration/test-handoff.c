@@ -748,6 +748,14 @@ static void ring_all_landed(epd_client *p, const char *path, epd_ring_client *dr
         }
 }
 
+/* The source sequence released: nothing left live, nothing in the destination arena. */
+static void nothing_left(epd_client *p, char *seq) {
+        release_sequence(p, seq);
+        free(seq);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+}
+
 START_TEST(test_accept_wait) {
         epd_client *p = worker("prefill"), *d = worker("decode");
         epd_ring_client *dr;
@@ -849,10 +857,7 @@ START_TEST(test_accept_wait) {
         ck_assert_int_eq(epd_handoff_release(p, path), 0);
         epd_handoff_accepted_done(&acc);
         free(path);
-        release_sequence(p, seq);
-        free(seq);
-        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
-        ck_assert_uint_eq(counter(p, "live"), 0);
+        nothing_left(p, seq);
         epd_disconnect(p);
         epd_disconnect(d);
 }
@@ -901,10 +906,7 @@ START_TEST(test_accept_after_rollback) {
         epd_handoff_accepted_done(&acc);
         free(path);
         free(path2);
-        release_sequence(p, seq);
-        free(seq);
-        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
-        ck_assert_uint_eq(counter(p, "live"), 0);
+        nothing_left(p, seq);
         epd_ring_close(dr);
         epd_disconnect(p);
         epd_disconnect(d);
@@ -940,10 +942,7 @@ START_TEST(test_ring_accept_goes_with_the_ring) {
         ck_assert_int_eq(epd_handoff_release(p, path), 0);
         epd_handoff_accepted_done(&acc);
         free(path);
-        release_sequence(p, seq);
-        free(seq);
-        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
-        ck_assert_uint_eq(counter(p, "live"), 0);
+        nothing_left(p, seq);
         epd_ring_close(dr);
         epd_disconnect(p);
         epd_disconnect(d);
