@@ -35,6 +35,9 @@ typedef struct WalGlue {
         uint64_t batch_since;      /* CLOCK_MONOTONIC µs it began */
         bool lazy_pending;         /* that batch is bounded by manager_run()'s loop (its
                                     * wait's timeout) rather than by the timer `lazy` */
+        int refused;               /* an append was refused (its change is not in the
+                                    * log): every later append and acknowledgement fails
+                                    * with it, as after a failed write (docs/wal.md) */
 } WalGlue;
 
 static WalGlue *glue(Manager *m) {
@@ -223,11 +226,20 @@ int wal_manager_append(Manager *m, uint16_t type, const void *payload, size_t le
         uint64_t lsn;
         if (!g || !g->writer)
                 return -ENOTCONN;
+        if (g->refused < 0)
+                return g->refused;
         /* Synced when a reply waits for it (wal_manager_after_durable), or at the latest
          * when the loop's lazy timer fires. */
         int r = wal_writer_append_deferred(g->writer, type, payload, len, &lsn);
-        if (r < 0)
+        if (r < 0) {
+                /* A change made without its record: a later record in the log would be
+                 * replayed without it, and a reply that counted on it would say what is
+                 * not durable. Nothing is acknowledged from here until a restart. */
+                g->refused = r;
+                log_error_errno(r, "WAL: a record was refused (%m); nothing more is journaled or acknowledged "
+                                   "until epdd restarts.");
                 return r;
+        }
         g->last = lsn;
         if (r > 0)
                 lazy_arm(m, g, lsn);
@@ -242,6 +254,13 @@ int wal_manager_after_durable(Manager *m, WalWaitFn fn, void *userdata) {
         }
         WalWriterStats st;
         wal_writer_stats(g->writer, &st);
+        /* A refused record (this reply's, perhaps) is never acknowledged: from then on
+         * every reply that waits for the journal fails (those queued before the refusal
+         * still get their own records' answer). */
+        if (g->refused < 0) {
+                fn(userdata, g->refused);
+                return 0;
+        }
         /* At once when nothing of this loop's waits for the disk and nothing is queued
          * before it (acknowledgements leave in order). */
         if (g->waiting.n == 0 && (st.durable_lsn >= g->last || st.error < 0)) {

@@ -69,6 +69,20 @@ static void teardown_shm(void) {
         ck_assert_int_eq(system(cmd), 0);
 }
 
+/* A WAL whose compaction cannot write its snapshot (a directory where the snapshot's
+ * temporary file goes): the first compaction fails and the log takes no more records. */
+static void setup_compaction_fails(void) {
+        char p[400];
+        ck_assert_int_eq(harness_init(&h, "[Wal]\nCompactSize=16K\n"), 0);
+        snprintf(p, sizeof p, "%s/state", h.dir);
+        ck_assert_int_eq(mkdir(p, 0755), 0);
+        snprintf(p, sizeof p, "%s/state/wal", h.dir);
+        ck_assert_int_eq(mkdir(p, 0755), 0);
+        snprintf(p, sizeof p, "%s/state/wal/wal.snapshot.tmp", h.dir);
+        ck_assert_int_eq(mkdir(p, 0755), 0);
+        harness_start(&h, OVER_BUS_MODE, address, sizeof address);
+}
+
 static void teardown(void) {
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         harness_done(&h);
@@ -657,6 +671,30 @@ START_TEST(test_ready_requests_share_sync) {
 }
 END_TEST
 
+/* Once the journal refuses a record, nothing is acknowledged: a Release whose record
+ * was refused fails (Failed, saying why) instead of answering success for a change that
+ * a restart would undo. */
+START_TEST(test_refused_record_not_acknowledged) {
+        epd_client *c = worker("prefill", NULL, NULL);
+        char *a = NULL;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &a, NULL, NULL), 0);
+        int r = 0;
+        for (int i = 0; i < 5000 && r == 0; i++) {
+                char *b = NULL;
+                r = epd_sequence_create(c, "host0", 1, &b, NULL, NULL);
+                if (r == 0)
+                        r = epd_sequence_release(c, b);
+                free(b);
+        }
+        ck_assert_msg(r < 0, "the journal never refused a record (its compaction should fail)");
+        r = epd_sequence_release(c, a);
+        ck_assert_int_lt(r, 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
+        free(a);
+        epd_disconnect(c);
+}
+END_TEST
+
 int main(void) {
         harness_require_bus(OVER_BUS_MODE);
         Suite *s = suite_create("pages");
@@ -676,6 +714,12 @@ int main(void) {
         tcase_set_timeout(tc3, 60);
         tcase_add_test(tc3, test_ready_requests_share_sync);
         suite_add_tcase(s, tc3);
+
+        TCase *tc4 = tcase_create("journal-refused");
+        tcase_add_checked_fixture(tc4, setup_compaction_fails, teardown);
+        tcase_set_timeout(tc4, 120);
+        tcase_add_test(tc4, test_refused_record_not_acknowledged);
+        suite_add_tcase(s, tc4);
 
         TCase *tc2 = tcase_create("configured-page-size");
         tcase_add_checked_fixture(tc2, setup_page_size, teardown);
