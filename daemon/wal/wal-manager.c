@@ -231,9 +231,12 @@ int wal_manager_append(Manager *m, uint16_t type, const void *payload, size_t le
         /* Synced when a reply waits for it (wal_manager_after_durable), or at the latest
          * when the loop's lazy timer fires. */
         int r = wal_writer_append_deferred(g->writer, type, payload, len, &lsn);
+        if (r == -EINVAL)
+                return r; /* this record is malformed (too large): its caller's refusal */
         if (r < 0) {
-                /* A change made without its record: a later record in the log would be
-                 * replayed without it, and a reply that counted on it would say what is
+                /* The log took no record (its writer failed, or it is out of room): a
+                 * change made without its record, which a later record in the log would
+                 * be replayed without, and a reply that counted on it would say what is
                  * not durable. Nothing is acknowledged from here until a restart. */
                 g->refused = r;
                 log_error_errno(r, "WAL: a record was refused (%m); nothing more is journaled or acknowledged "
