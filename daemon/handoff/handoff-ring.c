@@ -292,15 +292,17 @@ static int ring_commit(ClientRing *cr, const struct epd_ring_record *rec) {
                 return -ENOENT;
         if (!handoff_object_owned_by(o, c))
                 return -EPERM;
+        /* Before the commit: once it is made, its answer must not be an error. */
+        RingCommit *rc = calloc(1, sizeof *rc);
+        if (!rc)
+                return -ENOMEM;
         int r = handoff_manager_commit(o, c, &seq, &why);
         if (r < 0) {
                 log_debug("handoff: ring commit of %s for client %" PRIu64 ": %s", o->request_str, cr->serial,
                           why.text);
+                free(rc);
                 return r;
         }
-        RingCommit *rc = calloc(1, sizeof *rc);
-        if (!rc)
-                return -ENOMEM;
         *rc = (RingCommit) { .hm = hm, .serial = cr->serial, .user_data = rec->user_data };
         const char *id = strrchr(seq, '/');
         if (!id || epd_id_from_string(id + 1, &rc->sequence) < 0) {
