@@ -537,6 +537,15 @@ int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
         r = open_log_for_append(w, have_log ? pr.good_bytes : UINT64_MAX);
         if (r < 0)
                 return log_error_errno(r, "Failed to open %s/%s: %m", w->dir, WAL_LOG_NAME);
+        /* A killed epdd may have left records in the page cache that no sync made
+         * durable: the state just rebuilt from them is served from now on, so they are
+         * synced before anything of it is. */
+        if (w->policy != WAL_SYNC_NONE && w->last_lsn > w->base_lsn) {
+                if (fdatasync(w->fd) < 0)
+                        return log_error_errno(errno, "Failed to sync the replayed %s/%s: %m", w->dir,
+                                               WAL_LOG_NAME);
+                w->stats.syncs++;
+        }
         w->synced_lsn = w->last_lsn;
         w->synced_end = w->end;
         w->replayed = true;

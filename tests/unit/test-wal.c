@@ -278,6 +278,19 @@ START_TEST(test_sync_failure_cuts) {
         w = reopen(dir, &s);
         ck_assert_uint_eq(s.n, 10);
         ck_assert_uint_eq(s.bad, 0);
+        /* A log with records is synced once by its replay (a killed writer may have
+         * left them unsynced): a failed sync there fails the replay. */
+        wal_free(w);
+        ck_assert_int_eq(wal_open(dir, WAL_SYNC_BATCH, &w), 0);
+        fail_fdatasync = 1;
+        s = (State){};
+        ck_assert_int_eq(wal_replay(w, apply, &s), -EIO);
+        wal_free(w);
+        ck_assert_int_eq(wal_open(dir, WAL_SYNC_BATCH, &w), 0);
+        s = (State){};
+        ck_assert_int_eq(wal_replay(w, apply, &s), 0);
+        ck_assert_uint_eq(s.n, 10);
+        ck_assert_uint_eq(wal_get_stats(w)->syncs, 1);
         /* It goes on from there; after a compaction too. */
         wal_set_policy(w, WAL_SYNC_BATCH);
         append_n(w, &s, 5);
