@@ -16,11 +16,11 @@
  * HANDOFF_ENDINGS_MAX endings are kept, in memory only. */
 #include "handoff/handoff-internal.h"
 
+/* A slot of hm->endings is in use while ending_map maps its request id to it. */
 struct HandoffEnding {
         EpdId request_id;
         HandoffCause cause;
         usec_t at;
-        bool used;
 };
 
 void handoff_ending_remember(HandoffObject *d) {
@@ -37,21 +37,18 @@ void handoff_ending_remember(HandoffObject *d) {
         }
         handoff_ending_forget(hm, &d->h->request_id);
         HandoffEnding *e = &hm->endings[hm->endings_next];
-        if (e->used)
-                (void)hashmap_remove(hm->ending_map, e->request_id.bytes);
+        if (hashmap_get(hm->ending_map, e->request_id.bytes) == e)
+                (void)hashmap_remove(hm->ending_map, e->request_id.bytes); /* the oldest goes */
         *e = (HandoffEnding){ .request_id = d->h->request_id, .cause = d->h->cause,
-                              .at = now_usec(CLOCK_MONOTONIC), .used = true };
-        if (hashmap_put(hm->ending_map, e->request_id.bytes, e) < 0) {
-                e->used = false;
+                              .at = now_usec(CLOCK_MONOTONIC) };
+        if (hashmap_put(hm->ending_map, e->request_id.bytes, e) < 0)
                 return;
-        }
         hm->endings_next = (hm->endings_next + 1) % HANDOFF_ENDINGS_MAX;
 }
 
 void handoff_ending_forget(HandoffManager *hm, const EpdId *request_id) {
-        HandoffEnding *e = hm->ending_map ? hashmap_remove(hm->ending_map, request_id->bytes) : NULL;
-        if (e)
-                e->used = false;
+        if (hm->ending_map)
+                (void)hashmap_remove(hm->ending_map, request_id->bytes);
 }
 
 int handoff_ending_refuse(HandoffManager *hm, const EpdId *request_id, const char *request_str, Reason *why) {
