@@ -54,6 +54,12 @@ static uint64_t now_ns(void) {
         return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
+/* Layers per group: arg_layers spread over arg_groups, the first groups one more. */
+static void layer_groups(uint32_t *groups) {
+        for (unsigned g = 0; g < arg_groups; g++)
+                groups[g] = arg_layers / arg_groups + (g < arg_layers % arg_groups);
+}
+
 static void die(epd_client *c, int r, const char *what) {
         fprintf(stderr, "bench-handoff-latency: %s: %s %s\n", what,
                 c && epd_last_error_name(c) ? epd_last_error_name(c) : strerror(-r),
@@ -211,8 +217,7 @@ static void *worker(void *userdata) {
         if ((r = epd_sequence_create(p, arg_arena, arg_pages, &seq, &pages, &n)) < 0)
                 die(p, r, "create sequence");
         uint32_t groups[1024];
-        for (unsigned g = 0; g < arg_groups; g++)
-                groups[g] = arg_layers / arg_groups + (g < arg_layers % arg_groups);
+        layer_groups(groups);
         epd_handoff_options o = { .arena = arg_dest_arena, .ready = arg_ring_ready ? 0 : arg_groups,
                                   .release_on_commit = true };
         pthread_barrier_wait(&start);
@@ -344,8 +349,7 @@ static void pipe_prepared(epd_client *c, int error, const char *path, uint64_t t
 static void pipe_prepare(Slot *s) {
         epd_handoff_options o = { .arena = arg_dest_arena, .ready = arg_groups, .release_on_commit = true };
         uint32_t groups[1024];
-        for (unsigned g = 0; g < arg_groups; g++)
-                groups[g] = arg_layers / arg_groups + (g < arg_layers % arg_groups);
+        layer_groups(groups);
         s->retry_at = 0;
         int r = epd_handoff_prepare_async(pipe_.p, s->rid, arg_dest, s->seq, groups, arg_groups, &o, pipe_prepared, s);
         if (r < 0)
