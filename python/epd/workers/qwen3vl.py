@@ -12,6 +12,7 @@
 Weights are random and deterministic (a seed): nothing is downloaded. Configs: `small`
 for tests, `8b` for benchmarks (the Qwen3-VL-8B text settings)."""
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -248,56 +249,38 @@ class Decode:
 
 
 _PROFILED_CALLS: Dict[str, int] = {}
+_PROFILES: List[tuple] = []  # (table path, torch profiler) of the calls profiled
 
 
-_PROFILES: List["_Profiled"] = []
-
-
+@contextlib.contextmanager
 def _maybe_profiled(what: str):
     """EPD_DECODE_PROFILE=DIR:N[,N...]: the Nth call (counted per process from 1) of
     `what` runs under torch's profiler; write_profiles() writes each one's operators'
     table to DIR/<what>-<pid>-<N>.txt (a benchmark's diagnosis; off unless set). The
     tables are made then, not at the call's end: making one takes seconds, which a
     worker serving requests does not have (its handoffs would time out meanwhile)."""
-    import contextlib
     spec = os.environ.get("EPD_DECODE_PROFILE", "")
     n = _PROFILED_CALLS[what] = _PROFILED_CALLS.get(what, 0) + 1
-    if ":" not in spec:
-        return contextlib.nullcontext()
     where, _, at = spec.rpartition(":")
-    if str(n) not in at.split(","):
-        return contextlib.nullcontext()
-    return _Profiled(os.path.join(where, f"{what}-{os.getpid()}-{n}.txt"))
-
-
-class _Profiled:
-    def __init__(self, path: str):
-        from torch.profiler import ProfilerActivity, profile
-        self.path = path
-        self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-
-    def __enter__(self):
-        self.prof.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.prof.__exit__(*exc)
-        _PROFILES.append(self)
-        return False
-
-    def write(self):
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        ka = self.prof.key_averages()
-        with open(self.path, "w") as f:
-            f.write(ka.table(sort_by="self_cpu_time_total", row_limit=30))
-            f.write("\n")
-            f.write(ka.table(sort_by="self_device_time_total", row_limit=20))
+    if not where or str(n) not in at.split(","):
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield
+    _PROFILES.append((os.path.join(where, f"{what}-{os.getpid()}-{n}.txt"), prof))
 
 
 def write_profiles():
     """Writes the tables of the calls profiled so far (EPD_DECODE_PROFILE)."""
     while _PROFILES:
-        _PROFILES.pop(0).write()
+        path, prof = _PROFILES.pop(0)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        ka = prof.key_averages()
+        with open(path, "w") as f:
+            f.write(ka.table(sort_by="self_cpu_time_total", row_limit=30))
+            f.write("\n")
+            f.write(ka.table(sort_by="self_device_time_total", row_limit=20))
 
 
 def _generate(model, cache, prompt_len: int, first_token: int, rope_delta: int, max_new_tokens: int) -> List[int]:

@@ -210,10 +210,6 @@ class Qwen3VL:
     def decode(self, spec: Spec, source, prompt_len, first, delta) -> List[int]:
         return self.q.Decode(self.model).decode(source, prompt_len, first, delta, spec.max_new_tokens)
 
-    def step_timing(self) -> Dict[str, float]:
-        """The decode steps' host and wait time so far (qwen3vl.STEP_TIMING)."""
-        return dict(self.q.STEP_TIMING)
-
     def tokens(self, spec: Spec) -> List[int]:
         return self.request(spec).input_ids[0].tolist()
 
@@ -429,7 +425,8 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                     loads=[H.KvTransfer(rid, info["prompt_len"], keep=spec.branches > 0)]))
                 s0 = dict(kvc.stats)
                 kvc.start_load_kv()
-                steps0 = b.step_timing() if hasattr(b, "step_timing") else None
+                q = getattr(b, "q", None)  # the model's backend: its decode steps are timed
+                steps0 = dict(q.STEP_TIMING) if q is not None else None
                 t1 = time.perf_counter()
                 toks = b.decode(spec, _LoadThrough(kvc, rid), info["prompt_len"], info["first"], info["delta"])
                 _sync(device)
@@ -449,7 +446,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 # keeping its KV as a workflow's root: both inside the request's latency.
                 out["decode_s"], out["root_s"] = t2 - t1, time.perf_counter() - t3
                 if steps0 is not None:
-                    out["steps"] = {k: v - steps0[k] for k, v in b.step_timing().items()}
+                    out["steps"] = q.step_timing_since(steps0)
                 out["t"] = time.perf_counter() - t0
                 conn.send(("ok", out))
             elif kind == "branch":
