@@ -362,6 +362,9 @@ static void collect_wal(Manager *m, MetricsWriter *w) {
         metrics_sample_u64(w, METRIC_NO_LABELS, s->log_bytes);
         metrics_family(w, "epd_wal_compactions", METRIC_COUNTER, NULL, "Compactions of the log into a snapshot.");
         metrics_sample_u64(w, METRIC_NO_LABELS, s->compactions);
+        metrics_family(w, "epd_wal_compaction_failures", METRIC_COUNTER, NULL,
+                       "Compactions that could not write their snapshot (the log went on as it was).");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->compaction_failures);
 }
 
 static void collect_scheduler(Manager *m, MetricsWriter *w) {

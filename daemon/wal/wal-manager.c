@@ -24,6 +24,9 @@ typedef struct WalGlue {
         uint64_t last;             /* LSN of the last record this loop appended */
         WalWaitQueue waiting;      /* replies (and other acknowledgements) in LSN order */
         uint64_t compactions;      /* the writer's, as last seen */
+        uint64_t compaction_failures; /* the writer's, as last seen */
+        uint64_t compact_after;    /* after a failed compaction: the log's size at which
+                                    * the next is tried (another CompactSize= of records) */
         sd_event_source *urge;     /* idle-priority defer: urge the writer once the loop
                                     * has handled every request that was ready */
         uint64_t urge_since;       /* CLOCK_MONOTONIC µs the urge was first deferred; 0: none */
@@ -186,7 +189,8 @@ static void reply_one(void *userdata, int error) {
 }
 
 static void maybe_compact(Manager *m, WalGlue *g, const WalWriterStats *st) {
-        if (st->error < 0 || st->log_bytes <= m->config.wal_compact_bytes || wal_writer_compacting(g->writer))
+        if (st->error < 0 || st->log_bytes <= MAX(m->config.wal_compact_bytes, g->compact_after) ||
+            wal_writer_compacting(g->writer))
                 return;
         /* The state is taken here, where it lives, as of the last record appended; the
          * writer thread writes it out after the records before it. */
@@ -215,7 +219,18 @@ static int on_durable(sd_event_source *s, int fd, uint32_t revents, void *userda
         (void)wal_wait_queue_advance(&g->waiting, st.durable_lsn, st.error);
         if (st.compactions > g->compactions) {
                 g->compactions = st.compactions;
+                g->compact_after = 0;
                 log_info("WAL compacted: %" PRIu64 " snapshot records.", st.snapshot_records);
+        }
+        if (st.compaction_failures > g->compaction_failures) {
+                /* The log goes on as it was; retrying at once would build a snapshot
+                 * for every batch while the disk stays full. */
+                g->compaction_failures = st.compaction_failures;
+                g->compact_after = st.log_bytes + m->config.wal_compact_bytes;
+                log_warning_errno(st.compaction_error,
+                                  "WAL compaction failed (%m); the log keeps every record and grows, next try "
+                                  "at %" PRIu64 " bytes.",
+                                  g->compact_after);
         }
         maybe_compact(m, g, &st);
         return 0;
@@ -347,6 +362,7 @@ size_t wal_manager_counters(Manager *m, const char **names, uint64_t *values, si
                 { "max-records-per-sync", w->max_batch },
                 { "log-bytes", w->log_bytes },
                 { "compactions", w->compactions },
+                { "compaction-failures", w->compaction_failures },
                 { "replies-waiting", st.replies_waiting },
                 { "failed", w->error < 0 },
         };

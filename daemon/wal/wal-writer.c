@@ -169,11 +169,19 @@ static void *writer_thread(void *userdata) {
                 if (r >= 0 && wal_get_policy(w) != policy)
                         wal_set_policy(w, policy);
                 bool one_by_one = policy == WAL_SYNC_ALWAYS;
+                int compact_error = 0;
                 if (r >= 0 && compact) {
                         /* The records the snapshot holds go to the old log first. */
                         r = write_batch(ww, batch, job.split, job.lsn, one_by_one, &syncs);
-                        if (r >= 0)
-                                r = wal_compact_buffer(w, job.snapshot, job.size, job.lsn, job.records);
+                        if (r >= 0) {
+                                /* A snapshot that could not be written (a full disk) leaves
+                                 * the log as it was: the records go on into it, and the
+                                 * loop tries again later. Only a log that takes no more
+                                 * records fails the writer. */
+                                compact_error = wal_compact_buffer(w, job.snapshot, job.size, job.lsn, job.records);
+                                if (compact_error < 0 && wal_is_broken(w))
+                                        r = compact_error;
+                        }
                         if (r >= 0)
                                 r = write_batch(ww, batch + job.split, n - job.split, last_lsn, one_by_one, &syncs);
                 } else if (r >= 0)
@@ -200,6 +208,10 @@ static void *writer_thread(void *userdata) {
                 ww->stats.snapshot_records = ws->snapshot_records;
                 if (compact)
                         ww->compacting = false;
+                if (compact_error < 0 && r >= 0) {
+                        ww->stats.compaction_failures++;
+                        ww->stats.compaction_error = compact_error;
+                }
                 pthread_cond_broadcast(&ww->done);
                 /* The loop's wake-up after the unlock: woken while this thread still held
                  * the lock, the loop blocked on it (a FUTEX_WAIT and a FUTEX_WAKE a batch). */

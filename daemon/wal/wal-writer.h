@@ -24,7 +24,9 @@
  * Compaction also runs here: wal_writer_compact() hands over a snapshot built on the
  * loop (wal_snapshot_build()); the thread first writes the records before it to the old
  * log, then replaces the log with the snapshot (wal_compact_buffer()), and later records
- * go to the new log. Pure apart from the thread: no bus, no event loop. */
+ * go to the new log. A compaction that fails before its snapshot is in place leaves the
+ * old log appending (counted in compaction_failures); one that fails after it fails the
+ * writer like a failed write. Pure apart from the thread: no bus, no event loop. */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -51,6 +53,8 @@ typedef struct WalWriterStats {
         uint64_t max_batch;      /* most records one sync made durable */
         uint64_t log_bytes;      /* size of wal.log */
         uint64_t compactions;
+        uint64_t compaction_failures; /* the log went on as it was (its snapshot not written) */
+        int compaction_error;         /* the last such failure's, 0 */
         uint64_t snapshot_records;
         int error;               /* sticky: the first failed write or sync, 0 */
 } WalWriterStats;

@@ -655,6 +655,10 @@ uint64_t wal_synced_lsn(const Wal *w) {
         return w->synced_lsn;
 }
 
+bool wal_is_broken(const Wal *w) {
+        return w->broken;
+}
+
 void wal_set_policy(Wal *w, WalSyncPolicy p) {
         if (p >= 0 && p < _WAL_SYNC_POLICY_MAX)
                 w->policy = p;
@@ -751,11 +755,13 @@ int wal_snapshot_build(WalSnapshotFn fn, void *userdata, uint64_t lsn, void **re
 }
 
 /* The snapshot file is in place (renamed, directory synced): a fresh log after it. */
+/* After the snapshot's rename: a failure here may have put a fresh wal.log in place of
+ * the one this Wal appends to (its rename done, the directory's fsync failed), so the
+ * log takes no further record. */
 static int compact_finish(Wal *w, uint64_t lsn, uint64_t records) {
         int r = create_file_atomic(w->dir_fd, WAL_LOG_TMP, WAL_LOG_NAME, WAL_FILE_LOG, lsn);
-        if (r < 0)
-                return r;
-        r = open_log_for_append(w, UINT64_MAX);
+        if (r >= 0)
+                r = open_log_for_append(w, UINT64_MAX);
         if (r < 0) {
                 w->broken = true;
                 return r;
@@ -778,8 +784,10 @@ int wal_compact_buffer(Wal *w, const void *snapshot, size_t size, uint64_t lsn, 
         if (lsn != w->last_lsn)
                 return -EINVAL; /* records before the snapshot are not all in the log yet */
         r = wal_sync(w);
-        if (r < 0)
+        if (r < 0) {
+                w->broken = true; /* records were cut: the writer's next LSNs no longer follow */
                 return r;
+        }
         fd = openat(w->dir_fd, WAL_SNAPSHOT_TMP, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0)
                 return log_error_errno(errno, "WAL compaction in %s failed: %m", w->dir);

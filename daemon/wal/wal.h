@@ -166,3 +166,7 @@ int wal_compact(Wal *w, WalSnapshotFn fn, void *userdata);
 int wal_snapshot_build(WalSnapshotFn fn, void *userdata, uint64_t lsn, void **ret, size_t *ret_size,
                        uint64_t *ret_records);
 int wal_compact_buffer(Wal *w, const void *snapshot, size_t size, uint64_t lsn, uint64_t records);
+/* Whether the log takes no further record: a compaction failed after its snapshot
+ * became the truth, or its sync failed. A compaction that failed before (it could not
+ * write its snapshot: a full disk, say) leaves the log as it was, appending. */
+bool wal_is_broken(const Wal *w);

@@ -4,8 +4,10 @@
  * or pwrite() to a file named wal.log that holds the record of LSN N writes the records
  * up to and including it, fdatasync()s the file, and raises SIGKILL: what a kill -9
  * between that record and the next would leave, whatever the writer thread batched
- * together. Every other write is the real one (the zeros the log writes ahead hold no
- * record: LSN 0). Test builds only: nothing in epdd knows of it. */
+ * together. When $EPD_FAULT_WAL_ENOSPC_LSN is N instead, every write to wal.log that
+ * holds a record of LSN N or later fails with ENOSPC, writing nothing (a full disk).
+ * Every other write is the real one (the zeros the log writes ahead hold no record: LSN
+ * 0). Test builds only: nothing in epdd knows of it. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
@@ -54,15 +56,31 @@ static ssize_t faulty(int fd, const void *buf, size_t count, off_t off, bool pos
         if (!real_pwrite)
                 real_pwrite = (ssize_t (*)(int, const void *, size_t, off_t))dlsym(RTLD_NEXT, "pwrite64");
 #define REAL(p, n, o) (positioned ? real_pwrite(fd, (p), (n), (o)) : real_write(fd, (p), (n)))
-        const char *target = getenv("EPD_FAULT_WAL_LSN");
-        if (!target || count < RECORD_HEADER || !is_wal_log(fd))
+        const char *target = getenv("EPD_FAULT_WAL_LSN"), *full = getenv("EPD_FAULT_WAL_ENOSPC_LSN");
+        if ((!target && !full) || count < RECORD_HEADER || !is_wal_log(fd))
                 return REAL(buf, count, off);
-        uint64_t want = strtoull(target, NULL, 10);
         const uint8_t *p = buf;
         /* The writer writes whole records (a batch, or one); a file header starts with
          * the magic, not a record. */
         if (memcmp(p, "EPDWAL", 6) == 0)
                 return REAL(buf, count, off);
+        if (full) {
+                /* A disk that is full from record N on: the write of a batch holding it
+                 * fails, writing nothing. */
+                uint64_t from = strtoull(full, NULL, 10);
+                for (size_t at = 0; at + RECORD_HEADER <= count;) {
+                        uint64_t lsn = le64(p + at + 8);
+                        if (lsn == 0)
+                                break;
+                        if (lsn >= from) {
+                                errno = ENOSPC;
+                                return -1;
+                        }
+                        at += RECORD_HEADER + (((size_t)le32(p + at) + 7) & ~(size_t)7);
+                }
+                return REAL(buf, count, off);
+        }
+        uint64_t want = strtoull(target, NULL, 10);
         size_t at = 0;
         while (at + RECORD_HEADER <= count) {
                 size_t size = RECORD_HEADER + (((size_t)le32(p + at) + 7) & ~(size_t)7);

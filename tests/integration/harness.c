@@ -510,6 +510,11 @@ int harness_workers(Harness *h) {
 }
 
 void harness_start(Harness *h, bool over_bus, char *address, size_t n) {
+        harness_start_preloaded(h, over_bus, address, n, NULL, NULL, NULL);
+}
+
+void harness_start_preloaded(Harness *h, bool over_bus, char *address, size_t n, const char *lib, const char *var,
+                             const char *value) {
         if (over_bus) {
                 int r = harness_start_bus(h);
                 if (r == -ENOENT) {
@@ -523,7 +528,7 @@ void harness_start(Harness *h, bool over_bus, char *address, size_t n) {
                 snprintf(address, n, "bus:%s", h->bus_address);
         } else
                 harness_direct_address(h, address, n);
-        int r = harness_start_epdd(h, NULL);
+        int r = harness_start_epdd_preloaded(h, lib, var, value);
         if (r < 0) {
                 fprintf(stderr, "Cannot start epdd: %s\n", strerror(-r));
                 exit(EXIT_FAILURE);

@@ -87,6 +87,9 @@ int harness_check_introspection(sd_bus *bus, const char *destination, const char
 /* Starts what a test needs: the private dbus-daemon too when over_bus (exits 77 when
  * dbus-daemon is not installed), then epdd; writes the libepd address for it. */
 void harness_start(Harness *h, bool over_bus, char *address, size_t n);
+/* The same with `lib` preloaded into epdd (harness_start_epdd_preloaded()). */
+void harness_start_preloaded(Harness *h, bool over_bus, char *address, size_t n, const char *lib, const char *var,
+                             const char *value);
 /* A raw sd-bus connection to epdd: the private bus when one runs, else the direct socket. */
 int harness_raw_bus(Harness *h, sd_bus **ret);
 /* The destination for raw calls: "org.epd1" on the private bus, NULL peer to peer. */

@@ -83,6 +83,14 @@ static void setup_compaction_fails(void) {
         harness_start(&h, OVER_BUS_MODE, address, sizeof address);
 }
 
+/* epdd with fault-wal.c: every write of a WAL record from LSN 40 on fails with ENOSPC. */
+static void setup_disk_full(void) {
+        const char *lib = getenv("FAULT_WAL");
+        ck_assert_msg(lib, "FAULT_WAL is not set (run through meson test)");
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        harness_start_preloaded(&h, OVER_BUS_MODE, address, sizeof address, lib, "EPD_FAULT_WAL_ENOSPC_LSN", "40");
+}
+
 static void teardown(void) {
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         harness_done(&h);
@@ -673,23 +681,77 @@ END_TEST
 
 /* Once the journal refuses a record, nothing is acknowledged: a Release whose record
  * was refused fails (Failed, saying why) instead of answering success for a change that
- * a restart would undo. */
+ * a restart would undo. The disk fills up at LSN 40 (setup_disk_full). */
 START_TEST(test_refused_record_not_acknowledged) {
         epd_client *c = worker("prefill", NULL, NULL);
         char *a = NULL;
         ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &a, NULL, NULL), 0);
         int r = 0;
-        for (int i = 0; i < 5000 && r == 0; i++) {
+        for (int i = 0; i < 100 && r == 0; i++) {
                 char *b = NULL;
                 r = epd_sequence_create(c, "host0", 1, &b, NULL, NULL);
                 if (r == 0)
                         r = epd_sequence_release(c, b);
                 free(b);
         }
-        ck_assert_msg(r < 0, "the journal never refused a record (its compaction should fail)");
+        ck_assert_msg(r < 0, "the journal never refused a record (its disk is full from LSN 40)");
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
         r = epd_sequence_release(c, a);
         ck_assert_int_lt(r, 0);
         ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
+        free(a);
+        epd_disconnect(c);
+}
+END_TEST
+
+/* The journal's (policy, last LSN, synced LSN, appended, syncs, log bytes, compactions,
+ * cut) from org.epd1.Workflow.Journal: log bytes and compactions here. */
+static void wal_size(sd_bus *bus, uint64_t *ret_bytes, uint64_t *ret_compactions) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        const char *policy;
+        uint64_t assigned, durable, appended, syncs, cut;
+        int r = sd_bus_get_property(bus, harness_destination(&h), "/org/epd1", "org.epd1.Workflow", "Journal", &e,
+                                    &reply, "(sttttttt)");
+        ck_assert_msg(r >= 0, "Journal: %s", e.message);
+        ck_assert_int_ge(sd_bus_message_read(reply, "(sttttttt)", &policy, &assigned, &durable, &appended, &syncs,
+                                             ret_bytes, ret_compactions, &cut),
+                         0);
+        sd_bus_error_free(&e);
+}
+
+/* A compaction that cannot write its snapshot (wal.snapshot.tmp is a directory:
+ * setup_compaction_fails) costs nothing but the log's growth: every change is still
+ * journaled and acknowledged, and once the obstacle is gone a compaction goes through. */
+START_TEST(test_failed_compaction_keeps_journaling) {
+        epd_client *c = worker("prefill", NULL, NULL);
+        char *a = NULL;
+        uint64_t bytes, compactions;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &a, NULL, NULL), 0);
+        /* CompactSize=16K: a few hundred records past it, several tries failed. */
+        for (int i = 0; i < 600; i++) {
+                char *b = NULL;
+                ck_assert_msg(epd_sequence_create(c, "host0", 1, &b, NULL, NULL) == 0, "create %d: %s", i,
+                              epd_last_error_message(c));
+                ck_assert_msg(epd_sequence_release(c, b) == 0, "release %d: %s", i, epd_last_error_message(c));
+                free(b);
+        }
+        wal_size(c->bus, &bytes, &compactions);
+        ck_assert_uint_eq(compactions, 0);
+        ck_assert_uint_gt(bytes, 2 * 16384);
+        char p[400];
+        snprintf(p, sizeof p, "%s/state/wal/wal.snapshot.tmp", h.dir);
+        ck_assert_int_eq(rmdir(p), 0);
+        for (int i = 0; i < 2000 && compactions == 0; i++) {
+                char *b = NULL;
+                ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &b, NULL, NULL), 0);
+                ck_assert_int_eq(epd_sequence_release(c, b), 0);
+                free(b);
+                if (i % 50 == 49)
+                        wal_size(c->bus, &bytes, &compactions);
+        }
+        ck_assert_uint_ge(compactions, 1);
+        ck_assert_int_eq(epd_sequence_release(c, a), 0);
         free(a);
         epd_disconnect(c);
 }
@@ -716,10 +778,16 @@ int main(void) {
         suite_add_tcase(s, tc3);
 
         TCase *tc4 = tcase_create("journal-refused");
-        tcase_add_checked_fixture(tc4, setup_compaction_fails, teardown);
-        tcase_set_timeout(tc4, 120);
+        tcase_add_checked_fixture(tc4, setup_disk_full, teardown);
+        tcase_set_timeout(tc4, 60);
         tcase_add_test(tc4, test_refused_record_not_acknowledged);
         suite_add_tcase(s, tc4);
+
+        TCase *tc5 = tcase_create("compaction-fails");
+        tcase_add_checked_fixture(tc5, setup_compaction_fails, teardown);
+        tcase_set_timeout(tc5, 120);
+        tcase_add_test(tc5, test_failed_compaction_keeps_journaling);
+        suite_add_tcase(s, tc5);
 
         TCase *tc2 = tcase_create("configured-page-size");
         tcase_add_checked_fixture(tc2, setup_page_size, teardown);

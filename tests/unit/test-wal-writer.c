@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "macro.h"
@@ -387,6 +388,98 @@ START_TEST(test_compaction) {
 }
 END_TEST
 
+/* A compaction that cannot write its snapshot (wal.snapshot.tmp is a directory here, as
+ * a full disk would fail it) changes nothing: the records around it go on into the old
+ * log, the writer takes more, nothing is lost at replay, and a later compaction works. */
+START_TEST(test_compaction_fails) {
+        char *dir = make_dir();
+        Wal *w = open_replayed(dir, WAL_SYNC_BATCH, NULL, NULL);
+        char obstacle[512];
+        snprintf(obstacle, sizeof obstacle, "%s/wal.snapshot.tmp", dir);
+        ck_assert_int_eq(mkdir(obstacle, 0700), 0);
+        WalWriter *ww;
+        ck_assert_int_eq(wal_writer_new(w, &ww), 0);
+        wal_writer_hold(ww, true);
+        append_some(ww, 0, 0, 30);
+        uint64_t n = 30;
+        void *snap;
+        size_t size;
+        uint64_t records;
+        ck_assert_int_eq(wal_snapshot_build(snapshot_fn, &n, 30, &snap, &size, &records), 0);
+        ck_assert_int_eq(wal_writer_compact(ww, snap, size, 30, records), 0);
+        append_some(ww, 1, 0, 12);
+        wal_writer_hold(ww, false);
+        ck_assert_int_eq(wal_writer_flush(ww), 0);
+        WalWriterStats st;
+        wal_writer_stats(ww, &st);
+        ck_assert(!wal_writer_compacting(ww));
+        ck_assert_int_eq(st.error, 0);
+        ck_assert_uint_eq(st.compactions, 0);
+        ck_assert_uint_eq(st.compaction_failures, 1);
+        ck_assert_int_lt(st.compaction_error, 0);
+        ck_assert_uint_eq(st.durable_lsn, 42);
+        /* It takes more, and once the obstacle is gone the next compaction works. */
+        append_some(ww, 1, 12, 8);
+        ck_assert_int_eq(wal_writer_flush(ww), 0);
+        ck_assert_int_eq(rmdir(obstacle), 0);
+        n = 50;
+        ck_assert_int_eq(wal_snapshot_build(snapshot_fn, &n, 50, &snap, &size, &records), 0);
+        ck_assert_int_eq(wal_writer_compact(ww, snap, size, 50, records), 0);
+        append_some(ww, 2, 0, 5);
+        ck_assert_int_eq(wal_writer_flush(ww), 0);
+        wal_writer_stats(ww, &st);
+        ck_assert_int_eq(st.error, 0);
+        ck_assert_uint_eq(st.compactions, 1);
+        ck_assert_uint_eq(st.durable_lsn, 55);
+        ww = wal_writer_free(ww);
+        wal_free(w);
+
+        Replay x = {};
+        w = open_replayed(dir, WAL_SYNC_BATCH, replay_apply, &x);
+        ck_assert_uint_eq(x.snapshot, 50);
+        ck_assert_uint_eq(x.bad, 0);
+        ck_assert_uint_eq(x.records, 5);
+        ck_assert_uint_eq(wal_last_lsn(w), 55);
+        wal_free(w);
+        rm_dir(dir);
+}
+END_TEST
+
+/* The same failing compaction, and the records around it replayed from the old log. */
+START_TEST(test_compaction_fails_replay) {
+        char *dir = make_dir();
+        Wal *w = open_replayed(dir, WAL_SYNC_BATCH, NULL, NULL);
+        char obstacle[512];
+        snprintf(obstacle, sizeof obstacle, "%s/wal.snapshot.tmp", dir);
+        ck_assert_int_eq(mkdir(obstacle, 0700), 0);
+        WalWriter *ww;
+        ck_assert_int_eq(wal_writer_new(w, &ww), 0);
+        wal_writer_hold(ww, true);
+        append_some(ww, 0, 0, 30);
+        uint64_t n = 30;
+        void *snap;
+        size_t size;
+        uint64_t records;
+        ck_assert_int_eq(wal_snapshot_build(snapshot_fn, &n, 30, &snap, &size, &records), 0);
+        ck_assert_int_eq(wal_writer_compact(ww, snap, size, 30, records), 0);
+        append_some(ww, 1, 0, 12);
+        wal_writer_hold(ww, false);
+        ck_assert_int_eq(wal_writer_flush(ww), 0);
+        ww = wal_writer_free(ww);
+        wal_free(w);
+
+        Replay x = {};
+        w = open_replayed(dir, WAL_SYNC_BATCH, replay_apply, &x);
+        ck_assert_uint_eq(x.snapshot, 0);
+        ck_assert_uint_eq(x.bad, 0);
+        ck_assert_uint_eq(x.records, 42);
+        ck_assert_uint_eq(x.next[0], 30);
+        ck_assert_uint_eq(x.next[1], 12);
+        wal_free(w);
+        rm_dir(dir);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("wal-writer");
         TCase *tc = tcase_create("writer");
@@ -396,6 +489,8 @@ int main(void) {
         tcase_add_test(tc, test_load);
         tcase_add_test(tc, test_policies);
         tcase_add_test(tc, test_compaction);
+        tcase_add_test(tc, test_compaction_fails);
+        tcase_add_test(tc, test_compaction_fails_replay);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
