@@ -15,6 +15,7 @@ Errors are EpdError exceptions carrying errno and the D-Bus error name
 (e.g. "org.epd1.Error.NoSpace").
 """
 
+import collections
 import ctypes
 import errno as _errno
 import os
@@ -108,16 +109,43 @@ class Client(_lib.Closing):
         if r < 0:
             raise EpdError(-r, None, None, f"connect to epdd ({address or 'default'})")
         self._c = c
+        # Handles whose Python objects were collected, to give back on this client's
+        # next call: (release function, handle). The collector may run in any thread,
+        # while another uses the connection, which is not thread-safe; so the collected
+        # object only queues (a deque's append is atomic) and the thread that calls next
+        # makes the bus call.
+        self._orphans = collections.deque()
 
     def _check(self, r: int, what: str) -> int:
         if r < 0:
             name = self._l.epd_last_error_name(self._c)
             msg = self._l.epd_last_error_message(self._c)
+            self._release_orphans()
             raise EpdError(-r, name.decode() if name else None, msg.decode() if msg else None, what)
+        if self._orphans:
+            self._release_orphans()
         return r
+
+    def _orphan(self, release, handle):
+        """From a __del__: release(client, handle) on this client's next call (or its
+        close), never here."""
+        self._orphans.append((release, handle))
+
+    def _release_orphans(self):
+        while self._orphans:
+            try:
+                release, handle = self._orphans.popleft()
+            except IndexError:
+                return
+            release(self._c, handle)  # an error (the daemon gone) changes nothing here
 
     def close(self):
         if self._c:
+            # The daemon releases what the connection held when it goes: only free
+            # the collected handles' memory.
+            while self._orphans:
+                release, handle = self._orphans.popleft()
+                release(None, handle)
             self._l.epd_disconnect(self._c)
             self._c = None
 

@@ -333,6 +333,19 @@ class Feature(_lib.Closing):
     def close(self):
         self.release()
 
+    def __del__(self):
+        # Collected, maybe in another thread than the one using the client: no bus call
+        # here; the client gives the handle back on its next call.
+        try:
+            p, self._p = self._p, None
+            if p:
+                if getattr(self._client, "_c", None):
+                    self._client._orphan(self._lib.epd_feature_release, p)
+                else:
+                    self._lib.epd_feature_release(None, p)  # disconnected: free the struct
+        except Exception:
+            pass
+
 
 def prefetch(client, keys: Sequence[str]) -> int:
     """Announces keys; returns how many are already cached."""

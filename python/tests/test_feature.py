@@ -3,8 +3,11 @@
 a producer that goes away, named errors."""
 
 import errno
+import json
 import os
+import subprocess
 import sys
+import threading
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -52,6 +55,38 @@ class FeatureTest(unittest.TestCase):
             with ef.Feature.acquire(b, "img:1") as h:
                 self.assertEqual(h.result, "hit")
             self.assertEqual(ef.prefetch(b, ["img:1", "img:2"]), 1)
+
+    def handles(self):
+        out = subprocess.run([os.environ["EPDCTL"], "-A", self.d.address, "--json", "features"], check=True,
+                             stdout=subprocess.PIPE).stdout
+        return json.loads(out)["handles"]
+
+    def test_collected_handle_released_by_the_next_call(self):
+        """A handle collected in another thread makes no bus call there (the connection is
+        not thread-safe and may be in use meanwhile); the client gives it back on its next
+        call, from the thread that makes it."""
+        with epd.Client(self.d.address) as a:
+            a.register("prefill", "m", "cpu")
+            with ef.Feature.acquire(a, "img:gc", may_produce=True) as p:
+                p.produce(NBYTES, BUNDLE)
+                p.publish()
+            held = [ef.Feature.acquire(a, "img:gc")]
+            self.assertEqual(held[0].result, "hit")
+            self.assertEqual(self.handles(), 1)
+            t = threading.Thread(target=held.clear)
+            t.start()
+            t.join()
+            self.assertEqual(len(a._orphans), 1)
+            self.assertEqual(self.handles(), 1)  # not released from the collecting thread
+            self.assertEqual(ef.prefetch(a, ["img:gc"]), 1)  # the next call
+            self.assertEqual(len(a._orphans), 0)
+            self.assertEqual(self.handles(), 0)
+            # Collected and never followed by a call: close() frees it, the daemon
+            # released it with the connection.
+            held.append(ef.Feature.acquire(a, "img:gc"))
+            held.clear()
+            self.assertEqual(len(a._orphans), 1)
+        self.assertEqual(self.handles(), 0)
 
     def test_layout_kept_per_shape(self):
         """cuda_all's layout (names, dtypes, shapes, strides, offsets, spans) is read from
