@@ -89,6 +89,8 @@ typedef struct PeerWindow {
         char *name;                      /* the peer's name in telemetry */
         unsigned handoffs;
         uint64_t bytes;
+        usec_t held_avg;                 /* how long a handoff stays in the window (a moving
+                                          * average; 0 before the first leaves) */
 } PeerWindow;
 
 #define COOKIE_GROUP_BITS 10

@@ -135,6 +135,7 @@ struct HandoffObject {
         EpdId target_worker;
         uint64_t window_bytes;   /* source, remote: bytes it holds in the peer's window;
                                   * in the window while `windowed` */
+        usec_t window_since;     /* CLOCK_MONOTONIC, when it entered the window */
         bool windowed;
 
         HandoffPrepareWaiter *waiter;  /* source: a Prepare waiting for the destination */

@@ -412,6 +412,8 @@ static int prepare_admit(HandoffManager *hm, const HandoffPrepareArgs *a, Prepar
                                           win->bytes, x->total_bytes, &retry, NULL);
         if (r != -EAGAIN)
                 return 0;
+        if (!backpressure_window_closed(level, st.reason))
+                retry = backpressure_full_retry(&m->config.telemetry.backpressure, win->held_avg, win->handoffs);
         const char *reason = backpressure_reason_to_string(st.reason);
         hm->counters.deferred++;
         (void)telemetry_trace(m, a->request_id, TRACE_HANDOFF_PREPARE,
@@ -608,6 +610,7 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
         }
         o->windowed = true;
         o->window_bytes = x->total_bytes;
+        o->window_since = now_usec(CLOCK_MONOTONIC);
         x->window->handoffs++;
         x->window->bytes += x->total_bytes;
         handoff_window_publish(hm, x->window);

@@ -39,6 +39,8 @@ void handoff_window_leave(HandoffObject *o) {
         assert(w->handoffs > 0 && w->bytes >= o->window_bytes);
         w->handoffs--;
         w->bytes -= o->window_bytes;
+        usec_t now = now_usec(CLOCK_MONOTONIC), held = now > o->window_since ? now - o->window_since : 0;
+        w->held_avg = backpressure_held_average(w->held_avg, held);
         handoff_window_publish(o->hm, w);
 }
 
@@ -76,6 +78,9 @@ void handoff_on_backpressure(Telemetry *t, const char *peer, BackpressureLevel l
         handoff_manager_window(hm, host, &n, &bytes);
         (void)backpressure_window_admit(&m->config.telemetry.backpressure, level, reason, n, bytes, 0, &retry,
                                         &permille);
+        PeerWindow *w = hashmap_get(hm->windows, host);
+        if (w && !backpressure_window_closed(level, reason))
+                retry = backpressure_full_retry(&m->config.telemetry.backpressure, w->held_avg, n);
         if (level == BACKPRESSURE_NONE)
                 retry = 0;
 

@@ -358,9 +358,26 @@ void backpressure_window(const BackpressureConfig *c, BackpressureLevel level, B
         if (level >= BACKPRESSURE_ELEVATED) {
                 if (ret->handoffs > 0)
                         ret->handoffs = MAX(1u, (unsigned)((double)ret->handoffs * c->window_elevated));
+                /* Raised by the count in flight itself: a window narrower than that count
+                 * would drain it below the threshold and open again, over and over. */
+                if (reason == BACKPRESSURE_REASON_HANDOFFS_IN_FLIGHT && ret->handoffs > 0)
+                        ret->handoffs = MIN(MAX(ret->handoffs, c->handoffs_in_flight[0]), c->window_handoffs);
                 if (ret->bytes > 0)
                         ret->bytes = MAX((uint64_t)1, (uint64_t)((double)ret->bytes * c->window_elevated));
         }
+}
+
+usec_t backpressure_full_retry(const BackpressureConfig *c, usec_t held_avg, unsigned in_flight) {
+        if (held_avg == 0)
+                return c->interval_usec;
+        usec_t r = held_avg / MAX(in_flight, 1u);
+        return CLAMP(r, (usec_t)BACKPRESSURE_RETRY_MIN_USEC, MAX(c->interval_usec, (usec_t)BACKPRESSURE_RETRY_MIN_USEC));
+}
+
+usec_t backpressure_held_average(usec_t avg, usec_t held) {
+        if (avg == 0)
+                return MAX(held, (usec_t)1);
+        return MAX(avg - avg / 8 + held / 8, (usec_t)1);
 }
 
 static unsigned permille(uint64_t used, uint64_t limit) {

@@ -118,7 +118,7 @@ BackpressureLevel backpressure_evaluate(const BackpressureState *s, const Backpr
 /* The handoff window towards a peer: at NONE the configured window; at ELEVATED, and at
  * HIGH from queueing alone (RTT inflation, send queue and its growth, handoffs in
  * flight: the path is busy, not failing), window_elevated of it (at least one
- * handoff); closed (nothing new) at HIGH from loss or a full destination, and at
+ * handoff; from handoffs in flight, not fewer than their elevated threshold); closed (nothing new) at HIGH from loss or a full destination, and at
  * STALLED. 0 in a field of an open window means "no bound". */
 typedef struct BackpressureWindow {
         unsigned handoffs;
@@ -134,12 +134,23 @@ void backpressure_window(const BackpressureConfig *c, BackpressureLevel level, B
  * handoffs of `in_flight_bytes` already in its window, may start now. Returns 0 when it
  * may; -EAGAIN when it is to be deferred, with *ret_retry_after (relative) set: the
  * earliest the level can step down (Hold) when the window is closed, one evaluation
- * Interval when it is merely full. A handoff larger than the byte window still starts
+ * Interval when it is merely full (the handoff path narrows that with
+ * backpressure_full_retry()). A handoff larger than the byte window still starts
  * when nothing else is in flight (it would never fit otherwise). *ret_permille (may be
  * NULL): how full the window is, 1000 = full or closed. */
 int backpressure_window_admit(const BackpressureConfig *c, BackpressureLevel level, BackpressureReason reason,
                               unsigned in_flight, uint64_t in_flight_bytes, uint64_t bytes,
                               usec_t *ret_retry_after, unsigned *ret_permille);
+
+/* When to try again at a window that is merely full: about when its next handoff
+ * leaves, the average time one stays in it (held_avg) over the number in it (they
+ * leave one after another), at least BACKPRESSURE_RETRY_MIN_USEC and at most one
+ * Interval (also what it is before any handoff has left, held_avg 0). */
+#define BACKPRESSURE_RETRY_MIN_USEC 100
+usec_t backpressure_full_retry(const BackpressureConfig *c, usec_t held_avg, unsigned in_flight);
+/* The moving average of the time handoffs stay in a window, with one more: 1/8 of the
+ * new one's weight (the first sets it). */
+usec_t backpressure_held_average(usec_t avg, usec_t held);
 
 const char *backpressure_level_to_string(BackpressureLevel l);
 const char *backpressure_reason_to_string(BackpressureReason r);

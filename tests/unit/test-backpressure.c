@@ -43,6 +43,55 @@ START_TEST(test_healthy_stays_none) {
 }
 END_TEST
 
+/* Raised by the handoffs in flight themselves, the window is not narrowed below the
+ * count that raised it (it would drain below the threshold and open again, over and
+ * over); the byte window still narrows. */
+START_TEST(test_window_in_flight) {
+        BackpressureConfig c;
+        BackpressureWindow w;
+        usec_t retry;
+        const BackpressureReason F = BACKPRESSURE_REASON_HANDOFFS_IN_FLIGHT;
+        backpressure_config_defaults(&c); /* window 128 handoffs, 4G; elevated from 64 in flight; 0.25 */
+        ck_assert_int_eq(backpressure_config_verify(&c, NULL), 0);
+        backpressure_window(&c, BACKPRESSURE_ELEVATED, F, &w);
+        ck_assert(!w.closed);
+        ck_assert_uint_eq(w.handoffs, 64);
+        ck_assert_uint_eq(w.bytes, 1ULL << 30);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, F, 63, 0, 1, &retry, NULL), 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, F, 64, 0, 1, &retry, NULL), -EAGAIN);
+        backpressure_window(&c, BACKPRESSURE_HIGH, F, &w);
+        ck_assert(!w.closed);
+        ck_assert_uint_eq(w.handoffs, 64);
+        /* Other queueing reasons narrow it as before; never wider than the window. */
+        backpressure_window(&c, BACKPRESSURE_ELEVATED, BACKPRESSURE_REASON_SEND_QUEUE, &w);
+        ck_assert_uint_eq(w.handoffs, 32);
+        ck_assert_int_eq(backpressure_config_set(&c, "WindowHandoffs", "16"), 0);
+        backpressure_window(&c, BACKPRESSURE_ELEVATED, F, &w);
+        ck_assert_uint_eq(w.handoffs, 16);
+}
+END_TEST
+
+/* A merely full window is tried again about when its next handoff leaves: the average
+ * stay over the number in it, within [100 us, Interval]; one Interval before any left. */
+START_TEST(test_full_retry) {
+        BackpressureConfig c;
+        backpressure_config_defaults(&c);
+        ck_assert_int_eq(backpressure_config_set(&c, "Interval", "200ms"), 0);
+        ck_assert_uint_eq(backpressure_full_retry(&c, 0, 64), 200 * USEC_PER_MSEC);
+        ck_assert_uint_eq(backpressure_full_retry(&c, 6400, 64), 100);
+        ck_assert_uint_eq(backpressure_full_retry(&c, 64000, 64), 1000);
+        ck_assert_uint_eq(backpressure_full_retry(&c, 640, 64), BACKPRESSURE_RETRY_MIN_USEC);
+        ck_assert_uint_eq(backpressure_full_retry(&c, 10 * USEC_PER_SEC, 4), 200 * USEC_PER_MSEC);
+        ck_assert_uint_eq(backpressure_full_retry(&c, 5000, 0), 5000);
+        /* The average: the first sets it, each next one weighs 1/8. */
+        usec_t a = backpressure_held_average(0, 800);
+        ck_assert_uint_eq(a, 800);
+        a = backpressure_held_average(a, 1600);
+        ck_assert_uint_eq(a, 900);
+        ck_assert_uint_eq(backpressure_held_average(0, 0), 1);
+}
+END_TEST
+
 START_TEST(test_rtt_inflation) {
         BackpressureConfig c = cfg();
         BackpressureState s;
@@ -455,6 +504,8 @@ int main(void) {
         TCase *tc = tcase_create("backpressure");
         tcase_add_test(tc, test_healthy_stays_none);
         tcase_add_test(tc, test_window);
+        tcase_add_test(tc, test_window_in_flight);
+        tcase_add_test(tc, test_full_retry);
         tcase_add_test(tc, test_rtt_inflation);
         tcase_add_test(tc, test_rtt_floor);
         tcase_add_test(tc, test_rtt_idle);
