@@ -492,6 +492,11 @@ static void prepare_write_ready(void *userdata, Sequence *s, int error, size_t c
         if (error == -ENOENT)
                 r = epd_bus_error(&e, EPD_ERROR_NOT_FOUND,
                                   "PrepareWrite: the sequence was released while its pages were being copied.");
+        else if (error == -EBUSY)
+                r = epd_bus_error(&e, EPD_ERROR_BUSY,
+                                  "PrepareWrite: pages %" PRIu32 "+%" PRIu32 " were shared again (cloned, "
+                                  "published or leased) each time their copies finished; try again.",
+                                  call->first, call->count);
         else if (error < 0)
                 r = epd_bus_error(&e, EPD_ERROR_FAILED,
                                   "PrepareWrite: copying shared pages on the GPU failed (%s); nothing changed.",

@@ -745,9 +745,20 @@ typedef struct PendingWrite {
         PageManager *pm;
         char id[EPD_ID_STRING_MAX];
         SequenceCow *cow;
+        size_t first, count;
+        size_t copied;               /* by the rounds before this one */
+        unsigned round;
         PageWriteReadyFn ready;
         void *userdata;
 } PendingWrite;
+
+/* Copy rounds for one PrepareWrite at most: a page of the range can become shared again
+ * while a round's copies run (a Clone, a Publish, a handoff's lease), and then needs
+ * another; past this many the caller hears Busy. */
+#define PREPARE_WRITE_ROUNDS 4
+
+static int prepare_write_round(PageManager *pm, Sequence *s, size_t first, size_t count, size_t copied,
+                               unsigned round, PageWriteReadyFn ready, void *userdata);
 
 static void pending_write_done(void *userdata, int error) {
         PendingWrite *p = userdata;
@@ -764,31 +775,41 @@ static void pending_write_done(void *userdata, int error) {
                 sequence_cow_free(p->cow);
                 p->ready(p->userdata, s, error, 0);
         } else {
-                size_t n = sequence_cow_commit(s, p->cow);
-                p->ready(p->userdata, s, 0, n);
+                size_t n = p->copied + sequence_cow_commit(s, p->cow);
+                /* The loop served other calls while the copies ran: every page of the
+                 * range must still be this sequence's alone, or its writes would land in
+                 * another's KV. */
+                int r = prepare_write_round(pm, s, p->first, p->count, n, p->round + 1, p->ready, p->userdata);
+                if (r == 0)
+                        p->ready(p->userdata, s, 0, n);
+                else if (r < 0) {
+                        /* The copies committed so far stay (their bytes are the pages'
+                         * own): journal the table as it is now before saying it failed. */
+                        if (n > 0)
+                                (void)page_manager_journal(s);
+                        p->ready(p->userdata, s, r, 0);
+                }
+                /* r > 0: another round, whose end answers */
         }
         free(p);
 }
 
-int page_manager_prepare_write_async(PageManager *pm, Sequence *s, size_t first, size_t count,
-                                     size_t *ret_copied, PageWriteReadyFn ready, void *userdata) {
+/* Plans the copies of the range's shared pages and starts them: 1 (ready is called when
+ * they are done), 0 (none needed), or a negative errno (-EBUSY after
+ * PREPARE_WRITE_ROUNDS rounds). */
+static int prepare_write_round(PageManager *pm, Sequence *s, size_t first, size_t count, size_t copied,
+                               unsigned round, PageWriteReadyFn ready, void *userdata) {
         _cleanup_(sequence_cow_freep) SequenceCow *c = NULL;
+        PageCopyAsyncFn fn = pm->copy_async[s->arena];
         int r;
 
-        if (!pm || !s || s->arena >= pm->manager->n_arenas || !ret_copied || !ready)
-                return -EINVAL;
-        PageCopyAsyncFn fn = pm->copy_async[s->arena];
-        if (!fn) {
-                r = page_manager_prepare_write(pm, s, first, count, NULL, ret_copied);
-                return r < 0 ? r : 0;
-        }
         r = sequence_cow_plan(s, first, count, &c);
         if (r < 0)
                 return r;
-        if (!c) {
-                *ret_copied = 0;
+        if (!c)
                 return 0;
-        }
+        if (round >= PREPARE_WRITE_ROUNDS)
+                return -EBUSY;
         _cleanup_(freep) uint64_t *dst = malloc(c->n * sizeof(uint64_t));
         _cleanup_(freep) uint64_t *src = malloc(c->n * sizeof(uint64_t));
         PendingWrite *p = calloc(1, sizeof *p);
@@ -800,7 +821,8 @@ int page_manager_prepare_write_async(PageManager *pm, Sequence *s, size_t first,
                 dst[j] = page_offset(c->pool, c->fresh[j]);
                 src[j] = page_offset(c->pool, c->original[j]);
         }
-        *p = (PendingWrite) { .pm = pm, .cow = c, .ready = ready, .userdata = userdata };
+        *p = (PendingWrite) { .pm = pm, .cow = c, .first = first, .count = count, .copied = copied,
+                              .round = round, .ready = ready, .userdata = userdata };
         memcpy(p->id, s->id_str, sizeof p->id);
         r = fn(pm->copy_userdata[s->arena], s->arena, dst, src, c->n, page_pool_page_size(c->pool),
                pending_write_done, p);
@@ -811,6 +833,20 @@ int page_manager_prepare_write_async(PageManager *pm, Sequence *s, size_t first,
         TAKE_PTR(c); /* the pending write's now */
         pm->writes_pending++;
         return 1;
+}
+
+int page_manager_prepare_write_async(PageManager *pm, Sequence *s, size_t first, size_t count,
+                                     size_t *ret_copied, PageWriteReadyFn ready, void *userdata) {
+        int r;
+
+        if (!pm || !s || s->arena >= pm->manager->n_arenas || !ret_copied || !ready)
+                return -EINVAL;
+        if (!pm->copy_async[s->arena]) {
+                r = page_manager_prepare_write(pm, s, first, count, NULL, ret_copied);
+                return r < 0 ? r : 0;
+        }
+        *ret_copied = 0;
+        return prepare_write_round(pm, s, first, count, 0, 0, ready, userdata);
 }
 
 int page_manager_prepare_write(PageManager *pm, Sequence *s, size_t first, size_t count,

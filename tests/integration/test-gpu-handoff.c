@@ -766,6 +766,47 @@ START_TEST(test_cow_off_loop) {
 }
 END_TEST
 
+/* A page of the range that was this sequence's alone when the copies were planned, and
+ * is shared by a Clone while they run, is copied too before the reply hands the range
+ * out as writable: the writer's bytes never land in the clone's KV. */
+START_TEST(test_cow_shared_while_copying) {
+        if (!fake) {
+                printf("real driver: copies are not slowed down here\n");
+                return;
+        }
+        epd_client *c = worker("decode");
+        uint64_t offs[N_PAGES], mine[N_PAGES], other[N_PAGES];
+        char *seq = make_sequence(c, "gpu0", N_PAGES, offs);
+        char *clone = clone_sequence(c, seq);
+        AsyncCall a;
+        prepare_write_async(c, clone, 6, 1, &a); /* page 6 of the clone: its own */
+        wait_async(c, &a);
+        ck_assert_msg(a.error[0] == 0, "PrepareWrite: %s", a.error);
+        ck_assert_uint_eq(a.copied, 1);
+
+        prepare_write_async(c, clone, 5, 2, &a); /* copies page 5; 6 is exclusive now */
+        char *clone2 = clone_sequence(c, clone); /* while it runs: 6 is shared again */
+        ck_assert(!a.done);
+        wait_async(c, &a);
+        ck_assert_msg(a.error[0] == 0, "PrepareWrite: %s", a.error);
+        ck_assert_uint_eq(a.copied, 2);
+        sequence_offsets(c, clone, mine, N_PAGES);
+        sequence_offsets(c, clone2, other, N_PAGES);
+        ck_assert_uint_ne(mine[5], other[5]);
+        ck_assert_uint_ne(mine[6], other[6]);
+        ck_assert_uint_ne(mine[5], offs[5]);
+
+        release_sequence(c, clone2);
+        release_sequence(c, clone);
+        release_sequence(c, seq);
+        ck_assert_uint_eq(arena_live(c, "gpu0"), 0);
+        free(clone2);
+        free(clone);
+        free(seq);
+        epd_disconnect(c);
+}
+END_TEST
+
 /* Every GPU copy fails (fake driver): a copy-on-write says so with Error.Failed and
  * changes nothing; the fresh page goes back. */
 START_TEST(test_cow_copy_fails) {
@@ -1023,6 +1064,7 @@ static Suite *suite(void) {
         TCase *ts = tcase_create("slow-copies");
         tcase_add_checked_fixture(ts, setup_slow_copies, teardown);
         tcase_add_test(ts, test_cow_off_loop);
+        tcase_add_test(ts, test_cow_shared_while_copying);
         tcase_add_test(ts, test_loop_stall_named);
         tcase_set_timeout(ts, 120);
         suite_add_tcase(s, ts);
