@@ -76,12 +76,28 @@ void directory_set_journal(Directory *d, DirectoryJournalFn fn, void *userdata) 
         d->journal_userdata = userdata;
 }
 
-/* Every way an entry goes ends here, so that each goes into the journal. */
+static int entry_journal_removal(Directory *d, DirectoryEntry *e) {
+        return d->journal ? d->journal(d->journal_userdata, false, e->hash, e->pool, e->page) : 0;
+}
+
+/* Every way an entry goes ends here or in entry_forget_journaled(), so that each goes
+ * into the journal. This one for pools that go away (their pages with them). */
 static void entry_forget(Directory *d, DirectoryEntry *e) {
         (void)hashmap_remove(d->map, &e->hash);
-        if (d->journal)
-                (void)d->journal(d->journal_userdata, false, e->hash, e->pool, e->page);
+        (void)entry_journal_removal(d, e);
         free(e);
+}
+
+/* An entry whose page is freed for reuse: only once its removal is in the journal.
+ * Otherwise a restart would bring the hash back on a page that holds other bytes by
+ * then (another block's KV, silently). */
+static int entry_forget_journaled(Directory *d, DirectoryEntry *e) {
+        int r = entry_journal_removal(d, e);
+        if (r < 0)
+                return r;
+        (void)hashmap_remove(d->map, &e->hash);
+        free(e);
+        return 0;
 }
 
 int directory_foreach(Directory *d, int (*fn)(void *userdata, uint64_t hash, PagePool *pool, PageId page),
@@ -102,10 +118,16 @@ static size_t directory_evict(PagePool *pool, size_t want, void *userdata) {
         size_t n = 0;
 
         while (n < want) {
-                void *entry;
-                if (page_pool_evict_lru(pool, NULL, &entry) < 0)
+                DirectoryEntry *e = page_pool_lru_peek(pool);
+                if (!e)
                         break;
-                entry_forget(d, entry);
+                /* The journal refused the removal: the page stays cached and the
+                 * allocation that wanted it fails (no space) instead. */
+                if (entry_forget_journaled(d, e) < 0) {
+                        d->stats.evictions_refused++;
+                        break;
+                }
+                (void)page_pool_evict_lru(pool, NULL, NULL);
                 d->stats.evictions++;
                 n++;
         }
@@ -350,8 +372,12 @@ int directory_remove(Directory *d, uint64_t hash) {
         DirectoryEntry *e = hashmap_get(d->map, &hash);
         if (!e)
                 return -ENOENT;
-        (void)page_clear_cached(e->pool, e->page);
-        entry_forget(d, e);
+        PagePool *pool = e->pool;
+        PageId page = e->page;
+        int r = entry_forget_journaled(d, e);
+        if (r < 0)
+                return r;
+        (void)page_clear_cached(pool, page);
         d->stats.removals++;
         return 0;
 }

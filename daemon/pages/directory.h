@@ -39,6 +39,7 @@ typedef struct DirectoryStats {
         uint64_t conflicts;    /* inserts refused: hash present, or page cached already */
         uint64_t removals;     /* explicit removals and pool teardown */
         uint64_t evictions;    /* entries dropped by LRU eviction */
+        uint64_t evictions_refused; /* evictions not made: the journal refused the removal */
         uint64_t probes;       /* hash table probes by lookups (linearity checks) */
 } DirectoryStats;
 

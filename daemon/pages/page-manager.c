@@ -210,8 +210,9 @@ static int directory_journal_wal(PageManager *pm, bool put, uint64_t hash, PageP
                 r = wal_manager_append(pm->manager, WAL_RECORD_DIRECTORY + (put ? DIRECTORY_REC_PUT : DIRECTORY_REC_DEL),
                                        buf, len);
         if (r < 0 && r != -ENOTCONN) {
-                /* A put is undone by the directory; a removal stands (the page is free
-                 * now): the next snapshot no longer has the entry either. */
+                /* A put is undone by the directory; a removal does not happen (the
+                 * entry and its page stay cached: an eviction fails, a Remove says
+                 * why), so a restart never finds the hash on a page reused since. */
                 log_warning_errno(r, "Block directory: cannot journal the %s of %016" PRIx64 ": %m",
                                   put ? "entry" : "removal", hash);
                 return r;

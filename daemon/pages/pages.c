@@ -364,6 +364,10 @@ void *page_cached_entry(const PagePool *pool, PageId id) {
         return page_valid(pool, id) ? pool->pages[id].cached : NULL;
 }
 
+void *page_pool_lru_peek(const PagePool *pool) {
+        return pool && pool->lru_first != PAGE_ID_INVALID ? pool->pages[pool->lru_first].cached : NULL;
+}
+
 int page_pool_evict_lru(PagePool *pool, PageId *ret_id, void **ret_entry) {
         if (!pool)
                 return -EINVAL;

@@ -124,6 +124,8 @@ void *page_cached_entry(const PagePool *pool, PageId id);
  * *ret_entry (the caller forgets it) and the page through *ret_id. -ENOENT if there is
  * no IDLE page. */
 int page_pool_evict_lru(PagePool *pool, PageId *ret_id, void **ret_entry);
+/* The directory entry of the page page_pool_evict_lru() would free next, or NULL. */
+void *page_pool_lru_peek(const PagePool *pool);
 
 /* Copy-on-write accounting, called by sequence.c. */
 void page_pool_count_cow(PagePool *pool, uint64_t pages);

@@ -248,12 +248,15 @@ typedef struct JournalLog {
         int n_put, n_del;
         uint64_t last_del;
         int fail_put; /* errno to refuse puts with, 0: accept */
+        int fail_del; /* the same for removals */
 } JournalLog;
 
 static int journal(void *userdata, bool put, uint64_t hash, PagePool *pool, PageId page) {
         JournalLog *l = userdata;
         if (put && l->fail_put)
                 return -l->fail_put;
+        if (!put && l->fail_del)
+                return -l->fail_del;
         if (put)
                 l->n_put++;
         else {
@@ -298,6 +301,38 @@ START_TEST(test_journal) {
         ck_assert_uint_eq(l.last_del, 12);
         ck_assert_int_eq(page_unref(p, x), 0);
         ck_assert_int_eq(page_unref(p, first), 0);
+        directory_free(d);
+        ck_assert_int_eq(page_pool_verify(p), 0);
+        page_pool_free(p);
+
+        /* A removal the journal refuses does not happen: the page is not reused (a
+         * restart would find the hash on it, holding another block's bytes), the
+         * allocation that wanted it fails, an explicit Remove says why. */
+        l = (JournalLog) {};
+        ck_assert_int_eq(page_pool_new(2, 64, 0, &p), 0);
+        ck_assert_int_eq(directory_new(&d), 0);
+        directory_attach_pool(d, p);
+        directory_set_journal(d, journal, &l);
+        ck_assert_int_eq(page_pool_alloc_many(p, 2, ids), 0);
+        ck_assert_int_eq(directory_insert_chain(d, p, h, ids, 2), 2);
+        ck_assert_int_eq(page_unref(p, ids[0]), 0);
+        ck_assert_int_eq(page_unref(p, ids[1]), 0);
+        l.fail_del = ENOSPC;
+        ck_assert_int_eq(page_pool_alloc(p, &x), -ENOSPC);
+        ck_assert_uint_eq(directory_size(d), 2);
+        ck_assert_ptr_nonnull(page_cached_entry(p, ids[0]));
+        ck_assert_int_eq(directory_remove(d, 12), -ENOSPC);
+        ck_assert_uint_eq(directory_size(d), 2);
+        DirectoryStats ds;
+        directory_stats(d, &ds);
+        ck_assert_uint_eq(ds.evictions, 0);
+        ck_assert_uint_ge(ds.evictions_refused, 1);
+        /* Once the journal takes removals again, eviction works. */
+        l.fail_del = 0;
+        ck_assert_int_eq(page_pool_alloc(p, &x), 0);
+        ck_assert_int_eq(l.n_del, 1);
+        ck_assert_uint_eq(l.last_del, 11);
+        ck_assert_int_eq(page_unref(p, x), 0);
         directory_free(d);
         ck_assert_int_eq(page_pool_verify(p), 0);
         page_pool_free(p);
