@@ -593,6 +593,23 @@ static int grant_target(Manager *m, sd_bus_message *msg, Worker **ret, sd_bus_er
         return bus_read_worker(m, msg, false, ret, error);
 }
 
+/* Drops the grants to workers that are gone: a worker's id is never used again (a
+ * restarted worker registers with a new one), so such a grant only took a place. */
+static size_t prune_grants(Manager *m, Sequence *s) {
+        size_t n = 0;
+        for (size_t i = 0; i < s->n_grants;) {
+                char id[EPD_ID_STRING_MAX];
+                if (manager_get_worker(m, epd_id_to_string(&s->grants[i], id))) {
+                        i++;
+                        continue;
+                }
+                EpdId gone = s->grants[i];
+                (void)page_manager_revoke(s, &gone); /* moves the last one to i */
+                n++;
+        }
+        return n;
+}
+
 static int method_grant(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Sequence *s = userdata;
         Manager *m = seq_manager(s);
@@ -604,6 +621,8 @@ static int method_grant(sd_bus_message *msg, void *userdata, sd_bus_error *error
         if (r < 0)
                 return r;
         r = page_manager_grant(s, &w->id);
+        if (r == -EDQUOT && prune_grants(m, s) > 0)
+                r = page_manager_grant(s, &w->id); /* the pruned grants go in the same record */
         if (r == -EDQUOT)
                 return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "At most %d grants per sequence.",
                                      SEQUENCE_GRANTS_MAX);

@@ -365,6 +365,42 @@ static int sequences_seen_by(uid_t uid) {
         return n;
 }
 
+/* A grant to a worker that is gone holds no place: its id never comes back (a
+ * restarted worker registers with a new one), so the 16 grants of a sequence are not
+ * used up by workers that came and went. */
+START_TEST(test_grants_of_gone_workers) {
+        epd_client *a = worker("prefill", NULL, NULL);
+        char *seq = NULL;
+        ck_assert_int_eq(epd_sequence_create(a, "host0", 1, &seq, NULL, NULL), 0);
+        for (int i = 0; i < 20; i++) {
+                epd_client *b = worker("decode", NULL, NULL);
+                ck_assert_msg(epd_sequence_grant(a, seq, epd_worker_path(b)) == 0, "grant %d: %s", i,
+                              epd_last_error_message(a));
+                epd_disconnect(b);
+                /* Gone once the daemon has seen the disconnect. */
+                for (int k = 0; k < 200 && harness_workers(&h) > 1; k++)
+                        usleep(5000);
+        }
+        /* 16 live grantees still fill it. */
+        epd_client *live[17];
+        for (int i = 0; i < 17; i++) {
+                live[i] = worker("decode", NULL, NULL);
+                int r = epd_sequence_grant(a, seq, epd_worker_path(live[i]));
+                if (i < 16)
+                        ck_assert_msg(r == 0, "grant %d: %s", i, epd_last_error_message(a));
+                else {
+                        ck_assert_int_lt(r, 0);
+                        ck_assert_str_eq(epd_last_error_name(a), "org.epd1.Error.LimitExceeded");
+                }
+        }
+        for (int i = 0; i < 17; i++)
+                epd_disconnect(live[i]);
+        ck_assert_int_eq(epd_sequence_release(a, seq), 0);
+        free(seq);
+        epd_disconnect(a);
+}
+END_TEST
+
 START_TEST(test_other_client_needs_grant) {
         epd_client *a = worker("prefill", NULL, NULL), *b = worker("decode", NULL, NULL);
         char *seq = NULL, *mine = NULL, *stolen = NULL;
@@ -766,6 +802,7 @@ int main(void) {
         tcase_add_test(tc, test_clone_write_release);
         tcase_add_test(tc, test_killed_client_leaves_nothing);
         tcase_add_test(tc, test_other_client_needs_grant);
+        tcase_add_test(tc, test_grants_of_gone_workers);
         tcase_add_test(tc, test_layouts);
         tcase_add_test(tc, test_journal_layout_released);
         tcase_add_test(tc, test_epdctl);
