@@ -240,6 +240,23 @@ int epd_sequence_get_page_size(epd_client *c, const char *path, uint64_t *ret) {
         return r < 0 ? epd__error(c, r, NULL) : 0;
 }
 
+int epd_sequence_get_arena(epd_client *c, const char *path, char **ret) {
+        sd_bus_message *reply = NULL;
+        const char *a;
+        if (!c || !path || !ret)
+                return -EINVAL;
+        int r = get_property(c, path, "Arena", "s", &reply);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "s", &a);
+        if (r >= 0) {
+                *ret = strdup(a);
+                r = *ret ? 0 : -ENOMEM;
+        }
+        sd_bus_message_unref(reply);
+        return r < 0 ? epd__error(c, r, NULL) : 0;
+}
+
 int epd_sequence_attach(epd_client *c, const char *id_or_path, char **ret_path) {
         sd_bus_message *reply = NULL;
         const char *p;

@@ -48,6 +48,7 @@ def _lib_sequences():
         "epd_sequence_release": (c_int, [c_void_p, c_char_p]),
         "epd_sequence_get_pages": (c_int, [c_void_p, c_char_p, _P(_u32p), _P(c_size_t)]),
         "epd_sequence_get_page_size": (c_int, [c_void_p, c_char_p, _P(c_uint64)]),
+        "epd_sequence_get_arena": (c_int, [c_void_p, c_char_p, _P(c_void_p)]),
     }
     _lib.declare(lib, decls)
     lib._epd_sequences_declared = True
@@ -122,6 +123,16 @@ class Sequence:
         return _take_pages(self._lib, pages, n.value)
 
     @property
+    def arena(self) -> str:
+        """The arena the sequence's pages are in (asked once: it never changes)."""
+        if self._arena is None:
+            p = ctypes.c_void_p()
+            self._client._check(self._lib.epd_sequence_get_arena(self._client._c, self._p(), ctypes.byref(p)),
+                                "sequence arena")
+            self._arena = _take_string(self._lib, p)
+        return self._arena
+
+    @property
     def page_size(self) -> int:
         if self._page_size is None:
             v = ctypes.c_uint64()
@@ -169,6 +180,6 @@ class Sequence:
     def page_buffer(self, index: int, arena: Optional[str] = None) -> memoryview:
         """A writable view of the bytes of page `index` in the mapped arena (no copy).
         Call prepare_write() first if the page may be shared."""
-        a = self._client.arena(arena or self._arena or "host0")
+        a = self._client.arena(arena or self.arena)
         page = self.pages[index]
         return a.buffer(a.data_offset + page * self.page_size, self.page_size)

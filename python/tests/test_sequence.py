@@ -48,6 +48,26 @@ class SequenceTest(unittest.TestCase):
                 epd.sequence.Sequence.create(c, "host0", 1 << 20)
             self.assertEqual(e.exception.name, "org.epd1.Error.NoSpace")
 
+    def test_arena_of_a_sequence_by_path(self):
+        """A Sequence made from its path alone (a granted one, say) finds its arena from
+        the daemon: page_buffer() views the pages where they are, not in host0."""
+        self.d.stop()
+        self.d = Daemon("[Arena:host0]\nUsage=kv\nSize=16M\n[Arena:kv1]\nUsage=kv\nSize=16M\n")
+        with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
+            a.register("prefill", "m", "cpu", kv=KV, arenas=["host0", "kv1"])
+            b.register("decode", "m", "cpu", kv=KV, arenas=["host0", "kv1"])
+            s = epd.sequence.Sequence.create(a, "kv1", 2)
+            s.page_buffer(1)[:5] = b"kv1!!"
+            s.grant(b.worker_path)
+            theirs = epd.sequence.Sequence(b, s.path)
+            self.assertEqual(theirs.arena, "kv1")
+            self.assertEqual(bytes(theirs.page_buffer(1)[:5]), b"kv1!!")
+            clone = theirs.clone()
+            self.assertEqual(clone.arena, "kv1")
+            self.assertEqual(bytes(clone.page_buffer(1)[:5]), b"kv1!!")
+            clone.release()
+            s.release()
+
     def test_grant(self):
         with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
             a.register("prefill", "m", "cpu", kv=KV)

@@ -129,9 +129,10 @@ int epd_sequence_release_nowait(epd_client *c, const char *path);
 /* After epdd restarted: takes back a sequence (its id or path) that this uid owned.
  * Sequences that nobody attaches within the grace period are released (docs/wal.md). */
 int epd_sequence_attach(epd_client *c, const char *id_or_path, char **ret_path);
-/* The current page table, and the page size. */
+/* The current page table, the page size, and the arena's name (free() it). */
 int epd_sequence_get_pages(epd_client *c, const char *path, uint32_t **ret_pages, size_t *ret_n_pages);
 int epd_sequence_get_page_size(epd_client *c, const char *path, uint64_t *ret);
+int epd_sequence_get_arena(epd_client *c, const char *path, char **ret);
 
 /* -- admission (org.epd1.Scheduler; docs/scheduler.md) --
  * Admit a request of a task type ("thinking", "interactive", "hybrid") with a deadline
