@@ -110,14 +110,29 @@ static int journal(Sequence *s, sd_bus_error *error, const char *what) {
         return 0;
 }
 
+/* The most pages a sequence may have, checked before anything changes: one whose
+ * journal record would be too large cannot be made durable. */
+static int check_pages(Manager *m, uint64_t n, const char *what, sd_bus_error *error) {
+        size_t max = page_manager_max_pages(m->page_manager);
+        if (n > max)
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
+                                     "%s: a sequence of %" PRIu64 " pages; at most %zu%s.", what, n, max,
+                                     max < SEQUENCE_PAGES_MAX ? " (the largest the journal records)" : "");
+        return 0;
+}
+
 /* Registers a fresh sequence for the worker's client; frees it on failure. */
 static int register_new(Manager *m, Worker *w, Arena *a, Sequence *s, sd_bus_error *error) {
+        size_t n = s->n_pages;
         int r = page_manager_register(m->page_manager, s, w->object.owner, a);
         if (r < 0) {
                 sequence_free(s);
                 if (r == -EDQUOT)
                         return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
                                              "Too many objects for this client or sequences in the daemon.");
+                if (r == -E2BIG)
+                        return check_pages(m, n, "CreateSequence", error) ?:
+                               epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "The sequence is too large to journal.");
                 return r;
         }
         return 0;
@@ -141,6 +156,9 @@ static int method_create_sequence(sd_bus_message *msg, void *userdata, sd_bus_er
         if (r < 0)
                 return r;
         r = kv_arena(m, w, arena, &a, error);
+        if (r < 0)
+                return r;
+        r = check_pages(m, n, "CreateSequence", error);
         if (r < 0)
                 return r;
         r = sequence_new(a->pages, &s);
@@ -196,6 +214,9 @@ static int method_create_from_prefix(sd_bus_message *msg, void *userdata, sd_bus
         int r;
 
         r = read_prefix_args(m, msg, &w, &a, &hashes, &n, error);
+        if (r < 0)
+                return r;
+        r = check_pages(m, n, "CreateFromPrefix", error);
         if (r < 0)
                 return r;
         pins = malloc(MAX(n, (size_t)1) * sizeof(PageId));
@@ -378,6 +399,9 @@ static int method_append(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         if (r < 0)
                 return r;
         r = access_check(seq_manager(s), msg, s, SEQUENCE_ACCESS_OWNER, NULL, error);
+        if (r < 0)
+                return r;
+        r = check_pages(seq_manager(s), (uint64_t)before + n, "Append", error);
         if (r < 0)
                 return r;
         r = sequence_append(s, n, NULL);

@@ -861,6 +861,11 @@ int page_manager_prepare_write(PageManager *pm, Sequence *s, size_t first, size_
                                       ret_pages, ret_copied);
 }
 
+size_t page_manager_max_pages(PageManager *pm) {
+        return pm && pm->manager->wal ? MIN((size_t)SEQUENCE_REC_PAGES_MAX, (size_t)SEQUENCE_PAGES_MAX)
+                                      : (size_t)SEQUENCE_PAGES_MAX;
+}
+
 int page_manager_grant(Sequence *s, const EpdId *worker) {
         for (size_t i = 0; i < s->n_grants; i++)
                 if (epd_id_equal(&s->grants[i], worker))

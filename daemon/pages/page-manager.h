@@ -134,6 +134,9 @@ int page_manager_prepare_write_async(PageManager *pm, Sequence *s, size_t first,
  * transition. 0 when there is no WAL or the daemon is stopping; -E2BIG past
  * SEQUENCE_REC_PAGES_MAX pages. */
 int page_manager_journal(Sequence *s);
+/* The most pages a sequence may have here: SEQUENCE_REC_PAGES_MAX with a journal (its
+ * record must fit), else SEQUENCE_PAGES_MAX. */
+size_t page_manager_max_pages(PageManager *pm);
 /* The PUT payload of a registered sequence (sequence-record.h), for a record that
  * carries it (a handoff's commit). The caller frees *ret. */
 int page_manager_sequence_record(Sequence *s, void **ret, size_t *ret_len);

@@ -401,6 +401,37 @@ START_TEST(test_grants_of_gone_workers) {
 }
 END_TEST
 
+/* A sequence longer than its journal record can hold is refused before anything
+ * changes, with LimitExceeded naming the limit: not created, not appended to. */
+START_TEST(test_journal_record_limit) {
+        epd_client *c = worker("prefill", NULL, NULL);
+        const uint32_t max = (1u << 20) / 4 - 512; /* SEQUENCE_REC_PAGES_MAX */
+        char *s = NULL;
+        uint32_t *pages = NULL;
+        size_t n = 0;
+        ck_assert_int_lt(epd_sequence_create(c, "host0", max + 1, &s, NULL, NULL), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.LimitExceeded");
+        ck_assert_msg(strstr(epd_last_error_message(c), "at most 261632"), "%s", epd_last_error_message(c));
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 2, &s, NULL, NULL), 0);
+        ck_assert_int_lt(epd_sequence_append(c, s, max - 1, NULL, NULL), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.LimitExceeded");
+        ck_assert_int_eq(epd_sequence_get_pages(c, s, &pages, &n), 0);
+        ck_assert_uint_eq(n, 2);
+        free(pages);
+        uint64_t *hashes = calloc(max + 1, sizeof *hashes);
+        for (uint32_t i = 0; i <= max; i++)
+                hashes[i] = i + 1;
+        char *p = NULL;
+        size_t blocks = 0;
+        ck_assert_int_lt(epd_sequence_create_from_prefix(c, "host0", hashes, max + 1, &p, &blocks, NULL, NULL), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.LimitExceeded");
+        free(hashes);
+        ck_assert_int_eq(epd_sequence_release(c, s), 0);
+        free(s);
+        epd_disconnect(c);
+}
+END_TEST
+
 START_TEST(test_other_client_needs_grant) {
         epd_client *a = worker("prefill", NULL, NULL), *b = worker("decode", NULL, NULL);
         char *seq = NULL, *mine = NULL, *stolen = NULL;
@@ -803,6 +834,7 @@ int main(void) {
         tcase_add_test(tc, test_killed_client_leaves_nothing);
         tcase_add_test(tc, test_other_client_needs_grant);
         tcase_add_test(tc, test_grants_of_gone_workers);
+        tcase_add_test(tc, test_journal_record_limit);
         tcase_add_test(tc, test_layouts);
         tcase_add_test(tc, test_journal_layout_released);
         tcase_add_test(tc, test_epdctl);
