@@ -1037,8 +1037,12 @@ static int pages_worker_added(Manager *m, Worker *w, Reason *refused) {
 }
 
 static int pages_reload(Manager *m, const Config *c) {
-        /* Peers may come and go: directory ownership follows. Arenas need a restart. */
-        return m->page_manager ? set_hosts(m->page_manager, c) : 0;
+        /* Peers may come and go: directory ownership follows their membership, which the
+         * cluster-wide directory keeps (the peers that are up: directory-forward.c), not
+         * the configured list. Arenas need a restart. */
+        if (!m->page_manager || m->directory_forward)
+                return 0;
+        return set_hosts(m->page_manager, c);
 }
 
 static void pages_worker_gone(Manager *m, Worker *w) {

@@ -122,6 +122,7 @@ static int property_counters(sd_bus *bus, const char *path, const char *interfac
                 { "records-received", s.records_received },
                 { "records-dropped", s.records_dropped },
                 { "republished", s.republished },
+                { "send-failures", s.send_failures },
         };
         r = sd_bus_message_open_container(reply, 'a', "(st)");
         for (size_t i = 0; r >= 0 && i < ELEMENTSOF(c); i++)
