@@ -125,6 +125,57 @@ DirectoryShard *directory_shard_free(DirectoryShard *sh) {
         return NULL;
 }
 
+/* The name table without the names no record uses any more (workers come and go, each
+ * with its own name): a new table of the names in use, every record's indexes moved
+ * to it. Run when the table is full. */
+static int shard_names_compact(DirectoryShard *sh) {
+        Names nn = { .index = hashmap_new(HASHMAP_KEY_STRING, 0) };
+        size_t i = 0;
+        void *v;
+        int r = nn.index ? 0 : -ENOMEM;
+
+        /* Intern what is used into nn first: nothing changes until all of it is in. */
+        while (r >= 0 && hashmap_iterate(sh->map, &i, &v, NULL)) {
+                Entry *e = v;
+                uint16_t x;
+                for (unsigned k = 0; r >= 0 && k < e->n; k++)
+                        if ((r = names_intern(&nn, sh->names.s[e->h[k].host], &x)) >= 0 &&
+                            (r = names_intern(&nn, sh->names.s[e->h[k].arena], &x)) >= 0)
+                                r = names_intern(&nn, sh->names.s[e->h[k].worker], &x);
+        }
+        if (r < 0) {
+                names_done(&nn);
+                return r;
+        }
+        i = 0;
+        while (hashmap_iterate(sh->map, &i, &v, NULL)) {
+                Entry *e = v;
+                for (unsigned k = 0; k < e->n; k++) {
+                        (void)names_find(&nn, sh->names.s[e->h[k].host], &e->h[k].host);
+                        (void)names_find(&nn, sh->names.s[e->h[k].arena], &e->h[k].arena);
+                        (void)names_find(&nn, sh->names.s[e->h[k].worker], &e->h[k].worker);
+                }
+        }
+        names_done(&sh->names);
+        sh->names = nn;
+        return 0;
+}
+
+static int shard_intern(DirectoryShard *sh, const char *host, const char *arena, const char *worker, Holder *h) {
+        int r;
+        for (int pass = 0;; pass++) {
+                if ((r = names_intern(&sh->names, host, &h->host)) >= 0 &&
+                    (r = names_intern(&sh->names, arena, &h->arena)) >= 0 &&
+                    (r = names_intern(&sh->names, worker, &h->worker)) >= 0)
+                        return 0;
+                if (r != -ENOSPC || pass > 0)
+                        return r;
+                r = shard_names_compact(sh);
+                if (r < 0)
+                        return r;
+        }
+}
+
 int directory_shard_put(DirectoryShard *sh, uint64_t hash, const char *host, const char *arena, const char *worker) {
         Holder h;
         Entry *e;
@@ -136,8 +187,7 @@ int directory_shard_put(DirectoryShard *sh, uint64_t hash, const char *host, con
         e = hashmap_get(sh->map, &hash);
         if (!e && sh->records >= sh->max)
                 return -ENOSPC;
-        if ((r = names_intern(&sh->names, host, &h.host)) < 0 || (r = names_intern(&sh->names, arena, &h.arena)) < 0 ||
-            (r = names_intern(&sh->names, worker, &h.worker)) < 0)
+        if ((r = shard_intern(sh, host, arena, worker, &h)) < 0)
                 return r;
         if (e) {
                 for (unsigned i = 0; i < e->n; i++)

@@ -77,6 +77,37 @@ START_TEST(test_shard) {
 }
 END_TEST
 
+/* Names are interned (records hold 16-bit indexes), and workers come and go with names
+ * of their own: once the table is full, the names no record uses any more are dropped
+ * and the put goes through; what the records say is unchanged. */
+START_TEST(test_shard_names_reclaimed) {
+        DirectoryShard *sh;
+        DirectoryAnswerEntry e;
+        char w[32];
+
+        ck_assert_int_eq(directory_shard_new(&sh, 100), 0);
+        ck_assert_int_eq(directory_shard_put(sh, 1, "alpha", "kv0", "keeper"), 0);
+        for (unsigned i = 0; i < 70000; i++) {
+                snprintf(w, sizeof w, "worker-%u", i);
+                ck_assert_msg(directory_shard_put(sh, 2, "bravo", "kv1", w) == 0, "put %u", i);
+                ck_assert_int_eq(directory_shard_del(sh, 2, "bravo", "kv1"), 0);
+        }
+        ck_assert_int_eq(directory_shard_put(sh, 3, "charlie", "kv2", "last"), 0);
+        ck_assert_uint_eq(directory_shard_records(sh), 2);
+        directory_shard_get(sh, 1, &e);
+        ck_assert_uint_eq(e.n_holders, 1);
+        ck_assert_str_eq(e.holders[0].host, "alpha");
+        ck_assert_str_eq(e.holders[0].arena, "kv0");
+        ck_assert_str_eq(e.holders[0].worker, "keeper");
+        directory_shard_get(sh, 3, &e);
+        ck_assert_uint_eq(e.n_holders, 1);
+        ck_assert_str_eq(e.holders[0].host, "charlie");
+        ck_assert_str_eq(e.holders[0].worker, "last");
+        ck_assert_int_eq(directory_shard_del(sh, 1, "alpha", "kv0"), 0);
+        directory_shard_free(sh);
+}
+END_TEST
+
 START_TEST(test_cache) {
         DirectoryCache *c;
         DirectoryAnswerEntry e = { .hash = 5, .n_holders = 1 }, out;
@@ -160,6 +191,7 @@ int main(void) {
         Suite *s = suite_create("directory-shard");
         TCase *tc = tcase_create("directory-shard");
         tcase_add_test(tc, test_shard);
+        tcase_add_test(tc, test_shard_names_reclaimed);
         tcase_add_test(tc, test_cache);
         tcase_add_test(tc, test_placement);
         suite_add_tcase(s, tc);
