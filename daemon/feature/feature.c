@@ -284,7 +284,7 @@ int feature_record_ready_parse(const void *buf, size_t n, FeatureRecord *ret) {
                 return -EBADMSG;
         key_len = unaligned_read_le(p + 4, 4);
         desc_len = unaligned_read_le(p + 56, 4);
-        if (key_len == 0 || key_len >= FEATURE_KEY_MAX || desc_len > FEATURE_DESC_BINARY_MAX ||
+        if (key_len == 0 || key_len > FEATURE_KEY_MAX || desc_len > FEATURE_DESC_BINARY_MAX ||
             n != FEATURE_REC_HEADER_SIZE + key_len + desc_len)
                 return -EBADMSG;
         *ret = (FeatureRecord){
@@ -930,7 +930,7 @@ static void replayed_drop(FeatureCache *c, Feature *f) {
 
 int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *payload, size_t len) {
         _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
-        char key[FEATURE_KEY_MAX];
+        char key[FEATURE_KEY_MAX + 1];
         FeatureRecord rec;
         CacheArena *a;
         Feature *f;
@@ -941,7 +941,7 @@ int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *paylo
                 return -EBUSY; /* only before the journal is set: at start */
         switch (type & 0xff) {
         case FEATURE_REC_GONE:
-                if (!payload || len == 0 || len >= FEATURE_KEY_MAX || memchr(payload, 0, len))
+                if (!payload || len == 0 || len > FEATURE_KEY_MAX || memchr(payload, 0, len))
                         return -EBADMSG;
                 memcpy(key, payload, len);
                 key[len] = 0;
@@ -975,8 +975,10 @@ int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *paylo
         if (r < 0)
                 return r;
         if (size != rec.size) {
+                /* Well-formed, but the arena is cut differently now (its PageSize=
+                 * changed): the region is not what was journaled; drop the feature. */
                 (void)feature_allocator_release(a->alloc, rec.offset);
-                return -EBADMSG;
+                return -ESTALE;
         }
         r = feature_new(c, key, &f);
         if (r < 0) {

@@ -148,9 +148,14 @@ static int apply(void *userdata, const WalRecord *r, bool from_snapshot) {
                 return 0;
         }
         k = s->journal->apply_record(m, r->type, r->payload, r->length);
-        if (k == -EBADMSG)
-                return log_error_errno(k, "WAL: %s record %" PRIu64 " (%s) is malformed.", s->name, r->lsn,
-                                       wal_record_type_to_string(r->type));
+        if (k == -EBADMSG) {
+                /* Its checksum held: epdd wrote it, and this version cannot read it. One
+                 * record is skipped, not the log with every record after it (replay
+                 * stopping here would start a new log). */
+                log_error_errno(k, "WAL: %s record %" PRIu64 " (%s) is malformed; skipped.", s->name, r->lsn,
+                                wal_record_type_to_string(r->type));
+                return 0;
+        }
         if (k < 0)
                 log_full_errno(k == -ENOENT || k == -ESTALE ? LOG_DEBUG : LOG_WARNING, k,
                                "WAL: %s record %" PRIu64 " (%s) does not apply: %m", s->name, r->lsn,

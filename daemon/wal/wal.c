@@ -180,7 +180,9 @@ int wal_parse_buffer(const void *buf, size_t n, uint64_t skip_through, WalApplyF
                 if (apply && rec.lsn > skip_through && rec.type != WAL_RECORD_SNAPSHOT_END) {
                         r = apply(userdata, &rec, from_snapshot);
                         if (r < 0)
-                                return r;
+                                /* The caller's own failure, never a damaged file (which
+                                 * these two codes mean to wal_replay()). */
+                                return r == -EBADMSG || r == -EPROTONOSUPPORT ? -EIO : r;
                 }
                 result->records++;
                 result->last_lsn = rec.lsn;

@@ -45,7 +45,7 @@ class SequenceTest(unittest.TestCase):
             self.assertEqual(n, 3)
             self.assertEqual(bytes(t.page_buffer(1)[:3]), b"abc")
             with self.assertRaises(epd.EpdError) as e:
-                epd.sequence.Sequence.create(c, "host0", 1 << 20)
+                epd.sequence.Sequence.create(c, "host0", 200000)
             self.assertEqual(e.exception.name, "org.epd1.Error.NoSpace")
 
     def test_arena_of_a_sequence_by_path(self):

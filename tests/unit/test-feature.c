@@ -530,6 +530,46 @@ START_TEST(test_journal_replay) {
 }
 END_TEST
 
+/* The longest key every API takes (FEATURE_KEY_MAX bytes) replays too: its READY and
+ * its GONE. (Replay refused it once, and a refused record ended the replay of the whole
+ * log.) */
+START_TEST(test_journal_longest_key) {
+        FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK), *d;
+        Journal j = {};
+        FeatureAcquireResult res;
+        FeatureRef *r;
+        char key[FEATURE_KEY_MAX + 1];
+
+        memset(key, 'k', FEATURE_KEY_MAX);
+        key[FEATURE_KEY_MAX] = 0;
+        ck_assert(feature_key_valid(key));
+        feature_cache_set_journal(c, journal_fn, &j);
+        feature_ref_release(produce(c, key, CHUNK, 0x5a));
+        ck_assert_uint_eq(j.n, 1);
+        uint8_t *mem = arena_mem;
+        arena_mem = NULL;
+        FeatureCacheConfig cfg = { .budget_bytes = ARENA_CHUNKS * CHUNK, .max_refs = 64 };
+        ck_assert_int_eq(feature_cache_new(&cfg, &d), 0);
+        ck_assert_int_eq(feature_cache_add_arena(d, 3, mem, DATA_OFFSET, ARENA_CHUNKS * CHUNK, CHUNK), 0);
+        ck_assert_int_eq(feature_cache_apply_record(d, j.type[0], j.payload[0], j.len[0]), 0);
+        ck_assert_int_eq(feature_acquire(d, key, false, 0, &r, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_HIT);
+        ck_assert_uint_eq(((uint8_t *)feature_data(r->feature))[0], 0x5a);
+        feature_ref_release(r);
+        /* Evicted: its GONE replays as well. */
+        feature_cache_set_budget(c, 0);
+        ck_assert_uint_eq(j.n, 2);
+        ck_assert_uint_eq(j.type[1], FEATURE_REC_GONE);
+        ck_assert_int_eq(feature_cache_apply_record(d, j.type[1], j.payload[1], j.len[1]), 0);
+        ck_assert_int_eq(feature_acquire(d, key, false, 0, &r, &res), -ENOENT);
+        for (size_t i = 0; i < j.n; i++)
+                free(j.payload[i]);
+        feature_cache_free(d);
+        feature_cache_free(c);
+        free(mem);
+}
+END_TEST
+
 /* A loader that keeps the job, so that the test plays the load thread. */
 static struct {
         Feature *f;
@@ -675,6 +715,7 @@ int main(void) {
         tcase_add_test(tc, test_ref_limit);
         tcase_add_test(tc, test_soak);
         tcase_add_test(tc, test_journal_replay);
+        tcase_add_test(tc, test_journal_longest_key);
         tcase_add_test(tc, test_async_load);
         suite_add_tcase(s, tc);
         int r = check_run(s, CK_FORK_GETENV);

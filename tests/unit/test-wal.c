@@ -215,6 +215,35 @@ START_TEST(test_record_parse) {
 }
 END_TEST
 
+/* An apply that refuses a record (-EBADMSG: its owner cannot read it) fails the replay
+ * with -EIO; it is never taken for a damaged log, which replay would replace with a new
+ * one, losing every record in it. */
+static int apply_refuses_7(void *userdata, const WalRecord *r, bool from_snapshot) {
+        return r->lsn == 7 ? -EBADMSG : apply(userdata, r, from_snapshot);
+}
+
+START_TEST(test_apply_refusal_keeps_the_log) {
+        char *dir = make_dir();
+        State s = {};
+        Wal *w;
+
+        ck_assert_int_eq(wal_open(dir, WAL_SYNC_ALWAYS, &w), 0);
+        ck_assert_int_eq(wal_replay(w, apply, &s), 0);
+        append_n(w, &s, 10);
+        wal_free(w);
+        ck_assert_int_eq(wal_open(dir, WAL_SYNC_ALWAYS, &w), 0);
+        s = (State){};
+        ck_assert_int_eq(wal_replay(w, apply_refuses_7, &s), -EIO);
+        ck_assert_uint_eq(wal_get_stats(w)->corrupt, 0);
+        wal_free(w);
+        w = reopen(dir, &s);
+        ck_assert_uint_eq(s.n, 10);
+        ck_assert_uint_eq(wal_last_lsn(w), 10);
+        wal_free(w);
+        rm_dir(dir);
+}
+END_TEST
+
 START_TEST(test_append_replay) {
         char *dir = make_dir();
         State s = {};
@@ -649,6 +678,7 @@ int main(void) {
         tcase_add_test(tc, test_truncated);
         tcase_add_test(tc, test_bitflip);
         tcase_add_test(tc, test_compaction);
+        tcase_add_test(tc, test_apply_refusal_keeps_the_log);
         tcase_add_test(tc, test_written_ahead);
         tcase_add_test(tc, test_no_room_ahead);
         tcase_add_test(tc, test_crash);
