@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +65,7 @@ void slice_tracker_done(SliceTracker *t) {
         t->bits = NULL;
 }
 
-int slice_tracker_mark(SliceTracker *t, uint64_t index) {
+int slice_tracker_claim(SliceTracker *t, uint64_t index) {
         uint64_t bit;
 
         if (index >= t->n_slices)
@@ -73,6 +74,17 @@ int slice_tracker_mark(SliceTracker *t, uint64_t index) {
         if (t->bits[index / 64] & bit)
                 return -EEXIST;
         t->bits[index / 64] |= bit;
-        t->n_received++;
         return 0;
+}
+
+void slice_tracker_landed(SliceTracker *t) {
+        assert(t->n_received < t->n_slices);
+        t->n_received++;
+}
+
+int slice_tracker_mark(SliceTracker *t, uint64_t index) {
+        int r = slice_tracker_claim(t, index);
+        if (r >= 0)
+                slice_tracker_landed(t);
+        return r;
 }

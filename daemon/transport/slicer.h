@@ -58,7 +58,14 @@ typedef struct SliceTracker {
 
 int slice_tracker_init(SliceTracker *t, uint64_t length, uint32_t slice_size);
 void slice_tracker_done(SliceTracker *t);
-/* Marks slice `index` received: 0, or -ERANGE / -EEXIST (already received). */
+/* Claims slice `index` when its header arrives, before any of its bytes land: 0, or
+ * -ERANGE / -EEXIST (claimed before: a slice sent twice, refused before it can write
+ * over bytes another stream is still landing). slice_tracker_landed() once its bytes
+ * are in; the write is complete when every slice has landed, so never while a stream is
+ * still inside one of its slices. */
+int slice_tracker_claim(SliceTracker *t, uint64_t index);
+void slice_tracker_landed(SliceTracker *t);
+/* Both at once (a slice received whole). */
 int slice_tracker_mark(SliceTracker *t, uint64_t index);
 static inline bool slice_tracker_complete(const SliceTracker *t) {
         return t->n_received == t->n_slices;

@@ -523,6 +523,13 @@ static int stream_slice_begin(TcpStream *s) {
                                         (unsigned long long)dh.write_id, dh.region,
                                         (unsigned long long)dh.dst_offset, (unsigned long long)dh.total_length);
         }
+        /* Claimed now, before a byte lands: the same slice again (on this stream or
+         * another, where it may still be landing) is a protocol error here, and the
+         * write cannot complete, and be freed, while a stream is inside one of its
+         * slices. */
+        r = slice_tracker_claim(&w->tracker, dh.slice_offset / dh.slice_size);
+        if (r < 0)
+                return -EBADMSG;
         s->rw = w;
         s->r_slice_index = dh.slice_offset / dh.slice_size;
         s->r_remaining = s->r_slice_len = fh.length - PEER_DATA_HEADER_SIZE;
@@ -577,9 +584,7 @@ static int stream_slice_end(TcpStream *s) {
         int r;
 
         s->rw = NULL;
-        r = slice_tracker_mark(&w->tracker, s->r_slice_index);
-        if (r < 0)
-                return -EBADMSG; /* a slice twice */
+        slice_tracker_landed(&w->tracker); /* claimed at its header */
         if (!slice_tracker_complete(&w->tracker))
                 return 0;
         hashmap_remove(tp->in, &w->write_id);
