@@ -239,13 +239,24 @@ typedef struct WaitCall {
         sd_bus_message *msg;
 } WaitCall;
 
+/* The reply that hands a producer its region: sent once every evicted feature's GONE is
+ * durable (the region may be one of theirs), at once when they are. */
+static int send_region(FeatureManager *fm, sd_bus_message *msg, sd_bus_message *reply) {
+        if (feature_manager_region_settled(fm))
+                return sd_bus_send(NULL, reply, NULL);
+        return wal_manager_reply(fm->manager, msg, reply);
+}
+
 static int reply_info(FeatureManager *fm, sd_bus_message *msg, FeatureHandle *h) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         int r = sd_bus_message_new_method_return(msg, &reply);
         if (r >= 0)
                 r = append_info(reply, fm, h);
         if (r >= 0)
-                r = sd_bus_send(NULL, reply, NULL);
+                r = h->ref->feature->state == FEATURE_RESERVED && h->ref->feature->has_region &&
+                                    h->ref->feature->producer == h->ref
+                            ? send_region(fm, msg, reply)
+                            : sd_bus_send(NULL, reply, NULL);
         return r;
 }
 
@@ -310,7 +321,8 @@ static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, Worker *w, Fe
         if (r >= 0)
                 r = append_info(reply, fm, h);
         if (r >= 0)
-                r = sd_bus_send(NULL, reply, NULL);
+                r = res == FEATURE_ACQUIRE_PRODUCE && ref->feature->has_region ? send_region(fm, msg, reply)
+                                                                              : sd_bus_send(NULL, reply, NULL);
         if (r < 0) {
                 feature_handle_release(h);
                 return r;

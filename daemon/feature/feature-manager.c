@@ -245,7 +245,21 @@ static int feature_journal(FeatureCache *c, uint16_t rec, const void *payload, s
         if (m->stopping)
                 return 0;
         int r = wal_manager_append(m, WAL_RECORD_FEATURE + rec, payload, len);
-        return r == -ENOTCONN ? 0 : r;
+        if (r == -ENOTCONN)
+                r = 0;
+        if (rec == FEATURE_REC_GONE) {
+                /* Its region may be handed out again at once: whoever gets it writes only
+                 * after this GONE is durable (feature_manager_region_settled()). Refused,
+                 * it never is. */
+                FeatureManager *fm = feature_manager_get(m);
+                if (fm)
+                        fm->gone_lsn = r < 0 ? UINT64_MAX : wal_manager_last_lsn(m);
+        }
+        return r;
+}
+
+bool feature_manager_region_settled(FeatureManager *fm) {
+        return fm->gone_lsn == 0 || wal_manager_durable(fm->manager, fm->gone_lsn);
 }
 
 /* Replay is done: journal from now on, and forget what was journaled in arenas whose

@@ -42,6 +42,7 @@ typedef struct FeatureManager {
         sd_event_source *timer;  /* announce deadlines */
         FeatureLoader *loader;   /* reads spilled features back off the event loop */
         LIST_HEAD(FeatureHandle, pending); /* handles whose Acquire waits for a load */
+        uint64_t gone_lsn;       /* the last eviction's GONE record (UINT64_MAX: refused) */
 } FeatureManager;
 
 struct FeatureHandle {
@@ -52,6 +53,11 @@ struct FeatureHandle {
         FeatureLoadWaiter *waiter; /* while its feature is read back */
         LIST_FIELDS(FeatureHandle, pending);
 };
+
+/* Whether every evicted feature's GONE is durable, so that a region handed out now may
+ * be written: otherwise a crash could leave the evicted feature's READY in the log
+ * over the new bytes (a hit with another feature's bytes after the restart). */
+bool feature_manager_region_settled(FeatureManager *fm);
 
 extern const Subsystem feature_subsystem;
 

@@ -327,6 +327,20 @@ int wal_manager_reply(Manager *m, sd_bus_message *call, sd_bus_message *reply) {
         return 1;
 }
 
+uint64_t wal_manager_last_lsn(Manager *m) {
+        WalGlue *g = glue(m);
+        return g ? g->last : 0;
+}
+
+bool wal_manager_durable(Manager *m, uint64_t lsn) {
+        WalGlue *g = glue(m);
+        WalWriterStats st;
+        if (!g || !g->writer)
+                return true;
+        wal_writer_stats(g->writer, &st);
+        return st.error == 0 && g->refused == 0 && lsn <= st.durable_lsn;
+}
+
 int wal_manager_reply_empty(Manager *m, sd_bus_message *call) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         int r = sd_bus_message_new_method_return(call, &reply);

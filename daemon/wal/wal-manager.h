@@ -28,6 +28,10 @@ int wal_manager_reply(Manager *m, sd_bus_message *call, sd_bus_message *reply);
 int wal_manager_after_durable(Manager *m, WalWaitFn fn, void *userdata);
 /* The same with an empty reply. */
 int wal_manager_reply_empty(Manager *m, sd_bus_message *call);
+/* The LSN of the last record this loop appended (0: none, or no WAL), and whether the
+ * records up to lsn are durable (always without a WAL). */
+uint64_t wal_manager_last_lsn(Manager *m);
+bool wal_manager_durable(Manager *m, uint64_t lsn);
 
 /* The writer's counters (for the bus, epdctl and metrics): appended, syncs, records
  * per sync, the durable point, ... -ENOTCONN without a WAL (zeros). */

@@ -491,6 +491,61 @@ START_TEST(test_restart_keeps_sequences_and_features) {
 }
 END_TEST
 
+/* An evicted feature's region handed to the next producer: that producer hears of it only
+ * once the eviction's GONE is durable. Otherwise a kill -9 right after it wrote could
+ * leave the evicted feature's READY in the log over the new bytes, and the restarted
+ * epdd would answer a hit with another feature's bytes. */
+START_TEST(test_evicted_region_reused_before_crash) {
+        ck_assert_int_eq(harness_init(&h, "[Features]\nCacheSize=64K\n"), 0);
+        store_n = 0;
+        snprintf(notify_path, sizeof notify_path, "%s/notify", h.dir);
+        notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        ck_assert_int_ge(notify_fd, 0);
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        strcpy(sa.sun_path, notify_path);
+        ck_assert_int_eq(bind(notify_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+
+        for (unsigned round = 0; round < 3; round++) {
+                start_epdd(true);
+                uint8_t *host0, *feat0;
+                epd_client *c = kv_worker(&host0, &feat0);
+                epd_feature_tensor t = { .name = "pixels", .dtype = "u8", .rank = 1, .shape = { 48 * 1024 } };
+                char ka[32], kb[32];
+                snprintf(ka, sizeof ka, "image:A%u", round);
+                snprintf(kb, sizeof kb, "image:B%u", round);
+                epd_feature *a = NULL, *b = NULL;
+                ck_assert_int_eq(epd_feature_reserve(c, ka, 48 * 1024, &t, 1, NULL, &a), 0);
+                memset(a->data, 0xaa, 48 * 1024);
+                ck_assert_int_eq(epd_feature_publish(c, a, 1), 0);
+                uint64_t off = a->offset;
+                ck_assert_int_eq(epd_feature_release(c, a), 0);
+                /* B does not fit beside A (64K of cache): A is evicted, B takes its place. */
+                ck_assert_int_eq(epd_feature_reserve(c, kb, 48 * 1024, &t, 1, NULL, &b), 0);
+                ck_assert_uint_eq(b->offset, off);
+                memset(b->data, 0xbb, 48 * 1024);
+                kill9_epdd();
+                free(b); /* the daemon is gone: only the struct */
+                epd_disconnect(c);
+
+                start_epdd(true);
+                c = kv_worker(&host0, &feat0);
+                int r = epd_feature_acquire(c, ka, false, &a);
+                if (r == 0) {
+                        ck_assert_msg(strcmp(a->result, "hit") != 0 || ((uint8_t *)a->data)[0] == 0xaa,
+                                      "round %u: %s answered a hit holding another feature's bytes (0x%02x)",
+                                      round, ka, ((uint8_t *)a->data)[0]);
+                        ck_assert_int_eq(epd_feature_release(c, a), 0);
+                }
+                epd_disconnect(c);
+                ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        }
+        for (size_t i = 0; i < store_n; i++)
+                close(store_fds[i]);
+        close(notify_fd);
+        harness_done(&h);
+}
+END_TEST
+
 /* -- kill -9 at random moments under a sequence workload, many times -- */
 
 #define CRASH_SEQS 8
@@ -1802,11 +1857,13 @@ int main(void) {
         (void)test_sequence_crash_loop;
         (void)test_restart_keeps_arenas;
         (void)test_restart_keeps_sequences_and_features;
+        (void)test_evicted_region_reused_before_crash;
 #elif defined(CRASH_LOOP_DH)
         tcase_add_test(tc, test_directory_handoff_crash_loop);
         (void)test_sequence_crash_loop;
         (void)test_restart_keeps_arenas;
         (void)test_restart_keeps_sequences_and_features;
+        (void)test_evicted_region_reused_before_crash;
         (void)test_crash_every_record;
 #elif defined(CRASH_LOOP)
         tcase_add_test(tc, test_sequence_crash_loop);
@@ -1814,9 +1871,11 @@ int main(void) {
         (void)test_crash_every_record;
         (void)test_restart_keeps_arenas;
         (void)test_restart_keeps_sequences_and_features;
+        (void)test_evicted_region_reused_before_crash;
 #else
         tcase_add_test(tc, test_restart_keeps_arenas);
         tcase_add_test(tc, test_restart_keeps_sequences_and_features);
+        tcase_add_test(tc, test_evicted_region_reused_before_crash);
         (void)test_sequence_crash_loop;
         (void)test_directory_handoff_crash_loop;
         (void)test_crash_every_record;
