@@ -301,7 +301,7 @@ static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, Worker *w, Fe
 
         r = feature_handle_new(fm, w->object.owner, ref, &h);
         if (r < 0) {
-                feature_ref_release(ref);
+                feature_ref_unclaim(ref); /* a producer's: the announced waiters keep waiting */
                 return client_error(r, error);
         }
         if (res == FEATURE_ACQUIRE_LOADING) {
@@ -408,8 +408,9 @@ static int read_reservation(Manager *m, sd_bus_message *msg, const char **ret_ke
 
 /* Acquire with may_produce, and when the caller is told to produce, Reserve through the
  * new handle in the same call: a producer that knows its output's layout before it runs
- * makes one round trip instead of two. A refused reservation fails the fresh feature
- * (nobody can have waited for it yet) and is answered like Reserve's. */
+ * makes one round trip instead of two. A refused reservation fails a fresh feature
+ * (nobody can have waited for it yet); an announced one (Prefetch) that others wait for
+ * goes back to waiting for a producer. It is answered like Reserve's. */
 static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         FeatureManager *fm = feature_manager_get(m);
@@ -432,7 +433,8 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
         if (res == FEATURE_ACQUIRE_PRODUCE) {
                 r = feature_ref_reserve_in(ref, bytes, w->arena_mask, &desc, &req, &issue);
                 if (r < 0) {
-                        feature_ref_release(ref);
+                        feature_ref_unclaim(ref);
+                        feature_manager_arm_timer(fm); /* it may wait for a producer again */
                         return cache_error(r, key, error);
                 }
                 feature_manager_arm_timer(fm);

@@ -879,6 +879,38 @@ FeatureRef *feature_ref_release(FeatureRef *r) {
         return NULL;
 }
 
+FeatureRef *feature_ref_unclaim(FeatureRef *r) {
+        if (!r)
+                return NULL;
+        Feature *f = r->feature;
+        FeatureCache *c = f->cache;
+        if (r->kind != FEATURE_REF_PRODUCER || f->state != FEATURE_RESERVED || f->has_region || f->deadline == 0 ||
+            (f->n_readers == 0 && f->n_pins == 0))
+                return feature_ref_release(r);
+        f->producer = NULL;
+        c->stats.n_refs--;
+        free(r);
+        /* Back among the announced, in deadline order (feature_cache_expire() fails it
+         * when that passes, as if nobody had claimed it). */
+        Feature *before = c->announced.first;
+        while (before && before->deadline <= f->deadline)
+                before = before->announced_next;
+        if (!before)
+                QUEUE_PUSH_BACK(announced, c->announced, f);
+        else {
+                f->announced_next = before;
+                f->announced_prev = before->announced_prev;
+                if (before->announced_prev)
+                        before->announced_prev->announced_next = f;
+                else
+                        c->announced.first = f;
+                before->announced_prev = f;
+        }
+        f->in_announced = true;
+        c->stats.n_announced++;
+        return NULL;
+}
+
 int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefetchResult *ret) {
         Feature *f;
         int r;

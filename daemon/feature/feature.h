@@ -253,6 +253,10 @@ int feature_pin(FeatureCache *c, const char *key, FeatureRef **ret);
 /* Releases a reference of any kind. A producer that releases before Publish fails the
  * feature with -EPIPE (the same path as a producer whose client dies). NULL is fine. */
 FeatureRef *feature_ref_release(FeatureRef *r);
+/* A producer reference whose claim came to nothing (its reservation or its handle was
+ * refused): an announced feature that others wait for goes back to waiting for a
+ * producer, until its deadline; anything else as feature_ref_release(). */
+FeatureRef *feature_ref_unclaim(FeatureRef *r);
 
 typedef enum FeaturePrefetchResult {
         FEATURE_PREFETCH_PRESENT,   /* READY in memory (moved to the hot end) */

@@ -73,6 +73,48 @@ static FeatureRef *produce(FeatureCache *c, const char *key, uint64_t bytes, uin
         return r;
 }
 
+/* An announced feature (Prefetch) that a reader waits for: a producer whose reservation
+ * is refused gives the claim back (feature_ref_unclaim), the reader keeps waiting, and
+ * the next producer serves it. */
+START_TEST(test_refused_claim_of_announced) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
+        FeaturePrefetchResult pr;
+        FeatureAcquireResult res;
+        FeatureRef *w, *p;
+
+        ck_assert_int_eq(feature_prefetch(c, "img:ann", 0, &pr), 0);
+        ck_assert_int_eq(pr, FEATURE_PREFETCH_ANNOUNCED);
+        ck_assert_int_eq(feature_acquire(c, "img:ann", false, 0, &w, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_WAIT);
+        ck_assert_int_eq(feature_acquire(c, "img:ann", true, 0, &p, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_announced, 0);
+        FeatureDesc *d = desc_bytes(2 * ARENA_CHUNKS * CHUNK);
+        ck_assert_int_lt(feature_ref_reserve(p, 2 * ARENA_CHUNKS * CHUNK, &d, NULL, NULL), 0);
+        feature_desc_free(d);
+        feature_ref_unclaim(p);
+        ck_assert_int_eq(w->feature->state, FEATURE_RESERVED); /* not failed */
+        ck_assert_uint_eq(feature_cache_stats(c)->n_announced, 1);
+        /* Another producer takes it and serves the reader. */
+        ck_assert_int_eq(feature_acquire(c, "img:ann", true, 0, &p, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        d = desc_bytes(CHUNK);
+        ck_assert_int_eq(feature_ref_reserve(p, CHUNK, &d, NULL, NULL), 0);
+        ck_assert_int_eq(feature_publish(p, 1), 0);
+        ck_assert_int_eq(w->feature->state, FEATURE_READY);
+        feature_ref_release(p);
+        feature_ref_release(w);
+        /* Its deadline still holds once it is back among the announced. */
+        ck_assert_int_eq(feature_prefetch(c, "img:late", 0, &pr), 0);
+        ck_assert_int_eq(feature_acquire(c, "img:late", false, 0, &w, &res), 0);
+        ck_assert_int_eq(feature_acquire(c, "img:late", true, 0, &p, &res), 0);
+        feature_ref_unclaim(p);
+        (void)feature_cache_expire(c, USEC_INFINITY - 1);
+        ck_assert_int_eq(w->feature->state, FEATURE_FAILED);
+        feature_ref_release(w);
+}
+END_TEST
+
 START_TEST(test_coalesce_and_publish) {
         _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
         FeatureRef *p, *w1, *w2, *h;
@@ -715,6 +757,7 @@ int main(void) {
         tcase_add_test(tc, test_ref_limit);
         tcase_add_test(tc, test_soak);
         tcase_add_test(tc, test_journal_replay);
+        tcase_add_test(tc, test_refused_claim_of_announced);
         tcase_add_test(tc, test_journal_longest_key);
         tcase_add_test(tc, test_async_load);
         suite_add_tcase(s, tc);
