@@ -148,7 +148,8 @@ void handoff_slots_peer_down(HandoffManager *hm, Peer *p) {
 static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
         Manager *m = hm->manager;
         bool pipelined = in->flags & HANDOFF_PREPARE_F_PIPELINED;
-        if (pipelined) {
+        bool slotted = in->flags & HANDOFF_PREPARE_F_SLOT;
+        if (slotted) {
                 PeerSlots *ps = peer_slots(hm, p, true);
                 if (!ps || in->slot <= ps->last) {
                         refuse(p, in, HANDOFF_CAUSE_PROTOCOL, ps ? -EPROTO : -ENOMEM);
@@ -156,7 +157,8 @@ static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
                 }
                 /* From here the slot is announced: its writes are taken (or refused). */
                 ps->last = in->slot;
-                peer_manager_resume_incoming(m->peers, p);
+                if (pipelined)
+                        peer_manager_resume_incoming(m->peers, p);
         }
         HandoffObject *old = hashmap_get(hm->destinations, in->request_id.bytes);
         if (old && old->peer == p) {
@@ -202,7 +204,7 @@ static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
                 d->target_worker = in->target_worker;
                 d->imm = in->flags & HANDOFF_PREPARE_F_IMM;
                 r = handoff_dest_reserve(d, a, in->n_pages);
-                if (r >= 0 && pipelined) {
+                if (r >= 0 && slotted) {
                         d->slot_key = (SlotKey){ .peer = p, .slot = in->slot };
                         r = hashmap_put(hm->slots, &d->slot_key, d);
                         if (r >= 0)
@@ -266,7 +268,8 @@ int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t 
                         break;
                 }
                 o->dst_region = in.region;
-                o->dst_offsets = TAKE_PTR(in.page_offsets);
+                if (!o->slot) /* else its writes go to the slot: offsets in it */
+                        o->dst_offsets = TAKE_PTR(in.page_offsets);
                 (void)handoff_prepared(o->h);
                 handoff_pump(o);
                 handoff_after_event(o);

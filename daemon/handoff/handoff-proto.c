@@ -91,7 +91,8 @@ static int validate(const HandoffMessage *m) {
                 if (m->group_ranges[0] != 0 || m->group_ranges[m->n_groups] != m->n_ranges)
                         return -EINVAL;
                 if ((m->flags & ~HANDOFF_PREPARE_F_ALL) ||
-                    !(m->flags & HANDOFF_PREPARE_F_PIPELINED) != !m->slot)
+                    (m->flags & HANDOFF_PREPARE_F_SLOT) == HANDOFF_PREPARE_F_SLOT ||
+                    !(m->flags & HANDOFF_PREPARE_F_SLOT) != !m->slot)
                         return -EINVAL;
                 for (uint32_t g = 0; g < m->n_groups; g++) {
                         HandoffGroupLayout l;

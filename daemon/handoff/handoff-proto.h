@@ -18,6 +18,10 @@
  *      of the session): the source does not wait for PREPARE_OK (none is sent) and
  *      addresses its writes to the slot (TRANSPORT_WRITE_TARGET, offsets
  *      handoff_slot_offset()); a refusal is PREPARE_REFUSED as ever.
+ *      HANDOFF_PREPARE_F_TARGETED (not with PIPELINED; a slot as above): the source
+ *      waits for PREPARE_OK, then addresses its writes to the slot all the same, so
+ *      that a write of this attempt can never land in pages the destination gave to
+ *      another after a rollback (the slot is gone then: refused).
  *  PREPARE_OK       destination -> source: pages reserved
  *      request_id[16] token:u64 region:u32 n_pages:u32 n_pages x { offset:u64 }
  *  PREPARE_REFUSED  destination -> source: admission said no
@@ -54,7 +58,9 @@ typedef enum HandoffMessageType {
 
 #define HANDOFF_PREPARE_F_IMM 0x1u
 #define HANDOFF_PREPARE_F_PIPELINED 0x2u
-#define HANDOFF_PREPARE_F_ALL (HANDOFF_PREPARE_F_IMM | HANDOFF_PREPARE_F_PIPELINED)
+#define HANDOFF_PREPARE_F_TARGETED 0x4u
+#define HANDOFF_PREPARE_F_ALL (HANDOFF_PREPARE_F_IMM | HANDOFF_PREPARE_F_PIPELINED | HANDOFF_PREPARE_F_TARGETED)
+#define HANDOFF_PREPARE_F_SLOT (HANDOFF_PREPARE_F_PIPELINED | HANDOFF_PREPARE_F_TARGETED)
 
 /* A pipelined handoff's write offsets: page index and offset within the page. */
 static inline uint64_t handoff_slot_offset(uint32_t page, uint64_t in_page) {

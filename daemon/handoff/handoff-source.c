@@ -559,10 +559,12 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
         o->net = peer_manager_transport_for(handoff_obj_manager(o)->peers, x->peer);
         unsigned caps = o->net ? o->net->ops->caps : 0;
         o->imm = caps & TRANSPORT_CAP_IMM;
-        bool pipelined = o->imm && (caps & TRANSPORT_CAP_TARGET) && !o->staging &&
-                         x->total_bytes <= hm->manager->config.handoff_pipeline_bytes &&
-                         o->page_size < HANDOFF_PAGE_SIZE_MAX;
-        if (pipelined) {
+        bool targeted = (caps & TRANSPORT_CAP_TARGET) && !o->staging && o->page_size < HANDOFF_PAGE_SIZE_MAX;
+        bool pipelined = targeted && o->imm && x->total_bytes <= hm->manager->config.handoff_pipeline_bytes;
+        if (targeted) {
+                /* Writes go to the attempt's slot, pipelined or not: once the attempt is
+                 * rolled back at the destination, its late writes are refused there, never
+                 * taken for another handoff's that got the same pages. */
                 /* Page i at (i << 32): pages are never adjacent, so no write spans two. */
                 o->dst_offsets = calloc(o->n_pages, sizeof *o->dst_offsets);
                 if (!o->dst_offsets) {
@@ -593,7 +595,8 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
                 .layout_hash = layout_hash(x->worker->layout),
                 .n_pages = o->n_pages,
                 .n_groups = n_groups,
-                .flags = (o->imm ? HANDOFF_PREPARE_F_IMM : 0) | (pipelined ? HANDOFF_PREPARE_F_PIPELINED : 0),
+                .flags = (o->imm ? HANDOFF_PREPARE_F_IMM : 0) |
+                         (pipelined ? HANDOFF_PREPARE_F_PIPELINED : targeted ? HANDOFF_PREPARE_F_TARGETED : 0),
                 .slot = o->slot,
                 .group_ranges = gr,
                 .ranges = ranges,

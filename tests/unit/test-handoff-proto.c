@@ -156,6 +156,18 @@ START_TEST(test_prepare_invalid) {
         ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), 0);
         ck_assert_uint_eq(d.flags, HANDOFF_PREPARE_F_IMM | HANDOFF_PREPARE_F_PIPELINED);
         handoff_message_done(&d);
+        /* Targeted (writes to the slot after PREPARE_OK): a slot, and not pipelined too. */
+        buf[72] = HANDOFF_PREPARE_F_TARGETED;
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), 0);
+        ck_assert_uint_eq(d.slot, 9);
+        ck_assert_uint_eq(d.flags, HANDOFF_PREPARE_F_TARGETED);
+        handoff_message_done(&d);
+        buf[72] = HANDOFF_PREPARE_F_TARGETED | HANDOFF_PREPARE_F_PIPELINED;
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
+        buf[72] = HANDOFF_PREPARE_F_TARGETED;
+        buf[80] = 0;
+        ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), -EBADMSG);
+        buf[80] = 9;
         buf[72] = 0;
         buf[80] = 0;
         ck_assert_int_eq(handoff_message_decode(m.type, buf, len, &d), 0);
