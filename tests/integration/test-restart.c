@@ -87,6 +87,17 @@ static bool pump_notify(void) {
  * right after WAL record fault_lsn is in the log. */
 static uint64_t fault_lsn;
 
+/* The notify socket of the systemd this test plays (in h.dir), with an empty fd store. */
+static void open_notify(void) {
+        store_n = 0;
+        snprintf(notify_path, sizeof notify_path, "%s/notify", h.dir);
+        notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        ck_assert_int_ge(notify_fd, 0);
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        strcpy(sa.sun_path, notify_path);
+        ck_assert_int_eq(bind(notify_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+}
+
 static void start_epdd(bool with_store) {
         pid_t pid = fork();
         ck_assert_int_ge(pid, 0);
@@ -353,13 +364,7 @@ static pid_t start_load(void) {
 
 START_TEST(test_restart_keeps_sequences_and_features) {
         ck_assert_int_eq(harness_init(&h, "[Wal]\nSync=batch\nCompactSize=32K\n"), 0);
-        store_n = 0;
-        snprintf(notify_path, sizeof notify_path, "%s/notify", h.dir);
-        notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        ck_assert_int_ge(notify_fd, 0);
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        strcpy(sa.sun_path, notify_path);
-        ck_assert_int_eq(bind(notify_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        open_notify();
         start_epdd(true);
 
         uint8_t *host0, *feat0;
@@ -497,13 +502,7 @@ END_TEST
  * epdd would answer a hit with another feature's bytes. */
 START_TEST(test_evicted_region_reused_before_crash) {
         ck_assert_int_eq(harness_init(&h, "[Features]\nCacheSize=64K\n"), 0);
-        store_n = 0;
-        snprintf(notify_path, sizeof notify_path, "%s/notify", h.dir);
-        notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        ck_assert_int_ge(notify_fd, 0);
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        strcpy(sa.sun_path, notify_path);
-        ck_assert_int_eq(bind(notify_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        open_notify();
 
         for (unsigned round = 0; round < 3; round++) {
                 start_epdd(true);
@@ -571,13 +570,7 @@ static void model_clear(SeqModel *m) {
 
 START_TEST(test_sequence_crash_loop) {
         ck_assert_int_eq(harness_init(&h, "[Wal]\nSync=batch\nCompactSize=16K\n"), 0);
-        store_n = 0;
-        snprintf(notify_path, sizeof notify_path, "%s/notify", h.dir);
-        notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        ck_assert_int_ge(notify_fd, 0);
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        strcpy(sa.sun_path, notify_path);
-        ck_assert_int_eq(bind(notify_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        open_notify();
         start_epdd(true);
 
         SeqModel seqs[CRASH_SEQS] = {};
@@ -853,13 +846,7 @@ START_TEST(test_directory_handoff_crash_loop) {
                                           "[Arena:host0]\nSize=64M\n[Arena:host1]\nSize=64M\n"
                                           "[Arena:feat0]\nUsage=feature\nSize=16M\nPageSize=64K\n"),
                          0);
-        store_n = 0;
-        snprintf(notify_path, sizeof notify_path, "%s/notify", h.dir);
-        notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        ck_assert_int_ge(notify_fd, 0);
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        strcpy(sa.sun_path, notify_path);
-        ck_assert_int_eq(bind(notify_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        open_notify();
         start_epdd(true);
 
         static DirEntry dir[DH_ENTRIES_MAX];

@@ -388,15 +388,13 @@ START_TEST(test_compaction) {
 }
 END_TEST
 
-/* A compaction that cannot write its snapshot (wal.snapshot.tmp is a directory here, as
- * a full disk would fail it) changes nothing: the records around it go on into the old
- * log, the writer takes more, nothing is lost at replay, and a later compaction works. */
-START_TEST(test_compaction_fails) {
-        char *dir = make_dir();
+/* A writer whose compaction cannot write its snapshot (wal.snapshot.tmp is a
+ * directory, as a full disk would fail it): 30 records, the compaction as of them, 12
+ * more, flushed. *ret_obstacle: the directory's path. */
+static WalWriter *failing_compaction(char *dir, Wal **ret_w, char *ret_obstacle, size_t n_obstacle) {
         Wal *w = open_replayed(dir, WAL_SYNC_BATCH, NULL, NULL);
-        char obstacle[512];
-        snprintf(obstacle, sizeof obstacle, "%s/wal.snapshot.tmp", dir);
-        ck_assert_int_eq(mkdir(obstacle, 0700), 0);
+        snprintf(ret_obstacle, n_obstacle, "%s/wal.snapshot.tmp", dir);
+        ck_assert_int_eq(mkdir(ret_obstacle, 0700), 0);
         WalWriter *ww;
         ck_assert_int_eq(wal_writer_new(w, &ww), 0);
         wal_writer_hold(ww, true);
@@ -410,6 +408,17 @@ START_TEST(test_compaction_fails) {
         append_some(ww, 1, 0, 12);
         wal_writer_hold(ww, false);
         ck_assert_int_eq(wal_writer_flush(ww), 0);
+        *ret_w = w;
+        return ww;
+}
+
+/* A compaction that cannot write its snapshot (wal.snapshot.tmp is a directory here, as
+ * a full disk would fail it) changes nothing: the records around it go on into the old
+ * log, the writer takes more, nothing is lost at replay, and a later compaction works. */
+START_TEST(test_compaction_fails) {
+        char *dir = make_dir(), obstacle[512];
+        Wal *w;
+        WalWriter *ww = failing_compaction(dir, &w, obstacle, sizeof obstacle);
         WalWriterStats st;
         wal_writer_stats(ww, &st);
         ck_assert(!wal_writer_compacting(ww));
@@ -422,7 +431,9 @@ START_TEST(test_compaction_fails) {
         append_some(ww, 1, 12, 8);
         ck_assert_int_eq(wal_writer_flush(ww), 0);
         ck_assert_int_eq(rmdir(obstacle), 0);
-        n = 50;
+        uint64_t n = 50, records;
+        void *snap;
+        size_t size;
         ck_assert_int_eq(wal_snapshot_build(snapshot_fn, &n, 50, &snap, &size, &records), 0);
         ck_assert_int_eq(wal_writer_compact(ww, snap, size, 50, records), 0);
         append_some(ww, 2, 0, 5);
@@ -447,24 +458,9 @@ END_TEST
 
 /* The same failing compaction, and the records around it replayed from the old log. */
 START_TEST(test_compaction_fails_replay) {
-        char *dir = make_dir();
-        Wal *w = open_replayed(dir, WAL_SYNC_BATCH, NULL, NULL);
-        char obstacle[512];
-        snprintf(obstacle, sizeof obstacle, "%s/wal.snapshot.tmp", dir);
-        ck_assert_int_eq(mkdir(obstacle, 0700), 0);
-        WalWriter *ww;
-        ck_assert_int_eq(wal_writer_new(w, &ww), 0);
-        wal_writer_hold(ww, true);
-        append_some(ww, 0, 0, 30);
-        uint64_t n = 30;
-        void *snap;
-        size_t size;
-        uint64_t records;
-        ck_assert_int_eq(wal_snapshot_build(snapshot_fn, &n, 30, &snap, &size, &records), 0);
-        ck_assert_int_eq(wal_writer_compact(ww, snap, size, 30, records), 0);
-        append_some(ww, 1, 0, 12);
-        wal_writer_hold(ww, false);
-        ck_assert_int_eq(wal_writer_flush(ww), 0);
+        char *dir = make_dir(), obstacle[512];
+        Wal *w;
+        WalWriter *ww = failing_compaction(dir, &w, obstacle, sizeof obstacle);
         ww = wal_writer_free(ww);
         wal_free(w);
 
