@@ -205,38 +205,39 @@ static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_e
                         return r;
         }
 
-        /* Re-add the worker's stages with the new parameters; its outstanding requests
-         * stay only if nothing structural changed (slots/pools): dropping them is safer
-         * than routing by stale capacity, so only FreePages alone keeps them. */
+        /* Each option given changes what it names, in place: the worker's admitted
+         * requests run there already and stay; new ones see the new capacity. An option
+         * not given is left as it is (Pools= given once stays until given again). */
         unsigned stages = scheduler_stages_of_role(w->role);
-        if (slots == 0 && queue_limit == 0 && pools == 0) {
-                if (have_pages && (stages & (1u << SCHED_STAGE_DECODE)))
-                        (void)sched_worker_set_free_pages(m->scheduler, w->id_str, free_pages);
-                return sd_bus_reply_method_return(msg, NULL);
-        }
-        if (slots == 0 || slots > 65536 || queue_limit > (1u << 20))
+        if (slots > 65536 || queue_limit > (1u << 20))
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                     "Slots must be 1..65536 and QueueLimit at most 1048576.");
-        /* Pools= narrows what the [Pool:NAME] selectors give the worker. */
-        r = scheduler_set_pool_override(m, w, pools);
-        if (r < 0)
-                return r;
-        usec_t now = now_usec(CLOCK_MONOTONIC);
-        for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
-                if (!(stages & (1u << st)))
-                        continue;
-                (void)sched_worker_remove(m->scheduler, w->id_str, (SchedStage)st, now);
-                r = sched_worker_add(m->scheduler, &(SchedWorkerInfo){
-                                                           .id = w->id_str,
-                                                           .stage = (SchedStage)st,
-                                                           .pools = scheduler_worker_pools(m, w, (SchedStage)st),
-                                                           .slots = slots,
-                                                           .queue_limit = queue_limit,
-                                                           .free_pages = free_pages,
-                                                   });
+                                     "Slots must be 1..65536 and QueueLimit at most 1048576 (got %" PRIu32
+                                     " and %" PRIu32 ").", slots, queue_limit);
+        if (pools != 0) {
+                /* Pools= narrows what the [Pool:NAME] selectors give the worker. */
+                r = scheduler_set_pool_override(m, w, pools);
                 if (r < 0)
                         return r;
         }
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
+                if (!(stages & (1u << st)))
+                        continue;
+                if (slots > 0 || queue_limit > 0) {
+                        r = sched_worker_set_capacity(m->scheduler, w->id_str, (SchedStage)st, slots, queue_limit);
+                        if (r < 0)
+                                return epd_bus_error(error, EPD_ERROR_FAILED, "Cannot change worker %s's capacity: %s",
+                                                     w->id_str, strerror(-r));
+                }
+                if (pools != 0) {
+                        r = sched_worker_set_pools(m->scheduler, w->id_str, (SchedStage)st,
+                                                   scheduler_worker_pools(m, w, (SchedStage)st));
+                        if (r < 0)
+                                return epd_bus_error(error, EPD_ERROR_FAILED, "Cannot change worker %s's pools: %s",
+                                                     w->id_str, strerror(-r));
+                }
+        }
+        if (have_pages && (stages & (1u << SCHED_STAGE_DECODE)))
+                (void)sched_worker_set_free_pages(m->scheduler, w->id_str, free_pages);
         return sd_bus_reply_method_return(msg, NULL);
 }
 

@@ -358,6 +358,23 @@ int sched_worker_set_free_pages(Scheduler *s, const char *id, uint64_t free_page
         return 0;
 }
 
+int sched_worker_set_capacity(Scheduler *s, const char *id, SchedStage stage, unsigned slots, unsigned queue_limit) {
+        if (!id || stage < 0 || stage >= _SCHED_STAGE_MAX || slots > 65536 || queue_limit > 1u << 20)
+                return -EINVAL;
+        SchedWorker *w = worker_find(s, id, stage, NULL);
+        if (!w)
+                return -ENOENT;
+        if (slots > 0 && slots != w->slots) {
+                w->slots = slots;
+                if (queue_limit == 0)
+                        queue_limit = 4 * slots;
+        }
+        if (queue_limit > 0)
+                w->queue_limit = queue_limit;
+        w->queue_limit = MAX(w->queue_limit, w->slots);
+        return 0;
+}
+
 int sched_worker_set_pools(Scheduler *s, const char *id, SchedStage stage, unsigned pools) {
         if (!id || stage < 0 || stage >= _SCHED_STAGE_MAX || (pools & ~((1u << _TASK_TYPE_MAX) - 1)))
                 return -EINVAL;

@@ -173,6 +173,11 @@ int sched_worker_add(Scheduler *s, const SchedWorkerInfo *info);
 /* Its outstanding requests are dropped (counted as failed). */
 int sched_worker_remove(Scheduler *s, const char *id, SchedStage stage, usec_t now);
 int sched_worker_set_free_pages(Scheduler *s, const char *id, uint64_t free_pages);
+/* Changes a worker's capacity at a stage in place: slots (0: as it is) and queue limit
+ * (0: 4 x slots when slots change, else as it is). Its outstanding requests stay (they
+ * run there already); new ones see the new capacity. -ENOENT, -EINVAL (ranges as for
+ * sched_worker_add()). */
+int sched_worker_set_capacity(Scheduler *s, const char *id, SchedStage stage, unsigned slots, unsigned queue_limit);
 /* Changes the pools a worker serves at a stage (a config reload). Its outstanding
  * requests stay; new ones are routed by the new set (0: none). -ENOENT, -EINVAL. */
 int sched_worker_set_pools(Scheduler *s, const char *id, SchedStage stage, unsigned pools);

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include "epd-internal.h"
 #include "harness.h"
 #include "../check-main.h"
 
@@ -111,6 +112,53 @@ START_TEST(test_admit_complete) {
         ck_assert_str_eq(a.decode, epd_worker_path(d2));
         epd_disconnect(d2);
 
+        epd_disconnect(p);
+        epd_disconnect(tool);
+}
+END_TEST
+
+/* ConfigureWorker changes what it names in place: a decode worker reporting its
+ * capacity again (as epd_configure_worker() does, Slots always sent) keeps the requests
+ * it was given; Pools= alone is taken, and stays when Slots come later. */
+START_TEST(test_configure_keeps_admitted) {
+        epd_client *p, *d, *tool;
+        epd_admission a;
+
+        ck_assert_int_eq(epd_connect(address, &tool), 0);
+        ck_assert_int_eq(epd_connect(address, &p), 0);
+        ck_assert_int_eq(epd_register(p, "prefill", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_connect(address, &d), 0);
+        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_configure_worker(d, 4, 0, 100), 0);
+        ck_assert_int_eq(epd_admit(tool, "c1", "interactive", 5 * 1000000, 10, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        ck_assert_uint_eq(outstanding(), 1);
+        ck_assert_int_eq(epd_configure_worker(d, 4, 0, 100), 0); /* the same again */
+        ck_assert_uint_eq(outstanding(), 1);
+        ck_assert_int_eq(epd_configure_worker(d, 8, 0, 200), 0); /* more room */
+        ck_assert_uint_eq(outstanding(), 1);
+        ck_assert_int_eq(epd_complete(p, "c1", "prefill", 20000, true), 0);
+        ck_assert_int_eq(epd_complete(d, "c1", "decode", 100000, true), 0);
+        ck_assert_uint_eq(outstanding(), 0);
+
+        /* Pools= alone: the decode worker serves thinking only. */
+        ck_assert_int_eq(epd__call(d, "/org/epd1", "org.epd1.Scheduler", "ConfigureWorker", NULL, "oa{sv}",
+                                   epd_worker_path(d), 1, "Pools", "as", 1, "thinking"),
+                         0);
+        ck_assert_int_eq(epd_admit(tool, "c2", "interactive", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_REJECT);
+        ck_assert_str_eq(a.reason, "no-workers");
+        /* A later report of its capacity leaves that as it is. */
+        ck_assert_int_eq(epd_configure_worker(d, 4, 0, 100), 0);
+        ck_assert_int_eq(epd_admit(tool, "c3", "interactive", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_REJECT);
+        ck_assert_int_eq(epd_admit(tool, "c4", "thinking", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        /* Out of range: named. */
+        ck_assert_int_lt(epd_configure_worker(d, 70000, 0, 100), 0);
+        ck_assert_str_eq(epd_last_error_name(d), "org.epd1.Error.InvalidArgument");
+
+        epd_disconnect(d);
         epd_disconnect(p);
         epd_disconnect(tool);
 }
@@ -533,6 +581,7 @@ int main(void) {
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_admit_complete);
+        tcase_add_test(tc, test_configure_keeps_admitted);
         tcase_add_test(tc, test_feature_affinity);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
