@@ -16,6 +16,7 @@ typedef struct SchedWorker SchedWorker;
 typedef struct Estimator {
         double srtt, rttvar; /* usec */
         uint64_t n;
+        usec_t last;         /* when the last sample came */
 } Estimator;
 
 typedef struct Rate {
@@ -200,7 +201,12 @@ static double rate_get(const Rate *r, usec_t now, usec_t tau) {
         return rate_decayed(r, now, tau) / ((double)tau / USEC_PER_SEC);
 }
 
-static void est_sample(Estimator *e, double sample) {
+/* A service time longer than this (a day: no deadline is longer) is taken as this. */
+#define SCHED_SERVICE_MAX (24ULL * 3600 * USEC_PER_SEC)
+
+static void est_sample(Estimator *e, double sample, usec_t now) {
+        sample = CLAMP(sample, 1.0, (double)SCHED_SERVICE_MAX);
+        e->last = now;
         if (e->n == 0) {
                 e->srtt = sample;
                 e->rttvar = sample / 8;
@@ -216,11 +222,17 @@ static double est_mean(const Scheduler *s, const SchedWorker *w, TaskType t) {
         return e->n > 0 ? e->srtt : (double)s->config.pools[t].service_estimate[w->stage];
 }
 
-static usec_t est_conservative(const Scheduler *s, const SchedWorker *w, TaskType t) {
+/* srtt + 4 rttvar, or 1.5 x the configured estimate before any sample. A worker with
+ * nothing outstanding whose estimate rose above that stays unchosen, so no sample would
+ * ever bring it back: while it is idle the excess halves every rate_window since its
+ * last sample, and the worker is tried again. */
+static usec_t est_conservative(const Scheduler *s, const SchedWorker *w, TaskType t, usec_t now) {
         const Estimator *e = &w->est[t];
-        double v = e->n > 0 ? e->srtt + 4 * e->rttvar
-                            : 1.5 * (double)s->config.pools[t].service_estimate[w->stage];
-        return (usec_t)MAX(v, 1.0);
+        double base = 1.5 * (double)s->config.pools[t].service_estimate[w->stage];
+        double v = e->n > 0 ? e->srtt + 4 * e->rttvar : base;
+        if (e->n > 0 && v > base && w->outstanding == 0 && now > e->last)
+                v = base + (v - base) * exp2(-(double)(now - e->last) / (double)s->config.rate_window);
+        return (usec_t)CLAMP(v, 1.0, (double)SCHED_SERVICE_MAX);
 }
 
 /* ---- lifetime ---- */
@@ -518,7 +530,7 @@ static void eval_stage(Scheduler *s, SchedStage st, TaskType t, int prio, const 
                         continue;
                 ev->n_serving++;
                 a = affinity(s, w, st, h);
-                svc = (usec_t)((double)est_conservative(s, w, t) * (1.0 - a));
+                svc = (usec_t)((double)est_conservative(s, w, t, now) * (1.0 - a));
                 svc = MAX(svc, (usec_t)1);
                 ev->idle = MIN(ev->idle, svc);
 
@@ -716,8 +728,10 @@ int sched_admit(Scheduler *s, const char *request_id, TaskType t, usec_t deadlin
         pool_update_throttle(s, t);
         if (p->throttled) {
                 double rate = rate_get(&p->completions, now, s->config.rate_window);
-                usec_t drain = rate > 0 ? (usec_t)((p->queue - pp->low_watermark) / rate * USEC_PER_SEC)
-                                        : s->config.retry_max;
+                /* In double, clamped before the cast: a rate decaying towards zero
+                 * would overflow it (undefined; 0 on x86-64, then retry_min). */
+                double d = rate > 0 ? (double)(p->queue - pp->low_watermark) / rate * USEC_PER_SEC : INFINITY;
+                usec_t drain = d >= (double)s->config.retry_max ? s->config.retry_max : (usec_t)MAX(d, 0.0);
                 return decide(s, t, SCHED_DEFER, SCHED_REASON_WATERMARK, drain, 0, now, ret);
         }
 
@@ -810,7 +824,7 @@ int sched_complete(Scheduler *s, const char *request_id, SchedStage st, usec_t s
                 return -ENOENT;
         if (ok) {
                 usec_t sample = service_usec > 0 ? service_usec : now > r->stage_start ? now - r->stage_start : 1;
-                est_sample(&w->est[r->type], (double)sample);
+                est_sample(&w->est[r->type], (double)sample, now);
         }
         r->stage_start = MAX(now, r->stage_start);
         stage_release(r, st);

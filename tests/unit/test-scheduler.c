@@ -392,6 +392,82 @@ START_TEST(test_watermarks_expire) {
 }
 END_TEST
 
+/* One slow report leaves a worker's estimate above a pool's deadline; with nothing
+ * outstanding it is never chosen, so no sample would bring it back: while idle the
+ * excess decays and the worker is tried again. A report of an absurd service time (up
+ * to UINT64_MAX, from any client that admitted the request) counts as a day at most,
+ * never wraps to "instant". */
+START_TEST(test_estimates_recover_and_saturate) {
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        usec_t now = 1000 * SEC;
+        char id[32];
+
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p0", SCHED_STAGE_PREFILL, 4, 0, 0);
+        add(s, "d0", SCHED_STAGE_DECODE, 4, 0, 0);
+        ck_assert_int_eq(sched_admit(s, "slow", TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_int_eq(sched_complete(s, "slow", SCHED_STAGE_PREFILL, 10 * MS, true, now), 0);
+        ck_assert_int_eq(sched_complete(s, "slow", SCHED_STAGE_DECODE, 10 * c.pools[TASK_INTERACTIVE].default_deadline,
+                                        true, now),
+                         0);
+        ck_assert_int_eq(sched_admit(s, "i0", TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_REJECT);
+        ck_assert_int_eq(d.reason, SCHED_REASON_DEADLINE_INFEASIBLE);
+        bool back = false;
+        for (int i = 1; i <= 40 && !back; i++) {
+                snprintf(id, sizeof id, "i%d", i);
+                ck_assert_int_eq(sched_admit(s, id, TASK_INTERACTIVE, 0, NULL, now + (usec_t)i * c.rate_window, &d), 0);
+                back = d.verdict == SCHED_ADMIT;
+        }
+        ck_assert_msg(back, "the worker was never tried again after one slow report");
+
+        /* Saturated: the decode worker is not taken for instant. */
+        ck_assert_int_eq(sched_complete(s, id, SCHED_STAGE_PREFILL, 10 * MS, true, now + 41 * c.rate_window), 0);
+        ck_assert_int_eq(sched_complete(s, id, SCHED_STAGE_DECODE, UINT64_MAX, true, now + 41 * c.rate_window), 0);
+        ck_assert_int_eq(sched_admit(s, "after-max", TASK_THINKING, 0, NULL, now + 41 * c.rate_window, &d), 0);
+        ck_assert(d.verdict != SCHED_ADMIT || d.predicted >= SEC);
+        sched_free(s);
+}
+END_TEST
+
+/* A throttled pool whose completions stopped keeps telling callers to come back late
+ * (retry_max), not, once the completion rate has decayed far enough, at retry_min. */
+START_TEST(test_watermark_retry_without_completions) {
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        usec_t now = 5 * SEC;
+        char id[32];
+
+        c.pools[TASK_THINKING].queue_max = 6;
+        c.pools[TASK_THINKING].high_watermark = 4;
+        c.pools[TASK_THINKING].low_watermark = 2;
+        c.pools[TASK_THINKING].reject_rho = 0;
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p0", SCHED_STAGE_PREFILL, 64, 0, 0);
+        add(s, "d0", SCHED_STAGE_DECODE, 64, 0, 0);
+        ck_assert_int_eq(sched_admit(s, "done", TASK_THINKING, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(sched_complete(s, "done", SCHED_STAGE_PREFILL, 10 * MS, true, now), 0);
+        ck_assert_int_eq(sched_complete(s, "done", SCHED_STAGE_DECODE, 10 * MS, true, now), 0);
+        for (int i = 0; i < 4; i++) {
+                snprintf(id, sizeof id, "t%d", i);
+                ck_assert_int_eq(sched_admit(s, id, TASK_THINKING, 24ULL * 3600 * SEC, NULL, now, &d), 0);
+                ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        }
+        for (usec_t t = 0; t <= 600 * SEC; t += 30 * SEC) {
+                snprintf(id, sizeof id, "late%llu", (unsigned long long)t);
+                ck_assert_int_eq(sched_admit(s, id, TASK_THINKING, 0, NULL, now + t, &d), 0);
+                ck_assert_int_eq(d.reason, SCHED_REASON_WATERMARK);
+                ck_assert_msg(d.retry_after >= SEC, "at +%llu s: retry after %llu us",
+                              (unsigned long long)(t / SEC), (unsigned long long)d.retry_after);
+        }
+        sched_free(s);
+}
+END_TEST
+
 /* ---- a simulated cluster under a Poisson load above its capacity ---- */
 
 typedef struct Job {
@@ -672,6 +748,8 @@ int main(void) {
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_names_config);
         tcase_add_test(tc, test_basic_flow);
+        tcase_add_test(tc, test_estimates_recover_and_saturate);
+        tcase_add_test(tc, test_watermark_retry_without_completions);
         tcase_add_test(tc, test_affinity_backpressure);
         tcase_add_test(tc, test_path_telemetry);
         tcase_add_test(tc, test_watermarks_expire);
