@@ -21,19 +21,33 @@ static int map_error(sd_bus_error *error, int r, const char *what) {
         case -ENOENT:
                 return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "%s: no such workflow or branch.", what);
         case -EDQUOT:
-                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "%s: limit reached.", what);
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
+                                     "%s: limit reached (workflows in the daemon, %u branch ids per workflow over "
+                                     "its life, dropped ones included, or a transition larger than one journal "
+                                     "record).",
+                                     what, WORKFLOW_BRANCHES_MAX);
         case -E2BIG:
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
+                                     "%s: too large (tokens of a workflow, or pages of a sequence past what its "
+                                     "journal record holds).",
+                                     what);
         case -EINVAL:
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "%s: invalid argument.", what);
         case -EPERM:
                 return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED, "%s: not yours.", what);
         case -ENOSPC:
-                return epd_bus_error(error, EPD_ERROR_NO_SPACE, "%s: no free pages.", what);
+                return epd_bus_error(error, EPD_ERROR_NO_SPACE, "%s: no room (KV pages or objects).", what);
         case -ENOTCONN:
         case -EIO:
-                return epd_bus_error(error, EPD_ERROR_FAILED, "%s: the journal could not be written.", what);
+        case -ENOBUFS:
+                return epd_bus_error(error, EPD_ERROR_FAILED, "%s: the journal could not take the change (%s).",
+                                     what, strerror(-r));
+        case -ESHUTDOWN:
+                return epd_bus_error(error, EPD_ERROR_FAILED, "%s: epdd is stopping.", what);
+        case -ENOMEM:
+                return epd_bus_error(error, EPD_ERROR_FAILED, "%s: out of memory.", what);
         default:
-                return r;
+                return epd_bus_error(error, EPD_ERROR_FAILED, "%s: %s", what, strerror(-r));
         }
 }
 

@@ -113,6 +113,23 @@ class WorkflowTest(unittest.TestCase):
             free, total = self.free_pages()
             self.assertEqual(free, total)
 
+    def test_branch_ids_limit_named(self):
+        """Branch ids are not reused: after 63 forks (dropped or not) a workflow takes no
+        more, and the refusal says which limit it hit."""
+        with epd.Client(self.d.address) as c:
+            c.register("decode", "qwen3-vl-test", "cpu", kv=KV)
+            root = epd.sequence.Sequence.create(c, "host0", 1)
+            wf = ew.Workflow.create(c, root.path, list(range(T)), arena="host0")
+            root.release()
+            for _ in range(63):
+                b, h = wf.fork(0)
+                wf.drop(b)
+            with self.assertRaises(epd.EpdError) as e:
+                wf.fork(0)
+            self.assertEqual(e.exception.name, "org.epd1.Error.LimitExceeded")
+            self.assertIn("64 branch ids per workflow", str(e.exception))
+            wf.release()
+
     def test_client_gone_releases(self):
         """A workflow and its branches go with the client that made them."""
         c = epd.Client(self.d.address)
