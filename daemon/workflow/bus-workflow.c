@@ -193,6 +193,11 @@ static int method_advance(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 return r;
         if ((r = begin(m, msg, &c, error)) < 0 || (r = get_own(m, c, id, &w, error)) < 0)
                 return r;
+        Worker *caller = NULL;
+        if (manager_require_worker(m, msg, &caller, error) >= 0 && caller->kv.tokens_per_block == 0)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                     "Advance: the caller registered no KV layout, so the block size (tokens per "
+                                     "page) that decides which pages are shared is unknown.");
         r = workflow_advance(m->workflows, w, branch, tokens, n, segments, NULL, &a);
         if (r < 0)
                 return map_error(error, r, "Advance");

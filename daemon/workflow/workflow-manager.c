@@ -9,7 +9,6 @@
 #include "wal/wal-manager.h"
 #include "workflow/workflow-manager.h"
 
-#define BLOCK_TOKENS_DEFAULT 16
 
 typedef struct Binding {
         ClientObject object;
@@ -96,7 +95,9 @@ static int op_check(void *userdata, const EpdId *seq, size_t *ret_pages, size_t 
         if (!s)
                 return -ESTALE;
         *ret_pages = sequence_size(s);
-        *ret_block_tokens = g->call.block_tokens > 0 ? g->call.block_tokens : BLOCK_TOKENS_DEFAULT;
+        /* The caller's tokens per block; 0 when it registered no KV layout (Advance then
+         * refuses: a guessed block size would share pages of other tokens). */
+        *ret_block_tokens = g->call.block_tokens;
         return 0;
 }
 

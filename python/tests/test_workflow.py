@@ -130,6 +130,22 @@ class WorkflowTest(unittest.TestCase):
             self.assertIn("64 branch ids per workflow", str(e.exception))
             wf.release()
 
+    def test_advance_needs_block_size(self):
+        """Advance shares the pages of the common prefix, in whole blocks: a caller whose
+        block size (its KV layout's tokens per page) is unknown is refused, not answered
+        with a guessed one that could share pages holding other tokens."""
+        with epd.Client(self.d.address) as k, epd.Client(self.d.address) as c:
+            k.register("prefill", "qwen3-vl-test", "cpu", kv=KV)  # the arena's page size
+            c.register("decode", "qwen3-vl-test", "cpu")           # no KV layout
+            root = epd.sequence.Sequence.create(c, "host0", 2)
+            wf = ew.Workflow.create(c, root.path, list(range(2 * T)), arena="host0")
+            root.release()
+            with self.assertRaises(epd.EpdError) as e:
+                wf.advance(0, list(range(T)) + [9] * T)
+            self.assertEqual(e.exception.name, "org.epd1.Error.InvalidArgument")
+            self.assertIn("no KV layout", str(e.exception))
+            wf.release()
+
     def test_client_gone_releases(self):
         """A workflow and its branches go with the client that made them."""
         c = epd.Client(self.d.address)
