@@ -322,27 +322,44 @@ static int scheduler_worker_added(Manager *m, Worker *w, Reason *why) {
         return 0;
 }
 
+static uint64_t kv_arena_mask(Manager *m, const Worker *w) {
+        uint64_t mask = 0;
+        for (size_t i = 0; i < m->n_arenas && i < 64; i++)
+                if ((w->arena_mask & (UINT64_C(1) << i)) && m->arenas[i]->usage == ARENA_USAGE_KV &&
+                    m->arenas[i]->pages)
+                        mask |= UINT64_C(1) << i;
+        return mask;
+}
+
 void scheduler_refresh_pages(Manager *m) {
-        Worker *w;
+        Worker *w, *v;
         size_t it = 0;
 
         while (hashmap_iterate(m->workers, &it, (void **)&w, NULL)) {
-                uint64_t free_pages = 0;
-                bool any = false;
+                uint64_t free_pages = 0, mask;
                 if (!(scheduler_stages_of_role(w->role) & (1u << SCHED_STAGE_DECODE)))
                         continue;
-                for (size_t i = 0; i < m->n_arenas && i < 64; i++) {
-                        Arena *a = m->arenas[i];
-                        PagePoolStats st;
-                        if (!(w->arena_mask & (UINT64_C(1) << i)) || a->usage != ARENA_USAGE_KV || !a->pages)
-                                continue;
-                        page_pool_stats(a->pages, &st);
-                        free_pages += st.free + st.cached_idle; /* idle cached pages are evictable */
-                        any = true;
-                }
+                mask = kv_arena_mask(m, w);
                 /* Without a page pool yet, ConfigureWorker(FreePages=) is what counts. */
-                if (any)
-                        (void)sched_worker_set_free_pages(m->scheduler, w->id_str, free_pages);
+                if (mask == 0)
+                        continue;
+                for (size_t i = 0; i < m->n_arenas && i < 64; i++) {
+                        PagePoolStats st;
+                        if (!(mask & (UINT64_C(1) << i)))
+                                continue;
+                        page_pool_stats(m->arenas[i]->pages, &st);
+                        free_pages += st.free + st.cached_idle; /* idle cached pages are evictable */
+                }
+                /* Pages promised to the other decode workers of the same arenas are not
+                 * this one's to promise again (the scheduler counts each worker's own). */
+                size_t jt = 0;
+                uint64_t others = 0;
+                while (hashmap_iterate(m->workers, &jt, (void **)&v, NULL))
+                        if (v != w && (scheduler_stages_of_role(v->role) & (1u << SCHED_STAGE_DECODE)) &&
+                            (kv_arena_mask(m, v) & mask))
+                                others += sched_worker_reserved_pages(m->scheduler, v->id_str);
+                free_pages -= MIN(free_pages, others);
+                (void)sched_worker_set_free_pages(m->scheduler, w->id_str, free_pages);
         }
 }
 

@@ -397,6 +397,11 @@ int sched_worker_set_pools(Scheduler *s, const char *id, SchedStage stage, unsig
         return 0;
 }
 
+uint64_t sched_worker_reserved_pages(Scheduler *s, const char *id) {
+        SchedWorker *w = id ? worker_find(s, id, SCHED_STAGE_DECODE, NULL) : NULL;
+        return w ? w->reserved_pages : 0;
+}
+
 unsigned sched_worker_get_pools(Scheduler *s, const char *id, SchedStage stage) {
         SchedWorker *w = id && stage >= 0 && stage < _SCHED_STAGE_MAX ? worker_find(s, id, stage, NULL) : NULL;
         return w ? w->pools : 0;
@@ -828,6 +833,14 @@ int sched_complete(Scheduler *s, const char *request_id, SchedStage st, usec_t s
         }
         r->stage_start = MAX(now, r->stage_start);
         stage_release(r, st);
+        if (st == SCHED_STAGE_PREFILL && r->stages[SCHED_STAGE_DECODE].worker) {
+                /* The prefill handed its KV off: the handoff took the decode's pages from
+                 * the pool (its Prepare reserved them there), so they are out of the free
+                 * count now; still reserving them would count them twice. */
+                SchedWorker *dw = r->stages[SCHED_STAGE_DECODE].worker;
+                dw->reserved_pages -= MIN(dw->reserved_pages, r->pages);
+                r->pages = 0;
+        }
 
         bool more = false;
         for (int i = st + 1; i < _SCHED_STAGE_MAX; i++)

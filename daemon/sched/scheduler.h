@@ -181,6 +181,9 @@ int sched_worker_set_capacity(Scheduler *s, const char *id, SchedStage stage, un
 /* Changes the pools a worker serves at a stage (a config reload). Its outstanding
  * requests stay; new ones are routed by the new set (0: none). -ENOENT, -EINVAL. */
 int sched_worker_set_pools(Scheduler *s, const char *id, SchedStage stage, unsigned pools);
+/* The KV pages a decode worker's admitted requests hold back (0 if it is not there):
+ * from Admit until their prefill completes (the handoff has the pages then). */
+uint64_t sched_worker_reserved_pages(Scheduler *s, const char *id);
 /* The pools a worker serves at a stage (bit per TaskType); 0 if it is not there. */
 unsigned sched_worker_get_pools(Scheduler *s, const char *id, SchedStage stage);
 

@@ -157,8 +157,26 @@ START_TEST(test_configure_keeps_admitted) {
         /* Out of range: named. */
         ck_assert_int_lt(epd_configure_worker(d, 70000, 0, 100), 0);
         ck_assert_str_eq(epd_last_error_name(d), "org.epd1.Error.InvalidArgument");
-
         epd_disconnect(d);
+        d = NULL;
+
+        /* Two decode workers of one arena: the pages promised to one are not promised to
+         * the other again. */
+        static const epd_kv_layout kv = { .layers = 4, .tokens_per_block = 16, .k_bytes_per_token = 256,
+                                          .v_bytes_per_token = 256, .dtype = "bf16" };
+        epd_client *k1, *k2;
+        ck_assert_int_eq(epd_connect(address, &k1), 0);
+        ck_assert_int_eq(epd_register(k1, "decode", "m", "cpu", &kv, NULL), 0);
+        ck_assert_int_eq(epd_connect(address, &k2), 0);
+        ck_assert_int_eq(epd_register(k2, "decode", "m", "cpu", &kv, NULL), 0);
+        ck_assert_int_eq(epd_admit(tool, "big1", "hybrid", 0, 6000, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        ck_assert_int_eq(epd_admit(tool, "big2", "hybrid", 0, 6000, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_DEFER);
+        ck_assert_str_eq(a.reason, "no-pages");
+        epd_disconnect(k1);
+        epd_disconnect(k2);
+
         epd_disconnect(p);
         epd_disconnect(tool);
 }

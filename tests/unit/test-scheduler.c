@@ -433,6 +433,37 @@ START_TEST(test_estimates_recover_and_saturate) {
 }
 END_TEST
 
+/* A request's decode pages are held back from Admit until its prefill completes: by then
+ * its handoff took them from the pool, so the free count the worker reports no longer
+ * has them, and holding them back still would count them twice. */
+START_TEST(test_pages_reserved_until_prefill_done) {
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        usec_t now = 1000 * SEC;
+        SchedHints h = { .pages_needed = 60 };
+
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p0", SCHED_STAGE_PREFILL, 4, 0, 0);
+        add(s, "d0", SCHED_STAGE_DECODE, 4, 0, 100);
+        ck_assert_int_eq(sched_admit(s, "a", TASK_THINKING, 0, &h, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_uint_eq(sched_worker_reserved_pages(s, "d0"), 60);
+        h.pages_needed = 45;
+        ck_assert_int_eq(sched_admit(s, "b", TASK_THINKING, 0, &h, now, &d), 0);
+        ck_assert_int_eq(d.reason, SCHED_REASON_NO_PAGES); /* 100 - 60 */
+        ck_assert_int_eq(sched_complete(s, "a", SCHED_STAGE_PREFILL, 10 * MS, true, now), 0);
+        ck_assert_uint_eq(sched_worker_reserved_pages(s, "d0"), 0);
+        ck_assert_int_eq(sched_worker_set_free_pages(s, "d0", 40), 0); /* the handoff took 60 */
+        h.pages_needed = 35;
+        ck_assert_int_eq(sched_admit(s, "b", TASK_THINKING, 0, &h, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_int_eq(sched_complete(s, "a", SCHED_STAGE_DECODE, 10 * MS, true, now), 0);
+        ck_assert_uint_eq(sched_worker_reserved_pages(s, "d0"), 35);
+        sched_free(s);
+}
+END_TEST
+
 /* A throttled pool whose completions stopped keeps telling callers to come back late
  * (retry_max), not, once the completion rate has decayed far enough, at retry_min. */
 START_TEST(test_watermark_retry_without_completions) {
@@ -749,6 +780,7 @@ int main(void) {
         tcase_add_test(tc, test_names_config);
         tcase_add_test(tc, test_basic_flow);
         tcase_add_test(tc, test_estimates_recover_and_saturate);
+        tcase_add_test(tc, test_pages_reserved_until_prefill_done);
         tcase_add_test(tc, test_watermark_retry_without_completions);
         tcase_add_test(tc, test_affinity_backpressure);
         tcase_add_test(tc, test_path_telemetry);
