@@ -346,6 +346,20 @@ START_TEST(test_path_telemetry) {
 }
 END_TEST
 
+/* The thinking pool throttled from 4 outstanding down to 2 (at most 6), one prefill and
+ * one decode worker of 64 slots. */
+static Scheduler *watermark_scheduler(SchedConfig *c) {
+        Scheduler *s;
+        c->pools[TASK_THINKING].queue_max = 6;
+        c->pools[TASK_THINKING].high_watermark = 4;
+        c->pools[TASK_THINKING].low_watermark = 2;
+        c->pools[TASK_THINKING].reject_rho = 0;
+        ck_assert_int_eq(sched_new(c, &s), 0);
+        add(s, "p0", SCHED_STAGE_PREFILL, 64, 0, 0);
+        add(s, "d0", SCHED_STAGE_DECODE, 64, 0, 0);
+        return s;
+}
+
 START_TEST(test_watermarks_expire) {
         SchedConfig c = test_config();
         Scheduler *s;
@@ -353,13 +367,7 @@ START_TEST(test_watermarks_expire) {
         usec_t now = 5 * SEC;
         char id[32];
 
-        c.pools[TASK_THINKING].queue_max = 6;
-        c.pools[TASK_THINKING].high_watermark = 4;
-        c.pools[TASK_THINKING].low_watermark = 2;
-        c.pools[TASK_THINKING].reject_rho = 0;
-        ck_assert_int_eq(sched_new(&c, &s), 0);
-        add(s, "p0", SCHED_STAGE_PREFILL, 64, 0, 0);
-        add(s, "d0", SCHED_STAGE_DECODE, 64, 0, 0);
+        s = watermark_scheduler(&c);
         for (int i = 0; i < 4; i++) {
                 snprintf(id, sizeof id, "t%d", i);
                 ck_assert_int_eq(sched_admit(s, id, TASK_THINKING, 0, NULL, now, &d), 0);
@@ -473,13 +481,7 @@ START_TEST(test_watermark_retry_without_completions) {
         usec_t now = 5 * SEC;
         char id[32];
 
-        c.pools[TASK_THINKING].queue_max = 6;
-        c.pools[TASK_THINKING].high_watermark = 4;
-        c.pools[TASK_THINKING].low_watermark = 2;
-        c.pools[TASK_THINKING].reject_rho = 0;
-        ck_assert_int_eq(sched_new(&c, &s), 0);
-        add(s, "p0", SCHED_STAGE_PREFILL, 64, 0, 0);
-        add(s, "d0", SCHED_STAGE_DECODE, 64, 0, 0);
+        s = watermark_scheduler(&c);
         ck_assert_int_eq(sched_admit(s, "done", TASK_THINKING, 0, NULL, now, &d), 0);
         ck_assert_int_eq(sched_complete(s, "done", SCHED_STAGE_PREFILL, 10 * MS, true, now), 0);
         ck_assert_int_eq(sched_complete(s, "done", SCHED_STAGE_DECODE, 10 * MS, true, now), 0);
