@@ -259,7 +259,9 @@ static int feature_journal(FeatureCache *c, uint16_t rec, const void *payload, s
 }
 
 bool feature_manager_region_settled(FeatureManager *fm) {
-        return fm->gone_lsn == 0 || wal_manager_durable(fm->manager, fm->gone_lsn);
+        if (fm->gone_lsn != 0 && wal_manager_durable(fm->manager, fm->gone_lsn))
+                fm->gone_lsn = 0; /* nothing to wait for until the next eviction */
+        return fm->gone_lsn == 0;
 }
 
 /* Replay is done: journal from now on, and forget what was journaled in arenas whose

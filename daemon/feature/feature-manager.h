@@ -42,7 +42,8 @@ typedef struct FeatureManager {
         sd_event_source *timer;  /* announce deadlines */
         FeatureLoader *loader;   /* reads spilled features back off the event loop */
         LIST_HEAD(FeatureHandle, pending); /* handles whose Acquire waits for a load */
-        uint64_t gone_lsn;       /* the last eviction's GONE record (UINT64_MAX: refused) */
+        uint64_t gone_lsn;       /* the last eviction's GONE record while not known durable
+                                  * (0: none pending; UINT64_MAX: refused) */
 } FeatureManager;
 
 struct FeatureHandle {

@@ -72,13 +72,11 @@ void handoff_on_backpressure(Telemetry *t, const char *peer, BackpressureLevel l
                 return;
         Manager *m = hm->manager;
         const char *host = peer_host_of_name(m, peer);
-        unsigned n = 0, permille = 0;
-        uint64_t bytes = 0;
-        usec_t retry = 0;
-        handoff_manager_window(hm, host, &n, &bytes);
-        (void)backpressure_window_admit(&m->config.telemetry.backpressure, level, reason, n, bytes, 0, &retry,
-                                        &permille);
         PeerWindow *w = hashmap_get(hm->windows, host);
+        unsigned n = w ? w->handoffs : 0, permille = 0;
+        usec_t retry = 0;
+        (void)backpressure_window_admit(&m->config.telemetry.backpressure, level, reason, n, w ? w->bytes : 0, 0,
+                                        &retry, &permille);
         if (w && !backpressure_window_closed(level, reason))
                 retry = backpressure_full_retry(&m->config.telemetry.backpressure, w->held_avg, n);
         if (level == BACKPRESSURE_NONE)
