@@ -98,6 +98,16 @@ static void open_notify(void) {
         ck_assert_int_eq(bind(notify_fd, (struct sockaddr *)&sa, sizeof sa), 0);
 }
 
+/* open_notify()'s end: the stored fds, the socket and the harness's directory. */
+static void close_notify(void) {
+        for (size_t i = 0; i < store_n; i++)
+                close(store_fds[i]);
+        store_n = 0;
+        close(notify_fd);
+        notify_fd = -1;
+        harness_done(&h);
+}
+
 static void start_epdd(bool with_store) {
         pid_t pid = fork();
         ck_assert_int_ge(pid, 0);
@@ -250,10 +260,7 @@ START_TEST(test_restart_keeps_arenas) {
         start_epdd(false);
         worker_touch("host0", false, 1, len, false);
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
-        for (size_t i = 0; i < store_n; i++)
-                close(store_fds[i]);
-        close(notify_fd);
-        harness_done(&h);
+        close_notify();
 }
 END_TEST
 
@@ -489,10 +496,7 @@ START_TEST(test_restart_keeps_sequences_and_features) {
         free(clone);
         free(gone);
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
-        for (size_t i = 0; i < store_n; i++)
-                close(store_fds[i]);
-        close(notify_fd);
-        harness_done(&h);
+        close_notify();
 }
 END_TEST
 
@@ -523,8 +527,8 @@ START_TEST(test_evicted_region_reused_before_crash) {
                 ck_assert_uint_eq(b->offset, off);
                 memset(b->data, 0xbb, 48 * 1024);
                 kill9_epdd();
-                free(b); /* the daemon is gone: only the struct */
                 epd_disconnect(c);
+                (void)epd_feature_release(NULL, b); /* the daemon is gone: only the struct */
 
                 start_epdd(true);
                 c = kv_worker(&host0, &feat0);
@@ -538,10 +542,7 @@ START_TEST(test_evicted_region_reused_before_crash) {
                 epd_disconnect(c);
                 ck_assert_int_eq(harness_stop_epdd(&h), 0);
         }
-        for (size_t i = 0; i < store_n; i++)
-                close(store_fds[i]);
-        close(notify_fd);
-        harness_done(&h);
+        close_notify();
 }
 END_TEST
 
@@ -694,10 +695,7 @@ START_TEST(test_sequence_crash_loop) {
                 model_clear(&seqs[i]);
         epd_disconnect(c);
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
-        for (size_t i = 0; i < store_n; i++)
-                close(store_fds[i]);
-        close(notify_fd);
-        harness_done(&h);
+        close_notify();
 }
 END_TEST
 
@@ -1175,10 +1173,7 @@ START_TEST(test_directory_handoff_crash_loop) {
         }
         epd_disconnect(c);
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
-        for (size_t i = 0; i < store_n; i++)
-                close(store_fds[i]);
-        close(notify_fd);
-        harness_done(&h);
+        close_notify();
 }
 END_TEST
 
