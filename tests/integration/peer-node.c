@@ -17,7 +17,9 @@
  *   peers                           one line per peer, then ok
  *   bench HOST SIZE TOTAL WINDOW    stream TOTAL bytes in SIZE writes, WINDOW in flight
  *   quit
- * Asynchronous lines: "state HOST up|down REASON", "bench-done ...". */
+ * Asynchronous lines: "state HOST up|down REASON @SECONDS" (SECONDS: CLOCK_MONOTONIC when
+ * the change was seen, so that a test measures the detection, not its own reading of the
+ * pipe), "bench-done ...". */
 
 #include <errno.h>
 #include <getopt.h>
@@ -63,7 +65,9 @@ static void out(const char *fmt, ...) {
 }
 
 static void on_state(Peer *p, bool up, void *userdata) {
-        out("state %s %s %s", peer_host_id(p), up ? "up" : "down", up ? "-" : peer_last_error(p));
+        usec_t t = now_usec(CLOCK_MONOTONIC);
+        out("state %s %s %s @%" PRIu64 ".%06" PRIu64, peer_host_id(p), up ? "up" : "down",
+            up ? "-" : peer_last_error(p), t / USEC_PER_SEC, t % USEC_PER_SEC);
 }
 
 static int validator(Peer *p, TransportIncoming *in, void *ud) {
