@@ -146,6 +146,74 @@ void feature_manager_count_publish(FeatureHandle *h) {
 
 /* ---- the subsystem ---- */
 
+bool feature_manager_region_settled(FeatureManager *fm) {
+        if (fm->gone_lsn != 0 && wal_manager_durable(fm->manager, fm->gone_lsn))
+                fm->gone_lsn = 0; /* nothing to wait for until the next eviction */
+        return fm->gone_lsn == 0;
+}
+
+/* A read back from the store into a region that may be an evicted feature's: handed to
+ * the load thread once that eviction's GONE is durable, as a producer's region is
+ * (send_region in bus-feature.c). Until then the feature stays RESERVED and loading. */
+typedef struct HeldLoad {
+        FeatureManager *fm;
+        FeatureCache *cache;
+        Feature *feature;
+        int fd;
+        void *dst;
+        uint64_t size;
+        bool in_call; /* inside wal_manager_after_durable(): the caller takes the result */
+        bool answered;
+        int result;
+} HeldLoad;
+
+static void held_load_go(void *userdata, int error) {
+        HeldLoad *l = userdata;
+        int r = error;
+
+        if (r >= 0)
+                r = feature_loader_queue(l->cache, l->feature, TAKE_FD(l->fd), l->dst, l->size, l->fm->loader);
+        else
+                l->fd = safe_close(l->fd);
+        if (l->in_call) {
+                l->answered = true;
+                l->result = r;
+                return;
+        }
+        if (r < 0) {
+                log_warning_errno(r, "Feature %.64s: cannot read it back from the store: %m", l->feature->key);
+                feature_load_done(l->feature, r);
+        }
+        free(l);
+}
+
+static int queue_load(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, void *userdata) {
+        FeatureManager *fm = userdata;
+        int r;
+
+        if (feature_manager_region_settled(fm))
+                return feature_loader_queue(c, f, fd, dst, size, fm->loader);
+        if (fm->gone_lsn == UINT64_MAX) {
+                safe_close(fd); /* the GONE was refused: it never becomes durable */
+                return -EIO;
+        }
+        HeldLoad *l = malloc(sizeof *l);
+        if (!l) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        *l = (HeldLoad) { .fm = fm, .cache = c, .feature = f, .fd = fd, .dst = dst, .size = size, .in_call = true };
+        r = wal_manager_after_durable(fm->manager, held_load_go, l);
+        if (r < 0 || l->answered) {
+                if (r >= 0)
+                        r = l->result;
+                safe_close(l->fd);
+                free(l);
+                return r;
+        }
+        l->in_call = false;
+        return 0;
+}
 static int feature_init(Manager *m) {
         _cleanup_(feature_cache_freep) FeatureCache *c = NULL;
         FeatureManager *fm;
@@ -200,7 +268,7 @@ static int feature_init(Manager *m) {
                 }
                 feature_cache_set_store(c, fm->store);
                 feature_cache_set_spill(c, feature_spiller_queue, fm->spiller);
-                feature_cache_set_loader(c, feature_loader_queue, fm->loader);
+                feature_cache_set_loader(c, queue_load, fm);
         }
         feature_cache_set_callback(c, on_state, fm);
         m->features = TAKE_PTR(c);
@@ -258,11 +326,6 @@ static int feature_journal(FeatureCache *c, uint16_t rec, const void *payload, s
         return r;
 }
 
-bool feature_manager_region_settled(FeatureManager *fm) {
-        if (fm->gone_lsn != 0 && wal_manager_durable(fm->manager, fm->gone_lsn))
-                fm->gone_lsn = 0; /* nothing to wait for until the next eviction */
-        return fm->gone_lsn == 0;
-}
 
 /* Replay is done: journal from now on, and forget what was journaled in arenas whose
  * memory did not survive the restart. */

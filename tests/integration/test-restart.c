@@ -9,6 +9,7 @@
  * under block-directory publishes and handoffs, checking after each restart that every
  * acknowledged entry and handoff transition is there and nothing else). */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -526,6 +528,85 @@ START_TEST(test_evicted_region_reused_before_crash) {
                 ck_assert_int_eq(epd_feature_reserve(c, kb, 48 * 1024, &t, 1, NULL, &b), 0);
                 ck_assert_uint_eq(b->offset, off);
                 memset(b->data, 0xbb, 48 * 1024);
+                kill9_epdd();
+                epd_disconnect(c);
+                (void)epd_feature_release(NULL, b); /* the daemon is gone: only the struct */
+
+                start_epdd(true);
+                c = kv_worker(&host0, &feat0);
+                int r = epd_feature_acquire(c, ka, false, &a);
+                if (r == 0) {
+                        ck_assert_msg(strcmp(a->result, "hit") != 0 || ((uint8_t *)a->data)[0] == 0xaa,
+                                      "round %u: %s answered a hit holding another feature's bytes (0x%02x)",
+                                      round, ka, ((uint8_t *)a->data)[0]);
+                        ck_assert_int_eq(epd_feature_release(c, a), 0);
+                }
+                epd_disconnect(c);
+                ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        }
+        close_notify();
+}
+END_TEST
+
+/* The same for a region handed to a feature read back from the store: the read waits for
+ * the evicted feature's GONE to be durable before it writes into the region, or a kill -9
+ * right after the load could leave the evicted feature's READY over the loaded bytes. */
+static unsigned store_files(const char *dir, bool remove) {
+        DIR *d = opendir(dir);
+        unsigned k = 0;
+        ck_assert_ptr_nonnull(d);
+        for (struct dirent *de; (de = readdir(d));)
+                if (strncmp(de->d_name, "f-", 2) == 0 && strstr(de->d_name, ".feat")) {
+                        k++;
+                        if (remove)
+                                ck_assert_int_eq(unlinkat(dirfd(d), de->d_name, 0), 0);
+                }
+        closedir(d);
+        return k;
+}
+
+START_TEST(test_loaded_region_reused_before_crash) {
+        char store[300], line[400];
+        ck_assert_int_eq(harness_init(&h, "[Features]\nCacheSize=64K\n"), 0);
+        snprintf(store, sizeof store, "%s/store", h.dir);
+        ck_assert_int_eq(mkdir(store, 0700), 0);
+        snprintf(line, sizeof line, "StoreDirectory=%s\n", store);
+        FILE *f = fopen(h.config, "ae");
+        ck_assert_ptr_nonnull(f);
+        fputs(line, f);
+        fclose(f);
+        open_notify();
+
+        for (unsigned round = 0; round < 3; round++) {
+                (void)store_files(store, true); /* the last round's */
+                start_epdd(true);
+                uint8_t *host0, *feat0;
+                epd_client *c = kv_worker(&host0, &feat0);
+                epd_feature_tensor t = { .name = "pixels", .dtype = "u8", .rank = 1, .shape = { 48 * 1024 } };
+                char ka[32], kb[32];
+                snprintf(ka, sizeof ka, "image:A%u", round);
+                snprintf(kb, sizeof kb, "image:B%u", round);
+                epd_feature *a = NULL, *b = NULL;
+                /* B, then A in B's place (B is spilled to the store). */
+                ck_assert_int_eq(epd_feature_reserve(c, kb, 48 * 1024, &t, 1, NULL, &b), 0);
+                memset(b->data, 0xbb, 48 * 1024);
+                ck_assert_int_eq(epd_feature_publish(c, b, 1), 0);
+                ck_assert_int_eq(epd_feature_release(c, b), 0);
+                ck_assert_int_eq(epd_feature_reserve(c, ka, 48 * 1024, &t, 1, NULL, &a), 0);
+                memset(a->data, 0xaa, 48 * 1024);
+                ck_assert_int_eq(epd_feature_publish(c, a, 1), 0);
+                uint64_t off = a->offset;
+                ck_assert_int_eq(epd_feature_release(c, a), 0);
+                for (unsigned i = 0; store_files(store, false) < 1; i++) {
+                        ck_assert_msg(i < 1000, "round %u: B was never spilled", round);
+                        usleep(10000);
+                }
+                usleep(50000); /* B's GONE is durable by now (lazy bound: milliseconds) */
+                /* Reading B back evicts A and takes A's region. */
+                ck_assert_int_eq(epd_feature_acquire(c, kb, false, &b), 0);
+                ck_assert_str_eq(b->result, "hit");
+                ck_assert_uint_eq(b->offset, off);
+                ck_assert_uint_eq(((uint8_t *)b->data)[0], 0xbb);
                 kill9_epdd();
                 epd_disconnect(c);
                 (void)epd_feature_release(NULL, b); /* the daemon is gone: only the struct */
@@ -1840,12 +1921,14 @@ int main(void) {
         (void)test_restart_keeps_arenas;
         (void)test_restart_keeps_sequences_and_features;
         (void)test_evicted_region_reused_before_crash;
+        (void)test_loaded_region_reused_before_crash;
 #elif defined(CRASH_LOOP_DH)
         tcase_add_test(tc, test_directory_handoff_crash_loop);
         (void)test_sequence_crash_loop;
         (void)test_restart_keeps_arenas;
         (void)test_restart_keeps_sequences_and_features;
         (void)test_evicted_region_reused_before_crash;
+        (void)test_loaded_region_reused_before_crash;
         (void)test_crash_every_record;
 #elif defined(CRASH_LOOP)
         tcase_add_test(tc, test_sequence_crash_loop);
@@ -1854,10 +1937,12 @@ int main(void) {
         (void)test_restart_keeps_arenas;
         (void)test_restart_keeps_sequences_and_features;
         (void)test_evicted_region_reused_before_crash;
+        (void)test_loaded_region_reused_before_crash;
 #else
         tcase_add_test(tc, test_restart_keeps_arenas);
         tcase_add_test(tc, test_restart_keeps_sequences_and_features);
         tcase_add_test(tc, test_evicted_region_reused_before_crash);
+        tcase_add_test(tc, test_loaded_region_reused_before_crash);
         (void)test_sequence_crash_loop;
         (void)test_directory_handoff_crash_loop;
         (void)test_crash_every_record;
