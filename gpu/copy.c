@@ -183,13 +183,12 @@ static void *waiter_thread(void *userdata) {
                 Watch w = e->watches[e->watch_head];
                 pthread_mutex_unlock(&e->lock);
 
-                int r = 0;
-                if (w.dev != current) {
-                        r = gpu_device_make_current(s, &s->devices[w.dev]);
-                        current = r < 0 ? -1 : w.dev;
-                }
-                if (r >= 0)
-                        r = event_wait(s, w.event, __atomic_load_n(&e->spin_usec, __ATOMIC_RELAXED));
+                if (w.dev != current)
+                        current = gpu_device_make_current(s, &s->devices[w.dev]) < 0 ? -1 : w.dev;
+                /* Waited for even when the context could not be made current (an event
+                 * names its own): a part counted done must be done on the GPU, or its job's
+                 * arenas and pages could go under a copy still running. */
+                int r = event_wait(s, w.event, __atomic_load_n(&e->spin_usec, __ATOMIC_RELAXED));
 
                 pthread_mutex_lock(&e->lock);
                 e->watch_head = (e->watch_head + 1) % e->watch_cap;
@@ -643,6 +642,11 @@ int gpu_copy_wait(GpuCopyEngine *e, int timeout_ms) {
         if (r < 0)
                 return -errno;
         return r > 0;
+}
+
+void gpu_copy_engine_kick(GpuCopyEngine *e) {
+        uint64_t one = 1;
+        (void)!write(e->efd, &one, sizeof one);
 }
 
 int gpu_copy_engine_fd(const GpuCopyEngine *e) {

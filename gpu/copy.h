@@ -130,6 +130,9 @@ const GpuCopyStats *gpu_copy_engine_stats(const GpuCopyEngine *e);
 
 /* Readable (eventfd, O_CLOEXEC|O_NONBLOCK) when completions are waiting. */
 int gpu_copy_engine_fd(const GpuCopyEngine *e);
+/* Makes the fd readable again: for a caller that reaped completions into a queue of its
+ * own outside its fd's handler (the reap drained the fd), so that its handler runs. */
+void gpu_copy_engine_kick(GpuCopyEngine *e);
 /* Batches submitted and not yet reaped. */
 size_t gpu_copy_engine_in_flight(const GpuCopyEngine *e);
 

@@ -15,7 +15,8 @@ static uint64_t token_stride(const GpuKvRows *r) {
 }
 
 uint64_t gpu_kv_rows_pages(const GpuKvRows *r) {
-        return r->tokens_per_page ? DIV_ROUND_UP(r->tokens, r->tokens_per_page) : 0;
+        /* Not DIV_ROUND_UP: tokens + T - 1 wraps for a count near 2^64 (0 pages). */
+        return r->tokens_per_page ? r->tokens / r->tokens_per_page + (r->tokens % r->tokens_per_page != 0) : 0;
 }
 
 int gpu_kv_rows_check(const GpuKvRows *r, size_t n_pages, uint64_t page_size) {

@@ -215,6 +215,10 @@ static void cuda_region_free(CudaTransport *c, CudaRegion *cr) {
                 while (gpu_copy_engine_in_flight(c->engine) > 0 &&
                        gpu_copy_wait(c->engine, 1000) >= 0)
                         (void)reap_into_ready(c);
+                /* The reaps drained the completion fd: the loop learns of what they left
+                 * in the ready queue only if the fd is readable again. */
+                if (c->n_ready > 0)
+                        gpu_copy_engine_kick(c->engine);
                 (void)gpu_host_unregister(c->system, cr->region->host_base);
         }
         gpu_arena_unref(cr->arena); /* batches in flight hold their own references */
@@ -300,6 +304,14 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                         r = -ERANGE;
                         goto fail;
                 }
+                /* What the engine refuses (seg_validate), refused here for the whole batch:
+                 * found in a later part, earlier parts would already be on the GPU. */
+                if (w[i].length == 0 ||
+                    (src == dst && w[i].src_offset < w[i].dst_offset + w[i].length &&
+                     w[i].dst_offset < w[i].src_offset + w[i].length)) {
+                        r = -EINVAL;
+                        goto fail;
+                }
         }
 
         /* Small first parts get an idle GPU going within microseconds; behind work still
@@ -336,8 +348,13 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                         if (b->parts == 0)
                                 goto fail;
                         /* Earlier parts are in flight: the batch completes when they
-                         * have, every write with this error (the rest is never copied). */
+                         * have, every write with this error (the rest is never copied),
+                         * each under its own cookie. */
                         b->error = r;
+                        for (size_t j = i + 1; j < n; j++) {
+                                b->cookies[j] = w[j].cookie;
+                                b->lengths[j] = w[j].length;
+                        }
                         break;
                 }
                 b->parts++;
@@ -375,6 +392,10 @@ static size_t cuda_poll(Transport *t, TransportCompletion *out, size_t n) {
                                 c->ready_head = 0;
                 }
         } while (k < n && reap_into_ready(c) > 0);
+        /* Completions left for the next call (this one's out was full): keep the fd
+         * readable for them, whatever the caller's loop does until then. */
+        if (c->n_ready > 0)
+                gpu_copy_engine_kick(c->engine);
         return k;
 }
 

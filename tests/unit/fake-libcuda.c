@@ -270,14 +270,31 @@ static CUresult f_copy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
         copy_delay();
         return f_copy_now(dst, src, n);
 }
+/* FAKE_CUDA_FAIL_ASYNC_AFTER=N: the asynchronous copy calls after the first N (counted
+ * while it is set) fail as they are enqueued, as a driver refusing work does. */
+static int async_refused(void) {
+        static unsigned long calls;
+        const char *after = getenv("FAKE_CUDA_FAIL_ASYNC_AFTER");
+        if (!after) {
+                calls = 0;
+                return 0;
+        }
+        return calls++ >= strtoul(after, NULL, 10);
+}
 static CUresult f_copy_async(CUdeviceptr dst, CUdeviceptr src, size_t n, void *stream) {
+        if (async_refused())
+                return E_INVALID;
         return f_copy_now(dst, src, n);
 }
 static CUresult f_copy_peer_async(CUdeviceptr dst, void *dc, CUdeviceptr src, void *sc, size_t n, void *s) {
+        if (async_refused())
+                return E_INVALID;
         return f_copy_now(dst, src, n);
 }
 static CUresult f_batch_async(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
                               void *attrs, size_t *idx, size_t n_attrs, void *stream) {
+        if (async_refused())
+                return E_INVALID;
         for (size_t i = 0; i < count; i++)
                 f_copy_now(dsts[i], srcs[i], sizes[i]);
         return OK;

@@ -639,6 +639,102 @@ START_TEST(test_fake_external) {
 }
 END_TEST
 
+/* A batch in parts whose later part the engine refuses: the whole batch is refused up
+ * front when the transport can tell (a write of length 0), and otherwise every write
+ * completes under its own cookie, never one left from an earlier batch in the reused
+ * arrays. */
+START_TEST(test_fake_late_part_refused) {
+        enum { N = 2000, PIECE = 128 };
+#define ASYNC_OK "1" /* the first part is one batched copy call */
+        GpuContext *g = NULL;
+        TransportWrite *w = calloc(N, sizeof *w);
+
+        fake_gpu(false);
+        ck_assert_int_eq(gpu_context_new(fake(), &g), 0);
+        Transport *t = g->transport;
+        Arena *a = fake_arena(g, 1, 2 << 20), *b = fake_arena(g, 2, 2 << 20);
+        /* A first batch with cookies 1000000 + i: its CudaBatch becomes a spare. */
+        for (int i = 0; i < N; i++)
+                w[i] = (TransportWrite) { .src_region = 1, .src_offset = (uint64_t)i * PIECE, .dst_region = 2,
+                                          .dst_offset = (uint64_t)(N - 1 - i) * PIECE, .length = PIECE,
+                                          .cookie = 1000000 + (uint64_t)i };
+        ck_assert_int_eq(run_writes(t, w, N, NULL), 0);
+        /* The same batch, cookies i, write 300 (second part) of length 0. */
+        for (int i = 0; i < N; i++)
+                w[i].cookie = (uint64_t)i;
+        w[300].length = 0;
+        int r = t->ops->post(t, NULL, w, N);
+        ck_assert_int_eq(r, -EINVAL);
+        /* An overlapping copy inside one region: refused whole as well. */
+        w[300].length = PIECE;
+        w[700].dst_region = 1;
+        w[700].dst_offset = w[700].src_offset + PIECE / 2;
+        ck_assert_int_eq(t->ops->post(t, NULL, w, N), -EINVAL);
+        w[700].dst_region = 2;
+        w[700].dst_offset = (uint64_t)(N - 1 - 700) * PIECE;
+        /* A later part that the driver refuses as it is enqueued: the first part's copies
+         * are on the GPU, so the post stands and every write completes with the error. */
+        ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_ASYNC_AFTER", ASYNC_OK, 1), 0);
+        r = t->ops->post(t, NULL, w, N);
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_FAIL_ASYNC_AFTER"), 0);
+        ck_assert_int_eq(r, 0);
+        {
+                TransportCompletion c[64];
+                size_t seen = 0, stale = 0;
+                while (seen < N) {
+                        struct pollfd p = { .fd = t->ops->completion_fd(t), .events = POLLIN };
+                        size_t k = t->ops->poll(t, c, ELEMENTSOF(c));
+                        for (size_t i = 0; i < k; i++) {
+                                if (c[i].cookie >= 1000000)
+                                        stale += c[i].writes;
+                                ck_assert_int_lt(c[i].error, 0);
+                                seen += c[i].writes;
+                        }
+                        if (k == 0)
+                                ck_assert_int_eq(poll(&p, 1, 5000), 1);
+                }
+                ck_assert_uint_eq(stale, 0);
+        }
+        fake_arena_free(g, a);
+        fake_arena_free(g, b);
+        gpu_context_free(g);
+        free(w);
+}
+END_TEST
+
+/* Unregistering a pinned host region waits for the copies in flight and reaps them into
+ * the transport's ready queue: the completion fd must be readable again, or the loop
+ * never hears of them. */
+START_TEST(test_fake_unregister_keeps_wakeup) {
+        static uint8_t host[1 << 20], host2[1 << 20];
+        TransportRegion hr = { .id = 100, .domain = MEMORY_HOST, .host_base = host, .size = sizeof host };
+        TransportRegion hr2 = { .id = 101, .domain = MEMORY_HOST, .host_base = host2, .size = sizeof host2 };
+        GpuContext *g = NULL;
+
+        fake_gpu(false);
+        ck_assert_int_eq(gpu_context_new(fake(), &g), 0);
+        Transport *t = g->transport;
+        Arena *a = fake_arena(g, 1, 2 << 20), *b = fake_arena(g, 2, 2 << 20);
+        ck_assert_int_eq(t->ops->register_region(t, &hr), 0);
+        ck_assert_int_eq(t->ops->register_region(t, &hr2), 0);
+        TransportWrite w = { .src_region = 1, .dst_region = 2, .length = 4096, .cookie = 42 };
+        ck_assert_int_eq(t->ops->post(t, NULL, &w, 1), 0);
+        /* Another handoff's staging buffer goes (handoff_staging_free): */
+        t->ops->unregister_region(t, &hr2);
+        struct pollfd p = { .fd = t->ops->completion_fd(t), .events = POLLIN };
+        int readable = poll(&p, 1, 500);
+        TransportCompletion c[4];
+        size_t k = t->ops->poll(t, c, 4);
+        ck_assert_int_eq(readable, 1);
+        ck_assert_uint_eq(k, 1);
+        ck_assert_uint_eq(c[0].cookie, 42);
+        t->ops->unregister_region(t, &hr);
+        fake_arena_free(g, a);
+        fake_arena_free(g, b);
+        gpu_context_free(g);
+}
+END_TEST
+
 START_TEST(test_fake_libepd) {
         EpdGpu *g = NULL;
         EpdGpuMapping *m = NULL;
@@ -695,6 +791,8 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_fake_copy_errors);
         tcase_add_test(tc, test_fake_external);
         tcase_add_test(tc, test_fake_libepd);
+        tcase_add_test(tc, test_fake_late_part_refused);
+        tcase_add_test(tc, test_fake_unregister_keeps_wakeup);
         suite_add_tcase(s, tc);
         return s;
 }

@@ -159,6 +159,12 @@ START_TEST(test_bad_shapes_are_refused) {
         uint64_t pages[3] = { 0, PAGE, 2 * PAGE };
         ck_assert(!gpu_kv_rows_aligned(&x, pages, 3));
         ck_assert_uint_eq(gpu_kv_rows_pages(&r), 3);
+        /* A token count whose page count would wrap in tokens + T - 1. */
+        x = r;
+        x.tokens = UINT64_MAX - 1;
+        ck_assert_uint_eq(gpu_kv_rows_pages(&x),
+                          (uint64_t)(((unsigned __int128)x.tokens + x.tokens_per_page - 1) / x.tokens_per_page));
+        ck_assert_int_eq(gpu_kv_rows_check(&x, 3, PAGE), -ERANGE);
 }
 END_TEST
 
