@@ -134,7 +134,10 @@ static bool info_differs(const MemberInfo *a, const MemberInfo *b) {
                a->started_usec != b->started_usec || a->lease != b->lease;
 }
 
-static int apply_put(Membership *ms, const MemberInfo *info) {
+/* authoritative: a resync's record, read with the whole prefix at one revision: it is
+ * what etcd holds now, whatever revision it carries (after etcd lost its data, lower
+ * ones than those seen before). A watch's record older than what is known is stale. */
+static int apply_put(Membership *ms, const MemberInfo *info, bool authoritative) {
         Member *m, **nm;
         int r;
 
@@ -148,7 +151,7 @@ static int apply_put(Membership *ms, const MemberInfo *info) {
         if (m) {
                 bool was_missing = m->state == MEMBER_MISSING, changed;
 
-                if (info->revision < m->info.revision) {
+                if (!authoritative && info->revision < m->info.revision) {
                         ms->stats.stale++;
                         return 0;
                 }
@@ -193,7 +196,7 @@ static int apply_put(Membership *ms, const MemberInfo *info) {
 int membership_put(Membership *ms, const MemberInfo *info) {
         if (!ms || !info)
                 return -EINVAL;
-        return apply_put(ms, info);
+        return apply_put(ms, info, false);
 }
 
 int membership_delete(Membership *ms, const char *host_id, int64_t revision, const char *why) {
@@ -218,14 +221,22 @@ void membership_resync_begin(Membership *ms, int64_t revision) {
         ms->epoch++;
         ms->resyncing = true;
         ms->stats.resyncs++;
-        if (revision > ms->revision)
+        if (revision > 0 && revision < ms->revision) {
+                /* etcd's revision went back: it lost its data (or it is a new cluster) and
+                 * every host registers again at low revisions. Its revisions start over
+                 * here too, or every record and delete from now on would look stale. */
+                ms->stats.revision_resets++;
+                ms->revision = revision;
+                for (size_t i = 0; i < ms->n_members; i++)
+                        ms->members[i]->info.revision = 0;
+        } else if (revision > ms->revision)
                 ms->revision = revision;
 }
 
 int membership_resync_put(Membership *ms, const MemberInfo *info) {
         if (!ms || !info || !ms->resyncing)
                 return -EINVAL;
-        return apply_put(ms, info);
+        return apply_put(ms, info, true);
 }
 
 void membership_resync_end(Membership *ms, usec_t now) {

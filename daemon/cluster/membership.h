@@ -82,7 +82,9 @@ int membership_put(Membership *ms, const MemberInfo *info);
 int membership_delete(Membership *ms, const char *host_id, int64_t revision, const char *why);
 
 /* A resync: begin, put every key of the read, end. Members not in it become MISSING
- * (deadline now + grace); members in it are ALIVE again. */
+ * (deadline now + grace); members in it are ALIVE again. A resync's records are what etcd
+ * holds (never stale); a resync at a revision below the known one (etcd lost its data)
+ * starts the revisions over. */
 void membership_resync_begin(Membership *ms, int64_t revision);
 int membership_resync_put(Membership *ms, const MemberInfo *info);
 void membership_resync_end(Membership *ms, usec_t now);
@@ -105,6 +107,7 @@ typedef struct MembershipStats {
         uint64_t resyncs;
         uint64_t refused;       /* joins past the bound */
         uint64_t stale;         /* puts or deletes older than what is known */
+        uint64_t revision_resets; /* resyncs at a revision below the known one (etcd lost its data) */
         uint64_t link_changes;
 } MembershipStats;
 void membership_stats(const Membership *ms, MembershipStats *ret);

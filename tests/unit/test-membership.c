@@ -166,12 +166,44 @@ START_TEST(test_bound_and_validation) {
 }
 END_TEST
 
+/* etcd lost its data: revisions start over, every host registers again at a low
+ * revision, and the watch resyncs below the revision known. The members stay (no leave
+ * after the grace), and a later delete at the new revisions is not taken for stale. */
+START_TEST(test_revision_reset) {
+        Membership *ms;
+        Log l = {};
+        MemberInfo a = info("alpha", "10.0.0.1:7100", 5000);
+        MembershipStats st;
+
+        ck_assert_int_eq(membership_new(&ms, "self", 8, 2 * USEC_PER_SEC, on_event, &l), 0);
+        ck_assert_int_eq(membership_put(ms, &a), 0);
+        a = info("alpha", "10.0.0.1:7100", 4);
+        a.lease = 99;
+        membership_resync_begin(ms, 10);
+        ck_assert_int_eq(membership_resync_put(ms, &a), 0);
+        membership_resync_end(ms, 1000);
+        ck_assert_int_eq(membership_revision(ms), 10);
+        membership_tick(ms, 1000 + 3 * USEC_PER_SEC);
+        ck_assert_ptr_nonnull(membership_get(ms, "alpha"));
+        ck_assert_int_eq(membership_get(ms, "alpha")->state, MEMBER_ALIVE);
+        ck_assert_int_eq(membership_get(ms, "alpha")->info.lease, 99);
+        membership_stats(ms, &st);
+        ck_assert_uint_eq(st.revision_resets, 1);
+        ck_assert_uint_eq(st.leaves, 0);
+        /* The host goes away later: its delete at revision 12 is current. */
+        ck_assert_int_eq(membership_delete(ms, "alpha", 12, NULL), 0);
+        ck_assert_ptr_null(membership_get(ms, "alpha"));
+        membership_free(ms);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("membership");
         TCase *tc = tcase_create("membership");
         tcase_add_test(tc, test_join_update_leave);
         tcase_add_test(tc, test_resync_grace);
         tcase_add_test(tc, test_bound_and_validation);
+        tcase_add_test(tc, test_revision_reset);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
