@@ -12,3 +12,6 @@ int cluster_etcd_start(ClusterManager *cm) {
 
 void cluster_etcd_stop(ClusterManager *cm) {
 }
+
+void cluster_etcd_register_again(ClusterManager *cm) {
+}

@@ -93,11 +93,20 @@ static bool nap(ClusterManager *cm, long ms) {
                 ts.tv_nsec -= 1000000000L;
         }
         pthread_mutex_lock(&cm->lock);
-        while (!(stop = atomic_load(&cm->stop)))
+        while (!(stop = atomic_load(&cm->stop)) && !atomic_load(&cm->key_lost))
                 if (pthread_cond_timedwait(&cm->cond, &cm->lock, &ts) == ETIMEDOUT)
                         break;
         pthread_mutex_unlock(&cm->lock);
         return stop || atomic_load(&cm->stop);
+}
+
+void cluster_etcd_register_again(ClusterManager *cm) {
+        if (!cm->session_started)
+                return;
+        pthread_mutex_lock(&cm->lock);
+        atomic_store(&cm->key_lost, true);
+        pthread_cond_broadcast(&cm->cond);
+        pthread_mutex_unlock(&cm->lock);
 }
 
 static EtcdClient *client_new(ClusterManager *cm, const atomic_bool *cancel) {
@@ -148,6 +157,7 @@ static void *session_main(void *userdata) {
         char err[256];
 
         while (!atomic_load(&cm->stop)) {
+                atomic_store(&cm->key_lost, false); /* this put is the one asked for */
                 int r = session_register(cm, c, &lease, err, sizeof err);
                 if (r < 0) {
                         lease = 0;
@@ -166,6 +176,12 @@ static void *session_main(void *userdata) {
                         char *ans = NULL;
                         size_t len;
                         int64_t ttl = 0;
+
+                        if (atomic_exchange(&cm->key_lost, false)) {
+                                /* The key is gone but the lease lives: a new lease and put
+                                 * (the old lease, without keys now, expires unrefreshed). */
+                                break;
+                        }
 
                         r = call(c, "/v3/lease/keepalive", etcd_json_lease_id_request(lease), &ans, &len, err,
                                  sizeof err);

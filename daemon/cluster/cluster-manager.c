@@ -76,12 +76,27 @@ static void check_own_key(ClusterManager *cm, const MemberInfo *info) {
                   info->host_id, info->address);
 }
 
+/* This host's key is gone from etcd while its session is up (deleted by hand, or by
+ * another epdd with the same HostId= that stopped and revoked its lease): without a new
+ * put, every other member would drop this host for as long as it runs. */
+static void own_key_lost(ClusterManager *cm, const char *why) {
+        if (!cm->session_up)
+                return; /* the session registers anyway when it comes back */
+        log_warning("cluster: this host's key %s %s while its lease lives; registering again", cm->key, why);
+        cluster_etcd_register_again(cm);
+}
+
 void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *infos, size_t n) {
         usec_t now = now_usec(CLOCK_MONOTONIC);
+        bool own = false;
 
         membership_resync_begin(cm->members, revision);
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
                 check_own_key(cm, infos + i);
+                own = own || strcmp(infos[i].host_id, cm->self.host_id) == 0;
+        }
+        if (!own)
+                own_key_lost(cm, "is missing from a full read of etcd");
         for (size_t i = 0; i < n; i++)
                 if (membership_resync_put(cm->members, infos + i) == -ENOSPC)
                         log_warning("cluster: member %s refused: MaxMembers=%u reached", infos[i].host_id,
@@ -98,6 +113,8 @@ void cluster_on_put(ClusterManager *cm, const MemberInfo *info) {
 }
 
 void cluster_on_delete(ClusterManager *cm, const char *host_id, int64_t revision) {
+        if (strcmp(host_id, cm->self.host_id) == 0)
+                own_key_lost(cm, "was deleted from etcd");
         (void)membership_delete(cm->members, host_id, revision, "lease expired or revoked in etcd");
 }
 

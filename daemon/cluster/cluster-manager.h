@@ -43,6 +43,8 @@ typedef struct ClusterManager {
         /* Threads and what they post. */
         atomic_bool stop;
         atomic_bool never;       /* the session client's cancel flag: false until joined */
+        atomic_bool key_lost;    /* this host's key is gone from etcd while its lease lives:
+                                  * the session thread registers again */
         pthread_t session_thread, watch_thread;
         struct EtcdClient *session_client, *watch_client; /* one per thread */
         bool session_started, watch_started;
@@ -67,6 +69,9 @@ extern const Subsystem cluster_subsystem;
  * session revokes its lease on the way) and drops what they posted. */
 int cluster_etcd_start(ClusterManager *cm);
 void cluster_etcd_stop(ClusterManager *cm);
+/* Wakes the session thread to put this host's record again under a new lease (its key
+ * was deleted, or a resync did not find it, while the session was up). */
+void cluster_etcd_register_again(ClusterManager *cm);
 /* What the threads learned, applied on the loop (cluster-manager.c). */
 void cluster_on_session(ClusterManager *cm, bool up, uint64_t lease, const char *error, const char *endpoint);
 void cluster_on_watch(ClusterManager *cm, bool up, const char *error);

@@ -534,12 +534,36 @@ def test_faults(cl):
     # member that registered again under a new lease is "updated").
     assert not any(" MemberChanged " in l and (" joined " in l or " left " in l) for l in sig.lines[mark:]), \
         sig.lines[mark:]
-    sig.kill()
     for i in range(n):
         ids = [m["host_id"] for m in cl.cluster(i)["members"]]
         assert len(ids) == len(set(ids)) == n, ids
     assert cl.mesh(range(n))
     assert sorted(cl.etcd.keys()) == sorted(f"/epd/members/{h}" for h in cl.names), cl.etcd.keys()
+
+    # h1's key deleted by hand while its lease lives: h1 puts it again at once, and no
+    # member drops it.
+    mark = len(sig.lines)
+    t0 = time.monotonic()
+    r = cl.etcd.ctl("del", "/epd/members/h1")
+    assert r.returncode == 0 and r.stdout.strip() == "1", (r.stdout, r.stderr)
+    wait_until(lambda: "/epd/members/h1" in cl.etcd.keys(), 5, "h1 registered again after its key was deleted")
+    print(f"h1's key deleted: back in etcd after {time.monotonic() - t0:.2f}s")
+    with open(os.path.join(cl.tmp, "h1.log")) as f:
+        assert "registering again" in f.read(), "h1 did not say why it registered again"
+    # etcd loses its data (revisions start over): every host registers again, and no
+    # member is dropped past the grace (a resync's records are taken as they are).
+    cl.etcd.stop()
+    shutil.rmtree(cl.etcd.data)
+    cl.etcd.start()
+    wait_until(lambda: sorted(cl.etcd.keys()) == sorted(f"/epd/members/{h}" for h in cl.names), 15,
+               "every host registered in the empty etcd")
+    wait_until(lambda: all((cl.cluster(i) or {}).get("etcd_state") == "up" for i in range(n)), 15,
+               "etcd up again after losing its data")
+    time.sleep(LEASE_TTL_S + 1.5)  # past the grace of a member missing from a resync
+    assert cl.mesh(range(n)), [cl.cluster(i)["members"] for i in range(n)]
+    assert not any(" MemberChanged " in l and " left " in l for l in sig.lines[mark:]), sig.lines[mark:]
+    print("etcd lost its data: every member stayed")
+    sig.kill()
 
     # A member with a wrong cluster key: seen in etcd, refused at connect, nothing written.
     cl.kill(n - 1, signal.SIGTERM)  # a clean stop revokes its lease: gone from etcd at once
