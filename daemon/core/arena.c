@@ -239,8 +239,25 @@ int arena_adopt_host(const ArenaConfig *c, uint32_t index, int fd, const char *h
                 return log_error_errno(EBADMSG, "Stored fd for arena '%s' does not hold that arena.",
                                        c->name);
         }
+        /* Only into the slot and shape it had: the WAL names arenas by index (another
+         * slot would give this arena another one's sequences and directory entries), and
+         * a changed Size= or HugePages= means fresh memory (docs/wal.md). */
+        bool huge = h->data_offset >= HUGE_PAGE;
+        uint64_t want = 0;
+        if (h->index != index ||
+            (huge ? c->hugepages == HUGEPAGES_NO : c->hugepages == HUGEPAGES_YES) ||
+            arena_size_round(c->size, huge ? HUGE_PAGE : HOST_PAGE, &want) < 0 || want != a->size ||
+            h->data_offset != arena_header_size(huge ? HUGE_PAGE : HOST_PAGE)) {
+                uint32_t was = h->index;
+                a->fd = -EBADF;
+                arena_free(a);
+                log_notice("Arena '%s': the stored one was slot %" PRIu32 " of %" PRIu64 " bytes%s, configured now "
+                           "slot %" PRIu32 " of %" PRIu64 " bytes: starting from fresh memory.",
+                           c->name, was, (uint64_t)st.st_size, huge ? " in huge pages" : "", index, c->size);
+                return -ESTALE;
+        }
         a->data_offset = h->data_offset;
-        a->hugepages = h->data_offset >= HUGE_PAGE;
+        a->hugepages = huge;
         a->adopted = true;
         write_header(a, host_id);
         *ret = a;

@@ -266,6 +266,54 @@ START_TEST(test_restart_keeps_arenas) {
 }
 END_TEST
 
+/* The daemon's configuration with these arena sections (as harness_init writes it). */
+static void write_arenas(const char *arenas) {
+        FILE *f = fopen(h.config, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[Daemon]\nSocket=%s\nSystemBus=no\nStateDirectory=%s/state\nLogLevel=debug\n"
+                   "HostId=test-host\n%s",
+                h.socket, h.dir, arenas);
+        ck_assert_int_eq(fclose(f), 0);
+}
+
+/* A stored arena comes back only into the slot and size it had: the WAL's records name
+ * arenas by index, so an arena taken back at another index (sections reordered) would
+ * get another arena's sequences and directory entries over its bytes, and one whose
+ * Size= or HugePages= changed would keep its old size. Either starts from fresh memory. */
+START_TEST(test_restart_arena_moved_or_resized) {
+        const size_t len = 4 << 20;
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        write_arenas("[Arena:a]\nSize=16M\n[Arena:b]\nSize=16M\n");
+        open_notify();
+        start_epdd(true);
+        ck_assert_uint_eq(store_n, 2);
+        worker_touch("a", true, 1, len, true);
+        worker_touch("b", true, 2, len, true);
+        kill9_epdd();
+        /* The same sections: both taken back. */
+        start_epdd(true);
+        worker_touch("a", false, 1, len, true);
+        worker_touch("b", false, 2, len, true);
+        kill9_epdd();
+        /* Swapped: a and b change slots; both start fresh. */
+        write_arenas("[Arena:b]\nSize=16M\n[Arena:a]\nSize=16M\n");
+        start_epdd(true);
+        worker_touch("a", false, 1, len, false);
+        worker_touch("b", false, 2, len, false);
+        worker_touch("a", true, 3, len, true);
+        worker_touch("b", true, 4, len, true);
+        kill9_epdd();
+        /* a grows: fresh, of the new size; b (same slot, same size) taken back. */
+        write_arenas("[Arena:b]\nSize=16M\n[Arena:a]\nSize=32M\n");
+        start_epdd(true);
+        worker_touch("a", false, 3, len, false);
+        worker_touch("b", false, 4, len, true);
+        ck_assert_uint_eq(store_n, 2); /* a's old fd left the store, its new one is there */
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        close_notify();
+}
+END_TEST
+
 /* -- committed sequences and cached features across kill -9 -- */
 
 /* 4 layers x 16 tokens x (256 + 256) bytes: 32 KiB pages. */
@@ -1922,6 +1970,7 @@ int main(void) {
         (void)test_restart_keeps_sequences_and_features;
         (void)test_evicted_region_reused_before_crash;
         (void)test_loaded_region_reused_before_crash;
+        (void)test_restart_arena_moved_or_resized;
 #elif defined(CRASH_LOOP_DH)
         tcase_add_test(tc, test_directory_handoff_crash_loop);
         (void)test_sequence_crash_loop;
@@ -1929,6 +1978,7 @@ int main(void) {
         (void)test_restart_keeps_sequences_and_features;
         (void)test_evicted_region_reused_before_crash;
         (void)test_loaded_region_reused_before_crash;
+        (void)test_restart_arena_moved_or_resized;
         (void)test_crash_every_record;
 #elif defined(CRASH_LOOP)
         tcase_add_test(tc, test_sequence_crash_loop);
@@ -1938,8 +1988,10 @@ int main(void) {
         (void)test_restart_keeps_sequences_and_features;
         (void)test_evicted_region_reused_before_crash;
         (void)test_loaded_region_reused_before_crash;
+        (void)test_restart_arena_moved_or_resized;
 #else
         tcase_add_test(tc, test_restart_keeps_arenas);
+        tcase_add_test(tc, test_restart_arena_moved_or_resized);
         tcase_add_test(tc, test_restart_keeps_sequences_and_features);
         tcase_add_test(tc, test_evicted_region_reused_before_crash);
         tcase_add_test(tc, test_loaded_region_reused_before_crash);
