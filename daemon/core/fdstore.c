@@ -87,6 +87,14 @@ FdStore *fdstore_free(FdStore *s) {
         return NULL;
 }
 
+FdStore *fdstore_close(FdStore *s) {
+        if (!s)
+                return NULL;
+        for (size_t i = 0; i < s->n; i++)
+                s->fds[i] = safe_close(s->fds[i]);
+        return fdstore_free(s);
+}
+
 int fdstore_push(const char *name, int fd) {
         char msg[64 + FDSTORE_NAME_MAX];
         int r;

@@ -28,6 +28,9 @@ int fdstore_take(FdStore *s, const char *name);
 /* Closes what nobody took (and asks systemd to forget those names). */
 FdStore *fdstore_free(FdStore *s);
 DEFINE_TRIVIAL_CLEANUP_FUNC(FdStore *, fdstore_free);
+/* Closes what nobody took and leaves it in systemd's store, for a start that failed part
+ * way: the next start may still want it. */
+FdStore *fdstore_close(FdStore *s);
 
 /* Hands a copy of fd to the service manager under name. 0 when stored, -ENOTCONN
  * outside systemd, or the error. */

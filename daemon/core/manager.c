@@ -593,8 +593,13 @@ static int manager_setup_arenas(Manager *m) {
                                         (void)fdstore_push(fdname, m->arenas[i]->fd);
                         }
                 }
-                if (r < 0)
+                if (r < 0) {
+                        /* The arenas after this one stay in systemd's store for the next
+                         * start: a failure here (a GPU not ready, huge pages short) must
+                         * not cost their pages. */
+                        store = fdstore_close(store);
                         return r; /* logged */
+                }
                 m->n_arenas++;
                 char sz[32];
                 log_info("Arena %s: %s %s, %s%s%s.", c->name, memory_domain_to_string(c->domain),

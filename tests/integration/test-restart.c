@@ -51,7 +51,19 @@ static void store_put(const char *name, int fd) {
         store_fds[store_n++] = fd;
 }
 
-/* Reads notify messages; stores fds; returns true once READY=1 arrived. */
+static void store_remove(const char *name) {
+        for (size_t i = 0; i < store_n; i++)
+                if (strcmp(store_names[i], name) == 0) {
+                        close(store_fds[i]);
+                        store_n--;
+                        memmove(store_names[i], store_names[i + 1], (store_n - i) * sizeof store_names[0]);
+                        memmove(store_fds + i, store_fds + i + 1, (store_n - i) * sizeof store_fds[0]);
+                        return;
+                }
+}
+
+/* Reads notify messages; stores fds (and forgets them on FDSTOREREMOVE=1); returns true
+ * once READY=1 arrived. */
 static bool pump_notify(void) {
         bool ready = false;
         for (;;) {
@@ -75,7 +87,13 @@ static bool pump_notify(void) {
                 if (strstr(buf, "READY=1"))
                         ready = true;
                 char *name = strstr(buf, "FDNAME=");
-                if (strstr(buf, "FDSTORE=1") && name && nfds == 1) {
+                if (strstr(buf, "FDSTOREREMOVE=1") && name) {
+                        name += strlen("FDNAME=");
+                        name[strcspn(name, "\n")] = 0;
+                        store_remove(name);
+                        for (int i = 0; i < nfds; i++)
+                                close(fds[i]);
+                } else if (strstr(buf, "FDSTORE=1") && name && nfds == 1) {
                         name += strlen("FDNAME=");
                         name[strcspn(name, "\n")] = 0;
                         store_put(name, fds[0]);
@@ -110,7 +128,7 @@ static void close_notify(void) {
         harness_done(&h);
 }
 
-static void start_epdd(bool with_store) {
+static pid_t spawn_epdd(bool with_store) {
         pid_t pid = fork();
         ck_assert_int_ge(pid, 0);
         if (pid == 0) {
@@ -154,6 +172,20 @@ static void start_epdd(bool with_store) {
                 execl(harness_epdd(), harness_epdd(), cfg, (char *)NULL);
                 _exit(127);
         }
+        return pid;
+}
+
+/* A start that must fail: its exit status, once the messages it sent are read. */
+static int run_epdd_to_exit(bool with_store) {
+        pid_t pid = spawn_epdd(with_store);
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        (void)pump_notify();
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void start_epdd(bool with_store) {
+        pid_t pid = spawn_epdd(with_store);
         h.epdd_pid = pid;
         for (int i = 0; i < 1000; i++) {
                 if (pump_notify())
@@ -309,6 +341,34 @@ START_TEST(test_restart_arena_moved_or_resized) {
         worker_touch("a", false, 3, len, false);
         worker_touch("b", false, 4, len, true);
         ck_assert_uint_eq(store_n, 2); /* a's old fd left the store, its new one is there */
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        close_notify();
+}
+END_TEST
+
+static unsigned log_count(const char *text);
+
+/* A start that fails at one arena leaves the stored arenas after it in systemd's store:
+ * the next good start takes them back with their bytes. */
+START_TEST(test_failed_start_keeps_the_store) {
+        const size_t len = 4 << 20;
+        const char *arenas = "[Arena:a]\nSize=16M\n[Arena:b]\nSize=16M\n[Arena:c]\nSize=16M\n";
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        write_arenas(arenas);
+        open_notify();
+        start_epdd(true);
+        ck_assert_uint_eq(store_n, 3);
+        worker_touch("a", true, 1, len, true);
+        worker_touch("c", true, 3, len, true);
+        kill9_epdd();
+        /* b now asks for more huge pages than this machine has: the start fails there. */
+        write_arenas("[Arena:a]\nSize=16M\n[Arena:b]\nSize=64G\nHugePages=yes\n[Arena:c]\nSize=16M\n");
+        ck_assert_int_ne(run_epdd_to_exit(true), 0);
+        ck_assert_msg(log_count("HugePages=yes but") > 0, "the start did not fail at arena b");
+        write_arenas(arenas);
+        start_epdd(true);
+        worker_touch("a", false, 1, len, true);
+        worker_touch("c", false, 3, len, true);
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         close_notify();
 }
@@ -1971,6 +2031,7 @@ int main(void) {
         (void)test_evicted_region_reused_before_crash;
         (void)test_loaded_region_reused_before_crash;
         (void)test_restart_arena_moved_or_resized;
+        (void)test_failed_start_keeps_the_store;
 #elif defined(CRASH_LOOP_DH)
         tcase_add_test(tc, test_directory_handoff_crash_loop);
         (void)test_sequence_crash_loop;
@@ -1979,6 +2040,7 @@ int main(void) {
         (void)test_evicted_region_reused_before_crash;
         (void)test_loaded_region_reused_before_crash;
         (void)test_restart_arena_moved_or_resized;
+        (void)test_failed_start_keeps_the_store;
         (void)test_crash_every_record;
 #elif defined(CRASH_LOOP)
         tcase_add_test(tc, test_sequence_crash_loop);
@@ -1989,9 +2051,11 @@ int main(void) {
         (void)test_evicted_region_reused_before_crash;
         (void)test_loaded_region_reused_before_crash;
         (void)test_restart_arena_moved_or_resized;
+        (void)test_failed_start_keeps_the_store;
 #else
         tcase_add_test(tc, test_restart_keeps_arenas);
         tcase_add_test(tc, test_restart_arena_moved_or_resized);
+        tcase_add_test(tc, test_failed_start_keeps_the_store);
         tcase_add_test(tc, test_restart_keeps_sequences_and_features);
         tcase_add_test(tc, test_evicted_region_reused_before_crash);
         tcase_add_test(tc, test_loaded_region_reused_before_crash);
