@@ -134,8 +134,7 @@ static int method_prepare(sd_bus_message *msg, void *userdata, sd_bus_error *err
         prepare_call_free(call);
         if (r < 0)
                 return epd_bus_error_errno(error, r, why.text);
-        if (r == HANDOFF_PREPARED_ALREADY)
-                return sd_bus_reply_method_return(msg, "ot", o->path, o->h->token);
+        /* Also for a repeated Prepare: the first one's record may not be durable yet. */
         return reply_journaled_object(m, msg, o);
 }
 
@@ -465,10 +464,13 @@ static int method_rollback(sd_bus_message *msg, void *userdata, sd_bus_error *er
         int r = owner_check(o, msg, NULL, error);
         if (r < 0)
                 return r;
+        /* The object may be gone after this (a Prepare still waiting for its destination
+         * is answered and released by the rollback); the reply waits for its record. */
+        Manager *m = o->hm->manager;
         r = handoff_manager_rollback(o, &why);
         if (r < 0)
                 return epd_bus_error_errno(error, r, why.text);
-        return wal_manager_reply_empty(o->hm->manager, msg);
+        return wal_manager_reply_empty(m, msg);
 }
 
 static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *error) {

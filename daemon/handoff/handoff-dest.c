@@ -582,8 +582,11 @@ int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequenc
                         hm->counters.committed++;
                 handoff_after_event(t);
         } else {
+                /* Told once this commit's record is durable: a source told before drops
+                 * (or releases) its pages while a crash here could still roll the commit
+                 * back, and the KV would be lost on both sides. */
                 HandoffMessage msg = { .type = HANDOFF_MSG_COMMIT };
-                handoff_send_message(o, &msg);
+                handoff_send_message_when_durable(o, &msg);
         }
         *ret_sequence = o->sequence_path ? o->sequence_path : s->path;
         handoff_after_event(o);

@@ -21,6 +21,7 @@
 #include "pages/page-manager.h"
 #include "peer/peer-manager.h"
 #include "telemetry/telemetry-manager.h"
+#include "wal/wal-manager.h"
 
 /* Writes this daemon posted (source side), by cookie: one per write to a peer (whose
  * cookies travel and must be unique), one per group's batch within this host (every
@@ -139,6 +140,9 @@ void handoff_pump(HandoffObject *o);
  * the group's immediate (handoff-proto.h). */
 void handoff_mark_group_end(HandoffObject *o, uint32_t g, TransportWrite *w);
 void handoff_send_message(HandoffObject *o, HandoffMessage *m);
+/* The same once every record journaled so far is durable (the object may be gone by
+ * then); not at all if the journal fails. */
+void handoff_send_message_when_durable(HandoffObject *o, HandoffMessage *m);
 
 /* handoff-dest.c: the destination side: remote Prepare, incoming writes, Accept, Commit */
 int handoff_dest_accept(HandoffManager *hm, Client *c, HandoffObject *d, HandoffObject **ret, Reason *why);

@@ -23,6 +23,57 @@ void handoff_send_message(HandoffObject *o, HandoffMessage *m) {
                                 handoff_message_type_to_string(m->type), o->peer_host);
 }
 
+typedef struct DurableMessage {
+        Peer *peer; /* peers are never freed while the WAL can still answer */
+        uint16_t type;
+        char request[EPD_ID_STRING_MAX];
+        size_t len;
+        uint8_t *buf;
+} DurableMessage;
+
+static void durable_message_send(void *userdata, int error) {
+        DurableMessage *d = userdata;
+        int r = error;
+
+        if (r >= 0)
+                r = peer_send(d->peer, d->type, d->buf, d->len);
+        if (error < 0)
+                log_warning_errno(error, "handoff %s: its record is not durable (%m): %s not sent; the peer "
+                                         "rolls back at its deadline.",
+                                  d->request, handoff_message_type_to_string(d->type));
+        else if (r < 0)
+                log_debug_errno(r, "handoff %s: cannot send %s: %m", d->request,
+                                handoff_message_type_to_string(d->type));
+        free(d->buf);
+        free(d);
+}
+
+void handoff_send_message_when_durable(HandoffObject *o, HandoffMessage *m) {
+        DurableMessage *d;
+        int r;
+
+        if (!o->peer)
+                return;
+        d = calloc(1, sizeof *d);
+        if (!d) {
+                log_oom();
+                return;
+        }
+        m->request_id = o->h->request_id;
+        m->token = o->h->token;
+        *d = (DurableMessage) { .peer = o->peer, .type = m->type };
+        snprintf(d->request, sizeof d->request, "%s", o->request_str);
+        r = handoff_message_encode(m, &d->buf, &d->len);
+        if (r >= 0)
+                r = wal_manager_after_durable(o->hm->manager, durable_message_send, d);
+        if (r < 0) {
+                log_warning_errno(r, "handoff %s: cannot send %s: %m", o->request_str,
+                                  handoff_message_type_to_string(m->type));
+                free(d->buf);
+                free(d);
+        }
+}
+
 static int post_group(HandoffObject *o, uint32_t g) {
         HandoffManager *hm = o->hm;
         Handoff *h = o->h;

@@ -94,6 +94,9 @@ struct Peer {
         unsigned n_streams;      /* negotiated for this session */
         sd_event_source *reconnect_timer;
         sd_event_source *heartbeat_timer;
+        sd_event_source *down_defer; /* a write failed under a caller: peer_down() next turn */
+        int down_error;
+        const char *down_why;
         usec_t backoff_usec;
         uint64_t heartbeat_seq;
         PeerStats stats;

@@ -23,6 +23,7 @@ static Peer *peer_free(Peer *p) {
                 return NULL;
         peer_conn_free(p->control);
         sd_event_source_disable_unref(p->reconnect_timer);
+        sd_event_source_disable_unref(p->down_defer);
         sd_event_source_disable_unref(p->heartbeat_timer);
         free(p->name);
         free(p->host_id);

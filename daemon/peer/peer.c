@@ -77,6 +77,8 @@ static void peer_schedule_reconnect(Peer *p) {
 void peer_down(Peer *p, int error, const char *why) {
         bool was_up = p->state == PEER_UP;
 
+        p->down_why = NULL; /* a deferred one is this */
+        (void)sd_event_source_set_enabled(p->down_defer, SD_EVENT_OFF);
         if (p->state == PEER_DOWN && !p->control)
                 return;
         if (was_up) {
@@ -187,6 +189,31 @@ int peer_up(Peer *p, Conn *c, uint64_t session_id, unsigned n_streams) {
         return 0;
 }
 
+static int down_defer_cb(sd_event_source *s, void *userdata) {
+        Peer *p = userdata;
+        if (p->down_why)
+                peer_down(p, p->down_error, p->down_why);
+        return 0;
+}
+
+/* A write failed inside a caller's call (a handoff sending its ROLLBACK, say): the
+ * session ends on the loop's next turn, not under that caller, whose objects the "down"
+ * handlers may free. Until then sends fail (the socket's error stays). */
+static void peer_down_later(Peer *p, int error, const char *why) {
+        int r;
+
+        if (p->down_why)
+                return;
+        p->down_error = error;
+        p->down_why = why;
+        if (!p->down_defer)
+                r = sd_event_add_defer(p->pm->event, &p->down_defer, down_defer_cb, p);
+        else
+                r = sd_event_source_set_enabled(p->down_defer, SD_EVENT_ONESHOT);
+        if (r < 0) /* the connection's own handler still sees the broken socket */
+                log_warning_errno(r, "peer %s: cannot defer ending the session: %m", p->name);
+}
+
 int peer_send(Peer *p, uint16_t type, const void *payload, size_t len) {
         int r;
 
@@ -194,11 +221,13 @@ int peer_send(Peer *p, uint16_t type, const void *payload, size_t len) {
                 return -EINVAL;
         if (p->state != PEER_UP || !p->control)
                 return -ENOTCONN;
+        if (p->down_why)
+                return -ENOTCONN; /* ending: see peer_down_later() */
         r = peer_conn_queue(p->control, type, payload, len);
         if (r < 0 && r != -EMSGSIZE && r != -ENOBUFS) {
-                /* The socket itself failed: the session is over. Defer nothing: the
-                 * caller learns through the state handler as well. */
-                peer_down(p, r, "writing");
+                /* The socket itself failed: the session is over. The caller learns
+                 * through the state handler as well, once its call has returned. */
+                peer_down_later(p, r, "writing");
                 return -ENOTCONN;
         }
         return r;
@@ -217,7 +246,7 @@ void peer_uncork(Peer *p) {
         p->control->corked = false;
         r = peer_conn_flush(p->control);
         if (r < 0)
-                peer_down(p, r, "writing");
+                peer_down_later(p, r, "writing");
 }
 
 int peer_send_core(Peer *p, uint16_t type, const void *payload, size_t len) {

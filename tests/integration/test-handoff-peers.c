@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,14 +56,49 @@ static void three_conf(size_t i, unsigned port, char *buf, size_t size, void *us
 
 /* The three daemons name each other's ports: harness_start_cluster() retries a set of
  * ports another process took meanwhile. */
+static char faultfile[128];
+
+/* What fault-peer.c (preloaded into the three daemons) does: in the daemon pid, a send()
+ * of a peer frame of type fails with EPIPE; every fdatasync() takes sync_ms longer. */
+static void fault_set(pid_t pid, unsigned type, unsigned sync_ms) {
+        FILE *f = fopen(faultfile, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "%d %x %u\n", (int)pid, type, sync_ms);
+        ck_assert_int_eq(fclose(f), 0);
+}
+
+static void fault_clear(void) {
+        (void)unlink(faultfile);
+}
+
+static bool epdd_alive(Harness *hx) {
+        int status;
+        return waitpid(hx->epdd_pid, &status, WNOHANG) == 0;
+}
+
 static void setup(void) {
+        snprintf(faultfile, sizeof faultfile, "/tmp/epd-handoff-fault-%d", (int)getpid());
+        fault_clear();
         snprintf(keyfile, sizeof keyfile, "/tmp/epd-handoff-key-%d", (int)getpid());
         int fd = open(keyfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         ck_assert_int_ge(fd, 0);
         ck_assert_int_eq(write(fd, "handoff-test-cluster-key-0123456789\n", 36), 36);
         close(fd);
         Harness *all[3] = { &ha, &hb, &hc };
+        /* Every daemon carries fault-peer.c, idle until a test writes its file. */
+        const char *asan = getenv("ASAN_OPTIONS");
+        char *old_asan = asan ? strdup(asan) : NULL, env[1024];
+        snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", asan ? asan : "", asan && *asan ? ":" : "");
+        ck_assert_int_eq(setenv("ASAN_OPTIONS", env, 1), 0);
+        ck_assert_int_eq(setenv("LD_PRELOAD", getenv("FAULT_PEER"), 1), 0);
+        ck_assert_int_eq(setenv("EPD_FAULT_PEER_FILE", faultfile, 1), 0);
         int r = harness_start_cluster(all, 3, three_conf, NULL);
+        unsetenv("LD_PRELOAD");
+        if (old_asan)
+                setenv("ASAN_OPTIONS", old_asan, 1);
+        else
+                unsetenv("ASAN_OPTIONS");
+        free(old_asan);
         if (r < 0)
                 unlink(keyfile);
         ck_assert_msg(r == 0, "cannot start the three daemons: %s", strerror(-r));
@@ -72,6 +108,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
+        fault_clear();
         harness_done(&ha);
         harness_done(&hb);
         harness_done(&hc);
@@ -370,6 +407,172 @@ START_TEST(test_three_hosts) {
 }
 END_TEST
 
+/* The path of this client's handoff in state, from the Handoffs property. */
+static char *handoff_in_state(epd_client *c, const char *state) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        char *found = NULL;
+        const char *op, *rid, *role, *st, *peer, *cause;
+        uint32_t done, n;
+        uint64_t bytes;
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/handoffs", "org.epd1.Handoffs", "Handoffs", &e,
+                                             &reply, "a(ossssuuts)"), 0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "(ossssuuts)"), 0);
+        while (sd_bus_message_read(reply, "(ossssuuts)", &op, &rid, &role, &st, &peer, &done, &n, &bytes, &cause) > 0)
+                if (!found && strcmp(st, state) == 0)
+                        found = strdup(op);
+        sd_bus_message_unref(reply);
+        return found;
+}
+
+static void on_prepared(epd_client *c, int error, const char *path, uint64_t token, void *userdata) {
+        *(int *)userdata = error == 0 ? 1 : error;
+}
+
+/* Rollback of a handoff whose Prepare still waits for its destination: the rollback
+ * answers and releases it; the method must not touch it after. */
+START_TEST(test_rollback_pending_prepare) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        char *seq = make_sequence(p, N_PAGES, NULL);
+        char *path;
+        uint64_t token;
+        /* The peers are up (and a large handoff is not pipelined: it waits for bravo). */
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000e0", seq, &path, &token), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        free(path);
+        ck_assert_int_eq(kill(hb.epdd_pid, SIGSTOP), 0);
+        int res = 0;
+        /* 4 MiB: above PipelineBytes=, so the Prepare waits for bravo's answer. */
+        ck_assert_int_eq(epd_handoff_prepare_async(p, "000000000000000000000000000000e1", "bravo", seq, groups4, 4,
+                                                   NULL, on_prepared, &res), 0);
+        char *pending = NULL;
+        for (int i = 0; i < 200 && !pending; i++) {
+                (void)epd_process(p);
+                pending = handoff_in_state(p, "preparing");
+                if (!pending)
+                        usleep(10000);
+        }
+        ck_assert_msg(pending, "no handoff waiting for its destination");
+        int r = epd_handoff_rollback(p, pending);
+        ck_assert_msg(r == 0 || r == -ENOENT || r == -ESTALE, "Rollback: %d %s", r, epd_last_error_message(p));
+        ck_assert_int_eq(kill(hb.epdd_pid, SIGCONT), 0);
+        for (int i = 0; i < 100 && res == 0; i++) {
+                (void)epd_process(p);
+                usleep(10000);
+        }
+        ck_assert_int_lt(res, 0); /* the Prepare's answer: rolled back */
+        ck_assert_msg(epdd_alive(&ha), "alpha's epdd died");
+        ck_assert_int_lt(epd_handoff_get(p, pending, &(epd_handoff_status){}), 0); /* gone */
+        free(pending);
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+/* bravo cannot write the ROLLBACK of a handoff its decode worker releases (the peer's
+ * reset arrived, unread): the session ends, after the release has returned, not under
+ * it. */
+START_TEST(test_rollback_send_fails) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        char *seq = make_sequence(p, N_PAGES, NULL);
+        char *path;
+        uint64_t token;
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000f1", seq, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000f1", &acc), 0);
+        fault_set(hb.epdd_pid, 0x0105, 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        /* The source learns it from the session's end. */
+        Cond c = { p, path, "rolled-back" };
+        ck_assert(harness_wait_for(state_is, &c, 3000));
+        fault_clear();
+        ck_assert_msg(epdd_alive(&hb), "bravo's epdd died");
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+/* bravo cannot write a PREPARE_OK: the same, from inside the handling of PREPARE. */
+START_TEST(test_prepare_ok_send_fails) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        char *seq = make_sequence(p, N_PAGES, NULL);
+        char *path;
+        uint64_t token;
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000f2", seq, &path, &token), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        free(path);
+        fault_set(hb.epdd_pid, 0x0101, 0);
+        int r = epd_handoff_prepare(p, "000000000000000000000000000000f3", "bravo", seq, groups4, 4, NULL, &path, &token);
+        ck_assert_int_ne(r, 0); /* the session ended under it */
+        fault_clear();
+        usleep(200000);
+        ck_assert_msg(epdd_alive(&hb), "bravo's epdd died");
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+typedef struct CommitArg {
+        epd_client *d;
+        const char *path;
+        int r;
+} CommitArg;
+
+static void *commit_thread(void *userdata) {
+        CommitArg *a = userdata;
+        char *dseq = NULL;
+        int r = epd_handoff_commit(a->d, a->path, &dseq);
+        free(dseq);
+        __atomic_store_n(&a->r, r, __ATOMIC_SEQ_CST);
+        return NULL;
+}
+
+/* The source hears COMMIT only once the destination's commit record is durable: told
+ * before, it drops its pages while a crash could still roll the destination back. */
+START_TEST(test_commit_waits_for_durable) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        char *seq = make_sequence(p, N_PAGES, NULL);
+        char *path;
+        uint64_t token;
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000f4", seq, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000f4", &acc), 0);
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+        Cond t = { d, acc.path, "transferred" };
+        ck_assert(harness_wait_for(state_is, &t, 5000));
+        fault_set(hb.epdd_pid, 0, 1500); /* bravo's disk: 1.5 s a sync */
+        CommitArg a = { .d = d, .path = acc.path, .r = 1 };
+        pthread_t th;
+        ck_assert_int_eq(pthread_create(&th, NULL, commit_thread, &a), 0);
+        Cond c = { p, path, "committed" };
+        bool early = false;
+        while (__atomic_load_n(&a.r, __ATOMIC_SEQ_CST) == 1) {
+                if (state_is(&c)) {
+                        early = __atomic_load_n(&a.r, __ATOMIC_SEQ_CST) == 1;
+                        break;
+                }
+                usleep(5000);
+        }
+        ck_assert_int_eq(pthread_join(th, NULL), 0);
+        fault_clear();
+        ck_assert_msg(!early, "the source committed before the destination's commit was durable");
+        ck_assert_int_eq(a.r, 0);
+        ck_assert(harness_wait_for(state_is, &c, 3000));
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 int main(void) {
         if (!getenv("EPDD")) {
                 printf("SKIP: EPDD is not set (run through meson test)\n");
@@ -380,6 +583,10 @@ int main(void) {
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_cross_host);
+        tcase_add_test(tc, test_rollback_pending_prepare);
+        tcase_add_test(tc, test_rollback_send_fails);
+        tcase_add_test(tc, test_prepare_ok_send_fails);
+        tcase_add_test(tc, test_commit_waits_for_durable);
         tcase_add_test(tc, test_faults);
         tcase_add_test(tc, test_source_dies);
         tcase_add_test(tc, test_three_hosts);
