@@ -244,6 +244,20 @@ BackpressureLevel backpressure_evaluate(const BackpressureState *s, const Backpr
         return best;
 }
 
+/* Whether x is too close to the previous sample for rates: an urgent evaluation (a
+ * retransmit woke it) milliseconds after the last would see one retransmit in a handful of
+ * segments as a loss rate of tens of per cent and close the window on a path losing far
+ * less than any threshold. Rates wait for an interval or BACKPRESSURE_RATE_MIN_SEGS segments
+ * since their baseline (what the interval's timer gives them); RTT, stalls and disconnects
+ * are judged at once. */
+static bool rate_window_short(const BackpressureState *s, const BackpressureConfig *c, const BackpressureSample *x) {
+        const BackpressureSample *p = &s->prev;
+        if (!s->have_prev || !p->have_kernel || !x->have_kernel || x->segs_out < p->segs_out ||
+            x->retransmits < p->retransmits || x->bytes_acked < p->bytes_acked)
+                return false; /* derive() takes a new baseline */
+        return x->now - p->now < c->interval_usec && x->segs_out - p->segs_out < BACKPRESSURE_RATE_MIN_SEGS;
+}
+
 static void derive(BackpressureState *s, const BackpressureSample *x) {
         s->rtt_inflation = x->min_rtt_usec > 0 ? (double)x->srtt_usec / (double)x->min_rtt_usec : 0.0;
 
@@ -294,9 +308,18 @@ int backpressure_update(BackpressureState *s, const BackpressureConfig *c, const
         if (s->have_prev && x->now < s->prev.now)
                 return -EINVAL;
 
-        derive(s, x);
-        s->prev = *x;
-        s->have_prev = true;
+        if (rate_window_short(s, c, x)) {
+                /* The rates of the last full window stand; the baseline stays. */
+                s->rtt_inflation = x->min_rtt_usec > 0 ? (double)x->srtt_usec / (double)x->min_rtt_usec : 0.0;
+                if (x->bytes_acked > s->prev.bytes_acked || (x->send_queue_bytes == 0 && x->inflight_bytes == 0)) {
+                        s->last_progress = x->now;
+                        s->retransmits_at_progress = x->retransmits;
+                }
+        } else {
+                derive(s, x);
+                s->prev = *x;
+                s->have_prev = true;
+        }
 
         if (!c->enabled) {
                 bool changed = s->level != BACKPRESSURE_NONE;

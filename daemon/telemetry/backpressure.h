@@ -79,6 +79,9 @@ typedef struct BackpressureSample {
         uint64_t destination_total_pages; /* 0: unknown */
 } BackpressureSample;
 
+/* Rates are taken over at least an interval or this many segments sent. */
+#define BACKPRESSURE_RATE_MIN_SEGS 10000U
+
 typedef struct BackpressureState {
         BackpressureLevel level;
         BackpressureReason reason;

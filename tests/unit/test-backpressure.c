@@ -173,6 +173,43 @@ START_TEST(test_retransmits) {
 }
 END_TEST
 
+/* A path losing 0.5 % (below RetransmitRateElevated's 1 %), 20000 segments a second,
+ * evaluated on the interval's timer and also at every retransmit (telemetry evaluates a
+ * peer at once when its ring reports one): the rates must come from windows long enough
+ * to mean something, not from the few segments since the last evaluation. */
+START_TEST(test_retransmit_wakeups_short_windows) {
+        BackpressureConfig c = cfg();
+        BackpressureState s;
+        backpressure_state_init(&s);
+        unsigned high = 0, elevated = 0, evaluations = 0;
+        uint64_t retr = 0, x64 = 88172645463325252ULL;
+        for (usec_t t = MS; t <= 10 * USEC_PER_SEC; t += MS) {
+                uint64_t segs = t / MS * 20; /* 20 a millisecond */
+                /* A retransmit in one millisecond of ten, at random: one in 200 segments. */
+                x64 ^= x64 << 13;
+                x64 ^= x64 >> 7;
+                x64 ^= x64 << 17;
+                bool retransmit = x64 % 10 == 0;
+                retr += retransmit;
+                if (!retransmit && t % (200 * MS) != 0)
+                        continue;
+                BackpressureSample x = healthy(t, 0);
+                x.segs_out = segs;
+                x.retransmits = retr;
+                x.bytes_acked = segs * 1000;
+                ck_assert_int_ge(backpressure_update(&s, &c, &x), 0);
+                evaluations++;
+                high += s.level == BACKPRESSURE_HIGH;
+                elevated += s.level == BACKPRESSURE_ELEVATED;
+        }
+        ck_assert_uint_gt(evaluations, 900);
+        ck_assert_uint_eq(high, 0);
+        ck_assert_uint_eq(elevated, 0);
+        ck_assert_int_eq(s.level, BACKPRESSURE_NONE);
+        ck_assert(s.retransmit_rate > 0 && s.retransmit_rate < c.retransmit_rate[0]);
+}
+END_TEST
+
 START_TEST(test_hysteresis) {
         BackpressureConfig c = cfg();
         c.hold_usec = 1000 * MS;
@@ -510,6 +547,7 @@ int main(void) {
         tcase_add_test(tc, test_rtt_floor);
         tcase_add_test(tc, test_rtt_idle);
         tcase_add_test(tc, test_retransmits);
+        tcase_add_test(tc, test_retransmit_wakeups_short_windows);
         tcase_add_test(tc, test_hysteresis);
         tcase_add_test(tc, test_stall_and_disconnect);
         tcase_add_test(tc, test_daemon_load);
