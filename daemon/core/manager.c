@@ -80,7 +80,12 @@ typedef struct Connection {
         sd_bus *bus;
         Manager *manager;
         bool subscribed; /* Manager.Subscribe(true): gets the broadcast signals */
+        bool stalled;    /* stopped reading: dropped on the next turn (emit_each) */
 } Connection;
+
+/* Messages queued to a direct connection (its socket full) past which a subscriber is
+ * taken for one that stopped reading. */
+#define CONNECTION_QUEUE_MAX 4096U
 
 static Connection *connection_free(Connection *c) {
         if (!c)
@@ -88,7 +93,12 @@ static Connection *connection_free(Connection *c) {
         if (c->manager && hashmap_get(c->manager->connections, &c->serial) == c)
                 hashmap_remove(c->manager->connections, &c->serial);
         if (c->bus) {
-                sd_bus_flush(c->bus);
+                /* What the socket took went out; what is queued beyond it is dropped, not
+                 * waited for: sd_bus_flush() would wait for ever for a client that stopped
+                 * reading, and hold up the stop (or this loop) with it. */
+                uint64_t n = 0;
+                if (sd_bus_get_n_queued_write(c->bus, &n) >= 0 && n > 0)
+                        log_debug("Closing a direct connection with %" PRIu64 " message(s) it did not read.", n);
                 sd_bus_detach_event(c->bus);
                 sd_bus_close_unref(c->bus);
         }
@@ -196,6 +206,10 @@ static int connection_setup(Connection *conn, int fd) {
                 r = hashmap_put(m->connections, &conn->serial, conn);
         if (r >= 0)
                 r = sd_bus_attach_event(conn->bus, m->event, SD_EVENT_PRIORITY_NORMAL);
+        /* Not flushed and closed by sd-bus when the loop exits (that flush has no
+         * timeout): connection_free() closes it. */
+        if (r >= 0)
+                r = sd_bus_set_close_on_exit(conn->bus, false);
         return r;
 }
 
@@ -962,14 +976,64 @@ void manager_worker_stats(Manager *m, Worker *w, WorkerStats *ret) {
 /* A broadcast signal: once on the bus (whose match rules pick its receivers), and on
  * each direct connection that subscribed (Manager.Subscribe): a peer-to-peer connection
  * has no match rules, and a worker that never asked is not woken for them. */
+/* A stalled subscriber's drop, on the loop's next turn: a signal is emitted from inside
+ * other objects' changes, which the drop (its client's objects going) must not free. */
+typedef struct StalledDrop {
+        Manager *manager;
+        uint64_t serial;
+} StalledDrop;
+
+static int drop_stalled(sd_event_source *s, void *userdata) {
+        StalledDrop *d = userdata;
+        Connection *conn = hashmap_get(d->manager->connections, &d->serial);
+        if (conn) {
+                log_warning("Disconnecting a direct client that has not read its last %u messages.",
+                            CONNECTION_QUEUE_MAX);
+                connection_drop(conn);
+        }
+        return 0;
+}
+
+static void stalled_schedule(Manager *m, Connection *conn) {
+        sd_event_source *s = NULL;
+        StalledDrop *d;
+
+        if (conn->stalled)
+                return;
+        d = malloc(sizeof *d);
+        if (!d)
+                return;
+        *d = (StalledDrop) { .manager = m, .serial = conn->serial };
+        if (sd_event_add_defer(m->event, &s, drop_stalled, d) < 0) {
+                free(d);
+                return;
+        }
+        (void)sd_event_source_set_destroy_callback(s, free);
+        (void)sd_event_source_set_floating(s, true);
+        sd_event_source_unref(s);
+        conn->stalled = true;
+}
+
 static void emit_each(Manager *m, int (*fn)(sd_bus *bus, void *userdata), void *userdata) {
-        if (m->bus)
-                (void)fn(m->bus, userdata);
         Connection *conn;
         size_t it = 0;
-        while (hashmap_iterate(m->connections, &it, (void **)&conn, NULL))
-                if (conn->subscribed)
-                        (void)fn(conn->bus, userdata);
+
+        if (m->bus)
+                (void)fn(m->bus, userdata);
+        while (hashmap_iterate(m->connections, &it, (void **)&conn, NULL)) {
+                uint64_t queued = 0;
+                if (!conn->subscribed)
+                        continue;
+                /* A subscriber that stopped reading: its signals would pile up in this
+                 * daemon's memory. It is disconnected (its objects go as with any
+                 * disconnect); the others are served. */
+                
+                if (sd_bus_get_n_queued_write(conn->bus, &queued) >= 0 && queued >= CONNECTION_QUEUE_MAX) {
+                        stalled_schedule(m, conn);
+                        continue;
+                }
+                (void)fn(conn->bus, userdata);
+        }
 }
 
 typedef struct ChangedArgs {

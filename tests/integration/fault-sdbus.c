@@ -6,7 +6,9 @@
  * counted from when the file was written (each new plan, a new inode, restarts the
  * count); no file, no fault. Only calls the real library would have made are counted,
  * and the real function runs for every call that does not fail. Also memfd_create()
- * of a worker's ring ("epd-ring"), failing with EMFILE as when epdd is out of fds. */
+ * of a worker's ring ("epd-ring"), failing with EMFILE as when epdd is out of fds.
+ * With $EPD_FAULT_SNDBUF=N, a socket's send buffer is set to N bytes at most (sd-bus asks
+ * for 8 MiB), so that a test fills a client's socket with a few hundred messages. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdbool.h>
@@ -14,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <systemd/sd-bus.h>
 
@@ -42,6 +45,19 @@ static bool fail_now(const char *fn) {
 }
 
 #define REAL(fn) ((__typeof__(&fn))dlsym(RTLD_NEXT, #fn))
+
+int setsockopt(int fd, int level, int name, const void *value, socklen_t len) {
+        static int (*real)(int, int, int, const void *, socklen_t);
+        const char *cap = getenv("EPD_FAULT_SNDBUF");
+        if (!real)
+                real = (int (*)(int, int, int, const void *, socklen_t))dlsym(RTLD_NEXT, "setsockopt");
+        if (cap && level == SOL_SOCKET && (name == SO_SNDBUF || name == SO_SNDBUFFORCE) && len == sizeof(int) &&
+            *(const int *)value > atoi(cap)) {
+                int v = atoi(cap);
+                return real(fd, level, name, &v, sizeof v);
+        }
+        return real(fd, level, name, value, len);
+}
 
 int memfd_create(const char *name, unsigned int flags) {
         if (name && strcmp(name, "epd-ring") == 0 && fail_now(__func__)) {

@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "epd/epd-telemetry.h"
 #include "harness.h"
 #include "macro.h"
 #include "../check-main.h"
@@ -150,6 +151,55 @@ START_TEST(test_churn) {
         /* Every closed connection released its worker. */
         ck_assert(harness_wait_for(no_workers, NULL, 10000));
         teardown();
+}
+END_TEST
+
+static void on_backpressure(epd_client *c, const char *peer, unsigned level, const char *reason,
+                            void *userdata) {
+}
+
+/* Register and unregister a worker n times on c: each change of Workers is a broadcast
+ * signal to the subscribers. */
+static void churn_workers(epd_client *c, unsigned n) {
+        for (unsigned i = 0; i < n; i++) {
+                ck_assert_int_eq(epd_register(c, "decode", "m", "cpu", NULL, NULL), 0);
+                ck_assert_int_eq(epd_unregister(c), 0);
+        }
+}
+
+static bool stalled_dropped(void *userdata) {
+        return harness_log_has(&h, "Disconnecting a direct client that has not read");
+}
+
+/* A direct client that subscribed to the broadcast signals and stopped reading: its
+ * socket fills, and the daemon neither waits for it when stopping (SIGTERM ends epdd at
+ * once, the messages it did not read dropped) nor piles up its signals without bound
+ * (past CONNECTION_QUEUE_MAX queued messages it is disconnected). */
+START_TEST(test_subscriber_not_reading) {
+        epd_client *idle, *busy;
+        const char *lib = getenv("FAULT_SDBUS");
+        ck_assert_msg(lib && access(lib, R_OK) == 0, "FAULT_SDBUS is not set (run through meson test)");
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        /* The daemon's sockets get a 64 KiB send buffer, not 8 MiB: full in a few
+         * hundred signals. */
+        ck_assert_int_eq(harness_start_epdd_preloaded(&h, lib, "EPD_FAULT_SNDBUF", "65536"), 0);
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(epd_connect(address, &idle), 0);
+        ck_assert_int_eq(epd_backpressure_subscribe(idle, on_backpressure, NULL), 0);
+        ck_assert_int_eq(epd_connect(address, &busy), 0);
+        /* Past the bound: the idle subscriber is disconnected, the busy client is not. */
+        churn_workers(busy, 4000);
+        ck_assert_msg(harness_wait_for(stalled_dropped, NULL, 5000),
+                      "the subscriber that stopped reading is still connected");
+        epd_disconnect(idle);
+        /* Below the bound, with its socket full: the stop does not wait for it. */
+        ck_assert_int_eq(epd_connect(address, &idle), 0);
+        ck_assert_int_eq(epd_backpressure_subscribe(idle, on_backpressure, NULL), 0);
+        churn_workers(busy, 1500);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0); /* -ETIMEDOUT after 10 s: it waited */
+        epd_disconnect(idle);
+        epd_disconnect(busy);
+        harness_done(&h);
 }
 END_TEST
 
@@ -303,6 +353,7 @@ int main(void) {
         tcase_set_timeout(tc, 240);
         tcase_add_test(tc, test_churn);
         tcase_add_test(tc, test_limit);
+        tcase_add_test(tc, test_subscriber_not_reading);
         tcase_add_test(tc, test_setup_faults);
         tcase_add_test(tc, test_creds_fault);
         suite_add_tcase(s, tc);
