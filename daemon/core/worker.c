@@ -123,8 +123,9 @@ void worker_free(Worker *w) {
         log_info("Unregistered %s worker %s (pid %d).", worker_role_to_string(w->role), w->id_str,
                  (int)w->pid);
         hashmap_remove(m->workers, w->id_str);
-        client_object_unlink(&w->object);
+        /* The hooks see the worker's client (its registered GPU memory goes with it). */
         manager_worker_removed(m, w);
+        client_object_unlink(&w->object);
         free(w->name);
         for (size_t i = 0; i < w->n_labels; i++)
                 free(w->labels[i]);

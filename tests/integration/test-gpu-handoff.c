@@ -878,6 +878,24 @@ START_TEST(test_loop_stall_named) {
 }
 END_TEST
 
+/* A worker's registered GPU memory goes with its registration (docs/gpu.md): after
+ * UnregisterWorker the daemon holds no import of it, on a connection that stays. */
+START_TEST(test_unregister_releases_memory) {
+        epd_client *c = worker("decode");
+        GpuArena *own = NULL;
+        EpdGpu *g = NULL;
+        uint32_t region;
+        ck_assert_int_eq(gpu_arena_new(sys, 0, 4 << 20, &own), 0);
+        ck_assert_int_eq(epd_gpu_open(&g), 0);
+        ck_assert_int_eq(epd_gpu_register_memory(c, g, 0, own->base, own->size, &region), 0);
+        ck_assert_int_eq(epd_unregister(c), 0);
+        ck_assert_int_eq(epd_gpu_release_memory(c, region), -ENOENT);
+        epd_gpu_close(g);
+        gpu_arena_unref(own);
+        epd_disconnect(c);
+}
+END_TEST
+
 /* ---- to another host ---- */
 
 static Harness hb;
@@ -1066,6 +1084,7 @@ static Suite *suite(void) {
         tcase_add_test(ts, test_cow_off_loop);
         tcase_add_test(ts, test_cow_shared_while_copying);
         tcase_add_test(ts, test_loop_stall_named);
+        tcase_add_test(ts, test_unregister_releases_memory);
         tcase_set_timeout(ts, 120);
         suite_add_tcase(s, ts);
         TCase *tf = tcase_create("failing-copies");
