@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,10 +152,18 @@ static int p_size(ParseState *s, const char *key, const char *value, void *dst) 
         return 0;
 }
 
+/* No timeout, deadline or interval here means more than a day; larger values only
+ * overflow (now + DefaultDeadline wraps, a heartbeat's milliseconds do not fit 32 bits). */
+#define CONFIG_DURATION_MAX (24 * 3600 * USEC_PER_SEC)
+
 static int p_duration(ParseState *s, const char *key, const char *value, void *dst) {
         usec_t u;
         if (parse_duration(value, &u) < 0 || u == 0) {
                 perr(s, "%s=%s: expected a positive duration such as 2s or 500ms", key, value);
+                return -EINVAL;
+        }
+        if (u > CONFIG_DURATION_MAX) {
+                perr(s, "%s=%s: at most a day (24h)", key, value);
                 return -EINVAL;
         }
         *(usec_t *)dst = u;
@@ -800,6 +809,10 @@ static void check_complete(ParseState *s) {
                 if (a->page_size && (!IS_POWER_OF_2(a->page_size) || a->page_size < 4096))
                         perr(s, "[Arena:%s] PageSize= must be a power of two of at least 4K",
                              a->name);
+                else if (a->page_size && a->size && a->page_size > a->size)
+                        perr(s, "[Arena:%s] PageSize=%" PRIu64 " is larger than the arena's Size=%" PRIu64
+                                ": not one page would fit",
+                             a->name, a->page_size, a->size);
         }
         for (size_t i = 0; i < c->n_peers; i++)
                 if (!c->peers[i].address || !c->peers[i].host_id)
@@ -808,6 +821,8 @@ static void check_complete(ParseState *s) {
                 perr(s, "peers are configured but [Cluster] ClusterKeyFile= is not set");
         if (c->heartbeat_usec < 100 * USEC_PER_MSEC)
                 perr(s, "[Cluster] HeartbeatInterval= must be at least 100ms");
+        if (c->max_request_bytes == 0)
+                perr(s, "[Limits] MaxRequestSize= must be at least 1 byte (0 would refuse every sized request)");
         if (c->peer_streams > 16)
                 perr(s, "[Cluster] DataStreams=%u: expected 1 to 16", c->peer_streams);
         if (c->peer_slice_size < 4096 || c->peer_slice_size > 16 * 1024 * 1024)

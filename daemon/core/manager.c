@@ -809,7 +809,16 @@ static unsigned reload_restart_notices(Manager *m, const Config *n) {
         bool arenas_same = n->n_arenas == c->n_arenas;
         for (size_t i = 0; arenas_same && i < n->n_arenas; i++)
                 arenas_same = strcmp(n->arenas[i].name, c->arenas[i].name) == 0 && n->arenas[i].size == c->arenas[i].size &&
-                              n->arenas[i].domain == c->arenas[i].domain && n->arenas[i].usage == c->arenas[i].usage;
+                              n->arenas[i].domain == c->arenas[i].domain && n->arenas[i].usage == c->arenas[i].usage &&
+                              n->arenas[i].hugepages == c->arenas[i].hugepages &&
+                              n->arenas[i].numa_node == c->arenas[i].numa_node && n->arenas[i].gpu == c->arenas[i].gpu &&
+                              n->arenas[i].page_size == c->arenas[i].page_size;
+        bool etcd_same = n->etcd_lease_ttl_usec == c->etcd_lease_ttl_usec && n->max_members == c->max_members &&
+                         str_same(n->etcd_prefix, c->etcd_prefix) && str_same(n->etcd_ca_file, c->etcd_ca_file) &&
+                         str_same(n->etcd_cert_file, c->etcd_cert_file) &&
+                         str_same(n->etcd_key_file, c->etcd_key_file) && !n->etcd_endpoints == !c->etcd_endpoints;
+        for (size_t i = 0; etcd_same && n->etcd_endpoints && (n->etcd_endpoints[i] || c->etcd_endpoints[i]); i++)
+                etcd_same = str_same(n->etcd_endpoints[i], c->etcd_endpoints[i]);
         bool peers_same = n->n_peers == c->n_peers && str_same(n->listen_address, c->listen_address) &&
                           n->peer_streams == c->peer_streams && n->peer_slice_size == c->peer_slice_size;
         for (size_t i = 0; peers_same && i < n->n_peers; i++)
@@ -827,6 +836,12 @@ static unsigned reload_restart_notices(Manager *m, const Config *n) {
                 { !str_same(n->state_dir, c->state_dir), "StateDirectory=" },
                 { !peers_same, "[Cluster] Listen=, DataStreams=, SliceSize= or the [Peer:] sections" },
                 { !str_same(n->cluster_key_file, c->cluster_key_file), "ClusterKeyFile=" },
+                { n->transport_policy != c->transport_policy, "[Cluster] Transport=" },
+                { !etcd_same, "[Cluster] Etcd=, EtcdPrefix=, EtcdLeaseTTL=, MaxMembers= or the etcd TLS files" },
+                { n->gpu_copy_kernel != c->gpu_copy_kernel, "[Gpu] CopyKernel=" },
+                { n->feature_store_max_bytes != c->feature_store_max_bytes, "[Features] StoreMaxSize=" },
+                { !str_same(n->bus_address, c->bus_address) || n->system_bus != c->system_bus,
+                  "BusAddress= or SystemBus=" },
         };
         for (size_t i = 0; i < ELEMENTSOF(fixed); i++)
                 if (fixed[i].changed) {
@@ -888,6 +903,8 @@ int manager_reload(Manager *m) {
         m->config.max_workers = n.max_workers;
         m->config.max_objects_per_client = n.max_objects_per_client;
         m->config.max_request_bytes = n.max_request_bytes;
+        m->config.max_requests_per_client = n.max_requests_per_client;
+        m->config.handoff_pipeline_bytes = n.handoff_pipeline_bytes;
         m->config.heartbeat_usec = n.heartbeat_usec;
         m->config.handoff_timeout_usec = n.handoff_timeout_usec;
         m->config.feature_cache_bytes = n.feature_cache_bytes;

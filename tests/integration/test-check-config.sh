@@ -146,5 +146,16 @@ done
 ! grep -qE "(Socket|StateDirectory)= changed" "$W/reload.err" ||
         { cat "$W/reload.err"; fail "a reload took the file's socket or state directory over the command line's"; }
 ok "reload: what needs a restart is said (the key, the socket's group); the command line still wins"
+# Settings read once at start (an arena's page kind, the transport policy, etcd) are
+# named too, never silently ignored.
+{ printf '[Daemon]\nHostId=node-a\nSocketGroup=root\n[Limits]\nMaxRequestsPerClient=7\n'
+  printf '[Arena:kv]\nSize=16M\nHugePages=try\n[Cluster]\nClusterKeyFile=%s\nTransport=tcp\n' "$W/key-good2"; } > "$W/reload.conf"
+kill -HUP $PID
+for _ in $(seq 1 200); do [ "$(grep -cF "Configuration reloaded" "$W/reload.err")" -ge 2 ] && break; sleep 0.05; done
+for what in "Arena configuration changed: it takes effect at the next restart." \
+            "[Cluster] Transport= changed: it takes effect at the next restart."; do
+        grep -qF -- "$what" "$W/reload.err" || { cat "$W/reload.err"; fail "a reload does not say: $what"; }
+done
+ok "reload: an arena's HugePages= and the Transport= policy are named as needing a restart"
 kill -TERM $PID
 wait $PID || fail "epdd exited with $? after the reloads"

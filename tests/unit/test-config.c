@@ -146,6 +146,12 @@ static const struct {
         { "[Cluster]\nMaxMembers=5000\n", "MaxMembers=5000: expected 1 to 1023" },
         { "[Cluster]\nDirectoryCacheTime=2min\n", "DirectoryCacheTime= must be at most 60s" },
         { "[Cluster]\nDirectoryCacheTime=soon\n", "DirectoryCacheTime=soon: expected a duration" },
+        /* Durations past a day only overflow (now + DefaultDeadline wrapped: every
+         * Admit refused); a page larger than its arena; a request size of 0. */
+        { "[Pool:thinking]\nDefaultDeadline=18446744073709551615us\n", "DefaultDeadline=18446744073709551615us: at most a day" },
+        { "[Cluster]\nHeartbeatInterval=25h\n", "HeartbeatInterval=25h: at most a day" },
+        { "[Arena:kv]\nSize=64M\nPageSize=1G\n", "PageSize=1073741824 is larger than the arena's Size=67108864" },
+        { "[Limits]\nMaxRequestSize=0\n", "MaxRequestSize= must be at least 1 byte" },
 };
 
 /* [Metrics] and the window keys of [Backpressure] (docs/telemetry.md), which the
