@@ -2,6 +2,7 @@
 #include "metrics/metrics-collect.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/worker.h"
@@ -186,10 +187,21 @@ static void collect_peers(Manager *m, MetricsWriter *w) {
 
 /* The kernel's view of each peer path (BPF) and its backpressure level. */
 static void collect_paths(Manager *m, MetricsWriter *w) {
-        TelemetryPeerStats s[256];
-        size_t n = 0, it = 0;
-        while (m->telemetry && n < ELEMENTSOF(s) && telemetry_iterate_peers(m->telemetry, &it, &s[n]) > 0)
+        /* Every peer (MaxPeers= may be far above 256). */
+        _cleanup_(freep) TelemetryPeerStats *s = NULL;
+        size_t n = 0, cap = 0, it = 0;
+        while (m->telemetry) {
+                if (n == cap) {
+                        TelemetryPeerStats *g = reallocarray(s, MAX(cap * 2, (size_t)64), sizeof *g);
+                        if (!g)
+                                break; /* what fits so far */
+                        s = g;
+                        cap = MAX(cap * 2, (size_t)64);
+                }
+                if (telemetry_iterate_peers(m->telemetry, &it, &s[n]) <= 0)
+                        break;
                 n++;
+        }
         metrics_family(w, "epd_peer_backpressure_level", METRIC_GAUGE, NULL,
                        "Backpressure of the path to the peer: 0 none, 1 elevated, 2 high, 3 stalled.");
         for (size_t i = 0; i < n; i++)

@@ -216,8 +216,9 @@ static int method_track_socket(sd_bus_message *msg, void *userdata, sd_bus_error
         r = check_tcp_socket(fd, error);
         if (r < 0)
                 return r;
-        if (!*peer || strlen(peer) >= 32)
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Peer names are 1-31 bytes");
+        if (!*peer || strlen(peer) > TELEMETRY_PEER_NAME_MAX)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Peer names are 1-%d bytes (a host id)",
+                                     TELEMETRY_PEER_NAME_MAX);
         if (!m->telemetry)
                 return epd_bus_error(error, EPD_ERROR_UNSUPPORTED, "Telemetry is not running");
 

@@ -138,6 +138,30 @@ static void backpressure_notify(Telemetry *t, const char *peer, BackpressureLeve
                 t->on_backpressure[i].fn(t, peer, level, reason, t->on_backpressure[i].userdata);
 }
 
+/* A peer that nothing refers to any more: no connection tracked, no handoff or
+ * destination load reported, its level back to none. Its entry is what a full table
+ * gives up for a new peer (names come from clients' TrackSocket too: made-up ones must
+ * not use up MaxPeers= for good). */
+static bool peer_idle(const TelemetryPeer *p) {
+        return p->n_conns == 0 && p->handoffs_in_flight == 0 && p->dest_total == 0 &&
+               p->bp.level == BACKPRESSURE_NONE;
+}
+
+static bool peer_reclaim_one(Telemetry *t) {
+        for (size_t i = 0; i < t->n_peer_ids; i++) {
+                TelemetryPeer *p = t->peer_by_id[i];
+                if (!p || !peer_idle(p))
+                        continue;
+                /* Its id is free for the next peer (no connection of it is tracked in
+                 * BPF under it any more). */
+                hashmap_remove(t->peers, p->name);
+                t->peer_by_id[i] = NULL;
+                peer_free(p);
+                return true;
+        }
+        return false;
+}
+
 static int peer_get(Telemetry *t, const char *name, bool create, TelemetryPeer **ret) {
         TelemetryPeer *p = hashmap_get(t->peers, name);
         if (p) {
@@ -146,18 +170,26 @@ static int peer_get(Telemetry *t, const char *name, bool create, TelemetryPeer *
         }
         if (!create)
                 return -ENOENT;
+        /* A peer is named by its host id (up to 63 characters, HostId=); the BPF map
+         * keeps a truncated copy for tools (EPD_TELEMETRY_PEER_MAX), not a key. */
         size_t len = strlen(name);
-        if (len == 0 || len >= EPD_TELEMETRY_PEER_MAX)
+        if (len == 0 || len > TELEMETRY_PEER_NAME_MAX)
                 return -EINVAL;
-        if (hashmap_size(t->peers) >= t->config.max_peers)
+        if (hashmap_size(t->peers) >= t->config.max_peers && !peer_reclaim_one(t))
                 return -ENOSPC;
 
-        if (t->n_peer_ids == UINT32_MAX)
-                return -ENOSPC;
-        TelemetryPeer **ids = reallocarray(t->peer_by_id, t->n_peer_ids + 1, sizeof *ids);
-        if (!ids)
-                return -ENOMEM;
-        t->peer_by_id = ids;
+        size_t id = 0;
+        while (id < t->n_peer_ids && t->peer_by_id[id])
+                id++; /* a reclaimed peer's id, or a new one */
+        if (id == t->n_peer_ids) {
+                if (t->n_peer_ids == UINT32_MAX)
+                        return -ENOSPC;
+                TelemetryPeer **ids = reallocarray(t->peer_by_id, t->n_peer_ids + 1, sizeof *ids);
+                if (!ids)
+                        return -ENOMEM;
+                t->peer_by_id = ids;
+                ids[t->n_peer_ids] = NULL;
+        }
 
         p = calloc(1, sizeof *p);
         if (!p)
@@ -167,14 +199,16 @@ static int peer_get(Telemetry *t, const char *name, bool create, TelemetryPeer *
                 free(p);
                 return -ENOMEM;
         }
-        p->id = (uint32_t)t->n_peer_ids;
+        p->id = (uint32_t)id;
         backpressure_state_init(&p->bp);
         int r = hashmap_put(t->peers, p->name, p);
         if (r < 0) {
                 peer_free(p);
                 return r;
         }
-        t->peer_by_id[t->n_peer_ids++] = p;
+        t->peer_by_id[id] = p;
+        if (id == t->n_peer_ids)
+                t->n_peer_ids++;
         *ret = p;
         return 0;
 }
@@ -541,6 +575,8 @@ int telemetry_get_peer(Telemetry *t, const char *peer, TelemetryPeerStats *ret) 
 int telemetry_iterate_peers(Telemetry *t, size_t *state, TelemetryPeerStats *ret) {
         if (!t || !state || !ret)
                 return -EINVAL;
+        while (*state < t->n_peer_ids && !t->peer_by_id[*state])
+                (*state)++; /* reclaimed */
         if (*state >= t->n_peer_ids)
                 return 0;
         peer_fill(t, t->peer_by_id[(*state)++], ret);

@@ -22,6 +22,8 @@
 typedef struct Telemetry Telemetry;
 
 #define TELEMETRY_BACKPRESSURE_HANDLERS_MAX 4
+/* A peer's name: a host id (HostId=, at most 63 characters). */
+#define TELEMETRY_PEER_NAME_MAX 63
 
 /* Called when a peer's backpressure level changes. */
 typedef void (*TelemetryBackpressureFn)(Telemetry *t, const char *peer, BackpressureLevel level,

@@ -23,7 +23,7 @@ static char address[512];
 
 static void setup(void) {
         /* No pins: tests must not touch the host's /sys/fs/bpf/epd. */
-        ck_assert_int_eq(harness_init(&h, "[Telemetry]\nPinDirectory=no\n"), 0);
+        ck_assert_int_eq(harness_init(&h, "[Telemetry]\nPinDirectory=no\nMaxPeers=4\n"), 0);
         harness_direct_address(&h, address, sizeof address);
         ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
 }
@@ -112,8 +112,21 @@ START_TEST(test_calls_and_errors) {
         tcp_pair(&a, &b);
         ck_assert_int_lt(epd_telemetry_track_socket(c, a, ""), 0);
         ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
-        ck_assert_int_lt(epd_telemetry_track_socket(c, a, "0123456789012345678901234567890123"), 0);
+        /* Peers are named by host id: up to 63 characters. */
+        ck_assert_int_lt(epd_telemetry_track_socket(
+                                 c, a, "0123456789012345678901234567890123456789012345678901234567890123"),
+                         0);
         ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+        ck_assert_int_eq(epd_telemetry_track_socket(c, a, "host-id-of-forty-characters-0123456789ab"), 0);
+        ck_assert_int_eq(epd_telemetry_untrack_socket(c, a), 0);
+        /* Names come and go (MaxPeers=4 here): a peer nothing refers to any more gives
+         * its entry up to a new one, so made-up names never use the table up. */
+        for (int k = 0; k < 12; k++) {
+                char name[32];
+                snprintf(name, sizeof name, "made-up-%d", k);
+                ck_assert_msg(epd_telemetry_track_socket(c, a, name) == 0, "%s: %s", name, epd_last_error_message(c));
+                ck_assert_int_eq(epd_telemetry_untrack_socket(c, a), 0);
+        }
 
         ck_assert_int_eq(epd_telemetry_track_socket(c, a, "peerX"), 0);
         ck_assert_uint_eq(stat_value(bus, "tracked_connections"), 1);
