@@ -146,17 +146,27 @@ class Ring(_lib.Closing):
         self._accepted_rid = {}  # token -> its request id in `accepted` (forget() drops both)
         self._serial = 0    # commit()'s user_data
 
+    def _check(self, r: int, what: str) -> int:
+        """A ring call's result. Unlike Client._check, no bus call here (no collected handle
+        given back) and no error name from the connection: a ring call is the one thing a
+        thread may do while another thread uses the connection (a connector's background
+        setup), and the connection's last error belongs to that other call."""
+        if r < 0:
+            from . import EpdError
+            raise EpdError(-r, None, None, what)
+        return r
+
     def layer_group_ready(self, request_id: str, token: int, group: int, user_data: int = 0):
-        self._client._check(self._lib.epd_ring_layer_group_ready(self._r, request_id.encode(), token, group,
-                                                                 user_data), "ring: layer group ready")
+        self._check(self._lib.epd_ring_layer_group_ready(self._r, request_id.encode(), token, group, user_data),
+                    "ring: layer group ready")
 
     def accept(self, request_id: str, timeout_s: float = 0, user_data: int = 0):
         """Asks the daemon to accept the handoff of request_id for this client as soon as it
         is prepared here (waiting up to timeout_s; 0: the daemon's HandoffTimeout=). The
         answer is a RING_EV_HANDOFF_ACCEPTED record (kept in `accepted`, by request id) or a
         completion with the error (in `other`); Accepted.accept() then gives the offsets."""
-        self._client._check(self._lib.epd_ring_accept(self._r, request_id.encode(), int(timeout_s * 1e6),
-                                                      user_data), "ring: accept")
+        self._check(self._lib.epd_ring_accept(self._r, request_id.encode(), int(timeout_s * 1e6), user_data),
+                    "ring: accept")
 
     def commit(self, request_id: str, token: int, release: bool = False, timeout_s: float = 30.0) -> str:
         """Commits the handoff (request_id, token) this client accepted, and releases it
@@ -168,8 +178,8 @@ class Ring(_lib.Closing):
         from . import EpdError
         self._serial += 1
         user_data = _COMMIT_USER_DATA | self._serial
-        self._client._check(self._lib.epd_ring_commit(self._r, request_id.encode(), token, int(release), user_data),
-                            "ring: commit")
+        self._check(self._lib.epd_ring_commit(self._r, request_id.encode(), token, int(release), user_data),
+                    "ring: commit")
         deadline = time.monotonic() + timeout_s
         while True:
             rec = self.next(max(0.0, deadline - time.monotonic()))
@@ -196,7 +206,7 @@ class Ring(_lib.Closing):
         r = self._lib.epd_ring_next(self._r, ctypes.byref(rec), t)
         if r == -_errno.EAGAIN:
             return None
-        self._client._check(r, "ring: next")
+        self._check(r, "ring: next")
         return rec
 
     def _absorb(self, rec: RingRecord):

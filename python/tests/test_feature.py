@@ -88,6 +88,30 @@ class FeatureTest(unittest.TestCase):
             self.assertEqual(len(a._orphans), 1)
         self.assertEqual(self.handles(), 0)
 
+    def test_ring_calls_give_back_nothing(self):
+        """A ring call makes no bus call, not even to give a collected handle back: it is
+        what a worker's main thread does while a background thread uses the connection
+        (the connector's setup), and sd-bus is not thread-safe. The next bus call gives
+        the handle back."""
+        from epd.handoff import Ring
+        with epd.Client(self.d.address) as a:
+            a.register("prefill", "m", "cpu")
+            with ef.Feature.acquire(a, "img:ring", may_produce=True) as p:
+                p.produce(NBYTES, BUNDLE)
+                p.publish()
+            ring = Ring(a)
+            held = [ef.Feature.acquire(a, "img:ring")]
+            held.clear()
+            self.assertEqual(len(a._orphans), 1)
+            ring.accept("00000000000000000000000000000077", 0.05)
+            self.assertIsNone(ring.next(0))
+            self.assertEqual(len(a._orphans), 1)  # still queued: no bus call from the ring
+            self.assertEqual(self.handles(), 1)
+            self.assertEqual(ef.prefetch(a, ["img:ring"]), 1)  # a bus call
+            self.assertEqual(len(a._orphans), 0)
+            self.assertEqual(self.handles(), 0)
+            ring.close()
+
     def test_layout_kept_per_shape(self):
         """cuda_all's layout (names, dtypes, shapes, strides, offsets, spans) is read from
         the C structure once per shape of feature: two features of one shape, held by
