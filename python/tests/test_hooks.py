@@ -80,8 +80,9 @@ class HooksTest(unittest.TestCase):
         self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
 
     def test_failed_save_does_not_hold_up_the_others(self):
-        """A save whose background setup failed holds nothing: request_finished says so,
-        get_finished reports it done once the engine finished it, and later saves are
+        """A save whose background setup failed holds nothing: request_finished says so
+        (no delay), get_finished forgets it without reporting it (vLLM expects a request
+        in finished_sending only if it was told to wait for it), and later saves are
         reported as usual (it does not raise its error at every call)."""
         from epd import EpdError
         from epd.workers import hooks as H
@@ -96,7 +97,8 @@ class HooksTest(unittest.TestCase):
             prod.save_kv_layer(0, self.kv(0))
         prod.clear_connector_metadata()
         self.assertEqual(prod.request_finished(bad), (False, None))
-        self.assertEqual(prod.get_finished({bad}), ({bad}, None))
+        # Not delayed, so never reported as sent: vLLM freed it already.
+        self.assertEqual(prod.get_finished({bad}), (None, None))
         prod.bind_connector_metadata(prod.build_connector_meta(saves=[H.KvTransfer(good, TOKENS)]))
         cons.bind_connector_metadata(cons.build_connector_meta(loads=[H.KvTransfer(good, TOKENS)]))
         cons.start_load_kv()
@@ -161,6 +163,83 @@ class HooksTest(unittest.TestCase):
         pools = self.epdctl("pages")["pools"]
         kv = [p for p in pools if p["arena"] == "host0"][0]
         self.assertEqual(kv["free"], kv["total"], pools)
+
+    def test_failed_page_map_lets_the_handoff_go(self):
+        """The decode accepted a handoff and then could not map its pages (here a
+        KvPages that raises, as an arena this process cannot see does): the handoff is let
+        go at once, rolled back on both sides, not left to the prefill's HandoffTimeout=."""
+        from epd.workers import hooks as H
+        from epd.workers import connector as C
+        rid = "b4" * 16
+        prod = H.EpdKvConnector(self.p, self.layout, "producer", group_size=2, ring=self.rp, dtype="float16")
+        cons = H.EpdKvConnector(self.c, self.layout, "consumer", group_size=2, ring=self.rc, dtype="float16")
+        prod.register_kv_caches(names())
+        cons.register_kv_caches(names())
+        prod.bind_connector_metadata(prod.build_connector_meta(saves=[H.KvTransfer(rid, TOKENS)]))
+        prod.save_kv_layer(0, self.kv(0))
+        real = C.KvPages
+
+        def no_pages(*a, **k):
+            raise OSError(19, "this process cannot see that GPU")
+        C.KvPages = no_pages
+        try:
+            cons.bind_connector_metadata(cons.build_connector_meta(loads=[H.KvTransfer(rid, TOKENS)]))
+            with self.assertRaises(OSError):
+                cons.start_load_kv()
+        finally:
+            C.KvPages = real
+        cons.clear_connector_metadata()
+        for layer in range(1, LAYERS):
+            try:
+                prod.save_kv_layer(layer, self.kv(layer))
+            except Exception:
+                break  # rolled back under it
+        prod.clear_connector_metadata()
+        sent, deadline = None, time.monotonic() + 5
+        while sent is None and time.monotonic() < deadline:
+            sent, _ = prod.get_finished({rid})
+            if sent is None:
+                self.rp.poll(0.05)
+        self.assertEqual(sent, {rid}, "the prefill's handoff did not end within 5 s")
+        prod.shutdown()
+        cons.shutdown()
+        self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
+
+    def test_kept_load_reported_once(self):
+        """A load kept for take_sequence() (an agent's root) is reported received once,
+        as vLLM expects of each id, however often get_finished() is called before the
+        sequence is taken."""
+        from epd.workers import hooks as H
+        rid = "c1" * 16
+        prod = H.EpdKvConnector(self.p, self.layout, "producer", group_size=2, ring=self.rp, dtype="float16")
+        cons = H.EpdKvConnector(self.c, self.layout, "consumer", group_size=2, ring=self.rc, dtype="float16")
+        prod.register_kv_caches(names())
+        cons.register_kv_caches(names())
+        prod.bind_connector_metadata(prod.build_connector_meta(saves=[H.KvTransfer(rid, TOKENS)]))
+        cons.bind_connector_metadata(cons.build_connector_meta(loads=[H.KvTransfer(rid, TOKENS, keep=True)]))
+        cons.start_load_kv()
+        for layer in range(LAYERS):
+            prod.save_kv_layer(layer, self.kv(layer))
+        prod.wait_for_save()
+        prod.clear_connector_metadata()
+        for layer in range(LAYERS):
+            cons.wait_for_layer_load(layer)
+        cons.clear_connector_metadata()
+        self.assertEqual(cons.get_finished({rid}), (None, {rid}))
+        self.assertEqual(cons.get_finished(set()), (None, None))
+        self.assertEqual(cons.get_finished({rid}), (None, None))
+        seq = cons.take_sequence(rid)
+        self.assertIsNotNone(seq)
+        seq.release()
+        deadline, sent = time.monotonic() + 10, None
+        while sent is None and time.monotonic() < deadline:
+            sent, _ = prod.get_finished({rid})
+            if sent is None:
+                self.rp.poll(0.05)
+        self.assertEqual(sent, {rid})
+        prod.shutdown()
+        cons.shutdown()
+        self.assertEqual(self.epdctl("sequences"), [])
 
     def _save_load(self, rid, background):
         from epd.workers import hooks as H

@@ -389,6 +389,12 @@ class KvPages:
     def __init__(self, client, arena: str, layout: "KvPageLayout", offsets: Seq[int]):
         a = client.arena(arena)
         self.layout, self.offsets = layout, [int(o) for o in offsets]
+        # The pages are the daemon's word; the copies below write through raw addresses:
+        # a page outside the arena would be another mapping's memory.
+        for o in self.offsets:
+            if o < a.data_offset or o + layout.page_size > a.size:
+                raise ValueError(f"page at {o} (+{layout.page_size}) outside arena {arena} "
+                                 f"[{a.data_offset}, {a.size})")
         self.on_gpu = a.domain == "gpu"
         self._tables: Dict[int, object] = {}
         self._cached_rows = None  # (tensors' shapes, strides and dtype, KvRows): see _gpu_rows
@@ -916,13 +922,22 @@ class EpdKvSource:
         t0 = time.perf_counter()
         self.accepted = Accepted.accept_wait(client, request_id, accept_timeout_s, ring)
         self.accept_s = time.perf_counter() - t0
-        self.kv = KvPages(client, self.accepted.arena, layout, self.accepted.offsets)
         self.seconds = 0.0  # launches or host copies of the layers
         self.wait_s = 0.0   # waiting for layer groups to land
         self._loaded = None  # layers read ahead in one launch: {layer: (k, v)}
         self.layers_at_once = 0  # how many layers that one launch read
-        if wait:
-            self.wait_layer_group(self.accepted.n_groups)
+        try:
+            self.kv = KvPages(client, self.accepted.arena, layout, self.accepted.offsets)
+            if wait:
+                self.wait_layer_group(self.accepted.n_groups)
+        except BaseException:
+            # Nobody else knows this handoff was accepted: let it go now (rolled back on
+            # both sides), not at the prefill's HandoffTimeout=.
+            try:
+                self.accepted.release(ring)
+            except Exception:
+                pass
+            raise
 
     def wait_layer_group(self, n: int, timeout_s: Optional[float] = None) -> None:
         """Blocks until layer groups [0, n) have landed (progress records from the ring)."""

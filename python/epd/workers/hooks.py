@@ -69,6 +69,7 @@ class _Load:
         self.layers: Dict[int, tuple] = {}
         self.committed: Optional[Sequence] = None
         self.done = False
+        self.reported = False  # get_finished() said it received (once, as vLLM expects)
 
 
 class EpdKvConnector:
@@ -106,6 +107,7 @@ class EpdKvConnector:
         self._sinks: Dict[str, C.EpdKvSink] = {}      # saves whose handoff is not released
         self._loads: Dict[str, _Load] = {}
         self._finished_reqs: Set[str] = set()          # the engine says these are done
+        self._delayed: Set[str] = set()                # request_finished() said delay_free
         self.stats = {"save_s": 0.0, "save_wait_s": 0.0, "load_s": 0.0, "accept_s": 0.0, "wait_s": 0.0}
 
     # -- scheduler side -------------------------------------------------------------
@@ -120,6 +122,7 @@ class EpdKvConnector:
         s = self._sinks.get(request_id)
         if s is None or s.setup_error() is not None:  # a failed save holds no pages
             return False, None
+        self._delayed.add(request_id)
         return True, {"request_id": request_id, "tokens": s.tokens, "n_groups": len(self.group_sizes)}
 
     # -- worker side ----------------------------------------------------------------
@@ -268,9 +271,12 @@ class EpdKvConnector:
             if s.setup_error() is not None:
                 # Its sequence or Prepare failed (the error reached save_kv_layer or
                 # wait_for_save): nothing was shipped and nothing is held; done with it,
-                # so that it does not stand in the way of the others.
+                # so that it does not stand in the way of the others. Reported as sent
+                # only if request_finished() told the engine to wait for it (it failed
+                # after): vLLM freed the others' blocks already and expects no word.
                 del self._sinks[rid]
-                sent.add(rid)
+                if rid in self._delayed:
+                    sent.add(rid)
             elif s.handoff.finished(self.ring):
                 s.done()
                 s.handoff.release(self.ring)
@@ -281,7 +287,9 @@ class EpdKvConnector:
             if rid not in self._finished_reqs:
                 continue
             if ld.done:
-                received.add(rid)
+                if not ld.reported:  # a kept load stays until take_sequence(): said once
+                    received.add(rid)
+                    ld.reported = True
                 if not ld.t.keep:
                     del self._loads[rid]  # its pages went back at commit: nothing left to take
             else:
@@ -292,6 +300,8 @@ class EpdKvConnector:
         # Only the ids of saves and loads still here wait for their turn: the engine
         # passes every finished request, ours or not.
         self._finished_reqs &= set(self._sinks) | set(self._loads)
+        self._delayed -= sent
+        self._delayed &= set(self._sinks)
         return (sent or None), (received or None)
 
     @staticmethod
