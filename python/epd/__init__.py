@@ -73,13 +73,14 @@ class Arena:
         return p.value
 
     def buffer(self, offset: int = 0, length: Optional[int] = None) -> memoryview:
-        """A writable view of [offset, offset+length) of the mapped arena; no copy."""
+        """A writable view of [offset, offset+length) of the arena; no copy. The view
+        holds its own mapping of the arena: it stays valid after close() or unregister()
+        (which unmap libepd's), as long as it is referenced."""
         if length is None:
             length = self.size - offset
         if offset < 0 or length < 0 or offset + length > self.size:
             raise ValueError(f"range {offset}+{length} outside arena {self.name} of {self.size} bytes")
-        base = self.address()
-        return memoryview((ctypes.c_char * length).from_address(base + offset)).cast("B")
+        return self._client._arena_view(self)[offset:offset + length]
 
     def numpy(self, dtype, shape, offset: int):
         """A numpy array viewing the arena at `offset` (numpy needed)."""
@@ -115,6 +116,10 @@ class Client(_lib.Closing):
         # object only queues (a deque's append is atomic) and the thread that calls next
         # makes the bus call.
         self._orphans = collections.deque()
+        # Host arenas mapped for Python views, by index: a view keeps its mapping (a
+        # Python mmap of the arena's fd) alive, so that a buffer, numpy array or tensor
+        # taken from it never points at memory close() or unregister() unmapped.
+        self._views = {}
 
     def _check(self, r: int, what: str) -> int:
         if r < 0:
@@ -125,6 +130,16 @@ class Client(_lib.Closing):
         if self._orphans:
             self._release_orphans()
         return r
+
+    def _arena_view(self, arena: "Arena") -> memoryview:
+        v = self._views.get(arena.index)
+        if v is None:
+            if arena.domain != "host":
+                arena.address()  # raises: only host arenas are mapped here
+            import mmap
+            m = mmap.mmap(arena.fd, arena.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            v = self._views[arena.index] = memoryview(m).cast("B")
+        return v
 
     def _orphan(self, release, handle):
         """From a __del__: release(client, handle) on this client's next call (or its
@@ -146,6 +161,7 @@ class Client(_lib.Closing):
             while self._orphans:
                 release, handle = self._orphans.popleft()
                 release(None, handle)
+            self._views.clear()  # the mappings go with the last view taken from them
             self._l.epd_disconnect(self._c)
             self._c = None
 
@@ -154,6 +170,7 @@ class Client(_lib.Closing):
                  labels: Optional[Sequence[str]] = None) -> str:
         """name and labels: what epd.conf's [Pool:NAME] worker selectors match."""
         kvp = ctypes.byref(kv._c()) if kv else None
+        self._views.clear()  # the arenas of a registration are its own
         arr = None
         if arenas is not None:
             arr = (ctypes.c_char_p * (len(arenas) + 1))(*[a.encode() for a in arenas], None)
@@ -166,6 +183,7 @@ class Client(_lib.Closing):
         return self.worker_path
 
     def unregister(self):
+        self._views.clear()  # libepd closes the arenas' fds; views taken keep their mappings
         self._check(self._l.epd_unregister(self._c), "unregister")
 
     @property

@@ -244,7 +244,9 @@ class Feature(_lib.Closing):
         length = f.bytes - offset if length is None else length
         if offset < 0 or length < 0 or offset + length > f.bytes:
             raise ValueError(f"range {offset}+{length} outside the feature of {f.bytes} bytes")
-        return memoryview((ctypes.c_char * length).from_address(f.data + offset)).cast("B")
+        # Through the client's own mapping of the arena: the view outlives close().
+        from . import Arena
+        return Arena(self._client, f.arena).buffer(f.offset + offset, length)
 
     def _tensor(self, name: str) -> Tensor:
         for t in self.tensors:

@@ -133,6 +133,29 @@ class BindingTest(unittest.TestCase):
                 d.register("decode", "qwen3-vl-test", "cpu", kv=kv, name="dec-0", labels=["fast", "h200"])
                 self.assertEqual(bytes(d.arena("host0").buffer(a.data_offset, 4)), b"\x01\x02\x03\x04")
 
+    def test_views_outlive_close(self):
+        """A view taken from an arena (a buffer, numpy array or tensor) holds its own
+        mapping: close() and unregister() unmap libepd's, and touching the view after is
+        not a segfault (it was). Run in a child so that a crash fails this test only."""
+        code = (
+            "import epd, sys\n"
+            "c = epd.Client(sys.argv[1])\n"
+            "c.register('prefill', 'm', 'cpu')\n"
+            "a = c.arena('host0')\n"
+            "v = a.buffer(a.data_offset, 4096)\n"
+            "v[:4] = b'\\x05\\x06\\x07\\x08'\n"
+            "c.unregister()\n"
+            "assert bytes(v[:4]) == b'\\x05\\x06\\x07\\x08'\n"
+            "c.register('prefill', 'm', 'cpu')\n"
+            "w = c.arena('host0').buffer(a.data_offset, 4)\n"
+            "c.close()\n"
+            "v[4:8] = b'abcd'\n"
+            "assert bytes(w) == b'\\x05\\x06\\x07\\x08' and bytes(v[4:8]) == b'abcd'\n"
+            "print('ok')\n")
+        r = subprocess.run([sys.executable, "-c", code, self.d.address], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=dict(os.environ), timeout=60)
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "ok"), r.stderr)
+
     def test_numpy_view(self):
         try:
             import numpy as np
