@@ -124,6 +124,12 @@ void handoff_obj_drop_pages(HandoffObject *o);
 void handoff_obj_free(HandoffObject *o);
 int handoff_obj_link(HandoffObject *o, Client *c);
 Manager *handoff_obj_manager(HandoffObject *o);
+/* How long a Prepare waits for its destination's answer: below sd-bus's default call
+ * timeout (25 s), so that a caller hears the outcome instead of giving up first. */
+#define HANDOFF_PREPARE_ANSWER_USEC (20 * USEC_PER_SEC)
+/* Moves the object's timer to `when` (USEC_INFINITY: off); the deadline is checked when
+ * it fires, and an earlier firing while a Prepare waits rolls it back (timeout). */
+int handoff_obj_arm_timer(HandoffObject *o, usec_t when);
 int handoff_obj_new(HandoffManager *hm, HandoffRole role, const EpdId *request_id, uint64_t token,
                     uint32_t n_groups, const uint64_t *bytes_per_group, usec_t timeout,
                     HandoffObject **ret);

@@ -151,10 +151,32 @@ void handoff_obj_free(HandoffObject *o) {
 
 static int on_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         HandoffObject *o = userdata;
-        if (handoff_check_timeout(o->h, now_usec(CLOCK_MONOTONIC)) > 0)
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+
+        if (now < o->h->deadline_usec) {
+                /* Early: the bound on a Prepare's wait for its destination. */
+                if (!o->waiter || o->h->state != HANDOFF_PREPARING) {
+                        (void)handoff_obj_arm_timer(o, o->h->deadline_usec);
+                        return 0;
+                }
+                log_info("handoff %s: the destination did not answer Prepare within %llus: rolled back",
+                         o->request_str, (unsigned long long)(HANDOFF_PREPARE_ANSWER_USEC / USEC_PER_SEC));
+                (void)handoff_rollback(o->h, HANDOFF_CAUSE_TIMEOUT, false);
+        } else if (handoff_check_timeout(o->h, now) > 0)
                 log_info("handoff %s (%s): timed out", o->request_str, handoff_role_to_string(o->h->role));
         handoff_after_event(o);
         return 0;
+}
+
+int handoff_obj_arm_timer(HandoffObject *o, usec_t when) {
+        if (when == USEC_INFINITY)
+                return o->timer ? sd_event_source_set_enabled(o->timer, SD_EVENT_OFF) : 0;
+        if (!o->timer)
+                return sd_event_add_time(o->hm->manager->event, &o->timer, CLOCK_MONOTONIC, when, 0, on_timer, o);
+        int r = sd_event_source_set_time(o->timer, when);
+        if (r >= 0)
+                r = sd_event_source_set_enabled(o->timer, SD_EVENT_ONESHOT);
+        return r;
 }
 
 int handoff_obj_new(HandoffManager *hm, HandoffRole role, const EpdId *request_id, uint64_t token,

@@ -672,8 +672,14 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
         x->worker->stats.handoffs_out++;
         if (!pipelined) {
                 /* The answer to Prepare waits for the destination's (PREPARE_OK or
-                 * PREPARE_REFUSED: NoSpace to the caller). */
+                 * PREPARE_REFUSED: NoSpace to the caller), at most
+                 * HANDOFF_PREPARE_ANSWER_USEC: below a client's default call timeout, so
+                 * that the caller hears the outcome rather than giving up on a handoff
+                 * that may still be prepared after. */
                 o->waiter = waiter;
+                usec_t bound = now_usec(CLOCK_MONOTONIC) + HANDOFF_PREPARE_ANSWER_USEC;
+                if (bound < o->h->deadline_usec)
+                        (void)handoff_obj_arm_timer(o, bound);
                 return HANDOFF_PREPARE_PENDING;
         }
         /* Pipelined: no round trip. The writes name the slot, and the destination
