@@ -525,6 +525,12 @@ int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequenc
                 *ret_sequence = o->sequence_path ? o->sequence_path : "/";
                 return 0;
         }
+        /* Past the deadline a commit is refused even before the timer has run: the
+         * source rolls back on its own soon after, and the two must agree. */
+        if (handoff_check_timeout(h, now_usec(CLOCK_MONOTONIC)) > 0) {
+                log_info("handoff %s: Commit after the deadline: rolled back (timeout)", o->request_str);
+                handoff_after_event(o);
+        }
         if (handoff_is_ended(h))
                 return reason_set(why, -ESTALE, "Handoff %s was rolled back (%s).", o->request_str,
                                      handoff_cause_to_string(h->cause));

@@ -550,21 +550,83 @@ START_TEST(test_commit_waits_for_durable) {
         fault_set(hb.epdd_pid, 0, 1500); /* bravo's disk: 1.5 s a sync */
         CommitArg a = { .d = d, .path = acc.path, .r = 1 };
         pthread_t th;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         ck_assert_int_eq(pthread_create(&th, NULL, commit_thread, &a), 0);
         Cond c = { p, path, "committed" };
-        bool early = false;
-        while (__atomic_load_n(&a.r, __ATOMIC_SEQ_CST) == 1) {
-                if (state_is(&c)) {
-                        early = __atomic_load_n(&a.r, __ATOMIC_SEQ_CST) == 1;
-                        break;
-                }
-                usleep(5000);
-        }
+        /* The commit's record takes 1.5 s to become durable: the source must not hear
+         * of the commit sooner (the reply and COMMIT then leave together). */
+        ck_assert(harness_wait_for(state_is, &c, 10000));
+        clock_gettime(CLOCK_MONOTONIC, &t1);
         ck_assert_int_eq(pthread_join(th, NULL), 0);
         fault_clear();
-        ck_assert_msg(!early, "the source committed before the destination's commit was durable");
+        double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+        ck_assert_msg(waited > 1.2, "the source committed %.3f s after the Commit, before its record was durable",
+                      waited);
         ck_assert_int_eq(a.r, 0);
-        ck_assert(harness_wait_for(state_is, &c, 3000));
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+/* The decode worker commits around the handoff's deadline, while the destination's
+ * loop is held up (SIGSTOP) across it: when it resumes, the Commit, its expired timer
+ * and the source's word are all waiting. The two sides end in the same state (the
+ * destination decides and refuses a commit past its deadline; the source waits for its
+ * word two heartbeats past the deadline), never source rolled back and destination
+ * committed. */
+START_TEST(test_commit_crosses_timeout) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        char *seq = make_sequence(p, N_PAGES, NULL);
+        char *path;
+        uint64_t token;
+        epd_handoff_options o = { .timeout_usec = 1500000 };
+        int r = -EHOSTUNREACH;
+        for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++) {
+                r = epd_handoff_prepare(p, "000000000000000000000000000000f5", "bravo", seq, groups4, 4, &o, &path,
+                                        &token);
+                if (r == -EHOSTUNREACH)
+                        usleep(20000);
+        }
+        ck_assert_int_eq(r, 0);
+        struct timespec t0, now;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000f5", &acc), 0);
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+        Cond t = { d, acc.path, "transferred" };
+        ck_assert(harness_wait_for(state_is, &t, 1000));
+        /* bravo stops just before the deadline and resumes after it; the decode commits
+         * in between. */
+        do {
+                usleep(1000);
+                clock_gettime(CLOCK_MONOTONIC, &now);
+        } while ((now.tv_sec - t0.tv_sec) * 1000000000LL + (now.tv_nsec - t0.tv_nsec) < 1400000000LL);
+        ck_assert_int_eq(kill(hb.epdd_pid, SIGSTOP), 0);
+        usleep(150000);
+        CommitArg a = { .d = d, .path = acc.path, .r = 1 };
+        pthread_t th;
+        ck_assert_int_eq(pthread_create(&th, NULL, commit_thread, &a), 0);
+        usleep(100000);
+        ck_assert_int_eq(kill(hb.epdd_pid, SIGCONT), 0);
+        ck_assert_int_eq(pthread_join(th, NULL), 0);
+        /* Both sides settle (a rollback on either side reaches the other at once). */
+        epd_handoff_status s1 = {}, s2 = {};
+        for (int i = 0; i < 300; i++) {
+                ck_assert_int_eq(epd_handoff_get(p, path, &s1), 0);
+                ck_assert_int_eq(epd_handoff_get(d, acc.path, &s2), 0);
+                if (strcmp(s1.state, s2.state) == 0 &&
+                    (strcmp(s1.state, "committed") == 0 || strcmp(s1.state, "rolled-back") == 0))
+                        break;
+                usleep(10000);
+        }
+        ck_assert_msg(strcmp(s1.state, s2.state) == 0, "source %s (%s), destination %s (%s); commit said %d",
+                      s1.state, s1.cause, s2.state, s2.cause, a.r);
+        ck_assert_int_eq(a.r == 0, strcmp(s2.state, "committed") == 0);
         epd_handoff_accepted_done(&acc);
         free(path);
         free(seq);
@@ -587,6 +649,7 @@ int main(void) {
         tcase_add_test(tc, test_rollback_send_fails);
         tcase_add_test(tc, test_prepare_ok_send_fails);
         tcase_add_test(tc, test_commit_waits_for_durable);
+        tcase_add_test(tc, test_commit_crosses_timeout);
         tcase_add_test(tc, test_faults);
         tcase_add_test(tc, test_source_dies);
         tcase_add_test(tc, test_three_hosts);
