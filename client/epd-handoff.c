@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -324,6 +326,8 @@ epd_ring_client *epd_ring_close(epd_ring_client *r) {
                 close(r->submit_fd);
         if (r->complete_fd >= 0)
                 close(r->complete_fd);
+        if (r->daemon_fd >= 0)
+                close(r->daemon_fd);
         pthread_mutex_destroy(&r->submit_lock);
         free(r);
         return NULL;
@@ -333,6 +337,28 @@ int epd_ring_release(epd_client *c, epd_ring_client *r) {
         int e = c ? epd__call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "CloseRing", NULL, NULL) : -EINVAL;
         epd_ring_close(r);
         return e;
+}
+
+/* A pidfd of the daemon at the other end of c: a direct connection's peer, or the owner
+ * of org.epd1 on a bus. -1 when it cannot be had (an older kernel, no credentials): a
+ * wait then ends only by its timeout. */
+static int daemon_pidfd(epd_client *c) {
+        pid_t pid = 0;
+        if (c->direct) {
+                struct ucred cred;
+                socklen_t len = sizeof cred;
+                if (getsockopt(sd_bus_get_fd(c->bus), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+                        pid = cred.pid;
+        } else {
+                sd_bus_creds *creds = NULL;
+                if (sd_bus_get_name_creds(c->bus, "org.epd1", SD_BUS_CREDS_PID, &creds) >= 0)
+                        (void)sd_bus_creds_get_pid(creds, &pid);
+                sd_bus_creds_unref(creds);
+        }
+        if (pid <= 0)
+                return -1;
+        int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+        return fd < 0 ? -1 : fd;
 }
 
 int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_ring_client **ret) {
@@ -350,6 +376,7 @@ int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_r
                 return epd__error(c, -ENOMEM, NULL);
         }
         rc->memfd = rc->submit_fd = rc->complete_fd = -1;
+        rc->daemon_fd = daemon_pidfd(c);
         pthread_mutex_init(&rc->submit_lock, NULL);
         r = sd_bus_message_read(reply, "hhht", &fds[0], &fds[1], &fds[2], &size);
         if (r >= 0) {
@@ -454,10 +481,13 @@ int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t time
                 uint64_t now = now_usec(CLOCK_MONOTONIC);
                 if (now >= deadline)
                         return -EAGAIN;
-                struct pollfd p = { .fd = r->complete_fd, .events = POLLIN };
+                struct pollfd p[2] = { { .fd = r->complete_fd, .events = POLLIN },
+                                       { .fd = r->daemon_fd, .events = POLLIN } };
                 int ms = deadline == UINT64_MAX ? -1 : (int)MIN((deadline - now + 999) / 1000, (uint64_t)INT32_MAX);
-                e = poll(&p, 1, ms);
+                e = poll(p, r->daemon_fd >= 0 ? 2 : 1, ms);
                 if (e < 0 && errno != EINTR)
                         return -errno;
+                if (e > 0 && r->daemon_fd >= 0 && (p[1].revents & POLLIN) && !(p[0].revents & POLLIN))
+                        return -ECONNRESET; /* the daemon exited: nothing more will come */
         }
 }

@@ -298,6 +298,37 @@ class BindingTest(unittest.TestCase):
                     rec = r.next(5)
                     self.assertEqual(rec.user_data, 9)
 
+    def test_ring_wait_ends_when_the_daemon_dies(self):
+        """Ring.next() with no timeout (wait for ever) returns once the daemon is gone,
+        with ECONNRESET: a decode waiting on its ring never hangs on a dead epdd."""
+        import errno as _errno
+        import threading
+        from epd.handoff import Ring
+        d = Daemon()
+        try:
+            c = epd.Client(d.address)
+            c.register("decode", "m", "cpu")
+            ring = Ring(c)
+            out = {}
+
+            def wait():
+                try:
+                    out["rec"] = ring.next(None)
+                except epd.EpdError as e:
+                    out["errno"] = e.errno
+            t = threading.Thread(target=wait)
+            t.start()
+            time.sleep(0.2)
+            d.proc.kill()
+            d.proc.wait()
+            t.join(5)
+            self.assertFalse(t.is_alive(), "Ring.next() still waits 5 s after the daemon died")
+            self.assertEqual(out, {"errno": _errno.ECONNRESET})
+            ring.close()
+            c.close()
+        finally:
+            d.stop()
+
     def test_ring_fd_quiet_once_drained(self):
         """A worker that waits on Ring.fileno() in its own loop (select, poll, asyncio) and
         takes the records with next(0) until None finds the fd quiet again: a readable fd

@@ -111,9 +111,12 @@ typedef struct epd_ring_client {
         int submit_fd;
         int complete_fd;
         pthread_mutex_t submit_lock; /* the SQ has one producer at a time (epd_gpu_notifier) */
+        int daemon_fd;               /* a pidfd of the daemon (-1: none): readable once it
+                                      * exits, which ends a wait in epd_ring_next() */
 } epd_ring_client;
 
-/* Opens this client's ring (sq/cq: powers of two, 8..32768) and maps it. */
+/* Opens this client's ring (sq/cq: powers of two, 8..32768) and maps it. A wait on it
+ * (epd_ring_next()) ends with -ECONNRESET when the daemon exits. */
 int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_ring_client **ret);
 epd_ring_client *epd_ring_close(epd_ring_client *r);
 /* Closes the daemon's side of c's ring (CloseRing), then r as epd_ring_close() does: the
