@@ -128,16 +128,26 @@ int manager_client_require(Manager *m, sd_bus_message *msg, Client **ret, sd_bus
 }
 
 int manager_reader(Manager *m, sd_bus_message *msg, bool *ret_root, Client **ret_client) {
-        sd_bus_creds *creds = NULL;
+        Client *c = msg ? manager_client_lookup_message(m, msg) : NULL;
         uid_t uid = (uid_t)-1;
-        int r = msg ? sd_bus_query_sender_creds(msg, SD_BUS_CREDS_EUID, &creds) : -EINVAL;
-        if (r >= 0)
-                r = sd_bus_creds_get_euid(creds, &uid);
-        sd_bus_creds_unref(creds);
-        if (r < 0 || uid == (uid_t)-1)
+        if (c)
+                /* Read when the client was made: on a bus whose broker attaches no
+                 * credentials, asking again is a blocking call to the broker from the loop,
+                 * at every property read (epdtop polls them). */
+                uid = c->uid;
+        else {
+                sd_bus_creds *creds = NULL;
+                int r = msg ? sd_bus_query_sender_creds(msg, SD_BUS_CREDS_EUID, &creds) : -EINVAL;
+                if (r >= 0)
+                        r = sd_bus_creds_get_euid(creds, &uid);
+                sd_bus_creds_unref(creds);
+                if (r < 0)
+                        return -EACCES;
+        }
+        if (uid == (uid_t)-1)
                 return -EACCES;
         *ret_root = uid == 0;
-        *ret_client = manager_client_lookup_message(m, msg);
+        *ret_client = c;
         return 0;
 }
 
