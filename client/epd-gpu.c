@@ -105,7 +105,9 @@ int epd_gpu_map(EpdGpu *g, int fd, uint64_t size, int ordinal, EpdGpuMapping **r
         m = calloc(1, sizeof *m);
         if (!m)
                 return -ENOMEM;
+        GpuCtxSaved cs = gpu_ctx_save(g->system);
         r = gpu_arena_import(g->system, ordinal, fd, size, &m->arena);
+        gpu_ctx_restore(g->system, &cs);
         if (r < 0) {
                 free(m);
                 return r;
@@ -134,7 +136,9 @@ EpdGpuMapping *epd_gpu_unmap(EpdGpuMapping *m) {
         if (!m)
                 return NULL;
         g = m->gpu;
+        GpuCtxSaved cs = gpu_ctx_save(g->system);
         gpu_arena_unref(m->arena);
+        gpu_ctx_restore(g->system, &cs);
         free(m);
         if (--g->n_mappings == 0 && g->closing)
                 epd_gpu_free(g);
@@ -237,8 +241,8 @@ static GpuKernels *kernels_of(EpdGpu *g, int ordinal) {
         return g->kernels[ordinal];
 }
 
-int epd_gpu_pages_new(EpdGpu *g, int ordinal, const uint64_t *page_addresses, size_t n_pages, uint64_t page_size,
-                      uint64_t stream, EpdGpuPages **ret) {
+static int pages_new(EpdGpu *g, int ordinal, const uint64_t *page_addresses, size_t n_pages, uint64_t page_size,
+                     uint64_t stream, EpdGpuPages **ret) {
         EpdGpuPages *p;
         GpuDevice *d;
         int r;
@@ -276,14 +280,27 @@ int epd_gpu_pages_new(EpdGpu *g, int ordinal, const uint64_t *page_addresses, si
         return 0;
 }
 
+/* Every call below that makes a device's context current puts the caller's back. */
+int epd_gpu_pages_new(EpdGpu *g, int ordinal, const uint64_t *page_addresses, size_t n_pages, uint64_t page_size,
+                      uint64_t stream, EpdGpuPages **ret) {
+        if (!g)
+                return -EINVAL;
+        GpuCtxSaved cs = gpu_ctx_save(g->system);
+        int r = pages_new(g, ordinal, page_addresses, n_pages, page_size, stream, ret);
+        gpu_ctx_restore(g->system, &cs);
+        return r;
+}
+
 EpdGpuPages *epd_gpu_pages_free(EpdGpuPages *p) {
         EpdGpu *g;
 
         if (!p)
                 return NULL;
         g = p->gpu;
+        GpuCtxSaved cs = gpu_ctx_save(g->system);
         if (p->dev && gpu_device_make_current(g->system, &g->system->devices[p->ordinal]) >= 0)
                 (void)CU(g->system->driver, cuMemFree, p->dev); /* waits for its users */
+        gpu_ctx_restore(g->system, &cs);
         free(p->pages);
         free(p);
         if (--g->n_mappings == 0 && g->closing)
@@ -301,11 +318,13 @@ static int kv_copy(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream, GpuKvD
         if (e < 0)
                 return e;
         g = p->gpu;
+        GpuCtxSaved cs = gpu_ctx_save(g->system);
         e = gpu_device_make_current(g->system, &g->system->devices[p->ordinal]);
-        if (e < 0)
-                return e;
-        return gpu_kv_rows_copy(g->system, kernels_of(g, p->ordinal), (CUstream)(uintptr_t)stream, p->dev,
-                                p->pages, p->n_pages, (const GpuKvRows *)r, d);
+        if (e >= 0)
+                e = gpu_kv_rows_copy(g->system, kernels_of(g, p->ordinal), (CUstream)(uintptr_t)stream, p->dev,
+                                     p->pages, p->n_pages, (const GpuKvRows *)r, d);
+        gpu_ctx_restore(g->system, &cs);
+        return e;
 }
 
 static int kv_copy_many(EpdGpuPages *p, const epd_kv_rows *rows, size_t n, uint64_t stream, GpuKvDirection d) {
@@ -319,11 +338,13 @@ static int kv_copy_many(EpdGpuPages *p, const epd_kv_rows *rows, size_t n, uint6
         if (n == 0)
                 return 0;
         EpdGpu *g = p->gpu;
+        GpuCtxSaved cs = gpu_ctx_save(g->system);
         int e = gpu_device_make_current(g->system, &g->system->devices[p->ordinal]);
-        if (e < 0)
-                return e;
-        return gpu_kv_rows_copy_many(g->system, kernels_of(g, p->ordinal), (CUstream)(uintptr_t)stream, p->dev,
-                                     p->pages, p->n_pages, (const GpuKvRows *)rows, n, d);
+        if (e >= 0)
+                e = gpu_kv_rows_copy_many(g->system, kernels_of(g, p->ordinal), (CUstream)(uintptr_t)stream,
+                                          p->dev, p->pages, p->n_pages, (const GpuKvRows *)rows, n, d);
+        gpu_ctx_restore(g->system, &cs);
+        return e;
 }
 
 int epd_gpu_kv_write_many(EpdGpuPages *p, const epd_kv_rows *rows, size_t n, uint64_t stream) {
@@ -523,6 +544,7 @@ int epd_gpu_notifier_ready_after_range(EpdGpuNotifier *n, uint64_t stream, const
             epd_id_from_string(request_id, &q.request) < 0)
                 return -EINVAL;
         s = n->gpu->system;
+        GpuCtxSaved cs = gpu_ctx_save(s);
         e = gpu_device_make_current(s, &s->devices[n->ordinal]);
         if (e < 0)
                 return e;
@@ -550,6 +572,7 @@ int epd_gpu_notifier_ready_after_range(EpdGpuNotifier *n, uint64_t stream, const
                 pthread_cond_signal(&n->more);
         }
         pthread_mutex_unlock(&n->lock);
+        gpu_ctx_restore(s, &cs);
         return e < 0 ? e : 0;
 }
 
@@ -617,9 +640,11 @@ EpdGpuNotifier *epd_gpu_notifier_free(EpdGpuNotifier *n) {
         pthread_join(n->thread, NULL);
 
         g = n->gpu;
+        GpuCtxSaved cs = gpu_ctx_save(g->system);
         if (n->n_spare > 0 && gpu_device_make_current(g->system, &g->system->devices[n->ordinal]) >= 0)
                 for (size_t i = 0; i < n->n_spare; i++)
                         (void)CU(g->system->driver, cuEventDestroy, n->spare[i]);
+        gpu_ctx_restore(g->system, &cs);
         free(n->spare);
         free(n->queue);
         pthread_cond_destroy(&n->more);

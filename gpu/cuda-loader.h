@@ -167,6 +167,7 @@ typedef struct CUmemAccessDesc {
         X(cuDevicePrimaryCtxRetain, (CUcontext *ctx, CUdevice dev))                      \
         X(cuDevicePrimaryCtxRelease, (CUdevice dev))                                     \
         X(cuCtxSetCurrent, (CUcontext ctx))                                              \
+        X(cuCtxGetCurrent, (CUcontext *ctx))                                             \
         X(cuMemGetAllocationGranularity, (size_t *granularity,                          \
                                           const CUmemAllocationProp *prop, int option))  \
         X(cuMemCreate, (CUmemGenericAllocationHandle *handle, size_t size,               \

@@ -121,6 +121,19 @@ int gpu_device_make_current(GpuSystem *s, const GpuDevice *d) {
         return CU(s->driver, cuCtxSetCurrent, d->ctx);
 }
 
+GpuCtxSaved gpu_ctx_save(GpuSystem *s) {
+        GpuCtxSaved c = {};
+        c.valid = s->driver->cuCtxGetCurrent(&c.ctx) == CUDA_SUCCESS;
+        return c;
+}
+
+void gpu_ctx_restore(GpuSystem *s, const GpuCtxSaved *saved) {
+        CUcontext now = NULL;
+        if (!saved->valid || (s->driver->cuCtxGetCurrent(&now) == CUDA_SUCCESS && now == saved->ctx))
+                return;
+        (void)s->driver->cuCtxSetCurrent(saved->ctx);
+}
+
 bool gpu_system_can_access_peer(const GpuSystem *s, int from, int to) {
         if (from < 0 || to < 0 || (size_t)from >= s->n_devices || (size_t)to >= s->n_devices)
                 return false;

@@ -50,6 +50,14 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(GpuSystem *, gpu_system_unref);
 GpuDevice *gpu_system_device(GpuSystem *s, int ordinal);
 /* Makes the device's primary context current on the calling thread. */
 int gpu_device_make_current(GpuSystem *s, const GpuDevice *d);
+/* The calling thread's current context, to put back after work on a device: a library
+ * (libepd) leaves its caller's current device (torch's) as it found it. */
+typedef struct GpuCtxSaved {
+        CUcontext ctx;
+        bool valid;
+} GpuCtxSaved;
+GpuCtxSaved gpu_ctx_save(GpuSystem *s);
+void gpu_ctx_restore(GpuSystem *s, const GpuCtxSaved *saved);
 bool gpu_system_can_access_peer(const GpuSystem *s, int from, int to);
 
 /* Writes a human-readable table of devices and the peer matrix ("epdctl gpus"),

@@ -119,6 +119,16 @@ static CUresult f_retain(void **ctx, int dev) {
 static CUresult f_ok_int(int x) {
         return OK;
 }
+/* The calling thread's current context, as the driver keeps it. */
+static __thread void *current_ctx;
+static CUresult f_ctx_set(void *ctx) {
+        current_ctx = ctx;
+        return OK;
+}
+static CUresult f_ctx_get(void **ctx) {
+        *ctx = current_ctx;
+        return OK;
+}
 static CUresult f_ok_ptr(void *p) {
         return OK;
 }
@@ -422,7 +432,8 @@ static const struct {
         { "cuDeviceCanAccessPeer", (void *)f_peer },
         { "cuDevicePrimaryCtxRetain", (void *)f_retain },
         { "cuDevicePrimaryCtxRelease", (void *)f_ok_int },
-        { "cuCtxSetCurrent", (void *)f_ok_ptr },
+        { "cuCtxSetCurrent", (void *)f_ctx_set },
+        { "cuCtxGetCurrent", (void *)f_ctx_get },
         { "cuCtxSynchronize", (void *)f_ok_void },
         { "cuMemGetAllocationGranularity", (void *)f_granularity },
         { "cuMemCreate", (void *)f_mem_create },

@@ -751,7 +751,20 @@ START_TEST(test_fake_libepd) {
         ck_assert_int_eq(gpu_system_open(fake(), &s), 0);
         ck_assert_int_eq(gpu_arena_new(s, 0, 2 << 20, &a), 0);
         memset((void *)(uintptr_t)a->base, 0x42, 2 << 20);
+        /* libepd leaves the caller's current context (torch's device) as it found it. */
+        CUcontext mine = (CUcontext)(uintptr_t)0x77, now = NULL;
+        ck_assert_int_eq(s->driver->cuCtxSetCurrent(mine), CUDA_SUCCESS);
         ck_assert_int_eq(epd_gpu_map(g, a->fd, a->size, 0, &m), 0);
+        ck_assert_int_eq(s->driver->cuCtxGetCurrent(&now), CUDA_SUCCESS);
+        ck_assert_ptr_eq(now, mine);
+        EpdGpuPages *pg = NULL;
+        uint64_t page = epd_gpu_mapping_device_pointer(m);
+        ck_assert_int_eq(epd_gpu_pages_new(g, 0, &page, 1, 4096, 0, &pg), 0);
+        ck_assert_int_eq(s->driver->cuCtxGetCurrent(&now), CUDA_SUCCESS);
+        ck_assert_ptr_eq(now, mine);
+        epd_gpu_pages_free(pg);
+        ck_assert_int_eq(s->driver->cuCtxGetCurrent(&now), CUDA_SUCCESS);
+        ck_assert_ptr_eq(now, mine);
         ck_assert_uint_eq(epd_gpu_mapping_size(m), 2 << 20);
         ck_assert_uint_eq(((uint8_t *)(uintptr_t)epd_gpu_mapping_device_pointer(m))[100], 0x42);
         ck_assert_int_eq(epd_gpu_export(g, epd_gpu_mapping_device_pointer(m), &fd), 0);
