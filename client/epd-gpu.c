@@ -207,6 +207,23 @@ int epd_gpu_register_memory(epd_client *c, EpdGpu *g, int ordinal, uint64_t devi
 
         if (!c || !g || !ret_region || ordinal < 0 || (size_t)ordinal >= g->system->n_devices)
                 return -EINVAL;
+        /* The export is of the whole allocation, and the daemon maps it from its start:
+         * a pointer inside one would have the daemon's writes land before it, over the
+         * worker's other tensors. Only [start, start + size) of an allocation is taken
+         * (where the driver can say where it starts). */
+        CUdeviceptr base = 0;
+        size_t length = 0;
+        if (g->system->driver->cuMemGetAddressRange(&base, &length, (CUdeviceptr)device_pointer) == CUDA_SUCCESS) {
+                if (base != (CUdeviceptr)device_pointer)
+                        return epd__error(c, -EINVAL, &SD_BUS_ERROR_MAKE_CONST(
+                                                  "org.epd1.Error.InvalidArgument",
+                                                  "The pointer is not the start of its allocation: register the "
+                                                  "allocation's start and address the tensor by its offset."));
+                if (size > length)
+                        return epd__error(c, -EINVAL, &SD_BUS_ERROR_MAKE_CONST(
+                                                  "org.epd1.Error.InvalidArgument",
+                                                  "The size runs past the end of the allocation."));
+        }
         r = epd_gpu_export(g, device_pointer, &fd);
         if (r < 0)
                 return r;

@@ -887,6 +887,11 @@ START_TEST(test_unregister_releases_memory) {
         uint32_t region;
         ck_assert_int_eq(gpu_arena_new(sys, 0, 4 << 20, &own), 0);
         ck_assert_int_eq(epd_gpu_open(&g), 0);
+        /* A pointer inside the allocation (the daemon would map it from its start), or a
+         * size past its end, is refused before anything is exported. */
+        ck_assert_int_eq(epd_gpu_register_memory(c, g, 0, own->base + 4096, 2 << 20, &region), -EINVAL);
+        ck_assert_int_eq(epd_gpu_register_memory(c, g, 0, own->base, own->size + 4096, &region), -EINVAL);
+        ck_assert_str_eq(epd_last_error_message(c), "The size runs past the end of the allocation.");
         ck_assert_int_eq(epd_gpu_register_memory(c, g, 0, own->base, own->size, &region), 0);
         ck_assert_int_eq(epd_unregister(c), 0);
         ck_assert_int_eq(epd_gpu_release_memory(c, region), -ENOENT);

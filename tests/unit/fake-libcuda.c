@@ -229,6 +229,22 @@ static CUresult f_unmap(CUdeviceptr p, size_t size) {
 static CUresult f_set_access(CUdeviceptr p, size_t size, const void *desc, size_t n) {
         return n >= 1 ? OK : E_INVALID;
 }
+/* The mapping of a VMM allocation that holds ptr: its start and size. */
+static CUresult f_address_range(CUdeviceptr *base, size_t *size, CUdeviceptr ptr) {
+        CUresult r = E_INVALID;
+        pthread_mutex_lock(&maps_lock);
+        for (int i = 0; i < MAX_MAPS; i++)
+                if (maps[i].base && ptr >= maps[i].base && ptr < maps[i].base + maps[i].size) {
+                        if (base)
+                                *base = maps[i].base;
+                        if (size)
+                                *size = maps[i].size;
+                        r = OK;
+                        break;
+                }
+        pthread_mutex_unlock(&maps_lock);
+        return r;
+}
 static CUresult f_retain_handle(unsigned long long *h, void *addr) {
         CUdeviceptr a = (CUdeviceptr)(uintptr_t)addr;
         CUresult r = E_INVALID;
@@ -441,6 +457,7 @@ static const struct {
         { "cuMemExportToShareableHandle", (void *)f_export },
         { "cuMemImportFromShareableHandle", (void *)f_import },
         { "cuMemRetainAllocationHandle", (void *)f_retain_handle },
+        { "cuMemGetAddressRange", (void *)f_address_range },
         { "cuMemAddressReserve", (void *)f_reserve },
         { "cuMemAddressFree", (void *)f_addr_free },
         { "cuMemMap", (void *)f_map },
