@@ -215,6 +215,17 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
 
         if (!headers)
                 return -ENOMEM;
+        if (b->fn) {
+                /* A watch only on a member that has a leader: a member cut off from the
+                 * others cancels it ("no leader") rather than keeping it open and silent,
+                 * and the watch thread resyncs through another endpoint. */
+                struct curl_slist *more = curl_slist_append(headers, "Grpc-Metadata-hasleader: true");
+                if (!more) {
+                        curl_slist_free_all(headers);
+                        return -ENOMEM;
+                }
+                headers = more;
+        }
         for (size_t k = 0; k < c->n_endpoints; k++) {
                 size_t i = (c->current + k) % c->n_endpoints;
                 char url[512];
