@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,12 +26,88 @@
 #define METRICS_CONNECTIONS_MAX 32
 #define METRICS_CONNECTIONS_PER_ADDRESS 8
 #define METRICS_IDLE_TIMEOUT_SEC 10
+/* A connection must send a whole request within this time of opening (or of its last
+ * answer): MHD's idle timeout restarts at every byte, so clients trickling a header line
+ * at a time could otherwise hold every slot and lock the scraper out. An idle keep-alive
+ * connection is closed by it too; the scraper just reconnects. */
+#define METRICS_REQUEST_DEADLINE_USEC (3 * USEC_PER_SEC)
+
+typedef struct MetricsConn {
+        struct MHD_Connection *connection;
+        usec_t waiting_since; /* 0: inside a request (headers in, being answered) */
+        struct MetricsConn *next, *prev;
+} MetricsConn;
 
 struct MetricsHttp {
         MetricsServer *server;
         struct MHD_Daemon *mhd;
-        sd_event_source *io, *timer;
+        sd_event_source *io, *timer, *reaper;
+        MetricsConn *conns;
+        unsigned n_conns;
+        int listen_fd;           /* MHD's: only looked at */
 };
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+        MetricsHttp *h = cls;
+        MetricsConn *x = *socket_context;
+        if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+                x = calloc(1, sizeof *x);
+                if (!x)
+                        return; /* not watched: the idle timeout still applies */
+                x->connection = c;
+                x->waiting_since = now_usec(CLOCK_MONOTONIC);
+                x->next = h->conns;
+                if (h->conns)
+                        h->conns->prev = x;
+                h->conns = x;
+                h->n_conns++;
+                *socket_context = x;
+        } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && x) {
+                if (x->prev)
+                        x->prev->next = x->next;
+                else
+                        h->conns = x->next;
+                if (x->next)
+                        x->next->prev = x->prev;
+                h->n_conns--;
+                free(x);
+                *socket_context = NULL;
+        }
+}
+
+/* A request answered: the connection waits for its next one from now. */
+static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls, enum MHD_RequestTerminationCode toe) {
+        const union MHD_ConnectionInfo *i = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        MetricsConn *x = i ? i->socket_context : NULL;
+        if (x)
+                x->waiting_since = now_usec(CLOCK_MONOTONIC);
+}
+
+static void pump(MetricsHttp *h);
+
+/* Every second: connections past the deadline without a whole request are shut down
+ * (MHD closes them on its next run). */
+static int on_reaper(sd_event_source *es, uint64_t usec, void *userdata) {
+        MetricsHttp *h = userdata;
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        bool any = false;
+        for (MetricsConn *x = h->conns; x; x = x->next)
+                if (x->waiting_since && now - x->waiting_since > METRICS_REQUEST_DEADLINE_USEC) {
+                        const union MHD_ConnectionInfo *i =
+                                MHD_get_connection_info(x->connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+                        if (i && i->connect_fd >= 0)
+                                (void)shutdown(i->connect_fd, SHUT_RDWR);
+                        x->waiting_since = 0;
+                        h->server->refused++;
+                        any = true;
+                }
+        if (any)
+                pump(h);
+        (void)sd_event_source_set_time(es, now + USEC_PER_SEC);
+        (void)sd_event_source_set_enabled(es, SD_EVENT_ONESHOT);
+        return 0;
+}
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
         char msg[512];
@@ -70,6 +147,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         static int seen;
         if (!*req_cls) {
                 *req_cls = &seen;
+                const union MHD_ConnectionInfo *i = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+                MetricsConn *x = i ? i->socket_context : NULL;
+                if (x)
+                        x->waiting_since = 0; /* a whole request is in */
                 return MHD_YES;
         }
         if (*upload_data_size > 0) {
@@ -111,10 +192,22 @@ static void rearm(MetricsHttp *h) {
                 (void)sd_event_source_set_enabled(h->timer, SD_EVENT_OFF);
 }
 
-static int on_io(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
-        MetricsHttp *h = userdata;
-        (void)MHD_run(h->mhd);
+/* MHD_run(), again while connections wait in the listen backlog and slots are free: MHD
+ * accepts a bounded number per run, and the listen socket's readiness (edge-triggered
+ * in MHD's epoll) does not come back for the ones left, which then waited for an
+ * unrelated event (seconds, behind slots just freed). */
+static void pump(MetricsHttp *h) {
+        for (unsigned i = 0; i < 8; i++) {
+                (void)MHD_run(h->mhd);
+                struct pollfd p = { .fd = h->listen_fd, .events = POLLIN };
+                if (h->listen_fd < 0 || h->n_conns >= METRICS_CONNECTIONS_MAX || poll(&p, 1, 0) <= 0)
+                        break;
+        }
         rearm(h);
+}
+
+static int on_io(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
+        pump(userdata);
         return 0;
 }
 
@@ -184,12 +277,15 @@ int metrics_http_start(MetricsServer *s, const char *listen_address, MetricsHttp
                 return log_oom();
         }
         h->server = s;
+        h->listen_fd = fd;
         /* MHD owns the socket from here (and closes it at stop). */
         h->mhd = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, h,
                                   MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_CONNECTIONS_MAX,
                                   MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)METRICS_CONNECTIONS_PER_ADDRESS,
                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_IDLE_TIMEOUT_SEC,
+                                  MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                                   MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                                   MHD_OPTION_END);
         if (!h->mhd) {
@@ -204,6 +300,9 @@ int metrics_http_start(MetricsServer *s, const char *listen_address, MetricsHttp
                 r = sd_event_add_io(s->manager->event, &h->io, info->epoll_fd, EPOLLIN, on_io, h);
         if (r >= 0)
                 r = sd_event_add_time(s->manager->event, &h->timer, CLOCK_MONOTONIC, USEC_INFINITY, 0, on_timer, h);
+        if (r >= 0)
+                r = sd_event_add_time_relative(s->manager->event, &h->reaper, CLOCK_MONOTONIC, USEC_PER_SEC, 0,
+                                               on_reaper, h);
         if (r < 0) {
                 metrics_http_stop(h);
                 return log_error_errno(r, "Cannot watch the metrics server: %m");
@@ -220,8 +319,14 @@ MetricsHttp *metrics_http_stop(MetricsHttp *h) {
                 return NULL;
         h->io = sd_event_source_disable_unref(h->io);
         h->timer = sd_event_source_disable_unref(h->timer);
+        h->reaper = sd_event_source_disable_unref(h->reaper);
         if (h->mhd)
-                MHD_stop_daemon(h->mhd);
+                MHD_stop_daemon(h->mhd); /* closes every connection: on_connection frees them */
+        while (h->conns) { /* none normally */
+                MetricsConn *x = h->conns;
+                h->conns = x->next;
+                free(x);
+        }
         free(h);
         return NULL;
 }
