@@ -83,7 +83,13 @@ static void send_prepare_ok(HandoffObject *d) {
                 return;
         for (uint32_t i = 0; i < d->n_pages; i++)
                 ok.page_offsets[i] = page_offset(d->pool, d->pages[i]);
-        handoff_send_message(d, &ok);
+        /* The pages may be prefix-cache entries just evicted for room: the source writes
+         * into them once told, so it is told once their removals are durable (else a
+         * crash could bring an entry back over the handoff's bytes). */
+        if (page_manager_removals_settled(d->hm->manager->page_manager))
+                handoff_send_message(d, &ok);
+        else
+                handoff_send_message_when_durable(d, &ok);
         free(ok.page_offsets);
 }
 

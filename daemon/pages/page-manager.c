@@ -209,6 +209,8 @@ static int directory_journal_wal(PageManager *pm, bool put, uint64_t hash, PageP
         if (r >= 0)
                 r = wal_manager_append(pm->manager, WAL_RECORD_DIRECTORY + (put ? DIRECTORY_REC_PUT : DIRECTORY_REC_DEL),
                                        buf, len);
+        if (r >= 0 && !put)
+                pm->gone_lsn = wal_manager_last_lsn(pm->manager);
         if (r < 0 && r != -ENOTCONN) {
                 /* A put is undone by the directory; a removal does not happen (the
                  * entry and its page stay cached: an eviction fails, a Remove says
@@ -742,9 +744,19 @@ static int no_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) 
 
 /* A copy-on-write whose copies are under way. The sequence is found again by its id
  * when they finish: it may have been released meanwhile. */
+bool page_manager_removals_settled(PageManager *pm) {
+        if (pm->gone_lsn != 0 && wal_manager_durable(pm->manager, pm->gone_lsn))
+                pm->gone_lsn = 0;
+        return pm->gone_lsn == 0;
+}
+
 typedef struct PendingWrite {
         PageManager *pm;
         char id[EPD_ID_STRING_MAX];
+        uint32_t arena;
+        uint64_t *dst, *src;         /* while the copies wait for a removal's durability */
+        bool in_call;                /* inside wal_manager_after_durable(): its caller answers */
+        int call_error;
         SequenceCow *cow;
         size_t first, count;
         size_t copied;               /* by the rounds before this one */
@@ -759,7 +771,43 @@ typedef struct PendingWrite {
 #define PREPARE_WRITE_ROUNDS 4
 
 static int prepare_write_round(PageManager *pm, Sequence *s, size_t first, size_t count, size_t copied,
-                               unsigned round, PageWriteReadyFn ready, void *userdata);
+                               unsigned round, PageWriteReadyFn ready, void *userdata, size_t *ret_copied);
+static void pending_write_done(void *userdata, int error);
+
+/* The copies of a round whose fresh pages may be evicted entries' start once every
+ * directory removal before them is durable (page_manager_removals_settled()). */
+static void pending_write_go(void *userdata, int error) {
+        PendingWrite *p = userdata;
+        PageManager *pm = p->pm;
+        _cleanup_(freep) uint64_t *dst = TAKE_PTR(p->dst), *src = TAKE_PTR(p->src);
+        size_t n = p->cow->n;
+        uint64_t page_size = page_pool_page_size(p->cow->pool);
+
+        if (error >= 0 && pm->manager->stopping)
+                error = -ECANCELED;
+        if (p->in_call) {
+                /* At once (the journal refused): prepare_write_round() says it. */
+                p->call_error = error < 0 ? error : -EIO;
+                p->dst = TAKE_PTR(dst);
+                p->src = TAKE_PTR(src);
+                return;
+        }
+        if (error < 0) {
+                pending_write_done(p, error);
+                return;
+        }
+        if (pm->copy_async[p->arena]) {
+                error = pm->copy_async[p->arena](pm->copy_userdata[p->arena], p->arena, dst, src, n, page_size,
+                                                 pending_write_done, p);
+                if (error < 0)
+                        pending_write_done(p, error);
+                return;
+        }
+        PageCopyFn fn = pm->copy[p->arena] ?: no_copy;
+        for (size_t j = 0; error >= 0 && j < n; j++)
+                error = fn(pm->copy_userdata[p->arena], dst[j], src[j], page_size);
+        pending_write_done(p, error);
+}
 
 static void pending_write_done(void *userdata, int error) {
         PendingWrite *p = userdata;
@@ -768,6 +816,8 @@ static void pending_write_done(void *userdata, int error) {
 
         assert(pm->writes_pending > 0);
         pm->writes_pending--;
+        free(p->dst);
+        free(p->src);
         if (pm->manager->stopping)
                 error = -ECANCELED; /* the table stays as journaled */
         else if (error >= 0 && !s)
@@ -780,7 +830,10 @@ static void pending_write_done(void *userdata, int error) {
                 /* The loop served other calls while the copies ran: every page of the
                  * range must still be this sequence's alone, or its writes would land in
                  * another's KV. */
-                int r = prepare_write_round(pm, s, p->first, p->count, n, p->round + 1, p->ready, p->userdata);
+                size_t more = 0;
+                int r = prepare_write_round(pm, s, p->first, p->count, n, p->round + 1, p->ready, p->userdata,
+                                            &more);
+                n += more;
                 if (r == 0)
                         p->ready(p->userdata, s, 0, n);
                 else if (r < 0) {
@@ -799,7 +852,7 @@ static void pending_write_done(void *userdata, int error) {
  * they are done), 0 (none needed), or a negative errno (-EBUSY after
  * PREPARE_WRITE_ROUNDS rounds). */
 static int prepare_write_round(PageManager *pm, Sequence *s, size_t first, size_t count, size_t copied,
-                               unsigned round, PageWriteReadyFn ready, void *userdata) {
+                               unsigned round, PageWriteReadyFn ready, void *userdata, size_t *ret_copied) {
         _cleanup_(sequence_cow_freep) SequenceCow *c = NULL;
         PageCopyAsyncFn fn = pm->copy_async[s->arena];
         int r;
@@ -822,9 +875,43 @@ static int prepare_write_round(PageManager *pm, Sequence *s, size_t first, size_
                 dst[j] = page_offset(c->pool, c->fresh[j]);
                 src[j] = page_offset(c->pool, c->original[j]);
         }
-        *p = (PendingWrite) { .pm = pm, .cow = c, .first = first, .count = count, .copied = copied,
-                              .round = round, .ready = ready, .userdata = userdata };
+        *p = (PendingWrite) { .pm = pm, .arena = s->arena, .cow = c, .first = first, .count = count,
+                              .copied = copied, .round = round, .ready = ready, .userdata = userdata };
         memcpy(p->id, s->id_str, sizeof p->id);
+        if (!page_manager_removals_settled(pm)) {
+                /* The fresh pages may be entries just evicted (the plan allocated them):
+                 * no byte goes into them before their removal is durable. */
+                p->dst = TAKE_PTR(dst);
+                p->src = TAKE_PTR(src);
+                p->in_call = true;
+                r = wal_manager_after_durable(pm->manager, pending_write_go, p);
+                p->in_call = false;
+                if (r >= 0 && p->call_error < 0)
+                        r = p->call_error;
+                if (r < 0) {
+                        c = TAKE_PTR(p->cow); /* dropped with the plan */
+                        free(p->dst);
+                        free(p->src);
+                        free(p);
+                        return r;
+                }
+                TAKE_PTR(c); /* the pending write's now */
+                pm->writes_pending++;
+                return 1;
+        }
+        if (!fn) {
+                /* Host pages, nothing to wait for: the copies inline, then the commit. */
+                uint64_t page_size = page_pool_page_size(c->pool);
+                PageCopyFn copy = pm->copy[s->arena] ?: no_copy;
+                free(p);
+                for (size_t j = 0; j < c->n; j++) {
+                        r = copy(pm->copy_userdata[s->arena], dst[j], src[j], page_size);
+                        if (r < 0)
+                                return r;
+                }
+                *ret_copied = sequence_cow_commit(s, TAKE_PTR(c));
+                return 0;
+        }
         r = fn(pm->copy_userdata[s->arena], s->arena, dst, src, c->n, page_pool_page_size(c->pool),
                pending_write_done, p);
         if (r < 0) {
@@ -842,12 +929,13 @@ int page_manager_prepare_write_async(PageManager *pm, Sequence *s, size_t first,
 
         if (!pm || !s || s->arena >= pm->manager->n_arenas || !ret_copied || !ready)
                 return -EINVAL;
-        if (!pm->copy_async[s->arena]) {
+        if (!pm->copy_async[s->arena] && !pm->manager->wal) {
+                /* No journal, nothing to wait for: the host copies inline. */
                 r = page_manager_prepare_write(pm, s, first, count, NULL, ret_copied);
                 return r < 0 ? r : 0;
         }
         *ret_copied = 0;
-        return prepare_write_round(pm, s, first, count, 0, 0, ready, userdata);
+        return prepare_write_round(pm, s, first, count, 0, 0, ready, userdata, ret_copied);
 }
 
 int page_manager_prepare_write(PageManager *pm, Sequence *s, size_t first, size_t count,

@@ -60,7 +60,17 @@ typedef struct PageManager {
         void (*observer)(void *userdata, bool put, uint64_t hash, const char *arena, const char *worker);
         void *observer_userdata;
         const char *publishing_worker; /* set around page_manager_publish()'s inserts */
+        /* The last directory removal (an eviction's, say) while not known durable
+         * (0: none; UINT64_MAX: refused): its page may be handed out at once, and the
+         * daemon writes into such a page only once the removal is durable
+         * (page_manager_removals_settled()), or a crash could bring the entry back over
+         * other bytes. */
+        uint64_t gone_lsn;
 } PageManager;
+
+/* Whether every directory removal so far is durable: pages just handed out (evicted
+ * entries' among them) may then be written by the daemon. */
+bool page_manager_removals_settled(PageManager *pm);
 
 /* Called after each directory entry appears (put) or goes, once it is journaled, with
  * its arena's name and, for a Publish, the name of the worker that published it ("" if

@@ -106,6 +106,9 @@ static bool pump_notify(void) {
 /* When set, the next start_epdd() preloads fault-wal.c: epdd is killed with SIGKILL
  * right after WAL record fault_lsn is in the log. */
 static uint64_t fault_lsn;
+/* When set, the next start_epdd() preloads fault-wal.c with EPD_FAULT_WAL_ENOSPC_LSN:
+ * every write of a record from LSN fault_enospc_lsn on fails (a full disk). */
+static uint64_t fault_enospc_lsn;
 
 /* The notify socket of the systemd this test plays (in h.dir), with an empty fd store. */
 static void open_notify(void) {
@@ -142,6 +145,16 @@ static pid_t spawn_epdd(bool with_store) {
                         setenv("ASAN_OPTIONS", env, 1);
                         setenv("LD_PRELOAD", getenv("FAULT_WAL"), 1);
                         setenv("EPD_FAULT_WAL_LSN", lsn, 1);
+                }
+                if (fault_enospc_lsn > 0) {
+                        const char *asan = getenv("ASAN_OPTIONS");
+                        char lsn[32], env[1024];
+                        snprintf(lsn, sizeof lsn, "%" PRIu64, fault_enospc_lsn);
+                        snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", asan ? asan : "",
+                                 asan && *asan ? ":" : "");
+                        setenv("ASAN_OPTIONS", env, 1);
+                        setenv("LD_PRELOAD", getenv("FAULT_WAL"), 1);
+                        setenv("EPD_FAULT_WAL_ENOSPC_LSN", lsn, 1);
                 }
                 int logfd = open(h.log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
                 if (logfd >= 0) {
@@ -2018,6 +2031,89 @@ START_TEST(test_crash_every_record) {
 }
 END_TEST
 
+/* An idle directory page evicted by a copy-on-write must not be overwritten by the copy
+ * before the eviction's DEL is durable: if that DEL never becomes durable (a failed
+ * write; a kill -9 in the window), the restart restores the entry on the page, which
+ * would hold another block's bytes. The setup: H published on a page that goes idle
+ * (cached), a sequence and its clone sharing another page, every free page taken: the
+ * clone's PrepareWrite evicts H for its copy. Returns the last LSN before it. */
+static uint64_t cow_evict_setup(epd_client *c, uint8_t *host0, char **ret_s3) {
+        const uint64_t H = 0x1234;
+        char *s1 = NULL, *s2 = NULL, *s3 = NULL, *s4 = NULL;
+        uint32_t *p = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &s1, &p, &n), 0);
+        write_page(c, host0, p[0], 1);
+        free(p);
+        ck_assert_int_eq(epd_sequence_publish(c, s1, 0, &H, 1), 1);
+        ck_assert_int_eq(epd_sequence_release(c, s1), 0);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &s2, &p, &n), 0);
+        write_page(c, host0, p[0], 2);
+        free(p);
+        ck_assert_int_eq(epd_sequence_clone(c, s2, &s3), 0);
+        uint64_t pc[4];
+        pool_counts("host0", pc);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", (uint32_t)pc[0], &s4, NULL, NULL), 0);
+        usleep(20000);
+        free(s1); free(s2); free(s4);
+        *ret_s3 = s3;
+        return ev_last_lsn(false);
+}
+
+START_TEST(test_cow_into_evicted_entry) {
+        const uint64_t H = 0x1234;
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        write_arenas("[Wal]\nSync=batch\n[Arena:host0]\nSize=2M\nUsage=kv\n[Arena:feat0]\nSize=16M\nUsage=feature\nPageSize=64K\n");
+        open_notify();
+        /* A dry run: the LSN the eviction's DEL gets. */
+        start_epdd(true);
+        uint8_t *host0, *feat0;
+        epd_client *c = kv_worker(&host0, &feat0);
+        char *s3 = NULL;
+        uint64_t L = cow_evict_setup(c, host0, &s3);
+        uint32_t w = 0;
+        ck_assert_int_eq(epd_sequence_prepare_write(c, s3, 0, 1, &w), 1);
+        free(s3);
+        kill9_epdd();
+        epd_disconnect(c);
+        ev_fresh_state();
+        /* Again, with the disk full from the eviction's DEL on: it never becomes
+         * durable, and the copy must not have gone into H's page. */
+
+        fault_enospc_lsn = L + 1;
+        start_epdd(true);
+        fault_enospc_lsn = 0;
+        c = kv_worker(&host0, &feat0);
+        ck_assert_uint_eq(cow_evict_setup(c, host0, &s3), L);
+        (void)epd_sequence_prepare_write(c, s3, 0, 1, &w); /* refused: its journal failed */
+        free(s3);
+        kill9_epdd();
+        epd_disconnect(c);
+        start_epdd(true);
+        c = kv_worker(&host0, &feat0);
+        char *path = NULL;
+        size_t blocks = 0, n = 0;
+        uint32_t *pages = NULL;
+        ck_assert_int_eq(epd_sequence_create_from_prefix(c, "host0", &H, 1, &path, &blocks, &pages, &n), 0);
+        if (blocks == 1) {
+                const uint8_t *d = host0 + page_at(c, pages[0]);
+                size_t diff1 = 0, diff2 = 0;
+                for (size_t k = 0; k < KV_PAGE; k++) {
+                        diff1 += d[k] != pattern(k, 1);
+                        diff2 += d[k] != pattern(k, 2);
+                }
+                ck_assert_msg(diff1 == 0, "the directory entry came back on page %u holding another block (%zu bytes "
+                              "differ from it, %zu from the copied one)", pages[0], diff1, diff2);
+        }
+        free(path);
+        free(pages);
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        close_notify();
+}
+END_TEST
+
+
 int main(void) {
         Suite *s = suite_create("restart");
         TCase *tc = tcase_create("restart");
@@ -2032,6 +2128,7 @@ int main(void) {
         (void)test_loaded_region_reused_before_crash;
         (void)test_restart_arena_moved_or_resized;
         (void)test_failed_start_keeps_the_store;
+        (void)test_cow_into_evicted_entry;
 #elif defined(CRASH_LOOP_DH)
         tcase_add_test(tc, test_directory_handoff_crash_loop);
         (void)test_sequence_crash_loop;
@@ -2041,6 +2138,7 @@ int main(void) {
         (void)test_loaded_region_reused_before_crash;
         (void)test_restart_arena_moved_or_resized;
         (void)test_failed_start_keeps_the_store;
+        (void)test_cow_into_evicted_entry;
         (void)test_crash_every_record;
 #elif defined(CRASH_LOOP)
         tcase_add_test(tc, test_sequence_crash_loop);
@@ -2052,10 +2150,12 @@ int main(void) {
         (void)test_loaded_region_reused_before_crash;
         (void)test_restart_arena_moved_or_resized;
         (void)test_failed_start_keeps_the_store;
+        (void)test_cow_into_evicted_entry;
 #else
         tcase_add_test(tc, test_restart_keeps_arenas);
         tcase_add_test(tc, test_restart_arena_moved_or_resized);
         tcase_add_test(tc, test_failed_start_keeps_the_store);
+        tcase_add_test(tc, test_cow_into_evicted_entry);
         tcase_add_test(tc, test_restart_keeps_sequences_and_features);
         tcase_add_test(tc, test_evicted_region_reused_before_crash);
         tcase_add_test(tc, test_loaded_region_reused_before_crash);
