@@ -602,9 +602,9 @@ static int manager_setup_arenas(Manager *m) {
                                         safe_close(fd);
                                         (void)fdstore_remove(fdname);
                                 }
+                                /* Into the fd store once the restore's records are
+                                 * durable (manager_startup). */
                                 r = arena_new_host(c, (uint32_t)i, m->config.host_id, &m->arenas[i]);
-                                if (r >= 0)
-                                        (void)fdstore_push(fdname, m->arenas[i]->fd);
                         }
                 }
                 if (r < 0) {
@@ -659,6 +659,16 @@ int manager_startup(Manager *m) {
                         r = s->init(m);
                         if (r < 0)
                                 return log_error_errno(r, "Cannot start %s: %m", s->name);
+                }
+        /* Fresh host arenas go into systemd's fd store only now: the WAL dropped the
+         * state journaled for their slots, durably. Stored before, a start that died in
+         * between would have the next one adopt this fresh memory and replay the old
+         * sequences and entries over it. */
+        for (size_t i = 0; i < m->n_arenas; i++)
+                if (m->config.arenas[i].domain == MEMORY_HOST && !m->arenas[i]->adopted) {
+                        char fdname[64];
+                        snprintf(fdname, sizeof fdname, "arena-%s", m->config.arenas[i].name);
+                        (void)fdstore_push(fdname, m->arenas[i]->fd);
                 }
 
         r = manager_listen_direct(m);

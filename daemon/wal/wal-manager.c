@@ -440,6 +440,13 @@ static int wal_init(Manager *m) {
                         if (r < 0)
                                 return r; /* logged */
                 }
+        /* What the restore dropped (the state of arenas whose memory did not survive) is
+         * durable before anything goes on: fresh arena memory enters the fd store only
+         * after this (manager_startup), or a start that died now would leave the old
+         * records to be replayed over fresh memory by the next. */
+        r = wal_writer_flush(g->writer);
+        if (r < 0)
+                return log_error_errno(r, "WAL %s: the restore's records cannot be made durable: %m", dir);
         log_info("WAL %s: %" PRIu64 " snapshot and %" PRIu64 " log records replayed, sync=%s%s.", dir,
                  replayed.snapshot_records, replayed.replayed, wal_sync_policy_to_string(m->config.wal_sync),
                  replayed.cut_bytes ? ", a damaged tail was cut" : "");

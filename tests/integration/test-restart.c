@@ -2114,6 +2114,57 @@ START_TEST(test_cow_into_evicted_entry) {
 END_TEST
 
 
+/* A start whose arena memory is fresh (the fd store emptied: systemctl stop + start)
+ * puts the fresh memfd into the store only once the WAL's drops of the old sequences are
+ * durable. Pushed before, a start that died in between (here: it fails at a later arena)
+ * had the next start adopt the fresh memory and replay the old PUTs over it: sequences
+ * came back over zeros. */
+START_TEST(test_fresh_arena_then_failed_start) {
+        const char *good = "[Arena:host0]\nSize=64M\nUsage=kv\n[Arena:feat0]\nSize=16M\nUsage=feature\nPageSize=64K\n";
+        const char *bad = "[Arena:host0]\nSize=64M\nUsage=kv\n[Arena:feat0]\nSize=64G\nUsage=feature\nHugePages=yes\n";
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        write_arenas(good);
+        open_notify();
+        start_epdd(true);
+        uint8_t *host0, *feat0;
+        epd_client *c = kv_worker(&host0, &feat0);
+        char *seq = NULL;
+        uint32_t *pages = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 4, &seq, &pages, &n), 0);
+        for (size_t i = 0; i < n; i++)
+                write_page(c, host0, pages[i], (unsigned)i);
+        kill9_epdd();
+        epd_disconnect(c);
+        /* systemctl stop; systemctl start: the store is emptied. */
+        for (size_t i = 0; i < store_n; i++)
+                close(store_fds[i]);
+        store_n = 0;
+        write_arenas(bad);
+        ck_assert_int_ne(run_epdd_to_exit(true), 0);
+        write_arenas(good);
+        start_epdd(true);
+        c = kv_worker(&host0, &feat0);
+        int r = epd_sequence_attach(c, id_of(seq), NULL);
+        if (r == 0) {
+                size_t diff = 0;
+                for (size_t i = 0; i < n; i++) {
+                        const uint8_t *d = host0 + page_at(c, pages[i]);
+                        for (size_t k = 0; k < KV_PAGE; k++)
+                                diff += d[k] != pattern(k, (unsigned)i);
+                }
+                ck_assert_msg(false, "a sequence came back over fresh memory (%zu of %zu bytes differ)", diff,
+                              n * (size_t)KV_PAGE);
+        }
+        free(seq);
+        free(pages);
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        close_notify();
+}
+END_TEST
+
+
 int main(void) {
         Suite *s = suite_create("restart");
         TCase *tc = tcase_create("restart");
@@ -2129,6 +2180,7 @@ int main(void) {
         (void)test_restart_arena_moved_or_resized;
         (void)test_failed_start_keeps_the_store;
         (void)test_cow_into_evicted_entry;
+        (void)test_fresh_arena_then_failed_start;
 #elif defined(CRASH_LOOP_DH)
         tcase_add_test(tc, test_directory_handoff_crash_loop);
         (void)test_sequence_crash_loop;
@@ -2139,6 +2191,7 @@ int main(void) {
         (void)test_restart_arena_moved_or_resized;
         (void)test_failed_start_keeps_the_store;
         (void)test_cow_into_evicted_entry;
+        (void)test_fresh_arena_then_failed_start;
         (void)test_crash_every_record;
 #elif defined(CRASH_LOOP)
         tcase_add_test(tc, test_sequence_crash_loop);
@@ -2151,11 +2204,13 @@ int main(void) {
         (void)test_restart_arena_moved_or_resized;
         (void)test_failed_start_keeps_the_store;
         (void)test_cow_into_evicted_entry;
+        (void)test_fresh_arena_then_failed_start;
 #else
         tcase_add_test(tc, test_restart_keeps_arenas);
         tcase_add_test(tc, test_restart_arena_moved_or_resized);
         tcase_add_test(tc, test_failed_start_keeps_the_store);
         tcase_add_test(tc, test_cow_into_evicted_entry);
+        tcase_add_test(tc, test_fresh_arena_then_failed_start);
         tcase_add_test(tc, test_restart_keeps_sequences_and_features);
         tcase_add_test(tc, test_evicted_region_reused_before_crash);
         tcase_add_test(tc, test_loaded_region_reused_before_crash);
