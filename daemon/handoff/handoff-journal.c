@@ -27,8 +27,15 @@ int handoff_journal_append(HandoffManager *hm, const HandoffRecord *r, const uin
                 return k;
         /* The journal follows the record just appended: replay rebuilds the same. */
         k = handoff_journal_apply(&hm->journal, r->type, buf, len);
-        if (k < 0)
+        if (k < 0) {
                 log_debug_errno(k, "handoff: journal record 0x%02x does not apply: %m", r->type);
+                /* A Prepare the journal did not take (an older attempt of the request with
+                 * a larger token, say) has no entry: its commit would be acknowledged
+                 * without a record of it, and its decode sequence lost in a crash. Such a
+                 * Prepare fails (the replay skips its record the same way). */
+                if (r->type == HANDOFF_REC_PREPARED)
+                        return k;
+        }
         return 0;
 }
 
