@@ -301,6 +301,11 @@ int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const voi
                 r = write_all(fd, desc, desc_len);
         if (r >= 0)
                 r = write_all(fd, data, rec->size);
+        /* On disk before the name: after a machine crash some file systems leave a file
+         * renamed into place but its data unwritten (zeros of the right size), which a
+         * load would take for the feature. (The spill thread's time, not the loop's.) */
+        if (r >= 0 && fdatasync(fd) < 0)
+                r = negative_errno();
         if (r < 0) {
                 (void)unlinkat(s->root_fd, tmp, 0);
                 return r;
