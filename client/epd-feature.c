@@ -43,7 +43,14 @@ static int read_info(epd_client *c, sd_bus_message *reply, epd_feature *f) {
                 f->arena = -1;
         f->data = NULL;
         if (f->arena >= 0) {
+                const epd_arena *a = epd_arena_get(c, (size_t)f->arena);
                 void *base;
+                /* Within the arena's pages, or not mapped at all: the bytes are written
+                 * and read through this pointer. */
+                if (a && (f->offset < a->data_offset || f->offset > a->size || f->bytes > a->size - f->offset))
+                        return epd__error(c, -EBADMSG, &SD_BUS_ERROR_MAKE_CONST(
+                                                  "org.epd1.Error.Failed",
+                                                  "The daemon placed the feature outside its arena."));
                 if (epd_arena_map(c, (size_t)f->arena, &base) >= 0)
                         f->data = (uint8_t *)base + f->offset;
         }

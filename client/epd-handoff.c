@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -388,6 +389,14 @@ int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_r
                         r = -errno;
         }
         sd_bus_message_unref(reply);
+        if (r >= 0) {
+                /* A ring file shorter than the size the daemon gave would fault (SIGBUS). */
+                struct stat st;
+                if (fstat(rc->memfd, &st) < 0)
+                        r = -errno;
+                else if ((uint64_t)st.st_size < size)
+                        r = -EBADMSG;
+        }
         if (r >= 0) {
                 rc->size = size;
                 rc->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, rc->memfd, 0);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bus-error.h"
@@ -451,6 +452,13 @@ int epd_arena_map(epd_client *c, size_t i, void **ret) {
         if (strcmp(a->domain, "host") != 0)
                 return -EOPNOTSUPP; /* GPU arenas: epd_gpu_arena_map() */
         if (!a->base) {
+                /* The size is the daemon's word: a file shorter than it would fault
+                 * (SIGBUS) at the first touch past its end. */
+                struct stat st;
+                if (fstat(a->fd, &st) < 0)
+                        return -errno;
+                if ((uint64_t)st.st_size < a->size || a->data_offset > a->size)
+                        return -EBADMSG;
                 void *p = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
                 if (p == MAP_FAILED)
                         return -errno;
