@@ -218,6 +218,7 @@ typedef struct WatchCtx {
         EtcdClient *c;
         MemberInfo *infos;
         size_t n, cap;
+        size_t n_others, skipped; /* records of other hosts taken, and past MaxMembers= */
         int64_t revision;      /* the last revision seen */
         bool created;
         char err[256];
@@ -243,6 +244,16 @@ static int range_kv(void *userdata, const EtcdKv *kv) {
 
         if (kv_info(w->cm, kv, &info) < 0)
                 return 0; /* not a member record, or a malformed one: ignored */
+        /* Past MaxMembers= the loop would refuse them anyway: whoever can write the prefix
+         * must not make every epdd allocate and copy without bound (the read itself is
+         * bounded by ANSWER_MAX). This host's own record is always taken. */
+        if (strcmp(info.host_id, w->cm->self.host_id) != 0) {
+                if (w->n_others >= w->cm->manager->config.max_members) {
+                        w->skipped++;
+                        return 0;
+                }
+                w->n_others++;
+        }
         if (w->n == w->cap) {
                 size_t cap = MAX(w->cap * 2, (size_t)16);
                 MemberInfo *n = reallocarray(w->infos, cap, sizeof *n);
@@ -314,7 +325,7 @@ static int watch_once(WatchCtx *w) {
         size_t len;
         int r;
 
-        w->n = 0;
+        w->n = w->n_others = w->skipped = 0;
         w->err[0] = 0;
         r = call(w->c, "/v3/kv/range", etcd_json_range_request(w->cm->manager->config.etcd_prefix), &ans, &len,
                  w->err, sizeof w->err);
@@ -323,6 +334,9 @@ static int watch_once(WatchCtx *w) {
         free(ans);
         if (r < 0)
                 return r;
+        if (w->skipped > 0)
+                log_warning("cluster: etcd holds %zu more member records than MaxMembers=%u; they are ignored",
+                            w->skipped, w->cm->manager->config.max_members);
         ev = event_new(EV_RESYNC);
         if (!ev)
                 return -ENOMEM;
