@@ -254,8 +254,15 @@ int epd_feature_publish_release(epd_client *c, epd_feature *f, uint64_t encode_u
                 return r;
         }
         r = epd__call_nowait(c, FEATURE_PATH, FEATURE_IFACE, "Release", "s", f->handle);
+        if (r < 0) {
+                /* The Publish went; the Release could not be queued: give the handle back
+                 * the waiting way (else it pins the feature until the connection goes).
+                 * The Publish stands, so this is a success for the caller. */
+                r = epd_feature_release(c, f);
+                return r == -ENOTCONN || r == -ECONNRESET ? r : 0;
+        }
         free(f);
-        return r;
+        return 0;
 }
 
 int epd_feature_fail(epd_client *c, epd_feature *f, const char *reason) {
