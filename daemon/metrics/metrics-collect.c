@@ -220,17 +220,17 @@ static void collect_paths(Manager *m, MetricsWriter *w) {
         metrics_family(w, "epd_peer_retransmits", METRIC_COUNTER, NULL, "TCP segments retransmitted to the peer.");
         for (size_t i = 0; i < n; i++)
                 if (s[i].kernel)
-                        metrics_sample_u64(w, L({ "peer", s[i].name }), s[i].path.retransmits);
+                        metrics_sample_u64(w, L({ "peer", s[i].name }), s[i].totals.retransmits);
         metrics_family(w, "epd_peer_tcp_bytes", METRIC_COUNTER, "bytes",
                        "TCP bytes to the peer, as the kernel counts them: sent, acked, received, retransmitted.");
         for (size_t i = 0; i < n; i++)
                 if (s[i].kernel) {
-                        metrics_sample_u64(w, L({ "peer", s[i].name }, { "kind", "sent" }), s[i].path.bytes_sent);
-                        metrics_sample_u64(w, L({ "peer", s[i].name }, { "kind", "acked" }), s[i].path.bytes_acked);
+                        metrics_sample_u64(w, L({ "peer", s[i].name }, { "kind", "sent" }), s[i].totals.bytes_sent);
+                        metrics_sample_u64(w, L({ "peer", s[i].name }, { "kind", "acked" }), s[i].totals.bytes_acked);
                         metrics_sample_u64(w, L({ "peer", s[i].name }, { "kind", "received" }),
-                                           s[i].path.bytes_received);
+                                           s[i].totals.bytes_received);
                         metrics_sample_u64(w, L({ "peer", s[i].name }, { "kind", "retransmitted" }),
-                                           s[i].path.bytes_retrans);
+                                           s[i].totals.bytes_retrans);
                 }
         metrics_family(w, "epd_peer_send_queue_bytes", METRIC_GAUGE, "bytes",
                        "Bytes waiting in the send queues of the peer's connections.");

@@ -81,7 +81,7 @@ static int append_peer(sd_bus_message *reply, const TelemetryPeerStats *p) {
         if (r < 0)
                 return r;
         r = sd_bus_message_append(
-                reply, "a{sv}", 20,
+                reply, "a{sv}", 23,
                 "kernel", "b", (int)p->kernel,
                 "connections", "u", p->tracked,
                 "established", "u", p->path.n_established,
@@ -101,7 +101,10 @@ static int append_peer(sd_bus_message *reply, const TelemetryPeerStats *p) {
                 "retransmit_rate", "d", p->retransmit_rate,
                 "handoffs_in_flight", "u", p->handoffs_in_flight,
                 "destination_free_pages", "t", p->destination_free_pages,
-                "destination_total_pages", "t", p->destination_total_pages);
+                "destination_total_pages", "t", p->destination_total_pages,
+                "total_bytes_sent", "t", p->totals.bytes_sent,
+                "total_bytes_acked", "t", p->totals.bytes_acked,
+                "total_retransmits", "t", p->totals.retransmits);
         if (r < 0)
                 return r;
         return sd_bus_message_close_container(reply);

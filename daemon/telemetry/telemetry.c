@@ -18,6 +18,7 @@ typedef struct TelemetryConn {
         uint64_t cookie;
         TelemetryPeer *peer;
         bool closed;               /* the kernel reported it closing */
+        TelemetryPeerTotals last;  /* its counters as last read from the kernel */
 } TelemetryConn;
 
 struct TelemetryPeer {
@@ -32,7 +33,23 @@ struct TelemetryPeer {
         uint64_t dest_free, dest_total;
         uint64_t events;
         bool dirty;                /* an urgent event arrived: evaluate at once */
+        TelemetryPeerTotals retired; /* of connections no longer tracked */
+        TelemetryPeerTotals totals;  /* retired + each tracked connection's last */
 };
+
+static void totals_add(TelemetryPeerTotals *a, const TelemetryPeerTotals *b) {
+        a->bytes_sent += b->bytes_sent;
+        a->bytes_acked += b->bytes_acked;
+        a->bytes_received += b->bytes_received;
+        a->bytes_retrans += b->bytes_retrans;
+        a->segs_out += b->segs_out;
+        a->retransmits += b->retransmits;
+}
+
+/* A connection goes from the peer's tracked set: its counters stay in the totals. */
+static void conn_retire(TelemetryPeer *p, TelemetryConn *c) {
+        totals_add(&p->retired, &c->last);
+}
 
 struct Telemetry {
         sd_event *event;
@@ -217,15 +234,30 @@ static void peer_evaluate(Telemetry *t, TelemetryPeer *p, usec_t now) {
         TelemetryPathStats path = {};
         bool connected = false;
 
+        TelemetryPeerTotals totals = p->retired;
         for (unsigned i = 0; i < p->n_conns; i++) {
                 TelemetryConn *c = p->conns[i];
                 struct epd_conn_stats st;
-                if (!t->bpf || telemetry_bpf_conn_stats(t->bpf, c->cookie, &st) < 0)
-                        continue;
-                if (tcp_state_is_closing(st.state))
-                        c->closed = true;
-                telemetry_path_stats_add(&path, &st);
+                if (t->bpf && telemetry_bpf_conn_stats(t->bpf, c->cookie, &st) >= 0) {
+                        if (tcp_state_is_closing(st.state))
+                                c->closed = true;
+                        telemetry_path_stats_add(&path, &st);
+                        c->last = (TelemetryPeerTotals) {
+                                .bytes_sent = st.bytes_sent,
+                                .bytes_acked = st.bytes_acked,
+                                .bytes_received = st.bytes_received,
+                                .bytes_retrans = st.bytes_retrans,
+                                .segs_out = st.segs_out,
+                                .retransmits = st.total_retrans,
+                        };
+                }
+                totals_add(&totals, &c->last); /* its last values while the kernel has none */
         }
+        /* Never down (a connection's counters only grow; a missing record keeps its last). */
+        if (totals.bytes_sent >= p->totals.bytes_sent && totals.bytes_acked >= p->totals.bytes_acked &&
+            totals.bytes_received >= p->totals.bytes_received && totals.bytes_retrans >= p->totals.bytes_retrans &&
+            totals.segs_out >= p->totals.segs_out && totals.retransmits >= p->totals.retransmits)
+                p->totals = totals;
         for (unsigned i = 0; i < p->n_conns; i++)
                 if (!p->conns[i]->closed)
                         connected = true;
@@ -505,6 +537,7 @@ int telemetry_untrack(Telemetry *t, int fd) {
                         p->conns[i] = p->conns[--p->n_conns];
                         break;
                 }
+        conn_retire(p, c);
         if (t->bpf)
                 (void)telemetry_bpf_untrack(t->bpf, cookie);
         free(c);
@@ -522,6 +555,7 @@ int telemetry_untrack_all(Telemetry *t, const char *peer) {
         while (p->n_conns > 0) {
                 TelemetryConn *c = p->conns[--p->n_conns];
                 hashmap_remove(t->conns, &c->cookie);
+                conn_retire(p, c);
                 if (t->bpf)
                         (void)telemetry_bpf_untrack(t->bpf, c->cookie);
                 free(c);
@@ -558,6 +592,7 @@ static void peer_fill(const Telemetry *t, const TelemetryPeer *p, TelemetryPeerS
                 .destination_free_pages = p->dest_free,
                 .destination_total_pages = p->dest_total,
                 .events = p->events,
+                .totals = p->totals,
         };
 }
 

@@ -30,6 +30,14 @@ typedef void (*TelemetryBackpressureFn)(Telemetry *t, const char *peer, Backpres
                                         BackpressureReason reason, void *userdata);
 
 /* A peer path as tools and the bus see it. */
+/* Counters of a peer's TCP traffic for export: they never go down. Connections that were
+ * untracked count with their last values, and one whose kernel record is missing for a
+ * moment with the values last seen. */
+typedef struct TelemetryPeerTotals {
+        uint64_t bytes_sent, bytes_acked, bytes_received, bytes_retrans;
+        uint64_t segs_out, retransmits;
+} TelemetryPeerTotals;
+
 typedef struct TelemetryPeerStats {
         const char *name;
         bool kernel;                  /* the kernel fields are valid (BPF loaded) */
@@ -43,6 +51,7 @@ typedef struct TelemetryPeerStats {
         unsigned handoffs_in_flight;
         uint64_t destination_free_pages, destination_total_pages;
         uint64_t events;              /* ring events seen for this peer */
+        TelemetryPeerTotals totals;   /* monotonic: what /metrics exports as counters */
 } TelemetryPeerStats;
 
 typedef struct TelemetryCounters {
