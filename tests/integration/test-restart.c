@@ -623,6 +623,28 @@ START_TEST(test_restart_keeps_sequences_and_features) {
 }
 END_TEST
 
+/* kill -9 now (c connected, b held), restart, and check that ka (written 0xaa) is no
+ * hit with another feature's bytes. */
+static void crash_then_check_a(epd_client *c, epd_feature *b, const char *ka, unsigned round) {
+        uint8_t *host0, *feat0;
+        epd_feature *a = NULL;
+        kill9_epdd();
+        epd_disconnect(c);
+        (void)epd_feature_release(NULL, b); /* the daemon is gone: only the struct */
+
+        start_epdd(true);
+        c = kv_worker(&host0, &feat0);
+        int r = epd_feature_acquire(c, ka, false, &a);
+        if (r == 0) {
+                ck_assert_msg(strcmp(a->result, "hit") != 0 || ((uint8_t *)a->data)[0] == 0xaa,
+                              "round %u: %s answered a hit holding another feature's bytes (0x%02x)", round, ka,
+                              ((uint8_t *)a->data)[0]);
+                ck_assert_int_eq(epd_feature_release(c, a), 0);
+        }
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+}
+
 /* An evicted feature's region handed to the next producer: that producer hears of it only
  * once the eviction's GONE is durable. Otherwise a kill -9 right after it wrote could
  * leave the evicted feature's READY in the log over the new bytes, and the restarted
@@ -649,21 +671,7 @@ START_TEST(test_evicted_region_reused_before_crash) {
                 ck_assert_int_eq(epd_feature_reserve(c, kb, 48 * 1024, &t, 1, NULL, &b), 0);
                 ck_assert_uint_eq(b->offset, off);
                 memset(b->data, 0xbb, 48 * 1024);
-                kill9_epdd();
-                epd_disconnect(c);
-                (void)epd_feature_release(NULL, b); /* the daemon is gone: only the struct */
-
-                start_epdd(true);
-                c = kv_worker(&host0, &feat0);
-                int r = epd_feature_acquire(c, ka, false, &a);
-                if (r == 0) {
-                        ck_assert_msg(strcmp(a->result, "hit") != 0 || ((uint8_t *)a->data)[0] == 0xaa,
-                                      "round %u: %s answered a hit holding another feature's bytes (0x%02x)",
-                                      round, ka, ((uint8_t *)a->data)[0]);
-                        ck_assert_int_eq(epd_feature_release(c, a), 0);
-                }
-                epd_disconnect(c);
-                ck_assert_int_eq(harness_stop_epdd(&h), 0);
+                crash_then_check_a(c, b, ka, round);
         }
         close_notify();
 }
@@ -728,21 +736,7 @@ START_TEST(test_loaded_region_reused_before_crash) {
                 ck_assert_str_eq(b->result, "hit");
                 ck_assert_uint_eq(b->offset, off);
                 ck_assert_uint_eq(((uint8_t *)b->data)[0], 0xbb);
-                kill9_epdd();
-                epd_disconnect(c);
-                (void)epd_feature_release(NULL, b); /* the daemon is gone: only the struct */
-
-                start_epdd(true);
-                c = kv_worker(&host0, &feat0);
-                int r = epd_feature_acquire(c, ka, false, &a);
-                if (r == 0) {
-                        ck_assert_msg(strcmp(a->result, "hit") != 0 || ((uint8_t *)a->data)[0] == 0xaa,
-                                      "round %u: %s answered a hit holding another feature's bytes (0x%02x)",
-                                      round, ka, ((uint8_t *)a->data)[0]);
-                        ck_assert_int_eq(epd_feature_release(c, a), 0);
-                }
-                epd_disconnect(c);
-                ck_assert_int_eq(harness_stop_epdd(&h), 0);
+                crash_then_check_a(c, b, ka, round);
         }
         close_notify();
 }
