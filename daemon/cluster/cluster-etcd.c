@@ -42,6 +42,7 @@ struct ClusterEvent {
         char text[256];          /* error, or the deleted host id */
         char endpoint[256];
         MemberInfo *infos;       /* EV_RESYNC: n; EV_PUT: 1 */
+        bool partial;            /* EV_RESYNC: records past MaxMembers= were left out */
         size_t n;
         ClusterEvent *next;
 };
@@ -81,7 +82,7 @@ static void post_state(ClusterManager *cm, ClusterEventType type, bool up, uint6
 }
 
 /* Sleeps up to ms, or until stop. Returns true when stopping. */
-static bool nap(ClusterManager *cm, long ms) {
+static bool nap(ClusterManager *cm, long ms, bool session) {
         struct timespec ts;
         bool stop;
 
@@ -93,7 +94,7 @@ static bool nap(ClusterManager *cm, long ms) {
                 ts.tv_nsec -= 1000000000L;
         }
         pthread_mutex_lock(&cm->lock);
-        while (!(stop = atomic_load(&cm->stop)) && !atomic_load(&cm->key_lost))
+        while (!(stop = atomic_load(&cm->stop)) && !(session && atomic_load(&cm->key_lost)))
                 if (pthread_cond_timedwait(&cm->cond, &cm->lock, &ts) == ETIMEDOUT)
                         break;
         pthread_mutex_unlock(&cm->lock);
@@ -164,7 +165,7 @@ static void *session_main(void *userdata) {
                         if (!err[0])
                                 snprintf(err, sizeof err, "%s: %s", etcd_client_endpoint(c), strerror(-r));
                         post_state(cm, EV_SESSION, false, 0, err, c);
-                        if (nap(cm, backoff))
+                        if (nap(cm, backoff, true))
                                 break;
                         backoff = MIN(backoff * 2, (long)BACKOFF_MAX_MS);
                         continue;
@@ -172,7 +173,7 @@ static void *session_main(void *userdata) {
                 backoff = BACKOFF_MIN_MS;
                 post_state(cm, EV_SESSION, true, lease, "", c);
                 /* Keepalives until the lease is lost or etcd stops answering. */
-                while (!nap(cm, period)) {
+                while (!nap(cm, period, true)) {
                         char *ans = NULL;
                         size_t len;
                         int64_t ttl = 0;
@@ -341,6 +342,7 @@ static int watch_once(WatchCtx *w) {
         if (!ev)
                 return -ENOMEM;
         ev->revision = w->revision;
+        ev->partial = w->skipped > 0;
         ev->n = w->n;
         if (w->n > 0) {
                 ev->infos = malloc(w->n * sizeof *ev->infos);
@@ -376,7 +378,7 @@ static void *watch_main(void *userdata) {
                 post_state(cm, EV_WATCH, false, 0, w.err, w.c);
                 if (w.created)
                         backoff = BACKOFF_MIN_MS; /* it had worked: retry soon */
-                if (nap(cm, backoff))
+                if (nap(cm, backoff, false))
                         break;
                 backoff = MIN(backoff * 2, (long)BACKOFF_MAX_MS);
         }
@@ -400,7 +402,7 @@ static void apply(ClusterManager *cm, ClusterEvent *ev) {
                 cluster_on_watch(cm, ev->up, ev->text);
                 break;
         case EV_RESYNC:
-                cluster_on_resync(cm, ev->revision, ev->infos, ev->n);
+                cluster_on_resync(cm, ev->revision, ev->infos, ev->n, ev->partial);
                 break;
         case EV_PUT:
                 cluster_on_put(cm, ev->infos);

@@ -86,7 +86,7 @@ static void own_key_lost(ClusterManager *cm, const char *why) {
         cluster_etcd_register_again(cm);
 }
 
-void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *infos, size_t n) {
+void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *infos, size_t n, bool partial) {
         usec_t now = now_usec(CLOCK_MONOTONIC);
         bool own = false;
 
@@ -101,7 +101,7 @@ void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *i
                 if (membership_resync_put(cm->members, infos + i) == -ENOSPC)
                         log_warning("cluster: member %s refused: MaxMembers=%u reached", infos[i].host_id,
                                     cm->manager->config.max_members);
-        membership_resync_end(cm->members, now);
+        membership_resync_end(cm->members, now, partial);
         arm_tick(cm, membership_tick(cm->members, now));
 }
 

@@ -75,7 +75,7 @@ void cluster_etcd_register_again(ClusterManager *cm);
 /* What the threads learned, applied on the loop (cluster-manager.c). */
 void cluster_on_session(ClusterManager *cm, bool up, uint64_t lease, const char *error, const char *endpoint);
 void cluster_on_watch(ClusterManager *cm, bool up, const char *error);
-void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *infos, size_t n);
+void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *infos, size_t n, bool partial);
 void cluster_on_put(ClusterManager *cm, const MemberInfo *info);
 void cluster_on_delete(ClusterManager *cm, const char *host_id, int64_t revision);
 

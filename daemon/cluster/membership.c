@@ -239,8 +239,10 @@ int membership_resync_put(Membership *ms, const MemberInfo *info) {
         return apply_put(ms, info, true);
 }
 
-void membership_resync_end(Membership *ms, usec_t now) {
+void membership_resync_end(Membership *ms, usec_t now, bool partial) {
         ms->resyncing = false;
+        if (partial)
+                return; /* a read cut short says nothing of the members it did not list */
         for (size_t i = 0; i < ms->n_members; i++) {
                 Member *m = ms->members[i];
                 if (m->epoch == ms->epoch || m->state == MEMBER_MISSING)

@@ -87,7 +87,9 @@ int membership_delete(Membership *ms, const char *host_id, int64_t revision, con
  * starts the revisions over. */
 void membership_resync_begin(Membership *ms, int64_t revision);
 int membership_resync_put(Membership *ms, const MemberInfo *info);
-void membership_resync_end(Membership *ms, usec_t now);
+/* partial: the read was cut short (at MaxMembers= records): members it did not list are
+ * not taken for missing. */
+void membership_resync_end(Membership *ms, usec_t now, bool partial);
 /* Members missing past their deadline leave. Returns the next deadline (USEC_INFINITY
  * if none). */
 usec_t membership_tick(Membership *ms, usec_t now);

@@ -91,14 +91,14 @@ START_TEST(test_resync_grace) {
         membership_resync_begin(ms, 4);
         ck_assert_int_eq(membership_resync_put(ms, &a), 0);
         ck_assert_int_eq(membership_resync_put(ms, &b), 0);
-        membership_resync_end(ms, now);
+        membership_resync_end(ms, now, false);
         ck_assert_uint_eq(membership_size(ms), 2);
         ck_assert_uint_eq(membership_tick(ms, now), USEC_INFINITY);
 
         /* etcd came back without bravo (its lease not re-granted yet): missing, not gone. */
         membership_resync_begin(ms, 20);
         ck_assert_int_eq(membership_resync_put(ms, &a), 0);
-        membership_resync_end(ms, now);
+        membership_resync_end(ms, now, false);
         ck_assert_str_eq(l.ev[l.n - 1], "update bravo missing");
         ck_assert_int_eq(membership_get(ms, "bravo")->state, MEMBER_MISSING);
         ck_assert_uint_eq(membership_tick(ms, now + USEC_PER_SEC), now + 2 * USEC_PER_SEC);
@@ -114,7 +114,7 @@ START_TEST(test_resync_grace) {
         /* Missing again, and this time it stays away: it leaves at the deadline. */
         membership_resync_begin(ms, 30);
         ck_assert_int_eq(membership_resync_put(ms, &a), 0);
-        membership_resync_end(ms, now);
+        membership_resync_end(ms, now, false);
         ck_assert_ptr_nonnull(membership_get(ms, "bravo"));
         ck_assert_uint_eq(membership_tick(ms, now + 2 * USEC_PER_SEC), USEC_INFINITY);
         ck_assert_ptr_null(membership_get(ms, "bravo"));
@@ -181,7 +181,7 @@ START_TEST(test_revision_reset) {
         a.lease = 99;
         membership_resync_begin(ms, 10);
         ck_assert_int_eq(membership_resync_put(ms, &a), 0);
-        membership_resync_end(ms, 1000);
+        membership_resync_end(ms, 1000, false);
         ck_assert_int_eq(membership_revision(ms), 10);
         membership_tick(ms, 1000 + 3 * USEC_PER_SEC);
         ck_assert_ptr_nonnull(membership_get(ms, "alpha"));
@@ -190,6 +190,12 @@ START_TEST(test_revision_reset) {
         membership_stats(ms, &st);
         ck_assert_uint_eq(st.revision_resets, 1);
         ck_assert_uint_eq(st.leaves, 0);
+        /* A resync cut short (records past MaxMembers= left out) takes no member that it
+         * did not list for missing. */
+        membership_resync_begin(ms, 11);
+        membership_resync_end(ms, 2000, true);
+        membership_tick(ms, 2000 + 3 * USEC_PER_SEC);
+        ck_assert_int_eq(membership_get(ms, "alpha")->state, MEMBER_ALIVE);
         /* The host goes away later: its delete at revision 12 is current. */
         ck_assert_int_eq(membership_delete(ms, "alpha", 12, NULL), 0);
         ck_assert_ptr_null(membership_get(ms, "alpha"));
