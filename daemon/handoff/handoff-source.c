@@ -732,11 +732,12 @@ int handoff_manager_prepare(HandoffManager *hm, Worker *w, const HandoffPrepareA
                 return r;
         if (!x.local && o->h->deadline_usec != USEC_INFINITY) {
                 /* Across hosts the destination decides at the deadline (its COMMIT or its
-                 * ROLLBACK): the source waits that long plus two heartbeats for its word
+                 * ROLLBACK): the source waits that long plus four heartbeats (at least 2 s:
+                 * the COMMIT also waits for the destination's sync) for its word
                  * before timing out on its own. Two clocks each rolling back at "the"
                  * deadline let a commit that crossed the source's timer leave the source
                  * rolled back and the destination committed. */
-                usec_t margin = MAX(2 * m->config.heartbeat_usec, USEC_PER_SEC);
+                usec_t margin = MAX(4 * m->config.heartbeat_usec, 2 * USEC_PER_SEC);
                 if (ADD_OVERFLOW(o->h->deadline_usec, margin, &o->h->deadline_usec))
                         o->h->deadline_usec = USEC_INFINITY;
                 (void)handoff_obj_arm_timer(o, o->h->deadline_usec);
