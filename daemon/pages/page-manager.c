@@ -756,6 +756,7 @@ typedef struct PendingWrite {
         uint32_t arena;
         uint64_t *dst, *src;         /* while the copies wait for a removal's durability */
         bool in_call;                /* inside wal_manager_after_durable(): its caller answers */
+        bool answered;               /* ... and the callback ran in it */
         int call_error;
         SequenceCow *cow;
         size_t first, count;
@@ -786,8 +787,10 @@ static void pending_write_go(void *userdata, int error) {
         if (error >= 0 && pm->manager->stopping)
                 error = -ECANCELED;
         if (p->in_call) {
-                /* At once (the journal refused): prepare_write_round() says it. */
-                p->call_error = error < 0 ? error : -EIO;
+                /* At once (durable meanwhile, or the journal refused): the caller,
+                 * prepare_write_round(), copies now or says the error. */
+                p->answered = true;
+                p->call_error = error;
                 p->dst = TAKE_PTR(dst);
                 p->src = TAKE_PTR(src);
                 return;
@@ -886,7 +889,7 @@ static int prepare_write_round(PageManager *pm, Sequence *s, size_t first, size_
                 p->in_call = true;
                 r = wal_manager_after_durable(pm->manager, pending_write_go, p);
                 p->in_call = false;
-                if (r >= 0 && p->call_error < 0)
+                if (r >= 0 && p->answered && p->call_error < 0)
                         r = p->call_error;
                 if (r < 0) {
                         c = TAKE_PTR(p->cow); /* dropped with the plan */
@@ -895,9 +898,14 @@ static int prepare_write_round(PageManager *pm, Sequence *s, size_t first, size_
                         free(p);
                         return r;
                 }
-                TAKE_PTR(c); /* the pending write's now */
-                pm->writes_pending++;
-                return 1;
+                if (!p->answered) {
+                        TAKE_PTR(c); /* the pending write's now */
+                        pm->writes_pending++;
+                        return 1;
+                }
+                /* Durable by the time it was asked: the copies go now, as below. */
+                dst = TAKE_PTR(p->dst);
+                src = TAKE_PTR(p->src);
         }
         if (!fn) {
                 /* Host pages, nothing to wait for: the copies inline, then the commit. */
