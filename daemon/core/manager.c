@@ -967,6 +967,7 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->sigint);
         sd_event_source_disable_unref(m->sighup);
         sd_event_source_disable_unref(m->changed_source);
+        sd_event_source_disable_unref(m->stalled_source);
         sd_event_unref(m->event);
         /* Last: the socket is unlinked above while the lock still says it is ours. */
         m->socket_lock_fd = safe_close(m->socket_lock_fd);
@@ -1005,40 +1006,38 @@ void manager_worker_stats(Manager *m, Worker *w, WorkerStats *ret) {
  * has no match rules, and a worker that never asked is not woken for them. */
 /* A stalled subscriber's drop, on the loop's next turn: a signal is emitted from inside
  * other objects' changes, which the drop (its client's objects going) must not free. */
-typedef struct StalledDrop {
-        Manager *manager;
-        uint64_t serial;
-} StalledDrop;
-
 static int drop_stalled(sd_event_source *s, void *userdata) {
-        StalledDrop *d = userdata;
-        Connection *conn = hashmap_get(d->manager->connections, &d->serial);
-        if (conn) {
+        Manager *m = userdata;
+        Connection *conn;
+        size_t it = 0, n = 0;
+        uint64_t serials[64];
+
+        /* Collected first: a drop removes from the map being walked. */
+        while (n < ELEMENTSOF(serials) && hashmap_iterate(m->connections, &it, (void **)&conn, NULL))
+                if (conn->stalled)
+                        serials[n++] = conn->serial;
+        for (size_t i = 0; i < n; i++) {
+                conn = hashmap_get(m->connections, &serials[i]);
+                if (!conn)
+                        continue;
                 log_warning("Disconnecting a direct client that has not read its last %u messages.",
                             CONNECTION_QUEUE_MAX);
                 connection_drop(conn);
         }
+        if (n == ELEMENTSOF(serials))
+                (void)sd_event_source_set_enabled(s, SD_EVENT_ONESHOT); /* more next turn */
         return 0;
 }
 
 static void stalled_schedule(Manager *m, Connection *conn) {
-        sd_event_source *s = NULL;
-        StalledDrop *d;
-
         if (conn->stalled)
                 return;
-        d = malloc(sizeof *d);
-        if (!d)
-                return;
-        *d = (StalledDrop) { .manager = m, .serial = conn->serial };
-        if (sd_event_add_defer(m->event, &s, drop_stalled, d) < 0) {
-                free(d);
-                return;
-        }
-        (void)sd_event_source_set_destroy_callback(s, free);
-        (void)sd_event_source_set_floating(s, true);
-        sd_event_source_unref(s);
         conn->stalled = true;
+        if (!m->stalled_source) {
+                if (sd_event_add_defer(m->event, &m->stalled_source, drop_stalled, m) < 0)
+                        return; /* it stays marked: dropped with the next one */
+        } else
+                (void)sd_event_source_set_enabled(m->stalled_source, SD_EVENT_ONESHOT);
 }
 
 static void emit_each(Manager *m, int (*fn)(sd_bus *bus, void *userdata), void *userdata) {

@@ -115,6 +115,7 @@ struct Manager {
         /* PropertiesChanged not sent yet (manager_emit_changed): coalesced, one signal
          * per object and interface for every change made meanwhile. */
         sd_event_source *changed_source;
+        sd_event_source *stalled_source; /* drops the direct subscribers that stopped reading */
         struct { const char *path, *interface, *property; } changed[16];
         size_t n_changed;
         uint64_t changed_since;      /* CLOCK_MONOTONIC µs of the oldest one */
