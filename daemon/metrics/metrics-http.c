@@ -147,16 +147,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         static int seen;
         if (!*req_cls) {
                 *req_cls = &seen;
-                const union MHD_ConnectionInfo *i = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-                MetricsConn *x = i ? i->socket_context : NULL;
-                if (x)
-                        x->waiting_since = 0; /* a whole request is in */
                 return MHD_YES;
         }
         if (*upload_data_size > 0) {
                 *upload_data_size = 0;
                 return MHD_YES;
         }
+        /* Headers and body are in (the first call came with the headers only): from
+         * here the answer goes out, and the deadline is off until it is sent. */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        MetricsConn *x = ci ? ci->socket_context : NULL;
+        if (x)
+                x->waiting_since = 0;
         static char not_allowed[] = "Only GET and HEAD.\n", not_found[] = "Not found: the metrics are at /metrics.\n",
                     index_text[] = "epdd: Prometheus metrics at /metrics\n";
         const char *text = "text/plain; charset=utf-8";

@@ -194,35 +194,40 @@ class Metrics(unittest.TestCase):
 
     def test_slow_clients_do_not_lock_out(self):
         """Clients from four addresses hold every slot (8 each, 32 in all) and trickle a
-        header line every 0.3 s, which restarts an idle timeout at every byte: each must
-        send a whole request within 3 s, so the scraper gets in within seconds."""
+        header line every 0.3 s, or (second round) send whole headers and then the body
+        a byte every 0.3 s, which restarts an idle timeout at every byte: each must send
+        a whole request within 3 s, so the scraper gets in within seconds."""
         host, port = urllib.parse.urlsplit(self.url[self.pair.alpha]).netloc.split(":")
-        slow = []
-        try:
-            for a in range(4):
-                for _ in range(8):
-                    s = socket.socket()
-                    s.settimeout(5)
-                    s.bind((f"127.0.0.{2 + a}", 0))
-                    s.connect((host, int(port)))
-                    s.sendall(b"GET /metrics HTTP/1.1\r\n")
-                    slow.append(s)
-            ok, t0 = False, time.monotonic()
-            while not ok and time.monotonic() - t0 < 8:
-                for s in slow:
+        for body in (False, True):
+            slow = []
+            try:
+                for a in range(4):
+                    for _ in range(8):
+                        s = socket.socket()
+                        s.settimeout(5)
+                        s.bind((f"127.0.0.{2 + a}", 0))
+                        s.connect((host, int(port)))
+                        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
+                                  if body else b"GET /metrics HTTP/1.1\r\n")
+                        slow.append(s)
+                ok, t0 = False, time.monotonic()
+                while not ok and time.monotonic() - t0 < 8:
+                    for s in slow:
+                        try:
+                            s.sendall(b"x" if body else b"X-Slow: 1\r\n")
+                        except OSError:
+                            pass  # closed by epdd: what this test wants
                     try:
-                        s.sendall(b"X-Slow: 1\r\n")
+                        ok = get(self.url[self.pair.alpha])[0] == 200
                     except OSError:
-                        pass  # closed by epdd: what this test wants
-                try:
-                    ok = get(self.url[self.pair.alpha])[0] == 200
-                except OSError:
-                    pass
-                time.sleep(0.3)
-            self.assertTrue(ok, "the scraper was locked out for 8 s by clients trickling headers")
-        finally:
-            for s in slow:
-                s.close()
+                        pass
+                    time.sleep(0.3)
+                self.assertTrue(ok, "the scraper was locked out for 8 s by clients trickling "
+                                + ("a body" if body else "headers"))
+            finally:
+                for s in slow:
+                    s.close()
+            time.sleep(0.5)  # epdd sees them closed
 
     def test_prometheus_scrapes(self):
         tmp = tempfile.mkdtemp(prefix="epd-prometheus-")
