@@ -32,11 +32,12 @@ struct {
         __type(value, struct epd_conn_info);
 } tracked SEC(".maps");
 
-/* LRU: a record created here just after the daemon untracked its socket (the program
- * looked "tracked" up before the delete) is never deleted by anyone; rather than let such
- * records fill the map for good, the least recently updated go first when it is full. */
+/* A record created here just after the daemon untracked its socket (the program looked
+ * "tracked" up before the delete) is deleted by no untrack: the daemon prunes records
+ * of sockets it does not track (telemetry_bpf_prune()). (Not an LRU: its per-CPU free
+ * lists evict live records well before the map is full on hosts with many CPUs.) */
 struct {
-        __uint(type, BPF_MAP_TYPE_LRU_HASH);
+        __uint(type, BPF_MAP_TYPE_HASH);
         __uint(max_entries, EPD_TELEMETRY_MAX_CONNS);
         __type(key, __u64);
         __type(value, struct epd_conn_stats);

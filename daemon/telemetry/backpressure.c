@@ -298,7 +298,8 @@ static void derive(BackpressureState *s, const BackpressureSample *x) {
         else
                 s->send_queue_growth = 0;
 
-        if (x->bytes_acked > p->bytes_acked || (x->send_queue_bytes == 0 && x->inflight_bytes == 0)) {
+        /* Progress since the last sample (not the rates' baseline, which may be older). */
+        if (x->bytes_acked > s->acked_seen || (x->send_queue_bytes == 0 && x->inflight_bytes == 0)) {
                 s->last_progress = x->now;
                 s->retransmits_at_progress = x->retransmits;
         }
@@ -311,14 +312,16 @@ int backpressure_update(BackpressureState *s, const BackpressureConfig *c, const
         if (rate_window_short(s, c, x)) {
                 /* The rates of the last full window stand; the baseline stays. */
                 s->rtt_inflation = x->min_rtt_usec > 0 ? (double)x->srtt_usec / (double)x->min_rtt_usec : 0.0;
-                if (x->bytes_acked > s->prev.bytes_acked || (x->send_queue_bytes == 0 && x->inflight_bytes == 0)) {
+                if (x->bytes_acked > s->acked_seen || (x->send_queue_bytes == 0 && x->inflight_bytes == 0)) {
                         s->last_progress = x->now;
                         s->retransmits_at_progress = x->retransmits;
                 }
+                s->acked_seen = x->bytes_acked;
         } else {
                 derive(s, x);
                 s->prev = *x;
                 s->have_prev = true;
+                s->acked_seen = x->bytes_acked;
         }
 
         if (!c->enabled) {

@@ -94,6 +94,7 @@ typedef struct BackpressureState {
         double rtt_inflation;
         double send_queue_growth; /* bytes/s */
         uint64_t acked_delta;     /* bytes acked since the previous sample */
+        uint64_t acked_seen;      /* bytes_acked of the last sample (progress is judged by it) */
 } BackpressureState;
 
 void backpressure_config_defaults(BackpressureConfig *c);

@@ -39,6 +39,10 @@ int telemetry_bpf_untrack(TelemetryBpf *b, uint64_t cookie) {
         return -EOPNOTSUPP;
 }
 
+int telemetry_bpf_prune(TelemetryBpf *b, bool (*keep)(void *userdata, uint64_t cookie), void *userdata) {
+        return 0;
+}
+
 int telemetry_bpf_conn_stats(TelemetryBpf *b, uint64_t cookie, struct epd_conn_stats *ret) {
         return -EOPNOTSUPP;
 }

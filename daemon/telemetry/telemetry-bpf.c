@@ -254,6 +254,27 @@ int telemetry_bpf_untrack(TelemetryBpf *b, uint64_t cookie) {
         return r;
 }
 
+int telemetry_bpf_prune(TelemetryBpf *b, bool (*keep)(void *userdata, uint64_t cookie), void *userdata) {
+        uint64_t key, next, gone[256];
+        size_t n = 0;
+        const void *prev = NULL;
+        int deleted = 0;
+
+        /* Keys collected first (deleting while walking restarts the walk), a bounded
+         * number per call: the next call takes the rest. */
+        while (n < ELEMENTSOF(gone) &&
+               bpf_map__get_next_key(b->skel->maps.conns, prev, &next, sizeof next) == 0) {
+                if (!keep(userdata, next))
+                        gone[n++] = next;
+                key = next;
+                prev = &key;
+        }
+        for (size_t i = 0; i < n; i++)
+                if (bpf_map__delete_elem(b->skel->maps.conns, &gone[i], sizeof gone[i], 0) == 0)
+                        deleted++;
+        return deleted;
+}
+
 int telemetry_bpf_conn_stats(TelemetryBpf *b, uint64_t cookie, struct epd_conn_stats *ret) {
         return bpf_map__lookup_elem(b->skel->maps.conns, &cookie, sizeof cookie, ret, sizeof *ret, 0);
 }

@@ -6,6 +6,7 @@
  * telemetry-bpf.c implements it with libbpf (linked statically); when epd is built
  * without BPF, telemetry-bpf-none.c answers -EOPNOTSUPP and says why. */
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,6 +35,9 @@ int telemetry_bpf_consume(TelemetryBpf *b);
 
 int telemetry_bpf_track(TelemetryBpf *b, uint64_t cookie, uint32_t peer_id, const char *peer);
 int telemetry_bpf_untrack(TelemetryBpf *b, uint64_t cookie);
+/* Deletes the per-connection records of sockets keep() says are not tracked; returns how
+ * many. */
+int telemetry_bpf_prune(TelemetryBpf *b, bool (*keep)(void *userdata, uint64_t cookie), void *userdata);
 /* -ENOENT when the kernel has seen nothing of the connection yet. */
 int telemetry_bpf_conn_stats(TelemetryBpf *b, uint64_t cookie, struct epd_conn_stats *ret);
 /* Time spent in the programs and how often they ran, summed over all of them; only

@@ -62,6 +62,7 @@ struct Telemetry {
         TelemetryPeer **peer_by_id;
         size_t n_peer_ids;
         Hashmap *conns;            /* TelemetryConn* by cookie */
+        usec_t pruned_usec;        /* the kernel's per-connection records last pruned */
         TraceStore *traces;
 
         /* Subscribers to backpressure changes (the bus signal, the handoff window and
@@ -156,12 +157,12 @@ static void backpressure_notify(Telemetry *t, const char *peer, BackpressureLeve
 }
 
 /* A peer that nothing refers to any more: no connection tracked, no handoff or
- * destination load reported, its level back to none. Its entry is what a full table
+ * destination load reported. Its entry is what a full table
  * gives up for a new peer (names come from clients' TrackSocket too: made-up ones must
  * not use up MaxPeers= for good). */
 static bool peer_idle(const TelemetryPeer *p) {
-        return p->n_conns == 0 && p->handoffs_in_flight == 0 && p->dest_total == 0 &&
-               p->bp.level == BACKPRESSURE_NONE;
+        /* (Its level does not count: with no connection left it reads "disconnected".) */
+        return p->n_conns == 0 && p->handoffs_in_flight == 0 && p->dest_total == 0;
 }
 
 static bool peer_reclaim_one(Telemetry *t) {
@@ -353,12 +354,24 @@ static int on_ring_ready(sd_event_source *s, int fd, uint32_t revents, void *use
         return 0;
 }
 
+static bool conn_tracked(void *userdata, uint64_t cookie) {
+        Telemetry *t = userdata;
+        return hashmap_get(t->conns, &cookie) != NULL;
+}
+
 static int on_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         Telemetry *t = userdata;
 
         if (t->bpf)
                 (void)telemetry_bpf_consume(t->bpf);
         telemetry_evaluate(t);
+        /* Every 10 s: kernel records of sockets no longer tracked (one made just as its
+         * socket was untracked is deleted by nobody else). */
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        if (t->bpf && now - t->pruned_usec >= 10 * USEC_PER_SEC) {
+                t->pruned_usec = now;
+                (void)telemetry_bpf_prune(t->bpf, conn_tracked, t);
+        }
 
         int r = sd_event_source_set_time_relative(s, t->config.backpressure.interval_usec);
         if (r >= 0)

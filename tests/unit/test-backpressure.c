@@ -267,6 +267,34 @@ START_TEST(test_hysteresis) {
 }
 END_TEST
 
+/* A stall is judged from the last progress seen, also by the evaluations between two
+ * full windows (a retransmit's wakeup): not from the rates' baseline, which would see
+ * progress for up to an interval after the ACKs stopped. */
+START_TEST(test_stall_between_windows) {
+        BackpressureConfig c = cfg();
+        c.stall_usec = 1000 * MS;
+        BackpressureState s;
+        backpressure_state_init(&s);
+        BackpressureSample x = healthy(0, 1);
+        x.retransmits = 1;
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+        /* 20 ms later the last ACK progress; then only retransmits, every 20 ms. */
+        x.now = 20 * MS;
+        x.bytes_acked += 1000;
+        ck_assert_int_eq(backpressure_update(&s, &c, &x), 0);
+        usec_t t = 20 * MS;
+        while (t < 20 * MS + 1000 * MS) {
+                t += 20 * MS;
+                x.now = t;
+                x.retransmits++;
+                x.segs_out += 1000; /* the rate stays low */
+                (void)backpressure_update(&s, &c, &x);
+        }
+        /* 1000 ms after the last progress (not after the window that followed it). */
+        ck_assert_int_eq(s.level, BACKPRESSURE_STALLED);
+}
+END_TEST
+
 START_TEST(test_stall_and_disconnect) {
         BackpressureConfig c = cfg();
         c.stall_usec = 1000 * MS;
@@ -548,6 +576,7 @@ int main(void) {
         tcase_add_test(tc, test_rtt_idle);
         tcase_add_test(tc, test_retransmits);
         tcase_add_test(tc, test_retransmit_wakeups_short_windows);
+        tcase_add_test(tc, test_stall_between_windows);
         tcase_add_test(tc, test_hysteresis);
         tcase_add_test(tc, test_stall_and_disconnect);
         tcase_add_test(tc, test_daemon_load);
