@@ -56,6 +56,7 @@ class Arena:
     def __init__(self, client: "Client", index: int):
         a = _lib.lib().epd_arena_get(client._c, index).contents
         self._client = client
+        self._generation = client._generation  # of the registration it belongs to
         self.index = index
         self.name = a.name.decode()
         self.domain = a.domain.decode()
@@ -80,7 +81,12 @@ class Arena:
             length = self.size - offset
         if offset < 0 or length < 0 or offset + length > self.size:
             raise ValueError(f"range {offset}+{length} outside arena {self.name} of {self.size} bytes")
-        return self._client._arena_view(self)[offset:offset + length]
+        if self._generation != self._client._generation:
+            raise ValueError(f"arena {self.name} belongs to an earlier registration of this client")
+        v = self._client._arena_view(self.index)
+        if offset + length > len(v):
+            raise ValueError(f"range {offset}+{length} outside arena {self.name} of {len(v)} bytes")
+        return v[offset:offset + length]
 
     def numpy(self, dtype, shape, offset: int):
         """A numpy array viewing the arena at `offset` (numpy needed)."""
@@ -120,6 +126,7 @@ class Client(_lib.Closing):
         # Python mmap of the arena's fd) alive, so that a buffer, numpy array or tensor
         # taken from it never points at memory close() or unregister() unmapped.
         self._views = {}
+        self._generation = 0  # bumped by register(), unregister() and close(): Arena objects check it
 
     def _check(self, r: int, what: str) -> int:
         if r < 0:
@@ -131,14 +138,22 @@ class Client(_lib.Closing):
             self._release_orphans()
         return r
 
-    def _arena_view(self, arena: "Arena") -> memoryview:
-        v = self._views.get(arena.index)
+    def _arena_view(self, index: int) -> memoryview:
+        """The whole of this registration's arena `index` (host arenas), read from libepd
+        now: fd, size and domain of the current registration, never a stale copy."""
+        v = self._views.get(index)
         if v is None:
-            if arena.domain != "host":
-                arena.address()  # raises: only host arenas are mapped here
+            if not self._c:
+                raise ValueError("the client is closed")
+            a = self._l.epd_arena_get(self._c, index)
+            if not a:
+                raise ValueError(f"no arena {index} in this registration")
+            a = a.contents
+            if a.domain.decode() != "host":
+                raise ValueError(f"arena {a.name.decode()} is a {a.domain.decode()} arena: map it with epd.gpu")
             import mmap
-            m = mmap.mmap(arena.fd, arena.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            v = self._views[arena.index] = memoryview(m).cast("B")
+            m = mmap.mmap(a.fd, a.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            v = self._views[index] = memoryview(m).cast("B")
         return v
 
     def _orphan(self, release, handle):
@@ -162,6 +177,7 @@ class Client(_lib.Closing):
                 release, handle = self._orphans.popleft()
                 release(None, handle)
             self._views.clear()  # the mappings go with the last view taken from them
+            self._generation += 1
             self._l.epd_disconnect(self._c)
             self._c = None
 
@@ -171,6 +187,7 @@ class Client(_lib.Closing):
         """name and labels: what epd.conf's [Pool:NAME] worker selectors match."""
         kvp = ctypes.byref(kv._c()) if kv else None
         self._views.clear()  # the arenas of a registration are its own
+        self._generation += 1
         arr = None
         if arenas is not None:
             arr = (ctypes.c_char_p * (len(arenas) + 1))(*[a.encode() for a in arenas], None)
@@ -184,6 +201,7 @@ class Client(_lib.Closing):
 
     def unregister(self):
         self._views.clear()  # libepd closes the arenas' fds; views taken keep their mappings
+        self._generation += 1
         self._check(self._l.epd_unregister(self._c), "unregister")
 
     @property

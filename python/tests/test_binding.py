@@ -156,6 +156,23 @@ class BindingTest(unittest.TestCase):
                            stderr=subprocess.PIPE, text=True, env=dict(os.environ), timeout=60)
         self.assertEqual((r.returncode, r.stdout.strip()), (0, "ok"), r.stderr)
 
+    def test_stale_arena_refused(self):
+        """An Arena object belongs to the registration it came from: after close(), or
+        unregister() and a new registration (whose arenas may reuse its fd number and
+        index), its buffer() is refused instead of mapping whatever now has that fd."""
+        c = epd.Client(self.d.address)
+        c.register("prefill", "m", "cpu", arenas=["feat0"])
+        old = c.arena("feat0")
+        c.unregister()
+        c.register("prefill", "m", "cpu", arenas=["host0"])
+        with self.assertRaises(ValueError):
+            old.buffer(0, 8)
+        new = c.arena("host0")
+        self.assertEqual(len(new.buffer()), new.size)  # not the old arena's size
+        c.close()
+        with self.assertRaises(ValueError):
+            new.buffer(0, 8)
+
     def test_numpy_view(self):
         try:
             import numpy as np
