@@ -40,8 +40,10 @@ struct EpdGpuMapping {
 };
 
 static void epd_gpu_free(EpdGpu *g) {
+        GpuCtxSaved cs = gpu_ctx_save(g->system); /* unloading kernels makes each device current */
         for (size_t i = 0; g->kernels && i < g->system->n_devices; i++)
                 gpu_kernels_free(g->kernels[i]);
+        gpu_ctx_restore(g->system, &cs);
         free(g->kernels);
         free(g->kernels_error);
         gpu_system_unref(g->system);
@@ -213,7 +215,13 @@ int epd_gpu_register_memory(epd_client *c, EpdGpu *g, int ordinal, uint64_t devi
          * (where the driver can say where it starts). */
         CUdeviceptr base = 0;
         size_t length = 0;
-        if (g->system->driver->cuMemGetAddressRange(&base, &length, (CUdeviceptr)device_pointer) == CUDA_SUCCESS) {
+        /* The call needs a current context: the ordinal's, the caller's put back after. */
+        GpuCtxSaved cs = gpu_ctx_save(g->system);
+        CUresult got = gpu_device_make_current(g->system, &g->system->devices[ordinal]) >= 0
+                               ? g->system->driver->cuMemGetAddressRange(&base, &length, (CUdeviceptr)device_pointer)
+                               : CUDA_ERROR_INVALID_CONTEXT;
+        gpu_ctx_restore(g->system, &cs);
+        if (got == CUDA_SUCCESS) {
                 if (base != (CUdeviceptr)device_pointer)
                         return epd__error(c, -EINVAL, &SD_BUS_ERROR_MAKE_CONST(
                                                   "org.epd1.Error.InvalidArgument",

@@ -345,16 +345,14 @@ int epd_ring_release(epd_client *c, epd_ring_client *r) {
  * wait then ends only by its timeout. */
 static int daemon_pidfd(epd_client *c) {
         pid_t pid = 0;
+        /* Only the direct socket's own peer: a pid a bus broker reports may be of
+         * another pid namespace (or reused meanwhile), and a wrong pidfd would end a wait
+         * on a live daemon. On a bus, waits end by their timeouts as before. */
         if (c->direct) {
                 struct ucred cred;
                 socklen_t len = sizeof cred;
                 if (getsockopt(sd_bus_get_fd(c->bus), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
                         pid = cred.pid;
-        } else {
-                sd_bus_creds *creds = NULL;
-                if (sd_bus_get_name_creds(c->bus, "org.epd1", SD_BUS_CREDS_PID, &creds) >= 0)
-                        (void)sd_bus_creds_get_pid(creds, &pid);
-                sd_bus_creds_unref(creds);
         }
         if (pid <= 0)
                 return -1;
@@ -496,7 +494,11 @@ int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t time
                 e = poll(p, r->daemon_fd >= 0 ? 2 : 1, ms);
                 if (e < 0 && errno != EINTR)
                         return -errno;
-                if (e > 0 && r->daemon_fd >= 0 && (p[1].revents & POLLIN) && !(p[0].revents & POLLIN))
-                        return -ECONNRESET; /* the daemon exited: nothing more will come */
+                if (e > 0 && r->daemon_fd >= 0 && (p[1].revents & POLLIN) && !(p[0].revents & POLLIN)) {
+                        /* The daemon exited: what it posted before dying (its wakeup perhaps
+                         * lost with it) is still taken; then nothing more will come. */
+                        e = epd_ring_consume(&r->ring.cq, rec);
+                        return e != -EAGAIN ? e : -ECONNRESET;
+                }
         }
 }
