@@ -214,6 +214,7 @@ static int queue_load(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t s
         l->in_call = false;
         return 0;
 }
+
 static int feature_init(Manager *m) {
         _cleanup_(feature_cache_freep) FeatureCache *c = NULL;
         FeatureManager *fm;
@@ -325,7 +326,6 @@ static int feature_journal(FeatureCache *c, uint16_t rec, const void *payload, s
         }
         return r;
 }
-
 
 /* Replay is done: journal from now on, and forget what was journaled in arenas whose
  * memory did not survive the restart. */
