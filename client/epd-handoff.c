@@ -453,6 +453,12 @@ int epd_ring_commit(epd_ring_client *r, const char *request_id, uint64_t token, 
         return epd_ring_submit(r, &rec);
 }
 
+int epd_ring_daemon_fd(const epd_ring_client *r) {
+        if (!r)
+                return -EINVAL;
+        return r->daemon_fd >= 0 ? r->daemon_fd : -ENODATA;
+}
+
 int epd_ring_fd(const epd_ring_client *r) {
         return r ? r->complete_fd : -EINVAL;
 }

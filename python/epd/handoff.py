@@ -104,6 +104,7 @@ def _lib_handoffs():
         "epd_ring_accept": (c_int, [c_void_p, c_char_p, c_uint64, c_uint64]),
         "epd_ring_commit": (c_int, [c_void_p, c_char_p, c_uint64, c_int, c_uint64]),
         "epd_ring_fd": (c_int, [c_void_p]),
+        "epd_ring_daemon_fd": (c_int, [c_void_p]),
         "epd_handoff_accepted_done": (None, [_P(_Accepted)]),
         "epd_handoff_commit": (c_int, [c_void_p, c_char_p, _P(c_void_p)]),
         "epd_handoff_commit_and_release": (c_int, [c_void_p, c_char_p, _P(c_void_p)]),
@@ -198,6 +199,13 @@ class Ring(_lib.Closing):
         """The completion eventfd: readable when events were posted (select/poll/asyncio);
         take them with next(0) until None, which also clears it."""
         return self._lib.epd_ring_fd(self._r)
+
+    def daemon_fileno(self) -> Optional[int]:
+        """A pidfd of the daemon, readable once it exited: a loop that waits on fileno()
+        watches this one too, or it never notices a dead daemon. None where there is none
+        (a bus connection, an older kernel)."""
+        fd = self._lib.epd_ring_daemon_fd(self._r)
+        return fd if fd >= 0 else None
 
     def next(self, timeout_s: Optional[float] = None) -> Optional[RingRecord]:
         """The next raw event, or None after timeout_s (None: wait for ever)."""

@@ -333,6 +333,10 @@ class BindingTest(unittest.TestCase):
                     out["rec"] = ring.next(None)
                 except epd.EpdError as e:
                     out["errno"] = e.errno
+            import select
+            dfd = ring.daemon_fileno()
+            self.assertIsNotNone(dfd)
+            self.assertEqual(select.select([dfd], [], [], 0)[0], [])  # alive: quiet
             t = threading.Thread(target=wait)
             t.start()
             time.sleep(0.2)
@@ -341,6 +345,7 @@ class BindingTest(unittest.TestCase):
             t.join(5)
             self.assertFalse(t.is_alive(), "Ring.next() still waits 5 s after the daemon died")
             self.assertEqual(out, {"errno": _errno.ECONNRESET})
+            self.assertEqual(select.select([dfd], [], [], 1)[0], [dfd])  # for a caller's own loop
             ring.close()
             c.close()
         finally:

@@ -144,6 +144,10 @@ int epd_ring_commit(epd_ring_client *r, const char *request_id, uint64_t token, 
  * others) instead of polling the daemon; then take the records with epd_ring_next(r, .., 0)
  * until it returns -EAGAIN, which also clears the fd (it stays readable until then). */
 int epd_ring_fd(const epd_ring_client *r);
+/* A pidfd of the daemon (readable once it exited), for callers that poll epd_ring_fd()
+ * in their own loop: poll it too, or a dead daemon is never noticed. -ENODATA when there
+ * is none (a bus connection, an older kernel). The ring owns it. */
+int epd_ring_daemon_fd(const epd_ring_client *r);
 /* Takes the next completion or event, waiting up to timeout_usec (UINT64_MAX: forever;
  * 0: do not wait). -EAGAIN when none came in time. */
 int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t timeout_usec);
