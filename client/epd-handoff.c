@@ -340,9 +340,8 @@ int epd_ring_release(epd_client *c, epd_ring_client *r) {
         return e;
 }
 
-/* A pidfd of the daemon at the other end of c: a direct connection's peer, or the owner
- * of org.epd1 on a bus. -1 when it cannot be had (an older kernel, no credentials): a
- * wait then ends only by its timeout. */
+/* A pidfd of the daemon at the other end of c, on a direct connection. -1 when it cannot
+ * be had (a bus connection, an older kernel): a wait then ends only by its timeout. */
 static int daemon_pidfd(epd_client *c) {
         pid_t pid = 0;
         /* Only the direct socket's own peer: a pid a bus broker reports may be of

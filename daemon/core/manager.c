@@ -1001,9 +1001,6 @@ void manager_worker_stats(Manager *m, Worker *w, WorkerStats *ret) {
                         s->worker_stats(m, w, ret);
 }
 
-/* A broadcast signal: once on the bus (whose match rules pick its receivers), and on
- * each direct connection that subscribed (Manager.Subscribe): a peer-to-peer connection
- * has no match rules, and a worker that never asked is not woken for them. */
 /* A stalled subscriber's drop, on the loop's next turn: a signal is emitted from inside
  * other objects' changes, which the drop (its client's objects going) must not free. */
 static int drop_stalled(sd_event_source *s, void *userdata) {
@@ -1040,6 +1037,9 @@ static void stalled_schedule(Manager *m, Connection *conn) {
                 (void)sd_event_source_set_enabled(m->stalled_source, SD_EVENT_ONESHOT);
 }
 
+/* A broadcast signal: once on the bus (whose match rules pick its receivers), and on
+ * each direct connection that subscribed (Manager.Subscribe): a peer-to-peer connection
+ * has no match rules, and a worker that never asked is not woken for them. */
 static void emit_each(Manager *m, int (*fn)(sd_bus *bus, void *userdata), void *userdata) {
         Connection *conn;
         size_t it = 0;
@@ -1053,7 +1053,6 @@ static void emit_each(Manager *m, int (*fn)(sd_bus *bus, void *userdata), void *
                 /* A subscriber that stopped reading: its signals would pile up in this
                  * daemon's memory. It is disconnected (its objects go as with any
                  * disconnect); the others are served. */
-                
                 if (sd_bus_get_n_queued_write(conn->bus, &queued) >= 0 && queued >= CONNECTION_QUEUE_MAX) {
                         stalled_schedule(m, conn);
                         continue;

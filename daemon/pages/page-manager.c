@@ -742,14 +742,14 @@ static int no_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) 
         return -EOPNOTSUPP;
 }
 
-/* A copy-on-write whose copies are under way. The sequence is found again by its id
- * when they finish: it may have been released meanwhile. */
 bool page_manager_removals_settled(PageManager *pm) {
         if (pm->gone_lsn != 0 && wal_manager_durable(pm->manager, pm->gone_lsn))
                 pm->gone_lsn = 0;
         return pm->gone_lsn == 0;
 }
 
+/* A copy-on-write whose copies are under way. The sequence is found again by its id
+ * when they finish: it may have been released meanwhile. */
 typedef struct PendingWrite {
         PageManager *pm;
         char id[EPD_ID_STRING_MAX];
