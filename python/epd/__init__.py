@@ -138,6 +138,12 @@ class Client(_lib.Closing):
             self._release_orphans()
         return r
 
+    def _new_registration(self):
+        """The arenas change (register, unregister, close): cached views go (each keeps
+        its mapping while referenced) and Arena objects of before are refused."""
+        self._views.clear()
+        self._generation += 1
+
     def _arena_view(self, index: int) -> memoryview:
         """The whole of this registration's arena `index` (host arenas), read from libepd
         now: fd, size and domain of the current registration, never a stale copy."""
@@ -176,8 +182,7 @@ class Client(_lib.Closing):
             while self._orphans:
                 release, handle = self._orphans.popleft()
                 release(None, handle)
-            self._views.clear()  # the mappings go with the last view taken from them
-            self._generation += 1
+            self._new_registration()  # views taken keep their mappings
             self._l.epd_disconnect(self._c)
             self._c = None
 
@@ -186,8 +191,7 @@ class Client(_lib.Closing):
                  labels: Optional[Sequence[str]] = None) -> str:
         """name and labels: what epd.conf's [Pool:NAME] worker selectors match."""
         kvp = ctypes.byref(kv._c()) if kv else None
-        self._views.clear()  # the arenas of a registration are its own
-        self._generation += 1
+        self._new_registration()
         arr = None
         if arenas is not None:
             arr = (ctypes.c_char_p * (len(arenas) + 1))(*[a.encode() for a in arenas], None)
@@ -200,8 +204,7 @@ class Client(_lib.Closing):
         return self.worker_path
 
     def unregister(self):
-        self._views.clear()  # libepd closes the arenas' fds; views taken keep their mappings
-        self._generation += 1
+        self._new_registration()  # libepd closes the arenas' fds; views taken keep their mappings
         self._check(self._l.epd_unregister(self._c), "unregister")
 
     @property

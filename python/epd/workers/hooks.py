@@ -300,8 +300,7 @@ class EpdKvConnector:
         # Only the ids of saves and loads still here wait for their turn: the engine
         # passes every finished request, ours or not.
         self._finished_reqs &= set(self._sinks) | set(self._loads)
-        self._delayed -= sent
-        self._delayed &= set(self._sinks)
+        self._delayed &= set(self._sinks)  # a save reported is no sink any more
         return (sent or None), (received or None)
 
     @staticmethod
