@@ -98,7 +98,6 @@ struct TcpStream {
         uint8_t *r_dst;                /* NULL: discard */
         uint64_t r_remaining;
         uint64_t r_slice_len;          /* the slice's payload, in all */
-        uint64_t r_slice_index;
         uint8_t *rbuf;                 /* small slices: bytes read ahead (RBUF_SIZE) */
         size_t rpos, rlen;             /* rbuf[rpos, rlen) not consumed yet */
         sd_event_source *again;        /* reads rbuf's rest when no socket wakeup will */
@@ -531,7 +530,6 @@ static int stream_slice_begin(TcpStream *s) {
         if (r < 0)
                 return -EBADMSG;
         s->rw = w;
-        s->r_slice_index = dh.slice_offset / dh.slice_size;
         s->r_remaining = s->r_slice_len = fh.length - PEER_DATA_HEADER_SIZE;
         if (w->error == 0)
                 s->r_dst = (uint8_t *)t->regions[w->in.region]->host_base + w->in.offset + dh.slice_offset;
