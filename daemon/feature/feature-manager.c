@@ -147,9 +147,7 @@ void feature_manager_count_publish(FeatureHandle *h) {
 /* ---- the subsystem ---- */
 
 bool feature_manager_region_settled(FeatureManager *fm) {
-        if (fm->gone_lsn != 0 && wal_manager_durable(fm->manager, fm->gone_lsn))
-                fm->gone_lsn = 0; /* nothing to wait for until the next eviction */
-        return fm->gone_lsn == 0;
+        return wal_manager_mark_durable(fm->manager, &fm->gone_lsn);
 }
 
 /* A read back from the store into a region that may be an evicted feature's: handed to

@@ -743,9 +743,7 @@ static int no_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) 
 }
 
 bool page_manager_removals_settled(PageManager *pm) {
-        if (pm->gone_lsn != 0 && wal_manager_durable(pm->manager, pm->gone_lsn))
-                pm->gone_lsn = 0;
-        return pm->gone_lsn == 0;
+        return wal_manager_mark_durable(pm->manager, &pm->gone_lsn);
 }
 
 /* A copy-on-write whose copies are under way. The sequence is found again by its id

@@ -269,6 +269,12 @@ int wal_manager_append(Manager *m, uint16_t type, const void *payload, size_t le
         return 0;
 }
 
+bool wal_manager_mark_durable(Manager *m, uint64_t *mark) {
+        if (*mark != 0 && *mark != UINT64_MAX && wal_manager_durable(m, *mark))
+                *mark = 0;
+        return *mark == 0;
+}
+
 int wal_manager_after_durable(Manager *m, WalWaitFn fn, void *userdata) {
         WalGlue *g = glue(m);
         if (!g || !g->writer) {

@@ -32,6 +32,9 @@ int wal_manager_reply_empty(Manager *m, sd_bus_message *call);
  * records up to lsn are durable (always without a WAL). */
 uint64_t wal_manager_last_lsn(Manager *m);
 bool wal_manager_durable(Manager *m, uint64_t lsn);
+/* A subsystem's "wait for this record" mark: *mark is an LSN it appended (0: none;
+ * UINT64_MAX: refused, never durable). True once the record is durable, clearing it. */
+bool wal_manager_mark_durable(Manager *m, uint64_t *mark);
 
 /* The writer's counters (for the bus, epdctl and metrics): appended, syncs, records
  * per sync, the durable point, ... -ENOTCONN without a WAL (zeros). */
