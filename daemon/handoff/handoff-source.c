@@ -460,11 +460,9 @@ static int prepare_admit(HandoffManager *hm, const HandoffPrepareArgs *a, Prepar
                 st = (TelemetryPeerStats){ .level = BACKPRESSURE_NONE, .reason = BACKPRESSURE_REASON_NONE };
         BackpressureLevel level = st.level;
         int r = backpressure_window_admit(&m->config.telemetry.backpressure, level, st.reason, win->handoffs,
-                                          win->bytes, x->total_bytes, &retry, NULL);
+                                          win->bytes, x->total_bytes, win->held_avg, &retry, NULL);
         if (r != -EAGAIN)
                 return 0;
-        if (!backpressure_window_closed(level, st.reason))
-                retry = backpressure_full_retry(&m->config.telemetry.backpressure, win->held_avg, win->handoffs);
         const char *reason = backpressure_reason_to_string(st.reason);
         hm->counters.deferred++;
         (void)telemetry_trace(m, a->request_id, TRACE_HANDOFF_PREPARE,

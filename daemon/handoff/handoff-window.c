@@ -75,10 +75,9 @@ void handoff_on_backpressure(Telemetry *t, const char *peer, BackpressureLevel l
         PeerWindow *w = hashmap_get(hm->windows, host);
         unsigned n = w ? w->handoffs : 0, permille = 0;
         usec_t retry = 0;
+        /* The retry-after a Prepare would get now: 0 while the window takes one. */
         (void)backpressure_window_admit(&m->config.telemetry.backpressure, level, reason, n, w ? w->bytes : 0, 0,
-                                        &retry, &permille);
-        if (w && !backpressure_window_closed(level, reason))
-                retry = backpressure_full_retry(&m->config.telemetry.backpressure, w->held_avg, n);
+                                        w ? w->held_avg : 0, &retry, &permille);
         if (level == BACKPRESSURE_NONE)
                 retry = 0;
 

@@ -120,7 +120,7 @@ static SchedPressure path(void *userdata, const char *from, const char *to) {
         uint64_t bytes;
         handoff_manager_window(m->handoffs, remote, &n, &bytes);
         bool full = backpressure_window_admit(&m->config.telemetry.backpressure, st.level, st.reason, n, bytes, 0,
-                                              NULL, NULL) < 0;
+                                              0, NULL, NULL) < 0;
         SchedPressure pr = scheduler_path_pressure(st.level, st.reason, full);
         if (pr != SCHED_PRESSURE_OK)
                 log_debug("Scheduler: path %s -> %s (peer %s) is %s (%s)%s.", from, to, remote,

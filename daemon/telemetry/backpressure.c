@@ -415,7 +415,7 @@ static unsigned permille(uint64_t used, uint64_t limit) {
 }
 
 int backpressure_window_admit(const BackpressureConfig *c, BackpressureLevel level, BackpressureReason reason,
-                              unsigned in_flight, uint64_t in_flight_bytes, uint64_t bytes,
+                              unsigned in_flight, uint64_t in_flight_bytes, uint64_t bytes, usec_t held_avg,
                               usec_t *ret_retry_after, unsigned *ret_permille) {
         BackpressureWindow w;
         backpressure_window(c, level, reason, &w);
@@ -431,7 +431,7 @@ int backpressure_window_admit(const BackpressureConfig *c, BackpressureLevel lev
                 bool full = (w.handoffs > 0 && in_flight >= w.handoffs) ||
                             (w.bytes > 0 && in_flight > 0 && in_flight_bytes + bytes > w.bytes);
                 if (full) {
-                        retry = c->interval_usec;
+                        retry = backpressure_full_retry(c, held_avg, in_flight);
                         r = -EAGAIN;
                 }
         }

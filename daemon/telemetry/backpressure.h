@@ -137,13 +137,14 @@ void backpressure_window(const BackpressureConfig *c, BackpressureLevel level, B
 /* Whether a new handoff of `bytes` towards a peer at `level`, with `in_flight`
  * handoffs of `in_flight_bytes` already in its window, may start now. Returns 0 when it
  * may; -EAGAIN when it is to be deferred, with *ret_retry_after (relative) set: the
- * earliest the level can step down (Hold) when the window is closed, one evaluation
- * Interval when it is merely full (the handoff path narrows that with
- * backpressure_full_retry()). A handoff larger than the byte window still starts
+ * earliest the level can step down (Hold) when the window is closed, when it is
+ * merely full about when its next handoff leaves (backpressure_full_retry() of
+ * held_avg, the window's average stay; 0 when unknown gives one Interval); 0 when it
+ * may start. A handoff larger than the byte window still starts
  * when nothing else is in flight (it would never fit otherwise). *ret_permille (may be
  * NULL): how full the window is, 1000 = full or closed. */
 int backpressure_window_admit(const BackpressureConfig *c, BackpressureLevel level, BackpressureReason reason,
-                              unsigned in_flight, uint64_t in_flight_bytes, uint64_t bytes,
+                              unsigned in_flight, uint64_t in_flight_bytes, uint64_t bytes, usec_t held_avg,
                               usec_t *ret_retry_after, unsigned *ret_permille);
 
 /* When to try again at a window that is merely full: about when its next handoff

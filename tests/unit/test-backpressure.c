@@ -57,8 +57,8 @@ START_TEST(test_window_in_flight) {
         ck_assert(!w.closed);
         ck_assert_uint_eq(w.handoffs, 64);
         ck_assert_uint_eq(w.bytes, 1ULL << 30);
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, F, 63, 0, 1, &retry, NULL), 0);
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, F, 64, 0, 1, &retry, NULL), -EAGAIN);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, F, 63, 0, 1, 0, &retry, NULL), 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, F, 64, 0, 1, 0, &retry, NULL), -EAGAIN);
         backpressure_window(&c, BACKPRESSURE_HIGH, F, &w);
         ck_assert(!w.closed);
         ck_assert_uint_eq(w.handoffs, 64);
@@ -83,6 +83,21 @@ START_TEST(test_full_retry) {
         ck_assert_uint_eq(backpressure_full_retry(&c, 640, 64), BACKPRESSURE_RETRY_MIN_USEC);
         ck_assert_uint_eq(backpressure_full_retry(&c, 10 * USEC_PER_SEC, 4), 200 * USEC_PER_MSEC);
         ck_assert_uint_eq(backpressure_full_retry(&c, 5000, 0), 5000);
+        /* What a Prepare would get: the same retry when the window is full, none while it
+         * takes one (the ring record's retry-after says so, at elevated as at none). */
+        usec_t retry = 1;
+        const BackpressureReason Q = BACKPRESSURE_REASON_RTT_INFLATION;
+        ck_assert_int_eq(backpressure_config_set(&c, "WindowHandoffs", "8"), 0); /* 2 at elevated */
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, Q, 1, 0, 0, 6400, &retry, NULL), 0);
+        ck_assert_uint_eq(retry, 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, Q, 2, 0, 0, 6400, &retry, NULL), -EAGAIN);
+        ck_assert_uint_eq(retry, 3200);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, Q, 2, 0, 0, 0, &retry, NULL), -EAGAIN);
+        ck_assert_uint_eq(retry, 200 * USEC_PER_MSEC);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, BACKPRESSURE_REASON_RETRANSMITS, 0, 0, 0, 6400, &retry,
+                                                   NULL),
+                         -EAGAIN);
+        ck_assert_uint_eq(retry, USEC_PER_SEC); /* closed: Hold */
         /* The average: the first sets it, each next one weighs 1/8. */
         usec_t a = backpressure_held_average(0, 800);
         ck_assert_uint_eq(a, 800);
@@ -484,45 +499,45 @@ START_TEST(test_window) {
         ck_assert(backpressure_window_closed(BACKPRESSURE_STALLED, BACKPRESSURE_REASON_DISCONNECTED));
 
         /* none: up to 8 handoffs, up to 64M. */
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 7, 1 << 20, 1 << 20, &retry, &pm), 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 7, 1 << 20, 1 << 20, 0, &retry, &pm), 0);
         ck_assert_uint_eq(retry, 0);
         ck_assert_uint_eq(pm, 875);
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 8, 1 << 20, 1 << 20, &retry, &pm), -EAGAIN);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 8, 1 << 20, 1 << 20, 0, &retry, &pm), -EAGAIN);
         ck_assert_uint_eq(retry, 200 * USEC_PER_MSEC); /* full: one interval */
         ck_assert_uint_eq(pm, 1000);
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 1, 60ULL << 20, 8ULL << 20, &retry, NULL),
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 1, 60ULL << 20, 8ULL << 20, 0, &retry, NULL),
                          -EAGAIN);
         /* Bigger than the byte window: alone, it still goes. */
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 0, 0, 1ULL << 30, &retry, &pm), 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 0, 0, 1ULL << 30, 0, &retry, &pm), 0);
         ck_assert_uint_eq(pm, 0);
         /* elevated: 2 handoffs. */
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, Q, 1, 1 << 20, 1 << 20, &retry, &pm), 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, Q, 1, 1 << 20, 1 << 20, 0, &retry, &pm), 0);
         ck_assert_uint_eq(pm, 500);
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, Q, 2, 1 << 20, 1 << 20, &retry, NULL),
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_ELEVATED, Q, 2, 1 << 20, 1 << 20, 0, &retry, NULL),
                          -EAGAIN);
         /* high and stalled: nothing, even with nothing in flight; retry after Hold. */
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, L, 0, 0, 1, &retry, &pm), -EAGAIN);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, L, 0, 0, 1, 0, &retry, &pm), -EAGAIN);
         ck_assert_uint_eq(retry, USEC_PER_SEC);
         ck_assert_uint_eq(pm, 1000);
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_STALLED, BACKPRESSURE_REASON_STALLED, 0, 0, 1, &retry,
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_STALLED, BACKPRESSURE_REASON_STALLED, 0, 0, 1, 0, &retry,
                                                    NULL),
                          -EAGAIN);
         /* high from queueing: 2 handoffs, as at elevated; a full window retries after
          * one interval. */
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, Q, 1, 0, 1, &retry, NULL), 0);
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, Q, 2, 0, 1, &retry, NULL), -EAGAIN);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, Q, 1, 0, 1, 0, &retry, NULL), 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, Q, 2, 0, 1, 0, &retry, NULL), -EAGAIN);
         ck_assert_uint_eq(retry, 200 * USEC_PER_MSEC);
 
         /* 0: no bound of that kind; a disabled backpressure keeps the window itself. */
         ck_assert_int_eq(backpressure_config_set(&c, "WindowHandoffs", "0"), 0);
         ck_assert_int_eq(backpressure_config_set(&c, "WindowBytes", "0"), 0);
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 100000, 1ULL << 40, 1, &retry, &pm), 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 100000, 1ULL << 40, 1, 0, &retry, &pm), 0);
         ck_assert_uint_eq(pm, 0);
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, L, 0, 0, 1, &retry, NULL), -EAGAIN);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, L, 0, 0, 1, 0, &retry, NULL), -EAGAIN);
         ck_assert_int_eq(backpressure_config_set(&c, "WindowHandoffs", "4"), 0);
         ck_assert_int_eq(backpressure_config_set(&c, "Enabled", "no"), 0);
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, L, 3, 0, 1, &retry, NULL), 0);
-        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 4, 0, 1, &retry, NULL), -EAGAIN);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_HIGH, L, 3, 0, 1, 0, &retry, NULL), 0);
+        ck_assert_int_eq(backpressure_window_admit(&c, BACKPRESSURE_NONE, N, 4, 0, 1, 0, &retry, NULL), -EAGAIN);
 
         /* WindowElevated is a fraction in (0, 1]. */
         ck_assert_int_eq(backpressure_config_set(&c, "WindowElevated", "0"), 0);
