@@ -331,15 +331,44 @@ static uint64_t kv_arena_mask(Manager *m, const Worker *w) {
         return mask;
 }
 
-void scheduler_refresh_pages(Manager *m) {
-        Worker *w, *v;
-        size_t it = 0;
+/* Whether `w` is a decode worker on a page pool: its KV arenas' mask, else 0. */
+static uint64_t decode_kv_mask(Manager *m, const Worker *w) {
+        if (!(scheduler_stages_of_role(w->role) & (1u << SCHED_STAGE_DECODE)))
+                return 0;
+        return kv_arena_mask(m, w);
+}
 
+typedef struct ArenaSetPromise {
+        uint64_t mask;     /* one set of KV arenas that decode workers use */
+        uint64_t reserved; /* the pages the scheduler promised to the workers on exactly that set */
+} ArenaSetPromise;
+
+void scheduler_refresh_pages(Manager *m) {
+        size_t n = hashmap_size(m->workers), n_sets = 0, it = 0;
+        ArenaSetPromise *sets = n > 0 ? calloc(n, sizeof *sets) : NULL;
+        Worker *w;
+
+        if (n > 0 && !sets) {
+                log_oom();
+                return; /* the free pages stay as last set */
+        }
+        /* The promises, summed per set of arenas (workers sharing a set share its sum):
+         * one pass over the workers and one over the sets each, not one over the workers
+         * each. */
         while (hashmap_iterate(m->workers, &it, (void **)&w, NULL)) {
-                uint64_t free_pages = 0, mask;
-                if (!(scheduler_stages_of_role(w->role) & (1u << SCHED_STAGE_DECODE)))
+                uint64_t mask = decode_kv_mask(m, w);
+                size_t k;
+                if (mask == 0)
                         continue;
-                mask = kv_arena_mask(m, w);
+                for (k = 0; k < n_sets && sets[k].mask != mask; k++)
+                        ;
+                if (k == n_sets)
+                        sets[n_sets++].mask = mask;
+                sets[k].reserved += sched_worker_reserved_pages(m->scheduler, w->id_str);
+        }
+        it = 0;
+        while (hashmap_iterate(m->workers, &it, (void **)&w, NULL)) {
+                uint64_t free_pages = 0, others = 0, mask = decode_kv_mask(m, w);
                 /* Without a page pool yet, ConfigureWorker(FreePages=) is what counts. */
                 if (mask == 0)
                         continue;
@@ -352,15 +381,14 @@ void scheduler_refresh_pages(Manager *m) {
                 }
                 /* Pages promised to the other decode workers of the same arenas are not
                  * this one's to promise again (the scheduler counts each worker's own). */
-                size_t jt = 0;
-                uint64_t others = 0;
-                while (hashmap_iterate(m->workers, &jt, (void **)&v, NULL))
-                        if (v != w && (scheduler_stages_of_role(v->role) & (1u << SCHED_STAGE_DECODE)) &&
-                            (kv_arena_mask(m, v) & mask))
-                                others += sched_worker_reserved_pages(m->scheduler, v->id_str);
+                for (size_t k = 0; k < n_sets; k++)
+                        if (sets[k].mask & mask)
+                                others += sets[k].reserved;
+                others -= MIN(others, sched_worker_reserved_pages(m->scheduler, w->id_str));
                 free_pages -= MIN(free_pages, others);
                 (void)sched_worker_set_free_pages(m->scheduler, w->id_str, free_pages);
         }
+        free(sets);
 }
 
 static void scheduler_worker_gone(Manager *m, Worker *w) {
