@@ -128,9 +128,13 @@ void page_manager_release(Sequence *s) {
                         if (!pm->replaying && !pm->journal_held && !pm->manager->stopping) {
                                 int r = wal_manager_append(pm->manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_DEL,
                                                            s->id.bytes, sizeof s->id.bytes);
-                                if (r < 0 && r != -ENOTCONN)
+                                if (r < 0 && r != -ENOTCONN) {
                                         log_warning_errno(r, "Sequence %s: cannot journal its release: %m",
                                                           s->id_str);
+                                        /* Its pages go free with no record saying so: the
+                                         * daemon writes into no freed page from now on. */
+                                        pm->gone_lsn = UINT64_MAX;
+                                }
                         }
                 }
                 pm->sequences_released++;
@@ -742,7 +746,28 @@ static int no_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) 
         return -EOPNOTSUPP;
 }
 
+/* Pages returned to FREE since the last look: the records that freed them (a Release's
+ * DEL, a Truncate's or a copy-on-write's PUT, a handoff's commit) are in the log by now
+ * (each is appended in the same turn of the loop as its frees), so the last LSN covers
+ * them: the mark moves up to it. */
+static void removals_take_frees(PageManager *pm) {
+        Manager *m = pm->manager;
+        uint64_t frees = 0;
+        for (size_t i = 0; i < m->n_arenas; i++)
+                if (m->arenas[i]->pages) {
+                        PagePoolStats st;
+                        page_pool_stats(m->arenas[i]->pages, &st);
+                        frees += st.frees;
+                }
+        if (frees == pm->frees_seen)
+                return;
+        pm->frees_seen = frees;
+        if (pm->gone_lsn != UINT64_MAX && m->wal)
+                pm->gone_lsn = MAX(pm->gone_lsn, wal_manager_last_lsn(m));
+}
+
 bool page_manager_removals_settled(PageManager *pm) {
+        removals_take_frees(pm);
         return wal_manager_mark_durable(pm->manager, &pm->gone_lsn);
 }
 

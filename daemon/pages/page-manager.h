@@ -60,16 +60,19 @@ typedef struct PageManager {
         void (*observer)(void *userdata, bool put, uint64_t hash, const char *arena, const char *worker);
         void *observer_userdata;
         const char *publishing_worker; /* set around page_manager_publish()'s inserts */
-        /* The last directory removal (an eviction's, say) while not known durable
-         * (0: none; UINT64_MAX: refused): its page may be handed out at once, and the
-         * daemon writes into such a page only once the removal is durable
-         * (page_manager_removals_settled()), or a crash could bring the entry back over
-         * other bytes. */
+        /* The last record that removed a directory entry (an eviction's DEL) or freed
+         * pages (a sequence's DEL, a Truncate's PUT) while not known durable (0: none;
+         * UINT64_MAX: refused): its pages may be handed out at once, and the daemon
+         * writes into such a page only once that record is durable
+         * (page_manager_removals_settled()), or a crash could bring the entry or the
+         * sequence back over other bytes. */
         uint64_t gone_lsn;
+        uint64_t frees_seen; /* the pools' `frees` summed when gone_lsn last took them */
 } PageManager;
 
-/* Whether every directory removal so far is durable: pages just handed out (evicted
- * entries' among them) may then be written by the daemon. */
+/* Whether every directory removal and every record that freed pages so far is
+ * durable: pages just handed out (evicted entries' or released sequences' among them)
+ * may then be written by the daemon. */
 bool page_manager_removals_settled(PageManager *pm);
 
 /* Called after each directory entry appears (put) or goes, once it is journaled, with

@@ -2108,6 +2108,117 @@ START_TEST(test_cow_into_evicted_entry) {
 END_TEST
 
 
+/* The daemon writes into pages freed by a sequence only once the record that freed them
+ * (a Release's DEL, a Truncate's PUT) is durable: a kill -9 before it brings the
+ * sequence back on its old pages, which would hold the copy's bytes. Three ways in: a
+ * Release then a clone's PrepareWrite (the copy-on-write takes the freed page), a
+ * Truncate then the same, a Release then a local handoff into that arena (its copy).
+ * The setup: s1 on host0 (pattern 1), s2 and its clone s3 sharing a page (pattern 2),
+ * s5 on host1, every other page of host0 taken. Returns the last LSN before the freeing
+ * record. */
+enum { FREED_RELEASE_COW, FREED_TRUNCATE_COW, FREED_RELEASE_HANDOFF, _FREED_MAX };
+
+static uint64_t freed_setup(epd_client *c, uint8_t *host0, char **ret_s1, char **ret_s3, char **ret_s5) {
+        char *s1 = NULL, *s2 = NULL, *s4 = NULL;
+        uint32_t *p = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &s1, &p, &n), 0);
+        write_page(c, host0, p[0], 1);
+        free(p);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &s2, &p, &n), 0);
+        write_page(c, host0, p[0], 2);
+        free(p);
+        ck_assert_int_eq(epd_sequence_clone(c, s2, ret_s3), 0);
+        ck_assert_int_eq(epd_sequence_create(c, "host1", 1, ret_s5, NULL, NULL), 0);
+        uint64_t pc[4];
+        pool_counts("host0", pc);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", (uint32_t)pc[0], &s4, NULL, NULL), 0);
+        usleep(20000);
+        free(s2);
+        free(s4);
+        *ret_s1 = s1;
+        return ev_last_lsn(false);
+}
+
+/* The freeing record, then the daemon's write into the freed page. */
+static void freed_then_written(epd_client *c, unsigned variant, const char *s1, const char *s3, const char *s5) {
+        static const uint32_t groups[] = { 1, 1, 1, 1 };
+        uint32_t w = 0;
+        if (variant == FREED_TRUNCATE_COW)
+                (void)epd_sequence_truncate(c, s1, 0);
+        else if (variant == FREED_RELEASE_COW)
+                (void)epd_sequence_release(c, s1);
+        else
+                /* Not waited for: the Prepare comes while the DEL is being written, before
+                 * the journal is known to refuse (Prepare journals before it copies). */
+                ck_assert_int_eq(epd_sequence_release_nowait(c, s1), 0);
+        if (variant == FREED_RELEASE_HANDOFF) {
+                epd_handoff_options o = { .arena = "host0", .ready = 4 };
+                char *path = NULL;
+                uint64_t token = 0;
+                (void)epd_handoff_prepare(c, "0123456789abcdef0123456789abcdef", NULL, s5, groups, 4, &o, &path,
+                                          &token);
+                free(path);
+        } else
+                (void)epd_sequence_prepare_write(c, s3, 0, 1, &w);
+}
+
+START_TEST(test_write_into_freed_pages) {
+        static const char *const what[] = { "Release then PrepareWrite", "Truncate then PrepareWrite",
+                                            "Release then a local handoff" };
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        write_arenas("[Wal]\nSync=batch\n[Arena:host0]\nSize=2M\nUsage=kv\n[Arena:host1]\nSize=2M\nUsage=kv\n"
+                     "[Arena:feat0]\nSize=16M\nUsage=feature\nPageSize=64K\n");
+        open_notify();
+        for (unsigned v = 0; v < _FREED_MAX; v++) {
+                ev_fresh_state();
+                /* A dry run: the LSN the freeing record gets. */
+                start_epdd(true);
+                uint8_t *host0, *feat0;
+                epd_client *c = kv_worker(&host0, &feat0);
+                char *s1 = NULL, *s3 = NULL, *s5 = NULL;
+                uint64_t L = freed_setup(c, host0, &s1, &s3, &s5);
+                free(s1);
+                free(s3);
+                free(s5);
+                kill9_epdd();
+                epd_disconnect(c);
+                ev_fresh_state();
+                /* Again, the disk full from that record on: it never becomes durable. */
+                fault_enospc_lsn = L + 1;
+                start_epdd(true);
+                fault_enospc_lsn = 0;
+                c = kv_worker(&host0, &feat0);
+                ck_assert_uint_eq(freed_setup(c, host0, &s1, &s3, &s5), L);
+                freed_then_written(c, v, s1, s3, s5);
+                free(s3);
+                free(s5);
+                kill9_epdd();
+                epd_disconnect(c);
+                /* s1 comes back, whole, on its page with its own bytes. */
+                start_epdd(true);
+                c = kv_worker(&host0, &feat0);
+                ck_assert_int_eq(epd_sequence_attach(c, id_of(s1), NULL), 0);
+                uint32_t *pages = NULL;
+                size_t n = 0;
+                ck_assert_int_eq(epd_sequence_get_pages(c, s1, &pages, &n), 0);
+                ck_assert_uint_eq(n, 1);
+                const uint8_t *d = host0 + page_at(c, pages[0]);
+                size_t diff = 0;
+                for (size_t k = 0; k < KV_PAGE; k++)
+                        diff += d[k] != pattern(k, 1);
+                ck_assert_msg(diff == 0, "%s: the sequence came back on page %u, %zu of whose bytes are not its own",
+                              what[v], pages[0], diff);
+                free(pages);
+                free(s1);
+                epd_disconnect(c);
+                ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        }
+        close_notify();
+}
+END_TEST
+
+
 /* A start whose arena memory is fresh (the fd store emptied: systemctl stop + start)
  * puts the fresh memfd into the store only once the WAL's drops of the old sequences are
  * durable. Pushed before, a start that died in between (here: it fails at a later arena)
@@ -2174,6 +2285,7 @@ int main(void) {
         (void)test_restart_arena_moved_or_resized;
         (void)test_failed_start_keeps_the_store;
         (void)test_cow_into_evicted_entry;
+        (void)test_write_into_freed_pages;
         (void)test_fresh_arena_then_failed_start;
 #elif defined(CRASH_LOOP_DH)
         tcase_add_test(tc, test_directory_handoff_crash_loop);
@@ -2185,6 +2297,7 @@ int main(void) {
         (void)test_restart_arena_moved_or_resized;
         (void)test_failed_start_keeps_the_store;
         (void)test_cow_into_evicted_entry;
+        (void)test_write_into_freed_pages;
         (void)test_fresh_arena_then_failed_start;
         (void)test_crash_every_record;
 #elif defined(CRASH_LOOP)
@@ -2198,12 +2311,14 @@ int main(void) {
         (void)test_restart_arena_moved_or_resized;
         (void)test_failed_start_keeps_the_store;
         (void)test_cow_into_evicted_entry;
+        (void)test_write_into_freed_pages;
         (void)test_fresh_arena_then_failed_start;
 #else
         tcase_add_test(tc, test_restart_keeps_arenas);
         tcase_add_test(tc, test_restart_arena_moved_or_resized);
         tcase_add_test(tc, test_failed_start_keeps_the_store);
         tcase_add_test(tc, test_cow_into_evicted_entry);
+        tcase_add_test(tc, test_write_into_freed_pages);
         tcase_add_test(tc, test_fresh_arena_then_failed_start);
         tcase_add_test(tc, test_restart_keeps_sequences_and_features);
         tcase_add_test(tc, test_evicted_region_reused_before_crash);
