@@ -93,6 +93,56 @@ static void send_prepare_ok(HandoffObject *d) {
         free(ok.page_offsets);
 }
 
+/* ---- destination pages freed by a record not yet durable ---- */
+
+/* The pages a destination reserved may be ones just freed (a Release, a Truncate, an
+ * eviction) whose record is not durable yet (page_manager_removals_settled()): no byte
+ * goes into them before it is, or a crash would bring the sequence or the entry back
+ * over the handoff's bytes. A local copy's source posts nothing, a pipelined
+ * destination parks the writes naming its slot, until then; found again by request and
+ * token, the handoff may have gone meanwhile. */
+typedef struct SettleWait {
+        HandoffManager *hm;
+        HandoffRole role;
+        EpdId request_id;
+        uint64_t token;
+} SettleWait;
+
+static void settle_done(void *userdata, int error) {
+        SettleWait *w = userdata;
+        HandoffManager *hm = w->hm;
+        HandoffObject *o = hm->manager->stopping ? NULL : hashmap_get(handoff_request_map(hm, w->role), w->request_id.bytes);
+        if (o && o->h->token != w->token)
+                o = NULL;
+        free(w);
+        if (!o || !o->unsettled)
+                return;
+        o->unsettled = false;
+        if (error < 0) {
+                log_warning_errno(error, "handoff %s: the release of its destination pages is not durable (%m): "
+                                  "rolled back.", o->request_str);
+                (void)handoff_rollback(o->h, HANDOFF_CAUSE_TRANSFER_FAILED, false);
+        } else if (o->h->role == HANDOFF_SOURCE)
+                handoff_pump(o);
+        else if (o->peer)
+                peer_manager_resume_incoming(hm->manager->peers, o->peer);
+        handoff_after_event(o);
+}
+
+int handoff_settle_wait(HandoffObject *o) {
+        SettleWait *w = calloc(1, sizeof *w);
+        if (!w)
+                return -ENOMEM;
+        *w = (SettleWait){ .hm = o->hm, .role = o->h->role, .request_id = o->h->request_id, .token = o->h->token };
+        o->unsettled = true;
+        int r = wal_manager_after_durable(o->hm->manager, settle_done, w);
+        if (r < 0) {
+                o->unsettled = false;
+                free(w);
+        }
+        return r;
+}
+
 /* ---- pipelined handoffs: slots (handoff-proto.h) ---- */
 
 /* The last slot a peer announced in a pipelined PREPARE (they come in order on its
@@ -236,6 +286,11 @@ static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
         hm->counters.prepared++;
         if (!pipelined)
                 send_prepare_ok(d);
+        else if (!page_manager_removals_settled(m->page_manager) && handoff_settle_wait(d) < 0) {
+                (void)handoff_rollback(d->h, HANDOFF_CAUSE_REFUSED, false);
+                handoff_after_event(d);
+                return;
+        }
         handoff_expect_arrived(d);
 }
 
@@ -369,6 +424,8 @@ static int resolve_slot(HandoffManager *hm, Peer *p, TransportIncoming *in, Hand
                         return -EAGAIN;
                 return -ESTALE;
         }
+        if (d->unsettled)
+                return -EAGAIN; /* its pages' freeing record is being made durable */
         uint64_t page = in->offset >> 32, in_page = in->offset & UINT32_MAX, end;
         if (page >= d->n_pages || ADD_OVERFLOW(in_page, in->length, &end) || end > d->page_size)
                 return -ERANGE;

@@ -144,6 +144,10 @@ int handoff_parse_request_id(const char *s, EpdId *ret, Reason *why);
 void handoff_pump(HandoffObject *o);
 /* The last write of group g of a handoff whose completions ride the data: it carries
  * the group's immediate (handoff-proto.h). */
+/* Marks o unsettled until every record that freed pages so far is durable (its
+ * destination pages may be among them): a local source posts nothing, a pipelined
+ * destination's writes wait, until then (handoff-dest.c). */
+int handoff_settle_wait(HandoffObject *o);
 void handoff_mark_group_end(HandoffObject *o, uint32_t g, TransportWrite *w);
 void handoff_send_message(HandoffObject *o, HandoffMessage *m);
 /* The same once every record journaled so far is durable (the object may be gone by

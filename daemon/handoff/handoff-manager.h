@@ -119,9 +119,9 @@ struct HandoffObject {
         bool holds_pages;        /* leases (source) / refs + leases (destination) */
         uint64_t *page_keys;     /* destination: keys in hm->dest_pages */
         bool zero_copy;
-        bool unsettled;          /* source, local copy: its destination pages may have been
-                                  * freed by a record not yet durable; nothing is posted
-                                  * until it is (page_manager_removals_settled()) */
+        bool unsettled;          /* local source, pipelined destination: the destination
+                                  * pages may have been freed by a record not yet durable;
+                                  * nothing lands in them until it is (handoff_settle_wait()) */
         bool gpu;                /* local, through the CUDA transport (a GPU arena on a side) */
         HandoffStaging *staging; /* remote with GPU source pages: GPU → host staging → peer */
         TransportWrite **net_writes; /* staged: per group, the peer writes, posted once it is staged */

@@ -184,7 +184,7 @@ void handoff_mark_group_end(HandoffObject *o, uint32_t g, TransportWrite *w) {
 
 void handoff_pump(HandoffObject *o) {
         if (o->unsettled)
-                return; /* settle_wait() pumps */
+                return; /* handoff_settle_wait() pumps */
         /* The groups ready now leave together (one sendmsg over tcp). */
         Transport *net = o->peer ? o->net : NULL;
         Peer *peer = o->peer;
@@ -480,47 +480,6 @@ static int prepare_admit(HandoffManager *hm, const HandoffPrepareArgs *a, Prepar
                           a->destination, backpressure_level_to_string(level), win->handoffs, win->bytes, retry);
 }
 
-/* A local copy's destination pages waiting for the records that freed them (see
- * page_manager_removals_settled()): found again by request and token when they are
- * durable, the handoff may have gone meanwhile. */
-typedef struct SettleWait {
-        HandoffManager *hm;
-        EpdId request_id;
-        uint64_t token;
-} SettleWait;
-
-static void settle_done(void *userdata, int error) {
-        SettleWait *w = userdata;
-        HandoffManager *hm = w->hm;
-        HandoffObject *o = hm->manager->stopping ? NULL
-                                                 : hashmap_get(handoff_request_map(hm, HANDOFF_SOURCE), w->request_id.bytes);
-        free(w);
-        if (!o || !o->unsettled)
-                return;
-        o->unsettled = false;
-        if (error < 0) {
-                log_warning_errno(error, "handoff %s: the destination pages' release is not durable (%m): rolled back.",
-                                  o->request_str);
-                (void)handoff_rollback(o->h, HANDOFF_CAUSE_TRANSFER_FAILED, false);
-        } else
-                handoff_pump(o);
-        handoff_after_event(o);
-}
-
-static int settle_wait(HandoffObject *o) {
-        SettleWait *w = calloc(1, sizeof *w);
-        if (!w)
-                return -ENOMEM;
-        *w = (SettleWait){ .hm = o->hm, .request_id = o->h->request_id, .token = o->h->token };
-        o->unsettled = true;
-        int r = wal_manager_after_durable(o->hm->manager, settle_done, w);
-        if (r < 0) {
-                o->unsettled = false;
-                free(w);
-        }
-        return r;
-}
-
 /* The source side: a new attempt's object, leasing every page of the sequence. */
 static int prepare_source(HandoffManager *hm, PrepareCtx *x, HandoffObject **ret, Reason *why) {
         HandoffObject *o;
@@ -614,7 +573,7 @@ static int prepare_local(HandoffManager *hm, PrepareCtx *x, HandoffObject *o, Re
         /* The reserved pages may be ones just freed (a Release, an eviction): no byte
          * goes into them before the record that freed them is durable. */
         if (!o->zero_copy && !page_manager_removals_settled(hm->manager->page_manager)) {
-                r = settle_wait(o);
+                r = handoff_settle_wait(o);
                 if (r < 0) {
                         log_warning_errno(r, "handoff %s: cannot wait for the journal: %m", o->request_str);
                         handoff_obj_free(d);

@@ -572,6 +572,73 @@ START_TEST(test_commit_waits_for_durable) {
 }
 END_TEST
 
+/* A pipelined handoff's destination pages may be ones a Release just freed: its bytes
+ * land there only once that Release's record is durable, or a kill -9 in between would
+ * bring the sequence back over them. bravo's disk is slow (1.5 s a sync): half a second
+ * after the Prepare the released page still holds its own bytes; the handoff lands
+ * once the record is durable. */
+START_TEST(test_pipelined_into_freed_pages) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        uint64_t src, freed;
+        char *seq = make_sequence(p, 1, &src), *gone = make_sequence(d, 1, &freed);
+        void *pb, *db;
+        ck_assert_int_eq(epd_arena_map(p, (size_t)epd_arena_find(p, "kv0"), &pb), 0);
+        ck_assert_int_eq(epd_arena_map(d, (size_t)epd_arena_find(d, "kv0"), &db), 0);
+        for (uint32_t l = 0; l < LAYERS; l++)
+                for (uint32_t k = 0; k < LAYER_BYTES; k++)
+                        ((uint8_t *)pb)[src + (uint64_t)l * LAYER_BYTES + k] = pattern(0, l, k);
+        memset((uint8_t *)db + freed, 0xab, PAGE_SIZE);
+        /* One handoff first, the disk as it is: the peers are up. */
+        char *path = NULL;
+        uint64_t token;
+        epd_handoff_options o = { .ready = 4 };
+        int r = -EHOSTUNREACH;
+        for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++)
+                if ((r = epd_handoff_prepare(p, "000000000000000000000000000000f6", "bravo", seq, groups4, 4, &o, &path,
+                                             &token)) == -EHOSTUNREACH)
+                        usleep(20000);
+        ck_assert_int_eq(r, 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000f6", &acc), 0);
+        Cond t = { d, acc.path, "transferred" };
+        ck_assert(harness_wait_for(state_is, &t, 5000));
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+
+        fault_set(hb.epdd_pid, 0, 1500); /* bravo's disk: 1.5 s a sync */
+        ck_assert_int_eq(epd_sequence_release_nowait(d, gone), 0);
+        usleep(100000); /* bravo has taken the Release: its DEL is being written */
+        ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000f7", "bravo", seq, groups4, 4, &o, &path,
+                                             &token),
+                         0);
+        usleep(500000);
+        size_t landed = 0;
+        for (size_t k = 0; k < PAGE_SIZE; k++)
+                landed += ((const uint8_t *)db)[freed + k] != 0xab;
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000f7", &acc), 0);
+        ck_assert_uint_eq(acc.n_pages, 1);
+        ck_assert_msg(acc.offsets[0] == freed, "the handoff took page offset %" PRIu64 ", not the freed %" PRIu64,
+                      acc.offsets[0], freed);
+        ck_assert_msg(landed == 0, "%zu bytes of the handoff landed in the released page before its DEL was durable",
+                      landed);
+        t.path = acc.path;
+        ck_assert(harness_wait_for(state_is, &t, 5000));
+        ck_assert(layers_equal(db, acc.offsets, 1, 0, LAYERS));
+        fault_clear();
+        ck_assert_int_eq(epd_flush(d, 5000000), 0); /* the Release's answer */
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        free(seq);
+        free(gone);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 /* The decode worker commits around the handoff's deadline, while the destination's
  * loop is held up (SIGSTOP) across it: when it resumes, the Commit, its expired timer
  * and the source's word are all waiting. The two sides end in the same state (the
@@ -650,6 +717,7 @@ int main(void) {
         tcase_add_test(tc, test_prepare_ok_send_fails);
         tcase_add_test(tc, test_commit_waits_for_durable);
         tcase_add_test(tc, test_commit_crosses_timeout);
+        tcase_add_test(tc, test_pipelined_into_freed_pages);
         tcase_add_test(tc, test_faults);
         tcase_add_test(tc, test_source_dies);
         tcase_add_test(tc, test_three_hosts);
