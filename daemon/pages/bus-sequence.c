@@ -521,6 +521,11 @@ static void prepare_write_ready(void *userdata, Sequence *s, int error, size_t c
                                   "PrepareWrite: pages %" PRIu32 "+%" PRIu32 " were shared again (cloned, "
                                   "published or leased) each time their copies finished; try again.",
                                   call->first, call->count);
+        else if (error < 0 && copied > 0)
+                r = epd_bus_error(&e, EPD_ERROR_FAILED,
+                                  "PrepareWrite: copying shared pages on the GPU failed (%s); the %zu pages "
+                                  "copied in an earlier round (the range was shared again meanwhile) stay copied.",
+                                  strerror(-error), copied);
         else if (error < 0)
                 r = epd_bus_error(&e, EPD_ERROR_FAILED,
                                   "PrepareWrite: copying shared pages on the GPU failed (%s); nothing changed.",

@@ -850,7 +850,13 @@ static void pending_write_done(void *userdata, int error) {
                 error = -ENOENT;
         if (error < 0) {
                 sequence_cow_free(p->cow);
-                p->ready(p->userdata, s, error, 0);
+                /* An earlier round's copies were committed (their bytes are the pages'
+                 * own): the table as it is now goes into the journal before the failure
+                 * is told, or a retry that needs no copy is answered over a table the log
+                 * does not have. */
+                if (s && p->copied > 0 && !pm->manager->stopping)
+                        (void)page_manager_journal(s);
+                p->ready(p->userdata, s, error, p->copied);
         } else {
                 size_t n = p->copied + sequence_cow_commit(s, p->cow);
                 /* The loop served other calls while the copies ran: every page of the

@@ -136,7 +136,8 @@ int page_manager_prepare_write(PageManager *pm, Sequence *s, size_t first, size_
  * now (*ret_copied: the pages copied, synchronously, as in host arenas), 1 when copies
  * are under way (a GPU arena's copy engine), or a negative errno. After 1, ready()
  * runs exactly once on the loop: with the sequence looked up again and the number of
- * pages swapped in, or an error and the table unchanged (-ENOENT: the sequence was
+ * pages swapped in, or an error with the pages an earlier round swapped in (0: the
+ * table unchanged; more: journaled before ready() runs) (-ENOENT: the sequence was
  * released meanwhile, s NULL; -ECANCELED: the daemon is stopping, reply to nobody; the
  * copy's own error). Its pages are then [first, first + count) of s, if still there. */
 typedef void (*PageWriteReadyFn)(void *userdata, Sequence *s, int error, size_t copied);
