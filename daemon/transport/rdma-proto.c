@@ -27,6 +27,9 @@ static bool all_zero(const uint8_t *s, size_t n) {
 #define CONNECT_FIXED 29U /* flags port mtu gid_index qpn psn gid[16] name_len */
 #define GRANT_SIZE 32U
 #define DOWN_FIXED 5U
+_Static_assert(RDMA_PROTO_MAX_PAYLOAD >= CONNECT_FIXED + RDMA_PROTO_NAME_MAX &&
+                       RDMA_PROTO_MAX_PAYLOAD >= DOWN_FIXED + RDMA_PROTO_REASON_MAX,
+               "RDMA_PROTO_MAX_PAYLOAD holds every message");
 #define REQUEST_SIZE 36U
 #define ACK_SIZE 12U
 

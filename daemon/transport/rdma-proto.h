@@ -43,7 +43,8 @@ typedef enum RdmaMessageType {
 #define RDMA_CONNECT_HAVE_RDMA 0x01U
 #define RDMA_PROTO_NAME_MAX 63U
 #define RDMA_PROTO_REASON_MAX 200U
-#define RDMA_PROTO_MAX_PAYLOAD (4 + 4 + 4 + 16 + 1 + RDMA_PROTO_NAME_MAX + 64)
+/* The largest payload: DOWN with the longest reason (5 + 200), CONNECT being 29 + 63. */
+#define RDMA_PROTO_MAX_PAYLOAD (5 + RDMA_PROTO_REASON_MAX)
 
 typedef struct RdmaMessage {
         RdmaMessageType type;

@@ -109,6 +109,16 @@ START_TEST(test_grant_down) {
         roundtrip(&m, &d);
         ck_assert_uint_eq(d.down.error, EIO);
         ck_assert_str_eq(d.down.reason, "IBV_EVENT_DEVICE_FATAL on rxe0");
+        /* The longest reason there is, into a buffer of exactly the maximum size. */
+        memset(m.down.reason, 'A', RDMA_PROTO_REASON_MAX);
+        m.down.reason[RDMA_PROTO_REASON_MAX] = 0;
+        uint8_t *exact = malloc(RDMA_PROTO_MAX_PAYLOAD);
+        ck_assert_ptr_nonnull(exact);
+        int n = rdma_message_encode(&m, exact, RDMA_PROTO_MAX_PAYLOAD);
+        ck_assert_int_eq(n, 5 + (int)RDMA_PROTO_REASON_MAX);
+        ck_assert_int_eq(rdma_message_decode(RDMA_MSG_DOWN, exact, (size_t)n, &d), 0);
+        ck_assert_str_eq(d.down.reason, m.down.reason);
+        free(exact);
         m.down.error = 0;
         ck_assert_int_eq(rdma_message_encode(&m, buf, sizeof buf), -EINVAL);
         m.down.error = 5000;
