@@ -252,9 +252,15 @@ void peer_uncork(Peer *p) {
 int peer_send_core(Peer *p, uint16_t type, const void *payload, size_t len) {
         int r;
 
-        if (p->state != PEER_UP || !p->control)
+        if (p->state != PEER_UP || !p->control || p->down_why)
                 return -ENOTCONN;
         r = peer_conn_queue(p->control, type, payload, len);
+        /* A transport's control message (an acknowledgement, an RDMA request, grant or
+         * ack) that is not queued, a full queue included, leaves its write waiting for
+         * ever: the session ends, on the loop's next turn (not under the transport's
+         * call), and every write in flight fails with it. */
+        if (r < 0)
+                peer_down_later(p, r, "queueing a transport message");
         return r;
 }
 

@@ -56,7 +56,8 @@ void rdma_send_msg(RdmaPeer *rp, const RdmaMessage *m) {
                 log_error("rdma: peer %s: cannot encode message 0x%04x", rp_name(rp), m->type);
                 return;
         }
-        /* Failing to queue ends the peer's session; the state handler cleans up. */
+        /* Failing to queue ends the peer's session (peer_send_core(), on the loop's next
+         * turn); the state handler then fails every write of the session. */
         (void)rp->t->peers_ops.send(rp->peer, (uint16_t)m->type, buf, (size_t)n);
 }
 

@@ -313,9 +313,13 @@ static void on_peer_state(Peer *p, bool up, void *userdata) {
                 log_error("rdma: peer %s: out of memory; it uses tcp", t->peers_ops.name(p));
                 return;
         }
-        if (up)
+        if (up) {
+                /* A new session: an error left by a fault of the last one that never
+                 * reached a finalize (the peer went down while idle) is not this one's. */
+                if (rp->s.state == RDMA_SESSION_IDLE)
+                        rp->fail_error = 0;
                 rdma_run(rp, rdma_session_peer_up(&rp->s, rdma_local_ok(rp, NULL)));
-        else
+        } else
                 rdma_fault(rp, RDMA_FAULT_PEER_DOWN, -ECONNRESET, NULL);
 }
 
