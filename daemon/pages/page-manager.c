@@ -116,6 +116,8 @@ fail:
         return r;
 }
 
+static void removals_take_frees(PageManager *pm, int appended);
+
 void page_manager_release(Sequence *s) {
         if (!s)
                 return;
@@ -128,13 +130,15 @@ void page_manager_release(Sequence *s) {
                         if (!pm->replaying && !pm->journal_held && !pm->manager->stopping) {
                                 int r = wal_manager_append(pm->manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_DEL,
                                                            s->id.bytes, sizeof s->id.bytes);
-                                if (r < 0 && r != -ENOTCONN) {
+                                if (r < 0 && r != -ENOTCONN)
                                         log_warning_errno(r, "Sequence %s: cannot journal its release: %m",
                                                           s->id_str);
-                                        /* Its pages go free with no record saying so: the
-                                         * daemon writes into no freed page from now on. */
-                                        pm->gone_lsn = UINT64_MAX;
-                                }
+                                sequence_free(s);
+                                /* Refused, its pages go free with no record saying so: the
+                                 * daemon writes into no freed page from now on. */
+                                removals_take_frees(pm, r == -ENOTCONN ? 0 : r);
+                                pm->sequences_released++;
+                                return;
                         }
                 }
                 pm->sequences_released++;
@@ -161,6 +165,31 @@ int page_manager_sequence_record(Sequence *s, void **ret, size_t *ret_len) {
         return put_encode(s, ret, ret_len);
 }
 
+/* Pages returned to FREE since the last look: the record that freed them is the last
+ * one appended, or an earlier one (each path journals its frees in the same turn of
+ * the loop), so the mark moves up to the last LSN. Taken right after each record that
+ * frees (a Release's DEL, a Truncate's or a copy-on-write's PUT), where the last LSN is
+ * that record's, and again before the daemon writes into fresh pages, for the frees
+ * another record covers (a handoff's, a workflow's). `appended` < 0: the record that
+ * was to cover them was refused: no daemon write into a freed page from now on. */
+static void removals_take_frees(PageManager *pm, int appended) {
+        Manager *m = pm->manager;
+        uint64_t frees = 0;
+        for (size_t i = 0; i < m->n_arenas; i++)
+                if (m->arenas[i]->pages) {
+                        PagePoolStats st;
+                        page_pool_stats(m->arenas[i]->pages, &st);
+                        frees += st.frees;
+                }
+        if (frees == pm->frees_seen)
+                return;
+        pm->frees_seen = frees;
+        if (appended < 0)
+                pm->gone_lsn = UINT64_MAX;
+        else if (pm->gone_lsn != UINT64_MAX && m->wal)
+                pm->gone_lsn = MAX(pm->gone_lsn, wal_manager_last_lsn(m));
+}
+
 int page_manager_journal(Sequence *s) {
         PageManager *pm = s ? s->manager : NULL;
         _cleanup_(freep) void *buf = NULL;
@@ -173,7 +202,10 @@ int page_manager_journal(Sequence *s) {
         if (r < 0)
                 return r;
         r = wal_manager_append(pm->manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_PUT, buf, len);
-        return r == -ENOTCONN ? 0 : r;
+        if (r == -ENOTCONN)
+                return 0;
+        removals_take_frees(pm, r);
+        return r;
 }
 
 /* ---- block directory ownership in the WAL (directory-record.h) ---- */
@@ -746,28 +778,8 @@ static int no_copy(void *userdata, uint64_t dst, uint64_t src, uint64_t length) 
         return -EOPNOTSUPP;
 }
 
-/* Pages returned to FREE since the last look: the records that freed them (a Release's
- * DEL, a Truncate's or a copy-on-write's PUT, a handoff's commit) are in the log by now
- * (each is appended in the same turn of the loop as its frees), so the last LSN covers
- * them: the mark moves up to it. */
-static void removals_take_frees(PageManager *pm) {
-        Manager *m = pm->manager;
-        uint64_t frees = 0;
-        for (size_t i = 0; i < m->n_arenas; i++)
-                if (m->arenas[i]->pages) {
-                        PagePoolStats st;
-                        page_pool_stats(m->arenas[i]->pages, &st);
-                        frees += st.frees;
-                }
-        if (frees == pm->frees_seen)
-                return;
-        pm->frees_seen = frees;
-        if (pm->gone_lsn != UINT64_MAX && m->wal)
-                pm->gone_lsn = MAX(pm->gone_lsn, wal_manager_last_lsn(m));
-}
-
 bool page_manager_removals_settled(PageManager *pm) {
-        removals_take_frees(pm);
+        removals_take_frees(pm, 0);
         return wal_manager_mark_durable(pm->manager, &pm->gone_lsn);
 }
 
