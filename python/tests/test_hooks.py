@@ -377,6 +377,42 @@ class HooksTest(unittest.TestCase):
         self.assertEqual(ec._layouts[("12x8",)], C._layout(encode2(9)))  # not taught by the odd one
         ec.shutdown()
 
+    def test_encoder_cache_entry_goes_with_its_last_pin(self):
+        """A feature fetched into the engine's cache leaves it when the last request reading
+        it is finished: a later request with the same image fetches and pins it again
+        rather than reading views whose handle is gone."""
+        from epd.workers import hooks as H
+        import hashlib
+        from epd import Client
+        key = hashlib.sha256(b"another image").hexdigest()
+        enc = Client(self.d.address)
+        self.addCleanup(enc.close)
+        enc.register("encoder", "m", "cpu")
+        ec = H.EpdEcConnector(enc)
+        feats = {"embeds": np.arange(48, dtype=np.float16).reshape(6, 8)}
+        ec.save_caches({key: lambda: feats}, key, "05" * 16)
+        ec2 = H.EpdEcConnector(self.p)
+        cache = {}
+        ec2.start_load_caches(cache, loads={"r1": [key]})
+        first = cache[key]
+        self.assertEqual(ec2.get_finished({"r1"}), (None, {"r1"}))
+        self.assertNotIn(key, cache)  # its pin is gone: so is the engine's entry
+        ec2.start_load_caches(cache, loads={"r3": [key]})
+        self.assertIsNot(cache[key], first)
+        self.assertEqual(ec2._pins[key][1], {"r3"})
+        np.testing.assert_array_equal(cache[key]["embeds"], feats["embeds"])
+        # The engine's own entry (not fetched here) is left alone.
+        own = {"embeds": feats["embeds"]}
+        mine = {key: own}
+        ec2.start_load_caches(mine, loads={"r4": [key]})
+        self.assertIs(mine[key], own)
+        ec2.get_finished({"r3", "r4"})
+        self.assertEqual(ec2._pins, {})
+        self.assertNotIn(key, cache)
+        self.assertIs(mine[key], own)
+        ec.shutdown()
+        ec2.shutdown()
+
 
 class _FakeTorchTensor:
     """Just what KvPages._many_rows reads of a torch tensor (no torch in CI)."""

@@ -364,6 +364,9 @@ class EpdEcConnector:
         # it (a second request with the same image finds it in the engine's cache and
         # fetches nothing, but must keep the pin: the cache holds views of it).
         self._pins: Dict[str, Tuple[C.FeatureTensors, Set[str]]] = {}
+        # The engine caches each pinned feature was put in: its entry leaves them with the
+        # last pin (left there, a later request would read views whose handle is gone).
+        self._placed: Dict[str, List[Dict[str, object]]] = {}
         self._held: Dict[str, List[str]] = {}  # request id -> hashes it reads
         self.last_save: Tuple[str, float] = ("", 0.0)  # (hit|waited|produced, encode seconds)
         self.last_save_detail: Dict[str, float] = {}  # its parts (connector.produce's detail)
@@ -419,12 +422,18 @@ class EpdEcConnector:
                         continue  # the engine's own (not fetched here): nothing to pin
                     ft = C.fetch(self.client, h, device=self.device, timeout_s=self.timeout_s)
                     pin = self._pins[h] = (ft, set())
-                    encoder_cache[h] = ft
+                    self._place(encoder_cache, h, ft)
                 elif h not in encoder_cache:
-                    encoder_cache[h] = pin[0]
+                    self._place(encoder_cache, h, pin[0])
                 if rid not in pin[1]:
                     pin[1].add(rid)
                     self._held.setdefault(rid, []).append(h)
+
+    def _place(self, encoder_cache: Dict[str, object], h: str, ft: "C.FeatureTensors") -> None:
+        encoder_cache[h] = ft
+        placed = self._placed.setdefault(h, [])
+        if not any(c is encoder_cache for c in placed):
+            placed.append(encoder_cache)
 
     def get_finished(self, finished_req_ids: Set[str] = frozenset()) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         """Lets go of the features the finished requests read (each once no request that
@@ -436,6 +445,9 @@ class EpdEcConnector:
                 readers.discard(rid)
                 if not readers:
                     del self._pins[h]
+                    for cache in self._placed.pop(h, []):
+                        if cache.get(h) is ft:  # still ours (not the engine's since)
+                            del cache[h]
                     ft.release()
             done.add(rid)
         return None, (done or None)
