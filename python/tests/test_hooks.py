@@ -79,6 +79,45 @@ class HooksTest(unittest.TestCase):
         self.assertEqual(self.epdctl("sequences"), [])
         self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
 
+    def test_failed_notifier_setup_holds_nothing(self):
+        """A GPU arena's save takes the ring's notifier in its setup; when that fails, the
+        setup lets go of the sequence and the handoff it made (a failed setup holds
+        nothing), in the background and in the constructor alike. (A host arena that
+        says it is a GPU one reaches that step without a GPU.)"""
+        from unittest import mock
+        from epd.workers import connector as C
+        from epd.workers import hooks as H
+
+        class GpuLikePages(C.KvPages):
+            def __init__(self, *a, **kw):
+                super().__init__(*a, **kw)
+                self.on_gpu, self._m = True, type("M", (), {"ordinal": 0})()
+
+            def prepare(self):
+                pass
+
+        def no_notifier(ring, ordinal):
+            raise OSError(12, "no notifier")
+
+        with mock.patch.object(C, "KvPages", GpuLikePages), mock.patch.object(C, "_notifier", no_notifier):
+            with self.assertRaises(OSError):
+                C.EpdKvSink(self.p, "host0", self.layout, "ae" * 16, TOKENS, [LAYERS], ring=self.rp)
+            self.assertEqual(self.epdctl("sequences"), [])
+            self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
+            prod = H.EpdKvConnector(self.p, self.layout, "producer", ring=self.rp, dtype="float16",
+                                    background_setup=True)
+            prod.register_kv_caches(names())
+            rid = "af" * 16
+            prod.bind_connector_metadata(prod.build_connector_meta(saves=[H.KvTransfer(rid, TOKENS)]))
+            with self.assertRaises(OSError):
+                prod.save_kv_layer("layers.0.attn", self.kv(0))
+            prod.clear_connector_metadata()
+            self.assertEqual(prod.request_finished(rid), (False, None))
+            self.assertEqual(prod.get_finished({rid}), (None, None))
+            self.assertEqual(self.epdctl("sequences"), [])
+            self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
+            prod.shutdown()
+
     def test_failed_save_does_not_hold_up_the_others(self):
         """A save whose background setup failed holds nothing: request_finished says so
         (no delay), get_finished forgets it without reporting it (vLLM expects a request

@@ -727,6 +727,11 @@ class EpdKvSink:
             kv = KvPages(self.client, arena, self.layout,
                          _seq_offsets(self.client, arena, seq.pages, self.layout.page_size))
             kv.prepare()  # a GPU page table's allocation and upload: here, not at the first write
+            # GPU arena and a ring: libepd's notifier reports each group ready once its
+            # writes have run on the GPU, from its own thread (no polling, no host sync).
+            # (One per ring and GPU, kept for the next sinks: nothing to undo if Prepare fails.)
+            ring = self.ring
+            notifier = _notifier(ring, kv._m.ordinal) if ring is not None and kv.on_gpu else None
             # Last: nothing after it can fail, so a prepared handoff is never left behind.
             handoff = Handoff.prepare(self.client, request_id, destination, seq.path, group_sizes, target=target)
         except BaseException:
@@ -735,11 +740,7 @@ class EpdKvSink:
             seq.release()
             raise
         self._seq_pages = seq.pages
-        self._seq, self._kv, self._handoff = seq, kv, handoff
-        # GPU arena and a ring: libepd's notifier reports each group ready once its
-        # writes have run on the GPU, from its own thread (no polling, no host sync).
-        ring = self.ring
-        self._notifier = _notifier(ring, kv._m.ordinal) if ring is not None and kv.on_gpu else None
+        self._seq, self._kv, self._handoff, self._notifier = seq, kv, handoff, notifier
         self._rid = handoff.request_id.encode()
         self.setup_s = time.perf_counter() - t0
 
