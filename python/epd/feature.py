@@ -271,7 +271,11 @@ class Feature(_lib.Closing):
         dtype = getattr(torch, _TORCH[t.dtype])
         # the daemon validated the layout: the offset is aligned, the view in range
         flat = torch.frombuffer(self.buffer(), dtype=torch.uint8)
-        return flat[t.offset:].view(dtype).as_strided(t.shape, t.strides)
+        # Its own span only: the bytes from its offset to the feature's end need not be a
+        # whole number of its elements (view(dtype) would refuse them).
+        span = 0 if 0 in t.shape else 1 + sum((n - 1) * st for n, st in zip(t.shape, t.strides))
+        end = t.offset + span * _SIZE[t.dtype]
+        return flat[t.offset:end].view(dtype).as_strided(t.shape, t.strides)
 
     def cuda(self, name: str, arena):
         """A torch view, on the GPU, of one tensor of a feature in a GPU arena (`arena`: its

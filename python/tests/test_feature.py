@@ -132,6 +132,30 @@ class FeatureTest(unittest.TestCase):
                 f.fail("test")
                 f.release()
 
+    def test_torch_view_of_a_tensor_before_a_narrower_one(self):
+        """f.torch() views a tensor whose bytes from its offset to the feature's end are not
+        a whole number of its elements (an int64 before 6 bytes of bf16): the view is of its
+        own span."""
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch not installed")
+        bundle = [ef.Tensor("grid_thw", "i64", (1,)), ef.Tensor("emb", "bf16", (3,), offset=8)]
+        with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
+            a.register("encoder", "m", "cpu")
+            b.register("prefill", "m", "cpu")
+            p = ef.Feature.acquire(a, "img:narrow", may_produce=True)
+            self.assertEqual(p.result, "produce")
+            p.produce(14, bundle)
+            p.buffer(0, 8)[:] = (7).to_bytes(8, "little")
+            p.buffer(8, 6)[:] = b"\x80\x3f\x00\x40\x40\x40"  # bf16 1.0, 2.0, 3.0
+            p.publish(1000)
+            with ef.Feature.acquire(b, "img:narrow") as h:
+                self.assertEqual(h.result, "hit")
+                self.assertEqual(h.torch("grid_thw").tolist(), [7])
+                self.assertEqual(h.torch("emb").tolist(), [1.0, 2.0, 3.0])
+            p.release()
+
     def test_publish_release_without_waiting(self):
         with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
             a.register("encoder", "m", "cpu")
