@@ -537,23 +537,31 @@ void page_manager_set_keeper(PageManager *pm, bool (*keeps)(void *userdata, cons
 
 static int on_grace(sd_event_source *es, uint64_t usec, void *userdata) {
         PageManager *pm = userdata;
+        _cleanup_(freep) Sequence **victims = NULL;
         Sequence *s;
         size_t it = 0, n = 0;
-        bool again = true;
+        int r;
 
         pm->grace = sd_event_source_disable_unref(pm->grace);
-        while (again) {
-                again = false;
-                it = 0;
-                while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)) {
-                        if (s->object.owner || (pm->keeps && pm->keeps(pm->keeps_userdata, &s->id)))
-                                continue;
-                        page_manager_release(s); /* journals the release */
-                        n++;
-                        again = true; /* the map changed under the iterator */
-                        break;
-                }
+        /* Collect in one pass, then release: releasing changes the map under an
+         * iterator, and restarting the scan after each release made the sweep quadratic
+         * in the restored sequences (with a keeper question for each kept one every
+         * time), which blocked the loop past the watchdog. */
+        victims = calloc(MAX(hashmap_size(pm->sequences), (size_t)1), sizeof *victims);
+        if (!victims) {
+                log_warning("No memory to release the %zu sequences restored at start that were not "
+                            "re-attached; trying again in a minute.", hashmap_size(pm->sequences));
+                r = sd_event_add_time_relative(pm->manager->event, &pm->grace, CLOCK_MONOTONIC, 60 * USEC_PER_SEC,
+                                               USEC_PER_SEC, on_grace, pm);
+                if (r < 0)
+                        log_warning_errno(r, "Cannot re-arm the Attach grace period: %m");
+                return 0;
         }
+        while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL))
+                if (!s->object.owner && !(pm->keeps && pm->keeps(pm->keeps_userdata, &s->id)))
+                        victims[n++] = s;
+        for (size_t i = 0; i < n; i++)
+                page_manager_release(victims[i]); /* journals the release; frees that one only */
         if (n > 0)
                 log_info("%zu sequences restored at start were not re-attached in time and were released.", n);
         return 0;

@@ -186,16 +186,7 @@ void workflows_set_call(Manager *m, const WorkflowCall *call) {
 /* A live branch that heads on a sequence keeps it past the pages' attach grace. */
 static bool keeps_sequence(void *userdata, const EpdId *id) {
         Manager *m = userdata;
-        Workflow *w;
-        size_t it = 0;
-
-        if (!m->workflows)
-                return false;
-        while (workflow_iterate(m->workflows, &it, &w))
-                for (uint32_t b = 0; b < w->n_branches; b++)
-                        if (w->branches[b].alive && epd_id_equal(&w->branches[b].head, id))
-                                return true;
-        return false;
+        return m->workflows && workflow_heads_on(m->workflows, id);
 }
 
 static int workflows_init(Manager *m) {

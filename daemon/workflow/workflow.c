@@ -14,6 +14,13 @@ struct WorkflowManager {
         WorkflowOps ops;
         Hashmap *workflows; /* Workflow* by id_str */
         unsigned max_workflows;
+        /* The live branches' heads (WorkflowBranch* by head id bytes, keys in the
+         * branches), built on the first question after a change: the pages' grace asks
+         * about every orphan sequence in a row, with no transition between. */
+        Hashmap *heads;
+        uint64_t generation;       /* bumped by every applied record */
+        uint64_t heads_generation; /* of the state heads was built from */
+        bool heads_valid;
 };
 
 /* ---- records ----
@@ -285,6 +292,7 @@ WorkflowManager *workflow_manager_free(WorkflowManager *wm) {
         while (hashmap_iterate(wm->workflows, &i, (void **)&w, NULL))
                 workflow_free_one(w);
         hashmap_free(wm->workflows);
+        hashmap_free(wm->heads);
         free(wm);
         return NULL;
 }
@@ -305,6 +313,47 @@ bool workflow_iterate(WorkflowManager *wm, size_t *state, Workflow **ret) {
         return hashmap_iterate(wm->workflows, state, (void **)ret, NULL);
 }
 
+static int heads_build(WorkflowManager *wm) {
+        Workflow *w;
+        size_t it = 0;
+        int k;
+
+        if (!wm->heads && !(wm->heads = hashmap_new(HASHMAP_KEY_BYTES, sizeof(EpdId))))
+                return -ENOMEM;
+        hashmap_clear(wm->heads);
+        while (workflow_iterate(wm, &it, &w))
+                for (uint32_t b = 0; b < w->n_branches; b++) {
+                        WorkflowBranch *br = &w->branches[b];
+                        if (!br->alive)
+                                continue;
+                        k = hashmap_put(wm->heads, br->head.bytes, br);
+                        if (k < 0 && k != -EEXIST) {
+                                hashmap_clear(wm->heads);
+                                return k;
+                        }
+                }
+        wm->heads_generation = wm->generation;
+        wm->heads_valid = true;
+        return 0;
+}
+
+bool workflow_heads_on(WorkflowManager *wm, const EpdId *seq) {
+        Workflow *w;
+        size_t it = 0;
+
+        if (wm->heads_valid && wm->heads_generation == wm->generation)
+                return hashmap_contains(wm->heads, seq->bytes);
+        wm->heads_valid = false;
+        if (heads_build(wm) >= 0)
+                return hashmap_contains(wm->heads, seq->bytes);
+        /* No memory for the set: the walk, slow but the same answer. */
+        while (workflow_iterate(wm, &it, &w))
+                for (uint32_t b = 0; b < w->n_branches; b++)
+                        if (w->branches[b].alive && epd_id_equal(&w->branches[b].head, seq))
+                                return true;
+        return false;
+}
+
 static Workflow *lookup(WorkflowManager *wm, const EpdId *id) {
         char s[EPD_ID_STRING_MAX];
         return hashmap_get(wm->workflows, epd_id_to_string(id, s));
@@ -322,6 +371,7 @@ static int rec_apply(WorkflowManager *wm, Rec *r) {
         WorkflowBranch *b, *into;
         int k = 0;
 
+        wm->generation++; /* the heads' set is stale (its keys may point into freed branches) */
         switch (r->op) {
         case WORKFLOW_REC_CREATE:
         case WORKFLOW_REC_STATE_BRANCH:

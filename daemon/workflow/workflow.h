@@ -115,6 +115,9 @@ Workflow *workflow_get(WorkflowManager *wm, const char *id_str);
 size_t workflow_count(const WorkflowManager *wm);
 /* Iteration, as hashmap_iterate. */
 bool workflow_iterate(WorkflowManager *wm, size_t *state, Workflow **ret);
+/* Whether a live branch of some workflow heads on seq (such a sequence outlives the
+ * pages' Attach grace: workflows are attached without their heads). */
+bool workflow_heads_on(WorkflowManager *wm, const EpdId *seq);
 
 int workflow_create(WorkflowManager *wm, const EpdId *root, const uint32_t *tokens, size_t n_tokens,
                     uid_t uid, Workflow **ret);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "pages/sequence-record.h"
@@ -514,6 +515,79 @@ START_TEST(test_cut_after_every_record) {
 }
 END_TEST
 
+static double now_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The pages' Attach grace asks, for each restored sequence nobody re-attached, whether
+ * a workflow heads on it. With the largest number of workflows, each of many
+ * branches, and as many orphans, the answers for all of them must come at once (a walk
+ * over every branch per question took minutes and tripped the watchdog). Also: the
+ * answers follow drops, merges and releases. */
+#define KEEP_WORKFLOWS WORKFLOWS_MAX_DEFAULT
+#define KEEP_BRANCHES 64u
+#define KEEP_ASKED 20000u
+#define KEEP_BOUND_S 1.5 /* the walk over every branch took ~15 s for these questions */
+START_TEST(test_heads_on_many) {
+        Store s;
+        store_init(&s);
+        WorkflowOps ops = ops_for(&s);
+        WorkflowManager *wm;
+        ck_assert_int_eq(workflow_manager_new(&ops, 0, &wm), 0);
+        SeqModel *root = store_add(&s, 1);
+        uint32_t t[4] = { 1, 2, 3, 4 }, b;
+        Workflow **ws = calloc(KEEP_WORKFLOWS, sizeof *ws);
+        ck_assert_ptr_nonnull(ws);
+        for (unsigned i = 0; i < KEEP_WORKFLOWS; i++) {
+                ck_assert_int_eq(workflow_create(wm, &root->id, t, 4, 1000, &ws[i]), 0);
+                for (unsigned j = 1; j < KEEP_BRANCHES; j++)
+                        ck_assert_int_eq(workflow_fork(wm, ws[i], 0, &b), 0);
+        }
+        EpdId *orphans = calloc(KEEP_ASKED, sizeof *orphans);
+        ck_assert_ptr_nonnull(orphans);
+        for (unsigned i = 0; i < KEEP_ASKED; i++)
+                ck_assert_int_eq(epd_id_random(&orphans[i]), 0);
+
+        double start = now_s(), took = 0;
+        unsigned asked = 0;
+        for (unsigned i = 0; i < KEEP_ASKED && took <= KEEP_BOUND_S; i++) {
+                const Workflow *w = ws[(i * 7919u) % KEEP_WORKFLOWS];
+                ck_assert(workflow_heads_on(wm, &w->branches[i % KEEP_BRANCHES].head));
+                ck_assert(!workflow_heads_on(wm, &orphans[i]));
+                asked += 2;
+                if (i % 256 == 0)
+                        took = now_s() - start;
+        }
+        took = now_s() - start;
+        printf("heads_on: %u questions over %u workflows x %u branches in %.3f s (bound %.1f s)\n", asked,
+               KEEP_WORKFLOWS, KEEP_BRANCHES, took, KEEP_BOUND_S);
+        ck_assert_msg(took <= KEEP_BOUND_S && asked == 2 * KEEP_ASKED,
+                      "%u of %u questions answered in %.3f s, bound %.1f s", asked, 2 * KEEP_ASKED, took,
+                      KEEP_BOUND_S);
+
+        /* Dropped and merged-away heads are let go; the merge target's new head kept;
+         * a released workflow keeps none. */
+        Workflow *w = ws[0];
+        EpdId dropped = w->branches[3].head, merged = w->branches[4].head, old_into = w->branches[5].head;
+        ck_assert_int_eq(workflow_drop(wm, w, 3), 0);
+        ck_assert_int_eq(workflow_merge(wm, w, 4, 5), 0);
+        ck_assert(!workflow_heads_on(wm, &dropped));
+        ck_assert(!workflow_heads_on(wm, &old_into));
+        ck_assert(workflow_heads_on(wm, &merged)); /* branch 5's head now */
+        EpdId last = ws[1]->branches[KEEP_BRANCHES - 1].head;
+        ck_assert(workflow_heads_on(wm, &last));
+        ck_assert_int_eq(workflow_release(wm, ws[1]), 0);
+        ck_assert(!workflow_heads_on(wm, &last));
+
+        free(orphans);
+        free(ws);
+        workflow_manager_free(wm);
+        store_done(&s);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("workflow");
         TCase *tc = tcase_create("workflow");
@@ -522,6 +596,7 @@ int main(void) {
         tcase_add_test(tc, test_missing_pages_and_journal_failure);
         tcase_add_test(tc, test_wal_replay_model);
         tcase_add_test(tc, test_cut_after_every_record);
+        tcase_add_test(tc, test_heads_on_many);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
