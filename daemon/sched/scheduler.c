@@ -497,7 +497,7 @@ static double affinity(Scheduler *s, const SchedWorker *w, SchedStage st, const 
         double a;
         if (!s->ops.affinity)
                 return 0;
-        a = s->ops.affinity(s->ops.userdata, w->id, st, h);
+        a = s->ops.affinity(s->ops.userdata, w ? w->id : NULL, st, h);
         return isfinite(a) ? CLAMP(a, 0.0, 1.0) : 0;
 }
 
@@ -740,9 +740,13 @@ int sched_admit(Scheduler *s, const char *request_id, TaskType t, usec_t deadlin
                 return decide(s, t, SCHED_DEFER, SCHED_REASON_WATERMARK, drain, 0, now, ret);
         }
 
-        /* The encoder is needed for multimodal input, unless a worker has the features. */
+        /* The encoder is needed for multimodal input, unless a worker has the features;
+         * with no encoder registered the cache is asked without one (worker NULL), so
+         * cached features skip the stage whether or not an encoder exists. */
         if (hints->needs_encoder) {
                 need[SCHED_STAGE_ENCODE] = true;
+                if (s->n_workers[SCHED_STAGE_ENCODE] == 0)
+                        need[SCHED_STAGE_ENCODE] = affinity(s, NULL, SCHED_STAGE_ENCODE, hints) < 1.0;
                 for (size_t i = 0; i < s->n_workers[SCHED_STAGE_ENCODE]; i++)
                         if (affinity(s, s->workers[SCHED_STAGE_ENCODE][i], SCHED_STAGE_ENCODE, hints) >= 1.0) {
                                 need[SCHED_STAGE_ENCODE] = false;

@@ -124,7 +124,9 @@ typedef struct SchedHints {
 
 typedef struct SchedOps {
         /* Fraction (0..1) of the stage's work that this worker skips for this request:
-         * cached features (1.0 for an encoder: the stage is skipped), prefix pages. */
+         * cached features (1.0 for an encoder: the stage is skipped), prefix pages.
+         * worker is NULL when the encode stage is asked about with no encoder
+         * registered: 1.0 if the features are cached wherever they are encoded. */
         double (*affinity)(void *userdata, const char *worker, SchedStage stage, const SchedHints *h);
         /* Backpressure of the path between two workers (from -> to). */
         SchedPressure (*path)(void *userdata, const char *from, const char *to);

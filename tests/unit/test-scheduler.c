@@ -206,6 +206,27 @@ START_TEST(test_affinity_backpressure) {
         ck_assert_int_eq(sched_admit(s, "c", TASK_INTERACTIVE, 0, &h, now, &d), 0);
         ck_assert_msg(d.verdict == SCHED_ADMIT, "%s %s", sched_verdict_to_string(d.verdict), sched_reason_to_string(d.reason));
         sched_free(s);
+
+        /* No encoder registered: cached features still skip the stage (the answer does
+         * not depend on an encoder being there to ask about). */
+        level = SCHED_PRESSURE_OK;
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        sched_set_ops(s, &(SchedOps){ .affinity = aff_cb, .path = path_cb, .userdata = &level });
+        add(s, "p0", SCHED_STAGE_PREFILL, 1, 0, 0);
+        add(s, "d0", SCHED_STAGE_DECODE, 4, 0, 100);
+        h = (SchedHints){ .needs_encoder = true, .affinity_key = "features-cached" };
+        ck_assert_int_eq(sched_admit(s, "e", TASK_INTERACTIVE, 0, &h, now, &d), 0);
+        ck_assert_msg(d.verdict == SCHED_ADMIT, "%s %s", sched_verdict_to_string(d.verdict),
+                      sched_reason_to_string(d.reason));
+        ck_assert_ptr_null(d.worker[SCHED_STAGE_ENCODE]);
+        ck_assert_str_eq(d.worker[SCHED_STAGE_PREFILL], "p0");
+        ck_assert_str_eq(d.worker[SCHED_STAGE_DECODE], "d0");
+        /* Features not cached: the encoder is needed and there is none. */
+        h.affinity_key = "p0";
+        ck_assert_int_eq(sched_admit(s, "f", TASK_INTERACTIVE, 0, &h, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_REJECT);
+        ck_assert_int_eq(d.reason, SCHED_REASON_NO_WORKERS);
+        sched_free(s);
 }
 END_TEST
 
