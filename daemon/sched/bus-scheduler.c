@@ -197,6 +197,16 @@ static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_e
         bool have_pages = o.have_pages;
         const char *host = o.host;
 
+        /* Every option is checked before any is applied: a refused call changes nothing. */
+        if (slots > 65536 || queue_limit > (1u << 20))
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                     "Slots must be 1..65536 and QueueLimit at most 1048576 (got %" PRIu32
+                                     " and %" PRIu32 ").", slots, queue_limit);
+
+        /* Each option given changes what it names, in place: the worker's admitted
+         * requests run there already and stay; new ones see the new capacity. An option
+         * not given is left as it is (Pools= given once stays until given again). The
+         * Host setter checks the id before it changes anything, so it goes first. */
         if (host) {
                 r = scheduler_set_worker_host(m, w->id_str, host);
                 if (r == -EINVAL)
@@ -204,15 +214,7 @@ static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_e
                 if (r < 0)
                         return r;
         }
-
-        /* Each option given changes what it names, in place: the worker's admitted
-         * requests run there already and stay; new ones see the new capacity. An option
-         * not given is left as it is (Pools= given once stays until given again). */
         unsigned stages = scheduler_stages_of_role(w->role);
-        if (slots > 65536 || queue_limit > (1u << 20))
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                     "Slots must be 1..65536 and QueueLimit at most 1048576 (got %" PRIu32
-                                     " and %" PRIu32 ").", slots, queue_limit);
         if (pools != 0) {
                 /* Pools= narrows what the [Pool:NAME] selectors give the worker. */
                 r = scheduler_set_pool_override(m, w, pools);

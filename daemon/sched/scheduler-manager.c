@@ -74,18 +74,23 @@ int scheduler_set_worker_host(Manager *m, const char *worker_id, const char *hos
                 return -ENOENT;
         if (host && strlen(host) > PEER_HOST_ID_MAX)
                 return -EINVAL;
-        host_forget(g, worker_id);
-        if (!host || !host[0] || strcmp(host, m->config.host_id) == 0)
+        if (!host || !host[0] || strcmp(host, m->config.host_id) == 0) {
+                host_forget(g, worker_id);
                 return 0;
-        WorkerHost *h = calloc(1, sizeof *h);
+        }
+        /* A failure leaves the host it had. */
+        WorkerHost *h = calloc(1, sizeof *h), *old = NULL;
         if (!h)
                 return -ENOMEM;
         snprintf(h->worker, sizeof h->worker, "%s", worker_id);
         snprintf(h->host, sizeof h->host, "%s", host);
-        int r = hashmap_put(g->hosts, h->worker, h);
-        if (r < 0)
+        int r = hashmap_replace(g->hosts, h->worker, h, (void **)&old);
+        if (r < 0) {
                 free(h);
-        return r;
+                return r;
+        }
+        free(old);
+        return 0;
 }
 
 SchedPressure scheduler_path_pressure(BackpressureLevel level, BackpressureReason reason, bool window_full) {

@@ -587,6 +587,66 @@ START_TEST(test_stage_worker_not_root) {
 }
 END_TEST
 
+/* A refused ConfigureWorker changes nothing: not Host (the decode worker would sit
+ * behind a peer that is down, and every pair with it be blocked), not Pools. */
+START_TEST(test_configure_refused_changes_nothing) {
+        Harness p;
+        char paddr[512];
+        epd_client *pre, *dec, *tool;
+        epd_admission a;
+
+        /* A peer nobody listens for: a worker on its host is behind a path that is down. */
+        char keyfile[] = "/tmp/epd-sched-key-XXXXXX", conf[256];
+        int kfd = mkstemp(keyfile);
+        ck_assert_int_ge(kfd, 0);
+        ck_assert_int_eq(write(kfd, "0123456789abcdef0123456789abcdef", 32), 32);
+        close(kfd);
+        snprintf(conf, sizeof conf, "[Cluster]\nClusterKeyFile=%s\n[Peer:bravo]\nAddress=127.0.0.1:9\nHostId=bravo\n",
+                 keyfile);
+        ck_assert_int_eq(harness_init(&p, conf), 0);
+        ck_assert_int_eq(harness_start_epdd(&p, NULL), 0);
+        harness_direct_address(&p, paddr, sizeof paddr);
+        ck_assert_int_eq(epd_connect(paddr, &tool), 0);
+        ck_assert_int_eq(epd_connect(paddr, &pre), 0);
+        ck_assert_int_eq(epd_register(pre, "prefill", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_connect(paddr, &dec), 0);
+        ck_assert_int_eq(epd_register(dec, "decode", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_configure_worker(dec, 4, 0, 100), 0);
+        ck_assert_int_eq(epd_admit(tool, "r1", "interactive", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+
+        /* Host with an out-of-range Slots: refused, and the worker is still here. */
+        ck_assert_int_lt(epd__call(dec, "/org/epd1", "org.epd1.Scheduler", "ConfigureWorker", NULL, "oa{sv}",
+                                   epd_worker_path(dec), 2, "Host", "s", "bravo", "Slots", "u", 70000),
+                         0);
+        ck_assert_str_eq(epd_last_error_name(dec), "org.epd1.Error.InvalidArgument");
+        ck_assert_int_eq(epd_admit(tool, "r2", "interactive", 0, 1, false, &a), 0);
+        ck_assert_msg(a.verdict == EPD_ADMIT, "after a refused Host=bravo: %s", a.reason);
+        /* Pools with an out-of-range QueueLimit: refused, the worker serves every pool. */
+        ck_assert_int_lt(epd__call(dec, "/org/epd1", "org.epd1.Scheduler", "ConfigureWorker", NULL, "oa{sv}",
+                                   epd_worker_path(dec), 2, "Pools", "as", 1, "thinking", "QueueLimit", "u",
+                                   (uint32_t)(2u << 20)),
+                         0);
+        ck_assert_str_eq(epd_last_error_name(dec), "org.epd1.Error.InvalidArgument");
+        ck_assert_int_eq(epd_admit(tool, "r3", "interactive", 0, 1, false, &a), 0);
+        ck_assert_msg(a.verdict == EPD_ADMIT, "after a refused Pools=thinking: %s", a.reason);
+        /* Given alone, Host does what it says: the path to bravo is down. */
+        ck_assert_int_eq(epd__call(dec, "/org/epd1", "org.epd1.Scheduler", "ConfigureWorker", NULL, "oa{sv}",
+                                   epd_worker_path(dec), 1, "Host", "s", "bravo"),
+                         0);
+        ck_assert_int_eq(epd_admit(tool, "r4", "interactive", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_DEFER);
+        ck_assert_str_eq(a.reason, "backpressure");
+
+        epd_disconnect(dec);
+        epd_disconnect(pre);
+        epd_disconnect(tool);
+        ck_assert_int_eq(harness_stop_epdd(&p), 0);
+        harness_done(&p);
+        unlink(keyfile);
+}
+END_TEST
+
 static void setup_bounded(void) {
         ck_assert_int_eq(harness_init(&h, "[Limits]\nMaxRequestsPerClient=3\n"), 0);
         harness_direct_address(&h, address, sizeof address);
@@ -612,6 +672,7 @@ int main(void) {
         TCase *tp = tcase_create("pool-config");
         tcase_set_timeout(tp, 60);
         tcase_add_test(tp, test_pool_config);
+        tcase_add_test(tp, test_configure_refused_changes_nothing);
         suite_add_tcase(s, tp);
         return check_run(s, CK_NOFORK);
 }
