@@ -96,15 +96,18 @@ static int method_admit(sd_bus_message *msg, void *userdata, sd_bus_error *error
                 return epd_bus_error(error, EPD_ERROR_EXISTS,
                                      "Request %s is outstanding with another task type.", request_id);
         if (r < 0)
-                return r;
+                return epd_bus_error(error, EPD_ERROR_FAILED, "Cannot admit request %s: %s", request_id,
+                                     strerror(-r));
         /* Newly outstanding (admitted): it belongs to the caller from now on. */
         if (!outstanding && scheduler_request_owner(m, request_id, &owner) >= 0 && !owner) {
                 r = scheduler_own_request(m, request_id, c);
                 if (r == -EDQUOT)
                         return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
                                              "This client holds as many objects as [Limits] allows.");
-                if (r < 0)
-                        return r;
+                if (r < 0) /* the request was cancelled: nobody would own it */
+                        return epd_bus_error(error, EPD_ERROR_FAILED,
+                                             "Request %s was admitted but cannot be made this client's (%s); it "
+                                             "was cancelled.", request_id, strerror(-r));
         }
 
         char p[_SCHED_STAGE_MAX][128];
@@ -148,7 +151,8 @@ static int method_complete(sd_bus_message *msg, void *userdata, sd_bus_error *er
                 return epd_bus_error(error, EPD_ERROR_NOT_FOUND,
                                      "No outstanding %s stage of request %s.", stage, request_id);
         if (r < 0)
-                return r;
+                return epd_bus_error(error, EPD_ERROR_FAILED, "Cannot complete the %s stage of request %s: %s", stage,
+                                     request_id, strerror(-r));
         return sd_bus_reply_method_return(msg, NULL);
 }
 
@@ -212,14 +216,17 @@ static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_e
                 if (r == -EINVAL)
                         return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "Host '%s' is not a host id.", host);
                 if (r < 0)
-                        return r;
+                        return epd_bus_error(error, EPD_ERROR_FAILED, "Cannot set worker %s's host to '%s': %s",
+                                             w->id_str, host, r == -ENOTCONN ? "the scheduler is not running"
+                                                                             : strerror(-r));
         }
         unsigned stages = scheduler_stages_of_role(w->role);
         if (pools != 0) {
                 /* Pools= narrows what the [Pool:NAME] selectors give the worker. */
                 r = scheduler_set_pool_override(m, w, pools);
                 if (r < 0)
-                        return r;
+                        return epd_bus_error(error, EPD_ERROR_FAILED, "Cannot set worker %s's pools: %s", w->id_str,
+                                             r == -ENOTCONN ? "the scheduler is not running" : strerror(-r));
         }
         for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
                 if (!(stages & (1u << st)))

@@ -298,7 +298,7 @@ static int method_attach(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         if (r == -EDQUOT)
                 return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many objects for this client.");
         if (r < 0)
-                return r;
+                return map_error(error, r, "Attach");
         return sd_bus_reply_method_return(msg, NULL);
 }
 
