@@ -190,7 +190,9 @@ uint64_t sched_worker_reserved_pages(Scheduler *s, const char *id);
 unsigned sched_worker_get_pools(Scheduler *s, const char *id, SchedStage stage);
 
 /* deadline: absolute on the scheduler's clock; 0: now + the pool's default. Admitting
- * an id that is already outstanding returns its first admission again (idempotent). */
+ * an id that is already outstanding admits nothing again (idempotent): *ret is ADMIT
+ * with the request as it stands, the same deadline and priority, the predicted time
+ * left, and the workers of the stages not completed yet (NULL for a completed one). */
 int sched_admit(Scheduler *s, const char *request_id, TaskType type, usec_t deadline,
                 const SchedHints *hints, usec_t now, SchedDecision *ret);
 /* A stage of a request finished on its worker; service_usec is the time the worker

@@ -7,7 +7,8 @@
  * The rest are segments — runs of consecutive predecessor blocks found at another
  * position of the new sequence (tool output pasted back, a reordered history).
  * Whether a moved segment's KV is valid for the model is the worker's call; epd
- * reports the matches and shares the pages of the aligned ones.
+ * reports the matches, aligned or not, and shares no page of them: the new head
+ * (workflow_advance) is a clone of the common prefix's pages only.
  *
  * Linear time: a Karp-Rabin rolling hash modulo 2^61-1 with a random base over the
  * new sequence, a table of the predecessor's block hashes, every candidate verified

@@ -284,6 +284,19 @@ START_TEST(test_pools) {
                 sc.pools[t] = c.pools[t].policy;
         ck_assert_int_eq(sched_config_validate(&sc, NULL), 0);
         config_done(&c);
+
+        /* The default watermarks under a smaller QueueMax= (docs/config.md): high is ¾
+         * of it, low half of high (⅜ of QueueMax=); a HighWatermark= alone halves too. */
+        ck_assert_int_eq(config_defaults(&c), 0);
+        ck_assert_int_eq(config_parse_string(&c, "[Pool:hybrid]\nQueueMax=512\n[Pool:thinking]\nHighWatermark=300\n",
+                                             "watermarks.conf", &errors),
+                         0);
+        ck_assert_ptr_null(errors);
+        ck_assert_uint_eq(c.pools[TASK_HYBRID].policy.high_watermark, 384);
+        ck_assert_uint_eq(c.pools[TASK_HYBRID].policy.low_watermark, 192);
+        ck_assert_uint_eq(c.pools[TASK_THINKING].policy.high_watermark, 300);
+        ck_assert_uint_eq(c.pools[TASK_THINKING].policy.low_watermark, 150);
+        config_done(&c);
 }
 END_TEST
 

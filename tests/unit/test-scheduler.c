@@ -123,6 +123,13 @@ START_TEST(test_basic_flow) {
         ck_assert_int_eq(sched_complete(s, "r1", SCHED_STAGE_ENCODE, 0, true, now), -ENOENT);
         ck_assert_int_eq(sched_complete(s, "r1", SCHED_STAGE_PREFILL, 80 * MS, true, now + 80 * MS), 0);
         ck_assert_int_eq(sched_complete(s, "r1", SCHED_STAGE_PREFILL, 80 * MS, true, now + 80 * MS), -ENOENT);
+        /* A repeated Admit returns the request as it stands, not its first answer: the
+         * completed prefill stage has no worker any more; the deadline is the same. */
+        ck_assert_int_eq(sched_admit(s, "r1", TASK_INTERACTIVE, 0, &h, now + 90 * MS, &d2), 0);
+        ck_assert_int_eq(d2.verdict, SCHED_ADMIT);
+        ck_assert_ptr_null(d2.worker[SCHED_STAGE_PREFILL]);
+        ck_assert_str_eq(d2.worker[SCHED_STAGE_DECODE], "d0");
+        ck_assert_uint_eq(d2.deadline, now + c.pools[TASK_INTERACTIVE].default_deadline);
         ck_assert_int_eq(sched_complete(s, "r1", SCHED_STAGE_DECODE, 400 * MS, true, now + 500 * MS), 0);
         ck_assert_uint_eq(sched_outstanding(s), 1);
         /* A failure at any stage ends the request. */
