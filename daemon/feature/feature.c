@@ -464,17 +464,62 @@ static void set_failed(FeatureCache *c, Feature *f, int error) {
         feature_maybe_destroy(f);
 }
 
-/* Allocates a region of bytes in some arena (mapped ones only, if need_map), evicting
- * from the cold end until it fits the budget and an arena has a run long enough. */
 static bool arena_allowed(const CacheArena *a, bool need_map, uint64_t mask) {
         if (need_map && !a->base)
                 return false;
         return a->index >= 64 || (mask & (1ULL << a->index));
 }
 
-static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t mask,
+/* An arena that a region of bytes may go to: allowed, and large enough. */
+static bool arena_fits(const CacheArena *a, uint64_t bytes, bool need_map, uint64_t mask) {
+        return arena_allowed(a, need_map, mask) && feature_allocator_total(a->alloc) >= bytes;
+}
+
+/* Whether evicting every unreferenced feature could make room at all: within the
+ * budget, and in some arena that fits (its free chunks plus its evictable ones; a
+ * fragmented arena may still refuse). A request that this says no to evicts nothing. */
+static bool eviction_could_help(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t mask) {
+        uint64_t evictable = 0;
+
+        LIST_FOREACH(lru, f, c->lru.first)
+                evictable += f->size;
+        if (c->stats.bytes_cached + c->stats.bytes_reserved - evictable + bytes > c->config.budget_bytes)
+                return false;
+        for (size_t i = 0; i < c->n_arenas; i++) {
+                const CacheArena *a = &c->arenas[i];
+                uint64_t room;
+
+                if (!arena_fits(a, bytes, need_map, mask))
+                        continue;
+                room = feature_allocator_total(a->alloc) - feature_allocator_used(a->alloc);
+                LIST_FOREACH(lru, f, c->lru.first)
+                        if (f->has_region && f->arena == a->index)
+                                room += f->size;
+                if (room >= bytes)
+                        return true;
+        }
+        return false;
+}
+
+/* The coldest unreferenced feature in an arena that fits. */
+static Feature *coldest_in(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t mask) {
+        LIST_FOREACH(lru, f, c->lru.first) {
+                const CacheArena *a = arena_of(c, f->arena);
+                if (f->has_region && a && arena_fits(a, bytes, need_map, mask))
+                        return f;
+        }
+        return NULL;
+}
+
+/* Allocates a region of bytes in some arena (mapped ones only, if need_map; of those,
+ * the ones in mask). Unless may_evict is false, it evicts from the cold end: while no
+ * allowed arena has a run long enough, the coldest feature of an allowed arena (one
+ * elsewhere would not help, and a refused request must not empty other arenas); once
+ * a run is there but the budget is short, the coldest feature of any arena. Nothing is
+ * evicted for a request that could not be met by evicting everything. */
+static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t mask, bool may_evict,
                         uint32_t *ret_arena, uint64_t *ret_offset, uint64_t *ret_size) {
-        bool any = false;
+        bool any = false, checked = false;
 
         if (bytes == 0)
                 return -EINVAL;
@@ -483,35 +528,46 @@ static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t
         if (bytes > c->config.budget_bytes)
                 return -E2BIG;
         for (size_t i = 0; i < c->n_arenas; i++)
-                if (arena_allowed(&c->arenas[i], need_map, mask) &&
-                    feature_allocator_total(c->arenas[i].alloc) >= bytes)
+                if (arena_fits(&c->arenas[i], bytes, need_map, mask))
                         any = true;
         if (!any)
                 return -E2BIG;
 
         for (;;) {
-                if (c->stats.bytes_cached + c->stats.bytes_reserved + bytes <= c->config.budget_bytes)
-                        for (size_t i = 0; i < c->n_arenas; i++) {
-                                CacheArena *a = &c->arenas[i];
-                                uint64_t off, size;
+                bool have_run = false;
+                Feature *victim;
 
-                                if (!arena_allowed(a, need_map, mask))
-                                        continue;
-                                if (feature_allocator_alloc(a->alloc, bytes, &off, &size) < 0)
-                                        continue;
-                                if (c->stats.bytes_cached + c->stats.bytes_reserved + size >
-                                    c->config.budget_bytes) {
-                                        /* chunk rounding pushed it over */
-                                        (void)feature_allocator_release(a->alloc, off);
-                                        continue;
-                                }
-                                *ret_arena = a->index;
-                                *ret_offset = off;
-                                *ret_size = size;
-                                return 0;
+                for (size_t i = 0; i < c->n_arenas; i++) {
+                        CacheArena *a = &c->arenas[i];
+                        uint64_t off, size;
+
+                        if (!arena_fits(a, bytes, need_map, mask))
+                                continue;
+                        if (feature_allocator_alloc(a->alloc, bytes, &off, &size) < 0)
+                                continue;
+                        if (c->stats.bytes_cached + c->stats.bytes_reserved + size >
+                            c->config.budget_bytes) {
+                                /* a run, but over the budget (chunk rounding included) */
+                                (void)feature_allocator_release(a->alloc, off);
+                                have_run = true;
+                                continue;
                         }
-                if (!evict_one(c))
+                        *ret_arena = a->index;
+                        *ret_offset = off;
+                        *ret_size = size;
+                        return 0;
+                }
+                if (!may_evict)
                         return -ENOSPC;
+                if (!checked) {
+                        if (!eviction_could_help(c, bytes, need_map, mask))
+                                return -ENOSPC;
+                        checked = true;
+                }
+                victim = have_run ? c->lru.first : coldest_in(c, bytes, need_map, mask);
+                if (!victim)
+                        return -ENOSPC;
+                evict(c, victim);
         }
 }
 
@@ -528,7 +584,7 @@ static int region_attach(FeatureCache *c, Feature *f, uint64_t bytes, uint64_t m
         r = feature_desc_validate(*desc, bytes, issue);
         if (r < 0)
                 return r;
-        r = region_alloc(c, bytes, false, mask, &arena, &off, &size);
+        r = region_alloc(c, bytes, false, mask, true, &arena, &off, &size);
         if (r < 0)
                 return r;
         f->has_region = true;
@@ -603,7 +659,7 @@ static int load(FeatureCache *c, const char *key, Feature **ret) {
         r = make_slot(c);
         if (r < 0)
                 return r;
-        r = region_alloc(c, e.size, true, UINT64_MAX, &arena, &off, &size);
+        r = region_alloc(c, e.size, true, UINT64_MAX, true, &arena, &off, &size);
         if (r < 0)
                 return r;
         r = feature_new(c, key, &f);

@@ -269,6 +269,94 @@ START_TEST(test_reserve_errors) {
 }
 END_TEST
 
+/* A reservation limited to some arenas evicts only where it could be placed: with
+ * every run of arena 3 held, a request for arena 3 is refused without touching the
+ * features cached in arena 5; once arena 3 has an unreferenced feature, that one goes
+ * (and nothing in arena 5). When the budget is what is short, the coldest goes,
+ * wherever it is. */
+START_TEST(test_evict_in_allowed_arenas) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(2 * ARENA_CHUNKS * CHUNK);
+        _cleanup_(freep) uint8_t *mem5 = calloc(1, 16 * CHUNK);
+        FeatureRef *held[16], *x;
+        FeatureDesc *d;
+        char key[16];
+
+        ck_assert_int_eq(feature_cache_add_arena(c, 5, mem5, 0, 16 * CHUNK, CHUNK), 0);
+        for (int i = 0; i < 16; i++) {
+                snprintf(key, sizeof key, "h%d", i);
+                d = desc_bytes(4 * CHUNK);
+                ck_assert_int_eq(feature_reserve_in(c, key, 4 * CHUNK, 1ULL << 3, &d, NULL, &held[i], NULL), 0);
+                ck_assert_int_eq(feature_publish(held[i], 1), 0);
+        }
+        for (int i = 0; i < 4; i++) {
+                snprintf(key, sizeof key, "c%d", i);
+                d = desc_bytes(4 * CHUNK);
+                ck_assert_int_eq(feature_reserve_in(c, key, 4 * CHUNK, 1ULL << 5, &d, NULL, &x, NULL), 0);
+                ck_assert_int_eq(feature_publish(x, 1), 0);
+                feature_ref_release(x);
+        }
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_cached, 80 * CHUNK);
+
+        /* the budget has room, arena 3 has none and nothing evictable: refused, and
+         * arena 5 keeps its features */
+        d = desc_bytes(4 * CHUNK);
+        ck_assert_int_eq(feature_reserve_in(c, "new", 4 * CHUNK, 1ULL << 3, &d, NULL, &x, NULL), -ENOSPC);
+        ck_assert_uint_eq(feature_cache_stats(c)->evictions, 0);
+        for (int i = 0; i < 4; i++) {
+                snprintf(key, sizeof key, "c%d", i);
+                ck_assert_ptr_nonnull(feature_cache_get(c, key));
+        }
+        ck_assert_ptr_null(feature_cache_get(c, "new"));
+
+        /* h0 becomes evictable (hotter than every c*): it alone goes */
+        feature_ref_release(held[0]);
+        ck_assert_int_eq(feature_reserve_in(c, "new", 4 * CHUNK, 1ULL << 3, &d, NULL, &x, NULL), 0);
+        ck_assert_uint_eq(x->feature->arena, 3);
+        ck_assert_uint_eq(feature_cache_stats(c)->evictions, 1);
+        ck_assert_ptr_null(feature_cache_get(c, "h0"));
+        for (int i = 0; i < 4; i++) {
+                snprintf(key, sizeof key, "c%d", i);
+                ck_assert_ptr_nonnull(feature_cache_get(c, key));
+        }
+        ck_assert_int_eq(feature_publish(x, 1), 0);
+        feature_ref_release(x);
+
+        /* the budget is short and arena 3 full: "new" (arena 3) makes the run, and it
+         * frees the budget too, so nothing in arena 5 goes */
+        feature_cache_set_budget(c, 80 * CHUNK);
+        ck_assert_uint_eq(feature_cache_stats(c)->evictions, 1);
+        d = desc_bytes(4 * CHUNK);
+        ck_assert_int_eq(feature_reserve_in(c, "new2", 4 * CHUNK, 1ULL << 3, &d, NULL, &x, NULL), 0);
+        ck_assert_uint_eq(feature_cache_stats(c)->evictions, 2);
+        ck_assert_ptr_null(feature_cache_get(c, "new"));
+        ck_assert_ptr_nonnull(feature_cache_get(c, "c0"));
+        ck_assert_int_eq(feature_publish(x, 1), 0);
+        feature_ref_release(x);
+
+        /* arena 5 has a free run but the budget is short: the coldest goes, though it
+         * is in arena 3 */
+        feature_cache_set_budget(c, 76 * CHUNK); /* c0 goes */
+        ck_assert_ptr_null(feature_cache_get(c, "c0"));
+        for (int i = 1; i < 4; i++) {
+                FeatureAcquireResult res;
+                snprintf(key, sizeof key, "c%d", i);
+                ck_assert_int_eq(feature_acquire(c, key, false, 0, &x, &res), 0);
+                feature_ref_release(x); /* hotter than new2 */
+        }
+        d = desc_bytes(4 * CHUNK);
+        ck_assert_int_eq(feature_reserve_in(c, "x5", 4 * CHUNK, 1ULL << 5, &d, NULL, &x, NULL), 0);
+        ck_assert_uint_eq(x->feature->arena, 5);
+        ck_assert_ptr_null(feature_cache_get(c, "new2"));
+        for (int i = 1; i < 4; i++) {
+                snprintf(key, sizeof key, "c%d", i);
+                ck_assert_ptr_nonnull(feature_cache_get(c, key));
+        }
+        feature_ref_release(x);
+        for (int i = 1; i < 16; i++)
+                feature_ref_release(held[i]);
+}
+END_TEST
+
 START_TEST(test_lru_budget) {
         /* budget of 4 features of 4 chunks each */
         _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(16 * CHUNK);
@@ -752,6 +840,7 @@ int main(void) {
         tcase_add_test(tc, test_fail_wakes_waiters);
         tcase_add_test(tc, test_reserve_errors);
         tcase_add_test(tc, test_lru_budget);
+        tcase_add_test(tc, test_evict_in_allowed_arenas);
         tcase_add_test(tc, test_pins);
         tcase_add_test(tc, test_prefetch);
         tcase_add_test(tc, test_ref_limit);
