@@ -599,9 +599,10 @@ static int region_attach(FeatureCache *c, Feature *f, uint64_t bytes, uint64_t m
         return 0;
 }
 
-static int make_slot(FeatureCache *c) {
+/* Makes room for one more feature, evicting the coldest unless may_evict is false. */
+static int make_slot(FeatureCache *c, bool may_evict) {
         while (c->stats.n_features >= c->config.max_features)
-                if (!evict_one(c))
+                if (!may_evict || !evict_one(c))
                         return -ENOSPC;
         return 0;
 }
@@ -643,8 +644,9 @@ static void load_finish(FeatureCache *c, Feature *f) {
 /* Reads key back from the store into a mapped arena. Synchronously without a loader
  * (0: READY); with one, the feature stays RESERVED while the loader reads its data off
  * the loop (1: feature_load_done() follows). The header, key and descriptor (a few KiB
- * at most) are read here; the data, which may be large, by the loader. */
-static int load(FeatureCache *c, const char *key, Feature **ret) {
+ * at most) are read here; the data, which may be large, by the loader. Without
+ * may_evict (Prefetch) only free space is used: -ENOSPC rather than an eviction. */
+static int load(FeatureCache *c, const char *key, bool may_evict, Feature **ret) {
         _cleanup_(feature_store_entry_done) FeatureStoreEntry e = { .fd = -EBADF };
         uint64_t off, size;
         uint32_t arena;
@@ -656,10 +658,10 @@ static int load(FeatureCache *c, const char *key, Feature **ret) {
         r = feature_store_lookup(c->store, key, &e);
         if (r < 0)
                 return r;
-        r = make_slot(c);
+        r = make_slot(c, may_evict);
         if (r < 0)
                 return r;
-        r = region_alloc(c, e.size, true, UINT64_MAX, true, &arena, &off, &size);
+        r = region_alloc(c, e.size, true, UINT64_MAX, may_evict, &arena, &off, &size);
         if (r < 0)
                 return r;
         r = feature_new(c, key, &f);
@@ -762,7 +764,7 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
                 }
                 ref_link(c, r, f, FEATURE_REF_PRODUCER);
                 *result = FEATURE_ACQUIRE_PRODUCE;
-        } else if ((k = load(c, key, &f)) >= 0) {
+        } else if ((k = load(c, key, true, &f)) >= 0) {
                 c->stats.hits++;
                 c->stats.encoder_usec_saved += f->encode_usec;
                 ref_link(c, r, f, FEATURE_REF_READER);
@@ -771,7 +773,7 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
                 c->stats.misses++;
                 if (!may_produce)
                         return k == -EBADMSG ? -EBADMSG : -ENOENT; /* a corrupt stored copy is said */
-                k = make_slot(c);
+                k = make_slot(c, true);
                 if (k < 0)
                         return k;
                 k = feature_new(c, key, &f);
@@ -819,7 +821,7 @@ int feature_reserve_in(FeatureCache *c, const char *key, uint64_t bytes, uint64_
                 k = feature_desc_validate(*desc, bytes, issue);
                 if (k < 0)
                         return k;
-                k = make_slot(c);
+                k = make_slot(c, true);
                 if (k < 0)
                         return k;
                 k = feature_new(c, key, &f);
@@ -985,11 +987,16 @@ int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefet
                 *ret = FEATURE_PREFETCH_PENDING;
                 return 0;
         }
-        if (load(c, key, &f) >= 0) {
+        /* a Prefetch never evicts: a stored key without free room for it is no-space
+         * (an Acquire loads it then), not announced for an encoder to redo */
+        r = load(c, key, false, &f);
+        if (r >= 0) {
                 c->stats.prefetch_hits++;
                 *ret = FEATURE_PREFETCH_LOADED;
                 return 0;
         }
+        if (r == -ENOSPC)
+                return r;
         if (c->stats.n_announced >= c->config.max_announced ||
             c->stats.n_features >= c->config.max_features)
                 return -ENOSPC;

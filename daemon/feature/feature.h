@@ -266,8 +266,9 @@ typedef enum FeaturePrefetchResult {
 } FeaturePrefetchResult;
 
 /* Announces that key will be needed, so that an encoder can start on it before a
- * prefill asks. An announcement never evicts a cached feature: past max_announced, or
- * with the key table full, it is -ENOSPC. */
+ * prefill asks. Neither an announcement nor a read-back from the store evicts a cached
+ * feature: past max_announced, with the key table full, or with a stored key that does
+ * not fit in free space, it is -ENOSPC. */
 int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefetchResult *ret);
 
 /* Fails announced features whose deadline passed (-ETIMEDOUT); returns the next

@@ -428,6 +428,14 @@ START_TEST(test_pins) {
 }
 END_TEST
 
+static void save(FeatureStore *st, const char *key, uint64_t bytes, uint8_t fill) {
+        _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(bytes);
+        _cleanup_(freep) uint8_t *data = malloc(bytes);
+        memset(data, fill, bytes);
+        ck_assert_int_eq(feature_store_save(st, &(FeatureStoreRecord){ .key = key, .size = bytes, .desc = d },
+                                            data), 0);
+}
+
 START_TEST(test_prefetch) {
         _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(16 * CHUNK);
         FeaturePrefetchResult pr;
@@ -495,6 +503,44 @@ START_TEST(test_prefetch) {
                 ck_assert_int_eq(feature_prefetch(c2, "a4", 0, &pr), -ENOSPC);
                 ck_assert_uint_eq(feature_cache_stats(c2)->n_features, 4);
                 ck_assert_uint_eq(feature_cache_stats(c2)->evictions, 0);
+        }
+        /* loads from the store that Prefetch starts use free space only: a cache full
+         * of cold features keeps them, the stored key is no-space (an Acquire loads
+         * it, evicting) */
+        {
+                _cleanup_(feature_cache_freep) FeatureCache *c3 = cache_new(16 * CHUNK);
+                char dir[] = "/tmp/test-feature-XXXXXX", cmd[64], k[8];
+                FeatureStore *st;
+
+                ck_assert_ptr_nonnull(mkdtemp(dir));
+                ck_assert_int_eq(feature_store_open(dir, 0, &st), 0);
+                feature_cache_set_store(c3, st);
+                save(st, "s0", 4 * CHUNK, 0x10);
+                save(st, "s1", 4 * CHUNK, 0x11);
+                for (int i = 0; i < 3; i++) {
+                        snprintf(k, sizeof k, "r%d", i);
+                        feature_ref_release(produce(c3, k, 4 * CHUNK, 1));
+                }
+                ck_assert_int_eq(feature_prefetch(c3, "s0", 0, &pr), 0);
+                ck_assert_int_eq(pr, FEATURE_PREFETCH_LOADED);
+                ck_assert_int_eq(feature_cache_get(c3, "s0")->state, FEATURE_READY);
+                ck_assert_uint_eq(feature_cache_stats(c3)->evictions, 0);
+                ck_assert_int_eq(feature_prefetch(c3, "s1", 0, &pr), -ENOSPC);
+                ck_assert_uint_eq(feature_cache_stats(c3)->evictions, 0);
+                ck_assert_ptr_null(feature_cache_get(c3, "s1"));
+                for (int i = 0; i < 3; i++) {
+                        snprintf(k, sizeof k, "r%d", i);
+                        ck_assert_ptr_nonnull(feature_cache_get(c3, k));
+                }
+                ck_assert_int_eq(feature_acquire(c3, "s1", false, 0, &q, &res), 0);
+                ck_assert_int_eq(res, FEATURE_ACQUIRE_HIT);
+                ck_assert_uint_eq(feature_cache_stats(c3)->evictions, 1);
+                ck_assert_ptr_null(feature_cache_get(c3, "r0"));
+                feature_ref_release(q);
+                feature_cache_set_store(c3, NULL);
+                feature_store_free(st);
+                snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+                ck_assert_int_eq(system(cmd), 0);
         }
         /* an announce that nobody waits on just goes */
         ck_assert_int_eq(feature_prefetch(c, "lonely", 0, &pr), 0);
@@ -716,14 +762,6 @@ static int test_loader(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t 
         job.size = size;
         job.n++;
         return 0;
-}
-
-static void save(FeatureStore *st, const char *key, uint64_t bytes, uint8_t fill) {
-        _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(bytes);
-        _cleanup_(freep) uint8_t *data = malloc(bytes);
-        memset(data, fill, bytes);
-        ck_assert_int_eq(feature_store_save(st, &(FeatureStoreRecord){ .key = key, .size = bytes, .desc = d },
-                                            data), 0);
 }
 
 START_TEST(test_async_load) {
