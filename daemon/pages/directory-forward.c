@@ -461,23 +461,17 @@ static int locate_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
-/* Adds this host as a holder of e's block when its directory has it. */
+/* This host as a holder of e's block exactly when its directory has it: added, or a
+ * stale entry (from a remote owner's answer or the answer cache) dropped. */
 static void add_self(DirectoryForward *df, DirectoryAnswerEntry *e) {
         PagePool *pool;
-        const char *arena;
 
-        if (!directory_find(dir(df), e->hash, &pool, NULL))
+        if (!directory_find(dir(df), e->hash, &pool, NULL)) {
+                directory_answer_set_self(e, self_id(df), NULL, NULL);
                 return;
-        arena = page_manager_arena_of(df->m->page_manager, pool) ?: "";
-        for (unsigned i = 0; i < e->n_holders; i++)
-                if (strcmp(e->holders[i].host, self_id(df)) == 0 && strcmp(e->holders[i].arena, arena) == 0)
-                        return;
-        if (e->n_holders >= DIRECTORY_HOLDERS_MAX)
-                e->n_holders--; /* this host's own knowledge is exact: it wins a slot */
-        DirectoryHolder *h = e->holders + e->n_holders++;
-        snprintf(h->host, sizeof h->host, "%s", self_id(df));
-        snprintf(h->arena, sizeof h->arena, "%s", arena);
-        snprintf(h->worker, sizeof h->worker, "%s", entry_worker(df, e->hash));
+        }
+        directory_answer_set_self(e, self_id(df), page_manager_arena_of(df->m->page_manager, pool) ?: "",
+                                  entry_worker(df, e->hash));
 }
 
 static int send_part(DirectoryForward *df, Locate *l, Peer *p, const size_t *index, size_t n) {

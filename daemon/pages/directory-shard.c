@@ -333,6 +333,33 @@ void directory_shard_get(const DirectoryShard *sh, uint64_t hash, DirectoryAnswe
                 entry_fill(&sh->names, e, ret);
 }
 
+void directory_answer_set_self(DirectoryAnswerEntry *e, const char *host, const char *arena, const char *worker) {
+        bool present = false;
+        unsigned k = 0;
+        DirectoryHolder *h;
+
+        for (unsigned i = 0; i < e->n_holders; i++) {
+                h = e->holders + i;
+                if (strcmp(h->host, host) == 0) {
+                        if (!arena || present || strcmp(h->arena, arena) != 0)
+                                continue; /* stale */
+                        present = true;
+                }
+                if (k != i)
+                        e->holders[k] = *h;
+                k++;
+        }
+        e->n_holders = k;
+        if (!arena || present)
+                return;
+        if (e->n_holders >= DIRECTORY_HOLDERS_MAX)
+                e->n_holders--;
+        h = e->holders + e->n_holders++;
+        snprintf(h->host, sizeof h->host, "%s", host);
+        snprintf(h->arena, sizeof h->arena, "%s", arena);
+        snprintf(h->worker, sizeof h->worker, "%s", worker);
+}
+
 size_t directory_shard_records(const DirectoryShard *sh) {
         return sh ? sh->records : 0;
 }

@@ -41,6 +41,12 @@ size_t directory_shard_forget(DirectoryShard *sh, uint64_t hash);
 int directory_shard_keys(const DirectoryShard *sh, uint64_t **ret, size_t *ret_n);
 /* The holders of hash (ret->n_holders 0 if none). */
 void directory_shard_get(const DirectoryShard *sh, uint64_t hash, DirectoryAnswerEntry *ret);
+/* Puts this host's own knowledge, which is exact, into an answer for its hash: host
+ * holds the block in arena (for worker), or not at all when arena is NULL. A holder
+ * entry of host that says otherwise (a remote owner's record or a cached answer from
+ * before this host dropped the block) goes; host's entry takes the last slot of a full
+ * answer. */
+void directory_answer_set_self(DirectoryAnswerEntry *e, const char *host, const char *arena, const char *worker);
 /* Records (holder entries) and hashes held. */
 size_t directory_shard_records(const DirectoryShard *sh);
 size_t directory_shard_hashes(const DirectoryShard *sh);

@@ -145,6 +145,50 @@ static void holder(DirectoryAnswerEntry *e, const char *host, const char *arena,
         strcpy(h->worker, worker);
 }
 
+/* This host's own knowledge overrides what an answer says about it: a block it dropped
+ * is not reported held by it, even when a remote owner's record or a cached answer
+ * (DirectoryCacheTime=) still says so; a block it holds is added, once. */
+START_TEST(test_answer_set_self) {
+        DirectoryAnswerEntry e = { .hash = 7, .n_holders = 3 };
+
+        snprintf(e.holders[0].host, sizeof e.holders[0].host, "west");
+        snprintf(e.holders[0].arena, sizeof e.holders[0].arena, "kv");
+        snprintf(e.holders[1].host, sizeof e.holders[1].host, "self");
+        snprintf(e.holders[1].arena, sizeof e.holders[1].arena, "kv");
+        snprintf(e.holders[2].host, sizeof e.holders[2].host, "north");
+        snprintf(e.holders[2].arena, sizeof e.holders[2].arena, "kv");
+        DirectoryAnswerEntry orig = e;
+
+        /* held, as the answer says: unchanged */
+        directory_answer_set_self(&e, "self", "kv", "w1");
+        ck_assert_int_eq(memcmp(&e, &orig, sizeof e), 0);
+        /* not held any more: the stale entry goes, the others stay in order */
+        directory_answer_set_self(&e, "self", NULL, NULL);
+        ck_assert_uint_eq(e.n_holders, 2);
+        ck_assert_str_eq(e.holders[0].host, "west");
+        ck_assert_str_eq(e.holders[1].host, "north");
+        directory_answer_set_self(&e, "self", NULL, NULL);
+        ck_assert_uint_eq(e.n_holders, 2);
+        /* held in another arena than the answer says: only the exact entry */
+        e = orig;
+        directory_answer_set_self(&e, "self", "kv2", "w1");
+        ck_assert_uint_eq(e.n_holders, 3);
+        ck_assert_str_eq(e.holders[0].host, "west");
+        ck_assert_str_eq(e.holders[1].host, "north");
+        ck_assert_str_eq(e.holders[2].host, "self");
+        ck_assert_str_eq(e.holders[2].arena, "kv2");
+        ck_assert_str_eq(e.holders[2].worker, "w1");
+        /* a full answer gives this host the last slot */
+        e.n_holders = DIRECTORY_HOLDERS_MAX;
+        for (unsigned i = 0; i < DIRECTORY_HOLDERS_MAX; i++)
+                snprintf(e.holders[i].host, sizeof e.holders[i].host, "h%u", i);
+        directory_answer_set_self(&e, "self", "kv", "w1");
+        ck_assert_uint_eq(e.n_holders, DIRECTORY_HOLDERS_MAX);
+        ck_assert_str_eq(e.holders[DIRECTORY_HOLDERS_MAX - 1].host, "self");
+        ck_assert_str_eq(e.holders[DIRECTORY_HOLDERS_MAX - 2].host, "h6");
+}
+END_TEST
+
 START_TEST(test_placement) {
         DirectoryAnswerEntry e[4] = { { .hash = 1 }, { .hash = 2 }, { .hash = 3 }, { .hash = 4 } };
         PlacementCandidate *c;
@@ -193,6 +237,7 @@ int main(void) {
         tcase_add_test(tc, test_shard);
         tcase_add_test(tc, test_shard_names_reclaimed);
         tcase_add_test(tc, test_cache);
+        tcase_add_test(tc, test_answer_set_self);
         tcase_add_test(tc, test_placement);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
