@@ -229,19 +229,45 @@ static void worker_rates(TopModel *m, TopSnapshot *s, double dt) {
         }
 }
 
-int top_model_update(TopModel *m, TopSnapshot *s) {
-        double dt = m->have_prev && s->ts > m->prev_ts ? (double)(s->ts - m->prev_ts) / 1e6 : 0;
+/* Marks the model's peers that s lists; when the new ones would not fit in
+ * TOP_MAX_ROWS, forgets the ones gone away (kept only so that one coming back finds its
+ * history), so that a snapshot, itself bounded, always fits. */
+static void mark_present(TopModel *m, const TopSnapshot *s) {
+        size_t n_new = 0, k = 0;
 
         for (size_t i = 0; i < m->n_peers; i++)
                 m->peers[i].present = false;
+        for (size_t i = 0; i < s->n_peers; i++) {
+                TopPeer *p = model_find_peer(m, s->peers[i].name);
+                if (p)
+                        p->present = true;
+                else
+                        n_new++;
+        }
+        if (m->n_peers + n_new <= TOP_MAX_ROWS)
+                return;
+        for (size_t i = 0; i < m->n_peers; i++)
+                if (m->peers[i].present)
+                        m->peers[k++] = m->peers[i];
+        m->n_peers = k;
+}
 
+int top_model_update(TopModel *m, TopSnapshot *s) {
+        double dt = m->have_prev && s->ts > m->prev_ts ? (double)(s->ts - m->prev_ts) / 1e6 : 0;
+
+        mark_present(m, s);
         for (size_t i = 0; i < s->n_peers; i++) {
                 const TopPeer *in = &s->peers[i];
                 TopPeer *p = model_find_peer(m, in->name);
                 if (!p) {
                         TopPeer *n = grow(m->peers, &m->n_peers, sizeof *n);
-                        if (!n)
+                        if (!n) {
+                                /* out of memory: this snapshot is dropped, the last one
+                                 * stays on show */
+                                top_snapshot_done(s);
+                                (void)reorder(m);
                                 return -ENOMEM;
+                        }
                         m->peers = n;
                         p = &n[m->n_peers - 1];
                         *p = *in;

@@ -127,7 +127,7 @@ typedef struct TopModel {
         TopWorker *prev_workers; /* of the previous snapshot, for the workers' rates */
         size_t n_prev_workers;
         TopHistory handoff_history;
-        TopPeer *peers;         /* persistent, with history; includes ones gone away */
+        TopPeer *peers;         /* persistent, with history; ones gone away until the table is full */
         size_t n_peers;
         size_t *order;          /* indices into peers: filtered and sorted */
         size_t n_order;
@@ -147,7 +147,8 @@ void top_snapshot_done(TopSnapshot *s);
 
 void top_model_init(TopModel *m);
 void top_model_done(TopModel *m);
-/* Takes ownership of *s (cleared on return). */
+/* Takes ownership of *s (freed and cleared on return, whatever it returns). -ENOMEM:
+ * the previous snapshot stays current. */
 int top_model_update(TopModel *m, TopSnapshot *s);
 void top_model_set_sort(TopModel *m, TopSortKey key, bool reverse);
 void top_model_cycle_sort(TopModel *m);

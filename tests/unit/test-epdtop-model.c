@@ -40,6 +40,38 @@ static void snap(TopModel *m, usec_t ts, uint64_t scale) {
         ck_assert_ptr_null(s.peers);
 }
 
+/* Peers come and go (epdtop runs for days against a changing cluster): the model
+ * forgets ones gone away rather than refuse a new one past TOP_MAX_ROWS, so every
+ * update takes its snapshot; a peer that stays keeps its history. */
+START_TEST(test_peers_come_and_go) {
+        TopModel m;
+        char name[32];
+
+        top_model_init(&m);
+        for (unsigned i = 0; i < TOP_MAX_ROWS + 10; i++) {
+                TopSnapshot s = { .ts = 1000000 + (usec_t)i * 1000000, .bus = true };
+                TopArena *a = top_snapshot_add_arena(&s);
+                ck_assert_ptr_nonnull(a);
+                snprintf(name, sizeof name, "peer-%u", i);
+                add_peer(&s, "stays", 1000 * (uint64_t)i, 0, 300, 0);
+                add_peer(&s, name, 1000, 0, 300, 0);
+                ck_assert_int_eq(top_model_update(&m, &s), 0);
+                ck_assert_ptr_null(s.peers);
+                ck_assert_ptr_null(s.arenas);
+                ck_assert_uint_eq(m.n_order, 2);
+                ck_assert_uint_le(m.n_peers, TOP_MAX_ROWS);
+        }
+        const TopPeer *p = NULL;
+        for (size_t i = 0; i < m.n_order; i++)
+                if (strcmp(top_model_peer(&m, i)->name, "stays") == 0)
+                        p = top_model_peer(&m, i);
+        ck_assert_ptr_nonnull(p);
+        ck_assert(p->bandwidth == 1000.0);
+        ck_assert_uint_eq(p->rtt_history.n, MIN((size_t)TOP_MAX_ROWS + 10, (size_t)TOP_HISTORY));
+        top_model_done(&m);
+}
+END_TEST
+
 START_TEST(test_rates_from_deltas) {
         TopModel m;
         top_model_init(&m);
@@ -355,6 +387,7 @@ int main(void) {
         Suite *s = suite_create("epdtop-model");
         TCase *tc = tcase_create("epdtop-model");
         tcase_add_test(tc, test_rates_from_deltas);
+        tcase_add_test(tc, test_peers_come_and_go);
         tcase_add_test(tc, test_sort_filter);
         tcase_add_test(tc, test_history_sparkline);
         tcase_add_test(tc, test_format);
