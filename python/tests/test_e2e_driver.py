@@ -142,6 +142,20 @@ class E2eDriverTest(unittest.TestCase):
             self.assertEqual(out[k], 0, k)
         self.assertIn("PASS", text)
 
+    def test_prefill_that_encodes(self):
+        """No encoder process: the prefill runs the vision tower, and its produce's epd calls
+        (Acquire, reserve, copies, Publish) count in epd's share as an encoder's do."""
+        rc, text, out = self.e2e("--bench", "x", "--requests", "3", "--warmup", "1", "--images", "3",
+                                 "--layout", "1P1D", "--gpus", "1")
+        self.assertEqual(rc, 0, text)
+        bypassed = out["bench"][1]
+        self.assertIn("cache bypassed", bypassed["config"])
+        self.assertEqual(bypassed["encoder_runs"], 3)
+        for k in ("acquire", "reserve", "copy", "publish"):
+            self.assertIn(k, bypassed["encoder_produce_ms"])
+        self.assertGreater(bypassed["encoder_epd_critical_ms"], 0)
+        self.assertGreater(bypassed["epd_share_of_ttft"], bypassed["epd_share_of_ttft_prefill_only"])
+
     def test_gate_fails_on_retained_page(self):
         kv = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=256, v_bytes_per_token=256,
                           dtype="float16")

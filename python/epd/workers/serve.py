@@ -380,7 +380,10 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 if spec.image_seed is not None:
                     if msg[2]:  # no encoder process: this worker runs the vision tower (feature cache first)
                         result, enc_s = encode_into_cache(spec, key)
-                        enc = {"result": result, "encode_s": enc_s, "t": time.perf_counter() - t0}
+                        # Its produce's epd calls (Acquire, reserve, copies, Publish) are on
+                        # this prefill's critical path: timed as an encoder's are.
+                        enc = {"result": result, "encode_s": enc_s, "detail": ec.last_save_detail,
+                               "t": time.perf_counter() - t0}
                     feats = {}
                     ec.bind_connector_metadata(H.EpdEcMetadata({spec.request_id: [key]}))
                     ec.start_load_caches(feats)
@@ -398,7 +401,6 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 _sync(device)
                 kvc.wait_for_save()
                 kvc.clear_connector_metadata()
-                ec.get_finished({spec.request_id})  # views of a GPU feature arena: the model is done with them
                 t3 = time.perf_counter()
                 sink = kvc.sink_of(spec.request_id)
                 save_s = kvc.stats["save_s"] - s0["save_s"]
@@ -416,7 +418,10 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
                 if enc:
                     out["encode"] = enc
                 conn.send(("ok", out))
-                # Release the handoffs the decode side has finished with.
+                # The features' pins (views of a GPU feature arena: the model is done with
+                # them; a Release on the bus, after the reply, not inside TTFT), and the
+                # handoffs the decode side has finished with.
+                ec.get_finished({spec.request_id})
                 kvc.get_finished({spec.request_id})
             elif kind == "decode":
                 info = msg[2]
