@@ -168,7 +168,7 @@ class GpuArena(_lib.Closing):
                 flat = flat.view(getattr(torch, dtype))
             except RuntimeError:  # an offset the dtype cannot be viewed at: on its own
                 as_dtype = "int16" if dtype == "bfloat16" else dtype
-                t = torch.as_tensor(self.view(offset, shape, as_dtype), device="cuda")
+                t = torch.as_tensor(self.view(offset, shape, as_dtype), device=f"cuda:{self.ordinal}")
                 return t.view(torch.bfloat16) if dtype == "bfloat16" else t
         return flat.view(v.shape)
 
@@ -176,7 +176,9 @@ class GpuArena(_lib.Closing):
         """The whole arena as one torch uint8 tensor, imported the first time."""
         if self._torch_base is None:
             import torch
-            self._torch_base = torch.as_tensor(self.view(0, (self.size,), "uint8"), device="cuda")
+            # On the arena's own GPU: "cuda" alone means torch's current device, and
+            # a view of another GPU's memory would silently come back as a copy there.
+            self._torch_base = torch.as_tensor(self.view(0, (self.size,), "uint8"), device=f"cuda:{self.ordinal}")
         return self._torch_base
 
     def typed(self, dtype: str):

@@ -97,7 +97,8 @@ int epd_kv_read_host(const uint64_t *page_addresses, size_t n_pages, uint64_t pa
  * serialized). epd_gpu_notifier_flush() waits until every group asked for so far is on
  * the ring, up to timeout_usec (UINT64_MAX: forever), and returns 0, -ETIMEDOUT, or the
  * first error since the last flush: a failed event (the CUDA error as -errno), a ring
- * that stayed full for a second (-EAGAIN), a bad request id (-EINVAL); a group whose
+ * that stayed full for a second (-EAGAIN) (a bad request id is refused when the group
+ * is asked for, -EINVAL); a group whose
  * notice failed is not reported ready, so its handoff times out and rolls back, never
  * ships unwritten bytes. epd_gpu_notifier_free() flushes (forever) and ends the thread;
  * the ring and the EpdGpu must outlive the notifier. */
