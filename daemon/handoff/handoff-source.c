@@ -204,10 +204,35 @@ void handoff_pump(HandoffObject *o) {
                 net->ops->unplug(net, peer);
 }
 
+/* The objects a batch of completions touched, told once each when the batch is done:
+ * the groups that landed meanwhile go out as one progress record per side (a ring
+ * record, a signal), not one per group. In the order first touched, a local handoff's
+ * destination before its source, as when they were told after each completion. */
+typedef struct Touched {
+        HandoffObject *v[64];
+        size_t n;
+} Touched;
+
+static void touched_flush(Touched *t) {
+        for (size_t i = 0; i < t->n; i++)
+                handoff_after_event(t->v[i]);
+        t->n = 0;
+}
+
+static void touched_add(Touched *t, HandoffObject *o) {
+        for (size_t i = 0; i < t->n; i++)
+                if (t->v[i] == o)
+                        return;
+        if (t->n == ELEMENTSOF(t->v))
+                touched_flush(t);
+        t->v[t->n++] = o;
+}
+
 static void on_completions(HandoffManager *hm, Transport *t) {
         TransportCompletion c[256];
+        Touched touched = {};
         size_t n;
-        while ((n = t->ops->poll(t, c, ELEMENTSOF(c))) > 0)
+        while ((n = t->ops->poll(t, c, ELEMENTSOF(c))) > 0) {
                 for (size_t i = 0; i < n; i++) {
                         OutWrite *w = hashmap_get(hm->writes, &c[i].cookie);
                         if (!w) {
@@ -253,9 +278,13 @@ static void on_completions(HandoffManager *hm, Transport *t) {
                                 log_debug("handoff %s: write of group %" PRIu32 " failed: %s", o->request_str, g,
                                           strerror(-c[i].error));
                         if (o->twin)
-                                handoff_after_event(o->twin);
-                        handoff_after_event(o);
+                                touched_add(&touched, o->twin);
+                        touched_add(&touched, o);
                 }
+                /* Before the next poll: a completion's write is looked up by its cookie,
+                 * whose object only after_event frees. */
+                touched_flush(&touched);
+        }
 }
 
 int handoff_on_local_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
