@@ -78,6 +78,15 @@ class ShareAccountingTest(unittest.TestCase):
         older = {"prefill": {"sink_s": 0.0004}}  # no detail: all of it
         self.assertAlmostEqual(m.sink_critical_s(older), 0.0004)
 
+    def test_split_counts_each_part_once(self):
+        """The write's GPU time is the KV sink's column, not also the prefill compute's
+        (the save's wait inside the compute window runs through it)."""
+        m = _e2e_module()
+        r = {"prefill": {"compute_s": 0.050, "sink_s": 0.0004,
+                         "sink_detail": {"write_gpu": 0.002, "host_hidden": 0.0}}}
+        self.assertAlmostEqual(m.prefill_compute_s(r) + m.sink_critical_s(r), 0.050 + 0.0004)
+        self.assertAlmostEqual(m.prefill_compute_s({"prefill": {"compute_s": 0.050}}), 0.050)
+
 
 @unittest.skipUnless(HAVE_NUMPY, "numpy not installed")
 class E2eDriverTest(unittest.TestCase):
