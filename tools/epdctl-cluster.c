@@ -124,7 +124,9 @@ int verb_cluster(epd_client *c, int argc, char **argv) {
 static int parse_hash(const char *s, uint64_t *ret) {
         char *end;
         errno = 0;
-        unsigned long long v = strtoull(s, &end, 0);
+        /* Base 10 unless 0x: a decimal hash with a leading 0 is not octal. */
+        bool hex = s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+        unsigned long long v = strtoull(s, &end, hex ? 16 : 10);
         if (errno || end == s || *end || *s == '-')
                 return -EINVAL;
         *ret = v;
