@@ -106,15 +106,29 @@ typedef struct SettleWait {
         HandoffRole role;
         EpdId request_id;
         uint64_t token;
+        Peer *peer;     /* destination: whose parked streams resume (peers outlive the WAL) */
+        bool in_call;   /* inside wal_manager_after_durable(): its caller acts on the answer */
+        bool answered;
+        int error;
 } SettleWait;
 
 static void settle_done(void *userdata, int error) {
         SettleWait *w = userdata;
         HandoffManager *hm = w->hm;
+        if (w->in_call) {
+                w->answered = true;
+                w->error = error;
+                return;
+        }
         HandoffObject *o = hm->manager->stopping ? NULL : hashmap_get(handoff_request_map(hm, w->role), w->request_id.bytes);
         if (o && o->h->token != w->token)
                 o = NULL;
+        Peer *peer = w->peer;
         free(w);
+        /* The parked streams resume whatever became of the handoff: its writes are then
+         * taken, or refused if it is gone, never left parked until the park times out. */
+        if (peer && !hm->manager->stopping)
+                peer_manager_resume_incoming(hm->manager->peers, peer);
         if (!o || !o->unsettled)
                 return;
         o->unsettled = false;
@@ -124,8 +138,6 @@ static void settle_done(void *userdata, int error) {
                 (void)handoff_rollback(o->h, HANDOFF_CAUSE_TRANSFER_FAILED, false);
         } else if (o->h->role == HANDOFF_SOURCE)
                 handoff_pump(o);
-        else if (o->peer)
-                peer_manager_resume_incoming(hm->manager->peers, o->peer);
         handoff_after_event(o);
 }
 
@@ -133,13 +145,19 @@ int handoff_settle_wait(HandoffObject *o) {
         SettleWait *w = calloc(1, sizeof *w);
         if (!w)
                 return -ENOMEM;
-        *w = (SettleWait){ .hm = o->hm, .role = o->h->role, .request_id = o->h->request_id, .token = o->h->token };
+        *w = (SettleWait){ .hm = o->hm, .role = o->h->role, .request_id = o->h->request_id, .token = o->h->token,
+                           .peer = o->h->role == HANDOFF_DESTINATION ? o->peer : NULL, .in_call = true };
         o->unsettled = true;
         int r = wal_manager_after_durable(o->hm->manager, settle_done, w);
-        if (r < 0) {
-                o->unsettled = false;
-                free(w);
+        if (r >= 0 && !w->answered) {
+                w->in_call = false; /* settle_done() acts when the records are durable */
+                return 0;
         }
+        /* Refused, or answered at once: the caller goes on (0) or fails the Prepare. */
+        o->unsettled = false;
+        if (r >= 0)
+                r = w->error;
+        free(w);
         return r;
 }
 

@@ -146,7 +146,9 @@ void handoff_pump(HandoffObject *o);
  * the group's immediate (handoff-proto.h). */
 /* Marks o unsettled until every record that freed pages so far is durable (its
  * destination pages may be among them): a local source posts nothing, a pipelined
- * destination's writes wait, until then (handoff-dest.c). */
+ * destination's writes wait, until then (handoff-dest.c). Returns 0 (waiting, or
+ * durable already: o is settled) or the journal's error, o left as it was: the caller
+ * refuses the Prepare. */
 int handoff_settle_wait(HandoffObject *o);
 void handoff_mark_group_end(HandoffObject *o, uint32_t g, TransportWrite *w);
 void handoff_send_message(HandoffObject *o, HandoffMessage *m);

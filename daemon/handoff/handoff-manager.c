@@ -75,6 +75,7 @@ void handoff_obj_drop_pages(HandoffObject *o) {
                 if (o->h->role == HANDOFF_DESTINATION && !o->zero_copy)
                         (void)page_unref(o->pool, o->pages[i - 1]);
         }
+        page_manager_take_frees(o->hm->manager->page_manager);
 }
 
 /* ---- object lifetime ---- */

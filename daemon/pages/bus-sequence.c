@@ -523,12 +523,12 @@ static void prepare_write_ready(void *userdata, Sequence *s, int error, size_t c
                                   call->first, call->count);
         else if (error < 0 && copied > 0)
                 r = epd_bus_error(&e, EPD_ERROR_FAILED,
-                                  "PrepareWrite: copying shared pages on the GPU failed (%s); the %zu pages "
+                                  "PrepareWrite: the copy-on-write of shared pages failed (%s); the %zu pages "
                                   "copied in an earlier round (the range was shared again meanwhile) stay copied.",
                                   strerror(-error), copied);
         else if (error < 0)
                 r = epd_bus_error(&e, EPD_ERROR_FAILED,
-                                  "PrepareWrite: copying shared pages on the GPU failed (%s); nothing changed.",
+                                  "PrepareWrite: the copy-on-write of shared pages failed (%s); nothing changed.",
                                   strerror(-error));
         else
                 r = prepare_write_reply(s, call->msg, call->first, call->count, copied, &e);

@@ -782,6 +782,11 @@ Arena *page_manager_sequence_arena(PageManager *pm, const Sequence *s) {
         return pm->manager->arenas[s->arena];
 }
 
+void page_manager_take_frees(PageManager *pm) {
+        if (pm)
+                removals_take_frees(pm, 0);
+}
+
 bool page_manager_removals_settled(PageManager *pm) {
         removals_take_frees(pm, 0);
         return wal_manager_mark_durable(pm->manager, &pm->gone_lsn);

@@ -74,6 +74,11 @@ typedef struct PageManager {
  * durable: pages just handed out (evicted entries' or released sequences' among them)
  * may then be written by the daemon. */
 bool page_manager_removals_settled(PageManager *pm);
+/* Pages just returned to FREE outside a sequence record (a handoff dropping its leases
+ * on pages a Release freed while leased): the mark takes them now, at the last LSN,
+ * which covers the records that freed them, rather than at the next write (by then a
+ * later record of that write's own). */
+void page_manager_take_frees(PageManager *pm);
 
 /* Called after each directory entry appears (put) or goes, once it is journaled, with
  * its arena's name and, for a Publish, the name of the worker that published it ("" if

@@ -120,7 +120,7 @@ static void pending_write_done(void *userdata, int error) {
                          * own): journal the table as it is now before saying it failed. */
                         if (n > 0)
                                 (void)page_manager_journal(s);
-                        p->ready(p->userdata, s, r, 0);
+                        p->ready(p->userdata, s, r, n);
                 }
                 /* r > 0: another round, whose end answers */
         }

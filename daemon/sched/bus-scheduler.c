@@ -201,7 +201,9 @@ static int method_configure_worker(sd_bus_message *msg, void *userdata, sd_bus_e
         bool have_pages = o.have_pages;
         const char *host = o.host;
 
-        /* Every option is checked before any is applied: a refused call changes nothing. */
+        /* Every option is checked before any is applied: a call refused for its
+         * arguments changes nothing (an internal failure below, out of memory, may leave
+         * the options before it applied; its error says which failed). */
         if (slots > 65536 || queue_limit > (1u << 20))
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "Slots must be 1..65536 and QueueLimit at most 1048576 (got %" PRIu32

@@ -632,6 +632,44 @@ START_TEST(test_pipelined_into_freed_pages) {
         ck_assert_int_eq(epd_handoff_release(p, path), 0);
         epd_handoff_accepted_done(&acc);
         free(path);
+
+        /* Parked, then gone before the record is durable (the source rolls back): the
+         * stream resumes once it is durable (the gone handoff's writes refused), not at
+         * the park's timeout (10 s) with the session reset under every other handoff: a
+         * later handoff too large to be pipelined (its PREPARE resumes nothing) lands. */
+        free(gone);
+        gone = make_sequence(d, 1, &freed);
+        fault_set(hb.epdd_pid, 0, 1500);
+        ck_assert_int_eq(epd_sequence_release_nowait(d, gone), 0);
+        usleep(100000);
+        ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000f8", "bravo", seq, groups4, 4, &o, &path,
+                                             &token),
+                         0);
+        usleep(100000); /* its writes are parked at bravo */
+        ck_assert_int_eq(epd_handoff_rollback(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        free(path);
+        usleep(1600000); /* the DEL is durable */
+        fault_clear();
+        ck_assert_int_eq(epd_flush(d, 5000000), 0);
+        uint64_t big[N_PAGES];
+        char *large = make_sequence(p, N_PAGES, big);
+        for (uint32_t pg = 0; pg < N_PAGES; pg++)
+                for (uint32_t l = 0; l < LAYERS; l++)
+                        for (uint32_t k = 0; k < LAYER_BYTES; k++)
+                                ((uint8_t *)pb)[big[pg] + (uint64_t)l * LAYER_BYTES + k] = pattern(pg, l, k);
+        ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000f9", "bravo", large, groups4, 4, &o,
+                                             &path, &token),
+                         0);
+        free(large);
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000f9", &acc), 0);
+        t.path = acc.path;
+        ck_assert_msg(harness_wait_for(state_is, &t, 4000), "a later handoff on the same streams did not land");
+        ck_assert(layers_equal(db, acc.offsets, N_PAGES, 0, LAYERS));
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
         free(seq);
         free(gone);
         epd_disconnect(p);
