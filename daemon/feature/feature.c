@@ -15,6 +15,7 @@ typedef struct CacheArena {
         uint32_t index;
         uint8_t *base;
         FeatureAllocator *alloc;
+        uint64_t evictable; /* eviction_could_help()'s count, valid during its call */
 } CacheArena;
 
 struct FeatureCache {
@@ -481,21 +482,21 @@ static bool arena_fits(const CacheArena *a, uint64_t bytes, bool need_map, uint6
 static bool eviction_could_help(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t mask) {
         uint64_t evictable = 0;
 
-        LIST_FOREACH(lru, f, c->lru.first)
+        /* One pass over the cold list, counted per arena as well. */
+        for (size_t i = 0; i < c->n_arenas; i++)
+                c->arenas[i].evictable = 0;
+        LIST_FOREACH(lru, f, c->lru.first) {
                 evictable += f->size;
+                CacheArena *a = f->has_region ? arena_of(c, f->arena) : NULL;
+                if (a)
+                        a->evictable += f->size;
+        }
         if (c->stats.bytes_cached + c->stats.bytes_reserved - evictable + bytes > c->config.budget_bytes)
                 return false;
         for (size_t i = 0; i < c->n_arenas; i++) {
                 const CacheArena *a = &c->arenas[i];
-                uint64_t room;
-
-                if (!arena_fits(a, bytes, need_map, mask))
-                        continue;
-                room = feature_allocator_total(a->alloc) - feature_allocator_used(a->alloc);
-                LIST_FOREACH(lru, f, c->lru.first)
-                        if (f->has_region && f->arena == a->index)
-                                room += f->size;
-                if (room >= bytes)
+                if (arena_fits(a, bytes, need_map, mask) &&
+                    feature_allocator_total(a->alloc) - feature_allocator_used(a->alloc) + a->evictable >= bytes)
                         return true;
         }
         return false;
