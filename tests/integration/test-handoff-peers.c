@@ -608,8 +608,9 @@ START_TEST(test_pipelined_into_freed_pages) {
         free(path);
 
         fault_set(hb.epdd_pid, 0, 1500); /* bravo's disk: 1.5 s a sync */
+        Cond freed_now = { d, NULL, NULL, arena_live(d) - 1 };
         ck_assert_int_eq(epd_sequence_release_nowait(d, gone), 0);
-        usleep(100000); /* bravo has taken the Release: its DEL is being written */
+        ck_assert(harness_wait_for(live_is, &freed_now, 5000)); /* taken: its DEL is being written */
         ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000f7", "bravo", seq, groups4, 4, &o, &path,
                                              &token),
                          0);
@@ -640,8 +641,9 @@ START_TEST(test_pipelined_into_freed_pages) {
         free(gone);
         gone = make_sequence(d, 1, &freed);
         fault_set(hb.epdd_pid, 0, 1500);
+        freed_now.live = arena_live(d) - 1;
         ck_assert_int_eq(epd_sequence_release_nowait(d, gone), 0);
-        usleep(100000);
+        ck_assert(harness_wait_for(live_is, &freed_now, 5000));
         ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000f8", "bravo", seq, groups4, 4, &o, &path,
                                              &token),
                          0);
