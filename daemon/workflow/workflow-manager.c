@@ -84,6 +84,9 @@ static int op_release(void *userdata, const EpdId *seq) {
         g->call.m->page_manager->journal_held = true;
         page_manager_release(s);
         g->call.m->page_manager->journal_held = false;
+        /* That record was appended before the transition applied: the pages freed now
+         * are covered by the last LSN (not by whatever a later write appends). */
+        page_manager_take_frees(g->call.m->page_manager);
         return 0;
 }
 
