@@ -7,16 +7,24 @@ cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 
+# The suite's daemons are started by hand, never the host's service: none pins its BPF
+# maps where the service does (an epdd started by systemd, INVOCATION_ID set, does by
+# default: docs/telemetry.md), even when this script runs under a service manager.
+unset INVOCATION_ID
+
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 # 1. A plain optimized build must be warning-free (-Werror).
+# (A setup interrupted earlier leaves a directory meson does not take again.)
+[ -f build-release/build.ninja ] || rm -rf build-release
 if [ ! -d build-release ]; then
         meson setup build-release -Dbuildtype=release -Dwerror=true >/dev/null
 fi
 ninja -C build-release
 
 # 2. Everything again under the sanitizers, and every test run there.
+[ -f build-asan/build.ninja ] || rm -rf build-asan
 if [ ! -d build-asan ]; then
         meson setup build-asan -Dbuildtype=debug -Dwerror=true -Db_sanitize=address,undefined \
                 -Db_lundef=false >/dev/null
@@ -24,13 +32,14 @@ fi
 ninja -C build-asan
 
 # No test may read or write the host's epd state (a journal a run left in /var/lib/epd
-# once broke every later run): each uses its own temporary directories. What is there
-# before the suite (or its absence) must be exactly what is there after it. (On a
-# machine where something else runs epdd at the same time, that daemon's changes show
-# here too: CI's machine runs nothing else.)
+# once broke every later run; the host service's BPF pins under /sys/fs/bpf/epd): each
+# uses its own temporary directories. What is there before the suite (or its absence)
+# must be exactly what is there after it. (On a machine where something else runs epdd
+# at the same time, that daemon's changes show here too: CI's machine runs nothing
+# else.)
 host_state() {
         local d
-        for d in /var/lib/epd /etc/epd /run/epd; do
+        for d in /var/lib/epd /etc/epd /run/epd /sys/fs/bpf/epd; do
                 if [ -e "$d" ]; then
                         find "$d" -printf '%p %y %m %s %T@\n' 2>/dev/null | sort
                 else
@@ -58,11 +67,11 @@ esac
 
 state_after=$(host_state)
 if [ "$state_before" != "$state_after" ]; then
-        echo "FAIL: the suite changed the host's epd state (/var/lib/epd, /etc/epd, /run/epd); before < > after:"
+        echo "FAIL: the suite changed the host's epd state (/var/lib/epd, /etc/epd, /run/epd, /sys/fs/bpf/epd); before < > after:"
         diff <(echo "$state_before") <(echo "$state_after") || true
         rc=1
 else
-        echo "ok: /var/lib/epd, /etc/epd and /run/epd are as they were before the suite"
+        echo "ok: /var/lib/epd, /etc/epd, /run/epd and /sys/fs/bpf/epd are as they were before the suite"
 fi
 
 # The closing line, counted from meson's own log.

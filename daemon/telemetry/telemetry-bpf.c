@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@ struct TelemetryBpf {
         TelemetryBpfEventFn fn;
         void *userdata;
         char *pin_dir;       /* NULL when not pinned */
+        int pin_lock;        /* the pin directory, flock()ed while pinned (-1: none) */
         int n_cpus;
 };
 
@@ -64,6 +66,8 @@ static void unpin_all(TelemetryBpf *b) {
                 (void)unlink(path);
         }
         (void)rmdir(b->pin_dir);
+        if (b->pin_lock >= 0)
+                b->pin_lock = (close(b->pin_lock), -1);
 }
 
 static int pin_maps(TelemetryBpf *b, const char *pin_dir) {
@@ -99,6 +103,22 @@ static int pin_maps(TelemetryBpf *b, const char *pin_dir) {
                         return log_warning_errno(errno, "Cannot pin telemetry maps: cannot create %s: %m", pin_dir);
         }
 
+        /* One epdd per directory: another one's pins (the host's service, say) are not
+         * replaced, nor removed when this one stops. The lock is the directory's own,
+         * held while pinned; one left by a daemon that died goes with its process. */
+        int lock = open(pin_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (lock < 0)
+                return log_warning_errno(errno, "Cannot pin telemetry maps: cannot open %s: %m", pin_dir);
+        if (flock(lock, LOCK_EX | LOCK_NB) < 0) {
+                int e = errno;
+                close(lock);
+                if (e == EWOULDBLOCK)
+                        return log_warning_errno(EBUSY, "Cannot pin telemetry maps: another epdd pins its maps in %s "
+                                                        "(give this one its own [Telemetry] PinDirectory=, or no).",
+                                                 pin_dir);
+                return log_warning_errno(e, "Cannot pin telemetry maps: cannot lock %s: %m", pin_dir);
+        }
+        b->pin_lock = lock;
         b->pin_dir = strdup(pin_dir);
         if (!b->pin_dir)
                 return -ENOMEM;
@@ -142,6 +162,7 @@ int telemetry_bpf_open(TelemetryBpf **ret, const char *pin_dir, uint64_t sample_
                 r = -ENOMEM;
                 goto fail;
         }
+        b->pin_lock = -1;
         b->fn = fn;
         b->userdata = userdata;
         b->n_cpus = libbpf_num_possible_cpus();
@@ -219,6 +240,8 @@ TelemetryBpf *telemetry_bpf_free(TelemetryBpf *b) {
                 return NULL;
         ring_buffer__free(b->ring);
         unpin_all(b);
+        if (b->pin_lock >= 0)
+                close(b->pin_lock);
         epd_telemetry_bpf__destroy(b->skel);
         free(b->pin_dir);
         free(b);

@@ -11,9 +11,13 @@
 #include "telemetry/telemetry-config.h"
 
 int telemetry_config_defaults(TelemetryConfig *c) {
+        /* The host's epdd (started by systemd, whose unit binds the directory in) pins
+         * its maps where tools look by default; one started by hand (a test, a demo, a
+         * second daemon) pins nowhere unless told: it would take the host's path. */
+        bool service = getenv("INVOCATION_ID");
         *c = (TelemetryConfig){
                 .bpf = true,
-                .pin_dir = strdup(EPD_TELEMETRY_PIN_DIR),
+                .pin_dir = service ? strdup(EPD_TELEMETRY_PIN_DIR) : NULL,
                 .sample_interval_usec = 10 * USEC_PER_MSEC,
                 .wakeup_bytes = 16 * 1024,
                 .trace_requests = 4096,
@@ -21,7 +25,7 @@ int telemetry_config_defaults(TelemetryConfig *c) {
                 .max_peers = 256,
         };
         backpressure_config_defaults(&c->backpressure);
-        return c->pin_dir ? 0 : -ENOMEM;
+        return c->pin_dir || !service ? 0 : -ENOMEM;
 }
 
 void telemetry_config_done(TelemetryConfig *c) {

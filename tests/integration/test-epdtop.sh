@@ -47,6 +47,27 @@ for i in $(seq 50); do [ -S $TMP/bus ] && break; sleep 0.1; done
 [ -S $TMP/bus ] || fail "epdd did not start"
 ADDR=direct:$TMP/bus
 
+# A second epdd told the same pin directory neither replaces the first one's pins nor
+# removes them when it stops (the directory is locked while pinned).
+for i in $(seq 50); do [ -e $BPFFS/epdd/counters ] && break; sleep 0.1; done
+if [ -e $BPFFS/epdd/counters ]; then
+        inode=$(stat -c %i $BPFFS/epdd/counters)
+        mkdir -p $TMP/state2
+        sed "s|$TMP/state|$TMP/state2|" $TMP/epd.conf > $TMP/epd2.conf
+        "$EPDD" --config=$TMP/epd2.conf --no-system-bus --socket=$TMP/bus2 > $TMP/epdd2.log 2>&1 &
+        second=$!
+        PIDS+=($second)
+        for i in $(seq 50); do [ -S $TMP/bus2 ] && break; sleep 0.1; done
+        [ -S $TMP/bus2 ] || fail "the second epdd did not start"
+        grep -q "another epdd pins its maps in $BPFFS/epdd" $TMP/epdd2.log || fail "the second epdd did not say why it pins nothing: $(cat $TMP/epdd2.log)"
+        [ "$(stat -c %i $BPFFS/epdd/counters)" = "$inode" ] || fail "the second epdd replaced the first one's pins"
+        kill $second; wait $second
+        [ -e $BPFFS/epdd/counters ] || fail "the second epdd removed the first one's pins when it stopped"
+        echo "ok: a second epdd on the same pin directory left the first one's pins alone"
+else
+        echo "note: epdd pinned nothing (no kernel telemetry here?): the pin directory's lock is not checked"
+fi
+
 ip netns exec $NS "$HELPER" sink 7421 > /dev/null &
 PIDS+=($!)
 ip netns exec $NS "$HELPER" send 127.0.0.1 7421 --seconds 12 --rate 20000000 --peer peerB \

@@ -550,7 +550,13 @@ END_TEST
 
 START_TEST(test_telemetry_config) {
         TelemetryConfig c;
+        /* Pinned by default only by the host's service (systemd sets INVOCATION_ID). */
+        ck_assert_int_eq(unsetenv("INVOCATION_ID"), 0);
         ck_assert_int_eq(telemetry_config_defaults(&c), 0);
+        ck_assert_ptr_null(c.pin_dir);
+        ck_assert_int_eq(setenv("INVOCATION_ID", "0123456789abcdef0123456789abcdef", 1), 0);
+        ck_assert_int_eq(telemetry_config_defaults(&c), 0);
+        ck_assert_int_eq(unsetenv("INVOCATION_ID"), 0);
         ck_assert_str_eq(c.pin_dir, "/sys/fs/bpf/epd");
         ck_assert_int_eq(telemetry_config_set(&c, "Telemetry", "PinDirectory", "/sys/fs/bpf/epd-test"), 0);
         ck_assert_str_eq(c.pin_dir, "/sys/fs/bpf/epd-test");
