@@ -40,6 +40,24 @@ else
         SUDO=
 fi
 export DEBIAN_FRONTEND=noninteractive
+# etcd-server and prometheus ship a daemon that their packages would enable and start
+# on this host (ports 2379 and 9090, at every boot): the tests only use the binaries,
+# each starting its own. While installing, a policy-rc.d refuses every start, and the
+# units these packages newly bring are disabled afterwards. (One already there is
+# left as it was.)
+daemons=(etcd prometheus)
+was_enabled=()
+for u in "${daemons[@]}"; do
+        systemctl is-enabled "$u.service" >/dev/null 2>&1 && was_enabled+=("$u") || true
+done
+policy=
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+        policy=/usr/sbin/policy-rc.d
+        printf '#!/bin/sh\n# scripts/install-deps.sh: no daemon starts while installing\nexit 101\n' |
+                $SUDO tee $policy >/dev/null
+        $SUDO chmod 0755 $policy
+        trap '$SUDO rm -f $policy' EXIT
+fi
 $SUDO apt-get update -qq
 if [ ${#missing[@]} -gt 0 ]; then
         echo "Installing: ${missing[*]}"
@@ -48,4 +66,9 @@ fi
 for p in "${optional[@]}"; do
         $SUDO apt-get install -y -qq --no-install-recommends "$p" >/dev/null ||
                 echo "Cannot install $p here (optional: the test that needs it will skip and say why)." >&2
+done
+for u in "${daemons[@]}"; do
+        [[ " ${was_enabled[*]} " == *" $u "* ]] && continue
+        systemctl is-enabled "$u.service" >/dev/null 2>&1 || continue
+        $SUDO systemctl disable --now "$u.service" >/dev/null 2>&1 || true
 done
