@@ -24,8 +24,15 @@ done
 
 mkdir -p "$P" && cd "$P" || exit 2
 if [ ! -d kpkg/lib/modules ]; then
-        ls ${KPKG}_*.deb >/dev/null 2>&1 || apt-get download "$KPKG" >/dev/null 2>&1 ||
-                skip "cannot download $KPKG with apt-get"
+        if ! ls ${KPKG}_*.deb >/dev/null 2>&1 && ! apt-get download "$KPKG" >/dev/null 2>&1; then
+                # The archive drops an old kernel's package when it publishes the next:
+                # then the kernel linux-image-amd64 depends on now.
+                alt=$(apt-cache depends linux-image-amd64 2>/dev/null |
+                      awk '/Depends: linux-image-[0-9]/ { print $2; exit }')
+                [ -n "$alt" ] && apt-get download "$alt" >/dev/null 2>&1 ||
+                        skip "cannot download $KPKG${alt:+ nor $alt} with apt-get"
+                KPKG=$alt
+        fi
         mkdir -p kpkg && dpkg -x ${KPKG}_*.deb kpkg || exit 2
 fi
 KV=$(ls kpkg/lib/modules | head -1)
