@@ -114,6 +114,11 @@ static inline const char *strna(const char *s) {
 }
 
 void handoff_after_event(HandoffObject *o);
+/* Keeps o from being freed until the matching unhold, which tells it of what happened
+ * meanwhile (handoff_after_event()) and may free it: for a caller that tells several
+ * objects, each of which may free the others. */
+void handoff_obj_hold(HandoffObject *o);
+void handoff_obj_unhold(HandoffObject *o);
 
 /* handoff-manager.c: lifetime of handoff objects, the central step after every event */
 uint64_t handoff_client_serial(const Client *c);

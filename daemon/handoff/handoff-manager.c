@@ -396,6 +396,10 @@ void handoff_after_event(HandoffObject *o) {
         Handoff *h = o->h;
         uint32_t from, to;
 
+        /* Telling one side of a local handoff tells the other, which may tell this one
+         * again (both rolled back on their own, say): the nested call tells and frees
+         * nothing of o's; the outermost one, still using o, decides whether it goes. */
+        o->in_event++;
         /* Progress is not journaled: a handoff in flight comes back rolled back after a
          * restart anyway (docs/wal.md). */
         if (handoff_take_progress(h, &from, &to) > 0)
@@ -412,6 +416,8 @@ void handoff_after_event(HandoffObject *o) {
         if (o->holds_pages && h->inflight == 0 &&
             (handoff_is_ended(h) || h->state == HANDOFF_COMMITTED))
                 handoff_obj_drop_pages(o);
+        if (--o->in_event > 0)
+                return;
         /* Prepared with release_on_commit: committed (its owner told above), so
          * released as a Release call would; nothing of o is used after. */
         if (o->release_on_commit && o->owned && h->state == HANDOFF_COMMITTED) {
@@ -430,6 +436,15 @@ int handoff_manager_rollback(HandoffObject *o, Reason *why) {
                 return reason_set(why, -ESTALE, "Handoff %s was released.", o->request_str);
         handoff_after_event(o);
         return 0;
+}
+
+void handoff_obj_hold(HandoffObject *o) {
+        o->in_event++;
+}
+
+void handoff_obj_unhold(HandoffObject *o) {
+        o->in_event--;
+        handoff_after_event(o);
 }
 
 void handoff_manager_release(HandoffObject *o) {

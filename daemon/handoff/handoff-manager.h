@@ -119,6 +119,8 @@ struct HandoffObject {
         bool holds_pages;        /* leases (source) / refs + leases (destination) */
         uint64_t *page_keys;     /* destination: keys in hm->dest_pages */
         bool zero_copy;
+        unsigned in_event;       /* handoff_after_event() calls on it under way, and
+                                  * holds (handoff_obj_hold()): it is not freed meanwhile */
         bool unsettled;          /* local source, pipelined destination: the destination
                                   * pages may have been freed by a record not yet durable;
                                   * nothing lands in them until it is (handoff_settle_wait()) */

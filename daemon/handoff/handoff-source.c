@@ -214,8 +214,14 @@ typedef struct Touched {
 } Touched;
 
 static void touched_flush(Touched *t) {
+        /* Telling one may free another (a local handoff's two sides tell each other):
+         * all are held while they are told, and each may go at its own unhold. */
+        for (size_t i = 0; i < t->n; i++)
+                handoff_obj_hold(t->v[i]);
         for (size_t i = 0; i < t->n; i++)
                 handoff_after_event(t->v[i]);
+        for (size_t i = 0; i < t->n; i++)
+                handoff_obj_unhold(t->v[i]);
         t->n = 0;
 }
 

@@ -564,6 +564,38 @@ START_TEST(test_copy_fails) {
 }
 END_TEST
 
+/* The same before any decode worker accepted it, every group ready at Prepare: both
+ * sides roll back in one batch of completions (neither told by the other), and the
+ * destination, owned by nobody, goes while its source's word is on its way to it (a use
+ * after free and a double free in epdd before, under ASan). */
+START_TEST(test_copy_fails_unaccepted) {
+        if (!fake) {
+                printf("copy failure injection needs the fake driver: skipped on a real GPU\n");
+                return;
+        }
+        epd_client *p = worker("prefill");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "gpu0", N_PAGES, src);
+        char *path = NULL;
+        uint64_t token;
+        epd_handoff_options o = { .arena = "gpu1", .ready = 4 };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(6), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        wait_state(p, path, "rolled-back");
+        epd_handoff_status s;
+        ck_assert_int_eq(epd_handoff_get(p, path, &s), 0);
+        ck_assert_str_eq(s.cause, "transfer-failed");
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_uint_eq(arena_live(p, "gpu1"), 0);
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, "gpu0"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
+        free(path);
+        free(seq);
+        epd_disconnect(p);
+}
+END_TEST
+
 static void setup_failing(void) {
         start("1");
 }
@@ -1095,6 +1127,7 @@ static Suite *suite(void) {
         TCase *tf = tcase_create("failing-copies");
         tcase_add_checked_fixture(tf, setup_failing, teardown);
         tcase_add_test(tf, test_copy_fails);
+        tcase_add_test(tf, test_copy_fails_unaccepted);
         tcase_add_test(tf, test_cow_copy_fails);
         tcase_set_timeout(tf, 120);
         suite_add_tcase(s, tf);
