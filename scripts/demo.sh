@@ -20,9 +20,6 @@
 # passed to epd-demo (e.g. --requests=50 --concurrency=4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The demo's daemons are its own, never the host's service: none pins its BPF maps where
-# the service does, even when this script runs under a service manager (docs/telemetry.md).
-unset INVOCATION_ID
 
 # Microseconds since the epoch (bash 5: $EPOCHREALTIME), for the time each step took.
 now_us() { local t=${EPOCHREALTIME/./}; echo "${t#0}"; }

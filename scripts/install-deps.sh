@@ -51,12 +51,22 @@ for u in "${daemons[@]}"; do
         systemctl is-enabled "$u.service" >/dev/null 2>&1 && was_enabled+=("$u") || true
 done
 policy=
+# On every exit, a failed install included: the policy file goes, and the daemon units
+# the install enabled are disabled again.
+finish() {
+        [ -z "$policy" ] || $SUDO rm -f "$policy"
+        for u in "${daemons[@]}"; do
+                [[ " ${was_enabled[*]} " == *" $u "* ]] && continue
+                systemctl is-enabled "$u.service" >/dev/null 2>&1 || continue
+                $SUDO systemctl disable --now "$u.service" >/dev/null 2>&1 || true
+        done
+}
+trap finish EXIT
 if [ ! -e /usr/sbin/policy-rc.d ]; then
         policy=/usr/sbin/policy-rc.d
         printf '#!/bin/sh\n# scripts/install-deps.sh: no daemon starts while installing\nexit 101\n' |
                 $SUDO tee $policy >/dev/null
         $SUDO chmod 0755 $policy
-        trap '$SUDO rm -f $policy' EXIT
 fi
 $SUDO apt-get update -qq
 if [ ${#missing[@]} -gt 0 ]; then
@@ -66,9 +76,4 @@ fi
 for p in "${optional[@]}"; do
         $SUDO apt-get install -y -qq --no-install-recommends "$p" >/dev/null ||
                 echo "Cannot install $p here (optional: the test that needs it will skip and say why)." >&2
-done
-for u in "${daemons[@]}"; do
-        [[ " ${was_enabled[*]} " == *" $u "* ]] && continue
-        systemctl is-enabled "$u.service" >/dev/null 2>&1 || continue
-        $SUDO systemctl disable --now "$u.service" >/dev/null 2>&1 || true
 done

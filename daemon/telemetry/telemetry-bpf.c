@@ -106,22 +106,39 @@ static int pin_maps(TelemetryBpf *b, const char *pin_dir) {
         /* One epdd per directory: another one's pins (the host's service, say) are not
          * replaced, nor removed when this one stops. The lock is the directory's own,
          * held while pinned; one left by a daemon that died goes with its process. */
-        int lock = open(pin_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (lock < 0)
-                return log_warning_errno(errno, "Cannot pin telemetry maps: cannot open %s: %m", pin_dir);
-        if (flock(lock, LOCK_EX | LOCK_NB) < 0) {
-                int e = errno;
+        int lock = -1;
+        for (unsigned attempt = 0;; attempt++) {
+                struct stat locked, now;
+                lock = open(pin_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (lock < 0)
+                        return log_warning_errno(errno, "Cannot pin telemetry maps: cannot open %s: %m", pin_dir);
+                if (flock(lock, LOCK_EX | LOCK_NB) < 0) {
+                        int e = errno;
+                        close(lock);
+                        if (e == EWOULDBLOCK)
+                                return log_warning_errno(EBUSY,
+                                                         "Cannot pin telemetry maps: another epdd pins its maps in %s "
+                                                         "(give this one its own [Telemetry] PinDirectory=, or no).",
+                                                         pin_dir);
+                        return log_warning_errno(e, "Cannot pin telemetry maps: cannot lock %s: %m", pin_dir);
+                }
+                /* The directory locked is still the one of that name (a stopping epdd
+                 * removes its own, another may make it anew): else again, a few times. */
+                if (fstat(lock, &locked) == 0 && stat(pin_dir, &now) == 0 && locked.st_dev == now.st_dev &&
+                    locked.st_ino == now.st_ino)
+                        break;
                 close(lock);
-                if (e == EWOULDBLOCK)
-                        return log_warning_errno(EBUSY, "Cannot pin telemetry maps: another epdd pins its maps in %s "
-                                                        "(give this one its own [Telemetry] PinDirectory=, or no).",
-                                                 pin_dir);
-                return log_warning_errno(e, "Cannot pin telemetry maps: cannot lock %s: %m", pin_dir);
+                if (attempt == 3)
+                        return log_warning_errno(EBUSY, "Cannot pin telemetry maps: %s keeps being replaced.", pin_dir);
+                if (mkdir(pin_dir, 0755) < 0 && errno != EEXIST)
+                        return log_warning_errno(errno, "Cannot pin telemetry maps: cannot create %s: %m", pin_dir);
         }
         b->pin_lock = lock;
         b->pin_dir = strdup(pin_dir);
-        if (!b->pin_dir)
+        if (!b->pin_dir) {
+                b->pin_lock = (close(b->pin_lock), -1);
                 return -ENOMEM;
+        }
 
         for (size_t i = 0; i < ELEMENTSOF(pinned_maps); i++) {
                 char path[4096];

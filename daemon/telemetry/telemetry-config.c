@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "bpf/epd-telemetry.h"
 #include "conf-table.h"
@@ -10,11 +11,25 @@
 #include "parse-util.h"
 #include "telemetry/telemetry-config.h"
 
+/* Whether this is the host's epdd: the process systemd executed itself for a service
+ * (epd.service binds the pin directory in), which it tells by SYSTEMD_EXEC_PID (systemd
+ * 248 and later). A process that merely descends from some service (tests under a CI
+ * runner's, say) inherits that variable with another pid. */
+static bool host_service(void) {
+        const char *e = getenv("SYSTEMD_EXEC_PID");
+        char *end;
+        if (!e || !*e)
+                return false;
+        errno = 0;
+        unsigned long pid = strtoul(e, &end, 10);
+        return errno == 0 && *end == '\0' && pid == (unsigned long)getpid();
+}
+
 int telemetry_config_defaults(TelemetryConfig *c) {
         /* The host's epdd (started by systemd, whose unit binds the directory in) pins
          * its maps where tools look by default; one started by hand (a test, a demo, a
          * second daemon) pins nowhere unless told: it would take the host's path. */
-        bool service = getenv("INVOCATION_ID");
+        bool service = host_service();
         *c = (TelemetryConfig){
                 .bpf = true,
                 .pin_dir = service ? strdup(EPD_TELEMETRY_PIN_DIR) : NULL,

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <check.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "telemetry/backpressure.h"
 #include "telemetry/telemetry-config.h"
@@ -550,13 +552,21 @@ END_TEST
 
 START_TEST(test_telemetry_config) {
         TelemetryConfig c;
-        /* Pinned by default only by the host's service (systemd sets INVOCATION_ID). */
-        ck_assert_int_eq(unsetenv("INVOCATION_ID"), 0);
+        /* Pinned by default only by the host's service, the process systemd executed
+         * (SYSTEMD_EXEC_PID is its pid; the boot test checks that epd.service pins):
+         * not by one started by hand, nor by one that inherited a service's variable. */
+        char pid[32];
+        ck_assert_int_eq(unsetenv("SYSTEMD_EXEC_PID"), 0);
         ck_assert_int_eq(telemetry_config_defaults(&c), 0);
         ck_assert_ptr_null(c.pin_dir);
-        ck_assert_int_eq(setenv("INVOCATION_ID", "0123456789abcdef0123456789abcdef", 1), 0);
+        snprintf(pid, sizeof pid, "%d", (int)getppid());
+        ck_assert_int_eq(setenv("SYSTEMD_EXEC_PID", pid, 1), 0);
         ck_assert_int_eq(telemetry_config_defaults(&c), 0);
-        ck_assert_int_eq(unsetenv("INVOCATION_ID"), 0);
+        ck_assert_ptr_null(c.pin_dir);
+        snprintf(pid, sizeof pid, "%d", (int)getpid());
+        ck_assert_int_eq(setenv("SYSTEMD_EXEC_PID", pid, 1), 0);
+        ck_assert_int_eq(telemetry_config_defaults(&c), 0);
+        ck_assert_int_eq(unsetenv("SYSTEMD_EXEC_PID"), 0);
         ck_assert_str_eq(c.pin_dir, "/sys/fs/bpf/epd");
         ck_assert_int_eq(telemetry_config_set(&c, "Telemetry", "PinDirectory", "/sys/fs/bpf/epd-test"), 0);
         ck_assert_str_eq(c.pin_dir, "/sys/fs/bpf/epd-test");
