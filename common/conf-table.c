@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 
 #include "parse-util.h"
@@ -40,6 +41,10 @@ int conf_parse_unsigned(const char *value, void *dst) {
 
 int conf_parse_ratio(const char *value, void *dst) {
         char *end;
+        /* Decimal digits and one point only, as the other strict parsers: strtod alone
+         * takes leading blanks, hex floats and "-0". */
+        if (!value[0] || strspn(value, "0123456789.") != strlen(value))
+                return -EINVAL;
         errno = 0;
         double v = strtod(value, &end);
         if (errno != 0 || end == value || *end != '\0' || !isfinite(v) || v < 0)

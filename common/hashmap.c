@@ -5,7 +5,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #include "macro.h"
 #include "siphash24.h"
@@ -28,11 +30,20 @@ static uint8_t hash_key[16];
 static pthread_once_t hash_key_once = PTHREAD_ONCE_INIT;
 
 static void hash_key_init(void) {
-        if (getrandom(hash_key, sizeof hash_key, 0) != (ssize_t)sizeof hash_key) {
-                /* Fall back to something unpredictable enough for a table hash. */
-                uint64_t a = (uint64_t)(uintptr_t)&hash_key ^ (uint64_t)getpid() << 32;
-                memcpy(hash_key, &a, 8);
-        }
+        ssize_t n;
+        do
+                n = getrandom(hash_key, sizeof hash_key, 0);
+        while (n < 0 && errno == EINTR);
+        if (n == (ssize_t)sizeof hash_key)
+                return;
+        /* No getrandom (a seccomp filter, an old kernel): the kernel's pool another way.
+         * A key a client could guess would let chosen keys degrade every table. */
+        int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+        n = fd >= 0 ? read(fd, hash_key, sizeof hash_key) : -1;
+        if (fd >= 0)
+                close(fd);
+        if (n != (ssize_t)sizeof hash_key)
+                abort(); /* no randomness at all: refuse to run with a guessable key */
 }
 
 uint64_t hashmap_hash_bytes(const void *p, size_t n) {

@@ -88,14 +88,16 @@ static int unhex(char c) {
 }
 
 int epd_id_from_string(const char *s, EpdId *ret) {
+        EpdId id;
         if (!s || strlen(s) != 32)
                 return -EINVAL;
         for (size_t i = 0; i < 16; i++) {
                 int a = unhex(s[2 * i]), b = unhex(s[2 * i + 1]);
                 if (a < 0 || b < 0)
-                        return -EINVAL;
-                ret->bytes[i] = (uint8_t)(a << 4 | b);
+                        return -EINVAL; /* *ret untouched */
+                id.bytes[i] = (uint8_t)(a << 4 | b);
         }
+        *ret = id;
         return 0;
 }
 

@@ -114,7 +114,8 @@ const char *format_size(char *buf, size_t n, uint64_t size) {
         static const char units[] = "BKMGTPE";
         double v = (double)size;
         size_t u = 0;
-        while (v >= 1024.0 && u < sizeof units - 2) {
+        /* 1023.95 and up print as 1024.0 of this unit: the next one says it (1.0M). */
+        while (v >= 1023.95 && u < sizeof units - 2) {
                 v /= 1024.0;
                 u++;
         }

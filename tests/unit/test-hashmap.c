@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "conf-table.h"
 #include "hashmap.h"
 #include "id.h"
 #include "parse-util.h"
@@ -85,6 +86,24 @@ START_TEST(test_parse) {
         ck_assert_int_eq(parse_bool("yes", &b), 0);
         ck_assert(b);
         ck_assert_int_eq(parse_bool("maybe", &b), -EINVAL);
+        /* format_size() goes to the next unit rather than print 1024.0 of this one. */
+        char buf[32];
+        ck_assert_str_eq(format_size(buf, sizeof buf, 1048575), "1.0M");
+        ck_assert_str_eq(format_size(buf, sizeof buf, 1023), "1023B");
+        ck_assert_str_eq(format_size(buf, sizeof buf, 1536), "1.5K");
+        /* Ratios are decimal, nothing strtod takes besides. */
+        double d;
+        ck_assert_int_eq(conf_parse_ratio("0.25", &d), 0);
+        ck_assert(d == 0.25);
+        ck_assert_int_eq(conf_parse_ratio(" 0.5", &d), -EINVAL);
+        ck_assert_int_eq(conf_parse_ratio("0x1p-1", &d), -EINVAL);
+        ck_assert_int_eq(conf_parse_ratio("-0", &d), -EINVAL);
+        ck_assert_int_eq(conf_parse_ratio("1.2.3", &d), -EINVAL);
+        ck_assert_int_eq(conf_parse_ratio("", &d), -EINVAL);
+        /* A refused id string leaves the id as it was. */
+        EpdId id = {};
+        ck_assert_int_eq(epd_id_from_string("ffffffffffffffffffffffffffffffzz", &id), -EINVAL);
+        ck_assert(epd_id_is_null(&id));
 }
 END_TEST
 
