@@ -18,9 +18,7 @@ struct WorkflowManager {
          * branches), built on the first question after a change: the pages' grace asks
          * about every orphan sequence in a row, with no transition between. */
         Hashmap *heads;
-        uint64_t generation;       /* bumped by every applied record */
-        uint64_t heads_generation; /* of the state heads was built from */
-        bool heads_valid;
+        bool heads_fresh; /* built since the last applied record */
 };
 
 /* ---- records ----
@@ -332,8 +330,7 @@ static int heads_build(WorkflowManager *wm) {
                                 return k;
                         }
                 }
-        wm->heads_generation = wm->generation;
-        wm->heads_valid = true;
+        wm->heads_fresh = true;
         return 0;
 }
 
@@ -341,10 +338,7 @@ bool workflow_heads_on(WorkflowManager *wm, const EpdId *seq) {
         Workflow *w;
         size_t it = 0;
 
-        if (wm->heads_valid && wm->heads_generation == wm->generation)
-                return hashmap_contains(wm->heads, seq->bytes);
-        wm->heads_valid = false;
-        if (heads_build(wm) >= 0)
+        if (wm->heads_fresh || heads_build(wm) >= 0)
                 return hashmap_contains(wm->heads, seq->bytes);
         /* No memory for the set: the walk, slow but the same answer. */
         while (workflow_iterate(wm, &it, &w))
@@ -371,7 +365,7 @@ static int rec_apply(WorkflowManager *wm, Rec *r) {
         WorkflowBranch *b, *into;
         int k = 0;
 
-        wm->generation++; /* the heads' set is stale (its keys may point into freed branches) */
+        wm->heads_fresh = false; /* its keys may point into freed branches */
         switch (r->op) {
         case WORKFLOW_REC_CREATE:
         case WORKFLOW_REC_STATE_BRANCH:
