@@ -39,6 +39,8 @@ Conn *peer_conn_free(Conn *c) {
                 LIST_REMOVE(pending, c->pm->pending, c);
                 c->pm->n_pending--;
         }
+        if (c->flush_due)
+                LIST_REMOVE(due, c->pm->flush_due, c);
         sd_event_source_disable_unref(c->io);
         sd_event_source_disable_unref(c->timeout);
         safe_close(c->fd);
@@ -77,6 +79,10 @@ int peer_conn_new(PeerManager *pm, int fd, bool dialer, Conn **ret) {
         r = sd_event_add_io(pm->event, &c->io, fd, EPOLLIN, conn_io, c);
         if (r < 0)
                 goto fail;
+        /* Ahead of the data streams when both are readable: a pipelined write's PREPARE
+         * read before its data, which would otherwise park its stream (and the
+         * acknowledgements that free the sender's window before more data). */
+        (void)sd_event_source_set_priority(c->io, SD_EVENT_PRIORITY_NORMAL - 1);
         r = sd_event_add_time_relative(pm->event, &c->timeout, CLOCK_MONOTONIC, to, 0,
                                        conn_handshake_timeout, c);
         if (r < 0)
@@ -150,7 +156,7 @@ int peer_conn_queue(Conn *c, uint16_t type, const void *payload, size_t len) {
         }
         if (c->corked)
                 return 0;
-        return peer_conn_flush(c);
+        return peer_conn_flush_soon(c);
 }
 
 void peer_conn_send_fail(Conn *c, PeerFailReason reason) {

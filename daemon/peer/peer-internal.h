@@ -62,6 +62,8 @@ struct Conn {
         uint8_t *out;
         size_t out_start, out_end, out_cap;
         bool corked;             /* queue without writing; peer_uncork() flushes */
+        bool flush_due;          /* on pm->flush_due: written when the loop idles */
+        LIST_FIELDS(Conn, due);
 
         bool pending; /* on pm->pending */
         LIST_FIELDS(Conn, pending);
@@ -136,6 +138,13 @@ struct PeerManager {
         Transport *rdma;        /* NULL without libibverbs */
         bool started;
 
+        /* Control frames queued while the loop is busy, written when it idles (before
+         * the data streams' posts: a PREPARE ahead of its data) or when the oldest has
+         * waited PEER_FLUSH_MAX_USEC (peer_flush_overdue()). */
+        sd_event_source *flush;
+        LIST_HEAD(Conn, flush_due);
+        uint64_t flush_since;
+
         /* Called with each authenticated data stream's fd as it is attached (telemetry). */
         void (*stream_attached)(Peer *p, int fd, void *userdata);
         void *stream_attached_userdata;
@@ -144,6 +153,8 @@ struct PeerManager {
 int peer_acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t len);
 void peer_conn_fail(Conn *c, int error, const char *what);
 int peer_conn_flush(Conn *c);
+int peer_conn_flush_soon(Conn *c);
+void peer_flush_overdue(PeerManager *pm);
 Conn *peer_conn_free(Conn *c);
 int peer_conn_new(PeerManager *pm, int fd, bool dialer, Conn **ret);
 int peer_conn_queue(Conn *c, uint16_t type, const void *payload, size_t len);

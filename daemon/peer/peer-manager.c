@@ -49,6 +49,7 @@ PeerManager *peer_manager_free(PeerManager *pm) {
                 }
                 p->control = peer_conn_free(p->control);
         }
+        pm->flush = sd_event_source_disable_unref(pm->flush);
         if (pm->rdma)
                 pm->rdma->ops->free(pm->rdma);
         if (pm->tcp)
@@ -561,8 +562,19 @@ static int peer_subsystem_reload(Manager *m, const Config *n) {
         return 0;
 }
 
+/* Data posted while the loop was busy leaves at its idle point, or when it waited its
+ * bound on a loop that does not idle. */
+static void peer_after_dispatch(Manager *m) {
+        if (!m->peers)
+                return;
+        peer_flush_overdue(m->peers); /* control first: a PREPARE ahead of its data */
+        if (m->peers->tcp)
+                tcp_transport_flush_overdue(m->peers->tcp);
+}
+
 const Subsystem peer_subsystem = {
         .name = "peer",
+        .after_dispatch = peer_after_dispatch,
         .verify = peer_subsystem_verify,
         .init = peer_subsystem_init,
         .done = peer_subsystem_done,

@@ -10,9 +10,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "time-util.h"
+
 #include "hashmap.h"
 #include "log.h"
 #include "macro.h"
+#include "time-util.h"
 
 /* ---- peers ---- */
 
@@ -212,6 +215,60 @@ static void peer_down_later(Peer *p, int error, const char *why) {
                 r = sd_event_source_set_enabled(p->down_defer, SD_EVENT_ONESHOT);
         if (r < 0) /* the connection's own handler still sees the broken socket */
                 log_warning_errno(r, "peer %s: cannot defer ending the session: %m", p->name);
+}
+
+/* ---- control frames at the loop's idle point ---- */
+
+/* What a loop that never idles lets wait, and what goes at once however busy it is. */
+#define PEER_FLUSH_MAX_USEC 100U
+#define PEER_FLUSH_BYTES (64U * 1024U)
+
+static void flush_all(PeerManager *pm) {
+        if (pm->flush)
+                (void)sd_event_source_set_enabled(pm->flush, SD_EVENT_OFF);
+        while (pm->flush_due) {
+                Conn *c = pm->flush_due;
+                LIST_REMOVE(due, pm->flush_due, c);
+                c->flush_due = false;
+                int r = peer_conn_flush(c);
+                if (r < 0 && c->peer && c->peer->control == c)
+                        peer_down_later(c->peer, r, "writing");
+        }
+}
+
+static int on_flush(sd_event_source *s, void *userdata) {
+        flush_all(userdata);
+        return 0;
+}
+
+/* An up session's control frames leave together when the loop has nothing else to do:
+ * the frames of many handoffs prepared, acknowledged or released one event after
+ * another go out in one send() (and one wakeup of the peer) rather than one each. Any
+ * other connection, a queue of PEER_FLUSH_BYTES, or no source: written now. */
+int peer_conn_flush_soon(Conn *c) {
+        PeerManager *pm = c->pm;
+
+        if (!pm->started || c->state != CONN_UP || c->role != PEER_ROLE_CONTROL || !c->peer ||
+            c->peer->control != c || c->out_end - c->out_start >= PEER_FLUSH_BYTES)
+                return peer_conn_flush(c); /* stays on the list if it is: a no-op there */
+        if (c->flush_due)
+                return 0;
+        if (!pm->flush && sd_event_add_defer(pm->event, &pm->flush, on_flush, pm) >= 0)
+                /* Before the data streams' (SD_EVENT_PRIORITY_IDLE - 1): a PREPARE is on
+                 * the wire ahead of its pipelined data, which would otherwise wait. */
+                (void)sd_event_source_set_priority(pm->flush, SD_EVENT_PRIORITY_IDLE - 2);
+        if (!pm->flush || sd_event_source_set_enabled(pm->flush, SD_EVENT_ONESHOT) < 0)
+                return peer_conn_flush(c);
+        if (!pm->flush_due)
+                pm->flush_since = now_usec(CLOCK_MONOTONIC);
+        c->flush_due = true;
+        LIST_PREPEND(due, pm->flush_due, c);
+        return 0;
+}
+
+void peer_flush_overdue(PeerManager *pm) {
+        if (pm && pm->flush_due && now_usec(CLOCK_MONOTONIC) >= pm->flush_since + PEER_FLUSH_MAX_USEC)
+                flush_all(pm);
 }
 
 int peer_send(Peer *p, uint16_t type, const void *payload, size_t len) {

@@ -15,6 +15,7 @@
 #include "transport/slicer.h"
 #include "transport/tcp.h"
 #include "transport/transport-peer.h"
+#include "time-util.h"
 #include "transport/transport-util.h"
 
 /* Bytes one stream moves per wakeup before it yields to the rest of the loop. */
@@ -28,6 +29,13 @@
  * waits for at most SEND_BATCH_BYTES per stream. */
 #define SEND_BATCH 16
 #define SEND_BATCH_BYTES (2U * 1024U * 1024U)
+/* Posts made while the loop has more to do leave together when it has nothing else (an
+ * idle-priority defer source, run before the WAL's urge): handoffs prepared one bus call
+ * after another go out SEND_BATCH slices per sendmsg() rather than one handoff each, and
+ * a handoff alone leaves on the loop's next turn. SEND_BATCH_BYTES posted go at once;
+ * on a loop that never idles none waits longer than FLUSH_MAX_USEC
+ * (tcp_transport_flush_overdue(), after every dispatch of manager_run()'s loop). */
+#define FLUSH_MAX_USEC 100U
 /* A stream whose next write names a target the receiver does not know yet (its
  * PREPARE is still on the control connection) waits at most this long for it. */
 #define PARK_TIMEOUT_USEC (10ULL * 1000000ULL)
@@ -117,6 +125,8 @@ struct TcpPeer {
         size_t n_acked, acked_cap;
         unsigned plugged;              /* tcp_plug() depth: posts wait for tcp_unplug() */
         bool send_due;                 /* posted while plugged */
+        bool flush_due;                /* posted, waits for the flush (send_soon()) */
+        uint64_t due_bytes;            /* posted since the last send_now() */
         LIST_FIELDS(TcpPeer, peers);
 };
 
@@ -128,6 +138,9 @@ struct TcpTransport {
         TransportRegion *regions[MAX_REGIONS];
         LIST_HEAD(TcpPeer, peers);
         int efd;
+        sd_event_source *flush;        /* idle priority: send_soon()'s posts leave */
+        bool flush_armed;
+        uint64_t flush_since;          /* CLOCK_MONOTONIC: the oldest post waiting */
         TransportDoneQueue done;
         uint8_t *scratch;
 };
@@ -414,6 +427,49 @@ static void send_now(TcpPeer *tp) {
                         (void)stream_send_budget(s, SEND_BATCH_BYTES); /* an error: stream_io's */
                 stream_update(s);
         }
+}
+
+static void flush_all(TcpTransport *t) {
+        t->flush_armed = false;
+        if (t->flush)
+                (void)sd_event_source_set_enabled(t->flush, SD_EVENT_OFF);
+        LIST_FOREACH(peers, tp, t->peers)
+                if (tp->flush_due) {
+                        tp->flush_due = false;
+                        tp->due_bytes = 0;
+                        send_now(tp);
+                }
+}
+
+static int on_flush(sd_event_source *s, void *userdata) {
+        flush_all(userdata);
+        return 0;
+}
+
+/* Posted: out now, or with what else the loop posts before it idles (FLUSH_MAX_USEC). */
+static void send_soon(TcpPeer *tp) {
+        TcpTransport *t = tp->t;
+
+        if (tp->due_bytes < SEND_BATCH_BYTES) {
+                if (!t->flush && sd_event_add_defer(t->event, &t->flush, on_flush, t) >= 0)
+                        (void)sd_event_source_set_priority(t->flush, SD_EVENT_PRIORITY_IDLE - 1);
+                if (t->flush && sd_event_source_set_enabled(t->flush, SD_EVENT_ONESHOT) >= 0) {
+                        if (!t->flush_armed)
+                                t->flush_since = now_usec(CLOCK_MONOTONIC);
+                        t->flush_armed = true;
+                        tp->flush_due = true;
+                        return;
+                }
+        }
+        tp->flush_due = false;
+        tp->due_bytes = 0;
+        send_now(tp); /* a full batch, or no source: at once */
+}
+
+void tcp_transport_flush_overdue(Transport *tt) {
+        TcpTransport *t = tt ? tcp(tt) : NULL;
+        if (t && t->flush_armed && now_usec(CLOCK_MONOTONIC) >= t->flush_since + FLUSH_MAX_USEC)
+                flush_all(t);
 }
 
 /* ---- receiving ---- */
@@ -899,15 +955,18 @@ static int tcp_post(Transport *tt, void *peer, const TransportWrite *w, size_t n
                 slice_queue_push(&tp->queue, &ws[i]->sw);
         free(ws);
         t->base.stats.batches++;
+        for (size_t i = 0; i < n; i++)
+                tp->due_bytes += w[i].length;
         if (tp->plugged)
                 tp->send_due = true;
         else
-                send_now(tp);
+                send_soon(tp);
         return 0;
 }
 
 /* Posts between tcp_plug() and tcp_unplug() leave together: a handoff's groups shipped
- * at once go out in one sendmsg() rather than one each. */
+ * at once go out in one sendmsg() rather than one each (or with the loop's other posts,
+ * send_soon()). */
 static void tcp_plug(Transport *tt, void *peer) {
         TcpPeer *tp = tcp_peer_get(tcp(tt), peer, true);
         if (tp)
@@ -919,7 +978,7 @@ static void tcp_unplug(Transport *tt, void *peer) {
         if (!tp || tp->plugged == 0 || --tp->plugged > 0 || !tp->send_due)
                 return;
         tp->send_due = false;
-        send_now(tp);
+        send_soon(tp);
 }
 
 static int tcp_completion_fd(Transport *tt) {
@@ -981,6 +1040,7 @@ static void tcp_free(Transport *tt) {
                 LIST_REMOVE(peers, t->peers, tp);
                 free(tp);
         }
+        t->flush = sd_event_source_disable_unref(t->flush);
         safe_close(t->efd);
         free(t->done.items);
         free(t->scratch);

@@ -31,5 +31,8 @@ void tcp_transport_write_acked(Transport *t, Peer *p, uint64_t write_id, int err
 /* WRITE_ACKS: every write of the runs landed. */
 void tcp_transport_writes_acked(Transport *t, Peer *p, const PeerAckRun *runs, size_t n);
 unsigned tcp_transport_streams_up(Transport *t, Peer *p);
+/* Posts waiting for the loop to idle go out if the oldest has waited its bound: for a
+ * loop that may not idle (manager_run()'s, after every dispatch). */
+void tcp_transport_flush_overdue(Transport *t);
 /* Writes queued or awaiting acknowledgement to p, and incoming writes from p. */
 void tcp_transport_peer_inflight(Transport *t, Peer *p, uint64_t *out, uint64_t *in);

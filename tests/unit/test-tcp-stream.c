@@ -7,17 +7,22 @@
  *    mix;
  *  - a write whose target is not announced yet parks the stream with the writes behind
  *    it already read ahead: once the target is announced (resume_incoming) every one of
- *    them lands, although no further byte arrives on the socket to wake the stream. */
+ *    them lands, although no further byte arrives on the socket to wake the stream;
+ *  - writes posted one call after another (handoffs prepared by successive bus calls)
+ *    leave together when the loop turns, not one sendmsg() each; 2 MiB posted leave at
+ *    once, and posts a busy loop holds go after their bound (flush_overdue). */
 #include <check.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <systemd/sd-event.h>
 
 #include "macro.h"
+#include "time-util.h"
 #include "peer/peer-proto.h"
 #include "transport/tcp.h"
 #include "../check-main.h"
@@ -95,6 +100,7 @@ static const TransportPeerOps ops = {
 
 static uint8_t *src, *dst;
 static TransportRegion rs, rd;
+static int rx_fd; /* the receiver's end of the stream */
 
 static void setup(void) {
         int sv[2];
@@ -112,6 +118,7 @@ static void setup(void) {
         ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
         ck_assert_int_eq(tcp_transport_attach_stream(ta, &to_b, sv[0], 0), 0);
         ck_assert_int_eq(tcp_transport_attach_stream(tb, &to_a, sv[1], 0), 0);
+        rx_fd = sv[1];
         announced = 0;
         landed = completed = asked_again = 0;
         failures = 0;
@@ -258,6 +265,50 @@ START_TEST(test_slice_twice_on_two_streams) {
 }
 END_TEST
 
+static int queued_at_receiver(void) {
+        int n = -1;
+        ck_assert_int_eq(ioctl(rx_fd, FIONREAD, &n), 0);
+        return n;
+}
+
+START_TEST(test_posts_leave_together) {
+        enum { N = 8, LEN = 16384 };
+        const int frame = PEER_FRAME_HEADER_SIZE + PEER_DATA_HEADER_SIZE + LEN;
+        /* One post per call, as handoffs prepared by one bus call after another: nothing
+         * is on the wire until the loop turns, then all of it at once (one sendmsg()). */
+        for (int i = 0; i < N; i++) {
+                TransportWrite w = { .src_region = 0, .src_offset = (uint64_t)i * LEN, .dst_region = 1,
+                                     .dst_offset = (uint64_t)i * LEN, .length = LEN, .cookie = i };
+                ck_assert_int_eq(ta->ops->post(ta, &to_b, &w, 1), 0);
+        }
+        ck_assert_int_eq(queued_at_receiver(), 0);
+        ck_assert_int_eq(sd_event_run(ev, 0), 1); /* the flush: the receiver's read is the next turn */
+        ck_assert_int_eq(queued_at_receiver(), N * frame);
+        ck_assert_msg(run_until(N, 2000), "%zu of %d landed", landed, N);
+        ck_assert_mem_eq(dst, src, (size_t)N * LEN);
+
+        /* A loop that never idles: the posts go once they waited their bound. */
+        TransportWrite w = { .src_region = 0, .dst_region = 1, .dst_offset = 1U << 20, .length = LEN, .cookie = 50 };
+        ck_assert_int_eq(ta->ops->post(ta, &to_b, &w, 1), 0);
+        tcp_transport_flush_overdue(ta);
+        ck_assert_int_eq(queued_at_receiver(), 0);
+        uint64_t t0 = now_usec(CLOCK_MONOTONIC);
+        while (now_usec(CLOCK_MONOTONIC) < t0 + 1000)
+                ;
+        tcp_transport_flush_overdue(ta);
+        ck_assert_int_eq(queued_at_receiver(), frame);
+        ck_assert_msg(run_until(N + 1, 2000), "the overdue write: %zu of %d landed", landed, N + 1);
+
+        /* A full batch's bytes do not wait for the loop. */
+        w = (TransportWrite){ .src_region = 0, .dst_region = 1, .dst_offset = 2U << 20, .length = 2U << 20,
+                              .cookie = 60 };
+        ck_assert_int_eq(ta->ops->post(ta, &to_b, &w, 1), 0);
+        ck_assert_int_gt(queued_at_receiver(), 0);
+        ck_assert_msg(run_until(N + 2, 5000), "the big write: %zu of %d landed", landed, N + 2);
+        ck_assert_mem_eq(dst + (2U << 20), src, 2U << 20);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("tcp-stream");
         TCase *tc = tcase_create("receive");
@@ -265,6 +316,7 @@ int main(void) {
         tcase_add_test(tc, test_small_and_big);
         tcase_add_test(tc, test_parked_with_read_ahead);
         tcase_add_test(tc, test_slice_twice_on_two_streams);
+        tcase_add_test(tc, test_posts_leave_together);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
