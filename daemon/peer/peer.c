@@ -10,8 +10,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "time-util.h"
-
 #include "hashmap.h"
 #include "log.h"
 #include "macro.h"

@@ -11,11 +11,11 @@
 #include "list.h"
 #include "log.h"
 #include "macro.h"
+#include "time-util.h"
 #include "peer/peer-proto.h"
 #include "transport/slicer.h"
 #include "transport/tcp.h"
 #include "transport/transport-peer.h"
-#include "time-util.h"
 #include "transport/transport-util.h"
 
 /* Bytes one stream moves per wakeup before it yields to the rest of the loop. */
