@@ -151,6 +151,7 @@ int handoff_settle_wait(HandoffObject *o) {
         int r = wal_manager_after_durable(o->hm->manager, settle_done, w);
         if (r >= 0 && !w->answered) {
                 w->in_call = false; /* settle_done() acts when the records are durable */
+                o->hm->counters.journal_waits++;
                 return 0;
         }
         /* Refused, or answered at once: the caller goes on (0) or fails the Prepare. */

@@ -488,6 +488,7 @@ size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t
         PUT("ring-fallbacks", c->ring_fallbacks);
         PUT("ring-backlogged", handoff_manager_ring_backlogged(hm));
         PUT("pipelined", c->pipelined);
+        PUT("journal-waits", c->journal_waits);
         PUT("live", hashmap_size(hm->by_handle));
         PUT("writes-in-flight", hashmap_size(hm->writes) + hashmap_size(hm->incoming));
         static const char *const fail[_HANDOFF_CAUSE_MAX] = {

@@ -294,6 +294,9 @@ static void collect_handoffs(Manager *m, MetricsWriter *w) {
         metrics_family(w, "epd_handoff_zero_copy_groups", METRIC_COUNTER, NULL,
                        "Layer groups handed over without a copy (same arena).");
         metrics_sample_u64(w, METRIC_NO_LABELS, c->zero_copy_groups);
+        metrics_family(w, "epd_handoff_journal_waits", METRIC_COUNTER, NULL,
+                       "Handoffs whose writes waited for the record that freed their pages to be durable.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, c->journal_waits);
         metrics_family(w, "epd_handoff_ring_fallbacks", METRIC_COUNTER, NULL,
                        "Notifications sent over D-Bus for want of room on a worker's ring.");
         metrics_sample_u64(w, METRIC_NO_LABELS, c->ring_fallbacks);

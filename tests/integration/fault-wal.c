@@ -5,7 +5,9 @@
  * up to and including it, fdatasync()s the file, and raises SIGKILL: what a kill -9
  * between that record and the next would leave, whatever the writer thread batched
  * together. When $EPD_FAULT_WAL_ENOSPC_LSN is N instead, every write to wal.log that
- * holds a record of LSN N or later fails with ENOSPC, writing nothing (a full disk).
+ * holds a record of LSN N or later fails with ENOSPC, writing nothing (a full disk);
+ * with $EPD_FAULT_WAL_ENOSPC_DELAY_MS as well, the first such write fails only after that
+ * long (a disk that takes its time to say so: what the loop does meanwhile is tested).
  * Every other write is the real one (the zeros the log writes ahead hold no record: LSN
  * 0). Test builds only: nothing in epdd knows of it. */
 #include <dlfcn.h>
@@ -73,6 +75,12 @@ static ssize_t faulty(int fd, const void *buf, size_t count, off_t off, bool pos
                         if (lsn == 0)
                                 break;
                         if (lsn >= from) {
+                                static bool delayed;
+                                const char *delay = getenv("EPD_FAULT_WAL_ENOSPC_DELAY_MS");
+                                if (delay && !delayed) {
+                                        delayed = true;
+                                        usleep((useconds_t)strtoul(delay, NULL, 10) * 1000);
+                                }
                                 errno = ENOSPC;
                                 return -1;
                         }

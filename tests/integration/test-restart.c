@@ -109,6 +109,8 @@ static uint64_t fault_lsn;
 /* When set, the next start_epdd() preloads fault-wal.c with EPD_FAULT_WAL_ENOSPC_LSN:
  * every write of a record from LSN fault_enospc_lsn on fails (a full disk). */
 static uint64_t fault_enospc_lsn;
+/* With fault_enospc_lsn: the first failing write fails only after this many ms. */
+static unsigned fault_enospc_delay_ms;
 
 /* The notify socket of the systemd this test plays (in h.dir), with an empty fd store. */
 static void open_notify(void) {
@@ -155,6 +157,11 @@ static pid_t spawn_epdd(bool with_store) {
                         setenv("ASAN_OPTIONS", env, 1);
                         setenv("LD_PRELOAD", getenv("FAULT_WAL"), 1);
                         setenv("EPD_FAULT_WAL_ENOSPC_LSN", lsn, 1);
+                        if (fault_enospc_delay_ms > 0) {
+                                char ms[32];
+                                snprintf(ms, sizeof ms, "%u", fault_enospc_delay_ms);
+                                setenv("EPD_FAULT_WAL_ENOSPC_DELAY_MS", ms, 1);
+                        }
                 }
                 int logfd = open(h.log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
                 if (logfd >= 0) {
@@ -2141,6 +2148,25 @@ static uint64_t freed_setup(epd_client *c, uint8_t *host0, char **ret_s1, char *
 }
 
 /* The freeing record, then the daemon's write into the freed page. */
+static uint64_t handoff_counter(const char *name) {
+        sd_bus *bus;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        uint64_t found = UINT64_MAX, v;
+        const char *k;
+        ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
+        ck_assert_int_ge(sd_bus_get_property(bus, NULL, "/org/epd1/handoffs", "org.epd1.Handoffs", "Counters", &e,
+                                             &reply, "a{st}"),
+                         0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "{st}"), 0);
+        while (sd_bus_message_read(reply, "{st}", &k, &v) > 0)
+                if (strcmp(k, name) == 0)
+                        found = v;
+        sd_bus_flush_close_unref(bus);
+        ck_assert_msg(found != UINT64_MAX, "no counter %s", name);
+        return found;
+}
+
 static void freed_then_written(epd_client *c, unsigned variant, const char *s1, const char *s3, const char *s5) {
         static const uint32_t groups[] = { 1, 1, 1, 1 };
         uint32_t w = 0;
@@ -2159,6 +2185,10 @@ static void freed_then_written(epd_client *c, unsigned variant, const char *s1, 
                 (void)epd_handoff_prepare(c, "0123456789abcdef0123456789abcdef", NULL, s5, groups, 4, &o, &path,
                                           &token);
                 free(path);
+                /* The DEL's write took its time to fail (fault_enospc_delay_ms): the
+                 * Prepare was journaled meanwhile, so what kept its copy out of the
+                 * freed page is the wait for the DEL, not a journal already refusing. */
+                ck_assert_uint_eq(handoff_counter("journal-waits"), 1);
         } else
                 (void)epd_sequence_prepare_write(c, s3, 0, 1, &w);
 }
@@ -2186,8 +2216,10 @@ START_TEST(test_write_into_freed_pages) {
                 ev_fresh_state();
                 /* Again, the disk full from that record on: it never becomes durable. */
                 fault_enospc_lsn = L + 1;
+                fault_enospc_delay_ms = v == FREED_RELEASE_HANDOFF ? 300 : 0;
                 start_epdd(true);
                 fault_enospc_lsn = 0;
+                fault_enospc_delay_ms = 0;
                 c = kv_worker(&host0, &feat0);
                 ck_assert_uint_eq(freed_setup(c, host0, &s1, &s3, &s5), L);
                 freed_then_written(c, v, s1, s3, s5);
