@@ -86,7 +86,7 @@ static void send_prepare_ok(HandoffObject *d) {
         /* The pages may be prefix-cache entries just evicted for room: the source writes
          * into them once told, so it is told once their removals are durable (else a
          * crash could bring an entry back over the handoff's bytes). */
-        if (page_manager_removals_settled(d->hm->manager->page_manager))
+        if (page_manager_pages_settled(d->hm->manager->page_manager, d->pool, d->pages, d->n_pages))
                 handoff_send_message(d, &ok);
         else
                 handoff_send_message_when_durable(d, &ok);
@@ -96,7 +96,7 @@ static void send_prepare_ok(HandoffObject *d) {
 /* ---- destination pages freed by a record not yet durable ---- */
 
 /* The pages a destination reserved may be ones just freed (a Release, a Truncate, an
- * eviction) whose record is not durable yet (page_manager_removals_settled()): no byte
+ * eviction) whose record is not durable yet (page_manager_pages_settled()): no byte
  * goes into them before it is, or a crash would bring the sequence or the entry back
  * over the handoff's bytes. A local copy's source posts nothing, a pipelined
  * destination parks the writes naming its slot, until then; found again by request and
@@ -305,7 +305,8 @@ static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
         hm->counters.prepared++;
         if (!pipelined)
                 send_prepare_ok(d);
-        else if (!page_manager_removals_settled(m->page_manager) && handoff_settle_wait(d) < 0) {
+        else if (!page_manager_pages_settled(m->page_manager, d->pool, d->pages, d->n_pages) &&
+                 handoff_settle_wait(d) < 0) {
                 (void)handoff_rollback(d->h, HANDOFF_CAUSE_REFUSED, false);
                 handoff_after_event(d);
                 return;

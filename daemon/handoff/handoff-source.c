@@ -607,7 +607,7 @@ static int prepare_local(HandoffManager *hm, PrepareCtx *x, HandoffObject *o, Re
         }
         /* The reserved pages may be ones just freed (a Release, an eviction): no byte
          * goes into them before the record that freed them is durable. */
-        if (!o->zero_copy && !page_manager_removals_settled(hm->manager->page_manager)) {
+        if (!o->zero_copy && !page_manager_pages_settled(hm->manager->page_manager, d->pool, d->pages, d->n_pages)) {
                 r = handoff_settle_wait(o);
                 if (r < 0) {
                         log_warning_errno(r, "handoff %s: cannot wait for the journal: %m", o->request_str);

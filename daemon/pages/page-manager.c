@@ -167,27 +167,25 @@ int page_manager_sequence_record(Sequence *s, void **ret, size_t *ret_len) {
 
 /* Pages returned to FREE since the last look: the record that freed them is the last
  * one appended, or an earlier one (each path journals its frees in the same turn of
- * the loop), so the mark moves up to the last LSN. Taken right after each record that
- * frees (a Release's DEL, a Truncate's or a copy-on-write's PUT), where the last LSN is
- * that record's, and again before the daemon writes into fresh pages, for the frees
- * another record covers (a handoff's, a workflow's). `appended` < 0: the record that
- * was to cover them was refused: no daemon write into a freed page from now on. */
+ * the loop; an eviction journals its DEL before it frees the page), so they are marked
+ * with the last LSN. Taken right after each record that frees (a Release's DEL, a
+ * Truncate's or a copy-on-write's PUT), where the last LSN is that record's, and again
+ * before the daemon writes into fresh pages, for the frees another record covers (a
+ * handoff's, a workflow's). `appended` < 0: the record that was to cover them was
+ * refused: the daemon never writes into those pages (their mark never settles). */
+static bool stamp_durable(void *userdata, uint64_t stamp) {
+        return stamp != UINT64_MAX && wal_manager_durable(userdata, stamp);
+}
+
 static void removals_take_frees(PageManager *pm, int appended) {
         Manager *m = pm->manager;
-        uint64_t frees = 0;
-        for (size_t i = 0; i < m->n_arenas; i++)
-                if (m->arenas[i]->pages) {
-                        PagePoolStats st;
-                        page_pool_stats(m->arenas[i]->pages, &st);
-                        frees += st.frees;
-                }
-        if (frees == pm->frees_seen)
+        if (!m->wal)
                 return;
-        pm->frees_seen = frees;
-        if (appended < 0)
-                pm->gone_lsn = UINT64_MAX;
-        else if (pm->gone_lsn != UINT64_MAX && m->wal)
-                pm->gone_lsn = MAX(pm->gone_lsn, wal_manager_last_lsn(m));
+        uint64_t stamp = appended < 0 ? UINT64_MAX : wal_manager_last_lsn(m);
+        for (size_t i = 0; i < m->n_arenas; i++) {
+                page_pool_set_durable(m->arenas[i]->pages, stamp_durable, m);
+                page_pool_mark_frees(m->arenas[i]->pages, stamp);
+        }
 }
 
 int page_manager_journal(Sequence *s) {
@@ -245,8 +243,6 @@ static int directory_journal_wal(PageManager *pm, bool put, uint64_t hash, PageP
         if (r >= 0)
                 r = wal_manager_append(pm->manager, WAL_RECORD_DIRECTORY + (put ? DIRECTORY_REC_PUT : DIRECTORY_REC_DEL),
                                        buf, len);
-        if (r >= 0 && !put)
-                pm->gone_lsn = wal_manager_last_lsn(pm->manager);
         if (r < 0 && r != -ENOTCONN) {
                 /* A put is undone by the directory; a removal does not happen (the
                  * entry and its page stay cached: an eviction fails, a Remove says
@@ -787,9 +783,11 @@ void page_manager_take_frees(PageManager *pm) {
                 removals_take_frees(pm, 0);
 }
 
-bool page_manager_removals_settled(PageManager *pm) {
+bool page_manager_pages_settled(PageManager *pm, PagePool *pool, const PageId *pages, size_t n) {
+        if (!pm->manager->wal)
+                return true;
         removals_take_frees(pm, 0);
-        return wal_manager_mark_durable(pm->manager, &pm->gone_lsn);
+        return page_pool_pages_settled(pool, pages, n);
 }
 
 size_t page_manager_max_pages(PageManager *pm) {

@@ -60,20 +60,14 @@ typedef struct PageManager {
         void (*observer)(void *userdata, bool put, uint64_t hash, const char *arena, const char *worker);
         void *observer_userdata;
         const char *publishing_worker; /* set around page_manager_publish()'s inserts */
-        /* The last record that removed a directory entry (an eviction's DEL) or freed
-         * pages (a sequence's DEL, a Truncate's PUT) while not known durable (0: none;
-         * UINT64_MAX: refused): its pages may be handed out at once, and the daemon
-         * writes into such a page only once that record is durable
-         * (page_manager_removals_settled()), or a crash could bring the entry or the
-         * sequence back over other bytes. */
-        uint64_t gone_lsn;
-        uint64_t frees_seen; /* the pools' `frees` summed when gone_lsn last took them */
 } PageManager;
 
-/* Whether every directory removal and every record that freed pages so far is
- * durable: pages just handed out (evicted entries' or released sequences' among them)
- * may then be written by the daemon. */
-bool page_manager_removals_settled(PageManager *pm);
+/* Whether the records that freed the pages of pool (a sequence's DEL, a Truncate's PUT,
+ * an eviction's DEL) are durable: the daemon writes into pages it just handed out only
+ * then, or a crash could bring the sequence or the entry back over other bytes. Each
+ * page is marked with the record that freed it (pages.h), and freed pages are handed
+ * out oldest first, so pages handed out are usually settled already. */
+bool page_manager_pages_settled(PageManager *pm, PagePool *pool, const PageId *pages, size_t n);
 /* Pages just returned to FREE outside a sequence record (a handoff dropping its leases
  * on pages a Release freed while leased): the mark takes them now, at the last LSN,
  * which covers the records that freed them, rather than at the next write (by then a

@@ -2,7 +2,7 @@
 /* PrepareWrite: the copy-on-write of a sequence's shared pages, inline in host arenas,
  * on a GPU arena's copy engine off the loop (rounds until no page of the range is
  * shared), never into fresh pages before the records that freed them are durable
- * (page_manager_removals_settled()). */
+ * (page_manager_pages_settled()). */
 #include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -46,7 +46,7 @@ static int prepare_write_round(PageManager *pm, Sequence *s, size_t first, size_
 static void pending_write_done(void *userdata, int error);
 
 /* The copies of a round whose fresh pages may be evicted entries' start once every
- * directory removal before them is durable (page_manager_removals_settled()). */
+ * directory removal before them is durable (page_manager_pages_settled()). */
 static void pending_write_go(void *userdata, int error) {
         PendingWrite *p = userdata;
         PageManager *pm = p->pm;
@@ -157,7 +157,7 @@ static int prepare_write_round(PageManager *pm, Sequence *s, size_t first, size_
         *p = (PendingWrite) { .pm = pm, .arena = s->arena, .cow = c, .first = first, .count = count,
                               .copied = copied, .round = round, .ready = ready, .userdata = userdata };
         memcpy(p->id, s->id_str, sizeof p->id);
-        if (!page_manager_removals_settled(pm)) {
+        if (!page_manager_pages_settled(pm, c->pool, c->fresh, c->n)) {
                 /* The fresh pages may be entries just evicted (the plan allocated them):
                  * no byte goes into them before their removal is durable. */
                 p->dst = TAKE_PTR(dst);

@@ -9,10 +9,22 @@
 typedef struct Page {
         uint32_t refs;
         uint32_t leases;
-        /* FREE: next on the free stack. IDLE: neighbours on the LRU queue. */
+        /* FREE: next on the free stack or the quarantine. IDLE: neighbours on the LRU
+         * queue. */
         PageId next, prev;
         void *cached; /* directory entry holding this page, or NULL */
+        uint64_t freed_at; /* the pool's `frees` when it last became FREE (0: never); kept
+                            * when it is handed out again */
 } Page;
+
+/* The pool's frees up to `frees` are covered by the record `stamp` (page_pool_mark_frees()). */
+typedef struct FreeMark {
+        uint64_t frees, stamp;
+} FreeMark;
+
+/* Marks kept apart at most: beyond, the newest takes the frees of the next (a later
+ * stamp for them: they settle later, never early). */
+#define FREE_MARKS_MAX 64U
 
 struct PagePool {
         Page *pages;
@@ -20,7 +32,17 @@ struct PagePool {
         uint64_t page_size;
         uint64_t base_offset;
 
-        PageId free_top;          /* free stack */
+        /* FREE pages: the stack of those whose freeing record is known durable, handed
+         * out last freed first (warm in the caches, mapped by the workers already), and
+         * with a durability check set (page_pool_set_durable()) the quarantine of those
+         * freed since, oldest first, which move to the stack as their marks settle and
+         * are handed out only when the stack is empty (page_pool_pages_settled() then
+         * says the caller must wait). */
+        PageId free_top;
+        PageId q_head, q_tail;
+        uint64_t n_quarantined;
+        PageDurableFn durable;
+        void *durable_userdata;
         PageId lru_first, lru_last; /* IDLE queue, first = least recently released */
 
         PageEvictFn evict;
@@ -29,6 +51,11 @@ struct PagePool {
         uint64_t n_free, n_idle, n_cached, n_shared, n_leased, n_referenced;
         uint64_t refs, leases;
         uint64_t allocs, frees, alloc_failures, evictions, cow_copies;
+
+        FreeMark marks[FREE_MARKS_MAX]; /* oldest first, ring of marks_n from marks_head */
+        unsigned marks_head, marks_n;
+        uint64_t marked_frees;            /* frees a mark covers */
+        uint64_t settled_frees;           /* frees whose mark's record is durable */
 };
 
 int page_pool_new(uint64_t n_pages, uint64_t page_size, uint64_t base_offset, PagePool **ret) {
@@ -57,6 +84,7 @@ int page_pool_new(uint64_t n_pages, uint64_t page_size, uint64_t base_offset, Pa
                 p->pages[i] = (Page){ .next = i + 1 < p->n_pages ? i + 1 : PAGE_ID_INVALID,
                                       .prev = PAGE_ID_INVALID };
         p->free_top = 0;
+        p->q_head = p->q_tail = PAGE_ID_INVALID;
         p->n_free = n_pages;
         p->lru_first = p->lru_last = PAGE_ID_INVALID;
         *ret = p;
@@ -152,13 +180,57 @@ static void lru_remove(PagePool *pool, PageId id) {
         pool->n_idle--;
 }
 
-static void free_push(PagePool *pool, PageId id) {
+static void stack_push(PagePool *pool, PageId id) {
         Page *p = &pool->pages[id];
         p->prev = PAGE_ID_INVALID;
         p->next = pool->free_top;
         pool->free_top = id;
+}
+
+static void free_push(PagePool *pool, PageId id) {
+        Page *p = &pool->pages[id];
+        p->freed_at = ++pool->frees;
         pool->n_free++;
-        pool->frees++;
+        if (!pool->durable) {
+                stack_push(pool, id);
+                return;
+        }
+        p->prev = p->next = PAGE_ID_INVALID;
+        if (pool->q_tail != PAGE_ID_INVALID)
+                pool->pages[pool->q_tail].next = id;
+        else
+                pool->q_head = id;
+        pool->q_tail = id;
+        pool->n_quarantined++;
+}
+
+static PageId quarantine_pop(PagePool *pool) {
+        PageId id = pool->q_head;
+        pool->q_head = pool->pages[id].next;
+        if (pool->q_head == PAGE_ID_INVALID)
+                pool->q_tail = PAGE_ID_INVALID;
+        pool->n_quarantined--;
+        return id;
+}
+
+/* Moves settled_frees up over the marks whose record is durable, as far as `upto`
+ * needs (UINT64_MAX: as far as they go). */
+static void settle(PagePool *pool, uint64_t upto) {
+        while (upto > pool->settled_frees && pool->marks_n > 0 && pool->durable &&
+               pool->durable(pool->durable_userdata, pool->marks[pool->marks_head].stamp)) {
+                pool->settled_frees = pool->marks[pool->marks_head].frees;
+                pool->marks_head = (pool->marks_head + 1) % FREE_MARKS_MAX;
+                pool->marks_n--;
+        }
+}
+
+/* The quarantined pages whose mark settled go on the stack (the last freed on top). */
+static void quarantine_release(PagePool *pool) {
+        if (pool->q_head == PAGE_ID_INVALID)
+                return;
+        settle(pool, pool->pages[pool->q_tail].freed_at);
+        while (pool->q_head != PAGE_ID_INVALID && pool->pages[pool->q_head].freed_at <= pool->settled_frees)
+                stack_push(pool, quarantine_pop(pool));
 }
 
 /* Called when refs and leases both reached zero. */
@@ -169,13 +241,18 @@ static void page_release(PagePool *pool, PageId id) {
                 free_push(pool, id);
 }
 
+/* After quarantine_release(). */
 static int alloc_one(PagePool *pool, PageId *ret) {
-        PageId id = pool->free_top;
+        PageId id;
+        if (pool->free_top != PAGE_ID_INVALID) {
+                id = pool->free_top;
+                pool->free_top = pool->pages[id].next;
+        } else
+                id = quarantine_pop(pool); /* freed longest ago: the first to settle */
         Page *p = &pool->pages[id];
 
-        pool->free_top = p->next;
         pool->n_free--;
-        *p = (Page){ .refs = 1, .next = PAGE_ID_INVALID, .prev = PAGE_ID_INVALID };
+        *p = (Page){ .refs = 1, .next = PAGE_ID_INVALID, .prev = PAGE_ID_INVALID, .freed_at = p->freed_at };
         pool->refs++;
         pool->n_referenced++;
         pool->allocs++;
@@ -197,6 +274,7 @@ int page_pool_alloc(PagePool *pool, PageId *ret) {
                 pool->alloc_failures++;
                 return -ENOSPC;
         }
+        quarantine_release(pool);
         return alloc_one(pool, ret);
 }
 
@@ -219,6 +297,7 @@ int page_pool_alloc_many(PagePool *pool, size_t n, PageId *ret) {
                 pool->alloc_failures++;
                 return -ENOSPC;
         }
+        quarantine_release(pool);
         for (size_t i = 0; i < n; i++)
                 (void)alloc_one(pool, &ret[i]);
         return 0;
@@ -384,6 +463,41 @@ int page_pool_evict_lru(PagePool *pool, PageId *ret_id, void **ret_entry) {
         return 0;
 }
 
+void page_pool_mark_frees(PagePool *pool, uint64_t stamp) {
+        if (!pool || pool->frees == pool->marked_frees)
+                return;
+        if (pool->marks_n == FREE_MARKS_MAX) {
+                FreeMark *back = &pool->marks[(pool->marks_head + pool->marks_n - 1) % FREE_MARKS_MAX];
+                back->frees = pool->frees;
+                back->stamp = MAX(back->stamp, stamp);
+        } else
+                pool->marks[(pool->marks_head + pool->marks_n++) % FREE_MARKS_MAX] =
+                        (FreeMark){ .frees = pool->frees, .stamp = stamp };
+        pool->marked_frees = pool->frees;
+}
+
+void page_pool_set_durable(PagePool *pool, PageDurableFn fn, void *userdata) {
+        if (!pool || pool->durable == fn)
+                return;
+        quarantine_release(pool);
+        pool->durable = fn;
+        pool->durable_userdata = userdata;
+        /* Without a check there is nothing to wait for: the quarantine goes. */
+        while (!fn && pool->q_head != PAGE_ID_INVALID)
+                stack_push(pool, quarantine_pop(pool));
+}
+
+bool page_pool_pages_settled(PagePool *pool, const PageId *ids, size_t n) {
+        if (!pool || !pool->durable)
+                return true;
+        uint64_t latest = 0;
+        for (size_t i = 0; i < n; i++)
+                if (page_valid(pool, ids[i]))
+                        latest = MAX(latest, pool->pages[ids[i]].freed_at);
+        settle(pool, latest);
+        return latest <= pool->settled_frees;
+}
+
 void page_pool_count_cow(PagePool *pool, uint64_t pages) {
         pool->cow_copies += pages;
 }
@@ -411,13 +525,23 @@ int page_pool_verify(const PagePool *pool) {
             n_referenced != pool->n_referenced || refs != pool->refs || leases != pool->leases)
                 return -EUCLEAN;
 
-        /* The free stack holds exactly the FREE pages, the LRU queue the IDLE ones. */
+        /* The free stack and the quarantine hold exactly the FREE pages, the LRU queue the
+         * IDLE ones. */
         walked = 0;
         for (PageId id = pool->free_top; id != PAGE_ID_INVALID; id = pool->pages[id].next) {
                 if (id >= pool->n_pages || !page_state_free(&pool->pages[id]) || ++walked > n_free)
                         return -EUCLEAN;
         }
-        if (walked != n_free)
+        uint64_t quarantined = 0;
+        PageId last = PAGE_ID_INVALID;
+        for (PageId id = pool->q_head; id != PAGE_ID_INVALID; id = pool->pages[id].next) {
+                if (id >= pool->n_pages || !page_state_free(&pool->pages[id]) || ++walked > n_free ||
+                    (last != PAGE_ID_INVALID && pool->pages[id].freed_at <= pool->pages[last].freed_at))
+                        return -EUCLEAN;
+                quarantined++;
+                last = id;
+        }
+        if (walked != n_free || quarantined != pool->n_quarantined || last != pool->q_tail)
                 return -EUCLEAN;
         walked = 0;
         PageId prev = PAGE_ID_INVALID;
@@ -441,16 +565,17 @@ int page_pool_restore(PagePool *pool, const uint32_t *refs) {
         for (uint32_t i = 0; i < pool->n_pages; i++)
                 if (refs[i] > PAGE_REFS_MAX)
                         return -EOVERFLOW;
-        pool->free_top = PAGE_ID_INVALID;
+        pool->free_top = pool->q_head = pool->q_tail = PAGE_ID_INVALID;
+        pool->n_quarantined = 0;
         pool->n_free = pool->n_shared = pool->n_referenced = pool->refs = 0;
-        /* Pushed from the top down so that low ids are handed out first again. */
+        /* Pushed from the top down so that low ids are handed out first again. What the
+         * WAL replayed is durable: no page waits for a mark. */
         for (uint32_t i = pool->n_pages; i > 0; i--) {
                 PageId id = i - 1;
                 Page *p = &pool->pages[id];
                 *p = (Page){ .refs = refs[id], .next = PAGE_ID_INVALID, .prev = PAGE_ID_INVALID };
                 if (refs[id] == 0) {
-                        p->next = pool->free_top;
-                        pool->free_top = id;
+                        stack_push(pool, id);
                         pool->n_free++;
                         continue;
                 }

@@ -136,6 +136,21 @@ void page_pool_count_cow(PagePool *pool, uint64_t pages);
  * the pool is in use already, -EOVERFLOW for a count past PAGE_REFS_MAX. */
 int page_pool_restore(PagePool *pool, const uint32_t *refs);
 
+/* The records that free pages (a sequence's DEL, a Truncate's PUT, an eviction's DEL)
+ * may not be durable yet when the daemon writes into the pages they freed: a crash would
+ * bring the old owner back over the new bytes. page_pool_set_durable() gives the pool
+ * the check (NULL: none, nothing waits); page_pool_mark_frees() says that every page
+ * freed so far and not marked yet is covered by the record `stamp` (an LSN, UINT64_MAX:
+ * one that never will be durable); page_pool_pages_settled() whether the marks of every
+ * page of ids (handed out now, or still free) are durable (asked oldest first, up to
+ * the first that is not: marks settle in order). A page never freed, or freed before
+ * page_pool_restore(), is settled. Pages freed since the last settled mark are handed
+ * out only when no settled page is free. */
+typedef bool (*PageDurableFn)(void *userdata, uint64_t stamp);
+void page_pool_set_durable(PagePool *pool, PageDurableFn fn, void *userdata);
+void page_pool_mark_frees(PagePool *pool, uint64_t stamp);
+bool page_pool_pages_settled(PagePool *pool, const PageId *ids, size_t n);
+
 /* Walks every page and checks the counters and the free/LRU lists against the pages'
  * states: returns 0 or -EUCLEAN. For tests and `epdctl pages --check`; O(n). */
 int page_pool_verify(const PagePool *pool);

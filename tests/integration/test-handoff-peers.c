@@ -23,6 +23,7 @@
 #include "epd-internal.h"
 #include "epd/handoff.h"
 #include "harness.h"
+#include "time-util.h"
 #include "../check-main.h"
 
 #define LAYERS 8
@@ -168,6 +169,32 @@ static uint64_t arena_live(epd_client *c) {
                 live += v[1] - v[2];
         sd_bus_message_unref(reply);
         return live;
+}
+
+/* The free pages of c's kv0. */
+static uint64_t kv0_free(epd_client *c) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        uint64_t free_pages = 0;
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
+                                             "a(sttttttttttt)"), 0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "(sttttttttttt)"), 0);
+        const char *name;
+        uint64_t v[11];
+        while (sd_bus_message_read(reply, "(sttttttttttt)", &name, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                                   &v[7], &v[8], &v[9], &v[10]) > 0)
+                if (strcmp(name, "kv0") == 0)
+                        free_pages = v[2];
+        sd_bus_message_unref(reply);
+        return free_pages;
+}
+
+/* Every free page of c's kv0 taken: the next pages handed out there are the next ones
+ * freed (freed pages are otherwise handed out oldest first, long after their record is
+ * durable). NULL if none was free. */
+static char *kv0_fill(epd_client *c) {
+        uint64_t n = kv0_free(c);
+        return n > 0 ? make_sequence(c, (uint32_t)n, NULL) : NULL;
 }
 
 typedef struct Cond {
@@ -607,6 +634,35 @@ START_TEST(test_pipelined_into_freed_pages) {
         epd_handoff_accepted_done(&acc);
         free(path);
 
+        /* With older free pages at hand, a handoff right after a Release does not take
+         * the page just freed, and waits for nothing: it lands while the DEL is still
+         * being written. */
+        fault_set(hb.epdd_pid, 0, 1500); /* bravo's disk: 1.5 s a sync */
+        Cond released = { d, NULL, NULL, arena_live(d) - 1 };
+        uint64_t t0 = now_usec(CLOCK_MONOTONIC);
+        ck_assert_int_eq(epd_sequence_release_nowait(d, gone), 0);
+        ck_assert(harness_wait_for(live_is, &released, 5000));
+        ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000e7", "bravo", seq, groups4, 4, &o, &path,
+                                             &token),
+                         0);
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000e7", &acc), 0);
+        t.path = acc.path;
+        ck_assert(harness_wait_for(state_is, &t, 5000));
+        uint64_t took = now_usec(CLOCK_MONOTONIC) - t0;
+        ck_assert_msg(acc.offsets[0] != freed, "the handoff took the page just freed");
+        ck_assert_msg(took < 1000000, "the handoff waited %" PRIu64 " us: for the DEL of a page it did not take", took);
+        ck_assert(layers_equal(db, acc.offsets, 1, 0, LAYERS));
+        fault_clear();
+        ck_assert_int_eq(epd_flush(d, 5000000), 0); /* the Release's answer */
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        free(gone);
+        gone = make_sequence(d, 1, &freed);
+        memset((uint8_t *)db + freed, 0xab, PAGE_SIZE);
+
+        char *filler = kv0_fill(d); /* the handoff takes the page the Release frees */
         fault_set(hb.epdd_pid, 0, 1500); /* bravo's disk: 1.5 s a sync */
         Cond freed_now = { d, NULL, NULL, arena_live(d) - 1 };
         ck_assert_int_eq(epd_sequence_release_nowait(d, gone), 0);
@@ -654,6 +710,9 @@ START_TEST(test_pipelined_into_freed_pages) {
         usleep(1600000); /* the DEL is durable */
         fault_clear();
         ck_assert_int_eq(epd_flush(d, 5000000), 0);
+        if (filler)
+                ck_assert_int_eq(epd_sequence_release(d, filler), 0);
+        free(filler);
         uint64_t big[N_PAGES];
         char *large = make_sequence(p, N_PAGES, big);
         for (uint32_t pg = 0; pg < N_PAGES; pg++)

@@ -266,6 +266,124 @@ START_TEST(test_restore) {
 }
 END_TEST
 
+/* The durable LSN in the tests below: marks at or under it are durable. */
+static uint64_t durable_lsn;
+static unsigned durable_asked;
+static bool durable_test(void *userdata, uint64_t stamp) {
+        durable_asked++;
+        return stamp != UINT64_MAX && stamp <= durable_lsn;
+}
+
+START_TEST(test_free_quarantine_and_marks) {
+        PagePool *p;
+        PageId a[4], b[4], id;
+        ck_assert_int_eq(page_pool_new(8, 4096, 0, &p), 0);
+        page_pool_set_durable(p, durable_test, NULL);
+        durable_lsn = 0;
+        ck_assert_int_eq(page_pool_alloc_many(p, 4, a), 0);
+        for (unsigned i = 0; i < 4; i++)
+                ck_assert_uint_eq(a[i], i); /* low ids first */
+        ck_assert(page_pool_pages_settled(p, a, 4)); /* never freed */
+
+        /* Page 1 freed by record 10, page 3 by record 20 (a mark with no new free adds
+         * nothing): neither durable, so the pages never used go first. */
+        ck_assert_int_eq(page_unref(p, a[1]), 0);
+        page_pool_mark_frees(p, 10);
+        ck_assert_int_eq(page_unref(p, a[3]), 0);
+        page_pool_mark_frees(p, 20);
+        page_pool_mark_frees(p, 30);
+        verify(p);
+        ck_assert(!page_pool_pages_settled(p, &a[1], 1));
+        ck_assert_int_eq(page_pool_alloc_many(p, 4, b), 0);
+        for (unsigned i = 0; i < 4; i++) {
+                ck_assert_uint_eq(b[i], 4 + i);
+                ck_assert(page_pool_pages_settled(p, &b[i], 1));
+        }
+        /* Nothing else free: the one freed longest ago, which the caller must wait for. */
+        ck_assert_int_eq(page_pool_alloc(p, &id), 0);
+        ck_assert_uint_eq(id, 1);
+        ck_assert(!page_pool_pages_settled(p, &id, 1));
+        durable_lsn = 15; /* record 10: page 1 settles, page 3 not yet */
+        ck_assert(page_pool_pages_settled(p, &id, 1));
+        ck_assert(!page_pool_pages_settled(p, &a[3], 1));
+        durable_lsn = 20;
+        durable_asked = 0;
+        ck_assert(page_pool_pages_settled(p, &a[3], 1));
+        ck_assert(page_pool_pages_settled(p, &a[3], 1));
+        ck_assert_uint_eq(durable_asked, 1); /* settled once: not asked again */
+        verify(p);
+
+        /* Settled pages go last freed first; one freed since (record 40, not durable)
+         * waits behind them. */
+        ck_assert_int_eq(page_unref(p, b[0]), 0); /* page 4 */
+        ck_assert_int_eq(page_unref(p, b[1]), 0); /* page 5 */
+        page_pool_mark_frees(p, 20);
+        ck_assert_int_eq(page_unref(p, b[2]), 0); /* page 6 */
+        page_pool_mark_frees(p, 40);
+        PageId c[3];
+        ck_assert_int_eq(page_pool_alloc_many(p, 3, c), 0);
+        ck_assert_uint_eq(c[0], 5); /* settled, last freed first */
+        ck_assert_uint_eq(c[1], 4);
+        ck_assert_uint_eq(c[2], 3);
+        ck_assert_int_eq(page_pool_alloc(p, &id), 0);
+        ck_assert_uint_eq(id, 6);
+        ck_assert(!page_pool_pages_settled(p, &id, 1));
+        verify(p);
+
+        /* A record refused (UINT64_MAX): what it freed never settles. */
+        ck_assert_int_eq(page_unref(p, c[1]), 0);
+        page_pool_mark_frees(p, UINT64_MAX);
+        durable_lsn = 1000;
+        ck_assert(page_pool_pages_settled(p, &id, 1));
+        ck_assert(!page_pool_pages_settled(p, &c[1], 1));
+        /* Freed and not marked yet: not settled either. */
+        ck_assert_int_eq(page_unref(p, c[2]), 0);
+        ck_assert(!page_pool_pages_settled(p, &c[2], 1));
+        verify(p);
+        ck_assert_int_eq(page_pool_alloc(p, &id), 0);
+        ck_assert_uint_eq(id, c[1]); /* nothing settled is free: the oldest freed */
+        verify(p);
+
+        /* No check: nothing waits, the quarantine is emptied onto the stack. */
+        page_pool_set_durable(p, NULL, NULL);
+        ck_assert(page_pool_pages_settled(p, &c[2], 1));
+        verify(p);
+        ck_assert_int_eq(page_pool_alloc(p, &id), 0);
+        ck_assert_uint_eq(id, c[2]);
+        ck_assert_int_eq(page_pool_alloc(p, &id), -ENOSPC);
+        page_pool_free(p);
+}
+END_TEST
+
+START_TEST(test_free_marks_bounded) {
+        /* More marks than are kept apart: the newest takes the later frees (settling
+         * later, never earlier). */
+        PagePool *p;
+        PageId ids[200];
+        ck_assert_int_eq(page_pool_new(200, 4096, 0, &p), 0);
+        page_pool_set_durable(p, durable_test, NULL);
+        durable_lsn = 0;
+        ck_assert_int_eq(page_pool_alloc_many(p, 200, ids), 0);
+        for (unsigned i = 0; i < 200; i++) {
+                ck_assert_int_eq(page_unref(p, ids[i]), 0);
+                page_pool_mark_frees(p, 1000 + i);
+        }
+        verify(p);
+        ck_assert_int_eq(page_pool_alloc_many(p, 200, ids), 0);
+        for (unsigned i = 0; i < 200; i++)
+                ck_assert_uint_eq(ids[i], i); /* the quarantine, oldest first */
+        durable_lsn = 1000 + 62; /* the first 63 marks */
+        ck_assert(page_pool_pages_settled(p, ids, 63));
+        ck_assert(!page_pool_pages_settled(p, &ids[63], 1));
+        durable_lsn = 1000 + 198; /* the coalesced last mark took stamp 1199 */
+        ck_assert(!page_pool_pages_settled(p, &ids[63], 1));
+        durable_lsn = 1000 + 199;
+        ck_assert(page_pool_pages_settled(p, ids, 200));
+        verify(p);
+        page_pool_free(p);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("pages");
         TCase *tc = tcase_create("pages");
@@ -276,6 +394,8 @@ int main(void) {
         tcase_add_test(tc, test_cached_lru);
         tcase_add_test(tc, test_alloc_many_all_or_nothing);
         tcase_add_test(tc, test_restore);
+        tcase_add_test(tc, test_free_quarantine_and_marks);
+        tcase_add_test(tc, test_free_marks_bounded);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
