@@ -26,9 +26,10 @@ decode worker (mean, P50, P99), beside the limit measured in the same run: a bar
 ping-pong (bench-tcp-pingpong: 64 KiB one way, 8 bytes back, between the same
 namespaces) and iperf3 -P 1. Then handoffs/s with 1, 8 and 64 in flight (64 KiB, 4
 groups; K client threads, and K pipelined from one thread on one connection and ring
-per side, as a worker that pipelines its requests) against iperf3's throughput. A
-Prepare refused with Error.Backpressure is retried after its retry-after, as workers
-do.
+per side, as a worker that pipelines its requests) against iperf3's throughput, with
+how many of those handoffs waited for the record that freed their pages (`journal
+waits`, source / destination: the journal-waits counter). A Prepare refused with
+Error.Backpressure is retried after its retry-after, as workers do.
 
     bench-handoff-netns.py BUILD_ROOT --syscalls [--count N] [--groups 36]
 
@@ -118,6 +119,12 @@ class Pair:
 
     def sock(self, i):
         return os.path.join(self.tmp, f"h{i}.sock")
+
+    def counter(self, i, name):
+        """A handoff counter of daemon i (org.epd1.Handoffs.Counters, epdctl handoffs)."""
+        r = subprocess.run([os.path.join(self.build, "tools", "epdctl"), "-A", f"direct:{self.sock(i)}", "--json",
+                            "handoffs"], stdout=subprocess.PIPE, text=True)
+        return json.loads(r.stdout)["counters"][name] if r.returncode == 0 else -1
 
     def handoff(self, size):
         self.n += 1
@@ -266,11 +273,14 @@ def latency_main(build, quick, count):
                         print(f"    {name:11} most made, per handoff: {top}", flush=True)
                 for k, pipelined in ((1, False), (8, False), (64, False), (8, True), (64, True)):
                     n = max(count, 4 * k) // k * k
+                    waits = [pair.counter(i, "journal-waits") for i in (0, 1)]
                     r = handoff_latency(build, pair, "bravo", n, 8, 4, 8192, inflight=k, pipelined=pipelined)
+                    waits = [pair.counter(i, "journal-waits") - w for i, w in zip((0, 1), waits)]
                     how = "pipelined from one thread" if pipelined else "in flight"
                     print(f"  inter-host 64 KiB x {k:2} {how}: {r['per_s']:8.0f} handoffs/s  "
                           f"{r['mib_s']:7.1f} MiB/s  = {r['mib_s'] / limit:5.3f} of iperf3 -P 1;  all landed P50 "
-                          f"{r['all_p50']:.1f} P99 {r['all_p99']:.1f} us", flush=True)
+                          f"{r['all_p50']:.1f} P99 {r['all_p99']:.1f} us;  journal waits {waits[0]} / {waits[1]}",
+                          flush=True)
             finally:
                 pair.close()
         finally:
