@@ -14,15 +14,39 @@
 #include "wal/wal.h"
 
 /* The request's trace (daemon/telemetry/telemetry.h): every step of a handoff under its request id. */
+static void trace_fill(HandoffObject *o, TraceDetail *x) {
+        if (!x->transport && o->peer) {
+                Transport *t = peer_manager_transport_for(o->hm->manager->peers, o->peer);
+                x->transport = t ? t->ops->name : "tcp";
+        }
+        x->transport = x->transport ?: (o->gpu ? "cuda" : "local");
+        x->peer = x->peer ?: (o->peer_host[0] ? o->peer_host : NULL);
+}
+
 static void trace(HandoffObject *o, TraceEventType type, const TraceDetail *d) {
         TraceDetail x = d ? *d : (TraceDetail){};
-        if (!x.transport && o->peer) {
-                Transport *t = peer_manager_transport_for(o->hm->manager->peers, o->peer);
-                x.transport = t ? t->ops->name : "tcp";
-        }
-        x.transport = x.transport ?: (o->gpu ? "cuda" : "local");
-        x.peer = x.peer ?: (o->peer_host[0] ? o->peer_host : NULL);
+        trace_fill(o, &x);
         (void)telemetry_trace(o->hm->manager, o->request_str, type, &x);
+}
+
+/* One event per layer group of [from, to), recorded together. */
+static void trace_groups(HandoffObject *o, TraceEventType type, uint32_t from, uint32_t to) {
+        TraceDetail x[64];
+        while (from < to) {
+                size_t n = MIN((size_t)(to - from), ELEMENTSOF(x));
+                for (size_t i = 0; i < n; i++) {
+                        x[i] = (TraceDetail){ .has_group = true, .group = (int32_t)(from + i),
+                                              .bytes = o->h->groups[from + i].bytes_done };
+                        if (i == 0)
+                                trace_fill(o, &x[0]);
+                        else {
+                                x[i].transport = x[0].transport;
+                                x[i].peer = x[0].peer;
+                        }
+                }
+                (void)telemetry_trace_n(o->hm->manager, o->request_str, type, x, n);
+                from += (uint32_t)n;
+        }
 }
 
 /* The CUDA transport, where the GPU domain is on. */
@@ -243,10 +267,8 @@ static void on_progress(HandoffObject *o, uint32_t from, uint32_t to) {
         if (h->role == HANDOFF_SOURCE) {
                 if (handoff_counts(o))
                         o->hm->counters.groups += to - from;
+                trace_groups(o, TRACE_GROUP_SENT, from, to);
                 for (uint32_t g = from; g < to; g++) {
-                        trace(o, TRACE_GROUP_SENT,
-                              &(TraceDetail){ .has_group = true, .group = (int32_t)g,
-                                              .bytes = h->groups[g].bytes_done });
                         if (o->twin) {
                                 (void)handoff_group_sent_notice(o->twin->h, g, h->groups[g].bytes_expected);
                         } else if (!o->imm) {
@@ -263,10 +285,7 @@ static void on_progress(HandoffObject *o, uint32_t from, uint32_t to) {
                 if (o->twin)
                         handoff_after_event(o->twin);
         } else
-                for (uint32_t g = from; g < to; g++)
-                        trace(o, TRACE_GROUP_RECEIVED,
-                              &(TraceDetail){ .has_group = true, .group = (int32_t)g,
-                                              .bytes = h->groups[g].bytes_done });
+                trace_groups(o, TRACE_GROUP_RECEIVED, from, to);
         handoff_notify_progress(o, to);
 }
 

@@ -54,6 +54,12 @@ int telemetry_trace(Manager *m, const char *request_id, TraceEventType type, con
         return telemetry_record(m->telemetry, request_id, type, d);
 }
 
+int telemetry_trace_n(Manager *m, const char *request_id, TraceEventType type, const TraceDetail *d, size_t n) {
+        if (!m->telemetry || !request_id)
+                return 0;
+        return telemetry_record_n(m->telemetry, request_id, type, d, n);
+}
+
 static void on_backpressure_bus(Telemetry *t, const char *peer, BackpressureLevel level,
                                 BackpressureReason reason, void *userdata) {
         Manager *m = userdata;

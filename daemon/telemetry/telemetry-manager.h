@@ -20,5 +20,7 @@ int telemetry_peer_load(Manager *m, const char *peer, unsigned handoffs_in_fligh
                         uint64_t destination_free_pages, uint64_t destination_total_pages);
 BackpressureLevel telemetry_peer_backpressure(Manager *m, const char *peer);
 int telemetry_trace(Manager *m, const char *request_id, TraceEventType type, const TraceDetail *d);
+/* n events of one type at once (the layer groups a batch of completions finished). */
+int telemetry_trace_n(Manager *m, const char *request_id, TraceEventType type, const TraceDetail *d, size_t n);
 
 extern const Subsystem telemetry_subsystem;

@@ -666,6 +666,12 @@ int telemetry_record(Telemetry *t, const char *request_id, TraceEventType type, 
         return trace_store_add(t->traces, request_id, now_usec(CLOCK_REALTIME), type, d);
 }
 
+int telemetry_record_n(Telemetry *t, const char *request_id, TraceEventType type, const TraceDetail *d, size_t n) {
+        if (!t)
+                return -EINVAL;
+        return trace_store_add_n(t->traces, request_id, now_usec(CLOCK_REALTIME), type, d, n);
+}
+
 const TraceRequest *telemetry_get_trace(Telemetry *t, const char *request_id) {
         return t ? trace_store_get(t->traces, request_id) : NULL;
 }

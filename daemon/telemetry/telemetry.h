@@ -99,5 +99,6 @@ int telemetry_evaluate(Telemetry *t);
 void telemetry_get_counters(Telemetry *t, TelemetryCounters *ret);
 
 int telemetry_record(Telemetry *t, const char *request_id, TraceEventType type, const TraceDetail *d);
+int telemetry_record_n(Telemetry *t, const char *request_id, TraceEventType type, const TraceDetail *d, size_t n);
 const TraceRequest *telemetry_get_trace(Telemetry *t, const char *request_id);
 

@@ -134,9 +134,9 @@ static void copy_field(char *dst, size_t n, const char *src) {
         dst[l] = '\0';
 }
 
-int trace_store_add(TraceStore *t, const char *request_id, usec_t ts, TraceEventType type,
-                    const TraceDetail *d) {
-        if (!t || !trace_request_id_valid(request_id) || (unsigned)type >= _TRACE_EVENT_TYPE_MAX)
+int trace_store_add_n(TraceStore *t, const char *request_id, usec_t ts, TraceEventType type, const TraceDetail *d,
+                      size_t n) {
+        if (!t || !trace_request_id_valid(request_id) || (unsigned)type >= _TRACE_EVENT_TYPE_MAX || (n > 0 && !d))
                 return -EINVAL;
 
         TraceRequest *r = hashmap_get(t->by_id, request_id);
@@ -165,32 +165,39 @@ int trace_store_add(TraceStore *t, const char *request_id, usec_t ts, TraceEvent
 
         r->first_usec = MIN(r->first_usec, ts);
         r->last_usec = MAX(r->last_usec, ts);
-        if (r->n_events >= t->max_events) {
-                r->n_dropped++;
-                return 0;
-        }
-        if (r->n_events == r->n_allocated) {
-                size_t n = r->n_allocated ? r->n_allocated * 2 : 8;
-                n = MIN(n, t->max_events);
-                TraceEvent *e = reallocarray(r->events, n, sizeof *e);
-                if (!e)
-                        return -ENOMEM;
-                r->events = e;
-                r->n_allocated = n;
-        }
+        for (size_t i = 0; i < n; i++) {
+                if (r->n_events >= t->max_events) {
+                        r->n_dropped += n - i;
+                        return 0;
+                }
+                if (r->n_events == r->n_allocated) {
+                        size_t k = r->n_allocated ? r->n_allocated * 2 : 8;
+                        k = MIN(MAX(k, MIN(r->n_events + (n - i), t->max_events)), t->max_events);
+                        TraceEvent *e = reallocarray(r->events, k, sizeof *e);
+                        if (!e)
+                                return -ENOMEM;
+                        r->events = e;
+                        r->n_allocated = k;
+                }
 
-        TraceEvent *e = &r->events[r->n_events++];
-        *e = (TraceEvent){
-                .ts_usec = ts,
-                .type = type,
-                .group = d && d->has_group ? d->group : -1,
-                .bytes = d ? d->bytes : 0,
-                .duration_usec = d ? d->duration_usec : 0,
-        };
-        copy_field(e->transport, sizeof e->transport, d ? d->transport : NULL);
-        copy_field(e->peer, sizeof e->peer, d ? d->peer : NULL);
-        copy_field(e->detail, sizeof e->detail, d ? d->detail : NULL);
+                TraceEvent *e = &r->events[r->n_events++];
+                *e = (TraceEvent){
+                        .ts_usec = ts,
+                        .type = type,
+                        .group = d[i].has_group ? d[i].group : -1,
+                        .bytes = d[i].bytes,
+                        .duration_usec = d[i].duration_usec,
+                };
+                copy_field(e->transport, sizeof e->transport, d[i].transport);
+                copy_field(e->peer, sizeof e->peer, d[i].peer);
+                copy_field(e->detail, sizeof e->detail, d[i].detail);
+        }
         return 0;
+}
+
+int trace_store_add(TraceStore *t, const char *request_id, usec_t ts, TraceEventType type,
+                    const TraceDetail *d) {
+        return trace_store_add_n(t, request_id, ts, type, d ?: &(const TraceDetail){}, 1);
 }
 
 int trace_request_format(const TraceRequest *r, FILE *f) {

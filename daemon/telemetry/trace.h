@@ -84,6 +84,10 @@ bool trace_request_id_valid(const char *id);
  * when a new one would exceed the limit. */
 int trace_store_add(TraceStore *t, const char *request_id, usec_t ts, TraceEventType type,
                     const TraceDetail *d);
+/* The same for n events of one type and time at once (a batch of layer groups): one
+ * lookup, one check of the id. */
+int trace_store_add_n(TraceStore *t, const char *request_id, usec_t ts, TraceEventType type, const TraceDetail *d,
+                      size_t n);
 const TraceRequest *trace_store_get(const TraceStore *t, const char *request_id);
 size_t trace_store_size(const TraceStore *t);
 uint64_t trace_store_evicted(const TraceStore *t);

@@ -118,6 +118,35 @@ START_TEST(test_many) {
 }
 END_TEST
 
+START_TEST(test_add_n) {
+        /* A batch of layer groups: one event each, in order, the cap counted as for one
+         * at a time. */
+        _cleanup_(trace_store_freep) TraceStore *t = trace_store_new(4, 10);
+        TraceDetail d[12];
+        for (int i = 0; i < 12; i++)
+                d[i] = (TraceDetail){ .has_group = true, .group = i, .bytes = 100 + (uint64_t)i, .transport = "tcp",
+                                      .peer = "bravo" };
+        ck_assert_int_eq(trace_store_add(t, "req-n", 1000, TRACE_HANDOFF_PREPARE, NULL), 0);
+        ck_assert_int_eq(trace_store_add_n(t, "req-n", 2000, TRACE_GROUP_SENT, d, 0), 0);
+        ck_assert_int_eq(trace_store_add_n(t, "req-n", 2000, TRACE_GROUP_SENT, d, 12), 0);
+        const TraceRequest *r = trace_store_get(t, "req-n");
+        ck_assert_ptr_nonnull(r);
+        ck_assert_uint_eq(r->n_events, 10);
+        ck_assert_uint_eq(r->n_dropped, 3);
+        ck_assert_uint_eq(r->last_usec, 2000);
+        ck_assert_int_eq(r->events[0].group, -1);
+        for (int i = 1; i < 10; i++) {
+                ck_assert_int_eq(r->events[i].type, TRACE_GROUP_SENT);
+                ck_assert_int_eq(r->events[i].group, i - 1);
+                ck_assert_uint_eq(r->events[i].bytes, 100 + (uint64_t)(i - 1));
+                ck_assert_str_eq(r->events[i].transport, "tcp");
+                ck_assert_str_eq(r->events[i].peer, "bravo");
+        }
+        ck_assert_int_eq(trace_store_add_n(t, "bad id!", 1, TRACE_GROUP_SENT, d, 1), -EINVAL);
+        ck_assert_int_eq(trace_store_add_n(t, "req-n", 1, TRACE_GROUP_SENT, NULL, 1), -EINVAL);
+}
+END_TEST
+
 START_TEST(test_type_names) {
         for (int i = 0; i < _TRACE_EVENT_TYPE_MAX; i++) {
                 const char *s = trace_event_type_to_string(i);
@@ -135,6 +164,7 @@ int main(void) {
         tcase_add_test(tc, test_record_and_format);
         tcase_add_test(tc, test_bounds);
         tcase_add_test(tc, test_many);
+        tcase_add_test(tc, test_add_n);
         tcase_add_test(tc, test_type_names);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
