@@ -66,6 +66,8 @@ size_t transport_done_take(TransportDoneQueue *q, int efd, TransportCompletion *
         size_t k = MIN(n, q->n);
 
         (void)eventfd_read(efd, &v);
+        if (k == 0)
+                return 0; /* nothing queued (yet: items may be NULL) */
         memcpy(c, q->items, k * sizeof *c);
         memmove(q->items, q->items + k, (q->n - k) * sizeof *c);
         q->n -= k;
