@@ -26,7 +26,8 @@ decode worker (mean, P50, P99), beside the limit measured in the same run: a bar
 ping-pong (bench-tcp-pingpong: 64 KiB one way, 8 bytes back, between the same
 namespaces) and iperf3 -P 1. Then handoffs/s with 1, 8 and 64 in flight (64 KiB, 4
 groups; K client threads, and K pipelined from one thread on one connection and ring
-per side, as a worker that pipelines its requests) against iperf3's throughput, with
+per side, as a worker that pipelines its requests) against iperf3's throughput
+(measured again right before them: a shared VM's speed drifts within a run), with
 how many of those handoffs waited for the record that freed their pages (`journal
 waits`, source / destination: the journal-waits counter). A Prepare refused with
 Error.Backpressure is retried after its retry-after, as workers do.
@@ -271,6 +272,10 @@ def latency_main(build, quick, count):
                           + ", ".join(f"{name} {sc:.1f} (fdatasync {fs:.2f})" for name, sc, fs, _ in res), flush=True)
                     for name, _, _, top in res:
                         print(f"    {name:11} most made, per handoff: {top}", flush=True)
+                # The VM's speed drifts within a run: the throughput lines are set against
+                # iperf3 measured again right before them.
+                limit = iperf3(net, 1, 1 if quick else 2)
+                print(f"  limit again, right before the throughput runs: iperf3 -P 1 {limit:.1f} MiB/s", flush=True)
                 for k, pipelined in ((1, False), (8, False), (64, False), (8, True), (64, True)):
                     n = max(count, 4 * k) // k * k
                     waits = [pair.counter(i, "journal-waits") for i in (0, 1)]
