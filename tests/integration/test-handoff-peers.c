@@ -155,10 +155,11 @@ static bool layers_equal(const uint8_t *base, const uint64_t *offs, uint32_t n, 
         return true;
 }
 
-static uint64_t arena_live(epd_client *c) {
+/* Pages of c's pools (arena NULL: all of them): in use (total - free) or free. */
+static uint64_t pool_pages(epd_client *c, const char *arena, bool free_ones) {
         sd_bus_error e = SD_BUS_ERROR_NULL;
         sd_bus_message *reply = NULL;
-        uint64_t live = 0;
+        uint64_t n = 0;
         ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
                                              "a(sttttttttttt)"), 0);
         ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "(sttttttttttt)"), 0);
@@ -166,34 +167,21 @@ static uint64_t arena_live(epd_client *c) {
         uint64_t v[11];
         while (sd_bus_message_read(reply, "(sttttttttttt)", &name, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
                                    &v[7], &v[8], &v[9], &v[10]) > 0)
-                live += v[1] - v[2];
+                if (!arena || strcmp(name, arena) == 0)
+                        n += free_ones ? v[2] : v[1] - v[2];
         sd_bus_message_unref(reply);
-        return live;
+        return n;
 }
 
-/* The free pages of c's kv0. */
-static uint64_t kv0_free(epd_client *c) {
-        sd_bus_error e = SD_BUS_ERROR_NULL;
-        sd_bus_message *reply = NULL;
-        uint64_t free_pages = 0;
-        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/pages", "org.epd1.Pages", "Pools", &e, &reply,
-                                             "a(sttttttttttt)"), 0);
-        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "(sttttttttttt)"), 0);
-        const char *name;
-        uint64_t v[11];
-        while (sd_bus_message_read(reply, "(sttttttttttt)", &name, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
-                                   &v[7], &v[8], &v[9], &v[10]) > 0)
-                if (strcmp(name, "kv0") == 0)
-                        free_pages = v[2];
-        sd_bus_message_unref(reply);
-        return free_pages;
+static uint64_t arena_live(epd_client *c) {
+        return pool_pages(c, NULL, false);
 }
 
 /* Every free page of c's kv0 taken: the next pages handed out there are the next ones
- * freed (freed pages are otherwise handed out oldest first, long after their record is
- * durable). NULL if none was free. */
+ * freed (a page whose freeing record is not durable yet is otherwise handed out only
+ * when no other page is free). NULL if none was free. */
 static char *kv0_fill(epd_client *c) {
-        uint64_t n = kv0_free(c);
+        uint64_t n = pool_pages(c, "kv0", true);
         return n > 0 ? make_sequence(c, (uint32_t)n, NULL) : NULL;
 }
 
