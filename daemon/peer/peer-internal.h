@@ -155,6 +155,7 @@ void peer_conn_fail(Conn *c, int error, const char *what);
 int peer_conn_flush(Conn *c);
 int peer_conn_flush_soon(Conn *c);
 void peer_flush_overdue(PeerManager *pm);
+void peer_flush_control(Peer *p);
 Conn *peer_conn_free(Conn *c);
 int peer_conn_new(PeerManager *pm, int fd, bool dialer, Conn **ret);
 int peer_conn_queue(Conn *c, uint16_t type, const void *payload, size_t len);

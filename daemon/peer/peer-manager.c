@@ -101,6 +101,7 @@ static const TransportPeerOps transport_peer_ops = {
         .send = peer_send_core,
         .cork = peer_cork,
         .uncork = peer_uncork,
+        .flush_control = peer_flush_control,
         .stream_failed = peer_stream_failed,
         .validate_incoming = op_validate_incoming,
         .incoming_done = op_incoming_done,

@@ -89,6 +89,10 @@ void peer_down(Peer *p, int error, const char *why) {
         } else
                 log_debug("peer %s: connection attempt failed: %s", p->name, why);
         peer_set_error(p, why, error);
+        /* Frames held for the idle point (a COMMIT, say) go out before the connection
+         * closes, as they would have had they been written at once; best effort. */
+        if (p->control && p->control->flush_due)
+                (void)peer_conn_flush(p->control);
         p->control = peer_conn_free(p->control);
         /* Handshakes of this peer's data streams (either direction) end with it. */
         LIST_FOREACH_SAFE(pending, c, n, p->pm->pending)
@@ -262,6 +266,18 @@ int peer_conn_flush_soon(Conn *c) {
         c->flush_due = true;
         LIST_PREPEND(due, pm->flush_due, c);
         return 0;
+}
+
+/* The peer's control frames held for the idle point, written now. */
+void peer_flush_control(Peer *p) {
+        Conn *c = p->control;
+        if (!c || !c->flush_due)
+                return;
+        LIST_REMOVE(due, p->pm->flush_due, c);
+        c->flush_due = false;
+        int r = peer_conn_flush(c);
+        if (r < 0)
+                peer_down_later(p, r, "writing");
 }
 
 void peer_flush_overdue(PeerManager *pm) {

@@ -429,16 +429,22 @@ static void send_now(TcpPeer *tp) {
         }
 }
 
+/* The peer's control frames first (a pipelined write's PREPARE), then its data. */
+static void send_flushed(TcpPeer *tp) {
+        tp->flush_due = false;
+        tp->due_bytes = 0;
+        if (tp->t->peers_ops.flush_control)
+                tp->t->peers_ops.flush_control(tp->peer);
+        send_now(tp);
+}
+
 static void flush_all(TcpTransport *t) {
         t->flush_armed = false;
         if (t->flush)
                 (void)sd_event_source_set_enabled(t->flush, SD_EVENT_OFF);
         LIST_FOREACH(peers, tp, t->peers)
-                if (tp->flush_due) {
-                        tp->flush_due = false;
-                        tp->due_bytes = 0;
-                        send_now(tp);
-                }
+                if (tp->flush_due)
+                        send_flushed(tp);
 }
 
 static int on_flush(sd_event_source *s, void *userdata) {
@@ -461,9 +467,7 @@ static void send_soon(TcpPeer *tp) {
                         return;
                 }
         }
-        tp->flush_due = false;
-        tp->due_bytes = 0;
-        send_now(tp); /* a full batch, or no source: at once */
+        send_flushed(tp); /* a full batch, or no source: at once */
 }
 
 void tcp_transport_flush_overdue(Transport *tt) {

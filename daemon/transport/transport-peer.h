@@ -35,6 +35,9 @@ typedef struct TransportPeerOps {
         /* Batches the control frames queued until uncork() into one write. */
         void (*cork)(Peer *p);
         void (*uncork)(Peer *p);
+        /* Writes the control frames the peer layer holds for the loop's idle point now
+         * (optional): data about to leave goes after the PREPARE that announces it. */
+        void (*flush_control)(Peer *p);
         /* A data stream or queue pair broke: the whole session with p is reset. */
         void (*stream_failed)(Peer *p, int error, const char *what);
 

@@ -66,7 +66,7 @@ size_t transport_done_take(TransportDoneQueue *q, int efd, TransportCompletion *
         size_t k = MIN(n, q->n);
 
         (void)eventfd_read(efd, &v);
-        if (k == 0)
+        if (q->n == 0)
                 return 0; /* nothing queued (yet: items may be NULL) */
         memcpy(c, q->items, k * sizeof *c);
         memmove(q->items, q->items + k, (q->n - k) * sizeof *c);

@@ -67,6 +67,16 @@ static int p_send(Peer *p, uint16_t type, const void *payload, size_t len) {
 }
 static void p_cork(Peer *p) {
 }
+/* The peer layer's control frames held for the idle point: written before the data
+ * (queued_at_receiver() then still 0: nothing of the data on the wire yet). */
+static int rx_fd;
+static int queued_at_receiver(void);
+static unsigned control_flushes, control_flushed_after_data;
+static void p_flush_control(Peer *p) {
+        control_flushes++;
+        if (queued_at_receiver() > 0)
+                control_flushed_after_data++;
+}
 static void p_stream_failed(Peer *p, int error, const char *what) {
         failures++;
         if (!failure_expected)
@@ -94,13 +104,12 @@ static void p_done(void *userdata, Peer *p, const TransportIncoming *in, int err
 }
 
 static const TransportPeerOps ops = {
-        .name = p_name, .is_up = p_up, .slot = p_slot, .send = p_send, .cork = p_cork, .uncork = p_cork,
+        .name = p_name, .is_up = p_up, .slot = p_slot, .send = p_send, .cork = p_cork, .uncork = p_cork, .flush_control = p_flush_control,
         .stream_failed = p_stream_failed, .validate_incoming = p_validate, .incoming_done = p_done,
 };
 
 static uint8_t *src, *dst;
 static TransportRegion rs, rd;
-static int rx_fd; /* the receiver's end of the stream */
 
 static void setup(void) {
         int sv[2];
@@ -282,8 +291,10 @@ START_TEST(test_posts_leave_together) {
                 ck_assert_int_eq(ta->ops->post(ta, &to_b, &w, 1), 0);
         }
         ck_assert_int_eq(queued_at_receiver(), 0);
+        control_flushes = control_flushed_after_data = 0;
         ck_assert_int_eq(sd_event_run(ev, 0), 1); /* the flush: the receiver's read is the next turn */
         ck_assert_int_eq(queued_at_receiver(), N * frame);
+        ck_assert_uint_eq(control_flushes, 1); /* the PREPAREs the peer layer held go first */
         ck_assert_msg(run_until(N, 2000), "%zu of %d landed", landed, N);
         ck_assert_mem_eq(dst, src, (size_t)N * LEN);
 
@@ -297,6 +308,7 @@ START_TEST(test_posts_leave_together) {
                 ;
         tcp_transport_flush_overdue(ta);
         ck_assert_int_eq(queued_at_receiver(), frame);
+        ck_assert_uint_eq(control_flushes, 2);
         ck_assert_msg(run_until(N + 1, 2000), "the overdue write: %zu of %d landed", landed, N + 1);
 
         /* A full batch's bytes do not wait for the loop. */
@@ -304,6 +316,8 @@ START_TEST(test_posts_leave_together) {
                               .cookie = 60 };
         ck_assert_int_eq(ta->ops->post(ta, &to_b, &w, 1), 0);
         ck_assert_int_gt(queued_at_receiver(), 0);
+        ck_assert_uint_eq(control_flushes, 3);
+        ck_assert_uint_eq(control_flushed_after_data, 0);
         ck_assert_msg(run_until(N + 2, 5000), "the big write: %zu of %d landed", landed, N + 2);
         ck_assert_mem_eq(dst + (2U << 20), src, 2U << 20);
 }
