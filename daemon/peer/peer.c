@@ -225,17 +225,20 @@ static void peer_down_later(Peer *p, int error, const char *why) {
 #define PEER_FLUSH_MAX_USEC 100U
 #define PEER_FLUSH_BYTES (64U * 1024U)
 
+/* Writes what c held for the idle point; a write error ends its session (later). */
+static void flush_one(Conn *c) {
+        LIST_REMOVE(due, c->pm->flush_due, c);
+        c->flush_due = false;
+        int r = peer_conn_flush(c);
+        if (r < 0 && c->peer && c->peer->control == c)
+                peer_down_later(c->peer, r, "writing");
+}
+
 static void flush_all(PeerManager *pm) {
         if (pm->flush)
                 (void)sd_event_source_set_enabled(pm->flush, SD_EVENT_OFF);
-        while (pm->flush_due) {
-                Conn *c = pm->flush_due;
-                LIST_REMOVE(due, pm->flush_due, c);
-                c->flush_due = false;
-                int r = peer_conn_flush(c);
-                if (r < 0 && c->peer && c->peer->control == c)
-                        peer_down_later(c->peer, r, "writing");
-        }
+        while (pm->flush_due)
+                flush_one(pm->flush_due);
 }
 
 static int on_flush(sd_event_source *s, void *userdata) {
@@ -270,14 +273,8 @@ int peer_conn_flush_soon(Conn *c) {
 
 /* The peer's control frames held for the idle point, written now. */
 void peer_flush_control(Peer *p) {
-        Conn *c = p->control;
-        if (!c || !c->flush_due)
-                return;
-        LIST_REMOVE(due, p->pm->flush_due, c);
-        c->flush_due = false;
-        int r = peer_conn_flush(c);
-        if (r < 0)
-                peer_down_later(p, r, "writing");
+        if (p->control && p->control->flush_due)
+                flush_one(p->control);
 }
 
 void peer_flush_overdue(PeerManager *pm) {
