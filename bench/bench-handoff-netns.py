@@ -32,6 +32,13 @@ how many of those handoffs waited for the record that freed their pages (`journa
 waits`, source / destination: the journal-waits counter). A Prepare refused with
 Error.Backpressure is retried after its retry-after, as workers do.
 
+    bench-handoff-netns.py BUILD_ROOT --local-groups R [--count N]
+
+The local handoff (alpha, kv36 -> kv36b and kv0 -> kv1) of 64 KiB in one layer group and
+of 63 KiB in 36 groups, alternating R times (N each, default 1000), beside the same
+run's TCP ping-pong: the per-group cost of a local copy, which a single --latency run
+cannot separate from the VM's drift.
+
     bench-handoff-netns.py BUILD_ROOT --syscalls [--count N] [--groups 36]
 
 The system calls per 64 KiB 4-group inter-host handoff with one in flight (the
@@ -293,6 +300,34 @@ def latency_main(build, quick, count):
     return 0
 
 
+def local_groups_main(build, count, reps):
+    print(f"bench-handoff-netns --local-groups: local handoffs on alpha, 64 KiB in 1 group and 63 KiB in 36 "
+          f"groups, {count} each, alternating {reps} times, vs a bare TCP ping-pong in the same run")
+    with tempfile.TemporaryDirectory() as tmp:
+        net = Net(2)
+        try:
+            pp = pingpong(build, net, 64 * KiB, count)
+            print(f"  limit: TCP ping-pong 64 KiB P50 {pp['rtt_p50']:.1f} us  P99 {pp['rtt_p99']:.1f} us", flush=True)
+            pair = Pair(build, tmp, net, 1, 256, extra="[Arena:kv1]\nSize=64M\n[Arena:kv36]\nSize=32M\n"
+                                                        "[Arena:kv36b]\nSize=32M\n")
+            try:
+                ratios = []
+                for i in range(reps):
+                    one = handoff_latency(build, pair, "", count, 8, 1, 8192, dest_arena="kv1", arena="kv0")
+                    many = handoff_latency(build, pair, "", count, 36, 36, 1792, dest_arena="kv36b", arena="kv36")
+                    ratios.append(many["all_p50"] / one["all_p50"])
+                    print(f"  {i + 1}: 1 group P50 {one['all_p50']:7.1f} us, 36 groups P50 {many['all_p50']:7.1f} us "
+                          f"(P99 {many['all_p99']:.1f}): {ratios[-1]:.2f} x;  36 groups / ping-pong P50 "
+                          f"{many['all_p50'] / pp['rtt_p50']:.2f}", flush=True)
+                print(f"  36 groups / 1 group: median {statistics.median(ratios):.2f}, "
+                      f"{min(ratios):.2f}-{max(ratios):.2f}", flush=True)
+            finally:
+                pair.close()
+        finally:
+            net.close()
+    return 0
+
+
 # The latency run's 36-group case: 36 layers of 1792 bytes (63 KiB pages) in an arena of their own.
 SHAPE_36 = ("--layers", "36", "--groups", "36", "--layer-bytes", "1792", "--arena", "kv36")
 
@@ -346,6 +381,9 @@ def main():
     if "--latency" in sys.argv:
         count = int(sys.argv[sys.argv.index("--count") + 1]) if "--count" in sys.argv else (200 if quick else 1000)
         return latency_main(build, quick, count)
+    if "--local-groups" in sys.argv:
+        count = int(sys.argv[sys.argv.index("--count") + 1]) if "--count" in sys.argv else 1000
+        return local_groups_main(build, count, int(sys.argv[sys.argv.index("--local-groups") + 1]))
     if "--syscalls" in sys.argv:
         if not shutil.which("strace"):
             print("SKIP: strace not installed")
