@@ -105,7 +105,18 @@ static void pending_write_done(void *userdata, int error) {
                         (void)page_manager_journal(s);
                 p->ready(p->userdata, s, error, p->copied);
         } else {
+                PagePoolStats before, after;
+                page_pool_stats(s->pool, &before);
                 size_t n = p->copied + sequence_cow_commit(s, p->cow);
+                page_pool_stats(s->pool, &after);
+                /* The commit dropped the originals: one whose sharers all went while the
+                 * copies ran is FREE now, and what frees it is the sequence's PUT with
+                 * the new table. That PUT goes into the journal now, its LSN marking the
+                 * frees, before the next round (or any other path) may take the page and
+                 * write into it: a crash before it is durable brings the sequence back on
+                 * the page. */
+                if (after.frees != before.frees)
+                        (void)page_manager_journal(s);
                 /* The loop served other calls while the copies ran: every page of the
                  * range must still be this sequence's alone, or its writes would land in
                  * another's KV. */

@@ -8,6 +8,9 @@
  * holds a record of LSN N or later fails with ENOSPC, writing nothing (a full disk);
  * with $EPD_FAULT_WAL_ENOSPC_DELAY_MS as well, the first such write fails only after that
  * long (a disk that takes its time to say so: what the loop does meanwhile is tested).
+ * $EPD_FAULT_WAL_SLOW_LSN (N) and $EPD_FAULT_WAL_SLOW_MS: the first write holding the
+ * record of LSN N takes that much longer, then succeeds (a slow disk: what the loop
+ * does while a record is not yet durable is tested); it combines with the others.
  * Every other write is the real one (the zeros the log writes ahead hold no record: LSN
  * 0). Test builds only: nothing in epdd knows of it. */
 #include <dlfcn.h>
@@ -58,13 +61,32 @@ static ssize_t faulty(int fd, const void *buf, size_t count, off_t off, bool pos
         if (!real_pwrite)
                 real_pwrite = (ssize_t (*)(int, const void *, size_t, off_t))dlsym(RTLD_NEXT, "pwrite64");
 #define REAL(p, n, o) (positioned ? real_pwrite(fd, (p), (n), (o)) : real_write(fd, (p), (n)))
-        const char *target = getenv("EPD_FAULT_WAL_LSN"), *full = getenv("EPD_FAULT_WAL_ENOSPC_LSN");
-        if ((!target && !full) || count < RECORD_HEADER || !is_wal_log(fd))
+        const char *target = getenv("EPD_FAULT_WAL_LSN"), *full = getenv("EPD_FAULT_WAL_ENOSPC_LSN"),
+                   *slow = getenv("EPD_FAULT_WAL_SLOW_LSN");
+        if ((!target && !full && !slow) || count < RECORD_HEADER || !is_wal_log(fd))
                 return REAL(buf, count, off);
         const uint8_t *p = buf;
         /* The writer writes whole records (a batch, or one); a file header starts with
          * the magic, not a record. */
         if (memcmp(p, "EPDWAL", 6) == 0)
+                return REAL(buf, count, off);
+        static bool slowed;
+        if (slow && !slowed) {
+                uint64_t which = strtoull(slow, NULL, 10);
+                for (size_t at = 0; at + RECORD_HEADER <= count;) {
+                        uint64_t lsn = le64(p + at + 8);
+                        if (lsn == 0)
+                                break;
+                        if (lsn == which) {
+                                const char *ms = getenv("EPD_FAULT_WAL_SLOW_MS");
+                                slowed = true;
+                                usleep((useconds_t)strtoul(ms ? ms : "300", NULL, 10) * 1000);
+                                break;
+                        }
+                        at += RECORD_HEADER + (((size_t)le32(p + at) + 7) & ~(size_t)7);
+                }
+        }
+        if (!target && !full)
                 return REAL(buf, count, off);
         if (full) {
                 /* A disk that is full from record N on: the write of a batch holding it

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "core/arena.h"
+#include "epd-internal.h"
 #include "epd/epd-feature.h"
 #include "epd/handoff.h"
 #include "harness.h"
@@ -111,6 +112,24 @@ static uint64_t fault_lsn;
 static uint64_t fault_enospc_lsn;
 /* With fault_enospc_lsn: the first failing write fails only after this many ms. */
 static unsigned fault_enospc_delay_ms;
+/* When set, the next start_epdd() preloads fault-wal.c with EPD_FAULT_WAL_SLOW_LSN: the
+ * write of record fault_slow_lsn takes fault_slow_ms longer, then succeeds. */
+static uint64_t fault_slow_lsn;
+static unsigned fault_slow_ms;
+
+/* In the child about to exec epdd: fault-wal.c preloaded, `var` set to `value`. */
+static void preload_fault_wal(const char *var, uint64_t value) {
+        const char *asan = getenv("ASAN_OPTIONS");
+        char v[32], env[1024];
+        if (!asan || !strstr(asan, "verify_asan_link_order=0")) {
+                snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", asan ? asan : "",
+                         asan && *asan ? ":" : "");
+                setenv("ASAN_OPTIONS", env, 1);
+        }
+        setenv("LD_PRELOAD", getenv("FAULT_WAL"), 1);
+        snprintf(v, sizeof v, "%" PRIu64, value);
+        setenv(var, v, 1);
+}
 
 /* The notify socket of the systemd this test plays (in h.dir), with an empty fd store. */
 static void open_notify(void) {
@@ -138,30 +157,16 @@ static pid_t spawn_epdd(bool with_store) {
         ck_assert_int_ge(pid, 0);
         if (pid == 0) {
                 char cfg[400], names[4096] = "", n[32], p[32];
-                if (fault_lsn > 0) {
-                        const char *asan = getenv("ASAN_OPTIONS");
-                        char lsn[32], env[1024];
-                        snprintf(lsn, sizeof lsn, "%" PRIu64, fault_lsn);
-                        snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", asan ? asan : "",
-                                 asan && *asan ? ":" : "");
-                        setenv("ASAN_OPTIONS", env, 1);
-                        setenv("LD_PRELOAD", getenv("FAULT_WAL"), 1);
-                        setenv("EPD_FAULT_WAL_LSN", lsn, 1);
-                }
+                if (fault_lsn > 0)
+                        preload_fault_wal("EPD_FAULT_WAL_LSN", fault_lsn);
                 if (fault_enospc_lsn > 0) {
-                        const char *asan = getenv("ASAN_OPTIONS");
-                        char lsn[32], env[1024];
-                        snprintf(lsn, sizeof lsn, "%" PRIu64, fault_enospc_lsn);
-                        snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", asan ? asan : "",
-                                 asan && *asan ? ":" : "");
-                        setenv("ASAN_OPTIONS", env, 1);
-                        setenv("LD_PRELOAD", getenv("FAULT_WAL"), 1);
-                        setenv("EPD_FAULT_WAL_ENOSPC_LSN", lsn, 1);
-                        if (fault_enospc_delay_ms > 0) {
-                                char ms[32];
-                                snprintf(ms, sizeof ms, "%u", fault_enospc_delay_ms);
-                                setenv("EPD_FAULT_WAL_ENOSPC_DELAY_MS", ms, 1);
-                        }
+                        preload_fault_wal("EPD_FAULT_WAL_ENOSPC_LSN", fault_enospc_lsn);
+                        if (fault_enospc_delay_ms > 0)
+                                preload_fault_wal("EPD_FAULT_WAL_ENOSPC_DELAY_MS", fault_enospc_delay_ms);
+                }
+                if (fault_slow_lsn > 0) {
+                        preload_fault_wal("EPD_FAULT_WAL_SLOW_LSN", fault_slow_lsn);
+                        preload_fault_wal("EPD_FAULT_WAL_SLOW_MS", fault_slow_ms);
                 }
                 int logfd = open(h.log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
                 if (logfd >= 0) {
@@ -2251,6 +2256,123 @@ START_TEST(test_write_into_freed_pages) {
 END_TEST
 
 
+/* A copy-on-write of more than one round frees the pages its first round copied away
+ * from when their sharer went meanwhile; the record that frees them is the sequence's
+ * PUT with the new table, and no byte goes into them before that PUT is durable: a kill
+ * -9 before it brings the sequence back on them. The setup: A of two pages, P (pattern 1)
+ * shared with B (A's clone truncated to one page) and Q (pattern 3), A's alone; every
+ * page of host0 taken, X by S. Returns the last LSN before S's release. */
+static uint64_t rounds_setup(epd_client *c, uint8_t *host0, char **ret_a, char **ret_b, char **ret_s) {
+        char *fill = NULL;
+        uint32_t *p = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 2, ret_a, &p, &n), 0);
+        write_page(c, host0, p[0], 1);
+        write_page(c, host0, p[1], 3);
+        free(p);
+        ck_assert_int_eq(epd_sequence_clone(c, *ret_a, ret_b), 0);
+        ck_assert_int_eq(epd_sequence_truncate(c, *ret_b, 1), 0);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, ret_s, NULL, NULL), 0);
+        uint64_t pc[4];
+        pool_counts("host0", pc);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", (uint32_t)pc[0], &fill, NULL, NULL), 0);
+        usleep(20000);
+        free(fill);
+        return ev_last_lsn(false);
+}
+
+typedef struct PendingCall {
+        bool done;
+        char error[512];
+} PendingCall;
+
+static int on_reply(sd_bus_message *m, void *userdata, sd_bus_error *ret_error) {
+        PendingCall *a = userdata;
+        const sd_bus_error *e = sd_bus_message_get_error(m);
+        a->done = true;
+        if (e)
+                snprintf(a->error, sizeof a->error, "%s: %s", e->name, e->message ? e->message : "");
+        return 0;
+}
+
+START_TEST(test_cow_rounds_free_pages) {
+        const uint64_t H = 0x5678;
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        write_arenas("[Wal]\nSync=batch\n[Arena:host0]\nSize=2M\nUsage=kv\n[Arena:feat0]\nSize=16M\nUsage=feature\n"
+                     "PageSize=64K\n");
+        open_notify();
+        /* A dry run: the LSNs of S's release (L + 1) and of the last record before A's
+         * new table (L2). */
+        start_epdd(true);
+        uint8_t *host0, *feat0;
+        epd_client *c = kv_worker(&host0, &feat0);
+        char *a = NULL, *b = NULL, *x = NULL;
+        uint64_t L = rounds_setup(c, host0, &a, &b, &x);
+        ck_assert_int_eq(epd_sequence_release(c, x), 0);
+        ck_assert_int_eq(epd_sequence_release(c, b), 0);
+        ck_assert_int_eq(epd_sequence_publish(c, a, 1, &H, 1), 1);
+        usleep(20000);
+        uint64_t L2 = ev_last_lsn(false);
+        free(a); free(b); free(x);
+        kill9_epdd();
+        epd_disconnect(c);
+        ev_fresh_state();
+
+        /* Again: S's DEL takes 300 ms to write, the disk is full from L2 + 1 on. A's
+         * PrepareWrite of both pages, not waited for: round one copies P into X once the
+         * DEL is durable; meanwhile B goes (P is A's alone: round one's commit frees it)
+         * and Q is published (shared with the directory: round two copies it, into the
+         * only free page, P). */
+        fault_slow_lsn = L + 1;
+        fault_slow_ms = 300;
+        fault_enospc_lsn = L2 + 1;
+        start_epdd(true);
+        fault_slow_lsn = fault_enospc_lsn = 0;
+        c = kv_worker(&host0, &feat0);
+        ck_assert_uint_eq(rounds_setup(c, host0, &a, &b, &x), L);
+        ck_assert_int_eq(epd_sequence_release_nowait(c, x), 0);
+        PendingCall pw = { 0 };
+        sd_bus_message *m = NULL;
+        ck_assert_int_ge(epd__new_call(c, a, "org.epd1.Sequence", "PrepareWrite", &m), 0);
+        ck_assert_int_ge(sd_bus_message_append(m, "uu", 0, 2), 0);
+        ck_assert_int_ge(sd_bus_call_async(c->bus, NULL, m, on_reply, &pw, 30 * 1000000ULL), 0);
+        sd_bus_message_unref(m);
+        ck_assert_int_eq(epd_sequence_release_nowait(c, b), 0);
+        ck_assert_int_eq(epd_sequence_publish(c, a, 1, &H, 1), 1);
+        while (!pw.done) {
+                int r = sd_bus_process(c->bus, NULL);
+                ck_assert_int_ge(r, 0);
+                if (r == 0)
+                        ck_assert_int_ge(sd_bus_wait(c->bus, 5 * 1000000ULL), 0);
+        }
+        printf("PrepareWrite over two rounds, the disk full after them: %s\n", pw.error[0] ? pw.error : "ok");
+        kill9_epdd();
+        epd_disconnect(c);
+
+        /* A comes back on P and Q, each with its own bytes. */
+        start_epdd(true);
+        c = kv_worker(&host0, &feat0);
+        ck_assert_int_eq(epd_sequence_attach(c, id_of(a), NULL), 0);
+        uint32_t *pages = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_sequence_get_pages(c, a, &pages, &n), 0);
+        ck_assert_uint_eq(n, 2);
+        for (size_t i = 0; i < 2; i++) {
+                const uint8_t *d = host0 + page_at(c, pages[i]);
+                size_t diff = 0;
+                for (size_t k = 0; k < KV_PAGE; k++)
+                        diff += d[k] != pattern(k, i == 0 ? 1 : 3);
+                ck_assert_msg(diff == 0, "page %zu of the sequence came back on page %u, %zu of whose bytes are not "
+                              "its own", i, pages[i], diff);
+        }
+        free(pages);
+        free(a); free(b); free(x);
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        close_notify();
+}
+END_TEST
+
 /* A start whose arena memory is fresh (the fd store emptied: systemctl stop + start)
  * puts the fresh memfd into the store only once the WAL's drops of the old sequences are
  * durable. Pushed before, a start that died in between (here: it fails at a later arena)
@@ -2318,6 +2440,7 @@ int main(void) {
         (void)test_failed_start_keeps_the_store;
         (void)test_cow_into_evicted_entry;
         (void)test_write_into_freed_pages;
+        (void)test_cow_rounds_free_pages;
         (void)test_fresh_arena_then_failed_start;
 #elif defined(CRASH_LOOP_DH)
         tcase_add_test(tc, test_directory_handoff_crash_loop);
@@ -2330,6 +2453,7 @@ int main(void) {
         (void)test_failed_start_keeps_the_store;
         (void)test_cow_into_evicted_entry;
         (void)test_write_into_freed_pages;
+        (void)test_cow_rounds_free_pages;
         (void)test_fresh_arena_then_failed_start;
         (void)test_crash_every_record;
 #elif defined(CRASH_LOOP)
@@ -2344,6 +2468,7 @@ int main(void) {
         (void)test_failed_start_keeps_the_store;
         (void)test_cow_into_evicted_entry;
         (void)test_write_into_freed_pages;
+        (void)test_cow_rounds_free_pages;
         (void)test_fresh_arena_then_failed_start;
 #else
         tcase_add_test(tc, test_restart_keeps_arenas);
@@ -2351,6 +2476,7 @@ int main(void) {
         tcase_add_test(tc, test_failed_start_keeps_the_store);
         tcase_add_test(tc, test_cow_into_evicted_entry);
         tcase_add_test(tc, test_write_into_freed_pages);
+        tcase_add_test(tc, test_cow_rounds_free_pages);
         tcase_add_test(tc, test_fresh_arena_then_failed_start);
         tcase_add_test(tc, test_restart_keeps_sequences_and_features);
         tcase_add_test(tc, test_evicted_region_reused_before_crash);
