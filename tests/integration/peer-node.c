@@ -16,6 +16,9 @@
  *   stats                           counters
  *   peers                           one line per peer, then ok
  *   bench HOST SIZE TOTAL WINDOW    stream TOTAL bytes in SIZE writes, WINDOW in flight
+ *   say-and-drop HOST N             send N test frames (held for the loop's idle point),
+ *                                   then end the session in the same call (peer_down());
+ *                                   the receiver counts them in stats' msgs_in, in order
  *   quit
  * Asynchronous lines: "state HOST up|down REASON @SECONDS" (SECONDS: CLOCK_MONOTONIC when
  * the change was seen, so that a test measures the detection, not its own reading of the
@@ -33,6 +36,7 @@
 #include "log.h"
 #include "macro.h"
 #include "parse-util.h"
+#include "peer/peer-internal.h"
 #include "peer/peer-manager.h"
 #include "peer/topology.h"
 #include "transport/tcp.h"
@@ -46,6 +50,7 @@ static struct {
         bool refuse;
         uint64_t next_cookie;
         uint64_t out_ok, out_err, out_bytes, in_ok, in_err, in_validated;
+        uint64_t msgs_in, msgs_out_of_order; /* test frames (say-and-drop) */
         char input[4096];
         size_t input_len;
         /* bench */
@@ -73,6 +78,19 @@ static void on_state(Peer *p, bool up, void *userdata) {
 static int validator(Peer *p, TransportIncoming *in, void *ud) {
         S.in_validated++;
         return S.refuse ? -EPERM : 0;
+}
+
+/* say-and-drop's frames: a sequence number each, counted in order. */
+#define TEST_MSG 0x0f00
+static int on_test_msg(Peer *p, uint16_t type, const void *payload, size_t len, void *ud) {
+        uint64_t seq;
+        if (len != sizeof seq)
+                return -EBADMSG;
+        memcpy(&seq, payload, sizeof seq);
+        if (seq != S.msgs_in)
+                S.msgs_out_of_order++;
+        S.msgs_in = seq + 1;
+        return 0;
 }
 
 static void incoming_done(Peer *p, const TransportIncoming *in, int error, void *ud) {
@@ -214,8 +232,9 @@ static void command(char *line) {
                 }
                 out("ok out_ok=%" PRIu64 " out_err=%" PRIu64 " out_bytes=%" PRIu64 " in_ok=%" PRIu64
                     " in_err=%" PRIu64 " in_validated=%" PRIu64 " refused=%" PRIu64 " auth_failures=%" PRIu64
-                    " heartbeats_missed=%" PRIu64,
-                    S.out_ok, S.out_err, S.out_bytes, S.in_ok, S.in_err, S.in_validated, refused, auth, missed);
+                    " heartbeats_missed=%" PRIu64 " msgs_in=%" PRIu64 " msgs_out_of_order=%" PRIu64,
+                    S.out_ok, S.out_err, S.out_bytes, S.in_ok, S.in_err, S.in_validated, refused, auth, missed,
+                    S.msgs_in, S.msgs_out_of_order);
         } else if (strcmp(argv[0], "peers") == 0) {
                 Peer *p;
                 for (size_t i = 0; (p = peer_manager_peer(S.pm, i)); i++) {
@@ -242,6 +261,22 @@ static void command(char *line) {
                 S.b_start = now_usec(CLOCK_MONOTONIC);
                 out("ok");
                 bench_pump();
+        } else if (strcmp(argv[0], "say-and-drop") == 0 && argc == 3) {
+                Peer *p = peer_manager_find(S.pm, argv[1]);
+                uint64_t n = strtoull(argv[2], NULL, 0);
+                int r = 0;
+                if (!p || !peer_is_up(p)) {
+                        out("err not up");
+                        return;
+                }
+                for (uint64_t seq = 0; r >= 0 && seq < n; seq++)
+                        r = peer_send(p, TEST_MSG, &seq, sizeof seq);
+                if (r < 0) {
+                        out("err %s", strerror(-r));
+                        return;
+                }
+                peer_down(p, -ECONNRESET, "dropped by the test");
+                out("ok");
         } else if (strcmp(argv[0], "quit") == 0) {
                 out("ok");
                 sd_event_exit(S.event, 0);
@@ -351,6 +386,9 @@ int main(int argc, char **argv) {
         peer_manager_add_state_handler(S.pm, on_state, NULL);
         peer_manager_set_incoming_validator(S.pm, validator, NULL);
         peer_manager_set_incoming_done(S.pm, incoming_done, NULL);
+        r = peer_manager_register_handler(S.pm, TEST_MSG, TEST_MSG, on_test_msg, NULL);
+        if (r < 0)
+                return fprintf(stderr, "register handler: %s\n", strerror(-r)), 1;
         r = sd_event_add_io(S.event, NULL, S.t->ops->completion_fd(S.t), EPOLLIN, on_completion, NULL);
         if (r < 0)
                 return 1;

@@ -282,6 +282,16 @@ def test_two_hosts(node_bin, tmp):
         a.ok(f"post bravo 1 {MiB} 0 {64 * MiB - 4096} 0")
         wait_until(lambda: settled(a, 833), 30, "out of range write")
         assert a.stats()["out_err"] == 3
+        # Control frames held for the loop's idle point leave before a session that ends
+        # in the same turn closes: all of them, in order.
+        a.ok("say-and-drop bravo 50")
+        assert a.wait_event("state bravo down", 5) is not None, "the session did not end"
+        wait_until(lambda: b.stats()["msgs_in"] == 50, 10, "the held frames at bravo")
+        assert b.stats()["msgs_out_of_order"] == 0, b.stats()
+        wait_until(lambda: all_up(nodes), 20, "both peers up again")
+        a.wait_event("state bravo up", 1)
+        b.wait_event("state alpha down", 1)
+        b.wait_event("state alpha up", 1)
         # Orderly shutdown of one side: the other notices at once.
         t0 = time.monotonic()
         b.stop()
