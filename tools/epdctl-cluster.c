@@ -120,14 +120,15 @@ int verb_cluster(epd_client *c, int argc, char **argv) {
         return 0;
 }
 
-/* A hash as vLLM prints it (decimal) or as 0x... hexadecimal. */
+/* A hash as vLLM prints it (decimal) or as 0x... hexadecimal; nothing before the digits
+ * (no sign, no blank). */
 static int parse_hash(const char *s, uint64_t *ret) {
         char *end;
         errno = 0;
         /* Base 10 unless 0x: a decimal hash with a leading 0 is not octal. */
         bool hex = s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
         unsigned long long v = strtoull(s, &end, hex ? 16 : 10);
-        if (errno || end == s || *end || *s == '-')
+        if (errno || end == s || *end || !(*s >= '0' && *s <= '9'))
                 return -EINVAL;
         *ret = v;
         return 0;
@@ -140,16 +141,16 @@ int verb_placement(epd_client *c, int argc, char **argv) {
 
         if (argc < 1) {
                 fprintf(stderr, "Usage: epdctl placement HASH...\n");
-                return 1;
+                return -EINVAL;
         }
         hashes = calloc((size_t)argc, sizeof *hashes);
         if (!hashes)
-                return 1;
+                return -ENOMEM;
         for (int i = 0; i < argc; i++)
                 if (parse_hash(argv[i], hashes + i) < 0) {
                         fprintf(stderr, "Invalid block hash '%s': expected a number (decimal or 0x hex).\n", argv[i]);
                         free(hashes);
-                        return 1;
+                        return -EINVAL;
                 }
         r = epd_locate_prefix(c, hashes, (size_t)argc, &p);
         free(hashes);

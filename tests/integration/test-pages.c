@@ -617,17 +617,27 @@ START_TEST(test_journal_layout_released) {
 }
 END_TEST
 
-static char *run_epdctl(const char *args) {
+/* epdctl's output (stderr too) and its exit status. */
+static char *run_epdctl_status(const char *args, int *ret_status) {
         const char *build = getenv("BUILD_ROOT");
         ck_assert_ptr_nonnull(build);
         char cmd[2048];
-        snprintf(cmd, sizeof cmd, "%s/tools/epdctl -A %s %s", build, address, args);
+        snprintf(cmd, sizeof cmd, "%s/tools/epdctl -A %s %s 2>&1", build, address, args);
         FILE *f = popen(cmd, "re");
         ck_assert_ptr_nonnull(f);
         static char out[16384];
         size_t n = fread(out, 1, sizeof out - 1, f);
         out[n] = 0;
-        ck_assert_int_eq(pclose(f), 0);
+        int st = pclose(f);
+        ck_assert(WIFEXITED(st));
+        *ret_status = WEXITSTATUS(st);
+        return out;
+}
+
+static char *run_epdctl(const char *args) {
+        int status;
+        char *out = run_epdctl_status(args, &status);
+        ck_assert_msg(status == 0, "epdctl %s: exit %d: %s", args, status, out);
         return out;
 }
 
@@ -647,6 +657,26 @@ START_TEST(test_epdctl) {
         ck_assert_ptr_nonnull(strstr(out, "\"shared\":6"));
         out = run_epdctl("--json sequences");
         ck_assert_ptr_nonnull(strstr(out, "\"shared_pages\":6"));
+        /* placement: hashes in decimal or 0x hex; the longest cached prefix. */
+        const uint64_t hs[2] = { 0x1234, 0x5678 };
+        ck_assert_int_eq(epd_sequence_publish(c, seq, 0, hs, 2), 2);
+        out = run_epdctl("--json placement 4660 0x5678 99");
+        ck_assert_msg(strstr(out, "\"n_blocks\":2"), "%s", out);
+        out = run_epdctl("placement 0X1234 99");
+        ck_assert_msg(strstr(out, "1 of 2 blocks cached"), "%s", out);
+        out = run_epdctl("placement 99");
+        ck_assert_msg(strstr(out, "No host caches the first block"), "%s", out);
+        int status;
+        static const char *const bad[] = { "12abc", "0x", "-- -5", "0x1g", "18446744073709551616", "+5", "\" 5\"" };
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                char args[64];
+                snprintf(args, sizeof args, "placement 1 %s", bad[i]);
+                out = run_epdctl_status(args, &status);
+                ck_assert_msg(status != 0 && strstr(out, "Invalid block hash"), "epdctl %s: exit %d: %s", args,
+                              status, out);
+        }
+        out = run_epdctl_status("placement", &status);
+        ck_assert_msg(status != 0 && strstr(out, "Usage"), "%s", out);
         free(seq);
         free(clone);
         epd_disconnect(c);
