@@ -839,6 +839,63 @@ START_TEST(test_cow_shared_while_copying) {
 }
 END_TEST
 
+/* The copies of a copy-on-write's second round are refused by the driver (fake driver:
+ * every asynchronous copy after the first): the first round's copy stays (its bytes are
+ * the page's own), the caller hears Error.Failed saying so, the page shared again stays
+ * shared, nothing leaks. Round two comes from a Clone while round one's copy runs. */
+static void setup_second_copy_refused(void) {
+        copy_delay_ms = "400";
+        ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_ASYNC_AFTER", "1", 1), 0);
+        start("0");
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_FAIL_ASYNC_AFTER"), 0);
+        copy_delay_ms = "0";
+}
+
+START_TEST(test_cow_later_round_fails) {
+        if (!fake) {
+                printf("real driver: copies are not refused here\n");
+                return;
+        }
+        epd_client *c = worker("decode");
+        uint64_t offs[N_PAGES], mine[N_PAGES + 1], other[N_PAGES + 1];
+        char *seq = make_sequence(c, "gpu0", N_PAGES, offs);
+        Mem m = map_arena(c, "gpu0");
+        fill_pages(&m, offs, N_PAGES, 5);
+        char *clone = clone_sequence(c, seq);
+        /* The clone's last page, N_PAGES, is its own; N_PAGES - 1 is shared. */
+        ck_assert_int_eq(epd_sequence_append(c, clone, 1, NULL, NULL), 0);
+        AsyncCall a;
+        prepare_write_async(c, clone, N_PAGES - 1, 2, &a);
+        char *clone2 = clone_sequence(c, clone); /* while round one runs: N_PAGES is shared */
+        ck_assert(!a.done);
+        wait_async(c, &a);
+        ck_assert_msg(strstr(a.error, "org.epd1.Error.Failed") && strstr(a.error, "stay copied"), "got %s",
+                      a.error);
+        sequence_offsets(c, clone, mine, N_PAGES + 1);
+        sequence_offsets(c, clone2, other, N_PAGES + 1);
+        ck_assert_uint_ne(mine[N_PAGES - 1], offs[N_PAGES - 1]); /* round one's copy stays */
+        ck_assert_uint_eq(other[N_PAGES - 1], offs[N_PAGES - 1]);
+        ck_assert_uint_eq(mine[N_PAGES], other[N_PAGES]);       /* round two's did not happen */
+        ck_assert_uint_eq(cow_copies(c, clone), 1);
+        static uint8_t x[PAGE_SIZE], y[PAGE_SIZE];
+        mem_read(&m, offs[N_PAGES - 1], x, PAGE_SIZE);
+        mem_read(&m, mine[N_PAGES - 1], y, PAGE_SIZE);
+        ck_assert(memcmp(x, y, PAGE_SIZE) == 0);
+        /* S: N_PAGES; the clone's copy and the page it shares with clone2: 2 more. */
+        ck_assert_uint_eq(arena_live(c, "gpu0"), N_PAGES + 2);
+        ck_assert_uint_eq(counter(c, "writes-in-flight"), 0);
+        release_sequence(c, clone2);
+        release_sequence(c, clone);
+        release_sequence(c, seq);
+        ck_assert_uint_eq(arena_live(c, "gpu0"), 0);
+        free(clone2);
+        free(clone);
+        free(seq);
+        unmap_arena(&m);
+        epd_disconnect(c);
+}
+END_TEST
+
 /* Every GPU copy fails (fake driver): a copy-on-write says so with Error.Failed and
  * changes nothing; the fresh page goes back. */
 START_TEST(test_cow_copy_fails) {
@@ -1131,6 +1188,11 @@ static Suite *suite(void) {
         tcase_add_test(tf, test_cow_copy_fails);
         tcase_set_timeout(tf, 120);
         suite_add_tcase(s, tf);
+        TCase *tl = tcase_create("second-copy-refused");
+        tcase_add_checked_fixture(tl, setup_second_copy_refused, teardown);
+        tcase_add_test(tl, test_cow_later_round_fails);
+        tcase_set_timeout(tl, 120);
+        suite_add_tcase(s, tl);
         TCase *tr = tcase_create("other-host");
         tcase_add_checked_fixture(tr, setup_two, teardown_two);
         tcase_add_test(tr, test_gpu_to_other_host);
