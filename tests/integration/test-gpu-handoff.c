@@ -798,6 +798,15 @@ START_TEST(test_cow_off_loop) {
 }
 END_TEST
 
+/* Releases the sequences in this order, frees their paths; gpu0 is empty then. */
+static void release_all(epd_client *c, char **paths, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                release_sequence(c, paths[i]);
+                free(paths[i]);
+        }
+        ck_assert_uint_eq(arena_live(c, "gpu0"), 0);
+}
+
 /* A page of the range that was this sequence's alone when the copies were planned, and
  * is shared by a Clone while they run, is copied too before the reply hands the range
  * out as writable: the writer's bytes never land in the clone's KV. */
@@ -828,13 +837,7 @@ START_TEST(test_cow_shared_while_copying) {
         ck_assert_uint_ne(mine[6], other[6]);
         ck_assert_uint_ne(mine[5], offs[5]);
 
-        release_sequence(c, clone2);
-        release_sequence(c, clone);
-        release_sequence(c, seq);
-        ck_assert_uint_eq(arena_live(c, "gpu0"), 0);
-        free(clone2);
-        free(clone);
-        free(seq);
+        release_all(c, (char *[]){ clone2, clone, seq }, 3);
         epd_disconnect(c);
 }
 END_TEST
@@ -884,13 +887,7 @@ START_TEST(test_cow_later_round_fails) {
         /* S: N_PAGES; the clone's copy and the page it shares with clone2: 2 more. */
         ck_assert_uint_eq(arena_live(c, "gpu0"), N_PAGES + 2);
         ck_assert_uint_eq(counter(c, "writes-in-flight"), 0);
-        release_sequence(c, clone2);
-        release_sequence(c, clone);
-        release_sequence(c, seq);
-        ck_assert_uint_eq(arena_live(c, "gpu0"), 0);
-        free(clone2);
-        free(clone);
-        free(seq);
+        release_all(c, (char *[]){ clone2, clone, seq }, 3);
         unmap_arena(&m);
         epd_disconnect(c);
 }

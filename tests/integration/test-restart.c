@@ -2120,6 +2120,30 @@ START_TEST(test_cow_into_evicted_entry) {
 END_TEST
 
 
+/* After a kill -9: epdd again, with the sequence at `path` back on n pages whose bytes
+ * are pattern tags[i] each; then stopped. */
+static void sequence_back(const char *path, const unsigned *tags, size_t n, const char *what) {
+        uint8_t *host0, *feat0;
+        start_epdd(true);
+        epd_client *c = kv_worker(&host0, &feat0);
+        ck_assert_int_eq(epd_sequence_attach(c, id_of(path), NULL), 0);
+        uint32_t *pages = NULL;
+        size_t got = 0;
+        ck_assert_int_eq(epd_sequence_get_pages(c, path, &pages, &got), 0);
+        ck_assert_uint_eq(got, n);
+        for (size_t i = 0; i < n; i++) {
+                const uint8_t *d = host0 + page_at(c, pages[i]);
+                size_t diff = 0;
+                for (size_t k = 0; k < KV_PAGE; k++)
+                        diff += d[k] != pattern(k, tags[i]);
+                ck_assert_msg(diff == 0, "%s: page %zu of the sequence came back on page %u, %zu of whose bytes are "
+                              "not its own", what, i, pages[i], diff);
+        }
+        free(pages);
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+}
+
 /* The daemon writes into pages freed by a sequence only once the record that freed them
  * (a Release's DEL, a Truncate's PUT) is durable: a kill -9 before it brings the
  * sequence back on its old pages, which would hold the copy's bytes. Three ways in: a
@@ -2233,23 +2257,9 @@ START_TEST(test_write_into_freed_pages) {
                 kill9_epdd();
                 epd_disconnect(c);
                 /* s1 comes back, whole, on its page with its own bytes. */
-                start_epdd(true);
-                c = kv_worker(&host0, &feat0);
-                ck_assert_int_eq(epd_sequence_attach(c, id_of(s1), NULL), 0);
-                uint32_t *pages = NULL;
-                size_t n = 0;
-                ck_assert_int_eq(epd_sequence_get_pages(c, s1, &pages, &n), 0);
-                ck_assert_uint_eq(n, 1);
-                const uint8_t *d = host0 + page_at(c, pages[0]);
-                size_t diff = 0;
-                for (size_t k = 0; k < KV_PAGE; k++)
-                        diff += d[k] != pattern(k, 1);
-                ck_assert_msg(diff == 0, "%s: the sequence came back on page %u, %zu of whose bytes are not its own",
-                              what[v], pages[0], diff);
-                free(pages);
+                static const unsigned tag1[] = { 1 };
+                sequence_back(s1, tag1, 1, what[v]);
                 free(s1);
-                epd_disconnect(c);
-                ck_assert_int_eq(harness_stop_epdd(&h), 0);
         }
         close_notify();
 }
@@ -2350,25 +2360,9 @@ START_TEST(test_cow_rounds_free_pages) {
         epd_disconnect(c);
 
         /* A comes back on P and Q, each with its own bytes. */
-        start_epdd(true);
-        c = kv_worker(&host0, &feat0);
-        ck_assert_int_eq(epd_sequence_attach(c, id_of(a), NULL), 0);
-        uint32_t *pages = NULL;
-        size_t n = 0;
-        ck_assert_int_eq(epd_sequence_get_pages(c, a, &pages, &n), 0);
-        ck_assert_uint_eq(n, 2);
-        for (size_t i = 0; i < 2; i++) {
-                const uint8_t *d = host0 + page_at(c, pages[i]);
-                size_t diff = 0;
-                for (size_t k = 0; k < KV_PAGE; k++)
-                        diff += d[k] != pattern(k, i == 0 ? 1 : 3);
-                ck_assert_msg(diff == 0, "page %zu of the sequence came back on page %u, %zu of whose bytes are not "
-                              "its own", i, pages[i], diff);
-        }
-        free(pages);
+        static const unsigned tags[] = { 1, 3 };
+        sequence_back(a, tags, 2, "a copy-on-write of two rounds");
         free(a); free(b); free(x);
-        epd_disconnect(c);
-        ck_assert_int_eq(harness_stop_epdd(&h), 0);
         close_notify();
 }
 END_TEST
