@@ -105,17 +105,17 @@ static void pending_write_done(void *userdata, int error) {
                         (void)page_manager_journal(s);
                 p->ready(p->userdata, s, error, p->copied);
         } else {
-                PagePoolStats before, after;
-                page_pool_stats(s->pool, &before);
-                size_t n = p->copied + sequence_cow_commit(s, p->cow);
-                page_pool_stats(s->pool, &after);
-                /* The commit dropped the originals: one whose sharers all went while the
-                 * copies ran is FREE now, and what frees it is the sequence's PUT with
-                 * the new table. That PUT goes into the journal now, its LSN marking the
-                 * frees, before the next round (or any other path) may take the page and
-                 * write into it: a crash before it is durable brings the sequence back on
-                 * the page. */
-                if (after.frees != before.frees)
+                size_t swapped = sequence_cow_commit(s, p->cow);
+                size_t n = p->copied + swapped;
+                /* The loop served other calls while the copies ran, and serves more while
+                 * the next round's do: the swap goes into the journal now (the PUT with
+                 * the new table, its LSN marking the frees), or an original the commit
+                 * freed (its sharers went meanwhile), or one freed later by its last
+                 * sharer's DEL or lease's end, counts as settled by a record that does
+                 * not cover it, and may be written into while the log still gives it to
+                 * this sequence: a crash then brings the sequence back on another's
+                 * bytes. The reply journals the final table again. */
+                if (swapped > 0)
                         (void)page_manager_journal(s);
                 /* The loop served other calls while the copies ran: every page of the
                  * range must still be this sequence's alone, or its writes would land in

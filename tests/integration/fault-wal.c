@@ -8,9 +8,10 @@
  * holds a record of LSN N or later fails with ENOSPC, writing nothing (a full disk);
  * with $EPD_FAULT_WAL_ENOSPC_DELAY_MS as well, the first such write fails only after that
  * long (a disk that takes its time to say so: what the loop does meanwhile is tested).
- * $EPD_FAULT_WAL_SLOW_LSN (N) and $EPD_FAULT_WAL_SLOW_MS: the first write holding the
- * record of LSN N takes that much longer, then succeeds (a slow disk: what the loop
- * does while a record is not yet durable is tested); it combines with the others.
+ * $EPD_FAULT_WAL_SLOW_LSN (N) and $EPD_FAULT_WAL_SLOW_MS: the first write holding a
+ * record of LSN N or later takes that much longer, then succeeds (a slow disk: what the
+ * loop does while a record is not yet durable is tested); with $EPD_FAULT_WAL_SLOW_WRITES
+ * (K), the first K such writes do. It combines with the others.
  * Every other write is the real one (the zeros the log writes ahead hold no record: LSN
  * 0). Test builds only: nothing in epdd knows of it. */
 #include <dlfcn.h>
@@ -70,16 +71,17 @@ static ssize_t faulty(int fd, const void *buf, size_t count, off_t off, bool pos
          * the magic, not a record. */
         if (memcmp(p, "EPDWAL", 6) == 0)
                 return REAL(buf, count, off);
-        static bool slowed;
-        if (slow && !slowed) {
-                uint64_t which = strtoull(slow, NULL, 10);
+        static unsigned long slowed;
+        const char *writes = getenv("EPD_FAULT_WAL_SLOW_WRITES");
+        if (slow && slowed < (writes ? strtoul(writes, NULL, 10) : 1)) {
+                uint64_t from = strtoull(slow, NULL, 10);
                 for (size_t at = 0; at + RECORD_HEADER <= count;) {
                         uint64_t lsn = le64(p + at + 8);
                         if (lsn == 0)
                                 break;
-                        if (lsn == which) {
+                        if (lsn >= from) {
                                 const char *ms = getenv("EPD_FAULT_WAL_SLOW_MS");
-                                slowed = true;
+                                slowed++;
                                 usleep((useconds_t)strtoul(ms ? ms : "300", NULL, 10) * 1000);
                                 break;
                         }

@@ -113,9 +113,10 @@ static uint64_t fault_enospc_lsn;
 /* With fault_enospc_lsn: the first failing write fails only after this many ms. */
 static unsigned fault_enospc_delay_ms;
 /* When set, the next start_epdd() preloads fault-wal.c with EPD_FAULT_WAL_SLOW_LSN: the
- * write of record fault_slow_lsn takes fault_slow_ms longer, then succeeds. */
+ * first fault_slow_writes writes of records from fault_slow_lsn on take fault_slow_ms
+ * longer each, then succeed. */
 static uint64_t fault_slow_lsn;
-static unsigned fault_slow_ms;
+static unsigned fault_slow_ms, fault_slow_writes = 1;
 
 /* In the child about to exec epdd: fault-wal.c preloaded, `var` set to `value`. */
 static void preload_fault_wal(const char *var, uint64_t value) {
@@ -167,6 +168,7 @@ static pid_t spawn_epdd(bool with_store) {
                 if (fault_slow_lsn > 0) {
                         preload_fault_wal("EPD_FAULT_WAL_SLOW_LSN", fault_slow_lsn);
                         preload_fault_wal("EPD_FAULT_WAL_SLOW_MS", fault_slow_ms);
+                        preload_fault_wal("EPD_FAULT_WAL_SLOW_WRITES", fault_slow_writes);
                 }
                 int logfd = open(h.log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
                 if (logfd >= 0) {
@@ -2305,6 +2307,34 @@ static int on_reply(sd_bus_message *m, void *userdata, sd_bus_error *ret_error) 
         return 0;
 }
 
+/* A PrepareWrite or a Publish sent without waiting for its reply (wait_reply()). */
+static void prepare_write_async(epd_client *c, const char *path, uint32_t first, uint32_t count, PendingCall *a) {
+        sd_bus_message *m = NULL;
+        ck_assert_int_ge(epd__new_call(c, path, "org.epd1.Sequence", "PrepareWrite", &m), 0);
+        ck_assert_int_ge(sd_bus_message_append(m, "uu", first, count), 0);
+        ck_assert_int_ge(sd_bus_call_async(c->bus, NULL, m, on_reply, a, 30 * 1000000ULL), 0);
+        sd_bus_message_unref(m);
+}
+
+static void publish_async(epd_client *c, const char *path, uint32_t first, uint64_t hash, PendingCall *a) {
+        sd_bus_message *m = NULL;
+        ck_assert_int_ge(epd__new_call(c, path, "org.epd1.Sequence", "Publish", &m), 0);
+        ck_assert_int_ge(sd_bus_message_append(m, "u", first), 0);
+        ck_assert_int_ge(sd_bus_message_append_array(m, 't', &hash, sizeof hash), 0);
+        ck_assert_int_ge(sd_bus_call_async(c->bus, NULL, m, on_reply, a, 30 * 1000000ULL), 0);
+        sd_bus_message_unref(m);
+        ck_assert_int_ge(sd_bus_flush(c->bus), 0);
+}
+
+static void wait_reply(epd_client *c, PendingCall *a) {
+        while (!a->done) {
+                int r = sd_bus_process(c->bus, NULL);
+                ck_assert_int_ge(r, 0);
+                if (r == 0)
+                        ck_assert_int_ge(sd_bus_wait(c->bus, 5 * 1000000ULL), 0);
+        }
+}
+
 START_TEST(test_cow_rounds_free_pages) {
         const uint64_t H = 0x5678;
         ck_assert_int_eq(harness_init(&h, NULL), 0);
@@ -2342,19 +2372,10 @@ START_TEST(test_cow_rounds_free_pages) {
         ck_assert_uint_eq(rounds_setup(c, host0, &a, &b, &x), L);
         ck_assert_int_eq(epd_sequence_release_nowait(c, x), 0);
         PendingCall pw = { 0 };
-        sd_bus_message *m = NULL;
-        ck_assert_int_ge(epd__new_call(c, a, "org.epd1.Sequence", "PrepareWrite", &m), 0);
-        ck_assert_int_ge(sd_bus_message_append(m, "uu", 0, 2), 0);
-        ck_assert_int_ge(sd_bus_call_async(c->bus, NULL, m, on_reply, &pw, 30 * 1000000ULL), 0);
-        sd_bus_message_unref(m);
+        prepare_write_async(c, a, 0, 2, &pw);
         ck_assert_int_eq(epd_sequence_release_nowait(c, b), 0);
         ck_assert_int_eq(epd_sequence_publish(c, a, 1, &H, 1), 1);
-        while (!pw.done) {
-                int r = sd_bus_process(c->bus, NULL);
-                ck_assert_int_ge(r, 0);
-                if (r == 0)
-                        ck_assert_int_ge(sd_bus_wait(c->bus, 5 * 1000000ULL), 0);
-        }
+        wait_reply(c, &pw);
         printf("PrepareWrite over two rounds, the disk full after them: %s\n", pw.error[0] ? pw.error : "ok");
         kill9_epdd();
         epd_disconnect(c);
@@ -2363,6 +2384,103 @@ START_TEST(test_cow_rounds_free_pages) {
         static const unsigned tags[] = { 1, 3 };
         sequence_back(a, tags, 2, "a copy-on-write of two rounds");
         free(a); free(b); free(x);
+        close_notify();
+}
+END_TEST
+
+/* The same one round later: round one's commit frees nothing (B and C still hold P0),
+ * B and C go while round two waits, and round three, its range shared again meanwhile,
+ * takes P0 for its copy. What the log says about A until A's next PUT is that P0 is
+ * A's: no byte may go into P0 before that PUT is durable. The setup: A of three pages
+ * (patterns 1, 3, 5), B and C its clones truncated to P0, S and S2 holding the only
+ * other pages (X, Y). Returns the last LSN before S's release. */
+static uint64_t rounds3_setup(epd_client *c, uint8_t *host0, char *ret[5]) {
+        char *fill = NULL;
+        uint32_t *p = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 3, &ret[0], &p, &n), 0);
+        for (unsigned i = 0; i < 3; i++)
+                write_page(c, host0, p[i], 1 + 2 * i);
+        free(p);
+        for (unsigned i = 1; i <= 2; i++) {
+                ck_assert_int_eq(epd_sequence_clone(c, ret[0], &ret[i]), 0);
+                ck_assert_int_eq(epd_sequence_truncate(c, ret[i], 1), 0);
+        }
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &ret[3], NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &ret[4], NULL, NULL), 0);
+        uint64_t pc[4];
+        pool_counts("host0", pc);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", (uint32_t)pc[0], &fill, NULL, NULL), 0);
+        usleep(20000);
+        free(fill);
+        return ev_last_lsn(false);
+}
+
+START_TEST(test_cow_rounds_sharers_go_later) {
+        const uint64_t H1 = 0x1111, H2 = 0x2222;
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        write_arenas("[Wal]\nSync=batch\n[Arena:host0]\nSize=2M\nUsage=kv\n[Arena:feat0]\nSize=16M\nUsage=feature\n"
+                     "PageSize=64K\n");
+        open_notify();
+        /* A dry run: the LSNs of S's release (L + 1) and of the last record before A's
+         * next table (L2). */
+        start_epdd(true);
+        uint8_t *host0, *feat0;
+        epd_client *c = kv_worker(&host0, &feat0);
+        char *q[5] = { 0 }; /* A, B, C, S, S2 */
+        uint64_t L = rounds3_setup(c, host0, q);
+        ck_assert_int_eq(epd_sequence_release(c, q[3]), 0);
+        ck_assert_int_eq(epd_sequence_release(c, q[4]), 0);
+        ck_assert_int_eq(epd_sequence_publish(c, q[0], 1, &H1, 1), 1);
+        ck_assert_int_eq(epd_sequence_release(c, q[1]), 0);
+        ck_assert_int_eq(epd_sequence_release(c, q[2]), 0);
+        ck_assert_int_eq(epd_sequence_publish(c, q[0], 2, &H2, 1), 1);
+        usleep(20000);
+        uint64_t L2 = ev_last_lsn(false);
+        for (unsigned i = 0; i < 5; i++)
+                free(q[i]);
+        kill9_epdd();
+        epd_disconnect(c);
+        ev_fresh_state();
+
+        /* Again: the first two writes from S's DEL on take 600 ms each, the disk is full
+         * from L2 + 1 on. t = 0: S goes (its DEL in write one), A's PrepareWrite of its
+         * three pages (round one copies P0 into X once write one is done, t = 600);
+         * t = 100: S2 goes and P1 is published (write two: round two's copy into Y waits
+         * for it, until t = 1200); t = 400: B and C go (P0 is free; their DELs in write
+         * three) and P2 is published (round three's copy, into P0). */
+        fault_slow_lsn = L + 1;
+        fault_slow_ms = 600;
+        fault_slow_writes = 2;
+        fault_enospc_lsn = L2 + 1;
+        start_epdd(true);
+        fault_slow_lsn = fault_enospc_lsn = 0;
+        fault_slow_writes = 1;
+        c = kv_worker(&host0, &feat0);
+        ck_assert_uint_eq(rounds3_setup(c, host0, q), L);
+        PendingCall pw = { 0 }, pub1 = { 0 }, pub2 = { 0 };
+        ck_assert_int_eq(epd_sequence_release_nowait(c, q[3]), 0);
+        prepare_write_async(c, q[0], 0, 3, &pw);
+        ck_assert_int_ge(sd_bus_flush(c->bus), 0);
+        usleep(100000);
+        ck_assert_int_eq(epd_sequence_release_nowait(c, q[4]), 0);
+        publish_async(c, q[0], 1, H1, &pub1);
+        usleep(800000);
+        ck_assert(!pw.done);
+        ck_assert_int_eq(epd_sequence_release_nowait(c, q[1]), 0);
+        ck_assert_int_eq(epd_sequence_release_nowait(c, q[2]), 0);
+        publish_async(c, q[0], 2, H2, &pub2);
+        wait_reply(c, &pw);
+        wait_reply(c, &pub2);
+        printf("PrepareWrite over three rounds, sharers gone in the second, the disk full after them: %s\n",
+               pw.error[0] ? pw.error : "ok");
+        kill9_epdd();
+        epd_disconnect(c);
+
+        static const unsigned tags[] = { 1, 3, 5 };
+        sequence_back(q[0], tags, 3, "a copy-on-write of three rounds");
+        for (unsigned i = 0; i < 5; i++)
+                free(q[i]);
         close_notify();
 }
 END_TEST
@@ -2435,6 +2553,7 @@ int main(void) {
         (void)test_cow_into_evicted_entry;
         (void)test_write_into_freed_pages;
         (void)test_cow_rounds_free_pages;
+        (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
 #elif defined(CRASH_LOOP_DH)
         tcase_add_test(tc, test_directory_handoff_crash_loop);
@@ -2448,6 +2567,7 @@ int main(void) {
         (void)test_cow_into_evicted_entry;
         (void)test_write_into_freed_pages;
         (void)test_cow_rounds_free_pages;
+        (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
         (void)test_crash_every_record;
 #elif defined(CRASH_LOOP)
@@ -2463,6 +2583,7 @@ int main(void) {
         (void)test_cow_into_evicted_entry;
         (void)test_write_into_freed_pages;
         (void)test_cow_rounds_free_pages;
+        (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
 #else
         tcase_add_test(tc, test_restart_keeps_arenas);
@@ -2471,6 +2592,7 @@ int main(void) {
         tcase_add_test(tc, test_cow_into_evicted_entry);
         tcase_add_test(tc, test_write_into_freed_pages);
         tcase_add_test(tc, test_cow_rounds_free_pages);
+        tcase_add_test(tc, test_cow_rounds_sharers_go_later);
         tcase_add_test(tc, test_fresh_arena_then_failed_start);
         tcase_add_test(tc, test_restart_keeps_sequences_and_features);
         tcase_add_test(tc, test_evicted_region_reused_before_crash);
