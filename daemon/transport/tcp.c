@@ -857,6 +857,11 @@ static int stream_io(sd_event_source *es, int fd, uint32_t revents, void *userda
                 }
         }
         if (revents & EPOLLOUT) {
+                /* Posts held for the idle point leave with this stream's next send: the
+                 * peer's control frames (their PREPAREs) go first, as at the idle point,
+                 * or the receiver parks the stream for a target it is not told of yet. */
+                if (s->tp->flush_due)
+                        send_flushed(s->tp);
                 r = stream_send(s);
                 if (r < 0) {
                         ops->stream_failed(p, r, "data stream send");

@@ -323,6 +323,61 @@ START_TEST(test_posts_leave_together) {
 }
 END_TEST
 
+/* A stream whose socket was full (its EPOLLOUT armed) becomes writable while a post is
+ * held for the idle point: its send goes before the idle point, and the peer's control
+ * frames held with the post (its PREPARE) go before it. The receiver here is the test,
+ * reading the socket itself. */
+START_TEST(test_held_post_on_writable_stream) {
+        enum { LEN = 16384, N = 64 };
+        struct Peer to_c = { 0 };
+        int sv[2];
+        char buf[1 << 16];
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv), 0);
+        ck_assert_int_eq(tcp_transport_attach_stream(ta, &to_c, sv[0], 0), 0);
+        int saved_rx = rx_fd;
+        rx_fd = sv[1];
+        /* 1 MiB in 64 writes: the socket takes part of it, the stream waits for room. */
+        for (int i = 0; i < N; i++) {
+                TransportWrite w = { .src_region = 0, .src_offset = (uint64_t)i * LEN, .dst_region = 1,
+                                     .dst_offset = (uint64_t)i * LEN, .length = LEN, .cookie = i };
+                ck_assert_int_eq(ta->ops->post(ta, &to_c, &w, 1), 0);
+        }
+        run_idle(20);
+        int capacity = queued_at_receiver();
+        ck_assert_int_gt(capacity, 0);
+        const uint64_t total = (uint64_t)N * (PEER_FRAME_HEADER_SIZE + PEER_DATA_HEADER_SIZE + LEN);
+        uint64_t drained = 0;
+        /* Read a little at a time until what the stream has left to send (the socket
+         * full again each time) would fit in the socket at once. */
+        while (total - drained - (uint64_t)queued_at_receiver() > (uint64_t)capacity / 2) {
+                ssize_t k = read(sv[1], buf, sizeof buf);
+                ck_assert_int_gt(k, 0);
+                drained += (uint64_t)k;
+                run_idle(20);
+        }
+        ck_assert_uint_gt(total - drained, (uint64_t)queued_at_receiver()); /* some left to send */
+        /* A post now: held, with a control frame of the peer's; then the socket is
+         * emptied, and the stream's next send goes before the loop's idle point. */
+        TransportWrite w = { .src_region = 0, .dst_region = 1, .dst_offset = 2U << 20, .length = LEN, .cookie = 99 };
+        ck_assert_int_eq(ta->ops->post(ta, &to_c, &w, 1), 0);
+        while (queued_at_receiver() > 0) {
+                ssize_t k = read(sv[1], buf, sizeof buf);
+                ck_assert_int_gt(k, 0);
+                drained += (uint64_t)k;
+        }
+        control_flushes = control_flushed_after_data = 0;
+        run_idle(20);
+        ck_assert_uint_ge(control_flushes, 1);
+        ck_assert_msg(control_flushed_after_data == 0,
+                      "the held post's data left before the control frames held with it");
+        ck_assert_uint_eq(drained + (uint64_t)queued_at_receiver(),
+                          total + PEER_FRAME_HEADER_SIZE + PEER_DATA_HEADER_SIZE + LEN);
+        tcp_transport_peer_reset(ta, &to_c, -ECANCELED);
+        rx_fd = saved_rx;
+        close(sv[1]);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("tcp-stream");
         TCase *tc = tcase_create("receive");
@@ -331,6 +386,7 @@ int main(void) {
         tcase_add_test(tc, test_parked_with_read_ahead);
         tcase_add_test(tc, test_slice_twice_on_two_streams);
         tcase_add_test(tc, test_posts_leave_together);
+        tcase_add_test(tc, test_held_post_on_writable_stream);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
