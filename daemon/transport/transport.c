@@ -68,9 +68,11 @@ size_t transport_done_take(TransportDoneQueue *q, int efd, TransportCompletion *
         (void)eventfd_read(efd, &v);
         if (q->n == 0)
                 return 0; /* nothing queued (yet: items may be NULL) */
-        memcpy(c, q->items, k * sizeof *c);
-        memmove(q->items, q->items + k, (q->n - k) * sizeof *c);
-        q->n -= k;
+        if (k > 0) { /* n == 0: c may be NULL */
+                memcpy(c, q->items, k * sizeof *c);
+                memmove(q->items, q->items + k, (q->n - k) * sizeof *c);
+                q->n -= k;
+        }
         if (q->n > 0)
                 (void)eventfd_write(efd, 1);
         return k;
