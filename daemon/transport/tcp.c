@@ -220,6 +220,9 @@ void tcp_transport_peer_reset(Transport *tt, Peer *p, int error) {
         }
         hashmap_clear(tp->out);
         tp->queue = (SliceQueue){};
+        /* Nothing is held for the next session: its posts start their own batch. */
+        tp->flush_due = tp->send_due = false;
+        tp->due_bytes = 0;
 
         i = 0;
         while (hashmap_iterate(tp->in, &i, &v, NULL)) {
