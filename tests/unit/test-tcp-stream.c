@@ -10,7 +10,9 @@
  *    them lands, although no further byte arrives on the socket to wake the stream;
  *  - writes posted one call after another (handoffs prepared by successive bus calls)
  *    leave together when the loop turns, not one sendmsg() each; 2 MiB posted leave at
- *    once, and posts a busy loop holds go after their bound (flush_overdue). */
+ *    once, and posts a busy loop holds go after their bound (flush_overdue);
+ *  - a stream whose full socket drains while posts are held writes the peer's held
+ *    control frames before their data. */
 #include <check.h>
 #include <errno.h>
 #include <stdlib.h>
