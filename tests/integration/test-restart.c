@@ -2268,6 +2268,14 @@ START_TEST(test_write_into_freed_pages) {
 END_TEST
 
 
+/* The copy-on-write rounds' tests: one arena of KV pages, a journal that syncs in batches. */
+static void cow_rounds_init(void) {
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        write_arenas("[Wal]\nSync=batch\n[Arena:host0]\nSize=2M\nUsage=kv\n[Arena:feat0]\nSize=16M\nUsage=feature\n"
+                     "PageSize=64K\n");
+        open_notify();
+}
+
 /* A copy-on-write of more than one round frees the pages its first round copied away
  * from when their sharer went meanwhile; the record that frees them is the sequence's
  * PUT with the new table, and no byte goes into them before that PUT is durable: a kill
@@ -2337,10 +2345,7 @@ static void wait_reply(epd_client *c, PendingCall *a) {
 
 START_TEST(test_cow_rounds_free_pages) {
         const uint64_t H = 0x5678;
-        ck_assert_int_eq(harness_init(&h, NULL), 0);
-        write_arenas("[Wal]\nSync=batch\n[Arena:host0]\nSize=2M\nUsage=kv\n[Arena:feat0]\nSize=16M\nUsage=feature\n"
-                     "PageSize=64K\n");
-        open_notify();
+        cow_rounds_init();
         /* A dry run: the LSNs of S's release (L + 1) and of the last record before A's
          * new table (L2). */
         start_epdd(true);
@@ -2418,10 +2423,7 @@ static uint64_t rounds3_setup(epd_client *c, uint8_t *host0, char *ret[5]) {
 
 START_TEST(test_cow_rounds_sharers_go_later) {
         const uint64_t H1 = 0x1111, H2 = 0x2222;
-        ck_assert_int_eq(harness_init(&h, NULL), 0);
-        write_arenas("[Wal]\nSync=batch\n[Arena:host0]\nSize=2M\nUsage=kv\n[Arena:feat0]\nSize=16M\nUsage=feature\n"
-                     "PageSize=64K\n");
-        open_notify();
+        cow_rounds_init();
         /* A dry run: the LSNs of S's release (L + 1) and of the last record before A's
          * next table (L2). */
         start_epdd(true);
