@@ -51,6 +51,19 @@ static bool is_wal_log(int fd) {
         return strcmp(target + n - 8, "/wal.log") == 0;
 }
 
+/* Whether buf (count bytes, whole records) holds a record of LSN `from` or later. */
+static bool holds_record_from(const uint8_t *p, size_t count, uint64_t from) {
+        for (size_t at = 0; at + RECORD_HEADER <= count;) {
+                uint64_t lsn = le64(p + at + 8);
+                if (lsn == 0)
+                        return false; /* zeros written ahead */
+                if (lsn >= from)
+                        return true;
+                at += RECORD_HEADER + (((size_t)le32(p + at) + 7) & ~(size_t)7);
+        }
+        return false;
+}
+
 /* Writes buf (count bytes, at off, or at the file position when off < 0) with the real
  * call; when it holds the record of $EPD_FAULT_WAL_LSN, only up to that record, then the
  * kill. */
@@ -73,42 +86,26 @@ static ssize_t faulty(int fd, const void *buf, size_t count, off_t off, bool pos
                 return REAL(buf, count, off);
         static unsigned long slowed;
         const char *writes = getenv("EPD_FAULT_WAL_SLOW_WRITES");
-        if (slow && slowed < (writes ? strtoul(writes, NULL, 10) : 1)) {
-                uint64_t from = strtoull(slow, NULL, 10);
-                for (size_t at = 0; at + RECORD_HEADER <= count;) {
-                        uint64_t lsn = le64(p + at + 8);
-                        if (lsn == 0)
-                                break;
-                        if (lsn >= from) {
-                                const char *ms = getenv("EPD_FAULT_WAL_SLOW_MS");
-                                slowed++;
-                                usleep((useconds_t)strtoul(ms ? ms : "300", NULL, 10) * 1000);
-                                break;
-                        }
-                        at += RECORD_HEADER + (((size_t)le32(p + at) + 7) & ~(size_t)7);
-                }
+        if (slow && slowed < (writes ? strtoul(writes, NULL, 10) : 1) &&
+            holds_record_from(p, count, strtoull(slow, NULL, 10))) {
+                const char *ms = getenv("EPD_FAULT_WAL_SLOW_MS");
+                slowed++;
+                usleep((useconds_t)strtoul(ms ? ms : "300", NULL, 10) * 1000);
         }
         if (!target && !full)
                 return REAL(buf, count, off);
         if (full) {
                 /* A disk that is full from record N on: the write of a batch holding it
                  * fails, writing nothing. */
-                uint64_t from = strtoull(full, NULL, 10);
-                for (size_t at = 0; at + RECORD_HEADER <= count;) {
-                        uint64_t lsn = le64(p + at + 8);
-                        if (lsn == 0)
-                                break;
-                        if (lsn >= from) {
-                                static bool delayed;
-                                const char *delay = getenv("EPD_FAULT_WAL_ENOSPC_DELAY_MS");
-                                if (delay && !delayed) {
-                                        delayed = true;
-                                        usleep((useconds_t)strtoul(delay, NULL, 10) * 1000);
-                                }
-                                errno = ENOSPC;
-                                return -1;
+                if (holds_record_from(p, count, strtoull(full, NULL, 10))) {
+                        static bool delayed;
+                        const char *delay = getenv("EPD_FAULT_WAL_ENOSPC_DELAY_MS");
+                        if (delay && !delayed) {
+                                delayed = true;
+                                usleep((useconds_t)strtoul(delay, NULL, 10) * 1000);
                         }
-                        at += RECORD_HEADER + (((size_t)le32(p + at) + 7) & ~(size_t)7);
+                        errno = ENOSPC;
+                        return -1;
                 }
                 return REAL(buf, count, off);
         }

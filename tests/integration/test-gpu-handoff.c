@@ -670,55 +670,6 @@ START_TEST(test_cow) {
 }
 END_TEST
 
-/* A PrepareWrite sent without waiting for its reply: the reply lands in *done. */
-typedef struct AsyncCall {
-        bool done;
-        char error[256];
-        uint32_t copied;
-        uint64_t usec;
-        uint64_t started;
-} AsyncCall;
-
-static uint64_t now_us(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static int on_prepare_write(sd_bus_message *m, void *userdata, sd_bus_error *ret_error) {
-        AsyncCall *a = userdata;
-        const sd_bus_error *e = sd_bus_message_get_error(m);
-        a->done = true;
-        a->usec = now_us() - a->started;
-        if (e) {
-                snprintf(a->error, sizeof a->error, "%s: %s", e->name, e->message ? e->message : "");
-                return 0;
-        }
-        const void *pages;
-        size_t sz;
-        ck_assert_int_ge(sd_bus_message_read_array(m, 'u', &pages, &sz), 0);
-        ck_assert_int_ge(sd_bus_message_read(m, "u", &a->copied), 0);
-        return 0;
-}
-
-static void prepare_write_async(epd_client *c, const char *path, uint32_t first, uint32_t count, AsyncCall *a) {
-        sd_bus_message *m = NULL;
-        *a = (AsyncCall) { .started = now_us() };
-        ck_assert_int_ge(epd__new_call(c, path, "org.epd1.Sequence", "PrepareWrite", &m), 0);
-        ck_assert_int_ge(sd_bus_message_append(m, "uu", first, count), 0);
-        ck_assert_int_ge(sd_bus_call_async(c->bus, NULL, m, on_prepare_write, a, 30 * 1000000ULL), 0);
-        sd_bus_message_unref(m);
-}
-
-static void wait_async(epd_client *c, AsyncCall *a) {
-        while (!a->done) {
-                int r = sd_bus_process(c->bus, NULL);
-                ck_assert_int_ge(r, 0);
-                if (r == 0)
-                        ck_assert_int_ge(sd_bus_wait(c->bus, 5 * 1000000ULL), 0);
-        }
-}
-
 static void setup_slow_copies(void) {
         copy_delay_ms = "400";
         start("0");
@@ -744,14 +695,14 @@ START_TEST(test_cow_off_loop) {
         AsyncCall a;
         prepare_write_async(c, clone, 5, 1, &a);
         /* While the copy runs: another client's call, and the same client's. */
-        uint64_t t0 = now_us();
+        uint64_t t0 = async_now_us();
         ck_assert_uint_eq(arena_live(o, "gpu0"), N_PAGES + 1); /* the fresh page, held by the copy */
-        uint64_t other = now_us() - t0;
+        uint64_t other = async_now_us() - t0;
         sequence_offsets(c, clone, during, N_PAGES);
         ck_assert(!a.done);
         ck_assert_uint_eq(during[5], offs[5]); /* unchanged until the copy is done */
         ck_assert_msg(other < 200000, "a call took %" PRIu64 " us while a copy-on-write was under way", other);
-        wait_async(c, &a);
+        async_wait(c, &a);
         ck_assert_msg(a.error[0] == 0, "PrepareWrite: %s", a.error);
         ck_assert_uint_eq(a.copied, 1);
         ck_assert_uint_ge(a.usec, 350000); /* it did wait for the copy */
@@ -769,7 +720,7 @@ START_TEST(test_cow_off_loop) {
         prepare_write_async(c, clone, 7, 2, &a);
         release_sequence(c, clone);
         ck_assert(!a.done);
-        wait_async(c, &a);
+        async_wait(c, &a);
         ck_assert_msg(strstr(a.error, "org.epd1.Error.NotFound") && strstr(a.error, "released"), "got %s", a.error);
         ck_assert_uint_eq(arena_live(c, "gpu0"), N_PAGES);
         ck_assert_uint_eq(cow_copies(c, seq), 0);
@@ -821,14 +772,14 @@ START_TEST(test_cow_shared_while_copying) {
         char *clone = clone_sequence(c, seq);
         AsyncCall a;
         prepare_write_async(c, clone, 6, 1, &a); /* page 6 of the clone: its own */
-        wait_async(c, &a);
+        async_wait(c, &a);
         ck_assert_msg(a.error[0] == 0, "PrepareWrite: %s", a.error);
         ck_assert_uint_eq(a.copied, 1);
 
         prepare_write_async(c, clone, 5, 2, &a); /* copies page 5; 6 is exclusive now */
         char *clone2 = clone_sequence(c, clone); /* while it runs: 6 is shared again */
         ck_assert(!a.done);
-        wait_async(c, &a);
+        async_wait(c, &a);
         ck_assert_msg(a.error[0] == 0, "PrepareWrite: %s", a.error);
         ck_assert_uint_eq(a.copied, 2);
         sequence_offsets(c, clone, mine, N_PAGES);
@@ -871,7 +822,7 @@ START_TEST(test_cow_later_round_fails) {
         prepare_write_async(c, clone, N_PAGES - 1, 2, &a);
         char *clone2 = clone_sequence(c, clone); /* while round one runs: N_PAGES is shared */
         ck_assert(!a.done);
-        wait_async(c, &a);
+        async_wait(c, &a);
         ck_assert_msg(strstr(a.error, "org.epd1.Error.Failed") && strstr(a.error, "stay copied"), "got %s",
                       a.error);
         sequence_offsets(c, clone, mine, N_PAGES + 1);

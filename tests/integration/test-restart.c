@@ -24,10 +24,10 @@
 #include <unistd.h>
 
 #include "core/arena.h"
-#include "epd-internal.h"
 #include "epd/epd-feature.h"
 #include "epd/handoff.h"
 #include "harness.h"
+#include "test-sequence-util.h"
 #include "macro.h"
 #include "../check-main.h"
 
@@ -469,11 +469,17 @@ static void write_page(epd_client *c, uint8_t *host0, uint32_t page, unsigned ta
                 d[k] = pattern(k, tag);
 }
 
-static void check_page(epd_client *c, uint8_t *host0, uint32_t page, unsigned tag) {
+/* How many bytes of `page` differ from pattern `tag`. */
+static size_t page_diff(epd_client *c, const uint8_t *host0, uint32_t page, unsigned tag) {
         const uint8_t *d = host0 + page_at(c, page);
         size_t diff = 0;
         for (size_t k = 0; k < KV_PAGE; k++)
                 diff += d[k] != pattern(k, tag);
+        return diff;
+}
+
+static void check_page(epd_client *c, uint8_t *host0, uint32_t page, unsigned tag) {
+        size_t diff = page_diff(c, host0, page, tag);
         ck_assert_msg(diff == 0, "page %u: %zu bytes changed across the restart", page, diff);
 }
 
@@ -2104,12 +2110,7 @@ START_TEST(test_cow_into_evicted_entry) {
         uint32_t *pages = NULL;
         ck_assert_int_eq(epd_sequence_create_from_prefix(c, "host0", &H, 1, &path, &blocks, &pages, &n), 0);
         if (blocks == 1) {
-                const uint8_t *d = host0 + page_at(c, pages[0]);
-                size_t diff1 = 0, diff2 = 0;
-                for (size_t k = 0; k < KV_PAGE; k++) {
-                        diff1 += d[k] != pattern(k, 1);
-                        diff2 += d[k] != pattern(k, 2);
-                }
+                size_t diff1 = page_diff(c, host0, pages[0], 1), diff2 = page_diff(c, host0, pages[0], 2);
                 ck_assert_msg(diff1 == 0, "the directory entry came back on page %u holding another block (%zu bytes "
                               "differ from it, %zu from the copied one)", pages[0], diff1, diff2);
         }
@@ -2134,10 +2135,7 @@ static void sequence_back(const char *path, const unsigned *tags, size_t n, cons
         ck_assert_int_eq(epd_sequence_get_pages(c, path, &pages, &got), 0);
         ck_assert_uint_eq(got, n);
         for (size_t i = 0; i < n; i++) {
-                const uint8_t *d = host0 + page_at(c, pages[i]);
-                size_t diff = 0;
-                for (size_t k = 0; k < KV_PAGE; k++)
-                        diff += d[k] != pattern(k, tags[i]);
+                size_t diff = page_diff(c, host0, pages[i], tags[i]);
                 ck_assert_msg(diff == 0, "%s: page %zu of the sequence came back on page %u, %zu of whose bytes are "
                               "not its own", what, i, pages[i], diff);
         }
@@ -2301,46 +2299,13 @@ static uint64_t rounds_setup(epd_client *c, uint8_t *host0, char **ret_a, char *
         return ev_last_lsn(false);
 }
 
-typedef struct PendingCall {
-        bool done;
-        char error[512];
-} PendingCall;
-
-static int on_reply(sd_bus_message *m, void *userdata, sd_bus_error *ret_error) {
-        PendingCall *a = userdata;
-        const sd_bus_error *e = sd_bus_message_get_error(m);
-        a->done = true;
-        if (e)
-                snprintf(a->error, sizeof a->error, "%s: %s", e->name, e->message ? e->message : "");
-        return 0;
-}
-
-/* A PrepareWrite or a Publish sent without waiting for its reply (wait_reply()). */
-static void prepare_write_async(epd_client *c, const char *path, uint32_t first, uint32_t count, PendingCall *a) {
-        sd_bus_message *m = NULL;
-        ck_assert_int_ge(epd__new_call(c, path, "org.epd1.Sequence", "PrepareWrite", &m), 0);
-        ck_assert_int_ge(sd_bus_message_append(m, "uu", first, count), 0);
-        ck_assert_int_ge(sd_bus_call_async(c->bus, NULL, m, on_reply, a, 30 * 1000000ULL), 0);
-        sd_bus_message_unref(m);
-}
-
-static void publish_async(epd_client *c, const char *path, uint32_t first, uint64_t hash, PendingCall *a) {
+/* A Publish sent without waiting for its reply (async_wait()). */
+static void publish_async(epd_client *c, const char *path, uint32_t first, uint64_t hash, AsyncCall *a) {
         sd_bus_message *m = NULL;
         ck_assert_int_ge(epd__new_call(c, path, "org.epd1.Sequence", "Publish", &m), 0);
         ck_assert_int_ge(sd_bus_message_append(m, "u", first), 0);
         ck_assert_int_ge(sd_bus_message_append_array(m, 't', &hash, sizeof hash), 0);
-        ck_assert_int_ge(sd_bus_call_async(c->bus, NULL, m, on_reply, a, 30 * 1000000ULL), 0);
-        sd_bus_message_unref(m);
-        ck_assert_int_ge(sd_bus_flush(c->bus), 0);
-}
-
-static void wait_reply(epd_client *c, PendingCall *a) {
-        while (!a->done) {
-                int r = sd_bus_process(c->bus, NULL);
-                ck_assert_int_ge(r, 0);
-                if (r == 0)
-                        ck_assert_int_ge(sd_bus_wait(c->bus, 5 * 1000000ULL), 0);
-        }
+        async_call(c, m, a);
 }
 
 START_TEST(test_cow_rounds_free_pages) {
@@ -2376,11 +2341,11 @@ START_TEST(test_cow_rounds_free_pages) {
         c = kv_worker(&host0, &feat0);
         ck_assert_uint_eq(rounds_setup(c, host0, &a, &b, &x), L);
         ck_assert_int_eq(epd_sequence_release_nowait(c, x), 0);
-        PendingCall pw = { 0 };
+        AsyncCall pw;
         prepare_write_async(c, a, 0, 2, &pw);
         ck_assert_int_eq(epd_sequence_release_nowait(c, b), 0);
         ck_assert_int_eq(epd_sequence_publish(c, a, 1, &H, 1), 1);
-        wait_reply(c, &pw);
+        async_wait(c, &pw);
         printf("PrepareWrite over two rounds, the disk full after them: %s\n", pw.error[0] ? pw.error : "ok");
         kill9_epdd();
         epd_disconnect(c);
@@ -2460,10 +2425,9 @@ START_TEST(test_cow_rounds_sharers_go_later) {
         fault_slow_writes = 1;
         c = kv_worker(&host0, &feat0);
         ck_assert_uint_eq(rounds3_setup(c, host0, q), L);
-        PendingCall pw = { 0 }, pub1 = { 0 }, pub2 = { 0 };
+        AsyncCall pw, pub1, pub2;
         ck_assert_int_eq(epd_sequence_release_nowait(c, q[3]), 0);
         prepare_write_async(c, q[0], 0, 3, &pw);
-        ck_assert_int_ge(sd_bus_flush(c->bus), 0);
         usleep(100000);
         ck_assert_int_eq(epd_sequence_release_nowait(c, q[4]), 0);
         publish_async(c, q[0], 1, H1, &pub1);
@@ -2472,8 +2436,8 @@ START_TEST(test_cow_rounds_sharers_go_later) {
         ck_assert_int_eq(epd_sequence_release_nowait(c, q[1]), 0);
         ck_assert_int_eq(epd_sequence_release_nowait(c, q[2]), 0);
         publish_async(c, q[0], 2, H2, &pub2);
-        wait_reply(c, &pw);
-        wait_reply(c, &pub2);
+        async_wait(c, &pw);
+        async_wait(c, &pub2);
         printf("PrepareWrite over three rounds, sharers gone in the second, the disk full after them: %s\n",
                pw.error[0] ? pw.error : "ok");
         kill9_epdd();
@@ -2521,11 +2485,8 @@ START_TEST(test_fresh_arena_then_failed_start) {
         int r = epd_sequence_attach(c, id_of(seq), NULL);
         if (r == 0) {
                 size_t diff = 0;
-                for (size_t i = 0; i < n; i++) {
-                        const uint8_t *d = host0 + page_at(c, pages[i]);
-                        for (size_t k = 0; k < KV_PAGE; k++)
-                                diff += d[k] != pattern(k, (unsigned)i);
-                }
+                for (size_t i = 0; i < n; i++)
+                        diff += page_diff(c, host0, pages[i], (unsigned)i);
                 ck_assert_msg(false, "a sequence came back over fresh memory (%zu of %zu bytes differ)", diff,
                               n * (size_t)KV_PAGE);
         }
