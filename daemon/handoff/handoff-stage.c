@@ -109,7 +109,10 @@ int handoff_staging_acquire(HandoffManager *hm, uint64_t size, HandoffStaging **
 int handoff_plan_collect(const HandoffSlice *s, void *userdata) {
         PlanCtx *c = userdata;
         if (c->n == c->cap) {
-                size_t cap = c->cap ? c->cap * 2 : 64;
+                /* A small layer group is a write or a few (one per page and range, cut
+                 * into slices): 8 to start with keeps the common plan a small
+                 * allocation, doubling after that. */
+                size_t cap = c->cap ? c->cap * 2 : 8;
                 TransportWrite *p = reallocarray(c->w, cap, sizeof *p);
                 if (!p)
                         return -ENOMEM;

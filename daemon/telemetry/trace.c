@@ -141,14 +141,27 @@ int trace_store_add_n(TraceStore *t, const char *request_id, usec_t ts, TraceEve
 
         TraceRequest *r = hashmap_get(t->by_id, request_id);
         if (!r) {
-                r = calloc(1, sizeof *r);
-                if (!r)
-                        return -ENOMEM;
+                if (hashmap_size(t->by_id) >= t->max_requests && t->tail) {
+                        /* Full: the oldest request goes, and its memory (its events'
+                         * array too) serves the new one, so that a busy daemon records
+                         * its requests without allocating for each. */
+                        TraceRequest *victim = t->tail;
+                        store_unlink(t, victim);
+                        t->n_evicted++;
+                        TraceEvent *events = victim->events;
+                        size_t n_allocated = victim->n_allocated;
+                        *victim = (TraceRequest) { .events = events, .n_allocated = n_allocated };
+                        r = victim;
+                } else {
+                        r = calloc(1, sizeof *r);
+                        if (!r)
+                                return -ENOMEM;
+                }
                 strcpy(r->id, request_id); /* length checked above */
                 r->first_usec = ts;
                 int k = hashmap_put(t->by_id, r->id, r);
                 if (k < 0) {
-                        free(r);
+                        request_free(r);
                         return k;
                 }
                 LIST_PREPEND(age, t->oldest, r);

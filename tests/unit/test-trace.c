@@ -118,6 +118,57 @@ START_TEST(test_many) {
 }
 END_TEST
 
+START_TEST(test_evicted_memory_reused) {
+        /* A full store gives the oldest request's memory to the next: the new one holds
+         * its own events only, its own times, no drops inherited, and grows past the
+         * array it was given. */
+        _cleanup_(trace_store_freep) TraceStore *t = trace_store_new(2, 40);
+        ck_assert_ptr_nonnull(t);
+        for (int i = 0; i < 30; i++)
+                ck_assert_int_eq(trace_store_add(t, "old", 100 + (usec_t)i, TRACE_GROUP_SENT,
+                                                 &(TraceDetail){ .has_group = true, .group = i, .peer = "p-old" }), 0);
+        for (int i = 0; i < 50; i++)
+                ck_assert_int_eq(trace_store_add(t, "old2", 200, TRACE_COMMIT, NULL), 0);
+        ck_assert_uint_eq(trace_store_get(t, "old2")->n_dropped, 10);
+        const TraceEvent *old_events = trace_store_get(t, "old")->events;
+
+        ck_assert_int_eq(trace_store_add(t, "new", 5000, TRACE_HANDOFF_PREPARE, &(TraceDetail){ .detail = "source" }),
+                         0);
+        ck_assert_uint_eq(trace_store_size(t), 2);
+        ck_assert_uint_eq(trace_store_evicted(t), 1);
+        ck_assert_ptr_null(trace_store_get(t, "old"));
+        const TraceRequest *r = trace_store_get(t, "new");
+        ck_assert_ptr_nonnull(r);
+        ck_assert_ptr_eq(r->events, old_events); /* the evicted request's array, not a new one */
+        ck_assert_str_eq(r->id, "new");
+        ck_assert_uint_eq(r->n_events, 1);
+        ck_assert_uint_eq(r->n_dropped, 0);
+        ck_assert_uint_eq(r->first_usec, 5000);
+        ck_assert_uint_eq(r->last_usec, 5000);
+        ck_assert_int_eq(r->events[0].type, TRACE_HANDOFF_PREPARE);
+        ck_assert_int_eq(r->events[0].group, -1);
+        ck_assert_str_eq(r->events[0].peer, "");
+        ck_assert_str_eq(r->events[0].detail, "source");
+
+        /* The second eviction hands over a request that had dropped events: none carried. */
+        ck_assert_int_eq(trace_store_add(t, "newer", 6000, TRACE_COMMIT, NULL), 0);
+        ck_assert_ptr_null(trace_store_get(t, "old2"));
+        r = trace_store_get(t, "newer");
+        ck_assert_uint_eq(r->n_events, 1);
+        ck_assert_uint_eq(r->n_dropped, 0);
+        /* ... and it grows to the per-request bound as a fresh one would. */
+        for (int i = 0; i < 45; i++)
+                ck_assert_int_eq(trace_store_add(t, "newer", 6001 + (usec_t)i, TRACE_GROUP_SENT,
+                                                 &(TraceDetail){ .has_group = true, .group = i }), 0);
+        r = trace_store_get(t, "newer");
+        ck_assert_uint_eq(r->n_events, 40);
+        ck_assert_uint_eq(r->n_dropped, 6);
+        ck_assert_int_eq(r->events[39].group, 38);
+        ck_assert_uint_eq(r->last_usec, 6045);
+        ck_assert_ptr_nonnull(trace_store_get(t, "new"));
+}
+END_TEST
+
 START_TEST(test_add_n) {
         /* A batch of layer groups: one event each, in order, the cap counted as for one
          * at a time. */
@@ -164,6 +215,7 @@ int main(void) {
         tcase_add_test(tc, test_record_and_format);
         tcase_add_test(tc, test_bounds);
         tcase_add_test(tc, test_many);
+        tcase_add_test(tc, test_evicted_memory_reused);
         tcase_add_test(tc, test_add_n);
         tcase_add_test(tc, test_type_names);
         suite_add_tcase(s, tc);
