@@ -46,7 +46,18 @@ The system calls per 64 KiB 4-group inter-host handoff with one in flight (the
 handoffs, default 300), then that handoff's latency over 1000 more without strace,
 beside the same run's TCP ping-pong: what a change to the hot path is measured with.
 With --groups 36 the same for the 63 KiB handoff in 36 layer groups (the latency run's
-third case) instead of 64 KiB in 4."""
+third case) instead of 64 KiB in 4.
+    bench-handoff-netns.py BUILD_ROOT --cpu [--count N]
+
+What bounds many small handoffs in flight: 64 KiB 4-group handoffs pipelined from one
+thread with 16, 64 and 256 in flight (N each, default 20000; the per-peer window off,
+`[Backpressure] Enabled=no WindowHandoffs=0`, so that no Prepare is deferred), each
+with its handoffs/s against iperf3 -P 1, the CPU time per handoff of the source, the
+destination and the client, and the machine's CPUs over the run (/proc/stat: user,
+system with softirq, idle with iowait); then iperf3 -P 1 for 3 s with the CPU it keeps
+busy, as microseconds of CPU per 64 KiB moved. Throughput that stops growing with
+more in flight while the CPUs are busy is bound by CPU: the ceiling is then iperf3's
+CPU per 64 KiB over epd's (the ratio printed last), whatever the number in flight."""
 
 import importlib.util
 import json
@@ -358,6 +369,73 @@ def syscalls_main(build, count, groups36=False):
     return 0
 
 
+def cpu_ticks():
+    """The machine's CPU time (/proc/stat's first line), in clock ticks: user (with nice),
+    system (with irq and softirq), idle (with iowait), steal."""
+    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return {"user": f[0] + f[1], "system": f[2] + f[5] + f[6], "idle": f[3] + f[4], "steal": f[7] if len(f) > 7 else 0}
+
+
+def proc_cpu_s(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_share(t0, t1):
+    d = {k: t1[k] - t0[k] for k in t0}
+    total = max(sum(d.values()), 1)
+    return {k: v / total for k, v in d.items()}, sum(d.values()) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_main(build, count):
+    import resource
+    ncpu = os.cpu_count()
+    print(f"bench-handoff-netns --cpu: 64 KiB 4-group handoffs alpha -> bravo pipelined from one thread, "
+          f"{count} per row, window off; {ncpu} CPUs")
+    with tempfile.TemporaryDirectory() as tmp:
+        net = Net(2)
+        try:
+            pair = Pair(build, tmp, net, 1, 512, extra="[Backpressure]\nEnabled=no\nWindowHandoffs=0\n")
+            try:
+                handoff_latency(build, pair, "bravo", 500, 8, 4, 8192, 16, pipelined=True)  # warm up
+                limit = iperf3(net, 1, 2)
+                for k in (16, 64, 256):
+                    d0 = [proc_cpu_s(p.pid) for p in pair.procs]
+                    c0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), cpu_ticks()
+                    n = max(count // k, 1) * k
+                    r = handoff_latency(build, pair, "bravo", n, 8, 4, 8192, k, pipelined=True)
+                    t1, c1 = cpu_ticks(), resource.getrusage(resource.RUSAGE_CHILDREN)
+                    d1 = [proc_cpu_s(p.pid) for p in pair.procs]
+                    n += min(50, max(n // (10 * k), 2)) * k  # handoff_latency's warm-up rounds ran too
+                    share, _ = cpu_share(t0, t1)
+                    client = (c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime) / n * 1e6
+                    src, dst = ((d1[i] - d0[i]) / n * 1e6 for i in (0, 1))
+                    mib = r["per_s"] * 64 * KiB / MiB
+                    print(f"  {k:3} in flight: {r['per_s']:7.0f} handoffs/s = {mib / limit:.3f} of iperf3 -P 1 "
+                          f"({limit:.1f} MiB/s);  CPU per handoff: source {src:.0f}, destination {dst:.0f}, "
+                          f"client {client:.0f} us = {src + dst + client:.0f} us;  CPUs: user {share['user']:.2f} "
+                          f"system {share['system']:.2f} idle {share['idle']:.2f} steal {share['steal']:.2f}",
+                          flush=True)
+                    last = (src + dst + client, r["per_s"])
+                t0 = cpu_ticks()
+                limit = iperf3(net, 1, 3)
+                share, secs = cpu_share(t0, cpu_ticks())
+                busy = (1 - share["idle"]) * secs  # CPU-seconds kept busy over the iperf3 run (setup included)
+                per64 = busy / (limit * MiB * 3 / (64 * KiB)) * 1e6
+                print(f"  iperf3 -P 1: {limit:.1f} MiB/s, CPUs: user {share['user']:.2f} system {share['system']:.2f} "
+                      f"idle {share['idle']:.2f};  {per64:.1f} us of CPU per 64 KiB moved (an upper bound: its start "
+                      f"and end are counted)")
+                ceiling = ncpu / (last[0] / 1e6)
+                print(f"  epd at 256 in flight: {last[0]:.0f} us of CPU per handoff (iperf3: {per64:.1f} per 64 KiB); "
+                      f"with all {ncpu} CPUs busy at that cost, {ceiling:.0f} handoffs/s = "
+                      f"{ceiling * 64 * KiB / MiB / limit:.3f} of this iperf3 (measured: {last[1]:.0f}/s)")
+            finally:
+                pair.close()
+        finally:
+            net.close()
+    return 0
+
+
 def fmt(size):
     return f"{size // MiB} MiB" if size >= MiB else f"{size // KiB} KiB"
 
@@ -384,6 +462,9 @@ def main():
     if "--local-groups" in sys.argv:
         count = int(sys.argv[sys.argv.index("--count") + 1]) if "--count" in sys.argv else 1000
         return local_groups_main(build, count, int(sys.argv[sys.argv.index("--local-groups") + 1]))
+    if "--cpu" in sys.argv:
+        count = int(sys.argv[sys.argv.index("--count") + 1]) if "--count" in sys.argv else 20000
+        return cpu_main(build, count)
     if "--syscalls" in sys.argv:
         if not shutil.which("strace"):
             print("SKIP: strace not installed")
