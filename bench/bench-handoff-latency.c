@@ -490,6 +490,9 @@ static int run_pipelined(void) {
                 pipe_start(&pipe_.slots[i]);
         unsigned last_done = 0;
         uint64_t last_progress = now_ns();
+        /* Which bus connection has something to process: read (or a call's timeout
+         * passed) by the last poll. The first turn looks at both. */
+        bool process_p = true, process_d = true;
         while (pipe_.done < total) {
                 /* No handoff finished in 30 s: say where each slot stands and stop. */
                 if (pipe_.done != last_done) {
@@ -505,14 +508,12 @@ static int run_pipelined(void) {
                         }
                         die(NULL, -ETIMEDOUT, "pipelined handoffs stalled");
                 }
-                /* What came in: Prepare answers (callbacks), then the rings' records. */
-                while ((r = epd_process(pipe_.p)) > 0)
-                        ;
-                if (r < 0)
+                /* What came in: Prepare answers (callbacks), then the rings' records.
+                 * epd_process() takes everything there is; a connection poll did not
+                 * wake is not asked (each ask costs a read that finds nothing). */
+                if (process_p && (r = epd_process(pipe_.p)) < 0)
                         die(pipe_.p, r, "process");
-                while ((r = epd_process(pipe_.d)) > 0)
-                        ;
-                if (r < 0)
+                if (process_d && (r = epd_process(pipe_.d)) < 0)
                         die(pipe_.d, r, "process");
                 struct epd_ring_record rec;
                 while (epd_ring_next(pipe_.dr, &rec, 0) == 0)
@@ -532,18 +533,31 @@ static int run_pipelined(void) {
                 }
                 if (pipe_.done >= total)
                         break;
+                /* The bus connections as libepd asks: their events (POLLOUT while a
+                 * call waits to be written) and their calls' timeouts. */
+                int ev_p = epd_get_events(pipe_.p), ev_d = epd_get_events(pipe_.d);
+                uint64_t tmo_p = UINT64_MAX, tmo_d = UINT64_MAX;
+                if (ev_p < 0 || (r = epd_get_timeout(pipe_.p, &tmo_p)) < 0)
+                        die(pipe_.p, ev_p < 0 ? ev_p : r, "events");
+                if (ev_d < 0 || (r = epd_get_timeout(pipe_.d, &tmo_d)) < 0)
+                        die(pipe_.d, ev_d < 0 ? ev_d : r, "events");
                 struct pollfd fds[4] = {
-                        { .fd = epd_get_fd(pipe_.p), .events = POLLIN },
-                        { .fd = epd_get_fd(pipe_.d), .events = POLLIN },
+                        { .fd = epd_get_fd(pipe_.p), .events = (short)ev_p },
+                        { .fd = epd_get_fd(pipe_.d), .events = (short)ev_d },
                         { .fd = epd_ring_fd(pipe_.pr), .events = POLLIN },
                         { .fd = epd_ring_fd(pipe_.dr), .events = POLLIN },
                 };
-                /* The bus connections' writes go out from epd_process(); 10 ms at most in
-                 * case one was left queued. */
-                uint64_t wait_ms = wake == UINT64_MAX ? 10 : (wake - now) / 1000000 + 1;
-                int ms = wait_ms < 10 ? (int)wait_ms : 10;
+                uint64_t tmo = tmo_p < tmo_d ? tmo_p : tmo_d; /* usec */
+                if (tmo != UINT64_MAX && tmo * 1000 < wake)
+                        wake = tmo * 1000;
+                /* 100 ms at most: the stall check above runs meanwhile. */
+                uint64_t wait_ms = wake == UINT64_MAX ? 100 : wake > now ? (wake - now) / 1000000 + 1 : 0;
+                int ms = wait_ms < 100 ? (int)wait_ms : 100;
                 if (poll(fds, 4, ms) < 0 && errno != EINTR)
                         die(NULL, -errno, "poll");
+                uint64_t after = now_ns() / 1000;
+                process_p = fds[0].revents != 0 || tmo_p <= after;
+                process_d = fds[1].revents != 0 || tmo_d <= after;
         }
         double secs = (double)(now_ns() - pipe_.t_measure) / 1e9;
         if ((r = epd_flush(pipe_.d, 10 * 1000000ULL)) < 0)

@@ -491,6 +491,16 @@ int epd_get_fd(epd_client *c) {
         return sd_bus_get_fd(c->bus);
 }
 
+int epd_get_events(epd_client *c) {
+        return c ? sd_bus_get_events(c->bus) : -EINVAL;
+}
+
+int epd_get_timeout(epd_client *c, uint64_t *ret_usec) {
+        if (!c || !ret_usec)
+                return -EINVAL;
+        return sd_bus_get_timeout(c->bus, ret_usec);
+}
+
 int epd_process(epd_client *c) {
         int r, n = 0;
         while ((r = sd_bus_process(c->bus, NULL)) > 0)

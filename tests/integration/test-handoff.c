@@ -7,6 +7,7 @@
 #include <check.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -574,6 +575,68 @@ START_TEST(test_prepare_async) {
         }
         epd_disconnect(p);
         epd_disconnect(d);
+}
+END_TEST
+
+/* A worker's own poll loop (as bench-handoff-latency --pipeline): it waits for the
+ * events epd_get_events() names and until epd_get_timeout(), and calls epd_process()
+ * only when the fd is ready or that time passed. Calls in flight give a deadline and
+ * their answers wake the poll; with none left there is no deadline. */
+START_TEST(test_own_poll_loop) {
+        epd_client *p = worker("prefill");
+        char *seqs[3];
+        Prepared got[3] = {};
+        uint64_t t;
+        epd_handoff_options o = { .arena = "kv1", .ready = 4, .release_on_commit = true };
+
+        ck_assert_int_eq(epd_get_events(NULL), -EINVAL);
+        ck_assert_int_eq(epd_get_timeout(p, NULL), -EINVAL);
+        ck_assert_int_eq(epd_get_timeout(p, &t), 0);
+        ck_assert_uint_eq(t, UINT64_MAX); /* nothing asked: no deadline (0) */
+        for (int i = 0; i < 3; i++) {
+                seqs[i] = make_sequence(p, "kv0", N_PAGES, NULL);
+                ck_assert_int_eq(epd_handoff_prepare_async(p, rid(60 + i), NULL, seqs[i], groups4, 4, &o, on_prepared,
+                                                           &got[i]), 0);
+        }
+        ck_assert_int_eq(epd_get_timeout(p, &t), 1);
+        ck_assert(t != UINT64_MAX); /* the calls' deadline, or 0: something read is waiting */
+        int ev = epd_get_events(p);
+        ck_assert_int_ge(ev, 0);
+        ck_assert((ev & POLLIN) || t == 0); /* input polled for, or processing due now */
+
+        struct timespec ts;
+        uint64_t now;
+        unsigned polls = 0, processed = 0;
+        while (got[0].calls + got[1].calls + got[2].calls < 3) {
+                ck_assert_uint_lt(polls++, 1000);
+                ev = epd_get_events(p);
+                ck_assert_int_ge(ev, 0);
+                ck_assert_int_ge(epd_get_timeout(p, &t), 0);
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                now = (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+                int ms = t == UINT64_MAX ? 100 : t <= now ? 0 : (t - now) / 1000 + 1 < 100 ? (int)((t - now) / 1000 + 1) : 100;
+                struct pollfd pfd = { .fd = epd_get_fd(p), .events = (short)ev };
+                ck_assert_int_ge(poll(&pfd, 1, ms), 0);
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                now = (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+                if (pfd.revents || t <= now) {
+                        ck_assert_int_ge(epd_process(p), 0);
+                        processed++;
+                }
+        }
+        ck_assert_uint_ge(processed, 1);
+        for (int i = 0; i < 3; i++) {
+                ck_assert_int_eq(got[i].calls, 1);
+                ck_assert_int_eq(got[i].error, 0);
+        }
+        ck_assert_int_eq(epd_get_timeout(p, &t), 0);
+        ck_assert_uint_eq(t, UINT64_MAX); /* every call answered */
+        for (int i = 0; i < 3; i++) {
+                ck_assert_int_eq(epd_handoff_rollback(p, got[i].path), 0);
+                release_sequence(p, seqs[i]);
+                free(seqs[i]);
+        }
+        epd_disconnect(p);
 }
 END_TEST
 
@@ -1195,6 +1258,7 @@ int main(void) {
         tcase_add_test(tc, test_ring_submissions_past_one_turn);
         tcase_add_test(tc, test_ring_answers_past_a_full_cq);
         tcase_add_test(tc, test_prepare_async);
+        tcase_add_test(tc, test_own_poll_loop);
         tcase_add_test(tc, test_watch_signals);
         tcase_add_test(tc, test_accept_wait);
         tcase_add_test(tc, test_accept_after_rollback);

@@ -75,8 +75,15 @@ int epd_get_host_id(epd_client *c, char **ret);
 
 /* Event-loop integration: the connection's fd, and processing of what arrived
  * (signals for waits, for example). epd_wait() blocks up to timeout_usec
- * (UINT64_MAX: forever) for something to arrive. */
+ * (UINT64_MAX: forever) for something to arrive. A loop that polls the fd itself asks
+ * epd_get_events() for the poll events to wait for (POLLIN, and POLLOUT while calls
+ * wait to be written) and epd_get_timeout() for when an unanswered call times out
+ * (1 and that CLOCK_MONOTONIC usec; 0 and UINT64_MAX when there is none), and calls epd_process() when the fd is
+ * ready or that time has passed: not at every turn, where each call costs a read that
+ * finds nothing. */
 int epd_get_fd(epd_client *c);
+int epd_get_events(epd_client *c);
+int epd_get_timeout(epd_client *c, uint64_t *ret_usec);
 int epd_process(epd_client *c);
 int epd_wait(epd_client *c, uint64_t timeout_usec);
 /* Waits up to timeout_usec (UINT64_MAX: forever) until every call sent without waiting
