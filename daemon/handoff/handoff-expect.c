@@ -127,7 +127,8 @@ static void expect_answer(Expect *e, HandoffObject *o, int error, const char *wh
                 ring_record_completion(&rec, user_data, error);
         else
                 ring_record_handoff_accepted(&rec, user_data, o->h->request_id.bytes, o->h->token, o->h->n_done,
-                                             o->h->n_groups, o->n_pages, o->arena);
+                                             o->h->n_groups, o->n_pages,
+                                             handoff_worker_arena_index(cr->object.owner, o->arena));
         if (ring_post(cr->ring, &rec) < 0)
                 cr->hm->counters.ring_fallbacks++;
         handoff_ring_kick_later(cr);

@@ -122,6 +122,10 @@ void handoff_obj_unhold(HandoffObject *o);
 
 /* handoff-manager.c: lifetime of handoff objects, the central step after every event */
 uint64_t handoff_client_serial(const Client *c);
+/* The index of the daemon's arena `arena` among those c's worker mapped: the order of
+ * epd_arena_get() on its side (EPD_RING_EV_HANDOFF_ACCEPTED's arg1); UINT32_MAX when it
+ * mapped no such arena. */
+uint32_t handoff_worker_arena_index(Client *c, uint32_t arena);
 void handoff_count_failure(HandoffManager *hm, HandoffCause c);
 bool handoff_counts(const HandoffObject *o);
 Transport *handoff_gpu_transport(HandoffManager *hm);

@@ -62,6 +62,14 @@ uint64_t handoff_client_serial(const Client *c) {
         return c ? c->serial : 0;
 }
 
+uint32_t handoff_worker_arena_index(Client *c, uint32_t arena) {
+        Worker *w = c ? client_get_worker(c) : NULL;
+        if (!w || arena >= 64 || !(w->arena_mask & (UINT64_C(1) << arena)))
+                return UINT32_MAX;
+        /* RegisterWorker's reply lists the mapped arenas in the daemon's order. */
+        return (uint32_t)__builtin_popcountll(w->arena_mask & ((UINT64_C(1) << arena) - 1));
+}
+
 bool handoff_object_owned_by(const HandoffObject *o, const Client *c) {
         return o && c && o->owned && o->object.owner == c;
 }

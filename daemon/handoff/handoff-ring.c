@@ -249,7 +249,7 @@ static int ring_accept(ClientRing *cr, const struct epd_ring_record *rec) {
                 return 0;
         struct epd_ring_record out;
         ring_record_handoff_accepted(&out, rec->user_data, o->h->request_id.bytes, o->h->token, o->h->n_done,
-                                     o->h->n_groups, o->n_pages, o->arena);
+                                     o->h->n_groups, o->n_pages, handoff_worker_arena_index(cr->object.owner, o->arena));
         if (ring_post(cr->ring, &out) < 0)
                 hm->counters.ring_fallbacks++;
         return 0;

@@ -811,6 +811,50 @@ static void ring_all_landed(epd_client *p, const char *path, epd_ring_client *dr
         }
 }
 
+/* HANDOFF_ACCEPTED's arena is the index in the worker's own epd_arena_get() order: a
+ * decode worker that mapped kv1 alone has it at 0, though it is the daemon's second
+ * arena (answered on the ring at once and, before Prepare, from the expect). */
+START_TEST(test_ring_accepted_arena_is_the_workers) {
+        epd_client *p = worker("prefill"), *d = NULL;
+        const char *only_kv1[] = { "kv1", NULL };
+        ck_assert_int_eq(epd_connect(address, &d), 0);
+        ck_assert_int_eq(epd_register(d, "decode", "model", "cpu", &kv, only_kv1), 0);
+        ck_assert_uint_eq(epd_arena_count(d), 1);
+        ck_assert_int_eq(epd_arena_find(d, "kv1"), 0);
+        epd_ring_client *dr;
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+        epd_handoff_options o = { .arena = "kv1", .ready = 4 };
+        struct epd_ring_record out;
+        for (int k = 0; k < 2; k++) {
+                char *seq = make_sequence(p, "kv0", N_PAGES, NULL), *path, *dseq;
+                uint64_t token;
+                if (k == 0) /* accepted before Prepare: the expect answers */
+                        ck_assert_int_eq(epd_ring_accept(dr, rid(70 + k), 5000000, 70 + k), 0);
+                ck_assert_int_eq(epd_handoff_prepare(p, rid(70 + k), NULL, seq, groups4, 4, &o, &path, &token), 0);
+                if (k == 1) /* after Prepare: answered at once */
+                        ck_assert_int_eq(epd_ring_accept(dr, rid(70 + k), 5000000, 70 + k), 0);
+                ring_wait_for(dr, EPD_RING_EV_HANDOFF_ACCEPTED, &out);
+                ck_assert_uint_eq(out.user_data, 70 + k);
+                ck_assert_uint_eq(out.token, token);
+                ck_assert_uint_eq(out.arg1, 0);
+                ck_assert_str_eq(epd_arena_get(d, out.arg1)->name, "kv1");
+                epd_handoff_accepted acc;
+                ck_assert_int_eq(epd_handoff_accept(d, rid(70 + k), &acc), 0); /* a repeat: its path */
+                wait_state(d, acc.path, "transferred");
+                ck_assert_int_eq(epd_handoff_commit_and_release(d, acc.path, &dseq), 0);
+                release_sequence(d, dseq);
+                epd_handoff_accepted_done(&acc);
+                free(dseq);
+                free(path);
+                release_sequence(p, seq);
+                free(seq);
+        }
+        epd_ring_close(dr);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 /* The source sequence released: nothing left live, nothing in the destination arena. */
 static void nothing_left(epd_client *p, char *seq) {
         release_sequence(p, seq);
@@ -1259,6 +1303,7 @@ int main(void) {
         tcase_add_test(tc, test_ring_answers_past_a_full_cq);
         tcase_add_test(tc, test_prepare_async);
         tcase_add_test(tc, test_own_poll_loop);
+        tcase_add_test(tc, test_ring_accepted_arena_is_the_workers);
         tcase_add_test(tc, test_watch_signals);
         tcase_add_test(tc, test_accept_wait);
         tcase_add_test(tc, test_accept_after_rollback);

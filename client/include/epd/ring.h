@@ -122,8 +122,9 @@ enum {
         EPD_RING_EV_BACKPRESSURE = 0x84,
         /* Answer to EPD_RING_OP_ACCEPT: user_data echoed; the handoff (request_id,
          * token) is this worker's: group = groups already landed, count = groups,
-         * arg0 = pages, arg1 = the arena's index in org.epd1.Manager.Arenas (the
-         * order of epd_arena_get()). */
+         * arg0 = pages, arg1 = the arena's index among those this worker mapped
+         * (the order of epd_arena_get(): RegisterWorker's answer, which lists only
+         * the arenas the worker asked for), not its place in org.epd1.Manager.Arenas. */
         EPD_RING_EV_HANDOFF_ACCEPTED = 0x85,
 };
 
