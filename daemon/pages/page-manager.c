@@ -197,8 +197,18 @@ int page_manager_journal(Sequence *s) {
         if (!pm || pm->replaying || pm->journal_held || pm->manager->stopping || !pm->manager->wal)
                 return 0;
         r = put_encode(s, &buf, &len);
-        if (r < 0)
+        if (r < 0) {
+                /* The table changed already (a Truncate, a copy-on-write's swap): a
+                 * record that cannot be built is one the log refused. Pages it freed, or
+                 * that the next records free while the log still gives them to this
+                 * sequence, must never count as settled: they would be written into,
+                 * and a crash would bring this sequence back over another's bytes. */
+                int k = wal_manager_refuse(pm->manager, r, "a sequence's page table");
+                if (k == -ENOTCONN)
+                        return r;
+                removals_take_frees(pm, r);
                 return r;
+        }
         r = wal_manager_append(pm->manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_PUT, buf, len);
         if (r == -ENOTCONN)
                 return 0;

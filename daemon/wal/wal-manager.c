@@ -241,6 +241,18 @@ static int on_durable(sd_event_source *s, int fd, uint32_t revents, void *userda
         return 0;
 }
 
+int wal_manager_refuse(Manager *m, int error, const char *what) {
+        WalGlue *g = glue(m);
+        if (!g || !g->writer)
+                return -ENOTCONN;
+        if (g->refused < 0)
+                return g->refused;
+        g->refused = error < 0 ? error : -EIO;
+        log_error_errno(g->refused, "WAL: %s could not be journaled (%m); nothing more is journaled or "
+                                    "acknowledged until epdd restarts.", what);
+        return g->refused;
+}
+
 int wal_manager_append(Manager *m, uint16_t type, const void *payload, size_t len) {
         WalGlue *g = glue(m);
         uint64_t lsn;

@@ -17,6 +17,11 @@ extern const Subsystem wal_subsystem;
 /* Appends a record (nothing is acknowledged yet): queued for the writer thread, no
  * I/O here. -ENOTCONN without a WAL; -EIO once the log failed (wal-writer.h). */
 int wal_manager_append(Manager *m, uint16_t type, const void *payload, size_t len);
+/* A change already made whose record could not even be built (no memory for it): as a
+ * refused append, nothing is journaled or acknowledged from now on (until a restart),
+ * and nothing freed is counted settled again. Returns the refusal (error, or the
+ * earlier one). -ENOTCONN without a journal. */
+int wal_manager_refuse(Manager *m, int error, const char *what);
 /* Sends reply (to call) once every record this daemon appended before it is durable
  * (at once when they are); if the writer failed, call gets org.epd1.Error.Failed
  * instead: nothing is acknowledged that is not durable. Replies leave in the order

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "core/arena.h"
+#include "pages/sequence-record.h"
 #include "epd/epd-feature.h"
 #include "epd/handoff.h"
 #include "harness.h"
@@ -117,6 +118,10 @@ static unsigned fault_enospc_delay_ms;
  * longer each, then succeed. */
 static uint64_t fault_slow_lsn;
 static unsigned fault_slow_ms, fault_slow_writes = 1;
+/* When set, the next start_epdd() preloads fault-malloc.c: the first malloc() of this many
+ * bytes while fault_malloc_arm (a file) exists fails. */
+static size_t fault_malloc_size;
+static char fault_malloc_arm[300];
 
 /* In the child about to exec epdd: fault-wal.c preloaded, `var` set to `value`. */
 static void preload_fault_wal(const char *var, uint64_t value) {
@@ -164,6 +169,11 @@ static pid_t spawn_epdd(bool with_store) {
                         preload_fault_wal("EPD_FAULT_WAL_ENOSPC_LSN", fault_enospc_lsn);
                         if (fault_enospc_delay_ms > 0)
                                 preload_fault_wal("EPD_FAULT_WAL_ENOSPC_DELAY_MS", fault_enospc_delay_ms);
+                }
+                if (fault_malloc_size > 0) {
+                        preload_fault_wal("EPD_FAULT_MALLOC_SIZE", fault_malloc_size);
+                        setenv("LD_PRELOAD", getenv("FAULT_MALLOC"), 1);
+                        setenv("EPD_FAULT_MALLOC_ARM", fault_malloc_arm, 1);
                 }
                 if (fault_slow_lsn > 0) {
                         preload_fault_wal("EPD_FAULT_WAL_SLOW_LSN", fault_slow_lsn);
@@ -2266,6 +2276,68 @@ START_TEST(test_write_into_freed_pages) {
 END_TEST
 
 
+/* A Truncate whose PUT cannot even be built (its buffer's allocation fails): the table
+ * changed in memory, the log still gives the freed page to the sequence. That is a
+ * refused record: nothing is journaled or acknowledged after it, so the freed page is
+ * never counted settled and a copy-on-write cannot take it (it was the only free page).
+ * Killed and restarted, the sequence comes back whole on its own bytes. */
+START_TEST(test_unbuildable_record_is_refused) {
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        write_arenas("[Wal]\nSync=batch\n[Arena:host0]\nSize=2M\nUsage=kv\n[Arena:feat0]\nSize=16M\nUsage=feature\n"
+                     "PageSize=64K\n");
+        open_notify();
+        ev_fresh_state();
+        enum { S1_PAGES = 36 };
+        snprintf(fault_malloc_arm, sizeof fault_malloc_arm, "%s/arm-malloc", h.dir);
+        /* The PUT of s1 truncated by one page: 188 bytes, asked for by nothing else then. */
+        fault_malloc_size = SEQUENCE_REC_HEADER_SIZE + 4 * (S1_PAGES - 1);
+        start_epdd(true);
+        fault_malloc_size = 0;
+        uint8_t *host0, *feat0;
+        epd_client *c = kv_worker(&host0, &feat0);
+        char *s1 = NULL, *s2 = NULL, *s3 = NULL, *fill = NULL;
+        uint32_t *p = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", S1_PAGES, &s1, &p, &n), 0);
+        for (size_t i = 0; i < n; i++)
+                write_page(c, host0, p[i], 1);
+        free(p);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &s2, &p, &n), 0);
+        write_page(c, host0, p[0], 2);
+        free(p);
+        ck_assert_int_eq(epd_sequence_clone(c, s2, &s3), 0);
+        uint64_t pc[4];
+        pool_counts("host0", pc);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", (uint32_t)pc[0], &fill, NULL, NULL), 0);
+
+        int fd = open(fault_malloc_arm, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        int r = epd_sequence_truncate(c, s1, S1_PAGES - 1);
+        ck_assert_int_lt(r, 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
+        ck_assert_msg(strstr(epd_last_error_message(c), "cannot journal"), "%s", epd_last_error_message(c));
+        unlink(fault_malloc_arm);
+        /* The only free page is s1's last: the copy-on-write of s3's shared page would
+         * take it. The journal refuses now, so it is refused, and nothing is written. */
+        uint32_t w = 0;
+        ck_assert_int_lt(epd_sequence_prepare_write(c, s3, 0, 1, &w), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
+        kill9_epdd();
+        epd_disconnect(c);
+
+        unsigned tags[S1_PAGES];
+        for (size_t i = 0; i < S1_PAGES; i++)
+                tags[i] = 1;
+        sequence_back(s1, tags, S1_PAGES, "truncated without its record");
+        free(s1);
+        free(s2);
+        free(s3);
+        free(fill);
+        close_notify();
+}
+END_TEST
+
 /* The copy-on-write rounds' tests: one arena of KV pages, a journal that syncs in batches. */
 static void cow_rounds_init(void) {
         ck_assert_int_eq(harness_init(&h, NULL), 0);
@@ -2515,6 +2587,7 @@ int main(void) {
         (void)test_failed_start_keeps_the_store;
         (void)test_cow_into_evicted_entry;
         (void)test_write_into_freed_pages;
+        (void)test_unbuildable_record_is_refused;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2529,6 +2602,7 @@ int main(void) {
         (void)test_failed_start_keeps_the_store;
         (void)test_cow_into_evicted_entry;
         (void)test_write_into_freed_pages;
+        (void)test_unbuildable_record_is_refused;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2545,6 +2619,7 @@ int main(void) {
         (void)test_failed_start_keeps_the_store;
         (void)test_cow_into_evicted_entry;
         (void)test_write_into_freed_pages;
+        (void)test_unbuildable_record_is_refused;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2554,6 +2629,7 @@ int main(void) {
         tcase_add_test(tc, test_failed_start_keeps_the_store);
         tcase_add_test(tc, test_cow_into_evicted_entry);
         tcase_add_test(tc, test_write_into_freed_pages);
+        tcase_add_test(tc, test_unbuildable_record_is_refused);
         tcase_add_test(tc, test_cow_rounds_free_pages);
         tcase_add_test(tc, test_cow_rounds_sharers_go_later);
         tcase_add_test(tc, test_fresh_arena_then_failed_start);
