@@ -140,11 +140,12 @@ class Ring(_lib.Closing):
         p = ctypes.c_void_p()
         client._check(self._lib.epd_ring_open(client._c, sq_entries, cq_entries, ctypes.byref(p)), "open ring")
         self._r = p
-        self.progress = {}  # token -> groups landed (the highest count seen)
-        self.state = {}     # token -> (EPD_HANDOFF_STATE_*, EPD_HANDOFF_CAUSE_*)
+        # A handoff is (request id, token), never its token alone: tokens are unique per
+        # source daemon only, and a decode worker takes handoffs from several hosts.
+        self.progress = {}  # (request id (32 hex digits), token) -> groups landed (the highest count seen)
+        self.state = {}     # (request id, token) -> (EPD_HANDOFF_STATE_*, EPD_HANDOFF_CAUSE_*)
         self.other = []     # events that are not about a handoff (completions, backpressure), oldest first
-        self.accepted = {}  # request id (32 hex digits) -> token: answers to accept()
-        self._accepted_rid = {}  # token -> its request id in `accepted` (forget() drops both)
+        self.accepted = {}  # request id -> token: answers to accept()
         self._serial = 0    # commit()'s user_data
 
     def _check(self, r: int, what: str) -> int:
@@ -191,7 +192,7 @@ class Ring(_lib.Closing):
                 if rec.result < 0:
                     raise EpdError(-rec.result, None, f"commit of {request_id} refused", "ring: commit")
                 if release:
-                    self.forget(token)
+                    self.forget(request_id, token)
                 return "/org/epd1/sequence/" + bytes(rec.request_id).hex()
             self._absorb(rec)
 
@@ -220,14 +221,14 @@ class Ring(_lib.Closing):
     def _absorb(self, rec: RingRecord):
         if rec.opcode == RING_EV_GROUP_PROGRESS:
             # groups [0, group) complete, out of count (ring.h)
-            self.progress[rec.token] = max(self.progress.get(rec.token, 0), rec.group)
+            key = (bytes(rec.request_id).hex(), rec.token)
+            self.progress[key] = max(self.progress.get(key, 0), rec.group)
         elif rec.opcode == RING_EV_HANDOFF_STATE:
-            self.state[rec.token] = (rec.arg0, rec.arg1)
+            self.state[(bytes(rec.request_id).hex(), rec.token)] = (rec.arg0, rec.arg1)
         elif rec.opcode == RING_EV_HANDOFF_ACCEPTED:
             rid = bytes(rec.request_id).hex()
             self.accepted[rid] = rec.token
-            self._accepted_rid[rec.token] = rid
-            self.progress[rec.token] = max(self.progress.get(rec.token, 0), rec.group)
+            self.progress[(rid, rec.token)] = max(self.progress.get((rid, rec.token), 0), rec.group)
         else:
             self.other.append(rec)
             del self.other[:-1024]  # bounded: only the newest are kept
@@ -243,14 +244,23 @@ class Ring(_lib.Closing):
             rec = self.next(0)
         return n
 
-    def forget(self, token: int):
+    def groups_landed(self, request_id: str, token: int) -> int:
+        """The groups of handoff (request_id, token) the ring said have landed (0: none yet)."""
+        return self.progress.get((request_id.lower(), token), 0)
+
+    def handoff_state(self, request_id: str, token: int):
+        """(EPD_HANDOFF_STATE_*, EPD_HANDOFF_CAUSE_*) of handoff (request_id, token) from the
+        ring's state records, or None when none came."""
+        return self.state.get((request_id.lower(), token))
+
+    def forget(self, request_id: str, token: int):
         """Drops what the ring remembers of a handoff this process is done with (its
         progress, state and accept answer): a long-running worker's tables stay as large
         as its handoffs in flight."""
-        self.progress.pop(token, None)
-        self.state.pop(token, None)
-        rid = self._accepted_rid.pop(token, None)
-        if rid is not None and self.accepted.get(rid) == token:
+        rid = request_id.lower()
+        self.progress.pop((rid, token), None)
+        self.state.pop((rid, token), None)
+        if self.accepted.get(rid) == token:
             del self.accepted[rid]
 
     def close(self):
@@ -329,10 +339,10 @@ class Handoff:
             return True
         if ring is not None:
             ring.poll(0)
-            st = ring.state.get(self.token)
+            st = ring.handoff_state(self.request_id, self.token)
             self._finished = st is not None and st[0] in (HANDOFF_STATE_COMMITTED, HANDOFF_STATE_ROLLED_BACK)
             if self._finished and self.release_on_commit and st[0] == HANDOFF_STATE_COMMITTED:
-                ring.forget(self.token)  # released at commit: no release() will forget it
+                ring.forget(self.request_id, self.token)  # released at commit: no release() will forget it
             return self._finished
         return self.status()["state"] in ("committed", "rolled-back")
 
@@ -342,7 +352,7 @@ class Handoff:
     def release(self, ring: Optional[Ring] = None):
         self._client._check(self._lib.epd_handoff_release(self._client._c, self.path.encode()), "release handoff")
         if ring is not None:
-            ring.forget(self.token)
+            ring.forget(self.request_id, self.token)
 
 
 class Accepted:
@@ -400,8 +410,8 @@ class Accepted:
                 raise EpdError(_errno.ETIMEDOUT, "org.epd1.Error.Timeout", f"groups {self.groups_done}/{n}",
                                "wait for layer groups")
             if ring is not None:
-                self.groups_done = max(self.groups_done, ring.progress.get(self.token, 0))
-                st = ring.state.get(self.token)
+                self.groups_done = max(self.groups_done, ring.groups_landed(self.request_id, self.token))
+                st = ring.handoff_state(self.request_id, self.token)
                 if st is not None and st[0] == HANDOFF_STATE_ROLLED_BACK:
                     raise EpdError(_errno.ECANCELED, None, f"the handoff was rolled back (cause {st[1]})",
                                    "wait for layer groups")
@@ -434,4 +444,4 @@ class Accepted:
     def release(self, ring: Optional[Ring] = None):
         self._client._check(self._lib.epd_handoff_release(self._client._c, self.path.encode()), "release handoff")
         if ring is not None:
-            ring.forget(self.token)
+            ring.forget(self.request_id, self.token)

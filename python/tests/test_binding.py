@@ -99,6 +99,48 @@ class RingRecordTest(unittest.TestCase):
         self.assertIsNone(rec.backpressure())
 
 
+    def test_handoffs_of_one_token_kept_apart(self):
+        """Two handoffs with the same token from two source daemons (tokens are unique per
+        source only) are two handoffs on the decode worker's ring: one's progress and
+        rollback say nothing of the other's."""
+        import errno
+        from epd.handoff import (Accepted, Ring, RingRecord, RING_EV_GROUP_PROGRESS, RING_EV_HANDOFF_STATE,
+                                 RING_EV_HANDOFF_ACCEPTED, HANDOFF_STATE_ROLLED_BACK)
+        ring = object.__new__(Ring)
+        ring.progress, ring.state, ring.other, ring.accepted = {}, {}, [], {}
+        ring.poll = lambda timeout_s=0.0: 0  # no mapping behind it: the tables alone
+        a_rid, b_rid, token = "a" * 32, "b" * 32, 1764900000000000
+
+        def record(opcode, rid, group=0, arg0=0, arg1=0):
+            rec = RingRecord()
+            rec.opcode, rec.token, rec.group, rec.arg0, rec.arg1 = opcode, token, group, arg0, arg1
+            rec.request_id[:] = list(bytes.fromhex(rid))
+            return rec
+
+        ring._absorb(record(RING_EV_HANDOFF_ACCEPTED, a_rid))
+        ring._absorb(record(RING_EV_HANDOFF_ACCEPTED, b_rid))
+        ring._absorb(record(RING_EV_GROUP_PROGRESS, a_rid, group=4))
+        self.assertEqual(ring.groups_landed(a_rid, token), 4)
+        self.assertEqual(ring.groups_landed(b_rid, token), 0)
+        b = object.__new__(Accepted)
+        b.request_id, b.token, b.groups_done = b_rid, token, 0
+        with self.assertRaises(epd.EpdError) as e:
+            b.wait_groups(4, ring, timeout_s=0.1)  # A's groups are not B's
+        self.assertEqual(e.exception.errno, errno.ETIMEDOUT)
+        ring._absorb(record(RING_EV_HANDOFF_STATE, a_rid, arg0=HANDOFF_STATE_ROLLED_BACK, arg1=1))
+        self.assertIsNone(ring.handoff_state(b_rid, token))
+        with self.assertRaises(epd.EpdError) as e:
+            b.wait_groups(4, ring, timeout_s=0.1)  # A's rollback is not B's
+        self.assertEqual(e.exception.errno, errno.ETIMEDOUT)
+        ring._absorb(record(RING_EV_GROUP_PROGRESS, b_rid, group=4))
+        self.assertEqual(b.wait_groups(4, ring, timeout_s=0.1), 4)
+        ring.forget(a_rid, token)
+        self.assertEqual(ring.accepted, {b_rid: token})
+        self.assertEqual(ring.groups_landed(b_rid, token), 4)
+        ring.forget(b_rid.upper(), token)  # the id as the worker spelled it
+        self.assertEqual((ring.accepted, ring.progress, ring.state), ({}, {}, {}))
+
+
 class BindingTest(unittest.TestCase):
     @contextlib.contextmanager
     def prefill_and_decode(self):
@@ -205,7 +247,7 @@ class BindingTest(unittest.TestCase):
                 while rid not in dring.accepted:
                     dring.poll(1.0)
                 self.assertEqual(dring.accepted[rid], h.token)
-                dring.forget(h.token)  # what release(dring) does: the answer goes too
+                dring.forget(rid, h.token)  # what release(dring) does: the answer goes too
                 self.assertNotIn(rid, dring.accepted)
                 a = Accepted.accept(d, rid, wait_s=1)   # a repeat: the offsets
                 self.assertEqual(a.token, h.token)
@@ -234,9 +276,9 @@ class BindingTest(unittest.TestCase):
                     h.layer_group_ready(g, pring)
                     self.assertEqual(a.wait_groups(g + 1, dring, timeout_s=5), g + 1)
                     dring.poll(0.05)  # any later record would say more than has landed
-                    self.assertEqual(dring.progress[a.token], g + 1)
+                    self.assertEqual(dring.groups_landed(rid, a.token), g + 1)
                     pring.poll(0.05)
-                    self.assertLessEqual(pring.progress.get(h.token, 0), g + 1)
+                    self.assertLessEqual(pring.groups_landed(rid, h.token), g + 1)
                 Sequence(d, a.commit(), a.arena).release()
                 a.release(dring)
                 h.release(pring)
@@ -272,8 +314,8 @@ class BindingTest(unittest.TestCase):
                         break
                     pring.poll(0.01)
                 self.assertTrue(h.finished(pring))
-                self.assertNotIn(h.token, pring.state)
-                self.assertNotIn(h.token, pring.progress)
+                self.assertIsNone(pring.handoff_state(rid, h.token))
+                self.assertNotIn((rid, h.token), pring.progress)
                 Sequence(d, dseq, a.arena).release()
                 seq.release()
 
@@ -301,7 +343,7 @@ class BindingTest(unittest.TestCase):
                 self.assertEqual(len(s.pages), 2)
                 with self.assertRaises(epd.EpdError):
                     a.status()  # released with the commit
-                self.assertNotIn(a.token, dring.progress)
+                self.assertNotIn((rid, a.token), dring.progress)
                 s.release()
                 seq.release()
 

@@ -959,7 +959,7 @@ class EpdKvSource:
             if self.kv.on_gpu and self._loaded is None and a.groups_done < a.n_groups and self.ring is not None:
                 # What the ring says already (no wait): the groups may all have landed.
                 self.ring.poll(0)
-                a.groups_done = max(a.groups_done, self.ring.progress.get(a.token, 0))
+                a.groups_done = max(a.groups_done, self.ring.groups_landed(a.request_id, a.token))
             if self.kv.on_gpu and self._loaded is None and a.groups_done >= a.n_groups:
                 rest = list(range(layer_idx, self.layout.layers))
                 self._loaded = dict(zip(rest, self.kv.read_layers(rest, self.tokens, self.dtype, self.device)))
