@@ -62,6 +62,7 @@ typedef struct ClientRing {
         ClientObject object;
         HandoffManager *hm;
         uint64_t serial;
+        uint64_t id;                   /* this ring, not the client's next one */
         Ring *ring;
         sd_event_source *source;
         bool kick_queued;              /* on hm->kick_pending: kicked by on_kicks() */

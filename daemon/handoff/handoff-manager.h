@@ -174,6 +174,7 @@ struct HandoffManager {
         Hashmap *ending_map;      /* HandoffEnding* by request id */
         /* Pipelined handoffs (handoff-proto.h: HANDOFF_PREPARE_F_PIPELINED). */
         uint64_t next_slot;       /* source: the last slot given */
+        uint64_t next_ring_id;    /* the last ClientRing.id given */
         Hashmap *slots;           /* destination: HandoffObject* by (peer, slot) */
         Hashmap *peer_slots;      /* destination: PeerSlots* by peer: the last slot announced */
         Transport *local;

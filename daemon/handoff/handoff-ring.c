@@ -255,11 +255,12 @@ static int ring_accept(ClientRing *cr, const struct epd_ring_record *rec) {
         return 0;
 }
 
-/* A ring COMMIT's answer, once its records are durable: posted to the client's ring if
- * it still has one (looked up again: it may have closed meanwhile). */
+/* A ring COMMIT's answer, once its records are durable: posted to the ring it came on if
+ * the client still has it (looked up again: it may have closed meanwhile, and a ring the
+ * client opened since is another, whose user_data may mean something else). */
 typedef struct RingCommit {
         HandoffManager *hm;
-        uint64_t serial, user_data;
+        uint64_t serial, ring_id, user_data;
         EpdId sequence;
 } RingCommit;
 
@@ -267,7 +268,7 @@ static void ring_commit_durable(void *userdata, int error) {
         RingCommit *rc = userdata;
         HandoffManager *hm = rc->hm;
         ClientRing *cr = hashmap_get(hm->rings, &rc->serial);
-        if (cr) {
+        if (cr && cr->id == rc->ring_id) {
                 struct epd_ring_record out;
                 ring_record_completion(&out, rc->user_data, error < 0 ? error : 0);
                 if (error >= 0)
@@ -303,7 +304,7 @@ static int ring_commit(ClientRing *cr, const struct epd_ring_record *rec) {
                 free(rc);
                 return r;
         }
-        *rc = (RingCommit) { .hm = hm, .serial = cr->serial, .user_data = rec->user_data };
+        *rc = (RingCommit) { .hm = hm, .serial = cr->serial, .ring_id = cr->id, .user_data = rec->user_data };
         const char *id = strrchr(seq, '/');
         if (!id || epd_id_from_string(id + 1, &rc->sequence) < 0) {
                 free(rc);
@@ -402,6 +403,7 @@ int handoff_manager_open_ring(HandoffManager *hm, Client *c, uint32_t sq, uint32
                 return -ENOMEM;
         cr->hm = hm;
         cr->serial = serial;
+        cr->id = ++hm->next_ring_id;
         int r = ring_new(sq, cq, &cr->ring);
         if (r < 0) {
                 handoff_ring_free(cr);

@@ -1166,6 +1166,45 @@ START_TEST(test_ring_commit_ring_closed) {
 }
 END_TEST
 
+/* A ring COMMIT answered once its records are durable goes to the ring it came on: the
+ * worker closed that ring and opened another before the answer (a slow disk keeps the
+ * records from being durable meanwhile), and the new ring hears nothing of it, where its
+ * own user_data 51 could mean a commit of its own. */
+START_TEST(test_ring_commit_answer_stays_with_its_ring) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        setenv("EPD_FAULT_WAL_SLOW_MS", "200", 1);
+        setenv("EPD_FAULT_WAL_SLOW_WRITES", "1000000", 1);
+        ck_assert_int_eq(harness_start_epdd_preloaded(&h, getenv("FAULT_WAL"), "EPD_FAULT_WAL_SLOW_LSN", "1"), 0);
+        unsetenv("EPD_FAULT_WAL_SLOW_MS");
+        unsetenv("EPD_FAULT_WAL_SLOW_WRITES");
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        epd_ring_client *dr, *dr2;
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+        char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
+        uint64_t token;
+        char *path = ring_accepted_handoff(p, dr, rid(32), seq, 50, &token);
+        ring_all_landed(p, path, dr);
+        ck_assert_int_eq(epd_ring_commit(dr, rid(32), token, 1, 51), 0);
+        ck_assert_int_eq(epd_ring_release(d, dr), 0); /* both sides; the records take 200 ms to be durable */
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr2), 0);
+        struct epd_ring_record out;
+        int r = epd_ring_next(dr2, &out, 1000000);
+        ck_assert_msg(r == -EAGAIN, "the new ring got a record (opcode %#x, user_data %" PRIu64 ")", out.opcode,
+                      out.user_data);
+        wait_state(p, path, "committed");
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_ring_close(dr2);
+        epd_disconnect(d);
+        for (int i = 0; i < 200 && arena_live(p, "kv1") > 0; i++)
+                usleep(10000);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        release_sequence(p, seq);
+        free(seq);
+        free(path);
+        epd_disconnect(p);
+}
+END_TEST
+
 START_TEST(test_decode_dies) {
         epd_client *p = worker("prefill");
         char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
@@ -1310,6 +1349,7 @@ int main(void) {
         tcase_add_test(tc, test_ring_accept_goes_with_the_ring);
         tcase_add_test(tc, test_ring_commit);
         tcase_add_test(tc, test_ring_commit_ring_closed);
+        tcase_add_test(tc, test_ring_commit_answer_stays_with_its_ring);
         tcase_add_test(tc, test_decode_dies);
         tcase_add_test(tc, test_timeout_and_admission);
         tcase_add_test(tc, test_introspection);
