@@ -656,8 +656,12 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
         o->net = peer_manager_transport_for(handoff_obj_manager(o)->peers, x->peer);
         unsigned caps = o->net ? o->net->ops->caps : 0;
         o->imm = caps & TRANSPORT_CAP_IMM;
-        bool targeted = (caps & TRANSPORT_CAP_TARGET) && !o->staging && o->page_size < HANDOFF_PAGE_SIZE_MAX;
-        bool pipelined = targeted && o->imm && x->total_bytes <= hm->manager->config.handoff_pipeline_bytes;
+        /* Staged (GPU source) handoffs are targeted too: their writes leave from the
+         * staging buffer, as late as any other's. They are not pipelined: the staging
+         * copy comes first anyway. */
+        bool targeted = (caps & TRANSPORT_CAP_TARGET) && o->page_size < HANDOFF_PAGE_SIZE_MAX;
+        bool pipelined = targeted && !o->staging && o->imm &&
+                         x->total_bytes <= hm->manager->config.handoff_pipeline_bytes;
         if (targeted) {
                 /* Writes go to the attempt's slot, pipelined or not: once the attempt is
                  * rolled back at the destination, its late writes are refused there, never

@@ -217,6 +217,12 @@ void handoff_stage_landed(HandoffObject *o, uint32_t g, int error) {
                 *ow[i] = (OutWrite) { .cookie = (++hm->next_cookie << COOKIE_GROUP_BITS) | g, .obj = o, .group = g,
                                       .pending = 1 };
                 w[i].cookie = ow[i]->cookie;
+                if (o->slot) {
+                        /* Into the attempt's slot (its offsets are the slot's): refused
+                         * there once the attempt is rolled back, whoever has its pages. */
+                        w[i].flags |= TRANSPORT_WRITE_TARGET;
+                        w[i].target = o->slot;
+                }
                 r = hashmap_put(hm->writes, &ow[i]->cookie, ow[i]);
                 if (r < 0) {
                         free(ow[i]);
