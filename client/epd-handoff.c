@@ -481,6 +481,12 @@ int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t time
                         if (e != -EAGAIN)
                                 return e;
                 }
+                /* The daemon let go of the ring (set after its last record): once those
+                 * are taken, nothing more comes, though the daemon lives on. */
+                if (__atomic_load_n(epd_ring_closed(&r->ring), __ATOMIC_ACQUIRE)) {
+                        e = epd_ring_consume(&r->ring.cq, rec);
+                        return e != -EAGAIN ? e : -ECONNRESET;
+                }
                 /* Records the daemon keeps back for want of room (the CQ was full): the
                  * room is there now; a wakeup has it post them. Read after the head was
                  * published (the daemon looks at the head after setting the count). */

@@ -88,8 +88,17 @@ fail_errno:
 Ring *ring_free(Ring *r) {
         if (!r)
                 return NULL;
-        if (r->base != MAP_FAILED && r->base)
+        if (r->base != MAP_FAILED && r->base) {
+                /* A worker waiting on the ring learns that nothing more comes (its
+                 * client may stay connected: a corrupt queue, CloseRing): after the
+                 * records posted, the flag, then a last wakeup. */
+                __atomic_store_n(epd_ring_closed(&r->view), 1U, __ATOMIC_RELEASE);
+                if (r->complete_fd >= 0) {
+                        uint64_t one = 1;
+                        (void)!write(r->complete_fd, &one, sizeof one);
+                }
                 (void)munmap(r->base, r->size);
+        }
         free(r->backlog);
         safe_close(r->memfd);
         safe_close(r->submit_fd);

@@ -1205,6 +1205,33 @@ START_TEST(test_ring_commit_answer_stays_with_its_ring) {
 }
 END_TEST
 
+/* The daemon lets go of a ring whose queue the worker corrupted, and the client stays
+ * connected: a wait on the ring ends with ECONNRESET at once (no record will ever come),
+ * not at its timeout, nor never with none; the connection still serves calls. */
+START_TEST(test_ring_wait_ends_when_the_daemon_lets_go) {
+        epd_client *d = worker("decode");
+        epd_ring_client *dr;
+        struct epd_ring_record out;
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+        ck_assert_int_eq(epd_ring_next(dr, &out, 0), -EAGAIN);
+        /* A tail far past the head: the daemon finds the queue corrupt and closes it. */
+        __atomic_store_n((uint32_t *)((uint8_t *)dr->base + EPD_RING_OFF_SQ_TAIL), 100000U, __ATOMIC_RELEASE);
+        uint64_t one = 1;
+        ck_assert_int_eq(write(dr->submit_fd, &one, sizeof one), (ssize_t)sizeof one);
+        usec_t t0 = now_usec(CLOCK_MONOTONIC);
+        ck_assert_int_eq(epd_ring_next(dr, &out, 10 * USEC_PER_SEC), -ECONNRESET);
+        ck_assert_uint_lt(now_usec(CLOCK_MONOTONIC) - t0, 5 * USEC_PER_SEC);
+        ck_assert_int_eq(epd_ring_next(dr, &out, UINT64_MAX), -ECONNRESET); /* and stays so */
+        ck_assert(harness_log_has(&h, "corrupted its ring"));
+        epd_ring_close(dr);
+        /* The client lives on: another ring, and calls. */
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+        ck_assert_int_eq(epd_ring_next(dr, &out, 0), -EAGAIN);
+        ck_assert_int_eq(epd_ring_release(d, dr), 0);
+        epd_disconnect(d);
+}
+END_TEST
+
 START_TEST(test_decode_dies) {
         epd_client *p = worker("prefill");
         char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
@@ -1350,6 +1377,7 @@ int main(void) {
         tcase_add_test(tc, test_ring_commit);
         tcase_add_test(tc, test_ring_commit_ring_closed);
         tcase_add_test(tc, test_ring_commit_answer_stays_with_its_ring);
+        tcase_add_test(tc, test_ring_wait_ends_when_the_daemon_lets_go);
         tcase_add_test(tc, test_decode_dies);
         tcase_add_test(tc, test_timeout_and_admission);
         tcase_add_test(tc, test_introspection);

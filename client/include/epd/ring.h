@@ -24,6 +24,11 @@
  *                    the CQ has room; a worker that finds the CQ empty while this is
  *                    not 0 writes the submit eventfd, with no submission if it has none,
  *                    and the daemon posts them)
+ *    448  closed     (uint32; written by the daemon: not 0 once it let go of the ring —
+ *                    CloseRing, its client gone, a corrupt queue — then it writes the
+ *                    complete eventfd once more; nothing is posted after the records
+ *                    already in the CQ, and epd_ring_next() returns -ECONNRESET once they
+ *                    are taken, instead of waiting for ever on a live daemon)
  *    header.sq_offset  sq_entries records of 64 bytes
  *    header.cq_offset  cq_entries records of 64 bytes
  *
@@ -55,6 +60,7 @@ extern "C" {
 #define EPD_RING_OFF_CQ_TAIL 256U
 #define EPD_RING_OFF_CQ_OVERFLOW 320U
 #define EPD_RING_OFF_CQ_BACKLOG 384U
+#define EPD_RING_OFF_CLOSED 448U
 #define EPD_RING_OFF_RECORDS 512U
 
 struct epd_ring_header {
@@ -299,6 +305,11 @@ static inline int epd_ring_consume(struct epd_ring_queue *q, struct epd_ring_rec
  * EPD_RING_OFF_CQ_BACKLOG). */
 static inline uint32_t *epd_ring_cq_backlog(const struct epd_ring *r) {
         return (uint32_t *)((uint8_t *)r->base + EPD_RING_OFF_CQ_BACKLOG);
+}
+
+/* Not 0 once the daemon let go of the ring (EPD_RING_OFF_CLOSED). */
+static inline uint32_t *epd_ring_closed(const struct epd_ring *r) {
+        return (uint32_t *)((uint8_t *)r->base + EPD_RING_OFF_CLOSED);
 }
 
 /* Records queued and not yet consumed (0 on a corrupt queue). */
