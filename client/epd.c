@@ -194,7 +194,9 @@ int epd_flush(epd_client *c, uint64_t timeout_usec) {
                         return -ETIMEDOUT;
                 }
                 r = sd_bus_wait(c->bus, until == UINT64_MAX ? UINT64_MAX : until - now);
-                if (r < 0)
+                /* A signal caught meanwhile is not an answer: wait on until the deadline
+                 * (what flush reports is a refusal, a timeout or 0). */
+                if (r < 0 && r != -EINTR)
                         return epd__error(c, r, NULL);
         }
         epd__clear_error(c);

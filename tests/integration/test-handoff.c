@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1232,6 +1233,36 @@ START_TEST(test_ring_wait_ends_when_the_daemon_lets_go) {
 }
 END_TEST
 
+static void on_alarm(int sig) {
+        (void)sig;
+}
+
+/* A signal caught while epd_flush() waits is not its answer: the flush waits on and
+ * returns 0 once the call sent without waiting is answered (the daemon's journal takes
+ * 300 ms a write here), not -EINTR. */
+START_TEST(test_flush_through_a_signal) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        setenv("EPD_FAULT_WAL_SLOW_MS", "300", 1);
+        setenv("EPD_FAULT_WAL_SLOW_WRITES", "1000000", 1);
+        ck_assert_int_eq(harness_start_epdd_preloaded(&h, getenv("FAULT_WAL"), "EPD_FAULT_WAL_SLOW_LSN", "1"), 0);
+        unsetenv("EPD_FAULT_WAL_SLOW_MS");
+        unsetenv("EPD_FAULT_WAL_SLOW_WRITES");
+        epd_client *p = worker("prefill");
+        char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
+        struct sigaction sa = { .sa_handler = on_alarm }, old; /* no SA_RESTART */
+        ck_assert_int_eq(sigaction(SIGALRM, &sa, &old), 0);
+        ck_assert_int_eq(epd_sequence_release_nowait(p, seq), 0);
+        struct itimerval it = { .it_value = { .tv_usec = 50000 } };
+        ck_assert_int_eq(setitimer(ITIMER_REAL, &it, NULL), 0);
+        usec_t t0 = now_usec(CLOCK_MONOTONIC);
+        ck_assert_int_eq(epd_flush(p, 5 * USEC_PER_SEC), 0);
+        ck_assert_uint_ge(now_usec(CLOCK_MONOTONIC) - t0, 100000); /* it did wait past the signal */
+        ck_assert_int_eq(sigaction(SIGALRM, &old, NULL), 0);
+        free(seq);
+        epd_disconnect(p);
+}
+END_TEST
+
 START_TEST(test_decode_dies) {
         epd_client *p = worker("prefill");
         char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
@@ -1378,6 +1409,7 @@ int main(void) {
         tcase_add_test(tc, test_ring_commit_ring_closed);
         tcase_add_test(tc, test_ring_commit_answer_stays_with_its_ring);
         tcase_add_test(tc, test_ring_wait_ends_when_the_daemon_lets_go);
+        tcase_add_test(tc, test_flush_through_a_signal);
         tcase_add_test(tc, test_decode_dies);
         tcase_add_test(tc, test_timeout_and_admission);
         tcase_add_test(tc, test_introspection);
