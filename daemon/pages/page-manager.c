@@ -445,6 +445,38 @@ int page_manager_snapshot(PageManager *pm, int (*add)(void *userdata, uint16_t t
         return directory_foreach(pm->directory, directory_snapshot_one, &ctx);
 }
 
+static int entry_of_pool(void *userdata, uint64_t hash, PagePool *pool, PageId page) {
+        return pool == userdata ? -EEXIST : 0;
+}
+
+/* The replay's pool of arena a for a record of page_size. A log can hold two page sizes
+ * of one arena, one after the other: a run whose arena memory did not survive dropped
+ * the sequences of the first (their DELs are in the log) and its unused pool, and a
+ * worker of another layout set the second (drop_unused_journal_pools()). When the
+ * second's first record comes, the first's pool holds nothing any more (no sequence, no
+ * directory entry) and, with no PageSize= fixing it, is made again with the new size,
+ * as that run did: its records are not skipped as of another layout. */
+static int replay_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool **ret) {
+        int r = page_manager_pool(pm, a, page_size, ret);
+        if (r != -EBUSY || !pm->replaying || pm->manager->config.arenas[a->index].page_size != 0)
+                return r;
+        Sequence *s;
+        size_t it = 0;
+        while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL))
+                if (s->pool == a->pages)
+                        return r;
+        if (directory_foreach(pm->directory, entry_of_pool, a->pages) < 0)
+                return r;
+        log_info("Arena %s: the journal's sequences of KV pages of %" PRIu64 " bytes were all released; its later "
+                 "records use pages of %" PRIu64 " bytes (a layout set after a restart): replayed with those.",
+                 a->name, page_pool_page_size(a->pages), page_size);
+        directory_detach_pool(pm->directory, a->pages);
+        a->pages = page_pool_free(a->pages);
+        free(pm->pool_origin[a->index]);
+        pm->pool_origin[a->index] = NULL;
+        return page_manager_pool(pm, a, page_size, ret);
+}
+
 /* A sequence of the replay: in the id map, without owner, its pages not referenced yet
  * (page_manager_restore_finish() counts them all at once). */
 static void replayed_drop(PageManager *pm, Sequence *s) {
@@ -483,7 +515,7 @@ int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payloa
                 return r;
         if (rec.arena >= m->n_arenas)
                 return -ENODEV;
-        r = page_manager_pool(pm, m->arenas[rec.arena], rec.page_size, &pool);
+        r = replay_pool(pm, m->arenas[rec.arena], rec.page_size, &pool);
         if (r < 0)
                 return r;
         for (uint32_t i = 0; i < rec.n_pages; i++)

@@ -2338,6 +2338,80 @@ START_TEST(test_unbuildable_record_is_refused) {
 }
 END_TEST
 
+/* A worker of the other KV layout (8 layers: pages of 64 KiB) with host0 mapped. */
+static epd_client *wide_worker(uint8_t **ret_host0) {
+        char address[512];
+        epd_client *c;
+        void *base;
+        epd_kv_layout wide = kv;
+        wide.layers = 8;
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        int r = epd_register(c, "colocated", "m", "cpu", &wide, NULL);
+        ck_assert_msg(r == 0, "register: %s", epd_last_error_message(c));
+        int i = epd_arena_find(c, "host0");
+        ck_assert_int_ge(i, 0);
+        ck_assert_int_eq(epd_arena_map(c, (size_t)i, &base), 0);
+        *ret_host0 = base;
+        return c;
+}
+
+/* A log holding two page sizes of one arena, one after the other: run A's sequence of
+ * 32 KiB pages; run B, its arena memory new (no fd store), dropped it (journaled) and
+ * its pool, and a worker of 64 KiB pages made S2 there; run C adopts run B's memory and
+ * replays the whole log. S2 was acknowledged: it comes back with its bytes, and workers
+ * of 64 KiB pages are welcome (the replay skipped S2's record as of another page size,
+ * and kept run A's size for good). */
+START_TEST(test_page_size_set_again_after_memory_lost) {
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        write_arenas("[Wal]\nSync=batch\n[Arena:host0]\nSize=2M\nUsage=kv\n[Arena:feat0]\nSize=16M\nUsage=feature\n"
+                     "PageSize=64K\n");
+        open_notify();
+        ev_fresh_state();
+        uint8_t *host0, *feat0;
+        start_epdd(false);
+        epd_client *c = kv_worker(&host0, &feat0);
+        char *s1 = NULL, *s2 = NULL;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 2, &s1, NULL, NULL), 0);
+        kill9_epdd();
+        epd_disconnect(c);
+
+        start_epdd(false); /* run A's memory is gone */
+        c = wide_worker(&host0);
+        uint32_t *pages = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 3, &s2, &pages, &n), 0);
+        const epd_arena *a = epd_arena_get(c, (size_t)epd_arena_find(c, "host0"));
+        for (size_t i = 0; i < n; i++)
+                for (size_t k = 0; k < 2 * KV_PAGE; k++)
+                        host0[epd_page_offset(a, 2 * KV_PAGE, pages[i]) + k] = pattern(k, 5 + (unsigned)i);
+        free(pages);
+        kill9_epdd();
+        epd_disconnect(c);
+
+        start_epdd(true); /* run B's memory, from its store */
+        c = wide_worker(&host0);
+        ck_assert_int_eq(epd_sequence_attach(c, id_of(s2), NULL), 0);
+        ck_assert_int_eq(epd_sequence_get_pages(c, s2, &pages, &n), 0);
+        ck_assert_uint_eq(n, 3);
+        a = epd_arena_get(c, (size_t)epd_arena_find(c, "host0"));
+        for (size_t i = 0; i < n; i++) {
+                size_t diff = 0;
+                for (size_t k = 0; k < 2 * KV_PAGE; k++)
+                        diff += host0[epd_page_offset(a, 2 * KV_PAGE, pages[i]) + k] != pattern(k, 5 + (unsigned)i);
+                ck_assert_msg(diff == 0, "page %zu of S2: %zu bytes not its own", i, diff);
+        }
+        free(pages);
+        ck_assert_int_eq(epd_sequence_attach(c, id_of(s1), NULL), -ENOENT); /* dropped in run B */
+        ck_assert_uint_ge(log_count("were all released; its later records use pages of 65536 bytes"), 1);
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        free(s1);
+        free(s2);
+        close_notify();
+}
+END_TEST
+
 /* The copy-on-write rounds' tests: one arena of KV pages, a journal that syncs in batches. */
 static void cow_rounds_init(void) {
         ck_assert_int_eq(harness_init(&h, NULL), 0);
@@ -2588,6 +2662,7 @@ int main(void) {
         (void)test_cow_into_evicted_entry;
         (void)test_write_into_freed_pages;
         (void)test_unbuildable_record_is_refused;
+        (void)test_page_size_set_again_after_memory_lost;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2603,6 +2678,7 @@ int main(void) {
         (void)test_cow_into_evicted_entry;
         (void)test_write_into_freed_pages;
         (void)test_unbuildable_record_is_refused;
+        (void)test_page_size_set_again_after_memory_lost;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2620,6 +2696,7 @@ int main(void) {
         (void)test_cow_into_evicted_entry;
         (void)test_write_into_freed_pages;
         (void)test_unbuildable_record_is_refused;
+        (void)test_page_size_set_again_after_memory_lost;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2630,6 +2707,7 @@ int main(void) {
         tcase_add_test(tc, test_cow_into_evicted_entry);
         tcase_add_test(tc, test_write_into_freed_pages);
         tcase_add_test(tc, test_unbuildable_record_is_refused);
+        tcase_add_test(tc, test_page_size_set_again_after_memory_lost);
         tcase_add_test(tc, test_cow_rounds_free_pages);
         tcase_add_test(tc, test_cow_rounds_sharers_go_later);
         tcase_add_test(tc, test_fresh_arena_then_failed_start);
