@@ -91,8 +91,11 @@ Ring *ring_free(Ring *r) {
         if (r->base != MAP_FAILED && r->base) {
                 /* A worker waiting on the ring learns that nothing more comes (its
                  * client may stay connected: a corrupt queue, CloseRing): after the
-                 * records posted, the flag, then a last wakeup. */
-                __atomic_store_n(epd_ring_closed(&r->view), 1U, __ATOMIC_RELEASE);
+                 * records posted, the flag, then a last wakeup. Through the mapping
+                 * itself: a ring that failed half-way through ring_new() has no view. */
+                if (r->size >= EPD_RING_OFF_CLOSED + sizeof(uint32_t))
+                        __atomic_store_n((uint32_t *)((uint8_t *)r->base + EPD_RING_OFF_CLOSED), 1U,
+                                         __ATOMIC_RELEASE);
                 if (r->complete_fd >= 0) {
                         uint64_t one = 1;
                         (void)!write(r->complete_fd, &one, sizeof one);

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "epd/ring.h"
@@ -253,6 +255,31 @@ START_TEST(test_ring_hostile_worker) {
 }
 END_TEST
 
+START_TEST(test_ring_new_fails_half_way) {
+        /* The memfd is made and mapped, then no fd is left for the eventfds: the
+         * half-made ring is freed (no ring view yet, no wakeup to give), the error said,
+         * no fd kept. */
+        struct rlimit old, lim;
+        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+        int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        ck_assert_int_ge(probe, 0);
+        close(probe);
+        lim = old;
+        lim.rlim_cur = (rlim_t)probe + 1; /* room for the memfd alone */
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &lim), 0);
+        Ring *r = NULL;
+        int k = ring_new(8, 8, &r);
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+        ck_assert_int_eq(k, -EMFILE);
+        ck_assert_ptr_null(r);
+        int again = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        ck_assert_int_eq(again, probe); /* the memfd was closed */
+        close(again);
+        ck_assert_int_eq(ring_new(8, 8, &r), 0);
+        ring_free(r);
+}
+END_TEST
+
 START_TEST(test_ring_validate) {
         struct epd_ring_record rec;
         epd_ring_record_layer_group_ready(&rec, rid, 5, 3, 0);
@@ -389,6 +416,7 @@ int main(void) {
         tcase_add_test(tc, test_ring_backlog_order);
         tcase_add_test(tc, test_ring_backpressure_record);
         tcase_add_test(tc, test_ring_hostile_worker);
+        tcase_add_test(tc, test_ring_new_fails_half_way);
         tcase_add_test(tc, test_ring_validate);
         tcase_add_test(tc, test_ring_attach_checks);
         suite_add_tcase(s, tc);
