@@ -98,8 +98,8 @@ static int reply_journaled(Manager *m, sd_bus_message *msg, sd_bus_message *repl
 
 /* Journals a transition that was applied: on failure the caller gets an error (the
  * change stays in memory but is not acknowledged as durable). */
-static int journal(Sequence *s, sd_bus_error *error, const char *what) {
-        int r = page_manager_journal(s);
+static int journal_as(Sequence *s, sd_bus_error *error, const char *what, bool removed) {
+        int r = removed ? page_manager_journal(s) : page_manager_journal_addition(s);
         if (r == -E2BIG)
                 return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
                                      "%s: a sequence of %zu pages is too large to journal (at most %" PRIu32 ").",
@@ -108,6 +108,10 @@ static int journal(Sequence *s, sd_bus_error *error, const char *what) {
                 return epd_bus_error(error, EPD_ERROR_FAILED, "%s: cannot journal the change: %s", what,
                                      strerror(-r));
         return 0;
+}
+
+static int journal(Sequence *s, sd_bus_error *error, const char *what) {
+        return journal_as(s, error, what, true);
 }
 
 /* The most pages a sequence may have, checked before anything changes: one whose
@@ -407,7 +411,7 @@ static int method_append(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         r = sequence_append(s, n, NULL);
         if (r < 0)
                 return pages_error(error, r, "Append");
-        r = journal(s, error, "Append");
+        r = journal_as(s, error, "Append", false);
         if (r < 0)
                 return r;
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
@@ -657,7 +661,7 @@ static int method_grant(sd_bus_message *msg, void *userdata, sd_bus_error *error
                                      SEQUENCE_GRANTS_MAX);
         if (r < 0)
                 return r;
-        r = journal(s, error, "Grant");
+        r = journal_as(s, error, "Grant", false);
         if (r < 0)
                 return r;
         return wal_manager_reply_empty(m, msg);

@@ -102,7 +102,7 @@ int page_manager_register(PageManager *pm, Sequence *s, Client *c, Arena *a) {
         s->arena = a->index;
         s->created_usec = now_usec(CLOCK_REALTIME);
         s->uid = (uint32_t)c->uid;
-        r = page_manager_journal(s);
+        r = page_manager_journal_addition(s);
         if (r < 0) {
                 (void)hashmap_remove(pm->sequences, s->id_str);
                 client_object_unlink(&s->object);
@@ -188,7 +188,21 @@ static void removals_take_frees(PageManager *pm, int appended) {
         }
 }
 
+static int journal_put(Sequence *s, bool removed);
+
 int page_manager_journal(Sequence *s) {
+        return journal_put(s, true);
+}
+
+int page_manager_journal_addition(Sequence *s) {
+        return journal_put(s, false);
+}
+
+/* removed: the change took something from the table the log still gives the sequence
+ * (pages: a Truncate, a copy-on-write's swap; a grant), so a record that cannot be
+ * built is a refusal; without (a new sequence, appended pages, a new grant) the call
+ * fails and nothing else changes. */
+static int journal_put(Sequence *s, bool removed) {
         PageManager *pm = s ? s->manager : NULL;
         _cleanup_(freep) void *buf = NULL;
         size_t len;
@@ -197,6 +211,8 @@ int page_manager_journal(Sequence *s) {
         if (!pm || pm->replaying || pm->journal_held || pm->manager->stopping || !pm->manager->wal)
                 return 0;
         r = put_encode(s, &buf, &len);
+        if (r < 0 && !removed)
+                return r;
         if (r < 0) {
                 /* The table changed already (a Truncate, a copy-on-write's swap): a
                  * record that cannot be built is one the log refused. Pages it freed, or

@@ -147,6 +147,10 @@ int page_manager_prepare_write_async(PageManager *pm, Sequence *s, size_t first,
  * transition. 0 when there is no WAL or the daemon is stopping; -E2BIG past
  * SEQUENCE_REC_PAGES_MAX pages. */
 int page_manager_journal(Sequence *s);
+/* The same after a change that only added (pages appended, a grant): when its record
+ * cannot be built (no memory) the call fails, and the journal is not refused, since
+ * the log's older record gives no one what the sequence no longer holds. */
+int page_manager_journal_addition(Sequence *s);
 /* The most pages a sequence may have here: SEQUENCE_REC_PAGES_MAX with a journal (its
  * record must fit), else SEQUENCE_PAGES_MAX. */
 size_t page_manager_max_pages(PageManager *pm);

@@ -118,8 +118,8 @@ static unsigned fault_enospc_delay_ms;
  * longer each, then succeed. */
 static uint64_t fault_slow_lsn;
 static unsigned fault_slow_ms, fault_slow_writes = 1;
-/* When set, the next start_epdd() preloads fault-malloc.c: the first malloc() of this many
- * bytes while fault_malloc_arm (a file) exists fails. */
+/* When set, the next start_epdd() preloads fault-malloc.c: a malloc() of this many bytes
+ * while fault_malloc_arm (a file) exists fails, once per creation of the file. */
 static size_t fault_malloc_size;
 static char fault_malloc_arm[300];
 
@@ -2276,6 +2276,12 @@ START_TEST(test_write_into_freed_pages) {
 END_TEST
 
 
+static void arm_malloc_fault(void) {
+        int fd = open(fault_malloc_arm, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+}
+
 /* A Truncate whose PUT cannot even be built (its buffer's allocation fails): the table
  * changed in memory, the log still gives the freed page to the sequence. That is a
  * refused record: nothing is journaled or acknowledged after it, so the freed page is
@@ -2295,6 +2301,16 @@ START_TEST(test_unbuildable_record_is_refused) {
         fault_malloc_size = 0;
         uint8_t *host0, *feat0;
         epd_client *c = kv_worker(&host0, &feat0);
+        /* A new sequence whose record cannot be built (35 pages: the same size) is
+         * refused alone: it took nothing from anyone, so the journal goes on. */
+        char *none = NULL;
+        arm_malloc_fault();
+        ck_assert_int_lt(epd_sequence_create(c, "host0", S1_PAGES - 1, &none, NULL, NULL), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
+        ck_assert_int_ne(access(fault_malloc_arm, F_OK), 0); /* it fired */
+        ck_assert_int_eq(epd_sequence_create(c, "host0", S1_PAGES - 1, &none, NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_release(c, none), 0);
+        free(none);
         char *s1 = NULL, *s2 = NULL, *s3 = NULL, *fill = NULL;
         uint32_t *p = NULL;
         size_t n = 0;
@@ -2310,14 +2326,12 @@ START_TEST(test_unbuildable_record_is_refused) {
         pool_counts("host0", pc);
         ck_assert_int_eq(epd_sequence_create(c, "host0", (uint32_t)pc[0], &fill, NULL, NULL), 0);
 
-        int fd = open(fault_malloc_arm, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-        ck_assert_int_ge(fd, 0);
-        close(fd);
+        arm_malloc_fault();
         int r = epd_sequence_truncate(c, s1, S1_PAGES - 1);
         ck_assert_int_lt(r, 0);
         ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
         ck_assert_msg(strstr(epd_last_error_message(c), "cannot journal"), "%s", epd_last_error_message(c));
-        unlink(fault_malloc_arm);
+        ck_assert_int_ne(access(fault_malloc_arm, F_OK), 0);
         /* The only free page is s1's last: the copy-on-write of s3's shared page would
          * take it. The journal refuses now, so it is refused, and nothing is written. */
         uint32_t w = 0;
