@@ -260,7 +260,21 @@ int top_model_update(TopModel *m, TopSnapshot *s) {
                 const TopPeer *in = &s->peers[i];
                 TopPeer *p = model_find_peer(m, in->name);
                 if (!p) {
-                        TopPeer *n = grow(m->peers, &m->n_peers, sizeof *n);
+                        TopPeer *n = m->peers;
+                        if (m->n_peers == m->cap_peers && m->n_peers < TOP_MAX_ROWS) {
+                                /* Doubling: a peer is kilobytes of history, and one more
+                                 * at a time would copy the whole table each time. */
+                                size_t cap = MIN(MAX(m->cap_peers * 2, (size_t)8), (size_t)TOP_MAX_ROWS);
+                                n = reallocarray(m->peers, cap, sizeof *n);
+                                if (n) {
+                                        m->peers = n;
+                                        m->cap_peers = cap;
+                                }
+                        }
+                        if (!n || m->n_peers >= m->cap_peers)
+                                n = NULL;
+                        else
+                                memset(&n[m->n_peers++], 0, sizeof *n);
                         if (!n) {
                                 /* out of memory: this snapshot is dropped, the last one
                                  * stays on show */

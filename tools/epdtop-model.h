@@ -128,7 +128,7 @@ typedef struct TopModel {
         size_t n_prev_workers;
         TopHistory handoff_history;
         TopPeer *peers;         /* persistent, with history; ones gone away until the table is full */
-        size_t n_peers;
+        size_t n_peers, cap_peers;
         size_t *order;          /* indices into peers: filtered and sorted */
         size_t n_order;
         TopSortKey sort;

@@ -15,7 +15,7 @@
 
 typedef struct Names {
         char **s;
-        size_t n;
+        size_t n, cap;
         Hashmap *index; /* (uintptr_t)(i + 1) by string */
 } Names;
 
@@ -37,10 +37,15 @@ static int names_intern(Names *nm, const char *s, uint16_t *ret) {
         }
         if (nm->n >= NAMES_MAX)
                 return -ENOSPC;
-        ns = reallocarray(nm->s, nm->n + 1, sizeof *ns);
-        if (!ns)
-                return -ENOMEM;
-        nm->s = ns;
+        if (nm->n == nm->cap) {
+                /* Doubling: one name at a time would copy the whole table each time. */
+                size_t cap = MIN(MAX(nm->cap * 2, (size_t)16), (size_t)NAMES_MAX);
+                ns = reallocarray(nm->s, cap, sizeof *ns);
+                if (!ns)
+                        return -ENOMEM;
+                nm->s = ns;
+                nm->cap = cap;
+        }
         d = strdup(s);
         if (!d)
                 return -ENOMEM;
