@@ -35,6 +35,12 @@ struct FeatureCache {
         void *load_userdata;
         feature_journal_fn journal_fn;
         void *journal_userdata;
+        /* Keys of READY records the replay could not take back (the arena is cut
+         * differently now, or is no feature arena any more): journaled GONE once the
+         * journal is set, or a later start that can take them back would, over bytes
+         * written since. */
+        char **skipped;
+        size_t n_skipped;
 };
 
 /* Private flags kept beside the public fields. */
@@ -115,8 +121,38 @@ FeatureCache *feature_cache_free(FeatureCache *c) {
         for (size_t i = 0; i < c->n_arenas; i++)
                 feature_allocator_free(c->arenas[i].alloc);
         free(c->arenas);
+        for (size_t i = 0; i < c->n_skipped; i++)
+                free(c->skipped[i]);
+        free(c->skipped);
         free(c);
         return NULL;
+}
+
+/* A key's READY was skipped by the replay (ready: false), or a later record of it took
+ * over (true: a READY applied, or a GONE). */
+static void replay_note_skipped(FeatureCache *c, const char *key, bool skipped) {
+        for (size_t i = 0; i < c->n_skipped; i++)
+                if (strcmp(c->skipped[i], key) == 0) {
+                        if (!skipped) {
+                                free(c->skipped[i]);
+                                c->skipped[i] = c->skipped[--c->n_skipped];
+                        }
+                        return;
+                }
+        if (!skipped)
+                return;
+        char **v = reallocarray(c->skipped, c->n_skipped + 1, sizeof *v);
+        char *k = strdup(key);
+        if (!v || !k) {
+                free(k);
+                if (v)
+                        c->skipped = v;
+                log_warning("Feature %s: its record was skipped at replay and no memory is left to journal that "
+                            "it is gone.", key);
+                return;
+        }
+        c->skipped = v;
+        c->skipped[c->n_skipped++] = k;
 }
 
 void feature_cache_set_callback(FeatureCache *c, feature_state_cb cb, void *userdata) {
@@ -332,6 +368,18 @@ static void journal_gone(FeatureCache *c, Feature *f) {
 void feature_cache_set_journal(FeatureCache *c, feature_journal_fn fn, void *userdata) {
         c->journal_fn = fn;
         c->journal_userdata = userdata;
+        /* The replay is over: what it skipped is gone for good, said in the log. */
+        for (size_t i = 0; fn && i < c->n_skipped; i++) {
+                int r = fn(c, FEATURE_REC_GONE, c->skipped[i], strlen(c->skipped[i]), userdata);
+                if (r < 0)
+                        log_warning_errno(r, "Feature %s: cannot journal that the replay dropped it: %m",
+                                          c->skipped[i]);
+        }
+        for (size_t i = 0; i < c->n_skipped; i++)
+                free(c->skipped[i]);
+        free(c->skipped);
+        c->skipped = NULL;
+        c->n_skipped = 0;
 }
 
 static void region_release(FeatureCache *c, Feature *f) {
@@ -1024,13 +1072,57 @@ static void replayed_drop(FeatureCache *c, Feature *f) {
         feature_maybe_destroy(f);
 }
 
-int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *payload, size_t len) {
+/* A well-formed READY of key: the feature back in its region, or why not. */
+static int apply_ready(FeatureCache *c, const FeatureRecord *rec, const char *key) {
         _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
-        char key[FEATURE_KEY_MAX + 1];
-        FeatureRecord rec;
         CacheArena *a;
         Feature *f;
         uint64_t size;
+        int r;
+
+        f = hashmap_get(c->features, key);
+        if (f)
+                replayed_drop(c, f);
+        a = arena_of(c, rec->arena);
+        if (!a)
+                return -ENODEV;
+        r = feature_desc_parse(rec->desc, rec->desc_len, rec->bytes, &desc, NULL);
+        if (r < 0)
+                return -EBADMSG;
+        if (c->stats.n_features >= c->config.max_features)
+                return -EDQUOT;
+        r = feature_allocator_alloc_at(a->alloc, rec->offset, rec->bytes, &size);
+        if (r < 0)
+                return r;
+        if (size != rec->size) {
+                /* Well-formed, but the arena is cut differently now (its PageSize=
+                 * changed): the region is not what was journaled; drop the feature. */
+                (void)feature_allocator_release(a->alloc, rec->offset);
+                return -ESTALE;
+        }
+        r = feature_new(c, key, &f);
+        if (r < 0) {
+                (void)feature_allocator_release(a->alloc, rec->offset);
+                return r;
+        }
+        f->has_region = true;
+        f->arena = rec->arena;
+        f->offset = rec->offset;
+        f->size = size;
+        f->bytes = rec->bytes;
+        f->desc = TAKE_PTR(desc);
+        f->request_id = rec->request_id;
+        f->encode_usec = rec->encode_usec;
+        f->state = FEATURE_READY;
+        c->stats.bytes_cached += size;
+        lru_update(c, f);
+        return 0;
+}
+
+int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *payload, size_t len) {
+        char key[FEATURE_KEY_MAX + 1];
+        FeatureRecord rec;
+        Feature *f;
         int r;
 
         if (!c || c->journal_fn)
@@ -1041,6 +1133,7 @@ int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *paylo
                         return -EBADMSG;
                 memcpy(key, payload, len);
                 key[len] = 0;
+                replay_note_skipped(c, key, false);
                 f = hashmap_get(c->features, key);
                 if (!f)
                         return -ENOENT;
@@ -1056,43 +1149,12 @@ int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *paylo
                 return r;
         memcpy(key, rec.key, rec.key_len);
         key[rec.key_len] = 0;
-        f = hashmap_get(c->features, key);
-        if (f)
-                replayed_drop(c, f);
-        a = arena_of(c, rec.arena);
-        if (!a)
-                return -ENODEV;
-        r = feature_desc_parse(rec.desc, rec.desc_len, rec.bytes, &desc, NULL);
-        if (r < 0)
-                return -EBADMSG;
-        if (c->stats.n_features >= c->config.max_features)
-                return -EDQUOT;
-        r = feature_allocator_alloc_at(a->alloc, rec.offset, rec.bytes, &size);
-        if (r < 0)
-                return r;
-        if (size != rec.size) {
-                /* Well-formed, but the arena is cut differently now (its PageSize=
-                 * changed): the region is not what was journaled; drop the feature. */
-                (void)feature_allocator_release(a->alloc, rec.offset);
-                return -ESTALE;
-        }
-        r = feature_new(c, key, &f);
-        if (r < 0) {
-                (void)feature_allocator_release(a->alloc, rec.offset);
-                return r;
-        }
-        f->has_region = true;
-        f->arena = rec.arena;
-        f->offset = rec.offset;
-        f->size = size;
-        f->bytes = rec.bytes;
-        f->desc = TAKE_PTR(desc);
-        f->request_id = rec.request_id;
-        f->encode_usec = rec.encode_usec;
-        f->state = FEATURE_READY;
-        c->stats.bytes_cached += size;
-        lru_update(c, f);
-        return 0;
+        /* One that cannot come back (its arena is cut or used differently now) is
+         * journaled GONE after the replay: a later start that could take it back must
+         * not, over the bytes written there since. */
+        r = apply_ready(c, &rec, key);
+        replay_note_skipped(c, key, r < 0);
+        return r;
 }
 
 int feature_cache_snapshot(FeatureCache *c, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),

@@ -706,6 +706,55 @@ START_TEST(test_journal_replay) {
 }
 END_TEST
 
+/* A READY the replay cannot take back (the arena cut into chunks of another size now:
+ * its PageSize= changed) is journaled GONE once the journal is set: a later start that
+ * cuts the arena as before does not bring it back over the bytes written there since
+ * (here B's, at the same offset). Before, a hit on A gave B's bytes. */
+START_TEST(test_replay_skipped_is_gone) {
+        FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK), *d, *e;
+        Journal j = {}, k = {};
+        FeatureAcquireResult res;
+        FeatureRef *r;
+
+        feature_cache_set_journal(c, journal_fn, &j);
+        feature_ref_release(produce(c, "img:a", CHUNK - 16, 0xaa)); /* READY A at offset 0 */
+        ck_assert_uint_eq(j.n, 1);
+        uint8_t *mem = arena_mem;
+        arena_mem = NULL;
+        feature_cache_free(c);
+
+        /* Run 2: the same memory cut in chunks of 2 x CHUNK. */
+        FeatureCacheConfig cfg = { .budget_bytes = ARENA_CHUNKS * CHUNK, .max_refs = 64 };
+        ck_assert_int_eq(feature_cache_new(&cfg, &d), 0);
+        ck_assert_int_eq(feature_cache_add_arena(d, 3, mem, DATA_OFFSET, ARENA_CHUNKS * CHUNK, 2 * CHUNK), 0);
+        ck_assert_int_eq(feature_cache_apply_record(d, j.type[0], j.payload[0], j.len[0]), -ESTALE);
+        feature_cache_set_journal(d, journal_fn, &k);
+        ck_assert_uint_eq(k.n, 1); /* GONE A */
+        ck_assert_uint_eq(k.type[0], FEATURE_REC_GONE);
+        ck_assert_int_eq(memcmp(k.payload[0], "img:a", 5), 0);
+        feature_ref_release(produce(d, "img:b", CHUNK - 16, 0xbb)); /* at offset 0 too */
+        ck_assert_uint_eq(k.n, 2);
+        feature_cache_free(d);
+
+        /* Run 3: cut as in run 1 again, the whole log replayed. */
+        ck_assert_int_eq(feature_cache_new(&cfg, &e), 0);
+        ck_assert_int_eq(feature_cache_add_arena(e, 3, mem, DATA_OFFSET, ARENA_CHUNKS * CHUNK, CHUNK), 0);
+        ck_assert_int_eq(feature_cache_apply_record(e, j.type[0], j.payload[0], j.len[0]), 0);
+        ck_assert_int_eq(feature_cache_apply_record(e, k.type[0], k.payload[0], k.len[0]), 0); /* GONE A */
+        ck_assert_int_eq(feature_cache_apply_record(e, k.type[1], k.payload[1], k.len[1]), -ESTALE); /* B: 2 x CHUNK */
+        ck_assert_int_eq(feature_acquire(e, "img:a", false, 0, &r, &res), -ENOENT);
+        ck_assert_int_eq(feature_acquire(e, "img:b", false, 0, &r, &res), -ENOENT);
+        ck_assert_uint_eq(feature_cache_stats(e)->n_features, 0);
+
+        for (size_t i = 0; i < j.n; i++)
+                free(j.payload[i]);
+        for (size_t i = 0; i < k.n; i++)
+                free(k.payload[i]);
+        feature_cache_free(e);
+        free(mem);
+}
+END_TEST
+
 /* The longest key every API takes (FEATURE_KEY_MAX bytes) replays too: its READY and
  * its GONE. (Replay refused it once, and a refused record ended the replay of the whole
  * log.) */
@@ -884,6 +933,7 @@ int main(void) {
         tcase_add_test(tc, test_ref_limit);
         tcase_add_test(tc, test_soak);
         tcase_add_test(tc, test_journal_replay);
+        tcase_add_test(tc, test_replay_skipped_is_gone);
         tcase_add_test(tc, test_refused_claim_of_announced);
         tcase_add_test(tc, test_journal_longest_key);
         tcase_add_test(tc, test_async_load);
