@@ -697,6 +697,13 @@ int workflow_merge(WorkflowManager *wm, Workflow *w, uint32_t from, uint32_t int
                 return -ENOENT;
         if (from == into)
                 return -EINVAL;
+        /* As Fork and Advance: the head that becomes into's must be here (its owner may
+         * have released it), or the merge would release into's KV for a head that is
+         * gone and leave both branches on it. */
+        size_t pages, bt;
+        k = wm->ops.check(wm->ops.userdata, &f->head, &pages, &bt);
+        if (k < 0)
+                return k;
         old = t->head;
         put_header(&b, WORKFLOW_REC_MERGE, WORKFLOW_REC_F_SEQUENCES, &w->id);
         put32(&b, from);

@@ -184,6 +184,19 @@ START_TEST(test_lifecycle) {
         ck_assert_uint_eq(a.prefix_blocks, 2); /* the head has 2 pages */
         ck_assert_uint_eq(a.match.n_segments, 0);
 
+        /* A merge whose source head is gone (its owner released it) is Stale, and
+         * branch 0 keeps its head; then 1's head comes back and the merge is made. */
+        EpdId h0 = w->branches[0].head, h1 = w->branches[1].head;
+        SeqModel *gone = hashmap_remove(s.seqs, h1.bytes);
+        ck_assert_ptr_nonnull(gone);
+        unsigned releases = s.releases;
+        ck_assert_int_eq(workflow_merge(wm, w, 1, 0), -ESTALE);
+        ck_assert_ptr_nonnull(hashmap_get(s.seqs, h0.bytes));
+        ck_assert(epd_id_equal(&w->branches[0].head, &h0));
+        ck_assert(w->branches[1].alive);
+        ck_assert_uint_eq(s.releases, releases);
+        ck_assert_int_eq(hashmap_put(s.seqs, gone->id.bytes, gone), 0);
+
         /* Merge 1 into 0, then 0 is the only branch. */
         ck_assert_int_eq(workflow_merge(wm, w, 1, 1), -EINVAL);
         ck_assert_int_eq(workflow_merge(wm, w, 1, 0), 0);
