@@ -137,7 +137,10 @@ static int register_new(Manager *m, Worker *w, Arena *a, Sequence *s, sd_bus_err
                 if (r == -E2BIG)
                         return check_pages(m, n, "CreateSequence", error) ?:
                                epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "The sequence is too large to journal.");
-                return r;
+                /* The journal refused (EIO: an earlier record was refused), or memory
+                 * ran out: named, as the other journaled calls' failures are. */
+                return epd_bus_error(error, EPD_ERROR_FAILED, "The new sequence cannot be journaled: %s",
+                                     strerror(-r));
         }
         return 0;
 }

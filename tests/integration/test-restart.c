@@ -2337,6 +2337,11 @@ START_TEST(test_unbuildable_record_is_refused) {
         uint32_t w = 0;
         ck_assert_int_lt(epd_sequence_prepare_write(c, s3, 0, 1, &w), 0);
         ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
+        /* Nor a new sequence (a clone needs no page): a named refusal, not an errno. */
+        char *s4 = NULL;
+        ck_assert_int_lt(epd_sequence_clone(c, s2, &s4), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
+        ck_assert_ptr_null(s4);
         kill9_epdd();
         epd_disconnect(c);
 
