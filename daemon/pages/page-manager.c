@@ -461,10 +461,6 @@ int page_manager_snapshot(PageManager *pm, int (*add)(void *userdata, uint16_t t
         return directory_foreach(pm->directory, directory_snapshot_one, &ctx);
 }
 
-static int entry_of_pool(void *userdata, uint64_t hash, PagePool *pool, PageId page) {
-        return pool == userdata ? -EEXIST : 0;
-}
-
 /* The replay's pool of arena a for a record of page_size. A log can hold two page sizes
  * of one arena, one after the other: a run whose arena memory did not survive dropped
  * the sequences of the first (their DELs are in the log) and its unused pool, and a
@@ -481,8 +477,12 @@ static int replay_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool *
         while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL))
                 if (s->pool == a->pages)
                         return r;
-        if (directory_foreach(pm->directory, entry_of_pool, a->pages) < 0)
-                return r;
+        /* The replay's directory entries wait in restored_directory until the end. */
+        DirectoryRecord *e;
+        it = 0;
+        while (pm->restored_directory && hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL))
+                if (e->arena == a->index && e->page_size == page_pool_page_size(a->pages))
+                        return r;
         log_info("Arena %s: the journal's sequences of KV pages of %" PRIu64 " bytes were all released; its later "
                  "records use pages of %" PRIu64 " bytes (a layout set after a restart): replayed with those.",
                  a->name, page_pool_page_size(a->pages), page_size);
