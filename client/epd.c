@@ -195,8 +195,9 @@ int epd_flush(epd_client *c, uint64_t timeout_usec) {
                 }
                 r = sd_bus_wait(c->bus, until == UINT64_MAX ? UINT64_MAX : until - now);
                 /* A signal caught meanwhile is not an answer: wait on until the deadline
-                 * (what flush reports is a refusal, a timeout or 0). */
-                if (r < 0 && r != -EINTR)
+                 * (what flush reports is a refusal, a timeout or 0). A wait without one
+                 * ends, so that a signal can still stop it. */
+                if (r < 0 && (r != -EINTR || until == UINT64_MAX))
                         return epd__error(c, r, NULL);
         }
         epd__clear_error(c);

@@ -232,6 +232,7 @@ class Client(_lib.Closing):
     def flush(self, timeout_s: Optional[float] = None) -> None:
         """Waits until every call sent without waiting (Feature.publish_release) is
         answered; raises the first refusal among them (EpdError, naming the call), or
-        EpdError(ETIMEDOUT) if some are still unanswered after timeout_s."""
+        EpdError(ETIMEDOUT) if some are still unanswered after timeout_s. Signals do not
+        end a wait with a timeout; without one (None) a signal does: EpdError(EINTR)."""
         t = 2**64 - 1 if timeout_s is None else int(timeout_s * 1e6)
         self._check(self._l.epd_flush(self._c, t), "calls sent without waiting")

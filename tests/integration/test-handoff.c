@@ -1257,7 +1257,14 @@ START_TEST(test_flush_through_a_signal) {
         usec_t t0 = now_usec(CLOCK_MONOTONIC);
         ck_assert_int_eq(epd_flush(p, 5 * USEC_PER_SEC), 0);
         ck_assert_uint_ge(now_usec(CLOCK_MONOTONIC) - t0, 100000); /* it did wait past the signal */
+        /* Without a deadline a signal ends the wait (or nothing could stop it). */
+        char *seq2 = make_sequence(p, "kv0", N_PAGES, NULL);
+        ck_assert_int_eq(epd_sequence_release_nowait(p, seq2), 0);
+        ck_assert_int_eq(setitimer(ITIMER_REAL, &it, NULL), 0);
+        ck_assert_int_eq(epd_flush(p, UINT64_MAX), -EINTR);
+        ck_assert_int_eq(epd_flush(p, 5 * USEC_PER_SEC), 0);
         ck_assert_int_eq(sigaction(SIGALRM, &old, NULL), 0);
+        free(seq2);
         free(seq);
         epd_disconnect(p);
 }
