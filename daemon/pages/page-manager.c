@@ -461,6 +461,16 @@ int page_manager_snapshot(PageManager *pm, int (*add)(void *userdata, uint16_t t
         return directory_foreach(pm->directory, directory_snapshot_one, &ctx);
 }
 
+/* Arena a holds no pool any more: its page size is free for the next layout. */
+static void pool_drop(PageManager *pm, Arena *a) {
+        directory_detach_pool(pm->directory, a->pages);
+        a->pages = page_pool_free(a->pages);
+        if (a->domain == MEMORY_HOST && a->base)
+                ((ArenaHeader *)a->base)->page_size = 0;
+        free(pm->pool_origin[a->index]);
+        pm->pool_origin[a->index] = NULL;
+}
+
 /* The replay's pool of arena a for a record of page_size. A log can hold two page sizes
  * of one arena, one after the other: a run whose arena memory did not survive dropped
  * the sequences of the first (their DELs are in the log) and its unused pool, and a
@@ -486,10 +496,7 @@ static int replay_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool *
         log_info("Arena %s: the journal's sequences of KV pages of %" PRIu64 " bytes were all released; its later "
                  "records use pages of %" PRIu64 " bytes (a layout set after a restart): replayed with those.",
                  a->name, page_pool_page_size(a->pages), page_size);
-        directory_detach_pool(pm->directory, a->pages);
-        a->pages = page_pool_free(a->pages);
-        free(pm->pool_origin[a->index]);
-        pm->pool_origin[a->index] = NULL;
+        pool_drop(pm, a);
         return page_manager_pool(pm, a, page_size, ret);
 }
 
@@ -642,12 +649,7 @@ static void drop_unused_journal_pools(PageManager *pm) {
                            "memory did not survive the restart (no fd store), so they were dropped and the page "
                            "size is free again: the first worker's KV layout sets it.",
                            a->name, page_pool_page_size(a->pages));
-                directory_detach_pool(pm->directory, a->pages);
-                a->pages = page_pool_free(a->pages);
-                if (a->domain == MEMORY_HOST && a->base)
-                        ((ArenaHeader *)a->base)->page_size = 0;
-                free(pm->pool_origin[i]);
-                pm->pool_origin[i] = NULL;
+                pool_drop(pm, a);
         }
 }
 
@@ -989,13 +991,22 @@ static int pages_worker_added(Manager *m, Worker *w, Reason *refused) {
                 log_warning("Worker %s: invalid KV layout: %s", w->id_str, why);
                 return reason_set(refused, -EINVAL, "Invalid KV layout: %s", why);
         }
-        /* Every KV arena the worker maps must hold pages of this size. */
+        /* Every KV arena the worker maps must hold pages of this size. The pools this
+         * makes go again if a later arena refuses: a refused worker sets no page size. */
+        uint64_t made = 0;
         for (size_t i = 0; i < m->n_arenas; i++) {
                 Arena *a = m->arenas[i];
                 PagePool *pool;
                 if (!(w->arena_mask & (UINT64_C(1) << i)) || a->usage != ARENA_USAGE_KV)
                         continue;
+                bool had = a->pages;
                 r = page_manager_pool(pm, a, l.page_size, &pool);
+                if (r >= 0 && !had)
+                        made |= UINT64_C(1) << i;
+                if (r < 0)
+                        for (size_t j = 0; j < m->n_arenas; j++)
+                                if (made & (UINT64_C(1) << j))
+                                        pool_drop(pm, m->arenas[j]);
                 if (r == -EBUSY) {
                         const char *origin = pm->pool_origin[i];
                         log_warning("Worker %s: KV pages of %" PRIu64 " bytes do not fit arena %s, which holds pages of %" PRIu64 " bytes%s%s%s.",
@@ -1017,8 +1028,12 @@ static int pages_worker_added(Manager *m, Worker *w, Reason *refused) {
                 }
         }
         w->layout = malloc(sizeof(KvLayout));
-        if (!w->layout)
+        if (!w->layout) {
+                for (size_t j = 0; j < m->n_arenas; j++)
+                        if (made & (UINT64_C(1) << j))
+                                pool_drop(pm, m->arenas[j]);
                 return -ENOMEM;
+        }
         *w->layout = l;
         return 0;
 }

@@ -48,6 +48,14 @@ static void setup_page_size(void) {
         harness_start(&h, OVER_BUS_MODE, address, sizeof address);
 }
 
+/* A KV arena whose page size the first layout sets, before one whose page size is
+ * configured. */
+static void setup_two_kv(void) {
+        ck_assert_int_eq(harness_init(&h, "[Arena:kva]\nUsage=kv\nSize=16M\n"
+                                          "[Arena:kv1]\nUsage=kv\nSize=16M\nPageSize=64K\n"), 0);
+        harness_start(&h, OVER_BUS_MODE, address, sizeof address);
+}
+
 /* The state (and so the WAL) on tmpfs: an fdatasync costs next to nothing, so the
  * writer thread does not batch by itself while one runs. */
 static char shm_dir[64];
@@ -578,6 +586,32 @@ START_TEST(test_configured_page_size) {
 }
 END_TEST
 
+/* A worker refused at a later arena (kv1 holds 64 KiB pages) sets no page size in an
+ * earlier one (kva had none): a worker of the right layout then maps kva. */
+START_TEST(test_refused_worker_sets_no_page_size) {
+        ck_assert_int_eq(n_pools(), 1); /* kv1's, from PageSize= */
+        epd_client *c;
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &kv, NULL), -EINVAL); /* 32 KiB: not kv1's */
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+        epd_disconnect(c);
+        ck_assert_int_eq(n_pools(), 1); /* kva still has none */
+        epd_kv_layout big = kv;
+        big.layers = 8; /* 64 KiB pages */
+        const char *const only_kva[] = { "kva", NULL };
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        int r = epd_register(c, "prefill", "m", "cpu", &big, only_kva);
+        ck_assert_msg(r == 0, "register: %s", epd_last_error_message(c));
+        char *seq = NULL;
+        uint64_t ps;
+        ck_assert_int_eq(epd_sequence_create(c, "kva", 2, &seq, NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_get_page_size(c, seq, &ps), 0);
+        ck_assert_uint_eq(ps, 64 * 1024);
+        free(seq);
+        epd_disconnect(c);
+}
+END_TEST
+
 static bool log_contains(const char *text) {
         FILE *f = fopen(h.log, "re");
         ck_assert_ptr_nonnull(f);
@@ -887,6 +921,11 @@ int main(void) {
         tcase_set_timeout(tc5, 120);
         tcase_add_test(tc5, test_failed_compaction_keeps_journaling);
         suite_add_tcase(s, tc5);
+
+        TCase *tc6 = tcase_create("two-kv-arenas");
+        tcase_add_checked_fixture(tc6, setup_two_kv, teardown);
+        tcase_add_test(tc6, test_refused_worker_sets_no_page_size);
+        suite_add_tcase(s, tc6);
 
         TCase *tc2 = tcase_create("configured-page-size");
         tcase_add_checked_fixture(tc2, setup_page_size, teardown);
