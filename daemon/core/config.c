@@ -479,6 +479,7 @@ static const ConfigItem items[] = {
         { "Limits", "MaxObjectsPerClient", p_unsigned, C(max_objects_per_client) },
         { "Limits", "MaxRequestsPerClient", p_unsigned, C(max_requests_per_client) },
         { "Limits", "MaxRequestSize", p_size, C(max_request_bytes) },
+        { "Limits", "AttachGrace", p_duration, C(attach_grace_usec) },
         { "Arena", "Domain", p_domain, A(domain) },
         { "Arena", "Usage", p_usage, A(usage) },
         { "Arena", "Size", p_size, A(size) },
@@ -608,6 +609,7 @@ int config_defaults(Config *c) {
                 .max_objects_per_client = 4096,
                 .max_requests_per_client = 1024,
                 .max_request_bytes = 1ULL << 30,
+                .attach_grace_usec = 300 * USEC_PER_SEC,
                 .heartbeat_usec = 2 * USEC_PER_SEC,
                 .peer_streams = 2,
                 .peer_slice_size = 1024 * 1024,
@@ -823,6 +825,8 @@ static void check_complete(ParseState *s) {
                 perr(s, "[Cluster] HeartbeatInterval= must be at least 100ms");
         if (c->max_request_bytes == 0)
                 perr(s, "[Limits] MaxRequestSize= must be at least 1 byte (0 would refuse every sized request)");
+        if (c->attach_grace_usec < USEC_PER_SEC)
+                perr(s, "[Limits] AttachGrace= must be at least 1s (restored objects need time to be attached)");
         if (c->peer_streams > 16)
                 perr(s, "[Cluster] DataStreams=%u: expected 1 to 16", c->peer_streams);
         if (c->peer_slice_size < 4096 || c->peer_slice_size > 16 * 1024 * 1024)

@@ -46,6 +46,7 @@ typedef struct Config {
         unsigned max_objects_per_client;
         unsigned max_requests_per_client; /* outstanding scheduler requests (Admit) */
         uint64_t max_request_bytes; /* largest size a client may ask for in one call */
+        usec_t attach_grace_usec;   /* objects restored at start wait this long for Attach */
 
         /* [Arena:NAME] */
         ArenaConfig *arenas;

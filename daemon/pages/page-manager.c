@@ -591,8 +591,9 @@ int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payloa
 }
 
 void page_manager_set_keeper(PageManager *pm, bool (*keeps)(void *userdata, const EpdId *sequence),
-                             void *userdata) {
+                             void (*grace_ends)(void *userdata), void *userdata) {
         pm->keeps = keeps;
+        pm->grace_ends = grace_ends;
         pm->keeps_userdata = userdata;
 }
 
@@ -604,6 +605,8 @@ static int on_grace(sd_event_source *es, uint64_t usec, void *userdata) {
         int r;
 
         pm->grace = sd_event_source_disable_unref(pm->grace);
+        if (pm->grace_ends)
+                pm->grace_ends(pm->keeps_userdata);
         /* Collect in one pass, then release: releasing changes the map under an
          * iterator, and restarting the scan after each release made the sweep quadratic
          * in the restored sequences (with a keeper question for each kept one every
@@ -769,10 +772,10 @@ int page_manager_restore_finish(PageManager *pm) {
         pm->sequences_restored = hashmap_size(pm->sequences);
         if (pm->sequences_restored == 0)
                 return 0;
+        usec_t grace = m->config.attach_grace_usec ?: PAGE_MANAGER_ATTACH_GRACE_USEC;
         log_info("%" PRIu64 " sequences restored; their owners have %" PRIu64 " s to Attach.",
-                 pm->sequences_restored, (uint64_t)(PAGE_MANAGER_ATTACH_GRACE_USEC / USEC_PER_SEC));
-        r = sd_event_add_time_relative(m->event, &pm->grace, CLOCK_MONOTONIC, PAGE_MANAGER_ATTACH_GRACE_USEC,
-                                       USEC_PER_SEC, on_grace, pm);
+                 pm->sequences_restored, (uint64_t)(grace / USEC_PER_SEC));
+        r = sd_event_add_time_relative(m->event, &pm->grace, CLOCK_MONOTONIC, grace, USEC_PER_SEC / 10, on_grace, pm);
         if (r < 0)
                 return log_error_errno(r, "Cannot arm the Attach grace period: %m");
         return 0;

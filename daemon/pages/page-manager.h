@@ -46,6 +46,9 @@ typedef struct PageManager {
          * branch's head): page_manager_set_keeper(). */
         bool (*keeps)(void *userdata, const EpdId *sequence);
         void *keeps_userdata;
+        /* Run when the grace ends, before the sweep: the keeper lets go of what nobody
+         * attached either (ownerless workflows), so their sequences go too. */
+        void (*grace_ends)(void *userdata);
         uint64_t sequences_restored;
         /* Directory entries read by the replay (DirectoryRecord* by hash), put back by
          * page_manager_restore_finish(). */
@@ -85,16 +88,18 @@ int page_manager_publish(Sequence *s, uint32_t first, const uint64_t *hashes, si
 /* The name of the arena of pool, or NULL. */
 const char *page_manager_arena_of(PageManager *pm, const PagePool *pool);
 
-/* How long sequences restored after a restart wait for their owner to Attach. */
+/* How long sequences restored after a restart wait for their owner to Attach, by
+ * default ([Limits] AttachGrace=). */
 #define PAGE_MANAGER_ATTACH_GRACE_USEC (300 * USEC_PER_SEC)
 
 extern const Subsystem pages_subsystem;
 
 /* A subsystem that refers to sequences without owning them (workflows, whose branches
  * head on them) keeps the ones it names from being released when the attach grace
- * period ends. One keeper; NULL removes it. */
+ * period ends; grace_ends (optional) runs first, for it to let go of its own ownerless
+ * objects. One keeper; NULL removes it. */
 void page_manager_set_keeper(PageManager *pm, bool (*keeps)(void *userdata, const EpdId *sequence),
-                             void *userdata);
+                             void (*grace_ends)(void *userdata), void *userdata);
 
 /* The pool of a KV arena, creating it for page_size if there is none yet (-EBUSY if
  * the pool exists with another page size, -EINVAL for a feature arena, -ENOSPC if the

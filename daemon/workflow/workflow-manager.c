@@ -192,6 +192,35 @@ static bool keeps_sequence(void *userdata, const EpdId *id) {
         return m->workflows && workflow_heads_on(m->workflows, id);
 }
 
+/* The pages' attach grace ended: workflows restored at start that no client attached
+ * go (journaled as a Release), their heads with them; or they and the pages their
+ * heads hold would stay for good, and with them their slots of the daemon's limit. */
+static void workflows_grace_ends(void *userdata) {
+        Manager *m = userdata;
+        Workflow *w;
+        size_t it = 0, n = 0, k = 0;
+        if (!m->workflows || workflow_count(m->workflows) == 0)
+                return;
+        _cleanup_(freep) Workflow **v = calloc(workflow_count(m->workflows), sizeof *v);
+        if (!v) {
+                log_warning("No memory to release the workflows nobody attached; they stay until a restart.");
+                return;
+        }
+        while (workflow_iterate(m->workflows, &it, &w))
+                if (!w->owner)
+                        v[n++] = w;
+        for (size_t i = 0; i < n; i++) {
+                workflows_set_call(m, &(WorkflowCall){ .m = m });
+                int r = workflow_release(m->workflows, v[i]);
+                if (r < 0)
+                        log_warning_errno(r, "Cannot release workflow %s that nobody attached: %m", v[i]->id_str);
+                else
+                        k++;
+        }
+        if (k > 0)
+                log_info("%zu workflows restored at start were not attached in time and were released.", k);
+}
+
 static int workflows_init(Manager *m) {
         Glue *g = calloc(1, sizeof *g);
         int r;
@@ -207,7 +236,7 @@ static int workflows_init(Manager *m) {
                 return log_error_errno(r, "Cannot create the workflow manager: %m");
         }
         if (m->page_manager)
-                page_manager_set_keeper(m->page_manager, keeps_sequence, m);
+                page_manager_set_keeper(m->page_manager, keeps_sequence, workflows_grace_ends, m);
         return 0;
 }
 
@@ -216,7 +245,7 @@ static void workflows_done(Manager *m) {
         if (m->workflows)
                 unbind_all(m);
         if (m->page_manager)
-                page_manager_set_keeper(m->page_manager, NULL, NULL);
+                page_manager_set_keeper(m->page_manager, NULL, NULL, NULL);
         /* In memory only: the WAL keeps the workflows for the next start. */
         m->workflows = workflow_manager_free(m->workflows);
         free(g);

@@ -2431,6 +2431,71 @@ START_TEST(test_page_size_set_again_after_memory_lost) {
 }
 END_TEST
 
+static uint32_t workflow_count_now(void) {
+        uint32_t count = 0;
+        sd_bus *bus;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
+        ck_assert_int_ge(sd_bus_get_property_trivial(bus, NULL, "/org/epd1", "org.epd1.Workflow", "Count", &e, 'u', &count),
+                         0);
+        sd_bus_flush_close_unref(bus);
+        return count;
+}
+
+/* A workflow restored at start that no client attaches goes when the attach grace ends
+ * ([Limits] AttachGrace=, 1 s here), its heads' pages with it: before, it stayed for
+ * good (its branches kept their heads past the sequences' grace), and so did its slot
+ * of the daemon's workflow limit. One attached in time stays. */
+START_TEST(test_unattached_workflow_released_at_grace) {
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        write_arenas("[Limits]\nAttachGrace=1s\n[Arena:host0]\nSize=2M\nUsage=kv\n[Arena:feat0]\nSize=16M\n"
+                     "Usage=feature\nPageSize=64K\n");
+        open_notify();
+        ev_fresh_state();
+        uint8_t *host0, *feat0;
+        start_epdd(true);
+        epd_client *c = kv_worker(&host0, &feat0);
+        uint32_t tokens[64];
+        for (unsigned i = 0; i < 64; i++)
+                tokens[i] = i;
+        char *wf[2] = { NULL, NULL }, *head = NULL;
+        for (int k = 0; k < 2; k++) {
+                char *root = NULL;
+                ck_assert_int_eq(epd_sequence_create(c, "host0", 4, &root, NULL, NULL), 0);
+                ck_assert_int_eq(epd_workflow_create(c, root, tokens, 64, &wf[k], &head), 0);
+                free(head);
+                uint32_t b;
+                ck_assert_int_eq(epd_workflow_fork(c, wf[k], 0, &b, &head), 0);
+                free(head);
+                ck_assert_int_eq(epd_sequence_release(c, root), 0);
+                free(root);
+        }
+        ck_assert_uint_eq(workflow_count_now(), 2);
+        kill9_epdd();
+        epd_disconnect(c);
+
+        start_epdd(true);
+        c = kv_worker(&host0, &feat0);
+        ck_assert_uint_eq(workflow_count_now(), 2);
+        ck_assert_int_eq(epd_workflow_attach(c, wf[1]), 0); /* this one is taken back */
+        uint64_t pc[4];
+        for (int i = 0; i < 300 && workflow_count_now() > 1; i++)
+                usleep(10000);
+        ck_assert_uint_eq(workflow_count_now(), 1);
+        ck_assert_uint_ge(log_count("workflows restored at start were not attached in time and were released"), 1);
+        pool_counts("host0", pc);
+        ck_assert_uint_eq(pc[1], 4); /* live: the attached workflow's two heads, sharing 4 pages */
+        ck_assert_int_eq(epd_workflow_release(c, wf[1]), 0);
+        pool_counts("host0", pc);
+        ck_assert_uint_eq(pc[1], 0);
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        free(wf[0]);
+        free(wf[1]);
+        close_notify();
+}
+END_TEST
+
 /* The copy-on-write rounds' tests: one arena of KV pages, a journal that syncs in batches. */
 static void cow_rounds_init(void) {
         ck_assert_int_eq(harness_init(&h, NULL), 0);
@@ -2682,6 +2747,7 @@ int main(void) {
         (void)test_write_into_freed_pages;
         (void)test_unbuildable_record_is_refused;
         (void)test_page_size_set_again_after_memory_lost;
+        (void)test_unattached_workflow_released_at_grace;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2698,6 +2764,7 @@ int main(void) {
         (void)test_write_into_freed_pages;
         (void)test_unbuildable_record_is_refused;
         (void)test_page_size_set_again_after_memory_lost;
+        (void)test_unattached_workflow_released_at_grace;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2716,6 +2783,7 @@ int main(void) {
         (void)test_write_into_freed_pages;
         (void)test_unbuildable_record_is_refused;
         (void)test_page_size_set_again_after_memory_lost;
+        (void)test_unattached_workflow_released_at_grace;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2727,6 +2795,7 @@ int main(void) {
         tcase_add_test(tc, test_write_into_freed_pages);
         tcase_add_test(tc, test_unbuildable_record_is_refused);
         tcase_add_test(tc, test_page_size_set_again_after_memory_lost);
+        tcase_add_test(tc, test_unattached_workflow_released_at_grace);
         tcase_add_test(tc, test_cow_rounds_free_pages);
         tcase_add_test(tc, test_cow_rounds_sharers_go_later);
         tcase_add_test(tc, test_fresh_arena_then_failed_start);

@@ -32,7 +32,7 @@ START_TEST(test_good) {
         ck_assert_int_eq(config_parse_string(&c,
                                              "# comment\n; another\n"
                                              "[Daemon]\nHostId = node-1\nSocket=/tmp/x/bus\nSocketGroup=_epd-work.1\nSystemBus=no\nLogLevel=debug\n"
-                                             "[Limits]\nMaxWorkers=8\nMaxRequestSize=16M\n"
+                                             "[Limits]\nMaxWorkers=8\nMaxRequestSize=16M\nAttachGrace=90s\n"
                                              "[Arena:kv0]\nSize=1G\nHugePages=try\nNumaNode=0\n"
                                              "[Arena:feat]\nUsage=feature\nSize=128M\nPageSize=64K\n"
                                              "[Arena:gpu0]\nDomain=gpu\nGpu=0\nSize=4G\n"
@@ -46,6 +46,7 @@ START_TEST(test_good) {
         ck_assert_ptr_null(errors);
         ck_assert_str_eq(c.host_id, "node-1");
         ck_assert_str_eq(c.socket_group, "_epd-work.1");
+        ck_assert_uint_eq(c.attach_grace_usec, 90 * USEC_PER_SEC);
         ck_assert(!c.system_bus);
         ck_assert_int_eq(c.log_level, 7);
         ck_assert_uint_eq(c.max_workers, 8);
@@ -88,6 +89,8 @@ static const struct {
         { "[Limits]\nMaxWorkers=-3\n", "MaxWorkers=-3: expected a number" },
         { "[Limits]\nMaxRequestSize=12 parsecs\n", "MaxRequestSize=12 parsecs: expected a size" },
         { "[Limits]\nMaxRequestSize=99999999999T\n", "(value too large)" },
+        { "[Limits]\nAttachGrace=0\n", "AttachGrace=0: expected a positive duration" },
+        { "[Limits]\nAttachGrace=100ms\n", "AttachGrace= must be at least 1s" },
         { "[Arena]\nSize=1G\n", "[Arena:NAME] needs a NAME" },
         { "[Arena:a/b]\nSize=1G\n", "[Arena:NAME] needs a NAME" },
         { "[Daemon:x]\n", "section [Daemon] takes no name" },
