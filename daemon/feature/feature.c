@@ -128,8 +128,8 @@ FeatureCache *feature_cache_free(FeatureCache *c) {
         return NULL;
 }
 
-/* A key's READY was skipped by the replay (ready: false), or a later record of it took
- * over (true: a READY applied, or a GONE). */
+/* A key's READY was skipped by the replay (skipped), or a later record of it took over
+ * (!skipped: a READY applied, or a GONE). */
 static void replay_note_skipped(FeatureCache *c, const char *key, bool skipped) {
         for (size_t i = 0; i < c->n_skipped; i++)
                 if (strcmp(c->skipped[i], key) == 0) {
@@ -142,17 +142,12 @@ static void replay_note_skipped(FeatureCache *c, const char *key, bool skipped) 
         if (!skipped)
                 return;
         char **v = reallocarray(c->skipped, c->n_skipped + 1, sizeof *v);
-        char *k = strdup(key);
-        if (!v || !k) {
-                free(k);
-                if (v)
-                        c->skipped = v;
-                log_warning("Feature %s: its record was skipped at replay and no memory is left to journal that "
-                            "it is gone.", key);
-                return;
-        }
-        c->skipped = v;
-        c->skipped[c->n_skipped++] = k;
+        if (v)
+                c->skipped = v;
+        if (!v || !(c->skipped[c->n_skipped] = strdup(key)))
+                log_warning("Feature %s: skipped at replay, and no memory left to journal that it is gone.", key);
+        else
+                c->n_skipped++;
 }
 
 void feature_cache_set_callback(FeatureCache *c, feature_state_cb cb, void *userdata) {
@@ -369,14 +364,13 @@ void feature_cache_set_journal(FeatureCache *c, feature_journal_fn fn, void *use
         c->journal_fn = fn;
         c->journal_userdata = userdata;
         /* The replay is over: what it skipped is gone for good, said in the log. */
-        for (size_t i = 0; fn && i < c->n_skipped; i++) {
-                int r = fn(c, FEATURE_REC_GONE, c->skipped[i], strlen(c->skipped[i]), userdata);
+        for (size_t i = 0; i < c->n_skipped; i++) {
+                int r = fn ? fn(c, FEATURE_REC_GONE, c->skipped[i], strlen(c->skipped[i]), userdata) : 0;
                 if (r < 0)
                         log_warning_errno(r, "Feature %s: cannot journal that the replay dropped it: %m",
                                           c->skipped[i]);
-        }
-        for (size_t i = 0; i < c->n_skipped; i++)
                 free(c->skipped[i]);
+        }
         free(c->skipped);
         c->skipped = NULL;
         c->n_skipped = 0;
