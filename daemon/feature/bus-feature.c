@@ -239,15 +239,57 @@ typedef struct WaitCall {
         sd_bus_message *msg;
 } WaitCall;
 
-/* The reply that hands a producer its region: sent once every evicted feature's GONE is
- * durable (the region may be one of theirs), at once when they are. */
-static int send_region(FeatureManager *fm, sd_bus_message *msg, sd_bus_message *reply) {
-        if (feature_manager_region_settled(fm))
-                return sd_bus_send(NULL, reply, NULL);
-        return wal_manager_reply(fm->manager, msg, reply);
+/* A region's reply waiting for the evictions' GONE records. */
+typedef struct RegionReply {
+        FeatureManager *fm;
+        sd_bus_message *msg, *reply;
+        EpdId handle;
+        bool own;
+} RegionReply;
+
+static void region_durable(void *userdata, int error) {
+        RegionReply *rr = userdata;
+        if (error >= 0)
+                (void)sd_bus_send(NULL, rr->reply, NULL);
+        else {
+                /* Refused: the caller never learns the handle this call made, so it
+                 * goes, and the reservation with it (no key left reserved by a handle
+                 * nobody can name, no region held for it). */
+                FeatureHandle *h = rr->own ? hashmap_get(rr->fm->handles, &rr->handle) : NULL;
+                if (h)
+                        feature_handle_release(h);
+                (void)sd_bus_reply_method_errorf(rr->msg, EPD_ERROR_FAILED,
+                                                 "The eviction that made room for the region cannot be journaled "
+                                                 "(%s)%s.",
+                                                 strerror(-error), rr->own ? "; nothing is reserved" : "");
+        }
+        sd_bus_message_unref(rr->msg);
+        sd_bus_message_unref(rr->reply);
+        free(rr);
 }
 
-static int reply_info(FeatureManager *fm, sd_bus_message *msg, FeatureHandle *h) {
+/* The reply that hands a producer its region: sent once every evicted feature's GONE is
+ * durable (the region may be one of theirs), at once when they are. own: h was made
+ * for this call (released if the journal refuses: the caller would never learn it). */
+static int send_region(FeatureManager *fm, sd_bus_message *msg, sd_bus_message *reply, FeatureHandle *h, bool own) {
+        if (feature_manager_region_settled(fm))
+                return sd_bus_send(NULL, reply, NULL);
+        RegionReply *rr = calloc(1, sizeof *rr);
+        if (!rr)
+                return -ENOMEM;
+        *rr = (RegionReply) { .fm = fm, .msg = sd_bus_message_ref(msg), .reply = sd_bus_message_ref(reply),
+                              .handle = h->id, .own = own };
+        int r = wal_manager_after_durable(fm->manager, region_durable, rr);
+        if (r < 0) {
+                sd_bus_message_unref(rr->msg);
+                sd_bus_message_unref(rr->reply);
+                free(rr);
+                return r;
+        }
+        return 1;
+}
+
+static int reply_info_as(FeatureManager *fm, sd_bus_message *msg, FeatureHandle *h, bool own) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         int r = sd_bus_message_new_method_return(msg, &reply);
         if (r >= 0)
@@ -255,9 +297,13 @@ static int reply_info(FeatureManager *fm, sd_bus_message *msg, FeatureHandle *h)
         if (r >= 0)
                 r = h->ref->feature->state == FEATURE_RESERVED && h->ref->feature->has_region &&
                                     h->ref->feature->producer == h->ref
-                            ? send_region(fm, msg, reply)
+                            ? send_region(fm, msg, reply, h, own)
                             : sd_bus_send(NULL, reply, NULL);
         return r;
+}
+
+static int reply_info(FeatureManager *fm, sd_bus_message *msg, FeatureHandle *h) {
+        return reply_info_as(fm, msg, h, false);
 }
 
 static void wait_settled(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
@@ -321,7 +367,7 @@ static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, Worker *w, Fe
         if (r >= 0)
                 r = append_info(reply, fm, h);
         if (r >= 0)
-                r = res == FEATURE_ACQUIRE_PRODUCE && ref->feature->has_region ? send_region(fm, msg, reply)
+                r = res == FEATURE_ACQUIRE_PRODUCE && ref->feature->has_region ? send_region(fm, msg, reply, h, true)
                                                                               : sd_bus_send(NULL, reply, NULL);
         if (r < 0) {
                 feature_handle_release(h);
@@ -448,6 +494,7 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
         _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
         FeatureDescIssue issue;
         FeatureHandle *h = NULL;
+        bool own = false;
         const char *key;
         uint64_t bytes;
         EpdId req;
@@ -482,9 +529,12 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
                         feature_ref_release(ref); /* fails it: nobody waited yet */
                         return client_error(r, error);
                 }
+                own = true;
         }
         feature_manager_arm_timer(fm);
-        r = reply_info(fm, msg, h);
+        r = reply_info_as(fm, msg, h, own);
+        if (r < 0 && own)
+                feature_handle_release(h); /* the caller is refused: it never learns the handle */
         return r < 0 ? r : 1;
 }
 

@@ -1167,17 +1167,22 @@ START_TEST(test_ring_commit_ring_closed) {
 }
 END_TEST
 
+/* epdd again, every write of its journal `ms` milliseconds slower (fault-wal.c). */
+static void restart_with_slow_journal(const char *ms) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        setenv("EPD_FAULT_WAL_SLOW_MS", ms, 1);
+        setenv("EPD_FAULT_WAL_SLOW_WRITES", "1000000", 1);
+        ck_assert_int_eq(harness_start_epdd_preloaded(&h, getenv("FAULT_WAL"), "EPD_FAULT_WAL_SLOW_LSN", "1"), 0);
+        unsetenv("EPD_FAULT_WAL_SLOW_MS");
+        unsetenv("EPD_FAULT_WAL_SLOW_WRITES");
+}
+
 /* A ring COMMIT answered once its records are durable goes to the ring it came on: the
  * worker closed that ring and opened another before the answer (a slow disk keeps the
  * records from being durable meanwhile), and the new ring hears nothing of it, where its
  * own user_data 51 could mean a commit of its own. */
 START_TEST(test_ring_commit_answer_stays_with_its_ring) {
-        ck_assert_int_eq(harness_stop_epdd(&h), 0);
-        setenv("EPD_FAULT_WAL_SLOW_MS", "200", 1);
-        setenv("EPD_FAULT_WAL_SLOW_WRITES", "1000000", 1);
-        ck_assert_int_eq(harness_start_epdd_preloaded(&h, getenv("FAULT_WAL"), "EPD_FAULT_WAL_SLOW_LSN", "1"), 0);
-        unsetenv("EPD_FAULT_WAL_SLOW_MS");
-        unsetenv("EPD_FAULT_WAL_SLOW_WRITES");
+        restart_with_slow_journal("200");
         epd_client *p = worker("prefill"), *d = worker("decode");
         epd_ring_client *dr, *dr2;
         ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
@@ -1241,12 +1246,7 @@ static void on_alarm(int sig) {
  * returns 0 once the call sent without waiting is answered (the daemon's journal takes
  * 300 ms a write here), not -EINTR. */
 START_TEST(test_flush_through_a_signal) {
-        ck_assert_int_eq(harness_stop_epdd(&h), 0);
-        setenv("EPD_FAULT_WAL_SLOW_MS", "300", 1);
-        setenv("EPD_FAULT_WAL_SLOW_WRITES", "1000000", 1);
-        ck_assert_int_eq(harness_start_epdd_preloaded(&h, getenv("FAULT_WAL"), "EPD_FAULT_WAL_SLOW_LSN", "1"), 0);
-        unsetenv("EPD_FAULT_WAL_SLOW_MS");
-        unsetenv("EPD_FAULT_WAL_SLOW_WRITES");
+        restart_with_slow_journal("300");
         epd_client *p = worker("prefill");
         char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
         struct sigaction sa = { .sa_handler = on_alarm }, old; /* no SA_RESTART */

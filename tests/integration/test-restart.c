@@ -420,22 +420,30 @@ static const epd_kv_layout kv = { .layers = 4, .tokens_per_block = 16, .k_bytes_
 #define FEAT_BYTES (3 * 4096 * 4)
 #define N_SEQ_PAGES 12
 
-static epd_client *kv_worker(uint8_t **ret_host0, uint8_t **ret_feat0) {
+/* A worker of layout l with host0 mapped, and feat0 too when ret_feat0 is given. */
+static epd_client *worker_of(const epd_kv_layout *l, uint8_t **ret_host0, uint8_t **ret_feat0) {
         char address[512];
         epd_client *c;
         void *base;
         harness_direct_address(&h, address, sizeof address);
         ck_assert_int_eq(epd_connect(address, &c), 0);
-        ck_assert_int_eq(epd_register(c, "colocated", "m", "cpu", &kv, NULL), 0);
+        int r = epd_register(c, "colocated", "m", "cpu", l, NULL);
+        ck_assert_msg(r == 0, "register: %s", epd_last_error_message(c));
         int i = epd_arena_find(c, "host0");
         ck_assert_int_ge(i, 0);
         ck_assert_int_eq(epd_arena_map(c, (size_t)i, &base), 0);
         *ret_host0 = base;
-        i = epd_arena_find(c, "feat0");
-        ck_assert_int_ge(i, 0);
-        ck_assert_int_eq(epd_arena_map(c, (size_t)i, &base), 0);
-        *ret_feat0 = base;
+        if (ret_feat0) {
+                i = epd_arena_find(c, "feat0");
+                ck_assert_int_ge(i, 0);
+                ck_assert_int_eq(epd_arena_map(c, (size_t)i, &base), 0);
+                *ret_feat0 = base;
+        }
         return c;
+}
+
+static epd_client *kv_worker(uint8_t **ret_host0, uint8_t **ret_feat0) {
+        return worker_of(&kv, ret_host0, ret_feat0);
 }
 
 /* Lines of epdd's log (every start appends to it) that hold text. */
@@ -2359,20 +2367,9 @@ END_TEST
 
 /* A worker of the other KV layout (8 layers: pages of 64 KiB) with host0 mapped. */
 static epd_client *wide_worker(uint8_t **ret_host0) {
-        char address[512];
-        epd_client *c;
-        void *base;
         epd_kv_layout wide = kv;
         wide.layers = 8;
-        harness_direct_address(&h, address, sizeof address);
-        ck_assert_int_eq(epd_connect(address, &c), 0);
-        int r = epd_register(c, "colocated", "m", "cpu", &wide, NULL);
-        ck_assert_msg(r == 0, "register: %s", epd_last_error_message(c));
-        int i = epd_arena_find(c, "host0");
-        ck_assert_int_ge(i, 0);
-        ck_assert_int_eq(epd_arena_map(c, (size_t)i, &base), 0);
-        *ret_host0 = base;
-        return c;
+        return worker_of(&wide, ret_host0, NULL);
 }
 
 /* A log holding two page sizes of one arena, one after the other: run A's sequence of
@@ -2492,6 +2489,68 @@ START_TEST(test_unattached_workflow_released_at_grace) {
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         free(wf[0]);
         free(wf[1]);
+        close_notify();
+}
+END_TEST
+
+static uint64_t feature_stat(const char *name) {
+        sd_bus *bus;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        uint64_t v = UINT64_MAX;
+        ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
+        ck_assert_int_ge(sd_bus_get_property_trivial(bus, NULL, "/org/epd1/feature", "org.epd1.Feature", name, &e, 't',
+                                                     &v),
+                         0);
+        sd_bus_flush_close_unref(bus);
+        return v;
+}
+
+/* A reservation whose region needs an eviction the journal cannot record (the disk is
+ * full from the eviction's GONE on): the caller is refused, and the handle the call made
+ * and the reservation go with it. Before, the refused caller left a handle it never
+ * learned, the key stayed reserved (every later Acquire of it answered "wait", Reserve
+ * "Busy") and the region stayed held. */
+START_TEST(test_refused_region_reply_reserves_nothing) {
+        ck_assert_int_eq(harness_init(&h, "[Features]\nCacheSize=64K\n"), 0);
+        open_notify();
+        epd_feature_tensor t = { .name = "pixels", .dtype = "u8", .rank = 1, .shape = { 48 * 1024 } };
+        uint64_t L = 0;
+        for (int run = 0; run < 2; run++) {
+                ev_fresh_state();
+                if (run == 1)
+                        fault_enospc_lsn = L + 1; /* A's eviction (its GONE) and what follows */
+                start_epdd(true);
+                fault_enospc_lsn = 0;
+                uint8_t *host0, *feat0;
+                epd_client *c = kv_worker(&host0, &feat0);
+                epd_feature *a = NULL, *b = NULL;
+                ck_assert_int_eq(epd_feature_reserve(c, "image:A", 48 * 1024, &t, 1, NULL, &a), 0);
+                memset(a->data, 0xaa, 48 * 1024);
+                ck_assert_int_eq(epd_feature_publish(c, a, 1), 0);
+                ck_assert_int_eq(epd_feature_release(c, a), 0);
+                if (run == 0) {
+                        L = ev_last_lsn(false); /* the dry run: the LSN before the eviction */
+                        kill9_epdd();
+                        epd_disconnect(c);
+                        continue;
+                }
+                /* B does not fit beside A: A is evicted, its GONE never durable. */
+                ck_assert_int_lt(epd_feature_acquire_or_reserve(c, "image:B", 48 * 1024, &t, 1, NULL, &b), 0);
+                ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
+                ck_assert_ptr_null(b);
+                ck_assert_uint_eq(feature_stat("Handles"), 0);
+                ck_assert_uint_eq(feature_stat("BytesReserved"), 0);
+                /* Asked again: refused again (the journal refuses now), never "wait" for a
+                 * producer nobody can name. */
+                int r = epd_feature_acquire_or_reserve(c, "image:B", 48 * 1024, &t, 1, NULL, &b);
+                ck_assert_msg(r < 0 || strcmp(b->result, "wait") != 0, "the key stayed reserved: %s",
+                              b ? b->result : "");
+                if (r == 0)
+                        (void)epd_feature_release(c, b);
+                ck_assert_uint_eq(feature_stat("Handles"), 0);
+                kill9_epdd();
+                epd_disconnect(c);
+        }
         close_notify();
 }
 END_TEST
@@ -2748,6 +2807,7 @@ int main(void) {
         (void)test_unbuildable_record_is_refused;
         (void)test_page_size_set_again_after_memory_lost;
         (void)test_unattached_workflow_released_at_grace;
+        (void)test_refused_region_reply_reserves_nothing;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2765,6 +2825,7 @@ int main(void) {
         (void)test_unbuildable_record_is_refused;
         (void)test_page_size_set_again_after_memory_lost;
         (void)test_unattached_workflow_released_at_grace;
+        (void)test_refused_region_reply_reserves_nothing;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2784,6 +2845,7 @@ int main(void) {
         (void)test_unbuildable_record_is_refused;
         (void)test_page_size_set_again_after_memory_lost;
         (void)test_unattached_workflow_released_at_grace;
+        (void)test_refused_region_reply_reserves_nothing;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2796,6 +2858,7 @@ int main(void) {
         tcase_add_test(tc, test_unbuildable_record_is_refused);
         tcase_add_test(tc, test_page_size_set_again_after_memory_lost);
         tcase_add_test(tc, test_unattached_workflow_released_at_grace);
+        tcase_add_test(tc, test_refused_region_reply_reserves_nothing);
         tcase_add_test(tc, test_cow_rounds_free_pages);
         tcase_add_test(tc, test_cow_rounds_sharers_go_later);
         tcase_add_test(tc, test_fresh_arena_then_failed_start);
