@@ -77,6 +77,7 @@ struct Expect {
         EpdId request_id;
         char request_str[EPD_ID_STRING_MAX];
         uint64_t client_serial;
+        uint64_t ring_id;          /* the ring it came on (ClientRing.id), not a later one */
         HandoffAcceptWaiter *bus;  /* AcceptWait; NULL: the client's ring */
         uint64_t user_data;        /* ring: echoed in the answer */
         usec_t timeout;
@@ -107,7 +108,8 @@ static void expect_free(Expect *e) {
 }
 
 static ClientRing *expect_ring(Expect *e) {
-        return hashmap_get(e->hm->rings, &e->client_serial);
+        ClientRing *cr = hashmap_get(e->hm->rings, &e->client_serial);
+        return cr && cr->id == e->ring_id ? cr : NULL;
 }
 
 /* Answers the waiter (o accepted, or error with why) and frees it. */
@@ -196,6 +198,10 @@ int handoff_manager_accept_wait(HandoffManager *hm, Client *c, const char *reque
                 .timeout = timeout,
         };
         epd_id_to_string(&rid, e->request_str);
+        if (!waiter) {
+                ClientRing *cr = hashmap_get(hm->rings, &e->client_serial);
+                e->ring_id = cr ? cr->id : 0;
+        }
         r = sd_event_add_time_relative(m->event, &e->timer, CLOCK_MONOTONIC, timeout, 0, on_expect_timeout, e);
         if (r < 0) {
                 free(e);
