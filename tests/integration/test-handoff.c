@@ -1142,6 +1142,17 @@ END_TEST
  * nothing: the ring lives until the client goes): the commit stands (the source sees it
  * committed), its answer lands where nobody reads it, and the decode sequence goes with
  * the client. */
+/* The decode side gone: kv1 empties (its decode sequence released with its client);
+ * then the source's sequence goes. Frees seq and path. */
+static void source_done(epd_client *p, char *seq, char *path) {
+        for (int i = 0; i < 200 && arena_live(p, "kv1") > 0; i++)
+                usleep(10000);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        release_sequence(p, seq);
+        free(seq);
+        free(path);
+}
+
 START_TEST(test_ring_commit_ring_closed) {
         epd_client *p = worker("prefill"), *d = worker("decode");
         epd_ring_client *dr;
@@ -1156,12 +1167,7 @@ START_TEST(test_ring_commit_ring_closed) {
         ck_assert_int_eq(epd_handoff_release(p, path), 0);
         ck_assert_uint_gt(arena_live(p, "kv1"), 0); /* the decode sequence */
         epd_disconnect(d);
-        for (int i = 0; i < 200 && arena_live(p, "kv1") > 0; i++)
-                usleep(10000);
-        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
-        release_sequence(p, seq);
-        free(seq);
-        free(path);
+        source_done(p, seq, path);
         ck_assert_uint_eq(counter(p, "live"), 0);
         epd_disconnect(p);
 }
@@ -1201,12 +1207,7 @@ START_TEST(test_ring_commit_answer_stays_with_its_ring) {
         ck_assert_int_eq(epd_handoff_release(p, path), 0);
         epd_ring_close(dr2);
         epd_disconnect(d);
-        for (int i = 0; i < 200 && arena_live(p, "kv1") > 0; i++)
-                usleep(10000);
-        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
-        release_sequence(p, seq);
-        free(seq);
-        free(path);
+        source_done(p, seq, path);
         epd_disconnect(p);
 }
 END_TEST
