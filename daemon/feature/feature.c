@@ -35,10 +35,8 @@ struct FeatureCache {
         void *load_userdata;
         feature_journal_fn journal_fn;
         void *journal_userdata;
-        /* Keys of READY records the replay could not take back (the arena is cut
-         * differently now, or is no feature arena any more): journaled GONE once the
-         * journal is set, or a later start that can take them back would, over bytes
-         * written since. */
+        /* Keys whose READY the replay could not take back (the arena is cut or used
+         * differently now): journaled GONE once the journal is set. */
         char **skipped;
         size_t n_skipped;
 };
@@ -49,6 +47,7 @@ typedef struct FeaturePriv {
         bool in_table;
         bool on_disk; /* an identical copy is in the store */
         bool loading; /* its data is being read back from the store (load_fn) */
+        uint32_t load_readers; /* Acquires answered by that read: hits once it lands */
 } FeaturePriv;
 
 #define PRIV(f) container_of(f, FeaturePriv, pub)
@@ -128,8 +127,7 @@ FeatureCache *feature_cache_free(FeatureCache *c) {
         return NULL;
 }
 
-/* A key's READY was skipped by the replay (skipped), or a later record of it took over
- * (!skipped: a READY applied, or a GONE). */
+/* A key's READY skipped by the replay, or (!skipped) a later READY or GONE of it. */
 static void replay_note_skipped(FeatureCache *c, const char *key, bool skipped) {
         for (size_t i = 0; i < c->n_skipped; i++)
                 if (strcmp(c->skipped[i], key) == 0) {
@@ -751,6 +749,10 @@ void feature_load_done(Feature *f, int error) {
         /* The state callback answers the waiting Acquires and may drop their references,
          * the last one too: held here until it returns (and out of the LRU meanwhile). */
         f->n_pins++;
+        /* Its readers' Acquires are hits once the bytes are back; a failed read saved nothing. */
+        c->stats.hits += error >= 0 ? PRIV(f)->load_readers : 0;
+        c->stats.encoder_usec_saved += error >= 0 ? (uint64_t)PRIV(f)->load_readers * f->encode_usec : 0;
+        PRIV(f)->load_readers = 0;
         if (error < 0)
                 set_failed(c, f, error);
         else {
@@ -789,8 +791,7 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
                 ref_link(c, r, f, FEATURE_REF_READER);
                 *result = FEATURE_ACQUIRE_HIT;
         } else if (f && PRIV(f)->loading) {
-                c->stats.hits++;
-                c->stats.encoder_usec_saved += f->encode_usec;
+                PRIV(f)->load_readers++; /* a hit once the read lands */
                 ref_link(c, r, f, FEATURE_REF_READER);
                 *result = FEATURE_ACQUIRE_LOADING;
         } else if (f && (f->producer || !may_produce)) {
@@ -808,8 +809,9 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
                 ref_link(c, r, f, FEATURE_REF_PRODUCER);
                 *result = FEATURE_ACQUIRE_PRODUCE;
         } else if ((k = load(c, key, true, &f)) >= 0) {
-                c->stats.hits++;
-                c->stats.encoder_usec_saved += f->encode_usec;
+                PRIV(f)->load_readers += k > 0; /* read off the loop: a hit once it lands */
+                c->stats.hits += k == 0;
+                c->stats.encoder_usec_saved += k == 0 ? f->encode_usec : 0;
                 ref_link(c, r, f, FEATURE_REF_READER);
                 *result = k > 0 ? FEATURE_ACQUIRE_LOADING : FEATURE_ACQUIRE_HIT;
         } else {
@@ -1143,9 +1145,8 @@ int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *paylo
                 return r;
         memcpy(key, rec.key, rec.key_len);
         key[rec.key_len] = 0;
-        /* One that cannot come back (its arena is cut or used differently now) is
-         * journaled GONE after the replay: a later start that could take it back must
-         * not, over the bytes written there since. */
+        /* One that cannot come back is journaled GONE after the replay: a later start
+         * that could take it back must not, over the bytes written there since. */
         r = apply_ready(c, &rec, key);
         replay_note_skipped(c, key, r < 0);
         return r;

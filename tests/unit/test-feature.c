@@ -859,13 +859,18 @@ START_TEST(test_async_load) {
         feature_ref_release(b);
 
         /* A read that fails: the feature FAILS with the error, its waiters are told,
-         * and the key is free for a producer. */
+         * and the key is free for a producer. Its readers' Acquires were no hits (the
+         * two of k1 were, once its bytes were back). */
+        uint64_t hits = feature_cache_stats(c)->hits, saved = feature_cache_stats(c)->encoder_usec_saved;
+        ck_assert_uint_eq(hits, 2);
         save(st, "k2", CHUNK, 1);
         ck_assert_int_eq(feature_acquire(c, "k2", false, 0, &a, &res), 0);
         ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
         ck_assert_int_eq(feature_acquire(c, "k2", false, 0, &b, &res), 0);
         job.fd = safe_close(job.fd);
         feature_load_done(job.f, -EBADMSG);
+        ck_assert_uint_eq(feature_cache_stats(c)->hits, hits);
+        ck_assert_uint_eq(feature_cache_stats(c)->encoder_usec_saved, saved);
         ck_assert_int_eq(a->feature->state, FEATURE_FAILED);
         ck_assert_int_eq(last_error, -EBADMSG);
         ck_assert_ptr_null(feature_cache_get(c, "k2"));
