@@ -213,6 +213,9 @@ static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
                 return; /* the handle went first: its client is gone */
         if (error == 0) {
                 _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+                Worker *wk = h->object.owner ? client_get_worker(h->object.owner) : NULL;
+                if (wk)
+                        wk->stats.feature_hits++; /* now that the bytes are back */
                 r = sd_bus_message_new_method_return(msg, &reply);
                 if (r >= 0)
                         r = sd_bus_message_append(reply, "s", "hit");

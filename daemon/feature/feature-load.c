@@ -19,6 +19,7 @@ typedef struct LoadJob {
         int fd;
         void *dst;
         uint64_t size;
+        uint32_t crc;
         int result;
         LIST_FIELDS(struct LoadJob, jobs);
 } LoadJob;
@@ -61,7 +62,7 @@ static void *loader_thread(void *userdata) {
                 LIST_REMOVE(jobs, l->queue, j);
                 pthread_mutex_unlock(&l->lock);
 
-                FeatureStoreEntry e = { .fd = j->fd, .size = j->size };
+                FeatureStoreEntry e = { .fd = j->fd, .size = j->size, .crc = j->crc };
                 j->result = feature_store_entry_read(&e, j->dst);
                 if (j->result < 0)
                         /* Short or unreadable: it would fail again; the next Acquire
@@ -163,7 +164,8 @@ FeatureLoader *feature_loader_free(FeatureLoader *l) {
         return NULL;
 }
 
-int feature_loader_queue(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, void *userdata) {
+int feature_loader_queue(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, uint32_t crc,
+                         void *userdata) {
         FeatureLoader *l = userdata;
         LoadJob *j = calloc(1, sizeof *j);
 
@@ -175,6 +177,7 @@ int feature_loader_queue(FeatureCache *c, Feature *f, int fd, void *dst, uint64_
         j->feature = f;
         j->dst = dst;
         j->size = size;
+        j->crc = crc;
         j->key = strdup(f->key);
         if (!j->key) {
                 job_free(j);

@@ -6,8 +6,9 @@
  * (feature.c) reads the small header on the loop, reserves the region and hands the
  * positioned fd here (a feature_load_fn); the thread reads the data straight into the
  * region and posts the result back through an eventfd, on which the loop calls
- * feature_load_done(). A file found short or unreadable is removed from the store and
- * the feature FAILS with that error (-EBADMSG for a truncated file). */
+ * feature_load_done(). A file found short, unreadable or damaged (its data's CRC32C) is
+ * removed from the store and the feature FAILS with that error (-EBADMSG for a truncated
+ * or damaged file). */
 
 #include <systemd/sd-event.h>
 
@@ -22,7 +23,8 @@ int feature_loader_new(sd_event *event, FeatureStore *store, FeatureLoader **ret
 FeatureLoader *feature_loader_free(FeatureLoader *l);
 
 /* A feature_load_fn (userdata: the FeatureLoader). */
-int feature_loader_queue(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, void *userdata);
+int feature_loader_queue(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, uint32_t crc,
+                         void *userdata);
 
 typedef struct FeatureLoaderStats {
         uint64_t queued, loaded, failed;

@@ -132,7 +132,8 @@ FeatureLoadWaiter *feature_handle_unwait(FeatureHandle *h) {
 }
 
 void feature_manager_count_acquire(Worker *w, FeatureAcquireResult res) {
-        if (res == FEATURE_ACQUIRE_HIT || res == FEATURE_ACQUIRE_LOADING)
+        /* A read back from the store counts once it landed (bus-feature.c's answer). */
+        if (res == FEATURE_ACQUIRE_HIT)
                 w->stats.feature_hits++;
         else if (res == FEATURE_ACQUIRE_PRODUCE)
                 w->stats.feature_misses++;
@@ -160,6 +161,7 @@ typedef struct HeldLoad {
         int fd;
         void *dst;
         uint64_t size;
+        uint32_t crc;
         bool in_call; /* inside wal_manager_after_durable(): the caller takes the result */
         bool answered;
         int result;
@@ -170,7 +172,7 @@ static void held_load_go(void *userdata, int error) {
         int r = error;
 
         if (r >= 0)
-                r = feature_loader_queue(l->cache, l->feature, TAKE_FD(l->fd), l->dst, l->size, l->fm->loader);
+                r = feature_loader_queue(l->cache, l->feature, TAKE_FD(l->fd), l->dst, l->size, l->crc, l->fm->loader);
         else
                 l->fd = safe_close(l->fd);
         if (l->in_call) {
@@ -185,12 +187,12 @@ static void held_load_go(void *userdata, int error) {
         free(l);
 }
 
-static int queue_load(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, void *userdata) {
+static int queue_load(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, uint32_t crc, void *userdata) {
         FeatureManager *fm = userdata;
         int r;
 
         if (feature_manager_region_settled(fm))
-                return feature_loader_queue(c, f, fd, dst, size, fm->loader);
+                return feature_loader_queue(c, f, fd, dst, size, crc, fm->loader);
         if (fm->gone_lsn == UINT64_MAX) {
                 safe_close(fd); /* the GONE was refused: it never becomes durable */
                 return -EIO;
@@ -200,7 +202,8 @@ static int queue_load(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t s
                 safe_close(fd);
                 return -ENOMEM;
         }
-        *l = (HeldLoad) { .fm = fm, .cache = c, .feature = f, .fd = fd, .dst = dst, .size = size, .in_call = true };
+        *l = (HeldLoad) { .fm = fm, .cache = c, .feature = f, .fd = fd, .dst = dst, .size = size, .crc = crc,
+                          .in_call = true };
         r = wal_manager_after_durable(fm->manager, held_load_go, l);
         if (r < 0 || l->answered) {
                 if (r >= 0)

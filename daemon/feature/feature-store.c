@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "crc32c.h"
 #include "feature/feature-store.h"
 #include <stdbool.h>
 #include "id.h"
@@ -18,7 +19,7 @@
 #include "siphash24.h"
 #include "unaligned.h"
 
-#define STORE_VERSION 1u
+#define STORE_VERSION 2u /* 2: the data's CRC32C in the header */
 #define HEADER_SIZE 64u
 
 /* Fixed (public) keys: names must be stable across restarts. The file holds the full
@@ -256,8 +257,9 @@ static int read_all(int fd, void *p, size_t n) {
         return 0;
 }
 
-/* Header: magic[8] u32 version u32 key_len u64 data_size u32 desc_len u32 0
- *         id[16] u64 encode_usec, padded to HEADER_SIZE. */
+/* Header: magic[8] u32 version u32 key_len u64 data_size u32 desc_len u32 crc32c(data)
+ *         id[16] u64 encode_usec, padded to HEADER_SIZE. A copy damaged on disk is
+ *         refused when it is read back (EBADMSG), never served as a hit. */
 int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const void *data) {
         _cleanup_(freep) void *desc = NULL;
         _cleanup_(closep) int fd = -EBADF;
@@ -282,6 +284,7 @@ int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const voi
         unaligned_write_le(header + 12, key_len, 4);
         unaligned_write_le(header + 16, rec->size, 8);
         unaligned_write_le(header + 24, desc_len, 4);
+        unaligned_write_le(header + 28, crc32c(0, data, rec->size), 4);
         memcpy(header + 32, rec->request_id.bytes, 16);
         unaligned_write_le(header + 48, rec->encode_usec, 8);
 
@@ -387,6 +390,7 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
                 .size = size,
                 .desc = TAKE_PTR(desc),
                 .encode_usec = unaligned_read_le(header + 48, 8),
+                .crc = (uint32_t)unaligned_read_le(header + 28, 4),
         };
         memcpy(ret->request_id.bytes, header + 32, 16);
         return 0;
@@ -399,7 +403,10 @@ bad:
 int feature_store_entry_read(FeatureStoreEntry *e, void *dst) {
         if (!e || e->fd < 0 || (!dst && e->size > 0))
                 return -EINVAL;
-        return read_all(e->fd, dst, e->size);
+        int r = read_all(e->fd, dst, e->size);
+        if (r >= 0 && crc32c(0, dst, e->size) != e->crc)
+                return -EBADMSG; /* damaged on disk: not the bytes that were published */
+        return r;
 }
 
 int feature_store_remove(FeatureStore *s, const char *key) {

@@ -63,10 +63,12 @@ typedef struct FeatureStoreEntry {
         FeatureDesc *desc;
         EpdId request_id;
         usec_t encode_usec;
+        uint32_t crc;       /* CRC32C of the data, checked by feature_store_entry_read() */
 } FeatureStoreEntry;
 
 int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *ret);
-/* Reads the data into dst (entry->size bytes). */
+/* Reads the data into dst (entry->size bytes): -EBADMSG when they are not the bytes
+ * saved (their CRC32C differs). */
 int feature_store_entry_read(FeatureStoreEntry *e, void *dst);
 void feature_store_entry_done(FeatureStoreEntry *e);
 

@@ -720,7 +720,7 @@ static int load(FeatureCache *c, const char *key, bool may_evict, Feature **ret)
         f->request_id = e.request_id;
         f->encode_usec = e.encode_usec;
         if (c->load_fn) {
-                r = c->load_fn(c, f, TAKE_FD(e.fd), feature_data(f), e.size, c->load_userdata);
+                r = c->load_fn(c, f, TAKE_FD(e.fd), feature_data(f), e.size, e.crc, c->load_userdata);
                 if (r >= 0) {
                         PRIV(f)->loading = true;
                         *ret = f;

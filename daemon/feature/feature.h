@@ -189,7 +189,8 @@ void feature_cache_set_spill(FeatureCache *c, feature_spill_fn fn, void *userdat
  * the data (taken over in every case), dst is the feature's region (size bytes). The
  * reader calls feature_load_done() on the loop when it has finished. Without a loader,
  * loads are synchronous. */
-typedef int (*feature_load_fn)(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, void *userdata);
+typedef int (*feature_load_fn)(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, uint32_t crc,
+                               void *userdata);
 void feature_cache_set_loader(FeatureCache *c, feature_load_fn fn, void *userdata);
 /* The data of a loading feature is in place (error 0: READY) or could not be read
  * (error < 0, e.g. -EBADMSG for a truncated file: FAILED with that error). Notifies. */

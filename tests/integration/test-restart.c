@@ -2555,6 +2555,82 @@ START_TEST(test_refused_region_reply_reserves_nothing) {
 }
 END_TEST
 
+/* The worker's Stats value of key (its org.epd1.Worker.Stats). */
+static uint64_t worker_stat(epd_client *c, const char *key) {
+        sd_bus *bus;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        const char *k;
+        uint64_t v, found = UINT64_MAX;
+        ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
+        ck_assert_int_ge(sd_bus_get_property(bus, NULL, epd_worker_path(c), "org.epd1.Worker", "Stats", &e, &reply,
+                                             "a{st}"),
+                         0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "{st}"), 0);
+        while (sd_bus_message_read(reply, "{st}", &k, &v) > 0)
+                if (strcmp(k, key) == 0)
+                        found = v;
+        sd_bus_flush_close_unref(bus);
+        ck_assert_msg(found != UINT64_MAX, "no worker stat %s", key);
+        return found;
+}
+
+/* A feature whose stored copy is damaged: the read back fails, the Acquire is refused,
+ * and it counts as no hit, for the cache and for the worker (nor as encoder time
+ * saved): before, both counted a hit when the read started. */
+START_TEST(test_failed_read_back_is_no_hit) {
+        char store[300], line[400];
+        ck_assert_int_eq(harness_init(&h, "[Features]\nCacheSize=64K\n"), 0);
+        snprintf(store, sizeof store, "%s/store", h.dir);
+        ck_assert_int_eq(mkdir(store, 0700), 0);
+        snprintf(line, sizeof line, "StoreDirectory=%s\n", store);
+        FILE *f = fopen(h.config, "ae");
+        ck_assert_ptr_nonnull(f);
+        fputs(line, f);
+        fclose(f);
+        open_notify();
+        start_epdd(true);
+        uint8_t *host0, *feat0;
+        epd_client *c = kv_worker(&host0, &feat0);
+        epd_feature_tensor t = { .name = "pixels", .dtype = "u8", .rank = 1, .shape = { 48 * 1024 } };
+        epd_feature *a = NULL, *b = NULL;
+        ck_assert_int_eq(epd_feature_reserve(c, "image:B", 48 * 1024, &t, 1, NULL, &b), 0);
+        memset(b->data, 0xbb, 48 * 1024);
+        ck_assert_int_eq(epd_feature_publish(c, b, 1000), 0);
+        ck_assert_int_eq(epd_feature_release(c, b), 0);
+        ck_assert_int_eq(epd_feature_reserve(c, "image:A", 48 * 1024, &t, 1, NULL, &a), 0);
+        ck_assert_int_eq(epd_feature_publish(c, a, 1), 0);
+        ck_assert_int_eq(epd_feature_release(c, a), 0);
+        for (unsigned i = 0; store_files(store, false) < 1; i++) {
+                ck_assert_msg(i < 1000, "B was never spilled");
+                usleep(10000);
+        }
+        /* Damage B's stored bytes (its size kept: the read back finds it). */
+        DIR *d = opendir(store);
+        ck_assert_ptr_nonnull(d);
+        for (struct dirent *de; (de = readdir(d));)
+                if (strncmp(de->d_name, "f-", 2) == 0) {
+                        int fd = openat(dirfd(d), de->d_name, O_WRONLY | O_CLOEXEC);
+                        ck_assert_int_ge(fd, 0);
+                        struct stat st;
+                        ck_assert_int_eq(fstat(fd, &st), 0);
+                        uint8_t junk[4096];
+                        memset(junk, 0x11, sizeof junk);
+                        ck_assert_int_eq(pwrite(fd, junk, sizeof junk, st.st_size / 2), (ssize_t)sizeof junk);
+                        close(fd);
+                }
+        closedir(d);
+        uint64_t hits = feature_stat("Hits"), saved = feature_stat("EncoderTimeSavedUSec");
+        ck_assert_int_lt(epd_feature_acquire(c, "image:B", false, &b), 0);
+        ck_assert_uint_eq(feature_stat("Hits"), hits);
+        ck_assert_uint_eq(feature_stat("EncoderTimeSavedUSec"), saved);
+        ck_assert_uint_eq(worker_stat(c, "feature_hits"), 0);
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        close_notify();
+}
+END_TEST
+
 /* The copy-on-write rounds' tests: one arena of KV pages, a journal that syncs in batches. */
 static void cow_rounds_init(void) {
         ck_assert_int_eq(harness_init(&h, NULL), 0);
@@ -2808,6 +2884,7 @@ int main(void) {
         (void)test_page_size_set_again_after_memory_lost;
         (void)test_unattached_workflow_released_at_grace;
         (void)test_refused_region_reply_reserves_nothing;
+        (void)test_failed_read_back_is_no_hit;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2826,6 +2903,7 @@ int main(void) {
         (void)test_page_size_set_again_after_memory_lost;
         (void)test_unattached_workflow_released_at_grace;
         (void)test_refused_region_reply_reserves_nothing;
+        (void)test_failed_read_back_is_no_hit;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2846,6 +2924,7 @@ int main(void) {
         (void)test_page_size_set_again_after_memory_lost;
         (void)test_unattached_workflow_released_at_grace;
         (void)test_refused_region_reply_reserves_nothing;
+        (void)test_failed_read_back_is_no_hit;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -2859,6 +2938,7 @@ int main(void) {
         tcase_add_test(tc, test_page_size_set_again_after_memory_lost);
         tcase_add_test(tc, test_unattached_workflow_released_at_grace);
         tcase_add_test(tc, test_refused_region_reply_reserves_nothing);
+        tcase_add_test(tc, test_failed_read_back_is_no_hit);
         tcase_add_test(tc, test_cow_rounds_free_pages);
         tcase_add_test(tc, test_cow_rounds_sharers_go_later);
         tcase_add_test(tc, test_fresh_arena_then_failed_start);

@@ -801,14 +801,16 @@ static struct {
         int fd;
         void *dst;
         uint64_t size;
+        uint32_t crc;
         unsigned n;
 } job = { .fd = -EBADF };
 
-static int test_loader(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, void *userdata) {
+static int test_loader(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, uint32_t crc, void *userdata) {
         job.f = f;
         job.fd = fd;
         job.dst = dst;
         job.size = size;
+        job.crc = crc;
         job.n++;
         return 0;
 }
@@ -845,7 +847,7 @@ START_TEST(test_async_load) {
         ck_assert_int_eq(feature_prefetch(c, "k1", 0, &pr), 0);
         ck_assert_int_eq(pr, FEATURE_PREFETCH_PENDING);
         /* the thread's part */
-        FeatureStoreEntry e = { .fd = job.fd, .size = job.size };
+        FeatureStoreEntry e = { .fd = job.fd, .size = job.size, .crc = job.crc };
         ck_assert_int_eq(feature_store_entry_read(&e, job.dst), 0);
         job.fd = safe_close(job.fd);
         feature_load_done(job.f, 0);
@@ -893,7 +895,7 @@ START_TEST(test_async_load) {
         save(st, "k4", CHUNK, 4);
         ck_assert_int_eq(feature_acquire(c, "k4", false, 0, &a, &res), 0);
         ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
-        FeatureStoreEntry e4 = { .fd = job.fd, .size = job.size };
+        FeatureStoreEntry e4 = { .fd = job.fd, .size = job.size, .crc = job.crc };
         ck_assert_int_eq(feature_store_entry_read(&e4, job.dst), 0);
         job.fd = safe_close(job.fd);
         release_in_callback = a;
