@@ -640,7 +640,12 @@ static int decide(Scheduler *s, TaskType t, SchedVerdict v, SchedReason reason, 
                 p->m.deferred++;
         else {
                 p->m.rejected++;
-                rate_tick(&p->arrivals, now, s->config.rate_window);
+                /* Load on the pool, counted in its rho: not a request no worker could
+                 * ever serve (no worker of a stage, a deadline nothing meets): a client
+                 * sending those would otherwise turn everyone's retryable Defers into
+                 * overloaded Rejects. */
+                if (reason != SCHED_REASON_DEADLINE_INFEASIBLE && reason != SCHED_REASON_NO_WORKERS)
+                        rate_tick(&p->arrivals, now, s->config.rate_window);
         }
         return 0;
 }

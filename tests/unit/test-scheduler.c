@@ -52,6 +52,36 @@ START_TEST(test_names_config) {
 }
 END_TEST
 
+START_TEST(test_refused_spam_is_no_load) {
+        /* Admits that no worker could ever serve (a deadline nothing meets) are refused,
+         * and are no load on the pool: they do not raise its rho and so do not turn
+         * another client's retryable Defer into an overloaded Reject. */
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        usec_t now = 1000 * SEC;
+        char id[32];
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p", SCHED_STAGE_PREFILL, 2, 4, 0);
+        add(s, "d", SCHED_STAGE_DECODE, 2, 4, 1000);
+        for (int i = 0; i < 500; i++) {
+                snprintf(id, sizeof id, "x%d", i);
+                ck_assert_int_eq(sched_admit(s, id, TASK_INTERACTIVE, now + 1, NULL, now, &d), 0);
+                ck_assert_int_eq(d.verdict, SCHED_REJECT);
+                ck_assert_int_eq(d.reason, SCHED_REASON_DEADLINE_INFEASIBLE);
+        }
+        int i = 0;
+        do {
+                snprintf(id, sizeof id, "r%d", i++);
+                ck_assert_int_eq(sched_admit(s, id, TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+        } while (d.verdict == SCHED_ADMIT && i < 100);
+        ck_assert_msg(d.verdict == SCHED_DEFER, "after %d admitted: %s (%s)", i - 1,
+                      d.verdict == SCHED_REJECT ? "reject" : "admit", sched_reason_to_string(d.reason));
+        ck_assert_int_eq(d.reason, SCHED_REASON_BUSY);
+        sched_free(s);
+}
+END_TEST
+
 START_TEST(test_basic_flow) {
         SchedConfig c = test_config();
         Scheduler *s;
@@ -809,6 +839,7 @@ int main(void) {
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_names_config);
         tcase_add_test(tc, test_basic_flow);
+        tcase_add_test(tc, test_refused_spam_is_no_load);
         tcase_add_test(tc, test_estimates_recover_and_saturate);
         tcase_add_test(tc, test_pages_reserved_until_prefill_done);
         tcase_add_test(tc, test_watermark_retry_without_completions);
