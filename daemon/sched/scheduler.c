@@ -568,9 +568,11 @@ static void eval_stage(Scheduler *s, SchedStage st, TaskType t, int prio, const 
                         wait = max_low + sum / w->slots;
 
                 /* We would delay lower-priority work that is admitted here: it must still
-                 * meet its deadline. */
+                 * meet its deadline (one past it already is not protected: nothing keeps
+                 * it on time any more, and it would shut the higher pools out until it
+                 * expires). */
                 LIST_FOREACH(queue, ref, w->queue)
-                        if (ref->req->priority < prio &&
+                        if (ref->req->priority < prio && ref->req->deadline > now &&
                             ref->req->predicted_end + svc / w->slots > ref->req->deadline) {
                                 ok = false;
                                 break;

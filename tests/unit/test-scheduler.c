@@ -52,6 +52,29 @@ START_TEST(test_names_config) {
 }
 END_TEST
 
+START_TEST(test_late_request_not_protected) {
+        /* A thinking request admitted with no slack protects its workers from higher
+         * pools while it can still make its deadline; once past it, it does not (it
+         * kept every interactive Admit out until it expired, a minute later). */
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d, t;
+        usec_t now = 1000 * SEC;
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p", SCHED_STAGE_PREFILL, 2, 0, 0);
+        add(s, "d", SCHED_STAGE_DECODE, 4, 0, 1000);
+        /* The tightest deadline it is admitted with: its predicted end is its deadline. */
+        usec_t dl = now + 300 * SEC / 1000 + 15 * SEC;
+        ck_assert_int_eq(sched_admit(s, "t", TASK_THINKING, dl, NULL, now, &t), 0);
+        ck_assert_int_eq(t.verdict, SCHED_ADMIT);
+        ck_assert_int_eq(sched_admit(s, "i0", TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+        ck_assert_int_ne(d.verdict, SCHED_ADMIT); /* it would make t late */
+        ck_assert_int_eq(sched_admit(s, "i1", TASK_INTERACTIVE, 0, NULL, dl + SEC, &d), 0);
+        ck_assert_msg(d.verdict == SCHED_ADMIT, "past t's deadline: %s", sched_reason_to_string(d.reason));
+        sched_free(s);
+}
+END_TEST
+
 START_TEST(test_refused_spam_is_no_load) {
         /* Admits that no worker could ever serve (a deadline nothing meets) are refused,
          * and are no load on the pool: they do not raise its rho and so do not turn
@@ -840,6 +863,7 @@ int main(void) {
         tcase_add_test(tc, test_names_config);
         tcase_add_test(tc, test_basic_flow);
         tcase_add_test(tc, test_refused_spam_is_no_load);
+        tcase_add_test(tc, test_late_request_not_protected);
         tcase_add_test(tc, test_estimates_recover_and_saturate);
         tcase_add_test(tc, test_pages_reserved_until_prefill_done);
         tcase_add_test(tc, test_watermark_retry_without_completions);
