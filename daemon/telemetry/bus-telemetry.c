@@ -182,11 +182,12 @@ typedef struct TrackedSocket {
         Manager *manager;
         int fd;
         uint64_t cookie;
+        bool tracked; /* telemetry_track_client() took it: only then is it ours to untrack */
 } TrackedSocket;
 
 static void tracked_socket_release(ClientObject *o) {
         TrackedSocket *t = container_of(o, TrackedSocket, object);
-        if (t->manager->telemetry)
+        if (t->tracked && t->manager->telemetry)
                 (void)telemetry_untrack(t->manager->telemetry, t->fd);
         client_object_unlink(o);
         safe_close(t->fd);
@@ -247,7 +248,8 @@ static int method_track_socket(sd_bus_message *msg, void *userdata, sd_bus_error
                         return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many objects for this client");
                 return r;
         }
-        r = telemetry_track(m->telemetry, t->fd, peer);
+        r = telemetry_track_client(m->telemetry, t->fd, peer);
+        t->tracked = r >= 0;
         if (r < 0) {
                 tracked_socket_release(&t->object);
                 if (r == -EEXIST)

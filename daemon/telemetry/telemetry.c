@@ -18,6 +18,7 @@ typedef struct TelemetryConn {
         uint64_t cookie;
         TelemetryPeer *peer;
         bool closed;               /* the kernel reported it closing */
+        bool client;               /* a client's (TrackSocket), not the daemon's own */
         TelemetryPeerTotals last;  /* its counters as last read from the kernel */
 } TelemetryConn;
 
@@ -477,7 +478,7 @@ static int socket_cookie(int fd, uint64_t *ret) {
         return 0;
 }
 
-int telemetry_track(Telemetry *t, int fd, const char *peer) {
+static int track(Telemetry *t, int fd, const char *peer, bool client) {
         TelemetryPeer *p;
         uint64_t cookie;
         int r;
@@ -510,6 +511,7 @@ int telemetry_track(Telemetry *t, int fd, const char *peer) {
                 return -ENOMEM;
         c->cookie = cookie;
         c->peer = p;
+        c->client = client;
         r = hashmap_put(t->conns, &c->cookie, c);
         if (r < 0) {
                 free(c);
@@ -529,6 +531,14 @@ int telemetry_track(Telemetry *t, int fd, const char *peer) {
                         log_warning_errno(r, "Cannot track the connection to %s in the kernel: %m", peer);
         }
         return 0;
+}
+
+int telemetry_track(Telemetry *t, int fd, const char *peer) {
+        return track(t, fd, peer, false);
+}
+
+int telemetry_track_client(Telemetry *t, int fd, const char *peer) {
+        return track(t, fd, peer, true);
 }
 
 int telemetry_untrack(Telemetry *t, int fd) {
@@ -565,8 +575,11 @@ int telemetry_untrack_all(Telemetry *t, const char *peer) {
         int r = peer_get(t, peer, false, &p);
         if (r < 0)
                 return r;
-        while (p->n_conns > 0) {
-                TelemetryConn *c = p->conns[--p->n_conns];
+        for (unsigned i = p->n_conns; i-- > 0;) {
+                TelemetryConn *c = p->conns[i];
+                if (c->client)
+                        continue;
+                p->conns[i] = p->conns[--p->n_conns];
                 hashmap_remove(t->conns, &c->cookie);
                 conn_retire(p, c);
                 if (t->bpf)

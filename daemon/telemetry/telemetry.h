@@ -84,8 +84,14 @@ int telemetry_reconfigure(Telemetry *t, const TelemetryConfig *config);
 int telemetry_add_backpressure_handler(Telemetry *t, TelemetryBackpressureFn fn, void *userdata);
 void telemetry_remove_backpressure_handler(Telemetry *t, TelemetryBackpressureFn fn, void *userdata);
 
+/* Tracks a connection of the daemon's own (the peer subsystem's) to peer: -EEXIST when
+ * the socket is tracked already. */
 int telemetry_track(Telemetry *t, int fd, const char *peer);
+/* The same for a client's connection (TrackSocket): it stays tracked until untracked,
+ * whatever happens to the daemon's own connections to the peer. */
+int telemetry_track_client(Telemetry *t, int fd, const char *peer);
 int telemetry_untrack(Telemetry *t, int fd);
+/* Untracks the daemon's own connections to peer (it went down); clients' stay. */
 int telemetry_untrack_all(Telemetry *t, const char *peer);
 /* The daemon's own load towards a peer, folded into its backpressure. */
 int telemetry_set_peer_load(Telemetry *t, const char *peer, unsigned handoffs_in_flight,

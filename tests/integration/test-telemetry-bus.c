@@ -4,6 +4,7 @@
  * is tracked until UntrackSocket, or until its client disconnects. Kernel telemetry
  * may or may not load here (root, BTF): both are valid, the bus API is the same. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -73,6 +74,19 @@ static uint64_t peer_value(sd_bus *bus, const char *peer, const char *key) {
         }
         sd_bus_message_unref(reply);
         return found;
+}
+
+/* How many fds the daemon holds. */
+static unsigned daemon_fds(void) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/fd", (int)h.epdd_pid);
+        DIR *d = opendir(path);
+        ck_assert_ptr_nonnull(d);
+        unsigned n = 0;
+        for (struct dirent *e; (e = readdir(d));)
+                n += e->d_name[0] != '.';
+        closedir(d);
+        return n;
 }
 
 static void tcp_pair(int *a, int *b) {
@@ -216,6 +230,16 @@ START_TEST(test_calls_and_errors) {
         ck_assert_uint_eq(stat_value(bus, "tracked_connections"), 1);
         ck_assert_int_lt(epd_telemetry_track_socket(c, a, "peerX"), 0);
         ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Exists");
+        /* The refused second call leaves the first registration as it was, and keeps
+         * nothing of its own: refusals repeated do not pile up duplicate fds. */
+        ck_assert_uint_eq(stat_value(bus, "tracked_connections"), 1);
+        unsigned fds_before = daemon_fds();
+        for (int k = 0; k < 64; k++) {
+                ck_assert_int_lt(epd_telemetry_track_socket(c, a, "peerX"), 0);
+                ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Exists");
+        }
+        ck_assert_uint_eq(stat_value(bus, "tracked_connections"), 1);
+        ck_assert_uint_le(daemon_fds(), fds_before + 2);
         /* Another client cannot untrack it. */
         epd_client *other;
         ck_assert_int_eq(epd_connect(address, &other), 0);
