@@ -31,6 +31,7 @@ typedef struct Buffer {
         void *userdata;
         int error;
         bool got_data;
+        CURL *curl; /* set by setup(): a stream's lines go to fn only from a 200 answer */
 } Buffer;
 
 int etcd_global_init(void) {
@@ -115,6 +116,10 @@ static size_t write_cb(char *p, size_t size, size_t nmemb, void *userdata) {
                 return 0; /* aborts the transfer */
         if (!b->fn)
                 return n;
+        long status = 0;
+        curl_easy_getinfo(b->curl, CURLINFO_RESPONSE_CODE, &status);
+        if (status != 200)
+                return n; /* an error's body: kept for the message, not a stream's event */
         /* Streaming: hand out every complete line. */
         for (;;) {
                 char *nl = memchr(b->data, '\n', b->len);
@@ -182,6 +187,7 @@ static void setup(EtcdClient *c, const char *url, const char *body, Buffer *b, l
         CURL *h = c->curl;
 
         curl_easy_reset(h);
+        b->curl = h;
         curl_easy_setopt(h, CURLOPT_URL, url);
         curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
         curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
@@ -207,7 +213,10 @@ static void setup(EtcdClient *c, const char *url, const char *body, Buffer *b, l
                 curl_easy_setopt(h, CURLOPT_SSLKEY, c->tls.key_file);
 }
 
-/* One request, trying each endpoint once starting with the current one. */
+/* One request, trying each endpoint once starting with the current one: the next is
+ * tried when one cannot be reached or answers 5xx or 429; the first that answers
+ * otherwise becomes the current one. After all failed, err tells an answer's status
+ * (-EIO) over an endpoint that could not be reached. */
 static int perform(EtcdClient *c, const char *path, const char *body, long timeout_ms, Buffer *b, char *err,
                    size_t err_size) {
         struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
@@ -252,6 +261,16 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                         r = -ECANCELED;
                         break;
                 }
+                if (status >= 500 || status == 429) {
+                        /* It answered, but cannot serve (no leader, a learner, a gateway
+                         * that cannot reach its own member, overloaded): another
+                         * endpoint may. */
+                        if (err && err_size)
+                                snprintf(err, err_size, "%s: HTTP %ld: %.200s", c->endpoints[i], status,
+                                         b->data ?: "");
+                        r = -EIO;
+                        continue;
+                }
                 if (status != 0) {
                         /* It answered: this endpoint is the one to keep using. */
                         c->current = i;
@@ -268,7 +287,7 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                                 r = b->fn ? -ECONNRESET : 0; /* a stream that ended */
                         break;
                 }
-                if (err && err_size)
+                if (r != -EIO && err && err_size)
                         snprintf(err, err_size, "%s: %s", c->endpoints[i], curl_easy_strerror(cc));
         }
         curl_slist_free_all(headers);

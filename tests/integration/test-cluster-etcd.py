@@ -155,6 +155,45 @@ class Etcd:
                 self.proc.wait()
 
 
+UNAVAILABLE_SERVER = r"""
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b'{"error":"etcdserver: no leader","code":14,"message":"etcdserver: no leader"}'
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        with open(sys.argv[2], "a") as f:
+            f.write(self.path + "\n")
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer((sys.argv[1], int(sys.argv[3])), H).serve_forever()
+"""
+
+
+class Unavailable:
+    """An etcd endpoint that answers every call with 503 (a member without a leader, a
+    learner, a gateway that cannot reach its member), in the bridge's namespace."""
+
+    def __init__(self, cl):
+        self.log = os.path.join(cl.tmp, "unavailable.calls")
+        port = cl.etcd.port + 2
+        self.url = f"http://{cl.etcd.ip}:{port}"
+        self.proc = subprocess.Popen(["ip", "netns", "exec", cl.net.bridge, sys.executable, "-c",
+                                      UNAVAILABLE_SERVER, cl.etcd.ip, self.log, str(port)])
+        cl.clients.append(self.proc)
+        probe = f"import socket; socket.create_connection(({cl.etcd.ip!r}, {port}), 1).close()"
+        wait_until(lambda: subprocess.run(["ip", "netns", "exec", cl.net.bridge, sys.executable, "-c", probe],
+                                          stderr=subprocess.DEVNULL).returncode == 0, 10, "the 503 endpoint up")
+
+    def calls(self):
+        with open(self.log) as f:
+            return [line.strip() for line in f if line.strip()]
+
+
 class EtcdCluster:
     def __init__(self, build, tmp, n, tls=False):
         self.build, self.tmp, self.n = os.path.abspath(build), tmp, n
@@ -369,6 +408,10 @@ def check_views(cl, i):
 def test_eight(cl):
     n = cl.n
     cl.etcd.start()
+    # The last host lists first an endpoint that answers 503 to everything: it goes on
+    # to the next one instead of staying with the one that answered.
+    bad = Unavailable(cl)
+    cl.extra[n - 1] = f"Etcd={bad.url} {cl.etcd.url}\n"
     took, total = start_all(cl, range(n))
     print(f"8 hosts: every member sees every other (etcd and sessions) {took:.2f}s after the last start, "
           f"{total:.2f}s after the first")
@@ -376,6 +419,10 @@ def test_eight(cl):
     c0 = cl.cluster(0)
     assert c0["source"] == "etcd" and c0["etcd_state"] == "up" and c0["members_alive"] == n - 1, c0
     assert sorted(cl.etcd.keys()) == sorted(f"/epd/members/{h}" for h in cl.names), cl.etcd.keys()
+    c7 = cl.cluster(n - 1)
+    assert c7["etcd_state"] == "up" and c7["etcd_reason"].startswith(f"registered at {cl.etcd.url}"), c7
+    assert bad.calls(), "the 503 endpoint was never asked"
+    print(f"{cl.names[n - 1]}: past an endpoint answering 503 ({len(bad.calls())} calls): {c7['etcd_reason']}")
     # Shares of the hash space: every live member owns some, and they add up.
     shares = [m["share_permille"] for m in c0["members"]]
     assert all(s > 0 for s in shares) and abs(sum(shares) - 1000) <= 1, shares
