@@ -68,9 +68,15 @@ static int parse_argv(int argc, char *argv[]) {
                         }
                         arg_socket = optarg;
                         break;
-                case ARG_HOST_ID:
+                case ARG_HOST_ID: {
+                        const char *why = config_host_id_problem(optarg);
+                        if (why) {
+                                log_error("--host-id=%s: %s.", optarg, why);
+                                return -EINVAL;
+                        }
                         arg_host_id = optarg;
                         break;
+                }
                 case ARG_STATE:
                         if (optarg[0] != '/') {
                                 log_error("--state-directory= needs an absolute path.");

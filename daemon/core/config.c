@@ -46,6 +46,10 @@ _printf_(2, 3) static void perr(ParseState *s, const char *fmt, ...) {
         int n = snprintf(line, sizeof line, "%s:%u: %s\n", s->file, s->line, msg);
         if (n < 0)
                 return;
+        if ((size_t)n >= sizeof line) { /* cut short, still one line */
+                n = (int)sizeof line - 1;
+                line[n - 1] = '\n';
+        }
         char *e = realloc(s->errors, s->errors_len + (size_t)n + 1);
         if (!e)
                 return;
@@ -92,18 +96,22 @@ static int p_path(ParseState *s, const char *key, const char *value, void *dst) 
         return p_string(s, key, value, dst);
 }
 
-static int p_host_id(ParseState *s, const char *key, const char *value, void *dst) {
+const char *config_host_id_problem(const char *value) {
         size_t n = strlen(value);
-        if (n == 0 || n > 63) {
-                perr(s, "%s=%s: expected 1 to 63 characters", key, value);
+        if (n == 0 || n > 63)
+                return "expected 1 to 63 characters";
+        for (size_t i = 0; i < n; i++)
+                if (!isalnum((unsigned char)value[i]) && !strchr("-_.", value[i]))
+                        return "only letters, digits, '-', '_' and '.' are allowed";
+        return NULL;
+}
+
+static int p_host_id(ParseState *s, const char *key, const char *value, void *dst) {
+        const char *why = config_host_id_problem(value);
+        if (why) {
+                perr(s, "%s=%s: %s", key, value, why);
                 return -EINVAL;
         }
-        for (size_t i = 0; i < n; i++)
-                if (!isalnum((unsigned char)value[i]) && !strchr("-_.", value[i])) {
-                        perr(s, "%s=%s: only letters, digits, '-', '_' and '.' are allowed", key,
-                             value);
-                        return -EINVAL;
-                }
         return set_string(dst, value);
 }
 
@@ -825,6 +833,9 @@ static void check_complete(ParseState *s) {
                 perr(s, "[Cluster] HeartbeatInterval= must be at least 100ms");
         if (c->max_request_bytes == 0)
                 perr(s, "[Limits] MaxRequestSize= must be at least 1 byte (0 would refuse every sized request)");
+        if (c->wal_compact_bytes < 4096)
+                perr(s, "[Wal] CompactSize= must be at least 4K (a log as small as its own header would be "
+                        "compacted again and again, whatever was written)");
         if (c->attach_grace_usec < USEC_PER_SEC)
                 perr(s, "[Limits] AttachGrace= must be at least 1s (restored objects need time to be attached)");
         if (c->peer_streams > 16)

@@ -96,6 +96,8 @@ typedef struct Config {
 
 /* Fills in the embedded defaults (what runs with no config file at all). */
 int config_defaults(Config *c);
+/* Why value is no host id (1-63 of letters, digits, '-', '_', '.'), or NULL. */
+const char *config_host_id_problem(const char *value);
 /* Parses a whole file (or a string, for tests) over the defaults. On error, *errors
  * receives a newline-separated list of "file:line: message" and nothing is applied. */
 int config_parse_file(Config *c, const char *path, char **errors);

@@ -850,6 +850,12 @@ static unsigned reload_restart_notices(Manager *m, const Config *n) {
                 { !etcd_same, "[Cluster] Etcd=, EtcdPrefix=, EtcdLeaseTTL=, MaxMembers= or the etcd TLS files" },
                 { n->gpu_copy_kernel != c->gpu_copy_kernel, "[Gpu] CopyKernel=" },
                 { n->feature_store_max_bytes != c->feature_store_max_bytes, "[Features] StoreMaxSize=" },
+                { !str_same(n->feature_store_dir, c->feature_store_dir), "[Features] StoreDirectory=" },
+                { !str_same(n->metrics_listen, c->metrics_listen), "[Metrics] Listen=" },
+                { n->attach_grace_usec != c->attach_grace_usec, "[Limits] AttachGrace=" },
+                { n->telemetry.trace_requests != c->telemetry.trace_requests ||
+                          n->telemetry.trace_events != c->telemetry.trace_events,
+                  "[Telemetry] TraceRequests= or TraceEvents=" },
                 { !str_same(n->bus_address, c->bus_address) || n->system_bus != c->system_bus,
                   "BusAddress= or SystemBus=" },
         };
@@ -918,6 +924,9 @@ int manager_reload(Manager *m) {
         m->config.heartbeat_usec = n.heartbeat_usec;
         m->config.handoff_timeout_usec = n.handoff_timeout_usec;
         m->config.feature_cache_bytes = n.feature_cache_bytes;
+        /* Read by the handoff window and the scheduler's path pressure, not only by
+         * telemetry (whose reload took its own copy above). */
+        m->config.telemetry.backpressure = n.telemetry.backpressure;
         config_done(&n);
         log_info("Configuration reloaded from %s%s.", m->config_path,
                  pending ? "; some changes take effect at the next restart (said above)" : "");

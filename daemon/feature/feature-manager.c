@@ -294,10 +294,6 @@ static void feature_done(Manager *m) {
 }
 
 static int feature_reload(Manager *m, const Config *n) {
-        if ((n->feature_store_dir || m->config.feature_store_dir) &&
-            (!n->feature_store_dir || !m->config.feature_store_dir ||
-             strcmp(n->feature_store_dir, m->config.feature_store_dir) != 0))
-                log_notice("[Features] StoreDirectory= changes take effect at the next start.");
         if (n->feature_cache_bytes != feature_cache_budget(m->features)) {
                 feature_cache_set_budget(m->features, n->feature_cache_bytes);
                 manager_emit_changed(m, FEATURE_PATH, FEATURE_IFACE, "CacheBytes");

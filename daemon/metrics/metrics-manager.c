@@ -60,17 +60,9 @@ static void metrics_done(Manager *m) {
         m->metrics = NULL;
 }
 
-static int metrics_reload(Manager *m, const Config *n) {
-        const char *a = m->config.metrics_listen, *b = n->metrics_listen;
-        if ((a || b) && (!a || !b || strcmp(a, b) != 0))
-                log_notice("[Metrics] Listen= changed: it takes effect at the next restart.");
-        return 0;
-}
-
 const Subsystem metrics_subsystem = {
         .name = "metrics",
         .init = metrics_init,
         .done = metrics_done,
         .add_bus = bus_metrics_add,
-        .reload = metrics_reload,
 };

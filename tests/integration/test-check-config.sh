@@ -97,6 +97,24 @@ printf '[Arena:kv]\nSize=4K\n' > "$W/arena-small.conf"
 check_refused arena-small "Arena 'kv': Size=4096 is out of range"
 printf '[Daemon]\nSocketGroup=epd-no-such-group\n' > "$W/group.conf"
 check_refused group "[Daemon] SocketGroup=epd-no-such-group: no such group."
+printf '[Wal]\nCompactSize=0\n' > "$W/compact-zero.conf"
+check_refused compact-zero "[Wal] CompactSize= must be at least 4K"
+# A name too long for one line of the report: cut to the line, and the next error
+# still shows (the report used to copy past the end of its line buffer).
+long=$(printf 'x%.0s' $(seq 1 600))
+longdir=$(printf 'd%.0s' $(seq 1 200))
+mkdir -p "$W/$longdir"
+printf '[Daemon]\nHostId=%s\n[Nope]\n' "$long" > "$W/$longdir/long.conf"
+check_refused "$longdir/long" "long.conf:3: unknown section [Nope]"
+# --host-id= is checked like HostId=.
+rm -rf "$W/run" "$W/state"
+if "$EPDD" --check-config --host-id='bad id' "${ARGS[@]}" >/dev/null 2>"$W/host-id.err"; then
+        bad "--host-id='bad id' passed --check-config"
+elif ! grep -qF -- "--host-id=bad id: only letters, digits" "$W/host-id.err"; then
+        cat "$W/host-id.err"; bad "--host-id='bad id': no reason given"
+else
+        ok "--host-id='bad id' refused: $(head -c 160 "$W/host-id.err")"
+fi
 
 # A configuration start-up takes passes, and --check-config still creates nothing.
 { cluster "$W/key-good"; printf '[Peer:b]\nAddress=127.0.0.2:7199\nHostId=node-b\n'; } > "$W/good.conf"
@@ -148,14 +166,19 @@ done
 ok "reload: what needs a restart is said (the key, the socket's group); the command line still wins"
 # Settings read once at start (an arena's page kind, the transport policy, etcd) are
 # named too, never silently ignored.
-{ printf '[Daemon]\nHostId=node-a\nSocketGroup=root\n[Limits]\nMaxRequestsPerClient=7\n'
+{ printf '[Daemon]\nHostId=node-a\nSocketGroup=root\n[Limits]\nMaxRequestsPerClient=7\nAttachGrace=60s\n'
+  printf '[Telemetry]\nTraceEvents=8\n[Features]\nStoreDirectory=%s\n' "$W/features"
   printf '[Arena:kv]\nSize=16M\nHugePages=try\n[Cluster]\nClusterKeyFile=%s\nTransport=tcp\n' "$W/key-good2"; } > "$W/reload.conf"
 kill -HUP $PID
 for _ in $(seq 1 200); do [ "$(grep -cF "Configuration reloaded" "$W/reload.err")" -ge 2 ] && break; sleep 0.05; done
 for what in "Arena configuration changed: it takes effect at the next restart." \
-            "[Cluster] Transport= changed: it takes effect at the next restart."; do
+            "[Cluster] Transport= changed: it takes effect at the next restart." \
+            "[Limits] AttachGrace= changed: it takes effect at the next restart." \
+            "[Telemetry] TraceRequests= or TraceEvents= changed: it takes effect at the next restart." \
+            "[Features] StoreDirectory= changed: it takes effect at the next restart." \
+            "Configuration reloaded from $W/reload.conf; some changes take effect at the next restart"; do
         grep -qF -- "$what" "$W/reload.err" || { cat "$W/reload.err"; fail "a reload does not say: $what"; }
 done
-ok "reload: an arena's HugePages= and the Transport= policy are named as needing a restart"
+ok "reload: an arena's HugePages=, the Transport= policy, AttachGrace=, the trace bounds and StoreDirectory= are named as needing a restart"
 kill -TERM $PID
 wait $PID || fail "epdd exited with $? after the reloads"

@@ -9,8 +9,10 @@ and --help/--version/bad options behave."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -87,6 +89,29 @@ class TwoDaemons(unittest.TestCase):
             self.assertGreater(s["backpressure_retries"], 0)
             deferred = pair.alpha.epdctl("handoffs", json_out=True)["counters"]["deferred"]
             self.assertEqual(deferred, s["backpressure_retries"])
+        finally:
+            pair.close()
+
+    def test_window_reloaded(self):
+        # The handoff window follows a reload (SIGHUP): started with the default
+        # window (128), alpha is told WindowHandoffs=1, and concurrent Prepares to
+        # bravo are then refused with Backpressure (it was only telemetry's copy of
+        # [Backpressure] that a reload used to change).
+        pair = Pair("[Backpressure]\nInterval=50ms\n")
+        try:
+            a = pair.alpha
+            with open(a.conf, "a") as f:
+                f.write("WindowHandoffs=1\n")
+            a.proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while "Configuration reloaded" not in a.log_text():
+                self.assertLess(time.monotonic(), deadline, a.log_text()[-1500:])
+                time.sleep(0.05)
+            s = json.loads(demo(f"--address={a.address}", f"--decode-address={pair.bravo.address}",
+                                "--requests=8", "--concurrency=4", "--json").stdout)
+            self.assertTrue(s["ok"], s)
+            self.assertEqual((s["completed"], s["remote"]), (8, 8))
+            self.assertGreater(s["backpressure_retries"], 0)
         finally:
             pair.close()
 
