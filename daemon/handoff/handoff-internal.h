@@ -209,6 +209,8 @@ int handoff_post_group_staged(HandoffObject *o, uint32_t g);
 void handoff_stage_landed(HandoffObject *o, uint32_t g, int error);
 int handoff_staging_acquire(HandoffManager *hm, uint64_t size, HandoffStaging **ret);
 void handoff_staging_free(HandoffManager *hm, HandoffStaging *st);
+void handoff_staging_put(HandoffObject *o);
+void handoff_staging_count(const HandoffManager *hm, uint64_t *ret_buffers, uint64_t *ret_busy);
 
 /* handoff-window.c: the per-peer backpressure window */
 void handoff_on_backpressure(Telemetry *t, const char *peer, BackpressureLevel level,

@@ -166,8 +166,7 @@ void handoff_obj_free(HandoffObject *o) {
                 w->done(w, NULL, -EIO, "Handoff ended.");
         }
         sd_event_source_disable_unref(o->timer);
-        if (o->staging)
-                o->staging->busy = false; /* no write of it is in flight (handoff_can_free) */
+        handoff_staging_put(o); /* no write of it is in flight (handoff_can_free) */
         for (uint32_t g = 0; o->net_writes && g < o->h->n_groups; g++)
                 free(o->net_writes[g]);
         free(o->net_writes);
@@ -440,9 +439,10 @@ void handoff_after_event(HandoffObject *o) {
         /* Out of the peer's window once every byte is across (or it ended). */
         if (o->windowed && (handoff_is_ended(h) || h->state >= HANDOFF_TRANSFERRED))
                 handoff_window_leave(o);
-        if (o->holds_pages && h->inflight == 0 &&
-            (handoff_is_ended(h) || h->state == HANDOFF_COMMITTED))
+        if (h->inflight == 0 && (handoff_is_ended(h) || h->state == HANDOFF_COMMITTED)) {
                 handoff_obj_drop_pages(o);
+                handoff_staging_put(o);
+        }
         if (--o->in_event > 0)
                 return;
         /* Prepared with release_on_commit: committed (its owner told above), so
@@ -518,6 +518,11 @@ size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t
         PUT("journal-waits", c->journal_waits);
         PUT("live", hashmap_size(hm->by_handle));
         PUT("writes-in-flight", hashmap_size(hm->writes) + hashmap_size(hm->incoming));
+        uint64_t staging, staging_busy;
+        handoff_staging_count(hm, &staging, &staging_busy);
+        PUT("staging-buffers", staging);
+        PUT("staging-busy", staging_busy);
+        PUT("staging-bytes", hm->staging_bytes);
         static const char *const fail[_HANDOFF_CAUSE_MAX] = {
                 [HANDOFF_CAUSE_REQUESTED] = "failures.requested",
                 [HANDOFF_CAUSE_TIMEOUT] = "failures.timeout",

@@ -125,7 +125,9 @@ struct HandoffObject {
                                   * pages may have been freed by a record not yet durable;
                                   * nothing lands in them until it is (handoff_settle_wait()) */
         bool gpu;                /* local, through the CUDA transport (a GPU arena on a side) */
-        HandoffStaging *staging; /* remote with GPU source pages: GPU → host staging → peer */
+        HandoffStaging *staging; /* remote with GPU source pages: GPU → host staging → peer;
+                                  * given back (NULL) once committed or ended */
+        bool staged;             /* took a staging buffer: its groups go through one */
         TransportWrite **net_writes; /* staged: per group, the peer writes, posted once it is staged */
         size_t *n_net;
         const char *transport;   /* what moved its last group (TransportOps name, "zero-copy") */

@@ -79,8 +79,8 @@ static int post_group(HandoffObject *o, uint32_t g) {
         Handoff *h = o->h;
         int r;
 
-        if (o->staging)
-                return handoff_post_group_staged(o, g);
+        if (o->staged)
+                return o->staging ? handoff_post_group_staged(o, g) : -ESTALE;
 
         if (o->zero_copy) {
                 o->transport = "zero-copy";
@@ -647,6 +647,7 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
                         return reason_set(why, -EIO, "Cannot stage GPU pages to '%s': %s", a->destination,
                                           strerror(-r));
                 }
+                o->staged = true;
         }
 
         o->peer = x->peer;

@@ -57,6 +57,12 @@ int handoff_staging_acquire(HandoffManager *hm, uint64_t size, HandoffStaging **
         for (uint32_t i = 0; i < HANDOFF_STAGING_MAX && slot == HANDOFF_STAGING_MAX; i++)
                 if (!hm->staging[i])
                         slot = i;
+        /* Every slot taken: an idle buffer (too small for this one) gives its slot up. */
+        for (uint32_t i = 0; i < HANDOFF_STAGING_MAX && slot == HANDOFF_STAGING_MAX; i++)
+                if (!hm->staging[i]->busy) {
+                        handoff_staging_free(hm, hm->staging[i]);
+                        slot = i;
+                }
         if (slot == HANDOFF_STAGING_MAX)
                 return -ENOSPC;
 
@@ -102,6 +108,27 @@ int handoff_staging_acquire(HandoffManager *hm, uint64_t size, HandoffStaging **
                   hm->staging_bytes);
         *ret = st;
         return 0;
+}
+
+/* The handoff is done with its buffer (every write of it completed, and none can come:
+ * committed or ended): idle again, for the next handoff, though the handoff object
+ * lives on until its owner releases it. */
+void handoff_staging_put(HandoffObject *o) {
+        if (!o->staging)
+                return;
+        o->staging->busy = false;
+        o->staging = NULL;
+}
+
+void handoff_staging_count(const HandoffManager *hm, uint64_t *ret_buffers, uint64_t *ret_busy) {
+        uint64_t n = 0, busy = 0;
+        for (uint32_t i = 0; i < HANDOFF_STAGING_MAX; i++)
+                if (hm->staging[i]) {
+                        n++;
+                        busy += hm->staging[i]->busy;
+                }
+        *ret_buffers = n;
+        *ret_busy = busy;
 }
 
 /* ---- shipping groups (source) ---- */

@@ -31,6 +31,7 @@
 #include "epd/epd-gpu.h"
 #include "epd/epd-telemetry.h"
 #include "epd/handoff.h"
+#include "handoff/handoff-manager.h" /* HANDOFF_STAGING_MAX */
 #include "harness.h"
 #include "test-sequence-util.h"
 #include "../check-main.h"
@@ -947,7 +948,8 @@ static void two_conf(size_t i, unsigned port, char *buf, size_t size, void *user
         if (i == 0)
                 snprintf(buf, size,
                          CONFIG "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
-                                "[Peer:bravo]\nAddress=127.0.0.1:%u\nHostId=bravo\n",
+                                "[Peer:bravo]\nAddress=127.0.0.1:%u\nHostId=bravo\n"
+                                "[Backpressure]\nWindowHandoffs=0\n", /* test_staging_slots: 256 at once */
                          port, keyfile, port + 1);
         else
                 snprintf(buf, size,
@@ -1051,6 +1053,10 @@ START_TEST(test_gpu_to_other_host) {
                 char *dseq = NULL;
                 ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
                 wait_state(p, path, "committed");
+                /* Committed: its staging buffer is idle again before the owner releases
+                 * the handoff (one buffer, reused by the second round). */
+                ck_assert_uint_eq(counter(p, "staging-buffers"), 1);
+                ck_assert_uint_eq(counter(p, "staging-busy"), 0);
                 ck_assert_int_eq(epd_handoff_release(p, path), 0);
                 ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
                 release_sequence(d, dseq);
@@ -1069,6 +1075,53 @@ START_TEST(test_gpu_to_other_host) {
         free(seq);
         unmap_arena(&ms);
         unmap_arena(&md);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+/* Staging slots (HANDOFF_STAGING_MAX) all taken by idle buffers too small for the
+ * next handoff: one of them gives its slot up, instead of NoSpace until a restart. And
+ * a rolled-back handoff's buffer is idle at once, not when its owner releases it. */
+START_TEST(test_staging_slots) {
+        epd_client *p = worker("prefill"), *d = worker_at(address_b, "decode");
+        uint64_t src[64];
+        char *one = make_sequence(p, "gpu0", 1, src);
+        static char *paths[HANDOFF_STAGING_MAX];
+        for (unsigned i = 0; i < HANDOFF_STAGING_MAX; i++) {
+                uint64_t token;
+                int r = prepare_remote(p, rid(1000 + i), one, &paths[i], &token);
+                ck_assert_msg(r == 0, "Prepare %u to bravo: %s", i, epd_last_error_message(p));
+        }
+        ck_assert_uint_eq(counter(p, "staging-buffers"), HANDOFF_STAGING_MAX);
+        ck_assert_uint_eq(counter(p, "staging-busy"), HANDOFF_STAGING_MAX);
+        for (unsigned i = 0; i < HANDOFF_STAGING_MAX; i++) {
+                ck_assert_int_eq(epd_handoff_rollback(p, paths[i]), 0);
+                wait_state(p, paths[i], "rolled-back");
+        }
+        ck_assert_uint_eq(counter(p, "staging-busy"), 0);
+        /* 40 pages of 64 KiB: more than any idle buffer (2 MiB) holds. */
+        char *big = make_sequence(p, "gpu0", 40, src);
+        char *path = NULL;
+        uint64_t token;
+        int r = prepare_remote(p, rid(2000), big, &path, &token);
+        ck_assert_msg(r == 0, "Prepare with every staging slot idle: %s", epd_last_error_message(p));
+        ck_assert_uint_eq(counter(p, "staging-buffers"), HANDOFF_STAGING_MAX);
+        ck_assert_uint_eq(counter(p, "staging-busy"), 1);
+        ck_assert_int_eq(epd_handoff_rollback(p, path), 0);
+        wait_state(p, path, "rolled-back");
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        for (unsigned i = 0; i < HANDOFF_STAGING_MAX; i++) {
+                ck_assert_int_eq(epd_handoff_release(p, paths[i]), 0);
+                free(paths[i]);
+        }
+        release_sequence(p, one);
+        release_sequence(p, big);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        ck_assert_uint_eq(arena_live(p, "gpu0"), 0);
+        free(path);
+        free(one);
+        free(big);
         epd_disconnect(p);
         epd_disconnect(d);
 }
@@ -1144,6 +1197,7 @@ static Suite *suite(void) {
         TCase *tr = tcase_create("other-host");
         tcase_add_checked_fixture(tr, setup_two, teardown_two);
         tcase_add_test(tr, test_gpu_to_other_host);
+        tcase_add_test(tr, test_staging_slots);
         tcase_set_timeout(tr, 120);
         suite_add_tcase(s, tr);
         TCase *trf = tcase_create("other-host-failing-copies");
