@@ -15,6 +15,7 @@ the mapping, or this process dying, only drops this process's mapping. Without a
 `Gpu()` raises EpdError with the driver's reason ("no NVIDIA driver", "no GPU")."""
 
 import ctypes
+import weakref
 import errno as _errno
 from typing import Optional, Sequence as Seq
 
@@ -132,11 +133,18 @@ class GpuArena(_lib.Closing):
         self.ordinal = lib.epd_gpu_mapping_ordinal(mapping)
         self._torch_base = None  # the whole arena as one torch uint8 tensor, once asked for
         self._typed = {}  # the same by dtype name (typed())
+        self._tables = weakref.WeakSet()  # page tables of it, closed before it is unmapped
 
     def page_table(self, pages: Seq[int], page_size: int, stream: int = 0) -> "PageTable":
-        """The page table of these pages (page ids of this arena) for the KV copies."""
+        """The page table of these pages (page ids of this arena) for the KV copies. It
+        keeps the mapping alive while it lives; close() of the arena closes it first."""
+        if self._m is None:
+            raise ValueError(f"GPU arena {self.name} is unmapped")
         base = self.device_pointer + self.data_offset
-        return PageTable(self._gpu, self.ordinal, [base + p * page_size for p in pages], page_size, stream)
+        t = PageTable(self._gpu, self.ordinal, [base + p * page_size for p in pages], page_size, stream,
+                      owner=self)
+        self._tables.add(t)
+        return t
 
     def view(self, offset: int, shape: Seq[int], dtype: str = "uint8") -> CudaView:
         """The bytes at `offset` of the arena as a C-contiguous array of `shape`."""
@@ -192,6 +200,8 @@ class GpuArena(_lib.Closing):
         return t
 
     def close(self):
+        for t in list(self._tables):
+            t.close()  # no copy through a table of pages that are about to be unmapped
         self._typed = {}
         self._torch_base = None
         if self._m is not None:
@@ -204,24 +214,32 @@ class PageTable(_lib.Closing):
     copy between the model's cache and the pages is then one kernel launch on the given
     stream (a CUstream handle, e.g. torch.cuda.current_stream().cuda_stream)."""
 
-    def __init__(self, gpu: "Gpu", ordinal: int, addresses: Seq[int], page_size: int, stream: int = 0):
+    def __init__(self, gpu: "Gpu", ordinal: int, addresses: Seq[int], page_size: int, stream: int = 0,
+                 owner: Optional["GpuArena"] = None):
+        self._p = None
         a, n = _addresses(addresses)
         p = ctypes.c_void_p()
         r = _lib_gpu().epd_gpu_pages_new(gpu._g, ordinal, a, n, page_size, stream, ctypes.byref(p))
         if r < 0:
             raise EpdError(-r, None, None, "page table")
-        self._p, self._gpu, self.n_pages, self.page_size = p, gpu, n, page_size
+        # owner: the mapping the addresses are in, kept mapped while the table lives
+        self._p, self._gpu, self._owner, self.n_pages, self.page_size = p, gpu, owner, n, page_size
         self._write, self._read = _lib_gpu().epd_gpu_kv_write, _lib_gpu().epd_gpu_kv_read
+
+    def _handle(self):
+        if not self._p:
+            raise ValueError("the page table is closed (or its GPU arena was)")
+        return self._p
 
     def write(self, rows: KvRows, stream: int = 0) -> None:
         """Enqueues tensors -> pages on `stream`."""
-        r = self._write(self._p, ctypes.byref(rows), stream)
+        r = self._write(self._handle(), ctypes.byref(rows), stream)
         if r < 0:
             raise EpdError(-r, None, None, "write KV rows")
 
     def read(self, rows: KvRows, stream: int = 0) -> None:
         """Enqueues pages -> tensors on `stream`."""
-        r = self._read(self._p, ctypes.byref(rows), stream)
+        r = self._read(self._handle(), ctypes.byref(rows), stream)
         if r < 0:
             raise EpdError(-r, None, None, "read KV rows")
 
@@ -229,13 +247,13 @@ class PageTable(_lib.Closing):
         """pages -> tensors for every KvRows of the ctypes array `rows` (one layer each),
         in one call: all checked first, then enqueued on `stream` (one launch for up to
         64 layers of one geometry)."""
-        r = _lib_gpu().epd_gpu_kv_read_many(self._p, rows, len(rows), stream)
+        r = _lib_gpu().epd_gpu_kv_read_many(self._handle(), rows, len(rows), stream)
         if r < 0:
             raise EpdError(-r, None, None, "read KV rows")
 
     def write_many(self, rows, stream: int = 0) -> None:
         """tensors -> pages for every KvRows of the ctypes array `rows`, in one call."""
-        r = _lib_gpu().epd_gpu_kv_write_many(self._p, rows, len(rows), stream)
+        r = _lib_gpu().epd_gpu_kv_write_many(self._handle(), rows, len(rows), stream)
         if r < 0:
             raise EpdError(-r, None, None, "write KV rows")
 
@@ -243,6 +261,7 @@ class PageTable(_lib.Closing):
         if self._p:
             _lib_gpu().epd_gpu_pages_free(self._p)
             self._p = None
+        self._owner = None
 
 
 class Notifier(_lib.Closing):

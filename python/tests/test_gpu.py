@@ -382,3 +382,46 @@ class KvCopyTest(unittest.TestCase):
             os.environ.pop("EPD_LIBCUDA")
             os.environ.pop("FAKE_CUDA_MODE")
             self.assertEqual(d.stop(), 0)
+
+    @unittest.skipUnless(FAKE, "FAKE_LIBCUDA (the stand-in driver) not given")
+    def test_page_table_keeps_its_arena_mapped(self):
+        """A page table made from a GpuArena keeps the mapping alive (the arena object
+        collected, the copies still land in mapped memory); closing the arena closes its
+        page tables first, and a copy through one is then refused, not sent to memory
+        that is no longer mapped."""
+        import gc
+        import numpy as np
+        os.environ.update(gpu_env("gpu"))
+        d = Daemon(ARENA, env=gpu_env("gpu"))
+        try:
+            L = self.layout()
+            kvl = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=2 * 64 * 2,
+                               v_bytes_per_token=2 * 64 * 2)
+            with epd.Client(d.address) as c:
+                c.register("prefill", "m", "cuda:0", kv=kvl)
+                g = epd.gpu.Gpu()
+                pt = g.map_arena(c, "kvgpu").page_table([3, 1, 4], L.page_size)
+                gc.collect()  # the arena object is only the table's now
+                k, v = self.tensors(0, 40)
+                rows = epd.gpu.KvRows(k=k.ctypes.data, v=v.ctypes.data, tokens=40, heads=2, tokens_per_page=16,
+                                      row_bytes=128, k_offset=L.k_offset(0), v_offset=L.v_offset(0))
+                pt.write(rows)
+                k2, v2 = np.zeros_like(k), np.zeros_like(v)
+                pt.read(epd.gpu.KvRows(k=k2.ctypes.data, v=v2.ctypes.data, tokens=40, heads=2,
+                                       tokens_per_page=16, row_bytes=128, k_offset=L.k_offset(0),
+                                       v_offset=L.v_offset(0)))
+                self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
+                self.assertTrue((v2.view(np.uint16) == v.view(np.uint16)).all())
+                pt.close()
+                m = g.map_arena(c, "kvgpu")
+                pt = m.page_table([0, 2], L.page_size)
+                m.close()
+                with self.assertRaises(ValueError):
+                    pt.write(rows)
+                with self.assertRaises(ValueError):
+                    m.page_table([0], L.page_size)
+                g.close()
+        finally:
+            os.environ.pop("EPD_LIBCUDA")
+            os.environ.pop("FAKE_CUDA_MODE")
+            self.assertEqual(d.stop(), 0)
