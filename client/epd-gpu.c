@@ -32,6 +32,9 @@ struct EpdGpuPages {
         size_t n_pages;
         uint64_t page_size;
         CUdeviceptr dev;         /* the same in device memory */
+        uint64_t stream;         /* the stream the table was uploaded on */
+        CUevent uploaded;        /* recorded after the upload: copies on another stream
+                                  * wait for it before they read the table */
 };
 
 struct EpdGpuMapping {
@@ -292,8 +295,15 @@ static int pages_new(EpdGpu *g, int ordinal, const uint64_t *page_addresses, siz
                 if (r >= 0)
                         r = CU(g->system->driver, cuMemcpyHtoDAsync, p->dev, p->pages, n_pages * sizeof *p->pages,
                                (CUstream)(uintptr_t)stream);
+                if (r >= 0)
+                        r = CU(g->system->driver, cuEventCreate, &p->uploaded, CU_EVENT_DISABLE_TIMING);
+                if (r >= 0)
+                        r = CU(g->system->driver, cuEventRecord, p->uploaded, (CUstream)(uintptr_t)stream);
         }
+        p->stream = stream;
         if (r < 0) {
+                if (p->uploaded)
+                        (void)CU(g->system->driver, cuEventDestroy, p->uploaded);
                 if (p->dev)
                         (void)CU(g->system->driver, cuMemFree, p->dev);
                 free(p->pages);
@@ -323,14 +333,25 @@ EpdGpuPages *epd_gpu_pages_free(EpdGpuPages *p) {
                 return NULL;
         g = p->gpu;
         GpuCtxSaved cs = gpu_ctx_save(g->system);
-        if (p->dev && gpu_device_make_current(g->system, &g->system->devices[p->ordinal]) >= 0)
+        if (p->dev && gpu_device_make_current(g->system, &g->system->devices[p->ordinal]) >= 0) {
                 (void)CU(g->system->driver, cuMemFree, p->dev); /* waits for its users */
+                if (p->uploaded)
+                        (void)CU(g->system->driver, cuEventDestroy, p->uploaded);
+        }
         gpu_ctx_restore(g->system, &cs);
         free(p->pages);
         free(p);
         if (--g->n_mappings == 0 && g->closing)
                 epd_gpu_free(g);
         return NULL;
+}
+
+/* A copy on another stream than the table's upload reads the table only after it
+ * landed (an upload from pageable memory may return before its DMA is done). */
+static int after_upload(EpdGpuPages *p, uint64_t stream) {
+        if (!p->uploaded || stream == p->stream)
+                return 0;
+        return CU(p->gpu->system->driver, cuStreamWaitEvent, (CUstream)(uintptr_t)stream, p->uploaded, 0);
 }
 
 static int kv_copy(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream, GpuKvDirection d) {
@@ -345,6 +366,8 @@ static int kv_copy(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream, GpuKvD
         g = p->gpu;
         GpuCtxSaved cs = gpu_ctx_save(g->system);
         e = gpu_device_make_current(g->system, &g->system->devices[p->ordinal]);
+        if (e >= 0)
+                e = after_upload(p, stream);
         if (e >= 0)
                 e = gpu_kv_rows_copy(g->system, kernels_of(g, p->ordinal), (CUstream)(uintptr_t)stream, p->dev,
                                      p->pages, p->n_pages, (const GpuKvRows *)r, d);
@@ -365,6 +388,8 @@ static int kv_copy_many(EpdGpuPages *p, const epd_kv_rows *rows, size_t n, uint6
         EpdGpu *g = p->gpu;
         GpuCtxSaved cs = gpu_ctx_save(g->system);
         int e = gpu_device_make_current(g->system, &g->system->devices[p->ordinal]);
+        if (e >= 0)
+                e = after_upload(p, stream);
         if (e >= 0)
                 e = gpu_kv_rows_copy_many(g->system, kernels_of(g, p->ordinal), (CUstream)(uintptr_t)stream,
                                           p->dev, p->pages, p->n_pages, (const GpuKvRows *)rows, n, d);

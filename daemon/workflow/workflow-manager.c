@@ -128,9 +128,9 @@ static void binding_release(ClientObject *o) {
         client_object_unlink(o);
         w->owner = NULL;
         free(b);
-        /* epdd is stopping (its loop has finished): the workflow stays in the WAL, for
-         * its client to Attach to after the restart. */
-        if (sd_event_get_state(m->event) == SD_EVENT_FINISHED)
+        /* epdd is stopping (cleanly, its loop finished, or after the loop failed): the
+         * workflow stays in the WAL, for its client to Attach to after the restart. */
+        if (m->stopping || sd_event_get_state(m->event) == SD_EVENT_FINISHED)
                 return;
         /* The client is gone: so is its workflow (journaled like an explicit Release). */
         workflows_set_call(m, &(WorkflowCall){ .m = m });

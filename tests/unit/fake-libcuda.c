@@ -357,6 +357,9 @@ static CUresult f_event_create(void **e, unsigned flags) {
 static CUresult f_event_record(void *e, void *stream) {
         return OK;
 }
+static CUresult f_stream_wait_event(void *stream, void *e, unsigned flags) {
+        return OK; /* the streams run their work at once */
+}
 static CUresult f_event_sync(void *e) {
         copy_delay();
         const char *fail = getenv("FAKE_CUDA_FAIL_EVENTS"), *copies = getenv("FAKE_CUDA_FAIL_COPIES");
@@ -486,6 +489,7 @@ static const struct {
         { "cuEventCreate", (void *)f_event_create },
         { "cuEventDestroy", (void *)f_ok_ptr },
         { "cuEventRecord", (void *)f_event_record },
+        { "cuStreamWaitEvent", (void *)f_stream_wait_event },
         { "cuEventSynchronize", (void *)f_event_sync },
         { "cuEventQuery", (void *)f_event_query },
         { "cuEventElapsedTime", (void *)f_event_elapsed },
