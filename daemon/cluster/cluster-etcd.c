@@ -228,7 +228,7 @@ typedef struct WatchCtx {
 /* A member key and record, or -EINVAL/-EBADMSG (skipped, counted by the caller). */
 static int kv_info(ClusterManager *cm, const EtcdKv *kv, MemberInfo *ret) {
         char host[MEMBER_HOST_ID_MAX + 1];
-        int r = member_key_host(cm->manager->config.etcd_prefix, kv->key, kv->key_len, host, sizeof host);
+        int r = member_key_host(cm->prefix, kv->key, kv->key_len, host, sizeof host);
         if (r < 0)
                 return r;
         r = member_record_parse(host, kv->value, kv->value_len, ret);
@@ -249,7 +249,7 @@ static int range_kv(void *userdata, const EtcdKv *kv) {
          * must not make every epdd allocate and copy without bound (the read itself is
          * bounded by ANSWER_MAX). This host's own record is always taken. */
         if (strcmp(info.host_id, w->cm->self.host_id) != 0) {
-                if (w->n_others >= w->cm->manager->config.max_members) {
+                if (w->n_others >= w->cm->max_members) {
                         w->skipped++;
                         return 0;
                 }
@@ -274,7 +274,7 @@ static int watch_event(void *userdata, bool put, const EtcdKv *kv) {
 
         if (kv->mod_revision > w->revision)
                 w->revision = kv->mod_revision;
-        if (member_key_host(w->cm->manager->config.etcd_prefix, kv->key, kv->key_len, host, sizeof host) < 0)
+        if (member_key_host(w->cm->prefix, kv->key, kv->key_len, host, sizeof host) < 0)
                 return 0;
         ev = event_new(put ? EV_PUT : EV_DELETE);
         if (!ev)
@@ -328,7 +328,7 @@ static int watch_once(WatchCtx *w) {
 
         w->n = w->n_others = w->skipped = 0;
         w->err[0] = 0;
-        r = call(w->c, "/v3/kv/range", etcd_json_range_request(w->cm->manager->config.etcd_prefix), &ans, &len,
+        r = call(w->c, "/v3/kv/range", etcd_json_range_request(w->cm->prefix), &ans, &len,
                  w->err, sizeof w->err);
         if (r >= 0)
                 r = etcd_json_range(ans, len, &w->revision, range_kv, w, w->err, sizeof w->err);
@@ -337,7 +337,7 @@ static int watch_once(WatchCtx *w) {
                 return r;
         if (w->skipped > 0)
                 log_warning("cluster: etcd holds %zu more member records than MaxMembers=%u; they are ignored",
-                            w->skipped, w->cm->manager->config.max_members);
+                            w->skipped, w->cm->max_members);
         ev = event_new(EV_RESYNC);
         if (!ev)
                 return -ENOMEM;
@@ -354,7 +354,7 @@ static int watch_once(WatchCtx *w) {
         }
         post(w->cm, ev);
         /* Everything after the read, in order. */
-        req = etcd_json_watch_request(w->cm->manager->config.etcd_prefix, w->revision + 1);
+        req = etcd_json_watch_request(w->cm->prefix, w->revision + 1);
         if (!req)
                 return -ENOMEM;
         w->created = false;
@@ -484,8 +484,10 @@ int cluster_etcd_start(ClusterManager *cm) {
         if (r < 0)
                 return r;
         cm->key = strdup(key);
-        if (!cm->key)
+        cm->prefix = strdup(c->etcd_prefix);
+        if (!cm->key || !cm->prefix)
                 return -ENOMEM;
+        cm->max_members = c->max_members;
         r = build_record(cm);
         if (r < 0)
                 return r;

@@ -173,6 +173,7 @@ static ClusterManager *cluster_free(ClusterManager *cm) {
         pthread_mutex_destroy(&cm->lock);
         free(cm->key);
         free(cm->value);
+        free(cm->prefix);
         free(cm);
         return NULL;
 }

@@ -37,6 +37,10 @@ typedef struct ClusterManager {
         char *key;               /* PREFIX members/HOST_ID */
         char *value;             /* this host's record (JSON) */
         MemberInfo self;         /* what it says */
+        /* What the threads read of the configuration, copied at start: a reload swaps
+         * Manager.config for its checks while they run. */
+        char *prefix;            /* EtcdPrefix= */
+        unsigned max_members;    /* MaxMembers= */
         uint64_t foreign_started; /* another registration of our host id, reported */
         int64_t ttl_sec;
 
