@@ -117,7 +117,8 @@ struct PeerManager {
 
         Peer **peers;
         size_t n_peers;
-        size_t n_members;        /* of them, added at run time (peer_manager_add_member) */
+        size_t n_members;        /* of them, added at run time (peer_manager_add_member)
+                                  * and not retired */
         Hashmap *by_host_id;
 
         int listen_fd;

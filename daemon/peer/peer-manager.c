@@ -385,15 +385,18 @@ int peer_manager_add_member(PeerManager *pm, const char *host_id, const char *ad
         p = hashmap_get(pm->by_host_id, host_id);
         if (p && !p->member)
                 return -EEXIST; /* a [Peer:NAME] section has it */
+        if ((!p || p->retired) && pm->n_members >= PEER_MEMBERS_MAX)
+                return -ENOSPC;
         if (!p) {
-                if (pm->n_members >= PEER_MEMBERS_MAX)
+                if (pm->n_peers >= PEER_OBJECTS_MAX)
                         return -ENOSPC;
                 r = peer_new(pm, host_id, host_id, address, &p);
                 if (r < 0)
                         return r;
                 p->member = true;
-                pm->n_members++;
-        } else if (strcmp(p->address, address) != 0) {
+                p->retired = true; /* counted below, as one that comes back */
+        }
+        if (strcmp(p->address, address) != 0) {
                 char *a = strdup(address);
                 if (!a)
                         return -ENOMEM;
@@ -407,6 +410,8 @@ int peer_manager_add_member(PeerManager *pm, const char *host_id, const char *ad
                         *ret = p;
                 return 0; /* known already */
         }
+        if (p->retired)
+                pm->n_members++;
         p->retired = false;
         p->backoff_usec = 0;
         if (pm->started && p->dialer && p->state == PEER_DOWN && !p->control) {
@@ -431,6 +436,7 @@ int peer_manager_retire_member(PeerManager *pm, const char *host_id) {
         if (p->retired)
                 return 0;
         p->retired = true; /* first: peer_down() must not schedule a reconnect */
+        pm->n_members--;
         (void)sd_event_source_set_enabled(p->reconnect_timer, SD_EVENT_OFF);
         peer_down(p, -EHOSTDOWN, "left the cluster membership");
         return 0;

@@ -145,13 +145,15 @@ int peer_control_fd(Peer *p);
  *
  * add_member adds a peer (or brings back a retired one, with its address updated) and
  * dials it if our host id sorts first; -EEXIST for the host id of a configured peer or
- * of this host, -ENOSPC past PEER_MEMBERS_MAX, -EINVAL for a bad id or address.
+ * of this host, -ENOSPC past PEER_MEMBERS_MAX members at once (retired ones do not
+ * count) or PEER_OBJECTS_MAX peers ever known, -EINVAL for a bad id or address.
  * retire_member ends the session (everything in flight with it fails and the state
  * handlers hear "down": handoffs roll back), and the peer is no longer dialed and its
  * connections are refused until it is added again. A retired Peer stays allocated
  * (transports and handoffs may still name it) and is reused when the same host comes
  * back. -ENOENT for an unknown host id, -EPERM for a configured peer. */
 #define PEER_MEMBERS_MAX 1024
+#define PEER_OBJECTS_MAX 65536 /* a retired Peer stays: bounds memory under endless churn */
 int peer_manager_add_member(PeerManager *pm, const char *host_id, const char *address, Peer **ret);
 int peer_manager_retire_member(PeerManager *pm, const char *host_id);
 /* Whether p came from the membership (true) or from a [Peer:NAME] section. */
