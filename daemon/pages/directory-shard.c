@@ -94,6 +94,11 @@ struct DirectoryShard {
         Hashmap *map; /* Entry* by hash */
         Names names;
         size_t records, max;
+        /* Holders removed or renamed (each may leave a name unused), and how many there
+         * had been at the last compaction: a full table with none since is compacted
+         * no more (it would find nothing to drop, on every put). */
+        uint64_t released, released_at_compaction;
+        uint64_t compactions;
 };
 
 int directory_shard_new(DirectoryShard **ret, size_t max_records) {
@@ -175,9 +180,13 @@ static int shard_intern(DirectoryShard *sh, const char *host, const char *arena,
                         return 0;
                 if (r != -ENOSPC || pass > 0)
                         return r;
+                if (sh->compactions > 0 && sh->released == sh->released_at_compaction)
+                        return -ENOSPC; /* every name in the table is in use */
                 r = shard_names_compact(sh);
                 if (r < 0)
                         return r;
+                sh->compactions++;
+                sh->released_at_compaction = sh->released;
         }
 }
 
@@ -197,6 +206,7 @@ int directory_shard_put(DirectoryShard *sh, uint64_t hash, const char *host, con
         if (e) {
                 for (unsigned i = 0; i < e->n; i++)
                         if (e->h[i].host == h.host && e->h[i].arena == h.arena) {
+                                sh->released += e->h[i].worker != h.worker;
                                 e->h[i].worker = h.worker;
                                 return 0;
                         }
@@ -226,6 +236,7 @@ int directory_shard_put(DirectoryShard *sh, uint64_t hash, const char *host, con
 static void entry_remove_at(DirectoryShard *sh, Entry *e, unsigned i) {
         e->h[i] = e->h[--e->n];
         sh->records--;
+        sh->released++;
         if (e->n == 0) {
                 (void)hashmap_remove(sh->map, &e->hash);
                 free(e);
@@ -299,6 +310,7 @@ size_t directory_shard_prune(DirectoryShard *sh, bool (*keep)(void *userdata, ui
                 Entry *e = hashmap_remove(sh->map, &drop[k]);
                 if (e) {
                         sh->records -= e->n;
+                        sh->released += e->n;
                         free(e);
                 }
         }
@@ -311,6 +323,7 @@ size_t directory_shard_forget(DirectoryShard *sh, uint64_t hash) {
         size_t n = e ? e->n : 0;
 
         sh->records -= n;
+        sh->released += n;
         free(e);
         return n;
 }
@@ -363,6 +376,10 @@ void directory_answer_set_self(DirectoryAnswerEntry *e, const char *host, const 
         snprintf(h->host, sizeof h->host, "%s", host);
         snprintf(h->arena, sizeof h->arena, "%s", arena);
         snprintf(h->worker, sizeof h->worker, "%s", worker);
+}
+
+uint64_t directory_shard_compactions(const DirectoryShard *sh) {
+        return sh->compactions;
 }
 
 size_t directory_shard_records(const DirectoryShard *sh) {

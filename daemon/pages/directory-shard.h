@@ -49,6 +49,8 @@ void directory_shard_get(const DirectoryShard *sh, uint64_t hash, DirectoryAnswe
 void directory_answer_set_self(DirectoryAnswerEntry *e, const char *host, const char *arena, const char *worker);
 /* Records (holder entries) and hashes held. */
 size_t directory_shard_records(const DirectoryShard *sh);
+/* How often the name table was compacted (it was full). */
+uint64_t directory_shard_compactions(const DirectoryShard *sh);
 size_t directory_shard_hashes(const DirectoryShard *sh);
 
 typedef struct DirectoryCache DirectoryCache;

@@ -108,6 +108,35 @@ START_TEST(test_shard_names_reclaimed) {
 }
 END_TEST
 
+/* A table full of names in use: a put with a new name is refused at once, and the
+ * table is not compacted again on every such put (each compaction walks every record:
+ * a peer publishing new names would hold the loop) until a holder goes. */
+START_TEST(test_shard_names_full_in_use) {
+        DirectoryShard *sh;
+        char w[32];
+
+        ck_assert_int_eq(directory_shard_new(&sh, 70000), 0);
+        int r = 0;
+        unsigned i;
+        for (i = 0; r == 0; i++) {
+                snprintf(w, sizeof w, "worker-%u", i);
+                r = directory_shard_put(sh, 1000 + i, "bravo", "kv1", w);
+        }
+        ck_assert_int_eq(r, -ENOSPC);
+        ck_assert_uint_eq(directory_shard_compactions(sh), 1); /* found nothing to drop */
+        for (unsigned k = 0; k < 1000; k++) {
+                snprintf(w, sizeof w, "new-%u", k);
+                ck_assert_int_eq(directory_shard_put(sh, 500000 + k, "bravo", "kv1", w), -ENOSPC);
+        }
+        ck_assert_uint_eq(directory_shard_compactions(sh), 1);
+        /* A holder goes: its name can be dropped, and the next new name goes in. */
+        ck_assert_int_eq(directory_shard_del(sh, 1000, "bravo", "kv1"), 0);
+        ck_assert_int_eq(directory_shard_put(sh, 600000, "bravo", "kv1", "fresh"), 0);
+        ck_assert_uint_eq(directory_shard_compactions(sh), 2);
+        directory_shard_free(sh);
+}
+END_TEST
+
 START_TEST(test_cache) {
         DirectoryCache *c;
         DirectoryAnswerEntry e = { .hash = 5, .n_holders = 1 }, out;
@@ -236,6 +265,7 @@ int main(void) {
         TCase *tc = tcase_create("directory-shard");
         tcase_add_test(tc, test_shard);
         tcase_add_test(tc, test_shard_names_reclaimed);
+        tcase_add_test(tc, test_shard_names_full_in_use);
         tcase_add_test(tc, test_cache);
         tcase_add_test(tc, test_answer_set_self);
         tcase_add_test(tc, test_placement);
