@@ -41,6 +41,7 @@ typedef struct LookupPart {
         Peer *peer;
         size_t *index;    /* positions in the locate's entries, in the LOOKUP's order */
         size_t n;
+        uint64_t owners_generation; /* the owners it was sent under (df->owners_generation) */
 } LookupPart;
 
 struct Locate {
@@ -62,6 +63,7 @@ struct DirectoryForward {
         DirectoryShard *shard;
         DirectoryCache *cache;
         usec_t cache_ttl;
+        uint64_t owners_generation; /* owner changes: answers from before one are not cached */
 
         /* Owners: this host and the peers up, as handed to the directory. */
         char **hosts;
@@ -386,8 +388,10 @@ static void hosts_changed(DirectoryForward *df) {
                 x ^= x << 13, x ^= x >> 7, x ^= x << 17;
                 df->share[directory_owner(dir(df), x)]++;
         }
-        /* Answers cached under the old owners may be stale now. */
+        /* Answers cached under the old owners may be stale now, and so may answers
+         * still on their way: those are used but not cached. */
         directory_cache_clear(df->cache);
+        df->owners_generation++;
         if (df->shard_keys || df->entry_keys) {
                 /* A change while the last one is still being applied: its entries may sit
                  * with owners of either view. Publish every entry to its owner now. */
@@ -493,6 +497,7 @@ static int send_part(DirectoryForward *df, Locate *l, Peer *p, const size_t *ind
         part->n = n;
         part->peer = p;
         part->locate = l;
+        part->owners_generation = df->owners_generation;
         part->request = ++df->next_request;
         r = directory_lookup_encode(part->request, hashes, n, &payload, &len);
         free(hashes);
@@ -642,9 +647,11 @@ static void on_answer(DirectoryForward *df, Peer *p, const DirectoryMessage *msg
                         df->stats.misdirected++;
                         return; /* the part stays out and times out */
                 }
+        bool cache = part->owners_generation == df->owners_generation;
         for (size_t i = 0; i < part->n; i++) {
                 l->res.entries[part->index[i]] = msg->entries[i];
-                (void)directory_cache_put(df->cache, msg->entries + i, now, df->cache_ttl);
+                if (cache)
+                        (void)directory_cache_put(df->cache, msg->entries + i, now, df->cache_ttl);
         }
         df->stats.remote_answers++;
         part_free(df, part);
