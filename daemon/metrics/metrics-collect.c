@@ -44,7 +44,8 @@ static void collect_daemon(Manager *m, MetricsWriter *w, uint64_t scrapes) {
                        "The longest such dispatch, and what it was (a bus call by name, or an event source).");
         if (m->loop_stalls > 0)
                 metrics_sample(w, L({ "what", m->loop_stall_max_what }), (double)m->loop_stall_max_usec / 1e6);
-        metrics_family(w, "epd_metrics_scrapes", METRIC_COUNTER, NULL, "Scrapes of this endpoint answered.");
+        metrics_family(w, "epd_metrics_scrapes", METRIC_COUNTER, NULL,
+                       "Scrapes of this endpoint rendered (past 20 a second, a scrape gets the last body).");
         metrics_sample_u64(w, METRIC_NO_LABELS, scrapes);
 }
 

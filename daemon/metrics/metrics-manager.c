@@ -11,10 +11,32 @@
 #include "metrics/bus-metrics.h"
 #include "metrics/metrics-collect.h"
 #include "metrics/metrics.h"
+#include "time-util.h"
+
+static char *memdup(const char *p, size_t n) {
+        char *d = malloc(n);
+        return d ? memcpy(d, p, n) : NULL;
+}
 
 int metrics_server_render(MetricsServer *s, int format, char **ret, size_t *ret_len) {
         char *buf = NULL;
         size_t len = 0;
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        bool fmt_ok = format >= 0 && format < (int)ELEMENTSOF(s->last);
+
+        s->tokens = MIN((double)METRICS_RENDER_BURST,
+                        s->tokens + (double)(now - s->tokens_at) * METRICS_RENDER_PER_SEC / USEC_PER_SEC);
+        s->tokens_at = now;
+        if (fmt_ok && s->tokens < 1 && s->last[format]) {
+                buf = memdup(s->last[format], s->last_len[format] + 1);
+                if (!buf)
+                        return -ENOMEM;
+                s->served_last++;
+                *ret = buf;
+                *ret_len = s->last_len[format];
+                return 0;
+        }
+        s->tokens = MAX(s->tokens - 1, 0.0);
         FILE *f = open_memstream(&buf, &len);
         if (!f)
                 return -ENOMEM;
@@ -28,6 +50,14 @@ int metrics_server_render(MetricsServer *s, int format, char **ret, size_t *ret_
                 free(buf);
                 return log_warning_errno(r, "Cannot render the metrics: %m");
         }
+        if (fmt_ok) {
+                char *copy = memdup(buf, len + 1);
+                if (copy) {
+                        free(s->last[format]);
+                        s->last[format] = copy;
+                        s->last_len[format] = len;
+                }
+        }
         *ret = buf;
         *ret_len = len;
         return 0;
@@ -40,6 +70,8 @@ static int metrics_init(Manager *m) {
         if (!s)
                 return log_oom();
         s->manager = m;
+        s->tokens = METRICS_RENDER_BURST;
+        s->tokens_at = now_usec(CLOCK_MONOTONIC);
         int r = metrics_http_start(s, m->config.metrics_listen, &s->http, &s->url);
         if (r < 0) {
                 free(s);
@@ -56,6 +88,8 @@ static void metrics_done(Manager *m) {
                 return;
         s->http = metrics_http_stop(s->http);
         free(s->url);
+        for (size_t i = 0; i < ELEMENTSOF(s->last); i++)
+                free(s->last[i]);
         free(s);
         m->metrics = NULL;
 }

@@ -19,9 +19,20 @@ typedef struct MetricsServer {
         Manager *manager;
         MetricsHttp *http;
         char *url;          /* http://HOST:PORT/metrics, as bound (the port resolved) */
-        uint64_t scrapes;   /* /metrics answered */
+        uint64_t scrapes;   /* /metrics rendered */
         uint64_t refused;   /* other paths and methods */
+        /* Renders are rationed (METRICS_RENDER_BURST, then METRICS_RENDER_PER_SEC): past
+         * that, a scrape gets the last body rendered in its format, so that clients
+         * scraping in a loop cannot hold the event loop rendering. */
+        double tokens;
+        usec_t tokens_at;
+        char *last[2];      /* by MetricsFormat */
+        size_t last_len[2];
+        uint64_t served_last; /* scrapes answered with the last body */
 } MetricsServer;
+
+#define METRICS_RENDER_BURST 20
+#define METRICS_RENDER_PER_SEC 20
 
 extern const Subsystem metrics_subsystem;
 

@@ -168,6 +168,31 @@ class Metrics(unittest.TestCase):
         finally:
             c.close()
 
+    def test_renders_rationed(self):
+        # Scrapes in a loop on one connection: past the ration (20 at once, 20 a second)
+        # they get the last body rendered, so the loop is not held rendering.
+        import http.client
+        host, port = urllib.parse.urlsplit(self.url[self.pair.bravo]).netloc.split(":")
+        c = http.client.HTTPConnection(host, int(port), timeout=10)
+        seen = []
+        try:
+            t0 = time.monotonic()
+            for _ in range(200):
+                c.request("GET", "/metrics")
+                r = c.getresponse()
+                body = r.read().decode()
+                self.assertEqual(r.status, 200)
+                seen.append(sample(body, "epd_metrics_scrapes_total"))
+            took = time.monotonic() - t0
+        finally:
+            c.close()
+        renders = len(set(seen))
+        self.assertLessEqual(renders, 20 + 20 * took + 3, f"{renders} renders for 200 scrapes in {took:.2f} s")
+        self.assertEqual(seen, sorted(seen))  # never an older body after a newer one
+        status, _, text = get(self.url[self.pair.bravo])
+        self.assertEqual(status, 200)
+        self.assertTrue(text.endswith("\n"))
+
     def test_idle_connections_do_not_block(self):
         host, port = urllib.parse.urlsplit(self.url[self.pair.alpha]).netloc.split(":")
         idle = []
