@@ -229,9 +229,13 @@ static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_er
         if (r == -EALREADY)
                 return epd_bus_error(error, EPD_ERROR_EXISTS,
                                      "This connection already registered a worker.");
-        if (r == -EUSERS || r == -EDQUOT)
+        if (r == -EUSERS)
                 return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
                                      "Worker limit reached (%u).", m->config.max_workers);
+        if (r == -EDQUOT)
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
+                                     "This client holds %u objects already ([Limits] MaxObjectsPerClient=).",
+                                     m->config.max_objects_per_client);
         if (r < 0)
                 return r;
         w->kv = kv;

@@ -19,7 +19,7 @@ typedef struct Client Client;
 typedef struct ClientObject ClientObject;
 typedef struct Worker Worker;
 
-/* Kinds of per-client objects, each with its own limit (config [Limits]). */
+/* Kinds of per-client objects (counted together against [Limits] MaxObjectsPerClient=). */
 typedef enum ClientObjectType {
         CLIENT_OBJECT_WORKER,
         CLIENT_OBJECT_SEQUENCE,
@@ -77,7 +77,8 @@ int manager_reader(Manager *m, sd_bus_message *msg, bool *ret_root, Client **ret
 int manager_reader_require(Manager *m, sd_bus_message *msg, const char *what, bool *ret_root,
                            Client **ret_client, sd_bus_error *error);
 
-/* Links a new object to its owner, enforcing the per-type limit (-EDQUOT past it). */
+/* Links a new object to its owner: -EDQUOT past MaxObjectsPerClient= objects of all
+ * kinds, -EALREADY for a second worker registration. */
 int client_object_link(Client *c, ClientObject *o, ClientObjectType type,
                        void (*release)(ClientObject *o));
 void client_object_unlink(ClientObject *o);
