@@ -7,6 +7,7 @@ registration, libepd imports and maps it, __cuda_array_interface__ describes it 
 two processes sharing one arena can be checked byte for byte. On the GPU machine the
 same calls run on the real driver (bench/gpu/run-device.sh)."""
 
+import contextlib
 import ctypes
 import os
 import subprocess
@@ -317,71 +318,77 @@ class KvCopyTest(unittest.TestCase):
         with self.assertRaises(epd.EpdError):  # 40 tokens need 3 pages
             epd.gpu.kv_write_host([arena.ctypes.data, arena.ctypes.data + L.page_size], L.page_size, rows)
 
-    @unittest.skipUnless(FAKE, "FAKE_LIBCUDA (the stand-in driver) not given")
-    def test_gpu_page_table_on_the_stand_in_driver(self):
-        import numpy as np
+    @contextlib.contextmanager
+    def gpu_prefill(self):
+        """A client registered as a prefill worker of an epdd with a GPU arena (the
+        stand-in driver in its gpu mode), and the page layout of its KV."""
         os.environ.update(gpu_env("gpu"))
         d = Daemon(ARENA, env=gpu_env("gpu"))
         try:
-            from epd.workers.connector import KvPages, gpu_arena
-            L = self.layout()
             kvl = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=2 * 64 * 2,
                                v_bytes_per_token=2 * 64 * 2)
             with epd.Client(d.address) as c:
                 c.register("prefill", "m", "cuda:0", kv=kvl)
-                m = gpu_arena(c, "kvgpu")
-                pages = [3, 1, 4]
-                offsets = [m.data_offset + p * L.page_size for p in pages]
-                pg = KvPages(c, "kvgpu", L, offsets)
-                self.assertTrue(pg.on_gpu)
-                # Device pointers are addresses here: numpy tensors stand in for the model's.
-                for layer in range(4):
-                    k, v = self.tensors(layer, 40)
-                    rows = pg._rows(layer, k, v, 40)
-                    pg._table(0).write(rows, 0)
-                    want = _per_page(L, pages, layer, k, v)
-                    for p in pages:
-                        raw = ctypes.string_at(m.device_pointer + m.data_offset + p * L.page_size, L.page_size)
-                        for base in (L.k_offset(layer), L.v_offset(layer)):
-                            span = (16 if p != pages[-1] else 40 % 16) * 2 * 64 * 2
-                            self.assertEqual(raw[base:base + span], bytes(want[p][base:base + span]))
-                    k2, v2 = np.zeros_like(k), np.zeros_like(v)
-                    pg._table(0).read(pg._rows(layer, k2, v2, 40), 0)
-                    self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
-                # Every layer in one call (read_many / write_many): the same bytes; a bad
-                # row anywhere refuses the whole call before anything is copied.
-                outs = [tuple(np.zeros_like(t) for t in self.tensors(layer, 40)) for layer in range(4)]
-                rows = (epd.gpu.KvRows * 4)()
-                for layer, (k2, v2) in enumerate(outs):
-                    rows[layer] = pg._rows(layer, k2, v2, 40)
-                pg._table(0).read_many(rows, 0)
-                for layer, (k2, v2) in enumerate(outs):
-                    k, v = self.tensors(layer, 40)
-                    self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
-                    self.assertTrue((v2.view(np.uint16) == v.view(np.uint16)).all())
-                new = [tuple(t[::-1].copy() for t in self.tensors(layer, 40)) for layer in range(4)]
-                rows = (epd.gpu.KvRows * 4)()
-                for layer, (k, v) in enumerate(new):
-                    rows[layer] = pg._rows(layer, k, v, 40)
-                pg._table(0).write_many(rows, 0)
-                bad = (epd.gpu.KvRows * 2)()
-                k3, v3 = np.zeros_like(new[0][0]), np.zeros_like(new[0][1])
-                bad[0] = pg._rows(0, k3, v3, 40)
-                bad[1] = pg._rows(1, k3, v3, 40)
-                bad[1].tokens = 1000  # past the three pages
-                with self.assertRaises(epd.EpdError):
-                    pg._table(0).read_many(bad, 0)
-                self.assertFalse(k3.any())  # nothing was copied
-                for layer, (k, v) in enumerate(new):
-                    k2, v2 = np.zeros_like(k), np.zeros_like(v)
-                    pg._table(0).read(pg._rows(layer, k2, v2, 40), 0)
-                    self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
-                    self.assertTrue((v2.view(np.uint16) == v.view(np.uint16)).all())
-                pg.close()
+                yield c, self.layout()
         finally:
             os.environ.pop("EPD_LIBCUDA")
             os.environ.pop("FAKE_CUDA_MODE")
             self.assertEqual(d.stop(), 0)
+
+    @unittest.skipUnless(FAKE, "FAKE_LIBCUDA (the stand-in driver) not given")
+    def test_gpu_page_table_on_the_stand_in_driver(self):
+        import numpy as np
+        from epd.workers.connector import KvPages, gpu_arena
+        with self.gpu_prefill() as (c, L):
+            m = gpu_arena(c, "kvgpu")
+            pages = [3, 1, 4]
+            offsets = [m.data_offset + p * L.page_size for p in pages]
+            pg = KvPages(c, "kvgpu", L, offsets)
+            self.assertTrue(pg.on_gpu)
+            # Device pointers are addresses here: numpy tensors stand in for the model's.
+            for layer in range(4):
+                k, v = self.tensors(layer, 40)
+                rows = pg._rows(layer, k, v, 40)
+                pg._table(0).write(rows, 0)
+                want = _per_page(L, pages, layer, k, v)
+                for p in pages:
+                    raw = ctypes.string_at(m.device_pointer + m.data_offset + p * L.page_size, L.page_size)
+                    for base in (L.k_offset(layer), L.v_offset(layer)):
+                        span = (16 if p != pages[-1] else 40 % 16) * 2 * 64 * 2
+                        self.assertEqual(raw[base:base + span], bytes(want[p][base:base + span]))
+                k2, v2 = np.zeros_like(k), np.zeros_like(v)
+                pg._table(0).read(pg._rows(layer, k2, v2, 40), 0)
+                self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
+            # Every layer in one call (read_many / write_many): the same bytes; a bad
+            # row anywhere refuses the whole call before anything is copied.
+            outs = [tuple(np.zeros_like(t) for t in self.tensors(layer, 40)) for layer in range(4)]
+            rows = (epd.gpu.KvRows * 4)()
+            for layer, (k2, v2) in enumerate(outs):
+                rows[layer] = pg._rows(layer, k2, v2, 40)
+            pg._table(0).read_many(rows, 0)
+            for layer, (k2, v2) in enumerate(outs):
+                k, v = self.tensors(layer, 40)
+                self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
+                self.assertTrue((v2.view(np.uint16) == v.view(np.uint16)).all())
+            new = [tuple(t[::-1].copy() for t in self.tensors(layer, 40)) for layer in range(4)]
+            rows = (epd.gpu.KvRows * 4)()
+            for layer, (k, v) in enumerate(new):
+                rows[layer] = pg._rows(layer, k, v, 40)
+            pg._table(0).write_many(rows, 0)
+            bad = (epd.gpu.KvRows * 2)()
+            k3, v3 = np.zeros_like(new[0][0]), np.zeros_like(new[0][1])
+            bad[0] = pg._rows(0, k3, v3, 40)
+            bad[1] = pg._rows(1, k3, v3, 40)
+            bad[1].tokens = 1000  # past the three pages
+            with self.assertRaises(epd.EpdError):
+                pg._table(0).read_many(bad, 0)
+            self.assertFalse(k3.any())  # nothing was copied
+            for layer, (k, v) in enumerate(new):
+                k2, v2 = np.zeros_like(k), np.zeros_like(v)
+                pg._table(0).read(pg._rows(layer, k2, v2, 40), 0)
+                self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
+                self.assertTrue((v2.view(np.uint16) == v.view(np.uint16)).all())
+            pg.close()
 
     @unittest.skipUnless(FAKE, "FAKE_LIBCUDA (the stand-in driver) not given")
     def test_page_table_keeps_its_arena_mapped(self):
@@ -391,37 +398,26 @@ class KvCopyTest(unittest.TestCase):
         that is no longer mapped."""
         import gc
         import numpy as np
-        os.environ.update(gpu_env("gpu"))
-        d = Daemon(ARENA, env=gpu_env("gpu"))
-        try:
-            L = self.layout()
-            kvl = epd.KvLayout(layers=4, tokens_per_block=16, k_bytes_per_token=2 * 64 * 2,
-                               v_bytes_per_token=2 * 64 * 2)
-            with epd.Client(d.address) as c:
-                c.register("prefill", "m", "cuda:0", kv=kvl)
-                g = epd.gpu.Gpu()
-                pt = g.map_arena(c, "kvgpu").page_table([3, 1, 4], L.page_size)
-                gc.collect()  # the arena object is only the table's now
-                k, v = self.tensors(0, 40)
-                rows = epd.gpu.KvRows(k=k.ctypes.data, v=v.ctypes.data, tokens=40, heads=2, tokens_per_page=16,
-                                      row_bytes=128, k_offset=L.k_offset(0), v_offset=L.v_offset(0))
+        with self.gpu_prefill() as (c, L):
+            g = epd.gpu.Gpu()
+            pt = g.map_arena(c, "kvgpu").page_table([3, 1, 4], L.page_size)
+            gc.collect()  # the arena object is only the table's now
+            k, v = self.tensors(0, 40)
+            rows = epd.gpu.KvRows(k=k.ctypes.data, v=v.ctypes.data, tokens=40, heads=2, tokens_per_page=16,
+                                  row_bytes=128, k_offset=L.k_offset(0), v_offset=L.v_offset(0))
+            pt.write(rows)
+            k2, v2 = np.zeros_like(k), np.zeros_like(v)
+            pt.read(epd.gpu.KvRows(k=k2.ctypes.data, v=v2.ctypes.data, tokens=40, heads=2,
+                                   tokens_per_page=16, row_bytes=128, k_offset=L.k_offset(0),
+                                   v_offset=L.v_offset(0)))
+            self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
+            self.assertTrue((v2.view(np.uint16) == v.view(np.uint16)).all())
+            pt.close()
+            m = g.map_arena(c, "kvgpu")
+            pt = m.page_table([0, 2], L.page_size)
+            m.close()
+            with self.assertRaises(ValueError):
                 pt.write(rows)
-                k2, v2 = np.zeros_like(k), np.zeros_like(v)
-                pt.read(epd.gpu.KvRows(k=k2.ctypes.data, v=v2.ctypes.data, tokens=40, heads=2,
-                                       tokens_per_page=16, row_bytes=128, k_offset=L.k_offset(0),
-                                       v_offset=L.v_offset(0)))
-                self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
-                self.assertTrue((v2.view(np.uint16) == v.view(np.uint16)).all())
-                pt.close()
-                m = g.map_arena(c, "kvgpu")
-                pt = m.page_table([0, 2], L.page_size)
-                m.close()
-                with self.assertRaises(ValueError):
-                    pt.write(rows)
-                with self.assertRaises(ValueError):
-                    m.page_table([0], L.page_size)
-                g.close()
-        finally:
-            os.environ.pop("EPD_LIBCUDA")
-            os.environ.pop("FAKE_CUDA_MODE")
-            self.assertEqual(d.stop(), 0)
+            with self.assertRaises(ValueError):
+                m.page_table([0], L.page_size)
+            g.close()
