@@ -128,8 +128,9 @@ int backpressure_config_verify(const BackpressureConfig *c, const char **ret_pro
 #define ORDERED(a) ((a)[0] == 0 || (a)[1] == 0 || (a)[0] <= (a)[1])
         if (!ORDERED(c->rtt_inflation))
                 p = "RTTInflationElevated must not exceed RTTInflationHigh";
-        else if (c->rtt_inflation[0] != 0 && c->rtt_inflation[0] < 1.0)
-                p = "RTTInflationElevated must be at least 1.0 (srtt over min RTT)";
+        else if ((c->rtt_inflation[0] != 0 && c->rtt_inflation[0] < 1.0) ||
+                 (c->rtt_inflation[1] != 0 && c->rtt_inflation[1] < 1.0))
+                p = "RTTInflationElevated and RTTInflationHigh must be at least 1.0 (srtt over min RTT)";
         else if (!ORDERED(c->retransmit_rate))
                 p = "RetransmitRateElevated must not exceed RetransmitRateHigh";
         else if (c->retransmit_rate[0] > 1.0 || c->retransmit_rate[1] > 1.0)
@@ -142,7 +143,7 @@ int backpressure_config_verify(const BackpressureConfig *c, const char **ret_pro
                 p = "HandoffsElevated must not exceed HandoffsHigh";
         else if (c->destination_free[0] > 1.0 || c->destination_free[1] > 1.0)
                 p = "destination free thresholds are fractions (0..1)";
-        else if (c->destination_free[1] > c->destination_free[0])
+        else if (c->destination_free[0] != 0 && c->destination_free[1] > c->destination_free[0])
                 p = "DestinationFreeHigh must not exceed DestinationFreeElevated";
         else if (c->release <= 0.0 || c->release > 1.0)
                 p = "Release must be in (0, 1]";

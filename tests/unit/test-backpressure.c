@@ -456,6 +456,14 @@ START_TEST(test_config) {
         c = cfg();
         ck_assert_int_eq(backpressure_config_set(&c, "DestinationFreeHigh", "0.5"), 0);
         ck_assert_int_eq(backpressure_config_verify(&c, &why), -EINVAL);
+        /* A zero threshold turns its signal off: High alone is fine. */
+        ck_assert_int_eq(backpressure_config_set(&c, "DestinationFreeElevated", "0"), 0);
+        ck_assert_int_eq(backpressure_config_verify(&c, &why), 0);
+        /* srtt over min RTT is never below 1: a High below it would always hold. */
+        c = cfg();
+        ck_assert_int_eq(backpressure_config_set(&c, "RTTInflationElevated", "0"), 0);
+        ck_assert_int_eq(backpressure_config_set(&c, "RTTInflationHigh", "0.5"), 0);
+        ck_assert_int_eq(backpressure_config_verify(&c, &why), -EINVAL);
 
         ck_assert_str_eq(backpressure_level_to_string(BACKPRESSURE_STALLED), "stalled");
         ck_assert_int_eq(backpressure_level_from_string("high"), BACKPRESSURE_HIGH);
