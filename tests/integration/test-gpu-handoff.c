@@ -942,7 +942,7 @@ END_TEST
 /* ---- to another host ---- */
 
 static Harness hb;
-static char address_b[512], keyfile[128];
+static char address_b[512], keyfile[256];
 
 static void two_conf(size_t i, unsigned port, char *buf, size_t size, void *userdata) {
         if (i == 0)
@@ -963,7 +963,10 @@ static void two_conf(size_t i, unsigned port, char *buf, size_t size, void *user
  * ports another process took meanwhile (tests run in parallel). */
 static void start_two(const char *fail_copies) {
         choose_driver();
-        snprintf(keyfile, sizeof keyfile, "/tmp/epd-gpu-handoff-key-%d", (int)getpid());
+        /* In the run's directory, which goes at the end even when a test fails before
+         * its teardown (check-main.h). */
+        const char *run = getenv("EPD_TEST_RUN_DIR");
+        snprintf(keyfile, sizeof keyfile, "%s/epd-gpu-handoff-key-%d", run ? run : "/tmp", (int)getpid());
         int fd = open(keyfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         ck_assert_int_ge(fd, 0);
         ck_assert_int_eq(write(fd, "gpu-handoff-test-cluster-key-0123456789\n", 40), 40);
