@@ -31,7 +31,6 @@ int metrics_server_render(MetricsServer *s, int format, char **ret, size_t *ret_
                 buf = memdup(s->last[format], s->last_len[format] + 1);
                 if (!buf)
                         return -ENOMEM;
-                s->served_last++;
                 *ret = buf;
                 *ret_len = s->last_len[format];
                 return 0;

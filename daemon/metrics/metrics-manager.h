@@ -28,7 +28,6 @@ typedef struct MetricsServer {
         usec_t tokens_at;
         char *last[2];      /* by MetricsFormat */
         size_t last_len[2];
-        uint64_t served_last; /* scrapes answered with the last body */
 } MetricsServer;
 
 #define METRICS_RENDER_BURST 20

@@ -124,6 +124,7 @@ class GpuArena(_lib.Closing):
 
     def __init__(self, gpu: "Gpu", client, index: int, mapping: ctypes.c_void_p):
         self._gpu, self._client, self._m = gpu, client, mapping
+        self._tables = weakref.WeakSet()  # page tables of it, closed before it is unmapped
         a = _lib.lib().epd_arena_get(client._c, index).contents
         self.index, self.name, self.usage = index, a.name.decode(), a.usage.decode()
         self.data_offset = a.data_offset
@@ -133,7 +134,6 @@ class GpuArena(_lib.Closing):
         self.ordinal = lib.epd_gpu_mapping_ordinal(mapping)
         self._torch_base = None  # the whole arena as one torch uint8 tensor, once asked for
         self._typed = {}  # the same by dtype name (typed())
-        self._tables = weakref.WeakSet()  # page tables of it, closed before it is unmapped
 
     def page_table(self, pages: Seq[int], page_size: int, stream: int = 0) -> "PageTable":
         """The page table of these pages (page ids of this arena) for the KV copies. It
