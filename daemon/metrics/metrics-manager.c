@@ -27,7 +27,11 @@ int metrics_server_render(MetricsServer *s, int format, char **ret, size_t *ret_
         s->tokens = MIN((double)METRICS_RENDER_BURST,
                         s->tokens + (double)(now - s->tokens_at) * METRICS_RENDER_PER_SEC / USEC_PER_SEC);
         s->tokens_at = now;
-        if (fmt_ok && s->tokens < 1 && s->last[format]) {
+        /* Past the ration, the last body of this format, unless it is older than
+         * METRICS_RENDER_MAX_AGE_USEC: the ration is shared by both formats, so without
+         * that a client taking every render of one would keep the other's body stale. */
+        if (fmt_ok && s->tokens < 1 && s->last[format] &&
+            now - s->last_at[format] < METRICS_RENDER_MAX_AGE_USEC) {
                 buf = memdup(s->last[format], s->last_len[format] + 1);
                 if (!buf)
                         return -ENOMEM;
@@ -55,6 +59,7 @@ int metrics_server_render(MetricsServer *s, int format, char **ret, size_t *ret_
                         free(s->last[format]);
                         s->last[format] = copy;
                         s->last_len[format] = len;
+                        s->last_at[format] = now;
                 }
         }
         *ret = buf;

@@ -21,17 +21,21 @@ typedef struct MetricsServer {
         char *url;          /* http://HOST:PORT/metrics, as bound (the port resolved) */
         uint64_t scrapes;   /* /metrics rendered */
         uint64_t refused;   /* other paths and methods */
-        /* Renders are rationed (METRICS_RENDER_BURST, then METRICS_RENDER_PER_SEC): past
-         * that, a scrape gets the last body rendered in its format, so that clients
-         * scraping in a loop cannot hold the event loop rendering. */
+        /* Renders are rationed (METRICS_RENDER_BURST, then METRICS_RENDER_PER_SEC, one
+         * ration for both formats): past that, a scrape gets the last body rendered in
+         * its format while it is younger than METRICS_RENDER_MAX_AGE_USEC, so that
+         * clients scraping in a loop cannot hold the event loop rendering, and a body
+         * is never older than a second. */
         double tokens;
         usec_t tokens_at;
         char *last[2];      /* by MetricsFormat */
         size_t last_len[2];
+        usec_t last_at[2];  /* when last[] was rendered (CLOCK_MONOTONIC) */
 } MetricsServer;
 
 #define METRICS_RENDER_BURST 20
 #define METRICS_RENDER_PER_SEC 20
+#define METRICS_RENDER_MAX_AGE_USEC USEC_PER_SEC
 
 extern const Subsystem metrics_subsystem;
 

@@ -193,6 +193,42 @@ class Metrics(unittest.TestCase):
         self.assertEqual(status, 200)
         self.assertTrue(text.endswith("\n"))
 
+    def test_other_format_not_kept_stale(self):
+        # One client takes every render of the text format in a loop; the ration is one
+        # for both formats, but an OpenMetrics body is never served older than a second
+        # (it used to be the body of before the loop, for as long as the loop ran).
+        import http.client
+        import threading
+        om = "application/openmetrics-text;version=1.0.0"
+        host, port = urllib.parse.urlsplit(self.url[self.pair.bravo]).netloc.split(":")
+        stop = threading.Event()
+        looped = []
+
+        def loop():
+            c = http.client.HTTPConnection(host, int(port), timeout=10)
+            try:
+                while not stop.is_set():
+                    c.request("GET", "/metrics")
+                    r = c.getresponse()
+                    r.read()
+                    looped.append(r.status)
+            finally:
+                c.close()
+
+        first = sample(get(self.url[self.pair.bravo], accept=om)[2], "epd_metrics_scrapes_total")
+        t = threading.Thread(target=loop)
+        t.start()
+        try:
+            time.sleep(1.5)
+            status, _, text = get(self.url[self.pair.bravo], accept=om)
+            self.assertEqual(status, 200)
+            later = sample(text, "epd_metrics_scrapes_total")
+        finally:
+            stop.set()
+            t.join(timeout=15)
+        self.assertGreater(len(looped), 100, "the loop did not take the ration")
+        self.assertGreater(later, first + 20, "the OpenMetrics body is older than the text-format loop")
+
     def test_idle_connections_do_not_block(self):
         host, port = urllib.parse.urlsplit(self.url[self.pair.alpha]).netloc.split(":")
         idle = []
