@@ -247,6 +247,8 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                 }
                 snprintf(url, sizeof url, "%s%s", c->endpoints[i], path);
                 b->len = 0;
+                if (b->data)
+                        b->data[0] = 0; /* no earlier endpoint's body in this one's message */
                 b->error = 0;
                 b->got_data = false;
                 setup(c, url, body, b, timeout_ms, headers);
@@ -283,8 +285,12 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                                 if (err && err_size)
                                         snprintf(err, err_size, "%s: %s", c->endpoints[i], curl_easy_strerror(cc));
                                 r = b->fn ? -ECONNRESET : -EIO;
-                        } else
+                        } else {
+                                /* An earlier endpoint's failure is not this call's. */
+                                if (err && err_size)
+                                        err[0] = 0;
                                 r = b->fn ? -ECONNRESET : 0; /* a stream that ended */
+                        }
                         break;
                 }
                 if (r != -EIO && err && err_size)

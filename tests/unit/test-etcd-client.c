@@ -1,0 +1,206 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The etcd client (daemon/cluster/etcd-client.c) against small HTTP servers on loopback
+ * that answer every request with one canned answer: failing over past endpoints that
+ * answer 5xx, and what the error text says afterwards. */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "cluster/etcd-client.h"
+#include "../check-main.h"
+
+typedef struct Canned {
+        int fd;
+        const char *answer; /* written whole after the request, then the connection closes */
+        char url[64];
+        atomic_bool stop;
+        atomic_int requests;
+        pthread_t thread;
+} Canned;
+
+/* Reads one request: headers, then Content-Length bytes of body. */
+static void read_request(int fd) {
+        char buf[8192];
+        size_t n = 0;
+        long body = -1;
+
+        for (;;) {
+                ssize_t k = read(fd, buf + n, sizeof buf - 1 - n);
+                if (k <= 0)
+                        return;
+                n += (size_t)k;
+                buf[n] = 0;
+                char *end = strstr(buf, "\r\n\r\n");
+                if (!end)
+                        continue;
+                if (body < 0) {
+                        const char *cl = strcasestr(buf, "Content-Length:");
+                        body = cl ? strtol(cl + 15, NULL, 10) : 0;
+                }
+                if ((long)(n - (size_t)(end + 4 - buf)) >= body)
+                        return;
+        }
+}
+
+static void *canned_main(void *userdata) {
+        Canned *c = userdata;
+        while (!atomic_load(&c->stop)) {
+                struct pollfd p = { .fd = c->fd, .events = POLLIN };
+                if (poll(&p, 1, 50) <= 0)
+                        continue;
+                int s = accept(c->fd, NULL, NULL);
+                if (s < 0)
+                        continue;
+                read_request(s);
+                atomic_fetch_add(&c->requests, 1);
+                size_t len = strlen(c->answer), off = 0;
+                while (off < len) {
+                        ssize_t k = write(s, c->answer + off, len - off);
+                        if (k <= 0)
+                                break;
+                        off += (size_t)k;
+                }
+                close(s);
+        }
+        return NULL;
+}
+
+static void canned_start(Canned *c, const char *answer) {
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof a;
+
+        memset(c, 0, sizeof *c);
+        c->answer = answer;
+        c->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_ge(c->fd, 0);
+        ck_assert_int_eq(bind(c->fd, (struct sockaddr *)&a, sizeof a), 0);
+        ck_assert_int_eq(listen(c->fd, 8), 0);
+        ck_assert_int_eq(getsockname(c->fd, (struct sockaddr *)&a, &len), 0);
+        snprintf(c->url, sizeof c->url, "http://127.0.0.1:%u", ntohs(a.sin_port));
+        ck_assert_int_eq(pthread_create(&c->thread, NULL, canned_main, c), 0);
+}
+
+static void canned_stop(Canned *c) {
+        atomic_store(&c->stop, true);
+        pthread_join(c->thread, NULL);
+        close(c->fd);
+}
+
+#define NO_LEADER_BODY "{\"error\":\"etcdserver: no leader\",\"code\":14}"
+static const char NO_LEADER[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                "Content-Length: 43\r\nConnection: close\r\n\r\n" NO_LEADER_BODY;
+static const char EMPTY_503[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+static const char OK_JSON[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+                              "Connection: close\r\n\r\n{}";
+/* A watch stream that sends one message and ends (etcd restarting, say). */
+static const char STREAM[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+                             "{\"result\":{\"created\":true}}\n";
+
+static atomic_bool never;
+
+static EtcdClient *client(Canned *a, Canned *b) {
+        char *endpoints[] = { a->url, b->url, NULL };
+        EtcdClient *c;
+        ck_assert_int_eq(etcd_client_new(&c, endpoints, NULL, &never), 0);
+        return c;
+}
+
+START_TEST(test_body_is_each_endpoints_own) {
+        /* The first endpoint's 503 says why in its body; the second's has none: the
+         * message names the second without the first's body (the buffer kept it). */
+        Canned a, b;
+        canned_start(&a, NO_LEADER);
+        canned_start(&b, EMPTY_503);
+        EtcdClient *c = client(&a, &b);
+        char err[512], *ans = NULL;
+        size_t len;
+
+        ck_assert_int_eq(etcd_client_call(c, "/v3/kv/range", "{}", 2000, &ans, &len, err, sizeof err), -EIO);
+        ck_assert_int_eq(atomic_load(&a.requests), 1);
+        ck_assert_int_eq(atomic_load(&b.requests), 1);
+        ck_assert_msg(strncmp(err, b.url, strlen(b.url)) == 0, "%s", err);
+        ck_assert_msg(strstr(err, "HTTP 503") && !strstr(err, "no leader"), "%s", err);
+
+        /* And the first's body is reported as its own. */
+        char *rev[] = { b.url, a.url, NULL };
+        EtcdClient *c2;
+        ck_assert_int_eq(etcd_client_new(&c2, rev, NULL, &never), 0);
+        ck_assert_int_eq(etcd_client_call(c2, "/v3/kv/range", "{}", 2000, &ans, &len, err, sizeof err), -EIO);
+        ck_assert_msg(strncmp(err, a.url, strlen(a.url)) == 0 && strstr(err, "no leader"), "%s", err);
+        etcd_client_free(c2);
+        etcd_client_free(c);
+        canned_stop(&a);
+        canned_stop(&b);
+}
+END_TEST
+
+START_TEST(test_success_clears_error) {
+        Canned a, b;
+        canned_start(&a, NO_LEADER);
+        canned_start(&b, OK_JSON);
+        EtcdClient *c = client(&a, &b);
+        char err[512], *ans = NULL;
+        size_t len = 0;
+
+        ck_assert_int_eq(etcd_client_call(c, "/v3/kv/range", "{}", 2000, &ans, &len, err, sizeof err), 0);
+        ck_assert_str_eq(ans, "{}");
+        ck_assert_uint_eq(len, 2);
+        ck_assert_str_eq(err, "");
+        ck_assert_str_eq(etcd_client_endpoint(c), b.url); /* the one that answered */
+        free(ans);
+        etcd_client_free(c);
+        canned_stop(&a);
+        canned_stop(&b);
+}
+END_TEST
+
+static int count_messages(void *userdata, const char *msg, size_t len) {
+        int *n = userdata;
+        ck_assert_ptr_nonnull(memmem(msg, len, "created", 7));
+        (*n)++;
+        return 0;
+}
+
+START_TEST(test_stream_end_is_not_an_earlier_failure) {
+        /* A watch goes past an endpoint answering 503 to one that streams, and later
+         * ends: the text that goes with the end is not the first endpoint's 503 (the
+         * daemon reported that as the reason its watch dropped). */
+        Canned a, b;
+        canned_start(&a, NO_LEADER);
+        canned_start(&b, STREAM);
+        EtcdClient *c = client(&a, &b);
+        char err[512];
+        int n = 0;
+
+        ck_assert_int_eq(etcd_client_stream(c, "/v3/watch", "{}", count_messages, &n, err, sizeof err), -ECONNRESET);
+        ck_assert_int_eq(n, 1);
+        ck_assert_msg(!strstr(err, "503") && !strstr(err, a.url), "%s", err);
+        ck_assert_str_eq(etcd_client_endpoint(c), b.url);
+        etcd_client_free(c);
+        canned_stop(&a);
+        canned_stop(&b);
+}
+END_TEST
+
+int main(void) {
+        if (etcd_global_init() < 0) {
+                fprintf(stderr, "libcurl's global setup failed\n");
+                return EXIT_FAILURE;
+        }
+        Suite *s = suite_create("etcd-client");
+        TCase *tc = tcase_create("etcd-client");
+        tcase_add_test(tc, test_body_is_each_endpoints_own);
+        tcase_add_test(tc, test_success_clears_error);
+        tcase_add_test(tc, test_stream_end_is_not_an_earlier_failure);
+        suite_add_tcase(s, tc);
+        return check_run(s, CK_FORK_GETENV);
+}
