@@ -210,23 +210,31 @@ int directory_shard_put(DirectoryShard *sh, uint64_t hash, const char *host, con
                                 e->h[i].worker = h.worker;
                                 return 0;
                         }
-                if (e->n >= DIRECTORY_HOLDERS_MAX)
+                /* Refused with its names interned: they may be used by no record. */
+                if (e->n >= DIRECTORY_HOLDERS_MAX) {
+                        sh->released++;
                         return -E2BIG;
-                if (sh->records >= sh->max)
+                }
+                if (sh->records >= sh->max) {
+                        sh->released++;
                         return -ENOSPC;
+                }
                 e->h[e->n++] = h;
                 sh->records++;
                 return 0;
         }
         e = calloc(1, sizeof *e);
-        if (!e)
+        if (!e) {
+                sh->released++;
                 return -ENOMEM;
+        }
         e->hash = hash;
         e->h[0] = h;
         e->n = 1;
         r = hashmap_put(sh->map, &e->hash, e);
         if (r < 0) {
                 free(e);
+                sh->released++;
                 return r;
         }
         sh->records++;

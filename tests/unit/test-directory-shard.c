@@ -137,6 +137,37 @@ START_TEST(test_shard_names_full_in_use) {
 }
 END_TEST
 
+/* A put refused after its names went into the table (the hash has all its holders)
+ * leaves a name no record uses: it counts as released, so that the full table is
+ * compacted again for the next new name (it was refused, the table full of in-use
+ * names by the count). */
+START_TEST(test_shard_names_failed_put) {
+        DirectoryShard *sh;
+        char w[32];
+
+        ck_assert_int_eq(directory_shard_new(&sh, 70000), 0);
+        for (unsigned k = 0; k < DIRECTORY_HOLDERS_MAX; k++) {
+                snprintf(w, sizeof w, "h%u", k);
+                ck_assert_int_eq(directory_shard_put(sh, 1, w, "kv1", "w"), 0);
+        }
+        int r = 0;
+        for (unsigned i = 0; r == 0; i++) {
+                snprintf(w, sizeof w, "worker-%u", i);
+                r = directory_shard_put(sh, 1000 + i, "bravo", "kv1", w);
+        }
+        ck_assert_int_eq(r, -ENOSPC);
+        ck_assert_uint_eq(directory_shard_compactions(sh), 1);
+        ck_assert_int_eq(directory_shard_del(sh, 1000, "bravo", "kv1"), 0);
+        /* A ninth holder: its host name takes the slot worker-0 left, then it is refused. */
+        ck_assert_int_eq(directory_shard_put(sh, 1, "h8", "kv1", "w"), -E2BIG);
+        ck_assert_uint_eq(directory_shard_compactions(sh), 2);
+        /* "h8" is used by no record: compacted away, and the new name goes in. */
+        ck_assert_int_eq(directory_shard_put(sh, 3, "bravo", "kv1", "fresh"), 0);
+        ck_assert_uint_eq(directory_shard_compactions(sh), 3);
+        directory_shard_free(sh);
+}
+END_TEST
+
 START_TEST(test_cache) {
         DirectoryCache *c;
         DirectoryAnswerEntry e = { .hash = 5, .n_holders = 1 }, out;
@@ -266,6 +297,7 @@ int main(void) {
         tcase_add_test(tc, test_shard);
         tcase_add_test(tc, test_shard_names_reclaimed);
         tcase_add_test(tc, test_shard_names_full_in_use);
+        tcase_add_test(tc, test_shard_names_failed_put);
         tcase_add_test(tc, test_cache);
         tcase_add_test(tc, test_answer_set_self);
         tcase_add_test(tc, test_placement);
