@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -32,9 +33,9 @@ struct EpdGpuPages {
         size_t n_pages;
         uint64_t page_size;
         CUdeviceptr dev;         /* the same in device memory */
-        uint64_t stream;         /* the stream the table was uploaded on */
-        CUevent uploaded;        /* recorded after the upload: copies on another stream
-                                  * wait for it before they read the table */
+        CUevent uploaded;        /* recorded after the upload: copies wait for it
+                                  * before they read the table, until it completed */
+        atomic_bool upload_done; /* seen complete: copies wait no more */
 };
 
 struct EpdGpuMapping {
@@ -300,7 +301,6 @@ static int pages_new(EpdGpu *g, int ordinal, const uint64_t *page_addresses, siz
                 if (r >= 0)
                         r = CU(g->system->driver, cuEventRecord, p->uploaded, (CUstream)(uintptr_t)stream);
         }
-        p->stream = stream;
         if (r < 0) {
                 if (p->uploaded)
                         (void)CU(g->system->driver, cuEventDestroy, p->uploaded);
@@ -346,12 +346,24 @@ EpdGpuPages *epd_gpu_pages_free(EpdGpuPages *p) {
         return NULL;
 }
 
-/* A copy on another stream than the table's upload reads the table only after it
- * landed (an upload from pageable memory may return before its DMA is done). */
+/* A copy reads the table only after its upload landed (an upload from pageable memory
+ * may return before its DMA is done): its stream waits for the upload's event until
+ * that has completed, then no copy waits any more. Stream handles are not compared to
+ * skip the wait: the per-thread default stream has one handle in every thread, and a
+ * destroyed stream's handle can come back as a new stream's. */
 static int after_upload(EpdGpuPages *p, uint64_t stream) {
-        if (!p->uploaded || stream == p->stream)
+        const CudaDriver *d = p->gpu->system->driver;
+
+        if (!p->uploaded || atomic_load_explicit(&p->upload_done, memory_order_relaxed))
                 return 0;
-        return CU(p->gpu->system->driver, cuStreamWaitEvent, (CUstream)(uintptr_t)stream, p->uploaded, 0);
+        CUresult q = d->cuEventQuery(p->uploaded);
+        if (q == CUDA_SUCCESS) {
+                atomic_store_explicit(&p->upload_done, true, memory_order_relaxed);
+                return 0;
+        }
+        if (q != CUDA_ERROR_NOT_READY)
+                return cuda_check(d, q, "cuEventQuery");
+        return CU(d, cuStreamWaitEvent, (CUstream)(uintptr_t)stream, p->uploaded, 0);
 }
 
 static int kv_copy(EpdGpuPages *p, const epd_kv_rows *r, uint64_t stream, GpuKvDirection d) {

@@ -8,6 +8,7 @@
  * error propagation. The real GPU is tested on the device machine
  * (bench/gpu/run-device.sh). */
 #include <check.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -779,6 +780,62 @@ START_TEST(test_fake_libepd) {
 }
 END_TEST
 
+/* A copy waits for its page table's upload whatever its stream's handle: the
+ * per-thread default stream (CU_STREAM_PER_THREAD, 0x2) is one handle in every thread,
+ * so a copy on it from another thread than the upload's is on another stream (the wait
+ * used to be skipped for the same handle). Once the upload has completed, copies wait
+ * no more. */
+START_TEST(test_fake_libepd_upload_wait) {
+        EpdGpu *g = NULL;
+        EpdGpuMapping *m = NULL;
+        EpdGpuPages *pg = NULL;
+        GpuSystem *s = NULL;
+        GpuArena *a = NULL;
+        const uint64_t per_thread = 0x2;
+
+        fake_gpu(false);
+        ck_assert_int_eq(setenv("EPD_LIBCUDA", fake(), 1), 0);
+        ck_assert_int_eq(epd_gpu_open(&g), 0);
+        ck_assert_int_eq(gpu_system_open(fake(), &s), 0);
+        ck_assert_int_eq(gpu_arena_new(s, 0, 2 << 20, &a), 0);
+        ck_assert_int_eq(epd_gpu_map(g, a->fd, a->size, 0, &m), 0);
+        void *lib = dlopen(fake(), RTLD_NOW | RTLD_NOLOAD);
+        ck_assert_ptr_nonnull(lib);
+        const unsigned long *waits = dlsym(lib, "fake_cuda_stream_waits");
+        ck_assert_ptr_nonnull(waits);
+
+        uint64_t page = epd_gpu_mapping_device_pointer(m);
+        uint8_t k[16], v[16], k2[16] = { 0 }, v2[16] = { 0 };
+        memset(k, 0x11, sizeof k);
+        memset(v, 0x22, sizeof v);
+        epd_kv_rows w = { .k = (uintptr_t)k, .v = (uintptr_t)v, .tokens = 1, .heads = 1, .tokens_per_page = 1,
+                          .row_bytes = 16, .k_offset = 0, .v_offset = 16 };
+        epd_kv_rows rd = w;
+        rd.k = (uintptr_t)k2;
+        rd.v = (uintptr_t)v2;
+        /* The upload's event has not completed yet (a GPU that another context holds). */
+        ck_assert_int_eq(setenv("FAKE_CUDA_COPY_DELAY_MS", "2", 1), 0);
+        ck_assert_int_eq(epd_gpu_pages_new(g, 0, &page, 1, 4096, per_thread, &pg), 0);
+        unsigned long before = __atomic_load_n(waits, __ATOMIC_RELAXED);
+        ck_assert_int_eq(epd_gpu_kv_write(pg, &w, per_thread), 0);
+        ck_assert_uint_eq(__atomic_load_n(waits, __ATOMIC_RELAXED), before + 1);
+        /* Completed: no copy waits any more, on any stream. */
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_COPY_DELAY_MS"), 0);
+        ck_assert_int_eq(epd_gpu_kv_write(pg, &w, per_thread), 0);
+        ck_assert_int_eq(epd_gpu_kv_read(pg, &rd, 7), 0);
+        ck_assert_uint_eq(__atomic_load_n(waits, __ATOMIC_RELAXED), before + 1);
+        ck_assert_int_eq(memcmp(k2, k, sizeof k), 0);
+        ck_assert_int_eq(memcmp(v2, v, sizeof v), 0);
+        epd_gpu_pages_free(pg);
+        epd_gpu_unmap(m);
+        epd_gpu_close(g);
+        dlclose(lib);
+        gpu_arena_unref(a);
+        gpu_system_unref(s);
+        ck_assert_int_eq(unsetenv("EPD_LIBCUDA"), 0);
+}
+END_TEST
+
 static Suite *suite(void) {
         Suite *s = suite_create("gpu-loader");
         TCase *tc = tcase_create("core");
@@ -804,6 +861,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_fake_copy_errors);
         tcase_add_test(tc, test_fake_external);
         tcase_add_test(tc, test_fake_libepd);
+        tcase_add_test(tc, test_fake_libepd_upload_wait);
         tcase_add_test(tc, test_fake_late_part_refused);
         tcase_add_test(tc, test_fake_unregister_keeps_wakeup);
         suite_add_tcase(s, tc);

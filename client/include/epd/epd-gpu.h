@@ -67,8 +67,9 @@ typedef struct epd_kv_rows {
 
 /* A page table on one GPU (pages of a GPU arena this process mapped): the addresses of
  * a sequence's pages, copied to device memory once so that each layer's copy is one
- * kernel launch. Enqueued on `stream` (a CUstream; 0: the default stream); copies on
- * another stream wait for the upload (an event) before they read the table. */
+ * kernel launch. Enqueued on `stream` (a CUstream; 0: the default stream); copies, on
+ * any stream, wait for the upload (an event) before they read the table, until it has
+ * completed. */
 typedef struct EpdGpuPages EpdGpuPages;
 int epd_gpu_pages_new(EpdGpu *g, int ordinal, const uint64_t *page_addresses, size_t n_pages, uint64_t page_size,
                       uint64_t stream, EpdGpuPages **ret);
