@@ -123,7 +123,10 @@ int manager_client_require(Manager *m, sd_bus_message *msg, Client **ret, sd_bus
                 return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
                                      "The caller's credentials (pid, uid) cannot be read; the call is refused.");
         if (r == -EUSERS)
-                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many clients.");
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
+                                     "epdd serves at most %u clients at once ([Limits] MaxClients=), and that "
+                                     "many are connected.",
+                                     m->config.max_clients);
         return r;
 }
 

@@ -81,7 +81,16 @@ typedef struct Connection {
         Manager *manager;
         bool subscribed; /* Manager.Subscribe(true): gets the broadcast signals */
         bool stalled;    /* stopped reading: dropped on the next turn (emit_each) */
+        /* Past MaxClients=: served no object, every call answered LimitExceeded, and
+         * closed after REFUSED_LINGER_USEC if the client does not close it first. */
+        bool refused;
+        sd_event_source *linger;
 } Connection;
+
+/* Connections past MaxClients= that are told why (at most this many at once; past
+ * them a connection is closed as it comes), and how long each is kept. */
+#define REFUSED_CONNECTIONS_MAX 16U
+#define REFUSED_LINGER_USEC (5 * USEC_PER_SEC)
 
 /* Messages queued to a direct connection (its socket full) past which a subscriber is
  * taken for one that stopped reading. */
@@ -90,8 +99,12 @@ typedef struct Connection {
 static Connection *connection_free(Connection *c) {
         if (!c)
                 return NULL;
-        if (c->manager && hashmap_get(c->manager->connections, &c->serial) == c)
-                hashmap_remove(c->manager->connections, &c->serial);
+        if (c->manager) {
+                Hashmap *map = c->refused ? c->manager->refused : c->manager->connections;
+                if (hashmap_get(map, &c->serial) == c)
+                        hashmap_remove(map, &c->serial);
+        }
+        c->linger = sd_event_source_disable_unref(c->linger);
         if (c->bus) {
                 /* What the socket took went out; what is queued beyond it is dropped, not
                  * waited for: sd_bus_flush() would wait for ever for a client that stopped
@@ -165,8 +178,32 @@ static int manager_add_bus_objects(Manager *m, sd_bus *bus) {
         return 0;
 }
 
+/* A refused connection's every call: why, by name (libepd: EDQUOT). */
+static int on_refused_message(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
+        Connection *conn = userdata;
+        uint8_t type = 0;
+
+        if (sd_bus_message_get_type(msg, &type) < 0 || type != SD_BUS_MESSAGE_METHOD_CALL)
+                return 0;
+        (void)sd_bus_reply_method_errorf(msg, EPD_ERROR_LIMIT_EXCEEDED,
+                                         "epdd serves at most %u clients at once ([Limits] MaxClients=), and "
+                                         "that many are connected: this connection is refused. Retry later, "
+                                         "or raise MaxClients=.",
+                                         conn->manager->config.max_clients);
+        return 1;
+}
+
+static int on_refused_linger(sd_event_source *s, uint64_t usec, void *userdata) {
+        Connection *conn = userdata;
+        log_debug("Closing refused direct connection %" PRIu64 ".", conn->serial);
+        connection_free(conn);
+        return 0;
+}
+
 /* Sets up the server side of an accepted socket; takes fd in every case. On failure,
- * everything made so far is freed with the Connection (the caller's cleanup). */
+ * everything made so far is freed with the Connection (the caller's cleanup). A
+ * refused connection (conn->refused) gets no object: every call is answered
+ * LimitExceeded until it closes or lingered REFUSED_LINGER_USEC. */
 static int connection_setup(Connection *conn, int fd) {
         Manager *m = conn->manager;
         char desc[32];
@@ -199,11 +236,15 @@ static int connection_setup(Connection *conn, int fd) {
                                         "org.freedesktop.DBus.Local", "Disconnected",
                                         on_direct_disconnected, conn);
         if (r >= 0)
-                r = manager_add_bus_objects(m, conn->bus);
+                r = conn->refused ? sd_bus_add_filter(conn->bus, NULL, on_refused_message, conn)
+                                  : manager_add_bus_objects(m, conn->bus);
+        if (r >= 0 && conn->refused)
+                r = sd_event_add_time_relative(m->event, &conn->linger, CLOCK_MONOTONIC, REFUSED_LINGER_USEC, 0,
+                                               on_refused_linger, conn);
         if (r >= 0)
                 r = sd_bus_start(conn->bus);
         if (r >= 0)
-                r = hashmap_put(m->connections, &conn->serial, conn);
+                r = hashmap_put(conn->refused ? m->refused : m->connections, &conn->serial, conn);
         if (r >= 0)
                 r = sd_bus_attach_event(conn->bus, m->event, SD_EVENT_PRIORITY_NORMAL);
         /* Not flushed and closed by sd-bus when the loop exits (that flush has no
@@ -221,17 +262,24 @@ static int on_direct_connection(sd_event_source *s, int fd, uint32_t revents, vo
                         log_warning_errno(errno, "accept() on the direct socket failed: %m");
                 return 0;
         }
-        if (hashmap_size(m->connections) >= m->config.max_clients) {
-                log_warning("Refusing direct connection: %u clients already connected.",
-                            m->config.max_clients);
+        bool refuse = hashmap_size(m->connections) >= m->config.max_clients;
+        if (refuse && hashmap_size(m->refused) >= REFUSED_CONNECTIONS_MAX) {
+                log_warning("Refusing direct connection: %u clients already connected (MaxClients=), and "
+                            "%u more being told so; closed.",
+                            m->config.max_clients, REFUSED_CONNECTIONS_MAX);
                 return 0;
         }
+        if (refuse)
+                log_warning("Refusing direct connection: %u clients already connected (MaxClients=); its "
+                            "calls are answered LimitExceeded.",
+                            m->config.max_clients);
         _cleanup_(connection_freep) Connection *conn = calloc(1, sizeof *conn);
         if (!conn) {
                 log_oom();
                 return 0;
         }
         conn->manager = m;
+        conn->refused = refuse;
         conn->serial = ++m->next_serial;
         int r = connection_setup(conn, TAKE_FD(cfd));
         if (r < 0) {
@@ -415,7 +463,8 @@ int manager_new(Manager **ret, const char *config_path) {
         m->clients = hashmap_new(HASHMAP_KEY_STRING, 0);
         m->workers = hashmap_new(HASHMAP_KEY_STRING, 0);
         m->connections = hashmap_new(HASHMAP_KEY_U64, 0);
-        if (!m->clients || !m->workers || !m->connections) {
+        m->refused = hashmap_new(HASHMAP_KEY_U64, 0);
+        if (!m->clients || !m->workers || !m->connections || !m->refused) {
                 manager_free(TAKE_PTR(m));
                 return log_oom();
         }
@@ -953,6 +1002,12 @@ Manager *manager_free(Manager *m) {
                 while ((it = 0, hashmap_iterate(m->connections, &it, (void **)&conn, NULL)))
                         connection_free(conn);
         }
+        if (m->refused) {
+                Connection *conn;
+                size_t it = 0;
+                while ((it = 0, hashmap_iterate(m->refused, &it, (void **)&conn, NULL)))
+                        connection_free(conn);
+        }
         size_t n = 0;
         FOREACH_SUBSYSTEM(s)
                 n++;
@@ -972,6 +1027,7 @@ Manager *manager_free(Manager *m) {
         hashmap_free(m->clients);
         hashmap_free(m->workers);
         hashmap_free(m->connections);
+        hashmap_free(m->refused);
         sd_event_source_disable_unref(m->sigterm);
         sd_event_source_disable_unref(m->sigint);
         sd_event_source_disable_unref(m->sighup);

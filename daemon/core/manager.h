@@ -103,6 +103,7 @@ struct Manager {
         int state_lock_fd;           /* <StateDirectory>/epdd.lock */
         sd_event_source *direct_source;
         Hashmap *connections;        /* direct connections (manager.c: Connection) by serial */
+        Hashmap *refused;            /* those past MaxClients=, told so until they close */
         uint64_t next_serial;
 
         Hashmap *clients;            /* Client* by key */

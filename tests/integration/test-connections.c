@@ -217,14 +217,31 @@ START_TEST(test_limit) {
         char *v = NULL;
         ck_assert_int_eq(epd_get_version(c[LIMIT - 1], &v), 0);
         free(v);
-        /* Past the limit: refused, and the others still answer. */
+        /* Past the limit: refused, told why by name, and the others still answer. */
         for (unsigned k = 0; k < 3; k++) {
-                /* The daemon closes it at once: connect() itself or the first call fails. */
-                if (epd_connect(address, &c[LIMIT]) < 0)
-                        continue;
-                ck_assert_int_lt(epd_get_version(c[LIMIT], &v), 0);
+                ck_assert_int_eq(epd_connect(address, &c[LIMIT]), 0);
+                ck_assert_int_eq(epd_get_version(c[LIMIT], &v), -EDQUOT);
+                ck_assert_str_eq(epd_last_error_name(c[LIMIT]), "org.epd1.Error.LimitExceeded");
+                ck_assert_ptr_nonnull(strstr(epd_last_error_message(c[LIMIT]), "MaxClients=)"));
+                ck_assert_int_eq(epd_register(c[LIMIT], "decode", "limit", "cpu", &kv, NULL), -EDQUOT);
                 c[LIMIT] = epd_disconnect(c[LIMIT]);
         }
+        /* More than the daemon tells at once (16, each kept 5 s): closed as they come. */
+        epd_client *more[20] = { NULL };
+        unsigned told = 0;
+        for (unsigned k = 0; k < ELEMENTSOF(more); k++)
+                if (epd_connect(address, &more[k]) < 0)
+                        more[k] = NULL; /* closed before libepd's connect returned */
+        for (unsigned k = 0; k < ELEMENTSOF(more); k++) {
+                int e = more[k] ? epd_get_version(more[k], &v) : -ECONNRESET;
+                ck_assert_int_lt(e, 0);
+                told += e == -EDQUOT;
+        }
+        /* The three above may not all be gone from the daemon's count yet. */
+        ck_assert_uint_le(told, 16);
+        ck_assert_uint_ge(told, 13);
+        for (unsigned k = 0; k < ELEMENTSOF(more); k++)
+                more[k] = epd_disconnect(more[k]);
         for (unsigned i = 0; i < LIMIT; i++) {
                 ck_assert_int_eq(epd_get_version(c[i], &v), 0);
                 free(v);
