@@ -20,7 +20,10 @@
 
 struct EpdGpu {
         GpuSystem *system;
-        unsigned n_mappings;     /* and page tables: both keep the handle */
+        /* The handle is used from several threads (a worker's copy stream and its
+         * notifier, the Python binding's sink): its count and lazy kernels are locked. */
+        pthread_mutex_t lock;
+        unsigned n_mappings;     /* and page tables and notifiers: each keeps the handle */
         bool closing;
         GpuKernels **kernels;    /* per ordinal, loaded on first use */
         int *kernels_error;      /* per ordinal: why they could not be loaded (0: not tried) */
@@ -51,7 +54,28 @@ static void epd_gpu_free(EpdGpu *g) {
         free(g->kernels);
         free(g->kernels_error);
         gpu_system_unref(g->system);
+        pthread_mutex_destroy(&g->lock);
         free(g);
+}
+
+/* One more user of the handle (a mapping, page table or notifier); -EINVAL once it is
+ * being closed. */
+static int gpu_hold(EpdGpu *g) {
+        pthread_mutex_lock(&g->lock);
+        bool closing = g->closing;
+        if (!closing)
+                g->n_mappings++;
+        pthread_mutex_unlock(&g->lock);
+        return closing ? -EINVAL : 0;
+}
+
+/* One user fewer: the last one after epd_gpu_close() frees the handle. */
+static void gpu_release(EpdGpu *g) {
+        pthread_mutex_lock(&g->lock);
+        bool last = --g->n_mappings == 0 && g->closing;
+        pthread_mutex_unlock(&g->lock);
+        if (last)
+                epd_gpu_free(g);
 }
 
 int epd_gpu_open(EpdGpu **ret) {
@@ -68,6 +92,7 @@ int epd_gpu_open(EpdGpu **ret) {
                 free(g);
                 return r;
         }
+        pthread_mutex_init(&g->lock, NULL);
         g->kernels = calloc(MAX(g->system->n_devices, (size_t)1), sizeof *g->kernels);
         g->kernels_error = calloc(MAX(g->system->n_devices, (size_t)1), sizeof *g->kernels_error);
         if (!g->kernels || !g->kernels_error) {
@@ -83,8 +108,11 @@ int epd_gpu_open(EpdGpu **ret) {
 EpdGpu *epd_gpu_close(EpdGpu *g) {
         if (!g)
                 return NULL;
+        pthread_mutex_lock(&g->lock);
         g->closing = true;
-        if (g->n_mappings == 0)
+        bool unused = g->n_mappings == 0;
+        pthread_mutex_unlock(&g->lock);
+        if (unused)
                 epd_gpu_free(g);
         return NULL;
 }
@@ -106,20 +134,22 @@ int epd_gpu_map(EpdGpu *g, int fd, uint64_t size, int ordinal, EpdGpuMapping **r
         EpdGpuMapping *m;
         int r;
 
-        if (!g || g->closing || !ret)
+        if (!g || !ret || gpu_hold(g) < 0)
                 return -EINVAL;
         m = calloc(1, sizeof *m);
-        if (!m)
+        if (!m) {
+                gpu_release(g);
                 return -ENOMEM;
+        }
         GpuCtxSaved cs = gpu_ctx_save(g->system);
         r = gpu_arena_import(g->system, ordinal, fd, size, &m->arena);
         gpu_ctx_restore(g->system, &cs);
         if (r < 0) {
                 free(m);
+                gpu_release(g);
                 return r;
         }
         m->gpu = g;
-        g->n_mappings++;
         *ret = m;
         return 0;
 }
@@ -146,8 +176,7 @@ EpdGpuMapping *epd_gpu_unmap(EpdGpuMapping *m) {
         gpu_arena_unref(m->arena);
         gpu_ctx_restore(g->system, &cs);
         free(m);
-        if (--g->n_mappings == 0 && g->closing)
-                epd_gpu_free(g);
+        gpu_release(g);
         return NULL;
 }
 
@@ -263,11 +292,14 @@ int epd_gpu_release_memory(epd_client *c, uint32_t region) {
 /* The batched kernels of a GPU, or NULL (built without them, or the driver has none):
  * the copies then go row by row. */
 static GpuKernels *kernels_of(EpdGpu *g, int ordinal) {
+        pthread_mutex_lock(&g->lock);
         if (!g->kernels[ordinal] && g->kernels_error[ordinal] == 0) {
                 int r = gpu_kernels_load(g->system, ordinal, &g->kernels[ordinal]);
                 g->kernels_error[ordinal] = r < 0 ? r : 1;
         }
-        return g->kernels[ordinal];
+        GpuKernels *k = g->kernels[ordinal];
+        pthread_mutex_unlock(&g->lock);
+        return k;
 }
 
 static int pages_new(EpdGpu *g, int ordinal, const uint64_t *page_addresses, size_t n_pages, uint64_t page_size,
@@ -276,14 +308,18 @@ static int pages_new(EpdGpu *g, int ordinal, const uint64_t *page_addresses, siz
         GpuDevice *d;
         int r;
 
-        if (!g || g->closing || !ret || (n_pages > 0 && !page_addresses) || page_size == 0)
+        if (!g || !ret || (n_pages > 0 && !page_addresses) || page_size == 0)
                 return -EINVAL;
         d = gpu_system_device(g->system, ordinal);
         if (!d)
                 return -ENODEV;
+        if (gpu_hold(g) < 0)
+                return -EINVAL;
         p = calloc(1, sizeof *p);
-        if (!p)
+        if (!p) {
+                gpu_release(g);
                 return -ENOMEM;
+        }
         p->gpu = g;
         p->ordinal = ordinal;
         p->n_pages = n_pages;
@@ -308,9 +344,9 @@ static int pages_new(EpdGpu *g, int ordinal, const uint64_t *page_addresses, siz
                         (void)CU(g->system->driver, cuMemFree, p->dev);
                 free(p->pages);
                 free(p);
+                gpu_release(g);
                 return r;
         }
-        g->n_mappings++;
         *ret = p;
         return 0;
 }
@@ -341,8 +377,7 @@ EpdGpuPages *epd_gpu_pages_free(EpdGpuPages *p) {
         gpu_ctx_restore(g->system, &cs);
         free(p->pages);
         free(p);
-        if (--g->n_mappings == 0 && g->closing)
-                epd_gpu_free(g);
+        gpu_release(g);
         return NULL;
 }
 
@@ -545,11 +580,15 @@ int epd_gpu_notifier_new(EpdGpu *g, int ordinal, struct epd_ring_client *ring, E
         pthread_condattr_t attr;
         int r;
 
-        if (!g || g->closing || !ring || !ret || ordinal < 0 || (size_t)ordinal >= g->system->n_devices)
+        if (!g || !ring || !ret || ordinal < 0 || (size_t)ordinal >= g->system->n_devices)
+                return -EINVAL;
+        if (gpu_hold(g) < 0) /* the handle lives as long as the notifier */
                 return -EINVAL;
         n = calloc(1, sizeof *n);
-        if (!n)
+        if (!n) {
+                gpu_release(g);
                 return -ENOMEM;
+        }
         n->gpu = g;
         n->ordinal = ordinal;
         n->ring = ring;
@@ -565,9 +604,9 @@ int epd_gpu_notifier_new(EpdGpu *g, int ordinal, struct epd_ring_client *ring, E
                 pthread_cond_destroy(&n->finished);
                 pthread_mutex_destroy(&n->lock);
                 free(n);
+                gpu_release(g);
                 return r;
         }
-        g->n_mappings++; /* the handle lives as long as the notifier */
         *ret = n;
         return 0;
 }
@@ -713,7 +752,6 @@ EpdGpuNotifier *epd_gpu_notifier_free(EpdGpuNotifier *n) {
         pthread_cond_destroy(&n->finished);
         pthread_mutex_destroy(&n->lock);
         free(n);
-        if (--g->n_mappings == 0 && g->closing)
-                epd_gpu_free(g);
+        gpu_release(g);
         return NULL;
 }

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <unistd.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -836,6 +837,48 @@ START_TEST(test_fake_libepd_upload_wait) {
 }
 END_TEST
 
+/* The handle is shared by threads (a worker's copy thread and its notifier, the Python
+ * sink): page tables made and freed on two threads at once leave its count right, so
+ * that epd_gpu_close() frees it once the last goes (a lost update freed it early, or
+ * never: ASan says which). */
+static void *tables_loop(void *userdata) {
+        EpdGpu *g = userdata;
+        uint64_t page = 0x1000;
+        for (unsigned i = 0; i < 20000; i++) {
+                EpdGpuPages *pg = NULL;
+                if (epd_gpu_pages_new(g, 0, &page, 1, 4096, 0, &pg) < 0)
+                        return (void *)1;
+                epd_gpu_pages_free(pg);
+        }
+        return NULL;
+}
+
+START_TEST(test_fake_libepd_threads) {
+        EpdGpu *g = NULL;
+        EpdGpuPages *keep = NULL;
+        pthread_t t[2];
+        void *ret[2];
+        uint64_t page = 0x1000;
+
+        fake_gpu(false);
+        ck_assert_int_eq(setenv("EPD_LIBCUDA", fake(), 1), 0);
+        ck_assert_int_eq(epd_gpu_open(&g), 0);
+        ck_assert_int_eq(epd_gpu_pages_new(g, 0, &page, 1, 4096, 0, &keep), 0);
+        for (unsigned i = 0; i < 2; i++)
+                ck_assert_int_eq(pthread_create(&t[i], NULL, tables_loop, g), 0);
+        for (unsigned i = 0; i < 2; i++) {
+                ck_assert_int_eq(pthread_join(t[i], &ret[i]), 0);
+                ck_assert_ptr_null(ret[i]);
+        }
+        epd_gpu_close(g);
+        /* Closing: nothing new, and the table kept still frees (and with it the handle). */
+        EpdGpuPages *late = NULL;
+        ck_assert_int_eq(epd_gpu_pages_new(g, 0, &page, 1, 4096, 0, &late), -EINVAL);
+        epd_gpu_pages_free(keep);
+        ck_assert_int_eq(unsetenv("EPD_LIBCUDA"), 0);
+}
+END_TEST
+
 static Suite *suite(void) {
         Suite *s = suite_create("gpu-loader");
         TCase *tc = tcase_create("core");
@@ -862,6 +905,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_fake_external);
         tcase_add_test(tc, test_fake_libepd);
         tcase_add_test(tc, test_fake_libepd_upload_wait);
+        tcase_add_test(tc, test_fake_libepd_threads);
         tcase_add_test(tc, test_fake_late_part_refused);
         tcase_add_test(tc, test_fake_unregister_keeps_wakeup);
         suite_add_tcase(s, tc);

@@ -10,7 +10,12 @@
  * A GPU arena arrives as an fd (D-Bus type `h`) with its size and its GPU's PCI bus id;
  * the daemon keeps owning the memory: unmapping, or this process dying, only drops this
  * process's mapping. The device pointer is valid in the device's primary context (the
- * one the CUDA runtime, and so PyTorch, uses). */
+ * one the CUDA runtime, and so PyTorch, uses).
+ *
+ * Threads: one EpdGpu may be used from several threads at once (mappings, page tables
+ * and notifiers made and freed on any of them); one mapping, page table or notifier is
+ * used by one thread at a time. epd_gpu_close() ends the handle once its last mapping,
+ * page table and notifier are gone; after it, nothing new is made from it (-EINVAL). */
 
 #include <stdint.h>
 
