@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #pragma once
 
-/* The named errors of the org.epd1 API (dbus/org.epd1.Errors.md lists them), and the
+/* The named errors of the org.epd1 API (docs/api.md lists them), and the
  * mapping to and from negative errno, shared by the daemon and libepd. */
 
 #include <systemd/sd-bus.h>

@@ -8,7 +8,7 @@
  * (SQ: worker -> daemon) and a completion queue (CQ: daemon -> worker), plus two
  * eventfds: the worker writes the "submit" eventfd after queueing submissions, the
  * daemon writes the "complete" eventfd after posting completions. All three fds come
- * from org.epd1.Handoff.OpenRing. Each queue has one producer and one consumer; the
+ * from org.epd1.Handoffs.OpenRing. Each queue has one producer and one consumer; the
  * indexes are free-running uint32 counters (slot = index & (entries - 1)).
  *
  * Layout of the mapping (byte offsets, little-endian, all fields naturally aligned):
