@@ -103,3 +103,7 @@ const char *config_host_id_problem(const char *value);
 int config_parse_file(Config *c, const char *path, char **errors);
 int config_parse_string(Config *c, const char *text, const char *name, char **errors);
 void config_done(Config *c);
+
+/* What a reload from running c to n cannot apply, each said in a notice (it takes
+ * effect at the next restart): how many there were. */
+unsigned config_restart_notices(const Config *c, const Config *n);

@@ -843,10 +843,6 @@ int manager_apply_cmdline(Manager *m, Config *c) {
         return 0;
 }
 
-static bool str_same(const char *a, const char *b) {
-        return a == b || (a && b && strcmp(a, b) == 0);
-}
-
 /* The checks start-up runs (manager_verify()), on the new configuration n: a reload is
  * refused for what a start would refuse (a cluster key others may read, a SocketGroup=
  * that does not exist, ...). Fills in n's defaults as start-up would (its host id). */
@@ -859,61 +855,6 @@ static int reload_verify(Manager *m, Config *n) {
         m->config = running;
         m->socket_gid = gid;
         return r;
-}
-
-/* What a reload cannot apply, said rather than ignored: how many there were. */
-static unsigned reload_restart_notices(Manager *m, const Config *n) {
-        const Config *c = &m->config;
-        unsigned k = 0;
-        bool arenas_same = n->n_arenas == c->n_arenas;
-        for (size_t i = 0; arenas_same && i < n->n_arenas; i++)
-                arenas_same = strcmp(n->arenas[i].name, c->arenas[i].name) == 0 && n->arenas[i].size == c->arenas[i].size &&
-                              n->arenas[i].domain == c->arenas[i].domain && n->arenas[i].usage == c->arenas[i].usage &&
-                              n->arenas[i].hugepages == c->arenas[i].hugepages &&
-                              n->arenas[i].numa_node == c->arenas[i].numa_node && n->arenas[i].gpu == c->arenas[i].gpu &&
-                              n->arenas[i].page_size == c->arenas[i].page_size;
-        bool etcd_same = n->etcd_lease_ttl_usec == c->etcd_lease_ttl_usec && n->max_members == c->max_members &&
-                         str_same(n->etcd_prefix, c->etcd_prefix) && str_same(n->etcd_ca_file, c->etcd_ca_file) &&
-                         str_same(n->etcd_cert_file, c->etcd_cert_file) &&
-                         str_same(n->etcd_key_file, c->etcd_key_file) && !n->etcd_endpoints == !c->etcd_endpoints;
-        for (size_t i = 0; etcd_same && n->etcd_endpoints && (n->etcd_endpoints[i] || c->etcd_endpoints[i]); i++)
-                etcd_same = str_same(n->etcd_endpoints[i], c->etcd_endpoints[i]);
-        bool peers_same = n->n_peers == c->n_peers && str_same(n->listen_address, c->listen_address) &&
-                          n->peer_streams == c->peer_streams && n->peer_slice_size == c->peer_slice_size;
-        for (size_t i = 0; peers_same && i < n->n_peers; i++)
-                peers_same = str_same(n->peers[i].name, c->peers[i].name) &&
-                             str_same(n->peers[i].address, c->peers[i].address) &&
-                             str_same(n->peers[i].host_id, c->peers[i].host_id);
-        struct {
-                bool changed;
-                const char *what;
-        } fixed[] = {
-                { !arenas_same, "Arena configuration" },
-                { !str_same(n->socket_path, c->socket_path), "Socket=" },
-                { !str_same(n->socket_group, c->socket_group), "SocketGroup=" },
-                { !str_same(n->host_id, c->host_id), "HostId=" },
-                { !str_same(n->state_dir, c->state_dir), "StateDirectory=" },
-                { !peers_same, "[Cluster] Listen=, DataStreams=, SliceSize= or the [Peer:] sections" },
-                { !str_same(n->cluster_key_file, c->cluster_key_file), "ClusterKeyFile=" },
-                { n->transport_policy != c->transport_policy, "[Cluster] Transport=" },
-                { !etcd_same, "[Cluster] Etcd=, EtcdPrefix=, EtcdLeaseTTL=, MaxMembers= or the etcd TLS files" },
-                { n->gpu_copy_kernel != c->gpu_copy_kernel, "[Gpu] CopyKernel=" },
-                { n->feature_store_max_bytes != c->feature_store_max_bytes, "[Features] StoreMaxSize=" },
-                { !str_same(n->feature_store_dir, c->feature_store_dir), "[Features] StoreDirectory=" },
-                { !str_same(n->metrics_listen, c->metrics_listen), "[Metrics] Listen=" },
-                { n->attach_grace_usec != c->attach_grace_usec, "[Limits] AttachGrace=" },
-                { n->telemetry.trace_requests != c->telemetry.trace_requests ||
-                          n->telemetry.trace_events != c->telemetry.trace_events,
-                  "[Telemetry] TraceRequests= or TraceEvents=" },
-                { !str_same(n->bus_address, c->bus_address) || n->system_bus != c->system_bus,
-                  "BusAddress= or SystemBus=" },
-        };
-        for (size_t i = 0; i < ELEMENTSOF(fixed); i++)
-                if (fixed[i].changed) {
-                        log_notice("%s changed: it takes effect at the next restart.", fixed[i].what);
-                        k++;
-                }
-        return k;
 }
 
 int manager_reload(Manager *m) {
@@ -955,7 +896,7 @@ int manager_reload(Manager *m) {
         }
         /* Reloadable: log level, limits, subsystem settings. The rest needs a restart;
          * say so instead of silently ignoring a change. */
-        unsigned pending = reload_restart_notices(m, &n);
+        unsigned pending = config_restart_notices(&m->config, &n);
         FOREACH_SUBSYSTEM(s)
                 if (s->reload) {
                         r = s->reload(m, &n);
