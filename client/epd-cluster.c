@@ -45,7 +45,7 @@ int epd_cluster_get(epd_client *c, epd_cluster *ret) {
         int r;
 
         if (!c || !ret)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         epd__clear_error(c);
         if ((r = get_property(c, "Source", "s", &cl.source)) < 0 ||
             (r = get_property(c, "EtcdState", "s", &cl.etcd_state)) < 0 ||
@@ -86,7 +86,7 @@ int epd_list_members(epd_client *c, epd_member **ret, size_t *ret_n) {
         int r;
 
         if (!c || !ret || !ret_n)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         epd__clear_error(c);
         r = epd__call(c, CLUSTER_PATH, CLUSTER_IFACE, "ListMembers", &reply, NULL);
         if (r < 0)
@@ -153,7 +153,7 @@ int epd_locate_prefix(epd_client *c, const uint64_t *hashes, size_t n, epd_place
         int r;
 
         if (!c || !ret || (n > 0 && !hashes))
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         epd__clear_error(c);
         r = epd__new_call(c, "/org/epd1/placement", "org.epd1.Placement", "LocatePrefix", &m);
         if (r < 0)

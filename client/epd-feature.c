@@ -94,7 +94,7 @@ static int build_desc(epd_client *c, const epd_feature_tensor *tensors, size_t n
                         snprintf(c->error_name, sizeof c->error_name, "org.epd1.Error.InvalidArgument");
                         snprintf(c->error_message, sizeof c->error_message,
                                  "Tensor %zu: bad name, dtype or rank.", i);
-                        return -EINVAL;
+                        return epd__error(c, -EINVAL, NULL);
                 }
                 strcpy(o->name, t->name);
                 o->dtype = (uint32_t)dt;
@@ -125,13 +125,13 @@ int epd_feature_acquire(epd_client *c, const char *key, bool may_produce, epd_fe
         int r;
 
         if (!c || !key || !ret || strlen(key) > EPD_FEATURE_KEY_MAX)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Acquire", &reply, "sb", key, (int)may_produce);
         if (r < 0)
                 return r;
         f = calloc(1, sizeof *f);
         if (!f)
-                return -ENOMEM;
+                return epd__error(c, -ENOMEM, NULL);
         copy_str(f->key, sizeof f->key, key);
         r = sd_bus_message_read(reply, "s", &result);
         if (r >= 0) {
@@ -193,10 +193,10 @@ static int reserve_new(epd_client *c, const char *member, bool with_result, cons
         int r;
 
         if (!c || !key || !ret || strlen(key) > EPD_FEATURE_KEY_MAX)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         f = calloc(1, sizeof *f);
         if (!f)
-                return -ENOMEM;
+                return epd__error(c, -ENOMEM, NULL);
         copy_str(f->key, sizeof f->key, key);
         r = reserve_call(c, member, with_result, key, bytes, tensors, n_tensors, request_id, f);
         if (r < 0) {
@@ -223,14 +223,14 @@ int epd_feature_produce(epd_client *c, epd_feature *f, uint64_t bytes,
                         const epd_feature_tensor *tensors, size_t n_tensors,
                         const char *request_id) {
         if (!c || !f)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return reserve(c, f->key, bytes, tensors, n_tensors, request_id, f);
 }
 
 int epd_feature_publish(epd_client *c, epd_feature *f, uint64_t encode_usec) {
         int r;
         if (!c || !f)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Publish", NULL, "st", f->handle, encode_usec);
         if (r >= 0)
                 copy_str(f->state, sizeof f->state, "ready");
@@ -240,7 +240,7 @@ int epd_feature_publish(epd_client *c, epd_feature *f, uint64_t encode_usec) {
 int epd_feature_publish_release(epd_client *c, epd_feature *f, uint64_t encode_usec) {
         int r;
         if (!c || !f)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         r = epd__call_nowait(c, FEATURE_PATH, FEATURE_IFACE, "Publish", "st", f->handle, encode_usec);
         if (r < 0) {
                 /* Nothing was sent: give the handle back (the producer's release fails the
@@ -268,7 +268,7 @@ int epd_feature_publish_release(epd_client *c, epd_feature *f, uint64_t encode_u
 int epd_feature_fail(epd_client *c, epd_feature *f, const char *reason) {
         int r;
         if (!c || !f)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Fail", NULL, "ss", f->handle, reason ? reason : "");
         if (r >= 0)
                 return epd_feature_refresh(c, f);
@@ -279,7 +279,7 @@ int epd_feature_refresh(epd_client *c, epd_feature *f) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         int r;
         if (!c || !f)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Describe", &reply, "s", f->handle);
         if (r < 0)
                 return r;
@@ -358,7 +358,7 @@ int epd__feature_wait_signal(epd_client *c, epd_feature *f, uint64_t deadline) {
                 }
                 uint64_t now = now_usec(CLOCK_MONOTONIC);
                 if (now >= deadline)
-                        return -ETIMEDOUT;
+                        return epd__error(c, -ETIMEDOUT, NULL);
                 r = sd_bus_wait(c->bus, deadline == UINT64_MAX ? UINT64_MAX : deadline - now);
                 if (r < 0)
                         return epd__error(c, r, NULL);
@@ -370,7 +370,7 @@ int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
         int r;
 
         if (!c || !f)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         if ((r = settled(f)) != 0)
                 return r > 0 ? 0 : r;
         deadline = usec_add(now_usec(CLOCK_MONOTONIC), timeout_usec);
@@ -380,7 +380,7 @@ int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
                 for (;;) {
                         uint64_t now = now_usec(CLOCK_MONOTONIC);
                         if (now >= deadline)
-                                return -ETIMEDOUT;
+                                return epd__error(c, -ETIMEDOUT, NULL);
                         r = wait_call(c, f, deadline == UINT64_MAX ? UINT64_MAX : deadline - now);
                         if (r == -EOPNOTSUPP)
                                 break;
@@ -401,7 +401,7 @@ int epd_feature_pin(epd_client *c, const char *key, epd_feature **ret) {
         int r;
 
         if (!c || !key || !ret || strlen(key) > EPD_FEATURE_KEY_MAX)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Pin", &reply, "s", key);
         if (r < 0)
                 return r;
@@ -410,7 +410,7 @@ int epd_feature_pin(epd_client *c, const char *key, epd_feature **ret) {
                 return epd__error(c, r, NULL);
         f = calloc(1, sizeof *f);
         if (!f)
-                return -ENOMEM;
+                return epd__error(c, -ENOMEM, NULL);
         copy_str(f->key, sizeof f->key, key);
         copy_str(f->handle, sizeof f->handle, handle);
         r = epd_feature_refresh(c, f);
@@ -438,7 +438,7 @@ int epd_feature_prefetch(epd_client *c, const char *const *keys, size_t n) {
         int r, hits = 0;
 
         if (!c || (!keys && n > 0))
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         r = epd__new_call(c, FEATURE_PATH, FEATURE_IFACE, "Prefetch", &m);
         if (r < 0)
                 return r;

@@ -195,7 +195,7 @@ int epd_gpu_daemon_pci_bus_id(epd_client *c, uint32_t daemon_ordinal, char *buf,
         uint64_t mem;
 
         if (!c || !buf || n == 0)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         epd__clear_error(c);
         r = sd_bus_get_property(c->bus, EPD_DESTINATION(c), "/org/epd1", "org.epd1.Gpu", "Gpus",
                                 &e, &reply, "a(ussbbbt)");
@@ -222,9 +222,9 @@ int epd_gpu_arena_map(epd_client *c, EpdGpu *g, size_t i, EpdGpuMapping **ret) {
         int r, ordinal;
 
         if (!a || !g || !ret)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         if (strcmp(a->domain, "gpu") != 0 || a->gpu < 0)
-                return -EOPNOTSUPP; /* host arenas: epd_arena_map() */
+                return epd__error(c, -EOPNOTSUPP, NULL); /* host arenas: epd_arena_map() */
         r = epd_gpu_daemon_pci_bus_id(c, (uint32_t)a->gpu, pci, sizeof pci);
         if (r < 0)
                 return r;
@@ -241,7 +241,7 @@ int epd_gpu_register_memory(epd_client *c, EpdGpu *g, int ordinal, uint64_t devi
         int fd, r;
 
         if (!c || !g || !ret_region || ordinal < 0 || (size_t)ordinal >= g->system->n_devices)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         /* The export is of the whole allocation, and the daemon maps it from its start:
          * a pointer inside one would have the daemon's writes land before it, over the
          * worker's other tensors. Only [start, start + size) of an allocation is taken
@@ -283,7 +283,7 @@ int epd_gpu_register_memory(epd_client *c, EpdGpu *g, int ordinal, uint64_t devi
 
 int epd_gpu_release_memory(epd_client *c, uint32_t region) {
         if (!c)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, "/org/epd1", "org.epd1.Gpu", "ReleaseMemory", NULL, "u", region);
 }
 

@@ -37,7 +37,7 @@ static int prepare_message(epd_client *c, const char *request_id, const char *de
                            sd_bus_message **ret) {
         sd_bus_message *m = NULL;
         if (!c || !request_id || !sequence || (!layer_groups && n_groups > 0))
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = epd__new_call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "Prepare", &m);
         if (r < 0)
                 return r;
@@ -122,7 +122,7 @@ int epd_handoff_prepare_async(epd_client *c, const char *request_id, const char 
                               const epd_handoff_options *opts, epd_handoff_prepared_fn fn, void *userdata) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
         if (!fn)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = prepare_message(c, request_id, destination, sequence, layer_groups, n_groups, opts, &m);
         if (r < 0)
                 return r;
@@ -135,7 +135,7 @@ int epd_handoff_prepare_async(epd_client *c, const char *request_id, const char 
 
 int epd_handoff_layer_group_ready(epd_client *c, const char *handoff, uint32_t group) {
         if (!c || !handoff)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, handoff, IFACE_HANDOFF, "LayerGroupReady", NULL, "u", group);
 }
 
@@ -178,7 +178,7 @@ static int read_accepted(epd_client *c, sd_bus_message *reply, epd_handoff_accep
 int epd_handoff_accept(epd_client *c, const char *request_id, epd_handoff_accepted *ret) {
         sd_bus_message *reply = NULL;
         if (!c || !request_id || !ret)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         memset(ret, 0, sizeof *ret);
         int r = epd__call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "Accept", &reply, "s", request_id);
         if (r < 0)
@@ -190,7 +190,7 @@ int epd_handoff_accept_wait(epd_client *c, const char *request_id, uint64_t time
                             epd_handoff_accepted *ret) {
         sd_bus_message *m = NULL, *reply = NULL;
         if (!c || !request_id || !ret)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         memset(ret, 0, sizeof *ret);
         int r = epd__new_call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "AcceptWait", &m);
         if (r < 0)
@@ -212,7 +212,7 @@ static int commit(epd_client *c, const char *handoff, const char *method, char *
         sd_bus_message *reply = NULL;
         const char *seq;
         if (!c || !handoff)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = epd__call(c, handoff, IFACE_HANDOFF, method, &reply, NULL);
         if (r < 0)
                 return r;
@@ -235,19 +235,19 @@ int epd_handoff_commit_and_release(epd_client *c, const char *handoff, char **re
 
 int epd_handoff_rollback(epd_client *c, const char *handoff) {
         if (!c || !handoff)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, handoff, IFACE_HANDOFF, "Rollback", NULL, NULL);
 }
 
 int epd_handoff_watch(epd_client *c, bool enable) {
         if (!c)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "Watch", NULL, "b", (int)enable);
 }
 
 int epd_handoff_release(epd_client *c, const char *handoff) {
         if (!c || !handoff)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, handoff, IFACE_HANDOFF, "Release", NULL, NULL);
 }
 
@@ -304,7 +304,7 @@ static int read_status(sd_bus_message *reply, epd_handoff_status *ret) {
 int epd_handoff_get(epd_client *c, const char *handoff, epd_handoff_status *ret) {
         sd_bus_message *reply = NULL;
         if (!c || !handoff || !ret)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         memset(ret, 0, sizeof *ret);
         int r = epd__call(c, handoff, "org.freedesktop.DBus.Properties", "GetAll", &reply, "s", IFACE_HANDOFF);
         if (r < 0)
@@ -364,7 +364,7 @@ int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_r
         int fds[3];
         uint64_t size;
         if (!c || !ret)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = epd__call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "OpenRing", &reply, "uu", sq_entries, cq_entries);
         if (r < 0)
                 return r;

@@ -6,6 +6,7 @@
 #include <systemd/sd-bus.h>
 
 #include "epd/epd.h"
+#include "macro.h"
 
 struct epd_client {
         sd_bus *bus;
@@ -27,6 +28,7 @@ struct epd_client {
 
 /* Records the error of a failed call and returns it as a negative errno. */
 int epd__error(epd_client *c, int r, const sd_bus_error *e);
+int epd__fail(epd_client *c, int r, const char *format, ...) _printf_(3, 4);
 void epd__clear_error(epd_client *c);
 /* A method call on org.epd1.<interface> at path; on failure, records the error. */
 int epd__call(epd_client *c, const char *path, const char *interface, const char *member,

@@ -34,7 +34,7 @@ int epd_list_peers(epd_client *c, epd_peer **ret, size_t *ret_n) {
         int r;
 
         if (!c || !ret || !ret_n)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         epd__clear_error(c);
         r = sd_bus_call_method(c->bus, EPD_DESTINATION(c), "/org/epd1/peer", "org.epd1.Peer", "ListPeers", &e,
                                &reply, NULL);

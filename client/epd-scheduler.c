@@ -26,7 +26,7 @@ int epd_admit(epd_client *c, const char *request_id, const char *task_type, uint
         int r;
 
         if (!c || !request_id || !task_type || !ret)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         r = epd__new_call(c, "/org/epd1", "org.epd1.Scheduler", "Admit", &m);
         if (r < 0)
                 return r;
@@ -53,14 +53,14 @@ int epd_admit(epd_client *c, const char *request_id, const char *task_type, uint
 
 int epd_complete(epd_client *c, const char *request_id, const char *stage, uint64_t service_usec, bool ok) {
         if (!c || !request_id || !stage)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, "/org/epd1", "org.epd1.Scheduler", "Complete", NULL, "sstb", request_id, stage,
                          service_usec, (int)ok);
 }
 
 int epd_configure_worker(epd_client *c, uint32_t slots, uint32_t queue_limit, uint64_t free_pages) {
         if (!c || !c->worker_path)
-                return -ENOTCONN;
+                return epd__error(c, -ENOTCONN, NULL);
         return epd__call(c, "/org/epd1", "org.epd1.Scheduler", "ConfigureWorker", NULL, "oa{sv}",
                          c->worker_path, 3, "Slots", "u", slots, "QueueLimit", "u", queue_limit, "FreePages",
                          "t", free_pages);
@@ -68,7 +68,7 @@ int epd_configure_worker(epd_client *c, uint32_t slots, uint32_t queue_limit, ui
 
 int epd_configure_worker_host(epd_client *c, const char *host) {
         if (!c || !c->worker_path)
-                return -ENOTCONN;
+                return epd__error(c, -ENOTCONN, NULL);
         return epd__call(c, "/org/epd1", "org.epd1.Scheduler", "ConfigureWorker", NULL, "oa{sv}",
                          c->worker_path, 1, "Host", "s", host ? host : "");
 }

@@ -41,7 +41,7 @@ int epd_sequence_create(epd_client *c, const char *arena, uint32_t n_pages, char
         sd_bus_message *reply = NULL;
         const char *path;
         if (!c || !arena)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = epd__call(c, PAGES_PATH, PAGES_IFACE, "CreateSequence", &reply, "su", arena, n_pages);
         if (r < 0)
                 return r;
@@ -64,7 +64,7 @@ int epd_sequence_create_from_prefix(epd_client *c, const char *arena, const uint
         const char *path;
         uint32_t blocks;
         if (!c || !arena || (n_hashes > 0 && !hashes))
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = epd__new_call(c, PAGES_PATH, PAGES_IFACE, "CreateFromPrefix", &m);
         if (r < 0)
                 return r;
@@ -104,7 +104,7 @@ static int call_hashes(epd_client *c, sd_bus_message *m, int r, const uint64_t *
 int epd_prefix_match(epd_client *c, const char *arena, const uint64_t *hashes, size_t n_hashes) {
         sd_bus_message *m = NULL;
         if (!c || !arena || (n_hashes > 0 && !hashes))
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = epd__new_call(c, PAGES_PATH, PAGES_IFACE, "MatchPrefix", &m);
         if (r < 0)
                 return r;
@@ -116,7 +116,7 @@ int epd_sequence_append(epd_client *c, const char *path, uint32_t n_pages, uint3
                         size_t *ret_n_pages) {
         sd_bus_message *reply = NULL;
         if (!c || !path)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = epd__call(c, path, SEQ_IFACE, "Append", &reply, "u", n_pages);
         if (r < 0)
                 return r;
@@ -127,7 +127,7 @@ int epd_sequence_append(epd_client *c, const char *path, uint32_t n_pages, uint3
 
 int epd_sequence_truncate(epd_client *c, const char *path, uint32_t n_pages) {
         if (!c || !path)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, path, SEQ_IFACE, "Truncate", NULL, "u", n_pages);
 }
 
@@ -135,7 +135,7 @@ int epd_sequence_clone(epd_client *c, const char *path, char **ret_path) {
         sd_bus_message *reply = NULL;
         const char *p;
         if (!c || !path)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = epd__call(c, path, SEQ_IFACE, "Clone", &reply, NULL);
         if (r < 0)
                 return r;
@@ -152,7 +152,7 @@ int epd_sequence_prepare_write(epd_client *c, const char *path, uint32_t first, 
         size_t sz;
         uint32_t copied;
         if (!c || !path)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = epd__call(c, path, SEQ_IFACE, "PrepareWrite", &reply, "uu", first, count);
         if (r < 0)
                 return r;
@@ -173,7 +173,7 @@ int epd_sequence_publish(epd_client *c, const char *path, uint32_t first, const 
                          size_t n_hashes) {
         sd_bus_message *m = NULL;
         if (!c || !path || (n_hashes > 0 && !hashes))
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = epd__new_call(c, path, SEQ_IFACE, "Publish", &m);
         if (r < 0)
                 return r;
@@ -183,25 +183,25 @@ int epd_sequence_publish(epd_client *c, const char *path, uint32_t first, const 
 
 int epd_sequence_grant(epd_client *c, const char *path, const char *worker_path) {
         if (!c || !path || !worker_path)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, path, SEQ_IFACE, "Grant", NULL, "o", worker_path);
 }
 
 int epd_sequence_revoke(epd_client *c, const char *path, const char *worker_path) {
         if (!c || !path || !worker_path)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, path, SEQ_IFACE, "Revoke", NULL, "o", worker_path);
 }
 
 int epd_sequence_release(epd_client *c, const char *path) {
         if (!c || !path)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, path, SEQ_IFACE, "Release", NULL, NULL);
 }
 
 int epd_sequence_release_nowait(epd_client *c, const char *path) {
         if (!c || !path)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call_nowait(c, path, SEQ_IFACE, "Release", NULL);
 }
 
@@ -219,7 +219,7 @@ static int get_property(epd_client *c, const char *path, const char *property, c
 int epd_sequence_get_pages(epd_client *c, const char *path, uint32_t **ret_pages, size_t *ret_n_pages) {
         sd_bus_message *reply = NULL;
         if (!c || !path)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = get_property(c, path, "Pages", "au", &reply);
         if (r < 0)
                 return r;
@@ -231,7 +231,7 @@ int epd_sequence_get_pages(epd_client *c, const char *path, uint32_t **ret_pages
 int epd_sequence_get_page_size(epd_client *c, const char *path, uint64_t *ret) {
         sd_bus_message *reply = NULL;
         if (!c || !path || !ret)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = get_property(c, path, "PageSize", "t", &reply);
         if (r < 0)
                 return r;
@@ -244,7 +244,7 @@ int epd_sequence_get_arena(epd_client *c, const char *path, char **ret) {
         sd_bus_message *reply = NULL;
         const char *a;
         if (!c || !path || !ret)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = get_property(c, path, "Arena", "s", &reply);
         if (r < 0)
                 return r;
@@ -261,7 +261,7 @@ int epd_sequence_attach(epd_client *c, const char *id_or_path, char **ret_path) 
         sd_bus_message *reply = NULL;
         const char *p;
         if (!c || !id_or_path)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         int r = epd__call(c, PAGES_PATH, PAGES_IFACE, "Attach", &reply, "s", id_or_path);
         if (r < 0)
                 return r;

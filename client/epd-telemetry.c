@@ -26,7 +26,7 @@ int epd_trace_get(epd_client *c, const char *request_id, epd_trace_event **ret, 
         int r;
 
         if (!c || !request_id || !ret || !n)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         r = epd__call(c, TELEMETRY_PATH, TELEMETRY_IFACE, "GetTrace", &reply, "s", request_id);
         if (r < 0)
                 return r;
@@ -76,13 +76,13 @@ int epd_trace_get(epd_client *c, const char *request_id, epd_trace_event **ret, 
 
 int epd_telemetry_track_socket(epd_client *c, int fd, const char *peer) {
         if (!c || fd < 0 || !peer)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, TELEMETRY_PATH, TELEMETRY_IFACE, "TrackSocket", NULL, "hs", fd, peer);
 }
 
 int epd_telemetry_untrack_socket(epd_client *c, int fd) {
         if (!c || fd < 0)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, TELEMETRY_PATH, TELEMETRY_IFACE, "UntrackSocket", NULL, "h", fd);
 }
 
@@ -104,10 +104,10 @@ static int on_backpressure(sd_bus_message *m, void *userdata, sd_bus_error *erro
 
 int epd_backpressure_subscribe(epd_client *c, epd_backpressure_fn fn, void *userdata) {
         if (!c || !fn)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         BackpressureSubscription *s = calloc(1, sizeof *s);
         if (!s)
-                return -ENOMEM;
+                return epd__error(c, -ENOMEM, NULL);
         *s = (BackpressureSubscription){ c, fn, userdata };
         /* A direct connection gets broadcast signals only once it asks for them. */
         int k = c->direct ? epd__call(c, "/org/epd1", "org.epd1.Manager", "Subscribe", NULL, "b", 1) : 0;

@@ -24,7 +24,7 @@ int epd_workflow_create(epd_client *c, const char *sequence, const uint32_t *tok
         int r;
 
         if (!c || !sequence || (n_tokens > 0 && !tokens))
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         r = epd__new_call(c, WF_PATH, WF_IFACE, "Create", &m);
         if (r < 0)
                 return r;
@@ -52,7 +52,7 @@ int epd_workflow_fork(epd_client *c, const char *workflow, uint32_t branch, uint
         int r;
 
         if (!c || !workflow)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         r = epd__call(c, WF_PATH, WF_IFACE, "Fork", &reply, "su", workflow, branch);
         if (r < 0)
                 return r;
@@ -75,7 +75,7 @@ int epd_workflow_advance(epd_client *c, const char *workflow, uint32_t branch, c
         int r;
 
         if (!c || !workflow || (n_tokens > 0 && !tokens))
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         r = epd__new_call(c, WF_PATH, WF_IFACE, "Advance", &m);
         if (r < 0)
                 return r;
@@ -128,25 +128,25 @@ int epd_workflow_advance(epd_client *c, const char *workflow, uint32_t branch, c
 
 int epd_workflow_merge(epd_client *c, const char *workflow, uint32_t from, uint32_t into) {
         if (!c || !workflow)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, WF_PATH, WF_IFACE, "Merge", NULL, "suu", workflow, from, into);
 }
 
 int epd_workflow_drop(epd_client *c, const char *workflow, uint32_t branch) {
         if (!c || !workflow)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, WF_PATH, WF_IFACE, "Drop", NULL, "su", workflow, branch);
 }
 
 int epd_workflow_release(epd_client *c, const char *workflow) {
         if (!c || !workflow)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, WF_PATH, WF_IFACE, "Release", NULL, "s", workflow);
 }
 
 int epd_workflow_attach(epd_client *c, const char *workflow) {
         if (!c || !workflow)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return epd__call(c, WF_PATH, WF_IFACE, "Attach", NULL, "s", workflow);
 }
 
@@ -165,7 +165,7 @@ int epd_workflow_get_branches(epd_client *c, const char *workflow, epd_workflow_
         int r;
 
         if (!c || !workflow || !ret || !ret_n)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         r = epd__call(c, WF_PATH, WF_IFACE, "GetBranches", &reply, "s", workflow);
         if (r < 0)
                 return r;

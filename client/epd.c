@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -18,10 +19,30 @@
 #define DEFAULT_SOCKET "/run/epd/bus"
 
 void epd__clear_error(epd_client *c) {
-        c->error_name[0] = c->error_message[0] = 0;
+        if (c)
+                c->error_name[0] = c->error_message[0] = 0;
+}
+
+/* Records a refusal of libepd's own (no call made, or its reply unusable), so that
+ * epd_last_error_name() never names an earlier call's error: "errno.N" and the text
+ * given (strerror's when none). */
+int epd__fail(epd_client *c, int r, const char *format, ...) {
+        if (!c)
+                return r;
+        snprintf(c->error_name, sizeof c->error_name, "errno.%d", -r);
+        if (format) {
+                va_list ap;
+                va_start(ap, format);
+                vsnprintf(c->error_message, sizeof c->error_message, format, ap);
+                va_end(ap);
+        } else
+                snprintf(c->error_message, sizeof c->error_message, "%s", strerror(-r));
+        return r;
 }
 
 int epd__error(epd_client *c, int r, const sd_bus_error *e) {
+        if (!c)
+                return r;
         if (e && sd_bus_error_is_set(e)) {
                 snprintf(c->error_name, sizeof c->error_name, "%s", e->name);
                 snprintf(c->error_message, sizeof c->error_message, "%s", e->message ? e->message : "");
@@ -178,7 +199,7 @@ int epd_flush(epd_client *c, uint64_t timeout_usec) {
         int r;
 
         if (!c)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         until = usec_add(now_usec(CLOCK_MONOTONIC), timeout_usec);
         for (;;) {
                 r = drain_nowait(c);
@@ -191,7 +212,7 @@ int epd_flush(epd_client *c, uint64_t timeout_usec) {
                         epd__error(c, -ETIMEDOUT, NULL);
                         snprintf(c->error_message, sizeof c->error_message,
                                  "%u call(s) sent without waiting are not answered yet", c->nowait_pending);
-                        return -ETIMEDOUT;
+                        return epd__error(c, -ETIMEDOUT, NULL);
                 }
                 r = sd_bus_wait(c->bus, until == UINT64_MAX ? UINT64_MAX : until - now);
                 /* A signal caught meanwhile is not an answer: wait on until the deadline
@@ -214,7 +235,7 @@ int epd_flush(epd_client *c, uint64_t timeout_usec) {
 static int connect_direct(epd_client *c, const char *path) {
         char *addr;
         if (asprintf(&addr, "unix:path=%s", path) < 0)
-                return -ENOMEM;
+                return epd__error(c, -ENOMEM, NULL);
         int r = sd_bus_new(&c->bus);
         if (r >= 0)
                 r = sd_bus_set_address(c->bus, addr);
@@ -312,9 +333,9 @@ int epd_register_named(epd_client *c, const char *role, const char *model, const
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
         int r;
         if (!c || !role || !model || !device)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         if (c->worker_path)
-                return -EALREADY;
+                return epd__fail(c, -EALREADY, "this client is already registered, as %s", c->worker_path);
         r = epd__new_call(c, "/org/epd1", "org.epd1.Manager", "RegisterWorker", &m);
         if (r < 0)
                 return r;
@@ -420,7 +441,7 @@ fail:
 
 int epd_unregister(epd_client *c) {
         if (!c || !c->worker_path)
-                return -ENOTCONN;
+                return epd__fail(c, -ENOTCONN, "this client is not registered");
         int r = epd__call(c, "/org/epd1", "org.epd1.Manager", "UnregisterWorker", NULL, "o",
                           c->worker_path);
         free(c->worker_path);
@@ -450,21 +471,24 @@ int epd_arena_find(const epd_client *c, const char *name) {
 
 int epd_arena_map(epd_client *c, size_t i, void **ret) {
         if (!c || i >= c->n_arenas)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         epd_arena *a = &c->arenas[i];
         if (strcmp(a->domain, "host") != 0)
-                return -EOPNOTSUPP; /* GPU arenas: epd_gpu_arena_map() */
+                return epd__error(c, -EOPNOTSUPP, NULL); /* GPU arenas: epd_gpu_arena_map() */
         if (!a->base) {
                 /* The size is the daemon's word: a file shorter than it would fault
                  * (SIGBUS) at the first touch past its end. */
                 struct stat st;
                 if (fstat(a->fd, &st) < 0)
-                        return -errno;
+                        return epd__error(c, -errno, NULL);
                 if ((uint64_t)st.st_size < a->size || a->data_offset > a->size)
-                        return -EBADMSG;
+                        return epd__fail(c, -EBADMSG,
+                                         "arena %s: its file (%" PRIu64 " bytes) is shorter than the daemon's size (%" PRIu64
+                                         ") or its data offset lies past that size",
+                                         a->name, (uint64_t)st.st_size, a->size);
                 void *p = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
                 if (p == MAP_FAILED)
-                        return -errno;
+                        return epd__error(c, -errno, NULL);
                 a->base = p;
         }
         *ret = a->base;
@@ -473,6 +497,8 @@ int epd_arena_map(epd_client *c, size_t i, void **ret) {
 
 static int get_string_property(epd_client *c, const char *property, char **ret) {
         sd_bus_error e = SD_BUS_ERROR_NULL;
+        if (!c || !ret)
+                return -EINVAL;
         epd__clear_error(c);
         int r = sd_bus_get_property_string(c->bus, EPD_DESTINATION(c), "/org/epd1",
                                            "org.epd1.Manager", property, &e, ret);
@@ -491,7 +517,7 @@ int epd_get_host_id(epd_client *c, char **ret) {
 }
 
 int epd_get_fd(epd_client *c) {
-        return sd_bus_get_fd(c->bus);
+        return c ? sd_bus_get_fd(c->bus) : -EINVAL;
 }
 
 int epd_get_events(epd_client *c) {
@@ -500,18 +526,22 @@ int epd_get_events(epd_client *c) {
 
 int epd_get_timeout(epd_client *c, uint64_t *ret_usec) {
         if (!c || !ret_usec)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         return sd_bus_get_timeout(c->bus, ret_usec);
 }
 
 int epd_process(epd_client *c) {
         int r, n = 0;
+        if (!c)
+                return -EINVAL;
         while ((r = sd_bus_process(c->bus, NULL)) > 0)
                 n++;
-        return r < 0 ? r : n;
+        return r < 0 ? epd__fail(c, r, "the connection to epdd: %s", strerror(-r)) : n;
 }
 
 int epd_wait(epd_client *c, uint64_t timeout_usec) {
+        if (!c)
+                return -EINVAL;
         int r = sd_bus_wait(c->bus, timeout_usec);
-        return r < 0 ? r : epd_process(c);
+        return r < 0 ? epd__fail(c, r, "the connection to epdd: %s", strerror(-r)) : epd_process(c);
 }

@@ -130,6 +130,8 @@ class Client(_lib.Closing):
 
     def _check(self, r: int, what: str) -> int:
         if r < 0:
+            if not self._c:
+                raise ValueError(f"{what}: the client is closed")
             name = self._l.epd_last_error_name(self._c)
             msg = self._l.epd_last_error_message(self._c)
             self._release_orphans()
@@ -222,7 +224,9 @@ class Client(_lib.Closing):
         return Arena(self, i)
 
     def fileno(self) -> int:
-        return self._l.epd_get_fd(self._c)
+        if not self._c:
+            raise ValueError("the client is closed")
+        return self._check(self._l.epd_get_fd(self._c), "fileno")
 
     def wait(self, timeout_s: Optional[float] = None) -> int:
         """Blocks until something arrives from the daemon (or the timeout) and processes it."""

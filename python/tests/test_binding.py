@@ -3,6 +3,7 @@
 Runs without torch: plain buffers, and numpy when present."""
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -414,6 +415,30 @@ class BindingTest(unittest.TestCase):
                     self.assertEqual(sorted(got), [1, 2])
                     r, _, _ = select.select([dring], [], [], 0.05)
                     self.assertEqual(r, [], "the ring's fd stays readable with nothing to take")
+
+    def test_closed_client_refused(self):
+        """A closed client's calls are refused in words; none reaches libepd with no
+        connection (a NULL handle)."""
+        c = epd.Client(self.d.address)
+        c.register("prefill", "m", "cpu")
+        c.close()
+        for call in (c.fileno, lambda: c.wait(0), lambda: c.flush(0), c.unregister,
+                     lambda: c.register("prefill", "m", "cpu")):
+            with self.assertRaises(ValueError) as e:
+                call()
+            self.assertIn("closed", str(e.exception))
+        self.assertIsNone(c.worker_path)
+
+    def test_local_refusal_not_named_after_an_earlier_error(self):
+        with epd.Client(self.d.address) as c:
+            with self.assertRaises(epd.EpdError) as e:
+                c.register("prefill", "m", "cpu", arenas=["nosuch"])
+            self.assertEqual(e.exception.name, "org.epd1.Error.NotFound")
+            with self.assertRaises(epd.EpdError) as e:
+                c.unregister()
+            self.assertEqual(e.exception.errno, errno.ENOTCONN)
+            self.assertEqual(e.exception.name, f"errno.{errno.ENOTCONN}")
+            self.assertIn("not registered", str(e.exception))
 
     def test_errors_carry_dbus_names(self):
         with epd.Client(self.d.address) as c:

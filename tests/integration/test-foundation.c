@@ -164,6 +164,43 @@ START_TEST(test_bad_input) {
 }
 END_TEST
 
+/* A refusal of libepd's own is named as such: epd_last_error_name() never names an
+ * earlier call's error. A NULL client is refused, not dereferenced. */
+START_TEST(test_local_refusals_named) {
+        epd_client *c;
+        char *s = NULL;
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        const char *const nosuch[] = { "nosuch", NULL };
+        ck_assert_int_eq(epd_register(c, "encoder", "m", "cpu", NULL, nosuch), -ENOENT);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.NotFound");
+
+        ck_assert_int_eq(epd_unregister(c), -ENOTCONN);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.107");
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(c), "not registered"));
+
+        ck_assert_int_eq(epd_register(c, "encoder", "m", "cpu", NULL, NULL), 0);
+        ck_assert_ptr_null(epd_last_error_name(c));
+        ck_assert_int_eq(epd_register(c, "encoder", "m", "cpu", NULL, NULL), -EALREADY);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.114");
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(c), epd_worker_path(c)));
+
+        ck_assert_int_eq(epd_sequence_create(c, NULL, 1, &s, NULL, NULL), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.22");
+        ck_assert_int_eq(epd_arena_map(c, 99, (void **)&s), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.22");
+        ck_assert_int_ge(epd_wait(c, 0), 0);
+        ck_assert_int_ge(epd_get_fd(c), 0);
+
+        ck_assert_int_eq(epd_get_fd(NULL), -EINVAL);
+        ck_assert_int_eq(epd_process(NULL), -EINVAL);
+        ck_assert_int_eq(epd_wait(NULL, 0), -EINVAL);
+        ck_assert_int_eq(epd_get_version(NULL, &s), -EINVAL);
+        ck_assert_int_eq(epd_unregister(NULL), -ENOTCONN);
+        ck_assert_ptr_null(epd_last_error_name(NULL));
+        epd_disconnect(c);
+}
+END_TEST
+
 #ifndef OVER_BUS
 static unsigned changed_seen;
 static int on_changed(sd_bus_message *m, void *userdata, sd_bus_error *e) {
@@ -270,6 +307,7 @@ int main(void) {
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_register_map_kill);
         tcase_add_test(tc, test_bad_input);
+        tcase_add_test(tc, test_local_refusals_named);
         tcase_add_test(tc, test_introspection);
 #ifndef OVER_BUS
         tcase_add_test(tc, test_broadcast_to_subscribers);

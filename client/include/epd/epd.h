@@ -6,7 +6,10 @@
  *
  * Every function returns 0 (or a positive count) on success and a negative errno on
  * failure; epd_last_error_name() / epd_last_error_message() then say what the daemon
- * answered (an org.epd1.Error.* name). An epd_client is not thread-safe: use one per
+ * answered (an org.epd1.Error.* name), or, for a refusal of libepd's own (a bad
+ * argument, not registered, the connection lost), "errno.N" and the reason: never an
+ * earlier call's error. A NULL client is refused (-EINVAL; -ENOTCONN for
+ * epd_unregister), never dereferenced. An epd_client is not thread-safe: use one per
  * thread, or lock around it. */
 
 #include <stdbool.h>
