@@ -102,11 +102,29 @@ def _lib_gpu():
     return lib
 
 
+class _Mapping:
+    """One mapping of a GPU arena (epd_gpu_arena_map), unmapped when the last object that
+    holds it goes: its GpuArena (until close()) and every view taken of it (CudaView,
+    and through it the torch tensors made from one), so that a view never points at
+    memory close() unmapped (as a host arena's views keep their own mappings)."""
+
+    def __init__(self, m: ctypes.c_void_p):
+        self.m = m
+
+    def __del__(self):
+        try:
+            if self.m is not None:
+                _lib_gpu().epd_gpu_unmap(self.m)  # a driver call: fine in any thread
+                self.m = None
+        except Exception:
+            pass
+
+
 class CudaView:
     """A typed window of device memory, for frameworks that speak
     __cuda_array_interface__. It keeps its mapping alive while it lives."""
 
-    def __init__(self, owner: "GpuArena", pointer: int, shape: Seq[int], dtype: str,
+    def __init__(self, owner: _Mapping, pointer: int, shape: Seq[int], dtype: str,
                  strides: Optional[Seq[int]] = None):
         self._owner = owner
         self.pointer, self.shape, self.dtype = pointer, tuple(int(s) for s in shape), dtype
@@ -123,7 +141,7 @@ class GpuArena(_lib.Closing):
     the daemon's GPU."""
 
     def __init__(self, gpu: "Gpu", client, index: int, mapping: ctypes.c_void_p):
-        self._gpu, self._client, self._m = gpu, client, mapping
+        self._gpu, self._client, self._map = gpu, client, _Mapping(mapping)
         self._tables = weakref.WeakSet()  # page tables of it, closed before it is unmapped
         a = _lib.lib().epd_arena_get(client._c, index).contents
         self.index, self.name, self.usage = index, a.name.decode(), a.usage.decode()
@@ -134,6 +152,11 @@ class GpuArena(_lib.Closing):
         self.ordinal = lib.epd_gpu_mapping_ordinal(mapping)
         self._torch_base = None  # the whole arena as one torch uint8 tensor, once asked for
         self._typed = {}  # the same by dtype name (typed())
+
+    @property
+    def _m(self):
+        """The mapping's handle while this arena is open (None after close())."""
+        return self._map.m if self._map is not None else None
 
     def page_table(self, pages: Seq[int], page_size: int, stream: int = 0) -> "PageTable":
         """The page table of these pages (page ids of this arena) for the KV copies. It
@@ -157,7 +180,7 @@ class GpuArena(_lib.Closing):
             raise ValueError(f"range {offset}+{n} outside GPU arena {self.name} of {self.size} bytes")
         if self._m is None:
             raise ValueError(f"GPU arena {self.name} is unmapped")
-        return CudaView(self, self.device_pointer + offset, shape, dtype)
+        return CudaView(self._map, self.device_pointer + offset, shape, dtype)
 
     def torch(self, offset: int, shape: Seq[int], dtype: str = "uint8"):
         """A torch tensor on the arena's GPU viewing `offset` (torch needed); no copy.
@@ -204,9 +227,8 @@ class GpuArena(_lib.Closing):
             t.close()  # no copy through a table of pages that are about to be unmapped
         self._typed = {}
         self._torch_base = None
-        if self._m is not None:
-            _lib_gpu().epd_gpu_unmap(self._m)
-            self._m = None
+        # Unmapped now unless views of it live on: then when the last of them goes.
+        self._map = None
 
 
 class PageTable(_lib.Closing):
@@ -274,38 +296,44 @@ class Notifier(_lib.Closing):
 
     def __init__(self, gpu: "Gpu", ordinal: int, ring):
         p = ctypes.c_void_p()
-        r = _lib_gpu().epd_gpu_notifier_new(gpu._g, ordinal, ring._r, ctypes.byref(p))
+        r = _lib_gpu().epd_gpu_notifier_new(gpu._g, ordinal, ring._handle(), ctypes.byref(p))
         if r < 0:
             raise EpdError(-r, None, None, "GPU notifier")
         self._n, self._gpu, self._ring = p, gpu, ring
         self._ready_after = _lib_gpu().epd_gpu_notifier_ready_after
+        ring._users.add(self)  # Ring.close() stops this notifier's thread first
+
+    def _handle(self):
+        if not self._n:
+            raise ValueError("the notifier is closed (or its ring was)")
+        return self._n
 
     def ready_after(self, stream: int, request_id: bytes, token: int, group: int) -> None:
         """request_id: the handoff's request id, 32 hex digits, as bytes."""
-        r = self._ready_after(self._n, stream, request_id, token, group)
+        r = self._ready_after(self._handle(), stream, request_id, token, group)
         if r < 0:
             raise EpdError(-r, None, None, f"layer group {group} ready after the stream's work")
 
     def ready_after_range(self, stream: int, request_id: bytes, token: int, first: int, count: int) -> None:
         """Groups [first, first + count) ready after one event (every layer written in one
         launch: one notice for all of its groups)."""
-        r = _lib_gpu().epd_gpu_notifier_ready_after_range(self._n, stream, request_id, token, first, count)
+        r = _lib_gpu().epd_gpu_notifier_ready_after_range(self._handle(), stream, request_id, token, first, count)
         if r < 0:
             raise EpdError(-r, None, None, f"layer groups {first}..{first + count - 1} ready after the stream's work")
 
     def flush(self, timeout_s: Optional[float] = None) -> None:
         t = (1 << 64) - 1 if timeout_s is None else int(timeout_s * 1e6)
-        r = _lib_gpu().epd_gpu_notifier_flush(self._n, t)
+        r = _lib_gpu().epd_gpu_notifier_flush(self._handle(), t)
         if r < 0:
             raise EpdError(-r, None, None, "layer groups reported ready from the GPU")
 
     @property
     def pending(self) -> int:
-        return _lib_gpu().epd_gpu_notifier_pending(self._n)
+        return _lib_gpu().epd_gpu_notifier_pending(self._handle())
 
     @property
     def submitted(self) -> int:
-        return _lib_gpu().epd_gpu_notifier_submitted(self._n)
+        return _lib_gpu().epd_gpu_notifier_submitted(self._handle())
 
     def close(self):
         if self._n:

@@ -16,6 +16,7 @@ See docs/handoff.md for the states and the guarantees."""
 import ctypes
 import errno as _errno
 import time
+import weakref
 from typing import List, NamedTuple, Optional, Sequence as Seq
 
 from . import _lib
@@ -140,6 +141,9 @@ class Ring(_lib.Closing):
         p = ctypes.c_void_p()
         client._check(self._lib.epd_ring_open(client._c, sq_entries, cq_entries, ctypes.byref(p)), "open ring")
         self._r = p
+        # Objects that use the ring from a thread of their own (epd.gpu.Notifier): closed
+        # before the ring is, so that no thread submits to a ring that was freed.
+        self._users = weakref.WeakSet()
         # A handoff is (request id, token), never its token alone: tokens are unique per
         # source daemon only, and a decode worker takes handoffs from several hosts.
         self.progress = {}  # (request id (32 hex digits), token) -> groups landed (the highest count seen)
@@ -158,8 +162,13 @@ class Ring(_lib.Closing):
             raise EpdError(-r, None, None, what)
         return r
 
+    def _handle(self):
+        if not self._r:
+            raise ValueError("the ring is closed")
+        return self._r
+
     def layer_group_ready(self, request_id: str, token: int, group: int, user_data: int = 0):
-        self._check(self._lib.epd_ring_layer_group_ready(self._r, request_id.encode(), token, group, user_data),
+        self._check(self._lib.epd_ring_layer_group_ready(self._handle(), request_id.encode(), token, group, user_data),
                     "ring: layer group ready")
 
     def accept(self, request_id: str, timeout_s: float = 0, user_data: int = 0):
@@ -167,7 +176,7 @@ class Ring(_lib.Closing):
         is prepared here (waiting up to timeout_s; 0: the daemon's HandoffTimeout=). The
         answer is a RING_EV_HANDOFF_ACCEPTED record (kept in `accepted`, by request id) or a
         completion with the error (in `other`); Accepted.accept() then gives the offsets."""
-        self._check(self._lib.epd_ring_accept(self._r, request_id.encode(), int(timeout_s * 1e6), user_data),
+        self._check(self._lib.epd_ring_accept(self._handle(), request_id.encode(), int(timeout_s * 1e6), user_data),
                     "ring: accept")
 
     def commit(self, request_id: str, token: int, release: bool = False, timeout_s: float = 30.0) -> str:
@@ -180,7 +189,7 @@ class Ring(_lib.Closing):
         from . import EpdError
         self._serial += 1
         user_data = _COMMIT_USER_DATA | self._serial
-        self._check(self._lib.epd_ring_commit(self._r, request_id.encode(), token, int(release), user_data),
+        self._check(self._lib.epd_ring_commit(self._handle(), request_id.encode(), token, int(release), user_data),
                     "ring: commit")
         deadline = time.monotonic() + timeout_s
         while True:
@@ -199,20 +208,20 @@ class Ring(_lib.Closing):
     def fileno(self) -> int:
         """The completion eventfd: readable when events were posted (select/poll/asyncio);
         take them with next(0) until None, which also clears it."""
-        return self._lib.epd_ring_fd(self._r)
+        return self._lib.epd_ring_fd(self._handle())
 
     def daemon_fileno(self) -> Optional[int]:
         """A pidfd of the daemon, readable once it exited: a loop that waits on fileno()
         watches this one too, or it never notices a dead daemon. None where there is none
         (a bus connection, an older kernel)."""
-        fd = self._lib.epd_ring_daemon_fd(self._r)
+        fd = self._lib.epd_ring_daemon_fd(self._handle())
         return fd if fd >= 0 else None
 
     def next(self, timeout_s: Optional[float] = None) -> Optional[RingRecord]:
         """The next raw event, or None after timeout_s (None: wait for ever)."""
         rec = RingRecord()
         t = 2**64 - 1 if timeout_s is None else int(timeout_s * 1e6)
-        r = self._lib.epd_ring_next(self._r, ctypes.byref(rec), t)
+        r = self._lib.epd_ring_next(self._handle(), ctypes.byref(rec), t)
         if r == -_errno.EAGAIN:
             return None
         self._check(r, "ring: next")
@@ -267,6 +276,8 @@ class Ring(_lib.Closing):
         """Closes the ring on both sides while the client is open (the daemon's side goes
         too: notifications go back to D-Bus signals and the client may open another
         ring), else this side alone (the daemon's goes with the client)."""
+        for u in list(self._users):
+            u.close()
         if self._r:
             if getattr(self._client, "_c", None):
                 self._lib.epd_ring_release(self._client._c, self._r)  # closes self._r either way

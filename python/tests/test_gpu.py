@@ -110,6 +110,58 @@ class GpuArenaTest(unittest.TestCase):
                 m.view(0, (4,), "uint8")
             g.close()
 
+    def test_views_outlive_close(self):
+        """close() unmaps the arena only once no view of it is left: a CudaView (or a torch
+        tensor made from one) taken before still reads the memory, and the last view
+        gone, the range is unmapped."""
+        import gc
+
+        def mapped(ptr):
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                    if lo <= ptr < hi:
+                        return "rw" in line.split()[1]
+            return False
+
+        with epd.Client(self.d.address) as c:
+            c.register("prefill", "m", "cuda:0", kv=KV)
+            g = epd.gpu.Gpu()
+            m = g.map_arena(c, "kvgpu")
+            v = m.view(m.data_offset, (64,), "uint8")
+            ptr = v.__cuda_array_interface__["data"][0]
+            pattern = bytes(range(64))
+            ctypes.memmove(ptr, pattern, 64)
+            m.close()
+            with self.assertRaises(ValueError):
+                m.view(m.data_offset, (4,), "uint8")
+            self.assertTrue(mapped(ptr))
+            self.assertEqual(ctypes.string_at(ptr, 64), pattern)
+            del v
+            gc.collect()
+            self.assertFalse(mapped(ptr), "the last view gone, the arena is still mapped")
+            g.close()
+
+    def test_ring_close_closes_its_notifiers(self):
+        """Ring.close() stops the notifiers that submit to it first (their threads never
+        touch a freed ring); a closed notifier's calls are refused."""
+        from epd.handoff import Ring
+        with epd.Client(self.d.address) as p:
+            p.register("prefill", "m", "cuda:0", kv=KV)
+            g = epd.gpu.Gpu()
+            ring = Ring(p)
+            n = epd.gpu.Notifier(g, 0, ring)
+            n.flush(1)
+            ring.close()
+            with self.assertRaises(ValueError):
+                n.flush(1)
+            with self.assertRaises(ValueError):
+                n.ready_after(0, b"%032x" % 1, 1, 0)
+            with self.assertRaises(ValueError):
+                ring.next(0)
+            n.close()
+            g.close()
+
     def test_notifier_reports_groups_ready_from_events(self):
         """epd.gpu.Notifier: each group's event recorded on the stream, LayerGroupReady
         put on the ring by libepd's thread; the decode side sees every group; a failed
