@@ -28,13 +28,15 @@ static int read_info(epd_client *c, sd_bus_message *reply, epd_feature *f) {
         int r;
 
         r = sd_bus_message_read(reply, "sssstt", &handle, &state, &error, &arena, &f->offset, &f->bytes);
-        if (r >= 0)
-                r = sd_bus_message_read_array(reply, 'y', &bin, &bin_len);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        /* First: a failure past here gives the handle back (drop_unusable()). */
+        copy_str(f->handle, sizeof f->handle, handle);
+        r = sd_bus_message_read_array(reply, 'y', &bin, &bin_len);
         if (r >= 0)
                 r = sd_bus_message_read(reply, "s", &req);
         if (r < 0)
                 return epd__error(c, r, NULL);
-        copy_str(f->handle, sizeof f->handle, handle);
         copy_str(f->state, sizeof f->state, state);
         copy_str(f->error, sizeof f->error, error);
         copy_str(f->request_id, sizeof f->request_id, req);
@@ -118,6 +120,22 @@ static int build_desc(epd_client *c, const epd_feature_tensor *tensors, size_t n
         return r < 0 ? epd__error(c, r, NULL) : 0;
 }
 
+/* A reply the daemon made with a handle that cannot be used here (malformed, a placement
+ * outside the arena): the handle is given back, not left held until the connection
+ * goes; the error stays the one that made it unusable. */
+static int drop_unusable(epd_client *c, epd_feature *f, int r) {
+        if (f->handle[0]) {
+                char name[sizeof c->error_name], message[sizeof c->error_message];
+                memcpy(name, c->error_name, sizeof name);
+                memcpy(message, c->error_message, sizeof message);
+                (void)epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Release", NULL, "s", f->handle);
+                memcpy(c->error_name, name, sizeof name);
+                memcpy(c->error_message, message, sizeof message);
+        }
+        free(f);
+        return r;
+}
+
 int epd_feature_acquire(epd_client *c, const char *key, bool may_produce, epd_feature **ret) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         const char *result;
@@ -138,10 +156,8 @@ int epd_feature_acquire(epd_client *c, const char *key, bool may_produce, epd_fe
                 copy_str(f->result, sizeof f->result, result);
                 r = read_info(c, reply, f);
         }
-        if (r < 0) {
-                free(f);
-                return r < 0 ? r : -EIO;
-        }
+        if (r < 0)
+                return drop_unusable(c, f, r);
         *ret = f;
         return 0;
 }
@@ -199,10 +215,8 @@ static int reserve_new(epd_client *c, const char *member, bool with_result, cons
                 return epd__error(c, -ENOMEM, NULL);
         copy_str(f->key, sizeof f->key, key);
         r = reserve_call(c, member, with_result, key, bytes, tensors, n_tensors, request_id, f);
-        if (r < 0) {
-                free(f);
-                return r;
-        }
+        if (r < 0)
+                return drop_unusable(c, f, r);
         *ret = f;
         return 0;
 }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* libepd: KV sequences (org.epd1.Pages, org.epd1.Sequence). */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,8 +164,15 @@ int epd_sequence_prepare_write(epd_client *c, const char *path, uint32_t first, 
                 sd_bus_message_unref(reply);
                 return epd__error(c, r, NULL);
         }
+        if (sz != (size_t)count * sizeof(uint32_t)) {
+                /* Page ids the caller would write to: never partly filled, the rest
+                 * whatever the buffer held. */
+                sd_bus_message_unref(reply);
+                return epd__fail(c, -EBADMSG, "PrepareWrite answered %zu page ids for %" PRIu32 " pages",
+                                 sz / sizeof(uint32_t), count);
+        }
         if (ret_pages)
-                memcpy(ret_pages, p, MIN(sz, (size_t)count * sizeof(uint32_t)));
+                memcpy(ret_pages, p, sz);
         sd_bus_message_unref(reply);
         return (int)MIN(copied, (uint32_t)INT32_MAX);
 }

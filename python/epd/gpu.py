@@ -164,6 +164,10 @@ class GpuArena(_lib.Closing):
         if self._m is None:
             raise ValueError(f"GPU arena {self.name} is unmapped")
         base = self.device_pointer + self.data_offset
+        n = (self.size - self.data_offset) // page_size if page_size > 0 else 0
+        bad = [p for p in pages if not 0 <= p < n]
+        if bad:  # a kernel would write past the mapping: a device fault, or another's memory
+            raise ValueError(f"page ids {bad[:4]} outside GPU arena {self.name} ({n} pages of {page_size} bytes)")
         t = PageTable(self._gpu, self.ordinal, [base + p * page_size for p in pages], page_size, stream,
                       owner=self)
         self._tables.add(t)

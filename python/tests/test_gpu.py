@@ -466,6 +466,13 @@ class KvCopyTest(unittest.TestCase):
             self.assertTrue((v2.view(np.uint16) == v.view(np.uint16)).all())
             pt.close()
             m = g.map_arena(c, "kvgpu")
+            # Page ids past the arena (or negative) would have the kernels write past the
+            # mapping: refused.
+            n_pages = (m.size - m.data_offset) // L.page_size
+            for bad in ([0, n_pages], [-1]):
+                with self.assertRaises(ValueError):
+                    m.page_table(bad, L.page_size)
+            m.page_table([n_pages - 1], L.page_size).close()
             pt = m.page_table([0, 2], L.page_size)
             m.close()
             with self.assertRaises(ValueError):

@@ -126,7 +126,8 @@ int epd_sequence_truncate(epd_client *c, const char *path, uint32_t n_pages);
 /* Shares every page with a new sequence owned by the caller; no byte is copied. */
 int epd_sequence_clone(epd_client *c, const char *path, char **ret_path);
 /* Makes pages [first, first+count) writable (copy-on-write where shared); their ids go to
- * ret_pages[count]. Returns the number of pages the daemon copied. */
+ * ret_pages[count]. Returns the number of pages the daemon copied; a reply without
+ * exactly count ids is -EBADMSG, and nothing is written to ret_pages. */
 int epd_sequence_prepare_write(epd_client *c, const char *path, uint32_t first, uint32_t count,
                                uint32_t *ret_pages);
 /* Records hashes[i] -> page first+i in the block directory; returns how many were new. */

@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* libepd against a stand-in daemon that answers with canned replies a real epdd never
+ * sends (a short PrepareWrite, a feature reply cut short after its handle): nothing the
+ * reply left out is used, and a handle the daemon made is given back, not held until the
+ * connection goes. The stand-in is a D-Bus peer server on a unix socket, as epdd's direct
+ * socket is. */
+#include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <systemd/sd-bus.h>
+
+#include "epd/epd.h"
+#include "epd/epd-feature.h"
+#include "../check-main.h"
+
+typedef struct Stub {
+        char dir[64], path[80];
+        int listen_fd;
+        pthread_t thread;
+        atomic_bool stop;
+        atomic_int releases; /* Feature.Release calls seen */
+        char released[64];
+} Stub;
+
+static Stub stub;
+
+static int on_call(sd_bus_message *m, void *userdata, sd_bus_error *e) {
+        Stub *s = userdata;
+        sd_bus_message *reply = NULL;
+        sd_bus *bus = sd_bus_message_get_bus(m);
+        int r = 0;
+
+        if (!sd_bus_message_is_method_call(m, NULL, NULL))
+                return 0;
+        const char *member = sd_bus_message_get_member(m);
+        if (strcmp(member, "PrepareWrite") == 0) {
+                /* Pages 0+3 asked for, one page id answered. */
+                static const uint32_t one[] = { 7 };
+                r = sd_bus_message_new_method_return(m, &reply);
+                if (r >= 0)
+                        r = sd_bus_message_append_array(reply, 'u', one, sizeof one);
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "u", 0u);
+        } else if (strcmp(member, "Acquire") == 0) {
+                /* The result and the handle's fields, then nothing: no descriptor, no
+                 * request id. */
+                r = sd_bus_message_new_method_return(m, &reply);
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "ssssstt", "hit", "h-1", "ready", "", "", (uint64_t)0,
+                                                  (uint64_t)64);
+        } else if (strcmp(member, "Release") == 0) {
+                const char *h;
+                if (sd_bus_message_read(m, "s", &h) >= 0)
+                        snprintf(s->released, sizeof s->released, "%s", h);
+                atomic_fetch_add(&s->releases, 1);
+                r = sd_bus_message_new_method_return(m, &reply);
+        } else
+                r = sd_bus_message_new_method_errorf(m, &reply, "org.epd1.Error.NotSupported", "no %s here", member);
+        if (r >= 0)
+                r = sd_bus_send(bus, reply, NULL);
+        sd_bus_message_unref(reply);
+        return r < 0 ? r : 1;
+}
+
+static void *serve(void *userdata) {
+        Stub *s = userdata;
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+                return NULL;
+        sd_bus *bus = NULL;
+        sd_id128_t id;
+        int r = sd_id128_randomize(&id);
+        if (r >= 0)
+                r = sd_bus_new(&bus);
+        if (r >= 0)
+                r = sd_bus_set_fd(bus, fd, fd);
+        if (r >= 0)
+                r = sd_bus_set_server(bus, true, id);
+        if (r >= 0)
+                r = sd_bus_set_anonymous(bus, false);
+        if (r >= 0)
+                r = sd_bus_negotiate_fds(bus, true);
+        if (r >= 0)
+                r = sd_bus_add_filter(bus, NULL, on_call, s);
+        if (r >= 0)
+                r = sd_bus_start(bus);
+        while (r >= 0 && !atomic_load(&s->stop)) {
+                r = sd_bus_process(bus, NULL);
+                if (r == 0)
+                        r = sd_bus_wait(bus, 50 * 1000);
+        }
+        if (bus)
+                sd_bus_flush_close_unref(bus);
+        else
+                close(fd);
+        return NULL;
+}
+
+static void setup(void) {
+        memset(&stub, 0, sizeof stub);
+        /* Under the run's directory (check_run() removes it, even after a failed test
+         * that never reached its teardown). */
+        const char *run = getenv("EPD_TEST_RUN_DIR");
+        ck_assert_ptr_nonnull(run);
+        ck_assert_int_lt(snprintf(stub.dir, sizeof stub.dir, "%s/libepd-XXXXXX", run), (int)sizeof stub.dir);
+        ck_assert_ptr_nonnull(mkdtemp(stub.dir));
+        snprintf(stub.path, sizeof stub.path, "%s/bus", stub.dir);
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", stub.path);
+        stub.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_ge(stub.listen_fd, 0);
+        ck_assert_int_eq(bind(stub.listen_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        ck_assert_int_eq(listen(stub.listen_fd, 4), 0);
+        ck_assert_int_eq(pthread_create(&stub.thread, NULL, serve, &stub), 0);
+}
+
+static void teardown(void) {
+        atomic_store(&stub.stop, true);
+        shutdown(stub.listen_fd, SHUT_RDWR); /* a thread still in accept() */
+        pthread_join(stub.thread, NULL);
+        close(stub.listen_fd);
+        unlink(stub.path);
+        rmdir(stub.dir);
+}
+
+static epd_client *connect_stub(void) {
+        char address[200];
+        epd_client *c = NULL;
+        snprintf(address, sizeof address, "direct:%s", stub.path);
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        return c;
+}
+
+START_TEST(test_short_prepare_write) {
+        epd_client *c = connect_stub();
+        uint32_t pages[3] = { 0xdead, 0xdead, 0xdead };
+        ck_assert_int_eq(epd_sequence_prepare_write(c, "/org/epd1/sequence/x", 0, 3, pages), -EBADMSG);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.74");
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(c), "1 page ids for 3 pages"));
+        /* Nothing of the short answer was taken for page ids. */
+        ck_assert_uint_eq(pages[0], 0xdead);
+        epd_disconnect(c);
+}
+END_TEST
+
+START_TEST(test_cut_feature_reply_releases_handle) {
+        epd_client *c = connect_stub();
+        epd_feature *f = NULL;
+        ck_assert_int_lt(epd_feature_acquire(c, "k", false, &f), 0);
+        ck_assert_ptr_null(f);
+        ck_assert_int_eq(atomic_load(&stub.releases), 1);
+        ck_assert_str_eq(stub.released, "h-1");
+        /* The error is the reply's, not the Release's. */
+        ck_assert_ptr_nonnull(epd_last_error_name(c));
+        ck_assert_str_ne(epd_last_error_name(c), "errno.0");
+        epd_disconnect(c);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("libepd-replies");
+        TCase *tc = tcase_create("replies");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_add_test(tc, test_short_prepare_write);
+        tcase_add_test(tc, test_cut_feature_reply_releases_handle);
+        suite_add_tcase(s, tc);
+        return check_run(s, CK_FORK_GETENV);
+}
