@@ -168,7 +168,8 @@ int wal_parse_buffer(const void *buf, size_t n, uint64_t skip_through, WalApplyF
                         result->tail = r;
                         break;
                 }
-                if (rec.lsn != result->last_lsn + 1) {
+                if (rec.lsn != result->last_lsn + 1 || result->ended) {
+                        /* (nothing follows a snapshot's end) */
                         result->tail = -EBADMSG;
                         break;
                 }
@@ -184,6 +185,7 @@ int wal_parse_buffer(const void *buf, size_t n, uint64_t skip_through, WalApplyF
                                  * these two codes mean to wal_replay()). */
                                 return r == -EBADMSG || r == -EPROTONOSUPPORT ? -EIO : r;
                 }
+                result->ended = rec.type == WAL_RECORD_SNAPSHOT_END;
                 result->records++;
                 result->last_lsn = rec.lsn;
                 off += size;
@@ -461,7 +463,7 @@ int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
                                                WAL_SNAPSHOT_NAME);
                 /* A snapshot is written whole and renamed into place: any flaw is real
                  * corruption, and the state it held cannot be recovered by cutting. */
-                if (pr.header.kind != WAL_FILE_SNAPSHOT || pr.tail != 0 || pr.records == 0)
+                if (pr.header.kind != WAL_FILE_SNAPSHOT || pr.tail != 0 || !pr.ended)
                         return log_error_errno(EBADMSG,
                                                "WAL snapshot %s/%s is corrupt at byte %zu.",
                                                w->dir, WAL_SNAPSHOT_NAME, pr.good_bytes);

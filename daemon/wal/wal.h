@@ -104,6 +104,7 @@ typedef struct WalParseResult {
         uint64_t last_lsn;   /* LSN of the last good record (log: base_lsn if none) */
         size_t good_bytes;   /* length of the valid prefix of the file */
         int tail;            /* 0: clean end; -EAGAIN: torn tail; -EBADMSG: corrupt */
+        bool ended;          /* a snapshot: its SNAPSHOT_END was read (the last record) */
 } WalParseResult;
 
 /* Parses a whole file image: header, then records until the end or the first bad

@@ -484,6 +484,41 @@ START_TEST(test_compaction) {
         s = (State){};
         ck_assert_int_eq(wal_replay(w, apply, &s), -EBADMSG);
         wal_free(w);
+        /* And one cut at a record boundary before its SNAPSHOT_END (each record whole,
+         * the state's end missing), or with a record after it. */
+        copy_file(dir, "good-snap", "wal.snapshot");
+        file_truncate(dir, "wal.snapshot", file_size(dir, "good-snap") - wal_record_size(8));
+        ck_assert_int_eq(wal_open(dir, WAL_SYNC_NONE, &w), 0);
+        s = (State){};
+        ck_assert_int_eq(wal_replay(w, apply, &s), -EBADMSG);
+        wal_free(w);
+        {
+                uint8_t rec[WAL_RECORD_HEADER_SIZE + 8] = {};
+                uint64_t v = 1;
+                size_t n = (size_t)file_size(dir, "good-snap");
+                uint8_t *buf = malloc(n + sizeof rec);
+                char p[600];
+                snprintf(p, sizeof p, "%s/good-snap", dir);
+                FILE *f = fopen(p, "re");
+                ck_assert_ptr_nonnull(f);
+                ck_assert_uint_eq(fread(buf, 1, n, f), n);
+                fclose(f);
+                /* The END's LSN is the snapshot's record count: the next one follows it. */
+                WalParseResult pr;
+                ck_assert_int_eq(wal_parse_buffer(buf, n, 0, NULL, NULL, true, &pr), 0);
+                wal_record_encode(rec, pr.last_lsn + 1, WAL_RECORD_TEST, &v, 8);
+                memcpy(buf + n, rec, sizeof rec);
+                snprintf(p, sizeof p, "%s/wal.snapshot", dir);
+                f = fopen(p, "we");
+                ck_assert_ptr_nonnull(f);
+                ck_assert_uint_eq(fwrite(buf, 1, n + sizeof rec, f), n + sizeof rec);
+                fclose(f);
+                free(buf);
+        }
+        ck_assert_int_eq(wal_open(dir, WAL_SYNC_NONE, &w), 0);
+        s = (State){};
+        ck_assert_int_eq(wal_replay(w, apply, &s), -EBADMSG);
+        wal_free(w);
         /* So is a missing one, when the log starts after LSN 0. */
         copy_file(dir, "good-snap", "wal.snapshot");
         char path[600];
