@@ -544,9 +544,14 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
 /* Publish and Fail: r is how ending the production went. The feature's new state was
  * journaled (docs/wal.md): the reply waits until it is durable. */
 static int producer_ended(FeatureManager *fm, sd_bus_message *msg, const char *id, int r, sd_bus_error *error) {
-        if (r < 0)
+        if (r == -EBADSLT)
                 return epd_bus_error(error, EPD_ERROR_STALE, "Handle %s is not the producer of a reserved feature.",
                                      id);
+        if (r < 0)
+                return epd_bus_error(error, EPD_ERROR_FAILED,
+                                     "Handle %s: the feature's new state could not be journaled (%s); it stays "
+                                     "reserved.",
+                                     id, strerror(-r));
         return wal_manager_reply_empty(fm->manager, msg);
 }
 

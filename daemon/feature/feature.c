@@ -334,18 +334,19 @@ int feature_record_ready_parse(const void *buf, size_t n, FeatureRecord *ret) {
         return 0;
 }
 
-static void journal_ready(FeatureCache *c, Feature *f) {
+static int journal_ready(FeatureCache *c, Feature *f) {
         _cleanup_(freep) void *buf = NULL;
         size_t len;
         int r;
 
         if (!c->journal_fn)
-                return;
+                return 0;
         r = feature_record_ready_encode(f, &buf, &len);
         if (r >= 0)
                 r = c->journal_fn(c, FEATURE_REC_READY, buf, len, c->journal_userdata);
         if (r < 0)
-                log_warning_errno(r, "Cannot journal a published feature: %m");
+                log_warning_errno(r, "Cannot journal feature %.64s as ready: %m", f->key);
+        return r;
 }
 
 static void journal_gone(FeatureCache *c, Feature *f) {
@@ -678,7 +679,7 @@ static void load_finish(FeatureCache *c, Feature *f) {
         f->state = FEATURE_READY;
         PRIV(f)->on_disk = true;
         c->stats.loaded++;
-        journal_ready(c, f);
+        (void)journal_ready(c, f); /* in the store: a restart without its record loads it again */
         lru_update(c, f);
 }
 
@@ -908,15 +909,24 @@ int feature_publish(FeatureRef *r, usec_t encode_usec) {
             !f->has_region)
                 return -EBADSLT;
         c = f->cache;
+        /* Journaled first: a Publish whose record the log did not take is refused (the
+         * feature stays reserved, its producer may fail it or retry), never acknowledged
+         * as durable with nothing in the log. */
+        usec_t was = f->encode_usec;
+        f->encode_usec = encode_usec;
+        f->state = FEATURE_READY; /* what the record says */
+        int e = journal_ready(c, f);
+        if (e < 0) {
+                f->state = FEATURE_RESERVED;
+                f->encode_usec = was;
+                return e == -EBADSLT ? -EIO : e;
+        }
         c->stats.bytes_reserved -= f->size;
         c->stats.bytes_cached += f->size;
-        f->state = FEATURE_READY;
-        f->encode_usec = encode_usec;
         f->producer = NULL;
         r->kind = FEATURE_REF_READER;
         f->n_readers++;
         c->stats.produced++;
-        journal_ready(c, f);
         notify(c, f);
         lru_update(c, f);
         return 0;

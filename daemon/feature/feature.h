@@ -242,7 +242,8 @@ int feature_ref_reserve_in(FeatureRef *r, uint64_t bytes, uint64_t arena_mask, F
                            const EpdId *request_id, FeatureDescIssue *issue);
 
 /* Producer: marks the feature READY (the ref becomes a reader). -EBADSLT if the ref is
- * not the producer of a feature with a region. */
+ * not the producer of a feature with a region; the journal's error if its READY record
+ * was not taken (the feature then stays RESERVED, the ref its producer). */
 int feature_publish(FeatureRef *r, usec_t encode_usec);
 /* Producer: marks it FAILED with error (negative errno), waking waiters. The ref stays,
  * as a reader of a FAILED feature. */

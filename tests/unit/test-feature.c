@@ -223,6 +223,40 @@ START_TEST(test_fail_wakes_waiters) {
 }
 END_TEST
 
+static int journal_result, journal_ready_records;
+static int journal_refusing(FeatureCache *c, uint16_t rec, const void *payload, size_t len, void *userdata) {
+        if (rec == FEATURE_REC_READY && journal_result == 0)
+                journal_ready_records++;
+        return journal_result;
+}
+
+/* A Publish whose READY record the journal refuses is refused itself: the feature stays
+ * reserved (no reader woken, nothing acknowledged as durable), and the producer may
+ * publish again once the journal takes it. */
+START_TEST(test_publish_refused_without_its_record) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
+        FeatureDesc *d = desc_bytes(100);
+        FeatureRef *p, *w;
+        feature_cache_set_journal(c, journal_refusing, NULL);
+        journal_result = -ENOSPC;
+        journal_ready_records = 0;
+        ck_assert_int_eq(feature_reserve(c, "k", 100, &d, NULL, &p, NULL), 0);
+        FeatureAcquireResult res;
+        ck_assert_int_eq(feature_acquire(c, "k", false, 0, &w, &res), 0);
+        ck_assert_int_eq(feature_publish(p, 7), -ENOSPC);
+        ck_assert_int_eq(p->feature->state, FEATURE_RESERVED);
+        ck_assert_int_eq(p->kind, FEATURE_REF_PRODUCER);
+        ck_assert_int_eq(n_ready_events, 0);
+        journal_result = 0;
+        ck_assert_int_eq(feature_publish(p, 7), 0);
+        ck_assert_int_eq(p->feature->state, FEATURE_READY);
+        ck_assert_int_eq(journal_ready_records, 1);
+        ck_assert_int_eq(n_ready_events, 1);
+        feature_ref_release(w);
+        feature_ref_release(p);
+}
+END_TEST
+
 START_TEST(test_reserve_errors) {
         _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(16 * CHUNK);
         FeatureDescIssue issue;
@@ -933,6 +967,7 @@ int main(void) {
         tcase_add_test(tc, test_coalesce_and_publish);
         tcase_add_test(tc, test_fail_wakes_waiters);
         tcase_add_test(tc, test_reserve_errors);
+        tcase_add_test(tc, test_publish_refused_without_its_record);
         tcase_add_test(tc, test_lru_budget);
         tcase_add_test(tc, test_evict_in_allowed_arenas);
         tcase_add_test(tc, test_pins);
