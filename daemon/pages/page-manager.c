@@ -607,6 +607,8 @@ static int on_grace(sd_event_source *es, uint64_t usec, void *userdata) {
         pm->grace = sd_event_source_disable_unref(pm->grace);
         if (pm->grace_ends)
                 pm->grace_ends(pm->keeps_userdata);
+        if (pm->sequences_restored == 0)
+                return 0; /* armed for the keeper alone: no sequence waits for its owner */
         /* Collect in one pass, then release: releasing changes the map under an
          * iterator, and restarting the scan after each release made the sweep quadratic
          * in the restored sequences (with a keeper question for each kept one every
@@ -770,11 +772,15 @@ int page_manager_restore_finish(PageManager *pm) {
         if (pm->directory_restored > 0)
                 log_info("%" PRIu64 " block-directory entries restored.", pm->directory_restored);
         pm->sequences_restored = hashmap_size(pm->sequences);
-        if (pm->sequences_restored == 0)
+        /* With no sequence restored the grace still runs when a keeper has one of its
+         * own (the workflows': one whose every branch was dropped holds no sequence, and
+         * restored unattached it would stay for good). */
+        if (pm->sequences_restored == 0 && !pm->grace_ends)
                 return 0;
         usec_t grace = m->config.attach_grace_usec ?: PAGE_MANAGER_ATTACH_GRACE_USEC;
-        log_info("%" PRIu64 " sequences restored; their owners have %" PRIu64 " s to Attach.",
-                 pm->sequences_restored, (uint64_t)(grace / USEC_PER_SEC));
+        if (pm->sequences_restored > 0)
+                log_info("%" PRIu64 " sequences restored; their owners have %" PRIu64 " s to Attach.",
+                         pm->sequences_restored, (uint64_t)(grace / USEC_PER_SEC));
         r = sd_event_add_time_relative(m->event, &pm->grace, CLOCK_MONOTONIC, grace, USEC_PER_SEC / 10, on_grace, pm);
         if (r < 0)
                 return log_error_errno(r, "Cannot arm the Attach grace period: %m");

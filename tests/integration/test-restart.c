@@ -2485,6 +2485,27 @@ START_TEST(test_unattached_workflow_released_at_grace) {
         ck_assert_int_eq(epd_workflow_release(c, wf[1]), 0);
         pool_counts("host0", pc);
         ck_assert_uint_eq(pc[1], 0);
+
+        /* A workflow whose every branch was dropped holds no sequence: restored along
+         * with none at all, it goes at the grace's end too (the grace is armed for
+         * workflows as well as for sequences). */
+        char *root = NULL, *wf2 = NULL;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 4, &root, NULL, NULL), 0);
+        ck_assert_int_eq(epd_workflow_create(c, root, tokens, 64, &wf2, &head), 0);
+        free(head);
+        ck_assert_int_eq(epd_workflow_drop(c, wf2, 0), 0);
+        ck_assert_int_eq(epd_sequence_release(c, root), 0);
+        free(root);
+        ck_assert_uint_eq(workflow_count_now(), 1);
+        kill9_epdd();
+        epd_disconnect(c);
+        start_epdd(true);
+        c = kv_worker(&host0, &feat0);
+        ck_assert_uint_eq(workflow_count_now(), 1);
+        for (int i = 0; i < 300 && workflow_count_now() > 0; i++)
+                usleep(10000);
+        ck_assert_uint_eq(workflow_count_now(), 0);
+        free(wf2);
         epd_disconnect(c);
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         free(wf[0]);
