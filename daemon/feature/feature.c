@@ -1129,20 +1129,28 @@ int feature_cache_snapshot(FeatureCache *c, int (*add)(void *userdata, uint16_t 
 
 uint64_t feature_cache_drop_arena(FeatureCache *c, uint32_t arena) {
         uint64_t n = 0;
+        size_t it = 0;
+        void *v;
 
-        for (bool again = true; c && again;) {
-                size_t it = 0;
-                void *v;
-                again = false;
-                while (hashmap_iterate(c->features, &it, &v, NULL)) {
-                        Feature *f = v;
-                        if (!f->has_region || f->arena != arena || f->state != FEATURE_READY)
-                                continue;
+        if (!c)
+                return 0;
+        /* Collected in one pass, then dropped (a rescan after each was quadratic). */
+        _cleanup_(freep) Feature **gone = calloc(MAX(hashmap_size(c->features), (size_t)1), sizeof *gone);
+        while (hashmap_iterate(c->features, &it, &v, NULL)) {
+                Feature *f = v;
+                if (!f->has_region || f->arena != arena || f->state != FEATURE_READY)
+                        continue;
+                if (!gone) {
+                        /* No memory for the list: one at a time, the scan started over
+                         * (none may stay: its bytes are gone). */
                         replayed_drop(c, f); /* journals GONE once the journal is set */
                         n++;
-                        again = true;
-                        break;
+                        it = 0;
+                        continue;
                 }
+                gone[n++] = f;
         }
+        for (uint64_t i = 0; gone && i < n; i++)
+                replayed_drop(c, gone[i]);
         return n;
 }

@@ -392,20 +392,23 @@ static PagePool *restored_entry_pool(PageManager *pm, const DirectoryRecord *e) 
 static void restored_directory_prune(PageManager *pm) {
         DirectoryRecord *e;
         uint64_t dropped = 0;
-        for (bool again = true; again && pm->restored_directory;) {
-                size_t it = 0;
-                again = false;
-                while (hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL)) {
-                        if (restored_entry_pool(pm, e))
-                                continue;
-                        (void)hashmap_remove(pm->restored_directory, &e->hash);
-                        (void)directory_journal(pm, false, e->hash, NULL, 0);
-                        free(e);
-                        dropped++;
-                        again = true;
-                        break;
-                }
+        size_t n = 0, it = 0;
+        if (!pm->restored_directory)
+                return;
+        /* Collected in one pass, then removed (a rescan after each was quadratic). */
+        _cleanup_(freep) DirectoryRecord **gone = calloc(MAX(hashmap_size(pm->restored_directory), (size_t)1),
+                                                          sizeof *gone);
+        while (gone && hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL))
+                if (!restored_entry_pool(pm, e))
+                        gone[n++] = e;
+        for (size_t i = 0; i < n; i++) {
+                (void)hashmap_remove(pm->restored_directory, &gone[i]->hash);
+                (void)directory_journal(pm, false, gone[i]->hash, NULL, 0);
+                free(gone[i]);
+                dropped++;
         }
+        if (!gone)
+                log_warning("No memory to sort the restored block-directory entries; all are kept.");
         if (dropped > 0)
                 log_info("%" PRIu64 " journaled block-directory entries dropped: their arena's memory did not survive.",
                          dropped);
@@ -508,12 +511,63 @@ static void replayed_drop(PageManager *pm, Sequence *s) {
         sequence_free(s);
 }
 
+/* A PUT of the replay that applies (skipped false) or not: one that does not drops what
+ * an earlier PUT of that id restored (it is no longer the sequence's state) and is
+ * remembered for its DEL (replay_skipped_journal()). */
+static int replay_note(PageManager *pm, const char *id_str, bool skipped) {
+        char *k = pm->replay_skipped ? hashmap_remove(pm->replay_skipped, id_str) : NULL;
+        free(k);
+        if (!skipped)
+                return 0;
+        Sequence *s = hashmap_get(pm->sequences, id_str);
+        if (s)
+                replayed_drop(pm, s);
+        if (!pm->replay_skipped && !(pm->replay_skipped = hashmap_new(HASHMAP_KEY_STRING, 0)))
+                return -ENOMEM;
+        k = strdup(id_str);
+        if (!k || hashmap_put(pm->replay_skipped, k, k) < 0) {
+                free(k);
+                return -ENOMEM;
+        }
+        return 0;
+}
+
+static void replay_skipped_free(PageManager *pm) {
+        char *k;
+        size_t it = 0;
+        while (pm->replay_skipped && hashmap_iterate(pm->replay_skipped, &it, (void **)&k, NULL))
+                free(k);
+        pm->replay_skipped = hashmap_free(pm->replay_skipped);
+}
+
+/* After the replay: a DEL for each sequence whose PUT did not apply. */
+static void replay_skipped_journal(PageManager *pm) {
+        char *k;
+        size_t it = 0, n = 0;
+        while (pm->replay_skipped && hashmap_iterate(pm->replay_skipped, &it, (void **)&k, NULL)) {
+                EpdId id;
+                if (epd_id_from_string(k, &id) < 0)
+                        continue;
+                int r = wal_manager_append(pm->manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_DEL, id.bytes,
+                                           sizeof id.bytes);
+                if (r < 0 && r != -ENOTCONN)
+                        log_warning_errno(r, "Sequence %s: cannot journal that the replay dropped it: %m", k);
+                else
+                        n++;
+        }
+        if (n > 0)
+                log_warning("%zu journaled sequences did not apply to this configuration and were dropped "
+                            "(journaled: a later start does not bring them back).",
+                            n);
+        replay_skipped_free(pm);
+}
+
+static int apply_put(PageManager *pm, const SequenceRecord *rec, const char *id_str);
+
 int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payload, size_t len) {
-        Manager *m = pm->manager;
         char id_str[EPD_ID_STRING_MAX];
         SequenceRecord rec;
         Sequence *s;
-        PagePool *pool;
         EpdId id;
         int r;
 
@@ -522,7 +576,9 @@ int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payloa
                 r = sequence_record_del_parse(payload, len, &id);
                 if (r < 0)
                         return r;
-                s = hashmap_get(pm->sequences, epd_id_to_string(&id, id_str));
+                epd_id_to_string(&id, id_str);
+                (void)replay_note(pm, id_str, false); /* its DEL is in the log already */
+                s = hashmap_get(pm->sequences, id_str);
                 if (!s)
                         return -ENOENT;
                 replayed_drop(pm, s);
@@ -536,6 +592,20 @@ int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payloa
         r = sequence_record_put_parse(payload, len, &rec);
         if (r < 0)
                 return r;
+        epd_id_to_string(&rec.id, id_str);
+        r = apply_put(pm, &rec, id_str);
+        if (r == -ENOMEM)
+                return r; /* the start fails: nothing is dropped for want of memory */
+        int k = replay_note(pm, id_str, r < 0);
+        return k < 0 ? k : r;
+}
+
+static int apply_put(PageManager *pm, const SequenceRecord *rec_, const char *id_str) {
+        Manager *m = pm->manager;
+        const SequenceRecord rec = *rec_;
+        PagePool *pool;
+        Sequence *s;
+        int r;
         if (rec.arena >= m->n_arenas)
                 return -ENODEV;
         r = replay_pool(pm, m->arenas[rec.arena], rec.page_size, &pool);
@@ -545,7 +615,6 @@ int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payloa
                 if (sequence_record_page(&rec, i) >= page_pool_size(pool))
                         return -ERANGE;
 
-        epd_id_to_string(&rec.id, id_str);
         s = hashmap_get(pm->sequences, id_str);
         if (s && s->pool != pool) {
                 replayed_drop(pm, s);
@@ -558,7 +627,7 @@ int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payloa
                 if (r < 0)
                         return r;
                 s->id = rec.id;
-                memcpy(s->id_str, id_str, sizeof s->id_str);
+                snprintf(s->id_str, sizeof s->id_str, "%s", id_str);
                 if (asprintf(&s->path, SEQUENCE_PATH_PREFIX "/%s", s->id_str) < 0) {
                         s->path = NULL;
                         sequence_free(s);
@@ -695,22 +764,23 @@ int page_manager_restore_finish(PageManager *pm) {
          * bytes that are gone: they are dropped, and the drop is journaled so that a
          * later start does not bring them back over other bytes. */
         uint64_t dropped = 0;
-        for (bool again = true; again;) {
-                again = false;
-                it = 0;
-                while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)) {
-                        if (s->arena < m->n_arenas && m->arenas[s->arena]->adopted)
-                                continue;
-                        s->n_pages = 0; /* no references were taken */
-                        page_manager_release(s); /* journals DEL */
-                        dropped++;
-                        again = true;
-                        break;
-                }
+        /* Collected in one pass, then released (a release changes the map under an
+         * iterator; a rescan after each was quadratic in the sequences). */
+        _cleanup_(freep) Sequence **gone = calloc(MAX(hashmap_size(pm->sequences), (size_t)1), sizeof *gone);
+        if (!gone)
+                return -ENOMEM;
+        it = 0;
+        while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL))
+                if (!(s->arena < m->n_arenas && m->arenas[s->arena]->adopted))
+                        gone[dropped++] = s;
+        for (uint64_t i = 0; i < dropped; i++) {
+                gone[i]->n_pages = 0; /* no references were taken */
+                page_manager_release(gone[i]); /* journals DEL */
         }
         if (dropped > 0)
                 log_info("%" PRIu64 " journaled sequences dropped: their arena's memory did not survive (no fd store).",
                          dropped);
+        replay_skipped_journal(pm);
         restored_directory_prune(pm);
         drop_unused_journal_pools(pm);
         _cleanup_(freep) bool **idle_pools = calloc(MAX(m->n_arenas, (size_t)1), sizeof *idle_pools);
@@ -959,6 +1029,7 @@ static void pages_done(Manager *m) {
                 return;
         pm->grace = sd_event_source_disable_unref(pm->grace);
         restored_directory_free(pm);
+        replay_skipped_free(pm);
         /* Copies under way read and write pages: they finish before the pools go. */
         if (pm->writes_pending > 0)
                 gpu_manager_page_copy_drain(m);

@@ -54,6 +54,10 @@ typedef struct PageManager {
          * page_manager_restore_finish(). */
         Hashmap *restored_directory;
         uint64_t directory_restored;
+        /* Ids (strdup'd strings, key and value) whose latest PUT the replay could not
+         * apply (another page size, a page past the pool...): their drop is journaled
+         * once the replay is over, so that a later start does not bring them back. */
+        Hashmap *replay_skipped;
         /* Set around a registration (or a release) whose caller journals the sequence's
          * PUT (or DEL) in its own record (a handoff's commit, a workflow transition):
          * page_manager_journal() and page_manager_release() leave it to it. */

@@ -156,6 +156,11 @@ static int apply(void *userdata, const WalRecord *r, bool from_snapshot) {
                                 wal_record_type_to_string(r->type));
                 return 0;
         }
+        if (k == -ENOMEM)
+                /* Not the record's fault: the start fails (and is tried again) rather than
+                 * go on without the state it holds. */
+                return log_error_errno(k, "WAL: %s record %" PRIu64 " (%s): out of memory replaying it.", s->name,
+                                       r->lsn, wal_record_type_to_string(r->type));
         if (k < 0)
                 log_full_errno(k == -ENOENT || k == -ESTALE ? LOG_DEBUG : LOG_WARNING, k,
                                "WAL: %s record %" PRIu64 " (%s) does not apply: %m", s->name, r->lsn,

@@ -2428,6 +2428,63 @@ START_TEST(test_page_size_set_again_after_memory_lost) {
 }
 END_TEST
 
+/* An adopted arena whose page size was changed (PageSize=) between runs: the journal's
+ * sequences of the old size do not apply, and their drop is journaled (a DEL each), so
+ * that a later start with the old setting does not bring them back over pages the
+ * sequences of the new size wrote meanwhile. */
+START_TEST(test_changed_page_size_journals_drop) {
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        const char *plain = "[Wal]\nSync=batch\n[Arena:host0]\nSize=2M\nUsage=kv\n";
+        write_arenas(plain);
+        open_notify();
+        ev_fresh_state();
+        uint8_t *host0;
+        start_epdd(false);
+        epd_client *c = worker_of(&kv, &host0, NULL);
+        char *s1 = NULL, *s2 = NULL;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 6, &s1, NULL, NULL), 0);
+        kill9_epdd();
+        epd_disconnect(c);
+
+        write_arenas("[Wal]\nSync=batch\n[Arena:host0]\nSize=2M\nUsage=kv\nPageSize=64K\n");
+        start_epdd(true); /* the same memory, another page size */
+        ck_assert_uint_ge(log_count("does not apply"), 1);
+        c = wide_worker(&host0);
+        ck_assert_int_eq(epd_sequence_attach(c, id_of(s1), NULL), -ENOENT);
+        uint32_t *pages = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 3, &s2, &pages, &n), 0);
+        const epd_arena *a = epd_arena_get(c, (size_t)epd_arena_find(c, "host0"));
+        for (size_t i = 0; i < n; i++)
+                for (size_t k = 0; k < 2 * KV_PAGE; k++)
+                        host0[epd_page_offset(a, 2 * KV_PAGE, pages[i]) + k] = pattern(k, 9 + (unsigned)i);
+        free(pages);
+        kill9_epdd();
+        epd_disconnect(c);
+
+        write_arenas(plain); /* the old setting again */
+        start_epdd(true);
+        c = wide_worker(&host0);
+        ck_assert_int_eq(epd_sequence_attach(c, id_of(s1), NULL), -ENOENT); /* not back */
+        ck_assert_int_eq(epd_sequence_attach(c, id_of(s2), NULL), 0);
+        ck_assert_int_eq(epd_sequence_get_pages(c, s2, &pages, &n), 0);
+        ck_assert_uint_eq(n, 3);
+        a = epd_arena_get(c, (size_t)epd_arena_find(c, "host0"));
+        for (size_t i = 0; i < n; i++) {
+                size_t diff = 0;
+                for (size_t k = 0; k < 2 * KV_PAGE; k++)
+                        diff += host0[epd_page_offset(a, 2 * KV_PAGE, pages[i]) + k] != pattern(k, 9 + (unsigned)i);
+                ck_assert_msg(diff == 0, "page %zu of S2: %zu bytes not its own", i, diff);
+        }
+        free(pages);
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        free(s1);
+        free(s2);
+        close_notify();
+}
+END_TEST
+
 static uint32_t workflow_count_now(void) {
         uint32_t count = 0;
         sd_bus *bus;
@@ -2903,6 +2960,7 @@ int main(void) {
         (void)test_write_into_freed_pages;
         (void)test_unbuildable_record_is_refused;
         (void)test_page_size_set_again_after_memory_lost;
+        (void)test_changed_page_size_journals_drop;
         (void)test_unattached_workflow_released_at_grace;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
@@ -2922,6 +2980,7 @@ int main(void) {
         (void)test_write_into_freed_pages;
         (void)test_unbuildable_record_is_refused;
         (void)test_page_size_set_again_after_memory_lost;
+        (void)test_changed_page_size_journals_drop;
         (void)test_unattached_workflow_released_at_grace;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
@@ -2943,6 +3002,7 @@ int main(void) {
         (void)test_write_into_freed_pages;
         (void)test_unbuildable_record_is_refused;
         (void)test_page_size_set_again_after_memory_lost;
+        (void)test_changed_page_size_journals_drop;
         (void)test_unattached_workflow_released_at_grace;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
@@ -2957,6 +3017,7 @@ int main(void) {
         tcase_add_test(tc, test_write_into_freed_pages);
         tcase_add_test(tc, test_unbuildable_record_is_refused);
         tcase_add_test(tc, test_page_size_set_again_after_memory_lost);
+        tcase_add_test(tc, test_changed_page_size_journals_drop);
         tcase_add_test(tc, test_unattached_workflow_released_at_grace);
         tcase_add_test(tc, test_refused_region_reply_reserves_nothing);
         tcase_add_test(tc, test_failed_read_back_is_no_hit);
