@@ -219,6 +219,10 @@ int arena_adopt_host(const ArenaConfig *c, uint32_t index, int fd, const char *h
 
         if (fstat(fd, &st) < 0)
                 return -errno;
+        /* Not an arena's file at all: dropped (a start that failed on it would fail on
+         * every start after). */
+        if (!S_ISREG(st.st_mode) || st.st_size < (off_t)sizeof(ArenaHeader))
+                return log_error_errno(EBADMSG, "Stored fd for arena '%s' does not hold that arena.", c->name);
         a = arena_alloc(c, index);
         if (!a)
                 return log_oom();

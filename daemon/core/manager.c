@@ -646,7 +646,16 @@ static int manager_setup_arenas(Manager *m) {
                                     : -ENOENT;
                         if (r >= 0)
                                 adopted = true;
-                        else {
+                        else if (fd >= 0 && r != -EBADMSG && r != -ESTALE) {
+                                /* Not another arena's nor another shape's memory: it could
+                                 * not be taken back now (mapping it failed). Fresh memory
+                                 * would drop its pages for good: the start fails instead. */
+                                safe_close(fd);
+                                store = fdstore_close(store);
+                                return log_error_errno(r, "Arena %s: cannot take back its memory (%m); not starting, "
+                                                          "so that it stays in the fd store for the next start.",
+                                                       c->name);
+                        } else {
                                 if (fd >= 0) {
                                         safe_close(fd);
                                         (void)fdstore_remove(fdname);

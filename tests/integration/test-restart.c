@@ -122,6 +122,9 @@ static unsigned fault_slow_ms, fault_slow_writes = 1;
  * while fault_malloc_arm (a file) exists fails, once per creation of the file. */
 static size_t fault_malloc_size;
 static char fault_malloc_arm[300];
+/* When set, the next start_epdd() preloads fault-malloc.c with EPD_FAULT_MMAP_SIZE: the
+ * first shared mapping of a file of that many bytes while fault_malloc_arm exists fails. */
+static size_t fault_mmap_size;
 
 /* In the child about to exec epdd: fault-wal.c preloaded, `var` set to `value`. */
 static void preload_fault_wal(const char *var, uint64_t value) {
@@ -175,6 +178,11 @@ static pid_t spawn_epdd(bool with_store) {
                         setenv("LD_PRELOAD", getenv("FAULT_MALLOC"), 1);
                         setenv("EPD_FAULT_MALLOC_ARM", fault_malloc_arm, 1);
                 }
+                if (fault_mmap_size > 0) {
+                        preload_fault_wal("EPD_FAULT_MMAP_SIZE", fault_mmap_size);
+                        setenv("LD_PRELOAD", getenv("FAULT_MALLOC"), 1);
+                        setenv("EPD_FAULT_MALLOC_ARM", fault_malloc_arm, 1);
+                }
                 if (fault_slow_lsn > 0) {
                         preload_fault_wal("EPD_FAULT_WAL_SLOW_LSN", fault_slow_lsn);
                         preload_fault_wal("EPD_FAULT_WAL_SLOW_MS", fault_slow_ms);
@@ -213,12 +221,24 @@ static pid_t spawn_epdd(bool with_store) {
 }
 
 /* A start that must fail: its exit status, once the messages it sent are read. */
+/* An epdd expected to fail its start: its exit status, or 0 if it became ready (then it
+ * is stopped with SIGKILL: a start that should have failed never hangs the test). */
 static int run_epdd_to_exit(bool with_store) {
         pid_t pid = spawn_epdd(with_store);
         int status;
+        for (int i = 0; i < 3000; i++) {
+                if (waitpid(pid, &status, WNOHANG) == pid) {
+                        (void)pump_notify();
+                        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+                }
+                if (pump_notify())
+                        break;
+                usleep(10000);
+        }
+        (void)kill(pid, SIGKILL);
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
         (void)pump_notify();
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return 0;
 }
 
 static void start_epdd(bool with_store) {
@@ -403,6 +423,19 @@ START_TEST(test_failed_start_keeps_the_store) {
         ck_assert_int_ne(run_epdd_to_exit(true), 0);
         ck_assert_msg(log_count("HugePages=yes but") > 0, "the start did not fail at arena b");
         write_arenas(arenas);
+        /* Arena a's stored memory cannot be mapped for now (ENOMEM): the start fails and
+         * the fd stays in the store, not dropped for fresh memory. */
+        snprintf(fault_malloc_arm, sizeof fault_malloc_arm, "%s/arm-mmap", h.dir);
+        int afd = open(fault_malloc_arm, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        ck_assert_int_ge(afd, 0);
+        close(afd);
+        fault_mmap_size = (16 << 20) + 4096; /* the arena's file: its header page and 16M */
+        size_t stored = store_n;
+        ck_assert_int_ne(run_epdd_to_exit(true), 0);
+        fault_mmap_size = 0;
+        ck_assert_int_ne(access(fault_malloc_arm, F_OK), 0); /* the fault was taken */
+        ck_assert_msg(log_count("stays in the fd store") > 0, "the start did not fail at arena a");
+        ck_assert_uint_eq(store_n, stored);
         start_epdd(true);
         worker_touch("a", false, 1, len, true);
         worker_touch("c", false, 3, len, true);
