@@ -153,28 +153,49 @@ static void recovered_rolled_back(void *userdata, const HandoffJournalEntry *e) 
                  epd_id_to_string(&e->request_id, id), handoff_role_to_string(e->role));
 }
 
+/* A restored entry nobody took up: RELEASED journaled, and gone. */
+static void journal_grace_release(HandoffManager *hm, HandoffJournalEntry *e) {
+        HandoffRecord r = { .type = HANDOFF_REC_RELEASED, .request_id = e->request_id, .token = e->token,
+                            .role = e->role };
+        (void)handoff_journal_append(hm, &r, NULL); /* removes e */
+        if (handoff_journal_get(&hm->journal, &r.request_id, r.role) == e) {
+                (void)hashmap_remove(hm->journal.entries, e->key);
+                free(e->pages);
+                free(e);
+        }
+}
+
 static int on_journal_grace(sd_event_source *s, uint64_t usec, void *userdata) {
         HandoffManager *hm = userdata;
         HandoffJournalEntry *e;
         unsigned n = 0;
-        for (bool again = true; again;) {
-                size_t it = 0;
-                again = false;
-                while (handoff_journal_iterate(&hm->journal, &it, &e)) {
-                        if (!e->recovered)
-                                continue;
-                        HandoffRecord r = { .type = HANDOFF_REC_RELEASED, .request_id = e->request_id,
-                                            .token = e->token, .role = e->role };
-                        (void)handoff_journal_append(hm, &r, NULL); /* removes e */
-                        if (handoff_journal_get(&hm->journal, &r.request_id, r.role) == e) {
-                                (void)hashmap_remove(hm->journal.entries, e->key);
-                                free(e->pages);
-                                free(e);
-                        }
-                        n++;
-                        again = true;
-                        break;
+        size_t it = 0, k = 0;
+        /* Collected in one pass, then released (a rescan after each was quadratic); with
+         * no memory for the list, one at a time, the scan started over. */
+        _cleanup_(freep) HandoffJournalEntry **v = calloc(MAX(handoff_journal_size(&hm->journal), (size_t)1),
+                                                           sizeof *v);
+        for (;;) {
+                if (v) {
+                        if (!handoff_journal_iterate(&hm->journal, &it, &e))
+                                break;
+                        if (e->recovered)
+                                v[k++] = e;
+                        continue;
                 }
+                bool found = false;
+                for (it = 0; handoff_journal_iterate(&hm->journal, &it, &e);)
+                        if (e->recovered) {
+                                found = true;
+                                break;
+                        }
+                if (!found)
+                        break;
+                journal_grace_release(hm, e);
+                n++;
+        }
+        for (size_t i = 0; i < k; i++) {
+                journal_grace_release(hm, v[i]);
+                n++;
         }
         hm->journal_grace = sd_event_source_disable_unref(hm->journal_grace);
         if (n > 0)
@@ -191,8 +212,11 @@ int handoff_manager_restore_finish(Manager *m) {
         if (total == 0)
                 return 0;
         log_info("handoff: %zu journaled handoff sides restored (%u in flight, rolled back).", total, n);
-        int r = sd_event_add_time_relative(m->event, &hm->journal_grace, CLOCK_MONOTONIC,
-                                           PAGE_MANAGER_ATTACH_GRACE_USEC, USEC_PER_SEC, on_journal_grace, hm);
+        /* The same grace as the sequences' ([Limits] AttachGrace=): a commit's decode
+         * sequence is attached within it, and its entry lives as long. */
+        usec_t grace = m->config.attach_grace_usec ?: PAGE_MANAGER_ATTACH_GRACE_USEC;
+        int r = sd_event_add_time_relative(m->event, &hm->journal_grace, CLOCK_MONOTONIC, grace, USEC_PER_SEC / 10,
+                                           on_journal_grace, hm);
         if (r < 0)
                 return log_error_errno(r, "handoff: cannot arm the journal's grace period: %m");
         return 0;

@@ -2518,6 +2518,44 @@ START_TEST(test_changed_page_size_journals_drop) {
 }
 END_TEST
 
+/* The handoff journal's entries restored at start that nobody takes up are released at
+ * the end of the same grace as the sequences' ([Limits] AttachGrace=, 1 s here), not of
+ * a built-in 300 s. */
+START_TEST(test_handoff_journal_grace_is_attach_grace) {
+        ck_assert_int_eq(harness_init(&h, "[Limits]\nAttachGrace=1s\n[Wal]\nSync=batch\n"
+                                          "[Arena:host0]\nSize=8M\n[Arena:host1]\nSize=8M\n"
+                                          "[Arena:feat0]\nUsage=feature\nSize=16M\nPageSize=64K\n"),
+                         0);
+        open_notify();
+        start_epdd(true);
+        uint8_t *host0, *feat0;
+        epd_client *c = kv_worker(&host0, &feat0);
+        static const uint32_t groups[2] = { 2, 2 };
+        char *seq = NULL, *src = NULL;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 2, &seq, NULL, NULL), 0);
+        epd_handoff_options o = { .arena = "host1" };
+        ck_assert_int_eq(epd_handoff_prepare(c, "00000000000000000000000000abcdef", NULL, seq, groups, 2, &o, &src,
+                                             NULL),
+                         0);
+        JournalRow rows[8];
+        ck_assert_uint_ge(read_journal(rows, ELEMENTSOF(rows)), 1); /* its source side (and destination) */
+        kill9_epdd();
+        epd_disconnect(c);
+
+        start_epdd(true);
+        ck_assert_uint_ge(read_journal(rows, ELEMENTSOF(rows)), 1); /* restored, rolled back */
+        size_t n = 1;
+        for (int i = 0; i < 300 && (n = read_journal(rows, ELEMENTSOF(rows))) > 0; i++)
+                usleep(10000);
+        ck_assert_uint_eq(n, 0);
+        ck_assert_uint_ge(log_count("journal entries of before the restart released"), 1);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        free(seq);
+        free(src);
+        close_notify();
+}
+END_TEST
+
 static uint32_t workflow_count_now(void) {
         uint32_t count = 0;
         sd_bus *bus;
@@ -2995,6 +3033,7 @@ int main(void) {
         (void)test_page_size_set_again_after_memory_lost;
         (void)test_changed_page_size_journals_drop;
         (void)test_unattached_workflow_released_at_grace;
+        (void)test_handoff_journal_grace_is_attach_grace;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
         (void)test_cow_rounds_free_pages;
@@ -3015,6 +3054,7 @@ int main(void) {
         (void)test_page_size_set_again_after_memory_lost;
         (void)test_changed_page_size_journals_drop;
         (void)test_unattached_workflow_released_at_grace;
+        (void)test_handoff_journal_grace_is_attach_grace;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
         (void)test_cow_rounds_free_pages;
@@ -3037,6 +3077,7 @@ int main(void) {
         (void)test_page_size_set_again_after_memory_lost;
         (void)test_changed_page_size_journals_drop;
         (void)test_unattached_workflow_released_at_grace;
+        (void)test_handoff_journal_grace_is_attach_grace;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
         (void)test_cow_rounds_free_pages;
@@ -3052,6 +3093,7 @@ int main(void) {
         tcase_add_test(tc, test_page_size_set_again_after_memory_lost);
         tcase_add_test(tc, test_changed_page_size_journals_drop);
         tcase_add_test(tc, test_unattached_workflow_released_at_grace);
+        tcase_add_test(tc, test_handoff_journal_grace_is_attach_grace);
         tcase_add_test(tc, test_refused_region_reply_reserves_nothing);
         tcase_add_test(tc, test_failed_read_back_is_no_hit);
         tcase_add_test(tc, test_cow_rounds_free_pages);
