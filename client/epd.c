@@ -388,11 +388,12 @@ int epd_register_named(epd_client *c, const char *role, const char *model, const
 
         const char *path;
         r = sd_bus_message_read(reply, "o", &path);
-        if (r >= 0)
-                r = sd_bus_message_enter_container(reply, 'a', "(sssttuh)");
         if (r < 0)
                 return epd__error(c, r, NULL);
         drop_arenas(c);
+        r = sd_bus_message_enter_container(reply, 'a', "(sssttuh)");
+        if (r < 0)
+                goto fail; /* registered, but its arenas unreadable: undone below */
         for (;;) {
                 const char *name, *domain, *usage;
                 uint64_t size, data_offset;

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* libepd against a stand-in daemon that answers with canned replies a real epdd never
- * sends (a short PrepareWrite, a feature reply cut short after its handle): nothing the
- * reply left out is used, and a handle the daemon made is given back, not held until the
- * connection goes. The stand-in is a D-Bus peer server on a unix socket, as epdd's direct
+ * sends (a short PrepareWrite, a feature reply cut short after its handle, a registration
+ * without its arenas): nothing the reply left out is used, and a handle or registration
+ * the daemon made is given back, not held until the connection goes. The stand-in is a D-Bus peer server on a unix socket, as epdd's direct
  * socket is. */
 #include <check.h>
 #include <errno.h>
@@ -27,6 +27,7 @@ typedef struct Stub {
         atomic_bool stop;
         atomic_int releases; /* Feature.Release calls seen */
         char released[64];
+        char unregistered[64]; /* UnregisterWorker's worker */
 } Stub;
 
 static Stub stub;
@@ -55,6 +56,16 @@ static int on_call(sd_bus_message *m, void *userdata, sd_bus_error *e) {
                 if (r >= 0)
                         r = sd_bus_message_append(reply, "ssssstt", "hit", "h-1", "ready", "", "", (uint64_t)0,
                                                   (uint64_t)64);
+        } else if (strcmp(member, "RegisterWorker") == 0) {
+                /* The worker's path, then no arenas array. */
+                r = sd_bus_message_new_method_return(m, &reply);
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "os", "/org/epd1/worker/w1", "not the arenas");
+        } else if (strcmp(member, "UnregisterWorker") == 0) {
+                const char *w;
+                if (sd_bus_message_read(m, "o", &w) >= 0)
+                        snprintf(s->unregistered, sizeof s->unregistered, "%s", w);
+                r = sd_bus_message_new_method_return(m, &reply);
         } else if (strcmp(member, "Release") == 0) {
                 const char *h;
                 if (sd_bus_message_read(m, "s", &h) >= 0)
@@ -164,12 +175,25 @@ START_TEST(test_cut_feature_reply_releases_handle) {
 }
 END_TEST
 
+/* A registration whose reply cannot be read past the worker's path is undone: the
+ * daemon is asked to unregister that worker, and the client stays unregistered. */
+START_TEST(test_unreadable_registration_undone) {
+        epd_client *c = connect_stub();
+        ck_assert_int_lt(epd_register(c, "prefill", "m", "cpu", NULL, NULL), 0);
+        ck_assert_str_eq(stub.unregistered, "/org/epd1/worker/w1");
+        ck_assert_ptr_null(epd_worker_path(c));
+        ck_assert_uint_eq(epd_arena_count(c), 0);
+        epd_disconnect(c);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("libepd-replies");
         TCase *tc = tcase_create("replies");
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_add_test(tc, test_short_prepare_write);
         tcase_add_test(tc, test_cut_feature_reply_releases_handle);
+        tcase_add_test(tc, test_unreadable_registration_undone);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
