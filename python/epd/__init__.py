@@ -67,7 +67,9 @@ class Arena:
         self.fd = a.fd
 
     def address(self) -> int:
-        """Maps a host arena (once) and returns its address in this process."""
+        """Maps a host arena (once) and returns its address in this process: libepd's
+        mapping, valid until unregister() or close() unmaps it (buffer(), numpy() and
+        torch() views hold mappings of their own and stay valid)."""
         p = ctypes.c_void_p()
         self._client._check(_lib.lib().epd_arena_map(self._client._c, self.index, ctypes.byref(p)),
                             f"map arena {self.name}")

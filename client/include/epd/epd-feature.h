@@ -40,6 +40,9 @@ typedef struct epd_feature {
         char result[16];      /* from acquire: "hit", "wait" or "produce"; else "" */
         char state[16];       /* "reserved", "ready", "failed" or "evicted" */
         char error[32];       /* failed: "producer-gone", "timeout", "producer-failed", ... */
+        /* arena and data belong to the registration the handle was had under: after
+         * epd_unregister() (or a new registration) the mapping is gone and the index may
+         * name another arena; epd_feature_refresh() reads both again. */
         int arena;            /* index for epd_arena_get(); -1 while there is no region */
         uint64_t offset;      /* of the bytes in the arena fd */
         uint64_t bytes;

@@ -118,7 +118,10 @@ typedef struct epd_ring_client {
 /* Opens this client's ring (sq/cq: powers of two, 8..32768) and maps it. A wait on it
  * (epd_ring_next()) ends with -ECONNRESET when the daemon exits or lets go of the ring
  * while living on (CloseRing, the client disconnected for not reading its bus
- * connection, a corrupt queue), once the records posted before are taken. */
+ * connection, a corrupt queue), once the records posted before are taken. A daemon
+ * that exits is seen through its pidfd, which only the direct socket gives: over a
+ * D-Bus broker there is none (epd_ring_daemon_fd() is -ENODATA), and a wait for a dead
+ * daemon ends by its timeout alone. */
 int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_ring_client **ret);
 epd_ring_client *epd_ring_close(epd_ring_client *r);
 /* Closes the daemon's side of c's ring (CloseRing), then r as epd_ring_close() does: the
