@@ -210,9 +210,12 @@ static void maybe_compact(Manager *m, WalGlue *g, const WalWriterStats *st) {
         int r = wal_snapshot_build(snapshot, m, g->last, &snap, &size, &records);
         if (r >= 0)
                 r = wal_writer_compact(g->writer, snap, size, g->last, records);
-        if (r < 0)
-                log_warning_errno(r, "WAL: cannot compact: %m");
-        else
+        if (r < 0) {
+                /* As for a compaction the writer failed: not again at every batch (each
+                 * try builds the whole state), but after another CompactSize= of log. */
+                g->compact_after = st->log_bytes + m->config.wal_compact_bytes;
+                log_warning_errno(r, "WAL: cannot compact (%m); next try at %" PRIu64 " bytes.", g->compact_after);
+        } else
                 log_debug("WAL compaction queued: %" PRIu64 " snapshot records as of LSN %" PRIu64 ".", records,
                           g->last);
 }
