@@ -35,7 +35,9 @@ int fdstore_collect(FdStore **ret) {
         }
         if (n > 0) {
                 s->fds = calloc((size_t)n, sizeof *s->fds);
-                if (!s->fds) {
+                s->again = calloc((size_t)n, sizeof *s->again);
+                if (!s->fds || !s->again) {
+                        free(s->again);
                         for (int i = 0; i < n; i++) {
                                 safe_close(SD_LISTEN_FDS_START + i);
                                 free(names ? names[i] : NULL);
@@ -45,6 +47,7 @@ int fdstore_collect(FdStore **ret) {
                         return -ENOMEM;
                 }
                 for (int i = 0; i < n; i++) {
+                        s->again[i] = -EBADF;
                         s->fds[i] = SD_LISTEN_FDS_START + i;
                         /* Close-on-exec, like every other fd of epdd. */
                         int flags = fcntl(s->fds[i], F_GETFD);
@@ -60,11 +63,33 @@ int fdstore_collect(FdStore **ret) {
         return 0;
 }
 
+static bool same_name(const FdStore *s, size_t i, const char *name) {
+        return s->names && s->names[i] && strcmp(s->names[i], name) == 0;
+}
+
 int fdstore_take(FdStore *s, const char *name) {
-        for (size_t i = 0; s && i < s->n; i++)
-                if (s->fds[i] >= 0 && s->names && s->names[i] && strcmp(s->names[i], name) == 0)
-                        return TAKE_FD(s->fds[i]);
+        for (size_t i = 0; s && i < s->n; i++) {
+                if (s->fds[i] < 0 || !same_name(s, i, name))
+                        continue;
+                for (size_t j = i + 1; j < s->n; j++)
+                        if (s->fds[j] >= 0 && same_name(s, j, name)) {
+                                /* Another copy under this name: dropping it (by name) would
+                                 * drop this one too, so it is pushed again after. */
+                                s->again[i] = fcntl(s->fds[i], F_DUPFD_CLOEXEC, 3);
+                                if (s->again[i] < 0)
+                                        log_warning_errno(errno, "Stored fd '%s': cannot copy it: %m", name);
+                                break;
+                        }
+                return TAKE_FD(s->fds[i]);
+        }
         return -ENOENT;
+}
+
+static bool taken_again(const FdStore *s, const char *name) {
+        for (size_t i = 0; i < s->n; i++)
+                if (s->again[i] >= 0 && same_name(s, i, name))
+                        return true;
+        return false;
 }
 
 FdStore *fdstore_free(FdStore *s) {
@@ -73,16 +98,30 @@ FdStore *fdstore_free(FdStore *s) {
         for (size_t i = 0; i < s->n; i++) {
                 if (s->fds[i] >= 0) {
                         const char *name = s->names && s->names[i] ? s->names[i] : "unknown";
-                        log_notice("Stored fd '%s' is not used by this configuration; dropping it.", name);
+                        bool dup = taken_again(s, name);
+                        if (dup)
+                                log_notice("Stored fd '%s' is an older copy of one taken back; dropping it.", name);
+                        else
+                                log_notice("Stored fd '%s' is not used by this configuration; dropping it.", name);
                         safe_close(s->fds[i]);
-                        if (fdstore_name_valid(name))
+                        if (!dup && fdstore_name_valid(name))
                                 (void)fdstore_remove(name);
                 }
-                if (s->names)
-                        free(s->names[i]);
         }
+        /* Names stored more than once: every copy goes, then the one taken back is
+         * stored again, alone. */
+        for (size_t i = 0; i < s->n; i++) {
+                if (s->again[i] < 0)
+                        continue;
+                if (fdstore_remove(s->names[i]) >= 0)
+                        (void)fdstore_push(s->names[i], s->again[i]);
+                s->again[i] = safe_close(s->again[i]);
+        }
+        for (size_t i = 0; s->names && i < s->n; i++)
+                free(s->names[i]);
         free(s->names);
         free(s->fds);
+        free(s->again);
         free(s);
         return NULL;
 }
@@ -90,8 +129,10 @@ FdStore *fdstore_free(FdStore *s) {
 FdStore *fdstore_close(FdStore *s) {
         if (!s)
                 return NULL;
-        for (size_t i = 0; i < s->n; i++)
+        for (size_t i = 0; i < s->n; i++) {
                 s->fds[i] = safe_close(s->fds[i]);
+                s->again[i] = safe_close(s->again[i]); /* systemd's store left as it is */
+        }
         return fdstore_free(s);
 }
 

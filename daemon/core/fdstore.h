@@ -17,13 +17,18 @@
 typedef struct FdStore {
         char **names;
         int *fds;      /* -EBADF once taken */
+        /* A copy of a taken fd whose name came more than once (a stale copy stored too),
+         * pushed again once the name is removed: systemd removes by name, every copy. */
+        int *again;
         size_t n;
 } FdStore;
 
 /* Takes the fds passed at start (LISTEN_FDS), with their names; unsets the variables.
  * An empty store when there are none. */
 int fdstore_collect(FdStore **ret);
-/* The fd stored under name, now the caller's; -ENOENT if none. */
+/* The fd stored under name, now the caller's; -ENOENT if none. Under a name stored more
+ * than once, the first (systemd passes the newest first); the others are dropped by
+ * fdstore_free(), which keeps this one stored. */
 int fdstore_take(FdStore *s, const char *name);
 /* Closes what nobody took (and asks systemd to forget those names). */
 FdStore *fdstore_free(FdStore *s);

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -41,27 +42,34 @@ static char store_names[STORE_MAX][256];
 static int store_fds[STORE_MAX];
 static size_t store_n;
 
+/* As systemd's fd store does: a file already stored is not stored twice (whatever its
+ * name); another file under a name already there is stored beside it, the newest first
+ * (the order LISTEN_FDNAMES passes them); FDSTOREREMOVE drops every fd of the name. */
 static void store_put(const char *name, int fd) {
+        struct stat a, b;
+        ck_assert_int_eq(fstat(fd, &a), 0);
         for (size_t i = 0; i < store_n; i++)
-                if (strcmp(store_names[i], name) == 0) {
-                        close(store_fds[i]);
-                        store_fds[i] = fd;
+                if (fstat(store_fds[i], &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+                        close(fd);
                         return;
                 }
         ck_assert_uint_lt(store_n, STORE_MAX);
-        snprintf(store_names[store_n], sizeof store_names[0], "%s", name);
-        store_fds[store_n++] = fd;
+        memmove(store_names[1], store_names[0], store_n * sizeof store_names[0]);
+        memmove(store_fds + 1, store_fds, store_n * sizeof store_fds[0]);
+        snprintf(store_names[0], sizeof store_names[0], "%s", name);
+        store_fds[0] = fd;
+        store_n++;
 }
 
 static void store_remove(const char *name) {
-        for (size_t i = 0; i < store_n; i++)
+        for (size_t i = 0; i < store_n;)
                 if (strcmp(store_names[i], name) == 0) {
                         close(store_fds[i]);
                         store_n--;
                         memmove(store_names[i], store_names[i + 1], (store_n - i) * sizeof store_names[0]);
                         memmove(store_fds + i, store_fds + i + 1, (store_n - i) * sizeof store_fds[0]);
-                        return;
-                }
+                } else
+                        i++;
 }
 
 /* Reads notify messages; stores fds (and forgets them on FDSTOREREMOVE=1); returns true
@@ -439,6 +447,36 @@ START_TEST(test_failed_start_keeps_the_store) {
         start_epdd(true);
         worker_touch("a", false, 1, len, true);
         worker_touch("c", false, 3, len, true);
+
+        /* An older copy of arena a's file stored under its name too (systemd keeps both,
+         * the newest first): a is taken back from the newest, and dropping the older copy
+         * (by name) does not drop the one taken back with it. */
+        kill9_epdd();
+        size_t ai = STORE_MAX;
+        for (size_t i = 0; i < store_n; i++)
+                if (strcmp(store_names[i], "arena-a") == 0)
+                        ai = i;
+        ck_assert_uint_lt(ai, store_n);
+        struct stat st;
+        ck_assert_int_eq(fstat(store_fds[ai], &st), 0);
+        int old = memfd_create("stale-arena-a", MFD_CLOEXEC);
+        ck_assert_int_ge(old, 0);
+        ck_assert_int_eq(ftruncate(old, st.st_size), 0);
+        off_t in = 0, out = 0;
+        ck_assert_int_eq(copy_file_range(store_fds[ai], &in, old, &out, 4096, 0), 4096); /* its header */
+        ck_assert_uint_lt(store_n, STORE_MAX);
+        snprintf(store_names[store_n], sizeof store_names[0], "arena-a"); /* older: after it */
+        store_fds[store_n++] = old;
+        start_epdd(true);
+        worker_touch("a", false, 1, len, true);
+        size_t copies = 0;
+        for (size_t i = 0; i < store_n; i++)
+                copies += strcmp(store_names[i], "arena-a") == 0;
+        ck_assert_uint_eq(copies, 1);
+        ck_assert_uint_ge(log_count("older copy of one taken back"), 1);
+        kill9_epdd();
+        start_epdd(true);
+        worker_touch("a", false, 1, len, true); /* still stored, and the right one */
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         close_notify();
 }
