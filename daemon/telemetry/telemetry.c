@@ -172,7 +172,14 @@ static bool peer_reclaim_one(Telemetry *t) {
                 if (!p || !peer_idle(p))
                         continue;
                 /* Its id is free for the next peer (no connection of it is tracked in
-                 * BPF under it any more). */
+                 * BPF under it any more). Whoever heard it was backpressured (a
+                 * disconnected peer reads stalled) hears that it is not any more: the
+                 * daemon itself now reads none for the name, and a worker left with the
+                 * old level would defer that peer's work for good. */
+                if (p->bp.level != BACKPRESSURE_NONE) {
+                        log_info("Backpressure towards %s: none (forgotten: nothing refers to it).", p->name);
+                        backpressure_notify(t, p->name, BACKPRESSURE_NONE, BACKPRESSURE_REASON_NONE);
+                }
                 hashmap_remove(t->peers, p->name);
                 t->peer_by_id[i] = NULL;
                 peer_free(p);

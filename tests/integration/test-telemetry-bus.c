@@ -8,6 +8,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +108,33 @@ static void tcp_pair(int *a, int *b) {
 /* The exported counters never go down: a connection untracked keeps counting with its
  * last values (the live sum over tracked connections drops, which Prometheus would take
  * for a counter reset). Needs the kernel telemetry. */
+/* Whether GetPeers lists the peer. */
+static bool peer_known(sd_bus *bus, const char *peer) {
+        sd_bus_message *reply = NULL;
+        const char *name;
+        bool found = false;
+        ck_assert_int_ge(sd_bus_call_method(bus, NULL, "/org/epd1/telemetry", "org.epd1.Telemetry", "GetPeers", NULL,
+                                            &reply, NULL),
+                         0);
+        ck_assert_int_gt(sd_bus_message_enter_container(reply, 'a', "(sa{sv})"), 0);
+        while (sd_bus_message_enter_container(reply, 'r', "sa{sv}") > 0) {
+                ck_assert_int_ge(sd_bus_message_read(reply, "s", &name), 0);
+                found = found || strcmp(name, peer) == 0;
+                ck_assert_int_ge(sd_bus_message_skip(reply, "a{sv}"), 0);
+                ck_assert_int_ge(sd_bus_message_exit_container(reply), 0);
+        }
+        sd_bus_message_unref(reply);
+        return found;
+}
+
+/* The last Backpressure level heard for made-up-0..4 (UINT_MAX: none heard). */
+static unsigned made_up_level[5];
+static void on_made_up_level(epd_client *c, const char *peer, unsigned level, const char *reason, void *userdata) {
+        int k;
+        if (sscanf(peer, "made-up-%d", &k) == 1 && k >= 0 && k < 5)
+                made_up_level[k] = level;
+}
+
 START_TEST(test_totals_survive_untrack) {
         sd_bus *bus;
         epd_client *c;
@@ -216,7 +244,11 @@ START_TEST(test_calls_and_errors) {
         ck_assert_int_eq(epd_telemetry_track_socket(c, a, "host-id-of-forty-characters-0123456789ab"), 0);
         ck_assert_int_eq(epd_telemetry_untrack_socket(c, a), 0);
         /* Names come and go (MaxPeers=4 here): a peer nothing refers to any more gives
-         * its entry up to a new one, so made-up names never use the table up. */
+         * its entry up to a new one, so made-up names never use the table up. One that
+         * was announced backpressured (disconnected) is announced none when forgotten. */
+        for (int k = 0; k < 5; k++)
+                made_up_level[k] = UINT_MAX;
+        ck_assert_int_eq(epd_backpressure_subscribe(c, on_made_up_level, NULL), 0);
         for (int k = 0; k < 12; k++) {
                 char name[32];
                 snprintf(name, sizeof name, "made-up-%d", k);
@@ -226,6 +258,20 @@ START_TEST(test_calls_and_errors) {
                         usleep(250000); /* past an evaluation: the peer reads "disconnected" */
         }
 
+        for (int i = 0; i < 50; i++)
+                (void)epd_wait(c, 10000);
+        unsigned forgotten = 0;
+        for (int k = 0; k < 5; k++) {
+                char name[32];
+                snprintf(name, sizeof name, "made-up-%d", k);
+                ck_assert_msg(made_up_level[k] != UINT_MAX, "%s: never announced", name);
+                if (peer_known(bus, name))
+                        continue;
+                /* Forgotten for a later name after it was announced stalled. */
+                forgotten++;
+                ck_assert_msg(made_up_level[k] == 0, "%s: forgotten, last level heard %u", name, made_up_level[k]);
+        }
+        ck_assert_uint_ge(forgotten, 1);
         ck_assert_int_eq(epd_telemetry_track_socket(c, a, "peerX"), 0);
         ck_assert_uint_eq(stat_value(bus, "tracked_connections"), 1);
         ck_assert_int_lt(epd_telemetry_track_socket(c, a, "peerX"), 0);
