@@ -2443,6 +2443,39 @@ static epd_client *wide_worker(uint8_t **ret_host0) {
         return worker_of(&wide, ret_host0, NULL);
 }
 
+/* A new sequence of n wide pages in host0, each filled with the pattern of round + its
+ * index; its path. */
+static char *wide_sequence_write(epd_client *c, uint8_t *host0, uint32_t n_pages, unsigned round) {
+        char *path = NULL;
+        uint32_t *pages = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", n_pages, &path, &pages, &n), 0);
+        const epd_arena *a = epd_arena_get(c, (size_t)epd_arena_find(c, "host0"));
+        for (size_t i = 0; i < n; i++)
+                for (size_t k = 0; k < 2 * KV_PAGE; k++)
+                        host0[epd_page_offset(a, 2 * KV_PAGE, pages[i]) + k] = pattern(k, round + (unsigned)i);
+        free(pages);
+        return path;
+}
+
+/* Attaches the sequence at path and checks its n pages hold what wide_sequence_write()
+ * wrote. */
+static void wide_sequence_check(epd_client *c, uint8_t *host0, const char *path, size_t n_pages, unsigned round) {
+        uint32_t *pages = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_sequence_attach(c, id_of(path), NULL), 0);
+        ck_assert_int_eq(epd_sequence_get_pages(c, path, &pages, &n), 0);
+        ck_assert_uint_eq(n, n_pages);
+        const epd_arena *a = epd_arena_get(c, (size_t)epd_arena_find(c, "host0"));
+        for (size_t i = 0; i < n; i++) {
+                size_t diff = 0;
+                for (size_t k = 0; k < 2 * KV_PAGE; k++)
+                        diff += host0[epd_page_offset(a, 2 * KV_PAGE, pages[i]) + k] != pattern(k, round + (unsigned)i);
+                ck_assert_msg(diff == 0, "page %zu of %s: %zu bytes not its own", i, path, diff);
+        }
+        free(pages);
+}
+
 /* A log holding two page sizes of one arena, one after the other: run A's sequence of
  * 32 KiB pages; run B, its arena memory new (no fd store), dropped it (journaled) and
  * its pool, and a worker of 64 KiB pages made S2 there; run C adopts run B's memory and
@@ -2465,30 +2498,13 @@ START_TEST(test_page_size_set_again_after_memory_lost) {
 
         start_epdd(false); /* run A's memory is gone */
         c = wide_worker(&host0);
-        uint32_t *pages = NULL;
-        size_t n = 0;
-        ck_assert_int_eq(epd_sequence_create(c, "host0", 3, &s2, &pages, &n), 0);
-        const epd_arena *a = epd_arena_get(c, (size_t)epd_arena_find(c, "host0"));
-        for (size_t i = 0; i < n; i++)
-                for (size_t k = 0; k < 2 * KV_PAGE; k++)
-                        host0[epd_page_offset(a, 2 * KV_PAGE, pages[i]) + k] = pattern(k, 5 + (unsigned)i);
-        free(pages);
+        s2 = wide_sequence_write(c, host0, 3, 5);
         kill9_epdd();
         epd_disconnect(c);
 
         start_epdd(true); /* run B's memory, from its store */
         c = wide_worker(&host0);
-        ck_assert_int_eq(epd_sequence_attach(c, id_of(s2), NULL), 0);
-        ck_assert_int_eq(epd_sequence_get_pages(c, s2, &pages, &n), 0);
-        ck_assert_uint_eq(n, 3);
-        a = epd_arena_get(c, (size_t)epd_arena_find(c, "host0"));
-        for (size_t i = 0; i < n; i++) {
-                size_t diff = 0;
-                for (size_t k = 0; k < 2 * KV_PAGE; k++)
-                        diff += host0[epd_page_offset(a, 2 * KV_PAGE, pages[i]) + k] != pattern(k, 5 + (unsigned)i);
-                ck_assert_msg(diff == 0, "page %zu of S2: %zu bytes not its own", i, diff);
-        }
-        free(pages);
+        wide_sequence_check(c, host0, s2, 3, 5);
         ck_assert_int_eq(epd_sequence_attach(c, id_of(s1), NULL), -ENOENT); /* dropped in run B */
         ck_assert_uint_ge(log_count("were all released; its later records use pages of 65536 bytes"), 1);
         epd_disconnect(c);
@@ -2522,14 +2538,7 @@ START_TEST(test_changed_page_size_journals_drop) {
         ck_assert_uint_ge(log_count("does not apply"), 1);
         c = wide_worker(&host0);
         ck_assert_int_eq(epd_sequence_attach(c, id_of(s1), NULL), -ENOENT);
-        uint32_t *pages = NULL;
-        size_t n = 0;
-        ck_assert_int_eq(epd_sequence_create(c, "host0", 3, &s2, &pages, &n), 0);
-        const epd_arena *a = epd_arena_get(c, (size_t)epd_arena_find(c, "host0"));
-        for (size_t i = 0; i < n; i++)
-                for (size_t k = 0; k < 2 * KV_PAGE; k++)
-                        host0[epd_page_offset(a, 2 * KV_PAGE, pages[i]) + k] = pattern(k, 9 + (unsigned)i);
-        free(pages);
+        s2 = wide_sequence_write(c, host0, 3, 9);
         kill9_epdd();
         epd_disconnect(c);
 
@@ -2537,17 +2546,7 @@ START_TEST(test_changed_page_size_journals_drop) {
         start_epdd(true);
         c = wide_worker(&host0);
         ck_assert_int_eq(epd_sequence_attach(c, id_of(s1), NULL), -ENOENT); /* not back */
-        ck_assert_int_eq(epd_sequence_attach(c, id_of(s2), NULL), 0);
-        ck_assert_int_eq(epd_sequence_get_pages(c, s2, &pages, &n), 0);
-        ck_assert_uint_eq(n, 3);
-        a = epd_arena_get(c, (size_t)epd_arena_find(c, "host0"));
-        for (size_t i = 0; i < n; i++) {
-                size_t diff = 0;
-                for (size_t k = 0; k < 2 * KV_PAGE; k++)
-                        diff += host0[epd_page_offset(a, 2 * KV_PAGE, pages[i]) + k] != pattern(k, 9 + (unsigned)i);
-                ck_assert_msg(diff == 0, "page %zu of S2: %zu bytes not its own", i, diff);
-        }
-        free(pages);
+        wide_sequence_check(c, host0, s2, 3, 9);
         epd_disconnect(c);
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         free(s1);
