@@ -40,6 +40,21 @@ static inline void check_run_kill_leftovers(const char *dir) {
                 bool ours = fgets(comm, sizeof comm, c) &&
                             (strcmp(comm, "epdd\n") == 0 || strcmp(comm, "dbus-daemon\n") == 0);
                 fclose(c);
+                /* And started for this directory (its config lies in it): a pid noted
+                 * here may have been reused since by another test's daemon. */
+                if (ours) {
+                        char cmdline[4096] = "";
+                        snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
+                        FILE *l = fopen(path, "re");
+                        size_t n = l ? fread(cmdline, 1, sizeof cmdline - 1, l) : 0;
+                        if (l)
+                                fclose(l);
+                        for (size_t i = 0; i < n; i++)
+                                if (cmdline[i] == 0)
+                                        cmdline[i] = ' ';
+                        cmdline[n] = 0;
+                        ours = strstr(cmdline, dir) != NULL;
+                }
                 if (ours)
                         (void)kill((pid_t)pid, SIGKILL);
         }

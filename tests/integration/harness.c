@@ -64,7 +64,7 @@ static int write_file(const char *path, const char *text) {
 
 /* Notes a process this harness started in its directory's .pids, so that the test's
  * main can kill it if the test ends before its teardown (check-main.h). */
-static void note_pid(Harness *h, pid_t pid) {
+void harness_note_pid(Harness *h, pid_t pid) {
         char path[sizeof h->dir + 8];
         snprintf(path, sizeof path, "%s/.pids", h->dir);
         FILE *f = fopen(path, "ae");
@@ -136,7 +136,7 @@ int harness_start_bus(Harness *h) {
                 _exit(127);
         }
         h->dbus_pid = pid;
-        note_pid(h, pid);
+        harness_note_pid(h, pid);
         snprintf(h->bus_address, sizeof h->bus_address, "unix:path=%s/dbus.sock", h->dir);
         char sock[320];
         snprintf(sock, sizeof sock, "%s/dbus.sock", h->dir);
@@ -216,7 +216,7 @@ int harness_start_epdd(Harness *h, const char *const *extra_args) {
                 _exit(127);
         }
         h->epdd_pid = pid;
-        note_pid(h, pid);
+        harness_note_pid(h, pid);
         /* Serving means READY=1: the direct socket listens and the bus name is owned. */
         for (int i = 0; i < 1000; i++) {
                 int status;

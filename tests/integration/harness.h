@@ -27,6 +27,9 @@ const char *harness_epdd(void);
 /* Creates the directory and writes a config with the socket in it, SystemBus=no, plus
  * `extra` (more INI text, may be NULL). */
 int harness_init(Harness *h, const char *extra);
+/* Notes a process the test started itself (an epdd of its own) in the directory's .pids:
+ * the test's main kills it if the test ends before its teardown (check-main.h). */
+void harness_note_pid(Harness *h, pid_t pid);
 /* A test that runs over a private dbus-daemon calls this in main(), before its suite:
  * without a dbus-daemon in PATH the whole test exits 77 (skip) with its reason, rather
  * than each case failing inside check's forked child. No-op when !over_bus. */

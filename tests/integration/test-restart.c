@@ -225,10 +225,10 @@ static pid_t spawn_epdd(bool with_store) {
                 execl(harness_epdd(), harness_epdd(), cfg, (char *)NULL);
                 _exit(127);
         }
+        harness_note_pid(&h, pid);
         return pid;
 }
 
-/* A start that must fail: its exit status, once the messages it sent are read. */
 /* An epdd expected to fail its start: its exit status, or 0 if it became ready (then it
  * is stopped with SIGKILL: a start that should have failed never hangs the test). */
 static int run_epdd_to_exit(bool with_store) {
