@@ -96,7 +96,7 @@ static int build_desc(epd_client *c, const epd_feature_tensor *tensors, size_t n
                         snprintf(c->error_name, sizeof c->error_name, "org.epd1.Error.InvalidArgument");
                         snprintf(c->error_message, sizeof c->error_message,
                                  "Tensor %zu: bad name, dtype or rank.", i);
-                        return epd__error(c, -EINVAL, NULL);
+                        return -EINVAL; /* the name and message just set */
                 }
                 strcpy(o->name, t->name);
                 o->dtype = (uint32_t)dt;

@@ -212,7 +212,7 @@ int epd_flush(epd_client *c, uint64_t timeout_usec) {
                         epd__error(c, -ETIMEDOUT, NULL);
                         snprintf(c->error_message, sizeof c->error_message,
                                  "%u call(s) sent without waiting are not answered yet", c->nowait_pending);
-                        return epd__error(c, -ETIMEDOUT, NULL);
+                        return -ETIMEDOUT; /* the name and message just set */
                 }
                 r = sd_bus_wait(c->bus, until == UINT64_MAX ? UINT64_MAX : until - now);
                 /* A signal caught meanwhile is not an answer: wait on until the deadline

@@ -36,8 +36,10 @@ int fdstore_collect(FdStore **ret) {
         if (n > 0) {
                 s->fds = calloc((size_t)n, sizeof *s->fds);
                 s->again = calloc((size_t)n, sizeof *s->again);
-                if (!s->fds || !s->again) {
+                s->shared = calloc((size_t)n, sizeof *s->shared);
+                if (!s->fds || !s->again || !s->shared) {
                         free(s->again);
+                        free(s->shared);
                         for (int i = 0; i < n; i++) {
                                 safe_close(SD_LISTEN_FDS_START + i);
                                 free(names ? names[i] : NULL);
@@ -75,9 +77,12 @@ int fdstore_take(FdStore *s, const char *name) {
                         if (s->fds[j] >= 0 && same_name(s, j, name)) {
                                 /* Another copy under this name: dropping it (by name) would
                                  * drop this one too, so it is pushed again after. */
+                                s->shared[i] = true;
                                 s->again[i] = fcntl(s->fds[i], F_DUPFD_CLOEXEC, 3);
                                 if (s->again[i] < 0)
-                                        log_warning_errno(errno, "Stored fd '%s': cannot copy it: %m", name);
+                                        log_warning_errno(errno, "Stored fd '%s': cannot copy it (%m); its older "
+                                                                 "copies stay in the store.",
+                                                          name);
                                 break;
                         }
                 return TAKE_FD(s->fds[i]);
@@ -85,9 +90,20 @@ int fdstore_take(FdStore *s, const char *name) {
         return -ENOENT;
 }
 
-static bool taken_again(const FdStore *s, const char *name) {
+void fdstore_drop(FdStore *s, const char *name) {
+        for (size_t i = 0; s && i < s->n; i++)
+                if (s->shared[i] && same_name(s, i, name)) {
+                        s->shared[i] = false;
+                        s->again[i] = safe_close(s->again[i]);
+                }
+        if (fdstore_name_valid(name))
+                (void)fdstore_remove(name);
+}
+
+/* Whether name's fd was taken while older copies of it are stored too. */
+static bool taken_shared(const FdStore *s, const char *name) {
         for (size_t i = 0; i < s->n; i++)
-                if (s->again[i] >= 0 && same_name(s, i, name))
+                if (s->shared[i] && same_name(s, i, name))
                         return true;
         return false;
 }
@@ -98,7 +114,7 @@ FdStore *fdstore_free(FdStore *s) {
         for (size_t i = 0; i < s->n; i++) {
                 if (s->fds[i] >= 0) {
                         const char *name = s->names && s->names[i] ? s->names[i] : "unknown";
-                        bool dup = taken_again(s, name);
+                        bool dup = taken_shared(s, name);
                         if (dup)
                                 log_notice("Stored fd '%s' is an older copy of one taken back; dropping it.", name);
                         else
@@ -111,8 +127,8 @@ FdStore *fdstore_free(FdStore *s) {
         /* Names stored more than once: every copy goes, then the one taken back is
          * stored again, alone. */
         for (size_t i = 0; i < s->n; i++) {
-                if (s->again[i] < 0)
-                        continue;
+                if (!s->shared[i] || s->again[i] < 0)
+                        continue; /* (no copy: every copy of the name stays stored) */
                 if (fdstore_remove(s->names[i]) >= 0)
                         (void)fdstore_push(s->names[i], s->again[i]);
                 s->again[i] = safe_close(s->again[i]);
@@ -122,6 +138,7 @@ FdStore *fdstore_free(FdStore *s) {
         free(s->names);
         free(s->fds);
         free(s->again);
+        free(s->shared);
         free(s);
         return NULL;
 }
@@ -132,6 +149,7 @@ FdStore *fdstore_close(FdStore *s) {
         for (size_t i = 0; i < s->n; i++) {
                 s->fds[i] = safe_close(s->fds[i]);
                 s->again[i] = safe_close(s->again[i]); /* systemd's store left as it is */
+                s->shared[i] = false;
         }
         return fdstore_free(s);
 }

@@ -17,8 +17,11 @@
 typedef struct FdStore {
         char **names;
         int *fds;      /* -EBADF once taken */
-        /* A copy of a taken fd whose name came more than once (a stale copy stored too),
-         * pushed again once the name is removed: systemd removes by name, every copy. */
+        /* A taken fd whose name came more than once (an older copy stored too): shared
+         * is set, and again holds a copy of it, pushed again once the name is removed
+         * (systemd removes by name: every copy). Without the copy, the name's copies
+         * all stay in systemd's store. */
+        bool *shared;
         int *again;
         size_t n;
 } FdStore;
@@ -30,6 +33,9 @@ int fdstore_collect(FdStore **ret);
  * than once, the first (systemd passes the newest first); the others are dropped by
  * fdstore_free(), which keeps this one stored. */
 int fdstore_take(FdStore *s, const char *name);
+/* The fd taken under name was refused (not that arena's memory): systemd is asked to
+ * forget the name, every copy, and nothing of it is stored again. */
+void fdstore_drop(FdStore *s, const char *name);
 /* Closes what nobody took (and asks systemd to forget those names). */
 FdStore *fdstore_free(FdStore *s);
 DEFINE_TRIVIAL_CLEANUP_FUNC(FdStore *, fdstore_free);

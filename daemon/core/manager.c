@@ -658,7 +658,7 @@ static int manager_setup_arenas(Manager *m) {
                         } else {
                                 if (fd >= 0) {
                                         safe_close(fd);
-                                        (void)fdstore_remove(fdname);
+                                        fdstore_drop(store, fdname);
                                 }
                                 /* Into the fd store once the restore's records are
                                  * durable (manager_startup). */

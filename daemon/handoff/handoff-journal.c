@@ -125,8 +125,8 @@ int handoff_manager_apply_record(Manager *m, uint16_t type, const void *payload,
         if (rec.type == HANDOFF_REC_COMMITTED && rec.extra_len > 16 && m->page_manager) {
                 r = page_manager_apply_record(m->page_manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_PUT, rec.extra,
                                               rec.extra_len);
-                if (r == -EBADMSG)
-                        return r;
+                if (r == -EBADMSG || r == -ENOMEM)
+                        return r; /* ENOMEM: the start fails rather than go on without it */
                 if (r < 0)
                         log_warning_errno(r, "WAL: the decode sequence of a handoff commit does not apply: %m");
         }

@@ -398,17 +398,27 @@ static void restored_directory_prune(PageManager *pm) {
         /* Collected in one pass, then removed (a rescan after each was quadratic). */
         _cleanup_(freep) DirectoryRecord **gone = calloc(MAX(hashmap_size(pm->restored_directory), (size_t)1),
                                                           sizeof *gone);
-        while (gone && hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL))
-                if (!restored_entry_pool(pm, e))
+        while (hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL)) {
+                if (restored_entry_pool(pm, e))
+                        continue;
+                if (gone) {
                         gone[n++] = e;
+                        continue;
+                }
+                /* No memory for the list: one at a time, the scan started over (none may
+                 * stay: it names bytes that are gone). */
+                (void)hashmap_remove(pm->restored_directory, &e->hash);
+                (void)directory_journal(pm, false, e->hash, NULL, 0);
+                free(e);
+                dropped++;
+                it = 0;
+        }
         for (size_t i = 0; i < n; i++) {
                 (void)hashmap_remove(pm->restored_directory, &gone[i]->hash);
                 (void)directory_journal(pm, false, gone[i]->hash, NULL, 0);
                 free(gone[i]);
                 dropped++;
         }
-        if (!gone)
-                log_warning("No memory to sort the restored block-directory entries; all are kept.");
         if (dropped > 0)
                 log_info("%" PRIu64 " journaled block-directory entries dropped: their arena's memory did not survive.",
                          dropped);

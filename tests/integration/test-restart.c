@@ -477,6 +477,27 @@ START_TEST(test_failed_start_keeps_the_store) {
         kill9_epdd();
         start_epdd(true);
         worker_touch("a", false, 1, len, true); /* still stored, and the right one */
+
+        /* A newer copy under the name that is no arena's file: refused, and the name's
+         * copies go (systemd drops by name); it is not stored again behind the fresh
+         * arena that replaces it. */
+        kill9_epdd();
+        int bogus = memfd_create("not-an-arena", MFD_CLOEXEC);
+        ck_assert_int_ge(bogus, 0);
+        ck_assert_int_eq(ftruncate(bogus, st.st_size), 0);
+        struct stat bst;
+        ck_assert_int_eq(fstat(bogus, &bst), 0);
+        store_put("arena-a", bogus); /* the newest: first */
+        start_epdd(true);
+        copies = 0;
+        for (size_t i = 0; i < store_n; i++)
+                if (strcmp(store_names[i], "arena-a") == 0) {
+                        struct stat x;
+                        ck_assert_int_eq(fstat(store_fds[i], &x), 0);
+                        ck_assert_msg(x.st_ino != bst.st_ino, "the refused copy was stored again");
+                        copies++;
+                }
+        ck_assert_uint_eq(copies, 1); /* the fresh arena's */
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         close_notify();
 }

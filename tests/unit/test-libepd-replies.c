@@ -187,6 +187,19 @@ START_TEST(test_unreadable_registration_undone) {
 }
 END_TEST
 
+/* A refusal libepd words itself keeps its name and words (a bad tensor is
+ * InvalidArgument naming the tensor), not a bare errno text. */
+START_TEST(test_local_refusal_keeps_its_words) {
+        epd_client *c = connect_stub();
+        epd_feature *f = NULL;
+        epd_feature_tensor t = { .name = "x", .dtype = "no-such-dtype", .rank = 1, .shape = { 64 } };
+        ck_assert_int_eq(epd_feature_reserve(c, "k", 64, &t, 1, NULL, &f), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(c), "Tensor 0"));
+        epd_disconnect(c);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("libepd-replies");
         TCase *tc = tcase_create("replies");
@@ -194,6 +207,7 @@ int main(void) {
         tcase_add_test(tc, test_short_prepare_write);
         tcase_add_test(tc, test_cut_feature_reply_releases_handle);
         tcase_add_test(tc, test_unreadable_registration_undone);
+        tcase_add_test(tc, test_local_refusal_keeps_its_words);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
