@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include "core/arena.h"
+#include "core/fdstore.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -277,4 +278,34 @@ Arena *arena_free(Arena *a) {
         free(a->name);
         free(a);
         return NULL;
+}
+
+int arena_take_or_new_host(FdStore *store, const ArenaConfig *c, uint32_t index, const char *host_id, Arena **ret,
+                           bool *ret_adopted) {
+        char fdname[64];
+        bool took = false;
+        int fd, r;
+
+        *ret_adopted = false;
+        snprintf(fdname, sizeof fdname, "arena-%s", c->name);
+        while ((fd = fdstore_take(store, fdname)) >= 0) {
+                took = true;
+                r = arena_adopt_host(c, index, fd, host_id, ret);
+                if (r >= 0) {
+                        *ret_adopted = true;
+                        return 0;
+                }
+                safe_close(fd);
+                if (r != -EBADMSG && r != -ESTALE)
+                        /* Not another arena's nor another shape's memory: it could not be
+                         * taken back now (mapping it failed). */
+                        return log_error_errno(r, "Arena %s: cannot take back its memory (%m); not starting, so "
+                                                  "that it stays in the fd store for the next start.",
+                                               c->name);
+                fdstore_refuse(store); /* an older copy, if any, is tried next */
+        }
+        if (took)
+                fdstore_drop(store, fdname);
+        /* Into the fd store once the restore's records are durable (manager_startup). */
+        return arena_new_host(c, index, host_id, ret);
 }

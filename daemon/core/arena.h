@@ -77,6 +77,13 @@ uint64_t arena_header_size(uint64_t granularity);
 int arena_new_host(const ArenaConfig *c, uint32_t index, const char *host_id, Arena **ret);
 /* Re-adopts an arena fd handed back by systemd's fd store after a restart. */
 int arena_adopt_host(const ArenaConfig *c, uint32_t index, int fd, const char *host_id, Arena **ret);
+/* The host arena of slot index: taken back from the fd store (the newest stored copy that
+ * holds it, under arena-<name>; *ret_adopted true), else fresh memory, the name's stored
+ * copies dropped. A stored copy that is the arena's but cannot be mapped now fails it
+ * (-errno): fresh memory would lose its pages for good, and the fd stays stored. */
+struct FdStore;
+int arena_take_or_new_host(struct FdStore *store, const ArenaConfig *c, uint32_t index, const char *host_id,
+                           Arena **ret, bool *ret_adopted);
 Arena *arena_free(Arena *a);
 
 /* Bytes usable for pages. */

@@ -73,8 +73,9 @@ int fdstore_take(FdStore *s, const char *name) {
         for (size_t i = 0; s && i < s->n; i++) {
                 if (s->fds[i] < 0 || !same_name(s, i, name))
                         continue;
-                for (size_t j = i + 1; j < s->n; j++)
-                        if (s->fds[j] >= 0 && same_name(s, j, name)) {
+                s->last = i;
+                for (size_t j = 0; j < s->n; j++)
+                        if (j != i && same_name(s, j, name)) { /* taken and refused, or not yet */
                                 /* Another copy under this name: dropping it (by name) would
                                  * drop this one too, so it is pushed again after. */
                                 s->shared[i] = true;
@@ -88,6 +89,13 @@ int fdstore_take(FdStore *s, const char *name) {
                 return TAKE_FD(s->fds[i]);
         }
         return -ENOENT;
+}
+
+void fdstore_refuse(FdStore *s) {
+        if (!s || s->last >= s->n)
+                return;
+        s->shared[s->last] = false;
+        s->again[s->last] = safe_close(s->again[s->last]);
 }
 
 void fdstore_drop(FdStore *s, const char *name) {

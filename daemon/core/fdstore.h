@@ -24,15 +24,20 @@ typedef struct FdStore {
         bool *shared;
         int *again;
         size_t n;
+        size_t last; /* the index fdstore_take() took last */
 } FdStore;
 
 /* Takes the fds passed at start (LISTEN_FDS), with their names; unsets the variables.
  * An empty store when there are none. */
 int fdstore_collect(FdStore **ret);
 /* The fd stored under name, now the caller's; -ENOENT if none. Under a name stored more
- * than once, the first (systemd passes the newest first); the others are dropped by
- * fdstore_free(), which keeps this one stored. */
+ * than once, the first (systemd passes the newest first), then on the next call the next
+ * (after fdstore_refuse()); fdstore_free() drops the others and keeps the one taken
+ * stored, alone. */
 int fdstore_take(FdStore *s, const char *name);
+/* The fd fdstore_take() gave last was refused (not that arena's memory): it is not
+ * stored again. */
+void fdstore_refuse(FdStore *s);
 /* The fd taken under name was refused (not that arena's memory): systemd is asked to
  * forget the name, every copy, and nothing of it is stored again. */
 void fdstore_drop(FdStore *s, const char *name);

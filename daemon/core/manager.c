@@ -634,37 +634,12 @@ static int manager_setup_arenas(Manager *m) {
         for (size_t i = 0; i < m->config.n_arenas; i++) {
                 const ArenaConfig *c = &m->config.arenas[i];
                 bool adopted = false;
-                char fdname[64];
                 int r;
-                snprintf(fdname, sizeof fdname, "arena-%s", c->name);
                 if (c->domain != MEMORY_HOST) {
                         const Subsystem *s = domain_owner(c->domain);
                         r = s ? s->arenas->make(m, c, (uint32_t)i, &m->arenas[i]) : -EOPNOTSUPP;
-                } else {
-                        int fd = fdstore_take(store, fdname);
-                        r = fd >= 0 ? arena_adopt_host(c, (uint32_t)i, fd, m->config.host_id, &m->arenas[i])
-                                    : -ENOENT;
-                        if (r >= 0)
-                                adopted = true;
-                        else if (fd >= 0 && r != -EBADMSG && r != -ESTALE) {
-                                /* Not another arena's nor another shape's memory: it could
-                                 * not be taken back now (mapping it failed). Fresh memory
-                                 * would drop its pages for good: the start fails instead. */
-                                safe_close(fd);
-                                store = fdstore_close(store);
-                                return log_error_errno(r, "Arena %s: cannot take back its memory (%m); not starting, "
-                                                          "so that it stays in the fd store for the next start.",
-                                                       c->name);
-                        } else {
-                                if (fd >= 0) {
-                                        safe_close(fd);
-                                        fdstore_drop(store, fdname);
-                                }
-                                /* Into the fd store once the restore's records are
-                                 * durable (manager_startup). */
-                                r = arena_new_host(c, (uint32_t)i, m->config.host_id, &m->arenas[i]);
-                        }
-                }
+                } else
+                        r = arena_take_or_new_host(store, c, (uint32_t)i, m->config.host_id, &m->arenas[i], &adopted);
                 if (r < 0) {
                         /* The arenas after this one stay in systemd's store for the next
                          * start: a failure here (a GPU not ready, huge pages short) must
