@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-/* libepd against a stand-in daemon that answers with canned replies a real epdd never
- * sends (a short PrepareWrite, a feature reply cut short after its handle, a registration
- * without its arenas): nothing the reply left out is used, and a handle or registration
- * the daemon made is given back, not held until the connection goes. The stand-in is a D-Bus peer server on a unix socket, as epdd's direct
- * socket is. */
+/* libepd against a D-Bus peer server on a unix socket (as epdd's direct socket is) that
+ * answers with canned replies a real epdd never sends (a short PrepareWrite, a feature
+ * reply cut short after its handle, a registration without its arenas): nothing the
+ * reply left out is used, and a handle or registration the daemon made is given back,
+ * not held until the connection goes. And a refusal libepd words itself keeps its words. */
 #include <check.h>
 #include <errno.h>
 #include <pthread.h>
@@ -20,7 +20,7 @@
 #include "epd/epd-feature.h"
 #include "../check-main.h"
 
-typedef struct Stub {
+typedef struct Canned {
         char dir[64], path[80];
         int listen_fd;
         pthread_t thread;
@@ -28,12 +28,12 @@ typedef struct Stub {
         atomic_int releases; /* Feature.Release calls seen */
         char released[64];
         char unregistered[64]; /* UnregisterWorker's worker */
-} Stub;
+} Canned;
 
-static Stub stub;
+static Canned canned;
 
 static int on_call(sd_bus_message *m, void *userdata, sd_bus_error *e) {
-        Stub *s = userdata;
+        Canned *s = userdata;
         sd_bus_message *reply = NULL;
         sd_bus *bus = sd_bus_message_get_bus(m);
         int r = 0;
@@ -81,7 +81,7 @@ static int on_call(sd_bus_message *m, void *userdata, sd_bus_error *e) {
 }
 
 static void *serve(void *userdata) {
-        Stub *s = userdata;
+        Canned *s = userdata;
         int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0)
                 return NULL;
@@ -115,42 +115,42 @@ static void *serve(void *userdata) {
 }
 
 static void setup(void) {
-        memset(&stub, 0, sizeof stub);
+        memset(&canned, 0, sizeof canned);
         /* Under the run's directory (check_run() removes it, even after a failed test
          * that never reached its teardown). */
         const char *run = getenv("EPD_TEST_RUN_DIR");
         ck_assert_ptr_nonnull(run);
-        ck_assert_int_lt(snprintf(stub.dir, sizeof stub.dir, "%s/libepd-XXXXXX", run), (int)sizeof stub.dir);
-        ck_assert_ptr_nonnull(mkdtemp(stub.dir));
-        snprintf(stub.path, sizeof stub.path, "%s/bus", stub.dir);
+        ck_assert_int_lt(snprintf(canned.dir, sizeof canned.dir, "%s/libepd-XXXXXX", run), (int)sizeof canned.dir);
+        ck_assert_ptr_nonnull(mkdtemp(canned.dir));
+        snprintf(canned.path, sizeof canned.path, "%s/bus", canned.dir);
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", stub.path);
-        stub.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        ck_assert_int_ge(stub.listen_fd, 0);
-        ck_assert_int_eq(bind(stub.listen_fd, (struct sockaddr *)&sa, sizeof sa), 0);
-        ck_assert_int_eq(listen(stub.listen_fd, 4), 0);
-        ck_assert_int_eq(pthread_create(&stub.thread, NULL, serve, &stub), 0);
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", canned.path);
+        canned.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_ge(canned.listen_fd, 0);
+        ck_assert_int_eq(bind(canned.listen_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        ck_assert_int_eq(listen(canned.listen_fd, 4), 0);
+        ck_assert_int_eq(pthread_create(&canned.thread, NULL, serve, &canned), 0);
 }
 
 static void teardown(void) {
-        atomic_store(&stub.stop, true);
-        shutdown(stub.listen_fd, SHUT_RDWR); /* a thread still in accept() */
-        pthread_join(stub.thread, NULL);
-        close(stub.listen_fd);
-        unlink(stub.path);
-        rmdir(stub.dir);
+        atomic_store(&canned.stop, true);
+        shutdown(canned.listen_fd, SHUT_RDWR); /* a thread still in accept() */
+        pthread_join(canned.thread, NULL);
+        close(canned.listen_fd);
+        unlink(canned.path);
+        rmdir(canned.dir);
 }
 
-static epd_client *connect_stub(void) {
+static epd_client *connect_canned(void) {
         char address[200];
         epd_client *c = NULL;
-        snprintf(address, sizeof address, "direct:%s", stub.path);
+        snprintf(address, sizeof address, "direct:%s", canned.path);
         ck_assert_int_eq(epd_connect(address, &c), 0);
         return c;
 }
 
 START_TEST(test_short_prepare_write) {
-        epd_client *c = connect_stub();
+        epd_client *c = connect_canned();
         uint32_t pages[3] = { 0xdead, 0xdead, 0xdead };
         ck_assert_int_eq(epd_sequence_prepare_write(c, "/org/epd1/sequence/x", 0, 3, pages), -EBADMSG);
         ck_assert_str_eq(epd_last_error_name(c), "errno.74");
@@ -162,12 +162,12 @@ START_TEST(test_short_prepare_write) {
 END_TEST
 
 START_TEST(test_cut_feature_reply_releases_handle) {
-        epd_client *c = connect_stub();
+        epd_client *c = connect_canned();
         epd_feature *f = NULL;
         ck_assert_int_lt(epd_feature_acquire(c, "k", false, &f), 0);
         ck_assert_ptr_null(f);
-        ck_assert_int_eq(atomic_load(&stub.releases), 1);
-        ck_assert_str_eq(stub.released, "h-1");
+        ck_assert_int_eq(atomic_load(&canned.releases), 1);
+        ck_assert_str_eq(canned.released, "h-1");
         /* The error is the reply's, not the Release's. */
         ck_assert_ptr_nonnull(epd_last_error_name(c));
         ck_assert_str_ne(epd_last_error_name(c), "errno.0");
@@ -178,9 +178,9 @@ END_TEST
 /* A registration whose reply cannot be read past the worker's path is undone: the
  * daemon is asked to unregister that worker, and the client stays unregistered. */
 START_TEST(test_unreadable_registration_undone) {
-        epd_client *c = connect_stub();
+        epd_client *c = connect_canned();
         ck_assert_int_lt(epd_register(c, "prefill", "m", "cpu", NULL, NULL), 0);
-        ck_assert_str_eq(stub.unregistered, "/org/epd1/worker/w1");
+        ck_assert_str_eq(canned.unregistered, "/org/epd1/worker/w1");
         ck_assert_ptr_null(epd_worker_path(c));
         ck_assert_uint_eq(epd_arena_count(c), 0);
         epd_disconnect(c);
@@ -190,7 +190,7 @@ END_TEST
 /* A refusal libepd words itself keeps its name and words (a bad tensor is
  * InvalidArgument naming the tensor), not a bare errno text. */
 START_TEST(test_local_refusal_keeps_its_words) {
-        epd_client *c = connect_stub();
+        epd_client *c = connect_canned();
         epd_feature *f = NULL;
         epd_feature_tensor t = { .name = "x", .dtype = "no-such-dtype", .rank = 1, .shape = { 64 } };
         ck_assert_int_eq(epd_feature_reserve(c, "k", 64, &t, 1, NULL, &f), -EINVAL);
