@@ -610,19 +610,19 @@ int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payloa
         return k < 0 ? k : r;
 }
 
-static int apply_put(PageManager *pm, const SequenceRecord *rec_, const char *id_str) {
+static int apply_put(PageManager *pm, const SequenceRecord *rec, const char *id_str) {
         Manager *m = pm->manager;
-        const SequenceRecord rec = *rec_;
         PagePool *pool;
         Sequence *s;
         int r;
-        if (rec.arena >= m->n_arenas)
+
+        if (rec->arena >= m->n_arenas)
                 return -ENODEV;
-        r = replay_pool(pm, m->arenas[rec.arena], rec.page_size, &pool);
+        r = replay_pool(pm, m->arenas[rec->arena], rec->page_size, &pool);
         if (r < 0)
                 return r;
-        for (uint32_t i = 0; i < rec.n_pages; i++)
-                if (sequence_record_page(&rec, i) >= page_pool_size(pool))
+        for (uint32_t i = 0; i < rec->n_pages; i++)
+                if (sequence_record_page(rec, i) >= page_pool_size(pool))
                         return -ERANGE;
 
         s = hashmap_get(pm->sequences, id_str);
@@ -636,7 +636,7 @@ static int apply_put(PageManager *pm, const SequenceRecord *rec_, const char *id
                 r = sequence_new(pool, &s);
                 if (r < 0)
                         return r;
-                s->id = rec.id;
+                s->id = rec->id;
                 snprintf(s->id_str, sizeof s->id_str, "%s", id_str);
                 if (asprintf(&s->path, SEQUENCE_PATH_PREFIX "/%s", s->id_str) < 0) {
                         s->path = NULL;
@@ -650,22 +650,22 @@ static int apply_put(PageManager *pm, const SequenceRecord *rec_, const char *id
                 }
                 s->manager = pm;
         }
-        if (rec.n_pages > s->n_allocated) {
-                PageId *p = realloc(s->pages, rec.n_pages * sizeof(PageId));
+        if (rec->n_pages > s->n_allocated) {
+                PageId *p = realloc(s->pages, rec->n_pages * sizeof(PageId));
                 if (!p)
                         return -ENOMEM;
                 s->pages = p;
-                s->n_allocated = rec.n_pages;
+                s->n_allocated = rec->n_pages;
         }
-        for (uint32_t i = 0; i < rec.n_pages; i++)
-                s->pages[i] = sequence_record_page(&rec, i);
-        s->n_pages = rec.n_pages;
-        s->arena = rec.arena;
-        s->uid = rec.uid;
-        s->created_usec = rec.created_usec;
-        s->n_grants = rec.n_grants;
-        for (uint32_t i = 0; i < rec.n_grants; i++)
-                memcpy(s->grants[i].bytes, rec.grants + 16 * i, 16);
+        for (uint32_t i = 0; i < rec->n_pages; i++)
+                s->pages[i] = sequence_record_page(rec, i);
+        s->n_pages = rec->n_pages;
+        s->arena = rec->arena;
+        s->uid = rec->uid;
+        s->created_usec = rec->created_usec;
+        s->n_grants = rec->n_grants;
+        for (uint32_t i = 0; i < rec->n_grants; i++)
+                memcpy(s->grants[i].bytes, rec->grants + 16 * i, 16);
         return 0;
 }
 
