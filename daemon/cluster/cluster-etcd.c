@@ -18,6 +18,7 @@
 #include "cluster/member-record.h"
 #include "log.h"
 #include "macro.h"
+#include "time-util.h"
 #include "peer/peer-manager.h"
 #include "peer/topology.h"
 #include "transport/rdma.h"
@@ -150,16 +151,43 @@ static int session_register(ClusterManager *cm, EtcdClient *c, uint64_t *ret_lea
         return r;
 }
 
+/* A keepalive gives each endpoint a third of the lease's TTL (at most CALL_TIMEOUT_MS)
+ * and the whole call until 9/10 of the TTL after the last one that etcd answered: an
+ * endpoint that hangs (connected, answering nothing) costs the call one attempt, and
+ * the next endpoint is asked while the lease still lives. */
+static long keepalive_attempt_ms(int64_t ttl_sec) {
+        return CLAMP((long)ttl_sec * 1000 / 3, 100L, CALL_TIMEOUT_MS);
+}
+
+/* An endpoint the session found hung: said once, and the watch's attempt on it (a
+ * stream open and silent) ended so that it reads again through the next one. */
+static void endpoint_hung(ClusterManager *cm, EtcdClient *c, ssize_t *said) {
+        ssize_t h = etcd_client_hung(c);
+
+        if (h < 0) {
+                *said = -1;
+                return;
+        }
+        if (h != *said)
+                log_warning("cluster: etcd endpoint %s stopped answering (nothing within %ld ms); going on with %s",
+                            etcd_client_endpoint_at(c, (size_t)h), keepalive_attempt_ms(cm->ttl_sec),
+                            etcd_client_endpoint(c));
+        *said = h;
+        etcd_client_abandon(cm->watch_client, (size_t)h);
+}
+
 static void *session_main(void *userdata) {
         ClusterManager *cm = userdata;
         EtcdClient *c = cm->session_client;
         long backoff = BACKOFF_MIN_MS, period = (long)cm->ttl_sec * 1000 / 3;
         uint64_t lease = 0;
+        ssize_t hung_said = -1;
         char err[256];
 
         while (!atomic_load(&cm->stop)) {
                 atomic_store(&cm->key_lost, false); /* this put is the one asked for */
                 int r = session_register(cm, c, &lease, err, sizeof err);
+                endpoint_hung(cm, c, &hung_said);
                 if (r < 0) {
                         lease = 0;
                         if (!err[0])
@@ -172,9 +200,10 @@ static void *session_main(void *userdata) {
                 }
                 backoff = BACKOFF_MIN_MS;
                 post_state(cm, EV_SESSION, true, lease, "", c);
+                usec_t refreshed = now_usec(CLOCK_MONOTONIC);
                 /* Keepalives until the lease is lost or etcd stops answering. */
                 while (!nap(cm, period, true)) {
-                        char *ans = NULL;
+                        char *ans = NULL, *body;
                         size_t len;
                         int64_t ttl = 0;
 
@@ -184,11 +213,21 @@ static void *session_main(void *userdata) {
                                 break;
                         }
 
-                        r = call(c, "/v3/lease/keepalive", etcd_json_lease_id_request(lease), &ans, &len, err,
-                                 sizeof err);
+                        usec_t now = now_usec(CLOCK_MONOTONIC), until = refreshed + (usec_t)cm->ttl_sec * 900000;
+                        long attempt = keepalive_attempt_ms(cm->ttl_sec);
+                        body = etcd_json_lease_id_request(lease);
+                        r = body ? etcd_client_call_within(c, "/v3/lease/keepalive", body, attempt,
+                                                           until > now ? MAX((long)((until - now) / 1000), attempt)
+                                                                       : attempt,
+                                                           &ans, &len, err, sizeof err)
+                                 : -ENOMEM;
+                        free(body);
+                        endpoint_hung(cm, c, &hung_said);
                         if (r >= 0)
                                 r = etcd_json_keepalive(ans, len, &ttl, err, sizeof err);
                         free(ans);
+                        if (r >= 0)
+                                refreshed = now;
                         if (r >= 0 && ttl == 0) {
                                 snprintf(err, sizeof err, "lease %" PRIx64 " expired in etcd; registering again", lease);
                                 r = -ENOENT;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "macro.h"
+#include "time-util.h"
 
 #define STREAM_LINE_MAX (4U << 20)
 #define ANSWER_MAX (16U << 20)
@@ -21,6 +22,15 @@ struct EtcdClient {
         size_t current;
         const atomic_bool *stop;
         EtcdTls tls;
+        /* The attempt in progress: its endpoint and when it began (CLOCK_MONOTONIC). */
+        size_t attempt;
+        usec_t attempt_start;
+        /* etcd_client_abandon(), from another thread: 1 + the endpoint whose attempts
+         * begun before `abandon_at` are to end now. */
+        atomic_size_t abandon;
+        _Atomic usec_t abandon_at;
+        bool abandoned;        /* the last attempt ended by it */
+        ssize_t hung;          /* the last call: an endpoint that took the whole attempt, or -1 */
 };
 
 typedef struct Buffer {
@@ -139,15 +149,42 @@ static size_t write_cb(char *p, size_t size, size_t nmemb, void *userdata) {
         return n;
 }
 
+/* Whether the attempt in progress is to end: stopping, or its endpoint abandoned since
+ * it began (an attempt begun after the abandon is that endpoint's next chance). */
+static bool attempt_ends(EtcdClient *c) {
+        if (atomic_load(c->stop))
+                return true;
+        if (atomic_load(&c->abandon) == c->attempt + 1 && atomic_load(&c->abandon_at) >= c->attempt_start) {
+                c->abandoned = true;
+                return true;
+        }
+        return false;
+}
+
 static int progress_cb(void *userdata, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
                        curl_off_t ulnow) {
-        EtcdClient *c = userdata;
-        return atomic_load(c->stop) ? 1 : 0;
+        return attempt_ends(userdata) ? 1 : 0;
 }
 
 void etcd_client_wakeup(EtcdClient *c) {
         if (c && c->multi)
                 (void)curl_multi_wakeup(c->multi);
+}
+
+void etcd_client_abandon(EtcdClient *c, size_t endpoint) {
+        if (!c || endpoint >= c->n_endpoints)
+                return;
+        atomic_store(&c->abandon_at, now_usec(CLOCK_MONOTONIC));
+        atomic_store(&c->abandon, endpoint + 1);
+        etcd_client_wakeup(c);
+}
+
+ssize_t etcd_client_hung(EtcdClient *c) {
+        return c->hung;
+}
+
+const char *etcd_client_endpoint_at(EtcdClient *c, size_t i) {
+        return i < c->n_endpoints ? c->endpoints[i] : "";
 }
 
 /* curl_easy_perform(), through the multi handle: a stop is seen at once (wakeup), not
@@ -166,7 +203,7 @@ static CURLcode run(EtcdClient *c) {
                 }
                 if (!running)
                         break;
-                if (atomic_load(c->stop)) {
+                if (attempt_ends(c)) {
                         result = CURLE_ABORTED_BY_CALLBACK;
                         break;
                 }
@@ -214,13 +251,18 @@ static void setup(EtcdClient *c, const char *url, const char *body, Buffer *b, l
 }
 
 /* One request, trying each endpoint once starting with the current one: the next is
- * tried when one cannot be reached or answers 5xx or 429; the first that answers
- * otherwise becomes the current one. After all failed, err tells an answer's status
+ * tried when one cannot be reached, does not answer within timeout_ms (0: no limit, a
+ * stream), or answers 5xx or 429; the first that answers otherwise becomes the current
+ * one. No attempt begins or lasts past `deadline` (CLOCK_MONOTONIC; 0: none): -ETIMEDOUT
+ * then. An attempt ended by etcd_client_abandon() ends the call (-ETIMEDOUT) with the
+ * next endpoint as the current one. After all failed, err tells an answer's status
  * (-EIO) over an endpoint that could not be reached. */
-static int perform(EtcdClient *c, const char *path, const char *body, long timeout_ms, Buffer *b, char *err,
-                   size_t err_size) {
+static int perform(EtcdClient *c, const char *path, const char *body, long timeout_ms, usec_t deadline, Buffer *b,
+                   char *err, size_t err_size) {
         struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
         int r = -EHOSTUNREACH;
+
+        c->hung = -1;
 
         if (!headers)
                 return -ENOMEM;
@@ -245,13 +287,28 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                         r = -ECANCELED;
                         break;
                 }
+                long attempt_ms = timeout_ms;
+                usec_t now = now_usec(CLOCK_MONOTONIC);
+                if (deadline) {
+                        if (now + 1000 > deadline) {
+                                if (err && err_size && r != -EIO)
+                                        snprintf(err, err_size, "%s: not asked, the call's time was spent%s",
+                                                 c->endpoints[i], k == 0 ? "" : " on the endpoints before");
+                                r = -ETIMEDOUT;
+                                break;
+                        }
+                        attempt_ms = MIN(attempt_ms, (long)((deadline - now) / 1000));
+                }
+                c->attempt = i;
+                c->attempt_start = now;
+                c->abandoned = false;
                 snprintf(url, sizeof url, "%s%s", c->endpoints[i], path);
                 b->len = 0;
                 if (b->data)
                         b->data[0] = 0; /* no earlier endpoint's body in this one's message */
                 b->error = 0;
                 b->got_data = false;
-                setup(c, url, body, b, timeout_ms, headers);
+                setup(c, url, body, b, attempt_ms, headers);
                 cc = run(c);
                 curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
                 if (b->error < 0) {
@@ -259,10 +316,22 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                         c->current = i;
                         break;
                 }
+                if (cc == CURLE_ABORTED_BY_CALLBACK && c->abandoned) {
+                        /* Another thread found this endpoint hung: the next one is
+                         * the current one now; the caller starts over with it. */
+                        c->hung = (ssize_t)i;
+                        c->current = (i + 1) % c->n_endpoints;
+                        if (err && err_size)
+                                snprintf(err, err_size, "%s: stopped answering", c->endpoints[i]);
+                        r = -ETIMEDOUT;
+                        break;
+                }
                 if (cc == CURLE_ABORTED_BY_CALLBACK) {
                         r = -ECANCELED;
                         break;
                 }
+                if (cc == CURLE_OPERATION_TIMEDOUT && status == 0)
+                        c->hung = (ssize_t)i; /* connected or not, nothing came back in time */
                 if (status >= 500 || status == 429) {
                         /* It answered, but cannot serve (no leader, a learner, a gateway
                          * that cannot reach its own member, overloaded): another
@@ -300,14 +369,16 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
         return r;
 }
 
-int etcd_client_call(EtcdClient *c, const char *path, const char *body, long timeout_ms, char **ret,
-                     size_t *ret_len, char *err, size_t err_size) {
+int etcd_client_call_within(EtcdClient *c, const char *path, const char *body, long attempt_ms, long total_ms,
+                            char **ret, size_t *ret_len, char *err, size_t err_size) {
         Buffer b = { .max = ANSWER_MAX };
         int r;
 
         if (err && err_size)
                 err[0] = 0;
-        r = perform(c, path, body, timeout_ms, &b, err, err_size);
+        r = perform(c, path, body, attempt_ms,
+                    total_ms > 0 ? now_usec(CLOCK_MONOTONIC) + (usec_t)total_ms * USEC_PER_MSEC : 0, &b, err,
+                    err_size);
         if (r < 0 || !b.data) {
                 free(b.data);
                 return r < 0 ? r : -EBADMSG;
@@ -318,6 +389,11 @@ int etcd_client_call(EtcdClient *c, const char *path, const char *body, long tim
         return 0;
 }
 
+int etcd_client_call(EtcdClient *c, const char *path, const char *body, long timeout_ms, char **ret,
+                     size_t *ret_len, char *err, size_t err_size) {
+        return etcd_client_call_within(c, path, body, timeout_ms, 0, ret, ret_len, err, err_size);
+}
+
 int etcd_client_stream(EtcdClient *c, const char *path, const char *body, EtcdStreamFn fn, void *userdata,
                        char *err, size_t err_size) {
         Buffer b = { .max = STREAM_LINE_MAX, .fn = fn, .userdata = userdata };
@@ -326,7 +402,7 @@ int etcd_client_stream(EtcdClient *c, const char *path, const char *body, EtcdSt
         if (err && err_size)
                 err[0] = 0;
         /* No overall timeout: a watch lasts as long as etcd serves it. */
-        r = perform(c, path, body, 0, &b, err, err_size);
+        r = perform(c, path, body, 0, 0, &b, err, err_size);
         free(b.data);
         return r;
 }

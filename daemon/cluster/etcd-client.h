@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 typedef struct EtcdClient EtcdClient;
 
@@ -29,6 +30,11 @@ EtcdClient *etcd_client_free(EtcdClient *c);
  * HTTP error status, -ECANCELED when stopped. */
 int etcd_client_call(EtcdClient *c, const char *path, const char *body, long timeout_ms, char **ret,
                      size_t *ret_len, char *err, size_t err_size);
+/* The same, each endpoint given attempt_ms and the whole call total_ms (> 0): no attempt
+ * begins or lasts past it (-ETIMEDOUT when none answered in that time). What a lease's
+ * keepalive needs: the next endpoint asked while the lease still lives. */
+int etcd_client_call_within(EtcdClient *c, const char *path, const char *body, long attempt_ms, long total_ms,
+                            char **ret, size_t *ret_len, char *err, size_t err_size);
 
 /* A streaming POST (the watch): fn gets every newline-separated message as it arrives;
  * returns when the stream ends (-ECONNRESET), stops, or fn returns a negative errno
@@ -39,6 +45,18 @@ int etcd_client_stream(EtcdClient *c, const char *path, const char *body, EtcdSt
 
 /* Wakes a call in progress so that it sees *stop (thread-safe). */
 void etcd_client_wakeup(EtcdClient *c);
+
+/* From another thread (another client found endpoint i hung: connected, nothing
+ * answered): an attempt on it begun before now ends at once, its call returning
+ * -ETIMEDOUT ("stopped answering") with the next endpoint as the current one. A watch
+ * stream open on a hung member stays open and silent (the kernel still acknowledges)
+ * until this. Attempts begun after are not affected. */
+void etcd_client_abandon(EtcdClient *c, size_t endpoint);
+
+/* The endpoint of the last call that took its whole attempt without an answer (or was
+ * abandoned), or -1. */
+ssize_t etcd_client_hung(EtcdClient *c);
+const char *etcd_client_endpoint_at(EtcdClient *c, size_t i);
 
 /* The endpoint in use (the last that answered). */
 const char *etcd_client_endpoint(EtcdClient *c);

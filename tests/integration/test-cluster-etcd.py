@@ -24,6 +24,10 @@ cluster-etcd-faults: 4 epdd: kill -9 one during a handoff with it: the live side
   the last membership, visibly degraded; etcd restarted: membership recovers with no
   duplicate member; a member with a wrong cluster key is seen in etcd but refused at
   connect, and nothing is written to it.
+cluster-etcd-hang: 3 epdd, one of them reaching etcd first through an endpoint that hangs
+  (connections kept open, nothing answered): its lease never lapses (keepalives move to
+  the next endpoint within the TTL) and its watch moves on too (a member killed then
+  leaves its view within lease TTL + heartbeat bound).
 
 Needs root (ip netns) and etcd; exits 77 (skip) without them."""
 
@@ -192,6 +196,64 @@ class Unavailable:
     def calls(self):
         with open(self.log) as f:
             return [line.strip() for line in f if line.strip()]
+
+
+FREEZABLE_PROXY = r"""
+import signal, socket, sys, threading
+# A TCP relay to etcd that, on SIGUSR1, stops moving bytes either way while keeping every
+# connection open (the kernel still acknowledges, keepalives included): an etcd member
+# hung on a stalled disk, or stopped, as its clients see it.
+frozen = threading.Event()
+signal.signal(signal.SIGUSR1, lambda *a: frozen.set())
+def pump(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            while frozen.is_set():
+                frozen.wait(3600)
+            b.sendall(d)
+    except OSError:
+        pass
+def serve(c):
+    if frozen.is_set():
+        return  # accepted and held: never answered
+    try:
+        u = socket.create_connection((sys.argv[3], int(sys.argv[4])))
+    except OSError:
+        c.close()
+        return
+    threading.Thread(target=pump, args=(c, u), daemon=True).start()
+    threading.Thread(target=pump, args=(u, c), daemon=True).start()
+held = []
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(64)
+while True:
+    c, _ = s.accept()
+    held.append(c)
+    serve(c)
+"""
+
+
+class Freezable:
+    """An endpoint relaying to etcd until freeze(): then it keeps every connection open
+    and answers nothing (a hung member), in the bridge's namespace."""
+
+    def __init__(self, cl):
+        port = cl.etcd.port + 3
+        self.url = f"http://{cl.etcd.ip}:{port}"
+        self.proc = subprocess.Popen(["ip", "netns", "exec", cl.net.bridge, sys.executable, "-c", FREEZABLE_PROXY,
+                                      cl.etcd.ip, str(port), cl.etcd.ip, str(cl.etcd.port)])
+        cl.clients.append(self.proc)
+        probe = f"import socket; socket.create_connection(({cl.etcd.ip!r}, {port}), 1).close()"
+        wait_until(lambda: subprocess.run(["ip", "netns", "exec", cl.net.bridge, sys.executable, "-c", probe],
+                                          stderr=subprocess.DEVNULL).returncode == 0, 10, "the relay up")
+
+    def freeze(self):
+        self.proc.send_signal(signal.SIGUSR1)
 
 
 class EtcdCluster:
@@ -477,6 +539,53 @@ def test_eight(cl):
         wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean")
 
 
+def lease_of(cl, host):
+    r = cl.etcd.ctl("get", f"/epd/members/{host}", "-w", "json")
+    kvs = json.loads(r.stdout).get("kvs") or [] if r.returncode == 0 else []
+    return kvs[0].get("lease") if kvs else None
+
+
+def test_hang(cl):
+    n = cl.n
+    cl.etcd.start()
+    # h0 reaches etcd first through a relay that will hang (connections open, nothing
+    # answered), then directly: its keepalives and its watch must move on in time.
+    relay = Freezable(cl)
+    cl.extra[0] = f"Etcd={relay.url} {cl.etcd.url}\n"
+    start_all(cl, range(n))
+    c0 = cl.cluster(0)
+    assert c0["etcd_state"] == "up" and c0["etcd_reason"].startswith(f"registered at {relay.url}"), c0
+    lease = lease_of(cl, "h0")
+    assert lease, "h0 has no lease in etcd"
+    sig = cl.signals(1)
+    mark = len(sig.lines)
+    relay.freeze()
+    t0 = time.monotonic()
+    # Its lease never lapses: the keepalive gives the hung endpoint a third of the TTL and
+    # goes on to the next within the lease's life, so nobody sees h0 leave or come back.
+    time.sleep(LEASE_TTL_S * 2 + 1)
+    assert lease_of(cl, "h0") == lease, "h0's lease lapsed: it registered again"
+    with open(os.path.join(cl.tmp, "h0.log")) as f:
+        log = f.read()
+    assert "expired in etcd" not in log, log[-2000:]
+    assert "stopped answering" in log, log[-2000:]
+    assert not any(" MemberChanged h0 " in l for l in sig.lines[mark:]), sig.lines[mark:]
+    assert (cl.cluster(0) or {}).get("etcd_state") == "up", cl.cluster(0)
+    # Its watch moved on too: a member that dies now is dropped from h0's view within the
+    # lease TTL and the heartbeat bound, as everywhere else.
+    t0 = time.monotonic()
+    cl.kill(n - 1)
+
+    def dropped(i):
+        c = cl.cluster(i)
+        m = {x["host_id"]: x for x in c["members"]} if c else {}
+        return cl.names[n - 1] in m and m[cl.names[n - 1]]["lease"] == "left"
+    wait_until(lambda: dropped(0) and dropped(1), LEASE_TTL_S + BOUND_S + 1, f"{cl.names[n - 1]} left h0's view")
+    print(f"{cl.names[n - 1]} left h0's view {time.monotonic() - t0:.2f}s after kill -9, etcd reached past the hung "
+          f"endpoint")
+    sig.kill()
+
+
 def test_faults(cl):
     n = cl.n
     cl.etcd.start()
@@ -676,7 +785,7 @@ def main():
         skip("cannot create network namespaces: " + r.stderr.strip())
     sh("ip", "netns", "del", f"epdprobe{os.getpid()}")
     tests = {"cluster-etcd-eight": (test_eight, 8), "cluster-etcd-faults": (test_faults, 4),
-             "cluster-etcd-tls": (test_tls, 3)}
+             "cluster-etcd-tls": (test_tls, 3), "cluster-etcd-hang": (test_hang, 3)}
     fn, n = tests[test]
     if test == "cluster-etcd-tls" and not shutil.which("openssl"):
         skip("openssl not installed (certificates for etcd's TLS)")

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* The etcd client (daemon/cluster/etcd-client.c) against small HTTP servers on loopback
  * that answer every request with one canned answer: failing over past endpoints that
- * answer 5xx, and what the error text says afterwards. */
+ * answer 5xx, and what the error text says afterwards; past endpoints that hang
+ * (listening, answering nothing) within a call's time; a stream left open and silent,
+ * ended by another thread. */
 #include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
@@ -13,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cluster/etcd-client.h"
@@ -24,6 +27,8 @@ typedef struct Canned {
         char url[64];
         atomic_bool stop;
         atomic_int requests;
+        bool hold;          /* the connection is kept open after the answer (a stream) */
+        int held;
         pthread_t thread;
 } Canned;
 
@@ -69,8 +74,13 @@ static void *canned_main(void *userdata) {
                                 break;
                         off += (size_t)k;
                 }
-                close(s);
+                if (c->hold && c->held < 0)
+                        c->held = s;
+                else
+                        close(s);
         }
+        if (c->held >= 0)
+                close(c->held);
         return NULL;
 }
 
@@ -80,6 +90,7 @@ static void canned_start(Canned *c, const char *answer) {
 
         memset(c, 0, sizeof *c);
         c->answer = answer;
+        c->held = -1;
         c->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         ck_assert_int_ge(c->fd, 0);
         ck_assert_int_eq(bind(c->fd, (struct sockaddr *)&a, sizeof a), 0);
@@ -87,6 +98,21 @@ static void canned_start(Canned *c, const char *answer) {
         ck_assert_int_eq(getsockname(c->fd, (struct sockaddr *)&a, &len), 0);
         snprintf(c->url, sizeof c->url, "http://127.0.0.1:%u", ntohs(a.sin_port));
         ck_assert_int_eq(pthread_create(&c->thread, NULL, canned_main, c), 0);
+}
+
+/* An endpoint that hangs: the kernel completes the connection and takes the request,
+ * nothing ever reads or answers it. */
+static void hung_start(Canned *c) {
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof a;
+
+        memset(c, 0, sizeof *c);
+        c->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_ge(c->fd, 0);
+        ck_assert_int_eq(bind(c->fd, (struct sockaddr *)&a, sizeof a), 0);
+        ck_assert_int_eq(listen(c->fd, 8), 0);
+        ck_assert_int_eq(getsockname(c->fd, (struct sockaddr *)&a, &len), 0);
+        snprintf(c->url, sizeof c->url, "http://127.0.0.1:%u", ntohs(a.sin_port));
 }
 
 static void canned_stop(Canned *c) {
@@ -191,6 +217,132 @@ START_TEST(test_stream_end_is_not_an_earlier_failure) {
 }
 END_TEST
 
+static long ms_since(struct timespec *t0) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+START_TEST(test_hung_endpoint_costs_one_attempt) {
+        /* A keepalive past a hung endpoint: the next one is asked after the attempt's
+         * time, not the whole call's, and the hung one is named. */
+        Canned h, b;
+        hung_start(&h);
+        canned_start(&b, OK_JSON);
+        char *endpoints[] = { h.url, b.url, NULL };
+        EtcdClient *c;
+        char err[512], *ans = NULL;
+        size_t len = 0;
+        struct timespec t0;
+
+        ck_assert_int_eq(etcd_client_new(&c, endpoints, NULL, &never), 0);
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        ck_assert_int_eq(etcd_client_call_within(c, "/v3/lease/keepalive", "{}", 200, 5000, &ans, &len, err,
+                                                 sizeof err),
+                         0);
+        long took = ms_since(&t0);
+        ck_assert_msg(took >= 150 && took < 1500, "took %ld ms", took);
+        ck_assert_str_eq(ans, "{}");
+        ck_assert_int_eq(etcd_client_hung(c), 0);
+        ck_assert_str_eq(etcd_client_endpoint(c), b.url);
+        ck_assert_str_eq(etcd_client_endpoint_at(c, 0), h.url);
+        free(ans);
+        /* The next call goes to the one that answered: nothing hung this time. */
+        ck_assert_int_eq(etcd_client_call_within(c, "/v3/lease/keepalive", "{}", 200, 5000, &ans, &len, err,
+                                                 sizeof err),
+                         0);
+        ck_assert_int_eq(etcd_client_hung(c), -1);
+        free(ans);
+        etcd_client_free(c);
+        canned_stop(&b);
+        close(h.fd);
+}
+END_TEST
+
+START_TEST(test_call_time_bounds_every_attempt) {
+        /* Three hung endpoints, 300 ms an attempt, 400 ms in all: the second gets the
+         * 100 ms left, the third is not asked, and the call ends in time. */
+        Canned h[3];
+        for (int i = 0; i < 3; i++)
+                hung_start(&h[i]);
+        char *endpoints[] = { h[0].url, h[1].url, h[2].url, NULL };
+        EtcdClient *c;
+        char err[512], *ans = NULL;
+        struct timespec t0;
+
+        ck_assert_int_eq(etcd_client_new(&c, endpoints, NULL, &never), 0);
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        ck_assert_int_eq(etcd_client_call_within(c, "/v3/lease/keepalive", "{}", 300, 400, &ans, NULL, err,
+                                                 sizeof err),
+                         -ETIMEDOUT);
+        long took = ms_since(&t0);
+        ck_assert_msg(took >= 350 && took < 1000, "took %ld ms", took);
+        ck_assert_msg(strstr(err, h[2].url) && strstr(err, "not asked"), "%s", err);
+        ck_assert_ptr_null(ans);
+        etcd_client_free(c);
+        for (int i = 0; i < 3; i++)
+                close(h[i].fd);
+}
+END_TEST
+
+typedef struct StreamRun {
+        EtcdClient *c;
+        atomic_int messages;
+        int r;
+        char err[512];
+} StreamRun;
+
+static int count_async(void *userdata, const char *msg, size_t len) {
+        StreamRun *s = userdata;
+        atomic_fetch_add(&s->messages, 1);
+        return 0;
+}
+
+static void *stream_thread(void *userdata) {
+        StreamRun *s = userdata;
+        s->r = etcd_client_stream(s->c, "/v3/watch", "{}", count_async, s, s->err, sizeof s->err);
+        return NULL;
+}
+
+START_TEST(test_abandon_ends_a_silent_stream) {
+        /* A watch open on a member that then answers nothing stays open (no timeout on a
+         * stream): another thread that found the member hung ends it, and the next
+         * endpoint is the current one. */
+        Canned a, b;
+        canned_start(&a, STREAM);
+        a.hold = true;
+        canned_start(&b, OK_JSON);
+        char *endpoints[] = { a.url, b.url, NULL };
+        StreamRun s = {};
+        pthread_t t;
+        struct timespec t0;
+
+        ck_assert_int_eq(etcd_client_new(&s.c, endpoints, NULL, &never), 0);
+        /* An abandon before the attempt begins is not for it. */
+        etcd_client_abandon(s.c, 0);
+        ck_assert_int_eq(pthread_create(&t, NULL, stream_thread, &s), 0);
+        for (int i = 0; i < 500 && atomic_load(&s.messages) == 0; i++)
+                usleep(10000);
+        ck_assert_int_eq(atomic_load(&s.messages), 1);
+        usleep(300000);
+        ck_assert_int_eq(pthread_tryjoin_np(t, NULL), EBUSY); /* still open, silent */
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        etcd_client_abandon(s.c, 1); /* another endpoint: not this stream's */
+        usleep(100000);
+        ck_assert_int_eq(pthread_tryjoin_np(t, NULL), EBUSY);
+        etcd_client_abandon(s.c, 0);
+        ck_assert_int_eq(pthread_join(t, NULL), 0);
+        ck_assert_msg(ms_since(&t0) < 1000, "the stream ended %ld ms after", ms_since(&t0));
+        ck_assert_int_eq(s.r, -ETIMEDOUT);
+        ck_assert_msg(strstr(s.err, a.url) && strstr(s.err, "stopped answering"), "%s", s.err);
+        ck_assert_int_eq(etcd_client_hung(s.c), 0);
+        ck_assert_str_eq(etcd_client_endpoint(s.c), b.url);
+        etcd_client_free(s.c);
+        canned_stop(&a);
+        canned_stop(&b);
+}
+END_TEST
+
 int main(void) {
         if (etcd_global_init() < 0) {
                 fprintf(stderr, "libcurl's global setup failed\n");
@@ -201,6 +353,9 @@ int main(void) {
         tcase_add_test(tc, test_body_is_each_endpoints_own);
         tcase_add_test(tc, test_success_clears_error);
         tcase_add_test(tc, test_stream_end_is_not_an_earlier_failure);
+        tcase_add_test(tc, test_hung_endpoint_costs_one_attempt);
+        tcase_add_test(tc, test_call_time_bounds_every_attempt);
+        tcase_add_test(tc, test_abandon_ends_a_silent_stream);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
