@@ -176,6 +176,32 @@ static void endpoint_hung(ClusterManager *cm, EtcdClient *c, ssize_t *said) {
         etcd_client_abandon(cm->watch_client, (size_t)h);
 }
 
+/* The watch may follow an endpoint the session does not use (each fails over on its
+ * own), where the session's keepalives cannot find it hung: that endpoint is asked
+ * for its status as a keepalive would be, on a client of its own; hung, the watch's
+ * stream on it ends. */
+static void watch_endpoint_check(ClusterManager *cm, EtcdClient *session) {
+        ssize_t w = etcd_client_busy(cm->watch_client);
+        EtcdClient *probe;
+        char *ans = NULL, err[256];
+
+        if (w < 0 || (size_t)w == etcd_client_current(session))
+                return;
+        if (etcd_client_new_one(&probe, cm->watch_client, (size_t)w) < 0) /* cancelled by a stop */
+                return;
+        long attempt = keepalive_attempt_ms(cm->ttl_sec);
+        int r = etcd_client_call_within(probe, "/v3/maintenance/status", "{}", attempt, attempt, &ans, NULL, err,
+                                        sizeof err);
+        free(ans);
+        if (r < 0 && etcd_client_hung(probe) == 0 && etcd_client_busy(cm->watch_client) == w) {
+                log_warning("cluster: etcd endpoint %s, which the watch follows, stopped answering (nothing within "
+                            "%ld ms); the watch reads again through the next one",
+                            etcd_client_endpoint_at(session, (size_t)w), attempt);
+                etcd_client_abandon(cm->watch_client, (size_t)w);
+        }
+        etcd_client_free(probe);
+}
+
 static void *session_main(void *userdata) {
         ClusterManager *cm = userdata;
         EtcdClient *c = cm->session_client;
@@ -226,8 +252,10 @@ static void *session_main(void *userdata) {
                         if (r >= 0)
                                 r = etcd_json_keepalive(ans, len, &ttl, err, sizeof err);
                         free(ans);
-                        if (r >= 0)
+                        if (r >= 0) {
                                 refreshed = now;
+                                watch_endpoint_check(cm, c);
+                        }
                         if (r >= 0 && ttl == 0) {
                                 snprintf(err, sizeof err, "lease %" PRIx64 " expired in etcd; registering again", lease);
                                 r = -ENOENT;

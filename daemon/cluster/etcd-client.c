@@ -30,6 +30,7 @@ struct EtcdClient {
         atomic_size_t abandon;
         _Atomic usec_t abandon_at;
         bool abandoned;        /* the last attempt ended by it */
+        _Atomic ssize_t busy;  /* the endpoint of the attempt in progress, or -1 (other threads read it) */
         ssize_t hung;          /* the last call: an endpoint that took the whole attempt, or -1 */
 };
 
@@ -74,6 +75,7 @@ int etcd_client_new(EtcdClient **ret, char *const *endpoints, const EtcdTls *tls
         if (!c)
                 return -ENOMEM;
         c->stop = stop;
+        c->busy = -1;
         if (tls)
                 c->tls = *tls;
         c->endpoints = calloc(n, sizeof *c->endpoints);
@@ -93,6 +95,15 @@ int etcd_client_new(EtcdClient **ret, char *const *endpoints, const EtcdTls *tls
         }
         *ret = c;
         return 0;
+}
+
+int etcd_client_new_one(EtcdClient **ret, EtcdClient *like, size_t endpoint) {
+        char *one[] = { NULL, NULL };
+
+        if (!like || endpoint >= like->n_endpoints)
+                return -EINVAL;
+        one[0] = like->endpoints[endpoint];
+        return etcd_client_new(ret, one, &like->tls, like->stop);
 }
 
 const char *etcd_client_endpoint(EtcdClient *c) {
@@ -181,6 +192,14 @@ void etcd_client_abandon(EtcdClient *c, size_t endpoint) {
 
 ssize_t etcd_client_hung(EtcdClient *c) {
         return c->hung;
+}
+
+ssize_t etcd_client_busy(EtcdClient *c) {
+        return c ? atomic_load(&c->busy) : -1;
+}
+
+size_t etcd_client_current(EtcdClient *c) {
+        return c->current;
 }
 
 const char *etcd_client_endpoint_at(EtcdClient *c, size_t i) {
@@ -302,6 +321,7 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                 c->attempt = i;
                 c->attempt_start = now;
                 c->abandoned = false;
+                atomic_store(&c->busy, (ssize_t)i);
                 snprintf(url, sizeof url, "%s%s", c->endpoints[i], path);
                 b->len = 0;
                 if (b->data)
@@ -310,6 +330,7 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                 b->got_data = false;
                 setup(c, url, body, b, attempt_ms, headers);
                 cc = run(c);
+                atomic_store(&c->busy, -1);
                 curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
                 if (b->error < 0) {
                         r = b->error;

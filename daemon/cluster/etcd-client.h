@@ -24,6 +24,8 @@ int etcd_global_init(void);
 
 int etcd_client_new(EtcdClient **ret, char *const *endpoints, const EtcdTls *tls, const atomic_bool *stop);
 EtcdClient *etcd_client_free(EtcdClient *c);
+/* A client of `like`'s endpoint i alone, with its TLS files and stop flag. */
+int etcd_client_new_one(EtcdClient **ret, EtcdClient *like, size_t endpoint);
 
 /* POST body to path (e.g. "/v3/kv/put"); the answer's body in *ret (malloc'ed,
  * NUL-terminated). -EHOSTUNREACH when no endpoint answered (err says why), -EIO for an
@@ -57,6 +59,10 @@ void etcd_client_abandon(EtcdClient *c, size_t endpoint);
  * abandoned), or -1. */
 ssize_t etcd_client_hung(EtcdClient *c);
 const char *etcd_client_endpoint_at(EtcdClient *c, size_t i);
+/* The endpoint of the attempt in progress (a watch's stream, say), or -1 (thread-safe). */
+ssize_t etcd_client_busy(EtcdClient *c);
+/* The index of etcd_client_endpoint(). */
+size_t etcd_client_current(EtcdClient *c);
 
 /* The endpoint in use (the last that answered). */
 const char *etcd_client_endpoint(EtcdClient *c);

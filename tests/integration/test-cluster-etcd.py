@@ -27,7 +27,8 @@ cluster-etcd-faults: 4 epdd: kill -9 one during a handoff with it: the live side
 cluster-etcd-hang: 3 epdd, one of them reaching etcd first through an endpoint that hangs
   (connections kept open, nothing answered): its lease never lapses (keepalives move to
   the next endpoint within the TTL) and its watch moves on too (a member killed then
-  leaves its view within lease TTL + heartbeat bound).
+  leaves its view within lease TTL + heartbeat bound); another's watch alone follows an
+  endpoint that hangs (its session uses the next one): the watch moves on as well.
 
 Needs root (ip netns) and etcd; exits 77 (skip) without them."""
 
@@ -219,6 +220,19 @@ def pump(a, b):
 def serve(c):
     if frozen.is_set():
         return  # accepted and held: never answered
+    if len(sys.argv) > 5 and sys.argv[5] == "lease503":
+        # Lease calls refused (503, as a member without a leader): a session goes on to
+        # the next endpoint, a watch stays here.
+        head = b""
+        while b"\r\n" not in head:
+            head = c.recv(512, socket.MSG_PEEK)
+            if not head:
+                c.close()
+                return
+        if head.startswith(b"POST /v3/lease"):
+            c.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            c.shutdown(socket.SHUT_WR)
+            return
     try:
         u = socket.create_connection((sys.argv[3], int(sys.argv[4])))
     except OSError:
@@ -234,7 +248,7 @@ s.listen(64)
 while True:
     c, _ = s.accept()
     held.append(c)
-    serve(c)
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
 
 
@@ -242,11 +256,12 @@ class Freezable:
     """An endpoint relaying to etcd until freeze(): then it keeps every connection open
     and answers nothing (a hung member), in the bridge's namespace."""
 
-    def __init__(self, cl):
-        port = cl.etcd.port + 3
+    def __init__(self, cl, port_offset=3, lease503=False):
+        port = cl.etcd.port + port_offset
         self.url = f"http://{cl.etcd.ip}:{port}"
         self.proc = subprocess.Popen(["ip", "netns", "exec", cl.net.bridge, sys.executable, "-c", FREEZABLE_PROXY,
-                                      cl.etcd.ip, str(port), cl.etcd.ip, str(cl.etcd.port)])
+                                      cl.etcd.ip, str(port), cl.etcd.ip, str(cl.etcd.port)] +
+                                     (["lease503"] if lease503 else []))
         cl.clients.append(self.proc)
         probe = f"import socket; socket.create_connection(({cl.etcd.ip!r}, {port}), 1).close()"
         wait_until(lambda: subprocess.run(["ip", "netns", "exec", cl.net.bridge, sys.executable, "-c", probe],
@@ -552,14 +567,21 @@ def test_hang(cl):
     # answered), then directly: its keepalives and its watch must move on in time.
     relay = Freezable(cl)
     cl.extra[0] = f"Etcd={relay.url} {cl.etcd.url}\n"
+    # h1's first endpoint refuses lease calls: its session goes on to the second, its
+    # watch stays on the first, which then hangs where the session never looks.
+    relay_w = Freezable(cl, port_offset=4, lease503=True)
+    cl.extra[1] = f"Etcd={relay_w.url} {cl.etcd.url}\n"
     start_all(cl, range(n))
     c0 = cl.cluster(0)
     assert c0["etcd_state"] == "up" and c0["etcd_reason"].startswith(f"registered at {relay.url}"), c0
+    c1 = cl.cluster(1)
+    assert c1["etcd_state"] == "up" and c1["etcd_reason"].startswith(f"registered at {cl.etcd.url}"), c1
     lease = lease_of(cl, "h0")
     assert lease, "h0 has no lease in etcd"
     sig = cl.signals(1)
     mark = len(sig.lines)
     relay.freeze()
+    relay_w.freeze()
     t0 = time.monotonic()
     # Its lease never lapses: the keepalive gives the hung endpoint a third of the TTL and
     # goes on to the next within the lease's life, so nobody sees h0 leave or come back.
@@ -568,6 +590,9 @@ def test_hang(cl):
     with open(os.path.join(cl.tmp, "h0.log")) as f:
         log = f.read()
     assert "expired in etcd" not in log, log[-2000:]
+    assert "stopped answering" in log, log[-2000:]
+    with open(os.path.join(cl.tmp, "h1.log")) as f:
+        log = f.read()
     assert "stopped answering" in log, log[-2000:]
     assert not any(" MemberChanged h0 " in l for l in sig.lines[mark:]), sig.lines[mark:]
     assert (cl.cluster(0) or {}).get("etcd_state") == "up", cl.cluster(0)
@@ -580,9 +605,10 @@ def test_hang(cl):
         c = cl.cluster(i)
         m = {x["host_id"]: x for x in c["members"]} if c else {}
         return cl.names[n - 1] in m and m[cl.names[n - 1]]["lease"] == "left"
-    wait_until(lambda: dropped(0) and dropped(1), LEASE_TTL_S + BOUND_S + 1, f"{cl.names[n - 1]} left h0's view")
-    print(f"{cl.names[n - 1]} left h0's view {time.monotonic() - t0:.2f}s after kill -9, etcd reached past the hung "
-          f"endpoint")
+    wait_until(lambda: dropped(0) and dropped(1), LEASE_TTL_S + BOUND_S + 1,
+               f"{cl.names[n - 1]} left the views of h0 and h1")
+    print(f"{cl.names[n - 1]} left the views of h0 and h1 {time.monotonic() - t0:.2f}s after kill -9, etcd reached "
+          f"past the hung endpoints")
     sig.kill()
 
 
