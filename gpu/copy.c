@@ -352,6 +352,22 @@ static int seg_enqueue(GpuCopyEngine *e, GpuCopyPath p, const GpuCopySeg *seg, C
         }
 }
 
+bool gpu_copy_sources_reachable(const GpuSystem *s, int dev, const GpuCopySeg *segs, const size_t *idx, size_t n) {
+        int last = -1;
+
+        for (size_t k = 0; k < n; k++) {
+                const GpuArena *a = segs[idx ? idx[k] : k].src;
+                if (!a)
+                        return false;
+                if (a->ordinal == last)
+                        continue; /* a part's segments nearly always share their source */
+                if (!gpu_system_can_access_peer(s, dev, a->ordinal))
+                        return false;
+                last = a->ordinal;
+        }
+        return true;
+}
+
 /* Tries to move a group of device-to-device segments with batched kernel launches.
  * Returns 1 if done that way, 0 if the caller should use the copy engine, <0 on error. */
 static int group_try_kernel(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPath p,
@@ -366,8 +382,8 @@ static int group_try_kernel(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPat
                 return 0;
         if (!gpu_copy_kernel_wanted(e->kernel_policy, e->kernel_min_segments, n, bytes))
                 return 0;
-        if (p == GPU_COPY_PEER && !gpu_system_can_access_peer(e->system, dev, segs[idx[0]].src->ordinal))
-                return 0;
+        if (p == GPU_COPY_PEER && !gpu_copy_sources_reachable(e->system, dev, segs, idx, n))
+                return 0; /* a read from a device without peer access would fault the context */
         if (j->n_slots + slots_needed > ELEMENTSOF(j->slot_dev))
                 return 0;
 

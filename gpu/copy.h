@@ -107,6 +107,10 @@ GpuCopyKernelPolicy gpu_copy_kernel_policy_from_string(const char *s);
 void gpu_copy_engine_set_kernel_policy(GpuCopyEngine *e, GpuCopyKernelPolicy p, size_t min_segments);
 /* Pure: whether a group of n segments of `bytes` in all goes to the kernel under p. */
 bool gpu_copy_kernel_wanted(GpuCopyKernelPolicy p, size_t min_segments, size_t n, uint64_t bytes);
+/* Pure: whether a kernel on device `dev` may read every segment's source arena (the
+ * segments idx[0..n) of a peer group: the group is keyed by the destination's device,
+ * and its sources may lie on several other devices). */
+bool gpu_copy_sources_reachable(const GpuSystem *s, int dev, const GpuCopySeg *segs, const size_t *idx, size_t n);
 /* enable: GPU_COPY_KERNEL_ALWAYS, else NEVER. */
 void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t min_segments);
 /* On: batches of equal, aligned chunks go to the persistent uniform kernel; off (the

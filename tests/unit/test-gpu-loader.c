@@ -204,6 +204,27 @@ START_TEST(test_segs_coalesce) {
         ck_assert_uint_eq(s[4].length, 64);
         ck_assert_uint_eq(gpu_copy_segs_coalesce(s, 0), 0);
 
+        /* A peer group lands on device 0 from devices 1 and 2; device 0 reaches 1 only:
+         * a kernel on 0 would read device 2's memory without peer access (a fault that
+         * ends the context), so the group is not the kernel's. */
+        bool peer[9] = { [0 * 3 + 1] = true, [1 * 3 + 0] = true, [2 * 3 + 0] = true };
+        GpuSystem sys = { .n_devices = 3, .peer = peer };
+        GpuArena d0 = { .ordinal = 0 }, d1 = { .ordinal = 1 }, d2 = { .ordinal = 2 };
+        GpuCopySeg pg[] = {
+                { .src = &d1, .dst = &d0, .length = 64 },
+                { .src = &d1, .dst = &d0, .src_offset = 64, .length = 64 },
+                { .src = &d2, .dst = &d0, .length = 64 },
+        };
+        size_t order[] = { 2, 0, 1 };
+        ck_assert(gpu_copy_sources_reachable(&sys, 0, pg, NULL, 2));
+        ck_assert(!gpu_copy_sources_reachable(&sys, 0, pg, NULL, 3)); /* the first two reachable, the third not */
+        ck_assert(!gpu_copy_sources_reachable(&sys, 0, pg, order, 3));
+        ck_assert(gpu_copy_sources_reachable(&sys, 0, pg, order + 1, 2));
+        ck_assert(gpu_copy_sources_reachable(&sys, 2, pg, order, 1)); /* its own memory */
+        ck_assert(!gpu_copy_sources_reachable(&sys, 1, pg, order, 1));
+        GpuCopySeg from_host = { .src_host = host, .dst = &d0, .length = 64 };
+        ck_assert(!gpu_copy_sources_reachable(&sys, 0, &from_host, NULL, 1));
+
         ck_assert(!gpu_copy_kernel_wanted(GPU_COPY_KERNEL_NEVER, 16, 1000, 1000 << 20));
         ck_assert(gpu_copy_kernel_wanted(GPU_COPY_KERNEL_ALWAYS, 16, 16, 16ULL << 30));
         ck_assert(!gpu_copy_kernel_wanted(GPU_COPY_KERNEL_ALWAYS, 16, 15, 15));
