@@ -223,14 +223,15 @@ static double est_mean(const Scheduler *s, const SchedWorker *w, TaskType t) {
 }
 
 /* srtt + 4 rttvar, or 1.5 x the configured estimate before any sample. A worker with
- * nothing outstanding whose estimate rose above that stays unchosen, so no sample would
- * ever bring it back: while it is idle the excess halves every rate_window since its
- * last sample, and the worker is tried again. */
+ * nothing of the pool outstanding whose estimate for it rose above that stays unchosen
+ * for it, so no sample would ever bring it back (other pools' work, which may keep the
+ * worker busy all along, brings none): while none is outstanding the excess halves every
+ * rate_window since its last sample, and the worker is tried again. */
 static usec_t est_conservative(const Scheduler *s, const SchedWorker *w, TaskType t, usec_t now) {
         const Estimator *e = &w->est[t];
         double base = 1.5 * (double)s->config.pools[t].service_estimate[w->stage];
         double v = e->n > 0 ? e->srtt + 4 * e->rttvar : base;
-        if (e->n > 0 && v > base && w->outstanding == 0 && now > e->last)
+        if (e->n > 0 && v > base && w->outstanding_by_pool[t] == 0 && now > e->last)
                 v = base + (v - base) * exp2(-(double)(now - e->last) / (double)s->config.rate_window);
         return (usec_t)CLAMP(v, 1.0, (double)SCHED_SERVICE_MAX);
 }

@@ -522,6 +522,44 @@ START_TEST(test_estimates_recover_and_saturate) {
 }
 END_TEST
 
+/* A slow report for one pool while another pool keeps the worker busy: no report of the
+ * first pool can come (none is admitted there), so its estimate decays as on an idle
+ * worker; it used to decay only once the worker had nothing outstanding at all, and the
+ * pool stayed shut out for as long as other work kept the worker busy. */
+START_TEST(test_estimate_decays_while_other_pools_busy) {
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        usec_t now = 1000 * SEC;
+        char id[32];
+
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p0", SCHED_STAGE_PREFILL, 4, 0, 0);
+        add(s, "d0", SCHED_STAGE_DECODE, 4, 0, 0);
+        ck_assert_int_eq(sched_admit(s, "slow", TASK_THINKING, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_int_eq(sched_complete(s, "slow", SCHED_STAGE_PREFILL, 10 * MS, true, now), 0);
+        ck_assert_int_eq(sched_complete(s, "slow", SCHED_STAGE_DECODE, 10 * c.pools[TASK_THINKING].default_deadline,
+                                        true, now),
+                         0);
+        /* Interactive work outstanding on both workers from now on. */
+        ck_assert_int_eq(sched_admit(s, "busy", TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_uint_gt(sched_outstanding(s), 0);
+        ck_assert_int_eq(sched_admit(s, "t0", TASK_THINKING, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_REJECT);
+        ck_assert_int_eq(d.reason, SCHED_REASON_DEADLINE_INFEASIBLE);
+        bool back = false;
+        for (int i = 1; i <= 40 && !back; i++) {
+                snprintf(id, sizeof id, "t%d", i);
+                ck_assert_int_eq(sched_admit(s, id, TASK_THINKING, 0, NULL, now + (usec_t)i * c.rate_window, &d), 0);
+                back = d.verdict == SCHED_ADMIT;
+        }
+        ck_assert_msg(back, "thinking stayed shut out while interactive work kept the worker busy");
+        sched_free(s);
+}
+END_TEST
+
 /* A request's decode pages are held back from Admit until its prefill completes: by then
  * its handoff took them from the pool, so the free count the worker reports no longer
  * has them, and holding them back still would count them twice. */
@@ -865,6 +903,7 @@ int main(void) {
         tcase_add_test(tc, test_refused_spam_is_no_load);
         tcase_add_test(tc, test_late_request_not_protected);
         tcase_add_test(tc, test_estimates_recover_and_saturate);
+        tcase_add_test(tc, test_estimate_decays_while_other_pools_busy);
         tcase_add_test(tc, test_pages_reserved_until_prefill_done);
         tcase_add_test(tc, test_watermark_retry_without_completions);
         tcase_add_test(tc, test_affinity_backpressure);
