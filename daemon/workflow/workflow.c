@@ -357,10 +357,72 @@ static WorkflowBranch *branch_get(Workflow *w, uint32_t b) {
         return b < w->n_branches && w->branches[b].alive ? &w->branches[b] : NULL;
 }
 
-/* Applies a decoded record, taking its tokens. Checks consistency first and changes
- * nothing on error. The live operations validate the same things before journaling,
- * so after a successful journal this cannot fail. */
-static int rec_apply(WorkflowManager *wm, Rec *r) {
+/* What applying a record allocates, made before it is journaled: after the journal the
+ * record must apply, or the log holds what memory does not (a refused Fork's branch
+ * replayed over the acknowledged retry's). */
+typedef struct Prep {
+        Workflow *created; /* CREATE (or a first STATE_BRANCH): the new workflow, already in the map */
+        uint32_t *tokens;  /* FORK: the parent's tokens, copied */
+} Prep;
+
+static int rec_prepare(WorkflowManager *wm, const Rec *r, Prep *p) {
+        Workflow *w = lookup(wm, &r->wf);
+        const WorkflowBranch *parent;
+        int k;
+
+        *p = (Prep){};
+        switch (r->op) {
+        case WORKFLOW_REC_CREATE:
+        case WORKFLOW_REC_STATE_BRANCH:
+                if (r->op == WORKFLOW_REC_CREATE && w)
+                        return -EEXIST;
+                if (w)
+                        return 0;
+                if (hashmap_size(wm->workflows) >= wm->max_workflows)
+                        return -EDQUOT;
+                w = calloc(1, sizeof *w);
+                if (!w)
+                        return -ENOMEM;
+                w->id = r->wf;
+                epd_id_to_string(&w->id, w->id_str);
+                w->uid = r->uid;
+                k = hashmap_put(wm->workflows, w->id_str, w);
+                if (k < 0) {
+                        free(w);
+                        return k;
+                }
+                p->created = w;
+                return 0;
+        case WORKFLOW_REC_FORK:
+                if (!w || !(parent = branch_get(w, r->a)))
+                        return -ENOENT;
+                if (r->b != w->n_branches)
+                        return -EEXIST;
+                p->tokens = malloc(MAX(parent->n_tokens, (size_t)1) * sizeof *p->tokens);
+                if (!p->tokens)
+                        return -ENOMEM;
+                memcpy(p->tokens, parent->tokens, parent->n_tokens * sizeof *p->tokens);
+                return 0;
+        default:
+                return 0;
+        }
+}
+
+/* A prepared record that is not applied after all (its journal refused it). */
+static void prep_undo(WorkflowManager *wm, Prep *p) {
+        if (p->created) {
+                hashmap_remove(wm->workflows, p->created->id_str);
+                free(p->created);
+        }
+        free(p->tokens);
+        *p = (Prep){};
+}
+
+/* Applies a decoded and prepared record, taking its tokens and what rec_prepare()
+ * allocated: nothing here allocates. Checks consistency first and changes nothing on
+ * error. The live operations validate the same things before journaling, so after a
+ * successful journal this cannot fail. */
+static int rec_apply(WorkflowManager *wm, Rec *r, Prep *p) {
         Workflow *w = lookup(wm, &r->wf);
         WorkflowBranch *b, *into;
         int k = 0;
@@ -369,29 +431,11 @@ static int rec_apply(WorkflowManager *wm, Rec *r) {
         switch (r->op) {
         case WORKFLOW_REC_CREATE:
         case WORKFLOW_REC_STATE_BRANCH:
-                if (r->op == WORKFLOW_REC_CREATE && w) {
-                        k = -EEXIST;
+                if (!w || (r->op == WORKFLOW_REC_CREATE && w != p->created)) {
+                        k = w ? -EEXIST : -ENOENT;
                         break;
                 }
-                if (!w) {
-                        if (hashmap_size(wm->workflows) >= wm->max_workflows) {
-                                k = -EDQUOT;
-                                break;
-                        }
-                        w = calloc(1, sizeof *w);
-                        if (!w) {
-                                k = -ENOMEM;
-                                break;
-                        }
-                        w->id = r->wf;
-                        epd_id_to_string(&w->id, w->id_str);
-                        w->uid = r->uid;
-                        k = hashmap_put(wm->workflows, w->id_str, w);
-                        if (k < 0) {
-                                free(w);
-                                break;
-                        }
-                }
+                p->created = NULL; /* in the map, and now applied */
                 uint32_t bi = r->op == WORKFLOW_REC_CREATE ? 0 : r->a;
                 b = &w->branches[bi];
                 free(b->tokens);
@@ -401,7 +445,7 @@ static int rec_apply(WorkflowManager *wm, Rec *r) {
                 w->n_branches = MAX(w->n_branches, bi + 1);
                 break;
         case WORKFLOW_REC_FORK:
-                if (!w || !branch_get(w, r->a)) {
+                if (!w || !branch_get(w, r->a) || !p->tokens) {
                         k = -ENOENT;
                         break;
                 }
@@ -411,14 +455,8 @@ static int rec_apply(WorkflowManager *wm, Rec *r) {
                 }
                 b = &w->branches[r->b];
                 const WorkflowBranch *parent = &w->branches[r->a];
-                uint32_t *t = malloc(MAX(parent->n_tokens, (size_t)1) * sizeof *t);
-                if (!t) {
-                        k = -ENOMEM;
-                        break;
-                }
-                memcpy(t, parent->tokens, parent->n_tokens * sizeof *t);
                 *b = (WorkflowBranch){ .id = r->b, .alive = true, .head = r->seq, .steps = parent->steps,
-                                       .tokens = t, .n_tokens = parent->n_tokens };
+                                       .tokens = TAKE_PTR(p->tokens), .n_tokens = parent->n_tokens };
                 w->n_branches++;
                 break;
         case WORKFLOW_REC_ADVANCE:
@@ -468,6 +506,7 @@ static int rec_apply(WorkflowManager *wm, Rec *r) {
         }
         free(r->tokens);
         r->tokens = NULL;
+        prep_undo(wm, p); /* what this record did not take (on an error only) */
         return k;
 }
 
@@ -496,19 +535,27 @@ static int sequences_apply(WorkflowManager *wm, const Rec *r) {
 }
 
 int workflow_apply_record(WorkflowManager *wm, const void *record, size_t len) {
+        Prep p;
         Rec r;
         int k = rec_decode(record, len, &r);
         if (k < 0)
                 return k;
-        k = rec_apply(wm, &r);
+        k = rec_prepare(wm, &r, &p);
+        if (k < 0) {
+                free(r.tokens);
+                return k;
+        }
+        k = rec_apply(wm, &r, &p);
         if (k < 0 || !r.has_sequences)
                 return k;
         return sequences_apply(wm, &r);
 }
 
-/* Journal, then apply. The record is decoded (its allocations made) before the journal
- * so that nothing but a consistency bug can fail after it. */
+/* Journal, then apply. The record is decoded and prepared (every allocation its
+ * applying needs made) before the journal, so that nothing but a consistency bug can
+ * fail after it. */
 static int commit(WorkflowManager *wm, Buf *b) {
+        Prep p = {};
         Rec r;
         int k;
 
@@ -522,14 +569,22 @@ static int commit(WorkflowManager *wm, Buf *b) {
                 return -EDQUOT;
         }
         k = rec_decode(b->p, b->n, &r);
-        if (k >= 0 && wm->ops.journal)
+        if (k < 0) {
+                free(b->p);
+                return k;
+        }
+        k = rec_prepare(wm, &r, &p);
+        if (k >= 0 && wm->ops.journal) {
                 k = wm->ops.journal(wm->ops.userdata, b->p, b->n);
+                if (k < 0)
+                        prep_undo(wm, &p);
+        }
         free(b->p);
         if (k < 0) {
                 free(r.tokens);
                 return k;
         }
-        k = rec_apply(wm, &r);
+        k = rec_apply(wm, &r, &p);
         if (k < 0)
                 log_error_errno(k, "Workflow record journaled but not applicable: %m");
         return k;

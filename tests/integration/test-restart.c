@@ -2701,6 +2701,78 @@ START_TEST(test_unattached_workflow_released_at_grace) {
 }
 END_TEST
 
+/* A Fork whose copy of the parent's tokens cannot be allocated: refused, and nothing of
+ * it journaled. The client's retry gets the same branch number and is acknowledged; a
+ * restart brings that branch back on the retry's head. Before, the copy was made after
+ * the record was journaled: the refused Fork's record (the branch on a clone released in
+ * memory) was replayed first, and the acknowledged one was skipped as a duplicate. */
+START_TEST(test_refused_fork_journals_nothing) {
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        write_arenas("[Arena:host0]\nSize=2M\nUsage=kv\n[Arena:feat0]\nSize=16M\nUsage=feature\nPageSize=64K\n");
+        open_notify();
+        ev_fresh_state();
+        enum { N_TOKENS = 1237 }; /* the parent's tokens, 4948 bytes: asked for by nothing else then */
+        snprintf(fault_malloc_arm, sizeof fault_malloc_arm, "%s/arm-malloc", h.dir);
+        fault_malloc_size = 4 * N_TOKENS;
+        start_epdd(true);
+        fault_malloc_size = 0;
+        uint8_t *host0, *feat0;
+        epd_client *c = kv_worker(&host0, &feat0);
+        uint32_t *tokens = calloc(N_TOKENS, sizeof *tokens);
+        ck_assert_ptr_nonnull(tokens);
+        for (unsigned i = 0; i < N_TOKENS; i++)
+                tokens[i] = i * 7 + 1;
+        char *root = NULL, *wf = NULL, *head = NULL, *forked = NULL;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 4, &root, NULL, NULL), 0);
+        ck_assert_int_eq(epd_workflow_create(c, root, tokens, N_TOKENS, &wf, &head), 0);
+        free(head);
+        uint64_t pc[4];
+        pool_counts("host0", pc);
+        uint64_t live = pc[1];
+
+        arm_malloc_fault();
+        uint32_t b = UINT32_MAX;
+        ck_assert_int_lt(epd_workflow_fork(c, wf, 0, &b, &head), 0);
+        ck_assert_int_ne(access(fault_malloc_arm, F_OK), 0); /* it fired */
+        ck_assert_msg(strncmp(epd_last_error_name(c), "org.epd1.Error.", 15) == 0, "%s", epd_last_error_name(c));
+        pool_counts("host0", pc);
+        ck_assert_uint_eq(pc[1], live); /* its clone went with it */
+        ck_assert_int_eq(epd_workflow_fork(c, wf, 0, &b, &forked), 0);
+        ck_assert_uint_eq(b, 1);
+        epd_workflow_branch *br = NULL;
+        size_t n = 0;
+        ck_assert_int_ge(epd_workflow_get_branches(c, wf, &br, &n), 0);
+        ck_assert_uint_eq(n, 2);
+        ck_assert_str_eq(br[1].head, forked);
+        ck_assert_uint_eq(br[1].n_tokens, N_TOKENS);
+        epd_workflow_branches_free(br, n);
+        ck_assert_int_eq(epd_sequence_release(c, root), 0);
+        free(root);
+
+        kill9_epdd();
+        epd_disconnect(c);
+        start_epdd(true);
+        c = kv_worker(&host0, &feat0);
+        ck_assert_int_eq(epd_workflow_attach(c, wf), 0);
+        ck_assert_int_ge(epd_workflow_get_branches(c, wf, &br, &n), 0);
+        ck_assert_uint_eq(n, 2);
+        ck_assert_msg(br[1].alive && strcmp(br[1].head, forked) == 0, "branch 1 came back on %s, acknowledged %s",
+                      br[1].head, forked);
+        ck_assert_uint_eq(br[1].n_tokens, N_TOKENS);
+        epd_workflow_branches_free(br, n);
+        ck_assert_uint_eq(log_count("not applicable"), 0);
+        ck_assert_int_eq(epd_workflow_release(c, wf), 0);
+        pool_counts("host0", pc);
+        ck_assert_uint_eq(pc[1], 0);
+        free(wf);
+        free(forked);
+        free(tokens);
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        close_notify();
+}
+END_TEST
+
 static uint64_t feature_stat(const char *name) {
         sd_bus *bus;
         sd_bus_error e = SD_BUS_ERROR_NULL;
@@ -3092,6 +3164,7 @@ int main(void) {
         (void)test_page_size_set_again_after_memory_lost;
         (void)test_changed_page_size_journals_drop;
         (void)test_unattached_workflow_released_at_grace;
+        (void)test_refused_fork_journals_nothing;
         (void)test_handoff_journal_grace_is_attach_grace;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
@@ -3113,6 +3186,7 @@ int main(void) {
         (void)test_page_size_set_again_after_memory_lost;
         (void)test_changed_page_size_journals_drop;
         (void)test_unattached_workflow_released_at_grace;
+        (void)test_refused_fork_journals_nothing;
         (void)test_handoff_journal_grace_is_attach_grace;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
@@ -3136,6 +3210,7 @@ int main(void) {
         (void)test_page_size_set_again_after_memory_lost;
         (void)test_changed_page_size_journals_drop;
         (void)test_unattached_workflow_released_at_grace;
+        (void)test_refused_fork_journals_nothing;
         (void)test_handoff_journal_grace_is_attach_grace;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
@@ -3152,6 +3227,7 @@ int main(void) {
         tcase_add_test(tc, test_page_size_set_again_after_memory_lost);
         tcase_add_test(tc, test_changed_page_size_journals_drop);
         tcase_add_test(tc, test_unattached_workflow_released_at_grace);
+        tcase_add_test(tc, test_refused_fork_journals_nothing);
         tcase_add_test(tc, test_handoff_journal_grace_is_attach_grace);
         tcase_add_test(tc, test_refused_region_reply_reserves_nothing);
         tcase_add_test(tc, test_failed_read_back_is_no_hit);
