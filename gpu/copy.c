@@ -443,8 +443,15 @@ static int group_try_batch_api(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopy
         if (!e->batch_api || !d->cuMemcpyBatchAsync || n < 2 ||
             (p != GPU_COPY_SAME_GPU && p != GPU_COPY_PEER))
                 return 0;
-        if (p == GPU_COPY_PEER && !gpu_system_can_access_peer(e->system, dev, segs[idx[0]].src->ordinal))
-                return 0;
+        if (p == GPU_COPY_PEER) {
+                /* One source hint for the whole call: a group from several devices goes
+                 * segment by segment. */
+                for (size_t k = 1; k < n; k++)
+                        if (segs[idx[k]].src->ordinal != segs[idx[0]].src->ordinal)
+                                return 0;
+                if (!gpu_system_can_access_peer(e->system, dev, segs[idx[0]].src->ordinal))
+                        return 0;
+        }
         if (!j->batch_dst) {
                 j->batch_dst = malloc(total * sizeof *j->batch_dst);
                 j->batch_src = malloc(total * sizeof *j->batch_src);

@@ -121,29 +121,70 @@ static EtcdClient *client_new(ClusterManager *cm, const atomic_bool *cancel) {
 
 /* ---- the session thread: lease, registration, keepalives ---- */
 
-static int call(EtcdClient *c, const char *path, char *body, char **ret, size_t *ret_len, char *err, size_t n) {
+/* A keepalive gives each endpoint a third of the lease's TTL (at most CALL_TIMEOUT_MS)
+ * and the whole call until 9/10 of the TTL after the last one that etcd answered (at
+ * least one attempt): an endpoint that hangs (connected, answering nothing) costs the
+ * call one attempt, and the next endpoint is asked while the lease still lives. */
+static long keepalive_attempt_ms(int64_t ttl_sec) {
+        return CLAMP((long)ttl_sec * 1000 / 3, 100L, CALL_TIMEOUT_MS);
+}
+
+typedef struct Session {
+        ClusterManager *cm;
+        EtcdClient *c;
+        ssize_t hung_said;     /* the hung endpoint said last, or -1 */
+        ssize_t abandoned;     /* the endpoint whose watch attempt the last call ended, or -1 */
+        EtcdClient *probe;     /* watch_endpoint_check()'s client, of one endpoint */
+        size_t probe_for;
+} Session;
+
+/* After each call: an endpoint it found hung is said once, and the watch's attempt on
+ * it (a stream open and silent) ended so that it reads again through the next one. */
+static void endpoint_hung(Session *s, bool ok) {
+        long ms;
+        ssize_t h = etcd_client_hung(s->c, &ms);
+
+        s->abandoned = h;
+        if (h < 0)
+                return;
+        if (h != s->hung_said) {
+                if (ok)
+                        log_warning("cluster: etcd endpoint %s stopped answering (nothing within %ld ms); going on "
+                                    "with %s",
+                                    etcd_client_endpoint_at(s->c, (size_t)h), ms, etcd_client_endpoint(s->c));
+                else
+                        log_warning("cluster: etcd endpoint %s stopped answering (nothing within %ld ms)",
+                                    etcd_client_endpoint_at(s->c, (size_t)h), ms);
+        }
+        s->hung_said = h;
+        etcd_client_abandon(s->cm->watch_client, (size_t)h, now_usec(CLOCK_MONOTONIC));
+}
+
+static int call(Session *s, const char *path, char *body, char **ret, size_t *ret_len, char *err, size_t n) {
         int r;
         if (!body)
                 return -ENOMEM;
-        r = etcd_client_call(c, path, body, CALL_TIMEOUT_MS, ret, ret_len, err, n);
+        r = etcd_client_call(s->c, path, body, CALL_TIMEOUT_MS, ret, ret_len, err, n);
         free(body);
+        endpoint_hung(s, r >= 0);
         return r;
 }
 
-static int session_register(ClusterManager *cm, EtcdClient *c, uint64_t *ret_lease, char *err, size_t n) {
+static int session_register(Session *s, uint64_t *ret_lease, char *err, size_t n) {
+        ClusterManager *cm = s->cm;
         char *ans = NULL;
         size_t len;
         int64_t ttl;
         int r;
 
-        r = call(c, "/v3/lease/grant", etcd_json_lease_grant_request(cm->ttl_sec), &ans, &len, err, n);
+        r = call(s, "/v3/lease/grant", etcd_json_lease_grant_request(cm->ttl_sec), &ans, &len, err, n);
         if (r >= 0)
                 r = etcd_json_lease_grant(ans, len, ret_lease, &ttl, err, n);
         free(ans);
         ans = NULL;
         if (r < 0)
                 return r;
-        r = call(c, "/v3/kv/put", etcd_json_put_request(cm->key, cm->value, strlen(cm->value), *ret_lease), &ans,
+        r = call(s, "/v3/kv/put", etcd_json_put_request(cm->key, cm->value, strlen(cm->value), *ret_lease), &ans,
                  &len, err, n);
         if (r >= 0)
                 r = etcd_json_check(ans, len, err, n);
@@ -151,69 +192,53 @@ static int session_register(ClusterManager *cm, EtcdClient *c, uint64_t *ret_lea
         return r;
 }
 
-/* A keepalive gives each endpoint a third of the lease's TTL (at most CALL_TIMEOUT_MS)
- * and the whole call until 9/10 of the TTL after the last one that etcd answered: an
- * endpoint that hangs (connected, answering nothing) costs the call one attempt, and
- * the next endpoint is asked while the lease still lives. */
-static long keepalive_attempt_ms(int64_t ttl_sec) {
-        return CLAMP((long)ttl_sec * 1000 / 3, 100L, CALL_TIMEOUT_MS);
-}
-
-/* An endpoint the session found hung: said once, and the watch's attempt on it (a
- * stream open and silent) ended so that it reads again through the next one. */
-static void endpoint_hung(ClusterManager *cm, EtcdClient *c, ssize_t *said) {
-        ssize_t h = etcd_client_hung(c);
-
-        if (h < 0) {
-                *said = -1;
-                return;
-        }
-        if (h != *said)
-                log_warning("cluster: etcd endpoint %s stopped answering (nothing within %ld ms); going on with %s",
-                            etcd_client_endpoint_at(c, (size_t)h), keepalive_attempt_ms(cm->ttl_sec),
-                            etcd_client_endpoint(c));
-        *said = h;
-        etcd_client_abandon(cm->watch_client, (size_t)h);
-}
-
 /* The watch may follow an endpoint the session does not use (each fails over on its
- * own), where the session's keepalives cannot find it hung: that endpoint is asked
- * for its status as a keepalive would be, on a client of its own; hung, the watch's
- * stream on it ends. */
-static void watch_endpoint_check(ClusterManager *cm, EtcdClient *session) {
+ * own), where the session's keepalives cannot find it hung: that endpoint is asked for
+ * its status within min(ms, a keepalive's attempt), on a client of its own kept while
+ * the watch stays there; hung, the watch's stream on it ends. */
+static void watch_endpoint_check(Session *s, long ms) {
+        ClusterManager *cm = s->cm;
         ssize_t w = etcd_client_busy(cm->watch_client);
-        EtcdClient *probe;
         char *ans = NULL, err[256];
 
-        if (w < 0 || (size_t)w == etcd_client_current(session))
-                return;
-        if (etcd_client_new_one(&probe, cm->watch_client, (size_t)w) < 0) /* cancelled by a stop */
-                return;
-        long attempt = keepalive_attempt_ms(cm->ttl_sec);
-        int r = etcd_client_call_within(probe, "/v3/maintenance/status", "{}", attempt, attempt, &ans, NULL, err,
+        if (w < 0 || (size_t)w == etcd_client_current(s->c) || w == s->abandoned)
+                return; /* not streaming, followed by the session too, or just ended */
+        if (s->probe && s->probe_for != (size_t)w)
+                s->probe = etcd_client_free(s->probe);
+        if (!s->probe) {
+                if (etcd_client_new_one(&s->probe, cm->watch_client, (size_t)w) < 0)
+                        return; /* out of memory: the next keepalive tries again */
+                s->probe_for = (size_t)w;
+        }
+        long attempt = MIN(keepalive_attempt_ms(cm->ttl_sec), ms);
+        if (attempt < 100)
+                return; /* no time before the next keepalive */
+        usec_t start = now_usec(CLOCK_MONOTONIC);
+        int r = etcd_client_call_within(s->probe, "/v3/maintenance/status", "{}", attempt, attempt, &ans, NULL, err,
                                         sizeof err);
         free(ans);
-        if (r < 0 && etcd_client_hung(probe) == 0 && etcd_client_busy(cm->watch_client) == w) {
+        if (r < 0 && etcd_client_hung(s->probe, NULL) == 0) {
                 log_warning("cluster: etcd endpoint %s, which the watch follows, stopped answering (nothing within "
                             "%ld ms); the watch reads again through the next one",
-                            etcd_client_endpoint_at(session, (size_t)w), attempt);
-                etcd_client_abandon(cm->watch_client, (size_t)w);
+                            etcd_client_endpoint_at(s->c, (size_t)w), attempt);
+                /* Only an attempt begun before the probe: a later one is a new chance. */
+                etcd_client_abandon(cm->watch_client, (size_t)w, start);
         }
-        etcd_client_free(probe);
 }
 
 static void *session_main(void *userdata) {
         ClusterManager *cm = userdata;
-        EtcdClient *c = cm->session_client;
-        long backoff = BACKOFF_MIN_MS, period = (long)cm->ttl_sec * 1000 / 3;
+        Session s = { .cm = cm, .c = cm->session_client, .hung_said = -1, .abandoned = -1 };
+        EtcdClient *c = s.c;
+        long backoff = BACKOFF_MIN_MS;
+        usec_t period = (usec_t)cm->ttl_sec * USEC_PER_SEC / 3;
         uint64_t lease = 0;
-        ssize_t hung_said = -1;
         char err[256];
 
         while (!atomic_load(&cm->stop)) {
                 atomic_store(&cm->key_lost, false); /* this put is the one asked for */
-                int r = session_register(cm, c, &lease, err, sizeof err);
-                endpoint_hung(cm, c, &hung_said);
+                usec_t refreshed = now_usec(CLOCK_MONOTONIC); /* the lease is no older than this */
+                int r = session_register(&s, &lease, err, sizeof err);
                 if (r < 0) {
                         lease = 0;
                         if (!err[0])
@@ -226,9 +251,14 @@ static void *session_main(void *userdata) {
                 }
                 backoff = BACKOFF_MIN_MS;
                 post_state(cm, EV_SESSION, true, lease, "", c);
-                usec_t refreshed = now_usec(CLOCK_MONOTONIC);
-                /* Keepalives until the lease is lost or etcd stops answering. */
-                while (!nap(cm, period, true)) {
+                size_t registered_at = etcd_client_current(c);
+                /* Keepalives every third of the TTL after the last one etcd answered
+                 * (whatever a probe took meanwhile), until the lease is lost or etcd
+                 * stops answering. */
+                for (;;) {
+                        usec_t now = now_usec(CLOCK_MONOTONIC), next = refreshed + period;
+                        if (nap(cm, next > now ? (long)((next - now) / 1000) : 0, true))
+                                break;
                         char *ans = NULL, *body;
                         size_t len;
                         int64_t ttl = 0;
@@ -239,7 +269,8 @@ static void *session_main(void *userdata) {
                                 break;
                         }
 
-                        usec_t now = now_usec(CLOCK_MONOTONIC), until = refreshed + (usec_t)cm->ttl_sec * 900000;
+                        now = now_usec(CLOCK_MONOTONIC);
+                        usec_t until = refreshed + (usec_t)cm->ttl_sec * 900000;
                         long attempt = keepalive_attempt_ms(cm->ttl_sec);
                         body = etcd_json_lease_id_request(lease);
                         r = body ? etcd_client_call_within(c, "/v3/lease/keepalive", body, attempt,
@@ -248,14 +279,10 @@ static void *session_main(void *userdata) {
                                                            &ans, &len, err, sizeof err)
                                  : -ENOMEM;
                         free(body);
-                        endpoint_hung(cm, c, &hung_said);
+                        endpoint_hung(&s, r >= 0);
                         if (r >= 0)
                                 r = etcd_json_keepalive(ans, len, &ttl, err, sizeof err);
                         free(ans);
-                        if (r >= 0) {
-                                refreshed = now;
-                                watch_endpoint_check(cm, c);
-                        }
                         if (r >= 0 && ttl == 0) {
                                 snprintf(err, sizeof err, "lease %" PRIx64 " expired in etcd; registering again", lease);
                                 r = -ENOENT;
@@ -266,6 +293,15 @@ static void *session_main(void *userdata) {
                                 post_state(cm, EV_SESSION, false, 0, err, c);
                                 break;
                         }
+                        refreshed = now;
+                        if (etcd_client_current(c) != registered_at) {
+                                /* Moved on to another endpoint: EtcdReason names it. */
+                                registered_at = etcd_client_current(c);
+                                post_state(cm, EV_SESSION, true, lease, "", c);
+                        }
+                        now = now_usec(CLOCK_MONOTONIC);
+                        next = refreshed + period;
+                        watch_endpoint_check(&s, next > now ? (long)((next - now) / 1000) : 0);
                 }
         }
         /* A clean stop revokes the lease: the others see this host leave at once
@@ -276,6 +312,7 @@ static void *session_main(void *userdata) {
                                        500, &ans, NULL, NULL, 0);
                 free(ans);
         }
+        etcd_client_free(s.probe);
         return NULL;
 }
 
@@ -395,8 +432,10 @@ static int watch_once(WatchCtx *w) {
 
         w->n = w->n_others = w->skipped = 0;
         w->err[0] = 0;
-        r = call(w->c, "/v3/kv/range", etcd_json_range_request(w->cm->prefix), &ans, &len,
-                 w->err, sizeof w->err);
+        char *body = etcd_json_range_request(w->cm->prefix);
+        r = body ? etcd_client_call(w->c, "/v3/kv/range", body, CALL_TIMEOUT_MS, &ans, &len, w->err, sizeof w->err)
+                 : -ENOMEM;
+        free(body);
         if (r >= 0)
                 r = etcd_json_range(ans, len, &w->revision, range_kv, w, w->err, sizeof w->err);
         free(ans);
@@ -440,6 +479,13 @@ static void *watch_main(void *userdata) {
                 int r = watch_once(&w);
                 if (atomic_load(&cm->stop))
                         break;
+                if (r == -ETIMEDOUT && etcd_client_hung(w.c, NULL) >= 0 && w.created) {
+                        /* Ended by the session, which found the endpoint hung: read
+                         * again through the next one at once. Membership is not
+                         * degraded by it unless that fails too. */
+                        log_info("cluster: %s; the watch reads again through %s", w.err, etcd_client_endpoint(w.c));
+                        continue;
+                }
                 if (!w.err[0])
                         snprintf(w.err, sizeof w.err, "watch: %s: %s", etcd_client_endpoint(w.c), strerror(-r));
                 post_state(cm, EV_WATCH, false, 0, w.err, w.c);

@@ -13,6 +13,8 @@
 #define STREAM_LINE_MAX (4U << 20)
 #define ANSWER_MAX (16U << 20)
 #define CONNECT_TIMEOUT_MS 1000L
+/* Less than this short of a whole attempt is a whole attempt (below). */
+#define ATTEMPT_SLACK_MS 5L
 
 struct EtcdClient {
         CURL *curl;
@@ -25,13 +27,13 @@ struct EtcdClient {
         /* The attempt in progress: its endpoint and when it began (CLOCK_MONOTONIC). */
         size_t attempt;
         usec_t attempt_start;
-        /* etcd_client_abandon(), from another thread: 1 + the endpoint whose attempts
-         * begun before `abandon_at` are to end now. */
-        atomic_size_t abandon;
-        _Atomic usec_t abandon_at;
+        /* etcd_client_abandon(), from another thread: per endpoint, its attempts begun
+         * before this time (CLOCK_MONOTONIC; 0: none) are to end now. */
+        _Atomic usec_t *abandon_before;
         bool abandoned;        /* the last attempt ended by it */
         _Atomic ssize_t busy;  /* the endpoint of the attempt in progress, or -1 (other threads read it) */
-        ssize_t hung;          /* the last call: an endpoint that took the whole attempt, or -1 */
+        ssize_t hung;          /* the last call: the first endpoint that took a whole attempt, or -1 */
+        long hung_ms;          /* the attempt it was given */
 };
 
 typedef struct Buffer {
@@ -59,6 +61,7 @@ EtcdClient *etcd_client_free(EtcdClient *c) {
         for (size_t i = 0; i < c->n_endpoints; i++)
                 free(c->endpoints[i]);
         free(c->endpoints);
+        free(c->abandon_before);
         free(c);
         return NULL;
 }
@@ -79,9 +82,10 @@ int etcd_client_new(EtcdClient **ret, char *const *endpoints, const EtcdTls *tls
         if (tls)
                 c->tls = *tls;
         c->endpoints = calloc(n, sizeof *c->endpoints);
+        c->abandon_before = calloc(n, sizeof *c->abandon_before);
         c->curl = curl_easy_init();
         c->multi = curl_multi_init();
-        if (!c->endpoints || !c->curl || !c->multi) {
+        if (!c->endpoints || !c->abandon_before || !c->curl || !c->multi) {
                 etcd_client_free(c);
                 return -ENOMEM;
         }
@@ -165,7 +169,7 @@ static size_t write_cb(char *p, size_t size, size_t nmemb, void *userdata) {
 static bool attempt_ends(EtcdClient *c) {
         if (atomic_load(c->stop))
                 return true;
-        if (atomic_load(&c->abandon) == c->attempt + 1 && atomic_load(&c->abandon_at) >= c->attempt_start) {
+        if (atomic_load(&c->abandon_before[c->attempt]) > c->attempt_start) {
                 c->abandoned = true;
                 return true;
         }
@@ -182,15 +186,18 @@ void etcd_client_wakeup(EtcdClient *c) {
                 (void)curl_multi_wakeup(c->multi);
 }
 
-void etcd_client_abandon(EtcdClient *c, size_t endpoint) {
+void etcd_client_abandon(EtcdClient *c, size_t endpoint, usec_t begun_before) {
         if (!c || endpoint >= c->n_endpoints)
                 return;
-        atomic_store(&c->abandon_at, now_usec(CLOCK_MONOTONIC));
-        atomic_store(&c->abandon, endpoint + 1);
+        usec_t old = atomic_load(&c->abandon_before[endpoint]);
+        while (old < begun_before && !atomic_compare_exchange_weak(&c->abandon_before[endpoint], &old, begun_before))
+                ;
         etcd_client_wakeup(c);
 }
 
-ssize_t etcd_client_hung(EtcdClient *c) {
+ssize_t etcd_client_hung(EtcdClient *c, long *ret_attempt_ms) {
+        if (ret_attempt_ms)
+                *ret_attempt_ms = c->hung >= 0 ? c->hung_ms : 0;
         return c->hung;
 }
 
@@ -307,16 +314,24 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                         break;
                 }
                 long attempt_ms = timeout_ms;
+                bool whole = true; /* the attempt gets all of timeout_ms */
                 usec_t now = now_usec(CLOCK_MONOTONIC);
                 if (deadline) {
                         if (now + 1000 > deadline) {
-                                if (err && err_size && r != -EIO)
+                                /* The endpoints before took the time: their error stays
+                                 * the one said (this one was not asked). */
+                                if (err && err_size && (k == 0 || !err[0]))
                                         snprintf(err, err_size, "%s: not asked, the call's time was spent%s",
                                                  c->endpoints[i], k == 0 ? "" : " on the endpoints before");
                                 r = -ETIMEDOUT;
                                 break;
                         }
-                        attempt_ms = MIN(attempt_ms, (long)((deadline - now) / 1000));
+                        long left = (long)((deadline - now) / 1000);
+                        /* 0 is no timeout at all to libcurl: the time left, then. A
+                         * call given as long as one attempt is one whole attempt (the
+                         * microseconds since it began are not a cut). */
+                        whole = timeout_ms > 0 && left + ATTEMPT_SLACK_MS >= timeout_ms;
+                        attempt_ms = whole ? timeout_ms : left;
                 }
                 c->attempt = i;
                 c->attempt_start = now;
@@ -341,6 +356,7 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                         /* Another thread found this endpoint hung: the next one is
                          * the current one now; the caller starts over with it. */
                         c->hung = (ssize_t)i;
+                        c->hung_ms = attempt_ms;
                         c->current = (i + 1) % c->n_endpoints;
                         if (err && err_size)
                                 snprintf(err, err_size, "%s: stopped answering", c->endpoints[i]);
@@ -351,8 +367,16 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                         r = -ECANCELED;
                         break;
                 }
-                if (cc == CURLE_OPERATION_TIMEDOUT && status == 0)
-                        c->hung = (ssize_t)i; /* connected or not, nothing came back in time */
+                if (cc == CURLE_OPERATION_TIMEDOUT && status == 0) {
+                        if (whole && c->hung < 0) {
+                                /* Connected or not, nothing came back in the whole
+                                 * attempt (one cut short by the call's time says
+                                 * nothing of the endpoint). */
+                                c->hung = (ssize_t)i;
+                                c->hung_ms = attempt_ms;
+                        } else if (!whole)
+                                r = -ETIMEDOUT; /* the call's time ran out on it */
+                }
                 if (status >= 500 || status == 429) {
                         /* It answered, but cannot serve (no leader, a learner, a gateway
                          * that cannot reach its own member, overloaded): another

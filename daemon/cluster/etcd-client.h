@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "time-util.h"
+
 typedef struct EtcdClient EtcdClient;
 
 typedef struct EtcdTls {
@@ -32,9 +34,10 @@ int etcd_client_new_one(EtcdClient **ret, EtcdClient *like, size_t endpoint);
  * HTTP error status, -ECANCELED when stopped. */
 int etcd_client_call(EtcdClient *c, const char *path, const char *body, long timeout_ms, char **ret,
                      size_t *ret_len, char *err, size_t err_size);
-/* The same, each endpoint given attempt_ms and the whole call total_ms (> 0): no attempt
- * begins or lasts past it (-ETIMEDOUT when none answered in that time). What a lease's
- * keepalive needs: the next endpoint asked while the lease still lives. */
+/* The same, each endpoint given attempt_ms (<= 0: the time left) and the whole call
+ * total_ms (> 0): no attempt begins or lasts past it (-ETIMEDOUT when the call's time
+ * ran out before an endpoint answered). What a lease's keepalive needs: the next
+ * endpoint asked while the lease still lives. */
 int etcd_client_call_within(EtcdClient *c, const char *path, const char *body, long attempt_ms, long total_ms,
                             char **ret, size_t *ret_len, char *err, size_t err_size);
 
@@ -49,15 +52,17 @@ int etcd_client_stream(EtcdClient *c, const char *path, const char *body, EtcdSt
 void etcd_client_wakeup(EtcdClient *c);
 
 /* From another thread (another client found endpoint i hung: connected, nothing
- * answered): an attempt on it begun before now ends at once, its call returning
- * -ETIMEDOUT ("stopped answering") with the next endpoint as the current one. A watch
- * stream open on a hung member stays open and silent (the kernel still acknowledges)
- * until this. Attempts begun after are not affected. */
-void etcd_client_abandon(EtcdClient *c, size_t endpoint);
+ * answered): an attempt on it begun before begun_before (CLOCK_MONOTONIC) ends at once,
+ * its call returning -ETIMEDOUT ("stopped answering") with the next endpoint as the
+ * current one. A watch stream open on a hung member stays open and silent (the kernel
+ * still acknowledges) until this. Attempts begun after are not affected; requests for
+ * different endpoints do not replace each other. */
+void etcd_client_abandon(EtcdClient *c, size_t endpoint, usec_t begun_before);
 
-/* The endpoint of the last call that took its whole attempt without an answer (or was
- * abandoned), or -1. */
-ssize_t etcd_client_hung(EtcdClient *c);
+/* The last call's first endpoint that let a whole attempt pass without an answer (one
+ * cut short by the call's time does not count), or that etcd_client_abandon() ended,
+ * or -1; *ret_attempt_ms: the time that attempt had. */
+ssize_t etcd_client_hung(EtcdClient *c, long *ret_attempt_ms);
 const char *etcd_client_endpoint_at(EtcdClient *c, size_t i);
 /* The endpoint of the attempt in progress (a watch's stream, say), or -1 (thread-safe). */
 ssize_t etcd_client_busy(EtcdClient *c);

@@ -591,6 +591,9 @@ def test_hang(cl):
         log = f.read()
     assert "expired in etcd" not in log, log[-2000:]
     assert "stopped answering" in log, log[-2000:]
+    # h0's own keepalive found the endpoint hung and ended its watch there (no probe).
+    assert "which the watch follows" not in log, log[-2000:]
+    assert (cl.cluster(0) or {}).get("etcd_reason", "").startswith(f"registered at {cl.etcd.url}"), cl.cluster(0)
     with open(os.path.join(cl.tmp, "h1.log")) as f:
         log = f.read()
     assert "stopped answering" in log, log[-2000:]

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cluster/etcd-client.h"
+#include "time-util.h"
 #include "../check-main.h"
 
 typedef struct Canned {
@@ -28,6 +29,7 @@ typedef struct Canned {
         atomic_bool stop;
         atomic_int requests;
         bool hold;          /* the connection is kept open after the answer (a stream) */
+        unsigned delay_ms;  /* before each answer */
         int held;
         pthread_t thread;
 } Canned;
@@ -67,6 +69,8 @@ static void *canned_main(void *userdata) {
                         continue;
                 read_request(s);
                 atomic_fetch_add(&c->requests, 1);
+                if (c->delay_ms)
+                        usleep(c->delay_ms * 1000);
                 size_t len = strlen(c->answer), off = 0;
                 while (off < len) {
                         ssize_t k = write(s, c->answer + off, len - off);
@@ -243,7 +247,7 @@ START_TEST(test_hung_endpoint_costs_one_attempt) {
         long took = ms_since(&t0);
         ck_assert_msg(took >= 150 && took < 1500, "took %ld ms", took);
         ck_assert_str_eq(ans, "{}");
-        ck_assert_int_eq(etcd_client_hung(c), 0);
+        ck_assert_int_eq(etcd_client_hung(c, NULL), 0);
         ck_assert_str_eq(etcd_client_endpoint(c), b.url);
         ck_assert_str_eq(etcd_client_endpoint_at(c, 0), h.url);
         free(ans);
@@ -251,7 +255,7 @@ START_TEST(test_hung_endpoint_costs_one_attempt) {
         ck_assert_int_eq(etcd_client_call_within(c, "/v3/lease/keepalive", "{}", 200, 5000, &ans, &len, err,
                                                  sizeof err),
                          0);
-        ck_assert_int_eq(etcd_client_hung(c), -1);
+        ck_assert_int_eq(etcd_client_hung(c, NULL), -1);
         free(ans);
         etcd_client_free(c);
         canned_stop(&b);
@@ -260,8 +264,9 @@ START_TEST(test_hung_endpoint_costs_one_attempt) {
 END_TEST
 
 START_TEST(test_call_time_bounds_every_attempt) {
-        /* Three hung endpoints, 300 ms an attempt, 400 ms in all: the second gets the
-         * 100 ms left, the third is not asked, and the call ends in time. */
+        /* Three hung endpoints, 1000 ms an attempt, 1200 ms in all: the second gets the
+         * 200 ms left, the third is not asked, and the call ends in time. The first is
+         * the hung one, not the second (its attempt was cut short). */
         Canned h[3];
         for (int i = 0; i < 3; i++)
                 hung_start(&h[i]);
@@ -269,19 +274,60 @@ START_TEST(test_call_time_bounds_every_attempt) {
         EtcdClient *c;
         char err[512], *ans = NULL;
         struct timespec t0;
+        long ms = 0;
 
         ck_assert_int_eq(etcd_client_new(&c, endpoints, NULL, &never), 0);
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        ck_assert_int_eq(etcd_client_call_within(c, "/v3/lease/keepalive", "{}", 300, 400, &ans, NULL, err,
+        ck_assert_int_eq(etcd_client_call_within(c, "/v3/lease/keepalive", "{}", 1000, 1200, &ans, NULL, err,
                                                  sizeof err),
                          -ETIMEDOUT);
         long took = ms_since(&t0);
-        ck_assert_msg(took >= 350 && took < 1000, "took %ld ms", took);
-        ck_assert_msg(strstr(err, h[2].url) && strstr(err, "not asked"), "%s", err);
+        ck_assert_msg(took >= 1150 && took < 1700, "took %ld ms", took);
+        ck_assert_msg(strstr(err, h[1].url), "%s", err); /* the last one asked, not the one never asked */
         ck_assert_ptr_null(ans);
+        ck_assert_int_eq(etcd_client_hung(c, &ms), 0);
+        ck_assert_int_eq(ms, 1000);
+        /* No attempt time: the time left is the attempt's (0 would be no timeout). */
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        ck_assert_int_eq(etcd_client_call_within(c, "/v3/lease/keepalive", "{}", 0, 300, &ans, NULL, err, sizeof err),
+                         -ETIMEDOUT);
+        took = ms_since(&t0);
+        ck_assert_msg(took >= 250 && took < 800, "took %ld ms", took);
         etcd_client_free(c);
         for (int i = 0; i < 3; i++)
                 close(h[i].fd);
+}
+END_TEST
+
+START_TEST(test_slow_answer_cut_short_is_not_hung) {
+        /* A hung endpoint, then one that answers after 300 ms, 300 ms an attempt and
+         * 450 in all: the second's attempt is cut to 150 ms and ends unanswered. The
+         * hung one is the first; the second is not called hung for the call's time. */
+        Canned h, slow;
+        hung_start(&h);
+        canned_start(&slow, OK_JSON);
+        slow.delay_ms = 300;
+        char *endpoints[] = { h.url, slow.url, NULL };
+        EtcdClient *c;
+        char err[512], *ans = NULL;
+
+        ck_assert_int_eq(etcd_client_new(&c, endpoints, NULL, &never), 0);
+        ck_assert_int_eq(etcd_client_call_within(c, "/v3/lease/keepalive", "{}", 300, 450, &ans, NULL, err,
+                                                 sizeof err),
+                         -ETIMEDOUT);
+        ck_assert_int_eq(etcd_client_hung(c, NULL), 0);
+        etcd_client_free(c);
+        /* A call given exactly one attempt's time (a probe of one endpoint) is a whole
+         * attempt: its endpoint is hung. */
+        char *one[] = { h.url, NULL };
+        ck_assert_int_eq(etcd_client_new(&c, one, NULL, &never), 0);
+        ck_assert_int_eq(etcd_client_call_within(c, "/v3/maintenance/status", "{}", 200, 200, &ans, NULL, err,
+                                                 sizeof err),
+                         -EHOSTUNREACH);
+        ck_assert_int_eq(etcd_client_hung(c, NULL), 0);
+        etcd_client_free(c);
+        canned_stop(&slow);
+        close(h.fd);
 }
 END_TEST
 
@@ -318,24 +364,26 @@ START_TEST(test_abandon_ends_a_silent_stream) {
         struct timespec t0;
 
         ck_assert_int_eq(etcd_client_new(&s.c, endpoints, NULL, &never), 0);
-        /* An abandon before the attempt begins is not for it. */
-        etcd_client_abandon(s.c, 0);
+        /* An abandon of attempts begun before now is not for one that begins after. */
+        etcd_client_abandon(s.c, 0, now_usec(CLOCK_MONOTONIC));
+        usleep(2000);
         ck_assert_int_eq(pthread_create(&t, NULL, stream_thread, &s), 0);
         for (int i = 0; i < 500 && atomic_load(&s.messages) == 0; i++)
                 usleep(10000);
         ck_assert_int_eq(atomic_load(&s.messages), 1);
         usleep(300000);
         ck_assert_int_eq(pthread_tryjoin_np(t, NULL), EBUSY); /* still open, silent */
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        etcd_client_abandon(s.c, 1); /* another endpoint: not this stream's */
+        etcd_client_abandon(s.c, 1, now_usec(CLOCK_MONOTONIC)); /* another endpoint: not this stream's */
         usleep(100000);
         ck_assert_int_eq(pthread_tryjoin_np(t, NULL), EBUSY);
-        etcd_client_abandon(s.c, 0);
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        etcd_client_abandon(s.c, 0, now_usec(CLOCK_MONOTONIC));
         ck_assert_int_eq(pthread_join(t, NULL), 0);
-        ck_assert_msg(ms_since(&t0) < 1000, "the stream ended %ld ms after", ms_since(&t0));
+        /* At once (the wakeup), not at curl's next poll a second later. */
+        ck_assert_msg(ms_since(&t0) < 300, "the stream ended %ld ms after", ms_since(&t0));
         ck_assert_int_eq(s.r, -ETIMEDOUT);
         ck_assert_msg(strstr(s.err, a.url) && strstr(s.err, "stopped answering"), "%s", s.err);
-        ck_assert_int_eq(etcd_client_hung(s.c), 0);
+        ck_assert_int_eq(etcd_client_hung(s.c, NULL), 0);
         ck_assert_str_eq(etcd_client_endpoint(s.c), b.url);
         etcd_client_free(s.c);
         canned_stop(&a);
@@ -355,6 +403,7 @@ int main(void) {
         tcase_add_test(tc, test_stream_end_is_not_an_earlier_failure);
         tcase_add_test(tc, test_hung_endpoint_costs_one_attempt);
         tcase_add_test(tc, test_call_time_bounds_every_attempt);
+        tcase_add_test(tc, test_slow_answer_cut_short_is_not_hung);
         tcase_add_test(tc, test_abandon_ends_a_silent_stream);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
