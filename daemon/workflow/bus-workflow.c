@@ -22,9 +22,9 @@ static int map_error(sd_bus_error *error, int r, const char *what) {
                 return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "%s: no such workflow or branch.", what);
         case -EDQUOT:
                 return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
-                                     "%s: limit reached (workflows in the daemon, %u branch ids per workflow over "
-                                     "its life, dropped ones included, or a transition larger than one journal "
-                                     "record).",
+                                     "%s: limit reached (workflows or sequences in the daemon, objects this "
+                                     "client holds, %u branch ids per workflow over its life, dropped ones "
+                                     "included, or a transition larger than one journal record).",
                                      what, WORKFLOW_BRANCHES_MAX);
         case -E2BIG:
                 return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
