@@ -168,10 +168,117 @@ static int post_group(HandoffObject *o, uint32_t g) {
         }
         free(ow);
         free(c.w);
+        if (o->gpu && !o->peer && c.n > 0)
+                o->gpu_out++;
         (void)handoff_group_posted(h, g, (uint32_t)c.n);
         if (o->twin && c.n > 0)
                 (void)handoff_writes_landing(o->twin->h, g, (uint32_t)c.n);
         hm->counters.batches++;
+        return 0;
+}
+
+/* A local handoff through the CUDA transport: the k groups from `first` on, ready while
+ * its earlier ones were on the GPU, go as one batch with their writes page by page
+ * (group g's piece of a page, then group g + 1's, ...): the pieces of a page that
+ * continue each other on both sides become one copy in the transport
+ * (gpu_copy_segs_coalesce()), so queued sub-page groups move as fewer, larger copies —
+ * a layer group of 256 KiB of every 2 MiB page is a descriptor and a GPU page-table
+ * walk per 256 KiB; four of them together, per 1 MiB. Each group keeps its cookie and
+ * lands when its own writes have (the transport completes a batch once per cookie).
+ * Groups whose plans differ in shape go one after another in the batch instead. */
+static int post_gpu_groups(HandoffObject *o, uint32_t first, uint32_t k) {
+        HandoffManager *hm = o->hm;
+        Handoff *h = o->h;
+        Transport *t = handoff_gpu_transport(hm);
+        _cleanup_(freep) uint64_t *src = NULL;
+        _cleanup_(freep) PlanCtx *c = NULL;
+        _cleanup_(freep) OutWrite **ow = NULL;
+        _cleanup_(freep) TransportWrite *w = NULL;
+        size_t total = 0;
+        bool same = true;
+        int r = 0;
+
+        if (!t)
+                return -ENOTCONN;
+        o->transport = t->ops->name;
+        src = calloc(o->n_pages, sizeof *src);
+        c = calloc(k, sizeof *c);
+        ow = calloc(k, sizeof *ow);
+        if (!src || !c || !ow)
+                return -ENOMEM;
+        for (uint32_t i = 0; i < o->n_pages; i++)
+                src[i] = page_offset(o->pool, o->pages[i]);
+        for (uint32_t m = 0; m < k && r >= 0; m++) {
+                uint32_t g = first + m;
+                c[m] = (PlanCtx) { .o = o, .group = g,
+                                   .cap = MAX((size_t)o->n_pages * o->layouts[g].n_ranges, (size_t)1) };
+                c[m].w = malloc(c[m].cap * sizeof *c[m].w);
+                r = c[m].w ? handoff_plan_group(&o->layouts[g], src, o->dst_offsets, o->n_pages, 0,
+                                                handoff_plan_collect, &c[m])
+                           : -ENOMEM;
+                if (r >= 0 && c[m].n == 0)
+                        r = -EINVAL; /* a group moves something */
+                total += c[m].n;
+                same = same && c[m].n == c[0].n;
+        }
+        if (r >= 0) {
+                w = malloc(total * sizeof *w);
+                if (!w)
+                        r = -ENOMEM;
+        }
+        uint32_t made = 0;
+        for (; r >= 0 && made < k; made++) {
+                ow[made] = malloc(sizeof(OutWrite));
+                if (!ow[made]) {
+                        r = -ENOMEM;
+                        break;
+                }
+                *ow[made] = (OutWrite) {
+                        .cookie = (++hm->next_cookie << COOKIE_GROUP_BITS) | (first + made),
+                        .obj = o,
+                        .group = first + made,
+                        .pending = c[made].n,
+                };
+                r = hashmap_put(hm->writes, &ow[made]->cookie, ow[made]);
+                if (r < 0) {
+                        free(ow[made]);
+                        break;
+                }
+        }
+        if (r >= 0) {
+                size_t at = 0;
+                if (same)
+                        for (size_t j = 0; j < c[0].n; j++)
+                                for (uint32_t m = 0; m < k; m++) {
+                                        w[at] = c[m].w[j];
+                                        w[at++].cookie = ow[m]->cookie;
+                                }
+                else
+                        for (uint32_t m = 0; m < k; m++)
+                                for (size_t j = 0; j < c[m].n; j++) {
+                                        w[at] = c[m].w[j];
+                                        w[at++].cookie = ow[m]->cookie;
+                                }
+                r = t->ops->post(t, NULL, w, total);
+        }
+        for (uint32_t m = 0; m < k; m++)
+                free(c[m].w);
+        if (r < 0) {
+                for (uint32_t m = 0; m < made; m++) {
+                        (void)hashmap_remove(hm->writes, &ow[m]->cookie);
+                        free(ow[m]);
+                }
+                return r;
+        }
+        for (uint32_t m = 0; m < k; m++) {
+                uint32_t g = first + m, n = (uint32_t)c[m].n;
+                o->gpu_out++;
+                (void)handoff_group_posted(h, g, n);
+                if (o->twin)
+                        (void)handoff_writes_landing(o->twin->h, g, n);
+        }
+        hm->counters.batches++;
+        hm->counters.merged_groups += k;
         return 0;
 }
 
@@ -190,6 +297,36 @@ void handoff_pump(HandoffObject *o) {
         Peer *peer = o->peer;
         bool plugged = net && net->ops->plug && net->ops->unplug;
         uint32_t g;
+        if (o->gpu && !o->peer && !o->zero_copy) {
+                /* Groups ready while earlier ones are still on the GPU wait for them,
+                 * then go together (post_gpu_groups()); the GPU is busy meanwhile. */
+                uint32_t k;
+                if (o->gpu_out > 0 || (k = handoff_ready_unposted(o->h, &g)) < 2)
+                        goto one_by_one;
+                /* At most as many groups a batch as the transport completes once each
+                 * (past that, a cookie per run again: thousands of completions). */
+                for (; k >= 2; k = handoff_ready_unposted(o->h, &g)) {
+                        uint32_t m = MIN(k, (uint32_t)HANDOFF_GPU_MERGE_MAX);
+                        int r = post_gpu_groups(o, g, m);
+                        if (r < 0) {
+                                log_warning_errno(r, "handoff %s: cannot ship groups %" PRIu32 "-%" PRIu32 ": %m",
+                                                  o->request_str, g, g + m - 1);
+                                (void)handoff_rollback(o->h, HANDOFF_CAUSE_TRANSFER_FAILED, false);
+                                return;
+                        }
+                }
+                if (k == 0)
+                        return;
+                int r = post_group(o, g); /* the one left */
+                if (r < 0) {
+                        log_warning_errno(r, "handoff %s: cannot ship group %" PRIu32 ": %m", o->request_str, g);
+                        (void)handoff_rollback(o->h, HANDOFF_CAUSE_TRANSFER_FAILED, false);
+                }
+                return;
+        }
+one_by_one:
+        if (o->gpu && !o->peer && o->gpu_out > 0)
+                return;
         if (plugged)
                 net->ops->plug(net, peer);
         while (handoff_next_to_post(o->h, &g) == 0) {
@@ -270,8 +407,12 @@ static void on_completions(HandoffManager *hm, Transport *t) {
                                 continue;
                         }
                         w->pending -= n_writes;
-                        if (w->pending == 0)
+                        bool drained = false;
+                        if (w->pending == 0) {
                                 free(hashmap_remove(hm->writes, &c[i].cookie));
+                                if (o->gpu && !o->peer && o->gpu_out > 0)
+                                        drained = --o->gpu_out == 0;
+                        }
                         uint64_t bytes = c[i].error < 0 ? 0 : c[i].bytes;
                         (void)handoff_writes_done(o->h, g, n_writes, bytes, c[i].error);
                         if (o->twin) {
@@ -286,6 +427,8 @@ static void on_completions(HandoffManager *hm, Transport *t) {
                         if (o->twin)
                                 touched_add(&touched, o->twin);
                         touched_add(&touched, o);
+                        if (drained)
+                                handoff_pump(o); /* the groups that queued up behind */
                 }
                 /* Before the next poll: a completion's write is looked up by its cookie,
                  * whose object only after_event frees. */

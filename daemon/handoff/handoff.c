@@ -155,6 +155,14 @@ int handoff_next_to_post(const Handoff *h, uint32_t *ret) {
         return 0;
 }
 
+uint32_t handoff_ready_unposted(const Handoff *h, uint32_t *ret_first) {
+        uint32_t g;
+        if (handoff_next_to_post(h, &g) < 0)
+                return 0;
+        *ret_first = g;
+        return h->n_ready - g;
+}
+
 int handoff_group_posted(Handoff *h, uint32_t g, uint32_t n_writes) {
         if (!h)
                 return -EINVAL;

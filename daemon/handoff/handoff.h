@@ -161,6 +161,9 @@ bool handoff_may_land(const Handoff *h, uint32_t g);
 /* Destination: n incoming writes into group g were admitted (by the incoming
  * validator); -ESTALE / -EINVAL if they must be refused. */
 int handoff_writes_landing(Handoff *h, uint32_t g, uint32_t n);
+/* Source: the groups ready and not posted yet, from *ret_first on (0: none, or not in a
+ * state to post). */
+uint32_t handoff_ready_unposted(const Handoff *h, uint32_t *ret_first);
 static inline int handoff_write_landing(Handoff *h, uint32_t g) {
         return handoff_writes_landing(h, g, 1);
 }
@@ -215,6 +218,7 @@ typedef struct HandoffCounters {
         uint64_t bytes;
         uint64_t batches;
         uint64_t zero_copy_groups; /* handed over without a copy */
+        uint64_t merged_groups;    /* local GPU: posted in one batch with others that queued up */
         uint64_t ring_fallbacks;   /* notifications sent over D-Bus for want of ring room */
         uint64_t ring_backlogged;  /* records held back for want of CQ room, of rings closed since */
         uint64_t pipelined;        /* to another host without a round trip before the data */

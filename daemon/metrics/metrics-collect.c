@@ -295,6 +295,9 @@ static void collect_handoffs(Manager *m, MetricsWriter *w) {
         metrics_family(w, "epd_handoff_zero_copy_groups", METRIC_COUNTER, NULL,
                        "Layer groups handed over without a copy (same arena).");
         metrics_sample_u64(w, METRIC_NO_LABELS, c->zero_copy_groups);
+        metrics_family(w, "epd_handoff_merged_groups", METRIC_COUNTER, NULL,
+                       "Layer groups moved on the GPU in one batch with others that queued up behind it.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, c->merged_groups);
         metrics_family(w, "epd_handoff_journal_waits", METRIC_COUNTER, NULL,
                        "Handoffs whose writes waited for the record that freed their pages to be durable.");
         metrics_sample_u64(w, METRIC_NO_LABELS, c->journal_waits);

@@ -161,10 +161,56 @@ static void batch_put(CudaTransport *c, CudaBatch *b) {
                 batch_free(b);
 }
 
-/* Moves finished batches from the engine into completions: one for each run of
- * consecutive writes with the same cookie (a handoff's group posts thousands under one),
- * bytes summed. Room for every write in flight was reserved at post time. Returns how
- * many batches were reaped. */
+/* The completions of a finished batch: one per cookie (a handoff's group posts thousands
+ * of writes under one; several groups posted together interleave theirs page by page),
+ * writes counted and bytes summed, in the order each cookie first appears. Up to
+ * COOKIES_MERGED distinct cookies are merged at once; past that the ones gathered so
+ * far go out and gathering starts over (a cookie may then have several completions,
+ * whose writes add up). */
+#define COOKIES_MERGED 16
+
+static void ready_push(CudaTransport *c, size_t *at, const TransportCompletion *t) {
+        c->ready[*at] = *t;
+        if (++*at == c->ready_cap)
+                *at = 0;
+        c->n_ready++;
+}
+
+static void batch_complete(CudaTransport *c, CudaBatch *b) {
+        TransportCompletion m[COOKIES_MERGED];
+        size_t n_m = 0, last = 0;
+        /* Thousands of writes per batch: no division per entry. */
+        size_t at = c->ready_head + c->n_ready;
+        if (at >= c->ready_cap)
+                at -= c->ready_cap;
+
+        for (size_t j = 0, k; j < b->n; j = k) {
+                uint64_t bytes = 0;
+                for (k = j; k < b->n && k - j < UINT32_MAX && b->cookies[k] == b->cookies[j]; k++)
+                        bytes += b->lengths[k];
+                size_t i = last < n_m && m[last].cookie == b->cookies[j] ? last : n_m;
+                for (size_t q = 0; i == n_m && q < n_m; q++)
+                        if (m[q].cookie == b->cookies[j] && (uint64_t)m[q].writes + (k - j) <= UINT32_MAX)
+                                i = q;
+                if (i == n_m) {
+                        if (n_m == COOKIES_MERGED) {
+                                for (size_t q = 0; q < n_m; q++)
+                                        ready_push(c, &at, &m[q]);
+                                n_m = i = 0;
+                        }
+                        m[n_m++] = (TransportCompletion) { .cookie = b->cookies[j], .error = b->error };
+                }
+                m[i].writes += (uint32_t)(k - j);
+                m[i].bytes += b->error < 0 ? 0 : bytes;
+                last = i;
+        }
+        for (size_t q = 0; q < n_m; q++)
+                ready_push(c, &at, &m[q]);
+}
+
+/* Moves finished batches from the engine into completions (batch_complete()). Room for
+ * every write in flight was reserved at post time. Returns how many batches were
+ * reaped. */
 static size_t reap_into_ready(CudaTransport *c) {
         GpuCopyDone d[16];
         size_t m, total = 0;
@@ -182,24 +228,7 @@ static size_t reap_into_ready(CudaTransport *c) {
                                 c->base.stats.failures += b->n;
                         else
                                 c->base.stats.bytes += b->bytes;
-                        /* Thousands of writes per batch: no division per entry. */
-                        size_t at = c->ready_head + c->n_ready;
-                        if (at >= c->ready_cap)
-                                at -= c->ready_cap;
-                        for (size_t j = 0, k; j < b->n; j = k) {
-                                uint64_t bytes = 0;
-                                for (k = j; k < b->n && k - j < UINT32_MAX && b->cookies[k] == b->cookies[j]; k++)
-                                        bytes += b->lengths[k];
-                                c->ready[at] = (TransportCompletion) {
-                                        .cookie = b->cookies[j],
-                                        .error = b->error,
-                                        .writes = (uint32_t)(k - j),
-                                        .bytes = b->error < 0 ? 0 : bytes,
-                                };
-                                if (++at == c->ready_cap)
-                                        at = 0;
-                                c->n_ready++;
-                        }
+                        batch_complete(c, b);
                         c->n_in_flight -= b->n;
                         batch_put(c, b);
                 }

@@ -677,6 +677,58 @@ static void setup_slow_copies(void) {
         copy_delay_ms = "0";
 }
 
+/* Layer groups reported ready while the handoff's first group is still on the GPU (each
+ * copy takes 400 ms here) wait for it and then go as one batch, their pieces of a page
+ * next to each other (fewer, larger copies); each group still lands on its own, in
+ * order, with exact bytes. On a real GPU copies are fast: groups may or may not queue
+ * up, and only the bytes and the counts are checked. */
+START_TEST(test_queued_groups_go_together) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "gpu0", N_PAGES, src);
+        Mem ms = map_arena(p, "gpu0"), md = map_arena(d, "gpu1");
+        fill_pages(&ms, src, N_PAGES, 9);
+        uint64_t batches0 = counter(p, "batches"), merged0 = counter(p, "merged-groups");
+        char *path = NULL;
+        uint64_t token = 0;
+        epd_handoff_options o = { .arena = "gpu1" };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(40), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(40), &acc), 0);
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+        if (fake) {
+                /* Group 0 is on the GPU; 1-3 wait: nothing of them has landed yet. */
+                epd_handoff_status s;
+                ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
+                ck_assert_uint_eq(s.groups_done, 0);
+                ck_assert_uint_eq(counter(p, "batches") - batches0, 1);
+        }
+        uint64_t b = counter(p, "batches") - batches0;
+        landed_commit_release(p, d, &md, &acc, path, 9); /* frees path */
+        b = counter(p, "batches") - batches0;
+        uint64_t merged = counter(p, "merged-groups") - merged0;
+        if (fake) {
+                ck_assert_uint_eq(b, 2); /* group 0, then 1-3 together */
+                ck_assert_uint_eq(merged, 3);
+        } else {
+                ck_assert_uint_le(b, 4);
+                ck_assert_uint_eq(b + merged - (merged ? 1 : 0), 4);
+        }
+        ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, "gpu0"), 0);
+        ck_assert_uint_eq(arena_live(p, "gpu1"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        printf("4 groups ready at once: %" PRIu64 " batches, %" PRIu64 " groups merged, exact bytes\n", b, merged);
+        free(seq);
+        unmap_arena(&ms);
+        unmap_arena(&md);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 /* A GPU copy-on-write waits for the GPU, never on epdd's event loop: with every copy
  * taking 400 ms (the fake driver, as when the workers' kernels hold the GPU), other
  * calls are answered meanwhile, the table keeps its shared page until the copy is
@@ -1180,6 +1232,7 @@ static Suite *suite(void) {
         TCase *ts = tcase_create("slow-copies");
         tcase_add_checked_fixture(ts, setup_slow_copies, teardown);
         tcase_add_test(ts, test_cow_off_loop);
+        tcase_add_test(ts, test_queued_groups_go_together);
         tcase_add_test(ts, test_cow_shared_while_copying);
         tcase_add_test(ts, test_loop_stall_named);
         tcase_add_test(ts, test_unregister_releases_memory);

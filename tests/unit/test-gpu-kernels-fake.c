@@ -180,6 +180,56 @@ START_TEST(test_failed_kernels_give_their_slots_back) {
 }
 END_TEST
 
+/* Several groups' writes interleaved page by page in one batch (a handoff posting the
+ * layer groups that queued up behind its earlier ones): one completion per cookie, its
+ * writes and bytes summed, however the cookies alternate; past 16 distinct cookies a
+ * cookie may complete in several parts, whose writes still add up. */
+START_TEST(test_interleaved_cookies_complete_once_each) {
+        Fixture f = {};
+        setup(&f);
+        static const unsigned kinds[] = { 3, 16, 20 };
+        for (size_t q = 0; q < ELEMENTSOF(kinds); q++) {
+                unsigned k = kinds[q];
+                for (int i = 0; i < N; i++)
+                        f.w[i].cookie = 1000 + (uint64_t)(i % (int)k);
+                memset(f.dst, 0, (size_t)N * PIECE);
+                ck_assert_int_eq(f.t->ops->post(f.t, NULL, f.w, N), 0);
+                uint64_t writes[20] = {}, bytes[20] = {};
+                size_t seen = 0, completions = 0;
+                TransportCompletion c[64];
+                while (seen < N) {
+                        struct pollfd p = { .fd = f.t->ops->completion_fd(f.t), .events = POLLIN };
+                        size_t m = f.t->ops->poll(f.t, c, ELEMENTSOF(c));
+                        for (size_t i = 0; i < m; i++) {
+                                ck_assert_int_eq(c[i].error, 0);
+                                ck_assert_uint_ge(c[i].cookie, 1000);
+                                ck_assert_uint_lt(c[i].cookie, 1000 + k);
+                                writes[c[i].cookie - 1000] += c[i].writes;
+                                bytes[c[i].cookie - 1000] += c[i].bytes;
+                                seen += c[i].writes;
+                                completions++;
+                        }
+                        if (m == 0)
+                                ck_assert_int_eq(poll(&p, 1, 5000), 1);
+                }
+                ck_assert_uint_eq(seen, N);
+                for (unsigned j = 0; j < k; j++) {
+                        uint64_t want = N / k + (j < N % k ? 1 : 0);
+                        ck_assert_uint_eq(writes[j], want);
+                        ck_assert_uint_eq(bytes[j], want * PIECE);
+                }
+                /* The batch goes in 6 parts, each completing on its own: a cookie once
+                 * per part at most while 16 or fewer alternate. */
+                if (k <= 16)
+                        ck_assert_uint_le(completions, 6 * k);
+                for (int i = 0; i < N; i++)
+                        ck_assert_int_eq(
+                                memcmp(f.dst + (size_t)(N - 1 - i) * PIECE, f.src + (size_t)i * PIECE, PIECE), 0);
+        }
+        teardown(&f);
+}
+END_TEST
+
 START_TEST(test_few_writes_stay_on_the_copy_engine) {
         /* Fewer writes than the kernel's minimum (16) go to the copy engine. */
         Fixture f = {};
@@ -207,6 +257,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_many_batches_in_flight);
         tcase_add_test(tc, test_failed_kernels_give_their_slots_back);
         tcase_add_test(tc, test_few_writes_stay_on_the_copy_engine);
+        tcase_add_test(tc, test_interleaved_cookies_complete_once_each);
         suite_add_tcase(s, tc);
         return s;
 }
