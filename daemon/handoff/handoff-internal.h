@@ -32,6 +32,7 @@ typedef struct OutWrite {
         uint32_t group;
         size_t pending;
         bool stage;   /* a GPU → staging copy (CUDA transport) of a remote handoff */
+        bool ends_batch; /* local GPU: the last group of its batch (HandoffObject.gpu_batches) */
         int error;    /* stage: the first error of its writes */
 } OutWrite;
 
@@ -103,6 +104,8 @@ _Static_assert((1U << COOKIE_GROUP_BITS) >= HANDOFF_GROUPS_MAX, "cookie group bi
  * the CUDA transport completes a batch once per cookie for up to 16 cookies
  * (daemon/transport/cuda.c, COOKIES_MERGED). */
 #define HANDOFF_GPU_MERGE_MAX 16
+/* A local GPU handoff's batches on the GPU at once: one copying, one queued behind it. */
+#define HANDOFF_GPU_BATCHES 2
 
 typedef struct PlanCtx {
         HandoffObject *o;

@@ -125,7 +125,7 @@ struct HandoffObject {
                                   * pages may have been freed by a record not yet durable;
                                   * nothing lands in them until it is (handoff_settle_wait()) */
         bool gpu;                /* local, through the CUDA transport (a GPU arena on a side) */
-        uint32_t gpu_out;        /* gpu: its groups on the GPU, not yet landed (handoff_pump()) */
+        uint32_t gpu_batches;    /* gpu: its batches on the GPU, not yet landed (handoff_pump()) */
         HandoffStaging *staging; /* remote with GPU source pages: GPU → host staging → peer;
                                   * given back (NULL) once committed or ended */
         bool staged;             /* took a staging buffer: its groups go through one */

@@ -138,6 +138,7 @@ static int post_group(HandoffObject *o, uint32_t g) {
                         .obj = o,
                         .group = g,
                         .pending = o->peer ? 1 : c.n,
+                        .ends_batch = o->gpu && !o->peer,
                 };
                 r = hashmap_put(hm->writes, &ow[i]->cookie, ow[i]);
                 if (r < 0) {
@@ -169,7 +170,7 @@ static int post_group(HandoffObject *o, uint32_t g) {
         free(ow);
         free(c.w);
         if (o->gpu && !o->peer && c.n > 0)
-                o->gpu_out++;
+                o->gpu_batches++;
         (void)handoff_group_posted(h, g, (uint32_t)c.n);
         if (o->twin && c.n > 0)
                 (void)handoff_writes_landing(o->twin->h, g, (uint32_t)c.n);
@@ -238,6 +239,7 @@ static int post_gpu_groups(HandoffObject *o, uint32_t first, uint32_t k) {
                         .obj = o,
                         .group = first + made,
                         .pending = c[made].n,
+                        .ends_batch = made == k - 1,
                 };
                 r = hashmap_put(hm->writes, &ow[made]->cookie, ow[made]);
                 if (r < 0) {
@@ -270,9 +272,9 @@ static int post_gpu_groups(HandoffObject *o, uint32_t first, uint32_t k) {
                 }
                 return r;
         }
+        o->gpu_batches++;
         for (uint32_t m = 0; m < k; m++) {
                 uint32_t g = first + m, n = (uint32_t)c[m].n;
-                o->gpu_out++;
                 (void)handoff_group_posted(h, g, n);
                 if (o->twin)
                         (void)handoff_writes_landing(o->twin->h, g, n);
@@ -298,16 +300,15 @@ void handoff_pump(HandoffObject *o) {
         bool plugged = net && net->ops->plug && net->ops->unplug;
         uint32_t g;
         if (o->gpu && !o->peer && !o->zero_copy) {
-                /* Groups ready while earlier ones are still on the GPU wait for them,
-                 * then go together (post_gpu_groups()); the GPU is busy meanwhile. */
+                /* One batch copying and one queued behind it (prepared while the first
+                 * runs, so the GPU never waits for the host): groups ready beyond that
+                 * wait, then go together (post_gpu_groups()), at most as many a batch
+                 * as the transport completes once each (past that, a completion per
+                 * run of writes again: thousands). */
                 uint32_t k;
-                if (o->gpu_out > 0 || (k = handoff_ready_unposted(o->h, &g)) < 2)
-                        goto one_by_one;
-                /* At most as many groups a batch as the transport completes once each
-                 * (past that, a cookie per run again: thousands of completions). */
-                for (; k >= 2; k = handoff_ready_unposted(o->h, &g)) {
+                while (o->gpu_batches < HANDOFF_GPU_BATCHES && (k = handoff_ready_unposted(o->h, &g)) > 0) {
                         uint32_t m = MIN(k, (uint32_t)HANDOFF_GPU_MERGE_MAX);
-                        int r = post_gpu_groups(o, g, m);
+                        int r = m > 1 ? post_gpu_groups(o, g, m) : post_group(o, g);
                         if (r < 0) {
                                 log_warning_errno(r, "handoff %s: cannot ship groups %" PRIu32 "-%" PRIu32 ": %m",
                                                   o->request_str, g, g + m - 1);
@@ -315,18 +316,8 @@ void handoff_pump(HandoffObject *o) {
                                 return;
                         }
                 }
-                if (k == 0)
-                        return;
-                int r = post_group(o, g); /* the one left */
-                if (r < 0) {
-                        log_warning_errno(r, "handoff %s: cannot ship group %" PRIu32 ": %m", o->request_str, g);
-                        (void)handoff_rollback(o->h, HANDOFF_CAUSE_TRANSFER_FAILED, false);
-                }
                 return;
         }
-one_by_one:
-        if (o->gpu && !o->peer && o->gpu_out > 0)
-                return;
         if (plugged)
                 net->ops->plug(net, peer);
         while (handoff_next_to_post(o->h, &g) == 0) {
@@ -409,9 +400,11 @@ static void on_completions(HandoffManager *hm, Transport *t) {
                         w->pending -= n_writes;
                         bool drained = false;
                         if (w->pending == 0) {
+                                if (w->ends_batch && o->gpu_batches > 0) {
+                                        o->gpu_batches--;
+                                        drained = true;
+                                }
                                 free(hashmap_remove(hm->writes, &c[i].cookie));
-                                if (o->gpu && !o->peer && o->gpu_out > 0)
-                                        drained = --o->gpu_out == 0;
                         }
                         uint64_t bytes = c[i].error < 0 ? 0 : c[i].bytes;
                         (void)handoff_writes_done(o->h, g, n_writes, bytes, c[i].error);
@@ -428,7 +421,7 @@ static void on_completions(HandoffManager *hm, Transport *t) {
                                 touched_add(&touched, o->twin);
                         touched_add(&touched, o);
                         if (drained)
-                                handoff_pump(o); /* the groups that queued up behind */
+                                handoff_pump(o); /* the groups that queued up meanwhile */
                 }
                 /* Before the next poll: a completion's write is looked up by its cookie,
                  * whose object only after_event frees. */
