@@ -548,6 +548,7 @@ static const ConfigItem items[] = {
         { "Wal", "Sync", p_wal_sync, C(wal_sync) },
         { "Wal", "CompactSize", p_size, C(wal_compact_bytes) },
         { "Gpu", "CopyKernel", p_copy_kernel, C(gpu_copy_kernel) },
+        { "Gpu", "MergeGroups", p_unsigned, C(gpu_merge_groups) },
         { "Metrics", "Listen", p_metrics_listen, C(metrics_listen) },
         { "Pool", "Priority", p_priority, PL(policy.priority) },
         { "Pool", "DefaultDeadline", p_duration, PL(policy.default_deadline) },
@@ -631,6 +632,7 @@ int config_defaults(Config *c) {
                 .wal_sync = 1, /* batch: group commit */
                 .wal_compact_bytes = 64ULL << 20,
                 .gpu_copy_kernel = 1, /* small: scattered pages through the batched copy kernel */
+                .gpu_merge_groups = 4,
         };
         SchedConfig sc;
         sched_config_defaults(&sc);
@@ -840,6 +842,8 @@ static void check_complete(ParseState *s) {
                 perr(s, "[Limits] AttachGrace= must be at least 1s (restored objects need time to be attached)");
         if (c->peer_streams > 16)
                 perr(s, "[Cluster] DataStreams=%u: expected 1 to 16", c->peer_streams);
+        if (c->gpu_merge_groups > 16)
+                perr(s, "[Gpu] MergeGroups=%u: expected 1 to 16", c->gpu_merge_groups);
         if (c->peer_slice_size < 4096 || c->peer_slice_size > 16 * 1024 * 1024)
                 perr(s, "[Cluster] SliceSize=%llu: expected 4K to 16M", (unsigned long long)c->peer_slice_size);
         if (c->etcd_endpoints && (!c->listen_address || !c->cluster_key_file))

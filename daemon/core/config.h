@@ -86,6 +86,7 @@ typedef struct Config {
         uint64_t wal_compact_bytes; /* compact when the log grows past this */
         /* [Gpu] (docs/gpu.md) */
         int gpu_copy_kernel;     /* GpuCopyKernelPolicy: never, small (default), always */
+        unsigned gpu_merge_groups; /* a local GPU handoff's queued groups a batch (1: none merged) */
         /* [Metrics] (docs/telemetry.md#prometheus): HOST:PORT of the HTTP endpoint, NULL: off */
         char *metrics_listen;
         /* [Pool:NAME] (docs/scheduler.md), by TaskType */
