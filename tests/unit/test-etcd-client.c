@@ -88,12 +88,12 @@ static void *canned_main(void *userdata) {
         return NULL;
 }
 
-static void canned_start(Canned *c, const char *answer) {
+/* A loopback listener on a free port, its URL in c->url. */
+static void listen_loopback(Canned *c) {
         struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
         socklen_t len = sizeof a;
 
         memset(c, 0, sizeof *c);
-        c->answer = answer;
         c->held = -1;
         c->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         ck_assert_int_ge(c->fd, 0);
@@ -101,22 +101,18 @@ static void canned_start(Canned *c, const char *answer) {
         ck_assert_int_eq(listen(c->fd, 8), 0);
         ck_assert_int_eq(getsockname(c->fd, (struct sockaddr *)&a, &len), 0);
         snprintf(c->url, sizeof c->url, "http://127.0.0.1:%u", ntohs(a.sin_port));
+}
+
+static void canned_start(Canned *c, const char *answer) {
+        listen_loopback(c);
+        c->answer = answer;
         ck_assert_int_eq(pthread_create(&c->thread, NULL, canned_main, c), 0);
 }
 
 /* An endpoint that hangs: the kernel completes the connection and takes the request,
  * nothing ever reads or answers it. */
 static void hung_start(Canned *c) {
-        struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        socklen_t len = sizeof a;
-
-        memset(c, 0, sizeof *c);
-        c->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        ck_assert_int_ge(c->fd, 0);
-        ck_assert_int_eq(bind(c->fd, (struct sockaddr *)&a, sizeof a), 0);
-        ck_assert_int_eq(listen(c->fd, 8), 0);
-        ck_assert_int_eq(getsockname(c->fd, (struct sockaddr *)&a, &len), 0);
-        snprintf(c->url, sizeof c->url, "http://127.0.0.1:%u", ntohs(a.sin_port));
+        listen_loopback(c);
 }
 
 static void canned_stop(Canned *c) {
