@@ -898,6 +898,7 @@ int manager_reload(Manager *m) {
         m->config.heartbeat_usec = n.heartbeat_usec;
         m->config.handoff_timeout_usec = n.handoff_timeout_usec;
         m->config.feature_cache_bytes = n.feature_cache_bytes;
+        m->config.gpu_merge_groups = n.gpu_merge_groups; /* read at each handoff_pump() */
         /* Read by the handoff window and the scheduler's path pressure, not only by
          * telemetry (whose reload took its own copy above). */
         m->config.telemetry.backpressure = n.telemetry.backpressure;

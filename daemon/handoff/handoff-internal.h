@@ -102,7 +102,7 @@ _Static_assert((1U << COOKIE_GROUP_BITS) >= HANDOFF_GROUPS_MAX, "cookie group bi
 /* The writes of one group, as planned (handoff_plan_group). */
 /* The most layer groups of a local GPU handoff posted in one batch (handoff_pump(),
  * [Gpu] MergeGroups= up to this): the CUDA transport completes a batch once per cookie
- * for up to 16 cookies (daemon/transport/cuda.c, COOKIES_MERGED). */
+ * for only so many cookies (past that, thousands of completions again). */
 #define HANDOFF_GPU_MERGE_MAX 16
 /* A local GPU handoff's batches on the GPU at once: one copying, one queued behind it. */
 #define HANDOFF_GPU_BATCHES 2

@@ -10,6 +10,9 @@
 #include "copy.h"
 #include "gpu/gpu-domain.h"
 #include "transport/cuda.h"
+
+_Static_assert(HANDOFF_GPU_MERGE_MAX <= CUDA_COOKIES_MERGED,
+               "a merged batch's groups complete once each (handoff_pump(), batch_complete())");
 #include "transport/local.h"
 #include "wal/wal.h"
 

@@ -185,8 +185,9 @@ static int post_group(HandoffObject *o, uint32_t g) {
  * (gpu_copy_segs_coalesce()), so queued sub-page groups move as fewer, larger copies —
  * a layer group of 256 KiB of every 2 MiB page is a descriptor and a GPU page-table
  * walk per 256 KiB; four of them together, per 1 MiB. Each group keeps its cookie and
- * lands when its own writes have (the transport completes a batch once per cookie).
- * Groups whose plans differ in shape go one after another in the batch instead. */
+ * its own completion (the transport completes a batch once per cookie), but they all
+ * land together, when the whole batch has: a group waits for the others' bytes. Groups
+ * whose plans differ in their count of writes go one after another in the batch. */
 static int post_gpu_groups(HandoffObject *o, uint32_t first, uint32_t k) {
         HandoffManager *hm = o->hm;
         Handoff *h = o->h;
@@ -217,8 +218,6 @@ static int post_gpu_groups(HandoffObject *o, uint32_t first, uint32_t k) {
                 r = c[m].w ? handoff_plan_group(&o->layouts[g], src, o->dst_offsets, o->n_pages, 0,
                                                 handoff_plan_collect, &c[m])
                            : -ENOMEM;
-                if (r >= 0 && c[m].n == 0)
-                        r = -EINVAL; /* a group moves something */
                 total += c[m].n;
                 same = same && c[m].n == c[0].n;
         }

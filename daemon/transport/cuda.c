@@ -164,10 +164,10 @@ static void batch_put(CudaTransport *c, CudaBatch *b) {
 /* The completions of a finished batch: one per cookie (a handoff's group posts thousands
  * of writes under one; several groups posted together interleave theirs page by page),
  * writes counted and bytes summed, in the order each cookie first appears. Up to
- * COOKIES_MERGED distinct cookies are merged at once; past that the ones gathered so
- * far go out and gathering starts over (a cookie may then have several completions,
- * whose writes add up). */
-#define COOKIES_MERGED 16
+ * CUDA_COOKIES_MERGED distinct cookies are merged at once; past that the ones gathered
+ * so far go out and gathering starts over (with more cookies alternating, a completion
+ * per run: their writes still add up). */
+#define COOKIES_MERGED CUDA_COOKIES_MERGED
 
 static void ready_push(CudaTransport *c, size_t *at, const TransportCompletion *t) {
         c->ready[*at] = *t;

@@ -21,6 +21,10 @@ typedef struct GpuSystem GpuSystem;
 /* The GPU arena whose mapping starts at device_base, or NULL. */
 typedef GpuArena *(*CudaArenaLookup)(void *userdata, uint64_t device_base);
 
+/* A finished batch completes once per cookie (however the cookies alternate) for up to
+ * this many distinct cookies; past that, once per run of equal cookies. */
+#define CUDA_COOKIES_MERGED 16
+
 int cuda_transport_new(GpuSystem *system, CudaArenaLookup lookup, void *userdata, Transport **ret);
 /* The engine under the transport (for its stats and kernel-batching policy). */
 GpuCopyEngine *cuda_transport_engine(Transport *t);

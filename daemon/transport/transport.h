@@ -80,8 +80,8 @@ typedef struct TransportCompletion {
         uint64_t cookie;
         int error; /* 0 or negative errno */
         uint32_t writes; /* how many writes it completes: 1, or more where the transport
-                          * merged consecutive writes of one batch with the same cookie
-                          * (the CUDA transport: a batch of thousands, one completion);
+                          * merged writes of one batch with the same cookie (the CUDA
+                          * transport: a batch of thousands, one completion per cookie);
                           * bytes is then their sum and error theirs */
         uint64_t bytes;
 } TransportCompletion;

@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -677,37 +678,72 @@ static void setup_slow_copies(void) {
         copy_delay_ms = "0";
 }
 
-/* Layer groups reported ready while the handoff has a batch copying and one queued
- * behind it (each copy takes 400 ms here) wait, then go as one batch, their pieces of a
- * page next to each other (fewer, larger copies); each group still lands on its own, in
- * order, with exact bytes. On a real GPU copies are fast: groups may or may not queue
- * up, and only the bytes and the counts are checked. */
-START_TEST(test_queued_groups_go_together) {
-        epd_client *p = worker("prefill"), *d = worker("decode");
+/* Layer groups of uneven sizes (2, 2, 1 and 3 of the 8 layers). */
+static const uint32_t groups_uneven[4] = { 2, 2, 1, 3 };
+
+static bool log_has(void *userdata) {
+        char buf[65536];
+        FILE *f = fopen(h.log, "re");
+        if (!f)
+                return false;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        return strstr(buf, userdata) != NULL;
+}
+
+/* One handoff gpu0 -> gpu1 of the uneven groups: Prepare with `ready` groups computed,
+ * the rest reported ready at once; checks every layer's bytes at the end; returns the
+ * batches and merged groups it took. */
+static void queued_handoff(epd_client *p, epd_client *d, uint32_t id, uint32_t ready, bool check_queue,
+                           uint64_t *ret_batches, uint64_t *ret_merged) {
         uint64_t src[N_PAGES];
         char *seq = make_sequence(p, "gpu0", N_PAGES, src);
         Mem ms = map_arena(p, "gpu0"), md = map_arena(d, "gpu1");
-        fill_pages(&ms, src, N_PAGES, 9);
+        fill_pages(&ms, src, N_PAGES, id);
         uint64_t batches0 = counter(p, "batches"), merged0 = counter(p, "merged-groups");
         char *path = NULL;
         uint64_t token = 0;
-        epd_handoff_options o = { .arena = "gpu1" };
-        ck_assert_int_eq(epd_handoff_prepare(p, rid(40), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        epd_handoff_options o = { .arena = "gpu1", .ready = ready };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(id), NULL, seq, groups_uneven, 4, &o, &path, &token), 0);
         epd_handoff_accepted acc;
-        ck_assert_int_eq(epd_handoff_accept(d, rid(40), &acc), 0);
-        for (uint32_t g = 0; g < 4; g++)
+        ck_assert_int_eq(epd_handoff_accept(d, rid(id), &acc), 0);
+        for (uint32_t g = ready; g < 4; g++)
                 ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
-        if (fake) {
-                /* Group 0 copying, group 1 queued behind it; 2 and 3 wait. */
+        if (check_queue) {
+                /* Group 0 copying, group 1 queued behind it; 2 and 3 wait (the copies
+                 * take 400 ms: the calls above took a few). */
                 epd_handoff_status s;
                 ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
                 ck_assert_uint_eq(s.groups_done, 0);
                 ck_assert_uint_eq(counter(p, "batches") - batches0, 2);
         }
-        uint64_t b = counter(p, "batches") - batches0;
-        landed_commit_release(p, d, &md, &acc, path, 9); /* frees path */
-        b = counter(p, "batches") - batches0;
-        uint64_t merged = counter(p, "merged-groups") - merged0;
+        landed_commit_release(p, d, &md, &acc, path, id); /* every layer exact; frees path */
+        *ret_batches = counter(p, "batches") - batches0;
+        *ret_merged = counter(p, "merged-groups") - merged0;
+        ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
+        release_sequence(p, seq);
+        ck_assert_uint_eq(arena_live(p, "gpu0"), 0);
+        ck_assert_uint_eq(arena_live(p, "gpu1"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        free(seq);
+        unmap_arena(&ms);
+        unmap_arena(&md);
+}
+
+/* Layer groups that queue up on a local GPU handoff: with a batch copying and one queued
+ * behind it (each copy takes 400 ms here), groups reported ready beyond that wait, then
+ * go as one batch with their pieces of each page next to each other (fewer, larger
+ * copies); groups computed already at Prepare go together at once; [Gpu] MergeGroups=1
+ * (reloaded) sends every group alone. Every group lands with exact bytes, uneven group
+ * sizes included (a group's writes taken for another's would be caught: the bytes
+ * landed are counted per group). On a real GPU copies are fast: groups may or may not
+ * queue up, and only bytes and counts are checked. */
+START_TEST(test_queued_groups_go_together) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        uint64_t b, merged;
+
+        queued_handoff(p, d, 40, 0, fake, &b, &merged);
         if (fake) {
                 ck_assert_uint_eq(b, 3); /* group 0, group 1, then 2 and 3 together */
                 ck_assert_uint_eq(merged, 2);
@@ -715,15 +751,21 @@ START_TEST(test_queued_groups_go_together) {
                 ck_assert_uint_le(b, 4);
                 ck_assert_uint_eq(b + merged - (merged ? 1 : 0), 4);
         }
-        ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
-        release_sequence(p, seq);
-        ck_assert_uint_eq(arena_live(p, "gpu0"), 0);
-        ck_assert_uint_eq(arena_live(p, "gpu1"), 0);
-        ck_assert_uint_eq(counter(p, "live"), 0);
         printf("4 groups ready at once: %" PRIu64 " batches, %" PRIu64 " groups merged, exact bytes\n", b, merged);
-        free(seq);
-        unmap_arena(&ms);
-        unmap_arena(&md);
+
+        queued_handoff(p, d, 41, 4, false, &b, &merged); /* all computed at Prepare */
+        ck_assert_uint_eq(b, 1);
+        ck_assert_uint_eq(merged, 4);
+
+        FILE *f = fopen(h.config, "ae");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[Gpu]\nMergeGroups=1\n");
+        fclose(f);
+        ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
+        ck_assert(harness_wait_for(log_has, (void *)"Configuration reloaded", 5000));
+        queued_handoff(p, d, 42, 4, false, &b, &merged);
+        ck_assert_uint_eq(b, 4);
+        ck_assert_uint_eq(merged, 0);
         epd_disconnect(p);
         epd_disconnect(d);
 }
