@@ -217,6 +217,10 @@ def pump(a, b):
             b.sendall(d)
     except OSError:
         pass
+    try:
+        b.shutdown(socket.SHUT_WR)  # the other side's end goes on: nothing held open
+    except OSError:
+        pass
 def serve(c):
     if frozen.is_set():
         return  # accepted and held: never answered
