@@ -445,7 +445,11 @@ static int rec_apply(WorkflowManager *wm, Rec *r, Prep *p) {
                 w->n_branches = MAX(w->n_branches, bi + 1);
                 break;
         case WORKFLOW_REC_FORK:
-                if (!w || !branch_get(w, r->a) || !p->tokens) {
+                if (!p->tokens) {
+                        k = -EINVAL; /* not prepared (rec_prepare() makes the copy) */
+                        break;
+                }
+                if (!w || !branch_get(w, r->a)) {
                         k = -ENOENT;
                         break;
                 }
@@ -553,7 +557,9 @@ int workflow_apply_record(WorkflowManager *wm, const void *record, size_t len) {
 
 /* Journal, then apply. The record is decoded and prepared (every allocation its
  * applying needs made) before the journal, so that nothing but a consistency bug can
- * fail after it. */
+ * fail after it. A prepared Create's workflow is in the map, without branches, until it
+ * applies: the journal's append only queues the record (no snapshot or iteration of
+ * the workflows happens inside it), so nothing sees it half made. */
 static int commit(WorkflowManager *wm, Buf *b) {
         Prep p = {};
         Rec r;

@@ -2708,7 +2708,10 @@ END_TEST
  * memory) was replayed first, and the acknowledged one was skipped as a duplicate. */
 START_TEST(test_refused_fork_journals_nothing) {
         ck_assert_int_eq(harness_init(&h, NULL), 0);
-        write_arenas("[Arena:host0]\nSize=2M\nUsage=kv\n[Arena:feat0]\nSize=16M\nUsage=feature\nPageSize=64K\n");
+        /* No compaction before the kill: a snapshot from memory would hide the log's
+         * content this is about. */
+        write_arenas("[Wal]\nCompactSize=64M\n[Arena:host0]\nSize=2M\nUsage=kv\n[Arena:feat0]\nSize=16M\n"
+                     "Usage=feature\nPageSize=64K\n");
         open_notify();
         ev_fresh_state();
         enum { N_TOKENS = 1237 }; /* the parent's tokens, 4948 bytes: asked for by nothing else then */
