@@ -180,6 +180,38 @@ START_TEST(test_failed_kernels_give_their_slots_back) {
 }
 END_TEST
 
+/* Posts f->w (N writes, cookies base .. base + k - 1) and collects every completion:
+ * per cookie, its writes and bytes; checks each is error-free and, while 16 or fewer
+ * cookies alternate, that they come once each in the order each first appears. Returns
+ * how many completions came. */
+static size_t post_and_collect(Fixture *f, uint64_t base, unsigned k, uint64_t *writes, uint64_t *bytes) {
+        size_t seen = 0, completions = 0;
+        TransportCompletion c[64];
+
+        ck_assert_int_eq(f->t->ops->post(f->t, NULL, f->w, N), 0);
+        while (seen < N) {
+                struct pollfd p = { .fd = f->t->ops->completion_fd(f->t), .events = POLLIN };
+                size_t m = f->t->ops->poll(f->t, c, ELEMENTSOF(c));
+                for (size_t i = 0; i < m; i++) {
+                        ck_assert_int_eq(c[i].error, 0);
+                        ck_assert_uint_ge(c[i].cookie, base);
+                        ck_assert_uint_lt(c[i].cookie, base + k);
+                        if (k <= 16)
+                                ck_assert_uint_eq(c[i].cookie, base + completions); /* first appearance */
+                        writes[c[i].cookie - base] += c[i].writes;
+                        bytes[c[i].cookie - base] += c[i].bytes;
+                        seen += c[i].writes;
+                        completions++;
+                }
+                if (m == 0)
+                        ck_assert_int_eq(poll(&p, 1, 5000), 1);
+        }
+        ck_assert_uint_eq(seen, N);
+        if (k <= 16)
+                ck_assert_uint_eq(completions, k); /* the batch completes once, each cookie once */
+        return completions;
+}
+
 /* Several groups' writes interleaved page by page in one batch (a handoff posting the
  * layer groups that queued up behind its earlier ones): one completion per cookie, its
  * writes and bytes summed, in the order each cookie first appears (the handoff counts
@@ -193,40 +225,16 @@ START_TEST(test_interleaved_cookies_complete_once_each) {
         static const unsigned kinds[] = { 3, 16, 20 };
         for (size_t q = 0; q < ELEMENTSOF(kinds); q++) {
                 unsigned k = kinds[q];
+                uint64_t writes[20] = {}, bytes[20] = {};
                 for (int i = 0; i < N; i++)
                         f.w[i].cookie = 1000 + (uint64_t)(i % (int)k);
                 memset(f.dst, 0, (size_t)N * PIECE);
-                ck_assert_int_eq(f.t->ops->post(f.t, NULL, f.w, N), 0);
-                uint64_t writes[20] = {}, bytes[20] = {};
-                size_t seen = 0, completions = 0;
-                TransportCompletion c[64];
-                while (seen < N) {
-                        struct pollfd p = { .fd = f.t->ops->completion_fd(f.t), .events = POLLIN };
-                        size_t m = f.t->ops->poll(f.t, c, ELEMENTSOF(c));
-                        for (size_t i = 0; i < m; i++) {
-                                ck_assert_int_eq(c[i].error, 0);
-                                ck_assert_uint_ge(c[i].cookie, 1000);
-                                ck_assert_uint_lt(c[i].cookie, 1000 + k);
-                                if (k <= 16)
-                                        ck_assert_uint_eq(c[i].cookie, 1000 + completions); /* first appearance */
-                                writes[c[i].cookie - 1000] += c[i].writes;
-                                bytes[c[i].cookie - 1000] += c[i].bytes;
-                                seen += c[i].writes;
-                                completions++;
-                        }
-                        if (m == 0)
-                                ck_assert_int_eq(poll(&p, 1, 5000), 1);
-                }
-                ck_assert_uint_eq(seen, N);
+                post_and_collect(&f, 1000, k, writes, bytes);
                 for (unsigned j = 0; j < k; j++) {
                         uint64_t want = N / k + (j < N % k ? 1 : 0);
                         ck_assert_uint_eq(writes[j], want);
                         ck_assert_uint_eq(bytes[j], want * PIECE);
                 }
-                /* The batch goes in 6 parts, each completing on its own: a cookie once
-                 * per part at most while 16 or fewer alternate. */
-                if (k <= 16)
-                        ck_assert_uint_eq(completions, k);
                 for (int i = 0; i < N; i++)
                         ck_assert_int_eq(
                                 memcmp(f.dst + (size_t)(N - 1 - i) * PIECE, f.src + (size_t)i * PIECE, PIECE), 0);
@@ -238,28 +246,13 @@ START_TEST(test_interleaved_cookies_complete_once_each) {
                 f.w[i] = (TransportWrite) { .src_region = 1, .src_offset = (uint64_t)i * PIECE, .dst_region = 2,
                                             .dst_offset = (uint64_t)i * PIECE, .length = PIECE,
                                             .cookie = 2000 + (uint64_t)(i % 4) };
-        uint64_t segments = gpu_copy_engine_stats(f.e)->segments;
+        uint64_t segments = gpu_copy_engine_stats(f.e)->segments, writes[4] = {}, bytes[4] = {};
         memset(f.dst, 0, (size_t)N * PIECE);
-        ck_assert_int_eq(f.t->ops->post(f.t, NULL, f.w, N), 0);
-        uint64_t writes[4] = {};
-        size_t seen = 0, completions = 0;
-        TransportCompletion c[64];
-        while (seen < N) {
-                struct pollfd p = { .fd = f.t->ops->completion_fd(f.t), .events = POLLIN };
-                size_t m = f.t->ops->poll(f.t, c, ELEMENTSOF(c));
-                for (size_t i = 0; i < m; i++) {
-                        ck_assert_uint_eq(c[i].cookie, 2000 + completions);
-                        ck_assert_uint_eq(c[i].bytes, (uint64_t)c[i].writes * PIECE);
-                        writes[c[i].cookie - 2000] += c[i].writes;
-                        seen += c[i].writes;
-                        completions++;
-                }
-                if (m == 0)
-                        ck_assert_int_eq(poll(&p, 1, 5000), 1);
-        }
-        ck_assert_uint_eq(completions, 4);
-        for (int j = 0; j < 4; j++)
+        post_and_collect(&f, 2000, 4, writes, bytes);
+        for (int j = 0; j < 4; j++) {
                 ck_assert_uint_eq(writes[j], N / 4);
+                ck_assert_uint_eq(bytes[j], (uint64_t)N / 4 * PIECE);
+        }
         /* Coalesced within each part (a part's edges may cut a run): far fewer copies. */
         ck_assert_uint_lt(gpu_copy_engine_stats(f.e)->segments - segments, N / 2);
         ck_assert_int_eq(memcmp(f.dst, f.src, (size_t)N * PIECE), 0);
