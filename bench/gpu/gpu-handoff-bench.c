@@ -10,8 +10,9 @@
  *                 mappings, in the prefill worker
  *   layer groups  the same with 8 layer groups: each group is 256 KiB of every page,
  *                 scattered with a 2 MiB stride, under [Gpu] CopyKernel=small (the
- *                 batched copy kernel) and =never (copy engines, cuMemcpyBatchAsync
- *                 where the driver has it)
+ *                 batched copy kernel; groups that queue up go 4 to a batch) and again
+ *                 with MergeGroups=1 (every group alone), and =never (copy engines,
+ *                 cuMemcpyBatchAsync where the driver has it)
  *   gpu <-> host  to and from a host arena (pinned by epdd) vs raw cuMemcpyDtoHAsync /
  *                 HtoDAsync with a cuMemAllocHost buffer
  *   CoW           a clone of a sequence in a GPU arena, one page written: exactly that
@@ -475,7 +476,8 @@ static void prefill_main(const char *address, int fd, int rows_fd, const Case *c
 
 /* ---- the daemon ---- */
 
-static pid_t start_epdd(const char *epdd, const char *dir, const char *policy, char *address, size_t n) {
+static pid_t start_epdd(const char *epdd, const char *dir, const char *policy, unsigned merge, char *address,
+                        size_t n) {
         char config[512], socket_path[400], log[512];
         snprintf(socket_path, sizeof socket_path, "%s/bus", dir);
         snprintf(config, sizeof config, "%s/epd.conf", dir);
@@ -486,11 +488,11 @@ static pid_t start_epdd(const char *epdd, const char *dir, const char *policy, c
         fprintf(f,
                 "[Daemon]\nSocket=%s\nSystemBus=no\nStateDirectory=%s/state\nLogLevel=warning\nHostId=bench\n"
                 "[Cluster]\nHandoffTimeout=120s\n"
-                "[Gpu]\nCopyKernel=%s\n"
+                "[Gpu]\nCopyKernel=%s\nMergeGroups=%u\n"
                 "[Arena:gpu0]\nDomain=gpu\nGpu=0\nSize=%" PRIu64 "\n"
                 "[Arena:gpu1]\nDomain=gpu\nGpu=0\nSize=%" PRIu64 "\n"
                 "[Arena:host0]\nSize=%" PRIu64 "\n",
-                socket_path, dir, policy, S + SH + 64 * MiB, S + SH + 64 * MiB, 2 * SH + 64 * MiB);
+                socket_path, dir, policy, merge, S + SH + 64 * MiB, S + SH + 64 * MiB, 2 * SH + 64 * MiB);
         if (n_gpus > 1)
                 fprintf(f, "[Arena:gpu2]\nDomain=gpu\nGpu=1\nSize=%" PRIu64 "\n", S + 64 * MiB);
         fclose(f);
@@ -539,15 +541,16 @@ static int wait_child(pid_t pid) {
         return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-/* One daemon, one policy: its cases; rows come back through rows_fd. */
-static bool run(const char *epdd, const char *dir, const char *policy, const char *tag, const Case *cases,
-                size_t n_cases, bool cow, int rows_fd) {
+/* One daemon, one policy ([Gpu] CopyKernel= and MergeGroups=): its cases; rows come back
+ * through rows_fd. */
+static bool run(const char *epdd, const char *dir, const char *policy, unsigned merge, const char *tag,
+                const Case *cases, size_t n_cases, bool cow, int rows_fd) {
         char address[512];
         const char *arenas[] = { "gpu0", "gpu1", "host0", "gpu2" };
         size_t n_arenas = n_gpus > 1 ? 4 : 3;
         int sp[2];
         fflush(stdout); /* nothing buffered may be printed again by a child */
-        pid_t epd = start_epdd(epdd, dir, policy, address, sizeof address);
+        pid_t epd = start_epdd(epdd, dir, policy, merge, address, sizeof address);
         REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0, "socketpair");
         pid_t d = fork();
         if (d == 0) {
@@ -610,8 +613,12 @@ int main(int argc, char **argv) {
         printf("GPUs: %d; handoffs of %" PRIu64 " MiB (GPU) and %" PRIu64 " MiB (host), 2 MiB pages\n", n_gpus,
                S >> 20, SH >> 20);
 
-        bool ok = run(epdd, dir, "small", " (CopyKernel=small)", small, ELEMENTSOF(small) - (n_gpus > 1 ? 0 : 1), true, rows[1]);
-        ok = run(epdd, dir, "never", " (CopyKernel=never)", never, 1, false, rows[1]) && ok;
+        bool ok = run(epdd, dir, "small", 4, " (CopyKernel=small)", small, ELEMENTSOF(small) - (n_gpus > 1 ? 0 : 1), true,
+                      rows[1]);
+        /* Every group alone, as before groups that queue up went together: the same run's
+         * comparison for the 8-group row. */
+        ok = run(epdd, dir, "small", 1, " (CopyKernel=small, MergeGroups=1)", never, 1, false, rows[1]) && ok;
+        ok = run(epdd, dir, "never", 4, " (CopyKernel=never)", never, 1, false, rows[1]) && ok;
         close(rows[1]);
 
         Row r[MAX_ROWS];

@@ -116,6 +116,6 @@ echo "== copy kernels alone (scattered chunks; ratio to a raw copy of the same 4
 grep -E '^raw|^STUDY' "$LOGS/kernel-study.log" 2>/dev/null | grep -E 'raw|pack.cu|64K cs U4|32K plain U8|bulk2 4x32K|copy engine'
 echo
 echo "== handoffs through epdd =="
-grep -E "^GPUs:|^CoW:|not measured" "$LOGS/handoff-bench.log"
+grep -E "^GPUs:|^CoW:|not measured|^timeline" "$LOGS/handoff-bench.log"
 sed -n '/^| benchmark/,$p' "$LOGS/handoff-bench.log"
 exit $rc
