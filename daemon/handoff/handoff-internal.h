@@ -99,7 +99,6 @@ typedef struct PeerWindow {
 #define COOKIE_GROUP_BITS 10
 _Static_assert((1U << COOKIE_GROUP_BITS) >= HANDOFF_GROUPS_MAX, "cookie group bits");
 
-/* The writes of one group, as planned (handoff_plan_group). */
 /* The most layer groups of a local GPU handoff posted in one batch (handoff_pump(),
  * [Gpu] MergeGroups= up to this): the CUDA transport completes a batch once per cookie
  * for only so many cookies (past that, thousands of completions again). */
@@ -107,6 +106,7 @@ _Static_assert((1U << COOKIE_GROUP_BITS) >= HANDOFF_GROUPS_MAX, "cookie group bi
 /* A local GPU handoff's batches on the GPU at once: one copying, one queued behind it. */
 #define HANDOFF_GPU_BATCHES 2
 
+/* The writes of one group, as planned (handoff_plan_group). */
 typedef struct PlanCtx {
         HandoffObject *o;
         uint32_t group;

@@ -10,11 +10,11 @@
 #include "copy.h"
 #include "gpu/gpu-domain.h"
 #include "transport/cuda.h"
+#include "transport/local.h"
+#include "wal/wal.h"
 
 _Static_assert(HANDOFF_GPU_MERGE_MAX <= CUDA_COOKIES_MERGED,
                "a merged batch's groups complete once each (handoff_pump(), batch_complete())");
-#include "transport/local.h"
-#include "wal/wal.h"
 
 /* The request's trace (daemon/telemetry/telemetry.h): every step of a handoff under its request id. */
 static void trace_fill(HandoffObject *o, TraceDetail *x) {

@@ -74,6 +74,31 @@ void handoff_send_message_when_durable(HandoffObject *o, HandoffMessage *m) {
         }
 }
 
+/* The byte offsets of the object's pages in its arena (freed by the caller), or NULL. */
+static uint64_t *page_offsets(HandoffObject *o) {
+        uint64_t *src = calloc(o->n_pages, sizeof *src);
+        if (src)
+                for (uint32_t i = 0; i < o->n_pages; i++)
+                        src[i] = page_offset(o->pool, o->pages[i]);
+        return src;
+}
+
+/* Plans group g's writes into *c (c->w the caller's to free, also on failure). The CUDA
+ * transport takes runs whole (slices only cut a copy-engine operation into several, each
+ * costing microseconds): at most a write per page and range, allocated once rather than
+ * grown (thousands of pages). */
+static int plan_group(HandoffObject *o, const uint64_t *src, uint32_t g, PlanCtx *c) {
+        *c = (PlanCtx) { .o = o, .group = g };
+        if (o->gpu) {
+                c->cap = MAX((size_t)o->n_pages * o->layouts[g].n_ranges, (size_t)1);
+                c->w = malloc(c->cap * sizeof *c->w);
+                if (!c->w)
+                        return -ENOMEM;
+        }
+        return handoff_plan_group(&o->layouts[g], src, o->dst_offsets, o->n_pages, o->gpu ? 0 : o->hm->slice_size,
+                                  handoff_plan_collect, c);
+}
+
 static int post_group(HandoffObject *o, uint32_t g) {
         HandoffManager *hm = o->hm;
         Handoff *h = o->h;
@@ -97,23 +122,11 @@ static int post_group(HandoffObject *o, uint32_t g) {
                 return -ENOTCONN;
         o->transport = t->ops->name;
 
-        _cleanup_(freep) uint64_t *src = calloc(o->n_pages, sizeof *src);
+        _cleanup_(freep) uint64_t *src = page_offsets(o);
         if (!src)
                 return -ENOMEM;
-        for (uint32_t i = 0; i < o->n_pages; i++)
-                src[i] = page_offset(o->pool, o->pages[i]);
-        PlanCtx c = { .o = o, .group = g };
-        /* The CUDA transport takes runs whole (slices only cut a copy-engine operation
-         * into several, each costing microseconds): at most a write per page and range,
-         * allocated once rather than grown (thousands of pages). */
-        if (o->gpu) {
-                c.cap = MAX((size_t)o->n_pages * o->layouts[g].n_ranges, (size_t)1);
-                c.w = malloc(c.cap * sizeof *c.w);
-                if (!c.w)
-                        return -ENOMEM;
-        }
-        r = handoff_plan_group(&o->layouts[g], src, o->dst_offsets, o->n_pages, o->gpu ? 0 : hm->slice_size,
-                               handoff_plan_collect, &c);
+        PlanCtx c;
+        r = plan_group(o, src, g, &c);
         if (r < 0) {
                 free(c.w);
                 return r;
@@ -203,21 +216,13 @@ static int post_gpu_groups(HandoffObject *o, uint32_t first, uint32_t k) {
         if (!t)
                 return -ENOTCONN;
         o->transport = t->ops->name;
-        src = calloc(o->n_pages, sizeof *src);
+        src = page_offsets(o);
         c = calloc(k, sizeof *c);
         ow = calloc(k, sizeof *ow);
         if (!src || !c || !ow)
                 return -ENOMEM;
-        for (uint32_t i = 0; i < o->n_pages; i++)
-                src[i] = page_offset(o->pool, o->pages[i]);
         for (uint32_t m = 0; m < k && r >= 0; m++) {
-                uint32_t g = first + m;
-                c[m] = (PlanCtx) { .o = o, .group = g,
-                                   .cap = MAX((size_t)o->n_pages * o->layouts[g].n_ranges, (size_t)1) };
-                c[m].w = malloc(c[m].cap * sizeof *c[m].w);
-                r = c[m].w ? handoff_plan_group(&o->layouts[g], src, o->dst_offsets, o->n_pages, 0,
-                                                handoff_plan_collect, &c[m])
-                           : -ENOMEM;
+                r = plan_group(o, src, first + m, &c[m]);
                 total += c[m].n;
                 same = same && c[m].n == c[0].n;
         }

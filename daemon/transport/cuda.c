@@ -167,8 +167,6 @@ static void batch_put(CudaTransport *c, CudaBatch *b) {
  * CUDA_COOKIES_MERGED distinct cookies are merged at once; past that the ones gathered
  * so far go out and gathering starts over (with more cookies alternating, a completion
  * per run: their writes still add up). */
-#define COOKIES_MERGED CUDA_COOKIES_MERGED
-
 static void ready_push(CudaTransport *c, size_t *at, const TransportCompletion *t) {
         c->ready[*at] = *t;
         if (++*at == c->ready_cap)
@@ -177,7 +175,7 @@ static void ready_push(CudaTransport *c, size_t *at, const TransportCompletion *
 }
 
 static void batch_complete(CudaTransport *c, CudaBatch *b) {
-        TransportCompletion m[COOKIES_MERGED];
+        TransportCompletion m[CUDA_COOKIES_MERGED];
         size_t n_m = 0, last = 0;
         /* Thousands of writes per batch: no division per entry. */
         size_t at = c->ready_head + c->n_ready;
@@ -193,7 +191,7 @@ static void batch_complete(CudaTransport *c, CudaBatch *b) {
                         if (m[q].cookie == b->cookies[j] && (uint64_t)m[q].writes + (k - j) <= UINT32_MAX)
                                 i = q;
                 if (i == n_m) {
-                        if (n_m == COOKIES_MERGED) {
+                        if (n_m == CUDA_COOKIES_MERGED) {
                                 for (size_t q = 0; q < n_m; q++)
                                         ready_push(c, &at, &m[q]);
                                 n_m = i = 0;
