@@ -120,19 +120,16 @@ static int build_desc(epd_client *c, const epd_feature_tensor *tensors, size_t n
         return r < 0 ? epd__error(c, r, NULL) : 0;
 }
 
-/* A reply the daemon made with a handle that cannot be used here (malformed, a placement
- * outside the arena): the handle is given back, not left held until the connection
- * goes; the error stays the one that made it unusable. */
+/* A handle that cannot be used (a reply malformed or placed outside the arena, a Publish
+ * that could not be sent): given back, not left held until the connection goes; the
+ * error stays the one that made it unusable. */
 static int drop_unusable(epd_client *c, epd_feature *f, int r) {
-        if (f->handle[0]) {
-                char name[sizeof c->error_name], message[sizeof c->error_message];
-                memcpy(name, c->error_name, sizeof name);
-                memcpy(message, c->error_message, sizeof message);
-                (void)epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Release", NULL, "s", f->handle);
-                memcpy(c->error_name, name, sizeof name);
-                memcpy(c->error_message, message, sizeof message);
-        }
-        free(f);
+        char name[sizeof c->error_name], message[sizeof c->error_message];
+        memcpy(name, c->error_name, sizeof name);
+        memcpy(message, c->error_message, sizeof message);
+        (void)epd_feature_release(c, f); /* Release when it has a handle; frees f */
+        memcpy(c->error_name, name, sizeof name);
+        memcpy(c->error_message, message, sizeof message);
         return r;
 }
 
@@ -259,13 +256,7 @@ int epd_feature_publish_release(epd_client *c, epd_feature *f, uint64_t encode_u
         if (r < 0) {
                 /* Nothing was sent: give the handle back (the producer's release fails the
                  * feature), keeping the send's error for the caller. */
-                char name[sizeof c->error_name], message[sizeof c->error_message];
-                memcpy(name, c->error_name, sizeof name);
-                memcpy(message, c->error_message, sizeof message);
-                (void)epd_feature_release(c, f);
-                memcpy(c->error_name, name, sizeof name);
-                memcpy(c->error_message, message, sizeof message);
-                return r;
+                return drop_unusable(c, f, r);
         }
         r = epd__call_nowait(c, FEATURE_PATH, FEATURE_IFACE, "Release", "s", f->handle);
         if (r < 0) {

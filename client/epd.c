@@ -208,12 +208,9 @@ int epd_flush(epd_client *c, uint64_t timeout_usec) {
                 if (c->nowait_pending == 0)
                         break;
                 now = now_usec(CLOCK_MONOTONIC);
-                if (now >= until) {
-                        epd__error(c, -ETIMEDOUT, NULL);
-                        snprintf(c->error_message, sizeof c->error_message,
-                                 "%u call(s) sent without waiting are not answered yet", c->nowait_pending);
-                        return -ETIMEDOUT; /* the name and message just set */
-                }
+                if (now >= until)
+                        return epd__fail(c, -ETIMEDOUT, "%u call(s) sent without waiting are not answered yet",
+                                         c->nowait_pending);
                 r = sd_bus_wait(c->bus, until == UINT64_MAX ? UINT64_MAX : until - now);
                 /* A signal caught meanwhile is not an answer: wait on until the deadline
                  * (what flush reports is a refusal, a timeout or 0). A wait without one

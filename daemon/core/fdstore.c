@@ -99,11 +99,6 @@ void fdstore_refuse(FdStore *s) {
 }
 
 void fdstore_drop(FdStore *s, const char *name) {
-        for (size_t i = 0; s && i < s->n; i++)
-                if (s->shared[i] && same_name(s, i, name)) {
-                        s->shared[i] = false;
-                        s->again[i] = safe_close(s->again[i]);
-                }
         if (fdstore_name_valid(name))
                 (void)fdstore_remove(name);
 }

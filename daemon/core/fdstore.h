@@ -38,8 +38,8 @@ int fdstore_take(FdStore *s, const char *name);
 /* The fd fdstore_take() gave last was refused (not that arena's memory): it is not
  * stored again. */
 void fdstore_refuse(FdStore *s);
-/* The fd taken under name was refused (not that arena's memory): systemd is asked to
- * forget the name, every copy, and nothing of it is stored again. */
+/* Every copy taken under name was refused (fdstore_refuse() after each): systemd is
+ * asked to forget the name, every copy. */
 void fdstore_drop(FdStore *s, const char *name);
 /* Closes what nobody took (and asks systemd to forget those names). */
 FdStore *fdstore_free(FdStore *s);

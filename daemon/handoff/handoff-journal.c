@@ -170,28 +170,20 @@ static int on_journal_grace(sd_event_source *s, uint64_t usec, void *userdata) {
         HandoffJournalEntry *e;
         unsigned n = 0;
         size_t it = 0, k = 0;
-        /* Collected in one pass, then released (a rescan after each was quadratic); with
-         * no memory for the list, one at a time, the scan started over. */
+        /* Collected in one pass, then released (a rescan after each was quadratic). */
         _cleanup_(freep) HandoffJournalEntry **v = calloc(MAX(handoff_journal_size(&hm->journal), (size_t)1),
                                                            sizeof *v);
-        for (;;) {
-                if (v) {
-                        if (!handoff_journal_iterate(&hm->journal, &it, &e))
-                                break;
-                        if (e->recovered)
-                                v[k++] = e;
+        while (handoff_journal_iterate(&hm->journal, &it, &e)) {
+                if (!e->recovered)
+                        continue;
+                if (!v) {
+                        /* No memory for the list: one at a time, the scan started over. */
+                        journal_grace_release(hm, e);
+                        n++;
+                        it = 0;
                         continue;
                 }
-                bool found = false;
-                for (it = 0; handoff_journal_iterate(&hm->journal, &it, &e);)
-                        if (e->recovered) {
-                                found = true;
-                                break;
-                        }
-                if (!found)
-                        break;
-                journal_grace_release(hm, e);
-                n++;
+                v[k++] = e;
         }
         for (size_t i = 0; i < k; i++) {
                 journal_grace_release(hm, v[i]);

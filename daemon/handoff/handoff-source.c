@@ -312,7 +312,7 @@ void handoff_pump(HandoffObject *o) {
                 uint32_t k;
                 while (o->gpu_batches < HANDOFF_GPU_BATCHES && (k = handoff_ready_unposted(o->h, &g)) > 0) {
                         uint32_t m = MIN(MIN(k, (uint32_t)HANDOFF_GPU_MERGE_MAX),
-                                         MAX(o->hm->manager->config.gpu_merge_groups, 1U));
+                                         o->hm->manager->config.gpu_merge_groups); /* 1 to 16 */
                         int r = m > 1 ? post_gpu_groups(o, g, m) : post_group(o, g);
                         if (r < 0) {
                                 log_warning_errno(r, "handoff %s: cannot ship groups %" PRIu32 "-%" PRIu32 ": %m",

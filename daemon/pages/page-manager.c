@@ -524,18 +524,21 @@ static void replayed_drop(PageManager *pm, Sequence *s) {
 /* A PUT of the replay that applies (skipped false) or not: one that does not drops what
  * an earlier PUT of that id restored (it is no longer the sequence's state) and is
  * remembered for its DEL (replay_skipped_journal()). */
-static int replay_note(PageManager *pm, const char *id_str, bool skipped) {
-        char *k = pm->replay_skipped ? hashmap_remove(pm->replay_skipped, id_str) : NULL;
+static int replay_note(PageManager *pm, const EpdId *id, const char *id_str, bool skipped) {
+        EpdId *k = pm->replay_skipped ? hashmap_remove(pm->replay_skipped, id->bytes) : NULL;
         free(k);
         if (!skipped)
                 return 0;
         Sequence *s = hashmap_get(pm->sequences, id_str);
         if (s)
                 replayed_drop(pm, s);
-        if (!pm->replay_skipped && !(pm->replay_skipped = hashmap_new(HASHMAP_KEY_STRING, 0)))
+        if (!pm->replay_skipped && !(pm->replay_skipped = hashmap_new(HASHMAP_KEY_BYTES, sizeof id->bytes)))
                 return -ENOMEM;
-        k = strdup(id_str);
-        if (!k || hashmap_put(pm->replay_skipped, k, k) < 0) {
+        k = malloc(sizeof *k);
+        if (!k)
+                return -ENOMEM;
+        *k = *id;
+        if (hashmap_put(pm->replay_skipped, k->bytes, k) < 0) {
                 free(k);
                 return -ENOMEM;
         }
@@ -543,7 +546,7 @@ static int replay_note(PageManager *pm, const char *id_str, bool skipped) {
 }
 
 static void replay_skipped_free(PageManager *pm) {
-        char *k;
+        EpdId *k;
         size_t it = 0;
         while (pm->replay_skipped && hashmap_iterate(pm->replay_skipped, &it, (void **)&k, NULL))
                 free(k);
@@ -552,17 +555,16 @@ static void replay_skipped_free(PageManager *pm) {
 
 /* After the replay: a DEL for each sequence whose PUT did not apply. */
 static void replay_skipped_journal(PageManager *pm) {
-        char *k;
+        EpdId *k;
         size_t it = 0, n = 0;
         while (pm->replay_skipped && hashmap_iterate(pm->replay_skipped, &it, (void **)&k, NULL)) {
-                EpdId id;
-                if (epd_id_from_string(k, &id) < 0)
-                        continue;
-                int r = wal_manager_append(pm->manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_DEL, id.bytes,
-                                           sizeof id.bytes);
-                if (r < 0 && r != -ENOTCONN)
-                        log_warning_errno(r, "Sequence %s: cannot journal that the replay dropped it: %m", k);
-                else
+                int r = wal_manager_append(pm->manager, WAL_RECORD_SEQUENCE + SEQUENCE_REC_DEL, k->bytes,
+                                           sizeof k->bytes);
+                if (r < 0 && r != -ENOTCONN) {
+                        char s[EPD_ID_STRING_MAX];
+                        log_warning_errno(r, "Sequence %s: cannot journal that the replay dropped it: %m",
+                                          epd_id_to_string(k, s));
+                } else
                         n++;
         }
         if (n > 0)
@@ -587,7 +589,7 @@ int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payloa
                 if (r < 0)
                         return r;
                 epd_id_to_string(&id, id_str);
-                (void)replay_note(pm, id_str, false); /* its DEL is in the log already */
+                (void)replay_note(pm, &id, id_str, false); /* its DEL is in the log already */
                 s = hashmap_get(pm->sequences, id_str);
                 if (!s)
                         return -ENOENT;
@@ -606,7 +608,7 @@ int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payloa
         r = apply_put(pm, &rec, id_str);
         if (r == -ENOMEM)
                 return r; /* the start fails: nothing is dropped for want of memory */
-        int k = replay_note(pm, id_str, r < 0);
+        int k = replay_note(pm, &rec.id, id_str, r < 0);
         return k < 0 ? k : r;
 }
 

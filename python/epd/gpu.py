@@ -153,15 +153,10 @@ class GpuArena(_lib.Closing):
         self._torch_base = None  # the whole arena as one torch uint8 tensor, once asked for
         self._typed = {}  # the same by dtype name (typed())
 
-    @property
-    def _m(self):
-        """The mapping's handle while this arena is open (None after close())."""
-        return self._map.m if self._map is not None else None
-
     def page_table(self, pages: Seq[int], page_size: int, stream: int = 0) -> "PageTable":
         """The page table of these pages (page ids of this arena) for the KV copies. It
         keeps the mapping alive while it lives; close() of the arena closes it first."""
-        if self._m is None:
+        if self._map is None:
             raise ValueError(f"GPU arena {self.name} is unmapped")
         base = self.device_pointer + self.data_offset
         n = (self.size - self.data_offset) // page_size if page_size > 0 else 0
@@ -182,7 +177,7 @@ class GpuArena(_lib.Closing):
             n *= int(s)
         if offset < 0 or n < 0 or offset + n > self.size:
             raise ValueError(f"range {offset}+{n} outside GPU arena {self.name} of {self.size} bytes")
-        if self._m is None:
+        if self._map is None:
             raise ValueError(f"GPU arena {self.name} is unmapped")
         return CudaView(self._map, self.device_pointer + offset, shape, dtype)
 
