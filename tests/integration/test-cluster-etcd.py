@@ -586,7 +586,6 @@ def test_hang(cl):
     mark = len(sig.lines)
     relay.freeze()
     relay_w.freeze()
-    t0 = time.monotonic()
     # Its lease never lapses: the keepalive gives the hung endpoint a third of the TTL and
     # goes on to the next within the lease's life, so nobody sees h0 leave or come back.
     time.sleep(LEASE_TTL_S * 2 + 1)

@@ -682,14 +682,7 @@ static void setup_slow_copies(void) {
 static const uint32_t groups_uneven[4] = { 2, 2, 1, 3 };
 
 static bool log_has(void *userdata) {
-        char buf[65536];
-        FILE *f = fopen(h.log, "re");
-        if (!f)
-                return false;
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[n] = 0;
-        return strstr(buf, userdata) != NULL;
+        return harness_log_has(&h, userdata);
 }
 
 /* One handoff gpu0 -> gpu1 of the uneven groups: Prepare with `ready` groups computed,

@@ -105,9 +105,6 @@ static void tcp_pair(int *a, int *b) {
         close(l);
 }
 
-/* The exported counters never go down: a connection untracked keeps counting with its
- * last values (the live sum over tracked connections drops, which Prometheus would take
- * for a counter reset). Needs the kernel telemetry. */
 /* Whether GetPeers lists the peer. */
 static bool peer_known(sd_bus *bus, const char *peer) {
         sd_bus_message *reply = NULL;
@@ -135,6 +132,9 @@ static void on_made_up_level(epd_client *c, const char *peer, unsigned level, co
                 made_up_level[k] = level;
 }
 
+/* The exported counters never go down: a connection untracked keeps counting with its
+ * last values (the live sum over tracked connections drops, which Prometheus would take
+ * for a counter reset). Needs the kernel telemetry. */
 START_TEST(test_totals_survive_untrack) {
         sd_bus *bus;
         epd_client *c;
