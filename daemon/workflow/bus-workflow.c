@@ -2,6 +2,7 @@
 /* org.epd1.Workflow at /org/epd1 (dbus/org.epd1.Workflow.xml): vtable glue only.
  * Workflows are named by their id (32 hex digits); branches by number. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -198,6 +199,12 @@ static int method_advance(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "Advance: the caller registered no KV layout, so the block size (tokens per "
                                      "page) that decides which pages are shared is unknown.");
+        if (caller && segments && caller->kv.tokens_per_block > WORKFLOW_MATCH_BLOCK_MAX)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                     "Advance: segments are matched in blocks of at most %u tokens; the caller's "
+                                     "KV layout has %" PRIu32 " tokens per page (ask for the shared prefix alone: "
+                                     "segments false).",
+                                     WORKFLOW_MATCH_BLOCK_MAX, caller->kv.tokens_per_block);
         r = workflow_advance(m->workflows, w, branch, tokens, n, segments, NULL, &a);
         if (r < 0)
                 return map_error(error, r, "Advance");

@@ -146,6 +146,26 @@ class WorkflowTest(unittest.TestCase):
             self.assertIn("no KV layout", str(e.exception))
             wf.release()
 
+    def test_advance_segments_block_limit_named(self):
+        """Segments are matched in blocks of at most 4096 tokens: a caller with larger
+        blocks that asks for them is refused with the limit and its block size named,
+        and the prefix alone is still served."""
+        big = epd.KvLayout(layers=1, tokens_per_block=8192, k_bytes_per_token=2, v_bytes_per_token=2)
+        with epd.Client(self.d.address) as c:
+            c.register("decode", "qwen3-vl-test", "cpu", kv=big)
+            root = epd.sequence.Sequence.create(c, "host0", 1)
+            wf = ew.Workflow.create(c, root.path, list(range(8192)), arena="host0")
+            root.release()
+            with self.assertRaises(epd.EpdError) as e:
+                wf.advance(0, list(range(8192)) + [7], segments=True)
+            self.assertEqual(e.exception.name, "org.epd1.Error.InvalidArgument")
+            self.assertIn("at most 4096 tokens", str(e.exception))
+            self.assertIn("8192 tokens per page", str(e.exception))
+            wf.advance(0, list(range(8192)) + [7])
+            wf.release()
+        free, total = self.free_pages()
+        self.assertEqual(free, total)
+
     def test_client_gone_releases(self):
         """A workflow and its branches go with the client that made them."""
         c = epd.Client(self.d.address)
