@@ -67,6 +67,8 @@ struct Scheduler {
         SchedWorker **workers[_SCHED_STAGE_MAX];
         size_t n_workers[_SCHED_STAGE_MAX];
         Pool pools[_TASK_TYPE_MAX];
+        usec_t soonest_end; /* soonest_end()'s walk, kept while no request comes or goes */
+        bool soonest_valid;
 };
 
 /* ---- names ---- */
@@ -454,6 +456,7 @@ static void request_finish(Scheduler *s, SchedRequest *r, FinishHow how, usec_t 
         } else
                 p->m.failed++;
         hashmap_remove(s->requests, r->id);
+        s->soonest_valid = false;
         if (r->owner && s->ops.finished)
                 s->ops.finished(s->ops.userdata, r->id, r->owner);
         request_free(r);
@@ -614,6 +617,24 @@ static void fill_decision(const SchedRequest *r, usec_t now, SchedDecision *d) {
                 d->worker[st] = r->stages[st].worker ? r->stages[st].worker->id : NULL;
 }
 
+/* When a slot among the outstanding requests is expected to open: the soonest predicted
+ * end of those admitted (0, then the least retry, when one is already past its end), so
+ * that the callers deferred by a full table come back when one can get in, not every
+ * RetryMin all together. One walk of the table while no request comes or goes (a full
+ * table defers every Admit: without it each would walk up to MaxRequests entries). */
+static usec_t soonest_end(Scheduler *s, usec_t now) {
+        if (!s->soonest_valid) {
+                usec_t soonest = USEC_INFINITY;
+                size_t it = 0;
+                void *v;
+                while (hashmap_iterate(s->requests, &it, &v, NULL))
+                        soonest = MIN(soonest, ((const SchedRequest *)v)->predicted_end);
+                s->soonest_end = soonest;
+                s->soonest_valid = true;
+        }
+        return s->soonest_end != USEC_INFINITY && s->soonest_end > now ? s->soonest_end - now : 0;
+}
+
 /* min_time: the least time the request needs once admitted (0: not known yet). */
 static int decide(Scheduler *s, TaskType t, SchedVerdict v, SchedReason reason, usec_t retry,
                   usec_t min_time, usec_t now, SchedDecision *d) {
@@ -675,6 +696,7 @@ static int admit(Scheduler *s, const char *request_id, TaskType t, int prio, con
                 free(r);
                 return k;
         }
+        s->soonest_valid = false; /* and the predicted ends pushed back below */
         for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
                 SchedWorker *w = best[st].w;
                 StageRef *ref = &r->stages[st];
@@ -737,7 +759,7 @@ int sched_admit(Scheduler *s, const char *request_id, TaskType t, usec_t deadlin
         if (p->queue >= pp->queue_max)
                 return decide(s, t, SCHED_REJECT, SCHED_REASON_QUEUE_FULL, 0, 0, now, ret);
         if (hashmap_size(s->requests) >= s->config.max_requests)
-                return decide(s, t, SCHED_DEFER, SCHED_REASON_TOO_MANY, s->config.retry_min, 0, now, ret);
+                return decide(s, t, SCHED_DEFER, SCHED_REASON_TOO_MANY, soonest_end(s, now), 0, now, ret);
         pool_update_throttle(s, t);
         if (p->throttled) {
                 double rate = rate_get(&p->completions, now, s->config.rate_window);

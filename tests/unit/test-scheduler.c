@@ -105,6 +105,38 @@ START_TEST(test_refused_spam_is_no_load) {
 }
 END_TEST
 
+START_TEST(test_too_many_retry_at_soonest_end) {
+        /* A full table defers with the time until its soonest request is predicted to
+         * end, not with the least retry (every deferred caller back at once, again and
+         * again); once one is past its predicted end, the least retry. */
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision a, b, d;
+        usec_t now = 1000 * SEC;
+        c.max_requests = 2;
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p", SCHED_STAGE_PREFILL, 8, 0, 0);
+        add(s, "d", SCHED_STAGE_DECODE, 8, 0, 1000);
+        ck_assert_int_eq(sched_admit(s, "r0", TASK_INTERACTIVE, 0, NULL, now, &a), 0);
+        ck_assert_int_eq(a.verdict, SCHED_ADMIT);
+        ck_assert_int_eq(sched_admit(s, "r1", TASK_INTERACTIVE, 0, NULL, now + 20 * MS, &b), 0);
+        ck_assert_int_eq(b.verdict, SCHED_ADMIT);
+        usec_t soonest = MIN(a.predicted, b.predicted + 20 * MS);
+        ck_assert_uint_gt(soonest, 2 * c.retry_min);
+        ck_assert_int_eq(sched_admit(s, "r2", TASK_INTERACTIVE, 0, NULL, now + 30 * MS, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_DEFER);
+        ck_assert_int_eq(d.reason, SCHED_REASON_TOO_MANY);
+        ck_assert_uint_eq(d.retry_after, CLAMP(soonest - 30 * MS, c.retry_min, c.retry_max));
+        /* Both past their predicted ends: the least retry. */
+        usec_t late = now + 20 * MS + MAX(a.predicted, b.predicted) + MS;
+        ck_assert_int_eq(sched_admit(s, "r3", TASK_INTERACTIVE, late + 60 * SEC, NULL, late, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_DEFER);
+        ck_assert_int_eq(d.reason, SCHED_REASON_TOO_MANY);
+        ck_assert_uint_eq(d.retry_after, c.retry_min);
+        sched_free(s);
+}
+END_TEST
+
 START_TEST(test_basic_flow) {
         SchedConfig c = test_config();
         Scheduler *s;
@@ -900,6 +932,7 @@ int main(void) {
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_names_config);
         tcase_add_test(tc, test_basic_flow);
+        tcase_add_test(tc, test_too_many_retry_at_soonest_end);
         tcase_add_test(tc, test_refused_spam_is_no_load);
         tcase_add_test(tc, test_late_request_not_protected);
         tcase_add_test(tc, test_estimates_recover_and_saturate);
