@@ -141,7 +141,12 @@ static int method_complete(sd_bus_message *msg, void *userdata, sd_bus_error *er
         if (scheduler_request_owner(m, request_id, &owner) >= 0 && owner && owner != c && c->uid != 0) {
                 const char *assigned = sched_request_stage_worker(m->scheduler, request_id, st);
                 Worker *w = client_get_worker(c);
-                if (!assigned || !w || strcmp(assigned, w->id_str) != 0)
+                /* A stage already reported (its worker repeating itself) or never needed
+                 * is not outstanding, whoever asks. */
+                if (!assigned)
+                        return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No outstanding %s stage of request %s.",
+                                             stage, request_id);
+                if (!w || strcmp(assigned, w->id_str) != 0)
                         return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
                                              "Request %s was admitted by another client and its %s stage "
                                              "was not given to this worker.", request_id, stage);

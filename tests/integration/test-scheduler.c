@@ -587,6 +587,67 @@ START_TEST(test_stage_worker_not_root) {
 }
 END_TEST
 
+/* A stage reported once is no longer outstanding: its worker (not root, not the
+ * admitting client) repeating the report is told NotFound, not that the stage "was not
+ * given to this worker", and the request waits for its decode as before. */
+START_TEST(test_stage_repeat_not_outstanding) {
+        if (geteuid() != 0) {
+                printf("SKIP: not root, cannot run a worker as another uid\n");
+                return;
+        }
+        harness_let_others_in(&h);
+        int ready[2], go[2], result[2];
+        ck_assert_int_eq(pipe(ready), 0);
+        ck_assert_int_eq(pipe(go), 0);
+        ck_assert_int_eq(pipe(result), 0);
+        pid_t pid = harness_fork_as(65534);
+        if (pid == 0) {
+                char names[2][200] = { "", "" }, c = 0;
+                epd_client *w;
+                if (epd_connect(address, &w) < 0 || epd_register(w, "prefill", "m", "cpu", NULL, NULL) < 0)
+                        _exit(3);
+                if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
+                        _exit(4);
+                for (int i = 0; i < 2; i++)
+                        if (epd_complete(w, "s2", "prefill", 1000, true) < 0)
+                                snprintf(names[i], sizeof names[i], "%s %s", epd_last_error_name(w),
+                                         epd_last_error_message(w));
+                if (write(result[1], names, sizeof names) != (ssize_t)sizeof names)
+                        _exit(5);
+                epd_disconnect(w);
+                _exit(0);
+        }
+        char c = 0, names[2][200];
+        ck_assert_int_eq(read(ready[0], &c, 1), 1);
+        epd_client *d, *tool;
+        epd_admission a;
+        ck_assert_int_eq(epd_connect(address, &d), 0);
+        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_configure_worker(d, 64, 0, 1000), 0);
+        ck_assert_int_eq(epd_connect(address, &tool), 0);
+        ck_assert_int_eq(epd_admit(tool, "s2", "interactive", 3600ULL * 1000000, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        ck_assert_int_eq(write(go[1], &c, 1), 1);
+        ck_assert_int_eq(read(result[0], names, sizeof names), (ssize_t)sizeof names);
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the uid 65534 worker failed (%d)", status);
+        ck_assert_str_eq(names[0], "");
+        ck_assert_msg(strncmp(names[1], "org.epd1.Error.NotFound No outstanding prefill stage", 52) == 0, "%s",
+                      names[1]);
+        ck_assert_uint_eq(outstanding(), 1);
+        ck_assert_int_eq(epd_complete(d, "s2", "decode", 1000, true), 0);
+        ck_assert_uint_eq(outstanding(), 0);
+        for (int i = 0; i < 2; i++) {
+                close(ready[i]);
+                close(go[i]);
+                close(result[i]);
+        }
+        epd_disconnect(tool);
+        epd_disconnect(d);
+}
+END_TEST
+
 /* A refused ConfigureWorker changes nothing: not Host (the decode worker would sit
  * behind a peer that is down, and every pair with it be blocked), not Pools. */
 START_TEST(test_configure_refused_changes_nothing) {
@@ -668,6 +729,7 @@ int main(void) {
         tcase_set_timeout(to, 60);
         tcase_add_test(to, test_requests_belong_to_their_client);
         tcase_add_test(to, test_stage_worker_not_root);
+        tcase_add_test(to, test_stage_repeat_not_outstanding);
         suite_add_tcase(s, to);
         TCase *tp = tcase_create("pool-config");
         tcase_set_timeout(tp, 60);
