@@ -135,8 +135,12 @@ static void binding_release(ClientObject *o) {
         /* The client is gone: so is its workflow (journaled like an explicit Release). */
         workflows_set_call(m, &(WorkflowCall){ .m = m });
         int r = workflow_release(m->workflows, w);
-        if (r < 0)
-                log_warning_errno(r, "Cannot release workflow %s of a departed client: %m", w->id_str);
+        if (r < 0) {
+                log_warning_errno(r, "Cannot journal the release of workflow %s of a departed client (%m): "
+                                  "released in memory; a restart brings it back until its attach grace ends.",
+                                  w->id_str);
+                workflow_forget(m->workflows, w);
+        }
 }
 
 int workflows_bind(Manager *m, Workflow *w, Client *c) {
@@ -212,10 +216,12 @@ static void workflows_grace_ends(void *userdata) {
         for (size_t i = 0; i < n; i++) {
                 workflows_set_call(m, &(WorkflowCall){ .m = m });
                 int r = workflow_release(m->workflows, v[i]);
-                if (r < 0)
-                        log_warning_errno(r, "Cannot release workflow %s that nobody attached: %m", v[i]->id_str);
-                else
-                        k++;
+                if (r < 0) {
+                        log_warning_errno(r, "Cannot journal the release of workflow %s that nobody attached "
+                                          "(%m): released in memory; a restart brings it back.", v[i]->id_str);
+                        workflow_forget(m->workflows, v[i]);
+                }
+                k++;
         }
         if (k > 0)
                 log_info("%zu workflows restored at start were not attached in time and were released.", k);

@@ -821,6 +821,20 @@ int workflow_release(WorkflowManager *wm, Workflow *w) {
         return 0;
 }
 
+void workflow_forget(WorkflowManager *wm, Workflow *w) {
+        EpdId heads[WORKFLOW_BRANCHES_MAX];
+        size_t n = 0;
+
+        for (uint32_t i = 0; i < w->n_branches; i++)
+                if (w->branches[i].alive)
+                        heads[n++] = w->branches[i].head;
+        wm->heads_fresh = false;
+        hashmap_remove(wm->workflows, w->id_str);
+        workflow_free_one(w);
+        for (size_t i = 0; i < n; i++)
+                release_seq(wm, &heads[i]);
+}
+
 int workflow_snapshot(WorkflowManager *wm, int (*add)(void *userdata, const void *record, size_t len),
                       void *userdata) {
         Workflow *w;

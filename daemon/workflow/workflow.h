@@ -130,6 +130,13 @@ int workflow_merge(WorkflowManager *wm, Workflow *w, uint32_t from, uint32_t int
 int workflow_drop(WorkflowManager *wm, Workflow *w, uint32_t branch);
 /* Releases every sequence and forgets the workflow (journaled). */
 int workflow_release(WorkflowManager *wm, Workflow *w);
+/* The same in memory when the journal refused workflow_release()'s record and nobody
+ * is left to retry it (its client is gone, or the attach grace ended): the heads go
+ * (each sequence's release journaled or, refused too, its pages quarantined) and so
+ * does the workflow, which a restart brings back ownerless (no Release record) to go
+ * at the end of that start's attach grace. Kept, it would hold its pages and its slot
+ * of the daemon's limit until a restart. */
+void workflow_forget(WorkflowManager *wm, Workflow *w);
 
 /* Applies one journaled record (replay). -EBADMSG for a malformed record (its sequence
  * part included: nothing of it is applied); records that do not fit the state (a fork

@@ -835,6 +835,51 @@ START_TEST(test_refused_record_not_acknowledged) {
 }
 END_TEST
 
+static bool no_workflows(void *userdata) {
+        (void)userdata;
+        sd_bus *bus;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        uint32_t n = UINT32_MAX;
+        if (harness_raw_bus(&h, &bus) < 0)
+                return false;
+        int r = sd_bus_get_property_trivial(bus, harness_destination(&h), "/org/epd1", "org.epd1.Workflow", "Count",
+                                            &e, 'u', &n);
+        sd_bus_error_free(&e);
+        sd_bus_flush_close_unref(bus);
+        return r >= 0 && n == 0;
+}
+
+/* A client with a workflow goes while the journal refuses records: the release of its
+ * workflow cannot be journaled, and the workflow goes all the same (it stayed, ownerless,
+ * holding its heads' pages and its slot of the limit, until a restart). */
+START_TEST(test_departed_workflow_goes_when_journal_refuses) {
+        epd_client *c = worker("prefill", NULL, NULL);
+        char *a = NULL, *wf = NULL, *head = NULL, *fork_head = NULL;
+        uint32_t tokens[32], branch;
+        for (uint32_t i = 0; i < 32; i++)
+                tokens[i] = i;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 2, &a, NULL, NULL), 0);
+        ck_assert_msg(epd_workflow_create(c, a, tokens, 32, &wf, &head) == 0, "%s", epd_last_error_message(c));
+        ck_assert_int_eq(epd_workflow_fork(c, wf, 0, &branch, &fork_head), 0);
+        ck_assert(!no_workflows(NULL));
+        int r = 0;
+        for (int i = 0; i < 100 && r == 0; i++) {
+                char *b = NULL;
+                r = epd_sequence_create(c, "host0", 1, &b, NULL, NULL);
+                if (r == 0)
+                        r = epd_sequence_release(c, b);
+                free(b);
+        }
+        ck_assert_msg(r < 0, "the journal never refused a record (its disk is full from LSN 40)");
+        epd_disconnect(c);
+        ck_assert_msg(harness_wait_for(no_workflows, NULL, 5000), "the departed client's workflow stayed");
+        free(a);
+        free(wf);
+        free(head);
+        free(fork_head);
+}
+END_TEST
+
 /* The journal's (policy, last LSN, synced LSN, appended, syncs, log bytes, compactions,
  * cut) from org.epd1.Workflow.Journal: log bytes and compactions here. */
 static void wal_size(sd_bus *bus, uint64_t *ret_bytes, uint64_t *ret_compactions) {
@@ -914,6 +959,7 @@ int main(void) {
         tcase_add_checked_fixture(tc4, setup_disk_full, teardown);
         tcase_set_timeout(tc4, 60);
         tcase_add_test(tc4, test_refused_record_not_acknowledged);
+        tcase_add_test(tc4, test_departed_workflow_goes_when_journal_refuses);
         suite_add_tcase(s, tc4);
 
         TCase *tc5 = tcase_create("compaction-fails");

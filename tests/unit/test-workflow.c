@@ -282,6 +282,45 @@ START_TEST(test_missing_pages_and_journal_failure) {
 }
 END_TEST
 
+/* A release the journal refuses, with nobody left to retry it (the client gone): the
+ * workflow goes from memory all the same and its heads with it, so that neither its
+ * pages nor its slot of the limit stay until a restart; the heads of dropped branches
+ * are not released twice, and no record is written. */
+START_TEST(test_forget_when_release_refused) {
+        Store s;
+        store_init(&s);
+        WorkflowOps ops = ops_for(&s);
+        WorkflowManager *wm;
+        ck_assert_int_eq(workflow_manager_new(&ops, 1, &wm), 0);
+        SeqModel *root = store_add(&s, 2);
+        uint32_t *t = toks(32, 5);
+        Workflow *w;
+        uint32_t b1, b2;
+        ck_assert_int_eq(workflow_create(wm, &root->id, t, 32, 0, &w), 0);
+        ck_assert_int_eq(workflow_fork(wm, w, 0, &b1), 0);
+        ck_assert_int_eq(workflow_fork(wm, w, 0, &b2), 0);
+        ck_assert_int_eq(workflow_drop(wm, w, b1), 0);
+        ck_assert(workflow_heads_on(wm, &w->branches[b2].head));
+        EpdId head = w->branches[b2].head;
+        unsigned releases = s.releases, held = hashmap_size(s.seqs);
+        s.fail_journal = true;
+        ck_assert_int_eq(workflow_release(wm, w), -EIO);
+        ck_assert_uint_eq(workflow_count(wm), 1);
+        workflow_forget(wm, w);
+        ck_assert_uint_eq(workflow_count(wm), 0);
+        ck_assert_uint_eq(s.releases, releases + 2); /* the two live heads, once each */
+        ck_assert_uint_eq(hashmap_size(s.seqs), held - 2);
+        ck_assert(!workflow_heads_on(wm, &head));
+        /* Its slot is free: the limit (1 here) lets another in once the journal takes it. */
+        s.fail_journal = false;
+        ck_assert_int_eq(workflow_create(wm, &root->id, t, 32, 0, &w), 0);
+        ck_assert_int_eq(workflow_release(wm, w), 0);
+        workflow_manager_free(wm);
+        store_done(&s);
+        free(t);
+}
+END_TEST
+
 static void assert_same(WorkflowManager *a, WorkflowManager *b) {
         ck_assert_uint_eq(workflow_count(a), workflow_count(b));
         size_t it = 0;
@@ -607,6 +646,7 @@ int main(void) {
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_lifecycle);
         tcase_add_test(tc, test_missing_pages_and_journal_failure);
+        tcase_add_test(tc, test_forget_when_release_refused);
         tcase_add_test(tc, test_wal_replay_model);
         tcase_add_test(tc, test_cut_after_every_record);
         tcase_add_test(tc, test_heads_on_many);
