@@ -192,6 +192,17 @@ static int session_register(Session *s, uint64_t *ret_lease, char *err, size_t n
         return r;
 }
 
+/* The session's probe client: freed (when replaced) and published under the lock, so
+ * that cluster_etcd_stop() can wake a probe in progress. */
+static void probe_set(Session *s, EtcdClient *p) {
+        ClusterManager *cm = s->cm;
+        pthread_mutex_lock(&cm->lock);
+        EtcdClient *old = s->probe;
+        s->probe = cm->probe = p;
+        pthread_mutex_unlock(&cm->lock);
+        etcd_client_free(old);
+}
+
 /* The watch may follow an endpoint the session does not use (each fails over on its
  * own), where the session's keepalives cannot find it hung: that endpoint is asked for
  * its status within min(ms, a keepalive's attempt), on a client of its own kept while
@@ -204,10 +215,12 @@ static void watch_endpoint_check(Session *s, long ms) {
         if (w < 0 || (size_t)w == etcd_client_current(s->c) || w == s->abandoned)
                 return; /* not streaming, followed by the session too, or just ended */
         if (s->probe && s->probe_for != (size_t)w)
-                s->probe = etcd_client_free(s->probe);
+                probe_set(s, NULL);
         if (!s->probe) {
-                if (etcd_client_new_one(&s->probe, cm->watch_client, (size_t)w) < 0)
+                EtcdClient *p;
+                if (etcd_client_new_one(&p, cm->watch_client, (size_t)w) < 0)
                         return; /* out of memory: the next keepalive tries again */
+                probe_set(s, p);
                 s->probe_for = (size_t)w;
         }
         long attempt = MIN(keepalive_attempt_ms(cm->ttl_sec), ms);
@@ -239,6 +252,8 @@ static void *session_main(void *userdata) {
                 atomic_store(&cm->key_lost, false); /* this put is the one asked for */
                 usec_t refreshed = now_usec(CLOCK_MONOTONIC); /* the lease is no older than this */
                 int r = session_register(&s, &lease, err, sizeof err);
+                if (r < 0 && atomic_load(&cm->stop))
+                        break; /* ended by the stop (a lease granted meanwhile is revoked below) */
                 if (r < 0) {
                         lease = 0;
                         if (!err[0])
@@ -287,6 +302,8 @@ static void *session_main(void *userdata) {
                                 snprintf(err, sizeof err, "lease %" PRIx64 " expired in etcd; registering again", lease);
                                 r = -ENOENT;
                         }
+                        if (r < 0 && atomic_load(&cm->stop))
+                                break; /* ended by the stop: nothing to report */
                         if (r < 0) {
                                 if (!err[0])
                                         snprintf(err, sizeof err, "keepalive: %s", strerror(-r));
@@ -304,15 +321,20 @@ static void *session_main(void *userdata) {
                         watch_endpoint_check(&s, next > now ? (long)((next - now) / 1000) : 0);
                 }
         }
+        probe_set(&s, NULL);
         /* A clean stop revokes the lease: the others see this host leave at once
-         * instead of after the TTL. Best effort. */
-        if (lease) {
+         * instead of after the TTL. Best effort: on a client no longer cancelled (stop
+         * set session_cancel before stop, which ended the loop). */
+        atomic_store(&cm->session_cancel, false);
+        char *body = lease ? etcd_json_lease_id_request(lease) : NULL;
+        if (body) {
+                /* Half a second in all, first at the endpoint that answered last: with
+                 * every endpoint hung, half a second each would hold the stop longer. */
                 char *ans = NULL;
-                (void)etcd_client_call(c, "/v3/lease/revoke", etcd_json_lease_id_request(lease) ?: (char[]){ "{}" },
-                                       500, &ans, NULL, NULL, 0);
+                (void)etcd_client_call_within(c, "/v3/lease/revoke", body, 500, 500, &ans, NULL, NULL, 0);
                 free(ans);
+                free(body);
         }
-        etcd_client_free(s.probe);
         return NULL;
 }
 
@@ -611,9 +633,10 @@ int cluster_etcd_start(ClusterManager *cm) {
         r = sd_event_add_io(m->event, &cm->efd_source, cm->efd, EPOLLIN, efd_io, cm);
         if (r < 0)
                 return r;
-        /* The session's client is not cancelled by stop: it revokes the lease on the way
-         * out (its calls have timeouts); the watch's is, and is woken for it. */
-        cm->session_client = client_new(cm, &cm->never);
+        /* Both clients' calls end at stop (woken for it): a keepalive or a probe waiting
+         * on a hung endpoint would hold the stop up to nine tenths of the lease TTL. The
+         * session's flag is its own: cleared again for the lease revoke on the way out. */
+        cm->session_client = client_new(cm, &cm->session_cancel);
         cm->watch_client = client_new(cm, &cm->stop);
         if (!cm->session_client || !cm->watch_client)
                 return -ENOMEM;
@@ -631,10 +654,13 @@ int cluster_etcd_start(ClusterManager *cm) {
 }
 
 void cluster_etcd_stop(ClusterManager *cm) {
+        atomic_store(&cm->session_cancel, true);
         atomic_store(&cm->stop, true);
         pthread_mutex_lock(&cm->lock);
         pthread_cond_broadcast(&cm->cond);
+        etcd_client_wakeup(cm->probe);
         pthread_mutex_unlock(&cm->lock);
+        etcd_client_wakeup(cm->session_client);
         etcd_client_wakeup(cm->watch_client);
         if (cm->watch_started)
                 pthread_join(cm->watch_thread, NULL);

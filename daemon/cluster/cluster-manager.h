@@ -46,7 +46,9 @@ typedef struct ClusterManager {
 
         /* Threads and what they post. */
         atomic_bool stop;
-        atomic_bool never;       /* the session client's cancel flag: false until joined */
+        atomic_bool session_cancel; /* the session client's cancel flag: set with stop, cleared
+                                     * by the session thread for its lease revoke on the way out */
+        struct EtcdClient *probe; /* the session's probe client while it has one (lock) */
         atomic_bool key_lost;    /* this host's key is gone from etcd while its lease lives:
                                   * the session thread registers again */
         pthread_t session_thread, watch_thread;

@@ -616,6 +616,26 @@ def test_hang(cl):
     print(f"{cl.names[n - 1]} left the views of h0 and h1 {time.monotonic() - t0:.2f}s after kill -9, etcd reached "
           f"past the hung endpoints")
     sig.kill()
+    # A stop while etcd hangs (every endpoint) is not held up by a keepalive waiting on
+    # it: h1 again with a 6 s lease (keepalives every 2 s, each call given until 5.4 s
+    # after the last answered one), etcd stopped mid-keepalive, then SIGTERM: the call
+    # ends at once and only the lease revoke's half second is left.
+    cl.kill(1, signal.SIGTERM)
+    cl.extra[1] += "EtcdLeaseTTL=6s\n"
+    cl.start(1)
+    wait_until(lambda: (cl.cluster(1) or {}).get("etcd_state") == "up", 10, "h1 up again")
+    time.sleep(2.5)  # one keepalive answered since
+    os.kill(cl.etcd.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(2.5)  # the next keepalive began 0.5 to 2.5 s ago: 1.4 s or more of it left
+        t0 = time.monotonic()
+        cl.kill(1, signal.SIGTERM)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(cl.etcd.proc.pid, signal.SIGCONT)
+    print(f"h1 stopped {took:.2f}s after SIGTERM with etcd hung mid-keepalive")
+    assert cl.procs[1].returncode == 0, cl.procs[1].returncode
+    assert took < 1.2, f"h1 took {took:.2f}s to stop: a keepalive on the hung etcd held it"
 
 
 def test_faults(cl):
