@@ -27,11 +27,15 @@ static int read_info(epd_client *c, sd_bus_message *reply, epd_feature *f) {
         size_t bin_len;
         int r;
 
-        r = sd_bus_message_read(reply, "sssstt", &handle, &state, &error, &arena, &f->offset, &f->bytes);
+        /* The handle first and alone: a failure past it gives the handle back
+         * (drop_unusable()). */
+        r = sd_bus_message_read(reply, "s", &handle);
         if (r < 0)
                 return epd__error(c, r, NULL);
-        /* First: a failure past here gives the handle back (drop_unusable()). */
         copy_str(f->handle, sizeof f->handle, handle);
+        r = sd_bus_message_read(reply, "ssstt", &state, &error, &arena, &f->offset, &f->bytes);
+        if (r < 0)
+                return epd__error(c, r, NULL);
         r = sd_bus_message_read_array(reply, 'y', &bin, &bin_len);
         if (r >= 0)
                 r = sd_bus_message_read(reply, "s", &req);
@@ -141,13 +145,16 @@ int epd_feature_acquire(epd_client *c, const char *key, bool may_produce, epd_fe
 
         if (!c || !key || !ret || strlen(key) > EPD_FEATURE_KEY_MAX)
                 return epd__error(c, -EINVAL, NULL);
-        r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Acquire", &reply, "sb", key, (int)may_produce);
-        if (r < 0)
-                return r;
+        /* Before the call: no handle granted and then lost for want of memory. */
         f = calloc(1, sizeof *f);
         if (!f)
                 return epd__error(c, -ENOMEM, NULL);
         copy_str(f->key, sizeof f->key, key);
+        r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Acquire", &reply, "sb", key, (int)may_produce);
+        if (r < 0) {
+                free(f);
+                return r;
+        }
         r = sd_bus_message_read(reply, "s", &result);
         if (r >= 0) {
                 copy_str(f->result, sizeof f->result, result);
@@ -407,22 +414,24 @@ int epd_feature_pin(epd_client *c, const char *key, epd_feature **ret) {
 
         if (!c || !key || !ret || strlen(key) > EPD_FEATURE_KEY_MAX)
                 return epd__error(c, -EINVAL, NULL);
-        r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Pin", &reply, "s", key);
-        if (r < 0)
-                return r;
-        r = sd_bus_message_read(reply, "s", &handle);
-        if (r < 0)
-                return epd__error(c, r, NULL);
         f = calloc(1, sizeof *f);
         if (!f)
                 return epd__error(c, -ENOMEM, NULL);
         copy_str(f->key, sizeof f->key, key);
-        copy_str(f->handle, sizeof f->handle, handle);
-        r = epd_feature_refresh(c, f);
+        r = epd__call(c, FEATURE_PATH, FEATURE_IFACE, "Pin", &reply, "s", key);
+        if (r >= 0) {
+                r = sd_bus_message_read(reply, "s", &handle);
+                if (r < 0)
+                        r = epd__error(c, r, NULL);
+        }
         if (r < 0) {
-                epd_feature_release(c, f);
+                free(f);
                 return r;
         }
+        copy_str(f->handle, sizeof f->handle, handle);
+        r = epd_feature_refresh(c, f);
+        if (r < 0)
+                return drop_unusable(c, f, r); /* keeps Describe's error, not Release's */
         *ret = f;
         return 0;
 }

@@ -162,8 +162,7 @@ int manager_reader_require(Manager *m, sd_bus_message *msg, const char *what, bo
         return 0;
 }
 
-int client_object_link(Client *c, ClientObject *o, ClientObjectType type,
-                       void (*release)(ClientObject *o)) {
+int client_object_room(const Client *c) {
         unsigned total = 0;
         for (int i = 0; i < _CLIENT_OBJECT_TYPE_MAX; i++)
                 total += c->n_objects[i];
@@ -171,6 +170,14 @@ int client_object_link(Client *c, ClientObject *o, ClientObjectType type,
                 return -ESHUTDOWN;
         if (total >= c->manager->config.max_objects_per_client)
                 return -EDQUOT;
+        return 0;
+}
+
+int client_object_link(Client *c, ClientObject *o, ClientObjectType type,
+                       void (*release)(ClientObject *o)) {
+        int r = client_object_room(c);
+        if (r < 0)
+                return r;
         if (type == CLIENT_OBJECT_WORKER && c->n_objects[type] >= 1)
                 return -EALREADY;
         o->owner = c;

@@ -81,6 +81,10 @@ int manager_reader_require(Manager *m, sd_bus_message *msg, const char *what, bo
  * kinds, -EALREADY for a second worker registration. */
 int client_object_link(Client *c, ClientObject *o, ClientObjectType type,
                        void (*release)(ClientObject *o));
+/* Whether c may link one more object (0), or -EDQUOT / -ESHUTDOWN as client_object_link()
+ * would answer: asked before a call changes shared state for an object that would then
+ * be refused. */
+int client_object_room(const Client *c);
 void client_object_unlink(ClientObject *o);
 
 /* Releases all objects, then frees the client. */

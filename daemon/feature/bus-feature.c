@@ -386,6 +386,11 @@ static int acquire_for(Manager *m, sd_bus_message *msg, const char *key, bool ma
         int r = manager_require_worker(m, msg, ret_w, error);
         if (r < 0)
                 return r;
+        /* The handle the answer needs, asked for first: refused after the claim, a
+         * producer's claim would be given back (and its reservation, evictions done). */
+        r = client_object_room((*ret_w)->object.owner);
+        if (r < 0)
+                return client_error(r, error);
         r = feature_acquire(m->features, key, may_produce, now_usec(CLOCK_MONOTONIC), ret_ref, ret_res);
         if (r < 0)
                 return cache_error(r, key, error);
@@ -524,12 +529,17 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
                         return cache_error(r, key, error);
         } else {
                 FeatureRef *ref;
+                /* Before the reservation: it may evict cached features, and a key that
+                 * is announced has waiters that a refused handle would fail. */
+                r = client_object_room(w->object.owner);
+                if (r < 0)
+                        return client_error(r, error);
                 r = feature_reserve_in(m->features, key, bytes, w->arena_mask, &desc, &req, &ref, &issue);
                 if (r < 0)
                         return cache_error(r, key, error);
                 r = feature_handle_new(fm, w->object.owner, ref, &h);
                 if (r < 0) {
-                        feature_ref_release(ref); /* fails it: nobody waited yet */
+                        feature_ref_release(ref); /* out of memory only: room was asked above */
                         return client_error(r, error);
                 }
                 own = true;

@@ -48,6 +48,16 @@ static void setup(void) {
         harness_start(&h, OVER_BUS_MODE, address, sizeof address);
 }
 
+/* A client may hold two objects: a worker registration and one handle. */
+static void setup_bounded(void) {
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        FILE *f = fopen(h.config, "ae");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[Features]\nCacheSize=16M\n[Limits]\nMaxObjectsPerClient=2\n");
+        fclose(f);
+        harness_start(&h, OVER_BUS_MODE, address, sizeof address);
+}
+
 static void teardown(void) {
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         harness_done(&h);
@@ -1038,6 +1048,48 @@ START_TEST(test_ready_only_to_holders) {
 }
 END_TEST
 
+/* An encoder at its handle limit that claims an announced key is refused before anything
+ * changes: the prefill waiting for the key keeps waiting (it was failed, "producer
+ * gone"), and another encoder produces it. Through AcquireOrReserve and Reserve. */
+START_TEST(test_claim_at_handle_limit_keeps_waiters) {
+        epd_client *sched = worker("scheduler"), *full = worker("encoder"), *pre = worker("prefill");
+        const char *keys[] = { "lim:1" };
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(64, t, &bytes);
+        epd_feature *w, *held, *p, *refused = NULL;
+
+        ck_assert_int_eq(epd_feature_prefetch(sched, keys, 1), 0); /* announced */
+        ck_assert_int_eq(epd_feature_acquire(pre, "lim:1", false, &w), 0);
+        ck_assert_str_eq(w->result, "wait");
+        ck_assert_int_eq(epd_feature_reserve(full, "lim:other", bytes, t, n, NULL, &held), 0);
+        uint64_t reserved = stat_u64(NULL, "BytesReserved");
+        ck_assert_int_eq(epd_feature_acquire_or_reserve(full, "lim:1", bytes, t, n, NULL, &refused), -EDQUOT);
+        ck_assert_str_eq(epd_last_error_name(full), "org.epd1.Error.LimitExceeded");
+        ck_assert_int_eq(epd_feature_reserve(full, "lim:1", bytes, t, n, NULL, &refused), -EDQUOT);
+        ck_assert_str_eq(epd_last_error_name(full), "org.epd1.Error.LimitExceeded");
+        ck_assert_ptr_null(refused);
+        ck_assert_uint_eq(stat_u64(NULL, "BytesReserved"), reserved);
+        ck_assert_int_eq(epd_feature_refresh(pre, w), 0);
+        ck_assert_msg(strcmp(w->state, "failed") != 0, "the waiter was failed by a refused claim");
+
+        epd_client *enc = worker("encoder");
+        ck_assert_int_eq(epd_feature_reserve(enc, "lim:1", bytes, t, n, NULL, &p), 0);
+        fill(p->data, bytes, 3);
+        ck_assert_int_eq(epd_feature_publish(enc, p, 10), 0);
+        ck_assert_int_eq(epd_feature_wait(pre, w, 10 * 1000000ULL), 0);
+        ck_assert_str_eq(w->state, "ready");
+        ck_assert(same(w->data, bytes, 3));
+        ck_assert_int_eq(epd_feature_release(pre, w), 0);
+        ck_assert_int_eq(epd_feature_release(enc, p), 0);
+        ck_assert_int_eq(epd_feature_release(full, held), 0);
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+        epd_disconnect(full);
+        epd_disconnect(sched);
+}
+END_TEST
+
 int main(void) {
         harness_require_bus(OVER_BUS_MODE);
         Suite *s = suite_create("feature");
@@ -1059,5 +1111,10 @@ int main(void) {
         tcase_add_test(tc, test_wait_by_signal);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
+        TCase *tb = tcase_create("bounded");
+        tcase_add_checked_fixture(tb, setup_bounded, teardown);
+        tcase_set_timeout(tb, 60);
+        tcase_add_test(tb, test_claim_at_handle_limit_keeps_waiters);
+        suite_add_tcase(s, tb);
         return check_run(s, CK_FORK_GETENV);
 }
