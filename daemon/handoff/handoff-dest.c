@@ -621,6 +621,13 @@ int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequenc
                 return reason_set(why, -EBUSY, "Handoff %s: %" PRIu32 " of %" PRIu32 " layer groups arrived.",
                                      o->request_str, h->n_done, h->n_groups);
 
+        /* Its journal entry is where the commit's record goes: without one (a newer
+         * attempt of the request took it) the commit would be acknowledged unjournaled,
+         * and a crash would lose the decode sequence. Newer attempts roll older ones back
+         * (handoff_obj_new()), so this is a last guard. */
+        if (!handoff_journal_entry_of(o) && !m->stopping)
+                return reason_set(why, -ESTALE, "Handoff %s: a newer attempt of the request holds its journal entry.",
+                                  o->request_str);
         /* Build the decode sequence first: if it fails, nothing changed. Its record
          * goes into the commit's, so that the WAL has both or neither. */
         Sequence *s;
@@ -646,7 +653,7 @@ int handoff_manager_commit(HandoffObject *o, Client *c, const char **ret_sequenc
         if (r >= 0) {
                 rec.extra = put;
                 rec.extra_len = put_len;
-                r = handoff_journal_entry_of(o) ? handoff_journal_append(hm, &rec, NULL) : 0;
+                r = handoff_journal_append(hm, &rec, NULL);
         }
         if (r < 0) {
                 log_warning_errno(r, "handoff %s: cannot journal the commit: %m", o->request_str);

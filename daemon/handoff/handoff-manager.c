@@ -220,6 +220,20 @@ int handoff_obj_new(HandoffManager *hm, HandoffRole role, const EpdId *request_i
         Manager *m = hm->manager;
         if (hashmap_size(hm->by_handle) >= HANDOFF_MANAGER_MAX)
                 return -EDQUOT;
+        if (role == HANDOFF_DESTINATION) {
+                /* At most one live destination per request, whatever side prepared it (a
+                 * peer, another peer, this host): a newer token rolls the older attempt
+                 * back (its source is told), an older one is refused. Both would have
+                 * lived, the older deaf to its messages (the request map names one) and
+                 * committing without a journal entry (the journal keeps the newest). */
+                HandoffObject *old = hashmap_get(hm->destinations, request_id->bytes);
+                if (old && handoff_is_live(old->h)) {
+                        if (old->h->token >= token)
+                                return -ESTALE;
+                        (void)handoff_rollback(old->h, HANDOFF_CAUSE_REFUSED, false);
+                        handoff_after_event(old);
+                }
+        }
 
         HandoffObject *o = calloc(1, sizeof *o);
         if (!o)
