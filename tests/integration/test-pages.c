@@ -810,13 +810,9 @@ START_TEST(test_ready_requests_share_sync) {
 }
 END_TEST
 
-/* Once the journal refuses a record, nothing is acknowledged: a Release whose record
- * was refused fails (Failed, saying why) instead of answering success for a change that
- * a restart would undo. The disk fills up at LSN 40 (setup_disk_full). */
-START_TEST(test_refused_record_not_acknowledged) {
-        epd_client *c = worker("prefill", NULL, NULL);
-        char *a = NULL;
-        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &a, NULL, NULL), 0);
+/* Creates and releases sequences until the journal refuses one (its disk is full from
+ * LSN 40: setup_disk_full). */
+static void journal_until_refused(epd_client *c) {
         int r = 0;
         for (int i = 0; i < 100 && r == 0; i++) {
                 char *b = NULL;
@@ -826,9 +822,18 @@ START_TEST(test_refused_record_not_acknowledged) {
                 free(b);
         }
         ck_assert_msg(r < 0, "the journal never refused a record (its disk is full from LSN 40)");
+}
+
+/* Once the journal refuses a record, nothing is acknowledged: a Release whose record
+ * was refused fails (Failed, saying why) instead of answering success for a change that
+ * a restart would undo. The disk fills up at LSN 40 (setup_disk_full). */
+START_TEST(test_refused_record_not_acknowledged) {
+        epd_client *c = worker("prefill", NULL, NULL);
+        char *a = NULL;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 1, &a, NULL, NULL), 0);
+        journal_until_refused(c);
         ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
-        r = epd_sequence_release(c, a);
-        ck_assert_int_lt(r, 0);
+        ck_assert_int_lt(epd_sequence_release(c, a), 0);
         ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
         free(a);
         epd_disconnect(c);
@@ -862,15 +867,7 @@ START_TEST(test_departed_workflow_goes_when_journal_refuses) {
         ck_assert_msg(epd_workflow_create(c, a, tokens, 32, &wf, &head) == 0, "%s", epd_last_error_message(c));
         ck_assert_int_eq(epd_workflow_fork(c, wf, 0, &branch, &fork_head), 0);
         ck_assert(!no_workflows(NULL));
-        int r = 0;
-        for (int i = 0; i < 100 && r == 0; i++) {
-                char *b = NULL;
-                r = epd_sequence_create(c, "host0", 1, &b, NULL, NULL);
-                if (r == 0)
-                        r = epd_sequence_release(c, b);
-                free(b);
-        }
-        ck_assert_msg(r < 0, "the journal never refused a record (its disk is full from LSN 40)");
+        journal_until_refused(c);
         epd_disconnect(c);
         ck_assert_msg(harness_wait_for(no_workflows, NULL, 5000), "the departed client's workflow stayed");
         free(a);

@@ -527,6 +527,59 @@ bound:
 }
 END_TEST
 
+/* A worker of uid 65534 in a child: it registers (role), tells it is ready, waits for
+ * the word, reports Complete of request `rid` for each of `stages` in turn and sends
+ * back each one's error ("" when accepted; with the message when `message`). */
+typedef struct NobodyWorker {
+        pid_t pid;
+        int ready[2], go[2], result[2];
+} NobodyWorker;
+
+#define NOBODY_STAGES 2
+
+static void nobody_worker_start(NobodyWorker *n, const char *role, const char *rid,
+                                const char *const stages[NOBODY_STAGES], bool message) {
+        harness_let_others_in(&h);
+        ck_assert_int_eq(pipe(n->ready), 0);
+        ck_assert_int_eq(pipe(n->go), 0);
+        ck_assert_int_eq(pipe(n->result), 0);
+        n->pid = harness_fork_as(65534);
+        if (n->pid == 0) {
+                char names[NOBODY_STAGES][200] = { "", "" }, c = 0;
+                epd_client *w;
+                if (epd_connect(address, &w) < 0 || epd_register(w, role, "m", "cpu", NULL, NULL) < 0 ||
+                    (strcmp(role, "decode") == 0 && epd_configure_worker(w, 64, 0, 1000) < 0))
+                        _exit(3);
+                if (write(n->ready[1], &c, 1) != 1 || read(n->go[0], &c, 1) != 1)
+                        _exit(4);
+                for (int i = 0; i < NOBODY_STAGES; i++)
+                        if (epd_complete(w, rid, stages[i], 1000, true) < 0)
+                                snprintf(names[i], sizeof names[i], "%s%s%s", epd_last_error_name(w),
+                                         message ? " " : "", message ? epd_last_error_message(w) : "");
+                if (write(n->result[1], names, sizeof names) != (ssize_t)sizeof names)
+                        _exit(5);
+                epd_disconnect(w);
+                _exit(0);
+        }
+        char c;
+        ck_assert_int_eq(read(n->ready[0], &c, 1), 1);
+}
+
+/* Lets it report (the request admitted meanwhile) and collects what it was told. */
+static void nobody_worker_finish(NobodyWorker *n, char names[NOBODY_STAGES][200]) {
+        char c = 0;
+        int status;
+        ck_assert_int_eq(write(n->go[1], &c, 1), 1);
+        ck_assert_int_eq(read(n->result[0], names, NOBODY_STAGES * 200), NOBODY_STAGES * 200);
+        ck_assert_int_eq(waitpid(n->pid, &status, 0), n->pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the uid 65534 worker failed (%d)", status);
+        for (int i = 0; i < 2; i++) {
+                close(n->ready[i]);
+                close(n->go[i]);
+                close(n->result[i]);
+        }
+}
+
 /* The worker a stage was given to reports it, as the user it runs as (not root): a
  * decode worker of uid 65534 completes the decode stage of a request another client
  * admitted, and may not report the prefill stage it was not given. */
@@ -535,31 +588,9 @@ START_TEST(test_stage_worker_not_root) {
                 printf("SKIP: not root, cannot run a worker as another uid\n");
                 return;
         }
-        harness_let_others_in(&h);
-        int ready[2], go[2], result[2];
-        ck_assert_int_eq(pipe(ready), 0);
-        ck_assert_int_eq(pipe(go), 0);
-        ck_assert_int_eq(pipe(result), 0);
-        pid_t pid = harness_fork_as(65534);
-        if (pid == 0) {
-                char names[2][200] = { "", "" }, c = 0;
-                epd_client *d;
-                if (epd_connect(address, &d) < 0 || epd_register(d, "decode", "m", "cpu", NULL, NULL) < 0 ||
-                    epd_configure_worker(d, 64, 0, 1000) < 0)
-                        _exit(3);
-                if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
-                        _exit(4);
-                if (epd_complete(d, "s1", "prefill", 1000, true) < 0)
-                        snprintf(names[0], sizeof names[0], "%s", epd_last_error_name(d));
-                if (epd_complete(d, "s1", "decode", 1000, true) < 0)
-                        snprintf(names[1], sizeof names[1], "%s", epd_last_error_name(d));
-                if (write(result[1], names, sizeof names) != (ssize_t)sizeof names)
-                        _exit(5);
-                epd_disconnect(d);
-                _exit(0);
-        }
-        char c = 0, names[2][200];
-        ck_assert_int_eq(read(ready[0], &c, 1), 1);
+        NobodyWorker n;
+        char names[NOBODY_STAGES][200];
+        nobody_worker_start(&n, "decode", "s1", (const char *const[]){ "prefill", "decode" }, false);
         epd_client *p, *tool;
         epd_admission a;
         ck_assert_int_eq(epd_connect(address, &p), 0);
@@ -568,20 +599,11 @@ START_TEST(test_stage_worker_not_root) {
         ck_assert_int_eq(epd_admit(tool, "s1", "interactive", 3600ULL * 1000000, 1, false, &a), 0);
         ck_assert_int_eq(a.verdict, EPD_ADMIT);
         ck_assert_uint_eq(outstanding(), 1);
-        ck_assert_int_eq(write(go[1], &c, 1), 1);
-        ck_assert_int_eq(read(result[0], names, sizeof names), (ssize_t)sizeof names);
-        int status;
-        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the uid 65534 worker failed (%d)", status);
+        nobody_worker_finish(&n, names);
         ck_assert_str_eq(names[0], "org.epd1.Error.PermissionDenied");
         ck_assert_str_eq(names[1], "");
         /* Its decode stage, the last, ended the request. */
         ck_assert_uint_eq(outstanding(), 0);
-        for (int i = 0; i < 2; i++) {
-                close(ready[i]);
-                close(go[i]);
-                close(result[i]);
-        }
         epd_disconnect(tool);
         epd_disconnect(p);
 }
@@ -595,30 +617,9 @@ START_TEST(test_stage_repeat_not_outstanding) {
                 printf("SKIP: not root, cannot run a worker as another uid\n");
                 return;
         }
-        harness_let_others_in(&h);
-        int ready[2], go[2], result[2];
-        ck_assert_int_eq(pipe(ready), 0);
-        ck_assert_int_eq(pipe(go), 0);
-        ck_assert_int_eq(pipe(result), 0);
-        pid_t pid = harness_fork_as(65534);
-        if (pid == 0) {
-                char names[2][200] = { "", "" }, c = 0;
-                epd_client *w;
-                if (epd_connect(address, &w) < 0 || epd_register(w, "prefill", "m", "cpu", NULL, NULL) < 0)
-                        _exit(3);
-                if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
-                        _exit(4);
-                for (int i = 0; i < 2; i++)
-                        if (epd_complete(w, "s2", "prefill", 1000, true) < 0)
-                                snprintf(names[i], sizeof names[i], "%s %s", epd_last_error_name(w),
-                                         epd_last_error_message(w));
-                if (write(result[1], names, sizeof names) != (ssize_t)sizeof names)
-                        _exit(5);
-                epd_disconnect(w);
-                _exit(0);
-        }
-        char c = 0, names[2][200];
-        ck_assert_int_eq(read(ready[0], &c, 1), 1);
+        NobodyWorker n;
+        char names[NOBODY_STAGES][200];
+        nobody_worker_start(&n, "prefill", "s2", (const char *const[]){ "prefill", "prefill" }, true);
         epd_client *d, *tool;
         epd_admission a;
         ck_assert_int_eq(epd_connect(address, &d), 0);
@@ -627,22 +628,13 @@ START_TEST(test_stage_repeat_not_outstanding) {
         ck_assert_int_eq(epd_connect(address, &tool), 0);
         ck_assert_int_eq(epd_admit(tool, "s2", "interactive", 3600ULL * 1000000, 1, false, &a), 0);
         ck_assert_int_eq(a.verdict, EPD_ADMIT);
-        ck_assert_int_eq(write(go[1], &c, 1), 1);
-        ck_assert_int_eq(read(result[0], names, sizeof names), (ssize_t)sizeof names);
-        int status;
-        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the uid 65534 worker failed (%d)", status);
+        nobody_worker_finish(&n, names);
         ck_assert_str_eq(names[0], "");
         ck_assert_msg(strncmp(names[1], "org.epd1.Error.NotFound No outstanding prefill stage", 52) == 0, "%s",
                       names[1]);
         ck_assert_uint_eq(outstanding(), 1);
         ck_assert_int_eq(epd_complete(d, "s2", "decode", 1000, true), 0);
         ck_assert_uint_eq(outstanding(), 0);
-        for (int i = 0; i < 2; i++) {
-                close(ready[i]);
-                close(go[i]);
-                close(result[i]);
-        }
         epd_disconnect(tool);
         epd_disconnect(d);
 }
