@@ -480,17 +480,24 @@ int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
         else
                 have_log = true;
 
-        /* A log shorter than its header is a crash during creation (never renamed in
-         * that state) or outside damage; a log with a bad header has no usable records. */
+        /* A log is created whole (header written and synced, then renamed into place),
+         * so a bad header is outside damage, or a log of a newer epdd: refused, as a
+         * damaged snapshot is. Starting a new log over it would drop every acknowledged
+         * change since the last compaction, silently. The file is left as it is. */
         if (have_log) {
                 r = wal_parse_buffer(log, log_size, snap_lsn, apply, userdata, false, &pr);
-                if (r == -EBADMSG || r == -EPROTONOSUPPORT) {
-                        log_error("WAL log %s/%s has a bad header; starting a new log.", w->dir,
-                                  WAL_LOG_NAME);
-                        w->stats.corrupt++;
-                        w->stats.cut_bytes = log_size;
-                        have_log = false;
-                } else if (r < 0)
+                if (r == -EPROTONOSUPPORT)
+                        return log_error_errno(r,
+                                               "WAL log %s/%s was written by a newer epdd (format version above "
+                                               "%u): refusing to start; start that version, or move the state "
+                                               "directory aside to start without it.",
+                                               w->dir, WAL_LOG_NAME, (unsigned)WAL_FILE_VERSION);
+                if (r == -EBADMSG)
+                        return log_error_errno(r,
+                                               "WAL log %s/%s has a damaged header: refusing to start rather than "
+                                               "lose the changes it holds; move it aside to start without them.",
+                                               w->dir, WAL_LOG_NAME);
+                if (r < 0)
                         return r;
                 else if (pr.header.kind != WAL_FILE_LOG || pr.header.base_lsn > snap_lsn) {
                         /* Records between the snapshot and this log are missing. */
