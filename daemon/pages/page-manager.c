@@ -391,13 +391,9 @@ static PagePool *restored_entry_pool(PageManager *pm, const DirectoryRecord *e) 
  * start does not bring them back over other bytes); counts the pages of the rest. */
 static void restored_directory_prune(PageManager *pm) {
         DirectoryRecord *e;
-        uint64_t dropped = 0;
-        size_t n = 0, it = 0;
-        if (!pm->restored_directory)
-                return;
+        size_t n = 0, it = 0, dropped = 0;
         /* Collected in one pass, then removed (a rescan after each was quadratic). */
-        _cleanup_(freep) DirectoryRecord **gone = calloc(MAX(hashmap_size(pm->restored_directory), (size_t)1),
-                                                          sizeof *gone);
+        _cleanup_(freep) DirectoryRecord **gone = calloc(hashmap_size(pm->restored_directory) + 1, sizeof *gone);
         while (hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL)) {
                 if (restored_entry_pool(pm, e))
                         continue;
@@ -420,16 +416,16 @@ static void restored_directory_prune(PageManager *pm) {
                 dropped++;
         }
         if (dropped > 0)
-                log_info("%" PRIu64 " journaled block-directory entries dropped: their arena's memory did not survive.",
+                log_info("%zu journaled block-directory entries dropped: their arena's memory did not survive.",
                          dropped);
 }
 
 /* After the pools' references are back: every entry is inserted again (its page LIVE
  * for the moment: a page no sequence holds gets a reference that is dropped after,
  * which leaves it IDLE and evictable, as before the restart). */
-static void restored_directory_insert(PageManager *pm) {
+static size_t restored_directory_insert(PageManager *pm, DirectoryRecord **failed) {
         DirectoryRecord *e;
-        size_t it = 0;
+        size_t it = 0, n_failed = 0;
         while (pm->restored_directory && hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL)) {
                 PagePool *pool = restored_entry_pool(pm, e);
                 if (!pool)
@@ -437,10 +433,13 @@ static void restored_directory_insert(PageManager *pm) {
                 int r = directory_insert(pm->directory, pool, e->hash, e->page);
                 if (r >= 0)
                         pm->directory_restored++;
-                else
+                else {
                         log_warning_errno(r, "Block directory: entry %016" PRIx64 " (page %" PRIu32 ") does not come back: %m",
                                           e->hash, e->page);
+                        failed[n_failed++] = e;
+                }
         }
+        return n_failed;
 }
 
 static void restored_directory_free(PageManager *pm) {
@@ -796,7 +795,8 @@ int page_manager_restore_finish(PageManager *pm) {
         restored_directory_prune(pm);
         drop_unused_journal_pools(pm);
         _cleanup_(freep) bool **idle_pools = calloc(MAX(m->n_arenas, (size_t)1), sizeof *idle_pools);
-        if (!idle_pools)
+        _cleanup_(freep) DirectoryRecord **failed = calloc(hashmap_size(pm->restored_directory) + 1, sizeof *failed);
+        if (!idle_pools || !failed)
                 return -ENOMEM;
         for (size_t i = 0; i < m->n_arenas; i++) {
                 Arena *a = m->arenas[i];
@@ -838,8 +838,13 @@ int page_manager_restore_finish(PageManager *pm) {
         }
         /* The directory's entries, with the journal quiet: they are in it already. */
         pm->replaying = true;
-        restored_directory_insert(pm);
+        size_t n_failed = restored_directory_insert(pm, failed);
         pm->replaying = false;
+        /* One that did not come back has its removal journaled, as a pruned one (or a later
+         * start brings the hash back over its page, free now); refused, the page stays out of use. */
+        for (size_t i = 0; i < n_failed; i++)
+                if (directory_journal(pm, false, failed[i]->hash, NULL, 0) < 0 && idle_pools[failed[i]->arena])
+                        idle_pools[failed[i]->arena][failed[i]->page] = false;
         for (size_t i = 0; i < m->n_arenas; i++) {
                 if (!idle_pools[i])
                         continue;
