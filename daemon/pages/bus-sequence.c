@@ -415,8 +415,12 @@ static int method_append(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         if (r < 0)
                 return pages_error(error, r, "Append");
         r = journal_as(s, error, "Append", false);
-        if (r < 0)
+        if (r < 0) {
+                /* Refused: the pages go again (no record names them, nobody was told of
+                 * them), or a later record of the sequence would journal them after all. */
+                (void)sequence_truncate(s, before);
                 return r;
+        }
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         r = sd_bus_message_new_method_return(msg, &reply);
         if (r >= 0)
@@ -656,6 +660,9 @@ static int method_grant(sd_bus_message *msg, void *userdata, sd_bus_error *error
         r = access_check(m, msg, s, SEQUENCE_ACCESS_OWNER, NULL, error);
         if (r < 0)
                 return r;
+        bool had = false;
+        for (size_t i = 0; i < s->n_grants; i++)
+                had = had || epd_id_equal(&s->grants[i], &w->id);
         r = page_manager_grant(s, &w->id);
         if (r == -EDQUOT && prune_grants(m, s) > 0)
                 r = page_manager_grant(s, &w->id); /* the pruned grants go in the same record */
@@ -665,8 +672,11 @@ static int method_grant(sd_bus_message *msg, void *userdata, sd_bus_error *error
         if (r < 0)
                 return r;
         r = journal_as(s, error, "Grant", false);
-        if (r < 0)
+        if (r < 0) {
+                if (!had) /* refused: the worker is not let in after all */
+                        (void)page_manager_revoke(s, &w->id);
                 return r;
+        }
         return wal_manager_reply_empty(m, msg);
 }
 

@@ -840,6 +840,34 @@ START_TEST(test_refused_record_not_acknowledged) {
 }
 END_TEST
 
+/* An Append or a Grant whose record the journal refuses changes nothing: the sequence
+ * keeps its pages (the appended ones went back) and the worker is not let in (both stayed
+ * while the caller was told they failed). */
+START_TEST(test_refused_append_grant_undone) {
+        epd_client *c = worker("prefill", NULL, NULL), *other = worker("decode", NULL, NULL);
+        char *a = NULL;
+        uint32_t *pages = NULL;
+        size_t n = 0;
+        PoolStats before, after;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 2, &a, NULL, NULL), 0);
+        journal_until_refused(c);
+        ck_assert_int_eq(pool_stats(&before), 0);
+        ck_assert_int_lt(epd_sequence_append(c, a, 3, NULL, NULL), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
+        ck_assert_int_eq(epd_sequence_get_pages(c, a, &pages, &n), 0);
+        ck_assert_uint_eq(n, 2);
+        free(pages);
+        ck_assert_int_eq(pool_stats(&after), 0);
+        ck_assert_uint_eq(after.free, before.free);
+        ck_assert_int_lt(epd_sequence_grant(c, a, epd_worker_path(other)), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
+        ck_assert_int_eq(epd_sequence_get_pages(other, a, &pages, &n), -EPERM);
+        free(a);
+        epd_disconnect(other);
+        epd_disconnect(c);
+}
+END_TEST
+
 static bool no_workflows(void *userdata) {
         (void)userdata;
         sd_bus *bus;
@@ -957,6 +985,7 @@ int main(void) {
         tcase_set_timeout(tc4, 60);
         tcase_add_test(tc4, test_refused_record_not_acknowledged);
         tcase_add_test(tc4, test_departed_workflow_goes_when_journal_refuses);
+        tcase_add_test(tc4, test_refused_append_grant_undone);
         suite_add_tcase(s, tc4);
 
         TCase *tc5 = tcase_create("compaction-fails");
