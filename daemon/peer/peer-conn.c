@@ -177,6 +177,17 @@ void peer_set_socket_options(PeerManager *pm, int fd) {
         (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms);
 }
 
+void peer_set_stream_timeout(PeerManager *pm, int fd) {
+        /* A data stream the receiver parks (not read, up to TCP_PARK_TIMEOUT_USEC) keeps
+         * the sender's window closed: past TCP_USER_TIMEOUT the kernel aborts the
+         * connection although the receiver answers every probe (Linux 5.11 on), and the
+         * whole session with it. The peer's death is the control connection's verdict
+         * (heartbeats); a data stream gives up only past the longest park. */
+        usec_t t = pm->heartbeat_usec + TCP_PARK_TIMEOUT_USEC;
+        unsigned timeout_ms = (unsigned)MIN(t / USEC_PER_MSEC, (usec_t)UINT32_MAX);
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms);
+}
+
 /* ---- the control connection, once up ---- */
 
 static int control_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t len) {

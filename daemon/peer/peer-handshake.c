@@ -108,6 +108,7 @@ static int conn_to_stream(Conn *c) {
         int r;
 
         peer_conn_free(c);
+        peer_set_stream_timeout(p->pm, fd);
         if (p->pm->stream_attached)
                 p->pm->stream_attached(p, fd, p->pm->stream_attached_userdata);
         r = tcp_transport_attach_stream(p->pm->tcp, p, fd, idx);

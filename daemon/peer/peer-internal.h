@@ -171,3 +171,5 @@ void peer_down(Peer *p, int error, const char *why);
 void peer_set_error(Peer *p, const char *why, int error);
 int peer_up(Peer *p, Conn *c, uint64_t session_id, unsigned n_streams);
 void peer_set_socket_options(PeerManager *pm, int fd);
+/* A data stream's TCP_USER_TIMEOUT: the heartbeat bound plus the longest park. */
+void peer_set_stream_timeout(PeerManager *pm, int fd);

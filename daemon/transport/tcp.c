@@ -36,9 +36,6 @@
  * on a loop that never idles none waits longer than FLUSH_MAX_USEC
  * (tcp_transport_flush_overdue(), after every dispatch of manager_run()'s loop). */
 #define FLUSH_MAX_USEC 100U
-/* A stream whose next write names a target the receiver does not know yet (its
- * PREPARE is still on the control connection) waits at most this long for it. */
-#define PARK_TIMEOUT_USEC (10ULL * 1000000ULL)
 /* A slice of at most SMALL_SLICE bytes is read into the stream's buffer, up to
  * RBUF_SIZE bytes at once, with whatever follows it (the next slices' headers and
  * payloads), and copied out: one syscall for many small layer groups instead of one
@@ -672,12 +669,12 @@ static int on_park_timeout(sd_event_source *es, uint64_t usec, void *userdata) {
 }
 
 /* The next write's target is not known yet: stop reading this stream (TCP holds the
- * bytes back) until tcp_resume_incoming(), for at most PARK_TIMEOUT_USEC. */
+ * bytes back) until tcp_resume_incoming(), for at most TCP_PARK_TIMEOUT_USEC. */
 static void stream_park(TcpStream *s) {
         s->parked = true;
         s->r_hdr_have = sizeof s->r_hdr; /* the header is kept, and asked about again */
         if (!s->park_timer && sd_event_add_time_relative(s->t->event, &s->park_timer, CLOCK_MONOTONIC,
-                                                         PARK_TIMEOUT_USEC, 0, on_park_timeout, s) < 0)
+                                                         TCP_PARK_TIMEOUT_USEC, 0, on_park_timeout, s) < 0)
                 log_debug("tcp: cannot arm a parked stream's timer");
         stream_update(s);
 }

@@ -19,6 +19,12 @@
 #include "peer/peer-proto.h"
 #include "transport/transport-peer.h"
 
+/* A stream whose next write names a target the receiver does not know yet (its
+ * PREPARE is still on the control connection), or pages whose freeing record is not
+ * durable yet, is parked (not read) at most this long. Its sender's window may stay
+ * closed as long: data streams' TCP_USER_TIMEOUT is longer (peer_set_stream_timeout()). */
+#define TCP_PARK_TIMEOUT_USEC (10ULL * 1000000ULL)
+
 /* peers: the peer layer's operations (copied). */
 int tcp_transport_new(Transport **ret, sd_event *e, const TransportPeerOps *peers, uint32_t slice_size);
 /* Takes fd (an authenticated data stream of p's current session). */

@@ -14,7 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <pthread.h>
 #include <time.h>
@@ -469,6 +474,78 @@ START_TEST(test_newer_attempt_fences_another_sources) {
 }
 END_TEST
 
+/* The TCP_USER_TIMEOUT (ms) of each TCP socket of process pid, through pidfd_getfd():
+ * counts those equal to `a` and to `b`. False without pidfd_open() (a kernel before 5.6). */
+static bool user_timeouts(pid_t pid, unsigned a, unsigned b, unsigned *n_a, unsigned *n_b) {
+        char dir[64];
+        int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+        if (pidfd < 0 && errno == ENOSYS)
+                return false;
+        ck_assert_int_ge(pidfd, 0);
+        snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+        DIR *d = opendir(dir);
+        ck_assert_ptr_nonnull(d);
+        *n_a = *n_b = 0;
+        for (struct dirent *e; (e = readdir(d));) {
+                int target = atoi(e->d_name), type = 0;
+                socklen_t len = sizeof type;
+                unsigned ms = 0;
+                if (e->d_name[0] == '.')
+                        continue;
+                int fd = (int)syscall(SYS_pidfd_getfd, pidfd, target, 0);
+                if (fd < 0)
+                        continue;
+                len = sizeof ms;
+                if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &type, &(socklen_t){ sizeof type }) == 0 &&
+                    type == IPPROTO_TCP && getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, &len) == 0) {
+                        *n_a += ms == a;
+                        *n_b += ms == b;
+                }
+                close(fd);
+        }
+        closedir(d);
+        close(pidfd);
+        return true;
+}
+
+/* A data stream the receiver parks (up to 10 s) keeps its sender's window closed: with
+ * the heartbeat's TCP_USER_TIMEOUT (500 ms here) the kernel aborted it, and the whole
+ * session with it, while the receiver answered every probe. Data streams carry the
+ * heartbeat bound plus the longest park; the control connection keeps the heartbeat. */
+START_TEST(test_data_streams_outlast_a_park) {
+        if (geteuid() != 0) {
+                printf("SKIP: not root, cannot look into epdd's sockets\n");
+                return;
+        }
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        char *seq = make_sequence(p, N_PAGES, NULL), *path;
+        uint64_t token;
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000f2", seq, &path, &token), 0);
+        unsigned control = 0, data = 0;
+        if (!user_timeouts(ha.epdd_pid, 500, 10500, &control, &data))
+                printf("SKIP part: no pidfd_getfd() here\n");
+        for (int i = 0; i < 300 && data == 0; i++) { /* the streams come up after the control connection */
+                if (!user_timeouts(ha.epdd_pid, 500, 10500, &control, &data))
+                        goto out;
+                if (data == 0)
+                        usleep(10000);
+        }
+        ck_assert_uint_ge(control, 1);
+        ck_assert_msg(data >= 1, "no data stream of alpha carries the park's bound (%u at the heartbeat's)", control);
+        unsigned bc, bd;
+        user_timeouts(hb.epdd_pid, 500, 10500, &bc, &bd);
+        ck_assert_uint_ge(bc, 1);
+        ck_assert_uint_ge(bd, 1);
+out:
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd__call(p, seq, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+        free(path);
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 /* The path of this client's handoff in state, from the Handoffs property. */
 static char *handoff_in_state(epd_client *c, const char *state) {
         sd_bus_error e = SD_BUS_ERROR_NULL;
@@ -856,6 +933,7 @@ int main(void) {
         tcase_add_test(tc, test_source_dies);
         tcase_add_test(tc, test_three_hosts);
         tcase_add_test(tc, test_newer_attempt_fences_another_sources);
+        tcase_add_test(tc, test_data_streams_outlast_a_park);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
