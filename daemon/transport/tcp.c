@@ -774,6 +774,8 @@ static int stream_recv(TcpStream *s) {
                         }
                         if (r < 0)
                                 return r;
+                        /* The header taken: its park (if any) is over. */
+                        s->park_timer = sd_event_source_disable_unref(s->park_timer);
                 }
                 if (s->r_remaining == 0) {
                         /* nothing to read: an empty slice */
@@ -1018,8 +1020,10 @@ static void tcp_resume_incoming(Transport *tt, void *peer) {
                 TcpStream *s = tp->streams[k];
                 if (!s || !s->parked)
                         continue;
+                /* Its timer stays: the held header's deadline runs from its first park,
+                 * not from each resume (a resume comes with every pipelined PREPARE of
+                 * the peer and every settled page, and would have pushed it back forever). */
                 s->parked = false;
-                s->park_timer = sd_event_source_disable_unref(s->park_timer);
                 stream_update(s);
                 stream_again(s); /* what followed the held header may be in rbuf */
         }

@@ -380,6 +380,28 @@ START_TEST(test_held_post_on_writable_stream) {
 }
 END_TEST
 
+/* A parked stream's deadline runs from its first park: resumes that leave its target
+ * unknown (every pipelined PREPARE of the peer resumes it) do not push it back. The
+ * stream fails at TCP_PARK_TIMEOUT_USEC after the park, resumed every 500 ms meanwhile;
+ * it never failed before. */
+START_TEST(test_park_deadline_survives_resumes) {
+        TransportWrite w = { .src_region = 0, .dst_region = 1, .length = 1792, .cookie = 1,
+                             .flags = TRANSPORT_WRITE_TARGET, .target = 5 };
+        failure_expected = true;
+        ck_assert_int_eq(ta->ops->post(ta, &to_b, &w, 1), 0);
+        run_idle(100);
+        ck_assert_uint_ge(asked_again, 1); /* parked */
+        usec_t t0 = now_usec(CLOCK_MONOTONIC), bound = TCP_PARK_TIMEOUT_USEC + 1500 * USEC_PER_MSEC;
+        while (failures == 0 && now_usec(CLOCK_MONOTONIC) - t0 < bound) {
+                tb->ops->resume_incoming(tb, &to_a); /* target 5 still unknown: parked again */
+                run_idle(500);
+        }
+        ck_assert_msg(failures >= 1, "a stream resumed every 500 ms stayed parked %.1f s",
+                      (double)(now_usec(CLOCK_MONOTONIC) - t0) / USEC_PER_SEC);
+        ck_assert_uint_eq(landed, 0);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("tcp-stream");
         TCase *tc = tcase_create("receive");
@@ -389,6 +411,8 @@ int main(void) {
         tcase_add_test(tc, test_slice_twice_on_two_streams);
         tcase_add_test(tc, test_posts_leave_together);
         tcase_add_test(tc, test_held_post_on_writable_stream);
+        tcase_add_test(tc, test_park_deadline_survives_resumes);
+        tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
