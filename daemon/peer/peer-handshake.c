@@ -171,6 +171,7 @@ int peer_dialer_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t len
                 if (peer_auth_ok_decode(payload, len, &ok) < 0)
                         return -EBADMSG;
                 if (c->role == PEER_ROLE_CONTROL) {
+                        p->their_heartbeat_usec = (usec_t)ok.heartbeat_ms * USEC_PER_MSEC;
                         r = peer_up(p, c, ok.session_id, MIN((unsigned)ok.n_streams, pm->n_streams));
                         if (r < 0) {
                                 peer_down(p, r, "bringing session up");
@@ -288,6 +289,7 @@ int peer_acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t l
                         r = peer_conn_queue(c, PEER_MSG_AUTH_OK, buf, (size_t)r);
                         if (r < 0)
                                 return r;
+                        p->their_heartbeat_usec = 0; /* accepted: ours, both ways */
                         r = peer_up(p, c, sid, c->n_streams);
                         if (r < 0) {
                                 peer_down(p, r, "bringing session up");

@@ -100,6 +100,8 @@ struct Peer {
         int down_error;
         const char *down_why;
         usec_t backoff_usec;
+        usec_t their_heartbeat_usec; /* the acceptor's HeartbeatInterval (its AUTH_OK), when we
+                                      * dialed this session; 0: not known (we accepted it) */
         uint64_t heartbeat_seq;
         PeerStats stats;
         char last_error[160];

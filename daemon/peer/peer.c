@@ -112,9 +112,21 @@ void peer_stream_failed(Peer *p, int error, const char *what) {
         peer_down(p, error, what);
 }
 
+/* The two sides' HeartbeatInterval may differ (hosts configured apart, a rolling
+ * reload). The dialer learns the acceptor's from AUTH_OK and takes the smaller to send
+ * (every quarter of it) and the larger for its verdict: each side then hears from the
+ * other within its own bound, whichever dialed. The acceptor keeps its own for both. */
+static usec_t heartbeat_send_usec(const Peer *p) {
+        usec_t own = p->pm->heartbeat_usec, theirs = p->their_heartbeat_usec;
+        return theirs > 0 ? MIN(own, theirs) : own;
+}
+
+static usec_t heartbeat_verdict_usec(const Peer *p) {
+        return MAX(p->pm->heartbeat_usec, p->their_heartbeat_usec);
+}
+
 static int heartbeat_cb(sd_event_source *s, uint64_t usec, void *userdata) {
         Peer *p = userdata;
-        PeerManager *pm = p->pm;
         usec_t now = now_usec(CLOCK_MONOTONIC);
         uint8_t buf[16];
         PeerHeartbeat hb;
@@ -122,7 +134,7 @@ static int heartbeat_cb(sd_event_source *s, uint64_t usec, void *userdata) {
 
         if (p->state != PEER_UP)
                 return 0;
-        if (now > p->stats.last_rx_usec + pm->heartbeat_usec) {
+        if (now > p->stats.last_rx_usec + heartbeat_verdict_usec(p)) {
                 /* Our own loop may have been the slow one: read what already arrived
                  * before calling the peer dead. */
                 r = peer_conn_read(p->control);
@@ -133,7 +145,7 @@ static int heartbeat_cb(sd_event_source *s, uint64_t usec, void *userdata) {
                         return 0;
                 }
         }
-        if (now > p->stats.last_rx_usec + pm->heartbeat_usec) {
+        if (now > p->stats.last_rx_usec + heartbeat_verdict_usec(p)) {
                 p->stats.heartbeats_missed++;
                 peer_down(p, -ETIMEDOUT, "heartbeat timeout");
                 return 0;
@@ -145,7 +157,7 @@ static int heartbeat_cb(sd_event_source *s, uint64_t usec, void *userdata) {
                 peer_down(p, r, "sending heartbeat");
                 return 0;
         }
-        (void)sd_event_source_set_time_relative(s, pm->heartbeat_usec / 4);
+        (void)sd_event_source_set_time_relative(s, heartbeat_send_usec(p) / 4);
         (void)sd_event_source_set_enabled(s, SD_EVENT_ON);
         return 0;
 }
@@ -172,9 +184,9 @@ int peer_up(Peer *p, Conn *c, uint64_t session_id, unsigned n_streams) {
 
         if (!p->heartbeat_timer)
                 r = sd_event_add_time_relative(pm->event, &p->heartbeat_timer, CLOCK_MONOTONIC,
-                                               pm->heartbeat_usec / 4, 0, heartbeat_cb, p);
+                                               heartbeat_send_usec(p) / 4, 0, heartbeat_cb, p);
         else {
-                r = sd_event_source_set_time_relative(p->heartbeat_timer, pm->heartbeat_usec / 4);
+                r = sd_event_source_set_time_relative(p->heartbeat_timer, heartbeat_send_usec(p) / 4);
                 if (r >= 0)
                         r = sd_event_source_set_enabled(p->heartbeat_timer, SD_EVENT_ON);
         }

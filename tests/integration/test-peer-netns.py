@@ -303,6 +303,35 @@ def test_two_hosts(node_bin, tmp):
         net.close()
 
 
+def test_heartbeat_mismatch(node_bin, tmp):
+    """Two hosts whose HeartbeatInterval differ (400 ms and 3 s: configured apart, or in
+    the middle of a rolling reload) stay up: the dialer takes the acceptor's interval from
+    AUTH_OK, sends at the smaller one's pace and judges at the larger's. Before, the 3 s
+    host sent every 750 ms and the 400 ms host declared it dead on every idle stretch."""
+    net = Net(2)
+    nodes = []
+    try:
+        key = key_file(tmp, "key", "5a" * 32)
+        names = ["alpha", "bravo"]
+        nodes = [Node(node_bin, net, 0, key, names, ("--heartbeat-ms", "400")),
+                 Node(node_bin, net, 1, key, names, ("--heartbeat-ms", "3000"))]
+        a, b = nodes
+        wait_until(lambda: all_up(nodes), 10, "both peers up")
+        for n in nodes:
+            n.pump()
+            n.events.clear()
+        time.sleep(4)
+        for n in nodes:
+            n.pump()
+        downs = [l for n in nodes for (_, l) in n.events if " down" in l]
+        assert not downs, downs
+        assert all_up(nodes)
+    finally:
+        for n in nodes:
+            n.stop()
+        net.close()
+
+
 def test_three_hosts(node_bin, tmp):
     net = Net(3)
     nodes = []
@@ -664,6 +693,7 @@ def main():
     sh("ip", "netns", "del", f"epdprobe{os.getpid()}")
     tests = {
         "peer-two-hosts": test_two_hosts,
+        "peer-heartbeat-mismatch": test_heartbeat_mismatch,
         "peer-three-hosts": test_three_hosts,
         "peer-wrong-key": test_wrong_key,
         "peer-faults": test_faults,
