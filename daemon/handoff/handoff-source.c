@@ -502,6 +502,9 @@ static int prepare_error(Reason *why, int r, const char *what) {
                 return reason_set(why, -ENOENT, "%s: no such sequence.", what);
         case -EINVAL:
                 return reason_set(why, -EINVAL, "%s: invalid argument.", what);
+        case -ESTALE:
+                return reason_set(why, -ESTALE,
+                                  "%s: a newer attempt of this request (a larger token) is live on this host.", what);
         default:
                 return r;
         }
