@@ -7,14 +7,17 @@
 #include "log.h"
 #include "system.h"
 
+/* Atomic: libepd's threads take and drop references without a common lock (a Python
+ * sink's setup thread maps an arena while the main thread loads the kernels or the
+ * collector unmaps one). */
 GpuSystem *gpu_system_ref(GpuSystem *s) {
         if (s)
-                s->n_ref++;
+                __atomic_add_fetch(&s->n_ref, 1, __ATOMIC_RELAXED);
         return s;
 }
 
 GpuSystem *gpu_system_unref(GpuSystem *s) {
-        if (!s || --s->n_ref > 0)
+        if (!s || __atomic_sub_fetch(&s->n_ref, 1, __ATOMIC_ACQ_REL) > 0)
                 return NULL;
         for (size_t i = 0; i < s->n_devices; i++)
                 if (s->devices[i].ctx)
