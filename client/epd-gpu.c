@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -230,8 +231,11 @@ int epd_gpu_arena_map(epd_client *c, EpdGpu *g, size_t i, EpdGpuMapping **ret) {
                 return r;
         ordinal = epd_gpu_ordinal_from_pci_bus_id(g, pci);
         if (ordinal < 0)
-                return ordinal; /* this process cannot see that GPU */
-        return epd_gpu_map(g, a->fd, a->size, ordinal, ret);
+                return epd__fail(c, ordinal,
+                                 "Arena %s lives on the GPU at %s, which this process cannot see "
+                                 "(CUDA_VISIBLE_DEVICES?).", a->name, pci);
+        r = epd_gpu_map(g, a->fd, a->size, ordinal, ret);
+        return r < 0 ? epd__fail(c, r, "Cannot map GPU arena %s: %s", a->name, strerror(-r)) : r;
 }
 
 int epd_gpu_register_memory(epd_client *c, EpdGpu *g, int ordinal, uint64_t device_pointer,
@@ -242,6 +246,7 @@ int epd_gpu_register_memory(epd_client *c, EpdGpu *g, int ordinal, uint64_t devi
 
         if (!c || !g || !ret_region || ordinal < 0 || (size_t)ordinal >= g->system->n_devices)
                 return epd__error(c, -EINVAL, NULL);
+        epd__clear_error(c); /* a refusal below is this call's, never an earlier one's */
         /* The export is of the whole allocation, and the daemon maps it from its start:
          * a pointer inside one would have the daemon's writes land before it, over the
          * worker's other tensors. Only [start, start + size) of an allocation is taken
@@ -267,7 +272,8 @@ int epd_gpu_register_memory(epd_client *c, EpdGpu *g, int ordinal, uint64_t devi
         }
         r = epd_gpu_export(g, device_pointer, &fd);
         if (r < 0)
-                return r;
+                return epd__fail(c, r, "Cannot export the allocation at 0x%" PRIx64 " (%s): is it CUDA VMM memory "
+                                 "made shareable as a POSIX fd?", device_pointer, strerror(-r));
         r = epd__call(c, "/org/epd1", "org.epd1.Gpu", "RegisterMemory", &reply, "hts", fd, size,
                       g->system->devices[ordinal].pci_bus_id);
         close(fd); /* sd-bus sent its own duplicate */
