@@ -472,8 +472,8 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
         FeatureAcquireResult res;
         FeatureDescIssue issue;
         FeatureRef *ref;
-        const char *key;
-        uint64_t bytes;
+        const char *key = NULL;
+        uint64_t bytes = 0;
         EpdId req;
         Worker *w;
         int r;
@@ -503,8 +503,8 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
         FeatureDescIssue issue;
         FeatureHandle *h = NULL;
         bool own = false;
-        const char *key;
-        uint64_t bytes;
+        const char *key = NULL;
+        uint64_t bytes = 0;
         EpdId req;
         Worker *w;
         Feature *f;
