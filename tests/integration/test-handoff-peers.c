@@ -488,14 +488,13 @@ static bool user_timeouts(pid_t pid, unsigned a, unsigned b, unsigned *n_a, unsi
         *n_a = *n_b = 0;
         for (struct dirent *e; (e = readdir(d));) {
                 int target = atoi(e->d_name), type = 0;
-                socklen_t len = sizeof type;
                 unsigned ms = 0;
+                socklen_t len = sizeof ms;
                 if (e->d_name[0] == '.')
                         continue;
                 int fd = (int)syscall(SYS_pidfd_getfd, pidfd, target, 0);
                 if (fd < 0)
                         continue;
-                len = sizeof ms;
                 if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &type, &(socklen_t){ sizeof type }) == 0 &&
                     type == IPPROTO_TCP && getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, &len) == 0) {
                         *n_a += ms == a;
