@@ -15,7 +15,12 @@ typedef struct CudaRegion {
         TransportRegion *region;
         GpuArena *arena;           /* GPU regions: referenced */
         bool pinned;               /* host regions: cuMemHostRegister done here */
+        unsigned batches;          /* pinned: batches in flight that copy into or out of it */
 } CudaRegion;
+
+/* The pinned host regions a batch names, tracked one by one up to this many (a batch
+ * nearly always names one or two); past that the batch counts as naming them all. */
+#define BATCH_PINNED_MAX 4
 
 typedef struct CudaBatch {
         size_t n, cap;
@@ -28,6 +33,11 @@ typedef struct CudaBatch {
         unsigned parts, parts_done;
         int error;
         uint64_t bytes;
+        /* While in flight: its pinned host regions hold it in their `batches`, so that
+         * unpinning one waits for these batches alone; `wide`: it named more. */
+        CudaRegion *pinned[BATCH_PINNED_MAX];
+        unsigned n_pinned;
+        bool wide;
 } CudaBatch;
 
 /* Writes per part of a batch handed to the copy engine (one descriptor slot each). The
@@ -52,6 +62,7 @@ typedef struct CudaTransport {
         TransportCompletion *ready;
         size_t n_ready, ready_head, ready_cap;
         size_t n_in_flight;        /* writes posted, not yet in ready */
+        size_t wide_in_flight;     /* batches in flight naming > BATCH_PINNED_MAX pinned regions */
         /* The segments of the post in progress (the engine copies what it keeps). */
         GpuCopySeg *segs;
         size_t segs_cap;
@@ -126,6 +137,8 @@ static CudaBatch *batch_get(CudaTransport *c, size_t n) {
                         b->parts = b->parts_done = 0;
                         b->error = 0;
                         b->bytes = 0;
+                        b->n_pinned = 0;
+                        b->wide = false;
                         return b;
                 }
         b = calloc(1, sizeof *b);
@@ -209,6 +222,28 @@ static void batch_complete(CudaTransport *c, CudaBatch *b) {
 /* Moves finished batches from the engine into completions (batch_complete()). Room for
  * every write in flight was reserved at post time. Returns how many batches were
  * reaped. */
+/* A pinned host region the batch copies into or out of (validated, not posted yet). */
+static void batch_note_pinned(CudaBatch *b, CudaRegion *cr) {
+        if (!cr->pinned || b->wide)
+                return;
+        for (unsigned i = 0; i < b->n_pinned; i++)
+                if (b->pinned[i] == cr)
+                        return;
+        if (b->n_pinned < BATCH_PINNED_MAX)
+                b->pinned[b->n_pinned++] = cr;
+        else
+                b->wide = true;
+}
+
+/* The batch went to the engine (in flight) or finished (±1). */
+static void batch_hold_pinned(CudaTransport *c, CudaBatch *b, int d) {
+        if (b->wide)
+                c->wide_in_flight += (size_t)d;
+        else
+                for (unsigned i = 0; i < b->n_pinned; i++)
+                        b->pinned[i]->batches += (unsigned)d;
+}
+
 static size_t reap_into_ready(CudaTransport *c) {
         GpuCopyDone d[16];
         size_t m, total = 0;
@@ -228,6 +263,7 @@ static size_t reap_into_ready(CudaTransport *c) {
                                 c->base.stats.bytes += b->bytes;
                         batch_complete(c, b);
                         c->n_in_flight -= b->n;
+                        batch_hold_pinned(c, b, -1);
                         batch_put(c, b);
                 }
                 total += m;
@@ -237,9 +273,11 @@ static size_t reap_into_ready(CudaTransport *c) {
 
 static void cuda_region_free(CudaTransport *c, CudaRegion *cr) {
         if (cr->pinned) {
-                /* Unpinning under a copy in flight would fault it: let it finish. The
-                 * unregistering of host memory is rare (shutdown, reload). */
-                while (gpu_copy_engine_in_flight(c->engine) > 0 &&
+                /* Unpinning under a copy in flight would fault it: let the batches that
+                 * copy into or out of this region finish (on the caller's thread, epdd's
+                 * loop: a staging buffer given up for room is idle, so there are none
+                 * then), not every batch on the engine. */
+                while ((cr->batches > 0 || c->wide_in_flight > 0) && gpu_copy_engine_in_flight(c->engine) > 0 &&
                        gpu_copy_wait(c->engine, 1000) >= 0)
                         (void)reap_into_ready(c);
                 /* The reaps drained the completion fd: the loop learns of what they left
@@ -322,6 +360,8 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
                         r = -ENOENT;
                         goto fail;
                 }
+                batch_note_pinned(b, src);
+                batch_note_pinned(b, dst);
                 if (!src->arena && !dst->arena) {
                         r = -EINVAL; /* host → host: the local transport's */
                         goto fail;
@@ -390,6 +430,7 @@ static int cuda_post(Transport *t, void *peer, const TransportWrite *w, size_t n
         }
         b->n = n;
         c->n_in_flight += n;
+        batch_hold_pinned(c, b, +1); /* reaped on this thread only: not before this */
         t->stats.batches++;
         t->stats.writes += n;
         return 0;

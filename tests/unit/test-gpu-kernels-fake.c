@@ -15,6 +15,7 @@
 #include "copy.h"
 #include "gpu/gpu-domain.h"
 #include "pack.h"
+#include "time-util.h"
 #include "transport/cuda.h"
 #include "vmm.h"
 #include "fake-gpu.h"
@@ -279,6 +280,71 @@ START_TEST(test_few_writes_stay_on_the_copy_engine) {
 }
 END_TEST
 
+static usec_t unregister_timed(Transport *t, TransportRegion *r) {
+        usec_t t0 = now_usec(CLOCK_MONOTONIC);
+        t->ops->unregister_region(t, r);
+        return now_usec(CLOCK_MONOTONIC) - t0;
+}
+
+/* Unregistering a pinned host region (a handoff's idle staging buffer given up for
+ * room, on epdd's loop) waits only for the copies into or out of that region, not for
+ * every copy on the engine: a GPU → GPU batch of another handoff still copying (400 ms
+ * here) does not hold it; a copy out of the region itself does, and its completion is
+ * still delivered afterwards, bytes landed. */
+START_TEST(test_unregister_waits_only_for_its_own_copies) {
+        Fixture f = {};
+        setup(&f);
+        enum { HOST = 1 << 20 };
+        uint8_t *h1 = aligned_alloc(4096, HOST), *h2 = aligned_alloc(4096, HOST);
+        ck_assert_ptr_nonnull(h1);
+        ck_assert_ptr_nonnull(h2);
+        memset(h1, 0x11, HOST);
+        memset(h2, 0x22, HOST);
+        TransportRegion r1 = { .id = 11, .domain = MEMORY_HOST, .host_base = h1, .size = HOST },
+                        r2 = { .id = 12, .domain = MEMORY_HOST, .host_base = h2, .size = HOST };
+        ck_assert_int_eq(f.t->ops->register_region(f.t, &r1), 0);
+        ck_assert_int_eq(f.t->ops->register_region(f.t, &r2), 0);
+        /* One copy host r1 → GPU, done before the slow ones start. */
+        TransportWrite up = { .src_region = 11, .dst_region = 2, .length = 4096, .cookie = 7 };
+        ck_assert_int_eq(run_writes(f.t, &up, 1, NULL), 0);
+
+        ck_assert_int_eq(setenv("FAKE_CUDA_COPY_DELAY_MS", "400", 1), 0);
+        ck_assert_int_eq(f.t->ops->post(f.t, NULL, f.w, N), 0); /* GPU → GPU, 400 ms */
+        ck_assert_uint_gt(gpu_copy_engine_in_flight(f.e), 0);
+        usec_t took = unregister_timed(f.t, &r1);
+        ck_assert_uint_lt(took, 200 * USEC_PER_MSEC);
+
+        /* A copy out of r2 in flight: its unregistering waits for it. */
+        TransportWrite down = { .src_region = 12, .dst_region = 2, .dst_offset = 3 << 19, .length = 4096, .cookie = 1ULL << 40 };
+        ck_assert_int_eq(f.t->ops->post(f.t, NULL, &down, 1), 0);
+        took = unregister_timed(f.t, &r2);
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_COPY_DELAY_MS"), 0);
+        ck_assert_uint_ge(took, 100 * USEC_PER_MSEC);
+        /* Every completion still comes, each once: the N writes and the one out of r2. */
+        size_t seen = 0, nine = 0;
+        TransportCompletion c[64];
+        while (seen < (size_t)N + 1) {
+                struct pollfd p = { .fd = f.t->ops->completion_fd(f.t), .events = POLLIN };
+                size_t k = f.t->ops->poll(f.t, c, ELEMENTSOF(c));
+                for (size_t i = 0; i < k; i++) {
+                        ck_assert_int_eq(c[i].error, 0);
+                        nine += c[i].cookie == 1ULL << 40;
+                        seen += c[i].writes;
+                }
+                if (k == 0)
+                        ck_assert_int_eq(poll(&p, 1, 5000), 1);
+        }
+        ck_assert_uint_eq(seen, (size_t)N + 1);
+        ck_assert_uint_eq(nine, 1);
+        ck_assert_uint_eq(gpu_copy_engine_in_flight(f.e), 0);
+        for (size_t i = 0; i < 4096; i++)
+                ck_assert_uint_eq(f.dst[(3 << 19) + i], 0x22);
+        free(h1);
+        free(h2);
+        teardown(&f);
+}
+END_TEST
+
 static Suite *suite(void) {
         Suite *s = suite_create("gpu-kernels-fake");
         TCase *tc = tcase_create("core");
@@ -288,6 +354,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_failed_kernels_give_their_slots_back);
         tcase_add_test(tc, test_few_writes_stay_on_the_copy_engine);
         tcase_add_test(tc, test_interleaved_cookies_complete_once_each);
+        tcase_add_test(tc, test_unregister_waits_only_for_its_own_copies);
         suite_add_tcase(s, tc);
         return s;
 }
