@@ -25,6 +25,7 @@
 #include "list.h"
 #include "log.h"
 #include "macro.h"
+#include "telemetry/telemetry-manager.h"
 #include "wal/wal-manager.h"
 
 #define PREFETCH_KEYS_MAX 1024u
@@ -162,6 +163,20 @@ static int check_key(const char *key, sd_bus_error *error) {
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "A feature key is 1 to %u bytes.", FEATURE_KEY_MAX);
         return 0;
+}
+
+/* A step of a request in its trace (docs/telemetry.md): under the request id the caller
+ * gave (Reserve, AcquireOrReserve) or the feature's producer gave (Publish, Fail);
+ * nothing without one. */
+static void trace_step(Manager *m, const EpdId *req, TraceEventType type, const char *key, uint64_t bytes,
+                       usec_t duration, const char *what) {
+        char id[EPD_ID_STRING_MAX], detail[TRACE_DETAIL_MAX];
+
+        if (!req || epd_id_is_null(req))
+                return;
+        snprintf(detail, sizeof detail, "%s%skey=%.48s", what ?: "", what ? " " : "", key);
+        (void)telemetry_trace(m, epd_id_to_string(req, id), type,
+                              &(TraceDetail) { .bytes = bytes, .duration_usec = duration, .detail = detail });
 }
 
 /* (handle, state, error, arena, offset, bytes, descriptor, request id) */
@@ -493,7 +508,13 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
                 }
                 feature_manager_arm_timer(fm);
         }
-        return acquire_answer(fm, msg, w, ref, res, error);
+        r = acquire_answer(fm, msg, w, ref, res, error);
+        if (r >= 0 && res == FEATURE_ACQUIRE_PRODUCE) {
+                trace_step(m, &req, TRACE_ACQUIRE_MISS, key, bytes, 0, NULL);
+                trace_step(m, &req, TRACE_ENCODE_START, key, bytes, 0, NULL);
+        } else if (r >= 0)
+                trace_step(m, &req, TRACE_ACQUIRE_HIT, key, bytes, 0, acquire_results[res]);
+        return r;
 }
 
 static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -548,7 +569,10 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = reply_info_as(fm, msg, h, own);
         if (r < 0 && own)
                 feature_handle_release(h); /* the caller is refused: it never learns the handle */
-        return r < 0 ? r : 1;
+        if (r < 0)
+                return r;
+        trace_step(m, &req, TRACE_ENCODE_START, key, bytes, 0, NULL);
+        return 1;
 }
 
 /* Publish and Fail: r is how ending the production went. The feature's new state was
@@ -579,8 +603,11 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
         if (r < 0)
                 return r;
         r = feature_publish(h->ref, encode_usec);
-        if (r >= 0)
+        if (r >= 0) {
+                Feature *f = h->ref->feature;
                 feature_manager_count_publish(h);
+                trace_step(fm->manager, &f->request_id, TRACE_PUBLISH, f->key, f->bytes, encode_usec, NULL);
+        }
         return producer_ended(fm, msg, id, r, error);
 }
 
@@ -596,9 +623,18 @@ static int method_fail(sd_bus_message *msg, void *userdata, sd_bus_error *error)
         r = handle_lookup(fm, msg, id, &h, error);
         if (r < 0)
                 return r;
-        if (h->ref->kind == FEATURE_REF_PRODUCER)
+        /* Taken before: a failed fresh feature may leave the cache with its handle. */
+        bool producer = h->ref->kind == FEATURE_REF_PRODUCER;
+        EpdId req = h->ref->feature->request_id;
+        char key[64], what[TRACE_DETAIL_MAX];
+        snprintf(key, sizeof key, "%.63s", h->ref->feature->key);
+        snprintf(what, sizeof what, "feature failed: %.40s", reason);
+        if (producer)
                 log_debug("Feature '%.64s' failed: %.200s", h->ref->feature->key, reason);
-        return producer_ended(fm, msg, id, feature_fail(h->ref, -ECANCELED), error);
+        r = feature_fail(h->ref, -ECANCELED);
+        if (r >= 0 && producer)
+                trace_step(fm->manager, &req, TRACE_ERROR, key, 0, 0, what);
+        return producer_ended(fm, msg, id, r, error);
 }
 
 /* The one argument of Describe, Wait and Release: the caller's handle. */

@@ -32,14 +32,30 @@ static void trace(HandoffObject *o, TraceEventType type, const TraceDetail *d) {
         (void)telemetry_trace(o->hm->manager, o->request_str, type, &x);
 }
 
-/* One event per layer group of [from, to), recorded together. */
+int handoff_obj_group_ready(HandoffObject *o, uint32_t g) {
+        int r = handoff_group_ready(o->h, g);
+        if (r > 0) {
+                o->h->groups[g].ready_usec = now_usec(CLOCK_MONOTONIC);
+                trace(o, TRACE_GROUP_READY, &(TraceDetail){ .has_group = true, .group = (int32_t)g,
+                                                           .bytes = o->h->groups[g].bytes_expected });
+        }
+        return r;
+}
+
+/* One event per layer group of [from, to), recorded together; a source's group-sent
+ * carries the time from its group-ready. */
 static void trace_groups(HandoffObject *o, TraceEventType type, uint32_t from, uint32_t to) {
         TraceDetail x[64];
+        usec_t now = type == TRACE_GROUP_SENT ? now_usec(CLOCK_MONOTONIC) : 0;
         while (from < to) {
                 size_t n = MIN((size_t)(to - from), ELEMENTSOF(x));
                 for (size_t i = 0; i < n; i++) {
+                        const HandoffGroup *g = &o->h->groups[from + i];
                         x[i] = (TraceDetail){ .has_group = true, .group = (int32_t)(from + i),
-                                              .bytes = o->h->groups[from + i].bytes_done };
+                                              .bytes = g->bytes_done,
+                                              .duration_usec = now > g->ready_usec && g->ready_usec > 0
+                                                                       ? now - g->ready_usec
+                                                                       : 0 };
                         if (i == 0)
                                 trace_fill(o, &x[0]);
                         else {

@@ -364,7 +364,7 @@ static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *us
                             handoff_client_serial(o->object.owner) != cr->serial)
                                 r = -ENOENT;
                         else {
-                                r = handoff_group_ready(o->h, rec.group);
+                                r = handoff_obj_group_ready(o, rec.group);
                                 if (r > 0)
                                         handoff_pump(o);
                                 handoff_after_event(o);

@@ -646,8 +646,10 @@ static int prepare_admit(HandoffManager *hm, const HandoffPrepareArgs *a, Prepar
                 return 0;
         const char *reason = backpressure_reason_to_string(st.reason);
         hm->counters.deferred++;
-        (void)telemetry_trace(m, a->request_id, TRACE_HANDOFF_PREPARE,
-                              &(TraceDetail){ .peer = a->destination, .detail = "deferred: backpressure" });
+        char what[TRACE_DETAIL_MAX];
+        snprintf(what, sizeof what, "prepare deferred: %s (%s)", backpressure_level_to_string(level), reason);
+        (void)telemetry_trace(m, a->request_id, TRACE_BACKPRESSURE,
+                              &(TraceDetail){ .peer = a->destination, .detail = what, .duration_usec = retry });
         log_debug("handoff %s: deferred: peer %s at %s (%s), %u handoffs / %" PRIu64 " bytes in flight", a->request_id,
                   a->destination, backpressure_level_to_string(level), reason, win->handoffs, win->bytes);
         if (backpressure_window_closed(level, st.reason))
@@ -945,7 +947,7 @@ int handoff_manager_prepare(HandoffManager *hm, Worker *w, const HandoffPrepareA
         /* Groups computed already ship now (or once the destination answered). */
         if (a->ready > 0) {
                 for (uint32_t g = 0; g < MIN(a->ready, o->h->n_groups); g++)
-                        (void)handoff_group_ready(o->h, g);
+                        (void)handoff_obj_group_ready(o, g);
                 handoff_pump(o);
                 handoff_after_event(o);
         }
@@ -953,7 +955,7 @@ int handoff_manager_prepare(HandoffManager *hm, Worker *w, const HandoffPrepareA
 }
 
 int handoff_manager_group_ready(HandoffObject *o, uint32_t group, Reason *why) {
-        int r = handoff_group_ready(o->h, group);
+        int r = handoff_obj_group_ready(o, group);
         if (r == -EPERM)
                 return reason_set(why, -EINVAL, "LayerGroupReady is the prefill side's.");
         if (r == -ESTALE)

@@ -90,6 +90,8 @@ typedef struct HandoffGroup {
         uint64_t bytes_done;     /* completed writes (source) / landed bytes (destination) */
         uint32_t writes_pending; /* posted (source) / landing (destination), not completed */
         bool notice;             /* destination: the source said it is complete */
+        uint64_t ready_usec;     /* source: CLOCK_MONOTONIC when the worker said it is ready
+                                  * (set by the manager, for the request's trace) */
 } HandoffGroup;
 
 typedef struct Handoff {

@@ -13,6 +13,7 @@
 #include "core/worker.h"
 #include "log.h"
 #include "sched/scheduler-manager.h"
+#include "telemetry/telemetry-manager.h"
 
 #define WORKER_PREFIX "/org/epd1/worker/"
 
@@ -110,6 +111,17 @@ static int method_admit(sd_bus_message *msg, void *userdata, sd_bus_error *error
                                              "was cancelled.", request_id, strerror(-r));
         }
 
+        /* The request's trace: the verdict and why (backpressure on its own), the time it
+         * is predicted to take or to wait. */
+        char what[TRACE_DETAIL_MAX];
+        snprintf(what, sizeof what, "%s %s%s%s", type, sched_verdict_to_string(d.verdict),
+                 d.verdict == SCHED_ADMIT ? "" : ": ",
+                 d.verdict == SCHED_ADMIT ? "" : sched_reason_to_string(d.reason));
+        (void)telemetry_trace(m, request_id, d.reason == SCHED_REASON_BACKPRESSURE ? TRACE_BACKPRESSURE : TRACE_ADMIT,
+                              &(TraceDetail) { .detail = what,
+                                               .duration_usec = d.verdict == SCHED_ADMIT ? d.predicted
+                                                                                                : d.retry_after });
+
         char p[_SCHED_STAGE_MAX][128];
         for (int st = 0; st < _SCHED_STAGE_MAX; st++)
                 worker_path(p[st], sizeof p[st], d.worker[st]);
@@ -158,6 +170,10 @@ static int method_complete(sd_bus_message *msg, void *userdata, sd_bus_error *er
         if (r < 0)
                 return epd_bus_error(error, EPD_ERROR_FAILED, "Cannot complete the %s stage of request %s: %s", stage,
                                      request_id, strerror(-r));
+        char what[TRACE_DETAIL_MAX];
+        snprintf(what, sizeof what, "%s %s", stage, ok ? "done" : "failed");
+        (void)telemetry_trace(m, request_id, ok ? TRACE_STAGE_DONE : TRACE_ERROR,
+                              &(TraceDetail) { .detail = what, .duration_usec = service });
         return sd_bus_reply_method_return(msg, NULL);
 }
 

@@ -17,12 +17,12 @@ struct TraceStore {
 };
 
 static const char *const type_names[_TRACE_EVENT_TYPE_MAX] = {
+        [TRACE_ADMIT] = "admit",
+        [TRACE_STAGE_DONE] = "stage-done",
         [TRACE_ENCODE_START] = "encode-start",
-        [TRACE_ENCODE_DONE] = "encode-done",
         [TRACE_PUBLISH] = "publish",
         [TRACE_ACQUIRE_HIT] = "acquire-hit",
         [TRACE_ACQUIRE_MISS] = "acquire-miss",
-        [TRACE_PREFILL_START] = "prefill-start",
         [TRACE_HANDOFF_PREPARE] = "handoff-prepare",
         [TRACE_GROUP_READY] = "group-ready",
         [TRACE_GROUP_SENT] = "group-sent",

@@ -20,13 +20,14 @@
 #define TRACE_TRANSPORT_MAX 16
 #define TRACE_DETAIL_MAX 96
 
+/* Which call records each: docs/telemetry.md, "Request tracing". */
 typedef enum TraceEventType {
+        TRACE_ADMIT,
+        TRACE_STAGE_DONE,
         TRACE_ENCODE_START,
-        TRACE_ENCODE_DONE,
         TRACE_PUBLISH,
         TRACE_ACQUIRE_HIT,
         TRACE_ACQUIRE_MISS,
-        TRACE_PREFILL_START,
         TRACE_HANDOFF_PREPARE,
         TRACE_GROUP_READY,
         TRACE_GROUP_SENT,

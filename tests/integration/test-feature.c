@@ -22,6 +22,7 @@
 
 #include "epd-internal.h"
 #include "epd/epd-feature.h"
+#include "epd/epd-telemetry.h"
 #include "feature/feature-store.h"
 #include "harness.h"
 #include "time-util.h"
@@ -245,10 +246,38 @@ START_TEST(test_acquire_or_reserve) {
         ck_assert_int_eq(epd_feature_release(pre, w), 0);
         ck_assert_int_eq(epd_feature_release(enc, p), 0);
         /* then a hit: nothing reserved */
-        ck_assert_int_eq(epd_feature_acquire_or_reserve(pre, "sha256:aor", bytes, t, n, NULL, &r), 0);
+        ck_assert_int_eq(epd_feature_acquire_or_reserve(pre, "sha256:aor", bytes, t, n,
+                                                        "00000000000000000000000000000def", &r), 0);
         ck_assert_str_eq(r->result, "hit");
         ck_assert(same(r->data, bytes, 9));
         ck_assert_int_eq(epd_feature_release(pre, r), 0);
+
+        /* Each request's trace: the producer's miss, the encoder's start and its publish
+         * (with the encode time it reported); the second request's hit. A call without a
+         * request id leaves no trace. */
+        static const struct {
+                const char *request, *types[4];
+        } want[] = {
+                { "00000000000000000000000000000abc", { "acquire-miss", "encode-start", "publish", NULL } },
+                { "00000000000000000000000000000def", { "acquire-hit", NULL } },
+        };
+        for (size_t q = 0; q < ELEMENTSOF(want); q++) {
+                epd_trace_event *ev = NULL;
+                size_t n_ev = 0, k = 0;
+                ck_assert_int_eq(epd_trace_get(pre, want[q].request, &ev, &n_ev, NULL), 0);
+                for (; k < n_ev && want[q].types[k]; k++) {
+                        ck_assert_str_eq(ev[k].type, want[q].types[k]);
+                        ck_assert_ptr_nonnull(strstr(ev[k].detail, "key=sha256:aor"));
+                        ck_assert_uint_eq(ev[k].bytes, bytes);
+                }
+                ck_assert_uint_eq(k, n_ev);
+                ck_assert_ptr_null(want[q].types[k]);
+                if (q == 0)
+                        ck_assert_uint_eq(ev[2].duration_usec, 5); /* Publish's encode_usec */
+                else
+                        ck_assert_ptr_nonnull(strstr(ev[0].detail, "hit"));
+                free(ev);
+        }
         ck_assert_uint_eq(stat_u64(pre, "Produced"), 1);
         ck_assert_uint_eq(stat_u64(pre, "BytesReserved"), 0);
 
@@ -264,6 +293,21 @@ START_TEST(test_acquire_or_reserve) {
         ck_assert_str_eq(r->result, "produce"); /* fresh: the refused one was not kept */
         ck_assert_int_eq(epd_feature_release(pre, r), 0);
         ck_assert_uint_le(stat_u64(pre, "Features"), features);
+
+        /* A producer that fails: an error in its request's trace, with the reason. */
+        ck_assert_int_eq(epd_feature_reserve(enc, "sha256:aor-fail", bytes, t, n, "000000000000000000000000000000fa",
+                                             &p), 0);
+        ck_assert_int_eq(epd_feature_fail(enc, p, "vision tower OOM"), 0);
+        ck_assert_int_eq(epd_feature_release(enc, p), 0);
+        epd_trace_event *ev = NULL;
+        size_t n_ev = 0;
+        ck_assert_int_eq(epd_trace_get(enc, "000000000000000000000000000000fa", &ev, &n_ev, NULL), 0);
+        ck_assert_uint_eq(n_ev, 2);
+        ck_assert_str_eq(ev[0].type, "encode-start");
+        ck_assert_str_eq(ev[1].type, "error");
+        ck_assert_ptr_nonnull(strstr(ev[1].detail, "vision tower OOM"));
+        ck_assert_ptr_nonnull(strstr(ev[1].detail, "key=sha256:aor-fail"));
+        free(ev);
         epd_disconnect(enc);
         epd_disconnect(pre);
 }

@@ -286,15 +286,23 @@ START_TEST(test_two_arenas) {
         epd_trace_event *ev = NULL;
         size_t n_ev = 0;
         ck_assert_int_eq(epd_trace_get(p, rid(1), &ev, &n_ev, NULL), 0);
-        unsigned n_sent = 0, n_received = 0, n_commit = 0, n_release = 0, n_prepare = 0;
+        unsigned n_sent = 0, n_received = 0, n_commit = 0, n_release = 0, n_prepare = 0, n_ready = 0;
         uint64_t sent_bytes = 0;
         for (size_t i = 0; i < n_ev; i++) {
                 if (i > 0)
                         ck_assert_uint_ge(ev[i].ts_usec, ev[0].ts_usec);
                 if (strcmp(ev[i].type, "handoff-prepare") == 0)
                         n_prepare++;
-                else if (strcmp(ev[i].type, "group-sent") == 0) {
+                else if (strcmp(ev[i].type, "group-ready") == 0) {
+                        /* Once per group (the repeated LayerGroupReady is not an event),
+                         * in order, before that group is sent; with the group's bytes. */
+                        ck_assert_int_eq(ev[i].group, (int32_t)n_ready);
+                        ck_assert_uint_eq(n_sent, n_ready);
+                        ck_assert_uint_eq(ev[i].bytes, (uint64_t)N_PAGES * PAGE_SIZE / 4);
+                        n_ready++;
+                } else if (strcmp(ev[i].type, "group-sent") == 0) {
                         ck_assert_int_eq(ev[i].group, (int32_t)n_sent);
+                        ck_assert_uint_eq(n_ready, n_sent + 1);
                         ck_assert_str_eq(ev[i].transport, "local");
                         sent_bytes += ev[i].bytes;
                         n_sent++;
@@ -306,6 +314,7 @@ START_TEST(test_two_arenas) {
                         n_release++;
         }
         ck_assert_uint_eq(n_prepare, 2); /* source and destination */
+        ck_assert_uint_eq(n_ready, 4);
         ck_assert_uint_eq(n_sent, 4);
         ck_assert_uint_eq(n_received, 4);
         ck_assert_uint_eq(sent_bytes, (uint64_t)N_PAGES * PAGE_SIZE);

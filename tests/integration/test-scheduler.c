@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 
 #include "epd-internal.h"
+#include "epd/epd-telemetry.h"
 #include "harness.h"
 #include "../check-main.h"
 
@@ -42,6 +43,17 @@ static unsigned outstanding(void) {
                          0);
         sd_bus_flush_close_unref(bus);
         return n;
+}
+
+/* The types and details of request rid's trace, in order ("type detail;" each). */
+static void trace_of(epd_client *c, const char *rid, char *buf, size_t size) {
+        epd_trace_event *ev = NULL;
+        size_t n = 0, used = 0;
+        buf[0] = 0;
+        ck_assert_int_eq(epd_trace_get(c, rid, &ev, &n, NULL), 0);
+        for (size_t i = 0; i < n && used < size; i++)
+                used += (size_t)snprintf(buf + used, size - used, "%s %s;", ev[i].type, ev[i].detail);
+        free(ev);
 }
 
 START_TEST(test_admit_complete) {
@@ -77,6 +89,12 @@ START_TEST(test_admit_complete) {
         ck_assert_int_eq(epd_complete(p, "r1", "prefill", 20000, true), 0);
         ck_assert_int_eq(epd_complete(d, "r1", "decode", 100000, true), 0);
         ck_assert_uint_eq(outstanding(), 0);
+        /* Each request's trace: the verdict and why, each stage reported done. */
+        char tr[1024];
+        trace_of(tool, "r1", tr, sizeof tr);
+        ck_assert_str_eq(tr, "admit interactive admit;stage-done prefill done;stage-done decode done;");
+        trace_of(tool, "r2", tr, sizeof tr);
+        ck_assert_str_eq(tr, "admit thinking defer: no-pages;");
         ck_assert_int_eq(epd_complete(d, "r1", "decode", 100000, true), -ENOENT);
         ck_assert_str_eq(epd_last_error_name(d), "org.epd1.Error.NotFound");
 
@@ -690,6 +708,9 @@ START_TEST(test_configure_refused_changes_nothing) {
         ck_assert_int_eq(epd_admit(tool, "r4", "interactive", 0, 1, false, &a), 0);
         ck_assert_int_eq(a.verdict, EPD_DEFER);
         ck_assert_str_eq(a.reason, "backpressure");
+        char tr[256];
+        trace_of(tool, "r4", tr, sizeof tr);
+        ck_assert_str_eq(tr, "backpressure interactive defer: backpressure;");
 
         epd_disconnect(dec);
         epd_disconnect(pre);
