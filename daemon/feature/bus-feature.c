@@ -174,7 +174,7 @@ static void trace_step(Manager *m, const EpdId *req, TraceEventType type, const 
 
         if (!req || epd_id_is_null(req))
                 return;
-        snprintf(detail, sizeof detail, "%s%skey=%.48s", what ?: "", what ? " " : "", key);
+        snprintf(detail, sizeof detail, "%.40s%skey=%.48s", what ?: "", what ? " " : "", key);
         (void)telemetry_trace(m, epd_id_to_string(req, id), type,
                               &(TraceDetail) { .bytes = bytes, .duration_usec = duration, .detail = detail });
 }
@@ -508,12 +508,15 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
                 }
                 feature_manager_arm_timer(fm);
         }
+        /* The feature's size, before the answer: a refused one releases the reference. */
+        uint64_t have = ref->feature->bytes;
         r = acquire_answer(fm, msg, w, ref, res, error);
         if (r >= 0 && res == FEATURE_ACQUIRE_PRODUCE) {
                 trace_step(m, &req, TRACE_ACQUIRE_MISS, key, bytes, 0, NULL);
                 trace_step(m, &req, TRACE_ENCODE_START, key, bytes, 0, NULL);
         } else if (r >= 0)
-                trace_step(m, &req, TRACE_ACQUIRE_HIT, key, bytes, 0, acquire_results[res]);
+                trace_step(m, &req, TRACE_ACQUIRE_HIT, key, have, 0,
+                           res == FEATURE_ACQUIRE_LOADING ? "read-back" : acquire_results[res]);
         return r;
 }
 
@@ -628,7 +631,7 @@ static int method_fail(sd_bus_message *msg, void *userdata, sd_bus_error *error)
         EpdId req = h->ref->feature->request_id;
         char key[64], what[TRACE_DETAIL_MAX];
         snprintf(key, sizeof key, "%.63s", h->ref->feature->key);
-        snprintf(what, sizeof what, "feature failed: %.40s", reason);
+        snprintf(what, sizeof what, "failed: %.32s", reason);
         if (producer)
                 log_debug("Feature '%.64s' failed: %.200s", h->ref->feature->key, reason);
         r = feature_fail(h->ref, -ECANCELED);

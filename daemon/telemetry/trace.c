@@ -62,6 +62,25 @@ bool trace_request_id_valid(const char *id) {
         return n > 0;
 }
 
+/* A request id of 32 hex digits (what the feature and handoff calls take, printed in
+ * lowercase by the daemon) in lowercase, so that a caller's uppercase spelling of it in
+ * Admit, or in GetTrace, names the same trace; any other id as it is. */
+static const char *canonical_id(const char *id, char buf[static TRACE_REQUEST_ID_MAX + 1]) {
+        size_t n = 0;
+        bool upper = false;
+        for (; id[n]; n++) {
+                char c = id[n];
+                if (n >= 32 || !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')))
+                        return id;
+                upper = upper || (c >= 'A' && c <= 'F');
+        }
+        if (n != 32 || !upper)
+                return id;
+        for (size_t i = 0; i <= n; i++)
+                buf[i] = (char)(id[i] >= 'A' && id[i] <= 'F' ? id[i] - 'A' + 'a' : id[i]);
+        return buf;
+}
+
 TraceStore *trace_store_new(size_t max_requests, size_t max_events) {
         if (max_requests == 0 || max_events == 0)
                 return NULL;
@@ -111,13 +130,15 @@ uint64_t trace_store_evicted(const TraceStore *t) {
 }
 
 const TraceRequest *trace_store_get(const TraceStore *t, const char *request_id) {
+        char buf[TRACE_REQUEST_ID_MAX + 1];
         if (!t || !request_id)
                 return NULL;
-        return hashmap_get(t->by_id, request_id);
+        return hashmap_get(t->by_id, canonical_id(request_id, buf));
 }
 
 void trace_store_remove(TraceStore *t, const char *request_id) {
-        TraceRequest *r = t && request_id ? hashmap_get(t->by_id, request_id) : NULL;
+        char buf[TRACE_REQUEST_ID_MAX + 1];
+        TraceRequest *r = t && request_id ? hashmap_get(t->by_id, canonical_id(request_id, buf)) : NULL;
         if (!r)
                 return;
         store_unlink(t, r);
@@ -136,8 +157,10 @@ static void copy_field(char *dst, size_t n, const char *src) {
 
 int trace_store_add_n(TraceStore *t, const char *request_id, usec_t ts, TraceEventType type, const TraceDetail *d,
                       size_t n) {
+        char buf[TRACE_REQUEST_ID_MAX + 1];
         if (!t || !trace_request_id_valid(request_id) || (unsigned)type >= _TRACE_EVENT_TYPE_MAX || (n > 0 && !d))
                 return -EINVAL;
+        request_id = canonical_id(request_id, buf);
 
         TraceRequest *r = hashmap_get(t->by_id, request_id);
         if (!r) {

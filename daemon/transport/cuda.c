@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -219,9 +220,6 @@ static void batch_complete(CudaTransport *c, CudaBatch *b) {
                 ready_push(c, &at, &m[q]);
 }
 
-/* Moves finished batches from the engine into completions (batch_complete()). Room for
- * every write in flight was reserved at post time. Returns how many batches were
- * reaped. */
 /* A pinned host region the batch copies into or out of (validated, not posted yet). */
 static void batch_note_pinned(CudaBatch *b, CudaRegion *cr) {
         if (!cr->pinned || b->wide)
@@ -244,6 +242,9 @@ static void batch_hold_pinned(CudaTransport *c, CudaBatch *b, int d) {
                         b->pinned[i]->batches += (unsigned)d;
 }
 
+/* Moves finished batches from the engine into completions (batch_complete()). Room for
+ * every write in flight was reserved at post time. Returns how many batches were
+ * reaped. */
 static size_t reap_into_ready(CudaTransport *c) {
         GpuCopyDone d[16];
         size_t m, total = 0;
@@ -277,9 +278,18 @@ static void cuda_region_free(CudaTransport *c, CudaRegion *cr) {
                  * copy into or out of this region finish (on the caller's thread, epdd's
                  * loop: a staging buffer given up for room is idle, so there are none
                  * then), not every batch on the engine. */
-                while ((cr->batches > 0 || c->wide_in_flight > 0) && gpu_copy_engine_in_flight(c->engine) > 0 &&
-                       gpu_copy_wait(c->engine, 1000) >= 0)
+                while ((cr->batches > 0 || c->wide_in_flight > 0) && gpu_copy_engine_in_flight(c->engine) > 0) {
+                        int r = gpu_copy_wait(c->engine, 1000);
+                        if (r < 0 && r != -EINTR) {
+                                /* Cannot wait (poll failed): a batch in flight still
+                                 * names this region, so it stays, pinned, rather than
+                                 * be freed or unpinned under the copy. */
+                                log_error_errno(r, "cuda: cannot wait for the copies of host region %" PRIu64
+                                                   "; it stays pinned: %m", cr->id);
+                                return;
+                        }
                         (void)reap_into_ready(c);
+                }
                 /* The reaps drained the completion fd: the loop learns of what they left
                  * in the ready queue only if the fd is readable again. */
                 if (c->n_ready > 0)

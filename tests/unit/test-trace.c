@@ -25,6 +25,29 @@ START_TEST(test_ids) {
 }
 END_TEST
 
+/* A 32-hex-digit id (the feature and handoff calls' own, which the daemon prints in
+ * lowercase) is one trace however a caller spells it; other ids keep their case. */
+START_TEST(test_hex_ids_one_trace) {
+        _cleanup_(trace_store_freep) TraceStore *t = trace_store_new(16, 64);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_int_eq(trace_store_add(t, "0123456789ABCDEF0123456789abcdef", 1, TRACE_ADMIT, NULL), 0);
+        ck_assert_int_eq(trace_store_add(t, "0123456789abcdef0123456789abcdef", 2, TRACE_PUBLISH, NULL), 0);
+        ck_assert_uint_eq(trace_store_size(t), 1);
+        const TraceRequest *r = trace_store_get(t, "0123456789ABCDEF0123456789ABCDEF");
+        ck_assert_ptr_nonnull(r);
+        ck_assert_uint_eq(r->n_events, 2);
+        ck_assert_str_eq(r->id, "0123456789abcdef0123456789abcdef");
+        ck_assert_int_eq(trace_store_add(t, "Req-A", 3, TRACE_ADMIT, NULL), 0);
+        ck_assert_int_eq(trace_store_add(t, "req-a", 4, TRACE_ADMIT, NULL), 0);
+        ck_assert_uint_eq(trace_store_size(t), 3);
+        /* 32 characters, not all hex: as it is. */
+        ck_assert_int_eq(trace_store_add(t, "0123456789ABCDEF0123456789ABCDEG", 5, TRACE_ADMIT, NULL), 0);
+        ck_assert_ptr_null(trace_store_get(t, "0123456789abcdef0123456789abcdeg"));
+        trace_store_remove(t, "0123456789ABCDEF0123456789ABCDEF");
+        ck_assert_ptr_null(trace_store_get(t, "0123456789abcdef0123456789abcdef"));
+}
+END_TEST
+
 START_TEST(test_record_and_format) {
         _cleanup_(trace_store_freep) TraceStore *t = trace_store_new(16, 64);
         ck_assert_ptr_nonnull(t);
@@ -212,6 +235,7 @@ int main(void) {
         Suite *s = suite_create("trace");
         TCase *tc = tcase_create("trace");
         tcase_add_test(tc, test_ids);
+        tcase_add_test(tc, test_hex_ids_one_trace);
         tcase_add_test(tc, test_record_and_format);
         tcase_add_test(tc, test_bounds);
         tcase_add_test(tc, test_many);
