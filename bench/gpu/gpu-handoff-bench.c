@@ -37,6 +37,7 @@
 
 #include "epd-internal.h"
 #include "epd/epd-gpu.h"
+#include "epd/epd-telemetry.h"
 #include "epd/epd.h"
 #include "epd/handoff.h"
 #include "gpu-test-util.h"
@@ -366,6 +367,7 @@ static void prefill_main(const char *address, int fd, int rows_fd, const Case *c
                 double raw = raw_copy(find(m, n_arenas, cs->dst), find(m, n_arenas, cs->src), bytes, pinned);
 
                 double v[REPS + 1], ready[MAX_GROUPS] = {}, landed[MAX_GROUPS] = {}, t0_last = 0;
+                char rid_last[33] = "";
                 bool ok = true;
                 for (int rep = 0; rep <= REPS; rep++) {
                         Msg out = { .kind = M_PREPARED, .n_pages = (uint32_t)(bytes / PAGE),
@@ -395,6 +397,7 @@ static void prefill_main(const char *address, int fd, int rows_fd, const Case *c
                         ok = ok && in.ok;
                         v[rep] = (in.t - t0) * 1e3;
                         memcpy(landed, in.at, sizeof landed);
+                        memcpy(rid_last, out.rid, sizeof rid_last);
                         (void)epd_handoff_release(c, path);
                         free(path);
                 }
@@ -411,6 +414,26 @@ static void prefill_main(const char *address, int fd, int rows_fd, const Case *c
                         for (size_t g = 0; g < MIN(cs->n_groups, (size_t)MAX_GROUPS); g++)
                                 printf(" %.2f", (landed[g] - t0_last) * 1e3);
                         printf(" (raw copy of it all %.2f)\n", raw);
+                        /* The daemon's view of the same repetition (its request trace), in
+                         * ms after its first group-ready: when each group's call reached
+                         * it, and when the group's copies completed there (group-sent). */
+                        epd_trace_event *ev = NULL;
+                        size_t n_ev = 0;
+                        if (epd_trace_get(c, rid_last, &ev, &n_ev, NULL) >= 0) {
+                                uint64_t first = 0;
+                                for (size_t i = 0; i < n_ev && !first; i++)
+                                        if (strcmp(ev[i].type, "group-ready") == 0)
+                                                first = ev[i].ts_usec;
+                                printf("daemon %s:", name);
+                                for (size_t i = 0; i < n_ev; i++)
+                                        if (first && ev[i].ts_usec >= first &&
+                                            (strcmp(ev[i].type, "group-ready") == 0 ||
+                                             strcmp(ev[i].type, "group-sent") == 0))
+                                                printf(" %s%d@%.2f", ev[i].type[6] == 'r' ? "r" : "s", ev[i].group,
+                                                       (double)(ev[i].ts_usec - first) / 1e3);
+                                printf("\n");
+                                free(ev);
+                        }
                 }
         }
 
