@@ -415,8 +415,9 @@ static void prefill_main(const char *address, int fd, int rows_fd, const Case *c
                                 printf(" %.2f", (landed[g] - t0_last) * 1e3);
                         printf(" (raw copy of it all %.2f)\n", raw);
                         /* The daemon's view of the same repetition (its request trace), in
-                         * ms after its first group-ready: when each group's call reached
-                         * it, and when the group's copies completed there (group-sent). */
+                         * ms after group 0's group-ready: per group, when its call reached
+                         * the daemon (group-sent's time less its took=) and when its copies
+                         * completed there (group-sent). */
                         epd_trace_event *ev = NULL;
                         size_t n_ev = 0;
                         if (epd_trace_get(c, rid_last, &ev, &n_ev, NULL) >= 0) {
@@ -424,13 +425,13 @@ static void prefill_main(const char *address, int fd, int rows_fd, const Case *c
                                 for (size_t i = 0; i < n_ev && !first; i++)
                                         if (strcmp(ev[i].type, "group-ready") == 0)
                                                 first = ev[i].ts_usec;
-                                printf("daemon %s:", name);
-                                for (size_t i = 0; i < n_ev; i++)
-                                        if (first && ev[i].ts_usec >= first &&
-                                            (strcmp(ev[i].type, "group-ready") == 0 ||
-                                             strcmp(ev[i].type, "group-sent") == 0))
-                                                printf(" %s%d@%.2f", ev[i].type[6] == 'r' ? "r" : "s", ev[i].group,
-                                                       (double)(ev[i].ts_usec - first) / 1e3);
+                                printf("daemon %s: group ready..landed", name);
+                                for (size_t i = 0; first && i < n_ev; i++)
+                                        if (strcmp(ev[i].type, "group-sent") == 0)
+                                                printf(" %d:%.2f..%.2f", ev[i].group,
+                                                       ((double)ev[i].ts_usec - (double)ev[i].duration_usec -
+                                                        (double)first) / 1e3,
+                                                       ((double)ev[i].ts_usec - (double)first) / 1e3);
                                 printf("\n");
                                 free(ev);
                         }

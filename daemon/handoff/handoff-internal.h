@@ -161,7 +161,8 @@ int handoff_on_rdma_completion(sd_event_source *s, int fd, uint32_t revents, voi
 int handoff_parse_request_id(const char *s, EpdId *ret, Reason *why);
 void handoff_pump(HandoffObject *o);
 /* The worker says group g is ready (LayerGroupReady, its ring, or Prepare's `ready`):
- * handoff_group_ready(), and the first time its time and a group-ready trace event.
+ * handoff_group_ready(), and the first time its time (and for group 0 a group-ready
+ * trace event).
  * Returns as handoff_group_ready() (1: newly ready, the caller pumps). */
 int handoff_obj_group_ready(HandoffObject *o, uint32_t g);
 /* The last write of group g of a handoff whose completions ride the data: it carries

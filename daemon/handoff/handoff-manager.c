@@ -36,8 +36,13 @@ int handoff_obj_group_ready(HandoffObject *o, uint32_t g) {
         int r = handoff_group_ready(o->h, g);
         if (r > 0) {
                 o->h->groups[g].ready_usec = now_usec(CLOCK_MONOTONIC);
-                trace(o, TRACE_GROUP_READY, &(TraceDetail){ .has_group = true, .group = (int32_t)g,
-                                                           .bytes = o->h->groups[g].bytes_expected });
+                /* An event for the first group only (the prefill's output starts to
+                 * flow): each group's group-sent carries the time since its own ready,
+                 * so a per-group event here would only cost the hot path (a trace
+                 * lookup per LayerGroupReady, 36 a request). */
+                if (g == 0)
+                        trace(o, TRACE_GROUP_READY, &(TraceDetail){ .has_group = true, .group = 0,
+                                                                   .bytes = o->h->groups[0].bytes_expected });
         }
         return r;
 }
