@@ -32,13 +32,28 @@ static int conn_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t len
 
 /* ---- connections ---- */
 
+void peer_conn_pend(Conn *c) {
+        if (c->pending)
+                return;
+        c->pending = true;
+        LIST_PREPEND(pending, c->pm->pending, c);
+        if (!c->dialer)
+                c->pm->n_pending++;
+}
+
+void peer_conn_unpend(Conn *c) {
+        if (!c->pending)
+                return;
+        c->pending = false;
+        LIST_REMOVE(pending, c->pm->pending, c);
+        if (!c->dialer)
+                c->pm->n_pending--;
+}
+
 Conn *peer_conn_free(Conn *c) {
         if (!c)
                 return NULL;
-        if (c->pending) {
-                LIST_REMOVE(pending, c->pm->pending, c);
-                c->pm->n_pending--;
-        }
+        peer_conn_unpend(c);
         if (c->flush_due)
                 LIST_REMOVE(due, c->pm->flush_due, c);
         sd_event_source_disable_unref(c->io);
@@ -450,8 +465,6 @@ int peer_listen_io(sd_event_source *s, int fd, uint32_t revents, void *userdata)
                 }
                 TAKE_FD(cfd);
                 c->state = CONN_WAIT_HELLO;
-                c->pending = true;
-                LIST_PREPEND(pending, pm->pending, c);
-                pm->n_pending++;
+                peer_conn_pend(c);
         }
 }

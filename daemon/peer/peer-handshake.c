@@ -47,9 +47,7 @@ int peer_dial(Peer *p, PeerRole role, unsigned stream_index) {
         } else {
                 /* Tracked until authenticated, so that a session reset ends it. */
                 c->session_id = p->session_id;
-                c->pending = true;
-                LIST_PREPEND(pending, pm->pending, c);
-                pm->n_pending++;
+                peer_conn_pend(c);
         }
         return 0;
 }
@@ -268,11 +266,7 @@ int peer_acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t l
                         uint64_t sid = 0;
                         /* Off the pending list first: ending the old session ends the
                          * handshakes of its peer, and this one must survive that. */
-                        if (c->pending) {
-                                LIST_REMOVE(pending, pm->pending, c);
-                                pm->n_pending--;
-                                c->pending = false;
-                        }
+                        peer_conn_unpend(c);
                         if (p->state == PEER_UP || p->control)
                                 peer_down(p, -ECONNRESET, "superseded by a new connection");
                         do {

@@ -125,8 +125,10 @@ struct PeerManager {
 
         int listen_fd;
         sd_event_source *listen_source;
-        LIST_HEAD(Conn, pending);
-        size_t n_pending;
+        LIST_HEAD(Conn, pending);  /* not yet authenticated, ours and others' */
+        size_t n_pending;          /* of them, the ones others opened to us: the bound
+                                    * PEER_PENDING_MAX is on these (our own dials do not
+                                    * take their places) */
 
         HandlerRange *handlers;
         size_t n_handlers;
@@ -161,6 +163,9 @@ void peer_flush_overdue(PeerManager *pm);
 void peer_flush_control(Peer *p);
 Conn *peer_conn_free(Conn *c);
 int peer_conn_new(PeerManager *pm, int fd, bool dialer, Conn **ret);
+/* On the pending list (until authenticated, so that a session reset ends it), and off. */
+void peer_conn_pend(Conn *c);
+void peer_conn_unpend(Conn *c);
 int peer_conn_queue(Conn *c, uint16_t type, const void *payload, size_t len);
 int peer_conn_read(Conn *c);
 void peer_conn_send_fail(Conn *c, PeerFailReason reason);

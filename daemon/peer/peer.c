@@ -166,11 +166,7 @@ int peer_up(Peer *p, Conn *c, uint64_t session_id, unsigned n_streams) {
         PeerManager *pm = p->pm;
         int r;
 
-        if (c->pending) {
-                LIST_REMOVE(pending, pm->pending, c);
-                pm->n_pending--;
-                c->pending = false;
-        }
+        peer_conn_unpend(c);
         c->timeout = sd_event_source_disable_unref(c->timeout);
         c->state = CONN_UP;
         p->control = c;

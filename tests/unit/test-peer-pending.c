@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The bound on unauthenticated connections (PEER_PENDING_MAX) is on the ones others
+ * open to us: connections this host dials itself (data streams waiting for their
+ * peer's CHALLENGE, as at the start of a session with many peers, or against a peer
+ * that does not answer) do not take its places, so that another host's control
+ * connection is still accepted; past the bound, an incoming connection is closed at
+ * once. Real sockets on 127.0.0.1, the daemon's own peer code. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <systemd/sd-event.h>
+
+#include "peer/peer-internal.h"
+#include "peer/peer-manager.h"
+#include "../check-main.h"
+
+static unsigned short port_of(int fd) {
+        struct sockaddr_in sa;
+        socklen_t sl = sizeof sa;
+        ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+        return ntohs(sa.sin_port);
+}
+
+static int tcp_to(unsigned short port) {
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        return fd;
+}
+
+/* Until nothing happened for 50 ms (sd_event_run() dispatches one source a call). */
+static void run_loop(sd_event *e) {
+        for (int i = 0, idle = 0; idle < 5 && i < 100000; i++) {
+                int r = sd_event_run(e, 10 * 1000);
+                ck_assert_int_ge(r, 0);
+                idle = r == 0 ? idle + 1 : 0;
+        }
+}
+
+/* 1: the daemon closed it (EOF); 0: still open, waiting for our HELLO. */
+static int closed(int fd) {
+        char b;
+        ssize_t n = recv(fd, &b, 1, MSG_DONTWAIT);
+        if (n == 0)
+                return 1;
+        ck_assert_int_lt(n, 0);
+        ck_assert_int_eq(errno, EAGAIN);
+        return 0;
+}
+
+START_TEST(test_own_dials_do_not_take_the_places_of_others) {
+        char key[] = "/tmp/epd-test-peer-pending-XXXXXX", addr[64];
+        int kfd = mkstemp(key);
+        ck_assert_int_ge(kfd, 0);
+        ck_assert_int_eq(write(kfd, "0123456789abcdef0123456789abcdef", 32), 32);
+        close(kfd);
+
+        /* A peer that accepts connections (the kernel's backlog) and never answers. */
+        int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        ck_assert_int_eq(bind(silent, (struct sockaddr *)&sa, sizeof sa), 0);
+        ck_assert_int_eq(listen(silent, 512), 0);
+        snprintf(addr, sizeof addr, "127.0.0.1:%u", port_of(silent));
+
+        /* Our own listening port: a free one (Listen= takes no port 0). */
+        char listen_at[64];
+        int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_eq(bind(probe, (struct sockaddr *)&sa, sizeof sa), 0);
+        snprintf(listen_at, sizeof listen_at, "127.0.0.1:%u", port_of(probe));
+        close(probe);
+
+        sd_event *e;
+        PeerManager *pm;
+        ck_assert_int_ge(sd_event_new(&e), 0);
+        PeerConfig peer = { .name = "silent", .host_id = "zz-silent", .address = addr };
+        PeerManagerConfig c = { .host_id = "aa-self", .listen_address = listen_at, .peers = &peer,
+                                .n_peers = 1, .cluster_key_file = key, .heartbeat_usec = 60 * USEC_PER_SEC };
+        ck_assert_int_eq(peer_manager_new(&pm, e, &c), 0);
+        ck_assert_int_eq(peer_manager_start(pm), 0);
+        unsigned short port = port_of(pm->listen_fd);
+
+        /* More data streams of our own than the bound, all waiting for the silent
+         * peer's CHALLENGE. */
+        Peer *p = peer_manager_peer(pm, 0);
+        for (unsigned i = 0; i < PEER_PENDING_MAX + 8; i++)
+                ck_assert_int_eq(peer_dial(p, PEER_ROLE_DATA, i % PEER_MAX_STREAMS), 0);
+        run_loop(e);
+
+        /* Others' connections: the first PEER_PENDING_MAX are taken (and wait for a
+         * HELLO), the next is closed at once. */
+        int in[PEER_PENDING_MAX + 1];
+        for (unsigned i = 0; i <= PEER_PENDING_MAX; i++)
+                in[i] = tcp_to(port);
+        run_loop(e);
+        for (unsigned i = 0; i < PEER_PENDING_MAX; i++)
+                ck_assert_msg(!closed(in[i]), "incoming connection %u refused", i);
+        ck_assert(closed(in[PEER_PENDING_MAX]));
+
+        /* One goes: a place is free again. */
+        close(in[0]);
+        run_loop(e);
+        in[0] = tcp_to(port);
+        run_loop(e);
+        ck_assert(!closed(in[0]));
+
+        for (unsigned i = 0; i <= PEER_PENDING_MAX; i++)
+                close(in[i]);
+        peer_manager_free(pm);
+        sd_event_unref(e);
+        close(silent);
+        unlink(key);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("peer-pending");
+        TCase *tc = tcase_create("peer-pending");
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, test_own_dials_do_not_take_the_places_of_others);
+        suite_add_tcase(s, tc);
+        return check_run(s, CK_FORK_GETENV);
+}
