@@ -286,6 +286,8 @@ static void cuda_region_free(CudaTransport *c, CudaRegion *cr) {
                                  * be freed or unpinned under the copy. */
                                 log_error_errno(r, "cuda: cannot wait for the copies of host region %" PRIu64
                                                    "; it stays pinned: %m", cr->id);
+                                if (c->n_ready > 0)
+                                        gpu_copy_engine_kick(c->engine); /* what the reaps took */
                                 return;
                         }
                         (void)reap_into_ready(c);
