@@ -246,6 +246,10 @@ int peer_acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t l
         }
         if (c->state == CONN_WAIT_AUTH && type == PEER_MSG_AUTH) {
                 Peer *p = c->peer;
+                if (p->retired) { /* left the membership since its HELLO */
+                        peer_conn_send_fail(c, PEER_FAIL_UNKNOWN_HOST);
+                        return -EACCES;
+                }
                 PeerAuth a;
                 PeerAuthTranscript t;
                 PeerAuthOk ok = {

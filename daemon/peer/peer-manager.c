@@ -439,6 +439,11 @@ int peer_manager_retire_member(PeerManager *pm, const char *host_id) {
         pm->n_members--;
         (void)sd_event_source_set_enabled(p->reconnect_timer, SD_EVENT_OFF);
         peer_down(p, -EHOSTDOWN, "left the cluster membership");
+        /* Its handshakes under way end too (peer_down() leaves a peer that is down
+         * already alone): an AUTH arriving later would bring it up again. */
+        LIST_FOREACH_SAFE(pending, c, n, pm->pending)
+                if (c->peer == p)
+                        peer_conn_free(c);
         return 0;
 }
 

@@ -119,11 +119,62 @@ START_TEST(test_own_dials_do_not_take_the_places_of_others) {
 }
 END_TEST
 
+/* A member that leaves the cluster while its control connection to us is between HELLO
+ * and AUTH: that handshake ends with it (it was left waiting, and an AUTH arriving later
+ * brought the departed member up again). */
+START_TEST(test_retired_member_handshake_ends) {
+        char key[] = "/tmp/epd-test-peer-pending-XXXXXX", listen_at[64];
+        int kfd = mkstemp(key);
+        ck_assert_int_ge(kfd, 0);
+        ck_assert_int_eq(write(kfd, "0123456789abcdef0123456789abcdef", 32), 32);
+        close(kfd);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_eq(bind(probe, (struct sockaddr *)&sa, sizeof sa), 0);
+        snprintf(listen_at, sizeof listen_at, "127.0.0.1:%u", port_of(probe));
+        close(probe);
+
+        sd_event *e;
+        PeerManager *pm;
+        ck_assert_int_ge(sd_event_new(&e), 0);
+        PeerManagerConfig c = { .host_id = "bb-self", .listen_address = listen_at, .cluster_key_file = key,
+                                .heartbeat_usec = 60 * USEC_PER_SEC };
+        ck_assert_int_eq(peer_manager_new(&pm, e, &c), 0);
+        ck_assert_int_eq(peer_manager_start(pm), 0);
+        /* "aa-m" sorts first: it dials us. */
+        ck_assert_int_eq(peer_manager_add_member(pm, "aa-m", "127.0.0.1:9", NULL), 0);
+
+        int fd = tcp_to(port_of(pm->listen_fd));
+        PeerHello h = { .role = PEER_ROLE_CONTROL, .min_version = PEER_PROTOCOL_VERSION,
+                        .max_version = PEER_PROTOCOL_VERSION, .n_streams = 2 };
+        snprintf(h.host_id, sizeof h.host_id, "aa-m");
+        uint8_t frame[PEER_FRAME_HEADER_SIZE + 512];
+        int n = peer_hello_encode(&h, frame + PEER_FRAME_HEADER_SIZE, sizeof frame - PEER_FRAME_HEADER_SIZE);
+        ck_assert_int_gt(n, 0);
+        peer_frame_header_encode(frame, PEER_MSG_HELLO, (uint32_t)n);
+        ck_assert_int_eq(write(fd, frame, PEER_FRAME_HEADER_SIZE + (size_t)n), PEER_FRAME_HEADER_SIZE + n);
+        run_loop(e);
+        uint8_t got[1024];
+        ck_assert_int_gt(recv(fd, got, sizeof got, MSG_DONTWAIT), 0); /* its CHALLENGE */
+        ck_assert(!closed(fd));
+
+        ck_assert_int_eq(peer_manager_retire_member(pm, "aa-m"), 0);
+        run_loop(e);
+        ck_assert(closed(fd));
+
+        close(fd);
+        peer_manager_free(pm);
+        sd_event_unref(e);
+        unlink(key);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("peer-pending");
         TCase *tc = tcase_create("peer-pending");
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_own_dials_do_not_take_the_places_of_others);
+        tcase_add_test(tc, test_retired_member_handshake_ends);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
