@@ -345,6 +345,55 @@ START_TEST(test_unregister_waits_only_for_its_own_copies) {
 }
 END_TEST
 
+/* A batch that copies out of more pinned regions than a batch tracks one by one
+ * (BATCH_PINNED_MAX, 4): unpinning any of them still waits for it. */
+START_TEST(test_unregister_waits_for_wide_batches) {
+        Fixture f = {};
+        setup(&f);
+        enum { HOST = 1 << 16, K = 6 };
+        uint8_t *h[K];
+        TransportRegion r[K];
+        TransportWrite w[K];
+        for (int i = 0; i < K; i++) {
+                h[i] = aligned_alloc(4096, HOST);
+                ck_assert_ptr_nonnull(h[i]);
+                memset(h[i], 0x30 + i, HOST);
+                r[i] = (TransportRegion) { .id = 20 + (uint64_t)i, .domain = MEMORY_HOST, .host_base = h[i],
+                                           .size = HOST };
+                ck_assert_int_eq(f.t->ops->register_region(f.t, &r[i]), 0);
+                w[i] = (TransportWrite) { .src_region = 20 + (uint64_t)i, .dst_region = 2,
+                                          .dst_offset = (3 << 19) + (uint64_t)i * 4096, .length = 4096,
+                                          .cookie = 500 };
+        }
+        ck_assert_int_eq(setenv("FAKE_CUDA_COPY_DELAY_MS", "300", 1), 0);
+        ck_assert_int_eq(f.t->ops->post(f.t, NULL, w, K), 0);
+        usec_t took = unregister_timed(f.t, &r[K - 1]); /* the sixth: not among the four tracked */
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_COPY_DELAY_MS"), 0);
+        ck_assert_uint_ge(took, 100 * USEC_PER_MSEC);
+        /* Its completion still comes, once, every byte landed. */
+        size_t seen = 0;
+        TransportCompletion c[16];
+        while (seen < K) {
+                struct pollfd p = { .fd = f.t->ops->completion_fd(f.t), .events = POLLIN };
+                size_t k = f.t->ops->poll(f.t, c, ELEMENTSOF(c));
+                for (size_t i = 0; i < k; i++) {
+                        ck_assert_int_eq(c[i].error, 0);
+                        ck_assert_uint_eq(c[i].cookie, 500);
+                        seen += c[i].writes;
+                }
+                if (k == 0 && seen < K)
+                        ck_assert_int_eq(poll(&p, 1, 5000), 1);
+        }
+        for (int i = 0; i < K; i++)
+                ck_assert_uint_eq(f.dst[(3 << 19) + i * 4096], 0x30 + i);
+        for (int i = 0; i < K - 1; i++)
+                f.t->ops->unregister_region(f.t, &r[i]);
+        for (int i = 0; i < K; i++)
+                free(h[i]);
+        teardown(&f);
+}
+END_TEST
+
 static Suite *suite(void) {
         Suite *s = suite_create("gpu-kernels-fake");
         TCase *tc = tcase_create("core");
@@ -355,6 +404,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_few_writes_stay_on_the_copy_engine);
         tcase_add_test(tc, test_interleaved_cookies_complete_once_each);
         tcase_add_test(tc, test_unregister_waits_only_for_its_own_copies);
+        tcase_add_test(tc, test_unregister_waits_for_wide_batches);
         suite_add_tcase(s, tc);
         return s;
 }
