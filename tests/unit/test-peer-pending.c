@@ -55,12 +55,24 @@ static int closed(int fd) {
         return 0;
 }
 
-START_TEST(test_own_dials_do_not_take_the_places_of_others) {
-        char key[] = "/tmp/epd-test-peer-pending-XXXXXX", addr[64];
+/* A cluster key file (mkstemp: mode 0600) and a free loopback port for Listen= (which
+ * takes no port 0). */
+static void key_and_port(char key[static 64], char listen_at[static 64]) {
+        snprintf(key, 64, "/tmp/epd-test-peer-pending-XXXXXX");
         int kfd = mkstemp(key);
         ck_assert_int_ge(kfd, 0);
         ck_assert_int_eq(write(kfd, "0123456789abcdef0123456789abcdef", 32), 32);
         close(kfd);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_eq(bind(probe, (struct sockaddr *)&sa, sizeof sa), 0);
+        snprintf(listen_at, 64, "127.0.0.1:%u", port_of(probe));
+        close(probe);
+}
+
+START_TEST(test_own_dials_do_not_take_the_places_of_others) {
+        char key[64], listen_at[64], addr[64];
+        key_and_port(key, listen_at);
 
         /* A peer that accepts connections (the kernel's backlog) and never answers. */
         int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -68,13 +80,6 @@ START_TEST(test_own_dials_do_not_take_the_places_of_others) {
         ck_assert_int_eq(bind(silent, (struct sockaddr *)&sa, sizeof sa), 0);
         ck_assert_int_eq(listen(silent, 512), 0);
         snprintf(addr, sizeof addr, "127.0.0.1:%u", port_of(silent));
-
-        /* Our own listening port: a free one (Listen= takes no port 0). */
-        char listen_at[64];
-        int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        ck_assert_int_eq(bind(probe, (struct sockaddr *)&sa, sizeof sa), 0);
-        snprintf(listen_at, sizeof listen_at, "127.0.0.1:%u", port_of(probe));
-        close(probe);
 
         sd_event *e;
         PeerManager *pm;
@@ -123,16 +128,8 @@ END_TEST
  * and AUTH: that handshake ends with it (it was left waiting, and an AUTH arriving later
  * brought the departed member up again). */
 START_TEST(test_retired_member_handshake_ends) {
-        char key[] = "/tmp/epd-test-peer-pending-XXXXXX", listen_at[64];
-        int kfd = mkstemp(key);
-        ck_assert_int_ge(kfd, 0);
-        ck_assert_int_eq(write(kfd, "0123456789abcdef0123456789abcdef", 32), 32);
-        close(kfd);
-        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        ck_assert_int_eq(bind(probe, (struct sockaddr *)&sa, sizeof sa), 0);
-        snprintf(listen_at, sizeof listen_at, "127.0.0.1:%u", port_of(probe));
-        close(probe);
+        char key[64], listen_at[64];
+        key_and_port(key, listen_at);
 
         sd_event *e;
         PeerManager *pm;
