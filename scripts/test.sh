@@ -52,9 +52,12 @@ meson test -C build-asan --print-errorlogs --num-processes 2 "$@" || rc=$?
 # faults, fallback to tcp (tests/rdma/run-vm-test.sh, docs/rdma.md). About a minute; bounded
 # so that a hung guest fails the suite instead of holding it. It runs the release build
 # (the sanitizers' cost under emulation would multiply the time). Exit 77 (no qemu, no
-# rxe provider, the kernel package cannot be downloaded) is a skip with its reason.
+# rxe provider, the kernel package cannot be downloaded) is a skip with its reason. Its work
+# files (the kernel package, kept for the next run; the initramfs, the guest's output)
+# live in the build tree, not in /tmp.
 rdma_rc=0
-EPD_RDMA_VM_TIMEOUT=${EPD_RDMA_VM_TIMEOUT:-480} timeout 540 tests/rdma/run-vm-test.sh build-release || rdma_rc=$?
+EPD_RDMA_VM_DIR=${EPD_RDMA_VM_DIR:-$PWD/build-release/rdma-vm} EPD_RDMA_VM_TIMEOUT=${EPD_RDMA_VM_TIMEOUT:-480} \
+        timeout 540 tests/rdma/run-vm-test.sh build-release || rdma_rc=$?
 case $rdma_rc in
 0) echo "ok: RDMA soft-RoCE VM test passed" ;;
 77) echo "SKIP: RDMA soft-RoCE VM test (reason above)" ;;
