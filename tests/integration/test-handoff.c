@@ -1363,6 +1363,14 @@ START_TEST(test_timeout_and_admission) {
         ck_assert_int_eq(epd_handoff_prepare(p, rid(7), NULL, big, groups4, 4, &o2, &path2, &token), -ENOSPC);
         ck_assert_str_eq(epd_last_error_name(p), "org.epd1.Error.NoSpace");
         ck_assert_uint_ge(counter(p, "refused"), 1);
+        /* The refusal is in the request's trace, with the reason the caller heard. */
+        epd_trace_event *ev = NULL;
+        size_t n_ev = 0;
+        ck_assert_int_eq(epd_trace_get(p, rid(7), &ev, &n_ev, NULL), 0);
+        ck_assert_uint_ge(n_ev, 1);
+        ck_assert_str_eq(ev[n_ev - 1].type, "error");
+        ck_assert_ptr_nonnull(strstr(ev[n_ev - 1].detail, "prepare refused: "));
+        free(ev);
         ck_assert_int_eq(epd_handoff_release(p, path), 0);
         ck_assert_uint_eq(arena_live(p, "kv1"), 0);
         free(path);
@@ -1372,6 +1380,10 @@ START_TEST(test_timeout_and_admission) {
         ck_assert_int_eq(epd_handoff_prepare(p, "xyz", NULL, seq, groups4, 4, NULL, &path, &token), -EINVAL);
         ck_assert_int_eq(epd_handoff_prepare(p, rid(8), NULL, seq, bad, 2, NULL, &path, &token), -EINVAL);
         ck_assert_int_eq(epd_handoff_prepare(p, rid(8), "nohost", seq, groups4, 4, NULL, &path, &token), -ENOENT);
+        ck_assert_int_eq(epd_trace_get(p, rid(8), &ev, &n_ev, NULL), 0);
+        ck_assert_str_eq(ev[n_ev - 1].type, "error");
+        ck_assert_ptr_nonnull(strstr(ev[n_ev - 1].detail, "nohost"));
+        free(ev);
         ck_assert_int_eq(epd_handoff_prepare(d, rid(8), NULL, seq, groups4, 4, NULL, &path, &token), -EPERM);
         ck_assert_int_eq(epd_handoff_accept(d, rid(9), &acc), -ENOENT);
         release_sequence(p, big);
