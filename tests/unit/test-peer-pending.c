@@ -88,6 +88,7 @@ START_TEST(test_own_dials_do_not_take_the_places_of_others) {
         PeerManagerConfig c = { .host_id = "aa-self", .listen_address = listen_at, .peers = &peer,
                                 .n_peers = 1, .cluster_key_file = key, .heartbeat_usec = 60 * USEC_PER_SEC };
         ck_assert_int_eq(peer_manager_new(&pm, e, &c), 0);
+        unlink(key); /* loaded: nothing left behind, whatever fails below */
         ck_assert_int_eq(peer_manager_start(pm), 0);
         unsigned short port = port_of(pm->listen_fd);
 
@@ -120,7 +121,6 @@ START_TEST(test_own_dials_do_not_take_the_places_of_others) {
         peer_manager_free(pm);
         sd_event_unref(e);
         close(silent);
-        unlink(key);
 }
 END_TEST
 
@@ -137,6 +137,7 @@ START_TEST(test_retired_member_handshake_ends) {
         PeerManagerConfig c = { .host_id = "bb-self", .listen_address = listen_at, .cluster_key_file = key,
                                 .heartbeat_usec = 60 * USEC_PER_SEC };
         ck_assert_int_eq(peer_manager_new(&pm, e, &c), 0);
+        unlink(key); /* loaded: nothing left behind, whatever fails below */
         ck_assert_int_eq(peer_manager_start(pm), 0);
         /* "aa-m" sorts first: it dials us. */
         ck_assert_int_eq(peer_manager_add_member(pm, "aa-m", "127.0.0.1:9", NULL), 0);
@@ -162,7 +163,6 @@ START_TEST(test_retired_member_handshake_ends) {
         close(fd);
         peer_manager_free(pm);
         sd_event_unref(e);
-        unlink(key);
 }
 END_TEST
 
