@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -33,6 +36,11 @@ typedef struct DeviceLane {
         GpuChunk *desc_host;         /* DESC_SLOTS * DESC_SLOT_CHUNKS, pinned */
         CUdeviceptr desc_dev;
         bool slot_busy[DESC_SLOTS];
+        /* Timeline (gpu_copy_engine_set_timeline()): an event recorded when the engine
+         * went busy from idle, and the host's clock then: GPU times are placed on the
+         * host's clock from it. */
+        CUevent tl_ref;
+        uint64_t tl_ref_usec;
 } DeviceLane;
 
 struct GpuCopyJob {
@@ -51,6 +59,7 @@ struct GpuCopyJob {
         /* Arrays handed to cuMemcpyBatchAsync, kept until the batch completes. */
         CUdeviceptr *batch_dst, *batch_src;
         size_t *batch_size;
+        uint64_t timeline_seq;       /* its number in the timeline */
         LIST_FIELDS(GpuCopyJob, done);
 };
 
@@ -59,6 +68,11 @@ typedef struct Watch {
         CUevent event;
         GpuCopyJob *job;
         int dev;
+        /* Timeline only: an event recorded before the part's work, when submission
+         * began and the part was queued (CLOCK_MONOTONIC µs), its size. */
+        CUevent start;
+        uint64_t enter_usec, queued_usec, bytes;
+        size_t segs;
 } Watch;
 
 struct GpuCopyEngine {
@@ -81,6 +95,8 @@ struct GpuCopyEngine {
         bool batch_api;              /* cuMemcpyBatchAsync for multi-segment D2D groups */
         unsigned d2d_streams;        /* streams a D2D group is spread over (1..4) */
         unsigned spin_usec;          /* the completion thread polls an event this long first */
+        int timeline_fd;             /* gpu_copy_engine_set_timeline(); -EBADF: off */
+        uint64_t timeline_jobs;      /* jobs submitted while it is on (their numbers) */
         GpuCopyStats stats;
         /* Submission's working arrays (order, group: 2 × scratch_cap), kept between
          * submissions: large batches would otherwise fault in fresh pages each time. */
@@ -166,6 +182,27 @@ static int event_wait(GpuSystem *s, CUevent ev, unsigned spin_usec) {
         }
 }
 
+/* One line of the timeline for a part seen done (the completion thread): the part's
+ * job, its size, and on the host's monotonic clock in µs when its submission began,
+ * when it was queued, when the GPU started and finished it (its two events, placed by
+ * the lane's reference) and when this thread saw it done. */
+static void timeline_write(GpuCopyEngine *e, const Watch *w, int result) {
+        CudaDriver *d = e->system->driver;
+        const DeviceLane *l = &e->lanes[w->dev];
+        uint64_t seen = now_usec(CLOCK_MONOTONIC);
+        float a = 0, b = 0;
+
+        if (result < 0 || CU(d, cuEventElapsedTime, &a, l->tl_ref, w->start) < 0 ||
+            CU(d, cuEventElapsedTime, &b, l->tl_ref, w->event) < 0)
+                a = b = -1;
+        dprintf(e->timeline_fd,
+                "part job=%" PRIu64 " dev=%d segs=%zu bytes=%" PRIu64 " enter=%" PRIu64 " queued=%" PRIu64
+                " gpu_start=%.0f gpu_end=%.0f seen=%" PRIu64 " error=%d\n",
+                w->job->timeline_seq, w->dev, w->segs, w->bytes, w->enter_usec, w->queued_usec,
+                a < 0 ? -1.0 : (double)l->tl_ref_usec + (double)a * 1e3,
+                b < 0 ? -1.0 : (double)l->tl_ref_usec + (double)b * 1e3, seen, result);
+}
+
 /* The completion thread: waits for each watched event in order (a blocking-sync event:
  * it sleeps, after an optional poll), then counts its job's part done; the last part
  * finishes the job. */
@@ -189,6 +226,10 @@ static void *waiter_thread(void *userdata) {
                  * names its own): a part counted done must be done on the GPU, or its job's
                  * arenas and pages could go under a copy still running. */
                 int r = event_wait(s, w.event, __atomic_load_n(&e->spin_usec, __ATOMIC_RELAXED));
+                if (w.start) {
+                        timeline_write(e, &w, r);
+                        (void)CU(s->driver, cuEventDestroy, w.start);
+                }
 
                 pthread_mutex_lock(&e->lock);
                 e->watch_head = (e->watch_head + 1) % e->watch_cap;
@@ -219,7 +260,7 @@ static int waiter_start(GpuCopyEngine *e) {
 
 /* The job's work queued on `stream` of device dev so far completes the job's part: an
  * event recorded there, watched by the completion thread (the device's context current). */
-static int watch_add(GpuCopyEngine *e, int dev, CUstream stream, GpuCopyJob *j) {
+static int watch_add(GpuCopyEngine *e, int dev, CUstream stream, GpuCopyJob *j, const Watch *tl) {
         CudaDriver *d = e->system->driver;
         DeviceLane *l = &e->lanes[dev];
         CUevent ev = NULL;
@@ -260,7 +301,9 @@ static int watch_add(GpuCopyEngine *e, int dev, CUstream stream, GpuCopyJob *j) 
                 return r;
         }
         if (!ev) {
-                r = CU(d, cuEventCreate, &ev, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING);
+                /* With the timeline on, events keep their time (it places the parts). */
+                r = CU(d, cuEventCreate, &ev,
+                       CU_EVENT_BLOCKING_SYNC | (e->timeline_fd >= 0 ? 0 : CU_EVENT_DISABLE_TIMING));
                 if (r < 0)
                         return r;
                 pthread_mutex_lock(&e->lock);
@@ -273,7 +316,13 @@ static int watch_add(GpuCopyEngine *e, int dev, CUstream stream, GpuCopyJob *j) 
                 l->spare_events[l->n_spare_events++] = ev;
         else {
                 /* Room: the queue grew above, and only this thread adds. */
-                e->watches[(e->watch_head + e->n_watches++) % e->watch_cap] = (Watch){ ev, j, dev };
+                Watch w = tl ? *tl : (Watch) {};
+                w.event = ev;
+                w.job = j;
+                w.dev = dev;
+                if (tl)
+                        w.queued_usec = now_usec(CLOCK_MONOTONIC);
+                e->watches[(e->watch_head + e->n_watches++) % e->watch_cap] = w;
                 j->pending++;
                 pthread_cond_signal(&e->watch_more);
         }
@@ -366,6 +415,35 @@ bool gpu_copy_sources_reachable(const GpuSystem *s, int dev, const GpuCopySeg *s
                 last = a->ordinal;
         }
         return true;
+}
+
+/* The timeline (on): the lane's reference placed anew while nothing of the engine is
+ * in flight (no watch still reads it): recorded on the idle stream and waited for, so
+ * that its GPU time is the host's time now; then the part's start event, recorded
+ * before its work. Without an event the part has no line (best effort: a diagnostic). */
+static void timeline_start(GpuCopyEngine *e, int dev, CUstream stream, Watch *tl) {
+        CudaDriver *d = e->system->driver;
+        DeviceLane *l = &e->lanes[dev];
+        bool idle;
+
+        pthread_mutex_lock(&e->lock);
+        idle = e->in_flight == 0;
+        pthread_mutex_unlock(&e->lock);
+        if (!l->tl_ref || idle) {
+                if (!l->tl_ref && CU(d, cuEventCreate, &l->tl_ref, CU_EVENT_BLOCKING_SYNC) < 0) {
+                        l->tl_ref = NULL;
+                        return;
+                }
+                if (CU(d, cuEventRecord, l->tl_ref, stream) < 0 || CU(d, cuEventSynchronize, l->tl_ref) < 0)
+                        return;
+                l->tl_ref_usec = now_usec(CLOCK_MONOTONIC);
+        }
+        if (CU(d, cuEventCreate, &tl->start, CU_EVENT_BLOCKING_SYNC) < 0)
+                tl->start = NULL;
+        else if (CU(d, cuEventRecord, tl->start, stream) < 0) {
+                (void)CU(d, cuEventDestroy, tl->start);
+                tl->start = NULL;
+        }
 }
 
 /* Tries to move a group of device-to-device segments with batched kernel launches.
@@ -507,6 +585,11 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
          * while later groups are still being queued. */
         j->pending = 1;
         j->arenas = j->arenas_inline;
+        uint64_t enter = 0;
+        if (e->timeline_fd >= 0) {
+                enter = now_usec(CLOCK_MONOTONIC);
+                j->timeline_seq = ++e->timeline_jobs;
+        }
         /* One pass over the segments (a part of a batch is thousands of them): each
          * checked, its (device, path) group, the arenas held, the bytes counted, and
          * whether they all share one group (nearly always: the scan per group is then
@@ -557,6 +640,9 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                         if (m == 0)
                                 continue;
                         r = gpu_device_make_current(e->system, &e->system->devices[dev]);
+                        Watch tl = { .enter_usec = enter, .bytes = bytes, .segs = m };
+                        if (r >= 0 && e->timeline_fd >= 0)
+                                timeline_start(e, (int)dev, streams[0], &tl);
                         if (r >= 0)
                                 r = group_try_kernel(e, j, (int)dev, p, segs, order + start, m, bytes);
                         if (r == 0)
@@ -569,6 +655,8 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                                         r = seg_enqueue(e, p, &segs[order[start + k]], streams[k % used]);
                         }
                         if (r < 0) {
+                                if (tl.start)
+                                        (void)CU(e->system->driver, cuEventDestroy, tl.start);
                                 /* Part of the group may be on the streams already: let it
                                  * drain before the job (and its references) can go. */
                                 for (size_t k = 0; k < used; k++)
@@ -577,7 +665,10 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                                 break;
                         }
                         for (size_t k = 0; k < used; k++) {
-                                r = watch_add(e, (int)dev, streams[k], j);
+                                /* The timeline's start event is on the first stream. */
+                                r = watch_add(e, (int)dev, streams[k], j, k == 0 && tl.start ? &tl : NULL);
+                                if (r >= 0 && k == 0)
+                                        tl.start = NULL; /* the watch has it */
                                 if (r < 0) {
                                         /* Without its event this stream's part cannot
                                          * complete: wait for it here (failure path only). */
@@ -588,6 +679,8 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                                 }
                                 n_groups++;
                         }
+                        if (tl.start)
+                                (void)CU(e->system->driver, cuEventDestroy, tl.start);
                 }
 
         pthread_mutex_lock(&e->lock);
@@ -686,6 +779,23 @@ void gpu_copy_engine_set_d2d_streams(GpuCopyEngine *e, unsigned n) {
 
 void gpu_copy_engine_set_spin(GpuCopyEngine *e, unsigned usec) {
         __atomic_store_n(&e->spin_usec, usec, __ATOMIC_RELAXED);
+}
+
+int gpu_copy_engine_set_timeline(GpuCopyEngine *e, int fd) {
+        int r = 0;
+
+        pthread_mutex_lock(&e->lock);
+        for (size_t i = 0; i < e->system->n_devices; i++)
+                if (e->lanes[i].n_events > 0)
+                        r = -EBUSY; /* events made without timing already */
+        if (r == 0 && e->timeline_fd < 0) {
+                e->timeline_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+                if (e->timeline_fd < 0)
+                        r = -errno;
+        } else if (r == 0)
+                r = -EALREADY;
+        pthread_mutex_unlock(&e->lock);
+        return r;
 }
 
 void gpu_copy_engine_set_batch_api(GpuCopyEngine *e, bool enable) {
@@ -795,6 +905,8 @@ GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e) {
                                         }
                         for (size_t k = 0; k < l->n_spare_events; k++)
                                 (void)CU(d, cuEventDestroy, l->spare_events[k]);
+                        if (l->tl_ref)
+                                (void)CU(d, cuEventDestroy, l->tl_ref);
                         free(l->spare_events);
                         if (l->desc_dev)
                                 (void)CU(d, cuMemFree, l->desc_dev);
@@ -811,6 +923,7 @@ GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e) {
         free(e->lanes);
         free(e->scratch);
         safe_close(e->efd);
+        safe_close(e->timeline_fd);
         pthread_mutex_destroy(&e->lock);
         gpu_system_unref(e->system);
         free(e);
@@ -827,6 +940,7 @@ int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
                 return -ENOMEM;
         e->system = gpu_system_ref(s);
         e->efd = -EBADF;
+        e->timeline_fd = -EBADF;
         pthread_mutex_init(&e->lock, NULL);
         e->kernel_min_segments = 16;
         e->batch_api = true;

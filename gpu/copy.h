@@ -130,6 +130,18 @@ void gpu_copy_engine_set_d2d_streams(GpuCopyEngine *e, unsigned n);
  * are slower. */
 #define GPU_COPY_SPIN_USEC 0U
 void gpu_copy_engine_set_spin(GpuCopyEngine *e, unsigned usec);
+/* A diagnostic: from now on every part of every batch (one stream's share of it) adds a
+ * line to fd (dup'ed; lines of one write(), so O_APPEND keeps them whole) when the
+ * completion thread sees it done: its batch's number, segments and bytes, and on the
+ * host's CLOCK_MONOTONIC in µs when its submission began, when it was queued, when the
+ * GPU started and finished it (timing events, placed on the host's clock by a reference
+ * event recorded whenever the engine goes busy from idle) and when it was seen done:
+ *   part job=N dev=D segs=S bytes=B enter=T queued=T gpu_start=T gpu_end=T seen=T error=E
+ * Parts spread over several streams have a line for the first stream only. Costs an
+ * event pair a part and a wait when the engine goes busy from idle: epdd turns it on
+ * only with EPD_GPU_COPY_TIMELINE=PATH (docs/gpu.md). Before the first submission only:
+ * -EBUSY after it, -EALREADY when on. */
+int gpu_copy_engine_set_timeline(GpuCopyEngine *e, int fd);
 const GpuCopyStats *gpu_copy_engine_stats(const GpuCopyEngine *e);
 
 /* Readable (eventfd, O_CLOEXEC|O_NONBLOCK) when completions are waiting. */

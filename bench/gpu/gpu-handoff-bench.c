@@ -48,7 +48,7 @@
 #define PAGE (2 * MiB)
 #define CHUNK (256 * 1024ULL)
 #define REPS 5
-#define MAX_ROWS 24
+#define MAX_ROWS 32
 #define MAX_GROUPS 8
 
 static const epd_kv_layout kv = { .layers = 32, .tokens_per_block = 16, .k_bytes_per_token = 2048,
@@ -89,6 +89,10 @@ typedef struct Msg {
 
 static uint64_t S, SH; /* bytes of a GPU and of a host handoff */
 static int n_gpus;
+/* The daemon of the current run(): more [Gpu] settings, and where its copy engine's
+ * timeline goes ("": none; EPD_GPU_COPY_TIMELINE, docs/gpu.md). */
+static const char *gpu_extra = "";
+static char timeline_path[600];
 
 static uint32_t word(uint32_t page, uint64_t chunk) {
         return (uint32_t)mix64((uint64_t)page * 4096 + chunk + 1);
@@ -328,6 +332,54 @@ static void put_row(int rows_fd, const char *name, uint64_t bytes, double ms, do
         REQUIRE(write(rows_fd, &r, sizeof r) == (ssize_t)sizeof r, "rows pipe");
 }
 
+/* The daemon's copy engine's timeline of the last repetition (gpu_copy_engine_set_timeline()):
+ * each part, in ms after the first LayerGroupReady (t0): its submission, its GPU start and
+ * end, when epdd's completion thread saw it; then the GPU's idle time between the first
+ * start and the last end, and how late parts were seen. */
+static unsigned print_timeline(const char *name, double t0) {
+        FILE *f = fopen(timeline_path, "re");
+        char line[512];
+        double busy = 0, idle = 0, lag_max = 0, lag_sum = 0, first = -1, last_end = -1;
+        unsigned n = 0;
+        if (!f) {
+                printf("gpu timeline %s: none (%m)\n", name);
+                return 0;
+        }
+        printf("gpu timeline %s (ms after the first LayerGroupReady): job segs MiB | enter queued | gpu start..end | seen\n",
+               name);
+        while (fgets(line, sizeof line, f)) {
+                uint64_t job, segs, bytes, enter, queued, seen;
+                double gs, ge;
+                int dev, err;
+                if (sscanf(line,
+                           "part job=%" SCNu64 " dev=%d segs=%" SCNu64 " bytes=%" SCNu64 " enter=%" SCNu64
+                           " queued=%" SCNu64 " gpu_start=%lf gpu_end=%lf seen=%" SCNu64 " error=%d",
+                           &job, &dev, &segs, &bytes, &enter, &queued, &gs, &ge, &seen, &err) != 10 ||
+                    gs < 0)
+                        continue;
+                double b = t0 * 1e6;
+                printf("  %3" PRIu64 " %5" PRIu64 " %5" PRIu64 " | %6.3f %6.3f | %6.3f..%6.3f | %6.3f%s\n", job, segs,
+                       bytes >> 20, (enter - b) / 1e3, (queued - b) / 1e3, (gs - b) / 1e3, (ge - b) / 1e3,
+                       (seen - b) / 1e3, err ? " error" : "");
+                if (first < 0)
+                        first = gs;
+                if (last_end >= 0 && gs > last_end)
+                        idle += gs - last_end;
+                busy += ge - gs;
+                last_end = last_end < ge ? ge : last_end;
+                lag_sum += (double)seen - ge;
+                lag_max = lag_max < (double)seen - ge ? (double)seen - ge : lag_max;
+                n++;
+        }
+        fclose(f);
+        if (n > 0)
+                printf("gpu timeline %s: %u parts; GPU first start %.3f, last end %.3f ms; busy %.3f ms, idle between "
+                       "parts %.3f ms; seen after the GPU's end: mean %.3f, max %.3f ms\n",
+                       name, n, (first - t0 * 1e6) / 1e3, (last_end - t0 * 1e6) / 1e3, busy / 1e3, idle / 1e3,
+                       lag_sum / n / 1e3, lag_max / 1e3);
+        return n;
+}
+
 static void prefill_main(const char *address, int fd, int rows_fd, const Case *cases, size_t n_cases,
                          const char *const *arenas, size_t n_arenas, const char *tag, bool cow) {
         epd_client *c = worker(address, "prefill");
@@ -384,6 +436,8 @@ static void prefill_main(const char *address, int fd, int rows_fd, const Case *c
                         msg_send(fd, &out);
                         msg_recv(fd, &in);
                         REQUIRE(in.kind == M_ACCEPTED, "protocol");
+                        if (timeline_path[0] && rep == REPS)
+                                (void)truncate(timeline_path, 0); /* the last repetition's parts alone */
                         double t0 = t0_last = now_sec();
                         for (uint32_t g = 0; g < cs->n_groups; g++) {
                                 CHECK(epd_handoff_layer_group_ready(c, path, g));
@@ -414,6 +468,10 @@ static void prefill_main(const char *address, int fd, int rows_fd, const Case *c
                         for (size_t g = 0; g < MIN(cs->n_groups, (size_t)MAX_GROUPS); g++)
                                 printf(" %.2f", (landed[g] - t0_last) * 1e3);
                         printf(" (raw copy of it all %.2f)\n", raw);
+                        /* The daemon was started with the timeline on: it has every
+                         * part of the repetition. */
+                        if (timeline_path[0])
+                                REQUIRE(print_timeline(name, t0_last) > 0, "no copy timeline in %s", timeline_path);
                         /* The daemon's view of the same repetition (its request trace), in
                          * ms after group 0's group-ready: per group, when its call reached
                          * the daemon (group-sent's time less its took=) and when its copies
@@ -435,6 +493,7 @@ static void prefill_main(const char *address, int fd, int rows_fd, const Case *c
                                 printf("\n");
                                 free(ev);
                         }
+                        fflush(stdout); /* this child ends with _exit() */
                 }
         }
 
@@ -512,11 +571,11 @@ static pid_t start_epdd(const char *epdd, const char *dir, const char *policy, u
         fprintf(f,
                 "[Daemon]\nSocket=%s\nSystemBus=no\nStateDirectory=%s/state\nLogLevel=warning\nHostId=bench\n"
                 "[Cluster]\nHandoffTimeout=120s\n"
-                "[Gpu]\nCopyKernel=%s\nMergeGroups=%u\n"
+                "[Gpu]\nCopyKernel=%s\nMergeGroups=%u\n%s"
                 "[Arena:gpu0]\nDomain=gpu\nGpu=0\nSize=%" PRIu64 "\n"
                 "[Arena:gpu1]\nDomain=gpu\nGpu=0\nSize=%" PRIu64 "\n"
                 "[Arena:host0]\nSize=%" PRIu64 "\n",
-                socket_path, dir, policy, merge, S + SH + 64 * MiB, S + SH + 64 * MiB, 2 * SH + 64 * MiB);
+                socket_path, dir, policy, merge, gpu_extra, S + SH + 64 * MiB, S + SH + 64 * MiB, 2 * SH + 64 * MiB);
         if (n_gpus > 1)
                 fprintf(f, "[Arena:gpu2]\nDomain=gpu\nGpu=1\nSize=%" PRIu64 "\n", S + 64 * MiB);
         fclose(f);
@@ -524,6 +583,8 @@ static pid_t start_epdd(const char *epdd, const char *dir, const char *policy, u
         if (pid == 0) {
                 FILE *l = freopen(log, "we", stderr);
                 (void)l;
+                if (timeline_path[0])
+                        (void)setenv("EPD_GPU_COPY_TIMELINE", timeline_path, 1);
                 execl(epdd, epdd, "-c", config, (char *)NULL);
                 _exit(127);
         }
@@ -643,6 +704,37 @@ int main(int argc, char **argv) {
          * comparison for the 8-group row. */
         ok = run(epdd, dir, "small", 1, " (CopyKernel=small, MergeGroups=1)", never, 1, false, rows[1]) && ok;
         ok = run(epdd, dir, "never", 4, " (CopyKernel=never)", never, 1, false, rows[1]) && ok;
+        {
+                /* Where the 8-group row's time over the raw copy goes: the daemon's copy
+                 * engine's own timeline of its last repetition (GPU start and end of each
+                 * part, when the host submitted it and saw it done), as it runs by default
+                 * and with every group on the GPU as soon as it is ready; then the same
+                 * settings without the timeline's events, and the completion thread
+                 * polling before it sleeps. */
+                static const struct {
+                        unsigned merge;
+                        const char *extra, *tag;
+                        bool timeline;
+                } study[] = {
+                        { 4, "", " (timeline)", true },
+                        { 1, "BatchesInFlight=16\n", " (MergeGroups=1, BatchesInFlight=16, timeline)", true },
+                        { 1, "BatchesInFlight=16\n", " (MergeGroups=1, BatchesInFlight=16)", false },
+                        { 4, "BatchesInFlight=4\n", " (MergeGroups=4, BatchesInFlight=4)", false },
+                        { 4, "CompletionSpin=200us\n", " (CompletionSpin=200us)", false },
+                };
+                /* --quick (CI, the fake driver): the first, that the timeline works. */
+                for (size_t i = 0; i < (quick ? 1 : ELEMENTSOF(study)); i++) {
+                        gpu_extra = study[i].extra;
+                        if (study[i].timeline) {
+                                snprintf(timeline_path, sizeof timeline_path, "%s/copy-timeline.txt", dir);
+                                (void)unlink(timeline_path);
+                        } else
+                                timeline_path[0] = 0;
+                        ok = run(epdd, dir, "small", study[i].merge, study[i].tag, never, 1, false, rows[1]) && ok;
+                }
+                gpu_extra = "";
+                timeline_path[0] = 0;
+        }
         close(rows[1]);
 
         Row r[MAX_ROWS];

@@ -549,6 +549,8 @@ static const ConfigItem items[] = {
         { "Wal", "CompactSize", p_size, C(wal_compact_bytes) },
         { "Gpu", "CopyKernel", p_copy_kernel, C(gpu_copy_kernel) },
         { "Gpu", "MergeGroups", p_unsigned, C(gpu_merge_groups) },
+        { "Gpu", "BatchesInFlight", p_unsigned, C(gpu_batches_in_flight) },
+        { "Gpu", "CompletionSpin", p_duration_or_zero, C(gpu_completion_spin_usec) },
         { "Metrics", "Listen", p_metrics_listen, C(metrics_listen) },
         { "Pool", "Priority", p_priority, PL(policy.priority) },
         { "Pool", "DefaultDeadline", p_duration, PL(policy.default_deadline) },
@@ -633,6 +635,7 @@ int config_defaults(Config *c) {
                 .wal_compact_bytes = 64ULL << 20,
                 .gpu_copy_kernel = 1, /* small: scattered pages through the batched copy kernel */
                 .gpu_merge_groups = 4,
+                .gpu_batches_in_flight = 2,
         };
         SchedConfig sc;
         sched_config_defaults(&sc);
@@ -844,6 +847,11 @@ static void check_complete(ParseState *s) {
                 perr(s, "[Cluster] DataStreams=%u: expected 1 to 16", c->peer_streams);
         if (c->gpu_merge_groups > 16)
                 perr(s, "[Gpu] MergeGroups=%u: expected 1 to 16", c->gpu_merge_groups);
+        if (c->gpu_batches_in_flight > CONFIG_GPU_BATCHES_MAX)
+                perr(s, "[Gpu] BatchesInFlight=%u: expected 1 to %u", c->gpu_batches_in_flight,
+                     CONFIG_GPU_BATCHES_MAX);
+        if (c->gpu_completion_spin_usec > 10 * USEC_PER_MSEC)
+                perr(s, "[Gpu] CompletionSpin=: at most 10ms (the completion thread polls a CPU that long)");
         if (c->peer_slice_size < 4096 || c->peer_slice_size > 16 * 1024 * 1024)
                 perr(s, "[Cluster] SliceSize=%llu: expected 4K to 16M", (unsigned long long)c->peer_slice_size);
         if (c->etcd_endpoints && (!c->listen_address || !c->cluster_key_file))

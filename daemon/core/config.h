@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#define CONFIG_GPU_BATCHES_MAX 16U
+
 #include "core/arena.h"
 #include "sched/scheduler.h"
 #include "telemetry/telemetry-config.h"
@@ -84,9 +86,11 @@ typedef struct Config {
         /* [Wal] (docs/wal.md) */
         int wal_sync;            /* WalSyncPolicy: always, batch (default), none */
         uint64_t wal_compact_bytes; /* compact when the log grows past this */
-        /* [Gpu] (docs/gpu.md) */
+        /* [Gpu] (docs/gpu.md); BatchesInFlight= is at most CONFIG_GPU_BATCHES_MAX */
         int gpu_copy_kernel;     /* GpuCopyKernelPolicy: never, small (default), always */
         unsigned gpu_merge_groups; /* a local GPU handoff's queued groups a batch (1: none merged) */
+        unsigned gpu_batches_in_flight; /* a local GPU handoff's batches on the GPU at once (1-16) */
+        usec_t gpu_completion_spin_usec; /* the copy engine polls a part's event this long (0: sleeps) */
         /* [Metrics] (docs/telemetry.md#prometheus): HOST:PORT of the HTTP endpoint, NULL: off */
         char *metrics_listen;
         /* [Pool:NAME] (docs/scheduler.md), by TaskType */

@@ -5,6 +5,9 @@
  * transport's. Glue only; the logic is in gpu-domain.c. */
 
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
@@ -110,6 +113,29 @@ void gpu_manager_page_copy_drain(Manager *m) {
         cow_dispatch(g);
 }
 
+static void spin_set(Manager *m, usec_t spin) {
+        unsigned usec = (unsigned)MIN(spin, (usec_t)UINT_MAX);
+        gpu_copy_engine_set_spin(cuda_transport_engine(m->gpu->transport), usec);
+        if (m->gpu->cow_engine)
+                gpu_copy_engine_set_spin(m->gpu->cow_engine, usec);
+}
+
+/* EPD_GPU_COPY_TIMELINE=PATH: every part the handoffs' copy engine moves adds a line to
+ * PATH (gpu_copy_engine_set_timeline(); docs/gpu.md): a diagnostic, off otherwise. */
+static void timeline_open(Manager *m) {
+        const char *path = secure_getenv("EPD_GPU_COPY_TIMELINE");
+        if (!path || !*path)
+                return;
+        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+        int r = fd < 0 ? -errno : gpu_copy_engine_set_timeline(cuda_transport_engine(m->gpu->transport), fd);
+        if (r < 0)
+                log_warning_errno(r, "GPU: no copy timeline in %s: %m", path);
+        else
+                log_notice("GPU: the copy engine's timeline goes to %s (a diagnostic: it costs an event "
+                           "pair a part)", path);
+        safe_close(fd);
+}
+
 static int gpu_init(Manager *m) {
         char *text = NULL;
 
@@ -119,6 +145,7 @@ static int gpu_init(Manager *m) {
         /* Scattered pages: the batched copy kernel for groups of many small segments. */
         gpu_copy_engine_set_kernel_policy(cuda_transport_engine(m->gpu->transport),
                                           (GpuCopyKernelPolicy)m->config.gpu_copy_kernel, 16);
+        timeline_open(m);
 
         /* Copy-on-write copies, off the loop (gpu_manager_page_copy_async). */
         GpuCopyEngine *e = NULL;
@@ -143,6 +170,8 @@ static int gpu_init(Manager *m) {
                         log_warning_errno(r, "Arena %s: pinning for GPU copies failed, GPU <-> host copies of it will fail: %m",
                                           a->name);
         }
+
+        spin_set(m, m->config.gpu_completion_spin_usec);
 
         if (gpu_context_format(m->gpu, &text) >= 0) {
                 log_info("GPUs:\n%s", text);
@@ -169,10 +198,25 @@ static void gpu_done(Manager *m) {
         m->gpu = gpu_context_free(m->gpu);
 }
 
+/* [Gpu] CompletionSpin= takes effect at once (MergeGroups= and BatchesInFlight= are read
+ * at each handoff's pump; CopyKernel= at the next start). */
+static int gpu_reload(Manager *m, const Config *n) {
+        if (!m->gpu)
+                return 0;
+        spin_set(m, n->gpu_completion_spin_usec);
+        if (n->gpu_merge_groups != m->config.gpu_merge_groups ||
+            n->gpu_batches_in_flight != m->config.gpu_batches_in_flight ||
+            n->gpu_completion_spin_usec != m->config.gpu_completion_spin_usec)
+                log_info("GPU handoffs now: MergeGroups=%u BatchesInFlight=%u CompletionSpin=%" PRIu64 "us",
+                         n->gpu_merge_groups, n->gpu_batches_in_flight, (uint64_t)n->gpu_completion_spin_usec);
+        return 0;
+}
+
 const Subsystem gpu_subsystem = {
         .name = "gpu",
         .init = gpu_init,
         .done = gpu_done,
+        .reload = gpu_reload,
         .add_bus = bus_gpu_add,
         .worker_gone = bus_gpu_worker_gone,
         .arenas = &(const SubsystemArenas){

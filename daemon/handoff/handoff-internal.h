@@ -103,8 +103,6 @@ _Static_assert((1U << COOKIE_GROUP_BITS) >= HANDOFF_GROUPS_MAX, "cookie group bi
  * [Gpu] MergeGroups= up to this): the CUDA transport completes a batch once per cookie
  * for only so many cookies (past that, thousands of completions again). */
 #define HANDOFF_GPU_MERGE_MAX 16
-/* A local GPU handoff's batches on the GPU at once: one copying, one queued behind it. */
-#define HANDOFF_GPU_BATCHES 2
 
 /* The writes of one group, as planned (handoff_plan_group). */
 typedef struct PlanCtx {

@@ -304,13 +304,14 @@ void handoff_pump(HandoffObject *o) {
         bool plugged = net && net->ops->plug && net->ops->unplug;
         uint32_t g;
         if (o->gpu && !o->peer && !o->zero_copy) {
-                /* One batch copying and one queued behind it (prepared while the first
-                 * runs, so the GPU never waits for the host): groups ready beyond that
-                 * wait, then go together (post_gpu_groups()), at most as many a batch
-                 * as the transport completes once each (past that, a completion per
-                 * run of writes again: thousands). */
+                /* [Gpu] BatchesInFlight= batches on the GPU (default 2: one copying,
+                 * one queued behind it, prepared while the first runs): groups ready
+                 * beyond that wait, then go together (post_gpu_groups()), at most as
+                 * many a batch as the transport completes once each (past that, a
+                 * completion per run of writes again: thousands). */
                 uint32_t k;
-                while (o->gpu_batches < HANDOFF_GPU_BATCHES && (k = handoff_ready_unposted(o->h, &g)) > 0) {
+                while (o->gpu_batches < o->hm->manager->config.gpu_batches_in_flight &&
+                       (k = handoff_ready_unposted(o->h, &g)) > 0) {
                         uint32_t m = MIN(MIN(k, (uint32_t)HANDOFF_GPU_MERGE_MAX),
                                          o->hm->manager->config.gpu_merge_groups); /* 1 to 16 */
                         int r = m > 1 ? post_gpu_groups(o, g, m) : post_group(o, g);

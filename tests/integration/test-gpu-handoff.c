@@ -687,8 +687,9 @@ static bool log_has(void *userdata) {
 
 /* One handoff gpu0 -> gpu1 of the uneven groups: Prepare with `ready` groups computed,
  * the rest reported ready at once; checks every layer's bytes at the end; returns the
- * batches and merged groups it took. */
-static void queued_handoff(epd_client *p, epd_client *d, uint32_t id, uint32_t ready, bool check_queue,
+ * batches and merged groups it took. queue > 0 (slow fake copies): that many batches
+ * are on the GPU right after the calls, none landed yet. */
+static void queued_handoff(epd_client *p, epd_client *d, uint32_t id, uint32_t ready, unsigned queue,
                            uint64_t *ret_batches, uint64_t *ret_merged) {
         uint64_t src[N_PAGES];
         char *seq = make_sequence(p, "gpu0", N_PAGES, src);
@@ -703,13 +704,13 @@ static void queued_handoff(epd_client *p, epd_client *d, uint32_t id, uint32_t r
         ck_assert_int_eq(epd_handoff_accept(d, rid(id), &acc), 0);
         for (uint32_t g = ready; g < 4; g++)
                 ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
-        if (check_queue) {
-                /* Group 0 copying, group 1 queued behind it; 2 and 3 wait (the copies
-                 * take 400 ms: the calls above took a few). */
+        if (queue > 0) {
+                /* E.g. with BatchesInFlight=2: group 0 copying, group 1 queued behind it;
+                 * 2 and 3 wait (the copies take 400 ms: the calls above took a few). */
                 epd_handoff_status s;
                 ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
                 ck_assert_uint_eq(s.groups_done, 0);
-                ck_assert_uint_eq(counter(p, "batches") - batches0, 2);
+                ck_assert_uint_eq(counter(p, "batches") - batches0, queue);
         }
         landed_commit_release(p, d, &md, &acc, path, id); /* every layer exact; frees path */
         *ret_batches = counter(p, "batches") - batches0;
@@ -736,7 +737,7 @@ START_TEST(test_queued_groups_go_together) {
         epd_client *p = worker("prefill"), *d = worker("decode");
         uint64_t b, merged;
 
-        queued_handoff(p, d, 40, 0, fake, &b, &merged);
+        queued_handoff(p, d, 40, 0, fake ? 2 : 0, &b, &merged);
         if (fake) {
                 ck_assert_uint_eq(b, 3); /* group 0, group 1, then 2 and 3 together */
                 ck_assert_uint_eq(merged, 2);
@@ -746,7 +747,7 @@ START_TEST(test_queued_groups_go_together) {
         }
         printf("4 groups ready at once: %" PRIu64 " batches, %" PRIu64 " groups merged, exact bytes\n", b, merged);
 
-        queued_handoff(p, d, 41, 4, false, &b, &merged); /* all computed at Prepare */
+        queued_handoff(p, d, 41, 4, 0, &b, &merged); /* all computed at Prepare */
         ck_assert_uint_eq(b, 1);
         ck_assert_uint_eq(merged, 4);
 
@@ -756,9 +757,25 @@ START_TEST(test_queued_groups_go_together) {
         fclose(f);
         ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
         ck_assert(harness_wait_for(log_has, (void *)"Configuration reloaded", 5000));
-        queued_handoff(p, d, 42, 4, false, &b, &merged);
+        queued_handoff(p, d, 42, 4, 0, &b, &merged);
         ck_assert_uint_eq(b, 4);
         ck_assert_uint_eq(merged, 0);
+
+        /* [Gpu] BatchesInFlight=3 (reloaded), MergeGroups=4 again: three groups go to
+         * the GPU as they are reported, alone; the fourth waits for one to land. */
+        f = fopen(h.config, "ae");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "MergeGroups=4\nBatchesInFlight=3\n");
+        fclose(f);
+        ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
+        ck_assert(harness_wait_for(log_has, (void *)"MergeGroups=4 BatchesInFlight=3", 5000));
+        ck_assert(harness_wait_for(log_has, (void *)"Configuration reloaded", 5000));
+        queued_handoff(p, d, 43, 0, fake ? 3 : 0, &b, &merged);
+        if (fake) {
+                ck_assert_uint_eq(b, 4);
+                ck_assert_uint_eq(merged, 0);
+        } else
+                ck_assert_uint_le(b, 4);
         epd_disconnect(p);
         epd_disconnect(d);
 }

@@ -346,15 +346,28 @@ static CUresult f_add_callback(void *stream, Callback cb, void *userdata, unsign
         cb(stream, fail && *fail == '1' ? 700 : OK, userdata);
         return OK;
 }
+/* An event holds the time it was last recorded (the streams run their work at once, so
+ * that is when the work before it was done): cuEventElapsedTime gives the real time
+ * between two records. */
+typedef struct FakeEvent {
+        struct timespec recorded;
+        int was_recorded;
+} FakeEvent;
 static CUresult f_event_create(void **e, unsigned flags) {
-        static int token;
-        *e = &token;
+        *e = calloc(1, sizeof(FakeEvent));
+        return *e ? OK : 2 /* CUDA_ERROR_OUT_OF_MEMORY */;
+}
+static CUresult f_event_destroy(void *e) {
+        free(e);
         return OK;
 }
 /* Streams run their work at once, so an event is complete when recorded; waiting for
  * one fails (as after a fault on its stream) with FAKE_CUDA_FAIL_EVENTS=1, and with
  * FAKE_CUDA_FAIL_COPIES=1 (the copies before it failed). */
 static CUresult f_event_record(void *e, void *stream) {
+        FakeEvent *f = e;
+        clock_gettime(CLOCK_MONOTONIC, &f->recorded);
+        f->was_recorded = 1;
         return OK;
 }
 /* Read by tests (dlsym) to see that a stream was made to wait. */
@@ -380,7 +393,11 @@ static CUresult f_event_query(void *e) {
         return delay && strtol(delay, NULL, 10) > 0 ? 600 /* CUDA_ERROR_NOT_READY */ : OK;
 }
 static CUresult f_event_elapsed(float *ms, void *a, void *b) {
-        *ms = 0;
+        const FakeEvent *x = a, *y = b;
+        if (!x->was_recorded || !y->was_recorded)
+                return 600; /* CUDA_ERROR_NOT_READY, as for an event never recorded */
+        *ms = (float)((double)(y->recorded.tv_sec - x->recorded.tv_sec) * 1e3 +
+                      (double)(y->recorded.tv_nsec - x->recorded.tv_nsec) / 1e6);
         return OK;
 }
 /* ---- kernels: none, or with FAKE_CUDA_KERNELS=1 the chunk copies on the host ---- */
@@ -490,7 +507,7 @@ static const struct {
         { "cuStreamSynchronize", (void *)f_ok_ptr },
         { "cuStreamAddCallback", (void *)f_add_callback },
         { "cuEventCreate", (void *)f_event_create },
-        { "cuEventDestroy", (void *)f_ok_ptr },
+        { "cuEventDestroy", (void *)f_event_destroy },
         { "cuEventRecord", (void *)f_event_record },
         { "cuStreamWaitEvent", (void *)f_stream_wait_event },
         { "cuEventSynchronize", (void *)f_event_sync },

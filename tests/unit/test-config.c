@@ -22,6 +22,8 @@ START_TEST(test_defaults) {
         ck_assert(c.system_bus);
         ck_assert_int_eq(c.gpu_copy_kernel, 1); /* small */
         ck_assert_uint_eq(c.gpu_merge_groups, 4);
+        ck_assert_uint_eq(c.gpu_batches_in_flight, 2);
+        ck_assert_uint_eq(c.gpu_completion_spin_usec, 0);
         config_done(&c);
 }
 END_TEST
@@ -41,12 +43,14 @@ START_TEST(test_good) {
                                              "[Peer:b]\nAddress=10.0.0.2:7100\nHostId=node-2\n"
                                              "[Peer:c]\nAddress=[fd00::3]:7100\nHostId=node-3\n"
                                              "[Features]\nCacheSize=2G\n"
-                                             "[Gpu]\nCopyKernel=never\nMergeGroups=8\n",
+                                             "[Gpu]\nCopyKernel=never\nMergeGroups=8\nBatchesInFlight=6\nCompletionSpin=50us\n",
                                              "good.conf", &errors),
                          0);
         ck_assert_ptr_null(errors);
         ck_assert_str_eq(c.host_id, "node-1");
         ck_assert_uint_eq(c.gpu_merge_groups, 8);
+        ck_assert_uint_eq(c.gpu_batches_in_flight, 6);
+        ck_assert_uint_eq(c.gpu_completion_spin_usec, 50);
         ck_assert_str_eq(c.socket_group, "_epd-work.1");
         ck_assert_uint_eq(c.attach_grace_usec, 90 * USEC_PER_SEC);
         ck_assert(!c.system_bus);
@@ -107,6 +111,9 @@ static const struct {
         { "[Gpu]\nCopyKernel=maybe\n", "CopyKernel=maybe: expected never, small or always" },
         { "[Gpu]\nMergeGroups=17\n", "[Gpu] MergeGroups=17: expected 1 to 16" },
         { "[Gpu]\nMergeGroups=0\n", "MergeGroups=0: expected a number from 1 to 1000000" },
+        { "[Gpu]\nBatchesInFlight=17\n", "[Gpu] BatchesInFlight=17: expected 1 to 16" },
+        { "[Gpu]\nBatchesInFlight=0\n", "BatchesInFlight=0: expected a number from 1 to 1000000" },
+        { "[Gpu]\nCompletionSpin=11ms\n", "[Gpu] CompletionSpin=: at most 10ms" },
         { "[Arena:a]\nSize=1G\nNumaNode=5000\n", "NumaNode=5000: expected a number from 0 to 1023" },
         { "[Cluster]\nListen=nowhere\n", "Listen=nowhere: expected a numeric IPv4 address and a port" },
         { "[Cluster]\nListen=10.0.0.1:70000\n", "Listen=10.0.0.1:70000: expected a numeric IPv4 address" },

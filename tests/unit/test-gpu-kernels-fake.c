@@ -8,9 +8,13 @@
  * tested on the device machine (bench/gpu/run-device.sh). */
 #include <check.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "copy.h"
 #include "gpu/gpu-domain.h"
@@ -394,6 +398,66 @@ START_TEST(test_unregister_waits_for_wide_batches) {
 }
 END_TEST
 
+/* The copy timeline (a diagnostic: EPD_GPU_COPY_TIMELINE in epdd): a line per part once
+ * it is seen done, the parts of one batch in order, each with its segments and bytes,
+ * times in order on one clock (the fake's events carry real times); refused once the
+ * engine made its events, and when on already. */
+START_TEST(test_timeline_has_a_line_per_part) {
+        Fixture f = {};
+        setup(&f);
+        int fd = memfd_create("timeline", MFD_CLOEXEC);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(gpu_copy_engine_set_timeline(f.e, fd), 0);
+        ck_assert_int_eq(gpu_copy_engine_set_timeline(f.e, fd), -EALREADY);
+        run_and_check(&f);
+        run_and_check(&f);
+
+        ck_assert_int_eq(lseek(fd, 0, SEEK_SET), 0);
+        FILE *in = fdopen(fd, "r");
+        ck_assert_ptr_nonnull(in);
+        char line[512];
+        unsigned n = 0;
+        uint64_t segs_sum = 0, bytes_sum = 0, last_job = 0;
+        while (fgets(line, sizeof line, in)) {
+                uint64_t job, segs, bytes, enter, queued, seen;
+                double gs, ge;
+                int dev, err;
+                ck_assert_int_eq(sscanf(line,
+                                        "part job=%" SCNu64 " dev=%d segs=%" SCNu64 " bytes=%" SCNu64
+                                        " enter=%" SCNu64 " queued=%" SCNu64 " gpu_start=%lf gpu_end=%lf seen=%" SCNu64
+                                        " error=%d",
+                                        &job, &dev, &segs, &bytes, &enter, &queued, &gs, &ge, &seen, &err),
+                                 10);
+                ck_assert_uint_eq(job, last_job + 1); /* a job a part, in order */
+                last_job = job;
+                ck_assert_int_eq(dev, 0);
+                ck_assert_int_eq(err, 0);
+                ck_assert_uint_eq(bytes, segs * PIECE);
+                ck_assert_uint_le(enter, queued);
+                ck_assert_uint_le(queued, seen);
+                ck_assert(gs >= 0 && gs <= ge);
+                ck_assert(gs + 1000 >= (double)enter);  /* placed from the reference: */
+                ck_assert(ge <= (double)seen + 1000);   /* µs of slack, not more */
+                segs_sum += segs;
+                bytes_sum += bytes;
+                n++;
+        }
+        fclose(in);
+        ck_assert_uint_eq(n, 12); /* 256, 512, 1024, 2048, 4096, 2064 writes, twice */
+        ck_assert_uint_eq(segs_sum, 2ULL * N);
+        ck_assert_uint_eq(bytes_sum, 2ULL * N * PIECE);
+        teardown(&f);
+
+        /* Once a batch went (its events made without timing): refused. */
+        setup(&f);
+        run_and_check(&f);
+        fd = memfd_create("timeline", MFD_CLOEXEC);
+        ck_assert_int_eq(gpu_copy_engine_set_timeline(f.e, fd), -EBUSY);
+        close(fd);
+        teardown(&f);
+}
+END_TEST
+
 static Suite *suite(void) {
         Suite *s = suite_create("gpu-kernels-fake");
         TCase *tc = tcase_create("core");
@@ -405,6 +469,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_interleaved_cookies_complete_once_each);
         tcase_add_test(tc, test_unregister_waits_only_for_its_own_copies);
         tcase_add_test(tc, test_unregister_waits_for_wide_batches);
+        tcase_add_test(tc, test_timeline_has_a_line_per_part);
         suite_add_tcase(s, tc);
         return s;
 }
