@@ -41,6 +41,7 @@ typedef struct DeviceLane {
          * host's clock from it. */
         CUevent tl_ref;
         uint64_t tl_ref_usec;
+        uint64_t max_pitch;          /* of a 2D copy (0: none) */
 } DeviceLane;
 
 struct GpuCopyJob {
@@ -93,6 +94,7 @@ struct GpuCopyEngine {
         GpuCopyKernelPolicy kernel_policy;
         size_t kernel_min_segments;
         bool batch_api;              /* cuMemcpyBatchAsync for multi-segment D2D groups */
+        bool strided;                /* cuMemcpy2DAsync for runs of evenly spaced segments */
         unsigned d2d_streams;        /* streams a D2D group is spread over (1..4) */
         unsigned spin_usec;          /* the completion thread polls an event this long first */
         int timeline_fd;             /* gpu_copy_engine_set_timeline(); -EBADF: off */
@@ -446,6 +448,98 @@ static void timeline_start(GpuCopyEngine *e, int dev, CUstream stream, Watch *tl
         }
 }
 
+static uint64_t seg_src_addr(const GpuCopySeg *g) {
+        return (g->src ? g->src->base : (uint64_t)(uintptr_t)g->src_host) + g->src_offset;
+}
+
+static uint64_t seg_dst_addr(const GpuCopySeg *g) {
+        return (g->dst ? g->dst->base : (uint64_t)(uintptr_t)g->dst_host) + g->dst_offset;
+}
+
+/* How many of the segments idx[k..n) one 2D copy moves from idx[k] on: segments of one
+ * length between the same two arenas (or host buffers), each `pitch` after the last on
+ * both sides (its own pitch per side, at least the length and at most max_pitch: rows
+ * that do not overlap). A layer group's piece of every page of a run of pages is such
+ * a run: 8192 pieces of a 2 MiB-page sequence, one copy. Never within one arena (a 2D
+ * copy's two sides may not overlap, and copy-on-write copies are single pages). */
+size_t gpu_copy_run_length(const GpuCopySeg *segs, const size_t *idx, size_t k, size_t n, uint64_t max_pitch,
+                           uint64_t *ret_src_pitch, uint64_t *ret_dst_pitch) {
+        const GpuCopySeg *a = &segs[idx ? idx[k] : k];
+        uint64_t sp = 0, dp = 0;
+        size_t h = 1;
+
+        if (a->src && a->src == a->dst)
+                return 1;
+        for (size_t i = k + 1; i < n; i++, h++) {
+                const GpuCopySeg *p = &segs[idx ? idx[i - 1] : i - 1], *g = &segs[idx ? idx[i] : i];
+                uint64_t s0 = seg_src_addr(p), s1 = seg_src_addr(g), d0 = seg_dst_addr(p), d1 = seg_dst_addr(g);
+                if (g->length != a->length || g->src != a->src || g->dst != a->dst || g->src_host != a->src_host ||
+                    g->dst_host != a->dst_host || s1 <= s0 || d1 <= d0)
+                        break;
+                if (h == 1) {
+                        sp = s1 - s0;
+                        dp = d1 - d0;
+                        if (sp < a->length || dp < a->length || sp > max_pitch || dp > max_pitch)
+                                break;
+                } else if (s1 - s0 != sp || d1 - d0 != dp)
+                        break;
+        }
+        *ret_src_pitch = sp;
+        *ret_dst_pitch = dp;
+        return h;
+}
+
+/* A group whose segments fall into few evenly spaced runs (gpu_copy_run_length(): a
+ * quarter as many runs as segments or fewer): one cuMemcpy2DAsync per run on the copy
+ * engines, a plain copy for a run of one. Returns 1 if done, 0 if the caller should
+ * take another way, <0 on error. */
+static int group_try_strided(GpuCopyEngine *e, int dev, GpuCopyPath p, const GpuCopySeg *segs, const size_t *idx,
+                             size_t n) {
+        CudaDriver *d = e->system->driver;
+        DeviceLane *l = &e->lanes[dev];
+        CUstream st = l->streams[p][0];
+        size_t runs = 0;
+        uint64_t sp, dp;
+        int r;
+
+        if (!e->strided || !d->cuMemcpy2DAsync || l->max_pitch == 0 || n < 4)
+                return 0;
+        if (p == GPU_COPY_PEER && !gpu_copy_sources_reachable(e->system, dev, segs, idx, n))
+                return 0; /* cuMemcpyPeerAsync's staging: segment by segment */
+        for (size_t k = 0; k < n && runs * 4 <= n; runs++)
+                k += gpu_copy_run_length(segs, idx, k, n, l->max_pitch, &sp, &dp);
+        if (runs * 4 > n)
+                return 0;
+        for (size_t k = 0, h; k < n; k += h) {
+                const GpuCopySeg *g = &segs[idx[k]];
+                h = gpu_copy_run_length(segs, idx, k, n, l->max_pitch, &sp, &dp);
+                if (h == 1) {
+                        r = seg_enqueue(e, p, g, st);
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
+                CUDA_MEMCPY2D c = {
+                        .srcMemoryType = g->src ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST,
+                        .srcHost = g->src ? NULL : (const uint8_t *)g->src_host + g->src_offset,
+                        .srcDevice = g->src ? g->src->base + g->src_offset : 0,
+                        .srcPitch = sp,
+                        .dstMemoryType = g->dst ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST,
+                        .dstHost = g->dst ? NULL : (uint8_t *)g->dst_host + g->dst_offset,
+                        .dstDevice = g->dst ? g->dst->base + g->dst_offset : 0,
+                        .dstPitch = dp,
+                        .WidthInBytes = g->length,
+                        .Height = h,
+                };
+                r = CU(d, cuMemcpy2DAsync, &c, st);
+                if (r < 0)
+                        return r;
+                e->stats.strided_copies++;
+                e->stats.strided_rows += h;
+        }
+        return 1;
+}
+
 /* Tries to move a group of device-to-device segments with batched kernel launches.
  * Returns 1 if done that way, 0 if the caller should use the copy engine, <0 on error. */
 static int group_try_kernel(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPath p,
@@ -644,6 +738,8 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                         if (r >= 0 && e->timeline_fd >= 0)
                                 timeline_start(e, (int)dev, streams[0], &tl);
                         if (r >= 0)
+                                r = group_try_strided(e, (int)dev, p, segs, order + start, m);
+                        if (r == 0)
                                 r = group_try_kernel(e, j, (int)dev, p, segs, order + start, m, bytes);
                         if (r == 0)
                                 r = group_try_batch_api(e, j, (int)dev, p, segs, order + start,
@@ -798,6 +894,10 @@ int gpu_copy_engine_set_timeline(GpuCopyEngine *e, int fd) {
         return r;
 }
 
+void gpu_copy_engine_set_strided(GpuCopyEngine *e, bool enable) {
+        e->strided = enable;
+}
+
 void gpu_copy_engine_set_batch_api(GpuCopyEngine *e, bool enable) {
         e->batch_api = enable;
 }
@@ -944,6 +1044,7 @@ int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
         pthread_mutex_init(&e->lock, NULL);
         e->kernel_min_segments = 16;
         e->batch_api = true;
+        e->strided = true;
         e->d2d_streams = 1;
         e->spin_usec = GPU_COPY_SPIN_USEC;
         e->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -969,6 +1070,10 @@ int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
                                 if (r < 0)
                                         return r;
                         }
+                int pitch = 0;
+                if (CU(d, cuDeviceGetAttribute, &pitch, CU_DEVICE_ATTRIBUTE_MAX_PITCH, s->devices[i].dev) >= 0 &&
+                    pitch > 0)
+                        l->max_pitch = (uint64_t)pitch;
                 r = gpu_kernels_load(s, (int)i, &l->kernels);
                 if (r < 0) {
                         log_debug_errno(r, "GPU %zu: batched copy kernel unavailable (%m), using the copy engine only", i);

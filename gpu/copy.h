@@ -70,6 +70,8 @@ typedef struct GpuCopyStats {
         uint64_t bytes;
         uint64_t kernel_launches;
         uint64_t batch_api_calls;
+        uint64_t strided_copies;  /* cuMemcpy2DAsync calls */
+        uint64_t strided_rows;    /* the segments they moved */
         uint64_t failures;
         uint64_t bytes_by_path[_GPU_COPY_PATH_MAX];
 } GpuCopyStats;
@@ -117,6 +119,14 @@ void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t m
  * default: on the H200 it measured 2-4 % slower than the tiled 2-D grid, bench/RESULTS.md)
  * every batch takes the 2-D grid. The benchmark compares the two. */
 void gpu_copy_engine_set_kernel_uniform(GpuCopyEngine *e, bool enable);
+/* Segments that fall into few evenly spaced runs (a layer group's piece of each page of
+ * a run of pages, on both sides) go as one cuMemcpy2DAsync per run on the copy engines,
+ * before the kernel or the batch API is considered: on by default. */
+void gpu_copy_engine_set_strided(GpuCopyEngine *e, bool enable);
+/* Pure: how many of the segments idx[k..n) (idx NULL: the identity) one 2D copy moves
+ * from the k-th on, and its pitch on each side (0 when 1). */
+size_t gpu_copy_run_length(const GpuCopySeg *segs, const size_t *idx, size_t k, size_t n, uint64_t max_pitch,
+                           uint64_t *ret_src_pitch, uint64_t *ret_dst_pitch);
 /* cuMemcpyBatchAsync (driver 13.0+) for multi-segment device-to-device groups: on by
  * default where the driver has it; off, every segment is its own cuMemcpyDtoDAsync. */
 void gpu_copy_engine_set_batch_api(GpuCopyEngine *e, bool enable);

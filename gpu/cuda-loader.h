@@ -69,6 +69,7 @@ enum {
 
 /* CUdevice_attribute */
 enum {
+        CU_DEVICE_ATTRIBUTE_MAX_PITCH = 11,
         CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
         CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
         CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34,
@@ -130,6 +131,29 @@ typedef struct CUmemAllocationProp {
                 unsigned char reserved[4];
         } allocFlags;
 } CUmemAllocationProp;
+
+/* For cuMemcpy2DAsync: rows of WidthInBytes, Height of them, each pitch bytes after the
+ * last on its side (CUDA_MEMCPY2D_v2: size_t fields). */
+typedef enum CUmemorytype {
+        CU_MEMORYTYPE_HOST = 0x1,
+        CU_MEMORYTYPE_DEVICE = 0x2,
+} CUmemorytype;
+
+typedef struct CUDA_MEMCPY2D {
+        size_t srcXInBytes, srcY;
+        CUmemorytype srcMemoryType;
+        const void *srcHost;
+        CUdeviceptr srcDevice;
+        void *srcArray;
+        size_t srcPitch;
+        size_t dstXInBytes, dstY;
+        CUmemorytype dstMemoryType;
+        void *dstHost;
+        CUdeviceptr dstDevice;
+        void *dstArray;
+        size_t dstPitch;
+        size_t WidthInBytes, Height;
+} CUDA_MEMCPY2D;
 
 /* For cuMemcpyBatchAsync (CUDA 12.8+, optional). */
 enum {
@@ -203,6 +227,7 @@ typedef struct CUmemAccessDesc {
         X(cuMemcpyHtoDAsync, (CUdeviceptr dst, const void *src, size_t size, CUstream s))\
         X(cuMemcpyPeerAsync, (CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,       \
                               CUcontext src_ctx, size_t size, CUstream s))               \
+        X(cuMemcpy2DAsync, (const CUDA_MEMCPY2D *copy, CUstream s))                      \
         X(cuMemsetD8, (CUdeviceptr dst, unsigned char value, size_t n))                  \
         X(cuMemsetD32Async, (CUdeviceptr dst, unsigned value, size_t n, CUstream s))     \
         X(cuStreamCreate, (CUstream *stream, unsigned flags))                            \

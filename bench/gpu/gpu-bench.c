@@ -260,6 +260,43 @@ static void bench_d2d(Bench *b) {
                 gpu_copy_engine_set_kernel_batching(eng, false, 0);
         }
         gpu_kernels_free(kernels);
+
+        /* Sub-page layer groups: group g is the 256 KiB piece g of every 2 MiB page, the
+         * pages in order on both sides (a sequence's pages, allocated together), the 8
+         * groups one after another: runs that one 2D copy each moves (the default), or
+         * the batched kernel (StridedCopies=no), against the raw contiguous copy; and a
+         * raw cuMemcpy2DAsync per group, the 2D copy alone. */
+        {
+                const uint64_t piece = 256 * 1024, pages_n = S / (2 * MiB);
+                uint64_t n = 0;
+                for (uint64_t g = 0; g < 8; g++)
+                        for (uint64_t i = 0; i < pages_n; i++, n++)
+                                w[n] = (TransportWrite) { .src_region = x->index, .src_offset = i * 2 * MiB + g * piece,
+                                                          .dst_region = y->index, .dst_offset = i * 2 * MiB + g * piece,
+                                                          .length = piece, .cookie = n };
+                gpu_copy_engine_set_kernel_batching(eng, true, 16);
+                row("d2d 8 groups of 256K pieces of 2M pages (2D copies)", S, time_transport(b, w, n), raw, 0.9);
+                gpu_copy_engine_set_strided(eng, false);
+                row("d2d 8 groups of 256K pieces of 2M pages (kernel)", S, time_transport(b, w, n), raw, 0.9);
+                gpu_copy_engine_set_strided(eng, true);
+                gpu_copy_engine_set_kernel_batching(eng, false, 0);
+                double v[REPS + 1];
+                for (int rep = 0; rep <= REPS; rep++) {
+                        double t0 = now_sec();
+                        for (uint64_t g = 0; g < 8; g++) {
+                                CUDA_MEMCPY2D c = { .srcMemoryType = CU_MEMORYTYPE_DEVICE,
+                                                    .srcDevice = x->gpu->base + g * piece, .srcPitch = 2 * MiB,
+                                                    .dstMemoryType = CU_MEMORYTYPE_DEVICE,
+                                                    .dstDevice = y->gpu->base + g * piece, .dstPitch = 2 * MiB,
+                                                    .WidthInBytes = piece, .Height = pages_n };
+                                CHECK(CU(b->d, cuMemcpy2DAsync, &c, b->stream));
+                        }
+                        CHECK(CU(b->d, cuStreamSynchronize, b->stream));
+                        v[rep] = (now_sec() - t0) * 1e3;
+                }
+                last_post_ms = last_drain_ms = -1;
+                row("d2d 8 groups of 256K pieces, raw cuMemcpy2DAsync", S, median(v + 1, REPS), raw, 0.9);
+        }
         free(w);
         drop(b, x);
         drop(b, y);

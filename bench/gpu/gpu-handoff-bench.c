@@ -708,15 +708,18 @@ int main(int argc, char **argv) {
                 /* Where the 8-group row's time over the raw copy goes: the daemon's copy
                  * engine's own timeline of its last repetition (GPU start and end of each
                  * part, when the host submitted it and saw it done), as it runs by default
-                 * and with every group on the GPU as soon as it is ready; then the same
-                 * settings without the timeline's events, and the completion thread
-                 * polling before it sleeps. */
+                 * (2D copies), with the batched kernel instead (StridedCopies=no), and
+                 * with every group on the GPU as soon as it is ready; then settings
+                 * without the timeline's events, and the completion thread polling
+                 * before it sleeps. */
                 static const struct {
                         unsigned merge;
                         const char *extra, *tag;
                         bool timeline;
                 } study[] = {
                         { 4, "", " (timeline)", true },
+                        { 4, "StridedCopies=no\n", " (StridedCopies=no, timeline)", true },
+                        { 4, "StridedCopies=no\n", " (StridedCopies=no)", false },
                         { 1, "BatchesInFlight=16\n", " (MergeGroups=1, BatchesInFlight=16, timeline)", true },
                         { 1, "BatchesInFlight=16\n", " (MergeGroups=1, BatchesInFlight=16)", false },
                         { 4, "BatchesInFlight=4\n", " (MergeGroups=4, BatchesInFlight=4)", false },

@@ -551,6 +551,7 @@ static const ConfigItem items[] = {
         { "Gpu", "MergeGroups", p_unsigned, C(gpu_merge_groups) },
         { "Gpu", "BatchesInFlight", p_unsigned, C(gpu_batches_in_flight) },
         { "Gpu", "CompletionSpin", p_duration_or_zero, C(gpu_completion_spin_usec) },
+        { "Gpu", "StridedCopies", p_bool, C(gpu_strided_copies) },
         { "Metrics", "Listen", p_metrics_listen, C(metrics_listen) },
         { "Pool", "Priority", p_priority, PL(policy.priority) },
         { "Pool", "DefaultDeadline", p_duration, PL(policy.default_deadline) },
@@ -636,6 +637,7 @@ int config_defaults(Config *c) {
                 .gpu_copy_kernel = 1, /* small: scattered pages through the batched copy kernel */
                 .gpu_merge_groups = 4,
                 .gpu_batches_in_flight = 2,
+                .gpu_strided_copies = true,
         };
         SchedConfig sc;
         sched_config_defaults(&sc);

@@ -900,7 +900,8 @@ int manager_reload(Manager *m) {
         m->config.feature_cache_bytes = n.feature_cache_bytes;
         m->config.gpu_merge_groups = n.gpu_merge_groups; /* read at each handoff_pump() */
         m->config.gpu_batches_in_flight = n.gpu_batches_in_flight;
-        m->config.gpu_completion_spin_usec = n.gpu_completion_spin_usec; /* gpu_reload() applied it */
+        m->config.gpu_completion_spin_usec = n.gpu_completion_spin_usec; /* gpu_reload() applied these */
+        m->config.gpu_strided_copies = n.gpu_strided_copies;
         /* Read by the handoff window and the scheduler's path pressure, not only by
          * telemetry (whose reload took its own copy above). */
         m->config.telemetry.backpressure = n.telemetry.backpressure;

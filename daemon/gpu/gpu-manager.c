@@ -113,11 +113,15 @@ void gpu_manager_page_copy_drain(Manager *m) {
         cow_dispatch(g);
 }
 
-static void spin_set(Manager *m, usec_t spin) {
-        unsigned usec = (unsigned)MIN(spin, (usec_t)UINT_MAX);
-        gpu_copy_engine_set_spin(cuda_transport_engine(m->gpu->transport), usec);
-        if (m->gpu->cow_engine)
-                gpu_copy_engine_set_spin(m->gpu->cow_engine, usec);
+/* The reloadable settings of both copy engines: CompletionSpin=, StridedCopies=. */
+static void engines_set(Manager *m, const Config *c) {
+        unsigned usec = (unsigned)MIN(c->gpu_completion_spin_usec, (usec_t)UINT_MAX);
+        GpuCopyEngine *e[] = { cuda_transport_engine(m->gpu->transport), m->gpu->cow_engine };
+        for (size_t i = 0; i < ELEMENTSOF(e); i++)
+                if (e[i]) {
+                        gpu_copy_engine_set_spin(e[i], usec);
+                        gpu_copy_engine_set_strided(e[i], c->gpu_strided_copies);
+                }
 }
 
 /* EPD_GPU_COPY_TIMELINE=PATH: every part the handoffs' copy engine moves adds a line to
@@ -171,7 +175,7 @@ static int gpu_init(Manager *m) {
                                           a->name);
         }
 
-        spin_set(m, m->config.gpu_completion_spin_usec);
+        engines_set(m, &m->config);
 
         if (gpu_context_format(m->gpu, &text) >= 0) {
                 log_info("GPUs:\n%s", text);
@@ -198,17 +202,20 @@ static void gpu_done(Manager *m) {
         m->gpu = gpu_context_free(m->gpu);
 }
 
-/* [Gpu] CompletionSpin= takes effect at once (MergeGroups= and BatchesInFlight= are read
- * at each handoff's pump; CopyKernel= at the next start). */
+/* [Gpu] CompletionSpin= and StridedCopies= take effect at once (MergeGroups= and
+ * BatchesInFlight= are read at each handoff's pump; CopyKernel= at the next start). */
 static int gpu_reload(Manager *m, const Config *n) {
         if (!m->gpu)
                 return 0;
-        spin_set(m, n->gpu_completion_spin_usec);
+        engines_set(m, n);
         if (n->gpu_merge_groups != m->config.gpu_merge_groups ||
             n->gpu_batches_in_flight != m->config.gpu_batches_in_flight ||
-            n->gpu_completion_spin_usec != m->config.gpu_completion_spin_usec)
-                log_info("GPU handoffs now: MergeGroups=%u BatchesInFlight=%u CompletionSpin=%" PRIu64 "us",
-                         n->gpu_merge_groups, n->gpu_batches_in_flight, (uint64_t)n->gpu_completion_spin_usec);
+            n->gpu_completion_spin_usec != m->config.gpu_completion_spin_usec ||
+            n->gpu_strided_copies != m->config.gpu_strided_copies)
+                log_info("GPU handoffs now: MergeGroups=%u BatchesInFlight=%u CompletionSpin=%" PRIu64
+                         "us StridedCopies=%s",
+                         n->gpu_merge_groups, n->gpu_batches_in_flight, (uint64_t)n->gpu_completion_spin_usec,
+                         n->gpu_strided_copies ? "yes" : "no");
         return 0;
 }
 

@@ -100,6 +100,7 @@ static CUresult f_total(size_t *b, int dev) {
 }
 static CUresult f_attr(int *v, int attr, int dev) {
         switch (attr) {
+        case 11: *v = 2147483647; break; /* max pitch, as an H100/H200 reports */
         case 16: *v = 4; break;   /* multiprocessors */
         case 40: *v = 2; break;   /* copy engines */
         case 102: *v = 1; break;  /* VMM */
@@ -325,6 +326,40 @@ static CUresult f_batch_async(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *size
                 f_copy_now(dsts[i], srcs[i], sizes[i]);
         return OK;
 }
+/* CUDA_MEMCPY2D_v2 (gpu/cuda-loader.h). */
+enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2 };
+typedef struct CUDA_MEMCPY2D {
+        size_t srcXInBytes, srcY;
+        int srcMemoryType;
+        const void *srcHost;
+        CUdeviceptr srcDevice;
+        void *srcArray;
+        size_t srcPitch;
+        size_t dstXInBytes, dstY;
+        int dstMemoryType;
+        void *dstHost;
+        CUdeviceptr dstDevice;
+        void *dstArray;
+        size_t dstPitch;
+        size_t WidthInBytes, Height;
+} CUDA_MEMCPY2D;
+/* Read by tests (dlsym): 2D copies and the rows they moved. */
+unsigned long fake_cuda_copies_2d, fake_cuda_rows_2d;
+static CUresult f_copy_2d_async(const CUDA_MEMCPY2D *c, void *stream) {
+        if (async_refused())
+                return E_INVALID;
+        if (c->WidthInBytes > c->srcPitch || c->WidthInBytes > c->dstPitch)
+                return E_INVALID; /* as the driver: rows may not overlap on either side */
+        const uint8_t *src = c->srcMemoryType == CU_MEMORYTYPE_HOST ? c->srcHost
+                                                                     : (const uint8_t *)(uintptr_t)c->srcDevice;
+        uint8_t *dst = c->dstMemoryType == CU_MEMORYTYPE_HOST ? c->dstHost : (uint8_t *)(uintptr_t)c->dstDevice;
+        for (size_t y = 0; y < c->Height; y++)
+                memcpy(dst + (c->dstY + y) * c->dstPitch + c->dstXInBytes,
+                       src + (c->srcY + y) * c->srcPitch + c->srcXInBytes, c->WidthInBytes);
+        __atomic_add_fetch(&fake_cuda_copies_2d, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&fake_cuda_rows_2d, c->Height, __ATOMIC_RELAXED);
+        return OK;
+}
 static CUresult f_memset8(CUdeviceptr dst, unsigned char v, size_t n) {
         memset((void *)(uintptr_t)dst, v, n);
         return OK;
@@ -500,6 +535,7 @@ static const struct {
         { "cuMemcpyHtoDAsync", (void *)f_copy_async },
         { "cuMemcpyPeerAsync", (void *)f_copy_peer_async },
         { "cuMemcpyBatchAsync", (void *)f_batch_async },
+        { "cuMemcpy2DAsync", (void *)f_copy_2d_async },
         { "cuMemsetD8", (void *)f_memset8 },
         { "cuMemsetD32Async", (void *)f_memset32_async },
         { "cuStreamCreate", (void *)f_stream_create },

@@ -458,6 +458,84 @@ START_TEST(test_timeline_has_a_line_per_part) {
 }
 END_TEST
 
+/* Pieces evenly spaced on both sides (a layer group's piece of each page of a run of
+ * pages) go as one 2D copy per run on the copy engines, not through the kernel: each
+ * part of the batch one cuMemcpy2DAsync, a break in the spacing a second one; the bytes
+ * exact, every write completed once. Pieces out of order, and with StridedCopies off,
+ * go to the kernel as before. */
+START_TEST(test_evenly_spaced_pieces_go_as_2d_copies) {
+        enum { M = 4000, SP = 256, DP = 384, LEN = 128 };
+        Fixture f = {};
+        setup(&f);
+        for (int i = 0; i < M; i++)
+                f.w[i] = (TransportWrite) { .src_region = 1, .src_offset = (uint64_t)i * SP, .dst_region = 2,
+                                            .dst_offset = (uint64_t)i * DP, .length = LEN, .cookie = (uint64_t)i };
+        const GpuCopyStats *st = gpu_copy_engine_stats(f.e);
+        for (int pass = 0; pass < 3; pass++) {
+                if (pass == 1)
+                        /* From write 3000 on, the destination a piece further on: two runs
+                         * in the part of 2048 (writes 1792..3839), the last part one. */
+                        for (int i = 3000; i < M; i++)
+                                f.w[i].dst_offset = (uint64_t)(i + 1) * DP;
+                if (pass == 2)
+                        gpu_copy_engine_set_strided(f.e, false);
+                uint64_t copies = st->strided_copies, rows = st->strided_rows, launches = st->kernel_launches;
+                memset(f.dst, 0, 2 << 20);
+                ck_assert_int_eq(run_writes(f.t, f.w, M, f.seen), 0);
+                for (int i = 0; i < M; i++)
+                        ck_assert_int_eq(memcmp(f.dst + f.w[i].dst_offset, f.src + f.w[i].src_offset, LEN), 0);
+                /* Parts of 256, 512, 1024, 2048 and the last 160 writes. */
+                if (pass < 2) {
+                        ck_assert_uint_eq(st->strided_copies - copies, pass == 0 ? 5 : 6);
+                        ck_assert_uint_eq(st->strided_rows - rows, M);
+                        ck_assert_uint_eq(st->kernel_launches - launches, 0);
+                } else {
+                        ck_assert_uint_eq(st->strided_copies - copies, 0);
+                        ck_assert_uint_eq(st->kernel_launches - launches, 5);
+                }
+        }
+        teardown(&f);
+
+        /* The fixture's writes, reversed on the destination: no run; the kernel. */
+        setup(&f);
+        st = gpu_copy_engine_stats(f.e);
+        run_and_check(&f);
+        ck_assert_uint_eq(st->strided_copies, 0);
+        ck_assert_uint_eq(st->kernel_launches, 6);
+        teardown(&f);
+}
+END_TEST
+
+/* The run finder alone: rows of one length, the same two sides, one pitch per side of at
+ * least the length and at most the device's maximum, increasing; never within one arena. */
+START_TEST(test_run_length) {
+        GpuArena a = { .base = 1 << 20, .size = 64 << 20 }, b = { .base = 512 << 20, .size = 64 << 20 };
+        GpuCopySeg s[8];
+        uint64_t sp = 0, dp = 0;
+        for (int i = 0; i < 8; i++)
+                s[i] = (GpuCopySeg) { .src = &a, .dst = &b, .src_offset = (uint64_t)i * 4096,
+                                      .dst_offset = (uint64_t)i * 8192, .length = 1024 };
+        ck_assert_uint_eq(gpu_copy_run_length(s, NULL, 0, 8, 1 << 30, &sp, &dp), 8);
+        ck_assert_uint_eq(sp, 4096);
+        ck_assert_uint_eq(dp, 8192);
+        ck_assert_uint_eq(gpu_copy_run_length(s, NULL, 3, 8, 1 << 30, &sp, &dp), 5);
+        ck_assert_uint_eq(gpu_copy_run_length(s, NULL, 0, 8, 4096, &sp, &dp), 1);      /* pitch over the max */
+        size_t idx[8] = { 0, 1, 2, 3, 7, 6, 5, 4 };
+        ck_assert_uint_eq(gpu_copy_run_length(s, idx, 0, 8, 1 << 30, &sp, &dp), 4);     /* then backwards */
+        s[5].length = 512;
+        ck_assert_uint_eq(gpu_copy_run_length(s, NULL, 0, 8, 1 << 30, &sp, &dp), 5);    /* another length */
+        s[5].length = 1024;
+        s[2].dst_offset = s[1].dst_offset + 512;                                         /* rows would overlap */
+        ck_assert_uint_eq(gpu_copy_run_length(s, NULL, 1, 8, 1 << 30, &sp, &dp), 1);
+        s[2].dst_offset = 2 * 8192;
+        s[4].dst = &a;                                                                   /* another arena */
+        ck_assert_uint_eq(gpu_copy_run_length(s, NULL, 0, 8, 1 << 30, &sp, &dp), 4);
+        for (int i = 0; i < 8; i++)
+                s[i].dst = &a;                                                           /* one arena */
+        ck_assert_uint_eq(gpu_copy_run_length(s, NULL, 0, 8, 1 << 30, &sp, &dp), 1);
+}
+END_TEST
+
 static Suite *suite(void) {
         Suite *s = suite_create("gpu-kernels-fake");
         TCase *tc = tcase_create("core");
@@ -470,6 +548,8 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_unregister_waits_only_for_its_own_copies);
         tcase_add_test(tc, test_unregister_waits_for_wide_batches);
         tcase_add_test(tc, test_timeline_has_a_line_per_part);
+        tcase_add_test(tc, test_evenly_spaced_pieces_go_as_2d_copies);
+        tcase_add_test(tc, test_run_length);
         suite_add_tcase(s, tc);
         return s;
 }

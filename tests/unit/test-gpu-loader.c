@@ -36,6 +36,15 @@ _Static_assert(offsetof(CUmemAllocationProp, win32HandleMetaData) == 16, "prop.w
 _Static_assert(offsetof(CUmemAllocationProp, allocFlags) == 24, "prop.allocFlags");
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp");
 _Static_assert(sizeof(GpuChunk) == 24, "GpuChunk matches EpdChunk in pack.cu");
+/* CUDA_MEMCPY2D_v2 as in cuda.h (x86-64 and aarch64). */
+_Static_assert(offsetof(CUDA_MEMCPY2D, srcMemoryType) == 16, "2d.srcMemoryType");
+_Static_assert(offsetof(CUDA_MEMCPY2D, srcDevice) == 32, "2d.srcDevice");
+_Static_assert(offsetof(CUDA_MEMCPY2D, srcPitch) == 48, "2d.srcPitch");
+_Static_assert(offsetof(CUDA_MEMCPY2D, dstMemoryType) == 72, "2d.dstMemoryType");
+_Static_assert(offsetof(CUDA_MEMCPY2D, dstDevice) == 88, "2d.dstDevice");
+_Static_assert(offsetof(CUDA_MEMCPY2D, dstPitch) == 104, "2d.dstPitch");
+_Static_assert(offsetof(CUDA_MEMCPY2D, WidthInBytes) == 112, "2d.WidthInBytes");
+_Static_assert(sizeof(CUDA_MEMCPY2D) == 128, "CUDA_MEMCPY2D");
 
 START_TEST(test_no_library) {
         CudaDriver *d = (CudaDriver *)0x1;
