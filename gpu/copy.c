@@ -428,15 +428,24 @@ static void timeline_start(GpuCopyEngine *e, int dev, CUstream stream, Watch *tl
         DeviceLane *l = &e->lanes[dev];
         bool idle;
 
+        /* No watch at all: nothing reads any lane's reference (the completion thread
+         * drops a watch only after its line is written; only this thread adds them). */
         pthread_mutex_lock(&e->lock);
-        idle = e->in_flight == 0;
+        idle = e->n_watches == 0;
         pthread_mutex_unlock(&e->lock);
         if (!l->tl_ref || idle) {
-                if (!l->tl_ref && CU(d, cuEventCreate, &l->tl_ref, CU_EVENT_BLOCKING_SYNC) < 0) {
+                if (!l->tl_ref && CU(d, cuEventCreate, &l->tl_ref, 0) < 0) {
                         l->tl_ref = NULL;
                         return;
                 }
-                if (CU(d, cuEventRecord, l->tl_ref, stream) < 0 || CU(d, cuEventSynchronize, l->tl_ref) < 0)
+                /* Polled, not a blocking-sync wait: the host's time then is the event's
+                 * within the poll's microsecond, not a wake-up later. */
+                if (CU(d, cuEventRecord, l->tl_ref, stream) < 0)
+                        return;
+                CUresult q;
+                while ((q = d->cuEventQuery(l->tl_ref)) == CUDA_ERROR_NOT_READY)
+                        ;
+                if (q != CUDA_SUCCESS)
                         return;
                 l->tl_ref_usec = now_usec(CLOCK_MONOTONIC);
         }
@@ -484,15 +493,15 @@ size_t gpu_copy_run_length(const GpuCopySeg *segs, const size_t *idx, size_t k, 
                 } else if (s1 - s0 != sp || d1 - d0 != dp)
                         break;
         }
-        *ret_src_pitch = sp;
-        *ret_dst_pitch = dp;
+        *ret_src_pitch = h > 1 ? sp : 0;
+        *ret_dst_pitch = h > 1 ? dp : 0;
         return h;
 }
 
 /* A group whose segments fall into few evenly spaced runs (gpu_copy_run_length(): a
- * quarter as many runs as segments or fewer): one cuMemcpy2DAsync per run on the copy
- * engines, a plain copy for a run of one. Returns 1 if done, 0 if the caller should
- * take another way, <0 on error. */
+ * quarter as many runs as segments or fewer) of rows of GPU_COPY_STRIDED_MIN_ROW or
+ * more: one cuMemcpy2DAsync per run on the copy engines, a plain copy for a run of one.
+ * Returns 1 if done, 0 if the caller should take another way, <0 on error. */
 static int group_try_strided(GpuCopyEngine *e, int dev, GpuCopyPath p, const GpuCopySeg *segs, const size_t *idx,
                              size_t n) {
         CudaDriver *d = e->system->driver;
@@ -502,7 +511,8 @@ static int group_try_strided(GpuCopyEngine *e, int dev, GpuCopyPath p, const Gpu
         uint64_t sp, dp;
         int r;
 
-        if (!e->strided || !d->cuMemcpy2DAsync || l->max_pitch == 0 || n < 4)
+        if (!e->strided || !d->cuMemcpy2DAsync || l->max_pitch == 0 || n < 4 ||
+            segs[idx[0]].length < GPU_COPY_STRIDED_MIN_ROW)
                 return 0;
         if (p == GPU_COPY_PEER && !gpu_copy_sources_reachable(e->system, dev, segs, idx, n))
                 return 0; /* cuMemcpyPeerAsync's staging: segment by segment */
@@ -532,6 +542,13 @@ static int group_try_strided(GpuCopyEngine *e, int dev, GpuCopyPath p, const Gpu
                         .Height = h,
                 };
                 r = CU(d, cuMemcpy2DAsync, &c, st);
+                if ((r == -EINVAL || r == -EOPNOTSUPP) && k == 0) {
+                        /* Nothing of the group queued: this driver refuses it; do
+                         * without from now on (the kernel or the copy engines). */
+                        log_debug_errno(r, "cuMemcpy2DAsync refused (%m), no 2D copies from now on");
+                        e->strided = false;
+                        return 0;
+                }
                 if (r < 0)
                         return r;
                 e->stats.strided_copies++;

@@ -123,6 +123,10 @@ void gpu_copy_engine_set_kernel_uniform(GpuCopyEngine *e, bool enable);
  * a run of pages, on both sides) go as one cuMemcpy2DAsync per run on the copy engines,
  * before the kernel or the batch API is considered: on by default. */
 void gpu_copy_engine_set_strided(GpuCopyEngine *e, bool enable);
+/* Rows narrower than this stay with the kernel: only 256 KiB rows were measured on the
+ * copy engines (bench/RESULTS.md), and the engines' cost per row is not known for small
+ * ones. */
+#define GPU_COPY_STRIDED_MIN_ROW (64U * 1024U)
 /* Pure: how many of the segments idx[k..n) (idx NULL: the identity) one 2D copy moves
  * from the k-th on, and its pitch on each side (0 when 1). */
 size_t gpu_copy_run_length(const GpuCopySeg *segs, const size_t *idx, size_t k, size_t n, uint64_t max_pitch,
@@ -149,8 +153,10 @@ void gpu_copy_engine_set_spin(GpuCopyEngine *e, unsigned usec);
  *   part job=N dev=D segs=S bytes=B enter=T queued=T gpu_start=T gpu_end=T seen=T error=E
  * Parts spread over several streams have a line for the first stream only. Costs an
  * event pair a part and a wait when the engine goes busy from idle: epdd turns it on
- * only with EPD_GPU_COPY_TIMELINE=PATH (docs/gpu.md). Before the first submission only:
- * -EBUSY after it, -EALREADY when on. */
+ * only with EPD_GPU_COPY_TIMELINE=PATH (docs/gpu.md). Before the first submission, on
+ * the thread that submits: -EBUSY after it, -EALREADY when on. A part's line counts the
+ * segments and bytes of its whole (device, path) group; spread over several streams, its
+ * GPU end is the first stream's. */
 int gpu_copy_engine_set_timeline(GpuCopyEngine *e, int fd);
 const GpuCopyStats *gpu_copy_engine_stats(const GpuCopyEngine *e);
 

@@ -346,6 +346,9 @@ typedef struct CUDA_MEMCPY2D {
 /* Read by tests (dlsym): 2D copies and the rows they moved. */
 unsigned long fake_cuda_copies_2d, fake_cuda_rows_2d;
 static CUresult f_copy_2d_async(const CUDA_MEMCPY2D *c, void *stream) {
+        const char *no = getenv("FAKE_CUDA_NO_2D");
+        if (no && *no == '1')
+                return 801; /* CUDA_ERROR_NOT_SUPPORTED: a driver without them */
         if (async_refused())
                 return E_INVALID;
         if (c->WidthInBytes > c->srcPitch || c->WidthInBytes > c->dstPitch)

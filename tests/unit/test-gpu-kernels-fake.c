@@ -461,39 +461,63 @@ END_TEST
 /* Pieces evenly spaced on both sides (a layer group's piece of each page of a run of
  * pages) go as one 2D copy per run on the copy engines, not through the kernel: each
  * part of the batch one cuMemcpy2DAsync, a break in the spacing a second one; the bytes
- * exact, every write completed once. Pieces out of order, and with StridedCopies off,
- * go to the kernel as before. */
+ * exact, every write completed once. With StridedCopies off, with rows under 64 KiB and
+ * out of order they go to the kernel as before; a driver that refuses 2D copies turns
+ * them off and the batch goes through the kernel, exact. */
 START_TEST(test_evenly_spaced_pieces_go_as_2d_copies) {
-        enum { M = 4000, SP = 256, DP = 384, LEN = 128 };
+        enum { M = 600 };
+        const uint64_t LEN = 64 * 1024, SP = 96 * 1024, DP = 128 * 1024;
         Fixture f = {};
         setup(&f);
-        for (int i = 0; i < M; i++)
-                f.w[i] = (TransportWrite) { .src_region = 1, .src_offset = (uint64_t)i * SP, .dst_region = 2,
-                                            .dst_offset = (uint64_t)i * DP, .length = LEN, .cookie = (uint64_t)i };
+        Arena *x = fake_arena(f.g, 3, 80 << 20), *y = fake_arena(f.g, 4, 80 << 20);
+        uint8_t *src = (uint8_t *)(uintptr_t)x->gpu->base, *dst = (uint8_t *)(uintptr_t)y->gpu->base;
+        TransportWrite *w = calloc(M, sizeof *w);
+        uint64_t *seen = calloc(M, sizeof *seen);
+        ck_assert_ptr_nonnull(w);
+        ck_assert_ptr_nonnull(seen);
+        for (uint64_t i = 0; i < (80 << 20); i++)
+                src[i] = (uint8_t)(i * 7 + 3);
         const GpuCopyStats *st = gpu_copy_engine_stats(f.e);
-        for (int pass = 0; pass < 3; pass++) {
+        for (int pass = 0; pass < 5; pass++) {
+                uint64_t len = pass == 3 ? 32 * 1024 : LEN;
+                for (uint64_t i = 0; i < M; i++)
+                        w[i] = (TransportWrite) { .src_region = 3, .src_offset = i * SP, .dst_region = 4,
+                                                  .dst_offset = i * DP, .length = len, .cookie = i };
                 if (pass == 1)
-                        /* From write 3000 on, the destination a piece further on: two runs
-                         * in the part of 2048 (writes 1792..3839), the last part one. */
-                        for (int i = 3000; i < M; i++)
-                                f.w[i].dst_offset = (uint64_t)(i + 1) * DP;
-                if (pass == 2)
-                        gpu_copy_engine_set_strided(f.e, false);
+                        /* From write 300 on, the destination a piece further on: two runs
+                         * in the second part (writes 256..599). */
+                        for (int i = 300; i < M; i++)
+                                w[i].dst_offset = (uint64_t)(i + 1) * DP;
+                gpu_copy_engine_set_strided(f.e, pass != 2);
+                if (pass == 4)
+                        ck_assert_int_eq(setenv("FAKE_CUDA_NO_2D", "1", 1), 0);
                 uint64_t copies = st->strided_copies, rows = st->strided_rows, launches = st->kernel_launches;
-                memset(f.dst, 0, 2 << 20);
-                ck_assert_int_eq(run_writes(f.t, f.w, M, f.seen), 0);
+                memset(dst, 0, 80 << 20);
+                ck_assert_int_eq(run_writes(f.t, w, M, seen), 0);
                 for (int i = 0; i < M; i++)
-                        ck_assert_int_eq(memcmp(f.dst + f.w[i].dst_offset, f.src + f.w[i].src_offset, LEN), 0);
-                /* Parts of 256, 512, 1024, 2048 and the last 160 writes. */
+                        ck_assert_int_eq(memcmp(dst + w[i].dst_offset, src + w[i].src_offset, len), 0);
+                /* Parts of 256 and 344 writes. */
                 if (pass < 2) {
-                        ck_assert_uint_eq(st->strided_copies - copies, pass == 0 ? 5 : 6);
+                        ck_assert_uint_eq(st->strided_copies - copies, pass == 0 ? 2 : 3);
                         ck_assert_uint_eq(st->strided_rows - rows, M);
                         ck_assert_uint_eq(st->kernel_launches - launches, 0);
                 } else {
                         ck_assert_uint_eq(st->strided_copies - copies, 0);
-                        ck_assert_uint_eq(st->kernel_launches - launches, 5);
+                        ck_assert_uint_eq(st->kernel_launches - launches, 2);
                 }
         }
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_NO_2D"), 0);
+        /* Refused once: off from then on. */
+        uint64_t copies = st->strided_copies;
+        for (uint64_t i = 0; i < M; i++)
+                w[i] = (TransportWrite) { .src_region = 3, .src_offset = i * SP, .dst_region = 4,
+                                          .dst_offset = i * DP, .length = LEN, .cookie = i };
+        ck_assert_int_eq(run_writes(f.t, w, M, seen), 0);
+        ck_assert_uint_eq(st->strided_copies, copies);
+        free(w);
+        free(seen);
+        fake_arena_free(f.g, x);
+        fake_arena_free(f.g, y);
         teardown(&f);
 
         /* The fixture's writes, reversed on the destination: no run; the kernel. */
