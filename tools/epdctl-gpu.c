@@ -17,7 +17,10 @@ typedef struct GpuRow {
 } GpuRow;
 
 int verb_gpus(epd_client *c, int argc, char **argv) {
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *status = NULL, *gpus = NULL, *peers = NULL;
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *status = NULL, *gpus = NULL, *peers = NULL, *copies = NULL;
+        const char *copy_name[32];
+        uint64_t copy_value[32];
+        size_t n_copies = 0;
         const char *st, *pci, *name;
         GpuRow rows[64];
         bool peer[64][64] = {};
@@ -30,6 +33,8 @@ int verb_gpus(epd_client *c, int argc, char **argv) {
                 r = epdctl_get_property(c, "/org/epd1", "org.epd1.Gpu", "Gpus", "a(ussbbbt)", &gpus);
         if (r >= 0)
                 r = epdctl_get_property(c, "/org/epd1", "org.epd1.Gpu", "PeerAccess", "a(uu)", &peers);
+        if (r >= 0)
+                r = epdctl_get_property(c, "/org/epd1", "org.epd1.Gpu", "CopyCounters", "a{st}", &copies);
         if (r < 0)
                 return epdctl_fail(c, r, "gpus");
         r = sd_bus_message_read(status, "s", &st);
@@ -49,6 +54,13 @@ int verb_gpus(epd_client *c, int argc, char **argv) {
         while (r >= 0 && (r = sd_bus_message_read(peers, "(uu)", &a, &b)) > 0)
                 if (a < 64 && b < 64)
                         peer[a][b] = true;
+        if (r < 0)
+                return r;
+
+        r = sd_bus_message_enter_container(copies, 'a', "{st}");
+        while (r >= 0 && n_copies < ELEMENTSOF(copy_name) &&
+               (r = sd_bus_message_read(copies, "{st}", &copy_name[n_copies], &copy_value[n_copies])) > 0)
+                n_copies++;
         if (r < 0)
                 return r;
 
@@ -73,7 +85,13 @@ int verb_gpus(epd_client *c, int argc, char **argv) {
                                 }
                         printf("]}");
                 }
-                printf("]}\n");
+                printf("],\"copies\":{");
+                for (size_t i = 0; i < n_copies; i++) {
+                        printf("%s", i ? "," : "");
+                        json_string(stdout, copy_name[i]);
+                        printf(":%" PRIu64, copy_value[i]);
+                }
+                printf("}}\n");
                 return 0;
         }
 
@@ -98,6 +116,12 @@ int verb_gpus(epd_client *c, int argc, char **argv) {
                                        peer[rows[i].ordinal][rows[j].ordinal] ? "yes" : "no");
                         printf("\n");
                 }
+        }
+        if (n_copies > 0) {
+                printf("copies:");
+                for (size_t i = 0; i < n_copies; i++)
+                        printf("%s %s %" PRIu64, i ? "," : "", copy_name[i], copy_value[i]);
+                printf("\n");
         }
         return 0;
 }

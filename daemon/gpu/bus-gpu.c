@@ -3,6 +3,7 @@
  * and registration of workers' own GPU memory. Vtable glue only; gpu-domain.c has the
  * logic. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <inttypes.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include "gpu/bus-gpu.h"
 #include "gpu/gpu-domain.h"
 #include "log.h"
+#include "transport/cuda.h"
 
 /* A worker's registered GPU memory: a client object, released by ReleaseMemory, by
  * UnregisterWorker's client teardown or by the client's death, through one function. */
@@ -79,6 +81,42 @@ static int property_peer_access(sd_bus *bus, const char *path, const char *inter
                 for (size_t j = 0; r >= 0 && j < n; j++)
                         if (i != j && gpu_system_can_access_peer(m->gpu->system, (int)i, (int)j))
                                 r = sd_bus_message_append(reply, "(uu)", (uint32_t)i, (uint32_t)j);
+        if (r >= 0)
+                r = sd_bus_message_close_container(reply);
+        return r;
+}
+
+/* The copy engines' counters: the handoffs' ("NAME") and the copy-on-write copies'
+ * ("cow-NAME"); none without the GPU domain. */
+static int property_copy_counters(sd_bus *bus, const char *path, const char *interface,
+                                  const char *property, sd_bus_message *reply, void *userdata,
+                                  sd_bus_error *error) {
+        Manager *m = userdata;
+        int r = sd_bus_message_open_container(reply, 'a', "{st}");
+        for (int cow = 0; r >= 0 && m->gpu && cow < 2; cow++) {
+                GpuCopyEngine *e = cow ? m->gpu->cow_engine : cuda_transport_engine(m->gpu->transport);
+                if (!e)
+                        continue;
+                const GpuCopyStats *st = gpu_copy_engine_stats(e);
+                const struct {
+                        const char *name;
+                        uint64_t value;
+                } c[] = {
+                        { "batches", st->batches },
+                        { "segments", st->segments },
+                        { "bytes", st->bytes },
+                        { "failures", st->failures },
+                        { "kernel-launches", st->kernel_launches },
+                        { "batch-api-calls", st->batch_api_calls },
+                        { "strided-copies", st->strided_copies },
+                        { "strided-rows", st->strided_rows },
+                };
+                for (size_t i = 0; r >= 0 && i < ELEMENTSOF(c); i++) {
+                        char name[64];
+                        snprintf(name, sizeof name, "%s%s", cow ? "cow-" : "", c[i].name);
+                        r = sd_bus_message_append(reply, "{st}", name, c[i].value);
+                }
+        }
         if (r >= 0)
                 r = sd_bus_message_close_container(reply);
         return r;
@@ -162,6 +200,7 @@ static const sd_bus_vtable gpu_vtable[] = {
         SD_BUS_PROPERTY("Status", "s", property_status, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("Gpus", "a(ussbbbt)", property_gpus, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("PeerAccess", "a(uu)", property_peer_access, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("CopyCounters", "a{st}", property_copy_counters, 0, 0),
         SD_BUS_METHOD_WITH_ARGS("RegisterMemory",
                                 SD_BUS_ARGS("h", fd, "t", size, "s", pci_bus_id),
                                 SD_BUS_RESULT("u", region),

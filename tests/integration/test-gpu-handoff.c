@@ -265,12 +265,12 @@ static uint64_t arena_live(epd_client *c, const char *arena) {
         return live == UINT64_MAX ? 0 : live;
 }
 
-static uint64_t counter(epd_client *c, const char *name) {
+static uint64_t counter_of(epd_client *c, const char *path, const char *interface, const char *property,
+                           const char *name) {
         sd_bus_error e = SD_BUS_ERROR_NULL;
         sd_bus_message *reply = NULL;
         uint64_t found = UINT64_MAX;
-        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/handoffs", "org.epd1.Handoffs", "Counters", &e,
-                                             &reply, "a{st}"), 0);
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, path, interface, property, &e, &reply, "a{st}"), 0);
         ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "{st}"), 0);
         const char *k;
         uint64_t v;
@@ -280,6 +280,15 @@ static uint64_t counter(epd_client *c, const char *name) {
         sd_bus_message_unref(reply);
         ck_assert_msg(found != UINT64_MAX, "no counter %s", name);
         return found;
+}
+
+static uint64_t counter(epd_client *c, const char *name) {
+        return counter_of(c, "/org/epd1/handoffs", "org.epd1.Handoffs", "Counters", name);
+}
+
+/* org.epd1.Gpu.CopyCounters: the handoffs' copy engine ("cow-" prefixed: copy-on-write). */
+static uint64_t copy_counter(epd_client *c, const char *name) {
+        return counter_of(c, "/org/epd1", "org.epd1.Gpu", "CopyCounters", name);
 }
 
 typedef struct WaitState {
@@ -696,6 +705,7 @@ static void queued_handoff(epd_client *p, epd_client *d, uint32_t id, uint32_t r
         Mem ms = map_arena(p, "gpu0"), md = map_arena(d, "gpu1");
         fill_pages(&ms, src, N_PAGES, id);
         uint64_t batches0 = counter(p, "batches"), merged0 = counter(p, "merged-groups");
+        uint64_t copied0 = copy_counter(p, "bytes"), failures0 = copy_counter(p, "failures");
         char *path = NULL;
         uint64_t token = 0;
         epd_handoff_options o = { .arena = "gpu1", .ready = ready };
@@ -713,6 +723,9 @@ static void queued_handoff(epd_client *p, epd_client *d, uint32_t id, uint32_t r
                 ck_assert_uint_eq(counter(p, "batches") - batches0, queue);
         }
         landed_commit_release(p, d, &md, &acc, path, id); /* every layer exact; frees path */
+        /* The copy engine moved every byte of it, as org.epd1.Gpu.CopyCounters tells. */
+        ck_assert_uint_eq(copy_counter(p, "bytes") - copied0, (uint64_t)N_PAGES * PAGE_SIZE);
+        ck_assert_uint_eq(copy_counter(p, "failures"), failures0);
         *ret_batches = counter(p, "batches") - batches0;
         *ret_merged = counter(p, "merged-groups") - merged0;
         ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
@@ -723,6 +736,22 @@ static void queued_handoff(epd_client *p, epd_client *d, uint32_t id, uint32_t r
         free(seq);
         unmap_arena(&ms);
         unmap_arena(&md);
+}
+
+/* `epdctl gpus` prints the copy engines' counters (org.epd1.Gpu.CopyCounters). */
+static void epdctl_shows_copies(void) {
+        char cmd[1024], out[8192];
+        const char *root = getenv("BUILD_ROOT");
+        snprintf(cmd, sizeof cmd, "%s/tools/epdctl -A %s gpus", root ? root : ".", address);
+        FILE *p = popen(cmd, "re");
+        ck_assert_ptr_nonnull(p);
+        size_t n = fread(out, 1, sizeof out - 1, p);
+        out[n] = 0;
+        ck_assert_int_eq(pclose(p), 0);
+        printf("$ epdctl gpus\n%s", out);
+        ck_assert_msg(strstr(out, "copies: batches ") && strstr(out, " strided-copies ") &&
+                              strstr(out, " cow-batches "),
+                      "no copy counters in: %s", out);
 }
 
 /* Layer groups that queue up on a local GPU handoff: with a batch copying and one queued
@@ -776,6 +805,7 @@ START_TEST(test_queued_groups_go_together) {
                 ck_assert_uint_eq(merged, 0);
         } else
                 ck_assert_uint_le(b, 4);
+        epdctl_shows_copies();
         epd_disconnect(p);
         epd_disconnect(d);
 }

@@ -215,6 +215,7 @@ START_TEST(test_gpu_arena) {
         ck_assert_int_eq(run_child(worker_read_and_register, address, 42), 0);
         ck_assert(harness_wait_for(no_workers, &h, 5000));
         ck_assert_int_eq(run_epdctl(address, "on: CUDA driver"), 0);
+        ck_assert_int_eq(run_epdctl(address, "copies: batches "), 0); /* org.epd1.Gpu.CopyCounters */
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         printf("GPU arena shared by two worker processes through epdd; external memory registered and released.\n");
         harness_done(&h);
