@@ -380,6 +380,21 @@ static unsigned print_timeline(const char *name, double t0) {
         return n;
 }
 
+/* One of the daemon's copy counters (org.epd1.Gpu.CopyCounters); 0 when unknown. */
+static uint64_t copy_counter(epd_client *c, const char *name) {
+        sd_bus_message *reply = NULL;
+        uint64_t v, found = 0;
+        const char *k;
+        if (sd_bus_get_property(c->bus, NULL, "/org/epd1", "org.epd1.Gpu", "CopyCounters", NULL, &reply, "a{st}") < 0)
+                return 0;
+        if (sd_bus_message_enter_container(reply, 'a', "{st}") >= 0)
+                while (sd_bus_message_read(reply, "{st}", &k, &v) > 0)
+                        if (strcmp(k, name) == 0)
+                                found = v;
+        sd_bus_message_unref(reply);
+        return found;
+}
+
 static void prefill_main(const char *address, int fd, int rows_fd, const Case *cases, size_t n_cases,
                          const char *const *arenas, size_t n_arenas, const char *tag, bool cow) {
         epd_client *c = worker(address, "prefill");
@@ -418,6 +433,7 @@ static void prefill_main(const char *address, int fd, int rows_fd, const Case *c
                 }
                 double raw = raw_copy(find(m, n_arenas, cs->dst), find(m, n_arenas, cs->src), bytes, pinned);
 
+                uint64_t strided0 = copy_counter(c, "strided-copies"), launches0 = copy_counter(c, "kernel-launches");
                 double v[REPS + 1], ready[MAX_GROUPS] = {}, landed[MAX_GROUPS] = {}, t0_last = 0;
                 char rid_last[33] = "";
                 bool ok = true;
@@ -458,6 +474,10 @@ static void prefill_main(const char *address, int fd, int rows_fd, const Case *c
                 char name[96];
                 snprintf(name, sizeof name, "%s%s", cs->name, tag);
                 put_row(rows_fd, name, bytes, median(v + 1, REPS), raw, 0.9, ok);
+                printf("copies %s: %" PRIu64 " 2D copies, %" PRIu64 " kernel launches in %d repetitions\n", name,
+                       copy_counter(c, "strided-copies") - strided0, copy_counter(c, "kernel-launches") - launches0,
+                       REPS + 1);
+                fflush(stdout);
                 if (cs->n_groups > 1) {
                         /* Where the time went in the last repetition, in ms after the first
                          * LayerGroupReady: each call's return, and each group seen landed. */
