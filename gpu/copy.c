@@ -1061,7 +1061,7 @@ int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
         pthread_mutex_init(&e->lock, NULL);
         e->kernel_min_segments = 16;
         e->batch_api = true;
-        e->strided = true;
+        e->strided = false;
         e->d2d_streams = 1;
         e->spin_usec = GPU_COPY_SPIN_USEC;
         e->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

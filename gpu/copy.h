@@ -121,7 +121,9 @@ void gpu_copy_engine_set_kernel_batching(GpuCopyEngine *e, bool enable, size_t m
 void gpu_copy_engine_set_kernel_uniform(GpuCopyEngine *e, bool enable);
 /* Segments that fall into few evenly spaced runs (a layer group's piece of each page of
  * a run of pages, on both sides) go as one cuMemcpy2DAsync per run on the copy engines,
- * before the kernel or the batch API is considered: on by default. */
+ * before the kernel or the batch API is considered. Off by default: on an H100 a 2D copy
+ * of 256 KiB rows 2 MiB apart moved 0.56 of a contiguous cuMemcpyDtoDAsync, the batched
+ * kernel 0.81-0.88 (bench/RESULTS.md, 2026-12-06 04:28). */
 void gpu_copy_engine_set_strided(GpuCopyEngine *e, bool enable);
 /* Rows narrower than this stay with the kernel: only 256 KiB rows were measured on the
  * copy engines (bench/RESULTS.md), and the engines' cost per row is not known for small

@@ -263,9 +263,9 @@ static void bench_d2d(Bench *b) {
 
         /* Sub-page layer groups: group g is the 256 KiB piece g of every 2 MiB page, the
          * pages in order on both sides (a sequence's pages, allocated together), the 8
-         * groups one after another: runs that one 2D copy each moves (the default), or
-         * the batched kernel (StridedCopies=no), against the raw contiguous copy; and a
-         * raw cuMemcpy2DAsync per group, the 2D copy alone. */
+         * groups one after another: runs that one 2D copy each moves (StridedCopies=yes),
+         * or the batched kernel (the default), against the raw contiguous copy; and a raw
+         * cuMemcpy2DAsync per group, the 2D copy alone. */
         {
                 const uint64_t piece = 256 * 1024, pages_n = S / (2 * MiB);
                 uint64_t n = 0;
@@ -275,10 +275,10 @@ static void bench_d2d(Bench *b) {
                                                           .dst_region = y->index, .dst_offset = i * 2 * MiB + g * piece,
                                                           .length = piece, .cookie = n };
                 gpu_copy_engine_set_kernel_batching(eng, true, 16);
+                gpu_copy_engine_set_strided(eng, true);
                 row("d2d 8 groups of 256K pieces of 2M pages (2D copies)", S, time_transport(b, w, n), raw, 0.9);
                 gpu_copy_engine_set_strided(eng, false);
                 row("d2d 8 groups of 256K pieces of 2M pages (kernel)", S, time_transport(b, w, n), raw, 0.9);
-                gpu_copy_engine_set_strided(eng, true);
                 gpu_copy_engine_set_kernel_batching(eng, false, 0);
                 double v[REPS + 1];
                 for (int rep = 0; rep <= REPS; rep++) {

@@ -385,7 +385,9 @@ static void test_strided(Env *e) {
                                           .length = piece, .cookie = 2000 + i };
         const GpuCopyStats *cs = gpu_copy_engine_stats(eng);
         uint64_t copies = cs->strided_copies, rows = cs->strided_rows;
+        gpu_copy_engine_set_strided(eng, true); /* off by default */
         CHECK(transport_run(e->t, w, n_pages, &count));
+        gpu_copy_engine_set_strided(eng, false);
         REQUIRE(count == n_pages, "expected %" PRIu64 " completions, got %zu", n_pages, count);
         REQUIRE(cs->strided_rows - rows == n_pages, "strided rows %" PRIu64, cs->strided_rows - rows);
 

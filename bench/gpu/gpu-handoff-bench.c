@@ -728,22 +728,21 @@ int main(int argc, char **argv) {
                 /* Where the 8-group row's time over the raw copy goes: the daemon's copy
                  * engine's own timeline of its last repetition (GPU start and end of each
                  * part, when the host submitted it and saw it done), as it runs by default
-                 * (2D copies), with the batched kernel instead (StridedCopies=no), and
-                 * with every group on the GPU as soon as it is ready; then settings
-                 * without the timeline's events, and the completion thread polling
-                 * before it sleeps. */
+                 * and with more of the queued groups merged into one batch (their pieces
+                 * of a page coalesce: larger copies); 2D copies (StridedCopies=yes); every
+                 * group on the GPU as soon as it is ready. */
                 static const struct {
                         unsigned merge;
                         const char *extra, *tag;
                         bool timeline;
                 } study[] = {
                         { 4, "", " (timeline)", true },
-                        { 4, "StridedCopies=no\n", " (StridedCopies=no, timeline)", true },
-                        { 4, "StridedCopies=no\n", " (StridedCopies=no)", false },
-                        { 1, "BatchesInFlight=16\n", " (MergeGroups=1, BatchesInFlight=16, timeline)", true },
+                        { 4, "StridedCopies=yes\n", " (StridedCopies=yes)", false },
+                        { 8, "", " (MergeGroups=8, timeline)", true },
+                        { 8, "", " (MergeGroups=8)", false },
+                        { 16, "BatchesInFlight=1\n", " (MergeGroups=16, BatchesInFlight=1, timeline)", true },
+                        { 16, "BatchesInFlight=1\n", " (MergeGroups=16, BatchesInFlight=1)", false },
                         { 1, "BatchesInFlight=16\n", " (MergeGroups=1, BatchesInFlight=16)", false },
-                        { 4, "BatchesInFlight=4\n", " (MergeGroups=4, BatchesInFlight=4)", false },
-                        { 4, "CompletionSpin=200us\n", " (CompletionSpin=200us)", false },
                 };
                 /* --quick (CI, the fake driver): the first, that the timeline works. */
                 for (size_t i = 0; i < (quick ? 1 : ELEMENTSOF(study)); i++) {

@@ -637,7 +637,6 @@ int config_defaults(Config *c) {
                 .gpu_copy_kernel = 1, /* small: scattered pages through the batched copy kernel */
                 .gpu_merge_groups = 4,
                 .gpu_batches_in_flight = 2,
-                .gpu_strided_copies = true,
         };
         SchedConfig sc;
         sched_config_defaults(&sc);

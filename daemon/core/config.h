@@ -91,7 +91,7 @@ typedef struct Config {
         unsigned gpu_merge_groups; /* a local GPU handoff's queued groups a batch (1: none merged) */
         unsigned gpu_batches_in_flight; /* a local GPU handoff's batches on the GPU at once (1-16) */
         usec_t gpu_completion_spin_usec; /* the copy engine polls a part's event this long (0: sleeps) */
-        bool gpu_strided_copies; /* evenly spaced runs of pieces as one 2D copy (default on) */
+        bool gpu_strided_copies; /* evenly spaced runs of pieces as one 2D copy (default off) */
         /* [Metrics] (docs/telemetry.md#prometheus): HOST:PORT of the HTTP endpoint, NULL: off */
         char *metrics_listen;
         /* [Pool:NAME] (docs/scheduler.md), by TaskType */

@@ -24,7 +24,7 @@ START_TEST(test_defaults) {
         ck_assert_uint_eq(c.gpu_merge_groups, 4);
         ck_assert_uint_eq(c.gpu_batches_in_flight, 2);
         ck_assert_uint_eq(c.gpu_completion_spin_usec, 0);
-        ck_assert(c.gpu_strided_copies);
+        ck_assert(!c.gpu_strided_copies);
         config_done(&c);
 }
 END_TEST
@@ -44,7 +44,7 @@ START_TEST(test_good) {
                                              "[Peer:b]\nAddress=10.0.0.2:7100\nHostId=node-2\n"
                                              "[Peer:c]\nAddress=[fd00::3]:7100\nHostId=node-3\n"
                                              "[Features]\nCacheSize=2G\n"
-                                             "[Gpu]\nCopyKernel=never\nMergeGroups=8\nBatchesInFlight=6\nCompletionSpin=50us\nStridedCopies=no\n",
+                                             "[Gpu]\nCopyKernel=never\nMergeGroups=8\nBatchesInFlight=6\nCompletionSpin=50us\nStridedCopies=yes\n",
                                              "good.conf", &errors),
                          0);
         ck_assert_ptr_null(errors);
@@ -52,7 +52,7 @@ START_TEST(test_good) {
         ck_assert_uint_eq(c.gpu_merge_groups, 8);
         ck_assert_uint_eq(c.gpu_batches_in_flight, 6);
         ck_assert_uint_eq(c.gpu_completion_spin_usec, 50);
-        ck_assert(!c.gpu_strided_copies);
+        ck_assert(c.gpu_strided_copies);
         ck_assert_str_eq(c.socket_group, "_epd-work.1");
         ck_assert_uint_eq(c.attach_grace_usec, 90 * USEC_PER_SEC);
         ck_assert(!c.system_bus);
