@@ -742,7 +742,7 @@ int main(int argc, char **argv) {
                         { 8, "", " (MergeGroups=8)", false },
                         { 16, "BatchesInFlight=1\n", " (MergeGroups=16, BatchesInFlight=1, timeline)", true },
                         { 16, "BatchesInFlight=1\n", " (MergeGroups=16, BatchesInFlight=1)", false },
-                        { 1, "BatchesInFlight=16\n", " (MergeGroups=1, BatchesInFlight=16)", false },
+                        { 8, "BatchesInFlight=1\n", " (MergeGroups=8, BatchesInFlight=1)", false },
                 };
                 /* --quick (CI, the fake driver): the first, that the timeline works. */
                 for (size_t i = 0; i < (quick ? 1 : ELEMENTSOF(study)); i++) {
