@@ -542,12 +542,20 @@ static int group_try_strided(GpuCopyEngine *e, int dev, GpuCopyPath p, const Gpu
                         .Height = h,
                 };
                 r = CU(d, cuMemcpy2DAsync, &c, st);
-                if ((r == -EINVAL || r == -EOPNOTSUPP) && k == 0) {
-                        /* Nothing of the group queued: this driver refuses it; do
-                         * without from now on (the kernel or the copy engines). */
+                if (r == -EINVAL || r == -EOPNOTSUPP) {
+                        /* This driver refuses it: without from now on (the kernel or the
+                         * copy engines). Nothing of the group queued yet: the caller takes
+                         * another way; else the rest goes segment by segment here. */
                         log_debug_errno(r, "cuMemcpy2DAsync refused (%m), no 2D copies from now on");
                         e->strided = false;
-                        return 0;
+                        if (k == 0)
+                                return 0;
+                        for (size_t q = k; q < n; q++) {
+                                r = seg_enqueue(e, p, &segs[idx[q]], st);
+                                if (r < 0)
+                                        return r;
+                        }
+                        return 1;
                 }
                 if (r < 0)
                         return r;

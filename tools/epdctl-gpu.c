@@ -18,9 +18,10 @@ typedef struct GpuRow {
 
 int verb_gpus(epd_client *c, int argc, char **argv) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *status = NULL, *gpus = NULL, *peers = NULL, *copies = NULL;
-        const char *copy_name[32];
-        uint64_t copy_value[32];
+        const char *copy_name[64];
+        uint64_t copy_value[64];
         size_t n_copies = 0;
+        bool copies_cut = false;
         const char *st, *pci, *name;
         GpuRow rows[64];
         bool peer[64][64] = {};
@@ -33,10 +34,11 @@ int verb_gpus(epd_client *c, int argc, char **argv) {
                 r = epdctl_get_property(c, "/org/epd1", "org.epd1.Gpu", "Gpus", "a(ussbbbt)", &gpus);
         if (r >= 0)
                 r = epdctl_get_property(c, "/org/epd1", "org.epd1.Gpu", "PeerAccess", "a(uu)", &peers);
-        if (r >= 0)
-                r = epdctl_get_property(c, "/org/epd1", "org.epd1.Gpu", "CopyCounters", "a{st}", &copies);
         if (r < 0)
                 return epdctl_fail(c, r, "gpus");
+        /* Optional: a daemon before it has none (no counters shown then). */
+        if (epdctl_get_property(c, "/org/epd1", "org.epd1.Gpu", "CopyCounters", "a{st}", &copies) < 0)
+                copies = sd_bus_message_unref(copies);
         r = sd_bus_message_read(status, "s", &st);
         if (r < 0)
                 return r;
@@ -57,10 +59,17 @@ int verb_gpus(epd_client *c, int argc, char **argv) {
         if (r < 0)
                 return r;
 
-        r = sd_bus_message_enter_container(copies, 'a', "{st}");
-        while (r >= 0 && n_copies < ELEMENTSOF(copy_name) &&
-               (r = sd_bus_message_read(copies, "{st}", &copy_name[n_copies], &copy_value[n_copies])) > 0)
-                n_copies++;
+        r = copies ? sd_bus_message_enter_container(copies, 'a', "{st}") : 0;
+        const char *cn;
+        uint64_t cv;
+        while (copies && r >= 0 && (r = sd_bus_message_read(copies, "{st}", &cn, &cv)) > 0) {
+                if (n_copies == ELEMENTSOF(copy_name)) {
+                        copies_cut = true;
+                        continue;
+                }
+                copy_name[n_copies] = cn;
+                copy_value[n_copies++] = cv;
+        }
         if (r < 0)
                 return r;
 
@@ -121,7 +130,7 @@ int verb_gpus(epd_client *c, int argc, char **argv) {
                 printf("copies:");
                 for (size_t i = 0; i < n_copies; i++)
                         printf("%s %s %" PRIu64, i ? "," : "", copy_name[i], copy_value[i]);
-                printf("\n");
+                printf("%s\n", copies_cut ? " (more not shown)" : "");
         }
         return 0;
 }

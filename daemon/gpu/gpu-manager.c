@@ -113,14 +113,17 @@ void gpu_manager_page_copy_drain(Manager *m) {
         cow_dispatch(g);
 }
 
-/* The reloadable settings of both copy engines: CompletionSpin=, StridedCopies=. */
-static void engines_set(Manager *m, const Config *c) {
+/* The reloadable settings of both copy engines: CompletionSpin=, and StridedCopies= when
+ * it is set anew (a reload that leaves it alone keeps an engine's own "off" after the
+ * driver refused a 2D copy). */
+static void engines_set(Manager *m, const Config *c, bool strided) {
         unsigned usec = (unsigned)MIN(c->gpu_completion_spin_usec, (usec_t)UINT_MAX);
         GpuCopyEngine *e[] = { cuda_transport_engine(m->gpu->transport), m->gpu->cow_engine };
         for (size_t i = 0; i < ELEMENTSOF(e); i++)
                 if (e[i]) {
                         gpu_copy_engine_set_spin(e[i], usec);
-                        gpu_copy_engine_set_strided(e[i], c->gpu_strided_copies);
+                        if (strided)
+                                gpu_copy_engine_set_strided(e[i], c->gpu_strided_copies);
                 }
 }
 
@@ -175,7 +178,7 @@ static int gpu_init(Manager *m) {
                                           a->name);
         }
 
-        engines_set(m, &m->config);
+        engines_set(m, &m->config, true);
 
         if (gpu_context_format(m->gpu, &text) >= 0) {
                 log_info("GPUs:\n%s", text);
@@ -207,7 +210,7 @@ static void gpu_done(Manager *m) {
 static int gpu_reload(Manager *m, const Config *n) {
         if (!m->gpu)
                 return 0;
-        engines_set(m, n);
+        engines_set(m, n, n->gpu_strided_copies != m->config.gpu_strided_copies);
         if (n->gpu_merge_groups != m->config.gpu_merge_groups ||
             n->gpu_batches_in_flight != m->config.gpu_batches_in_flight ||
             n->gpu_completion_spin_usec != m->config.gpu_completion_spin_usec ||

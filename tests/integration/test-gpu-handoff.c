@@ -806,6 +806,15 @@ START_TEST(test_queued_groups_go_together) {
         } else
                 ck_assert_uint_le(b, 4);
         epdctl_shows_copies();
+
+        /* StridedCopies= and CompletionSpin= reload too (the engines take them at once). */
+        f = fopen(h.config, "ae");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "StridedCopies=yes\nCompletionSpin=20us\n");
+        fclose(f);
+        ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
+        ck_assert(harness_wait_for(log_has, (void *)"BatchesInFlight=3 CompletionSpin=20us StridedCopies=yes", 5000));
+        queued_handoff(p, d, 44, 4, 0, &b, &merged); /* 8 KiB pieces: under 2D copies' rows */
         epd_disconnect(p);
         epd_disconnect(d);
 }
