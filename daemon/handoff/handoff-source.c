@@ -344,6 +344,7 @@ void handoff_pump(HandoffObject *o) {
  * destination before its source, as when they were told after each completion. */
 typedef struct Touched {
         HandoffObject *v[64];
+        bool pump[64];  /* a local GPU handoff with a batch landed: its queued groups go next */
         size_t n;
 } Touched;
 
@@ -354,17 +355,29 @@ static void touched_flush(Touched *t) {
                 handoff_obj_hold(t->v[i]);
         for (size_t i = 0; i < t->n; i++)
                 handoff_after_event(t->v[i]);
+        /* Only then the next batch of a local GPU handoff whose batch landed: planning a
+         * merged batch takes milliseconds (tens of thousands of writes), which the
+         * landed groups' readers (a decode worker loading layer by layer) do not wait
+         * for. What the pump changed (a failed post rolls back) is told after it. */
+        for (size_t i = 0; i < t->n; i++)
+                if (t->pump[i] && !handoff_is_ended(t->v[i]->h)) {
+                        handoff_pump(t->v[i]);
+                        handoff_after_event(t->v[i]);
+                }
         for (size_t i = 0; i < t->n; i++)
                 handoff_obj_unhold(t->v[i]);
         t->n = 0;
 }
 
-static void touched_add(Touched *t, HandoffObject *o) {
+static void touched_add(Touched *t, HandoffObject *o, bool pump) {
         for (size_t i = 0; i < t->n; i++)
-                if (t->v[i] == o)
+                if (t->v[i] == o) {
+                        t->pump[i] = t->pump[i] || pump;
                         return;
+                }
         if (t->n == ELEMENTSOF(t->v))
                 touched_flush(t);
+        t->pump[t->n] = pump;
         t->v[t->n++] = o;
 }
 
@@ -424,10 +437,10 @@ static void on_completions(HandoffManager *hm, Transport *t) {
                                 log_debug("handoff %s: write of group %" PRIu32 " failed: %s", o->request_str, g,
                                           strerror(-c[i].error));
                         if (o->twin)
-                                touched_add(&touched, o->twin);
-                        touched_add(&touched, o);
-                        if (drained)
-                                handoff_pump(o); /* the groups that queued up meanwhile */
+                                touched_add(&touched, o->twin, false);
+                        /* drained: the groups that queued up meanwhile go once the
+                         * landed ones are told (touched_flush()). */
+                        touched_add(&touched, o, drained);
                 }
                 /* Before the next poll: a completion's write is looked up by its cookie,
                  * whose object only after_event frees. */

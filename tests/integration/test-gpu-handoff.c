@@ -92,6 +92,7 @@ static void choose_driver(void) {
 }
 
 static const char *copy_delay_ms = "0"; /* epdd's FAKE_CUDA_COPY_DELAY_MS */
+static const char *submit_delay_ms = "0"; /* and FAKE_CUDA_SUBMIT_DELAY_MS (batch submissions) */
 
 static void start(const char *fail_copies) {
         choose_driver();
@@ -99,6 +100,7 @@ static void start(const char *fail_copies) {
                 ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", fail_copies, 1), 0);
                 ck_assert_int_eq(setenv("FAKE_CUDA_COPY_DELAY_MS", copy_delay_ms, 1), 0);
                 ck_assert_int_eq(setenv("FAKE_CUDA_IMPORT_DELAY_MS", copy_delay_ms, 1), 0);
+                ck_assert_int_eq(setenv("FAKE_CUDA_SUBMIT_DELAY_MS", submit_delay_ms, 1), 0);
         }
         ck_assert_int_eq(harness_init(&h, CONFIG), 0);
         harness_direct_address(&h, address, sizeof address);
@@ -687,6 +689,15 @@ static void setup_slow_copies(void) {
         copy_delay_ms = "0";
 }
 
+/* Copies that take 400 ms and submissions that hold the host 300 ms (a merged batch of
+ * tens of thousands of writes takes milliseconds to plan). */
+static void setup_slow_submissions(void) {
+        copy_delay_ms = "400";
+        submit_delay_ms = "300";
+        start("0");
+        copy_delay_ms = submit_delay_ms = "0";
+}
+
 /* Layer groups of uneven sizes (2, 2, 1 and 3 of the 8 layers). */
 static const uint32_t groups_uneven[4] = { 2, 2, 1, 3 };
 
@@ -815,6 +826,38 @@ START_TEST(test_queued_groups_go_together) {
         ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
         ck_assert(harness_wait_for(log_has, (void *)"BatchesInFlight=3 CompletionSpin=20us StridedCopies=yes", 5000));
         queued_handoff(p, d, 44, 4, 0, &b, &merged); /* 8 KiB pieces: under 2D copies' rows */
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+/* A landed group is told before the next batch is prepared: four groups ready at once,
+ * group 0 then group 1 posted (each submission holding the loop 300 ms), groups 2 and 3
+ * queued; when group 0's copy lands (400 ms after its post) its landing is recorded at
+ * once, and only then are groups 2 and 3 posted (another 300 ms). Before, the landing
+ * waited for that post: group 0 took about 1000 ms from ready to landed, not 700. */
+START_TEST(test_landed_before_next_batch) {
+        if (!fake) {
+                printf("real driver: submissions are not slowed down here\n");
+                return;
+        }
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        uint64_t b, merged;
+        queued_handoff(p, d, 50, 0, 0, &b, &merged);
+        ck_assert_uint_eq(b, 3); /* group 0, group 1, then 2 and 3 together */
+        epd_trace_event *ev = NULL;
+        size_t n_ev = 0;
+        uint64_t took[4] = {};
+        ck_assert_int_eq(epd_trace_get(p, rid(50), &ev, &n_ev, NULL), 0);
+        for (size_t i = 0; i < n_ev; i++)
+                if (strcmp(ev[i].type, "group-sent") == 0 && ev[i].group >= 0 && ev[i].group < 4)
+                        took[ev[i].group] = ev[i].duration_usec;
+        free(ev);
+        printf("ready..landed: group 0 %" PRIu64 " ms, group 1 %" PRIu64 " ms, groups 2-3 %" PRIu64 " ms\n",
+               took[0] / 1000, took[1] / 1000, took[2] / 1000);
+        ck_assert_uint_ge(took[0], 650 * 1000);
+        ck_assert_msg(took[0] < 900 * 1000, "group 0 landed %" PRIu64 " ms after ready: it waited for the next post",
+                      took[0] / 1000);
         epd_disconnect(p);
         epd_disconnect(d);
 }
@@ -1329,6 +1372,12 @@ static Suite *suite(void) {
         tcase_add_test(ts, test_unregister_releases_memory);
         tcase_set_timeout(ts, 120);
         suite_add_tcase(s, ts);
+        TCase *tq = tcase_create("slow-submissions");
+        tcase_add_checked_fixture(tq, setup_slow_submissions, teardown);
+        tcase_add_test(tq, test_landed_before_next_batch);
+        tcase_set_timeout(tq, 120);
+        suite_add_tcase(s, tq);
+
         TCase *tf = tcase_create("failing-copies");
         tcase_add_checked_fixture(tf, setup_failing, teardown);
         tcase_add_test(tf, test_copy_fails);

@@ -320,6 +320,9 @@ static CUresult f_copy_peer_async(CUdeviceptr dst, void *dc, CUdeviceptr src, vo
 }
 static CUresult f_batch_async(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
                               void *attrs, size_t *idx, size_t n_attrs, void *stream) {
+        /* FAKE_CUDA_SUBMIT_DELAY_MS: a submission that holds its caller (a host busy
+         * preparing a large batch). */
+        env_delay("FAKE_CUDA_SUBMIT_DELAY_MS");
         if (async_refused())
                 return E_INVALID;
         for (size_t i = 0; i < count; i++)
