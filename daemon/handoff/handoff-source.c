@@ -353,12 +353,18 @@ static void touched_flush(Touched *t) {
          * all are held while they are told, and each may go at its own unhold. */
         for (size_t i = 0; i < t->n; i++)
                 handoff_obj_hold(t->v[i]);
-        for (size_t i = 0; i < t->n; i++)
+        bool pump = false;
+        for (size_t i = 0; i < t->n; i++) {
                 handoff_after_event(t->v[i]);
+                pump = pump || t->pump[i];
+        }
         /* Only then the next batch of a local GPU handoff whose batch landed: planning a
          * merged batch takes milliseconds (tens of thousands of writes), which the
          * landed groups' readers (a decode worker loading layer by layer) do not wait
-         * for. What the pump changed (a failed post rolls back) is told after it. */
+         * for: their rings are kicked now, not after the loop's callback. What the pump
+         * changed (a failed post rolls back) is told after it. */
+        if (pump && t->n > 0)
+                handoff_rings_kick_pending(t->v[0]->hm);
         for (size_t i = 0; i < t->n; i++)
                 if (t->pump[i] && !handoff_is_ended(t->v[i]->h)) {
                         handoff_pump(t->v[i]);
@@ -369,16 +375,23 @@ static void touched_flush(Touched *t) {
         t->n = 0;
 }
 
+/* Room for o: the caller flushed before it looked o up (touched_room()), so that a
+ * flush never runs between looking an object up and adding it (a flush may free it). */
 static void touched_add(Touched *t, HandoffObject *o, bool pump) {
         for (size_t i = 0; i < t->n; i++)
                 if (t->v[i] == o) {
                         t->pump[i] = t->pump[i] || pump;
                         return;
                 }
-        if (t->n == ELEMENTSOF(t->v))
-                touched_flush(t);
+        assert(t->n < ELEMENTSOF(t->v));
         t->pump[t->n] = pump;
         t->v[t->n++] = o;
+}
+
+/* Before a completion's objects are looked up: room for two more (a side and its twin). */
+static void touched_room(Touched *t) {
+        if (t->n + 2 > ELEMENTSOF(t->v))
+                touched_flush(t);
 }
 
 static void on_completions(HandoffManager *hm, Transport *t) {
@@ -387,6 +400,7 @@ static void on_completions(HandoffManager *hm, Transport *t) {
         size_t n;
         while ((n = t->ops->poll(t, c, ELEMENTSOF(c))) > 0) {
                 for (size_t i = 0; i < n; i++) {
+                        touched_room(&touched);
                         OutWrite *w = hashmap_get(hm->writes, &c[i].cookie);
                         if (!w) {
                                 log_debug("handoff: completion of unknown write %" PRIu64, c[i].cookie);

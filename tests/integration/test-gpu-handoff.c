@@ -689,10 +689,10 @@ static void setup_slow_copies(void) {
         copy_delay_ms = "0";
 }
 
-/* Copies that take 400 ms and submissions that hold the host 300 ms (a merged batch of
+/* Copies that take 1000 ms and submissions that hold the host 300 ms (a merged batch of
  * tens of thousands of writes takes milliseconds to plan). */
 static void setup_slow_submissions(void) {
-        copy_delay_ms = "400";
+        copy_delay_ms = "1000";
         submit_delay_ms = "300";
         start("0");
         copy_delay_ms = submit_delay_ms = "0";
@@ -831,33 +831,52 @@ START_TEST(test_queued_groups_go_together) {
 }
 END_TEST
 
-/* A landed group is told before the next batch is prepared: four groups ready at once,
- * group 0 then group 1 posted (each submission holding the loop 300 ms), groups 2 and 3
- * queued; when group 0's copy lands (400 ms after its post) its landing is recorded at
- * once, and only then are groups 2 and 3 posted (another 300 ms). Before, the landing
- * waited for that post: group 0 took about 1000 ms from ready to landed, not 700. */
+/* A landed group reaches its reader before the next batch is prepared: four groups
+ * ready at once, group 0 then group 1 posted (each submission holding epdd's loop 300
+ * ms), groups 2 and 3 queued; group 0's copy lands 1000 ms after its post, and the decode
+ * worker, waiting on its ring, has it then (about 1300 ms after the first
+ * LayerGroupReady); only after that are groups 2 and 3 posted (another 300 ms). Before,
+ * the landing waited for that post: about 1600 ms. */
 START_TEST(test_landed_before_next_batch) {
         if (!fake) {
                 printf("real driver: submissions are not slowed down here\n");
                 return;
         }
         epd_client *p = worker("prefill"), *d = worker("decode");
-        uint64_t b, merged;
-        queued_handoff(p, d, 50, 0, 0, &b, &merged);
-        ck_assert_uint_eq(b, 3); /* group 0, group 1, then 2 and 3 together */
-        epd_trace_event *ev = NULL;
-        size_t n_ev = 0;
-        uint64_t took[4] = {};
-        ck_assert_int_eq(epd_trace_get(p, rid(50), &ev, &n_ev, NULL), 0);
-        for (size_t i = 0; i < n_ev; i++)
-                if (strcmp(ev[i].type, "group-sent") == 0 && ev[i].group >= 0 && ev[i].group < 4)
-                        took[ev[i].group] = ev[i].duration_usec;
-        free(ev);
-        printf("ready..landed: group 0 %" PRIu64 " ms, group 1 %" PRIu64 " ms, groups 2-3 %" PRIu64 " ms\n",
-               took[0] / 1000, took[1] / 1000, took[2] / 1000);
-        ck_assert_uint_ge(took[0], 650 * 1000);
-        ck_assert_msg(took[0] < 900 * 1000, "group 0 landed %" PRIu64 " ms after ready: it waited for the next post",
-                      took[0] / 1000);
+        epd_ring_client *ring = NULL;
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &ring), 0);
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "gpu0", N_PAGES, src);
+        Mem ms = map_arena(p, "gpu0"), md = map_arena(d, "gpu1");
+        fill_pages(&ms, src, N_PAGES, 50);
+        uint64_t batches0 = counter(p, "batches");
+        char *path = NULL;
+        uint64_t token = 0;
+        epd_handoff_options o = { .arena = "gpu1" };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(50), NULL, seq, groups_uneven, 4, &o, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(50), &acc), 0);
+        uint64_t t0 = async_now_us(), first = 0;
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+        while (!first) {
+                struct epd_ring_record rec;
+                int r = epd_ring_next(ring, &rec, 10 * UINT64_C(1000000));
+                ck_assert_int_eq(r, 0);
+                if (rec.token == acc.token && rec.opcode == EPD_RING_EV_GROUP_PROGRESS && rec.group >= 1)
+                        first = async_now_us() - t0;
+        }
+        printf("group 0 on the decode's ring %" PRIu64 " ms after the first LayerGroupReady\n", first / 1000);
+        ck_assert_uint_ge(first, 1250 * 1000);
+        ck_assert_msg(first < 1500 * 1000, "group 0 reached the decode %" PRIu64 " ms after ready: it waited for "
+                                             "the next batch's post", first / 1000);
+        landed_commit_release(p, d, &md, &acc, path, 50); /* every layer exact */
+        ck_assert_uint_eq(counter(p, "batches") - batches0, 3); /* 0, 1, then 2 and 3 together */
+        release_sequence(p, seq);
+        free(seq);
+        unmap_arena(&ms);
+        unmap_arena(&md);
+        ring = epd_ring_close(ring);
         epd_disconnect(p);
         epd_disconnect(d);
 }
