@@ -222,6 +222,12 @@ static int gpu_reload(Manager *m, const Config *n) {
         return 0;
 }
 
+void gpu_manager_copy_stats(Manager *m, const GpuCopyStats **ret_handoff, const GpuCopyStats **ret_cow) {
+        GpuContext *g = m ? m->gpu : NULL;
+        *ret_handoff = g ? gpu_copy_engine_stats(cuda_transport_engine(g->transport)) : NULL;
+        *ret_cow = g && g->cow_engine ? gpu_copy_engine_stats(g->cow_engine) : NULL;
+}
+
 const Subsystem gpu_subsystem = {
         .name = "gpu",
         .init = gpu_init,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/manager.h"
+#include "copy.h"
 #include "pages/pages.h"
 
 extern const Subsystem gpu_subsystem;
@@ -17,3 +18,7 @@ int gpu_manager_page_copy_async(void *userdata, uint32_t arena, const uint64_t *
 /* Waits for every such copy still in flight and runs its done: the page manager's
  * shutdown, before its pools go. */
 void gpu_manager_page_copy_drain(Manager *m);
+
+/* The copy engines' counters (the handoffs' and the copy-on-write one), NULL for an
+ * engine that does not exist (no GPU domain). */
+void gpu_manager_copy_stats(Manager *m, const GpuCopyStats **ret_handoff, const GpuCopyStats **ret_cow);
