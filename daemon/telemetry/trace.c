@@ -155,6 +155,27 @@ static void copy_field(char *dst, size_t n, const char *src) {
         dst[l] = '\0';
 }
 
+static bool per_group(TraceEventType type) {
+        return type == TRACE_GROUP_SENT || type == TRACE_GROUP_RECEIVED;
+}
+
+/* A request's events are full: an event that is not per layer group (a commit, a
+ * rollback, a release, an error) takes the place of the latest per-group one, so that a
+ * handoff of many groups still shows how it ended; the one given up is counted as
+ * dropped. False when there is none (the new event is dropped). */
+static bool make_room(TraceRequest *r, TraceEventType type) {
+        if (per_group(type))
+                return false;
+        for (size_t k = r->n_events; k > 0; k--)
+                if (per_group(r->events[k - 1].type)) {
+                        memmove(&r->events[k - 1], &r->events[k], (r->n_events - k) * sizeof *r->events);
+                        r->n_events--;
+                        r->n_dropped++;
+                        return true;
+                }
+        return false;
+}
+
 int trace_store_add_n(TraceStore *t, const char *request_id, usec_t ts, TraceEventType type, const TraceDetail *d,
                       size_t n) {
         char buf[TRACE_REQUEST_ID_MAX + 1];
@@ -202,7 +223,7 @@ int trace_store_add_n(TraceStore *t, const char *request_id, usec_t ts, TraceEve
         r->first_usec = MIN(r->first_usec, ts);
         r->last_usec = MAX(r->last_usec, ts);
         for (size_t i = 0; i < n; i++) {
-                if (r->n_events >= t->max_events) {
+                if (r->n_events >= t->max_events && !make_room(r, type)) {
                         r->n_dropped += n - i;
                         return 0;
                 }

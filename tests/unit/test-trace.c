@@ -103,6 +103,24 @@ START_TEST(test_bounds) {
         ck_assert_uint_eq(r->n_events, 4);
         ck_assert_uint_eq(r->n_dropped, 7);
         ck_assert_int_eq(r->events[0].type, TRACE_ENCODE_START);
+        /* How it ended is kept: a commit and a release take the places of the latest
+         * per-group events (counted dropped); another group-sent is dropped itself. */
+        ck_assert_int_eq(trace_store_add(t, "req9", 200, TRACE_COMMIT, NULL), 0);
+        ck_assert_int_eq(trace_store_add(t, "req9", 201, TRACE_GROUP_SENT, NULL), 0);
+        ck_assert_int_eq(trace_store_add(t, "req9", 202, TRACE_RELEASE, NULL), 0);
+        ck_assert_uint_eq(r->n_events, 4);
+        ck_assert_uint_eq(r->n_dropped, 10);
+        ck_assert_int_eq(r->events[0].type, TRACE_ENCODE_START);
+        ck_assert_int_eq(r->events[1].type, TRACE_GROUP_SENT);
+        ck_assert_uint_eq(r->events[1].ts_usec, 100); /* the first groups stay */
+        ck_assert_int_eq(r->events[2].type, TRACE_COMMIT);
+        ck_assert_int_eq(r->events[3].type, TRACE_RELEASE);
+        /* With no per-group event left, a later one is dropped as before. */
+        ck_assert_int_eq(trace_store_add(t, "req9", 203, TRACE_RELEASE, NULL), 0);
+        ck_assert_int_eq(trace_store_add(t, "req9", 204, TRACE_ERROR, NULL), 0);
+        ck_assert_uint_eq(r->n_events, 4);
+        ck_assert_int_eq(r->events[3].type, TRACE_RELEASE);
+        ck_assert_int_eq(r->events[1].type, TRACE_COMMIT);
 
         /* Long strings are truncated, not overflowed. */
         char longs[300];
