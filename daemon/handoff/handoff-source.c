@@ -363,7 +363,7 @@ static void touched_flush(Touched *t) {
          * landed groups' readers (a decode worker loading layer by layer) do not wait
          * for: their rings are kicked now, not after the loop's callback. What the pump
          * changed (a failed post rolls back) is told after it. */
-        if (pump && t->n > 0)
+        if (pump) /* then t->n > 0 */
                 handoff_rings_kick_pending(t->v[0]->hm);
         for (size_t i = 0; i < t->n; i++)
                 if (t->pump[i] && !handoff_is_ended(t->v[i]->h)) {
