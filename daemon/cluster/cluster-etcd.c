@@ -133,7 +133,6 @@ typedef struct Session {
         ClusterManager *cm;
         EtcdClient *c;
         ssize_t hung_said;     /* the hung endpoint said last, or -1 */
-        ssize_t abandoned;     /* the endpoint whose watch attempt the last call ended, or -1 */
         EtcdClient *probe;     /* watch_endpoint_check()'s client, of one endpoint */
         size_t probe_for;
 } Session;
@@ -144,7 +143,6 @@ static void endpoint_hung(Session *s, bool ok) {
         long ms;
         ssize_t h = etcd_client_hung(s->c, &ms);
 
-        s->abandoned = h;
         if (h < 0)
                 return;
         if (h != s->hung_said) {
@@ -212,8 +210,11 @@ static void watch_endpoint_check(Session *s, long ms) {
         ssize_t w = etcd_client_busy(cm->watch_client);
         char *ans = NULL, err[256];
 
-        if (w < 0 || (size_t)w == etcd_client_current(s->c) || w == s->abandoned)
-                return; /* not streaming, followed by the session too, or just ended */
+        /* Ending: abandoned by a call of the session that found it hung, its thread not
+         * yet woken (the next keepalive may come at once, after a call that took the
+         * hung endpoint's whole attempt). */
+        if (w < 0 || (size_t)w == etcd_client_current(s->c) || etcd_client_busy_ending(cm->watch_client))
+                return; /* not streaming, followed by the session too, or ending */
         if (s->probe && s->probe_for != (size_t)w)
                 probe_set(s, NULL);
         if (!s->probe) {
@@ -241,7 +242,7 @@ static void watch_endpoint_check(Session *s, long ms) {
 
 static void *session_main(void *userdata) {
         ClusterManager *cm = userdata;
-        Session s = { .cm = cm, .c = cm->session_client, .hung_said = -1, .abandoned = -1 };
+        Session s = { .cm = cm, .c = cm->session_client, .hung_said = -1 };
         EtcdClient *c = s.c;
         long backoff = BACKOFF_MIN_MS;
         usec_t period = (usec_t)cm->ttl_sec * USEC_PER_SEC / 3;

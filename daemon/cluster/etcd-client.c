@@ -32,6 +32,7 @@ struct EtcdClient {
         _Atomic usec_t *abandon_before;
         bool abandoned;        /* the last attempt ended by it */
         _Atomic ssize_t busy;  /* the endpoint of the attempt in progress, or -1 (other threads read it) */
+        _Atomic usec_t busy_since; /* when it began: attempt_start, for other threads */
         ssize_t hung;          /* the last call: the first endpoint that took a whole attempt, or -1 */
         long hung_ms;          /* the attempt it was given */
 };
@@ -205,6 +206,13 @@ ssize_t etcd_client_busy(EtcdClient *c) {
         return c ? atomic_load(&c->busy) : -1;
 }
 
+bool etcd_client_busy_ending(EtcdClient *c) {
+        ssize_t w = c ? atomic_load(&c->busy) : -1;
+        /* Read after busy: an attempt begun in between is newer, and not said ending. */
+        return w >= 0 && (size_t)w < c->n_endpoints &&
+               atomic_load(&c->abandon_before[w]) > atomic_load(&c->busy_since);
+}
+
 size_t etcd_client_current(EtcdClient *c) {
         return c->current;
 }
@@ -336,6 +344,7 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                 c->attempt = i;
                 c->attempt_start = now;
                 c->abandoned = false;
+                atomic_store(&c->busy_since, now);
                 atomic_store(&c->busy, (ssize_t)i);
                 snprintf(url, sizeof url, "%s%s", c->endpoints[i], path);
                 b->len = 0;

@@ -66,6 +66,9 @@ ssize_t etcd_client_hung(EtcdClient *c, long *ret_attempt_ms);
 const char *etcd_client_endpoint_at(EtcdClient *c, size_t i);
 /* The endpoint of the attempt in progress (a watch's stream, say), or -1 (thread-safe). */
 ssize_t etcd_client_busy(EtcdClient *c);
+/* Whether that attempt was abandoned (etcd_client_abandon()) and is ending: true from the
+ * abandon until its thread has seen it, a poll later (thread-safe). */
+bool etcd_client_busy_ending(EtcdClient *c);
 /* The index of etcd_client_endpoint(). */
 size_t etcd_client_current(EtcdClient *c);
 

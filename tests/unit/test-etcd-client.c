@@ -330,6 +330,7 @@ END_TEST
 typedef struct StreamRun {
         EtcdClient *c;
         atomic_int messages;
+        atomic_bool hold, release; /* hold: the callback waits for release */
         int r;
         char err[512];
 } StreamRun;
@@ -337,6 +338,8 @@ typedef struct StreamRun {
 static int count_async(void *userdata, const char *msg, size_t len) {
         StreamRun *s = userdata;
         atomic_fetch_add(&s->messages, 1);
+        while (atomic_load(&s->hold) && !atomic_load(&s->release))
+                usleep(1000);
         return 0;
 }
 
@@ -387,6 +390,45 @@ START_TEST(test_abandon_ends_a_silent_stream) {
 }
 END_TEST
 
+START_TEST(test_busy_ending_until_seen) {
+        /* Between an abandon and its thread seeing it (a poll later: here, held in the
+         * stream's callback), the attempt is said ending, so that a watcher on another
+         * thread does not take it for one still streaming there and probe its endpoint;
+         * not before, not for another endpoint's abandon, not after it ended. */
+        Canned a, b;
+        canned_start(&a, STREAM);
+        a.hold = true;
+        canned_start(&b, OK_JSON);
+        char *endpoints[] = { a.url, b.url, NULL };
+        StreamRun s = { .hold = true };
+        pthread_t t;
+
+        ck_assert_int_eq(etcd_client_new(&s.c, endpoints, NULL, &never), 0);
+        ck_assert(!etcd_client_busy_ending(s.c));
+        ck_assert_int_eq(pthread_create(&t, NULL, stream_thread, &s), 0);
+        for (int i = 0; i < 500 && atomic_load(&s.messages) == 0; i++)
+                usleep(10000);
+        ck_assert_int_eq(atomic_load(&s.messages), 1); /* in the callback, held */
+        ck_assert_int_eq(etcd_client_busy(s.c), 0);
+        ck_assert(!etcd_client_busy_ending(s.c));
+        etcd_client_abandon(s.c, 1, now_usec(CLOCK_MONOTONIC));
+        ck_assert(!etcd_client_busy_ending(s.c));
+        etcd_client_abandon(s.c, 0, now_usec(CLOCK_MONOTONIC));
+        ck_assert(etcd_client_busy_ending(s.c));
+        usleep(50000);
+        ck_assert(etcd_client_busy_ending(s.c)); /* still: its thread has not seen it */
+        ck_assert_int_eq(etcd_client_busy(s.c), 0);
+        atomic_store(&s.release, true);
+        ck_assert_int_eq(pthread_join(t, NULL), 0);
+        ck_assert_int_eq(s.r, -ETIMEDOUT);
+        ck_assert_int_eq(etcd_client_busy(s.c), -1);
+        ck_assert(!etcd_client_busy_ending(s.c));
+        etcd_client_free(s.c);
+        canned_stop(&a);
+        canned_stop(&b);
+}
+END_TEST
+
 int main(void) {
         if (etcd_global_init() < 0) {
                 fprintf(stderr, "libcurl's global setup failed\n");
@@ -401,6 +443,7 @@ int main(void) {
         tcase_add_test(tc, test_call_time_bounds_every_attempt);
         tcase_add_test(tc, test_slow_answer_cut_short_is_not_hung);
         tcase_add_test(tc, test_abandon_ends_a_silent_stream);
+        tcase_add_test(tc, test_busy_ending_until_seen);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
