@@ -45,6 +45,7 @@
 #define LAYER_BYTES (TOKENS * 2 * KV_BYTES) /* 8 KiB: K and V of one layer */
 #define PAGE_SIZE (LAYERS * LAYER_BYTES)    /* 64 KiB */
 #define N_PAGES 24
+#define BIG_PAGES 400 /* a handoff whose batches go in slices (of the 512 pages an arena has) */
 
 #define CONFIG                                                                           \
         "[Daemon]\nHostId=alpha\n"                                                       \
@@ -185,7 +186,7 @@ static void mem_read(Mem *x, uint64_t off, void *buf, size_t n) {
 }
 
 static uint8_t pattern(uint32_t seed, uint32_t page, uint32_t layer, uint32_t k) {
-        return (uint8_t)(seed * 101 + page * 31 + layer * 7 + k * 13 + 1);
+        return (uint8_t)(seed * 101 + page * 31 + (page >> 8) * 17 + layer * 7 + k * 13 + 1);
 }
 
 static void fill_pages(Mem *x, const uint64_t *offs, uint32_t n, uint32_t seed) {
@@ -416,8 +417,8 @@ END_TEST
 
 /* The decode side of a 4-group handoff whose groups were reported ready: waits until
  * they have landed, checks the bytes (fill_pages' seed), commits and releases both sides. */
-static void landed_commit_release(epd_client *p, epd_client *d, Mem *md, epd_handoff_accepted *acc, char *path,
-                                  uint32_t seed) {
+static void landed_commit_release_n(epd_client *p, epd_client *d, Mem *md, epd_handoff_accepted *acc, char *path,
+                                    uint32_t seed, uint32_t n_pages) {
         epd_handoff_status s = {};
         for (int i = 0; i < 2000 && s.groups_done < 4; i++) {
                 ck_assert_int_eq(epd_handoff_get(d, acc->path, &s), 0);
@@ -425,7 +426,8 @@ static void landed_commit_release(epd_client *p, epd_client *d, Mem *md, epd_han
                         usleep(5000);
         }
         ck_assert_uint_eq(s.groups_done, 4);
-        ck_assert(layers_equal(md, acc->offsets, N_PAGES, 0, LAYERS, seed));
+        ck_assert_uint_eq(acc->n_pages, n_pages);
+        ck_assert(layers_equal(md, acc->offsets, n_pages, 0, LAYERS, seed));
         char *dseq = NULL;
         ck_assert_int_eq(epd_handoff_commit(d, acc->path, &dseq), 0);
         ck_assert_int_eq(epd_handoff_release(p, path), 0);
@@ -434,6 +436,11 @@ static void landed_commit_release(epd_client *p, epd_client *d, Mem *md, epd_han
         free(dseq);
         free(path);
         epd_handoff_accepted_done(acc);
+}
+
+static void landed_commit_release(epd_client *p, epd_client *d, Mem *md, epd_handoff_accepted *acc, char *path,
+                                  uint32_t seed) {
+        landed_commit_release_n(p, d, md, acc, path, seed, N_PAGES);
 }
 
 /* Layer groups reported ready from the GPU: the notifier records an event per group on
@@ -710,13 +717,14 @@ static bool log_has(void *userdata) {
  * batches and merged groups it took. queue > 0 (slow fake copies): that many batches
  * are on the GPU right after the calls, none landed yet. ring (the decode's, or NULL):
  * *ret_first_usec is when group 0 reached it, after the first LayerGroupReady. */
-static void queued_handoff(epd_client *p, epd_client *d, uint32_t id, uint32_t ready, unsigned queue,
-                           epd_ring_client *ring, uint64_t *ret_first_usec, uint64_t *ret_batches,
-                           uint64_t *ret_merged) {
-        uint64_t src[N_PAGES];
-        char *seq = make_sequence(p, "gpu0", N_PAGES, src);
+static void queued_handoff_n(epd_client *p, epd_client *d, uint32_t id, uint32_t ready, unsigned queue,
+                             epd_ring_client *ring, uint64_t *ret_first_usec, uint64_t *ret_batches,
+                             uint64_t *ret_merged, uint32_t n_pages) {
+        uint64_t *src = calloc(n_pages, sizeof *src);
+        ck_assert_ptr_nonnull(src);
+        char *seq = make_sequence(p, "gpu0", n_pages, src);
         Mem ms = map_arena(p, "gpu0"), md = map_arena(d, "gpu1");
-        fill_pages(&ms, src, N_PAGES, id);
+        fill_pages(&ms, src, n_pages, id);
         uint64_t batches0 = counter(p, "batches"), merged0 = counter(p, "merged-groups");
         uint64_t copied0 = copy_counter(p, "bytes"), failures0 = copy_counter(p, "failures");
         char *path = NULL;
@@ -742,9 +750,9 @@ static void queued_handoff(epd_client *p, epd_client *d, uint32_t id, uint32_t r
                 ck_assert_uint_eq(s.groups_done, 0);
                 ck_assert_uint_eq(counter(p, "batches") - batches0, queue);
         }
-        landed_commit_release(p, d, &md, &acc, path, id); /* every layer exact; frees path */
+        landed_commit_release_n(p, d, &md, &acc, path, id, n_pages); /* every layer exact; frees path */
         /* The copy engine moved every byte of it, as org.epd1.Gpu.CopyCounters tells. */
-        ck_assert_uint_eq(copy_counter(p, "bytes") - copied0, (uint64_t)N_PAGES * PAGE_SIZE);
+        ck_assert_uint_eq(copy_counter(p, "bytes") - copied0, (uint64_t)n_pages * PAGE_SIZE);
         ck_assert_uint_eq(copy_counter(p, "failures"), failures0);
         *ret_batches = counter(p, "batches") - batches0;
         *ret_merged = counter(p, "merged-groups") - merged0;
@@ -754,8 +762,15 @@ static void queued_handoff(epd_client *p, epd_client *d, uint32_t id, uint32_t r
         ck_assert_uint_eq(arena_live(p, "gpu1"), 0);
         ck_assert_uint_eq(counter(p, "live"), 0);
         free(seq);
+        free(src);
         unmap_arena(&ms);
         unmap_arena(&md);
+}
+
+static void queued_handoff(epd_client *p, epd_client *d, uint32_t id, uint32_t ready, unsigned queue,
+                           epd_ring_client *ring, uint64_t *ret_first_usec, uint64_t *ret_batches,
+                           uint64_t *ret_merged) {
+        queued_handoff_n(p, d, id, ready, queue, ring, ret_first_usec, ret_batches, ret_merged, N_PAGES);
 }
 
 /* `epdctl gpus` prints the copy engines' counters (org.epd1.Gpu.CopyCounters). */
@@ -862,6 +877,94 @@ START_TEST(test_landed_before_next_batch) {
                                              "the next batch's post", first / 1000);
         ck_assert_uint_eq(b, 3); /* 0, 1, then 2 and 3 together */
         ring = epd_ring_close(ring);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+/* Batches of hundreds of pages go to the transport in slices of pages (the first of
+ * about 256 writes, each next one twice the last), each planned while the GPU copies
+ * the one before: every byte lands exactly, four groups merged (1600 writes of 16 KiB,
+ * in slices of 64, 128 and 208 pages) or each alone ([Gpu] MergeGroups=1: 400 writes,
+ * slices of 256 and 144 pages). */
+START_TEST(test_sliced_batches) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        uint64_t b, merged;
+
+        queued_handoff_n(p, d, 60, 4, 0, NULL, NULL, &b, &merged, BIG_PAGES); /* all computed at Prepare */
+        ck_assert_uint_eq(b, 1);
+        ck_assert_uint_eq(merged, 4);
+        FILE *f = fopen(h.config, "ae");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[Gpu]\nMergeGroups=1\n");
+        fclose(f);
+        ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
+        ck_assert(harness_wait_for(log_has, (void *)"Configuration reloaded", 5000));
+        queued_handoff_n(p, d, 61, 4, 0, NULL, NULL, &b, &merged, BIG_PAGES);
+        ck_assert_uint_eq(b, 4);
+        ck_assert_uint_eq(merged, 0);
+        queued_handoff_n(p, d, 62, 0, 0, NULL, NULL, &b, &merged, BIG_PAGES); /* reported one by one */
+        ck_assert_uint_eq(b, 4);
+        printf("%u pages, 4 groups: exact in one merged batch and in four, each in slices\n", BIG_PAGES);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+static bool gpu_arenas_empty(void *userdata) {
+        epd_client *c = userdata;
+        return arena_live(c, "gpu0") == 0 && arena_live(c, "gpu1") == 0;
+}
+
+/* The driver takes a batch's first slice, then refuses the next (fake driver: every
+ * asynchronous copy call after the first; group 0 of 400 pages, slices of 256 and 144
+ * pages): the handoff rolls back at once with
+ * transfer-failed, the slice in flight still completes and is accounted, and once it has,
+ * nothing stays allocated or leased. Then a handoff whose first slice is refused: the
+ * same, with nothing in flight. */
+START_TEST(test_later_slice_refused) {
+        if (!fake) {
+                printf("real driver: copies are not refused here\n");
+                return;
+        }
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        uint64_t *src = calloc(BIG_PAGES, sizeof *src);
+        ck_assert_ptr_nonnull(src);
+        for (uint32_t round = 0; round < 2; round++) {
+                uint32_t n = round == 0 ? BIG_PAGES : N_PAGES;
+                char *seq = make_sequence(p, "gpu0", n, src);
+                char *path = NULL;
+                uint64_t token;
+                epd_handoff_options o = { .arena = "gpu1" };
+                ck_assert_int_eq(epd_handoff_prepare(p, rid(70 + round), NULL, seq, groups4, 4, &o, &path, &token),
+                                 0);
+                epd_handoff_accepted acc;
+                ck_assert_int_eq(epd_handoff_accept(d, rid(70 + round), &acc), 0);
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 0), 0);
+                wait_state(p, path, "rolled-back");
+                wait_state(d, acc.path, "rolled-back");
+                /* Refused as it was posted (the first slice in flight), not a copy that
+                 * failed on the GPU. */
+                ck_assert(harness_log_has(&h, "cannot ship groups 0-0"));
+                epd_handoff_status s;
+                ck_assert_int_eq(epd_handoff_get(p, path, &s), 0);
+                ck_assert_str_eq(s.cause, "transfer-failed");
+                ck_assert_int_eq(epd_handoff_get(d, acc.path, &s), 0);
+                ck_assert_str_eq(s.cause, "transfer-failed");
+                ck_assert_int_eq(epd_handoff_commit(d, acc.path, NULL), -ESTALE);
+                ck_assert_int_eq(epd_handoff_release(p, path), 0);
+                ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+                release_sequence(p, seq);
+                ck_assert_msg(harness_wait_for(gpu_arenas_empty, p, 10000), "pages left: gpu0 %" PRIu64 " gpu1 %" PRIu64,
+                              arena_live(p, "gpu0"), arena_live(p, "gpu1"));
+                ck_assert_uint_eq(counter(p, "live"), 0);
+                ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
+                ck_assert_uint_eq(counter(p, "failures.transfer-failed"), round + 1);
+                epd_handoff_accepted_done(&acc);
+                free(path);
+                free(seq);
+        }
+        free(src);
         epd_disconnect(p);
         epd_disconnect(d);
 }
@@ -1365,6 +1468,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_decode_dies);
         tcase_add_test(tc, test_cow);
         tcase_add_test(tc, test_notifier);
+        tcase_add_test(tc, test_sliced_batches);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         TCase *ts = tcase_create("slow-copies");
@@ -1392,6 +1496,7 @@ static Suite *suite(void) {
         TCase *tl = tcase_create("second-copy-refused");
         tcase_add_checked_fixture(tl, setup_second_copy_refused, teardown);
         tcase_add_test(tl, test_cow_later_round_fails);
+        tcase_add_test(tl, test_later_slice_refused);
         tcase_set_timeout(tl, 120);
         suite_add_tcase(s, tl);
         TCase *tr = tcase_create("other-host");
