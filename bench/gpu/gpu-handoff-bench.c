@@ -718,28 +718,28 @@ int main(int argc, char **argv) {
         printf("GPUs: %d; handoffs of %" PRIu64 " MiB (GPU) and %" PRIu64 " MiB (host), 2 MiB pages\n", n_gpus,
                S >> 20, SH >> 20);
 
-        bool ok = run(epdd, dir, "small", 4, " (CopyKernel=small)", small, ELEMENTSOF(small) - (n_gpus > 1 ? 0 : 1), true,
+        bool ok = run(epdd, dir, "small", 8, " (CopyKernel=small)", small, ELEMENTSOF(small) - (n_gpus > 1 ? 0 : 1), true,
                       rows[1]);
         /* Every group alone, as before groups that queue up went together: the same run's
          * comparison for the 8-group row. */
         ok = run(epdd, dir, "small", 1, " (CopyKernel=small, MergeGroups=1)", never, 1, false, rows[1]) && ok;
-        ok = run(epdd, dir, "never", 4, " (CopyKernel=never)", never, 1, false, rows[1]) && ok;
+        ok = run(epdd, dir, "never", 8, " (CopyKernel=never)", never, 1, false, rows[1]) && ok;
         {
                 /* Where the 8-group row's time over the raw copy goes: the daemon's copy
                  * engine's own timeline of its last repetition (GPU start and end of each
                  * part, when the host submitted it and saw it done), as it runs by default
-                 * and with more of the queued groups merged into one batch (their pieces
-                 * of a page coalesce: larger copies); 2D copies (StridedCopies=yes); every
-                 * group on the GPU as soon as it is ready. */
+                 * with fewer of the queued groups merged into one batch (MergeGroups=4,
+                 * the default before 2026-12-06) and with more (their pieces of a page
+                 * coalesce: larger copies); 2D copies (StridedCopies=yes). */
                 static const struct {
                         unsigned merge;
                         const char *extra, *tag;
                         bool timeline;
                 } study[] = {
-                        { 4, "", " (timeline)", true },
-                        { 4, "StridedCopies=yes\n", " (StridedCopies=yes)", false },
-                        { 8, "", " (MergeGroups=8, timeline)", true },
-                        { 8, "", " (MergeGroups=8)", false },
+                        { 8, "", " (timeline)", true },
+                        { 8, "StridedCopies=yes\n", " (StridedCopies=yes)", false },
+                        { 4, "", " (MergeGroups=4, timeline)", true },
+                        { 4, "", " (MergeGroups=4)", false },
                         { 16, "BatchesInFlight=1\n", " (MergeGroups=16, BatchesInFlight=1, timeline)", true },
                         { 16, "BatchesInFlight=1\n", " (MergeGroups=16, BatchesInFlight=1)", false },
                         { 8, "BatchesInFlight=1\n", " (MergeGroups=8, BatchesInFlight=1)", false },

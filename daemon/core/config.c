@@ -635,7 +635,7 @@ int config_defaults(Config *c) {
                 .wal_sync = 1, /* batch: group commit */
                 .wal_compact_bytes = 64ULL << 20,
                 .gpu_copy_kernel = 1, /* small: scattered pages through the batched copy kernel */
-                .gpu_merge_groups = 4,
+                .gpu_merge_groups = 8,
                 .gpu_batches_in_flight = 2,
         };
         SchedConfig sc;

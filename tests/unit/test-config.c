@@ -21,7 +21,7 @@ START_TEST(test_defaults) {
         ck_assert_str_eq(c.socket_path, "/run/epd/bus");
         ck_assert(c.system_bus);
         ck_assert_int_eq(c.gpu_copy_kernel, 1); /* small */
-        ck_assert_uint_eq(c.gpu_merge_groups, 4);
+        ck_assert_uint_eq(c.gpu_merge_groups, 8);
         ck_assert_uint_eq(c.gpu_batches_in_flight, 2);
         ck_assert_uint_eq(c.gpu_completion_spin_usec, 0);
         ck_assert(!c.gpu_strided_copies);
