@@ -551,6 +551,7 @@ size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t
         PUT("batches", c->batches);
         PUT("zero-copy-groups", c->zero_copy_groups);
         PUT("merged-groups", c->merged_groups);
+        PUT("gpu-slices", c->gpu_slices);
         PUT("ring-fallbacks", c->ring_fallbacks);
         PUT("ring-backlogged", handoff_manager_ring_backlogged(hm));
         PUT("pipelined", c->pipelined);

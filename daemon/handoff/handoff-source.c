@@ -83,19 +83,12 @@ static uint64_t *page_offsets(HandoffObject *o) {
         return src;
 }
 
-/* Plans group g's writes into *c (c->w the caller's to free, also on failure). The CUDA
- * transport takes runs whole (slices only cut a copy-engine operation into several, each
- * costing microseconds): at most a write per page and range, allocated once rather than
- * grown (thousands of pages). */
+/* Plans group g's writes into *c (c->w the caller's to free, also on failure), each cut
+ * into slices of the transport's slice size. A local GPU handoff plans by slices of pages
+ * instead (post_gpu_slice()). */
 static int plan_group(HandoffObject *o, const uint64_t *src, uint32_t g, PlanCtx *c) {
         *c = (PlanCtx) { .o = o, .group = g };
-        if (o->gpu) {
-                c->cap = MAX((size_t)o->n_pages * o->layouts[g].n_ranges, (size_t)1);
-                c->w = malloc(c->cap * sizeof *c->w);
-                if (!c->w)
-                        return -ENOMEM;
-        }
-        return handoff_plan_group(&o->layouts[g], src, o->dst_offsets, o->n_pages, o->gpu ? 0 : o->hm->slice_size,
+        return handoff_plan_group(&o->layouts[g], src, o->dst_offsets, o->n_pages, o->hm->slice_size,
                                   handoff_plan_collect, c);
 }
 
@@ -221,6 +214,7 @@ static int post_gpu_slice(GpuBatch *b, uint32_t p, uint32_t n) {
 
         for (uint32_t m = 0; m < b->k; m++) {
                 b->c[m].n = 0;
+                /* Runs whole (max_slice 0): a copy costs the GPU per operation. */
                 r = handoff_plan_group(&o->layouts[b->first + m], b->src + p, o->dst_offsets + p, n, 0,
                                        handoff_plan_collect, &b->c[m]);
                 if (r < 0)
@@ -254,6 +248,7 @@ static int post_gpu_slice(GpuBatch *b, uint32_t p, uint32_t n) {
                 return r;
         for (uint32_t m = 0; m < b->k; m++)
                 b->ow[m]->pending += b->c[m].n;
+        o->hm->counters.gpu_slices++;
         return 0;
 }
 
@@ -276,6 +271,7 @@ static int post_gpu_groups(HandoffObject *o, uint32_t first, uint32_t k) {
         uint32_t per_page = 0, made = 0, p = 0;
         int r = 0;
 
+        assert(k > 0);
         if (!b.t)
                 return -ENOTCONN;
         o->transport = b.t->ops->name;
@@ -336,7 +332,7 @@ static int post_gpu_groups(HandoffObject *o, uint32_t first, uint32_t k) {
                 uint32_t g = first + m, n = (uint32_t)ow[m]->pending;
                 if (m < k) {
                         (void)handoff_group_posted(h, g, n);
-                        if (o->twin)
+                        if (o->twin && n > 0)
                                 (void)handoff_writes_landing(o->twin->h, g, n);
                 }
                 if (n > 0)

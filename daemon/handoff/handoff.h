@@ -221,6 +221,7 @@ typedef struct HandoffCounters {
         uint64_t batches;
         uint64_t zero_copy_groups; /* handed over without a copy */
         uint64_t merged_groups;    /* local GPU: posted in one batch with others that queued up */
+        uint64_t gpu_slices;       /* local GPU: a batch's posts to the CUDA transport, a slice each */
         uint64_t ring_fallbacks;   /* notifications sent over D-Bus for want of ring room */
         uint64_t ring_backlogged;  /* records held back for want of CQ room, of rings closed since */
         uint64_t pipelined;        /* to another host without a round trip before the data */

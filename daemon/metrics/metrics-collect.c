@@ -299,6 +299,9 @@ static void collect_handoffs(Manager *m, MetricsWriter *w) {
         metrics_family(w, "epd_handoff_merged_groups", METRIC_COUNTER, NULL,
                        "Layer groups moved on the GPU in one batch with others that queued up behind it.");
         metrics_sample_u64(w, METRIC_NO_LABELS, c->merged_groups);
+        metrics_family(w, "epd_handoff_gpu_slices", METRIC_COUNTER, NULL,
+                       "Slices of local GPU batches posted to the copy engine, each planned while the one before copies.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, c->gpu_slices);
         metrics_family(w, "epd_handoff_journal_waits", METRIC_COUNTER, NULL,
                        "Handoffs whose writes waited for the record that freed their pages to be durable.");
         metrics_sample_u64(w, METRIC_NO_LABELS, c->journal_waits);

@@ -884,16 +884,18 @@ END_TEST
 
 /* Batches of hundreds of pages go to the transport in slices of pages (the first of
  * about 256 writes, each next one twice the last), each planned while the GPU copies
- * the one before: every byte lands exactly, four groups merged (1600 writes of 16 KiB,
- * in slices of 64, 128 and 208 pages) or each alone ([Gpu] MergeGroups=1: 400 writes,
- * slices of 256 and 144 pages). */
+ * the one before (`gpu-slices` counts the posts): every byte lands exactly, four groups
+ * merged (the uneven groups: 1600 writes of 8 to 24 KiB, in slices of 64, 128 and 208
+ * pages) or each alone ([Gpu] MergeGroups=1: 400 writes, slices of 256 and 144 pages). */
 START_TEST(test_sliced_batches) {
         epd_client *p = worker("prefill"), *d = worker("decode");
-        uint64_t b, merged;
+        uint64_t b, merged, slices = counter(p, "gpu-slices");
 
         queued_handoff_n(p, d, 60, 4, 0, NULL, NULL, &b, &merged, BIG_PAGES); /* all computed at Prepare */
         ck_assert_uint_eq(b, 1);
         ck_assert_uint_eq(merged, 4);
+        ck_assert_uint_eq(counter(p, "gpu-slices") - slices, 3);
+        slices = counter(p, "gpu-slices");
         FILE *f = fopen(h.config, "ae");
         ck_assert_ptr_nonnull(f);
         fprintf(f, "[Gpu]\nMergeGroups=1\n");
@@ -903,8 +905,15 @@ START_TEST(test_sliced_batches) {
         queued_handoff_n(p, d, 61, 4, 0, NULL, NULL, &b, &merged, BIG_PAGES);
         ck_assert_uint_eq(b, 4);
         ck_assert_uint_eq(merged, 0);
+        ck_assert_uint_eq(counter(p, "gpu-slices") - slices, 8);
+        slices = counter(p, "gpu-slices");
         queued_handoff_n(p, d, 62, 0, 0, NULL, NULL, &b, &merged, BIG_PAGES); /* reported one by one */
         ck_assert_uint_eq(b, 4);
+        ck_assert_uint_eq(counter(p, "gpu-slices") - slices, 8);
+        /* A batch of few pages is one slice. */
+        slices = counter(p, "gpu-slices");
+        queued_handoff(p, d, 63, 4, 0, NULL, NULL, &b, &merged);
+        ck_assert_uint_eq(counter(p, "gpu-slices") - slices, 4);
         printf("%u pages, 4 groups: exact in one merged batch and in four, each in slices\n", BIG_PAGES);
         epd_disconnect(p);
         epd_disconnect(d);
@@ -919,9 +928,9 @@ static bool gpu_arenas_empty(void *userdata) {
 /* The driver takes a batch's first slice, then refuses the next (fake driver: every
  * asynchronous copy call after the first; group 0 of 400 pages, slices of 256 and 144
  * pages): the handoff rolls back at once with
- * transfer-failed, the slice in flight still completes and is accounted, and once it has,
- * nothing stays allocated or leased. Then a handoff whose first slice is refused: the
- * same, with nothing in flight. */
+ * transfer-failed, the slice in flight (its copies take 400 ms here) still completes and
+ * is accounted, its bytes counted, and once it has, nothing stays allocated or leased.
+ * Then a handoff whose first slice is refused: the same, with nothing in flight. */
 START_TEST(test_later_slice_refused) {
         if (!fake) {
                 printf("real driver: copies are not refused here\n");
@@ -932,6 +941,7 @@ START_TEST(test_later_slice_refused) {
         ck_assert_ptr_nonnull(src);
         for (uint32_t round = 0; round < 2; round++) {
                 uint32_t n = round == 0 ? BIG_PAGES : N_PAGES;
+                uint64_t copied0 = copy_counter(p, "bytes"), slices0 = counter(p, "gpu-slices");
                 char *seq = make_sequence(p, "gpu0", n, src);
                 char *path = NULL;
                 uint64_t token;
@@ -943,9 +953,13 @@ START_TEST(test_later_slice_refused) {
                 ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 0), 0);
                 wait_state(p, path, "rolled-back");
                 wait_state(d, acc.path, "rolled-back");
-                /* Refused as it was posted (the first slice in flight), not a copy that
-                 * failed on the GPU. */
-                ck_assert(harness_log_has(&h, "cannot ship groups 0-0"));
+                if (round == 0) {
+                        /* Refused as it was posted, the first slice still copying; not a
+                         * copy that failed on the GPU. */
+                        ck_assert(harness_log_has(&h, "cannot ship groups 0-0"));
+                        ck_assert_uint_gt(counter(p, "writes-in-flight"), 0);
+                        ck_assert_uint_gt(arena_live(p, "gpu1"), 0);
+                }
                 epd_handoff_status s;
                 ck_assert_int_eq(epd_handoff_get(p, path, &s), 0);
                 ck_assert_str_eq(s.cause, "transfer-failed");
@@ -960,6 +974,9 @@ START_TEST(test_later_slice_refused) {
                 ck_assert_uint_eq(counter(p, "live"), 0);
                 ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
                 ck_assert_uint_eq(counter(p, "failures.transfer-failed"), round + 1);
+                /* Group 0 (2 layers, 16 KiB) of the first slice's 256 pages, then nothing. */
+                ck_assert_uint_eq(copy_counter(p, "bytes") - copied0, round == 0 ? 256 * 2 * LAYER_BYTES : 0);
+                ck_assert_uint_eq(counter(p, "gpu-slices") - slices0, round == 0 ? 1 : 0);
                 epd_handoff_accepted_done(&acc);
                 free(path);
                 free(seq);
