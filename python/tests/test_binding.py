@@ -32,9 +32,15 @@ class Daemon:
             f.write(f"[Daemon]\nSocket={self.socket}\nSystemBus=no\nHostId=py-host\n"
                     f"StateDirectory={self.state_dir}\n{extra_conf}")
         self.log = open(os.path.join(self.dir, "epdd.log"), "w")
-        self.proc = subprocess.Popen([os.environ["EPDD"], f"--config={conf}"],
-                                     stdout=self.log, stderr=self.log,
-                                     env=dict(os.environ, **(env or {})))
+        try:
+            self.proc = subprocess.Popen([os.environ["EPDD"], f"--config={conf}"],
+                                         stdout=self.log, stderr=self.log,
+                                         env=dict(os.environ, **(env or {})))
+        except BaseException:
+            # No epdd to run (EPDD unset, a binary missing): nothing left behind.
+            self.log.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         for _ in range(500):
             if os.path.exists(self.socket):
                 s = socket.socket(socket.AF_UNIX)
