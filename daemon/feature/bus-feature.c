@@ -212,10 +212,15 @@ static int append_info(sd_bus_message *reply, FeatureManager *fm, FeatureHandle 
         return r;
 }
 
-/* An Acquire answered once its feature is read back from the store. */
+/* An Acquire answered once its feature is read back from the store, or refused with
+ * Error.Timeout past [Features] ReadBackTimeout= (its handle released: a caller whose own
+ * call timed out meanwhile would never learn of it, and it would stay the caller's until
+ * it disconnects). */
 typedef struct AcquireCall {
         FeatureLoadWaiter waiter;
         sd_bus_message *msg;
+        FeatureHandle *h;
+        sd_event_source *timer;
 } AcquireCall;
 
 static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
@@ -223,6 +228,7 @@ static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *msg = call->msg;
         int r = 0;
 
+        sd_event_source_disable_unref(call->timer);
         free(call);
         if (error == -ECANCELED)
                 return; /* the handle went first: its client is gone */
@@ -248,6 +254,22 @@ static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
                                                  h->ref->feature->key, strerror(-error));
         /* The caller never learnt this handle. */
         feature_handle_release(h);
+}
+
+static int acquire_read_back_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
+        AcquireCall *call = userdata;
+        FeatureHandle *h = call->h;
+        Config *cfg = &h->fm->manager->config;
+
+        (void)sd_bus_reply_method_errorf(call->msg, EPD_ERROR_TIMEOUT,
+                                         "Feature '%.64s' is still being read back from the store after %" PRIu64
+                                         " ms ([Features] ReadBackTimeout=); acquire it again.",
+                                         h->ref->feature->key, (uint64_t)(cfg->feature_read_back_timeout_usec / 1000));
+        /* The caller never learns this handle: released, which ends the call
+         * (acquire_loaded(), -ECANCELED, frees it and this source). The read goes on for
+         * the cache. */
+        feature_handle_release(h);
+        return 0;
 }
 
 /* A Wait answered once its feature settles (READY or FAILED): the same answer as
@@ -375,7 +397,18 @@ static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, Worker *w, Fe
                         feature_handle_release(h);
                         return -ENOMEM;
                 }
-                *call = (AcquireCall) { .waiter.done = acquire_loaded, .msg = sd_bus_message_ref(msg) };
+                *call = (AcquireCall) { .waiter.done = acquire_loaded, .msg = sd_bus_message_ref(msg), .h = h };
+                usec_t timeout = fm->manager->config.feature_read_back_timeout_usec;
+                if (timeout > 0) {
+                        r = sd_event_add_time_relative(fm->manager->event, &call->timer, CLOCK_MONOTONIC, timeout,
+                                                       0, acquire_read_back_timeout, call);
+                        if (r < 0) {
+                                sd_bus_message_unref(call->msg);
+                                free(call);
+                                feature_handle_release(h);
+                                return r;
+                        }
+                }
                 feature_handle_wait_load(h, &call->waiter);
                 return 1;
         }

@@ -13,7 +13,11 @@
  * loop does while a record is not yet durable is tested); with $EPD_FAULT_WAL_SLOW_WRITES
  * (K), the first K such writes do. It combines with the others.
  * Every other write is the real one (the zeros the log writes ahead hold no record: LSN
- * 0). Test builds only: nothing in epdd knows of it. */
+ * 0). Also a slow disk to read from: with $EPD_FAULT_READ_SLOW ("MS:BYTES:SUBSTRING"),
+ * every read() of BYTES or more from a regular file whose path contains SUBSTRING takes
+ * MS milliseconds longer (the feature store's read back of a feature's data, not of its
+ * header: test-feature's slow-store case). Test builds only: nothing in epdd knows of
+ * it. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
@@ -38,17 +42,26 @@ static uint32_t le32(const uint8_t *p) {
         return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static bool is_wal_log(int fd) {
+/* The path of fd when it is a regular file (into target), else false. */
+static bool regular_file_path(int fd, char *target, size_t size) {
         struct stat st;
-        char link[64], target[4096];
+        char link[64];
         if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
                 return false;
         snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-        ssize_t n = readlink(link, target, sizeof target - 1);
-        if (n < 8)
+        ssize_t n = readlink(link, target, size - 1);
+        if (n < 0)
                 return false;
         target[n] = 0;
-        return strcmp(target + n - 8, "/wal.log") == 0;
+        return true;
+}
+
+static bool is_wal_log(int fd) {
+        char target[4096];
+        if (!regular_file_path(fd, target, sizeof target))
+                return false;
+        size_t n = strlen(target);
+        return n >= 8 && strcmp(target + n - 8, "/wal.log") == 0;
 }
 
 /* Whether buf (count bytes, whole records) holds a record of LSN `from` or later. */
@@ -141,4 +154,17 @@ ssize_t write(int fd, const void *buf, size_t count) {
 /* With _FILE_OFFSET_BITS=64 (as epdd is built) this is pwrite64, what epdd calls. */
 ssize_t pwrite(int fd, const void *buf, size_t count, off_t off) {
         return faulty(fd, buf, count, off, true);
+}
+
+ssize_t read(int fd, void *buf, size_t count) {
+        static ssize_t (*real_read)(int, void *, size_t);
+        if (!real_read)
+                real_read = (ssize_t (*)(int, void *, size_t))dlsym(RTLD_NEXT, "read");
+        const char *slow = getenv("EPD_FAULT_READ_SLOW"), *colon = slow ? strchr(slow, ':') : NULL,
+                   *path = colon ? strchr(colon + 1, ':') : NULL;
+        char target[4096];
+        if (path && path[1] && count >= strtoull(colon + 1, NULL, 10) &&
+            regular_file_path(fd, target, sizeof target) && strstr(target, path + 1))
+                usleep((useconds_t)strtoul(slow, NULL, 10) * 1000);
+        return real_read(fd, buf, count);
 }

@@ -59,6 +59,23 @@ static void setup_bounded(void) {
         harness_start(&h, OVER_BUS_MODE, address, sizeof address);
 }
 
+/* A store that reads back slowly (every read of 64 KiB or more of its files, a feature's
+ * data, 1500 ms longer: the fault library) and [Features] ReadBackTimeout=300ms. */
+static void setup_slow_store(void) {
+        const char *lib = getenv("FAULT_WAL");
+        char slow[400];
+        ck_assert_msg(lib && access(lib, R_OK) == 0, "FAULT_WAL is not set (run through meson test)");
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        snprintf(store_dir, sizeof store_dir, "%s/store", h.dir);
+        ck_assert_int_eq(mkdir(store_dir, 0700), 0);
+        FILE *f = fopen(h.config, "ae");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[Features]\nCacheSize=16M\nStoreDirectory=%s\nReadBackTimeout=300ms\n", store_dir);
+        fclose(f);
+        snprintf(slow, sizeof slow, "1500:65536:%s/", store_dir);
+        harness_start_preloaded(&h, OVER_BUS_MODE, address, sizeof address, lib, "EPD_FAULT_READ_SLOW", slow);
+}
+
 static void teardown(void) {
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         harness_done(&h);
@@ -707,6 +724,51 @@ START_TEST(test_load_off_loop) {
 }
 END_TEST
 
+/* An Acquire whose feature the store reads back slower than [Features] ReadBackTimeout=
+ * is refused with Error.Timeout at the timeout, not answered after the caller's own call
+ * may have timed out with a handle it never learns of: no handle stays the caller's
+ * while it stays connected. The read goes on for the cache: once it is done, the feature
+ * is a hit at once, with the published bytes. */
+START_TEST(test_read_back_timeout) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        const char *keys[] = { "big:0", "big:1" };
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(96 * 1024, t, &bytes); /* 12 MiB: two do not fit the 16 MiB cache */
+        epd_feature *p, *w = NULL;
+
+        for (int i = 0; i < 2; i++) {
+                ck_assert_int_eq(epd_feature_reserve(enc, keys[i], bytes, t, n, NULL, &p), 0);
+                fill(p->data, bytes, (uint8_t)(7 + i));
+                ck_assert_int_eq(epd_feature_publish(enc, p, 10), 0);
+                epd_feature_release(enc, p);
+        }
+        ck_assert(harness_wait_for(stored, (void *)keys[0], 10000));
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+
+        uint64_t t0 = now_usec(CLOCK_MONOTONIC);
+        ck_assert_int_eq(epd_feature_acquire(pre, keys[0], false, &w), -ETIMEDOUT);
+        uint64_t took = now_usec(CLOCK_MONOTONIC) - t0;
+        ck_assert_str_eq(epd_last_error_name(pre), "org.epd1.Error.Timeout");
+        ck_assert_msg(strstr(epd_last_error_message(pre), "ReadBackTimeout="), "%s", epd_last_error_message(pre));
+        ck_assert_msg(took >= 250 * 1000 && took < 1400 * 1000, "refused after %" PRIu64 " ms", took / 1000);
+        ck_assert_ptr_null(w);
+        /* Nothing stays this client's while it stays connected. */
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+        /* Once read back: a hit at once, the published bytes. */
+        usleep(2000 * 1000);
+        t0 = now_usec(CLOCK_MONOTONIC);
+        ck_assert_int_eq(epd_feature_acquire(pre, keys[0], false, &w), 0);
+        ck_assert_msg(now_usec(CLOCK_MONOTONIC) - t0 < 1000 * 1000, "not read back meanwhile");
+        ck_assert_str_eq(w->result, "hit");
+        ck_assert(same(w->data, bytes, 7));
+        epd_feature_release(pre, w);
+        ck_assert(harness_wait_for(no_handles, NULL, 10000));
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+}
+END_TEST
+
 START_TEST(test_wanted_permissions_reload) {
         epd_client *sched = worker("scheduler"), *enc = worker("encoder"), *pre = worker("prefill");
         sd_bus *listener;
@@ -1160,5 +1222,10 @@ int main(void) {
         tcase_set_timeout(tb, 60);
         tcase_add_test(tb, test_claim_at_handle_limit_keeps_waiters);
         suite_add_tcase(s, tb);
+        TCase *tr = tcase_create("slow-store");
+        tcase_add_checked_fixture(tr, setup_slow_store, teardown);
+        tcase_set_timeout(tr, 60);
+        tcase_add_test(tr, test_read_back_timeout);
+        suite_add_tcase(s, tr);
         return check_run(s, CK_FORK_GETENV);
 }

@@ -73,6 +73,7 @@ START_TEST(test_good) {
         ck_assert_uint_eq(c.n_peers, 2);
         ck_assert_str_eq(c.peers[0].host_id, "node-2");
         ck_assert_uint_eq(c.feature_cache_bytes, 2ULL << 30);
+        ck_assert_uint_eq(c.feature_read_back_timeout_usec, 20 * USEC_PER_SEC);
         ck_assert_int_eq(c.gpu_copy_kernel, 0); /* never; the default is small (1) */
         config_done(&c);
 }
