@@ -38,15 +38,29 @@ static Harness h;
 static char address[512];
 static char store_dir[300];
 
-static void setup(void) {
+/* A 16 MiB cache and a store in the test's directory, with `extra` [Features] lines;
+ * `slow`: the fault library's EPD_FAULT_READ_SLOW for epdd, or NULL. */
+static void start_with_store(const char *extra, const char *slow) {
         ck_assert_int_eq(harness_init(&h, NULL), 0);
         snprintf(store_dir, sizeof store_dir, "%s/store", h.dir);
         ck_assert_int_eq(mkdir(store_dir, 0700), 0);
         FILE *f = fopen(h.config, "ae");
         ck_assert_ptr_nonnull(f);
-        fprintf(f, "[Features]\nCacheSize=16M\nStoreDirectory=%s\n", store_dir);
+        fprintf(f, "[Features]\nCacheSize=16M\nStoreDirectory=%s\n%s", store_dir, extra);
         fclose(f);
-        harness_start(&h, OVER_BUS_MODE, address, sizeof address);
+        if (!slow) {
+                harness_start(&h, OVER_BUS_MODE, address, sizeof address);
+                return;
+        }
+        const char *lib = getenv("FAULT_WAL");
+        char value[400];
+        ck_assert_msg(lib && access(lib, R_OK) == 0, "FAULT_WAL is not set (run through meson test)");
+        snprintf(value, sizeof value, "%s%s/", slow, store_dir);
+        harness_start_preloaded(&h, OVER_BUS_MODE, address, sizeof address, lib, "EPD_FAULT_READ_SLOW", value);
+}
+
+static void setup(void) {
+        start_with_store("", NULL);
 }
 
 /* A client may hold two objects: a worker registration and one handle. */
@@ -62,18 +76,7 @@ static void setup_bounded(void) {
 /* A store that reads back slowly (every read of 64 KiB or more of its files, a feature's
  * data, 1500 ms longer: the fault library) and [Features] ReadBackTimeout=300ms. */
 static void setup_slow_store(void) {
-        const char *lib = getenv("FAULT_WAL");
-        char slow[400];
-        ck_assert_msg(lib && access(lib, R_OK) == 0, "FAULT_WAL is not set (run through meson test)");
-        ck_assert_int_eq(harness_init(&h, NULL), 0);
-        snprintf(store_dir, sizeof store_dir, "%s/store", h.dir);
-        ck_assert_int_eq(mkdir(store_dir, 0700), 0);
-        FILE *f = fopen(h.config, "ae");
-        ck_assert_ptr_nonnull(f);
-        fprintf(f, "[Features]\nCacheSize=16M\nStoreDirectory=%s\nReadBackTimeout=300ms\n", store_dir);
-        fclose(f);
-        snprintf(slow, sizeof slow, "1500:65536:%s/", store_dir);
-        harness_start_preloaded(&h, OVER_BUS_MODE, address, sizeof address, lib, "EPD_FAULT_READ_SLOW", slow);
+        start_with_store("ReadBackTimeout=300ms\n", "1500:65536:");
 }
 
 static void teardown(void) {
@@ -644,14 +647,14 @@ static int on_answer(sd_bus_message *m, void *userdata, sd_bus_error *error) {
         return 0;
 }
 
-START_TEST(test_load_off_loop) {
-        epd_client *enc = worker("encoder"), *pre = worker("prefill");
-        const char *keys[] = { "big:0", "big:1" };
+/* Publishes keys[0] and keys[1], 12 MiB each (bytes seeded 7 and 8): two do not fit the
+ * 16 MiB cache, so keys[1] takes keys[0]'s room and keys[0] goes to the store. Returns
+ * their size. */
+static uint64_t publish_big(epd_client *enc, const char *const keys[2]) {
         epd_feature_tensor t[2];
         uint64_t bytes;
-        size_t n = bundle(96 * 1024, t, &bytes); /* 12 MiB: two do not fit the 16 MiB cache */
-        epd_feature *p, *w;
-        char path[400];
+        size_t n = bundle(96 * 1024, t, &bytes);
+        epd_feature *p;
 
         for (int i = 0; i < 2; i++) {
                 ck_assert_int_eq(epd_feature_reserve(enc, keys[i], bytes, t, n, NULL, &p), 0);
@@ -659,8 +662,17 @@ START_TEST(test_load_off_loop) {
                 ck_assert_int_eq(epd_feature_publish(enc, p, 10), 0);
                 epd_feature_release(enc, p);
         }
-        /* big:1 took big:0's room: big:0 is in the store. */
         ck_assert(harness_wait_for(stored, (void *)keys[0], 10000));
+        return bytes;
+}
+
+START_TEST(test_load_off_loop) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        const char *keys[] = { "big:0", "big:1" };
+        uint64_t bytes = publish_big(enc, keys);
+        epd_feature *w;
+        char path[400];
+
         uint64_t loaded = stat_u64(pre, "Loaded");
 
         /* Acquire big:0, then at once ask three small things on the same connection.
@@ -732,18 +744,9 @@ END_TEST
 START_TEST(test_read_back_timeout) {
         epd_client *enc = worker("encoder"), *pre = worker("prefill");
         const char *keys[] = { "big:0", "big:1" };
-        epd_feature_tensor t[2];
-        uint64_t bytes;
-        size_t n = bundle(96 * 1024, t, &bytes); /* 12 MiB: two do not fit the 16 MiB cache */
-        epd_feature *p, *w = NULL;
+        uint64_t bytes = publish_big(enc, keys);
+        epd_feature *w = NULL;
 
-        for (int i = 0; i < 2; i++) {
-                ck_assert_int_eq(epd_feature_reserve(enc, keys[i], bytes, t, n, NULL, &p), 0);
-                fill(p->data, bytes, (uint8_t)(7 + i));
-                ck_assert_int_eq(epd_feature_publish(enc, p, 10), 0);
-                epd_feature_release(enc, p);
-        }
-        ck_assert(harness_wait_for(stored, (void *)keys[0], 10000));
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
 
         uint64_t t0 = now_usec(CLOCK_MONOTONIC);

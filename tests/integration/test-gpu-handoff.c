@@ -712,6 +712,18 @@ static bool log_has(void *userdata) {
         return harness_log_has(&h, userdata);
 }
 
+/* Appends `lines` to epdd's configuration and reloads it (SIGHUP), waiting for `said` in
+ * its log (the GPU handoff settings line) and for the reload's end. */
+static void reload_with(const char *lines, const char *said) {
+        FILE *f = fopen(h.config, "ae");
+        ck_assert_ptr_nonnull(f);
+        fputs(lines, f);
+        fclose(f);
+        ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
+        ck_assert(harness_wait_for(log_has, (void *)said, 5000));
+        ck_assert(harness_wait_for(log_has, (void *)"Configuration reloaded", 5000));
+}
+
 /* One handoff gpu0 -> gpu1 of the uneven groups: Prepare with `ready` groups computed,
  * the rest reported ready at once; checks every layer's bytes at the end; returns the
  * batches and merged groups it took. queue > 0 (slow fake copies): that many batches
@@ -815,25 +827,14 @@ START_TEST(test_queued_groups_go_together) {
         ck_assert_uint_eq(b, 1);
         ck_assert_uint_eq(merged, 4);
 
-        FILE *f = fopen(h.config, "ae");
-        ck_assert_ptr_nonnull(f);
-        fprintf(f, "[Gpu]\nMergeGroups=1\n");
-        fclose(f);
-        ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
-        ck_assert(harness_wait_for(log_has, (void *)"Configuration reloaded", 5000));
+        reload_with("[Gpu]\nMergeGroups=1\n", "MergeGroups=1 BatchesInFlight=2");
         queued_handoff(p, d, 42, 4, 0, NULL, NULL, &b, &merged);
         ck_assert_uint_eq(b, 4);
         ck_assert_uint_eq(merged, 0);
 
         /* [Gpu] BatchesInFlight=3 (reloaded), MergeGroups=4 again: three groups go to
          * the GPU as they are reported, alone; the fourth waits for one to land. */
-        f = fopen(h.config, "ae");
-        ck_assert_ptr_nonnull(f);
-        fprintf(f, "MergeGroups=4\nBatchesInFlight=3\n");
-        fclose(f);
-        ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
-        ck_assert(harness_wait_for(log_has, (void *)"MergeGroups=4 BatchesInFlight=3", 5000));
-        ck_assert(harness_wait_for(log_has, (void *)"Configuration reloaded", 5000));
+        reload_with("MergeGroups=4\nBatchesInFlight=3\n", "MergeGroups=4 BatchesInFlight=3");
         queued_handoff(p, d, 43, 0, fake ? 3 : 0, NULL, NULL, &b, &merged);
         if (fake) {
                 ck_assert_uint_eq(b, 4);
@@ -843,12 +844,7 @@ START_TEST(test_queued_groups_go_together) {
         epdctl_shows_copies();
 
         /* StridedCopies= and CompletionSpin= reload too (the engines take them at once). */
-        f = fopen(h.config, "ae");
-        ck_assert_ptr_nonnull(f);
-        fprintf(f, "StridedCopies=yes\nCompletionSpin=20us\n");
-        fclose(f);
-        ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
-        ck_assert(harness_wait_for(log_has, (void *)"BatchesInFlight=3 CompletionSpin=20us StridedCopies=yes", 5000));
+        reload_with("StridedCopies=yes\nCompletionSpin=20us\n", "BatchesInFlight=3 CompletionSpin=20us StridedCopies=yes");
         queued_handoff(p, d, 44, 4, 0, NULL, NULL, &b, &merged); /* 8 KiB pieces: under 2D copies' rows */
         epd_disconnect(p);
         epd_disconnect(d);
@@ -896,12 +892,7 @@ START_TEST(test_sliced_batches) {
         ck_assert_uint_eq(merged, 4);
         ck_assert_uint_eq(counter(p, "gpu-slices") - slices, 3);
         slices = counter(p, "gpu-slices");
-        FILE *f = fopen(h.config, "ae");
-        ck_assert_ptr_nonnull(f);
-        fprintf(f, "[Gpu]\nMergeGroups=1\n");
-        fclose(f);
-        ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
-        ck_assert(harness_wait_for(log_has, (void *)"Configuration reloaded", 5000));
+        reload_with("[Gpu]\nMergeGroups=1\n", "MergeGroups=1 BatchesInFlight=2");
         queued_handoff_n(p, d, 61, 4, 0, NULL, NULL, &b, &merged, BIG_PAGES);
         ck_assert_uint_eq(b, 4);
         ck_assert_uint_eq(merged, 0);
