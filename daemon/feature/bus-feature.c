@@ -221,6 +221,7 @@ typedef struct AcquireCall {
         sd_bus_message *msg;
         FeatureHandle *h;
         sd_event_source *timer;
+        usec_t timeout; /* as armed (a reload may change the setting meanwhile) */
 } AcquireCall;
 
 static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
@@ -259,12 +260,11 @@ static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
 static int acquire_read_back_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         AcquireCall *call = userdata;
         FeatureHandle *h = call->h;
-        Config *cfg = &h->fm->manager->config;
 
         (void)sd_bus_reply_method_errorf(call->msg, EPD_ERROR_TIMEOUT,
                                          "Feature '%.64s' is still being read back from the store after %" PRIu64
                                          " ms ([Features] ReadBackTimeout=); acquire it again.",
-                                         h->ref->feature->key, (uint64_t)(cfg->feature_read_back_timeout_usec / 1000));
+                                         h->ref->feature->key, (uint64_t)(call->timeout / 1000));
         /* The caller never learns this handle: released, which ends the call
          * (acquire_loaded(), -ECANCELED, frees it and this source). The read goes on for
          * the cache. */
@@ -397,11 +397,14 @@ static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, Worker *w, Fe
                         feature_handle_release(h);
                         return -ENOMEM;
                 }
-                *call = (AcquireCall) { .waiter.done = acquire_loaded, .msg = sd_bus_message_ref(msg), .h = h };
                 usec_t timeout = fm->manager->config.feature_read_back_timeout_usec;
+                *call = (AcquireCall) { .waiter.done = acquire_loaded, .msg = sd_bus_message_ref(msg), .h = h,
+                                        .timeout = timeout };
                 if (timeout > 0) {
+                        /* Within a twentieth of it (accuracy 0 would be sd-event's 250 ms). */
                         r = sd_event_add_time_relative(fm->manager->event, &call->timer, CLOCK_MONOTONIC, timeout,
-                                                       0, acquire_read_back_timeout, call);
+                                                       MAX(timeout / 20, (usec_t)1), acquire_read_back_timeout,
+                                                       call);
                         if (r < 0) {
                                 sd_bus_message_unref(call->msg);
                                 free(call);

@@ -914,6 +914,10 @@ FeatureRef *feature_ref_release(FeatureRef *r) {
                 break;
         case FEATURE_REF_READER:
                 f->n_readers--;
+                /* Its Acquire, answered when the read lands, never will be: not a hit
+                 * (its caller gone, or refused past ReadBackTimeout=). */
+                if (PRIV(f)->loading && PRIV(f)->load_readers > 0)
+                        PRIV(f)->load_readers--;
                 break;
         case FEATURE_REF_PIN:
                 f->n_pins--;
