@@ -186,8 +186,9 @@ static int post_group(HandoffObject *o, uint32_t g) {
  * posted before the next is planned: the first of about GPU_SLICE_FIRST writes, each next
  * one twice the last, up to GPU_SLICE_MAX. Planning and checking cost some 40 ns a write
  * on the host: a batch posted whole (a layer group of 8192 pages; four merged, 32768)
- * kept the GPU waiting 0.3 to 1.3 ms for its first byte; sliced, it starts after a few
- * microseconds and each next slice is planned while the GPU copies the one before. */
+ * took 0.3 to 1.3 ms before its first byte could go, the GPU idle meanwhile unless a
+ * batch ahead still ran; sliced, its first byte goes after a few microseconds and each
+ * next slice is planned while the GPU copies the one before. */
 #define GPU_SLICE_FIRST 256U
 #define GPU_SLICE_MAX 8192U
 
