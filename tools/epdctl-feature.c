@@ -13,6 +13,7 @@
 static const struct {
         const char *property, *label, *json;
         bool size;
+        bool optional; /* newer than some daemons: left out where the daemon lacks it */
 } rows[] = {
         { "Hits", "hits", "hits", false },
         { "Misses", "misses", "misses", false },
@@ -22,6 +23,7 @@ static const struct {
         { "Evictions", "evictions", "evictions", false },
         { "Spilled", "spilled to store", "spilled", false },
         { "Loaded", "loaded from store", "loaded", false },
+        { "ReadBackTimeouts", "read-back timeouts", "read_back_timeouts", false, true },
         { "PrefetchRequests", "prefetch requests", "prefetch_requests", false },
         { "PrefetchHits", "prefetch hits", "prefetch_hits", false },
         { "EncoderTimeSavedUSec", "encoder time saved", "encoder_time_saved_usec", false },
@@ -34,6 +36,7 @@ static const struct {
 
 int verb_features(epd_client *c, int argc, char **argv) {
         uint64_t v[ELEMENTSOF(rows)];
+        bool have[ELEMENTSOF(rows)];
         char *store = NULL;
         int r;
 
@@ -42,6 +45,11 @@ int verb_features(epd_client *c, int argc, char **argv) {
                 epd__clear_error(c);
                 r = sd_bus_get_property_trivial(c->bus, EPD_DESTINATION(c), "/org/epd1/feature",
                                                 "org.epd1.Feature", rows[i].property, &e, 't', &v[i]);
+                have[i] = r >= 0;
+                if (r < 0 && rows[i].optional && sd_bus_error_has_name(&e, SD_BUS_ERROR_UNKNOWN_PROPERTY)) {
+                        sd_bus_error_free(&e);
+                        continue;
+                }
                 if (r < 0) {
                         r = epd__error(c, r, &e);
                         sd_bus_error_free(&e);
@@ -57,7 +65,8 @@ int verb_features(epd_client *c, int argc, char **argv) {
         if (arg_json) {
                 printf("{");
                 for (size_t i = 0; i < ELEMENTSOF(rows); i++)
-                        printf("%s\"%s\":%" PRIu64, i ? "," : "", rows[i].json, v[i]);
+                        if (have[i])
+                                printf("%s\"%s\":%" PRIu64, i ? "," : "", rows[i].json, v[i]);
                 printf(",\"store_directory\":");
                 json_string(stdout, store ? store : "");
                 printf("}\n");
@@ -68,6 +77,8 @@ int verb_features(epd_client *c, int argc, char **argv) {
                 printf("\n");
                 for (size_t i = 0; i < ELEMENTSOF(rows); i++) {
                         char s[32];
+                        if (!have[i])
+                                continue;
                         if (rows[i].size)
                                 printf("  %-20s %s\n", rows[i].label, format_size(s, sizeof s, v[i]));
                         else if (strcmp(rows[i].property, "EncoderTimeSavedUSec") == 0)

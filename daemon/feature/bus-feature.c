@@ -261,6 +261,10 @@ static int acquire_read_back_timeout(sd_event_source *s, uint64_t usec, void *us
         AcquireCall *call = userdata;
         FeatureHandle *h = call->h;
 
+        log_warning("Feature %.64s: still being read back from the store after %" PRIu64
+                    " ms ([Features] ReadBackTimeout=): its Acquire is refused; the read goes on.",
+                    h->ref->feature->key, (uint64_t)(call->timeout / 1000));
+        feature_cache_count_read_back_timeout(h->fm->manager->features);
         (void)sd_bus_reply_method_errorf(call->msg, EPD_ERROR_TIMEOUT,
                                          "Feature '%.64s' is still being read back from the store after %" PRIu64
                                          " ms ([Features] ReadBackTimeout=); acquire it again.",
@@ -862,6 +866,7 @@ STAT_PROPERTY(property_failed, failed)
 STAT_PROPERTY(property_evictions, evictions)
 STAT_PROPERTY(property_spilled, spilled)
 STAT_PROPERTY(property_loaded, loaded)
+STAT_PROPERTY(property_read_back_timeouts, read_back_timeouts)
 STAT_PROPERTY(property_prefetch_requests, prefetch_requests)
 STAT_PROPERTY(property_prefetch_hits, prefetch_hits)
 STAT_PROPERTY(property_saved, encoder_usec_saved)
@@ -899,6 +904,7 @@ static const sd_bus_vtable feature_vtable[] = {
         STAT("Evictions", property_evictions),
         STAT("Spilled", property_spilled),
         STAT("Loaded", property_loaded),
+        STAT("ReadBackTimeouts", property_read_back_timeouts),
         STAT("PrefetchRequests", property_prefetch_requests),
         STAT("PrefetchHits", property_prefetch_hits),
         STAT("EncoderTimeSavedUSec", property_saved),

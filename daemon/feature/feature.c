@@ -200,6 +200,10 @@ const FeatureStats *feature_cache_stats(FeatureCache *c) {
         return &c->stats;
 }
 
+void feature_cache_count_read_back_timeout(FeatureCache *c) {
+        c->stats.read_back_timeouts++;
+}
+
 uint64_t feature_cache_budget(const FeatureCache *c) {
         return c->config.budget_bytes;
 }

@@ -95,6 +95,7 @@ typedef struct FeatureStats {
         uint64_t evictions;
         uint64_t spilled;           /* written to the store before eviction */
         uint64_t loaded;            /* read back from the store */
+        uint64_t read_back_timeouts;/* Acquires refused past [Features] ReadBackTimeout= */
         uint64_t prefetch_requests;
         uint64_t prefetch_hits;     /* Prefetch found it READY or loadable */
         uint64_t encoder_usec_saved;/* sum of encode_usec over hits */
@@ -200,6 +201,8 @@ bool feature_loading(const Feature *f);
 /* Changes the budget; evicts down to it. */
 void feature_cache_set_budget(FeatureCache *c, uint64_t budget_bytes);
 const FeatureStats *feature_cache_stats(FeatureCache *c);
+/* An Acquire refused while its feature was still being read back (the bus glue's). */
+void feature_cache_count_read_back_timeout(FeatureCache *c);
 uint64_t feature_cache_budget(const FeatureCache *c);
 
 /* Validates a client-supplied key: 1..FEATURE_KEY_MAX bytes. */

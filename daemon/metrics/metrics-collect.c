@@ -332,6 +332,8 @@ static void collect_features(Manager *m, MetricsWriter *w) {
                 { "epd_feature_evictions", "Features evicted from memory.", offsetof(FeatureStats, evictions) },
                 { "epd_feature_spilled", "Features written to the store before eviction.", offsetof(FeatureStats, spilled) },
                 { "epd_feature_loaded", "Features read back from the store.", offsetof(FeatureStats, loaded) },
+                { "epd_feature_read_back_timeouts", "Acquires refused while their feature was still being read back.",
+                  offsetof(FeatureStats, read_back_timeouts) },
                 { "epd_feature_prefetch_requests", "Prefetch requests.", offsetof(FeatureStats, prefetch_requests) },
                 { "epd_feature_prefetch_hits", "Prefetches that found the feature ready or loadable.",
                   offsetof(FeatureStats, prefetch_hits) },

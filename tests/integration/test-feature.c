@@ -739,6 +739,19 @@ START_TEST(test_load_off_loop) {
 }
 END_TEST
 
+/* `epdctl features -j` against this daemon prints `needle`. */
+static void epdctl_features_has(const char *needle) {
+        char cmd[1024], out[4096];
+        const char *root = getenv("BUILD_ROOT");
+        snprintf(cmd, sizeof cmd, "%s/tools/epdctl -A '%s' -j features", root ? root : ".", address);
+        FILE *p = popen(cmd, "re");
+        ck_assert_ptr_nonnull(p);
+        size_t n = fread(out, 1, sizeof out - 1, p);
+        out[n] = 0;
+        ck_assert_int_eq(pclose(p), 0);
+        ck_assert_msg(strstr(out, needle), "no %s in: %s", needle, out);
+}
+
 static bool reloaded(void *userdata) {
         return harness_log_has(&h, "Configuration reloaded");
 }
@@ -760,6 +773,7 @@ START_TEST(test_read_back_timeout) {
 
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
         uint64_t loaded = stat_u64(pre, "Loaded"), hits = stat_u64(pre, "Hits");
+        ck_assert_uint_eq(stat_u64(pre, "ReadBackTimeouts"), 0);
 
         uint64_t t0 = now_usec(CLOCK_MONOTONIC);
         ck_assert_int_eq(epd_feature_acquire(pre, keys[0], false, &w), -ETIMEDOUT);
@@ -768,6 +782,9 @@ START_TEST(test_read_back_timeout) {
         ck_assert_msg(strstr(epd_last_error_message(pre), "ReadBackTimeout="), "%s", epd_last_error_message(pre));
         ck_assert_msg(took >= 250 * 1000 && took < 1400 * 1000, "refused after %" PRIu64 " ms", took / 1000);
         ck_assert_ptr_null(w);
+        ck_assert_uint_eq(stat_u64(pre, "ReadBackTimeouts"), 1); /* counted, and said in the log */
+        ck_assert(harness_log_has(&h, "still being read back from the store after 300 ms"));
+        epdctl_features_has("\"read_back_timeouts\":1");
         /* Nothing stays this client's while it stays connected. */
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
         /* Once read back (not counted a hit: nobody was answered): a hit at once, the
