@@ -279,6 +279,17 @@ bool harness_log_has(Harness *h, const char *needle) {
         return found;
 }
 
+void harness_epdctl(const char *address, const char *args, char *out, size_t size) {
+        char cmd[1024];
+        const char *root = getenv("BUILD_ROOT");
+        snprintf(cmd, sizeof cmd, "%s/tools/epdctl -A '%s' %s", root ? root : ".", address, args);
+        FILE *p = popen(cmd, "re");
+        ck_assert_ptr_nonnull(p);
+        size_t n = fread(out, 1, size - 1, p);
+        out[n] = 0;
+        ck_assert_int_eq(pclose(p), 0);
+}
+
 void harness_done(Harness *h) {
         int r = stop_pid(&h->epdd_pid, SIGTERM, 10000);
         if (r != 0) {

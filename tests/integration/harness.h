@@ -44,6 +44,9 @@ int harness_start_epdd(Harness *h, const char *const *extra_args);
 int harness_stop_epdd(Harness *h);
 /* Whether epdd's log (its stderr) has a line containing `needle`. */
 bool harness_log_has(Harness *h, const char *needle);
+/* Runs `epdctl -A address args` (the build's, $BUILD_ROOT/tools/epdctl) and returns its
+ * output (NUL-terminated, cut at size - 1) in out; fails the test unless it exits 0. */
+void harness_epdctl(const char *address, const char *args, char *out, size_t size);
 /* Stops everything and removes the directory. */
 void harness_done(Harness *h);
 

@@ -741,14 +741,8 @@ END_TEST
 
 /* `epdctl features -j` against this daemon prints `needle`. */
 static void epdctl_features_has(const char *needle) {
-        char cmd[1024], out[4096];
-        const char *root = getenv("BUILD_ROOT");
-        snprintf(cmd, sizeof cmd, "%s/tools/epdctl -A '%s' -j features", root ? root : ".", address);
-        FILE *p = popen(cmd, "re");
-        ck_assert_ptr_nonnull(p);
-        size_t n = fread(out, 1, sizeof out - 1, p);
-        out[n] = 0;
-        ck_assert_int_eq(pclose(p), 0);
+        char out[4096];
+        harness_epdctl(address, "-j features", out, sizeof out);
         ck_assert_msg(strstr(out, needle), "no %s in: %s", needle, out);
 }
 

@@ -787,14 +787,8 @@ static void queued_handoff(epd_client *p, epd_client *d, uint32_t id, uint32_t r
 
 /* `epdctl gpus` prints the copy engines' counters (org.epd1.Gpu.CopyCounters). */
 static void epdctl_shows_copies(void) {
-        char cmd[1024], out[8192];
-        const char *root = getenv("BUILD_ROOT");
-        snprintf(cmd, sizeof cmd, "%s/tools/epdctl -A %s gpus", root ? root : ".", address);
-        FILE *p = popen(cmd, "re");
-        ck_assert_ptr_nonnull(p);
-        size_t n = fread(out, 1, sizeof out - 1, p);
-        out[n] = 0;
-        ck_assert_int_eq(pclose(p), 0);
+        char out[8192];
+        harness_epdctl(address, "gpus", out, sizeof out);
         printf("$ epdctl gpus\n%s", out);
         ck_assert_msg(strstr(out, "copies: batches ") && strstr(out, " strided-copies ") &&
                               strstr(out, " cow-batches "),
