@@ -24,15 +24,15 @@ struct EtcdClient {
         size_t current;
         const atomic_bool *stop;
         EtcdTls tls;
-        /* The attempt in progress: its endpoint and when it began (CLOCK_MONOTONIC). */
+        /* The attempt in progress: its endpoint and when it began (CLOCK_MONOTONIC; other
+         * threads read the start, etcd_client_busy_ending()). */
         size_t attempt;
-        usec_t attempt_start;
+        _Atomic usec_t attempt_start;
         /* etcd_client_abandon(), from another thread: per endpoint, its attempts begun
          * before this time (CLOCK_MONOTONIC; 0: none) are to end now. */
         _Atomic usec_t *abandon_before;
         bool abandoned;        /* the last attempt ended by it */
         _Atomic ssize_t busy;  /* the endpoint of the attempt in progress, or -1 (other threads read it) */
-        _Atomic usec_t busy_since; /* when it began: attempt_start, for other threads */
         ssize_t hung;          /* the last call: the first endpoint that took a whole attempt, or -1 */
         long hung_ms;          /* the attempt it was given */
 };
@@ -170,7 +170,7 @@ static size_t write_cb(char *p, size_t size, size_t nmemb, void *userdata) {
 static bool attempt_ends(EtcdClient *c) {
         if (atomic_load(c->stop))
                 return true;
-        if (atomic_load(&c->abandon_before[c->attempt]) > c->attempt_start) {
+        if (atomic_load(&c->abandon_before[c->attempt]) > atomic_load(&c->attempt_start)) {
                 c->abandoned = true;
                 return true;
         }
@@ -210,7 +210,7 @@ bool etcd_client_busy_ending(EtcdClient *c) {
         ssize_t w = c ? atomic_load(&c->busy) : -1;
         /* Read after busy: an attempt begun in between is newer, and not said ending. */
         return w >= 0 && (size_t)w < c->n_endpoints &&
-               atomic_load(&c->abandon_before[w]) > atomic_load(&c->busy_since);
+               atomic_load(&c->abandon_before[w]) > atomic_load(&c->attempt_start);
 }
 
 size_t etcd_client_current(EtcdClient *c) {
@@ -342,9 +342,8 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                         attempt_ms = whole ? timeout_ms : left;
                 }
                 c->attempt = i;
-                c->attempt_start = now;
+                atomic_store(&c->attempt_start, now); /* before busy: see etcd_client_busy_ending() */
                 c->abandoned = false;
-                atomic_store(&c->busy_since, now);
                 atomic_store(&c->busy, (ssize_t)i);
                 snprintf(url, sizeof url, "%s%s", c->endpoints[i], path);
                 b->len = 0;
