@@ -16,8 +16,8 @@
 #include "core/worker.h"
 #include "gpu/bus-gpu.h"
 #include "gpu/gpu-domain.h"
+#include "gpu/gpu-manager.h"
 #include "log.h"
-#include "transport/cuda.h"
 
 /* A worker's registered GPU memory: a client object, released by ReleaseMemory, by
  * UnregisterWorker's client teardown or by the client's death, through one function. */
@@ -92,31 +92,16 @@ static int property_copy_counters(sd_bus *bus, const char *path, const char *int
                                   const char *property, sd_bus_message *reply, void *userdata,
                                   sd_bus_error *error) {
         Manager *m = userdata;
+        const GpuCopyStats *st[2];
         int r = sd_bus_message_open_container(reply, 'a', "{st}");
-        for (int cow = 0; r >= 0 && m->gpu && cow < 2; cow++) {
-                GpuCopyEngine *e = cow ? m->gpu->cow_engine : cuda_transport_engine(m->gpu->transport);
-                if (!e)
-                        continue;
-                const GpuCopyStats *st = gpu_copy_engine_stats(e);
-                const struct {
-                        const char *name;
-                        uint64_t value;
-                } c[] = {
-                        { "batches", st->batches },
-                        { "segments", st->segments },
-                        { "bytes", st->bytes },
-                        { "failures", st->failures },
-                        { "kernel-launches", st->kernel_launches },
-                        { "batch-api-calls", st->batch_api_calls },
-                        { "strided-copies", st->strided_copies },
-                        { "strided-rows", st->strided_rows },
-                };
-                for (size_t i = 0; r >= 0 && i < ELEMENTSOF(c); i++) {
+        gpu_manager_copy_stats(m, &st[0], &st[1]);
+        for (int cow = 0; r >= 0 && cow < 2; cow++)
+                for (size_t i = 0; r >= 0 && st[cow] && i < gpu_copy_counters_n; i++) {
                         char name[64];
-                        snprintf(name, sizeof name, "%s%s", cow ? "cow-" : "", c[i].name);
-                        r = sd_bus_message_append(reply, "{st}", name, c[i].value);
+                        snprintf(name, sizeof name, "%s%s", cow ? "cow-" : "", gpu_copy_counters[i].name);
+                        r = sd_bus_message_append(reply, "{st}", name,
+                                                  gpu_copy_counter_value(st[cow], &gpu_copy_counters[i]));
                 }
-        }
         if (r >= 0)
                 r = sd_bus_message_close_container(reply);
         return r;

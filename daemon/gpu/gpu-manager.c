@@ -222,6 +222,24 @@ static int gpu_reload(Manager *m, const Config *n) {
         return 0;
 }
 
+const GpuCopyCounter gpu_copy_counters[] = {
+        { "batches", "epd_gpu_copy_submissions", NULL, "Submissions to a GPU copy engine (a handoff batch's parts).",
+          offsetof(GpuCopyStats, batches) },
+        { "segments", "epd_gpu_copy_segments", NULL, "Copies submitted to a GPU copy engine, after coalescing.",
+          offsetof(GpuCopyStats, segments) },
+        { "bytes", "epd_gpu_copy_bytes", "bytes", "Bytes a GPU copy engine copied without error.",
+          offsetof(GpuCopyStats, bytes) },
+        { "failures", "epd_gpu_copy_failures", NULL, "GPU copy submissions refused and copies that failed.",
+          offsetof(GpuCopyStats, failures) },
+        { "kernel-launches", "epd_gpu_copy_kernel_launches", NULL, "Launches of the batched copy kernel.",
+          offsetof(GpuCopyStats, kernel_launches) },
+        { "batch-api-calls", NULL, NULL, NULL, offsetof(GpuCopyStats, batch_api_calls) },
+        { "strided-copies", "epd_gpu_copy_strided_copies", NULL, "2D copies (cuMemcpy2DAsync) of evenly spaced pieces.",
+          offsetof(GpuCopyStats, strided_copies) },
+        { "strided-rows", NULL, NULL, NULL, offsetof(GpuCopyStats, strided_rows) },
+};
+const size_t gpu_copy_counters_n = ELEMENTSOF(gpu_copy_counters);
+
 void gpu_manager_copy_stats(Manager *m, const GpuCopyStats **ret_handoff, const GpuCopyStats **ret_cow) {
         GpuContext *g = m ? m->gpu : NULL;
         *ret_handoff = g ? gpu_copy_engine_stats(cuda_transport_engine(g->transport)) : NULL;

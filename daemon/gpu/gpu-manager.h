@@ -22,3 +22,18 @@ void gpu_manager_page_copy_drain(Manager *m);
 /* The copy engines' counters (the handoffs' and the copy-on-write one), NULL for an
  * engine that does not exist (no GPU domain). */
 void gpu_manager_copy_stats(Manager *m, const GpuCopyStats **ret_handoff, const GpuCopyStats **ret_cow);
+
+/* Each counter of GpuCopyStats as org.epd1.Gpu.CopyCounters names it (the copy-on-write
+ * engine's with "cow-" before) and as Prometheus exports it, by engine (metric NULL: on
+ * the bus only). */
+typedef struct GpuCopyCounter {
+        const char *name;
+        const char *metric, *unit, *help;
+        size_t offset;
+} GpuCopyCounter;
+extern const GpuCopyCounter gpu_copy_counters[];
+extern const size_t gpu_copy_counters_n;
+
+static inline uint64_t gpu_copy_counter_value(const GpuCopyStats *st, const GpuCopyCounter *c) {
+        return *(const uint64_t *)((const uint8_t *)st + c->offset);
+}

@@ -454,32 +454,17 @@ static void collect_scheduler(Manager *m, MetricsWriter *w) {
 /* The GPU copy engines (org.epd1.Gpu.CopyCounters): engine "handoff" and "cow"; the
  * families print without samples when the GPU domain is off. */
 static void collect_gpu(Manager *m, MetricsWriter *w) {
-        const GpuCopyStats *st[2] = {};
+        const GpuCopyStats *st[2];
         static const char *const engine[2] = { "handoff", "cow" };
         gpu_manager_copy_stats(m, &st[0], &st[1]);
-        static const struct {
-                const char *name, *unit, *help;
-                size_t offset;
-        } c[] = {
-                { "epd_gpu_copy_submissions", NULL, "Submissions to a GPU copy engine (a handoff batch's parts).",
-                  offsetof(GpuCopyStats, batches) },
-                { "epd_gpu_copy_segments", NULL, "Copies submitted to a GPU copy engine, after coalescing.",
-                  offsetof(GpuCopyStats, segments) },
-                { "epd_gpu_copy_bytes", "bytes", "Bytes a GPU copy engine copied without error.",
-                  offsetof(GpuCopyStats, bytes) },
-                { "epd_gpu_copy_failures", NULL, "GPU copy submissions refused and copies that failed.",
-                  offsetof(GpuCopyStats, failures) },
-                { "epd_gpu_copy_kernel_launches", NULL, "Launches of the batched copy kernel.",
-                  offsetof(GpuCopyStats, kernel_launches) },
-                { "epd_gpu_copy_strided_copies", NULL, "2D copies (cuMemcpy2DAsync) of evenly spaced pieces.",
-                  offsetof(GpuCopyStats, strided_copies) },
-        };
-        for (size_t i = 0; i < ELEMENTSOF(c); i++) {
-                metrics_family(w, c[i].name, METRIC_COUNTER, c[i].unit, c[i].help);
+        for (size_t i = 0; i < gpu_copy_counters_n; i++) {
+                const GpuCopyCounter *c = &gpu_copy_counters[i];
+                if (!c->metric)
+                        continue;
+                metrics_family(w, c->metric, METRIC_COUNTER, c->unit, c->help);
                 for (size_t e = 0; e < ELEMENTSOF(st); e++)
                         if (st[e])
-                                metrics_sample_u64(w, L({ "engine", engine[e] }),
-                                                   *(const uint64_t *)((const uint8_t *)st[e] + c[i].offset));
+                                metrics_sample_u64(w, L({ "engine", engine[e] }), gpu_copy_counter_value(st[e], c));
         }
 }
 
