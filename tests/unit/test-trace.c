@@ -115,7 +115,8 @@ START_TEST(test_bounds) {
         ck_assert_uint_eq(r->events[1].ts_usec, 100); /* the first groups stay */
         ck_assert_int_eq(r->events[2].type, TRACE_COMMIT);
         ck_assert_int_eq(r->events[3].type, TRACE_RELEASE);
-        /* With no per-group event left, a later one is dropped as before. */
+        /* The last per-group event gives way to another release; with none left, the
+         * error after it is dropped as before. */
         ck_assert_int_eq(trace_store_add(t, "req9", 203, TRACE_RELEASE, NULL), 0);
         ck_assert_int_eq(trace_store_add(t, "req9", 204, TRACE_ERROR, NULL), 0);
         ck_assert_uint_eq(r->n_events, 4);
