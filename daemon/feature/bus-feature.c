@@ -222,7 +222,51 @@ typedef struct AcquireCall {
         FeatureHandle *h;
         sd_event_source *timer;
         usec_t timeout; /* as armed (a reload may change the setting meanwhile) */
+        Manager *m;
+        sd_bus_message_handler_t method; /* the call's method, to run it again */
 } AcquireCall;
+
+/* A call run again once the dispatch that failed its first answer is over: its stored
+ * copy's lookup found none usable, so it is a miss now (told to produce, to wait, or
+ * NotFound), as it would have been had that been known when it came. */
+typedef struct AcquireAgain {
+        Manager *m;
+        sd_bus_message *msg;
+        sd_bus_message_handler_t method;
+} AcquireAgain;
+
+static int acquire_again(sd_event_source *s, void *userdata) {
+        AcquireAgain *a = userdata;
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        int r;
+
+        sd_event_source_disable_unref(s);
+        r = sd_bus_message_rewind(a->msg, true);
+        if (r >= 0)
+                r = a->method(a->msg, a->m, &error);
+        if (sd_bus_error_is_set(&error))
+                (void)sd_bus_reply_method_error(a->msg, &error);
+        else if (r < 0)
+                (void)bus_glue_reply_errno(a->msg, r, "Cannot answer the Acquire.");
+        sd_bus_message_unref(a->msg);
+        free(a);
+        return 0;
+}
+
+static int acquire_later(AcquireCall *call) {
+        AcquireAgain *a = malloc(sizeof *a);
+        int r;
+
+        if (!a)
+                return -ENOMEM;
+        *a = (AcquireAgain) { .m = call->m, .msg = sd_bus_message_ref(call->msg), .method = call->method };
+        r = sd_event_add_defer(call->m->event, NULL, acquire_again, a);
+        if (r < 0) {
+                sd_bus_message_unref(a->msg);
+                free(a);
+        }
+        return r;
+}
 
 static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
         AcquireCall *call = container_of(w, AcquireCall, waiter);
@@ -230,6 +274,11 @@ static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
         int r = 0;
 
         sd_event_source_disable_unref(call->timer);
+        if (error < 0 && error != -ECANCELED && feature_lookup_failed(h->ref->feature) && acquire_later(call) >= 0) {
+                free(call);
+                feature_handle_release(h); /* the caller never learnt it */
+                return;
+        }
         free(call);
         if (error == -ECANCELED)
                 return; /* the handle went first: its client is gone */
@@ -383,8 +432,8 @@ static const char *const acquire_results[] = {
 
 /* Acquire's and AcquireOrReserve's answer: a handle on ref for the caller, and the
  * result with the handle's info; a feature being read back is answered when loaded. */
-static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, Worker *w, FeatureRef *ref,
-                          FeatureAcquireResult res, sd_bus_error *error) {
+static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, sd_bus_message_handler_t method, Worker *w,
+                          FeatureRef *ref, FeatureAcquireResult res, sd_bus_error *error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         FeatureHandle *h;
         int r;
@@ -403,7 +452,7 @@ static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, Worker *w, Fe
                 }
                 usec_t timeout = fm->manager->config.feature_read_back_timeout_usec;
                 *call = (AcquireCall) { .waiter.done = acquire_loaded, .msg = sd_bus_message_ref(msg), .h = h,
-                                        .timeout = timeout };
+                                        .timeout = timeout, .m = fm->manager, .method = method };
                 if (timeout > 0) {
                         /* Within a twentieth of it (accuracy 0 would be sd-event's 250 ms). */
                         r = sd_event_add_time_relative(fm->manager->event, &call->timer, CLOCK_MONOTONIC, timeout,
@@ -471,7 +520,7 @@ static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = acquire_for(m, msg, key, may_produce, &w, &ref, &res, error);
         if (r < 0)
                 return r;
-        return acquire_answer(fm, msg, w, ref, res, error);
+        return acquire_answer(fm, msg, method_acquire, w, ref, res, error);
 }
 
 /* Reserve's and AcquireOrReserve's arguments: (key, bytes, descriptor, request_id),
@@ -550,7 +599,7 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
         }
         /* The feature's size, before the answer: a refused one releases the reference. */
         uint64_t have = ref->feature->bytes;
-        r = acquire_answer(fm, msg, w, ref, res, error);
+        r = acquire_answer(fm, msg, method_acquire_or_reserve, w, ref, res, error);
         if (r >= 0 && res == FEATURE_ACQUIRE_PRODUCE) {
                 trace_step(m, &req, TRACE_ACQUIRE_MISS, key, bytes, 0, NULL);
                 trace_step(m, &req, TRACE_ENCODE_START, key, bytes, 0, NULL);

@@ -16,6 +16,8 @@
 typedef struct LoadJob {
         Feature *feature;
         char *key;
+        bool probe;               /* a lookup (the entry is its result), not a read */
+        FeatureStoreEntry entry;
         int fd;
         void *dst;
         uint64_t size;
@@ -42,6 +44,7 @@ static LoadJob *job_free(LoadJob *j) {
         if (!j)
                 return NULL;
         safe_close(j->fd);
+        feature_store_entry_done(&j->entry);
         free(j->key);
         free(j);
         return NULL;
@@ -62,13 +65,18 @@ static void *loader_thread(void *userdata) {
                 LIST_REMOVE(jobs, l->queue, j);
                 pthread_mutex_unlock(&l->lock);
 
-                FeatureStoreEntry e = { .fd = j->fd, .size = j->size, .crc = j->crc };
-                j->result = feature_store_entry_read(&e, j->dst);
-                if (j->result < 0)
-                        /* Short or unreadable: it would fail again; the next Acquire
-                         * produces the feature afresh. */
-                        (void)feature_store_remove(l->store, j->key);
-                j->fd = safe_close(j->fd);
+                if (j->probe)
+                        /* A file that does not parse is removed by the lookup itself. */
+                        j->result = feature_store_lookup(l->store, j->key, &j->entry);
+                else {
+                        FeatureStoreEntry e = { .fd = j->fd, .size = j->size, .crc = j->crc };
+                        j->result = feature_store_entry_read(&e, j->dst);
+                        if (j->result < 0)
+                                /* Short or unreadable: it would fail again; the next Acquire
+                                 * produces the feature afresh. */
+                                (void)feature_store_remove(l->store, j->key);
+                        j->fd = safe_close(j->fd);
+                }
 
                 pthread_mutex_lock(&l->lock);
                 LIST_PREPEND(jobs, l->done, j);
@@ -95,13 +103,32 @@ static int on_done(sd_event_source *s, int fd, uint32_t revents, void *userdata)
                 j = j->jobs_next;
         while (j) {
                 LoadJob *prev = j->jobs_prev;
-                if (j->result < 0) {
-                        l->stats.failed++;
-                        log_warning_errno(j->result, "Feature %.64s: cannot read it back from the store, removed it: %m",
-                                          j->key);
-                } else
-                        l->stats.loaded++;
-                feature_load_done(j->feature, j->result);
+                if (j->probe) {
+                        if (j->result < 0) {
+                                l->stats.failed++;
+                                if (j->result == -ENOENT)
+                                        log_warning("Feature %.64s: its stored copy is gone (removed from the store's "
+                                                    "directory by something else?); a miss.", j->key);
+                                else if (j->result == -EBADMSG)
+                                        log_warning("Feature %.64s: its stored copy's header is damaged; removed it, "
+                                                    "a miss.", j->key);
+                                else
+                                        log_warning_errno(j->result, "Feature %.64s: cannot open its stored copy, a "
+                                                          "miss: %m", j->key);
+                        }
+                        /* On success the read follows (queued through the cache's loader);
+                         * on failure the Acquires that waited are asked again (a miss). */
+                        feature_probe_done(j->feature, j->result, &j->entry);
+                } else {
+                        if (j->result < 0) {
+                                l->stats.failed++;
+                                log_warning_errno(j->result,
+                                                  "Feature %.64s: cannot read it back from the store, removed it: %m",
+                                                  j->key);
+                        } else
+                                l->stats.loaded++;
+                        feature_load_done(j->feature, j->result);
+                }
                 job_free(j);
                 j = prev;
         }
@@ -164,6 +191,29 @@ FeatureLoader *feature_loader_free(FeatureLoader *l) {
         return NULL;
 }
 
+static void queue_job(FeatureLoader *l, LoadJob *j) {
+        pthread_mutex_lock(&l->lock);
+        LIST_PREPEND(jobs, l->queue, j);
+        pthread_cond_signal(&l->cond);
+        pthread_mutex_unlock(&l->lock);
+}
+
+int feature_loader_probe(FeatureCache *c, Feature *f, void *userdata) {
+        FeatureLoader *l = userdata;
+        LoadJob *j = calloc(1, sizeof *j);
+
+        if (!j)
+                return -ENOMEM;
+        *j = (LoadJob) { .feature = f, .probe = true, .fd = -EBADF, .entry.fd = -EBADF, .key = strdup(f->key) };
+        if (!j->key) {
+                job_free(j);
+                return -ENOMEM;
+        }
+        queue_job(l, j);
+        l->stats.probed++;
+        return 0;
+}
+
 int feature_loader_queue(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, uint32_t crc,
                          void *userdata) {
         FeatureLoader *l = userdata;
@@ -173,6 +223,7 @@ int feature_loader_queue(FeatureCache *c, Feature *f, int fd, void *dst, uint64_
                 safe_close(fd);
                 return -ENOMEM;
         }
+        j->entry.fd = -EBADF;
         j->fd = fd;
         j->feature = f;
         j->dst = dst;
@@ -183,10 +234,7 @@ int feature_loader_queue(FeatureCache *c, Feature *f, int fd, void *dst, uint64_
                 job_free(j);
                 return -ENOMEM;
         }
-        pthread_mutex_lock(&l->lock);
-        LIST_PREPEND(jobs, l->queue, j);
-        pthread_cond_signal(&l->cond);
-        pthread_mutex_unlock(&l->lock);
+        queue_job(l, j);
         l->stats.queued++;
         return 0;
 }

@@ -271,6 +271,7 @@ static int feature_init(Manager *m) {
                 feature_cache_set_store(c, fm->store);
                 feature_cache_set_spill(c, feature_spiller_queue, fm->spiller);
                 feature_cache_set_loader(c, queue_load, fm);
+                feature_cache_set_prober(c, feature_loader_probe, fm->loader);
         }
         feature_cache_set_callback(c, on_state, fm);
         m->features = TAKE_PTR(c);

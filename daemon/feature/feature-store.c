@@ -14,6 +14,7 @@
 #include "crc32c.h"
 #include "feature/feature-store.h"
 #include <stdbool.h>
+#include "hashmap.h"
 #include "id.h"
 #include "macro.h"
 #include "siphash24.h"
@@ -38,7 +39,89 @@ struct FeatureStore {
         pthread_mutex_t lock;
         uint64_t bytes;   /* of f-*.feat files */
         uint64_t trimmed;
+        /* The entries in the root (IndexEntry by StoreName, 16-byte keys): a key that is
+         * not here has no file, and is answered without touching the disk; one that is,
+         * with a bound on its data's size. Kept as files come and go through the store;
+         * when it could not be (out of memory), `index_lost` is set and every key counts
+         * as maybe stored until the next scan rebuilds it. Under index_lock alone, held
+         * for in-memory work only (never across a system call): the event loop asks it,
+         * and must not wait behind `lock`'s renames and scans. Order: lock, then
+         * index_lock. */
+        pthread_mutex_t index_lock;
+        Hashmap *index;
+        bool index_lost;
 };
+
+/* An entry's name, as its two 64-bit hashes ("f-" + both in hex + ".feat"). */
+typedef struct StoreName {
+        uint64_t h[2];
+} StoreName;
+
+static void name_of(const char *key, size_t n, StoreName *ret) {
+        ret->h[0] = siphash24(key, n, name_key_a);
+        ret->h[1] = siphash24(key, n, name_key_b);
+}
+
+/* The hashes of an entry's file name; false for another name. */
+static bool name_parse(const char *name, StoreName *ret) {
+        if (strlen(name) != 2 + 32 + 5 || strncmp(name, "f-", 2) != 0 || strcmp(name + 34, ".feat") != 0)
+                return false;
+        for (size_t i = 0; i < 32; i++) {
+                char ch = name[2 + i];
+                unsigned v = ch >= '0' && ch <= '9' ? (unsigned)(ch - '0')
+                             : ch >= 'a' && ch <= 'f' ? (unsigned)(ch - 'a' + 10) : 16u;
+                if (v > 15)
+                        return false;
+                ret->h[i / 16] = (i % 16 ? ret->h[i / 16] << 4 : 0) | v;
+        }
+        return true;
+}
+
+typedef struct IndexEntry {
+        StoreName name; /* the key in the index: first */
+        uint64_t bytes; /* the data's size, or a bound on it (the file's size less its header) */
+} IndexEntry;
+
+/* Under index_lock. */
+static void index_add(FeatureStore *s, const StoreName *n, uint64_t bytes) {
+        IndexEntry *e = hashmap_get(s->index, n);
+        if (e) {
+                e->bytes = bytes;
+                return;
+        }
+        e = malloc(sizeof *e);
+        if (e)
+                *e = (IndexEntry) { .name = *n, .bytes = bytes };
+        if (!e || hashmap_put(s->index, &e->name, e) < 0) {
+                free(e);
+                s->index_lost = true;
+        }
+}
+
+static void index_del(FeatureStore *s, const StoreName *n) {
+        free(hashmap_remove(s->index, n));
+}
+
+/* Takes index_lock for one change. */
+static void index_add_locked(FeatureStore *s, const StoreName *n, uint64_t bytes) {
+        pthread_mutex_lock(&s->index_lock);
+        index_add(s, n, bytes);
+        pthread_mutex_unlock(&s->index_lock);
+}
+
+static void index_del_locked(FeatureStore *s, const StoreName *n) {
+        pthread_mutex_lock(&s->index_lock);
+        index_del(s, n);
+        pthread_mutex_unlock(&s->index_lock);
+}
+
+static void index_clear(FeatureStore *s) {
+        size_t i = 0;
+        void *v;
+        while (hashmap_iterate(s->index, &i, &v, NULL))
+                free(v);
+        hashmap_clear(s->index);
+}
 
 static bool is_entry_name(const char *n) {
         size_t l = strlen(n);
@@ -54,16 +137,20 @@ static uint64_t entry_size(FeatureStore *s, const char *name) {
 }
 
 static void unlink_entry(FeatureStore *s, const char *name) {
+        StoreName n;
         pthread_mutex_lock(&s->lock);
         uint64_t size = entry_size(s, name);
         if (unlinkat(s->root_fd, name, 0) >= 0)
                 s->bytes -= MIN(size, s->bytes);
+        if (name_parse(name, &n))
+                index_del_locked(s, &n);
         pthread_mutex_unlock(&s->lock);
 }
 
 typedef struct TrimEntry {
         struct timespec mtime;
         uint64_t size;
+        bool removed;
         char name[FEATURE_STORE_NAME_MAX];
 } TrimEntry;
 
@@ -76,8 +163,6 @@ static int trim_cmp(const void *a, const void *b) {
         return strcmp(x->name, y->name);
 }
 
-/* Scans the root: recounts the bytes, removes temporary files if asked, and removes
- * the least recently used entries until the total is at most target. */
 /* The store's directory, for reading its entries. */
 static int open_root(FeatureStore *s, DIR **ret) {
         int fd = openat2_beneath(s->root_fd, ".", O_RDONLY | O_DIRECTORY, 0);
@@ -91,6 +176,9 @@ static int open_root(FeatureStore *s, DIR **ret) {
         return 0;
 }
 
+/* Scans the root: recounts the bytes, removes temporary files if asked, removes the
+ * least recently used entries until the total is at most target, and rebuilds the
+ * index from what is left. Under the lock, or before the store is shared. */
 static int scan(FeatureStore *s, bool remove_tmp, uint64_t target) {
         _cleanup_(freep) TrimEntry *v = NULL;
         size_t n = 0, cap = 0;
@@ -121,6 +209,7 @@ static int scan(FeatureStore *s, bool remove_tmp, uint64_t target) {
                 }
                 v[n].mtime = st.st_mtim;
                 v[n].size = (uint64_t)st.st_size;
+                v[n].removed = false;
                 strcpy(v[n].name, de->d_name);
                 total += v[n].size;
                 n++;
@@ -132,9 +221,19 @@ static int scan(FeatureStore *s, bool remove_tmp, uint64_t target) {
                         if (unlinkat(s->root_fd, v[i].name, 0) >= 0) {
                                 total -= v[i].size;
                                 s->trimmed++;
+                                v[i].removed = true;
                         }
         }
         s->bytes = total;
+        pthread_mutex_lock(&s->index_lock);
+        index_clear(s);
+        s->index_lost = false;
+        for (size_t i = 0; i < n; i++) {
+                StoreName nm;
+                if (!v[i].removed && name_parse(v[i].name, &nm))
+                        index_add(s, &nm, v[i].size - MIN(v[i].size, (uint64_t)HEADER_SIZE));
+        }
+        pthread_mutex_unlock(&s->index_lock);
         return 0;
 }
 
@@ -174,6 +273,12 @@ int feature_store_open(const char *root, uint64_t max_bytes, FeatureStore **ret)
         s->root_fd = TAKE_FD(fd);
         s->max_bytes = max_bytes;
         pthread_mutex_init(&s->lock, NULL);
+        pthread_mutex_init(&s->index_lock, NULL);
+        s->index = hashmap_new(HASHMAP_KEY_BYTES, sizeof(StoreName));
+        if (!s->index) {
+                feature_store_free(s);
+                return -ENOMEM;
+        }
         probe = scan(s, true, max_bytes ? max_bytes : UINT64_MAX);
         if (probe < 0) {
                 feature_store_free(s);
@@ -201,6 +306,11 @@ FeatureStore *feature_store_free(FeatureStore *s) {
         if (!s)
                 return NULL;
         safe_close(s->root_fd);
+        if (s->index) {
+                index_clear(s);
+                hashmap_free(s->index);
+        }
+        pthread_mutex_destroy(&s->index_lock);
         pthread_mutex_destroy(&s->lock);
         free(s->root);
         free(s);
@@ -215,10 +325,26 @@ int feature_store_name(const char *key, char buf[static FEATURE_STORE_NAME_MAX])
         n = strlen(key);
         if (n == 0)
                 return -EINVAL;
-        snprintf(buf, FEATURE_STORE_NAME_MAX, "f-%016llx%016llx.feat",
-                 (unsigned long long)siphash24(key, n, name_key_a),
-                 (unsigned long long)siphash24(key, n, name_key_b));
+        StoreName nm;
+        name_of(key, n, &nm);
+        snprintf(buf, FEATURE_STORE_NAME_MAX, "f-%016llx%016llx.feat", (unsigned long long)nm.h[0],
+                 (unsigned long long)nm.h[1]);
         return 0;
+}
+
+bool feature_store_has(FeatureStore *s, const char *key, uint64_t *ret_bytes) {
+        StoreName nm;
+        size_t n = key ? strlen(key) : 0;
+        if (n == 0)
+                return false;
+        name_of(key, n, &nm);
+        pthread_mutex_lock(&s->index_lock);
+        IndexEntry *e = s->index_lost ? NULL : hashmap_get(s->index, &nm);
+        bool has = s->index_lost || e;
+        if (ret_bytes)
+                *ret_bytes = e ? e->bytes : UINT64_MAX;
+        pthread_mutex_unlock(&s->index_lock);
+        return has;
 }
 
 int feature_store_openat(FeatureStore *s, const char *name, int flags, mode_t mode) {
@@ -322,6 +448,9 @@ int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const voi
                 return r;
         }
         s->bytes = s->bytes - MIN(old, s->bytes) + HEADER_SIZE + key_len + desc_len + rec->size;
+        StoreName nm;
+        name_of(rec->key, key_len, &nm);
+        index_add_locked(s, &nm, rec->size);
         if (s->max_bytes && s->bytes > s->max_bytes)
                 (void)scan(s, false, s->max_bytes / 10 * 9);
         pthread_mutex_unlock(&s->lock);
@@ -349,6 +478,17 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
         if (r < 0)
                 return r;
         fd = openat2_beneath(s->root_fd, name, O_RDONLY, 0);
+        if (fd < 0 && fd != -ENOMEM && fd != -EMFILE && fd != -ENFILE && fd != -EINTR && fd != -EAGAIN) {
+                /* Gone behind the store's back, or not a file it can open (a symlink
+                 * planted, its mode changed): forgotten, so that the next Acquire is a
+                 * miss instead of this again. Unless a save has just put it there. */
+                StoreName nm;
+                name_of(key, strlen(key), &nm);
+                pthread_mutex_lock(&s->lock);
+                if (fd != -ENOENT || entry_size(s, name) == 0)
+                        index_del_locked(s, &nm);
+                pthread_mutex_unlock(&s->lock);
+        }
         if (fd < 0)
                 return fd;
         if (fstat(fd, &st) < 0)
@@ -376,8 +516,15 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
         r = read_all(fd, buf, key_len + desc_len);
         if (r < 0)
                 goto bad;
-        if (memcmp(buf, key, key_len) != 0)
-                return -ENOENT; /* a hash collision: another key's file; leave it */
+        if (memcmp(buf, key, key_len) != 0) {
+                /* Another key's file under this key's name (a collision of the 128-bit
+                 * names, or damage): left as it is, but the name leaves the index, or
+                 * every lookup of key would open it again. */
+                StoreName nm;
+                name_of(key, key_len, &nm);
+                index_del_locked(s, &nm);
+                return -ENOENT;
+        }
         r = feature_desc_parse(buf + key_len, desc_len, size, &desc, NULL);
         if (r < 0) {
                 r = -EBADMSG;
@@ -415,11 +562,14 @@ int feature_store_remove(FeatureStore *s, const char *key) {
         int r = feature_store_name(key, name);
         if (r < 0)
                 return r;
+        StoreName nm;
+        name_of(key, strlen(key), &nm);
         pthread_mutex_lock(&s->lock);
         size = entry_size(s, name);
         r = unlinkat(s->root_fd, name, 0) < 0 ? negative_errno() : 0;
         if (r >= 0)
                 s->bytes -= MIN(size, s->bytes);
+        index_del_locked(s, &nm);
         pthread_mutex_unlock(&s->lock);
         return r;
 }

@@ -12,11 +12,18 @@
  * Files are written to a temporary name and renamed into place, so a reader never sees
  * half a file.
  *
- * Thread-safe: the spill thread (feature-spill.c) saves while the event loop looks up.
+ * Thread-safe: the spill thread (feature-spill.c) saves while the load thread
+ * (feature-load.c) looks up and reads.
+ *
+ * The store keeps an index of the names of its entries in memory (scanned at open,
+ * kept as files are saved, removed and trimmed): feature_store_has() answers whether a
+ * key may be stored without touching the disk. Files added to the directory by anything
+ * else are seen at the next open.
  *
  * File: header (FEATURE_STORE_MAGIC, version, sizes, request id, encoder time), key,
  * binary descriptor (feature-desc.h), data. Everything read back is validated. */
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "id.h"
@@ -53,6 +60,13 @@ int feature_store_name(const char *key, char buf[static FEATURE_STORE_NAME_MAX])
 int feature_store_openat(FeatureStore *s, const char *name, int flags, mode_t mode);
 
 int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const void *data);
+
+/* Whether key may have an entry: false only when the index says it has none (no
+ * system call). A true answer is confirmed by feature_store_lookup(), which forgets a
+ * name whose file turns out gone. *ret_bytes (may be NULL): the data's size as saved,
+ * or for an entry found at open a bound on it (its file's size less the header), or
+ * UINT64_MAX when the index could not be kept (out of memory) and nothing is known. */
+bool feature_store_has(FeatureStore *s, const char *key, uint64_t *ret_bytes);
 
 /* Looks key up: -ENOENT if absent. On success, *ret_size and *ret_desc describe the
  * data, and the returned fd is positioned at its first byte. A file that does not

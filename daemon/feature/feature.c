@@ -1,55 +1,16 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "feature/feature-alloc.h"
+#include "feature/feature-internal.h"
 #include "feature/feature-store.h"
 #include "feature/feature.h"
 #include "hashmap.h"
 #include "log.h"
 #include "macro.h"
-
-typedef struct CacheArena {
-        uint32_t index;
-        uint8_t *base;
-        FeatureAllocator *alloc;
-        uint64_t evictable; /* eviction_could_help()'s count, valid during its call */
-} CacheArena;
-
-struct FeatureCache {
-        FeatureCacheConfig config;
-        Hashmap *features; /* key → Feature, RESERVED and READY only */
-        CacheArena *arenas;
-        size_t n_arenas;
-        QUEUE_HEAD(Feature, lru);                 /* first: coldest */
-        QUEUE_HEAD(Feature, announced); /* first: earliest deadline */
-        FeatureStats stats;
-        FeatureStore *store;
-        feature_state_cb cb;
-        void *userdata;
-        feature_spill_fn spill_fn;
-        void *spill_userdata;
-        feature_load_fn load_fn;
-        void *load_userdata;
-        feature_journal_fn journal_fn;
-        void *journal_userdata;
-        /* Keys whose READY the replay could not take back (the arena is cut or used
-         * differently now): journaled GONE once the journal is set. */
-        char **skipped;
-        size_t n_skipped;
-};
-
-/* Private flags kept beside the public fields. */
-typedef struct FeaturePriv {
-        Feature pub;
-        bool in_table;
-        bool on_disk; /* an identical copy is in the store */
-        bool loading; /* its data is being read back from the store (load_fn) */
-        uint32_t load_readers; /* Acquires answered by that read: hits once it lands */
-} FeaturePriv;
-
-#define PRIV(f) container_of(f, FeaturePriv, pub)
 
 static const char *const state_names[_FEATURE_STATE_MAX] = {
         [FEATURE_RESERVED] = "reserved",
@@ -94,7 +55,7 @@ int feature_cache_new(const FeatureCacheConfig *config, FeatureCache **ret) {
         return 0;
 }
 
-static void feature_destroy(Feature *f) {
+void feature_entry_destroy(Feature *f) {
         feature_desc_free(f->desc);
         free(f->key);
         free(PRIV(f));
@@ -114,7 +75,7 @@ FeatureCache *feature_cache_free(FeatureCache *c) {
                         all[n++] = v;
         hashmap_free(c->features);
         for (size_t i = 0; i < n; i++)
-                feature_destroy(all[i]);
+                feature_entry_destroy(all[i]);
         free(all);
         for (size_t i = 0; i < c->n_arenas; i++)
                 feature_allocator_free(c->arenas[i].alloc);
@@ -124,27 +85,6 @@ FeatureCache *feature_cache_free(FeatureCache *c) {
         free(c->skipped);
         free(c);
         return NULL;
-}
-
-/* A key's READY skipped by the replay, or (!skipped) a later READY or GONE of it. */
-static void replay_note_skipped(FeatureCache *c, const char *key, bool skipped) {
-        for (size_t i = 0; i < c->n_skipped; i++)
-                if (strcmp(c->skipped[i], key) == 0) {
-                        if (!skipped) {
-                                free(c->skipped[i]);
-                                c->skipped[i] = c->skipped[--c->n_skipped];
-                        }
-                        return;
-                }
-        if (!skipped)
-                return;
-        char **v = reallocarray(c->skipped, c->n_skipped + 1, sizeof *v);
-        if (v)
-                c->skipped = v;
-        if (!v || !(c->skipped[c->n_skipped] = strdup(key)))
-                log_warning("Feature %s: skipped at replay, and no memory left to journal that it is gone.", key);
-        else
-                c->n_skipped++;
 }
 
 void feature_cache_set_callback(FeatureCache *c, feature_state_cb cb, void *userdata) {
@@ -192,8 +132,17 @@ void feature_cache_set_loader(FeatureCache *c, feature_load_fn fn, void *userdat
         c->load_userdata = userdata;
 }
 
+void feature_cache_set_prober(FeatureCache *c, feature_probe_fn fn, void *userdata) {
+        c->probe_fn = fn;
+        c->probe_userdata = userdata;
+}
+
 bool feature_loading(const Feature *f) {
         return f && PRIV(f)->loading;
+}
+
+bool feature_lookup_failed(const Feature *f) {
+        return f && f->state == FEATURE_FAILED && PRIV(f)->lookup_failed;
 }
 
 const FeatureStats *feature_cache_stats(FeatureCache *c) {
@@ -214,7 +163,7 @@ Feature *feature_cache_get(FeatureCache *c, const char *key) {
         return hashmap_get(c->features, key);
 }
 
-static CacheArena *arena_of(const FeatureCache *c, uint32_t index) {
+CacheArena *feature_arena_of(const FeatureCache *c, uint32_t index) {
         for (size_t i = 0; i < c->n_arenas; i++)
                 if (c->arenas[i].index == index)
                         return &c->arenas[i];
@@ -226,7 +175,7 @@ void *feature_data(const Feature *f) {
 
         if (!f || !f->has_region)
                 return NULL;
-        a = arena_of(f->cache, f->arena);
+        a = feature_arena_of(f->cache, f->arena);
         if (!a || !a->base)
                 return NULL;
         return a->base + f->offset;
@@ -234,7 +183,7 @@ void *feature_data(const Feature *f) {
 
 /* Table and queues. */
 
-static int feature_new(FeatureCache *c, const char *key, Feature **ret) {
+int feature_entry_new(FeatureCache *c, const char *key, Feature **ret) {
         FeaturePriv *p = calloc(1, sizeof *p);
         int r;
 
@@ -259,7 +208,7 @@ static int feature_new(FeatureCache *c, const char *key, Feature **ret) {
         return 0;
 }
 
-static void feature_unlink(FeatureCache *c, Feature *f) {
+void feature_entry_unlink(FeatureCache *c, Feature *f) {
         if (PRIV(f)->in_table) {
                 hashmap_remove(c->features, f->key);
                 PRIV(f)->in_table = false;
@@ -319,14 +268,14 @@ void feature_cache_set_journal(FeatureCache *c, feature_journal_fn fn, void *use
         c->n_skipped = 0;
 }
 
-static void region_release(FeatureCache *c, Feature *f) {
+void feature_region_release(FeatureCache *c, Feature *f) {
         CacheArena *a;
 
         if (!f->has_region)
                 return;
         if (f->state == FEATURE_READY)
                 journal_gone(c, f);
-        a = arena_of(c, f->arena);
+        a = feature_arena_of(c, f->arena);
         if (a)
                 (void)feature_allocator_release(a->alloc, f->offset);
         if (f->state == FEATURE_READY)
@@ -337,13 +286,13 @@ static void region_release(FeatureCache *c, Feature *f) {
 }
 
 /* Frees a feature that left the table once nothing refers to it any more. */
-static void feature_maybe_destroy(Feature *f) {
+void feature_entry_maybe_destroy(Feature *f) {
         if (PRIV(f)->in_table || f->n_readers > 0 || f->n_pins > 0 || f->producer)
                 return;
-        feature_destroy(f);
+        feature_entry_destroy(f);
 }
 
-static void lru_update(FeatureCache *c, Feature *f) {
+void feature_lru_update(FeatureCache *c, Feature *f) {
         bool want = f->state == FEATURE_READY && f->n_readers == 0 && f->n_pins == 0;
 
         if (want && !f->in_lru) {
@@ -395,11 +344,11 @@ static void spill(FeatureCache *c, Feature *f) {
 /* Evicts an unreferenced READY feature (the cold end of the LRU). */
 static void evict(FeatureCache *c, Feature *f) {
         spill(c, f);
-        region_release(c, f);
+        feature_region_release(c, f);
         f->state = FEATURE_EVICTED;
-        feature_unlink(c, f);
+        feature_entry_unlink(c, f);
         c->stats.evictions++;
-        feature_maybe_destroy(f);
+        feature_entry_maybe_destroy(f);
 }
 
 static bool evict_one(FeatureCache *c) {
@@ -435,10 +384,10 @@ static void notify(FeatureCache *c, Feature *f) {
 /* RESERVED → FAILED: the region goes back, the key leaves the table (so the next
  * Acquire starts over), waiters are told. */
 static void set_failed(FeatureCache *c, Feature *f, int error) {
-        region_release(c, f);
+        feature_region_release(c, f);
         f->state = FEATURE_FAILED;
         f->error = error < 0 ? error : -EIO;
-        feature_unlink(c, f);
+        feature_entry_unlink(c, f);
         if (f->producer) {
                 /* the producer stays, as a reader of the failed feature */
                 f->producer->kind = FEATURE_REF_READER;
@@ -447,7 +396,7 @@ static void set_failed(FeatureCache *c, Feature *f, int error) {
         }
         c->stats.failed++;
         notify(c, f);
-        feature_maybe_destroy(f);
+        feature_entry_maybe_destroy(f);
 }
 
 static bool arena_allowed(const CacheArena *a, bool need_map, uint64_t mask) {
@@ -472,7 +421,7 @@ static bool eviction_could_help(FeatureCache *c, uint64_t bytes, bool need_map, 
                 c->arenas[i].evictable = 0;
         LIST_FOREACH(lru, f, c->lru.first) {
                 evictable += f->size;
-                CacheArena *a = f->has_region ? arena_of(c, f->arena) : NULL;
+                CacheArena *a = f->has_region ? feature_arena_of(c, f->arena) : NULL;
                 if (a)
                         a->evictable += f->size;
         }
@@ -490,7 +439,7 @@ static bool eviction_could_help(FeatureCache *c, uint64_t bytes, bool need_map, 
 /* The coldest unreferenced feature in an arena that fits. */
 static Feature *coldest_in(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t mask) {
         LIST_FOREACH(lru, f, c->lru.first) {
-                const CacheArena *a = arena_of(c, f->arena);
+                const CacheArena *a = feature_arena_of(c, f->arena);
                 if (f->has_region && a && arena_fits(a, bytes, need_map, mask))
                         return f;
         }
@@ -614,7 +563,7 @@ static void ref_link(FeatureCache *c, FeatureRef *r, Feature *f, FeatureRefKind 
                 break;
         }
         c->stats.n_refs++;
-        lru_update(c, f);
+        feature_lru_update(c, f);
 }
 
 static void load_finish(FeatureCache *c, Feature *f) {
@@ -624,46 +573,116 @@ static void load_finish(FeatureCache *c, Feature *f) {
         PRIV(f)->on_disk = true;
         c->stats.loaded++;
         (void)journal_ready(c, f); /* in the store: a restart without its record loads it again */
-        lru_update(c, f);
+        feature_lru_update(c, f);
 }
 
-/* Reads key back from the store into a mapped arena. Synchronously without a loader
- * (0: READY); with one, the feature stays RESERVED while the loader reads its data off
- * the loop (1: feature_load_done() follows). The header, key and descriptor (a few KiB
- * at most) are read here; the data, which may be large, by the loader. Without
- * may_evict (Prefetch) only free space is used: -ENOSPC rather than an eviction. */
-static int load(FeatureCache *c, const char *key, bool may_evict, Feature **ret) {
-        _cleanup_(feature_store_entry_done) FeatureStoreEntry e = { .fd = -EBADF };
+/* Reads key back from the store into a mapped arena: -ENOENT at once when the
+ * store's index has no copy of it. Synchronously without a loader (0: READY); with
+ * one, the feature stays RESERVED while the loader reads its data off the loop (1:
+ * feature_load_done() follows). With a prober as well, the header, key and descriptor
+ * are read off the loop too (1: feature_probe_done(), then feature_load_done()); a
+ * copy that turns out gone, damaged or without room FAILS the feature then, instead
+ * of being this call's error. Without may_evict (Prefetch) only free space is used:
+ * -ENOSPC rather than an eviction. */
+/* A new RESERVED feature for key with a region of `bytes` (mapped). */
+static int load_new(FeatureCache *c, const char *key, uint64_t bytes, bool may_evict, Feature **ret) {
         uint64_t off, size;
         uint32_t arena;
         Feature *f;
-        int r;
-
-        if (!c->store)
-                return -ENOENT;
-        r = feature_store_lookup(c->store, key, &e);
+        int r = make_slot(c, may_evict);
         if (r < 0)
                 return r;
-        r = make_slot(c, may_evict);
+        r = region_alloc(c, bytes, true, UINT64_MAX, may_evict, &arena, &off, &size);
         if (r < 0)
                 return r;
-        r = region_alloc(c, e.size, true, UINT64_MAX, may_evict, &arena, &off, &size);
-        if (r < 0)
-                return r;
-        r = feature_new(c, key, &f);
+        r = feature_entry_new(c, key, &f);
         if (r < 0) {
-                (void)feature_allocator_release(arena_of(c, arena)->alloc, off);
+                (void)feature_allocator_release(feature_arena_of(c, arena)->alloc, off);
                 return r;
         }
         f->has_region = true;
         f->arena = arena;
         f->offset = off;
         f->size = size;
-        f->bytes = e.size;
+        f->bytes = bytes;
         c->stats.bytes_reserved += size;
-        f->desc = TAKE_PTR(e.desc);
-        f->request_id = e.request_id;
-        f->encode_usec = e.encode_usec;
+        *ret = f;
+        return 0;
+}
+
+/* f takes what the stored entry e says (its data fits f's region). */
+static int load_describe(Feature *f, FeatureStoreEntry *e) {
+        if (e->size > f->size)
+                return -EBADMSG; /* not the size the store's index had for it */
+        f->bytes = e->size;
+        f->desc = TAKE_PTR(e->desc);
+        f->request_id = e->request_id;
+        f->encode_usec = e->encode_usec;
+        return 0;
+}
+
+/* With a prober, the lookup itself (open, header, key, descriptor) goes off the loop
+ * too: f is made RESERVED and loading at once, with a region of the size the store's
+ * index gives (so that no room is said now, as without a prober), and
+ * feature_probe_done() goes on. */
+static int load_begin(FeatureCache *c, const char *key, uint64_t bytes, bool may_evict, Feature **ret) {
+        Feature *f;
+        int r = load_new(c, key, bytes, may_evict, &f);
+        if (r < 0)
+                return r;
+        PRIV(f)->loading = PRIV(f)->probing = true;
+        r = c->probe_fn(c, f, c->probe_userdata);
+        if (r < 0) {
+                feature_region_release(c, f);
+                feature_entry_unlink(c, f);
+                feature_entry_destroy(f);
+                return r;
+        }
+        *ret = f;
+        return 1;
+}
+
+void feature_probe_done(Feature *f, int error, FeatureStoreEntry *e) {
+        FeatureCache *c;
+        int r = error;
+
+        if (!f || !PRIV(f)->probing) {
+                feature_store_entry_done(e);
+                return;
+        }
+        c = f->cache;
+        PRIV(f)->probing = false;
+        if (r >= 0)
+                r = load_describe(f, e);
+        PRIV(f)->lookup_failed = r < 0;
+        if (r >= 0)
+                r = c->load_fn(c, f, TAKE_FD(e->fd), feature_data(f), f->bytes, e->crc, c->load_userdata);
+        if (r < 0 && error >= 0)
+                log_warning_errno(r, "Feature %.64s: cannot read its stored copy back (%" PRIu64 " bytes, %" PRIu64
+                                  " expected): %m", f->key, e->size, f->size);
+        feature_store_entry_done(e);
+        if (r < 0)
+                feature_load_done(f, r); /* FAILED, its waiters told */
+}
+
+static int load(FeatureCache *c, const char *key, bool may_evict, Feature **ret) {
+        _cleanup_(feature_store_entry_done) FeatureStoreEntry e = { .fd = -EBADF };
+        Feature *f;
+        int r;
+
+        /* Most misses: the store's index knows it has no copy, no system call made. */
+        uint64_t bound;
+        if (!c->store || !feature_store_has(c->store, key, &bound))
+                return -ENOENT;
+        if (c->probe_fn && c->load_fn && bound != UINT64_MAX)
+                return load_begin(c, key, bound, may_evict, ret);
+        r = feature_store_lookup(c->store, key, &e);
+        if (r < 0)
+                return r;
+        r = load_new(c, key, e.size, may_evict, &f);
+        if (r < 0)
+                return r;
+        (void)load_describe(f, &e);
         if (c->load_fn) {
                 r = c->load_fn(c, f, TAKE_FD(e.fd), feature_data(f), e.size, e.crc, c->load_userdata);
                 if (r >= 0) {
@@ -674,9 +693,9 @@ static int load(FeatureCache *c, const char *key, bool may_evict, Feature **ret)
         } else
                 r = feature_store_entry_read(&e, feature_data(f));
         if (r < 0) {
-                region_release(c, f);
-                feature_unlink(c, f);
-                feature_destroy(f);
+                feature_region_release(c, f);
+                feature_entry_unlink(c, f);
+                feature_entry_destroy(f);
                 return r;
         }
         load_finish(c, f);
@@ -706,10 +725,10 @@ void feature_load_done(Feature *f, int error) {
         }
         f->n_pins--;
         if (f->state == FEATURE_READY) {
-                lru_update(c, f);
+                feature_lru_update(c, f);
                 enforce_budget(c);
         } else
-                feature_maybe_destroy(f);
+                feature_entry_maybe_destroy(f);
 }
 
 /* A new reference for a call on key, and the key's feature if there is one. */
@@ -766,7 +785,7 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
                 k = make_slot(c, true);
                 if (k < 0)
                         return k;
-                k = feature_new(c, key, &f);
+                k = feature_entry_new(c, key, &f);
                 if (k < 0)
                         return k;
                 ref_link(c, r, f, FEATURE_REF_PRODUCER);
@@ -814,13 +833,13 @@ int feature_reserve_in(FeatureCache *c, const char *key, uint64_t bytes, uint64_
                 k = make_slot(c, true);
                 if (k < 0)
                         return k;
-                k = feature_new(c, key, &f);
+                k = feature_entry_new(c, key, &f);
                 if (k < 0)
                         return k;
                 k = region_attach(c, f, bytes, arena_mask, desc, request_id, issue);
                 if (k < 0) {
-                        feature_unlink(c, f);
-                        feature_destroy(f);
+                        feature_entry_unlink(c, f);
+                        feature_entry_destroy(f);
                         return k;
                 }
         }
@@ -872,7 +891,7 @@ int feature_publish(FeatureRef *r, usec_t encode_usec) {
         f->n_readers++;
         c->stats.produced++;
         notify(c, f);
-        lru_update(c, f);
+        feature_lru_update(c, f);
         return 0;
 }
 
@@ -933,10 +952,10 @@ FeatureRef *feature_ref_release(FeatureRef *r) {
         if (f->state == FEATURE_RESERVED && kind == FEATURE_REF_PRODUCER)
                 set_failed(c, f, -EPIPE); /* the producer went away before publishing */
         else if (f->state == FEATURE_READY) {
-                lru_update(c, f);
+                feature_lru_update(c, f);
                 enforce_budget(c);
         } else
-                feature_maybe_destroy(f);
+                feature_entry_maybe_destroy(f);
         return NULL;
 }
 
@@ -1003,7 +1022,7 @@ int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefet
         if (c->stats.n_announced >= c->config.max_announced ||
             c->stats.n_features >= c->config.max_features)
                 return -ENOSPC;
-        r = feature_new(c, key, &f);
+        r = feature_entry_new(c, key, &f);
         if (r < 0)
                 return r;
         f->deadline = now + c->config.announce_timeout_usec;
@@ -1018,147 +1037,4 @@ usec_t feature_cache_expire(FeatureCache *c, usec_t now) {
         while (c->announced.first && c->announced.first->deadline <= now)
                 set_failed(c, c->announced.first, -ETIMEDOUT);
         return c->announced.first ? c->announced.first->deadline : USEC_INFINITY;
-}
-
-static void replayed_drop(FeatureCache *c, Feature *f) {
-        region_release(c, f); /* no journal is set during the replay */
-        feature_unlink(c, f);
-        feature_maybe_destroy(f);
-}
-
-/* A well-formed READY of key: the feature back in its region, or why not. */
-static int apply_ready(FeatureCache *c, const FeatureRecord *rec, const char *key) {
-        _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
-        CacheArena *a;
-        Feature *f;
-        uint64_t size;
-        int r;
-
-        f = hashmap_get(c->features, key);
-        if (f)
-                replayed_drop(c, f);
-        a = arena_of(c, rec->arena);
-        if (!a)
-                return -ENODEV;
-        r = feature_desc_parse(rec->desc, rec->desc_len, rec->bytes, &desc, NULL);
-        if (r < 0)
-                return -EBADMSG;
-        if (c->stats.n_features >= c->config.max_features)
-                return -EDQUOT;
-        r = feature_allocator_alloc_at(a->alloc, rec->offset, rec->bytes, &size);
-        if (r < 0)
-                return r;
-        if (size != rec->size) {
-                /* Well-formed, but the arena is cut differently now (its PageSize=
-                 * changed): the region is not what was journaled; drop the feature. */
-                (void)feature_allocator_release(a->alloc, rec->offset);
-                return -ESTALE;
-        }
-        r = feature_new(c, key, &f);
-        if (r < 0) {
-                (void)feature_allocator_release(a->alloc, rec->offset);
-                return r;
-        }
-        f->has_region = true;
-        f->arena = rec->arena;
-        f->offset = rec->offset;
-        f->size = size;
-        f->bytes = rec->bytes;
-        f->desc = TAKE_PTR(desc);
-        f->request_id = rec->request_id;
-        f->encode_usec = rec->encode_usec;
-        f->state = FEATURE_READY;
-        c->stats.bytes_cached += size;
-        lru_update(c, f);
-        return 0;
-}
-
-int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *payload, size_t len) {
-        char key[FEATURE_KEY_MAX + 1];
-        FeatureRecord rec;
-        Feature *f;
-        int r;
-
-        if (!c || c->journal_fn)
-                return -EBUSY; /* only before the journal is set: at start */
-        switch (type & 0xff) {
-        case FEATURE_REC_GONE:
-                if (!payload || len == 0 || len > FEATURE_KEY_MAX || memchr(payload, 0, len))
-                        return -EBADMSG;
-                memcpy(key, payload, len);
-                key[len] = 0;
-                replay_note_skipped(c, key, false);
-                f = hashmap_get(c->features, key);
-                if (!f)
-                        return -ENOENT;
-                replayed_drop(c, f);
-                return 0;
-        case FEATURE_REC_READY:
-                break;
-        default:
-                return -EBADMSG;
-        }
-        r = feature_record_ready_parse(payload, len, &rec);
-        if (r < 0)
-                return r;
-        memcpy(key, rec.key, rec.key_len);
-        key[rec.key_len] = 0;
-        /* One that cannot come back is journaled GONE after the replay: a later start
-         * that could take it back must not, over the bytes written there since. */
-        r = apply_ready(c, &rec, key);
-        replay_note_skipped(c, key, r < 0);
-        return r;
-}
-
-int feature_cache_snapshot(FeatureCache *c, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
-                           void *userdata, uint16_t type_base) {
-        size_t it = 0;
-        void *v;
-        int r;
-
-        if (!c)
-                return 0;
-        while (hashmap_iterate(c->features, &it, &v, NULL)) {
-                Feature *f = v;
-                _cleanup_(freep) void *buf = NULL;
-                size_t len;
-
-                if (f->state != FEATURE_READY || !f->has_region || !f->desc)
-                        continue;
-                r = feature_record_ready_encode(f, &buf, &len);
-                if (r < 0)
-                        return r;
-                r = add(userdata, type_base + FEATURE_REC_READY, buf, len);
-                if (r < 0)
-                        return r;
-        }
-        return 0;
-}
-
-uint64_t feature_cache_drop_arena(FeatureCache *c, uint32_t arena) {
-        uint64_t n = 0;
-        size_t it = 0;
-        void *v;
-
-        if (!c)
-                return 0;
-        /* Collected in one pass, then dropped (a rescan after each was quadratic). */
-        _cleanup_(freep) Feature **gone = calloc(MAX(hashmap_size(c->features), (size_t)1), sizeof *gone);
-        while (hashmap_iterate(c->features, &it, &v, NULL)) {
-                Feature *f = v;
-                if (!f->has_region || f->arena != arena || f->state != FEATURE_READY)
-                        continue;
-                if (!gone) {
-                        /* No memory for the list: one at a time, the scan started over
-                         * (none may stay: its bytes are gone). */
-                        replayed_drop(c, f); /* journals GONE once the journal is set */
-                        n++;
-                        it = 0;
-                        continue;
-                }
-                gone[n++] = f;
-        }
-        for (uint64_t i = 0; gone && i < n; i++)
-                replayed_drop(c, gone[i]);
-        return n;
 }

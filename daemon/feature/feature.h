@@ -198,6 +198,22 @@ void feature_cache_set_loader(FeatureCache *c, feature_load_fn fn, void *userdat
 void feature_load_done(Feature *f, int error);
 /* Being read back from the store: RESERVED, no producer, READY or FAILED follows. */
 bool feature_loading(const Feature *f);
+/* Looks f's key up in the store off the event loop (its file's open, header, key and
+ * descriptor: on a disk that stalls, these stall too); then calls feature_probe_done()
+ * on the loop. Used only with a loader: the data's read follows through it. Without a
+ * prober, the lookup is made on the caller's thread. */
+typedef struct FeatureStoreEntry FeatureStoreEntry;
+typedef int (*feature_probe_fn)(FeatureCache *c, Feature *f, void *userdata);
+void feature_cache_set_prober(FeatureCache *c, feature_probe_fn fn, void *userdata);
+/* The lookup of a probing feature ended: error < 0 (-ENOENT: no stored copy after all;
+ * -EBADMSG: a damaged one, removed), or e describes the stored copy (its fd and
+ * descriptor taken over here, in every case). The feature then gets its region and its
+ * data is read through the loader, or it FAILS with the error. */
+void feature_probe_done(Feature *f, int error, FeatureStoreEntry *e);
+/* FAILED at its stored copy's lookup (gone, damaged header, unreadable, or not the size
+ * the store's index had): nothing of it was read, and the store no longer offers the
+ * key, so asking again is a miss. A failed read of the data is not this. */
+bool feature_lookup_failed(const Feature *f);
 /* Changes the budget; evicts down to it. */
 void feature_cache_set_budget(FeatureCache *c, uint64_t budget_bytes);
 const FeatureStats *feature_cache_stats(FeatureCache *c);

@@ -10,6 +10,7 @@
  * direct socket, and over a private dbus-daemon (OVER_BUS). */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +81,12 @@ static void setup_bounded(void) {
  * data, 1500 ms longer: the fault library) and [Features] ReadBackTimeout=300ms. */
 static void setup_slow_store(void) {
         start_with_store("ReadBackTimeout=300ms\n", "1500:65536:");
+}
+
+/* A store on a disk that stalls on every read of its files, the smallest too (a
+ * header's 64 bytes): 700 ms longer each. */
+static void setup_slow_disk(void) {
+        start_with_store("", "700:1:");
 }
 
 static void teardown(void) {
@@ -633,6 +640,7 @@ static bool no_handles(void *userdata) {
 
 typedef struct Answer {
         int order;
+        uint64_t at; /* CLOCK_MONOTONIC, µs */
         char result[32];
         char error[128];
 } Answer;
@@ -643,6 +651,7 @@ static int on_answer(sd_bus_message *m, void *userdata, sd_bus_error *error) {
         Answer *a = userdata;
         const char *s = NULL;
         a->order = ++answered;
+        a->at = now_usec(CLOCK_MONOTONIC);
         if (sd_bus_message_is_method_error(m, NULL))
                 snprintf(a->error, sizeof a->error, "%s", sd_bus_message_get_error(m)->name);
         else if (sd_bus_message_read(m, "s", &s) > 0)
@@ -653,18 +662,23 @@ static int on_answer(sd_bus_message *m, void *userdata, sd_bus_error *error) {
 /* Publishes keys[0] and keys[1], 12 MiB each (bytes seeded 7 and 8): two do not fit the
  * 16 MiB cache, so keys[1] takes keys[0]'s room and keys[0] goes to the store. Returns
  * their size. */
-static uint64_t publish_big(epd_client *enc, const char *const keys[2]) {
+/* Publishes key, 12 MiB of bytes seeded `seed`: its size. */
+static uint64_t publish_one(epd_client *enc, const char *key, uint8_t seed) {
         epd_feature_tensor t[2];
         uint64_t bytes;
         size_t n = bundle(96 * 1024, t, &bytes);
         epd_feature *p;
 
-        for (int i = 0; i < 2; i++) {
-                ck_assert_int_eq(epd_feature_reserve(enc, keys[i], bytes, t, n, NULL, &p), 0);
-                fill(p->data, bytes, (uint8_t)(7 + i));
-                ck_assert_int_eq(epd_feature_publish(enc, p, 10), 0);
-                epd_feature_release(enc, p);
-        }
+        ck_assert_int_eq(epd_feature_reserve(enc, key, bytes, t, n, NULL, &p), 0);
+        fill(p->data, bytes, seed);
+        ck_assert_int_eq(epd_feature_publish(enc, p, 10), 0);
+        epd_feature_release(enc, p);
+        return bytes;
+}
+
+static uint64_t publish_big(epd_client *enc, const char *const keys[2]) {
+        uint64_t bytes = publish_one(enc, keys[0], 7);
+        (void)publish_one(enc, keys[1], 8);
         ck_assert(harness_wait_for(stored, (void *)keys[0], 10000));
         return bytes;
 }
@@ -722,10 +736,16 @@ START_TEST(test_load_off_loop) {
         ck_assert(same(w->data, bytes, 8));
         epd_feature_release(pre, w);
 
-        /* A truncated stored copy is a named error, and is removed: the next producer
-         * makes the feature afresh. */
+        /* A stored copy whose data is damaged (not the bytes published: its CRC32C) is a
+         * named error once read, and is removed: the next producer makes the feature
+         * afresh. */
         store_path(keys[0], path, sizeof path);
-        ck_assert_int_eq(truncate(path, 4096), 0);
+        struct stat st;
+        ck_assert_int_eq(stat(path, &st), 0);
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(pwrite(fd, "\xff", 1, st.st_size - 1), 1); /* the data's last byte (seeded 7) */
+        close(fd);
         ck_assert_int_eq(epd_feature_acquire(pre, keys[0], false, &w), -EIO);
         ck_assert_str_eq(epd_last_error_name(pre), "org.epd1.Error.Failed");
         ck_assert_int_ne(access(path, F_OK), 0);
@@ -733,6 +753,18 @@ START_TEST(test_load_off_loop) {
         ck_assert_int_eq(epd_feature_acquire(pre, keys[0], true, &w), 0);
         ck_assert_str_eq(w->result, "produce");
         epd_feature_release(pre, w);
+        (void)publish_one(enc, keys[0], 7);
+        /* One whose header does not match its size (truncated) is no stored copy: found
+         * off the loop, removed, and the Acquire that found it is a miss, told to
+         * produce in that same call. */
+        ck_assert(harness_wait_for(stored, (void *)keys[1], 10000)); /* big:0 took its room */
+        store_path(keys[1], path, sizeof path);
+        ck_assert_int_eq(truncate(path, 4096), 0);
+        ck_assert_int_eq(epd_feature_acquire(pre, keys[1], true, &w), 0);
+        ck_assert_str_eq(w->result, "produce");
+        ck_assert_int_ne(access(path, F_OK), 0);
+        epd_feature_release(pre, w);
+        ck_assert_int_eq(epd_feature_acquire(pre, keys[1], false, &w), -ENOENT);
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
         epd_disconnect(enc);
         epd_disconnect(pre);
@@ -809,6 +841,96 @@ START_TEST(test_read_back_timeout) {
         ck_assert_str_eq(w->result, "hit");
         ck_assert(same(w->data, bytes, 8));
         epd_feature_release(pre, w);
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+}
+END_TEST
+
+/* A stored feature's lookup (its file's open, header, key and descriptor) is made off
+ * the event loop as its data's read is: on a disk that stalls on every read, calls that
+ * came after its Acquire are answered at once, not after the header's reads (1.4 s here
+ * when they were made on the loop). A copy gone from the directory behind the store's
+ * back is a named error to the Acquire that found it, and then a miss. */
+START_TEST(test_lookup_off_loop) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        const char *keys[] = { "big:0", "big:1" };
+        uint64_t bytes = publish_big(enc, keys);
+        epd_feature *w;
+        char path[400];
+
+        uint64_t loaded = stat_u64(pre, "Loaded");
+        sd_bus *bus;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        const char *dest = harness_destination(&h);
+        ck_assert_int_ge(harness_raw_bus(&h, &bus), 0);
+        ck_assert_int_ge(sd_bus_call_method(bus, dest, "/org/epd1", "org.epd1.Manager", "RegisterWorker", &e,
+                                            &reply, "sssa{sv}", "prefill", "raw", "cpu", 0), 0);
+        reply = sd_bus_message_unref(reply);
+        Answer acquire = {}, gets[3] = {};
+        answered = 0;
+        uint64_t t0 = now_usec(CLOCK_MONOTONIC);
+        ck_assert_int_ge(sd_bus_call_method_async(bus, NULL, dest, "/org/epd1/feature", "org.epd1.Feature",
+                                                  "Acquire", on_answer, &acquire, "sb", keys[0], 0), 0);
+        for (int i = 0; i < 3; i++)
+                ck_assert_int_ge(sd_bus_call_method_async(bus, NULL, dest, "/org/epd1",
+                                                          "org.freedesktop.DBus.Properties", "Get", on_answer,
+                                                          &gets[i], "ss", "org.epd1.Manager", "HostId"), 0);
+        while (answered < 4) {
+                int r = sd_bus_process(bus, NULL);
+                ck_assert_int_ge(r, 0);
+                if (r == 0)
+                        ck_assert_int_ge(sd_bus_wait(bus, 30 * 1000000ULL), 0);
+        }
+        for (int i = 0; i < 3; i++) {
+                ck_assert_str_eq(gets[i].error, "");
+                ck_assert_msg(gets[i].at - t0 < 1000 * 1000, "Get %d answered after %" PRIu64 " ms", i,
+                              (gets[i].at - t0) / 1000);
+                ck_assert_msg(gets[i].order < acquire.order, "Get answered %d, Acquire %d", gets[i].order,
+                              acquire.order);
+        }
+        ck_assert_str_eq(acquire.error, "");
+        ck_assert_str_eq(acquire.result, "hit");
+        ck_assert_uint_ge(acquire.at - t0, 3 * 700 * 1000); /* header, key and descriptor, data */
+        ck_assert_uint_eq(stat_u64(pre, "Loaded"), loaded + 1);
+        ck_assert_int_eq(epd_feature_acquire(pre, keys[0], false, &w), 0);
+        ck_assert_str_eq(w->result, "hit");
+        ck_assert(same(w->data, bytes, 7));
+        epd_feature_release(pre, w);
+        sd_bus_flush_close_unref(bus);
+        ck_assert(harness_wait_for(no_handles, NULL, 10000));
+
+        /* big:1, stored since big:0 came back, removed behind the store's back: the
+         * Acquire that finds it gone is a miss (told to produce; NotFound without
+         * may_produce), as if it had never been stored. */
+        ck_assert(harness_wait_for(stored, (void *)keys[1], 10000));
+        store_path(keys[1], path, sizeof path);
+        ck_assert_int_eq(unlink(path), 0);
+        uint64_t misses = stat_u64(pre, "Misses");
+        ck_assert_int_eq(epd_feature_acquire(pre, keys[1], true, &w), 0);
+        ck_assert_str_eq(w->result, "produce");
+        ck_assert_uint_eq(stat_u64(pre, "Misses"), misses + 1);
+        epd_feature_release(pre, w);
+        ck_assert_int_eq(epd_feature_acquire(pre, keys[1], false, &w), -ENOENT);
+        ck_assert_str_eq(epd_last_error_name(pre), "org.epd1.Error.NotFound");
+        /* big:0's file, holding another key now (as after a collision of the 128-bit
+         * names, or damage): not read as big:0, left, a miss; not opened again on every
+         * Acquire after. big:1 published anew takes big:0's room (big:0 was read back:
+         * its file stays, and is not written again). */
+        (void)publish_one(enc, keys[1], 8);
+        store_path(keys[0], path, sizeof path);
+        ck_assert_int_eq(access(path, F_OK), 0);
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(pwrite(fd, "big:9", 5, 64), 5); /* the key, after the 64-byte header */
+        close(fd);
+        ck_assert_int_eq(epd_feature_acquire(pre, keys[0], true, &w), 0);
+        ck_assert_str_eq(w->result, "produce");
+        epd_feature_release(pre, w);
+        t0 = now_usec(CLOCK_MONOTONIC);
+        ck_assert_int_eq(epd_feature_acquire(pre, keys[0], false, &w), -ENOENT);
+        ck_assert_msg(now_usec(CLOCK_MONOTONIC) - t0 < 700 * 1000, "the file was read again");
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
         epd_disconnect(enc);
         epd_disconnect(pre);
 }
@@ -1272,5 +1394,10 @@ int main(void) {
         tcase_set_timeout(tr, 60);
         tcase_add_test(tr, test_read_back_timeout);
         suite_add_tcase(s, tr);
+        TCase *td = tcase_create("slow-disk");
+        tcase_add_checked_fixture(td, setup_slow_disk, teardown);
+        tcase_set_timeout(td, 60);
+        tcase_add_test(td, test_lookup_off_loop);
+        suite_add_tcase(s, td);
         return check_run(s, CK_FORK_GETENV);
 }

@@ -186,15 +186,18 @@ START_TEST(test_bad_files) {
         FeatureStoreEntry e = { .fd = -EBADF };
 
         ck_assert_int_eq(feature_store_lookup(s, "missing", &e), -ENOENT);
-        /* a file holding another key (as after a name collision) is a miss, and stays */
+        /* a file holding another key (as after a name collision) is a miss, and stays;
+         * its name leaves the index (not opened again for keyB) */
         ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "keyA", .size = 4, .desc = d }, "AAAA"), 0);
         feature_store_name("keyA", a);
         feature_store_name("keyB", b);
         snprintf(pa, sizeof pa, "%s/%s", root, a);
         snprintf(pb, sizeof pb, "%s/%s", root, b);
         ck_assert_int_eq(rename(pa, pb), 0);
+        ck_assert(feature_store_has(s, "keyA", NULL));
         ck_assert_int_eq(feature_store_lookup(s, "keyB", &e), -ENOENT);
         ck_assert_int_eq(access(pb, F_OK), 0);
+        ck_assert(!feature_store_has(s, "keyB", NULL));
         /* a truncated file is refused and removed */
         ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "keyC", .size = 4, .desc = d }, "CCCC"), 0);
         feature_store_name("keyC", a);
@@ -271,6 +274,98 @@ START_TEST(test_bounded) {
         ck_assert_int_eq(feature_store_lookup(s, "k02", &e), -ENOENT); /* oldest went */
         ck_assert_int_eq(feature_store_remove(s, "k39"), 0);
         ck_assert_uint_eq(feature_store_bytes(s), bytes - one);
+        feature_store_free(s);
+}
+END_TEST
+
+static bool has_entry(FeatureStore *s, const char *key) {
+        FeatureStoreEntry e = { .fd = -EBADF };
+        int r = feature_store_lookup(s, key, &e);
+        feature_store_entry_done(&e);
+        return r == 0;
+}
+
+/* The index of stored names: a key without a file is answered without the disk, and
+ * the index follows saves, removals, trims, damaged files, files removed behind the
+ * store's back, and what a new open finds. */
+START_TEST(test_index) {
+        _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(1000);
+        char buf[1000] = {}, key[32], name[FEATURE_STORE_NAME_MAX], p[256];
+        FeatureStore *s = store_open();
+        uint64_t one;
+
+        ck_assert(!feature_store_has(s, "a", NULL));
+        ck_assert(!feature_store_has(s, "", NULL));
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "a", .size = 1000, .desc = d }, buf), 0);
+        uint64_t size = 0;
+        ck_assert(feature_store_has(s, "a", &size));
+        ck_assert_uint_eq(size, 1000); /* as saved */
+        ck_assert(!feature_store_has(s, "b", NULL));
+        ck_assert_int_eq(feature_store_remove(s, "a"), 0);
+        ck_assert(!feature_store_has(s, "a", NULL));
+        /* a second save of a key, and its removal: gone from the index */
+        for (int i = 0; i < 2; i++)
+                ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "a", .size = 1000, .desc = d }, buf),
+                                 0);
+        ck_assert_int_eq(feature_store_remove(s, "a"), 0);
+        ck_assert(!feature_store_has(s, "a", NULL));
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "b", .size = 1000, .desc = d }, buf), 0);
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "c", .size = 1000, .desc = d }, buf), 0);
+        one = feature_store_bytes(s) / 2;
+        feature_store_free(s);
+
+        /* What an open finds, and nothing else: other files in the root are no entries */
+        snprintf(p, sizeof p, "%s/notes.txt", root);
+        FILE *f = fopen(p, "we");
+        ck_assert_ptr_nonnull(f);
+        fclose(f);
+        snprintf(p, sizeof p, "%s/f-zz000000000000000000000000000000.feat", root);
+        f = fopen(p, "we");
+        ck_assert_ptr_nonnull(f);
+        fclose(f);
+        s = store_open();
+        ck_assert(feature_store_has(s, "b", &size));
+        ck_assert_uint_ge(size, 1000); /* found at open: a bound, the file less its header */
+        ck_assert_uint_lt(size, 1000 + 200);
+        ck_assert(feature_store_has(s, "c", NULL));
+        ck_assert(!feature_store_has(s, "a", NULL));
+        ck_assert(!feature_store_has(s, "notes", NULL));
+
+        /* removed behind the store's back: still indexed until a lookup finds it gone */
+        ck_assert_int_eq(feature_store_name("b", name), 0);
+        snprintf(p, sizeof p, "%s/%s", root, name);
+        ck_assert_int_eq(unlink(p), 0);
+        ck_assert(feature_store_has(s, "b", NULL));
+        ck_assert(!has_entry(s, "b"));
+        ck_assert(!feature_store_has(s, "b", NULL));
+        /* a damaged file: removed by the lookup, and from the index */
+        ck_assert_int_eq(feature_store_name("c", name), 0);
+        snprintf(p, sizeof p, "%s/%s", root, name);
+        ck_assert_int_eq(truncate(p, 100), 0);
+        ck_assert(!has_entry(s, "c"));
+        ck_assert(!feature_store_has(s, "c", NULL));
+        feature_store_free(s);
+
+        /* trimmed entries leave the index; every key's answer agrees with a lookup */
+        ck_assert_int_eq(feature_store_open(root, 4 * one + one / 2, &s), 0);
+        for (int i = 0; i < 12; i++) {
+                snprintf(key, sizeof key, "t%02d", i);
+                ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = key, .size = 1000, .desc = d }, buf),
+                                 0);
+                usleep(2000); /* distinct mtimes */
+        }
+        ck_assert_uint_gt(feature_store_trimmed(s), 0);
+        ck_assert(!feature_store_has(s, "t00", NULL));
+        ck_assert(feature_store_has(s, "t11", NULL));
+        int indexed = 0;
+        for (int i = 0; i < 12; i++) {
+                snprintf(key, sizeof key, "t%02d", i);
+                bool has = feature_store_has(s, key, NULL);
+                indexed += has;
+                ck_assert_msg(has == has_entry(s, key), "%s: indexed %d", key, has);
+        }
+        ck_assert_int_gt(indexed, 0);
+        ck_assert_int_lt(indexed, 12);
         feature_store_free(s);
 }
 END_TEST
@@ -373,6 +468,7 @@ int main(void) {
         tcase_add_test(tc, test_planted_symlink);
         tcase_add_test(tc, test_bad_files);
         tcase_add_test(tc, test_bounded);
+        tcase_add_test(tc, test_index);
         tcase_add_test(tc, test_cache_spill_load);
         tcase_add_test(tc, test_spill_thread);
         suite_add_tcase(s, tc);

@@ -905,6 +905,7 @@ START_TEST(test_async_load) {
         ck_assert_int_eq(feature_acquire(c, "k2", false, 0, &b, &res), 0);
         job.fd = safe_close(job.fd);
         feature_load_done(job.f, -EBADMSG);
+        ck_assert(!feature_lookup_failed(a->feature)); /* its data's read failed: an error */
         ck_assert_uint_eq(feature_cache_stats(c)->hits, hits);
         ck_assert_uint_eq(feature_cache_stats(c)->encoder_usec_saved, saved);
         ck_assert_int_eq(a->feature->state, FEATURE_FAILED);
@@ -961,6 +962,126 @@ START_TEST(test_async_load) {
 }
 END_TEST
 
+/* A prober that keeps the lookup, so that the test plays the load thread. */
+static struct {
+        Feature *f;
+        unsigned n;
+} probe;
+
+static int test_prober(FeatureCache *c, Feature *f, void *userdata) {
+        probe.f = f;
+        probe.n++;
+        return 0;
+}
+
+/* With a prober, the loop makes no lookup: an Acquire of a stored key is LOADING at
+ * once, its region reserved from the store's index; the lookup's result hands the read
+ * to the loader; a key the store's index does not have is a miss without a probe, and
+ * so is one the arenas have no room for; a lookup that finds the copy gone, or larger
+ * than the index said, FAILS the feature (its waiters told) and leaves the key free. */
+START_TEST(test_async_probe) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
+        char dir[] = "/tmp/test-feature-XXXXXX", cmd[64];
+        FeatureStore *st;
+        FeatureAcquireResult res;
+        FeatureRef *a, *b, *p;
+        FeatureDesc *d;
+        FeatureStoreEntry e = { .fd = -EBADF };
+
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        ck_assert_int_eq(feature_store_open(dir, 0, &st), 0);
+        feature_cache_set_store(c, st);
+        feature_cache_set_loader(c, test_loader, NULL);
+        feature_cache_set_prober(c, test_prober, NULL);
+        save(st, "k1", 3 * CHUNK, 0x5a);
+        job.n = probe.n = 0;
+
+        ck_assert_int_eq(feature_acquire(c, "k1", true, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        ck_assert_uint_eq(probe.n, 1);
+        ck_assert_uint_eq(job.n, 0);
+        ck_assert(feature_loading(a->feature));
+        ck_assert_int_eq(a->feature->state, FEATURE_RESERVED);
+        ck_assert(a->feature->has_region); /* of the size the store's index has */
+        ck_assert_uint_ge(a->feature->size, 3 * CHUNK);
+        ck_assert_int_eq(feature_acquire(c, "k1", false, 0, &b, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        ck_assert_uint_eq(probe.n, 1);
+        d = desc_bytes(CHUNK);
+        ck_assert_int_eq(feature_reserve(c, "k1", CHUNK, &d, NULL, &p, NULL), -EBUSY);
+        feature_desc_free(d);
+        /* the thread's lookup, then the loop's part: a region, and the read queued */
+        ck_assert_int_eq(feature_store_lookup(st, "k1", &e), 0);
+        feature_probe_done(probe.f, 0, &e);
+        ck_assert_int_lt(e.fd, 0); /* taken over */
+        ck_assert_uint_eq(job.n, 1);
+        ck_assert_uint_eq(job.size, 3 * CHUNK);
+        ck_assert(a->feature->has_region);
+        ck_assert(feature_loading(a->feature));
+        FeatureStoreEntry r = { .fd = job.fd, .size = job.size, .crc = job.crc };
+        ck_assert_int_eq(feature_store_entry_read(&r, job.dst), 0);
+        job.fd = safe_close(job.fd);
+        feature_load_done(job.f, 0);
+        ck_assert_int_eq(a->feature->state, FEATURE_READY);
+        ck_assert_uint_eq(((uint8_t *)feature_data(a->feature))[3 * CHUNK - 1], 0x5a);
+        ck_assert_uint_eq(feature_cache_stats(c)->hits, 2);
+        feature_ref_release(a);
+        feature_ref_release(b);
+
+        /* not in the store's index: a miss at once, nothing probed */
+        ck_assert_int_eq(feature_acquire(c, "absent", false, 0, &a, &res), -ENOENT);
+        ck_assert_int_eq(feature_acquire(c, "absent", true, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        ck_assert_uint_eq(probe.n, 1);
+        feature_ref_release(a);
+
+        /* the copy is gone when the thread looks */
+        uint64_t features = feature_cache_stats(c)->n_features;
+        save(st, "k2", CHUNK, 2);
+        ck_assert_int_eq(feature_acquire(c, "k2", false, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        ck_assert_int_eq(feature_store_remove(st, "k2"), 0);
+        e = (FeatureStoreEntry){ .fd = -EBADF };
+        feature_probe_done(probe.f, feature_store_lookup(st, "k2", &e), &e);
+        ck_assert_int_eq(a->feature->state, FEATURE_FAILED);
+        ck_assert(feature_lookup_failed(a->feature)); /* asked again, it is a miss */
+        ck_assert_int_eq(last_error, -ENOENT);
+        ck_assert_ptr_null(feature_cache_get(c, "k2"));
+        feature_ref_release(a);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_features, features);
+
+        /* a copy larger than every arena: no room is said at once, as for any miss
+         * (nothing probed): a miss, the producer told to produce */
+        save(st, "huge", (ARENA_CHUNKS + 1) * CHUNK, 3);
+        ck_assert_int_eq(feature_acquire(c, "huge", false, 0, &a, &res), -ENOENT);
+        ck_assert_int_eq(feature_acquire(c, "huge", true, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        ck_assert_uint_eq(probe.n, 2);
+        feature_ref_release(a);
+
+        /* a stored copy larger than the index said (its region): FAILS, not read */
+        save(st, "k3", CHUNK, 3);
+        ck_assert_int_eq(feature_acquire(c, "k3", false, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        ck_assert_int_eq(feature_store_lookup(st, "k3", &e), 0);
+        e.size = a->feature->size + 1;
+        feature_probe_done(probe.f, 0, &e);
+        ck_assert_int_lt(e.fd, 0);
+        ck_assert_int_eq(a->feature->state, FEATURE_FAILED);
+        ck_assert_int_eq(last_error, -EBADMSG);
+        ck_assert_ptr_null(feature_cache_get(c, "k3"));
+        feature_ref_release(a);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 0);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
+        ck_assert_uint_eq(job.n, 1);
+
+        feature_cache_free(TAKE_PTR(c)); /* before the store it uses */
+        feature_store_free(st);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("feature");
         TCase *tc = tcase_create("feature");
@@ -979,6 +1100,7 @@ int main(void) {
         tcase_add_test(tc, test_refused_claim_of_announced);
         tcase_add_test(tc, test_journal_longest_key);
         tcase_add_test(tc, test_async_load);
+        tcase_add_test(tc, test_async_probe);
         suite_add_tcase(s, tc);
         int r = check_run(s, CK_FORK_GETENV);
         free(arena_mem);

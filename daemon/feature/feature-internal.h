@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* Internal to feature/: the cache's structures and the helpers its files share
+ * (feature.c: the cache; feature-replay.c: its journal's replay, snapshot and the
+ * drop of an arena's features). The API is feature.h. */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "feature/feature-alloc.h"
+#include "feature/feature.h"
+#include "hashmap.h"
+#include "macro.h"
+
+typedef struct CacheArena {
+        uint32_t index;
+        uint8_t *base;
+        FeatureAllocator *alloc;
+        uint64_t evictable; /* eviction_could_help()'s count, valid during its call */
+} CacheArena;
+
+struct FeatureCache {
+        FeatureCacheConfig config;
+        Hashmap *features; /* key → Feature, RESERVED and READY only */
+        CacheArena *arenas;
+        size_t n_arenas;
+        QUEUE_HEAD(Feature, lru);                 /* first: coldest */
+        QUEUE_HEAD(Feature, announced); /* first: earliest deadline */
+        FeatureStats stats;
+        FeatureStore *store;
+        feature_state_cb cb;
+        void *userdata;
+        feature_spill_fn spill_fn;
+        void *spill_userdata;
+        feature_load_fn load_fn;
+        void *load_userdata;
+        feature_probe_fn probe_fn;
+        void *probe_userdata;
+        feature_journal_fn journal_fn;
+        void *journal_userdata;
+        /* Keys whose READY the replay could not take back (the arena is cut or used
+         * differently now): journaled GONE once the journal is set. */
+        char **skipped;
+        size_t n_skipped;
+};
+
+/* Private flags kept beside the public fields. */
+typedef struct FeaturePriv {
+        Feature pub;
+        bool in_table;
+        bool on_disk; /* an identical copy is in the store */
+        bool loading; /* its data is being read back from the store (load_fn) */
+        bool probing; /* loading, its stored copy still being looked up (probe_fn) */
+        bool lookup_failed; /* FAILED at that lookup: no usable stored copy (no data read) */
+        uint32_t load_readers; /* Acquires answered by that read: hits once it lands */
+} FeaturePriv;
+
+#define PRIV(f) container_of(f, FeaturePriv, pub)
+
+CacheArena *feature_arena_of(const FeatureCache *c, uint32_t index);
+/* A new RESERVED feature for key in the table (counted). */
+int feature_entry_new(FeatureCache *c, const char *key, Feature **ret);
+/* Out of the table and queues. */
+void feature_entry_unlink(FeatureCache *c, Feature *f);
+void feature_entry_destroy(Feature *f);
+/* Destroyed unless still in the table or referenced. */
+void feature_entry_maybe_destroy(Feature *f);
+/* In the LRU exactly when READY and unreferenced. */
+void feature_lru_update(FeatureCache *c, Feature *f);
+/* Its region back to the arena (a READY one's GONE journaled first). */
+void feature_region_release(FeatureCache *c, Feature *f);

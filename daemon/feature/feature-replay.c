@@ -1,0 +1,173 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* The feature cache's journal (docs/wal.md): its records replayed at start, its
+ * snapshot, and the drop of the features of an arena whose bytes are gone. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "feature/feature-internal.h"
+#include "log.h"
+
+/* A key's READY skipped by the replay, or (!skipped) a later READY or GONE of it. */
+static void replay_note_skipped(FeatureCache *c, const char *key, bool skipped) {
+        for (size_t i = 0; i < c->n_skipped; i++)
+                if (strcmp(c->skipped[i], key) == 0) {
+                        if (!skipped) {
+                                free(c->skipped[i]);
+                                c->skipped[i] = c->skipped[--c->n_skipped];
+                        }
+                        return;
+                }
+        if (!skipped)
+                return;
+        char **v = reallocarray(c->skipped, c->n_skipped + 1, sizeof *v);
+        if (v)
+                c->skipped = v;
+        if (!v || !(c->skipped[c->n_skipped] = strdup(key)))
+                log_warning("Feature %s: skipped at replay, and no memory left to journal that it is gone.", key);
+        else
+                c->n_skipped++;
+}
+
+static void replayed_drop(FeatureCache *c, Feature *f) {
+        feature_region_release(c, f); /* no journal is set during the replay */
+        feature_entry_unlink(c, f);
+        feature_entry_maybe_destroy(f);
+}
+
+/* A well-formed READY of key: the feature back in its region, or why not. */
+static int apply_ready(FeatureCache *c, const FeatureRecord *rec, const char *key) {
+        _cleanup_(feature_desc_freep) FeatureDesc *desc = NULL;
+        CacheArena *a;
+        Feature *f;
+        uint64_t size;
+        int r;
+
+        f = hashmap_get(c->features, key);
+        if (f)
+                replayed_drop(c, f);
+        a = feature_arena_of(c, rec->arena);
+        if (!a)
+                return -ENODEV;
+        r = feature_desc_parse(rec->desc, rec->desc_len, rec->bytes, &desc, NULL);
+        if (r < 0)
+                return -EBADMSG;
+        if (c->stats.n_features >= c->config.max_features)
+                return -EDQUOT;
+        r = feature_allocator_alloc_at(a->alloc, rec->offset, rec->bytes, &size);
+        if (r < 0)
+                return r;
+        if (size != rec->size) {
+                /* Well-formed, but the arena is cut differently now (its PageSize=
+                 * changed): the region is not what was journaled; drop the feature. */
+                (void)feature_allocator_release(a->alloc, rec->offset);
+                return -ESTALE;
+        }
+        r = feature_entry_new(c, key, &f);
+        if (r < 0) {
+                (void)feature_allocator_release(a->alloc, rec->offset);
+                return r;
+        }
+        f->has_region = true;
+        f->arena = rec->arena;
+        f->offset = rec->offset;
+        f->size = size;
+        f->bytes = rec->bytes;
+        f->desc = TAKE_PTR(desc);
+        f->request_id = rec->request_id;
+        f->encode_usec = rec->encode_usec;
+        f->state = FEATURE_READY;
+        c->stats.bytes_cached += size;
+        feature_lru_update(c, f);
+        return 0;
+}
+
+int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *payload, size_t len) {
+        char key[FEATURE_KEY_MAX + 1];
+        FeatureRecord rec;
+        Feature *f;
+        int r;
+
+        if (!c || c->journal_fn)
+                return -EBUSY; /* only before the journal is set: at start */
+        switch (type & 0xff) {
+        case FEATURE_REC_GONE:
+                if (!payload || len == 0 || len > FEATURE_KEY_MAX || memchr(payload, 0, len))
+                        return -EBADMSG;
+                memcpy(key, payload, len);
+                key[len] = 0;
+                replay_note_skipped(c, key, false);
+                f = hashmap_get(c->features, key);
+                if (!f)
+                        return -ENOENT;
+                replayed_drop(c, f);
+                return 0;
+        case FEATURE_REC_READY:
+                break;
+        default:
+                return -EBADMSG;
+        }
+        r = feature_record_ready_parse(payload, len, &rec);
+        if (r < 0)
+                return r;
+        memcpy(key, rec.key, rec.key_len);
+        key[rec.key_len] = 0;
+        /* One that cannot come back is journaled GONE after the replay: a later start
+         * that could take it back must not, over the bytes written there since. */
+        r = apply_ready(c, &rec, key);
+        replay_note_skipped(c, key, r < 0);
+        return r;
+}
+
+int feature_cache_snapshot(FeatureCache *c, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
+                           void *userdata, uint16_t type_base) {
+        size_t it = 0;
+        void *v;
+        int r;
+
+        if (!c)
+                return 0;
+        while (hashmap_iterate(c->features, &it, &v, NULL)) {
+                Feature *f = v;
+                _cleanup_(freep) void *buf = NULL;
+                size_t len;
+
+                if (f->state != FEATURE_READY || !f->has_region || !f->desc)
+                        continue;
+                r = feature_record_ready_encode(f, &buf, &len);
+                if (r < 0)
+                        return r;
+                r = add(userdata, type_base + FEATURE_REC_READY, buf, len);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+uint64_t feature_cache_drop_arena(FeatureCache *c, uint32_t arena) {
+        uint64_t n = 0;
+        size_t it = 0;
+        void *v;
+
+        if (!c)
+                return 0;
+        /* Collected in one pass, then dropped (a rescan after each was quadratic). */
+        _cleanup_(freep) Feature **gone = calloc(MAX(hashmap_size(c->features), (size_t)1), sizeof *gone);
+        while (hashmap_iterate(c->features, &it, &v, NULL)) {
+                Feature *f = v;
+                if (!f->has_region || f->arena != arena || f->state != FEATURE_READY)
+                        continue;
+                if (!gone) {
+                        /* No memory for the list: one at a time, the scan started over
+                         * (none may stay: its bytes are gone). */
+                        replayed_drop(c, f); /* journals GONE once the journal is set */
+                        n++;
+                        it = 0;
+                        continue;
+                }
+                gone[n++] = f;
+        }
+        for (uint64_t i = 0; gone && i < n; i++)
+                replayed_drop(c, gone[i]);
+        return n;
+}
