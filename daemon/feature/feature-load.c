@@ -198,17 +198,25 @@ static void queue_job(FeatureLoader *l, LoadJob *j) {
         pthread_mutex_unlock(&l->lock);
 }
 
-int feature_loader_probe(FeatureCache *c, Feature *f, void *userdata) {
-        FeatureLoader *l = userdata;
+/* A job for f (its key copied: the feature may go while the thread works). */
+static LoadJob *job_new(Feature *f) {
         LoadJob *j = calloc(1, sizeof *j);
 
         if (!j)
+                return NULL;
+        *j = (LoadJob) { .feature = f, .fd = -EBADF, .entry.fd = -EBADF, .key = strdup(f->key) };
+        if (!j->key)
+                return job_free(j);
+        return j;
+}
+
+int feature_loader_probe(FeatureCache *c, Feature *f, void *userdata) {
+        FeatureLoader *l = userdata;
+        LoadJob *j = job_new(f);
+
+        if (!j)
                 return -ENOMEM;
-        *j = (LoadJob) { .feature = f, .probe = true, .fd = -EBADF, .entry.fd = -EBADF, .key = strdup(f->key) };
-        if (!j->key) {
-                job_free(j);
-                return -ENOMEM;
-        }
+        j->probe = true;
         queue_job(l, j);
         l->stats.probed++;
         return 0;
@@ -217,23 +225,16 @@ int feature_loader_probe(FeatureCache *c, Feature *f, void *userdata) {
 int feature_loader_queue(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, uint32_t crc,
                          void *userdata) {
         FeatureLoader *l = userdata;
-        LoadJob *j = calloc(1, sizeof *j);
+        LoadJob *j = job_new(f);
 
         if (!j) {
                 safe_close(fd);
                 return -ENOMEM;
         }
-        j->entry.fd = -EBADF;
         j->fd = fd;
-        j->feature = f;
         j->dst = dst;
         j->size = size;
         j->crc = crc;
-        j->key = strdup(f->key);
-        if (!j->key) {
-                job_free(j);
-                return -ENOMEM;
-        }
         queue_job(l, j);
         l->stats.queued++;
         return 0;
