@@ -235,37 +235,48 @@ typedef struct AcquireAgain {
         sd_bus_message_handler_t method;
 } AcquireAgain;
 
+static void acquire_again_free(void *userdata) {
+        AcquireAgain *a = userdata;
+        sd_bus_message_unref(a->msg);
+        free(a);
+}
+
 static int acquire_again(sd_event_source *s, void *userdata) {
         AcquireAgain *a = userdata;
         _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
         int r;
 
-        sd_event_source_disable_unref(s);
         r = sd_bus_message_rewind(a->msg, true);
         if (r >= 0)
                 r = a->method(a->msg, a->m, &error);
+        /* Named as the vtable's wrapper names a handler's refusal. */
+        r = bus_glue_name_error(&error, r, sd_bus_message_get_interface(a->msg), sd_bus_message_get_member(a->msg));
         if (sd_bus_error_is_set(&error))
                 (void)sd_bus_reply_method_error(a->msg, &error);
         else if (r < 0)
                 (void)bus_glue_reply_errno(a->msg, r, "Cannot answer the Acquire.");
-        sd_bus_message_unref(a->msg);
-        free(a);
+        sd_event_source_disable_unref(s); /* frees a (acquire_again_free) */
         return 0;
 }
 
 static int acquire_later(AcquireCall *call) {
+        sd_event_source *s = NULL;
         AcquireAgain *a = malloc(sizeof *a);
         int r;
 
         if (!a)
                 return -ENOMEM;
         *a = (AcquireAgain) { .m = call->m, .msg = sd_bus_message_ref(call->msg), .method = call->method };
-        r = sd_event_add_defer(call->m->event, NULL, acquire_again, a);
+        r = sd_event_add_defer(call->m->event, &s, acquire_again, a);
         if (r < 0) {
-                sd_bus_message_unref(a->msg);
-                free(a);
+                acquire_again_free(a);
+                return r;
         }
-        return r;
+        /* Owned by the loop from here: freed after it runs, or with the loop at exit. */
+        (void)sd_event_source_set_destroy_callback(s, acquire_again_free);
+        (void)sd_event_source_set_floating(s, true);
+        sd_event_source_unref(s);
+        return 0;
 }
 
 static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {

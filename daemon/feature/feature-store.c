@@ -574,6 +574,15 @@ int feature_store_remove(FeatureStore *s, const char *key) {
         return r;
 }
 
+void feature_store_forget(FeatureStore *s, const char *key) {
+        StoreName nm;
+        size_t n = key ? strlen(key) : 0;
+        if (n == 0)
+                return;
+        name_of(key, n, &nm);
+        index_del_locked(s, &nm);
+}
+
 int feature_store_usage(FeatureStore *s, uint64_t *ret_files, uint64_t *ret_bytes) {
         uint64_t files = 0, bytes = 0;
         struct dirent *de;

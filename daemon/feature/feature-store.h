@@ -87,6 +87,9 @@ int feature_store_entry_read(FeatureStoreEntry *e, void *dst);
 void feature_store_entry_done(FeatureStoreEntry *e);
 
 int feature_store_remove(FeatureStore *s, const char *key);
+/* Drops key's name from the index, its file (if any) left as it is: a lookup that found
+ * no usable copy, for whatever reason, is not tried again until the next save or scan. */
+void feature_store_forget(FeatureStore *s, const char *key);
 
 /* Number of entries and bytes in the root (a directory scan; for stats and tests). */
 int feature_store_usage(FeatureStore *s, uint64_t *ret_files, uint64_t *ret_bytes);

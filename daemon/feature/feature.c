@@ -655,6 +655,11 @@ void feature_probe_done(Feature *f, int error, FeatureStoreEntry *e) {
         if (r >= 0)
                 r = load_describe(f, e);
         PRIV(f)->lookup_failed = r < 0;
+        if (r < 0)
+                /* Whatever the reason (gone, damaged, another key's, out of file
+                 * descriptors, not the size the index had): not tried again, so that the
+                 * Acquires asked again are misses, not this lookup once more. */
+                feature_store_forget(c->store, f->key);
         if (r >= 0)
                 r = c->load_fn(c, f, TAKE_FD(e->fd), feature_data(f), f->bytes, e->crc, c->load_userdata);
         if (r < 0 && error >= 0)

@@ -1050,13 +1050,27 @@ START_TEST(test_async_probe) {
         feature_ref_release(a);
         ck_assert_uint_eq(feature_cache_stats(c)->n_features, features);
 
+        /* a lookup that fails for any other reason (here out of file descriptors):
+         * the key leaves the store's index all the same, its file left, so that asking
+         * again is a miss and not this lookup once more */
+        save(st, "k5", CHUNK, 5);
+        ck_assert_int_eq(feature_acquire(c, "k5", false, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        e = (FeatureStoreEntry){ .fd = -EBADF };
+        feature_probe_done(probe.f, -EMFILE, &e);
+        ck_assert(feature_lookup_failed(a->feature));
+        feature_ref_release(a);
+        ck_assert(!feature_store_has(st, "k5", NULL));
+        ck_assert_int_eq(feature_acquire(c, "k5", false, 0, &a, &res), -ENOENT);
+        ck_assert_uint_eq(probe.n, 3);
+
         /* a copy larger than every arena: no room is said at once, as for any miss
          * (nothing probed): a miss, the producer told to produce */
         save(st, "huge", (ARENA_CHUNKS + 1) * CHUNK, 3);
         ck_assert_int_eq(feature_acquire(c, "huge", false, 0, &a, &res), -ENOENT);
         ck_assert_int_eq(feature_acquire(c, "huge", true, 0, &a, &res), 0);
         ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
-        ck_assert_uint_eq(probe.n, 2);
+        ck_assert_uint_eq(probe.n, 3);
         feature_ref_release(a);
 
         /* a stored copy larger than the index said (its region): FAILS, not read */
@@ -1069,6 +1083,7 @@ START_TEST(test_async_probe) {
         ck_assert_int_lt(e.fd, 0);
         ck_assert_int_eq(a->feature->state, FEATURE_FAILED);
         ck_assert_int_eq(last_error, -EBADMSG);
+        ck_assert(!feature_store_has(st, "k3", NULL)); /* not looked up again */
         ck_assert_ptr_null(feature_cache_get(c, "k3"));
         feature_ref_release(a);
         ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 0);
