@@ -519,10 +519,15 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
         if (memcmp(buf, key, key_len) != 0) {
                 /* Another key's file under this key's name (a collision of the 128-bit
                  * names, or damage): left as it is, but the name leaves the index, or
-                 * every lookup of key would open it again. */
+                 * every lookup of key would open it again. Unless a save has just put
+                 * another file there (not the one read). */
                 StoreName nm;
+                struct stat now;
                 name_of(key, key_len, &nm);
-                index_del_locked(s, &nm);
+                pthread_mutex_lock(&s->lock);
+                if (fstatat(s->root_fd, name, &now, AT_SYMLINK_NOFOLLOW) < 0 || now.st_ino == st.st_ino)
+                        index_del_locked(s, &nm);
+                pthread_mutex_unlock(&s->lock);
                 return -ENOENT;
         }
         r = feature_desc_parse(buf + key_len, desc_len, size, &desc, NULL);
