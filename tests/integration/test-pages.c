@@ -801,11 +801,12 @@ START_TEST(test_ready_requests_share_sync) {
         uint64_t syncs = wal_syncs(c->bus) - before;
         printf("%u journaled requests in one burst: %" PRIu64 " fdatasyncs\n", N, syncs);
         ck_assert_uint_ge(syncs, 1);
-        /* Measured: 1–5 with the loop-idle urge on a quiet machine, 11 once under ASan in
-         * a loaded 2-core CI run; 10–12 (direct) and 3–41 (bus) without it. The bound is
-         * the one that holds under load: it catches a writer that syncs per request
-         * (64), not reliably the loss of the urge alone. */
-        ck_assert_uint_le(syncs, N / 4);
+        /* Measured: 1–5 with the loop-idle urge on a quiet machine, 1–14 under ASan alone
+         * on a 2-vCPU VM, 11 once under ASan in a loaded 2-core CI run and 18 once in a
+         * full ASan suite on that VM; 10–12 (direct) and 3–41 (bus) without it. The
+         * bound is the one that holds under load: it catches a writer that syncs per
+         * request (64), not reliably the loss of the urge alone. */
+        ck_assert_uint_le(syncs, N / 2);
         epd_disconnect(c);
 }
 END_TEST
