@@ -506,6 +506,16 @@ static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t
         }
 }
 
+/* f (RESERVED, no region) takes the region allocated for `bytes` (counted reserved). */
+static void region_set(FeatureCache *c, Feature *f, uint32_t arena, uint64_t off, uint64_t size, uint64_t bytes) {
+        f->has_region = true;
+        f->arena = arena;
+        f->offset = off;
+        f->size = size;
+        f->bytes = bytes;
+        c->stats.bytes_reserved += size;
+}
+
 /* Gives f (RESERVED, no region) a region and its descriptor. Changes nothing on
  * failure. */
 static int region_attach(FeatureCache *c, Feature *f, uint64_t bytes, uint64_t mask,
@@ -522,15 +532,10 @@ static int region_attach(FeatureCache *c, Feature *f, uint64_t bytes, uint64_t m
         r = region_alloc(c, bytes, false, mask, true, &arena, &off, &size);
         if (r < 0)
                 return r;
-        f->has_region = true;
-        f->arena = arena;
-        f->offset = off;
-        f->size = size;
-        f->bytes = bytes;
+        region_set(c, f, arena, off, size, bytes);
         f->desc = TAKE_PTR(*desc);
         if (request_id)
                 f->request_id = *request_id;
-        c->stats.bytes_reserved += size;
         return 0;
 }
 
@@ -576,14 +581,6 @@ static void load_finish(FeatureCache *c, Feature *f) {
         feature_lru_update(c, f);
 }
 
-/* Reads key back from the store into a mapped arena: -ENOENT at once when the
- * store's index has no copy of it. Synchronously without a loader (0: READY); with
- * one, the feature stays RESERVED while the loader reads its data off the loop (1:
- * feature_load_done() follows). With a prober as well, the header, key and descriptor
- * are read off the loop too (1: feature_probe_done(), then feature_load_done()); a
- * copy that turns out gone, damaged or without room FAILS the feature then, instead
- * of being this call's error. Without may_evict (Prefetch) only free space is used:
- * -ENOSPC rather than an eviction. */
 /* A new RESERVED feature for key with a region of `bytes` (mapped). */
 static int load_new(FeatureCache *c, const char *key, uint64_t bytes, bool may_evict, Feature **ret) {
         uint64_t off, size;
@@ -600,14 +597,16 @@ static int load_new(FeatureCache *c, const char *key, uint64_t bytes, bool may_e
                 (void)feature_allocator_release(feature_arena_of(c, arena)->alloc, off);
                 return r;
         }
-        f->has_region = true;
-        f->arena = arena;
-        f->offset = off;
-        f->size = size;
-        f->bytes = bytes;
-        c->stats.bytes_reserved += size;
+        region_set(c, f, arena, off, size, bytes);
         *ret = f;
         return 0;
+}
+
+/* Undoes load_new(): nobody has seen f. */
+static void load_drop(FeatureCache *c, Feature *f) {
+        feature_region_release(c, f);
+        feature_entry_unlink(c, f);
+        feature_entry_destroy(f);
 }
 
 /* f takes what the stored entry e says (its data fits f's region). */
@@ -633,9 +632,7 @@ static int load_begin(FeatureCache *c, const char *key, uint64_t bytes, bool may
         PRIV(f)->loading = PRIV(f)->probing = true;
         r = c->probe_fn(c, f, c->probe_userdata);
         if (r < 0) {
-                feature_region_release(c, f);
-                feature_entry_unlink(c, f);
-                feature_entry_destroy(f);
+                load_drop(c, f);
                 return r;
         }
         *ret = f;
@@ -670,6 +667,14 @@ void feature_probe_done(Feature *f, int error, FeatureStoreEntry *e) {
                 feature_load_done(f, r); /* FAILED, its waiters told */
 }
 
+/* Reads key back from the store into a mapped arena: -ENOENT at once when the
+ * store's index has no copy of it. Synchronously without a loader (0: READY); with
+ * one, the feature stays RESERVED while the loader reads its data off the loop (1:
+ * feature_load_done() follows). With a prober as well, the header, key and descriptor
+ * are read off the loop too (1: feature_probe_done(), then feature_load_done()); a
+ * copy that then turns out unusable FAILS the feature with feature_lookup_failed()
+ * (its Acquires are asked again: misses), instead of being this call's error. Without
+ * may_evict (Prefetch) only free space is used: -ENOSPC rather than an eviction. */
 static int load(FeatureCache *c, const char *key, bool may_evict, Feature **ret) {
         _cleanup_(feature_store_entry_done) FeatureStoreEntry e = { .fd = -EBADF };
         Feature *f;
@@ -698,9 +703,7 @@ static int load(FeatureCache *c, const char *key, bool may_evict, Feature **ret)
         } else
                 r = feature_store_entry_read(&e, feature_data(f));
         if (r < 0) {
-                feature_region_release(c, f);
-                feature_entry_unlink(c, f);
-                feature_entry_destroy(f);
+                load_drop(c, f);
                 return r;
         }
         load_finish(c, f);

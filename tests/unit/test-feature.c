@@ -462,6 +462,27 @@ START_TEST(test_pins) {
 }
 END_TEST
 
+/* A store in a fresh directory of its own (dir: TMP_STORE bytes), attached to c. */
+#define TMP_STORE "/tmp/test-feature-XXXXXX" /* mkdtemp's template */
+static FeatureStore *tmp_store_open(FeatureCache *c, char dir[static sizeof TMP_STORE]) {
+        FeatureStore *st;
+        memcpy(dir, TMP_STORE, sizeof TMP_STORE);
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        ck_assert_int_eq(feature_store_open(dir, 0, &st), 0);
+        feature_cache_set_store(c, st);
+        return st;
+}
+
+/* The store and its directory gone (the cache detached from it first). */
+static void tmp_store_close(FeatureCache *c, FeatureStore *st, const char *dir) {
+        char cmd[64];
+        if (c)
+                feature_cache_set_store(c, NULL);
+        feature_store_free(st);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        ck_assert_int_eq(system(cmd), 0);
+}
+
 static void save(FeatureStore *st, const char *key, uint64_t bytes, uint8_t fill) {
         _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(bytes);
         _cleanup_(freep) uint8_t *data = malloc(bytes);
@@ -543,12 +564,9 @@ START_TEST(test_prefetch) {
          * it, evicting) */
         {
                 _cleanup_(feature_cache_freep) FeatureCache *c3 = cache_new(16 * CHUNK);
-                char dir[] = "/tmp/test-feature-XXXXXX", cmd[64], k[8];
-                FeatureStore *st;
+                char dir[sizeof TMP_STORE], k[8];
+                FeatureStore *st = tmp_store_open(c3, dir);
 
-                ck_assert_ptr_nonnull(mkdtemp(dir));
-                ck_assert_int_eq(feature_store_open(dir, 0, &st), 0);
-                feature_cache_set_store(c3, st);
                 save(st, "s0", 4 * CHUNK, 0x10);
                 save(st, "s1", 4 * CHUNK, 0x11);
                 for (int i = 0; i < 3; i++) {
@@ -571,10 +589,7 @@ START_TEST(test_prefetch) {
                 ck_assert_uint_eq(feature_cache_stats(c3)->evictions, 1);
                 ck_assert_ptr_null(feature_cache_get(c3, "r0"));
                 feature_ref_release(q);
-                feature_cache_set_store(c3, NULL);
-                feature_store_free(st);
-                snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-                ck_assert_int_eq(system(cmd), 0);
+                tmp_store_close(c3, st, dir);
         }
         /* an announce that nobody waits on just goes */
         ck_assert_int_eq(feature_prefetch(c, "lonely", 0, &pr), 0);
@@ -851,16 +866,13 @@ static int test_loader(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t 
 
 START_TEST(test_async_load) {
         _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
-        char dir[] = "/tmp/test-feature-XXXXXX", cmd[64];
-        FeatureStore *st;
+        char dir[sizeof TMP_STORE];
+        FeatureStore *st = tmp_store_open(c, dir);
         FeaturePrefetchResult pr;
         FeatureAcquireResult res;
         FeatureRef *a, *b, *p;
         FeatureDesc *d;
 
-        ck_assert_ptr_nonnull(mkdtemp(dir));
-        ck_assert_int_eq(feature_store_open(dir, 0, &st), 0);
-        feature_cache_set_store(c, st);
         feature_cache_set_loader(c, test_loader, NULL);
         save(st, "k1", 3 * CHUNK, 0x5a);
 
@@ -956,9 +968,7 @@ START_TEST(test_async_load) {
         feature_ref_release(a);
         ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
 
-        feature_store_free(st);
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        ck_assert_int_eq(system(cmd), 0);
+        tmp_store_close(c, st, dir);
 }
 END_TEST
 
@@ -981,16 +991,13 @@ static int test_prober(FeatureCache *c, Feature *f, void *userdata) {
  * than the index said, FAILS the feature (its waiters told) and leaves the key free. */
 START_TEST(test_async_probe) {
         _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
-        char dir[] = "/tmp/test-feature-XXXXXX", cmd[64];
-        FeatureStore *st;
+        char dir[sizeof TMP_STORE];
+        FeatureStore *st = tmp_store_open(c, dir);
         FeatureAcquireResult res;
         FeatureRef *a, *b, *p;
         FeatureDesc *d;
         FeatureStoreEntry e = { .fd = -EBADF };
 
-        ck_assert_ptr_nonnull(mkdtemp(dir));
-        ck_assert_int_eq(feature_store_open(dir, 0, &st), 0);
-        feature_cache_set_store(c, st);
         feature_cache_set_loader(c, test_loader, NULL);
         feature_cache_set_prober(c, test_prober, NULL);
         save(st, "k1", 3 * CHUNK, 0x5a);
@@ -1091,9 +1098,7 @@ START_TEST(test_async_probe) {
         ck_assert_uint_eq(job.n, 1);
 
         feature_cache_free(TAKE_PTR(c)); /* before the store it uses */
-        feature_store_free(st);
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        ck_assert_int_eq(system(cmd), 0);
+        tmp_store_close(NULL, st, dir);
 }
 END_TEST
 
