@@ -412,7 +412,7 @@ def bench(args):
     # an 80 GB card), the baseline's model is freed while the split's rows run and built
     # again after them (the same seed: the same weights), then warmed up again.
     rebuilt = False
-    if m is not None and not _fits_beside(m, sum(serve.parse_layout(args.layout).values())):
+    if m is not None and not _fits_beside(m, serve.model_copies(serve.parse_layout(args.layout))):
         import gc
         import torch
         del m
@@ -480,14 +480,18 @@ def bench(args):
     return rows, placement
 
 
-def _fits_beside(m, n_workers: int) -> bool:
-    """Whether the GPU's free memory holds n_workers more copies of model m (each worker
-    builds its own), with an eighth to spare for activations and caches."""
+def _fits_beside(m, copies) -> bool:
+    """Whether the GPU's free memory holds the workers' copies of model m beside it
+    (serve.model_copies: whole models, and encoders' vision towers alone), with an
+    eighth to spare for activations and caches."""
     import torch
-    size = sum(p.numel() * p.element_size() for p in m.parameters())
+    from epd.workers import qwen3vl as q
+    size = copies["whole"] * sum(p.numel() * p.element_size() for p in m.parameters()) \
+        + copies["towers"] * q.tower_bytes(m)
     free, _ = torch.cuda.mem_get_info()
-    fits = free >= n_workers * size * 9 // 8
-    print(f"GPU memory free {free / 2**30:.1f} GiB; {n_workers} workers' models {n_workers * size / 2**30:.1f} GiB: "
+    fits = free >= size * 9 // 8
+    print(f"GPU memory free {free / 2**30:.1f} GiB; the workers' models ({copies['whole']} whole, "
+          f"{copies['towers']} vision towers alone) {size / 2**30:.1f} GiB: "
           f"{'fits' if fits else 'does not fit'} beside the baseline's", flush=True)
     return fits
 

@@ -148,6 +148,9 @@ class WorkersTest(unittest.TestCase):
         try:
             self.assertEqual(len(w.placement()), sum(serve.parse_layout(layout).values()))
             self.assertTrue(all(p["gpu"] == 0 for p in w.placement()))
+            self.assertTrue(all(p["pid"] for p in w.placement()))  # every process ready, encoders first
+            n = serve.parse_layout(layout)
+            self.assertEqual(serve.model_copies(n), {"whole": n["prefill"] + n["decode"], "towers": n["encoder"]})
             specs = [serve.Spec(serve.request_id_of(i), image_seed=i % 2 if i != 3 else None, text_seed=i,
                                 text_tokens=20 + 3 * i, max_new_tokens=8, branches=2 if i % 3 == 1 else 0,
                                 branch_tokens=10 + i)

@@ -49,6 +49,25 @@ def build_model(name: str = "small", device: str = "cuda", seed: int = 0, dtype=
     return m
 
 
+def keep_vision_tower(m):
+    """Frees all of model m but its vision tower (the config stays): what an encoder
+    process needs. The tower's weights are those build_model made with the whole model
+    (the same seed, drawn in the same order), so features match the colocated model's;
+    the 8B config's language model is ~16 GB of GPU memory an encoder never reads."""
+    import gc
+    m.model.language_model = None
+    m.lm_head = None
+    gc.collect()  # the modules refer to each other: freed by the collector
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return m
+
+
+def tower_bytes(m) -> int:
+    """The bytes of model m's vision tower's weights."""
+    return sum(p.numel() * p.element_size() for p in m.model.visual.parameters())
+
+
 class Request:
     """One image + text prompt, made deterministically from seeds (no processor). The
     pixels and their content key are made when first asked for: a prefill that reads the

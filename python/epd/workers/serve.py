@@ -166,10 +166,12 @@ class Synthetic:
 
 
 class Qwen3VL:
-    def __init__(self, name: str, device: str = "cuda"):
+    def __init__(self, name: str, device: str = "cuda", role: Optional[str] = None):
         from . import qwen3vl as q
         self.q = q
         self.model = q.build_model(name, device)
+        if role == "encoder":  # it runs the vision tower only
+            q.keep_vision_tower(self.model)
         cfg = self.model.config.text_config
         self.layers, self.kv_heads, self.head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
         self.dtype = "bfloat16"
@@ -222,10 +224,18 @@ class Qwen3VL:
         return self.q.Continue(self.model).run(kv, kv.prefix_tokens, ids, delta, kv, spec.max_new_tokens)
 
 
-def make_backend(name: str):
+def make_backend(name: str, role: Optional[str] = None):
+    """The backend a worker of `role` computes with (an encoder's real model keeps its
+    vision tower only)."""
     if name == "synthetic":
         return Synthetic()
-    return Qwen3VL(name)
+    return Qwen3VL(name, role=role)
+
+
+def model_copies(layout: Dict[str, int]) -> Dict[str, int]:
+    """What a layout's worker processes hold of the model: whole models (prefill and
+    decode workers) and vision towers alone (encoder workers)."""
+    return {"whole": layout["prefill"] + layout["decode"], "towers": layout["encoder"]}
 
 
 # ------------------------------------------------------------------------------------
@@ -323,7 +333,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
             ring_entries: int = 1024, kv_arena: str = "host0"):
     """One process: registers with epdd as `role`, then serves requests from the pipe."""
     try:
-        b = make_backend(backend_name)
+        b = make_backend(backend_name, role)
         device = None if backend_name == "synthetic" else "cuda"
         client = Client(address)
         elem = 2
@@ -530,8 +540,14 @@ class Workers:
         # chose, the workers' threads sleep at once (the spawned child inherits it).
         if saved_omp is None:
             os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        # A real model's encoder workers build the whole model (the seed's weights drawn
+        # in order) and then free all but the vision tower: the others start once the
+        # encoders are ready, so that the GPU never holds more whole models at once than
+        # the layout keeps.
         try:
             for role in ("encoder", "prefill", "decode"):
+                if role == "prefill":
+                    self._wait_ready(self.pools["encoder"])
                 for i in range(self.layout[role]):
                     gpu = n % gpus if gpus else None
                     n += 1
@@ -550,7 +566,10 @@ class Workers:
                 os.environ["CUDA_VISIBLE_DEVICES"] = saved
             if saved_omp is None:
                 os.environ.pop("OMP_WAIT_POLICY", None)
-        for w in self.procs():
+        self._wait_ready([w for w in self.procs() if not w.info])  # those not yet ready
+
+    def _wait_ready(self, procs: List["_Proc"]) -> None:
+        for w in procs:
             msg = w.conn.recv()
             if msg[0] != "ready":
                 self.close()
