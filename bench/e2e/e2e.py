@@ -403,10 +403,21 @@ def bench(args):
     base_reqs = specs(n, args.images, args.text_tokens, args.max_new, first=100, **kw)
     base = []
     m = None
+    # The data-parallel baseline (several colocated processes) likewise, a pass before
+    # the split's rows and one after.
+    dp_procs = (args.dp_procs or args.gpus) if args.gpus and (args.gpus > 1 or args.dp or args.dp_procs) else 0
+    base_dp = []
+
+    def dp_pass():
+        base_dp.append(colocated_dp(args.model, base_reqs, args.gpus, warm_specs(args, 1, salt="", first=900),
+                                    dp_procs))
+
     if args.backend != "synthetic":
         _, _, m = colocated(args.model, warm_specs(args, 2, salt="", first=900))  # warm-up
         res, wall = colocated(args.model, base_reqs, m=m)[:2]  # no second reference to the model
         base.append((res, wall))
+        if dp_procs:
+            dp_pass()
     # The worker processes each hold a model of their own beside this one; where the GPU
     # cannot hold them all (the 8B config's four copies and epdd's arenas need more than
     # an 80 GB card), the baseline's model is freed while the split's rows run and built
@@ -471,11 +482,15 @@ def bench(args):
         rows[-1]["encoder_image_ms"] = 1e3 * mean(r["image_s"] for r in res)
         rows[-1]["encoder_tower_ms"] = 1e3 * mean(r["tower_s"] for r in res)
         print(json.dumps(rows[-1]), flush=True)
-        if args.gpus and (args.gpus > 1 or args.dp or args.dp_procs):
-            n_procs = args.dp_procs or args.gpus
-            res, wall = colocated_dp(args.model, reqs, args.gpus, warm_specs(args, 1, salt="", first=900), n_procs)
-            rows.append(summarize(f"colocated data-parallel, {n_procs} processes on {args.gpus} GPU(s), no epd",
-                                  res, wall))
+        if dp_procs:
+            dp_pass()
+            res = [r for rs, _ in base_dp for r in rs]
+            rows.append(summarize(f"colocated data-parallel, {dp_procs} processes on {args.gpus} GPU(s), no epd",
+                                  res, sum(wl for _, wl in base_dp)))
+            rows[-1]["passes"] = [{k: v for k, v in summarize(when, rs, wl).items()
+                                   if k in ("config", "rps", "ttft_mean_ms", "decode_ms_per_token", "step_launch_ms",
+                                            "step_wait_ms")}
+                                  for when, (rs, wl) in zip(("before the split's rows", "after them"), base_dp)]
             print(json.dumps(rows[-1]), flush=True)
     return rows, placement
 
