@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "list.h"
@@ -71,10 +72,12 @@ static void *loader_thread(void *userdata) {
                 else {
                         FeatureStoreEntry e = { .fd = j->fd, .size = j->size, .crc = j->crc };
                         j->result = feature_store_entry_read(&e, j->dst);
-                        if (j->result < 0)
+                        struct stat st;
+                        if (j->result < 0 && fstat(j->fd, &st) >= 0)
                                 /* Short or unreadable: it would fail again; the next Acquire
-                                 * produces the feature afresh. */
-                                (void)feature_store_remove(l->store, j->key);
+                                 * produces the feature afresh. Unless a save has put a new
+                                 * copy under its name since (kept). */
+                                (void)feature_store_remove_file(l->store, j->key, st.st_ino);
                         j->fd = safe_close(j->fd);
                 }
 
@@ -108,13 +111,14 @@ static int on_done(sd_event_source *s, int fd, uint32_t revents, void *userdata)
                                 l->stats.failed++;
                                 if (j->result == -ENOENT)
                                         log_warning("Feature %.64s: its stored copy is gone (removed from the store's "
-                                                    "directory by something else?); a miss.", j->key);
+                                                    "directory by something else?) or its name holds another "
+                                                    "key's file; a miss.", j->key);
                                 else if (j->result == -EBADMSG)
                                         log_warning("Feature %.64s: its stored copy's header is damaged; removed it, "
                                                     "a miss.", j->key);
                                 else
-                                        log_warning_errno(j->result, "Feature %.64s: cannot open its stored copy, a "
-                                                          "miss: %m", j->key);
+                                        log_warning_errno(j->result, "Feature %.64s: cannot look its stored copy up "
+                                                          "(open, stat or read), a miss: %m", j->key);
                         }
                         /* On success the read follows (queued through the cache's loader);
                          * on failure the Acquires that waited are asked again (a miss). */

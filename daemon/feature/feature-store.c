@@ -136,14 +136,28 @@ static uint64_t entry_size(FeatureStore *s, const char *name) {
         return (uint64_t)st.st_size;
 }
 
-static void unlink_entry(FeatureStore *s, const char *name) {
+/* Under lock: whether the entry `name` is the file ino (0: whatever file), or, with
+ * or_none, no file at all. A reader that found its file unusable acts on the name only then: a save may
+ * have renamed a good copy into place since it opened the name. */
+static bool still_holds(FeatureStore *s, const char *name, ino_t ino, bool or_none) {
+        struct stat st;
+        if (fstatat(s->root_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                return or_none;
+        return ino == 0 || st.st_ino == ino;
+}
+
+/* Removes the entry `name` and its index entry, if the name still holds the file ino
+ * (0: whatever it holds). */
+static void unlink_entry(FeatureStore *s, const char *name, ino_t ino) {
         StoreName n;
         pthread_mutex_lock(&s->lock);
-        uint64_t size = entry_size(s, name);
-        if (unlinkat(s->root_fd, name, 0) >= 0)
-                s->bytes -= MIN(size, s->bytes);
-        if (name_parse(name, &n))
-                index_del_locked(s, &n);
+        if (still_holds(s, name, ino, true)) {
+                uint64_t size = entry_size(s, name);
+                if (unlinkat(s->root_fd, name, 0) >= 0)
+                        s->bytes -= MIN(size, s->bytes);
+                if (name_parse(name, &n))
+                        index_del_locked(s, &n);
+        }
         pthread_mutex_unlock(&s->lock);
 }
 
@@ -522,10 +536,9 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
                  * every lookup of key would open it again. Unless a save has just put
                  * another file there (not the one read). */
                 StoreName nm;
-                struct stat now;
                 name_of(key, key_len, &nm);
                 pthread_mutex_lock(&s->lock);
-                if (fstatat(s->root_fd, name, &now, AT_SYMLINK_NOFOLLOW) < 0 || now.st_ino == st.st_ino)
+                if (still_holds(s, name, st.st_ino, true))
                         index_del_locked(s, &nm);
                 pthread_mutex_unlock(&s->lock);
                 return -ENOENT;
@@ -536,6 +549,14 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
                 goto bad;
         }
 
+        /* The index learns the data's exact size (an entry found by a scan has a bound
+         * on it): the next read-back of key reserves no more than it needs. */
+        StoreName nm;
+        name_of(key, key_len, &nm);
+        pthread_mutex_lock(&s->lock);
+        if (still_holds(s, name, st.st_ino, false))
+                index_add_locked(s, &nm, size);
+        pthread_mutex_unlock(&s->lock);
         (void)futimens(fd, NULL); /* recently used: trimmed last */
         *ret = (FeatureStoreEntry){
                 .fd = TAKE_FD(fd),
@@ -543,12 +564,13 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
                 .desc = TAKE_PTR(desc),
                 .encode_usec = unaligned_read_le(header + 48, 8),
                 .crc = (uint32_t)unaligned_read_le(header + 28, 4),
+                .ino = st.st_ino,
         };
         memcpy(ret->request_id.bytes, header + 32, 16);
         return 0;
 
 bad:
-        unlink_entry(s, name);
+        unlink_entry(s, name, st.st_ino);
         return r == -ENOMEM ? r : -EBADMSG;
 }
 
@@ -561,7 +583,7 @@ int feature_store_entry_read(FeatureStoreEntry *e, void *dst) {
         return r;
 }
 
-int feature_store_remove(FeatureStore *s, const char *key) {
+int feature_store_remove_file(FeatureStore *s, const char *key, ino_t ino) {
         char name[FEATURE_STORE_NAME_MAX];
         uint64_t size;
         int r = feature_store_name(key, name);
@@ -570,13 +592,21 @@ int feature_store_remove(FeatureStore *s, const char *key) {
         StoreName nm;
         name_of(key, strlen(key), &nm);
         pthread_mutex_lock(&s->lock);
-        size = entry_size(s, name);
-        r = unlinkat(s->root_fd, name, 0) < 0 ? negative_errno() : 0;
-        if (r >= 0)
-                s->bytes -= MIN(size, s->bytes);
-        index_del_locked(s, &nm);
+        if (!still_holds(s, name, ino, true))
+                r = -ESTALE; /* another file there now: a save's, left with its index entry */
+        else {
+                size = entry_size(s, name);
+                r = unlinkat(s->root_fd, name, 0) < 0 ? negative_errno() : 0;
+                if (r >= 0)
+                        s->bytes -= MIN(size, s->bytes);
+                index_del_locked(s, &nm);
+        }
         pthread_mutex_unlock(&s->lock);
         return r;
+}
+
+int feature_store_remove(FeatureStore *s, const char *key) {
+        return feature_store_remove_file(s, key, 0);
 }
 
 void feature_store_forget(FeatureStore *s, const char *key) {

@@ -25,6 +25,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "id.h"
 #include "proto/feature-desc.h"
@@ -68,9 +69,11 @@ int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const voi
  * UINT64_MAX when the index could not be kept (out of memory) and nothing is known. */
 bool feature_store_has(FeatureStore *s, const char *key, uint64_t *ret_bytes);
 
-/* Looks key up: -ENOENT if absent. On success, *ret_size and *ret_desc describe the
- * data, and the returned fd is positioned at its first byte. A file that does not
- * parse, or holds another key, is -EBADMSG (and is removed). */
+/* Looks key up: -ENOENT if absent, or if its name holds another key's file (left as
+ * it is). On success the entry describes the data (the index learns its exact size),
+ * and its fd is positioned at the first byte. A file that does not parse is -EBADMSG
+ * and is removed. Either way a name the lookup found unusable leaves the index, unless
+ * a save has put another file there meanwhile. */
 typedef struct FeatureStoreEntry {
         int fd;
         uint64_t size;
@@ -78,6 +81,7 @@ typedef struct FeatureStoreEntry {
         EpdId request_id;
         usec_t encode_usec;
         uint32_t crc;       /* CRC32C of the data, checked by feature_store_entry_read() */
+        ino_t ino;          /* the file read */
 } FeatureStoreEntry;
 
 int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *ret);
@@ -87,6 +91,9 @@ int feature_store_entry_read(FeatureStoreEntry *e, void *dst);
 void feature_store_entry_done(FeatureStoreEntry *e);
 
 int feature_store_remove(FeatureStore *s, const char *key);
+/* The same, only if key's name still holds the file ino (a reader's that found it
+ * damaged): -ESTALE, nothing changed, when a save has put another file there since. */
+int feature_store_remove_file(FeatureStore *s, const char *key, ino_t ino);
 /* Drops key's name from the index, its file (if any) left as it is: a lookup that found
  * no usable copy, for whatever reason, is not tried again until the next save or scan. */
 void feature_store_forget(FeatureStore *s, const char *key);

@@ -394,7 +394,8 @@ static void set_failed(FeatureCache *c, Feature *f, int error) {
                 f->producer = NULL;
                 f->n_readers++;
         }
-        c->stats.failed++;
+        if (!PRIV(f)->lookup_failed)
+                c->stats.failed++; /* a stored copy found unusable is a miss, not a failure */
         notify(c, f);
         feature_entry_maybe_destroy(f);
 }
@@ -639,6 +640,31 @@ static int load_begin(FeatureCache *c, const char *key, uint64_t bytes, bool may
         return 1;
 }
 
+/* A region reserved from a bound on its data's size (the store's index after a scan)
+ * gives back the chunks the data turned out not to need: freed and taken again at the
+ * same offset, shorter (nobody has seen it yet). */
+static void region_fit(FeatureCache *c, Feature *f) {
+        CacheArena *a = feature_arena_of(c, f->arena);
+        uint64_t size;
+
+        if (!a || !f->has_region || f->bytes == 0 ||
+            ALIGN_TO(f->bytes, feature_allocator_chunk(a->alloc)) >= f->size)
+                return;
+        if (feature_allocator_release(a->alloc, f->offset) < 0)
+                return;
+        if (feature_allocator_alloc_at(a->alloc, f->offset, f->bytes, &size) < 0 &&
+            feature_allocator_alloc_at(a->alloc, f->offset, f->size, &size) < 0) {
+                /* Cannot be: the chunks were its own a moment ago, and the loop's alone. */
+                log_error("Feature %.64s: cannot take its region back after shrinking it.", f->key);
+                f->has_region = false;
+                c->stats.bytes_reserved -= f->size;
+                f->size = 0;
+                return;
+        }
+        c->stats.bytes_reserved -= f->size - size;
+        f->size = size;
+}
+
 void feature_probe_done(Feature *f, int error, FeatureStoreEntry *e) {
         FeatureCache *c;
         int r = error;
@@ -649,22 +675,32 @@ void feature_probe_done(Feature *f, int error, FeatureStoreEntry *e) {
         }
         c = f->cache;
         PRIV(f)->probing = false;
-        if (r >= 0)
+        if (r >= 0) {
+                /* Larger than the index said (a save's new copy in between): the index
+                 * has its size now, so the Acquires asked again read it back. */
                 r = load_describe(f, e);
+                if (r >= 0) {
+                        region_fit(c, f);
+                        r = f->has_region ? c->load_fn(c, f, TAKE_FD(e->fd), feature_data(f), f->bytes, e->crc,
+                                                       c->load_userdata) : -ENOMEM;
+                        if (r < 0) {
+                                log_warning_errno(r, "Feature %.64s: cannot read its stored copy back now, a miss: %m",
+                                                  f->key);
+                                feature_store_forget(c->store, f->key);
+                        }
+                }
+        } else if (r != -ENOENT && r != -EBADMSG)
+                /* Out of file descriptors or memory: not tried again (the lookup keeps the
+                 * name for such errors), so that the Acquires asked again are misses, not
+                 * this lookup once more. Gone, damaged or another key's: the lookup
+                 * dropped the name itself, unless a save has just put a new copy there. */
+                feature_store_forget(c->store, f->key);
+        feature_store_entry_done(e);
+        /* FAILED, its waiters told: the Acquires are asked again, misses (or read-backs
+         * of the copy a save has put there). */
         PRIV(f)->lookup_failed = r < 0;
         if (r < 0)
-                /* Whatever the reason (gone, damaged, another key's, out of file
-                 * descriptors, not the size the index had): not tried again, so that the
-                 * Acquires asked again are misses, not this lookup once more. */
-                feature_store_forget(c->store, f->key);
-        if (r >= 0)
-                r = c->load_fn(c, f, TAKE_FD(e->fd), feature_data(f), f->bytes, e->crc, c->load_userdata);
-        if (r < 0 && error >= 0)
-                log_warning_errno(r, "Feature %.64s: cannot read its stored copy back (%" PRIu64 " bytes, %" PRIu64
-                                  " expected): %m", f->key, e->size, f->size);
-        feature_store_entry_done(e);
-        if (r < 0)
-                feature_load_done(f, r); /* FAILED, its waiters told */
+                feature_load_done(f, r);
 }
 
 /* Reads key back from the store into a mapped arena: -ENOENT at once when the

@@ -207,12 +207,15 @@ typedef int (*feature_probe_fn)(FeatureCache *c, Feature *f, void *userdata);
 void feature_cache_set_prober(FeatureCache *c, feature_probe_fn fn, void *userdata);
 /* The lookup of a probing feature ended: error < 0 (-ENOENT: no stored copy after all;
  * -EBADMSG: a damaged one, removed), or e describes the stored copy (its fd and
- * descriptor taken over here, in every case). The feature then gets its region and its
- * data is read through the loader, or it FAILS with the error. */
+ * descriptor taken over here, in every case). The feature then gives back the chunks
+ * of its region the data does not need and its data is read through the loader, or it
+ * FAILS with the error. */
 void feature_probe_done(Feature *f, int error, FeatureStoreEntry *e);
-/* FAILED at its stored copy's lookup (gone, damaged header, unreadable, or not the size
- * the store's index had): nothing of it was read, and the store no longer offers the
- * key, so asking again is a miss. A failed read of the data is not this. */
+/* FAILED at its stored copy's lookup (gone, damaged header, another key's, out of file
+ * descriptors), before its read could start (the loader refused it), or larger than
+ * the store's index had it: nothing of it was read, and asking again is a miss (the
+ * store no longer offers the key), or for the last, a read-back of the right size.
+ * Not counted in the cache's failures. A failed read of the data is not this. */
 bool feature_lookup_failed(const Feature *f);
 /* Changes the budget; evicts down to it. */
 void feature_cache_set_budget(FeatureCache *c, uint64_t budget_bytes);

@@ -458,6 +458,35 @@ START_TEST(test_spill_thread) {
 }
 END_TEST
 
+/* A reader that found its file damaged removes it only while the name still holds
+ * that file: a copy that a save has renamed into place since is kept, with its index
+ * entry. A damaged header found by a lookup acts likewise on the file it read. */
+START_TEST(test_remove_the_file_read) {
+        _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(1000);
+        char buf[1000] = {};
+        FeatureStore *s = store_open();
+        FeatureStoreEntry e = { .fd = -EBADF };
+
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "a", .size = 1000, .desc = d }, buf), 0);
+        ck_assert_int_eq(feature_store_lookup(s, "a", &e), 0);
+        ino_t read = e.ino;
+        feature_store_entry_done(&e);
+        ck_assert_uint_ne(read, 0);
+        /* a new copy saved meanwhile (a new file renamed over the name) */
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "a", .size = 1000, .desc = d }, buf), 0);
+        ck_assert_int_eq(feature_store_remove_file(s, "a", read), -ESTALE);
+        ck_assert(feature_store_has(s, "a", NULL));
+        ck_assert_int_eq(feature_store_lookup(s, "a", &e), 0);
+        ck_assert_uint_ne(e.ino, read);
+        read = e.ino;
+        feature_store_entry_done(&e);
+        ck_assert_int_eq(feature_store_remove_file(s, "a", read), 0);
+        ck_assert(!feature_store_has(s, "a", NULL));
+        ck_assert_int_eq(count_entries(root), 0);
+        feature_store_free(s);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("feature-store");
         TCase *tc = tcase_create("feature-store");
@@ -469,6 +498,7 @@ int main(void) {
         tcase_add_test(tc, test_bad_files);
         tcase_add_test(tc, test_bounded);
         tcase_add_test(tc, test_index);
+        tcase_add_test(tc, test_remove_the_file_read);
         tcase_add_test(tc, test_cache_spill_load);
         tcase_add_test(tc, test_spill_thread);
         suite_add_tcase(s, tc);

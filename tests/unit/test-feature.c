@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "feature/feature-alloc.h"
+#include "feature/feature-internal.h"
 #include "feature/feature-store.h"
 #include "feature/feature.h"
 #include "macro.h"
@@ -852,9 +854,14 @@ static struct {
         uint64_t size;
         uint32_t crc;
         unsigned n;
+        int refuse; /* < 0: the loader refuses the job with it (the fd closed) */
 } job = { .fd = -EBADF };
 
 static int test_loader(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t size, uint32_t crc, void *userdata) {
+        if (job.refuse < 0) {
+                safe_close(fd);
+                return job.refuse;
+        }
         job.f = f;
         job.fd = fd;
         job.dst = dst;
@@ -1044,6 +1051,7 @@ START_TEST(test_async_probe) {
 
         /* the copy is gone when the thread looks */
         uint64_t features = feature_cache_stats(c)->n_features;
+        uint64_t failed = feature_cache_stats(c)->failed; /* a producer that left */
         save(st, "k2", CHUNK, 2);
         ck_assert_int_eq(feature_acquire(c, "k2", false, 0, &a, &res), 0);
         ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
@@ -1080,7 +1088,8 @@ START_TEST(test_async_probe) {
         ck_assert_uint_eq(probe.n, 3);
         feature_ref_release(a);
 
-        /* a stored copy larger than the index said (its region): FAILS, not read */
+        /* a stored copy larger than the index said (its region): FAILS, not read; the
+         * index has the size the lookup read, so asking again reads it back */
         save(st, "k3", CHUNK, 3);
         ck_assert_int_eq(feature_acquire(c, "k3", false, 0, &a, &res), 0);
         ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
@@ -1089,15 +1098,116 @@ START_TEST(test_async_probe) {
         feature_probe_done(probe.f, 0, &e);
         ck_assert_int_lt(e.fd, 0);
         ck_assert_int_eq(a->feature->state, FEATURE_FAILED);
+        ck_assert(feature_lookup_failed(a->feature));
         ck_assert_int_eq(last_error, -EBADMSG);
-        ck_assert(!feature_store_has(st, "k3", NULL)); /* not looked up again */
+        uint64_t bytes;
+        ck_assert(feature_store_has(st, "k3", &bytes));
+        ck_assert_uint_eq(bytes, CHUNK);
         ck_assert_ptr_null(feature_cache_get(c, "k3"));
         feature_ref_release(a);
         ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 0);
         ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
         ck_assert_uint_eq(job.n, 1);
+        /* none of these lookups is a failure of the cache's (huge's producer left) */
+        ck_assert_uint_eq(feature_cache_stats(c)->failed, failed + 1);
 
         feature_cache_free(TAKE_PTR(c)); /* before the store it uses */
+        tmp_store_close(NULL, st, dir);
+}
+END_TEST
+
+/* What a lookup finds out is acted on as far as it still holds: a save of the key that
+ * lands between the lookup (on the load thread) and its result (on the loop) keeps its
+ * index entry, and asking again reads that copy back; a region reserved from a scan's
+ * bound on the size gives back the chunks the data does not need; a read that cannot
+ * be queued is a miss, the copy kept on disk. */
+START_TEST(test_probe_races) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
+        char dir[sizeof TMP_STORE];
+        FeatureStore *st = tmp_store_open(c, dir), *scanned;
+        FeatureStoreEntry e = { .fd = -EBADF };
+        FeatureAcquireResult res;
+        FeatureRef *a;
+        uint64_t bytes;
+
+        feature_cache_set_loader(c, test_loader, NULL);
+        feature_cache_set_prober(c, test_prober, NULL);
+        job.n = probe.n = 0;
+
+        /* gone when the thread looked; saved again before its result is handled */
+        save(st, "k", CHUNK, 1);
+        ck_assert_int_eq(feature_acquire(c, "k", false, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        ck_assert_int_eq(feature_store_remove(st, "k"), 0);
+        int r = feature_store_lookup(st, "k", &e);
+        ck_assert_int_eq(r, -ENOENT);
+        save(st, "k", CHUNK, 2);
+        feature_probe_done(probe.f, r, &e);
+        ck_assert(feature_lookup_failed(a->feature));
+        feature_ref_release(a);
+        ck_assert(feature_store_has(st, "k", NULL)); /* the save's entry kept */
+        ck_assert_int_eq(feature_acquire(c, "k", false, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING); /* read back, not a miss */
+        ck_assert_int_eq(feature_store_lookup(st, "k", &e), 0);
+        feature_probe_done(probe.f, 0, &e);
+        ck_assert_uint_eq(job.n, 1);
+        FeatureStoreEntry rd = { .fd = job.fd, .size = job.size, .crc = job.crc };
+        ck_assert_int_eq(feature_store_entry_read(&rd, job.dst), 0);
+        job.fd = safe_close(job.fd);
+        feature_load_done(job.f, 0);
+        ck_assert_int_eq(a->feature->state, FEATURE_READY);
+        ck_assert_uint_eq(((uint8_t *)feature_data(a->feature))[0], 2);
+        feature_ref_release(a);
+
+        /* a store opened afresh knows its files by their size less the header: a bound.
+         * Two chunks of data take three by that bound; two once the header is read. */
+        save(st, "two", 2 * CHUNK, 7);
+        ck_assert_int_eq(feature_store_open(dir, 0, &scanned), 0);
+        feature_cache_set_store(c, scanned);
+        ck_assert(feature_store_has(scanned, "two", &bytes));
+        ck_assert_uint_gt(bytes, 2 * CHUNK);
+        uint64_t reserved = feature_cache_stats(c)->bytes_reserved;
+        ck_assert_int_eq(feature_acquire(c, "two", false, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        ck_assert_uint_eq(a->feature->size, 3 * CHUNK);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, reserved + 3 * CHUNK);
+        ck_assert_int_eq(feature_store_lookup(scanned, "two", &e), 0);
+        feature_probe_done(probe.f, 0, &e);
+        ck_assert_uint_eq(a->feature->size, 2 * CHUNK);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, reserved + 2 * CHUNK);
+        ck_assert(feature_store_has(scanned, "two", &bytes));
+        ck_assert_uint_eq(bytes, 2 * CHUNK); /* exact from now on */
+        rd = (FeatureStoreEntry){ .fd = job.fd, .size = job.size, .crc = job.crc };
+        ck_assert_int_eq(feature_store_entry_read(&rd, job.dst), 0);
+        job.fd = safe_close(job.fd);
+        feature_load_done(job.f, 0);
+        ck_assert_int_eq(a->feature->state, FEATURE_READY);
+        ck_assert_uint_eq(((uint8_t *)feature_data(a->feature))[2 * CHUNK - 1], 7);
+        ck_assert_int_eq(feature_allocator_check(feature_arena_of(c, a->feature->arena)->alloc), 0);
+        feature_ref_release(a);
+        feature_cache_set_store(c, st);
+        feature_store_free(scanned);
+
+        /* the loader refuses the read (out of memory): a miss, its copy kept on disk */
+        save(st, "q", CHUNK, 9);
+        job.refuse = -ENOMEM;
+        ck_assert_int_eq(feature_acquire(c, "q", false, 0, &a, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        ck_assert_int_eq(feature_store_lookup(st, "q", &e), 0);
+        feature_probe_done(probe.f, 0, &e);
+        job.refuse = 0;
+        ck_assert_int_eq(a->feature->state, FEATURE_FAILED);
+        ck_assert(feature_lookup_failed(a->feature));
+        feature_ref_release(a);
+        ck_assert(!feature_store_has(st, "q", NULL));
+        ck_assert_int_eq(feature_acquire(c, "q", false, 0, &a, &res), -ENOENT);
+        uint64_t files;
+        ck_assert_int_eq(feature_store_usage(st, &files, NULL), 0);
+        ck_assert_uint_eq(files, 3); /* k, two, q */
+
+        ck_assert_uint_eq(feature_cache_stats(c)->failed, 0);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
+        feature_cache_free(TAKE_PTR(c));
         tmp_store_close(NULL, st, dir);
 }
 END_TEST
@@ -1121,6 +1231,7 @@ int main(void) {
         tcase_add_test(tc, test_journal_longest_key);
         tcase_add_test(tc, test_async_load);
         tcase_add_test(tc, test_async_probe);
+        tcase_add_test(tc, test_probe_races);
         suite_add_tcase(s, tc);
         int r = check_run(s, CK_FORK_GETENV);
         free(arena_mem);
