@@ -222,8 +222,11 @@ typedef struct AcquireCall {
         FeatureHandle *h;
         sd_event_source *timer;
         usec_t timeout; /* as armed (a reload may change the setting meanwhile) */
+        usec_t deadline; /* CLOCK_MONOTONIC; 0: none */
         Manager *m;
         sd_bus_message_handler_t method; /* the call's method, to run it again */
+        EpdId req; /* AcquireOrReserve's request: its trace's hit when the bytes are back */
+        bool trace;
 } AcquireCall;
 
 /* A call run again once the dispatch that failed its first answer is over: its stored
@@ -233,6 +236,7 @@ typedef struct AcquireAgain {
         Manager *m;
         sd_bus_message *msg;
         sd_bus_message_handler_t method;
+        usec_t deadline; /* the first read back's: a read back again waits no longer */
 } AcquireAgain;
 
 static void acquire_again_free(void *userdata) {
@@ -247,8 +251,12 @@ static int acquire_again(sd_event_source *s, void *userdata) {
         int r;
 
         r = sd_bus_message_rewind(a->msg, true);
-        if (r >= 0)
+        if (r >= 0) {
+                FeatureManager *fm = feature_manager_get(a->m);
+                fm->rerun_deadline = a->deadline;
                 r = a->method(a->msg, a->m, &error);
+                fm->rerun_deadline = 0;
+        }
         /* Named as the vtable's wrapper names a handler's refusal. */
         r = bus_glue_name_error(&error, r, sd_bus_message_get_interface(a->msg), sd_bus_message_get_member(a->msg));
         if (sd_bus_error_is_set(&error))
@@ -266,7 +274,8 @@ static int acquire_later(AcquireCall *call) {
 
         if (!a)
                 return -ENOMEM;
-        *a = (AcquireAgain) { .m = call->m, .msg = sd_bus_message_ref(call->msg), .method = call->method };
+        *a = (AcquireAgain) { .m = call->m, .msg = sd_bus_message_ref(call->msg), .method = call->method,
+                              .deadline = call->deadline };
         r = sd_event_add_defer(call->m->event, &s, acquire_again, a);
         if (r < 0) {
                 acquire_again_free(a);
@@ -290,6 +299,8 @@ static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
                 feature_handle_release(h); /* the caller never learnt it */
                 return;
         }
+        bool trace = call->trace;
+        EpdId req = call->req;
         free(call);
         if (error == -ECANCELED)
                 return; /* the handle went first: its client is gone */
@@ -305,6 +316,9 @@ static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
                         r = append_info(reply, h->fm, h);
                 if (r >= 0)
                         r = sd_bus_send(NULL, reply, NULL);
+                if (r >= 0 && trace)
+                        trace_step(h->fm->manager, &req, TRACE_ACQUIRE_HIT, h->ref->feature->key,
+                                   h->ref->feature->bytes, 0, "read-back");
                 if (r >= 0)
                         return;
                 log_debug_errno(r, "Cannot answer an Acquire of %.64s: %m", h->ref->feature->key);
@@ -444,7 +458,7 @@ static const char *const acquire_results[] = {
 /* Acquire's and AcquireOrReserve's answer: a handle on ref for the caller, and the
  * result with the handle's info; a feature being read back is answered when loaded. */
 static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, sd_bus_message_handler_t method, Worker *w,
-                          FeatureRef *ref, FeatureAcquireResult res, sd_bus_error *error) {
+                          FeatureRef *ref, FeatureAcquireResult res, const EpdId *trace_req, sd_bus_error *error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         FeatureHandle *h;
         int r;
@@ -461,14 +475,17 @@ static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, sd_bus_messag
                         feature_handle_release(h);
                         return -ENOMEM;
                 }
-                usec_t timeout = fm->manager->config.feature_read_back_timeout_usec;
+                usec_t timeout = fm->manager->config.feature_read_back_timeout_usec, now = now_usec(CLOCK_MONOTONIC);
                 *call = (AcquireCall) { .waiter.done = acquire_loaded, .msg = sd_bus_message_ref(msg), .h = h,
-                                        .timeout = timeout, .m = fm->manager, .method = method };
+                                        .timeout = timeout, .m = fm->manager, .method = method,
+                                        .trace = trace_req != NULL, .req = trace_req ? *trace_req : (EpdId){} };
                 if (timeout > 0) {
+                        /* An Acquire asked again after a failed lookup keeps its first
+                         * deadline: it waits no longer in all than the setting says. */
+                        call->deadline = fm->rerun_deadline > 0 ? fm->rerun_deadline : now + timeout;
                         /* Within a twentieth of it (accuracy 0 would be sd-event's 250 ms). */
-                        r = sd_event_add_time_relative(fm->manager->event, &call->timer, CLOCK_MONOTONIC, timeout,
-                                                       MAX(timeout / 20, (usec_t)1), acquire_read_back_timeout,
-                                                       call);
+                        r = sd_event_add_time(fm->manager->event, &call->timer, CLOCK_MONOTONIC, call->deadline,
+                                              MAX(timeout / 20, (usec_t)1), acquire_read_back_timeout, call);
                         if (r < 0) {
                                 sd_bus_message_unref(call->msg);
                                 free(call);
@@ -531,7 +548,7 @@ static int method_acquire(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = acquire_for(m, msg, key, may_produce, &w, &ref, &res, error);
         if (r < 0)
                 return r;
-        return acquire_answer(fm, msg, method_acquire, w, ref, res, error);
+        return acquire_answer(fm, msg, method_acquire, w, ref, res, NULL, error);
 }
 
 /* Reserve's and AcquireOrReserve's arguments: (key, bytes, descriptor, request_id),
@@ -610,13 +627,12 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
         }
         /* The feature's size, before the answer: a refused one releases the reference. */
         uint64_t have = ref->feature->bytes;
-        r = acquire_answer(fm, msg, method_acquire_or_reserve, w, ref, res, error);
+        r = acquire_answer(fm, msg, method_acquire_or_reserve, w, ref, res, &req, error);
         if (r >= 0 && res == FEATURE_ACQUIRE_PRODUCE) {
                 trace_step(m, &req, TRACE_ACQUIRE_MISS, key, bytes, 0, NULL);
                 trace_step(m, &req, TRACE_ENCODE_START, key, bytes, 0, NULL);
-        } else if (r >= 0)
-                trace_step(m, &req, TRACE_ACQUIRE_HIT, key, have, 0,
-                           res == FEATURE_ACQUIRE_LOADING ? "read-back" : acquire_results[res]);
+        } else if (r >= 0 && res != FEATURE_ACQUIRE_LOADING) /* a read back's: when its bytes are back */
+                trace_step(m, &req, TRACE_ACQUIRE_HIT, key, have, 0, acquire_results[res]);
         return r;
 }
 

@@ -44,6 +44,8 @@ typedef struct FeatureManager {
         LIST_HEAD(FeatureHandle, pending); /* handles whose Acquire waits for a load */
         uint64_t gone_lsn;       /* the last eviction's GONE record while not known durable
                                   * (0: none pending; UINT64_MAX: refused) */
+        usec_t rerun_deadline;   /* while an Acquire asked again is dispatched: its first
+                                  * read back's deadline (0: none), which it keeps */
 } FeatureManager;
 
 struct FeatureHandle {

@@ -530,6 +530,8 @@ START_TEST(test_producer_killed) {
 }
 END_TEST
 
+static bool stored(void *userdata);
+
 START_TEST(test_prefetch_pin_store) {
         epd_client *sched = worker("scheduler"), *enc = worker("encoder"), *pre = worker("prefill");
         const char *keys[] = { "img:1", "img:2" };
@@ -582,6 +584,23 @@ START_TEST(test_prefetch_pin_store) {
         ck_assert(same(w->data, bytes, 0));
         ck_assert_uint_eq(stat_u64(pre, "Loaded"), loaded + 1);
         epd_feature_release(pre, w);
+        /* another, through AcquireOrReserve with a request id: a hit, and its request's
+         * trace says it was read back, once the bytes are */
+        const char *rid = "000000000000000000000000000000b1";
+        ck_assert(harness_wait_for(stored, (void *)"flood:1", 10000));
+        ck_assert_int_eq(epd_feature_acquire_or_reserve(pre, "flood:1", bytes, t, n, rid, &w), 0);
+        ck_assert_str_eq(w->result, "hit");
+        ck_assert(same(w->data, bytes, 1));
+        ck_assert_uint_eq(stat_u64(pre, "Loaded"), loaded + 2);
+        epd_feature_release(pre, w);
+        epd_trace_event *ev = NULL;
+        size_t n_ev = 0;
+        ck_assert_int_eq(epd_trace_get(pre, rid, &ev, &n_ev, NULL), 0);
+        ck_assert_uint_eq(n_ev, 1);
+        ck_assert_str_eq(ev[0].type, "acquire-hit");
+        ck_assert_ptr_nonnull(strstr(ev[0].detail, "read-back"));
+        ck_assert_uint_eq(ev[0].bytes, bytes);
+        free(ev);
 
         /* keys that look like paths stay inside the store directory */
         ck_assert_int_eq(epd_feature_reserve(enc, "../../escape", bytes, t, n, NULL, &p), 0);
@@ -901,11 +920,26 @@ START_TEST(test_lookup_off_loop) {
         ck_assert(harness_wait_for(stored, (void *)keys[1], 10000));
         store_path(keys[1], path, sizeof path);
         ck_assert_int_eq(unlink(path), 0);
-        uint64_t misses = stat_u64(pre, "Misses");
-        ck_assert_int_eq(epd_feature_acquire(pre, keys[1], true, &w), 0);
+        uint64_t misses = stat_u64(pre, "Misses"), failed = stat_u64(pre, "Failed");
+        epd_feature_tensor t[2];
+        size_t n = bundle(96 * 1024, t, &(uint64_t){ 0 });
+        const char *rid = "000000000000000000000000000000f1";
+        ck_assert_int_eq(epd_feature_acquire_or_reserve(pre, keys[1], bytes, t, n, rid, &w), 0);
         ck_assert_str_eq(w->result, "produce");
         ck_assert_uint_eq(stat_u64(pre, "Misses"), misses + 1);
-        epd_feature_release(pre, w);
+        ck_assert_uint_eq(stat_u64(pre, "Failed"), failed); /* a miss, not a failure */
+        epd_feature_release(pre, w); /* a producer that leaves: that one fails */
+        ck_assert_uint_eq(stat_u64(pre, "Failed"), failed + 1);
+        /* its request's trace: the miss and the encoder's start, no read-back hit */
+        epd_trace_event *ev = NULL;
+        size_t n_ev = 0;
+        ck_assert_int_eq(epd_trace_get(pre, rid, &ev, &n_ev, NULL), 0);
+        ck_assert_uint_ge(n_ev, 2);
+        ck_assert_str_eq(ev[0].type, "acquire-miss");
+        ck_assert_str_eq(ev[1].type, "encode-start");
+        for (size_t k = 0; k < n_ev; k++)
+                ck_assert_str_ne(ev[k].type, "acquire-hit");
+        free(ev);
         ck_assert_int_eq(epd_feature_acquire(pre, keys[1], false, &w), -ENOENT);
         ck_assert_str_eq(epd_last_error_name(pre), "org.epd1.Error.NotFound");
         /* big:0's file, holding another key now (as after a collision of the 128-bit
