@@ -28,7 +28,9 @@ struct Wal {
         int fd;              /* wal.log, written at `end` */
         WalSyncPolicy policy;
         bool replayed;
-        bool broken;         /* a compaction lost the log fd: refuse appends */
+        bool broken;         /* a compaction lost the log fd, or records that failed could
+                              * not be cut off: refuse appends */
+        uint64_t cut_at;     /* records that failed lie past this offset, uncut (0: none) */
         uint64_t base_lsn;   /* of the current log file */
         uint64_t last_lsn;   /* last appended */
         uint64_t synced_lsn;
@@ -292,6 +294,21 @@ static int log_reserve(Wal *w, size_t n) {
         return 0;
 }
 
+/* Records from offset `at` on, which their callers hear failed, could not be cut off
+ * the file: no record is taken after them (a later sync would make them durable, and a
+ * restart replay them), the first one's header is zeroed where the disk allows (a
+ * replay stops there), and a close tries the cut again instead of syncing them. */
+static void cut_failed(Wal *w, uint64_t at) {
+        static const uint8_t zeros[WAL_RECORD_HEADER_SIZE] = {};
+
+        w->broken = true;
+        w->cut_at = at;
+        if (pwrite_all(w->fd, zeros, sizeof zeros, at) >= 0)
+                (void)fdatasync(w->fd);
+        log_error("WAL: records that failed could not be cut off at offset %" PRIu64
+                  "; no more records are taken until a restart.", at);
+}
+
 /* n bytes of records at the end of the log. A failure leaves no part of them behind a
  * later good record: the file is cut back to the records before them. */
 static int log_write(Wal *w, const void *p, size_t n) {
@@ -301,9 +318,10 @@ static int log_write(Wal *w, const void *p, size_t n) {
                 log_debug("WAL: cannot write zeros ahead of the log; writing the record without.");
         int r = pwrite_all(w->fd, p, n, w->end);
         if (r < 0) {
-                if (ftruncate(w->fd, (off_t)w->end) < 0)
+                if (ftruncate(w->fd, (off_t)w->end) < 0) {
                         log_error_errno(errno, "Failed to cut a failed WAL write: %m");
-                else
+                        cut_failed(w, w->end); /* whole records of it may have landed */
+                } else
                         w->alloc = w->end;
                 return log_error_errno(r, "Failed to append to the WAL: %m");
         }
@@ -413,7 +431,12 @@ int wal_open(const char *dir, WalSyncPolicy policy, Wal **ret) {
 Wal *wal_free(Wal *w) {
         if (!w)
                 return NULL;
-        if (w->fd >= 0 && w->policy != WAL_SYNC_NONE && w->synced_lsn < w->last_lsn)
+        if (w->fd >= 0 && w->cut_at > 0) {
+                /* Never synced: their callers heard they failed. */
+                if (ftruncate(w->fd, (off_t)w->cut_at) >= 0)
+                        w->end = w->alloc = w->cut_at;
+                (void)fdatasync(w->fd);
+        } else if (w->fd >= 0 && w->policy != WAL_SYNC_NONE && w->synced_lsn < w->last_lsn)
                 (void)fdatasync(w->fd);
         /* A clean close leaves the records alone in the file, without the zeros written
          * ahead (replay would take them for the end of the log all the same). */
@@ -557,6 +580,11 @@ int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
                                                WAL_LOG_NAME);
                 w->stats.syncs++;
         }
+        /* The names in the directory too: a compaction killed between its rename and
+         * the directory's sync leaves the new log's name in memory only, and records
+         * appended to it now would be lost with that name at a power loss. */
+        if (w->policy != WAL_SYNC_NONE && fsync(w->dir_fd) < 0)
+                return log_error_errno(errno, "Failed to sync the WAL directory %s: %m", w->dir);
         w->synced_lsn = w->last_lsn;
         w->synced_end = w->end;
         w->replayed = true;
@@ -636,9 +664,10 @@ int wal_sync(Wal *w) {
                         /* The records since the last good sync are not known to be on
                          * disk and their callers hear they failed: cut them off, so that
                          * neither a restart's replay nor a clean close keeps them. */
-                        if (ftruncate(w->fd, (off_t)w->synced_end) < 0)
+                        if (ftruncate(w->fd, (off_t)w->synced_end) < 0) {
                                 log_error_errno(errno, "Failed to cut the WAL back after a failed sync: %m");
-                        else {
+                                cut_failed(w, w->synced_end);
+                        } else {
                                 w->end = w->alloc = w->synced_end;
                                 w->last_lsn = w->synced_lsn;
                                 w->stats.log_bytes = w->end;

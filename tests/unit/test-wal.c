@@ -30,6 +30,17 @@ int fdatasync(int fd) {
         return (int)syscall(SYS_fdatasync, fd);
 }
 
+/* ftruncate() likewise (a file system that refuses the cut as well). */
+static int fail_ftruncate;
+int ftruncate(int fd, off_t length) {
+        if (fail_ftruncate > 0) {
+                fail_ftruncate--;
+                errno = EIO;
+                return -1;
+        }
+        return (int)syscall(SYS_ftruncate, fd, length);
+}
+
 /* Every record's payload is a function of its LSN, so that replay can check that it
  * sees exactly what was appended and nothing else. */
 static size_t gen_payload(uint64_t lsn, uint8_t *buf) {
@@ -337,6 +348,44 @@ START_TEST(test_sync_failure_cuts) {
         ck_assert_uint_eq(s.n, 17);
         ck_assert_uint_eq(s.bad, 0);
         wal_free(w);
+        rm_dir(dir);
+}
+END_TEST
+
+/* A failed fdatasync whose records cannot be cut off either: the log takes no more
+ * records (a later sync would make the failed ones durable), a clean close cuts them
+ * instead of syncing them, and where even that cut fails, their first header zeroed
+ * ends the log for a replay. */
+START_TEST(test_sync_failure_uncut) {
+        char *dir = make_dir();
+        State s = {};
+        Wal *w;
+
+        for (int close_cut_fails = 0; close_cut_fails < 2; close_cut_fails++) {
+                ck_assert_int_eq(wal_open(dir, WAL_SYNC_BATCH, &w), 0);
+                s = (State){};
+                ck_assert_int_eq(wal_replay(w, apply, &s), 0);
+                ck_assert_uint_eq(s.n, 10 * close_cut_fails);
+                append_n(w, &s, 10);
+                ck_assert_int_eq(wal_sync(w), 0);
+                uint64_t good = wal_last_lsn(w);
+                append_n(w, &s, 5);
+                fail_fdatasync = 1;
+                fail_ftruncate = 1;
+                ck_assert_int_eq(wal_sync(w), -EIO);
+                ck_assert_int_eq(fail_ftruncate, 0);
+                ck_assert(wal_is_broken(w));
+                uint8_t p[8] = {};
+                ck_assert_int_eq(wal_append(w, WAL_RECORD_TEST + 1, p, sizeof p, NULL), -EIO);
+                fail_ftruncate = close_cut_fails;
+                wal_free(w);
+                fail_ftruncate = 0;
+                s.n = good;
+                w = reopen(dir, &s);
+                ck_assert_uint_eq(s.n, good); /* none of the five */
+                ck_assert_uint_eq(s.bad, 0);
+                wal_free(w);
+        }
         rm_dir(dir);
 }
 END_TEST
@@ -721,6 +770,7 @@ int main(void) {
         tcase_add_test(tc, test_record_parse);
         tcase_add_test(tc, test_append_replay);
         tcase_add_test(tc, test_sync_failure_cuts);
+        tcase_add_test(tc, test_sync_failure_uncut);
         tcase_add_test(tc, test_truncated);
         tcase_add_test(tc, test_bitflip);
         tcase_add_test(tc, test_compaction);
