@@ -293,11 +293,18 @@ static int ring_commit(ClientRing *cr, const struct epd_ring_record *rec) {
                 return -ENOENT;
         if (!handoff_object_owned_by(o, c))
                 return -EPERM;
-        /* Before the commit: once it is made, its answer must not be an error. */
+        /* Before the commit: once it is made, its answer must not be an error. So is
+         * the room for its wait for the journal (and for those a release may add: a
+         * peer's message, freed pages' settling). */
         RingCommit *rc = calloc(1, sizeof *rc);
         if (!rc)
                 return -ENOMEM;
-        int r = handoff_manager_commit(o, c, &seq, &why);
+        int r = wal_manager_reserve_waits(hm->manager, 8);
+        if (r < 0) {
+                free(rc);
+                return r;
+        }
+        r = handoff_manager_commit(o, c, &seq, &why);
         if (r < 0) {
                 log_debug("handoff: ring commit of %s for client %" PRIu64 ": %s", o->request_str, cr->serial,
                           why.text);

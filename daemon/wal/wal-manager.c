@@ -295,6 +295,11 @@ bool wal_manager_mark_durable(Manager *m, uint64_t *mark) {
         return *mark == 0;
 }
 
+int wal_manager_reserve_waits(Manager *m, size_t n) {
+        WalGlue *g = glue(m);
+        return g && g->writer ? wal_wait_queue_reserve(&g->waiting, n) : 0;
+}
+
 int wal_manager_after_durable(Manager *m, WalWaitFn fn, void *userdata) {
         WalGlue *g = glue(m);
         if (!g || !g->writer) {

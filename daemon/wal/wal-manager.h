@@ -31,6 +31,10 @@ int wal_manager_reply(Manager *m, sd_bus_message *call, sd_bus_message *reply);
  * once when it is), fn(userdata, -errno) when it cannot become durable. For
  * acknowledgements that are not D-Bus replies (a message to a peer, a ring record). */
 int wal_manager_after_durable(Manager *m, WalWaitFn fn, void *userdata);
+/* Room for n waits, so that the next n wal_manager_after_durable() calls cannot fail
+ * for memory: taken before a change whose answer, once it is made, must not be an
+ * error. */
+int wal_manager_reserve_waits(Manager *m, size_t n);
 /* The same with an empty reply. */
 int wal_manager_reply_empty(Manager *m, sd_bus_message *call);
 /* The LSN of the last record this loop appended (0: none, or no WAL), and whether the

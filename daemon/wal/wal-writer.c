@@ -452,23 +452,32 @@ void wal_writer_hold(WalWriter *ww, bool hold) {
                 wake_post(ww);
 }
 
+int wal_wait_queue_reserve(WalWaitQueue *q, size_t more) {
+        if (q->cap - q->n >= more)
+                return 0;
+        size_t cap = MAX(q->cap * 2, (size_t)64);
+        while (cap - q->n < more)
+                cap *= 2;
+        WalWaiter *v = malloc(cap * sizeof *v);
+        if (!v)
+                return -ENOMEM;
+        for (size_t i = 0; i < q->n; i++)
+                v[i] = q->v[(q->head + i) % q->cap];
+        free(q->v);
+        q->v = v;
+        q->cap = cap;
+        q->head = 0;
+        return 0;
+}
+
 int wal_wait_queue_push(WalWaitQueue *q, uint64_t lsn, WalWaitFn fn, void *userdata) {
         if (!fn)
                 return -EINVAL;
         if (q->n > 0 && q->v[(q->head + q->n - 1) % q->cap].lsn > lsn)
                 return -EINVAL;
-        if (q->n == q->cap) {
-                size_t cap = MAX(q->cap * 2, (size_t)64);
-                WalWaiter *v = malloc(cap * sizeof *v);
-                if (!v)
-                        return -ENOMEM;
-                for (size_t i = 0; i < q->n; i++)
-                        v[i] = q->v[(q->head + i) % q->cap];
-                free(q->v);
-                q->v = v;
-                q->cap = cap;
-                q->head = 0;
-        }
+        int r = wal_wait_queue_reserve(q, 1);
+        if (r < 0)
+                return r;
         q->v[(q->head + q->n) % q->cap] = (WalWaiter){ lsn, fn, userdata };
         q->n++;
         return 0;

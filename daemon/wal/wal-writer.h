@@ -124,6 +124,8 @@ typedef struct WalWaitQueue {
 
 /* -ENOMEM, or -EINVAL when lsn is below the last waiter's. */
 int wal_wait_queue_push(WalWaitQueue *q, uint64_t lsn, WalWaitFn fn, void *userdata);
+/* Room for `more` pushes that then cannot fail for memory. */
+int wal_wait_queue_reserve(WalWaitQueue *q, size_t more);
 /* Returns how many ran. */
 size_t wal_wait_queue_advance(WalWaitQueue *q, uint64_t durable, int error);
 void wal_wait_queue_done(WalWaitQueue *q, int error); /* runs every waiter with error */

@@ -206,6 +206,42 @@ END_TEST
 /* Records nobody waits for are not synced on their own: they wait for one that is
  * waited for (then one sync makes all durable), or for their caller's urge (the loop's
  * lazy timer in epdd: handoff-netns-pipelined checks that bound). */
+/* Room reserved for waits is used without allocating again (so those pushes cannot
+ * fail for memory), whatever is queued around the queue's wrap, and keeps the order. */
+static uint64_t reserve_next;
+
+static void reserve_done(void *userdata, int error) {
+        ck_assert_int_eq(error, 0);
+        ck_assert_uint_eq((uint64_t)(uintptr_t)userdata, ++reserve_next); /* in order, each once */
+}
+
+START_TEST(test_wait_queue_reserve) {
+        WalWaitQueue q = {};
+        uint64_t lsn = 0;
+
+        reserve_next = 0;
+        for (int round = 0; round < 3; round++) {
+                for (int i = 0; i < 50; i++, lsn++)
+                        ck_assert_int_eq(wal_wait_queue_push(&q, lsn + 1, reserve_done, (void *)(uintptr_t)(lsn + 1)),
+                                         0);
+                ck_assert_int_eq(wal_wait_queue_reserve(&q, 70), 0);
+                ck_assert_uint_ge(q.cap - q.n, 70);
+                WalWaiter *v = q.v;
+                for (int i = 0; i < 70; i++, lsn++)
+                        ck_assert_int_eq(wal_wait_queue_push(&q, lsn + 1, reserve_done, (void *)(uintptr_t)(lsn + 1)),
+                                         0);
+                ck_assert_ptr_eq(q.v, v); /* no allocation */
+                ck_assert_int_eq(wal_wait_queue_reserve(&q, 0), 0);
+                size_t before = q.n;
+                ck_assert_uint_eq(wal_wait_queue_advance(&q, lsn - 10, 0), before - 10); /* all but the last 10 */
+        }
+        ck_assert_uint_eq(q.n, 10);
+        ck_assert_uint_eq(wal_wait_queue_advance(&q, lsn, 0), 10);
+        ck_assert_uint_eq(reserve_next, lsn);
+        wal_wait_queue_done(&q, 0);
+}
+END_TEST
+
 START_TEST(test_lazy) {
         char *dir = make_dir();
         Wal *w = open_replayed(dir, WAL_SYNC_BATCH, NULL, NULL);
@@ -481,6 +517,7 @@ int main(void) {
         TCase *tc = tcase_create("writer");
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_group_commit);
+        tcase_add_test(tc, test_wait_queue_reserve);
         tcase_add_test(tc, test_lazy);
         tcase_add_test(tc, test_load);
         tcase_add_test(tc, test_policies);
