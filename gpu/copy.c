@@ -875,7 +875,12 @@ int gpu_copy_wait(GpuCopyEngine *e, int timeout_ms) {
         pthread_mutex_unlock(&e->lock);
         if (r)
                 return 1;
-        r = poll(&p, 1, timeout_ms);
+        /* A signal is no reason to stop waiting: the drains at shutdown would otherwise
+         * free what copies still in flight read or write. (The timeout restarts: a
+         * bound, not a deadline.) */
+        do
+                r = poll(&p, 1, timeout_ms);
+        while (r < 0 && errno == EINTR);
         if (r < 0)
                 return -errno;
         return r > 0;

@@ -181,8 +181,8 @@ size_t gpu_copy_segs_coalesce(GpuCopySeg *segs, size_t n);
 int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t cookie);
 /* Returns up to n finished batches, without blocking. */
 size_t gpu_copy_reap(GpuCopyEngine *e, GpuCopyDone *out, size_t n);
-/* For tests and tools without an event loop: poll()s the fd (no spinning). Returns 1
- * when completions are ready, 0 on timeout. */
+/* For tests, tools and drains without an event loop: poll()s the fd (no spinning; a
+ * signal does not end the wait). Returns 1 when completions are ready, 0 on timeout. */
 int gpu_copy_wait(GpuCopyEngine *e, int timeout_ms);
 
 /* Pins host memory (an arena's mapping) for the GPU copy paths. */
