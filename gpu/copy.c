@@ -389,9 +389,9 @@ static int seg_enqueue(GpuCopyEngine *e, GpuCopyPath p, const GpuCopySeg *seg, C
                         return CU(d, cuMemcpyDtoDAsync, seg->dst->base + seg->dst_offset,
                                   seg->src->base + seg->src_offset, seg->length, st);
                 return CU(d, cuMemcpyPeerAsync, seg->dst->base + seg->dst_offset,
-                          e->system->devices[seg->dst->ordinal].ctx,
+                          gpu_device_ctx(e->system, &e->system->devices[seg->dst->ordinal]),
                           seg->src->base + seg->src_offset,
-                          e->system->devices[seg->src->ordinal].ctx, seg->length, st);
+                          gpu_device_ctx(e->system, &e->system->devices[seg->src->ordinal]), seg->length, st);
         case GPU_COPY_D2H:
                 return CU(d, cuMemcpyDtoHAsync, (uint8_t *)seg->dst_host + seg->dst_offset,
                           seg->src->base + seg->src_offset, seg->length, st);

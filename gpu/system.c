@@ -73,7 +73,7 @@ static int probe_device(CudaDriver *d, GpuDevice *g, int ordinal) {
                        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) >= 0)
                         g->granularity_recommended = bytes;
         }
-        return CU(d, cuDevicePrimaryCtxRetain, &g->ctx, g->dev);
+        return 0; /* its primary context is retained on first use: gpu_device_ctx() */
 }
 
 int gpu_system_open(const char *library, GpuSystem **ret) {
@@ -120,8 +120,34 @@ GpuDevice *gpu_system_device(GpuSystem *s, int ordinal) {
         return &s->devices[ordinal];
 }
 
+static int device_ctx(GpuSystem *s, const GpuDevice *d, CUcontext *ret) {
+        GpuDevice *g = &s->devices[d->ordinal]; /* d is one of them */
+        CUcontext c = __atomic_load_n(&g->ctx, __ATOMIC_ACQUIRE), none = NULL;
+        if (!c) {
+                int r = CU(s->driver, cuDevicePrimaryCtxRetain, &c, g->dev);
+                if (r < 0)
+                        return r;
+                /* Threads that race here each retained it: one keeps its reference. */
+                if (!__atomic_compare_exchange_n(&g->ctx, &none, c, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+                        (void)CU(s->driver, cuDevicePrimaryCtxRelease, g->dev);
+                        c = none;
+                }
+        }
+        *ret = c;
+        return 0;
+}
+
+CUcontext gpu_device_ctx(GpuSystem *s, const GpuDevice *d) {
+        CUcontext c = NULL;
+        return device_ctx(s, d, &c) >= 0 ? c : NULL;
+}
+
 int gpu_device_make_current(GpuSystem *s, const GpuDevice *d) {
-        return CU(s->driver, cuCtxSetCurrent, d->ctx);
+        CUcontext c;
+        int r = device_ctx(s, d, &c);
+        if (r < 0)
+                return r;
+        return CU(s->driver, cuCtxSetCurrent, c);
 }
 
 GpuCtxSaved gpu_ctx_save(GpuSystem *s) {

@@ -18,7 +18,7 @@
 typedef struct GpuDevice {
         int ordinal;
         CUdevice dev;
-        CUcontext ctx;                  /* primary context, retained */
+        CUcontext ctx;                  /* primary context, retained on first use (atomic) */
         char name[GPU_NAME_MAX];
         char pci_bus_id[GPU_PCI_BUS_ID_MAX]; /* "0000:19:00.0" */
         uint64_t total_memory;
@@ -50,6 +50,10 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(GpuSystem *, gpu_system_unref);
 GpuDevice *gpu_system_device(GpuSystem *s, int ordinal);
 /* Makes the device's primary context current on the calling thread. */
 int gpu_device_make_current(GpuSystem *s, const GpuDevice *d);
+/* The device's primary context, retained on first use: a process does not create a
+ * context (hundreds of MiB of device memory each) on GPUs it can see but never uses.
+ * NULL if it cannot be retained. */
+CUcontext gpu_device_ctx(GpuSystem *s, const GpuDevice *d);
 /* The calling thread's current context, to put back after work on a device: a library
  * (libepd) leaves its caller's current device (torch's) as it found it. */
 typedef struct GpuCtxSaved {

@@ -17,7 +17,9 @@
  *             FAKE_CUDA_KERNELS=1: any module loads, and the batched copy kernels
  *             (epd_copy_chunks, epd_copy_uniform) run on the host when launched: each
  *             descriptor's bytes copied as the kernel copies them. The KV kernels are
- *             not emulated (a launch of one fails).
+ *             not emulated (a launch of one fails). FAKE_CUDA_DEVICES=N: N such GPUs
+ *             (default 1); fake_cuda_retained(dev) says how many references on a
+ *             device's primary context are held.
  * It lets the GPU domain's logic (arenas, transport, completions, registrations) run
  * in CI; the real driver is exercised on the device machine. */
 #include <errno.h>
@@ -72,8 +74,14 @@ static CUresult f_version(int *v) {
         *v = strcmp(mode(), "old") == 0 ? 11000 : 13000;
         return OK;
 }
+/* FAKE_CUDA_DEVICES=N (gpu mode): N fake GPUs, all alike (default 1). */
+static int n_devices(void) {
+        const char *n = getenv("FAKE_CUDA_DEVICES");
+        int v = n ? atoi(n) : 1;
+        return is_gpu() ? (v >= 1 && v <= 64 ? v : 1) : 0;
+}
 static CUresult f_count(int *n) {
-        *n = is_gpu() ? 1 : 0;
+        *n = n_devices();
         return OK;
 }
 static CUresult f_error_name(CUresult e, const char **s) {
@@ -81,9 +89,9 @@ static CUresult f_error_name(CUresult e, const char **s) {
         return OK;
 }
 static CUresult f_device_get(int *dev, int ordinal) {
-        if (ordinal != 0)
+        if (ordinal < 0 || ordinal >= n_devices())
                 return 101;
-        *dev = 0;
+        *dev = ordinal;
         return OK;
 }
 static CUresult f_name(char *name, int len, int dev) {
@@ -113,11 +121,23 @@ static CUresult f_peer(int *can, int a, int b) {
         *can = 0;
         return OK;
 }
+/* Primary contexts retained and not released, per device: fake_cuda_retained(). */
+static int retained[64];
+int fake_cuda_retained(int dev);
+int fake_cuda_retained(int dev) {
+        return dev >= 0 && dev < 64 ? __atomic_load_n(&retained[dev], __ATOMIC_RELAXED) : -1;
+}
 static CUresult f_retain(void **ctx, int dev) {
-        *ctx = (void *)0x1;
+        if (dev < 0 || dev >= 64)
+                return 101;
+        __atomic_add_fetch(&retained[dev], 1, __ATOMIC_RELAXED);
+        *ctx = (void *)(uintptr_t)(0x1 + dev);
         return OK;
 }
-static CUresult f_ok_int(int x) {
+static CUresult f_release(int dev) {
+        if (dev < 0 || dev >= 64)
+                return 101;
+        __atomic_sub_fetch(&retained[dev], 1, __ATOMIC_RELAXED);
         return OK;
 }
 /* The calling thread's current context, as the driver keeps it. */
@@ -511,7 +531,7 @@ static const struct {
         { "cuDeviceTotalMem", (void *)f_total },
         { "cuDeviceCanAccessPeer", (void *)f_peer },
         { "cuDevicePrimaryCtxRetain", (void *)f_retain },
-        { "cuDevicePrimaryCtxRelease", (void *)f_ok_int },
+        { "cuDevicePrimaryCtxRelease", (void *)f_release },
         { "cuCtxSetCurrent", (void *)f_ctx_set },
         { "cuCtxGetCurrent", (void *)f_ctx_get },
         { "cuCtxSynchronize", (void *)f_ok_void },

@@ -347,6 +347,34 @@ START_TEST(test_fake_system) {
 }
 END_TEST
 
+/* A process makes a GPU's context only when it uses that GPU: on a host of four, the
+ * one it works on, not the three it can see beside it (a context takes hundreds of
+ * MiB of each GPU's memory). Threads that race for it take one reference. */
+START_TEST(test_fake_contexts_on_use) {
+        GpuSystem *s = NULL;
+
+        fake_gpu(false);
+        ck_assert_int_eq(setenv("FAKE_CUDA_DEVICES", "4", 1), 0);
+        ck_assert_int_eq(gpu_system_open(fake(), &s), 0);
+        ck_assert_uint_eq(s->n_devices, 4);
+        void *lib = dlopen(fake(), RTLD_NOW | RTLD_NOLOAD);
+        ck_assert_ptr_nonnull(lib);
+        int (*retained)(int) = (int (*)(int))dlsym(lib, "fake_cuda_retained");
+        ck_assert_ptr_nonnull(retained);
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(retained(i), 0);
+        ck_assert_int_eq(gpu_device_make_current(s, &s->devices[2]), 0);
+        ck_assert_ptr_nonnull(gpu_device_ctx(s, &s->devices[2]));
+        ck_assert_int_eq(gpu_device_make_current(s, &s->devices[2]), 0);
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(retained(i), i == 2);
+        gpu_system_unref(s);
+        ck_assert_int_eq(retained(2), 0);
+        dlclose(lib);
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_DEVICES"), 0);
+}
+END_TEST
+
 START_TEST(test_fake_arena_fd) {
         GpuContext *g = NULL;
         GpuArena *imp = NULL;
@@ -928,6 +956,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_format);
         tcase_add_test(tc, test_kernels_built);
         tcase_add_test(tc, test_fake_system);
+        tcase_add_test(tc, test_fake_contexts_on_use);
         tcase_add_test(tc, test_fake_arena_fd);
         tcase_add_test(tc, test_fake_transport);
         tcase_add_test(tc, test_fake_transport_parts);
