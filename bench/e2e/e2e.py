@@ -418,9 +418,10 @@ def bench(args):
         base.append((res, wall))
         if dp_procs:
             dp_pass()
-    # The worker processes each hold a model of their own beside this one; where the GPU
-    # cannot hold them all (the 8B config's four copies and epdd's arenas need more than
-    # an 80 GB card), the baseline's model is freed while the split's rows run and built
+    # The worker processes each hold a model of their own beside this one (an encoder its
+    # vision tower alone); where the GPU cannot hold them all (the 8B config in 1E1P2D:
+    # four whole copies with this one, and epdd's arenas, need more than an 80 GB card),
+    # the baseline's model is freed while the split's rows run and built
     # again after them (the same seed: the same weights), then warmed up again.
     rebuilt = False
     if m is not None and not _fits_beside(m, serve.model_copies(serve.parse_layout(args.layout))):
