@@ -84,7 +84,8 @@ static void emit_wanted(Manager *m, const char *key) {
 }
 
 /* FeatureReady goes to the clients that hold a handle on the feature (its producer,
- * readers and waiters, pins), once each, as a unicast signal: a key is a content hash
+ * readers and waiters, pins; not an Acquire still waiting for its read back), once
+ * each, as a unicast signal: a key is a content hash
  * of someone's input, and nobody else learns that it was produced. */
 void bus_feature_emit_ready(Manager *m, Feature *f) {
         FeatureManager *fm = feature_manager_get(m);
@@ -99,7 +100,11 @@ void bus_feature_emit_ready(Manager *m, Feature *f) {
         size_t it = 0;
         while (hashmap_iterate(fm->handles, &it, (void **)&h, NULL)) {
                 Client *c = h->object.owner;
-                if (!h->ref || h->ref->feature != f || !c || !c->bus || hashmap_contains(sent, &c->serial))
+                /* Not for a handle whose Acquire is still unanswered (a read back's): its
+                 * caller never learnt it, and hears through the reply (a hit, an error,
+                 * or, for a stored copy found unusable, the re-run's miss). */
+                if (!h->ref || h->ref->feature != f || h->waiter || !c || !c->bus ||
+                    hashmap_contains(sent, &c->serial))
                         continue;
                 int r = hashmap_put(sent, &c->serial, c);
                 if (r < 0) {

@@ -531,6 +531,7 @@ START_TEST(test_producer_killed) {
 END_TEST
 
 static bool stored(void *userdata);
+static int count_ready(sd_bus_message *m, void *userdata, sd_bus_error *e);
 
 START_TEST(test_prefetch_pin_store) {
         epd_client *sched = worker("scheduler"), *enc = worker("encoder"), *pre = worker("prefill");
@@ -924,8 +925,23 @@ START_TEST(test_lookup_off_loop) {
         epd_feature_tensor t[2];
         size_t n = bundle(96 * 1024, t, &(uint64_t){ 0 });
         const char *rid = "000000000000000000000000000000f1";
+        unsigned ready_signals = 0;
+        sd_bus_slot *slot = NULL;
+        ck_assert_int_ge(sd_bus_match_signal(pre->bus, &slot, NULL, "/org/epd1/feature", "org.epd1.Feature",
+                                             "FeatureReady", count_ready, &ready_signals), 0);
         ck_assert_int_eq(epd_feature_acquire_or_reserve(pre, keys[1], bytes, t, n, rid, &w), 0);
         ck_assert_str_eq(w->result, "produce");
+        /* no FeatureReady "failed" for the failed lookup: the caller never learnt the
+         * handle its first dispatch made (a round trip: anything sent before is in) */
+        sd_bus_error be = SD_BUS_ERROR_NULL;
+        uint64_t handles = 0;
+        ck_assert_int_ge(sd_bus_get_property_trivial(pre->bus, harness_destination(&h), "/org/epd1/feature",
+                                                     "org.epd1.Feature", "Handles", &be, 't', &handles), 0);
+        ck_assert_uint_eq(handles, 1);
+        while (sd_bus_process(pre->bus, NULL) > 0)
+                ;
+        ck_assert_uint_eq(ready_signals, 0);
+        sd_bus_slot_unref(slot);
         ck_assert_uint_eq(stat_u64(pre, "Misses"), misses + 1);
         ck_assert_uint_eq(stat_u64(pre, "Failed"), failed); /* a miss, not a failure */
         epd_feature_release(pre, w); /* a producer that leaves: that one fails */
