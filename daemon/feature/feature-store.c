@@ -146,6 +146,24 @@ static bool still_holds(FeatureStore *s, const char *name, ino_t ino, bool or_no
         return ino == 0 || st.st_ino == ino;
 }
 
+/* What a lookup of key found in its file ino: unusable (bytes UINT64_MAX: key leaves
+ * the index, also when its name holds no file now) or usable (the index takes the
+ * data's exact size); acted on only while the name still holds that file, a save
+ * having renamed another there since. */
+static void index_settle(FeatureStore *s, const char *key, size_t key_len, const char *name, ino_t ino,
+                         uint64_t bytes) {
+        StoreName nm;
+        name_of(key, key_len, &nm);
+        pthread_mutex_lock(&s->lock);
+        if (still_holds(s, name, ino, bytes == UINT64_MAX)) {
+                if (bytes == UINT64_MAX)
+                        index_del_locked(s, &nm);
+                else
+                        index_add_locked(s, &nm, bytes);
+        }
+        pthread_mutex_unlock(&s->lock);
+}
+
 /* Removes the entry `name` and its index entry, if the name still holds the file ino
  * (0: whatever it holds). */
 static void unlink_entry(FeatureStore *s, const char *name, ino_t ino) {
@@ -535,12 +553,7 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
                  * names, or damage): left as it is, but the name leaves the index, or
                  * every lookup of key would open it again. Unless a save has just put
                  * another file there (not the one read). */
-                StoreName nm;
-                name_of(key, key_len, &nm);
-                pthread_mutex_lock(&s->lock);
-                if (still_holds(s, name, st.st_ino, true))
-                        index_del_locked(s, &nm);
-                pthread_mutex_unlock(&s->lock);
+                index_settle(s, key, key_len, name, st.st_ino, UINT64_MAX);
                 return -ENOENT;
         }
         r = feature_desc_parse(buf + key_len, desc_len, size, &desc, NULL);
@@ -551,12 +564,7 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
 
         /* The index learns the data's exact size (an entry found by a scan has a bound
          * on it): the next read-back of key reserves no more than it needs. */
-        StoreName nm;
-        name_of(key, key_len, &nm);
-        pthread_mutex_lock(&s->lock);
-        if (still_holds(s, name, st.st_ino, false))
-                index_add_locked(s, &nm, size);
-        pthread_mutex_unlock(&s->lock);
+        index_settle(s, key, key_len, name, st.st_ino, size);
         (void)futimens(fd, NULL); /* recently used: trimmed last */
         *ret = (FeatureStoreEntry){
                 .fd = TAKE_FD(fd),

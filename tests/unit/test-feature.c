@@ -871,6 +871,15 @@ static int test_loader(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t 
         return 0;
 }
 
+/* The load thread's part, played: the queued job's data read (its bytes checked), its
+ * fd closed, and the read's end handed to the loop. */
+static void job_land(void) {
+        FeatureStoreEntry e = { .fd = job.fd, .size = job.size, .crc = job.crc };
+        ck_assert_int_eq(feature_store_entry_read(&e, job.dst), 0);
+        job.fd = safe_close(job.fd);
+        feature_load_done(job.f, 0);
+}
+
 START_TEST(test_async_load) {
         _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
         char dir[sizeof TMP_STORE];
@@ -899,11 +908,7 @@ START_TEST(test_async_load) {
         feature_desc_free(d);
         ck_assert_int_eq(feature_prefetch(c, "k1", 0, &pr), 0);
         ck_assert_int_eq(pr, FEATURE_PREFETCH_PENDING);
-        /* the thread's part */
-        FeatureStoreEntry e = { .fd = job.fd, .size = job.size, .crc = job.crc };
-        ck_assert_int_eq(feature_store_entry_read(&e, job.dst), 0);
-        job.fd = safe_close(job.fd);
-        feature_load_done(job.f, 0);
+        job_land(); /* the thread's part */
         ck_assert_int_eq(a->feature->state, FEATURE_READY);
         ck_assert(!feature_loading(a->feature));
         ck_assert_uint_eq(n_ready_events, 1);
@@ -949,11 +954,8 @@ START_TEST(test_async_load) {
         save(st, "k4", CHUNK, 4);
         ck_assert_int_eq(feature_acquire(c, "k4", false, 0, &a, &res), 0);
         ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
-        FeatureStoreEntry e4 = { .fd = job.fd, .size = job.size, .crc = job.crc };
-        ck_assert_int_eq(feature_store_entry_read(&e4, job.dst), 0);
-        job.fd = safe_close(job.fd);
         release_in_callback = a;
-        feature_load_done(job.f, 0);
+        job_land();
         ck_assert_ptr_null(release_in_callback);
         ck_assert_ptr_nonnull(feature_cache_get(c, "k4"));
         ck_assert_int_eq(feature_cache_get(c, "k4")->state, FEATURE_READY);
@@ -1032,10 +1034,7 @@ START_TEST(test_async_probe) {
         ck_assert_uint_eq(job.size, 3 * CHUNK);
         ck_assert(a->feature->has_region);
         ck_assert(feature_loading(a->feature));
-        FeatureStoreEntry r = { .fd = job.fd, .size = job.size, .crc = job.crc };
-        ck_assert_int_eq(feature_store_entry_read(&r, job.dst), 0);
-        job.fd = safe_close(job.fd);
-        feature_load_done(job.f, 0);
+        job_land();
         ck_assert_int_eq(a->feature->state, FEATURE_READY);
         ck_assert_uint_eq(((uint8_t *)feature_data(a->feature))[3 * CHUNK - 1], 0x5a);
         ck_assert_uint_eq(feature_cache_stats(c)->hits, 2);
@@ -1151,10 +1150,7 @@ START_TEST(test_probe_races) {
         ck_assert_int_eq(feature_store_lookup(st, "k", &e), 0);
         feature_probe_done(probe.f, 0, &e);
         ck_assert_uint_eq(job.n, 1);
-        FeatureStoreEntry rd = { .fd = job.fd, .size = job.size, .crc = job.crc };
-        ck_assert_int_eq(feature_store_entry_read(&rd, job.dst), 0);
-        job.fd = safe_close(job.fd);
-        feature_load_done(job.f, 0);
+        job_land();
         ck_assert_int_eq(a->feature->state, FEATURE_READY);
         ck_assert_uint_eq(((uint8_t *)feature_data(a->feature))[0], 2);
         feature_ref_release(a);
@@ -1177,10 +1173,7 @@ START_TEST(test_probe_races) {
         ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, reserved + 2 * CHUNK);
         ck_assert(feature_store_has(scanned, "two", &bytes));
         ck_assert_uint_eq(bytes, 2 * CHUNK); /* exact from now on */
-        rd = (FeatureStoreEntry){ .fd = job.fd, .size = job.size, .crc = job.crc };
-        ck_assert_int_eq(feature_store_entry_read(&rd, job.dst), 0);
-        job.fd = safe_close(job.fd);
-        feature_load_done(job.f, 0);
+        job_land();
         ck_assert_int_eq(a->feature->state, FEATURE_READY);
         ck_assert_uint_eq(((uint8_t *)feature_data(a->feature))[2 * CHUNK - 1], 7);
         ck_assert_int_eq(feature_allocator_check(feature_arena_of(c, a->feature->arena)->alloc), 0);
