@@ -204,6 +204,8 @@ typedef struct CUmemAccessDesc {
                                            void *os_handle,                              \
                                            CUmemAllocationHandleType type))              \
         X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *handle, void *addr))\
+        X(cuMemGetAllocationPropertiesFromHandle, (CUmemAllocationProp *prop,           \
+                                                   CUmemGenericAllocationHandle handle)) \
         X(cuMemAddressReserve, (CUdeviceptr *ptr, size_t size, size_t alignment,         \
                                 CUdeviceptr addr, unsigned long long flags))             \
         X(cuMemAddressFree, (CUdeviceptr ptr, size_t size))                              \

@@ -161,6 +161,17 @@ int gpu_arena_import(GpuSystem *s, int ordinal, int fd, uint64_t size, GpuArena 
         if (r < 0)
                 return r;
         a->have_handle = true;
+        /* The fd's sender says which GPU the memory is on; the driver knows. Memory of
+         * another GPU taken as this one's would be copied by the wrong device's engines
+         * through peer access (or not at all), and host memory is not this domain's. */
+        CUmemAllocationProp prop = {};
+        r = CU(s->driver, cuMemGetAllocationPropertiesFromHandle, &prop, a->handle);
+        if (r < 0)
+                return r;
+        if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+            prop.location.id != s->devices[ordinal].dev)
+                return log_debug_errno(EXDEV, "Imported GPU memory is at location %d:%d, not on device %d.",
+                                       (int)prop.location.type, prop.location.id, ordinal);
         /* Mapping more than the exported allocation holds fails here (-EINVAL). */
         r = arena_map(a);
         if (r < 0)

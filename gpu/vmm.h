@@ -44,7 +44,9 @@ int gpu_arena_size_round(uint64_t requested, uint64_t granularity, uint64_t *ret
 
 int gpu_arena_new(GpuSystem *s, int ordinal, uint64_t size, GpuArena **ret);
 /* Maps the allocation behind `fd` (not consumed; the caller closes it) of `size` bytes,
- * which must be the exported allocation's size (a multiple of the granularity). */
+ * which must be the exported allocation's size (a multiple of the granularity).
+ * -EXDEV when the driver says the memory is not on GPU `ordinal` (another GPU's, or host
+ * memory): the sender's word for where it lives is checked, never taken. */
 int gpu_arena_import(GpuSystem *s, int ordinal, int fd, uint64_t size, GpuArena **ret);
 
 GpuArena *gpu_arena_ref(GpuArena *a);

@@ -150,6 +150,11 @@ static int method_register_memory(sd_bus_message *msg, void *userdata, sd_bus_er
                 if (r == -EDQUOT)
                         return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
                                              "Too many registered GPU memory regions (%u).", GPU_EXTERNAL_MAX);
+                if (r == -EXDEV)
+                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                             "The memory behind this fd is not on GPU %s (the CUDA driver "
+                                             "places it on another GPU or in host memory): name the GPU "
+                                             "that allocated it.", pci);
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "Cannot import %" PRIu64 " bytes of GPU memory from this fd: %s.",
                                      size, strerror(-r));

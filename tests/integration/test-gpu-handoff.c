@@ -1234,6 +1234,44 @@ START_TEST(test_unregister_releases_memory) {
 }
 END_TEST
 
+/* The daemon asks the driver where a worker's memory lives and refuses a GPU named
+ * wrongly (its copies would run on the wrong device's engines, through peer access or
+ * not at all). Two fake GPUs here; a real host needs two. */
+START_TEST(test_memory_of_another_gpu) {
+        if (sys->n_devices < 2) {
+                printf("one GPU: nothing to name wrongly\n");
+                return;
+        }
+        epd_client *c = worker("decode");
+        GpuArena *own = NULL;
+        EpdGpu *g = NULL;
+        uint32_t region;
+        ck_assert_int_eq(gpu_arena_new(sys, 1, 4 << 20, &own), 0);
+        ck_assert_int_eq(epd_gpu_open(&g), 0);
+        ck_assert_int_eq(epd_gpu_register_memory(c, g, 0, own->base, own->size, &region), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+        printf("refused: %s\n", epd_last_error_message(c));
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(c), sys->devices[0].pci_bus_id));
+        ck_assert_int_eq(epd_gpu_register_memory(c, g, 1, own->base, own->size, &region), 0);
+        ck_assert_int_eq(epd_gpu_release_memory(c, region), 0);
+        epd_gpu_close(g);
+        gpu_arena_unref(own);
+        epd_disconnect(c);
+}
+END_TEST
+
+static void setup_two_gpus(void) {
+        choose_driver();
+        if (fake)
+                ck_assert_int_eq(setenv("FAKE_CUDA_DEVICES", "2", 1), 0);
+        start("0");
+}
+
+static void teardown_two_gpus(void) {
+        teardown();
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_DEVICES"), 0);
+}
+
 /* ---- to another host ---- */
 
 static Harness hb;
@@ -1482,6 +1520,10 @@ static Suite *suite(void) {
         tcase_add_test(ts, test_unregister_releases_memory);
         tcase_set_timeout(ts, 120);
         suite_add_tcase(s, ts);
+        TCase *t2 = tcase_create("two-gpus");
+        tcase_add_checked_fixture(t2, setup_two_gpus, teardown_two_gpus);
+        tcase_add_test(t2, test_memory_of_another_gpu);
+        suite_add_tcase(s, t2);
         TCase *tq = tcase_create("slow-submissions");
         tcase_add_checked_fixture(tq, setup_slow_submissions, teardown);
         tcase_add_test(tq, test_landed_before_next_batch);

@@ -57,7 +57,16 @@ static int is_gpu(void) {
 typedef struct Handle {
         int fd;
         size_t size;
+        int device; /* the GPU it was made on: in the memfd's name, so imports know it */
 } Handle;
+
+/* The part of CUmemAllocationProp the fake reads and writes. */
+typedef struct Prop {
+        int type, handle_types;
+        struct {
+                int type, id;
+        } location;
+} Prop;
 
 #define MAX_MAPS 256
 static struct {
@@ -99,7 +108,7 @@ static CUresult f_name(char *name, int len, int dev) {
         return OK;
 }
 static CUresult f_pci(char *bus, int len, int dev) {
-        snprintf(bus, (size_t)len, "0000:AB:00.0");
+        snprintf(bus, (size_t)len, "0000:%02X:00.0", 0xAB + dev);
         return OK;
 }
 static CUresult f_total(size_t *b, int dev) {
@@ -161,10 +170,16 @@ static CUresult f_granularity(size_t *g, const void *prop, int opt) {
         return OK;
 }
 static CUresult f_mem_create(unsigned long long *h, size_t size, const void *prop, unsigned long long flags) {
+        const Prop *p = prop;
+        char name[32];
+        if (!p || p->location.type != 1 || p->location.id < 0 || p->location.id >= n_devices())
+                return E_INVALID;
         Handle *x = calloc(1, sizeof *x);
         if (!x)
                 return 2;
-        x->fd = memfd_create("fake-gpu", MFD_CLOEXEC);
+        x->device = p->location.id;
+        snprintf(name, sizeof name, "fake-gpu-%d", x->device);
+        x->fd = memfd_create(name, MFD_CLOEXEC);
         if (x->fd < 0 || ftruncate(x->fd, (off_t)size) < 0) {
                 free(x);
                 return 2;
@@ -195,6 +210,18 @@ static void env_delay(const char *var) {
                 (void)nanosleep(&(struct timespec) { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L }, NULL);
 }
 
+/* "/memfd:fake-gpu-N (deleted)": made on GPU N; any other file counts as GPU 0's. */
+static int device_of(int fd) {
+        char path[64], target[128];
+        int device = 0;
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        ssize_t k = readlink(path, target, sizeof target - 1);
+        if (k > 0) {
+                target[k] = 0;
+                (void)sscanf(target, "/memfd:fake-gpu-%d", &device);
+        }
+        return device;
+}
 static CUresult f_import(unsigned long long *h, void *os_handle, int type) {
         env_delay("FAKE_CUDA_IMPORT_DELAY_MS");
         int fd = (int)(intptr_t)os_handle;
@@ -206,7 +233,13 @@ static CUresult f_import(unsigned long long *h, void *os_handle, int type) {
                 return 2;
         x->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
         x->size = (size_t)size;
+        x->device = device_of(fd);
         *h = (unsigned long long)(uintptr_t)x;
+        return OK;
+}
+static CUresult f_props(Prop *p, unsigned long long h) {
+        Handle *x = (Handle *)(uintptr_t)h;
+        *p = (Prop) { .type = 1, .handle_types = 1, .location = { .type = 1, .id = x->device } };
         return OK;
 }
 static CUresult f_reserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long fl) {
@@ -276,6 +309,7 @@ static CUresult f_retain_handle(unsigned long long *h, void *addr) {
                         if (x) {
                                 x->fd = fcntl(maps[i].fd, F_DUPFD_CLOEXEC, 3);
                                 x->size = maps[i].size;
+                                x->device = device_of(x->fd);
                                 *h = (unsigned long long)(uintptr_t)x;
                                 r = OK;
                         }
@@ -541,6 +575,7 @@ static const struct {
         { "cuMemExportToShareableHandle", (void *)f_export },
         { "cuMemImportFromShareableHandle", (void *)f_import },
         { "cuMemRetainAllocationHandle", (void *)f_retain_handle },
+        { "cuMemGetAllocationPropertiesFromHandle", (void *)f_props },
         { "cuMemGetAddressRange", (void *)f_address_range },
         { "cuMemAddressReserve", (void *)f_reserve },
         { "cuMemAddressFree", (void *)f_addr_free },
