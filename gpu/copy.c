@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "copy.h"
@@ -27,6 +28,9 @@ typedef struct GpuCopyJob GpuCopyJob;
 #define STREAMS_PER_PATH 4U
 
 typedef struct DeviceLane {
+        /* Set up on first use (lane_get()): a process takes no context, streams or
+         * descriptor memory on the GPUs it can see but never copies on. */
+        bool ready;
         CUstream streams[_GPU_COPY_PATH_MAX][STREAMS_PER_PATH];
         /* Completion events (blocking-sync) recorded and waited for: reused. Every event
          * ever made is here or in the engine's watch queue. */
@@ -64,6 +68,8 @@ struct GpuCopyJob {
         LIST_FIELDS(GpuCopyJob, done);
 };
 
+static int lane_setup(GpuCopyEngine *e, int dev);
+
 /* A job's part on one stream: done once its event is. */
 typedef struct Watch {
         CUevent event;
@@ -95,6 +101,7 @@ struct GpuCopyEngine {
         size_t kernel_min_segments;
         bool batch_api;              /* cuMemcpyBatchAsync for multi-segment D2D groups */
         bool strided;                /* cuMemcpy2DAsync for runs of evenly spaced segments */
+        bool uniform;                /* the uniform kernel (lanes set up later take it too) */
         unsigned d2d_streams;        /* streams a D2D group is spread over (1..4) */
         unsigned spin_usec;          /* the completion thread polls an event this long first */
         int timeline_fd;             /* gpu_copy_engine_set_timeline(); -EBADF: off */
@@ -758,12 +765,15 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                         m = queued - start;
                         if (m == 0)
                                 continue;
-                        r = gpu_device_make_current(e->system, &e->system->devices[dev]);
+                        r = lane_setup(e, (int)dev); /* and its context current */
+                        if (r < 0) {
+                                err = r; /* nothing of this group is on a stream */
+                                break;
+                        }
                         Watch tl = { .enter_usec = enter, .bytes = bytes, .segs = m };
-                        if (r >= 0 && e->timeline_fd >= 0)
+                        if (e->timeline_fd >= 0)
                                 timeline_start(e, (int)dev, streams[0], &tl);
-                        if (r >= 0)
-                                r = group_try_strided(e, (int)dev, p, segs, order + start, m);
+                        r = group_try_strided(e, (int)dev, p, segs, order + start, m);
                         if (r == 0)
                                 r = group_try_kernel(e, j, (int)dev, p, segs, order + start, m, bytes);
                         if (r == 0)
@@ -881,8 +891,14 @@ int gpu_copy_wait(GpuCopyEngine *e, int timeout_ms) {
         do
                 r = poll(&p, 1, timeout_ms);
         while (r < 0 && errno == EINTR);
-        if (r < 0)
-                return -errno;
+        if (r < 0) {
+                /* Nor is a poll that fails (ENOMEM): the completion thread finishes the
+                 * jobs without it. Wait out a short while and say "not yet", so that a
+                 * drain goes on counting what is in flight rather than giving up. */
+                log_debug_errno(errno, "Waiting for GPU copies: poll() failed (%m), sleeping instead.");
+                (void)nanosleep(&(struct timespec) { .tv_nsec = 10 * 1000 * 1000 }, NULL);
+                return 0;
+        }
         return r > 0;
 }
 
@@ -970,6 +986,7 @@ void gpu_copy_engine_set_kernel_policy(GpuCopyEngine *e, GpuCopyKernelPolicy p, 
 }
 
 void gpu_copy_engine_set_kernel_uniform(GpuCopyEngine *e, bool enable) {
+        e->uniform = enable;
         for (size_t i = 0; i < e->system->n_devices; i++)
                 if (e->lanes[i].kernels)
                         e->lanes[i].kernels->uniform = enable;
@@ -1007,10 +1024,95 @@ const GpuCopyStats *gpu_copy_engine_stats(const GpuCopyEngine *e) {
         return &e->stats;
 }
 
+/* Frees what a lane holds (all of it, or what a failed setup made), its work first. */
+static void lane_clear(GpuCopyEngine *e, int dev) {
+        CudaDriver *d = e->system->driver;
+        DeviceLane *l = &e->lanes[dev];
+        bool any = l->ready || l->kernels || l->desc_host;
+
+        for (int p = 0; p < _GPU_COPY_PATH_MAX; p++)
+                for (unsigned k = 0; k < STREAMS_PER_PATH; k++)
+                        any = any || l->streams[p][k];
+        if (!any) {
+                free(l->spare_events);
+                *l = (DeviceLane) {};
+                return; /* never used: its context is not made for this */
+        }
+        (void)gpu_device_make_current(e->system, &e->system->devices[dev]);
+        for (int p = 0; p < _GPU_COPY_PATH_MAX; p++)
+                for (unsigned k = 0; k < STREAMS_PER_PATH; k++)
+                        if (l->streams[p][k]) {
+                                (void)CU(d, cuStreamSynchronize, l->streams[p][k]);
+                                (void)CU(d, cuStreamDestroy, l->streams[p][k]);
+                        }
+        for (size_t k = 0; k < l->n_spare_events; k++)
+                (void)CU(d, cuEventDestroy, l->spare_events[k]);
+        if (l->tl_ref)
+                (void)CU(d, cuEventDestroy, l->tl_ref);
+        free(l->spare_events);
+        if (l->desc_dev)
+                (void)CU(d, cuMemFree, l->desc_dev);
+        if (l->desc_host)
+                (void)CU(d, cuMemFreeHost, l->desc_host);
+        gpu_kernels_free(l->kernels);
+        *l = (DeviceLane) {};
+}
+
+/* Sets up device dev's lane (its context current, streams, the batched kernels and
+ * their descriptor memory) and leaves its context current. Idempotent; on the
+ * submitting thread. A failure leaves the lane as it was (a later use tries again). */
+static int lane_setup(GpuCopyEngine *e, int dev) {
+        GpuSystem *s = e->system;
+        CudaDriver *d = s->driver;
+        DeviceLane *l;
+        void *h = NULL;
+        int r;
+
+        if (dev < 0 || (size_t)dev >= s->n_devices)
+                return -ENODEV;
+        l = &e->lanes[dev];
+        r = gpu_device_make_current(s, &s->devices[dev]);
+        if (r < 0 || l->ready)
+                return r;
+        for (int p = 0; p < _GPU_COPY_PATH_MAX; p++)
+                for (unsigned k = 0; k < STREAMS_PER_PATH; k++) {
+                        r = CU(d, cuStreamCreate, &l->streams[p][k], CU_STREAM_NON_BLOCKING);
+                        if (r < 0)
+                                goto fail;
+                }
+        int pitch = 0;
+        if (CU(d, cuDeviceGetAttribute, &pitch, CU_DEVICE_ATTRIBUTE_MAX_PITCH, s->devices[dev].dev) >= 0 && pitch > 0)
+                l->max_pitch = (uint64_t)pitch;
+        r = gpu_kernels_load(s, dev, &l->kernels);
+        if (r < 0) {
+                log_debug_errno(r, "GPU %d: batched copy kernel unavailable (%m), using the copy engine only", dev);
+                l->kernels = NULL;
+        } else {
+                l->kernels->uniform = e->uniform;
+                r = CU(d, cuMemAllocHost, &h, (size_t)DESC_SLOTS * DESC_SLOT_CHUNKS * sizeof(GpuChunk));
+                if (r < 0)
+                        goto fail;
+                l->desc_host = h;
+                r = CU(d, cuMemAlloc, &l->desc_dev, (size_t)DESC_SLOTS * DESC_SLOT_CHUNKS * sizeof(GpuChunk));
+                if (r < 0)
+                        goto fail;
+        }
+        l->ready = true;
+        return 0;
+fail:
+        lane_clear(e, dev);
+        return r;
+}
+
+int gpu_copy_engine_use_device(GpuCopyEngine *e, int dev) {
+        if (!e)
+                return -EINVAL;
+        return lane_setup(e, dev);
+}
+
 GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e) {
         if (!e)
                 return NULL;
-        CudaDriver *d = e->system->driver;
 
         if (e->waiter_started) {
                 /* Shutdown: the thread sees every event of work in flight pass first. */
@@ -1023,27 +1125,8 @@ GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e) {
         }
         free(e->watches);
         if (e->lanes)
-                for (size_t i = 0; i < e->system->n_devices; i++) {
-                        DeviceLane *l = &e->lanes[i];
-
-                        (void)gpu_device_make_current(e->system, &e->system->devices[i]);
-                        for (int p = 0; p < _GPU_COPY_PATH_MAX; p++)
-                                for (unsigned k = 0; k < STREAMS_PER_PATH; k++)
-                                        if (l->streams[p][k]) {
-                                                (void)CU(d, cuStreamSynchronize, l->streams[p][k]);
-                                                (void)CU(d, cuStreamDestroy, l->streams[p][k]);
-                                        }
-                        for (size_t k = 0; k < l->n_spare_events; k++)
-                                (void)CU(d, cuEventDestroy, l->spare_events[k]);
-                        if (l->tl_ref)
-                                (void)CU(d, cuEventDestroy, l->tl_ref);
-                        free(l->spare_events);
-                        if (l->desc_dev)
-                                (void)CU(d, cuMemFree, l->desc_dev);
-                        if (l->desc_host)
-                                (void)CU(d, cuMemFreeHost, l->desc_host);
-                        gpu_kernels_free(l->kernels);
-                }
+                for (size_t i = 0; i < e->system->n_devices; i++)
+                        lane_clear(e, (int)i);
         /* Batches finished but never reaped. */
         while (e->done.first) {
                 GpuCopyJob *j = e->done.first;
@@ -1062,7 +1145,6 @@ GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e) {
 
 int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
         _cleanup_(gpu_copy_engine_freep) GpuCopyEngine *e = NULL;
-        CudaDriver *d = s->driver;
         int r;
 
         e = calloc(1, sizeof *e);
@@ -1086,48 +1168,35 @@ int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
         r = waiter_start(e);
         if (r < 0)
                 return r;
-
-        for (size_t i = 0; i < s->n_devices; i++) {
-                DeviceLane *l = &e->lanes[i];
-                void *h = NULL;
-
-                r = gpu_device_make_current(s, &s->devices[i]);
-                if (r < 0)
-                        return r;
-                for (int p = 0; p < _GPU_COPY_PATH_MAX; p++)
-                        for (unsigned k = 0; k < STREAMS_PER_PATH; k++) {
-                                r = CU(d, cuStreamCreate, &l->streams[p][k], CU_STREAM_NON_BLOCKING);
-                                if (r < 0)
-                                        return r;
-                        }
-                int pitch = 0;
-                if (CU(d, cuDeviceGetAttribute, &pitch, CU_DEVICE_ATTRIBUTE_MAX_PITCH, s->devices[i].dev) >= 0 &&
-                    pitch > 0)
-                        l->max_pitch = (uint64_t)pitch;
-                r = gpu_kernels_load(s, (int)i, &l->kernels);
-                if (r < 0) {
-                        log_debug_errno(r, "GPU %zu: batched copy kernel unavailable (%m), using the copy engine only", i);
-                        continue;
-                }
-                r = CU(d, cuMemAllocHost, &h, (size_t)DESC_SLOTS * DESC_SLOT_CHUNKS * sizeof(GpuChunk));
-                if (r < 0)
-                        return r;
-                l->desc_host = h;
-                r = CU(d, cuMemAlloc, &l->desc_dev, (size_t)DESC_SLOTS * DESC_SLOT_CHUNKS * sizeof(GpuChunk));
-                if (r < 0)
-                        return r;
-        }
-
+        /* No lane yet: each is set up when its GPU is first used. */
         *ret = TAKE_PTR(e);
         return 0;
+}
+
+/* Pinning and unpinning need a current context (any: the pin is PORTABLE): the
+ * thread's own, else one this process holds already, else the first GPU's. */
+static int host_context(GpuSystem *s) {
+        CUcontext cur = NULL;
+        if (s->driver->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur)
+                return 0;
+        for (size_t i = 0; i < s->n_devices; i++)
+                if (__atomic_load_n(&s->devices[i].ctx, __ATOMIC_ACQUIRE))
+                        return gpu_device_make_current(s, &s->devices[i]);
+        return s->n_devices > 0 ? gpu_device_make_current(s, &s->devices[0]) : -ENODEV;
 }
 
 int gpu_host_register(GpuSystem *s, void *p, size_t size) {
         if (!p || size == 0)
                 return -EINVAL;
+        int r = host_context(s);
+        if (r < 0)
+                return r;
         return CU(s->driver, cuMemHostRegister, p, size, CU_MEMHOSTREGISTER_PORTABLE);
 }
 
 int gpu_host_unregister(GpuSystem *s, void *p) {
+        int r = host_context(s);
+        if (r < 0)
+                return r;
         return CU(s->driver, cuMemHostUnregister, p);
 }

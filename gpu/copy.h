@@ -82,6 +82,12 @@ const char *gpu_copy_path_to_string(GpuCopyPath p);
 GpuCopyPath gpu_copy_path(const GpuSystem *s, const GpuCopySeg *seg);
 
 int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret);
+/* Sets up the engine's streams, batched kernels and descriptor memory on GPU dev (its
+ * primary context retained and made current on the calling thread, which must be the
+ * submitting one). A new engine holds nothing on any GPU: a GPU is set up when a
+ * submission first copies on it, or ahead of that by this call, so that the first copy
+ * does not pay for loading the kernels. Idempotent. */
+int gpu_copy_engine_use_device(GpuCopyEngine *e, int dev);
 /* Waits for everything in flight (shutdown only), then frees. */
 GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e);
 DEFINE_TRIVIAL_CLEANUP_FUNC(GpuCopyEngine *, gpu_copy_engine_free);
@@ -182,7 +188,9 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
 /* Returns up to n finished batches, without blocking. */
 size_t gpu_copy_reap(GpuCopyEngine *e, GpuCopyDone *out, size_t n);
 /* For tests, tools and drains without an event loop: poll()s the fd (no spinning; a
- * signal does not end the wait). Returns 1 when completions are ready, 0 on timeout. */
+ * signal does not end the wait, and a poll() that fails sleeps 10 ms instead: a drain
+ * never gives up on copies in flight). Returns 1 when completions are ready, 0 on
+ * timeout. */
 int gpu_copy_wait(GpuCopyEngine *e, int timeout_ms);
 
 /* Pins host memory (an arena's mapping) for the GPU copy paths. */

@@ -161,6 +161,14 @@ static int gpu_init(Manager *m) {
                 return log_error_errno(r, "GPU: cannot start the copy-on-write copy engine: %m");
         m->gpu->cow_engine = e;
         gpu_copy_engine_set_kernel_policy(e, (GpuCopyKernelPolicy)m->config.gpu_copy_kernel, 16);
+        /* Copy-on-write copies stay within a GPU arena: only their GPUs are set up. */
+        for (size_t i = 0; i < m->n_arenas; i++)
+                if (m->arenas[i]->domain == MEMORY_GPU) {
+                        r = gpu_copy_engine_use_device(e, m->arenas[i]->gpu->ordinal);
+                        if (r < 0)
+                                return log_error_errno(r, "GPU: cannot set up copy-on-write copies on GPU %d: %m",
+                                                       m->arenas[i]->gpu->ordinal);
+                }
         sd_event_source *src = NULL;
         r = sd_event_add_io(m->event, &src, gpu_copy_engine_fd(e), EPOLLIN, on_cow_completion, m);
         if (r < 0)

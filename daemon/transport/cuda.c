@@ -96,6 +96,12 @@ static int cuda_register_region(Transport *t, TransportRegion *r) {
                         free(cr);
                         return -ENOENT; /* not memory this daemon mapped */
                 }
+                /* Its GPU's copy lane set up now, not on the first handoff's path. */
+                k = gpu_copy_engine_use_device(c->engine, a->ordinal);
+                if (k < 0) {
+                        free(cr);
+                        return k;
+                }
                 cr->arena = gpu_arena_ref(a);
         } else {
                 k = gpu_host_register(c->system, r->host_base, r->size);

@@ -338,7 +338,12 @@ static CUresult f_free_host(void *p) {
         return OK;
 }
 static CUresult f_host_register(void *p, size_t size, unsigned flags) {
+        if (!current_ctx)
+                return 201; /* CUDA_ERROR_INVALID_CONTEXT, as the driver says */
         return p && size ? OK : E_INVALID;
+}
+static CUresult f_host_unregister(void *p) {
+        return current_ctx ? OK : 201;
 }
 static void copy_delay(void) {
         env_delay("FAKE_CUDA_COPY_DELAY_MS");
@@ -587,7 +592,7 @@ static const struct {
         { "cuMemAllocHost", (void *)f_alloc_host },
         { "cuMemFreeHost", (void *)f_free_host },
         { "cuMemHostRegister", (void *)f_host_register },
-        { "cuMemHostUnregister", (void *)f_ok_ptr },
+        { "cuMemHostUnregister", (void *)f_host_unregister },
         { "cuMemcpyDtoD", (void *)f_copy },
         { "cuMemcpyDtoH", (void *)f_copy },
         { "cuMemcpyHtoD", (void *)f_copy },

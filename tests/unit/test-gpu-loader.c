@@ -375,6 +375,65 @@ START_TEST(test_fake_contexts_on_use) {
 }
 END_TEST
 
+/* A copy engine (epdd's) takes a GPU's context, streams and kernels only when it first
+ * copies there or is told that it will: on a host of four whose arenas are on one GPU it
+ * holds nothing of the other three. Pinning host memory, with no context current on the
+ * thread, borrows one the process holds. */
+START_TEST(test_fake_engine_lanes_on_use) {
+        GpuSystem *s = NULL;
+        GpuCopyEngine *e = NULL;
+        GpuArena *a = NULL;
+        GpuCopyDone done;
+        static char host[16384];
+
+        fake_gpu(false);
+        ck_assert_int_eq(setenv("FAKE_CUDA_DEVICES", "4", 1), 0);
+        ck_assert_int_eq(gpu_system_open(fake(), &s), 0);
+        void *lib = dlopen(fake(), RTLD_NOW | RTLD_NOLOAD);
+        ck_assert_ptr_nonnull(lib);
+        int (*retained)(int) = (int (*)(int))dlsym(lib, "fake_cuda_retained");
+        ck_assert_ptr_nonnull(retained);
+
+        ck_assert_int_eq(gpu_copy_engine_new(s, &e), 0);
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(retained(i), 0);
+        ck_assert_int_eq(gpu_arena_new(s, 2, 4 << 20, &a), 0);
+        ck_assert_int_eq(s->driver->cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+        ck_assert_int_eq(gpu_host_register(s, host, sizeof host), 0);
+        memset(host, 0x5a, sizeof host);
+        GpuCopySeg segs[2] = {
+                { .src_host = host, .dst = a, .dst_offset = 0, .length = sizeof host },
+                { .src = a, .dst = a, .src_offset = 0, .dst_offset = 2 << 20, .length = sizeof host },
+        };
+        ck_assert_int_eq(gpu_copy_submit(e, &segs[0], 1, 1), 0);
+        ck_assert_int_eq(gpu_copy_wait(e, 5000), 1);
+        ck_assert_uint_eq(gpu_copy_reap(e, &done, 1), 1);
+        ck_assert_int_eq(done.error, 0);
+        ck_assert_int_eq(gpu_copy_submit(e, &segs[1], 1, 2), 0);
+        ck_assert_int_eq(gpu_copy_wait(e, 5000), 1);
+        ck_assert_uint_eq(gpu_copy_reap(e, &done, 1), 1);
+        ck_assert_int_eq(done.error, 0);
+        ck_assert_int_eq(((const char *)(uintptr_t)a->base)[(2 << 20) + 100], 0x5a);
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(retained(i), i == 2);
+        /* Set up ahead of use, as epdd does for each GPU it registers memory on. */
+        ck_assert_int_eq(gpu_copy_engine_use_device(e, 3), 0);
+        ck_assert_int_eq(gpu_copy_engine_use_device(e, 3), 0);
+        ck_assert_int_eq(gpu_copy_engine_use_device(e, 4), -ENODEV);
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(retained(i), i >= 2);
+
+        ck_assert_int_eq(gpu_host_unregister(s, host), 0);
+        gpu_arena_unref(a);
+        gpu_copy_engine_free(e);
+        gpu_system_unref(s);
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(retained(i), 0);
+        dlclose(lib);
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_DEVICES"), 0);
+}
+END_TEST
+
 START_TEST(test_fake_arena_fd) {
         GpuContext *g = NULL;
         GpuArena *imp = NULL;
@@ -957,6 +1016,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_kernels_built);
         tcase_add_test(tc, test_fake_system);
         tcase_add_test(tc, test_fake_contexts_on_use);
+        tcase_add_test(tc, test_fake_engine_lanes_on_use);
         tcase_add_test(tc, test_fake_arena_fd);
         tcase_add_test(tc, test_fake_transport);
         tcase_add_test(tc, test_fake_transport_parts);
