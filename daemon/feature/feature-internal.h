@@ -54,6 +54,7 @@ typedef struct FeaturePriv {
         bool probing; /* loading, its stored copy still being looked up (probe_fn) */
         bool lookup_failed; /* FAILED at that lookup: no usable stored copy (no data read) */
         uint32_t load_readers; /* Acquires answered by that read: hits once it lands */
+        bool load_prefetched; /* a Prefetch started that read: its hit once it lands */
 } FeaturePriv;
 
 #define PRIV(f) container_of(f, FeaturePriv, pub)

@@ -24,6 +24,7 @@ typedef struct LoadJob {
         uint64_t size;
         uint32_t crc;
         int result;
+        int removed;              /* a failed read: 0 its copy removed, -ESTALE a save's kept, else why not */
         LIST_FIELDS(struct LoadJob, jobs);
 } LoadJob;
 
@@ -73,11 +74,13 @@ static void *loader_thread(void *userdata) {
                         FeatureStoreEntry e = { .fd = j->fd, .size = j->size, .crc = j->crc };
                         j->result = feature_store_entry_read(&e, j->dst);
                         struct stat st;
-                        if (j->result < 0 && fstat(j->fd, &st) >= 0)
+                        if (j->result < 0)
                                 /* Short or unreadable: it would fail again; the next Acquire
                                  * produces the feature afresh. Unless a save has put a new
                                  * copy under its name since (kept). */
-                                (void)feature_store_remove_file(l->store, j->key, st.st_ino);
+                                j->removed = fstat(j->fd, &st) < 0
+                                                     ? negative_errno()
+                                                     : feature_store_remove_file(l->store, j->key, st.st_ino);
                         j->fd = safe_close(j->fd);
                 }
 
@@ -114,8 +117,8 @@ static int on_done(sd_event_source *s, int fd, uint32_t revents, void *userdata)
                                                     "directory by something else?) or its name holds another "
                                                     "key's file; a miss.", j->key);
                                 else if (j->result == -EBADMSG)
-                                        log_warning("Feature %.64s: its stored copy's header is damaged; removed it, "
-                                                    "a miss.", j->key);
+                                        log_warning("Feature %.64s: its stored copy's header is damaged; removed it "
+                                                    "(unless a save has put a new copy there since), a miss.", j->key);
                                 else
                                         log_warning_errno(j->result, "Feature %.64s: cannot look its stored copy up "
                                                           "(open, stat or read), a miss: %m", j->key);
@@ -126,9 +129,17 @@ static int on_done(sd_event_source *s, int fd, uint32_t revents, void *userdata)
                 } else {
                         if (j->result < 0) {
                                 l->stats.failed++;
-                                log_warning_errno(j->result,
-                                                  "Feature %.64s: cannot read it back from the store, removed it: %m",
-                                                  j->key);
+                                if (j->removed == 0)
+                                        log_warning_errno(j->result, "Feature %.64s: cannot read it back from the "
+                                                          "store, removed it: %m", j->key);
+                                else if (j->removed == -ESTALE)
+                                        log_warning_errno(j->result, "Feature %.64s: cannot read it back from the "
+                                                          "store (%m); a save has put a new copy there since, kept.",
+                                                          j->key);
+                                else
+                                        log_warning_errno(j->result, "Feature %.64s: cannot read it back from the "
+                                                          "store (%m), nor remove it (%s).", j->key,
+                                                          strerror(-j->removed));
                         } else
                                 l->stats.loaded++;
                         feature_load_done(j->feature, j->result);

@@ -761,6 +761,8 @@ void feature_load_done(Feature *f, int error) {
         c->stats.hits += error >= 0 ? PRIV(f)->load_readers : 0;
         c->stats.encoder_usec_saved += error >= 0 ? (uint64_t)PRIV(f)->load_readers * f->encode_usec : 0;
         PRIV(f)->load_readers = 0;
+        c->stats.prefetch_hits += error >= 0 && PRIV(f)->load_prefetched;
+        PRIV(f)->load_prefetched = false;
         if (error < 0)
                 set_failed(c, f, error);
         else {
@@ -1057,7 +1059,12 @@ int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefet
          * (an Acquire loads it then), not announced for an encoder to redo */
         r = load(c, key, false, &f);
         if (r >= 0) {
-                c->stats.prefetch_hits++;
+                /* Read back already (0), or being read off the loop (1): a hit once the
+                 * bytes land, not when a copy that may prove unusable is found. */
+                if (r == 0)
+                        c->stats.prefetch_hits++;
+                else
+                        PRIV(f)->load_prefetched = true;
                 *ret = FEATURE_PREFETCH_LOADED;
                 return 0;
         }

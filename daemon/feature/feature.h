@@ -97,7 +97,7 @@ typedef struct FeatureStats {
         uint64_t loaded;            /* read back from the store */
         uint64_t read_back_timeouts;/* Acquires refused past [Features] ReadBackTimeout= */
         uint64_t prefetch_requests;
-        uint64_t prefetch_hits;     /* Prefetch found it READY or loadable */
+        uint64_t prefetch_hits;     /* Prefetch found it READY, or read it back (once it lands) */
         uint64_t encoder_usec_saved;/* sum of encode_usec over hits */
         uint64_t bytes_cached;      /* regions of READY features */
         uint64_t bytes_reserved;    /* regions of RESERVED features */

@@ -1110,6 +1110,31 @@ START_TEST(test_async_probe) {
         /* none of these lookups is a failure of the cache's (huge's producer left) */
         ck_assert_uint_eq(feature_cache_stats(c)->failed, failed + 1);
 
+        /* a Prefetch that starts a read back is a hit when the bytes land: not when the
+         * lookup then finds the copy gone, nor while the read is on its way */
+        FeaturePrefetchResult pr;
+        uint64_t ph = feature_cache_stats(c)->prefetch_hits;
+        save(st, "p1", CHUNK, 7);
+        ck_assert_int_eq(feature_prefetch(c, "p1", 0, &pr), 0);
+        ck_assert_int_eq(pr, FEATURE_PREFETCH_LOADED);
+        ck_assert_int_eq(feature_store_remove(st, "p1"), 0);
+        e = (FeatureStoreEntry){ .fd = -EBADF };
+        feature_probe_done(probe.f, feature_store_lookup(st, "p1", &e), &e);
+        ck_assert_ptr_null(feature_cache_get(c, "p1"));
+        ck_assert_uint_eq(feature_cache_stats(c)->prefetch_hits, ph);
+        save(st, "p2", CHUNK, 8);
+        ck_assert_int_eq(feature_prefetch(c, "p2", 0, &pr), 0);
+        ck_assert_int_eq(pr, FEATURE_PREFETCH_LOADED);
+        ck_assert_int_eq(feature_store_lookup(st, "p2", &e), 0);
+        feature_probe_done(probe.f, 0, &e);
+        ck_assert_uint_eq(feature_cache_stats(c)->prefetch_hits, ph);
+        job_land();
+        ck_assert_int_eq(feature_cache_get(c, "p2")->state, FEATURE_READY);
+        ck_assert_uint_eq(feature_cache_stats(c)->prefetch_hits, ph + 1);
+        ck_assert_int_eq(feature_prefetch(c, "p2", 0, &pr), 0);
+        ck_assert_int_eq(pr, FEATURE_PREFETCH_PRESENT);
+        ck_assert_uint_eq(feature_cache_stats(c)->prefetch_hits, ph + 2);
+
         feature_cache_free(TAKE_PTR(c)); /* before the store it uses */
         tmp_store_close(NULL, st, dir);
 }
