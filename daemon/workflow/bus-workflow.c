@@ -53,7 +53,7 @@ static int map_error(sd_bus_error *error, int r, const char *what) {
 }
 
 /* The caller (a registered worker, for its client and KV block size) as the glue's call. */
-static int begin(Manager *m, sd_bus_message *msg, Client **ret, sd_bus_error *error) {
+static int begin_worker(Manager *m, sd_bus_message *msg, Client **ret, Worker **ret_worker, sd_bus_error *error) {
         Worker *w;
         int r = manager_require_worker(m, msg, &w, error);
         if (r < 0)
@@ -61,6 +61,24 @@ static int begin(Manager *m, sd_bus_message *msg, Client **ret, sd_bus_error *er
         workflows_set_call(m, &(WorkflowCall){ .m = m, .client = w->object.owner,
                                                .block_tokens = w->kv.tokens_per_block });
         *ret = w->object.owner;
+        if (ret_worker)
+                *ret_worker = w;
+        return 0;
+}
+
+static int begin(Manager *m, sd_bus_message *msg, Client **ret, sd_bus_error *error) {
+        return begin_worker(m, msg, ret, NULL, error);
+}
+
+/* A workflow's owner works on its sequences' arena, as Sequence.Clone requires: its
+ * heads are clones in that arena, Append takes pages from it, and Advance measures
+ * the matched prefix in the caller's blocks, which are that arena's pages only for a
+ * worker that mapped it (registration checked its layout against the arena's). */
+static int require_arena(Manager *m, Worker *w, const Sequence *s, sd_bus_error *error) {
+        Arena *a = page_manager_sequence_arena(m->page_manager, s);
+        if (!a || !(w->arena_mask & (UINT64_C(1) << a->index)))
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                     "Worker %s did not map the sequence's arena.", w->id_str);
         return 0;
 }
 
@@ -105,6 +123,7 @@ static int method_create(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         const uint32_t *tokens;
         size_t n;
         Client *c;
+        Worker *wk;
         Sequence *s;
         Workflow *w = NULL;
         char head[128];
@@ -116,7 +135,7 @@ static int method_create(sd_bus_message *msg, void *userdata, sd_bus_error *erro
                 r = read_tokens(msg, &tokens, &n);
         if (r < 0)
                 return r;
-        r = begin(m, msg, &c, error);
+        r = begin_worker(m, msg, &c, &wk, error);
         if (r < 0)
                 return r;
         r = m->page_manager ? page_manager_lookup(m->page_manager, c, path, SEQUENCE_ACCESS_READ, &s) : -ENOENT;
@@ -124,6 +143,9 @@ static int method_create(sd_bus_message *msg, void *userdata, sd_bus_error *erro
                 return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No sequence %s.", path);
         if (r == -EPERM)
                 return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED, "Sequence %s is not yours.", path);
+        if (r < 0)
+                return r;
+        r = require_arena(m, wk, s, error);
         if (r < 0)
                 return r;
         uid = c->uid;
@@ -286,10 +308,11 @@ static int method_attach(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         Manager *m = userdata;
         const char *id;
         Client *c;
+        Worker *wk;
         int r = sd_bus_message_read(msg, "s", &id);
         if (r < 0)
                 return r;
-        if ((r = begin(m, msg, &c, error)) < 0)
+        if ((r = begin_worker(m, msg, &c, &wk, error)) < 0)
                 return r;
         Workflow *w = workflow_get(m->workflows, id);
         if (!w)
@@ -301,6 +324,20 @@ static int method_attach(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         if (c->uid != w->uid && c->uid != 0)
                 return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
                                      "Workflow %s belongs to uid %u.", id, (unsigned)w->uid);
+        /* Its heads all lie in one arena: the first live one says which. */
+        for (uint32_t i = 0; i < w->n_branches && m->page_manager; i++) {
+                char sid[EPD_ID_STRING_MAX];
+                const Sequence *s = w->branches[i].alive
+                                            ? page_manager_get(m->page_manager,
+                                                               epd_id_to_string(&w->branches[i].head, sid))
+                                            : NULL;
+                if (!s)
+                        continue;
+                r = require_arena(m, wk, s, error);
+                if (r < 0)
+                        return r;
+                break;
+        }
         r = workflows_bind(m, w, c);
         if (r == -EDQUOT)
                 return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many objects for this client.");

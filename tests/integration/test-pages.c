@@ -549,6 +549,23 @@ START_TEST(test_layouts) {
         PoolStats st;
         ck_assert_int_eq(pool_stats(&st), 0);
         ck_assert_uint_eq(st.page_size, PAGE_SIZE);
+        /* A worker that did not map a sequence's arena (its blocks are not that arena's
+         * pages) may neither clone the sequence nor make a workflow of it, granted or
+         * not: its Advance would count the prefix in blocks of another size. */
+        char *x = NULL, *wf = NULL, *head = NULL;
+        uint32_t tokens[32];
+        for (uint32_t i = 0; i < 32; i++)
+                tokens[i] = i;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 2, &seq, NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_grant(c, seq, epd_worker_path(d)), 0);
+        ck_assert_int_eq(epd_sequence_clone(d, seq, &x), -EPERM);
+        ck_assert_int_eq(epd_workflow_create(d, seq, tokens, 32, &wf, &head), -EPERM);
+        ck_assert_str_eq(epd_last_error_name(d), "org.epd1.Error.PermissionDenied");
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(d), "did not map the sequence's arena"));
+        ck_assert_msg(epd_workflow_create(c, seq, tokens, 32, &wf, &head) == 0, "%s", epd_last_error_message(c));
+        free(wf);
+        free(head);
+        free(seq);
         epd_disconnect(d);
         epd_disconnect(c);
 }
