@@ -517,6 +517,12 @@ typedef struct PrepareWriteCall {
         uint32_t first, count;
 } PrepareWriteCall;
 
+/* The refusals of a copy-on-write round's plan (as against its copy's failure, whose
+ * errno is the driver's and says nothing to the caller). */
+static bool plan_refusal(int error) {
+        return error == -ENOSPC || error == -EOPNOTSUPP || error == -EOVERFLOW || error == -EDQUOT || error == -E2BIG;
+}
+
 static void prepare_write_ready(void *userdata, Sequence *s, int error, size_t copied) {
         PrepareWriteCall *call = userdata;
         _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
@@ -532,6 +538,12 @@ static void prepare_write_ready(void *userdata, Sequence *s, int error, size_t c
                                   "PrepareWrite: pages %" PRIu32 "+%" PRIu32 " were shared again (cloned, "
                                   "published or leased) each time their copies finished; try again.",
                                   call->first, call->count);
+        else if (plan_refusal(error))
+                /* A later round's plan refused (no free page...): named as the first
+                 * round's refusal would be, not as a failed copy. */
+                r = pages_error(&e, error, copied > 0 ? "PrepareWrite (the pages copied in an earlier round "
+                                                        "stay copied)"
+                                                      : "PrepareWrite");
         else if (error < 0 && copied > 0)
                 r = epd_bus_error(&e, EPD_ERROR_FAILED,
                                   "PrepareWrite: the copy-on-write of shared pages failed (%s); the %zu pages "
@@ -547,7 +559,7 @@ static void prepare_write_ready(void *userdata, Sequence *s, int error, size_t c
                 if (sd_bus_error_is_set(&e))
                         (void)sd_bus_reply_method_error(call->msg, &e);
                 else
-                        (void)sd_bus_reply_method_errnof(call->msg, r, "PrepareWrite: %m");
+                        (void)bus_glue_reply_errno(call->msg, r, "PrepareWrite: the reply could not be built.");
         }
 done:
         sd_bus_message_unref(call->msg);

@@ -1089,6 +1089,39 @@ START_TEST(test_cow_shared_while_copying) {
 }
 END_TEST
 
+/* A copy-on-write's second round (a Clone shared a page again while round one's copy
+ * ran) that finds no free page is refused by name, NoSpace as round one's would be,
+ * saying that round one's copy stays. */
+START_TEST(test_cow_later_round_no_space) {
+        if (!fake) {
+                printf("real driver: copies are not slowed down here\n");
+                return;
+        }
+        epd_client *c = worker("decode");
+        uint64_t offs[N_PAGES], one[1];
+        char *seq = make_sequence(c, "gpu0", N_PAGES, offs);
+        char *clone = clone_sequence(c, seq);
+        char *filler = make_sequence(c, "gpu0", 1, one);
+        ck_assert_int_eq(epd_sequence_append(c, clone, 1, NULL, NULL), 0); /* page N_PAGES: its own */
+        AsyncCall a;
+        prepare_write_async(c, clone, N_PAGES - 1, 2, &a);
+        char *clone2 = clone_sequence(c, clone); /* while round one runs: N_PAGES is shared */
+        for (uint32_t n = 256; n > 0;) { /* and the arena full */
+                int k = epd_sequence_append(c, filler, n, NULL, NULL);
+                ck_assert_msg(k == 0 || k == -ENOSPC, "Append: %s", epd_last_error_message(c));
+                if (k < 0)
+                        n /= 2;
+        }
+        ck_assert(!a.done);
+        async_wait(c, &a);
+        ck_assert_msg(strstr(a.error, "org.epd1.Error.NoSpace") && strstr(a.error, "stay copied"), "got %s",
+                      a.error);
+        release_all(c, (char *[]){ filler, clone2, clone, seq }, 4);
+        ck_assert_uint_eq(arena_live(c, "gpu0"), 0);
+        epd_disconnect(c);
+}
+END_TEST
+
 /* The copies of a copy-on-write's second round are refused by the driver (fake driver:
  * every asynchronous copy after the first): the first round's copy stays (its bytes are
  * the page's own), the caller hears Error.Failed saying so, the page shared again stays
@@ -1516,6 +1549,7 @@ static Suite *suite(void) {
         tcase_add_test(ts, test_cow_off_loop);
         tcase_add_test(ts, test_queued_groups_go_together);
         tcase_add_test(ts, test_cow_shared_while_copying);
+        tcase_add_test(ts, test_cow_later_round_no_space);
         tcase_add_test(ts, test_loop_stall_named);
         tcase_add_test(ts, test_unregister_releases_memory);
         tcase_set_timeout(ts, 120);
