@@ -276,9 +276,10 @@ static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_er
         if (r >= 0)
                 r = sd_bus_send(NULL, reply, NULL);
         if (r < 0) {
-                worker_free(w);
+                worker_free(w); /* never registered: what its hooks made for it goes too */
                 return r;
         }
+        w->established = true;
         return 1;
 }
 

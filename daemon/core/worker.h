@@ -68,6 +68,9 @@ struct Worker {
         KvLayout *layout;         /* derived by the pages subsystem; freed by its
                                    * worker_gone hook */
         uint64_t arena_mask;      /* arenas this worker may map (bit = arena index) */
+        uint64_t pools_made;      /* KV pools its registration made (pages); undone if
+                                   * the registration fails after the pages hook */
+        bool established;         /* its RegisterWorker reply went out: it stands */
         /* Options "name" and "labels": what [Pool:NAME] worker selectors match
          * (pool-select.h). NULL / none when not given. */
         char *name;

@@ -1132,6 +1132,7 @@ static int pages_worker_added(Manager *m, Worker *w, Reason *refused) {
                 return -ENOMEM;
         }
         *w->layout = l;
+        w->pools_made = made;
         return 0;
 }
 
@@ -1145,6 +1146,14 @@ static int pages_reload(Manager *m, const Config *c) {
 }
 
 static void pages_worker_gone(Manager *m, Worker *w) {
+        /* A registration refused after this subsystem's hook (another subsystem's, or its
+         * reply not sent) sets no page size either: the pools it made go, still empty
+         * (nothing ran between). Once it stands, they stay with their pages. */
+        for (size_t i = 0; !w->established && m->page_manager && i < m->n_arenas; i++)
+                if ((w->pools_made & (UINT64_C(1) << i)) && m->arenas[i]->pages &&
+                    page_pool_retained(m->arenas[i]->pages) == 0)
+                        pool_drop(m->page_manager, m->arenas[i]);
+        w->pools_made = 0;
         free(w->layout);
         w->layout = NULL;
 }

@@ -200,6 +200,35 @@ START_TEST(test_bare_errno) {
 }
 END_TEST
 
+static int register_kv(sd_bus *b, uint32_t layers, sd_bus_error *e) {
+        sd_bus_message *reply = NULL;
+        int r = sd_bus_call_method(b, NULL, "/org/epd1", "org.epd1.Manager", "RegisterWorker", e, &reply,
+                                   "sssa{sv}", "prefill", "m", "cpu", 5, "kv.layers", "u", layers,
+                                   "kv.tokens_per_block", "u", 16, "kv.k_bytes_per_token", "t", (uint64_t)64,
+                                   "kv.v_bytes_per_token", "t", (uint64_t)64, "kv.dtype", "s", "bfloat16");
+        sd_bus_message_unref(reply);
+        return r;
+}
+
+/* A registration refused after the pages subsystem made the KV arena's pool for its
+ * layout (here its reply cannot be made) sets no page size: a worker of another layout
+ * registers after it. */
+START_TEST(test_failed_registration_sets_no_page_size) {
+        ck_assert_msg(getenv("FAULT_SDBUS"), "FAULT_SDBUS is not set (run through meson test)");
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus *other;
+        ck_assert_int_ge(harness_direct_bus(&h, &other), 0);
+        plan("sd_bus_message_new_method_return 1\n");
+        ck_assert_int_lt(register_kv(other, 4, &e), 0);
+        ck_assert_msg(strcmp(e.name, "org.epd1.Error.Failed") == 0, "RegisterWorker: %s: %s", e.name, e.message);
+        sd_bus_error_free(&e);
+        ck_assert_int_eq(unlink(fault_file), 0);
+        int r = register_kv(other, 8, &e); /* pages twice the size */
+        ck_assert_msg(r >= 0, "RegisterWorker of another layout: %s", e.message);
+        sd_bus_flush_close_unref(other);
+}
+END_TEST
+
 /* OpenRing failing to make the ring (epdd out of fds: its memfd_create fails) is a
  * named refusal saying why; the daemon goes on, and the client's next OpenRing is
  * served. */
@@ -231,6 +260,7 @@ int main(void) {
         tcase_add_test(tc, test_scheduler_wrong_variants);
         tcase_add_test(tc, test_other_readers);
         tcase_add_test(tc, test_bare_errno);
+        tcase_add_test(tc, test_failed_registration_sets_no_page_size);
         tcase_add_test(tc, test_open_ring_fails);
         suite_add_tcase(s, tc);
         return check_run(s, CK_NOFORK);
