@@ -99,13 +99,12 @@ static void send_prepare_ok(HandoffObject *d) {
  * eviction) whose record is not durable yet (page_manager_pages_settled()): no byte
  * goes into them before it is, or a crash would bring the sequence or the entry back
  * over the handoff's bytes. A local copy's source posts nothing, a pipelined
- * destination parks the writes naming its slot, until then; found again by request and
- * token, the handoff may have gone meanwhile. */
+ * destination parks the writes naming its slot, until then. The wait names its object
+ * (cleared if the object goes first: handoff_settle_forget()), never the request's
+ * newest attempt, which a retry may have made another one meanwhile. */
 typedef struct SettleWait {
         HandoffManager *hm;
-        HandoffRole role;
-        EpdId request_id;
-        uint64_t token;
+        HandoffObject *object; /* NULL once it is freed (handoff_settle_forget()) */
         Peer *peer;     /* destination: whose parked streams resume (peers outlive the WAL) */
         bool in_call;   /* inside wal_manager_after_durable(): its caller acts on the answer */
         bool answered;
@@ -120,9 +119,12 @@ static void settle_done(void *userdata, int error) {
                 w->error = error;
                 return;
         }
-        HandoffObject *o = hm->manager->stopping ? NULL : hashmap_get(handoff_request_map(hm, w->role), w->request_id.bytes);
-        if (o && o->h->token != w->token)
-                o = NULL;
+        /* This object, not whatever attempt at its request is newest now: a retry that
+         * replaced it in the request map must not leave it unsettled for good (its slot's
+         * writes would park until the park's timeout reset the whole peer session). */
+        HandoffObject *o = hm->manager->stopping ? NULL : w->object;
+        if (o && o->settle == w)
+                o->settle = NULL;
         Peer *peer = w->peer;
         free(w);
         /* The parked streams resume whatever became of the handoff: its writes are then
@@ -145,12 +147,14 @@ int handoff_settle_wait(HandoffObject *o) {
         SettleWait *w = calloc(1, sizeof *w);
         if (!w)
                 return -ENOMEM;
-        *w = (SettleWait){ .hm = o->hm, .role = o->h->role, .request_id = o->h->request_id, .token = o->h->token,
+        *w = (SettleWait){ .hm = o->hm, .object = o,
                            .peer = o->h->role == HANDOFF_DESTINATION ? o->peer : NULL, .in_call = true };
         o->unsettled = true;
         int r = wal_manager_after_durable(o->hm->manager, settle_done, w);
         if (r >= 0 && !w->answered) {
                 w->in_call = false; /* settle_done() acts when the records are durable */
+                handoff_settle_forget(o); /* an earlier wait's answer is this one's too */
+                o->settle = w;
                 o->hm->counters.journal_waits++;
                 return 0;
         }
@@ -160,6 +164,12 @@ int handoff_settle_wait(HandoffObject *o) {
                 r = w->error;
         free(w);
         return r;
+}
+
+void handoff_settle_forget(HandoffObject *o) {
+        if (o->settle)
+                o->settle->object = NULL; /* its answer still resumes the peer's streams */
+        o->settle = NULL;
 }
 
 /* ---- pipelined handoffs: slots (handoff-proto.h) ---- */

@@ -163,14 +163,17 @@ void handoff_pump(HandoffObject *o);
  * trace event).
  * Returns as handoff_group_ready() (1: newly ready, the caller pumps). */
 int handoff_obj_group_ready(HandoffObject *o, uint32_t g);
-/* The last write of group g of a handoff whose completions ride the data: it carries
- * the group's immediate (handoff-proto.h). */
 /* Marks o unsettled until every record that freed pages so far is durable (its
  * destination pages may be among them): a local source posts nothing, a pipelined
  * destination's writes wait, until then (handoff-dest.c). Returns 0 (waiting, or
  * durable already: o is settled) or the journal's error, o left as it was: the caller
  * refuses the Prepare. */
 int handoff_settle_wait(HandoffObject *o);
+/* o goes: its settle wait, if one is under way, answers nobody (but still resumes the
+ * peer's parked streams). */
+void handoff_settle_forget(HandoffObject *o);
+/* The last write of group g of a handoff whose completions ride the data: it carries
+ * the group's immediate (handoff-proto.h). */
 void handoff_mark_group_end(HandoffObject *o, uint32_t g, TransportWrite *w);
 void handoff_send_message(HandoffObject *o, HandoffMessage *m);
 /* The same once every record journaled so far is durable (the object may be gone by

@@ -182,6 +182,7 @@ void handoff_obj_free(HandoffObject *o) {
                         handoff_ending_remember(o);
         }
         (void)hashmap_remove(hm->by_handle, o->handle_str);
+        handoff_settle_forget(o);
         handoff_slot_forget(o);
         if (o->twin)
                 o->twin->twin = NULL;

@@ -124,6 +124,8 @@ struct HandoffObject {
         bool unsettled;          /* local source, pipelined destination: the destination
                                   * pages may have been freed by a record not yet durable;
                                   * nothing lands in them until it is (handoff_settle_wait()) */
+        struct SettleWait *settle; /* while unsettled: the wait that settles it (this
+                                  * object, not the request's newest attempt) */
         bool gpu;                /* local, through the CUDA transport (a GPU arena on a side) */
         uint32_t gpu_batches;    /* gpu: its batches on the GPU, not yet landed (handoff_pump()) */
         HandoffStaging *staging; /* remote with GPU source pages: GPU → host staging → peer;

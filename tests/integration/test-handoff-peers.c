@@ -849,6 +849,96 @@ START_TEST(test_pipelined_into_freed_pages) {
 }
 END_TEST
 
+/* A pipelined handoff parked on destination pages whose freeing record is not durable
+ * yet, accepted by the decode worker, is rolled back and prepared again at once by the
+ * source: the retry takes the request's place, but the first attempt (still held by
+ * the decode worker, its slot still mapped) is settled all the same when the record is
+ * durable. Were it left unsettled, its parked writes would wait for the park's timeout
+ * (10 s), and the session be reset under every handoff: a later handoff too large to be
+ * pipelined lands. */
+START_TEST(test_pipelined_retry_while_unsettled) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        uint64_t src, freed;
+        char *seq = make_sequence(p, 1, &src), *gone = make_sequence(d, 1, &freed);
+        void *pb, *db;
+        ck_assert_int_eq(epd_arena_map(p, (size_t)epd_arena_find(p, "kv0"), &pb), 0);
+        ck_assert_int_eq(epd_arena_map(d, (size_t)epd_arena_find(d, "kv0"), &db), 0);
+        char *path = NULL, *retry = NULL;
+        uint64_t token;
+        epd_handoff_options o = { .ready = 4 };
+        int r = -EHOSTUNREACH;
+        for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++)
+                if ((r = epd_handoff_prepare(p, "000000000000000000000000000000e1", "bravo", seq, groups4, 4, &o, &path,
+                                             &token)) == -EHOSTUNREACH)
+                        usleep(20000);
+        ck_assert_int_eq(r, 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000e1", &acc), 0);
+        Cond t = { d, acc.path, "transferred" };
+        ck_assert(harness_wait_for(state_is, &t, 5000));
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+
+        char *filler = kv0_fill(d); /* the handoff takes the page the Release frees */
+        fault_set(hb.epdd_pid, 0, 1500); /* bravo's disk: 1.5 s a sync */
+        Cond freed_now = { d, NULL, NULL, arena_live(d) - 1 };
+        ck_assert_int_eq(epd_sequence_release_nowait(d, gone), 0);
+        ck_assert(harness_wait_for(live_is, &freed_now, 5000));
+        ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000e2", "bravo", seq, groups4, 4, &o, &path,
+                                             &token),
+                         0);
+        ck_assert_int_eq(epd_handoff_accept_wait(d, "000000000000000000000000000000e2", 1000000, &acc), 0);
+        usleep(100000); /* its writes are parked at bravo */
+        ck_assert_int_eq(epd_handoff_rollback(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        free(path);
+        /* At once: bravo takes it or has no page for it (NoSpace), either way the newer
+         * attempt at the request. */
+        r = epd_handoff_prepare(p, "000000000000000000000000000000e2", "bravo", seq, groups4, 4, &o, &retry, &token);
+        ck_assert_msg(r == 0 || r == -ENOSPC, "the retry: %s", epd_last_error_message(p));
+        usleep(1600000); /* the DEL is durable */
+        fault_clear();
+        ck_assert_int_eq(epd_flush(d, 5000000), 0);
+        /* The first attempt settles (its own records' sync too) while the decode worker
+         * still holds it, its slot mapped. */
+        usleep(2500000);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        epd_handoff_accepted_done(&acc);
+        if (retry)
+                ck_assert_int_eq(epd_handoff_release(p, retry), 0);
+        free(retry);
+        if (filler)
+                ck_assert_int_eq(epd_sequence_release(d, filler), 0);
+        free(filler);
+
+        uint64_t big[N_PAGES];
+        char *large = make_sequence(p, N_PAGES, big);
+        for (uint32_t pg = 0; pg < N_PAGES; pg++)
+                for (uint32_t l = 0; l < LAYERS; l++)
+                        for (uint32_t k = 0; k < LAYER_BYTES; k++)
+                                ((uint8_t *)pb)[big[pg] + (uint64_t)l * LAYER_BYTES + k] = pattern(pg, l, k);
+        ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000e3", "bravo", large, groups4, 4, &o,
+                                             &path, &token),
+                         0);
+        free(large);
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000e3", &acc), 0);
+        t.path = acc.path;
+        ck_assert_msg(harness_wait_for(state_is, &t, 4000), "a later handoff on the same streams did not land");
+        ck_assert(layers_equal(db, acc.offsets, N_PAGES, 0, LAYERS));
+        ck_assert(!harness_log_has(&hb, "never announced"));
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        free(seq);
+        free(gone);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 /* The decode worker commits around the handoff's deadline, while the destination's
  * loop is held up (SIGSTOP) across it: when it resumes, the Commit, its expired timer
  * and the source's word are all waiting. The two sides end in the same state (the
@@ -928,6 +1018,7 @@ int main(void) {
         tcase_add_test(tc, test_commit_waits_for_durable);
         tcase_add_test(tc, test_commit_crosses_timeout);
         tcase_add_test(tc, test_pipelined_into_freed_pages);
+        tcase_add_test(tc, test_pipelined_retry_while_unsettled);
         tcase_add_test(tc, test_faults);
         tcase_add_test(tc, test_source_dies);
         tcase_add_test(tc, test_three_hosts);
