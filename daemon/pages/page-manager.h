@@ -109,6 +109,13 @@ void page_manager_set_keeper(PageManager *pm, bool (*keeps)(void *userdata, cons
  * the pool exists with another page size, -EINVAL for a feature arena, -ENOSPC if the
  * arena holds less than one page). */
 int page_manager_pool(PageManager *pm, Arena *a, uint64_t page_size, PagePool **ret);
+/* The pool goes (it must hold no page): the arena has no page size again. */
+void page_manager_pool_drop(PageManager *pm, Arena *a);
+
+/* The subsystem's worker hooks (page-workers.c). */
+int pages_worker_added(Manager *m, Worker *w, Reason *refused);
+void pages_worker_gone(Manager *m, Worker *w);
+void pages_worker_stats(Manager *m, Worker *w, WorkerStats *st);
 
 /* Registers a bare sequence (from sequence_new*) under a fresh id, owned by client c,
  * over arena a (whose pool it must use). On failure the sequence is NOT freed. */
