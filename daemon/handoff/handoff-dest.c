@@ -122,9 +122,11 @@ static void settle_done(void *userdata, int error) {
         /* This object, not whatever attempt at its request is newest now: a retry that
          * replaced it in the request map must not leave it unsettled for good (its slot's
          * writes would park until the park's timeout reset the whole peer session). */
-        HandoffObject *o = hm->manager->stopping ? NULL : w->object;
+        HandoffObject *o = w->object;
         if (o && o->settle == w)
-                o->settle = NULL;
+                o->settle = NULL; /* also when stopping: the object is freed after this */
+        if (hm->manager->stopping)
+                o = NULL;
         Peer *peer = w->peer;
         free(w);
         /* The parked streams resume whatever became of the handoff: its writes are then

@@ -939,6 +939,53 @@ START_TEST(test_pipelined_retry_while_unsettled) {
 }
 END_TEST
 
+/* epdd stopped while a pipelined destination (no worker's yet: it belongs to no
+ * client) waits for its pages' freeing record: the journal answers the wait while the
+ * daemon stops, before the handoffs go; the object's link to the answered wait is gone
+ * with it (under ASan a write through it would abort the daemon: not a clean exit). */
+START_TEST(test_stop_while_unsettled) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        uint64_t src, freed;
+        char *seq = make_sequence(p, 1, &src), *gone = make_sequence(d, 1, &freed);
+        char *path = NULL;
+        uint64_t token;
+        epd_handoff_options o = { .ready = 4 };
+        int r = -EHOSTUNREACH;
+        for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++)
+                if ((r = epd_handoff_prepare(p, "000000000000000000000000000000e4", "bravo", seq, groups4, 4, &o, &path,
+                                             &token)) == -EHOSTUNREACH)
+                        usleep(20000);
+        ck_assert_int_eq(r, 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000e4", &acc), 0);
+        Cond t = { d, acc.path, "transferred" };
+        ck_assert(harness_wait_for(state_is, &t, 5000));
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+
+        char *filler = kv0_fill(d); /* the handoff takes the page the Release frees */
+        fault_set(hb.epdd_pid, 0, 1500); /* bravo's disk: 1.5 s a sync */
+        Cond freed_now = { d, NULL, NULL, arena_live(d) - 1 };
+        ck_assert_int_eq(epd_sequence_release_nowait(d, gone), 0);
+        ck_assert(harness_wait_for(live_is, &freed_now, 5000));
+        ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000e5", "bravo", seq, groups4, 4, &o, &path,
+                                             &token),
+                         0);
+        usleep(200000); /* bravo holds it, unsettled, its writes parked */
+        epd_disconnect(d);
+        ck_assert_int_eq(harness_stop_epdd(&hb), 0);
+        fault_clear();
+        (void)epd_handoff_release(p, path);
+        free(path);
+        free(filler);
+        free(seq);
+        free(gone);
+        epd_disconnect(p);
+}
+END_TEST
+
 /* The decode worker commits around the handoff's deadline, while the destination's
  * loop is held up (SIGSTOP) across it: when it resumes, the Commit, its expired timer
  * and the source's word are all waiting. The two sides end in the same state (the
@@ -1019,6 +1066,7 @@ int main(void) {
         tcase_add_test(tc, test_commit_crosses_timeout);
         tcase_add_test(tc, test_pipelined_into_freed_pages);
         tcase_add_test(tc, test_pipelined_retry_while_unsettled);
+        tcase_add_test(tc, test_stop_while_unsettled);
         tcase_add_test(tc, test_faults);
         tcase_add_test(tc, test_source_dies);
         tcase_add_test(tc, test_three_hosts);
