@@ -710,6 +710,32 @@ START_TEST(test_commit_waits_for_durable) {
 }
 END_TEST
 
+/* A handoff of N_PAGES pages to bravo, too large to be pipelined (its PREPARE resumes
+ * no parked stream), lands within 4 s, its bytes exact: the streams to bravo are not
+ * held up by parked writes. */
+static void large_handoff_lands(epd_client *p, epd_client *d, void *pb, void *db, const char *request) {
+        char *path = NULL;
+        uint64_t token;
+        epd_handoff_options o = { .ready = 4 };
+        epd_handoff_accepted acc;
+        uint64_t big[N_PAGES];
+        char *large = make_sequence(p, N_PAGES, big);
+        for (uint32_t pg = 0; pg < N_PAGES; pg++)
+                for (uint32_t l = 0; l < LAYERS; l++)
+                        for (uint32_t k = 0; k < LAYER_BYTES; k++)
+                                ((uint8_t *)pb)[big[pg] + (uint64_t)l * LAYER_BYTES + k] = pattern(pg, l, k);
+        ck_assert_int_eq(epd_handoff_prepare(p, request, "bravo", large, groups4, 4, &o, &path, &token), 0);
+        free(large);
+        ck_assert_int_eq(epd_handoff_accept(d, request, &acc), 0);
+        Cond t = { d, acc.path, "transferred" };
+        ck_assert_msg(harness_wait_for(state_is, &t, 4000), "a later handoff on the same streams did not land");
+        ck_assert(layers_equal(db, acc.offsets, N_PAGES, 0, LAYERS));
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+}
+
 /* A pipelined handoff's destination pages may be ones a Release just freed: its bytes
  * land there only once that Release's record is durable, or a kill -9 in between would
  * bring the sequence back over them. bravo's disk is slow (1.5 s a sync): half a second
@@ -824,30 +850,43 @@ START_TEST(test_pipelined_into_freed_pages) {
         if (filler)
                 ck_assert_int_eq(epd_sequence_release(d, filler), 0);
         free(filler);
-        uint64_t big[N_PAGES];
-        char *large = make_sequence(p, N_PAGES, big);
-        for (uint32_t pg = 0; pg < N_PAGES; pg++)
-                for (uint32_t l = 0; l < LAYERS; l++)
-                        for (uint32_t k = 0; k < LAYER_BYTES; k++)
-                                ((uint8_t *)pb)[big[pg] + (uint64_t)l * LAYER_BYTES + k] = pattern(pg, l, k);
-        ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000f9", "bravo", large, groups4, 4, &o,
-                                             &path, &token),
-                         0);
-        free(large);
-        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000f9", &acc), 0);
-        t.path = acc.path;
-        ck_assert_msg(harness_wait_for(state_is, &t, 4000), "a later handoff on the same streams did not land");
-        ck_assert(layers_equal(db, acc.offsets, N_PAGES, 0, LAYERS));
-        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
-        ck_assert_int_eq(epd_handoff_release(p, path), 0);
-        epd_handoff_accepted_done(&acc);
-        free(path);
+        large_handoff_lands(p, d, pb, db, "000000000000000000000000000000f9");
         free(seq);
         free(gone);
         epd_disconnect(p);
         epd_disconnect(d);
 }
 END_TEST
+
+/* One handoff to bravo first (the peers up), then a page of d's freed by a Release
+ * whose record bravo's slow disk (1.5 s a sync, left on) has not made durable, with
+ * every other page of kv0 taken (the filler returned): the next handoff to bravo
+ * reserves that page, unsettled. */
+static char *free_page_unsettled(epd_client *p, epd_client *d, const char *seq, const char *gone, const char *request) {
+        char *path = NULL;
+        uint64_t token;
+        epd_handoff_options o = { .ready = 4 };
+        int r = -EHOSTUNREACH;
+        for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++)
+                if ((r = epd_handoff_prepare(p, request, "bravo", seq, groups4, 4, &o, &path, &token)) == -EHOSTUNREACH)
+                        usleep(20000);
+        ck_assert_int_eq(r, 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, request, &acc), 0);
+        Cond t = { d, acc.path, "transferred" };
+        ck_assert(harness_wait_for(state_is, &t, 5000));
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+
+        char *filler = kv0_fill(d);
+        fault_set(hb.epdd_pid, 0, 1500);
+        Cond freed_now = { d, NULL, NULL, arena_live(d) - 1 };
+        ck_assert_int_eq(epd_sequence_release_nowait(d, gone), 0);
+        ck_assert(harness_wait_for(live_is, &freed_now, 5000));
+        return filler;
+}
 
 /* A pipelined handoff parked on destination pages whose freeing record is not durable
  * yet, accepted by the decode worker, is rolled back and prepared again at once by the
@@ -866,26 +905,9 @@ START_TEST(test_pipelined_retry_while_unsettled) {
         char *path = NULL, *retry = NULL;
         uint64_t token;
         epd_handoff_options o = { .ready = 4 };
-        int r = -EHOSTUNREACH;
-        for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++)
-                if ((r = epd_handoff_prepare(p, "000000000000000000000000000000e1", "bravo", seq, groups4, 4, &o, &path,
-                                             &token)) == -EHOSTUNREACH)
-                        usleep(20000);
-        ck_assert_int_eq(r, 0);
         epd_handoff_accepted acc;
-        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000e1", &acc), 0);
-        Cond t = { d, acc.path, "transferred" };
-        ck_assert(harness_wait_for(state_is, &t, 5000));
-        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
-        ck_assert_int_eq(epd_handoff_release(p, path), 0);
-        epd_handoff_accepted_done(&acc);
-        free(path);
-
-        char *filler = kv0_fill(d); /* the handoff takes the page the Release frees */
-        fault_set(hb.epdd_pid, 0, 1500); /* bravo's disk: 1.5 s a sync */
-        Cond freed_now = { d, NULL, NULL, arena_live(d) - 1 };
-        ck_assert_int_eq(epd_sequence_release_nowait(d, gone), 0);
-        ck_assert(harness_wait_for(live_is, &freed_now, 5000));
+        char *filler = free_page_unsettled(p, d, seq, gone, "000000000000000000000000000000e1");
+        int r;
         ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000e2", "bravo", seq, groups4, 4, &o, &path,
                                              &token),
                          0);
@@ -913,25 +935,8 @@ START_TEST(test_pipelined_retry_while_unsettled) {
                 ck_assert_int_eq(epd_sequence_release(d, filler), 0);
         free(filler);
 
-        uint64_t big[N_PAGES];
-        char *large = make_sequence(p, N_PAGES, big);
-        for (uint32_t pg = 0; pg < N_PAGES; pg++)
-                for (uint32_t l = 0; l < LAYERS; l++)
-                        for (uint32_t k = 0; k < LAYER_BYTES; k++)
-                                ((uint8_t *)pb)[big[pg] + (uint64_t)l * LAYER_BYTES + k] = pattern(pg, l, k);
-        ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000e3", "bravo", large, groups4, 4, &o,
-                                             &path, &token),
-                         0);
-        free(large);
-        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000e3", &acc), 0);
-        t.path = acc.path;
-        ck_assert_msg(harness_wait_for(state_is, &t, 4000), "a later handoff on the same streams did not land");
-        ck_assert(layers_equal(db, acc.offsets, N_PAGES, 0, LAYERS));
+        large_handoff_lands(p, d, pb, db, "000000000000000000000000000000e3");
         ck_assert(!harness_log_has(&hb, "never announced"));
-        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
-        ck_assert_int_eq(epd_handoff_release(p, path), 0);
-        epd_handoff_accepted_done(&acc);
-        free(path);
         free(seq);
         free(gone);
         epd_disconnect(p);
@@ -950,26 +955,7 @@ START_TEST(test_stop_while_unsettled) {
         char *path = NULL;
         uint64_t token;
         epd_handoff_options o = { .ready = 4 };
-        int r = -EHOSTUNREACH;
-        for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++)
-                if ((r = epd_handoff_prepare(p, "000000000000000000000000000000e4", "bravo", seq, groups4, 4, &o, &path,
-                                             &token)) == -EHOSTUNREACH)
-                        usleep(20000);
-        ck_assert_int_eq(r, 0);
-        epd_handoff_accepted acc;
-        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000e4", &acc), 0);
-        Cond t = { d, acc.path, "transferred" };
-        ck_assert(harness_wait_for(state_is, &t, 5000));
-        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
-        ck_assert_int_eq(epd_handoff_release(p, path), 0);
-        epd_handoff_accepted_done(&acc);
-        free(path);
-
-        char *filler = kv0_fill(d); /* the handoff takes the page the Release frees */
-        fault_set(hb.epdd_pid, 0, 1500); /* bravo's disk: 1.5 s a sync */
-        Cond freed_now = { d, NULL, NULL, arena_live(d) - 1 };
-        ck_assert_int_eq(epd_sequence_release_nowait(d, gone), 0);
-        ck_assert(harness_wait_for(live_is, &freed_now, 5000));
+        char *filler = free_page_unsettled(p, d, seq, gone, "000000000000000000000000000000e4");
         ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000e5", "bravo", seq, groups4, 4, &o, &path,
                                              &token),
                          0);
