@@ -104,6 +104,9 @@ static int on_prepared(sd_bus_message *m, void *userdata, sd_bus_error *ret_erro
         uint64_t token = 0;
         int r = 0;
 
+        if (c->async_pending > 0)
+                c->async_pending--;
+
         if (e)
                 r = epd__error(c, sd_bus_error_get_errno(e) > 0 ? -sd_bus_error_get_errno(e) : -EIO, e);
         else {
@@ -130,7 +133,10 @@ int epd_handoff_prepare_async(epd_client *c, const char *request_id, const char 
         if (!call)
                 return epd__error(c, -ENOMEM, NULL);
         *call = (PrepareCall) { .client = c, .fn = fn, .userdata = userdata };
-        return epd__send_async(c, m, on_prepared, call);
+        r = epd__send_async(c, m, on_prepared, call);
+        if (r >= 0)
+                c->async_pending++;
+        return r;
 }
 
 int epd_handoff_layer_group_ready(epd_client *c, const char *handoff, uint32_t group) {
@@ -404,6 +410,9 @@ int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_r
                 r = epd_ring_attach(&rc->ring, rc->base, size, 0);
         if (r < 0) {
                 epd_ring_close(rc);
+                /* The daemon made the ring: let it go there too, or this client could
+                 * never open one again (one ring a client). This call's error stays. */
+                (void)epd__call(c, HANDOFFS_PATH, IFACE_HANDOFFS, "CloseRing", NULL, NULL);
                 return epd__error(c, r, NULL);
         }
         *ret = rc;
@@ -413,6 +422,9 @@ int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_r
 int epd_ring_submit(epd_ring_client *r, const struct epd_ring_record *rec) {
         if (!r || !rec)
                 return -EINVAL;
+        /* The daemon let go of the ring: nothing submitted now would be read. */
+        if (__atomic_load_n(epd_ring_closed(&r->ring), __ATOMIC_ACQUIRE))
+                return -ECONNRESET;
         pthread_mutex_lock(&r->submit_lock);
         int e = epd_ring_produce(&r->ring.sq, rec);
         pthread_mutex_unlock(&r->submit_lock);

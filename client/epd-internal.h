@@ -19,6 +19,7 @@ struct epd_client {
         /* Calls sent without waiting (epd__call_nowait): how many are unanswered, and the
          * first refusal among them, until epd_flush() returns it. */
         unsigned nowait_pending;
+        unsigned async_pending; /* asynchronous calls with a callback (prepare_async): epd_flush() runs them too */
         int nowait_error;
         char nowait_error_name[128];
         char nowait_error_message[512];

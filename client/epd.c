@@ -146,10 +146,11 @@ static int on_nowait_reply(sd_bus_message *m, void *userdata, sd_bus_error *ret_
         return 0;
 }
 
-/* Dispatches what has arrived, without blocking, while nowait calls are unanswered. */
+/* Dispatches what has arrived, without blocking, while calls sent without waiting
+ * (nowait, or asynchronous with a callback) are unanswered. */
 static int drain_nowait(epd_client *c) {
         int r = 0;
-        while (c->nowait_pending > 0 && (r = sd_bus_process(c->bus, NULL)) > 0)
+        while ((c->nowait_pending > 0 || c->async_pending > 0) && (r = sd_bus_process(c->bus, NULL)) > 0)
                 ;
         return r;
 }
@@ -205,12 +206,12 @@ int epd_flush(epd_client *c, uint64_t timeout_usec) {
                 r = drain_nowait(c);
                 if (r < 0)
                         return epd__error(c, r, NULL);
-                if (c->nowait_pending == 0)
+                if (c->nowait_pending == 0 && c->async_pending == 0)
                         break;
                 now = now_usec(CLOCK_MONOTONIC);
                 if (now >= until)
                         return epd__fail(c, -ETIMEDOUT, "%u call(s) sent without waiting are not answered yet",
-                                         c->nowait_pending);
+                                         c->nowait_pending + c->async_pending);
                 r = sd_bus_wait(c->bus, until == UINT64_MAX ? UINT64_MAX : until - now);
                 /* A signal caught meanwhile is not an answer: wait on until the deadline
                  * (what flush reports is a refusal, a timeout or 0). A wait without one

@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -18,6 +20,7 @@
 
 #include "epd/epd.h"
 #include "epd/epd-feature.h"
+#include "epd/handoff.h"
 #include "../check-main.h"
 
 typedef struct Canned {
@@ -28,6 +31,7 @@ typedef struct Canned {
         atomic_int releases; /* Feature.Release calls seen */
         char released[64];
         char unregistered[64]; /* UnregisterWorker's worker */
+        atomic_int ring_closes; /* CloseRing calls seen */
 } Canned;
 
 static Canned canned;
@@ -65,6 +69,22 @@ static int on_call(sd_bus_message *m, void *userdata, sd_bus_error *e) {
                 const char *w;
                 if (sd_bus_message_read(m, "o", &w) >= 0)
                         snprintf(s->unregistered, sizeof s->unregistered, "%s", w);
+                r = sd_bus_message_new_method_return(m, &reply);
+        } else if (strcmp(member, "OpenRing") == 0) {
+                /* A ring file shorter than the size said. */
+                int mfd = memfd_create("canned-ring", MFD_CLOEXEC), efd = eventfd(0, EFD_CLOEXEC);
+                if (mfd < 0 || efd < 0 || ftruncate(mfd, 4096) < 0)
+                        r = -errno;
+                if (r >= 0)
+                        r = sd_bus_message_new_method_return(m, &reply);
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "hhht", mfd, efd, efd, (uint64_t)(1 << 20));
+                if (mfd >= 0)
+                        close(mfd);
+                if (efd >= 0)
+                        close(efd);
+        } else if (strcmp(member, "CloseRing") == 0) {
+                atomic_fetch_add(&s->ring_closes, 1);
                 r = sd_bus_message_new_method_return(m, &reply);
         } else if (strcmp(member, "Release") == 0) {
                 const char *h;
@@ -187,6 +207,20 @@ START_TEST(test_unreadable_registration_undone) {
 }
 END_TEST
 
+/* A ring the daemon made that the client cannot map (here its file is shorter than the
+ * size said) is closed at the daemon too: one ring a client, so it could never open
+ * another. The open's own error stays the one reported. */
+START_TEST(test_unmappable_ring_closed) {
+        epd_client *c = connect_canned();
+        epd_ring_client *ring = NULL;
+        ck_assert_int_eq(epd_ring_open(c, 64, 64, &ring), -EBADMSG);
+        ck_assert_ptr_null(ring);
+        ck_assert_int_eq(atomic_load(&canned.ring_closes), 1);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.74");
+        epd_disconnect(c);
+}
+END_TEST
+
 /* A refusal libepd words itself keeps its name and words (a bad tensor is
  * InvalidArgument naming the tensor), not a bare errno text. */
 START_TEST(test_local_refusal_keeps_its_words) {
@@ -208,6 +242,7 @@ int main(void) {
         tcase_add_test(tc, test_cut_feature_reply_releases_handle);
         tcase_add_test(tc, test_unreadable_registration_undone);
         tcase_add_test(tc, test_local_refusal_keeps_its_words);
+        tcase_add_test(tc, test_unmappable_ring_closed);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }

@@ -115,7 +115,8 @@ typedef struct epd_ring_client {
                                       * exits, which ends a wait in epd_ring_next() */
 } epd_ring_client;
 
-/* Opens this client's ring (sq/cq: powers of two, 8..32768) and maps it. A wait on it
+/* Opens this client's ring (sq/cq: powers of two, 8..32768) and maps it (a failure
+ * after the daemon made it closes it there too: the client may try again). A wait on it
  * (epd_ring_next()) ends with -ECONNRESET when the daemon exits or lets go of the ring
  * while living on (CloseRing, the client disconnected for not reading its bus
  * connection, a corrupt queue), once the records posted before are taken. A daemon
@@ -129,7 +130,8 @@ epd_ring_client *epd_ring_close(epd_ring_client *r);
  * it the daemon keeps the ring until the client disconnects.) The daemon's answer (0, or
  * -ENOENT when it had no ring for c); r is closed either way. */
 int epd_ring_release(epd_client *c, epd_ring_client *r);
-/* Queues a submission and kicks the daemon. -EAGAIN when the SQ is full. */
+/* Queues a submission and kicks the daemon. -EAGAIN when the SQ is full, -ECONNRESET
+ * once the daemon has let go of the ring (nothing submitted would be read). */
 int epd_ring_submit(epd_ring_client *r, const struct epd_ring_record *rec);
 /* LayerGroupReady(group) of the handoff (request_id as 32 hex digits, token). */
 int epd_ring_layer_group_ready(epd_ring_client *r, const char *request_id, uint64_t token,
