@@ -232,7 +232,7 @@ class Client(_lib.Closing):
 
     def wait(self, timeout_s: Optional[float] = None) -> int:
         """Blocks until something arrives from the daemon (or the timeout) and processes it."""
-        t = 2**64 - 1 if timeout_s is None else int(timeout_s * 1e6)
+        t = 2**64 - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))  # past: do not wait
         return self._check(self._l.epd_wait(self._c, t), "wait")
 
     def flush(self, timeout_s: Optional[float] = None) -> None:
@@ -240,5 +240,5 @@ class Client(_lib.Closing):
         answered; raises the first refusal among them (EpdError, naming the call), or
         EpdError(ETIMEDOUT) if some are still unanswered after timeout_s. Signals do not
         end a wait with a timeout; without one (None) a signal does: EpdError(EINTR)."""
-        t = 2**64 - 1 if timeout_s is None else int(timeout_s * 1e6)
+        t = 2**64 - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))  # past: do not wait
         self._check(self._l.epd_flush(self._c, t), "calls sent without waiting")

@@ -222,7 +222,7 @@ class Feature(_lib.Closing):
     def wait(self, timeout_s: Optional[float] = None) -> bool:
         """Blocks until ready (True) or the timeout (False); raises EpdError(EPIPE) if the
         producer failed or went away (self.error says which)."""
-        t = 2**64 - 1 if timeout_s is None else int(timeout_s * 1e6)
+        t = 2**64 - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))  # past: do not wait
         r = self._lib.epd_feature_wait(self._client._c, self._p, t)
         if r == -_errno.ETIMEDOUT:
             return False

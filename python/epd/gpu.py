@@ -321,7 +321,7 @@ class Notifier(_lib.Closing):
             raise EpdError(-r, None, None, f"layer groups {first}..{first + count - 1} ready after the stream's work")
 
     def flush(self, timeout_s: Optional[float] = None) -> None:
-        t = (1 << 64) - 1 if timeout_s is None else int(timeout_s * 1e6)
+        t = (1 << 64) - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))  # past: do not wait
         r = _lib_gpu().epd_gpu_notifier_flush(self._handle(), t)
         if r < 0:
             raise EpdError(-r, None, None, "layer groups reported ready from the GPU")

@@ -220,7 +220,7 @@ class Ring(_lib.Closing):
     def next(self, timeout_s: Optional[float] = None) -> Optional[RingRecord]:
         """The next raw event, or None after timeout_s (None: wait for ever)."""
         rec = RingRecord()
-        t = 2**64 - 1 if timeout_s is None else int(timeout_s * 1e6)
+        t = 2**64 - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))  # past: do not wait
         r = self._lib.epd_ring_next(self._handle(), ctypes.byref(rec), t)
         if r == -_errno.EAGAIN:
             return None

@@ -36,6 +36,7 @@ class FeatureTest(unittest.TestCase):
             w = ef.Feature.acquire(b, "img:1", may_produce=True)
             self.assertEqual(w.result, "wait")
             self.assertFalse(w.wait(0.05))
+            self.assertFalse(w.wait(-0.001))  # a deadline passed: no wait (not forever)
             p.produce(NBYTES, BUNDLE, request_id="0123456789abcdef0123456789abcdef")
             p.buffer()[:4] = b"\x01\x02\x03\x04"
             p.buffer(16 * 64 * 2, 24)[:8] = (7).to_bytes(8, "little")
