@@ -214,7 +214,9 @@ int epd_gpu_daemon_pci_bus_id(epd_client *c, uint32_t daemon_ordinal, char *buf,
                         return 0;
                 }
         sd_bus_message_unref(reply);
-        return r < 0 ? r : -ENODEV;
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        return epd__fail(c, -ENODEV, "The daemon lists no GPU %" PRIu32 ".", daemon_ordinal);
 }
 
 int epd_gpu_arena_map(epd_client *c, EpdGpu *g, size_t i, EpdGpuMapping **ret) {

@@ -77,7 +77,7 @@ int epd_list_peers(epd_client *c, epd_peer **ret, size_t *ret_n) {
         sd_bus_message_unref(reply);
         if (r < 0) {
                 epd_peers_free(peers, n);
-                return r;
+                return epd__error(c, r, NULL); /* named (errno.N), as every refusal is */
         }
         *ret = peers;
         *ret_n = n;

@@ -48,8 +48,13 @@ int epd_sequence_create(epd_client *c, const char *arena, uint32_t n_pages, char
                 return r;
         r = sd_bus_message_read(reply, "o", &path);
         r = r < 0 ? epd__error(c, r, NULL) : read_pages(c, reply, ret_pages, ret_n_pages);
-        if (r >= 0)
+        if (r >= 0) {
                 r = dup_path(c, path, ret_path);
+                if (r < 0 && ret_pages) {
+                        free(*ret_pages); /* out of memory for the path: no half answer */
+                        *ret_pages = NULL;
+                }
+        }
         sd_bus_message_unref(reply);
         return r;
 }

@@ -42,6 +42,10 @@ int epd_workflow_create(epd_client *c, const char *sequence, const uint32_t *tok
         r = dup_out(c, id, ret_workflow);
         if (r >= 0)
                 r = dup_out(c, head, ret_head);
+        if (r < 0 && ret_workflow) {
+                free(*ret_workflow); /* out of memory for the head: no half answer */
+                *ret_workflow = NULL;
+        }
         return r;
 }
 

@@ -83,9 +83,12 @@ static bool epdd_alive(Harness *hx) {
 }
 
 static void setup(void) {
-        snprintf(faultfile, sizeof faultfile, "/tmp/epd-handoff-fault-%d", (int)getpid());
+        /* Under the run's directory: check_run() removes it even after a failed test,
+         * which never reaches its teardown. */
+        const char *run = getenv("EPD_TEST_RUN_DIR");
+        snprintf(faultfile, sizeof faultfile, "%s/handoff-fault-%d", run ? run : "/tmp", (int)getpid());
         fault_clear();
-        snprintf(keyfile, sizeof keyfile, "/tmp/epd-handoff-key-%d", (int)getpid());
+        snprintf(keyfile, sizeof keyfile, "%s/handoff-key-%d", run ? run : "/tmp", (int)getpid());
         int fd = open(keyfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         ck_assert_int_ge(fd, 0);
         ck_assert_int_eq(write(fd, "handoff-test-cluster-key-0123456789\n", 36), 36);
