@@ -28,7 +28,7 @@ typedef struct GpuCopyJob GpuCopyJob;
 #define STREAMS_PER_PATH 4U
 
 typedef struct DeviceLane {
-        /* Set up on first use (lane_get()): a process takes no context, streams or
+        /* Set up on first use (lane_setup()): a process takes no context, streams or
          * descriptor memory on the GPUs it can see but never copies on. */
         bool ready;
         CUstream streams[_GPU_COPY_PATH_MAX][STREAMS_PER_PATH];
@@ -1028,12 +1028,8 @@ const GpuCopyStats *gpu_copy_engine_stats(const GpuCopyEngine *e) {
 static void lane_clear(GpuCopyEngine *e, int dev) {
         CudaDriver *d = e->system->driver;
         DeviceLane *l = &e->lanes[dev];
-        bool any = l->ready || l->kernels || l->desc_host;
-
-        for (int p = 0; p < _GPU_COPY_PATH_MAX; p++)
-                for (unsigned k = 0; k < STREAMS_PER_PATH; k++)
-                        any = any || l->streams[p][k];
-        if (!any) {
+        /* lane_setup() makes the first stream first: without it, nothing was made. */
+        if (!l->streams[0][0]) {
                 free(l->spare_events);
                 *l = (DeviceLane) {};
                 return; /* never used: its context is not made for this */

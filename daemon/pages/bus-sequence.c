@@ -451,6 +451,14 @@ static int method_truncate(sd_bus_message *msg, void *userdata, sd_bus_error *er
         return wal_manager_reply_empty(seq_manager(s), msg);
 }
 
+int bus_sequence_require_arena(Manager *m, const Worker *w, const Sequence *s, sd_bus_error *error) {
+        Arena *a = m->page_manager ? page_manager_sequence_arena(m->page_manager, s) : NULL;
+        if (!a || !(w->arena_mask & (UINT64_C(1) << a->index)))
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                     "Worker %s did not map the sequence's arena.", w->id_str);
+        return 0;
+}
+
 static int method_clone(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Sequence *s = userdata, *c;
         Manager *m = seq_manager(s);
@@ -463,10 +471,10 @@ static int method_clone(sd_bus_message *msg, void *userdata, sd_bus_error *error
         r = manager_require_worker(m, msg, &w, error);
         if (r < 0)
                 return r;
+        r = bus_sequence_require_arena(m, w, s, error);
+        if (r < 0)
+                return r;
         Arena *a = page_manager_sequence_arena(s->manager, s);
-        if (!a || !(w->arena_mask & (UINT64_C(1) << a->index)))
-                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
-                                     "Worker %s did not map the sequence's arena.", w->id_str);
         r = sequence_clone(s, &c);
         if (r < 0)
                 return pages_error(error, r, "Clone");

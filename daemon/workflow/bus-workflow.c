@@ -10,6 +10,7 @@
 #include "core/bus-glue.h"
 #include "core/worker.h"
 #include "log.h"
+#include "pages/bus-sequence.h"
 #include "pages/page-manager.h"
 #include "wal/wal-manager.h"
 #include "workflow/workflow-manager.h"
@@ -68,18 +69,6 @@ static int begin_worker(Manager *m, sd_bus_message *msg, Client **ret, Worker **
 
 static int begin(Manager *m, sd_bus_message *msg, Client **ret, sd_bus_error *error) {
         return begin_worker(m, msg, ret, NULL, error);
-}
-
-/* A workflow's owner works on its sequences' arena, as Sequence.Clone requires: its
- * heads are clones in that arena, Append takes pages from it, and Advance measures
- * the matched prefix in the caller's blocks, which are that arena's pages only for a
- * worker that mapped it (registration checked its layout against the arena's). */
-static int require_arena(Manager *m, Worker *w, const Sequence *s, sd_bus_error *error) {
-        Arena *a = page_manager_sequence_arena(m->page_manager, s);
-        if (!a || !(w->arena_mask & (UINT64_C(1) << a->index)))
-                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
-                                     "Worker %s did not map the sequence's arena.", w->id_str);
-        return 0;
 }
 
 /* The workflow, which must be the caller's. */
@@ -145,7 +134,7 @@ static int method_create(sd_bus_message *msg, void *userdata, sd_bus_error *erro
                 return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED, "Sequence %s is not yours.", path);
         if (r < 0)
                 return r;
-        r = require_arena(m, wk, s, error);
+        r = bus_sequence_require_arena(m, wk, s, error);
         if (r < 0)
                 return r;
         uid = c->uid;
@@ -333,7 +322,7 @@ static int method_attach(sd_bus_message *msg, void *userdata, sd_bus_error *erro
                                             : NULL;
                 if (!s)
                         continue;
-                r = require_arena(m, wk, s, error);
+                r = bus_sequence_require_arena(m, wk, s, error);
                 if (r < 0)
                         return r;
                 break;
