@@ -2755,6 +2755,22 @@ START_TEST(test_refused_fork_journals_nothing) {
         kill9_epdd();
         epd_disconnect(c);
         start_epdd(true);
+        /* A worker that maps only feat0, not host0 where the workflow's heads are, may
+         * not take it (its Advance would count the prefix in blocks of another arena):
+         * named, and the workflow stays free for a worker that maps host0. */
+        {
+                char address[512];
+                epd_client *d;
+                harness_direct_address(&h, address, sizeof address);
+                ck_assert_int_eq(epd_connect(address, &d), 0);
+                const char *const feat[] = { "feat0", NULL };
+                ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", &kv, feat), 0);
+                ck_assert_int_eq(epd_workflow_attach(d, wf), -EPERM);
+                ck_assert_str_eq(epd_last_error_name(d), "org.epd1.Error.PermissionDenied");
+                ck_assert_msg(strstr(epd_last_error_message(d), "did not map the sequence's arena"), "%s",
+                              epd_last_error_message(d));
+                epd_disconnect(d);
+        }
         c = kv_worker(&host0, &feat0);
         ck_assert_int_eq(epd_workflow_attach(c, wf), 0);
         ck_assert_int_ge(epd_workflow_get_branches(c, wf, &br, &n), 0);
