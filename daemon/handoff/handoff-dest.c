@@ -333,6 +333,66 @@ static HandoffObject *find_for_message(HandoffManager *hm, Peer *p, HandoffRole 
         return o;
 }
 
+/* A message this side cannot read (a newer peer's flag, a malformed one): its handoff is
+ * answered at once, as a protocol failure, rather than left to wait for the Prepare
+ * answer bound or, for a pipelined one, to park the peer's data streams until the
+ * session is reset under every other handoff. A PREPARE is refused (and its slot counts
+ * as announced, so that its writes are refused, not parked); the handoff another message
+ * names is rolled back, and the peer told. A message too short to name a handoff, or of
+ * a type this version does not know, can only be dropped: said, not at debug level. */
+static void on_unreadable(HandoffManager *hm, Peer *p, uint16_t type, const void *payload, size_t len, int error) {
+        const char *what = strna(handoff_message_type_to_string(type));
+        char rid[EPD_ID_STRING_MAX];
+        HandoffMessage head;
+        HandoffObject *o;
+
+        if (error == -EOPNOTSUPP) { /* a type this version does not know: ignored, as
+                                     * frames of a range nobody handles are */
+                log_warning("handoff: a message of type 0x%04x from %s is not known to this version, ignored.", type,
+                            peer_host_id(p));
+                return;
+        }
+        if (handoff_message_decode_head(type, payload, len, &head) < 0) {
+                log_warning_errno(error, "handoff: a %s message (0x%04x, %zu bytes) from %s cannot be read and names "
+                                         "no handoff, dropped: %m", what, type, len, peer_host_id(p));
+                return;
+        }
+        log_warning_errno(error, "handoff %s from %s: its %s message cannot be read (%m); %s.",
+                          epd_id_to_string(&head.request_id, rid), peer_host_id(p), what,
+                          type == HANDOFF_MSG_PREPARE ? "refused" : "rolled back");
+        switch (type) {
+        case HANDOFF_MSG_PREPARE: {
+                if ((head.flags & HANDOFF_PREPARE_F_SLOT) && head.slot) {
+                        PeerSlots *ps = peer_slots(hm, p, true);
+                        if (ps && head.slot > ps->last) {
+                                ps->last = head.slot;
+                                peer_manager_resume_incoming(hm->manager->peers, p);
+                        }
+                }
+                HandoffCause cause = error == -ENOMEM ? HANDOFF_CAUSE_REFUSED : HANDOFF_CAUSE_PROTOCOL;
+                hm->counters.refused++;
+                handoff_count_failure(hm, cause);
+                refuse(p, &head, cause, error == -ENOMEM ? -ENOMEM : -EPROTO);
+                return;
+        }
+        case HANDOFF_MSG_GROUP_SENT:
+                o = find_for_message(hm, p, HANDOFF_DESTINATION, &head);
+                break;
+        case HANDOFF_MSG_ROLLBACK:
+                o = find_for_message(hm, p, HANDOFF_SOURCE, &head);
+                if (!o)
+                        o = find_for_message(hm, p, HANDOFF_DESTINATION, &head);
+                break;
+        default: /* PREPARE_OK, PREPARE_REFUSED, COMMIT: answers to a source */
+                o = find_for_message(hm, p, HANDOFF_SOURCE, &head);
+                break;
+        }
+        if (!o)
+                return;
+        (void)handoff_rollback(o->h, HANDOFF_CAUSE_PROTOCOL, false);
+        handoff_after_event(o);
+}
+
 /* The peer callbacks get the Manager, not the HandoffManager: at shutdown this subsystem
  * stops before the peer manager does, which may still call them. */
 int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t len, void *userdata) {
@@ -342,9 +402,10 @@ int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t 
         if (!hm)
                 return 0;
         int r = handoff_message_decode(type, payload, len, &in);
-        if (r < 0)
-                return log_debug_errno(r, "handoff: bad %s message from %s: %m",
-                                       strna(handoff_message_type_to_string(type)), peer_host_id(p));
+        if (r < 0) {
+                on_unreadable(hm, p, type, payload, len, r);
+                return 0;
+        }
 
         switch (type) {
         case HANDOFF_MSG_PREPARE:

@@ -261,6 +261,26 @@ int handoff_message_decode(uint16_t type, const void *payload, size_t len, Hando
         return 0;
 }
 
+int handoff_message_decode_head(uint16_t type, const void *payload, size_t len, HandoffMessage *ret) {
+        if (!ret || (!payload && len > 0))
+                return -EINVAL;
+        HandoffMessage m = { .type = type };
+        Reader r = { .p = payload, .left = len };
+        get_id(&r, &m.request_id);
+        m.token = get64(&r);
+        if (r.bad)
+                return -EBADMSG;
+        if (type == HANDOFF_MSG_PREPARE && len >= PREPARE_FIXED) {
+                /* timeout, page size, layout hash, target, n_pages, n_groups */
+                (void)take(&r, 8 + 8 + 8 + sizeof m.target_worker.bytes + 4 + 4);
+                m.flags = get32(&r);
+                (void)get32(&r);
+                m.slot = get64(&r);
+        }
+        *ret = m;
+        return 0;
+}
+
 int handoff_message_encode(const HandoffMessage *m, uint8_t **ret, size_t *ret_len) {
         if (!m || !ret || !ret_len)
                 return -EINVAL;

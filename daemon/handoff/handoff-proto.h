@@ -114,6 +114,13 @@ void handoff_message_done(HandoffMessage *m);
  * error *ret holds nothing to free. */
 int handoff_message_decode(uint16_t type, const void *payload, size_t len, HandoffMessage *ret);
 
+/* What a message that handoff_message_decode() refused still says, so that its handoff
+ * can be answered rather than left waiting: the request id and token every message
+ * starts with (-EBADMSG if the payload is shorter), and of a PREPARE whose fixed part is
+ * whole, its flags and slot as sent (unchecked; ret->n_groups stays 0). Allocates
+ * nothing. */
+int handoff_message_decode_head(uint16_t type, const void *payload, size_t len, HandoffMessage *ret);
+
 /* Encodes a message (validated the same way as on decode: an invalid one is -EINVAL).
  * *ret is malloc()ed. */
 int handoff_message_encode(const HandoffMessage *m, uint8_t **ret, size_t *ret_len);

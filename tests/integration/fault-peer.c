@@ -1,60 +1,95 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Fault injection for test-handoff-peers, preloaded into every epdd of the test. The file
- * named by $EPD_FAULT_PEER_FILE, when it exists, holds "PID TYPE SYNC_MS": in the
- * process PID, a send() whose buffer starts with a peer frame of TYPE (hex; 0: none)
- * fails with EPIPE, as when the peer's reset already arrived unread; and every
- * fdatasync() takes SYNC_MS milliseconds longer (a slow disk). Any other process, or
- * without the file, the calls are the real ones. Test builds only: nothing in epdd
- * knows of it. */
+ * named by $EPD_FAULT_PEER_FILE, when it exists, holds "PID TYPE SYNC_MS [OFFSET MASK]":
+ * in the process PID, a send() whose buffer starts with a peer frame of TYPE (hex; 0:
+ * none) fails with EPIPE, as when the peer's reset already arrived unread; and every
+ * fdatasync() takes SYNC_MS milliseconds longer (a slow disk). With OFFSET and MASK
+ * (hex), the frames of TYPE are sent instead, with payload byte OFFSET XORed with MASK
+ * (a peer of another version, a corrupted message), wherever they lie in the buffer.
+ * Any other process, or without the file, the calls are the real ones. Test builds
+ * only: nothing in epdd knows of it. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #define PEER_FRAME_HEADER 16u
 
+typedef struct Faults {
+        unsigned type, sync_ms;
+        unsigned flip_offset, flip_mask; /* flip_mask 0: fail the send instead */
+} Faults;
+
 /* This process's line of the file: 1 when it names this process. */
-static int my_faults(unsigned *type, unsigned *sync_ms) {
+static int my_faults(Faults *ft) {
         const char *path = getenv("EPD_FAULT_PEER_FILE");
         FILE *f;
         int pid = 0, ok;
 
         if (!path || !(f = fopen(path, "re")))
                 return 0;
-        *type = 0;
-        *sync_ms = 0;
-        ok = fscanf(f, "%d %x %u", &pid, type, sync_ms) >= 2 && pid == (int)getpid();
+        *ft = (Faults) {};
+        ok = fscanf(f, "%d %x %u %x %x", &pid, &ft->type, &ft->sync_ms, &ft->flip_offset, &ft->flip_mask) >= 2 &&
+             pid == (int)getpid();
         fclose(f);
         return ok;
 }
 
+static int is_frame(const uint8_t *b, size_t left) {
+        return left >= PEER_FRAME_HEADER && b[0] == 'E' && b[1] == 'P' && b[2] == 'D' && b[3] == 'P';
+}
+
 ssize_t send(int fd, const void *buf, size_t len, int flags) {
         static ssize_t (*real)(int, const void *, size_t, int);
-        unsigned type, sync_ms;
+        Faults ft;
 
         if (!real)
                 real = (ssize_t (*)(int, const void *, size_t, int))dlsym(RTLD_NEXT, "send");
-        if (len >= PEER_FRAME_HEADER && my_faults(&type, &sync_ms) && type != 0) {
-                const uint8_t *b = buf;
-                if (b[0] == 'E' && b[1] == 'P' && b[2] == 'D' && b[3] == 'P' &&
-                    (unsigned)(b[6] << 8 | b[7]) == type) {
+        if (len < PEER_FRAME_HEADER || !my_faults(&ft) || ft.type == 0)
+                return real(fd, buf, len, flags);
+        const uint8_t *b = buf;
+        if (ft.flip_mask == 0) {
+                if (is_frame(b, len) && (unsigned)(b[6] << 8 | b[7]) == ft.type) {
                         errno = EPIPE;
                         return -1;
                 }
+                return real(fd, buf, len, flags);
         }
-        return real(fd, buf, len, flags);
+        uint8_t *copy = NULL;
+        for (size_t i = 0; is_frame(b + i, len - i);) {
+                size_t flen = (size_t)b[i + 8] << 24 | (size_t)b[i + 9] << 16 | (size_t)b[i + 10] << 8 | b[i + 11];
+                if ((unsigned)(b[i + 6] << 8 | b[i + 7]) == ft.type && ft.flip_offset < flen &&
+                    i + PEER_FRAME_HEADER + ft.flip_offset < len) {
+                        if (!copy && !(copy = malloc(len)))
+                                break;
+                        if (copy && b != copy) {
+                                memcpy(copy, buf, len);
+                                b = copy;
+                        }
+                        copy[i + PEER_FRAME_HEADER + ft.flip_offset] ^= (uint8_t)ft.flip_mask;
+                }
+                if (flen > len - i - PEER_FRAME_HEADER)
+                        break;
+                i += PEER_FRAME_HEADER + flen;
+        }
+        ssize_t n = real(fd, b, len, flags);
+        int e = errno;
+        free(copy);
+        errno = e;
+        return n;
 }
 
 int fdatasync(int fd) {
         static int (*real)(int);
-        unsigned type, sync_ms;
+        Faults ft;
 
         if (!real)
                 real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
-        if (my_faults(&type, &sync_ms) && sync_ms > 0)
-                usleep(sync_ms * 1000u);
+        if (my_faults(&ft) && ft.sync_ms > 0)
+                usleep(ft.sync_ms * 1000u);
         return real(fd);
 }

@@ -73,6 +73,14 @@ static void fault_set(pid_t pid, unsigned type, unsigned sync_ms) {
         ck_assert_int_eq(fclose(f), 0);
 }
 
+/* In the daemon pid, frames of type go out with payload byte offset XORed with mask. */
+static void fault_flip(pid_t pid, unsigned type, unsigned offset, unsigned mask) {
+        FILE *f = fopen(faultfile, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "%d %x 0 %x %x\n", (int)pid, type, offset, mask);
+        ck_assert_int_eq(fclose(f), 0);
+}
+
 static void fault_clear(void) {
         (void)unlink(faultfile);
 }
@@ -1038,6 +1046,89 @@ START_TEST(test_commit_crosses_timeout) {
 }
 END_TEST
 
+static uint64_t peer_disconnects(epd_client *c, const char *name) {
+        epd_peer *peers = NULL;
+        size_t n = 0;
+        uint64_t v = UINT64_MAX;
+        ck_assert_int_ge(epd_list_peers(c, &peers, &n), 0);
+        for (size_t i = 0; i < n; i++)
+                if (strcmp(peers[i].name, name) == 0)
+                        v = peers[i].disconnects;
+        epd_peers_free(peers, n);
+        ck_assert_uint_ne(v, UINT64_MAX);
+        return v;
+}
+
+/* A PREPARE bravo cannot read (alpha sets a flag no version knows, as a newer source
+ * would): refused at once, as a protocol failure, and the session stays up. Before, it
+ * was dropped: the source's Prepare waited for the 20 s answer bound, and a pipelined
+ * source's data parked bravo's stream until the park timeout reset the session. */
+START_TEST(test_unreadable_prepare_refused) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        char *seq = make_sequence(p, N_PAGES, NULL);
+        char *path = NULL;
+        uint64_t token;
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000c1", seq, &path, &token), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        free(path);
+        uint64_t disconnects = peer_disconnects(p, "bravo");
+
+        /* PREPARE's flags are the little-endian u32 at payload offset 72. */
+        fault_flip(ha.epdd_pid, 0x0100, 72, 0x80);
+        uint64_t t0 = now_usec(CLOCK_MONOTONIC);
+        int r = epd_handoff_prepare(p, "000000000000000000000000000000c2", "bravo", seq, groups4, 4, NULL, &path,
+                                    &token);
+        uint64_t took = now_usec(CLOCK_MONOTONIC) - t0;
+        ck_assert_int_lt(r, 0);
+        ck_assert_msg(took < 5 * USEC_PER_SEC, "the refused Prepare took %" PRIu64 " us", took);
+        ck_assert_msg(strncmp(epd_last_error_name(p), "org.epd1.Error.", 15) == 0, "%s", epd_last_error_name(p));
+        ck_assert_msg(strstr(epd_last_error_message(p), "protocol"), "%s: %s", epd_last_error_name(p),
+                      epd_last_error_message(p));
+
+        /* Pipelined: the groups' data follows the PREPARE at once. Its answer comes
+         * once its record is durable: refused already then, or rolled back after. */
+        epd_handoff_options o = { .ready = 4 };
+        t0 = now_usec(CLOCK_MONOTONIC);
+        r = epd_handoff_prepare(p, "000000000000000000000000000000c3", "bravo", seq, groups4, 4, &o, &path, &token);
+        if (r < 0) {
+                ck_assert_msg(strstr(epd_last_error_message(p), "(protocol)"), "%s: %s", epd_last_error_name(p),
+                              epd_last_error_message(p));
+        } else {
+                Cond c = { p, path, "rolled-back" };
+                ck_assert(harness_wait_for(state_is, &c, 5000));
+                epd_handoff_status st;
+                ck_assert_int_eq(epd_handoff_get(p, path, &st), 0);
+                ck_assert_str_eq(st.cause, "protocol");
+                ck_assert_int_eq(epd_handoff_release(p, path), 0);
+                free(path);
+        }
+        took = now_usec(CLOCK_MONOTONIC) - t0;
+        ck_assert_msg(took < 5 * USEC_PER_SEC, "the refused pipelined handoff took %" PRIu64 " us", took);
+        fault_clear();
+
+        /* The session was not reset: the next handoffs, plain and pipelined, land. */
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000c4", seq, &path, &token), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        free(path);
+        ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000c5", "bravo", seq, groups4, 4, &o,
+                                             &path, &token),
+                         0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000c5", &acc), 0);
+        Cond t = { d, acc.path, "transferred" };
+        ck_assert(harness_wait_for(state_is, &t, 5000));
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        ck_assert_uint_eq(peer_disconnects(p, "bravo"), disconnects);
+        ck_assert_msg(epdd_alive(&hb), "bravo's epdd died");
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 int main(void) {
         if (!getenv("EPDD")) {
                 printf("SKIP: EPDD is not set (run through meson test)\n");
@@ -1061,6 +1152,7 @@ int main(void) {
         tcase_add_test(tc, test_three_hosts);
         tcase_add_test(tc, test_newer_attempt_fences_another_sources);
         tcase_add_test(tc, test_data_streams_outlast_a_park);
+        tcase_add_test(tc, test_unreadable_prepare_refused);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
