@@ -2,6 +2,7 @@
 #include "peer/peer-internal.h"
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -376,6 +377,14 @@ int peer_conn_read(Conn *c) {
                         if (c->hdr_have < sizeof c->hdr)
                                 continue;
                         n = peer_frame_header_decode(c->hdr, sizeof c->hdr, &c->fh);
+                        if (n == -EPROTONOSUPPORT && c->state != CONN_UP && !c->dialer) {
+                                /* Another version's first frame: told why (in a frame of
+                                 * ours), and said here with both versions. */
+                                log_warning("peer: a connection speaks protocol version %u, this epdd version %u: "
+                                            "refused (AUTH_FAIL version).",
+                                            c->hdr[4], PEER_PROTOCOL_VERSION);
+                                peer_conn_send_fail(c, PEER_FAIL_VERSION);
+                        }
                         if (n < 0)
                                 return (int)n;
                         if (c->fh.type == PEER_MSG_DATA)
@@ -439,24 +448,71 @@ static int conn_io(sd_event_source *s, int fd, uint32_t revents, void *userdata)
         return 0;
 }
 
+static bool same_address(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+        if (a->ss_family != b->ss_family)
+                return false;
+        if (a->ss_family == AF_INET)
+                return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+                       ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+        if (a->ss_family == AF_INET6)
+                return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                              sizeof(struct in6_addr)) == 0;
+        return false;
+}
+
+/* Room for one more connection from others: past PEER_PENDING_PER_ADDRESS from its
+ * address, that address's oldest unauthenticated connection is closed; past
+ * PEER_PENDING_MAX in all, the oldest of all. A real handshake takes a few round trips,
+ * so a flood of connections that say nothing (or stall after HELLO) pushes out its own
+ * (or, spread over many addresses, only ones older than any handshake) instead of
+ * closing the door on every peer until they time out. Said at most every 10 s. */
+static void pending_make_room(PeerManager *pm, const struct sockaddr_storage *from) {
+        Conn *oldest = NULL, *oldest_here = NULL;
+        unsigned here = 0;
+
+        LIST_FOREACH(pending, c, pm->pending) { /* newest first */
+                if (c->dialer)
+                        continue;
+                oldest = c;
+                if (same_address(&c->from, from)) {
+                        oldest_here = c;
+                        here++;
+                }
+        }
+        Conn *victim = here >= PEER_PENDING_PER_ADDRESS ? oldest_here
+                       : pm->n_pending >= PEER_PENDING_MAX ? oldest
+                                                           : NULL;
+        if (!victim)
+                return;
+        peer_conn_free(victim);
+        pm->pending_evicted++;
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        if (now - pm->pending_warned_usec >= 10 * USEC_PER_SEC) {
+                log_warning("peer: %" PRIu64 " unauthenticated connection(s) closed for newer ones (at most %u "
+                            "from one address, %u in all)", pm->pending_evicted, PEER_PENDING_PER_ADDRESS,
+                            PEER_PENDING_MAX);
+                pm->pending_evicted = 0;
+                pm->pending_warned_usec = now;
+        }
+}
+
 int peer_listen_io(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         PeerManager *pm = userdata;
 
         for (;;) {
                 _cleanup_(closep) int cfd = -EBADF;
+                struct sockaddr_storage from = {};
+                socklen_t len = sizeof from;
                 Conn *c;
                 int r;
 
-                cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                cfd = accept4(fd, (struct sockaddr *)&from, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
                 if (cfd < 0) {
                         if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
                                 log_warning_errno(errno, "peer: accept failed: %m");
                         return 0;
                 }
-                if (pm->n_pending >= PEER_PENDING_MAX) {
-                        log_warning("peer: too many unauthenticated connections, refusing one");
-                        continue;
-                }
+                pending_make_room(pm, &from);
                 peer_set_socket_options(pm, cfd);
                 r = peer_conn_new(pm, cfd, false, &c);
                 if (r < 0) {
@@ -464,6 +520,7 @@ int peer_listen_io(sd_event_source *s, int fd, uint32_t revents, void *userdata)
                         continue;
                 }
                 TAKE_FD(cfd);
+                c->from = from;
                 c->state = CONN_WAIT_HELLO;
                 peer_conn_pend(c);
         }

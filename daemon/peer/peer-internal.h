@@ -67,6 +67,7 @@ struct Conn {
 
         bool pending; /* on pm->pending */
         LIST_FIELDS(Conn, pending);
+        struct sockaddr_storage from; /* accepted: the address it came from */
 };
 
 typedef struct HandlerRange {
@@ -129,6 +130,8 @@ struct PeerManager {
         size_t n_pending;          /* of them, the ones others opened to us: the bound
                                     * PEER_PENDING_MAX is on these (our own dials do not
                                     * take their places) */
+        uint64_t pending_evicted;  /* closed for room since the last warning */
+        usec_t pending_warned_usec;
 
         HandlerRange *handlers;
         size_t n_handlers;

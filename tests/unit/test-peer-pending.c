@@ -3,8 +3,9 @@
  * open to us: connections this host dials itself (data streams waiting for their
  * peer's CHALLENGE, as at the start of a session with many peers, or against a peer
  * that does not answer) do not take its places, so that another host's control
- * connection is still accepted; past the bound, an incoming connection is closed at
- * once. Real sockets on 127.0.0.1, the daemon's own peer code. */
+ * connection is still accepted; past the bound (or PEER_PENDING_PER_ADDRESS from one
+ * address), the oldest incoming one is closed for the newest. Real sockets on
+ * 127.0.0.0/8, the daemon's own peer code. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -26,13 +27,23 @@ static unsigned short port_of(int fd) {
         return ntohs(sa.sin_port);
 }
 
-static int tcp_to(unsigned short port) {
+/* A connection from 127.0.<from >> 8>.<from & 255> (0: 127.0.0.1; all of 127/8 is
+ * loopback), so that tests can tell many hosts from one. */
+static int tcp_from(unsigned short port, unsigned from) {
         struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
                                   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         ck_assert_int_ge(fd, 0);
+        if (from) {
+                struct sockaddr_in me = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000000u | from) };
+                ck_assert_int_eq(bind(fd, (struct sockaddr *)&me, sizeof me), 0);
+        }
         ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
         return fd;
+}
+
+static int tcp_to(unsigned short port) {
+        return tcp_from(port, 0);
 }
 
 /* Until nothing happened for 50 ms (sd_event_run() dispatches one source a call). */
@@ -99,25 +110,62 @@ START_TEST(test_own_dials_do_not_take_the_places_of_others) {
                 ck_assert_int_eq(peer_dial(p, PEER_ROLE_DATA, i % PEER_MAX_STREAMS), 0);
         run_loop(e);
 
-        /* Others' connections: the first PEER_PENDING_MAX are taken (and wait for a
-         * HELLO), the next is closed at once. */
-        int in[PEER_PENDING_MAX + 1];
-        for (unsigned i = 0; i <= PEER_PENDING_MAX; i++)
-                in[i] = tcp_to(port);
-        run_loop(e);
+        /* Others' connections, each from its own address: the first PEER_PENDING_MAX
+         * are taken (and wait for a HELLO); past them, the oldest is closed for the
+         * newest, one by one. */
+        int in[PEER_PENDING_MAX + 2];
+        for (unsigned i = 0; i < PEER_PENDING_MAX; i++) {
+                in[i] = tcp_from(port, 0x100 + i);
+                run_loop(e);
+        }
         for (unsigned i = 0; i < PEER_PENDING_MAX; i++)
                 ck_assert_msg(!closed(in[i]), "incoming connection %u refused", i);
-        ck_assert(closed(in[PEER_PENDING_MAX]));
-
-        /* One goes: a place is free again. */
-        close(in[0]);
+        ck_assert_uint_eq(pm->n_pending, PEER_PENDING_MAX);
+        in[PEER_PENDING_MAX] = tcp_from(port, 0x100 + PEER_PENDING_MAX);
         run_loop(e);
-        in[0] = tcp_to(port);
+        in[PEER_PENDING_MAX + 1] = tcp_from(port, 0x100 + PEER_PENDING_MAX + 1);
+        run_loop(e);
+        ck_assert(closed(in[0]));
+        ck_assert(closed(in[1]));
+        for (unsigned i = 2; i < PEER_PENDING_MAX + 2; i++)
+                ck_assert_msg(!closed(in[i]), "incoming connection %u closed", i);
+        ck_assert_uint_eq(pm->n_pending, PEER_PENDING_MAX);
+
+        /* One goes: a place is free again, and nobody is closed for the next. */
+        close(in[2]);
+        run_loop(e);
+        close(in[0]);
+        in[0] = tcp_from(port, 0x100);
         run_loop(e);
         ck_assert(!closed(in[0]));
+        ck_assert(!closed(in[3]));
+        close(in[1]);
+        close(in[2]);
+        for (unsigned i = 0; i < PEER_PENDING_MAX + 2; i++)
+                if (i != 1 && i != 2)
+                        close(in[i]);
+        run_loop(e);
+        ck_assert_uint_eq(pm->n_pending, 0);
 
-        for (unsigned i = 0; i <= PEER_PENDING_MAX; i++)
-                close(in[i]);
+        /* From one address, at most PEER_PENDING_PER_ADDRESS: a flood from there
+         * pushes out its own oldest, although there is room in all; another
+         * address's connection is taken beside them. */
+        int one[PEER_PENDING_PER_ADDRESS + 4];
+        for (unsigned i = 0; i < PEER_PENDING_PER_ADDRESS + 4; i++) {
+                one[i] = tcp_from(port, 0x200);
+                run_loop(e);
+        }
+        for (unsigned i = 0; i < PEER_PENDING_PER_ADDRESS + 4; i++)
+                ck_assert_msg(closed(one[i]) == (i < 4), "connection %u from one address", i);
+        int other = tcp_from(port, 0x300);
+        run_loop(e);
+        ck_assert(!closed(other));
+        ck_assert_uint_eq(pm->n_pending, PEER_PENDING_PER_ADDRESS + 1);
+        for (unsigned i = 4; i < PEER_PENDING_PER_ADDRESS + 4; i++)
+                ck_assert(!closed(one[i]));
+        for (unsigned i = 0; i < PEER_PENDING_PER_ADDRESS + 4; i++)
+                close(one[i]);
+        close(other);
         peer_manager_free(pm);
         sd_event_unref(e);
         close(silent);
@@ -166,12 +214,58 @@ START_TEST(test_retired_member_handshake_ends) {
 }
 END_TEST
 
+/* A connection whose first frame is of another protocol version is told so (AUTH_FAIL
+ * version, in a frame of ours) before it is closed, not just closed: the other side
+ * can say why it cannot connect rather than retry blindly. */
+START_TEST(test_other_version_told) {
+        char key[64], listen_at[64];
+        key_and_port(key, listen_at);
+
+        sd_event *e;
+        PeerManager *pm;
+        ck_assert_int_ge(sd_event_new(&e), 0);
+        PeerManagerConfig c = { .host_id = "bb-self", .listen_address = listen_at, .cluster_key_file = key,
+                                .heartbeat_usec = 60 * USEC_PER_SEC };
+        ck_assert_int_eq(peer_manager_new(&pm, e, &c), 0);
+        unlink(key);
+        ck_assert_int_eq(peer_manager_start(pm), 0);
+
+        int fd = tcp_to(port_of(pm->listen_fd));
+        PeerHello h = { .role = PEER_ROLE_CONTROL, .min_version = 1, .max_version = 1, .n_streams = 2 };
+        snprintf(h.host_id, sizeof h.host_id, "aa-old");
+        uint8_t frame[PEER_FRAME_HEADER_SIZE + 512];
+        int n = peer_hello_encode(&h, frame + PEER_FRAME_HEADER_SIZE, sizeof frame - PEER_FRAME_HEADER_SIZE);
+        ck_assert_int_gt(n, 0);
+        peer_frame_header_encode(frame, PEER_MSG_HELLO, (uint32_t)n);
+        frame[4] = 1; /* a version 1 peer's header (its payload not sent: the daemon
+                       * closes with nothing of ours unread, no reset) */
+        ck_assert_int_eq(write(fd, frame, PEER_FRAME_HEADER_SIZE), PEER_FRAME_HEADER_SIZE);
+        run_loop(e);
+
+        uint8_t got[64];
+        ssize_t k = recv(fd, got, sizeof got, MSG_DONTWAIT);
+        ck_assert_int_eq(k, PEER_FRAME_HEADER_SIZE + 4);
+        PeerFrameHeader fh;
+        ck_assert_int_eq(peer_frame_header_decode(got, (size_t)k, &fh), 0);
+        ck_assert_uint_eq(fh.type, PEER_MSG_AUTH_FAIL);
+        PeerReason pr = {};
+        ck_assert_int_eq(peer_reason_decode(got + PEER_FRAME_HEADER_SIZE, 4, &pr), 0);
+        ck_assert_uint_eq(pr.reason, PEER_FAIL_VERSION);
+        ck_assert(closed(fd));
+
+        close(fd);
+        peer_manager_free(pm);
+        sd_event_unref(e);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("peer-pending");
         TCase *tc = tcase_create("peer-pending");
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_own_dials_do_not_take_the_places_of_others);
         tcase_add_test(tc, test_retired_member_handshake_ends);
+        tcase_add_test(tc, test_other_version_told);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
