@@ -45,6 +45,7 @@ struct SchedWorker {
         char id[SCHED_WORKER_ID_MAX + 1];
         SchedStage stage;
         unsigned pools, slots, queue_limit;
+        unsigned queue_limit_set; /* as configured; 0: none, 4 x slots (follows Slots) */
         uint64_t free_pages, reserved_pages;
         unsigned outstanding;
         unsigned outstanding_by_pool[_TASK_TYPE_MAX];
@@ -335,6 +336,12 @@ static SchedWorker *worker_find(Scheduler *s, const char *id, SchedStage stage, 
         return NULL;
 }
 
+/* The queue limit as configured, else 4 x slots; never below the slots. An option not
+ * given stays as it was: a configured limit outlives a change of Slots. */
+static void worker_queue_limit(SchedWorker *w) {
+        w->queue_limit = MAX(w->queue_limit_set > 0 ? w->queue_limit_set : 4 * w->slots, w->slots);
+}
+
 int sched_worker_add(Scheduler *s, const SchedWorkerInfo *info) {
         SchedWorker *w, **a;
         SchedStage st = info->stage;
@@ -358,8 +365,8 @@ int sched_worker_add(Scheduler *s, const SchedWorkerInfo *info) {
         w->stage = st;
         w->pools = info->pools;
         w->slots = info->slots;
-        w->queue_limit = info->queue_limit > 0 ? info->queue_limit : 4 * info->slots;
-        w->queue_limit = MAX(w->queue_limit, w->slots);
+        w->queue_limit_set = info->queue_limit;
+        worker_queue_limit(w);
         w->free_pages = info->free_pages;
         a[s->n_workers[st]++] = w;
         return 0;
@@ -379,14 +386,11 @@ int sched_worker_set_capacity(Scheduler *s, const char *id, SchedStage stage, un
         SchedWorker *w = worker_find(s, id, stage, NULL);
         if (!w)
                 return -ENOENT;
-        if (slots > 0 && slots != w->slots) {
+        if (slots > 0)
                 w->slots = slots;
-                if (queue_limit == 0)
-                        queue_limit = 4 * slots;
-        }
         if (queue_limit > 0)
-                w->queue_limit = queue_limit;
-        w->queue_limit = MAX(w->queue_limit, w->slots);
+                w->queue_limit_set = queue_limit;
+        worker_queue_limit(w);
         return 0;
 }
 

@@ -926,11 +926,40 @@ START_TEST(test_set_pools) {
 }
 END_TEST
 
+/* A change of Slots alone keeps the queue limit that was configured (an option not
+ * given stays as it was); before, it was reset to 4 x the new slots. */
+START_TEST(test_capacity_keeps_queue_limit) {
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        usec_t now = 1000 * SEC;
+
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p", SCHED_STAGE_PREFILL, 64, 0, 0);
+        add(s, "d", SCHED_STAGE_DECODE, 1, 2, 1000);
+        ck_assert_int_eq(sched_worker_set_capacity(s, "d", SCHED_STAGE_DECODE, 2, 0), 0);
+        char id[16];
+        for (int i = 0; i < 2; i++) {
+                snprintf(id, sizeof id, "r%d", i);
+                ck_assert_int_eq(sched_admit(s, id, TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+                ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        }
+        ck_assert_int_eq(sched_admit(s, "r2", TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+        ck_assert_msg(d.verdict != SCHED_ADMIT, "a third request past a queue limit of 2");
+        /* Raised by name, it takes more. */
+        ck_assert_int_eq(sched_worker_set_capacity(s, "d", SCHED_STAGE_DECODE, 0, 3), 0);
+        ck_assert_int_eq(sched_admit(s, "r3", TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        sched_free(s);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("sched");
         TCase *tc = tcase_create("sched");
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_names_config);
+        tcase_add_test(tc, test_capacity_keeps_queue_limit);
         tcase_add_test(tc, test_basic_flow);
         tcase_add_test(tc, test_too_many_retry_at_soonest_end);
         tcase_add_test(tc, test_refused_spam_is_no_load);
