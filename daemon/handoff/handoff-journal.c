@@ -86,9 +86,17 @@ void handoff_journal_state(HandoffObject *o) {
         case HANDOFF_PREPARED:
         case HANDOFF_TRANSFERRING:
         case HANDOFF_TRANSFERRED:
-                /* A remote destination answered the source's Prepare. */
-                if (!e)
-                        journal_warn(o, handoff_journal_prepared(o), "Prepare");
+                /* A remote destination answered the source's Prepare: acknowledged to
+                 * the caller only with its record. One the journal refuses rolls back
+                 * (the destination is told), and the Prepare fails saying why. */
+                if (!e) {
+                        int q = handoff_journal_prepared(o);
+                        if (q < 0) {
+                                journal_warn(o, q, "Prepare");
+                                o->journal_error = q;
+                                (void)handoff_rollback(h, HANDOFF_CAUSE_REFUSED, false);
+                        }
+                }
                 break;
         case HANDOFF_COMMITTED:
                 if (e && e->state == HANDOFF_PREPARED) {
@@ -203,6 +211,13 @@ int handoff_manager_restore_finish(Manager *m) {
         size_t total = handoff_journal_size(&hm->journal);
         if (total == 0)
                 return 0;
+        /* New attempts' tokens stay above every journaled one, even with the wall clock
+         * behind the previous run's (a step back, a skewed clock at boot): a retry of a
+         * recovered request is newer than its entry, not refused as stale. */
+        HandoffJournalEntry *e;
+        size_t it = 0;
+        while (handoff_journal_iterate(&hm->journal, &it, &e))
+                hm->last_token = MAX(hm->last_token, e->token);
         log_info("handoff: %zu journaled handoff sides restored (%u in flight, rolled back).", total, n);
         /* The same grace as the sequences' ([Limits] AttachGrace=): a commit's decode
          * sequence is attached within it, and its entry lives as long. */

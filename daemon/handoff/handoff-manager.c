@@ -361,8 +361,12 @@ static void prepare_answered(HandoffObject *o) {
                 break;
         }
         Reason why;
-        (void)reason_set(&why, r, "Handoff %s: the destination did not reserve pages (%s).", o->request_str,
-                         handoff_cause_to_string(o->h->cause));
+        if (o->journal_error < 0)
+                (void)reason_set(&why, r = o->journal_error, "Handoff %s: cannot journal the Prepare: %s.",
+                                 o->request_str, strerror(-o->journal_error));
+        else
+                (void)reason_set(&why, r, "Handoff %s: the destination did not reserve pages (%s).", o->request_str,
+                                 handoff_cause_to_string(o->h->cause));
         w->done(w, NULL, r, why.text);
         /* The caller never learnt the handoff's path: it goes now. */
         (void)handoff_release(o->h);

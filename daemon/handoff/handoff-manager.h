@@ -101,6 +101,9 @@ struct HandoffObject {
         bool release_on_commit;  /* source: released (and freed) once committed, without a
                                   * Release call; its ring hears "committed" first */
 
+        int journal_error;       /* remote source: its PREPARED record was refused (the
+                                  * Prepare's answer says so) */
+
         Peer *peer;              /* the other daemon; NULL for a local handoff */
         Transport *net;          /* remote: the transport its writes take (chosen at Prepare) */
         bool imm;                /* remote: group completions ride the data (no GROUP_SENT) */

@@ -16,8 +16,9 @@
  * 0). Also a slow disk to read from: with $EPD_FAULT_READ_SLOW ("MS:BYTES:SUBSTRING"),
  * every read() of BYTES or more from a regular file whose path contains SUBSTRING takes
  * MS milliseconds longer (the feature store's read back of a feature's data, not of its
- * header: test-feature's slow-store case). Test builds only: nothing in epdd knows of
- * it. */
+ * header: test-feature's slow-store case). With $EPD_FAULT_CLOCK_SHIFT_SEC (S), the wall
+ * clock (CLOCK_REALTIME) reads S seconds later than it is: a run whose clock was ahead of
+ * the next one's. Test builds only: nothing in epdd knows of it. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
@@ -27,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define RECORD_HEADER 24u
@@ -167,4 +169,20 @@ ssize_t read(int fd, void *buf, size_t count) {
             regular_file_path(fd, target, sizeof target) && strstr(target, path + 1))
                 usleep((useconds_t)strtoul(slow, NULL, 10) * 1000);
         return real_read(fd, buf, count);
+}
+
+int clock_gettime(clockid_t id, struct timespec *ts) {
+        static int (*real)(clockid_t, struct timespec *);
+        static long long shift = -1;
+
+        if (!real)
+                real = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
+        if (shift < 0) {
+                const char *s = getenv("EPD_FAULT_CLOCK_SHIFT_SEC");
+                shift = s ? atoll(s) : 0;
+        }
+        int r = real(id, ts);
+        if (r == 0 && id == CLOCK_REALTIME)
+                ts->tv_sec += shift;
+        return r;
 }

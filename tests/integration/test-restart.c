@@ -126,6 +126,9 @@ static unsigned fault_enospc_delay_ms;
  * longer each, then succeed. */
 static uint64_t fault_slow_lsn;
 static unsigned fault_slow_ms, fault_slow_writes = 1;
+/* When set, the next start_epdd() preloads fault-wal.c with EPD_FAULT_CLOCK_SHIFT_SEC: its
+ * wall clock this many seconds ahead. */
+static uint64_t fault_clock_shift_sec;
 /* When set, the next start_epdd() preloads fault-malloc.c: a malloc() of this many bytes
  * while fault_malloc_arm (a file) exists fails, once per creation of the file. */
 static size_t fault_malloc_size;
@@ -191,6 +194,8 @@ static pid_t spawn_epdd(bool with_store) {
                         setenv("LD_PRELOAD", getenv("FAULT_MALLOC"), 1);
                         setenv("EPD_FAULT_MALLOC_ARM", fault_malloc_arm, 1);
                 }
+                if (fault_clock_shift_sec > 0)
+                        preload_fault_wal("EPD_FAULT_CLOCK_SHIFT_SEC", fault_clock_shift_sec);
                 if (fault_slow_lsn > 0) {
                         preload_fault_wal("EPD_FAULT_WAL_SLOW_LSN", fault_slow_lsn);
                         preload_fault_wal("EPD_FAULT_WAL_SLOW_MS", fault_slow_ms);
@@ -2615,6 +2620,48 @@ START_TEST(test_handoff_journal_grace_is_attach_grace) {
 }
 END_TEST
 
+/* A handoff journaled by a run whose wall clock was ahead (an hour here), retried after a
+ * restart with the clock right: the retry's token is above the recovered entry's, so
+ * the Prepare is taken. Before, the new run's tokens started from its own clock, below
+ * the entry's: the retry was refused as stale until the journal's grace ended. */
+START_TEST(test_retry_after_clock_step_back) {
+        ck_assert_int_eq(harness_init(&h, "[Wal]\nSync=batch\n[Arena:host0]\nSize=8M\n[Arena:host1]\nSize=8M\n"
+                                          "[Arena:feat0]\nUsage=feature\nSize=16M\nPageSize=64K\n"),
+                         0);
+        open_notify();
+        fault_clock_shift_sec = 3600;
+        start_epdd(true);
+        fault_clock_shift_sec = 0;
+        uint8_t *host0, *feat0;
+        epd_client *c = kv_worker(&host0, &feat0);
+        static const uint32_t groups[2] = { 2, 2 };
+        char *seq = NULL, *src = NULL;
+        uint64_t ahead = 0, token = 0;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 2, &seq, NULL, NULL), 0);
+        epd_handoff_options o = { .arena = "host1" };
+        ck_assert_int_eq(epd_handoff_prepare(c, "000000000000000000000000001234ab", NULL, seq, groups, 2, &o, &src,
+                                             &ahead),
+                         0);
+        free(src);
+        kill9_epdd();
+        epd_disconnect(c);
+
+        start_epdd(true);
+        c = kv_worker(&host0, &feat0);
+        free(seq);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 2, &seq, NULL, NULL), 0);
+        int r = epd_handoff_prepare(c, "000000000000000000000000001234ab", NULL, seq, groups, 2, &o, &src, &token);
+        ck_assert_msg(r == 0, "the retry: %s: %s", epd_last_error_name(c), epd_last_error_message(c));
+        ck_assert_uint_gt(token, ahead);
+        ck_assert_int_eq(epd_handoff_release(c, src), 0);
+        free(src);
+        free(seq);
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        close_notify();
+}
+END_TEST
+
 static uint32_t workflow_count_now(void) {
         uint32_t count = 0;
         sd_bus *bus;
@@ -3185,6 +3232,7 @@ int main(void) {
         (void)test_unattached_workflow_released_at_grace;
         (void)test_refused_fork_journals_nothing;
         (void)test_handoff_journal_grace_is_attach_grace;
+        (void)test_retry_after_clock_step_back;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
         (void)test_cow_rounds_free_pages;
@@ -3207,6 +3255,7 @@ int main(void) {
         (void)test_unattached_workflow_released_at_grace;
         (void)test_refused_fork_journals_nothing;
         (void)test_handoff_journal_grace_is_attach_grace;
+        (void)test_retry_after_clock_step_back;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
         (void)test_cow_rounds_free_pages;
@@ -3231,6 +3280,7 @@ int main(void) {
         (void)test_unattached_workflow_released_at_grace;
         (void)test_refused_fork_journals_nothing;
         (void)test_handoff_journal_grace_is_attach_grace;
+        (void)test_retry_after_clock_step_back;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
         (void)test_cow_rounds_free_pages;
@@ -3248,6 +3298,7 @@ int main(void) {
         tcase_add_test(tc, test_unattached_workflow_released_at_grace);
         tcase_add_test(tc, test_refused_fork_journals_nothing);
         tcase_add_test(tc, test_handoff_journal_grace_is_attach_grace);
+        tcase_add_test(tc, test_retry_after_clock_step_back);
         tcase_add_test(tc, test_refused_region_reply_reserves_nothing);
         tcase_add_test(tc, test_failed_read_back_is_no_hit);
         tcase_add_test(tc, test_cow_rounds_free_pages);
