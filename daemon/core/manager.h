@@ -25,7 +25,7 @@ typedef int (*SubsystemSnapshotAdd)(void *userdata, uint16_t type, const void *r
 
 /* Journaling (wal/): the WAL subsystem calls these, never a subsystem by name. Replay
  * hands every record of the families listed in `families` (wal.h: WAL_RECORD_X >> 8,
- * ended by 0) to apply_record: -EBADMSG means corrupt and stops the replay, -ENOENT or
+ * ended by 0) to apply_record: -EBADMSG means malformed (logged, skipped), -ENOENT or
  * -ESTALE that nothing was left to apply. Once every record is in, restore_finish runs,
  * in start order. At compaction, snapshot writes the subsystem's live state through
  * add, in start order (so a later subsystem may refer to an earlier one's records). */

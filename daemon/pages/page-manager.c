@@ -601,8 +601,19 @@ int page_manager_apply_record(PageManager *pm, uint16_t type, const void *payloa
         }
 
         r = sequence_record_put_parse(payload, len, &rec);
-        if (r < 0)
+        if (r < 0) {
+                /* Unreadable, but it names its sequence: the state an earlier PUT gave it
+                 * is not what was acknowledged (the pages this one freed may be another
+                 * sequence's now). It goes, as one whose PUT does not apply; the record
+                 * itself is skipped. */
+                if (payload && len >= sizeof id.bytes) {
+                        memcpy(id.bytes, payload, sizeof id.bytes);
+                        int k = replay_note(pm, &id, epd_id_to_string(&id, id_str), true);
+                        if (k < 0)
+                                return k;
+                }
                 return r;
+        }
         epd_id_to_string(&rec.id, id_str);
         r = apply_put(pm, &rec, id_str);
         if (r == -ENOMEM)
