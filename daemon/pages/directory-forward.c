@@ -372,7 +372,10 @@ static void hosts_changed(DirectoryForward *df) {
                         log_oom();
                         return;
                 }
-        if (directory_set_hosts(dir(df), (const char *const *)hosts, n, 0) < 0) {
+        r = directory_set_hosts(dir(df), (const char *const *)hosts, n, 0);
+        if (r < 0) {
+                log_error_errno(r, "directory: cannot take %zu hosts as owners (%m); the owners stay those of "
+                                   "the %zu hosts before.", n, n_old);
                 hosts_free(hosts, n);
                 free(owned);
                 return;

@@ -25,7 +25,8 @@
 
 #include "pages/pages.h"
 
-#define DIRECTORY_HOSTS_MAX 1024
+/* This host, up to 256 [Peer:] sections and up to PEER_MEMBERS_MAX (1024) members. */
+#define DIRECTORY_HOSTS_MAX 2048
 #define DIRECTORY_CHAIN_MAX (UINT32_C(1) << 20) /* hashes in one lookup or publish */
 
 typedef struct Directory Directory;

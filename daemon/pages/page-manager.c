@@ -816,8 +816,10 @@ int page_manager_restore_finish(PageManager *pm) {
                         continue;
                 _cleanup_(freep) bool *idle = NULL;
                 _cleanup_(freep) uint32_t *refs = calloc(page_pool_size(a->pages), sizeof *refs);
-                if (!refs)
-                        return -ENOMEM;
+                if (!refs) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
                 it = 0;
                 while (hashmap_iterate(pm->sequences, &it, (void **)&s, NULL)) {
                         if (s->pool != a->pages)
@@ -835,15 +837,19 @@ int page_manager_restore_finish(PageManager *pm) {
                             e->page_size == page_pool_page_size(a->pages) && refs[e->page] == 0) {
                                 refs[e->page] = 1;
                                 n++;
-                                if (!idle && !(idle = calloc(page_pool_size(a->pages), sizeof *idle)))
-                                        return -ENOMEM;
+                                if (!idle && !(idle = calloc(page_pool_size(a->pages), sizeof *idle))) {
+                                        r = -ENOMEM;
+                                        goto fail;
+                                }
                                 idle[e->page] = true;
                         }
                 if (n == 0)
                         continue;
                 r = page_pool_restore(a->pages, refs);
-                if (r < 0)
-                        return log_error_errno(r, "Arena %s: cannot restore its page pool: %m", a->name);
+                if (r < 0) {
+                        log_error_errno(r, "Arena %s: cannot restore its page pool: %m", a->name);
+                        goto fail;
+                }
                 log_info("Arena %s: %" PRIu64 " KV pages restored from the WAL.", a->name, n);
                 idle_pools[i] = TAKE_PTR(idle);
         }
@@ -883,6 +889,10 @@ int page_manager_restore_finish(PageManager *pm) {
         if (r < 0)
                 return log_error_errno(r, "Cannot arm the Attach grace period: %m");
         return 0;
+fail:
+        for (size_t i = 0; i < m->n_arenas; i++)
+                free(idle_pools[i]);
+        return r;
 }
 
 int page_manager_attach(Sequence *s, Client *c) {

@@ -143,7 +143,11 @@ static int method_create(sd_bus_message *msg, void *userdata, sd_bus_error *erro
                 return map_error(error, r, "Create");
         r = workflows_bind(m, w, c);
         if (r < 0) {
-                (void)workflow_release(m->workflows, w);
+                /* Not left ownerless in memory if the journal refuses the release too (a
+                 * restart brings it back until its attach grace ends, as for a departed
+                 * client's). */
+                if (workflow_release(m->workflows, w) < 0)
+                        workflow_forget(m->workflows, w);
                 return map_error(error, r, "Create");
         }
         head_path(head, sizeof head, &w->branches[0].head);
