@@ -52,10 +52,17 @@ struct Locate {
         sd_event_source *timer;
 };
 
+/* A worker name that tags entries: one copy per name, kept while an entry names it
+ * (workers come and go, unnamed ones under a new path each registration). */
+typedef struct WorkerName {
+        char *name; /* the map's key */
+        uint64_t refs;
+} WorkerName;
+
 /* The worker that published a local entry. */
 typedef struct EntryTag {
         uint64_t hash; /* the map's key */
-        uint32_t worker;
+        WorkerName *worker;
 } EntryTag;
 
 struct DirectoryForward {
@@ -70,8 +77,7 @@ struct DirectoryForward {
         size_t n_hosts;
 
         Hashmap *tags;   /* EntryTag* by hash */
-        char **workers;  /* names, by EntryTag.worker */
-        size_t n_workers;
+        Hashmap *names;  /* WorkerName* by name */
 
         Hashmap *queues; /* OwnerQueue* by host id */
         sd_event_source *flush_timer;
@@ -106,37 +112,48 @@ static const char *self_id(DirectoryForward *df) {
 
 static const char *entry_worker(DirectoryForward *df, uint64_t hash) {
         EntryTag *t = hashmap_get(df->tags, &hash);
-        return t ? df->workers[t->worker] : "";
+        return t ? t->worker->name : "";
 }
 
+static void name_unref(DirectoryForward *df, WorkerName *n) {
+        if (!n || --n->refs > 0)
+                return;
+        (void)hashmap_remove(df->names, n->name);
+        free(n->name);
+        free(n);
+}
+
+/* Tags hash with worker (none: untagged), in place of its tag before. The names are
+ * looked up, not scanned, and go with their last entry. */
 static void tag_entry(DirectoryForward *df, uint64_t hash, const char *worker) {
         EntryTag *t = hashmap_remove(df->tags, &hash);
-        size_t i;
+        WorkerName *n;
 
-        free(t);
+        if (t) {
+                name_unref(df, t->worker);
+                free(t);
+        }
         if (!worker || !worker[0])
                 return;
-        for (i = 0; i < df->n_workers; i++)
-                if (strcmp(df->workers[i], worker) == 0)
-                        break;
-        if (i == df->n_workers) {
-                char **n, *w;
-                if (df->n_workers >= 65536)
-                        return;
-                n = reallocarray(df->workers, df->n_workers + 1, sizeof *n);
+        n = hashmap_get(df->names, worker);
+        if (!n) {
+                n = calloc(1, sizeof *n);
                 if (!n)
                         return;
-                df->workers = n;
-                if (!(w = strdup(worker)))
+                if (!(n->name = strdup(worker)) || hashmap_put(df->names, n->name, n) < 0) {
+                        free(n->name);
+                        free(n);
                         return;
-                df->workers[df->n_workers++] = w;
+                }
         }
+        n->refs++;
         t = malloc(sizeof *t);
-        if (!t)
-                return;
-        *t = (EntryTag){ hash, (uint32_t)i };
-        if (hashmap_put(df->tags, &t->hash, t) < 0)
+        if (t)
+                *t = (EntryTag){ hash, n };
+        if (!t || hashmap_put(df->tags, &t->hash, t) < 0) { /* the key lives in t */
                 free(t);
+                name_unref(df, n);
+        }
 }
 
 /* ---- owners ---- */
@@ -263,12 +280,7 @@ static void on_entry(void *userdata, bool put, uint64_t hash, const char *arena,
                         df->owned[oi]--;
         }
 
-        if (put)
-                tag_entry(df, hash, worker);
-        else {
-                worker = entry_worker(df, hash);
-                tag_entry(df, hash, NULL);
-        }
+        tag_entry(df, hash, put ? worker : NULL);
         if (is_self(df, owner)) {
                 if (put)
                         (void)directory_shard_put(df->shard, hash, owner, arena, entry_worker(df, hash));
@@ -780,9 +792,13 @@ static DirectoryForward *forward_free(DirectoryForward *df) {
         while (df->tags && hashmap_iterate(df->tags, &i, &v, NULL))
                 free(v);
         hashmap_free(df->tags);
-        for (size_t k = 0; k < df->n_workers; k++)
-                free(df->workers[k]);
-        free(df->workers);
+        i = 0;
+        while (df->names && hashmap_iterate(df->names, &i, &v, NULL)) {
+                WorkerName *n = v;
+                free(n->name);
+                free(n);
+        }
+        hashmap_free(df->names);
         hosts_free(df->hosts, df->n_hosts);
         rebalance_reset(df);
         free(df->owned);
@@ -807,9 +823,10 @@ static int directory_forward_init(Manager *m) {
         df->m = m;
         df->cache_ttl = m->config.directory_cache_usec;
         df->tags = hashmap_new(HASHMAP_KEY_U64, 0);
+        df->names = hashmap_new(HASHMAP_KEY_STRING, 0);
         df->queues = hashmap_new(HASHMAP_KEY_STRING, 0);
         df->parts = hashmap_new(HASHMAP_KEY_U64, 0);
-        if (!df->tags || !df->queues || !df->parts) {
+        if (!df->tags || !df->names || !df->queues || !df->parts) {
                 forward_free(df);
                 return -ENOMEM;
         }
