@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -68,6 +69,9 @@ struct InWrite {
         TransportIncoming in;          /* where it lands (resolved), for the validator */
         int error;                     /* refused: bytes are discarded, ack carries it */
         SliceTracker tracker;
+        uint64_t map_bytes;            /* the tracker's bitmap: of TcpPeer.in_map_bytes */
+        uint64_t progress, seen;       /* bumped as bytes land; as the stall watch saw it */
+        unsigned idle_checks;          /* stall watch checks in a row without progress */
 };
 
 typedef struct TcpPeer TcpPeer;
@@ -116,6 +120,8 @@ struct TcpPeer {
         SliceQueue queue;
         Hashmap *out;                  /* OutWrite* by write_id */
         Hashmap *in;                   /* InWrite* by write_id */
+        uint64_t in_map_bytes;         /* their slice maps (bound: TCP_IN_MAPS_MAX) */
+        sd_event_source *in_watch;     /* while writes come in: the stall watch */
         uint64_t next_write_id;
         uint64_t bytes_in;
         uint64_t *acked;               /* writes landed this wakeup: one WRITE_ACKS */
@@ -140,6 +146,7 @@ struct TcpTransport {
         uint64_t flush_since;          /* CLOCK_MONOTONIC: the oldest post waiting */
         TransportDoneQueue done;
         uint8_t *scratch;
+        uint64_t in_stall_usec;        /* TCP_IN_STALL_USEC */
 };
 
 static TcpTransport *tcp(Transport *t) {
@@ -192,7 +199,8 @@ static TcpStream *stream_free(TcpStream *s) {
         return NULL;
 }
 
-static void in_write_free(InWrite *w) {
+static void in_write_free(TcpPeer *tp, InWrite *w) {
+        tp->in_map_bytes -= MIN(tp->in_map_bytes, w->map_bytes);
         slice_tracker_done(&w->tracker);
         free(w);
 }
@@ -226,9 +234,11 @@ void tcp_transport_peer_reset(Transport *tt, Peer *p, int error) {
                 InWrite *w = v;
                 if (w->error == 0)
                         t->peers_ops.incoming_done(t->peers_ops.userdata, p, &w->in, error);
-                in_write_free(w);
+                in_write_free(tp, w);
         }
         hashmap_clear(tp->in);
+        tp->in_map_bytes = 0;
+        tp->in_watch = sd_event_source_disable_unref(tp->in_watch);
         tp->n_acked = 0;
 }
 
@@ -529,6 +539,55 @@ static int in_write_admit(TcpTransport *t, TcpPeer *tp, InWrite *w) {
         return 0;
 }
 
+/* The stall watch: every half of the bound while writes come in from tp, each write
+ * that saw no byte since the check before counts an idle check; two in a row (the bound,
+ * and at most half as long again, without a byte) end the session, with every write in
+ * flight both ways. */
+static int on_in_watch(sd_event_source *es, uint64_t usec, void *userdata) {
+        TcpPeer *tp = userdata;
+        TcpTransport *t = tp->t;
+        uint64_t stalled = 0;
+        size_t i = 0;
+        void *v;
+
+        while (hashmap_iterate(tp->in, &i, &v, NULL)) {
+                InWrite *w = v;
+                if (w->progress != w->seen) {
+                        w->seen = w->progress;
+                        w->idle_checks = 0;
+                } else if (++w->idle_checks >= 2 && !stalled)
+                        stalled = w->write_id;
+        }
+        if (stalled) {
+                log_warning("tcp: peer %s: incoming write %" PRIu64 " got no byte for %" PRIu64 " s or more: its "
+                            "sender stopped in the middle; ending the session.",
+                            t->peers_ops.name(tp->peer), stalled, t->in_stall_usec / USEC_PER_SEC);
+                tp->in_watch = sd_event_source_disable_unref(tp->in_watch);
+                t->peers_ops.stream_failed(tp->peer, -ETIMEDOUT, "incoming write stalled");
+                return 0;
+        }
+        if (hashmap_size(tp->in) == 0) {
+                tp->in_watch = sd_event_source_disable_unref(tp->in_watch);
+                return 0;
+        }
+        if (sd_event_source_set_time_relative(es, t->in_stall_usec / 2) < 0 ||
+            sd_event_source_set_enabled(es, SD_EVENT_ONESHOT) < 0)
+                tp->in_watch = sd_event_source_disable_unref(tp->in_watch);
+        return 0;
+}
+
+static void in_watch_arm(TcpPeer *tp) {
+        if (tp->in_watch)
+                return;
+        if (sd_event_add_time_relative(tp->t->event, &tp->in_watch, CLOCK_MONOTONIC, tp->t->in_stall_usec / 2,
+                                       USEC_PER_SEC / 10, on_in_watch, tp) < 0)
+                log_debug("tcp: cannot arm the incoming writes' stall watch");
+}
+
+void tcp_transport_set_in_stall(Transport *tt, uint64_t usec) {
+        tcp(tt)->in_stall_usec = MAX(usec, (uint64_t)2);
+}
+
 /* A slice header arrived: find or create its write and decide where its bytes go.
  * -EAGAIN: the write's target is not known yet (the stream waits, nothing taken). */
 static int stream_slice_begin(TcpStream *s) {
@@ -558,10 +617,20 @@ static int stream_slice_begin(TcpStream *s) {
         } else {
                 if (hashmap_size(tp->in) >= PEER_INCOMING_MAX)
                         return -EBADMSG;
+                /* Its slice map, against what the peer's writes in flight hold already:
+                 * a peer cannot make this side allocate without bound (tiny frames
+                 * naming huge writes), refused or not. */
+                uint64_t map = DIV_ROUND_UP(peer_slice_count(dh.total_length, dh.slice_size), 64) * 8;
+                if (tp->in_map_bytes + map > TCP_IN_MAPS_MAX) {
+                        log_warning("tcp: peer %s: its incoming writes would need %" PRIu64 " bytes of slice maps "
+                                    "(at most %llu): protocol error", t->peers_ops.name(tp->peer),
+                                    tp->in_map_bytes + map, (unsigned long long)TCP_IN_MAPS_MAX);
+                        return -ENOBUFS;
+                }
                 w = calloc(1, sizeof *w);
                 if (!w)
                         return -ENOMEM;
-                *w = (InWrite){ .write_id = dh.write_id, .hdr = dh };
+                *w = (InWrite){ .write_id = dh.write_id, .hdr = dh, .map_bytes = map };
                 w->hdr.slice_offset = 0;
                 w->error = in_write_admit(t, tp, w);
                 if (w->error == -EAGAIN) {
@@ -574,9 +643,12 @@ static int stream_slice_begin(TcpStream *s) {
                 if (r < 0) {
                         if (w->error == 0)
                                 t->peers_ops.incoming_done(t->peers_ops.userdata, tp->peer, &w->in, r);
-                        in_write_free(w);
+                        w->map_bytes = 0; /* not counted yet */
+                        in_write_free(tp, w);
                         return r;
                 }
+                tp->in_map_bytes += w->map_bytes;
+                in_watch_arm(tp);
                 if (w->error < 0)
                         log_debug_errno(w->error, "tcp: refused incoming write %llu (region %u, %llu+%llu): %m",
                                         (unsigned long long)dh.write_id, dh.region,
@@ -589,6 +661,7 @@ static int stream_slice_begin(TcpStream *s) {
         r = slice_tracker_claim(&w->tracker, dh.slice_offset / dh.slice_size);
         if (r < 0)
                 return -EBADMSG;
+        w->progress++;
         s->rw = w;
         s->r_remaining = s->r_slice_len = fh.length - PEER_DATA_HEADER_SIZE;
         if (w->error == 0)
@@ -652,7 +725,7 @@ static int stream_slice_end(TcpStream *s) {
                 r = acks_push(tp, w->write_id);
         } else
                 r = send_ack(tp, w->write_id, w->error);
-        in_write_free(w);
+        in_write_free(tp, w);
         if (r < 0 || !t->peers_ops.is_up(p) || tp->streams[idx] != s) {
                 if (r < 0 && t->peers_ops.is_up(p))
                         t->peers_ops.stream_failed(p, r, "sending acknowledgement");
@@ -729,6 +802,7 @@ static int rbuf_fill(TcpStream *s, bool *drained) {
 /* The slice's bytes arrived (from rbuf or the socket): `n` of them, at r_dst. */
 static void slice_took(TcpStream *s, uint64_t n) {
         s->tp->bytes_in += n;
+        s->rw->progress++;
         s->r_remaining -= n;
         if (s->r_dst)
                 s->r_dst += n;
@@ -1045,7 +1119,8 @@ static void tcp_free(Transport *tt) {
                         free(v);
                 i = 0;
                 while (hashmap_iterate(tp->in, &i, &v, NULL))
-                        in_write_free(v);
+                        in_write_free(tp, v);
+                sd_event_source_disable_unref(tp->in_watch);
                 hashmap_free(tp->out);
                 hashmap_free(tp->in);
                 free(tp->acked);
@@ -1089,6 +1164,7 @@ int tcp_transport_new(Transport **ret, sd_event *e, const TransportPeerOps *peer
         t->event = sd_event_ref(e);
         t->peers_ops = *peers;
         t->slice_size = slice_size;
+        t->in_stall_usec = TCP_IN_STALL_USEC;
         t->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         t->scratch = malloc(SCRATCH_SIZE);
         if (t->efd < 0 || !t->scratch) {

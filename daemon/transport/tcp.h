@@ -25,8 +25,19 @@
  * closed as long: data streams' TCP_USER_TIMEOUT is longer (peer_set_stream_timeout()). */
 #define TCP_PARK_TIMEOUT_USEC (10ULL * 1000000ULL)
 
+/* An incoming write none of whose bytes arrived for this long (and at most half as long
+ * again: checked every half) ends the session: its sender stopped in the middle (a bug,
+ * or a peer holding the destination's pages), and nothing else would ever free them.
+ * Longer than any park (above), after which the stream fails on its own. */
+#define TCP_IN_STALL_USEC (30ULL * 1000000ULL)
+/* The slice maps of one peer's incoming writes (a bit per slice) take at most this
+ * much memory: a peer whose writes in flight would need more breaks the protocol. */
+#define TCP_IN_MAPS_MAX (64ULL << 20)
+
 /* peers: the peer layer's operations (copied). */
 int tcp_transport_new(Transport **ret, sd_event *e, const TransportPeerOps *peers, uint32_t slice_size);
+/* For tests: the stall bound of incoming writes (TCP_IN_STALL_USEC). */
+void tcp_transport_set_in_stall(Transport *t, uint64_t usec);
 /* Takes fd (an authenticated data stream of p's current session). */
 int tcp_transport_attach_stream(Transport *t, Peer *p, int fd, unsigned index);
 /* The session with p ended: every write in flight both ways completes with `error`,

@@ -55,8 +55,11 @@ static void **p_slot(Peer *p, TransportKind kind) {
         return &p->slot;
 }
 /* Control messages: the receiver's acknowledgements go to the sender at once. */
+static bool raw_writes; /* writes framed by the test, not posted by ta: acks go nowhere */
 static int p_send(Peer *p, uint16_t type, const void *payload, size_t len) {
         ck_assert_int_eq(p->side, 1);
+        if (raw_writes)
+                return 0;
         if (type == PEER_MSG_WRITE_ACKS) {
                 PeerAckRun runs[64];
                 size_t n;
@@ -134,6 +137,7 @@ static void setup(void) {
         landed = completed = asked_again = 0;
         failures = 0;
         failure_expected = false;
+        raw_writes = false;
 }
 
 static void teardown(void) {
@@ -402,6 +406,78 @@ START_TEST(test_park_deadline_survives_resumes) {
 }
 END_TEST
 
+/* A write whose sender stops in the middle (one slice of two, then nothing, the
+ * stream and session otherwise alive) ends the session once no byte of it came for the
+ * stall bound: before, its destination pages stayed held as long as the session lived.
+ * One whose bytes keep coming, however long it takes in all, is left alone. */
+START_TEST(test_stalled_write_ends_session) {
+        enum { SLICE = 64 * 1024 };
+        static uint8_t f[PEER_FRAME_HEADER_SIZE + PEER_DATA_HEADER_SIZE + SLICE];
+        int sv[2];
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        ck_assert_int_eq(tcp_transport_attach_stream(tb, &to_a, sv[1], 1), 0);
+        tcp_transport_set_in_stall(tb, 400 * USEC_PER_MSEC);
+        failure_expected = true;
+        raw_writes = true;
+
+        /* Slowly but surely: a slice of four every 150 ms, 600 ms in all. */
+        for (uint64_t k = 0; k < 4; k++) {
+                size_t n = data_frame(f, 910, 4 * SLICE, SLICE, k);
+                ck_assert_int_eq(write(sv[0], f, n), (ssize_t)n);
+                usec_t t0 = now_usec(CLOCK_MONOTONIC);
+                while (now_usec(CLOCK_MONOTONIC) - t0 < 150 * USEC_PER_MSEC)
+                        run_idle(20);
+        }
+        ck_assert_uint_eq(landed, 1);
+        ck_assert_int_eq(failures, 0);
+
+        /* Then one that stops after its first slice. */
+        size_t n = data_frame(f, 911, 2 * SLICE, SLICE, 0);
+        ck_assert_int_eq(write(sv[0], f, n), (ssize_t)n);
+        usec_t t0 = now_usec(CLOCK_MONOTONIC);
+        while (failures == 0 && now_usec(CLOCK_MONOTONIC) - t0 < 3 * USEC_PER_SEC)
+                run_idle(20);
+        usec_t took = now_usec(CLOCK_MONOTONIC) - t0;
+        ck_assert_msg(failures >= 1, "a write stalled %.1f s did not end the session", (double)took / USEC_PER_SEC);
+        ck_assert_msg(took >= 400 * USEC_PER_MSEC, "ended after %.3f s, before the bound", (double)took / USEC_PER_SEC);
+        close(sv[0]);
+}
+END_TEST
+
+/* Tiny frames that each name a new, huge write (refused: a region nobody registered)
+ * cannot make the receiver allocate without bound: past TCP_IN_MAPS_MAX of slice maps
+ * (128 KiB each here, a bit per 4 KiB slice of 4 GiB), the next is a protocol error. */
+START_TEST(test_slice_maps_bounded) {
+        enum { SLICE = 4096, EACH = 131072 };
+        const uint64_t total = (UINT64_C(1) << 32) - (SLICE - 1); /* last slice: 1 byte */
+        const unsigned fit = (unsigned)(TCP_IN_MAPS_MAX / EACH);
+        int sv[2];
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        int big = 4 << 20;
+        (void)setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+        ck_assert_int_eq(tcp_transport_attach_stream(tb, &to_a, sv[1], 1), 0);
+        failure_expected = true;
+
+        uint8_t f[PEER_FRAME_HEADER_SIZE + PEER_DATA_HEADER_SIZE + 1] = {};
+        for (unsigned i = 0; i <= fit; i++) {
+                PeerDataHeader dh = { .write_id = 5000 + i, .cookie = 1, .total_length = total,
+                                      .slice_offset = total - 1, .region = 7, .slice_size = SLICE };
+                peer_frame_header_encode(f, PEER_MSG_DATA, PEER_DATA_HEADER_SIZE + 1);
+                ck_assert_int_eq(peer_data_header_encode(&dh, f + PEER_FRAME_HEADER_SIZE, PEER_DATA_HEADER_SIZE),
+                                 PEER_DATA_HEADER_SIZE);
+                ck_assert_int_eq(write(sv[0], f, sizeof f), (ssize_t)sizeof f);
+                if (i + 1 == fit) {
+                        run_idle(50);
+                        ck_assert_int_eq(failures, 0); /* every one so far fits */
+                }
+        }
+        run_idle(50);
+        ck_assert_int_ge(failures, 1);
+        ck_assert_uint_eq(landed, 0);
+        close(sv[0]);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("tcp-stream");
         TCase *tc = tcase_create("receive");
@@ -412,6 +488,8 @@ int main(void) {
         tcase_add_test(tc, test_posts_leave_together);
         tcase_add_test(tc, test_held_post_on_writable_stream);
         tcase_add_test(tc, test_park_deadline_survives_resumes);
+        tcase_add_test(tc, test_stalled_write_ends_session);
+        tcase_add_test(tc, test_slice_maps_bounded);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
