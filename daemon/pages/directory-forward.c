@@ -39,6 +39,7 @@ typedef struct LookupPart {
         uint64_t request; /* the map's key */
         Locate *locate;
         Peer *peer;
+        size_t owner;     /* its index in the owners the locate was sent under */
         size_t *index;    /* positions in the locate's entries, in the LOOKUP's order */
         size_t n;
         uint64_t owners_generation; /* the owners it was sent under (df->owners_generation) */
@@ -50,7 +51,19 @@ struct Locate {
         DirectoryLocateResult res;
         size_t pending;   /* parts not answered */
         sd_event_source *timer;
+        uint64_t *missing; /* owners (by index at the start) counted in res.owners_missing */
+        size_t n_owners;
 };
+
+/* An owner that did not answer (a part of its LOOKUP, or all of them): counted once,
+ * however many parts it was sent. */
+static void locate_missing(Locate *l, size_t owner) {
+        if (owner < l->n_owners && (l->missing[owner / 64] & (UINT64_C(1) << (owner % 64))))
+                return;
+        if (owner < l->n_owners)
+                l->missing[owner / 64] |= UINT64_C(1) << (owner % 64);
+        l->res.owners_missing++;
+}
 
 /* A worker name that tags entries: one copy per name, kept while an entry names it
  * (workers come and go, unnamed ones under a new path each registration). */
@@ -441,6 +454,7 @@ static Locate *locate_free(Locate *l) {
                 return NULL;
         sd_event_source_disable_unref(l->timer);
         free(l->res.entries);
+        free(l->missing);
         free(l);
         return NULL;
 }
@@ -461,7 +475,7 @@ static void locate_finish(Locate *l) {
                 LookupPart *part = v;
                 if (part->locate != l)
                         continue;
-                l->res.owners_missing++;
+                locate_missing(l, part->owner);
                 l->pending--;
                 df->stats.remote_timeouts++;
                 part_free(df, part);
@@ -493,7 +507,7 @@ static void add_self(DirectoryForward *df, DirectoryAnswerEntry *e) {
                                   entry_worker(df, e->hash));
 }
 
-static int send_part(DirectoryForward *df, Locate *l, Peer *p, const size_t *index, size_t n) {
+static int send_part(DirectoryForward *df, Locate *l, Peer *p, size_t owner, const size_t *index, size_t n) {
         LookupPart *part = calloc(1, sizeof *part);
         uint64_t *hashes = malloc(n * sizeof *hashes);
         uint8_t *payload = NULL;
@@ -511,6 +525,7 @@ static int send_part(DirectoryForward *df, Locate *l, Peer *p, const size_t *ind
         }
         part->n = n;
         part->peer = p;
+        part->owner = owner;
         part->locate = l;
         part->owners_generation = df->owners_generation;
         part->request = ++df->next_request;
@@ -546,7 +561,11 @@ int directory_forward_locate(DirectoryForward *df, const uint64_t *hashes, size_
         if (df->n_locates >= DIRECTORY_LOCATES_MAX)
                 return -EBUSY;
         l = calloc(1, sizeof *l);
-        if (!l || !(l->res.entries = calloc(n, sizeof *l->res.entries)) ||
+        if (l) {
+                l->n_owners = df->n_hosts;
+                l->missing = calloc(DIV_ROUND_UP(MAX(df->n_hosts, (size_t)1), 64), sizeof *l->missing);
+        }
+        if (!l || !l->missing || !(l->res.entries = calloc(n, sizeof *l->res.entries)) ||
             !(todo = malloc(n * sizeof *todo)) || !(owner_of_todo = malloc(n * sizeof *owner_of_todo))) {
                 locate_free(l);
                 free(todo);
@@ -582,13 +601,13 @@ int directory_forward_locate(DirectoryForward *df, const uint64_t *hashes, size_
                                 continue;
                         batch[k++] = todo[t];
                         if (k == DIRECTORY_LOOKUP_MAX || t == n_todo - 1) {
-                                if (!p || send_part(df, l, p, batch, k) < 0)
-                                        l->res.owners_missing++;
+                                if (!p || send_part(df, l, p, o, batch, k) < 0)
+                                        locate_missing(l, o);
                                 k = 0;
                         }
                 }
-                if (k > 0 && (!p || send_part(df, l, p, batch, k) < 0))
-                        l->res.owners_missing++;
+                if (k > 0 && (!p || send_part(df, l, p, o, batch, k) < 0))
+                        locate_missing(l, o);
         }
         free(todo);
         free(owner_of_todo);
@@ -723,7 +742,7 @@ static void on_peer_state(Peer *p, bool up, void *userdata) {
                         Locate *l = part->locate;
                         if (part->peer != p)
                                 continue;
-                        l->res.owners_missing++;
+                        locate_missing(l, part->owner);
                         part_free(df, part);
                         i = 0; /* the map moved entries */
                         if (--l->pending == 0)

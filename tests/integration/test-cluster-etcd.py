@@ -662,6 +662,18 @@ def test_faults(cl):
     wait_until(lambda: all((cl.locate(i, hashes3) or {}).get("host") == "h3" and
                            cl.locate(i, hashes3)["n_blocks"] == pages3 for i in (0, 1, 2)), 5, "h3's prefix located")
 
+    # An owner that stops answering (SIGSTOP: its session stays up until the heartbeat
+    # bound) counts once in owners_missing, however many LOOKUP parts (512 hashes at
+    # most each) it was sent: 6000 hashes give each of the four owners about 1500.
+    many = [0x5e5e0000 + b for b in range(6000)]
+    cl.procs[1].send_signal(signal.SIGSTOP)
+    try:
+        loc = cl.locate(0, many)
+    finally:
+        cl.procs[1].send_signal(signal.SIGCONT)
+    assert loc and loc["owners_missing"] == 1, loc
+    wait_until(lambda: cl.mesh(range(n)), 15, "h1 back in the mesh")
+
     # What h0's clients are told: MemberChanged, and EtcdState as it changes.
     sig = cl.signals(0)
 
