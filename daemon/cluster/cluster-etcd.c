@@ -44,6 +44,7 @@ struct ClusterEvent {
         char endpoint[256];
         MemberInfo *infos;       /* EV_RESYNC: n; EV_PUT: 1 */
         bool partial;            /* EV_RESYNC: records past MaxMembers= were left out */
+        bool invalid;            /* EV_DELETE: a PUT of a record that is not valid */
         size_t n;
         ClusterEvent *next;
 };
@@ -413,14 +414,20 @@ static int watch_event(void *userdata, bool put, const EtcdKv *kv) {
                         free(ev);
                         return -ENOMEM;
                 }
-                if (kv_info(w->cm, kv, ev->infos) < 0) {
-                        free(ev->infos);
-                        free(ev);
-                        return 0; /* not a valid member record: ignored */
+                if (kv_info(w->cm, kv, ev->infos) >= 0) {
+                        ev->n = 1;
+                        post(w->cm, ev);
+                        return 0;
                 }
-                ev->n = 1;
-        } else
-                snprintf(ev->text, sizeof ev->text, "%s", host);
+                /* A member's key overwritten with what is not a valid record: the member
+                 * it named is gone (a resync would skip the key too, so every view ends
+                 * the same), not kept on its old record. */
+                free(ev->infos);
+                ev->infos = NULL;
+                ev->type = EV_DELETE;
+                ev->invalid = true;
+        }
+        snprintf(ev->text, sizeof ev->text, "%s", host);
         post(w->cm, ev);
         return 0;
 }
@@ -455,7 +462,8 @@ static int watch_once(WatchCtx *w) {
 
         w->n = w->n_others = w->skipped = 0;
         w->err[0] = 0;
-        char *body = etcd_json_range_request(w->cm->prefix);
+        /* Member records only: other keys under the prefix are not read at all. */
+        char *body = etcd_json_range_request(w->cm->members_prefix);
         r = body ? etcd_client_call(w->c, "/v3/kv/range", body, CALL_TIMEOUT_MS, &ans, &len, w->err, sizeof w->err)
                  : -ENOMEM;
         free(body);
@@ -483,7 +491,7 @@ static int watch_once(WatchCtx *w) {
         }
         post(w->cm, ev);
         /* Everything after the read, in order. */
-        req = etcd_json_watch_request(w->cm->prefix, w->revision + 1);
+        req = etcd_json_watch_request(w->cm->members_prefix, w->revision + 1);
         if (!req)
                 return -ENOMEM;
         w->created = false;
@@ -544,7 +552,7 @@ static void apply(ClusterManager *cm, ClusterEvent *ev) {
                 cluster_on_put(cm, ev->infos);
                 break;
         case EV_DELETE:
-                cluster_on_delete(cm, ev->text, ev->revision);
+                cluster_on_delete(cm, ev->text, ev->revision, ev->invalid);
                 break;
         }
 }
@@ -621,7 +629,9 @@ int cluster_etcd_start(ClusterManager *cm) {
                 return r;
         cm->key = strdup(key);
         cm->prefix = strdup(c->etcd_prefix);
-        if (!cm->key || !cm->prefix)
+        if (asprintf(&cm->members_prefix, "%s%s", c->etcd_prefix, MEMBER_KEY_DIR) < 0)
+                cm->members_prefix = NULL;
+        if (!cm->key || !cm->prefix || !cm->members_prefix)
                 return -ENOMEM;
         cm->max_members = c->max_members;
         r = build_record(cm);

@@ -112,10 +112,12 @@ void cluster_on_put(ClusterManager *cm, const MemberInfo *info) {
                             cm->manager->config.max_members);
 }
 
-void cluster_on_delete(ClusterManager *cm, const char *host_id, int64_t revision) {
+void cluster_on_delete(ClusterManager *cm, const char *host_id, int64_t revision, bool invalid) {
         if (strcmp(host_id, cm->self.host_id) == 0)
-                own_key_lost(cm, "was deleted from etcd");
-        (void)membership_delete(cm->members, host_id, revision, "lease expired or revoked in etcd");
+                own_key_lost(cm, invalid ? "was overwritten with an invalid record" : "was deleted from etcd");
+        (void)membership_delete(cm->members, host_id, revision,
+                                invalid ? "its record in etcd was overwritten with one that is not valid"
+                                        : "lease expired or revoked in etcd");
 }
 
 static int tick_cb(sd_event_source *s, uint64_t usec, void *userdata) {
@@ -174,6 +176,7 @@ static ClusterManager *cluster_free(ClusterManager *cm) {
         free(cm->key);
         free(cm->value);
         free(cm->prefix);
+        free(cm->members_prefix);
         free(cm);
         return NULL;
 }

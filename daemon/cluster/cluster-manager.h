@@ -40,6 +40,7 @@ typedef struct ClusterManager {
         /* What the threads read of the configuration, copied at start: a reload swaps
          * Manager.config for its checks while they run. */
         char *prefix;            /* EtcdPrefix= */
+        char *members_prefix;    /* EtcdPrefix= + members/: what is read and watched */
         unsigned max_members;    /* MaxMembers= */
         uint64_t foreign_started; /* another registration of our host id, reported */
         int64_t ttl_sec;
@@ -83,7 +84,7 @@ void cluster_on_session(ClusterManager *cm, bool up, uint64_t lease, const char 
 void cluster_on_watch(ClusterManager *cm, bool up, const char *error);
 void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *infos, size_t n, bool partial);
 void cluster_on_put(ClusterManager *cm, const MemberInfo *info);
-void cluster_on_delete(ClusterManager *cm, const char *host_id, int64_t revision);
+void cluster_on_delete(ClusterManager *cm, const char *host_id, int64_t revision, bool invalid);
 
 /* For the bus glue. */
 const char *cluster_source(ClusterManager *cm);

@@ -25,14 +25,17 @@ static char *b64_encode(const void *p, size_t n) {
         return out;
 }
 
-/* Decodes into a new buffer; -EBADMSG for anything but canonical padded base64. */
+/* Decodes into a new buffer; -EBADMSG for anything but canonical padded base64, -E2BIG
+ * past ETCD_KV_MAX decoded bytes. */
 static int b64_decode(const char *s, size_t n, uint8_t **ret, size_t *ret_len) {
         size_t pad = 0;
         uint8_t *out;
         int k;
 
-        if (n % 4 != 0 || n / 4 * 3 > ETCD_KV_MAX)
+        if (n % 4 != 0)
                 return -EBADMSG;
+        if (n / 4 * 3 > ETCD_KV_MAX)
+                return -E2BIG;
         if (n == 0) {
                 *ret = calloc(1, 1);
                 *ret_len = 0;
@@ -333,16 +336,20 @@ static int parse_kv(json_object *k, EtcdKv *kv, uint8_t **key, uint8_t **value) 
                 return -EBADMSG;
         r = b64_decode(json_object_get_string(v), (size_t)json_object_get_string_len(v), key, &kv->key_len);
         if (r < 0)
-                return r;
+                return r; /* -E2BIG: the caller skips it */
         kv->key = *key;
         if (json_object_object_get_ex(k, "value", &v) && !json_object_is_type(v, json_type_null)) {
                 if (!json_object_is_type(v, json_type_string))
                         return -EBADMSG;
                 r = b64_decode(json_object_get_string(v), (size_t)json_object_get_string_len(v), value,
                                &kv->value_len);
-                if (r < 0)
+                if (r == -E2BIG) {
+                        kv->value_dropped = true; /* the key still says whose it is */
+                        kv->value_len = 0;
+                } else if (r < 0)
                         return r;
-                kv->value = *value;
+                else
+                        kv->value = *value;
         }
         r = get_i64(k, "mod_revision", &kv->mod_revision, false);
         if (r >= 0)
@@ -376,7 +383,9 @@ int etcd_json_range(const char *body, size_t len, int64_t *ret_revision, EtcdKvF
                         uint8_t *key = NULL, *value = NULL;
                         EtcdKv kv;
                         r = parse_kv(json_object_array_get_idx(kvs, i), &kv, &key, &value);
-                        if (r >= 0 && fn)
+                        if (r == -E2BIG)
+                                r = 0; /* a key longer than any epd writes: not ours */
+                        else if (r >= 0 && fn)
                                 r = fn(userdata, &kv);
                         free(key);
                         free(value);
@@ -438,7 +447,9 @@ int etcd_json_watch(const char *msg, size_t len, EtcdWatchInfo *ret, EtcdEventFn
                         }
                 }
                 r = parse_kv(kvo, &kv, &key, &value);
-                if (r >= 0 && fn)
+                if (r == -E2BIG)
+                        r = 0; /* a key longer than any epd writes: not ours */
+                else if (r >= 0 && fn)
                         r = fn(userdata, put, &kv);
                 free(key);
                 free(value);

@@ -24,6 +24,7 @@ typedef struct EtcdKv {
         size_t value_len;
         int64_t mod_revision;
         uint64_t lease;
+        bool value_dropped;     /* the value was longer than ETCD_KV_MAX: value NULL */
 } EtcdKv;
 
 /* Request bodies (malloc'ed, NUL-terminated JSON), or NULL without memory. */
@@ -43,7 +44,9 @@ int etcd_json_check(const char *body, size_t len, char *err, size_t err_size);
 
 typedef int (*EtcdKvFn)(void *userdata, const EtcdKv *kv);
 /* A range answer: the store's revision, and fn for every key (a negative return stops
- * and is returned). */
+ * and is returned). A key longer than ETCD_KV_MAX is skipped, not a failure of the
+ * answer: whoever can write under the prefix cannot stop every epdd from reading it; a
+ * longer value comes as value_dropped (value NULL). */
 int etcd_json_range(const char *body, size_t len, int64_t *ret_revision, EtcdKvFn fn, void *userdata, char *err,
                     size_t err_size);
 
@@ -55,7 +58,8 @@ typedef struct EtcdWatchInfo {
         int64_t revision;         /* the header's */
         char cancel_reason[128];
 } EtcdWatchInfo;
-/* fn(userdata, put, kv) for every event, in order; a delete's kv has no value. */
+/* fn(userdata, put, kv) for every event, in order; a delete's kv has no value. Keys and
+ * values longer than ETCD_KV_MAX as for a range. */
 typedef int (*EtcdEventFn)(void *userdata, bool put, const EtcdKv *kv);
 int etcd_json_watch(const char *msg, size_t len, EtcdWatchInfo *ret, EtcdEventFn fn, void *userdata, char *err,
                     size_t err_size);

@@ -645,6 +645,27 @@ def test_faults(cl):
     c = cl.cluster(0)
     assert c["etcd_state"] == "up", c
 
+    # Another tool's key under the prefix, longer than any member record: nobody reads
+    # it (members/ only), so it cannot stop the watches (before, a value over 4 KiB failed
+    # every resync and watch message: membership froze, degraded, on every host).
+    r = cl.etcd.ctl("put", "/epd/config", "x" * 5000)
+    assert r.returncode == 0, r.stderr
+    # A member's key overwritten with what is not a record: that member re-registers
+    # (its own watch sees the key lost), and every view ends the same.
+    r = cl.etcd.ctl("put", "/epd/members/h2", "not a record")
+    assert r.returncode == 0, r.stderr
+
+    def h2_valid():
+        g = cl.etcd.ctl("get", "/epd/members/h2", "--print-value-only")
+        try:
+            return g.returncode == 0 and json.loads(g.stdout)["host_id"] == "h2"
+        except ValueError:
+            return False
+    wait_until(h2_valid, 10, "h2 registered again over the invalid record")
+    wait_until(lambda: cl.mesh(range(n)), 15, "every member sees the others after the invalid record")
+    assert all((cl.cluster(i) or {}).get("etcd_state") == "up" for i in range(n))
+    assert cl.etcd.ctl("del", "/epd/config").returncode == 0
+
     # A prefix on h1 whose records are spread over the owners (h3 among them).
     base, pages = 0x77770000, 24
     hashes = [base + b for b in range(pages)]

@@ -167,6 +167,62 @@ START_TEST(test_range_and_watch) {
 }
 END_TEST
 
+/* A key or value longer than epd takes (ETCD_KV_MAX) under the prefix does not fail the
+ * whole answer (which froze membership on every host until someone deleted it): an
+ * over-long key is skipped, an over-long value comes as dropped, and the kvs around
+ * them are read. */
+static char *b64_of(size_t n, char c) {
+        size_t len = (n + 2) / 3 * 4;
+        char *o = malloc(len + 1);
+        ck_assert_ptr_nonnull(o);
+        /* n bytes of c ('A' = 0x41 repeated encodes as "QUFB"): multiples of 3 only. */
+        ck_assert_uint_eq(n % 3, 0);
+        ck_assert_int_eq(c, 'A');
+        for (size_t i = 0; i < len; i += 4)
+                memcpy(o + i, "QUFB", 4);
+        o[len] = 0;
+        return o;
+}
+
+START_TEST(test_oversized_kv_skipped) {
+        Seen s = {};
+        int64_t rev;
+        EtcdWatchInfo wi;
+        char *big = b64_of(ETCD_KV_MAX + 5, 'A'), *msg = NULL;
+
+        ck_assert_int_ge(asprintf(&msg, "{\"header\":{\"revision\":\"20\"},\"kvs\":["
+                                        "{\"key\":\"L2VwZC9tZW1iZXJzL2E=\",\"mod_revision\":\"3\",\"value\":\"MQ==\"},"
+                                        "{\"key\":\"%s\",\"mod_revision\":\"4\",\"value\":\"MQ==\"},"
+                                        "{\"key\":\"L2VwZC9tZW1iZXJzL2I=\",\"mod_revision\":\"5\",\"value\":\"%s\"},"
+                                        "{\"key\":\"L2VwZC9tZW1iZXJzL2M=\",\"mod_revision\":\"6\",\"value\":\"Mw==\"}]}",
+                                  big, big),
+                         0);
+        ck_assert_int_eq(etcd_json_range(msg, strlen(msg), &rev, on_kv, &s, NULL, 0), 0);
+        ck_assert_int_eq(rev, 20);
+        ck_assert_uint_eq(s.n, 3);
+        ck_assert_str_eq(s.keys[0], "/epd/members/a");
+        ck_assert_str_eq(s.keys[1], "/epd/members/b");
+        ck_assert_str_eq(s.values[1], ""); /* dropped */
+        ck_assert_str_eq(s.keys[2], "/epd/members/c");
+        ck_assert_str_eq(s.values[2], "3");
+        free(msg);
+
+        s.n = 0;
+        ck_assert_int_ge(asprintf(&msg, "{\"result\":{\"header\":{\"revision\":\"21\"},\"events\":["
+                                        "{\"kv\":{\"key\":\"%s\",\"mod_revision\":\"21\",\"value\":\"MQ==\"}},"
+                                        "{\"kv\":{\"key\":\"L2VwZC9tZW1iZXJzL2I=\",\"mod_revision\":\"21\","
+                                        "\"value\":\"%s\"}}]}}",
+                                  big, big),
+                         0);
+        ck_assert_int_eq(etcd_json_watch(msg, strlen(msg), &wi, on_event, &s, NULL, 0), 0);
+        ck_assert_uint_eq(s.n, 1);
+        ck_assert_str_eq(s.keys[0], "/epd/members/b");
+        ck_assert_str_eq(s.values[0], "");
+        free(msg);
+        free(big);
+}
+END_TEST
+
 START_TEST(test_member_record) {
         MemberInfo in = {}, out;
         char key[128], host[64];
@@ -226,6 +282,7 @@ int main(void) {
         tcase_add_test(tc, test_requests);
         tcase_add_test(tc, test_lease_answers);
         tcase_add_test(tc, test_range_and_watch);
+        tcase_add_test(tc, test_oversized_kv_skipped);
         tcase_add_test(tc, test_member_record);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
