@@ -144,6 +144,9 @@ int rdma_on_comp(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         struct ibv_cq *cq;
         void *ctx;
 
+        /* Held across the loop: a dead device's last flushed completion finalizes its
+         * last peer, whose put would otherwise free d (and its channel) under us. */
+        d->users++;
         while (ibv_get_cq_event(d->channel, &cq, &ctx) == 0) {
                 RdmaPeer *rp = ctx;
                 ibv_ack_cq_events(cq, 1);
@@ -152,6 +155,7 @@ int rdma_on_comp(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
                 (void)ibv_req_notify_cq(cq, 0);
                 peer_poll(rp);
         }
+        rdma_device_put(d);
         return 0;
 }
 
