@@ -876,10 +876,12 @@ static void check_complete(ParseState *s) {
                 PoolConfig *p = &c->pools[t];
                 SchedPoolPolicy *pp = &p->policy;
                 const char *name = task_type_to_string((TaskType)t);
-                /* Watermarks not given follow QueueMax=. */
+                /* Watermarks not given follow QueueMax= (and a low one not given, a high
+                 * one that moved): a pool a file does not change keeps the defaults. */
+                unsigned high_before = pp->high_watermark;
                 if (!p->high_set)
                         pp->high_watermark = MIN(pp->high_watermark, MAX(pp->queue_max * 3 / 4, 1u));
-                if (!p->low_set)
+                if (!p->low_set && (p->high_set || pp->high_watermark != high_before))
                         pp->low_watermark = MIN(pp->low_watermark, pp->high_watermark / 2);
                 if (pp->high_watermark == 0 || pp->high_watermark > pp->queue_max)
                         perr(s, "[Pool:%s] HighWatermark=%u: expected 1 to QueueMax=%u", name,

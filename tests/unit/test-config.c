@@ -276,6 +276,10 @@ START_TEST(test_pools) {
                                              "pools.conf", &errors),
                          0);
         ck_assert_ptr_null(errors);
+        /* A pool the file leaves alone keeps the default watermarks (before, any file
+         * moved the low one from 2048 to 1536). */
+        ck_assert_uint_eq(c.pools[TASK_HYBRID].policy.high_watermark, sc.pools[TASK_HYBRID].high_watermark);
+        ck_assert_uint_eq(c.pools[TASK_HYBRID].policy.low_watermark, sc.pools[TASK_HYBRID].low_watermark);
         const SchedPoolPolicy *i = &c.pools[TASK_INTERACTIVE].policy, *th = &c.pools[TASK_THINKING].policy;
         ck_assert_int_eq(i->priority, 7);
         ck_assert_uint_eq(i->default_deadline, 750 * USEC_PER_MSEC);
