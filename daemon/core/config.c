@@ -826,6 +826,11 @@ static void check_complete(ParseState *s) {
                         perr(s, "[Arena:%s] Domain=gpu needs Gpu=N", a->name);
                 if (a->domain == MEMORY_GPU && a->hugepages != HUGEPAGES_NO)
                         perr(s, "[Arena:%s] HugePages= applies to host arenas only", a->name);
+                if (a->domain == MEMORY_GPU && a->numa_node >= 0)
+                        perr(s, "[Arena:%s] NumaNode= applies to host arenas only (a GPU arena lives on its GPU)",
+                             a->name);
+                if (a->domain != MEMORY_GPU && a->gpu >= 0)
+                        perr(s, "[Arena:%s] Gpu= applies to GPU arenas only (Domain=gpu)", a->name);
                 if (a->page_size && (!IS_POWER_OF_2(a->page_size) || a->page_size < 4096))
                         perr(s, "[Arena:%s] PageSize= must be a power of two of at least 4K",
                              a->name);

@@ -110,6 +110,8 @@ static const struct {
         { "[Arena:a]\nSize=1G\nHugePages=lots\n", "HugePages=lots: expected yes, no or try" },
         { "[Arena:a]\nSize=1G\nDomain=gpu\n", "[Arena:a] Domain=gpu needs Gpu=N" },
         { "[Arena:a]\nSize=1G\nDomain=gpu\nGpu=0\nHugePages=yes\n", "HugePages= applies to host arenas only" },
+        { "[Arena:a]\nSize=1G\nDomain=gpu\nGpu=0\nNumaNode=3\n", "NumaNode= applies to host arenas only" },
+        { "[Arena:a]\nSize=1G\nGpu=0\n", "Gpu= applies to GPU arenas only" },
         { "[Arena:a]\nSize=1G\nPageSize=3000\n", "PageSize= must be a power of two" },
         { "[Gpu]\nCopyKernel=maybe\n", "CopyKernel=maybe: expected never, small or always" },
         { "[Gpu]\nMergeGroups=17\n", "[Gpu] MergeGroups=17: expected 1 to 16" },
