@@ -147,8 +147,9 @@ static void on_member(void *userdata, MembershipEvent ev, const Member *mb, cons
                         log_warning_errno(r, "cluster: cannot add member %s at %s: %m", host, mb->info.address);
                 else if (ev == MEMBERSHIP_JOIN)
                         log_info("cluster: member %s joined at %s (%s)", host, mb->info.address, why);
-                if (m->topology)
-                        (void)topology_refresh(m->topology);
+                /* Once for a resync's burst of joins, not once per member (each
+                 * refresh resolves every peer's path: quadratic on the loop). */
+                topology_refresh_soon(m->topology);
                 break;
         case MEMBERSHIP_LEAVE:
                 log_info("cluster: member %s left (%s)", host, why);

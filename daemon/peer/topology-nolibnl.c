@@ -16,6 +16,8 @@ void topology_set_transport_policy(Topology *t, int policy) {
 int topology_refresh(Topology *t) {
         return -EOPNOTSUPP;
 }
+void topology_refresh_soon(Topology *t) {
+}
 const TopologyPath *topology_path(Topology *t, const char *host_id) {
         return NULL;
 }

@@ -337,6 +337,11 @@ static void schedule_refresh(Topology *t) {
         (void)sd_event_source_set_enabled(t->refresh_timer, SD_EVENT_ONESHOT);
 }
 
+void topology_refresh_soon(Topology *t) {
+        if (t)
+                schedule_refresh(t);
+}
+
 static void rdma_changed(void *userdata) {
         schedule_refresh(userdata);
 }

@@ -47,6 +47,9 @@ Topology *topology_free(Topology *t);
 void topology_set_transport_policy(Topology *t, int policy);
 /* Re-resolves every peer's path now (also done on every rtnetlink change). */
 int topology_refresh(Topology *t);
+/* The same, once a burst of changes is over (a short timer, re-armed by each call): for
+ * callers that may come many times in a row (members joining at a resync). */
+void topology_refresh_soon(Topology *t);
 const TopologyPath *topology_path(Topology *t, const char *host_id);
 size_t topology_n_gpus(Topology *t);
 const TopologyGpu *topology_gpu(Topology *t, size_t i);
