@@ -78,7 +78,7 @@ int handoff_staging_acquire(HandoffManager *hm, uint64_t size, HandoffStaging **
                 return r;
         }
         st->region = (TransportRegion) { .id = HANDOFF_STAGING_REGION_BASE + slot, .domain = MEMORY_HOST,
-                                         .host_base = p, .size = size };
+                                         .host_base = p, .size = size, .source_only = true };
         hm->staging_bytes += size;
         Transport *gt = handoff_gpu_transport(hm), *nt = peer_manager_transport(m->peers);
         r = gt && nt ? 0 : -ENOTCONN;

@@ -70,7 +70,7 @@ int rdma_mr_register(RdmaDevice *d, TransportRegion *r) {
         if (d->mrs[r->id])
                 return 0;
         d->mrs[r->id] = ibv_reg_mr(d->pd, r->host_base, r->size,
-                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+                                   IBV_ACCESS_LOCAL_WRITE | (r->source_only ? 0 : IBV_ACCESS_REMOTE_WRITE));
         if (!d->mrs[r->id])
                 return log_warning_errno(errno, "rdma: %s: cannot register arena %u (%llu bytes): %m", d->name,
                                          r->id, (unsigned long long)r->size);

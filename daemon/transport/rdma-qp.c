@@ -224,6 +224,7 @@ void rdma_finalize(RdmaPeer *rp) {
         void *v;
 
         rp->drain_timer = sd_event_source_disable_unref(rp->drain_timer);
+        rp->write_watch = sd_event_source_disable_unref(rp->write_watch);
         if (rp->qp && ibv_destroy_qp(rp->qp) != 0)
                 log_warning("rdma: peer %s: ibv_destroy_qp failed", rp_name(rp));
         rp->qp = NULL;
@@ -252,6 +253,47 @@ void rdma_finalize(RdmaPeer *rp) {
         }
         hashmap_clear(rp->in);
         rp->fail_error = 0;
+}
+
+/* The write watch: writes out or in and no progress since the check before, twice in a
+ * row, fail the queue pair (finalize fails every write both ways; the peer reconnects).
+ * With no write left, the watch stops. */
+static int on_write_watch(sd_event_source *s, uint64_t usec, void *userdata) {
+        RdmaPeer *rp = userdata;
+        size_t out = hashmap_size(rp->out), in = hashmap_size(rp->in);
+
+        if (out == 0 && in == 0) {
+                rp->write_watch = sd_event_source_disable_unref(rp->write_watch);
+                rp->idle_checks = 0;
+                return 0;
+        }
+        if (rp->progress != rp->seen) {
+                rp->seen = rp->progress;
+                rp->idle_checks = 0;
+        } else if (++rp->idle_checks >= 2) {
+                char why[RDMA_FAILURE_MAX];
+                snprintf(why, sizeof why, "%zu write(s) out and %zu in made no progress for %llu s", out, in,
+                         (unsigned long long)(2 * WRITE_WATCH_USEC / USEC_PER_SEC));
+                log_warning("rdma: peer %s: %s; failing the queue pair", rp_name(rp), why);
+                rp->write_watch = sd_event_source_disable_unref(rp->write_watch);
+                rp->idle_checks = 0;
+                rdma_fault(rp, RDMA_FAULT_WR, -ETIMEDOUT, why);
+                return 0;
+        }
+        if (sd_event_source_set_time_relative(s, WRITE_WATCH_USEC) < 0 ||
+            sd_event_source_set_enabled(s, SD_EVENT_ONESHOT) < 0)
+                rp->write_watch = sd_event_source_disable_unref(rp->write_watch);
+        return 0;
+}
+
+void rdma_write_watch(RdmaPeer *rp) {
+        if (rp->write_watch)
+                return;
+        rp->seen = rp->progress;
+        rp->idle_checks = 0;
+        if (sd_event_add_time_relative(rp->t->event, &rp->write_watch, CLOCK_MONOTONIC, WRITE_WATCH_USEC,
+                                       USEC_PER_SEC, on_write_watch, rp) < 0)
+                log_debug("rdma: peer %s: cannot arm the write watch", rp_name(rp));
 }
 
 static int on_drain_timeout(sd_event_source *s, uint64_t usec, void *userdata) {

@@ -66,6 +66,7 @@ static void on_send_wc(RdmaPeer *rp, const struct ibv_wc *wc) {
         OutWrite *w = hashmap_get(rp->out, &id);
         unsigned a;
 
+        rp->progress++;
         if (w && w->wrs > 0)
                 w->wrs--;
         a = rdma_session_wr_done(&rp->s);
@@ -88,6 +89,7 @@ static void on_recv_wc(RdmaPeer *rp, const struct ibv_wc *wc) {
         InWrite *w;
         uint64_t id;
 
+        rp->progress++;
         if (rp->recvs > 0)
                 rp->recvs--;
         if (wc->status != IBV_WC_SUCCESS) {
@@ -209,6 +211,7 @@ static void on_request(RdmaPeer *rp, const RdmaMessage *m) {
                 rdma_send_ack(rp, id, -ENOMEM);
                 return;
         }
+        rdma_write_watch(rp);
         rdma_send_msg(rp, &(RdmaMessage){
                              .type = RDMA_MSG_GRANT,
                              .grant = { .write_id = id,
@@ -227,6 +230,7 @@ static void on_grant(RdmaPeer *rp, const RdmaMessage *m) {
                 protocol_error(rp, "a grant that matches no request");
                 return;
         }
+        rp->progress++;
         w->granted = true;
         w->rkey = m->grant.rkey;
         w->raddr = m->grant.addr;
@@ -238,6 +242,7 @@ static void on_ack(RdmaPeer *rp, const RdmaMessage *m) {
         uint64_t id = m->ack.write_id;
         OutWrite *w = hashmap_get(rp->out, &id);
 
+        rp->progress++;
         if (!w) {
                 protocol_error(rp, "an acknowledgement for an unknown write");
                 return;
@@ -392,8 +397,12 @@ static int rdma_post(Transport *tt, void *peer, const TransportWrite *w, size_t 
                 OutWrite *o = calloc(1, sizeof *o);
                 int r = o ? 0 : -ENOMEM;
 
+                if (o && slice_write_init(&o->sw, w[i].length, t->slice_size) < 0) {
+                        free(o);
+                        o = NULL;
+                        r = -EINVAL; /* more slices than a write may have */
+                }
                 if (o) {
-                        (void)slice_write_init(&o->sw, w[i].length, t->slice_size);
                         do
                                 o->write_id = rp->next_write_id++;
                         while (o->write_id == 0 || hashmap_contains(rp->out, &o->write_id));
@@ -417,6 +426,7 @@ static int rdma_post(Transport *tt, void *peer, const TransportWrite *w, size_t 
         }
         /* From here every write completes through the completion fd, also if the
          * session ends while the requests go out. */
+        rdma_write_watch(rp);
         t->peers_ops.cork(p);
         for (size_t i = 0; i < n && rp->s.state == RDMA_SESSION_READY; i++) {
                 OutWrite *o = hashmap_get(rp->out, &ids[i]);
@@ -466,6 +476,7 @@ static void rdma_free(Transport *tt) {
                 void *v;
 
                 sd_event_source_disable_unref(rp->drain_timer);
+                sd_event_source_disable_unref(rp->write_watch);
                 if (rp->qp)
                         (void)ibv_destroy_qp(rp->qp);
                 if (rp->cq)

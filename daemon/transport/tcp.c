@@ -519,7 +519,7 @@ static int in_write_admit(TcpTransport *t, TcpPeer *tp, InWrite *w) {
         };
         if (!(dh->flags & PEER_DATA_F_TARGET)) {
                 reg = dh->region < MAX_REGIONS ? t->regions[dh->region] : NULL;
-                if (!reg || reg->domain != MEMORY_HOST || !reg->host_base)
+                if (!reg || reg->domain != MEMORY_HOST || !reg->host_base || reg->source_only)
                         return -ENXIO;
                 if (ADD_OVERFLOW(dh->dst_offset, dh->total_length, &end) || end > reg->size)
                         return -ERANGE;

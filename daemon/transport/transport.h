@@ -37,6 +37,8 @@ struct TransportRegion {
         void *host_base;      /* for MEMORY_HOST: the daemon's mapping */
         uint64_t device_base; /* for MEMORY_GPU: CUdeviceptr */
         uint64_t size;
+        bool source_only;     /* only ever written from (a staging buffer): no peer may
+                               * write into it (rdma registers it without remote write) */
         void *transport_data; /* owned by the transport (e.g. an ibv_mr) */
 };
 
