@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include "reason.h"
+#include "utf8.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@ int reason_set(Reason *r, int error, const char *fmt, ...) {
                 va_start(ap, fmt);
                 (void)vsnprintf(r->text, sizeof r->text, fmt, ap);
                 va_end(ap);
+                utf8_make_valid(r->text); /* it becomes a D-Bus error message */
         }
         return error;
 }

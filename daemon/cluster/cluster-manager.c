@@ -12,6 +12,7 @@
 #include "macro.h"
 #include "peer/peer-manager.h"
 #include "peer/topology.h"
+#include "utf8.h"
 
 /* ---- the loop side ---- */
 
@@ -29,6 +30,7 @@ static void refresh_link(ClusterManager *cm) {
                 link = e[0] ? ETCD_LINK_DEGRADED : ETCD_LINK_CONNECTING;
                 snprintf(why, sizeof why, "%s", e[0] ? e : "connecting");
         }
+        utf8_make_valid(why); /* etcd's or a proxy's text, cut: it is the EtcdReason property */
         if (link == before && strcmp(why, membership_link_reason(cm->members)) == 0)
                 return;
         membership_set_link(cm->members, link, why);

@@ -7,6 +7,7 @@
 #include "hashmap.h"
 #include "parse-util.h"
 #include "telemetry/trace.h"
+#include "utf8.h"
 
 struct TraceStore {
         Hashmap *by_id;                 /* TraceRequest* by id */
@@ -153,6 +154,7 @@ static void copy_field(char *dst, size_t n, const char *src) {
         size_t l = strnlen(src, n - 1);
         memcpy(dst, src, l);
         dst[l] = '\0';
+        utf8_make_valid(dst); /* cut anywhere, and a client's text: GetTrace must stay readable */
 }
 
 static bool per_group(TraceEventType type) {

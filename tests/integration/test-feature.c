@@ -338,6 +338,18 @@ START_TEST(test_acquire_or_reserve) {
         ck_assert_ptr_nonnull(strstr(ev[1].detail, "vision tower OOM"));
         ck_assert_ptr_nonnull(strstr(ev[1].detail, "key=sha256:aor-fail"));
         free(ev);
+
+        /* A reason whose multibyte character the trace cuts in two (it keeps 32 bytes):
+         * the trace stays readable, the cut bytes replaced. Before, GetTrace failed for
+         * good (sd-bus refuses invalid UTF-8) until the trace was evicted. */
+        ck_assert_int_eq(epd_feature_reserve(enc, "sha256:aor-fail2", bytes, t, n, "000000000000000000000000000000fb",
+                                             &p), 0);
+        ck_assert_int_eq(epd_feature_fail(enc, p, "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\xe2\x82\xac and more"), 0);
+        ck_assert_int_eq(epd_feature_release(enc, p), 0);
+        ck_assert_int_eq(epd_trace_get(enc, "000000000000000000000000000000fb", &ev, &n_ev, NULL), 0);
+        ck_assert_uint_eq(n_ev, 2);
+        ck_assert_ptr_nonnull(strstr(ev[1].detail, "failed: xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx?"));
+        free(ev);
         epd_disconnect(enc);
         epd_disconnect(pre);
 }
