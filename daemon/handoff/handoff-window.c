@@ -15,7 +15,7 @@ PeerWindow *handoff_window_get(HandoffManager *hm, Peer *peer, bool create) {
         if (!w)
                 return NULL;
         snprintf(w->host, sizeof w->host, "%s", host);
-        w->name = strdup(peer_name(peer) ?: host);
+        w->name = strdup(host); /* telemetry keys its peers by host id, too */
         if (!w->name || hashmap_put(hm->windows, w->host, w) < 0) {
                 free(w->name);
                 free(w);

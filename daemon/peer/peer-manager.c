@@ -489,17 +489,19 @@ void peer_manager_set_heartbeat(PeerManager *pm, usec_t usec) {
  * streams, keyed by peer: RTT, retransmits, queues, and backpressure from them. Streams
  * are tracked as they attach; everything of the peer is untracked when it goes down. */
 static void peer_telemetry_hook(Manager *m, Peer *p, bool up) {
+        /* By host id, as the handoff windows ask for their backpressure and as every
+         * metric's `peer` label says (a [Peer:NAME] section may be named otherwise). */
         if (!up) {
-                (void)telemetry_untrack_peer(m, p->name);
+                (void)telemetry_untrack_peer(m, peer_host_id(p));
                 return;
         }
         int fd = peer_control_fd(p);
         if (fd >= 0)
-                (void)telemetry_track_socket(m, fd, p->name);
+                (void)telemetry_track_socket(m, fd, peer_host_id(p));
 }
 
 static void peer_stream_attached(Peer *p, int fd, void *userdata) {
-        (void)telemetry_track_socket(userdata, fd, p->name);
+        (void)telemetry_track_socket(userdata, fd, peer_host_id(p));
 }
 
 static void peer_state_changed(Peer *p, bool up, void *userdata) {
