@@ -886,6 +886,8 @@ int manager_reload(Manager *m) {
                         r = s->reload(m, &n);
                         if (r < 0)
                                 log_warning_errno(r, "%s: reload failed, keeping its settings: %m", s->name);
+                        else
+                                pending += (unsigned)r; /* changes it can only take at a restart (said) */
                 }
         m->config.log_level = n.log_level;
         log_set_max_level(n.log_level);

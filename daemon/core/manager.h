@@ -56,7 +56,8 @@ typedef struct Subsystem {
         int (*init)(Manager *m);                 /* after arenas, before the bus */
         void (*done)(Manager *m);                /* at shutdown, before arenas go */
         int (*add_bus)(Manager *m, sd_bus *bus); /* on every connection */
-        int (*reload)(Manager *m, const Config *new_config);
+        int (*reload)(Manager *m, const Config *new_config); /* > 0: that many changes take a
+                                                              * restart (each said in the log) */
         /* A worker registered / is about to be freed (unregistered or its client died):
          * drop anything of the subsystem that refers to it. A refusal of worker_added
          * says why in `why`, which the caller of RegisterWorker gets as the message. */

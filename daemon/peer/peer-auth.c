@@ -17,6 +17,10 @@ struct PeerAuthKey {
         uint8_t bytes[];
 };
 
+bool peer_auth_key_equal(const PeerAuthKey *a, const PeerAuthKey *b) {
+        return a && b && a->size == b->size && CRYPTO_memcmp(a->bytes, b->bytes, a->size) == 0;
+}
+
 int peer_auth_key_from_bytes(const void *key, size_t n, PeerAuthKey **ret) {
         PeerAuthKey *k;
 

@@ -49,6 +49,7 @@ int peer_auth_key_load(const char *path, PeerAuthKey **ret, const char **ret_why
 int peer_auth_key_from_bytes(const void *key, size_t n, PeerAuthKey **ret);
 /* Wipes the key material. */
 PeerAuthKey *peer_auth_key_free(PeerAuthKey *k);
+bool peer_auth_key_equal(const PeerAuthKey *a, const PeerAuthKey *b);
 DEFINE_TRIVIAL_CLEANUP_FUNC(PeerAuthKey *, peer_auth_key_free);
 
 /* Cryptographically random bytes (nonces, session ids). */

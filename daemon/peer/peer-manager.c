@@ -568,12 +568,26 @@ static void peer_subsystem_done(Manager *m) {
 }
 
 static int peer_subsystem_reload(Manager *m, const Config *n) {
+        int k = 0;
+
         /* Peers, addresses and the key take a restart; the heartbeat bound applies now. */
         if (m->peers && n->heartbeat_usec != peer_manager_heartbeat_usec(m->peers)) {
                 peer_manager_set_heartbeat(m->peers, n->heartbeat_usec);
                 manager_emit_changed(m, PEER_OBJECT_PATH, PEER_INTERFACE, "HeartbeatUSec");
         }
-        return 0;
+        /* A new key in the same file (a rotation) is a change too: the path comparison of
+         * config_restart_notices() does not see it. */
+        if (m->peers && m->peers->key && n->cluster_key_file && m->config.cluster_key_file &&
+            strcmp(n->cluster_key_file, m->config.cluster_key_file) == 0) {
+                _cleanup_(peer_auth_key_freep) PeerAuthKey *key = NULL;
+                if (peer_auth_key_load(n->cluster_key_file, &key, NULL) >= 0 &&
+                    !peer_auth_key_equal(key, m->peers->key)) {
+                        log_notice("The cluster key in %s changed: it takes effect at the next restart (the running "
+                                   "key stays in use).", n->cluster_key_file);
+                        k++;
+                }
+        }
+        return k;
 }
 
 /* Data posted while the loop was busy leaves at its idle point, or when it waited its

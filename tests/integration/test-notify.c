@@ -16,13 +16,16 @@
  * not count against epdd. */
 #include <check.h>
 #include <errno.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -339,6 +342,57 @@ START_TEST(test_reload) {
 }
 END_TEST
 
+/* Rotating the cluster key in the same file takes a restart, and a reload says so (in
+ * its status and log) instead of "reloaded" with the old key silently kept. */
+START_TEST(test_reload_key_rotation) {
+        char conf[400], key[400];
+        snprintf(key, sizeof key, "%s/cluster.key", h.dir);
+        snprintf(conf, sizeof conf, "%s/cluster.conf", h.dir);
+        FILE *f = fopen(key, "we");
+        ck_assert_ptr_nonnull(f);
+        fputs("first-cluster-key-0123456789abcdef\n", f);
+        ck_assert_int_eq(fclose(f), 0);
+        ck_assert_int_eq(chmod(key, 0600), 0);
+        int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t sl = sizeof sa;
+        ck_assert_int_eq(bind(probe, (struct sockaddr *)&sa, sizeof sa), 0);
+        ck_assert_int_eq(getsockname(probe, (struct sockaddr *)&sa, &sl), 0);
+        close(probe);
+        f = fopen(conf, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[Daemon]\nSocket=%s\nSystemBus=no\nHostId=alpha\n[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\n",
+                h.socket, ntohs(sa.sin_port), key);
+        ck_assert_int_eq(fclose(f), 0);
+
+        Msg m;
+        start_epdd(conf, 0, NULL);
+        wait_ready(&m);
+        for (int round = 0; round < 2; round++) {
+                if (round == 1) {
+                        f = fopen(key, "we");
+                        ck_assert_ptr_nonnull(f);
+                        fputs("second-cluster-key-0123456789abcdef\n", f);
+                        ck_assert_int_eq(fclose(f), 0);
+                }
+                ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
+                bool ready = false;
+                usec_t deadline = now_usec(CLOCK_MONOTONIC) + 30 * USEC_PER_SEC;
+                while (!ready && now_usec(CLOCK_MONOTONIC) < deadline) {
+                        int r = notify_recv(&m, 100);
+                        ck_assert_int_ge(r, 0);
+                        if (r == 0 || !has_line(m.text, "READY=1"))
+                                continue;
+                        ready = true;
+                        bool restart = strstr(m.text, "need a restart") != NULL;
+                        ck_assert_msg(restart == (round == 1), "round %d: %s", round, m.text);
+                }
+                ck_assert(ready);
+        }
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+}
+END_TEST
+
 static void stop_and_check(int sig) {
         Msg m;
         start_epdd(h.config, WATCHDOG_USEC, NULL);
@@ -408,6 +462,7 @@ int main(void) {
         tcase_add_test(tc, test_ready_after_name_owned);
         tcase_add_test(tc, test_watchdog);
         tcase_add_test(tc, test_reload);
+        tcase_add_test(tc, test_reload_key_rotation);
         tcase_add_test(tc, test_stopping_on_sigterm);
         tcase_add_test(tc, test_stopping_on_sigint);
         tcase_add_test(tc, test_bad_config_never_ready);
