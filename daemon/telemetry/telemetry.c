@@ -11,6 +11,11 @@
 #include "telemetry/telemetry.h"
 
 #define TELEMETRY_CONNS_PER_PEER 64
+/* Of those, clients' (TrackSocket) may take all but these: the daemon's own control
+ * connection and data streams (PEER_MAX_STREAMS) always find room. */
+#define TELEMETRY_CONNS_DAEMON_RESERVED 20
+/* And all clients' together at most half of what the kernel map holds. */
+#define TELEMETRY_CLIENT_CONNS_MAX (EPD_TELEMETRY_MAX_CONNS / 2)
 
 typedef struct TelemetryPeer TelemetryPeer;
 
@@ -63,6 +68,7 @@ struct Telemetry {
         TelemetryPeer **peer_by_id;
         size_t n_peer_ids;
         Hashmap *conns;            /* TelemetryConn* by cookie */
+        size_t n_client_conns;     /* of them, clients' */
         usec_t pruned_usec;        /* the kernel's per-connection records last pruned */
         TraceStore *traces;
 
@@ -503,6 +509,14 @@ static int track(Telemetry *t, int fd, const char *peer, bool client) {
                 return r;
         if (p->n_conns >= TELEMETRY_CONNS_PER_PEER)
                 return -ENOSPC;
+        if (client) {
+                unsigned mine = 0;
+                for (unsigned i = 0; i < p->n_conns; i++)
+                        mine += p->conns[i]->client;
+                if (mine >= TELEMETRY_CONNS_PER_PEER - TELEMETRY_CONNS_DAEMON_RESERVED ||
+                    t->n_client_conns >= TELEMETRY_CLIENT_CONNS_MAX)
+                        return -ENOSPC;
+        }
         /* The peer is back after every connection of it was gone: a new path, judged
          * afresh (hysteresis would otherwise hold "disconnected" for seconds while the
          * new connection works, and the handoff window would stay closed). */
@@ -525,6 +539,7 @@ static int track(Telemetry *t, int fd, const char *peer, bool client) {
                 return r;
         }
         p->conns[p->n_conns++] = c;
+        t->n_client_conns += client;
         p->ever_tracked = true;
         if (was_gone && p->bp.level != BACKPRESSURE_NONE) {
                 backpressure_state_init(&p->bp);
@@ -568,6 +583,8 @@ int telemetry_untrack(Telemetry *t, int fd) {
                         break;
                 }
         conn_retire(p, c);
+        if (c->client && t->n_client_conns > 0)
+                t->n_client_conns--;
         if (t->bpf)
                 (void)telemetry_bpf_untrack(t->bpf, cookie);
         free(c);

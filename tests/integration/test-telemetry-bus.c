@@ -187,6 +187,33 @@ START_TEST(test_totals_survive_untrack) {
 }
 END_TEST
 
+/* Clients' TrackSocket cannot take every place of a peer: the daemon's own control
+ * connection and data streams to it always find room (20 of 64 are kept for them). */
+START_TEST(test_client_tracking_bounded) {
+        epd_client *c;
+        enum { CLIENT_MAX = 64 - 20 };
+        int a[CLIENT_MAX + 1], b[CLIENT_MAX + 1];
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        for (int i = 0; i <= CLIENT_MAX; i++) {
+                tcp_pair(&a[i], &b[i]);
+                int r = epd_telemetry_track_socket(c, a[i], "peerQ");
+                if (i < CLIENT_MAX)
+                        ck_assert_msg(r == 0, "socket %d: %s", i, epd_last_error_message(c));
+                else {
+                        ck_assert_int_lt(r, 0);
+                        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.NoSpace");
+                }
+        }
+        for (int i = 0; i <= CLIENT_MAX; i++) {
+                if (i < CLIENT_MAX)
+                        ck_assert_int_eq(epd_telemetry_untrack_socket(c, a[i]), 0);
+                close(a[i]);
+                close(b[i]);
+        }
+        epd_disconnect(c);
+}
+END_TEST
+
 START_TEST(test_introspection) {
         sd_bus *bus;
         ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
@@ -327,6 +354,7 @@ int main(void) {
         TCase *tc = tcase_create("telemetry-bus");
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, test_client_tracking_bounded);
         tcase_add_test(tc, test_introspection);
         tcase_add_test(tc, test_calls_and_errors);
         tcase_add_test(tc, test_totals_survive_untrack);
