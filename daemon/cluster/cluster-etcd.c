@@ -188,6 +188,18 @@ static int session_register(Session *s, uint64_t *ret_lease, char *err, size_t n
         if (r >= 0)
                 r = etcd_json_check(ans, len, err, n);
         free(ans);
+        if (r < 0 && !atomic_load(&cm->stop)) {
+                /* The next try grants a lease of its own: this one goes now, not at the
+                 * end of its TTL (a put refused for good would otherwise leave one per
+                 * retry). Best effort, within half a second. */
+                char *body = etcd_json_lease_id_request(*ret_lease);
+                ans = NULL;
+                if (body)
+                        (void)etcd_client_call_within(s->c, "/v3/lease/revoke", body, 500, 500, &ans, NULL, NULL, 0);
+                free(ans);
+                free(body);
+                *ret_lease = 0;
+        }
         return r;
 }
 

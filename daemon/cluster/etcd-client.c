@@ -12,7 +12,8 @@
 
 #define STREAM_LINE_MAX (4U << 20)
 #define ANSWER_MAX (16U << 20)
-#define CONNECT_TIMEOUT_MS 1000L
+/* Past Linux's first SYN retransmission (1 s): one lost SYN is not a failed connect. */
+#define CONNECT_TIMEOUT_MS 1500L
 /* Less than this short of a whole attempt is a whole attempt (below). */
 #define ATTEMPT_SLACK_MS 5L
 
@@ -376,10 +377,12 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                         break;
                 }
                 if (cc == CURLE_OPERATION_TIMEDOUT && status == 0) {
-                        if (whole && c->hung < 0) {
+                        long took_ms = (long)((now_usec(CLOCK_MONOTONIC) - now) / 1000);
+                        if (whole && c->hung < 0 && took_ms + ATTEMPT_SLACK_MS >= attempt_ms) {
                                 /* Connected or not, nothing came back in the whole
                                  * attempt (one cut short by the call's time says
-                                 * nothing of the endpoint). */
+                                 * nothing of the endpoint, nor does a connect that
+                                 * timed out sooner: that endpoint is down, not hung). */
                                 c->hung = (ssize_t)i;
                                 c->hung_ms = attempt_ms;
                         } else if (!whole)

@@ -273,6 +273,10 @@ static int check_error(json_object *o, char *err, size_t err_size) {
 
         if (!json_object_object_get_ex(o, "error", &e) && !json_object_object_get_ex(o, "message", &e))
                 return 0;
+        /* A stream's error is an object ({"grpc_code":14,"message":"..."}): its message. */
+        json_object *msg;
+        if (json_object_is_type(e, json_type_object) && json_object_object_get_ex(e, "message", &msg))
+                e = msg;
         if (err && err_size)
                 snprintf(err, err_size, "etcd: %s",
                          json_object_is_type(e, json_type_string) ? json_object_get_string(e) : "error");

@@ -184,6 +184,18 @@ static char *b64_of(size_t n, char c) {
         return o;
 }
 
+/* A watch stream's error is an object: its message is what is said, not "error". */
+START_TEST(test_stream_error_message) {
+        EtcdWatchInfo wi;
+        char err[128] = "";
+        ck_assert_int_eq(etcd_json_watch(S("{\"error\":{\"grpc_code\":14,\"http_code\":503,"
+                                           "\"message\":\"etcdserver: no leader\"}}"),
+                                         &wi, NULL, NULL, err, sizeof err),
+                         -EIO);
+        ck_assert_str_eq(err, "etcd: etcdserver: no leader");
+}
+END_TEST
+
 START_TEST(test_oversized_kv_skipped) {
         Seen s = {};
         int64_t rev;
@@ -283,6 +295,7 @@ int main(void) {
         tcase_add_test(tc, test_lease_answers);
         tcase_add_test(tc, test_range_and_watch);
         tcase_add_test(tc, test_oversized_kv_skipped);
+        tcase_add_test(tc, test_stream_error_message);
         tcase_add_test(tc, test_member_record);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
