@@ -309,12 +309,17 @@ static int p_etcd_endpoints(ParseState *s, const char *key, const char *value, v
                         return -EINVAL;
                 }
                 nl = reallocarray(l, n + 2, sizeof *l);
-                if (!nl || !(nl[n] = strdup(w))) {
-                        free(nl ?: l);
+                if (!nl) {
+                        strv_free(l);
                         free(copy);
                         return -ENOMEM;
                 }
                 l = nl;
+                if (!(l[n] = strdup(w))) { /* l[n] NULL: the strings before it go too */
+                        strv_free(l);
+                        free(copy);
+                        return -ENOMEM;
+                }
                 l[++n] = NULL;
         }
         free(copy);
@@ -786,6 +791,12 @@ static void start_section(ParseState *s, bool *arenas_replaced, char *line) {
                 }
                 c->peers = n;
                 c->peers[c->n_peers] = (PeerConfig){ .name = strdup(arg) };
+                if (!c->peers[c->n_peers].name) {
+                        perr(s, "out of memory");
+                        s->section[0] = 0;
+                        s->section_failed = true;
+                        return;
+                }
                 s->peer = &c->peers[c->n_peers++];
         } else if (strcmp(name, "Pool") == 0) {
                 TaskType t = task_type_from_string(arg);

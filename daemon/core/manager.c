@@ -484,12 +484,17 @@ int manager_new(Manager **ret, const char *config_path) {
  * epdd makes, and on the default runtime directory (/run/epd) when it is epdd's own
  * (as an earlier epdd started by hand may have left it); any other directory that
  * already exists is the administrator's and is left as it is. */
-static int manager_make_socket_dir(Manager *m) {
+/* Makes the socket's directory; *ret_own: it is this daemon's to give its group and mode
+ * (made now, or the default directory owned by this user), which is done only once the
+ * socket's lock is taken (manager_own_socket_dir()): a second epdd refused the lock must
+ * change nothing of the first's. */
+static int manager_make_socket_dir(Manager *m, bool *ret_own) {
         const char *path = m->config.socket_path;
         _cleanup_(freep) char *d = strdup(path), *d_default = strdup(EPD_SOCKET_PATH);
         struct stat st;
         int r;
 
+        *ret_own = false;
         if (!d || !d_default)
                 return log_oom();
         const char *dir = dirname(d), *dir_default = dirname(d_default);
@@ -499,9 +504,18 @@ static int manager_make_socket_dir(Manager *m) {
         bool made = mkdir(dir, 0750) == 0;
         if (!made && errno != EEXIST)
                 return log_error_errno(errno, "Cannot create the directory of %s: %m", path);
-        if (!made && (strcmp(dir, dir_default) != 0 || stat(dir, &st) < 0 || !S_ISDIR(st.st_mode) ||
-                      st.st_uid != geteuid()))
-                return 0;
+        *ret_own = made || (strcmp(dir, dir_default) == 0 && stat(dir, &st) >= 0 && S_ISDIR(st.st_mode) &&
+                            st.st_uid == geteuid());
+        return 0;
+}
+
+static int manager_own_socket_dir(Manager *m) {
+        _cleanup_(freep) char *d = strdup(m->config.socket_path);
+        int r;
+
+        if (!d)
+                return log_oom();
+        const char *dir = dirname(d);
         r = manager_chgrp_socket(m, dir);
         if (r < 0)
                 return r;
@@ -588,7 +602,8 @@ static int manager_take_locks(Manager *m) {
         if (asprintf(&sock_lock, "%s.lock", m->config.socket_path) < 0 ||
             asprintf(&state_lock, "%s/epdd.lock", m->config.state_dir) < 0)
                 return log_oom();
-        r = manager_make_socket_dir(m);
+        bool own_dir;
+        r = manager_make_socket_dir(m, &own_dir);
         if (r < 0)
                 return r;
         r = lockfile_take(sock_lock, &holder);
@@ -606,6 +621,11 @@ static int manager_take_locks(Manager *m) {
         if (r < 0)
                 return log_error_errno(r, "Cannot lock %s: %m", sock_lock);
         m->socket_lock_fd = r;
+        if (own_dir) {
+                r = manager_own_socket_dir(m);
+                if (r < 0)
+                        return r;
+        }
 
         /* Under systemd, StateDirectory= made it; elsewhere make it (one level). */
         if (mkdir(m->config.state_dir, 0755) < 0 && errno != EEXIST)
