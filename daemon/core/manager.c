@@ -866,6 +866,9 @@ int manager_reload(Manager *m) {
         char *errors = NULL;
         int r;
         (void)sd_notify(false, "RELOADING=1\nSTATUS=Reloading configuration.");
+        /* Started without a file, and one was made since: it is the one to read now. */
+        if (!m->config_path && access(EPD_CONFIG_FILE, F_OK) == 0 && !(m->config_path = strdup(EPD_CONFIG_FILE)))
+                log_oom();
         if (!m->config_path) {
                 log_info("SIGHUP: running on embedded defaults, nothing to reload.");
                 (void)sd_notify(false, "READY=1\nSTATUS=Serving.");
