@@ -394,6 +394,24 @@ bool harness_wait_for(bool (*cond)(void *userdata), void *userdata, unsigned tim
         return false;
 }
 
+bool harness_telemetry_lists(sd_bus *bus, const char *peer) {
+        sd_bus_message *reply = NULL;
+        const char *name;
+        bool found = false;
+        ck_assert_int_ge(sd_bus_call_method(bus, NULL, "/org/epd1/telemetry", "org.epd1.Telemetry", "GetPeers", NULL,
+                                            &reply, NULL),
+                         0);
+        ck_assert_int_gt(sd_bus_message_enter_container(reply, 'a', "(sa{sv})"), 0);
+        while (sd_bus_message_enter_container(reply, 'r', "sa{sv}") > 0) {
+                ck_assert_int_ge(sd_bus_message_read(reply, "s", &name), 0);
+                found = found || strcmp(name, peer) == 0;
+                ck_assert_int_ge(sd_bus_message_skip(reply, "a{sv}"), 0);
+                ck_assert_int_ge(sd_bus_message_exit_container(reply), 0);
+        }
+        sd_bus_message_unref(reply);
+        return found;
+}
+
 int harness_direct_bus(Harness *h, sd_bus **ret) {
         sd_bus *bus = NULL;
         char addr[320];

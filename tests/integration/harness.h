@@ -84,6 +84,9 @@ bool harness_wait_for(bool (*cond)(void *userdata), void *userdata, unsigned tim
 /* Raw sd-bus connection to the direct socket (peer to peer). */
 int harness_direct_bus(Harness *h, sd_bus **ret);
 
+/* Whether the daemon on bus lists peer in its telemetry (org.epd1.Telemetry.GetPeers). */
+bool harness_telemetry_lists(sd_bus *bus, const char *peer);
+
 /* Compares the interface defined in xml_file with the same interface in the live
  * introspection of `path`; whitespace-insensitive. Returns 0 if equal; otherwise
  * prints both and returns -EBADMSG. */

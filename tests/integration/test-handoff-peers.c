@@ -236,23 +236,25 @@ static int prepare(epd_client *c, const char *rid, const char *seq, char **path,
         return prepare_to(c, "bravo", rid, seq, path, token);
 }
 
-/* Whether the daemon's telemetry (GetPeers) lists peer. */
-static bool telemetry_lists(epd_client *c, const char *peer) {
-        sd_bus_message *reply = NULL;
-        const char *name;
-        bool found = false;
-        ck_assert_int_ge(sd_bus_call_method(c->bus, NULL, "/org/epd1/telemetry", "org.epd1.Telemetry", "GetPeers", NULL,
-                                            &reply, NULL),
-                         0);
-        ck_assert_int_gt(sd_bus_message_enter_container(reply, 'a', "(sa{sv})"), 0);
-        while (sd_bus_message_enter_container(reply, 'r', "sa{sv}") > 0) {
-                ck_assert_int_ge(sd_bus_message_read(reply, "s", &name), 0);
-                found = found || strcmp(name, peer) == 0;
-                ck_assert_int_ge(sd_bus_message_skip(reply, "a{sv}"), 0);
-                ck_assert_int_ge(sd_bus_message_exit_container(reply), 0);
-        }
-        sd_bus_message_unref(reply);
-        return found;
+/* A pipelined handoff (every group ready at Prepare) from p to bravo, retried while the
+ * peers connect, lands at d; both sides released. */
+static void pipelined_lands(epd_client *p, epd_client *d, const char *rid, const char *seq) {
+        epd_handoff_options o = { .ready = 4 };
+        char *path = NULL;
+        uint64_t token;
+        int r = -EHOSTUNREACH;
+        for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++)
+                if ((r = epd_handoff_prepare(p, rid, "bravo", seq, groups4, 4, &o, &path, &token)) == -EHOSTUNREACH)
+                        usleep(20000);
+        ck_assert_msg(r == 0, "%s", epd_last_error_message(p));
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid, &acc), 0);
+        Cond t = { d, acc.path, "transferred" };
+        ck_assert(harness_wait_for(state_is, &t, 5000));
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
 }
 
 START_TEST(test_cross_host) {
@@ -305,8 +307,8 @@ START_TEST(test_cross_host) {
                                                      "KernelTelemetry", &e, 'b', &kernel),
                          0);
         if (kernel) {
-                ck_assert(telemetry_lists(p, "bravo"));
-                ck_assert(!telemetry_lists(p, "bravo-link"));
+                ck_assert(harness_telemetry_lists(p->bus, "bravo"));
+                ck_assert(!harness_telemetry_lists(p->bus, "bravo-link"));
         } else
                 printf("test_cross_host: kernel telemetry unavailable here: its peer keys not checked\n");
         char *dseq;
@@ -799,20 +801,9 @@ START_TEST(test_pipelined_into_freed_pages) {
         char *path = NULL;
         uint64_t token;
         epd_handoff_options o = { .ready = 4 };
-        int r = -EHOSTUNREACH;
-        for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++)
-                if ((r = epd_handoff_prepare(p, "000000000000000000000000000000f6", "bravo", seq, groups4, 4, &o, &path,
-                                             &token)) == -EHOSTUNREACH)
-                        usleep(20000);
-        ck_assert_int_eq(r, 0);
         epd_handoff_accepted acc;
-        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000f6", &acc), 0);
-        Cond t = { d, acc.path, "transferred" };
-        ck_assert(harness_wait_for(state_is, &t, 5000));
-        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
-        ck_assert_int_eq(epd_handoff_release(p, path), 0);
-        epd_handoff_accepted_done(&acc);
-        free(path);
+        Cond t = { d, NULL, "transferred" };
+        pipelined_lands(p, d, "000000000000000000000000000000f6", seq);
 
         /* With older free pages at hand, a handoff right after a Release does not take
          * the page just freed, and waits for nothing: it lands while the DEL is still
@@ -906,22 +897,7 @@ END_TEST
  * every other page of kv0 taken (the filler returned): the next handoff to bravo
  * reserves that page, unsettled. */
 static char *free_page_unsettled(epd_client *p, epd_client *d, const char *seq, const char *gone, const char *request) {
-        char *path = NULL;
-        uint64_t token;
-        epd_handoff_options o = { .ready = 4 };
-        int r = -EHOSTUNREACH;
-        for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++)
-                if ((r = epd_handoff_prepare(p, request, "bravo", seq, groups4, 4, &o, &path, &token)) == -EHOSTUNREACH)
-                        usleep(20000);
-        ck_assert_int_eq(r, 0);
-        epd_handoff_accepted acc;
-        ck_assert_int_eq(epd_handoff_accept(d, request, &acc), 0);
-        Cond t = { d, acc.path, "transferred" };
-        ck_assert(harness_wait_for(state_is, &t, 5000));
-        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
-        ck_assert_int_eq(epd_handoff_release(p, path), 0);
-        epd_handoff_accepted_done(&acc);
-        free(path);
+        pipelined_lands(p, d, request, seq);
 
         char *filler = kv0_fill(d);
         fault_set(hb.epdd_pid, 0, 1500);
@@ -1142,17 +1118,7 @@ START_TEST(test_unreadable_prepare_refused) {
         ck_assert_int_eq(prepare(p, "000000000000000000000000000000c4", seq, &path, &token), 0);
         ck_assert_int_eq(epd_handoff_release(p, path), 0);
         free(path);
-        ck_assert_int_eq(epd_handoff_prepare(p, "000000000000000000000000000000c5", "bravo", seq, groups4, 4, &o,
-                                             &path, &token),
-                         0);
-        epd_handoff_accepted acc;
-        ck_assert_int_eq(epd_handoff_accept(d, "000000000000000000000000000000c5", &acc), 0);
-        Cond t = { d, acc.path, "transferred" };
-        ck_assert(harness_wait_for(state_is, &t, 5000));
-        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
-        ck_assert_int_eq(epd_handoff_release(p, path), 0);
-        epd_handoff_accepted_done(&acc);
-        free(path);
+        pipelined_lands(p, d, "000000000000000000000000000000c5", seq);
         ck_assert_uint_eq(peer_disconnects(p, "bravo"), disconnects);
         ck_assert_msg(epdd_alive(&hb), "bravo's epdd died");
         free(seq);

@@ -105,25 +105,6 @@ static void tcp_pair(int *a, int *b) {
         close(l);
 }
 
-/* Whether GetPeers lists the peer. */
-static bool peer_known(sd_bus *bus, const char *peer) {
-        sd_bus_message *reply = NULL;
-        const char *name;
-        bool found = false;
-        ck_assert_int_ge(sd_bus_call_method(bus, NULL, "/org/epd1/telemetry", "org.epd1.Telemetry", "GetPeers", NULL,
-                                            &reply, NULL),
-                         0);
-        ck_assert_int_gt(sd_bus_message_enter_container(reply, 'a', "(sa{sv})"), 0);
-        while (sd_bus_message_enter_container(reply, 'r', "sa{sv}") > 0) {
-                ck_assert_int_ge(sd_bus_message_read(reply, "s", &name), 0);
-                found = found || strcmp(name, peer) == 0;
-                ck_assert_int_ge(sd_bus_message_skip(reply, "a{sv}"), 0);
-                ck_assert_int_ge(sd_bus_message_exit_container(reply), 0);
-        }
-        sd_bus_message_unref(reply);
-        return found;
-}
-
 /* The last Backpressure level heard for made-up-0..4 (UINT_MAX: none heard). */
 static unsigned made_up_level[5];
 static void on_made_up_level(epd_client *c, const char *peer, unsigned level, const char *reason, void *userdata) {
@@ -292,7 +273,7 @@ START_TEST(test_calls_and_errors) {
                 char name[32];
                 snprintf(name, sizeof name, "made-up-%d", k);
                 ck_assert_msg(made_up_level[k] != UINT_MAX, "%s: never announced", name);
-                if (peer_known(bus, name))
+                if (harness_telemetry_lists(bus, name))
                         continue;
                 /* Forgotten for a later name after it was announced stalled. */
                 forgotten++;

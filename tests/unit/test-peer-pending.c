@@ -172,21 +172,26 @@ START_TEST(test_own_dials_do_not_take_the_places_of_others) {
 }
 END_TEST
 
+/* A started peer manager "bb-self" with no peers, listening on loopback. */
+static PeerManager *listening_manager(sd_event **ret_event) {
+        char key[64], listen_at[64];
+        PeerManager *pm;
+        key_and_port(key, listen_at);
+        ck_assert_int_ge(sd_event_new(ret_event), 0);
+        PeerManagerConfig c = { .host_id = "bb-self", .listen_address = listen_at, .cluster_key_file = key,
+                                .heartbeat_usec = 60 * USEC_PER_SEC };
+        ck_assert_int_eq(peer_manager_new(&pm, *ret_event, &c), 0);
+        unlink(key); /* loaded: nothing left behind, whatever fails below */
+        ck_assert_int_eq(peer_manager_start(pm), 0);
+        return pm;
+}
+
 /* A member that leaves the cluster while its control connection to us is between HELLO
  * and AUTH: that handshake ends with it (it was left waiting, and an AUTH arriving later
  * brought the departed member up again). */
 START_TEST(test_retired_member_handshake_ends) {
-        char key[64], listen_at[64];
-        key_and_port(key, listen_at);
-
         sd_event *e;
-        PeerManager *pm;
-        ck_assert_int_ge(sd_event_new(&e), 0);
-        PeerManagerConfig c = { .host_id = "bb-self", .listen_address = listen_at, .cluster_key_file = key,
-                                .heartbeat_usec = 60 * USEC_PER_SEC };
-        ck_assert_int_eq(peer_manager_new(&pm, e, &c), 0);
-        unlink(key); /* loaded: nothing left behind, whatever fails below */
-        ck_assert_int_eq(peer_manager_start(pm), 0);
+        PeerManager *pm = listening_manager(&e);
         /* "aa-m" sorts first: it dials us. */
         ck_assert_int_eq(peer_manager_add_member(pm, "aa-m", "127.0.0.1:9", NULL), 0);
 
@@ -218,17 +223,8 @@ END_TEST
  * version, in a frame of ours) before it is closed, not just closed: the other side
  * can say why it cannot connect rather than retry blindly. */
 START_TEST(test_other_version_told) {
-        char key[64], listen_at[64];
-        key_and_port(key, listen_at);
-
         sd_event *e;
-        PeerManager *pm;
-        ck_assert_int_ge(sd_event_new(&e), 0);
-        PeerManagerConfig c = { .host_id = "bb-self", .listen_address = listen_at, .cluster_key_file = key,
-                                .heartbeat_usec = 60 * USEC_PER_SEC };
-        ck_assert_int_eq(peer_manager_new(&pm, e, &c), 0);
-        unlink(key);
-        ck_assert_int_eq(peer_manager_start(pm), 0);
+        PeerManager *pm = listening_manager(&e);
 
         int fd = tcp_to(port_of(pm->listen_fd));
         PeerHello h = { .role = PEER_ROLE_CONTROL, .min_version = 1, .max_version = 1, .n_streams = 2 };
