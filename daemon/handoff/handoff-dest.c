@@ -183,6 +183,11 @@ void handoff_settle_forget(HandoffObject *o) {
 typedef struct PeerSlots {
         uint64_t key;   /* the Peer pointer */
         uint64_t last;
+        /* Slots of PREPAREs that could not be read (on_unreadable()): their writes are
+         * refused, not parked. Not `last`: a slot read from a message that failed its
+         * checks must not fence off the peer's later slots. */
+        uint64_t unreadable[8];
+        unsigned unreadable_next;
 } PeerSlots;
 
 static PeerSlots *peer_slots(HandoffManager *hm, Peer *p, bool create) {
@@ -336,8 +341,8 @@ static HandoffObject *find_for_message(HandoffManager *hm, Peer *p, HandoffRole 
 /* A message this side cannot read (a newer peer's flag, a malformed one): its handoff is
  * answered at once, as a protocol failure, rather than left to wait for the Prepare
  * answer bound or, for a pipelined one, to park the peer's data streams until the
- * session is reset under every other handoff. A PREPARE is refused (and its slot counts
- * as announced, so that its writes are refused, not parked); the handoff another message
+ * session is reset under every other handoff. A PREPARE is refused (and its slot is
+ * remembered, so that its writes are refused, not parked); the handoff another message
  * names is rolled back, and the peer told. A message too short to name a handoff, or of
  * a type this version does not know, can only be dropped: said, not at debug level. */
 static void on_unreadable(HandoffManager *hm, Peer *p, uint16_t type, const void *payload, size_t len, int error) {
@@ -365,7 +370,7 @@ static void on_unreadable(HandoffManager *hm, Peer *p, uint16_t type, const void
                 if ((head.flags & HANDOFF_PREPARE_F_SLOT) && head.slot) {
                         PeerSlots *ps = peer_slots(hm, p, true);
                         if (ps && head.slot > ps->last) {
-                                ps->last = head.slot;
+                                ps->unreadable[ps->unreadable_next++ % ELEMENTSOF(ps->unreadable)] = head.slot;
                                 peer_manager_resume_incoming(hm->manager->peers, p);
                         }
                 }
@@ -513,6 +518,10 @@ static int resolve_slot(HandoffManager *hm, Peer *p, TransportIncoming *in, Hand
                  * and peers, so they need not be near the last one): wait, as long as
                  * the parked stream's timer allows. A slot announced already and gone
                  * (refused, rolled back): refused. */
+                if (ps && in->target > ps->last)
+                        for (size_t i = 0; i < ELEMENTSOF(ps->unreadable); i++)
+                                if (ps->unreadable[i] == in->target)
+                                        return -ESTALE; /* its PREPARE came, unreadable */
                 if (!ps || in->target > ps->last)
                         return -EAGAIN;
                 return -ESTALE;

@@ -52,17 +52,6 @@ void handoff_manager_window(HandoffManager *hm, const char *peer, unsigned *ret_
                 *ret_bytes = w ? w->bytes : 0;
 }
 
-/* The host id of the peer telemetry calls `name` (peers are named in the config by
- * their section; handoffs, and so workers, use host ids). */
-static const char *peer_host_of_name(Manager *m, const char *name) {
-        for (size_t i = 0; i < peer_manager_n_peers(m->peers); i++) {
-                Peer *p = peer_manager_peer(m->peers, i);
-                if (p && peer_name(p) && strcmp(peer_name(p), name) == 0)
-                        return peer_host_id(p);
-        }
-        return name;
-}
-
 /* A peer path's backpressure level changed (a telemetry subscription): posts an
  * EPD_RING_EV_BACKPRESSURE record to every worker's ring. */
 void handoff_on_backpressure(Telemetry *t, const char *peer, BackpressureLevel level,
@@ -71,7 +60,7 @@ void handoff_on_backpressure(Telemetry *t, const char *peer, BackpressureLevel l
         if (!hm || !peer)
                 return;
         Manager *m = hm->manager;
-        const char *host = peer_host_of_name(m, peer);
+        const char *host = peer; /* telemetry keys peers by host id, as the windows are */
         PeerWindow *w = hashmap_get(hm->windows, host);
         unsigned n = w ? w->handoffs : 0, permille = 0;
         usec_t retry = 0;

@@ -461,26 +461,31 @@ static bool same_address(const struct sockaddr_storage *a, const struct sockaddr
 }
 
 /* Room for one more connection from others: past PEER_PENDING_PER_ADDRESS from its
- * address, that address's oldest unauthenticated connection is closed; past
- * PEER_PENDING_MAX in all, the oldest of all. A real handshake takes a few round trips,
- * so a flood of connections that say nothing (or stall after HELLO) pushes out its own
- * (or, spread over many addresses, only ones older than any handshake) instead of
- * closing the door on every peer until they time out. Said at most every 10 s. */
+ * address that have not said HELLO yet, that address's oldest such connection is
+ * closed; past PEER_PENDING_MAX in all, the oldest that has not said HELLO (or, with
+ * none, the oldest of all). A real handshake takes a few round trips, so a flood of
+ * connections that say nothing pushes out its own (or, spread over many addresses, only
+ * ones older than any handshake) instead of closing the door on every peer until they
+ * time out; the per-address bound leaves room for two peers behind one address dialing
+ * every data stream at once. Said at most every 10 s. */
 static void pending_make_room(PeerManager *pm, const struct sockaddr_storage *from) {
-        Conn *oldest = NULL, *oldest_here = NULL;
+        Conn *oldest = NULL, *oldest_silent = NULL, *oldest_here = NULL;
         unsigned here = 0;
 
         LIST_FOREACH(pending, c, pm->pending) { /* newest first */
                 if (c->dialer)
                         continue;
                 oldest = c;
+                if (c->state != CONN_WAIT_HELLO)
+                        continue;
+                oldest_silent = c;
                 if (same_address(&c->from, from)) {
                         oldest_here = c;
                         here++;
                 }
         }
         Conn *victim = here >= PEER_PENDING_PER_ADDRESS ? oldest_here
-                       : pm->n_pending >= PEER_PENDING_MAX ? oldest
+                       : pm->n_pending >= PEER_PENDING_MAX ? (oldest_silent ?: oldest)
                                                            : NULL;
         if (!victim)
                 return;

@@ -61,10 +61,11 @@ const char *peer_state_to_string(PeerState s);
 /* Bound on what one peer may have queued on its control connection. */
 #define PEER_OUTPUT_MAX (64U * 1024U * 1024U)
 /* Bound on unauthenticated connections others opened to us at once, and on those from
- * one address: past either, the oldest of them (of that address) is closed for the new
- * one (peer-conn.c: pending_make_room()). */
-#define PEER_PENDING_MAX 64
-#define PEER_PENDING_PER_ADDRESS 16
+ * one address that have not said HELLO yet (two peers' control connection and every
+ * data stream: 2 x (1 + PEER_MAX_STREAMS)): past either, the oldest of them (of that
+ * address) is closed for the new one (peer-conn.c: pending_make_room()). */
+#define PEER_PENDING_MAX 128
+#define PEER_PENDING_PER_ADDRESS 34
 
 typedef struct PeerManagerConfig {
         const char *host_id;

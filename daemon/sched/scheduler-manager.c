@@ -117,9 +117,8 @@ static SchedPressure path(void *userdata, const char *from, const char *to) {
                 return SCHED_PRESSURE_OK; /* not a configured peer: nothing known */
         if (!peer_is_up(p))
                 return SCHED_PRESSURE_STOP;
-        const char *name = peer_name(p) ?: remote;
         TelemetryPeerStats st;
-        if (telemetry_peer_stats(m, name, &st) < 0)
+        if (telemetry_peer_stats(m, peer_host_id(p), &st) < 0) /* telemetry keys peers by host id */
                 return SCHED_PRESSURE_OK; /* no telemetry of that path */
         unsigned n;
         uint64_t bytes;

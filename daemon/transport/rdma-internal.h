@@ -49,13 +49,13 @@
 /* Flushed completions that do not come within this are given up on: the QP is destroyed
  * (which also stops the device from touching the buffers) before anything is freed. */
 #define DRAIN_TIMEOUT_USEC (2 * USEC_PER_SEC)
-/* Writes requested or granted to or from a peer, none of which moved for 20-30 s (no
- * grant, acknowledgement or completion either way; RDMA moves the bytes without either
- * side's CPU seeing them, and a work request that fails says so within the RC retries,
- * ~4 s), fail the queue pair: the peer stopped in the middle (granted, never written;
- * requested, never granted or acknowledged), and the pages of those writes would
- * otherwise stay held as long as the session lived. Checked every WRITE_WATCH_USEC;
- * stalled after 2 checks in a row without progress. */
+/* Writes this side sent to a peer, none of which moved for 20-30 s (no grant,
+ * acknowledgement or work request completion; a work request that fails says so within
+ * the RC retries, ~4 s), fail the queue pair: the peer stopped answering in the middle
+ * (requested, never granted; written, never acknowledged), and the source pages of those
+ * writes would otherwise stay held as long as the session lived. Checked every
+ * WRITE_WATCH_USEC; stalled after 2 checks in a row without progress. Only the sender
+ * watches (rdma-qp.c: on_write_watch()). */
 #define WRITE_WATCH_USEC (10 * USEC_PER_SEC)
 /* RC transport timer: 4.096 us * 2^17 ~ 0.5 s per try, 6 retries (7 would mean
  * "forever" to soft-RoCE): a peer that stops answering fails the work request after
@@ -125,7 +125,7 @@ struct RdmaPeer {
         SliceQueue queue;        /* granted writes with slices left to post */
         uint32_t next_write_id;
         sd_event_source *drain_timer;
-        sd_event_source *write_watch; /* while writes are out or in: WRITE_WATCH_USEC */
+        sd_event_source *write_watch; /* while writes are out: WRITE_WATCH_USEC */
         uint64_t progress, seen; /* grants, acks and completions; as the watch saw them */
         unsigned idle_checks;
         uint64_t bytes, writes, bytes_in;
@@ -159,7 +159,7 @@ RdmaDevice *rdma_device_free(RdmaDevice *d);
 int rdma_device_get(RdmaTransport *t, const char *name, RdmaDevice **ret);
 void rdma_device_put(RdmaDevice *d);
 void rdma_fault(RdmaPeer *rp, RdmaFault f, int error, const char *reason);
-/* A write added (either way): the write watch armed. */
+/* A write posted: the write watch armed. */
 void rdma_write_watch(RdmaPeer *rp);
 int rdma_fd_prepare(int fd);
 void rdma_finalize(RdmaPeer *rp);

@@ -255,14 +255,16 @@ void rdma_finalize(RdmaPeer *rp) {
         rp->fail_error = 0;
 }
 
-/* The write watch: writes out or in and no progress since the check before, twice in a
- * row, fail the queue pair (finalize fails every write both ways; the peer reconnects).
- * With no write left, the watch stops. */
+/* The write watch, on the sending side: writes out and no progress since the check
+ * before, twice in a row, fail the queue pair (finalize fails every write both ways; the
+ * peer reconnects). With no write left, the watch stops. (The receiving side cannot
+ * watch: the bytes of a granted write arrive without its CPU seeing them, and the first
+ * completion may come only once every granted write is nearly across.) */
 static int on_write_watch(sd_event_source *s, uint64_t usec, void *userdata) {
         RdmaPeer *rp = userdata;
-        size_t out = hashmap_size(rp->out), in = hashmap_size(rp->in);
+        size_t out = hashmap_size(rp->out);
 
-        if (out == 0 && in == 0) {
+        if (out == 0) {
                 rp->write_watch = sd_event_source_disable_unref(rp->write_watch);
                 rp->idle_checks = 0;
                 return 0;
@@ -272,7 +274,7 @@ static int on_write_watch(sd_event_source *s, uint64_t usec, void *userdata) {
                 rp->idle_checks = 0;
         } else if (++rp->idle_checks >= 2) {
                 char why[RDMA_FAILURE_MAX];
-                snprintf(why, sizeof why, "%zu write(s) out and %zu in made no progress for %llu s", out, in,
+                snprintf(why, sizeof why, "%zu write(s) out made no progress for %llu s", out,
                          (unsigned long long)(2 * WRITE_WATCH_USEC / USEC_PER_SEC));
                 log_warning("rdma: peer %s: %s; failing the queue pair", rp_name(rp), why);
                 rp->write_watch = sd_event_source_disable_unref(rp->write_watch);

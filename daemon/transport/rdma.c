@@ -211,7 +211,6 @@ static void on_request(RdmaPeer *rp, const RdmaMessage *m) {
                 rdma_send_ack(rp, id, -ENOMEM);
                 return;
         }
-        rdma_write_watch(rp);
         rdma_send_msg(rp, &(RdmaMessage){
                              .type = RDMA_MSG_GRANT,
                              .grant = { .write_id = id,

@@ -547,6 +547,7 @@ static int on_in_watch(sd_event_source *es, uint64_t usec, void *userdata) {
         TcpPeer *tp = userdata;
         TcpTransport *t = tp->t;
         uint64_t stalled = 0;
+        bool any = false;
         size_t i = 0;
         void *v;
 
@@ -555,10 +556,12 @@ static int on_in_watch(sd_event_source *es, uint64_t usec, void *userdata) {
                 if (w->progress != w->seen) {
                         w->seen = w->progress;
                         w->idle_checks = 0;
-                } else if (++w->idle_checks >= 2 && !stalled)
+                } else if (++w->idle_checks >= 2 && !any) {
+                        any = true; /* (write id 0 is a valid id) */
                         stalled = w->write_id;
+                }
         }
-        if (stalled) {
+        if (any) {
                 log_warning("tcp: peer %s: incoming write %" PRIu64 " got no byte for %" PRIu64 " s or more: its "
                             "sender stopped in the middle; ending the session.",
                             t->peers_ops.name(tp->peer), stalled, t->in_stall_usec / USEC_PER_SEC);
