@@ -361,8 +361,11 @@ START_TEST(test_reload_key_rotation) {
         close(probe);
         f = fopen(conf, "we");
         ck_assert_ptr_nonnull(f);
-        fprintf(f, "[Daemon]\nSocket=%s\nSystemBus=no\nHostId=alpha\n[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\n",
-                h.socket, ntohs(sa.sin_port), key);
+        /* Everything under the test's directory: never the host's /var/lib/epd. */
+        fprintf(f,
+                "[Daemon]\nSocket=%s\nSystemBus=no\nStateDirectory=%s/state\nHostId=alpha\n[Cluster]\n"
+                "Listen=127.0.0.1:%u\nClusterKeyFile=%s\n",
+                h.socket, h.dir, ntohs(sa.sin_port), key);
         ck_assert_int_eq(fclose(f), 0);
 
         Msg m;
