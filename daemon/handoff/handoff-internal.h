@@ -88,8 +88,7 @@ typedef struct HandoffWatcher {
  * transferred, or the handoff ends. Bounded by the backpressure window
  * (backpressure_window_admit); one per peer ever used, freed at shutdown. */
 typedef struct PeerWindow {
-        char host[PEER_HOST_ID_MAX + 1]; /* key: the peer's host id */
-        char *name;                      /* the peer's name in telemetry */
+        char host[PEER_HOST_ID_MAX + 1]; /* key: the peer's host id, as telemetry names it */
         unsigned handoffs;
         uint64_t bytes;
         usec_t held_avg;                 /* how long a handoff stays in the window (a moving

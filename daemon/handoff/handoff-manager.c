@@ -769,9 +769,7 @@ static void handoff_done(Manager *m) {
                 free(hashmap_remove(hm->peer_slots, v));
         hashmap_free(hm->peer_slots);
         while ((it = 0, hm->windows && hashmap_iterate(hm->windows, &it, &v, NULL))) {
-                PeerWindow *w = hashmap_remove(hm->windows, ((PeerWindow *)v)->host);
-                free(w->name);
-                free(w);
+                free(hashmap_remove(hm->windows, ((PeerWindow *)v)->host));
         }
         hashmap_free(hm->windows);
         free(hm);

@@ -733,7 +733,7 @@ static int prepare_admit(HandoffManager *hm, const HandoffPrepareArgs *a, Prepar
         if (!win)
                 return -ENOMEM;
         x->window = win;
-        if (telemetry_peer_stats(m, win->name, &st) < 0)
+        if (telemetry_peer_stats(m, win->host, &st) < 0)
                 st = (TelemetryPeerStats){ .level = BACKPRESSURE_NONE, .reason = BACKPRESSURE_REASON_NONE };
         BackpressureLevel level = st.level;
         int r = backpressure_window_admit(&m->config.telemetry.backpressure, level, st.reason, win->handoffs,

@@ -15,9 +15,7 @@ PeerWindow *handoff_window_get(HandoffManager *hm, Peer *peer, bool create) {
         if (!w)
                 return NULL;
         snprintf(w->host, sizeof w->host, "%s", host);
-        w->name = strdup(host); /* telemetry keys its peers by host id, too */
-        if (!w->name || hashmap_put(hm->windows, w->host, w) < 0) {
-                free(w->name);
+        if (hashmap_put(hm->windows, w->host, w) < 0) {
                 free(w);
                 return NULL;
         }
@@ -26,7 +24,7 @@ PeerWindow *handoff_window_get(HandoffManager *hm, Peer *peer, bool create) {
 
 void handoff_window_publish(HandoffManager *hm, PeerWindow *w) {
         /* The daemon's own load, folded into the path's level (HandoffsElevated/High). */
-        (void)telemetry_peer_load(hm->manager, w->name, w->handoffs, 0, 0);
+        (void)telemetry_peer_load(hm->manager, w->host, w->handoffs, 0, 0);
 }
 
 void handoff_window_leave(HandoffObject *o) {
