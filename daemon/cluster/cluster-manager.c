@@ -99,11 +99,15 @@ void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *i
         }
         if (!own)
                 own_key_lost(cm, "is missing from a full read of etcd");
-        for (size_t i = 0; i < n; i++)
+        const char *last = NULL; /* of a read cut short: the last other host it listed */
+        for (size_t i = 0; i < n; i++) {
                 if (membership_resync_put(cm->members, infos + i) == -ENOSPC)
                         log_warning("cluster: member %s refused: MaxMembers=%u reached", infos[i].host_id,
                                     cm->manager->config.max_members);
-        membership_resync_end(cm->members, now, partial);
+                if (strcmp(infos[i].host_id, cm->self.host_id) != 0 && (!last || strcmp(infos[i].host_id, last) > 0))
+                        last = infos[i].host_id;
+        }
+        membership_resync_end(cm->members, now, partial ? last ?: "" : NULL);
         arm_tick(cm, membership_tick(cm->members, now));
 }
 

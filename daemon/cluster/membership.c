@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "hashmap.h"
 #include "macro.h"
@@ -27,7 +28,15 @@ struct Membership {
         uint64_t epoch;   /* of the resync in progress */
         bool resyncing;
         MembershipStats stats;
+
+        /* Records refused for want of room, oldest first, latest record per host: the
+         * first places that free up go to them (etcd sends a member's record once; a
+         * refused one would otherwise wait for the next full read). */
+        MemberInfo *waiting;
+        size_t n_waiting;
 };
+
+#define MEMBERSHIP_WAITING_MAX 64
 
 static const char *const member_state_table[_MEMBER_STATE_MAX] = {
         [MEMBER_ALIVE] = "alive",
@@ -111,9 +120,53 @@ Membership *membership_free(Membership *ms) {
         for (size_t i = 0; i < ms->n_members; i++)
                 free(ms->members[i]);
         free(ms->members);
+        free(ms->waiting);
         hashmap_free(ms->by_host);
         free(ms);
         return NULL;
+}
+
+static ssize_t waiting_find(const Membership *ms, const char *host_id) {
+        for (size_t i = 0; i < ms->n_waiting; i++)
+                if (strcmp(ms->waiting[i].host_id, host_id) == 0)
+                        return (ssize_t)i;
+        return -1;
+}
+
+static void waiting_drop(Membership *ms, size_t i) {
+        memmove(ms->waiting + i, ms->waiting + i + 1, (ms->n_waiting - i - 1) * sizeof *ms->waiting);
+        ms->n_waiting--;
+}
+
+/* A record refused for want of room waits for a place: its latest record, in the order
+ * first refused; past the bound the oldest is forgotten (a full read finds it again). */
+static void waiting_add(Membership *ms, const MemberInfo *info) {
+        ssize_t i = waiting_find(ms, info->host_id);
+        if (i >= 0) {
+                if (info->revision >= ms->waiting[i].revision)
+                        ms->waiting[i] = *info;
+                return;
+        }
+        if (!ms->waiting) {
+                ms->waiting = calloc(MEMBERSHIP_WAITING_MAX, sizeof *ms->waiting);
+                if (!ms->waiting)
+                        return; /* a full read finds it again */
+        }
+        if (ms->n_waiting == MEMBERSHIP_WAITING_MAX)
+                waiting_drop(ms, 0);
+        ms->waiting[ms->n_waiting++] = *info;
+}
+
+static int apply_put(Membership *ms, const MemberInfo *info, bool authoritative);
+
+/* Places freed: to the records that waited for one, oldest first. */
+static void waiting_admit(Membership *ms) {
+        while (ms->n_waiting > 0 && ms->n_members < ms->max) {
+                MemberInfo info = ms->waiting[0];
+                waiting_drop(ms, 0);
+                ms->stats.admitted++;
+                (void)apply_put(ms, &info, false);
+        }
 }
 
 static void member_remove(Membership *ms, Member *m, const char *why) {
@@ -126,6 +179,7 @@ static void member_remove(Membership *ms, Member *m, const char *why) {
         ms->stats.leaves++;
         ms->fn(ms->userdata, MEMBERSHIP_LEAVE, m, why);
         free(m);
+        waiting_admit(ms);
 }
 
 static bool info_differs(const MemberInfo *a, const MemberInfo *b) {
@@ -167,8 +221,12 @@ static int apply_put(Membership *ms, const MemberInfo *info, bool authoritative)
         }
         if (ms->n_members >= ms->max) {
                 ms->stats.refused++;
+                waiting_add(ms, info);
                 return -ENOSPC;
         }
+        ssize_t w = waiting_find(ms, info->host_id);
+        if (w >= 0)
+                waiting_drop(ms, (size_t)w);
         m = calloc(1, sizeof *m);
         if (!m)
                 return -ENOMEM;
@@ -207,8 +265,12 @@ int membership_delete(Membership *ms, const char *host_id, int64_t revision, con
         if (revision > ms->revision)
                 ms->revision = revision;
         m = hashmap_get(ms->by_host, host_id);
-        if (!m)
+        if (!m) {
+                ssize_t w = waiting_find(ms, host_id);
+                if (w >= 0 && revision >= ms->waiting[w].revision)
+                        waiting_drop(ms, (size_t)w); /* it left before a place freed */
                 return 0;
+        }
         if (revision < m->info.revision) {
                 ms->stats.stale++;
                 return 0;
@@ -221,6 +283,7 @@ void membership_resync_begin(Membership *ms, int64_t revision) {
         ms->epoch++;
         ms->resyncing = true;
         ms->stats.resyncs++;
+        ms->n_waiting = 0; /* the read says again who waits */
         if (revision > 0 && revision < ms->revision) {
                 /* etcd's revision went back: it lost its data (or it is a new cluster) and
                  * every host registers again at low revisions. Its revisions start over
@@ -239,13 +302,15 @@ int membership_resync_put(Membership *ms, const MemberInfo *info) {
         return apply_put(ms, info, true);
 }
 
-void membership_resync_end(Membership *ms, usec_t now, bool partial) {
+void membership_resync_end(Membership *ms, usec_t now, const char *listed_up_to) {
         ms->resyncing = false;
-        if (partial)
-                return; /* a read cut short says nothing of the members it did not list */
         for (size_t i = 0; i < ms->n_members; i++) {
                 Member *m = ms->members[i];
                 if (m->epoch == ms->epoch || m->state == MEMBER_MISSING)
+                        continue;
+                /* A read cut short lists the first records in key order: it says
+                 * nothing of the members after its last one. */
+                if (listed_up_to && strcmp(m->info.host_id, listed_up_to) > 0)
                         continue;
                 m->state = MEMBER_MISSING;
                 m->missing_deadline = now + ms->grace;

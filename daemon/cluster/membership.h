@@ -76,7 +76,9 @@ int membership_new(Membership **ret, const char *self, size_t max, usec_t grace,
 Membership *membership_free(Membership *ms);
 
 /* A put seen by the watch. Older revisions than the member's are ignored. -EINVAL for
- * an invalid record; 0 applied or ignored; -ENOSPC past the bound. */
+ * an invalid record; 0 applied or ignored; -ENOSPC past the bound: the record then waits
+ * (the latest of each host, at most 64) and joins when a member leaves, unless its host's
+ * delete comes first. */
 int membership_put(Membership *ms, const MemberInfo *info);
 /* A delete seen by the watch (lease expired or revoked, key deleted). */
 int membership_delete(Membership *ms, const char *host_id, int64_t revision, const char *why);
@@ -87,9 +89,10 @@ int membership_delete(Membership *ms, const char *host_id, int64_t revision, con
  * starts the revisions over. */
 void membership_resync_begin(Membership *ms, int64_t revision);
 int membership_resync_put(Membership *ms, const MemberInfo *info);
-/* partial: the read was cut short (at MaxMembers= records): members it did not list are
- * not taken for missing. */
-void membership_resync_end(Membership *ms, usec_t now, bool partial);
+/* listed_up_to: NULL for a whole read; for one cut short (at MaxMembers= records, the
+ * first in key order), the last host id it listed: members after it are not taken for
+ * missing, those before it that it did not list are. */
+void membership_resync_end(Membership *ms, usec_t now, const char *listed_up_to);
 /* Members missing past their deadline leave. Returns the next deadline (USEC_INFINITY
  * if none). */
 usec_t membership_tick(Membership *ms, usec_t now);
@@ -108,6 +111,7 @@ typedef struct MembershipStats {
         uint64_t joins, updates, leaves;
         uint64_t resyncs;
         uint64_t refused;       /* joins past the bound */
+        uint64_t admitted;      /* refused records taken later, when a place freed */
         uint64_t stale;         /* puts or deletes older than what is known */
         uint64_t revision_resets; /* resyncs at a revision below the known one (etcd lost its data) */
         uint64_t link_changes;

@@ -91,14 +91,14 @@ START_TEST(test_resync_grace) {
         membership_resync_begin(ms, 4);
         ck_assert_int_eq(membership_resync_put(ms, &a), 0);
         ck_assert_int_eq(membership_resync_put(ms, &b), 0);
-        membership_resync_end(ms, now, false);
+        membership_resync_end(ms, now, NULL);
         ck_assert_uint_eq(membership_size(ms), 2);
         ck_assert_uint_eq(membership_tick(ms, now), USEC_INFINITY);
 
         /* etcd came back without bravo (its lease not re-granted yet): missing, not gone. */
         membership_resync_begin(ms, 20);
         ck_assert_int_eq(membership_resync_put(ms, &a), 0);
-        membership_resync_end(ms, now, false);
+        membership_resync_end(ms, now, NULL);
         ck_assert_str_eq(l.ev[l.n - 1], "update bravo missing");
         ck_assert_int_eq(membership_get(ms, "bravo")->state, MEMBER_MISSING);
         ck_assert_uint_eq(membership_tick(ms, now + USEC_PER_SEC), now + 2 * USEC_PER_SEC);
@@ -114,7 +114,7 @@ START_TEST(test_resync_grace) {
         /* Missing again, and this time it stays away: it leaves at the deadline. */
         membership_resync_begin(ms, 30);
         ck_assert_int_eq(membership_resync_put(ms, &a), 0);
-        membership_resync_end(ms, now, false);
+        membership_resync_end(ms, now, NULL);
         ck_assert_ptr_nonnull(membership_get(ms, "bravo"));
         ck_assert_uint_eq(membership_tick(ms, now + 2 * USEC_PER_SEC), USEC_INFINITY);
         ck_assert_ptr_null(membership_get(ms, "bravo"));
@@ -181,7 +181,7 @@ START_TEST(test_revision_reset) {
         a.lease = 99;
         membership_resync_begin(ms, 10);
         ck_assert_int_eq(membership_resync_put(ms, &a), 0);
-        membership_resync_end(ms, 1000, false);
+        membership_resync_end(ms, 1000, NULL);
         ck_assert_int_eq(membership_revision(ms), 10);
         membership_tick(ms, 1000 + 3 * USEC_PER_SEC);
         ck_assert_ptr_nonnull(membership_get(ms, "alpha"));
@@ -190,15 +190,97 @@ START_TEST(test_revision_reset) {
         membership_stats(ms, &st);
         ck_assert_uint_eq(st.revision_resets, 1);
         ck_assert_uint_eq(st.leaves, 0);
-        /* A resync cut short (records past MaxMembers= left out) takes no member that it
-         * did not list for missing. */
+        /* A resync cut short (records past MaxMembers= left out) takes no member after
+         * its last listed record for missing. */
         membership_resync_begin(ms, 11);
-        membership_resync_end(ms, 2000, true);
+        membership_resync_end(ms, 2000, "aaa");
         membership_tick(ms, 2000 + 3 * USEC_PER_SEC);
         ck_assert_int_eq(membership_get(ms, "alpha")->state, MEMBER_ALIVE);
         /* The host goes away later: its delete at revision 12 is current. */
         ck_assert_int_eq(membership_delete(ms, "alpha", 12, NULL), 0);
         ck_assert_ptr_null(membership_get(ms, "alpha"));
+        membership_free(ms);
+}
+END_TEST
+
+/* A record refused at the bound waits: the first place that frees goes to it (etcd sends
+ * a record once), unless its host's delete came first; a resync says again who waits. */
+START_TEST(test_refused_waits) {
+        Membership *ms;
+        Log l = {};
+        MembershipStats st;
+        MemberInfo a = info("alpha", "10.0.0.1:7100", 1), b = info("bravo", "10.0.0.2:7100", 2),
+                   c = info("charlie", "10.0.0.3:7100", 3), d = info("delta", "10.0.0.4:7100", 4);
+
+        ck_assert_int_eq(membership_new(&ms, "self", 2, 2 * USEC_PER_SEC, on_event, &l), 0);
+        ck_assert_int_eq(membership_put(ms, &a), 0);
+        ck_assert_int_eq(membership_put(ms, &b), 0);
+        ck_assert_int_eq(membership_put(ms, &c), -ENOSPC);
+        ck_assert_int_eq(membership_put(ms, &d), -ENOSPC);
+        c = info("charlie", "10.0.0.33:7100", 5); /* its newer record is the one that waits */
+        ck_assert_int_eq(membership_put(ms, &c), -ENOSPC);
+        ck_assert_uint_eq(l.n, 2);
+
+        /* alpha leaves: charlie, refused first, takes its place with its latest record. */
+        ck_assert_int_eq(membership_delete(ms, "alpha", 6, NULL), 0);
+        ck_assert_uint_eq(l.n, 4);
+        ck_assert_str_eq(l.ev[2], "leave alpha alive");
+        ck_assert_str_eq(l.ev[3], "join charlie alive");
+        ck_assert_str_eq(membership_get(ms, "charlie")->info.address, "10.0.0.33:7100");
+        ck_assert_ptr_null(membership_get(ms, "delta"));
+
+        /* delta's host goes before a place frees: it is not taken later. */
+        ck_assert_int_eq(membership_delete(ms, "delta", 7, NULL), 0);
+        ck_assert_int_eq(membership_delete(ms, "bravo", 8, NULL), 0);
+        ck_assert_uint_eq(l.n, 5);
+        ck_assert_ptr_null(membership_get(ms, "delta"));
+        ck_assert_uint_eq(membership_size(ms), 1);
+        membership_stats(ms, &st);
+        ck_assert_uint_eq(st.refused, 3);
+        ck_assert_uint_eq(st.admitted, 1);
+
+        /* Full again; a member missing after a resync leaves at its grace, and the record
+         * the resync refused takes its place. */
+        ck_assert_int_eq(membership_put(ms, &b), 0);
+        ck_assert_uint_eq(membership_size(ms), 2);
+        d = info("delta", "10.0.0.4:7100", 9);
+        membership_resync_begin(ms, 9);
+        ck_assert_int_eq(membership_resync_put(ms, &b), 0);
+        ck_assert_int_eq(membership_resync_put(ms, &d), -ENOSPC); /* charlie still holds its place */
+        membership_resync_end(ms, 1000, NULL);
+        ck_assert_int_eq(membership_get(ms, "charlie")->state, MEMBER_MISSING);
+        membership_tick(ms, 1000 + 3 * USEC_PER_SEC);
+        ck_assert_ptr_null(membership_get(ms, "charlie"));
+        ck_assert_ptr_nonnull(membership_get(ms, "delta"));
+        ck_assert_uint_eq(membership_size(ms), 2);
+        membership_free(ms);
+}
+END_TEST
+
+/* A resync cut short at MaxMembers= lists the first records in key order: members before
+ * its last one that it did not list are gone (missing), those after it are not known. */
+START_TEST(test_partial_resync_boundary) {
+        Membership *ms;
+        Log l = {};
+        MemberInfo a = info("alpha", "10.0.0.1:7100", 1), b = info("bravo", "10.0.0.2:7100", 2),
+                   c = info("charlie", "10.0.0.3:7100", 3), y = info("yankee", "10.0.0.4:7100", 4);
+
+        ck_assert_int_eq(membership_new(&ms, "self", 8, 2 * USEC_PER_SEC, on_event, &l), 0);
+        ck_assert_int_eq(membership_put(ms, &a), 0);
+        ck_assert_int_eq(membership_put(ms, &b), 0);
+        ck_assert_int_eq(membership_put(ms, &y), 0);
+        /* The read listed alpha and charlie and stopped there: bravo is gone, yankee is
+         * past the cut. */
+        membership_resync_begin(ms, 10);
+        ck_assert_int_eq(membership_resync_put(ms, &a), 0);
+        ck_assert_int_eq(membership_resync_put(ms, &c), 0);
+        membership_resync_end(ms, 1000, "charlie");
+        ck_assert_int_eq(membership_get(ms, "bravo")->state, MEMBER_MISSING);
+        ck_assert_int_eq(membership_get(ms, "yankee")->state, MEMBER_ALIVE);
+        ck_assert_int_eq(membership_get(ms, "alpha")->state, MEMBER_ALIVE);
+        membership_tick(ms, 1000 + 3 * USEC_PER_SEC);
+        ck_assert_ptr_null(membership_get(ms, "bravo"));
+        ck_assert_ptr_nonnull(membership_get(ms, "yankee"));
         membership_free(ms);
 }
 END_TEST
@@ -210,6 +292,8 @@ int main(void) {
         tcase_add_test(tc, test_resync_grace);
         tcase_add_test(tc, test_bound_and_validation);
         tcase_add_test(tc, test_revision_reset);
+        tcase_add_test(tc, test_refused_waits);
+        tcase_add_test(tc, test_partial_resync_boundary);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
