@@ -6,8 +6,10 @@
  * fdatasync() takes SYNC_MS milliseconds longer (a slow disk). With OFFSET and MASK
  * (hex), the frames of TYPE are sent instead, with payload byte OFFSET XORed with MASK
  * (a peer of another version, a corrupted message), wherever they lie in the buffer.
- * Any other process, or without the file, the calls are the real ones. Test builds
- * only: nothing in epdd knows of it. */
+ * With a sixth field WAL_FULL of 1, every write() or pwrite() of a record to a file named
+ * wal.log fails with ENOSPC, writing nothing (a full disk, from a chosen moment on; the
+ * zeros the log writes ahead still go). Any other process, or without the file, the calls
+ * are the real ones. Test builds only: nothing in epdd knows of it. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define PEER_FRAME_HEADER 16u
@@ -22,6 +25,7 @@
 typedef struct Faults {
         unsigned type, sync_ms;
         unsigned flip_offset, flip_mask; /* flip_mask 0: fail the send instead */
+        unsigned wal_full;
 } Faults;
 
 /* This process's line of the file: 1 when it names this process. */
@@ -33,7 +37,8 @@ static int my_faults(Faults *ft) {
         if (!path || !(f = fopen(path, "re")))
                 return 0;
         *ft = (Faults) {};
-        ok = fscanf(f, "%d %x %u %x %x", &pid, &ft->type, &ft->sync_ms, &ft->flip_offset, &ft->flip_mask) >= 2 &&
+        ok = fscanf(f, "%d %x %u %x %x %u", &pid, &ft->type, &ft->sync_ms, &ft->flip_offset, &ft->flip_mask,
+                    &ft->wal_full) >= 2 &&
              pid == (int)getpid();
         fclose(f);
         return ok;
@@ -92,4 +97,46 @@ int fdatasync(int fd) {
         if (my_faults(&ft) && ft.sync_ms > 0)
                 usleep(ft.sync_ms * 1000u);
         return real(fd);
+}
+
+/* Whether fd is a regular file named wal.log. */
+static int is_wal_log(int fd) {
+        struct stat st;
+        char link[64], target[4096];
+        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+                return 0;
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(link, target, sizeof target - 1);
+        if (n < 8)
+                return 0;
+        target[n] = 0;
+        return strcmp(target + n - 8, "/wal.log") == 0;
+}
+
+/* A write of anything but zeros to wal.log, refused while WAL_FULL says so. */
+static int wal_refused(int fd, const void *buf, size_t count) {
+        const uint8_t *b = buf;
+        Faults ft;
+        size_t i = 0;
+        while (i < count && b[i] == 0)
+                i++;
+        if (i == count || !is_wal_log(fd) || !my_faults(&ft) || !ft.wal_full)
+                return 0;
+        errno = ENOSPC;
+        return 1;
+}
+
+ssize_t write(int fd, const void *buf, size_t count) {
+        static ssize_t (*real)(int, const void *, size_t);
+        if (!real)
+                real = (ssize_t (*)(int, const void *, size_t))dlsym(RTLD_NEXT, "write");
+        return wal_refused(fd, buf, count) ? -1 : real(fd, buf, count);
+}
+
+/* With _FILE_OFFSET_BITS=64 (as epdd is built) this is pwrite64, what epdd calls. */
+ssize_t pwrite(int fd, const void *buf, size_t count, off_t off) {
+        static ssize_t (*real)(int, const void *, size_t, off_t);
+        if (!real)
+                real = (ssize_t (*)(int, const void *, size_t, off_t))dlsym(RTLD_NEXT, "pwrite64");
+        return wal_refused(fd, buf, count) ? -1 : real(fd, buf, count, off);
 }

@@ -1127,6 +1127,53 @@ START_TEST(test_unreadable_prepare_refused) {
 }
 END_TEST
 
+/* In the daemon pid, every write of a record to its WAL fails with ENOSPC (a full disk). */
+static void fault_wal_full(pid_t pid) {
+        FILE *f = fopen(faultfile, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "%d 0 0 0 0 1\n", (int)pid);
+        ck_assert_int_eq(fclose(f), 0);
+}
+
+/* alpha's journal refuses the PREPARED record it writes when bravo answers the Prepare:
+ * the Prepare is not acknowledged (a restart would not know the handoff its caller goes
+ * on with); it fails saying why, and bravo's reserved pages go back. */
+START_TEST(test_prepared_record_refused) {
+        epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
+        char *seq = make_sequence(p, N_PAGES, NULL);
+        char *path = NULL;
+        uint64_t token;
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000b1", seq, &path, &token), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        free(path);
+        path = NULL;
+        Cond idle = { d, NULL, NULL, arena_live(d) };
+
+        /* The disk fills: the next record alpha writes fails, and the log refuses every
+         * one after. A Clone is journaled before its reply. */
+        fault_wal_full(ha.epdd_pid);
+        sd_bus_message *reply = NULL;
+        int r = epd__call(p, seq, "org.epd1.Sequence", "Clone", &reply, "");
+        ck_assert_msg(r < 0, "a Clone was acknowledged with the log full");
+        sd_bus_message_unref(reply);
+
+        r = epd_handoff_prepare(p, "000000000000000000000000000000b2", "bravo", seq, groups4, 4, NULL, &path, &token);
+        ck_assert_msg(r < 0, "a Prepare was acknowledged without its record");
+        ck_assert_msg(strncmp(epd_last_error_name(p), "org.epd1.Error.", 15) == 0, "%s", epd_last_error_name(p));
+        ck_assert_msg(strstr(epd_last_error_message(p), "cannot journal the Prepare"), "%s: %s",
+                      epd_last_error_name(p), epd_last_error_message(p));
+        /* bravo was told: what it reserved is free again. */
+        ck_assert_msg(harness_wait_for(live_is, &idle, 5000), "bravo holds %" PRIu64 " pages, %" PRIu64 " before",
+                      arena_live(d), idle.live);
+        fault_clear();
+        ck_assert_msg(epdd_alive(&ha), "alpha's epdd died");
+        ck_assert_msg(epdd_alive(&hb), "bravo's epdd died");
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 int main(void) {
         if (!getenv("EPDD")) {
                 printf("SKIP: EPDD is not set (run through meson test)\n");
@@ -1151,6 +1198,7 @@ int main(void) {
         tcase_add_test(tc, test_newer_attempt_fences_another_sources);
         tcase_add_test(tc, test_data_streams_outlast_a_park);
         tcase_add_test(tc, test_unreadable_prepare_refused);
+        tcase_add_test(tc, test_prepared_record_refused);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
