@@ -18,6 +18,7 @@ typedef struct CacheArena {
         uint8_t *base;
         FeatureAllocator *alloc;
         uint64_t evictable; /* eviction_could_help()'s count, valid during its call */
+        bool helps;         /* eviction_could_help(): evicting here can make the region */
 } CacheArena;
 
 struct FeatureCache {

@@ -406,16 +406,27 @@ static bool arena_allowed(const CacheArena *a, bool need_map, uint64_t mask) {
         return a->index >= 64 || (mask & (1ULL << a->index));
 }
 
-/* An arena that a region of bytes may go to: allowed, and large enough. */
-static bool arena_fits(const CacheArena *a, uint64_t bytes, bool need_map, uint64_t mask) {
-        return arena_allowed(a, need_map, mask) && feature_allocator_total(a->alloc) >= bytes;
+/* What a region of bytes takes in arena a: whole chunks of its allocator. */
+static uint64_t arena_need(const CacheArena *a, uint64_t bytes) {
+        uint64_t chunk = feature_allocator_chunk(a->alloc);
+        return chunk > 1 && bytes <= UINT64_MAX - chunk ? ALIGN_TO(bytes, chunk) : bytes;
 }
 
-/* Whether evicting every unreferenced feature could make room at all: within the
- * budget, and in some arena that fits (its free chunks plus its evictable ones; a
- * fragmented arena may still refuse). A request that this says no to evicts nothing. */
+/* An arena that a region of bytes may go to: allowed, and large enough, within the
+ * budget, its chunk rounding included. */
+static bool arena_fits(const FeatureCache *c, const CacheArena *a, uint64_t bytes, bool need_map, uint64_t mask) {
+        uint64_t need = arena_need(a, bytes);
+        return arena_allowed(a, need_map, mask) && feature_allocator_total(a->alloc) >= need &&
+               need <= c->config.budget_bytes;
+}
+
+/* Whether evicting every unreferenced feature could make room at all: in some arena
+ * that fits, with the budget and that arena's free chunks plus its evictable ones
+ * enough for the region as that arena rounds it (a fragmented arena may still refuse).
+ * Marks those arenas (helps). A request that this says no to evicts nothing. */
 static bool eviction_could_help(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t mask) {
         uint64_t evictable = 0;
+        bool any = false;
 
         /* One pass over the cold list, counted per arena as well. */
         for (size_t i = 0; i < c->n_arenas; i++)
@@ -426,22 +437,24 @@ static bool eviction_could_help(FeatureCache *c, uint64_t bytes, bool need_map, 
                 if (a)
                         a->evictable += f->size;
         }
-        if (c->stats.bytes_cached + c->stats.bytes_reserved - evictable + bytes > c->config.budget_bytes)
-                return false;
+        uint64_t held = c->stats.bytes_cached + c->stats.bytes_reserved - evictable;
         for (size_t i = 0; i < c->n_arenas; i++) {
-                const CacheArena *a = &c->arenas[i];
-                if (arena_fits(a, bytes, need_map, mask) &&
-                    feature_allocator_total(a->alloc) - feature_allocator_used(a->alloc) + a->evictable >= bytes)
-                        return true;
+                CacheArena *a = &c->arenas[i];
+                uint64_t need = arena_need(a, bytes);
+                a->helps = arena_fits(c, a, bytes, need_map, mask) && held + need <= c->config.budget_bytes &&
+                           feature_allocator_total(a->alloc) - feature_allocator_used(a->alloc) + a->evictable >=
+                                   need;
+                any = any || a->helps;
         }
-        return false;
+        return any;
 }
 
-/* The coldest unreferenced feature in an arena that fits. */
-static Feature *coldest_in(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t mask) {
+/* The coldest unreferenced feature in an arena where evicting can make the region
+ * (eviction_could_help() marked them): one elsewhere would go for nothing. */
+static Feature *coldest_in(FeatureCache *c) {
         LIST_FOREACH(lru, f, c->lru.first) {
                 const CacheArena *a = feature_arena_of(c, f->arena);
-                if (f->has_region && a && arena_fits(a, bytes, need_map, mask))
+                if (f->has_region && a && a->helps)
                         return f;
         }
         return NULL;
@@ -461,10 +474,8 @@ static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t
                 return -EINVAL;
         if (c->n_arenas == 0)
                 return -ENODEV;
-        if (bytes > c->config.budget_bytes)
-                return -E2BIG;
         for (size_t i = 0; i < c->n_arenas; i++)
-                if (arena_fits(&c->arenas[i], bytes, need_map, mask))
+                if (arena_fits(c, &c->arenas[i], bytes, need_map, mask))
                         any = true;
         if (!any)
                 return -E2BIG;
@@ -477,7 +488,7 @@ static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t
                         CacheArena *a = &c->arenas[i];
                         uint64_t off, size;
 
-                        if (!arena_fits(a, bytes, need_map, mask))
+                        if (!arena_fits(c, a, bytes, need_map, mask))
                                 continue;
                         if (feature_allocator_alloc(a->alloc, bytes, &off, &size) < 0)
                                 continue;
@@ -500,7 +511,7 @@ static int region_alloc(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t
                                 return -ENOSPC;
                         checked = true;
                 }
-                victim = have_run ? c->lru.first : coldest_in(c, bytes, need_map, mask);
+                victim = have_run ? c->lru.first : coldest_in(c);
                 if (!victim)
                         return -ENOSPC;
                 evict(c, victim);

@@ -393,6 +393,100 @@ START_TEST(test_evict_in_allowed_arenas) {
 }
 END_TEST
 
+/* A region is whole chunks of its arena: a request that fits the budget in bytes but
+ * not once its arena rounds it up evicts nothing (it emptied the cold list, then was
+ * refused anyway). */
+START_TEST(test_evict_counts_chunk_rounding) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(40 * CHUNK);
+        _cleanup_(freep) uint8_t *mem7 = calloc(1, 32 * CHUNK);
+        FeatureRef *held[7], *x;
+        FeatureDesc *d;
+        char key[16];
+
+        ck_assert_int_eq(feature_cache_add_arena(c, 7, mem7, 0, 32 * CHUNK, 16 * CHUNK), 0);
+        for (int i = 0; i < 7; i++) {
+                snprintf(key, sizeof key, "h%d", i);
+                d = desc_bytes(4 * CHUNK);
+                ck_assert_int_eq(feature_reserve_in(c, key, 4 * CHUNK, 1ULL << 3, &d, NULL, &held[i], NULL), 0);
+                ck_assert_int_eq(feature_publish(held[i], 1), 0);
+        }
+        for (int i = 0; i < 2; i++) {
+                snprintf(key, sizeof key, "c%d", i);
+                d = desc_bytes(4 * CHUNK);
+                ck_assert_int_eq(feature_reserve_in(c, key, 4 * CHUNK, 1ULL << 3, &d, NULL, &x, NULL), 0);
+                ck_assert_int_eq(feature_publish(x, 1), 0);
+                feature_ref_release(x);
+        }
+        /* 36 chunks cached, 8 of them cold: 5 chunks would fit the budget, but arena 7
+         * makes them 16, and 28 held + 16 > 40 */
+        d = desc_bytes(5 * CHUNK);
+        ck_assert_int_eq(feature_reserve_in(c, "big", 5 * CHUNK, 1ULL << 7, &d, NULL, &x, NULL), -ENOSPC);
+        ck_assert_uint_eq(feature_cache_stats(c)->evictions, 0);
+        ck_assert_ptr_nonnull(feature_cache_get(c, "c0"));
+        ck_assert_ptr_nonnull(feature_cache_get(c, "c1"));
+        /* a region larger than the budget once rounded is too big, not short of room */
+        feature_cache_set_budget(c, 48 * CHUNK);
+        ck_assert_uint_eq(feature_cache_stats(c)->evictions, 0);
+        ck_assert_int_eq(feature_reserve_in(c, "big", 5 * CHUNK, 1ULL << 7, &d, NULL, &x, NULL), 0);
+        ck_assert_uint_eq(x->feature->arena, 7);
+        ck_assert_uint_eq(x->feature->size, 16 * CHUNK);
+        ck_assert_uint_eq(feature_cache_stats(c)->evictions, 1); /* 28 + 4 + 16 = 48 */
+        ck_assert_ptr_null(feature_cache_get(c, "c0"));
+        ck_assert_ptr_nonnull(feature_cache_get(c, "c1"));
+        feature_ref_release(x);
+        feature_cache_set_budget(c, 15 * CHUNK);
+        d = desc_bytes(5 * CHUNK);
+        ck_assert_int_eq(feature_reserve_in(c, "big2", 5 * CHUNK, 1ULL << 7, &d, NULL, &x, NULL), -E2BIG);
+        feature_desc_free(d);
+        for (int i = 0; i < 7; i++)
+                feature_ref_release(held[i]);
+}
+END_TEST
+
+/* Eviction for want of a run takes features only from arenas where evicting can make
+ * one: arena 3's cold features cannot (too few), arena 5's can. */
+START_TEST(test_evict_where_it_helps) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(1024 * CHUNK);
+        _cleanup_(freep) uint8_t *mem5 = calloc(1, 16 * CHUNK);
+        FeatureRef *held[62], *x;
+        FeatureDesc *d;
+        char key[16];
+
+        ck_assert_int_eq(feature_cache_add_arena(c, 5, mem5, 0, 16 * CHUNK, CHUNK), 0);
+        for (int i = 0; i < 62; i++) {
+                snprintf(key, sizeof key, "h%d", i);
+                d = desc_bytes(CHUNK);
+                ck_assert_int_eq(feature_reserve_in(c, key, CHUNK, 1ULL << 3, &d, NULL, &held[i], NULL), 0);
+                ck_assert_int_eq(feature_publish(held[i], 1), 0);
+        }
+        for (int i = 0; i < 2; i++) { /* arena 3's last two chunks, cold first */
+                snprintf(key, sizeof key, "a%d", i);
+                d = desc_bytes(CHUNK);
+                ck_assert_int_eq(feature_reserve_in(c, key, CHUNK, 1ULL << 3, &d, NULL, &x, NULL), 0);
+                ck_assert_int_eq(feature_publish(x, 1), 0);
+                feature_ref_release(x);
+        }
+        for (int i = 0; i < 4; i++) { /* arena 5, full, warmer */
+                snprintf(key, sizeof key, "b%d", i);
+                d = desc_bytes(4 * CHUNK);
+                ck_assert_int_eq(feature_reserve_in(c, key, 4 * CHUNK, 1ULL << 5, &d, NULL, &x, NULL), 0);
+                ck_assert_int_eq(feature_publish(x, 1), 0);
+                feature_ref_release(x);
+        }
+        d = desc_bytes(8 * CHUNK);
+        ck_assert_int_eq(feature_reserve_in(c, "new", 8 * CHUNK, (1ULL << 3) | (1ULL << 5), &d, NULL, &x, NULL), 0);
+        ck_assert_uint_eq(x->feature->arena, 5);
+        ck_assert_uint_eq(feature_cache_stats(c)->evictions, 2);
+        ck_assert_ptr_nonnull(feature_cache_get(c, "a0"));
+        ck_assert_ptr_nonnull(feature_cache_get(c, "a1"));
+        ck_assert_ptr_null(feature_cache_get(c, "b0"));
+        ck_assert_ptr_null(feature_cache_get(c, "b1"));
+        feature_ref_release(x);
+        for (int i = 0; i < 62; i++)
+                feature_ref_release(held[i]);
+}
+END_TEST
+
 START_TEST(test_lru_budget) {
         /* budget of 4 features of 4 chunks each */
         _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(16 * CHUNK);
@@ -1238,6 +1332,8 @@ int main(void) {
         tcase_add_test(tc, test_reserve_errors);
         tcase_add_test(tc, test_publish_refused_without_its_record);
         tcase_add_test(tc, test_lru_budget);
+        tcase_add_test(tc, test_evict_counts_chunk_rounding);
+        tcase_add_test(tc, test_evict_where_it_helps);
         tcase_add_test(tc, test_evict_in_allowed_arenas);
         tcase_add_test(tc, test_pins);
         tcase_add_test(tc, test_prefetch);
