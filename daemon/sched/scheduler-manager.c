@@ -190,7 +190,11 @@ bool scheduler_features_cached(Manager *m, char **keys) {
                 return false;
         for (char **k = keys; *k; k++) {
                 Feature *f = feature_key_valid(*k) ? feature_cache_get(m->features, *k) : NULL;
-                if (!f || (f->state != FEATURE_READY && f->state != FEATURE_RESERVED))
+                /* RESERVED counts only with bytes on their way: an encoder writing it, or
+                 * a stored copy being read back. A Prefetch's placeholder has neither:
+                 * skipping the encoder would leave the prefill waiting for nobody. */
+                if (!f || (f->state != FEATURE_READY &&
+                           (f->state != FEATURE_RESERVED || (!f->producer && !feature_loading(f)))))
                         return false;
         }
         return true;

@@ -201,7 +201,8 @@ START_TEST(test_configure_keeps_admitted) {
 END_TEST
 
 /* An encoder is chosen for multimodal input, unless its features are in the cache
- * (READY, or being produced by another request). */
+ * (READY, or being produced by another request; not a Prefetch's placeholder that
+ * nobody produces). */
 START_TEST(test_feature_affinity) {
         epd_client *p, *d;
         ck_assert_int_eq(epd_connect(address, &p), 0);
@@ -225,12 +226,20 @@ START_TEST(test_feature_affinity) {
         char encoder[128];
         snprintf(encoder, sizeof encoder, "%s", enc_path);
         sd_bus_message_unref(reg);
-        for (int cached = 0; cached < 2; cached++) {
+        /* cached 2: a Prefetch's placeholder, which nobody produces: not cached. */
+        for (int cached = 0; cached < 3; cached++) {
                 sd_bus_message *reply = NULL;
+                const char *key = cached == 2 ? "img-2" : "img-1";
                 char rid[16];
                 int r;
                 snprintf(rid, sizeof rid, "mm-%d", cached);
-                if (cached) {
+                if (cached == 2) {
+                        sd_bus_message *pf = NULL;
+                        r = sd_bus_call_method(bus, NULL, "/org/epd1/feature", "org.epd1.Feature", "Prefetch", &err,
+                                               &pf, "as", 1, key);
+                        ck_assert_msg(r >= 0, "Prefetch: %s", err.message);
+                        sd_bus_message_unref(pf);
+                } else if (cached) {
                         /* A producer takes the key: the feature is RESERVED from now on. */
                         sd_bus_message *acq = NULL;
                         r = sd_bus_call_method(bus, NULL, "/org/epd1/feature", "org.epd1.Feature", "Acquire", &err,
@@ -240,13 +249,13 @@ START_TEST(test_feature_affinity) {
                 }
                 r = sd_bus_call_method(bus, NULL, "/org/epd1", "org.epd1.Scheduler", "Admit", &err, &reply,
                                            "ssta{sv}", rid, "interactive", (uint64_t)0, 2, "Multimodal", "b", 1,
-                                           "FeatureKeys", "as", 1, "img-1");
+                                           "FeatureKeys", "as", 1, key);
                 ck_assert_msg(r >= 0, "Admit: %s", err.message);
                 ck_assert_int_ge(sd_bus_message_read(reply, "sstti" "ooo", &verdict, &reason, &retry, &predicted,
                                                      &prio, &enc, &pre, &dec),
                                  0);
                 ck_assert_str_eq(verdict, "admit");
-                if (cached)
+                if (cached == 1)
                         ck_assert_str_eq(enc, "/");
                 else
                         ck_assert_str_eq(enc, encoder);
