@@ -90,6 +90,18 @@ static int op_release(void *userdata, const EpdId *seq) {
         return 0;
 }
 
+static int op_release_alone(void *userdata, const EpdId *seq) {
+        Glue *g = userdata;
+        char id[EPD_ID_STRING_MAX];
+        Sequence *s = g->call.m->page_manager ? page_manager_get(g->call.m->page_manager, epd_id_to_string(seq, id))
+                                              : NULL;
+        if (!s)
+                return -ENOENT;
+        /* Its own DEL; a refused one leaves its pages marked never settled. */
+        page_manager_release(s);
+        return 0;
+}
+
 static int op_check(void *userdata, const EpdId *seq, size_t *ret_pages, size_t *ret_block_tokens) {
         Glue *g = userdata;
         char id[EPD_ID_STRING_MAX];
@@ -234,7 +246,7 @@ static int workflows_init(Manager *m) {
         if (!g)
                 return log_oom();
         g->call.m = m;
-        WorkflowOps ops = { .clone = op_clone, .release = op_release, .check = op_check,
+        WorkflowOps ops = { .clone = op_clone, .release = op_release, .release_alone = op_release_alone, .check = op_check,
                             .journal = op_journal, .apply_sequence = op_apply_sequence, .userdata = g };
         r = workflow_manager_new(&ops, 0, &m->workflows);
         if (r < 0) {

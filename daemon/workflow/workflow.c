@@ -831,8 +831,19 @@ void workflow_forget(WorkflowManager *wm, Workflow *w) {
         wm->heads_fresh = false;
         hashmap_remove(wm->workflows, w->id_str);
         workflow_free_one(w);
-        for (size_t i = 0; i < n; i++)
-                release_seq(wm, &heads[i]);
+        /* No record says the heads went (the Release's was refused, or could not be
+         * built): each goes with its own DEL, or, refused too, its pages stay out of use
+         * until a restart (which brings the workflow and its heads back). Released
+         * unjournaled, their pages went to others while the log still gave them to the
+         * heads. */
+        for (size_t i = 0; i < n; i++) {
+                int k = wm->ops.release_alone ? wm->ops.release_alone(wm->ops.userdata, &heads[i]) : -EOPNOTSUPP;
+                if (k < 0 && k != -ENOENT) {
+                        char s[EPD_ID_STRING_MAX];
+                        log_warning_errno(k, "Failed to release sequence %s of a forgotten workflow: %m",
+                                          epd_id_to_string(&heads[i], s));
+                }
+        }
 }
 
 int workflow_snapshot(WorkflowManager *wm, int (*add)(void *userdata, const void *record, size_t len),

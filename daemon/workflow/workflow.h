@@ -65,6 +65,10 @@ typedef struct WorkflowOps {
         /* Releases seq without journaling it: its DEL is in the transition's record (or
          * it was never journaled: an undone clone). */
         int (*release)(void *userdata, const EpdId *seq);
+        /* Releases seq with its own DEL journaled; if the journal refuses it, its pages
+         * are never handed out again before a restart (the log still gives them to it).
+         * For workflow_forget(), whose transition has no record. */
+        int (*release_alone)(void *userdata, const EpdId *seq);
         /* 0 if seq is here with all its pages (its page count and tokens per page to
          * *ret_pages, *ret_block_tokens); -ESTALE / -ENOENT if not. */
         int (*check)(void *userdata, const EpdId *seq, size_t *ret_pages, size_t *ret_block_tokens);
