@@ -546,6 +546,14 @@ static void prepare_write_ready(void *userdata, Sequence *s, int error, size_t c
                                   "PrepareWrite: pages %" PRIu32 "+%" PRIu32 " were shared again (cloned, "
                                   "published or leased) each time their copies finished; try again.",
                                   call->first, call->count);
+        else if (error == -EINVAL && s && (uint64_t)call->first + call->count > s->n_pages)
+                /* Truncated by its owner while the copies ran: the range is gone, not a
+                 * copy that failed. */
+                r = epd_bus_error(&e, EPD_ERROR_INVALID_ARGUMENT,
+                                  "PrepareWrite: pages %" PRIu32 "+%" PRIu32 " are outside the sequence (%zu pages): "
+                                  "it was truncated while its pages were being copied%s.",
+                                  call->first, call->count, s->n_pages,
+                                  copied > 0 ? " (the pages copied before stay copied)" : "");
         else if (plan_refusal(error))
                 /* A later round's plan refused (no free page...): named as the first
                  * round's refusal would be, not as a failed copy. */

@@ -147,13 +147,21 @@ static int prepare_write_round(PageManager *pm, Sequence *s, size_t first, size_
         PageCopyAsyncFn fn = pm->copy_async[s->arena];
         int r;
 
+        if (round >= PREPARE_WRITE_ROUNDS) {
+                /* Refused before a plan: its allocation may evict cached blocks, which
+                 * would go for nothing. */
+                size_t shared;
+                r = sequence_range_shared(s, first, count, &shared);
+                if (r < 0)
+                        return r;
+                if (shared > 0)
+                        return -EBUSY;
+        }
         r = sequence_cow_plan(s, first, count, &c);
         if (r < 0)
                 return r;
         if (!c)
                 return 0;
-        if (round >= PREPARE_WRITE_ROUNDS)
-                return -EBUSY;
         _cleanup_(freep) uint64_t *dst = malloc(c->n * sizeof(uint64_t));
         _cleanup_(freep) uint64_t *src = malloc(c->n * sizeof(uint64_t));
         PendingWrite *p = calloc(1, sizeof *p);

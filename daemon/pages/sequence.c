@@ -164,6 +164,16 @@ static bool range_ok(const Sequence *s, size_t first, size_t count) {
         return s && first <= s->n_pages && count <= s->n_pages - first;
 }
 
+int sequence_range_shared(const Sequence *s, size_t first, size_t count, size_t *ret) {
+        size_t n = 0;
+        if (!range_ok(s, first, count) || !ret)
+                return -EINVAL;
+        for (size_t i = first; i < first + count; i++)
+                n += !page_is_exclusive(s->pool, s->pages[i]);
+        *ret = n;
+        return 0;
+}
+
 SequenceCow *sequence_cow_free(SequenceCow *c) {
         if (!c)
                 return NULL;
@@ -186,8 +196,7 @@ int sequence_cow_plan(Sequence *s, size_t first, size_t count, SequenceCow **ret
         *ret = NULL;
         if (!range_ok(s, first, count))
                 return -EINVAL;
-        for (size_t i = first; i < first + count; i++)
-                n_copy += !page_is_exclusive(s->pool, s->pages[i]);
+        (void)sequence_range_shared(s, first, count, &n_copy);
         if (n_copy == 0)
                 return 0;
 

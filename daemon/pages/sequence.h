@@ -116,6 +116,9 @@ typedef struct SequenceCow {
 } SequenceCow;
 
 int sequence_cow_plan(Sequence *s, size_t first, size_t count, SequenceCow **ret);
+/* How many pages of the range are shared (a plan would copy them), allocating nothing;
+ * -EINVAL for a range outside the sequence. */
+int sequence_range_shared(const Sequence *s, size_t first, size_t count, size_t *ret);
 size_t sequence_cow_commit(Sequence *s, SequenceCow *c);
 SequenceCow *sequence_cow_free(SequenceCow *c);
 DEFINE_TRIVIAL_CLEANUP_FUNC(SequenceCow *, sequence_cow_free);

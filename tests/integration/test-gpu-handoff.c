@@ -1089,6 +1089,30 @@ START_TEST(test_cow_shared_while_copying) {
 }
 END_TEST
 
+/* The owner truncates the range away while its copies run: the reply names the range
+ * and the sequence's size now (InvalidArgument), not a failed copy. */
+START_TEST(test_cow_truncated_while_copying) {
+        if (!fake) {
+                printf("real driver: copies are not slowed down here\n");
+                return;
+        }
+        epd_client *c = worker("decode");
+        uint64_t offs[N_PAGES];
+        char *seq = make_sequence(c, "gpu0", N_PAGES, offs);
+        char *clone = clone_sequence(c, seq);
+        AsyncCall a;
+        prepare_write_async(c, clone, 5, 2, &a); /* both shared: copied */
+        ck_assert_int_eq(epd_sequence_truncate(c, clone, 5), 0);
+        ck_assert(!a.done);
+        async_wait(c, &a);
+        ck_assert_msg(strstr(a.error, "org.epd1.Error.InvalidArgument") && strstr(a.error, "truncated") &&
+                              strstr(a.error, "(5 pages)"),
+                      "got %s", a.error);
+        release_all(c, (char *[]){ clone, seq }, 2);
+        epd_disconnect(c);
+}
+END_TEST
+
 /* A copy-on-write's second round (a Clone shared a page again while round one's copy
  * ran) that finds no free page is refused by name, NoSpace as round one's would be,
  * saying that round one's copy stays. */
@@ -1549,6 +1573,7 @@ static Suite *suite(void) {
         tcase_add_test(ts, test_cow_off_loop);
         tcase_add_test(ts, test_queued_groups_go_together);
         tcase_add_test(ts, test_cow_shared_while_copying);
+        tcase_add_test(ts, test_cow_truncated_while_copying);
         tcase_add_test(ts, test_cow_later_round_no_space);
         tcase_add_test(ts, test_loop_stall_named);
         tcase_add_test(ts, test_unregister_releases_memory);
