@@ -837,8 +837,11 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
                 *result = k > 0 ? FEATURE_ACQUIRE_LOADING : FEATURE_ACQUIRE_HIT;
         } else {
                 c->stats.misses++;
+                /* A corrupt stored copy is said, and one there is no room to read back
+                 * now (NoSpace: not absent, which a worker that cannot encode would take
+                 * for good). One larger than every arena never fits: a miss. */
                 if (!may_produce)
-                        return k == -EBADMSG ? -EBADMSG : -ENOENT; /* a corrupt stored copy is said */
+                        return k == -EBADMSG || k == -ENOSPC ? k : -ENOENT;
                 k = make_slot(c, true);
                 if (k < 0)
                         return k;

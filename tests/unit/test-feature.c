@@ -587,6 +587,28 @@ static void save(FeatureStore *st, const char *key, uint64_t bytes, uint8_t fill
                                             data), 0);
 }
 
+/* A stored copy there is no room to read back (everything cached is held): an Acquire
+ * that may not produce hears NoSpace, not that the feature is absent. */
+START_TEST(test_stored_copy_without_room) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(8 * CHUNK);
+        char dir[sizeof TMP_STORE];
+        FeatureStore *st = tmp_store_open(c, dir);
+        FeatureAcquireResult res;
+        FeatureRef *held, *x = NULL;
+
+        save(st, "stored", 4 * CHUNK, 0x5a);
+        held = produce(c, "held", 8 * CHUNK, 1);
+        ck_assert_int_eq(feature_acquire(c, "stored", false, 0, &x, &res), -ENOSPC);
+        ck_assert_int_eq(feature_acquire(c, "absent", false, 0, &x, &res), -ENOENT);
+        feature_ref_release(held);
+        ck_assert_int_eq(feature_acquire(c, "stored", false, 0, &x, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_HIT);
+        ck_assert_uint_eq(((uint8_t *)feature_data(x->feature))[0], 0x5a);
+        feature_ref_release(x);
+        tmp_store_close(c, st, dir);
+}
+END_TEST
+
 START_TEST(test_prefetch) {
         _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(16 * CHUNK);
         FeaturePrefetchResult pr;
@@ -1334,6 +1356,7 @@ int main(void) {
         tcase_add_test(tc, test_lru_budget);
         tcase_add_test(tc, test_evict_counts_chunk_rounding);
         tcase_add_test(tc, test_evict_where_it_helps);
+        tcase_add_test(tc, test_stored_copy_without_room);
         tcase_add_test(tc, test_evict_in_allowed_arenas);
         tcase_add_test(tc, test_pins);
         tcase_add_test(tc, test_prefetch);
