@@ -473,16 +473,28 @@ int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const voi
         }
         pthread_mutex_lock(&s->lock);
         uint64_t old = entry_size(s, name);
+        /* In the index before the file is in place: whoever sees the file finds the key
+         * (a lookup in between finds no file yet: a miss, as before the save). */
+        StoreName nm;
+        name_of(rec->key, key_len, &nm);
+        pthread_mutex_lock(&s->index_lock);
+        IndexEntry *was = hashmap_get(s->index, &nm);
+        uint64_t was_bytes = was ? was->bytes : 0;
+        index_add(s, &nm, rec->size);
+        pthread_mutex_unlock(&s->index_lock);
         if (renameat(s->root_fd, tmp, s->root_fd, name) < 0) {
                 r = negative_errno();
+                pthread_mutex_lock(&s->index_lock);
+                if (!was)
+                        index_del(s, &nm);
+                else if ((was = hashmap_get(s->index, &nm)))
+                        was->bytes = was_bytes;
+                pthread_mutex_unlock(&s->index_lock);
                 pthread_mutex_unlock(&s->lock);
                 (void)unlinkat(s->root_fd, tmp, 0);
                 return r;
         }
         s->bytes = s->bytes - MIN(old, s->bytes) + HEADER_SIZE + key_len + desc_len + rec->size;
-        StoreName nm;
-        name_of(rec->key, key_len, &nm);
-        index_add_locked(s, &nm, rec->size);
         if (s->max_bytes && s->bytes > s->max_bytes)
                 (void)scan(s, false, s->max_bytes / 10 * 9);
         pthread_mutex_unlock(&s->lock);
