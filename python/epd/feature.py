@@ -220,11 +220,21 @@ class Feature(_lib.Closing):
 
     # -- reader --------------------------------------------------------------------
     def wait(self, timeout_s: Optional[float] = None) -> bool:
-        """Blocks until ready (True) or the timeout (False); raises EpdError(EPIPE) if the
-        producer failed or went away (self.error says which)."""
-        t = 2**64 - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))  # past: do not wait
-        r = self._lib.epd_feature_wait(self._client._c, self._p, t)
-        if r == -_errno.ETIMEDOUT:
+        """Blocks until ready (True) or the timeout (False; None: no timeout); raises
+        EpdError(EPIPE) if the producer failed or went away (self.error says which).
+        The wait is one Wait call per slice of at most 0.2 s (_lib.wait_slices; a later
+        Wait of a handle takes the place of the one given up on), so that Python's
+        signal handlers run during it: Ctrl-C raises KeyboardInterrupt here, and a
+        handler that returns lets the wait go on (a Wait that sd-bus ended for the
+        signal, EINTR, is made again)."""
+        for t in _lib.wait_slices(timeout_s):
+            r = self._lib.epd_feature_wait(self._client._c, self._p, t)
+            if r not in (-_errno.ETIMEDOUT, -_errno.EINTR):
+                break
+            # The answer of the Wait given up on (or the Stale error of its replacement)
+            # comes later: dispatched here (dropped), not kept in the connection's queue.
+            self._lib.epd_process(self._client._c)
+        else:
             return False
         if r == -_errno.EPIPE:
             raise EpdError(_errno.EPIPE, None, self.error, f"feature {self.key!r} failed")

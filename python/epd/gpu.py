@@ -321,8 +321,13 @@ class Notifier(_lib.Closing):
             raise EpdError(-r, None, None, f"layer groups {first}..{first + count - 1} ready after the stream's work")
 
     def flush(self, timeout_s: Optional[float] = None) -> None:
-        t = (1 << 64) - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))  # past: do not wait
-        r = _lib_gpu().epd_gpu_notifier_flush(self._handle(), t)
+        """Waits until every group asked for so far is on the ring, at most
+        timeout_s (None: no timeout); EpdError(ETIMEDOUT) past it. In slices of at most
+        0.2 s (_lib.wait_slices): Python's signal handlers run during the wait."""
+        for t in _lib.wait_slices(timeout_s):
+            r = _lib_gpu().epd_gpu_notifier_flush(self._handle(), t)
+            if r != -_errno.ETIMEDOUT:
+                break
         if r < 0:
             raise EpdError(-r, None, None, "layer groups reported ready from the GPU")
 

@@ -190,6 +190,68 @@ class FeatureTest(unittest.TestCase):
             self.assertEqual(p2.result, "produce")
             p2.release()
 
+    def test_wait_runs_signal_handlers(self):
+        """Feature.wait() with no timeout lets Python's signal handlers run while it waits
+        (one Wait call per slice of 0.2 s): ctypes keeps the thread in C, where sd-bus
+        either retries a wait a signal interrupted (the handler then ran only once the
+        feature was published) or ends it with EINTR (the wait failed, for a handler
+        that returns). A handler that returns lets the wait go on; SIGINT is a
+        KeyboardInterrupt; the connection stays usable (the answers of the Waits given
+        up on are dropped)."""
+        import signal
+        import time
+
+        ran = []
+        old_alrm = signal.signal(signal.SIGALRM, lambda signum, frame: ran.append(time.monotonic()))
+        old_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # may be ignored when run in background
+        timers = []
+        try:
+            with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
+                a.register("encoder", "m", "cpu")
+                b.register("prefill", "m", "cpu")
+                p1 = ef.Feature.reserve(a, "img:sig1", NBYTES, BUNDLE)
+                p2 = ef.Feature.reserve(a, "img:sig2", NBYTES, BUNDLE)
+                w1, w2 = ef.Feature.acquire(b, "img:sig1"), ef.Feature.acquire(b, "img:sig2")
+                self.assertEqual((w1.result, w2.result), ("wait", "wait"))
+                # A handler that returns, 0.3 s in; the Publish 1.5 s in (client a, its own thread).
+                timers.append(threading.Timer(1.5, p1.publish))
+                timers[-1].start()
+                t0 = time.monotonic()
+                signal.setitimer(signal.ITIMER_REAL, 0.3)
+                self.assertTrue(w1.wait(None))
+                self.assertGreaterEqual(time.monotonic() - t0, 1.4)
+                timers[-1].join()
+                self.assertEqual(len(ran), 1)
+                self.assertLess(ran[0] - t0, 1.0, "the handler ran only once the wait ended")
+                # SIGINT: KeyboardInterrupt within a slice (a Publish 5 s in ends a wait that ignores it).
+                timers.append(threading.Timer(5, p2.publish))
+                timers[-1].start()
+                t0 = time.monotonic()
+                ctrl_c = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+                ctrl_c.start()
+                try:
+                    with self.assertRaises(KeyboardInterrupt):
+                        w2.wait(None)
+                finally:
+                    ctrl_c.join()
+                self.assertLess(time.monotonic() - t0, 1.5, "SIGINT ended the wait only once it ended")
+                self.assertFalse(w2.wait(0.5))  # a timeout past a slice: False
+                timers[-1].cancel()
+                timers[-1].join()
+                if p2.state == "reserved":
+                    p2.publish()
+                self.assertTrue(w2.wait(None))
+                self.assertEqual(w2.state, "ready")
+                for f in (w1, w2, p1, p2):
+                    f.release()
+        finally:
+            for t in timers:
+                t.cancel()
+                t.join()
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old_alrm)
+            signal.signal(signal.SIGINT, old_int)
+
     def test_producer_gone_and_errors(self):
         with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
             a.register("encoder", "m", "cpu")
