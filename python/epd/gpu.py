@@ -138,10 +138,12 @@ class CudaView:
 
 class GpuArena(_lib.Closing):
     """One GPU arena of this worker's registration, mapped on this process's ordinal of
-    the daemon's GPU."""
+    the daemon's GPU. The mapping needs nothing of the client once made: it does not
+    keep the client (a client that caches it, epd.workers.connector.gpu_arena, is then
+    collected, and disconnected, as soon as it is dropped)."""
 
     def __init__(self, gpu: "Gpu", client, index: int, mapping: ctypes.c_void_p):
-        self._gpu, self._client, self._map = gpu, client, _Mapping(mapping)
+        self._gpu, self._map = gpu, _Mapping(mapping)
         self._tables = weakref.WeakSet()  # page tables of it, closed before it is unmapped
         a = _lib.lib().epd_arena_get(client._c, index).contents
         self.index, self.name, self.usage = index, a.name.decode(), a.usage.decode()
