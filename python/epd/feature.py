@@ -208,7 +208,9 @@ class Feature(_lib.Closing):
     def publish_release(self, encode_usec: int = 0):
         """publish() and release() at once, without waiting for epdd's replies (the
         Publish's waits for the journal's sync): the feature is READY for readers as soon
-        as epdd has read the call. A refusal comes back from client.flush()."""
+        as epdd has read the call. A refusal comes back from client.flush(). The handle
+        is gone from this object whatever the result: libepd frees it on every path (a
+        closed client's call, refused with ValueError, included)."""
         key = self.key
         p, self._p = self._p, None  # freed by the call, sent or not
         self._client._check(self._lib.epd_feature_publish_release(self._client._c, p, encode_usec),

@@ -252,6 +252,35 @@ class FeatureTest(unittest.TestCase):
             signal.signal(signal.SIGALRM, old_alrm)
             signal.signal(signal.SIGINT, old_int)
 
+    def test_publish_release_on_a_closed_client_frees_the_handle(self):
+        """publish_release() gives its handle's C structure (~20 KB) to libepd before
+        the call, which frees it whatever the result: on a closed client too (the call
+        is refused, ValueError), where libepd returned -EINVAL and kept it, a leak per
+        call. Measured with glibc's mallinfo2 over 100 handles."""
+        import ctypes
+
+        class MallInfo2(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+        try:
+            mallinfo2 = ctypes.CDLL(None).mallinfo2
+        except AttributeError:
+            self.skipTest("no mallinfo2 (glibc 2.33 or later)")
+        mallinfo2.restype = MallInfo2
+        n = 100
+        a = epd.Client(self.d.address)
+        a.register("encoder", "m", "cpu")
+        fs = [ef.Feature.reserve(a, f"img:closed{i}", NBYTES, BUNDLE) for i in range(n)]
+        a.close()
+        before = mallinfo2().uordblks
+        for f in fs:
+            with self.assertRaises(ValueError):
+                f.publish_release(1)
+            self.assertIsNone(f._p)
+        freed = before - mallinfo2().uordblks
+        self.assertGreater(freed, n * ctypes.sizeof(ef._CFeature) // 2,
+                           f"{freed} bytes freed for {n} handles of {ctypes.sizeof(ef._CFeature)} bytes")
+
     def test_producer_gone_and_errors(self):
         with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
             a.register("encoder", "m", "cpu")
