@@ -89,6 +89,47 @@ class FeatureTest(unittest.TestCase):
             self.assertEqual(len(a._orphans), 1)
         self.assertEqual(self.handles(), 0)
 
+    def test_views_hold_the_handle(self):
+        """A view of a feature taken from a handle nobody keeps (Feature.acquire(...)
+        .buffer(), .numpy(): a temporary) holds the handle: the daemon keeps the feature
+        pinned while the view, or anything made from it, lives, and the handle is given
+        back once they are gone. Before, the collected handle was released at the
+        client's next call while the view still read the bytes, which the daemon could
+        then evict and reuse."""
+        import gc
+        with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
+            a.register("encoder", "m", "cpu")
+            b.register("prefill", "m", "cpu")
+            with ef.Feature.reserve(a, "img:view", NBYTES, BUNDLE) as p:
+                p.buffer()[:4] = b"\x01\x02\x03\x04"
+                p.buffer(16 * 64 * 2, 24)[:8] = (7).to_bytes(8, "little")
+                p.publish()
+            self.assertEqual(self.handles(), 0)
+            v = ef.Feature.acquire(b, "img:view").buffer()
+            head = v[:4]  # a view of the view
+            del v
+            gc.collect()
+            self.assertEqual(ef.prefetch(b, ["img:view"]), 1)  # a call: collected handles go back
+            self.assertEqual(self.handles(), 1, "the view's handle was released while the view lives")
+            self.assertEqual(bytes(head), b"\x01\x02\x03\x04")
+            del head
+            gc.collect()
+            self.assertEqual(ef.prefetch(b, ["img:view"]), 1)
+            self.assertEqual(self.handles(), 0, "the handle outlived its views")
+            try:
+                import numpy  # noqa: F401
+            except ImportError:
+                return
+            row = ef.Feature.acquire(b, "img:view").numpy("grid_thw")[0]  # a view of a numpy view
+            gc.collect()
+            self.assertEqual(ef.prefetch(b, ["img:view"]), 1)
+            self.assertEqual(self.handles(), 1)
+            self.assertEqual(int(row[0]), 7)
+            del row
+            gc.collect()
+            self.assertEqual(ef.prefetch(b, ["img:view"]), 1)
+            self.assertEqual(self.handles(), 0)
+
     def test_ring_calls_give_back_nothing(self):
         """A ring call makes no bus call, not even to give a collected handle back: it is
         what a worker's main thread does while a background thread uses the connection

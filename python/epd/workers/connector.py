@@ -221,8 +221,10 @@ def _feature_gpu_arena(client, f: Feature):
 
 class FeatureTensors(dict):
     """A feature's tensors by name. From a GPU arena they are views of it (no copy), and
-    the feature stays pinned until release(); from a host arena, copies (release() does
-    nothing)."""
+    the feature stays pinned until release() (or, dropped unreleased, while this object
+    or any of the tensor objects it holds lives: each holds the handle, so that
+    fetch(...)["x"] stays valid; a tensor made from one of them does not); from a host
+    arena, copies (release() does nothing)."""
 
     def __init__(self, tensors: Dict[str, object], handle: Optional[Feature] = None,
                  timing: Optional[Dict[str, float]] = None):
