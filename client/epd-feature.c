@@ -257,8 +257,12 @@ int epd_feature_publish(epd_client *c, epd_feature *f, uint64_t encode_usec) {
 
 int epd_feature_publish_release(epd_client *c, epd_feature *f, uint64_t encode_usec) {
         int r;
-        if (!c || !f)
+        if (!c || !f) {
+                /* f is the caller's no more, whatever the result: freed here too (with no
+                 * client the daemon released its handle with the connection). */
+                free(f);
                 return epd__error(c, -EINVAL, NULL);
+        }
         r = epd__call_nowait(c, FEATURE_PATH, FEATURE_IFACE, "Publish", "st", f->handle, encode_usec);
         if (r < 0) {
                 /* Nothing was sent: give the handle back (the producer's release fails the

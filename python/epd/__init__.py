@@ -128,6 +128,15 @@ class Client(_lib.Closing):
         # Python mmap of the arena's fd) alive, so that a buffer, numpy array or tensor
         # taken from it never points at memory close() or unregister() unmapped.
         self._views = {}
+        # GPU arenas mapped for this registration by epd.workers.connector (gpu_arena(),
+        # by (generation, name)) and the GPU arena, or None for a host arena, of each
+        # arena index a feature was found in (_feature_gpu_arena(), by (generation,
+        # index)): kept here, not in a module, so that they go with the client and are
+        # dropped at every registration change (an index or a name of an earlier
+        # registration may be another arena now). A dropped mapping is unmapped once no
+        # view, page table or KvPages of it is left.
+        self._gpu_arenas = {}
+        self._feature_gpu_arenas = {}
         self._generation = 0  # bumped by register(), unregister() and close(): Arena objects check it
 
     def _check(self, r: int, what: str) -> int:
@@ -143,9 +152,12 @@ class Client(_lib.Closing):
         return r
 
     def _new_registration(self):
-        """The arenas change (register, unregister, close): cached views go (each keeps
-        its mapping while referenced) and Arena objects of before are refused."""
+        """The arenas change (register, unregister, close): cached views and GPU arena
+        mappings go (each keeps its mapping while referenced) and Arena objects of
+        before are refused."""
         self._views.clear()
+        self._gpu_arenas.clear()
+        self._feature_gpu_arenas.clear()
         self._generation += 1
 
     def _arena_view(self, index: int) -> memoryview:

@@ -4,6 +4,7 @@
 import ctypes
 import ctypes.util
 import os
+import time
 
 c_char_p = ctypes.c_char_p
 c_int = ctypes.c_int
@@ -116,6 +117,33 @@ def take_string(lib, p: ctypes.c_void_p) -> str:
     s = ctypes.string_at(p.value).decode()
     lib.free(p)
     return s
+
+
+# The longest a binding call stays inside libepd when it waits: a wait longer than
+# this (or with no timeout) is made of such slices. ctypes keeps the thread in C while
+# libepd waits, and Python runs its signal handlers (KeyboardInterrupt, SIGTERM's) only
+# between bytecodes: libepd retries an interrupted wait, and a wait that nothing ends (a
+# ring on a bus connection, or of a daemon in another PID namespace, has no pidfd to
+# tell it the daemon died) would never let them run.
+WAIT_SLICE_USEC = 200_000
+
+
+def wait_slices(timeout_s):
+    """The timeouts, in microseconds, of the libepd calls that make one wait of
+    timeout_s seconds (None: no end), each at most WAIT_SLICE_USEC: the caller makes
+    one call per value until one is answered, and the handlers of signals caught
+    meanwhile run between them. At least one value (0 when timeout_s is 0 or past:
+    only look)."""
+    if timeout_s is None:
+        while True:
+            yield WAIT_SLICE_USEC
+    deadline = time.monotonic() + timeout_s
+    left = timeout_s
+    while True:
+        yield min(max(0, int(left * 1e6)), WAIT_SLICE_USEC)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
 
 
 _lib = None

@@ -121,8 +121,25 @@ def _c_tensors(tensors: Sequence[Tensor]):
     return arr, keep
 
 
+def _holding(view: memoryview, holder) -> memoryview:
+    """`view` again, exported through a ctypes array that also holds `holder`: every
+    memoryview, numpy array or torch tensor made from the result, and every view of
+    those, keeps holder alive (as it keeps the arena's mapping, which the array holds)."""
+    a = (ctypes.c_ubyte * len(view)).from_buffer(view)
+    a._epd_holds = holder
+    return memoryview(a).cast("B")
+
+
 class Feature(_lib.Closing):
-    """A handle on one feature. Attributes mirror the daemon's answer."""
+    """A handle on one feature. Attributes mirror the daemon's answer.
+
+    The handle pins the feature in the daemon (no eviction, no reuse of its bytes) until
+    release(), or until the object is collected. The views it gives (buffer(), numpy(),
+    torch(), and anything made from them) hold the object, so a feature whose handle was
+    dropped stays pinned while any of its host views lives; cuda() and cuda_all()
+    tensors hold it as the tensor objects they return (their memory is a view of the
+    whole GPU arena, shared by every feature: a tensor made from one of them, a slice or
+    a view, does not hold it: keep the returned tensor, or the handle, while using it)."""
 
     def __init__(self, client, p: _Fp):
         self._client, self._p, self._lib = client, p, _lib_features()
@@ -208,7 +225,9 @@ class Feature(_lib.Closing):
     def publish_release(self, encode_usec: int = 0):
         """publish() and release() at once, without waiting for epdd's replies (the
         Publish's waits for the journal's sync): the feature is READY for readers as soon
-        as epdd has read the call. A refusal comes back from client.flush()."""
+        as epdd has read the call. A refusal comes back from client.flush(). The handle
+        is gone from this object whatever the result: libepd frees it on every path (a
+        closed client's call, refused with ValueError, included)."""
         key = self.key
         p, self._p = self._p, None  # freed by the call, sent or not
         self._client._check(self._lib.epd_feature_publish_release(self._client._c, p, encode_usec),
@@ -220,11 +239,21 @@ class Feature(_lib.Closing):
 
     # -- reader --------------------------------------------------------------------
     def wait(self, timeout_s: Optional[float] = None) -> bool:
-        """Blocks until ready (True) or the timeout (False); raises EpdError(EPIPE) if the
-        producer failed or went away (self.error says which)."""
-        t = 2**64 - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))  # past: do not wait
-        r = self._lib.epd_feature_wait(self._client._c, self._p, t)
-        if r == -_errno.ETIMEDOUT:
+        """Blocks until ready (True) or the timeout (False; None: no timeout); raises
+        EpdError(EPIPE) if the producer failed or went away (self.error says which).
+        The wait is one Wait call per slice of at most 0.2 s (_lib.wait_slices; a later
+        Wait of a handle takes the place of the one given up on), so that Python's
+        signal handlers run during it: Ctrl-C raises KeyboardInterrupt here, and a
+        handler that returns lets the wait go on (a Wait that sd-bus ended for the
+        signal, EINTR, is made again)."""
+        for t in _lib.wait_slices(timeout_s):
+            r = self._lib.epd_feature_wait(self._client._c, self._p, t)
+            if r not in (-_errno.ETIMEDOUT, -_errno.EINTR):
+                break
+            # The answer of the Wait given up on (or the Stale error of its replacement)
+            # comes later: dispatched here (dropped), not kept in the connection's queue.
+            self._lib.epd_process(self._client._c)
+        else:
             return False
         if r == -_errno.EPIPE:
             raise EpdError(_errno.EPIPE, None, self.error, f"feature {self.key!r} failed")
@@ -236,7 +265,9 @@ class Feature(_lib.Closing):
                             f"describe feature {self.key!r}")
 
     def buffer(self, offset: int = 0, length: Optional[int] = None) -> memoryview:
-        """A writable view of the feature's bytes in the shared arena; no copy."""
+        """A writable view of the feature's bytes in the shared arena; no copy. It (and
+        whatever is made from it) holds this handle: the feature stays pinned while it
+        lives, even with the handle dropped (not after release())."""
         f = self._f()
         if not f.data:
             raise EpdError(_errno.ENODATA, None, f"feature is {self.state}, or its arena is not mapped",
@@ -246,7 +277,7 @@ class Feature(_lib.Closing):
             raise ValueError(f"range {offset}+{length} outside the feature of {f.bytes} bytes")
         # Through the client's own mapping of the arena: the view outlives close().
         from . import Arena
-        return Arena(self._client, f.arena).buffer(f.offset + offset, length)
+        return _holding(Arena(self._client, f.arena).buffer(f.offset + offset, length), self)
 
     def _tensor(self, name: str) -> Tensor:
         for t in self.tensors:
@@ -279,13 +310,16 @@ class Feature(_lib.Closing):
 
     def cuda(self, name: str, arena):
         """A torch view, on the GPU, of one tensor of a feature in a GPU arena (`arena`: its
-        epd.gpu.GpuArena mapping); no copy. The view is valid while this handle is held."""
+        epd.gpu.GpuArena mapping); no copy. The view is valid while this handle is held:
+        the returned tensor object holds it (not a tensor made from it)."""
         t = self._tensor(name)
         span = 1
         for n, st in zip(t.shape, t.strides):
             span += (n - 1) * st
         flat = arena.torch(self.offset + t.offset, (span,), _TORCH[t.dtype])
-        return flat.as_strided(t.shape, t.strides)
+        out = flat.as_strided(t.shape, t.strides)
+        out._epd_feature = self
+        return out
 
     def _layout(self) -> Tuple[Tuple[str, str, int, Tuple[int, ...], Tuple[int, ...], int, int], ...]:
         """The tensors as (name, torch dtype, element size, shape, strides, offset, bytes
@@ -326,7 +360,8 @@ class Feature(_lib.Closing):
         for name, dtype, es, shape, strides, off, nbytes in self._layout():
             o = base + off
             if nbytes and o % es == 0:
-                out[name] = arena.typed(dtype).as_strided(shape, strides, o // es)
+                t = out[name] = arena.typed(dtype).as_strided(shape, strides, o // es)
+                t._epd_feature = self  # the handle lives as long as the tensor object (cuda())
             else:  # empty, or an offset the dtype cannot view at: on its own
                 out[name] = self.cuda(name, arena)
         return out

@@ -138,10 +138,12 @@ class CudaView:
 
 class GpuArena(_lib.Closing):
     """One GPU arena of this worker's registration, mapped on this process's ordinal of
-    the daemon's GPU."""
+    the daemon's GPU. The mapping needs nothing of the client once made: it does not
+    keep the client (a client that caches it, epd.workers.connector.gpu_arena, is then
+    collected, and disconnected, as soon as it is dropped)."""
 
     def __init__(self, gpu: "Gpu", client, index: int, mapping: ctypes.c_void_p):
-        self._gpu, self._client, self._map = gpu, client, _Mapping(mapping)
+        self._gpu, self._map = gpu, _Mapping(mapping)
         self._tables = weakref.WeakSet()  # page tables of it, closed before it is unmapped
         a = _lib.lib().epd_arena_get(client._c, index).contents
         self.index, self.name, self.usage = index, a.name.decode(), a.usage.decode()
@@ -321,8 +323,13 @@ class Notifier(_lib.Closing):
             raise EpdError(-r, None, None, f"layer groups {first}..{first + count - 1} ready after the stream's work")
 
     def flush(self, timeout_s: Optional[float] = None) -> None:
-        t = (1 << 64) - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))  # past: do not wait
-        r = _lib_gpu().epd_gpu_notifier_flush(self._handle(), t)
+        """Waits until every group asked for so far is on the ring, at most
+        timeout_s (None: no timeout); EpdError(ETIMEDOUT) past it. In slices of at most
+        0.2 s (_lib.wait_slices): Python's signal handlers run during the wait."""
+        for t in _lib.wait_slices(timeout_s):
+            r = _lib_gpu().epd_gpu_notifier_flush(self._handle(), t)
+            if r != -_errno.ETIMEDOUT:
+                break
         if r < 0:
             raise EpdError(-r, None, None, "layer groups reported ready from the GPU")
 

@@ -218,14 +218,18 @@ class Ring(_lib.Closing):
         return fd if fd >= 0 else None
 
     def next(self, timeout_s: Optional[float] = None) -> Optional[RingRecord]:
-        """The next raw event, or None after timeout_s (None: wait for ever)."""
+        """The next raw event, or None after timeout_s (None: wait until one comes; a
+        past or 0 timeout: only look). The wait is made of slices of at most 0.2 s
+        (_lib.wait_slices), so that Python's signal handlers run during it: Ctrl-C
+        raises KeyboardInterrupt here even where nothing tells libepd that the daemon
+        died (a bus connection, a daemon in another PID namespace)."""
         rec = RingRecord()
-        t = 2**64 - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))  # past: do not wait
-        r = self._lib.epd_ring_next(self._handle(), ctypes.byref(rec), t)
-        if r == -_errno.EAGAIN:
-            return None
-        self._check(r, "ring: next")
-        return rec
+        for t in _lib.wait_slices(timeout_s):
+            r = self._lib.epd_ring_next(self._handle(), ctypes.byref(rec), t)
+            if r != -_errno.EAGAIN:
+                self._check(r, "ring: next")
+                return rec
+        return None
 
     def _absorb(self, rec: RingRecord):
         if rec.opcode == RING_EV_GROUP_PROGRESS:

@@ -400,6 +400,58 @@ class BindingTest(unittest.TestCase):
         finally:
             d.stop()
 
+    def test_ring_wait_runs_signal_handlers(self):
+        """Ring.next() with no timeout lets Python's signal handlers run while it waits:
+        libepd retries a poll() that a signal interrupted and ctypes keeps the thread in
+        C, so the binding waits in slices of 0.2 s. A handler that raises ends the wait
+        within a slice, and SIGINT is a KeyboardInterrupt. (Without the slices the
+        handler ran only once the wait ended: here when the daemon is killed, 5 s on; on
+        a bus connection, which has no daemon pidfd, never.)"""
+        import signal
+        import threading
+        from epd.handoff import Ring
+
+        class Alarm(Exception):
+            pass
+
+        def on_alarm(signum, frame):
+            raise Alarm()
+
+        d = Daemon()
+        killer = threading.Timer(5, d.proc.kill)  # ends a wait that ignores the signals
+        old_alrm = signal.signal(signal.SIGALRM, on_alarm)
+        old_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # may be ignored when run in background
+        try:
+            with epd.Client(d.address) as c:
+                c.register("decode", "m", "cpu")
+                ring = Ring(c)
+                killer.start()
+                t0 = time.monotonic()
+                signal.setitimer(signal.ITIMER_REAL, 0.3)
+                with self.assertRaises(Alarm):
+                    ring.next(None)
+                self.assertLess(time.monotonic() - t0, 1.5, "the handler ran only once the wait ended")
+                t0 = time.monotonic()
+                ctrl_c = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+                ctrl_c.start()
+                try:
+                    with self.assertRaises(KeyboardInterrupt):
+                        ring.next(None)
+                finally:
+                    ctrl_c.join()
+                self.assertLess(time.monotonic() - t0, 1.5)
+                # A timeout longer than a slice is still a timeout: None after it.
+                t0 = time.monotonic()
+                self.assertIsNone(ring.next(0.5))
+                self.assertGreaterEqual(time.monotonic() - t0, 0.5)
+                ring.close()
+        finally:
+            killer.cancel()
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old_alrm)
+            signal.signal(signal.SIGINT, old_int)
+            d.stop()
+
     def test_ring_fd_quiet_once_drained(self):
         """A worker that waits on Ring.fileno() in its own loop (select, poll, asyncio) and
         takes the records with next(0) until None finds the fd quiet again: a readable fd

@@ -443,6 +443,60 @@ class KvCopyTest(unittest.TestCase):
             pg.close()
 
     @unittest.skipUnless(FAKE, "FAKE_LIBCUDA (the stand-in driver) not given")
+    def test_connector_mappings_follow_the_registration(self):
+        """epd.workers.connector's GPU arena mappings (gpu_arena) and the GPU arena of
+        each feature arena index (_feature_gpu_arena) are kept on the client for its
+        registration: a new registration whose arena 0 is another arena maps that one
+        (not the earlier arena's cached mapping, which would have a feature's bytes
+        written into the wrong arena); a mapping nothing else holds is unmapped when the
+        registration changes or the client closes, one a view holds when the view goes;
+        a client dropped without close() is collected (a module-level cache held it, and
+        its connection, for ever)."""
+        import gc
+        import types
+        import weakref
+        from epd.workers.connector import _feature_gpu_arena, gpu_arena
+        two = ARENA + "[Arena:kvgpu2]\nDomain=gpu\nGpu=0\nUsage=kv\nSize=32M\n"
+        at0 = types.SimpleNamespace(arena=0)  # a feature in arena 0 of the registration
+        os.environ.update(gpu_env("gpu"))
+        d = Daemon(two, env=gpu_env("gpu"))
+        try:
+            c = epd.Client(d.address)
+            c.register("prefill", "m", "cuda:0", kv=KV, arenas=["kvgpu"])
+            self.assertEqual(c.arenas()[0].name, "kvgpu")
+            m = _feature_gpu_arena(c, at0)
+            self.assertEqual(m.name, "kvgpu")
+            self.assertIs(gpu_arena(c, "kvgpu"), m)  # one mapping per arena and registration
+            mapped = weakref.ref(m._map)
+            del m
+            c.unregister()
+            self.assertIsNone(mapped(), "the first registration's mapping is still mapped")
+            c.register("prefill", "m", "cuda:0", kv=KV, arenas=["kvgpu2"])
+            self.assertEqual(c.arenas()[0].name, "kvgpu2")
+            m = _feature_gpu_arena(c, at0)
+            self.assertEqual(m.name, "kvgpu2", "arena 0 of the new registration mapped as the old one's")
+            self.assertIs(gpu_arena(c, "kvgpu2"), m)
+            view = m.view(m.data_offset, (16,))
+            mapped = weakref.ref(m._map)
+            del m
+            c.close()
+            self.assertIsNotNone(mapped())  # the view keeps its mapping
+            del view
+            self.assertIsNone(mapped(), "closed, and nothing holds it: still mapped")
+            c = epd.Client(d.address)
+            c.register("prefill", "m", "cuda:0", kv=KV, arenas=["kvgpu"])
+            mapped = weakref.ref(gpu_arena(c, "kvgpu")._map)
+            client = weakref.ref(c)
+            del c
+            gc.collect()
+            self.assertIsNone(client(), "a client dropped without close() is kept by its GPU arena mapping")
+            self.assertIsNone(mapped())
+        finally:
+            os.environ.pop("EPD_LIBCUDA")
+            os.environ.pop("FAKE_CUDA_MODE")
+            self.assertEqual(d.stop(), 0)
+
+    @unittest.skipUnless(FAKE, "FAKE_LIBCUDA (the stand-in driver) not given")
     def test_page_table_keeps_its_arena_mapped(self):
         """A page table made from a GpuArena keeps the mapping alive (the arena object
         collected, the copies still land in mapped memory); closing the arena closes its

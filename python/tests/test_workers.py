@@ -8,8 +8,10 @@ with ring notices; the decode side checks every byte against what the prefill wr
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -204,6 +206,54 @@ class WorkersTest(unittest.TestCase):
         self.assertGreater(counters["groups"], 64, counters)
         self.assertEqual(counters["ring-fallbacks"], 0, counters)
         self.assertEqual(counters["committed"], len(specs), counters)
+
+
+def _die_loading(conn):
+    """A worker process that dies hard while it loads its model (the OOM killer, a
+    segfault): no word on the pipe, its end of it still open until it dies."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class WaitReadyTest(unittest.TestCase):
+    """Workers._wait_ready with a worker process that dies before it is ready: an error
+    naming the worker and how it ended, never a wait for ever. The process is started
+    as Workers() starts its workers (spawn, a pipe); no epdd needed."""
+
+    def wait_ready(self, close_child_end: bool):
+        import multiprocessing as mp
+        from epd.workers import serve
+        ctx = mp.get_context("spawn")
+        a, b = ctx.Pipe()
+        p = ctx.Process(target=_die_loading, args=(b,), daemon=True)
+        p.start()
+        if close_child_end:
+            b.close()  # as Workers() does: only the child holds its end
+        else:
+            self.addCleanup(b.close)  # another process holds it (one the worker started)
+        w = object.__new__(serve.Workers)
+        w.pools = {"encoder": [serve._Proc("encoder", 0, p, a, None)], "prefill": [], "decode": []}
+        out = {}
+
+        def run():
+            try:
+                w._wait_ready(w.procs())
+            except BaseException as e:
+                out["e"] = e
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(20)
+        self.assertFalse(t.is_alive(), "_wait_ready still waits 20 s after the worker died")
+        e = out.get("e")
+        self.assertIsInstance(e, RuntimeError, repr(e))
+        self.assertIn(f"encoder worker 0 (pid {p.pid}) died before it was ready", str(e))
+        self.assertIn("killed by SIGKILL (exit code -9)", str(e))
+
+    def test_dead_worker_seen_by_eof(self):
+        self.wait_ready(close_child_end=True)
+
+    def test_dead_worker_seen_by_liveness(self):
+        self.wait_ready(close_child_end=False)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,8 @@ int epd_feature_publish(epd_client *c, epd_feature *f, uint64_t encode_usec);
  * as epdd has read the call (a reader that comes first is told to wait, and woken). A
  * refusal (Error.Stale: not the producer of a reserved feature) comes back from
  * epd_flush(). Returns 0 once both are sent; on a failure to send, the handle is
- * released as epd_feature_release() does. */
+ * released as epd_feature_release() does. f is freed whatever the result: -EINVAL for
+ * a NULL client (after epd_disconnect()) frees it too. */
 int epd_feature_publish_release(epd_client *c, epd_feature *f, uint64_t encode_usec);
 int epd_feature_fail(epd_client *c, epd_feature *f, const char *reason);
 

@@ -206,21 +206,25 @@ def _copy_all(dst: List[object], src: List[object]) -> None:
 
 def _feature_gpu_arena(client, f: Feature):
     """The mapping of the GPU arena that holds f, or None (a host arena); looked up once
-    per arena of this client's registration (kept on the client)."""
+    per arena of this client's registration (kept on the client by (registration,
+    index): an index of an earlier registration may be another arena)."""
     i = f.arena
     if i < 0:
         return None
-    seen = client.__dict__.setdefault("_feature_gpu_arenas", {})
-    if i not in seen:
+    key = (client._generation, i)
+    seen = client._feature_gpu_arenas
+    if key not in seen:
         a = Arena(client, i)
-        seen[i] = gpu_arena(client, a.name) if a.domain == "gpu" else None
-    return seen[i]
+        seen[key] = gpu_arena(client, a.name) if a.domain == "gpu" else None
+    return seen[key]
 
 
 class FeatureTensors(dict):
     """A feature's tensors by name. From a GPU arena they are views of it (no copy), and
-    the feature stays pinned until release(); from a host arena, copies (release() does
-    nothing)."""
+    the feature stays pinned until release() (or, dropped unreleased, while this object
+    or any of the tensor objects it holds lives: each holds the handle, so that
+    fetch(...)["x"] stays valid; a tensor made from one of them does not); from a host
+    arena, copies (release() does nothing)."""
 
     def __init__(self, tensors: Dict[str, object], handle: Optional[Feature] = None,
                  timing: Optional[Dict[str, float]] = None):
@@ -302,7 +306,8 @@ def groups_of(layers: int, group_size: int) -> List[int]:
     return g
 
 
-# The GPU side of this process: the driver handle and the GPU arenas it mapped.
+# The GPU side of this process: the driver handle, the notifiers and upload streams.
+# The GPU arenas mapped are the client's (Client._gpu_arenas).
 _GPU: Dict[object, object] = {}
 
 
@@ -315,11 +320,16 @@ def _gpu():
 
 
 def gpu_arena(client, name: str):
-    """The GPU arena `name` of client's registration, mapped once per process."""
-    key = (id(client), name)
-    m = _GPU.get(key)
+    """The GPU arena `name` of client's registration, mapped once per registration: kept
+    on the client by (registration, name), dropped when it registers again, unregisters
+    or closes, and unmapped once nothing made from it (views, page tables, KvPages) is
+    left."""
+    key = (client._generation, name)
+    m = client._gpu_arenas.get(key)
     if m is None:
-        m = _GPU[key] = _gpu().map_arena(client, name)
+        if not client._c:
+            raise ValueError(f"GPU arena {name}: the client is closed")
+        m = client._gpu_arenas[key] = _gpu().map_arena(client, name)
     return m
 
 

@@ -24,6 +24,7 @@ Used by python/tests/test_workers.py (CI) and bench/e2e/run-device.sh (GPU)."""
 import hashlib
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 import traceback
@@ -487,6 +488,35 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+# How often _wait_ready looks whether a worker that has not answered yet still lives.
+WORKER_LIVENESS_S = 0.5
+
+
+def _exit_reason(exitcode: Optional[int]) -> str:
+    """multiprocessing's exit code in words: "exit code 3", "killed by SIGKILL (-9)"."""
+    if exitcode is None:
+        return "still running, its pipe closed"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name} (exit code {exitcode})"
+    return f"exit code {exitcode}"
+
+
+def _recv(w: "_Proc"):
+    """The next message of worker w; EOFError once its process has ended with nothing
+    more sent, also where its end of the pipe lives on in a process it started (no EOF
+    on the pipe then)."""
+    while not w.conn.poll(WORKER_LIVENESS_S):
+        if not w.proc.is_alive():
+            if w.conn.poll(0):  # what it sent before it ended
+                break
+            raise EOFError(f"{w.role} worker {w.index} ended")
+    return w.conn.recv()
+
+
 class _Proc:
     def __init__(self, role: str, index: int, proc, conn, gpu: Optional[int]):
         self.role, self.index, self.proc, self.conn, self.gpu = role, index, proc, conn, gpu
@@ -558,6 +588,10 @@ class Workers:
                                                           ring_entries, kv_arena),
                                     daemon=True)
                     p.start()
+                    # The child's end stays in the child alone: kept here, it would keep
+                    # recv() from seeing EOF when the worker dies hard (a segfault, the
+                    # OOM killer) during its model's load or a request.
+                    b.close()
                     self.pools[role].append(_Proc(role, i, p, a, gpu))
         finally:
             if saved is None:
@@ -569,11 +603,24 @@ class Workers:
         self._wait_ready([w for w in self.procs() if not w.info])  # those not yet ready
 
     def _wait_ready(self, procs: List["_Proc"]) -> None:
+        """Waits for each worker's "ready" (a model's load may take minutes: no timeout),
+        watching that the process lives: one that dies without a word (killed by a
+        signal, by the OOM killer, or exiting) is an error naming it and how it ended,
+        not a wait for ever (its end of the pipe may live on in a process it started)."""
         for w in procs:
-            msg = w.conn.recv()
-            if msg[0] != "ready":
+            try:
+                msg = _recv(w)
+            except (EOFError, OSError):  # it ended without a word
+                msg = None
+            if msg is not None and msg[0] != "ready":
                 self.close()
                 raise RuntimeError(f"{w.role} worker {w.index} failed to start:\n{msg[1]}")
+            if msg is None:
+                w.proc.join(5)  # how it ended, before close() kills what still runs
+                reason = _exit_reason(w.proc.exitcode)
+                self.close()
+                raise RuntimeError(f"{w.role} worker {w.index} (pid {w.proc.pid}) died before it was ready: "
+                                   f"{reason}")
             w.info = msg[1]
 
     def procs(self) -> List[_Proc]:
@@ -596,7 +643,7 @@ class Workers:
     def _call(self, w: _Proc, *msg):
         with w.lock:
             w.conn.send(msg)
-            r = w.conn.recv()
+            r = _recv(w)
         if r[0] != "ok":
             raise RuntimeError(f"{w.role} worker {w.index} failed:\n{r[1]}")
         return r[1]
@@ -628,12 +675,12 @@ class Workers:
         try:
             with we.lock:
                 we.conn.send(("encode", spec, True))
-                r = we.conn.recv()
+                r = _recv(we)
                 if r[0] == "key":
                     spec.image_key = r[1]  # the prefill reads the features by it
                     th = threading.Thread(target=prefill)
                     th.start()
-                    r = we.conn.recv()
+                    r = _recv(we)
         finally:
             self._done(we)
         if th is not None:
@@ -716,7 +763,7 @@ class Workers:
         for w in self.procs():
             try:
                 w.conn.send(("stop",))
-                w.conn.recv()
+                _recv(w)
             except Exception:
                 pass
         for w in self.procs():
