@@ -73,11 +73,14 @@ static int op_clone(void *userdata, const EpdId *seq, size_t n_pages, EpdId *ret
         return 0;
 }
 
+static Sequence *sequence_of(Glue *g, const EpdId *seq) {
+        char id[EPD_ID_STRING_MAX];
+        return g->call.m->page_manager ? page_manager_get(g->call.m->page_manager, epd_id_to_string(seq, id)) : NULL;
+}
+
 static int op_release(void *userdata, const EpdId *seq) {
         Glue *g = userdata;
-        char id[EPD_ID_STRING_MAX];
-        Sequence *s = g->call.m->page_manager ? page_manager_get(g->call.m->page_manager, epd_id_to_string(seq, id))
-                                              : NULL;
+        Sequence *s = sequence_of(g, seq);
         if (!s)
                 return -ENOENT;
         /* Its DEL is in the transition's record (or it was never journaled). */
@@ -91,10 +94,7 @@ static int op_release(void *userdata, const EpdId *seq) {
 }
 
 static int op_release_alone(void *userdata, const EpdId *seq) {
-        Glue *g = userdata;
-        char id[EPD_ID_STRING_MAX];
-        Sequence *s = g->call.m->page_manager ? page_manager_get(g->call.m->page_manager, epd_id_to_string(seq, id))
-                                              : NULL;
+        Sequence *s = sequence_of(userdata, seq);
         if (!s)
                 return -ENOENT;
         /* Its own DEL; a refused one leaves its pages marked never settled. */
@@ -104,9 +104,7 @@ static int op_release_alone(void *userdata, const EpdId *seq) {
 
 static int op_check(void *userdata, const EpdId *seq, size_t *ret_pages, size_t *ret_block_tokens) {
         Glue *g = userdata;
-        char id[EPD_ID_STRING_MAX];
-        Sequence *s = g->call.m->page_manager ? page_manager_get(g->call.m->page_manager, epd_id_to_string(seq, id))
-                                              : NULL;
+        Sequence *s = sequence_of(g, seq);
         if (!s)
                 return -ESTALE;
         *ret_pages = sequence_size(s);
