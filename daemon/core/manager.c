@@ -905,17 +905,13 @@ int manager_reload(Manager *m) {
          * say so instead of silently ignoring a change. */
         unsigned pending = config_restart_notices(&m->config, &n);
         char failed[128] = "";
-        size_t failed_len = 0;
         FOREACH_SUBSYSTEM(s)
                 if (s->reload) {
                         r = s->reload(m, &n);
-                        if (r < 0) {
+                        if (r < 0) { /* said in the status too: "reloaded" alone would hide it */
                                 log_warning_errno(r, "%s: reload failed, keeping its settings: %m", s->name);
-                                /* Said in the status too: "reloaded" alone would hide it. */
-                                int k = snprintf(failed + failed_len, sizeof failed - failed_len, "%s%s",
-                                                 failed_len ? ", " : "", s->name);
-                                if (k > 0)
-                                        failed_len = MIN(failed_len + (size_t)k, sizeof failed - 1);
+                                size_t l = strlen(failed);
+                                (void)snprintf(failed + l, sizeof failed - l, "%s%s", l ? ", " : "", s->name);
                         } else
                                 pending += (unsigned)r; /* changes it can only take at a restart (said) */
                 }
@@ -939,11 +935,10 @@ int manager_reload(Manager *m) {
          * telemetry (whose reload took its own copy above). */
         m->config.telemetry.backpressure = n.telemetry.backpressure;
         config_done(&n);
-        if (failed_len > 0) {
-                log_warning("Configuration reloaded from %s, except what %s kept (said above)%s.", m->config_path,
-                            failed, pending ? "; some changes take effect at the next restart" : "");
-                (void)sd_notifyf(false, "READY=1\nSTATUS=Serving (configuration reloaded, except %s: kept its settings%s).",
-                                 failed, pending ? "; some changes need a restart" : "");
+        if (failed[0]) {
+                log_warning("Configuration reloaded from %s, except %s (kept its settings, said above).",
+                            m->config_path, failed);
+                (void)sd_notifyf(false, "READY=1\nSTATUS=Serving (configuration reloaded, except %s).", failed);
                 return 0;
         }
         log_info("Configuration reloaded from %s%s.", m->config_path,
