@@ -47,7 +47,9 @@ int top_pins_read(const char *dir, TopSnapshot *s) {
                         continue;
                 info.peer[sizeof info.peer - 1] = '\0';
                 const char *name = info.peer[0] ? info.peer : "?";
-                TopPeer *p = top_snapshot_find_peer(s, name);
+                /* The map keeps the first EPD_TELEMETRY_PEER_MAX - 1 characters of the
+                 * host id; the bus gave the whole one. */
+                TopPeer *p = top_snapshot_find_pinned_peer(s, name, EPD_TELEMETRY_PEER_MAX - 1);
                 if (!p) {
                         p = top_snapshot_add_peer(s);
                         if (!p)
