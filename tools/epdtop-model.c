@@ -42,6 +42,16 @@ TopPeer *top_snapshot_find_peer(TopSnapshot *s, const char *name) {
         return NULL;
 }
 
+TopPeer *top_snapshot_find_pinned_peer(TopSnapshot *s, const char *name, size_t kept) {
+        TopPeer *p = top_snapshot_find_peer(s, name);
+        if (p || strlen(name) != kept)
+                return p;
+        for (size_t i = 0; i < s->n_peers; i++)
+                if (strncmp(s->peers[i].name, name, kept) == 0)
+                        return &s->peers[i];
+        return NULL;
+}
+
 TopWorker *top_snapshot_add_worker(TopSnapshot *s) {
         TopWorker *w = grow(s->workers, &s->n_workers, sizeof *w);
         if (!w)

@@ -19,7 +19,13 @@
 #include "time-util.h"
 
 #define TOP_HISTORY 120
-#define TOP_NAME_MAX 32
+/* A peer row is named by the peer's host id: HostId= takes up to 63 characters, the peer
+ * protocol carries up to 64 (PEER_HOST_ID_MAX, daemon/peer/peer-proto.h), and the
+ * default, /etc/machine-id, has 32. */
+#define TOP_HOST_ID_MAX 64
+/* An arena's name: [Arena:NAME] takes up to 31 characters, the block directory's
+ * protocol carries up to 63 (DIRECTORY_NAME_MAX, daemon/pages/directory-proto.h). */
+#define TOP_ARENA_NAME_MAX 63
 #define TOP_MAX_ROWS 4096   /* per section: a snapshot never holds more */
 
 typedef struct TopHistory {
@@ -28,14 +34,14 @@ typedef struct TopHistory {
 } TopHistory;
 
 typedef struct TopArena {
-        char name[TOP_NAME_MAX], domain[16], usage[16];
+        char name[TOP_ARENA_NAME_MAX + 1], domain[16], usage[16];
         uint64_t size;
         bool have_pages;        /* page counts are known (pages subsystem) */
         uint64_t page_size, pages_total, pages_used, pages_free, pages_shared, pages_leased;
 } TopArena;
 
 typedef struct TopPeer {
-        char name[TOP_NAME_MAX];
+        char name[TOP_HOST_ID_MAX + 1]; /* the host id; the pinned maps' rows alone: its first characters */
         bool kernel;            /* kernel fields valid */
         uint32_t conns, srtt_us, min_rtt_us, cwnd;
         uint64_t bytes_acked, bytes_sent, retransmits, send_queue;
@@ -89,7 +95,7 @@ typedef struct TopHandoffs {
 
 typedef struct TopSnapshot {
         usec_t ts;              /* CLOCK_MONOTONIC of the poll */
-        char host[64], version[32];
+        char host[TOP_HOST_ID_MAX + 1], version[32];
         bool bus;               /* read from the daemon */
         bool pins;              /* read from the pinned maps */
         bool kernel;            /* daemon reports kernel telemetry loaded */
@@ -142,6 +148,11 @@ typedef struct TopModel {
 TopArena *top_snapshot_add_arena(TopSnapshot *s);
 TopPeer *top_snapshot_add_peer(TopSnapshot *s);
 TopPeer *top_snapshot_find_peer(TopSnapshot *s, const char *name);
+/* The row of a name that a pinned BPF map gives: the maps keep only the first `kept`
+ * characters of a host id (EPD_TELEMETRY_PEER_MAX - 1), so a name of that length that
+ * names no row itself matches the first row whose name starts with it; a shorter one,
+ * only its own. */
+TopPeer *top_snapshot_find_pinned_peer(TopSnapshot *s, const char *name, size_t kept);
 TopWorker *top_snapshot_add_worker(TopSnapshot *s);
 void top_snapshot_done(TopSnapshot *s);
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -15,6 +16,11 @@ static int open_pin(const char *dir, const char *name) {
         snprintf(path, sizeof path, "%s/%s", dir, name);
         int fd = bpf_obj_get(path);
         return fd < 0 ? (errno > 0 ? -errno : fd) : fd;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        return x < y ? -1 : x > y;
 }
 
 int top_pins_read(const char *dir, TopSnapshot *s) {
@@ -35,19 +41,37 @@ int top_pins_read(const char *dir, TopSnapshot *s) {
                 p->bytes_acked = p->bytes_sent = p->retransmits = p->send_queue = 0;
         }
 
-        uint64_t key, next;
-        uint64_t *prev = NULL;
-        unsigned n = 0;
-        while (n++ < EPD_TELEMETRY_MAX_CONNS && bpf_map_get_next_key(tracked, prev, &next) == 0) {
-                key = next;
-                prev = &key;
+        /* The keys first, each once: bpf_map_get_next_key() starts again from the first
+         * key when the previous one was deleted meanwhile (a connection untracked while
+         * we read), and the keys it gives again would count twice. Each such restart
+         * gives the keys seen so far again, hence the bound of twice the map's size. */
+        _cleanup_(freep) uint64_t *keys = malloc(2 * EPD_TELEMETRY_MAX_CONNS * sizeof *keys);
+        if (!keys)
+                return -ENOMEM;
+        size_t n = 0;
+        uint64_t next, *prev = NULL;
+        while (n < 2 * EPD_TELEMETRY_MAX_CONNS && bpf_map_get_next_key(tracked, prev, &next) == 0) {
+                keys[n] = next;
+                prev = &keys[n++];
+        }
+        qsort(keys, n, sizeof *keys, cmp_u64);
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+                if (k == 0 || keys[i] != keys[k - 1])
+                        keys[k++] = keys[i];
+        n = k;
+
+        for (size_t i = 0; i < n; i++) {
+                const uint64_t key = keys[i];
                 struct epd_conn_info info;
                 struct epd_conn_stats st;
                 if (bpf_map_lookup_elem(tracked, &key, &info) < 0)
-                        continue;
+                        continue; /* untracked since */
                 info.peer[sizeof info.peer - 1] = '\0';
                 const char *name = info.peer[0] ? info.peer : "?";
-                TopPeer *p = top_snapshot_find_peer(s, name);
+                /* The map keeps the first EPD_TELEMETRY_PEER_MAX - 1 characters of the
+                 * host id; the bus gave the whole one. */
+                TopPeer *p = top_snapshot_find_pinned_peer(s, name, EPD_TELEMETRY_PEER_MAX - 1);
                 if (!p) {
                         p = top_snapshot_add_peer(s);
                         if (!p)

@@ -31,10 +31,21 @@
  * at a time could otherwise hold every slot and lock the scraper out. An idle keep-alive
  * connection is closed by it too; the scraper just reconnects. */
 #define METRICS_REQUEST_DEADLINE_USEC (3 * USEC_PER_SEC)
+/* And the answer must be sent within this time of the request coming in, for the same
+ * reason: a client reading a few bytes every few seconds restarts the idle timeout at
+ * each and would hold its slot as long as it likes. The answers to requests sent ahead
+ * (pipelined: the next one is in before the last answer is out) count as one, from the
+ * first: a client could otherwise send a thousand and read each answer within the
+ * bound. The clock starts again once the connection is seen waiting for a request
+ * between two (a scraper's keep-alive, a client scraping in a loop). An answer past the
+ * bound is aborted (a reset, its unsent bytes dropped); Prometheus gives up on a scrape
+ * long before (scrape_timeout, 10 s by default). */
+#define METRICS_ANSWER_DEADLINE_USEC (30 * USEC_PER_SEC)
 
 typedef struct MetricsConn {
         struct MHD_Connection *connection;
-        usec_t waiting_since; /* 0: inside a request (headers in, being answered) */
+        usec_t waiting_since;   /* for a whole request; 0: inside a request (headers in, being answered) */
+        usec_t answering_since; /* the first request answered since the reaper last saw it wait; 0: none */
         struct MetricsConn *next, *prev;
 } MetricsConn;
 
@@ -86,19 +97,39 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls, en
 
 static void pump(MetricsHttp *h);
 
-/* Every second: connections past the deadline without a whole request are shut down
- * (MHD closes them on its next run). */
+/* Shuts a connection down (MHD closes it on its next run); `abort`: with a reset, the
+ * bytes still queued dropped. */
+static void reap(MetricsConn *x, bool abort) {
+        const union MHD_ConnectionInfo *i = MHD_get_connection_info(x->connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!i || i->connect_fd < 0)
+                return;
+        if (abort) {
+                struct linger l = { .l_onoff = 1, .l_linger = 0 };
+                (void)setsockopt(i->connect_fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+        }
+        (void)shutdown(i->connect_fd, SHUT_RDWR);
+}
+
+/* Every second: connections past the deadline without a whole request, or with answers
+ * not sent in time, are shut down. The reaper runs on the loop, between two MHD_run():
+ * a request already in when the last answer went out (pipelined) is taken in the same
+ * run, and the connection is never seen waiting between the two. */
 static int on_reaper(sd_event_source *es, uint64_t usec, void *userdata) {
         MetricsHttp *h = userdata;
         usec_t now = now_usec(CLOCK_MONOTONIC);
         bool any = false;
         for (MetricsConn *x = h->conns; x; x = x->next)
-                if (x->waiting_since && now - x->waiting_since > METRICS_REQUEST_DEADLINE_USEC) {
-                        const union MHD_ConnectionInfo *i =
-                                MHD_get_connection_info(x->connection, MHD_CONNECTION_INFO_CONNECTION_FD);
-                        if (i && i->connect_fd >= 0)
-                                (void)shutdown(i->connect_fd, SHUT_RDWR);
-                        x->waiting_since = 0;
+                if (x->waiting_since) {
+                        x->answering_since = 0; /* waits for its next request: the answers' clock starts again */
+                        if (now - x->waiting_since > METRICS_REQUEST_DEADLINE_USEC) {
+                                reap(x, false);
+                                x->waiting_since = 0;
+                                h->server->refused++;
+                                any = true;
+                        }
+                } else if (x->answering_since && now - x->answering_since > METRICS_ANSWER_DEADLINE_USEC) {
+                        reap(x, true);
+                        x->answering_since = 0;
                         h->server->refused++;
                         any = true;
                 }
@@ -154,11 +185,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 return MHD_YES;
         }
         /* Headers and body are in (the first call came with the headers only): from
-         * here the answer goes out, and the deadline is off until it is sent. */
+         * here the answer goes out, within the answer's deadline. */
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         MetricsConn *x = ci ? ci->socket_context : NULL;
-        if (x)
+        if (x) {
                 x->waiting_since = 0;
+                if (!x->answering_since)
+                        x->answering_since = now_usec(CLOCK_MONOTONIC);
+        }
         static char not_allowed[] = "Only GET and HEAD.\n", not_found[] = "Not found: the metrics are at /metrics.\n",
                     index_text[] = "epdd: Prometheus metrics at /metrics\n";
         const char *text = "text/plain; charset=utf-8";

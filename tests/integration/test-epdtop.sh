@@ -138,6 +138,26 @@ tmux send-keys -t $SESSION q
 for i in $(seq 30); do tmux has-session -t $SESSION 2>/dev/null || break; sleep 0.1; done
 tmux has-session -t $SESSION 2>/dev/null && fail "epdtop did not quit on 'q'"
 
+# A peer with a long host id (HostId= takes 63 characters; /etc/machine-id has 32):
+# epdd tracks a connection to it (TrackSocket), its bus names the peer whole and its
+# pinned maps keep the first 31 characters. One row, named whole, with the kernel's
+# numbers (it was cut to 31 characters).
+LONG=peer-0123456789abcdef0123456789abcdef0123456789abcdef0123456789
+[ ${#LONG} = 63 ] || fail "LONG is ${#LONG} characters"
+ip netns exec $NS "$HELPER" send 127.0.0.1 7421 --seconds 15 --rate 20000000 --peer $LONG \
+        --daemon $ADDR > $TMP/long.jsonl 2>&1 &
+PIDS+=($!)
+long_ok() {
+        "$EPDTOP" -A $ADDR --json | jq -e --arg id $LONG '
+                .pins == true and
+                ([.peers[] | select(.name | startswith("peer-0123"))] | length == 1) and
+                ([.peers[] | select(.name == $id and .kernel == true and .connections == 1 and
+                                    .bytes_acked > 0)] | length == 1)' > /dev/null
+}
+for i in $(seq 40); do long_ok && break; sleep 0.1; done
+long_ok || { "$EPDTOP" -A $ADDR --json; cat $TMP/long.jsonl; fail "a peer with a 63-character host id"; }
+echo "ok: a peer with a 63-character host id is one row, named whole, with its kernel numbers"
+
 # Without a daemon and without pins, --json says so and fails.
 "$EPDTOP" -A direct:$TMP/nonexistent --pins $TMP/none --json > $TMP/none.json 2>&1 && fail "epdtop without sources succeeded"
 echo PASS

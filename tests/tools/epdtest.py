@@ -117,9 +117,11 @@ class Pair:
     their own), each on its own socket and state directory. The heartbeat is the
     default's 2 s: a peer that stops closes its connections, which the other sees at
     once; a shorter bound only declared live peers down (and rolled their handoffs
-    back) when a loaded 2-core machine ran sanitizer builds side by side."""
+    back) when a loaded 2-core machine ran sanitizer builds side by side. host_ids: their
+    HostId= (the [Peer:alpha] and [Peer:bravo] sections keep their names)."""
 
-    def __init__(self, extra_conf=""):
+    def __init__(self, extra_conf="", host_ids=("alpha", "bravo")):
+        self.host_ids = host_ids
         self.dir = tempfile.mkdtemp(prefix="epd-tools-pair-")
         key = os.path.join(self.dir, "cluster.key")
         fd = os.open(key, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -152,8 +154,8 @@ class Pair:
             try:
                 self.daemons.append(Daemon(
                     f"[Cluster]\nListen=127.0.0.1:{ports[i]}\nClusterKeyFile={key}\nHeartbeatInterval=2s\n"
-                    f"[Peer:{names[j]}]\nAddress=127.0.0.1:{ports[j]}\nHostId={names[j]}\n{extra_conf}",
-                    host_id=names[i], directory=d))
+                    f"[Peer:{names[j]}]\nAddress=127.0.0.1:{ports[j]}\nHostId={self.host_ids[j]}\n{extra_conf}",
+                    host_id=self.host_ids[i], directory=d))
             except RuntimeError as e:
                 for x in self.daemons:
                     x.close()

@@ -4,9 +4,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bpf/epd-telemetry.h"
 #include "epdtop-model.h"
 #include "macro.h"
+#include "pages/directory-proto.h"
+#include "peer/peer-proto.h"
+#include "telemetry/telemetry.h"
 #include "../check-main.h"
+
+/* A row holds every name the daemon can give it whole. */
+_Static_assert(TOP_HOST_ID_MAX == PEER_HOST_ID_MAX, "a peer row holds the longest host id");
+_Static_assert(TOP_HOST_ID_MAX >= TELEMETRY_PEER_NAME_MAX, "a peer row holds telemetry's longest peer name");
+_Static_assert(TOP_ARENA_NAME_MAX == DIRECTORY_NAME_MAX, "an arena row holds the longest arena name");
 
 static void add_peer(TopSnapshot *s, const char *name, uint64_t acked, uint64_t retrans, uint32_t srtt,
                      unsigned level) {
@@ -234,7 +243,7 @@ START_TEST(test_layout) {
                 add_peer(&s, name, 1, 0, 100, 0);
         }
         for (int i = 0; i < 5; i++)
-                snprintf(top_snapshot_add_arena(&s)->name, TOP_NAME_MAX, "a%d", i);
+                snprintf(top_snapshot_add_arena(&s)->name, sizeof s.arenas[0].name, "a%d", i);
         for (int i = 0; i < 7; i++) {
                 TopWorker *w = top_snapshot_add_worker(&s);
                 snprintf(w->id, sizeof w->id, "%08x%024d", i, i);
@@ -383,6 +392,84 @@ START_TEST(test_json) {
 }
 END_TEST
 
+/* Peers named by long host ids: the default one (/etc/machine-id) has 32 characters, the
+ * peer protocol takes up to 64. epdtop builds a row from the telemetry (GetPeers, the
+ * whole id), finds it again by the peer list's host id (state, transport) and by the
+ * membership's (lease), and joins the pinned maps' rows, which keep the id's first 31
+ * characters. A row cut to 31 characters was found by none of them: the peer list added
+ * a second row that the model merged over the first (kernel off, no RTT, bandwidth or
+ * backpressure level, even for a stalled peer) and LEASE never showed. */
+START_TEST(test_long_host_ids) {
+        const char *ids[] = {
+                "0123456789abcdef0123456789abcdef",                                 /* 32, a machine id */
+                "host-with-a-long-name.rack-17.row-4.dc-west.example.org-01234567", /* 64 */
+        };
+        ck_assert_uint_eq(strlen(ids[0]), 32);
+        ck_assert_uint_eq(strlen(ids[1]), PEER_HOST_ID_MAX);
+        TopModel m;
+        top_model_init(&m);
+        for (unsigned round = 1; round <= 2; round++) {
+                TopSnapshot s = { .ts = round * 1000000, .bus = true };
+                snprintf(s.host, sizeof s.host, "%s", ids[1]);
+                for (size_t i = 0; i < ELEMENTSOF(ids); i++) /* read_telemetry() */
+                        add_peer(&s, ids[i], 1000 * round, 0, 900, 3);
+                for (size_t i = 0; i < ELEMENTSOF(ids); i++) {
+                        /* read_peer_list() and read_cluster(): by the whole host id. */
+                        TopPeer *p = top_snapshot_find_peer(&s, ids[i]);
+                        ck_assert_ptr_nonnull(p);
+                        ck_assert_ptr_eq(p, &s.peers[i]);
+                        snprintf(p->state, sizeof p->state, "up");
+                        snprintf(p->transport, sizeof p->transport, "tcp");
+                        snprintf(p->lease, sizeof p->lease, "static");
+                        /* top_pins_read(): the map's copy of the id, cut. */
+                        char pinned[EPD_TELEMETRY_PEER_MAX];
+                        snprintf(pinned, sizeof pinned, "%s", ids[i]);
+                        ck_assert_uint_eq(strlen(pinned), EPD_TELEMETRY_PEER_MAX - 1);
+                        ck_assert_ptr_eq(top_snapshot_find_pinned_peer(&s, pinned, EPD_TELEMETRY_PEER_MAX - 1), p);
+                }
+                /* A shorter name from the maps is a whole id: never a prefix of another. */
+                ck_assert_ptr_null(top_snapshot_find_pinned_peer(&s, "0123", EPD_TELEMETRY_PEER_MAX - 1));
+                ck_assert_uint_eq(s.n_peers, ELEMENTSOF(ids));
+                ck_assert_int_eq(top_model_update(&m, &s), 0);
+        }
+        ck_assert_str_eq(m.cur.host, ids[1]);
+        ck_assert_uint_eq(m.n_order, ELEMENTSOF(ids));
+        for (size_t i = 0; i < ELEMENTSOF(ids); i++) {
+                const TopPeer *p = NULL;
+                for (size_t k = 0; k < m.n_order; k++)
+                        if (strcmp(top_model_peer(&m, k)->name, ids[i]) == 0)
+                                p = top_model_peer(&m, k);
+                ck_assert_msg(p, "no row named %s", ids[i]);
+                ck_assert(p->kernel);
+                ck_assert_uint_eq(p->srtt_us, 900);
+                ck_assert_uint_eq(p->level, 3);
+                ck_assert(p->bandwidth == 1000.0);
+                ck_assert_str_eq(p->state, "up");
+                ck_assert_str_eq(p->lease, "static");
+        }
+        char *buf = NULL;
+        size_t n = 0;
+        FILE *f = open_memstream(&buf, &n);
+        ck_assert_int_eq(top_model_json(&m, f), 0);
+        fclose(f);
+        char want[128];
+        snprintf(want, sizeof want, "{\"name\":\"%s\",\"kernel\":true", ids[1]);
+        ck_assert_ptr_nonnull(strstr(buf, want));
+        free(buf);
+        top_model_done(&m);
+
+        /* An arena's name is whole too (epdtop matches the page pools by it). */
+        TopSnapshot a = {};
+        TopArena *ar = top_snapshot_add_arena(&a);
+        ck_assert_ptr_nonnull(ar);
+        const char *arena = "kv-arena-with-the-longest-name-the-block-directory-carries-0123";
+        ck_assert_uint_eq(strlen(arena), DIRECTORY_NAME_MAX);
+        snprintf(ar->name, sizeof ar->name, "%s", arena);
+        ck_assert_str_eq(ar->name, arena);
+        top_snapshot_done(&a);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("epdtop-model");
         TCase *tc = tcase_create("epdtop-model");
@@ -394,6 +481,7 @@ int main(void) {
         tcase_add_test(tc, test_layout);
         tcase_add_test(tc, test_json);
         tcase_add_test(tc, test_serving_interval);
+        tcase_add_test(tc, test_long_host_ids);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
