@@ -787,11 +787,45 @@ static void handoff_after_dispatch(Manager *m) {
         handoff_rings_kick_pending(m->handoffs);
 }
 
+/* A decode worker is gone: the handoffs meant for it alone (Prepare's target) that it
+ * had not accepted go with it, as an accepted one goes with its client. Nobody else
+ * may accept them: left, they held both sides' pages until their timeout (or, with
+ * none, until the source let go). */
+static void handoff_worker_gone(Manager *m, Worker *w) {
+        HandoffManager *hm = m->handoffs;
+        HandoffObject *o, **v;
+        size_t it = 0, n = 0;
+        if (!hm || hashmap_size(hm->destinations) == 0)
+                return;
+        v = calloc(hashmap_size(hm->by_handle), sizeof *v);
+        if (!v) {
+                log_oom();
+                return; /* they end at their timeout, as before */
+        }
+        while (hashmap_iterate(hm->by_handle, &it, (void **)&o, NULL))
+                if (o->h->role == HANDOFF_DESTINATION && o->h->accepted_by == 0 && handoff_is_live(o->h) &&
+                    !epd_id_is_null(&o->target_worker) && epd_id_equal(&o->target_worker, &w->id)) {
+                        handoff_obj_hold(o);
+                        v[n++] = o;
+                }
+        for (size_t i = 0; i < n; i++) {
+                if (handoff_is_live(v[i]->h)) {
+                        log_info("handoff %s: its decode worker %s is gone before it accepted: rolled back.",
+                                 v[i]->request_str, w->id_str);
+                        (void)handoff_rollback(v[i]->h, HANDOFF_CAUSE_WORKER_GONE, false);
+                        handoff_after_event(v[i]);
+                }
+                handoff_obj_unhold(v[i]);
+        }
+        free(v);
+}
+
 const Subsystem handoff_subsystem = {
         .name = "handoff",
         .init = handoff_init,
         .done = handoff_done,
         .add_bus = bus_handoff_add,
         .after_dispatch = handoff_after_dispatch,
+        .worker_gone = handoff_worker_gone,
         .journal = &handoff_journal_hooks,
 };

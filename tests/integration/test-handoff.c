@@ -6,6 +6,7 @@
  * errors; after each, no page stays allocated. The live introspection matches dbus/. */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
@@ -1338,6 +1339,58 @@ START_TEST(test_decode_dies) {
 }
 END_TEST
 
+/* The decode worker a handoff is meant for (Prepare's target) dies before it accepts:
+ * nobody else may accept it, so it rolls back at once (worker-gone), not at its
+ * timeout, and both sides' pages are free again. */
+START_TEST(test_target_dies_before_accept) {
+        epd_client *p = worker("prefill");
+        char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
+        int to_parent[2], to_child[2];
+        ck_assert_int_eq(pipe2(to_parent, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(to_child, O_CLOEXEC), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                epd_client *d = NULL;
+                char go;
+                if (epd_connect(address, &d) < 0 || epd_register(d, "decode", "model", "cpu", &kv, NULL) < 0)
+                        _exit(1);
+                const char *wp = epd_worker_path(d);
+                if (write(to_parent[1], wp, strlen(wp) + 1) < 0 || read(to_child[0], &go, 1) != 1)
+                        _exit(1);
+                kill(getpid(), SIGKILL);
+                _exit(2);
+        }
+        close(to_parent[1]);
+        close(to_child[0]);
+        char target[256] = "";
+        ck_assert_int_gt(read(to_parent[0], target, sizeof target - 1), 0);
+        close(to_parent[0]);
+
+        char *path;
+        uint64_t token;
+        epd_handoff_options o = { .arena = "kv1", .target = target, .timeout_usec = 60 * USEC_PER_SEC };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(9), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, 0), 0);
+        ck_assert_uint_gt(arena_live(p, "kv1"), 0);
+        ck_assert_int_eq(write(to_child[1], "x", 1), 1);
+        close(to_child[1]);
+        int st;
+        ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+        ck_assert(WIFSIGNALED(st));
+
+        wait_state(p, path, "rolled-back");
+        epd_handoff_status s;
+        status(p, path, &s);
+        ck_assert_str_eq(s.cause, "worker-gone");
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        free(path);
+        free(seq);
+        epd_disconnect(p);
+}
+END_TEST
+
 START_TEST(test_timeout_and_admission) {
         epd_client *p = worker("prefill"), *d = worker("decode");
         char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
@@ -1447,6 +1500,7 @@ int main(void) {
         tcase_add_test(tc, test_ring_wait_ends_when_the_daemon_lets_go);
         tcase_add_test(tc, test_flush_through_a_signal);
         tcase_add_test(tc, test_decode_dies);
+        tcase_add_test(tc, test_target_dies_before_accept);
         tcase_add_test(tc, test_timeout_and_admission);
         tcase_add_test(tc, test_introspection);
         suite_add_tcase(s, tc);
