@@ -3,11 +3,16 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "bus-error.h"
+#include "core/arena.h"
 #include "core/manager.h"
 #include "core/worker.h"
 #include "log.h"
@@ -64,6 +69,7 @@ int manager_client_from_message(Manager *m, sd_bus_message *msg, Client **ret) {
         c = calloc(1, sizeof *c);
         if (!c)
                 return -ENOMEM;
+        c->exit_pidfd = -EBADF;
         c->manager = m;
         c->serial = ++m->next_serial;
         c->bus = sd_bus_ref(sd_bus_message_get_bus(msg));
@@ -228,6 +234,10 @@ Client *client_free(Client *c) {
         if (!c)
                 return NULL;
         c->dying = true;
+        sd_event_source_disable_unref(c->exit_watch);
+        sd_event_source_disable_unref(c->exit_timer);
+        if (c->exit_pidfd >= 0)
+                close(c->exit_pidfd);
         client_release_objects(c);
         if (c->key && hashmap_get(c->manager->clients, c->key) == c)
                 hashmap_remove(c->manager->clients, c->key);
@@ -239,7 +249,59 @@ Client *client_free(Client *c) {
         return NULL;
 }
 
+/* How long a departed client's GPU pages wait for its process to exit. */
+#define CLIENT_EXIT_WAIT_USEC (10 * USEC_PER_SEC)
+
+static bool maps_gpu_arena(Client *c) {
+        Worker *w = client_get_worker(c);
+        Manager *m = c->manager;
+        for (size_t i = 0; w && i < m->n_arenas && i < 64; i++)
+                if ((w->arena_mask & (1ULL << i)) && m->arenas[i]->domain == MEMORY_GPU)
+                        return true;
+        return false;
+}
+
+static int on_exited(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Client *c = userdata;
+        log_debug("Client %s's process exited: releasing everything it held.", c->key);
+        client_free(c);
+        return 0;
+}
+
+static int on_exit_wait_over(sd_event_source *s, uint64_t usec, void *userdata) {
+        Client *c = userdata;
+        log_warning("Client %s (pid %d) left its connection %u s ago and its process still runs: releasing its "
+                    "GPU pages now (any GPU work of it still writing there would land in their next owner's).",
+                    c->key, (int)c->pid, (unsigned)(CLIENT_EXIT_WAIT_USEC / USEC_PER_SEC));
+        client_free(c);
+        return 0;
+}
+
+/* A client whose connection is gone. Its GPU pages are not handed out again while its
+ * process may still write into them: the kernel closes a dying process's files in fd
+ * order, so epdd can see the socket close before the process's GPU contexts (and the
+ * kernels or copies they run into mapped pages) are torn down. Host memory needs no
+ * wait (a process's mappings go before its files). */
 void client_gone(Client *c) {
+        Manager *m = c->manager;
+        if (c->exit_watch)
+                return; /* waits for its process already */
+        if (!c->dying && !m->stopping && c->pid > 0 && maps_gpu_arena(c)) {
+                int fd = (int)syscall(SYS_pidfd_open, c->pid, 0);
+                struct pollfd p = { .fd = fd, .events = POLLIN };
+                if (fd >= 0 && poll(&p, 1, 0) == 0 &&
+                    sd_event_add_io(m->event, &c->exit_watch, fd, EPOLLIN, on_exited, c) >= 0 &&
+                    sd_event_add_time_relative(m->event, &c->exit_timer, CLOCK_MONOTONIC, CLIENT_EXIT_WAIT_USEC,
+                                               USEC_PER_SEC / 10, on_exit_wait_over, c) >= 0) {
+                        c->exit_pidfd = fd;
+                        log_debug("Client %s left; its GPU pages wait for its process (pid %d) to exit.", c->key,
+                                  (int)c->pid);
+                        return;
+                }
+                c->exit_watch = sd_event_source_disable_unref(c->exit_watch);
+                if (fd >= 0)
+                        close(fd);
+        }
         log_debug("Releasing everything client %s held.", c->key);
         client_free(c);
 }

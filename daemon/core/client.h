@@ -53,6 +53,11 @@ struct Client {
         pid_t pid;            /* from the connection's credentials: always read, a client */
         uid_t uid;            /* whose credentials cannot be read is never created */
         bool dying;
+        /* Gone from its connection while its process still runs, with GPU arenas mapped:
+         * what it holds is freed once the process has exited (its GPU work with it) or
+         * CLIENT_EXIT_WAIT_USEC later (client_gone()). */
+        sd_event_source *exit_watch, *exit_timer;
+        int exit_pidfd;
         unsigned n_objects[_CLIENT_OBJECT_TYPE_MAX];
         LIST_HEAD(ClientObject, objects);
         ClientObject *worker; /* its registration, among objects (looked up on most calls) */

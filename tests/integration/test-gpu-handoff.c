@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1045,6 +1046,56 @@ START_TEST(test_cow_off_loop) {
 }
 END_TEST
 
+typedef struct LiveIs {
+        epd_client *c;
+        uint64_t live;
+} LiveIs;
+
+static bool gpu0_live_is(void *userdata) {
+        LiveIs *l = userdata;
+        return arena_live(l->c, "gpu0") == l->live;
+}
+
+/* A worker's connection closes while its process still runs (a dying process's files
+ * close before its GPU contexts go, and its kernels may still write into the pages it
+ * mapped): its GPU pages are not handed out again until the process has exited. */
+START_TEST(test_gpu_pages_wait_for_the_process) {
+        epd_client *o = worker("decode");
+        int to_parent[2], to_child[2];
+        ck_assert_int_eq(pipe2(to_parent, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(to_child, O_CLOEXEC), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                epd_client *c = NULL;
+                char *path = NULL, go;
+                if (epd_connect(address, &c) < 0 || epd_register(c, "prefill", "model", "cuda:0", &kv, NULL) < 0 ||
+                    epd_sequence_create(c, "gpu0", 8, &path, NULL, NULL) < 0)
+                        _exit(1);
+                (void)shutdown(epd_get_fd(c), SHUT_RDWR); /* gone, as far as epdd can see */
+                if (write(to_parent[1], "x", 1) != 1 || read(to_child[0], &go, 1) != 1)
+                        _exit(1);
+                _exit(0);
+        }
+        close(to_parent[1]);
+        close(to_child[0]);
+        char x;
+        ck_assert_int_eq(read(to_parent[0], &x, 1), 1);
+        usleep(300000);
+        ck_assert_uint_eq(arena_live(o, "gpu0"), 8); /* held while the process runs */
+        ck_assert_int_eq(write(to_child[1], "x", 1), 1);
+        int st;
+        ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+        ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        LiveIs l = { o, 0 };
+        ck_assert_msg(harness_wait_for(gpu0_live_is, &l, 3000), "gpu0 still holds %" PRIu64 " pages",
+                      arena_live(o, "gpu0"));
+        close(to_parent[0]);
+        close(to_child[1]);
+        epd_disconnect(o);
+}
+END_TEST
+
 /* Releases the sequences in this order, frees their paths; gpu0 is empty then. */
 static void release_all(epd_client *c, char **paths, size_t n) {
         for (size_t i = 0; i < n; i++) {
@@ -1563,6 +1614,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_gpu_to_host);
         tcase_add_test(tc, test_host_to_gpu);
         tcase_add_test(tc, test_decode_dies);
+        tcase_add_test(tc, test_gpu_pages_wait_for_the_process);
         tcase_add_test(tc, test_cow);
         tcase_add_test(tc, test_notifier);
         tcase_add_test(tc, test_sliced_batches);
