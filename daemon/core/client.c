@@ -63,7 +63,7 @@ int manager_client_from_message(Manager *m, sd_bus_message *msg, Client **ret) {
                 *ret = c;
                 return 0;
         }
-        if (hashmap_size(m->clients) >= m->config.max_clients)
+        if (hashmap_size(m->clients) - m->clients_departing >= m->config.max_clients)
                 return -EUSERS;
 
         c = calloc(1, sizeof *c);
@@ -234,6 +234,8 @@ Client *client_free(Client *c) {
         if (!c)
                 return NULL;
         c->dying = true;
+        if (c->exit_watch)
+                c->manager->clients_departing--;
         sd_event_source_disable_unref(c->exit_watch);
         sd_event_source_disable_unref(c->exit_timer);
         if (c->exit_pidfd >= 0)
@@ -294,8 +296,15 @@ void client_gone(Client *c) {
                     sd_event_add_time_relative(m->event, &c->exit_timer, CLOCK_MONOTONIC, CLIENT_EXIT_WAIT_USEC,
                                                USEC_PER_SEC / 10, on_exit_wait_over, c) >= 0) {
                         c->exit_pidfd = fd;
+                        m->clients_departing++;
                         log_debug("Client %s left; its GPU pages wait for its process (pid %d) to exit.", c->key,
                                   (int)c->pid);
+                        /* No more work for it meanwhile: the scheduler drops it, the
+                         * handoffs meant for it alone roll back. */
+                        Worker *w = client_get_worker(c);
+                        for (const Subsystem *const *sp = manager_subsystems(); w && *sp; sp++)
+                                if ((*sp)->worker_departing)
+                                        (*sp)->worker_departing(m, w);
                         return;
                 }
                 c->exit_watch = sd_event_source_disable_unref(c->exit_watch);

@@ -63,6 +63,10 @@ typedef struct Subsystem {
          * says why in `why`, which the caller of RegisterWorker gets as the message. */
         int (*worker_added)(Manager *m, Worker *w, Reason *why);
         void (*worker_gone)(Manager *m, Worker *w);
+        /* A worker's client left while its process still runs, and what it holds waits
+         * for the process to exit (client_gone()): hand it no more work. Idempotent with
+         * worker_gone, which still follows. */
+        void (*worker_departing)(Manager *m, Worker *w);
         /* Fills in what the subsystem counts of a worker on demand (core/worker.h). */
         void (*worker_stats)(Manager *m, Worker *w, WorkerStats *st);
         /* After every event manager_run()'s loop dispatched (while Manager.in_loop):
@@ -108,6 +112,8 @@ struct Manager {
         uint64_t next_serial;
 
         Hashmap *clients;            /* Client* by key */
+        size_t clients_departing;    /* of those: gone, waiting for their process (not in MaxClients=) */
+
         Hashmap *workers;            /* Worker* by id string */
 
         Arena **arenas;

@@ -54,7 +54,10 @@ int worker_validate(const char *role, const char *model, const char *device,
 }
 
 Worker *manager_get_worker(Manager *m, const char *id_str) {
-        return hashmap_get(m->workers, id_str);
+        Worker *w = hashmap_get(m->workers, id_str);
+        /* One whose client left, waiting for its process to exit (client_gone()), takes
+         * no more work: no handoff targets it, no grant names it. */
+        return w && w->object.owner && w->object.owner->exit_watch ? NULL : w;
 }
 
 static void worker_release(ClientObject *o) {

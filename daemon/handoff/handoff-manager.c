@@ -827,5 +827,6 @@ const Subsystem handoff_subsystem = {
         .add_bus = bus_handoff_add,
         .after_dispatch = handoff_after_dispatch,
         .worker_gone = handoff_worker_gone,
+        .worker_departing = handoff_worker_gone,
         .journal = &handoff_journal_hooks,
 };

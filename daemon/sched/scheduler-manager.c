@@ -461,4 +461,5 @@ const Subsystem scheduler_subsystem = {
         .reload = scheduler_reload,
         .worker_added = scheduler_worker_added,
         .worker_gone = scheduler_worker_gone,
+        .worker_departing = scheduler_worker_gone,
 };

@@ -418,7 +418,7 @@ class BindingTest(unittest.TestCase):
             raise Alarm()
 
         d = Daemon()
-        killer = threading.Timer(5, d.proc.kill)  # ends a wait that ignores the signals
+        killer = threading.Timer(30, d.proc.kill)  # ends a wait that ignores the signals
         old_alrm = signal.signal(signal.SIGALRM, on_alarm)
         old_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # may be ignored when run in background
         try:

@@ -303,6 +303,11 @@ class FeatureTest(unittest.TestCase):
         class MallInfo2(ctypes.Structure):
             _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+        with open("/proc/self/maps") as maps:
+            if "libasan" in maps.read():
+                # ASan's allocator is not glibc's: mallinfo2 does not see it (the C
+                # tests' leak checks cover this under ASan).
+                self.skipTest("AddressSanitizer's allocator: mallinfo2 does not count it")
         try:
             mallinfo2 = ctypes.CDLL(None).mallinfo2
         except AttributeError:

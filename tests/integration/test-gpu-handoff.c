@@ -1060,7 +1060,10 @@ static bool gpu0_live_is(void *userdata) {
  * close before its GPU contexts go, and its kernels may still write into the pages it
  * mapped): its GPU pages are not handed out again until the process has exited. */
 START_TEST(test_gpu_pages_wait_for_the_process) {
-        epd_client *o = worker("decode");
+        epd_client *o = worker("prefill");
+        uint64_t offs[4];
+        char *seq = make_sequence(o, "gpu0", 4, offs);
+        uint64_t base = arena_live(o, "gpu0");
         int to_parent[2], to_child[2];
         ck_assert_int_eq(pipe2(to_parent, O_CLOEXEC), 0);
         ck_assert_int_eq(pipe2(to_child, O_CLOEXEC), 0);
@@ -1069,29 +1072,39 @@ START_TEST(test_gpu_pages_wait_for_the_process) {
         if (pid == 0) {
                 epd_client *c = NULL;
                 char *path = NULL, go;
-                if (epd_connect(address, &c) < 0 || epd_register(c, "prefill", "model", "cuda:0", &kv, NULL) < 0 ||
+                if (epd_connect(address, &c) < 0 || epd_register(c, "decode", "model", "cuda:0", &kv, NULL) < 0 ||
                     epd_sequence_create(c, "gpu0", 8, &path, NULL, NULL) < 0)
                         _exit(1);
+                const char *wp = epd_worker_path(c);
                 (void)shutdown(epd_get_fd(c), SHUT_RDWR); /* gone, as far as epdd can see */
-                if (write(to_parent[1], "x", 1) != 1 || read(to_child[0], &go, 1) != 1)
+                if (write(to_parent[1], wp, strlen(wp) + 1) < 0 || read(to_child[0], &go, 1) != 1)
                         _exit(1);
                 _exit(0);
         }
         close(to_parent[1]);
         close(to_child[0]);
-        char x;
-        ck_assert_int_eq(read(to_parent[0], &x, 1), 1);
+        char target[256] = "";
+        ck_assert_int_gt(read(to_parent[0], target, sizeof target - 1), 0);
         usleep(300000);
-        ck_assert_uint_eq(arena_live(o, "gpu0"), 8); /* held while the process runs */
+        ck_assert_uint_eq(arena_live(o, "gpu0"), base + 8); /* held while the process runs */
+        /* It takes no more work meanwhile: a handoff meant for it is refused. */
+        char *hp = NULL;
+        uint64_t token;
+        epd_handoff_options opt = { .target = target };
+        ck_assert_int_lt(epd_handoff_prepare(o, "0000000000000000000000000000d1e5", NULL, seq, groups4, 4, &opt, &hp,
+                                             &token), 0);
+        ck_assert_msg(strstr(epd_last_error_message(o), "No worker"), "%s", epd_last_error_message(o));
         ck_assert_int_eq(write(to_child[1], "x", 1), 1);
         int st;
         ck_assert_int_eq(waitpid(pid, &st, 0), pid);
         ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-        LiveIs l = { o, 0 };
+        LiveIs l = { o, base };
         ck_assert_msg(harness_wait_for(gpu0_live_is, &l, 3000), "gpu0 still holds %" PRIu64 " pages",
                       arena_live(o, "gpu0"));
         close(to_parent[0]);
         close(to_child[1]);
+        release_sequence(o, seq);
+        free(seq);
         epd_disconnect(o);
 }
 END_TEST
