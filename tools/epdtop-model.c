@@ -46,10 +46,16 @@ TopPeer *top_snapshot_find_pinned_peer(TopSnapshot *s, const char *name, size_t 
         TopPeer *p = top_snapshot_find_peer(s, name);
         if (p || strlen(name) != kept)
                 return p;
+        /* Only a prefix that names one peer: two whose ids share the kept characters
+         * (node names that differ in a suffix) would get each other's numbers. */
+        TopPeer *found = NULL;
         for (size_t i = 0; i < s->n_peers; i++)
-                if (strncmp(s->peers[i].name, name, kept) == 0)
-                        return &s->peers[i];
-        return NULL;
+                if (strncmp(s->peers[i].name, name, kept) == 0) {
+                        if (found)
+                                return NULL;
+                        found = &s->peers[i];
+                }
+        return found;
 }
 
 TopWorker *top_snapshot_add_worker(TopSnapshot *s) {

@@ -150,8 +150,8 @@ TopPeer *top_snapshot_add_peer(TopSnapshot *s);
 TopPeer *top_snapshot_find_peer(TopSnapshot *s, const char *name);
 /* The row of a name that a pinned BPF map gives: the maps keep only the first `kept`
  * characters of a host id (EPD_TELEMETRY_PEER_MAX - 1), so a name of that length that
- * names no row itself matches the first row whose name starts with it; a shorter one,
- * only its own. */
+ * names no row itself matches the one row whose name starts with it (none when several
+ * do: their numbers would be one peer's); a shorter one, only its own. */
 TopPeer *top_snapshot_find_pinned_peer(TopSnapshot *s, const char *name, size_t kept);
 TopWorker *top_snapshot_add_worker(TopSnapshot *s);
 void top_snapshot_done(TopSnapshot *s);

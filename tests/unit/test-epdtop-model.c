@@ -429,6 +429,19 @@ START_TEST(test_long_host_ids) {
                 }
                 /* A shorter name from the maps is a whole id: never a prefix of another. */
                 ck_assert_ptr_null(top_snapshot_find_pinned_peer(&s, "0123", EPD_TELEMETRY_PEER_MAX - 1));
+                if (round == 1) {
+                        /* Two ids that share the kept characters: the cut name is neither's. */
+                        TopSnapshot t = { .bus = true };
+                        char twin[PEER_HOST_ID_MAX + 1], pinned[EPD_TELEMETRY_PEER_MAX];
+                        snprintf(twin, sizeof twin, "%s", ids[1]);
+                        twin[strlen(twin) - 1] = 'x';
+                        add_peer(&t, ids[1], 1, 0, 900, 3);
+                        add_peer(&t, twin, 1, 0, 900, 3);
+                        memcpy(pinned, ids[1], sizeof pinned - 1);
+                        pinned[sizeof pinned - 1] = 0;
+                        ck_assert_ptr_null(top_snapshot_find_pinned_peer(&t, pinned, EPD_TELEMETRY_PEER_MAX - 1));
+                        top_snapshot_done(&t);
+                }
                 ck_assert_uint_eq(s.n_peers, ELEMENTSOF(ids));
                 ck_assert_int_eq(top_model_update(&m, &s), 0);
         }
