@@ -908,8 +908,11 @@ static int method_prefetch(sd_bus_message *msg, void *userdata, sd_bus_error *er
         for (size_t i = 0; r >= 0 && i < n; i++) {
                 FeaturePrefetchResult res;
                 int k = feature_prefetch(m->features, keys[i], now_usec(CLOCK_MONOTONIC), &res);
-                if (k < 0)
-                        r = sd_bus_message_append(reply, "s", "no-space");
+                if (k < 0) /* no room (or past a bound) is said apart from a failure */
+                        r = sd_bus_message_append(reply, "s",
+                                                  k == -ENOSPC || k == -E2BIG || k == -EUSERS || k == -EDQUOT
+                                                          ? "no-space"
+                                                          : "failed");
                 else {
                         r = sd_bus_message_append(reply, "s", prefetch_results[res]);
                         if (res == FEATURE_PREFETCH_ANNOUNCED)
