@@ -480,14 +480,13 @@ int manager_new(Manager **ret, const char *config_path) {
 }
 
 /* The socket's directory: mode 0750 and the socket's group, so that members of the
- * group (and nobody else) can reach the socket; docs/security.md. Set on a directory
- * epdd makes, and on the default runtime directory (/run/epd) when it is epdd's own
- * (as an earlier epdd started by hand may have left it); any other directory that
- * already exists is the administrator's and is left as it is. */
-/* Makes the socket's directory; *ret_own: it is this daemon's to give its group and mode
- * (made now, or the default directory owned by this user), which is done only once the
- * socket's lock is taken (manager_own_socket_dir()): a second epdd refused the lock must
- * change nothing of the first's. */
+ * group (and nobody else) can reach the socket; docs/security.md. Made here; *ret_own:
+ * it is this daemon's to give its group and mode (made now, or the default runtime
+ * directory /run/epd owned by this user, as an earlier epdd started by hand may have
+ * left it; any other directory that already exists is the administrator's and is left
+ * as it is). That is done only once the socket's lock is taken
+ * (manager_own_socket_dir()): a second epdd refused the lock changes nothing of the
+ * first's. */
 static int manager_make_socket_dir(Manager *m, bool *ret_own) {
         const char *path = m->config.socket_path;
         _cleanup_(freep) char *d = strdup(path), *d_default = strdup(EPD_SOCKET_PATH);
