@@ -40,12 +40,21 @@ typedef struct DeviceLane {
         GpuChunk *desc_host;         /* DESC_SLOTS * DESC_SLOT_CHUNKS, pinned */
         CUdeviceptr desc_dev;
         bool slot_busy[DESC_SLOTS];
+        /* Descriptors go up on a stream of their own, each slot's upload marked by its
+         * event, which the kernel's stream waits for: a part's upload overlaps the
+         * kernel before it instead of sitting between two kernels (a copy engine's
+         * start and a cross-engine handover each time). NULL: on the kernel's stream. */
+        CUstream upload;
+        CUevent uploaded[DESC_SLOTS];
         /* Timeline (gpu_copy_engine_set_timeline()): an event recorded when the engine
          * went busy from idle, and the host's clock then: GPU times are placed on the
          * host's clock from it. */
         CUevent tl_ref;
         uint64_t tl_ref_usec;
         uint64_t max_pitch;          /* of a 2D copy (0: none) */
+        /* The completion thread's own (no lock): each path's pace, which places the
+         * end of its next part (gpu_copy_pace_predict()). */
+        GpuCopyPace pace[_GPU_COPY_PATH_MAX];
 } DeviceLane;
 
 struct GpuCopyJob {
@@ -75,10 +84,14 @@ typedef struct Watch {
         CUevent event;
         GpuCopyJob *job;
         int dev;
+        GpuCopyPath path;
+        /* When the part was queued (CLOCK_MONOTONIC µs) and its bytes (this stream's
+         * share): where its end should fall (the completion thread's pace). */
+        uint64_t queued_usec, bytes;
         /* Timeline only: an event recorded before the part's work, when submission
-         * began and the part was queued (CLOCK_MONOTONIC µs), its size. */
+         * began (CLOCK_MONOTONIC µs), the segments and bytes of its (device, path) group. */
         CUevent start;
-        uint64_t enter_usec, queued_usec, bytes;
+        uint64_t enter_usec, group_bytes;
         size_t segs;
 } Watch;
 
@@ -97,6 +110,7 @@ struct GpuCopyEngine {
         size_t watch_cap, watch_head, n_watches;
         QUEUE_HEAD(GpuCopyJob, done);
         size_t in_flight;
+        uint64_t bytes_in_flight;    /* of the batches in_flight counts */
         GpuCopyKernelPolicy kernel_policy;
         size_t kernel_min_segments;
         bool batch_api;              /* cuMemcpyBatchAsync for multi-segment D2D groups */
@@ -175,19 +189,107 @@ static void job_finish_locked(GpuCopyEngine *e, GpuCopyJob *j) {
         (void)!write(e->efd, &one, sizeof one);
 }
 
-/* An event is polled for up to spin_usec (gpu_copy_engine_set_spin(); 0 by default)
- * first, then waited for with the blocking sync (which sleeps until the GPU's interrupt
- * wakes the thread). */
-static int event_wait(GpuSystem *s, CUevent ev, unsigned spin_usec) {
-        uint64_t until = now_usec(CLOCK_MONOTONIC) + spin_usec;
-        for (;;) {
-                CUresult q = s->driver->cuEventQuery(ev);
-                if (q == CUDA_SUCCESS)
-                        return 0;
-                if (q != CUDA_ERROR_NOT_READY)
-                        return cuda_check(s->driver, q, "cuEventQuery");
-                if (now_usec(CLOCK_MONOTONIC) >= until)
-                        return CU(s->driver, cuEventSynchronize, ev);
+/* The pace of one path of one GPU, learned by the completion thread from the parts it
+ * saw end. Optimistic on purpose: it rises at once to a faster part and falls an eighth
+ * of the way to a slower one, so that a predicted end falls early rather than late (a
+ * part predicted early costs polling, one predicted late a wake-up after its end). */
+uint64_t gpu_copy_pace_predict(const GpuCopyPace *p, uint64_t queued_usec, uint64_t bytes) {
+        if (p->bytes_per_usec <= 0)
+                return 0;
+        /* A part queued behind another starts when that one ends. */
+        uint64_t start = MAX(queued_usec, p->last_end_usec);
+        return start + (uint64_t)((double)bytes / p->bytes_per_usec);
+}
+
+void gpu_copy_pace_observe(GpuCopyPace *p, uint64_t queued_usec, uint64_t bytes, uint64_t seen_usec, GpuCopySeen how,
+                           uint64_t gave_up_usec) {
+        uint64_t start = MAX(queued_usec, p->last_end_usec);
+
+        switch (how) {
+        case GPU_COPY_SEEN_LATE:
+                /* Seen at a wake-up of unknown lateness; but it had not ended when the
+                 * polling gave up: no faster than that. */
+                if (bytes >= GPU_COPY_PACE_MIN_BYTES && gave_up_usec >= start + GPU_COPY_PACE_MIN_USEC) {
+                        double bound = (double)bytes / (double)(gave_up_usec - start);
+                        if (p->bytes_per_usec <= 0 || p->bytes_per_usec > bound)
+                                p->bytes_per_usec = bound;
+                }
+                break;
+        case GPU_COPY_SEEN_OVERSLEPT:
+                /* It ended before the thread woke: faster than thought, by how much is
+                 * not known (the time seen is the wake-up's). */
+                if (p->bytes_per_usec > 0)
+                        p->bytes_per_usec = MIN(p->bytes_per_usec * 1.5, GPU_COPY_PACE_MAX);
+                break;
+        case GPU_COPY_SEEN_POLLING:
+                if (bytes >= GPU_COPY_PACE_MIN_BYTES && seen_usec >= start + GPU_COPY_PACE_MIN_USEC) {
+                        double v = (double)bytes / (double)(seen_usec - start);
+                        p->bytes_per_usec = v > p->bytes_per_usec ? MIN(v, GPU_COPY_PACE_MAX)
+                                                                 : p->bytes_per_usec + (v - p->bytes_per_usec) / 8;
+                }
+                break;
+        }
+        p->last_end_usec = MAX(p->last_end_usec, seen_usec);
+}
+
+/* Longest the completion thread sleeps on its timer before a part's predicted end:
+ * a bound, should a prediction ever be far off (it polls and naps from then on). */
+#define PACE_SLEEP_MAX_USEC 1000000U
+/* A sleep shorter than this is not worth the timer: poll instead. */
+#define PACE_SLEEP_MIN_USEC 20U
+/* Past its polling window a part is looked at every NAP µs (a timer's wake-up, not the
+ * interrupt's), for up to NAP_MAX µs; then the blocking sync. */
+#define PACE_NAP_USEC 50U
+#define PACE_NAP_MAX_USEC 20000U
+
+static void sleep_until(uint64_t usec) {
+        struct timespec ts = { .tv_sec = (time_t)(usec / USEC_PER_SEC), .tv_nsec = (long)(usec % USEC_PER_SEC) * 1000 };
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+                ;
+}
+
+/* A part's event, waited for by the completion thread. With spin_usec > 0
+ * (gpu_copy_engine_set_spin()): when the path's pace places the part's end more than
+ * half of spin_usec away, the thread sleeps on its timer until then; it polls the
+ * event for up to spin_usec, then every PACE_NAP_USEC for up to PACE_NAP_MAX_USEC, and
+ * only then waits with the blocking sync (which sleeps until the GPU's interrupt wakes
+ * it: 0.1 to 0.7 ms late on some machines, 0.02 ms on others). spin_usec 0: the
+ * blocking sync at once. */
+static int event_wait(GpuSystem *s, const Watch *w, const GpuCopyPace *pace, unsigned spin_usec, GpuCopySeen *how,
+                      uint64_t *gave_up) {
+        uint64_t now = now_usec(CLOCK_MONOTONIC), end;
+        bool slept = false;
+        CUresult q;
+
+        *how = GPU_COPY_SEEN_LATE;
+        *gave_up = 0;
+        if (spin_usec == 0)
+                return CU(s->driver, cuEventSynchronize, w->event);
+        end = gpu_copy_pace_predict(pace, w->queued_usec, w->bytes);
+        if (end > now + spin_usec / 2 + PACE_SLEEP_MIN_USEC) {
+                q = s->driver->cuEventQuery(w->event);
+                if (q != CUDA_ERROR_NOT_READY) {
+                        *how = GPU_COPY_SEEN_POLLING;
+                        return q == CUDA_SUCCESS ? 0 : cuda_check(s->driver, q, "cuEventQuery");
+                }
+                sleep_until(MIN(end - spin_usec / 2, now + PACE_SLEEP_MAX_USEC));
+                slept = true;
+                now = now_usec(CLOCK_MONOTONIC);
+        }
+        for (uint64_t spin_end = now + spin_usec, nap_end = spin_end + PACE_NAP_MAX_USEC;;) {
+                q = s->driver->cuEventQuery(w->event);
+                if (q != CUDA_ERROR_NOT_READY) {
+                        *how = slept ? GPU_COPY_SEEN_OVERSLEPT : GPU_COPY_SEEN_POLLING;
+                        return q == CUDA_SUCCESS ? 0 : cuda_check(s->driver, q, "cuEventQuery");
+                }
+                slept = false;
+                now = now_usec(CLOCK_MONOTONIC);
+                if (now >= nap_end) {
+                        *gave_up = now;
+                        return CU(s->driver, cuEventSynchronize, w->event);
+                }
+                if (now >= spin_end)
+                        sleep_until(now + PACE_NAP_USEC);
         }
 }
 
@@ -207,7 +309,7 @@ static void timeline_write(GpuCopyEngine *e, const Watch *w, int result) {
         dprintf(e->timeline_fd,
                 "part job=%" PRIu64 " dev=%d segs=%zu bytes=%" PRIu64 " enter=%" PRIu64 " queued=%" PRIu64
                 " gpu_start=%.0f gpu_end=%.0f seen=%" PRIu64 " error=%d\n",
-                w->job->timeline_seq, w->dev, w->segs, w->bytes, w->enter_usec, w->queued_usec,
+                w->job->timeline_seq, w->dev, w->segs, w->group_bytes, w->enter_usec, w->queued_usec,
                 a < 0 ? -1.0 : (double)l->tl_ref_usec + (double)a * 1e3,
                 b < 0 ? -1.0 : (double)l->tl_ref_usec + (double)b * 1e3, seen, result);
 }
@@ -234,16 +336,24 @@ static void *waiter_thread(void *userdata) {
                 /* Waited for even when the context could not be made current (an event
                  * names its own): a part counted done must be done on the GPU, or its job's
                  * arenas and pages could go under a copy still running. */
-                int r = event_wait(s, w.event, __atomic_load_n(&e->spin_usec, __ATOMIC_RELAXED));
+                DeviceLane *l = &e->lanes[w.dev];
+                GpuCopySeen how;
+                uint64_t gave_up;
+                /* The pace is written by this thread alone, under the lock (read by
+                 * gpu_copy_engine_pace()): read here without it. */
+                int r = event_wait(s, &w, &l->pace[w.path], __atomic_load_n(&e->spin_usec, __ATOMIC_RELAXED), &how,
+                                   &gave_up);
+                uint64_t seen = now_usec(CLOCK_MONOTONIC);
                 if (w.start) {
                         timeline_write(e, &w, r);
                         (void)CU(s->driver, cuEventDestroy, w.start);
                 }
 
                 pthread_mutex_lock(&e->lock);
+                if (r >= 0)
+                        gpu_copy_pace_observe(&l->pace[w.path], w.queued_usec, w.bytes, seen, how, gave_up);
                 e->watch_head = (e->watch_head + 1) % e->watch_cap;
                 e->n_watches--;
-                DeviceLane *l = &e->lanes[w.dev];
                 l->spare_events[l->n_spare_events++] = w.event; /* room: see watch_add() */
                 if (r < 0 && w.job->error == 0)
                         w.job->error = r;
@@ -269,7 +379,8 @@ static int waiter_start(GpuCopyEngine *e) {
 
 /* The job's work queued on `stream` of device dev so far completes the job's part: an
  * event recorded there, watched by the completion thread (the device's context current). */
-static int watch_add(GpuCopyEngine *e, int dev, CUstream stream, GpuCopyJob *j, const Watch *tl) {
+static int watch_add(GpuCopyEngine *e, int dev, GpuCopyPath path, CUstream stream, GpuCopyJob *j, uint64_t bytes,
+                     const Watch *tl) {
         CudaDriver *d = e->system->driver;
         DeviceLane *l = &e->lanes[dev];
         CUevent ev = NULL;
@@ -329,8 +440,9 @@ static int watch_add(GpuCopyEngine *e, int dev, CUstream stream, GpuCopyJob *j, 
                 w.event = ev;
                 w.job = j;
                 w.dev = dev;
-                if (tl)
-                        w.queued_usec = now_usec(CLOCK_MONOTONIC);
+                w.path = path;
+                w.bytes = bytes;
+                w.queued_usec = now_usec(CLOCK_MONOTONIC);
                 e->watches[(e->watch_head + e->n_watches++) % e->watch_cap] = w;
                 j->pending++;
                 pthread_cond_signal(&e->watch_more);
@@ -619,9 +731,18 @@ static int group_try_kernel(GpuCopyEngine *e, GpuCopyJob *j, int dev, GpuCopyPat
                         };
                         max_len = MAX(max_len, g->length);
                 }
-                r = gpu_kernels_copy_chunks_sized(l->kernels, l->streams[p][0], h,
-                                                  l->desc_dev + (CUdeviceptr)slots[s] * DESC_SLOT_CHUNKS *
-                                                          sizeof(GpuChunk), m, max_len);
+                CUdeviceptr dd = l->desc_dev + (CUdeviceptr)slots[s] * DESC_SLOT_CHUNKS * sizeof(GpuChunk);
+                if (l->upload) {
+                        CudaDriver *d = e->system->driver;
+                        r = CU(d, cuMemcpyHtoDAsync, dd, h, m * sizeof *h, l->upload);
+                        if (r >= 0)
+                                r = CU(d, cuEventRecord, l->uploaded[slots[s]], l->upload);
+                        if (r >= 0)
+                                r = CU(d, cuStreamWaitEvent, l->streams[p][0], l->uploaded[slots[s]], 0);
+                        if (r >= 0)
+                                r = gpu_kernels_launch_chunks(l->kernels, l->streams[p][0], h, dd, m, max_len);
+                } else
+                        r = gpu_kernels_copy_chunks_sized(l->kernels, l->streams[p][0], h, dd, m, max_len);
                 if (r < 0)
                         return r;
                 e->stats.kernel_launches++;
@@ -770,7 +891,7 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                                 err = r; /* nothing of this group is on a stream */
                                 break;
                         }
-                        Watch tl = { .enter_usec = enter, .bytes = bytes, .segs = m };
+                        Watch tl = { .enter_usec = enter, .group_bytes = bytes, .segs = m };
                         if (e->timeline_fd >= 0)
                                 timeline_start(e, (int)dev, streams[0], &tl);
                         r = group_try_strided(e, (int)dev, p, segs, order + start, m);
@@ -797,7 +918,9 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                         }
                         for (size_t k = 0; k < used; k++) {
                                 /* The timeline's start event is on the first stream. */
-                                r = watch_add(e, (int)dev, streams[k], j, k == 0 && tl.start ? &tl : NULL);
+                                /* Spread over `used` streams: each carries about its share. */
+                                r = watch_add(e, (int)dev, (GpuCopyPath)p, streams[k], j, bytes / used,
+                                              k == 0 && tl.start ? &tl : NULL);
                                 if (r >= 0 && k == 0)
                                         tl.start = NULL; /* the watch has it */
                                 if (r < 0) {
@@ -827,6 +950,7 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                 return err < 0 ? err : -EIO;
         }
         e->in_flight++;
+        e->bytes_in_flight += j->bytes;
         if (--j->pending == 0)
                 job_finish_locked(e, j);
         pthread_mutex_unlock(&e->lock);
@@ -853,12 +977,18 @@ size_t gpu_copy_reap(GpuCopyEngine *e, GpuCopyDone *out, size_t n) {
                 if (j) {
                         QUEUE_REMOVE(done, e->done, j);
                         e->in_flight--;
+                        e->bytes_in_flight -= j->bytes;
                 }
                 pthread_mutex_unlock(&e->lock);
                 if (!j)
                         break;
                 out[k++] = (GpuCopyDone) { .cookie = j->cookie, .error = j->error,
                                            .bytes = j->error < 0 ? 0 : j->bytes };
+                if (e->timeline_fd >= 0)
+                        /* When the caller (epdd's loop) took it: after `seen`, the wake-up
+                         * of the caller. */
+                        dprintf(e->timeline_fd, "reap job=%" PRIu64 " at=%" PRIu64 "\n", j->timeline_seq,
+                                now_usec(CLOCK_MONOTONIC));
                 if (j->error < 0)
                         e->stats.failures++;
                 else
@@ -913,6 +1043,19 @@ int gpu_copy_engine_fd(const GpuCopyEngine *e) {
 
 size_t gpu_copy_engine_in_flight(const GpuCopyEngine *e) {
         return e->in_flight;
+}
+
+int gpu_copy_engine_pace(GpuCopyEngine *e, int dev, GpuCopyPath path, GpuCopyPace *ret) {
+        if (dev < 0 || (size_t)dev >= e->system->n_devices || path < 0 || path >= _GPU_COPY_PATH_MAX)
+                return -EINVAL;
+        pthread_mutex_lock(&e->lock);
+        *ret = e->lanes[dev].pace[path];
+        pthread_mutex_unlock(&e->lock);
+        return 0;
+}
+
+uint64_t gpu_copy_engine_bytes_in_flight(const GpuCopyEngine *e) {
+        return e->bytes_in_flight;
 }
 
 void gpu_copy_engine_set_d2d_streams(GpuCopyEngine *e, unsigned n) {
@@ -1041,6 +1184,13 @@ static void lane_clear(GpuCopyEngine *e, int dev) {
                                 (void)CU(d, cuStreamSynchronize, l->streams[p][k]);
                                 (void)CU(d, cuStreamDestroy, l->streams[p][k]);
                         }
+        if (l->upload) {
+                (void)CU(d, cuStreamSynchronize, l->upload);
+                (void)CU(d, cuStreamDestroy, l->upload);
+        }
+        for (unsigned k = 0; k < DESC_SLOTS; k++)
+                if (l->uploaded[k])
+                        (void)CU(d, cuEventDestroy, l->uploaded[k]);
         for (size_t k = 0; k < l->n_spare_events; k++)
                 (void)CU(d, cuEventDestroy, l->spare_events[k]);
         if (l->tl_ref)
@@ -1092,6 +1242,17 @@ static int lane_setup(GpuCopyEngine *e, int dev) {
                 r = CU(d, cuMemAlloc, &l->desc_dev, (size_t)DESC_SLOTS * DESC_SLOT_CHUNKS * sizeof(GpuChunk));
                 if (r < 0)
                         goto fail;
+                /* Without them the descriptors go up on the kernel's stream, as before. */
+                if (CU(d, cuStreamCreate, &l->upload, CU_STREAM_NON_BLOCKING) < 0)
+                        l->upload = NULL;
+                for (unsigned k = 0; l->upload && k < DESC_SLOTS; k++)
+                        if (CU(d, cuEventCreate, &l->uploaded[k], CU_EVENT_DISABLE_TIMING) < 0) {
+                                for (unsigned q = 0; q < k; q++)
+                                        (void)CU(d, cuEventDestroy, l->uploaded[q]);
+                                memset(l->uploaded, 0, sizeof l->uploaded);
+                                (void)CU(d, cuStreamDestroy, l->upload);
+                                l->upload = NULL;
+                        }
         }
         l->ready = true;
         return 0;

@@ -15,10 +15,12 @@
  * Each path has its own non-blocking stream per device, so transfers in the two
  * directions and between GPUs overlap. A batch (gpu_copy_submit) completes once, with
  * the first error of any of its segments: an event recorded behind each of its parts,
- * which the engine's completion thread waits for in order (blocking-sync: it sleeps;
- * a failed stream fails the wait), queues the completion and writes to an eventfd; the
- * event loop watches that fd and calls gpu_copy_reap(). Nothing spins on the host, and
- * no stream waits for the host (as behind a stream callback) between parts.
+ * which the engine's completion thread waits for in order (it sleeps on a timer until
+ * shortly before the part's expected end, polls the event a while, then sleeps in the
+ * blocking-sync wait; a failed stream fails the wait: gpu_copy_engine_set_spin()),
+ * queues the completion and writes to an eventfd; the event loop watches that fd and
+ * calls gpu_copy_reap(). No stream waits for the host (as behind a stream callback)
+ * between parts.
  *
  * A group of several device-to-device segments is one cuMemcpyBatchAsync call where
  * the driver has it (13.0+; still the copy engines), else one cuMemcpyDtoDAsync each.
@@ -145,12 +147,18 @@ void gpu_copy_engine_set_batch_api(GpuCopyEngine *e, bool enable);
 /* Spreads the segments of a device-to-device group that goes segment by segment over
  * n streams (1..4, default 1), so that several copy engines work at once. */
 void gpu_copy_engine_set_d2d_streams(GpuCopyEngine *e, unsigned n);
-/* How long the completion thread polls a part's event (cuEventQuery) before it sleeps in
- * the blocking-sync wait (0, the default: it sleeps at once). Measured on the H200 with
- * idle CPUs (gpu-bench, "d2d 64K, completion"), polling 50 µs first saved nothing: 23 µs
- * against 24 µs from submission to the completion fd; kept for machines whose wake-ups
- * are slower. */
-#define GPU_COPY_SPIN_USEC 0U
+/* How long the completion thread polls a part's event (cuEventQuery) around the part's
+ * expected end (0: it sleeps in the blocking-sync wait at once, woken by the GPU's
+ * interrupt). The end is placed by the pace the thread learned of the part's path
+ * (gpu_copy_pace_predict()): the thread sleeps on its timer until shortly before it;
+ * until the pace is known, or when the end is near, it polls at once. Past the window
+ * it looks every 50 µs (timer naps) for up to 20 ms, then takes the blocking sync.
+ * The interrupt's wake-up took 0.1 to 0.7 ms on the H200 of bench/RESULTS.md (2026-12-06
+ * 20:31), against 0.02 ms on another H200 before: on such a machine every part of a
+ * handoff lands that much late, and the last one adds it to the handoff. Default 200 µs:
+ * the thread polls about that long a part, a CPU's worth only while parts end closer
+ * together than that. */
+#define GPU_COPY_SPIN_USEC 200U
 void gpu_copy_engine_set_spin(GpuCopyEngine *e, unsigned usec);
 /* A diagnostic: from now on every part of every batch (one stream's share of it) adds a
  * line to fd (dup'ed; lines of one write(), so O_APPEND keeps them whole) when the
@@ -159,6 +167,8 @@ void gpu_copy_engine_set_spin(GpuCopyEngine *e, unsigned usec);
  * GPU started and finished it (timing events, placed on the host's clock by a reference
  * event recorded whenever the engine goes busy from idle) and when it was seen done:
  *   part job=N dev=D segs=S bytes=B enter=T queued=T gpu_start=T gpu_end=T seen=T error=E
+ * and, when the caller reaps the batch (gpu_copy_reap()), a line with the time it did:
+ *   reap job=N at=T
  * Parts spread over several streams have a line for the first stream only. Costs an
  * event pair a part and a wait when the engine goes busy from idle: epdd turns it on
  * only with EPD_GPU_COPY_TIMELINE=PATH (docs/gpu.md). Before the first submission, on
@@ -168,13 +178,44 @@ void gpu_copy_engine_set_spin(GpuCopyEngine *e, unsigned usec);
 int gpu_copy_engine_set_timeline(GpuCopyEngine *e, int fd);
 const GpuCopyStats *gpu_copy_engine_stats(const GpuCopyEngine *e);
 
+/* The pace of one path of one GPU as the completion thread learns it: bytes a µs of the
+ * parts it saw end, and when the last one ended (CLOCK_MONOTONIC µs). */
+typedef struct GpuCopyPace {
+        double bytes_per_usec;  /* 0: not known yet */
+        uint64_t last_end_usec;
+} GpuCopyPace;
+/* Samples shorter than these say more about launch and wake-up than about the pace. */
+#define GPU_COPY_PACE_MIN_BYTES (1ULL << 20)
+#define GPU_COPY_PACE_MIN_USEC 20U
+#define GPU_COPY_PACE_MAX 1e7   /* bytes a µs (10 TB/s): no faster, whatever is seen */
+/* Pure: when a part of `bytes` queued at queued_usec should end (it starts when the
+ * path's last part ended, if after it was queued); 0 while the pace is not known. */
+uint64_t gpu_copy_pace_predict(const GpuCopyPace *p, uint64_t queued_usec, uint64_t bytes);
+/* How the completion thread saw a part end. */
+typedef enum GpuCopySeen {
+        GPU_COPY_SEEN_POLLING,   /* while polling (or between naps): the time seen is the end's */
+        GPU_COPY_SEEN_OVERSLEPT, /* it had ended when the thread woke from its timer */
+        GPU_COPY_SEEN_LATE,      /* after the blocking sync, whose wake-up may come long after */
+} GpuCopySeen;
+/* Pure: learns from a part seen ended at seen_usec. Seen polling: a faster part raises
+ * the pace to its own at once, a slower one lowers it an eighth of the way (a predicted
+ * end should fall early, not late). Overslept: the pace rises by half (the time seen is
+ * the wake-up's). Late: the part was still running when the polling gave up at
+ * gave_up_usec, so the pace is at most its bytes over that time (0: gave up at once,
+ * nothing learned). A part too small or too short, and a failed one, teach only its end. */
+void gpu_copy_pace_observe(GpuCopyPace *p, uint64_t queued_usec, uint64_t bytes, uint64_t seen_usec, GpuCopySeen how,
+                           uint64_t gave_up_usec);
+/* The pace the completion thread learned of a path of GPU dev (a diagnostic). */
+int gpu_copy_engine_pace(GpuCopyEngine *e, int dev, GpuCopyPath path, GpuCopyPace *ret);
+
 /* Readable (eventfd, O_CLOEXEC|O_NONBLOCK) when completions are waiting. */
 int gpu_copy_engine_fd(const GpuCopyEngine *e);
 /* Makes the fd readable again: for a caller that reaped completions into a queue of its
  * own outside its fd's handler (the reap drained the fd), so that its handler runs. */
 void gpu_copy_engine_kick(GpuCopyEngine *e);
-/* Batches submitted and not yet reaped. */
+/* Batches submitted and not yet reaped, and their bytes. */
 size_t gpu_copy_engine_in_flight(const GpuCopyEngine *e);
+uint64_t gpu_copy_engine_bytes_in_flight(const GpuCopyEngine *e);
 
 /* Merges neighbours in place: segment k+1 that continues segment k on both sides (same
  * arenas or host buffers, src and dst adjacent) joins it. Returns the new count. Pure. */

@@ -136,20 +136,28 @@ int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *chun
 
 int gpu_kernels_copy_chunks_sized(GpuKernels *k, CUstream stream, const GpuChunk *chunks,
                                   CUdeviceptr desc_buf, size_t n, uint64_t max_len) {
-        unsigned gx, gy, n32 = (unsigned)n, tile_words = GPU_CHUNK_TILE / 16;
-        unsigned long long len_words;
-        bool uniform;
         int r;
 
         if (n == 0)
                 return 0;
         if (n > GPU_CHUNKS_MAX)
                 return -E2BIG;
-        uniform = k->uniform && gpu_chunks_uniform(chunks, n);
         r = CU(k->system->driver, cuMemcpyHtoDAsync, desc_buf, chunks, n * sizeof *chunks, stream);
         if (r < 0)
                 return r;
-        if (uniform) {
+        return gpu_kernels_launch_chunks(k, stream, chunks, desc_buf, n, max_len);
+}
+
+int gpu_kernels_launch_chunks(GpuKernels *k, CUstream stream, const GpuChunk *chunks, CUdeviceptr desc_buf,
+                              size_t n, uint64_t max_len) {
+        unsigned gx, gy, n32 = (unsigned)n, tile_words = GPU_CHUNK_TILE / 16;
+        unsigned long long len_words;
+
+        if (n == 0)
+                return 0;
+        if (n > GPU_CHUNKS_MAX)
+                return -E2BIG;
+        if (k->uniform && gpu_chunks_uniform(chunks, n)) {
                 /* A persistent grid: about 8 blocks per SM, each looping over tiles. */
                 uint64_t tiles = DIV_ROUND_UP(max_len, (uint64_t)256 * 4 * 16) * n;
                 void *params[] = { &desc_buf, &n32, &len_words };

@@ -84,6 +84,11 @@ int gpu_kernels_copy_chunks(GpuKernels *k, CUstream stream, const GpuChunk *host
  * every chunk already, instead of another pass over them. */
 int gpu_kernels_copy_chunks_sized(GpuKernels *k, CUstream stream, const GpuChunk *host_desc,
                                   CUdeviceptr dev_desc, size_t n, uint64_t max_len);
+/* The launch alone, on descriptors already in dev_desc (host_desc: the same, read for
+ * the launch's shape): for a caller that uploads them on a stream of its own, ahead of
+ * the kernel that comes before on `stream`, and makes `stream` wait for the upload. */
+int gpu_kernels_launch_chunks(GpuKernels *k, CUstream stream, const GpuChunk *host_desc, CUdeviceptr dev_desc,
+                              size_t n, uint64_t max_len);
 
 /* The layer table of one epd_kv_layers launch, passed by value as its parameter
  * (pack.cu: EpdKvLayers, the same layout): 2 KiB, inside the 4 KiB every CUDA version

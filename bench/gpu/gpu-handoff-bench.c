@@ -23,6 +23,7 @@
  * two processes; median of REPS after a warm-up. The first handoff of every case is
  * checked word by word in the decode worker (every 256 KiB of every page holds its own
  * value). Usage: gpu-handoff-bench EPDD [--quick]. Exits 77 without a GPU. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -339,16 +340,27 @@ static void put_row(int rows_fd, const char *name, uint64_t bytes, double ms, do
 static unsigned print_timeline(const char *name, double t0) {
         FILE *f = fopen(timeline_path, "re");
         char line[512];
-        double busy = 0, idle = 0, lag_max = 0, lag_sum = 0, first = -1, last_end = -1;
-        unsigned n = 0;
+        double busy = 0, idle = 0, lag_max = 0, lag_sum = 0, first = -1, last_end = -1, reap_lag_max = 0;
+        double reap_lag_sum = 0;
+        unsigned n = 0, n_reaped = 0;
+        /* The loop's reaps first (a job's line may come before or after its parts'). */
+        struct { uint64_t job, at; } reaps[512];
+        size_t n_reaps = 0;
         if (!f) {
                 printf("gpu timeline %s: none (%m)\n", name);
                 return 0;
         }
-        printf("gpu timeline %s (ms after the first LayerGroupReady): job segs MiB | enter queued | gpu start..end | seen\n",
+        while (fgets(line, sizeof line, f)) {
+                uint64_t job, at;
+                if (n_reaps < ELEMENTSOF(reaps) && sscanf(line, "reap job=%" SCNu64 " at=%" SCNu64, &job, &at) == 2)
+                        reaps[n_reaps].job = job, reaps[n_reaps++].at = at;
+        }
+        rewind(f);
+        printf("gpu timeline %s (ms after the first LayerGroupReady): job segs MiB | enter queued | gpu start..end | "
+               "seen reaped\n",
                name);
         while (fgets(line, sizeof line, f)) {
-                uint64_t job, segs, bytes, enter, queued, seen;
+                uint64_t job, segs, bytes, enter, queued, seen, reaped = 0;
                 double gs, ge;
                 int dev, err;
                 if (sscanf(line,
@@ -357,10 +369,13 @@ static unsigned print_timeline(const char *name, double t0) {
                            &job, &dev, &segs, &bytes, &enter, &queued, &gs, &ge, &seen, &err) != 10 ||
                     gs < 0)
                         continue;
+                for (size_t i = 0; i < n_reaps; i++)
+                        if (reaps[i].job == job)
+                                reaped = reaps[i].at;
                 double b = t0 * 1e6;
-                printf("  %3" PRIu64 " %5" PRIu64 " %5" PRIu64 " | %6.3f %6.3f | %6.3f..%6.3f | %6.3f%s\n", job, segs,
-                       bytes >> 20, (enter - b) / 1e3, (queued - b) / 1e3, (gs - b) / 1e3, (ge - b) / 1e3,
-                       (seen - b) / 1e3, err ? " error" : "");
+                printf("  %3" PRIu64 " %5" PRIu64 " %5" PRIu64 " | %6.3f %6.3f | %6.3f..%6.3f | %6.3f %6.3f%s\n", job,
+                       segs, bytes >> 20, (enter - b) / 1e3, (queued - b) / 1e3, (gs - b) / 1e3, (ge - b) / 1e3,
+                       (seen - b) / 1e3, reaped ? (reaped - b) / 1e3 : -1.0, err ? " error" : "");
                 if (first < 0)
                         first = gs;
                 if (last_end >= 0 && gs > last_end)
@@ -369,15 +384,67 @@ static unsigned print_timeline(const char *name, double t0) {
                 last_end = last_end < ge ? ge : last_end;
                 lag_sum += (double)seen - ge;
                 lag_max = lag_max < (double)seen - ge ? (double)seen - ge : lag_max;
+                if (reaped >= seen) {
+                        /* A job's last part: its reap follows that part's `seen`. */
+                        reap_lag_sum += (double)(reaped - seen);
+                        reap_lag_max = reap_lag_max < (double)(reaped - seen) ? (double)(reaped - seen) : reap_lag_max;
+                        n_reaped++;
+                }
                 n++;
         }
         fclose(f);
         if (n > 0)
                 printf("gpu timeline %s: %u parts; GPU first start %.3f, last end %.3f ms; busy %.3f ms, idle between "
-                       "parts %.3f ms; seen after the GPU's end: mean %.3f, max %.3f ms\n",
+                       "parts %.3f ms; seen after the GPU's end: mean %.3f, max %.3f ms; reaped by the loop after "
+                       "seen: mean %.3f, max %.3f ms (%u parts)\n",
                        name, n, (first - t0 * 1e6) / 1e3, (last_end - t0 * 1e6) / 1e3, busy / 1e3, idle / 1e3,
-                       lag_sum / n / 1e3, lag_max / 1e3);
+                       lag_sum / n / 1e3, lag_max / 1e3, n_reaped ? reap_lag_sum / n_reaped / 1e3 : 0,
+                       reap_lag_max / 1e3, n_reaped);
         return n;
+}
+
+/* The daemon under test (its CPU time per case: what its loop and its copy engine's
+ * completion thread cost, polling included). */
+static pid_t epdd_pid;
+
+/* CPU time of every thread of pid so far, ns (/proc/PID/task/TID/schedstat); 0 unknown. */
+static uint64_t process_cpu_ns(pid_t pid) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+        DIR *d = opendir(path);
+        uint64_t sum = 0;
+        struct dirent *de;
+        if (!d)
+                return 0;
+        while ((de = readdir(d))) {
+                char p[300];
+                unsigned long long ns;
+                if (de->d_name[0] == '.')
+                        continue;
+                snprintf(p, sizeof p, "/proc/%d/task/%s/schedstat", (int)pid, de->d_name);
+                FILE *f = fopen(p, "re");
+                if (f && fscanf(f, "%llu", &ns) == 1)
+                        sum += ns;
+                if (f)
+                        fclose(f);
+        }
+        closedir(d);
+        return sum;
+}
+
+/* How late a timer wakes this process up: 2000 sleeps of 50 µs, the median and the 99th
+ * percentile of the overshoot in µs (what the copy engine's completion thread pays for
+ * its naps, against the GPU interrupt's wake-up in the timeline's `seen`). */
+static void timer_wakeups(void) {
+        double v[2000];
+        for (size_t i = 0; i < ELEMENTSOF(v); i++) {
+                double t0 = now_sec();
+                (void)nanosleep(&(struct timespec) { .tv_nsec = 50000 }, NULL);
+                v[i] = (now_sec() - t0) * 1e6 - 50;
+        }
+        qsort(v, ELEMENTSOF(v), sizeof v[0], cmp_double);
+        printf("timer wake-up after a 50 us sleep: late by %.1f us median, %.1f us p99\n", v[ELEMENTSOF(v) / 2],
+               v[ELEMENTSOF(v) * 99 / 100]);
 }
 
 /* One of the daemon's copy counters (org.epd1.Gpu.CopyCounters); 0 when unknown. */
@@ -434,6 +501,7 @@ static void prefill_main(const char *address, int fd, int rows_fd, const Case *c
                 double raw = raw_copy(find(m, n_arenas, cs->dst), find(m, n_arenas, cs->src), bytes, pinned);
 
                 uint64_t strided0 = copy_counter(c, "strided-copies"), launches0 = copy_counter(c, "kernel-launches");
+                uint64_t cpu0 = process_cpu_ns(epdd_pid);
                 double v[REPS + 1], ready[MAX_GROUPS] = {}, landed[MAX_GROUPS] = {}, t0_last = 0;
                 char rid_last[33] = "";
                 bool ok = true;
@@ -474,9 +542,10 @@ static void prefill_main(const char *address, int fd, int rows_fd, const Case *c
                 char name[96];
                 snprintf(name, sizeof name, "%s%s", cs->name, tag);
                 put_row(rows_fd, name, bytes, median(v + 1, REPS), raw, 0.9, ok);
-                printf("copies %s: %" PRIu64 " 2D copies, %" PRIu64 " kernel launches in %d repetitions\n", name,
-                       copy_counter(c, "strided-copies") - strided0, copy_counter(c, "kernel-launches") - launches0,
-                       REPS + 1);
+                printf("copies %s: %" PRIu64 " 2D copies, %" PRIu64 " kernel launches in %d repetitions; epdd CPU "
+                       "%.2f ms a handoff (all its threads)\n",
+                       name, copy_counter(c, "strided-copies") - strided0, copy_counter(c, "kernel-launches") - launches0,
+                       REPS + 1, (double)(process_cpu_ns(epdd_pid) - cpu0) / 1e6 / (REPS + 1));
                 fflush(stdout);
                 if (cs->n_groups > 1) {
                         /* Where the time went in the last repetition, in ms after the first
@@ -656,6 +725,7 @@ static bool run(const char *epdd, const char *dir, const char *policy, unsigned 
         int sp[2];
         fflush(stdout); /* nothing buffered may be printed again by a child */
         pid_t epd = start_epdd(epdd, dir, policy, merge, address, sizeof address);
+        epdd_pid = epd;
         REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0, "socketpair");
         pid_t d = fork();
         if (d == 0) {
@@ -717,6 +787,7 @@ int main(int argc, char **argv) {
         REQUIRE(pipe2(rows, O_CLOEXEC | O_NONBLOCK) == 0, "pipe");
         printf("GPUs: %d; handoffs of %" PRIu64 " MiB (GPU) and %" PRIu64 " MiB (host), 2 MiB pages\n", n_gpus,
                S >> 20, SH >> 20);
+        timer_wakeups();
 
         bool ok = run(epdd, dir, "small", 8, " (CopyKernel=small)", small, ELEMENTSOF(small) - (n_gpus > 1 ? 0 : 1), true,
                       rows[1]);
@@ -727,22 +798,24 @@ int main(int argc, char **argv) {
         {
                 /* Where the 8-group row's time over the raw copy goes: the daemon's copy
                  * engine's own timeline of its last repetition (GPU start and end of each
-                 * part, when the host submitted it and saw it done), as it runs by default
-                 * with fewer of the queued groups merged into one batch (MergeGroups=4,
-                 * the default before 2026-12-06) and with more (their pieces of a page
-                 * coalesce: larger copies); 2D copies (StridedCopies=yes). */
+                 * part, when the host submitted it, when the completion thread saw it done
+                 * and the loop reaped it), as it runs by default; with the completion
+                 * thread sleeping in the blocking sync (CompletionSpin=0, the default
+                 * until 2026-12-06), and polling 2 ms a part; with fewer of the
+                 * queued groups merged (MergeGroups=4) and all of them behind the first
+                 * (MergeGroups=16, BatchesInFlight=1). */
                 static const struct {
                         unsigned merge;
                         const char *extra, *tag;
                         bool timeline;
                 } study[] = {
                         { 8, "", " (timeline)", true },
-                        { 8, "StridedCopies=yes\n", " (StridedCopies=yes)", false },
-                        { 4, "", " (MergeGroups=4, timeline)", true },
+                        { 8, "CompletionSpin=0\n", " (CompletionSpin=0, timeline)", true },
+                        { 8, "CompletionSpin=0\n", " (CompletionSpin=0)", false },
+                        { 8, "CompletionSpin=2ms\n", " (CompletionSpin=2ms)", false },
                         { 4, "", " (MergeGroups=4)", false },
                         { 16, "BatchesInFlight=1\n", " (MergeGroups=16, BatchesInFlight=1, timeline)", true },
                         { 16, "BatchesInFlight=1\n", " (MergeGroups=16, BatchesInFlight=1)", false },
-                        { 8, "BatchesInFlight=1\n", " (MergeGroups=8, BatchesInFlight=1)", false },
                 };
                 /* --quick (CI, the fake driver): the first, that the timeline works. */
                 for (size_t i = 0; i < (quick ? 1 : ELEMENTSOF(study)); i++) {

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "copy.h"
 #include "log.h"
 #include "macro.h"
 #include "parse-util.h"
@@ -646,6 +647,7 @@ int config_defaults(Config *c) {
                 .gpu_copy_kernel = 1, /* small: scattered pages through the batched copy kernel */
                 .gpu_merge_groups = 8,
                 .gpu_batches_in_flight = 2,
+                .gpu_completion_spin_usec = GPU_COPY_SPIN_USEC,
         };
         SchedConfig sc;
         sched_config_defaults(&sc);

@@ -4,7 +4,9 @@
  * host asked), and shipping each layer group as the prefill worker reports it ready:
  * planning its writes, posting them to the transport of the path, and their
  * completions. */
+#include "copy.h"
 #include "handoff/handoff-internal.h"
+#include "transport/cuda.h"
 
 /* ---- messages to the peer ---- */
 
@@ -191,6 +193,11 @@ static int post_group(HandoffObject *o, uint32_t g) {
  * next slice is planned while the GPU copies the one before. */
 #define GPU_SLICE_FIRST 256U
 #define GPU_SLICE_MAX 8192U
+/* Behind a batch still on the engine with at least as many bytes as a quarter of the
+ * largest slice, the first slice is that quarter: the GPU has work while it is planned
+ * (a quarter is planned in less time than the GPU takes to copy as much), and small
+ * parts cost the GPU more a byte (a part of 64 MiB took the H200 twice as long a byte
+ * as one of 1 GiB, bench/RESULTS.md 2026-12-06 20:31). */
 
 typedef struct GpuBatch {
         HandoffObject *o;
@@ -306,6 +313,13 @@ static int post_gpu_groups(HandoffObject *o, uint32_t first, uint32_t k) {
         }
         uint32_t step = MAX(GPU_SLICE_FIRST / MAX(per_page, 1U), 1U),
                  step_max = MAX(GPU_SLICE_MAX / MAX(per_page, 1U), 1U);
+        uint64_t batch_bytes = 0;
+        for (uint32_t m = 0; m < k; m++)
+                batch_bytes += h->groups[first + m].bytes_expected;
+        uint32_t quarter = MAX(MIN(step_max / 4, o->n_pages), 1U);
+        if (o->n_pages > 0 &&
+            gpu_copy_engine_bytes_in_flight(cuda_transport_engine(b.t)) >= batch_bytes / o->n_pages * quarter)
+                step = MAX(step, quarter);
         while (r >= 0 && p < o->n_pages) {
                 uint32_t n = MIN(step, o->n_pages - p);
                 r = post_gpu_slice(&b, p, n);

@@ -14,6 +14,10 @@
  *             context holds: a synchronous cuMemcpyDtoD returns after N ms, and an
  *             event waited for (behind asynchronous copies) completes N ms later.
  *             FAKE_CUDA_IMPORT_DELAY_MS=N: importing an exported allocation takes N ms.
+ *             FAKE_CUDA_EVENT_MS=N: an event is done N ms after it was recorded
+ *             (cuEventQuery says not ready before), and FAKE_CUDA_SYNC_LAG_MS=M makes
+ *             cuEventSynchronize return M ms after that, as a blocking-sync wake-up
+ *             that comes late; fake_cuda_event_queries counts the queries.
  *             FAKE_CUDA_KERNELS=1: any module loads, and the batched copy kernels
  *             (epd_copy_chunks, epd_copy_uniform) run on the host when launched: each
  *             descriptor's bytes copied as the kernel copies them. The KV kernels are
@@ -476,7 +480,32 @@ static CUresult f_stream_wait_event(void *stream, void *e, unsigned flags) {
         __atomic_add_fetch(&fake_cuda_stream_waits, 1, __ATOMIC_RELAXED);
         return OK; /* the streams run their work at once */
 }
+static long env_ms(const char *var) {
+        const char *d = getenv(var);
+        return d ? strtol(d, NULL, 10) : 0;
+}
+/* FAKE_CUDA_EVENT_MS: when the event is done (CLOCK_MONOTONIC ns); 0: at once. */
+static int64_t event_done_ns(const FakeEvent *f) {
+        long ms = env_ms("FAKE_CUDA_EVENT_MS");
+        if (ms <= 0 || !f->was_recorded)
+                return 0;
+        return (int64_t)f->recorded.tv_sec * 1000000000 + f->recorded.tv_nsec + (int64_t)ms * 1000000;
+}
+static int64_t mono_ns(void) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+/* Read by tests (dlsym): cuEventQuery calls. */
+unsigned long fake_cuda_event_queries;
 static CUresult f_event_sync(void *e) {
+        int64_t done = event_done_ns(e);
+        if (done > 0) {
+                int64_t at = done + (int64_t)env_ms("FAKE_CUDA_SYNC_LAG_MS") * 1000000;
+                struct timespec ts = { .tv_sec = at / 1000000000, .tv_nsec = at % 1000000000 };
+                while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+                        ;
+        }
         copy_delay();
         const char *fail = getenv("FAKE_CUDA_FAIL_EVENTS"), *copies = getenv("FAKE_CUDA_FAIL_COPIES");
         return (fail && strcmp(fail, "1") == 0) || (copies && strcmp(copies, "1") == 0)
@@ -488,8 +517,12 @@ static CUresult f_event_sync(void *e) {
 static CUresult f_event_query(void *e) {
         const char *fail = getenv("FAKE_CUDA_FAIL_EVENTS"), *copies = getenv("FAKE_CUDA_FAIL_COPIES");
         const char *delay = getenv("FAKE_CUDA_COPY_DELAY_MS");
+        __atomic_add_fetch(&fake_cuda_event_queries, 1, __ATOMIC_RELAXED);
         if ((fail && strcmp(fail, "1") == 0) || (copies && strcmp(copies, "1") == 0))
                 return 700;
+        int64_t done = event_done_ns(e);
+        if (done > 0 && mono_ns() < done)
+                return 600;
         return delay && strtol(delay, NULL, 10) > 0 ? 600 /* CUDA_ERROR_NOT_READY */ : OK;
 }
 static CUresult f_event_elapsed(float *ms, void *a, void *b) {

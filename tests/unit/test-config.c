@@ -23,7 +23,7 @@ START_TEST(test_defaults) {
         ck_assert_int_eq(c.gpu_copy_kernel, 1); /* small */
         ck_assert_uint_eq(c.gpu_merge_groups, 8);
         ck_assert_uint_eq(c.gpu_batches_in_flight, 2);
-        ck_assert_uint_eq(c.gpu_completion_spin_usec, 0);
+        ck_assert_uint_eq(c.gpu_completion_spin_usec, 200);
         ck_assert(!c.gpu_strided_copies);
         config_done(&c);
 }

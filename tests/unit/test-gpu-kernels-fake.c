@@ -7,8 +7,12 @@
  * every write completed once with its own cookie. What the kernels do on a real GPU is
  * tested on the device machine (bench/gpu/run-device.sh). */
 #include <check.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,9 +100,17 @@ START_TEST(test_small_writes_go_to_the_kernel_in_parts) {
         setup(&f);
         uint64_t launches = gpu_copy_engine_stats(f.e)->kernel_launches;
         uint64_t bytes = f.t->stats.bytes;
+        void *lib = dlopen(fake(), RTLD_NOW | RTLD_NOLOAD);
+        ck_assert_ptr_nonnull(lib);
+        const unsigned long *waits = dlsym(lib, "fake_cuda_stream_waits");
+        ck_assert_ptr_nonnull(waits);
+        unsigned long waits0 = __atomic_load_n(waits, __ATOMIC_RELAXED);
         run_and_check(&f);
-        /* Parts of 256, 512, 1024, 2048, 4096 writes, then the rest (2064): one launch each. */
+        /* Parts of 256, 512, 1024, 2048, 4096 writes, then the rest (2064): one launch each,
+         * each behind its descriptors' upload on the upload stream (a wait a launch). */
         ck_assert_uint_eq(gpu_copy_engine_stats(f.e)->kernel_launches - launches, 6);
+        ck_assert_uint_eq(__atomic_load_n(waits, __ATOMIC_RELAXED) - waits0, 6);
+        dlclose(lib);
         ck_assert_uint_eq(f.t->stats.bytes - bytes, (uint64_t)N * PIECE);
 
         /* Other part sizes: the same bytes, a launch per part: 16 + 32 + 40 x 249 (the
@@ -407,6 +419,8 @@ START_TEST(test_timeline_has_a_line_per_part) {
         setup(&f);
         int fd = memfd_create("timeline", MFD_CLOEXEC);
         ck_assert_int_ge(fd, 0);
+        /* Two threads write it (the completion thread, the reaper): whole lines at its end. */
+        ck_assert_int_eq(fcntl(fd, F_SETFL, O_APPEND), 0);
         ck_assert_int_eq(gpu_copy_engine_set_timeline(f.e, fd), 0);
         ck_assert_int_eq(gpu_copy_engine_set_timeline(f.e, fd), -EALREADY);
         run_and_check(&f);
@@ -416,12 +430,21 @@ START_TEST(test_timeline_has_a_line_per_part) {
         FILE *in = fdopen(fd, "r");
         ck_assert_ptr_nonnull(in);
         char line[512];
-        unsigned n = 0;
-        uint64_t segs_sum = 0, bytes_sum = 0, last_job = 0;
+        unsigned n = 0, reaps = 0;
+        uint64_t segs_sum = 0, bytes_sum = 0, last_job = 0, seen_of[16] = {}, reaped_at[16] = {};
         while (fgets(line, sizeof line, in)) {
-                uint64_t job, segs, bytes, enter, queued, seen;
+                uint64_t job, segs, bytes, enter, queued, seen, at;
                 double gs, ge;
                 int dev, err;
+                if (sscanf(line, "reap job=%" SCNu64 " at=%" SCNu64, &job, &at) == 2) {
+                        /* The caller took the job (once): after its part's line. */
+                        ck_assert(job >= 1 && job <= 12);
+                        ck_assert_uint_eq(reaped_at[job], 0);
+                        ck_assert_uint_gt(seen_of[job], 0);
+                        reaped_at[job] = at;
+                        reaps++;
+                        continue;
+                }
                 ck_assert_int_eq(sscanf(line,
                                         "part job=%" SCNu64 " dev=%d segs=%" SCNu64 " bytes=%" SCNu64
                                         " enter=%" SCNu64 " queued=%" SCNu64 " gpu_start=%lf gpu_end=%lf seen=%" SCNu64
@@ -440,10 +463,15 @@ START_TEST(test_timeline_has_a_line_per_part) {
                 ck_assert(ge <= (double)seen + 1000);   /* µs of slack, not more */
                 segs_sum += segs;
                 bytes_sum += bytes;
+                ck_assert(job >= 1 && job <= 12);
+                seen_of[job] = seen;
                 n++;
         }
         fclose(in);
         ck_assert_uint_eq(n, 12); /* 256, 512, 1024, 2048, 4096, 2064 writes, twice */
+        ck_assert_uint_eq(reaps, 12);
+        for (unsigned j = 1; j <= 12; j++)
+                ck_assert_uint_ge(reaped_at[j], seen_of[j]);
         ck_assert_uint_eq(segs_sum, 2ULL * N);
         ck_assert_uint_eq(bytes_sum, 2ULL * N * PIECE);
         teardown(&f);
@@ -454,6 +482,114 @@ START_TEST(test_timeline_has_a_line_per_part) {
         fd = memfd_create("timeline", MFD_CLOEXEC);
         ck_assert_int_eq(gpu_copy_engine_set_timeline(f.e, fd), -EBUSY);
         close(fd);
+        teardown(&f);
+}
+END_TEST
+
+/* The completion thread's pace (pure): unknown until a part is seen; a part queued
+ * behind the last one starts at its end; a faster part raises the pace at once, a
+ * slower one lowers it an eighth of the way; a part that ended before the thread woke
+ * from its timer raises it by half; a part seen after the blocking sync, one too small
+ * or too short teaches nothing but its end; no pace above the cap; a part still running
+ * when the polling gave up caps the pace at its bytes over that time. */
+START_TEST(test_pace_predicts_and_learns) {
+        const uint64_t B = 64ULL << 20;
+        GpuCopyPace p = {};
+        ck_assert_uint_eq(gpu_copy_pace_predict(&p, 1000, B), 0);
+        gpu_copy_pace_observe(&p, 1000, B, 1100, GPU_COPY_SEEN_POLLING, 0); /* 64 MiB in 100 µs */
+        ck_assert(p.bytes_per_usec == (double)B / 100);
+        ck_assert_uint_eq(p.last_end_usec, 1100);
+        ck_assert_uint_eq(gpu_copy_pace_predict(&p, 1050, B), 1200);     /* behind the last */
+        ck_assert_uint_eq(gpu_copy_pace_predict(&p, 2000, B / 2), 2050); /* from its queueing */
+        double r = p.bytes_per_usec;
+        gpu_copy_pace_observe(&p, 2000, B, 2200, GPU_COPY_SEEN_POLLING, 0); /* half as fast */
+        ck_assert(fabs(p.bytes_per_usec - (r + (r / 2 - r) / 8)) < 1e-6);
+        gpu_copy_pace_observe(&p, 3000, B, 3050, GPU_COPY_SEEN_POLLING, 0); /* twice as fast */
+        ck_assert(p.bytes_per_usec == (double)B / 50);
+        r = p.bytes_per_usec;
+        gpu_copy_pace_observe(&p, 4000, B, 9000, GPU_COPY_SEEN_OVERSLEPT, 0); /* overslept */
+        ck_assert(p.bytes_per_usec == r * 1.5);
+        ck_assert_uint_eq(p.last_end_usec, 9000);
+        r = p.bytes_per_usec;
+        gpu_copy_pace_observe(&p, 10000, B, 90000, GPU_COPY_SEEN_LATE, 0); /* late: the end only */
+        ck_assert(p.bytes_per_usec == r);
+        ck_assert_uint_eq(p.last_end_usec, 90000);
+        gpu_copy_pace_observe(&p, 100000, 4096, 100500, GPU_COPY_SEEN_POLLING, 0); /* too small */
+        gpu_copy_pace_observe(&p, 200000, B, 200010, GPU_COPY_SEEN_POLLING, 0);    /* too short */
+        ck_assert(p.bytes_per_usec == r);
+        ck_assert_uint_eq(p.last_end_usec, 200010);
+        GpuCopyPace q = {};
+        gpu_copy_pace_observe(&q, 0, 1ULL << 40, 25, GPU_COPY_SEEN_POLLING, 0);
+        ck_assert(q.bytes_per_usec == GPU_COPY_PACE_MAX);
+        /* Late, but still running when the polling gave up 40 ms after it started: no
+         * faster than B in 40 ms; a slower pace stays; an unknown one is set. */
+        r = p.bytes_per_usec;
+        gpu_copy_pace_observe(&p, 300000, B, 400000, GPU_COPY_SEEN_LATE, 340000);
+        ck_assert(p.bytes_per_usec == (double)B / 40000);
+        ck_assert_uint_eq(p.last_end_usec, 400000);
+        gpu_copy_pace_observe(&p, 500000, B, 600000, GPU_COPY_SEEN_LATE, 501000);
+        ck_assert(p.bytes_per_usec == (double)B / 40000);
+        GpuCopyPace u = {};
+        gpu_copy_pace_observe(&u, 0, B, 90000, GPU_COPY_SEEN_LATE, 20000);
+        ck_assert(u.bytes_per_usec == (double)B / 20000);
+}
+END_TEST
+
+/* One 1 MiB copy through the engine, its event done 10 ms after it was recorded and
+ * the blocking sync's wake-up 30 ms after that (FAKE_CUDA_EVENT_MS, _SYNC_LAG_MS): how
+ * long from its submission until the completion fd said so, in µs. */
+static uint64_t one_paced_copy(Fixture *f) {
+        GpuCopySeg seg = { .src = f->a->gpu, .dst = f->b->gpu, .src_offset = 0, .dst_offset = 1 << 20,
+                           .length = 1 << 20 };
+        struct pollfd pfd = { .fd = gpu_copy_engine_fd(f->e), .events = POLLIN };
+        GpuCopyDone d;
+        uint64_t t0 = now_usec(CLOCK_MONOTONIC);
+        ck_assert_int_eq(gpu_copy_submit(f->e, &seg, 1, 77), 0);
+        while (gpu_copy_reap(f->e, &d, 1) == 0)
+                ck_assert_int_eq(poll(&pfd, 1, 5000), 1);
+        ck_assert_int_eq(d.error, 0);
+        ck_assert_uint_eq(d.cookie, 77);
+        return now_usec(CLOCK_MONOTONIC) - t0;
+}
+
+/* The completion thread is awake when a part ends instead of waiting for a late
+ * interrupt: the first part, before any pace, is found by polling and naps within a
+ * few ms of its end; from then on the thread sleeps on its timer until shortly before
+ * the predicted end (the pace learned: 1 MiB in about 10 ms); each part is seen within
+ * a few ms of its end. With CompletionSpin=0 every part waits for the blocking sync,
+ * which comes 30 ms late. Then parts longer than the naps. */
+START_TEST(test_completion_awake_before_a_late_interrupt) {
+        Fixture f = {};
+        setup(&f);
+        ck_assert_int_eq(setenv("FAKE_CUDA_EVENT_MS", "10", 1), 0);
+        ck_assert_int_eq(setenv("FAKE_CUDA_SYNC_LAG_MS", "30", 1), 0);
+        for (int i = 0; i < 4; i++) {
+                uint64_t t = one_paced_copy(&f);
+                ck_assert_uint_ge(t, 10000);
+                ck_assert_uint_lt(t, 25000); /* the late sync: 40 ms (slack for a loaded CI) */
+                GpuCopyPace p;
+                ck_assert_int_eq(gpu_copy_engine_pace(f.e, 0, GPU_COPY_SAME_GPU, &p), 0);
+                /* About 1 MiB in 10 ms, leaning fast (a part that ended before the
+                 * thread woke raises it by half). */
+                ck_assert(p.bytes_per_usec > (1 << 20) / 15000.0 && p.bytes_per_usec < (1 << 20) / 3000.0);
+        }
+        gpu_copy_engine_set_spin(f.e, 0);
+        ck_assert_uint_ge(one_paced_copy(&f), 40000);
+
+        /* Parts of 60 ms, longer than the naps (20 ms past the window): the first waits
+         * for the late sync, and caps the pace at its bytes over the time the naps gave
+         * up; the thread then sleeps that far before its naps, and within a few parts it
+         * is awake when they end. */
+        gpu_copy_engine_set_spin(f.e, GPU_COPY_SPIN_USEC);
+        ck_assert_int_eq(setenv("FAKE_CUDA_EVENT_MS", "60", 1), 0);
+        ck_assert_uint_ge(one_paced_copy(&f), 85000);
+        uint64_t t = 0;
+        for (int i = 0; i < 4; i++)
+                t = one_paced_copy(&f);
+        ck_assert_uint_ge(t, 60000);
+        ck_assert_uint_lt(t, 75000); /* the late sync: 90 ms */
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_EVENT_MS"), 0);
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_SYNC_LAG_MS"), 0);
         teardown(&f);
 }
 END_TEST
@@ -579,6 +715,8 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_unregister_waits_only_for_its_own_copies);
         tcase_add_test(tc, test_unregister_waits_for_wide_batches);
         tcase_add_test(tc, test_timeline_has_a_line_per_part);
+        tcase_add_test(tc, test_pace_predicts_and_learns);
+        tcase_add_test(tc, test_completion_awake_before_a_late_interrupt);
         tcase_add_test(tc, test_evenly_spaced_pieces_go_as_2d_copies);
         tcase_add_test(tc, test_run_length);
         suite_add_tcase(s, tc);
