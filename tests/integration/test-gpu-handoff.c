@@ -900,7 +900,11 @@ START_TEST(test_sliced_batches) {
         slices = counter(p, "gpu-slices");
         queued_handoff_n(p, d, 62, 0, 0, NULL, NULL, &b, &merged, BIG_PAGES); /* reported one by one */
         ck_assert_uint_eq(b, 4);
-        ck_assert_uint_eq(counter(p, "gpu-slices") - slices, 8);
+        /* Each in 2 slices with the engine idle (the fake driver's copies are done when
+         * the next LayerGroupReady comes), in 1 behind the group before still copying
+         * (a real GPU's). */
+        ck_assert_uint_ge(counter(p, "gpu-slices") - slices, 5);
+        ck_assert_uint_le(counter(p, "gpu-slices") - slices, 8);
         /* A batch of few pages is one slice. */
         slices = counter(p, "gpu-slices");
         queued_handoff(p, d, 63, 4, 0, NULL, NULL, &b, &merged);
