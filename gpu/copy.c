@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -52,8 +53,8 @@ typedef struct DeviceLane {
         CUevent tl_ref;
         uint64_t tl_ref_usec;
         uint64_t max_pitch;          /* of a 2D copy (0: none) */
-        /* The completion thread's own (no lock): each path's pace, which places the
-         * end of its next part (gpu_copy_pace_predict()). */
+        /* Each path's pace, which places the end of its next part
+         * (gpu_copy_pace_predict()): written by the completion thread under the lock. */
         GpuCopyPace pace[_GPU_COPY_PATH_MAX];
 } DeviceLane;
 
@@ -201,42 +202,69 @@ uint64_t gpu_copy_pace_predict(const GpuCopyPace *p, uint64_t queued_usec, uint6
         return start + (uint64_t)((double)bytes / p->bytes_per_usec);
 }
 
+/* The pace becomes at least v (a part went at least that fast). */
+static void pace_raise(GpuCopyPace *p, double v) {
+        if (v > p->bytes_per_usec)
+                p->bytes_per_usec = MIN(v, GPU_COPY_PACE_MAX);
+}
+
 void gpu_copy_pace_observe(GpuCopyPace *p, uint64_t queued_usec, uint64_t bytes, uint64_t seen_usec, GpuCopySeen how,
-                           uint64_t gave_up_usec) {
+                           uint64_t look_usec) {
         uint64_t start = MAX(queued_usec, p->last_end_usec);
+        bool sized = bytes >= GPU_COPY_PACE_MIN_BYTES;
 
         switch (how) {
-        case GPU_COPY_SEEN_LATE:
-                /* Seen at a wake-up of unknown lateness; but it had not ended when the
-                 * polling gave up: no faster than that. */
-                if (bytes >= GPU_COPY_PACE_MIN_BYTES && gave_up_usec >= start + GPU_COPY_PACE_MIN_USEC) {
-                        double bound = (double)bytes / (double)(gave_up_usec - start);
-                        if (p->bytes_per_usec <= 0 || p->bytes_per_usec > bound)
-                                p->bytes_per_usec = bound;
-                }
+        case GPU_COPY_SEEN_AT_ONCE:
+                /* Ended by the first look, which may come long after (the thread was on
+                 * another part): it took at most this long, so it went at least this
+                 * fast; a pace not known yet stays so. */
+                if (sized && p->bytes_per_usec > 0 && seen_usec > start)
+                        pace_raise(p, (double)bytes / (double)(seen_usec - start));
                 break;
         case GPU_COPY_SEEN_OVERSLEPT:
-                /* It ended before the thread woke: faster than thought, by how much is
-                 * not known (the time seen is the wake-up's). */
+                /* Ended before the thread woke from its timer at look_usec: faster than
+                 * thought, by how much is not known. */
                 if (p->bytes_per_usec > 0)
-                        p->bytes_per_usec = MIN(p->bytes_per_usec * 1.5, GPU_COPY_PACE_MAX);
+                        pace_raise(p, p->bytes_per_usec * 1.5);
+                if (sized && look_usec > start)
+                        pace_raise(p, (double)bytes / (double)(look_usec - start));
                 break;
         case GPU_COPY_SEEN_POLLING:
-                if (bytes >= GPU_COPY_PACE_MIN_BYTES && seen_usec >= start + GPU_COPY_PACE_MIN_USEC) {
+                if (sized && seen_usec >= start + GPU_COPY_PACE_MIN_USEC) {
                         double v = (double)bytes / (double)(seen_usec - start);
-                        p->bytes_per_usec = v > p->bytes_per_usec ? MIN(v, GPU_COPY_PACE_MAX)
-                                                                 : p->bytes_per_usec + (v - p->bytes_per_usec) / 8;
+                        if (v > p->bytes_per_usec)
+                                pace_raise(p, v);
+                        else
+                                p->bytes_per_usec += (v - p->bytes_per_usec) / 8;
+                }
+                break;
+        case GPU_COPY_SEEN_LATE:
+                /* Seen at a wake-up of unknown lateness; but it was still running at the
+                 * last look (look_usec): no faster than that. A pace not known yet starts
+                 * there; a known one falls an eighth of the way, as for a slower part
+                 * (one part held up behind other work must not make the next ones wait
+                 * for a timer long after their end). */
+                if (sized && look_usec >= start + GPU_COPY_PACE_MIN_USEC) {
+                        double bound = (double)bytes / (double)(look_usec - start);
+                        if (p->bytes_per_usec <= 0)
+                                p->bytes_per_usec = bound;
+                        else if (p->bytes_per_usec > bound)
+                                p->bytes_per_usec += (bound - p->bytes_per_usec) / 8;
                 }
                 break;
         }
         p->last_end_usec = MAX(p->last_end_usec, seen_usec);
 }
 
-/* Longest the completion thread sleeps on its timer before a part's predicted end:
- * a bound, should a prediction ever be far off (it polls and naps from then on). */
-#define PACE_SLEEP_MAX_USEC 1000000U
+/* Longest the completion thread sleeps on its timer before a part's predicted end
+ * (then it polls and naps): parts longer than this and the naps together are left to
+ * the blocking sync, whose late wake-up is small beside them. */
+#define PACE_SLEEP_MAX_USEC 20000U
 /* A sleep shorter than this is not worth the timer: poll instead. */
 #define PACE_SLEEP_MIN_USEC 20U
+/* How late a timer may wake the thread (its timer slack is set to the least): it wakes
+ * this much earlier, and polls this much longer. */
+#define PACE_TIMER_LATE_USEC 50U
 /* Past its polling window a part is looked at every NAP µs (a timer's wake-up, not the
  * interrupt's), for up to NAP_MAX µs; then the blocking sync. */
 #define PACE_NAP_USEC 50U
@@ -249,45 +277,50 @@ static void sleep_until(uint64_t usec) {
 }
 
 /* A part's event, waited for by the completion thread. With spin_usec > 0
- * (gpu_copy_engine_set_spin()): when the path's pace places the part's end more than
- * half of spin_usec away, the thread sleeps on its timer until then; it polls the
- * event for up to spin_usec, then every PACE_NAP_USEC for up to PACE_NAP_MAX_USEC, and
- * only then waits with the blocking sync (which sleeps until the GPU's interrupt wakes
- * it: 0.1 to 0.7 ms late on some machines, 0.02 ms on others). spin_usec 0: the
- * blocking sync at once. */
+ * (gpu_copy_engine_set_spin()): when the path's pace places the part's end further away
+ * than half of spin_usec (and the timer's lateness), the thread sleeps on its timer
+ * until then; it polls the event for up to spin_usec (and the timer's lateness), then
+ * every PACE_NAP_USEC for up to PACE_NAP_MAX_USEC, and only then waits with the blocking
+ * sync (which sleeps until the GPU's interrupt wakes it: 0.1 to 0.7 ms late on some
+ * machines, 0.02 ms on others). spin_usec 0: the blocking sync at once. *how says how it
+ * was seen (gpu_copy_pace_observe()); *look: when it was last seen running (LATE), or
+ * when the thread woke from its timer (OVERSLEPT). */
 static int event_wait(GpuSystem *s, const Watch *w, const GpuCopyPace *pace, unsigned spin_usec, GpuCopySeen *how,
-                      uint64_t *gave_up) {
-        uint64_t now = now_usec(CLOCK_MONOTONIC), end;
-        bool slept = false;
+                      uint64_t *look) {
+        uint64_t now = now_usec(CLOCK_MONOTONIC), end, lead = spin_usec / 2 + PACE_TIMER_LATE_USEC;
+        bool first = true, slept = false;
         CUresult q;
 
         *how = GPU_COPY_SEEN_LATE;
-        *gave_up = 0;
+        *look = 0;
         if (spin_usec == 0)
                 return CU(s->driver, cuEventSynchronize, w->event);
         end = gpu_copy_pace_predict(pace, w->queued_usec, w->bytes);
-        if (end > now + spin_usec / 2 + PACE_SLEEP_MIN_USEC) {
+        if (end > now + lead + PACE_SLEEP_MIN_USEC) {
                 q = s->driver->cuEventQuery(w->event);
                 if (q != CUDA_ERROR_NOT_READY) {
-                        *how = GPU_COPY_SEEN_POLLING;
+                        *how = GPU_COPY_SEEN_AT_ONCE;
                         return q == CUDA_SUCCESS ? 0 : cuda_check(s->driver, q, "cuEventQuery");
                 }
-                sleep_until(MIN(end - spin_usec / 2, now + PACE_SLEEP_MAX_USEC));
+                first = false;
+                sleep_until(MIN(end - lead, now + PACE_SLEEP_MAX_USEC));
                 slept = true;
                 now = now_usec(CLOCK_MONOTONIC);
+                *look = now;
         }
-        for (uint64_t spin_end = now + spin_usec, nap_end = spin_end + PACE_NAP_MAX_USEC;;) {
+        for (uint64_t spin_end = now + spin_usec + PACE_TIMER_LATE_USEC, nap_end = spin_end + PACE_NAP_MAX_USEC;;) {
+                /* The clock before the look: running then, if the look says so. */
+                uint64_t before = now_usec(CLOCK_MONOTONIC);
                 q = s->driver->cuEventQuery(w->event);
                 if (q != CUDA_ERROR_NOT_READY) {
-                        *how = slept ? GPU_COPY_SEEN_OVERSLEPT : GPU_COPY_SEEN_POLLING;
+                        *how = slept ? GPU_COPY_SEEN_OVERSLEPT : first ? GPU_COPY_SEEN_AT_ONCE : GPU_COPY_SEEN_POLLING;
                         return q == CUDA_SUCCESS ? 0 : cuda_check(s->driver, q, "cuEventQuery");
                 }
-                slept = false;
+                first = slept = false;
+                *look = before;
                 now = now_usec(CLOCK_MONOTONIC);
-                if (now >= nap_end) {
-                        *gave_up = now;
+                if (now >= nap_end)
                         return CU(s->driver, cuEventSynchronize, w->event);
-                }
                 if (now >= spin_end)
                         sleep_until(now + PACE_NAP_USEC);
         }
@@ -322,6 +355,10 @@ static void *waiter_thread(void *userdata) {
         GpuSystem *s = e->system;
         int current = -1;
 
+        /* Its timers (the sleeps before a part's end, the naps) as exact as the kernel
+         * makes them: a thread's default slack lets them fire 50 µs late. */
+        (void)prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+
         pthread_mutex_lock(&e->lock);
         for (;;) {
                 while (e->n_watches == 0 && !e->stopping)
@@ -338,11 +375,11 @@ static void *waiter_thread(void *userdata) {
                  * arenas and pages could go under a copy still running. */
                 DeviceLane *l = &e->lanes[w.dev];
                 GpuCopySeen how;
-                uint64_t gave_up;
+                uint64_t look;
                 /* The pace is written by this thread alone, under the lock (read by
                  * gpu_copy_engine_pace()): read here without it. */
                 int r = event_wait(s, &w, &l->pace[w.path], __atomic_load_n(&e->spin_usec, __ATOMIC_RELAXED), &how,
-                                   &gave_up);
+                                   &look);
                 uint64_t seen = now_usec(CLOCK_MONOTONIC);
                 if (w.start) {
                         timeline_write(e, &w, r);
@@ -351,7 +388,7 @@ static void *waiter_thread(void *userdata) {
 
                 pthread_mutex_lock(&e->lock);
                 if (r >= 0)
-                        gpu_copy_pace_observe(&l->pace[w.path], w.queued_usec, w.bytes, seen, how, gave_up);
+                        gpu_copy_pace_observe(&l->pace[w.path], w.queued_usec, w.bytes, seen, how, look);
                 e->watch_head = (e->watch_head + 1) % e->watch_cap;
                 e->n_watches--;
                 l->spare_events[l->n_spare_events++] = w.event; /* room: see watch_add() */
@@ -918,8 +955,9 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                         }
                         for (size_t k = 0; k < used; k++) {
                                 /* The timeline's start event is on the first stream. */
-                                /* Spread over `used` streams: each carries about its share. */
-                                r = watch_add(e, (int)dev, (GpuCopyPath)p, streams[k], j, bytes / used,
+                                /* Spread over several streams, parts run side by side: the
+                                 * pace (one part after another) says nothing of them. */
+                                r = watch_add(e, (int)dev, (GpuCopyPath)p, streams[k], j, used > 1 ? 0 : bytes,
                                               k == 0 && tl.start ? &tl : NULL);
                                 if (r >= 0 && k == 0)
                                         tl.start = NULL; /* the watch has it */

@@ -150,9 +150,11 @@ void gpu_copy_engine_set_d2d_streams(GpuCopyEngine *e, unsigned n);
 /* How long the completion thread polls a part's event (cuEventQuery) around the part's
  * expected end (0: it sleeps in the blocking-sync wait at once, woken by the GPU's
  * interrupt). The end is placed by the pace the thread learned of the part's path
- * (gpu_copy_pace_predict()): the thread sleeps on its timer until shortly before it;
- * until the pace is known, or when the end is near, it polls at once. Past the window
- * it looks every 50 µs (timer naps) for up to 20 ms, then takes the blocking sync.
+ * (gpu_copy_pace_predict()): the thread sleeps on its timer (for at most 20 ms) until
+ * half the window and 50 µs (a timer's lateness) before it; until the pace is known, or
+ * when the end is near, it polls at once. Past the window it looks every 50 µs (timer
+ * naps) for up to 20 ms, then takes the blocking sync. Parts spread over several
+ * streams (gpu_copy_engine_set_d2d_streams()) run side by side: no pace for them.
  * The interrupt's wake-up took 0.1 to 0.7 ms on the H200 of bench/RESULTS.md (2026-12-06
  * 20:31), against 0.02 ms on another H200 before: on such a machine every part of a
  * handoff lands that much late, and the last one adds it to the handoff. Default 200 µs:
@@ -193,18 +195,22 @@ typedef struct GpuCopyPace {
 uint64_t gpu_copy_pace_predict(const GpuCopyPace *p, uint64_t queued_usec, uint64_t bytes);
 /* How the completion thread saw a part end. */
 typedef enum GpuCopySeen {
-        GPU_COPY_SEEN_POLLING,   /* while polling (or between naps): the time seen is the end's */
+        GPU_COPY_SEEN_AT_ONCE,   /* done at its first look, which may come long after its end */
+        GPU_COPY_SEEN_POLLING,   /* after a look saw it running, within a poll or a nap: the end */
         GPU_COPY_SEEN_OVERSLEPT, /* it had ended when the thread woke from its timer */
         GPU_COPY_SEEN_LATE,      /* after the blocking sync, whose wake-up may come long after */
 } GpuCopySeen;
 /* Pure: learns from a part seen ended at seen_usec. Seen polling: a faster part raises
  * the pace to its own at once, a slower one lowers it an eighth of the way (a predicted
- * end should fall early, not late). Overslept: the pace rises by half (the time seen is
- * the wake-up's). Late: the part was still running when the polling gave up at
- * gave_up_usec, so the pace is at most its bytes over that time (0: gave up at once,
- * nothing learned). A part too small or too short, and a failed one, teach only its end. */
+ * end should fall early, not late). At once: the part went at least as fast as its time
+ * to seen_usec says, which can only raise a known pace. Overslept (woke from the timer
+ * at look_usec): the pace rises by half, and to at least what the wake-up's time says.
+ * Late: the part was still running at the last look (look_usec), so it went no faster
+ * than that: a pace not known starts there, a faster one falls an eighth of the way. A
+ * part under GPU_COPY_PACE_MIN_BYTES, or shorter than GPU_COPY_PACE_MIN_USEC, teaches
+ * only its end. */
 void gpu_copy_pace_observe(GpuCopyPace *p, uint64_t queued_usec, uint64_t bytes, uint64_t seen_usec, GpuCopySeen how,
-                           uint64_t gave_up_usec);
+                           uint64_t look_usec);
 /* The pace the completion thread learned of a path of GPU dev (a diagnostic). */
 int gpu_copy_engine_pace(GpuCopyEngine *e, int dev, GpuCopyPath path, GpuCopyPace *ret);
 

@@ -343,17 +343,38 @@ static unsigned print_timeline(const char *name, double t0) {
         double busy = 0, idle = 0, lag_max = 0, lag_sum = 0, first = -1, last_end = -1, reap_lag_max = 0;
         double reap_lag_sum = 0;
         unsigned n = 0, n_reaped = 0;
-        /* The loop's reaps first (a job's line may come before or after its parts'). */
-        struct { uint64_t job, at; } reaps[512];
-        size_t n_reaps = 0;
+        /* Per job: when the loop reaped it, when its last part was seen (a job's reap line
+         * may come before or after its parts' lines). */
+        enum { JOBS = 4096 };
+        static struct { uint64_t job, at, seen; } jobs[JOBS];
+        size_t n_jobs = 0;
         if (!f) {
                 printf("gpu timeline %s: none (%m)\n", name);
                 return 0;
         }
         while (fgets(line, sizeof line, f)) {
-                uint64_t job, at;
-                if (n_reaps < ELEMENTSOF(reaps) && sscanf(line, "reap job=%" SCNu64 " at=%" SCNu64, &job, &at) == 2)
-                        reaps[n_reaps].job = job, reaps[n_reaps++].at = at;
+                uint64_t job, at, u;
+                double d;
+                int x;
+                bool reap = sscanf(line, "reap job=%" SCNu64 " at=%" SCNu64, &job, &at) == 2;
+                bool part = !reap && sscanf(line,
+                                            "part job=%" SCNu64 " dev=%d segs=%" SCNu64 " bytes=%" SCNu64
+                                            " enter=%" SCNu64 " queued=%" SCNu64 " gpu_start=%lf gpu_end=%lf seen=%" SCNu64,
+                                            &job, &x, &u, &u, &u, &u, &d, &d, &at) == 9;
+                if (!reap && !part)
+                        continue;
+                size_t i = 0;
+                while (i < n_jobs && jobs[i].job != job)
+                        i++;
+                if (i == n_jobs) {
+                        if (n_jobs == JOBS)
+                                continue;
+                        jobs[n_jobs++] = (typeof(jobs[0])) { .job = job };
+                }
+                if (reap)
+                        jobs[i].at = at;
+                else if (at > jobs[i].seen)
+                        jobs[i].seen = at;
         }
         rewind(f);
         printf("gpu timeline %s (ms after the first LayerGroupReady): job segs MiB | enter queued | gpu start..end | "
@@ -369,9 +390,9 @@ static unsigned print_timeline(const char *name, double t0) {
                            &job, &dev, &segs, &bytes, &enter, &queued, &gs, &ge, &seen, &err) != 10 ||
                     gs < 0)
                         continue;
-                for (size_t i = 0; i < n_reaps; i++)
-                        if (reaps[i].job == job)
-                                reaped = reaps[i].at;
+                for (size_t i = 0; i < n_jobs; i++)
+                        if (jobs[i].job == job)
+                                reaped = jobs[i].at;
                 double b = t0 * 1e6;
                 printf("  %3" PRIu64 " %5" PRIu64 " %5" PRIu64 " | %6.3f %6.3f | %6.3f..%6.3f | %6.3f %6.3f%s\n", job,
                        segs, bytes >> 20, (enter - b) / 1e3, (queued - b) / 1e3, (gs - b) / 1e3, (ge - b) / 1e3,
@@ -384,19 +405,21 @@ static unsigned print_timeline(const char *name, double t0) {
                 last_end = last_end < ge ? ge : last_end;
                 lag_sum += (double)seen - ge;
                 lag_max = lag_max < (double)seen - ge ? (double)seen - ge : lag_max;
-                if (reaped >= seen) {
-                        /* A job's last part: its reap follows that part's `seen`. */
-                        reap_lag_sum += (double)(reaped - seen);
-                        reap_lag_max = reap_lag_max < (double)(reaped - seen) ? (double)(reaped - seen) : reap_lag_max;
-                        n_reaped++;
-                }
                 n++;
         }
         fclose(f);
+        /* The loop's lag: from a job's last part seen done to its reap. */
+        for (size_t i = 0; i < n_jobs; i++)
+                if (jobs[i].at && jobs[i].seen && jobs[i].at >= jobs[i].seen) {
+                        double l = (double)(jobs[i].at - jobs[i].seen);
+                        reap_lag_sum += l;
+                        reap_lag_max = reap_lag_max < l ? l : reap_lag_max;
+                        n_reaped++;
+                }
         if (n > 0)
                 printf("gpu timeline %s: %u parts; GPU first start %.3f, last end %.3f ms; busy %.3f ms, idle between "
                        "parts %.3f ms; seen after the GPU's end: mean %.3f, max %.3f ms; reaped by the loop after "
-                       "seen: mean %.3f, max %.3f ms (%u parts)\n",
+                       "its last part was seen: mean %.3f, max %.3f ms (%u jobs)\n",
                        name, n, (first - t0 * 1e6) / 1e3, (last_end - t0 * 1e6) / 1e3, busy / 1e3, idle / 1e3,
                        lag_sum / n / 1e3, lag_max / 1e3, n_reaped ? reap_lag_sum / n_reaped / 1e3 : 0,
                        reap_lag_max / 1e3, n_reaped);

@@ -456,7 +456,14 @@ static CUresult f_add_callback(void *stream, Callback cb, void *userdata, unsign
 typedef struct FakeEvent {
         struct timespec recorded;
         int was_recorded;
+        /* FAKE_CUDA_EVENT_MS and _SYNC_LAG_MS as they were when it was recorded (read
+         * on the recording thread, not on the thread that polls it). */
+        long done_ms, sync_lag_ms;
 } FakeEvent;
+static long env_ms(const char *var) {
+        const char *d = getenv(var);
+        return d ? strtol(d, NULL, 10) : 0;
+}
 static CUresult f_event_create(void **e, unsigned flags) {
         *e = calloc(1, sizeof(FakeEvent));
         return *e ? OK : 2 /* CUDA_ERROR_OUT_OF_MEMORY */;
@@ -472,6 +479,8 @@ static CUresult f_event_record(void *e, void *stream) {
         FakeEvent *f = e;
         clock_gettime(CLOCK_MONOTONIC, &f->recorded);
         f->was_recorded = 1;
+        f->done_ms = env_ms("FAKE_CUDA_EVENT_MS");
+        f->sync_lag_ms = env_ms("FAKE_CUDA_SYNC_LAG_MS");
         return OK;
 }
 /* Read by tests (dlsym) to see that a stream was made to wait. */
@@ -480,16 +489,11 @@ static CUresult f_stream_wait_event(void *stream, void *e, unsigned flags) {
         __atomic_add_fetch(&fake_cuda_stream_waits, 1, __ATOMIC_RELAXED);
         return OK; /* the streams run their work at once */
 }
-static long env_ms(const char *var) {
-        const char *d = getenv(var);
-        return d ? strtol(d, NULL, 10) : 0;
-}
 /* FAKE_CUDA_EVENT_MS: when the event is done (CLOCK_MONOTONIC ns); 0: at once. */
 static int64_t event_done_ns(const FakeEvent *f) {
-        long ms = env_ms("FAKE_CUDA_EVENT_MS");
-        if (ms <= 0 || !f->was_recorded)
+        if (f->done_ms <= 0 || !f->was_recorded)
                 return 0;
-        return (int64_t)f->recorded.tv_sec * 1000000000 + f->recorded.tv_nsec + (int64_t)ms * 1000000;
+        return (int64_t)f->recorded.tv_sec * 1000000000 + f->recorded.tv_nsec + (int64_t)f->done_ms * 1000000;
 }
 static int64_t mono_ns(void) {
         struct timespec t;
@@ -499,9 +503,10 @@ static int64_t mono_ns(void) {
 /* Read by tests (dlsym): cuEventQuery calls. */
 unsigned long fake_cuda_event_queries;
 static CUresult f_event_sync(void *e) {
-        int64_t done = event_done_ns(e);
+        const FakeEvent *f = e;
+        int64_t done = event_done_ns(f);
         if (done > 0) {
-                int64_t at = done + (int64_t)env_ms("FAKE_CUDA_SYNC_LAG_MS") * 1000000;
+                int64_t at = done + (int64_t)f->sync_lag_ms * 1000000;
                 struct timespec ts = { .tv_sec = at / 1000000000, .tv_nsec = at % 1000000000 };
                 while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
                         ;
