@@ -87,8 +87,9 @@ typedef struct Watch {
         GpuCopyJob *job;
         int dev;
         GpuCopyPath path;
-        /* When the part was queued (CLOCK_MONOTONIC µs) and its bytes (this stream's
-         * share): where its end should fall (the completion thread's pace). */
+        /* When the part was queued (CLOCK_MONOTONIC µs) and its bytes (0 for a part of
+         * a group spread over several streams): where its end should fall (the
+         * completion thread's pace). */
         uint64_t queued_usec, bytes;
         /* Timeline only: an event recorded before the part's work, when submission
          * began (CLOCK_MONOTONIC µs), the segments and bytes of its (device, path) group. */

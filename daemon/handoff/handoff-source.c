@@ -193,11 +193,6 @@ static int post_group(HandoffObject *o, uint32_t g) {
  * next slice is planned while the GPU copies the one before. */
 #define GPU_SLICE_FIRST 256U
 #define GPU_SLICE_MAX 8192U
-/* Behind a batch still on the engine with at least as many bytes as a quarter of the
- * largest slice, the first slice is that quarter: the GPU has work while it is planned
- * (a quarter is planned in less time than the GPU takes to copy as much), and small
- * parts cost the GPU more a byte (a part of 64 MiB took the H200 twice as long a byte
- * as one of 1 GiB, bench/RESULTS.md 2026-12-06 20:31). */
 
 typedef struct GpuBatch {
         HandoffObject *o;
@@ -313,6 +308,12 @@ static int post_gpu_groups(HandoffObject *o, uint32_t first, uint32_t k) {
         }
         uint32_t step = MAX(GPU_SLICE_FIRST / MAX(per_page, 1U), 1U),
                  step_max = MAX(GPU_SLICE_MAX / MAX(per_page, 1U), 1U);
+        /* Behind a batch still on the engine with at least as many bytes as a quarter of
+         * the largest slice, the first slice is that quarter: the GPU has work while it
+         * is planned (a quarter is planned in less time than the GPU takes to copy as
+         * much), and small parts cost the GPU more a byte (a part of 64 MiB took the H200
+         * twice as long a byte as one of 1 GiB, bench/RESULTS.md 2026-12-06 20:31). A
+         * batch that has finished but is not reaped yet still counts. */
         uint64_t batch_bytes = 0;
         for (uint32_t m = 0; m < k; m++)
                 batch_bytes += h->groups[first + m].bytes_expected;
