@@ -312,7 +312,7 @@ static int post_gpu_groups(HandoffObject *o, uint32_t first, uint32_t k) {
          * the largest slice, the first slice is that quarter: the GPU has work while it
          * is planned (a quarter is planned in less time than the GPU takes to copy as
          * much), and small parts cost the GPU more a byte (a part of 64 MiB took the H200
-         * twice as long a byte as one of 1 GiB, bench/RESULTS.md 2026-12-06 20:31). A
+         * 1.5 times as long a byte as one of 1 GiB, bench/RESULTS.md 2026-12-06 22:47). A
          * batch that has finished but is not reaped yet still counts. */
         uint64_t batch_bytes = 0;
         for (uint32_t m = 0; m < k; m++)

@@ -17,7 +17,7 @@
  *             FAKE_CUDA_EVENT_MS=N: an event is done N ms after it was recorded
  *             (cuEventQuery says not ready before), and FAKE_CUDA_SYNC_LAG_MS=M makes
  *             cuEventSynchronize return M ms after that, as a blocking-sync wake-up
- *             that comes late; fake_cuda_event_queries counts the queries.
+ *             that comes late.
  *             FAKE_CUDA_KERNELS=1: any module loads, and the batched copy kernels
  *             (epd_copy_chunks, epd_copy_uniform) run on the host when launched: each
  *             descriptor's bytes copied as the kernel copies them. The KV kernels are
@@ -500,8 +500,6 @@ static int64_t mono_ns(void) {
         clock_gettime(CLOCK_MONOTONIC, &t);
         return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
-/* Read by tests (dlsym): cuEventQuery calls. */
-unsigned long fake_cuda_event_queries;
 static CUresult f_event_sync(void *e) {
         const FakeEvent *f = e;
         int64_t done = event_done_ns(f);
@@ -522,7 +520,6 @@ static CUresult f_event_sync(void *e) {
 static CUresult f_event_query(void *e) {
         const char *fail = getenv("FAKE_CUDA_FAIL_EVENTS"), *copies = getenv("FAKE_CUDA_FAIL_COPIES");
         const char *delay = getenv("FAKE_CUDA_COPY_DELAY_MS");
-        __atomic_add_fetch(&fake_cuda_event_queries, 1, __ATOMIC_RELAXED);
         if ((fail && strcmp(fail, "1") == 0) || (copies && strcmp(copies, "1") == 0))
                 return 700;
         int64_t done = event_done_ns(e);
