@@ -166,12 +166,11 @@ int epd_feature_acquire(epd_client *c, const char *key, bool may_produce, epd_fe
         return 0;
 }
 
-/* Reserve, or AcquireOrReserve (with_result: the reply starts with Acquire's result). */
-static int reserve_call(epd_client *c, const char *member, bool with_result, const char *key, uint64_t bytes,
-                        const epd_feature_tensor *tensors, size_t n, const char *request_id, epd_feature *f) {
-        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+/* Reserve's or AcquireOrReserve's call, its arguments appended. */
+static int reserve_message(epd_client *c, const char *member, const char *key, uint64_t bytes,
+                           const epd_feature_tensor *tensors, size_t n, const char *request_id, sd_bus_message **ret) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
         _cleanup_(freep) void *bin = NULL;
-        const char *result;
         size_t bin_len;
         int r;
 
@@ -188,16 +187,33 @@ static int reserve_call(epd_client *c, const char *member, bool with_result, con
                 r = sd_bus_message_append(m, "s", request_id ? request_id : "");
         if (r < 0)
                 return epd__error(c, r, NULL);
-        r = epd__send(c, m, &reply);
-        if (r < 0)
-                return r;
+        *ret = TAKE_PTR(m);
+        return 0;
+}
+
+/* Reserve's or AcquireOrReserve's answer into f (with_result: it starts with Acquire's). */
+static int reserve_reply(epd_client *c, sd_bus_message *reply, bool with_result, epd_feature *f) {
+        const char *result;
         if (with_result) {
-                r = sd_bus_message_read(reply, "s", &result);
+                int r = sd_bus_message_read(reply, "s", &result);
                 if (r < 0)
                         return epd__error(c, r, NULL);
                 copy_str(f->result, sizeof f->result, result);
         }
         return read_info(c, reply, f);
+}
+
+/* Reserve, or AcquireOrReserve (with_result: the reply starts with Acquire's result). */
+static int reserve_call(epd_client *c, const char *member, bool with_result, const char *key, uint64_t bytes,
+                        const epd_feature_tensor *tensors, size_t n, const char *request_id, epd_feature *f) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        int r = reserve_message(c, member, key, bytes, tensors, n, request_id, &m);
+        if (r < 0)
+                return r;
+        r = epd__send(c, m, &reply);
+        if (r < 0)
+                return r;
+        return reserve_reply(c, reply, with_result, f);
 }
 
 static int reserve(epd_client *c, const char *key, uint64_t bytes, const epd_feature_tensor *tensors,
@@ -229,6 +245,158 @@ int epd_feature_acquire_or_reserve(epd_client *c, const char *key, uint64_t byte
                                    const epd_feature_tensor *tensors, size_t n_tensors, const char *request_id,
                                    epd_feature **ret) {
         return reserve_new(c, "AcquireOrReserve", true, key, bytes, tensors, n_tensors, request_id, ret);
+}
+
+/* An AcquireOrReserve on its way: sent, its answer taken by epd_feature_call_finish().
+ * The slot's reply callback keeps the answer; the slot's destroy callback notes that no
+ * answer will come any more (the answer came, or the connection went) and frees the
+ * call when its caller has given it up meanwhile. */
+struct epd_feature_call {
+        epd_client *client;     /* while the slot lives: the bus (and client) are alive */
+        epd_feature *f;         /* allocated at the send: no handle granted, then lost for want of memory */
+        sd_bus_message *reply;  /* the answer (a method return or an error), once in */
+        bool slot_gone;         /* no answer will come any more */
+        bool abandoned;         /* its caller gave it up: the destroy callback frees it */
+};
+
+/* Releases the handle of an answer nobody takes, without waiting (from a callback:
+ * no sd_bus_process() of ours there). */
+static void release_unwanted(epd_client *c, sd_bus_message *reply) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        const char *result, *handle;
+        if (!reply || sd_bus_message_is_method_error(reply, NULL) || sd_bus_message_rewind(reply, true) < 0 ||
+            sd_bus_message_read(reply, "ss", &result, &handle) < 0 || !handle[0])
+                return;
+        if (sd_bus_message_new_method_call(c->bus, &m, EPD_DESTINATION(c), FEATURE_PATH, FEATURE_IFACE,
+                                           "Release") >= 0 &&
+            sd_bus_message_append(m, "s", handle) >= 0 && sd_bus_message_set_expect_reply(m, 0) >= 0)
+                (void)sd_bus_send(c->bus, m, NULL);
+}
+
+static void feature_call_free(epd_feature_call *call) {
+        sd_bus_message_unref(call->reply);
+        free(call->f);
+        free(call);
+}
+
+static int on_feature_call_reply(sd_bus_message *m, void *userdata, sd_bus_error *ret_error) {
+        epd_feature_call *call = userdata;
+        epd_client *c = call->client;
+        if (c->async_pending > 0)
+                c->async_pending--;
+        if (call->abandoned)
+                release_unwanted(c, m);
+        else
+                call->reply = sd_bus_message_ref(m);
+        return 0;
+}
+
+static void on_feature_call_destroy(void *userdata) {
+        epd_feature_call *call = userdata;
+        call->slot_gone = true;
+        call->client = NULL; /* may be on its way out (epd_disconnect) */
+        if (call->abandoned)
+                feature_call_free(call);
+}
+
+int epd_feature_acquire_or_reserve_send(epd_client *c, const char *key, uint64_t bytes,
+                                        const epd_feature_tensor *tensors, size_t n_tensors,
+                                        const char *request_id, epd_feature_call **ret) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL;
+        sd_bus_slot *slot = NULL;
+        epd_feature_call *call;
+        int r;
+
+        if (!c || !key || !ret || strlen(key) > EPD_FEATURE_KEY_MAX)
+                return epd__error(c, -EINVAL, NULL);
+        r = reserve_message(c, "AcquireOrReserve", key, bytes, tensors, n_tensors, request_id, &m);
+        if (r < 0)
+                return r;
+        call = calloc(1, sizeof *call);
+        if (call)
+                call->f = calloc(1, sizeof *call->f);
+        if (!call || !call->f) {
+                free(call);
+                return epd__error(c, -ENOMEM, NULL);
+        }
+        copy_str(call->f->key, sizeof call->f->key, key);
+        call->client = c;
+        r = sd_bus_call_async(c->bus, &slot, m, on_feature_call_reply, call, 0);
+        if (r < 0) {
+                feature_call_free(call);
+                return epd__error(c, r, NULL);
+        }
+        (void)sd_bus_slot_set_destroy_callback(slot, on_feature_call_destroy);
+        (void)sd_bus_slot_set_floating(slot, 1);
+        sd_bus_slot_unref(slot); /* the bus holds it until the answer (or its own end) */
+        c->async_pending++;
+        epd__clear_error(c);
+        *ret = call;
+        return 0;
+}
+
+int epd_feature_call_finish(epd_client *c, epd_feature_call *call, uint64_t timeout_usec, epd_feature **ret) {
+        uint64_t until, now;
+        epd_feature *f;
+        int r;
+
+        if (!c || !call || !ret) {
+                epd_feature_call_abandon(c, call);
+                return epd__error(c, -EINVAL, NULL);
+        }
+        until = usec_add(now_usec(CLOCK_MONOTONIC), timeout_usec);
+        while (!call->reply && !call->slot_gone) {
+                r = sd_bus_process(c->bus, NULL);
+                if (r > 0)
+                        continue;
+                now = now_usec(CLOCK_MONOTONIC);
+                if (r >= 0 && now >= until)
+                        r = epd__fail(c, -ETIMEDOUT, "AcquireOrReserve of %s: no answer in time", call->f->key);
+                else if (r >= 0) {
+                        r = sd_bus_wait(c->bus, until == UINT64_MAX ? UINT64_MAX : until - now);
+                        if (r >= 0 || r == -EINTR)
+                                continue;
+                        r = epd__error(c, r, NULL);
+                } else
+                        r = epd__error(c, r, NULL);
+                /* Given up: an answer that still comes is released when it does. */
+                epd_feature_call_abandon(c, call);
+                return r;
+        }
+        if (!call->reply) {
+                /* The connection went without an answer: the daemon released whatever the
+                 * call had with it. */
+                feature_call_free(call);
+                return epd__fail(c, -ENOTCONN, "AcquireOrReserve: the connection closed before the answer");
+        }
+        const sd_bus_error *e = sd_bus_message_get_error(call->reply);
+        if (e) {
+                int k = sd_bus_error_get_errno(e);
+                r = epd__error(c, k > 0 ? -k : -EIO, e);
+                feature_call_free(call);
+                return r;
+        }
+        f = TAKE_PTR(call->f);
+        r = reserve_reply(c, call->reply, true, f);
+        feature_call_free(call);
+        if (r < 0)
+                return drop_unusable(c, f, r);
+        epd__clear_error(c);
+        *ret = f;
+        return 0;
+}
+
+void epd_feature_call_abandon(epd_client *c, epd_feature_call *call) {
+        if (!call)
+                return;
+        if (call->slot_gone) {
+                /* Answered (or the connection went): a handle in the answer goes back. */
+                if (c && call->reply)
+                        release_unwanted(c, call->reply);
+                feature_call_free(call);
+                return;
+        }
+        call->abandoned = true; /* the reply callback releases, the destroy callback frees */
 }
 
 int epd_feature_reserve(epd_client *c, const char *key, uint64_t bytes,

@@ -209,13 +209,14 @@ def summarize(name, results, wall):
         row["encoder_key_ms"] = 1e3 * mean(e.get("key_s", 0.0) for e in encs) if encs else 0.0
         row["encoder_image_ms"] = 1e3 * mean(e.get("image_s", 0.0) for e in encs) if encs else 0.0
         row["encoder_tower_ms"] = 1e3 * mean(e["encode_s"] for e in encs) if encs else 0.0
-        # The tower's produce in parts: the host until the tower's launches returned, the
-        # reserve, the copies queued, the wait for the GPU; the GPU's own time for the tower
-        # and for the copies (CUDA events).
+        # The tower's produce in parts: the Acquire's exposed part, the work done while it
+        # was on its way (the pixels' upload: "overlap"), the host until the tower's
+        # launches returned, the reserve, the copies queued, the wait for the GPU; the
+        # GPU's own time for the tower and for the copies (CUDA events).
         dets = [e.get("detail") or {} for e in encs]
         row["encoder_produce_ms"] = {k: 1e3 * mean(d[k] for d in dets if k in d)
-                                     for k in ("acquire", "fn", "reserve", "copy", "sync", "publish", "fn_gpu",
-                                               "copy_gpu")
+                                     for k in ("acquire", "overlap", "fn", "reserve", "copy", "sync", "publish",
+                                               "fn_gpu", "copy_gpu")
                                      if any(k in d for d in dets)}
         row["kv_sink_ms"]["groups"] = mean(p.get("groups", 0) for p in sparts)
         row["kv_bytes"] = sum(r["prefill"]["kv_bytes"] for r in results)

@@ -27,7 +27,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import EpdError, _lib
 
-__all__ = ["Tensor", "Feature", "prefetch", "content_key"]
+__all__ = ["Tensor", "Feature", "FeatureCall", "prefetch", "content_key"]
 
 RANK_MAX = 8
 TENSORS_MAX = 64
@@ -68,6 +68,10 @@ def _lib_features():
         "epd_feature_produce": (c_int, [c_void_p, _Fp, c_uint64, P(_CTensor), c_size_t, c_char_p]),
         "epd_feature_acquire_or_reserve": (c_int, [c_void_p, c_char_p, c_uint64, P(_CTensor), c_size_t, c_char_p,
                                                    P(_Fp)]),
+        "epd_feature_acquire_or_reserve_send": (c_int, [c_void_p, c_char_p, c_uint64, P(_CTensor), c_size_t,
+                                                        c_char_p, P(c_void_p)]),
+        "epd_feature_call_finish": (c_int, [c_void_p, c_void_p, c_uint64, P(_Fp)]),
+        "epd_feature_call_abandon": (None, [c_void_p, c_void_p]),
         "epd_feature_publish": (c_int, [c_void_p, _Fp, c_uint64]),
         "epd_feature_publish_release": (c_int, [c_void_p, _Fp, c_uint64]),
         "epd_feature_fail": (c_int, [c_void_p, _Fp, c_char_p]),
@@ -176,6 +180,20 @@ class Feature(_lib.Closing):
                                                          ctypes.byref(p)),
                       f"acquire or reserve feature {key!r}")
         return cls(client, p)
+
+    @classmethod
+    def acquire_or_reserve_send(cls, client, key: str, nbytes: int, tensors: Sequence[Tensor],
+                                request_id: Optional[str] = None) -> "FeatureCall":
+        """acquire_or_reserve() in two steps: sends the call and returns at once; the
+        returned FeatureCall's finish() takes the answer (a Feature). Work done between the
+        two overlaps the round trip (an encoder uploads its inputs, say)."""
+        lib, call = _lib_features(), ctypes.c_void_p()
+        arr, _keep = _c_tensors(tensors)
+        client._check(lib.epd_feature_acquire_or_reserve_send(client._c, key.encode(), nbytes, arr, len(tensors),
+                                                              request_id.encode() if request_id else None,
+                                                              ctypes.byref(call)),
+                      f"acquire or reserve feature {key!r}")
+        return FeatureCall(client, call, key)
 
     @classmethod
     def pin(cls, client, key: str) -> "Feature":
@@ -384,6 +402,45 @@ class Feature(_lib.Closing):
                     self._client._orphan(self._lib.epd_feature_release, p)
                 else:
                     self._lib.epd_feature_release(None, p)  # disconnected: free the struct
+        except Exception:
+            pass
+
+
+class FeatureCall(_lib.Closing):
+    """An AcquireOrReserve on its way (Feature.acquire_or_reserve_send). finish() takes
+    its answer; close() (or collection) gives it up: a handle the answer brings is
+    released when it comes. Either uses the call up."""
+
+    def __init__(self, client, call: ctypes.c_void_p, key: str):
+        self._client, self._call, self._key, self._lib = client, call, key, _lib_features()
+
+    def finish(self, timeout_s: Optional[float] = None) -> Feature:
+        """The answer, as acquire_or_reserve() returns it (None: no time limit). Raises
+        EpdError for a refusal, ETIMEDOUT when none came in time; the call is used up
+        either way."""
+        if not self._call:
+            raise ValueError("feature call already finished or given up")
+        call, self._call = self._call, None
+        p = _Fp()
+        t = 2**64 - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))
+        self._client._check(self._lib.epd_feature_call_finish(self._client._c, call, t, ctypes.byref(p)),
+                            f"acquire or reserve feature {self._key!r}")
+        return Feature(self._client, p)
+
+    def close(self):
+        call, self._call = self._call, None
+        if call:
+            self._lib.epd_feature_call_abandon(self._client._c, call)
+
+    def __del__(self):
+        # Collected, maybe in another thread: given up on the client's next call.
+        try:
+            call, self._call = self._call, None
+            if call:
+                if getattr(self._client, "_c", None):
+                    self._client._orphan(self._lib.epd_feature_call_abandon, call)
+                else:
+                    self._lib.epd_feature_call_abandon(None, call)
         except Exception:
             pass
 

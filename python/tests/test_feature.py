@@ -293,6 +293,44 @@ class FeatureTest(unittest.TestCase):
             signal.signal(signal.SIGALRM, old_alrm)
             signal.signal(signal.SIGINT, old_int)
 
+    def test_acquire_or_reserve_send(self):
+        """AcquireOrReserve in two steps: the caller works between the send and finish();
+        a call given up (close(), or collected) holds nothing once its answer came."""
+        with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
+            a.register("encoder", "m", "cpu")
+            b.register("prefill", "m", "cpu")
+            call = ef.Feature.acquire_or_reserve_send(a, "img:send", NBYTES, BUNDLE, "0a" * 16)
+            worked = sum(range(1000))  # the caller's work while the call is on its way
+            p = call.finish(5)
+            self.assertEqual((p.result, p.state, worked), ("produce", "reserved", 499500))
+            with self.assertRaises(ValueError):
+                call.finish(5)  # used up
+            p.buffer()[:NBYTES] = bytes(range(256)) * (NBYTES // 256) + bytes(NBYTES % 256)
+            p.publish_release(1)
+            a.flush(5)
+            h = ef.Feature.acquire_or_reserve_send(b, "img:send", NBYTES, BUNDLE).finish(5)
+            self.assertEqual(h.result, "hit")
+            self.assertEqual(bytes(h.buffer()[:256]), bytes(range(256)))
+            h.release()
+            # Refused: the named error from finish().
+            with self.assertRaises(epd.EpdError) as cm:
+                ef.Feature.acquire_or_reserve_send(a, "img:big", 1 << 40, BUNDLE).finish(5)
+            self.assertEqual(cm.exception.name, "org.epd1.Error.InvalidArgument")
+            # Given up: its handle goes back when the answer comes; collected: on the
+            # client's next call.
+            ef.Feature.acquire_or_reserve_send(a, "img:gone1", NBYTES, BUNDLE).close()
+            call = ef.Feature.acquire_or_reserve_send(a, "img:gone2", NBYTES, BUNDLE)
+            a.flush(5)  # its answer is in
+            del call
+            self.assertEqual(ef.prefetch(a, ["img:x"]), 0)  # a call: the collected one is given up
+            self.assertEqual(ef.prefetch(a, ["img:x"]), 0)  # and epdd has read its Release
+            self.assertEqual(self.handles(), 0)
+            for k in ("img:gone1", "img:gone2"):
+                f = ef.Feature.acquire(b, k, may_produce=True)
+                self.assertEqual(f.result, "produce")  # the given-up producers' claims went
+                f.fail("test")
+                f.release()
+
     def test_publish_release_on_a_closed_client_frees_the_handle(self):
         """publish_release() gives its handle's C structure (~20 KB) to libepd before
         the call, which frees it whatever the result: on a closed client too (the call

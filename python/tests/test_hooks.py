@@ -397,15 +397,24 @@ class HooksTest(unittest.TestCase):
             return out
         for i in range(3):
             k = hashlib.sha256(b"image %d" % i).hexdigest()
-            ec.save_caches({k: lambda i=i: encode2(i)}, k, "03" * 16, shape_key=("12x8",))
+            # overlap: runs while the Acquire is on its way, once the layout is known (the
+            # second image on), before the encoder
+            ec.save_caches({k: lambda i=i: encode2(i)}, k, "03" * 16, shape_key=("12x8",),
+                           overlap=lambda i=i: made.append(("overlap", i)))
             self.assertEqual(ec.last_save[0], "produced")
+            self.assertEqual("overlap" in ec.last_save_detail, i > 0)
             ec2.bind_connector_metadata(H.EpdEcMetadata({"r2": [k]}))
             cache = {}
             ec2.start_load_caches(cache)
             ec2.clear_connector_metadata()
             np.testing.assert_array_equal(cache[k]["embeds"], np.full((12, 8), i, dtype=np.float16))
             ec2.get_finished({"r2"})
-        self.assertEqual(made, [0, 1, 2])
+        self.assertEqual(made, [0, ("overlap", 1), 1, ("overlap", 2), 2])
+        # A hit runs the overlap too (it cannot know the answer beforehand), not the encoder.
+        ec.save_caches({k: lambda: encode2(7)}, k, "05" * 16, shape_key=("12x8",),
+                       overlap=lambda: made.append(("overlap", "hit")))
+        self.assertEqual((ec.last_save[0], made[-1]), ("hit", ("overlap", "hit")))
+        del made[-1]
         self.assertEqual(ec._layouts[("12x8",)], C._layout(encode2(9)))
         # An output that does not match the reserved layout fails the feature, named.
         k = hashlib.sha256(b"image odd").hexdigest()

@@ -359,6 +359,98 @@ START_TEST(test_acquire_or_reserve) {
 }
 END_TEST
 
+/* A round trip on c: epdd has read everything c sent before it (one connection, in
+ * order). */
+static void round_trip(epd_client *c) {
+        epd_feature *f = NULL;
+        ck_assert_int_eq(epd_feature_acquire(c, "sha256:aos-sync", false, &f), -ENOENT);
+}
+
+/* AcquireOrReserve in two steps: sent, the caller works, then the answer is taken; and
+ * every way of not taking it leaves nothing held. */
+START_TEST(test_acquire_or_reserve_send) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(20, t, &bytes);
+        epd_feature_call *call;
+        epd_feature *p, *r;
+
+        /* Sent; the caller works meanwhile; the answer is a reservation to write. */
+        ck_assert_int_eq(epd_feature_acquire_or_reserve_send(enc, "sha256:aos", bytes, t, n,
+                                                             "00000000000000000000000000000a05", &call), 0);
+        uint8_t *work = malloc(bytes);
+        ck_assert_ptr_nonnull(work);
+        fill(work, bytes, 4);
+        ck_assert_int_eq(epd_feature_call_finish(enc, call, 5 * 1000000ULL, &p), 0);
+        ck_assert_str_eq(p->result, "produce");
+        ck_assert_str_eq(p->state, "reserved");
+        ck_assert_ptr_nonnull(p->data);
+        ck_assert_uint_eq(p->bytes, bytes);
+        ck_assert_uint_eq(p->n_tensors, 2);
+        memcpy(p->data, work, bytes);
+        free(work);
+        ck_assert_int_eq(epd_feature_publish_release(enc, p, 7), 0);
+        ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
+        /* Then a hit, the bytes as written. */
+        ck_assert_int_eq(epd_feature_acquire_or_reserve_send(pre, "sha256:aos", bytes, t, n, NULL, &call), 0);
+        ck_assert_int_eq(epd_feature_call_finish(pre, call, 5 * 1000000ULL, &r), 0);
+        ck_assert_str_eq(r->result, "hit");
+        ck_assert(same(r->data, bytes, 4));
+        ck_assert_int_eq(epd_feature_release(pre, r), 0);
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+
+        /* Refused: finish returns the refusal, named; nothing held. */
+        ck_assert_int_eq(epd_feature_acquire_or_reserve_send(enc, "sha256:aos-big", 64ULL << 20, t, n, NULL, &call),
+                         0);
+        ck_assert_int_eq(epd_feature_call_finish(enc, call, 5 * 1000000ULL, &p), -ENOSPC);
+        ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.NoSpace");
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+
+        /* Given up before the answer: the handle it brings is released when it comes. */
+        ck_assert_int_eq(epd_feature_acquire_or_reserve_send(enc, "sha256:aos-1", bytes, t, n, NULL, &call), 0);
+        epd_feature_call_abandon(enc, call);
+        ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
+        round_trip(enc);
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+        ck_assert_int_eq(epd_feature_acquire(pre, "sha256:aos-1", true, &r), 0);
+        ck_assert_str_eq(r->result, "produce"); /* the abandoned producer's claim went with its handle */
+        ck_assert_int_eq(epd_feature_release(pre, r), 0);
+
+        /* Given up after the answer came in (taken by epd_flush), before finish. */
+        ck_assert_int_eq(epd_feature_acquire_or_reserve_send(enc, "sha256:aos-2", bytes, t, n, NULL, &call), 0);
+        ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 1);
+        epd_feature_call_abandon(enc, call);
+        round_trip(enc);
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+
+        /* No answer in time (epdd stopped): -ETIMEDOUT, and the late answer's handle is
+         * released when it comes. */
+        ck_assert_int_eq(kill(h.epdd_pid, SIGSTOP), 0);
+        ck_assert_int_eq(epd_feature_acquire_or_reserve_send(enc, "sha256:aos-3", bytes, t, n, NULL, &call), 0);
+        usec_t t0 = now_usec(CLOCK_MONOTONIC);
+        ck_assert_int_eq(epd_feature_call_finish(enc, call, 100 * 1000, &p), -ETIMEDOUT);
+        ck_assert_uint_ge(now_usec(CLOCK_MONOTONIC) - t0, 100 * 1000);
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(enc), "sha256:aos-3"));
+        ck_assert_int_eq(kill(h.epdd_pid, SIGCONT), 0);
+        ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
+        round_trip(enc);
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+
+        /* The client disconnected with a call unfinished: abandoned with no client (the
+         * daemon released what the connection held). */
+        ck_assert_int_eq(epd_feature_acquire_or_reserve_send(enc, "sha256:aos-4", bytes, t, n, NULL, &call), 0);
+        epd_disconnect(enc);
+        epd_feature_call_abandon(NULL, call);
+        round_trip(pre);
+        for (int i = 0; i < 100 && stat_u64(pre, "Handles") != 0; i++)
+                usleep(10 * 1000); /* the disconnect is seen on epdd's loop */
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+        epd_disconnect(pre);
+}
+END_TEST
+
 START_TEST(test_bad_descriptor) {
         epd_client *enc = worker("encoder");
         epd_feature_tensor t[2];
@@ -1433,6 +1525,7 @@ int main(void) {
         tcase_add_test(tc, test_publish_then_hit);
         tcase_add_test(tc, test_publish_release_nowait);
         tcase_add_test(tc, test_acquire_or_reserve);
+        tcase_add_test(tc, test_acquire_or_reserve_send);
         tcase_add_test(tc, test_bad_descriptor);
         tcase_add_test(tc, test_coalescing);
         tcase_add_test(tc, test_ready_only_to_holders);

@@ -72,6 +72,22 @@ int epd_feature_reserve(epd_client *c, const char *key, uint64_t bytes,
 int epd_feature_acquire_or_reserve(epd_client *c, const char *key, uint64_t bytes,
                                    const epd_feature_tensor *tensors, size_t n_tensors, const char *request_id,
                                    epd_feature **ret);
+/* epd_feature_acquire_or_reserve() in two steps, so that the caller works while the
+ * call is on its way (an encoder uploads its inputs, say): _send() sends it and returns
+ * at once; epd_feature_call_finish() waits for the answer (timeout_usec, UINT64_MAX:
+ * forever) and returns it as epd_feature_acquire_or_reserve() does, in *ret. The call is
+ * the caller's until finish or abandon, which always consume it: on any failure of
+ * finish (-ETIMEDOUT, a refusal, the connection gone: -ENOTCONN) nothing is left held,
+ * and a handle that the answer brings later is released when it comes. Replies and
+ * signals that arrive meanwhile are dispatched by finish (as epd_process() does).
+ * epd_feature_call_abandon() gives a call up unfinished (after epd_disconnect(): with a
+ * NULL client). One thread per client, as for every call. */
+typedef struct epd_feature_call epd_feature_call;
+int epd_feature_acquire_or_reserve_send(epd_client *c, const char *key, uint64_t bytes,
+                                        const epd_feature_tensor *tensors, size_t n_tensors,
+                                        const char *request_id, epd_feature_call **ret);
+int epd_feature_call_finish(epd_client *c, epd_feature_call *call, uint64_t timeout_usec, epd_feature **ret);
+void epd_feature_call_abandon(epd_client *c, epd_feature_call *call);
 /* The same for a feature acquired with result "produce": updates f. */
 int epd_feature_produce(epd_client *c, epd_feature *f, uint64_t bytes,
                         const epd_feature_tensor *tensors, size_t n_tensors,

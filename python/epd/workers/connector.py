@@ -93,7 +93,8 @@ def _gpu_events():
 def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.0,
             detail: Optional[Dict[str, float]] = None,
             layout: Optional[Tuple[List[Tensor], int]] = None,
-            on_acquired: Optional[Callable[[str], None]] = None) -> Tuple[str, float]:
+            on_acquired: Optional[Callable[[str], None]] = None,
+            overlap: Optional[Callable[[], None]] = None) -> Tuple[str, float]:
     """Encoder: makes sure `key` is cached. Returns ("hit"|"waited"|"produced", encode seconds).
     encode_fn() -> {name: array} runs only when this worker is told to produce.
 
@@ -116,10 +117,29 @@ def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.
     on_acquired(result), when given, is called once the Acquire has answered (hit, wait
     or produce), before encode_fn runs: from then on a reader's Acquire of `key` finds the
     feature (ready, or being produced: it waits for the Publish, woken by epdd), so a
-    caller can start the reader's side (a prefill) while the encoder runs."""
+    caller can start the reader's side (a prefill) while the encoder runs.
+
+    overlap, when given with layout: work that runs while the AcquireOrReserve is on its
+    way (sent, its answer not yet taken): what encode_fn will need whatever the answer
+    and costs little when it is a hit (an upload of the encoder's inputs, say). Then
+    "acquire" in detail is only the call's part not hidden behind it (the send, and the
+    wait for the answer once overlap returned), and "overlap" overlap's own time."""
     client.flush(timeout_s)  # the previous produce's Publish and Release: answered, not refused
     t_a = time.perf_counter()
-    if layout is not None:
+    if layout is not None and overlap is not None:
+        call = Feature.acquire_or_reserve_send(client, key, layout[1], layout[0], request_id)
+        t_s = time.perf_counter()
+        try:
+            overlap()
+        except BaseException:
+            call.close()  # the handle the answer brings goes back when it comes
+            raise
+        t_o = time.perf_counter()
+        f = call.finish(timeout_s)
+        if detail is not None:
+            detail["overlap"] = t_o - t_s
+        t_a += t_o - t_s  # the call's exposed part: its send and its wait after overlap
+    elif layout is not None:
         f = Feature.acquire_or_reserve(client, key, layout[1], layout[0], request_id)
     else:
         f = Feature.acquire(client, key, may_produce=True)

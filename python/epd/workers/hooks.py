@@ -389,7 +389,10 @@ class EpdEcConnector:
         callable that computes it: then it runs only when this worker is the one to produce
         the feature (another encoder's concurrent or earlier output is a hit).
         on_acquired (optional): called with hit|wait|produce once epdd has answered, before
-        the encoder runs (connector.produce): readers may start then."""
+        the encoder runs (connector.produce): readers may start then.
+        overlap (optional): work to run while the Acquire is on its way, once the layout
+        is known (connector.produce's overlap): what the encoder needs whatever the
+        answer, such as uploading its inputs."""
         item = encoder_cache[mm_hash]
         fn = item if callable(item) else (lambda: item)
         # shape_key (optional): what fixes the output's shapes (e.g. the image's grid). The
@@ -407,7 +410,7 @@ class EpdEcConnector:
         self.last_save = C.produce(self.client, mm_hash, request_id or mm_hash[:32], fn, self.timeout_s,
                                    self.last_save_detail,
                                    self._layouts.get(shape_key) if shape_key is not None else None,
-                                   kwargs.get("on_acquired"))
+                                   kwargs.get("on_acquired"), kwargs.get("overlap"))
 
     def start_load_caches(self, encoder_cache: Dict[str, object], **kwargs) -> None:
         """Fills encoder_cache[mm_hash] for each feature of the bound requests: views of a

@@ -91,6 +91,9 @@ class Synthetic:
     def prompt_len(self, spec: Spec) -> int:
         return (self.n_image_tokens + 2 if spec.image_seed is not None else 0) + spec.text_tokens
 
+    def encoder_inputs(self, spec: Spec) -> None:
+        """What the tower needs whatever the cache says (nothing to upload here)."""
+
     def encode(self, spec: Spec) -> Dict[str, object]:
         # EPD_SYNTHETIC_ENCODE_MS: a vision tower that takes this long (tests of overlap).
         delay = float(os.environ.get("EPD_SYNTHETIC_ENCODE_MS", "0") or 0)
@@ -200,6 +203,12 @@ class Qwen3VL:
 
     def prompt_len(self, spec: Spec) -> int:
         return int(self.request(spec).input_ids.shape[1])
+
+    def encoder_inputs(self, spec: Spec) -> None:
+        """The pixels on the GPU (their upload, which encode() would do first): run while
+        the feature cache's answer is on its way; on a hit they were not needed."""
+        if spec.image_seed is not None:
+            self.request(spec).pixel_values
 
     def encode(self, spec: Spec):
         b = self.q.Encoder(self.model).encode(self.request(spec))
@@ -364,7 +373,7 @@ def _worker(role: str, address: str, backend_name: str, conn, group_size: int, m
             """The vision tower through the feature cache (it runs only on a miss):
             (hit|waited|produced, encode seconds)."""
             ec.save_caches({key: lambda: b.encode(spec)}, key, spec.request_id, shape_key=b.feature_shape_key(spec),
-                           on_acquired=on_acquired)
+                           on_acquired=on_acquired, overlap=lambda: b.encoder_inputs(spec))
             _sync(device)
             return ec.last_save
 
