@@ -321,7 +321,7 @@ int epd_feature_acquire_or_reserve_send(epd_client *c, const char *key, uint64_t
         }
         copy_str(call->f->key, sizeof call->f->key, key);
         call->client = c;
-        r = sd_bus_call_async(c->bus, &slot, m, on_feature_call_reply, call, 0);
+        r = sd_bus_call_async(c->bus, &slot, m, on_feature_call_reply, call, UINT64_MAX);
         if (r < 0) {
                 feature_call_free(call);
                 return epd__error(c, r, NULL);
@@ -344,24 +344,36 @@ int epd_feature_call_finish(epd_client *c, epd_feature_call *call, uint64_t time
                 epd_feature_call_abandon(c, call);
                 return epd__error(c, -EINVAL, NULL);
         }
+        /* From a callback of this connection sd_bus_process() cannot run: the call stays
+         * the caller's, its answer perhaps queued already. */
+        if (sd_bus_get_current_message(c->bus))
+                return epd__fail(c, -EBUSY, "AcquireOrReserve of %s: its answer cannot be taken from within a "
+                                            "callback of the same connection", call->f->key);
         until = usec_add(now_usec(CLOCK_MONOTONIC), timeout_usec);
-        while (!call->reply && !call->slot_gone) {
+        for (;;) {
                 r = sd_bus_process(c->bus, NULL);
+                /* The answer may have come with this step, which then returns 0 (a reply
+                 * or error that sd-bus made itself, as when the connection closes). */
+                if (call->reply || call->slot_gone)
+                        break;
+                if (r < 0) {
+                        r = epd__error(c, r, NULL);
+                        epd_feature_call_abandon(c, call); /* an answer that still comes is released */
+                        return r;
+                }
+                now = now_usec(CLOCK_MONOTONIC);
+                if (now >= until) /* the call stays the caller's: finish again, or abandon */
+                        return epd__fail(c, -ETIMEDOUT, "AcquireOrReserve of %s: no answer in time", call->f->key);
                 if (r > 0)
                         continue;
-                now = now_usec(CLOCK_MONOTONIC);
-                if (r >= 0 && now >= until)
-                        r = epd__fail(c, -ETIMEDOUT, "AcquireOrReserve of %s: no answer in time", call->f->key);
-                else if (r >= 0) {
-                        r = sd_bus_wait(c->bus, until == UINT64_MAX ? UINT64_MAX : until - now);
-                        if (r >= 0 || r == -EINTR)
-                                continue;
+                r = sd_bus_wait(c->bus, until == UINT64_MAX ? UINT64_MAX : until - now);
+                if (r == -EINTR) /* a signal: the caller decides (its handler may want to run) */
+                        return epd__error(c, r, NULL);
+                if (r < 0) {
                         r = epd__error(c, r, NULL);
-                } else
-                        r = epd__error(c, r, NULL);
-                /* Given up: an answer that still comes is released when it does. */
-                epd_feature_call_abandon(c, call);
-                return r;
+                        epd_feature_call_abandon(c, call);
+                        return r;
+                }
         }
         if (!call->reply) {
                 /* The connection went without an answer: the daemon released whatever the
@@ -371,8 +383,15 @@ int epd_feature_call_finish(epd_client *c, epd_feature_call *call, uint64_t time
         }
         const sd_bus_error *e = sd_bus_message_get_error(call->reply);
         if (e) {
-                int k = sd_bus_error_get_errno(e);
-                r = epd__error(c, k > 0 ? -k : -EIO, e);
+                /* sd-bus answers a call pending when the connection closes with NoReply:
+                 * the connection is what went, not the time. */
+                if (sd_bus_error_has_name(e, SD_BUS_ERROR_NO_REPLY) && sd_bus_is_open(c->bus) <= 0)
+                        r = epd__fail(c, -ENOTCONN, "AcquireOrReserve of %s: the connection to epdd closed before "
+                                                    "the answer", call->f->key);
+                else {
+                        int k = sd_bus_error_get_errno(e);
+                        r = epd__error(c, k > 0 ? -k : -EIO, e);
+                }
                 feature_call_free(call);
                 return r;
         }

@@ -416,15 +416,25 @@ class FeatureCall(_lib.Closing):
 
     def finish(self, timeout_s: Optional[float] = None) -> Feature:
         """The answer, as acquire_or_reserve() returns it (None: no time limit). Raises
-        EpdError for a refusal, ETIMEDOUT when none came in time; the call is used up
-        either way."""
+        EpdError for a refusal, or ETIMEDOUT when none came in time (the call is then
+        given up: a handle its answer brings is released when it comes); the call is
+        used up either way. Waits in slices (_lib.wait_slices), so that Python's signal
+        handlers run meanwhile: an exception one raises gives the call up too."""
         if not self._call:
             raise ValueError("feature call already finished or given up")
-        call, self._call = self._call, None
         p = _Fp()
-        t = 2**64 - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))
-        self._client._check(self._lib.epd_feature_call_finish(self._client._c, call, t, ctypes.byref(p)),
-                            f"acquire or reserve feature {self._key!r}")
+        lib, c = self._lib, self._client._c
+        try:
+            for t in _lib.wait_slices(timeout_s):
+                r = lib.epd_feature_call_finish(c, self._call, t, ctypes.byref(p))
+                if r == -_errno.EBUSY:
+                    break  # from within a callback of the client: still ours, given up below
+                if r not in (-_errno.ETIMEDOUT, -_errno.EINTR):
+                    self._call = None  # used up by libepd
+                    break
+        finally:
+            self.close()  # still ours after the last slice (a timeout) or an exception: given up
+        self._client._check(r, f"acquire or reserve feature {self._key!r}")
         return Feature(self._client, p)
 
     def close(self):

@@ -299,10 +299,19 @@ class FeatureTest(unittest.TestCase):
         with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
             a.register("encoder", "m", "cpu")
             b.register("prefill", "m", "cpu")
-            call = ef.Feature.acquire_or_reserve_send(a, "img:send", NBYTES, BUNDLE, "0a" * 16)
-            worked = sum(range(1000))  # the caller's work while the call is on its way
+            # The send returns with epdd stopped: nothing waits for the answer until finish.
+            import signal
+            import time
+            os.kill(self.d.proc.pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                call = ef.Feature.acquire_or_reserve_send(a, "img:send", NBYTES, BUNDLE, "0a" * 16)
+                sent_s = time.monotonic() - t0
+            finally:
+                os.kill(self.d.proc.pid, signal.SIGCONT)
+            self.assertLess(sent_s, 1.0)
             p = call.finish(5)
-            self.assertEqual((p.result, p.state, worked), ("produce", "reserved", 499500))
+            self.assertEqual((p.result, p.state), ("produce", "reserved"))
             with self.assertRaises(ValueError):
                 call.finish(5)  # used up
             p.buffer()[:NBYTES] = bytes(range(256)) * (NBYTES // 256) + bytes(NBYTES % 256)
@@ -325,7 +334,22 @@ class FeatureTest(unittest.TestCase):
             self.assertEqual(ef.prefetch(a, ["img:x"]), 0)  # a call: the collected one is given up
             self.assertEqual(ef.prefetch(a, ["img:x"]), 0)  # and epdd has read its Release
             self.assertEqual(self.handles(), 0)
-            for k in ("img:gone1", "img:gone2"):
+            # No answer in time: ETIMEDOUT, the call given up, its late answer's handle
+            # released when it comes.
+            os.kill(self.d.proc.pid, signal.SIGSTOP)
+            try:
+                late = ef.Feature.acquire_or_reserve_send(a, "img:gone3", NBYTES, BUNDLE)
+                with self.assertRaises(epd.EpdError) as cm:
+                    late.finish(0.3)
+            finally:
+                os.kill(self.d.proc.pid, signal.SIGCONT)
+            self.assertEqual(cm.exception.errno, errno.ETIMEDOUT)
+            with self.assertRaises(ValueError):
+                late.finish(1)
+            a.flush(5)
+            self.assertEqual(ef.prefetch(a, ["img:x"]), 0)  # epdd has read the Release
+            self.assertEqual(self.handles(), 0)
+            for k in ("img:gone1", "img:gone2", "img:gone3"):
                 f = ef.Feature.acquire(b, k, may_produce=True)
                 self.assertEqual(f.result, "produce")  # the given-up producers' claims went
                 f.fail("test")

@@ -415,6 +415,19 @@ class HooksTest(unittest.TestCase):
                        overlap=lambda: made.append(("overlap", "hit")))
         self.assertEqual((ec.last_save[0], made[-1]), ("hit", ("overlap", "hit")))
         del made[-1]
+        # An overlap that raises: the error reaches the caller, and the reservation the
+        # answer brought is failed at once (another encoder may produce the key now).
+        k3 = hashlib.sha256(b"image overlap fails").hexdigest()
+
+        def boom():
+            raise RuntimeError("upload failed")
+        with self.assertRaises(RuntimeError):
+            ec.save_caches({k3: lambda: encode2(3)}, k3, "06" * 16, shape_key=("12x8",), overlap=boom)
+        from epd import feature as ef
+        other = ef.Feature.acquire(self.p, k3, may_produce=True)
+        self.assertEqual(other.result, "produce")
+        other.fail("test")
+        other.release()
         self.assertEqual(ec._layouts[("12x8",)], C._layout(encode2(9)))
         # An output that does not match the reserved layout fails the feature, named.
         k = hashlib.sha256(b"image odd").hexdigest()

@@ -425,15 +425,34 @@ START_TEST(test_acquire_or_reserve_send) {
         round_trip(enc);
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
 
-        /* No answer in time (epdd stopped): -ETIMEDOUT, and the late answer's handle is
-         * released when it comes. */
+        /* No answer in time (epdd stopped): -ETIMEDOUT, the call still the caller's, and
+         * its answer taken by a later finish. The call has no sd-bus timeout of its own
+         * (the client's default made 100 ms here): only finish's applies. */
+        ck_assert_int_ge(sd_bus_set_method_call_timeout(enc->bus, 100 * 1000), 0);
         ck_assert_int_eq(kill(h.epdd_pid, SIGSTOP), 0);
-        ck_assert_int_eq(epd_feature_acquire_or_reserve_send(enc, "sha256:aos-3", bytes, t, n, NULL, &call), 0);
+        int sent = epd_feature_acquire_or_reserve_send(enc, "sha256:aos-3", bytes, t, n, NULL, &call);
         usec_t t0 = now_usec(CLOCK_MONOTONIC);
-        ck_assert_int_eq(epd_feature_call_finish(enc, call, 100 * 1000, &p), -ETIMEDOUT);
-        ck_assert_uint_ge(now_usec(CLOCK_MONOTONIC) - t0, 100 * 1000);
-        ck_assert_ptr_nonnull(strstr(epd_last_error_message(enc), "sha256:aos-3"));
+        int first = sent < 0 ? sent : epd_feature_call_finish(enc, call, 400 * 1000, &p);
+        usec_t waited = now_usec(CLOCK_MONOTONIC) - t0;
+        bool named = strstr(epd_last_error_message(enc), "sha256:aos-3") != NULL;
+        ck_assert_int_eq(kill(h.epdd_pid, SIGCONT), 0); /* before any assertion: teardown needs it */
+        ck_assert_int_eq(sent, 0);
+        ck_assert_int_eq(first, -ETIMEDOUT);
+        ck_assert_uint_ge(waited, 400 * 1000);
+        ck_assert(named);
+        ck_assert_int_eq(epd_feature_call_finish(enc, call, 5 * 1000000ULL, &p), 0);
+        ck_assert_str_eq(p->result, "produce");
+        ck_assert_int_eq(epd_feature_fail(enc, p, "test"), 0);
+        ck_assert_int_eq(epd_feature_release(enc, p), 0);
+        /* Given up after a timeout: the late answer's handle is released when it comes. */
+        ck_assert_int_eq(kill(h.epdd_pid, SIGSTOP), 0);
+        sent = epd_feature_acquire_or_reserve_send(enc, "sha256:aos-5", bytes, t, n, NULL, &call);
+        first = sent < 0 ? sent : epd_feature_call_finish(enc, call, 100 * 1000, &p);
         ck_assert_int_eq(kill(h.epdd_pid, SIGCONT), 0);
+        ck_assert_int_eq(sent, 0);
+        ck_assert_int_eq(first, -ETIMEDOUT);
+        epd_feature_call_abandon(enc, call);
+        ck_assert_int_eq(sd_bus_set_method_call_timeout(enc->bus, 0), 0); /* the default again */
         ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
         round_trip(enc);
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);

@@ -75,13 +75,17 @@ int epd_feature_acquire_or_reserve(epd_client *c, const char *key, uint64_t byte
 /* epd_feature_acquire_or_reserve() in two steps, so that the caller works while the
  * call is on its way (an encoder uploads its inputs, say): _send() sends it and returns
  * at once; epd_feature_call_finish() waits for the answer (timeout_usec, UINT64_MAX:
- * forever) and returns it as epd_feature_acquire_or_reserve() does, in *ret. The call is
- * the caller's until finish or abandon, which always consume it: on any failure of
- * finish (-ETIMEDOUT, a refusal, the connection gone: -ENOTCONN) nothing is left held,
- * and a handle that the answer brings later is released when it comes. Replies and
- * signals that arrive meanwhile are dispatched by finish (as epd_process() does).
- * epd_feature_call_abandon() gives a call up unfinished (after epd_disconnect(): with a
- * NULL client). One thread per client, as for every call. */
+ * no limit) and returns it as epd_feature_acquire_or_reserve() does, in *ret. Replies
+ * and signals that arrive meanwhile are dispatched by finish (as epd_process() does).
+ * The call has no time limit of its own: it waits for finish's, and an answer however
+ * late still finds it. finish returns -ETIMEDOUT (no answer in time), -EINTR (a signal
+ * came) or -EBUSY (called from within a callback of the same client) with the call
+ * still the caller's: finish again, or abandon. Any other return uses the call up,
+ * nothing left held: the answer, a refusal (named), or -ENOTCONN (the connection went).
+ * epd_feature_call_abandon() gives a call up: a handle that its answer brings is
+ * released when it comes (a Release sent without asking for a reply). After
+ * epd_disconnect() a call still held is freed with a NULL client (the daemon released
+ * what the connection held). One thread per client, as for every call. */
 typedef struct epd_feature_call epd_feature_call;
 int epd_feature_acquire_or_reserve_send(epd_client *c, const char *key, uint64_t bytes,
                                         const epd_feature_tensor *tensors, size_t n_tensors,

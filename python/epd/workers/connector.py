@@ -132,7 +132,15 @@ def produce(client, key: str, request_id: str, encode_fn, timeout_s: float = 60.
         try:
             overlap()
         except BaseException:
-            call.close()  # the handle the answer brings goes back when it comes
+            # Take the answer and give it back now (a producer's claim failed at once, as
+            # when encode_fn raises), not on this client's next call.
+            try:
+                g = call.finish(min(timeout_s, 5.0))
+                if g.result == "produce":
+                    g.fail("encoder-error")
+                g.release()
+            except Exception:
+                pass  # the call was given up: its handle goes back when the answer comes
             raise
         t_o = time.perf_counter()
         f = call.finish(timeout_s)
