@@ -256,7 +256,8 @@ struct epd_feature_call {
         epd_feature *f;         /* allocated at the send: no handle granted, then lost for want of memory */
         sd_bus_message *reply;  /* the answer (a method return or an error), once in */
         bool slot_gone;         /* no answer will come any more */
-        bool abandoned;         /* its caller gave it up: the destroy callback frees it */
+        bool taken;             /* finish took the answer (or learned there is none) */
+        bool abandoned;         /* its caller freed it unanswered: the destroy callback frees it */
 };
 
 /* Releases the handle of an answer nobody takes, without waiting (from a callback:
@@ -273,7 +274,7 @@ static void release_unwanted(epd_client *c, sd_bus_message *reply) {
                 (void)sd_bus_send(c->bus, m, NULL);
 }
 
-static void feature_call_free(epd_feature_call *call) {
+static void call_free_now(epd_feature_call *call) {
         sd_bus_message_unref(call->reply);
         free(call->f);
         free(call);
@@ -296,7 +297,7 @@ static void on_feature_call_destroy(void *userdata) {
         call->slot_gone = true;
         call->client = NULL; /* may be on its way out (epd_disconnect) */
         if (call->abandoned)
-                feature_call_free(call);
+                call_free_now(call);
 }
 
 int epd_feature_acquire_or_reserve_send(epd_client *c, const char *key, uint64_t bytes,
@@ -323,7 +324,7 @@ int epd_feature_acquire_or_reserve_send(epd_client *c, const char *key, uint64_t
         call->client = c;
         r = sd_bus_call_async(c->bus, &slot, m, on_feature_call_reply, call, UINT64_MAX);
         if (r < 0) {
-                feature_call_free(call);
+                call_free_now(call);
                 return epd__error(c, r, NULL);
         }
         (void)sd_bus_slot_set_destroy_callback(slot, on_feature_call_destroy);
@@ -340,12 +341,12 @@ int epd_feature_call_finish(epd_client *c, epd_feature_call *call, uint64_t time
         epd_feature *f;
         int r;
 
-        if (!c || !call || !ret) {
-                epd_feature_call_abandon(c, call);
+        if (!c || !call || !ret)
                 return epd__error(c, -EINVAL, NULL);
-        }
-        /* From a callback of this connection sd_bus_process() cannot run: the call stays
-         * the caller's, its answer perhaps queued already. */
+        if (call->taken)
+                return epd__fail(c, -EALREADY, "AcquireOrReserve: its answer was taken already");
+        /* From a callback of this connection sd_bus_process() cannot run (its answer
+         * may be queued already): finish it after the callback. */
         if (sd_bus_get_current_message(c->bus))
                 return epd__fail(c, -EBUSY, "AcquireOrReserve of %s: its answer cannot be taken from within a "
                                             "callback of the same connection", call->f->key);
@@ -356,48 +357,36 @@ int epd_feature_call_finish(epd_client *c, epd_feature_call *call, uint64_t time
                  * or error that sd-bus made itself, as when the connection closes). */
                 if (call->reply || call->slot_gone)
                         break;
-                if (r < 0) {
-                        r = epd__error(c, r, NULL);
-                        epd_feature_call_abandon(c, call); /* an answer that still comes is released */
-                        return r;
-                }
+                if (r < 0)
+                        return epd__error(c, r, NULL);
                 now = now_usec(CLOCK_MONOTONIC);
-                if (now >= until) /* the call stays the caller's: finish again, or abandon */
+                if (now >= until)
                         return epd__fail(c, -ETIMEDOUT, "AcquireOrReserve of %s: no answer in time", call->f->key);
                 if (r > 0)
                         continue;
                 r = sd_bus_wait(c->bus, until == UINT64_MAX ? UINT64_MAX : until - now);
-                if (r == -EINTR) /* a signal: the caller decides (its handler may want to run) */
+                if (r < 0) /* -EINTR: a signal, whose handler the caller may want to run */
                         return epd__error(c, r, NULL);
-                if (r < 0) {
-                        r = epd__error(c, r, NULL);
-                        epd_feature_call_abandon(c, call);
-                        return r;
-                }
         }
-        if (!call->reply) {
+        call->taken = true; /* whatever follows: the answer is the caller's now, or none */
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = TAKE_PTR(call->reply);
+        if (!reply)
                 /* The connection went without an answer: the daemon released whatever the
                  * call had with it. */
-                feature_call_free(call);
-                return epd__fail(c, -ENOTCONN, "AcquireOrReserve: the connection closed before the answer");
-        }
-        const sd_bus_error *e = sd_bus_message_get_error(call->reply);
+                return epd__fail(c, -ENOTCONN, "AcquireOrReserve of %s: the connection closed before the answer",
+                                 call->f->key);
+        const sd_bus_error *e = sd_bus_message_get_error(reply);
         if (e) {
                 /* sd-bus answers a call pending when the connection closes with NoReply:
                  * the connection is what went, not the time. */
                 if (sd_bus_error_has_name(e, SD_BUS_ERROR_NO_REPLY) && sd_bus_is_open(c->bus) <= 0)
-                        r = epd__fail(c, -ENOTCONN, "AcquireOrReserve of %s: the connection to epdd closed before "
-                                                    "the answer", call->f->key);
-                else {
-                        int k = sd_bus_error_get_errno(e);
-                        r = epd__error(c, k > 0 ? -k : -EIO, e);
-                }
-                feature_call_free(call);
-                return r;
+                        return epd__fail(c, -ENOTCONN, "AcquireOrReserve of %s: the connection to epdd closed "
+                                                       "before the answer", call->f->key);
+                int k = sd_bus_error_get_errno(e);
+                return epd__error(c, k > 0 ? -k : -EIO, e);
         }
         f = TAKE_PTR(call->f);
-        r = reserve_reply(c, call->reply, true, f);
-        feature_call_free(call);
+        r = reserve_reply(c, reply, true, f);
         if (r < 0)
                 return drop_unusable(c, f, r);
         epd__clear_error(c);
@@ -405,14 +394,19 @@ int epd_feature_call_finish(epd_client *c, epd_feature_call *call, uint64_t time
         return 0;
 }
 
-void epd_feature_call_abandon(epd_client *c, epd_feature_call *call) {
+bool epd_feature_call_taken(const epd_feature_call *call) {
+        return call && call->taken;
+}
+
+void epd_feature_call_free(epd_client *c, epd_feature_call *call) {
         if (!call)
                 return;
         if (call->slot_gone) {
-                /* Answered (or the connection went): a handle in the answer goes back. */
+                /* Answered (or the connection went): a handle in an answer that finish
+                 * did not take goes back. */
                 if (c && call->reply)
                         release_unwanted(c, call->reply);
-                feature_call_free(call);
+                call_free_now(call);
                 return;
         }
         call->abandoned = true; /* the reply callback releases, the destroy callback frees */

@@ -71,7 +71,8 @@ def _lib_features():
         "epd_feature_acquire_or_reserve_send": (c_int, [c_void_p, c_char_p, c_uint64, P(_CTensor), c_size_t,
                                                         c_char_p, P(c_void_p)]),
         "epd_feature_call_finish": (c_int, [c_void_p, c_void_p, c_uint64, P(_Fp)]),
-        "epd_feature_call_abandon": (None, [c_void_p, c_void_p]),
+        "epd_feature_call_taken": (c_bool, [c_void_p]),
+        "epd_feature_call_free": (None, [c_void_p, c_void_p]),
         "epd_feature_publish": (c_int, [c_void_p, _Fp, c_uint64]),
         "epd_feature_publish_release": (c_int, [c_void_p, _Fp, c_uint64]),
         "epd_feature_fail": (c_int, [c_void_p, _Fp, c_char_p]),
@@ -408,18 +409,18 @@ class Feature(_lib.Closing):
 
 class FeatureCall(_lib.Closing):
     """An AcquireOrReserve on its way (Feature.acquire_or_reserve_send). finish() takes
-    its answer; close() (or collection) gives it up: a handle the answer brings is
-    released when it comes. Either uses the call up."""
+    its answer; close() (or collection) gives it up: a handle an answer brings that
+    finish() did not take is released (when it comes). Either uses the call up."""
 
     def __init__(self, client, call: ctypes.c_void_p, key: str):
         self._client, self._call, self._key, self._lib = client, call, key, _lib_features()
 
     def finish(self, timeout_s: Optional[float] = None) -> Feature:
         """The answer, as acquire_or_reserve() returns it (None: no time limit). Raises
-        EpdError for a refusal, or ETIMEDOUT when none came in time (the call is then
-        given up: a handle its answer brings is released when it comes); the call is
-        used up either way. Waits in slices (_lib.wait_slices), so that Python's signal
-        handlers run meanwhile: an exception one raises gives the call up too."""
+        EpdError for a refusal, or ETIMEDOUT when none came in time (a handle its answer
+        brings later is released when it comes); the call is used up either way. Waits
+        in slices (_lib.wait_slices), so that Python's signal handlers run meanwhile: an
+        exception one raises gives the call up too."""
         if not self._call:
             raise ValueError("feature call already finished or given up")
         p = _Fp()
@@ -427,30 +428,27 @@ class FeatureCall(_lib.Closing):
         try:
             for t in _lib.wait_slices(timeout_s):
                 r = lib.epd_feature_call_finish(c, self._call, t, ctypes.byref(p))
-                if r == -_errno.EBUSY:
-                    break  # from within a callback of the client: still ours, given up below
-                if r not in (-_errno.ETIMEDOUT, -_errno.EINTR):
-                    self._call = None  # used up by libepd
-                    break
+                if r not in (-_errno.ETIMEDOUT, -_errno.EINTR) or lib.epd_feature_call_taken(self._call):
+                    break  # the answer (a refusal's errno may look like a wait cut short)
         finally:
-            self.close()  # still ours after the last slice (a timeout) or an exception: given up
+            self.close()  # libepd frees it, releasing an answer not taken (now or when it comes)
         self._client._check(r, f"acquire or reserve feature {self._key!r}")
         return Feature(self._client, p)
 
     def close(self):
         call, self._call = self._call, None
         if call:
-            self._lib.epd_feature_call_abandon(self._client._c, call)
+            self._lib.epd_feature_call_free(self._client._c, call)
 
     def __del__(self):
-        # Collected, maybe in another thread: given up on the client's next call.
+        # Collected, maybe in another thread: freed on the client's next call.
         try:
             call, self._call = self._call, None
             if call:
                 if getattr(self._client, "_c", None):
-                    self._client._orphan(self._lib.epd_feature_call_abandon, call)
+                    self._client._orphan(self._lib.epd_feature_call_free, call)
                 else:
-                    self._lib.epd_feature_call_abandon(None, call)
+                    self._lib.epd_feature_call_free(None, call)
         except Exception:
             pass
 

@@ -355,6 +355,26 @@ class FeatureTest(unittest.TestCase):
                 f.fail("test")
                 f.release()
 
+    def test_acquire_or_reserve_send_daemon_gone(self):
+        """epdd killed while the call is on its way: finish() says the connection went
+        (ENOTCONN), not a timeout; the call is used up."""
+        import signal
+        d = Daemon()  # its own: this one dies
+        try:
+            with epd.Client(d.address) as a:
+                a.register("encoder", "m", "cpu")
+                os.kill(d.proc.pid, signal.SIGSTOP)
+                call = ef.Feature.acquire_or_reserve_send(a, "img:dies", NBYTES, BUNDLE)
+                d.proc.kill()
+                d.proc.wait()
+                with self.assertRaises(epd.EpdError) as cm:
+                    call.finish(10)
+                self.assertEqual(cm.exception.errno, errno.ENOTCONN, str(cm.exception))
+                with self.assertRaises(ValueError):
+                    call.finish(1)
+        finally:
+            d.stop()
+
     def test_publish_release_on_a_closed_client_frees_the_handle(self):
         """publish_release() gives its handle's C structure (~20 KB) to libepd before
         the call, which frees it whatever the result: on a closed client too (the call

@@ -383,6 +383,9 @@ START_TEST(test_acquire_or_reserve_send) {
         ck_assert_ptr_nonnull(work);
         fill(work, bytes, 4);
         ck_assert_int_eq(epd_feature_call_finish(enc, call, 5 * 1000000ULL, &p), 0);
+        ck_assert(epd_feature_call_taken(call));
+        ck_assert_int_eq(epd_feature_call_finish(enc, call, 5 * 1000000ULL, &r), -EALREADY);
+        epd_feature_call_free(enc, call); /* finished: only freed */
         ck_assert_str_eq(p->result, "produce");
         ck_assert_str_eq(p->state, "reserved");
         ck_assert_ptr_nonnull(p->data);
@@ -395,6 +398,7 @@ START_TEST(test_acquire_or_reserve_send) {
         /* Then a hit, the bytes as written. */
         ck_assert_int_eq(epd_feature_acquire_or_reserve_send(pre, "sha256:aos", bytes, t, n, NULL, &call), 0);
         ck_assert_int_eq(epd_feature_call_finish(pre, call, 5 * 1000000ULL, &r), 0);
+        epd_feature_call_free(pre, call);
         ck_assert_str_eq(r->result, "hit");
         ck_assert(same(r->data, bytes, 4));
         ck_assert_int_eq(epd_feature_release(pre, r), 0);
@@ -405,11 +409,12 @@ START_TEST(test_acquire_or_reserve_send) {
                          0);
         ck_assert_int_eq(epd_feature_call_finish(enc, call, 5 * 1000000ULL, &p), -ENOSPC);
         ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.NoSpace");
+        epd_feature_call_free(enc, call);
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
 
         /* Given up before the answer: the handle it brings is released when it comes. */
         ck_assert_int_eq(epd_feature_acquire_or_reserve_send(enc, "sha256:aos-1", bytes, t, n, NULL, &call), 0);
-        epd_feature_call_abandon(enc, call);
+        epd_feature_call_free(enc, call);
         ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
         round_trip(enc);
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
@@ -421,7 +426,7 @@ START_TEST(test_acquire_or_reserve_send) {
         ck_assert_int_eq(epd_feature_acquire_or_reserve_send(enc, "sha256:aos-2", bytes, t, n, NULL, &call), 0);
         ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 1);
-        epd_feature_call_abandon(enc, call);
+        epd_feature_call_free(enc, call);
         round_trip(enc);
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
 
@@ -438,9 +443,11 @@ START_TEST(test_acquire_or_reserve_send) {
         ck_assert_int_eq(kill(h.epdd_pid, SIGCONT), 0); /* before any assertion: teardown needs it */
         ck_assert_int_eq(sent, 0);
         ck_assert_int_eq(first, -ETIMEDOUT);
+        ck_assert(!epd_feature_call_taken(call));
         ck_assert_uint_ge(waited, 400 * 1000);
         ck_assert(named);
         ck_assert_int_eq(epd_feature_call_finish(enc, call, 5 * 1000000ULL, &p), 0);
+        epd_feature_call_free(enc, call);
         ck_assert_str_eq(p->result, "produce");
         ck_assert_int_eq(epd_feature_fail(enc, p, "test"), 0);
         ck_assert_int_eq(epd_feature_release(enc, p), 0);
@@ -451,17 +458,17 @@ START_TEST(test_acquire_or_reserve_send) {
         ck_assert_int_eq(kill(h.epdd_pid, SIGCONT), 0);
         ck_assert_int_eq(sent, 0);
         ck_assert_int_eq(first, -ETIMEDOUT);
-        epd_feature_call_abandon(enc, call);
+        epd_feature_call_free(enc, call);
         ck_assert_int_eq(sd_bus_set_method_call_timeout(enc->bus, 0), 0); /* the default again */
         ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
         round_trip(enc);
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
 
-        /* The client disconnected with a call unfinished: abandoned with no client (the
+        /* The client disconnected with a call unfinished: freed with no client (the
          * daemon released what the connection held). */
         ck_assert_int_eq(epd_feature_acquire_or_reserve_send(enc, "sha256:aos-4", bytes, t, n, NULL, &call), 0);
         epd_disconnect(enc);
-        epd_feature_call_abandon(NULL, call);
+        epd_feature_call_free(NULL, call);
         round_trip(pre);
         for (int i = 0; i < 100 && stat_u64(pre, "Handles") != 0; i++)
                 usleep(10 * 1000); /* the disconnect is seen on epdd's loop */

@@ -74,24 +74,27 @@ int epd_feature_acquire_or_reserve(epd_client *c, const char *key, uint64_t byte
                                    epd_feature **ret);
 /* epd_feature_acquire_or_reserve() in two steps, so that the caller works while the
  * call is on its way (an encoder uploads its inputs, say): _send() sends it and returns
- * at once; epd_feature_call_finish() waits for the answer (timeout_usec, UINT64_MAX:
- * no limit) and returns it as epd_feature_acquire_or_reserve() does, in *ret. Replies
- * and signals that arrive meanwhile are dispatched by finish (as epd_process() does).
- * The call has no time limit of its own: it waits for finish's, and an answer however
- * late still finds it. finish returns -ETIMEDOUT (no answer in time), -EINTR (a signal
- * came) or -EBUSY (called from within a callback of the same client) with the call
- * still the caller's: finish again, or abandon. Any other return uses the call up,
- * nothing left held: the answer, a refusal (named), or -ENOTCONN (the connection went).
- * epd_feature_call_abandon() gives a call up: a handle that its answer brings is
- * released when it comes (a Release sent without asking for a reply). After
- * epd_disconnect() a call still held is freed with a NULL client (the daemon released
- * what the connection held). One thread per client, as for every call. */
+ * at once; epd_feature_call_finish() waits for the answer (timeout_usec, UINT64_MAX: no
+ * limit) and returns it as epd_feature_acquire_or_reserve() does, in *ret. Replies and
+ * signals that arrive meanwhile are dispatched by finish (as epd_process() does). The
+ * call has no time limit of its own: it waits for finish's, and an answer however late
+ * still finds it. -ETIMEDOUT (no answer in time), -EINTR (a signal came) and -EBUSY
+ * (called from within a callback of the same client) leave the answer to come: finish
+ * again if you like. Once finish has taken the answer (a feature, a named refusal, or
+ * -ENOTCONN: the connection went), a later finish is -EALREADY.
+ * The caller frees every call with epd_feature_call_free(), finished or not: a handle
+ * in an answer that finish did not take is released (at once, or when the answer comes:
+ * a Release that asks for no reply). After epd_disconnect() free with a NULL client (the
+ * daemon released what the connection held). One thread per client, as for every call. */
 typedef struct epd_feature_call epd_feature_call;
 int epd_feature_acquire_or_reserve_send(epd_client *c, const char *key, uint64_t bytes,
                                         const epd_feature_tensor *tensors, size_t n_tensors,
                                         const char *request_id, epd_feature_call **ret);
 int epd_feature_call_finish(epd_client *c, epd_feature_call *call, uint64_t timeout_usec, epd_feature **ret);
-void epd_feature_call_abandon(epd_client *c, epd_feature_call *call);
+/* Whether finish has taken the call's answer: its return was the answer's (a refusal
+ * whose errno happens to be ETIMEDOUT, EINTR or EBUSY included), not a wait cut short. */
+bool epd_feature_call_taken(const epd_feature_call *call);
+void epd_feature_call_free(epd_client *c, epd_feature_call *call);
 /* The same for a feature acquired with result "produce": updates f. */
 int epd_feature_produce(epd_client *c, epd_feature *f, uint64_t bytes,
                         const epd_feature_tensor *tensors, size_t n_tensors,
