@@ -258,6 +258,7 @@ struct epd_feature_call {
         bool slot_gone;         /* no answer will come any more */
         bool taken;             /* finish took the answer (or learned there is none) */
         bool abandoned;         /* its caller freed it unanswered: the destroy callback frees it */
+        bool in_finish;         /* finish runs on it: a free from a callback it dispatches only marks it */
 };
 
 /* Releases the handle of an answer nobody takes, without waiting (from a callback:
@@ -296,7 +297,7 @@ static void on_feature_call_destroy(void *userdata) {
         epd_feature_call *call = userdata;
         call->slot_gone = true;
         call->client = NULL; /* may be on its way out (epd_disconnect) */
-        if (call->abandoned)
+        if (call->abandoned && !call->in_finish)
                 call_free_now(call);
 }
 
@@ -352,7 +353,17 @@ int epd_feature_call_finish(epd_client *c, epd_feature_call *call, uint64_t time
                                             "callback of the same connection", call->f->key);
         until = usec_add(now_usec(CLOCK_MONOTONIC), timeout_usec);
         for (;;) {
+                call->in_finish = true;
                 r = sd_bus_process(c->bus, NULL);
+                call->in_finish = false;
+                if (call->abandoned) {
+                        /* Freed by a callback this step dispatched: what the free left to
+                         * the destroy callback is done here (the reply callback released
+                         * an answer that came). */
+                        if (call->slot_gone)
+                                call_free_now(call);
+                        return epd__fail(c, -ECANCELED, "AcquireOrReserve: the call was freed while being finished");
+                }
                 /* The answer may have come with this step, which then returns 0 (a reply
                  * or error that sd-bus made itself, as when the connection closes). */
                 if (call->reply || call->slot_gone)

@@ -424,10 +424,11 @@ class FeatureCall(_lib.Closing):
         if not self._call:
             raise ValueError("feature call already finished or given up")
         p = _Fp()
-        lib, c = self._lib, self._client._c
+        lib = self._lib
         try:
             for t in _lib.wait_slices(timeout_s):
-                r = lib.epd_feature_call_finish(c, self._call, t, ctypes.byref(p))
+                # Read each slice: a signal handler run between two may have closed the client.
+                r = lib.epd_feature_call_finish(self._client._c, self._call, t, ctypes.byref(p))
                 if r not in (-_errno.ETIMEDOUT, -_errno.EINTR) or lib.epd_feature_call_taken(self._call):
                     break  # the answer (a refusal's errno may look like a wait cut short)
         finally:

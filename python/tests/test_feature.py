@@ -375,6 +375,28 @@ class FeatureTest(unittest.TestCase):
         finally:
             d.stop()
 
+    def test_acquire_or_reserve_send_client_closed_by_a_signal_handler(self):
+        """A signal handler that closes the client while finish() waits (between two of
+        its slices): finish raises ValueError, no call on the closed client."""
+        import signal
+        a = epd.Client(self.d.address)
+        a.register("encoder", "m", "cpu")
+        def handler(*_):
+            os.kill(self.d.proc.pid, signal.SIGCONT)  # close() makes calls of its own
+            a.close()
+        old = signal.signal(signal.SIGALRM, handler)
+        os.kill(self.d.proc.pid, signal.SIGSTOP)
+        try:
+            call = ef.Feature.acquire_or_reserve_send(a, "img:sig", NBYTES, BUNDLE)
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with self.assertRaises(ValueError):
+                call.finish(5)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            os.kill(self.d.proc.pid, signal.SIGCONT)
+            a.close()
+
     def test_publish_release_on_a_closed_client_frees_the_handle(self):
         """publish_release() gives its handle's C structure (~20 KB) to libepd before
         the call, which frees it whatever the result: on a closed client too (the call

@@ -366,6 +366,18 @@ static void round_trip(epd_client *c) {
         ck_assert_int_eq(epd_feature_acquire(c, "sha256:aos-sync", false, &f), -ENOENT);
 }
 
+typedef struct FreeInCallback {
+        epd_client *c;
+        epd_feature_call *call;
+} FreeInCallback;
+
+/* A reply callback that frees a call (while that call's finish dispatches it). */
+static int free_call_in_callback(sd_bus_message *m, void *userdata, sd_bus_error *ret_error) {
+        FreeInCallback *x = userdata;
+        epd_feature_call_free(x->c, x->call);
+        return 0;
+}
+
 /* AcquireOrReserve in two steps: sent, the caller works, then the answer is taken; and
  * every way of not taking it leaves nothing held. */
 START_TEST(test_acquire_or_reserve_send) {
@@ -460,6 +472,19 @@ START_TEST(test_acquire_or_reserve_send) {
         ck_assert_int_eq(first, -ETIMEDOUT);
         epd_feature_call_free(enc, call);
         ck_assert_int_eq(sd_bus_set_method_call_timeout(enc->bus, 0), 0); /* the default again */
+        ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
+        round_trip(enc);
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+
+        /* Freed by a callback that its own finish dispatched: that finish ends
+         * (-ECANCELED), the call is freed once, its answer's handle released. */
+        FreeInCallback x = { .c = enc };
+        ck_assert_int_ge(sd_bus_call_method_async(enc->bus, NULL, harness_destination(&h), "/org/epd1/feature",
+                                                  "org.freedesktop.DBus.Peer", "Ping", free_call_in_callback, &x,
+                                                  NULL),
+                         0);
+        ck_assert_int_eq(epd_feature_acquire_or_reserve_send(enc, "sha256:aos-6", bytes, t, n, NULL, &x.call), 0);
+        ck_assert_int_eq(epd_feature_call_finish(enc, x.call, 5 * 1000000ULL, &p), -ECANCELED);
         ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
         round_trip(enc);
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);

@@ -85,7 +85,10 @@ int epd_feature_acquire_or_reserve(epd_client *c, const char *key, uint64_t byte
  * The caller frees every call with epd_feature_call_free(), finished or not: a handle
  * in an answer that finish did not take is released (at once, or when the answer comes:
  * a Release that asks for no reply). After epd_disconnect() free with a NULL client (the
- * daemon released what the connection held). One thread per client, as for every call. */
+ * daemon released what the connection held). A call freed from a callback that its own
+ * finish dispatched ends that finish with -ECANCELED. epd_flush() waits for the answers
+ * of calls not yet answered, freed ones too (their handles are released as they come).
+ * One thread per client, as for every call. */
 typedef struct epd_feature_call epd_feature_call;
 int epd_feature_acquire_or_reserve_send(epd_client *c, const char *key, uint64_t bytes,
                                         const epd_feature_tensor *tensors, size_t n_tensors,

@@ -93,7 +93,8 @@ int epd_wait(epd_client *c, uint64_t timeout_usec);
 /* Waits up to timeout_usec, through signals caught meanwhile (UINT64_MAX: forever, and
  * then a caught signal ends it with -EINTR), until every call sent without waiting for
  * its reply (epd_feature_publish_release; epd_handoff_prepare_async, whose callbacks it
- * runs) is answered. Returns the first refusal
+ * runs; epd_feature_acquire_or_reserve_send, finished, held or freed: their answers are
+ * kept for finish, or released) is answered. Returns the first refusal
  * among them since the last epd_flush() (a negative errno; epd_last_error_name() and
  * _message() name it and the call), -ETIMEDOUT if some are still unanswered, else 0.
  * Their replies are also taken by epd_process() and epd_wait(). */
