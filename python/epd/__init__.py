@@ -180,8 +180,12 @@ class Client(_lib.Closing):
 
     def _orphan(self, release, handle):
         """From a __del__: release(client, handle) on this client's next call (or its
-        close), never here."""
-        self._orphans.append((release, handle))
+        close), never here; a closed client's, release(None, handle) at once (it only
+        frees libepd's structure: the daemon let go with the connection)."""
+        if getattr(self, "_c", None):
+            self._orphans.append((release, handle))
+        else:
+            release(None, handle)
 
     def _release_orphans(self):
         while self._orphans:

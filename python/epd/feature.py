@@ -399,10 +399,7 @@ class Feature(_lib.Closing):
         try:
             p, self._p = self._p, None
             if p:
-                if getattr(self._client, "_c", None):
-                    self._client._orphan(self._lib.epd_feature_release, p)
-                else:
-                    self._lib.epd_feature_release(None, p)  # disconnected: free the struct
+                self._client._orphan(self._lib.epd_feature_release, p)
         except Exception:
             pass
 
@@ -446,10 +443,7 @@ class FeatureCall(_lib.Closing):
         try:
             call, self._call = self._call, None
             if call:
-                if getattr(self._client, "_c", None):
-                    self._client._orphan(self._lib.epd_feature_call_free, call)
-                else:
-                    self._lib.epd_feature_call_free(None, call)
+                self._client._orphan(self._lib.epd_feature_call_free, call)
         except Exception:
             pass
 
