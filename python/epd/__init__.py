@@ -19,6 +19,7 @@ import collections
 import ctypes
 import errno as _errno
 import os
+import threading
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -124,6 +125,10 @@ class Client(_lib.Closing):
         # object only queues (a deque's append is atomic) and the thread that calls next
         # makes the bus call.
         self._orphans = collections.deque()
+        # Taken by _orphan() around its test of _c and its append, and by close() to set
+        # _c to None: a handle is either queued before close() drains the queue, or
+        # freed at once after. Reentrant: a collection can run in the thread holding it.
+        self._orphan_lock = threading.RLock()
         # Host arenas mapped for Python views, by index: a view keeps its mapping (a
         # Python mmap of the arena's fd) alive, so that a buffer, numpy array or tensor
         # taken from it never points at memory close() or unregister() unmapped.
@@ -182,10 +187,13 @@ class Client(_lib.Closing):
         """From a __del__: release(client, handle) on this client's next call (or its
         close), never here; a closed client's, release(None, handle) at once (it only
         frees libepd's structure: the daemon let go with the connection)."""
-        if getattr(self, "_c", None):
-            self._orphans.append((release, handle))
-        else:
-            release(None, handle)
+        lock = getattr(self, "_orphan_lock", None)
+        if lock is not None:
+            with lock:
+                if self._c:
+                    self._orphans.append((release, handle))
+                    return
+        release(None, handle)
 
     def _release_orphans(self):
         while self._orphans:
@@ -197,14 +205,18 @@ class Client(_lib.Closing):
 
     def close(self):
         if self._c:
-            # The daemon releases what the connection held when it goes: only free
-            # the collected handles' memory.
+            self._new_registration()  # views taken keep their mappings
+            self._l.epd_disconnect(self._c)
+            # Handles collected until now (during the disconnect too, in another
+            # thread) are queued; any collected from here on are freed at once.
+            with self._orphan_lock:
+                self._c = None
+            # The daemon released what the connection held when it went: only free
+            # the collected handles' memory (a call still on its way was ended by the
+            # disconnect, so libepd frees it now).
             while self._orphans:
                 release, handle = self._orphans.popleft()
                 release(None, handle)
-            self._new_registration()  # views taken keep their mappings
-            self._l.epd_disconnect(self._c)
-            self._c = None
 
     def register(self, role: str, model: str, device: str, kv: Optional[KvLayout] = None,
                  arenas: Optional[Sequence[str]] = None, name: Optional[str] = None,

@@ -89,6 +89,39 @@ class FeatureTest(unittest.TestCase):
             self.assertEqual(len(a._orphans), 1)
         self.assertEqual(self.handles(), 0)
 
+    def test_handle_collected_while_the_client_closes(self):
+        """A handle collected in another thread while close() disconnects (the client
+        is still open to its test) is queued then, and close() frees it after the
+        disconnect; one collected after close() is freed at once. Before, a handle
+        queued after close() had drained the queue stayed there, its libepd structure
+        never freed."""
+        freed = []
+
+        def release(client, handle):
+            freed.append((client, handle))
+
+        class Lib:  # libepd, with a collection in another thread during the disconnect
+            def __init__(self, real, client):
+                self._real, self._client = real, client
+
+            def __getattr__(self, name):
+                return getattr(self._real, name)
+
+            def epd_disconnect(self, c):
+                t = threading.Thread(target=self._client._orphan, args=(release, "during"))
+                t.start()
+                t.join()
+                return self._real.epd_disconnect(c)
+
+        a = epd.Client(self.d.address)
+        a._l = Lib(a._l, a)
+        a.close()
+        self.assertEqual(freed, [(None, "during")])
+        self.assertEqual(len(a._orphans), 0)
+        a._orphan(release, "after")
+        self.assertEqual(freed, [(None, "during"), (None, "after")])
+        self.assertEqual(len(a._orphans), 0)
+
     def test_views_hold_the_handle(self):
         """A view of a feature taken from a handle nobody keeps (Feature.acquire(...)
         .buffer(), .numpy(): a temporary) holds the handle: the daemon keeps the feature
