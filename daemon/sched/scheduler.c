@@ -35,6 +35,7 @@ struct SchedRequest {
         char id[SCHED_REQUEST_ID_MAX + 1];
         TaskType type;
         int priority;
+        uint64_t seq;        /* admission order: which requests its admission pushed back */
         usec_t admitted, deadline, predicted_end, stage_start, predicted;
         uint64_t pages;
         void *owner;         /* the caller's (sched_request_set_owner), told at the end */
@@ -70,6 +71,7 @@ struct Scheduler {
         Pool pools[_TASK_TYPE_MAX];
         usec_t soonest_end; /* soonest_end()'s walk, kept while no request comes or goes */
         bool soonest_valid;
+        uint64_t admissions; /* the last SchedRequest.seq */
 };
 
 /* ---- names ---- */
@@ -416,7 +418,14 @@ unsigned sched_worker_get_pools(Scheduler *s, const char *id, SchedStage stage) 
 
 /* ---- requests ---- */
 
-static void stage_release(SchedRequest *r, SchedStage st) {
+/* r leaves worker w's queue (its stage there done, or the request over) having used
+ * `used` of the service predicted for it there. Its admission pushed the lower-priority
+ * requests already queued on w back by that service / slots: they get back the part it
+ * did not use (all of it when it leaves before it ran; none when it took its whole
+ * prediction), never ending before they were admitted. Without this, a request that
+ * ended early or was cancelled kept their predicted ends late for good, and admissions
+ * that would not make them late were refused for their sake. */
+static void stage_release(Scheduler *s, SchedRequest *r, SchedStage st, usec_t used) {
         StageRef *ref = &r->stages[st];
         SchedWorker *w = ref->worker;
 
@@ -428,6 +437,15 @@ static void stage_release(SchedRequest *r, SchedStage st) {
         if (st == SCHED_STAGE_DECODE)
                 w->reserved_pages -= MIN(w->reserved_pages, r->pages);
         ref->worker = NULL;
+
+        usec_t back = used < ref->service ? (ref->service - used) / MAX(w->slots, 1u) : 0;
+        if (back == 0)
+                return;
+        LIST_FOREACH(queue, o, w->queue)
+                if (o->req->priority < r->priority && o->req->seq < r->seq)
+                        o->req->predicted_end -= MIN(back, o->req->predicted_end - MIN(o->req->predicted_end,
+                                                                                       o->req->admitted));
+        s->soonest_valid = false;
 }
 
 static void pool_update_throttle(Scheduler *s, TaskType t) {
@@ -444,9 +462,16 @@ typedef enum FinishHow { FINISH_OK, FINISH_FAILED, FINISH_EXPIRED } FinishHow;
 
 static void request_finish(Scheduler *s, SchedRequest *r, FinishHow how, usec_t now) {
         Pool *p = &s->pools[r->type];
+        bool first = true;
 
-        for (int st = 0; st < _SCHED_STAGE_MAX; st++)
-                stage_release(r, (SchedStage)st);
+        /* The first stage left is the one under way since stage_start; the later ones
+         * never ran. */
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
+                if (!r->stages[st].worker)
+                        continue;
+                stage_release(s, r, (SchedStage)st, first && now > r->stage_start ? now - r->stage_start : 0);
+                first = false;
+        }
         p->queue--;
         pool_update_throttle(s, r->type);
         if (how == FINISH_OK) {
@@ -691,6 +716,7 @@ static int admit(Scheduler *s, const char *request_id, TaskType t, int prio, con
         strcpy(r->id, request_id);
         r->type = t;
         r->priority = prio;
+        r->seq = ++s->admissions;
         r->admitted = r->stage_start = now;
         r->deadline = ret->deadline;
         r->predicted_end = now + best_time;
@@ -865,12 +891,11 @@ int sched_complete(Scheduler *s, const char *request_id, SchedStage st, usec_t s
         w = r->stages[st].worker;
         if (!w)
                 return -ENOENT;
-        if (ok) {
-                usec_t sample = service_usec > 0 ? service_usec : now > r->stage_start ? now - r->stage_start : 1;
-                est_sample(&w->est[r->type], (double)sample, now);
-        }
+        usec_t used = service_usec > 0 ? service_usec : now > r->stage_start ? now - r->stage_start : 1;
+        if (ok)
+                est_sample(&w->est[r->type], (double)used, now);
         r->stage_start = MAX(now, r->stage_start);
-        stage_release(r, st);
+        stage_release(s, r, st, used);
         if (st == SCHED_STAGE_PREFILL && r->stages[SCHED_STAGE_DECODE].worker) {
                 /* The prefill handed its KV off: the handoff took the decode's pages from
                  * the pool (its Prepare reserved them there), so they are out of the free

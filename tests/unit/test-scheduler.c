@@ -75,6 +75,53 @@ START_TEST(test_late_request_not_protected) {
 }
 END_TEST
 
+START_TEST(test_pushed_back_then_given_back) {
+        /* An interactive request pushes the thinking request queued before it back by
+         * its service / slots on each worker (prefill 150 ms / 2, decode 750 ms / 4:
+         * 262.5 ms). When it leaves early (cancelled, or completed in less than its
+         * prediction), the thinking request gets back what it did not use: before, the
+         * push stayed for good and every later interactive Admit was refused for a
+         * deadline that was no longer at risk. */
+        for (int how = 0; how < 2; how++) {
+                SchedConfig c = test_config();
+                Scheduler *s;
+                SchedDecision d, t;
+                usec_t now = 1000 * SEC;
+                ck_assert_int_eq(sched_new(&c, &s), 0);
+                add(s, "p", SCHED_STAGE_PREFILL, 2, 0, 0);
+                add(s, "d", SCHED_STAGE_DECODE, 4, 0, 1000);
+                /* 300 ms of slack: room for one push (187.5 ms on the decode), not two. */
+                usec_t dl = now + 300 * SEC / 1000 + 15 * SEC + 300 * MS;
+                ck_assert_int_eq(sched_admit(s, "t", TASK_THINKING, dl, NULL, now, &t), 0);
+                ck_assert_int_eq(t.verdict, SCHED_ADMIT);
+                ck_assert_int_eq(sched_admit(s, "i0", TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+                ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+                ck_assert_int_eq(sched_admit(s, "t", TASK_THINKING, dl, NULL, now, &t), 0); /* a repeat: its state */
+                ck_assert_uint_eq(t.predicted, 300 * MS + 15 * SEC + 75 * MS + 187500);
+                ck_assert_int_eq(sched_admit(s, "i1", TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+                ck_assert_int_ne(d.verdict, SCHED_ADMIT); /* it would make t late */
+
+                if (how == 0)
+                        ck_assert_int_eq(sched_cancel(s, "i0", now + MS), 0);
+                else {
+                        /* Each stage in 10 ms: 140 ms of the prefill's 150 and 740 of the
+                         * decode's 750 unused. */
+                        ck_assert_int_eq(sched_complete(s, "i0", SCHED_STAGE_PREFILL, 10 * MS, true, now + 10 * MS), 0);
+                        ck_assert_int_eq(sched_complete(s, "i0", SCHED_STAGE_DECODE, 10 * MS, true, now + 20 * MS), 0);
+                }
+                ck_assert_int_eq(sched_admit(s, "t", TASK_THINKING, dl, NULL, now + 20 * MS, &t), 0);
+                usec_t pe = now + 20 * MS + t.predicted;
+                if (how == 0) /* its prefill stage had run 1 ms: 0.5 ms of the push stays */
+                        ck_assert_uint_eq(pe, now + 300 * MS + 15 * SEC + 500);
+                else
+                        ck_assert_uint_eq(pe, now + 300 * MS + 15 * SEC + 5 * MS + 2500);
+                ck_assert_int_eq(sched_admit(s, "i1", TASK_INTERACTIVE, 0, NULL, now + 20 * MS, &d), 0);
+                ck_assert_msg(d.verdict == SCHED_ADMIT, "i0 gone (%d): %s", how, sched_reason_to_string(d.reason));
+                sched_free(s);
+        }
+}
+END_TEST
+
 START_TEST(test_refused_spam_is_no_load) {
         /* Admits that no worker could ever serve (a deadline nothing meets) are refused,
          * and are no load on the pool: they do not raise its rho and so do not turn
@@ -964,6 +1011,7 @@ int main(void) {
         tcase_add_test(tc, test_too_many_retry_at_soonest_end);
         tcase_add_test(tc, test_refused_spam_is_no_load);
         tcase_add_test(tc, test_late_request_not_protected);
+        tcase_add_test(tc, test_pushed_back_then_given_back);
         tcase_add_test(tc, test_estimates_recover_and_saturate);
         tcase_add_test(tc, test_estimate_decays_while_other_pools_busy);
         tcase_add_test(tc, test_pages_reserved_until_prefill_done);
