@@ -79,6 +79,14 @@ int bus_glue_name_error(sd_bus_error *error, int r, const char *interface, const
         return epd_bus_error_errno(error, r, text);
 }
 
+int bus_glue_require_fds(sd_bus_message *msg, const char *what, sd_bus_error *error) {
+        if (sd_bus_can_send(sd_bus_message_get_bus(msg), SD_BUS_TYPE_UNIX_FD) > 0)
+                return 0;
+        return epd_bus_error(error, EPD_ERROR_UNSUPPORTED,
+                             "%s answers with file descriptors, which this connection cannot carry (connect over a "
+                             "Unix socket with fd passing).", what);
+}
+
 int bus_glue_reply_errno(sd_bus_message *call, int r, const char *message) {
         _cleanup_(sd_bus_error_free) sd_bus_error e = SD_BUS_ERROR_NULL;
         (void)epd_bus_error_errno(&e, r < 0 ? r : -EIO, message);

@@ -25,6 +25,11 @@ int bus_glue_add_argument_check(sd_bus *bus);
  * a deferred reply that cannot be built, so that the caller is answered all the same. */
 int bus_glue_reply_errno(sd_bus_message *call, int r, const char *message);
 
+/* 0 when the caller's connection can carry file descriptors; else the named
+ * Unsupported error in `error`, saying that `what` needs them (a bus over TCP, or a
+ * client that did not negotiate fd passing). */
+int bus_glue_require_fds(sd_bus_message *msg, const char *what, sd_bus_error *error);
+
 /* Turns the outcome r of a handler for interface.member into a named error in `error`:
  * what the wrapped handlers do, exposed for the unit test. Returns r. */
 int bus_glue_name_error(sd_bus_error *error, int r, const char *interface, const char *member);

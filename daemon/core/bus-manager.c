@@ -224,6 +224,9 @@ static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_er
         r = manager_client_require(m, msg, &c, error);
         if (r < 0)
                 return r;
+        r = bus_glue_require_fds(msg, "RegisterWorker (the arenas' fds)", error);
+        if (r < 0)
+                return r;
         WorkerRole wr = (WorkerRole)worker_role_from_string(role);
         r = worker_new(m, c, wr, model, device, &w);
         if (r == -EALREADY)

@@ -256,12 +256,20 @@ static int method_open_ring(sd_bus_message *msg, void *userdata, sd_bus_error *e
         r = manager_client_require(m, msg, &c, error);
         if (r < 0)
                 return r;
+        r = bus_glue_require_fds(msg, "OpenRing", error);
+        if (r < 0)
+                return r;
         Reason why = {};
         r = handoff_manager_open_ring(hm_of(userdata), c, sq, cq, &ring, &why);
         if (r < 0)
                 return epd_bus_error_errno(error, r, why.text);
-        /* sd-bus duplicates the fds into the message. */
-        return sd_bus_reply_method_return(msg, "hhht", ring->memfd, ring->submit_fd, ring->complete_fd, ring->size);
+        /* sd-bus duplicates the fds into the message. A ring whose fds did not reach the
+         * client (its connection cannot pass fds, or the reply failed) goes again: else it
+         * would hold its memory and refuse every OpenRing (Exists) until the client left. */
+        r = sd_bus_reply_method_return(msg, "hhht", ring->memfd, ring->submit_fd, ring->complete_fd, ring->size);
+        if (r < 0)
+                (void)handoff_manager_close_ring(hm_of(userdata), c, &why);
+        return r;
 }
 
 static int method_close_ring(sd_bus_message *msg, void *userdata, sd_bus_error *error) {

@@ -131,9 +131,7 @@ static void expect_answer(Expect *e, HandoffObject *o, int error, const char *wh
                 ring_record_handoff_accepted(&rec, user_data, o->h->request_id.bytes, o->h->token, o->h->n_done,
                                              o->h->n_groups, o->n_pages,
                                              handoff_worker_arena_index(cr->object.owner, o->arena));
-        if (ring_post(cr->ring, &rec) < 0)
-                cr->hm->counters.ring_fallbacks++;
-        handoff_ring_kick_later(cr);
+        handoff_ring_answer(cr, &rec);
 }
 
 static void release_expect(ClientObject *co) {
@@ -159,12 +157,31 @@ void handoff_expect_arrived(HandoffObject *d) {
         while (hm->expects && (e = hashmap_get(hm->expects, d->h->request_id.bytes))) {
                 Reason why = {};
                 HandoffObject *o;
-                /* The waiter is one of its client's objects: the client is there. */
-                int r = handoff_dest_accept(hm, e->object.owner, d, &o, &why);
+                /* The waiter is one of its client's objects: the client is there. Its
+                 * room goes to the handoff it accepts (counted against
+                 * MaxObjectsPerClient as the waiter was): with the waiter still counted,
+                 * a client at its limit would hear Quota for a handoff it can own. */
+                Client *c = e->object.owner;
+                client_object_unlink(&e->object);
+                int r = handoff_dest_accept(hm, c, d, &o, &why);
                 if (r < 0)
                         expect_answer(e, NULL, r, why.text);
                 else
                         expect_answer(e, d, 0, NULL);
+        }
+}
+
+void handoff_expect_ended(HandoffObject *d) {
+        HandoffManager *hm = d->hm;
+        char rid[EPD_ID_STRING_MAX];
+        Expect *e;
+        epd_id_to_string(&d->h->request_id, rid);
+        while (hm->expects && (e = hashmap_get(hm->expects, d->h->request_id.bytes))) {
+                Reason why = {};
+                if (handoff_ending_refuse(hm, &d->h->request_id, rid, &why) >= 0) /* no ending kept (memory) */
+                        (void)reason_set(&why, -ESTALE, "The handoff for request %s was rolled back here (%s), "
+                                         "before anyone accepted it.", rid, handoff_cause_to_string(d->h->cause));
+                expect_answer(e, NULL, -ESTALE, why.text);
         }
 }
 
@@ -202,7 +219,11 @@ int handoff_manager_accept_wait(HandoffManager *hm, Client *c, const char *reque
                 ClientRing *cr = hashmap_get(hm->rings, &e->client_serial);
                 e->ring_id = cr ? cr->id : 0;
         }
-        r = sd_event_add_time_relative(m->event, &e->timer, CLOCK_MONOTONIC, timeout, 0, on_expect_timeout, e);
+        /* Within a hundredth of the wait, at most 1 ms (accuracy 0 would be sd-event's
+         * 250 ms: a 2 ms wait answered a quarter of a second late, and a handoff arriving
+         * meanwhile accepted after the wait asked for was over). */
+        r = sd_event_add_time_relative(m->event, &e->timer, CLOCK_MONOTONIC, timeout,
+                                       CLAMP(timeout / 100, (usec_t)1, USEC_PER_MSEC), on_expect_timeout, e);
         if (r < 0) {
                 free(e);
                 return r;

@@ -67,8 +67,15 @@ typedef struct ClientRing {
         Ring *ring;
         sd_event_source *source;
         bool kick_queued;              /* on hm->kick_pending: kicked by on_kicks() */
+        bool lost;                     /* an answer could not be posted: closed at the next kick */
         LIST_FIELDS(struct ClientRing, kick);
 } ClientRing;
+
+/* Posts the answer to a submission (a completion, an ACCEPTED record), which has no
+ * D-Bus fallback: a ring that cannot take it (its backlog full: the worker does not
+ * drain its CQ; out of memory; a corrupt CQ) is closed at the next kick, so the worker
+ * learns (-ECONNRESET from epd_ring_next()) instead of waiting for ever. */
+void handoff_ring_answer(ClientRing *cr, const struct epd_ring_record *rec);
 
 /* Wakes the ring's worker once the loop is done with the event that woke it: the
  * records posted meanwhile (a handoff's groups landed in one read, its state) cost one
@@ -198,6 +205,10 @@ void handoff_expect_drop_ring(HandoffManager *hm, uint64_t client_serial);
 #define HANDOFF_ENDINGS_MAX 1024
 typedef struct HandoffEnding HandoffEnding;
 void handoff_ending_remember(HandoffObject *d);
+/* A destination rolled back before it was announced to its waiters (AcceptWait, ring
+ * ACCEPT; handoff_expect_arrived() never ran for it): they hear Stale and why now,
+ * not at their deadlines. */
+void handoff_expect_ended(HandoffObject *d);
 void handoff_ending_forget(HandoffManager *hm, const EpdId *request_id);
 /* -ESTALE and why if request_id's last destination here rolled back before anyone
  * accepted it; 0 if not. */

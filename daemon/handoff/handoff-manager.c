@@ -178,8 +178,10 @@ void handoff_obj_free(HandoffObject *o) {
                 (void)hashmap_remove(handoff_request_map(hm, o->h->role), o->h->request_id.bytes);
                 /* The request's last attempt here ends unaccepted: a late Accept hears why. */
                 if (o->h->role == HANDOFF_DESTINATION && o->h->accepted_by == 0 &&
-                    o->h->state == HANDOFF_ROLLED_BACK)
+                    o->h->state == HANDOFF_ROLLED_BACK) {
                         handoff_ending_remember(o);
+                        handoff_expect_ended(o);
+                }
         }
         (void)hashmap_remove(hm->by_handle, o->handle_str);
         handoff_settle_forget(o);
@@ -559,6 +561,7 @@ size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t
         PUT("gpu-slices", c->gpu_slices);
         PUT("ring-fallbacks", c->ring_fallbacks);
         PUT("ring-backlogged", handoff_manager_ring_backlogged(hm));
+        PUT("rings-lost", c->rings_lost);
         PUT("pipelined", c->pipelined);
         PUT("journal-waits", c->journal_waits);
         PUT("live", hashmap_size(hm->by_handle));

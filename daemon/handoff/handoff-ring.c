@@ -167,6 +167,8 @@ void handoff_signal_later(HandoffObject *o, unsigned signals) {
 
 /* ---- rings ---- */
 
+static void handoff_ring_lose(ClientRing *cr);
+
 static int on_kicks(sd_event_source *s, void *userdata) {
         HandoffManager *hm = userdata;
         while (hm->kick_pending) {
@@ -174,6 +176,8 @@ static int on_kicks(sd_event_source *s, void *userdata) {
                 LIST_REMOVE(kick, hm->kick_pending, cr);
                 cr->kick_queued = false;
                 (void)ring_kick(cr->ring);
+                if (cr->lost || ring_is_broken(cr->ring))
+                        handoff_ring_lose(cr);
         }
         return 0;
 }
@@ -227,6 +231,23 @@ void handoff_ring_free(ClientRing *cr) {
         free(cr);
 }
 
+/* A ring that lost an answer, or whose CQ the worker corrupted: closed (the worker
+ * takes what was posted, then hears -ECONNRESET; its client may open another). */
+static void handoff_ring_lose(ClientRing *cr) {
+        log_warning("handoff: the ring of client %" PRIu64 " %s; closing it.", cr->serial,
+                    ring_is_broken(cr->ring) ? "has a corrupt completion queue"
+                                             : "could not take the answer to a submission (its completion queue "
+                                               "and backlog are full: the worker does not take its records)");
+        cr->hm->counters.rings_lost++;
+        handoff_ring_free(cr);
+}
+
+void handoff_ring_answer(ClientRing *cr, const struct epd_ring_record *rec) {
+        if (ring_post(cr->ring, rec) < 0)
+                cr->lost = true;
+        handoff_ring_kick_later(cr);
+}
+
 static void release_ring(ClientObject *co) {
         handoff_ring_free(container_of(co, ClientRing, object));
 }
@@ -239,7 +260,8 @@ static int ring_accept(ClientRing *cr, const struct epd_ring_record *rec) {
         EpdId id;
         memcpy(id.bytes, rec->request_id, sizeof id.bytes);
         epd_id_to_string(&id, rid);
-        usec_t timeout = rec->arg0 ? rec->arg0 : hm->manager->config.handoff_timeout_usec;
+        /* 0: the daemon's HandoffTimeout=, which may be longer than a wait can be. */
+        usec_t timeout = rec->arg0 ? rec->arg0 : MIN(hm->manager->config.handoff_timeout_usec, HANDOFF_ACCEPT_WAIT_MAX);
         int r = handoff_manager_accept_wait(hm, cr->object.owner, rid, timeout, NULL, rec->user_data, &o, &why);
         if (r < 0) {
                 log_debug("handoff: ring accept of %s for client %" PRIu64 ": %s", rid, cr->serial, why.text);
@@ -250,8 +272,7 @@ static int ring_accept(ClientRing *cr, const struct epd_ring_record *rec) {
         struct epd_ring_record out;
         ring_record_handoff_accepted(&out, rec->user_data, o->h->request_id.bytes, o->h->token, o->h->n_done,
                                      o->h->n_groups, o->n_pages, handoff_worker_arena_index(cr->object.owner, o->arena));
-        if (ring_post(cr->ring, &out) < 0)
-                hm->counters.ring_fallbacks++;
+        handoff_ring_answer(cr, &out);
         return 0;
 }
 
@@ -273,9 +294,7 @@ static void ring_commit_durable(void *userdata, int error) {
                 ring_record_completion(&out, rc->user_data, error < 0 ? error : 0);
                 if (error >= 0)
                         memcpy(out.request_id, rc->sequence.bytes, sizeof out.request_id);
-                if (ring_post(cr->ring, &out) < 0)
-                        hm->counters.ring_fallbacks++;
-                handoff_ring_kick_later(cr);
+                handoff_ring_answer(cr, &out);
         }
         free(rc);
 }
@@ -379,11 +398,14 @@ static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *us
                 }
                 if (r < 0 || rec.opcode == EPD_RING_OP_NOP || (rec.flags & EPD_RING_F_ACK)) {
                         ring_record_completion(&out, rec.user_data, r < 0 ? r : 0);
-                        if (ring_post(cr->ring, &out) < 0)
-                                hm->counters.ring_fallbacks++;
+                        handoff_ring_answer(cr, &out);
                 }
+                if (cr->lost)
+                        break; /* nothing more is answered on it */
         }
         (void)ring_kick(cr->ring);
+        if (cr->lost || ring_is_broken(cr->ring))
+                handoff_ring_lose(cr);
         return 0;
 }
 

@@ -224,6 +224,7 @@ typedef struct HandoffCounters {
         uint64_t gpu_slices;       /* local GPU: a batch's posts to the CUDA transport, a slice each */
         uint64_t ring_fallbacks;   /* notifications sent over D-Bus for want of ring room */
         uint64_t ring_backlogged;  /* records held back for want of CQ room, of rings closed since */
+        uint64_t rings_lost;       /* rings closed because an answer could not be posted, or a corrupt CQ */
         uint64_t pipelined;        /* to another host without a round trip before the data */
         uint64_t journal_waits;    /* writes held until the record that freed their pages was durable */
         uint64_t failures[_HANDOFF_CAUSE_MAX];

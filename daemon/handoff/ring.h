@@ -60,6 +60,10 @@ int ring_wake_submit(Ring *r);
 int ring_kick(Ring *r);
 /* Clears the submit eventfd (after it became readable). */
 int ring_drain_submit(Ring *r);
+/* The worker corrupted a queue's indexes: nothing more can be posted or taken. */
+static inline bool ring_is_broken(const Ring *r) {
+        return r && r->broken;
+}
 
 /* Builders of the daemon's records. */
 void ring_record_completion(struct epd_ring_record *rec, uint64_t user_data, int result);

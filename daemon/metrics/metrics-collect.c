@@ -311,6 +311,10 @@ static void collect_handoffs(Manager *m, MetricsWriter *w) {
         metrics_family(w, "epd_handoff_ring_backlogged", METRIC_COUNTER, NULL,
                        "Notifications held back for want of room on a worker's ring, posted once it drained.");
         metrics_sample_u64(w, METRIC_NO_LABELS, handoff_manager_ring_backlogged(hm));
+        metrics_family(w, "epd_handoff_rings_lost", METRIC_COUNTER, NULL,
+                       "Workers' rings closed because the answer to a submission could not be posted (the worker "
+                       "did not take its records) or their completion queue was corrupt.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, c->rings_lost);
 }
 
 static void collect_features(Manager *m, MetricsWriter *w) {

@@ -195,6 +195,10 @@ static bool state_is(void *userdata) {
         return strcmp(s.state, w->state) == 0;
 }
 
+static bool kv1_free(void *userdata) {
+        return arena_live(userdata, "kv1") == 0;
+}
+
 static void wait_state(epd_client *c, const char *path, const char *state) {
         WaitState w = { c, path, state };
         ck_assert_msg(harness_wait_for(state_is, &w, 5000), "%s never became %s", path, state);
@@ -705,6 +709,144 @@ START_TEST(test_ring_answers_past_a_full_cq) {
         ck_assert_uint_eq(counter(p, "ring-fallbacks"), 0);
         epd_ring_close(pr);
         epd_disconnect(p);
+}
+END_TEST
+
+/* An answer the ring cannot take (the worker never drains its CQ: the CQ and the
+ * backlog, 4 x its entries, are full) has no D-Bus form: the daemon closes the ring, so
+ * the worker takes what was posted and then hears -ECONNRESET, instead of waiting for
+ * ever for an answer that was dropped; its client opens another. */
+START_TEST(test_ring_lost_answer_closes_it) {
+        epd_client *p = worker("prefill");
+        epd_ring_client *pr;
+        struct epd_ring_record out;
+        enum { CQ = 8, N = CQ + 4 * CQ + 1 };
+        ck_assert_int_eq(epd_ring_open(p, 64, CQ, &pr), 0);
+        struct epd_ring_record rec = { .opcode = EPD_RING_OP_NOP };
+        for (unsigned i = 0; i < N; i++) {
+                rec.user_data = i;
+                ck_assert_int_eq(epd_ring_submit(pr, &rec), 0);
+        }
+        for (int i = 0; i < 500 && counter(p, "rings-lost") == 0; i++)
+                usleep(10000);
+        ck_assert_uint_eq(counter(p, "rings-lost"), 1);
+        expect_nop_answers(pr, CQ);
+        ck_assert_int_eq(epd_ring_next(pr, &out, 5 * USEC_PER_SEC), -ECONNRESET);
+        ck_assert(harness_log_has(&h, "could not take the answer to a submission"));
+        epd_ring_close(pr);
+        ck_assert_int_eq(epd_ring_open(p, 64, CQ, &pr), 0);
+        rec.user_data = 0;
+        ck_assert_int_eq(epd_ring_submit(pr, &rec), 0);
+        expect_nop_answers(pr, 1);
+        ck_assert_int_eq(epd_ring_release(p, pr), 0);
+
+        /* A completion queue the worker corrupted (its head far past the tail): the
+         * answer cannot be posted; the ring is closed at once, not left open (and
+         * OpenRing refused Exists) until the worker's next submission. */
+        ck_assert_int_eq(epd_ring_open(p, 64, CQ, &pr), 0);
+        __atomic_store_n((uint32_t *)((uint8_t *)pr->base + EPD_RING_OFF_CQ_HEAD), 100000U, __ATOMIC_RELEASE);
+        ck_assert_int_eq(epd_ring_submit(pr, &rec), 0);
+        for (int i = 0; i < 500 && counter(p, "rings-lost") == 1; i++)
+                usleep(10000);
+        ck_assert_uint_eq(counter(p, "rings-lost"), 2);
+        ck_assert(harness_log_has(&h, "has a corrupt completion queue"));
+        epd_ring_close(pr);
+        ck_assert_int_eq(epd_ring_open(p, 64, CQ, &pr), 0);
+        ck_assert_int_eq(epd_ring_release(p, pr), 0);
+        epd_disconnect(p);
+}
+END_TEST
+
+/* A ring ACCEPT's wait ends when it asked, not up to sd-event's default 250 ms slack
+ * later (a handoff arriving in between was accepted after the wait had ended). */
+START_TEST(test_ring_accept_wait_ends_on_time) {
+        epd_client *d = worker("decode");
+        epd_ring_client *dr;
+        struct epd_ring_record out;
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);
+        for (unsigned i = 0; i < 5; i++) {
+                usec_t t0 = now_usec(CLOCK_MONOTONIC);
+                ck_assert_int_eq(epd_ring_accept(dr, rid(90 + i), 2000, i), 0);
+                ck_assert_int_eq(epd_ring_next(dr, &out, 5 * USEC_PER_SEC), 0);
+                usec_t took = now_usec(CLOCK_MONOTONIC) - t0;
+                ck_assert_uint_eq(out.opcode, EPD_RING_EV_COMPLETION);
+                ck_assert_uint_eq(out.user_data, i);
+                ck_assert_int_eq(out.result, -ETIMEDOUT);
+                ck_assert_msg(took < 60 * USEC_PER_MSEC, "a 2 ms wait answered after %" PRIu64 " us", took);
+        }
+        ck_assert_int_eq(epd_ring_release(d, dr), 0);
+        epd_disconnect(d);
+}
+END_TEST
+
+/* A waiting ring ACCEPT is one of its client's objects; the handoff it accepts takes its
+ * room: a client at MaxObjectsPerClient with the wait counted accepts (it heard Quota
+ * before). A wait of 0 lasts HandoffTimeout=, however long that is (a wait is at most an
+ * hour): with HandoffTimeout=2h it waits (it was refused Invalid). */
+START_TEST(test_ring_accept_at_the_object_limit) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+        ck_assert_int_eq(harness_init(&h, "[Daemon]\nHostId=alpha\n"
+                                          "[Cluster]\nHandoffTimeout=2h\n"
+                                          "[Arena:kv0]\nSize=64M\n"
+                                          "[Arena:kv1]\nSize=16M\n"
+                                          "[Limits]\nMaxObjectsPerClient=3\n"), 0);
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        epd_ring_client *dr;
+        struct epd_ring_record out;
+        epd_handoff_options o = { .arena = "kv1" };
+        char *path;
+        uint64_t token;
+        char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
+        ck_assert_int_eq(epd_ring_open(d, 64, 64, &dr), 0);          /* the worker, the ring */
+        ck_assert_int_eq(epd_ring_accept(dr, rid(80), 0, 5), 0);     /* and the wait: 3 */
+        struct epd_ring_record nop = { .opcode = EPD_RING_OP_NOP, .user_data = 6 };
+        ck_assert_int_eq(epd_ring_submit(dr, &nop), 0);
+        ck_assert_int_eq(epd_ring_next(dr, &out, 5 * USEC_PER_SEC), 0);
+        ck_assert_uint_eq(out.opcode, EPD_RING_EV_COMPLETION);
+        ck_assert_uint_eq(out.user_data, 6); /* the ACCEPT waits: no answer before the NOP's */
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(80), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        ck_assert_int_eq(epd_ring_next(dr, &out, 5 * USEC_PER_SEC), 0);
+        ck_assert_msg(out.opcode == EPD_RING_EV_HANDOFF_ACCEPTED, "opcode %u, result %d", out.opcode, out.result);
+        ck_assert_uint_eq(out.user_data, 5);
+        ck_assert_uint_eq(out.token, token);
+        ck_assert_int_eq(epd_handoff_rollback(p, path), 0);
+        free(path);
+        ck_assert_int_eq(epd_ring_release(d, dr), 0);
+        release_sequence(p, seq);
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+/* OpenRing from a connection that cannot take fds: its answer cannot carry the ring's
+ * fds, so the ring goes again: every try hears the same error, none "Exists" (before, the
+ * first left a ring behind that nobody could use, holding its memory until the client
+ * left). */
+START_TEST(test_open_ring_without_fd_passing) {
+        char addr[320];
+        snprintf(addr, sizeof addr, "unix:path=%s", h.socket);
+        sd_bus *bus = NULL;
+        ck_assert_int_ge(sd_bus_new(&bus), 0);
+        ck_assert_int_ge(sd_bus_set_address(bus, addr), 0);
+        ck_assert_int_ge(sd_bus_negotiate_fds(bus, false), 0);
+        ck_assert_int_ge(sd_bus_start(bus), 0);
+        for (int i = 0; i < 2; i++) {
+                sd_bus_error e = SD_BUS_ERROR_NULL;
+                sd_bus_message *reply = NULL;
+                int r = sd_bus_call_method(bus, NULL, "/org/epd1/handoffs", "org.epd1.Handoffs", "OpenRing", &e, &reply,
+                                           "uu", 64U, 64U);
+                ck_assert_int_lt(r, 0);
+                ck_assert_msg(sd_bus_error_has_name(&e, "org.epd1.Error.Unsupported"), "try %d: %s: %s", i, e.name,
+                              e.message);
+                sd_bus_error_free(&e);
+                sd_bus_message_unref(reply);
+        }
+        sd_bus_flush_close_unref(bus);
 }
 END_TEST
 
@@ -1383,7 +1525,10 @@ START_TEST(test_target_dies_before_accept) {
         epd_handoff_status s;
         status(p, path, &s);
         ck_assert_str_eq(s.cause, "worker-gone");
-        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        /* Free once the rollback's record is durable (freed pages wait for it, docs/wal.md):
+         * shortly after the state changed, not necessarily before. */
+        ck_assert_msg(harness_wait_for(kv1_free, p, 5000), "kv1 still has %" PRIu64 " live pages",
+                      arena_live(p, "kv1"));
         ck_assert_int_eq(epd_handoff_release(p, path), 0);
         free(path);
         free(seq);
@@ -1487,6 +1632,10 @@ int main(void) {
         tcase_add_test(tc, test_ring);
         tcase_add_test(tc, test_ring_submissions_past_one_turn);
         tcase_add_test(tc, test_ring_answers_past_a_full_cq);
+        tcase_add_test(tc, test_ring_lost_answer_closes_it);
+        tcase_add_test(tc, test_ring_accept_wait_ends_on_time);
+        tcase_add_test(tc, test_ring_accept_at_the_object_limit);
+        tcase_add_test(tc, test_open_ring_without_fd_passing);
         tcase_add_test(tc, test_prepare_async);
         tcase_add_test(tc, test_own_poll_loop);
         tcase_add_test(tc, test_ring_accepted_arena_is_the_workers);

@@ -401,6 +401,12 @@ START_TEST(test_ring_attach_checks) {
         RESET();
         h->sq_offset = 64; /* over the indexes */
         ck_assert_int_eq(epd_ring_attach(&v, copy, r->size, 0), -EBADMSG);
+        RESET();
+        h->cq_offset = 0; /* the completion queue over the header and the indexes */
+        ck_assert_int_eq(epd_ring_attach(&v, copy, r->size, 0), -EBADMSG);
+        RESET();
+        h->cq_offset = 64;
+        ck_assert_int_eq(epd_ring_attach(&v, copy, r->size, 0), -EBADMSG);
 #undef RESET
         free(copy);
         ring_free(r);

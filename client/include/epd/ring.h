@@ -243,7 +243,7 @@ static inline int epd_ring_attach(struct epd_ring *r, void *base, uint64_t size,
             h.record_size != EPD_RING_RECORD_SIZE)
                 return -EPROTONOSUPPORT;
         if (!epd_ring_entries_valid(h.sq_entries) || !epd_ring_entries_valid(h.cq_entries) ||
-            h.size > size || h.sq_offset < EPD_RING_OFF_RECORDS ||
+            h.size > size || h.sq_offset < EPD_RING_OFF_RECORDS || h.cq_offset < EPD_RING_OFF_RECORDS ||
             h.sq_offset % EPD_RING_RECORD_SIZE || h.cq_offset % EPD_RING_RECORD_SIZE ||
             h.sq_offset > h.size || h.cq_offset > h.size ||
             h.size - h.sq_offset < (uint64_t)h.sq_entries * EPD_RING_RECORD_SIZE ||
