@@ -172,7 +172,7 @@ int client_object_room(const Client *c) {
         unsigned total = 0;
         for (int i = 0; i < _CLIENT_OBJECT_TYPE_MAX; i++)
                 total += c->n_objects[i];
-        if (c->dying)
+        if (c->dying || c->exit_watch) /* gone, or its process awaited (client_gone()) */
                 return -ESHUTDOWN;
         if (total >= c->manager->config.max_objects_per_client)
                 return -EDQUOT;

@@ -71,7 +71,36 @@ void feature_handle_release(FeatureHandle *h) {
         client_object_unlink(&h->object);
         hashmap_remove(h->fm->handles, &h->id);
         feature_ref_release(h->ref); /* a producer's release fails its waiters */
+        feature_cache_region_free(h->fm->manager->features, &h->held);
         free(h);
+}
+
+/* A client whose connection went while its process may still run (it maps GPU memory:
+ * client_gone() waits up to 10 s for the process to exit before freeing it): what it was
+ * producing fails now, so that the readers waiting for it hear so at once (a dying
+ * encoder never hangs a prefill), but each region stays allocated, held by its handle,
+ * until the client is freed: its GPU work may still be writing there. */
+static void feature_worker_departing(Manager *m, Worker *w) {
+        FeatureManager *fm = feature_manager_get(m);
+        Client *c = w->object.owner;
+        FeatureHandle *h, **mine;
+        size_t it = 0, n = 0;
+        if (!fm || !c || hashmap_size(fm->handles) == 0)
+                return;
+        /* Collected first: failing wakes the readers, whose answers may add handles. */
+        mine = calloc(hashmap_size(fm->handles), sizeof *mine);
+        if (!mine) {
+                log_warning("Cannot fail the features of departing client %s for want of memory: their readers "
+                            "wait until its process exits.", c->key);
+                return;
+        }
+        while (hashmap_iterate(fm->handles, &it, (void **)&h, NULL))
+                if (h->object.owner == c && h->ref->kind == FEATURE_REF_PRODUCER &&
+                    h->ref->feature->state == FEATURE_RESERVED)
+                        mine[n++] = h;
+        for (size_t i = 0; i < n; i++)
+                (void)feature_fail_holding_region(mine[i]->ref, -EPIPE, &mine[i]->held);
+        free(mine);
 }
 
 int feature_handle_new(FeatureManager *fm, Client *c, FeatureRef *ref, FeatureHandle **ret) {
@@ -356,4 +385,5 @@ const Subsystem feature_subsystem = {
         .add_bus = bus_feature_add,
         .reload = feature_reload,
         .journal = &feature_journal_hooks,
+        .worker_departing = feature_worker_departing,
 };

@@ -54,6 +54,7 @@ struct FeatureHandle {
         EpdId id;
         FeatureRef *ref;
         FeatureLoadWaiter *waiter; /* while its feature is read back */
+        FeatureHeldRegion held;    /* a departing producer's region, freed with the handle */
         LIST_FIELDS(FeatureHandle, pending);
 };
 

@@ -964,6 +964,30 @@ int feature_fail(FeatureRef *r, int error) {
         return 0;
 }
 
+int feature_fail_holding_region(FeatureRef *r, int error, FeatureHeldRegion *ret_held) {
+        Feature *f = r ? r->feature : NULL;
+
+        *ret_held = (FeatureHeldRegion){};
+        if (!f || r->kind != FEATURE_REF_PRODUCER || f->state != FEATURE_RESERVED)
+                return -EBADSLT;
+        if (f->has_region) {
+                /* Out of the feature, still allocated and counted as reserved. */
+                *ret_held = (FeatureHeldRegion){ .arena = f->arena, .offset = f->offset, .size = f->size };
+                f->has_region = false;
+        }
+        set_failed(f->cache, f, error);
+        return 0;
+}
+
+void feature_cache_region_free(FeatureCache *c, const FeatureHeldRegion *held) {
+        if (!c || !held || held->size == 0)
+                return;
+        CacheArena *a = feature_arena_of(c, held->arena);
+        if (a)
+                (void)feature_allocator_release(a->alloc, held->offset);
+        c->stats.bytes_reserved -= MIN(c->stats.bytes_reserved, held->size);
+}
+
 int feature_pin(FeatureCache *c, const char *key, FeatureRef **ret) {
         FeatureRef *r;
         Feature *f;

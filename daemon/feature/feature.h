@@ -270,6 +270,15 @@ int feature_publish(FeatureRef *r, usec_t encode_usec);
 /* Producer: marks it FAILED with error (negative errno), waking waiters. The ref stays,
  * as a reader of a FAILED feature. */
 int feature_fail(FeatureRef *r, int error);
+/* As feature_fail(), but its region stays allocated, the producer's still (its process may
+ * still write there: a departing client's GPU work), until feature_cache_region_free()
+ * with what *ret_held says (held->size 0: it had no region). */
+typedef struct FeatureHeldRegion {
+        uint32_t arena;
+        uint64_t offset, size;
+} FeatureHeldRegion;
+int feature_fail_holding_region(FeatureRef *r, int error, FeatureHeldRegion *ret_held);
+void feature_cache_region_free(FeatureCache *c, const FeatureHeldRegion *held);
 
 /* Pins a READY or RESERVED feature: it is never evicted while the pin lives. */
 int feature_pin(FeatureCache *c, const char *key, FeatureRef **ret);

@@ -30,6 +30,7 @@
 
 #include "cuda-loader.h"
 #include "epd-internal.h"
+#include "epd/epd-feature.h"
 #include "epd/epd-gpu.h"
 #include "epd/epd-telemetry.h"
 #include "epd/handoff.h"
@@ -1118,6 +1119,78 @@ START_TEST(test_gpu_pages_wait_for_the_process) {
 }
 END_TEST
 
+/* An encoder that maps GPU memory loses its connection while its process runs (its
+ * GPU pages wait for the process to exit, up to 10 s): the feature it was producing
+ * fails at once (a prefill waiting for it hears so, not at the process's exit), and its
+ * region is not handed out again until the process is gone (its GPU work may still
+ * write there); the key is produced anew meanwhile, elsewhere. */
+START_TEST(test_departing_encoder_fails_its_features_at_once) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+        ck_assert_int_eq(harness_init(&h, CONFIG "[Arena:feat0]\nUsage=feature\nSize=16M\nPageSize=64K\n"), 0);
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+
+        static const char key[] = "sha256:departing-encoder";
+        epd_feature_tensor t = { .name = "x", .dtype = "u8", .rank = 1, .shape = { 65536 } };
+        int to_parent[2], to_child[2];
+        ck_assert_int_eq(pipe2(to_parent, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(to_child, O_CLOEXEC), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                const char *arenas[] = { "gpu0", "feat0", NULL };
+                epd_client *c = NULL;
+                epd_feature *f = NULL;
+                char go;
+                if (epd_connect(address, &c) < 0 || epd_register(c, "encoder", "model", "cuda:0", &kv, arenas) < 0 ||
+                    epd_feature_acquire_or_reserve(c, key, 65536, &t, 1, NULL, &f) < 0 ||
+                    strcmp(f->result, "produce") != 0)
+                        _exit(1);
+                uint64_t off = f->offset;
+                if (write(to_parent[1], &off, sizeof off) != (ssize_t)sizeof off || read(to_child[0], &go, 1) != 1)
+                        _exit(1);
+                (void)shutdown(epd_get_fd(c), SHUT_RDWR); /* gone, as far as epdd can see */
+                if (read(to_child[0], &go, 1) != 1)
+                        _exit(1);
+                _exit(0);
+        }
+        close(to_parent[1]);
+        close(to_child[0]);
+        uint64_t held;
+        ck_assert_int_eq(read(to_parent[0], &held, sizeof held), (ssize_t)sizeof held);
+
+        const char *farenas[] = { "feat0", NULL };
+        epd_client *p = NULL;
+        epd_feature *w = NULL, *again = NULL;
+        ck_assert_int_eq(epd_connect(address, &p), 0);
+        ck_assert_int_eq(epd_register(p, "prefill", "model", "cuda:0", &kv, farenas), 0);
+        ck_assert_int_eq(epd_feature_acquire(p, key, false, &w), 0);
+        ck_assert_str_eq(w->result, "wait");
+        ck_assert_int_eq(write(to_child[1], "x", 1), 1); /* its connection goes */
+        usec_t t0 = now_usec(CLOCK_MONOTONIC);
+        ck_assert_int_eq(epd_feature_wait(p, w, 8 * USEC_PER_SEC), -EPIPE);
+        usec_t took = now_usec(CLOCK_MONOTONIC) - t0;
+        ck_assert_msg(took < 3 * USEC_PER_SEC, "the wait ended after %" PRIu64 " ms", took / 1000);
+        ck_assert_str_eq(w->error, "producer-gone");
+        epd_feature_release(p, w);
+
+        /* Produced anew meanwhile, not in the region the departing process may write. */
+        ck_assert_int_eq(epd_feature_acquire_or_reserve(p, key, 65536, &t, 1, NULL, &again), 0);
+        ck_assert_str_eq(again->result, "produce");
+        ck_assert_uint_ne(again->offset, held);
+        ck_assert_int_eq(epd_feature_release(p, again), 0);
+
+        ck_assert_int_eq(write(to_child[1], "x", 1), 1);
+        int st;
+        ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+        ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        close(to_parent[0]);
+        close(to_child[1]);
+        epd_disconnect(p);
+}
+END_TEST
+
 /* Releases the sequences in this order, frees their paths; gpu0 is empty then. */
 static void release_all(epd_client *c, char **paths, size_t n) {
         for (size_t i = 0; i < n; i++) {
@@ -1637,6 +1710,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_host_to_gpu);
         tcase_add_test(tc, test_decode_dies);
         tcase_add_test(tc, test_gpu_pages_wait_for_the_process);
+        tcase_add_test(tc, test_departing_encoder_fails_its_features_at_once);
         tcase_add_test(tc, test_cow);
         tcase_add_test(tc, test_notifier);
         tcase_add_test(tc, test_sliced_batches);
