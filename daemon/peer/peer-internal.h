@@ -103,6 +103,8 @@ struct Peer {
         usec_t backoff_usec;
         usec_t their_heartbeat_usec; /* the acceptor's HeartbeatInterval (its AUTH_OK), when we
                                       * dialed this session; 0: not known (we accepted it) */
+        usec_t session_heartbeat_usec; /* our own HeartbeatInterval when the session came up:
+                                        * what the peer was told, or judges by, until it ends */
         uint64_t heartbeat_seq;
         PeerStats stats;
         char last_error[160];

@@ -115,14 +115,21 @@ void peer_stream_failed(Peer *p, int error, const char *what) {
 /* The two sides' HeartbeatInterval may differ (hosts configured apart, a rolling
  * reload). The dialer learns the acceptor's from AUTH_OK and takes the smaller to send
  * (every quarter of it) and the larger for its verdict: each side then hears from the
- * other within its own bound, whichever dialed. The acceptor keeps its own for both. */
+ * other within its own bound, whichever dialed. The acceptor keeps its own for both.
+ * A reload (SIGHUP) changes our own mid-session, which the peer does not learn: until
+ * the session ends each side also keeps to the interval it had when the session came up
+ * (sends no slower, judges no sooner), or a reload to a longer interval on one host had
+ * the other declare it dead on the next idle stretch, and one to a shorter interval
+ * judged a peer still sending at the old pace too soon. */
 static usec_t heartbeat_send_usec(const Peer *p) {
-        usec_t own = p->pm->heartbeat_usec, theirs = p->their_heartbeat_usec;
+        usec_t own = p->pm->heartbeat_usec, theirs = p->their_heartbeat_usec, then = p->session_heartbeat_usec;
+        if (then > 0)
+                own = MIN(own, then);
         return theirs > 0 ? MIN(own, theirs) : own;
 }
 
 static usec_t heartbeat_verdict_usec(const Peer *p) {
-        return MAX(p->pm->heartbeat_usec, p->their_heartbeat_usec);
+        return MAX(MAX(p->pm->heartbeat_usec, p->their_heartbeat_usec), p->session_heartbeat_usec);
 }
 
 static int heartbeat_cb(sd_event_source *s, uint64_t usec, void *userdata) {
@@ -177,6 +184,7 @@ int peer_up(Peer *p, Conn *c, uint64_t session_id, unsigned n_streams) {
         p->stats.connects++;
         p->stats.last_rx_usec = p->stats.up_since_usec = now_usec(CLOCK_MONOTONIC);
         p->last_error[0] = 0;
+        p->session_heartbeat_usec = pm->heartbeat_usec;
 
         if (!p->heartbeat_timer)
                 r = sd_event_add_time_relative(pm->event, &p->heartbeat_timer, CLOCK_MONOTONIC,

@@ -13,6 +13,7 @@
  *   hash OFF LEN                    FNV-1a 64 of a range
  *   post HOST COUNT SIZE SRC DST STRIDE    post COUNT writes (i-th at +i*STRIDE)
  *   validator accept|refuse         answer incoming writes
+ *   heartbeat MS                    HeartbeatInterval changed, as a reload (SIGHUP) does
  *   stats                           counters
  *   peers                           one line per peer, then ok
  *   bench HOST SIZE TOTAL WINDOW    stream TOTAL bytes in SIZE writes, WINDOW in flight
@@ -219,6 +220,9 @@ static void command(char *line) {
                         out("err %s", strerror(-r));
                 else
                         out("ok");
+        } else if (strcmp(argv[0], "heartbeat") == 0 && argc == 2) {
+                peer_manager_set_heartbeat(S.pm, strtoull(argv[1], NULL, 10) * USEC_PER_MSEC);
+                out("ok");
         } else if (strcmp(argv[0], "validator") == 0 && argc == 2) {
                 S.refuse = strcmp(argv[1], "refuse") == 0;
                 out("ok");

@@ -303,6 +303,38 @@ def test_two_hosts(node_bin, tmp):
         net.close()
 
 
+def test_heartbeat_reload(node_bin, tmp):
+    """HeartbeatInterval reloaded on one host mid-session (SIGHUP), which the other does
+    not learn: until the session ends each keeps to the interval it had when the session
+    came up, so no idle stretch ends it. Before, a reload from 2 s to 10 s made that host
+    send every 2.5 s while the other still judged by 2 s, and one to 400 ms judged a peer
+    still sending every 500 ms: the session dropped. Each host in turn, since which one
+    accepted the session decides who judges by what."""
+    net = Net(2)
+    nodes = []
+    try:
+        key = key_file(tmp, "key", "5b" * 32)
+        names = ["alpha", "bravo"]
+        nodes = [Node(node_bin, net, i, key, names, ("--heartbeat-ms", "2000")) for i in range(2)]
+        wait_until(lambda: all_up(nodes), 10, "both peers up")
+        for changed, ms in ((0, 10000), (1, 10000), (0, 400), (1, 400)):
+            for n in nodes:
+                n.ok("heartbeat 2000")
+                n.pump()
+                n.events.clear()
+            nodes[changed].ok(f"heartbeat {ms}")
+            time.sleep(3.5)
+            for n in nodes:
+                n.pump()
+            downs = [l for n in nodes for (_, l) in n.events if " down" in l]
+            assert not downs, (names[changed], ms, downs)
+            assert all_up(nodes)
+    finally:
+        for n in nodes:
+            n.stop()
+        net.close()
+
+
 def test_heartbeat_mismatch(node_bin, tmp):
     """Two hosts whose HeartbeatInterval differ (400 ms and 3 s: configured apart, or in
     the middle of a rolling reload) stay up: the dialer takes the acceptor's interval from
@@ -694,6 +726,7 @@ def main():
     tests = {
         "peer-two-hosts": test_two_hosts,
         "peer-heartbeat-mismatch": test_heartbeat_mismatch,
+        "peer-heartbeat-reload": test_heartbeat_reload,
         "peer-three-hosts": test_three_hosts,
         "peer-wrong-key": test_wrong_key,
         "peer-faults": test_faults,
