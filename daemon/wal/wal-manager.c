@@ -199,7 +199,10 @@ static void reply_one(void *userdata, int error) {
 }
 
 static void maybe_compact(Manager *m, WalGlue *g, const WalWriterStats *st) {
-        if (st->error < 0 || st->log_bytes <= MAX(m->config.wal_compact_bytes, g->compact_after) ||
+        /* Not after a refused append either: the state in memory then holds a change
+         * whose record was refused (its caller told Failed), which a snapshot would make
+         * durable after all. */
+        if (st->error < 0 || g->refused < 0 || st->log_bytes <= MAX(m->config.wal_compact_bytes, g->compact_after) ||
             wal_writer_compacting(g->writer))
                 return;
         /* The state is taken here, where it lives, as of the last record appended; the
