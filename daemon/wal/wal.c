@@ -432,10 +432,12 @@ Wal *wal_free(Wal *w) {
         if (!w)
                 return NULL;
         if (w->fd >= 0 && w->cut_at > 0) {
-                /* Never synced: their callers heard they failed. */
-                if (ftruncate(w->fd, (off_t)w->cut_at) >= 0)
+                /* Never synced: their callers heard they failed. Synced only once cut
+                 * off: a sync of a file still holding them would make them durable. */
+                if (ftruncate(w->fd, (off_t)w->cut_at) >= 0) {
                         w->end = w->alloc = w->cut_at;
-                (void)fdatasync(w->fd);
+                        (void)fdatasync(w->fd);
+                }
         } else if (w->fd >= 0 && w->policy != WAL_SYNC_NONE && w->synced_lsn < w->last_lsn)
                 (void)fdatasync(w->fd);
         /* A clean close leaves the records alone in the file, without the zeros written
@@ -671,8 +673,14 @@ int wal_sync(Wal *w) {
                                 w->end = w->alloc = w->synced_end;
                                 w->last_lsn = w->synced_lsn;
                                 w->stats.log_bytes = w->end;
-                                if (fdatasync(w->fd) < 0)
+                                if (fdatasync(w->fd) < 0) {
+                                        /* The cut may not be durable: the file could come
+                                         * back at its old length with the records that
+                                         * failed. Zero the first one's header and take
+                                         * nothing more until a restart. */
                                         log_error_errno(errno, "Failed to sync the WAL's cut: %m");
+                                        cut_failed(w, w->synced_end);
+                                }
                         }
                         return log_error_errno(e, "Failed to sync the WAL: %m");
                 }
