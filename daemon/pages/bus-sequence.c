@@ -269,9 +269,13 @@ static int method_attach(sd_bus_message *msg, void *userdata, sd_bus_error *erro
         Sequence *s = page_manager_get(m->page_manager, id);
         if (!s)
                 return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No sequence %s.", id);
-        r = page_manager_attach(s, c);
+        r = page_manager_attach(m->page_manager, s, c);
         if (r == -EBUSY)
                 return epd_bus_error(error, EPD_ERROR_BUSY, "Sequence %s is attached to another client.", id);
+        if (r == -EADDRINUSE)
+                return epd_bus_error(error, EPD_ERROR_BUSY,
+                                     "Sequence %s is the head of a workflow branch: the workflow owns it "
+                                     "(org.epd1.Workflow.Attach takes the workflow back).", id);
         if (r == -EPERM)
                 return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED, "Sequence %s belongs to uid %" PRIu32 ".",
                                      id, s->uid);

@@ -895,8 +895,8 @@ fail:
         return r;
 }
 
-int page_manager_attach(Sequence *s, Client *c) {
-        if (!s || !c)
+int page_manager_attach(PageManager *pm, Sequence *s, Client *c) {
+        if (!pm || !s || !c)
                 return -EINVAL;
         if (s->object.owner == c)
                 return 0;
@@ -904,6 +904,11 @@ int page_manager_attach(Sequence *s, Client *c) {
                 return -EBUSY;
         if ((uint32_t)c->uid != s->uid && c->uid != 0)
                 return -EPERM;
+        /* A branch's head is the workflow's: attached to a client of its own, it would be
+         * released under that client by the workflow's next transition, or with the
+         * workflow at the grace's end, while the client still wrote into its pages. */
+        if (pm->keeps && pm->keeps(pm->keeps_userdata, &s->id))
+                return -EADDRINUSE;
         return client_object_link(c, &s->object, CLIENT_OBJECT_SEQUENCE, sequence_object_release);
 }
 

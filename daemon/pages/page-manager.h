@@ -186,8 +186,10 @@ int page_manager_restore_finish(PageManager *pm);
 int page_manager_snapshot(PageManager *pm, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
                           void *userdata);
 /* Attach after a restart: client c (of the sequence's uid, or root) becomes the owner
- * of a sequence that has none. -EBUSY if another client owns it, -EPERM for another uid. */
-int page_manager_attach(Sequence *s, Client *c);
+ * of a sequence that has none. -EBUSY if another client owns it, -EPERM for another uid,
+ * -EADDRINUSE if a workflow branch heads on it (the workflow owns it: Workflow.Attach
+ * takes it back, and the workflow's transitions and its release free it). */
+int page_manager_attach(PageManager *pm, Sequence *s, Client *c);
 
 /* Grants a worker read access (Grant) / takes it back (Revoke: -ENOENT if absent). */
 int page_manager_grant(Sequence *s, const EpdId *worker);

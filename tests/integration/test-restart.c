@@ -2739,7 +2739,7 @@ START_TEST(test_unattached_workflow_released_at_grace) {
         uint32_t tokens[64];
         for (unsigned i = 0; i < 64; i++)
                 tokens[i] = i;
-        char *wf[2] = { NULL, NULL }, *head = NULL;
+        char *wf[2] = { NULL, NULL }, *head = NULL, *fork_head = NULL;
         for (int k = 0; k < 2; k++) {
                 char *root = NULL;
                 ck_assert_int_eq(epd_sequence_create(c, "host0", 4, &root, NULL, NULL), 0);
@@ -2747,7 +2747,10 @@ START_TEST(test_unattached_workflow_released_at_grace) {
                 free(head);
                 uint32_t b;
                 ck_assert_int_eq(epd_workflow_fork(c, wf[k], 0, &b, &head), 0);
-                free(head);
+                if (k == 0)
+                        fork_head = head;
+                else
+                        free(head);
                 ck_assert_int_eq(epd_sequence_release(c, root), 0);
                 free(root);
         }
@@ -2758,6 +2761,13 @@ START_TEST(test_unattached_workflow_released_at_grace) {
         start_epdd(true);
         c = kv_worker(&host0, &feat0);
         ck_assert_uint_eq(workflow_count_now(), 2);
+        /* A branch's head is the workflow's, not to be attached on its own: the workflow
+         * releases it at the grace's end (or at its next transition), under whoever
+         * would have attached it, while it wrote there. */
+        ck_assert_int_eq(epd_sequence_attach(c, id_of(fork_head), NULL), -EBUSY);
+        ck_assert_msg(strstr(epd_last_error_message(c), "head of a workflow branch"), "%s",
+                      epd_last_error_message(c));
+        free(fork_head);
         ck_assert_int_eq(epd_workflow_attach(c, wf[1]), 0); /* this one is taken back */
         uint64_t pc[4];
         for (int i = 0; i < 300 && workflow_count_now() > 1; i++)
