@@ -25,9 +25,11 @@ int bus_glue_add_argument_check(sd_bus *bus);
  * a deferred reply that cannot be built, so that the caller is answered all the same. */
 int bus_glue_reply_errno(sd_bus_message *call, int r, const char *message);
 
-/* 0 when the caller's connection can carry file descriptors; else the named
- * Unsupported error in `error`, saying that `what` needs them (a bus over TCP, or a
- * client that did not negotiate fd passing). */
+/* 0 when the connection the call came on can carry file descriptors; else the named
+ * Unsupported error in `error`, saying that `what` needs them (a client of the direct
+ * socket that did not negotiate fd passing). On a bus this is epdd's own link to the
+ * broker, which passes fds: whether the caller's does is the broker's to know (a reply
+ * it cannot deliver is dropped there). */
 int bus_glue_require_fds(sd_bus_message *msg, const char *what, sd_bus_error *error);
 
 /* Turns the outcome r of a handler for interface.member into a named error in `error`:

@@ -224,9 +224,6 @@ static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_er
         r = manager_client_require(m, msg, &c, error);
         if (r < 0)
                 return r;
-        r = bus_glue_require_fds(msg, "RegisterWorker (the arenas' fds)", error);
-        if (r < 0)
-                return r;
         WorkerRole wr = (WorkerRole)worker_role_from_string(role);
         r = worker_new(m, c, wr, model, device, &w);
         if (r == -EALREADY)
@@ -251,6 +248,13 @@ static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_er
                         if (role_wants_arena(wr, m->arenas[i]))
                                 mask |= 1ULL << i;
         w->arena_mask = mask;
+        if (mask != 0) {
+                r = bus_glue_require_fds(msg, "RegisterWorker (the arenas' fds)", error);
+                if (r < 0) {
+                        worker_free(w);
+                        return r;
+                }
+        }
         Reason refused = {};
         r = manager_worker_added(m, w, &refused);
         if (r < 0) {

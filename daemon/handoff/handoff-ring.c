@@ -169,22 +169,29 @@ void handoff_signal_later(HandoffObject *o, unsigned signals) {
 
 static void handoff_ring_lose(ClientRing *cr);
 
-static int on_kicks(sd_event_source *s, void *userdata) {
-        HandoffManager *hm = userdata;
+/* may_free: a lost ring is closed here (the loop's after-dispatch point, or an event of
+ * its own); not when run synchronously under a caller that may still use the ring (the
+ * fallback of handoff_ring_kick_later()): the worker already knows (closed flag), the
+ * ring goes at the next of those points or with its client. */
+static void kick_all(HandoffManager *hm, bool may_free) {
         while (hm->kick_pending) {
                 ClientRing *cr = hm->kick_pending;
                 LIST_REMOVE(kick, hm->kick_pending, cr);
                 cr->kick_queued = false;
                 (void)ring_kick(cr->ring);
-                if (cr->lost || ring_is_broken(cr->ring))
+                if (may_free && (cr->lost || ring_is_broken(cr->ring)))
                         handoff_ring_lose(cr);
         }
+}
+
+static int on_kicks(sd_event_source *s, void *userdata) {
+        kick_all(userdata, true);
         return 0;
 }
 
 void handoff_rings_kick_pending(HandoffManager *hm) {
         if (hm && hm->kick_pending)
-                on_kicks(NULL, hm);
+                kick_all(hm, true);
 }
 
 void handoff_ring_kick_later(ClientRing *cr) {
@@ -200,14 +207,14 @@ void handoff_ring_kick_later(ClientRing *cr) {
         /* Any other loop (tests, helpers): the next thing it runs. */
         if (!hm->kick_source) {
                 if (sd_event_add_defer(hm->manager->event, &hm->kick_source, on_kicks, hm) < 0) {
-                        on_kicks(NULL, hm); /* no source: at once */
+                        kick_all(hm, false); /* no source: at once */
                         return;
                 }
                 /* First thing on the loop's next turn: the worker waits for it. */
                 (void)sd_event_source_set_priority(hm->kick_source, SD_EVENT_PRIORITY_IMPORTANT);
         }
         if (sd_event_source_set_enabled(hm->kick_source, SD_EVENT_ONESHOT) < 0)
-                on_kicks(NULL, hm);
+                kick_all(hm, false);
 }
 
 void handoff_ring_free(ClientRing *cr) {
@@ -243,8 +250,12 @@ static void handoff_ring_lose(ClientRing *cr) {
 }
 
 void handoff_ring_answer(ClientRing *cr, const struct epd_ring_record *rec) {
-        if (ring_post(cr->ring, rec) < 0)
+        if (ring_post(cr->ring, rec) < 0 && !cr->lost) {
                 cr->lost = true;
+                /* The worker learns now (what was posted, then -ECONNRESET); the daemon
+                 * side goes at a point where nobody uses it (kick_all()). */
+                ring_mark_closed(cr->ring);
+        }
         handoff_ring_kick_later(cr);
 }
 
@@ -362,6 +373,8 @@ static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *us
                         (void)ring_wake_submit(cr->ring);
                         break;
                 }
+                if (cr->lost)
+                        break; /* nothing more is taken from it: its answers could not come */
                 r = ring_consume(cr->ring, &rec);
                 if (r == -EAGAIN)
                         break;
@@ -400,8 +413,6 @@ static int on_ring_submit(sd_event_source *s, int fd, uint32_t revents, void *us
                         ring_record_completion(&out, rec.user_data, r < 0 ? r : 0);
                         handoff_ring_answer(cr, &out);
                 }
-                if (cr->lost)
-                        break; /* nothing more is answered on it */
         }
         (void)ring_kick(cr->ring);
         if (cr->lost || ring_is_broken(cr->ring))

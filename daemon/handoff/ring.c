@@ -85,21 +85,26 @@ fail_errno:
         return e;
 }
 
+void ring_mark_closed(Ring *r) {
+        /* A worker waiting on the ring learns that nothing more comes (its client may
+         * stay connected: a corrupt queue, CloseRing, an answer it could not take): after
+         * the records posted, the flag, then a last wakeup. Through the mapping itself: a
+         * ring that failed half-way through ring_new() has no view. */
+        if (!r || r->base == MAP_FAILED || !r->base)
+                return;
+        if (r->size >= EPD_RING_OFF_CLOSED + sizeof(uint32_t))
+                __atomic_store_n((uint32_t *)((uint8_t *)r->base + EPD_RING_OFF_CLOSED), 1U, __ATOMIC_RELEASE);
+        if (r->complete_fd >= 0) {
+                uint64_t one = 1;
+                (void)!write(r->complete_fd, &one, sizeof one);
+        }
+}
+
 Ring *ring_free(Ring *r) {
         if (!r)
                 return NULL;
         if (r->base != MAP_FAILED && r->base) {
-                /* A worker waiting on the ring learns that nothing more comes (its
-                 * client may stay connected: a corrupt queue, CloseRing): after the
-                 * records posted, the flag, then a last wakeup. Through the mapping
-                 * itself: a ring that failed half-way through ring_new() has no view. */
-                if (r->size >= EPD_RING_OFF_CLOSED + sizeof(uint32_t))
-                        __atomic_store_n((uint32_t *)((uint8_t *)r->base + EPD_RING_OFF_CLOSED), 1U,
-                                         __ATOMIC_RELEASE);
-                if (r->complete_fd >= 0) {
-                        uint64_t one = 1;
-                        (void)!write(r->complete_fd, &one, sizeof one);
-                }
+                ring_mark_closed(r);
                 (void)munmap(r->base, r->size);
         }
         free(r->backlog);

@@ -60,6 +60,9 @@ int ring_wake_submit(Ring *r);
 int ring_kick(Ring *r);
 /* Clears the submit eventfd (after it became readable). */
 int ring_drain_submit(Ring *r);
+/* Tells the worker that nothing more comes (the mapping's closed flag, then a wakeup),
+ * before ring_free(). */
+void ring_mark_closed(Ring *r);
 /* The worker corrupted a queue's indexes: nothing more can be posted or taken. */
 static inline bool ring_is_broken(const Ring *r) {
         return r && r->broken;

@@ -28,6 +28,7 @@ typedef struct StageRef {
         SchedRequest *req;
         SchedWorker *worker; /* NULL: stage skipped or done */
         usec_t service;      /* conservative estimate at admission */
+        usec_t pushed;       /* how far its admission pushed lower-priority work queued there */
         LIST_FIELDS(struct StageRef, queue);
 } StageRef;
 
@@ -425,7 +426,7 @@ unsigned sched_worker_get_pools(Scheduler *s, const char *id, SchedStage stage) 
  * prediction), never ending before they were admitted. Without this, a request that
  * ended early or was cancelled kept their predicted ends late for good, and admissions
  * that would not make them late were refused for their sake. */
-static void stage_release(Scheduler *s, SchedRequest *r, SchedStage st, usec_t used) {
+static void stage_release(Scheduler *s, SchedRequest *r, SchedStage st, usec_t used, usec_t now) {
         StageRef *ref = &r->stages[st];
         SchedWorker *w = ref->worker;
 
@@ -438,13 +439,20 @@ static void stage_release(Scheduler *s, SchedRequest *r, SchedStage st, usec_t u
                 w->reserved_pages -= MIN(w->reserved_pages, r->pages);
         ref->worker = NULL;
 
-        usec_t back = used < ref->service ? (ref->service - used) / MAX(w->slots, 1u) : 0;
+        /* The share of the push (as made, whatever the slots are now) that it did not use. */
+        usec_t back = used < ref->service && ref->service > 0
+                              ? (usec_t)((unsigned __int128)ref->pushed * (ref->service - used) / ref->service)
+                              : 0;
         if (back == 0)
                 return;
         LIST_FOREACH(queue, o, w->queue)
-                if (o->req->priority < r->priority && o->req->seq < r->seq)
-                        o->req->predicted_end -= MIN(back, o->req->predicted_end - MIN(o->req->predicted_end,
-                                                                                       o->req->admitted));
+                if (o->req->priority < r->priority && o->req->seq < r->seq) {
+                        /* Never to before now (nor its admission): an end in the past
+                         * would read as overdue. */
+                        usec_t floor = MAX(o->req->admitted, now), pe = o->req->predicted_end;
+                        if (pe > floor)
+                                o->req->predicted_end = pe - MIN(back, pe - floor);
+                }
         s->soonest_valid = false;
 }
 
@@ -469,7 +477,7 @@ static void request_finish(Scheduler *s, SchedRequest *r, FinishHow how, usec_t 
         for (int st = 0; st < _SCHED_STAGE_MAX; st++) {
                 if (!r->stages[st].worker)
                         continue;
-                stage_release(s, r, (SchedStage)st, first && now > r->stage_start ? now - r->stage_start : 0);
+                stage_release(s, r, (SchedStage)st, first && now > r->stage_start ? now - r->stage_start : 0, now);
                 first = false;
         }
         p->queue--;
@@ -735,9 +743,10 @@ static int admit(Scheduler *s, const char *request_id, TaskType t, int prio, con
                 if (!w)
                         continue;
                 /* Lower-priority work here is pushed back by our service / slots. */
+                ref->pushed = best[st].service / w->slots;
                 LIST_FOREACH(queue, o, w->queue)
                         if (o->req->priority < prio)
-                                o->req->predicted_end += best[st].service / w->slots;
+                                o->req->predicted_end += ref->pushed;
                 ref->worker = w;
                 ref->service = best[st].service;
                 LIST_PREPEND(queue, w->queue, ref);
@@ -895,7 +904,7 @@ int sched_complete(Scheduler *s, const char *request_id, SchedStage st, usec_t s
         if (ok)
                 est_sample(&w->est[r->type], (double)used, now);
         r->stage_start = MAX(now, r->stage_start);
-        stage_release(s, r, st, used);
+        stage_release(s, r, st, used, now);
         if (st == SCHED_STAGE_PREFILL && r->stages[SCHED_STAGE_DECODE].worker) {
                 /* The prefill handed its KV off: the handoff took the decode's pages from
                  * the pool (its Prepare reserved them there), so they are out of the free

@@ -2025,8 +2025,13 @@ static void ev_check(epd_client *c, EvRun *x, uint64_t lsn) {
                 }
                 fprintf(stderr, "%s: sequence %s has no owner and no branch heads on it\n", what, all.path[i]);
                 strays++;
-                /* Taken, to be released with the rest. */
-                ck_assert_int_eq(epd_sequence_attach(c, all.path[i], NULL), 0);
+                /* Taken, to be released with the rest; but the head of the workflow that a
+                 * Create in flight made (nobody can name it) is that workflow's: Attach
+                 * refuses it (Busy), and it goes with the workflow at the grace's end. */
+                int ra = epd_sequence_attach(c, all.path[i], NULL);
+                if (ra == -EBUSY && x->stray_workflow && count > known)
+                        continue;
+                ck_assert_int_eq(ra, 0);
                 ev_names_add(&mine, all.path[i]);
         }
         size_t strays_ok = x->stray_workflow ? count - known : x->stray_ok ? 1 : 0;

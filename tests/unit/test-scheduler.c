@@ -82,7 +82,7 @@ START_TEST(test_pushed_back_then_given_back) {
          * prediction), the thinking request gets back what it did not use: before, the
          * push stayed for good and every later interactive Admit was refused for a
          * deadline that was no longer at risk. */
-        for (int how = 0; how < 2; how++) {
+        for (int how = 0; how < 3; how++) {
                 SchedConfig c = test_config();
                 Scheduler *s;
                 SchedDecision d, t;
@@ -101,7 +101,13 @@ START_TEST(test_pushed_back_then_given_back) {
                 ck_assert_int_eq(sched_admit(s, "i1", TASK_INTERACTIVE, 0, NULL, now, &d), 0);
                 ck_assert_int_ne(d.verdict, SCHED_ADMIT); /* it would make t late */
 
-                if (how == 0)
+                if (how == 2) {
+                        /* Slots lowered meanwhile (ConfigureWorker): what comes back is the
+                         * push as made, not the service over the slots now. */
+                        ck_assert_int_eq(sched_worker_set_capacity(s, "p", SCHED_STAGE_PREFILL, 1, 0), 0);
+                        ck_assert_int_eq(sched_worker_set_capacity(s, "d", SCHED_STAGE_DECODE, 1, 0), 0);
+                }
+                if (how != 1)
                         ck_assert_int_eq(sched_cancel(s, "i0", now + MS), 0);
                 else {
                         /* Each stage in 10 ms: 140 ms of the prefill's 150 and 740 of the
@@ -111,10 +117,14 @@ START_TEST(test_pushed_back_then_given_back) {
                 }
                 ck_assert_int_eq(sched_admit(s, "t", TASK_THINKING, dl, NULL, now + 20 * MS, &t), 0);
                 usec_t pe = now + 20 * MS + t.predicted;
-                if (how == 0) /* its prefill stage had run 1 ms: 0.5 ms of the push stays */
+                if (how != 1) /* its prefill stage had run 1 ms: 0.5 ms of the push stays */
                         ck_assert_uint_eq(pe, now + 300 * MS + 15 * SEC + 500);
                 else
                         ck_assert_uint_eq(pe, now + 300 * MS + 15 * SEC + 5 * MS + 2500);
+                if (how == 2) { /* with one slot, i1 would push t by 150 + 750 ms: not admitted */
+                        sched_free(s);
+                        continue;
+                }
                 ck_assert_int_eq(sched_admit(s, "i1", TASK_INTERACTIVE, 0, NULL, now + 20 * MS, &d), 0);
                 ck_assert_msg(d.verdict == SCHED_ADMIT, "i0 gone (%d): %s", how, sched_reason_to_string(d.reason));
                 sched_free(s);
