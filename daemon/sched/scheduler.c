@@ -421,11 +421,12 @@ unsigned sched_worker_get_pools(Scheduler *s, const char *id, SchedStage stage) 
 
 /* r leaves worker w's queue (its stage there done, or the request over) having used
  * `used` of the service predicted for it there. Its admission pushed the lower-priority
- * requests already queued on w back by that service / slots: they get back the part it
- * did not use (all of it when it leaves before it ran; none when it took its whole
- * prediction), never ending before they were admitted. Without this, a request that
- * ended early or was cancelled kept their predicted ends late for good, and admissions
- * that would not make them late were refused for their sake. */
+ * requests already queued on w back by ref->pushed (its service over the slots then):
+ * they get back the share of that push it did not use (all of it when it leaves before
+ * its stage began, none when it took its whole prediction), never to before now or
+ * their admission. Without this, a request that ended early or was cancelled kept their
+ * predicted ends late for good, and admissions that would not make them late were
+ * refused for their sake. */
 static void stage_release(Scheduler *s, SchedRequest *r, SchedStage st, usec_t used, usec_t now) {
         StageRef *ref = &r->stages[st];
         SchedWorker *w = ref->worker;
