@@ -29,6 +29,7 @@ static const struct {
         { "EncoderTimeSavedUSec", "encoder time saved", "encoder_time_saved_usec", false },
         { "BytesCached", "bytes cached", "bytes_cached", true },
         { "BytesReserved", "bytes reserved", "bytes_reserved", true },
+        { "BytesFenced", "bytes fenced (restart)", "bytes_fenced", true },
         { "CacheBytes", "budget", "cache_bytes", true },
         { "Features", "features", "features", false },
         { "Handles", "handles", "handles", false },

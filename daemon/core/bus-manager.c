@@ -9,6 +9,7 @@
 #include "bus-error.h"
 #include "core/bus-glue.h"
 #include "core/manager.h"
+#include "core/mappers.h"
 #include "core/worker.h"
 #include "log.h"
 #include "sched/pool-select.h"
@@ -261,6 +262,13 @@ static int method_register_worker(sd_bus_message *msg, void *userdata, sd_bus_er
                 worker_free(w);
                 return epd_bus_error_errno(error, r, refused.text);
         }
+        /* Host arenas are about to be mapped: a restart waits for this process
+         * (core/mappers.h). */
+        for (size_t i = 0; i < m->n_arenas && i < 64; i++)
+                if ((mask & (1ULL << i)) && m->arenas[i]->domain == MEMORY_HOST) {
+                        mappers_add(m, c);
+                        break;
+                }
 
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         r = sd_bus_message_new_method_return(msg, &reply);

@@ -14,6 +14,7 @@
 #include "bus-error.h"
 #include "core/arena.h"
 #include "core/manager.h"
+#include "core/mappers.h"
 #include "core/worker.h"
 #include "log.h"
 
@@ -241,6 +242,7 @@ Client *client_free(Client *c) {
         if (c->exit_pidfd >= 0)
                 close(c->exit_pidfd);
         client_release_objects(c);
+        mappers_drop(c->manager, c);
         if (c->key && hashmap_get(c->manager->clients, c->key) == c)
                 hashmap_remove(c->manager->clients, c->key);
         sd_bus_track_unref(c->track);

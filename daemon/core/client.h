@@ -53,6 +53,7 @@ struct Client {
         pid_t pid;            /* from the connection's credentials: always read, a client */
         uid_t uid;            /* whose credentials cannot be read is never created */
         bool dying;
+        bool mapper;          /* its process is kept in the fd store (core/mappers.h) */
         /* Gone from its connection while its process still runs, with GPU arenas mapped:
          * what it holds is freed once the process has exited (its GPU work with it) or
          * CLIENT_EXIT_WAIT_USEC later (client_gone()). */

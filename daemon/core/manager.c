@@ -23,6 +23,8 @@
 #include "core/bus-manager.h"
 #include "core/fdstore.h"
 #include "core/lockfile.h"
+#include "core/manager-arenas.h"
+#include "core/mappers.h"
 #include "core/worker.h"
 #include "log.h"
 #include "macro.h"
@@ -48,25 +50,6 @@ static const Subsystem *const subsystems[] = {
 
 const Subsystem *const *manager_subsystems(void) {
         return subsystems;
-}
-
-/* The subsystem that makes arenas of domain d (other than host memory). */
-static const Subsystem *domain_owner(MemoryDomain d) {
-        FOREACH_SUBSYSTEM(s)
-                if (s->arenas && (MemoryDomain)s->arenas->domain == d)
-                        return s;
-        return NULL;
-}
-
-static void arena_release(Manager *m, Arena *a) {
-        if (!a)
-                return;
-        if (a->domain != MEMORY_HOST) {
-                const Subsystem *s = domain_owner(a->domain);
-                if (s && s->arenas->release)
-                        s->arenas->release(m, a);
-        }
-        arena_free(a);
 }
 
 /* A direct (peer-to-peer) connection on the daemon's socket. It is keyed by its serial,
@@ -642,41 +625,6 @@ static int manager_take_locks(Manager *m) {
         return 0;
 }
 
-static int manager_setup_arenas(Manager *m) {
-        /* Arenas kept in systemd's fd store by a previous epdd come back with their
-         * contents (fdstore.h); new ones are put there. */
-        _cleanup_(fdstore_freep) FdStore *store = NULL;
-        (void)fdstore_collect(&store);
-        m->arenas = calloc(m->config.n_arenas, sizeof *m->arenas);
-        if (!m->arenas && m->config.n_arenas > 0)
-                return log_oom();
-        for (size_t i = 0; i < m->config.n_arenas; i++) {
-                const ArenaConfig *c = &m->config.arenas[i];
-                bool adopted = false;
-                int r;
-                if (c->domain != MEMORY_HOST) {
-                        const Subsystem *s = domain_owner(c->domain);
-                        r = s ? s->arenas->make(m, c, (uint32_t)i, &m->arenas[i]) : -EOPNOTSUPP;
-                } else
-                        r = arena_take_or_new_host(store, c, (uint32_t)i, m->config.host_id, &m->arenas[i], &adopted);
-                if (r < 0) {
-                        /* The arenas after this one stay in systemd's store for the next
-                         * start: a failure here (a GPU not ready, huge pages short) must
-                         * not cost their pages. */
-                        store = fdstore_close(store);
-                        return r; /* logged */
-                }
-                m->n_arenas++;
-                char sz[32];
-                log_info("Arena %s: %s %s, %s%s%s.", c->name, memory_domain_to_string(c->domain),
-                         arena_usage_to_string(c->usage),
-                         format_size(sz, sizeof sz, m->arenas[i]->size),
-                         m->arenas[i]->hugepages ? ", huge pages" : "",
-                         adopted ? ", taken back from the fd store" : "");
-        }
-        return 0;
-}
-
 int manager_startup(Manager *m) {
         int r;
         m->started_usec = now_usec(CLOCK_REALTIME);
@@ -712,16 +660,12 @@ int manager_startup(Manager *m) {
                         if (r < 0)
                                 return log_error_errno(r, "Cannot start %s: %m", s->name);
                 }
-        /* Fresh host arenas go into systemd's fd store only now: the WAL dropped the
-         * state journaled for their slots, durably. Stored before, a start that died in
-         * between would have the next one adopt this fresh memory and replay the old
-         * sequences and entries over it. */
-        for (size_t i = 0; i < m->n_arenas; i++)
-                if (m->config.arenas[i].domain == MEMORY_HOST && !m->arenas[i]->adopted) {
-                        char fdname[64];
-                        snprintf(fdname, sizeof fdname, "arena-%s", m->config.arenas[i].name);
-                        (void)fdstore_push(fdname, m->arenas[i]->fd);
-                }
+        /* The journal is replayed: fresh host arenas go into the fd store, and workers
+         * of before that still run fence what they may use, before any call is served. */
+        manager_store_fresh_arenas(m);
+        r = mappers_start(m);
+        if (r < 0)
+                return r;
 
         r = manager_listen_direct(m);
         if (r < 0)
@@ -984,8 +928,9 @@ Manager *manager_free(Manager *m) {
                 if (m->config.socket_path)
                         (void)unlink(m->config.socket_path);
         }
+        mappers_free(m);
         for (size_t i = 0; i < m->n_arenas; i++)
-                arena_release(m, m->arenas[i]);
+                manager_arena_release(m, m->arenas[i]);
         free(m->arenas);
         hashmap_free(m->clients);
         hashmap_free(m->workers);

@@ -84,6 +84,10 @@ typedef struct Subsystem {
          * defer source finds. The loop is armed: the hook must not add, enable or re-time
          * an event source, which the wait would not see. */
         uint64_t (*before_wait)(Manager *m);
+        /* Worker processes of before a restart still run and may still use the restored
+         * host arenas (core/mappers.h): on, hand out none of their bytes that are free
+         * now and evict nothing restored; off, as before. Once on, off follows once. */
+        void (*fence)(Manager *m, bool on);
         const SubsystemJournal *journal; /* NULL: journals nothing */
         const SubsystemArenas *arenas;   /* NULL: makes no arenas */
 } Subsystem;
@@ -154,6 +158,7 @@ struct Manager {
         struct MetricsServer *metrics;
         struct DirectoryForward *directory_forward;
         struct ClusterManager *cluster;
+        struct MapperSet *mappers;   /* core/mappers.h */
 };
 
 int manager_new(Manager **ret, const char *config_path);

@@ -13,6 +13,7 @@
 #include "core/bus-objects.h"
 #include "core/client.h"
 #include "core/manager.h"
+#include "core/mappers.h"
 #include "core/worker.h"
 #include "feature/bus-feature.h"
 #include "feature/feature-load.h"
@@ -136,11 +137,18 @@ static int client_error(int r, sd_bus_error *error) {
         return r;
 }
 
-static int cache_error(int r, const char *key, sd_bus_error *error) {
+static int cache_error(const Manager *m, int r, const char *key, sd_bus_error *error) {
         switch (r) {
         case -EUSERS:
                 return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many feature handles in the daemon.");
         case -ENOSPC:
+                if (feature_cache_fenced(m->features))
+                        return epd_bus_error(error, EPD_ERROR_NO_SPACE,
+                                             "No room for feature '%.64s': %" PRIu64 " bytes free at epdd's restart are held "
+                                             "back, and the features restored kept, until the worker processes of before "
+                                             "it exit or register again (at most %u s; docs/wal.md).",
+                                             key, feature_cache_stats(m->features)->bytes_fenced,
+                                             (unsigned)(MAPPERS_FENCE_USEC / USEC_PER_SEC));
                 return epd_bus_error(error, EPD_ERROR_NO_SPACE,
                                      "No room for feature '%.64s': everything cached is in use or pinned.", key);
         case -E2BIG:
@@ -530,7 +538,7 @@ static int acquire_for(Manager *m, sd_bus_message *msg, const char *key, bool ma
                 return client_error(r, error);
         r = feature_acquire(m->features, key, may_produce, now_usec(CLOCK_MONOTONIC), ret_ref, ret_res);
         if (r < 0)
-                return cache_error(r, key, error);
+                return cache_error(m, r, key, error);
         feature_manager_count_acquire(*ret_w, *ret_res);
         return 0;
 }
@@ -626,7 +634,7 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
                 if (r < 0) {
                         feature_ref_unclaim(ref);
                         feature_manager_arm_timer(fm); /* it may wait for a producer again */
-                        return cache_error(r, key, error);
+                        return cache_error(m, r, key, error);
                 }
                 feature_manager_arm_timer(fm);
         }
@@ -671,7 +679,7 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 if (r == -EALREADY)
                         return epd_bus_error(error, EPD_ERROR_EXISTS, "Feature '%.64s' is already reserved.", key);
                 if (r < 0)
-                        return cache_error(r, key, error);
+                        return cache_error(m, r, key, error);
         } else {
                 FeatureRef *ref;
                 /* Before the reservation: it may evict cached features, and a key that
@@ -681,7 +689,7 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
                         return client_error(r, error);
                 r = feature_reserve_in(m->features, key, bytes, w->arena_mask, &desc, &req, &ref, &issue);
                 if (r < 0)
-                        return cache_error(r, key, error);
+                        return cache_error(m, r, key, error);
                 r = feature_handle_new(fm, w->object.owner, ref, &h);
                 if (r < 0) {
                         feature_ref_release(ref); /* out of memory only: room was asked above */
@@ -853,7 +861,7 @@ static int method_pin(sd_bus_message *msg, void *userdata, sd_bus_error *error) 
                 return r;
         r = feature_pin(m->features, key, &ref);
         if (r < 0)
-                return cache_error(r, key, error);
+                return cache_error(m, r, key, error);
         r = feature_handle_new(fm, w->object.owner, ref, &h);
         if (r < 0) {
                 feature_ref_release(ref);
@@ -956,6 +964,7 @@ STAT_PROPERTY(property_prefetch_hits, prefetch_hits)
 STAT_PROPERTY(property_saved, encoder_usec_saved)
 STAT_PROPERTY(property_bytes_cached, bytes_cached)
 STAT_PROPERTY(property_bytes_reserved, bytes_reserved)
+STAT_PROPERTY(property_bytes_fenced, bytes_fenced)
 STAT_PROPERTY(property_features, n_features)
 STAT_PROPERTY(property_handles, n_refs)
 
@@ -994,6 +1003,7 @@ static const sd_bus_vtable feature_vtable[] = {
         STAT("EncoderTimeSavedUSec", property_saved),
         STAT("BytesCached", property_bytes_cached),
         STAT("BytesReserved", property_bytes_reserved),
+        STAT("BytesFenced", property_bytes_fenced),
         STAT("Features", property_features),
         STAT("Handles", property_handles),
         SD_BUS_METHOD_WITH_ARGS("Acquire",

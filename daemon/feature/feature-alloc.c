@@ -281,6 +281,29 @@ uint64_t feature_allocator_largest_free(const FeatureAllocator *a) {
         return (uint64_t)best * a->chunk;
 }
 
+int feature_allocator_next_free(const FeatureAllocator *a, uint64_t from, uint64_t *ret_offset,
+                                uint64_t *ret_length) {
+        uint64_t rel;
+        uint32_t s;
+
+        if (!a)
+                return -EINVAL;
+        rel = from < a->base ? 0 : (from - a->base) / a->chunk;
+        if (rel >= a->n_chunks)
+                return -ENOENT;
+        /* The run that holds chunk rel, then run after run. */
+        for (s = (uint32_t)rel; a->state[s] == CHUNK_INNER; s--)
+                if (s == 0)
+                        return -EUCLEAN;
+        for (; s < a->n_chunks; s += a->len[s])
+                if (a->state[s] == CHUNK_FREE) {
+                        *ret_offset = a->base + (uint64_t)s * a->chunk;
+                        *ret_length = (uint64_t)a->len[s] * a->chunk;
+                        return 0;
+                }
+        return -ENOENT;
+}
+
 int feature_allocator_check(const FeatureAllocator *a) {
         uint64_t used = 0, n_alloc = 0, n_free_runs = 0, listed = 0;
         bool prev_free = false;

@@ -46,6 +46,12 @@ uint64_t feature_allocator_overhead(const FeatureAllocator *a);
 /* Length of the largest free run, in bytes (O(number of chunks); for tests/stats). */
 uint64_t feature_allocator_largest_free(const FeatureAllocator *a);
 
+/* The first free run that starts at or after the run holding offset from (the arena's
+ * start for an offset below it): its offset and
+ * length in bytes; -ENOENT when there is none (O(runs walked): for the fence after a
+ * restart, not per request). */
+int feature_allocator_next_free(const FeatureAllocator *a, uint64_t from, uint64_t *ret_offset,
+                                uint64_t *ret_length);
 /* Walks every run and checks every invariant (tags, lists, bitmaps, counters, no two
  * adjacent free runs). Returns 0 or -EUCLEAN. For tests. */
 int feature_allocator_check(const FeatureAllocator *a);

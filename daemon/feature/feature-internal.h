@@ -18,6 +18,10 @@ typedef struct CacheArena {
         uint8_t *base;
         FeatureAllocator *alloc;
         uint64_t evictable; /* eviction_could_help()'s count, valid during its call */
+        /* The fence after a restart (feature_cache_fence()): the runs that were free,
+         * taken from the allocator until feature_cache_unfence(). */
+        uint64_t *fence_offsets;
+        size_t n_fence;
         bool helps;         /* eviction_could_help(): evicting here can make the region */
 } CacheArena;
 
@@ -44,6 +48,7 @@ struct FeatureCache {
          * differently now): journaled GONE once the journal is set. */
         char **skipped;
         size_t n_skipped;
+        bool fenced; /* feature_cache_fence() until feature_cache_unfence() */
 };
 
 /* Private flags kept beside the public fields. */
@@ -56,6 +61,7 @@ typedef struct FeaturePriv {
         bool lookup_failed; /* FAILED at that lookup: no usable stored copy (no data read) */
         uint32_t load_readers; /* Acquires answered by that read: hits once it lands */
         bool load_prefetched; /* a Prefetch started that read: its hit once it lands */
+        bool fenced; /* replayed, kept off the LRU until feature_cache_unfence() */
 } FeaturePriv;
 
 #define PRIV(f) container_of(f, FeaturePriv, pub)

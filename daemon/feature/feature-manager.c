@@ -2,6 +2,7 @@
 #include "feature/feature-manager.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,6 +10,7 @@
 #include "feature/bus-feature.h"
 #include "log.h"
 #include "macro.h"
+#include "parse-util.h"
 #include "wal/wal-manager.h"
 
 FeatureManager *feature_manager_get(Manager *m) {
@@ -367,6 +369,30 @@ static int feature_restore_finish(Manager *m) {
         return 0;
 }
 
+/* core/mappers.h: the restored feature arenas (host memory back from the fd store). */
+static void feature_fence(Manager *m, bool on) {
+        uint64_t mask = 0;
+        char sz[32];
+
+        if (!m->features)
+                return;
+        if (!on) {
+                feature_cache_unfence(m->features);
+                return;
+        }
+        for (size_t i = 0; i < m->n_arenas && i < 64; i++)
+                if (m->arenas[i]->adopted && m->arenas[i]->domain == MEMORY_HOST &&
+                    m->arenas[i]->usage == ARENA_USAGE_FEATURE)
+                        mask |= 1ULL << i;
+        int64_t n = feature_cache_fence(m->features, mask);
+        if (n < 0)
+                log_warning_errno((int)n, "Cannot fence the restored feature arenas (%m): their free bytes are handed "
+                                          "out at once.");
+        else
+                log_info("Feature arenas: %s free at the restart held back, %" PRIu64 " restored feature(s) kept.",
+                         format_size(sz, sizeof sz, (uint64_t)n), feature_cache_stats(m->features)->n_features);
+}
+
 static int feature_snapshot(Manager *m, SubsystemSnapshotAdd add, void *userdata) {
         return m->features ? feature_cache_snapshot(m->features, add, userdata, WAL_RECORD_FEATURE) : 0;
 }
@@ -386,4 +412,5 @@ const Subsystem feature_subsystem = {
         .reload = feature_reload,
         .journal = &feature_journal_hooks,
         .worker_departing = feature_worker_departing,
+        .fence = feature_fence,
 };

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* The feature cache's journal (docs/wal.md): its records replayed at start, its
- * snapshot, and the drop of the features of an arena whose bytes are gone. */
+ * snapshot, the drop of the features of an arena whose bytes are gone, and the fence
+ * that keeps the restored arenas as they were while workers of before may use them. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,4 +171,97 @@ uint64_t feature_cache_drop_arena(FeatureCache *c, uint32_t arena) {
         for (uint64_t i = 0; gone && i < n; i++)
                 replayed_drop(c, gone[i]);
         return n;
+}
+
+static bool fence_covers(const CacheArena *a, uint64_t arena_mask) {
+        return a->index >= 64 || (arena_mask & (1ULL << a->index));
+}
+
+int64_t feature_cache_fence(FeatureCache *c, uint64_t arena_mask) {
+        uint64_t bytes = 0;
+        size_t it = 0;
+        void *v;
+
+        if (!c)
+                return 0;
+        if (c->fenced)
+                return (int64_t)c->stats.bytes_fenced;
+        /* The free runs counted first: every array is made before the allocators change,
+         * so that a failure leaves nothing half fenced. */
+        for (size_t i = 0; i < c->n_arenas; i++) {
+                CacheArena *a = &c->arenas[i];
+                uint64_t off, len, from = 0, n = 0;
+
+                if (!fence_covers(a, arena_mask))
+                        continue;
+                for (; feature_allocator_next_free(a->alloc, from, &off, &len) == 0; from = off + len)
+                        n++;
+                if (n == 0)
+                        continue;
+                a->fence_offsets = calloc(n, sizeof *a->fence_offsets);
+                if (!a->fence_offsets) {
+                        for (size_t k = 0; k < i; k++) {
+                                free(c->arenas[k].fence_offsets);
+                                c->arenas[k].fence_offsets = NULL;
+                        }
+                        return -ENOMEM;
+                }
+        }
+        for (size_t i = 0; i < c->n_arenas; i++) {
+                CacheArena *a = &c->arenas[i];
+                uint64_t off, len, got, from = 0;
+
+                if (!a->fence_offsets)
+                        continue;
+                for (; feature_allocator_next_free(a->alloc, from, &off, &len) == 0; from = off + len) {
+                        if (feature_allocator_alloc_at(a->alloc, off, len, &got) < 0)
+                                continue; /* cannot be: the run was just found free */
+                        a->fence_offsets[a->n_fence++] = off;
+                        bytes += got;
+                }
+        }
+        /* The READY features there now are the replayed ones: kept off the LRU. */
+        while (hashmap_iterate(c->features, &it, &v, NULL)) {
+                Feature *f = v;
+                CacheArena *a = f->has_region ? feature_arena_of(c, f->arena) : NULL;
+
+                if (f->state != FEATURE_READY || !a || !fence_covers(a, arena_mask))
+                        continue;
+                PRIV(f)->fenced = true;
+                feature_lru_update(c, f);
+        }
+        c->fenced = true;
+        c->stats.bytes_fenced = bytes;
+        return (int64_t)bytes;
+}
+
+void feature_cache_unfence(FeatureCache *c) {
+        size_t it = 0;
+        void *v;
+
+        if (!c || !c->fenced)
+                return;
+        for (size_t i = 0; i < c->n_arenas; i++) {
+                CacheArena *a = &c->arenas[i];
+                for (size_t k = 0; k < a->n_fence; k++)
+                        (void)feature_allocator_release(a->alloc, a->fence_offsets[k]);
+                free(a->fence_offsets);
+                a->fence_offsets = NULL;
+                a->n_fence = 0;
+        }
+        while (hashmap_iterate(c->features, &it, &v, NULL)) {
+                Feature *f = v;
+                if (!PRIV(f)->fenced)
+                        continue;
+                PRIV(f)->fenced = false;
+                feature_lru_update(c, f);
+        }
+        c->fenced = false;
+        c->stats.bytes_fenced = 0;
+        /* A budget lowered meanwhile could not evict them: it can now. */
+        feature_cache_set_budget(c, c->config.budget_bytes);
+}
+
+bool feature_cache_fenced(const FeatureCache *c) {
+        return c && c->fenced;
 }

@@ -77,8 +77,10 @@ FeatureCache *feature_cache_free(FeatureCache *c) {
         for (size_t i = 0; i < n; i++)
                 feature_entry_destroy(all[i]);
         free(all);
-        for (size_t i = 0; i < c->n_arenas; i++)
+        for (size_t i = 0; i < c->n_arenas; i++) {
                 feature_allocator_free(c->arenas[i].alloc);
+                free(c->arenas[i].fence_offsets);
+        }
         free(c->arenas);
         for (size_t i = 0; i < c->n_skipped; i++)
                 free(c->skipped[i]);
@@ -293,7 +295,7 @@ void feature_entry_maybe_destroy(Feature *f) {
 }
 
 void feature_lru_update(FeatureCache *c, Feature *f) {
-        bool want = f->state == FEATURE_READY && f->n_readers == 0 && f->n_pins == 0;
+        bool want = f->state == FEATURE_READY && f->n_readers == 0 && f->n_pins == 0 && !PRIV(f)->fenced;
 
         if (want && !f->in_lru) {
                 QUEUE_PUSH_BACK(lru, c->lru, f);

@@ -104,6 +104,7 @@ typedef struct FeatureStats {
         uint64_t n_features;        /* in the key table */
         uint64_t n_refs;            /* live references */
         uint64_t n_announced;       /* placeholders waiting for a producer */
+        uint64_t bytes_fenced;      /* free at the restart, held back until its fence ends */
 } FeatureStats;
 
 typedef struct FeatureCacheConfig {
@@ -180,6 +181,17 @@ int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *paylo
 /* Drops every READY feature of an arena whose memory did not survive the restart
  * (journaled as GONE when the journal is set). Returns how many. */
 uint64_t feature_cache_drop_arena(FeatureCache *c, uint32_t arena);
+/* After a restart whose workers of before may still be running (they mapped the arenas
+ * and may still read a feature there, or write one they had reserved): until
+ * feature_cache_unfence(), no byte of the arenas in arena_mask (bit = arena index; those
+ * at 64 or above always) that was free when this is called is handed out, and no READY
+ * feature there now (the replayed ones) is evicted. Hits on them are served. Returns the
+ * bytes held back, or -ENOMEM (then nothing is fenced). Once fenced, a second call
+ * changes nothing. */
+int64_t feature_cache_fence(FeatureCache *c, uint64_t arena_mask);
+/* Ends the fence: the runs go back, the features to the LRU (within the budget). */
+void feature_cache_unfence(FeatureCache *c);
+bool feature_cache_fenced(const FeatureCache *c);
 /* Snapshot: one READY record (type_base + FEATURE_REC_READY) per READY feature. */
 int feature_cache_snapshot(FeatureCache *c, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),
                            void *userdata, uint16_t type_base);

@@ -354,6 +354,9 @@ static void collect_features(Manager *m, MetricsWriter *w) {
         metrics_sample_u64(w, METRIC_NO_LABELS, s->bytes_cached);
         metrics_family(w, "epd_feature_reserved_bytes", METRIC_GAUGE, "bytes", "Bytes reserved by producers at work.");
         metrics_sample_u64(w, METRIC_NO_LABELS, s->bytes_reserved);
+        metrics_family(w, "epd_feature_fenced_bytes", METRIC_GAUGE, "bytes",
+                       "Bytes free at a restart, held back while workers of before it may still use them.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->bytes_fenced);
         metrics_family(w, "epd_feature_cache_budget_bytes", METRIC_GAUGE, "bytes", "The feature cache's budget.");
         metrics_sample_u64(w, METRIC_NO_LABELS, feature_cache_budget(m->features));
         metrics_family(w, "epd_features", METRIC_GAUGE, NULL, "Features in the cache's key table.");

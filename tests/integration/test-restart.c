@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -34,7 +35,7 @@
 #include "macro.h"
 #include "../check-main.h"
 
-#define STORE_MAX 16
+#define STORE_MAX 32
 
 static Harness h;
 static int notify_fd = -1;
@@ -43,14 +44,23 @@ static char store_names[STORE_MAX][256];
 static int store_fds[STORE_MAX];
 static size_t store_n;
 
+/* Whether two fds are one open file, as systemd's same_fd() asks (kcmp() first; two
+ * pidfds of one process are two files, with one inode). */
+static bool same_file(int a, int b) {
+        pid_t self = getpid();
+        long r = syscall(SYS_kcmp, self, self, 0 /* KCMP_FILE */, a, b);
+        if (r >= 0)
+                return r == 0;
+        struct stat x, y;
+        return fstat(a, &x) == 0 && fstat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
 /* As systemd's fd store does: a file already stored is not stored twice (whatever its
  * name); another file under a name already there is stored beside it, the newest first
  * (the order LISTEN_FDNAMES passes them); FDSTOREREMOVE drops every fd of the name. */
 static void store_put(const char *name, int fd) {
-        struct stat a, b;
-        ck_assert_int_eq(fstat(fd, &a), 0);
         for (size_t i = 0; i < store_n; i++)
-                if (fstat(store_fds[i], &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+                if (same_file(fd, store_fds[i])) {
                         close(fd);
                         return;
                 }
@@ -71,6 +81,14 @@ static void store_remove(const char *name) {
                         memmove(store_fds + i, store_fds + i + 1, (store_n - i) * sizeof store_fds[0]);
                 } else
                         i++;
+}
+
+/* The arenas' fds in the store (the worker processes' pidfds, mapper-*, aside). */
+static size_t arenas_stored(void) {
+        size_t n = 0;
+        for (size_t i = 0; i < store_n; i++)
+                n += strncmp(store_names[i], "arena-", 6) == 0;
+        return n;
 }
 
 /* Reads notify messages; stores fds (and forgets them on FDSTOREREMOVE=1); returns true
@@ -338,7 +356,7 @@ START_TEST(test_restart_keeps_arenas) {
 
         start_epdd(true);
         /* Every host arena went into the store. */
-        ck_assert_uint_eq(store_n, 2);
+        ck_assert_uint_eq(arenas_stored(), 2);
         const size_t len = 8 << 20;
         worker_touch("host0", true, 1, len, true);
         worker_touch("feat0", true, 2, len, true);
@@ -354,7 +372,7 @@ START_TEST(test_restart_keeps_arenas) {
                 kill9_epdd();
                 epd_disconnect(busy);
                 start_epdd(true);
-                ck_assert_uint_eq(store_n, 2); /* taken back, not stored twice */
+                ck_assert_uint_eq(arenas_stored(), 2); /* taken back, not stored twice */
                 worker_touch("host0", false, 1, len, true);
                 worker_touch("feat0", false, 2, len, true);
                 ck_assert_uint_gt(generation("host0"), g0);
@@ -389,7 +407,7 @@ START_TEST(test_restart_arena_moved_or_resized) {
         write_arenas("[Arena:a]\nSize=16M\n[Arena:b]\nSize=16M\n");
         open_notify();
         start_epdd(true);
-        ck_assert_uint_eq(store_n, 2);
+        ck_assert_uint_eq(arenas_stored(), 2);
         worker_touch("a", true, 1, len, true);
         worker_touch("b", true, 2, len, true);
         kill9_epdd();
@@ -411,7 +429,7 @@ START_TEST(test_restart_arena_moved_or_resized) {
         start_epdd(true);
         worker_touch("a", false, 3, len, false);
         worker_touch("b", false, 4, len, true);
-        ck_assert_uint_eq(store_n, 2); /* a's old fd left the store, its new one is there */
+        ck_assert_uint_eq(arenas_stored(), 2); /* a's old fd left the store, its new one is there */
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         close_notify();
 }
@@ -428,7 +446,7 @@ START_TEST(test_failed_start_keeps_the_store) {
         write_arenas(arenas);
         open_notify();
         start_epdd(true);
-        ck_assert_uint_eq(store_n, 3);
+        ck_assert_uint_eq(arenas_stored(), 3);
         worker_touch("a", true, 1, len, true);
         worker_touch("c", true, 3, len, true);
         kill9_epdd();
@@ -2916,6 +2934,132 @@ static uint64_t feature_stat(const char *name) {
         return v;
 }
 
+/* A worker process of before the restart, still running: registered, holding a feature
+ * it reserved and writes (not journaled), then waiting to be killed. */
+static pid_t start_holder(const char *key) {
+        int p[2];
+        ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                int fd = p[1];
+                close(p[0]);
+                char address[512];
+                epd_client *c;
+                epd_feature *f = NULL;
+                void *base;
+                epd_feature_tensor t = { .name = "pixels", .dtype = "f32", .rank = 2, .shape = { 3, 4096 } };
+                harness_direct_address(&h, address, sizeof address);
+                if (epd_connect(address, &c) < 0 || epd_register(c, "colocated", "m", "cpu", &kv, NULL) < 0)
+                        _exit(1);
+                int i = epd_arena_find(c, "feat0");
+                if (i < 0 || epd_arena_map(c, (size_t)i, &base) < 0)
+                        _exit(2);
+                if (epd_feature_acquire(c, key, true, &f) < 0 || epd_feature_produce(c, f, FEAT_BYTES, &t, 1, NULL) < 0)
+                        _exit(3);
+                memset(f->data, 0x77, FEAT_BYTES);
+                uint64_t off = f->offset;
+                if (write(fd, &off, sizeof off) != sizeof off)
+                        _exit(4);
+                for (;;)
+                        pause();
+        }
+        harness_note_pid(&h, pid);
+        close(p[1]);
+        uint64_t off;
+        ssize_t k = read(p[0], &off, sizeof off);
+        int status = 0;
+        if (k != sizeof off && waitpid(pid, &status, 0) == pid)
+                ck_abort_msg("the holder failed: exit status %d", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        close(p[0]);
+        return pid;
+}
+
+static void wait_unfenced(unsigned max_ms) {
+        for (unsigned ms = 0; feature_stat("BytesFenced") > 0; ms += 50) {
+                ck_assert_msg(ms < max_ms, "still fenced after %u ms", ms);
+                usleep(50000);
+        }
+}
+
+/* Workers that outlive a restart (core/mappers.h, docs/wal.md): the restarted epdd
+ * hands out no byte of the restored feature arena that was free at the restart (a
+ * producer of before may still be writing there: its reservation was not journaled)
+ * and evicts no restored feature (a reader of before may still read it) until every
+ * worker process of before has exited or registered again, or 10 s have passed.
+ * Before, the first Reserve after the restart got the region the running producer of
+ * before was still writing. */
+START_TEST(test_restart_fence_for_running_workers) {
+        epd_feature_tensor t = { .name = "pixels", .dtype = "f32", .rank = 2, .shape = { 3, 4096 } };
+        ck_assert_int_eq(harness_init(&h, ""), 0);
+        open_notify();
+        start_epdd(true);
+        pid_t holder = start_holder("image:held");
+
+        uint8_t *host0, *feat0;
+        epd_client *c = kv_worker(&host0, &feat0);
+        epd_feature *f = NULL;
+        ck_assert_int_eq(epd_feature_acquire(c, "image:kept", true, &f), 0);
+        ck_assert_int_eq(epd_feature_produce(c, f, FEAT_BYTES, &t, 1, NULL), 0);
+        memset(f->data, 0x42, FEAT_BYTES);
+        ck_assert_int_eq(epd_feature_publish(c, f, 1000), 0);
+        ck_assert_int_eq(epd_feature_release(c, f), 0);
+
+        kill9_epdd();
+        epd_disconnect(c);
+        start_epdd(true);
+        ck_assert_uint_eq(log_count("worker process(es) of before the restart still run"), 1);
+        /* This process registers again (done with what it held): the holder still runs. */
+        c = kv_worker(&host0, &feat0);
+        ck_assert_uint_gt(feature_stat("BytesFenced"), 0);
+        ck_assert_int_eq(epd_feature_acquire(c, "image:new", true, &f), 0);
+        ck_assert_str_eq(f->result, "produce");
+        ck_assert_int_eq(epd_feature_produce(c, f, FEAT_BYTES, &t, 1, NULL), -ENOSPC);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.NoSpace");
+        ck_assert_msg(strstr(epd_last_error_message(c), "held back"), "%s", epd_last_error_message(c));
+        ck_assert_int_eq(epd_feature_release(c, f), 0);
+        /* The restored feature was not evicted for it. */
+        ck_assert_int_eq(epd_feature_acquire(c, "image:kept", false, &f), 0);
+        ck_assert_str_eq(f->result, "hit");
+        ck_assert_uint_eq(((uint8_t *)f->data)[FEAT_BYTES - 1], 0x42);
+        ck_assert_int_eq(epd_feature_release(c, f), 0);
+
+        /* The holder exits: the fence ends, and the bytes are handed out again. */
+        int status;
+        ck_assert_int_eq(kill(holder, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(holder, &status, 0), holder);
+        wait_unfenced(5000);
+        ck_assert_uint_eq(log_count("unfenced: every worker process of before the restart has exited"), 1);
+        ck_assert_int_eq(epd_feature_acquire(c, "image:new", true, &f), 0);
+        ck_assert_int_eq(epd_feature_produce(c, f, FEAT_BYTES, &t, 1, NULL), 0);
+        ck_assert_int_eq(epd_feature_publish(c, f, 1000), 0);
+        ck_assert_int_eq(epd_feature_release(c, f), 0);
+
+        /* A holder that neither exits nor registers again (nor does this process): the
+         * fence ends after 10 s, said in the log. */
+        holder = start_holder("image:held2");
+        kill9_epdd();
+        epd_disconnect(c);
+        start_epdd(true);
+        ck_assert_uint_eq(log_count("worker process(es) of before the restart still run"), 2);
+        ck_assert_uint_gt(feature_stat("BytesFenced"), 0);
+        usleep(8000000);
+        ck_assert_uint_gt(feature_stat("BytesFenced"), 0);
+        wait_unfenced(5000);
+        ck_assert_uint_eq(log_count("still run after 10 s"), 1);
+        ck_assert_int_eq(kill(holder, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(holder, &status, 0), holder);
+        c = kv_worker(&host0, &feat0);
+        ck_assert_int_eq(epd_feature_acquire(c, "image:held2", true, &f), 0);
+        ck_assert_int_eq(epd_feature_produce(c, f, FEAT_BYTES, &t, 1, NULL), 0);
+        ck_assert_int_eq(epd_feature_release(c, f), 0);
+        epd_disconnect(c);
+
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        close_notify();
+}
+END_TEST
+
 /* A reservation whose region needs an eviction the journal cannot record (the disk is
  * full from the eviction's GONE on): the caller is refused, and the handle the call made
  * and the reservation go with it. Before, the refused caller left a handle it never
@@ -3301,6 +3445,7 @@ int main(void) {
         (void)test_unreadable_put_drops_sequence;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
+        (void)test_restart_fence_for_running_workers;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -3325,6 +3470,7 @@ int main(void) {
         (void)test_unreadable_put_drops_sequence;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
+        (void)test_restart_fence_for_running_workers;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -3351,6 +3497,7 @@ int main(void) {
         (void)test_unreadable_put_drops_sequence;
         (void)test_refused_region_reply_reserves_nothing;
         (void)test_failed_read_back_is_no_hit;
+        (void)test_restart_fence_for_running_workers;
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
@@ -3370,6 +3517,7 @@ int main(void) {
         tcase_add_test(tc, test_unreadable_put_drops_sequence);
         tcase_add_test(tc, test_refused_region_reply_reserves_nothing);
         tcase_add_test(tc, test_failed_read_back_is_no_hit);
+        tcase_add_test(tc, test_restart_fence_for_running_workers);
         tcase_add_test(tc, test_cow_rounds_free_pages);
         tcase_add_test(tc, test_cow_rounds_sharers_go_later);
         tcase_add_test(tc, test_fresh_arena_then_failed_start);

@@ -158,6 +158,18 @@ START_TEST(test_alloc_at) {
         ck_assert_int_eq(feature_allocator_alloc_at(a, 1 << 20, CHUNK, &len), 0);
         ck_assert_int_eq(feature_allocator_check(a), 0);
         ck_assert_uint_eq(feature_allocator_used(a), 5 * CHUNK);
+        /* The free runs, in order: [1, 10), [14, 64); from inside a used run too. */
+        ck_assert_int_eq(feature_allocator_next_free(a, 1 << 20, &off, &len), 0);
+        ck_assert_uint_eq(off, (1 << 20) + CHUNK);
+        ck_assert_uint_eq(len, 9 * CHUNK);
+        ck_assert_int_eq(feature_allocator_next_free(a, off + len, &off, &len), 0);
+        ck_assert_uint_eq(off, (1 << 20) + 14 * CHUNK);
+        ck_assert_uint_eq(len, 50 * CHUNK);
+        ck_assert_int_eq(feature_allocator_next_free(a, (1 << 20) + 11 * CHUNK, &off, &len), 0);
+        ck_assert_uint_eq(off, (1 << 20) + 14 * CHUNK);
+        ck_assert_int_eq(feature_allocator_next_free(a, off + len, &off, &len), -ENOENT);
+        ck_assert_int_eq(feature_allocator_next_free(a, 0, &off, &len), 0);
+        ck_assert_uint_eq(off, (1 << 20) + CHUNK);
         /* The holes left around them are allocatable, and everything frees. */
         ck_assert_int_eq(feature_allocator_alloc(a, 9 * CHUNK, &off, &len), 0);
         ck_assert_int_eq(feature_allocator_release(a, off), 0);

@@ -873,6 +873,73 @@ START_TEST(test_journal_replay) {
 }
 END_TEST
 
+/* The fence after a restart whose workers of before still run (core/mappers.h): a
+ * region free at the restart (here the one a producer of before had reserved, and was
+ * maybe still writing) is not handed out, and a replayed feature (maybe still being read)
+ * is not evicted, while hits on it are served; unfenced, both are as before. */
+START_TEST(test_restart_fence) {
+        FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK), *d;
+        Journal j = {};
+        FeatureAcquireResult res;
+        FeatureRef *r, *held;
+
+        feature_cache_set_journal(c, journal_fn, &j);
+        feature_ref_release(produce(c, "img:a", 16 * CHUNK, 0xa1));
+        /* A producer of before, at work when epdd died: its region is not journaled. */
+        FeatureDesc *desc = desc_bytes(16 * CHUNK);
+        ck_assert_int_eq(feature_reserve(c, "img:w", 16 * CHUNK, &desc, NULL, &held, NULL), 0);
+        uint64_t held_off = held->feature->offset;
+        ck_assert_uint_eq(j.n, 1);
+
+        uint8_t *mem = arena_mem;
+        arena_mem = NULL;
+        FeatureCacheConfig cfg = { .budget_bytes = ARENA_CHUNKS * CHUNK, .max_refs = 64 };
+        ck_assert_int_eq(feature_cache_new(&cfg, &d), 0);
+        ck_assert_int_eq(feature_cache_add_arena(d, 3, mem, DATA_OFFSET, ARENA_CHUNKS * CHUNK, CHUNK), 0);
+        ck_assert_int_eq(feature_cache_apply_record(d, j.type[0], j.payload[0], j.len[0]), 0);
+        ck_assert(!feature_cache_fenced(d));
+        /* An arena outside the mask is not fenced. */
+        ck_assert_int_eq(feature_cache_fence(d, 1ULL << 2), 0);
+        ck_assert(feature_cache_fenced(d));
+        feature_cache_unfence(d);
+        ck_assert_int_eq(feature_cache_fence(d, 1ULL << 3), (int64_t)(ARENA_CHUNKS - 16) * CHUNK);
+        ck_assert_int_eq(feature_cache_fence(d, 1ULL << 3), (int64_t)(ARENA_CHUNKS - 16) * CHUNK);
+        ck_assert_uint_eq(feature_cache_stats(d)->bytes_fenced, (ARENA_CHUNKS - 16) * CHUNK);
+
+        /* No room: every free byte is fenced, and the replayed feature is not evicted. */
+        desc = desc_bytes(CHUNK);
+        ck_assert_int_eq(feature_reserve(d, "img:new", CHUNK, &desc, NULL, &r, NULL), -ENOSPC);
+        feature_desc_free(desc);
+        ck_assert_uint_eq(feature_cache_flush(d), 0);
+        ck_assert_uint_eq(feature_cache_stats(d)->evictions, 0);
+        /* A hit is served, and releasing it keeps it off the LRU. */
+        ck_assert_int_eq(feature_acquire(d, "img:a", false, 0, &r, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_HIT);
+        ck_assert_uint_eq(((uint8_t *)feature_data(r->feature))[7], 0xa1);
+        feature_ref_release(r);
+        ck_assert_uint_eq(feature_cache_flush(d), 0);
+        ck_assert_int_eq(feature_allocator_check(d->arenas[0].alloc), 0);
+
+        /* Unfenced: the free bytes and the feature are the cache's again. */
+        feature_cache_unfence(d);
+        ck_assert(!feature_cache_fenced(d));
+        ck_assert_uint_eq(feature_cache_stats(d)->bytes_fenced, 0);
+        ck_assert_int_eq(feature_allocator_check(d->arenas[0].alloc), 0);
+        ck_assert_uint_eq(feature_allocator_used(d->arenas[0].alloc), 16 * CHUNK);
+        FeatureRef *w = produce(d, "img:new", (ARENA_CHUNKS - 16) * CHUNK, 0x5e);
+        ck_assert_uint_le(w->feature->offset, held_off); /* the region of before, among others */
+        feature_ref_release(w);
+        ck_assert_uint_eq(feature_cache_flush(d), 2);
+
+        for (size_t i = 0; i < j.n; i++)
+                free(j.payload[i]);
+        feature_ref_release(held);
+        feature_cache_free(d);
+        feature_cache_free(c);
+        free(mem);
+}
+END_TEST
+
 /* A READY the replay cannot take back (the arena cut into chunks of another size now:
  * its PageSize= changed) is journaled GONE once the journal is set: a later start that
  * cuts the arena as before does not bring it back over the bytes written there since
@@ -1364,6 +1431,7 @@ int main(void) {
         tcase_add_test(tc, test_soak);
         tcase_add_test(tc, test_journal_replay);
         tcase_add_test(tc, test_replay_skipped_is_gone);
+        tcase_add_test(tc, test_restart_fence);
         tcase_add_test(tc, test_refused_claim_of_announced);
         tcase_add_test(tc, test_journal_longest_key);
         tcase_add_test(tc, test_async_load);

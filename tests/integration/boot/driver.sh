@@ -43,7 +43,7 @@ section_boot() {
         check "epd.service is installed, disabled by preset" bash -c '[ "$(systemctl is-enabled epd.service)" = disabled ]'
         check "systemctl enable/disable epd ([Install])" \
                 bash -c 'systemctl -q enable epd.service && [ -L /etc/systemd/system/multi-user.target.wants/epd.service ] && systemctl -q disable epd.service'
-        check "the fd store is configured (FileDescriptorStoreMax=256)" bash -c "[ \$(systemctl show -P FileDescriptorStoreMax $SVC) = 256 ]"
+        check "the fd store is configured (FileDescriptorStoreMax=1024)" bash -c "[ \$(systemctl show -P FileDescriptorStoreMax $SVC) = 1024 ]"
         if [ -e "$T/sanitized" ]; then
                 # LeakSanitizer's exit-time check needs ptrace(), which the unit's
                 # SystemCallFilter= forbids (as it should): it would turn every clean
@@ -205,6 +205,12 @@ section_restart() {
         check "a new epdd serves" bash -c "systemctl -q is-active $SVC && [ \$(systemctl show -P MainPID $SVC) != $pid ]"
         check "the new epdd restored the sequence from the WAL" \
                 bash -c "journalctl -b -u $SVC -o cat | grep -q ' sequences restored'"
+        # The worker ran through the restart: systemd kept its pidfd in the fd store, and
+        # the new epdd fenced the restored feature arena until it exited (docs/wal.md).
+        check "the new epdd waited for the worker of before the restart" \
+                bash -c "journalctl -b -u $SVC -o cat | grep -q 'worker process(es) of before the restart still run'"
+        check "and ended the wait once that worker exited" \
+                wait_for 15 bash -c "journalctl -b -u $SVC -o cat | grep -q 'Restored feature arenas unfenced: every worker'"
         "$W" --state-check direct:/run/epd/bus "$seq" >"$OUT/state-check.out" 2>&1
         log "state check: $(cat "$OUT/state-check.out")"
         check "sequence $seq and the feature survived systemctl restart, byte for byte" \
