@@ -38,6 +38,7 @@
 #include "histogram.h"
 #include "id.h"
 #include "pages/pages.h"
+#include "peer/peer-proto.h"
 #include "reason.h"
 #include "telemetry/backpressure.h"
 #include "transport/transport.h"
@@ -113,7 +114,9 @@ struct HandoffObject {
         unsigned signals;        /* HANDOFF_SIG_*: signals to send at the end of this loop
                                   * iteration (coalesced: the latest state and progress) */
         LIST_FIELDS(HandoffObject, signal);
-        char peer_host[64];
+        /* The whole host id: the handoff window is left by this name (handoff-window.c),
+         * so a cut one would never drain its peer's window. */
+        char peer_host[PEER_HOST_ID_MAX + 1];
 
         uint32_t arena;          /* arena of `pages` */
         PagePool *pool;

@@ -68,7 +68,7 @@ typedef enum PeerRole {
 
 #define PEER_NONCE_SIZE 32
 #define PEER_MAC_SIZE 32
-#define PEER_HOST_ID_MAX 64
+#define PEER_HOST_ID_MAX 63 /* as HostId= (config_host_id_problem()), directory names, member records */
 #define PEER_MAX_STREAMS 16
 
 typedef struct PeerFrameHeader {

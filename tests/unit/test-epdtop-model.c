@@ -393,7 +393,7 @@ START_TEST(test_json) {
 END_TEST
 
 /* Peers named by long host ids: the default one (/etc/machine-id) has 32 characters, the
- * peer protocol takes up to 64. epdtop builds a row from the telemetry (GetPeers, the
+ * peer protocol takes up to 63. epdtop builds a row from the telemetry (GetPeers, the
  * whole id), finds it again by the peer list's host id (state, transport) and by the
  * membership's (lease), and joins the pinned maps' rows, which keep the id's first 31
  * characters. A row cut to 31 characters was found by none of them: the peer list added
@@ -402,7 +402,7 @@ END_TEST
 START_TEST(test_long_host_ids) {
         const char *ids[] = {
                 "0123456789abcdef0123456789abcdef",                                 /* 32, a machine id */
-                "host-with-a-long-name.rack-17.row-4.dc-west.example.org-01234567", /* 64 */
+                "host-with-a-long-name.rack-17.row-4.dc-west.example.org-0123456", /* 63 */
         };
         ck_assert_uint_eq(strlen(ids[0]), 32);
         ck_assert_uint_eq(strlen(ids[1]), PEER_HOST_ID_MAX);
