@@ -109,6 +109,7 @@ struct DirectoryForward {
         Hashmap *parts;  /* LookupPart* by request */
         uint64_t next_request;
         size_t n_locates;
+        size_t locate_hashes; /* of the locates in flight */
 
         DirectoryForwardStats stats;
 };
@@ -485,6 +486,7 @@ static void locate_finish(Locate *l) {
         for (size_t k = 0; k < l->res.n; k++)
                 add_self(df, l->res.entries + k);
         df->n_locates--;
+        df->locate_hashes -= l->res.n;
         l->waiter->done(l->waiter, &l->res);
         locate_free(l);
 }
@@ -558,7 +560,7 @@ int directory_forward_locate(DirectoryForward *df, const uint64_t *hashes, size_
 
         if (!df || !w || n == 0 || n > DIRECTORY_LOCATE_HASHES_MAX || !hashes)
                 return -EINVAL;
-        if (df->n_locates >= DIRECTORY_LOCATES_MAX)
+        if (df->n_locates >= DIRECTORY_LOCATES_MAX || df->locate_hashes + n > DIRECTORY_LOCATE_HASHES_IN_FLIGHT_MAX)
                 return -EBUSY;
         l = calloc(1, sizeof *l);
         if (l) {
@@ -612,6 +614,7 @@ int directory_forward_locate(DirectoryForward *df, const uint64_t *hashes, size_
         free(todo);
         free(owner_of_todo);
         df->n_locates++;
+        df->locate_hashes += n;
         if (l->pending == 0) {
                 locate_finish(l);
                 return 0;

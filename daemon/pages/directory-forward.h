@@ -28,8 +28,11 @@ typedef struct DirectoryForward DirectoryForward;
 #define DIRECTORY_LOCATE_TIMEOUT_USEC (500 * USEC_PER_MSEC)
 /* Locates in flight at once. */
 #define DIRECTORY_LOCATES_MAX 1024U
-/* Hashes in one locate. */
+/* Hashes in one locate, and in all the locates in flight together: each takes an answer
+ * entry of about 1.5 KiB (its holders) until the owners answered, so the second bounds
+ * what callers, none of them charged for it, can make epdd hold at once (~200 MiB). */
 #define DIRECTORY_LOCATE_HASHES_MAX 65536U
+#define DIRECTORY_LOCATE_HASHES_IN_FLIGHT_MAX (2 * DIRECTORY_LOCATE_HASHES_MAX)
 /* Records this host keeps as an owner, and remote answers it caches. */
 #define DIRECTORY_SHARD_RECORDS_MAX (4U << 20)
 #define DIRECTORY_CACHE_MAX (256U << 10)

@@ -93,8 +93,9 @@ static int method_locate_prefix(sd_bus_message *msg, void *userdata, sd_bus_erro
                 free(lc);
                 if (r == -EBUSY)
                         return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
-                                             "%u LocatePrefix calls are in flight already; try again.",
-                                             DIRECTORY_LOCATES_MAX);
+                                             "Too many LocatePrefix calls in flight already (at most %u, and %u "
+                                             "hashes together); try again.",
+                                             DIRECTORY_LOCATES_MAX, DIRECTORY_LOCATE_HASHES_IN_FLIGHT_MAX);
                 return r;
         }
         return 1; /* replied, or replies when the owners answered */
