@@ -359,9 +359,13 @@ int epd_feature_call_finish(epd_client *c, epd_feature_call *call, uint64_t time
                 if (call->abandoned) {
                         /* Freed by a callback this step dispatched: what the free left to
                          * the destroy callback is done here (the reply callback released
-                         * an answer that came). */
-                        if (call->slot_gone)
+                         * an answer that came with this step; one that came before is
+                         * released here). */
+                        if (call->slot_gone) {
+                                if (call->reply)
+                                        release_unwanted(c, call->reply);
                                 call_free_now(call);
+                        }
                         return epd__fail(c, -ECANCELED, "AcquireOrReserve: the call was freed while being finished");
                 }
                 /* The answer may have come with this step, which then returns 0 (a reply
@@ -412,7 +416,8 @@ bool epd_feature_call_taken(const epd_feature_call *call) {
 void epd_feature_call_free(epd_client *c, epd_feature_call *call) {
         if (!call)
                 return;
-        if (call->slot_gone) {
+        /* From a callback that the call's own finish dispatched, that finish frees it. */
+        if (call->slot_gone && !call->in_finish) {
                 /* Answered (or the connection went): a handle in an answer that finish
                  * did not take goes back. */
                 if (c && call->reply)

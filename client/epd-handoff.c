@@ -116,7 +116,8 @@ static int on_prepared(sd_bus_message *m, void *userdata, sd_bus_error *ret_erro
                 else
                         epd__clear_error(c);
         }
-        call->fn(c, r < 0 ? r : 0, r < 0 ? NULL : path, r < 0 ? 0 : token, call->userdata);
+        if (!c->closing) /* epd_disconnect() drops it without calling fn */
+                call->fn(c, r < 0 ? r : 0, r < 0 ? NULL : path, r < 0 ? 0 : token, call->userdata);
         return 0;
 }
 

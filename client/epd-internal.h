@@ -11,6 +11,7 @@
 struct epd_client {
         sd_bus *bus;
         bool direct;       /* peer-to-peer: no destination names */
+        bool closing;      /* epd_disconnect(): what it dispatches calls no callback of the caller */
         char *worker_path;
         epd_arena *arenas;
         size_t n_arenas;

@@ -96,7 +96,7 @@ static int on_backpressure(sd_bus_message *m, void *userdata, sd_bus_error *erro
         BackpressureSubscription *s = userdata;
         const char *peer, *reason;
         uint32_t level;
-        if (sd_bus_message_read(m, "sus", &peer, &level, &reason) < 0)
+        if (s->client->closing || sd_bus_message_read(m, "sus", &peer, &level, &reason) < 0)
                 return 0;
         s->fn(s->client, peer, level, reason, s->userdata);
         return 0;

@@ -309,13 +309,45 @@ static void drop_arenas(epd_client *c) {
         c->n_arenas = 0;
 }
 
+/* What is queued to send goes out, for at most EPD_DISCONNECT_FLUSH_USEC: a daemon that
+ * stopped reading (stopped, or stalled) must not keep the caller, Python's __del__ among
+ * them, for ever (sd_bus_flush() waits without a bound). What cannot go is dropped: the
+ * connection's end releases everything of the client's anyway. Replies that come
+ * meanwhile are dispatched, with c->closing set: no callback of the caller runs. */
+#define EPD_DISCONNECT_FLUSH_USEC (2 * 1000000ULL)
+
+static void flush_bounded(epd_client *c) {
+        uint64_t until = usec_add(now_usec(CLOCK_MONOTONIC), EPD_DISCONNECT_FLUSH_USEC), queued = 0, now;
+        int r;
+
+        while (sd_bus_get_n_queued_write(c->bus, &queued) >= 0 && queued > 0) {
+                r = sd_bus_process(c->bus, NULL); /* writes what the socket takes */
+                if (r < 0)
+                        return;
+                if (r > 0)
+                        continue;
+                now = now_usec(CLOCK_MONOTONIC);
+                if (now >= until)
+                        return;
+                r = sd_bus_wait(c->bus, until - now);
+                if (r < 0 && r != -EINTR)
+                        return;
+        }
+}
+
 epd_client *epd_disconnect(epd_client *c) {
         if (!c)
                 return NULL;
+        c->closing = true;
+        /* Unregistered without waiting for the answer: the daemon reads it before the
+         * connection's end, and frees the worker at once rather than as a departed one. */
         if (c->worker_path)
-                (void)epd_unregister(c);
+                (void)epd__call_nowait(c, "/org/epd1", "org.epd1.Manager", "UnregisterWorker", "o", c->worker_path);
+        free(c->worker_path);
+        c->worker_path = NULL;
         drop_arenas(c);
-        sd_bus_flush_close_unref(c->bus);
+        flush_bounded(c);
+        sd_bus_close_unref(c->bus);
         free(c);
         return NULL;
 }
@@ -443,6 +475,11 @@ int epd_unregister(epd_client *c) {
                 return epd__fail(c, -ENOTCONN, "this client is not registered");
         int r = epd__call(c, "/org/epd1", "org.epd1.Manager", "UnregisterWorker", NULL, "o",
                           c->worker_path);
+        /* Refused for a time-out or a stalled daemon, the worker is still registered
+         * there: kept here too (a register() would be refused Exists). Gone there
+         * (NotRegistered) or here at once, it is forgotten. */
+        if (r < 0 && r != -ENOTCONN && r != -ENOENT && sd_bus_is_open(c->bus) > 0)
+                return r;
         free(c->worker_path);
         c->worker_path = NULL;
         drop_arenas(c);

@@ -11,6 +11,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -250,6 +251,34 @@ START_TEST(test_publish_release_nowait) {
         ck_assert_int_eq(epd_feature_reserve(pre, "sha256:nowait-closed", bytes, t, n, NULL, &p), 0);
         epd_disconnect(pre);
         ck_assert_int_eq(epd_feature_publish_release(NULL, p, 1), -EINVAL);
+
+        /* A daemon that stopped reading: what the client queued cannot go, and
+         * epd_disconnect() gives up within its bound instead of waiting for ever (as
+         * sd_bus_flush() did: Python's Client.close() and __del__ hung with it). */
+        enc = worker("encoder");
+        static uint64_t hashes[65536];
+        ck_assert_int_eq(kill(h.epdd_pid, SIGSTOP), 0);
+        int sent = 0;
+        for (int i = 0; i < 64 && sent >= 0; i++) { /* 32 MiB: more than any socket buffer */
+                sd_bus_message *m = NULL;
+                /* (a Ping with a body: refused at once once read, nothing to do) */
+                sent = sd_bus_message_new_method_call(enc->bus, &m, harness_destination(&h), "/org/epd1",
+                                                      "org.freedesktop.DBus.Peer", "Ping");
+                if (sent >= 0)
+                        sent = sd_bus_message_append_array(m, 't', hashes, sizeof hashes);
+                if (sent >= 0)
+                        sent = sd_bus_send(enc->bus, m, NULL);
+                sd_bus_message_unref(m);
+        }
+        usec_t t0 = now_usec(CLOCK_MONOTONIC);
+        epd_disconnect(enc);
+        usec_t took = now_usec(CLOCK_MONOTONIC) - t0;
+        ck_assert_int_eq(kill(h.epdd_pid, SIGCONT), 0);
+        ck_assert_int_ge(sent, 0);
+        ck_assert_msg(took < 5 * 1000000ULL, "epd_disconnect() took %" PRIu64 " us", (uint64_t)took);
+        pre = worker("prefill"); /* the daemon serves on */
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+        epd_disconnect(pre);
 }
 END_TEST
 
@@ -486,6 +515,21 @@ START_TEST(test_acquire_or_reserve_send) {
         ck_assert_int_eq(epd_feature_acquire_or_reserve_send(enc, "sha256:aos-6", bytes, t, n, NULL, &x.call), 0);
         ck_assert_int_eq(epd_feature_call_finish(enc, x.call, 5 * 1000000ULL, &p), -ECANCELED);
         ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
+        round_trip(enc);
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+        /* The same with the answer in already (taken by epd_flush), the freeing callback's
+         * message read when finish begins: finish's one step dispatches it. Before, the
+         * free freed the call at once and finish wrote into it (ASan: use after free). */
+        FreeInCallback y = { .c = enc };
+        ck_assert_int_eq(epd_feature_acquire_or_reserve_send(enc, "sha256:aos-7", bytes, t, n, NULL, &y.call), 0);
+        ck_assert_int_eq(epd_flush(enc, 5 * 1000000ULL), 0);
+        ck_assert_int_ge(sd_bus_call_method_async(enc->bus, NULL, harness_destination(&h), "/org/epd1/feature",
+                                                  "org.freedesktop.DBus.Peer", "Ping", free_call_in_callback, &y,
+                                                  NULL),
+                         0);
+        ck_assert_int_ge(sd_bus_flush(enc->bus), 0);
+        ck_assert_int_gt(sd_bus_wait(enc->bus, 5 * 1000000ULL), 0);
+        ck_assert_int_eq(epd_feature_call_finish(enc, y.call, 5 * 1000000ULL, &p), -ECANCELED);
         round_trip(enc);
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
 

@@ -49,7 +49,11 @@ typedef struct epd_kv_layout {
  *   "bus:ADDRESS"   — a D-Bus broker at ADDRESS (e.g. unix:path=/tmp/bus);
  *   "system"        — the system bus. */
 int epd_connect(const char *address, epd_client **ret);
-/* Unregisters (if registered), unmaps, closes. Accepts NULL; returns NULL. */
+/* Unregisters (if registered, without waiting for the answer), unmaps, sends what is
+ * queued and closes. It never blocks for long: what a daemon that stopped reading has
+ * not taken within 2 s is dropped (the connection's end releases everything of the
+ * client's anyway). Calls still unanswered are dropped without their callbacks. Accepts
+ * NULL; returns NULL. */
 epd_client *epd_disconnect(epd_client *c);
 
 /* Registers this process as a worker. `role` is encoder, prefill, decode, colocated
@@ -62,6 +66,8 @@ int epd_register(epd_client *c, const char *role, const char *model, const char 
 int epd_register_named(epd_client *c, const char *role, const char *model, const char *device,
                        const epd_kv_layout *kv, const char *const *arenas, const char *name,
                        const char *const *labels);
+/* Refused for a time-out (a stalled daemon), the registration is kept here as it is
+ * there: unregister again later. */
 int epd_unregister(epd_client *c);
 const char *epd_worker_path(const epd_client *c);
 
