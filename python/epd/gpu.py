@@ -303,6 +303,7 @@ class Notifier(_lib.Closing):
         self._n, self._gpu, self._ring = p, gpu, ring
         self._ready_after = _lib_gpu().epd_gpu_notifier_ready_after
         ring._users.add(self)  # Ring.close() stops this notifier's thread first
+        ring._notifiers += 1  # and the collector's close of the ring waits for close()
 
     def _handle(self):
         if not self._n:
@@ -345,6 +346,7 @@ class Notifier(_lib.Closing):
         if self._n:
             _lib_gpu().epd_gpu_notifier_free(self._n)
             self._n = None
+            self._ring._notifier_closed()
 
 
 class Gpu(_lib.Closing):

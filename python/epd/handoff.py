@@ -144,6 +144,10 @@ class Ring(_lib.Closing):
         # Objects that use the ring from a thread of their own (epd.gpu.Notifier): closed
         # before the ring is, so that no thread submits to a ring that was freed.
         self._users = weakref.WeakSet()
+        # Notifiers open on this ring (gpu.Notifier): their threads submit to it, so the
+        # collector's close of this side waits for the last of them (_close_pending).
+        self._notifiers = 0
+        self._close_pending = False
         # A handoff is (request id, token), never its token alone: tokens are unique per
         # source daemon only, and a decode worker takes handoffs from several hosts.
         self.progress = {}  # (request id (32 hex digits), token) -> groups landed (the highest count seen)
@@ -289,13 +293,25 @@ class Ring(_lib.Closing):
                 self._lib.epd_ring_close(self._r)
             self._r = None
 
+    def _notifier_closed(self):
+        self._notifiers -= 1
+        if self._notifiers == 0 and self._close_pending and self._r:
+            self._lib.epd_ring_close(self._r)
+            self._r = None
+
     def __del__(self):
         # Collected: this side alone, no bus call (the collector may run in any thread,
-        # while another uses the client); the daemon's side goes with the client.
+        # while another uses the client); the daemon's side goes with the client. A ring
+        # collected with a notifier of it (one cycle of garbage: their finalizers run in
+        # no set order) is closed by that notifier's close, after its thread stopped
+        # submitting: closed first, the thread wrote into freed memory.
         try:
             if self._r:
-                self._lib.epd_ring_close(self._r)
-                self._r = None
+                if self._notifiers > 0:
+                    self._close_pending = True
+                else:
+                    self._lib.epd_ring_close(self._r)
+                    self._r = None
         except Exception:
             pass
 

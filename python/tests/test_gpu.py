@@ -162,6 +162,36 @@ class GpuArenaTest(unittest.TestCase):
             n.close()
             g.close()
 
+    def test_ring_and_notifier_collected_together(self):
+        """A ring and its notifier that are garbage together (one cycle: their
+        finalizers run in no set order): the ring's side is closed after the notifier's
+        thread stopped, whichever finalizer runs first. Before, the ring's could free it
+        while the notifier's close still flushed into it."""
+        import gc
+        from epd.handoff import Ring
+        g = epd.gpu.Gpu()
+        for case in ("ring first", "notifier first", "cycle"):
+            with epd.Client(self.d.address) as p:  # one ring a client
+                p.register("prefill", "m", "cuda:0", kv=KV)
+                ring = Ring(p)
+                n = epd.gpu.Notifier(g, 0, ring)
+                self.assertTrue(ring._r)
+                if case == "ring first":
+                    ring.__del__()  # what the collector may run first
+                    self.assertTrue(ring._r, "closed under its notifier")
+                    self.assertTrue(ring._close_pending)
+                    n.close()
+                    self.assertIsNone(ring._r, "the notifier's close closes it")
+                elif case == "notifier first":
+                    n.close()
+                    ring.__del__()
+                    self.assertIsNone(ring._r)
+                else:
+                    ring.cycle, n.cycle = n, ring
+                    del ring, n
+                    gc.collect()
+        g.close()
+
     def test_notifier_reports_groups_ready_from_events(self):
         """epd.gpu.Notifier: each group's event recorded on the stream, LayerGroupReady
         put on the ring by libepd's thread; the decode side sees every group; a failed
