@@ -387,9 +387,13 @@ static int seg_validate(const GpuSystem *s, const GpuCopySeg *seg) {
                 return -ERANGE;
         if (seg->dst && !gpu_arena_range_ok(seg->dst, seg->dst_offset, seg->length))
                 return -ERANGE;
-        if (!seg->src && (uintptr_t)seg->src_host > UINTPTR_MAX - seg->src_offset - seg->length)
+        /* host + offset + length must not wrap (each step checked: a sum that wraps
+         * itself would pass a check of the whole). */
+        if (!seg->src && (seg->src_offset > UINTPTR_MAX - (uintptr_t)seg->src_host ||
+                          seg->length > UINTPTR_MAX - (uintptr_t)seg->src_host - seg->src_offset))
                 return -ERANGE;
-        if (!seg->dst && (uintptr_t)seg->dst_host > UINTPTR_MAX - seg->dst_offset - seg->length)
+        if (!seg->dst && (seg->dst_offset > UINTPTR_MAX - (uintptr_t)seg->dst_host ||
+                          seg->length > UINTPTR_MAX - (uintptr_t)seg->dst_host - seg->dst_offset))
                 return -ERANGE;
         /* An overlapping copy inside one arena would be undefined. */
         if (seg->src && seg->src == seg->dst &&

@@ -177,8 +177,11 @@ int gpu_kv_grid(uint64_t tokens, uint32_t heads, uint64_t words_per_row, uint32_
                 unsigned *gy, unsigned *bx) {
         uint64_t pages, words;
 
+        /* The kernel's loop counts a page's words in 32 bits, 256 a step: room for the
+         * last step, or it wraps and never ends. */
         if (tokens == 0 || heads == 0 || 2ULL * heads > 65535 || words_per_row == 0 || tokens_per_page == 0 ||
-            (uint64_t)tokens_per_page * words_per_row > UINT32_MAX || (uint64_t)heads * words_per_row > UINT32_MAX)
+            (uint64_t)tokens_per_page * words_per_row > UINT32_MAX - 256 ||
+            (uint64_t)heads * words_per_row > UINT32_MAX)
                 return -EINVAL;
         pages = DIV_ROUND_UP(tokens, (uint64_t)tokens_per_page);
         if (pages > INT32_MAX)

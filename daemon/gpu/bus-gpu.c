@@ -132,6 +132,15 @@ static int method_register_memory(sd_bus_message *msg, void *userdata, sd_bus_er
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "Size %" PRIu64 " is 0 or over the limit.", size);
 
+        /* The daemon's GPU_EXTERNAL_MAX regions are shared: no one worker takes them all. */
+        unsigned held = 0;
+        LIST_FOREACH(objects, o, w->object.owner->objects)
+                held += o->release == gpu_registration_release;
+        if (held >= GPU_EXTERNAL_PER_CLIENT_MAX)
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
+                                     "This client has %u GPU memory regions registered already (at most %u a "
+                                     "client); release one first.",
+                                     held, GPU_EXTERNAL_PER_CLIENT_MAX);
         GpuRegistration *g = calloc(1, sizeof *g);
         if (!g)
                 return -ENOMEM;

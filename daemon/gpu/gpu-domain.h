@@ -24,6 +24,7 @@
 /* External registrations a GpuContext accepts in all (each client also has its own
  * per-type limit through its ClientObjects). */
 #define GPU_EXTERNAL_MAX 256U
+#define GPU_EXTERNAL_PER_CLIENT_MAX 32U
 /* Region ids of external memory start here; daemon arenas use their index. */
 #define GPU_EXTERNAL_REGION_BASE 0x80000000U
 

@@ -1429,6 +1429,14 @@ START_TEST(test_unregister_releases_memory) {
         ck_assert_int_eq(epd_gpu_register_memory(c, g, 0, own->base, own->size + 4096, &region), -EINVAL);
         ck_assert_str_eq(epd_last_error_message(c), "The size runs past the end of the allocation.");
         ck_assert_int_eq(epd_gpu_register_memory(c, g, 0, own->base, own->size, &region), 0);
+        /* 32 a client: the daemon's 256 are not one worker's to take (review). */
+        uint32_t more[31];
+        for (int i = 0; i < 31; i++)
+                ck_assert_int_eq(epd_gpu_register_memory(c, g, 0, own->base, own->size, &more[i]), 0);
+        ck_assert_int_eq(epd_gpu_register_memory(c, g, 0, own->base, own->size, &region), -EDQUOT);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.LimitExceeded");
+        ck_assert_int_eq(epd_gpu_release_memory(c, more[30]), 0);
+        ck_assert_int_eq(epd_gpu_register_memory(c, g, 0, own->base, own->size, &more[30]), 0);
         ck_assert_int_eq(epd_unregister(c), 0);
         ck_assert_int_eq(epd_gpu_release_memory(c, region), -ENOENT);
         epd_gpu_close(g);

@@ -405,6 +405,10 @@ START_TEST(test_fake_engine_lanes_on_use) {
                 { .src_host = host, .dst = a, .dst_offset = 0, .length = sizeof host },
                 { .src = a, .dst = a, .src_offset = 0, .dst_offset = 2 << 20, .length = sizeof host },
         };
+        /* A host offset and length whose sum wraps (each alone passed the old check of
+         * host > UINTPTR_MAX - offset - length, which wrapped itself). */
+        GpuCopySeg wild = { .src_host = host, .src_offset = UINT64_MAX, .dst = a, .length = 2 };
+        ck_assert_int_eq(gpu_copy_submit(e, &wild, 1, 9), -ERANGE);
         ck_assert_int_eq(gpu_copy_submit(e, &segs[0], 1, 1), 0);
         ck_assert_int_eq(gpu_copy_wait(e, 5000), 1);
         ck_assert_uint_eq(gpu_copy_reap(e, &done, 1), 1);

@@ -229,6 +229,11 @@ START_TEST(test_kv_grid) {
         ck_assert_int_eq(gpu_kv_grid(16, 8, 16, 0, &gx, &gy, &bx), -EINVAL);
         ck_assert_int_eq(gpu_kv_grid(16, 8, 1ULL << 30, 16, &gx, &gy, &bx), -EINVAL);
         ck_assert_int_eq(gpu_kv_grid(16ULL << 32, 8, 16, 1, &gx, &gy, &bx), -E2BIG);
+        /* A page of nearly 2^32 words: the kernel's 32-bit count, 256 a step, wrapped
+         * below the end and never stopped (review). */
+        ck_assert_int_eq(gpu_kv_grid(65537, 1, 65535, 65537, &gx, &gy, &bx), -EINVAL);
+        ck_assert_int_eq(gpu_kv_grid(16, 1, 1, UINT32_MAX - 256, &gx, &gy, &bx), 0);
+        ck_assert_int_eq(gpu_kv_grid(16, 1, 1, UINT32_MAX - 255, &gx, &gy, &bx), -EINVAL);
 }
 END_TEST
 
