@@ -23,6 +23,9 @@ static int worker_path(char *buf, size_t n, const char *id) {
         return snprintf(buf, n, WORKER_PREFIX "%s", id);
 }
 
+/* A request's images: each key is looked up on the loop at Admit. */
+#define SCHED_FEATURE_KEYS_MAX 1024U
+
 typedef struct Hints {
         uint64_t pages_needed;
         bool multimodal;
@@ -40,6 +43,12 @@ static int read_hints(Manager *m, sd_bus_message *msg, SchedHints *h, SchedulerA
         };
         Hints x = {};
         int r = bus_dict_read(msg, items, &x, "hint", error);
+        size_t n_keys = 0;
+        while (r >= 0 && x.feature_keys && x.feature_keys[n_keys])
+                n_keys++;
+        if (n_keys > SCHED_FEATURE_KEYS_MAX)
+                r = epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "At most %u FeatureKeys, not %zu.",
+                                  SCHED_FEATURE_KEYS_MAX, n_keys);
         if (r >= 0) {
                 h->pages_needed = x.pages_needed;
                 h->needs_encoder = x.multimodal;

@@ -261,6 +261,23 @@ START_TEST(test_feature_affinity) {
                         ck_assert_str_eq(enc, encoder);
                 sd_bus_message_unref(reply);
         }
+        /* At most 1024 keys: each is looked up on the loop (review). */
+        sd_bus_message *big = NULL;
+        ck_assert_int_ge(sd_bus_message_new_method_call(bus, &big, NULL, "/org/epd1", "org.epd1.Scheduler", "Admit"), 0);
+        ck_assert_int_ge(sd_bus_message_append(big, "sst", "%032x", "interactive", (uint64_t)0), 0);
+        ck_assert_int_ge(sd_bus_message_open_container(big, 'a', "{sv}"), 0);
+        ck_assert_int_ge(sd_bus_message_open_container(big, 'e', "sv"), 0);
+        ck_assert_int_ge(sd_bus_message_append(big, "s", "FeatureKeys"), 0);
+        ck_assert_int_ge(sd_bus_message_open_container(big, 'v', "as"), 0);
+        ck_assert_int_ge(sd_bus_message_open_container(big, 'a', "s"), 0);
+        for (int i = 0; i < 1025; i++)
+                ck_assert_int_ge(sd_bus_message_append(big, "s", "img-1"), 0);
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_ge(sd_bus_message_close_container(big), 0);
+        ck_assert_int_lt(sd_bus_call(bus, big, 0, &err, NULL), 0);
+        ck_assert_str_eq(err.name, "org.epd1.Error.LimitExceeded");
+        ck_assert_ptr_nonnull(strstr(err.message, "1024 FeatureKeys"));
+        sd_bus_message_unref(big);
         sd_bus_error_free(&err);
         sd_bus_flush_close_unref(bus);
         epd_disconnect(d);
