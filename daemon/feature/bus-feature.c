@@ -210,7 +210,10 @@ static int append_info(sd_bus_message *reply, FeatureManager *fm, FeatureHandle 
                 if (r < 0)
                         return r;
         }
-        if (!epd_id_is_null(&f->request_id))
+        /* Not to every holder: a request id names its handoffs (an untargeted Accept
+         * takes one by it), so only the producer's uid and root learn it here. */
+        uid_t uid = h->object.owner ? h->object.owner->uid : (uid_t)-1;
+        if (!epd_id_is_null(&f->request_id) && (uid == 0 || uid == (uid_t)f->producer_uid))
                 epd_id_to_string(&f->request_id, req);
         r = sd_bus_message_append(reply, "ssss", epd_id_to_string(&h->id, id),
                                   feature_state_to_string(f->state), error_text(f->error), arena);
@@ -636,6 +639,7 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
                         feature_manager_arm_timer(fm); /* it may wait for a producer again */
                         return cache_error(m, r, key, error);
                 }
+                ref->feature->producer_uid = (uint32_t)w->object.owner->uid;
                 feature_manager_arm_timer(fm);
         }
         /* The feature's size, before the answer: a refused one releases the reference. */
@@ -680,6 +684,7 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
                         return epd_bus_error(error, EPD_ERROR_EXISTS, "Feature '%.64s' is already reserved.", key);
                 if (r < 0)
                         return cache_error(m, r, key, error);
+                h->ref->feature->producer_uid = (uint32_t)w->object.owner->uid;
         } else {
                 FeatureRef *ref;
                 /* Before the reservation: it may evict cached features, and a key that
@@ -695,6 +700,7 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
                         feature_ref_release(ref); /* out of memory only: room was asked above */
                         return client_error(r, error);
                 }
+                ref->feature->producer_uid = (uint32_t)w->object.owner->uid;
                 own = true;
         }
         feature_manager_arm_timer(fm);

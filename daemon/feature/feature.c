@@ -193,6 +193,7 @@ int feature_entry_new(FeatureCache *c, const char *key, Feature **ret) {
                 return -ENOMEM;
         p->pub.cache = c;
         p->pub.state = FEATURE_RESERVED;
+        p->pub.producer_uid = UINT32_MAX;
         p->pub.key = strdup(key);
         if (!p->pub.key) {
                 free(p);

@@ -68,6 +68,9 @@ struct Feature {
         FeatureDesc *desc;
 
         EpdId request_id;       /* the request that produced it, for tracing */
+        /* The uid of the client that reserved it (bus glue; UINT32_MAX when unknown:
+         * replayed, read back): the request id is shown to that uid and root only. */
+        uint32_t producer_uid;
         usec_t encode_usec;     /* encoder time reported at Publish */
         usec_t deadline;        /* announced (no producer yet): fails at this time */
 

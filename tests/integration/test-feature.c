@@ -140,6 +140,33 @@ static bool same(const void *p, uint64_t n, uint8_t seed) {
         return true;
 }
 
+/* The request id a hit on key shows to a worker of uid (a forked child running as that
+ * uid when it is not ours); "?" when the hit fails. */
+static void request_id_seen_by(uid_t uid, const char *key, char out[33]) {
+        int fds[2];
+        ck_assert_int_eq(pipe(fds), 0);
+        pid_t pid = harness_fork_as(uid);
+        if (pid == 0) {
+                char seen[33] = "?";
+                epd_client *c = NULL;
+                epd_feature *f = NULL;
+                close(fds[0]);
+                if (epd_connect(address, &c) == 0 && epd_register(c, "prefill", "qwen3-vl-test", "cpu", NULL, NULL) == 0 &&
+                    epd_feature_acquire(c, key, false, &f) == 0) {
+                        snprintf(seen, sizeof seen, "%s", f->request_id);
+                        (void)epd_feature_release(c, f);
+                } else
+                        fprintf(stderr, "as uid %u: %s\n", (unsigned)uid, c ? epd_last_error_message(c) : "no connection");
+                epd_disconnect(c);
+                _exit(write(fds[1], seen, sizeof seen) == sizeof seen ? 0 : 3);
+        }
+        close(fds[1]);
+        int status;
+        ck_assert_int_eq(read(fds[0], out, 33), 33);
+        close(fds[0]);
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+}
+
 START_TEST(test_publish_then_hit) {
         epd_client *enc = worker("encoder"), *pre = worker("prefill");
         epd_feature_tensor t[2];
@@ -181,6 +208,17 @@ START_TEST(test_publish_then_hit) {
         /* a handle of one client is not another's */
         ck_assert_int_eq(epd_feature_refresh(enc, r), -EPERM);
         ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.PermissionDenied");
+
+        /* The request id goes to the producer's uid and root only: it names the
+         * request's handoffs, which an untargeted Accept takes by it (review). */
+        if (geteuid() == 0) {
+                char seen[33];
+                harness_let_others_in(&h);
+                request_id_seen_by(65534, "sha256:aa|qwen3-vl|pp1", seen);
+                ck_assert_str_eq(seen, "");
+                request_id_seen_by(0, "sha256:aa|qwen3-vl|pp1", seen);
+                ck_assert_str_eq(seen, "0123456789abcdef0123456789abcdef");
+        }
 
         ck_assert_int_eq(epd_feature_release(pre, r), 0);
         ck_assert_int_eq(epd_feature_release(enc, p), 0);
