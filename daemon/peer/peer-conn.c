@@ -461,9 +461,10 @@ static bool same_address(const struct sockaddr_storage *a, const struct sockaddr
 }
 
 /* Room for one more connection from others: past PEER_PENDING_PER_ADDRESS from its
- * address that have not said HELLO yet, that address's oldest such connection is
- * closed; past PEER_PENDING_MAX in all, the oldest that has not said HELLO (or, with
- * none, the oldest of all). A real handshake takes a few round trips, so a flood of
+ * address not authenticated yet (silent, or between HELLO and AUTH: a HELLO naming a
+ * known host costs nothing to send), that address's oldest is closed; past
+ * PEER_PENDING_MAX in all, the oldest that has not said HELLO (or, with none, the
+ * oldest of all). A real handshake takes a few round trips, so a flood of
  * connections that say nothing pushes out its own (or, spread over many addresses, only
  * ones older than any handshake) instead of closing the door on every peer until they
  * time out; the per-address bound leaves room for two peers behind one address dialing
@@ -476,13 +477,12 @@ static void pending_make_room(PeerManager *pm, const struct sockaddr_storage *fr
                 if (c->dialer)
                         continue;
                 oldest = c;
-                if (c->state != CONN_WAIT_HELLO)
-                        continue;
-                oldest_silent = c;
                 if (same_address(&c->from, from)) {
                         oldest_here = c;
                         here++;
                 }
+                if (c->state == CONN_WAIT_HELLO)
+                        oldest_silent = c;
         }
         Conn *victim = here >= PEER_PENDING_PER_ADDRESS ? oldest_here
                        : pm->n_pending >= PEER_PENDING_MAX ? (oldest_silent ?: oldest)

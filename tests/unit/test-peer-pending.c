@@ -66,6 +66,20 @@ static int closed(int fd) {
         return 0;
 }
 
+/* closed(), for a connection that said HELLO: its CHALLENGE read first. */
+static int closed_after_challenge(int fd) {
+        uint8_t b[1024];
+        for (;;) {
+                ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
+                if (n == 0 || (n < 0 && errno == ECONNRESET))
+                        return 1;
+                if (n < 0) {
+                        ck_assert_int_eq(errno, EAGAIN);
+                        return 0;
+                }
+        }
+}
+
 /* A cluster key file (mkstemp: mode 0600) and a free loopback port for Listen= (which
  * takes no port 0). */
 static void key_and_port(char key[static 64], char listen_at[static 64]) {
@@ -219,6 +233,47 @@ START_TEST(test_retired_member_handshake_ends) {
 }
 END_TEST
 
+/* Connections from one address that said HELLO (naming a known host: it costs nothing)
+ * and wait for AUTH count against that address's bound too: before, only silent ones
+ * did, so one address kept any number of them, and a real peer's fresh connection was
+ * the one closed for the next (review). */
+START_TEST(test_hello_counts_per_address) {
+        sd_event *e;
+        PeerManager *pm = listening_manager(&e);
+        ck_assert_int_eq(peer_manager_add_member(pm, "aa-m", "127.0.0.1:9", NULL), 0);
+        unsigned short port = port_of(pm->listen_fd);
+
+        PeerHello h = { .role = PEER_ROLE_CONTROL, .min_version = PEER_PROTOCOL_VERSION,
+                        .max_version = PEER_PROTOCOL_VERSION, .n_streams = 2 };
+        snprintf(h.host_id, sizeof h.host_id, "aa-m");
+        uint8_t frame[PEER_FRAME_HEADER_SIZE + 512];
+        int n = peer_hello_encode(&h, frame + PEER_FRAME_HEADER_SIZE, sizeof frame - PEER_FRAME_HEADER_SIZE);
+        ck_assert_int_gt(n, 0);
+        peer_frame_header_encode(frame, PEER_MSG_HELLO, (uint32_t)n);
+        int fds[PEER_PENDING_PER_ADDRESS + 4];
+        for (unsigned i = 0; i < ELEMENTSOF(fds); i++) {
+                fds[i] = tcp_from(port, 0x400);
+                ck_assert_int_eq(write(fds[i], frame, PEER_FRAME_HEADER_SIZE + (size_t)n), PEER_FRAME_HEADER_SIZE + n);
+                run_loop(e);
+        }
+        unsigned open = 0;
+        for (unsigned i = 0; i < ELEMENTSOF(fds); i++)
+                open += !closed_after_challenge(fds[i]);
+        ck_assert_uint_le(open, PEER_PENDING_PER_ADDRESS);
+        ck_assert(closed_after_challenge(fds[0]));
+        ck_assert(!closed_after_challenge(fds[ELEMENTSOF(fds) - 1]));
+        /* Another address is taken beside them. */
+        int other = tcp_from(port, 0x500);
+        run_loop(e);
+        ck_assert(!closed(other));
+        for (unsigned i = 0; i < ELEMENTSOF(fds); i++)
+                close(fds[i]);
+        close(other);
+        peer_manager_free(pm);
+        sd_event_unref(e);
+}
+END_TEST
+
 /* A connection whose first frame is of another protocol version is told so (AUTH_FAIL
  * version, in a frame of ours) before it is closed, not just closed: the other side
  * can say why it cannot connect rather than retry blindly. */
@@ -262,6 +317,7 @@ int main(void) {
         tcase_add_test(tc, test_own_dials_do_not_take_the_places_of_others);
         tcase_add_test(tc, test_retired_member_handshake_ends);
         tcase_add_test(tc, test_other_version_told);
+        tcase_add_test(tc, test_hello_counts_per_address);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
