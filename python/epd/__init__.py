@@ -266,7 +266,12 @@ class Client(_lib.Closing):
     def flush(self, timeout_s: Optional[float] = None) -> None:
         """Waits until every call sent without waiting (Feature.publish_release) is
         answered; raises the first refusal among them (EpdError, naming the call), or
-        EpdError(ETIMEDOUT) if some are still unanswered after timeout_s. Signals do not
-        end a wait with a timeout; without one (None) a signal does: EpdError(EINTR)."""
-        t = 2**64 - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))  # past: do not wait
-        self._check(self._l.epd_flush(self._c, t), "calls sent without waiting")
+        EpdError(ETIMEDOUT) if some are still unanswered after timeout_s (None: no end).
+        The wait is one libepd call per slice of at most 0.2 s (_lib.wait_slices): Python's
+        signal handlers run between them (Ctrl-C ends it with KeyboardInterrupt; a C wait
+        without end does not return for a signal with every libsystemd)."""
+        for t in _lib.wait_slices(timeout_s):
+            r = self._l.epd_flush(self._c, t)
+            if r != -_errno.ETIMEDOUT:
+                break
+        self._check(r, "calls sent without waiting")

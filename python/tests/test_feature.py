@@ -382,7 +382,32 @@ class FeatureTest(unittest.TestCase):
             a.flush(5)
             self.assertEqual(ef.prefetch(a, ["img:x"]), 0)  # epdd has read the Release
             self.assertEqual(self.handles(), 0)
-            for k in ("img:gone1", "img:gone2", "img:gone3"):
+            # flush(None) with a call unanswered (epdd stopped) ends for a signal whose
+            # handler raises: it waits in slices, the handler runs between them (a single
+            # C wait without end does not return for a signal with libsystemd >= 253).
+            class Alarm(Exception):
+                pass
+
+            def on_alarm(signum, frame):
+                raise Alarm()
+            old = signal.signal(signal.SIGALRM, on_alarm)
+            os.kill(self.d.proc.pid, signal.SIGSTOP)
+            try:
+                stuck = ef.Feature.acquire_or_reserve_send(a, "img:gone4", NBYTES, BUNDLE)
+                signal.setitimer(signal.ITIMER_REAL, 0.3)
+                t0 = time.monotonic()
+                with self.assertRaises(Alarm):
+                    a.flush(None)
+                self.assertLess(time.monotonic() - t0, 3.0)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+                os.kill(self.d.proc.pid, signal.SIGCONT)
+            stuck.close()
+            a.flush(5)
+            self.assertEqual(ef.prefetch(a, ["img:x"]), 0)
+            self.assertEqual(self.handles(), 0)
+            for k in ("img:gone1", "img:gone2", "img:gone3", "img:gone4"):
                 f = ef.Feature.acquire(b, k, may_produce=True)
                 self.assertEqual(f.result, "produce")  # the given-up producers' claims went
                 f.fail("test")
