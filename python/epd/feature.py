@@ -148,6 +148,9 @@ class Feature(_lib.Closing):
 
     def __init__(self, client, p: _Fp):
         self._client, self._p, self._lib = client, p, _lib_features()
+        # The registration its arena index and data pointer belong to (a new one maps
+        # the arenas again, maybe in another order): buffer() checks it.
+        self._generation = client._generation
 
     # -- constructors --------------------------------------------------------------
     @classmethod
@@ -282,12 +285,18 @@ class Feature(_lib.Closing):
     def refresh(self):
         self._client._check(self._lib.epd_feature_refresh(self._client._c, self._p),
                             f"describe feature {self.key!r}")
+        self._generation = self._client._generation
 
     def buffer(self, offset: int = 0, length: Optional[int] = None) -> memoryview:
         """A writable view of the feature's bytes in the shared arena; no copy. It (and
         whatever is made from it) holds this handle: the feature stays pinned while it
         lives, even with the handle dropped (not after release())."""
         f = self._f()
+        if self._generation != self._client._generation:
+            # Its arena index is of a registration that is gone: as a view it would be
+            # another arena's bytes (review). refresh() takes it up again.
+            raise EpdError(_errno.ESTALE, None, "the client registered again since this feature was described: "
+                           "refresh() it first", "feature buffer")
         if not f.data:
             raise EpdError(_errno.ENODATA, None, f"feature is {self.state}, or its arena is not mapped",
                            "feature buffer")

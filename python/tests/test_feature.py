@@ -56,6 +56,18 @@ class FeatureTest(unittest.TestCase):
             with ef.Feature.acquire(b, "img:1") as h:
                 self.assertEqual(h.result, "hit")
             self.assertEqual(ef.prefetch(b, ["img:1", "img:2"]), 1)
+            # A feature described under a registration that is gone: its arena index and
+            # data pointer are of the old mappings. buffer() refuses it until refresh()
+            # (before, it viewed the arena of that index in the new registration).
+            h = ef.Feature.acquire(b, "img:1")
+            b.unregister()
+            b.register("prefill", "m", "cpu")
+            with self.assertRaises(epd.EpdError) as cm:
+                h.buffer()
+            self.assertEqual(cm.exception.errno, errno.ESTALE)
+            h.refresh()
+            self.assertEqual(bytes(h.buffer()[:4]), b"\x01\x02\x03\x04")
+            h.release()
 
     def handles(self):
         out = subprocess.run([os.environ["EPDCTL"], "-A", self.d.address, "--json", "features"], check=True,
