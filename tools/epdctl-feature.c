@@ -24,6 +24,7 @@ static const struct {
         { "Spilled", "spilled to store", "spilled", false },
         { "Loaded", "loaded from store", "loaded", false },
         { "ReadBackTimeouts", "read-back timeouts", "read_back_timeouts", false, true },
+        { "ProduceTimeouts", "produce timeouts", "produce_timeouts", false, true },
         { "PrefetchRequests", "prefetch requests", "prefetch_requests", false },
         { "PrefetchHits", "prefetch hits", "prefetch_hits", false },
         { "EncoderTimeSavedUSec", "encoder time saved", "encoder_time_saved_usec", false },

@@ -523,6 +523,7 @@ static const ConfigItem items[] = {
         { "Features", "StoreDirectory", p_path, C(feature_store_dir) },
         { "Features", "StoreMaxSize", p_size, C(feature_store_max_bytes) },
         { "Features", "ReadBackTimeout", p_duration_or_zero, C(feature_read_back_timeout_usec) },
+        { "Features", "ProduceTimeout", p_duration_or_zero, C(feature_produce_timeout_usec) },
         { "Telemetry", "BPF", p_telemetry, C(telemetry) },
         { "Telemetry", "PinDirectory", p_telemetry, C(telemetry) },
         { "Telemetry", "SampleInterval", p_telemetry, C(telemetry) },
@@ -642,6 +643,7 @@ int config_defaults(Config *c) {
                 /* Under the 25 s a D-Bus call waits by default: an answer the caller still
                  * hears, not a handle it never learns of. */
                 .feature_read_back_timeout_usec = 20 * USEC_PER_SEC,
+                .feature_produce_timeout_usec = 120 * USEC_PER_SEC,
                 .wal_sync = 1, /* batch: group commit */
                 .wal_compact_bytes = 64ULL << 20,
                 .gpu_copy_kernel = 1, /* small: scattered pages through the batched copy kernel */
@@ -888,6 +890,8 @@ static void check_complete(ParseState *s) {
                 perr(s, "[Cluster] DirectoryCacheTime= must be at most 60s");
         if (c->feature_read_back_timeout_usec > CONFIG_DURATION_MAX)
                 perr(s, "[Features] ReadBackTimeout=: at most a day (24h)");
+        if (c->feature_produce_timeout_usec > CONFIG_DURATION_MAX)
+                perr(s, "[Features] ProduceTimeout=: at most a day (24h)");
         if (!!c->etcd_cert_file != !!c->etcd_key_file)
                 perr(s, "[Cluster] EtcdCertFile= and EtcdKeyFile= go together");
         for (int t = 0; t < _TASK_TYPE_MAX; t++) {

@@ -81,6 +81,7 @@ typedef struct Config {
         char *feature_store_dir;
         uint64_t feature_store_max_bytes; /* 0: no limit */
         usec_t feature_read_back_timeout_usec; /* an Acquire waiting for a read back; 0: none */
+        usec_t feature_produce_timeout_usec;   /* a producer's claim until Publish; 0: none */
 
         /* [Telemetry] and [Backpressure] (docs/telemetry.md) */
         TelemetryConfig telemetry;

@@ -870,6 +870,7 @@ int manager_reload(Manager *m) {
         m->config.handoff_timeout_usec = n.handoff_timeout_usec;
         m->config.feature_cache_bytes = n.feature_cache_bytes;
         m->config.feature_read_back_timeout_usec = n.feature_read_back_timeout_usec; /* read at each Acquire */
+        m->config.feature_produce_timeout_usec = n.feature_produce_timeout_usec; /* feature_reload() applied it */
         m->config.gpu_merge_groups = n.gpu_merge_groups; /* read at each handoff_pump() */
         m->config.gpu_batches_in_flight = n.gpu_batches_in_flight;
         m->config.gpu_completion_spin_usec = n.gpu_completion_spin_usec; /* gpu_reload() applied these */

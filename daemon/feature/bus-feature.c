@@ -543,6 +543,8 @@ static int acquire_for(Manager *m, sd_bus_message *msg, const char *key, bool ma
         if (r < 0)
                 return cache_error(m, r, key, error);
         feature_manager_count_acquire(*ret_w, *ret_res);
+        if (*ret_res == FEATURE_ACQUIRE_PRODUCE)
+                feature_manager_arm_timer(feature_manager_get(m)); /* its produce deadline */
         return 0;
 }
 
@@ -701,6 +703,7 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
                         return client_error(r, error);
                 }
                 ref->feature->producer_uid = (uint32_t)w->object.owner->uid;
+                feature_producing_start(m->features, ref->feature, now_usec(CLOCK_MONOTONIC));
                 own = true;
         }
         feature_manager_arm_timer(fm);
@@ -965,6 +968,7 @@ STAT_PROPERTY(property_evictions, evictions)
 STAT_PROPERTY(property_spilled, spilled)
 STAT_PROPERTY(property_loaded, loaded)
 STAT_PROPERTY(property_read_back_timeouts, read_back_timeouts)
+STAT_PROPERTY(property_produce_timeouts, produce_timeouts)
 STAT_PROPERTY(property_prefetch_requests, prefetch_requests)
 STAT_PROPERTY(property_prefetch_hits, prefetch_hits)
 STAT_PROPERTY(property_saved, encoder_usec_saved)
@@ -1004,6 +1008,7 @@ static const sd_bus_vtable feature_vtable[] = {
         STAT("Spilled", property_spilled),
         STAT("Loaded", property_loaded),
         STAT("ReadBackTimeouts", property_read_back_timeouts),
+        STAT("ProduceTimeouts", property_produce_timeouts),
         STAT("PrefetchRequests", property_prefetch_requests),
         STAT("PrefetchHits", property_prefetch_hits),
         STAT("EncoderTimeSavedUSec", property_saved),

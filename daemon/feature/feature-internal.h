@@ -32,6 +32,7 @@ struct FeatureCache {
         size_t n_arenas;
         QUEUE_HEAD(Feature, lru);                 /* first: coldest */
         QUEUE_HEAD(Feature, announced); /* first: earliest deadline */
+        QUEUE_HEAD(Feature, producing); /* first: earliest produce deadline (one timeout: in order) */
         FeatureStats stats;
         FeatureStore *store;
         feature_state_cb cb;
@@ -62,6 +63,9 @@ typedef struct FeaturePriv {
         uint32_t load_readers; /* Acquires answered by that read: hits once it lands */
         bool load_prefetched; /* a Prefetch started that read: its hit once it lands */
         bool fenced; /* replayed, kept off the LRU until feature_cache_unfence() */
+        /* Failed past its produce deadline with its producer still there (maybe still
+         * writing): its region stays allocated until the last reference goes. */
+        bool region_held;
 } FeaturePriv;
 
 #define PRIV(f) container_of(f, FeaturePriv, pub)

@@ -252,7 +252,9 @@ static int feature_init(Manager *m) {
         FeatureManager *fm;
         int r;
 
-        r = feature_cache_new(&(FeatureCacheConfig){ .budget_bytes = m->config.feature_cache_bytes }, &c);
+        r = feature_cache_new(&(FeatureCacheConfig){ .budget_bytes = m->config.feature_cache_bytes,
+                                                     .produce_timeout_usec = m->config.feature_produce_timeout_usec },
+                              &c);
         if (r < 0)
                 return log_error_errno(r, "Cannot create the feature cache: %m");
         for (size_t i = 0; i < m->n_arenas; i++) {
@@ -326,6 +328,7 @@ static void feature_done(Manager *m) {
 }
 
 static int feature_reload(Manager *m, const Config *n) {
+        feature_cache_set_produce_timeout(m->features, n->feature_produce_timeout_usec);
         if (n->feature_cache_bytes != feature_cache_budget(m->features)) {
                 feature_cache_set_budget(m->features, n->feature_cache_bytes);
                 manager_emit_changed(m, FEATURE_PATH, FEATURE_IFACE, "CacheBytes");

@@ -211,7 +211,29 @@ int feature_entry_new(FeatureCache *c, const char *key, Feature **ret) {
         return 0;
 }
 
+static void producing_remove(FeatureCache *c, Feature *f) {
+        if (!f->in_producing)
+                return;
+        QUEUE_REMOVE(producing, c->producing, f);
+        f->in_producing = false;
+}
+
+void feature_producing_start(FeatureCache *c, Feature *f, usec_t now) {
+        if (!c || !f || c->config.produce_timeout_usec == 0 || f->state != FEATURE_RESERVED || !f->producer)
+                return;
+        producing_remove(c, f);
+        f->produce_deadline = usec_add(now, c->config.produce_timeout_usec);
+        QUEUE_PUSH_BACK(producing, c->producing, f); /* one timeout: the queue stays in order */
+        f->in_producing = true;
+}
+
+void feature_cache_set_produce_timeout(FeatureCache *c, usec_t timeout) {
+        if (c)
+                c->config.produce_timeout_usec = timeout;
+}
+
 void feature_entry_unlink(FeatureCache *c, Feature *f) {
+        producing_remove(c, f);
         if (PRIV(f)->in_table) {
                 hashmap_remove(c->features, f->key);
                 PRIV(f)->in_table = false;
@@ -292,6 +314,8 @@ void feature_region_release(FeatureCache *c, Feature *f) {
 void feature_entry_maybe_destroy(Feature *f) {
         if (PRIV(f)->in_table || f->n_readers > 0 || f->n_pins > 0 || f->producer)
                 return;
+        if (PRIV(f)->region_held)
+                feature_region_release(f->cache, f); /* its timed-out producer is gone now */
         feature_entry_destroy(f);
 }
 
@@ -387,7 +411,9 @@ static void notify(FeatureCache *c, Feature *f) {
 /* RESERVED → FAILED: the region goes back, the key leaves the table (so the next
  * Acquire starts over), waiters are told. */
 static void set_failed(FeatureCache *c, Feature *f, int error) {
-        feature_region_release(c, f);
+        producing_remove(c, f);
+        if (!PRIV(f)->region_held)
+                feature_region_release(c, f);
         f->state = FEATURE_FAILED;
         f->error = error < 0 ? error : -EIO;
         feature_entry_unlink(c, f);
@@ -831,6 +857,7 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
                         c->stats.n_announced--;
                 }
                 ref_link(c, r, f, FEATURE_REF_PRODUCER);
+                feature_producing_start(c, f, now);
                 *result = FEATURE_ACQUIRE_PRODUCE;
         } else if ((k = load(c, key, true, &f)) >= 0) {
                 PRIV(f)->load_readers += k > 0; /* read off the loop: a hit once it lands */
@@ -852,9 +879,9 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
                 if (k < 0)
                         return k;
                 ref_link(c, r, f, FEATURE_REF_PRODUCER);
+                feature_producing_start(c, f, now);
                 *result = FEATURE_ACQUIRE_PRODUCE;
         }
-        (void)now;
         *ret = TAKE_PTR(r);
         return 0;
 }
@@ -949,6 +976,7 @@ int feature_publish(FeatureRef *r, usec_t encode_usec) {
         }
         c->stats.bytes_reserved -= f->size;
         c->stats.bytes_cached += f->size;
+        producing_remove(c, f);
         f->producer = NULL;
         r->kind = FEATURE_REF_READER;
         f->n_readers++;
@@ -1054,6 +1082,7 @@ FeatureRef *feature_ref_unclaim(FeatureRef *r) {
         if (r->kind != FEATURE_REF_PRODUCER || f->state != FEATURE_RESERVED || f->has_region || f->deadline == 0 ||
             (f->n_readers == 0 && f->n_pins == 0))
                 return feature_ref_release(r);
+        producing_remove(c, f);
         f->producer = NULL;
         c->stats.n_refs--;
         free(r);
@@ -1128,5 +1157,14 @@ int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefet
 usec_t feature_cache_expire(FeatureCache *c, usec_t now) {
         while (c->announced.first && c->announced.first->deadline <= now)
                 set_failed(c, c->announced.first, -ETIMEDOUT);
-        return c->announced.first ? c->announced.first->deadline : USEC_INFINITY;
+        while (c->producing.first && c->producing.first->produce_deadline <= now) {
+                Feature *f = c->producing.first;
+                c->stats.produce_timeouts++;
+                /* Its producer may still write there: the region goes with its handle. */
+                PRIV(f)->region_held = f->has_region;
+                set_failed(c, f, -ETIMEDOUT); /* out of the queue */
+        }
+        usec_t a = c->announced.first ? c->announced.first->deadline : USEC_INFINITY;
+        usec_t p = c->producing.first ? c->producing.first->produce_deadline : USEC_INFINITY;
+        return MIN(a, p);
 }

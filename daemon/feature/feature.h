@@ -81,6 +81,11 @@ struct Feature {
         LIST_FIELDS(Feature, lru);
         bool in_announced;      /* waits for a producer, in deadline order */
         LIST_FIELDS(Feature, announced);
+        /* A producer at work, until this time (FeatureCacheConfig.produce_timeout_usec):
+         * in the cache's producing queue, in deadline order. */
+        usec_t produce_deadline;
+        bool in_producing;
+        LIST_FIELDS(Feature, producing);
 };
 
 struct FeatureRef {
@@ -99,6 +104,7 @@ typedef struct FeatureStats {
         uint64_t spilled;           /* written to the store before eviction */
         uint64_t loaded;            /* read back from the store */
         uint64_t read_back_timeouts;/* Acquires refused past [Features] ReadBackTimeout= */
+        uint64_t produce_timeouts;  /* producers failed past [Features] ProduceTimeout= */
         uint64_t prefetch_requests;
         uint64_t prefetch_hits;     /* Prefetch found it READY, or read it back (once it lands) */
         uint64_t encoder_usec_saved;/* sum of encode_usec over hits */
@@ -116,6 +122,7 @@ typedef struct FeatureCacheConfig {
         uint64_t max_refs;          /* live references, all clients together */
         usec_t announce_timeout_usec;/* Prefetch placeholder without a producer */
         uint64_t max_announced;     /* placeholders at once; they never evict anything */
+        usec_t produce_timeout_usec;/* a producer that has not published by then fails (0: never) */
 } FeatureCacheConfig;
 
 #define FEATURE_CACHE_MAX_FEATURES_DEFAULT 65536u
@@ -319,9 +326,15 @@ typedef enum FeaturePrefetchResult {
  * not fit in free space, it is -ENOSPC. */
 int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefetchResult *ret);
 
-/* Fails announced features whose deadline passed (-ETIMEDOUT); returns the next
- * deadline (USEC_INFINITY if none), for the daemon's timer. */
+/* Fails announced features whose deadline passed, and features whose producer has not
+ * published by its produce deadline (-ETIMEDOUT: their waiters hear it, the next Acquire
+ * produces); returns the next deadline (USEC_INFINITY if none), for the daemon's timer. */
 usec_t feature_cache_expire(FeatureCache *c, usec_t now);
+/* f's producer just took it (Acquire's "produce", a Reserve that made it): it has until
+ * now + produce_timeout_usec to publish. Nothing without a producer or a timeout. */
+void feature_producing_start(FeatureCache *c, Feature *f, usec_t now);
+/* For the claims made from now on. */
+void feature_cache_set_produce_timeout(FeatureCache *c, usec_t timeout);
 
 /* Evicts every unreferenced READY feature (e.g. `epdctl features flush`). Returns how
  * many. */

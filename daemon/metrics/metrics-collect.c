@@ -338,6 +338,8 @@ static void collect_features(Manager *m, MetricsWriter *w) {
                 { "epd_feature_loaded", "Features read back from the store.", offsetof(FeatureStats, loaded) },
                 { "epd_feature_read_back_timeouts", "Acquires refused while their feature was still being read back.",
                   offsetof(FeatureStats, read_back_timeouts) },
+                { "epd_feature_produce_timeouts", "Producers failed for not publishing within [Features] ProduceTimeout=.",
+                  offsetof(FeatureStats, produce_timeouts) },
                 { "epd_feature_prefetch_requests", "Prefetch requests.", offsetof(FeatureStats, prefetch_requests) },
                 { "epd_feature_prefetch_hits",
                   "Prefetches that found the feature ready, or read it back from the store (counted when its bytes land).",

@@ -90,10 +90,16 @@ static void setup_slow_disk(void) {
         start_with_store("", "700:1:");
 }
 
+/* [Features] ProduceTimeout=1s. */
+static void setup_produce_timeout(void) {
+        start_with_store("ProduceTimeout=1s\n", NULL);
+}
+
 static void teardown(void) {
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         harness_done(&h);
 }
+
 
 static epd_client *worker(const char *role) {
         epd_client *c;
@@ -1649,6 +1655,46 @@ START_TEST(test_claim_at_handle_limit_keeps_waiters) {
 }
 END_TEST
 
+/* An encoder told to produce that never publishes (stuck, not gone): past
+ * ProduceTimeout= the feature fails with "timeout", its waiter hears it, the next
+ * Acquire produces, and its region stays its own until its handle goes. Before, every
+ * later Acquire of the key waited for it for ever. */
+START_TEST(test_produce_timeout) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(10, t, &bytes);
+        epd_feature *p, *w, *again;
+
+        ck_assert_int_eq(epd_feature_acquire_or_reserve(enc, "sha256:stuck", bytes, t, n, NULL, &p), 0);
+        ck_assert_str_eq(p->result, "produce");
+        ck_assert_int_eq(epd_feature_acquire(pre, "sha256:stuck", true, &w), 0);
+        ck_assert_str_eq(w->result, "wait");
+        usec_t t0 = now_usec(CLOCK_MONOTONIC);
+        ck_assert_int_eq(epd_feature_wait(pre, w, 10 * 1000000ULL), -EPIPE); /* failed: why in w->error */
+        usec_t took = now_usec(CLOCK_MONOTONIC) - t0;
+        ck_assert_str_eq(w->state, "failed");
+        ck_assert_str_eq(w->error, "timeout");
+        ck_assert_msg(took >= 800 * 1000ULL && took < 5 * 1000000ULL, "failed after %" PRIu64 " us", (uint64_t)took);
+        ck_assert_uint_eq(stat_u64(pre, "ProduceTimeouts"), 1);
+        ck_assert_int_eq(epd_feature_release(pre, w), 0);
+        /* Produced anew, elsewhere than the late producer's region. */
+        ck_assert_int_eq(epd_feature_acquire_or_reserve(pre, "sha256:stuck", bytes, t, n, NULL, &again), 0);
+        ck_assert_str_eq(again->result, "produce");
+        ck_assert_uint_ne(again->offset, p->offset);
+        fill(again->data, bytes, 9);
+        ck_assert_int_eq(epd_feature_publish(pre, again, 1), 0);
+        /* The late producer is told it is too late. */
+        ck_assert_int_lt(epd_feature_publish(enc, p, 1), 0);
+        ck_assert_int_eq(epd_feature_release(enc, p), 0);
+        ck_assert_int_eq(epd_feature_release(pre, again), 0);
+        ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);
+        ck_assert_uint_eq(stat_u64(pre, "BytesReserved"), 0);
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+}
+END_TEST
+
 int main(void) {
         harness_require_bus(OVER_BUS_MODE);
         Suite *s = suite_create("feature");
@@ -1681,6 +1727,11 @@ int main(void) {
         tcase_set_timeout(tr, 60);
         tcase_add_test(tr, test_read_back_timeout);
         suite_add_tcase(s, tr);
+        TCase *tp = tcase_create("produce-timeout");
+        tcase_add_checked_fixture(tp, setup_produce_timeout, teardown);
+        tcase_set_timeout(tp, 60);
+        tcase_add_test(tp, test_produce_timeout);
+        suite_add_tcase(s, tp);
         TCase *td = tcase_create("slow-disk");
         tcase_add_checked_fixture(td, setup_slow_disk, teardown);
         tcase_set_timeout(td, 60);

@@ -225,6 +225,65 @@ START_TEST(test_fail_wakes_waiters) {
 }
 END_TEST
 
+/* A producer that does not publish within the produce timeout fails the feature with
+ * -ETIMEDOUT: its waiters hear it and the next Acquire produces; its region stays
+ * allocated (it may still be writing) until its reference goes. One that publishes in
+ * time, gives its claim back or fails is out of the deadline queue. */
+START_TEST(test_produce_timeout) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
+        FeatureRef *p, *w, *q;
+        FeatureAcquireResult res;
+
+        feature_cache_set_produce_timeout(c, 1000);
+        ck_assert_int_eq(feature_acquire(c, "slow", true, 10, &p, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        FeatureDesc *d = desc_bytes(3 * CHUNK);
+        ck_assert_int_eq(feature_ref_reserve(p, 3 * CHUNK, &d, NULL, NULL), 0);
+        ck_assert_int_eq(feature_acquire(c, "slow", true, 20, &w, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_WAIT);
+        ck_assert_uint_eq(feature_cache_expire(c, 500), 1010);
+        ck_assert_int_eq(w->feature->state, FEATURE_RESERVED);
+        ck_assert_uint_eq(feature_cache_expire(c, 1010), USEC_INFINITY);
+        ck_assert_int_eq(w->feature->state, FEATURE_FAILED);
+        ck_assert_int_eq(w->feature->error, -ETIMEDOUT);
+        ck_assert_uint_eq(feature_cache_stats(c)->produce_timeouts, 1);
+        /* The region is still the late producer's. */
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 3 * CHUNK);
+        ck_assert_int_eq(feature_publish(p, 1), -EBADSLT);
+        ck_assert_int_eq(feature_acquire(c, "slow", true, 1020, &q, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        feature_ref_release(w);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 3 * CHUNK);
+        feature_ref_release(p);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 0);
+        ck_assert_int_eq(feature_allocator_check(c->arenas[0].alloc), 0);
+        ck_assert_uint_eq(feature_allocator_used(c->arenas[0].alloc), 0);
+
+        /* In time: published, out of the queue. */
+        d = desc_bytes(100);
+        ck_assert_int_eq(feature_ref_reserve(q, 100, &d, NULL, NULL), 0);
+        ck_assert_int_eq(feature_publish(q, 1), 0);
+        ck_assert_uint_eq(feature_cache_expire(c, 5000), USEC_INFINITY);
+        ck_assert_int_eq(q->feature->state, FEATURE_READY);
+        feature_ref_release(q);
+        /* A Reserve's producer gets the deadline from the caller (the bus glue). */
+        d = desc_bytes(100);
+        ck_assert_int_eq(feature_reserve(c, "r", 100, &d, NULL, &p, NULL), 0);
+        feature_producing_start(c, p->feature, 6000);
+        ck_assert_uint_eq(feature_cache_expire(c, 6000), 7000);
+        ck_assert_int_eq(feature_fail(p, -EIO), 0);
+        ck_assert_uint_eq(feature_cache_expire(c, 7000), USEC_INFINITY);
+        feature_ref_release(p);
+        /* 0: no deadline. */
+        feature_cache_set_produce_timeout(c, 0);
+        ck_assert_int_eq(feature_acquire(c, "never", true, 8000, &p, &res), 0);
+        ck_assert_uint_eq(feature_cache_expire(c, UINT64_MAX - 1), USEC_INFINITY);
+        feature_ref_release(p);
+        ck_assert_uint_eq(feature_cache_stats(c)->produce_timeouts, 1);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
+}
+END_TEST
+
 static int journal_result, journal_ready_records;
 static int journal_refusing(FeatureCache *c, uint16_t rec, const void *payload, size_t len, void *userdata) {
         if (rec == FEATURE_REC_READY && journal_result == 0)
@@ -1418,6 +1477,7 @@ int main(void) {
         TCase *tc = tcase_create("feature");
         tcase_add_test(tc, test_coalesce_and_publish);
         tcase_add_test(tc, test_fail_wakes_waiters);
+        tcase_add_test(tc, test_produce_timeout);
         tcase_add_test(tc, test_reserve_errors);
         tcase_add_test(tc, test_publish_refused_without_its_record);
         tcase_add_test(tc, test_lru_budget);
