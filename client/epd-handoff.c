@@ -394,11 +394,17 @@ int epd_ring_open(epd_client *c, uint32_t sq_entries, uint32_t cq_entries, epd_r
         }
         sd_bus_message_unref(reply);
         if (r >= 0) {
-                /* A ring file shorter than the size the daemon gave would fault (SIGBUS). */
+                /* A ring file shorter than the size the daemon gave, or one that can be made
+                 * shorter (the daemon seals it), would fault (SIGBUS); a blocking eventfd
+                 * would block a wait of 0 or a submission (the daemon makes them
+                 * non-blocking). Checked, not trusted. */
                 struct stat st;
+                int seals = fcntl(rc->memfd, F_GET_SEALS);
                 if (fstat(rc->memfd, &st) < 0)
                         r = -errno;
-                else if ((uint64_t)st.st_size < size)
+                else if ((uint64_t)st.st_size < size || seals < 0 || !(seals & F_SEAL_SHRINK) ||
+                         !(fcntl(rc->submit_fd, F_GETFL) & O_NONBLOCK) ||
+                         !(fcntl(rc->complete_fd, F_GETFL) & O_NONBLOCK))
                         r = -EBADMSG;
         }
         if (r >= 0) {
