@@ -410,6 +410,19 @@ static void scheduler_worker_gone(Manager *m, Worker *w) {
                 (void)sched_worker_remove(m->scheduler, w->id_str, (SchedStage)st, now_usec(CLOCK_MONOTONIC));
 }
 
+/* The worker's client left while its process still runs (its GPU pages wait for the
+ * process: core/client.c): the requests it admitted end now, as its disconnect says
+ * (docs/scheduler.md), not when the wait is over. */
+static void scheduler_worker_departing(Manager *m, Worker *w) {
+        Client *c = w->object.owner;
+        scheduler_worker_gone(m, w);
+        if (!c)
+                return;
+        LIST_FOREACH_SAFE(objects, o, next, c->objects)
+                if (o->release == owned_release)
+                        owned_release(o);
+}
+
 /* [Pool:NAME] is reloadable: policies apply to the next Admit, and every registered
  * worker serves the pools the new selectors give it (outstanding requests stay). */
 static int scheduler_reload(Manager *m, const Config *n) {
@@ -461,5 +474,5 @@ const Subsystem scheduler_subsystem = {
         .reload = scheduler_reload,
         .worker_added = scheduler_worker_added,
         .worker_gone = scheduler_worker_gone,
-        .worker_departing = scheduler_worker_gone,
+        .worker_departing = scheduler_worker_departing,
 };

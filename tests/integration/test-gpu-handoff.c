@@ -1124,6 +1124,18 @@ END_TEST
  * fails at once (a prefill waiting for it hears so, not at the process's exit), and its
  * region is not handed out again until the process is gone (its GPU work may still
  * write there); the key is produced anew meanwhile, elsewhere. */
+/* Scheduler.Outstanding, read on a connection of its own. */
+static uint32_t outstanding(void) {
+        sd_bus *bus = NULL;
+        uint32_t n = UINT32_MAX;
+        ck_assert_int_ge(harness_raw_bus(&h, &bus), 0);
+        ck_assert_int_ge(sd_bus_get_property_trivial(bus, harness_destination(&h), "/org/epd1", "org.epd1.Scheduler",
+                                                     "Outstanding", NULL, 'u', &n),
+                         0);
+        sd_bus_flush_close_unref(bus);
+        return n;
+}
+
 START_TEST(test_departing_encoder_fails_its_features_at_once) {
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         harness_done(&h);
@@ -1134,6 +1146,13 @@ START_TEST(test_departing_encoder_fails_its_features_at_once) {
         static const char key[] = "sha256:departing-encoder";
         epd_feature_tensor t = { .name = "x", .dtype = "u8", .rank = 1, .shape = { 65536 } };
         int to_parent[2], to_child[2];
+        /* A prefill and a decode worker, so that the encoder's Admit is admitted. */
+        const char *farenas[] = { "feat0", NULL };
+        epd_client *p = NULL, *dec = NULL;
+        ck_assert_int_eq(epd_connect(address, &p), 0);
+        ck_assert_int_eq(epd_register(p, "prefill", "model", "cuda:0", &kv, farenas), 0);
+        ck_assert_int_eq(epd_connect(address, &dec), 0);
+        ck_assert_int_eq(epd_register(dec, "decode", "model", "cuda:0", &kv, NULL), 0);
         ck_assert_int_eq(pipe2(to_parent, O_CLOEXEC), 0);
         ck_assert_int_eq(pipe2(to_child, O_CLOEXEC), 0);
         pid_t pid = fork();
@@ -1143,10 +1162,19 @@ START_TEST(test_departing_encoder_fails_its_features_at_once) {
                 epd_client *c = NULL;
                 epd_feature *f = NULL;
                 char go;
+                sd_bus_message *verdict = NULL;
+                const char *v = NULL;
                 if (epd_connect(address, &c) < 0 || epd_register(c, "encoder", "model", "cuda:0", &kv, arenas) < 0 ||
                     epd_feature_acquire_or_reserve(c, key, 65536, &t, 1, NULL, &f) < 0 ||
                     strcmp(f->result, "produce") != 0)
                         _exit(1);
+                /* It admits a request too (a worker may: its own requests are its objects). */
+                if (sd_bus_call_method(c->bus, NULL, "/org/epd1", "org.epd1.Scheduler", "Admit", NULL, &verdict,
+                                       "ssta{sv}", "0000000000000000000000000000d0e5", "interactive", (uint64_t)0,
+                                       0) < 0 ||
+                    sd_bus_message_read(verdict, "s", &v) < 0 || strcmp(v, "admit") != 0)
+                        _exit(2);
+                sd_bus_message_unref(verdict);
                 uint64_t off = f->offset;
                 if (write(to_parent[1], &off, sizeof off) != (ssize_t)sizeof off || read(to_child[0], &go, 1) != 1)
                         _exit(1);
@@ -1160,11 +1188,8 @@ START_TEST(test_departing_encoder_fails_its_features_at_once) {
         uint64_t held;
         ck_assert_int_eq(read(to_parent[0], &held, sizeof held), (ssize_t)sizeof held);
 
-        const char *farenas[] = { "feat0", NULL };
-        epd_client *p = NULL;
         epd_feature *w = NULL, *again = NULL;
-        ck_assert_int_eq(epd_connect(address, &p), 0);
-        ck_assert_int_eq(epd_register(p, "prefill", "model", "cuda:0", &kv, farenas), 0);
+        ck_assert_uint_eq(outstanding(), 1);
         ck_assert_int_eq(epd_feature_acquire(p, key, false, &w), 0);
         ck_assert_str_eq(w->result, "wait");
         ck_assert_int_eq(write(to_child[1], "x", 1), 1); /* its connection goes */
@@ -1174,6 +1199,9 @@ START_TEST(test_departing_encoder_fails_its_features_at_once) {
         ck_assert_msg(took < 3 * USEC_PER_SEC, "the wait ended after %" PRIu64 " ms", took / 1000);
         ck_assert_str_eq(w->error, "producer-gone");
         epd_feature_release(p, w);
+        /* The request it admitted ended with its departure too, not once its process is
+         * gone or 10 s have passed (docs/scheduler.md: "at once"). */
+        ck_assert_uint_eq(outstanding(), 0);
 
         /* Produced anew meanwhile, not in the region the departing process may write. */
         ck_assert_int_eq(epd_feature_acquire_or_reserve(p, key, 65536, &t, 1, NULL, &again), 0);
@@ -1188,6 +1216,7 @@ START_TEST(test_departing_encoder_fails_its_features_at_once) {
         close(to_parent[0]);
         close(to_child[1]);
         epd_disconnect(p);
+        epd_disconnect(dec);
 }
 END_TEST
 
