@@ -19,9 +19,9 @@
 #include "time-util.h"
 
 #define TOP_HISTORY 120
-/* A peer row is named by the peer's host id: HostId= takes up to 63 characters, the peer
- * protocol carries up to 64 (PEER_HOST_ID_MAX, daemon/peer/peer-proto.h), and the
- * default, /etc/machine-id, has 32. */
+/* A peer row is named by the peer's host id: HostId= and the peer protocol take up to 63
+ * characters (PEER_HOST_ID_MAX, daemon/peer/peer-proto.h), and the default,
+ * /etc/machine-id, has 32. */
 #define TOP_HOST_ID_MAX 63
 /* An arena's name: [Arena:NAME] takes up to 31 characters, the block directory's
  * protocol carries up to 63 (DIRECTORY_NAME_MAX, daemon/pages/directory-proto.h). */

@@ -19,18 +19,21 @@
 
 #define MAPPER_PREFIX "mapper-"
 
-/* A process of this start that was handed host arenas. */
+/* A process of this start that was handed host arenas: stored as
+ * mapper-<start token>-<pid>-<clients>, stored again under the new count when it
+ * changes (a restart waits for that many registrations of it). */
 typedef struct Mapper {
         pid_t pid;
         unsigned n_clients;
-        char name[64];
+        char name[80];
 } Mapper;
 
 /* One of the previous start's, its process still running: part of the fence. */
 typedef struct OldMapper {
         Manager *manager;
         int pidfd;
-        pid_t pid; /* as the pidfd says (/proc/self/fdinfo); for the log */
+        pid_t pid; /* as the pidfd says (/proc/self/fdinfo) */
+        unsigned clients_left; /* its clients with host arenas then: each registers again */
         char *name;
         sd_event_source *watch;
 } OldMapper;
@@ -98,6 +101,9 @@ int mappers_take(Manager *m, FdStore *store) {
                 o->manager = m;
                 o->pidfd = fd;
                 o->pid = pidfd_pid(fd);
+                const char *dash = strrchr(name, '-');
+                unsigned n = 0;
+                o->clients_left = dash && sscanf(dash + 1, "%u", &n) == 1 && n > 0 ? n : 1;
                 s->old[s->n_old++] = o;
         }
         return 0;
@@ -209,17 +215,38 @@ bool mappers_fenced(const Manager *m) {
         return m->mappers && m->mappers->fenced;
 }
 
+/* e stored under its current count (the previous name, if any, removed). A pidfd of its
+ * own each time: systemd's store keeps one copy of an open file, whatever its names (the
+ * same pidfd again would be dropped as stored already, and then removed with the old
+ * name). */
+static int mapper_store(MapperSet *s, Mapper *e) {
+        char name[sizeof e->name];
+        snprintf(name, sizeof name, MAPPER_PREFIX "%s-%d-%u", s->token, (int)e->pid, e->n_clients);
+        int fd = (int)syscall(SYS_pidfd_open, e->pid, 0);
+        if (fd < 0)
+                return -errno;
+        int r = fdstore_push(name, fd);
+        safe_close(fd);
+        if (r < 0)
+                return r;
+        if (e->name[0] && strcmp(e->name, name) != 0)
+                (void)fdstore_remove(e->name);
+        memcpy(e->name, name, sizeof name);
+        return 0;
+}
+
 void mappers_add(Manager *m, Client *c) {
         MapperSet *s = set_get(m);
         if (!s || c->pid <= 0)
                 return;
-        /* A process of before that registers again has dropped what it held then. */
-        for (size_t i = 0; i < s->n_old;)
-                if (s->old[i]->pid == c->pid) {
+        /* A process of before whose clients have all registered again has dropped what
+         * they held then (one that had two is waited for until both have). */
+        for (size_t i = 0; i < s->n_old; i++)
+                if (s->old[i]->pid == c->pid && --s->old[i]->clients_left == 0) {
                         log_debug("Worker process %d of before the restart registered again.", (int)c->pid);
                         old_forget(m, s->old[i]);
-                } else
-                        i++;
+                        break;
+                }
         if (s->fenced && s->n_old == 0)
                 fence_end(m, "every worker process of before the restart has exited or registered again");
         if (c->mapper || !getenv("NOTIFY_SOCKET"))
@@ -227,6 +254,7 @@ void mappers_add(Manager *m, Client *c) {
         for (size_t i = 0; i < s->n_cur; i++)
                 if (s->cur[i].pid == c->pid) {
                         s->cur[i].n_clients++;
+                        (void)mapper_store(s, &s->cur[i]); /* failed: under the old count still */
                         c->mapper = true;
                         return;
                 }
@@ -238,15 +266,7 @@ void mappers_add(Manager *m, Client *c) {
         s->cur = v;
         Mapper *e = &s->cur[s->n_cur];
         *e = (Mapper){ .pid = c->pid, .n_clients = 1 };
-        snprintf(e->name, sizeof e->name, MAPPER_PREFIX "%s-%d", s->token, (int)c->pid);
-        int fd = (int)syscall(SYS_pidfd_open, c->pid, 0);
-        if (fd < 0) {
-                log_debug_errno(errno, "Worker process %d: no pidfd (%m); a restart will not wait for it.",
-                                (int)c->pid);
-                return;
-        }
-        int r = fdstore_push(e->name, fd);
-        safe_close(fd);
+        int r = mapper_store(s, e);
         if (r < 0) {
                 log_debug_errno(r, "Worker process %d: not in the fd store (%m); a restart will not wait for it.",
                                 (int)c->pid);
@@ -263,10 +283,14 @@ void mappers_drop(Manager *m, Client *c) {
         c->mapper = false;
         for (size_t i = 0; i < s->n_cur; i++)
                 if (s->cur[i].pid == c->pid) {
-                        if (--s->cur[i].n_clients > 0)
+                        /* While stopping, the store keeps what the next start needs. */
+                        if (m->stopping)
                                 return;
-                        if (!m->stopping)
-                                (void)fdstore_remove(s->cur[i].name);
+                        if (--s->cur[i].n_clients > 0) {
+                                (void)mapper_store(s, &s->cur[i]); /* failed: a restart waits for one more */
+                                return;
+                        }
+                        (void)fdstore_remove(s->cur[i].name);
                         s->cur[i] = s->cur[--s->n_cur];
                         return;
                 }

@@ -7,11 +7,12 @@
  * held (a feature it was writing, one it was reading) is not journaled, so its regions
  * look free to the new epdd. So that nothing is handed out under a worker of before
  * that may still touch it, epdd keeps a pidfd of every such process in systemd's fd
- * store (FDNAME=mapper-<start token>-<pid>, one per process), and a start that gets
+ * store (FDNAME=mapper-<start token>-<pid>-<clients>, one per process), and a start that gets
  * some back whose process still runs fences the restored feature arenas (the
- * subsystems' `fence` hook) until each has exited or registered again (a worker that
- * registers after the restart has dropped what it held before: its old client can do
- * nothing more), or MAPPERS_FENCE_USEC has passed (the same wait as for a departed
+ * subsystems' `fence` hook) until each has exited or registered again with host arenas as
+ * many times as it had clients with them (the count is in the stored name: a worker's
+ * client that registers after the restart has dropped what it held before, its old
+ * client can do nothing more), or MAPPERS_FENCE_USEC has passed (the same wait as for a departed
  * client's GPU pages: core/client.c). Outside systemd
  * nothing is stored, and nothing needs to be: no memory survives the restart. */
 

@@ -223,7 +223,24 @@ void feature_producing_start(FeatureCache *c, Feature *f, usec_t now) {
                 return;
         producing_remove(c, f);
         f->produce_deadline = usec_add(now, c->config.produce_timeout_usec);
-        QUEUE_PUSH_BACK(producing, c->producing, f); /* one timeout: the queue stays in order */
+        /* In deadline order: nearly always at the back (one timeout), but a reload that
+         * lowered it puts new claims before older ones. */
+        Feature *after = c->producing.last;
+        while (after && after->produce_deadline > f->produce_deadline)
+                after = after->producing_prev;
+        if (after == c->producing.last)
+                QUEUE_PUSH_BACK(producing, c->producing, f);
+        else if (!after) { /* before every one */
+                f->producing_prev = NULL;
+                f->producing_next = c->producing.first;
+                c->producing.first->producing_prev = f;
+                c->producing.first = f;
+        } else {
+                f->producing_prev = after;
+                f->producing_next = after->producing_next;
+                after->producing_next->producing_prev = f;
+                after->producing_next = f;
+        }
         f->in_producing = true;
 }
 

@@ -166,7 +166,7 @@ int peer_frame_header_decode(const void *buf, size_t len, PeerFrameHeader *ret);
 /* Largest payload allowed for a type (DATA: slice header + PEER_SLICE_MAX). */
 uint32_t peer_frame_max_payload(uint16_t type);
 
-/* Host ids: 1..64 bytes of [A-Za-z0-9._:-]. */
+/* Host ids: 1..63 bytes (PEER_HOST_ID_MAX) of [A-Za-z0-9._:-]. */
 bool peer_host_id_is_valid(const char *s);
 
 /* Payload encoders write into buf (of size n) and return the bytes written, or

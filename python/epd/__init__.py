@@ -236,8 +236,13 @@ class Client(_lib.Closing):
         return self.worker_path
 
     def unregister(self):
-        self._new_registration()  # libepd closes the arenas' fds; views taken keep their mappings
-        self._check(self._l.epd_unregister(self._c), "unregister")
+        r = self._l.epd_unregister(self._c)
+        # Refused for a time-out, the registration (and its arenas) stays, here as there:
+        # then nothing of it is dropped. Otherwise libepd closed the arenas' fds; views
+        # taken keep their mappings.
+        if self._l.epd_worker_path(self._c) is None:
+            self._new_registration()
+        self._check(r, "unregister")
 
     @property
     def worker_path(self) -> Optional[str]:

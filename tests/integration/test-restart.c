@@ -3005,11 +3005,14 @@ START_TEST(test_restart_fence_for_running_workers) {
         ck_assert_int_eq(epd_feature_publish(c, f, 1000), 0);
         ck_assert_int_eq(epd_feature_release(c, f), 0);
 
+        uint8_t *host0b, *feat0b;
+        epd_client *c2 = kv_worker(&host0b, &feat0b); /* this process: two clients with arenas */
         kill9_epdd();
         epd_disconnect(c);
+        epd_disconnect(c2);
         start_epdd(true);
         ck_assert_uint_eq(log_count("worker process(es) of before the restart still run"), 1);
-        /* This process registers again (done with what it held): the holder still runs. */
+        /* This process registers again, once of twice: the holder still runs anyway. */
         c = kv_worker(&host0, &feat0);
         ck_assert_uint_gt(feature_stat("BytesFenced"), 0);
         ck_assert_int_eq(epd_feature_acquire(c, "image:new", true, &f), 0);
@@ -3024,12 +3027,18 @@ START_TEST(test_restart_fence_for_running_workers) {
         ck_assert_uint_eq(((uint8_t *)f->data)[FEAT_BYTES - 1], 0x42);
         ck_assert_int_eq(epd_feature_release(c, f), 0);
 
-        /* The holder exits: the fence ends, and the bytes are handed out again. */
+        /* The holder exits; this process, which had two clients, has registered one
+         * again: still fenced (its other client could still be writing). Its second
+         * registration ends the fence, and the bytes are handed out again. */
         int status;
         ck_assert_int_eq(kill(holder, SIGKILL), 0);
         ck_assert_int_eq(waitpid(holder, &status, 0), holder);
+        usleep(300000);
+        ck_assert_uint_gt(feature_stat("BytesFenced"), 0);
+        c2 = kv_worker(&host0b, &feat0b);
         wait_unfenced(5000);
-        ck_assert_uint_eq(log_count("unfenced: every worker process of before the restart has exited"), 1);
+        ck_assert_uint_eq(log_count("unfenced: every worker process of before the restart has exited or registered"), 1);
+        epd_disconnect(c2);
         ck_assert_int_eq(epd_feature_acquire(c, "image:new", true, &f), 0);
         ck_assert_int_eq(epd_feature_produce(c, f, FEAT_BYTES, &t, 1, NULL), 0);
         ck_assert_int_eq(epd_feature_publish(c, f, 1000), 0);

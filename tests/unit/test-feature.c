@@ -274,12 +274,25 @@ START_TEST(test_produce_timeout) {
         ck_assert_int_eq(feature_fail(p, -EIO), 0);
         ck_assert_uint_eq(feature_cache_expire(c, 7000), USEC_INFINITY);
         feature_ref_release(p);
+        /* A reload that lowers the timeout: a new claim's earlier deadline goes first. */
+        FeatureRef *old_claim, *new_claim;
+        feature_cache_set_produce_timeout(c, 5000);
+        ck_assert_int_eq(feature_acquire(c, "old", true, 7000, &old_claim, &res), 0);
+        feature_cache_set_produce_timeout(c, 100);
+        ck_assert_int_eq(feature_acquire(c, "new", true, 7100, &new_claim, &res), 0);
+        ck_assert_uint_eq(feature_cache_expire(c, 7100), 7200);
+        ck_assert_uint_eq(feature_cache_expire(c, 7200), 12000);
+        ck_assert_int_eq(new_claim->feature->state, FEATURE_FAILED);
+        ck_assert_int_eq(old_claim->feature->state, FEATURE_RESERVED);
+        feature_ref_release(new_claim);
+        feature_ref_release(old_claim);
+        ck_assert_uint_eq(feature_cache_expire(c, 12000), USEC_INFINITY);
         /* 0: no deadline. */
         feature_cache_set_produce_timeout(c, 0);
         ck_assert_int_eq(feature_acquire(c, "never", true, 8000, &p, &res), 0);
         ck_assert_uint_eq(feature_cache_expire(c, UINT64_MAX - 1), USEC_INFINITY);
         feature_ref_release(p);
-        ck_assert_uint_eq(feature_cache_stats(c)->produce_timeouts, 1);
+        ck_assert_uint_eq(feature_cache_stats(c)->produce_timeouts, 2);
         ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
 }
 END_TEST
