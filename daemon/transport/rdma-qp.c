@@ -264,7 +264,9 @@ static int on_write_watch(sd_event_source *s, uint64_t usec, void *userdata) {
         RdmaPeer *rp = userdata;
         size_t out = hashmap_size(rp->out);
 
-        if (out == 0) {
+        /* No write left, or the queue pair already failing (a drain bounds itself, and a
+         * fault now would reset the peer's whole session at the drain's end). */
+        if (out == 0 || rp->s.state != RDMA_SESSION_READY) {
                 rp->write_watch = sd_event_source_disable_unref(rp->write_watch);
                 rp->idle_checks = 0;
                 return 0;

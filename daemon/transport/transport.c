@@ -43,9 +43,11 @@ void transport_done_push(Transport *t, TransportDoneQueue *q, int efd, uint64_t 
                 size_t cap = MAX(q->cap * 2, (size_t)64);
                 TransportCompletion *n = reallocarray(q->items, cap, sizeof *n);
                 if (!n) {
+                        /* Dropped, its handoff would wait for it for ever, holding its
+                         * leases and staging buffer (as local.c: never lost). */
                         log_error("%s: out of memory queueing a completion (cookie %llu)", t->ops->name,
                                   (unsigned long long)cookie);
-                        return;
+                        abort();
                 }
                 q->items = n;
                 q->cap = cap;
