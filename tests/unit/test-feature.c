@@ -878,6 +878,15 @@ static int snap_add(void *userdata, uint16_t type, const void *rec, size_t len) 
         return journal_fn(NULL, type & 0xff, rec, len, userdata);
 }
 
+/* A second cache over the same memory (the restarted daemon), arena 3 as cache_new()'s. */
+static FeatureCache *cache_over(uint8_t *mem) {
+        FeatureCacheConfig cfg = { .budget_bytes = ARENA_CHUNKS * CHUNK, .max_refs = 64 };
+        FeatureCache *d;
+        ck_assert_int_eq(feature_cache_new(&cfg, &d), 0);
+        ck_assert_int_eq(feature_cache_add_arena(d, 3, mem, DATA_OFFSET, ARENA_CHUNKS * CHUNK, CHUNK), 0);
+        return d;
+}
+
 START_TEST(test_journal_replay) {
         FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK), *d;
         Journal j = {}, snap = {};
@@ -902,9 +911,7 @@ START_TEST(test_journal_replay) {
         /* A second cache over the same memory (the restarted daemon) replays the log. */
         uint8_t *mem = arena_mem;
         arena_mem = NULL;
-        FeatureCacheConfig cfg = { .budget_bytes = ARENA_CHUNKS * CHUNK, .max_refs = 64 };
-        ck_assert_int_eq(feature_cache_new(&cfg, &d), 0);
-        ck_assert_int_eq(feature_cache_add_arena(d, 3, mem, DATA_OFFSET, ARENA_CHUNKS * CHUNK, CHUNK), 0);
+        d = cache_over(mem);
         for (size_t i = 0; i < j.n; i++)
                 ck_assert_int_eq(feature_cache_apply_record(d, j.type[i], j.payload[i], j.len[i]), 0);
         ck_assert_uint_eq(feature_cache_stats(d)->n_features, 2);
@@ -965,9 +972,7 @@ START_TEST(test_restart_fence) {
 
         uint8_t *mem = arena_mem;
         arena_mem = NULL;
-        FeatureCacheConfig cfg = { .budget_bytes = ARENA_CHUNKS * CHUNK, .max_refs = 64 };
-        ck_assert_int_eq(feature_cache_new(&cfg, &d), 0);
-        ck_assert_int_eq(feature_cache_add_arena(d, 3, mem, DATA_OFFSET, ARENA_CHUNKS * CHUNK, CHUNK), 0);
+        d = cache_over(mem);
         ck_assert_int_eq(feature_cache_apply_record(d, j.type[0], j.payload[0], j.len[0]), 0);
         ck_assert(!feature_cache_fenced(d));
         /* An arena outside the mask is not fenced. */
@@ -1079,9 +1084,7 @@ START_TEST(test_journal_longest_key) {
         ck_assert_uint_eq(j.n, 1);
         uint8_t *mem = arena_mem;
         arena_mem = NULL;
-        FeatureCacheConfig cfg = { .budget_bytes = ARENA_CHUNKS * CHUNK, .max_refs = 64 };
-        ck_assert_int_eq(feature_cache_new(&cfg, &d), 0);
-        ck_assert_int_eq(feature_cache_add_arena(d, 3, mem, DATA_OFFSET, ARENA_CHUNKS * CHUNK, CHUNK), 0);
+        d = cache_over(mem);
         ck_assert_int_eq(feature_cache_apply_record(d, j.type[0], j.payload[0], j.len[0]), 0);
         ck_assert_int_eq(feature_acquire(d, key, false, 0, &r, &res), 0);
         ck_assert_int_eq(res, FEATURE_ACQUIRE_HIT);

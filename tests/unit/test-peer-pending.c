@@ -200,6 +200,17 @@ static PeerManager *listening_manager(sd_event **ret_event) {
         return pm;
 }
 
+/* A control connection's HELLO naming host_id, framed, in frame; its length. */
+static size_t hello_frame(const char *host_id, uint8_t frame[static PEER_FRAME_HEADER_SIZE + 512]) {
+        PeerHello h = { .role = PEER_ROLE_CONTROL, .min_version = PEER_PROTOCOL_VERSION,
+                        .max_version = PEER_PROTOCOL_VERSION, .n_streams = 2 };
+        snprintf(h.host_id, sizeof h.host_id, "%s", host_id);
+        int n = peer_hello_encode(&h, frame + PEER_FRAME_HEADER_SIZE, 512);
+        ck_assert_int_gt(n, 0);
+        peer_frame_header_encode(frame, PEER_MSG_HELLO, (uint32_t)n);
+        return PEER_FRAME_HEADER_SIZE + (size_t)n;
+}
+
 /* A member that leaves the cluster while its control connection to us is between HELLO
  * and AUTH: that handshake ends with it (it was left waiting, and an AUTH arriving later
  * brought the departed member up again). */
@@ -210,14 +221,9 @@ START_TEST(test_retired_member_handshake_ends) {
         ck_assert_int_eq(peer_manager_add_member(pm, "aa-m", "127.0.0.1:9", NULL), 0);
 
         int fd = tcp_to(port_of(pm->listen_fd));
-        PeerHello h = { .role = PEER_ROLE_CONTROL, .min_version = PEER_PROTOCOL_VERSION,
-                        .max_version = PEER_PROTOCOL_VERSION, .n_streams = 2 };
-        snprintf(h.host_id, sizeof h.host_id, "aa-m");
         uint8_t frame[PEER_FRAME_HEADER_SIZE + 512];
-        int n = peer_hello_encode(&h, frame + PEER_FRAME_HEADER_SIZE, sizeof frame - PEER_FRAME_HEADER_SIZE);
-        ck_assert_int_gt(n, 0);
-        peer_frame_header_encode(frame, PEER_MSG_HELLO, (uint32_t)n);
-        ck_assert_int_eq(write(fd, frame, PEER_FRAME_HEADER_SIZE + (size_t)n), PEER_FRAME_HEADER_SIZE + n);
+        size_t len = hello_frame("aa-m", frame);
+        ck_assert_int_eq(write(fd, frame, len), (ssize_t)len);
         run_loop(e);
         uint8_t got[1024];
         ck_assert_int_gt(recv(fd, got, sizeof got, MSG_DONTWAIT), 0); /* its CHALLENGE */
@@ -243,17 +249,12 @@ START_TEST(test_hello_counts_per_address) {
         ck_assert_int_eq(peer_manager_add_member(pm, "aa-m", "127.0.0.1:9", NULL), 0);
         unsigned short port = port_of(pm->listen_fd);
 
-        PeerHello h = { .role = PEER_ROLE_CONTROL, .min_version = PEER_PROTOCOL_VERSION,
-                        .max_version = PEER_PROTOCOL_VERSION, .n_streams = 2 };
-        snprintf(h.host_id, sizeof h.host_id, "aa-m");
         uint8_t frame[PEER_FRAME_HEADER_SIZE + 512];
-        int n = peer_hello_encode(&h, frame + PEER_FRAME_HEADER_SIZE, sizeof frame - PEER_FRAME_HEADER_SIZE);
-        ck_assert_int_gt(n, 0);
-        peer_frame_header_encode(frame, PEER_MSG_HELLO, (uint32_t)n);
+        size_t len = hello_frame("aa-m", frame);
         int fds[PEER_PENDING_PER_ADDRESS + 4];
         for (unsigned i = 0; i < ELEMENTSOF(fds); i++) {
                 fds[i] = tcp_from(port, 0x400);
-                ck_assert_int_eq(write(fds[i], frame, PEER_FRAME_HEADER_SIZE + (size_t)n), PEER_FRAME_HEADER_SIZE + n);
+                ck_assert_int_eq(write(fds[i], frame, len), (ssize_t)len);
                 run_loop(e);
         }
         unsigned open = 0;
