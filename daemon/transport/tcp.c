@@ -1002,6 +1002,12 @@ static int tcp_post(Transport *tt, void *peer, const TransportWrite *w, size_t n
         tp = tcp_peer_get(t, p, true);
         if (!tp)
                 return -ENOMEM;
+        /* The peer takes at most PEER_INCOMING_MAX writes begun and not finished, and the
+         * slicer starts every queued write before it finishes any: past that many
+         * unanswered here, this post is refused (its handoff alone fails) rather than
+         * the peer resetting the whole session (review). */
+        if (hashmap_size(tp->out) + n > PEER_INCOMING_MAX)
+                return -ENOBUFS;
         ws = calloc(MAX(n, (size_t)1), sizeof *ws);
         if (!ws)
                 return -ENOMEM;

@@ -198,6 +198,23 @@ START_TEST(test_small_and_big) {
 }
 END_TEST
 
+/* More writes unanswered than the peer takes begun at once (PEER_INCOMING_MAX): the post
+ * past it is refused (ENOBUFS, nothing queued), not sent for the peer to reset the whole
+ * session over; the ones taken land. */
+START_TEST(test_post_bounded_by_peer_incoming) {
+        enum { N = 65536 };
+        static TransportWrite w[N];
+        for (int i = 0; i < N; i++)
+                w[i] = (TransportWrite) { .src_region = 0, .src_offset = (uint64_t)i, .dst_region = 1,
+                                          .dst_offset = (uint64_t)i, .length = 1, .cookie = 1 };
+        ck_assert_int_eq(ta->ops->post(ta, &to_b, w, N), 0);
+        ck_assert_int_eq(ta->ops->post(ta, &to_b, w, 1), -ENOBUFS);
+        ck_assert_msg(run_until(N, 10000), "%zu of %d landed", landed, N);
+        ck_assert_int_eq(ta->ops->post(ta, &to_b, w, 1), 0);
+        ck_assert(run_until(N + 1, 5000));
+}
+END_TEST
+
 START_TEST(test_parked_with_read_ahead) {
         /* A small write the receiver takes, then 29 into target 1, which it does not know
          * yet: reading the first one's payload reads all the others' frames ahead (30
@@ -482,6 +499,7 @@ int main(void) {
         Suite *s = suite_create("tcp-stream");
         TCase *tc = tcase_create("receive");
         tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_add_test(tc, test_post_bounded_by_peer_incoming);
         tcase_add_test(tc, test_small_and_big);
         tcase_add_test(tc, test_parked_with_read_ahead);
         tcase_add_test(tc, test_slice_twice_on_two_streams);
