@@ -321,14 +321,15 @@ static void flush_bounded(epd_client *c) {
         int r;
 
         while (sd_bus_get_n_queued_write(c->bus, &queued) >= 0 && queued > 0) {
+                /* The bound holds however much arrives meanwhile. */
+                now = now_usec(CLOCK_MONOTONIC);
+                if (now >= until)
+                        return;
                 r = sd_bus_process(c->bus, NULL); /* writes what the socket takes */
                 if (r < 0)
                         return;
                 if (r > 0)
                         continue;
-                now = now_usec(CLOCK_MONOTONIC);
-                if (now >= until)
-                        return;
                 r = sd_bus_wait(c->bus, until - now);
                 if (r < 0 && r != -EINTR)
                         return;

@@ -211,10 +211,6 @@ int mappers_start(Manager *m) {
         return 0;
 }
 
-bool mappers_fenced(const Manager *m) {
-        return m->mappers && m->mappers->fenced;
-}
-
 /* e stored under its current count (the previous name, if any, removed). A pidfd of its
  * own each time: systemd's store keeps one copy of an open file, whatever its names (the
  * same pidfd again would be dropped as stored already, and then removed with the old

@@ -39,5 +39,4 @@ void mappers_add(Manager *m, Client *c);
 /* c is freed: the last client of its process takes it out of the store, unless epdd is
  * stopping (the next start needs it). */
 void mappers_drop(Manager *m, Client *c);
-bool mappers_fenced(const Manager *m);
 void mappers_free(Manager *m);

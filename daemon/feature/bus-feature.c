@@ -642,7 +642,7 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
                         return cache_error(m, r, key, error);
                 }
                 ref->feature->producer_uid = (uint32_t)w->object.owner->uid;
-                feature_manager_arm_timer(fm);
+                /* (the timer was armed for its deadline by acquire_for()) */
         }
         /* The feature's size, before the answer: a refused one releases the reference. */
         uint64_t have = ref->feature->bytes;
