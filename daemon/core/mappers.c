@@ -184,6 +184,14 @@ int mappers_start(Manager *m) {
         for (size_t i = 0; i < s->n_old;) {
                 OldMapper *o = s->old[i];
                 struct pollfd p = { .fd = o->pidfd, .events = POLLIN };
+                /* One process under two names (a crash between storing its new count and
+                 * removing the old): one entry, the larger count. */
+                for (size_t j = i + 1; j < s->n_old;)
+                        if (o->pid > 0 && s->old[j]->pid == o->pid) {
+                                o->clients_left = MAX(o->clients_left, s->old[j]->clients_left);
+                                old_forget(m, s->old[j]);
+                        } else
+                                j++;
                 if (!restored || poll(&p, 1, 0) != 0) {
                         /* Exited (or nothing it mapped came back): nothing to wait for. */
                         old_forget(m, o);
