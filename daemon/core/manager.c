@@ -52,6 +52,12 @@ const Subsystem *const *manager_subsystems(void) {
         return subsystems;
 }
 
+void manager_pages_taken(Manager *m, const char *request_id, const Arena *a, uint64_t n) {
+        FOREACH_SUBSYSTEM(s)
+                if (s->pages_taken)
+                        s->pages_taken(m, request_id, a, n);
+}
+
 /* A direct (peer-to-peer) connection on the daemon's socket. It is keyed by its serial,
  * never by the address of its sd_bus: an address is reused by the next allocation as
  * soon as a bus is freed, so a table keyed by it can confuse a new connection with one

@@ -7,16 +7,24 @@
 
 /* ---- destination: reserving pages ---- */
 
-/* A KV arena with pages of page_size that `target` (if any) maps. Prefers `prefer`.
- * Bytes from another host land in host arenas only (the peer transports write into
- * the daemon's mapping); within this host, GPU arenas too (the CUDA transport). */
-Arena *handoff_pick_arena(Manager *m, uint64_t page_size, const Worker *target, Arena *prefer, bool host_only) {
+/* A KV arena with pages of page_size that `target` (if any) maps. Prefers `prefer`
+ * (the source's own arena: its pages are handed over in place, none allocated), then
+ * the first that has n_pages free or evictable (the scheduler admits against a decode
+ * worker's arenas together; taking the first match regardless would refuse NoSpace
+ * with room in the next), then the first match (whose pool says NoSpace). Bytes from
+ * another host land in host arenas only (the peer transports write into the daemon's
+ * mapping); within this host, GPU arenas too (the CUDA transport). */
+Arena *handoff_pick_arena(Manager *m, uint64_t page_size, uint32_t n_pages, const Worker *target, Arena *prefer,
+                          bool host_only) {
+        Arena *first = NULL;
+
         if (prefer && prefer->pages && page_pool_page_size(prefer->pages) == page_size &&
             (!host_only || prefer->domain == MEMORY_HOST) &&
             (!target || (target->arena_mask & (UINT64_C(1) << prefer->index))))
                 return prefer;
         for (size_t i = 0; i < m->n_arenas; i++) {
                 Arena *a = m->arenas[i];
+                PagePoolStats st;
                 if (a->usage != ARENA_USAGE_KV || !a->pages || page_pool_page_size(a->pages) != page_size)
                         continue;
                 if (host_only && a->domain != MEMORY_HOST)
@@ -25,9 +33,13 @@ Arena *handoff_pick_arena(Manager *m, uint64_t page_size, const Worker *target, 
                         continue;
                 if (target && !(target->arena_mask & (UINT64_C(1) << a->index)))
                         continue;
-                return a;
+                page_pool_stats(a->pages, &st);
+                if (st.free + st.cached_idle >= n_pages)
+                        return a;
+                if (!first)
+                        first = a;
         }
-        return NULL;
+        return first;
 }
 
 /* Allocates, leases and indexes the destination's pages. */
@@ -280,7 +292,7 @@ static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
                 (void)handoff_message_group_layout(in, g, &layouts[g]);
                 bytes[g] = handoff_group_layout_bytes(&layouts[g]) * in->n_pages;
         }
-        Arena *a = handoff_pick_arena(m, in->page_size, NULL, NULL, true);
+        Arena *a = handoff_pick_arena(m, in->page_size, in->n_pages, NULL, NULL, true);
         usec_t timeout = in->timeout_usec ? MIN(in->timeout_usec, m->config.handoff_timeout_usec)
                                           : m->config.handoff_timeout_usec;
         HandoffObject *d = NULL;
@@ -320,6 +332,7 @@ static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
                 return;
         }
         hm->counters.prepared++;
+        manager_pages_taken(m, d->request_str, a, d->n_pages);
         if (!pipelined)
                 send_prepare_ok(d);
         else if (!page_manager_pages_settled(m->page_manager, d->pool, d->pages, d->n_pages) &&

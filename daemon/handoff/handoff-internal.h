@@ -196,7 +196,8 @@ void handoff_slot_forget(HandoffObject *d);
 void handoff_slots_peer_down(HandoffManager *hm, Peer *p);
 int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t len, void *userdata);
 void handoff_on_peer_state(Peer *p, bool up, void *userdata);
-Arena *handoff_pick_arena(Manager *m, uint64_t page_size, const Worker *target, Arena *prefer, bool host_only);
+Arena *handoff_pick_arena(Manager *m, uint64_t page_size, uint32_t n_pages, const Worker *target, Arena *prefer,
+                          bool host_only);
 
 /* handoff-expect.c: decode workers waiting for their request's handoff (AcceptWait, ring) */
 void handoff_expect_arrived(HandoffObject *d);

@@ -726,7 +726,7 @@ static int prepare_layout(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
                 Arena *want = x->src_arena;
                 if (a->arena && a->arena[0] && !(want = manager_find_arena(m, a->arena)))
                         return reason_set(why, -ENOENT, "No arena named '%s'.", a->arena);
-                x->dst_arena = handoff_pick_arena(m, l->page_size, x->target, want, false);
+                x->dst_arena = handoff_pick_arena(m, l->page_size, (uint32_t)x->sequence->n_pages, x->target, want, false);
                 if (!x->dst_arena || (a->arena && a->arena[0] && x->dst_arena != want))
                         return reason_set(why, -EINVAL, "No KV arena with pages of %" PRIu64 " bytes%s.", l->page_size,
                                           x->target ? " that the target worker maps" : "");
@@ -875,6 +875,7 @@ static int prepare_local(HandoffManager *hm, PrepareCtx *x, HandoffObject *o, Re
         }
         hm->counters.prepared++;
         x->worker->stats.handoffs_out++;
+        manager_pages_taken(hm->manager, o->request_str, x->dst_arena, d->n_pages);
         handoff_expect_arrived(d);
         log_debug("handoff %s: prepared locally (%s, %u pages, %u groups)", o->request_str,
                   o->zero_copy ? "same arena" : "copy", o->n_pages, x->n_groups);

@@ -346,6 +346,20 @@ static uint64_t decode_kv_mask(Manager *m, const Worker *w) {
         return kv_arena_mask(m, w);
 }
 
+/* Subsystem.pages_taken: if the request's decode worker maps a, its reservation there
+ * shrinks by n (sched_request_pages_taken()); nothing for a request not admitted here. */
+static void scheduler_pages_taken(Manager *m, const char *request_id, const Arena *a, uint64_t n) {
+        const char *id;
+        Worker *w;
+
+        if (!m->scheduler || !a || n == 0 || a->index >= 64)
+                return;
+        id = sched_request_stage_worker(m->scheduler, request_id, SCHED_STAGE_DECODE);
+        w = id ? manager_get_worker(m, id) : NULL;
+        if (w && (decode_kv_mask(m, w) & (UINT64_C(1) << a->index)))
+                (void)sched_request_pages_taken(m->scheduler, request_id, n);
+}
+
 typedef struct ArenaSetPromise {
         uint64_t mask;     /* one set of KV arenas that decode workers use */
         uint64_t reserved; /* the pages the scheduler promised to the workers on exactly that set */
@@ -475,4 +489,5 @@ const Subsystem scheduler_subsystem = {
         .worker_added = scheduler_worker_added,
         .worker_gone = scheduler_worker_gone,
         .worker_departing = scheduler_worker_departing,
+        .pages_taken = scheduler_pages_taken,
 };

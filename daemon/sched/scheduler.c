@@ -924,6 +924,20 @@ int sched_complete(Scheduler *s, const char *request_id, SchedStage st, usec_t s
         return 0;
 }
 
+int sched_request_pages_taken(Scheduler *s, const char *request_id, uint64_t n) {
+        SchedRequest *r = request_id ? hashmap_get(s->requests, request_id) : NULL;
+        if (!r)
+                return -ENOENT;
+        SchedWorker *dw = r->stages[SCHED_STAGE_DECODE].worker;
+        if (!dw)
+                return -ENOENT;
+        /* The pool's free count no longer has these pages: no longer promised apart. */
+        uint64_t k = MIN(n, r->pages);
+        dw->reserved_pages -= MIN(dw->reserved_pages, k);
+        r->pages -= k;
+        return 0;
+}
+
 int sched_cancel(Scheduler *s, const char *request_id, usec_t now) {
         SchedRequest *r = request_id ? hashmap_get(s->requests, request_id) : NULL;
         if (!r)

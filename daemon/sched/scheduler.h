@@ -200,6 +200,11 @@ int sched_admit(Scheduler *s, const char *request_id, TaskType type, usec_t dead
  * (or ok == false at any stage) ends the request. -ENOENT: unknown request or stage. */
 int sched_complete(Scheduler *s, const char *request_id, SchedStage stage, usec_t service_usec,
                    bool ok, usec_t now);
+/* n of the KV pages an outstanding request reserved at its decode worker left the pool
+ * before its prefill completed (its handoff's Prepare took them): they are no longer
+ * held back apart, so that the free count and the reservation do not both count them.
+ * -ENOENT when the request is not outstanding or has no decode stage. */
+int sched_request_pages_taken(Scheduler *s, const char *request_id, uint64_t n);
 /* Ends an outstanding request at once, as failed (its owner went away). -ENOENT. */
 int sched_cancel(Scheduler *s, const char *request_id, usec_t now);
 /* What the caller attaches to an outstanding request (ops->finished gets it back at the

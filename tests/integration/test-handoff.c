@@ -1617,6 +1617,113 @@ START_TEST(test_introspection) {
 }
 END_TEST
 
+/* The scheduler holds back the pages it promised a decode worker until they leave the
+ * pool, not longer: once a handoff's Prepare has taken them (here the prefill's own
+ * pages, handed over in place), the pool's free count no longer has them, and the
+ * promise no longer counts them again. Before, a second request was deferred
+ * "no-pages" until the first one's prefill completed, with room for it. */
+START_TEST(test_admission_counts_prepared_pages_once) {
+        epd_client *p = worker("prefill"), *d = worker("decode"), *tool;
+        epd_admission a;
+        /* kv0 1024 pages, kv1 256: the decode worker maps both (1280 free). */
+        ck_assert_int_eq(epd_connect(address, &tool), 0);
+        ck_assert_int_eq(epd_admit(tool, rid(90), "hybrid", 0, 1000, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        ck_assert_str_eq(a.decode, epd_worker_path(d));
+
+        /* The prefill makes its KV: 1000 pages leave the pool (280 free), still promised. */
+        char *seq = make_sequence(p, "kv0", 1000, NULL);
+        ck_assert_int_eq(epd_admit(tool, rid(91), "hybrid", 0, 200, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_DEFER);
+        ck_assert_str_eq(a.reason, "no-pages");
+
+        /* Its handoff to the decode worker takes them: 200 of the 280 can go to another. */
+        char *path = NULL;
+        uint64_t token = 0;
+        epd_handoff_options o = { .target = epd_worker_path(d) };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(90), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        ck_assert_int_eq(epd_admit(tool, rid(91), "hybrid", 0, 200, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        /* Not more than there is: the first request's pages are gone from the pool. */
+        ck_assert_int_eq(epd_admit(tool, rid(92), "hybrid", 0, 200, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_DEFER);
+        ck_assert_str_eq(a.reason, "no-pages");
+
+        ck_assert_int_eq(epd_handoff_rollback(p, path), 0);
+        release_sequence(p, seq);
+        free(path);
+        free(seq);
+        epd_disconnect(tool);
+        epd_disconnect(d);
+        epd_disconnect(p);
+}
+END_TEST
+
+static void setup_three_arenas(void) {
+        ck_assert_int_eq(harness_init(&h, "[Daemon]\nHostId=alpha\n"
+                                          "[Arena:kv0]\nSize=4M\n"
+                                          "[Arena:kva]\nSize=1M\n"
+                                          "[Arena:kvb]\nSize=4M\n"), 0);
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+}
+
+/* A handoff into a decode worker that maps two arenas goes to one with room for it:
+ * the scheduler admits against them together, and the first of them being full is no
+ * NoSpace while the other has the pages. */
+START_TEST(test_destination_arena_with_room) {
+        static const char *const kv0[] = { "kv0", NULL }, *const ab[] = { "kva", "kvb", NULL };
+        epd_client *p, *d, *filler;
+        ck_assert_int_eq(epd_connect(address, &p), 0);
+        ck_assert_int_eq(epd_register(p, "prefill", "model", "cpu", &kv, kv0), 0);
+        ck_assert_int_eq(epd_connect(address, &d), 0);
+        ck_assert_int_eq(epd_register(d, "decode", "model", "cpu", &kv, ab), 0);
+        ck_assert_int_eq(epd_connect(address, &filler), 0);
+        ck_assert_int_eq(epd_register(filler, "decode", "model", "cpu", &kv, ab), 0);
+        char *full = make_sequence(filler, "kva", 16, NULL); /* kva: 16 pages of 64 KiB, all taken */
+
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "kv0", N_PAGES, src);
+        fill_pages(arena_base(p, "kv0"), src, N_PAGES);
+        char *path = NULL;
+        uint64_t token = 0;
+        epd_handoff_options o = { .target = epd_worker_path(d) };
+        ck_assert_msg(epd_handoff_prepare(p, rid(95), NULL, seq, groups4, 4, &o, &path, &token) == 0, "Prepare: %s",
+                      epd_last_error_message(p));
+        ck_assert_uint_eq(arena_live(p, "kvb"), N_PAGES);
+        for (uint32_t g = 0; g < 4; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(95), &acc), 0);
+        ck_assert_str_eq(acc.arena, "kvb");
+        ck_assert_uint_eq(acc.n_pages, N_PAGES);
+        epd_handoff_status st = {};
+        for (int i = 0; i < 500 && st.groups_done < 4; i++) {
+                status(d, acc.path, &st);
+                if (st.groups_done < 4)
+                        usleep(10000);
+        }
+        ck_assert_uint_eq(st.groups_done, 4);
+        ck_assert(layers_equal(arena_base(d, "kvb"), acc.offsets, N_PAGES, 0, LAYERS));
+        char *dseq = NULL;
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+        wait_state(p, path, "committed");
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        release_sequence(d, dseq);
+        epd_handoff_accepted_done(&acc);
+        release_sequence(p, seq);
+        release_sequence(filler, full);
+        free(dseq);
+        free(path);
+        free(seq);
+        free(full);
+        epd_disconnect(filler);
+        epd_disconnect(d);
+        epd_disconnect(p);
+}
+END_TEST
+
 int main(void) {
         if (!getenv("EPDD")) {
                 printf("SKIP: EPDD is not set (run through meson test)\n");
@@ -1652,6 +1759,11 @@ int main(void) {
         tcase_add_test(tc, test_target_dies_before_accept);
         tcase_add_test(tc, test_timeout_and_admission);
         tcase_add_test(tc, test_introspection);
+        tcase_add_test(tc, test_admission_counts_prepared_pages_once);
         suite_add_tcase(s, tc);
+        TCase *three = tcase_create("three-arenas");
+        tcase_add_checked_fixture(three, setup_three_arenas, teardown);
+        tcase_add_test(three, test_destination_arena_with_room);
+        suite_add_tcase(s, three);
         return check_run(s, CK_FORK_GETENV);
 }
