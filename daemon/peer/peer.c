@@ -80,8 +80,17 @@ void peer_down(Peer *p, int error, const char *why) {
 
         p->down_why = NULL; /* a deferred one is this */
         (void)sd_event_source_set_enabled(p->down_defer, SD_EVENT_OFF);
-        if (p->state == PEER_DOWN && !p->control)
+        if (p->state == PEER_DOWN && !p->control) {
+                /* An attempt that failed before it had a connection (socket() or
+                 * connect() refused at once: no route yet, EMFILE): the one-shot
+                 * reconnect timer has fired already, so retry after the backoff unless
+                 * a retry is due anyway. Without this the dialer never tried again. */
+                int enabled = SD_EVENT_OFF;
+                if (!p->reconnect_timer ||
+                    (sd_event_source_get_enabled(p->reconnect_timer, &enabled) >= 0 && enabled == SD_EVENT_OFF))
+                        peer_schedule_reconnect(p);
                 return;
+        }
         if (was_up) {
                 log_warning("peer %s (%s): down: %s%s%s", p->name, p->host_id, why,
                             error ? ": " : "", error ? strerror(-error) : "");
