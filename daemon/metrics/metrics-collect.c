@@ -400,6 +400,12 @@ static void collect_wal(Manager *m, MetricsWriter *w) {
         metrics_family(w, "epd_wal_compaction_failures", METRIC_COUNTER, NULL,
                        "Compactions that could not write their snapshot (the log went on as it was).");
         metrics_sample_u64(w, METRIC_NO_LABELS, s->compaction_failures);
+        metrics_family(w, "epd_wal_full_waits", METRIC_COUNTER, NULL,
+                       "Appends that waited for a stalled disk: the pending batch was full (256 MiB).");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->full_waits);
+        metrics_family(w, "epd_wal_buffer_bytes", METRIC_GAUGE, "bytes",
+                       "Memory of the WAL writer's two batch buffers.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, s->buffer_bytes);
 }
 
 static void collect_scheduler(Manager *m, MetricsWriter *w) {

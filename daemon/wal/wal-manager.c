@@ -416,6 +416,8 @@ size_t wal_manager_counters(Manager *m, const char **names, uint64_t *values, si
                 { "log-bytes", w->log_bytes },
                 { "compactions", w->compactions },
                 { "compaction-failures", w->compaction_failures },
+                { "full-waits", w->full_waits },
+                { "buffer-bytes", w->buffer_bytes },
                 { "replies-waiting", st.replies_waiting },
                 { "failed", w->error < 0 },
         };

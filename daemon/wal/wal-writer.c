@@ -33,7 +33,7 @@ struct WalWriter {
          * contended, so the thread's next unlock made a FUTEX_WAKE system call for
          * nobody, once per batch. */
         sem_t wake;
-        pthread_cond_t done;   /* wal_writer_flush() waits here */
+        pthread_cond_t done;   /* wal_writer_flush() and a full append wait here (CLOCK_MONOTONIC) */
         int efd;
 
         /* Under lock. */
@@ -48,6 +48,10 @@ struct WalWriter {
         CompactJob compact;
         bool have_compact;     /* queued, not yet taken by the thread */
         bool compacting;       /* queued or running */
+        unsigned room_waiters; /* appends waiting for the pending batch to be taken */
+        size_t pending_max;
+        uint64_t full_wait_usec;
+        size_t batch_cap;      /* the thread's buffer, for the stats */
         WalWriterStats stats;
 };
 
@@ -155,6 +159,9 @@ static void *writer_thread(void *userdata) {
                 ww->pending_records = 0;
                 batch = b;
                 batch_cap = cap;
+                ww->batch_cap = cap;
+                if (ww->room_waiters > 0)
+                        pthread_cond_broadcast(&ww->done); /* room for a full append */
                 CompactJob job = ww->compact;
                 bool compact = ww->have_compact;
                 ww->have_compact = false;
@@ -187,6 +194,13 @@ static void *writer_thread(void *userdata) {
                 } else if (r >= 0)
                         r = write_batch(ww, batch, n, last_lsn, one_by_one, &syncs);
                 free(job.snapshot);
+                /* A burst's buffer is not kept for good: the next batch that needs more
+                 * grows it again. */
+                if (batch_cap > WAL_WRITER_KEEP_CAP && n < batch_cap / 4) {
+                        free(batch);
+                        batch = NULL;
+                        batch_cap = 0;
+                }
                 const WalStats *ws = wal_get_stats(w);
                 uint64_t durable = wal_synced_lsn(w);
 
@@ -206,6 +220,7 @@ static void *writer_thread(void *userdata) {
                 ww->stats.log_bytes = ws->log_bytes;
                 ww->stats.compactions = ws->compactions;
                 ww->stats.snapshot_records = ws->snapshot_records;
+                ww->batch_cap = batch_cap;
                 if (compact)
                         ww->compacting = false;
                 if (compact_error < 0 && r >= 0) {
@@ -236,9 +251,15 @@ int wal_writer_new(Wal *w, WalWriter **ret) {
         ww->stats.log_bytes = wal_get_stats(w)->log_bytes;
         ww->stats.compactions = wal_get_stats(w)->compactions;
         ww->stats.snapshot_records = wal_get_stats(w)->snapshot_records;
+        ww->pending_max = WAL_WRITER_PENDING_MAX;
+        ww->full_wait_usec = WAL_WRITER_FULL_WAIT_USEC;
         pthread_mutex_init(&ww->lock, NULL);
         (void)sem_init(&ww->wake, 0, 0);
-        pthread_cond_init(&ww->done, NULL);
+        pthread_condattr_t attr;
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&ww->done, &attr);
+        pthread_condattr_destroy(&attr);
         ww->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (ww->efd < 0) {
                 r = -errno;
@@ -278,6 +299,41 @@ WalWriter *wal_writer_free(WalWriter *ww) {
         return NULL;
 }
 
+void wal_writer_set_limits(WalWriter *ww, size_t pending_max, uint64_t full_wait_usec) {
+        lock(ww);
+        ww->pending_max = pending_max ? pending_max : WAL_WRITER_PENDING_MAX;
+        ww->full_wait_usec = full_wait_usec ? full_wait_usec : WAL_WRITER_FULL_WAIT_USEC;
+        unlock(ww);
+}
+
+/* Under the lock: the pending batch has no room for `size` more bytes. Urges the thread
+ * to take it and waits until it has, up to full_wait_usec. 0 with room, else -ENOBUFS
+ * (or -EIO: the writer failed meanwhile). */
+static int wait_for_room(WalWriter *ww, size_t size) {
+        struct timespec deadline;
+        int r = 0;
+
+        if (size > ww->pending_max)
+                return -ENOBUFS;
+        if (!ww->urgent) {
+                ww->urgent = true;
+                if (wake_take(ww))
+                        wake_post(ww); /* under the lock: this caller waits below anyway */
+        }
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        uint64_t ns = (uint64_t)deadline.tv_nsec + (ww->full_wait_usec % 1000000ULL) * 1000ULL;
+        deadline.tv_sec += (time_t)(ww->full_wait_usec / 1000000ULL + ns / 1000000000ULL);
+        deadline.tv_nsec = (long)(ns % 1000000000ULL);
+        ww->stats.full_waits++;
+        ww->room_waiters++;
+        while (ww->pending_size + size > ww->pending_max && ww->stats.error == 0 && r == 0)
+                r = pthread_cond_timedwait(&ww->done, &ww->lock, &deadline) == ETIMEDOUT ? -ENOBUFS : 0;
+        ww->room_waiters--;
+        if (ww->stats.error < 0)
+                return -EIO;
+        return ww->pending_size + size > ww->pending_max ? -ENOBUFS : 0;
+}
+
 /* waited: someone waits for the record (write now); else the caller times the batch and
  * urges. Returns 1 when a record nobody waits for begins a batch nobody urged (the
  * caller's timer starts), else 0, or the error. The thread is signalled after the lock is
@@ -294,9 +350,9 @@ static int append(WalWriter *ww, uint16_t type, const void *payload, size_t len,
         lock(ww);
         if (ww->stats.error < 0)
                 r = -EIO;
-        else if (ww->pending_size + size > WAL_WRITER_PENDING_MAX)
-                r = -ENOBUFS;
-        else if (ww->pending_size + size > ww->pending_cap) {
+        else if (ww->pending_size + size > ww->pending_max)
+                r = wait_for_room(ww, size);
+        if (r >= 0 && ww->pending_size + size > ww->pending_cap) {
                 size_t cap = MAX(MAX(ww->pending_cap * 2, ww->pending_size + size), (size_t)65536);
                 uint8_t *p = realloc(ww->pending, cap);
                 if (p) {
@@ -400,6 +456,7 @@ void wal_writer_stats(WalWriter *ww, WalWriterStats *ret) {
         lock(ww);
         *ret = ww->stats;
         ret->policy = ww->policy;
+        ret->buffer_bytes = ww->pending_cap + ww->batch_cap;
         unlock(ww);
 }
 

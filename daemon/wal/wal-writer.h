@@ -37,9 +37,16 @@
 
 typedef struct WalWriter WalWriter;
 
-/* The pending batch may hold at most this many bytes: appends past it fail (-ENOBUFS)
- * rather than let a stalled disk grow memory without bound. */
+/* The pending batch may hold at most this many bytes, so that a stalled disk does not
+ * grow memory without bound: an append past it waits (the thread urged) for the batch
+ * before it to be taken, up to WAL_WRITER_FULL_WAIT_USEC, then fails (-ENOBUFS). A short
+ * stall slows the loop rather than fail the journal for good (wal-manager.c); a long one
+ * fails it well within the unit's WatchdogSec=. */
 #define WAL_WRITER_PENDING_MAX (256U << 20)
+#define WAL_WRITER_FULL_WAIT_USEC (10ULL * 1000000ULL)
+/* A buffer of more than this that a batch used less than a quarter of is given back
+ * (after a burst, two buffers of up to WAL_WRITER_PENDING_MAX were kept for good). */
+#define WAL_WRITER_KEEP_CAP (4U << 20)
 
 typedef struct WalWriterStats {
         WalSyncPolicy policy;
@@ -57,18 +64,23 @@ typedef struct WalWriterStats {
         int compaction_error;         /* the last such failure's, 0 */
         uint64_t snapshot_records;
         int error;               /* sticky: the first failed write or sync, 0 */
+        uint64_t full_waits;     /* appends that waited for room (WAL_WRITER_PENDING_MAX) */
+        uint64_t buffer_bytes;   /* held by the two batch buffers */
 } WalWriterStats;
 
 /* Starts the thread over a replayed Wal (which the writer then owns the I/O of: the
  * caller does not call wal_append/wal_sync/wal_compact on it any more). */
 int wal_writer_new(Wal *w, WalWriter **ret);
+/* Tests: a smaller pending bound and wait (0: the defaults above). */
+void wal_writer_set_limits(WalWriter *ww, size_t pending_max, uint64_t full_wait_usec);
 /* Makes everything appended durable, stops and joins the thread. The Wal stays the
  * caller's. */
 WalWriter *wal_writer_free(WalWriter *ww);
 DEFINE_TRIVIAL_CLEANUP_FUNC(WalWriter *, wal_writer_free);
 
 /* Queues one record; its LSN in *ret_lsn. -EINVAL (bad type or length), -ENOBUFS
- * (WAL_WRITER_PENDING_MAX), -EIO once a write or sync failed, -ENOMEM. */
+ * (WAL_WRITER_PENDING_MAX still full after WAL_WRITER_FULL_WAIT_USEC), -EIO once a write
+ * or sync failed, -ENOMEM. */
 int wal_writer_append(WalWriter *ww, uint16_t type, const void *payload, size_t len, uint64_t *ret_lsn);
 /* The same for a record nobody waits for yet: it is written with the next record that
  * is waited for (wal_writer_append, wal_writer_urge, wal_writer_wait), or when its

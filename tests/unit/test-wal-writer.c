@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "macro.h"
@@ -512,6 +513,88 @@ START_TEST(test_compaction_fails_replay) {
 }
 END_TEST
 
+static uint64_t mono_usec(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000ULL;
+}
+
+static void *release_after_200ms(void *userdata) {
+        usleep(200 * 1000);
+        wal_writer_hold(userdata, false);
+        return NULL;
+}
+
+/* A full pending batch (a stalled disk: the thread holds here) makes an append wait for
+ * room, not fail at once: taken in time, the record goes in and the writer stays
+ * healthy; past the wait, -ENOBUFS, and nothing of it is in the log. */
+START_TEST(test_full_batch_waits) {
+        char *dir = make_dir();
+        Wal *w = open_replayed(dir, WAL_SYNC_BATCH, NULL, NULL);
+        WalWriter *ww;
+        WalWriterStats st;
+        static uint8_t payload[4096];
+        const size_t rec = wal_record_size(sizeof payload), max = 64 * 1024;
+        ck_assert_int_eq(wal_writer_new(w, &ww), 0);
+        wal_writer_set_limits(ww, max, 300 * 1000);
+
+        wal_writer_hold(ww, true);
+        size_t n = max / rec;
+        for (size_t i = 0; i < n; i++)
+                ck_assert_int_ge(wal_writer_append_deferred(ww, WAL_RECORD_TEST + 1, payload, sizeof payload, NULL), 0);
+        /* Still stalled when the wait ends: refused, the writer not failed. */
+        uint64_t t0 = mono_usec();
+        ck_assert_int_eq(wal_writer_append(ww, WAL_RECORD_TEST + 1, payload, sizeof payload, NULL), -ENOBUFS);
+        ck_assert_uint_ge(mono_usec() - t0, 250 * 1000);
+        wal_writer_stats(ww, &st);
+        ck_assert_uint_eq(st.full_waits, 1);
+        ck_assert_int_eq(st.error, 0);
+        ck_assert_uint_eq(st.assigned_lsn, n);
+
+        /* The disk comes back within the wait: the append goes in. */
+        pthread_t t;
+        ck_assert_int_eq(pthread_create(&t, NULL, release_after_200ms, ww), 0);
+        t0 = mono_usec();
+        uint64_t lsn = 0;
+        ck_assert_int_eq(wal_writer_append(ww, WAL_RECORD_TEST + 1, payload, sizeof payload, &lsn), 0);
+        ck_assert_uint_ge(mono_usec() - t0, 150 * 1000);
+        ck_assert_int_eq(pthread_join(t, NULL), 0);
+        ck_assert_uint_eq(lsn, n + 1);
+        ck_assert_int_eq(wal_writer_flush(ww), 0);
+        wal_writer_stats(ww, &st);
+        ck_assert_uint_eq(st.full_waits, 2);
+        ck_assert_int_eq(st.error, 0);
+        ck_assert_uint_eq(st.durable_lsn, n + 1);
+
+        /* A burst's buffers are given back once batches are small again. */
+        wal_writer_set_limits(ww, 0, 0);
+        static uint8_t big[512 * 1024];
+        wal_writer_hold(ww, true);
+        for (int i = 0; i < 40; i++) /* 20 MiB in one batch */
+                ck_assert_int_ge(wal_writer_append_deferred(ww, WAL_RECORD_TEST + 1, big, sizeof big, NULL), 0);
+        wal_writer_hold(ww, false);
+        ck_assert_int_eq(wal_writer_flush(ww), 0);
+        wal_writer_stats(ww, &st);
+        ck_assert_uint_ge(st.buffer_bytes, 40 * sizeof big);
+        for (int i = 0; i < 2; i++) { /* each buffer takes a small batch once */
+                ck_assert_int_eq(wal_writer_append(ww, WAL_RECORD_TEST + 1, payload, 8, NULL), 0);
+                ck_assert_int_eq(wal_writer_flush(ww), 0);
+        }
+        wal_writer_stats(ww, &st);
+        ck_assert_uint_lt(st.buffer_bytes, WAL_WRITER_KEEP_CAP);
+        ww = wal_writer_free(ww);
+        wal_free(w);
+
+        /* Replay: the records that went in, the refused one not. */
+        Wal *w2 = NULL;
+        ck_assert_int_eq(wal_open(dir, WAL_SYNC_BATCH, &w2), 0);
+        ck_assert_int_eq(wal_replay(w2, NULL, NULL), 0);
+        ck_assert_uint_eq(wal_last_lsn(w2), n + 1 + 40 + 2);
+        wal_free(w2);
+        rm_dir(dir);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("wal-writer");
         TCase *tc = tcase_create("writer");
@@ -524,6 +607,7 @@ int main(void) {
         tcase_add_test(tc, test_compaction);
         tcase_add_test(tc, test_compaction_fails);
         tcase_add_test(tc, test_compaction_fails_replay);
+        tcase_add_test(tc, test_full_batch_waits);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
