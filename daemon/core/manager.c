@@ -52,7 +52,7 @@ const Subsystem *const *manager_subsystems(void) {
         return subsystems;
 }
 
-void manager_pages_taken(Manager *m, const char *request_id, const Arena *a, uint64_t n) {
+void manager_pages_taken(Manager *m, const char *request_id, const Arena *a, int64_t n) {
         FOREACH_SUBSYSTEM(s)
                 if (s->pages_taken)
                         s->pages_taken(m, request_id, a, n);

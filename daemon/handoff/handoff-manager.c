@@ -132,6 +132,14 @@ void handoff_obj_drop_pages(HandoffObject *o) {
                         (void)page_unref(o->pool, o->pages[i - 1]);
         }
         page_manager_take_frees(o->hm->manager->page_manager);
+        /* Allocated for a request and back in the pool uncommitted: the scheduler holds
+         * them back for it again (zero-copy pages stay with the prefill's sequence). */
+        if (o->sched_taken > 0 && !o->zero_copy && o->h->state != HANDOFF_COMMITTED) {
+                Manager *m = o->hm->manager;
+                if (o->arena < m->n_arenas)
+                        manager_pages_taken(m, o->request_str, m->arenas[o->arena], -(int64_t)o->sched_taken);
+        }
+        o->sched_taken = 0;
 }
 
 /* ---- object lifetime ---- */

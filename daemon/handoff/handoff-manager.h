@@ -125,6 +125,7 @@ struct HandoffObject {
         bool holds_pages;        /* leases (source) / refs + leases (destination) */
         uint64_t *page_keys;     /* destination: keys in hm->dest_pages */
         bool zero_copy;
+        uint32_t sched_taken;    /* destination: pages the scheduler counted taken at Prepare */
         unsigned in_event;       /* handoff_after_event() calls on it under way, and
                                   * holds (handoff_obj_hold()): it is not freed meanwhile */
         bool unsettled;          /* local source, pipelined destination: the destination

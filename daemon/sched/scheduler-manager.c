@@ -347,8 +347,9 @@ static uint64_t decode_kv_mask(Manager *m, const Worker *w) {
 }
 
 /* Subsystem.pages_taken: if the request's decode worker maps a, its reservation there
- * shrinks by n (sched_request_pages_taken()); nothing for a request not admitted here. */
-static void scheduler_pages_taken(Manager *m, const char *request_id, const Arena *a, uint64_t n) {
+ * shrinks by n, or grows back by -n (sched_request_pages_taken()); nothing for a request
+ * not admitted here. */
+static void scheduler_pages_taken(Manager *m, const char *request_id, const Arena *a, int64_t n) {
         const char *id;
         Worker *w;
 

@@ -38,7 +38,8 @@ struct SchedRequest {
         int priority;
         uint64_t seq;        /* admission order: which requests its admission pushed back */
         usec_t admitted, deadline, predicted_end, stage_start, predicted;
-        uint64_t pages;
+        uint64_t pages;      /* held back at the decode worker (reserved_pages) */
+        uint64_t taken;      /* of them, taken from the pool by its handoff (not held back) */
         void *owner;         /* the caller's (sched_request_set_owner), told at the end */
         StageRef stages[_SCHED_STAGE_MAX];
 };
@@ -913,6 +914,7 @@ int sched_complete(Scheduler *s, const char *request_id, SchedStage st, usec_t s
                 SchedWorker *dw = r->stages[SCHED_STAGE_DECODE].worker;
                 dw->reserved_pages -= MIN(dw->reserved_pages, r->pages);
                 r->pages = 0;
+                r->taken = 0;
         }
 
         bool more = false;
@@ -924,17 +926,26 @@ int sched_complete(Scheduler *s, const char *request_id, SchedStage st, usec_t s
         return 0;
 }
 
-int sched_request_pages_taken(Scheduler *s, const char *request_id, uint64_t n) {
+int sched_request_pages_taken(Scheduler *s, const char *request_id, int64_t n) {
         SchedRequest *r = request_id ? hashmap_get(s->requests, request_id) : NULL;
         if (!r)
                 return -ENOENT;
         SchedWorker *dw = r->stages[SCHED_STAGE_DECODE].worker;
         if (!dw)
                 return -ENOENT;
-        /* The pool's free count no longer has these pages: no longer promised apart. */
-        uint64_t k = MIN(n, r->pages);
-        dw->reserved_pages -= MIN(dw->reserved_pages, k);
-        r->pages -= k;
+        if (n >= 0) {
+                /* The pool's free count no longer has these pages: no longer promised apart. */
+                uint64_t k = MIN((uint64_t)n, r->pages);
+                dw->reserved_pages -= MIN(dw->reserved_pages, k);
+                r->pages -= k;
+                r->taken += k;
+        } else {
+                /* Its handoff rolled back: they are free again, and promised again. */
+                uint64_t k = MIN((uint64_t)-(n + 1) + 1, r->taken);
+                dw->reserved_pages += k;
+                r->pages += k;
+                r->taken -= k;
+        }
         return 0;
 }
 

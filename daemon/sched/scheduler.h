@@ -203,8 +203,10 @@ int sched_complete(Scheduler *s, const char *request_id, SchedStage stage, usec_
 /* n of the KV pages an outstanding request reserved at its decode worker left the pool
  * before its prefill completed (its handoff's Prepare took them): they are no longer
  * held back apart, so that the free count and the reservation do not both count them.
- * -ENOENT when the request is not outstanding or has no decode stage. */
-int sched_request_pages_taken(Scheduler *s, const char *request_id, uint64_t n);
+ * n < 0: -n of those came back (the handoff rolled back before its prefill completed)
+ * and are held back again. -ENOENT when the request is not outstanding or has no
+ * decode stage. */
+int sched_request_pages_taken(Scheduler *s, const char *request_id, int64_t n);
 /* Ends an outstanding request at once, as failed (its owner went away). -ENOENT. */
 int sched_cancel(Scheduler *s, const char *request_id, usec_t now);
 /* What the caller attaches to an outstanding request (ops->finished gets it back at the

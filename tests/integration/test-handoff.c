@@ -1650,6 +1650,29 @@ START_TEST(test_admission_counts_prepared_pages_once) {
         ck_assert_str_eq(a.reason, "no-pages");
 
         ck_assert_int_eq(epd_handoff_rollback(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        release_sequence(p, seq);
+        free(path);
+        free(seq);
+        epd_disconnect(tool); /* its requests are cancelled: nothing reserved */
+
+        /* A copy into kv1 that rolls back gives its pages back to the pool, and the
+         * request its reservation: nobody else was promised them meanwhile. */
+        ck_assert_int_eq(epd_connect(address, &tool), 0);
+        ck_assert_int_eq(epd_admit(tool, rid(93), "hybrid", 0, 200, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        seq = make_sequence(p, "kv0", 200, NULL); /* 1080 free */
+        epd_handoff_options o1 = { .target = epd_worker_path(d), .arena = "kv1" };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(93), NULL, seq, groups4, 4, &o1, &path, &token), 0);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 200); /* 880 free, none promised */
+        ck_assert_int_eq(epd_admit(tool, rid(94), "hybrid", 0, 880, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        ck_assert_int_eq(epd_handoff_rollback(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0); /* 1080 free, all promised again */
+        ck_assert_int_eq(epd_admit(tool, rid(95), "hybrid", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_DEFER);
+        ck_assert_str_eq(a.reason, "no-pages");
         release_sequence(p, seq);
         free(path);
         free(seq);
