@@ -452,6 +452,7 @@ int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t 
                 o = find_for_message(hm, p, HANDOFF_SOURCE, &in);
                 if (!o)
                         break;
+                o->refused_error = in.error;
                 (void)handoff_rollback(o->h, in.cause, true);
                 handoff_after_event(o);
                 break;

@@ -367,7 +367,22 @@ static void prepare_answered(HandoffObject *o) {
                 r = -ETIMEDOUT;
                 break;
         default:
-                r = -EIO;
+                /* Why the destination refused, where it said so in a way the caller can
+                 * act on (the same names as a refusal on one host); anything else is
+                 * Failed. */
+                switch (o->refused_error) {
+                case -ESTALE:
+                case -EINVAL:
+                case -ENOSPC:
+                case -ENOMEM:
+                case -EBUSY:
+                case -EEXIST:
+                        r = o->refused_error;
+                        break;
+                default:
+                        r = -EIO;
+                        break;
+                }
                 break;
         }
         Reason why;
@@ -375,8 +390,9 @@ static void prepare_answered(HandoffObject *o) {
                 (void)reason_set(&why, r = o->journal_error, "Handoff %s: cannot journal the Prepare: %s.",
                                  o->request_str, strerror(-o->journal_error));
         else
-                (void)reason_set(&why, r, "Handoff %s: the destination did not reserve pages (%s).", o->request_str,
-                                 handoff_cause_to_string(o->h->cause));
+                (void)reason_set(&why, r, "Handoff %s: the destination did not reserve pages (%s%s%s).",
+                                 o->request_str, handoff_cause_to_string(o->h->cause),
+                                 r != -EIO ? ": " : "", r != -EIO ? strerror(-r) : "");
         w->done(w, NULL, r, why.text);
         /* The caller never learnt the handoff's path: it goes now. */
         (void)handoff_release(o->h);

@@ -1036,7 +1036,11 @@ int handoff_manager_prepare(HandoffManager *hm, Worker *w, const HandoffPrepareA
                 r = prepare_admit(hm, a, &x, why);
         if (r < 0)
                 return r;
-        x.timeout = a->timeout_usec ? a->timeout_usec : m->config.handoff_timeout_usec;
+        /* A handoff always has a deadline: a caller's timeout may shorten HandoffTimeout=,
+         * not lift it (UINT64_MAX was no deadline at all: the pages held for good by a
+         * prefill that stalled connected), as a destination on another host cuts it. */
+        x.timeout = a->timeout_usec ? MIN(a->timeout_usec, m->config.handoff_timeout_usec)
+                                    : m->config.handoff_timeout_usec;
         r = prepare_source(hm, &x, &o, why);
         if (r < 0)
                 return r;

@@ -1138,6 +1138,31 @@ static void fault_wal_full(pid_t pid) {
 /* alpha's journal refuses the PREPARED record it writes when bravo answers the Prepare:
  * the Prepare is not acknowledged (a restart would not know the handoff its caller goes
  * on with); it fails saying why, and bravo's reserved pages go back. */
+/* The destination's reason for refusing reaches the caller as the same named error a
+ * refusal on one host gives: bravo's arena has pages of another size (its first KV
+ * layout had twice the layers), so no arena there can take alpha's pages: the caller
+ * hears InvalidArgument with the destination's reason, not a bare Failed. */
+START_TEST(test_remote_refusal_named) {
+        static const epd_kv_layout kv2 = { .layers = 2 * LAYERS, .tokens_per_block = TOKENS,
+                                           .k_bytes_per_token = KV_BYTES, .v_bytes_per_token = KV_BYTES,
+                                           .dtype = "bfloat16" };
+        epd_client *other = NULL;
+        ck_assert_int_eq(epd_connect(addr_b, &other), 0);
+        ck_assert_int_eq(epd_register(other, "decode", "model2", "cpu", &kv2, NULL), 0);
+        epd_client *p = worker(addr_a, "prefill");
+        char *seq = make_sequence(p, N_PAGES, NULL);
+        char *path = NULL;
+        uint64_t token;
+        ck_assert_int_eq(prepare(p, "000000000000000000000000000000c1", seq, &path, &token), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(p), "org.epd1.Error.InvalidArgument");
+        ck_assert_msg(strstr(epd_last_error_message(p), "refused") != NULL, "%s", epd_last_error_message(p));
+        ck_assert_int_eq(epd__call(p, seq, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(other);
+}
+END_TEST
+
 START_TEST(test_prepared_record_refused) {
         epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
         char *seq = make_sequence(p, N_PAGES, NULL);
@@ -1199,6 +1224,7 @@ int main(void) {
         tcase_add_test(tc, test_data_streams_outlast_a_park);
         tcase_add_test(tc, test_unreadable_prepare_refused);
         tcase_add_test(tc, test_prepared_record_refused);
+        tcase_add_test(tc, test_remote_refusal_named);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }

@@ -823,6 +823,46 @@ START_TEST(test_ring_accept_at_the_object_limit) {
 }
 END_TEST
 
+/* A caller's timeout shortens HandoffTimeout=, never lifts it: UINT64_MAX was no
+ * deadline at all, and a prefill that stalled while connected held the pages on both
+ * sides for good. */
+START_TEST(test_prepare_timeout_is_bounded) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+        ck_assert_int_eq(harness_init(&h, "[Daemon]\nHostId=alpha\n"
+                                          "[Cluster]\nHandoffTimeout=1s\n"
+                                          "[Arena:kv0]\nSize=64M\n"
+                                          "[Arena:kv1]\nSize=16M\n"), 0);
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        epd_handoff_options o = { .arena = "kv1", .timeout_usec = UINT64_MAX };
+        char *path;
+        uint64_t token;
+        char *seq = make_sequence(p, "kv0", N_PAGES, NULL);
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(81), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        ck_assert_uint_eq(arena_live(p, "kv1"), N_PAGES);
+        /* Accepted, then the prefill ships nothing and stays connected. */
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(81), &acc), 0);
+        usleep(1500 * 1000);
+        wait_state(p, path, "rolled-back");
+        epd_handoff_status s;
+        status(p, path, &s);
+        ck_assert_str_eq(s.cause, "timeout");
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        epd_handoff_accepted_done(&acc);
+        free(path);
+        release_sequence(p, seq);
+        free(seq);
+        epd_disconnect(d);
+        epd_disconnect(p);
+}
+END_TEST
+
 /* OpenRing from a connection that cannot take fds: its answer cannot carry the ring's
  * fds, so the ring goes again: every try hears the same error, none "Exists" (before, the
  * first left a ring behind that nobody could use, holding its memory until the client
@@ -1765,6 +1805,7 @@ int main(void) {
         tcase_add_test(tc, test_ring_lost_answer_closes_it);
         tcase_add_test(tc, test_ring_accept_wait_ends_on_time);
         tcase_add_test(tc, test_ring_accept_at_the_object_limit);
+        tcase_add_test(tc, test_prepare_timeout_is_bounded);
         tcase_add_test(tc, test_open_ring_without_fd_passing);
         tcase_add_test(tc, test_prepare_async);
         tcase_add_test(tc, test_own_poll_loop);
