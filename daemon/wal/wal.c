@@ -2,6 +2,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -402,13 +403,37 @@ static int create_file_atomic(int dir_fd, const char *tmp, const char *name, Wal
         return 0;
 }
 
+/* Makes the entry of `path` in its parent durable (fsync of the parent directory). */
+static int fsync_parent(const char *path) {
+        _cleanup_(freep) char *copy = strdup(path);
+        if (!copy)
+                return -ENOMEM;
+        _cleanup_(closep) int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0 || fsync(fd) < 0)
+                return -errno;
+        return 0;
+}
+
 int wal_open(const char *dir, WalSyncPolicy policy, Wal **ret) {
         _cleanup_(wal_freep) Wal *w = NULL;
+        int r;
 
         if (!dir || policy < 0 || policy >= _WAL_SYNC_POLICY_MAX)
                 return -EINVAL;
         if (mkdir(dir, 0700) < 0 && errno != EEXIST)
                 return log_error_errno(errno, "Failed to create WAL directory %s: %m", dir);
+        /* The log's own directory is synced with its files; its entry, and the state
+         * directory's (made by epdd or by systemd's StateDirectory=, neither syncing it),
+         * are synced here, at every start (two directory syncs), or a power loss after
+         * the first acknowledged record could take the whole directory with it. */
+        _cleanup_(freep) char *parent = strdup(dir);
+        if (!parent)
+                return -ENOMEM;
+        r = fsync_parent(dir);
+        if (r >= 0)
+                r = fsync_parent(dirname(parent));
+        if (r < 0 && r != -EINVAL && r != -EROFS)
+                return log_error_errno(r, "Failed to sync the directories above %s: %m", dir);
 
         w = calloc(1, sizeof *w);
         if (!w)

@@ -41,6 +41,25 @@ int ftruncate(int fd, off_t length) {
         return (int)syscall(SYS_ftruncate, fd, length);
 }
 
+/* fsync() likewise: the inodes of the last directories synced (wal_open's parents). */
+static struct stat synced_dirs[16];
+static unsigned n_synced_dirs;
+int fsync(int fd) {
+        struct stat st;
+        if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && n_synced_dirs < ELEMENTSOF(synced_dirs))
+                synced_dirs[n_synced_dirs++] = st;
+        return (int)syscall(SYS_fsync, fd);
+}
+
+static bool dir_synced(const char *path) {
+        struct stat st;
+        ck_assert_int_eq(stat(path, &st), 0);
+        for (unsigned i = 0; i < n_synced_dirs; i++)
+                if (synced_dirs[i].st_dev == st.st_dev && synced_dirs[i].st_ino == st.st_ino)
+                        return true;
+        return false;
+}
+
 /* Every record's payload is a function of its LSN, so that replay can check that it
  * sees exactly what was appended and nothing else. */
 static size_t gen_payload(uint64_t lsn, uint8_t *buf) {
@@ -761,6 +780,28 @@ START_TEST(test_config) {
 }
 END_TEST
 
+/* A new log's directory entries are durable before anything is acknowledged: the
+ * directory above it (which holds `wal`) and the one above that (which holds the state
+ * directory, made by epdd or systemd without a sync) are synced at open. Else a power
+ * loss after the first acknowledged record could take the whole directory. */
+START_TEST(test_new_directory_entries_synced) {
+        char base[] = "/tmp/test-wal-dirs-XXXXXX", state[64], dir[80];
+        ck_assert_ptr_nonnull(mkdtemp(base));
+        snprintf(state, sizeof state, "%s/state", base);
+        snprintf(dir, sizeof dir, "%s/wal", state);
+        ck_assert_int_eq(mkdir(state, 0755), 0);
+        n_synced_dirs = 0;
+        Wal *w = NULL;
+        ck_assert_int_eq(wal_open(dir, WAL_SYNC_ALWAYS, &w), 0);
+        ck_assert_msg(dir_synced(state), "the state directory (holding wal/) was not synced");
+        ck_assert_msg(dir_synced(base), "the directory holding the state directory was not synced");
+        wal_free(w);
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", base);
+        ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("wal");
         TCase *tc = tcase_create("wal");
@@ -778,6 +819,7 @@ int main(void) {
         tcase_add_test(tc, test_written_ahead);
         tcase_add_test(tc, test_no_room_ahead);
         tcase_add_test(tc, test_crash);
+        tcase_add_test(tc, test_new_directory_entries_synced);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
         srunner_run_all(sr, CK_NORMAL);
