@@ -168,6 +168,10 @@ static int method_create_sequence(sd_bus_message *msg, void *userdata, sd_bus_er
         r = check_pages(m, n, "CreateSequence", error);
         if (r < 0)
                 return r;
+        /* The limits before the pages: allocating may evict the prefix cache. */
+        if (page_manager_room(m->page_manager, w->object.owner) == -EDQUOT)
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
+                                     "Too many objects for this client or sequences in the daemon.");
         r = sequence_new(a->pages, &s);
         if (r < 0)
                 return r;

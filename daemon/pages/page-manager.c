@@ -75,6 +75,12 @@ static void sequence_object_release(ClientObject *o) {
         page_manager_release(container_of(o, Sequence, object));
 }
 
+int page_manager_room(PageManager *pm, Client *c) {
+        if (hashmap_size(pm->sequences) >= PAGE_MANAGER_SEQUENCES_MAX)
+                return -EDQUOT;
+        return c && client_object_room(c) == -EDQUOT ? -EDQUOT : 0;
+}
+
 int page_manager_register(PageManager *pm, Sequence *s, Client *c, Arena *a) {
         int r;
 

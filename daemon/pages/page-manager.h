@@ -120,6 +120,10 @@ void pages_worker_stats(Manager *m, Worker *w, WorkerStats *st);
 /* Registers a bare sequence (from sequence_new*) under a fresh id, owned by client c,
  * over arena a (whose pool it must use). On failure the sequence is NOT freed. */
 int page_manager_register(PageManager *pm, Sequence *s, Client *c, Arena *a);
+/* Whether page_manager_register() has room for one more sequence of c: -EDQUOT (the
+ * daemon's or the client's limit) or 0. Checked before allocating pages, which may evict
+ * the prefix cache's idle pages: a call refused at a limit changes nothing. */
+int page_manager_room(PageManager *pm, Client *c);
 /* Release path of a registered sequence: unlinks it from its client and the id map and
  * frees it (dropping its page references). The Release method and the client's death
  * both end here. */

@@ -976,6 +976,54 @@ START_TEST(test_failed_compaction_keeps_journaling) {
 }
 END_TEST
 
+static void setup_object_limit(void) {
+        ck_assert_int_eq(harness_init(&h, "[Limits]\nMaxObjectsPerClient=4\n"), 0);
+        harness_start(&h, OVER_BUS_MODE, address, sizeof address);
+}
+
+/* A CreateSequence refused at the client's object limit changes nothing: before, it
+ * allocated its pages first, evicting the prefix cache's idle blocks to find them, and
+ * only then heard the limit, so a client retrying at its limit wiped the shared cache. */
+START_TEST(test_refused_create_evicts_nothing) {
+        epd_client *c = worker("prefill", NULL, NULL);
+        char *seqs[8] = {}, *s = NULL;
+        PoolStats st;
+        uint64_t hashes[4] = { 0xb1, 0xb2, 0xb3, 0xb4 };
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 4, &s, NULL, NULL), 0);
+        ck_assert_int_eq(epd_sequence_publish(c, s, 0, hashes, 4), 4);
+        ck_assert_int_eq(epd_sequence_release(c, s), 0);
+        free(s);
+        s = NULL;
+        ck_assert_int_eq(epd_prefix_match(c, "host0", hashes, 4), 4); /* 4 idle cached blocks */
+
+        /* Up to the limit, the last sequence taking every free page. */
+        size_t k = 0;
+        while (k < ELEMENTSOF(seqs) && epd_sequence_create(c, "host0", 1, &seqs[k], NULL, NULL) == 0)
+                k++;
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.LimitExceeded");
+        ck_assert_uint_gt(k, 0);
+        ck_assert_int_eq(epd_sequence_release(c, seqs[k - 1]), 0);
+        free(seqs[k - 1]);
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.idle, 4);
+        ck_assert_int_eq(epd_sequence_create(c, "host0", (uint32_t)st.free, &seqs[k - 1], NULL, NULL), 0);
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.free, 0);
+
+        /* At the limit, with no free page: refused, and the cache is as it was. */
+        ck_assert_int_lt(epd_sequence_create(c, "host0", 1, &s, NULL, NULL), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.LimitExceeded");
+        ck_assert_int_eq(pool_stats(&st), 0);
+        ck_assert_uint_eq(st.idle, 4);
+        ck_assert_int_eq(epd_prefix_match(c, "host0", hashes, 4), 4);
+        for (size_t i = 0; i < k; i++) {
+                ck_assert_int_eq(epd_sequence_release(c, seqs[i]), 0);
+                free(seqs[i]);
+        }
+        epd_disconnect(c);
+}
+END_TEST
+
 int main(void) {
         harness_require_bus(OVER_BUS_MODE);
         Suite *s = suite_create("pages");
@@ -1011,6 +1059,11 @@ int main(void) {
         tcase_set_timeout(tc5, 120);
         tcase_add_test(tc5, test_failed_compaction_keeps_journaling);
         suite_add_tcase(s, tc5);
+
+        TCase *tc7 = tcase_create("object-limit");
+        tcase_add_checked_fixture(tc7, setup_object_limit, teardown);
+        tcase_add_test(tc7, test_refused_create_evicts_nothing);
+        suite_add_tcase(s, tc7);
 
         TCase *tc6 = tcase_create("two-kv-arenas");
         tcase_add_checked_fixture(tc6, setup_two_kv, teardown);
