@@ -49,6 +49,7 @@ typedef struct Config {
         unsigned max_requests_per_client; /* outstanding scheduler requests (Admit) */
         uint64_t max_request_bytes; /* largest size a client may ask for in one call */
         usec_t attach_grace_usec;   /* objects restored at start wait this long for Attach */
+        uint64_t workflow_token_bytes; /* the workflows' tokens, all together (4 bytes a token) */
 
         /* [Arena:NAME] */
         ArenaConfig *arenas;

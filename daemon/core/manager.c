@@ -871,6 +871,7 @@ int manager_reload(Manager *m) {
         m->config.max_objects_per_client = n.max_objects_per_client;
         m->config.max_request_bytes = n.max_request_bytes;
         m->config.max_requests_per_client = n.max_requests_per_client;
+        m->config.workflow_token_bytes = n.workflow_token_bytes; /* workflows_reload() applied it */
         m->config.handoff_pipeline_bytes = n.handoff_pipeline_bytes;
         m->config.heartbeat_usec = n.heartbeat_usec;
         m->config.handoff_timeout_usec = n.handoff_timeout_usec;

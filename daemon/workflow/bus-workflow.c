@@ -33,6 +33,11 @@ static int map_error(sd_bus_error *error, int r, const char *what) {
                                      "%s: too large (tokens of a workflow, or pages of a sequence past what its "
                                      "journal record holds).",
                                      what);
+        case -EOVERFLOW:
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
+                                     "%s: the workflows' tokens would pass [Limits] WorkflowTokenMemory= "
+                                     "(a fork keeps a copy of its parent's tokens).",
+                                     what);
         case -EINVAL:
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT, "%s: invalid argument.", what);
         case -EPERM:

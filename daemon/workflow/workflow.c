@@ -19,6 +19,11 @@ struct WorkflowManager {
          * about every orphan sequence in a row, with no transition between. */
         Hashmap *heads;
         bool heads_fresh; /* built since the last applied record */
+        /* Tokens the live branches keep (each branch its head's, a fork a copy of its
+         * parent's), against the budget (0: none): a workflow is a few calls, but its
+         * tokens are the daemon's memory (docs/scheduler.md, "Workflows"). Replay applies
+         * what was acknowledged whatever the budget is now. */
+        uint64_t tokens_held, tokens_max;
 };
 
 /* ---- records ----
@@ -281,6 +286,20 @@ int workflow_manager_new(const WorkflowOps *ops, unsigned max_workflows, Workflo
         return 0;
 }
 
+void workflow_manager_set_token_budget(WorkflowManager *wm, uint64_t tokens) {
+        wm->tokens_max = tokens;
+}
+
+uint64_t workflow_manager_tokens(const WorkflowManager *wm) {
+        return wm->tokens_held;
+}
+
+/* Whether the live branches may keep `more` tokens besides those of `less` that go. */
+static int token_room(const WorkflowManager *wm, uint64_t more, uint64_t less) {
+        uint64_t held = wm->tokens_held - MIN(wm->tokens_held, less);
+        return wm->tokens_max > 0 && held + more > wm->tokens_max ? -EOVERFLOW : 0;
+}
+
 WorkflowManager *workflow_manager_free(WorkflowManager *wm) {
         Workflow *w;
         size_t i = 0;
@@ -439,6 +458,8 @@ static int rec_apply(WorkflowManager *wm, Rec *r, Prep *p) {
                 uint32_t bi = r->op == WORKFLOW_REC_CREATE ? 0 : r->a;
                 b = &w->branches[bi];
                 free(b->tokens);
+                wm->tokens_held -= MIN(wm->tokens_held, (uint64_t)b->n_tokens);
+                wm->tokens_held += r->n_tokens;
                 *b = (WorkflowBranch){ .id = bi, .alive = r->op == WORKFLOW_REC_CREATE || r->alive,
                                        .head = r->seq, .steps = r->steps,
                                        .tokens = TAKE_PTR(r->tokens), .n_tokens = r->n_tokens };
@@ -459,6 +480,7 @@ static int rec_apply(WorkflowManager *wm, Rec *r, Prep *p) {
                 }
                 b = &w->branches[r->b];
                 const WorkflowBranch *parent = &w->branches[r->a];
+                wm->tokens_held += parent->n_tokens;
                 *b = (WorkflowBranch){ .id = r->b, .alive = true, .head = r->seq, .steps = parent->steps,
                                        .tokens = TAKE_PTR(p->tokens), .n_tokens = parent->n_tokens };
                 w->n_branches++;
@@ -469,6 +491,8 @@ static int rec_apply(WorkflowManager *wm, Rec *r, Prep *p) {
                         break;
                 }
                 free(b->tokens);
+                wm->tokens_held -= MIN(wm->tokens_held, (uint64_t)b->n_tokens);
+                wm->tokens_held += r->n_tokens;
                 b->tokens = TAKE_PTR(r->tokens);
                 b->n_tokens = r->n_tokens;
                 b->head = r->seq;
@@ -480,6 +504,7 @@ static int rec_apply(WorkflowManager *wm, Rec *r, Prep *p) {
                         break;
                 }
                 free(into->tokens);
+                wm->tokens_held -= MIN(wm->tokens_held, (uint64_t)into->n_tokens);
                 into->tokens = TAKE_PTR(b->tokens);
                 into->n_tokens = b->n_tokens;
                 into->head = b->head;
@@ -494,6 +519,7 @@ static int rec_apply(WorkflowManager *wm, Rec *r, Prep *p) {
                 }
                 b->alive = false;
                 free(b->tokens);
+                wm->tokens_held -= MIN(wm->tokens_held, (uint64_t)b->n_tokens);
                 b->tokens = NULL;
                 b->n_tokens = 0;
                 break;
@@ -502,6 +528,8 @@ static int rec_apply(WorkflowManager *wm, Rec *r, Prep *p) {
                         k = -ENOENT;
                         break;
                 }
+                for (uint32_t i = 0; i < w->n_branches; i++)
+                        wm->tokens_held -= MIN(wm->tokens_held, (uint64_t)w->branches[i].n_tokens);
                 hashmap_remove(wm->workflows, w->id_str);
                 workflow_free_one(w);
                 break;
@@ -624,6 +652,9 @@ int workflow_create(WorkflowManager *wm, const EpdId *root, const uint32_t *toke
                 return -E2BIG;
         if (hashmap_size(wm->workflows) >= wm->max_workflows)
                 return -EDQUOT;
+        k = token_room(wm, n_tokens, 0);
+        if (k < 0)
+                return k;
         k = wm->ops.check(wm->ops.userdata, root, &pages, &bt);
         if (k < 0)
                 return k;
@@ -661,6 +692,9 @@ int workflow_fork(WorkflowManager *wm, Workflow *w, uint32_t branch, uint32_t *r
                 return -ENOENT;
         if (w->n_branches >= WORKFLOW_BRANCHES_MAX)
                 return -EDQUOT;
+        k = token_room(wm, p->n_tokens, 0); /* the fork keeps a copy of its parent's */
+        if (k < 0)
+                return k;
         k = wm->ops.check(wm->ops.userdata, &p->head, &pages, &bt);
         if (k < 0)
                 return k;
@@ -701,6 +735,9 @@ int workflow_advance(WorkflowManager *wm, Workflow *w, uint32_t branch, const ui
                 return -EINVAL;
         if (n_tokens > WORKFLOW_TOKENS_MAX)
                 return -E2BIG;
+        k = token_room(wm, n_tokens, p->n_tokens); /* the branch's tokens are replaced */
+        if (k < 0)
+                return k;
         /* The prototype crashed here when its state layer was missing: name it instead. */
         k = wm->ops.check(wm->ops.userdata, &p->head, &pages, &bt);
         if (k < 0)
@@ -829,6 +866,8 @@ void workflow_forget(WorkflowManager *wm, Workflow *w) {
                 if (w->branches[i].alive)
                         heads[n++] = w->branches[i].head;
         wm->heads_fresh = false;
+        for (uint32_t i = 0; i < w->n_branches; i++)
+                wm->tokens_held -= MIN(wm->tokens_held, (uint64_t)w->branches[i].n_tokens);
         hashmap_remove(wm->workflows, w->id_str);
         workflow_free_one(w);
         /* No record says the heads went (the Release's was refused, or could not be

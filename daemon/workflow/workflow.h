@@ -112,6 +112,12 @@ int workflow_manager_new(const WorkflowOps *ops, unsigned max_workflows, Workflo
 WorkflowManager *workflow_manager_free(WorkflowManager *wm);
 DEFINE_TRIVIAL_CLEANUP_FUNC(WorkflowManager *, workflow_manager_free);
 
+/* The tokens the live branches may keep, all workflows together (0: no bound; epdd sets
+ * [Limits] WorkflowTokenMemory= / 4). Create, Fork and Advance past it are -EOVERFLOW;
+ * replay is not bounded (what was acknowledged comes back). */
+void workflow_manager_set_token_budget(WorkflowManager *wm, uint64_t tokens);
+uint64_t workflow_manager_tokens(const WorkflowManager *wm);
+
 /* The ops' userdata. */
 void *workflow_manager_userdata(const WorkflowManager *wm);
 

@@ -232,6 +232,63 @@ START_TEST(test_lifecycle) {
 }
 END_TEST
 
+/* The tokens the branches keep count against one budget: a fork keeps a copy of its
+ * parent's, an advance replaces its branch's, a drop, a merge and a release give theirs
+ * back. Past the budget Create, Fork and Advance are refused (and change nothing);
+ * before, 512 calls over one KV page grew epdd by 400 MB. */
+START_TEST(test_token_budget) {
+        Store s;
+        store_init(&s);
+        WorkflowOps ops = ops_for(&s);
+        WorkflowManager *wm;
+        ck_assert_int_eq(workflow_manager_new(&ops, 0, &wm), 0);
+        workflow_manager_set_token_budget(wm, 1000);
+        SeqModel *root = store_add(&s, 4);
+        uint32_t *t = toks(400, 3);
+        Workflow *w, *w2;
+        uint32_t b;
+        ck_assert_int_eq(workflow_create(wm, &root->id, t, 1001, 1000, &w), -EOVERFLOW);
+        ck_assert_uint_eq(workflow_count(wm), 0);
+        ck_assert_int_eq(workflow_create(wm, &root->id, t, 400, 1000, &w), 0);
+        ck_assert_uint_eq(workflow_manager_tokens(wm), 400);
+        ck_assert_int_eq(workflow_fork(wm, w, 0, &b), 0); /* 800 */
+        ck_assert_int_eq(workflow_fork(wm, w, 0, &b), -EOVERFLOW);
+        ck_assert_uint_eq(w->n_branches, 2);
+        ck_assert_uint_eq(workflow_manager_tokens(wm), 800);
+        unsigned clones = s.clones, releases = s.releases;
+        /* Advance replaces: 400 -> 600 is 1000 held; 601 would pass. */
+        WorkflowAdvance a;
+        ck_assert_int_eq(workflow_advance(wm, w, 1, t, 601, false, NULL, &a), -EOVERFLOW);
+        ck_assert_uint_eq(s.clones - s.releases, clones - releases); /* nothing left behind */
+        uint32_t *t6 = toks(600, 4);
+        ck_assert_int_eq(workflow_advance(wm, w, 1, t6, 600, false, NULL, &a), 0);
+        ck_assert_uint_eq(workflow_manager_tokens(wm), 1000);
+        ck_assert_int_eq(workflow_create(wm, &root->id, t, 1, 1000, &w2), -EOVERFLOW);
+        /* Given back: a drop, then a merge (the target's old tokens go). */
+        ck_assert_int_eq(workflow_drop(wm, w, 1), 0);
+        ck_assert_uint_eq(workflow_manager_tokens(wm), 400);
+        ck_assert_int_eq(workflow_fork(wm, w, 0, &b), 0);
+        ck_assert_int_eq(workflow_merge(wm, w, b, 0), 0);
+        ck_assert_uint_eq(workflow_manager_tokens(wm), 400);
+        ck_assert_int_eq(workflow_create(wm, &root->id, t, 400, 1000, &w2), 0);
+        ck_assert_uint_eq(workflow_manager_tokens(wm), 800);
+        ck_assert_int_eq(workflow_release(wm, w), 0);
+        ck_assert_int_eq(workflow_release(wm, w2), 0);
+        ck_assert_uint_eq(workflow_manager_tokens(wm), 0);
+        /* No budget: as before. */
+        workflow_manager_set_token_budget(wm, 0);
+        ck_assert_int_eq(workflow_create(wm, &root->id, t, 400, 1000, &w), 0);
+        ck_assert_int_eq(workflow_fork(wm, w, 0, &b), 0);
+        ck_assert_int_eq(workflow_fork(wm, w, 0, &b), 0);
+        ck_assert_uint_eq(workflow_manager_tokens(wm), 1200);
+        ck_assert_int_eq(workflow_release(wm, w), 0);
+        workflow_manager_free(wm);
+        store_done(&s);
+        free(t);
+        free(t6);
+}
+END_TEST
+
 /* A daemon without the pages: a named error, never a crash; a failed journal changes
  * nothing and leaks nothing. */
 START_TEST(test_missing_pages_and_journal_failure) {
@@ -660,6 +717,7 @@ int main(void) {
         TCase *tc = tcase_create("workflow");
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_lifecycle);
+        tcase_add_test(tc, test_token_budget);
         tcase_add_test(tc, test_missing_pages_and_journal_failure);
         tcase_add_test(tc, test_forget_when_release_refused);
         tcase_add_test(tc, test_wal_replay_model);
