@@ -360,6 +360,7 @@ typedef struct WatchCtx {
         MemberInfo *infos;
         size_t n, cap;
         size_t n_others, skipped; /* records of other hosts taken, and past MaxMembers= */
+        bool own_seen;         /* this host's record is among infos */
         int64_t revision;      /* the last revision seen */
         bool created;
         char err[256];
@@ -387,8 +388,12 @@ static int range_kv(void *userdata, const EtcdKv *kv) {
                 return 0; /* not a member record, or a malformed one: ignored */
         /* Past MaxMembers= the loop would refuse them anyway: whoever can write the prefix
          * must not make every epdd allocate and copy without bound (the read itself is
-         * bounded by ANSWER_MAX). This host's own record is always taken. */
-        if (strcmp(info.host_id, w->cm->self.host_id) != 0) {
+         * bounded: ETCD_RANGE_PAGES_MAX). This host's own record is always taken. */
+        if (strcmp(info.host_id, w->cm->self.host_id) == 0) {
+                if (w->own_seen)
+                        return 0; /* read again on its own after a read cut short */
+                w->own_seen = true;
+        } else {
                 if (w->n_others >= w->cm->max_members) {
                         w->skipped++;
                         return 0;
@@ -466,22 +471,126 @@ static int watch_message(void *userdata, const char *msg, size_t len) {
         return 0;
 }
 
+/* A page's answer, or a refusal's body (its code tells a compacted revision), to the
+ * range read; err keeps the client's message of a refusal that is not that. */
+static int range_page(WatchCtx *w, EtcdRange *range, int r, const char *ans, size_t len) {
+        char why[sizeof w->err];
+
+        if (r >= 0)
+                return etcd_range_answer(range, ans, len, range_kv, w, w->err, sizeof w->err);
+        if (r != -EIO || !ans)
+                return r;
+        r = etcd_range_answer(range, ans, len, NULL, NULL, why, sizeof why);
+        return r == -ESTALE ? r : -EIO;
+}
+
+/* Every member record, in pages of at most ETCD_RANGE_PAGE_KEYS keys, all at the first
+ * page's revision (w->revision): one snapshot, as one answer was, and the watch goes on
+ * from the next revision. One answer of the whole prefix was capped by the client (16
+ * MiB): whoever could write more under it (junk keys that every resync skips) kept
+ * every epdd from ever finishing a resync, degraded, with no member joining or leaving.
+ * Past ETCD_RANGE_PAGES_MAX answers the read stops (*ret_cut): the members after its
+ * last key stay as they were, as past MaxMembers=. */
+static int resync_read(WatchCtx *w, bool *ret_cut) {
+        EtcdRange range;
+        int r;
+
+        r = etcd_range_init(&range, w->cm->members_prefix);
+        if (r < 0)
+                return r;
+        for (;;) {
+                char *ans = NULL, *body = etcd_range_request(&range);
+                size_t len = 0;
+
+                r = body ? etcd_client_call(w->c, "/v3/kv/range", body, CALL_TIMEOUT_MS, &ans, &len, w->err,
+                                            sizeof w->err)
+                         : -ENOMEM;
+                free(body);
+                if (r == -EMSGSIZE) {
+                        /* Keys of this page with values past any record's (whoever wrote
+                         * them): fewer keys per page, or the read stops at them. */
+                        free(ans);
+                        w->err[0] = 0;
+                        r = etcd_range_too_big(&range);
+                        if (r > 0)
+                                continue;
+                        break;
+                }
+                r = range_page(w, &range, r, ans, len);
+                free(ans);
+                if (r == -ESTALE && range.revision > 0) {
+                        /* Compacted past the snapshot's revision between two pages: read it
+                         * all again at a new one (within the same bound of pages). */
+                        log_info("cluster: etcd compacted revision %" PRId64 " during a read of %s; reading again",
+                                 range.revision, w->cm->members_prefix);
+                        w->n = w->n_others = w->skipped = 0;
+                        w->own_seen = false;
+                        w->err[0] = 0;
+                        r = etcd_range_restart(&range);
+                        if (r < 0) {
+                                snprintf(w->err, sizeof w->err,
+                                         "etcd compacted its history during every read of %s (%u answers)",
+                                         w->cm->members_prefix, range.pages);
+                                return r;
+                        }
+                        continue;
+                }
+                if (r <= 0)
+                        break;
+        }
+        if (r < 0)
+                return r;
+        if (range.revision <= 0) {
+                /* Cut before a first page: no snapshot to watch from. */
+                snprintf(w->err, sizeof w->err, "etcd: a single key under %s is past the answer's cap",
+                         w->cm->members_prefix);
+                return -EMSGSIZE;
+        }
+        w->revision = range.revision;
+        *ret_cut = range.cut;
+        if (!range.cut)
+                return 0;
+        log_warning("cluster: etcd holds more under %s than a read takes (%u answers, %" PRIu64
+                    " keys); members after the last key read are kept as they were",
+                    w->cm->members_prefix, range.pages, range.keys);
+        if (!w->own_seen) {
+                /* This host's record may be past the cut: read on its own, at the same
+                 * revision, so that its host does not take it for lost and register
+                 * again at every resync. */
+                char *ans = NULL, *body = etcd_json_get_request(w->cm->key, range.revision);
+                size_t len = 0;
+                int64_t rev;
+
+                r = body ? etcd_client_call(w->c, "/v3/kv/range", body, CALL_TIMEOUT_MS, &ans, &len, w->err,
+                                            sizeof w->err)
+                         : -ENOMEM;
+                free(body);
+                if (r >= 0)
+                        r = etcd_json_range(ans, len, &rev, range_kv, w, w->err, sizeof w->err);
+                free(ans);
+                if (r == -ESTALE) {
+                        /* Compacted since: the next resync reads it all again. */
+                        snprintf(w->err, sizeof w->err, "etcd compacted revision %" PRId64 " during a read of %s",
+                                 range.revision, w->cm->members_prefix);
+                        return r;
+                }
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
 static int watch_once(WatchCtx *w) {
-        char *ans = NULL, *req;
         ClusterEvent *ev;
-        size_t len;
+        char *req;
+        bool cut = false;
         int r;
 
         w->n = w->n_others = w->skipped = 0;
+        w->own_seen = false;
         w->err[0] = 0;
         /* Member records only: other keys under the prefix are not read at all. */
-        char *body = etcd_json_range_request(w->cm->members_prefix);
-        r = body ? etcd_client_call(w->c, "/v3/kv/range", body, CALL_TIMEOUT_MS, &ans, &len, w->err, sizeof w->err)
-                 : -ENOMEM;
-        free(body);
-        if (r >= 0)
-                r = etcd_json_range(ans, len, &w->revision, range_kv, w, w->err, sizeof w->err);
-        free(ans);
+        r = resync_read(w, &cut);
         if (r < 0)
                 return r;
         if (w->skipped > 0)
@@ -491,7 +600,7 @@ static int watch_once(WatchCtx *w) {
         if (!ev)
                 return -ENOMEM;
         ev->revision = w->revision;
-        ev->partial = w->skipped > 0;
+        ev->partial = w->skipped > 0 || cut;
         ev->n = w->n;
         if (w->n > 0) {
                 ev->infos = malloc(w->n * sizeof *ev->infos);

@@ -11,6 +11,7 @@
 #include "time-util.h"
 
 #define STREAM_LINE_MAX (4U << 20)
+/* A range read goes in pages (ETCD_RANGE_PAGE_KEYS, etcd-json.h) that fit this with room. */
 #define ANSWER_MAX (16U << 20)
 /* Past Linux's first SYN retransmission (1 s): one lost SYN is not a failed connect. */
 #define CONNECT_TIMEOUT_MS 1500L
@@ -46,6 +47,7 @@ typedef struct Buffer {
         void *userdata;
         int error;
         bool got_data;
+        bool refused; /* the answer was etcd's refusal of the request (4xx): its body says why */
         CURL *curl; /* set by setup(): a stream's lines go to fn only from a 200 answer */
 } Buffer;
 
@@ -352,6 +354,7 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                         b->data[0] = 0; /* no earlier endpoint's body in this one's message */
                 b->error = 0;
                 b->got_data = false;
+                b->refused = false;
                 setup(c, url, body, b, attempt_ms, headers);
                 cc = run(c);
                 atomic_store(&c->busy, -1);
@@ -402,6 +405,7 @@ static int perform(EtcdClient *c, const char *path, const char *body, long timeo
                         /* It answered: this endpoint is the one to keep using. */
                         c->current = i;
                         if (status != 200) {
+                                b->refused = true;
                                 if (err && err_size)
                                         snprintf(err, err_size, "%s: HTTP %ld: %.200s", c->endpoints[i], status,
                                                  b->data ?: "");
@@ -435,6 +439,14 @@ int etcd_client_call_within(EtcdClient *c, const char *path, const char *body, l
         r = perform(c, path, body, attempt_ms,
                     total_ms > 0 ? now_usec(CLOCK_MONOTONIC) + (usec_t)total_ms * USEC_PER_MSEC : 0, &b, err,
                     err_size);
+        if (r == -EIO && b.refused && b.data) {
+                /* etcd's error answer, for the caller to tell its code (a compacted
+                 * revision is read again, anything else is a failure). */
+                *ret = b.data;
+                if (ret_len)
+                        *ret_len = b.len;
+                return r;
+        }
         if (r < 0 || !b.data) {
                 free(b.data);
                 return r < 0 ? r : -EBADMSG;

@@ -31,7 +31,8 @@ int etcd_client_new_one(EtcdClient **ret, EtcdClient *like, size_t endpoint);
 
 /* POST body to path (e.g. "/v3/kv/put"); the answer's body in *ret (malloc'ed,
  * NUL-terminated). -EHOSTUNREACH when no endpoint answered (err says why), -EIO for an
- * HTTP error status, -ECANCELED when stopped. */
+ * HTTP error status (where etcd refused the request, 4xx, its answer is in *ret all the
+ * same: its error code), -EMSGSIZE for an answer past 16 MiB, -ECANCELED when stopped. */
 int etcd_client_call(EtcdClient *c, const char *path, const char *body, long timeout_ms, char **ret,
                      size_t *ret_len, char *err, size_t err_size);
 /* The same, each endpoint given attempt_ms (<= 0: the time left) and the whole call

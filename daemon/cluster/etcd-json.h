@@ -31,8 +31,6 @@ typedef struct EtcdKv {
 char *etcd_json_lease_grant_request(int64_t ttl_sec);
 char *etcd_json_lease_id_request(uint64_t lease); /* keepalive and revoke: {"ID": ...} */
 char *etcd_json_put_request(const char *key, const void *value, size_t value_len, uint64_t lease);
-/* Every key under prefix: range [prefix, prefix with its last byte + 1). */
-char *etcd_json_range_request(const char *prefix);
 char *etcd_json_watch_request(const char *prefix, int64_t start_revision);
 
 int etcd_json_lease_grant(const char *body, size_t len, uint64_t *ret_id, int64_t *ret_ttl, char *err,
@@ -46,9 +44,54 @@ typedef int (*EtcdKvFn)(void *userdata, const EtcdKv *kv);
 /* A range answer: the store's revision, and fn for every key (a negative return stops
  * and is returned). A key longer than ETCD_KV_MAX is skipped, not a failure of the
  * answer: whoever can write under the prefix cannot stop every epdd from reading it; a
- * longer value comes as value_dropped (value NULL). */
+ * longer value comes as value_dropped (value NULL). -ESTALE for etcd's OutOfRange (code
+ * 11): the revision asked for is compacted away (or not there yet). */
 int etcd_json_range(const char *body, size_t len, int64_t *ret_revision, EtcdKvFn fn, void *userdata, char *err,
                     size_t err_size);
+
+/* The range of one key (at revision, > 0; 0: the latest). */
+char *etcd_json_get_request(const char *key, int64_t revision);
+
+/* Every key under a prefix, read in pages: the client caps an answer (16 MiB), and
+ * whoever can write under the prefix can put more there than one answer holds.
+ *
+ * Keys asked for per page: a page of keys and values as long as epd takes (ETCD_KV_MAX
+ * each, 11 KiB of JSON with base64 and the other fields) is 11 MiB, within the cap with
+ * room; a page of longer values (keys epd skips) past the cap is asked again with half
+ * the keys (etcd_range_too_big()), and the next with twice as many again. */
+#define ETCD_RANGE_PAGE_KEYS 1000
+/* Answers one read takes (past the cap or refused ones too) before it stops, cut short:
+ * at most 64,000 keys and 1 GiB, whatever sits under the prefix. */
+#define ETCD_RANGE_PAGES_MAX 64
+
+typedef struct EtcdRange {
+        const char *prefix;     /* not owned */
+        int64_t limit;          /* keys asked for in the next page */
+        int64_t revision;       /* the first page's: every later page reads at it (0: none yet) */
+        uint8_t from[ETCD_KV_MAX + 1]; /* where the next page starts (from_len 0: the prefix) */
+        size_t from_len;
+        unsigned pages;         /* answers taken, over restarts too */
+        uint64_t keys;          /* keys in them */
+        bool cut;               /* stopped at a bound: keys from `from` on are not read */
+} EtcdRange;
+
+/* Fails with -EINVAL for a prefix that has no range (empty, ending in 0xff, too long). */
+int etcd_range_init(EtcdRange *r, const char *prefix);
+/* The next page's request: {key, range_end, limit[, revision]}. NULL without memory. */
+char *etcd_range_request(const EtcdRange *r);
+/* A page's answer, fn for each of its keys as etcd_json_range(). 1: the next page is to
+ * be asked; 0: the read is over (all of it, or r->cut at ETCD_RANGE_PAGES_MAX); -ESTALE:
+ * etcd no longer has the first page's revision (compacted between pages): read again
+ * from the start (etcd_range_restart()) at a new one; -EBADMSG also for an answer that
+ * says there is more but does not move on (no keys, or keys before the page's start). */
+int etcd_range_answer(EtcdRange *r, const char *body, size_t len, EtcdKvFn fn, void *userdata, char *err,
+                      size_t err_size);
+/* The page's answer was past the client's cap: 1, ask again with half the keys; 0, the
+ * read is cut (one key alone past the cap, or the bound reached). */
+int etcd_range_too_big(EtcdRange *r);
+/* From the first page again, at the revision of the next answer; the pages already taken
+ * still count: -ESTALE when no page is left. */
+int etcd_range_restart(EtcdRange *r);
 
 /* One message of a watch stream. */
 typedef struct EtcdWatchInfo {

@@ -29,6 +29,10 @@ cluster-etcd-hang: 3 epdd, one of them reaching etcd first through an endpoint t
   the next endpoint within the TTL) and its watch moves on too (a member killed then
   leaves its view within lease TTL + heartbeat bound); another's watch alone follows an
   endpoint that hangs (its session uses the next one): the watch moves on as well.
+cluster-etcd-junk: 3 epdd; more under the members' prefix than one answer of etcd holds
+  (16 MiB: 14,000 junk keys of 1 KiB and 12 values of 1 MB, sorting before every
+  member): a host started then reads it all in pages, is up and sees the others, and
+  sees a member that is killed leave.
 
 Needs root (ip netns) and etcd; exits 77 (skip) without them."""
 
@@ -106,6 +110,22 @@ def make_tls(tmp, ip):
                                                 ("server_cert", "server.pem"), ("server_key", "server.key"))}
 
 
+# Etcd.fill(): as many puts per transaction as etcd takes (128 operations, 1.5 MiB).
+FILL = """
+import base64, json, sys, urllib.request
+url, prefix, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+per = max(1, min(128, (1 << 20) // (size + 64)))
+val = base64.b64encode(b"j" * size).decode()
+for s in range(0, n, per):
+    ops = [{"request_put": {"key": base64.b64encode(f"{prefix}{i:06d}".encode()).decode(), "value": val}}
+           for i in range(s, min(n, s + per))]
+    req = urllib.request.Request(url + "/v3/kv/txn", json.dumps({"success": ops}).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert json.loads(r.read()).get("succeeded"), "txn failed"
+"""
+
+
 class Etcd:
     """etcd in the bridge's namespace, on the bridge's own address; with tls, on https
     with client certificates required."""
@@ -142,6 +162,13 @@ class Etcd:
                               list(args),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict(os.environ, ETCDCTL_API="3"))
+
+    def fill(self, prefix, n, size):
+        """n keys prefix000000.. with values of size bytes, by transactions through the JSON
+        gateway (one process: etcdctl would be one per transaction)."""
+        r = subprocess.run(["ip", "netns", "exec", self.net.bridge, sys.executable, "-c", FILL, self.url, prefix,
+                            str(n), str(size)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert r.returncode == 0, r.stdout
 
     def healthy(self):
         return self.ctl("endpoint", "health").returncode == 0
@@ -843,6 +870,41 @@ def test_faults(cl):
         wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean")
 
 
+def test_junk(cl):
+    """Whoever can write etcd puts more under PREFIX members/ than one answer holds (the
+    client caps one at 16 MiB): a resync read it in one answer, failed, and retried
+    forever: a host started then stayed degraded and never saw a member. Read in pages
+    (1000 keys, halved past the cap: the 1 MB values), it is up and sees the others."""
+    cl.etcd.start()
+    start_all(cl, [0, 1])
+    t0 = time.monotonic()
+    # Before every member's key ("g" < "h"), so that the members are on the last page.
+    cl.etcd.fill("/epd/members/g-big-", 12, 1000000)
+    cl.etcd.fill("/epd/members/g-junk-", 14000, 1024)
+    print(f"etcd: 14,000 keys of 1 KiB and 12 of 1 MB written in {time.monotonic() - t0:.2f}s")
+    # One answer of it all would be past the client's cap.
+    r = cl.etcd.ctl("get", "--prefix", "/epd/members/", "-w", "json")
+    assert r.returncode == 0 and len(r.stdout) > 16 << 20, (r.returncode, len(r.stdout))
+    t0 = time.monotonic()
+    cl.start(2)
+    wait_until(lambda: (cl.cluster(2) or {}).get("etcd_state") == "up" and cl.mesh([0, 1, 2]), 15,
+               "h2 up and in the mesh over 16 MiB of junk under the prefix")
+    print(f"h2 up and in the mesh {time.monotonic() - t0:.2f}s after its start")
+    c2 = cl.cluster(2)
+    assert sorted(m["host_id"] for m in c2["members"]) == ["h0", "h1", "h2"], c2["members"]
+    assert all((cl.cluster(i) or {}).get("etcd_state") == "up" for i in (0, 1))
+    # Its watch follows from the read's revision: a member killed leaves its view.
+    t0 = time.monotonic()
+    cl.kill(1)
+
+    def left(i):
+        c = cl.cluster(i)
+        m = {x["host_id"]: x for x in c["members"]} if c else {}
+        return "h1" in m and m["h1"]["lease"] == "left"
+    wait_until(lambda: left(0) and left(2), LEASE_TTL_S + BOUND_S + 1, "h1 left h0's and h2's views")
+    print(f"h1 left h0's and h2's views {time.monotonic() - t0:.2f}s after kill -9")
+
+
 def test_tls(cl):
     """etcd on https, client certificates required: members with the CA and a client
     certificate form the cluster; one without a certificate is refused by etcd, says
@@ -879,7 +941,8 @@ def main():
         skip("cannot create network namespaces: " + r.stderr.strip())
     sh("ip", "netns", "del", f"epdprobe{os.getpid()}")
     tests = {"cluster-etcd-eight": (test_eight, 8), "cluster-etcd-faults": (test_faults, 4),
-             "cluster-etcd-tls": (test_tls, 3), "cluster-etcd-hang": (test_hang, 3)}
+             "cluster-etcd-tls": (test_tls, 3), "cluster-etcd-hang": (test_hang, 3),
+             "cluster-etcd-junk": (test_junk, 3)}
     fn, n = tests[test]
     if test == "cluster-etcd-tls" and not shutil.which("openssl"):
         skip("openssl not installed (certificates for etcd's TLS)")

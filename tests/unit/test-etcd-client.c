@@ -429,6 +429,35 @@ START_TEST(test_busy_ending_until_seen) {
 }
 END_TEST
 
+/* etcd's refusal of a request (4xx: a range at a compacted revision) comes back with
+ * its body, whose code tells the caller what to do (read again from the start); 5xx
+ * answers go on to the next endpoint as before. */
+#define COMPACTED_BODY "{\"error\":\"etcdserver: mvcc: required revision has been compacted\",\"code\":11}"
+START_TEST(test_refusal_body_returned) {
+        static char refused[512];
+        snprintf(refused, sizeof refused,
+                 "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                 "Connection: close\r\n\r\n%s",
+                 strlen(COMPACTED_BODY), COMPACTED_BODY);
+        Canned a, b;
+        canned_start(&a, NO_LEADER);
+        canned_start(&b, refused);
+        EtcdClient *c = client(&a, &b);
+        char err[512], *ans = NULL;
+        size_t len = 0;
+
+        ck_assert_int_eq(etcd_client_call(c, "/v3/kv/range", "{}", 2000, &ans, &len, err, sizeof err), -EIO);
+        ck_assert_ptr_nonnull(ans);
+        ck_assert_str_eq(ans, COMPACTED_BODY);
+        ck_assert_uint_eq(len, strlen(COMPACTED_BODY));
+        ck_assert_msg(strncmp(err, b.url, strlen(b.url)) == 0 && strstr(err, "HTTP 400"), "%s", err);
+        free(ans);
+        etcd_client_free(c);
+        canned_stop(&a);
+        canned_stop(&b);
+}
+END_TEST
+
 int main(void) {
         if (etcd_global_init() < 0) {
                 fprintf(stderr, "libcurl's global setup failed\n");
@@ -444,6 +473,7 @@ int main(void) {
         tcase_add_test(tc, test_slow_answer_cut_short_is_not_hung);
         tcase_add_test(tc, test_abandon_ends_a_silent_stream);
         tcase_add_test(tc, test_busy_ending_until_seen);
+        tcase_add_test(tc, test_refusal_body_returned);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }

@@ -28,7 +28,9 @@ START_TEST(test_requests) {
         free(s);
 
         /* The range of a prefix ends at the prefix with its last byte + 1: "/epd/" -> "/epd0". */
-        s = etcd_json_range_request("/epd/");
+        EtcdRange range;
+        ck_assert_int_eq(etcd_range_init(&range, "/epd/"), 0);
+        s = etcd_range_request(&range);
         o = json_tokener_parse(s);
         ck_assert(json_object_object_get_ex(o, "range_end", &v));
         ck_assert_str_eq(json_object_get_string(v), "L2VwZDA=");
@@ -38,7 +40,18 @@ START_TEST(test_requests) {
         ck_assert_ptr_nonnull(strstr(s, "\"start_revision\":\"42\""));
         ck_assert_ptr_nonnull(strstr(s, "\"create_request\""));
         free(s);
-        ck_assert_ptr_null(etcd_json_range_request(""));
+        ck_assert_int_eq(etcd_range_init(&range, ""), -EINVAL);
+        ck_assert_int_eq(etcd_range_init(&range, "/epd\xff"), -EINVAL);
+        /* One key, at a revision: no range_end. */
+        s = etcd_json_get_request("/epd/members/a", 40);
+        o = json_tokener_parse(s);
+        ck_assert(json_object_object_get_ex(o, "key", &v));
+        ck_assert_str_eq(json_object_get_string(v), "L2VwZC9tZW1iZXJzL2E=");
+        ck_assert(json_object_object_get_ex(o, "revision", &v));
+        ck_assert_str_eq(json_object_get_string(v), "40");
+        ck_assert(!json_object_object_get_ex(o, "range_end", &v));
+        json_object_put(o);
+        free(s);
 }
 END_TEST
 
@@ -235,6 +248,223 @@ START_TEST(test_oversized_kv_skipped) {
 }
 END_TEST
 
+/* A request's member k as a string ("" when it has none). */
+static void request_field(const EtcdRange *range, const char *k, char *buf, size_t size) {
+        char *s = etcd_range_request(range);
+        json_object *o, *v;
+
+        ck_assert_ptr_nonnull(s);
+        o = json_tokener_parse(s);
+        ck_assert_ptr_nonnull(o);
+        snprintf(buf, size, "%s", json_object_object_get_ex(o, k, &v) ? json_object_get_string(v) : "");
+        json_object_put(o);
+        free(s);
+}
+
+#define ASSERT_FIELD(range, k, want)                                   \
+        do {                                                           \
+                char _b[8192];                                         \
+                request_field(range, k, _b, sizeof _b);                \
+                ck_assert_str_eq(_b, want);                            \
+        } while (0)
+
+#define KEY_A "{\"key\":\"L2VwZC9tZW1iZXJzL2E=\",\"mod_revision\":\"3\",\"value\":\"MQ==\"}"
+#define KEY_B "{\"key\":\"L2VwZC9tZW1iZXJzL2I=\",\"mod_revision\":\"4\",\"value\":\"Mg==\"}"
+#define KEY_C "{\"key\":\"L2VwZC9tZW1iZXJzL2M=\",\"mod_revision\":\"5\",\"value\":\"Mw==\"}"
+#define COMPACTED "{\"error\":\"etcdserver: mvcc: required revision has been compacted\",\"message\":" \
+                  "\"etcdserver: mvcc: required revision has been compacted\",\"code\":11}"
+
+/* The read of a prefix in pages: one answer of everything under it was capped (16 MiB)
+ * and whoever wrote more there stopped every resync for good. Each page asks for a
+ * limit; etcd's "more" asks for the next, from the last key + "\0", at the first page's
+ * revision (one snapshot); a compacted revision reads again from the start. */
+START_TEST(test_range_pages) {
+        EtcdRange range;
+        Seen s = {};
+        char err[128];
+
+        ck_assert_int_eq(etcd_range_init(&range, "/epd/members/"), 0);
+        ASSERT_FIELD(&range, "key", "L2VwZC9tZW1iZXJzLw==");       /* "/epd/members/" */
+        ASSERT_FIELD(&range, "range_end", "L2VwZC9tZW1iZXJzMA==");  /* "/epd/members0" */
+        ASSERT_FIELD(&range, "limit", "1000");
+        ASSERT_FIELD(&range, "revision", "");                       /* the latest */
+        ck_assert_int_eq(etcd_range_answer(&range, S("{\"header\":{\"revision\":\"40\"},\"kvs\":[" KEY_A "," KEY_B
+                                                     "],\"more\":true,\"count\":\"3\"}"),
+                                           on_kv, &s, err, sizeof err),
+                         1);
+        ck_assert_int_eq(range.revision, 40);
+        /* The next page: after "/epd/members/b", at revision 40, same end. */
+        ASSERT_FIELD(&range, "key", "L2VwZC9tZW1iZXJzL2IA");        /* "/epd/members/b\0" */
+        ASSERT_FIELD(&range, "range_end", "L2VwZC9tZW1iZXJzMA==");
+        ASSERT_FIELD(&range, "revision", "40");
+        ASSERT_FIELD(&range, "limit", "1000");
+        /* Its header says the store moved on: the read stays at 40. */
+        ck_assert_int_eq(etcd_range_answer(&range, S("{\"header\":{\"revision\":\"45\"},\"kvs\":[" KEY_C
+                                                     "],\"count\":\"1\"}"),
+                                           on_kv, &s, err, sizeof err),
+                         0);
+        ck_assert_int_eq(range.revision, 40);
+        ck_assert(!range.cut);
+        ck_assert_uint_eq(range.pages, 2);
+        ck_assert_uint_eq(range.keys, 3);
+        ck_assert_uint_eq(s.n, 3);
+        ck_assert_str_eq(s.keys[2], "/epd/members/c");
+
+        /* Compacted between pages: -ESTALE, and the read starts over at the latest. */
+        ck_assert_int_eq(etcd_range_init(&range, "/epd/members/"), 0);
+        ck_assert_int_eq(etcd_range_answer(&range, S("{\"header\":{\"revision\":\"40\"},\"kvs\":[" KEY_A
+                                                     "],\"more\":true}"),
+                                           NULL, NULL, err, sizeof err),
+                         1);
+        ck_assert_int_eq(etcd_range_answer(&range, S(COMPACTED), NULL, NULL, err, sizeof err), -ESTALE);
+        ck_assert_ptr_nonnull(strstr(err, "compacted"));
+        ck_assert_int_eq(etcd_range_restart(&range), 0);
+        ASSERT_FIELD(&range, "key", "L2VwZC9tZW1iZXJzLw==");
+        ASSERT_FIELD(&range, "revision", "");
+        ck_assert_uint_eq(range.pages, 2); /* the pages taken still count */
+        /* Any other error answer is one (-EIO). */
+        ck_assert_int_eq(etcd_range_answer(&range, S("{\"error\":\"etcdserver: request timed out\",\"code\":14}"),
+                                           NULL, NULL, err, sizeof err),
+                         -EIO);
+
+        /* "more" that does not move on would loop: refused. */
+        ck_assert_int_eq(etcd_range_init(&range, "/epd/members/"), 0);
+        ck_assert_int_eq(etcd_range_answer(&range, S("{\"header\":{\"revision\":\"40\"},\"more\":true}"), NULL,
+                                           NULL, err, sizeof err),
+                         -EBADMSG);
+        ck_assert_int_eq(etcd_range_init(&range, "/epd/members/"), 0);
+        ck_assert_int_eq(etcd_range_answer(&range, S("{\"header\":{\"revision\":\"40\"},\"kvs\":[" KEY_B
+                                                     "],\"more\":true}"),
+                                           NULL, NULL, err, sizeof err),
+                         1);
+        ck_assert_int_eq(etcd_range_answer(&range, S("{\"header\":{\"revision\":\"40\"},\"kvs\":[" KEY_A
+                                                     "],\"more\":true}"),
+                                           NULL, NULL, err, sizeof err),
+                         -EBADMSG);
+        /* Nor without a revision to read the next page at. */
+        ck_assert_int_eq(etcd_range_init(&range, "/epd/members/"), 0);
+        ck_assert_int_eq(etcd_range_answer(&range, S("{\"kvs\":[" KEY_A "],\"more\":true}"), NULL, NULL, err,
+                                           sizeof err),
+                         -EBADMSG);
+        ck_assert_int_eq(etcd_range_answer(&range, S("{\"kvs\":[" KEY_A "],\"more\":\"yes\"}"), NULL, NULL, err,
+                                           sizeof err),
+                         -EBADMSG);
+}
+END_TEST
+
+/* base64 of n bytes (malloc'ed), for keys built here. */
+static char *b64(const void *p, size_t n) {
+        static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        const uint8_t *k = p;
+        char *out = malloc((n + 2) / 3 * 4 + 1);
+        size_t o = 0;
+
+        ck_assert_ptr_nonnull(out);
+        for (size_t i = 0; i < n; i += 3) {
+                unsigned v = (unsigned)k[i] << 16 | (i + 1 < n ? (unsigned)k[i + 1] << 8 : 0) |
+                             (i + 2 < n ? k[i + 2] : 0);
+                out[o++] = tbl[v >> 18 & 63];
+                out[o++] = tbl[v >> 12 & 63];
+                out[o++] = i + 1 < n ? tbl[v >> 6 & 63] : '=';
+                out[o++] = i + 2 < n ? tbl[v & 63] : '=';
+        }
+        out[o] = 0;
+        return out;
+}
+
+/* An answer of one key that says there is more. */
+static int answer_more(EtcdRange *range, const void *key, size_t n, EtcdKvFn fn, Seen *s) {
+        char *k = b64(key, n), *msg = NULL, err[128];
+        int r;
+
+        ck_assert_int_ge(asprintf(&msg, "{\"header\":{\"revision\":\"9\"},\"kvs\":[{\"key\":\"%s\",\"value\":\"MQ==\"}],"
+                                        "\"more\":true}",
+                                  k),
+                         0);
+        r = etcd_range_answer(range, msg, strlen(msg), fn, s, err, sizeof err);
+        free(msg);
+        free(k);
+        return r;
+}
+
+/* A page past the client's cap is asked again with half the keys, down to one; the next
+ * page asks for twice as many again. Past ETCD_RANGE_PAGES_MAX answers the read stops,
+ * cut: whatever sits under the prefix, a read is bounded. */
+START_TEST(test_range_bounds) {
+        EtcdRange range;
+        char err[128];
+
+        ck_assert_int_eq(etcd_range_init(&range, "/epd/members/"), 0);
+        ck_assert_int_eq(etcd_range_too_big(&range), 1);
+        ASSERT_FIELD(&range, "limit", "500");
+        ck_assert_int_eq(etcd_range_too_big(&range), 1);
+        ASSERT_FIELD(&range, "limit", "250");
+        ASSERT_FIELD(&range, "revision", "");
+        ck_assert_int_eq(etcd_range_answer(&range, S("{\"header\":{\"revision\":\"7\"},\"kvs\":[" KEY_A
+                                                     "],\"more\":true}"),
+                                           NULL, NULL, err, sizeof err),
+                         1);
+        ASSERT_FIELD(&range, "limit", "500");
+        ASSERT_FIELD(&range, "revision", "7");
+        for (int i = 0; i < 20; i++)
+                if (etcd_range_too_big(&range) == 0)
+                        break;
+        ck_assert(range.cut); /* one key alone past the cap: the read stops there */
+        ASSERT_FIELD(&range, "limit", "1");
+
+        /* Every answer says there is more: the read stops after ETCD_RANGE_PAGES_MAX. */
+        ck_assert_int_eq(etcd_range_init(&range, "/epd/members/"), 0);
+        unsigned pages = 0;
+        int r;
+        do {
+                char key[32];
+                snprintf(key, sizeof key, "/epd/members/p%04u", pages++);
+                r = answer_more(&range, key, strlen(key), NULL, NULL);
+        } while (r == 1 && pages < 1000);
+        ck_assert_int_eq(r, 0);
+        ck_assert(range.cut);
+        ck_assert_uint_eq(pages, ETCD_RANGE_PAGES_MAX);
+        ck_assert_uint_eq(range.pages, ETCD_RANGE_PAGES_MAX);
+        ASSERT_FIELD(&range, "key", "L2VwZC9tZW1iZXJzL3AwMDYzAA=="); /* "/epd/members/p0063\0": where it stopped */
+        /* No restart past the bound either. */
+        ck_assert_int_eq(etcd_range_restart(&range), -ESTALE);
+}
+END_TEST
+
+/* A key longer than epd reads (a junk writer's) still moves the read on, and the next
+ * page's key stays small whatever its length: it starts where keys stop beginning with
+ * its first ETCD_KV_MAX bytes (only longer keys are passed: epd skips them anyway). */
+START_TEST(test_range_long_key) {
+        EtcdRange range;
+        uint8_t key[ETCD_KV_MAX + 5];
+        Seen s = {};
+
+        memset(key, 'A', sizeof key);
+        ck_assert_int_eq(etcd_range_init(&range, "A"), 0);
+        ck_assert_int_eq(answer_more(&range, key, sizeof key, on_kv, &s), 1);
+        ck_assert_uint_eq(s.n, 0); /* skipped */
+        ck_assert_uint_eq(range.from_len, ETCD_KV_MAX);
+        for (size_t i = 0; i + 1 < ETCD_KV_MAX; i++)
+                ck_assert_int_eq(range.from[i], 'A');
+        ck_assert_int_eq(range.from[ETCD_KV_MAX - 1], 'B');
+        char *req = etcd_range_request(&range);
+        ck_assert_ptr_nonnull(req);
+        ck_assert_uint_lt(strlen(req), ETCD_KV_MAX * 2); /* not the whole key */
+        free(req);
+
+        /* Nothing of the range after it ("A" and 0xff bytes on): the read is over. */
+        memset(key + 1, 0xff, sizeof key - 1);
+        ck_assert_int_eq(etcd_range_init(&range, "A"), 0);
+        ck_assert_int_eq(answer_more(&range, key, sizeof key, NULL, NULL), 0);
+        ck_assert(!range.cut);
+        /* A short one: its key + "\0". */
+        ck_assert_int_eq(etcd_range_init(&range, "A"), 0);
+        ck_assert_int_eq(answer_more(&range, "AB", 2, NULL, NULL), 1);
+        ASSERT_FIELD(&range, "key", "QUIA");     /* "AB\0" */
+        ASSERT_FIELD(&range, "range_end", "Qg=="); /* "B" */
+}
+END_TEST
+
 START_TEST(test_member_record) {
         MemberInfo in = {}, out;
         char key[128], host[64];
@@ -296,6 +526,9 @@ int main(void) {
         tcase_add_test(tc, test_range_and_watch);
         tcase_add_test(tc, test_oversized_kv_skipped);
         tcase_add_test(tc, test_stream_error_message);
+        tcase_add_test(tc, test_range_pages);
+        tcase_add_test(tc, test_range_bounds);
+        tcase_add_test(tc, test_range_long_key);
         tcase_add_test(tc, test_member_record);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
