@@ -494,6 +494,55 @@ static int open_log_for_append(Wal *w, uint64_t end) {
         return 0;
 }
 
+/* Well-formed records after a damaged one, in the bytes a replay is about to cut: their
+ * number and the last one's LSN. A torn tail has none (the batch being written when the
+ * daemon died, whose later records can only be ones no sync covered, and zeros written
+ * ahead); damage in the middle of the log does: those records may have been
+ * acknowledged. Cheap tests first (the header's zero fields, an LSN past the last good
+ * one), so that garbage costs no CRC at every offset. */
+static uint64_t records_after_damage(const uint8_t *p, size_t n, uint64_t last_lsn, uint64_t *ret_lsn) {
+        uint64_t found = 0;
+        for (size_t off = 8; off + WAL_RECORD_HEADER_SIZE <= n;) {
+                const uint8_t *q = p + off;
+                uint64_t lsn = unaligned_read_le64(q + 8);
+                WalRecord rec;
+                size_t size;
+                if (unaligned_read_le32(q + 20) == 0 && unaligned_read_le16(q + 18) == 0 && lsn > last_lsn &&
+                    lsn - last_lsn <= n / WAL_RECORD_HEADER_SIZE + 1 && wal_record_parse(q, n - off, &rec, &size) == 0) {
+                        found++;
+                        *ret_lsn = rec.lsn;
+                        off += size;
+                } else
+                        off += 8;
+        }
+        return found;
+}
+
+/* Keeps the bytes a replay cuts when well-formed records follow the damage, as
+ * wal.log.cut-LSN (LSN: the last good record's) in the WAL directory, synced: the
+ * changes they hold are not replayed, but they are not destroyed either. */
+static int keep_cut_bytes(Wal *w, const void *p, size_t n, uint64_t last_lsn, char *name, size_t name_size) {
+        for (unsigned i = 0; i < 100; i++) {
+                if (i == 0)
+                        snprintf(name, name_size, WAL_LOG_NAME ".cut-%" PRIu64, last_lsn);
+                else
+                        snprintf(name, name_size, WAL_LOG_NAME ".cut-%" PRIu64 ".%u", last_lsn, i);
+                _cleanup_(closep) int fd =
+                        openat(w->dir_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+                if (fd < 0 && errno == EEXIST)
+                        continue;
+                if (fd < 0)
+                        return -errno;
+                int r = write_all(fd, p, n);
+                if (r < 0)
+                        return r;
+                if (fsync(fd) < 0 || fsync(w->dir_fd) < 0)
+                        return -errno;
+                return 0;
+        }
+        return -EEXIST;
+}
+
 int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
         _cleanup_(freep) void *snap = NULL, *log = NULL;
         size_t snap_size = 0, log_size = 0;
@@ -584,6 +633,27 @@ int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
                         else
                                 w->stats.corrupt++;
                         w->stats.cut_bytes = log_size - pr.good_bytes;
+                        uint64_t after_lsn = 0;
+                        const uint8_t *cut = (const uint8_t *)log + pr.good_bytes;
+                        w->stats.cut_records = records_after_damage(cut, log_size - pr.good_bytes, pr.last_lsn,
+                                                                    &after_lsn);
+                        if (w->stats.cut_records > 0) {
+                                char name[64];
+                                r = keep_cut_bytes(w, cut, log_size - pr.good_bytes, pr.last_lsn, name, sizeof name);
+                                if (r < 0)
+                                        return log_error_errno(r, "WAL %s/%s is damaged after LSN %" PRIu64
+                                                               ", with %" PRIu64 " well-formed records after the "
+                                                               "damage, and they cannot be kept aside (%m): "
+                                                               "refusing to cut them.",
+                                                               w->dir, WAL_LOG_NAME, pr.last_lsn,
+                                                               w->stats.cut_records);
+                                log_error("WAL %s/%s is damaged after LSN %" PRIu64 ": %" PRIu64
+                                          " well-formed records (up to LSN %" PRIu64 ") follow the damage and "
+                                          "are not replayed; changes they hold may have been acknowledged. "
+                                          "The cut bytes are kept in %s/%s.",
+                                          w->dir, WAL_LOG_NAME, pr.last_lsn, w->stats.cut_records, after_lsn, w->dir,
+                                          name);
+                        }
                         log_warning("WAL %s/%s: %s record at byte %zu after LSN %" PRIu64
                                     "; cutting %zu bytes.",
                                     w->dir, WAL_LOG_NAME, pr.tail == -EAGAIN ? "torn" : "corrupt",

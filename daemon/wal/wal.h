@@ -78,6 +78,8 @@ typedef struct WalStats {
         uint64_t cut_bytes;     /* bytes cut from the log's tail at the last replay */
         uint64_t torn;          /* replays that found a torn tail */
         uint64_t corrupt;       /* replays that found a corrupt record */
+        uint64_t cut_records;   /* well-formed records after the damage the last replay cut
+                                 * (kept in wal.log.cut-LSN): 0 for a torn tail */
         uint64_t compactions;
         uint64_t log_bytes;     /* current size of wal.log */
 } WalStats;

@@ -2,6 +2,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -492,6 +493,17 @@ START_TEST(test_bitflip) {
                 ck_assert_uint_eq(s.n, damaged);
                 ck_assert_uint_eq(wal_get_stats(w)->corrupt + wal_get_stats(w)->torn, 1);
                 ck_assert_int_eq(file_size(dir, "wal.log"), ends[damaged]);
+                /* The well-formed records after the damage are not replayed, but the
+                 * bytes cut are kept aside (they may hold acknowledged changes). */
+                ck_assert_uint_eq(wal_get_stats(w)->cut_records, 39 - damaged);
+                char cut[64], path[512];
+                snprintf(cut, sizeof cut, "wal.log.cut-%" PRIu64, damaged);
+                snprintf(path, sizeof path, "%s/%s", dir, cut);
+                if (damaged < 39) {
+                        ck_assert_int_eq(file_size(dir, cut), full - ends[damaged]);
+                        ck_assert_int_eq(unlink(path), 0);
+                } else
+                        ck_assert_int_lt(access(path, F_OK), 0);
                 wal_free(w);
         }
 
