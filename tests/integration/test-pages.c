@@ -1024,6 +1024,40 @@ START_TEST(test_refused_create_evicts_nothing) {
 }
 END_TEST
 
+static void setup_workflow_tokens(void) {
+        ck_assert_int_eq(harness_init(&h, "[Limits]\nWorkflowTokenMemory=256\n"), 0); /* 64 tokens */
+        harness_start(&h, OVER_BUS_MODE, address, sizeof address);
+}
+
+/* The workflows' tokens are bounded for the daemon (a fork keeps a copy of its
+ * parent's): past [Limits] WorkflowTokenMemory= a Fork is LimitExceeded, saying which
+ * limit, and a Drop gives the room back. */
+START_TEST(test_workflow_token_memory) {
+        epd_client *c = worker("prefill", NULL, NULL);
+        uint32_t tokens[32], branch;
+        char *seq = NULL, *wf = NULL, *head = NULL, *fork_head = NULL;
+        for (uint32_t i = 0; i < 32; i++)
+                tokens[i] = i;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 2, &seq, NULL, NULL), 0);
+        ck_assert_msg(epd_workflow_create(c, seq, tokens, 32, &wf, &head) == 0, "%s", epd_last_error_message(c));
+        ck_assert_int_eq(epd_workflow_fork(c, wf, 0, &branch, &fork_head), 0); /* 64 tokens */
+        free(fork_head);
+        fork_head = NULL;
+        ck_assert_int_lt(epd_workflow_fork(c, wf, 0, &branch, &fork_head), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.LimitExceeded");
+        ck_assert_msg(strstr(epd_last_error_message(c), "WorkflowTokenMemory="), "%s", epd_last_error_message(c));
+        ck_assert_int_eq(epd_workflow_drop(c, wf, 1), 0);
+        ck_assert_int_eq(epd_workflow_fork(c, wf, 0, &branch, &fork_head), 0);
+        ck_assert_int_eq(epd_workflow_release(c, wf), 0);
+        ck_assert_int_eq(epd_sequence_release(c, seq), 0);
+        free(seq);
+        free(wf);
+        free(head);
+        free(fork_head);
+        epd_disconnect(c);
+}
+END_TEST
+
 int main(void) {
         harness_require_bus(OVER_BUS_MODE);
         Suite *s = suite_create("pages");
@@ -1064,6 +1098,11 @@ int main(void) {
         tcase_add_checked_fixture(tc7, setup_object_limit, teardown);
         tcase_add_test(tc7, test_refused_create_evicts_nothing);
         suite_add_tcase(s, tc7);
+
+        TCase *tc8 = tcase_create("workflow-tokens");
+        tcase_add_checked_fixture(tc8, setup_workflow_tokens, teardown);
+        tcase_add_test(tc8, test_workflow_token_memory);
+        suite_add_tcase(s, tc8);
 
         TCase *tc6 = tcase_create("two-kv-arenas");
         tcase_add_checked_fixture(tc6, setup_two_kv, teardown);
