@@ -4,7 +4,11 @@
 /* Shared between bpf/epd-telemetry.bpf.c and user space (daemon/telemetry*.c, epdtop):
  * the layouts of the pinned maps and of the ring-buffer events. Every field has a fixed
  * width, so that the same bytes read the same on both sides. Bump EPD_TELEMETRY_ABI when
- * a layout changes; readers refuse maps of another ABI (see the "meta" map). */
+ * a layout changes: the daemon writes it in the "settings" map
+ * (daemon/telemetry/telemetry-bpf.c), the programs in every ring event, and readers
+ * refuse another one (telemetry_event_decode(); epdtop's reader of the pins,
+ * tools/epdtop-pins.c, which also refuses a pinned map whose type, key or value size is
+ * not the one below before reading it). */
 
 #ifndef __VMLINUX_H__
 #include <linux/types.h>

@@ -4,6 +4,12 @@
 
 #include "epdtop-pins.h"
 
+int top_pins_read_why(const char *dir, TopSnapshot *s, char *why, size_t why_size) {
+        if (why && why_size > 0)
+                why[0] = '\0';
+        return -EOPNOTSUPP;
+}
+
 int top_pins_read(const char *dir, TopSnapshot *s) {
         return -EOPNOTSUPP;
 }
