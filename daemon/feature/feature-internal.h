@@ -46,9 +46,9 @@ struct FeatureCache {
         feature_journal_fn journal_fn;
         void *journal_userdata;
         /* Keys whose READY the replay could not take back (the arena is cut or used
-         * differently now): journaled GONE once the journal is set. */
-        char **skipped;
-        size_t n_skipped;
+         * differently now): journaled GONE once the journal is set. Key → its own copy
+         * (the value, which the key points into); NULL when none. */
+        Hashmap *skipped;
         bool fenced; /* feature_cache_fence() until feature_cache_unfence() */
 };
 
@@ -82,3 +82,7 @@ void feature_entry_maybe_destroy(Feature *f);
 void feature_lru_update(FeatureCache *c, Feature *f);
 /* Its region back to the arena (a READY one's GONE journaled first). */
 void feature_region_release(FeatureCache *c, Feature *f);
+/* feature-replay.c: the keys whose READY the replay skipped, journaled GONE (once the
+ * journal is set), or freed. */
+void feature_replay_skipped_journal(FeatureCache *c);
+void feature_replay_skipped_free(FeatureCache *c);

@@ -9,25 +9,55 @@
 #include "feature/feature-internal.h"
 #include "log.h"
 
-/* A key's READY skipped by the replay, or (!skipped) a later READY or GONE of it. */
+/* A key's READY skipped by the replay, or (!skipped) a later READY or GONE of it. Keyed
+ * by the key: a replay whose every READY is skipped (the arena index names no feature
+ * arena now, or the arena shrank) scanned a list for each record, and took minutes on a
+ * full log. */
 static void replay_note_skipped(FeatureCache *c, const char *key, bool skipped) {
-        for (size_t i = 0; i < c->n_skipped; i++)
-                if (strcmp(c->skipped[i], key) == 0) {
-                        if (!skipped) {
-                                free(c->skipped[i]);
-                                c->skipped[i] = c->skipped[--c->n_skipped];
-                        }
-                        return;
-                }
+        char *k = c->skipped ? hashmap_get(c->skipped, key) : NULL;
+
+        if (k) {
+                if (!skipped)
+                        free(hashmap_remove(c->skipped, key));
+                return;
+        }
         if (!skipped)
                 return;
-        char **v = reallocarray(c->skipped, c->n_skipped + 1, sizeof *v);
-        if (v)
-                c->skipped = v;
-        if (!v || !(c->skipped[c->n_skipped] = strdup(key)))
-                log_warning("Feature %s: skipped at replay, and no memory left to journal that it is gone.", key);
-        else
-                c->n_skipped++;
+        if (!c->skipped && !(c->skipped = hashmap_new(HASHMAP_KEY_STRING, 0)))
+                goto oom;
+        k = strdup(key);
+        if (!k)
+                goto oom;
+        if (hashmap_put(c->skipped, k, k) < 0) {
+                free(k);
+                goto oom;
+        }
+        return;
+oom:
+        log_warning("Feature %s: skipped at replay, and no memory left to journal that it is gone.", key);
+}
+
+void feature_replay_skipped_free(FeatureCache *c) {
+        size_t it = 0;
+        void *k;
+
+        while (c->skipped && hashmap_iterate(c->skipped, &it, &k, NULL))
+                free(k);
+        c->skipped = hashmap_free(c->skipped);
+}
+
+void feature_replay_skipped_journal(FeatureCache *c) {
+        size_t it = 0;
+        void *v;
+
+        /* One GONE per key, each of a different key: their order does not matter. */
+        while (c->skipped && c->journal_fn && hashmap_iterate(c->skipped, &it, &v, NULL)) {
+                const char *k = v;
+                int r = c->journal_fn(c, FEATURE_REC_GONE, k, strlen(k), c->journal_userdata);
+                if (r < 0)
+                        log_warning_errno(r, "Feature %s: cannot journal that the replay dropped it: %m", k);
+        }
+        feature_replay_skipped_free(c);
 }
 
 static void replayed_drop(FeatureCache *c, Feature *f) {

@@ -82,9 +82,7 @@ FeatureCache *feature_cache_free(FeatureCache *c) {
                 free(c->arenas[i].fence_offsets);
         }
         free(c->arenas);
-        for (size_t i = 0; i < c->n_skipped; i++)
-                free(c->skipped[i]);
-        free(c->skipped);
+        feature_replay_skipped_free(c);
         free(c);
         return NULL;
 }
@@ -298,16 +296,7 @@ void feature_cache_set_journal(FeatureCache *c, feature_journal_fn fn, void *use
         c->journal_fn = fn;
         c->journal_userdata = userdata;
         /* The replay is over: what it skipped is gone for good, said in the log. */
-        for (size_t i = 0; i < c->n_skipped; i++) {
-                int r = fn ? fn(c, FEATURE_REC_GONE, c->skipped[i], strlen(c->skipped[i]), userdata) : 0;
-                if (r < 0)
-                        log_warning_errno(r, "Feature %s: cannot journal that the replay dropped it: %m",
-                                          c->skipped[i]);
-                free(c->skipped[i]);
-        }
-        free(c->skipped);
-        c->skipped = NULL;
-        c->n_skipped = 0;
+        feature_replay_skipped_journal(c);
 }
 
 void feature_region_release(FeatureCache *c, Feature *f) {
