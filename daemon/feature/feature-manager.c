@@ -247,6 +247,28 @@ static int queue_load(FeatureCache *c, Feature *f, int fd, void *dst, uint64_t s
         return 0;
 }
 
+/* The spill queue's bound: the smaller of SPILL_PENDING_MAX and CacheSize=, at start and
+ * at every reload. */
+static uint64_t spill_pending_max(const Config *c) {
+        return MIN(SPILL_PENDING_MAX, c->feature_cache_bytes);
+}
+
+/* What feature_init() refuses of [Features] StoreDirectory= (a directory that does not
+ * exist, is not one or cannot be read; a kernel without openat2), with its message,
+ * nothing made or removed: `epdd --check-config` and a reload refuse it as start-up
+ * does. */
+static int feature_verify(Manager *m) {
+        const char *dir = m->config.feature_store_dir;
+        int r;
+
+        if (!dir)
+                return 0;
+        r = feature_store_check(dir);
+        if (r < 0)
+                return log_error_errno(r, "Feature store %s: %m", dir);
+        return 0;
+}
+
 static int feature_init(Manager *m) {
         _cleanup_(feature_cache_freep) FeatureCache *c = NULL;
         FeatureManager *fm;
@@ -285,8 +307,7 @@ static int feature_init(Manager *m) {
                         free(fm);
                         return log_error_errno(r, "Feature store %s: %m", m->config.feature_store_dir);
                 }
-                r = feature_spiller_new(fm->store, MIN(SPILL_PENDING_MAX, m->config.feature_cache_bytes),
-                                        &fm->spiller);
+                r = feature_spiller_new(fm->store, spill_pending_max(&m->config), &fm->spiller);
                 if (r < 0) {
                         feature_store_free(fm->store);
                         hashmap_free(fm->handles);
@@ -328,7 +349,15 @@ static void feature_done(Manager *m) {
 }
 
 static int feature_reload(Manager *m, const Config *n) {
+        FeatureManager *fm = feature_manager_get(m);
+
         feature_cache_set_produce_timeout(m->features, n->feature_produce_timeout_usec);
+        /* The spill queue's bound follows CacheSize= (before the budget: a smaller budget
+         * evicts at once, and spills within the new bound). Shrunk, what is queued stays
+         * queued: copied already, it is written as before, and evictions are dropped
+         * until the queue is back within the bound. */
+        if (fm && fm->spiller)
+                feature_spiller_set_max_pending(fm->spiller, spill_pending_max(n));
         if (n->feature_cache_bytes != feature_cache_budget(m->features)) {
                 feature_cache_set_budget(m->features, n->feature_cache_bytes);
                 manager_emit_changed(m, FEATURE_PATH, FEATURE_IFACE, "CacheBytes");
@@ -409,6 +438,7 @@ static const SubsystemJournal feature_journal_hooks = {
 
 const Subsystem feature_subsystem = {
         .name = "features",
+        .verify = feature_verify,
         .init = feature_init,
         .done = feature_done,
         .add_bus = bus_feature_add,

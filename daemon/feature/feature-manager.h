@@ -22,7 +22,8 @@
 #define FEATURE_PATH "/org/epd1/feature"
 #define FEATURE_IFACE "org.epd1.Feature"
 #define FEATURE_CHUNK_DEFAULT (64ULL << 10)
-#define SPILL_PENDING_MAX (256ULL << 20) /* bytes copied and queued for the store */
+#define SPILL_PENDING_MAX (256ULL << 20) /* bytes copied and queued for the store (or CacheSize=,
+                                           * when smaller: at start and at each reload) */
 
 typedef struct FeatureHandle FeatureHandle;
 

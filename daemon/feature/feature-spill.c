@@ -124,6 +124,12 @@ FeatureSpiller *feature_spiller_free(FeatureSpiller *s) {
         return NULL;
 }
 
+void feature_spiller_set_max_pending(FeatureSpiller *s, uint64_t max_pending_bytes) {
+        pthread_mutex_lock(&s->lock);
+        s->max_pending = max_pending_bytes;
+        pthread_mutex_unlock(&s->lock);
+}
+
 int feature_spiller_queue(FeatureCache *c, const Feature *f, const void *data, void *userdata) {
         FeatureSpiller *s = userdata;
         SpillJob *j;

@@ -18,6 +18,11 @@ int feature_spiller_new(FeatureStore *store, uint64_t max_pending_bytes, Feature
 /* Writes what is queued, stops the thread, frees. NULL is fine. */
 FeatureSpiller *feature_spiller_free(FeatureSpiller *s);
 
+/* Changes the bound (a reload of [Features] CacheSize=). What is queued stays queued,
+ * also past a smaller bound: it is copied already, and is written as before; features
+ * are refused until the queue is back within it. */
+void feature_spiller_set_max_pending(FeatureSpiller *s, uint64_t max_pending_bytes);
+
 /* A feature_spill_fn: copies f and queues it. -ENOBUFS past the bound. */
 int feature_spiller_queue(FeatureCache *c, const Feature *f, const void *data, void *userdata);
 

@@ -20,8 +20,11 @@
 #include "siphash24.h"
 #include "unaligned.h"
 
-#define STORE_VERSION 2u /* 2: the data's CRC32C in the header */
+/* 2: the data's CRC32C in the header; 3: and a CRC32C over header, key and descriptor
+ * (a damaged shape used to be a hit). Files of another version are misses, removed. */
+#define STORE_VERSION 3u
 #define HEADER_SIZE 64u
+#define HEADER_CRC_AT 56u
 
 /* Fixed (public) keys: names must be stable across restarts. The file holds the full
  * key, so a collision is only a miss, never the wrong bytes. */
@@ -279,9 +282,11 @@ static int openat2_beneath(int dirfd, const char *name, int flags, mode_t mode) 
         return fd < 0 ? negative_errno() : (int)fd;
 }
 
-int feature_store_open(const char *root, uint64_t max_bytes, FeatureStore **ret) {
+/* What the store needs of root before it reads it: an absolute path naming a directory
+ * that exists (never made here), openat2() in the kernel, and the directory readable
+ * through it (the scan's open_root()). The root's O_PATH fd in *ret_fd. */
+static int root_open(const char *root, int *ret_fd) {
         _cleanup_(closep) int fd = -EBADF;
-        FeatureStore *s;
         int probe;
 
         if (!root || root[0] != '/')
@@ -289,10 +294,29 @@ int feature_store_open(const char *root, uint64_t max_bytes, FeatureStore **ret)
         fd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
         if (fd < 0)
                 return negative_errno();
-        probe = openat2_beneath(fd, ".", O_PATH | O_DIRECTORY, 0);
+        probe = openat2_beneath(fd, ".", O_RDONLY | O_DIRECTORY, 0);
         if (probe < 0)
                 return probe == -ENOSYS ? -EOPNOTSUPP : probe;
         safe_close(probe);
+        *ret_fd = TAKE_FD(fd);
+        return 0;
+}
+
+int feature_store_check(const char *root) {
+        int fd = -EBADF;
+        int r = root_open(root, &fd);
+        safe_close(fd);
+        return r;
+}
+
+int feature_store_open(const char *root, uint64_t max_bytes, FeatureStore **ret) {
+        _cleanup_(closep) int fd = -EBADF;
+        FeatureStore *s;
+        int probe;
+
+        probe = root_open(root, &fd);
+        if (probe < 0)
+                return probe;
 
         s = calloc(1, sizeof *s);
         if (!s)
@@ -415,9 +439,22 @@ static int read_all(int fd, void *p, size_t n) {
         return 0;
 }
 
+/* CRC32C of the header (its own field as zero), key and descriptor. */
+static uint32_t meta_crc(const uint8_t header[static HEADER_SIZE], const void *key, size_t key_len,
+                         const void *desc, size_t desc_len) {
+        static const uint8_t zero[4] = {};
+        uint32_t crc = crc32c(0, header, HEADER_CRC_AT);
+        crc = crc32c(crc, zero, sizeof zero);
+        crc = crc32c(crc, header + HEADER_CRC_AT + 4, HEADER_SIZE - HEADER_CRC_AT - 4);
+        crc = crc32c(crc, key, key_len);
+        return crc32c(crc, desc, desc_len);
+}
+
 /* Header: magic[8] u32 version u32 key_len u64 data_size u32 desc_len u32 crc32c(data)
- *         id[16] u64 encode_usec, padded to HEADER_SIZE. A copy damaged on disk is
- *         refused when it is read back (EBADMSG), never served as a hit. */
+ *         id[16] u64 encode_usec u32 crc32c(header, key, descriptor) u32 0. A copy
+ *         damaged on disk is refused when it is read back (EBADMSG), never served as a
+ *         hit: a damaged header, key or descriptor by the lookup, damaged data by the
+ *         read. */
 int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const void *data) {
         _cleanup_(freep) void *desc = NULL;
         _cleanup_(closep) int fd = -EBADF;
@@ -445,6 +482,7 @@ int feature_store_save(FeatureStore *s, const FeatureStoreRecord *rec, const voi
         unaligned_write_le(header + 28, crc32c(0, data, rec->size), 4);
         memcpy(header + 32, rec->request_id.bytes, 16);
         unaligned_write_le(header + 48, rec->encode_usec, 8);
+        unaligned_write_le(header + HEADER_CRC_AT, meta_crc(header, rec->key, key_len, desc, desc_len), 4);
 
         r = epd_id_random(&rnd);
         if (r < 0)
@@ -547,7 +585,10 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
         key_len = unaligned_read_le(header + 12, 4);
         size = unaligned_read_le(header + 16, 8);
         desc_len = unaligned_read_le(header + 24, 4);
+        /* Another version (an older epd's file: a miss, removed), or a header that does
+         * not match the file. */
         if (memcmp(header, FEATURE_STORE_MAGIC, 8) != 0 || unaligned_read_le(header + 8, 4) != STORE_VERSION ||
+            unaligned_read_le(header + HEADER_CRC_AT + 4, 4) != 0 ||
             key_len != strlen(key) || desc_len > FEATURE_DESC_BINARY_MAX ||
             size > (uint64_t)st.st_size ||
             (uint64_t)st.st_size != HEADER_SIZE + key_len + desc_len + size) {
@@ -567,6 +608,13 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
                  * another file there (not the one read). */
                 index_settle(s, key, key_len, name, st.st_ino, UINT64_MAX);
                 return -ENOENT;
+        }
+        /* Damaged on disk (a bit of a shape, a dtype, the request id): a descriptor that
+         * parses is not enough, it must be the one saved. */
+        if (meta_crc(header, buf, key_len, buf + key_len, desc_len) !=
+            (uint32_t)unaligned_read_le(header + HEADER_CRC_AT, 4)) {
+                r = -EBADMSG;
+                goto bad;
         }
         r = feature_desc_parse(buf + key_len, desc_len, size, &desc, NULL);
         if (r < 0) {

@@ -20,8 +20,10 @@
  * key may be stored without touching the disk. Files added to the directory by anything
  * else are seen at the next open.
  *
- * File: header (FEATURE_STORE_MAGIC, version, sizes, request id, encoder time), key,
- * binary descriptor (feature-desc.h), data. Everything read back is validated. */
+ * File: header (FEATURE_STORE_MAGIC, version, sizes, request id, encoder time, the
+ * data's CRC32C and a CRC32C over header, key and descriptor), key, binary descriptor
+ * (feature-desc.h), data. Everything read back is validated: a file damaged on disk, or
+ * of another format version (an older epd's), is -EBADMSG and removed, never a hit. */
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -50,6 +52,10 @@ typedef struct FeatureStoreRecord {
  * load touches it) are removed until it is 10% under. -EOPNOTSUPP if the kernel lacks
  * openat2 (Linux < 5.6). */
 int feature_store_open(const char *root, uint64_t max_bytes, FeatureStore **ret);
+/* What feature_store_open() refuses of root, with the same errors (-EINVAL, -ENOENT,
+ * -ENOTDIR, -EACCES, -EOPNOTSUPP, ...), and no side effect: nothing is made, scanned or
+ * removed. For `epdd --check-config` and a reload. */
+int feature_store_check(const char *root);
 FeatureStore *feature_store_free(FeatureStore *s);
 
 /* The file name of a key (never a path). */
@@ -71,8 +77,9 @@ bool feature_store_has(FeatureStore *s, const char *key, uint64_t *ret_bytes);
 
 /* Looks key up: -ENOENT if absent, or if its name holds another key's file (left as
  * it is). On success the entry describes the data (the index learns its exact size),
- * and its fd is positioned at the first byte. A file that does not parse is -EBADMSG
- * and is removed. Either way a name the lookup found unusable leaves the index, unless
+ * and its fd is positioned at the first byte. A file that does not parse, of another
+ * format version, or whose header or descriptor fails its checksum is -EBADMSG and is
+ * removed (a damaged key reads as another key's: -ENOENT, left). Either way a name the lookup found unusable leaves the index, unless
  * a save has put another file there meanwhile. */
 typedef struct FeatureStoreEntry {
         int fd;

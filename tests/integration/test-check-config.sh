@@ -3,7 +3,8 @@
 # `epdd --check-config` runs the checks start-up runs and says what start-up says:
 # for every configuration below that start-up refuses (a cluster key file readable by
 # others, too short, empty, /dev/zero or a directory; a Listen= or peer Address= with
-# a host name; a NUL byte; an arena too small; a SocketGroup= that does not exist) it
+# a host name; a NUL byte; an arena too small; a SocketGroup= that does not exist; a
+# feature StoreDirectory= that does not exist or is not a directory) it
 # exits non-zero with exactly the output epdd gives when started with the same
 # configuration, and neither creates the socket's nor the state directory. A good
 # configuration passes, also without creating anything. A reload (SIGHUP) of a running
@@ -99,6 +100,12 @@ printf '[Daemon]\nSocketGroup=epd-no-such-group\n' > "$W/group.conf"
 check_refused group "[Daemon] SocketGroup=epd-no-such-group: no such group."
 printf '[Wal]\nCompactSize=0\n' > "$W/compact-zero.conf"
 check_refused compact-zero "[Wal] CompactSize= must be at least 4K"
+# The feature store's directory must exist (epdd never makes it) and be a directory.
+printf '[Features]\nStoreDirectory=%s\n' "$W/no-store" > "$W/store-missing.conf"
+check_refused store-missing "Feature store $W/no-store: No such file or directory"
+[ ! -e "$W/no-store" ] || bad "store-missing: the store directory was made"
+printf '[Features]\nStoreDirectory=%s\n' "$W/key-good" > "$W/store-file.conf"
+check_refused store-file "Feature store $W/key-good: Not a directory"
 # A name too long for one line of the report: cut to the line, and the next error
 # still shows (the report used to copy past the end of its line buffer).
 long=$(printf 'x%.0s' $(seq 1 600))
@@ -165,10 +172,21 @@ done
         { cat "$W/reload.err"; fail "a reload took the file's socket or state directory over the command line's"; }
 ok "reload: what needs a restart is said (the key, the socket's group); the command line still wins"
 # Settings read once at start (an arena's page kind, the transport policy, etcd) are
-# named too, never silently ignored.
+# named too, never silently ignored. A StoreDirectory= that does not exist is refused
+# first, as the next start would refuse it; once made, it is named as needing a restart.
 { printf '[Daemon]\nHostId=node-a\nSocketGroup=root\n[Limits]\nMaxRequestsPerClient=7\nAttachGrace=60s\n'
   printf '[Telemetry]\nTraceEvents=8\n[Features]\nStoreDirectory=%s\n' "$W/features"
   printf '[Arena:kv]\nSize=16M\nHugePages=try\n[Cluster]\nClusterKeyFile=%s\nTransport=tcp\n' "$W/key-good2"; } > "$W/reload.conf"
+kill -HUP $PID
+wait_log "Feature store $W/features: No such file or directory" ||
+        { cat "$W/reload.err"; fail "a reload to a StoreDirectory= that does not exist was not refused with its reason"; }
+for _ in $(seq 1 200); do [ "$(grep -cF "Reload refused" "$W/reload.err")" -ge 2 ] && break; sleep 0.05; done
+[ "$(grep -cF "Reload refused" "$W/reload.err")" -ge 2 ] || { cat "$W/reload.err"; fail "the reload was not refused"; }
+[ "$(grep -cF "Configuration reloaded" "$W/reload.err")" -eq 1 ] || { cat "$W/reload.err"; fail "a refused reload was applied"; }
+[ ! -e "$W/features" ] || fail "the refused reload made the store directory"
+kill -0 $PID 2>/dev/null && [ -S "$W/run/bus" ] || fail "epdd stopped serving after a refused reload"
+ok "reload: a StoreDirectory= that does not exist is refused as at start-up; epdd serves on"
+mkdir "$W/features"
 kill -HUP $PID
 for _ in $(seq 1 200); do [ "$(grep -cF "Configuration reloaded" "$W/reload.err")" -ge 2 ] && break; sleep 0.05; done
 for what in "Arena configuration changed: it takes effect at the next restart." \

@@ -1695,6 +1695,61 @@ START_TEST(test_produce_timeout) {
 }
 END_TEST
 
+/* What a reload (SIGHUP) changes of the cache besides its budget: the spill queue's
+ * bound, the smaller of 256 MiB and CacheSize= (docs/features.md), follows CacheSize=.
+ * Started with a 2 MiB cache and reloaded to 16 MiB, a 4 MiB feature evicted is spilled
+ * to the store and read back (the bound stayed at the start's 2 MiB, and every such
+ * feature was dropped instead). */
+static void setup_small_cache(void) {
+        start_with_store("CacheSize=2M\n", NULL);
+}
+
+static bool reloaded_to_16m(void *userdata) {
+        return harness_log_has(&h, "Configuration reloaded") && stat_u64(NULL, "CacheBytes") == 16 << 20;
+}
+
+START_TEST(test_spill_bound_follows_cache_size) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(32 * 1024, t, &bytes); /* 4 MiB + 24 */
+        epd_feature *p, *w;
+        char key[32];
+
+        ck_assert_uint_eq(stat_u64(NULL, "CacheBytes"), 2 << 20);
+        /* 4 MiB does not fit a 2 MiB cache */
+        ck_assert_int_lt(epd_feature_reserve(enc, "big:0", bytes, t, n, NULL, &p), 0);
+        FILE *f = fopen(h.config, "ae");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "CacheSize=16M\n"); /* the last section is [Features] */
+        fclose(f);
+        ck_assert_int_eq(kill(h.epdd_pid, SIGHUP), 0);
+        ck_assert(harness_wait_for(reloaded_to_16m, NULL, 5000));
+
+        /* Four of them (in chunks of 64 KiB, 4 MiB + 64 KiB each) do not fit 16 MiB: the
+         * fourth evicts the first, which is spilled, not dropped. */
+        for (int i = 0; i < 4; i++) {
+                snprintf(key, sizeof key, "big:%d", i);
+                ck_assert_int_eq(epd_feature_reserve(enc, key, bytes, t, n, NULL, &p), 0);
+                fill(p->data, bytes, (uint8_t)(i + 1));
+                ck_assert_int_eq(epd_feature_publish(enc, p, 10), 0);
+                epd_feature_release(enc, p);
+        }
+        ck_assert_uint_eq(stat_u64(NULL, "Evictions"), 1);
+        ck_assert_uint_eq(stat_u64(NULL, "Spilled"), 1);
+        ck_assert(harness_wait_for(stored, (void *)"big:0", 10000));
+        /* and read back, with its bytes */
+        uint64_t loaded = stat_u64(NULL, "Loaded");
+        ck_assert_int_eq(epd_feature_acquire(pre, "big:0", false, &w), 0);
+        ck_assert_str_eq(w->result, "hit");
+        ck_assert(same(w->data, bytes, 1));
+        ck_assert_uint_eq(stat_u64(NULL, "Loaded"), loaded + 1);
+        epd_feature_release(pre, w);
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+}
+END_TEST
+
 int main(void) {
         harness_require_bus(OVER_BUS_MODE);
         Suite *s = suite_create("feature");
@@ -1737,5 +1792,10 @@ int main(void) {
         tcase_set_timeout(td, 60);
         tcase_add_test(td, test_lookup_off_loop);
         suite_add_tcase(s, td);
+        TCase *tg = tcase_create("reload-grow");
+        tcase_add_checked_fixture(tg, setup_small_cache, teardown);
+        tcase_set_timeout(tg, 60);
+        tcase_add_test(tg, test_spill_bound_follows_cache_size);
+        suite_add_tcase(s, tg);
         return check_run(s, CK_FORK_GETENV);
 }

@@ -78,6 +78,52 @@ class ManPages(unittest.TestCase):
             self.assertIsNotNone(m, f"epd.conf.5 does not document [{section}] {key}=")
             self.assertRegex(m.group(0), r"(Default|Required)", f"[{section}] {key}= has no default")
 
+    # What config_restart_notices() says in words rather than as Key=: the words the
+    # page's restart list must hold for it. A new entry of that kind fails the test below
+    # until it is added here.
+    RESTART_PHRASES = {
+        "Arena configuration": ["arenas"],
+        "TLS files": ["EtcdCAFile=", "EtcdCertFile=", "EtcdKeyFile="],
+    }
+
+    def test_restart_list(self):
+        """Every key a reload cannot apply (config_restart_notices() in config.c names it
+        in its "... changed: it takes effect at the next restart" notice) is in
+        epd.conf.5's list of what needs a restart. The page used to name four of them."""
+        with open(os.path.join(SOURCE, "daemon", "core", "config.c")) as f:
+            source = f.read()
+        items = set(re.findall(r'\{ "(\w+)", "(\w+)", p_\w+,', source))
+        keys = {k for _, k in items}
+        sections = {s for s, _ in items} | {"Peer"}
+        fn = re.search(r"^unsigned config_restart_notices\(.*?^\}", source, re.M | re.S)
+        self.assertIsNotNone(fn, "config.c has no config_restart_notices()")
+        table = re.search(r"\bfixed\[\]\s*=\s*\{(.*?)\n\s*\};", fn.group(0), re.S)
+        self.assertIsNotNone(table, "config_restart_notices() has no fixed[] table")
+        # Each entry is { condition, "what" }: the string literals (adjacent ones joined)
+        # just before an entry's closing brace.
+        whats = ["".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m))
+                 for m in re.findall(r'((?:"(?:[^"\\]|\\.)*"\s*)+)\}', table.group(1))]
+        self.assertGreaterEqual(len(whats), 10, f"too few restart notices parsed: {whats}")
+
+        text = page("epd.conf.5")
+        m = re.search(r"^\.PP\nSIGHUP.*?(?=^\.(?:PP|SH|SS)\b)", text, re.M | re.S)
+        self.assertIsNotNone(m, "epd.conf.5 has no SIGHUP paragraph")
+        para = re.sub(r"\s+", " ", plain(m.group(0)))
+        for what in whats:
+            needs = []
+            for sec in re.findall(r"\[(\w+):?\]", what):
+                self.assertIn(sec, sections, f"{what!r}: no section [{sec}] in config.c")
+                needs.append("[" + sec)
+            for key in re.findall(r"\b(\w+)=", what):
+                self.assertIn(key, keys, f"{what!r}: {key}= is no key of config.c's table")
+                needs.append(key + "=")
+            for phrase, words in self.RESTART_PHRASES.items():
+                if phrase in what:
+                    needs += words
+            self.assertTrue(needs, f"{what!r}: names no Key= or [Section]; add its words to RESTART_PHRASES")
+            for n in needs:
+                self.assertIn(n, para, f"epd.conf.5's restart list lacks {n} (config.c: {what!r})")
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

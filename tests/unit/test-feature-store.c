@@ -223,6 +223,19 @@ START_TEST(test_bad_files) {
         FeatureStore *x;
         ck_assert_int_eq(feature_store_open("relative/dir", 0, &x), -EINVAL);
         ck_assert_int_eq(feature_store_open("/nonexistent-epd-dir", 0, &x), -ENOENT);
+        /* feature_store_check() (epdd --check-config, a reload) refuses what open would,
+         * with its errors, and makes or removes nothing */
+        ck_assert_int_eq(feature_store_check("relative/dir"), -EINVAL);
+        ck_assert_int_eq(feature_store_check("/nonexistent-epd-dir"), -ENOENT);
+        ck_assert_int_eq(access("/nonexistent-epd-dir", F_OK), -1);
+        snprintf(pa, sizeof pa, "%s/secret", outside);
+        ck_assert_int_eq(feature_store_check(pa), -ENOTDIR);
+        snprintf(pa, sizeof pa, "%s/.tmp-left", root);
+        fd = open(pa, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        ck_assert_int_eq(feature_store_check(root), 0);
+        ck_assert_int_eq(access(pa, F_OK), 0); /* (open removes it) */
 }
 END_TEST
 
@@ -487,6 +500,154 @@ START_TEST(test_remove_the_file_read) {
 }
 END_TEST
 
+/* Flips bit `bit` of the byte at off in path. */
+static void flip_bit(const char *path, off_t off, unsigned bit) {
+        uint8_t b;
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(pread(fd, &b, 1, off), 1);
+        b ^= (uint8_t)(1u << bit);
+        ck_assert_int_eq(pwrite(fd, &b, 1, off), 1);
+        close(fd);
+}
+
+/* A bit flipped on disk in a stored descriptor (a shape that still parses, but is not
+ * the one published) or header (the request id, the encoder time) is refused and the
+ * file removed: never handed out as a hit with a wrong tensor layout. The header's
+ * checksum covers header, key and descriptor (the data's CRC32C, the data). */
+START_TEST(test_damaged_descriptor) {
+        _cleanup_(feature_store_freep) FeatureStore *s = store_open();
+        _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(1000);
+        uint8_t data[1000] = {};
+        char name[FEATURE_STORE_NAME_MAX], path[256];
+        FeatureStoreEntry e = { .fd = -EBADF };
+        /* The descriptor after header and key: "EPDFDESC" u32 version u32 n_tensors, then
+         * tensor 0: u8 name_len, "x", u8 dtype, u8 rank, u16 0, u64 offset, u64 shape[0]. */
+        const off_t shape = 64 + (off_t)strlen("shape") + 16 + 1 + 1 + 1 + 1 + 2 + 8;
+        const struct { const char *key; off_t off; unsigned bit; } cases[] = {
+                { "shape", shape, 3 },             /* shape 1000 -> 992: parses, within the bytes */
+                { "shape", shape + 1, 0 },         /* 1000 -> 744 */
+                { "shape", 64 + 5 + 16 + 2, 0 },   /* dtype u8 -> i8: same size, parses */
+                { "shape", 32, 0 },                /* the request id */
+                { "shape", 48, 5 },                /* the encoder time */
+                { "shape", 64 + 5 + 16 + 1, 1 },   /* the tensor's name: "x" -> "z" */
+        };
+
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = cases[i].key, .size = sizeof data,
+                                                                              .desc = d, .encode_usec = 77 },
+                                                    data), 0);
+                ck_assert_int_eq(feature_store_name(cases[i].key, name), 0);
+                snprintf(path, sizeof path, "%s/%s", root, name);
+                flip_bit(path, cases[i].off, cases[i].bit);
+                int r = feature_store_lookup(s, cases[i].key, &e);
+                if (r >= 0) {
+                        ck_abort_msg("case %zu: a damaged copy was a hit (shape %llu, dtype %d, encoder %llu)", i,
+                                     (unsigned long long)e.desc->tensors[0].shape[0], (int)e.desc->tensors[0].dtype,
+                                     (unsigned long long)e.encode_usec);
+                }
+                ck_assert_int_eq(r, -EBADMSG);
+                ck_assert_msg(access(path, F_OK) < 0 && errno == ENOENT, "case %zu: the damaged file stays", i);
+                ck_assert(!feature_store_has(s, cases[i].key, NULL));
+        }
+        /* Undamaged, it is read back whole, its data checked. */
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "shape", .size = sizeof data, .desc = d },
+                                            data), 0);
+        ck_assert_int_eq(feature_store_lookup(s, "shape", &e), 0);
+        ck_assert_uint_eq(e.desc->tensors[0].shape[0], 1000);
+        uint8_t back[1000];
+        ck_assert_int_eq(feature_store_entry_read(&e, back), 0);
+        feature_store_entry_done(&e);
+}
+END_TEST
+
+/* A file of the older store format (2: a checksum over the data alone, the header's
+ * last 8 bytes zero) is a miss, and removed: the store is a cache. Through the cache,
+ * an Acquire that may produce is told to produce. */
+START_TEST(test_older_format_is_a_miss) {
+        _cleanup_(feature_store_freep) FeatureStore *s = store_open();
+        FeatureCacheConfig cfg = { .budget_bytes = 1 << 20 };
+        _cleanup_(feature_cache_freep) FeatureCache *c = NULL;
+        _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(1000);
+        uint8_t data[1000] = {}, zero[8] = {}, v2[4] = { 2, 0, 0, 0 };
+        char name[FEATURE_STORE_NAME_MAX], path[256];
+        FeatureStoreEntry e = { .fd = -EBADF };
+        FeatureAcquireResult res;
+        FeatureRef *r;
+
+        for (int i = 0; i < 2; i++) {
+                const char *key = i == 0 ? "old" : "old-cached";
+                ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = key, .size = sizeof data, .desc = d },
+                                                    data), 0);
+                ck_assert_int_eq(feature_store_name(key, name), 0);
+                snprintf(path, sizeof path, "%s/%s", root, name);
+                int fd = open(path, O_WRONLY | O_CLOEXEC);
+                ck_assert_int_ge(fd, 0);
+                ck_assert_int_eq(pwrite(fd, v2, sizeof v2, 8), (ssize_t)sizeof v2); /* version 2 */
+                ck_assert_int_eq(pwrite(fd, zero, sizeof zero, 56), (ssize_t)sizeof zero); /* its padding */
+                close(fd);
+        }
+        ck_assert_int_eq(feature_store_lookup(s, "old", &e), -EBADMSG);
+        ck_assert_int_eq(feature_store_name("old", name), 0);
+        snprintf(path, sizeof path, "%s/%s", root, name);
+        ck_assert_int_eq(access(path, F_OK), -1);
+
+        uint8_t *mem = calloc(1, 1 << 20);
+        ck_assert_int_eq(feature_cache_new(&cfg, &c), 0);
+        ck_assert_int_eq(feature_cache_add_arena(c, 0, mem, 0, 1 << 20, 4096), 0);
+        feature_cache_set_store(c, s);
+        ck_assert(feature_store_has(s, "old-cached", NULL));
+        ck_assert_int_eq(feature_acquire(c, "old-cached", true, 0, &r, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        ck_assert(!feature_store_has(s, "old-cached", NULL));
+        ck_assert_int_eq(count_entries(root), 0);
+        feature_ref_release(r);
+        feature_cache_free(TAKE_PTR(c));
+        free(mem);
+}
+END_TEST
+
+/* The spill queue's bound can change while it runs (a reload of CacheSize=): a feature
+ * past the new bound is dropped, one within it queued; what is queued stays. */
+START_TEST(test_spill_bound_changes) {
+        _cleanup_(feature_store_freep) FeatureStore *s = store_open();
+        FeatureCacheConfig cfg = { .budget_bytes = 4 * 4096 };
+        _cleanup_(feature_cache_freep) FeatureCache *c = NULL;
+        uint8_t *mem = calloc(1, 16 * 4096);
+        FeatureSpiller *sp;
+        FeatureSpillerStats st;
+        FeatureRef *r;
+        char key[16];
+
+        ck_assert_int_eq(feature_cache_new(&cfg, &c), 0);
+        ck_assert_int_eq(feature_cache_add_arena(c, 0, mem, 0, 16 * 4096, 4096), 0);
+        ck_assert_int_eq(feature_spiller_new(s, 0, &sp), 0); /* nothing fits */
+        feature_cache_set_store(c, s);
+        feature_cache_set_spill(c, feature_spiller_queue, sp);
+        for (int i = 0; i < 12; i++) {
+                if (i == 6)
+                        feature_spiller_set_max_pending(sp, 64 * 4096);
+                FeatureDesc *d = desc_bytes(4096);
+                snprintf(key, sizeof key, "b%d", i);
+                ck_assert_int_eq(feature_reserve(c, key, 4096, &d, NULL, &r, NULL), 0);
+                ck_assert_int_eq(feature_publish(r, 1), 0);
+                feature_ref_release(r);
+        }
+        feature_spiller_flush(sp);
+        feature_spiller_stats(sp, &st);
+        /* b0..b7 evicted: b0, b1 with a bound of 0 (dropped), b2..b7 with room for 64 */
+        ck_assert_uint_eq(feature_cache_stats(c)->evictions, 8);
+        ck_assert_uint_eq(st.dropped, 2);
+        ck_assert_uint_eq(st.queued, 6);
+        ck_assert_uint_eq(st.written, 6);
+        ck_assert(!feature_store_has(s, "b1", NULL));
+        ck_assert(feature_store_has(s, "b2", NULL));
+        feature_cache_free(TAKE_PTR(c));
+        feature_spiller_free(sp);
+        free(mem);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("feature-store");
         TCase *tc = tcase_create("feature-store");
@@ -501,6 +662,9 @@ int main(void) {
         tcase_add_test(tc, test_remove_the_file_read);
         tcase_add_test(tc, test_cache_spill_load);
         tcase_add_test(tc, test_spill_thread);
+        tcase_add_test(tc, test_damaged_descriptor);
+        tcase_add_test(tc, test_older_format_is_a_miss);
+        tcase_add_test(tc, test_spill_bound_changes);
         suite_add_tcase(s, tc);
         return check_run(s, CK_NOFORK);
 }
