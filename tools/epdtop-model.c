@@ -680,9 +680,10 @@ void top_header_line(const TopModel *m, int line, int cols, char *buf, size_t si
                 snprintf(over, sizeof over, " (last %.1fs)", m->interval);
         switch (line) {
         case 0:
-                snprintf(buf, size, "epdtop - host %s  epdd %s%s  kernel telemetry: %s%s%s  (? for help)",
+                snprintf(buf, size, "epdtop - host %s  epdd %s%s%s  kernel telemetry: %s%s%s  (? for help)",
                          s->host[0] ? s->host : "?", s->version[0] ? s->version : "?",
                          s->bus ? "" : "  [daemon not reachable]",
+                         s->pins_refused[0] ? "  [pinned maps of another layout: not read]" : "",
                          s->kernel ? "on" : (s->kernel_unavailable[0] ? s->kernel_unavailable : "off"),
                          s->membership[0] ? "  membership: " : "", s->membership);
                 break;
@@ -747,6 +748,10 @@ int top_model_json(const TopModel *m, FILE *f) {
         fprintf(f, ",\"bus\":%s,\"pins\":%s,\"kernel_telemetry\":%s,\"kernel_unavailable\":",
                 s->bus ? "true" : "false", s->pins ? "true" : "false", s->kernel ? "true" : "false");
         json_str(f, s->kernel_unavailable);
+        if (s->pins_refused[0]) {
+                fprintf(f, ",\"pins_refused\":");
+                json_str(f, s->pins_refused);
+        }
         if (s->membership[0]) {
                 fprintf(f, ",\"membership\":");
                 json_str(f, s->membership);

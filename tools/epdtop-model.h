@@ -98,6 +98,7 @@ typedef struct TopSnapshot {
         char host[TOP_HOST_ID_MAX + 1], version[32];
         bool bus;               /* read from the daemon */
         bool pins;              /* read from the pinned maps */
+        char pins_refused[256]; /* why the pinned maps were not read (another layout or ABI), "" */
         bool kernel;            /* daemon reports kernel telemetry loaded */
         char kernel_unavailable[160];
         uint64_t ring_events;

@@ -9,7 +9,3 @@ int top_pins_read_why(const char *dir, TopSnapshot *s, char *why, size_t why_siz
                 why[0] = '\0';
         return -EOPNOTSUPP;
 }
-
-int top_pins_read(const char *dir, TopSnapshot *s) {
-        return -EOPNOTSUPP;
-}

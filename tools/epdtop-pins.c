@@ -190,16 +190,3 @@ int top_pins_read_why(const char *dir, TopSnapshot *s, char *why, size_t why_siz
         s->pins = true;
         return 0;
 }
-
-int top_pins_read(const char *dir, TopSnapshot *s) {
-        /* Said once, not at every poll; again only when the reason changes. */
-        static char said[512];
-        char why[512];
-
-        int r = top_pins_read_why(dir, s, why, sizeof why);
-        if (r == -EPROTO && strcmp(why, said) != 0) {
-                fprintf(stderr, "epdtop: not reading the pinned maps: %s\n", why);
-                snprintf(said, sizeof said, "%s", why);
-        }
-        return r;
-}

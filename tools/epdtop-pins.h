@@ -16,6 +16,3 @@
  * bytes; why may be NULL). */
 int top_pins_read_why(const char *dir, TopSnapshot *s, char *why, size_t why_size);
 
-/* As top_pins_read_why(), and on -EPROTO the reason goes to standard error, once (again
- * only when it changes). */
-int top_pins_read(const char *dir, TopSnapshot *s);

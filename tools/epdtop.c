@@ -398,8 +398,10 @@ static void poll_sources(Source *src, TopSnapshot *s) {
                         read_cluster(src, s); /* after the peers: it adds their leases */
                 }
         }
-        if (src->pin_dir[0])
-                (void)top_pins_read(src->pin_dir, s);
+        /* Maps of another layout are not read; why goes to the header and the JSON (and,
+         * in batch mode, once to standard error), never over the curses screen. */
+        if (src->pin_dir[0] && top_pins_read_why(src->pin_dir, s, s->pins_refused, sizeof s->pins_refused) != -EPROTO)
+                s->pins_refused[0] = '\0';
 }
 
 /* ---- text output (batch) ---- */
@@ -731,6 +733,7 @@ int main(int argc, char *argv[]) {
         int r = 0;
         if (arg_batch || arg_json) {
                 long n = arg_iterations > 0 ? arg_iterations : 1;
+                char refused[sizeof m.cur.pins_refused] = "";
                 for (long i = 0; i < n && !stop; i++) {
                         if (i > 0)
                                 usleep((useconds_t)(arg_delay * 1e6));
@@ -739,6 +742,10 @@ int main(int argc, char *argv[]) {
                         if (top_model_update(&m, &s) < 0) {
                                 r = -ENOMEM;
                                 break;
+                        }
+                        if (m.cur.pins_refused[0] && strcmp(m.cur.pins_refused, refused) != 0) {
+                                fprintf(stderr, "epdtop: pinned maps not read: %s\n", m.cur.pins_refused);
+                                snprintf(refused, sizeof refused, "%s", m.cur.pins_refused);
                         }
                         if (arg_json)
                                 (void)top_model_json(&m, stdout);

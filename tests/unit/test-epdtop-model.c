@@ -387,7 +387,21 @@ START_TEST(test_json) {
         fclose(f);
         ck_assert_ptr_nonnull(strstr(buf, "\"membership\":\"etcd degraded, 1 alive\""));
         ck_assert_ptr_nonnull(strstr(buf, "\"lease\":\"alive\",\"share_permille\":498}"));
+        ck_assert_ptr_null(strstr(buf, "\"pins_refused\""));
         free(buf);
+
+        /* Pinned maps of another layout: said in the header and the JSON, with why. */
+        TopSnapshot r = { .ts = 5000000 };
+        snprintf(r.pins_refused, sizeof r.pins_refused, "/pins/settings says telemetry ABI 9");
+        ck_assert_int_eq(top_model_update(&m, &r), 0);
+        f = open_memstream(&buf, &n);
+        ck_assert_int_eq(top_model_json(&m, f), 0);
+        fclose(f);
+        ck_assert_ptr_nonnull(strstr(buf, "\"pins_refused\":\"/pins/settings says telemetry ABI 9\""));
+        free(buf);
+        char line[512];
+        top_header_line(&m, 0, 500, line, sizeof line);
+        ck_assert_msg(strstr(line, "[pinned maps of another layout: not read]"), "%s", line);
         top_model_done(&m);
 }
 END_TEST
@@ -421,7 +435,7 @@ START_TEST(test_long_host_ids) {
                         snprintf(p->state, sizeof p->state, "up");
                         snprintf(p->transport, sizeof p->transport, "tcp");
                         snprintf(p->lease, sizeof p->lease, "static");
-                        /* top_pins_read(): the map's copy of the id, cut. */
+                        /* top_pins_read_why(): the map's copy of the id, cut. */
                         char pinned[EPD_TELEMETRY_PEER_MAX];
                         snprintf(pinned, sizeof pinned, "%s", ids[i]);
                         ck_assert_uint_eq(strlen(pinned), EPD_TELEMETRY_PEER_MAX - 1);

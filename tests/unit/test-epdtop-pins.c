@@ -188,7 +188,7 @@ START_TEST(test_key_deleted_during_iteration) {
         delete_when_next_of = 0xc;
 
         TopSnapshot s = {};
-        ck_assert_int_eq(top_pins_read("/pins", &s), 0);
+        ck_assert_int_eq(top_pins_read_why("/pins", &s, NULL, 0), 0);
         ck_assert(s.pins);
         ck_assert_uint_eq(s.n_peers, 2);
         TopPeer *a = peer(&s, "alpha"), *b = peer(&s, "bravo");
@@ -217,7 +217,7 @@ START_TEST(test_every_key_once) {
         delete_when_next_of = 0;
 
         TopSnapshot s = {};
-        ck_assert_int_eq(top_pins_read("/pins", &s), 0);
+        ck_assert_int_eq(top_pins_read_why("/pins", &s, NULL, 0), 0);
         ck_assert_uint_eq(s.n_peers, 1);
         ck_assert_uint_eq(s.peers[0].conns, 3);
         ck_assert_uint_eq(s.peers[0].bytes_acked, 3);
@@ -334,46 +334,6 @@ START_TEST(test_nothing_pinned) {
 }
 END_TEST
 
-/* top_pins_read() says why on standard error once, not at every poll; again when the
- * reason changes. */
-START_TEST(test_refusal_said_once) {
-        char buf[4096] = "";
-        TopSnapshot s;
-
-        FILE *f = tmpfile();
-        ck_assert_ptr_nonnull(f);
-        fflush(stderr);
-        int saved = dup(STDERR_FILENO);
-        ck_assert_int_ge(saved, 0);
-        ck_assert_int_ge(dup2(fileno(f), STDERR_FILENO), 0);
-
-        two_conns(&s);
-        pinned[PIN_CONNS].value_size += 64;
-        for (int i = 0; i < 3; i++)
-                ck_assert_int_eq(top_pins_read("/pins", &s), -EPROTO);
-        pinned_reset();
-        settings_abi = EPD_TELEMETRY_ABI + 1;
-        ck_assert_int_eq(top_pins_read("/pins", &s), -EPROTO);
-        ck_assert_int_eq(top_pins_read("/pins", &s), -EPROTO);
-        fflush(stderr);
-        ck_assert_int_ge(dup2(saved, STDERR_FILENO), 0);
-        close(saved);
-
-        rewind(f);
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        buf[n] = '\0';
-        fclose(f);
-        size_t lines = 0;
-        for (const char *p = buf; (p = strchr(p, '\n')); p++)
-                lines++;
-        ck_assert_msg(lines == 2, "%s", buf);
-        ck_assert_msg(strstr(buf, "epdtop: not reading the pinned maps: /pins/conns is a hash map"), "%s", buf);
-        ck_assert_msg(strstr(buf, "epdtop: not reading the pinned maps: /pins/settings says telemetry ABI"), "%s",
-                      buf);
-        assert_untouched(&s);
-        top_snapshot_done(&s);
-}
-END_TEST
 
 int main(void) {
         Suite *s = suite_create("epdtop-pins");
@@ -384,7 +344,6 @@ int main(void) {
         tcase_add_test(tc, test_larger_value_refused);
         tcase_add_loop_test(tc, test_other_layouts_refused, 0, ELEMENTSOF(others));
         tcase_add_test(tc, test_nothing_pinned);
-        tcase_add_test(tc, test_refusal_said_once);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
