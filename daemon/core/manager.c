@@ -52,10 +52,12 @@ const Subsystem *const *manager_subsystems(void) {
         return subsystems;
 }
 
-void manager_pages_taken(Manager *m, const char *request_id, const Arena *a, int64_t n) {
+uint64_t manager_pages_taken(Manager *m, const char *request_id, const Arena *a, int64_t n) {
+        uint64_t counted = 0;
         FOREACH_SUBSYSTEM(s)
                 if (s->pages_taken)
-                        s->pages_taken(m, request_id, a, n);
+                        counted += s->pages_taken(m, request_id, a, n);
+        return counted;
 }
 
 /* A direct (peer-to-peer) connection on the daemon's socket. It is keyed by its serial,

@@ -91,8 +91,9 @@ typedef struct Subsystem {
         /* A handoff's Prepare for request_id took n KV pages of arena a for its
          * destination (allocated, or the prefill's own handed over in place): the
          * scheduler stops holding them back apart (manager_pages_taken()); n < 0: -n
-         * allocated ones went back to the pool uncommitted (a rollback). */
-        void (*pages_taken)(Manager *m, const char *request_id, const Arena *a, int64_t n);
+         * allocated ones went back to the pool uncommitted (a rollback). Returns how
+         * many it counted (the caller gives back exactly those). */
+        uint64_t (*pages_taken)(Manager *m, const char *request_id, const Arena *a, int64_t n);
         const SubsystemJournal *journal; /* NULL: journals nothing */
         const SubsystemArenas *arenas;   /* NULL: makes no arenas */
 } Subsystem;
@@ -169,8 +170,8 @@ struct Manager {
 int manager_new(Manager **ret, const char *config_path);
 /* The subsystems in start order, NULL-terminated (core/subsystem-list.h). */
 const Subsystem *const *manager_subsystems(void);
-/* Tells every subsystem of Subsystem.pages_taken. */
-void manager_pages_taken(Manager *m, const char *request_id, const Arena *a, int64_t n);
+/* Tells every subsystem of Subsystem.pages_taken; what they counted, together. */
+uint64_t manager_pages_taken(Manager *m, const char *request_id, const Arena *a, int64_t n);
 Manager *manager_free(Manager *m);
 /* Everything start-up checks of the configuration that needs no socket bound and no
  * state directory: the host id, the socket's group, the arenas' sizes, and each

@@ -332,8 +332,7 @@ static void on_remote_prepare(HandoffManager *hm, Peer *p, HandoffMessage *in) {
                 return;
         }
         hm->counters.prepared++;
-        d->sched_taken = d->n_pages;
-        manager_pages_taken(m, d->request_str, a, d->n_pages);
+        d->sched_taken = (uint32_t)manager_pages_taken(m, d->request_str, a, d->n_pages);
         if (!pipelined)
                 send_prepare_ok(d);
         else if (!page_manager_pages_settled(m->page_manager, d->pool, d->pages, d->n_pages) &&

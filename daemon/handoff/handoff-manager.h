@@ -125,7 +125,8 @@ struct HandoffObject {
         bool holds_pages;        /* leases (source) / refs + leases (destination) */
         uint64_t *page_keys;     /* destination: keys in hm->dest_pages */
         bool zero_copy;
-        uint32_t sched_taken;    /* destination: pages the scheduler counted taken at Prepare */
+        uint32_t sched_taken;    /* destination: pages the scheduler counted taken at Prepare
+                                  * (given back, exactly those, if they return uncommitted) */
         int refused_error;       /* source: the errno a PREPARE_REFUSED gave (negative), 0 */
         unsigned in_event;       /* handoff_after_event() calls on it under way, and
                                   * holds (handoff_obj_hold()): it is not freed meanwhile */

@@ -875,8 +875,7 @@ static int prepare_local(HandoffManager *hm, PrepareCtx *x, HandoffObject *o, Re
         }
         hm->counters.prepared++;
         x->worker->stats.handoffs_out++;
-        d->sched_taken = d->n_pages;
-        manager_pages_taken(hm->manager, o->request_str, x->dst_arena, d->n_pages);
+        d->sched_taken = (uint32_t)manager_pages_taken(hm->manager, o->request_str, x->dst_arena, d->n_pages);
         handoff_expect_arrived(d);
         log_debug("handoff %s: prepared locally (%s, %u pages, %u groups)", o->request_str,
                   o->zero_copy ? "same arena" : "copy", o->n_pages, x->n_groups);

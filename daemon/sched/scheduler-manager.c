@@ -349,16 +349,17 @@ static uint64_t decode_kv_mask(Manager *m, const Worker *w) {
 /* Subsystem.pages_taken: if the request's decode worker maps a, its reservation there
  * shrinks by n, or grows back by -n (sched_request_pages_taken()); nothing for a request
  * not admitted here. */
-static void scheduler_pages_taken(Manager *m, const char *request_id, const Arena *a, int64_t n) {
+static uint64_t scheduler_pages_taken(Manager *m, const char *request_id, const Arena *a, int64_t n) {
         const char *id;
         Worker *w;
 
         if (!m->scheduler || !a || n == 0 || a->index >= 64)
-                return;
+                return 0;
         id = sched_request_stage_worker(m->scheduler, request_id, SCHED_STAGE_DECODE);
         w = id ? manager_get_worker(m, id) : NULL;
-        if (w && (decode_kv_mask(m, w) & (UINT64_C(1) << a->index)))
-                (void)sched_request_pages_taken(m->scheduler, request_id, n);
+        if (!w || !(decode_kv_mask(m, w) & (UINT64_C(1) << a->index)))
+                return 0;
+        return sched_request_pages_taken(m->scheduler, request_id, n);
 }
 
 typedef struct ArenaSetPromise {

@@ -38,8 +38,10 @@ struct SchedRequest {
         int priority;
         uint64_t seq;        /* admission order: which requests its admission pushed back */
         usec_t admitted, deadline, predicted_end, stage_start, predicted;
-        uint64_t pages;      /* held back at the decode worker (reserved_pages) */
-        uint64_t taken;      /* of them, taken from the pool by its handoff (not held back) */
+        uint64_t pages;      /* held back at the decode worker now (in its reserved_pages) */
+        uint64_t want;       /* PagesNeeded, until its prefill completes */
+        uint64_t held;       /* pages its handoffs hold out of the pool meanwhile: pages is
+                              * want less these (the free count has them no more) */
         void *owner;         /* the caller's (sched_request_set_owner), told at the end */
         StageRef stages[_SCHED_STAGE_MAX];
 };
@@ -730,7 +732,7 @@ static int admit(Scheduler *s, const char *request_id, TaskType t, int prio, con
         r->admitted = r->stage_start = now;
         r->deadline = ret->deadline;
         r->predicted_end = now + best_time;
-        r->pages = hints->pages_needed;
+        r->pages = r->want = hints->pages_needed;
         k = hashmap_put(s->requests, r->id, r);
         if (k < 0) {
                 free(r);
@@ -913,8 +915,7 @@ int sched_complete(Scheduler *s, const char *request_id, SchedStage st, usec_t s
                  * count now; still reserving them would count them twice. */
                 SchedWorker *dw = r->stages[SCHED_STAGE_DECODE].worker;
                 dw->reserved_pages -= MIN(dw->reserved_pages, r->pages);
-                r->pages = 0;
-                r->taken = 0;
+                r->pages = r->want = r->held = 0;
         }
 
         bool more = false;
@@ -926,27 +927,31 @@ int sched_complete(Scheduler *s, const char *request_id, SchedStage st, usec_t s
         return 0;
 }
 
-int sched_request_pages_taken(Scheduler *s, const char *request_id, int64_t n) {
+uint64_t sched_request_pages_taken(Scheduler *s, const char *request_id, int64_t n) {
         SchedRequest *r = request_id ? hashmap_get(s->requests, request_id) : NULL;
-        if (!r)
-                return -ENOENT;
-        SchedWorker *dw = r->stages[SCHED_STAGE_DECODE].worker;
+        SchedWorker *dw = r ? r->stages[SCHED_STAGE_DECODE].worker : NULL;
+        uint64_t k;
+
         if (!dw)
-                return -ENOENT;
+                return 0;
+        if (r->want == 0)
+                return 0; /* its prefill completed: nothing is held back any more */
         if (n >= 0) {
-                /* The pool's free count no longer has these pages: no longer promised apart. */
-                uint64_t k = MIN((uint64_t)n, r->pages);
-                dw->reserved_pages -= MIN(dw->reserved_pages, k);
-                r->pages -= k;
-                r->taken += k;
+                /* The pool's free count no longer has these pages. */
+                k = (uint64_t)n;
+                r->held = r->held > UINT64_MAX - k ? UINT64_MAX : r->held + k;
         } else {
-                /* Its handoff rolled back: they are free again, and promised again. */
-                uint64_t k = MIN((uint64_t)-(n + 1) + 1, r->taken);
-                dw->reserved_pages += k;
-                r->pages += k;
-                r->taken -= k;
+                /* A handoff of it rolled back: they are free again. */
+                k = MIN((uint64_t)-(n + 1) + 1, r->held);
+                r->held -= k;
         }
-        return 0;
+        /* Held back: what it needs beyond what its handoffs hold now (two attempts of one
+         * request, the older one still draining, hold pages of both: only what the
+         * pool's count lacks of them is not promised again). */
+        uint64_t pages = r->want > r->held ? r->want - r->held : 0;
+        dw->reserved_pages = dw->reserved_pages - MIN(dw->reserved_pages, r->pages) + pages;
+        r->pages = pages;
+        return k;
 }
 
 int sched_cancel(Scheduler *s, const char *request_id, usec_t now) {

@@ -200,13 +200,14 @@ int sched_admit(Scheduler *s, const char *request_id, TaskType type, usec_t dead
  * (or ok == false at any stage) ends the request. -ENOENT: unknown request or stage. */
 int sched_complete(Scheduler *s, const char *request_id, SchedStage stage, usec_t service_usec,
                    bool ok, usec_t now);
-/* n of the KV pages an outstanding request reserved at its decode worker left the pool
- * before its prefill completed (its handoff's Prepare took them): they are no longer
- * held back apart, so that the free count and the reservation do not both count them.
- * n < 0: -n of those came back (the handoff rolled back before its prefill completed)
- * and are held back again. -ENOENT when the request is not outstanding or has no
- * decode stage. */
-int sched_request_pages_taken(Scheduler *s, const char *request_id, int64_t n);
+/* A handoff of an outstanding request took n KV pages from its decode worker's pool
+ * before its prefill completed (its Prepare): the free count no longer has them, so the
+ * request holds back only what it needs beyond what its handoffs hold (not counted
+ * twice). n < 0: -n of them came back uncommitted (a rollback). Returns how many it
+ * counted, which the handoff gives back when it rolls back (its own, not another
+ * attempt's); 0 when the request is not outstanding, has no decode stage or its
+ * prefill completed (nothing is held back then). */
+uint64_t sched_request_pages_taken(Scheduler *s, const char *request_id, int64_t n);
 /* Ends an outstanding request at once, as failed (its owner went away). -ENOENT. */
 int sched_cancel(Scheduler *s, const char *request_id, usec_t now);
 /* What the caller attaches to an outstanding request (ops->finished gets it back at the

@@ -680,6 +680,44 @@ START_TEST(test_pages_reserved_until_prefill_done) {
 }
 END_TEST
 
+/* Pages a request's handoffs take from the pool before its prefill completes are not
+ * held back again; when one rolls back they are. Two attempts of one request (a retry
+ * while the first still drains its copies) hold pages of both: only what it needs
+ * beyond what they hold together is held back, so the first one's return does not
+ * promise again what the second holds. */
+START_TEST(test_pages_taken_by_handoffs) {
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        usec_t now = 1000 * SEC;
+        SchedHints h = { .pages_needed = 200 };
+
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p0", SCHED_STAGE_PREFILL, 4, 0, 0);
+        add(s, "d0", SCHED_STAGE_DECODE, 4, 0, 1000);
+        ck_assert_int_eq(sched_admit(s, "r", TASK_THINKING, 0, &h, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_uint_eq(sched_worker_reserved_pages(s, "d0"), 200);
+        ck_assert_uint_eq(sched_request_pages_taken(s, "r", 200), 200); /* attempt 1 */
+        ck_assert_uint_eq(sched_worker_reserved_pages(s, "d0"), 0);
+        ck_assert_uint_eq(sched_request_pages_taken(s, "r", 200), 200); /* attempt 2 */
+        ck_assert_uint_eq(sched_worker_reserved_pages(s, "d0"), 0);
+        ck_assert_uint_eq(sched_request_pages_taken(s, "r", -200), 200); /* 1 drained */
+        ck_assert_uint_eq(sched_worker_reserved_pages(s, "d0"), 0);    /* 2 holds them */
+        ck_assert_uint_eq(sched_request_pages_taken(s, "r", -200), 200); /* 2 rolled back */
+        ck_assert_uint_eq(sched_worker_reserved_pages(s, "d0"), 200);
+        ck_assert_uint_eq(sched_request_pages_taken(s, "nosuch", 5), 0);
+        /* A handoff that took 50 and rolls back after the prefill completed changes nothing. */
+        ck_assert_uint_eq(sched_request_pages_taken(s, "r", 50), 50);
+        ck_assert_uint_eq(sched_worker_reserved_pages(s, "d0"), 150);
+        ck_assert_int_eq(sched_complete(s, "r", SCHED_STAGE_PREFILL, 10 * MS, true, now), 0);
+        ck_assert_uint_eq(sched_worker_reserved_pages(s, "d0"), 0);
+        ck_assert_uint_eq(sched_request_pages_taken(s, "r", -50), 0);
+        ck_assert_uint_eq(sched_worker_reserved_pages(s, "d0"), 0);
+        sched_free(s);
+}
+END_TEST
+
 /* A throttled pool whose completions stopped keeps telling callers to come back late
  * (retry_max), not, once the completion rate has decayed far enough, at retry_min. */
 START_TEST(test_watermark_retry_without_completions) {
@@ -1025,6 +1063,7 @@ int main(void) {
         tcase_add_test(tc, test_estimates_recover_and_saturate);
         tcase_add_test(tc, test_estimate_decays_while_other_pools_busy);
         tcase_add_test(tc, test_pages_reserved_until_prefill_done);
+        tcase_add_test(tc, test_pages_taken_by_handoffs);
         tcase_add_test(tc, test_watermark_retry_without_completions);
         tcase_add_test(tc, test_affinity_backpressure);
         tcase_add_test(tc, test_path_telemetry);
