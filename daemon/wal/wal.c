@@ -432,7 +432,11 @@ int wal_open(const char *dir, WalSyncPolicy policy, Wal **ret) {
         r = fsync_parent(dir);
         if (r >= 0)
                 r = fsync_parent(dirname(parent));
-        if (r < 0 && r != -EINVAL && r != -EROFS)
+        if (r == -EACCES || r == -EPERM)
+                /* A parent epdd may not open (0711, another owner's): the start goes on. */
+                log_warning_errno(r, "Cannot sync the directories above %s (%m): a power loss right after the "
+                                     "first start may lose the WAL directory's entry.", dir);
+        else if (r < 0 && r != -EINVAL && r != -EROFS)
                 return log_error_errno(r, "Failed to sync the directories above %s: %m", dir);
 
         w = calloc(1, sizeof *w);
@@ -502,6 +506,10 @@ static int open_log_for_append(Wal *w, uint64_t end) {
  * one), so that garbage costs no CRC at every offset. */
 static uint64_t records_after_damage(const uint8_t *p, size_t n, uint64_t last_lsn, uint64_t *ret_lsn) {
         uint64_t found = 0;
+        /* A zeroed header is where the writer cut records whose callers heard they failed
+         * and whose cut the file system refused (cut_failed()): the end, not damage. */
+        if (n >= WAL_RECORD_HEADER_SIZE && all_zero(p, WAL_RECORD_HEADER_SIZE))
+                return 0;
         for (size_t off = 8; off + WAL_RECORD_HEADER_SIZE <= n;) {
                 const uint8_t *q = p + off;
                 uint64_t lsn = unaligned_read_le64(q + 8);

@@ -251,7 +251,7 @@ static int workflows_init(Manager *m) {
                 free(g);
                 return log_error_errno(r, "Cannot create the workflow manager: %m");
         }
-        workflow_manager_set_token_budget(m->workflows, m->config.workflow_token_bytes / sizeof(uint32_t));
+        workflow_manager_set_token_budget(m->workflows, DIV_ROUND_UP(m->config.workflow_token_bytes, sizeof(uint32_t)));
         if (m->page_manager)
                 page_manager_set_keeper(m->page_manager, keeps_sequence, workflows_grace_ends, m);
         return 0;
@@ -296,7 +296,7 @@ static const SubsystemJournal workflows_journal_hooks = {
 
 static int workflows_reload(Manager *m, const Config *c) {
         if (m->workflows)
-                workflow_manager_set_token_budget(m->workflows, c->workflow_token_bytes / sizeof(uint32_t));
+                workflow_manager_set_token_budget(m->workflows, DIV_ROUND_UP(c->workflow_token_bytes, sizeof(uint32_t)));
         return 0;
 }
 

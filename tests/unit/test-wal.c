@@ -404,6 +404,12 @@ START_TEST(test_sync_failure_uncut) {
                 w = reopen(dir, &s);
                 ck_assert_uint_eq(s.n, good); /* none of the five */
                 ck_assert_uint_eq(s.bad, 0);
+                /* The zeroed header marks records their callers heard failed: not damage
+                 * with acknowledged records behind it, nothing kept aside. */
+                ck_assert_uint_eq(wal_get_stats(w)->cut_records, 0);
+                char cut[600];
+                snprintf(cut, sizeof cut, "%s/wal.log.cut-%" PRIu64, dir, good);
+                ck_assert_int_lt(access(cut, F_OK), 0);
                 wal_free(w);
         }
         rm_dir(dir);
