@@ -50,7 +50,11 @@ static int on_track_gone(sd_bus_track *t, void *userdata) {
         Client *c = userdata;
         log_debug("Client %s left the bus.", c->key);
         client_gone(c);
-        return 0;
+        /* Handled: sd-bus puts an empty track whose handler returned 0 back on its queue,
+         * and a client that waits for its process (client_gone()) keeps its track: the
+         * bus then dispatched this again at every turn, 100 % CPU, every bus call
+         * unanswered until the process exited (up to 10 s). */
+        return 1;
 }
 
 int manager_client_from_message(Manager *m, sd_bus_message *msg, Client **ret) {

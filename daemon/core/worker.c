@@ -66,7 +66,16 @@ static void worker_release(ClientObject *o) {
 
 int worker_new(Manager *m, Client *c, WorkerRole role, const char *model, const char *device,
                Worker **ret) {
-        if (hashmap_size(m->workers) >= m->config.max_workers)
+        /* Workers whose client left and whose process may still write into GPU pages
+         * (client_gone()) do not count, as for MaxClients=: the same process registering
+         * again on a new connection is not refused while its old worker waits. */
+        size_t live = hashmap_size(m->workers), it = 0;
+        Worker *o;
+        if (live >= m->config.max_workers)
+                while (hashmap_iterate(m->workers, &it, (void **)&o, NULL))
+                        if (!manager_get_worker(m, o->id_str))
+                                live--;
+        if (live >= m->config.max_workers)
                 return -EUSERS;
         Worker *w = calloc(1, sizeof *w);
         if (!w)

@@ -45,6 +45,11 @@ static const char *find_dbus_daemon(char *buf, size_t n) {
         return NULL;
 }
 
+bool harness_have_dbus_daemon(void) {
+        char buf[4096];
+        return find_dbus_daemon(buf, sizeof buf) != NULL;
+}
+
 void harness_require_bus(bool over_bus) {
         char buf[4096];
         if (over_bus && !find_dbus_daemon(buf, sizeof buf)) {

@@ -34,6 +34,8 @@ void harness_note_pid(Harness *h, pid_t pid);
  * without a dbus-daemon in PATH the whole test exits 77 (skip) with its reason, rather
  * than each case failing inside check's forked child. No-op when !over_bus. */
 void harness_require_bus(bool over_bus);
+/* Whether a dbus-daemon is in PATH (for one test of a binary to skip on its own). */
+bool harness_have_dbus_daemon(void);
 /* Starts a private dbus-daemon (system-bus-like, but allowing everything), the one
  * found in PATH; -ENOENT when there is none. */
 int harness_start_bus(Harness *h);

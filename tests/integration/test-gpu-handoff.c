@@ -1136,6 +1136,111 @@ static uint32_t outstanding(void) {
         return n;
 }
 
+/* epdd's CPU time so far (user + system), in clock ticks. */
+static uint64_t epdd_ticks(void) {
+        char path[64], buf[1024];
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)h.epdd_pid);
+        FILE *f = fopen(path, "re");
+        ck_assert_ptr_nonnull(f);
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *p = strrchr(buf, ')');
+        ck_assert_ptr_nonnull(p);
+        unsigned long long ut = 0, st = 0;
+        /* after ") ": state, ppid, pgrp, session, tty, tpgid, flags, minflt, cminflt,
+         * majflt, cmajflt, utime, stime */
+        ck_assert_int_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st), 2);
+        return ut + st;
+}
+
+/* A GPU worker on the bus that leaves its connection while its process runs on: epdd
+ * waits for the process before handing its GPU pages out again, and serves everyone
+ * else meanwhile. Its bus track, empty but kept, was put back on sd-bus's queue at every
+ * dispatch (the handler returned 0): 100 % CPU and no bus call answered until the
+ * process exited, up to 10 s. (Skipped without a dbus-daemon: the GPU machine.) */
+START_TEST(test_departing_gpu_client_on_the_bus) {
+        if (!harness_have_dbus_daemon())
+                return;
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+        ck_assert_int_eq(harness_init(&h, CONFIG), 0);
+        harness_start(&h, true, address, sizeof address);
+
+        int to_parent[2], to_child[2];
+        ck_assert_int_eq(pipe2(to_parent, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(to_child, O_CLOEXEC), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                const char *arenas[] = { "gpu0", NULL };
+                epd_client *c = NULL;
+                char go;
+                if (epd_connect(address, &c) < 0 || epd_register(c, "decode", "model", "cuda:0", &kv, arenas) < 0)
+                        _exit(1);
+                (void)shutdown(epd_get_fd(c), SHUT_RDWR); /* gone from the bus; the process stays */
+                if (write(to_parent[1], "x", 1) != 1 || read(to_child[0], &go, 1) != 1)
+                        _exit(1);
+                _exit(0);
+        }
+        close(to_parent[1]);
+        close(to_child[0]);
+        char x;
+        ck_assert_int_eq(read(to_parent[0], &x, 1), 1);
+        usleep(300 * 1000); /* the bus tells epdd; it waits for the process */
+
+        uint64_t t0 = epdd_ticks();
+        usec_t c0 = now_usec(CLOCK_MONOTONIC);
+        sd_bus *bus;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        char *version = NULL;
+        ck_assert_int_ge(harness_raw_bus(&h, &bus), 0);
+        ck_assert_int_ge(sd_bus_get_property_string(bus, harness_destination(&h), "/org/epd1", "org.epd1.Manager",
+                                                    "Version", &e, &version),
+                         0);
+        usec_t took = now_usec(CLOCK_MONOTONIC) - c0;
+        free(version);
+        sd_bus_flush_close_unref(bus);
+        ck_assert_msg(took < USEC_PER_SEC, "a bus call took %" PRIu64 " ms", took / 1000);
+        usleep(1000 * 1000);
+        uint64_t ticks = epdd_ticks() - t0;
+        long hz = sysconf(_SC_CLK_TCK);
+        ck_assert_msg(ticks * 1000 / (uint64_t)hz < 500, "epdd used %" PRIu64 " ticks in about 1 s", ticks);
+
+        ck_assert_int_eq(write(to_child[1], "x", 1), 1);
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        close(to_parent[0]);
+        close(to_child[1]);
+}
+END_TEST
+
+/* A departed GPU worker whose process still runs does not count against MaxWorkers=, as
+ * a departed client does not against MaxClients=: the process registering again on a
+ * new connection is not refused while its old worker waits for it. */
+START_TEST(test_departed_worker_not_counted) {
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+        ck_assert_int_eq(harness_init(&h, CONFIG "[Limits]\nMaxWorkers=1\n"), 0);
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+
+        const char *arenas[] = { "gpu0", NULL };
+        epd_client *a = NULL, *b = NULL;
+        ck_assert_int_eq(epd_connect(address, &a), 0);
+        ck_assert_int_eq(epd_register(a, "decode", "model", "cuda:0", &kv, arenas), 0);
+        ck_assert_int_eq(epd_connect(address, &b), 0);
+        ck_assert_int_lt(epd_register(b, "decode", "model", "cuda:0", &kv, arenas), 0); /* the limit */
+        ck_assert_str_eq(epd_last_error_name(b), "org.epd1.Error.LimitExceeded");
+        (void)shutdown(epd_get_fd(a), SHUT_RDWR); /* a's connection goes, this process stays */
+        usleep(300 * 1000);
+        ck_assert_msg(epd_register(b, "decode", "model", "cuda:0", &kv, arenas) == 0, "%s", epd_last_error_message(b));
+        epd_disconnect(b);
+        epd_disconnect(a);
+}
+END_TEST
+
 START_TEST(test_departing_encoder_fails_its_features_at_once) {
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         harness_done(&h);
@@ -1748,6 +1853,8 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_decode_dies);
         tcase_add_test(tc, test_gpu_pages_wait_for_the_process);
         tcase_add_test(tc, test_departing_encoder_fails_its_features_at_once);
+        tcase_add_test(tc, test_departing_gpu_client_on_the_bus);
+        tcase_add_test(tc, test_departed_worker_not_counted);
         tcase_add_test(tc, test_cow);
         tcase_add_test(tc, test_notifier);
         tcase_add_test(tc, test_sliced_batches);
