@@ -61,15 +61,24 @@ int arena_size_round(uint64_t requested, uint64_t granularity, uint64_t *ret) {
         return 0;
 }
 
-static int bind_numa(void *p, uint64_t size, int node) {
-        if (node < 0)
-                return 0;
-        unsigned long mask[16] = { 0 };
-        if (node >= (int)(sizeof mask * 8))
+#define NUMA_MASK_WORDS 16
+
+static int numa_mask(int node, unsigned long mask[static NUMA_MASK_WORDS]) {
+        memset(mask, 0, NUMA_MASK_WORDS * sizeof *mask);
+        if (node < 0 || node >= (int)(NUMA_MASK_WORDS * 8 * sizeof(unsigned long)))
                 return -EINVAL;
         mask[node / (8 * sizeof(unsigned long))] |= 1UL << (node % (8 * sizeof(unsigned long)));
+        return 0;
+}
+
+static int bind_numa(void *p, uint64_t size, int node) {
+        unsigned long mask[NUMA_MASK_WORDS];
+        if (node < 0)
+                return 0;
+        if (numa_mask(node, mask) < 0)
+                return -EINVAL;
         /* MPOL_BIND = 2; the raw syscall avoids a libnuma dependency. */
-        if (syscall(SYS_mbind, p, size, 2, mask, sizeof mask * 8, 0) < 0)
+        if (syscall(SYS_mbind, p, size, 2, mask, NUMA_MASK_WORDS * 8 * sizeof(unsigned long), 0) < 0)
                 return -errno;
         return 0;
 }
@@ -126,7 +135,7 @@ static Arena *arena_alloc(const ArenaConfig *c, uint32_t index) {
         return a;
 }
 
-static int memfd_sized(const char *name, uint64_t size, bool huge) {
+static int memfd_sized(const char *name, uint64_t size, bool huge, int numa_node) {
         char n[64];
         snprintf(n, sizeof n, "epd-arena-%s", name);
         unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
@@ -142,9 +151,17 @@ static int memfd_sized(const char *name, uint64_t size, bool huge) {
         }
         if (huge) {
                 /* hugetlb reservations can succeed at ftruncate and fail on fault:
-                 * fault every huge page in now, while a failure can still fall back. */
-                if (fallocate(fd, 0, 0, (off_t)size) < 0) {
-                        int r = -errno;
+                 * fault every huge page in now, while a failure can still fall back.
+                 * The pages are allocated here, under this thread's policy: NumaNode= is
+                 * applied around it (an mbind() of the mapping afterwards moved nothing,
+                 * and hugetlb keeps no shared policy for later faults). */
+                unsigned long mask[NUMA_MASK_WORDS];
+                bool bound = numa_node >= 0 && numa_mask(numa_node, mask) >= 0 &&
+                             syscall(SYS_set_mempolicy, 2, mask, NUMA_MASK_WORDS * 8 * sizeof(unsigned long)) == 0;
+                int r = fallocate(fd, 0, 0, (off_t)size) < 0 ? -errno : 0;
+                if (bound)
+                        (void)syscall(SYS_set_mempolicy, 0, NULL, 0); /* MPOL_DEFAULT again */
+                if (r < 0) {
                         close(fd);
                         return r;
                 }
@@ -163,7 +180,7 @@ int arena_new_host(const ArenaConfig *c, uint32_t index, const char *host_id, Ar
         if (huge) {
                 r = arena_size_round(c->size, HUGE_PAGE, &size);
                 if (r >= 0) {
-                        a->fd = memfd_sized(c->name, size, true);
+                        a->fd = memfd_sized(c->name, size, true, c->numa_node);
                         if (a->fd < 0 && c->hugepages == HUGEPAGES_YES) {
                                 r = a->fd;
                                 log_error_errno(r, "Arena '%s': HugePages=yes but %" PRIu64
@@ -191,7 +208,7 @@ int arena_new_host(const ArenaConfig *c, uint32_t index, const char *host_id, Ar
                         arena_free(a);
                         return r;
                 }
-                a->fd = memfd_sized(c->name, size, false);
+                a->fd = memfd_sized(c->name, size, false, c->numa_node);
                 if (a->fd < 0) {
                         r = log_error_errno(a->fd, "Arena '%s': cannot create %" PRIu64 " byte memfd: %m",
                                             c->name, size);
