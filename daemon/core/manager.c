@@ -765,6 +765,14 @@ static int manager_loop(Manager *m) {
 
 int manager_run(Manager *m) {
         char status[512];
+        /* Asked to stop while starting (the signals were blocked since: a long replay,
+         * arenas of huge pages, the bus name): never READY=1 after that. */
+        sigset_t pending;
+        if (sigpending(&pending) == 0 && (sigismember(&pending, SIGTERM) == 1 || sigismember(&pending, SIGINT) == 1)) {
+                log_info("Asked to stop while starting: stopping without serving.");
+                (void)sd_notify(false, "STOPPING=1\nSTATUS=Stopping.");
+                return 0;
+        }
         snprintf(status, sizeof status,
                  "READY=1\nSTATUS=Serving %zu arena(s) on %s%s (host %s).", m->n_arenas,
                  m->config.socket_path, m->bus ? " and the bus" : "", m->config.host_id);

@@ -431,6 +431,56 @@ START_TEST(test_stopping_on_sigterm) {
 }
 END_TEST
 
+/* SIGTERM while epdd starts (here its replay of the log reads slowly): it stops without
+ * ever saying READY=1, STOPPING=1 and exit status 0. Before, the start went on, said
+ * READY=1 after the SIGTERM, and then stopped. */
+START_TEST(test_stopping_while_starting) {
+        Msg m;
+        const char *lib = getenv("FAULT_WAL");
+        ck_assert_msg(lib, "FAULT_WAL is not set (run through meson test)");
+        start_epdd(h.config, 0, NULL); /* a first start leaves a log to replay */
+        wait_ready(&m);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        while (notify_recv(&m, 0) > 0)
+                ;
+        const char *asan = getenv("ASAN_OPTIONS");
+        char *old_asan = asan ? strdup(asan) : NULL, env[1024];
+        snprintf(env, sizeof env, "%s%sverify_asan_link_order=0", asan ? asan : "", asan && *asan ? ":" : "");
+        ck_assert_int_eq(setenv("ASAN_OPTIONS", env, 1), 0);
+        ck_assert_int_eq(setenv("LD_PRELOAD", lib, 1), 0);
+        ck_assert_int_eq(setenv("EPD_FAULT_READ_SLOW", "2000:1:wal.log", 1), 0);
+        start_epdd(h.config, 0, NULL);
+        unsetenv("LD_PRELOAD");
+        unsetenv("EPD_FAULT_READ_SLOW");
+        if (old_asan)
+                setenv("ASAN_OPTIONS", old_asan, 1);
+        else
+                unsetenv("ASAN_OPTIONS");
+        free(old_asan);
+        pid_t pid = h.epdd_pid;
+        usleep(500 * 1000); /* in its replay */
+        ck_assert_int_eq(kill(pid, SIGTERM), 0);
+        int status = 0;
+        usec_t deadline = now_usec(CLOCK_MONOTONIC) + 30 * USEC_PER_SEC;
+        while (waitpid(pid, &status, WNOHANG) != pid) {
+                ck_assert_msg(now_usec(CLOCK_MONOTONIC) < deadline, "epdd did not exit on SIGTERM while starting");
+                usleep(10000);
+        }
+        h.epdd_pid = 0;
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "epdd exit status 0x%x", (unsigned)status);
+        bool stopping = false;
+        int r;
+        while ((r = notify_recv(&m, 0)) > 0) {
+                ck_assert_msg(!has_line(m.text, "READY=1"), "READY=1 after a SIGTERM while starting");
+                if (has_line(m.text, "STOPPING=1"))
+                        stopping = true;
+        }
+        ck_assert_int_ge(r, 0);
+        ck_assert(stopping);
+        ck_assert(harness_log_has(&h, "Asked to stop while starting"));
+}
+END_TEST
+
 START_TEST(test_stopping_on_sigint) {
         stop_and_check(SIGINT);
 }
@@ -468,6 +518,7 @@ int main(void) {
         tcase_add_test(tc, test_reload_key_rotation);
         tcase_add_test(tc, test_stopping_on_sigterm);
         tcase_add_test(tc, test_stopping_on_sigint);
+        tcase_add_test(tc, test_stopping_while_starting);
         tcase_add_test(tc, test_bad_config_never_ready);
         suite_add_tcase(s, tc);
         return check_run(s, CK_NOFORK);
