@@ -155,12 +155,17 @@ static int memfd_sized(const char *name, uint64_t size, bool huge, int numa_node
                  * The pages are allocated here, under this thread's policy: NumaNode= is
                  * applied around it (an mbind() of the mapping afterwards moved nothing,
                  * and hugetlb keeps no shared policy for later faults). */
-                unsigned long mask[NUMA_MASK_WORDS];
+                unsigned long mask[NUMA_MASK_WORDS], old_mask[NUMA_MASK_WORDS] = { 0 };
+                const unsigned long bits = NUMA_MASK_WORDS * 8 * sizeof(unsigned long);
+                int old_mode = 0;
+                /* The thread's own policy (NUMAPolicy= of the unit, numactl) comes back
+                 * afterwards, whatever it was. */
                 bool bound = numa_node >= 0 && numa_mask(numa_node, mask) >= 0 &&
-                             syscall(SYS_set_mempolicy, 2, mask, NUMA_MASK_WORDS * 8 * sizeof(unsigned long)) == 0;
+                             syscall(SYS_get_mempolicy, &old_mode, old_mask, bits, NULL, 0) == 0 &&
+                             syscall(SYS_set_mempolicy, 2, mask, bits) == 0;
                 int r = fallocate(fd, 0, 0, (off_t)size) < 0 ? -errno : 0;
                 if (bound)
-                        (void)syscall(SYS_set_mempolicy, 0, NULL, 0); /* MPOL_DEFAULT again */
+                        (void)syscall(SYS_set_mempolicy, old_mode, old_mode == 0 ? NULL : old_mask, old_mode == 0 ? 0 : bits);
                 if (r < 0) {
                         close(fd);
                         return r;

@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <check.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -25,6 +27,28 @@ START_TEST(test_size_round) {
         ck_assert_int_eq(arena_size_round(1 << 20, 0, &s), -EINVAL);
         ck_assert_uint_eq(arena_header_size(4096), 4096);
         ck_assert_uint_eq(arena_header_size(2ULL << 20), 2ULL << 20);
+}
+END_TEST
+
+/* NumaNode= on a huge-page arena binds the huge pages as they are faulted in, through
+ * this thread's policy, and puts the thread's own policy back as it was (the unit's
+ * NUMAPolicy=, a numactl wrapper), whether the huge pages came or the arena fell back to
+ * normal pages. It was reset to the default, for every later allocation of the daemon. */
+START_TEST(test_numa_policy_kept) {
+        const unsigned long bits = 16 * 8 * sizeof(unsigned long);
+        unsigned long mask[16] = { 1 }, got[16] = { 0 };
+        int mode = -1;
+        if (syscall(SYS_set_mempolicy, 3 /* MPOL_INTERLEAVE */, mask, bits) < 0)
+                return; /* no NUMA support in this kernel */
+        ArenaConfig c = { .name = (char *)"tn", .domain = MEMORY_HOST, .usage = ARENA_USAGE_KV,
+                          .size = 4 << 20, .hugepages = HUGEPAGES_TRY, .numa_node = 0, .gpu = -1 };
+        Arena *a;
+        ck_assert_int_eq(arena_new_host(&c, 1, "h1", &a), 0);
+        ck_assert_int_eq(syscall(SYS_get_mempolicy, &mode, got, bits, NULL, 0), 0);
+        ck_assert_int_eq(mode, 3);
+        ck_assert_uint_eq(got[0] & 1, 1);
+        arena_free(a);
+        ck_assert_int_eq(syscall(SYS_set_mempolicy, 0, NULL, 0), 0);
 }
 END_TEST
 
@@ -86,6 +110,7 @@ int main(void) {
         TCase *tc = tcase_create("arena");
         tcase_add_test(tc, test_size_round);
         tcase_add_test(tc, test_host_arena);
+        tcase_add_test(tc, test_numa_policy_kept);
         tcase_add_test(tc, test_hugepages_fallback);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
