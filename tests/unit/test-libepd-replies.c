@@ -6,6 +6,7 @@
  * not held until the connection goes. And a refusal libepd words itself keeps its words. */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@
 #include "epd/epd.h"
 #include "epd/epd-feature.h"
 #include "epd/handoff.h"
+#include "epd/ring.h"
 #include "../check-main.h"
 
 typedef struct Canned {
@@ -32,7 +34,36 @@ typedef struct Canned {
         char released[64];
         char unregistered[64]; /* UnregisterWorker's worker */
         atomic_int ring_closes; /* CloseRing calls seen */
+        atomic_int ring_mode;   /* what OpenRing answers (RingMode) */
 } Canned;
+
+/* OpenRing's answers: a file shorter than the size said; a well-formed ring whose file
+ * is not sealed against shrinking; one whose completion eventfd blocks; one whose
+ * submission eventfd blocks; a ring as epdd makes it. */
+typedef enum RingMode { RING_SHORT, RING_UNSEALED, RING_BLOCKING_COMPLETE, RING_BLOCKING_SUBMIT, RING_GOOD } RingMode;
+
+/* A ring file of 64 + 64 entries with a valid header, sealed or not. */
+static int ring_file(bool sealed, uint64_t *ret_size) {
+        long ps = sysconf(_SC_PAGESIZE);
+        uint64_t size = (epd_ring_size(64, 64) + (uint64_t)ps - 1) / (uint64_t)ps * (uint64_t)ps;
+        int fd = memfd_create("canned-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0 || ftruncate(fd, (off_t)size) < 0)
+                return -errno;
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+                return -errno;
+        struct epd_ring_header h = { .magic = EPD_RING_MAGIC, .version = EPD_RING_VERSION,
+                                     .record_size = EPD_RING_RECORD_SIZE, .sq_entries = 64, .cq_entries = 64,
+                                     .sq_offset = EPD_RING_OFF_RECORDS,
+                                     .cq_offset = EPD_RING_OFF_RECORDS + 64ULL * EPD_RING_RECORD_SIZE,
+                                     .size = size };
+        memcpy(p, &h, sizeof h);
+        munmap(p, size);
+        if (sealed && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+                return -errno;
+        *ret_size = size;
+        return fd;
+}
 
 static Canned canned;
 
@@ -71,18 +102,28 @@ static int on_call(sd_bus_message *m, void *userdata, sd_bus_error *e) {
                         snprintf(s->unregistered, sizeof s->unregistered, "%s", w);
                 r = sd_bus_message_new_method_return(m, &reply);
         } else if (strcmp(member, "OpenRing") == 0) {
-                /* A ring file shorter than the size said. */
-                int mfd = memfd_create("canned-ring", MFD_CLOEXEC), efd = eventfd(0, EFD_CLOEXEC);
-                if (mfd < 0 || efd < 0 || ftruncate(mfd, 4096) < 0)
-                        r = -errno;
+                RingMode mode = (RingMode)atomic_load(&s->ring_mode);
+                uint64_t size = 1 << 20;
+                int mfd, sfd = eventfd(0, EFD_CLOEXEC | (mode == RING_BLOCKING_SUBMIT ? 0 : EFD_NONBLOCK)),
+                         cfd = eventfd(0, EFD_CLOEXEC | (mode == RING_BLOCKING_COMPLETE ? 0 : EFD_NONBLOCK));
+                if (mode == RING_SHORT) {
+                        mfd = memfd_create("canned-ring", MFD_CLOEXEC);
+                        if (mfd >= 0 && ftruncate(mfd, 4096) < 0)
+                                mfd = -errno;
+                } else
+                        mfd = ring_file(mode != RING_UNSEALED, &size);
+                if (mfd < 0 || sfd < 0 || cfd < 0)
+                        r = -EIO;
                 if (r >= 0)
                         r = sd_bus_message_new_method_return(m, &reply);
                 if (r >= 0)
-                        r = sd_bus_message_append(reply, "hhht", mfd, efd, efd, (uint64_t)(1 << 20));
+                        r = sd_bus_message_append(reply, "hhht", mfd, sfd, cfd, size);
                 if (mfd >= 0)
                         close(mfd);
-                if (efd >= 0)
-                        close(efd);
+                if (sfd >= 0)
+                        close(sfd);
+                if (cfd >= 0)
+                        close(cfd);
         } else if (strcmp(member, "CloseRing") == 0) {
                 atomic_fetch_add(&s->ring_closes, 1);
                 r = sd_bus_message_new_method_return(m, &reply);
@@ -211,12 +252,37 @@ END_TEST
  * size said) is closed at the daemon too: one ring a client, so it could never open
  * another. The open's own error stays the one reported. */
 START_TEST(test_unmappable_ring_closed) {
+        atomic_store(&canned.ring_mode, RING_SHORT);
         epd_client *c = connect_canned();
         epd_ring_client *ring = NULL;
         ck_assert_int_eq(epd_ring_open(c, 64, 64, &ring), -EBADMSG);
         ck_assert_ptr_null(ring);
         ck_assert_int_eq(atomic_load(&canned.ring_closes), 1);
         ck_assert_str_eq(epd_last_error_name(c), "errno.74");
+        epd_disconnect(c);
+}
+END_TEST
+
+/* A ring's fds are checked, not trusted: a file that can be made shorter would fault the
+ * client (SIGBUS), a blocking eventfd would block a wait of 0 or a submission. Each is
+ * refused (EBADMSG) and the ring closed at the daemon; the ring epdd makes is taken. */
+START_TEST(test_ring_fds_checked) {
+        static const RingMode bad[] = { RING_UNSEALED, RING_BLOCKING_COMPLETE, RING_BLOCKING_SUBMIT };
+        epd_client *c = connect_canned();
+        epd_ring_client *ring = NULL;
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                atomic_store(&canned.ring_mode, bad[i]);
+                int closes = atomic_load(&canned.ring_closes);
+                ck_assert_msg(epd_ring_open(c, 64, 64, &ring) == -EBADMSG, "ring mode %d taken", (int)bad[i]);
+                ck_assert_ptr_null(ring);
+                ck_assert_int_eq(atomic_load(&canned.ring_closes), closes + 1);
+        }
+        atomic_store(&canned.ring_mode, RING_GOOD);
+        ck_assert_int_eq(epd_ring_open(c, 64, 64, &ring), 0);
+        ck_assert_ptr_nonnull(ring);
+        struct epd_ring_record out;
+        ck_assert_int_eq(epd_ring_next(ring, &out, 0), -EAGAIN); /* a wait of 0 does not block */
+        ck_assert_int_eq(epd_ring_release(c, ring), 0);
         epd_disconnect(c);
 }
 END_TEST
@@ -243,6 +309,7 @@ int main(void) {
         tcase_add_test(tc, test_unreadable_registration_undone);
         tcase_add_test(tc, test_local_refusal_keeps_its_words);
         tcase_add_test(tc, test_unmappable_ring_closed);
+        tcase_add_test(tc, test_ring_fds_checked);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
