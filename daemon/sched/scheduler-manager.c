@@ -392,7 +392,7 @@ void scheduler_refresh_pages(Manager *m) {
         }
         it = 0;
         while (hashmap_iterate(m->workers, &it, (void **)&w, NULL)) {
-                uint64_t free_pages = 0, others = 0, mask = decode_kv_mask(m, w);
+                uint64_t free_pages = 0, largest = 0, others = 0, mask = decode_kv_mask(m, w);
                 /* Without a page pool yet, ConfigureWorker(FreePages=) is what counts. */
                 if (mask == 0)
                         continue;
@@ -402,6 +402,7 @@ void scheduler_refresh_pages(Manager *m) {
                                 continue;
                         page_pool_stats(m->arenas[i]->pages, &st);
                         free_pages += st.free + st.cached_idle; /* idle cached pages are evictable */
+                        largest = MAX(largest, (uint64_t)(st.free + st.cached_idle));
                 }
                 /* Pages promised to the other decode workers of the same arenas are not
                  * this one's to promise again (the scheduler counts each worker's own). */
@@ -410,7 +411,7 @@ void scheduler_refresh_pages(Manager *m) {
                                 others += sets[k].reserved;
                 others -= MIN(others, sched_worker_reserved_pages(m->scheduler, w->id_str));
                 free_pages -= MIN(free_pages, others);
-                (void)sched_worker_set_free_pages(m->scheduler, w->id_str, free_pages);
+                (void)sched_worker_set_pages(m->scheduler, w->id_str, free_pages, largest);
         }
         free(sets);
 }

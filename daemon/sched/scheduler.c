@@ -52,6 +52,8 @@ struct SchedWorker {
         unsigned pools, slots, queue_limit;
         unsigned queue_limit_set; /* as configured; 0: none, 4 x slots (follows Slots) */
         uint64_t free_pages, reserved_pages;
+        uint64_t largest_pages; /* the most one of its arenas has free (a handoff lands in
+                                 * one); UINT64_MAX: not known */
         unsigned outstanding;
         unsigned outstanding_by_pool[_TASK_TYPE_MAX];
         Estimator est[_TASK_TYPE_MAX];
@@ -374,15 +376,21 @@ int sched_worker_add(Scheduler *s, const SchedWorkerInfo *info) {
         w->queue_limit_set = info->queue_limit;
         worker_queue_limit(w);
         w->free_pages = info->free_pages;
+        w->largest_pages = UINT64_MAX;
         a[s->n_workers[st]++] = w;
         return 0;
 }
 
 int sched_worker_set_free_pages(Scheduler *s, const char *id, uint64_t free_pages) {
+        return sched_worker_set_pages(s, id, free_pages, UINT64_MAX);
+}
+
+int sched_worker_set_pages(Scheduler *s, const char *id, uint64_t free_pages, uint64_t largest) {
         SchedWorker *w = id ? worker_find(s, id, SCHED_STAGE_DECODE, NULL) : NULL;
         if (!w)
                 return -ENOENT;
         w->free_pages = free_pages;
+        w->largest_pages = largest;
         return 0;
 }
 
@@ -603,7 +611,8 @@ static void eval_stage(Scheduler *s, SchedStage st, TaskType t, int prio, const 
                 if (!pool_has_room(s, w, t))
                         continue;
                 if (st == SCHED_STAGE_DECODE &&
-                    (w->reserved_pages > w->free_pages || h->pages_needed > w->free_pages - w->reserved_pages)) {
+                    (w->reserved_pages > w->free_pages || h->pages_needed > w->free_pages - w->reserved_pages ||
+                     h->pages_needed > w->largest_pages)) {
                         ev->no_pages = true;
                         continue;
                 }

@@ -175,6 +175,10 @@ int sched_worker_add(Scheduler *s, const SchedWorkerInfo *info);
 /* Its outstanding requests are dropped (counted as failed). */
 int sched_worker_remove(Scheduler *s, const char *id, SchedStage stage, usec_t now);
 int sched_worker_set_free_pages(Scheduler *s, const char *id, uint64_t free_pages);
+/* The same, and the most free pages one of its arenas has: a request's pages land in one
+ * arena (the handoff's), so a request needing more than that is deferred "no-pages" even
+ * when the arenas together have room (UINT64_MAX: not known, as set_free_pages). */
+int sched_worker_set_pages(Scheduler *s, const char *id, uint64_t free_pages, uint64_t largest);
 /* Changes a worker's capacity at a stage in place: slots (0: as it is) and queue limit
  * (0: 4 x slots when slots change, else as it is). Its outstanding requests stay (they
  * run there already); new ones see the new capacity. -ENOENT, -EINVAL (ranges as for

@@ -1705,13 +1705,13 @@ START_TEST(test_admission_counts_prepared_pages_once) {
         seq = make_sequence(p, "kv0", 200, NULL); /* 1080 free */
         epd_handoff_options o1 = { .target = epd_worker_path(d), .arena = "kv1" };
         ck_assert_int_eq(epd_handoff_prepare(p, rid(93), NULL, seq, groups4, 4, &o1, &path, &token), 0);
-        ck_assert_uint_eq(arena_live(p, "kv1"), 200); /* 880 free, none promised */
-        ck_assert_int_eq(epd_admit(tool, rid(94), "hybrid", 0, 880, false, &a), 0);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 200); /* 880 free (824 in kv0), none promised */
+        ck_assert_int_eq(epd_admit(tool, rid(94), "hybrid", 0, 800, false, &a), 0);
         ck_assert_int_eq(a.verdict, EPD_ADMIT);
         ck_assert_int_eq(epd_handoff_rollback(p, path), 0);
         ck_assert_int_eq(epd_handoff_release(p, path), 0);
-        ck_assert_uint_eq(arena_live(p, "kv1"), 0); /* 1080 free, all promised again */
-        ck_assert_int_eq(epd_admit(tool, rid(95), "hybrid", 0, 1, false, &a), 0);
+        ck_assert_uint_eq(arena_live(p, "kv1"), 0); /* 1080 free, 1000 promised again */
+        ck_assert_int_eq(epd_admit(tool, rid(95), "hybrid", 0, 81, false, &a), 0);
         ck_assert_int_eq(a.verdict, EPD_DEFER);
         ck_assert_str_eq(a.reason, "no-pages");
         release_sequence(p, seq);
@@ -1731,6 +1731,39 @@ static void setup_three_arenas(void) {
         harness_direct_address(&h, address, sizeof address);
         ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
 }
+
+/* A request's pages land in one arena (its handoff's): a decode worker whose arenas have
+ * room together but not one of them alone does not take it ("no-pages"), where the sum
+ * admitted it and the Prepare then said NoSpace. */
+START_TEST(test_admission_needs_one_arena) {
+        static const char *const kv0[] = { "kv0", NULL }, *const ab[] = { "kva", "kvb", NULL };
+        epd_client *p, *d, *filler, *tool;
+        epd_admission a;
+        ck_assert_int_eq(epd_connect(address, &p), 0);
+        ck_assert_int_eq(epd_register(p, "prefill", "model", "cpu", &kv, kv0), 0);
+        ck_assert_int_eq(epd_connect(address, &d), 0);
+        ck_assert_int_eq(epd_register(d, "decode", "model", "cpu", &kv, ab), 0);
+        ck_assert_int_eq(epd_connect(address, &filler), 0);
+        ck_assert_int_eq(epd_register(filler, "prefill", "model", "cpu", &kv, ab), 0);
+        /* 10 pages free in each: kva 16 - 6, kvb 64 - 54. */
+        char *fa = make_sequence(filler, "kva", 6, NULL), *fb = make_sequence(filler, "kvb", 54, NULL);
+        ck_assert_int_eq(epd_connect(address, &tool), 0);
+        ck_assert_int_eq(epd_admit(tool, rid(96), "hybrid", 0, 16, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_DEFER);
+        ck_assert_str_eq(a.reason, "no-pages");
+        ck_assert_int_eq(epd_admit(tool, rid(97), "hybrid", 0, 10, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        ck_assert_str_eq(a.decode, epd_worker_path(d));
+        epd_disconnect(tool);
+        release_sequence(filler, fa);
+        release_sequence(filler, fb);
+        free(fa);
+        free(fb);
+        epd_disconnect(filler);
+        epd_disconnect(d);
+        epd_disconnect(p);
+}
+END_TEST
 
 /* A handoff into a decode worker that maps two arenas goes to one with room for it:
  * the scheduler admits against them together, and the first of them being full is no
@@ -1829,6 +1862,7 @@ int main(void) {
         TCase *three = tcase_create("three-arenas");
         tcase_add_checked_fixture(three, setup_three_arenas, teardown);
         tcase_add_test(three, test_destination_arena_with_room);
+        tcase_add_test(three, test_admission_needs_one_arena);
         suite_add_tcase(s, three);
         return check_run(s, CK_FORK_GETENV);
 }
