@@ -55,6 +55,22 @@
                 (q).last = _it;                                                          \
         } while (0)
 
+/* Inserts item after `after` (NULL: at the front). */
+#define QUEUE_INSERT_AFTER(name, q, after, item)                                         \
+        do {                                                                             \
+                __typeof__((q).first) _it = (item), _af = (after);                       \
+                _it->name##_prev = _af;                                                  \
+                _it->name##_next = _af ? _af->name##_next : (q).first;                   \
+                if (_it->name##_next)                                                    \
+                        _it->name##_next->name##_prev = _it;                             \
+                else                                                                     \
+                        (q).last = _it;                                                  \
+                if (_af)                                                                 \
+                        _af->name##_next = _it;                                          \
+                else                                                                     \
+                        (q).first = _it;                                                 \
+        } while (0)
+
 #define QUEUE_REMOVE(name, q, item)                                                      \
         do {                                                                             \
                 __typeof__((q).first) _it = (item);                                      \

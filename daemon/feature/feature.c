@@ -226,19 +226,7 @@ void feature_producing_start(FeatureCache *c, Feature *f, usec_t now) {
         Feature *after = c->producing.last;
         while (after && after->produce_deadline > f->produce_deadline)
                 after = after->producing_prev;
-        if (after == c->producing.last)
-                QUEUE_PUSH_BACK(producing, c->producing, f);
-        else if (!after) { /* before every one */
-                f->producing_prev = NULL;
-                f->producing_next = c->producing.first;
-                c->producing.first->producing_prev = f;
-                c->producing.first = f;
-        } else {
-                f->producing_prev = after;
-                f->producing_next = after->producing_next;
-                after->producing_next->producing_prev = f;
-                after->producing_next = f;
-        }
+        QUEUE_INSERT_AFTER(producing, c->producing, after, f);
         f->in_producing = true;
 }
 

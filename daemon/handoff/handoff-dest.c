@@ -9,9 +9,9 @@
 
 /* A KV arena with pages of page_size that `target` (if any) maps. Prefers `prefer`
  * (the source's own arena: its pages are handed over in place, none allocated), then
- * the first that has n_pages free or evictable (the scheduler admits against a decode
- * worker's arenas together; taking the first match regardless would refuse NoSpace
- * with room in the next), then the first match (whose pool says NoSpace). Bytes from
+ * the first that has n_pages free or evictable (the scheduler admits a request that
+ * fits one of a decode worker's arenas, not necessarily the first), then the first
+ * match (whose pool says NoSpace). Bytes from
  * another host land in host arenas only (the peer transports write into the daemon's
  * mapping); within this host, GPU arenas too (the CUDA transport). */
 Arena *handoff_pick_arena(Manager *m, uint64_t page_size, uint32_t n_pages, const Worker *target, Arena *prefer,

@@ -237,6 +237,12 @@ static void workflows_grace_ends(void *userdata) {
                 log_info("%zu workflows restored at start were not attached in time and were released.", k);
 }
 
+/* [Limits] WorkflowTokenMemory= in whole tokens (rounded up: 1 to 3 bytes is a token, not
+ * "no bound"). */
+static uint64_t token_budget(const Config *c) {
+        return DIV_ROUND_UP(c->workflow_token_bytes, sizeof(uint32_t));
+}
+
 static int workflows_init(Manager *m) {
         Glue *g = calloc(1, sizeof *g);
         int r;
@@ -251,7 +257,7 @@ static int workflows_init(Manager *m) {
                 free(g);
                 return log_error_errno(r, "Cannot create the workflow manager: %m");
         }
-        workflow_manager_set_token_budget(m->workflows, DIV_ROUND_UP(m->config.workflow_token_bytes, sizeof(uint32_t)));
+        workflow_manager_set_token_budget(m->workflows, token_budget(&m->config));
         if (m->page_manager)
                 page_manager_set_keeper(m->page_manager, keeps_sequence, workflows_grace_ends, m);
         return 0;
@@ -296,7 +302,7 @@ static const SubsystemJournal workflows_journal_hooks = {
 
 static int workflows_reload(Manager *m, const Config *c) {
         if (m->workflows)
-                workflow_manager_set_token_budget(m->workflows, DIV_ROUND_UP(c->workflow_token_bytes, sizeof(uint32_t)));
+                workflow_manager_set_token_budget(m->workflows, token_budget(c));
         return 0;
 }
 

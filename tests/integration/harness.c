@@ -295,6 +295,18 @@ void harness_epdctl(const char *address, const char *args, char *out, size_t siz
         ck_assert_int_eq(pclose(p), 0);
 }
 
+int harness_restart(Harness *h, const char *extra, char *address, size_t n) {
+        int r = harness_stop_epdd(h);
+        if (r < 0)
+                return r;
+        harness_done(h);
+        r = harness_init(h, extra);
+        if (r < 0)
+                return r;
+        harness_direct_address(h, address, n);
+        return harness_start_epdd(h, NULL);
+}
+
 void harness_done(Harness *h) {
         int r = stop_pid(&h->epdd_pid, SIGTERM, 10000);
         if (r != 0) {

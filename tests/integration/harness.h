@@ -51,6 +51,10 @@ bool harness_log_has(Harness *h, const char *needle);
 void harness_epdctl(const char *address, const char *args, char *out, size_t size);
 /* Stops everything and removes the directory. */
 void harness_done(Harness *h);
+/* A test that needs its own configuration: the fixture's epdd stopped and its directory
+ * removed, then a fresh one with `extra` started on the direct socket, whose libepd
+ * address goes to address. 0 or the first error. */
+int harness_restart(Harness *h, const char *extra, char *address, size_t n);
 
 /* harness_start_epdd() with the test library `lib` preloaded into epdd and var=value
  * (var NULL: none) in its environment; the test's own environment is as it was after.

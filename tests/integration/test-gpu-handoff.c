@@ -130,15 +130,6 @@ static void teardown(void) {
         harness_done(&h);
 }
 
-/* The fixture's epdd stopped, another started with `config` (the test's own). */
-static void restart_with(const char *config) {
-        ck_assert_int_eq(harness_stop_epdd(&h), 0);
-        harness_done(&h);
-        ck_assert_int_eq(harness_init(&h, config), 0);
-        harness_direct_address(&h, address, sizeof address);
-        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
-}
-
 static epd_client *worker(const char *role) {
         epd_client *c = NULL;
         ck_assert_int_eq(epd_connect(address, &c), 0);
@@ -1229,7 +1220,7 @@ END_TEST
  * a departed client does not against MaxClients=: the process registering again on a
  * new connection is not refused while its old worker waits for it. */
 START_TEST(test_departed_worker_not_counted) {
-        restart_with(CONFIG "[Limits]\nMaxWorkers=1\n");
+        ck_assert_int_eq(harness_restart(&h, CONFIG "[Limits]\nMaxWorkers=1\n", address, sizeof address), 0);
 
         const char *arenas[] = { "gpu0", NULL };
         epd_client *a = NULL, *b = NULL;
@@ -1247,7 +1238,9 @@ START_TEST(test_departed_worker_not_counted) {
 END_TEST
 
 START_TEST(test_departing_encoder_fails_its_features_at_once) {
-        restart_with(CONFIG "[Arena:feat0]\nUsage=feature\nSize=16M\nPageSize=64K\n");
+        ck_assert_int_eq(harness_restart(&h, CONFIG "[Arena:feat0]\nUsage=feature\nSize=16M\nPageSize=64K\n", address,
+                                         sizeof address),
+                         0);
 
         static const char key[] = "sha256:departing-encoder";
         epd_feature_tensor t = { .name = "x", .dtype = "u8", .rank = 1, .shape = { 65536 } };

@@ -51,15 +51,6 @@ static void teardown(void) {
         harness_done(&h);
 }
 
-/* The fixture's epdd stopped, another started with `config` (the test's own). */
-static void restart_with(const char *config) {
-        ck_assert_int_eq(harness_stop_epdd(&h), 0);
-        harness_done(&h);
-        ck_assert_int_eq(harness_init(&h, config), 0);
-        harness_direct_address(&h, address, sizeof address);
-        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
-}
-
 static epd_client *worker(const char *role) {
         epd_client *c = NULL;
         ck_assert_int_eq(epd_connect(address, &c), 0);
@@ -793,11 +784,11 @@ END_TEST
  * before). A wait of 0 lasts HandoffTimeout=, however long that is (a wait is at most an
  * hour): with HandoffTimeout=2h it waits (it was refused Invalid). */
 START_TEST(test_ring_accept_at_the_object_limit) {
-        restart_with("[Daemon]\nHostId=alpha\n"
+        ck_assert_int_eq(harness_restart(&h, "[Daemon]\nHostId=alpha\n"
                                           "[Cluster]\nHandoffTimeout=2h\n"
                                           "[Arena:kv0]\nSize=64M\n"
                                           "[Arena:kv1]\nSize=16M\n"
-                                          "[Limits]\nMaxObjectsPerClient=3\n");
+                                          "[Limits]\nMaxObjectsPerClient=3\n", address, sizeof address), 0);
 
         epd_client *p = worker("prefill"), *d = worker("decode");
         epd_ring_client *dr;
@@ -832,10 +823,10 @@ END_TEST
  * deadline at all, and a prefill that stalled while connected held the pages on both
  * sides for good. */
 START_TEST(test_prepare_timeout_is_bounded) {
-        restart_with("[Daemon]\nHostId=alpha\n"
+        ck_assert_int_eq(harness_restart(&h, "[Daemon]\nHostId=alpha\n"
                                           "[Cluster]\nHandoffTimeout=1s\n"
                                           "[Arena:kv0]\nSize=64M\n"
-                                          "[Arena:kv1]\nSize=16M\n");
+                                          "[Arena:kv1]\nSize=16M\n", address, sizeof address), 0);
 
         epd_client *p = worker("prefill"), *d = worker("decode");
         epd_handoff_options o = { .arena = "kv1", .timeout_usec = UINT64_MAX };

@@ -803,8 +803,7 @@ END_TEST
  * directory, made by epdd or systemd without a sync) are synced at open. Else a power
  * loss after the first acknowledged record could take the whole directory. */
 START_TEST(test_new_directory_entries_synced) {
-        char base[] = "/tmp/test-wal-dirs-XXXXXX", state[64], dir[80];
-        ck_assert_ptr_nonnull(mkdtemp(base));
+        char *base = make_dir(), state[64], dir[80];
         snprintf(state, sizeof state, "%s/state", base);
         snprintf(dir, sizeof dir, "%s/wal", state);
         ck_assert_int_eq(mkdir(state, 0755), 0);
@@ -814,9 +813,7 @@ START_TEST(test_new_directory_entries_synced) {
         ck_assert_msg(dir_synced(state), "the state directory (holding wal/) was not synced");
         ck_assert_msg(dir_synced(base), "the directory holding the state directory was not synced");
         wal_free(w);
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", base);
-        ck_assert_int_eq(system(cmd), 0);
+        rm_dir(base);
 }
 END_TEST
 
