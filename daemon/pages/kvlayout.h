@@ -27,6 +27,10 @@
 #define KV_TOKENS_PER_BLOCK_MAX 65536U
 #define KV_BYTES_PER_TOKEN_MAX (UINT64_C(1) << 24) /* per layer, K or V */
 #define KV_PAGE_SIZE_MAX (UINT64_C(1) << 30)
+/* The smallest page, as for [Arena] PageSize=: the pool keeps 32 bytes of bookkeeping a
+ * page (and 4 more through a restart), so pages of a few hundred bytes would cost the
+ * daemon an eighth of the arena's size in memory and seconds of its loop to set up. */
+#define KV_PAGE_SIZE_MIN 4096U
 #define KV_DTYPE_MAX 24
 
 typedef struct KvLayout {

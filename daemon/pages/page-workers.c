@@ -27,6 +27,15 @@ int pages_worker_added(Manager *m, Worker *w, Reason *refused) {
                 log_warning("Worker %s: invalid KV layout: %s", w->id_str, why);
                 return reason_set(refused, -EINVAL, "Invalid KV layout: %s", why);
         }
+        if (l.page_size < KV_PAGE_SIZE_MIN) {
+                log_warning("Worker %s: KV pages of %" PRIu64 " bytes refused (at least %u).", w->id_str, l.page_size,
+                            KV_PAGE_SIZE_MIN);
+                return reason_set(refused, -EINVAL,
+                                  "Invalid KV layout: its pages (layers x tokens per block x bytes per token, each "
+                                  "layer padded to 256 bytes) are %" PRIu64 " bytes, below %u, the smallest page an arena "
+                                  "holds (as for [Arena] PageSize=): put more tokens in a block.",
+                                  l.page_size, KV_PAGE_SIZE_MIN);
+        }
         /* Every KV arena the worker maps must hold pages of this size. The pools this
          * makes go again if a later arena refuses: a refused worker sets no page size. */
         uint64_t made = 0;

@@ -531,6 +531,21 @@ START_TEST(test_layouts) {
         bad = kv;
         bad.dtype = "float13";
         ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &bad, NULL), -EINVAL);
+        /* Pages below 4 KiB (one layer of one token of one byte: 256 with its padding)
+         * would cost the daemon 32 bytes of bookkeeping each, an eighth of the arena:
+         * refused as [Arena] PageSize= is, and no pool is made. */
+        bad = (epd_kv_layout){ .layers = 1, .tokens_per_block = 1, .k_bytes_per_token = 1, .dtype = "uint8" };
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &bad, NULL), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.InvalidArgument");
+        ck_assert_msg(strstr(epd_last_error_message(c), "are 256 bytes, below 4096"), "message: %s",
+                      epd_last_error_message(c));
+        /* Whichever arenas it maps (a feature arena holds no pages). */
+        const char *const feat_only[] = { "feat0", NULL };
+        bad.layers = 15; /* 3840 bytes */
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &bad, feat_only), -EINVAL);
+        bad.layers = 16; /* 4096 bytes: the smallest page */
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &bad, feat_only), 0);
+        ck_assert_int_eq(epd_unregister(c), 0);
         epd_disconnect(c);
 
         /* The first layout fixes the arena's page size; another size is refused. */
