@@ -128,9 +128,14 @@ static int method_register_memory(sd_bus_message *msg, void *userdata, sd_bus_er
                         ordinal = (int)i;
         if (ordinal < 0)
                 return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No GPU with PCI bus id '%s' here.", pci);
-        if (size == 0 || size > m->config.max_request_bytes)
+        /* The worker's own memory, only mapped here: bounded by the GPU that holds it, not
+         * by MaxRequestSize= (what one call may ask of the daemon's memory), which refused
+         * every KV cache over 1 GiB by default. The import checks the allocation's size. */
+        uint64_t total = m->gpu->system->devices[ordinal].total_memory;
+        if (size == 0 || (total > 0 && size > total))
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                     "Size %" PRIu64 " is 0 or over the limit.", size);
+                                     "Size %" PRIu64 " is 0 or more than GPU %s holds (%" PRIu64 " bytes).", size,
+                                     pci, total);
 
         /* The daemon's GPU_EXTERNAL_MAX regions are shared: no one worker takes them all. */
         unsigned held = 0;

@@ -1573,6 +1573,25 @@ START_TEST(test_unregister_releases_memory) {
 }
 END_TEST
 
+/* A worker's own memory is not a request for the daemon's: MaxRequestSize= (1 GiB by
+ * default) does not bound it, or no KV cache over 1 GiB could be registered (review). */
+START_TEST(test_register_memory_over_max_request) {
+        ck_assert_int_eq(harness_restart(&h, CONFIG "[Limits]\nMaxRequestSize=1M\n", address, sizeof address), 0);
+        epd_client *c = worker("decode");
+        GpuArena *own = NULL;
+        EpdGpu *g = NULL;
+        uint32_t region;
+        ck_assert_int_eq(gpu_arena_new(sys, 0, 4 << 20, &own), 0);
+        ck_assert_int_eq(epd_gpu_open(&g), 0);
+        ck_assert_msg(epd_gpu_register_memory(c, g, 0, own->base, own->size, &region) == 0, "%s",
+                      epd_last_error_message(c));
+        ck_assert_int_eq(epd_gpu_release_memory(c, region), 0);
+        epd_gpu_close(g);
+        gpu_arena_unref(own);
+        epd_disconnect(c);
+}
+END_TEST
+
 /* The daemon asks the driver where a worker's memory lives and refuses a GPU named
  * wrongly (its copies would run on the wrong device's engines, through peer access or
  * not at all). Two fake GPUs here; a real host needs two. */
@@ -1849,6 +1868,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_departing_encoder_fails_its_features_at_once);
         tcase_add_test(tc, test_departing_gpu_client_on_the_bus);
         tcase_add_test(tc, test_departed_worker_not_counted);
+        tcase_add_test(tc, test_register_memory_over_max_request);
         tcase_add_test(tc, test_cow);
         tcase_add_test(tc, test_notifier);
         tcase_add_test(tc, test_sliced_batches);
