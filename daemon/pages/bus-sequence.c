@@ -653,6 +653,13 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
                                      s->n_pages);
         Worker *w = c ? client_get_worker(c) : NULL;
         r = page_manager_publish(s, first, hashes, n, publisher_name(w));
+        if (r < 0 && r != -EINVAL && r != -ENOMEM && r != -ERANGE)
+                /* The journal refused an entry: it and those after it are not in the
+                 * directory; the ones before it are, and durable. */
+                return epd_bus_error(error, EPD_ERROR_FAILED,
+                                     "Publish: cannot journal the directory entries: %s. The entries before the "
+                                     "refused one are published; publish again once the journal takes records.",
+                                     strerror(-r));
         if (r < 0)
                 return pages_error(error, r, "Publish");
         /* The entries are journaled: acknowledged once durable. */

@@ -857,6 +857,23 @@ static void journal_until_refused(epd_client *c) {
         ck_assert_msg(r < 0, "the journal never refused a record (its disk is full from LSN 40)");
 }
 
+/* A Publish whose directory entry the journal refuses says so (Failed, and why), not a
+ * bare "Input/output error" (review). */
+START_TEST(test_refused_publish_named) {
+        epd_client *c = worker("prefill", NULL, NULL);
+        char *a = NULL;
+        uint64_t hashes[2] = { 0x1234, 0x5678 };
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 2, &a, NULL, NULL), 0);
+        journal_until_refused(c);
+        ck_assert_int_lt(epd_sequence_publish(c, a, 0, hashes, 2), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.Failed");
+        ck_assert_msg(strstr(epd_last_error_message(c), "Publish: cannot journal the directory entries: "),
+                      "message: %s", epd_last_error_message(c));
+        free(a);
+        epd_disconnect(c);
+}
+END_TEST
+
 /* Once the journal refuses a record, nothing is acknowledged: a Release whose record
  * was refused fails (Failed, saying why) instead of answering success for a change that
  * a restart would undo. The disk fills up at LSN 40 (setup_disk_full). */
@@ -1099,6 +1116,7 @@ int main(void) {
         tcase_add_checked_fixture(tc4, setup_disk_full, teardown);
         tcase_set_timeout(tc4, 60);
         tcase_add_test(tc4, test_refused_record_not_acknowledged);
+        tcase_add_test(tc4, test_refused_publish_named);
         tcase_add_test(tc4, test_departed_workflow_goes_when_journal_refuses);
         tcase_add_test(tc4, test_refused_append_grant_undone);
         suite_add_tcase(s, tc4);
