@@ -30,8 +30,7 @@ typedef struct LocalTransport {
         pthread_mutex_t lock;
         pthread_cond_t cond;
         QUEUE_HEAD(LocalJob, jobs);       /* queued, not started */
-        TransportCompletion *done;        /* finished, not yet polled */
-        size_t n_done, done_cap;
+        TransportDoneQueue done;          /* finished, not yet polled */
         uint64_t inflight;                /* queued + running + finished-not-polled */
         bool stop;
 
@@ -46,16 +45,10 @@ static LocalTransport *LT(Transport *t) {
 
 /* Under the lock. Returns whether the eventfd must be kicked (the list was empty). */
 static bool push_done(LocalTransport *l, uint64_t cookie, int error, uint64_t bytes) {
-        if (l->n_done == l->done_cap) {
-                size_t cap = l->done_cap ? l->done_cap * 2 : 256;
-                TransportCompletion *p = realloc(l->done, cap * sizeof *p);
-                if (!p)
-                        abort(); /* a completion must never be lost */
-                l->done = p;
-                l->done_cap = cap;
-        }
-        l->done[l->n_done++] = (TransportCompletion) { .cookie = cookie, .error = error, .writes = 1, .bytes = bytes };
-        return l->n_done == 1;
+        if (transport_done_queue_add(&l->done, &(TransportCompletion){ .cookie = cookie, .error = error, .writes = 1,
+                                                                        .bytes = bytes }) < 0)
+                abort(); /* a completion must never be lost */
+        return l->done.n == 1;
 }
 
 static void kick(LocalTransport *l) {
@@ -257,14 +250,9 @@ static size_t local_poll(Transport *t, TransportCompletion *c, size_t n) {
         (void)!read(l->efd, &v, sizeof v);
 
         pthread_mutex_lock(&l->lock);
-        size_t k = MIN(n, l->n_done);
-        if (k > 0) {
-                memcpy(c, l->done, k * sizeof *c);
-                memmove(l->done, l->done + k, (l->n_done - k) * sizeof *l->done);
-                l->n_done -= k;
-                l->inflight -= k;
-        }
-        if (l->n_done > 0)
+        size_t k = transport_done_queue_take(&l->done, c, n);
+        l->inflight -= k;
+        if (l->done.n > 0)
                 kick(l); /* more left: come back */
         pthread_mutex_unlock(&l->lock);
 
@@ -312,7 +300,7 @@ static void local_free(Transport *t) {
                 free(j);
         }
         free(l->threads);
-        free(l->done);
+        free(l->done.items);
         safe_close(l->efd);
         pthread_cond_destroy(&l->cond);
         pthread_mutex_destroy(&l->lock);

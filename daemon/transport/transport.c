@@ -38,21 +38,48 @@ int transport_region_check(const TransportRegion *r, uint64_t offset, uint64_t l
         return 0;
 }
 
-void transport_done_push(Transport *t, TransportDoneQueue *q, int efd, uint64_t cookie, int error, uint64_t bytes) {
-        if (q->n == q->cap) {
-                size_t cap = MAX(q->cap * 2, (size_t)64);
-                TransportCompletion *n = reallocarray(q->items, cap, sizeof *n);
-                if (!n) {
-                        /* Dropped, its handoff would wait for it for ever, holding its
-                         * leases and staging buffer (as local.c: never lost). */
-                        log_error("%s: out of memory queueing a completion (cookie %llu)", t->ops->name,
-                                  (unsigned long long)cookie);
-                        abort();
+int transport_done_queue_add(TransportDoneQueue *q, const TransportCompletion *c) {
+        if (q->head + q->n == q->cap) {
+                if (q->head > 0 && q->n <= q->cap / 2) {
+                        /* Half or more free at the front: move the queued ones there (each
+                         * is moved at most once per cap/2 additions). */
+                        memmove(q->items, q->items + q->head, q->n * sizeof *q->items);
+                        q->head = 0;
+                } else {
+                        size_t cap = MAX(q->cap * 2, (size_t)64);
+                        TransportCompletion *n = reallocarray(q->items, cap, sizeof *n);
+                        if (!n)
+                                return -ENOMEM;
+                        q->items = n;
+                        q->cap = cap;
                 }
-                q->items = n;
-                q->cap = cap;
         }
-        q->items[q->n++] = (TransportCompletion){ .cookie = cookie, .error = error, .writes = 1, .bytes = bytes };
+        q->items[q->head + q->n++] = *c;
+        return 0;
+}
+
+size_t transport_done_queue_take(TransportDoneQueue *q, TransportCompletion *c, size_t n) {
+        size_t k = MIN(n, q->n);
+
+        if (k > 0) { /* n == 0: c may be NULL */
+                memcpy(c, q->items + q->head, k * sizeof *c);
+                q->head += k;
+                q->n -= k;
+        }
+        if (q->n == 0)
+                q->head = 0;
+        return k;
+}
+
+void transport_done_push(Transport *t, TransportDoneQueue *q, int efd, uint64_t cookie, int error, uint64_t bytes) {
+        if (transport_done_queue_add(q, &(TransportCompletion){ .cookie = cookie, .error = error, .writes = 1,
+                                                                 .bytes = bytes }) < 0) {
+                /* Dropped, its handoff would wait for it for ever, holding its leases and
+                 * staging buffer (as local.c: never lost). */
+                log_error("%s: out of memory queueing a completion (cookie %llu)", t->ops->name,
+                          (unsigned long long)cookie);
+                abort();
+        }
         if (error)
                 t->stats.failures++;
         else {
@@ -70,11 +97,7 @@ size_t transport_done_take(TransportDoneQueue *q, int efd, TransportCompletion *
         (void)eventfd_read(efd, &v);
         if (q->n == 0)
                 return 0; /* nothing queued (yet: items may be NULL) */
-        if (k > 0) { /* n == 0: c may be NULL */
-                memcpy(c, q->items, k * sizeof *c);
-                memmove(q->items, q->items + k, (q->n - k) * sizeof *c);
-                q->n -= k;
-        }
+        k = transport_done_queue_take(q, c, n);
         if (q->n > 0)
                 (void)eventfd_write(efd, 1);
         return k;
