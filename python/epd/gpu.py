@@ -25,13 +25,19 @@ __all__ = ["Gpu", "GpuArena", "CudaView", "KvRows", "PageTable", "Notifier", "kv
 
 _P = ctypes.POINTER
 
-# numpy typestr of the dtypes KV and features use (the __cuda_array_interface__ wants
-# one; bfloat16 has none in numpy, "<V2" is what torch accepts for it with the
-# separate dtype).
+# numpy typestr of the dtypes KV and features use (torch's names: every dtype of a
+# feature, proto/feature-desc.c, is one; the __cuda_array_interface__ wants one). bfloat16
+# and the float8 types have none in numpy: "<V2" / "|V1", raw bytes of their size, which
+# a consumer reads with the dtype it is told apart (GpuArena.torch imports them as
+# _IMPORT_AS and views the result as the dtype).
 _TYPESTR = {"uint8": "|u1", "int8": "|i1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
-            "float16": "<f2", "float32": "<f4", "float64": "<f8", "bfloat16": "<V2"}
+            "float16": "<f2", "float32": "<f4", "float64": "<f8", "bfloat16": "<V2", "bool": "|b1",
+            "float8_e4m3fn": "|V1", "float8_e5m2": "|V1"}
 _SIZE = {"uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2, "float32": 4,
-         "float64": 8, "bfloat16": 2}
+         "float64": 8, "bfloat16": 2, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+# What GpuArena.torch imports a dtype as when it imports a range on its own (a type of
+# the same size torch takes through __cuda_array_interface__), then views as the dtype.
+_IMPORT_AS = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8", "bool": "uint8"}
 
 
 class KvRows(ctypes.Structure):
@@ -187,8 +193,9 @@ class GpuArena(_lib.Closing):
         """A torch tensor on the arena's GPU viewing `offset` (torch needed); no copy.
         The whole arena is imported into torch once (a __cuda_array_interface__ import
         costs tens of microseconds: the driver is asked about the pointer), and each
-        call is a slice and a view of it. torch has no typestr for bfloat16, so a range
-        the slice cannot be reinterpreted at is imported on its own as int16."""
+        call is a slice and a view of it. torch has no typestr for bfloat16 or the float8
+        types, so a range the slice cannot be reinterpreted at is imported on its own as
+        an integer type of their size (_IMPORT_AS) and viewed as the dtype."""
         import torch
         v = self.view(offset, shape, dtype)  # checks the range, the dtype, the mapping
         n = _SIZE[dtype]
@@ -199,9 +206,9 @@ class GpuArena(_lib.Closing):
             try:
                 flat = flat.view(getattr(torch, dtype))
             except RuntimeError:  # an offset the dtype cannot be viewed at: on its own
-                as_dtype = "int16" if dtype == "bfloat16" else dtype
+                as_dtype = _IMPORT_AS.get(dtype, dtype)
                 t = torch.as_tensor(self.view(offset, shape, as_dtype), device=f"cuda:{self.ordinal}")
-                return t.view(torch.bfloat16) if dtype == "bfloat16" else t
+                return t.view(getattr(torch, dtype)) if as_dtype != dtype else t
         return flat.view(v.shape)
 
     def _base(self):

@@ -148,6 +148,12 @@ class Ring(_lib.Closing):
         # collector's close of this side waits for the last of them (_close_pending).
         self._notifiers = 0
         self._close_pending = False
+        # The notifier of this ring on each GPU, by ordinal (epd.workers.connector's
+        # _notifier(): one per ring and GPU, kept for the next saves). Kept here, not in
+        # a module-level cache: it holds the ring, the ring its client, and a cache that
+        # outlives them kept a dropped client, its connection and the notifier's thread
+        # for ever. close() closes and drops them.
+        self.gpu_notifiers = {}
         # A handoff is (request id, token), never its token alone: tokens are unique per
         # source daemon only, and a decode worker takes handoffs from several hosts.
         self.progress = {}  # (request id (32 hex digits), token) -> groups landed (the highest count seen)
@@ -286,6 +292,7 @@ class Ring(_lib.Closing):
         ring), else this side alone (the daemon's goes with the client)."""
         for u in list(self._users):
             u.close()
+        self.gpu_notifiers.clear()
         if self._r:
             if getattr(self._client, "_c", None):
                 self._lib.epd_ring_release(self._client._c, self._r)  # closes self._r either way

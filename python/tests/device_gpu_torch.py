@@ -119,7 +119,21 @@ try:
         feats = {"embeds": torch.randn(196, 4096, device="cuda").to(torch.bfloat16),
                  "deepstack.0": torch.randn(196, 4096, device="cuda").to(torch.bfloat16),
                  "grid_thw": torch.tensor([[1, 28, 28]], device="cuda"),
-                 "scale": torch.randn(7, device="cuda").to(torch.float16)}
+                 "scale": torch.randn(7, device="cuda").to(torch.float16),
+                 # the one-byte dtypes a feature may have (proto/feature-desc.c): no
+                 # __cuda_array_interface__ typestr torch takes for the float8 types
+                 "mask": torch.rand(3, 5, device="cuda") > 0.5}
+        for f8 in ("float8_e4m3fn", "float8_e5m2"):
+            if hasattr(torch, f8):  # torch 2.1 on
+                feats[f8] = torch.randn(4, 33, device="cuda").to(getattr(torch, f8))
+
+        def same(a, b):
+            """Bit for bit (torch.equal has no float8 kernels)."""
+            if a.dtype != b.dtype or a.shape != b.shape:
+                return False
+            if a.element_size() == 1:
+                a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+            return torch.equal(a, b)
         assert produce(enc, "img:gpu-views", "ab" * 16, lambda: feats)[0] == "produced"
         got = fetch(c, "img:gpu-views", device="cuda")
         fh = got._handle
@@ -127,7 +141,7 @@ try:
         m = _feature_gpu_arena(c, fh)
         for name, x in feats.items():
             one = fh.cuda(name, m)
-            assert got[name].dtype == x.dtype and torch.equal(got[name], x), f"feature tensor {name} differs"
+            assert same(got[name], x) and same(one, x), f"feature tensor {name} differs"
             assert got[name].data_ptr() == one.data_ptr() and got[name].stride() == one.stride(), name
         got.release()
         enc.close()
@@ -135,7 +149,7 @@ try:
           f"{1e3 * hidden[True][0]:.3f} of {1e3 * hidden[True][1]:.3f} ms, with the GPU idle "
           f"{1e3 * hidden[False][0]:.3f} of {1e3 * hidden[False][1]:.3f} ms")
     print(f"device_gpu_torch: ok: a GPU feature's tensors viewed from one import = one import each "
-          f"({len(feats)} tensors)")
+          f"({len(feats)} tensors: {', '.join(sorted({str(x.dtype) for x in feats.values()}))})")
     print(f"device_gpu_torch: ok: every layer in one launch = one launch per layer (4 layers, {S} tokens, both "
           f"layouts)")
     print(f"device_gpu_torch: ok: two processes share a {a.size >> 20} MiB GPU arena through torch views "

@@ -192,6 +192,100 @@ class GpuArenaTest(unittest.TestCase):
                     gc.collect()
         g.close()
 
+    def test_connector_notifier_does_not_keep_its_client(self):
+        """epd.workers.connector's notifier of a ring (_notifier(): one per ring and GPU) is
+        kept on the ring, not in a module-level cache, which held the notifier, through
+        it the ring and through that the client, for ever (its connection, its fds, the
+        notifier's thread): a client whose ring had one is collected once dropped, closed
+        ring or not, and Ring.close() closes the notifier and lets go of it."""
+        import gc
+        import weakref
+        from epd.handoff import Ring
+        from epd.workers import connector as C
+        for close_ring in (True, False):
+            c = epd.Client(self.d.address)
+            c.register("prefill", "m", "cuda:0", kv=KV)
+            ring = Ring(c)
+            n = C._notifier(ring, 0)
+            self.assertIs(C._notifier(ring, 0), n, "one notifier per ring and GPU")
+            n.flush(1)
+            client, ring_ref, notifier = weakref.ref(c), weakref.ref(ring), weakref.ref(n)
+            if close_ring:
+                ring.close()
+                with self.assertRaises(ValueError):
+                    n.flush(1)  # closed with its ring
+                del n
+                gc.collect()
+                self.assertIsNone(notifier(), "Ring.close() closed the notifier and kept it")
+            del c, ring
+            n = None
+            gc.collect()
+            self.assertIsNone(notifier(), f"the notifier outlived its dropped ring (ring closed: {close_ring})")
+            self.assertIsNone(ring_ref(), f"the ring outlived its dropped client (ring closed: {close_ring})")
+            self.assertIsNone(client(), f"a dropped client is kept by its ring's notifier (ring closed: {close_ring})")
+
+    def test_every_feature_dtype_views_a_gpu_arena(self):
+        """Every dtype a feature may have (proto/feature-desc.c, epd.feature's names) is
+        one GpuArena.view() takes, with the feature's element size (Feature.cuda() and
+        GpuArena.torch() go through it), and one the encoder's produce() can name
+        (connector._DT_NAMES): bool, float8_e4m3fn and float8_e5m2 were refused. A
+        feature of those in a GPU feature arena: views of its tensors where they are,
+        typestr "|b1" for bool and raw bytes of the size ("|V1") for the float8 types,
+        which torch imports as uint8 and views as the dtype. (torch itself: on the GPU
+        machine, device_gpu_torch.py.)"""
+        import epd.feature as ef
+        from epd.workers import connector as C
+        for short, name in ef._TORCH.items():
+            self.assertIn(name, epd.gpu._TYPESTR)
+            self.assertEqual(epd.gpu._SIZE[name], ef._SIZE[short], name)
+            self.assertEqual(C._DT_NAMES[name], short, name)
+        for name, as_dtype in epd.gpu._IMPORT_AS.items():
+            self.assertEqual(epd.gpu._SIZE[as_dtype], epd.gpu._SIZE[name])
+            self.assertNotIn("V", epd.gpu._TYPESTR[as_dtype])  # a typestr torch imports
+
+        class Fake:  # what _layout reads of a torch tensor
+            __module__ = "torch.fake"
+
+            def __init__(self, dtype, shape):
+                self.dtype, self.shape = dtype, shape
+
+            def element_size(self):
+                return 1
+        spec, nbytes = C._layout({"mask": Fake("torch.bool", (3, 5)), "e4m3": Fake("torch.float8_e4m3fn", (4, 4)),
+                                  "e5m2": Fake("torch.float8_e5m2", (2, 8))})
+        self.assertEqual([(t.name, t.dtype, t.offset) for t in spec],
+                         [("mask", "bool", 0), ("e4m3", "fp8_e4m3", 256), ("e5m2", "fp8_e5m2", 512)])
+        self.assertEqual(nbytes, 528)
+        feat = "[Arena:featgpu]\nDomain=gpu\nGpu=0\nUsage=feature\nSize=32M\nPageSize=64K\n"
+        d = Daemon(ARENA + feat, env=gpu_env("gpu"))
+        try:
+            with epd.Client(d.address) as c:
+                c.register("encoder", "m", "cuda:0")
+                f = ef.Feature.reserve(c, "img:dtypes", nbytes, spec)
+                m = C._feature_gpu_arena(c, f)
+                self.assertIsNotNone(m, "the feature is not in the GPU feature arena")
+                want = {}
+                for i, t in enumerate(f.tensors):
+                    v = m.view(f.offset + t.offset, t.shape, ef._TORCH[t.dtype])
+                    cai = v.__cuda_array_interface__
+                    self.assertEqual(cai["typestr"], "|b1" if t.dtype == "bool" else "|V1", t.dtype)
+                    self.assertEqual((cai["data"][0], cai["shape"]), (m.device_pointer + f.offset + t.offset, t.shape))
+                    n = 1
+                    for x in t.shape:
+                        n *= x
+                    want[t.name] = bytes((i * 64 + j) % 2 if t.dtype == "bool" else (i * 64 + j) % 256
+                                         for j in range(n))
+                    ctypes.memmove(cai["data"][0], want[t.name], n)  # the stand-in's memory is this process's
+                f.publish(1)
+                f.release()
+                with ef.Feature.acquire(c, "img:dtypes") as g:
+                    self.assertEqual(g.result, "hit")
+                    for t in g.tensors:
+                        v = m.view(g.offset + t.offset, t.shape, ef._TORCH[t.dtype])
+                        self.assertEqual(ctypes.string_at(v.pointer, len(want[t.name])), want[t.name], t.name)
+        finally:
+            self.assertEqual(d.stop(), 0)
+
     def test_notifier_reports_groups_ready_from_events(self):
         """epd.gpu.Notifier: each group's event recorded on the stream, LayerGroupReady
         put on the ring by libepd's thread; the decode side sees every group; a failed

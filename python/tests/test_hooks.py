@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """The vLLM-named connector hooks (epd.workers.hooks) against a real epdd, without torch:
 a prefill saves layer by layer, a decode loads layer by layer, transfers finish by
-request id only for requests the engine has finished, and nothing is left behind; the
-encoder-cache side skips the encoder on a hit and lends features until get_finished."""
+request id as vLLM's KVConnectorBase_V1 says (a send only for a request the engine
+finished and request_finished() delayed, a receive when it is complete), and nothing is
+left behind; the encoder-cache side skips the encoder on a hit and lends features until
+get_finished."""
 
 import ctypes
 import json
@@ -121,8 +123,8 @@ class HooksTest(unittest.TestCase):
     def test_failed_save_does_not_hold_up_the_others(self):
         """A save whose background setup failed holds nothing: request_finished says so
         (no delay), get_finished forgets it without reporting it (vLLM expects a request
-        in finished_sending only if it was told to wait for it), and later saves are
-        reported as usual (it does not raise its error at every call)."""
+        in finished_sending only if it was told to wait for it), and a later save the
+        engine delays is reported as usual (it does not raise its error at every call)."""
         from epd import EpdError
         from epd.workers import hooks as H
         prod = H.EpdKvConnector(self.p, self.layout, "producer", group_size=2, ring=self.rp, dtype="float16",
@@ -149,6 +151,7 @@ class HooksTest(unittest.TestCase):
             cons.wait_for_layer_load(layer)
         cons.clear_connector_metadata()
         self.assertEqual(cons.get_finished({good}), (None, {good}))
+        self.assertTrue(prod.request_finished(good)[0])
         sent, deadline = None, time.monotonic() + 10
         while sent is None and time.monotonic() < deadline:
             sent, _ = prod.get_finished({good})
@@ -160,6 +163,146 @@ class HooksTest(unittest.TestCase):
         self.assertEqual(self.epdctl("sequences"), [])
         self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
 
+    def test_sends_reported_only_when_delayed(self):
+        """vLLM's contract (KVConnectorBase_V1): get_finished() reports a finished send only
+        for a request whose request_finished() returned delay_free_blocks=True (the
+        scheduler asserts it waited for each id reported and frees its blocks). A save the
+        engine did not delay is released all the same once the decode is done with it,
+        without a word. The decision may come in the connector metadata (`delayed`: an
+        adapter's request_finished runs on the scheduler side, another process). Loads
+        are reported when complete, before the engine has finished the requests."""
+        from epd.workers import hooks as H
+        prod = H.EpdKvConnector(self.p, self.layout, "producer", group_size=2, ring=self.rp, dtype="float16")
+        cons = H.EpdKvConnector(self.c, self.layout, "consumer", group_size=2, ring=self.rc, dtype="float16")
+        prod.register_kv_caches(names())
+        cons.register_kv_caches(names())
+        quiet, told, carried = "d1" * 16, "d2" * 16, "d3" * 16
+        rids = (quiet, told, carried)
+        prod.bind_connector_metadata(prod.build_connector_meta(saves=[H.KvTransfer(r, TOKENS) for r in rids]))
+        cons.bind_connector_metadata(cons.build_connector_meta(loads=[H.KvTransfer(r, TOKENS) for r in rids]))
+        cons.start_load_kv()
+        for layer in range(LAYERS):
+            prod.save_kv_layer(layer, {r: self.kv(layer) for r in rids})
+        prod.wait_for_save()
+        prod.clear_connector_metadata()
+        for layer in range(LAYERS):
+            got = cons.wait_for_layer_load(layer)
+            for r in rids:
+                np.testing.assert_array_equal(got[r][0], self.kv(layer)[0])
+        cons.clear_connector_metadata()
+
+        def finish(ids):
+            """get_finished(ids) until their saves are released: what it reported, in order."""
+            reported, deadline = [], time.monotonic() + 10
+            while set(ids) & set(prod._sinks) and time.monotonic() < deadline:
+                sent, received = prod.get_finished(set(ids))
+                self.assertIsNone(received)
+                reported += sorted(sent or ())
+                if set(ids) & set(prod._sinks):
+                    self.rp.poll(0.05)
+            self.assertFalse(set(ids) & set(prod._sinks), "the saves were not released within 10 s")
+            return reported
+        self.assertEqual(prod.request_finished(told)[0], True)
+        self.assertEqual(finish([quiet, told]), [told], "a send reported that was never delayed")
+        # The scheduler side's decision for `carried`, bound with the next step's metadata.
+        prod.bind_connector_metadata(prod.build_connector_meta(delayed=[carried]))
+        prod.clear_connector_metadata()
+        self.assertEqual(finish([carried]), [carried])
+        # The loads: reported once they are complete, before the engine has finished them.
+        self.assertEqual(cons.get_finished(set()), (None, set(rids)))
+        self.assertEqual(cons.get_finished(set(rids)), (None, None))
+        self.assertEqual(prod.get_finished(set(rids)), (None, None))
+        prod.shutdown()
+        cons.shutdown()
+        self.assertEqual(self.epdctl("sequences"), [])
+        self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
+        pools = self.epdctl("pages")["pools"]
+        kv = [p for p in pools if p["arena"] == "host0"][0]
+        self.assertEqual(kv["free"], kv["total"], pools)
+
+    def test_sink_setup_reads_its_pages_once(self):
+        """EpdKvSink's setup reads the sequence's pages once, before Prepare (nothing after
+        Prepare may fail: a prepared handoff and its sequence would be left behind). The
+        page list was read again after Prepare; a failure of that second GetPages (here
+        injected) left both in the daemon."""
+        from unittest import mock
+        from epd import EpdError
+        from epd.sequence import Sequence
+        from epd.workers import connector as C
+        real = Sequence.pages
+        reads = []
+
+        def pages(seq):
+            reads.append(seq.path)
+            if len(reads) > 1:
+                raise EpdError(5, "org.epd1.Error.Failed", "injected: GetPages after Prepare", "sequence pages")
+            return real.fget(seq)
+        rid = "d4" * 16
+        with mock.patch.object(Sequence, "pages", property(pages)):
+            try:
+                sink = C.EpdKvSink(self.p, "host0", self.layout, rid, TOKENS, [LAYERS], ring=self.rp)
+            except EpdError:
+                self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [], "a failed setup left its handoff")
+                self.assertEqual(self.epdctl("sequences"), [], "a failed setup left its sequence")
+                raise
+        self.assertEqual(len(reads), 1)
+        self.assertEqual(sink.pages, real.fget(sink.seq))
+        h = sink.handoff
+        h.rollback()
+        h.release()
+        sink.done()
+        self.assertEqual(self.epdctl("sequences"), [])
+        self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
+
+    def test_host_kv_pages_outlive_the_registration(self):
+        """KvPages over a host arena copies through a mapping of its own (the client's
+        view, which it holds), not libepd's (Arena.address()), which unregister() and
+        close() unmap: after an unregister its layer writes and reads still land in the
+        arena's memory, and after a new registration they do not go to whatever libepd
+        mapped since (here the feature arena, feat0). Run in a child process: before, the first write after the
+        unregister died of SIGSEGV."""
+        child = r"""
+import sys
+import numpy as np
+from epd import Client, KvLayout
+from epd.sequence import Sequence
+from epd.workers import connector as C
+L = C.KvPageLayout(4, 16, 2, 64, 2)
+kvl = KvLayout(4, 16, L.k_bytes_per_token, L.v_bytes_per_token, "float16")
+c = Client(sys.argv[1])
+c.register("prefill", "m", "cpu", kv=kvl)
+seq = Sequence.create(c, "host0", L.pages_for(37))
+kv = C.KvPages(c, "host0", L, C._seq_offsets(c, "host0", seq.pages, L.page_size))
+def t(layer):
+    k = np.random.default_rng(layer).standard_normal((1, 2, 37, 64)).astype(np.float16)
+    return k, (k * 3).astype(np.float16)
+def check(layer):
+    k, v = kv.read(layer, 37, "float16")
+    assert (k == t(layer)[0]).all() and (v == t(layer)[1]).all(), f"layer {layer} differs"
+kv.write(0, *t(0))
+check(0)
+c.unregister()
+kv.write(1, *t(1))
+check(0)
+check(1)
+c.register("encoder", "m", "cpu", arenas=["feat0"])  # another arena now
+other = c.arena("feat0")
+other.address()  # libepd maps the new registration's arena: maybe where host0 was
+before = bytes(other.buffer())
+kv.write(2, *t(2))
+for layer in range(3):
+    check(layer)
+assert bytes(other.buffer()) == before, "a write through the old pages landed in the new mapping"
+c.close()
+kv.write(3, *t(3))
+check(3)
+print("ok")
+"""
+        r = subprocess.run([sys.executable, "-c", child, self.d.address], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "ok"),
+                         f"the child exited {r.returncode} (negative: killed by that signal): {r.stderr[-3000:]}")
+
     def test_background_setup_needs_a_ring(self):
         from epd.workers import hooks as H
         with self.assertRaises(ValueError):
@@ -168,8 +311,8 @@ class HooksTest(unittest.TestCase):
     def test_aborted_load_lets_go(self):
         """The engine finishes a request whose KV never fully loaded (aborted): the decode
         side's handoff and page tables go at get_finished, the prefill's save ends rolled
-        back and is reported; the ids of requests that are neither saves nor loads are not
-        kept."""
+        back and is reported (the engine delayed it); the ids of requests that are neither
+        saves nor loads are not kept."""
         from epd.workers import hooks as H
         rid = "b3" * 16
         prod = H.EpdKvConnector(self.p, self.layout, "producer", group_size=2, ring=self.rp, dtype="float16")
@@ -188,6 +331,7 @@ class HooksTest(unittest.TestCase):
             cons.source_of(rid)
         self.assertEqual(cons._finished_reqs, set())
         prod.clear_connector_metadata()
+        self.assertTrue(prod.request_finished(rid)[0])
         sent, deadline = None, time.monotonic() + 10
         while sent is None and time.monotonic() < deadline:
             sent, _ = prod.get_finished({rid, "f1" * 16})
@@ -234,6 +378,7 @@ class HooksTest(unittest.TestCase):
             except Exception:
                 break  # rolled back under it
         prod.clear_connector_metadata()
+        self.assertTrue(prod.request_finished(rid)[0])
         sent, deadline = None, time.monotonic() + 5
         while sent is None and time.monotonic() < deadline:
             sent, _ = prod.get_finished({rid})
@@ -270,6 +415,7 @@ class HooksTest(unittest.TestCase):
         seq = cons.take_sequence(rid)
         self.assertIsNotNone(seq)
         seq.release()
+        self.assertTrue(prod.request_finished(rid)[0])
         deadline, sent = time.monotonic() + 10, None
         while sent is None and time.monotonic() < deadline:
             sent, _ = prod.get_finished({rid})
@@ -310,9 +456,11 @@ class HooksTest(unittest.TestCase):
             np.testing.assert_array_equal(k, ek)
             np.testing.assert_array_equal(v, ev)
         cons.clear_connector_metadata()
-        # Not reported before the engine says the request is finished.
-        self.assertEqual(cons.get_finished(set()), (None, None))
-        self.assertEqual(cons.get_finished({rid}), (None, {rid}))
+        # Reported as soon as it is complete, before the engine says the request is
+        # finished (vLLM: finished_recving when the transfer is done; the engine waits
+        # for it to go on with the request), and once.
+        self.assertEqual(cons.get_finished(set()), (None, {rid}))
+        self.assertEqual(cons.get_finished({rid}), (None, None))
         # Not kept: the pages went back, and the connector forgot the load once it
         # reported it (an engine that never asks for a sequence leaks nothing).
         with self.assertRaises(KeyError):

@@ -33,8 +33,11 @@ from ..sequence import Sequence
 
 KV_LAYER_ALIGN = 256  # daemon/pages/kvlayout.h
 
+# A tensor's dtype (torch's or numpy's name) -> a feature's (proto/feature-desc.c: every
+# dtype a feature may have, epd.feature._TORCH the other way).
 _DT_NAMES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "int64": "i64", "int32": "i32",
-             "uint8": "u8", "int8": "i8", "float64": "f64"}
+             "int16": "i16", "uint8": "u8", "int8": "i8", "float64": "f64", "bool": "bool",
+             "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 
 
 def _is_torch(x) -> bool:
@@ -334,8 +337,9 @@ def groups_of(layers: int, group_size: int) -> List[int]:
     return g
 
 
-# The GPU side of this process: the driver handle, the notifiers and upload streams.
-# The GPU arenas mapped are the client's (Client._gpu_arenas).
+# The GPU side of this process: the driver handle and the upload streams. The GPU arenas
+# mapped are the client's (Client._gpu_arenas), the notifiers the ring's
+# (Ring.gpu_notifiers): nothing here holds a client.
 _GPU: Dict[object, object] = {}
 
 
@@ -362,19 +366,21 @@ def gpu_arena(client, name: str):
 
 
 def _notifier(ring, ordinal: int):
-    """The notifier (epd.gpu.Notifier) of this ring on GPU `ordinal`: one per ring and GPU."""
-    key = ("notifier", id(ring), ordinal)
-    n = _GPU.get(key)
+    """The notifier (epd.gpu.Notifier) of this ring on GPU `ordinal`: one per ring and GPU,
+    kept on the ring (Ring.gpu_notifiers), so that it goes with the ring and its client
+    (a ring and its notifier dropped together are one cycle of garbage, which the
+    collector closes in order: Ring.__del__) and Ring.close() drops it."""
+    n = ring.gpu_notifiers.get(ordinal)
     if n is None:
         from .. import gpu as G
-        n = _GPU[key] = G.Notifier(_gpu(), ordinal, ring)
+        n = ring.gpu_notifiers[ordinal] = G.Notifier(_gpu(), ordinal, ring)
     return n
 
 
 def close_notifiers(ring) -> None:
     """Flushes and ends the ring's notifiers (before the ring itself is closed)."""
-    for key in [k for k in _GPU if isinstance(k, tuple) and k[0] == "notifier" and k[1] == id(ring)]:
-        _GPU.pop(key).close()
+    while ring.gpu_notifiers:
+        ring.gpu_notifiers.popitem()[1].close()
 
 
 _RAW_STREAM = []
@@ -439,7 +445,12 @@ class KvPages:
         if self.on_gpu:
             self._m = gpu_arena(client, arena)
         else:
-            base = a.address()
+            # A mapping of this object's own (the client's view of the arena, held here),
+            # not libepd's (Arena.address()): that one goes at unregister() or close(), and
+            # a re-registration may map the next arena at the same address.
+            view = client._arena_view(a.index)
+            self._hold = (ctypes.c_ubyte * len(view)).from_buffer(view)
+            base = ctypes.addressof(self._hold)
             self._addrs = [base + o for o in self.offsets]
 
     def _table(self, first: int, stream: Optional[int] = None):
@@ -762,8 +773,11 @@ class EpdKvSink:
             if seq.page_size != self.layout.page_size:
                 raise EpdError(22, "org.epd1.Error.InvalidArgument",
                                f"page size {seq.page_size} != layout {self.layout.page_size}", "kv sink")
+            # Read once, here (a GetPages bus call): `pages` keeps them; asked again after
+            # Prepare, a failure there left the prepared handoff and the sequence behind.
+            pages = seq.pages
             kv = KvPages(self.client, arena, self.layout,
-                         _seq_offsets(self.client, arena, seq.pages, self.layout.page_size))
+                         _seq_offsets(self.client, arena, pages, self.layout.page_size))
             kv.prepare()  # a GPU page table's allocation and upload: here, not at the first write
             # GPU arena and a ring: libepd's notifier reports each group ready once its
             # writes have run on the GPU, from its own thread (no polling, no host sync).
@@ -777,7 +791,7 @@ class EpdKvSink:
                 kv.close()  # its page tables' device memory
             seq.release()
             raise
-        self._seq_pages = seq.pages
+        self._seq_pages = pages
         self._seq, self._kv, self._handoff, self._notifier = seq, kv, handoff, notifier
         self._rid = handoff.request_id.encode()
         self.setup_s = time.perf_counter() - t0

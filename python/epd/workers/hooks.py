@@ -6,7 +6,7 @@ vLLM; the worker harness (serve.py) drives its model through these hooks.
 
 KV (EpdKvConnector), per engine step:
     scheduler side  request_finished(request_id) -> (delay_free, kv_transfer_params)
-                    build_connector_meta(saves=[...], loads=[...]) -> EpdKvMetadata
+                    build_connector_meta(saves=[...], loads=[...], delayed=[...]) -> EpdKvMetadata
     worker side     register_kv_caches({layer_name: cache})   once: the layers' order
                     bind_connector_metadata(meta)             before the forward pass
                     start_load_kv()                           decode: accept the handoffs
@@ -25,8 +25,32 @@ Encoder cache (EpdEcConnector):
 Semantics follow vLLM's: saves are layer-wise and asynchronous (a group ships when its
 last layer's writes have landed, told by a CUDA event, never by a host sync), loads are
 layer-wise (wait_for_layer_load returns when the group holding the layer has landed),
-and transfers finish asynchronously, reported by request id from get_finished() only for
-requests the engine has said are finished (in this call or an earlier one).
+and transfers finish asynchronously, reported by request id from get_finished()
+(KVConnectorBase_V1's contract):
+
+- a send (a save) is reported finished only for a request whose request_finished()
+  returned delay_free_blocks=True, and only once the engine has passed its id in
+  finished_req_ids (this call or an earlier one): vLLM asserts each reported id waited
+  and frees its blocks then. A save the engine did not delay is released all the same
+  (its handoff and pages go once the decode side is done with them), without a word;
+- a receive (a load) is reported finished when its transfer is complete (every layer
+  read and the handoff committed), whether or not the engine has finished the request:
+  vLLM waits for finished_recving before it goes on with a request whose KV is being
+  received, so such a request is finished before its receive only when it is aborted.
+  (serve.py asks right after the decode and finds it there.) A load the engine
+  finished before it was complete (aborted) is let go and not reported.
+
+request_finished() is a scheduler-side hook in vLLM: it runs in the scheduler's process,
+on the scheduler's connector object, while the sinks, handoffs and loads are the worker's
+(another process, another object). Here one object plays both sides (the harness's
+workers run engine and model in one process), so request_finished() reads the worker's
+state: a save whose setup failed is not delayed. An adapter with the two sides apart
+decides on the scheduler side (delay a request it scheduled a save for: it built that
+metadata) and carries the decision to the worker side in the connector metadata:
+build_connector_meta(delayed=[request ids]) on the scheduler, bind_connector_metadata()
+on the worker records them as delayed, and get_finished() reports those (a save that
+failed on the worker after the scheduler delayed it is reported too, so that vLLM frees
+its blocks).
 
 The one difference: vLLM's paged KV cache is the engine's own tensor, which the KV
 connector reads and writes by block id. This harness's model keeps a contiguous cache
@@ -60,6 +84,9 @@ class KvTransfer:
 class EpdKvMetadata:
     saves: List[KvTransfer] = field(default_factory=list)
     loads: List[KvTransfer] = field(default_factory=list)
+    # Requests whose request_finished() returned delay_free_blocks=True on the scheduler
+    # side (another process in vLLM): the worker side reports their sends finished.
+    delayed: List[str] = field(default_factory=list)
 
 
 class _Load:
@@ -107,18 +134,24 @@ class EpdKvConnector:
         self._sinks: Dict[str, C.EpdKvSink] = {}      # saves whose handoff is not released
         self._loads: Dict[str, _Load] = {}
         self._finished_reqs: Set[str] = set()          # the engine says these are done
-        self._delayed: Set[str] = set()                # request_finished() said delay_free
+        self._delayed: Set[str] = set()                # request_finished() said delay_free (or the metadata)
         self.stats = {"save_s": 0.0, "save_wait_s": 0.0, "load_s": 0.0, "accept_s": 0.0, "wait_s": 0.0}
 
     # -- scheduler side -------------------------------------------------------------
     @staticmethod
-    def build_connector_meta(saves: Seq[KvTransfer] = (), loads: Seq[KvTransfer] = ()) -> EpdKvMetadata:
-        return EpdKvMetadata(list(saves), list(loads))
+    def build_connector_meta(saves: Seq[KvTransfer] = (), loads: Seq[KvTransfer] = (),
+                             delayed: Seq[str] = ()) -> EpdKvMetadata:
+        """delayed: the requests the scheduler side's request_finished() told the engine to
+        wait for (delay_free_blocks True) since the last metadata: the worker side reports
+        their sends finished from get_finished() (see the module's note)."""
+        return EpdKvMetadata(list(saves), list(loads), list(delayed))
 
     def request_finished(self, request_id: str, block_ids=None) -> Tuple[bool, Optional[dict]]:
         """The engine is done with request_id. A save still being consumed keeps its pages
         (delay_free True) until get_finished() reports it; the params tell the decode
-        side what to load."""
+        side what to load. Only a request delayed here (or by the metadata's `delayed`)
+        is ever reported as a finished send. In vLLM this is the scheduler's hook, in
+        another process than the sinks it reads here: see the module's note."""
         s = self._sinks.get(request_id)
         if s is None or s.setup_error() is not None:  # a failed save holds no pages
             return False, None
@@ -142,6 +175,9 @@ class EpdKvConnector:
 
     def bind_connector_metadata(self, meta: EpdKvMetadata) -> None:
         self._meta = meta
+        # The scheduler side's request_finished() decisions (delay_free True): reported
+        # by get_finished() once their sends are done.
+        self._delayed |= set(meta.delayed)
         if self.role == "producer":
             if self._arena_on_gpu is None and self.save == "auto":
                 self._settle_setups()  # _save_mode asks the daemon about the arena
@@ -259,8 +295,13 @@ class EpdKvConnector:
             self.stats["save_s"] += sink.seconds - own
 
     def get_finished(self, finished_req_ids: Set[str] = frozenset()) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
-        """(sends finished, loads finished) among the requests the engine has finished.
-        A finished send's handoff is released and its pages let go."""
+        """(sends finished, loads finished), each id once (vLLM's contract, see the
+        module's note). Sends: saves of requests the engine has finished (this call or an
+        earlier one) whose handoff the decode side is done with; their handoff is released
+        and their pages let go; reported only if request_finished() delayed them (others
+        go without a word). Loads: every load complete (all its layers read, committed),
+        whether or not the engine has finished the request; one the engine finished
+        before it was complete is let go, not reported."""
         self._finished_reqs |= set(finished_req_ids)
         self._settle_setups()  # the releases below are bus calls
         sent, received = set(), set()
@@ -281,18 +322,22 @@ class EpdKvConnector:
                 s.done()
                 s.handoff.release(self.ring)
                 del self._sinks[rid]
-                sent.add(rid)
+                # vLLM: a finished send is a request whose request_finished() returned
+                # delay_free_blocks True; it asserts so and frees the blocks. Another
+                # one's blocks were freed at once: released here without a word.
+                if rid in self._delayed:
+                    sent.add(rid)
         for rid in list(self._loads):
             ld = self._loads[rid]
-            if rid not in self._finished_reqs:
-                continue
             if ld.done:
+                # Complete: reported now, finished by the engine or not (vLLM waits for
+                # finished_recving before it goes on with the request).
                 if not ld.reported:  # a kept load stays until take_sequence(): said once
                     received.add(rid)
                     ld.reported = True
                 if not ld.t.keep:
                     del self._loads[rid]  # its pages went back at commit: nothing left to take
-            else:
+            elif rid in self._finished_reqs:
                 # The engine finished a request whose KV never fully loaded (aborted, or
                 # its wait or commit raised): its handoff and page tables go now.
                 del self._loads[rid]
