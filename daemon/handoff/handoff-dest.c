@@ -577,6 +577,11 @@ int handoff_on_incoming_validate(Peer *p, TransportIncoming *in, void *userdata)
         uint32_t g = (uint32_t)(cookie & ((1U << COOKIE_GROUP_BITS) - 1));
         if (!owner || owner->peer != p || (d && owner != d))
                 return -EACCES;
+        /* A write that names its attempt (rdma: real offsets) lands only in that
+         * attempt's pages: a late REQUEST of an attempt rolled back here, whose pages the
+         * same peer's next handoff got, is refused, not counted into the next one's. */
+        if ((in->flags & TRANSPORT_WRITE_ATTEMPT) && owner->h->token != in->target)
+                return -ESTALE;
         d = owner;
         if ((in->flags & TRANSPORT_WRITE_IMM) && (!d->imm || HANDOFF_IMM_GROUP(in->imm) != g))
                 return -EPROTO;

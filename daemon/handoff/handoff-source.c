@@ -160,6 +160,11 @@ static int post_group(HandoffObject *o, uint32_t g) {
                         /* Pipelined: the destination resolves the slot's pages. */
                         c.w[k].flags |= TRANSPORT_WRITE_TARGET;
                         c.w[k].target = o->slot;
+                } else if (o->peer && (t->ops->caps & TRANSPORT_CAP_ATTEMPT)) {
+                        /* Real offsets (rdma): taken only while the pages are this
+                         * attempt's, never a rolled-back one's into its successor's. */
+                        c.w[k].flags |= TRANSPORT_WRITE_ATTEMPT;
+                        c.w[k].target = o->h->token;
                 }
         }
         if (r >= 0 && c.n > 0)

@@ -249,6 +249,11 @@ void handoff_stage_landed(HandoffObject *o, uint32_t g, int error) {
                          * there once the attempt is rolled back, whoever has its pages. */
                         w[i].flags |= TRANSPORT_WRITE_TARGET;
                         w[i].target = o->slot;
+                } else if (nt->ops->caps & TRANSPORT_CAP_ATTEMPT) {
+                        /* Real offsets (rdma): taken only while the pages are this
+                         * attempt's. */
+                        w[i].flags |= TRANSPORT_WRITE_ATTEMPT;
+                        w[i].target = o->h->token;
                 }
                 r = hashmap_put(hm->writes, &ow[i]->cookie, ow[i]);
                 if (r < 0) {

@@ -22,7 +22,8 @@
 #include <stdint.h>
 
 #define PEER_FRAME_MAGIC UINT32_C(0x45504450) /* "EPDP" */
-#define PEER_PROTOCOL_VERSION 2 /* 2: DATA header with flags, immediate and target; WRITE_ACKS */
+#define PEER_PROTOCOL_VERSION 3 /* 2: DATA header with flags, immediate and target; WRITE_ACKS.
+                                 * 3: the rdma REQUEST names the handoff attempt */
 #define PEER_FRAME_HEADER_SIZE 16
 
 /* Largest payload of any frame other than DATA (control messages of every range). */

@@ -90,6 +90,7 @@ typedef struct OutWrite {
         uint64_t src_offset;
         uint32_t dst_region;
         uint64_t dst_offset;
+        uint64_t attempt;        /* TRANSPORT_WRITE_ATTEMPT's token, or 0 */
         uint32_t rkey;
         uint64_t raddr;
         bool granted, acked;

@@ -30,7 +30,7 @@ static bool all_zero(const uint8_t *s, size_t n) {
 _Static_assert(RDMA_PROTO_MAX_PAYLOAD >= CONNECT_FIXED + RDMA_PROTO_NAME_MAX &&
                        RDMA_PROTO_MAX_PAYLOAD >= DOWN_FIXED + RDMA_PROTO_REASON_MAX,
                "RDMA_PROTO_MAX_PAYLOAD holds every message");
-#define REQUEST_SIZE 36U
+#define REQUEST_SIZE 44U
 #define ACK_SIZE 12U
 
 int rdma_message_decode(uint16_t type, const void *payload, size_t len, RdmaMessage *ret) {
@@ -83,6 +83,7 @@ int rdma_message_decode(uint16_t type, const void *payload, size_t len, RdmaMess
                 m.request.region = unaligned_read_be32(p + 16);
                 m.request.offset = unaligned_read_be64(p + 20);
                 m.request.length = unaligned_read_be64(p + 28);
+                m.request.attempt = unaligned_read_be64(p + 36);
                 if (!write_range_ok(m.request.write_id, m.request.offset, m.request.length))
                         return -EBADMSG;
                 break;
@@ -154,6 +155,7 @@ int rdma_message_encode(const RdmaMessage *m, uint8_t *buf, size_t size) {
                 unaligned_write_be32(tmp + 16, m->request.region);
                 unaligned_write_be64(tmp + 20, m->request.offset);
                 unaligned_write_be64(tmp + 28, m->request.length);
+                unaligned_write_be64(tmp + 36, m->request.attempt);
                 n = REQUEST_SIZE;
                 break;
         case RDMA_MSG_ACK:

@@ -17,7 +17,10 @@
  *     both fall back to tcp: u32 errno (1..4095), u8 len, reason bytes (printable).
  *   REQUEST   sender -> receiver: one write it wants to RDMA WRITE: u64 write id
  *     (1..2^32-1: its last work request carries it as the immediate), u64 cookie (the
- *     handoff's, for the validator), u32 region, u64 offset, u64 length (> 0).
+ *     handoff's, for the validator), u32 region, u64 offset, u64 length (> 0), u64
+ *     attempt (peer protocol 3: the handoff attempt's token, 0 for none: the receiver
+ *     grants the write only while the pages are that attempt's, so that a late REQUEST
+ *     of a rolled-back attempt is never granted into the pages of the next one).
  *   ACK       receiver -> sender: u64 write id, u32 errno (0..4095): 0 once the write's
  *     immediate arrived (every byte landed, in QP order), or why the REQUEST was
  *     refused (then no GRANT was sent).
@@ -65,6 +68,7 @@ typedef struct RdmaMessage {
                         uint64_t write_id, cookie;
                         uint32_t region;
                         uint64_t offset, length;
+                        uint64_t attempt;
                 } request;
                 struct {
                         uint64_t write_id;

@@ -190,7 +190,11 @@ static void on_request(RdmaPeer *rp, const RdmaMessage *m) {
                                                    &(TransportIncoming){ .region = m->request.region,
                                                                          .offset = m->request.offset,
                                                                          .length = m->request.length,
-                                                                         .cookie = m->request.cookie });
+                                                                         .cookie = m->request.cookie,
+                                                                         .flags = m->request.attempt
+                                                                                          ? TRANSPORT_WRITE_ATTEMPT
+                                                                                          : 0,
+                                                                         .target = m->request.attempt });
         if (r == -EAGAIN)
                 r = -EPROTO; /* rdma writes name real regions: there is nothing to wait for */
         if (r < 0) {
@@ -379,8 +383,8 @@ static int rdma_post(Transport *tt, void *peer, const TransportWrite *w, size_t 
                 return -ENOBUFS;
         for (size_t i = 0; i < n; i++) {
                 const TransportRegion *src = w[i].src_region < MAX_REGIONS ? t->regions[w[i].src_region] : NULL;
-                if (w[i].flags != 0)
-                        return -EOPNOTSUPP; /* no caps: writes name real regions, completions carry nothing */
+                if ((w[i].flags & ~TRANSPORT_WRITE_ATTEMPT) || ((w[i].flags & TRANSPORT_WRITE_ATTEMPT) && !w[i].target))
+                        return -EOPNOTSUPP; /* writes name real regions, completions carry nothing */
                 uint64_t end;
 
                 if (!src || !rp->dev->mrs[src->id])
@@ -410,6 +414,7 @@ static int rdma_post(Transport *tt, void *peer, const TransportWrite *w, size_t 
                         o->src_offset = w[i].src_offset;
                         o->dst_region = w[i].dst_region;
                         o->dst_offset = w[i].dst_offset;
+                        o->attempt = w[i].flags & TRANSPORT_WRITE_ATTEMPT ? w[i].target : 0;
                         r = hashmap_put(rp->out, &o->write_id, o);
                         if (r < 0)
                                 free(o);
@@ -437,7 +442,8 @@ static int rdma_post(Transport *tt, void *peer, const TransportWrite *w, size_t 
                                                   .cookie = o->cookie,
                                                   .region = o->dst_region,
                                                   .offset = o->dst_offset,
-                                                  .length = o->sw.length },
+                                                  .length = o->sw.length,
+                                                  .attempt = o->attempt },
                              });
         }
         t->peers_ops.uncork(p);
@@ -506,6 +512,7 @@ static void rdma_free(Transport *tt) {
 static const TransportOps rdma_ops = {
         .kind = TRANSPORT_RDMA,
         .name = "rdma",
+        .caps = TRANSPORT_CAP_ATTEMPT,
         .register_region = rdma_register_region,
         .unregister_region = rdma_unregister_region,
         .post = rdma_post,

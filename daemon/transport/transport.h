@@ -47,6 +47,9 @@ struct TransportRegion {
                                      * (as RDMA's WRITE_WITH_IMM): a completion flag in-band */
 #define TRANSPORT_WRITE_TARGET 0x2u /* dst_offset is relative to `target`, an object the
                                      * receiver resolves (its validator); dst_region unused */
+#define TRANSPORT_WRITE_ATTEMPT 0x4u /* the write names a real (region, offset) and `target`
+                                      * is the handoff attempt's token: the receiver takes
+                                      * it only while those pages are that attempt's */
 
 /* One write: bytes [src_offset, src_offset+length) of the source region to
  * [dst_offset, ...) of the destination region. `cookie` comes back on completion. */
@@ -77,6 +80,7 @@ typedef struct TransportIncoming {
 
 #define TRANSPORT_CAP_IMM 0x1u    /* carries TRANSPORT_WRITE_IMM */
 #define TRANSPORT_CAP_TARGET 0x2u /* carries TRANSPORT_WRITE_TARGET */
+#define TRANSPORT_CAP_ATTEMPT 0x4u /* carries TRANSPORT_WRITE_ATTEMPT */
 
 typedef struct TransportCompletion {
         uint64_t cookie;

@@ -141,6 +141,15 @@ START_TEST(test_request_ack) {
         ck_assert_uint_eq(d.request.region, 2);
         ck_assert_uint_eq(d.request.offset, 1 << 16);
         ck_assert_uint_eq(d.request.length, 65536);
+        ck_assert_uint_eq(d.request.attempt, 0);
+        /* The attempt's token (protocol 3): it travels, and the REQUEST of protocol 2,
+         * without it, is refused rather than read short. */
+        m.request.attempt = UINT64_C(0x1807a5b3c2d1e0f9);
+        int n = rdma_message_encode(&m, buf, sizeof buf);
+        ck_assert_int_eq(n, 44);
+        ck_assert_int_eq(rdma_message_decode(RDMA_MSG_REQUEST, buf, (size_t)n, &d), 0);
+        ck_assert_uint_eq(d.request.attempt, m.request.attempt);
+        ck_assert_int_eq(rdma_message_decode(RDMA_MSG_REQUEST, buf, 36, &d), -EBADMSG);
         m.request.length = 0;
         ck_assert_int_eq(rdma_message_encode(&m, buf, sizeof buf), -EINVAL);
         m.request.length = 2;
