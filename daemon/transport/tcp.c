@@ -724,8 +724,10 @@ static int stream_slice_end(TcpStream *s) {
         hashmap_remove(tp->in, &w->write_id);
         if (w->error == 0) {
                 t->peers_ops.incoming_done(t->peers_ops.userdata, p, &w->in, 0);
-                /* Acknowledged with the others of this wakeup. */
-                r = acks_push(tp, w->write_id);
+                /* Acknowledged with the others of this wakeup: in this session only. Had
+                 * the call reset it, the id would go out in the next one, whose sender
+                 * does not know it and resets that one too. */
+                r = t->peers_ops.is_up(p) && tp->streams[idx] == s ? acks_push(tp, w->write_id) : 0;
         } else
                 r = send_ack(tp, w->write_id, w->error);
         in_write_free(tp, w);
