@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #pragma once
 
-/* Between the copy engine (copy.c) and its completion thread's wait (copy-pace.c). */
+/* Between the copy engine (copy.c) and its completion threads' wait (copy-pace.c). */
 
 #include <stdint.h>
 

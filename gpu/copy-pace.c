@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-/* The copy engine's completion thread waiting for a part's event: the pace it learns
- * of each path (gpu_copy_pace_*, copy.h) and the wait that sleeps until shortly before
- * the predicted end, polls, naps, and only then takes the blocking sync. */
+/* A completion thread of the copy engine (one per device and path) waiting for a
+ * part's event: the pace it learns of its path (gpu_copy_pace_*, copy.h) and the wait
+ * that sleeps until shortly before the predicted end, polls, naps, and only then takes
+ * the blocking sync. */
 #include <errno.h>
 #include <time.h>
 
@@ -9,7 +10,7 @@
 #include "macro.h"
 #include "time-util.h"
 
-/* The pace of one path of one GPU, learned by the completion thread from the parts it
+/* The pace of one path of one GPU, learned by its completion thread from the parts it
  * saw end. Optimistic on purpose: it rises at once to a faster part and falls an eighth
  * of the way to a slower one, so that a predicted end falls early rather than late (a
  * part predicted early costs polling, one predicted late a wake-up after its end). */
@@ -95,10 +96,10 @@ static void sleep_until(uint64_t usec) {
                 ;
 }
 
-/* A part's event, waited for by the completion thread (gpu/copy-internal.h). With spin_usec > 0
- * (gpu_copy_engine_set_spin()): when the path's pace places the part's end further away
- * than half of spin_usec (and the timer's lateness), the thread sleeps on its timer
- * until then; it polls the event for up to spin_usec (and the timer's lateness), then
+/* A part's event, waited for by its queue's completion thread (gpu/copy-internal.h).
+ * With spin_usec > 0 (gpu_copy_engine_set_spin()): when the path's pace places the
+ * part's end further away than half of spin_usec (and the timer's lateness), the thread
+ * sleeps on its timer until then; it polls the event for up to spin_usec (and the timer's lateness), then
  * every PACE_NAP_USEC for up to PACE_NAP_MAX_USEC, and only then waits with the blocking
  * sync (which sleeps until the GPU's interrupt wakes it: 0.1 to 0.7 ms late on some
  * machines, 0.02 ms on others). spin_usec 0: the blocking sync at once. *how says how it

@@ -21,6 +21,7 @@
 /* Pinned descriptor slots for the batched copy kernel, per device. */
 #define DESC_SLOTS 64U
 #define DESC_SLOT_CHUNKS 4096U
+#define DESC_BYTES ((size_t)DESC_SLOTS * DESC_SLOT_CHUNKS * sizeof(GpuChunk)) /* 6 MiB */
 #define ARENAS_PER_JOB_INLINE 4U
 
 typedef struct GpuCopyJob GpuCopyJob;
@@ -35,7 +36,7 @@ typedef struct DeviceLane {
         bool ready;
         CUstream streams[_GPU_COPY_PATH_MAX][STREAMS_PER_PATH];
         /* Completion events (blocking-sync) recorded and waited for: reused. Every event
-         * ever made is here or in the engine's watch queue. */
+         * ever made is here or in one of the lane's watch queues (e->queues). */
         CUevent *spare_events;
         size_t n_spare_events, n_events;
         GpuKernels *kernels;         /* NULL: not built or not loadable */
@@ -54,9 +55,6 @@ typedef struct DeviceLane {
         CUevent tl_ref;
         uint64_t tl_ref_usec;
         uint64_t max_pitch;          /* of a 2D copy (0: none) */
-        /* Each path's pace, which places the end of its next part
-         * (gpu_copy_pace_predict()): written by the completion thread under the lock. */
-        GpuCopyPace pace[_GPU_COPY_PATH_MAX];
 } DeviceLane;
 
 struct GpuCopyJob {
@@ -98,19 +96,38 @@ typedef struct Watch {
         size_t segs;
 } Watch;
 
+/* The parts of one path of one device (its streams), in submission order, and the
+ * completion thread that waits for them: made on the queue's first part. Parts of one
+ * queue end in order (a stream runs its work in order; a group spread over several of
+ * the path's streams is one queue too); parts of different queues do not wait for each
+ * other: a GPU → host staging copy does not hold back a GPU → GPU layer group submitted
+ * after it, nor one GPU's copies another's. */
+typedef struct WatchQueue {
+        GpuCopyEngine *engine;
+        int dev;
+        GpuCopyPath path;
+        pthread_t thread;
+        bool started;                /* written by the submitting thread only */
+        pthread_cond_t more;         /* with the engine's lock */
+        Watch *watches;              /* circular: [head, head + n) */
+        size_t cap, head, n;
+        /* The path's pace, which places the end of its next part
+         * (gpu_copy_pace_predict()): written by the queue's thread under the lock. */
+        GpuCopyPace pace;
+} WatchQueue;
+
 struct GpuCopyEngine {
         GpuSystem *system;
         DeviceLane *lanes;
         int efd;
         pthread_mutex_t lock;        /* guards done, slot_busy, job->pending/error, watches, events */
-        /* Completion: an event recorded behind each part and a thread that waits for them
-         * in order. (A stream callback would hold the stream until the driver's callback
-         * thread has run: a bubble between one part and the next.) */
-        pthread_t waiter;
-        bool waiter_started, stopping;
-        pthread_cond_t watch_more;
-        Watch *watches;              /* circular: [watch_head, watch_head + n_watches) */
-        size_t watch_cap, watch_head, n_watches;
+        /* Completion: an event recorded behind each part, and a thread per (device, path)
+         * queue that waits for its parts in order. (A stream callback would hold the
+         * stream until the driver's callback thread has run: a bubble between one part
+         * and the next.) */
+        WatchQueue *queues;          /* n_devices × _GPU_COPY_PATH_MAX, [dev * MAX + path] */
+        size_t n_watches;            /* in all the queues */
+        bool stopping;
         QUEUE_HEAD(GpuCopyJob, done);
         size_t in_flight;
         uint64_t bytes_in_flight;    /* of the batches in_flight counts */
@@ -213,13 +230,15 @@ static void timeline_write(GpuCopyEngine *e, const Watch *w, int result) {
                 b < 0 ? -1.0 : (double)l->tl_ref_usec + (double)b * 1e3, seen, result);
 }
 
-/* The completion thread: waits for each watched event in order (a blocking-sync event:
- * it sleeps, after an optional poll), then counts its job's part done; the last part
- * finishes the job. */
+/* A queue's completion thread: waits for each of its watched events in order (a
+ * blocking-sync event: it sleeps, after an optional poll), then counts its job's part
+ * done; the last part (of whichever queue) finishes the job. */
 static void *waiter_thread(void *userdata) {
-        GpuCopyEngine *e = userdata;
+        WatchQueue *q = userdata;
+        GpuCopyEngine *e = q->engine;
         GpuSystem *s = e->system;
-        int current = -1;
+        DeviceLane *l = &e->lanes[q->dev];
+        bool current = false;
 
         /* Its timers (the sleeps before a part's end, the naps) as exact as the kernel
          * makes them: a thread's default slack lets them fire 50 µs late. */
@@ -227,24 +246,23 @@ static void *waiter_thread(void *userdata) {
 
         pthread_mutex_lock(&e->lock);
         for (;;) {
-                while (e->n_watches == 0 && !e->stopping)
-                        pthread_cond_wait(&e->watch_more, &e->lock);
-                if (e->n_watches == 0)
+                while (q->n == 0 && !e->stopping)
+                        pthread_cond_wait(&q->more, &e->lock);
+                if (q->n == 0)
                         break;
-                Watch w = e->watches[e->watch_head];
+                Watch w = q->watches[q->head];
                 pthread_mutex_unlock(&e->lock);
 
-                if (w.dev != current)
-                        current = gpu_device_make_current(s, &s->devices[w.dev]) < 0 ? -1 : w.dev;
+                if (!current)
+                        current = gpu_device_make_current(s, &s->devices[q->dev]) >= 0;
                 /* Waited for even when the context could not be made current (an event
                  * names its own): a part counted done must be done on the GPU, or its job's
                  * arenas and pages could go under a copy still running. */
-                DeviceLane *l = &e->lanes[w.dev];
                 GpuCopySeen how;
                 uint64_t look;
                 /* The pace is written by this thread alone, under the lock (read by
                  * gpu_copy_engine_pace()): read here without it. */
-                int r = gpu_copy_event_wait(s, w.event, w.queued_usec, w.bytes, &l->pace[w.path],
+                int r = gpu_copy_event_wait(s, w.event, w.queued_usec, w.bytes, &q->pace,
                                             __atomic_load_n(&e->spin_usec, __ATOMIC_RELAXED), &how, &look);
                 uint64_t seen = now_usec(CLOCK_MONOTONIC);
                 if (w.start) {
@@ -254,8 +272,9 @@ static void *waiter_thread(void *userdata) {
 
                 pthread_mutex_lock(&e->lock);
                 if (r >= 0)
-                        gpu_copy_pace_observe(&l->pace[w.path], w.queued_usec, w.bytes, seen, how, look);
-                e->watch_head = (e->watch_head + 1) % e->watch_cap;
+                        gpu_copy_pace_observe(&q->pace, w.queued_usec, w.bytes, seen, how, look);
+                q->head = (q->head + 1) % q->cap;
+                q->n--;
                 e->n_watches--;
                 l->spare_events[l->n_spare_events++] = w.event; /* room: see watch_add() */
                 if (r < 0 && w.job->error == 0)
@@ -267,16 +286,20 @@ static void *waiter_thread(void *userdata) {
         return NULL;
 }
 
-static int waiter_start(GpuCopyEngine *e) {
+/* The queue's completion thread, on its first part (on the submitting thread). */
+static int queue_start(GpuCopyEngine *e, WatchQueue *q) {
         int r;
 
-        pthread_cond_init(&e->watch_more, NULL); /* never waited for with a timeout */
-        r = -pthread_create(&e->waiter, NULL, waiter_thread, e);
+        if (q->started)
+                return 0;
+        pthread_cond_init(&q->more, NULL); /* never waited for with a timeout */
+        r = -pthread_create(&q->thread, NULL, waiter_thread, q);
         if (r < 0) {
-                pthread_cond_destroy(&e->watch_more);
-                return r;
+                pthread_cond_destroy(&q->more);
+                return log_debug_errno(r, "GPU %d: no completion thread for %s copies: %m", q->dev,
+                                       gpu_copy_path_to_string(q->path));
         }
-        e->waiter_started = true;
+        q->started = true;
         return 0;
 }
 
@@ -286,9 +309,13 @@ static int watch_add(GpuCopyEngine *e, int dev, GpuCopyPath path, CUstream strea
                      const Watch *tl) {
         CudaDriver *d = e->system->driver;
         DeviceLane *l = &e->lanes[dev];
+        WatchQueue *q = &e->queues[(size_t)dev * _GPU_COPY_PATH_MAX + (size_t)path];
         CUevent ev = NULL;
-        int r = 0;
+        int r;
 
+        r = queue_start(e, q);
+        if (r < 0)
+                return r;
         pthread_mutex_lock(&e->lock);
         if (l->n_spare_events > 0)
                 ev = l->spare_events[--l->n_spare_events];
@@ -300,18 +327,18 @@ static int watch_add(GpuCopyEngine *e, int dev, GpuCopyPath path, CUstream strea
                 else
                         l->spare_events = m;
         }
-        if (r >= 0 && e->n_watches == e->watch_cap) {
-                size_t cap = MAX(e->watch_cap * 2, (size_t)64);
-                Watch *q = malloc(cap * sizeof *q);
-                if (!q)
+        if (r >= 0 && q->n == q->cap) {
+                size_t cap = MAX(q->cap * 2, (size_t)64);
+                Watch *m = malloc(cap * sizeof *m);
+                if (!m)
                         r = -ENOMEM;
                 else {
-                        for (size_t i = 0; i < e->n_watches; i++)
-                                q[i] = e->watches[(e->watch_head + i) % e->watch_cap];
-                        free(e->watches);
-                        e->watches = q;
-                        e->watch_cap = cap;
-                        e->watch_head = 0;
+                        for (size_t i = 0; i < q->n; i++)
+                                m[i] = q->watches[(q->head + i) % q->cap];
+                        free(q->watches);
+                        q->watches = m;
+                        q->cap = cap;
+                        q->head = 0;
                 }
         }
         pthread_mutex_unlock(&e->lock);
@@ -346,9 +373,10 @@ static int watch_add(GpuCopyEngine *e, int dev, GpuCopyPath path, CUstream strea
                 w.path = path;
                 w.bytes = bytes;
                 w.queued_usec = now_usec(CLOCK_MONOTONIC);
-                e->watches[(e->watch_head + e->n_watches++) % e->watch_cap] = w;
+                q->watches[(q->head + q->n++) % q->cap] = w;
+                e->n_watches++;
                 j->pending++;
-                pthread_cond_signal(&e->watch_more);
+                pthread_cond_signal(&q->more);
         }
         pthread_mutex_unlock(&e->lock);
         return r;
@@ -454,7 +482,7 @@ static void timeline_start(GpuCopyEngine *e, int dev, CUstream stream, Watch *tl
         DeviceLane *l = &e->lanes[dev];
         bool idle;
 
-        /* No watch at all: nothing reads any lane's reference (the completion thread
+        /* No watch at all: nothing reads any lane's reference (a completion thread
          * drops a watch only after its line is written; only this thread adds them). */
         pthread_mutex_lock(&e->lock);
         idle = e->n_watches == 0;
@@ -957,7 +985,7 @@ int gpu_copy_engine_pace(GpuCopyEngine *e, int dev, GpuCopyPath path, GpuCopyPac
         if (dev < 0 || (size_t)dev >= e->system->n_devices || path < 0 || path >= _GPU_COPY_PATH_MAX)
                 return -EINVAL;
         pthread_mutex_lock(&e->lock);
-        *ret = e->lanes[dev].pace[path];
+        *ret = e->queues[(size_t)dev * _GPU_COPY_PATH_MAX + (size_t)path].pace;
         pthread_mutex_unlock(&e->lock);
         return 0;
 }
@@ -1112,14 +1140,59 @@ static void lane_clear(GpuCopyEngine *e, int dev) {
         *l = (DeviceLane) {};
 }
 
+/* The lane's batched kernels and their descriptor memory (its context current): without
+ * either (no kernels built or loadable, no room for the descriptors), the lane copies
+ * with the copy engines alone (l->kernels NULL): an option, never a reason to fail. */
+static void lane_setup_kernels(GpuCopyEngine *e, int dev) {
+        GpuSystem *s = e->system;
+        CudaDriver *d = s->driver;
+        DeviceLane *l = &e->lanes[dev];
+        void *h = NULL;
+        int r;
+
+        r = gpu_kernels_load(s, dev, &l->kernels);
+        if (r < 0) {
+                log_debug_errno(r, "GPU %d: batched copy kernel unavailable (%m), using the copy engine only", dev);
+                l->kernels = NULL;
+                return;
+        }
+        l->kernels->uniform = e->uniform;
+        r = CU(d, cuMemAllocHost, &h, DESC_BYTES);
+        if (r >= 0) {
+                l->desc_host = h;
+                r = CU(d, cuMemAlloc, &l->desc_dev, DESC_BYTES);
+        }
+        if (r < 0) {
+                log_warning_errno(r, "GPU %d: no memory for the batched copy kernel's descriptors (%m), "
+                                     "using the copy engine only", dev);
+                if (l->desc_host)
+                        (void)CU(d, cuMemFreeHost, l->desc_host);
+                l->desc_host = NULL;
+                l->desc_dev = 0;
+                l->kernels = gpu_kernels_free(l->kernels);
+                return;
+        }
+        /* Without them the descriptors go up on the kernel's stream, as before. */
+        if (CU(d, cuStreamCreate, &l->upload, CU_STREAM_NON_BLOCKING) < 0)
+                l->upload = NULL;
+        for (unsigned k = 0; l->upload && k < DESC_SLOTS; k++)
+                if (CU(d, cuEventCreate, &l->uploaded[k], CU_EVENT_DISABLE_TIMING) < 0) {
+                        for (unsigned q = 0; q < k; q++)
+                                (void)CU(d, cuEventDestroy, l->uploaded[q]);
+                        memset(l->uploaded, 0, sizeof l->uploaded);
+                        (void)CU(d, cuStreamDestroy, l->upload);
+                        l->upload = NULL;
+                }
+}
+
 /* Sets up device dev's lane (its context current, streams, the batched kernels and
  * their descriptor memory) and leaves its context current. Idempotent; on the
- * submitting thread. A failure leaves the lane as it was (a later use tries again). */
+ * submitting thread. A failure to make its context or streams leaves the lane as it was
+ * (a later use tries again); the kernels are optional (lane_setup_kernels()). */
 static int lane_setup(GpuCopyEngine *e, int dev) {
         GpuSystem *s = e->system;
         CudaDriver *d = s->driver;
         DeviceLane *l;
-        void *h = NULL;
         int r;
 
         if (dev < 0 || (size_t)dev >= s->n_devices)
@@ -1131,42 +1204,17 @@ static int lane_setup(GpuCopyEngine *e, int dev) {
         for (int p = 0; p < _GPU_COPY_PATH_MAX; p++)
                 for (unsigned k = 0; k < STREAMS_PER_PATH; k++) {
                         r = CU(d, cuStreamCreate, &l->streams[p][k], CU_STREAM_NON_BLOCKING);
-                        if (r < 0)
-                                goto fail;
+                        if (r < 0) {
+                                lane_clear(e, dev);
+                                return r;
+                        }
                 }
         int pitch = 0;
         if (CU(d, cuDeviceGetAttribute, &pitch, CU_DEVICE_ATTRIBUTE_MAX_PITCH, s->devices[dev].dev) >= 0 && pitch > 0)
                 l->max_pitch = (uint64_t)pitch;
-        r = gpu_kernels_load(s, dev, &l->kernels);
-        if (r < 0) {
-                log_debug_errno(r, "GPU %d: batched copy kernel unavailable (%m), using the copy engine only", dev);
-                l->kernels = NULL;
-        } else {
-                l->kernels->uniform = e->uniform;
-                r = CU(d, cuMemAllocHost, &h, (size_t)DESC_SLOTS * DESC_SLOT_CHUNKS * sizeof(GpuChunk));
-                if (r < 0)
-                        goto fail;
-                l->desc_host = h;
-                r = CU(d, cuMemAlloc, &l->desc_dev, (size_t)DESC_SLOTS * DESC_SLOT_CHUNKS * sizeof(GpuChunk));
-                if (r < 0)
-                        goto fail;
-                /* Without them the descriptors go up on the kernel's stream, as before. */
-                if (CU(d, cuStreamCreate, &l->upload, CU_STREAM_NON_BLOCKING) < 0)
-                        l->upload = NULL;
-                for (unsigned k = 0; l->upload && k < DESC_SLOTS; k++)
-                        if (CU(d, cuEventCreate, &l->uploaded[k], CU_EVENT_DISABLE_TIMING) < 0) {
-                                for (unsigned q = 0; q < k; q++)
-                                        (void)CU(d, cuEventDestroy, l->uploaded[q]);
-                                memset(l->uploaded, 0, sizeof l->uploaded);
-                                (void)CU(d, cuStreamDestroy, l->upload);
-                                l->upload = NULL;
-                        }
-        }
+        lane_setup_kernels(e, dev);
         l->ready = true;
         return 0;
-fail:
-        lane_clear(e, dev);
-        return r;
 }
 
 int gpu_copy_engine_use_device(GpuCopyEngine *e, int dev) {
@@ -1179,16 +1227,26 @@ GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e) {
         if (!e)
                 return NULL;
 
-        if (e->waiter_started) {
-                /* Shutdown: the thread sees every event of work in flight pass first. */
+        if (e->queues) {
+                size_t n = e->system->n_devices * _GPU_COPY_PATH_MAX;
+                /* Shutdown: each queue's thread sees every event of its work in flight
+                 * pass first. */
                 pthread_mutex_lock(&e->lock);
                 e->stopping = true;
-                pthread_cond_signal(&e->watch_more);
+                for (size_t i = 0; i < n; i++)
+                        if (e->queues[i].started)
+                                pthread_cond_signal(&e->queues[i].more);
                 pthread_mutex_unlock(&e->lock);
-                (void)pthread_join(e->waiter, NULL);
-                pthread_cond_destroy(&e->watch_more);
+                for (size_t i = 0; i < n; i++) {
+                        WatchQueue *q = &e->queues[i];
+                        if (q->started) {
+                                (void)pthread_join(q->thread, NULL);
+                                pthread_cond_destroy(&q->more);
+                        }
+                        free(q->watches);
+                }
+                free(e->queues);
         }
-        free(e->watches);
         if (e->lanes)
                 for (size_t i = 0; i < e->system->n_devices; i++)
                         lane_clear(e, (int)i);
@@ -1210,7 +1268,6 @@ GpuCopyEngine *gpu_copy_engine_free(GpuCopyEngine *e) {
 
 int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
         _cleanup_(gpu_copy_engine_freep) GpuCopyEngine *e = NULL;
-        int r;
 
         e = calloc(1, sizeof *e);
         if (!e)
@@ -1230,10 +1287,14 @@ int gpu_copy_engine_new(GpuSystem *s, GpuCopyEngine **ret) {
         e->lanes = calloc(s->n_devices, sizeof *e->lanes);
         if (!e->lanes)
                 return -ENOMEM;
-        r = waiter_start(e);
-        if (r < 0)
-                return r;
-        /* No lane yet: each is set up when its GPU is first used. */
+        e->queues = calloc(s->n_devices * _GPU_COPY_PATH_MAX, sizeof *e->queues);
+        if (!e->queues)
+                return -ENOMEM;
+        for (size_t i = 0; i < s->n_devices * _GPU_COPY_PATH_MAX; i++)
+                e->queues[i] = (WatchQueue) { .engine = e, .dev = (int)(i / _GPU_COPY_PATH_MAX),
+                                              .path = (GpuCopyPath)(i % _GPU_COPY_PATH_MAX) };
+        /* No lane yet: each is set up when its GPU is first used, and each queue's
+         * completion thread on its first part. */
         *ret = TAKE_PTR(e);
         return 0;
 }

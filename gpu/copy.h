@@ -14,13 +14,16 @@
  *
  * Each path has its own non-blocking stream per device, so transfers in the two
  * directions and between GPUs overlap. A batch (gpu_copy_submit) completes once, with
- * the first error of any of its segments: an event recorded behind each of its parts,
- * which the engine's completion thread waits for in order (it sleeps on a timer until
+ * the first error of any of its segments: an event recorded behind each of its parts.
+ * Each (device, path) queue has a completion thread of its own (made on the queue's
+ * first part), which waits for the queue's parts in order (it sleeps on a timer until
  * shortly before the part's expected end, polls the event a while, then sleeps in the
- * blocking-sync wait; a failed stream fails the wait: gpu_copy_engine_set_spin()),
- * queues the completion and writes to an eventfd; the event loop watches that fd and
- * calls gpu_copy_reap(). No stream waits for the host (as behind a stream callback)
- * between parts.
+ * blocking-sync wait; a failed stream fails the wait: gpu_copy_engine_set_spin()); the
+ * thread that sees a batch's last part done queues the completion and writes to an
+ * eventfd; the event loop watches that fd and calls gpu_copy_reap(). Queues do not wait
+ * for each other: batches on different GPUs or paths complete as their own parts end,
+ * not necessarily in submission order; batches of one queue complete in order. No
+ * stream waits for the host (as behind a stream callback) between parts.
  *
  * A group of several device-to-device segments is one cuMemcpyBatchAsync call where
  * the driver has it (13.0+; still the copy engines), else one cuMemcpyDtoDAsync each.
@@ -147,9 +150,9 @@ void gpu_copy_engine_set_batch_api(GpuCopyEngine *e, bool enable);
 /* Spreads the segments of a device-to-device group that goes segment by segment over
  * n streams (1..4, default 1), so that several copy engines work at once. */
 void gpu_copy_engine_set_d2d_streams(GpuCopyEngine *e, unsigned n);
-/* How long the completion thread polls a part's event (cuEventQuery) around the part's
+/* How long a completion thread polls a part's event (cuEventQuery) around the part's
  * expected end (0: it sleeps in the blocking-sync wait at once, woken by the GPU's
- * interrupt). The end is placed by the pace the thread learned of the part's path
+ * interrupt). The end is placed by the pace the thread learned of its GPU's path
  * (gpu_copy_pace_predict()): the thread sleeps on its timer (for at most 20 ms) until
  * half the window and 50 µs (a timer's lateness) before it; until the pace is known, or
  * when the end is near, it polls at once. Past the window it looks every 50 µs (timer
@@ -159,12 +162,13 @@ void gpu_copy_engine_set_d2d_streams(GpuCopyEngine *e, unsigned n);
  * 20:31), against 0.02 ms on another H200 before: on such a machine every part of a
  * handoff lands that much late, and the last one adds it to the handoff. Default 200 µs:
  * the thread polls about that long a part, a CPU's worth only while parts end closer
- * together than that. */
+ * together than that (on each path of each GPU that copies at the time: a thread each). */
 #define GPU_COPY_SPIN_USEC 200U
 void gpu_copy_engine_set_spin(GpuCopyEngine *e, unsigned usec);
 /* A diagnostic: from now on every part of every batch (one stream's share of it) adds a
  * line to fd (dup'ed; lines of one write(), so O_APPEND keeps them whole) when the
- * completion thread sees it done: its batch's number, segments and bytes, and on the
+ * completion thread of its (device, path) sees it done (lines of different queues in
+ * the order their parts were seen): its batch's number, segments and bytes, and on the
  * host's CLOCK_MONOTONIC in µs when its submission began, when it was queued, when the
  * GPU started and finished it (timing events, placed on the host's clock by a reference
  * event recorded whenever the engine goes busy from idle) and when it was seen done:
@@ -180,7 +184,7 @@ void gpu_copy_engine_set_spin(GpuCopyEngine *e, unsigned usec);
 int gpu_copy_engine_set_timeline(GpuCopyEngine *e, int fd);
 const GpuCopyStats *gpu_copy_engine_stats(const GpuCopyEngine *e);
 
-/* The pace of one path of one GPU as the completion thread learns it: bytes a µs of the
+/* The pace of one path of one GPU as its completion thread learns it: bytes a µs of the
  * parts it saw end, and when the last one ended (CLOCK_MONOTONIC µs). */
 typedef struct GpuCopyPace {
         double bytes_per_usec;  /* 0: not known yet */
@@ -211,7 +215,7 @@ typedef enum GpuCopySeen {
  * only its end. */
 void gpu_copy_pace_observe(GpuCopyPace *p, uint64_t queued_usec, uint64_t bytes, uint64_t seen_usec, GpuCopySeen how,
                            uint64_t look_usec);
-/* The pace the completion thread learned of a path of GPU dev (a diagnostic). */
+/* The pace the completion thread of a path of GPU dev learned (a diagnostic). */
 int gpu_copy_engine_pace(GpuCopyEngine *e, int dev, GpuCopyPath path, GpuCopyPace *ret);
 
 /* Readable (eventfd, O_CLOEXEC|O_NONBLOCK) when completions are waiting. */

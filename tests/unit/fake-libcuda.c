@@ -23,7 +23,14 @@
  *             descriptor's bytes copied as the kernel copies them. The KV kernels are
  *             not emulated (a launch of one fails). FAKE_CUDA_DEVICES=N: N such GPUs
  *             (default 1); fake_cuda_retained(dev) says how many references on a
- *             device's primary context are held.
+ *             device's primary context are held, fake_cuda_live() how many cuMemAlloc
+ *             allocations and events are not freed. FAKE_CUDA_FAIL_CTX_SET=1: making a
+ *             context current fails (after binding it, as a context whose sticky error
+ *             the driver reports when it is bound); making none current still works. FAKE_CUDA_FAIL_ALLOC=1 and
+ *             FAKE_CUDA_FAIL_ALLOC_HOST=1: cuMemAlloc and cuMemAllocHost fail (out of
+ *             memory). FAKE_CUDA_EVENT_MS may change between submissions: each event
+ *             keeps the value it was recorded with, a per-copy delay (events are
+ *             independent: the fake's streams do not order them).
  * It lets the GPU domain's logic (arenas, transport, completions, registrations) run
  * in CI; the real driver is exercised on the device machine. */
 #include <errno.h>
@@ -156,8 +163,15 @@ static CUresult f_release(int dev) {
 /* The calling thread's current context, as the driver keeps it. */
 static __thread void *current_ctx;
 static CUresult f_ctx_set(void *ctx) {
+        const char *fail = getenv("FAKE_CUDA_FAIL_CTX_SET");
         current_ctx = ctx;
-        return OK;
+        return ctx && fail && strcmp(fail, "1") == 0 ? 201 /* CUDA_ERROR_INVALID_CONTEXT */ : OK;
+}
+/* cuMemAlloc allocations and events not freed: fake_cuda_live(). */
+static int live;
+int fake_cuda_live(void);
+int fake_cuda_live(void) {
+        return __atomic_load_n(&live, __ATOMIC_RELAXED);
 }
 static CUresult f_ctx_get(void **ctx) {
         *ctx = current_ctx;
@@ -322,18 +336,31 @@ static CUresult f_retain_handle(unsigned long long *h, void *addr) {
         pthread_mutex_unlock(&maps_lock);
         return r;
 }
+/* FAKE_CUDA_FAIL_ALLOC=1 / FAKE_CUDA_FAIL_ALLOC_HOST=1: cuMemAlloc / cuMemAllocHost
+ * fail with CUDA_ERROR_OUT_OF_MEMORY, as on a GPU (or a host) out of memory. */
+static int env_on(const char *var) {
+        const char *v = getenv(var);
+        return v && strcmp(v, "1") == 0;
+}
 static CUresult f_alloc(CUdeviceptr *p, size_t size) {
+        if (env_on("FAKE_CUDA_FAIL_ALLOC"))
+                return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
         void *m = malloc(size);
         if (!m)
                 return 2;
+        __atomic_add_fetch(&live, 1, __ATOMIC_RELAXED);
         *p = (CUdeviceptr)(uintptr_t)m;
         return OK;
 }
 static CUresult f_free(CUdeviceptr p) {
+        if (p)
+                __atomic_sub_fetch(&live, 1, __ATOMIC_RELAXED);
         free((void *)(uintptr_t)p);
         return OK;
 }
 static CUresult f_alloc_host(void **p, size_t size) {
+        if (env_on("FAKE_CUDA_FAIL_ALLOC_HOST"))
+                return 2;
         *p = malloc(size);
         return *p ? OK : 2;
 }
@@ -466,9 +493,13 @@ static long env_ms(const char *var) {
 }
 static CUresult f_event_create(void **e, unsigned flags) {
         *e = calloc(1, sizeof(FakeEvent));
+        if (*e)
+                __atomic_add_fetch(&live, 1, __ATOMIC_RELAXED);
         return *e ? OK : 2 /* CUDA_ERROR_OUT_OF_MEMORY */;
 }
 static CUresult f_event_destroy(void *e) {
+        if (e)
+                __atomic_sub_fetch(&live, 1, __ATOMIC_RELAXED);
         free(e);
         return OK;
 }

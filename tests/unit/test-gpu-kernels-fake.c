@@ -486,6 +486,35 @@ START_TEST(test_timeline_has_a_line_per_part) {
 }
 END_TEST
 
+/* The batched kernel's descriptor memory (pinned on the host and on the GPU, 6 MiB
+ * each) cannot be had: the lane runs without the kernel, as when its module does not
+ * load, and every write still lands, through the copy engines, instead of the GPU's
+ * lane failing to set up (and every copy on it failing -ENOMEM). */
+START_TEST(test_lane_without_descriptor_memory) {
+        static const char *const knobs[] = { "FAKE_CUDA_FAIL_ALLOC_HOST", "FAKE_CUDA_FAIL_ALLOC" };
+        for (size_t k = 0; k < ELEMENTSOF(knobs); k++) {
+                Fixture f = {};
+                ck_assert_int_eq(setenv(knobs[k], "1", 1), 0);
+                setup(&f); /* registering the arenas sets the lane up */
+                ck_assert_int_eq(gpu_copy_engine_use_device(f.e, 0), 0);
+                uint64_t bytes = f.t->stats.bytes;
+                run_and_check(&f);
+                run_and_check(&f);
+                ck_assert_uint_eq(gpu_copy_engine_stats(f.e)->kernel_launches, 0);
+                ck_assert_uint_eq(gpu_copy_engine_stats(f.e)->failures, 0);
+                ck_assert_uint_eq(f.t->stats.bytes - bytes, 2ULL * N * PIECE);
+                teardown(&f);
+                ck_assert_int_eq(unsetenv(knobs[k]), 0);
+        }
+        /* With it, the same writes take the kernel. */
+        Fixture f = {};
+        setup(&f);
+        run_and_check(&f);
+        ck_assert_uint_gt(gpu_copy_engine_stats(f.e)->kernel_launches, 0);
+        teardown(&f);
+}
+END_TEST
+
 /* The completion thread's pace (pure): unknown until a part is seen; a part queued
  * behind the last one starts at its end; seen polling, a faster part raises the pace at
  * once and a slower one lowers it an eighth of the way; a part done at its first look
@@ -728,6 +757,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_completion_awake_before_a_late_interrupt);
         tcase_add_test(tc, test_evenly_spaced_pieces_go_as_2d_copies);
         tcase_add_test(tc, test_run_length);
+        tcase_add_test(tc, test_lane_without_descriptor_memory);
         suite_add_tcase(s, tc);
         return s;
 }
