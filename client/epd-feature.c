@@ -512,10 +512,14 @@ static int on_ready(sd_bus_message *m, void *userdata, sd_bus_error *error) {
         return 0;
 }
 
-static int settled(epd_feature *f) {
+/* 0 while f is reserved, 1 when ready, else -EPIPE (named: the feature failed, not an
+ * earlier call's error). */
+static int settled(epd_client *c, epd_feature *f) {
         if (strcmp(f->state, "reserved") == 0)
                 return 0;
-        return strcmp(f->state, "ready") == 0 ? 1 : -EPIPE;
+        if (strcmp(f->state, "ready") == 0)
+                return 1;
+        return epd__fail(c, -EPIPE, "Feature %s is %s (%s).", f->key, f->state, f->error[0] ? f->error : "no reason given");
 }
 
 /* The daemon's Wait: one call, answered when the feature is ready or failed. 1 when
@@ -556,7 +560,7 @@ int epd__feature_wait_signal(epd_client *c, epd_feature *f, uint64_t deadline) {
         if (r < 0)
                 return r;
         for (;;) {
-                if ((r = settled(f)) != 0)
+                if ((r = settled(c, f)) != 0)
                         return r > 0 ? 0 : r;
                 while ((r = sd_bus_process(c->bus, NULL)) > 0)
                         ;
@@ -584,7 +588,7 @@ int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
 
         if (!c || !f)
                 return epd__error(c, -EINVAL, NULL);
-        if ((r = settled(f)) != 0)
+        if ((r = settled(c, f)) != 0)
                 return r > 0 ? 0 : r;
         deadline = usec_add(now_usec(CLOCK_MONOTONIC), timeout_usec);
         if (timeout_usec > 0) {
@@ -599,7 +603,7 @@ int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
                                 break;
                         if (r < 0)
                                 return r;
-                        if ((r = settled(f)) != 0)
+                        if ((r = settled(c, f)) != 0)
                                 return r > 0 ? 0 : r;
                 }
         }

@@ -122,8 +122,18 @@ const char *epd_gpu_strerror(int error) {
         return cuda_absence_to_string(error);
 }
 
+/* Whether g was closed (epd_gpu_close()): the calls that take no hold of their own
+ * refuse it. The handle still lives while a mapping, page table or notifier holds it;
+ * once none does, it is freed, and calling with it is the caller's use after free. */
+static bool gpu_closing(EpdGpu *g) {
+        pthread_mutex_lock(&g->lock);
+        bool closing = g->closing;
+        pthread_mutex_unlock(&g->lock);
+        return closing;
+}
+
 int epd_gpu_ordinal_from_pci_bus_id(EpdGpu *g, const char *pci_bus_id) {
-        if (!g || !pci_bus_id)
+        if (!g || !pci_bus_id || gpu_closing(g))
                 return -EINVAL;
         for (size_t i = 0; i < g->system->n_devices; i++)
                 if (strcasecmp(g->system->devices[i].pci_bus_id, pci_bus_id) == 0)
@@ -184,7 +194,12 @@ EpdGpuMapping *epd_gpu_unmap(EpdGpuMapping *m) {
 int epd_gpu_export(EpdGpu *g, uint64_t device_pointer, int *ret_fd) {
         if (!g || !ret_fd || device_pointer == 0)
                 return -EINVAL;
-        return gpu_export_allocation(g->system, device_pointer, ret_fd);
+        /* Held for the call: a close meanwhile does not free the handle under it. */
+        if (gpu_hold(g) < 0)
+                return -EINVAL;
+        int r = gpu_export_allocation(g->system, device_pointer, ret_fd);
+        gpu_release(g);
+        return r;
 }
 
 int epd_gpu_daemon_pci_bus_id(epd_client *c, uint32_t daemon_ordinal, char *buf, size_t n) {
@@ -240,13 +255,30 @@ int epd_gpu_arena_map(epd_client *c, EpdGpu *g, size_t i, EpdGpuMapping **ret) {
         return r < 0 ? epd__fail(c, r, "Cannot map GPU arena %s: %s", a->name, strerror(-r)) : r;
 }
 
+static int register_memory(epd_client *c, EpdGpu *g, int ordinal, uint64_t device_pointer, uint64_t size,
+                           uint32_t *ret_region);
+
 int epd_gpu_register_memory(epd_client *c, EpdGpu *g, int ordinal, uint64_t device_pointer,
                             uint64_t size, uint32_t *ret_region) {
+        int r;
+
+        if (!c || !g || !ret_region)
+                return epd__error(c, -EINVAL, NULL);
+        /* Held for the call: after epd_gpu_close() refused (a closed handle may be freed). */
+        if (gpu_hold(g) < 0)
+                return epd__fail(c, -EINVAL, "The GPU handle is closed.");
+        r = register_memory(c, g, ordinal, device_pointer, size, ret_region);
+        gpu_release(g);
+        return r;
+}
+
+static int register_memory(epd_client *c, EpdGpu *g, int ordinal, uint64_t device_pointer, uint64_t size,
+                           uint32_t *ret_region) {
         sd_bus_message *reply = NULL;
         uint32_t region;
         int fd, r;
 
-        if (!c || !g || !ret_region || ordinal < 0 || (size_t)ordinal >= g->system->n_devices)
+        if (ordinal < 0 || (size_t)ordinal >= g->system->n_devices)
                 return epd__error(c, -EINVAL, NULL);
         epd__clear_error(c); /* a refusal below is this call's, never an earlier one's */
         /* The export is of the whole allocation, and the daemon maps it from its start:
@@ -318,6 +350,8 @@ static int pages_new(EpdGpu *g, int ordinal, const uint64_t *page_addresses, siz
 
         if (!g || !ret || (n_pages > 0 && !page_addresses) || page_size == 0)
                 return -EINVAL;
+        if (n_pages > SIZE_MAX / sizeof *p->pages)
+                return -ENOMEM; /* the table's bytes do not fit in a size_t */
         d = gpu_system_device(g->system, ordinal);
         if (!d)
                 return -ENODEV;
@@ -377,11 +411,14 @@ EpdGpuPages *epd_gpu_pages_free(EpdGpuPages *p) {
                 return NULL;
         g = p->gpu;
         GpuCtxSaved cs = gpu_ctx_save(g->system);
-        if (p->dev && gpu_device_make_current(g->system, &g->system->devices[p->ordinal]) >= 0) {
+        /* Freed also when the device's context cannot be made current: the memory and
+         * the event are of the primary context, which the handle keeps retained, and
+         * the driver frees them from another current context too (or says why not). */
+        (void)gpu_device_make_current(g->system, &g->system->devices[p->ordinal]);
+        if (p->dev)
                 (void)CU(g->system->driver, cuMemFree, p->dev); /* waits for its users */
-                if (p->uploaded)
-                        (void)CU(g->system->driver, cuEventDestroy, p->uploaded);
-        }
+        if (p->uploaded)
+                (void)CU(g->system->driver, cuEventDestroy, p->uploaded);
         gpu_ctx_restore(g->system, &cs);
         free(p->pages);
         free(p);
@@ -655,8 +692,10 @@ int epd_gpu_notifier_ready_after_range(EpdGpuNotifier *n, uint64_t stream, const
         s = n->gpu->system;
         GpuCtxSaved cs = gpu_ctx_save(s);
         e = gpu_device_make_current(s, &s->devices[n->ordinal]);
-        if (e < 0)
+        if (e < 0) {
+                gpu_ctx_restore(s, &cs); /* the caller's context, whatever the failure left */
                 return e;
+        }
 
         /* Under the lock throughout (the thread holds it only between events): the
          * queue has room for this notice, and every event ever made is either queued or

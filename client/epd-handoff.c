@@ -79,12 +79,21 @@ int epd_handoff_prepare(epd_client *c, const char *request_id, const char *desti
         sd_bus_message_unref(m);
         if (r < 0)
                 return r;
-        r = sd_bus_message_read(reply, "ot", &path, &token);
-        if (r >= 0 && ret_path)
-                r = dup_string(c, path, ret_path);
-        else if (r < 0)
+        /* The path first and alone: past it the daemon made the handoff, which a failure
+         * below gives back (as the registration's and the features' do). */
+        r = sd_bus_message_read(reply, "o", &path);
+        if (r < 0) {
+                sd_bus_message_unref(reply);
+                return epd__error(c, r, NULL);
+        }
+        r = sd_bus_message_read(reply, "t", &token);
+        if (r < 0)
                 r = epd__error(c, r, NULL);
-        if (r >= 0 && ret_token)
+        else if (ret_path)
+                r = dup_string(c, path, ret_path);
+        if (r < 0)
+                (void)epd__undo(c, r, path, IFACE_HANDOFF, "Release", NULL);
+        else if (ret_token)
                 *ret_token = token;
         sd_bus_message_unref(reply);
         return r < 0 ? r : 0;

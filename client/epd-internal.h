@@ -35,6 +35,11 @@ void epd__clear_error(epd_client *c);
 /* A method call on org.epd1.<interface> at path; on failure, records the error. */
 int epd__call(epd_client *c, const char *path, const char *interface, const char *member,
               sd_bus_message **reply, const char *types, ...);
+/* Gives back an object the daemon made for a call that then failed here (its reply
+ * unreadable past the object's name, or no memory to hand it over): the call's member on
+ * path, waited for; the failed call's error stays the one recorded. Returns r. */
+int epd__undo(epd_client *c, int r, const char *path, const char *interface, const char *member,
+              const char *types, ...);
 /* Sends the call without waiting for its reply: the reply is taken by a later
  * epd_process(), epd_wait(), epd_flush() or nowait call, and a refusal is kept (its
  * message prefixed with `member`) for epd_flush() to return. */

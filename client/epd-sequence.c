@@ -37,9 +37,29 @@ static int dup_path(epd_client *c, const char *path, char **ret) {
         return *ret ? 0 : epd__error(c, -ENOMEM, NULL);
 }
 
+/* The rest of an answer that made sequence `path` (its pages, its path copied): on a
+ * failure the sequence is given back and nothing half made reaches the caller. */
+static int take_sequence(epd_client *c, sd_bus_message *reply, const char *path, char **ret_path,
+                         uint32_t **ret_pages, size_t *ret_n_pages) {
+        uint32_t *pages = NULL;
+        char *p = NULL;
+        int r = reply ? read_pages(c, reply, ret_pages ? &pages : NULL, ret_n_pages) : 0;
+        if (r >= 0)
+                r = dup_path(c, path, ret_path ? &p : NULL);
+        if (r < 0) {
+                free(pages);
+                return epd__undo(c, r, path, SEQ_IFACE, "Release", NULL);
+        }
+        if (ret_pages)
+                *ret_pages = pages;
+        if (ret_path)
+                *ret_path = p;
+        return 0;
+}
+
 int epd_sequence_create(epd_client *c, const char *arena, uint32_t n_pages, char **ret_path,
                         uint32_t **ret_pages, size_t *ret_n_pages) {
-        sd_bus_message *reply = NULL;
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         const char *path;
         if (!c || !arena)
                 return epd__error(c, -EINVAL, NULL);
@@ -47,16 +67,9 @@ int epd_sequence_create(epd_client *c, const char *arena, uint32_t n_pages, char
         if (r < 0)
                 return r;
         r = sd_bus_message_read(reply, "o", &path);
-        r = r < 0 ? epd__error(c, r, NULL) : read_pages(c, reply, ret_pages, ret_n_pages);
-        if (r >= 0) {
-                r = dup_path(c, path, ret_path);
-                if (r < 0 && ret_pages) {
-                        free(*ret_pages); /* out of memory for the path: no half answer */
-                        *ret_pages = NULL;
-                }
-        }
-        sd_bus_message_unref(reply);
-        return r;
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        return take_sequence(c, reply, path, ret_path, ret_pages, ret_n_pages);
 }
 
 static int append_hashes(sd_bus_message *m, const uint64_t *hashes, size_t n) {
@@ -81,10 +94,18 @@ int epd_sequence_create_from_prefix(epd_client *c, const char *arena, const uint
         sd_bus_message_unref(m);
         if (r < 0)
                 return r;
-        r = sd_bus_message_read(reply, "ou", &path, &blocks);
-        r = r < 0 ? epd__error(c, r, NULL) : read_pages(c, reply, ret_pages, ret_n_pages);
-        if (r >= 0)
-                r = dup_path(c, path, ret_path);
+        r = sd_bus_message_read(reply, "o", &path);
+        if (r < 0) {
+                sd_bus_message_unref(reply);
+                return epd__error(c, r, NULL);
+        }
+        r = sd_bus_message_read(reply, "u", &blocks);
+        if (r < 0) {
+                r = epd__undo(c, epd__error(c, r, NULL), path, SEQ_IFACE, "Release", NULL);
+                sd_bus_message_unref(reply);
+                return r;
+        }
+        r = take_sequence(c, reply, path, ret_path, ret_pages, ret_n_pages);
         if (r >= 0 && ret_blocks)
                 *ret_blocks = blocks;
         sd_bus_message_unref(reply);
@@ -146,7 +167,7 @@ int epd_sequence_clone(epd_client *c, const char *path, char **ret_path) {
         if (r < 0)
                 return r;
         r = sd_bus_message_read(reply, "o", &p);
-        r = r < 0 ? epd__error(c, r, NULL) : dup_path(c, p, ret_path);
+        r = r < 0 ? epd__error(c, r, NULL) : take_sequence(c, NULL, p, ret_path, NULL, NULL);
         sd_bus_message_unref(reply);
         return r;
 }
@@ -279,7 +300,7 @@ int epd_sequence_attach(epd_client *c, const char *id_or_path, char **ret_path) 
         if (r < 0)
                 return r;
         r = sd_bus_message_read(reply, "o", &p);
-        r = r < 0 ? epd__error(c, r, NULL) : ret_path ? dup_path(c, p, ret_path) : 0;
+        r = r < 0 ? epd__error(c, r, NULL) : take_sequence(c, NULL, p, ret_path, NULL, NULL);
         sd_bus_message_unref(reply);
         return r;
 }

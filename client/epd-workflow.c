@@ -36,17 +36,26 @@ int epd_workflow_create(epd_client *c, const char *sequence, const uint32_t *tok
         r = epd__send(c, m, &reply);
         if (r < 0)
                 return r;
-        r = sd_bus_message_read(reply, "so", &id, &head);
+        /* The id first and alone: past it the daemon made the workflow, which a failure
+         * below releases (no half answer, nothing left held). */
+        r = sd_bus_message_read(reply, "s", &id);
         if (r < 0)
                 return epd__error(c, r, NULL);
-        r = dup_out(c, id, ret_workflow);
+        _cleanup_(freep) char *w = NULL, *h = NULL;
+        r = sd_bus_message_read(reply, "o", &head);
+        if (r < 0)
+                r = epd__error(c, r, NULL);
         if (r >= 0)
-                r = dup_out(c, head, ret_head);
-        if (r < 0 && ret_workflow) {
-                free(*ret_workflow); /* out of memory for the head: no half answer */
-                *ret_workflow = NULL;
-        }
-        return r;
+                r = dup_out(c, id, ret_workflow ? &w : NULL);
+        if (r >= 0)
+                r = dup_out(c, head, ret_head ? &h : NULL);
+        if (r < 0)
+                return epd__undo(c, r, WF_PATH, WF_IFACE, "Release", "s", id);
+        if (ret_workflow)
+                *ret_workflow = TAKE_PTR(w);
+        if (ret_head)
+                *ret_head = TAKE_PTR(h);
+        return 0;
 }
 
 int epd_workflow_fork(epd_client *c, const char *workflow, uint32_t branch, uint32_t *ret_branch, char **ret_head) {
@@ -60,12 +69,20 @@ int epd_workflow_fork(epd_client *c, const char *workflow, uint32_t branch, uint
         r = epd__call(c, WF_PATH, WF_IFACE, "Fork", &reply, "su", workflow, branch);
         if (r < 0)
                 return r;
-        r = sd_bus_message_read(reply, "uo", &nb, &head);
+        r = sd_bus_message_read(reply, "u", &nb);
         if (r < 0)
                 return epd__error(c, r, NULL);
+        /* Past the branch the daemon made it: a failure below drops it again. */
+        r = sd_bus_message_read(reply, "o", &head);
+        if (r < 0)
+                r = epd__error(c, r, NULL);
+        else
+                r = dup_out(c, head, ret_head);
+        if (r < 0)
+                return epd__undo(c, r, WF_PATH, WF_IFACE, "Drop", "su", workflow, nb);
         if (ret_branch)
                 *ret_branch = nb;
-        return dup_out(c, head, ret_head);
+        return 0;
 }
 
 int epd_workflow_advance(epd_client *c, const char *workflow, uint32_t branch, const uint32_t *tokens,
@@ -115,6 +132,10 @@ int epd_workflow_advance(epd_client *c, const char *workflow, uint32_t branch, c
                 }
                 segs[n++] = (epd_segment){ .prev_block = pb, .n_blocks = nb, .new_offset = off, .aligned = aligned };
         }
+        /* The head's path before anything is handed out: out of memory for it, nothing
+         * of the answer reaches the caller (the advance itself cannot be undone). */
+        if (r >= 0)
+                r = dup_out(c, head, ret_head);
         if (r < 0) {
                 free(segs);
                 return epd__error(c, r, NULL);
@@ -127,7 +148,7 @@ int epd_workflow_advance(epd_client *c, const char *workflow, uint32_t branch, c
                 free(segs);
         if (ret_n_segments)
                 *ret_n_segments = n;
-        return dup_out(c, head, ret_head);
+        return 0;
 }
 
 int epd_workflow_merge(epd_client *c, const char *workflow, uint32_t from, uint32_t into) {

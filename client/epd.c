@@ -40,18 +40,66 @@ int epd__fail(epd_client *c, int r, const char *format, ...) {
         return r;
 }
 
-int epd__error(epd_client *c, int r, const sd_bus_error *e) {
-        if (!c)
-                return r;
-        if (e && sd_bus_error_is_set(e)) {
-                snprintf(c->error_name, sizeof c->error_name, "%s", e->name);
-                snprintf(c->error_message, sizeof c->error_message, "%s", e->message ? e->message : "");
+/* Whether the connection to epdd is gone (closed, or closing: sd-bus saw its end). */
+static bool bus_gone(const epd_client *c) {
+        return !c->bus || sd_bus_is_open(c->bus) <= 0;
+}
+
+static bool errno_is_disconnect(int k) {
+        return k == -ECONNRESET || k == -EPIPE || k == -ECONNABORTED || k == -ESHUTDOWN || k == -ENETRESET;
+}
+
+/* An error that sd-bus made itself, not one of a reply of the daemon's (whose errors are
+ * org.epd1.Error.* and sd-bus's routing names): a call's timeout, the connection's end,
+ * an errno of its own. */
+static bool error_is_local(const sd_bus_error *e) {
+        return strncmp(e->name, "System.Error.", strlen("System.Error.")) == 0 ||
+               sd_bus_error_has_name(e, SD_BUS_ERROR_NO_REPLY) || sd_bus_error_has_name(e, SD_BUS_ERROR_TIMEOUT) ||
+               sd_bus_error_has_name(e, SD_BUS_ERROR_DISCONNECTED);
+}
+
+/* Names error r (e: the call's error, or NULL) into name and message: the daemon's
+ * name and words for its refusals; "errno.N" for libepd's own, a lost connection as
+ * ENOTCONN whichever way sd-bus said it (ECONNRESET, EPIPE, ENOTCONN, or NoReply for a
+ * call pending at the end), a timeout of the call's as ETIMEDOUT. member, when known,
+ * starts the message. Returns the negative errno. */
+static int describe(const epd_client *c, int r, const sd_bus_error *e, const char *member, char *name,
+                    size_t n_name, char *message, size_t n_message) {
+        const char *sep = member ? ": " : "";
+        if (!member)
+                member = "";
+        if (e && sd_bus_error_is_set(e) && !error_is_local(e)) {
+                snprintf(name, n_name, "%s", e->name);
+                snprintf(message, n_message, "%s%s%s", member, sep, e->message ?: "");
                 int m = sd_bus_error_get_errno(e);
                 return m > 0 ? -m : (r < 0 ? r : -EIO);
         }
-        snprintf(c->error_name, sizeof c->error_name, "errno.%d", -r);
-        snprintf(c->error_message, sizeof c->error_message, "%s", strerror(-r));
-        return r;
+        bool set = e && sd_bus_error_is_set(e);
+        int k = set && sd_bus_error_get_errno(e) > 0 ? -sd_bus_error_get_errno(e) : r < 0 ? r : -EIO;
+        bool no_reply = set && sd_bus_error_has_name(e, SD_BUS_ERROR_NO_REPLY);
+        if (errno_is_disconnect(k) ||
+            ((k == -ENOTCONN || no_reply) && bus_gone(c))) {
+                snprintf(name, n_name, "errno.%d", ENOTCONN);
+                snprintf(message, n_message, "%s%sthe connection to epdd is closed", member, sep);
+                return -ENOTCONN;
+        }
+        snprintf(name, n_name, "errno.%d", -k);
+        if (k == -ETIMEDOUT)
+                snprintf(message, n_message, "%s%sno answer from epdd in time", member, sep);
+        else
+                snprintf(message, n_message, "%s%s%s", member, sep, set && e->message ? e->message : strerror(-k));
+        return k;
+}
+
+static int record_error(epd_client *c, int r, const sd_bus_error *e, const char *member) {
+        if (!c)
+                return r;
+        return describe(c, r, e, member, c->error_name, sizeof c->error_name, c->error_message,
+                        sizeof c->error_message);
+}
+
+int epd__error(epd_client *c, int r, const sd_bus_error *e) {
+        return record_error(c, r, e, NULL);
 }
 
 const char *epd_last_error_name(const epd_client *c) {
@@ -87,7 +135,8 @@ int epd__send_timeout(epd_client *c, sd_bus_message *m, uint64_t timeout_usec, s
         epd__clear_error(c);
         int r = sd_bus_call(c->bus, m, timeout_usec, &e, reply);
         if (r < 0)
-                r = epd__error(c, r, &e);
+                r = record_error(c, r, &e, sd_bus_error_is_set(&e) && !error_is_local(&e)
+                                                   ? NULL : sd_bus_message_get_member(m));
         sd_bus_error_free(&e);
         return r < 0 ? r : 0;
 }
@@ -124,6 +173,24 @@ int epd__call(epd_client *c, const char *path, const char *interface, const char
         return r;
 }
 
+int epd__undo(epd_client *c, int r, const char *path, const char *interface, const char *member,
+              const char *types, ...) {
+        char name[sizeof c->error_name], message[sizeof c->error_message];
+        sd_bus_message *m = NULL;
+        va_list ap;
+        memcpy(name, c->error_name, sizeof name);
+        memcpy(message, c->error_message, sizeof message);
+        va_start(ap, types);
+        int k = new_call_v(c, path, interface, member, &m, types, ap);
+        va_end(ap);
+        if (k >= 0)
+                (void)epd__send(c, m, NULL);
+        sd_bus_message_unref(m);
+        memcpy(c->error_name, name, sizeof name);
+        memcpy(c->error_message, message, sizeof message);
+        return r;
+}
+
 typedef struct NowaitCall {
         epd_client *client;
         char member[64];
@@ -136,20 +203,23 @@ static int on_nowait_reply(sd_bus_message *m, void *userdata, sd_bus_error *ret_
 
         if (c->nowait_pending > 0)
                 c->nowait_pending--;
-        if (e && c->nowait_error == 0) {
-                int k = sd_bus_error_get_errno(e);
-                c->nowait_error = k > 0 ? -k : -EIO;
-                snprintf(c->nowait_error_name, sizeof c->nowait_error_name, "%s", e->name);
-                snprintf(c->nowait_error_message, sizeof c->nowait_error_message, "%s: %s", call->member,
-                         e->message ?: "");
-        }
+        /* A call pending when the connection closed is answered by sd-bus (NoReply): the
+         * connection's end, said as the blocking calls say it. */
+        if (e && c->nowait_error == 0)
+                c->nowait_error = describe(c, -EIO, e, call->member, c->nowait_error_name,
+                                           sizeof c->nowait_error_name, c->nowait_error_message,
+                                           sizeof c->nowait_error_message);
         return 0;
 }
 
 /* Dispatches what has arrived, without blocking, while calls sent without waiting
- * (nowait, or asynchronous with a callback) are unanswered. */
+ * (nowait, or asynchronous with a callback) are unanswered. Not from within a callback
+ * of the connection (sd-bus refuses sd_bus_process() there): the replies wait for the
+ * caller's next turn. */
 static int drain_nowait(epd_client *c) {
         int r = 0;
+        if (sd_bus_get_current_message(c->bus))
+                return 0;
         while ((c->nowait_pending > 0 || c->async_pending > 0) && (r = sd_bus_process(c->bus, NULL)) > 0)
                 ;
         return r;
@@ -201,6 +271,8 @@ int epd_flush(epd_client *c, uint64_t timeout_usec) {
 
         if (!c)
                 return epd__error(c, -EINVAL, NULL);
+        if (sd_bus_get_current_message(c->bus))
+                return epd__fail(c, -EBUSY, "epd_flush() cannot wait from within a callback of the same client");
         until = usec_add(now_usec(CLOCK_MONOTONIC), timeout_usec);
         for (;;) {
                 r = drain_nowait(c);
@@ -227,6 +299,10 @@ int epd_flush(epd_client *c, uint64_t timeout_usec) {
                 snprintf(c->error_message, sizeof c->error_message, "%s", c->nowait_error_message);
                 return r;
         }
+        /* Every call answered, but the connection is gone: what the caller sends next
+         * goes nowhere, so this flush, and every later one, says so. */
+        if (bus_gone(c))
+                return epd__error(c, -ENOTCONN, NULL);
         return 0;
 }
 
@@ -535,7 +611,7 @@ int epd_arena_map(epd_client *c, size_t i, void **ret) {
 static int get_string_property(epd_client *c, const char *property, char **ret) {
         sd_bus_error e = SD_BUS_ERROR_NULL;
         if (!c || !ret)
-                return -EINVAL;
+                return epd__error(c, -EINVAL, NULL);
         epd__clear_error(c);
         int r = sd_bus_get_property_string(c->bus, EPD_DESTINATION(c), "/org/epd1",
                                            "org.epd1.Manager", property, &e, ret);
@@ -554,17 +630,24 @@ int epd_get_host_id(epd_client *c, char **ret) {
 }
 
 int epd_get_fd(epd_client *c) {
-        return c ? sd_bus_get_fd(c->bus) : -EINVAL;
+        if (!c)
+                return -EINVAL;
+        int r = sd_bus_get_fd(c->bus);
+        return r < 0 ? epd__error(c, r, NULL) : r;
 }
 
 int epd_get_events(epd_client *c) {
-        return c ? sd_bus_get_events(c->bus) : -EINVAL;
+        if (!c)
+                return -EINVAL;
+        int r = sd_bus_get_events(c->bus);
+        return r < 0 ? epd__error(c, r, NULL) : r;
 }
 
 int epd_get_timeout(epd_client *c, uint64_t *ret_usec) {
         if (!c || !ret_usec)
                 return epd__error(c, -EINVAL, NULL);
-        return sd_bus_get_timeout(c->bus, ret_usec);
+        int r = sd_bus_get_timeout(c->bus, ret_usec);
+        return r < 0 ? epd__error(c, r, NULL) : r;
 }
 
 int epd_process(epd_client *c) {
@@ -573,12 +656,12 @@ int epd_process(epd_client *c) {
                 return -EINVAL;
         while ((r = sd_bus_process(c->bus, NULL)) > 0)
                 n++;
-        return r < 0 ? epd__fail(c, r, "the connection to epdd: %s", strerror(-r)) : n;
+        return r < 0 ? epd__error(c, r, NULL) : n;
 }
 
 int epd_wait(epd_client *c, uint64_t timeout_usec) {
         if (!c)
                 return -EINVAL;
         int r = sd_bus_wait(c->bus, timeout_usec);
-        return r < 0 ? epd__fail(c, r, "the connection to epdd: %s", strerror(-r)) : epd_process(c);
+        return r < 0 ? epd__error(c, r, NULL) : epd_process(c);
 }

@@ -959,6 +959,62 @@ START_TEST(test_fake_libepd_upload_wait) {
 }
 END_TEST
 
+
+/* A device whose context cannot be made current: a page table is freed all the same
+ * (its device copy and event not leaked), and a notifier's call puts the caller's
+ * context back. A closed handle is refused by the calls that take no hold of their
+ * own, and a page table whose size in bytes does not fit is refused. */
+START_TEST(test_fake_libepd_context_failures) {
+        EpdGpu *g = NULL;
+        EpdGpuPages *pg = NULL;
+        EpdGpuNotifier *n = NULL;
+        GpuSystem *s = NULL;
+        CUcontext now = NULL, mine = (CUcontext)(uintptr_t)0x77;
+        uint64_t page = 0x1000;
+        int fd = -1;
+
+        fake_gpu(false);
+        ck_assert_int_eq(setenv("EPD_LIBCUDA", fake(), 1), 0);
+        ck_assert_int_eq(epd_gpu_open(&g), 0);
+        ck_assert_int_eq(gpu_system_open(fake(), &s), 0); /* the same driver: the caller's view */
+        void *lib = dlopen(fake(), RTLD_NOW | RTLD_NOLOAD);
+        ck_assert_ptr_nonnull(lib);
+        int (*live)(void) = (int (*)(void))dlsym(lib, "fake_cuda_live");
+        ck_assert_ptr_nonnull(live);
+
+        /* Overflow of the table's bytes. */
+        ck_assert_int_lt(epd_gpu_pages_new(g, 0, &page, SIZE_MAX / sizeof(uint64_t) + 2, 4096, 0, &pg), 0);
+        ck_assert_ptr_null(pg);
+
+        int before = live();
+        ck_assert_int_eq(epd_gpu_pages_new(g, 0, &page, 1, 4096, 0, &pg), 0);
+        ck_assert_int_eq(live(), before + 2); /* the table's copy and its upload's event */
+        static int not_a_ring;
+        ck_assert_int_eq(epd_gpu_notifier_new(g, 0, (struct epd_ring_client *)&not_a_ring, &n), 0);
+
+        ck_assert_int_eq(s->driver->cuCtxSetCurrent(mine), CUDA_SUCCESS);
+        ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_CTX_SET", "1", 1), 0);
+        ck_assert_int_lt(epd_gpu_notifier_ready_after(n, 0, "0123456789abcdef0123456789abcdef", 1, 0), 0);
+        ck_assert_int_eq(s->driver->cuCtxGetCurrent(&now), CUDA_SUCCESS);
+        ck_assert_ptr_eq(now, mine);
+        epd_gpu_pages_free(pg);
+        ck_assert_int_eq(live(), before);
+        ck_assert_int_eq(s->driver->cuCtxGetCurrent(&now), CUDA_SUCCESS);
+        ck_assert_ptr_eq(now, mine);
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_FAIL_CTX_SET"), 0);
+
+        /* Closed, still held by the notifier: refused, not used. */
+        epd_gpu_close(g);
+        ck_assert_int_eq(epd_gpu_ordinal_from_pci_bus_id(g, "0000:AB:00.0"), -EINVAL);
+        ck_assert_int_eq(epd_gpu_export(g, 0x1000, &fd), -EINVAL);
+        ck_assert_int_eq(fd, -1);
+        epd_gpu_notifier_free(n); /* the last holder: frees the handle */
+        gpu_system_unref(s);
+        dlclose(lib);
+        ck_assert_int_eq(unsetenv("EPD_LIBCUDA"), 0);
+}
+END_TEST
+
 /* The handle is shared by threads (a worker's copy thread and its notifier, the Python
  * sink): page tables made and freed on two threads at once leave its count right, so
  * that epd_gpu_close() frees it once the last goes (a lost update freed it early, or
@@ -1030,6 +1086,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_fake_libepd);
         tcase_add_test(tc, test_fake_libepd_upload_wait);
         tcase_add_test(tc, test_fake_libepd_threads);
+        tcase_add_test(tc, test_fake_libepd_context_failures);
         tcase_add_test(tc, test_fake_late_part_refused);
         tcase_add_test(tc, test_fake_unregister_keeps_wakeup);
         suite_add_tcase(s, tc);

@@ -3,8 +3,12 @@
  * answers with canned replies a real epdd never sends (a short PrepareWrite, a feature
  * reply cut short after its handle, a registration without its arenas): nothing the
  * reply left out is used, and a handle or registration the daemon made is given back,
- * not held until the connection goes. And a refusal libepd words itself keeps its words. */
+ * not held until the connection goes. And a refusal libepd words itself keeps its words.
+ * The server can also go without answering (the connection lost) or not answer at all
+ * (a hung daemon), and the test can make one strdup() of libepd's fail (out of memory
+ * for an object the daemon made). */
 #include <check.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -35,7 +39,43 @@ typedef struct Canned {
         char unregistered[64]; /* UnregisterWorker's worker */
         atomic_int ring_closes; /* CloseRing calls seen */
         atomic_int ring_mode;   /* what OpenRing answers (RingMode) */
+        char die_on[32];        /* a call of this member closes the connection, unanswered */
+        atomic_bool dying;
+        atomic_bool short_replies; /* the object-making calls answer their path and then garbage */
+        pthread_mutex_t log_lock;
+        char log[4096];         /* "MEMBER PATH\n" of each call that gives something back */
 } Canned;
+
+/* strdup() of libepd (and of anything else in the process) fails for this string. */
+static _Atomic(const char *) strdup_fails_for;
+
+char *strdup(const char *s) {
+        static char *(*real)(const char *);
+        const char *f = atomic_load(&strdup_fails_for);
+        if (f && strcmp(s, f) == 0) {
+                errno = ENOMEM;
+                return NULL;
+        }
+        if (!real)
+                real = (char *(*)(const char *))dlsym(RTLD_NEXT, "strdup");
+        return real(s);
+}
+
+static void log_call(Canned *s, sd_bus_message *m) {
+        pthread_mutex_lock(&s->log_lock);
+        size_t n = strlen(s->log);
+        snprintf(s->log + n, sizeof s->log - n, "%s %s\n", sd_bus_message_get_member(m), sd_bus_message_get_path(m));
+        pthread_mutex_unlock(&s->log_lock);
+}
+
+static bool logged(Canned *s, const char *line) {
+        char l[200];
+        snprintf(l, sizeof l, "%s\n", line);
+        pthread_mutex_lock(&s->log_lock);
+        bool r = strstr(s->log, l) != NULL;
+        pthread_mutex_unlock(&s->log_lock);
+        return r;
+}
 
 /* OpenRing's answers: a file shorter than the size said; a well-formed ring whose file
  * is not sealed against shrinking; one whose completion eventfd blocks; one whose
@@ -76,7 +116,58 @@ static int on_call(sd_bus_message *m, void *userdata, sd_bus_error *e) {
         if (!sd_bus_message_is_method_call(m, NULL, NULL))
                 return 0;
         const char *member = sd_bus_message_get_member(m);
-        if (strcmp(member, "PrepareWrite") == 0) {
+        bool shortened = atomic_load(&s->short_replies);
+        if (s->die_on[0] && strcmp(member, s->die_on) == 0) {
+                atomic_store(&s->dying, true); /* the loop closes the connection, this call unanswered */
+                return 1;
+        }
+        if (strcmp(member, "Wait") == 0)
+                return 1; /* a hung daemon: never answered */
+        if (strcmp(member, "CreateSequence") == 0 || strcmp(member, "Clone") == 0 ||
+            strcmp(member, "Attach") == 0 || strcmp(member, "CreateFromPrefix") == 0) {
+                /* The path, then (short) a string where the rest was due. */
+                static const uint32_t pages[] = { 1, 2 };
+                const char *path = strcmp(member, "Clone") == 0 ? "/org/epd1/sequence/nomem" : "/org/epd1/sequence/s1";
+                r = sd_bus_message_new_method_return(m, &reply);
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "o", path);
+                if (r >= 0 && strcmp(member, "CreateFromPrefix") == 0)
+                        r = sd_bus_message_append(reply, "u", 2u);
+                if (r >= 0 && shortened)
+                        r = sd_bus_message_append(reply, "s", "not the pages");
+                else if (r >= 0 && (strcmp(member, "CreateSequence") == 0 || strcmp(member, "CreateFromPrefix") == 0))
+                        r = sd_bus_message_append_array(reply, 'u', pages, sizeof pages);
+        } else if (strcmp(member, "Prepare") == 0 && shortened) {
+                r = sd_bus_message_new_method_return(m, &reply);
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "os", "/org/epd1/handoff/h1", "not the token");
+        } else if (strcmp(member, "Prepare") == 0) {
+                r = sd_bus_message_new_method_return(m, &reply);
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "ot", "/org/epd1/handoff/nomem", (uint64_t)7);
+        } else if (strcmp(member, "Create") == 0) {
+                r = sd_bus_message_new_method_return(m, &reply);
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "so", "0123456789abcdef0123456789abcdef",
+                                                  "/org/epd1/sequence/nomem");
+        } else if (strcmp(member, "Fork") == 0) {
+                r = sd_bus_message_new_method_return(m, &reply);
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "uo", 5u, "/org/epd1/sequence/nomem");
+        } else if (strcmp(member, "Advance") == 0) {
+                r = sd_bus_message_new_method_return(m, &reply);
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "oua(uuub)", "/org/epd1/sequence/nomem", 1u, 1, 0u, 1u, 16u, 1);
+        } else if (strcmp(member, "Drop") == 0) {
+                uint32_t b = 0;
+                const char *w = "";
+                (void)sd_bus_message_read(m, "su", &w, &b);
+                pthread_mutex_lock(&s->log_lock);
+                size_t n = strlen(s->log);
+                snprintf(s->log + n, sizeof s->log - n, "Drop %s %u\n", w, b);
+                pthread_mutex_unlock(&s->log_lock);
+                r = sd_bus_message_new_method_return(m, &reply);
+        } else if (strcmp(member, "PrepareWrite") == 0) {
                 /* Pages 0+3 asked for, one page id answered. */
                 static const uint32_t one[] = { 7 };
                 r = sd_bus_message_new_method_return(m, &reply);
@@ -129,6 +220,7 @@ static int on_call(sd_bus_message *m, void *userdata, sd_bus_error *e) {
                 r = sd_bus_message_new_method_return(m, &reply);
         } else if (strcmp(member, "Release") == 0) {
                 const char *h;
+                log_call(s, m);
                 if (sd_bus_message_read(m, "s", &h) >= 0)
                         snprintf(s->released, sizeof s->released, "%s", h);
                 atomic_fetch_add(&s->releases, 1);
@@ -163,7 +255,7 @@ static void *serve(void *userdata) {
                 r = sd_bus_add_filter(bus, NULL, on_call, s);
         if (r >= 0)
                 r = sd_bus_start(bus);
-        while (r >= 0 && !atomic_load(&s->stop)) {
+        while (r >= 0 && !atomic_load(&s->stop) && !atomic_load(&s->dying)) {
                 r = sd_bus_process(bus, NULL);
                 if (r == 0)
                         r = sd_bus_wait(bus, 50 * 1000);
@@ -177,6 +269,8 @@ static void *serve(void *userdata) {
 
 static void setup(void) {
         memset(&canned, 0, sizeof canned);
+        pthread_mutex_init(&canned.log_lock, NULL);
+        atomic_store(&strdup_fails_for, NULL);
         /* Under the run's directory (check_run() removes it, even after a failed test
          * that never reached its teardown). */
         const char *run = getenv("EPD_TEST_RUN_DIR");
@@ -300,6 +394,222 @@ START_TEST(test_local_refusal_keeps_its_words) {
 }
 END_TEST
 
+/* The connection lost under calls sent without waiting: epd_flush() says so as a refusal
+ * of libepd's own (errno.N, not sd-bus's NoReply as a timeout), and says it again
+ * later: a producer never believes that a Release it sent went through. */
+START_TEST(test_flush_connection_lost) {
+        snprintf(canned.die_on, sizeof canned.die_on, "Release");
+        epd_client *c = connect_canned();
+        ck_assert_int_eq(epd_sequence_release_nowait(c, "/org/epd1/sequence/x"), 0);
+        ck_assert_int_eq(epd_flush(c, 5 * 1000000ULL), -ENOTCONN);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.107");
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(c), "Release"));
+        /* Sticky: the connection stays gone. */
+        ck_assert_int_eq(epd_flush(c, 5 * 1000000ULL), -ENOTCONN);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.107");
+        ck_assert_int_eq(epd_flush(c, 0), -ENOTCONN);
+        /* A blocking call says the same. */
+        char *v = NULL;
+        ck_assert_int_eq(epd_get_version(c, &v), -ENOTCONN);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.107");
+        ck_assert_int_eq(epd_sequence_release(c, "/org/epd1/sequence/x"), -ENOTCONN);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.107");
+        /* As do the event-loop calls, each naming its own error, once sd-bus has taken
+         * the connection's end in (a closing connection still has its fd to poll). */
+        ck_assert_int_eq(epd_sequence_release(c, NULL), -EINVAL);
+        while (epd_process(c) >= 0)
+                ;
+        ck_assert_str_eq(epd_last_error_name(c), "errno.107");
+        ck_assert_int_eq(epd_sequence_release(c, NULL), -EINVAL);
+        ck_assert_int_lt(epd_get_fd(c), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.107");
+        ck_assert_int_eq(epd_sequence_release(c, NULL), -EINVAL);
+        ck_assert_int_lt(epd_get_events(c), 0);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.107");
+        epd_disconnect(c);
+}
+END_TEST
+
+/* A blocking call in flight when the connection goes: the same errno and name. */
+START_TEST(test_blocking_call_connection_lost) {
+        snprintf(canned.die_on, sizeof canned.die_on, "Release");
+        epd_client *c = connect_canned();
+        ck_assert_int_eq(epd_sequence_release(c, "/org/epd1/sequence/x"), -ENOTCONN);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.107");
+        epd_disconnect(c);
+}
+END_TEST
+
+typedef struct Prepared {
+        int calls, error;
+        char name[64];
+        int nowait[2];
+} Prepared;
+
+static void on_prepared_lost(epd_client *c, int error, const char *handoff, uint64_t token, void *userdata) {
+        Prepared *p = userdata;
+        p->calls++;
+        p->error = error;
+        snprintf(p->name, sizeof p->name, "%s", epd_last_error_name(c) ?: "");
+}
+
+/* prepare_async's callback hears of a lost connection as the blocking calls do. */
+START_TEST(test_prepare_async_connection_lost) {
+        snprintf(canned.die_on, sizeof canned.die_on, "Prepare");
+        epd_client *c = connect_canned();
+        Prepared p = { 0 };
+        ck_assert_int_eq(epd_handoff_prepare_async(c, "0123456789abcdef0123456789abcdef", "", "/org/epd1/sequence/x",
+                                                   NULL, 0, NULL, on_prepared_lost, &p), 0);
+        (void)epd_flush(c, 5 * 1000000ULL);
+        ck_assert_int_eq(p.calls, 1);
+        ck_assert_int_eq(p.error, -ENOTCONN);
+        ck_assert_str_eq(p.name, "errno.107");
+        ck_assert_int_eq(epd_flush(c, 0), -ENOTCONN);
+        epd_disconnect(c);
+}
+END_TEST
+
+static void on_prepared_release_twice(epd_client *c, int error, const char *handoff, uint64_t token,
+                                      void *userdata) {
+        Prepared *p = userdata;
+        p->calls++;
+        p->error = error;
+        p->nowait[0] = epd_sequence_release_nowait(c, "/org/epd1/sequence/a");
+        p->nowait[1] = epd_sequence_release_nowait(c, "/org/epd1/sequence/b");
+}
+
+/* Calls sent without waiting from within a callback of libepd (sd_bus_process() cannot
+ * run there): sent, not refused with EBUSY. */
+START_TEST(test_nowait_from_callback) {
+        epd_client *c = connect_canned();
+        Prepared p = { 0 };
+        ck_assert_int_eq(epd_handoff_prepare_async(c, "0123456789abcdef0123456789abcdef", "", "/org/epd1/sequence/x",
+                                                   NULL, 0, NULL, on_prepared_release_twice, &p), 0);
+        ck_assert_int_eq(epd_flush(c, 5 * 1000000ULL), 0);
+        ck_assert_int_eq(p.calls, 1);
+        ck_assert_int_eq(p.nowait[0], 0);
+        ck_assert_int_eq(p.nowait[1], 0);
+        ck_assert(logged(&canned, "Release /org/epd1/sequence/a"));
+        ck_assert(logged(&canned, "Release /org/epd1/sequence/b"));
+        epd_disconnect(c);
+}
+END_TEST
+
+/* A blocking call that a hung daemon never answers ends with the call's timeout, named
+ * as libepd's own (errno.110), not sd-bus's org.freedesktop.DBus.Error.Timeout. */
+START_TEST(test_local_timeout_named) {
+        epd_client *c = connect_canned();
+        epd_feature *f = calloc(1, sizeof *f);
+        ck_assert_ptr_nonnull(f);
+        snprintf(f->key, sizeof f->key, "k");
+        snprintf(f->handle, sizeof f->handle, "h-1");
+        snprintf(f->state, sizeof f->state, "reserved");
+        ck_assert_int_eq(epd_feature_wait(c, f, 200 * 1000), -ETIMEDOUT);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.110");
+        free(f);
+        epd_disconnect(c);
+}
+END_TEST
+
+/* Refusals made without a call name themselves, never leaving an earlier call's error. */
+START_TEST(test_refusals_named) {
+        epd_client *c = connect_canned();
+        uint32_t pages[1];
+        /* An earlier error of another name. */
+        ck_assert_int_eq(epd_sequence_prepare_write(c, "/org/epd1/sequence/x", 0, 3, NULL), -EBADMSG);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.74");
+        ck_assert_int_eq(epd_get_version(c, NULL), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.22");
+        (void)pages;
+        ck_assert_int_eq(epd_sequence_prepare_write(c, "/org/epd1/sequence/x", 0, 3, NULL), -EBADMSG);
+        ck_assert_int_eq(epd_get_timeout(c, NULL), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.22");
+        /* A failed feature: -EPIPE, named. */
+        epd_feature *f = calloc(1, sizeof *f);
+        ck_assert_ptr_nonnull(f);
+        snprintf(f->handle, sizeof f->handle, "h-1");
+        snprintf(f->state, sizeof f->state, "failed");
+        ck_assert_int_eq(epd_sequence_prepare_write(c, "/org/epd1/sequence/x", 0, 3, NULL), -EBADMSG);
+        ck_assert_int_eq(epd_feature_wait(c, f, 0), -EPIPE);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.32");
+        ck_assert_int_eq(epd_sequence_prepare_write(c, "/org/epd1/sequence/x", 0, 3, NULL), -EBADMSG);
+        ck_assert_int_eq(epd_feature_wait(c, f, 1000000), -EPIPE);
+        ck_assert_str_eq(epd_last_error_name(c), "errno.32");
+        free(f);
+        epd_disconnect(c);
+}
+END_TEST
+
+/* Objects the daemon made whose answer cannot be read past their path are given back
+ * (Release), and nothing half made reaches the caller. */
+START_TEST(test_unreadable_objects_released) {
+        atomic_store(&canned.short_replies, true);
+        epd_client *c = connect_canned();
+        char *path = NULL;
+        uint32_t *pages = NULL;
+        size_t n = 0, blocks = 0;
+        ck_assert_int_lt(epd_sequence_create(c, "host0", 2, &path, &pages, &n), 0);
+        ck_assert_ptr_null(path);
+        ck_assert_ptr_null(pages);
+        ck_assert(logged(&canned, "Release /org/epd1/sequence/s1"));
+        memset(canned.log, 0, sizeof canned.log);
+        uint64_t h[2] = { 1, 2 };
+        ck_assert_int_lt(epd_sequence_create_from_prefix(c, "host0", h, 2, &path, &blocks, &pages, &n), 0);
+        ck_assert_ptr_null(path);
+        ck_assert_ptr_null(pages);
+        ck_assert(logged(&canned, "Release /org/epd1/sequence/s1"));
+        ck_assert_int_lt(epd_handoff_prepare(c, "0123456789abcdef0123456789abcdef", "", "/org/epd1/sequence/x", NULL, 0,
+                                             NULL, &path, NULL), 0);
+        ck_assert_ptr_null(path);
+        ck_assert(logged(&canned, "Release /org/epd1/handoff/h1"));
+        epd_disconnect(c);
+}
+END_TEST
+
+/* Out of memory for the path of an object the daemon made: the object is given back,
+ * and no array of the answer is left to the caller (nor leaked). */
+START_TEST(test_nomem_objects_released) {
+        epd_client *c = connect_canned();
+        char *path = NULL, *wf = NULL;
+        uint32_t *pages = NULL, branch = 0, prefix = 0;
+        size_t n = 0, blocks = 0;
+        uint64_t h[2] = { 1, 2 };
+        uint32_t tokens[2] = { 1, 2 };
+        epd_segment *segs = NULL;
+
+        atomic_store(&strdup_fails_for, "/org/epd1/sequence/s1");
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 2, &path, &pages, &n), -ENOMEM);
+        ck_assert_ptr_null(pages);
+        ck_assert(logged(&canned, "Release /org/epd1/sequence/s1"));
+        memset(canned.log, 0, sizeof canned.log);
+        ck_assert_int_eq(epd_sequence_create_from_prefix(c, "host0", h, 2, &path, &blocks, &pages, &n), -ENOMEM);
+        ck_assert_ptr_null(pages);
+        ck_assert(logged(&canned, "Release /org/epd1/sequence/s1"));
+        memset(canned.log, 0, sizeof canned.log);
+        ck_assert_int_eq(epd_sequence_attach(c, "s1", &path), -ENOMEM);
+        ck_assert(logged(&canned, "Release /org/epd1/sequence/s1"));
+
+        atomic_store(&strdup_fails_for, "/org/epd1/sequence/nomem");
+        ck_assert_int_eq(epd_sequence_clone(c, "/org/epd1/sequence/x", &path), -ENOMEM);
+        ck_assert(logged(&canned, "Release /org/epd1/sequence/nomem"));
+        ck_assert_int_eq(epd_workflow_fork(c, "0123456789abcdef0123456789abcdef", 0, &branch, &path), -ENOMEM);
+        ck_assert(logged(&canned, "Drop 0123456789abcdef0123456789abcdef 5"));
+        ck_assert_int_eq(epd_workflow_create(c, "/org/epd1/sequence/x", tokens, 2, &wf, &path), -ENOMEM);
+        ck_assert_ptr_null(wf);
+        ck_assert_str_eq(canned.released, "0123456789abcdef0123456789abcdef");
+        ck_assert_int_eq(epd_workflow_advance(c, "0123456789abcdef0123456789abcdef", 0, tokens, 2, true, &path,
+                                              &prefix, &segs, &n), -ENOMEM);
+        ck_assert_ptr_null(segs);
+
+        atomic_store(&strdup_fails_for, "/org/epd1/handoff/nomem");
+        ck_assert_int_eq(epd_handoff_prepare(c, "0123456789abcdef0123456789abcdef", "", "/org/epd1/sequence/x", NULL,
+                                             0, NULL, &path, NULL), -ENOMEM);
+        ck_assert(logged(&canned, "Release /org/epd1/handoff/nomem"));
+        atomic_store(&strdup_fails_for, NULL);
+        epd_disconnect(c);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("libepd-replies");
         TCase *tc = tcase_create("replies");
@@ -310,6 +620,14 @@ int main(void) {
         tcase_add_test(tc, test_local_refusal_keeps_its_words);
         tcase_add_test(tc, test_unmappable_ring_closed);
         tcase_add_test(tc, test_ring_fds_checked);
+        tcase_add_test(tc, test_flush_connection_lost);
+        tcase_add_test(tc, test_blocking_call_connection_lost);
+        tcase_add_test(tc, test_prepare_async_connection_lost);
+        tcase_add_test(tc, test_nowait_from_callback);
+        tcase_add_test(tc, test_local_timeout_named);
+        tcase_add_test(tc, test_refusals_named);
+        tcase_add_test(tc, test_unreadable_objects_released);
+        tcase_add_test(tc, test_nomem_objects_released);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }

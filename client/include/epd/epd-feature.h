@@ -115,7 +115,8 @@ int epd_feature_publish_release(epd_client *c, epd_feature *f, uint64_t encode_u
 int epd_feature_fail(epd_client *c, epd_feature *f, const char *reason);
 
 /* Blocks until f is no longer "reserved", or timeout_usec (UINT64_MAX: forever).
- * Returns 0 when ready, -ETIMEDOUT, or -EPIPE when it failed (f->error says why).
+ * Returns 0 when ready, -ETIMEDOUT, or -EPIPE when it failed (f->error says why;
+ * named "errno.32", the message saying the same).
  * One Wait call, which the daemon answers when the feature is published or fails
  * (0: only looks); never polls the daemon (an older daemon: woken by FeatureReady). */
 int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec);

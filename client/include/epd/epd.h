@@ -8,7 +8,9 @@
  * failure; epd_last_error_name() / epd_last_error_message() then say what the daemon
  * answered (an org.epd1.Error.* name), or, for a refusal of libepd's own (a bad
  * argument, not registered, the connection lost), "errno.N" and the reason: never an
- * earlier call's error. A NULL client is refused (-EINVAL; -ENOTCONN for
+ * earlier call's error. A lost connection is -ENOTCONN ("errno.107") whichever way
+ * sd-bus saw it, a call a hung daemon did not answer in time -ETIMEDOUT ("errno.110")
+ * (docs/api.md#errors). A NULL client is refused (-EINVAL; -ENOTCONN for
  * epd_unregister), never dereferenced. An epd_client is not thread-safe: use one per
  * thread, or lock around it. */
 
@@ -102,7 +104,9 @@ int epd_wait(epd_client *c, uint64_t timeout_usec);
  * runs; epd_feature_acquire_or_reserve_send, finished, held or freed: their answers are
  * kept for finish, or released) is answered. Returns the first refusal
  * among them since the last epd_flush() (a negative errno; epd_last_error_name() and
- * _message() name it and the call), -ETIMEDOUT if some are still unanswered, else 0.
+ * _message() name it and the call), -ETIMEDOUT if some are still unanswered,
+ * -ENOTCONN once the connection is gone (the calls it ended, and every later flush:
+ * never 0 on a dead connection), else 0. -EBUSY from within a callback of the client.
  * Their replies are also taken by epd_process() and epd_wait(). */
 int epd_flush(epd_client *c, uint64_t timeout_usec);
 

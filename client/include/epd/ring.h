@@ -202,8 +202,14 @@ struct epd_ring_record {
         uint64_t arg1;
 };
 
+/* C++ (a worker's own code includes this header) has static_assert, not _Static_assert. */
+#ifdef __cplusplus
+static_assert(sizeof(struct epd_ring_header) == 64, "ring header ABI");
+static_assert(sizeof(struct epd_ring_record) == EPD_RING_RECORD_SIZE, "ring record ABI");
+#else
 _Static_assert(sizeof(struct epd_ring_header) == 64, "ring header ABI");
 _Static_assert(sizeof(struct epd_ring_record) == EPD_RING_RECORD_SIZE, "ring record ABI");
+#endif
 
 /* One direction of the pair, as seen by one side. `local` is this side's private copy
  * of the index it owns (the tail when producing, the head when consuming). */
