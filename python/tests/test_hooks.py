@@ -54,6 +54,14 @@ class HooksTest(unittest.TestCase):
                              check=True, stdout=subprocess.PIPE).stdout
         return json.loads(out)
 
+    def assert_nothing_held(self):
+        """No sequence, no handoff, every page of the KV arena free."""
+        self.assertEqual(self.epdctl("sequences"), [])
+        self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
+        pools = self.epdctl("pages")["pools"]
+        kv = [p for p in pools if p["arena"] == "host0"][0]
+        self.assertEqual(kv["free"], kv["total"], pools)
+
     def kv(self, layer):
         rng = np.random.default_rng(layer)
         k = rng.standard_normal((1, HEADS, TOKENS, DIM)).astype(np.float16)
@@ -214,11 +222,7 @@ class HooksTest(unittest.TestCase):
         self.assertEqual(prod.get_finished(set(rids)), (None, None))
         prod.shutdown()
         cons.shutdown()
-        self.assertEqual(self.epdctl("sequences"), [])
-        self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
-        pools = self.epdctl("pages")["pools"]
-        kv = [p for p in pools if p["arena"] == "host0"][0]
-        self.assertEqual(kv["free"], kv["total"], pools)
+        self.assert_nothing_held()
 
     def test_sink_setup_reads_its_pages_once(self):
         """EpdKvSink's setup reads the sequence's pages once, before Prepare (nothing after
@@ -341,11 +345,7 @@ print("ok")
         self.assertEqual(prod._finished_reqs, set())
         prod.shutdown()
         cons.shutdown()
-        self.assertEqual(self.epdctl("sequences"), [])
-        self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
-        pools = self.epdctl("pages")["pools"]
-        kv = [p for p in pools if p["arena"] == "host0"][0]
-        self.assertEqual(kv["free"], kv["total"], pools)
+        self.assert_nothing_held()
 
     def test_failed_page_map_lets_the_handoff_go(self):
         """The decode accepted a handoff and then could not map its pages (here a
@@ -475,11 +475,7 @@ print("ok")
                 self.rp.poll(0.05)
         self.assertEqual(sent, {rid})
         self.assertEqual(prod.request_finished(rid), (False, None))
-        pools = self.epdctl("pages")["pools"]
-        kv = [p for p in pools if p["arena"] == "host0"][0]
-        self.assertEqual(kv["free"], kv["total"], pools)
-        self.assertEqual(self.epdctl("sequences"), [])
-        self.assertEqual(self.epdctl("handoffs").get("handoffs", []), [])
+        self.assert_nothing_held()
 
     def test_load_times_out_named(self):
         from epd import EpdError
