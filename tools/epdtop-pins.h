@@ -15,4 +15,3 @@
  * left as it was; why (the map, its sizes and the expected ones) goes to why (why_size
  * bytes; why may be NULL). */
 int top_pins_read_why(const char *dir, TopSnapshot *s, char *why, size_t why_size);
-

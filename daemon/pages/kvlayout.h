@@ -29,7 +29,7 @@
 #define KV_PAGE_SIZE_MAX (UINT64_C(1) << 30)
 /* The smallest page, as for [Arena] PageSize=: the pool keeps 32 bytes of bookkeeping a
  * page (and 4 more through a restart), so pages of a few hundred bytes would cost the
- * daemon an eighth of the arena's size in memory and seconds of its loop to set up. */
+ * daemon an eighth of the arena's size in memory, set up on its loop. */
 #define KV_PAGE_SIZE_MIN 4096U
 #define KV_DTYPE_MAX 24
 
