@@ -27,3 +27,6 @@ bool peer_auth_verify(const PeerAuthKey *k, PeerAuthSide side, const PeerAuthTra
                       const uint8_t mac[static PEER_MAC_SIZE]) {
         return false;
 }
+bool peer_auth_key_equal(const PeerAuthKey *a, const PeerAuthKey *b) {
+        return false;
+}
