@@ -24,7 +24,7 @@ typedef struct TelemetryConn {
         TelemetryPeer *peer;
         bool closed;               /* the kernel reported it closing */
         bool client;               /* a client's (TrackSocket), not the daemon's own */
-        TelemetryPeerTotals last;  /* its counters as last read from the kernel */
+        TelemetryConnReading last; /* its counters as last read from the kernel */
 } TelemetryConn;
 
 struct TelemetryPeer {
@@ -52,9 +52,37 @@ static void totals_add(TelemetryPeerTotals *a, const TelemetryPeerTotals *b) {
         a->retransmits += b->retransmits;
 }
 
+void telemetry_conn_reading_update(TelemetryConnReading *r, uint64_t bytes_sent, uint64_t bytes_acked,
+                                   uint64_t bytes_received, uint64_t bytes_retrans, uint32_t segs_out,
+                                   uint32_t total_retrans) {
+        r->totals.bytes_sent = bytes_sent;
+        r->totals.bytes_acked = bytes_acked;
+        r->totals.bytes_received = bytes_received;
+        r->totals.bytes_retrans = bytes_retrans;
+        if (r->have_raw) {
+                r->totals.segs_out += (uint32_t)(segs_out - r->raw_segs_out);
+                r->totals.retransmits += (uint32_t)(total_retrans - r->raw_retrans);
+        } else {
+                r->totals.segs_out = segs_out;
+                r->totals.retransmits = total_retrans;
+        }
+        r->raw_segs_out = segs_out;
+        r->raw_retrans = total_retrans;
+        r->have_raw = true;
+}
+
+void telemetry_totals_merge_max(TelemetryPeerTotals *kept, const TelemetryPeerTotals *now) {
+        kept->bytes_sent = MAX(kept->bytes_sent, now->bytes_sent);
+        kept->bytes_acked = MAX(kept->bytes_acked, now->bytes_acked);
+        kept->bytes_received = MAX(kept->bytes_received, now->bytes_received);
+        kept->bytes_retrans = MAX(kept->bytes_retrans, now->bytes_retrans);
+        kept->segs_out = MAX(kept->segs_out, now->segs_out);
+        kept->retransmits = MAX(kept->retransmits, now->retransmits);
+}
+
 /* A connection goes from the peer's tracked set: its counters stay in the totals. */
 static void conn_retire(TelemetryPeer *p, TelemetryConn *c) {
-        totals_add(&p->retired, &c->last);
+        totals_add(&p->retired, &c->last.totals);
 }
 
 struct Telemetry {
@@ -257,22 +285,13 @@ static void peer_evaluate(Telemetry *t, TelemetryPeer *p, usec_t now) {
                         if (tcp_state_is_closing(st.state))
                                 c->closed = true;
                         telemetry_path_stats_add(&path, &st);
-                        c->last = (TelemetryPeerTotals) {
-                                .bytes_sent = st.bytes_sent,
-                                .bytes_acked = st.bytes_acked,
-                                .bytes_received = st.bytes_received,
-                                .bytes_retrans = st.bytes_retrans,
-                                .segs_out = st.segs_out,
-                                .retransmits = st.total_retrans,
-                        };
+                        telemetry_conn_reading_update(&c->last, st.bytes_sent, st.bytes_acked, st.bytes_received,
+                                                      st.bytes_retrans, (uint32_t)st.segs_out, st.total_retrans);
                 }
-                totals_add(&totals, &c->last); /* its last values while the kernel has none */
+                totals_add(&totals, &c->last.totals); /* its last values while the kernel has none */
         }
         /* Never down (a connection's counters only grow; a missing record keeps its last). */
-        if (totals.bytes_sent >= p->totals.bytes_sent && totals.bytes_acked >= p->totals.bytes_acked &&
-            totals.bytes_received >= p->totals.bytes_received && totals.bytes_retrans >= p->totals.bytes_retrans &&
-            totals.segs_out >= p->totals.segs_out && totals.retransmits >= p->totals.retransmits)
-                p->totals = totals;
+        telemetry_totals_merge_max(&p->totals, &totals);
         for (unsigned i = 0; i < p->n_conns; i++)
                 if (!p->conns[i]->closed)
                         connected = true;

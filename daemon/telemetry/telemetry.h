@@ -38,6 +38,25 @@ typedef struct TelemetryPeerTotals {
         uint64_t segs_out, retransmits;
 } TelemetryPeerTotals;
 
+/* One connection's counters as read from the kernel, carried into its totals: the byte
+ * counters are the kernel's 64-bit ones, taken as they are; segs_out and total_retrans
+ * are 32-bit in the kernel's tcp_sock (a busy connection wraps segs_out within the
+ * hour), so they advance by their difference modulo 2^32 from the last reading (raw_*)
+ * and keep growing past a wrap. The first reading (have_raw false) is taken as it is. */
+typedef struct TelemetryConnReading {
+        TelemetryPeerTotals totals;
+        uint32_t raw_segs_out, raw_retrans;
+        bool have_raw;
+} TelemetryConnReading;
+
+void telemetry_conn_reading_update(TelemetryConnReading *r, uint64_t bytes_sent, uint64_t bytes_acked,
+                                   uint64_t bytes_received, uint64_t bytes_retrans, uint32_t segs_out,
+                                   uint32_t total_retrans);
+/* kept = the larger of kept and now, field by field: an exported counter never goes down,
+ * and one field that cannot move (a connection's record missing for a moment) does not
+ * hold the others back. */
+void telemetry_totals_merge_max(TelemetryPeerTotals *kept, const TelemetryPeerTotals *now);
+
 typedef struct TelemetryPeerStats {
         const char *name;
         bool kernel;                  /* the kernel fields are valid (BPF loaded) */

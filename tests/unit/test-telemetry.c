@@ -68,10 +68,44 @@ START_TEST(test_peer_down_keeps_clients_connections) {
 }
 END_TEST
 
+/* The kernel's segs_out and total_retrans are 32-bit: a connection's totals carry on
+ * across their wrap, and the peer's exported totals keep moving with the bytes (they
+ * froze, every field of them, from the wrap until 4G more segments had gone). */
+START_TEST(test_counters_carry_on_past_the_kernels_32_bit_wrap) {
+        TelemetryConnReading r = {};
+        TelemetryPeerTotals kept = {};
+
+        telemetry_conn_reading_update(&r, 1000, 900, 50, 0, 0xFFFFFFF0u, 0xFFFFFFFFu);
+        ck_assert_uint_eq(r.totals.segs_out, 0xFFFFFFF0u);
+        ck_assert_uint_eq(r.totals.retransmits, 0xFFFFFFFFu);
+        telemetry_totals_merge_max(&kept, &r.totals);
+
+        /* 0x20 segments and 2 retransmits later, both past 2^32. */
+        telemetry_conn_reading_update(&r, 5000, 4000, 60, 10, 0x10u, 1u);
+        ck_assert_uint_eq(r.totals.segs_out, 0xFFFFFFF0ull + 0x20);
+        ck_assert_uint_eq(r.totals.retransmits, 0xFFFFFFFFull + 2);
+        ck_assert_uint_eq(r.totals.bytes_sent, 5000);
+        telemetry_totals_merge_max(&kept, &r.totals);
+        ck_assert_uint_eq(kept.bytes_sent, 5000);
+        ck_assert_uint_eq(kept.bytes_acked, 4000);
+        ck_assert_uint_eq(kept.segs_out, 0x100000010ull);
+
+        /* A field that reads lower (a record read while another connection's is missing)
+         * stays where it was; the others still move. */
+        TelemetryPeerTotals lower = kept;
+        lower.segs_out -= 5;
+        lower.bytes_sent += 100;
+        telemetry_totals_merge_max(&kept, &lower);
+        ck_assert_uint_eq(kept.segs_out, 0x100000010ull);
+        ck_assert_uint_eq(kept.bytes_sent, 5100);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("telemetry");
         TCase *tc = tcase_create("telemetry");
         tcase_add_test(tc, test_peer_down_keeps_clients_connections);
+        tcase_add_test(tc, test_counters_carry_on_past_the_kernels_32_bit_wrap);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
