@@ -13,16 +13,16 @@
  * by the key: a replay whose every READY is skipped (the arena index names no feature
  * arena now, or the arena shrank) scanned a list for each record, and took minutes on a
  * full log. */
-static void replay_note_skipped(FeatureCache *c, const char *key, bool skipped) {
+static int replay_note_skipped(FeatureCache *c, const char *key, bool skipped) {
         char *k = c->skipped ? hashmap_get(c->skipped, key) : NULL;
 
         if (k) {
                 if (!skipped)
                         free(hashmap_remove(c->skipped, key));
-                return;
+                return 0;
         }
         if (!skipped)
-                return;
+                return 0;
         if (!c->skipped && !(c->skipped = hashmap_new(HASHMAP_KEY_STRING, 0)))
                 goto oom;
         k = strdup(key);
@@ -32,9 +32,12 @@ static void replay_note_skipped(FeatureCache *c, const char *key, bool skipped) 
                 free(k);
                 goto oom;
         }
-        return;
+        return 0;
 oom:
-        log_warning("Feature %s: skipped at replay, and no memory left to journal that it is gone.", key);
+        /* Without its GONE, a later start could bring it back over bytes written since:
+         * the start fails instead. */
+        return log_error_errno(-ENOMEM, "Feature %s: skipped at replay, and no memory left to journal that it is gone.",
+                               key);
 }
 
 void feature_replay_skipped_free(FeatureCache *c) {
@@ -82,7 +85,7 @@ static int apply_ready(FeatureCache *c, const FeatureRecord *rec, const char *ke
                 return -ENODEV;
         r = feature_desc_parse(rec->desc, rec->desc_len, rec->bytes, &desc, NULL);
         if (r < 0)
-                return -EBADMSG;
+                return r == -ENOMEM ? r : -EBADMSG;
         if (c->stats.n_features >= c->config.max_features)
                 return -EDQUOT;
         r = feature_allocator_alloc_at(a->alloc, rec->offset, rec->bytes, &size);
@@ -117,7 +120,7 @@ int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *paylo
         char key[FEATURE_KEY_MAX + 1];
         FeatureRecord rec;
         Feature *f;
-        int r;
+        int r, k;
 
         if (!c || c->journal_fn)
                 return -EBUSY; /* only before the journal is set: at start */
@@ -127,7 +130,7 @@ int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *paylo
                         return -EBADMSG;
                 memcpy(key, payload, len);
                 key[len] = 0;
-                replay_note_skipped(c, key, false);
+                (void)replay_note_skipped(c, key, false); /* takes nothing */
                 f = hashmap_get(c->features, key);
                 if (!f)
                         return -ENOENT;
@@ -146,8 +149,10 @@ int feature_cache_apply_record(FeatureCache *c, uint16_t type, const void *paylo
         /* One that cannot come back is journaled GONE after the replay: a later start
          * that could take it back must not, over the bytes written there since. */
         r = apply_ready(c, &rec, key);
-        replay_note_skipped(c, key, r < 0);
-        return r;
+        if (r == -ENOMEM)
+                return r; /* says nothing of the feature: the start fails, it is not dropped */
+        k = replay_note_skipped(c, key, r < 0);
+        return k < 0 ? k : r;
 }
 
 int feature_cache_snapshot(FeatureCache *c, int (*add)(void *userdata, uint16_t type, const void *rec, size_t len),

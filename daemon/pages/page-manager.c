@@ -380,28 +380,40 @@ int page_manager_apply_directory_record(PageManager *pm, uint16_t type, const vo
         return r;
 }
 
-/* The restored entries' pool (created if no sequence made it yet), or NULL when the
- * entry cannot come back: its arena is gone, its memory is new, or its page does not
- * fit. */
-static PagePool *restored_entry_pool(PageManager *pm, const DirectoryRecord *e) {
+/* The restored entry's pool (created if no sequence made it yet): 1 and *ret, or 0 when
+ * the entry cannot come back (its arena is gone, its memory is new, it is cut in other
+ * pages now, or its page does not fit), or -ENOMEM: no memory for the pool, which says
+ * nothing of the entry (the start fails rather than journal its removal for good). */
+static int restored_entry_pool(PageManager *pm, const DirectoryRecord *e, PagePool **ret) {
         Manager *m = pm->manager;
         PagePool *pool;
+        int r;
         if (e->arena >= m->n_arenas || !m->arenas[e->arena]->adopted)
-                return NULL;
-        if (page_manager_pool(pm, m->arenas[e->arena], e->page_size, &pool) < 0 || e->page >= page_pool_size(pool))
-                return NULL;
-        return pool;
+                return 0;
+        r = page_manager_pool(pm, m->arenas[e->arena], e->page_size, &pool);
+        if (r == -ENOMEM)
+                return r;
+        if (r < 0 || e->page >= page_pool_size(pool))
+                return 0;
+        *ret = pool;
+        return 1;
 }
 
 /* Drops the entries that cannot come back (journaling their removal, so that a later
- * start does not bring them back over other bytes); counts the pages of the rest. */
-static void restored_directory_prune(PageManager *pm) {
+ * start does not bring them back over other bytes); counts the pages of the rest.
+ * -ENOMEM when a pool could not be made. */
+static int restored_directory_prune(PageManager *pm) {
         DirectoryRecord *e;
+        PagePool *pool;
         size_t n = 0, it = 0, dropped = 0;
+        int r = 0;
         /* Collected in one pass, then removed (a rescan after each was quadratic). */
         _cleanup_(freep) DirectoryRecord **gone = calloc(hashmap_size(pm->restored_directory) + 1, sizeof *gone);
         while (hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL)) {
-                if (restored_entry_pool(pm, e))
+                r = restored_entry_pool(pm, e, &pool);
+                if (r < 0)
+                        break;
+                if (r > 0)
                         continue;
                 if (gone) {
                         gone[n++] = e;
@@ -424,19 +436,26 @@ static void restored_directory_prune(PageManager *pm) {
         if (dropped > 0)
                 log_info("%zu journaled block-directory entries dropped: their arena's memory did not survive.",
                          dropped);
+        return r < 0 ? r : 0;
 }
 
 /* After the pools' references are back: every entry is inserted again (its page LIVE
  * for the moment: a page no sequence holds gets a reference that is dropped after,
  * which leaves it IDLE and evictable, as before the restart). */
-static size_t restored_directory_insert(PageManager *pm, DirectoryRecord **failed) {
+static int restored_directory_insert(PageManager *pm, DirectoryRecord **failed, size_t *ret_n_failed) {
         DirectoryRecord *e;
+        PagePool *pool;
         size_t it = 0, n_failed = 0;
+        *ret_n_failed = 0;
         while (pm->restored_directory && hashmap_iterate(pm->restored_directory, &it, (void **)&e, NULL)) {
-                PagePool *pool = restored_entry_pool(pm, e);
-                if (!pool)
+                int r = restored_entry_pool(pm, e, &pool);
+                if (r < 0)
+                        return r;
+                if (r == 0)
                         continue;
-                int r = directory_insert(pm->directory, pool, e->hash, e->page);
+                r = directory_insert(pm->directory, pool, e->hash, e->page);
+                if (r == -ENOMEM)
+                        return r; /* not the entry's fault: the start fails */
                 if (r >= 0)
                         pm->directory_restored++;
                 else {
@@ -445,7 +464,8 @@ static size_t restored_directory_insert(PageManager *pm, DirectoryRecord **faile
                         failed[n_failed++] = e;
                 }
         }
-        return n_failed;
+        *ret_n_failed = n_failed;
+        return 0;
 }
 
 static void restored_directory_free(PageManager *pm) {
@@ -809,7 +829,9 @@ int page_manager_restore_finish(PageManager *pm) {
                 log_info("%" PRIu64 " journaled sequences dropped: their arena's memory did not survive (no fd store).",
                          dropped);
         replay_skipped_journal(pm);
-        restored_directory_prune(pm);
+        r = restored_directory_prune(pm);
+        if (r < 0)
+                return log_error_errno(r, "Block directory: no memory to restore its entries' page pools: %m");
         drop_unused_journal_pools(pm);
         _cleanup_(freep) bool **idle_pools = calloc(MAX(m->n_arenas, (size_t)1), sizeof *idle_pools);
         _cleanup_(freep) DirectoryRecord **failed = calloc(hashmap_size(pm->restored_directory) + 1, sizeof *failed);
@@ -861,8 +883,13 @@ int page_manager_restore_finish(PageManager *pm) {
         }
         /* The directory's entries, with the journal quiet: they are in it already. */
         pm->replaying = true;
-        size_t n_failed = restored_directory_insert(pm, failed);
+        size_t n_failed;
+        r = restored_directory_insert(pm, failed, &n_failed);
         pm->replaying = false;
+        if (r < 0) {
+                log_error_errno(r, "Block directory: no memory to restore its entries: %m");
+                goto fail;
+        }
         /* One that did not come back has its removal journaled, as a pruned one (or a later
          * start brings the hash back over its page, free now); refused, the page stays out of use. */
         for (size_t i = 0; i < n_failed; i++)

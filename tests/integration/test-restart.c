@@ -2490,6 +2490,62 @@ START_TEST(test_unbuildable_record_is_refused) {
 }
 END_TEST
 
+/* Block-directory entries whose arena's page pool is first made when they are restored
+ * (the snapshot holds their PUTs and no sequence of that arena): a start that has no
+ * memory for the pool fails, and the next one brings them back. It journaled their
+ * removal for good instead (the prefix cache of the arena gone after a passing
+ * allocation failure). host0 is 2112 KiB: 66 pages of 32 KiB, a pool's table of 66 x 32
+ * bytes that nothing else asks for; the sequences that fill the log live in host1. */
+START_TEST(test_directory_pool_without_memory_fails_the_start) {
+        ck_assert_int_eq(harness_init(&h, NULL), 0);
+        write_arenas("[Wal]\nSync=batch\nCompactSize=4K\n[Arena:host0]\nSize=2112K\nUsage=kv\n[Arena:host1]\nSize=2M\n"
+                     "Usage=kv\n");
+        open_notify();
+        start_epdd(true);
+        uint8_t *host0;
+        epd_client *c = kv_worker(&host0, NULL);
+        char *s = NULL;
+        uint32_t *p = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(epd_sequence_create(c, "host0", 2, &s, &p, &n), 0);
+        ck_assert_uint_eq(n, 2);
+        write_page(c, host0, p[0], 7);
+        write_page(c, host0, p[1], 8);
+        const uint64_t hs[2] = { 0x5eed0001, 0x5eed0002 };
+        ck_assert_int_eq(epd_sequence_publish(c, s, 0, hs, 2), 2);
+        ck_assert_int_eq(epd_sequence_release(c, s), 0);
+        free(s);
+        /* Records in host1 until the log was compacted with no sequence of host0 left. */
+        unsigned before = log_count("WAL compacted");
+        for (int i = 0; i < 4000 && log_count("WAL compacted") < before + 2; i++) {
+                char *t = NULL;
+                ck_assert_int_eq(epd_sequence_create(c, "host1", 1, &t, NULL, NULL), 0);
+                ck_assert_int_eq(epd_sequence_release(c, t), 0);
+                free(t);
+        }
+        ck_assert_uint_ge(log_count("WAL compacted"), before + 2);
+        ck_assert_int_eq(epd_prefix_match(c, "host0", hs, 2), 2);
+        kill9_epdd();
+        epd_disconnect(c);
+
+        snprintf(fault_malloc_arm, sizeof fault_malloc_arm, "%s/arm-malloc", h.dir);
+        arm_malloc_fault();
+        fault_malloc_size = 66 * 32;
+        int r = run_epdd_to_exit(true);
+        fault_malloc_size = 0;
+        ck_assert_int_ne(access(fault_malloc_arm, F_OK), 0); /* it fired */
+        ck_assert_msg(r != 0, "the start went on without memory for host0's pool");
+        ck_assert_uint_eq(log_count("no memory to restore its entries' page pools"), 1);
+
+        start_epdd(true);
+        c = kv_worker(&host0, NULL);
+        ck_assert_int_eq(epd_prefix_match(c, "host0", hs, 2), 2);
+        epd_disconnect(c);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        close_notify();
+}
+END_TEST
+
 /* A worker of the other KV layout (8 layers: pages of 64 KiB) with host0 mapped. */
 static epd_client *wide_worker(uint8_t **ret_host0) {
         epd_kv_layout wide = kv;
@@ -3461,6 +3517,7 @@ int main(void) {
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
+        (void)test_directory_pool_without_memory_fails_the_start;
 #elif defined(CRASH_LOOP_DH)
         tcase_add_test(tc, test_directory_handoff_crash_loop);
         (void)test_sequence_crash_loop;
@@ -3486,6 +3543,7 @@ int main(void) {
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
+        (void)test_directory_pool_without_memory_fails_the_start;
         (void)test_crash_every_record;
 #elif defined(CRASH_LOOP)
         tcase_add_test(tc, test_sequence_crash_loop);
@@ -3513,6 +3571,7 @@ int main(void) {
         (void)test_cow_rounds_free_pages;
         (void)test_cow_rounds_sharers_go_later;
         (void)test_fresh_arena_then_failed_start;
+        (void)test_directory_pool_without_memory_fails_the_start;
 #else
         tcase_add_test(tc, test_restart_keeps_arenas);
         tcase_add_test(tc, test_restart_arena_moved_or_resized);
@@ -3533,6 +3592,7 @@ int main(void) {
         tcase_add_test(tc, test_cow_rounds_free_pages);
         tcase_add_test(tc, test_cow_rounds_sharers_go_later);
         tcase_add_test(tc, test_fresh_arena_then_failed_start);
+        tcase_add_test(tc, test_directory_pool_without_memory_fails_the_start);
         tcase_add_test(tc, test_restart_keeps_sequences_and_features);
         tcase_add_test(tc, test_evicted_region_reused_before_crash);
         tcase_add_test(tc, test_loaded_region_reused_before_crash);
