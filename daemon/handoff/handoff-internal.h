@@ -193,6 +193,9 @@ void handoff_on_incoming_done(Peer *p, const TransportIncoming *in, int error, v
 int handoff_on_incoming_validate(Peer *p, TransportIncoming *in, void *userdata);
 HandoffObject *handoff_slot_get(HandoffManager *hm, Peer *p, uint64_t slot);
 void handoff_slot_forget(HandoffObject *d);
+/* A stalled source (handoff_pump(): no room in its transport's writes to the peer) leaves
+ * the queue of those waiting for completions. */
+void handoff_unstall_forget(HandoffObject *o);
 void handoff_slots_peer_down(HandoffManager *hm, Peer *p);
 int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t len, void *userdata);
 void handoff_on_peer_state(Peer *p, bool up, void *userdata);

@@ -194,6 +194,7 @@ void handoff_obj_free(HandoffObject *o) {
         (void)hashmap_remove(hm->by_handle, o->handle_str);
         handoff_settle_forget(o);
         handoff_slot_forget(o);
+        handoff_unstall_forget(o);
         if (o->twin)
                 o->twin->twin = NULL;
         if (o->waiter) {
@@ -377,6 +378,8 @@ static void prepare_answered(HandoffObject *o) {
                 case -ENOMEM:
                 case -EBUSY:
                 case -EEXIST:
+                case -EDQUOT: /* its limits (objects, the journal): LimitExceeded, as on one host */
+                case -EAGAIN:
                         r = o->refused_error;
                         break;
                 default:
@@ -389,6 +392,10 @@ static void prepare_answered(HandoffObject *o) {
         if (o->journal_error < 0)
                 (void)reason_set(&why, r = o->journal_error, "Handoff %s: cannot journal the Prepare: %s.",
                                  o->request_str, strerror(-o->journal_error));
+        else if (o->refused_error == 0 && o->h->cause == HANDOFF_CAUSE_TRANSFER_FAILED)
+                /* This side's post failed (the destination had not answered yet). */
+                (void)reason_set(&why, r, "Handoff %s: its layer groups could not be sent to %s (transfer-failed).",
+                                 o->request_str, o->peer_host);
         else
                 (void)reason_set(&why, r, "Handoff %s: the destination did not reserve pages (%s%s%s).",
                                  o->request_str, handoff_cause_to_string(o->h->cause),
@@ -517,6 +524,10 @@ void handoff_after_event(HandoffObject *o) {
         /* Prepared with release_on_commit: committed (its owner told above), so
          * released as a Release call would; nothing of o is used after. */
         if (o->release_on_commit && o->owned && h->state == HANDOFF_COMMITTED) {
+                /* An owner without a ring (or whose ring had no room) hears "committed"
+                 * while it still owns the object: queued signals go to the owner at the
+                 * loop's turn, by which time the release has unowned and freed it. */
+                handoff_signals_flush_one(o);
                 handoff_manager_release(o);
                 return;
         }
@@ -588,6 +599,7 @@ size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t
         PUT("rings-lost", c->rings_lost);
         PUT("pipelined", c->pipelined);
         PUT("journal-waits", c->journal_waits);
+        PUT("write-stalls", c->stalls);
         PUT("live", hashmap_size(hm->by_handle));
         PUT("writes-in-flight", hashmap_size(hm->writes) + hashmap_size(hm->incoming));
         uint64_t staging, staging_busy;

@@ -114,6 +114,10 @@ struct HandoffObject {
         unsigned signals;        /* HANDOFF_SIG_*: signals to send at the end of this loop
                                   * iteration (coalesced: the latest state and progress) */
         LIST_FIELDS(HandoffObject, signal);
+        bool stalled;            /* remote source: a group's post found the transport's
+                                  * writes to the peer at their bound; queued in
+                                  * hm->stalled until writes complete (handoff_pump()) */
+        LIST_FIELDS(HandoffObject, stall);
         /* The whole host id: the handoff window is left by this name (handoff-window.c),
          * so a cut one would never drain its peer's window. */
         char peer_host[PEER_HOST_ID_MAX + 1];
@@ -175,6 +179,8 @@ struct HandoffManager {
         Hashmap *rings;           /* ClientRing* by client serial */
         Hashmap *watchers;        /* HandoffWatcher* by client serial: Watch(true) */
         LIST_HEAD(HandoffObject, signal_pending); /* objects with signals to send */
+        QUEUE_HEAD(HandoffObject, stalled);       /* remote sources waiting for room in
+                                                   * their transport's writes in flight */
         sd_event_source *signal_source;           /* sends them (a defer source) */
         LIST_HEAD(struct ClientRing, kick_pending); /* rings with records to announce */
         sd_event_source *kick_source;             /* announces them outside manager_run() (a defer source) */

@@ -7,6 +7,7 @@
 #include "copy.h"
 #include "handoff/handoff-internal.h"
 #include "transport/cuda.h"
+#include "transport/transport-peer.h"
 
 /* ---- messages to the peer ---- */
 
@@ -169,6 +170,11 @@ static int post_group(HandoffObject *o, uint32_t g) {
         }
         if (r >= 0 && c.n > 0)
                 handoff_mark_group_end(o, g, &c.w[c.n - 1]);
+        /* More writes than a peer takes in flight at all: it can never go (refused at
+         * Prepare already when its pages alone are too many). -ENOBUFS from the post
+         * below is room only (handoff_pump() waits for it). */
+        if (r >= 0 && o->peer && c.n > PEER_INCOMING_MAX)
+                r = -E2BIG;
         if (r >= 0)
                 r = t->ops->post(t, o->peer, c.w, c.n);
         if (r < 0) {
@@ -414,8 +420,18 @@ void handoff_pump(HandoffObject *o) {
         }
         if (plugged)
                 net->ops->plug(net, peer);
-        while (handoff_next_to_post(o->h, &g) == 0) {
+        while (!o->stalled && handoff_next_to_post(o->h, &g) == 0) {
                 int r = post_group(o, g);
+                if (r == -ENOBUFS && o->peer) {
+                        /* The writes in flight to the peer are at the transport's bound
+                         * (other handoffs', or this one's earlier groups): the group waits,
+                         * ready and not posted, until writes to it complete
+                         * (handoff_unstall()). The handoff's deadline still bounds it. */
+                        o->stalled = true;
+                        QUEUE_PUSH_BACK(stall, o->hm->stalled, o);
+                        o->hm->counters.stalls++;
+                        break;
+                }
                 if (r < 0) {
                         log_warning_errno(r, "handoff %s: cannot ship group %" PRIu32 ": %m", o->request_str, g);
                         (void)handoff_rollback(o->h, HANDOFF_CAUSE_TRANSFER_FAILED, false);
@@ -482,11 +498,38 @@ static void touched_room(Touched *t) {
                 touched_flush(t);
 }
 
+void handoff_unstall_forget(HandoffObject *o) {
+        if (!o->stalled)
+                return;
+        QUEUE_REMOVE(stall, o->hm->stalled, o);
+        o->stalled = false;
+}
+
+/* Writes completed: the sources that waited for room post again, first come first, each
+ * once (one that finds no room yet goes to the back and waits for the next
+ * completions). */
+static void handoff_unstall(HandoffManager *hm) {
+        size_t n = 0;
+        for (HandoffObject *i = hm->stalled.first; i; i = i->stall_next)
+                n++;
+        while (n-- > 0 && hm->stalled.first) {
+                HandoffObject *o = hm->stalled.first;
+                handoff_unstall_forget(o);
+                handoff_obj_hold(o);
+                if (!handoff_is_ended(o->h)) {
+                        handoff_pump(o);
+                        handoff_after_event(o);
+                }
+                handoff_obj_unhold(o);
+        }
+}
+
 static void on_completions(HandoffManager *hm, Transport *t) {
         TransportCompletion c[256];
         Touched touched = {};
-        size_t n;
+        size_t n, seen = 0;
         while ((n = t->ops->poll(t, c, ELEMENTSOF(c))) > 0) {
+                seen += n;
                 for (size_t i = 0; i < n; i++) {
                         touched_room(&touched);
                         OutWrite *w = hashmap_get(hm->writes, &c[i].cookie);
@@ -548,6 +591,8 @@ static void on_completions(HandoffManager *hm, Transport *t) {
                  * whose object only after_event frees. */
                 touched_flush(&touched);
         }
+        if (seen > 0 && t != hm->local && hm->stalled.first)
+                handoff_unstall(hm);
 }
 
 int handoff_on_local_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
@@ -894,6 +939,17 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
                           HandoffPrepareWaiter *waiter, Reason *why) {
         uint32_t n_groups = x->n_groups;
         int r;
+
+        /* A layer group is a write a page at least, and a peer takes at most
+         * PEER_INCOMING_MAX writes in flight: one with more pages could never go. */
+        if (o->n_pages > PEER_INCOMING_MAX) {
+                uint32_t n = o->n_pages;
+                handoff_obj_free(o);
+                return reason_set(why, -EDQUOT,
+                                  "A handoff to another host moves at most %u pages (a peer takes %u writes in "
+                                  "flight, a page each a layer group); this one has %" PRIu32 ".",
+                                  PEER_INCOMING_MAX, PEER_INCOMING_MAX, n);
+        }
 
         if (x->src_arena->domain == MEMORY_GPU) {
                 o->net_writes = calloc(n_groups, sizeof *o->net_writes);

@@ -227,6 +227,7 @@ typedef struct HandoffCounters {
         uint64_t rings_lost;       /* rings closed because an answer could not be posted, or a corrupt CQ */
         uint64_t pipelined;        /* to another host without a round trip before the data */
         uint64_t journal_waits;    /* writes held until the record that freed their pages was durable */
+        uint64_t stalls;           /* a remote group held back: the writes in flight to its peer at their bound */
         uint64_t failures[_HANDOFF_CAUSE_MAX];
 } HandoffCounters;
 

@@ -1163,6 +1163,98 @@ START_TEST(test_remote_refusal_named) {
 }
 END_TEST
 
+static uint64_t handoff_counter(epd_client *c, const char *name) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        uint64_t found = UINT64_MAX;
+        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/handoffs", "org.epd1.Handoffs", "Counters", &e,
+                                             &reply, "a{st}"), 0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "{st}"), 0);
+        const char *k;
+        uint64_t v;
+        while (sd_bus_message_read(reply, "{st}", &k, &v) > 0)
+                if (strcmp(k, name) == 0)
+                        found = v;
+        sd_bus_message_unref(reply);
+        ck_assert_msg(found != UINT64_MAX, "no counter %s", name);
+        return found;
+}
+
+/* 16 one-layer groups of 4 KiB pages (a write a page a group), every group ready at
+ * Prepare, from alpha to charlie: two handoffs of 4097 and 3000 pages are 113552 writes,
+ * past the 65536 a peer takes in flight. The groups past that bound wait for room
+ * (`write-stalls`) and both handoffs land, bytes exact. They were rolled back as
+ * transfer-failed, the first alone too (65552 writes), and a retry failed the same way. */
+START_TEST(test_many_writes_wait_for_room) {
+        enum { G = 16, N1 = 4097, N2 = 3000 };
+        static const epd_kv_layout kv16 = { .layers = G, .tokens_per_block = 1, .k_bytes_per_token = 128,
+                                            .v_bytes_per_token = 128, .dtype = "bfloat16" };
+        static const uint32_t n_pages[2] = { N1, N2 };
+        static const char *const rids[2] = { "000000000000000000000000000000e1", "000000000000000000000000000000e2" };
+        uint32_t groups[G];
+        for (uint32_t g = 0; g < G; g++)
+                groups[g] = 1;
+        epd_client *p = NULL, *d = NULL;
+        ck_assert_int_eq(epd_connect(addr_a, &p), 0);
+        ck_assert_int_eq(epd_register(p, "prefill", "model", "cpu", &kv16, NULL), 0);
+        ck_assert_int_eq(epd_connect(addr_c, &d), 0);
+        ck_assert_int_eq(epd_register(d, "decode", "model", "cpu", &kv16, NULL), 0);
+        void *pb, *db;
+        ck_assert_int_eq(epd_arena_map(p, (size_t)epd_arena_find(p, "kv0"), &pb), 0);
+        ck_assert_int_eq(epd_arena_map(d, (size_t)epd_arena_find(d, "kv0"), &db), 0);
+        char *seq[2], *path[2];
+        uint64_t *src[2], token;
+        epd_handoff_options o = { .ready = G };
+        for (int h = 0; h < 2; h++) {
+                src[h] = calloc(n_pages[h], sizeof *src[h]);
+                ck_assert_ptr_nonnull(src[h]);
+                seq[h] = make_sequence(p, n_pages[h], src[h]);
+                for (uint32_t pg = 0; pg < n_pages[h]; pg++)
+                        for (uint32_t k = 0; k < 4096; k++)
+                                ((uint8_t *)pb)[src[h][pg] + k] = (uint8_t)(pg * 13 + k * 7 + (uint32_t)h * 101);
+        }
+        for (int h = 0; h < 2; h++) {
+                int r = -EHOSTUNREACH;
+                for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++)
+                        if ((r = epd_handoff_prepare(p, rids[h], "charlie", seq[h], groups, G, &o, &path[h], &token)) ==
+                            -EHOSTUNREACH)
+                                usleep(20000);
+                ck_assert_msg(r == 0, "Prepare %d: %s", h, epd_last_error_message(p));
+        }
+        for (int h = 0; h < 2; h++) {
+                epd_handoff_accepted acc;
+                ck_assert_int_eq(epd_handoff_accept(d, rids[h], &acc), 0);
+                ck_assert_uint_eq(acc.n_pages, n_pages[h]);
+                Cond t = { d, acc.path, "transferred" };
+                ck_assert_msg(harness_wait_for(state_is, &t, 60000), "handoff %d did not land", h);
+                size_t bad = 0;
+                for (uint32_t pg = 0; pg < n_pages[h]; pg++)
+                        for (uint32_t k = 0; k < 4096; k++)
+                                bad += ((uint8_t *)db)[acc.offsets[pg] + k] !=
+                                       (uint8_t)(pg * 13 + k * 7 + (uint32_t)h * 101);
+                ck_assert_msg(bad == 0, "handoff %d: %zu bytes differ", h, bad);
+                char *dseq = NULL;
+                ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+                Cond c = { p, path[h], "committed" };
+                ck_assert(harness_wait_for(state_is, &c, 10000));
+                ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+                ck_assert_int_eq(epd_handoff_release(p, path[h]), 0);
+                ck_assert_int_eq(epd__call(d, dseq, "org.epd1.Sequence", "Release", NULL, NULL), 0);
+                ck_assert_int_eq(epd__call(p, seq[h], "org.epd1.Sequence", "Release", NULL, NULL), 0);
+                epd_handoff_accepted_done(&acc);
+                free(dseq);
+                free(path[h]);
+                free(seq[h]);
+                free(src[h]);
+        }
+        ck_assert_uint_gt(handoff_counter(p, "write-stalls"), 0);
+        ck_assert_uint_eq(arena_live(p), 0);
+        ck_assert_uint_eq(arena_live(d), 0);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 START_TEST(test_prepared_record_refused) {
         epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
         char *seq = make_sequence(p, N_PAGES, NULL);
@@ -1225,6 +1317,7 @@ int main(void) {
         tcase_add_test(tc, test_unreadable_prepare_refused);
         tcase_add_test(tc, test_prepared_record_refused);
         tcase_add_test(tc, test_remote_refusal_named);
+        tcase_add_test(tc, test_many_writes_wait_for_room);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }

@@ -526,6 +526,55 @@ START_TEST(test_commit_and_release) {
 }
 END_TEST
 
+static int on_state_committed(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        unsigned *n = userdata;
+        const char *state = NULL, *cause = NULL;
+        if (sd_bus_message_is_signal(m, "org.epd1.Handoff", "StateChanged") &&
+            sd_bus_message_read(m, "ss", &state, &cause) >= 0 && strcmp(state, "committed") == 0)
+                (*n)++;
+        return 0;
+}
+
+/* release_on_commit with no ring on the prefill side: its owner hears "committed" as a
+ * StateChanged signal before the daemon releases the object (it heard nothing: the
+ * signal went out after the release, to nobody, the object gone and its owner unable to
+ * tell a commit from a failure). */
+START_TEST(test_commit_and_release_without_ring) {
+        epd_client *p = worker("prefill"), *d = worker("decode");
+        uint64_t src[N_PAGES];
+        char *seq = make_sequence(p, "kv0", N_PAGES, src);
+        fill_pages(arena_base(p, "kv0"), src, N_PAGES);
+        unsigned committed = 0;
+        ck_assert_int_ge(sd_bus_match_signal(p->bus, NULL, NULL, NULL, "org.epd1.Handoff", "StateChanged",
+                                             on_state_committed, &committed),
+                         0);
+        char *path = NULL, *dseq = NULL;
+        uint64_t token = 0;
+        epd_handoff_options o = { .arena = "kv1", .ready = 4, .release_on_commit = true };
+        ck_assert_int_eq(epd_handoff_prepare(p, rid(17), NULL, seq, groups4, 4, &o, &path, &token), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid(17), &acc), 0);
+        wait_state(d, acc.path, "transferred");
+        ck_assert_int_eq(epd_handoff_commit_and_release(d, acc.path, &dseq), 0);
+        for (int i = 0; i < 50 && committed == 0; i++) {
+                while (sd_bus_process(p->bus, NULL) > 0)
+                        ;
+                if (committed == 0)
+                        (void)sd_bus_wait(p->bus, 100000);
+        }
+        ck_assert_uint_eq(committed, 1);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        release_sequence(d, dseq);
+        release_sequence(p, seq);
+        free(dseq);
+        free(path);
+        free(seq);
+        epd_handoff_accepted_done(&acc);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 typedef struct Prepared {
         int calls, error;
         char path[128], error_name[128];
@@ -1824,6 +1873,7 @@ int main(void) {
         tcase_add_test(tc, test_two_arenas);
         tcase_add_test(tc, test_same_arena_zero_copy);
         tcase_add_test(tc, test_commit_and_release);
+        tcase_add_test(tc, test_commit_and_release_without_ring);
         tcase_add_test(tc, test_ring);
         tcase_add_test(tc, test_ring_submissions_past_one_turn);
         tcase_add_test(tc, test_ring_answers_past_a_full_cq);
