@@ -119,7 +119,9 @@ int main(int argc, char **argv) {
                 int r = 0;
                 for (int k = 0; k < n_names; k++) {
                         char p[4096];
-                        if (r == 0 && names[k]->d_name[0] != '.') {
+                        /* run_file() is 1 for a file run: every one of them runs (with
+                         * r == 0 here only the first did, the rest of the seeds never). */
+                        if (r >= 0 && names[k]->d_name[0] != '.') {
                                 snprintf(p, sizeof p, "%s/%s", argv[i], names[k]->d_name);
                                 r = run_file(p);
                                 n++;
