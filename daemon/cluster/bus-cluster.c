@@ -24,6 +24,17 @@ static int append_member(sd_bus_message *reply, Manager *m, const char *host, co
                                      directory_forward_entries_owned_by(m->directory_forward, host));
 }
 
+/* A member whose record in etcd was refused (not signed with the cluster key): lease
+ * "refused", and why in last_error (the address it claims, never dialed, too). */
+static int append_refused(sd_bus_message *reply, Manager *m, const MemberRefusal *f, const char *address,
+                          const char *session) {
+        char why[256];
+
+        snprintf(why, sizeof why, "record in etcd refused: %s (it says %s: not dialed)",
+                 cluster_refusal_reason(f->error), f->address);
+        return append_member(reply, m, f->host_id, address, "etcd", "refused", session, why, NULL);
+}
+
 static int method_list_members(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         Manager *m = userdata;
@@ -39,13 +50,24 @@ static int method_list_members(sd_bus_message *msg, void *userdata, sd_bus_error
                                   "", cm && cm->etcd ? &cm->self : NULL);
         for (size_t i = 0; r >= 0 && (p = peer_manager_peer(m->peers, i)); i++) {
                 const Member *mb = cm && cm->etcd ? membership_get(cm->members, peer_host_id(p)) : NULL;
-                const char *lease = !peer_is_member(p) ? "static"
+                const MemberRefusal *f = cm && cm->etcd ? cluster_refusal(cm, peer_host_id(p)) : NULL;
+                const char *lease = !peer_is_member(p)          ? "static"
                                     : peer_is_retired(p) || !mb ? "left"
                                                                 : member_state_to_string(mb->state);
+                if (peer_is_member(p) && (peer_is_retired(p) || !mb) && f) {
+                        /* Its latest record is refused: its member left for that. */
+                        r = append_refused(reply, m, f, peer_address(p), peer_state_to_string(peer_state(p)));
+                        continue;
+                }
                 r = append_member(reply, m, peer_host_id(p), peer_address(p), peer_is_member(p) ? "etcd" : "static",
                                   lease, peer_state_to_string(peer_state(p)), peer_last_error(p),
                                   mb ? &mb->info : NULL);
         }
+        /* Hosts known from refused records alone: never peers. */
+        const MemberRefusal *f;
+        for (size_t i = 0; r >= 0 && cm && cm->etcd && (f = cluster_refusal_at(cm, i)); i++)
+                if (!peer_manager_find(m->peers, f->host_id))
+                        r = append_refused(reply, m, f, f->address, "down");
         if (r >= 0)
                 r = sd_bus_message_close_container(reply);
         if (r < 0)

@@ -19,6 +19,7 @@
 #include "log.h"
 #include "macro.h"
 #include "time-util.h"
+#include "peer/peer-auth.h"
 #include "peer/peer-manager.h"
 #include "peer/topology.h"
 #include "transport/rdma.h"
@@ -39,13 +40,17 @@ struct ClusterEvent {
         ClusterEventType type;
         bool up;
         uint64_t lease;
-        int64_t revision;
+        int64_t revision;        /* EV_SESSION: of the put that registered this host */
         char text[256];          /* error, or the deleted host id */
         char endpoint[256];
         MemberInfo *infos;       /* EV_RESYNC: n; EV_PUT: 1 */
         bool partial;            /* EV_RESYNC: records past MaxMembers= were left out */
         bool invalid;            /* EV_DELETE: a PUT of a record that is not valid */
         size_t n;
+        MemberRefusal *refused;  /* EV_RESYNC: n_refused records refused (of refused_total);
+                                  * EV_DELETE: 1, a put of a record refused */
+        size_t n_refused;
+        uint64_t refused_total;
         ClusterEvent *next;
 };
 
@@ -71,13 +76,14 @@ static ClusterEvent *event_new(ClusterEventType type) {
         return ev;
 }
 
-static void post_state(ClusterManager *cm, ClusterEventType type, bool up, uint64_t lease, const char *text,
-                       EtcdClient *c) {
+static void post_state(ClusterManager *cm, ClusterEventType type, bool up, uint64_t lease, int64_t revision,
+                       const char *text, EtcdClient *c) {
         ClusterEvent *ev = event_new(type);
         if (!ev)
                 return;
         ev->up = up;
         ev->lease = lease;
+        ev->revision = revision;
         snprintf(ev->text, sizeof ev->text, "%s", text ?: "");
         snprintf(ev->endpoint, sizeof ev->endpoint, "%s", c ? etcd_client_endpoint(c) : "");
         post(cm, ev);
@@ -169,7 +175,8 @@ static int call(Session *s, const char *path, char *body, char **ret, size_t *re
         return r;
 }
 
-static int session_register(Session *s, uint64_t *ret_lease, char *err, size_t n) {
+/* A lease, and this host's record put under it: *ret_revision is the put's revision. */
+static int session_register(Session *s, uint64_t *ret_lease, int64_t *ret_revision, char *err, size_t n) {
         ClusterManager *cm = s->cm;
         char *ans = NULL;
         size_t len;
@@ -186,7 +193,7 @@ static int session_register(Session *s, uint64_t *ret_lease, char *err, size_t n
         r = call(s, "/v3/kv/put", etcd_json_put_request(cm->key, cm->value, strlen(cm->value), *ret_lease), &ans,
                  &len, err, n);
         if (r >= 0)
-                r = etcd_json_check(ans, len, err, n);
+                r = etcd_json_put(ans, len, ret_revision, err, n);
         free(ans);
         if (r < 0 && !atomic_load(&cm->stop)) {
                 /* The next try grants a lease of its own: this one goes now, not at the
@@ -260,26 +267,27 @@ static void *session_main(void *userdata) {
         long backoff = BACKOFF_MIN_MS;
         usec_t period = (usec_t)cm->ttl_sec * USEC_PER_SEC / 3;
         uint64_t lease = 0;
+        int64_t put_revision = 0;
         char err[256];
 
         while (!atomic_load(&cm->stop)) {
                 atomic_store(&cm->key_lost, false); /* this put is the one asked for */
                 usec_t refreshed = now_usec(CLOCK_MONOTONIC); /* the lease is no older than this */
-                int r = session_register(&s, &lease, err, sizeof err);
+                int r = session_register(&s, &lease, &put_revision, err, sizeof err);
                 if (r < 0 && atomic_load(&cm->stop))
                         break; /* ended by the stop (a lease granted meanwhile is revoked below) */
                 if (r < 0) {
                         lease = 0;
                         if (!err[0])
                                 snprintf(err, sizeof err, "%s: %s", etcd_client_endpoint(c), strerror(-r));
-                        post_state(cm, EV_SESSION, false, 0, err, c);
+                        post_state(cm, EV_SESSION, false, 0, 0, err, c);
                         if (nap(cm, backoff, true))
                                 break;
                         backoff = MIN(backoff * 2, (long)BACKOFF_MAX_MS);
                         continue;
                 }
                 backoff = BACKOFF_MIN_MS;
-                post_state(cm, EV_SESSION, true, lease, "", c);
+                post_state(cm, EV_SESSION, true, lease, put_revision, "", c);
                 size_t registered_at = etcd_client_current(c);
                 /* Keepalives every third of the TTL after the last one etcd answered
                  * (whatever a probe took meanwhile), until the lease is lost or etcd
@@ -321,14 +329,14 @@ static void *session_main(void *userdata) {
                         if (r < 0) {
                                 if (!err[0])
                                         snprintf(err, sizeof err, "keepalive: %s", strerror(-r));
-                                post_state(cm, EV_SESSION, false, 0, err, c);
+                                post_state(cm, EV_SESSION, false, 0, 0, err, c);
                                 break;
                         }
                         refreshed = now;
                         if (etcd_client_current(c) != registered_at) {
                                 /* Moved on to another endpoint: EtcdReason names it. */
                                 registered_at = etcd_client_current(c);
-                                post_state(cm, EV_SESSION, true, lease, "", c);
+                                post_state(cm, EV_SESSION, true, lease, put_revision, "", c);
                         }
                         now = now_usec(CLOCK_MONOTONIC);
                         next = refreshed + period;
@@ -362,12 +370,18 @@ typedef struct WatchCtx {
         size_t n_others, skipped; /* records of other hosts taken, and past MaxMembers= */
         bool own_seen;         /* this host's record is among infos */
         int64_t revision;      /* the last revision seen */
-        bool created;
+        bool created;          /* the watch's stream was created, in this attempt */
+        MemberRefusal refused[CLUSTER_REFUSED_MAX]; /* a read's refused records */
+        size_t n_refused;
+        uint64_t refused_total;
         char err[256];
 } WatchCtx;
 
-/* A member key and record, or -EINVAL/-EBADMSG (skipped, counted by the caller). */
-static int kv_info(ClusterManager *cm, const EtcdKv *kv, MemberInfo *ret) {
+/* A member key and record, or -EINVAL/-EBADMSG (not a member key, or a malformed
+ * record: skipped), or -ENOKEY/-EPERM: a record whose MAC does not verify with the
+ * cluster key (member_record_verify()), what it claims in *ret_refusal. Such a record is
+ * refused: never applied, never dialed. */
+static int kv_info(ClusterManager *cm, const EtcdKv *kv, MemberInfo *ret, MemberRefusal *ret_refusal) {
         char host[MEMBER_HOST_ID_MAX + 1];
         int r = member_key_host(cm->prefix, kv->key, kv->key_len, host, sizeof host);
         if (r < 0)
@@ -375,6 +389,14 @@ static int kv_info(ClusterManager *cm, const EtcdKv *kv, MemberInfo *ret) {
         r = member_record_parse(host, kv->value, kv->value_len, ret);
         if (r < 0)
                 return r;
+        r = member_record_verify(cm->auth_key, cm->prefix, ret);
+        if (r < 0) {
+                *ret_refusal = (MemberRefusal){ .error = r == -ENOKEY ? -ENOKEY : -EPERM,
+                                                .revision = kv->mod_revision };
+                snprintf(ret_refusal->host_id, sizeof ret_refusal->host_id, "%s", ret->host_id);
+                snprintf(ret_refusal->address, sizeof ret_refusal->address, "%s", ret->address);
+                return ret_refusal->error;
+        }
         ret->lease = kv->lease;
         ret->revision = kv->mod_revision;
         return 0;
@@ -382,9 +404,19 @@ static int kv_info(ClusterManager *cm, const EtcdKv *kv, MemberInfo *ret) {
 
 static int range_kv(void *userdata, const EtcdKv *kv) {
         WatchCtx *w = userdata;
+        MemberRefusal f;
         MemberInfo info;
+        int r = kv_info(w->cm, kv, &info, &f);
 
-        if (kv_info(w->cm, kv, &info) < 0)
+        if (r == -ENOKEY || r == -EPERM) {
+                /* Not signed with the cluster key: skipped as a malformed one, and
+                 * reported (the first CLUSTER_REFUSED_MAX). */
+                if (w->n_refused < CLUSTER_REFUSED_MAX)
+                        w->refused[w->n_refused++] = f;
+                w->refused_total++;
+                return 0;
+        }
+        if (r < 0)
                 return 0; /* not a member record, or a malformed one: ignored */
         /* Past MaxMembers= the loop would refuse them anyway: whoever can write the prefix
          * must not make every epdd allocate and copy without bound (the read itself is
@@ -415,7 +447,9 @@ static int range_kv(void *userdata, const EtcdKv *kv) {
 static int watch_event(void *userdata, bool put, const EtcdKv *kv) {
         WatchCtx *w = userdata;
         ClusterEvent *ev;
+        MemberRefusal f;
         char host[MEMBER_HOST_ID_MAX + 1];
+        int r;
 
         if (kv->mod_revision > w->revision)
                 w->revision = kv->mod_revision;
@@ -431,18 +465,29 @@ static int watch_event(void *userdata, bool put, const EtcdKv *kv) {
                         free(ev);
                         return -ENOMEM;
                 }
-                if (kv_info(w->cm, kv, ev->infos) >= 0) {
+                r = kv_info(w->cm, kv, ev->infos, &f);
+                if (r >= 0) {
                         ev->n = 1;
                         post(w->cm, ev);
                         return 0;
                 }
-                /* A member's key overwritten with what is not a valid record: the member
-                 * it named is gone (a resync would skip the key too, so every view ends
-                 * the same), not kept on its old record. */
+                /* A member's key overwritten with what is not a valid record, or with
+                 * one not signed with the cluster key: the member it named is gone (a
+                 * resync would skip the key too, so every view ends the same), not kept
+                 * on its old record, and nothing dials what the record says. */
                 free(ev->infos);
                 ev->infos = NULL;
                 ev->type = EV_DELETE;
                 ev->invalid = true;
+                if (r == -ENOKEY || r == -EPERM) {
+                        ev->refused = malloc(sizeof *ev->refused);
+                        if (!ev->refused) {
+                                free(ev);
+                                return -ENOMEM;
+                        }
+                        *ev->refused = f;
+                        ev->n_refused = 1;
+                }
         }
         snprintf(ev->text, sizeof ev->text, "%s", host);
         post(w->cm, ev);
@@ -466,7 +511,7 @@ static int watch_message(void *userdata, const char *msg, size_t len) {
         }
         if (info.created && !w->created) {
                 w->created = true;
-                post_state(w->cm, EV_WATCH, true, 0, "", w->c);
+                post_state(w->cm, EV_WATCH, true, 0, 0, "", w->c);
         }
         return 0;
 }
@@ -524,6 +569,8 @@ static int resync_read(WatchCtx *w, bool *ret_cut) {
                         log_info("cluster: etcd compacted revision %" PRId64 " during a read of %s; reading again",
                                  range.revision, w->cm->members_prefix);
                         w->n = w->n_others = w->skipped = 0;
+                        w->n_refused = 0;
+                        w->refused_total = 0;
                         w->own_seen = false;
                         w->err[0] = 0;
                         r = etcd_range_restart(&range);
@@ -587,8 +634,15 @@ static int watch_once(WatchCtx *w) {
         int r;
 
         w->n = w->n_others = w->skipped = 0;
+        w->n_refused = 0;
+        w->refused_total = 0;
         w->own_seen = false;
         w->err[0] = 0;
+        /* Not created in this attempt until etcd says so: a read that fails after an
+         * earlier attempt's stream had worked is a failure to back off from, not a
+         * stream that ended (every epdd read everything again every 100 ms through an
+         * etcd outage). */
+        w->created = false;
         /* Member records only: other keys under the prefix are not read at all. */
         r = resync_read(w, &cut);
         if (r < 0)
@@ -610,12 +664,22 @@ static int watch_once(WatchCtx *w) {
                 }
                 memcpy(ev->infos, w->infos, w->n * sizeof *ev->infos);
         }
+        if (w->n_refused > 0) {
+                ev->refused = malloc(w->n_refused * sizeof *ev->refused);
+                if (!ev->refused) {
+                        free(ev->infos);
+                        free(ev);
+                        return -ENOMEM;
+                }
+                memcpy(ev->refused, w->refused, w->n_refused * sizeof *ev->refused);
+        }
+        ev->n_refused = w->n_refused;
+        ev->refused_total = w->refused_total;
         post(w->cm, ev);
         /* Everything after the read, in order. */
         req = etcd_json_watch_request(w->cm->members_prefix, w->revision + 1);
         if (!req)
                 return -ENOMEM;
-        w->created = false;
         r = etcd_client_stream(w->c, "/v3/watch", req, watch_message, w, w->err[0] ? NULL : w->err, sizeof w->err);
         free(req);
         return r;
@@ -640,9 +704,9 @@ static void *watch_main(void *userdata) {
                 }
                 if (!w.err[0])
                         snprintf(w.err, sizeof w.err, "watch: %s: %s", etcd_client_endpoint(w.c), strerror(-r));
-                post_state(cm, EV_WATCH, false, 0, w.err, w.c);
+                post_state(cm, EV_WATCH, false, 0, 0, w.err, w.c);
                 if (w.created)
-                        backoff = BACKOFF_MIN_MS; /* it had worked: retry soon */
+                        backoff = BACKOFF_MIN_MS; /* its stream had worked: retry soon */
                 if (nap(cm, backoff, false))
                         break;
                 backoff = MIN(backoff * 2, (long)BACKOFF_MAX_MS);
@@ -655,25 +719,27 @@ static void *watch_main(void *userdata) {
 
 static void event_free(ClusterEvent *ev) {
         free(ev->infos);
+        free(ev->refused);
         free(ev);
 }
 
 static void apply(ClusterManager *cm, ClusterEvent *ev) {
         switch (ev->type) {
         case EV_SESSION:
-                cluster_on_session(cm, ev->up, ev->lease, ev->text, ev->endpoint);
+                cluster_on_session(cm, ev->up, ev->lease, ev->revision, ev->text, ev->endpoint);
                 break;
         case EV_WATCH:
                 cluster_on_watch(cm, ev->up, ev->text);
                 break;
         case EV_RESYNC:
-                cluster_on_resync(cm, ev->revision, ev->infos, ev->n, ev->partial);
+                cluster_on_resync(cm, ev->revision, ev->infos, ev->n, ev->partial, ev->refused, ev->n_refused,
+                                  ev->refused_total);
                 break;
         case EV_PUT:
                 cluster_on_put(cm, ev->infos);
                 break;
         case EV_DELETE:
-                cluster_on_delete(cm, ev->text, ev->revision, ev->invalid);
+                cluster_on_delete(cm, ev->text, ev->revision, ev->invalid, ev->n_refused ? ev->refused : NULL);
                 break;
         }
 }
@@ -709,6 +775,7 @@ static int build_record(ClusterManager *cm) {
         Manager *m = cm->manager;
         MemberInfo info = {};
         char arena[128];
+        int r;
 
         snprintf(info.host_id, sizeof info.host_id, "%s", m->config.host_id);
         snprintf(info.address, sizeof info.address, "%s", m->config.listen_address);
@@ -731,6 +798,10 @@ static int build_record(ClusterManager *cm) {
         if (!info.nics[0])
                 snprintf(info.nics, sizeof info.nics, "no GPUs");
         info.started_usec = now_usec(CLOCK_REALTIME);
+        /* Signed: the others dial only what a record signed with the cluster key says. */
+        r = member_record_sign(cm->auth_key, cm->prefix, &info);
+        if (r < 0)
+                return r;
         cm->self = info;
         cm->value = member_record_encode(&info);
         return cm->value ? 0 : -ENOMEM;
@@ -755,6 +826,16 @@ int cluster_etcd_start(ClusterManager *cm) {
         if (!cm->key || !cm->prefix || !cm->members_prefix)
                 return -ENOMEM;
         cm->max_members = c->max_members;
+        /* The peers' copy of the key is theirs (peer-manager.c): this one signs and checks
+         * the member records. Config requires ClusterKeyFile= with Etcd=. */
+        const char *why = NULL;
+        r = peer_auth_key_load(c->cluster_key_file, &cm->auth_key, &why);
+        if (r < 0) {
+                if (why)
+                        return log_error_errno(r, "cluster: cannot load the cluster key %s: %s", c->cluster_key_file,
+                                               why);
+                return log_error_errno(r, "cluster: cannot load the cluster key %s: %m", c->cluster_key_file);
+        }
         r = build_record(cm);
         if (r < 0)
                 return r;
@@ -811,4 +892,5 @@ void cluster_etcd_stop(ClusterManager *cm) {
         if (cm->efd >= 0)
                 close(cm->efd);
         cm->efd = -1;
+        cm->auth_key = peer_auth_key_free(cm->auth_key);
 }

@@ -51,14 +51,31 @@ static void arm_tick(ClusterManager *cm, usec_t next) {
         (void)sd_event_source_set_enabled(cm->tick, SD_EVENT_ONESHOT);
 }
 
-void cluster_on_session(ClusterManager *cm, bool up, uint64_t lease, const char *error, const char *endpoint) {
+static void own_key_lost(ClusterManager *cm, int64_t revision, const char *why);
+
+void cluster_on_session(ClusterManager *cm, bool up, uint64_t lease, int64_t put_revision, const char *error,
+                        const char *endpoint) {
+        int64_t lost = 0;
+
+        /* A new put (or none now): a loss of the key may be asked about again. */
+        if (!up || put_revision == 0 || put_revision != cm->put_revision) {
+                if (cm->registering_again)
+                        lost = cm->lost_revision;
+                cm->registering_again = false;
+                cm->lost_revision = 0;
+        }
         cm->session_up = up;
         cm->lease = up ? lease : 0;
+        cm->put_revision = up ? put_revision : 0;
         snprintf(cm->session_error, sizeof cm->session_error, "%s", error ?: "");
         if (endpoint && endpoint[0])
                 snprintf(cm->endpoint, sizeof cm->endpoint, "%s", endpoint);
         refresh_link(cm);
         bus_cluster_emit_lease(cm->manager);
+        /* Said lost again while the put that answered was under way: by a view at or
+         * after that put (the key overwritten again since), lost again. */
+        if (up && lost > 0)
+                own_key_lost(cm, lost, "was deleted or overwritten again after it was put");
 }
 
 void cluster_on_watch(ClusterManager *cm, bool up, const char *error) {
@@ -79,18 +96,142 @@ static void check_own_key(ClusterManager *cm, const MemberInfo *info) {
 }
 
 /* This host's key is gone from etcd while its session is up (deleted by hand, or by
- * another epdd with the same HostId= that stopped and revoked its lease): without a new
- * put, every other member would drop this host for as long as it runs. */
-static void own_key_lost(ClusterManager *cm, const char *why) {
-        if (!cm->session_up)
-                return; /* the session registers anyway when it comes back */
+ * another epdd with the same HostId= that stopped and revoked its lease, or overwritten
+ * with a record that is not valid): without a new put, every other member would drop
+ * this host for as long as it runs. revision: of the view that says so; one from before
+ * the put that registered the key (the watch's first read, taken before the session's
+ * put and applied after it) says nothing. */
+static void own_key_lost(ClusterManager *cm, int64_t revision, const char *why) {
+        if (!membership_self_key_lost(cm->session_up, cm->put_revision, revision)) {
+                if (cm->session_up)
+                        log_debug("cluster: this host's key %s %s at revision %" PRId64 ", before its put at %" PRId64
+                                  ": not lost",
+                                  cm->key, why, revision, cm->put_revision);
+                return; /* down: the session registers anyway when it comes back */
+        }
+        if (cm->registering_again) {
+                /* Asked already, the put that answers not reported yet: whether this view
+                 * comes after that put is known once it is. */
+                cm->lost_revision = MAX(cm->lost_revision, revision);
+                return;
+        }
+        cm->registering_again = true;
         log_warning("cluster: this host's key %s %s while its lease lives; registering again", cm->key, why);
         cluster_etcd_register_again(cm);
 }
 
-void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *infos, size_t n, bool partial) {
+/* ---- records refused: not signed with the cluster key ---- */
+
+#define REFUSAL_LOG_BURST 10
+#define REFUSAL_LOG_INTERVAL_USEC (10 * USEC_PER_SEC)
+
+/* At most REFUSAL_LOG_BURST warnings in REFUSAL_LOG_INTERVAL_USEC: whoever can write etcd
+ * can put refused records without end. */
+static void refusal_log(ClusterManager *cm, const MemberRefusal *f) {
         usec_t now = now_usec(CLOCK_MONOTONIC);
-        bool own = false;
+
+        if (cm->refusal_log_window == 0 || now >= cm->refusal_log_window + REFUSAL_LOG_INTERVAL_USEC) {
+                if (cm->refusal_unlogged > 0)
+                        log_warning("cluster: %" PRIu64 " more member records in etcd refused (not signed with the "
+                                    "cluster key), not logged one by one",
+                                    cm->refusal_unlogged);
+                cm->refusal_log_window = now;
+                cm->refusal_logged = 0;
+                cm->refusal_unlogged = 0;
+        }
+        if (cm->refusal_logged >= REFUSAL_LOG_BURST) {
+                cm->refusal_unlogged++;
+                return;
+        }
+        cm->refusal_logged++;
+        log_warning("cluster: member record of %s in etcd refused: %s; %s is not dialed (%" PRIu64
+                    " record(s) refused so far)",
+                    f->host_id, cluster_refusal_reason(f->error), f->address[0] ? f->address : "its address",
+                    cm->records_refused);
+}
+
+const char *cluster_refusal_reason(int error) {
+        switch (error) {
+        case -ENOKEY:
+                return "it is not signed (written by an epdd from before member records were signed, or by hand)";
+        case -EPERM:
+                return "its MAC does not verify with the cluster key (another key, or a field rewritten)";
+        default:
+                return "its MAC cannot be checked";
+        }
+}
+
+static ssize_t refusal_find(ClusterManager *cm, const char *host_id) {
+        for (size_t i = 0; i < cm->n_refused; i++)
+                if (strcmp(cm->refused[i].host_id, host_id) == 0)
+                        return (ssize_t)i;
+        return -1;
+}
+
+static void refusal_forget(ClusterManager *cm, const char *host_id) {
+        ssize_t i = refusal_find(cm, host_id);
+        if (i < 0)
+                return;
+        memmove(cm->refused + i, cm->refused + i + 1, (cm->n_refused - (size_t)i - 1) * sizeof *cm->refused);
+        cm->n_refused--;
+}
+
+/* Whether f is news: not the refused record of its host already known (a resync reads the
+ * same ones again). */
+static bool refusal_is_new(ClusterManager *cm, const MemberRefusal *f) {
+        ssize_t i = refusal_find(cm, f->host_id);
+        return i < 0 || cm->refused[i].revision != f->revision;
+}
+
+/* A refused record seen by the watch: counted, said, kept (its host's latest; past the
+ * bound, the oldest goes). This host's own goes to own_key_lost() instead. */
+static void refusal_note(ClusterManager *cm, const MemberRefusal *f) {
+        if (!refusal_is_new(cm, f))
+                return;
+        cm->records_refused++;
+        refusal_log(cm, f);
+        if (strcmp(f->host_id, cm->self.host_id) == 0)
+                return;
+        refusal_forget(cm, f->host_id);
+        if (cm->n_refused == CLUSTER_REFUSED_MAX) {
+                memmove(cm->refused, cm->refused + 1, (CLUSTER_REFUSED_MAX - 1) * sizeof *cm->refused);
+                cm->n_refused--;
+        }
+        cm->refused[cm->n_refused++] = *f;
+}
+
+const MemberRefusal *cluster_refusal(ClusterManager *cm, const char *host_id) {
+        ssize_t i = cm && host_id ? refusal_find(cm, host_id) : -1;
+        return i >= 0 ? &cm->refused[i] : NULL;
+}
+
+const MemberRefusal *cluster_refusal_at(ClusterManager *cm, size_t i) {
+        return cm && i < cm->n_refused ? &cm->refused[i] : NULL;
+}
+
+void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *infos, size_t n, bool partial,
+                       const MemberRefusal *refused, size_t n_refused, uint64_t refused_total) {
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        bool own = false, own_refused = false;
+        size_t kept = 0;
+
+        /* The refused records are the read's: what etcd holds now. */
+        for (size_t i = 0; i < n_refused; i++) {
+                if (refusal_is_new(cm, refused + i)) {
+                        cm->records_refused++;
+                        refusal_log(cm, refused + i);
+                }
+                if (strcmp(refused[i].host_id, cm->self.host_id) == 0)
+                        own_refused = true;
+        }
+        for (size_t i = 0; i < n_refused && kept < CLUSTER_REFUSED_MAX; i++)
+                if (strcmp(refused[i].host_id, cm->self.host_id) != 0)
+                        cm->refused[kept++] = refused[i];
+        cm->n_refused = kept;
+        if (refused_total > n_refused)
+                log_warning("cluster: %" PRIu64 " member records in etcd refused by a read (not signed with the "
+                            "cluster key); %zu of them kept for ListMembers",
+                            refused_total, kept);
 
         membership_resync_begin(cm->members, revision);
         for (size_t i = 0; i < n; i++) {
@@ -98,7 +239,9 @@ void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *i
                 own = own || strcmp(infos[i].host_id, cm->self.host_id) == 0;
         }
         if (!own)
-                own_key_lost(cm, "is missing from a full read of etcd");
+                own_key_lost(cm, revision,
+                             own_refused ? "holds a record not signed with the cluster key"
+                                         : "is missing from a full read of etcd");
         const char *last = NULL; /* of a read cut short: the last other host it listed */
         for (size_t i = 0; i < n; i++) {
                 if (membership_resync_put(cm->members, infos + i) == -ENOSPC)
@@ -113,17 +256,27 @@ void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *i
 
 void cluster_on_put(ClusterManager *cm, const MemberInfo *info) {
         check_own_key(cm, info);
+        refusal_forget(cm, info->host_id);
         if (membership_put(cm->members, info) == -ENOSPC)
                 log_warning("cluster: member %s refused: MaxMembers=%u reached", info->host_id,
                             cm->manager->config.max_members);
 }
 
-void cluster_on_delete(ClusterManager *cm, const char *host_id, int64_t revision, bool invalid) {
+void cluster_on_delete(ClusterManager *cm, const char *host_id, int64_t revision, bool invalid,
+                       const MemberRefusal *refusal) {
+        if (refusal)
+                refusal_note(cm, refusal);
+        else
+                refusal_forget(cm, host_id);
         if (strcmp(host_id, cm->self.host_id) == 0)
-                own_key_lost(cm, invalid ? "was overwritten with an invalid record" : "was deleted from etcd");
+                own_key_lost(cm, revision,
+                             refusal   ? "was overwritten with a record not signed with the cluster key"
+                             : invalid ? "was overwritten with an invalid record"
+                                       : "was deleted from etcd");
         (void)membership_delete(cm->members, host_id, revision,
-                                invalid ? "its record in etcd was overwritten with one that is not valid"
-                                        : "lease expired or revoked in etcd");
+                                refusal   ? "its record in etcd is not signed with the cluster key"
+                                : invalid ? "its record in etcd was overwritten with one that is not valid"
+                                          : "lease expired or revoked in etcd");
 }
 
 static int tick_cb(sd_event_source *s, uint64_t usec, void *userdata) {

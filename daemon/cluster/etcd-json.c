@@ -310,6 +310,22 @@ int etcd_json_check(const char *body, size_t len, char *err, size_t err_size) {
         return r;
 }
 
+static int header_revision(json_object *o, int64_t *ret);
+
+int etcd_json_put(const char *body, size_t len, int64_t *ret_revision, char *err, size_t err_size) {
+        json_object *o;
+        int r = parse(body, len, &o);
+        if (r < 0)
+                return r;
+        r = check_error(o, err, err_size);
+        if (r >= 0)
+                r = header_revision(o, ret_revision);
+        if (r >= 0 && *ret_revision < 0)
+                r = -EBADMSG;
+        json_object_put(o);
+        return r;
+}
+
 int etcd_json_lease_grant(const char *body, size_t len, uint64_t *ret_id, int64_t *ret_ttl, char *err,
                           size_t err_size) {
         json_object *o;

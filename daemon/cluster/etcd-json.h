@@ -39,6 +39,8 @@ int etcd_json_lease_grant(const char *body, size_t len, uint64_t *ret_id, int64_
 int etcd_json_keepalive(const char *body, size_t len, int64_t *ret_ttl, char *err, size_t err_size);
 /* Any answer that is not an error (put, revoke): 0 or -EIO/-EBADMSG. */
 int etcd_json_check(const char *body, size_t len, char *err, size_t err_size);
+/* A put's answer: the revision of the put (its header's; 0 if it has none). */
+int etcd_json_put(const char *body, size_t len, int64_t *ret_revision, char *err, size_t err_size);
 
 typedef int (*EtcdKvFn)(void *userdata, const EtcdKv *kv);
 /* A range answer: the store's revision, and fn for every key (a negative return stops

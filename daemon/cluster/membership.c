@@ -49,6 +49,10 @@ static const char *const etcd_link_table[_ETCD_LINK_MAX] = {
         [ETCD_LINK_DEGRADED] = "degraded",
 };
 
+bool membership_self_key_lost(bool session_up, int64_t put_revision, int64_t revision) {
+        return session_up && revision >= put_revision;
+}
+
 const char *member_state_to_string(MemberState s) {
         return (unsigned)s < _MEMBER_STATE_MAX ? member_state_table[s] : NULL;
 }

@@ -25,6 +25,7 @@
 #define MEMBER_HOST_ID_MAX 63
 #define MEMBER_ADDRESS_MAX 63
 #define MEMBER_FIELD_MAX 255
+#define MEMBER_MAC_SIZE 32  /* HMAC-SHA256 */
 
 typedef struct MemberInfo {
         char host_id[MEMBER_HOST_ID_MAX + 1];
@@ -34,6 +35,8 @@ typedef struct MemberInfo {
         char nics[MEMBER_FIELD_MAX + 1];        /* NIC topology summary */
         uint32_t gpus;
         uint64_t started_usec;                  /* CLOCK_REALTIME, tells restarts apart */
+        uint8_t mac[MEMBER_MAC_SIZE];           /* over the fields above (member-record.h) */
+        bool has_mac;                           /* the record carried one */
         uint64_t lease;                         /* etcd lease id (from the key, not the value) */
         int64_t revision;                       /* etcd mod_revision of the key */
 } MemberInfo;
@@ -117,6 +120,15 @@ typedef struct MembershipStats {
         uint64_t link_changes;
 } MembershipStats;
 void membership_stats(const Membership *ms, MembershipStats *ret);
+
+/* Whether this host's key is gone from etcd, by a view of etcd at `revision` that lacks
+ * it (a resync that did not list it, a delete of it, a record there that is not valid):
+ * only while the session is up, and only for a view at or after the put that registered
+ * it (put_revision, the put's own revision, as etcd answered it). The watch thread's
+ * first read may be taken before the session's put but reach the loop after the session
+ * said it was up: that read says nothing of the key, and taking it for a loss put the key
+ * again under a new lease (an extra UPDATE on every member). */
+bool membership_self_key_lost(bool session_up, int64_t put_revision, int64_t revision);
 
 const char *member_state_to_string(MemberState s);
 const char *etcd_link_to_string(EtcdLink l);

@@ -30,3 +30,7 @@ bool peer_auth_verify(const PeerAuthKey *k, PeerAuthSide side, const PeerAuthTra
 bool peer_auth_key_equal(const PeerAuthKey *a, const PeerAuthKey *b) {
         return false;
 }
+int peer_auth_keyed_mac(const PeerAuthKey *k, const char *context, const void *data, size_t n,
+                        uint8_t out[static PEER_MAC_SIZE]) {
+        return -EOPNOTSUPP;
+}

@@ -60,3 +60,10 @@ int peer_auth_mac(const PeerAuthKey *k, PeerAuthSide side, const PeerAuthTranscr
 /* True if mac is what `side` must have sent for t (constant-time compare). */
 bool peer_auth_verify(const PeerAuthKey *k, PeerAuthSide side, const PeerAuthTranscript *t,
                       const uint8_t mac[static PEER_MAC_SIZE]);
+
+/* HMAC-SHA256 with the cluster key over something other than a handshake (a member's
+ * record in etcd, say): over a fixed label of its own, the length-prefixed context
+ * (1..255 bytes, what the data is: no two uses may share one) and the data, so that no
+ * such MAC is ever a handshake's, or another context's. -EINVAL for a bad context. */
+int peer_auth_keyed_mac(const PeerAuthKey *k, const char *context, const void *data, size_t n,
+                        uint8_t out[static PEER_MAC_SIZE]);

@@ -22,13 +22,16 @@ cluster-etcd-faults: 4 epdd: kill -9 one during a handoff with it: the live side
   within lease TTL + heartbeat bound, lookups of its shards go to the new owners, and
   it rejoins when restarted; etcd stopped: serving continues (a handoff succeeds) on
   the last membership, visibly degraded; etcd restarted: membership recovers with no
-  duplicate member; a member with a wrong cluster key is seen in etcd but refused at
-  connect, and nothing is written to it.
+  duplicate member; records forged in etcd (a member's address rewritten, a host that
+  does not exist) are refused and never dialed; a member with a wrong cluster key has
+  its record refused, and nothing is written to it.
 cluster-etcd-hang: 3 epdd, one of them reaching etcd first through an endpoint that hangs
   (connections kept open, nothing answered): its lease never lapses (keepalives move to
   the next endpoint within the TTL) and its watch moves on too (a member killed then
   leaves its view within lease TTL + heartbeat bound); another's watch alone follows an
-  endpoint that hangs (its session uses the next one): the watch moves on as well.
+  endpoint that hangs (its session uses the next one): the watch moves on as well. Then
+  one host's only endpoint answers 503 after its watch had worked: its reads back off
+  (at most 10 range reads in 5 s; every 100 ms before).
 cluster-etcd-junk: 3 epdd; more under the members' prefix than one answer of etcd holds
   (16 MiB: 14,000 junk keys of 1 KiB and 12 values of 1 MB, sorting before every
   member): a host started then reads it all in pages, is up and sees the others, and
@@ -302,6 +305,151 @@ class Freezable:
         self.proc.send_signal(signal.SIGUSR1)
 
 
+REFUSING_PROXY = r"""
+import signal, socket, sys, threading
+# A TCP relay to etcd that, on SIGUSR1, ends every connection it relays and answers every
+# request from then on with 503 (a member without a leader: etcd unavailable), writing
+# each request's path to a file: what epdd asks of etcd during an outage.
+refusing = threading.Event()
+lock = threading.Lock()
+conns = []
+def refuse(*a):
+    refusing.set()
+    with lock:
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+signal.signal(signal.SIGUSR1, refuse)
+def pump(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    try:
+        b.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+def answer(c):
+    try:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            d = c.recv(65536)
+            if not d:
+                return
+            data += d
+        head, body = data.split(b"\r\n\r\n", 1)
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            k, _, v = line.partition(b":")
+            if k.strip().lower() == b"content-length":
+                length = int(v.strip())
+        while len(body) < length:
+            d = c.recv(65536)
+            if not d:
+                break
+            body += d
+        with open(sys.argv[5], "a") as f:
+            f.write(head.split(b" ")[1].decode() + "\n")
+        msg = b'{"error":"etcdserver: no leader","code":14,"message":"etcdserver: no leader"}'
+        c.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " +
+                  str(len(msg)).encode() + b"\r\nConnection: close\r\n\r\n" + msg)
+        c.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        c.close()
+def serve(c):
+    if refusing.is_set():
+        answer(c)
+        return
+    try:
+        u = socket.create_connection((sys.argv[3], int(sys.argv[4])))
+    except OSError:
+        c.close()
+        return
+    with lock:
+        conns.extend((c, u))
+    threading.Thread(target=pump, args=(c, u), daemon=True).start()
+    threading.Thread(target=pump, args=(u, c), daemon=True).start()
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(64)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+
+class Refusing:
+    """An endpoint relaying to etcd until refuse(): then it ends every connection and
+    answers 503 to everything (etcd unavailable), noting each request's path."""
+
+    def __init__(self, cl, port_offset=5):
+        port = cl.etcd.port + port_offset
+        self.url = f"http://{cl.etcd.ip}:{port}"
+        self.log = os.path.join(cl.tmp, f"refusing-{port}.calls")
+        self.proc = subprocess.Popen(["ip", "netns", "exec", cl.net.bridge, sys.executable, "-c", REFUSING_PROXY,
+                                      cl.etcd.ip, str(port), cl.etcd.ip, str(cl.etcd.port), self.log])
+        cl.clients.append(self.proc)
+        probe = f"import socket; socket.create_connection(({cl.etcd.ip!r}, {port}), 1).close()"
+        wait_until(lambda: subprocess.run(["ip", "netns", "exec", cl.net.bridge, sys.executable, "-c", probe],
+                                          stderr=subprocess.DEVNULL).returncode == 0, 10, "the relay up")
+
+    def refuse(self):
+        self.proc.send_signal(signal.SIGUSR1)
+
+    def calls(self):
+        if not os.path.exists(self.log):
+            return []
+        with open(self.log) as f:
+            return [line.strip() for line in f if line.strip()]
+
+
+TRAP = r"""
+import socket, sys
+# Where a forged member record points: every connection that reaches it is noted.
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(64)
+while True:
+    c, a = s.accept()
+    with open(sys.argv[3], "a") as f:
+        f.write(a[0] + "\n")
+    c.close()
+"""
+
+
+class Trap:
+    """A listener in the bridge's namespace that notes every connection it gets."""
+
+    def __init__(self, cl, port_offset=6):
+        port = cl.etcd.port + port_offset
+        self.addr = f"{cl.etcd.ip}:{port}"
+        self.log = os.path.join(cl.tmp, f"trap-{port}.hits")
+        self.proc = subprocess.Popen(["ip", "netns", "exec", cl.net.bridge, sys.executable, "-c", TRAP, cl.etcd.ip,
+                                      str(port), self.log])
+        cl.clients.append(self.proc)
+        probe = f"import socket; socket.create_connection(({cl.etcd.ip!r}, {port}), 1).close()"
+        wait_until(lambda: subprocess.run(["ip", "netns", "exec", cl.net.bridge, sys.executable, "-c", probe],
+                                          stderr=subprocess.DEVNULL).returncode == 0, 10, "the trap up")
+        wait_until(lambda: os.path.exists(self.log), 5, "the trap's probe noted")
+        os.unlink(self.log)  # the probe's
+
+    def hits(self):
+        if not os.path.exists(self.log):
+            return []
+        with open(self.log) as f:
+            return [line.strip() for line in f if line.strip()]
+
+
 class EtcdCluster:
     def __init__(self, build, tmp, n, tls=False):
         self.build, self.tmp, self.n = os.path.abspath(build), tmp, n
@@ -524,6 +672,11 @@ def test_eight(cl):
     print(f"8 hosts: every member sees every other (etcd and sessions) {took:.2f}s after the last start, "
           f"{total:.2f}s after the first")
     assert took <= CONVERGE_S, f"convergence took {took:.2f}s > {CONVERGE_S}s"
+    # Nobody put its key twice at its start: the watch's first read, taken before the
+    # session's put and applied after it, was taken for the key lost.
+    for name in cl.names:
+        with open(os.path.join(cl.tmp, f"{name}.log")) as f:
+            assert "registering again" not in f.read(), f"{name} registered again at its start"
     c0 = cl.cluster(0)
     assert c0["source"] == "etcd" and c0["etcd_state"] == "up" and c0["members_alive"] == n - 1, c0
     assert sorted(cl.etcd.keys()) == sorted(f"/epd/members/{h}" for h in cl.names), cl.etcd.keys()
@@ -672,6 +825,26 @@ def test_hang(cl):
     print(f"h1 stopped {took:.2f}s after SIGTERM with etcd hung mid-keepalive")
     assert cl.procs[1].returncode == 0, cl.procs[1].returncode
     assert took < 1.2, f"h1 took {took:.2f}s to stop: a keepalive on the hung etcd held it"
+    watch_backoff(cl)
+
+
+def watch_backoff(cl):
+    """etcd unavailable after the watch had worked: the watch's reads back off (100 ms
+    doubling to 2 s) as they do when etcd was never reached. They went on every 100 ms
+    (the stream of an earlier attempt taken for one of this attempt): every epdd read
+    everything under the prefix ten times a second for as long as etcd was away."""
+    relay = Refusing(cl)
+    cl.extra[1] = f"Etcd={relay.url}\n"
+    cl.start(1)
+    wait_until(lambda: (cl.cluster(1) or {}).get("etcd_state") == "up", 10, "h1 up through the relay")
+    before = len(relay.calls())
+    relay.refuse()
+    time.sleep(5.0)
+    reads = [c for c in relay.calls()[before:] if c == "/v3/kv/range"]
+    print(f"etcd unavailable after a working watch: {len(reads)} range reads in 5 s (backoff 100 ms doubling to 2 s: "
+          f"5 or 6)")
+    assert 2 <= len(reads) <= 10, f"{len(reads)} range reads in 5 s: the watch does not back off"
+    wait_until(lambda: (cl.cluster(1) or {}).get("etcd_state") == "degraded", 5, "h1 degraded")
 
 
 def test_faults(cl):
@@ -701,6 +874,7 @@ def test_faults(cl):
     wait_until(lambda: cl.mesh(range(n)), 15, "every member sees the others after the invalid record")
     assert all((cl.cluster(i) or {}).get("etcd_state") == "up" for i in range(n))
     assert cl.etcd.ctl("del", "/epd/config").returncode == 0
+    forged_records(cl)
 
     # A prefix on h1 whose records are spread over the owners (h3 among them).
     base, pages = 0x77770000, 24
@@ -842,7 +1016,8 @@ def test_faults(cl):
     print("etcd lost its data: every member stayed")
     sig.kill()
 
-    # A member with a wrong cluster key: seen in etcd, refused at connect, nothing written.
+    # A member with a wrong cluster key: registered in etcd, but its record does not verify
+    # with the cluster key: listed as refused, never dialed, nothing written.
     cl.kill(n - 1, signal.SIGTERM)  # a clean stop revokes its lease: gone from etcd at once
     wait_until(lambda: f"/epd/members/h{n - 1}" not in cl.etcd.keys(), 5, "clean stop revoked the lease")
     cl.keys[n - 1] = key_file(cl.tmp, "wrong", "2e" * 32)
@@ -852,8 +1027,8 @@ def test_faults(cl):
     def refused(i):
         c = cl.cluster(i)
         m = {x["host_id"]: x for x in c["members"]} if c else {}
-        return f"h{n - 1}" in m and m[f"h{n - 1}"]["lease"] == "alive" and m[f"h{n - 1}"]["session"] != "up"
-    wait_until(lambda: all(refused(i) for i in range(n - 1)), 10, "the wrong-key member seen but not up")
+        return f"h{n - 1}" in m and m[f"h{n - 1}"]["lease"] == "refused" and m[f"h{n - 1}"]["session"] != "up"
+    wait_until(lambda: all(refused(i) for i in range(n - 1)), 10, "the wrong-key member's record refused")
     time.sleep(1.0)
     assert all(refused(i) for i in range(n - 1))
     bad = cl.ctl(n - 1, "cluster")
@@ -868,6 +1043,56 @@ def test_faults(cl):
     print("wrong key: registered in etcd, refused by every member, nothing written")
     for i in range(n - 1):
         wait_until(lambda i=i: cl.clean(i), 5, f"{cl.names[i]} clean")
+
+
+def forged_records(cl):
+    """Whoever can write etcd cannot have a member dialed at an address of its choosing
+    (there to relay the handshake to the real host and sit in the middle of a session
+    both ends take for authenticated): records are signed with the cluster key. h2's key
+    deleted and put again with another address (its MAC kept), and the record of a host
+    that does not exist (sorting after every member, so that each of them would dial it):
+    both refused, listed as such, and never dialed; h2 registers again over the forgery."""
+    n = cl.n
+    trap = Trap(cl)
+    real = f"{cl.net.ip(2)}:7500"
+    rec = json.loads(cl.etcd.ctl("get", "/epd/members/h2", "--print-value-only").stdout)
+    assert rec["address"] == real, rec
+    assert cl.etcd.ctl("put", "/epd/members/zz-forged",
+                       json.dumps(dict(rec, host_id="zz-forged", address=trap.addr))).returncode == 0
+    assert cl.etcd.ctl("del", "/epd/members/h2").returncode == 0
+    assert cl.etcd.ctl("put", "/epd/members/h2", json.dumps(dict(rec, address=trap.addr))).returncode == 0
+    time.sleep(2.0)  # a join is dialed at once (its dialer retries every few hundred ms)
+    assert not trap.hits(), f"dialed at the forged address {trap.addr} by {sorted(set(trap.hits()))}"
+
+    def h2_real():
+        g = cl.etcd.ctl("get", "/epd/members/h2", "--print-value-only")
+        try:
+            return g.returncode == 0 and json.loads(g.stdout)["address"] == real
+        except ValueError:
+            return False
+    wait_until(h2_real, 10, "h2 registered again over the forged record")
+    wait_until(lambda: cl.mesh(range(n)), 15, "every member sees the others after the forged records")
+
+    def listed(i, host):
+        c = cl.cluster(i)
+        m = {x["host_id"]: x for x in c["members"]} if c else {}
+        return m.get(host)
+    wait_until(lambda: all((listed(i, "zz-forged") or {}).get("lease") == "refused" for i in range(n)), 5,
+               "the forged member listed as refused")
+    f = listed(0, "zz-forged")
+    print("a forged record:", f)
+    assert f["session"] != "up" and "not dialed" in f["last_error"] and trap.addr in f["last_error"], f
+    with open(os.path.join(cl.tmp, "h0.log")) as log:
+        text = log.read()
+    assert "member record of zz-forged in etcd refused" in text, text[-3000:]
+    assert "member record of h2 in etcd refused" in text, text[-3000:]
+    with open(os.path.join(cl.tmp, "h2.log")) as log:
+        assert "member record of h2 in etcd refused" in log.read(), "h2 did not see its record forged"
+    assert not trap.hits(), f"dialed at the forged address {trap.addr} by {sorted(set(trap.hits()))}"
+    # Gone from etcd, gone from the list.
+    assert cl.etcd.ctl("del", "/epd/members/zz-forged").returncode == 0
+    wait_until(lambda: all(listed(i, "zz-forged") is None for i in range(n)), 5, "the forged record gone")
+    print("forged records: refused everywhere, never dialed; h2 back at its own address")
 
 
 def test_junk(cl):

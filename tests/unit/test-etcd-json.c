@@ -89,6 +89,23 @@ START_TEST(test_lease_answers) {
         ck_assert_int_eq(etcd_json_check(S("{\"header\":"), NULL, 0), -EBADMSG);
         ck_assert_int_eq(etcd_json_check(S("[1]"), NULL, 0), -EBADMSG);
         ck_assert_int_eq(etcd_json_check(S("{\"header\":{}}"), NULL, 0), 0);
+        /* A put's answer, as etcd 3.4's gateway sends it: the put's revision (what a
+         * resync's revision is compared with to tell a lost key from a read before it). */
+        int64_t rev = -1;
+        ck_assert_int_eq(etcd_json_put(S("{\"header\":{\"cluster_id\":\"14841639068965178418\",\"member_id\":"
+                                         "\"10276657743932975437\",\"revision\":\"42\",\"raft_term\":\"2\"}}"),
+                                       &rev, NULL, 0),
+                         0);
+        ck_assert_int_eq(rev, 42);
+        ck_assert_int_eq(etcd_json_put(S("{\"header\":{}}"), &rev, NULL, 0), 0);
+        ck_assert_int_eq(rev, 0); /* none: unknown */
+        ck_assert_int_eq(etcd_json_put(S("{\"header\":{\"revision\":\"x\"}}"), &rev, NULL, 0), -EBADMSG);
+        ck_assert_int_eq(etcd_json_put(S("{\"header\":{\"revision\":\"-3\"}}"), &rev, NULL, 0), -EBADMSG);
+        ck_assert_int_eq(etcd_json_put(S("{\"header\":5}"), &rev, NULL, 0), -EBADMSG);
+        ck_assert_int_eq(etcd_json_put(S("{\"error\":\"etcdserver: requested lease not found\",\"code\":5}"), &rev,
+                                       err, sizeof err),
+                         -EIO);
+        ck_assert_str_eq(err, "etcd: etcdserver: requested lease not found");
 }
 END_TEST
 
@@ -484,12 +501,16 @@ START_TEST(test_member_record) {
         ck_assert_str_eq(out.arenas, in.arenas);
         ck_assert_uint_eq(out.gpus, 1);
         ck_assert_uint_eq(out.started_usec, in.started_usec);
+        ck_assert(!out.has_mac); /* none given: member_record_verify() refuses it */
+        ck_assert_ptr_nonnull(strstr(v, "\"version\":2"));
+        ck_assert_ptr_null(strstr(v, "\"mac\""));
         /* The record's host id must be the key's. */
         ck_assert_int_eq(member_record_parse("bravo", (const uint8_t *)v, strlen(v), &out), -EBADMSG);
         free(v);
 
         const char *bad[] = {
-                "{\"version\":2,\"host_id\":\"alpha\",\"address\":\"10.1.0.1:7100\"}",
+                "{\"version\":3,\"host_id\":\"alpha\",\"address\":\"10.1.0.1:7100\"}",
+                "{\"version\":0,\"host_id\":\"alpha\",\"address\":\"10.1.0.1:7100\"}",
                 "{\"host_id\":\"alpha\",\"address\":\"10.1.0.1:7100\"}",
                 "{\"version\":1,\"host_id\":\"alpha\"}",
                 "{\"version\":1,\"host_id\":\"alpha\",\"address\":7100}",

@@ -285,6 +285,25 @@ START_TEST(test_partial_resync_boundary) {
 }
 END_TEST
 
+/* Whether this host's key is lost, by a view of etcd without it: only one at or after the
+ * put that registered it. The watch thread's first read, taken before the session's put
+ * (revision 7) but applied after the session said it was up, made the host put its key
+ * again under a new lease: an extra UPDATE on every member at every start. */
+START_TEST(test_self_key_lost) {
+        /* The startup race: a read at revision 5, the put at 7. */
+        ck_assert(!membership_self_key_lost(true, 7, 5));
+        ck_assert(!membership_self_key_lost(true, 7, 6));
+        /* A read that includes the put and lacks the key, or a delete after it: lost. */
+        ck_assert(membership_self_key_lost(true, 7, 7));
+        ck_assert(membership_self_key_lost(true, 7, 8));
+        /* Session down: it registers anyway when it is back. */
+        ck_assert(!membership_self_key_lost(false, 7, 8));
+        ck_assert(!membership_self_key_lost(false, 0, 8));
+        /* The put's revision unknown (an answer without one): as before, any view. */
+        ck_assert(membership_self_key_lost(true, 0, 3));
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("membership");
         TCase *tc = tcase_create("membership");
@@ -294,6 +313,7 @@ int main(void) {
         tcase_add_test(tc, test_revision_reset);
         tcase_add_test(tc, test_refused_waits);
         tcase_add_test(tc, test_partial_resync_boundary);
+        tcase_add_test(tc, test_self_key_lost);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }

@@ -28,6 +28,7 @@ START_TEST(test_everything_refuses) {
         memset(mac, 0, sizeof mac);
         ck_assert_int_eq(peer_auth_mac(NULL, PEER_AUTH_DIALER, &t, mac), -EOPNOTSUPP);
         ck_assert(!peer_auth_verify(NULL, PEER_AUTH_ACCEPTOR, &t, mac));
+        ck_assert_int_eq(peer_auth_keyed_mac(NULL, "member-record", "x", 1, mac), -EOPNOTSUPP);
 }
 END_TEST
 
