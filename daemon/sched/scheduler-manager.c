@@ -101,35 +101,77 @@ SchedPressure scheduler_path_pressure(BackpressureLevel level, BackpressureReaso
         return level >= BACKPRESSURE_ELEVATED ? SCHED_PRESSURE_ELEVATED : SCHED_PRESSURE_OK;
 }
 
+SchedPressure scheduler_pair_pressure(const char *prefill_host, const char *decode_host, SchedPeerPathFn peer_path,
+                                      void *userdata) {
+        const char *hf = prefill_host && prefill_host[0] ? prefill_host : NULL;
+        const char *ht = decode_host && decode_host[0] ? decode_host : NULL;
+        SchedPeerPath v = {};
+
+        if (!hf && !ht)
+                return SCHED_PRESSURE_OK; /* both here */
+        if (hf && ht)
+                return SCHED_PRESSURE_OK; /* on one other host, or between two: not a path we see */
+        /* The decode elsewhere: this host's handoffs to it, which our window and the
+         * telemetry of our path to it gate. The prefill elsewhere: its host's handoffs to
+         * this one, which that host's window to us gates (its Prepare is deferred there);
+         * ours to it, and its destination's fill, are the other direction. Only a peer
+         * that is down (one control connection carries both directions) says something
+         * of it. */
+        bool outgoing = ht != NULL;
+        if (!peer_path || peer_path(userdata, outgoing ? ht : hf, outgoing, &v) < 0)
+                return SCHED_PRESSURE_OK; /* not a configured peer: nothing known */
+        if (!v.up)
+                return SCHED_PRESSURE_STOP;
+        if (!outgoing || !v.has_telemetry)
+                return SCHED_PRESSURE_OK;
+        return scheduler_path_pressure(v.level, v.reason, v.window_full);
+}
+
+typedef struct PathLookup {
+        Manager *manager;
+        const char *host; /* the last one looked up, and what was found */
+        SchedPeerPath found;
+} PathLookup;
+
+static int peer_path(void *userdata, const char *host, bool outgoing, SchedPeerPath *ret) {
+        PathLookup *l = userdata;
+        Manager *m = l->manager;
+        Peer *p = m->peers ? peer_manager_find(m->peers, host) : NULL;
+        TelemetryPeerStats st;
+
+        if (!p)
+                return -ENOENT;
+        *ret = (SchedPeerPath){ .up = peer_is_up(p) };
+        /* Telemetry keys peers by host id, as the handoff windows are. */
+        if (ret->up && outgoing && telemetry_peer_stats(m, peer_host_id(p), &st) >= 0) {
+                unsigned n;
+                uint64_t bytes;
+                handoff_manager_window(m->handoffs, host, &n, &bytes);
+                ret->has_telemetry = true;
+                ret->level = st.level;
+                ret->reason = st.reason;
+                ret->window_full = backpressure_window_admit(&m->config.telemetry.backpressure, st.level, st.reason,
+                                                             n, bytes, 0, 0, NULL, NULL) < 0;
+        }
+        l->host = host;
+        l->found = *ret;
+        return 0;
+}
+
 /* The path from a prefill to a decode worker: the peer path to whichever of them is on
- * another host (prefill workers register here; a decode worker may be remote). */
+ * another host (scheduler_pair_pressure()). */
 static SchedPressure path(void *userdata, const char *from, const char *to) {
         Manager *m = userdata;
         SchedulerGlue *g = glue(m);
-        const char *hf = host_of(g, from), *ht = host_of(g, to);
-        const char *remote = ht ?: hf;
-        if (!remote || (hf && ht && strcmp(hf, ht) == 0))
-                return SCHED_PRESSURE_OK;
-        if (hf && ht)
-                return SCHED_PRESSURE_OK; /* between two other hosts: not a path we see */
-        Peer *p = m->peers ? peer_manager_find(m->peers, remote) : NULL;
-        if (!p)
-                return SCHED_PRESSURE_OK; /* not a configured peer: nothing known */
-        if (!peer_is_up(p))
-                return SCHED_PRESSURE_STOP;
-        TelemetryPeerStats st;
-        if (telemetry_peer_stats(m, peer_host_id(p), &st) < 0) /* telemetry keys peers by host id */
-                return SCHED_PRESSURE_OK; /* no telemetry of that path */
-        unsigned n;
-        uint64_t bytes;
-        handoff_manager_window(m->handoffs, remote, &n, &bytes);
-        bool full = backpressure_window_admit(&m->config.telemetry.backpressure, st.level, st.reason, n, bytes, 0,
-                                              0, NULL, NULL) < 0;
-        SchedPressure pr = scheduler_path_pressure(st.level, st.reason, full);
-        if (pr != SCHED_PRESSURE_OK)
-                log_debug("Scheduler: path %s -> %s (peer %s) is %s (%s)%s.", from, to, remote,
-                          backpressure_level_to_string(st.level), backpressure_reason_to_string(st.reason),
-                          full ? ", handoff window full" : "");
+        PathLookup l = { .manager = m };
+        SchedPressure pr = scheduler_pair_pressure(host_of(g, from), host_of(g, to), peer_path, &l);
+
+        if (pr != SCHED_PRESSURE_OK && l.host && !l.found.up)
+                log_debug("Scheduler: path %s -> %s: peer %s is down.", from, to, l.host);
+        else if (pr != SCHED_PRESSURE_OK && l.host)
+                log_debug("Scheduler: path %s -> %s (peer %s) is %s (%s)%s.", from, to, l.host,
+                          backpressure_level_to_string(l.found.level), backpressure_reason_to_string(l.found.reason),
+                          l.found.window_full ? ", handoff window full" : "");
         return pr;
 }
 

@@ -46,6 +46,30 @@ int scheduler_set_worker_host(Manager *m, const char *worker_id, const char *hos
  * choice. Pure. */
 SchedPressure scheduler_path_pressure(BackpressureLevel level, BackpressureReason reason, bool window_full);
 
+/* What this host knows of its peer path to a host: whether the peer is up and, when
+ * `outgoing` asks for them, the telemetry of this host's path to it (level, reason) and
+ * whether this host's handoff window to it is full. -ENOENT: not a configured peer. */
+typedef struct SchedPeerPath {
+        bool up;
+        bool has_telemetry;
+        BackpressureLevel level;
+        BackpressureReason reason;
+        bool window_full;
+} SchedPeerPath;
+typedef int (*SchedPeerPathFn)(void *userdata, const char *host, bool outgoing, SchedPeerPath *ret);
+
+/* The backpressure of the path between a prefill worker whose KV is on prefill_host and
+ * a decode worker whose KV lands on decode_host (NULL or "": this host; ConfigureWorker
+ * "Host"), as SchedOps.path answers it. Both here, both elsewhere, or a host that is not
+ * a configured peer: OK. The decode elsewhere: this host's handoffs to it, as
+ * scheduler_path_pressure() reads the telemetry and our window (a peer that is down:
+ * STOP). The prefill elsewhere: its host's handoffs to this one, gated by its own window
+ * to us, of which nothing is known here: STOP when the peer is down (the one control
+ * connection carries both directions), else OK; our window to it and its destination's
+ * fill are the other direction. Pure: peer_path does the lookups. */
+SchedPressure scheduler_pair_pressure(const char *prefill_host, const char *decode_host, SchedPeerPathFn peer_path,
+                                      void *userdata);
+
 /* Admitted requests belong to the client that admitted them (a ClientObject of type
  * CLIENT_OBJECT_REQUEST): cancelled when it goes, ended by Complete only from it or root.
  * scheduler_request_owner(): 0 and *ret the owning client (NULL: none), or -ENOENT when

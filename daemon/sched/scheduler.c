@@ -16,7 +16,9 @@ typedef struct SchedWorker SchedWorker;
 typedef struct Estimator {
         double srtt, rttvar; /* usec */
         uint64_t n;
-        usec_t last;         /* when the last sample came */
+        usec_t since;        /* its excess decays from here while nothing of the pool is
+                              * outstanding: the last sample, or the last time the
+                              * worker was left with none (est_decayed) */
 } Estimator;
 
 typedef struct Rate {
@@ -215,35 +217,84 @@ static double rate_get(const Rate *r, usec_t now, usec_t tau) {
 /* A service time longer than this (a day: no deadline is longer) is taken as this. */
 #define SCHED_SERVICE_MAX (24ULL * 3600 * USEC_PER_SEC)
 
-static void est_sample(Estimator *e, double sample, usec_t now) {
+/* The conservative figure is srtt + 4 rttvar, or 1.5 x the pool's estimate before any
+ * sample (its base: srtt at the estimate and rttvar at its eighth, as a first sample equal
+ * to the estimate leaves them). A worker with nothing of the pool outstanding whose figure
+ * rose above the base stays unchosen for it, so no sample would ever bring it back (other
+ * pools' work, which may keep the worker busy all along, brings none): while none is
+ * outstanding the excess halves every rate_window, and the worker is tried again.
+ *
+ * est_decayed() is the estimate with that decay applied up to now, srtt and rttvar each
+ * shrinking towards its share of the base (one already below its share stays, and the
+ * other takes the whole decay), so that srtt + 4 rttvar is exactly base + excess x
+ * 2^(-idle / rate_window). It is kept (est_settle) when the pool gets work at the worker
+ * again: the figure that admitted that work is what its report then updates. A report
+ * going into the undecayed estimate restarted the decay from the whole excess (one
+ * normal request got in about once a minute after a single 60 s report). */
+static Estimator est_decayed(const Scheduler *s, const SchedWorker *w, TaskType t, usec_t now) {
+        Estimator e = w->est[t];
+        double est = (double)s->config.pools[t].service_estimate[w->stage];
+        double xs = e.srtt - est, xv = 4 * (e.rttvar - est / 8), excess = xs + xv, f;
+
+        if (e.n == 0 || w->outstanding_by_pool[t] > 0 || now <= e.since || !(excess > 0))
+                return e;
+        f = exp2(-(double)(now - e.since) / (double)s->config.rate_window);
+        if (xs >= 0 && xv >= 0) {
+                xs *= f;
+                xv *= f;
+        } else if (xs < 0)
+                xv = excess * f - xs;
+        else
+                xs = excess * f - xv;
+        e.srtt = est + xs;
+        e.rttvar = MAX(est / 8 + xv / 4, 0.0);
+        e.since = now;
+        return e;
+}
+
+/* Keeps the decay so far: w gets work of pool t (none was outstanding), or was left with
+ * none (the decay starts now). */
+static void est_settle(Scheduler *s, SchedWorker *w, TaskType t, usec_t now) {
+        if (w->outstanding_by_pool[t] > 0)
+                return;
+        w->est[t] = est_decayed(s, w, t, now);
+        w->est[t].since = MAX(now, w->est[t].since);
+}
+
+/* TCP's estimator (RFC 6298), from the decayed estimate, with Linux's care for samples
+ * below srtt (tcp_rtt_estimator, after Eifel): their distance beyond rttvar counts an
+ * eighth as much. A fast report then never raises the figure: srtt falls by d / 8 and
+ * 4 rttvar rises by at most that (d: its distance below srtt). Otherwise the first
+ * normal report after a slow one, its distance from the inflated srtt taken as
+ * variance, pushed the figure back up. */
+static void est_sample(Scheduler *s, SchedWorker *w, TaskType t, double sample, usec_t now) {
+        Estimator *e = &w->est[t];
+
+        *e = est_decayed(s, w, t, now);
         sample = CLAMP(sample, 1.0, (double)SCHED_SERVICE_MAX);
-        e->last = now;
+        e->since = MAX(now, e->since);
         if (e->n == 0) {
                 e->srtt = sample;
                 e->rttvar = sample / 8;
         } else {
-                e->rttvar = 0.75 * e->rttvar + 0.25 * fabs(e->srtt - sample);
-                e->srtt = 0.875 * e->srtt + 0.125 * sample;
+                double err = sample - e->srtt, d = fabs(err);
+                if (err < 0 && d > e->rttvar)
+                        e->rttvar += (d - e->rttvar) / 32;
+                else
+                        e->rttvar = 0.75 * e->rttvar + 0.25 * d;
+                e->srtt += err / 8;
         }
         e->n++;
 }
 
-static double est_mean(const Scheduler *s, const SchedWorker *w, TaskType t) {
-        const Estimator *e = &w->est[t];
-        return e->n > 0 ? e->srtt : (double)s->config.pools[t].service_estimate[w->stage];
+static double est_mean(const Scheduler *s, const SchedWorker *w, TaskType t, usec_t now) {
+        Estimator e = est_decayed(s, w, t, now);
+        return e.n > 0 ? e.srtt : (double)s->config.pools[t].service_estimate[w->stage];
 }
 
-/* srtt + 4 rttvar, or 1.5 x the configured estimate before any sample. A worker with
- * nothing of the pool outstanding whose estimate for it rose above that stays unchosen
- * for it, so no sample would ever bring it back (other pools' work, which may keep the
- * worker busy all along, brings none): while none is outstanding the excess halves every
- * rate_window since its last sample, and the worker is tried again. */
 static usec_t est_conservative(const Scheduler *s, const SchedWorker *w, TaskType t, usec_t now) {
-        const Estimator *e = &w->est[t];
-        double base = 1.5 * (double)s->config.pools[t].service_estimate[w->stage];
-        double v = e->n > 0 ? e->srtt + 4 * e->rttvar : base;
-        if (e->n > 0 && v > base && w->outstanding_by_pool[t] == 0 && now > e->last)
-                v = base + (v - base) * exp2(-(double)(now - e->last) / (double)s->config.rate_window);
+        Estimator e = est_decayed(s, w, t, now);
+        double v = e.n > 0 ? e.srtt + 4 * e.rttvar : 1.5 * (double)s->config.pools[t].service_estimate[w->stage];
         return (usec_t)CLAMP(v, 1.0, (double)SCHED_SERVICE_MAX);
 }
 
@@ -447,6 +498,7 @@ static void stage_release(Scheduler *s, SchedRequest *r, SchedStage st, usec_t u
         LIST_REMOVE(queue, w->queue, ref);
         w->outstanding--;
         w->outstanding_by_pool[r->type]--;
+        est_settle(s, w, r->type, now); /* left with none of the pool: the decay starts */
         if (st == SCHED_STAGE_DECODE)
                 w->reserved_pages -= MIN(w->reserved_pages, r->pages);
         ref->worker = NULL;
@@ -762,6 +814,7 @@ static int admit(Scheduler *s, const char *request_id, TaskType t, int prio, con
                                 o->req->predicted_end += ref->pushed;
                 ref->worker = w;
                 ref->service = best[st].service;
+                est_settle(s, w, t, now); /* the decayed estimate admitted it */
                 LIST_PREPEND(queue, w->queue, ref);
                 w->outstanding++;
                 w->outstanding_by_pool[t]++;
@@ -915,7 +968,7 @@ int sched_complete(Scheduler *s, const char *request_id, SchedStage st, usec_t s
                 return -ENOENT;
         usec_t used = service_usec > 0 ? service_usec : now > r->stage_start ? now - r->stage_start : 1;
         if (ok)
-                est_sample(&w->est[r->type], (double)used, now);
+                est_sample(s, w, r->type, (double)used, now);
         r->stage_start = MAX(now, r->stage_start);
         stage_release(s, r, st, used, now);
         if (st == SCHED_STAGE_PREFILL && r->stages[SCHED_STAGE_DECODE].worker) {
@@ -1028,7 +1081,7 @@ void sched_pool_metrics(Scheduler *s, TaskType t, usec_t now, SchedPoolMetrics *
                 for (size_t k = 0; k < s->n_workers[st]; k++) {
                         SchedWorker *w = s->workers[st][k];
                         if (w->pools & (1u << t))
-                                c += w->slots / (est_mean(s, w, t) / USEC_PER_SEC);
+                                c += w->slots / (est_mean(s, w, t, now) / USEC_PER_SEC);
                 }
                 capacity = MIN(capacity, c);
                 any = true;

@@ -516,6 +516,108 @@ START_TEST(test_path_telemetry) {
 }
 END_TEST
 
+/* What epdd knows of its peer path to each host (scheduler_pair_pressure's lookup):
+ * bravo is up, our path to it high from a full destination (its window closed) and our
+ * window to it full; charlie is down; others are no configured peer. */
+typedef struct PairView {
+        SchedPeerPath bravo;
+        unsigned asked, asked_outgoing;
+} PairView;
+
+static int pair_peer_path(void *userdata, const char *host, bool outgoing, SchedPeerPath *ret) {
+        PairView *v = userdata;
+        v->asked++;
+        v->asked_outgoing += outgoing;
+        if (strcmp(host, "bravo") == 0)
+                *ret = v->bravo;
+        else if (strcmp(host, "charlie") == 0)
+                *ret = (SchedPeerPath){ .up = false };
+        else
+                return -ENOENT;
+        return 0;
+}
+
+/* A worker's host as ConfigureWorker(Host=) gives it: "<name>@<host>", else here. */
+static const char *pair_host(const char *worker) {
+        const char *at = strchr(worker, '@');
+        return at ? at + 1 : NULL;
+}
+
+static SchedPressure pair_path_cb(void *userdata, const char *from, const char *to) {
+        return scheduler_pair_pressure(pair_host(from), pair_host(to), pair_peer_path, userdata);
+}
+
+/* A prefill worker on bravo (ConfigureWorker(prefill, {Host: bravo})) with the decode
+ * here: bravo's handoffs to this host, which bravo's own window to us gates. This host's
+ * window to bravo and bravo's destination fill are the other direction: they used to be
+ * taken for this path (the pair was STOPped by a closed window, or kept to the top pool
+ * by a full one, and real congestion towards us was never seen). Only a peer that is down
+ * stops it. The decode on bravo is read as before. */
+START_TEST(test_path_remote_prefill) {
+        PairView v = { .bravo = { .up = true, .has_telemetry = true, .level = BACKPRESSURE_HIGH,
+                                  .reason = BACKPRESSURE_REASON_DESTINATION_FULL, .window_full = true } };
+
+        /* Outgoing (the decode on bravo): our path's level and window. */
+        ck_assert_int_eq(scheduler_pair_pressure(NULL, "bravo", pair_peer_path, &v), SCHED_PRESSURE_STOP);
+        ck_assert_uint_eq(v.asked_outgoing, 1);
+        v.bravo.level = BACKPRESSURE_NONE;
+        v.bravo.reason = BACKPRESSURE_REASON_NONE;
+        ck_assert_int_eq(scheduler_pair_pressure("", "bravo", pair_peer_path, &v), SCHED_PRESSURE_HIGH);
+        v.bravo.window_full = false;
+        v.bravo.level = BACKPRESSURE_ELEVATED;
+        v.bravo.reason = BACKPRESSURE_REASON_RETRANSMITS;
+        ck_assert_int_eq(scheduler_pair_pressure(NULL, "bravo", pair_peer_path, &v), SCHED_PRESSURE_ELEVATED);
+        ck_assert_int_eq(scheduler_pair_pressure(NULL, "charlie", pair_peer_path, &v), SCHED_PRESSURE_STOP);
+
+        /* Incoming (the prefill on bravo): whatever our path to bravo shows, OK while up. */
+        v.asked = v.asked_outgoing = 0;
+        v.bravo = (SchedPeerPath){ .up = true, .has_telemetry = true, .level = BACKPRESSURE_HIGH,
+                                   .reason = BACKPRESSURE_REASON_DESTINATION_FULL, .window_full = true };
+        ck_assert_int_eq(scheduler_pair_pressure("bravo", NULL, pair_peer_path, &v), SCHED_PRESSURE_OK);
+        v.bravo.level = BACKPRESSURE_STALLED;
+        v.bravo.reason = BACKPRESSURE_REASON_STALLED;
+        ck_assert_int_eq(scheduler_pair_pressure("bravo", "", pair_peer_path, &v), SCHED_PRESSURE_OK);
+        v.bravo.level = BACKPRESSURE_NONE;
+        v.bravo.reason = BACKPRESSURE_REASON_NONE;
+        ck_assert_int_eq(scheduler_pair_pressure("bravo", NULL, pair_peer_path, &v), SCHED_PRESSURE_OK);
+        ck_assert_uint_eq(v.asked, 3);
+        ck_assert_uint_eq(v.asked_outgoing, 0); /* our window and telemetry not even read */
+        ck_assert_int_eq(scheduler_pair_pressure("charlie", NULL, pair_peer_path, &v), SCHED_PRESSURE_STOP);
+
+        /* No path of ours: both here, both on bravo, between two other hosts, or a host
+         * that is no configured peer. */
+        v.bravo.up = false;
+        ck_assert_int_eq(scheduler_pair_pressure(NULL, NULL, pair_peer_path, &v), SCHED_PRESSURE_OK);
+        ck_assert_int_eq(scheduler_pair_pressure("bravo", "bravo", pair_peer_path, &v), SCHED_PRESSURE_OK);
+        ck_assert_int_eq(scheduler_pair_pressure("bravo", "charlie", pair_peer_path, &v), SCHED_PRESSURE_OK);
+        ck_assert_int_eq(scheduler_pair_pressure("zulu", NULL, pair_peer_path, &v), SCHED_PRESSURE_OK);
+        ck_assert_int_eq(scheduler_pair_pressure(NULL, "zulu", pair_peer_path, &v), SCHED_PRESSURE_OK);
+
+        /* Through Admit: the thinking pool (not the top one) is admitted on the remote
+         * prefill with our window to bravo full and its destination full; with bravo
+         * down it is deferred for backpressure. */
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        usec_t now = 10 * SEC;
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        sched_set_ops(s, &(SchedOps){ .path = pair_path_cb, .userdata = &v });
+        add(s, "p@bravo", SCHED_STAGE_PREFILL, 4, 0, 0);
+        add(s, "d", SCHED_STAGE_DECODE, 4, 0, 0);
+        v.bravo = (SchedPeerPath){ .up = true, .has_telemetry = true, .level = BACKPRESSURE_HIGH,
+                                   .reason = BACKPRESSURE_REASON_DESTINATION_FULL, .window_full = true };
+        ck_assert_int_eq(sched_admit(s, "t0", TASK_THINKING, 0, NULL, now, &d), 0);
+        ck_assert_msg(d.verdict == SCHED_ADMIT, "remote prefill: %s %s", sched_verdict_to_string(d.verdict),
+                      sched_reason_to_string(d.reason));
+        ck_assert_str_eq(d.worker[SCHED_STAGE_PREFILL], "p@bravo");
+        v.bravo.up = false;
+        ck_assert_int_eq(sched_admit(s, "t1", TASK_THINKING, 0, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_DEFER);
+        ck_assert_int_eq(d.reason, SCHED_REASON_BACKPRESSURE);
+        sched_free(s);
+}
+END_TEST
+
 /* The thinking pool throttled from 4 outstanding down to 2 (at most 6), one prefill and
  * one decode worker of 64 slots. */
 static Scheduler *watermark_scheduler(SchedConfig *c) {
@@ -645,6 +747,125 @@ START_TEST(test_estimate_decays_while_other_pools_busy) {
                 back = d.verdict == SCHED_ADMIT;
         }
         ck_assert_msg(back, "thinking stayed shut out while interactive work kept the worker busy");
+        sched_free(s);
+}
+END_TEST
+
+/* One interactive request's stages at a one-slot worker per stage, the next Admit
+ * 500 ms later: its prefill reports 50 ms at once, its decode 500 ms (or `decode`) when
+ * the next Admit comes. Returns whether it was admitted; *predicted: its prediction. */
+static bool outlier_step(Scheduler *s, usec_t now, const char *id, char *inflight, usec_t decode,
+                         usec_t *predicted) {
+        SchedDecision d;
+
+        if (inflight[0]) {
+                ck_assert_int_eq(sched_complete(s, inflight, SCHED_STAGE_DECODE, decode, true, now), 0);
+                inflight[0] = 0;
+        }
+        ck_assert_int_eq(sched_admit(s, id, TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+        if (d.verdict != SCHED_ADMIT)
+                return false;
+        ck_assert_int_eq(sched_complete(s, id, SCHED_STAGE_PREFILL, 50 * MS, true, now), 0);
+        strcpy(inflight, id);
+        if (predicted)
+                *predicted = d.predicted;
+        return true;
+}
+
+/* The conservative figures of the pool's idle prefill and decode together, as an Admit
+ * with an hour's deadline sees them (the probe is cancelled: no report of it). */
+static usec_t outlier_probe(Scheduler *s, usec_t now) {
+        SchedDecision d;
+        ck_assert_int_eq(sched_admit(s, "probe", TASK_INTERACTIVE, now + 3600 * SEC, NULL, now, &d), 0);
+        ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+        ck_assert_int_eq(sched_cancel(s, "probe", now), 0);
+        return d.predicted;
+}
+
+/* One slow decode report (60 s: a stuck request, or service 0 counting the queueing)
+ * among steady 500 ms ones shuts the interactive pool (2 s deadline) out of its only
+ * decode worker until the excess has decayed, about a minute at 10 s a halving; then it
+ * must stay open. It used not to: the next normal report restarted the decay from the
+ * whole excess (its sample went into the undecayed estimate, and its distance from that
+ * srtt raised rttvar), so one request got in about once a minute (27 of 4,501 Admits
+ * over 15 minutes at 5 Admits/s). */
+START_TEST(test_outlier_decays_under_load) {
+        SchedConfig c;
+        Scheduler *s;
+        usec_t now = 1000 * SEC, p, base, prev = 0;
+        char id[32], inflight[32] = "";
+
+        sched_config_defaults(&c);
+        ck_assert_uint_eq(c.rate_window, 10 * SEC); /* docs/scheduler.md's figure */
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p0", SCHED_STAGE_PREFILL, 1, 0, 0);
+        add(s, "d0", SCHED_STAGE_DECODE, 1, 0, 0);
+        for (int i = 0; i < 40; i++, now += 500 * MS) {
+                snprintf(id, sizeof id, "warm%d", i);
+                ck_assert(outlier_step(s, now, id, inflight, 500 * MS, NULL));
+        }
+        /* Steady: 50 ms prefill and 500 ms decode figures, the decode's below its base
+         * (1.5 x 500 ms), so nothing decays. */
+        ck_assert_int_eq(sched_complete(s, inflight, SCHED_STAGE_DECODE, 500 * MS, true, now), 0);
+        inflight[0] = 0;
+        base = outlier_probe(s, now);
+        ck_assert_uint_lt(base, 750 * MS);
+
+        /* The outlier. */
+        ck_assert(outlier_step(s, now, "outlier", inflight, 500 * MS, NULL));
+        now += 500 * MS;
+        ck_assert_int_eq(sched_complete(s, inflight, SCHED_STAGE_DECODE, 60 * SEC, true, now), 0);
+        inflight[0] = 0;
+        usec_t t0 = now;
+
+        /* As documented: idle, the decode's excess over 1.5 x its estimate (750 ms)
+         * halves every 10 s (the prefill's figure beside it stays). */
+        usec_t pf = base - 500 * MS; /* the prefill's figure: 50 ms and its jitter */
+        ck_assert_uint_lt(pf, 100 * MS);
+        usec_t e0 = outlier_probe(s, now) - pf - 750 * MS;
+        ck_assert_uint_gt(e0, 30 * SEC);
+        for (int k = 1; k <= 3; k++) {
+                now += c.rate_window;
+                usec_t e = outlier_probe(s, now) - pf - 750 * MS;
+                double want = (double)e0 / (double)(1u << k);
+                ck_assert_msg(fabs((double)e - want) <= want * 0.01 + 2, "after %d x 10 s: excess %llu, want %.0f", k,
+                              (unsigned long long)e, want);
+        }
+
+        /* Under load from then on, one Admit every 500 ms, each admitted one reporting
+         * 500 ms. */
+        unsigned admitted[5] = {}, n_pred = 0, rose = 0;
+        usec_t first = 0, rose_from = 0, rose_to = 0;
+        for (int i = 0; i < 480; i++, now += 500 * MS) {
+                snprintf(id, sizeof id, "r%d", i);
+                if (!outlier_step(s, now, id, inflight, 500 * MS, &p))
+                        continue;
+                admitted[(now - t0) / (60 * SEC)]++;
+                if (!first)
+                        first = now;
+                /* Each normal report brings the figure down, never back up. */
+                if (n_pred++ < 20) {
+                        if (prev > 0 && p > prev && !rose) {
+                                rose = n_pred;
+                                rose_from = prev;
+                                rose_to = p;
+                        }
+                        prev = p;
+                }
+        }
+        /* Back once the decay lets it fit: about 6 halvings (67 s of figure to 1.2 s). */
+        ck_assert_msg(first && first - t0 <= 70 * SEC, "first admission %llu s after the outlier",
+                      first ? (unsigned long long)((first - t0) / SEC) : 0ULL);
+        /* And open from then on: most of the second minute's Admits are admitted, and
+         * every one after it. */
+        fprintf(stderr, "admitted per minute after the outlier (from 30 s): %u %u %u %u %u, first after %llu ms\n",
+                admitted[0], admitted[1], admitted[2], admitted[3], admitted[4],
+                (unsigned long long)((first - t0) / MS));
+        ck_assert_msg(admitted[1] >= 108 && admitted[2] == 120 && admitted[3] == 120,
+                      "admitted per minute after the outlier (from 30 s): %u %u %u %u %u", admitted[0], admitted[1],
+                      admitted[2], admitted[3], admitted[4]);
+        ck_assert_msg(!rose, "admission %u after the outlier: predicted %llu after %llu", rose,
+                      (unsigned long long)rose_to, (unsigned long long)rose_from);
         sched_free(s);
 }
 END_TEST
@@ -1062,11 +1283,13 @@ int main(void) {
         tcase_add_test(tc, test_pushed_back_then_given_back);
         tcase_add_test(tc, test_estimates_recover_and_saturate);
         tcase_add_test(tc, test_estimate_decays_while_other_pools_busy);
+        tcase_add_test(tc, test_outlier_decays_under_load);
         tcase_add_test(tc, test_pages_reserved_until_prefill_done);
         tcase_add_test(tc, test_pages_taken_by_handoffs);
         tcase_add_test(tc, test_watermark_retry_without_completions);
         tcase_add_test(tc, test_affinity_backpressure);
         tcase_add_test(tc, test_path_telemetry);
+        tcase_add_test(tc, test_path_remote_prefill);
         tcase_add_test(tc, test_watermarks_expire);
         tcase_add_test(tc, test_poisson_overload);
         tcase_add_test(tc, test_set_pools);
