@@ -196,6 +196,12 @@ void handoff_slot_forget(HandoffObject *d);
 /* A stalled source (handoff_pump(): no room in its transport's writes to the peer) leaves
  * the queue of those waiting for completions. */
 void handoff_unstall_forget(HandoffObject *o);
+/* Queues o until writes to its peer complete (once). */
+void handoff_stall(HandoffObject *o);
+/* Staged: the peer writes of the groups in the staging buffer go, in group order, until
+ * one finds no room (o is stalled) or one is still being staged; once o has ended,
+ * those waiting complete cancelled. */
+void handoff_stage_send_landed(HandoffObject *o);
 void handoff_slots_peer_down(HandoffManager *hm, Peer *p);
 int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t len, void *userdata);
 void handoff_on_peer_state(Peer *p, bool up, void *userdata);

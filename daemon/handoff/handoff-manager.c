@@ -207,6 +207,7 @@ void handoff_obj_free(HandoffObject *o) {
                 free(o->net_writes[g]);
         free(o->net_writes);
         free(o->n_net);
+        free(o->stage_landed);
         free(o->pages);
         free(o->page_keys);
         free(o->dst_offsets);
@@ -515,6 +516,10 @@ void handoff_after_event(HandoffObject *o) {
         /* Out of the peer's window once every byte is across (or it ended). */
         if (o->windowed && (handoff_is_ended(h) || h->state >= HANDOFF_TRANSFERRED))
                 handoff_window_leave(o);
+        /* Ended with staged groups waiting for room to the peer: their writes complete
+         * (cancelled) now, so that nothing stays counted in flight. */
+        if (o->staged && handoff_is_ended(h))
+                handoff_stage_send_landed(o);
         if (h->inflight == 0 && (handoff_is_ended(h) || h->state == HANDOFF_COMMITTED)) {
                 handoff_obj_drop_pages(o);
                 handoff_staging_put(o);

@@ -146,6 +146,8 @@ struct HandoffObject {
         bool staged;             /* took a staging buffer: its groups go through one */
         TransportWrite **net_writes; /* staged: per group, the peer writes, posted once it is staged */
         size_t *n_net;
+        bool *stage_landed;      /* staged: per group, in the staging buffer (its peer writes
+                                  * go in group order, handoff_stage_send_landed()) */
         const char *transport;   /* what moved its last group (TransportOps name, "zero-copy") */
 
         /* Where the bytes go (source): the destination's arena region and page offsets. */

@@ -427,9 +427,7 @@ void handoff_pump(HandoffObject *o) {
                          * (other handoffs', or this one's earlier groups): the group waits,
                          * ready and not posted, until writes to it complete
                          * (handoff_unstall()). The handoff's deadline still bounds it. */
-                        o->stalled = true;
-                        QUEUE_PUSH_BACK(stall, o->hm->stalled, o);
-                        o->hm->counters.stalls++;
+                        handoff_stall(o);
                         break;
                 }
                 if (r < 0) {
@@ -498,6 +496,14 @@ static void touched_room(Touched *t) {
                 touched_flush(t);
 }
 
+void handoff_stall(HandoffObject *o) {
+        if (o->stalled)
+                return;
+        o->stalled = true;
+        QUEUE_PUSH_BACK(stall, o->hm->stalled, o);
+        o->hm->counters.stalls++;
+}
+
 void handoff_unstall_forget(HandoffObject *o) {
         if (!o->stalled)
                 return;
@@ -516,10 +522,11 @@ static void handoff_unstall(HandoffManager *hm) {
                 HandoffObject *o = hm->stalled.first;
                 handoff_unstall_forget(o);
                 handoff_obj_hold(o);
-                if (!handoff_is_ended(o->h)) {
+                if (o->staged)
+                        handoff_stage_send_landed(o); /* its staged groups first, in order */
+                if (!handoff_is_ended(o->h) && !o->stalled)
                         handoff_pump(o);
-                        handoff_after_event(o);
-                }
+                handoff_after_event(o);
                 handoff_obj_unhold(o);
         }
 }
@@ -954,7 +961,8 @@ static int prepare_remote(HandoffManager *hm, const HandoffPrepareArgs *a, Prepa
         if (x->src_arena->domain == MEMORY_GPU) {
                 o->net_writes = calloc(n_groups, sizeof *o->net_writes);
                 o->n_net = calloc(n_groups, sizeof *o->n_net);
-                r = o->net_writes && o->n_net ? handoff_staging_acquire(hm, (uint64_t)o->n_pages * o->page_size, &o->staging)
+                o->stage_landed = calloc(n_groups, sizeof *o->stage_landed);
+                r = o->net_writes && o->n_net && o->stage_landed ? handoff_staging_acquire(hm, (uint64_t)o->n_pages * o->page_size, &o->staging)
                                        : -ENOMEM;
                 if (r < 0) {
                         handoff_obj_free(o);

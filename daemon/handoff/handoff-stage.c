@@ -217,10 +217,11 @@ int handoff_post_group_staged(HandoffObject *o, uint32_t g) {
         return 0;
 }
 
-/* Group g is in the staging buffer (or failed to get there): its peer writes go now,
- * or complete at once with the error, so that the group's count of writes in flight
- * comes down either way. */
-void handoff_stage_landed(HandoffObject *o, uint32_t g, int error) {
+/* Group g's peer writes, from the staging buffer: posted, or completed at once with the
+ * error (error < 0, or the post failing), so that the group's count of writes in flight
+ * comes down either way. -ENOBUFS: the writes in flight to the peer are at the
+ * transport's bound; nothing was done and the writes stay for a later try. */
+static int stage_send(HandoffObject *o, uint32_t g, int error) {
         HandoffManager *hm = o->hm;
         Transport *nt = o->net ? o->net : peer_manager_transport_for(hm->manager->peers, o->peer);
         TransportWrite *w = o->net_writes ? o->net_writes[g] : NULL;
@@ -228,8 +229,7 @@ void handoff_stage_landed(HandoffObject *o, uint32_t g, int error) {
         int r = error;
 
         if (!w)
-                return;
-        o->net_writes[g] = NULL;
+                return 0;
         if (r >= 0 && (!handoff_is_live(o->h) || !o->peer || !nt))
                 r = -ECANCELED;
         OutWrite **ow = r >= 0 ? calloc(n, sizeof *ow) : NULL;
@@ -265,14 +265,52 @@ void handoff_stage_landed(HandoffObject *o, uint32_t g, int error) {
                 handoff_mark_group_end(o, g, &w[n - 1]);
         if (r >= 0)
                 r = nt->ops->post(nt, o->peer, w, n);
-        if (r < 0) {
+        if (r < 0)
                 for (size_t k = 0; k < i; k++)
                         free(hashmap_remove(hm->writes, &ow[k]->cookie));
+        free(ow);
+        if (r == -ENOBUFS)
+                return r; /* kept in net_writes[g] */
+        o->net_writes[g] = NULL;
+        if (r < 0) {
                 if (r != -ECANCELED)
                         log_warning_errno(r, "handoff %s: cannot send staged group %" PRIu32 ": %m", o->request_str, g);
                 for (size_t k = 0; k < n; k++)
                         (void)handoff_write_done(o->h, g, 0, r);
         }
-        free(ow);
         free(w);
+        return 0;
+}
+
+void handoff_stage_send_landed(HandoffObject *o) {
+        if (!o->net_writes || !o->stage_landed)
+                return;
+        bool live = handoff_is_live(o->h);
+        for (uint32_t g = 0; g < o->h->n_groups; g++) {
+                if (!o->net_writes[g])
+                        continue; /* sent, failed, or not staged yet (nor any after it) */
+                if (!o->stage_landed[g]) {
+                        if (live)
+                                break; /* in order: the groups after it wait for it */
+                        continue;      /* it is cancelled when it lands */
+                }
+                if (stage_send(o, g, live ? 0 : -ECANCELED) == -ENOBUFS) {
+                        handoff_stall(o);
+                        break;
+                }
+        }
+}
+
+/* Group g is in the staging buffer (or failed to get there): its peer writes go, in
+ * group order, or complete at once with the error. */
+void handoff_stage_landed(HandoffObject *o, uint32_t g, int error) {
+        if (!o->net_writes || !o->net_writes[g])
+                return;
+        if (error < 0 || !o->stage_landed) {
+                (void)stage_send(o, g, error < 0 ? error : -ENOMEM);
+                return;
+        }
+        o->stage_landed[g] = true;
+        if (!o->stalled)
+                handoff_stage_send_landed(o);
 }

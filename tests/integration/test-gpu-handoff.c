@@ -1644,7 +1644,7 @@ static void two_conf(size_t i, unsigned port, char *buf, size_t size, void *user
                          port, keyfile, port + 1);
         else
                 snprintf(buf, size,
-                         "[Daemon]\nHostId=bravo\n[Arena:kv0]\nSize=16M\n"
+                         "[Daemon]\nHostId=bravo\n[Arena:kv0]\nSize=32M\n"
                          "[Cluster]\nListen=127.0.0.1:%u\nClusterKeyFile=%s\nHeartbeatInterval=500ms\n"
                          "[Peer:alpha]\nAddress=127.0.0.1:%u\nHostId=alpha\n",
                          port + 1, keyfile, port);
@@ -1766,6 +1766,80 @@ START_TEST(test_gpu_to_other_host) {
         ck_assert_uint_eq(arena_live(p, "gpu0"), 0);
         ck_assert_uint_eq(counter(p, "live"), 0);
         printf("handoff gpu0 -> bravo (staged through host memory): 2 x %u pages, exact bytes\n", N_PAGES);
+        free(seq);
+        unmap_arena(&ms);
+        unmap_arena(&md);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
+/* Staged groups past the bound of writes in flight to a peer (65536) wait for room, in
+ * group order, instead of failing the handoff: a handoff of GPU pages to bravo, 3000
+ * pages of 8 KiB in 32 one-layer groups of 256 bytes all ready at Prepare (96000 peer
+ * writes, a page a group), bravo stopped for a moment once it answered the Prepare (no
+ * acknowledgement comes back while alpha stages and sends), lands with exact bytes and
+ * leaves nothing behind. It was rolled back (transfer-failed) at the first staged group
+ * that did not fit. */
+START_TEST(test_staged_writes_wait_for_room) {
+        enum { G = 32, N = 3000, PAGE = 8192 };
+        static const epd_kv_layout kv32 = { .layers = G, .tokens_per_block = 1, .k_bytes_per_token = 128,
+                                            .v_bytes_per_token = 128, .dtype = "bfloat16" };
+        const char *rid_s = "000000000000000000000000000005a1";
+        uint32_t groups[G];
+        for (uint32_t g = 0; g < G; g++)
+                groups[g] = 1;
+        epd_client *p = NULL, *d = NULL;
+        ck_assert_int_eq(epd_connect(address, &p), 0);
+        ck_assert_int_eq(epd_register(p, "prefill", "model", "cuda:0", &kv32, NULL), 0);
+        ck_assert_int_eq(epd_connect(address_b, &d), 0);
+        ck_assert_int_eq(epd_register(d, "decode", "model", "cuda:0", &kv32, NULL), 0);
+        Mem ms = map_arena(p, "gpu0"), md = map_arena(d, "kv0");
+        static uint64_t src[N];
+        static uint8_t page[PAGE];
+        char *path = NULL;
+        uint64_t token;
+        epd_handoff_options o = { .ready = G };
+        char *seq = make_sequence(p, "gpu0", N, src);
+        for (uint32_t pg = 0; pg < N; pg++) {
+                for (uint32_t b = 0; b < PAGE; b++)
+                        page[b] = pattern(70, pg, 0, b);
+                mem_write(&ms, src[pg], page, PAGE);
+        }
+        int r = -EHOSTUNREACH;
+        for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++)
+                if ((r = epd_handoff_prepare(p, rid_s, "bravo", seq, groups, G, &o, &path, &token)) == -EHOSTUNREACH)
+                        usleep(20000);
+        ck_assert_int_eq(kill(hb.epdd_pid, SIGSTOP), 0);
+        ck_assert_msg(r == 0, "Prepare to bravo: %s", epd_last_error_message(p));
+        usleep(400000); /* within the heartbeat bound (4 x 500 ms) */
+        ck_assert_int_eq(kill(hb.epdd_pid, SIGCONT), 0);
+        epd_handoff_accepted acc;
+        ck_assert_int_eq(epd_handoff_accept(d, rid_s, &acc), 0);
+        ck_assert_uint_eq(acc.n_pages, N);
+        wait_state(d, acc.path, "transferred");
+        size_t bad = 0;
+        for (uint32_t pg = 0; pg < N; pg++) {
+                mem_read(&md, acc.offsets[pg], page, PAGE);
+                for (uint32_t b = 0; b < PAGE; b++)
+                        bad += page[b] != pattern(70, pg, 0, b);
+        }
+        ck_assert_msg(bad == 0, "%zu bytes differ", bad);
+        char *dseq = NULL;
+        ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+        wait_state(p, path, "committed");
+        ck_assert_uint_gt(counter(p, "write-stalls"), 0);
+        ck_assert_int_eq(epd_handoff_release(p, path), 0);
+        ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
+        release_sequence(d, dseq);
+        release_sequence(p, seq);
+        ck_assert_uint_eq(counter(p, "writes-in-flight"), 0);
+        ck_assert_uint_eq(counter(p, "live"), 0);
+        ck_assert_uint_eq(arena_live(p, "gpu0"), 0);
+        ck_assert_uint_eq(arena_live(d, "kv0"), 0);
+        epd_handoff_accepted_done(&acc);
+        free(dseq);
+        free(path);
         free(seq);
         unmap_arena(&ms);
         unmap_arena(&md);
@@ -1912,6 +1986,7 @@ static Suite *suite(void) {
         tcase_add_checked_fixture(tr, setup_two, teardown_two);
         tcase_add_test(tr, test_gpu_to_other_host);
         tcase_add_test(tr, test_staging_slots);
+        tcase_add_test(tr, test_staged_writes_wait_for_room);
         tcase_set_timeout(tr, 120);
         suite_add_tcase(s, tr);
         TCase *trf = tcase_create("other-host-failing-copies");
