@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include "peer/peer-internal.h"
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,131 @@ const char *peer_state_to_string(PeerState s) {
 
 static int conn_io(sd_event_source *s, int fd, uint32_t revents, void *userdata);
 static int conn_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t len);
+
+/* ---- refusals, counted and logged with a bound ---- */
+
+static const int note_level[_PEER_NOTE_MAX] = {
+        [PEER_NOTE_UNKNOWN_HOST] = LOG_WARNING,
+        [PEER_NOTE_BAD_MAC] = LOG_ERR,
+        [PEER_NOTE_REFUSED_US] = LOG_ERR,
+        [PEER_NOTE_VERSION] = LOG_WARNING,
+        [PEER_NOTE_PROTOCOL] = LOG_WARNING,
+        [PEER_NOTE_EVICTED] = LOG_WARNING,
+        [PEER_NOTE_ACCEPT] = LOG_WARNING,
+};
+
+static usec_t note_interval(const PeerManager *pm) {
+        return pm->note_interval_usec ? pm->note_interval_usec : PEER_NOTE_INTERVAL_USEC;
+}
+
+/* One line of a kind: its latest event, and how many it stands for. */
+static void note_say(PeerManager *pm, PeerNoteKind kind, usec_t now) {
+        PeerNote *n = pm->notes + kind;
+
+        if (n->unsaid > 1)
+                log_full(note_level[kind], "%s (and %" PRIu64 " more like it in the last %" PRIu64 " s; %" PRIu64
+                         " in all)", n->last, n->unsaid - 1,
+                         (uint64_t)MAX((now - n->said_usec + USEC_PER_SEC / 2) / USEC_PER_SEC, (usec_t)1), n->total);
+        else if (n->total > 1)
+                log_full(note_level[kind], "%s (%" PRIu64 " in all)", n->last, n->total);
+        else
+                log_full(note_level[kind], "%s", n->last);
+        n->unsaid = 0;
+        n->said_usec = now;
+}
+
+static void note_arm(PeerManager *pm);
+
+static int on_note_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        PeerManager *pm = userdata;
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+
+        for (unsigned k = 0; k < _PEER_NOTE_MAX; k++)
+                if (pm->notes[k].unsaid > 0 && now >= pm->notes[k].said_usec + note_interval(pm))
+                        note_say(pm, k, now);
+        note_arm(pm);
+        return 0;
+}
+
+/* The timers that serve the listen source (the note timer, the accept retry) are freed
+ * with it; what is left unsaid is said then. */
+static void on_listen_source_destroyed(void *userdata) {
+        PeerManager *pm = userdata;
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+
+        for (unsigned k = 0; k < _PEER_NOTE_MAX; k++)
+                if (pm->notes[k].unsaid > 0)
+                        note_say(pm, k, now);
+        pm->note_timer = sd_event_source_disable_unref(pm->note_timer);
+        pm->listen_retry = sd_event_source_disable_unref(pm->listen_retry);
+}
+
+static int listen_source_own(PeerManager *pm) {
+        return sd_event_source_set_destroy_callback(pm->listen_source, on_listen_source_destroyed);
+}
+
+/* The note timer, at the earliest time a kind with something unsaid may speak again.
+ * Without a listen source (nothing of others' to refuse) or a timer, what is unsaid is
+ * said with the kind's next event past its interval. */
+static void note_arm(PeerManager *pm) {
+        usec_t next = USEC_INFINITY;
+        int r;
+
+        for (unsigned k = 0; k < _PEER_NOTE_MAX; k++)
+                if (pm->notes[k].unsaid > 0)
+                        next = MIN(next, pm->notes[k].said_usec + note_interval(pm));
+        if (next == USEC_INFINITY) {
+                (void)sd_event_source_set_enabled(pm->note_timer, SD_EVENT_OFF);
+                return;
+        }
+        if (!pm->listen_source)
+                return;
+        if (!pm->note_timer) {
+                r = sd_event_add_time(pm->event, &pm->note_timer, CLOCK_MONOTONIC, next, 0, on_note_timer, pm);
+                if (r >= 0)
+                        r = listen_source_own(pm);
+        } else {
+                r = sd_event_source_set_time(pm->note_timer, next);
+                if (r >= 0)
+                        r = sd_event_source_set_enabled(pm->note_timer, SD_EVENT_ONESHOT);
+        }
+        if (r < 0)
+                log_debug_errno(r, "peer: cannot arm the timer of refusal counts: %m");
+}
+
+void peer_note(PeerManager *pm, PeerNoteKind kind, const char *fmt, ...) {
+        PeerNote *n = pm->notes + kind;
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        va_list ap;
+
+        va_start(ap, fmt);
+        (void)vsnprintf(n->last, sizeof n->last, fmt, ap);
+        va_end(ap);
+        n->total++;
+        n->unsaid++;
+        if (n->said_usec == 0 || now >= n->said_usec + note_interval(pm))
+                note_say(pm, kind, now);
+        else
+                note_arm(pm);
+}
+
+static const char *sockaddr_to_string(const struct sockaddr_storage *sa, char buf[static 64]) {
+        char a[INET6_ADDRSTRLEN];
+
+        if (sa->ss_family == AF_INET &&
+            inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, a, sizeof a))
+                snprintf(buf, 64, "%s:%u", a, ntohs(((const struct sockaddr_in *)sa)->sin_port));
+        else if (sa->ss_family == AF_INET6 &&
+                 inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, a, sizeof a))
+                snprintf(buf, 64, "[%s]:%u", a, ntohs(((const struct sockaddr_in6 *)sa)->sin6_port));
+        else
+                snprintf(buf, 64, "?");
+        return buf;
+}
+
+const char *peer_conn_from(const Conn *c, char buf[static 64]) {
+        return sockaddr_to_string(&c->from, buf);
+}
 
 /* ---- connections ---- */
 
@@ -183,6 +310,19 @@ void peer_conn_send_fail(Conn *c, PeerFailReason reason) {
                 (void)peer_conn_queue(c, PEER_MSG_AUTH_FAIL, buf, sizeof buf);
 }
 
+void peer_conn_say_bye(Conn *c, PeerFailReason reason) {
+        PeerReason pr = { .reason = reason };
+        uint8_t buf[4096];
+
+        c->corked = false;
+        if (peer_reason_encode(&pr, buf, sizeof buf) < 0 || peer_conn_queue(c, PEER_MSG_BYE, buf, 4) < 0 ||
+            peer_conn_flush(c) < 0)
+                return;
+        for (unsigned i = 0; i < 64; i++)
+                if (recv(c->fd, buf, sizeof buf, MSG_DONTWAIT) <= 0)
+                        break;
+}
+
 void peer_set_socket_options(PeerManager *pm, int fd) {
         int one = 1;
         unsigned timeout_ms = (unsigned)MIN(pm->heartbeat_usec / USEC_PER_MSEC, (usec_t)UINT32_MAX);
@@ -221,7 +361,10 @@ static int control_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t 
         case PEER_MSG_BYE: {
                 PeerReason pr = {};
                 (void)peer_reason_decode(payload, len, &pr);
-                peer_down(p, -ECONNRESET, "peer said goodbye");
+                if (pr.reason == PEER_FAIL_SUPERSEDED && p->dialer)
+                        peer_superseded(p); /* another host with our HostId */
+                else
+                        peer_down(p, -ECONNRESET, "peer said goodbye");
                 return 1;
         }
         case PEER_MSG_WRITE_ACK: {
@@ -276,7 +419,18 @@ void peer_conn_fail(Conn *c, int error, const char *what) {
         if (error == -EBADMSG || error == -EMSGSIZE || error == -EPROTONOSUPPORT) {
                 if (p)
                         p->stats.protocol_errors++;
-                log_warning_errno(error, "peer %s: protocol error (%s): %m", p ? p->name : "(unknown)", what);
+                if (!c->dialer && c->state != CONN_UP) {
+                        /* Anyone's, before authentication: counted, logged with a bound
+                         * (another version was noted as such already). */
+                        char from[64];
+                        if (error != -EPROTONOSUPPORT)
+                                peer_note(c->pm, PEER_NOTE_PROTOCOL,
+                                          "peer: protocol error (%s: %s) on an unauthenticated connection from %s%s%s",
+                                          what, strerror(-error), peer_conn_from(c, from),
+                                          p ? " naming host " : "", p ? p->host_id : "");
+                } else
+                        log_warning_errno(error, "peer %s: protocol error (%s): %m", p ? p->name : "(unknown)",
+                                          what);
         }
         if (p && p->control == c)
                 peer_down(p, error, what);
@@ -379,10 +533,13 @@ int peer_conn_read(Conn *c) {
                         n = peer_frame_header_decode(c->hdr, sizeof c->hdr, &c->fh);
                         if (n == -EPROTONOSUPPORT && c->state != CONN_UP && !c->dialer) {
                                 /* Another version's first frame: told why (in a frame of
-                                 * ours), and said here with both versions. */
-                                log_warning("peer: a connection speaks protocol version %u, this epdd version %u: "
-                                            "refused (AUTH_FAIL version).",
-                                            c->hdr[4], PEER_PROTOCOL_VERSION);
+                                 * ours), and said here with both versions (with a bound:
+                                 * anyone can send this). */
+                                char from[64];
+                                peer_note(c->pm, PEER_NOTE_VERSION,
+                                          "peer: a connection from %s speaks protocol version %u, this epdd "
+                                          "version %u: refused (AUTH_FAIL version)",
+                                          peer_conn_from(c, from), c->hdr[4], PEER_PROTOCOL_VERSION);
                                 peer_conn_send_fail(c, PEER_FAIL_VERSION);
                         }
                         if (n < 0)
@@ -468,10 +625,11 @@ static bool same_address(const struct sockaddr_storage *a, const struct sockaddr
  * connections that say nothing pushes out its own (or, spread over many addresses, only
  * ones older than any handshake) instead of closing the door on every peer until they
  * time out; the per-address bound leaves room for two peers behind one address dialing
- * every data stream at once. Said at most every 10 s. */
+ * every data stream at once. Counted, and said with a bound (peer_note()). */
 static void pending_make_room(PeerManager *pm, const struct sockaddr_storage *from) {
         Conn *oldest = NULL, *oldest_silent = NULL, *oldest_here = NULL;
         unsigned here = 0;
+        char addr[64];
 
         LIST_FOREACH(pending, c, pm->pending) { /* newest first */
                 if (c->dialer)
@@ -489,39 +647,107 @@ static void pending_make_room(PeerManager *pm, const struct sockaddr_storage *fr
                                                            : NULL;
         if (!victim)
                 return;
+        peer_note(pm, PEER_NOTE_EVICTED,
+                  "peer: unauthenticated connection from %s closed for a newer one (at most %u from one address, "
+                  "%u in all)",
+                  peer_conn_from(victim, addr), PEER_PENDING_PER_ADDRESS, PEER_PENDING_MAX);
         peer_conn_free(victim);
-        pm->pending_evicted++;
-        usec_t now = now_usec(CLOCK_MONOTONIC);
-        if (now - pm->pending_warned_usec >= 10 * USEC_PER_SEC) {
-                log_warning("peer: %" PRIu64 " unauthenticated connection(s) closed for newer ones (at most %u "
-                            "from one address, %u in all)", pm->pending_evicted, PEER_PENDING_PER_ADDRESS,
-                            PEER_PENDING_MAX);
-                pm->pending_evicted = 0;
-                pm->pending_warned_usec = now;
+}
+
+static int on_listen_retry(sd_event_source *s, uint64_t usec, void *userdata) {
+        PeerManager *pm = userdata;
+
+        (void)sd_event_source_set_enabled(pm->listen_source, SD_EVENT_ON);
+        return 0;
+}
+
+/* The retry timer, off, made before it is needed: when accept() runs out of fds, adding
+ * the loop's first timer of this clock needs an fd too. */
+static int listen_retry_new(PeerManager *pm) {
+        int r;
+
+        if (pm->listen_retry)
+                return 0;
+        r = sd_event_add_time_relative(pm->event, &pm->listen_retry, CLOCK_MONOTONIC, PEER_ACCEPT_RETRY_USEC,
+                                       PEER_ACCEPT_RETRY_USEC / 10,
+                                       on_listen_retry, pm);
+        if (r < 0)
+                return r;
+        (void)sd_event_source_set_enabled(pm->listen_retry, SD_EVENT_OFF);
+        return listen_source_own(pm);
+}
+
+/* accept() failed for want of fds or memory: the connection stays in the backlog, and the
+ * level-triggered listen source would be dispatched again at once, for ever. It is
+ * switched off for PEER_ACCEPT_RETRY_USEC instead (without a timer it stays on: each
+ * turn then costs an accept() and a count, no log line). */
+static void listen_pause(PeerManager *pm) {
+        int r = listen_retry_new(pm);
+
+        if (r >= 0)
+                r = sd_event_source_set_time_relative(pm->listen_retry, PEER_ACCEPT_RETRY_USEC);
+        if (r >= 0)
+                r = sd_event_source_set_enabled(pm->listen_retry, SD_EVENT_ONESHOT);
+        if (r < 0)
+                return;
+        if (sd_event_source_set_enabled(pm->listen_source, SD_EVENT_OFF) >= 0)
+                pm->accept_paused++;
+}
+
+/* Errors of accept() that concern the connection it was taking (gone already, or a
+ * network error passed on, see accept(2)): the next one may be fine. */
+static bool accept_error_is_its_own(int e) {
+        switch (e) {
+        case EINTR:
+        case ECONNABORTED:
+        case EPROTO:
+        case ENETDOWN:
+        case ENOPROTOOPT:
+        case EHOSTDOWN:
+        case ENONET:
+        case EHOSTUNREACH:
+        case ENETUNREACH:
+        case ETIMEDOUT:
+                return true;
+        default:
+                return false;
         }
 }
 
 int peer_listen_io(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         PeerManager *pm = userdata;
 
-        for (;;) {
+        (void)listen_retry_new(pm);
+        for (unsigned i = 0; i < PEER_ACCEPT_BATCH; i++) {
                 _cleanup_(closep) int cfd = -EBADF;
                 struct sockaddr_storage from = {};
                 socklen_t len = sizeof from;
+                char addr[64];
                 Conn *c;
                 int r;
 
                 cfd = accept4(fd, (struct sockaddr *)&from, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
                 if (cfd < 0) {
-                        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-                                log_warning_errno(errno, "peer: accept failed: %m");
+                        int e = errno;
+                        if (e == EAGAIN)
+                                return 0;
+                        if (accept_error_is_its_own(e)) {
+                                if (e != EINTR && e != ECONNABORTED)
+                                        peer_note(pm, PEER_NOTE_ACCEPT, "peer: accept failed: %s", strerror(e));
+                                continue;
+                        }
+                        /* EMFILE, ENFILE, ENOBUFS, ENOMEM, or anything unexpected. */
+                        peer_note(pm, PEER_NOTE_ACCEPT, "peer: accept failed: %s; not accepting for %u ms, then again",
+                                  strerror(e), (unsigned)(PEER_ACCEPT_RETRY_USEC / USEC_PER_MSEC));
+                        listen_pause(pm);
                         return 0;
                 }
                 pending_make_room(pm, &from);
                 peer_set_socket_options(pm, cfd);
                 r = peer_conn_new(pm, cfd, false, &c);
                 if (r < 0) {
-                        log_warning_errno(r, "peer: cannot set up accepted connection: %m");
+                        peer_note(pm, PEER_NOTE_ACCEPT, "peer: cannot set up the connection accepted from %s: %s",
+                                  sockaddr_to_string(&from, addr), strerror(-r));
                         continue;
                 }
                 TAKE_FD(cfd);
@@ -529,4 +755,5 @@ int peer_listen_io(sd_event_source *s, int fd, uint32_t revents, void *userdata)
                 c->state = CONN_WAIT_HELLO;
                 peer_conn_pend(c);
         }
+        return 0; /* more wake the loop again */
 }

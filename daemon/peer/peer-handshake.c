@@ -194,9 +194,13 @@ int peer_acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t l
 
         if (type == PEER_MSG_AUTH_FAIL && c->peer) {
                 PeerReason pr = {};
+                char from[64];
                 (void)peer_reason_decode(payload, len, &pr);
                 c->peer->stats.auth_failures++;
-                log_error("peer %s: refused our proof: %s", c->peer->name, peer_fail_reason_to_string(pr.reason));
+                /* Anyone may name a known host in a HELLO and then say this: counted, and
+                 * logged with a bound. */
+                peer_note(pm, PEER_NOTE_REFUSED_US, "peer %s: a connection from %s refused our proof: %s",
+                          c->peer->name, peer_conn_from(c, from), peer_fail_reason_to_string(pr.reason));
                 return -EACCES;
         }
         if (c->state == CONN_WAIT_HELLO && type == PEER_MSG_HELLO) {
@@ -209,12 +213,20 @@ int peer_acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t l
                 if (peer_hello_decode(payload, len, &h) < 0)
                         return -EBADMSG;
                 if (h.min_version > PEER_PROTOCOL_VERSION || h.max_version < PEER_PROTOCOL_VERSION) {
+                        char from[64];
+                        peer_note(pm, PEER_NOTE_VERSION,
+                                  "peer: a connection from %s (host '%s') speaks protocol versions %u to %u, this epdd "
+                                  "version %u: refused (AUTH_FAIL version)",
+                                  peer_conn_from(c, from), h.host_id, h.min_version, h.max_version,
+                                  PEER_PROTOCOL_VERSION);
                         peer_conn_send_fail(c, PEER_FAIL_VERSION);
                         return -EPROTONOSUPPORT;
                 }
                 p = hashmap_get(pm->by_host_id, h.host_id);
                 if (!p || p->dialer || p->retired) {
-                        log_warning("peer: refused connection from unknown host '%s'", h.host_id);
+                        char from[64];
+                        peer_note(pm, PEER_NOTE_UNKNOWN_HOST, "peer: refused connection from unknown host '%s' (%s)",
+                                  h.host_id, peer_conn_from(c, from));
                         peer_conn_send_fail(c, PEER_FAIL_UNKNOWN_HOST);
                         return -EACCES;
                 }
@@ -261,7 +273,10 @@ int peer_acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t l
                         return -EBADMSG;
                 transcript_init(c, p->host_id, pm->host_id, &t);
                 if (!peer_auth_verify(pm->key, PEER_AUTH_DIALER, &t, a.mac)) {
-                        log_error("peer %s: refused: cluster key mismatch (dialer's proof is wrong)", p->name);
+                        char from[64];
+                        peer_note(pm, PEER_NOTE_BAD_MAC,
+                                  "peer %s: refused a connection from %s: cluster key mismatch (dialer's proof is "
+                                  "wrong)", p->name, peer_conn_from(c, from));
                         p->stats.auth_failures++;
                         peer_conn_send_fail(c, PEER_FAIL_BAD_MAC);
                         return -EACCES;
@@ -272,7 +287,7 @@ int peer_acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t l
                          * handshakes of its peer, and this one must survive that. */
                         peer_conn_unpend(c);
                         if (p->state == PEER_UP || p->control)
-                                peer_down(p, -ECONNRESET, "superseded by a new connection");
+                                peer_supersede(p, c);
                         do {
                                 r = peer_auth_random(&sid, sizeof sid);
                                 if (r < 0)

@@ -20,6 +20,45 @@
 /* Largest payload accepted before a connection is authenticated. */
 #define HANDSHAKE_MAX_PAYLOAD 512
 
+/* A session resets its dialer's reconnect backoff only once it has lasted
+ * PEER_SESSION_STABLE_USEC, or two of its heartbeat bounds if that is longer
+ * (peer_down()). Longer than the longest backoff with its jitter (5 s + 25 %), so that
+ * two dialers that keep ending each other's session (two hosts with one HostId) never
+ * reset each other's; longer than the heartbeat's verdict, so that a session that dies of
+ * silence right after AUTH_OK does not count as one that worked. Before, AUTH_OK alone
+ * reset it, and such sessions came back every 100 ms for ever. */
+#define PEER_SESSION_STABLE_USEC (10 * USEC_PER_SEC)
+
+/* Connections taken from the listen socket per wakeup (the rest wake the loop again: it
+ * is level-triggered), so that a burst of them does not hold up heartbeats and data. */
+#define PEER_ACCEPT_BATCH 16
+/* accept() out of fds or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): the connection stays in
+ * the backlog and the level-triggered listen socket would wake the loop at once, for ever;
+ * it is switched off for this long instead, then tried again. */
+#define PEER_ACCEPT_RETRY_USEC (100 * USEC_PER_MSEC)
+
+/* What anyone who reaches the listen port can cause at will, once per connection: each
+ * kind is counted, logged at once the first time, then at most once per
+ * PEER_NOTE_INTERVAL_USEC with how many there were since its last line (peer_note()). */
+#define PEER_NOTE_INTERVAL_USEC (10 * USEC_PER_SEC)
+typedef enum PeerNoteKind {
+        PEER_NOTE_UNKNOWN_HOST, /* HELLO naming a host we take no connection from */
+        PEER_NOTE_BAD_MAC,      /* AUTH with a wrong proof: another cluster key */
+        PEER_NOTE_REFUSED_US,   /* AUTH_FAIL from a connection that named a known host */
+        PEER_NOTE_VERSION,      /* a first frame of another protocol version */
+        PEER_NOTE_PROTOCOL,     /* a malformed frame before authentication */
+        PEER_NOTE_EVICTED,      /* closed for a newer one (pending_make_room()) */
+        PEER_NOTE_ACCEPT,       /* accept() or setting up an accepted connection failed */
+        _PEER_NOTE_MAX,
+} PeerNoteKind;
+
+typedef struct PeerNote {
+        uint64_t total;         /* since start */
+        uint64_t unsaid;        /* since its last line */
+        usec_t said_usec;       /* its last line (CLOCK_MONOTONIC); 0: none yet */
+        char last[224];         /* the latest one, in words: the next line shows it */
+} PeerNote;
+
 typedef enum ConnState {
         CONN_CONNECTING,     /* dialer: connect() in progress */
         CONN_WAIT_HELLO,     /* acceptor */
@@ -132,8 +171,16 @@ struct PeerManager {
         size_t n_pending;          /* of them, the ones others opened to us: the bound
                                     * PEER_PENDING_MAX is on these (our own dials do not
                                     * take their places) */
-        uint64_t pending_evicted;  /* closed for room since the last warning */
-        usec_t pending_warned_usec;
+        /* Refusals of others' connections, counted and logged with a bound (peer_note()).
+         * note_timer says what a kind left unsaid once its interval has passed;
+         * listen_retry switches the listen source back on after an accept() that ran
+         * out of fds (PEER_ACCEPT_RETRY_USEC). Both serve the listen source and go with
+         * it (its destroy callback). */
+        PeerNote notes[_PEER_NOTE_MAX];
+        usec_t note_interval_usec; /* 0: PEER_NOTE_INTERVAL_USEC (tests shorten it) */
+        sd_event_source *note_timer;
+        sd_event_source *listen_retry;
+        uint64_t accept_paused;    /* times the listen source was switched off */
 
         HandlerRange *handlers;
         size_t n_handlers;
@@ -160,6 +207,18 @@ struct PeerManager {
         void *stream_attached_userdata;
 };
 
+/* Counts one event of `kind` (in words, for the log: "peer: ..." or "peer NAME: ...") and
+ * logs it now if its kind said nothing for pm->note_interval_usec, else later, with the
+ * count of those it stands for. */
+void peer_note(PeerManager *pm, PeerNoteKind kind, const char *fmt, ...) _printf_(3, 4);
+/* "ADDR:PORT" of an accepted connection, for the log. */
+const char *peer_conn_from(const Conn *c, char buf[static 64]);
+/* The acceptor's side of a supersede: the old session's dialer is told (BYE superseded)
+ * before the session ends, so that it backs off and says why. */
+void peer_supersede(Peer *p, Conn *by);
+/* The dialer's side: the acceptor said our session was superseded (BYE superseded). */
+void peer_superseded(Peer *p);
+
 int peer_acceptor_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t len);
 void peer_conn_fail(Conn *c, int error, const char *what);
 int peer_conn_flush(Conn *c);
@@ -174,6 +233,11 @@ void peer_conn_unpend(Conn *c);
 int peer_conn_queue(Conn *c, uint16_t type, const void *payload, size_t len);
 int peer_conn_read(Conn *c);
 void peer_conn_send_fail(Conn *c, PeerFailReason reason);
+/* BYE(reason) on an up connection about to be closed, written now; then what waits in its
+ * socket is read and dropped (bounded), so that the close sends a FIN behind the BYE
+ * rather than a reset that may lose it (Linux resets a connection closed with unread
+ * input, and drops what it had not sent yet). */
+void peer_conn_say_bye(Conn *c, PeerFailReason reason);
 int peer_conn_update_events(Conn *c);
 int peer_dialer_connected(Conn *c);
 int peer_dialer_frame(Conn *c, uint16_t type, const uint8_t *payload, size_t len);

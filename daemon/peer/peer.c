@@ -73,9 +73,20 @@ static void peer_schedule_reconnect(Peer *p) {
                 log_warning_errno(r, "peer %s: cannot schedule reconnect: %m", p->name);
 }
 
+static usec_t heartbeat_verdict_usec(const Peer *p);
+
+/* How long a session must have lasted for its end to reset the dialer's backoff
+ * (PEER_SESSION_STABLE_USEC: longer than the longest backoff, and than the heartbeat's
+ * verdict on this session). */
+static usec_t session_stable_usec(const Peer *p) {
+        return MAX(PEER_SESSION_STABLE_USEC, 2 * heartbeat_verdict_usec(p));
+}
+
 /* Ends the session (or the attempt) with p: everything in flight fails with `error`,
- * handlers hear "down", and the dialer reconnects after its backoff. */
-void peer_down(Peer *p, int error, const char *why) {
+ * handlers hear "down", and the dialer reconnects after its backoff: from the shortest
+ * again if the session had lasted session_stable_usec(), the longest if another host with
+ * our HostId superseded it, else the next of the doubling. */
+static void peer_end(Peer *p, int error, const char *why, bool superseded) {
         bool was_up = p->state == PEER_UP;
 
         p->down_why = NULL; /* a deferred one is this */
@@ -95,6 +106,13 @@ void peer_down(Peer *p, int error, const char *why) {
                 log_warning("peer %s (%s): down: %s%s%s", p->name, p->host_id, why,
                             error ? ": " : "", error ? strerror(-error) : "");
                 p->stats.disconnects++;
+                /* Not at AUTH_OK: a session that ends at once (superseded by a host that
+                 * shares our HostId, a data stream that cannot attach, silence) would
+                 * otherwise come back every PEER_RECONNECT_MIN_USEC for ever. */
+                if (superseded)
+                        p->backoff_usec = PEER_RECONNECT_MAX_USEC;
+                else if (now_usec(CLOCK_MONOTONIC) - p->stats.up_since_usec >= session_stable_usec(p))
+                        p->backoff_usec = 0;
         } else
                 log_debug("peer %s: connection attempt failed: %s", p->name, why);
         peer_set_error(p, why, error);
@@ -115,6 +133,41 @@ void peer_down(Peer *p, int error, const char *why) {
         if (was_up)
                 notify_state(p, false);
         peer_schedule_reconnect(p);
+}
+
+void peer_down(Peer *p, int error, const char *why) {
+        peer_end(p, error, why, false);
+}
+
+/* Our session was superseded (BYE superseded): the acceptor took a newer control
+ * connection that authenticated with our HostId. We never dial a second one while ours
+ * is up, so another host uses our HostId (a cloned /etc/machine-id, a copied
+ * configuration): we wait the longest backoff, so that the two of us end each other's
+ * sessions once per PEER_RECONNECT_MAX_USEC at most (not ten times a second), and say so. */
+void peer_superseded(Peer *p) {
+        log_error("peer %s (%s): our session was superseded by another connection that authenticated as our "
+                  "HostId '%s': two hosts use HostId=%s (a cloned /etc/machine-id?), give each its own; "
+                  "next attempt in %u s",
+                  p->name, p->host_id, p->pm->host_id, p->pm->host_id,
+                  (unsigned)(PEER_RECONNECT_MAX_USEC / USEC_PER_SEC));
+        peer_end(p, -ECONNRESET, "superseded: another host uses our HostId", true);
+}
+
+/* A new authenticated control connection from p's host while its session is up: a
+ * restarted host whose old connection is not reset yet, or another host with the same
+ * HostId. The old session ends, its dialer told why (BYE superseded): if it is alive it
+ * is the duplicate, backs off to the longest and logs it (peer_superseded()). */
+void peer_supersede(Peer *p, Conn *by) {
+        char was[64] = "?", now[64];
+
+        peer_conn_from(by, now);
+        if (p->state == PEER_UP && p->control) {
+                peer_conn_from(p->control, was);
+                peer_conn_say_bye(p->control, PEER_FAIL_SUPERSEDED);
+        }
+        log_warning("peer %s (%s): session from %s superseded by a new connection from %s (a restarted host; "
+                    "if it repeats, two hosts share HostId=%s)", p->name, p->host_id, was, now, p->host_id);
+        peer_down(p, -ECONNRESET, "superseded by a new connection");
 }
 
 void peer_stream_failed(Peer *p, int error, const char *what) {
@@ -189,7 +242,7 @@ int peer_up(Peer *p, Conn *c, uint64_t session_id, unsigned n_streams) {
         p->session_id = session_id;
         p->n_streams = n_streams;
         p->state = PEER_UP;
-        p->backoff_usec = 0;
+        /* The backoff stays: only a session that lasts resets it (peer_end()). */
         p->stats.connects++;
         p->stats.last_rx_usec = p->stats.up_since_usec = now_usec(CLOCK_MONOTONIC);
         p->last_error[0] = 0;

@@ -80,9 +80,11 @@ class Net:
 
 
 class Node:
-    def __init__(self, node_bin, net, i, key, names, extra=()):
+    def __init__(self, node_bin, net, i, key, names, extra=(), log=None):
+        """log: a file that takes the node's stderr (its log), else this test's stderr."""
         self.net, self.i, self.ns = net, i, net.hosts[i]
         self.host_id = names[i]
+        self.log = log
         self.args = [node_bin, "--host-id", names[i], "--listen", f"{net.ip(i)}:7100",
                      "--key", key, "--heartbeat-ms", str(HEARTBEAT_MS), "--region-size", str(64 * MiB)]
         for j, n in enumerate(names):
@@ -93,8 +95,14 @@ class Node:
         self.start()
 
     def start(self):
-        self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns] + self.args,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        err = open(self.log, "a") if self.log else None
+        try:
+            self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns] + self.args,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+                                         bufsize=1)
+        finally:
+            if err:
+                err.close()
         self.buf = ""
         self._line(10)  # "ready"
 
@@ -566,6 +574,48 @@ def test_faults(node_bin, tmp):
                 n.stop()
             net.close()
 
+    def duplicate_host_id():
+        # Two hosts with the same HostId (a cloned machine-id) dial the same third one.
+        # Each new session supersedes the other's; before, the superseded one was just
+        # closed, and both dialers' backoff was reset by their brief session, so they
+        # took turns about 10 times a second for ever (every turn rolling back handoffs
+        # and republishing the directory). Now bravo tells the superseded one why (BYE
+        # superseded): its dialer says that another host uses its HostId and waits the
+        # longest backoff (5 s), and a brief session resets no backoff.
+        net = Net(3)
+        nodes = []
+        logs = [os.path.join(tmp, f"dup{i}.log") for i in range(3)]
+        try:
+            key = key_file(tmp, "key", "e" * 40)
+            a1 = Node(node_bin, net, 0, key, ["alpha", "bravo"], log=logs[0])
+            b = Node(node_bin, net, 1, key, ["alpha", "bravo"], log=logs[1])
+            nodes = [a1, b]
+            wait_until(lambda: all_up(nodes), 10, "up")
+            b.pump()
+            b.events.clear()
+            a2 = Node(node_bin, net, 2, key, ["alpha", "bravo", "alpha"], log=logs[2])
+            nodes.append(a2)
+            window = 4.0
+            time.sleep(window)
+            b.pump()
+            ups = [l for _, l in b.events if l.startswith("state alpha up")]
+            print(f"duplicate-host-id: bravo saw {len(ups)} session(s) of alpha in {window:.0f}s")
+            # a2's session supersedes a1's; a1 waits at least 3.75 s (5 s - 25 %) before
+            # it takes its turn: at most 2 here, and room for one more on a slow machine.
+            assert len(ups) <= 3, f"{len(ups)} sessions of alpha in {window}s: {ups}"
+            with open(logs[0]) as f:
+                said = [l for l in f if "HostId" in l]
+            print("duplicate-host-id: a1 said:", said)
+            assert any("superseded" in l and "'alpha'" in l for l in said), said
+            with open(logs[1]) as f:
+                said = [l for l in f if "superseded" in l]
+            print("duplicate-host-id: bravo said:", said)
+            assert any("HostId=alpha" in l for l in said), said
+        finally:
+            for n in nodes:
+                n.stop()
+            net.close()
+
     only = os.environ.get("EPD_FAULT")
     cases = [("kill-9", kill9, restart, True), ("link-down", link_down, link_up, True),
              ("nft-drop-all", drop_all, undrop, True),
@@ -577,6 +627,8 @@ def test_faults(node_bin, tmp):
             fault_case(node_bin, tmp, name, inject, heal, expect_down=down)
     if not only or only == "supersede":
         supersede()
+    if not only or only == "duplicate-host-id":
+        duplicate_host_id()
 
 
 def test_epdd(node_bin, tmp):
