@@ -434,12 +434,44 @@ int epd_feature_reserve(epd_client *c, const char *key, uint64_t bytes,
         return reserve_new(c, "Reserve", false, key, bytes, tensors, n_tensors, request_id, ret);
 }
 
+/* Reserve for the handle f holds (Acquire told it to produce): the answer is that
+ * handle's. One that names another handle (a daemon that made a new feature, as one
+ * did for a producer whose production had timed out) is refused and the other handle
+ * given back: f keeps its own, which its caller releases. */
 int epd_feature_produce(epd_client *c, epd_feature *f, uint64_t bytes,
                         const epd_feature_tensor *tensors, size_t n_tensors,
                         const char *request_id) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *m = NULL, *reply = NULL;
+        const char *handle;
+        int r;
+
         if (!c || !f)
                 return epd__error(c, -EINVAL, NULL);
-        return reserve(c, f->key, bytes, tensors, n_tensors, request_id, f);
+        if (!f->handle[0])
+                return reserve(c, f->key, bytes, tensors, n_tensors, request_id, f);
+        r = reserve_message(c, "Reserve", f->key, bytes, tensors, n_tensors, request_id, &m);
+        if (r < 0)
+                return r;
+        r = epd__send(c, m, &reply);
+        if (r < 0)
+                return r;
+        r = sd_bus_message_read(reply, "s", &handle);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        if (strcmp(handle, f->handle) != 0) {
+                char other[sizeof f->handle];
+                copy_str(other, sizeof other, handle);
+                snprintf(c->error_name, sizeof c->error_name, "org.epd1.Error.Stale");
+                snprintf(c->error_message, sizeof c->error_message,
+                         "Reserve of %s answered with handle %s, not the handle %s that was told to produce it; "
+                         "the other handle was given back: release this one and acquire the key again.",
+                         f->key, other, f->handle);
+                return epd__undo(c, -ESTALE, FEATURE_PATH, FEATURE_IFACE, "Release", "s", other);
+        }
+        r = sd_bus_message_rewind(reply, true);
+        if (r < 0)
+                return epd__error(c, r, NULL);
+        return read_info(c, reply, f);
 }
 
 int epd_feature_publish(epd_client *c, epd_feature *f, uint64_t encode_usec) {

@@ -84,35 +84,57 @@ static void emit_wanted(Manager *m, const char *key) {
         }
 }
 
+static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error);
+
+/* Whether h's client hears of its feature's new state: not while h's Acquire is still
+ * unanswered (a read back's): its caller never learnt the handle, and hears through the
+ * reply (a hit, an error, or, for a stored copy found unusable, the re-run's miss). A
+ * Wait in progress is no such Acquire: its caller holds the handle. */
+static bool holder_hears(const FeatureHandle *h) {
+        const Client *c = h->object.owner;
+        return !(h->waiter && h->waiter->done == acquire_loaded) && c && c->bus;
+}
+
+/* Up to this many handles on a feature, a client told already is found by looking back
+ * along the list; past it, through a table of the clients told. */
+#define READY_SCAN_MAX 16u
+
+/* Whether a handle before h in its feature's list told h's client already. */
+static bool told_before(const FeatureHolders *g, const FeatureHandle *h) {
+        for (const FeatureHandle *x = g->handles; x && x != h; x = x->holders_next)
+                if (x->object.owner == h->object.owner && holder_hears(x))
+                        return true;
+        return false;
+}
+
 /* FeatureReady goes to the clients that hold a handle on the feature (its producer,
  * readers and waiters, pins; not an Acquire still waiting for its read back), once
- * each, as a unicast signal: a key is a content hash
- * of someone's input, and nobody else learns that it was produced. */
+ * each, as a unicast signal: a key is a content hash of someone's input, and nobody
+ * else learns that it was produced. The feature's own handles are walked, not every
+ * handle of the daemon. */
 void bus_feature_emit_ready(Manager *m, Feature *f) {
         FeatureManager *fm = feature_manager_get(m);
-        if (!fm)
+        FeatureHolders *g = feature_manager_holders(fm, f);
+        Hashmap *sent = NULL;
+
+        if (!g)
                 return;
-        Hashmap *sent = hashmap_new(HASHMAP_KEY_U64, sizeof(uint64_t));
-        if (!sent) {
-                log_oom();
-                return;
+        if (g->n_handles > READY_SCAN_MAX) {
+                sent = hashmap_new(HASHMAP_KEY_U64, sizeof(uint64_t));
+                if (!sent) {
+                        log_oom();
+                        return;
+                }
         }
-        FeatureHandle *h;
-        size_t it = 0;
-        while (hashmap_iterate(fm->handles, &it, (void **)&h, NULL)) {
+        LIST_FOREACH(holders, h, g->handles) {
                 Client *c = h->object.owner;
-                /* Not for a handle whose Acquire is still unanswered (a read back's): its
-                 * caller never learnt it, and hears through the reply (a hit, an error,
-                 * or, for a stored copy found unusable, the re-run's miss). */
-                if (!h->ref || h->ref->feature != f || h->waiter || !c || !c->bus ||
-                    hashmap_contains(sent, &c->serial))
+                if (!holder_hears(h) || (sent ? hashmap_contains(sent, &c->serial) : told_before(g, h)))
                         continue;
-                int r = hashmap_put(sent, &c->serial, c);
-                if (r < 0) {
+                if (sent && hashmap_put(sent, &c->serial, c) < 0) {
                         log_oom();
                         break;
                 }
-                r = send_ready(c, f);
+                int r = send_ready(c, f);
                 if (r < 0)
                         log_debug_errno(r, "Cannot send FeatureReady to client %" PRIu64 ": %m", c->serial);
         }
@@ -655,6 +677,26 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
         return r;
 }
 
+/* Reserve's refusal for a key whose production through the caller's handle h failed. */
+static int late_reserve_error(const FeatureHandle *h, const char *key, sd_bus_error *error) {
+        char id[EPD_ID_STRING_MAX];
+        const Feature *f = h->ref->feature;
+
+        epd_id_to_string(&h->id, id);
+        if (f->error == -ETIMEDOUT) {
+                uint64_t ms = h->produce_timeout / USEC_PER_MSEC;
+                return epd_bus_error(error, EPD_ERROR_STALE,
+                                     "Production of feature '%.64s' through handle %s timed out after %" PRIu64
+                                     ".%03" PRIu64 " s ([Features] ProduceTimeout=) and failed; release the handle "
+                                     "and acquire the key again.",
+                                     key, id, ms / 1000, ms % 1000);
+        }
+        return epd_bus_error(error, EPD_ERROR_STALE,
+                             "Production of feature '%.64s' through handle %s failed (%s); release the handle and "
+                             "acquire the key again.",
+                             key, id, error_text(f->error));
+}
+
 static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         FeatureManager *fm = feature_manager_get(m);
@@ -689,6 +731,13 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 h->ref->feature->producer_uid = (uint32_t)w->object.owner->uid;
         } else {
                 FeatureRef *ref;
+                /* The caller was told to produce, and its production failed meanwhile
+                 * (past ProduceTimeout=, or failed): the key left the table, and a
+                 * reservation now would be another feature under another handle, while
+                 * the caller means the one it holds. */
+                FeatureHandle *old = feature_manager_failed_producer(fm, w->object.owner, key);
+                if (old)
+                        return late_reserve_error(old, key, error);
                 /* Before the reservation: it may evict cached features, and a key that
                  * is announced has waiters that a refused handle would fail. */
                 r = client_object_room(w->object.owner);

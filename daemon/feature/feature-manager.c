@@ -22,9 +22,18 @@ static void handle_release_object(ClientObject *o) {
 }
 
 /* A feature changed state: FeatureReady on the bus, and the calls that waited for it
- * (Acquires for its load, Waits for its Publish or failure) are answered. */
+ * (Acquires for its load, Waits for its Publish or failure) are answered. A failed
+ * feature's producer handle, still held (its production timed out, or was failed), is
+ * noted: a late Reserve through it is refused. */
 static void on_state(FeatureCache *c, Feature *f, void *userdata) {
         FeatureManager *fm = userdata;
+        FeatureHolders *g = f->state == FEATURE_FAILED ? feature_manager_holders(fm, f) : NULL;
+        if (g)
+                LIST_FOREACH(holders, h, g->handles)
+                        if (h->producer && !h->in_failed_producers) {
+                                LIST_PREPEND(failed_producers, fm->failed_producers, h);
+                                h->in_failed_producers = true;
+                        }
         bus_feature_emit_ready(fm->manager, f);
         FeatureHandle *next;
         for (FeatureHandle *h = fm->pending; h; h = next) {
@@ -64,6 +73,49 @@ static int on_timer(sd_event_source *s, uint64_t usec, void *userdata) {
 
 /* ---- handles ---- */
 
+FeatureHolders *feature_manager_holders(FeatureManager *fm, const Feature *f) {
+        return fm && f ? hashmap_get(fm->holders, &f) : NULL;
+}
+
+/* h among its feature's handles. */
+static int holders_add(FeatureManager *fm, FeatureHandle *h) {
+        Feature *f = h->ref->feature;
+        FeatureHolders *g = hashmap_get(fm->holders, &f);
+        if (!g) {
+                g = calloc(1, sizeof *g);
+                if (!g)
+                        return -ENOMEM;
+                g->feature = f;
+                int r = hashmap_put(fm->holders, &g->feature, g);
+                if (r < 0) {
+                        free(g);
+                        return r;
+                }
+        }
+        LIST_PREPEND(holders, g->handles, h);
+        g->n_handles++;
+        h->holders = g;
+        return 0;
+}
+
+static void holders_remove(FeatureManager *fm, FeatureHandle *h) {
+        FeatureHolders *g = TAKE_PTR(h->holders);
+        if (!g)
+                return;
+        LIST_REMOVE(holders, g->handles, h);
+        if (--g->n_handles == 0) {
+                hashmap_remove(fm->holders, &g->feature);
+                free(g);
+        }
+}
+
+FeatureHandle *feature_manager_failed_producer(FeatureManager *fm, const Client *c, const char *key) {
+        LIST_FOREACH(failed_producers, h, fm->failed_producers)
+                if (h->object.owner == c && strcmp(h->ref->feature->key, key) == 0)
+                        return h;
+        return NULL;
+}
+
 void feature_handle_release(FeatureHandle *h) {
         if (h->waiter) {
                 FeatureLoadWaiter *w = TAKE_PTR(h->waiter);
@@ -72,6 +124,11 @@ void feature_handle_release(FeatureHandle *h) {
         }
         client_object_unlink(&h->object);
         hashmap_remove(h->fm->handles, &h->id);
+        /* Before the reference goes: a producer's release fails the feature, whose
+         * FeatureReady is for the handles that stay. */
+        holders_remove(h->fm, h);
+        if (h->in_failed_producers)
+                LIST_REMOVE(failed_producers, h->fm->failed_producers, h);
         feature_ref_release(h->ref); /* a producer's release fails its waiters */
         feature_cache_region_free(h->fm->manager->features, &h->held);
         free(h);
@@ -129,6 +186,15 @@ int feature_handle_new(FeatureManager *fm, Client *c, FeatureRef *ref, FeatureHa
                 free(h);
                 return r;
         }
+        r = holders_add(fm, h);
+        if (r < 0) {
+                hashmap_remove(fm->handles, &h->id);
+                client_object_unlink(&h->object);
+                free(h);
+                return r;
+        }
+        h->producer = ref->kind == FEATURE_REF_PRODUCER;
+        h->produce_timeout = fm->manager->config.feature_produce_timeout_usec;
         ref->userdata = h;
         *ret = h;
         return 0;
@@ -295,7 +361,10 @@ static int feature_init(Manager *m) {
                 return log_oom();
         fm->manager = m;
         fm->handles = hashmap_new(HASHMAP_KEY_BYTES, sizeof(EpdId));
-        if (!fm->handles) {
+        fm->holders = hashmap_new(HASHMAP_KEY_BYTES, sizeof(Feature *));
+        if (!fm->handles || !fm->holders) {
+                hashmap_free(fm->handles);
+                hashmap_free(fm->holders);
                 free(fm);
                 return log_oom();
         }
@@ -304,6 +373,7 @@ static int feature_init(Manager *m) {
                                        &fm->store);
                 if (r < 0) {
                         hashmap_free(fm->handles);
+                        hashmap_free(fm->holders);
                         free(fm);
                         return log_error_errno(r, "Feature store %s: %m", m->config.feature_store_dir);
                 }
@@ -311,6 +381,7 @@ static int feature_init(Manager *m) {
                 if (r < 0) {
                         feature_store_free(fm->store);
                         hashmap_free(fm->handles);
+                        hashmap_free(fm->holders);
                         free(fm);
                         return log_error_errno(r, "Cannot start the feature spill thread: %m");
                 }
@@ -319,6 +390,7 @@ static int feature_init(Manager *m) {
                         feature_spiller_free(fm->spiller);
                         feature_store_free(fm->store);
                         hashmap_free(fm->handles);
+                        hashmap_free(fm->holders);
                         free(fm);
                         return log_error_errno(r, "Cannot start the feature load thread: %m");
                 }
@@ -345,6 +417,7 @@ static void feature_done(Manager *m) {
         feature_spiller_free(fm->spiller); /* writes what is queued */
         feature_store_free(fm->store);
         hashmap_free(fm->handles);
+        hashmap_free(fm->holders); /* empty: every handle went with its client */
         free(fm);
 }
 

@@ -26,6 +26,7 @@
                                            * when smaller: at start and at each reload) */
 
 typedef struct FeatureHandle FeatureHandle;
+typedef struct FeatureHolders FeatureHolders;
 
 /* A call answered once its handle's feature settles (the bus glue's: an Acquire waiting
  * for a read back, a Wait for a Publish): done() is called once, with error 0 when the
@@ -47,7 +48,21 @@ typedef struct FeatureManager {
                                   * (0: none pending; UINT64_MAX: refused) */
         usec_t rerun_deadline;   /* while an Acquire asked again is dispatched: its first
                                   * read back's deadline (0: none), which it keeps */
+        /* Feature* (its address) → FeatureHolders, while the feature has handles: a
+         * FeatureReady goes to its own holders, not a walk over every handle. */
+        Hashmap *holders;
+        /* Producer handles whose production failed (ProduceTimeout=, Fail) and that
+         * their clients still hold: a Reserve of the key by that client is refused, not
+         * answered with another handle (the caller's library would lose the first). */
+        LIST_HEAD(FeatureHandle, failed_producers);
 } FeatureManager;
+
+/* The handles on one feature (its producer, readers and waiters, pins). */
+struct FeatureHolders {
+        Feature *feature; /* the key of FeatureManager.holders */
+        LIST_HEAD(FeatureHandle, handles);
+        size_t n_handles;
+};
 
 struct FeatureHandle {
         ClientObject object;
@@ -57,6 +72,14 @@ struct FeatureHandle {
         FeatureLoadWaiter *waiter; /* while its feature is read back */
         FeatureHeldRegion held;    /* a departing producer's region, freed with the handle */
         LIST_FIELDS(FeatureHandle, pending);
+        FeatureHolders *holders;   /* its feature's handles, this one among them */
+        LIST_FIELDS(FeatureHandle, holders);
+        /* Made for a producer (told to produce, or its Reserve made the feature), and
+         * the ProduceTimeout= it was given then. */
+        bool producer;
+        usec_t produce_timeout;
+        bool in_failed_producers;  /* its production failed: in FeatureManager.failed_producers */
+        LIST_FIELDS(FeatureHandle, failed_producers);
 };
 
 /* Whether every evicted feature's GONE is durable, so that a region handed out now may
@@ -81,6 +104,11 @@ int feature_handle_lookup(FeatureManager *fm, Client *caller, const char *id_str
 void feature_handle_wait_load(FeatureHandle *h, FeatureLoadWaiter *w);
 /* Takes h's waiter off (NULL if none), without calling it. */
 FeatureLoadWaiter *feature_handle_unwait(FeatureHandle *h);
+/* The handles on f (NULL when it has none). */
+FeatureHolders *feature_manager_holders(FeatureManager *fm, const Feature *f);
+/* The producer handle of client c on key whose production failed (it timed out or was
+ * failed) and that c still holds; NULL if none. */
+FeatureHandle *feature_manager_failed_producer(FeatureManager *fm, const Client *c, const char *key);
 
 /* A worker's Acquire (hit, or told to produce) and Publish, in its counters
  * (core/worker.h: WorkerStats). */

@@ -1613,6 +1613,134 @@ START_TEST(test_ready_only_to_holders) {
 }
 END_TEST
 
+/* A round trip to epdd on bus, then what came before its answer dispatched: a signal
+ * epdd sent this connection before is counted by now. */
+static void settle(sd_bus *bus) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        uint64_t v;
+        ck_assert_int_ge(sd_bus_get_property_trivial(bus, harness_destination(&h), "/org/epd1/feature",
+                                                     "org.epd1.Feature", "Produced", &e, 't', &v), 0);
+        while (sd_bus_process(bus, NULL) > 0)
+                ;
+}
+
+/* A reader whose Wait is in progress holds the feature too, and hears FeatureReady
+ * (docs/features.md, "Waiting": every holder but an Acquire still waiting for its read
+ * back), once. Before, the pending Wait was taken for such an Acquire: no signal. */
+START_TEST(test_ready_reaches_a_pending_wait) {
+        const char *key = "sha256:ready-to-wait";
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        epd_feature *p, *w;
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(10, t, &bytes);
+        unsigned got = 0;
+        sd_bus_slot *slot = NULL;
+        Answer waited = {};
+
+        ck_assert_int_eq(epd_feature_reserve(enc, key, bytes, t, n, NULL, &p), 0);
+        ck_assert_int_eq(epd_feature_acquire(pre, key, false, &w), 0);
+        ck_assert_str_eq(w->result, "wait");
+        ck_assert_int_ge(sd_bus_match_signal(pre->bus, &slot, NULL, "/org/epd1/feature", "org.epd1.Feature",
+                                             "FeatureReady", count_ready, &got), 0);
+        answered = 0;
+        ck_assert_int_ge(sd_bus_call_method_async(pre->bus, NULL, harness_destination(&h), "/org/epd1/feature",
+                                                  "org.epd1.Feature", "Wait", on_wait, &waited, "s", w->handle),
+                         0);
+        settle(pre->bus); /* epdd has the Wait */
+        ck_assert_int_eq(waited.order, 0);
+        ck_assert_int_eq(epd_feature_publish(enc, p, 1), 0);
+        run_until(pre->bus, 1);
+        ck_assert_str_eq(waited.error, "");
+        ck_assert_str_eq(waited.result, "ready");
+        settle(pre->bus);
+        ck_assert_msg(got == 1, "a reader with a Wait in progress received %u FeatureReady signals, not 1", got);
+
+        sd_bus_slot_unref(slot);
+        ck_assert_int_eq(epd_feature_release(pre, w), 0);
+        ck_assert_int_eq(epd_feature_release(enc, p), 0);
+        ck_assert_uint_eq(stat_u64(NULL, "Handles"), 0);
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+}
+END_TEST
+
+/* FeatureReady goes to every client holding the feature, whatever its handle (the
+ * producer, readers, a pin), once each however many handles it holds (2, and 20: more
+ * than epdd looks back along the feature's handles for), and to nobody else: not a
+ * client holding another key, not a connection holding nothing. Published, then
+ * failed. */
+START_TEST(test_ready_to_every_holder) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill"), *pinner = worker("prefill"),
+                   *many = worker("prefill"), *other = worker("encoder");
+        epd_client *clients[] = { enc, pre, pinner, many, other };
+        unsigned got[5] = {}, got_raw = 0;
+        sd_bus_slot *slots[6] = {};
+        epd_feature *p1, *p2, *po, *r[2], *pn, *m[20];
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(10, t, &bytes);
+        sd_bus *raw;
+
+        ck_assert_int_eq(epd_feature_reserve(enc, "holders:1", bytes, t, n, NULL, &p1), 0);
+        ck_assert_int_eq(epd_feature_reserve(enc, "holders:2", bytes, t, n, NULL, &p2), 0);
+        for (int i = 0; i < 2; i++) {
+                ck_assert_int_eq(epd_feature_acquire(pre, "holders:1", false, &r[i]), 0);
+                ck_assert_str_eq(r[i]->result, "wait");
+        }
+        ck_assert_int_eq(epd_feature_pin(pinner, "holders:1", &pn), 0);
+        for (int i = 0; i < 20; i++)
+                ck_assert_int_eq(epd_feature_acquire(many, "holders:2", false, &m[i]), 0);
+        ck_assert_int_eq(epd_feature_reserve(other, "holders:other", bytes, t, n, NULL, &po), 0);
+        for (int i = 0; i < 5; i++)
+                ck_assert_int_ge(sd_bus_match_signal(clients[i]->bus, &slots[i], NULL, "/org/epd1/feature",
+                                                     "org.epd1.Feature", "FeatureReady", count_ready, &got[i]),
+                                 0);
+        ck_assert_int_ge(harness_raw_bus(&h, &raw), 0);
+        ck_assert_int_ge(sd_bus_match_signal(raw, &slots[5], NULL, "/org/epd1/feature", "org.epd1.Feature",
+                                             "FeatureReady", count_ready, &got_raw), 0);
+        settle(raw); /* its match rule is in place at the bus */
+
+        fill(p1->data, bytes, 1);
+        ck_assert_int_eq(epd_feature_publish(enc, p1, 1), 0);
+        for (int i = 0; i < 5; i++)
+                settle(clients[i]->bus);
+        settle(raw);
+        ck_assert_uint_eq(got[0], 1); /* the producer */
+        ck_assert_uint_eq(got[1], 1); /* two readers' handles, one client */
+        ck_assert_uint_eq(got[2], 1); /* the pin */
+        ck_assert_uint_eq(got[3], 0);
+        ck_assert_uint_eq(got[4], 0);
+        ck_assert_uint_eq(got_raw, 0);
+
+        ck_assert_int_eq(epd_feature_fail(enc, p2, "encoder-error"), 0);
+        for (int i = 0; i < 5; i++)
+                settle(clients[i]->bus);
+        settle(raw);
+        ck_assert_uint_eq(got[0], 2); /* its producer still holds it */
+        ck_assert_uint_eq(got[1], 1);
+        ck_assert_uint_eq(got[2], 1);
+        ck_assert_uint_eq(got[3], 1); /* twenty handles, one client */
+        ck_assert_uint_eq(got[4], 0);
+        ck_assert_uint_eq(got_raw, 0);
+
+        for (int i = 0; i < 6; i++)
+                sd_bus_slot_unref(slots[i]);
+        sd_bus_flush_close_unref(raw);
+        for (int i = 0; i < 20; i++)
+                ck_assert_int_eq(epd_feature_release(many, m[i]), 0);
+        for (int i = 0; i < 2; i++)
+                ck_assert_int_eq(epd_feature_release(pre, r[i]), 0);
+        ck_assert_int_eq(epd_feature_release(pinner, pn), 0);
+        ck_assert_int_eq(epd_feature_release(enc, p1), 0);
+        ck_assert_int_eq(epd_feature_release(enc, p2), 0);
+        ck_assert_int_eq(epd_feature_release(other, po), 0);
+        ck_assert_uint_eq(stat_u64(NULL, "Handles"), 0);
+        for (int i = 0; i < 5; i++)
+                epd_disconnect(clients[i]);
+}
+END_TEST
+
 /* An encoder at its handle limit that claims an announced key is refused before anything
  * changes: the prefill waiting for the key keeps waiting (it was failed, "producer
  * gone"), and another encoder produces it. Through AcquireOrReserve and Reserve. */
@@ -1695,6 +1823,70 @@ START_TEST(test_produce_timeout) {
 }
 END_TEST
 
+static bool produce_timed_out(void *userdata) {
+        return stat_u64(NULL, "ProduceTimeouts") >= 1;
+}
+
+/* An encoder told to produce whose encode outlasts ProduceTimeout= and then reserves
+ * (epd_feature_produce()): refused by name, f keeps the handle it was told to produce
+ * through, and once released nothing is left. Before, the Reserve made another feature
+ * under another handle, which replaced f's: the first stayed the client's until it
+ * disconnected. Then a reader's handle (told wait) whose producer failed, produced
+ * through by mistake: libepd gives back the handle of the feature the Reserve made
+ * instead of taking it for f's. */
+START_TEST(test_produce_after_timeout) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(10, t, &bytes);
+        epd_feature *p, *w, *q;
+        char held[sizeof p->handle];
+
+        ck_assert_int_eq(epd_feature_acquire(enc, "sha256:slow-encode", true, &p), 0);
+        ck_assert_str_eq(p->result, "produce");
+        snprintf(held, sizeof held, "%s", p->handle);
+        ck_assert(harness_wait_for(produce_timed_out, NULL, 10000));
+        ck_assert_int_eq(epd_feature_produce(enc, p, bytes, t, n, NULL), -ESTALE);
+        ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.Stale");
+        ck_assert_msg(strstr(epd_last_error_message(enc), "timed out after 1.000 s") &&
+                              strstr(epd_last_error_message(enc), "sha256:slow-encode"),
+                      "%s", epd_last_error_message(enc));
+        ck_assert_str_eq(p->handle, held);
+        ck_assert_uint_eq(stat_u64(NULL, "Handles"), 1);
+        ck_assert_int_eq(epd_feature_refresh(enc, p), 0);
+        ck_assert_str_eq(p->state, "failed");
+        ck_assert_str_eq(p->error, "timeout");
+        ck_assert_int_eq(epd_feature_release(enc, p), 0);
+        ck_assert_uint_eq(stat_u64(NULL, "Handles"), 0);
+        ck_assert_uint_eq(stat_u64(NULL, "BytesReserved"), 0);
+        /* Released, the key is the encoder's to produce again. */
+        ck_assert_int_eq(epd_feature_acquire(enc, "sha256:slow-encode", true, &p), 0);
+        ck_assert_str_eq(p->result, "produce");
+        ck_assert_int_eq(epd_feature_produce(enc, p, bytes, t, n, NULL), 0);
+        fill(p->data, bytes, 4);
+        ck_assert_int_eq(epd_feature_publish(enc, p, 1), 0);
+        ck_assert_int_eq(epd_feature_release(enc, p), 0);
+
+        /* A waiter's handle, its producer failed: the Reserve makes a feature of its own
+         * (a handle the caller did not have), given back. */
+        ck_assert_int_eq(epd_feature_reserve(enc, "sha256:misused", bytes, t, n, NULL, &q), 0);
+        ck_assert_int_eq(epd_feature_acquire(pre, "sha256:misused", true, &w), 0);
+        ck_assert_str_eq(w->result, "wait");
+        snprintf(held, sizeof held, "%s", w->handle);
+        ck_assert_int_eq(epd_feature_fail(enc, q, "encoder-error"), 0);
+        ck_assert_int_eq(epd_feature_release(enc, q), 0);
+        ck_assert_int_eq(epd_feature_produce(pre, w, bytes, t, n, NULL), -ESTALE);
+        ck_assert_str_eq(epd_last_error_name(pre), "org.epd1.Error.Stale");
+        ck_assert_str_eq(w->handle, held);
+        ck_assert_uint_eq(stat_u64(NULL, "Handles"), 1);
+        ck_assert_int_eq(epd_feature_release(pre, w), 0);
+        ck_assert_uint_eq(stat_u64(NULL, "Handles"), 0);
+        ck_assert_uint_eq(stat_u64(NULL, "BytesReserved"), 0);
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+}
+END_TEST
+
 /* What a reload (SIGHUP) changes of the cache besides its budget: the spill queue's
  * bound, the smaller of 256 MiB and CacheSize= (docs/features.md), follows CacheSize=.
  * Started with a 2 MiB cache and reloaded to 16 MiB, a 4 MiB feature evicted is spilled
@@ -1763,6 +1955,8 @@ int main(void) {
         tcase_add_test(tc, test_bad_descriptor);
         tcase_add_test(tc, test_coalescing);
         tcase_add_test(tc, test_ready_only_to_holders);
+        tcase_add_test(tc, test_ready_reaches_a_pending_wait);
+        tcase_add_test(tc, test_ready_to_every_holder);
         tcase_add_test(tc, test_producer_killed);
         tcase_add_test(tc, test_prefetch_pin_store);
         tcase_add_test(tc, test_load_off_loop);
@@ -1786,6 +1980,7 @@ int main(void) {
         tcase_add_checked_fixture(tp, setup_produce_timeout, teardown);
         tcase_set_timeout(tp, 60);
         tcase_add_test(tp, test_produce_timeout);
+        tcase_add_test(tp, test_produce_after_timeout);
         suite_add_tcase(s, tp);
         TCase *td = tcase_create("slow-disk");
         tcase_add_checked_fixture(td, setup_slow_disk, teardown);
