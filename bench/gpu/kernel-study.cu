@@ -91,6 +91,60 @@ __global__ void __launch_bounds__(256) copy_tiles(const Chunk *__restrict__ chun
         }
 }
 
+// The same tiles, handed out per SM: the blocks resident on one SM take the next tiles of
+// the chunk that SM is on (a chunk is claimed from a global counter by the block that
+// draws its first tile), so an SM touches one or two pages of either arena at a time
+// instead of one a block. Tickets: ctr[0] is the global chunk counter, ctr[1 + smid] the
+// SM's ticket counter; slot[smid * 64 + j % 64] publishes the SM's j-th chunk as
+// (j + 1) << 32 | chunk. ctr and slot are zeroed before each launch.
+template <int U>
+__global__ void __launch_bounds__(256) copy_sm_local(const Chunk *__restrict__ chunks, unsigned n, unsigned tile_words,
+                                                     unsigned tiles_per_chunk, unsigned *ctr,
+                                                     unsigned long long *slot) {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        __shared__ unsigned long long claim;
+        for (;;) {
+                if (threadIdx.x == 0) {
+                        const unsigned k = atomicAdd(&ctr[1 + smid], 1);
+                        const unsigned j = k / tiles_per_chunk, t = k - j * tiles_per_chunk;
+                        volatile unsigned long long *sl = &slot[(unsigned long long)smid * 64 + j % 64];
+                        unsigned long long v;
+                        if (t == 0) {
+                                v = (unsigned long long)(j + 1) << 32 | atomicAdd(&ctr[0], 1);
+                                *sl = v;
+                                __threadfence();
+                        } else
+                                while (((v = *sl) >> 32) != j + 1)
+                                        ;
+                        claim = (v & 0xffffffffULL) | (unsigned long long)t << 40;
+                }
+                __syncthreads();
+                const unsigned long long cl = claim;
+                __syncthreads();
+                const unsigned c = (unsigned)(cl & 0xffffffffULL), t = (unsigned)(cl >> 40);
+                if (c >= n)
+                        return;
+                const Chunk e = chunks[c];
+                const unsigned long long begin = (unsigned long long)t * tile_words;
+                const uint4 *__restrict__ s = (const uint4 *)e.src;
+                uint4 *__restrict__ d = (uint4 *)e.dst;
+                const unsigned long long end = min(begin + tile_words, e.len / 16);
+                unsigned long long i = begin + threadIdx.x;
+                for (; i + (U - 1) * 256 < end; i += U * 256) {
+                        uint4 v[U];
+#pragma unroll
+                        for (int u = 0; u < U; u++)
+                                v[u] = __ldcs(s + i + u * 256);
+#pragma unroll
+                        for (int u = 0; u < U; u++)
+                                __stcs(d + i + u * 256, v[u]);
+                }
+                for (; i < end; i += 256)
+                        __stcs(d + i, __ldcs(s + i));
+        }
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define HAVE_TMA 1
 #endif
@@ -372,6 +426,10 @@ int main() {
         RK(cudaMalloc(&dc, sizeof(Chunk) * 65536));
         unsigned long long *bad;
         RK(cudaMalloc(&bad, 8));
+        unsigned *sm_ctr;
+        unsigned long long *sm_slot;
+        RK(cudaMalloc(&sm_ctr, sizeof(unsigned) * 1025));
+        RK(cudaMalloc(&sm_slot, sizeof(unsigned long long) * 1024 * 64));
 
         for (auto &cs : cases) {
                 unsigned n = (unsigned)cs.c.size();
@@ -418,6 +476,24 @@ int main() {
                         });
                         if (check("copy engine, 2-D, 1 call a group"))
                                 row("copy engine, 2-D, 1 call a group", ms);
+                }
+                {
+                        /* Tiles handed out per SM (copy_sm_local). */
+                        for (unsigned tile : { 16u * 1024, 32u * 1024 }) {
+                                const unsigned per = (unsigned)((len + tile - 1) / tile);
+                                int nsm = 0;
+                                RK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
+                                RK(cudaMemsetAsync((void *)y, 0, S, stream));
+                                double ms = time_it([&] {
+                                        RK(cudaMemsetAsync(sm_ctr, 0, sizeof(unsigned) * 1025, stream));
+                                        RK(cudaMemsetAsync(sm_slot, 0, sizeof(unsigned long long) * 1024 * 64, stream));
+                                        copy_sm_local<4><<<nsm * 8, 256, 0, stream>>>(dc, n, tile / 16, per, sm_ctr, sm_slot);
+                                });
+                                char kname[64];
+                                snprintf(kname, sizeof kname, "per-SM tiles %uK cs U4", tile >> 10);
+                                if (check(kname))
+                                        row(kname, ms);
+                        }
                 }
                 tiles(copy_tiles<true, 4>, 256 * 1024, "2-D grid 256K cs U4");
                 tiles(copy_tiles<false, 4>, 64 * 1024, "2-D grid 64K plain U4");
