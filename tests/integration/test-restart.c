@@ -2511,6 +2511,7 @@ START_TEST(test_directory_pool_without_memory_fails_the_start) {
         ck_assert_uint_eq(n, 2);
         write_page(c, host0, p[0], 7);
         write_page(c, host0, p[1], 8);
+        free(p);
         const uint64_t hs[2] = { 0x5eed0001, 0x5eed0002 };
         ck_assert_int_eq(epd_sequence_publish(c, s, 0, hs, 2), 2);
         ck_assert_int_eq(epd_sequence_release(c, s), 0);

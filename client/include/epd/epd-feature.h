@@ -98,7 +98,9 @@ int epd_feature_call_finish(epd_client *c, epd_feature_call *call, uint64_t time
  * whose errno happens to be ETIMEDOUT, EINTR or EBUSY included), not a wait cut short. */
 bool epd_feature_call_taken(const epd_feature_call *call);
 void epd_feature_call_free(epd_client *c, epd_feature_call *call);
-/* The same for a feature acquired with result "produce": updates f. */
+/* The same for a feature acquired with result "produce": updates f. -ESTALE
+ * (org.epd1.Error.Stale) when its production timed out ([Features] ProduceTimeout=) or
+ * failed meanwhile: f keeps its handle (release it, and acquire the key again). */
 int epd_feature_produce(epd_client *c, epd_feature *f, uint64_t bytes,
                         const epd_feature_tensor *tensors, size_t n_tensors,
                         const char *request_id);
