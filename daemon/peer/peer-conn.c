@@ -78,10 +78,7 @@ static int on_note_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
-/* The timers that serve the listen source (the note timer, the accept retry) are freed
- * with it; what is left unsaid is said then. */
-static void on_listen_source_destroyed(void *userdata) {
-        PeerManager *pm = userdata;
+void peer_notes_done(PeerManager *pm) {
         usec_t now = now_usec(CLOCK_MONOTONIC);
 
         for (unsigned k = 0; k < _PEER_NOTE_MAX; k++)
@@ -89,10 +86,6 @@ static void on_listen_source_destroyed(void *userdata) {
                         note_say(pm, k, now);
         pm->note_timer = sd_event_source_disable_unref(pm->note_timer);
         pm->listen_retry = sd_event_source_disable_unref(pm->listen_retry);
-}
-
-static int listen_source_own(PeerManager *pm) {
-        return sd_event_source_set_destroy_callback(pm->listen_source, on_listen_source_destroyed);
 }
 
 /* The note timer, at the earliest time a kind with something unsaid may speak again.
@@ -111,11 +104,9 @@ static void note_arm(PeerManager *pm) {
         }
         if (!pm->listen_source)
                 return;
-        if (!pm->note_timer) {
+        if (!pm->note_timer)
                 r = sd_event_add_time(pm->event, &pm->note_timer, CLOCK_MONOTONIC, next, 0, on_note_timer, pm);
-                if (r >= 0)
-                        r = listen_source_own(pm);
-        } else {
+        else {
                 r = sd_event_source_set_time(pm->note_timer, next);
                 if (r >= 0)
                         r = sd_event_source_set_enabled(pm->note_timer, SD_EVENT_ONESHOT);
@@ -673,8 +664,7 @@ static int listen_retry_new(PeerManager *pm) {
                                        on_listen_retry, pm);
         if (r < 0)
                 return r;
-        (void)sd_event_source_set_enabled(pm->listen_retry, SD_EVENT_OFF);
-        return listen_source_own(pm);
+        return sd_event_source_set_enabled(pm->listen_retry, SD_EVENT_OFF);
 }
 
 /* accept() failed for want of fds or memory: the connection stays in the backlog, and the

@@ -174,8 +174,8 @@ struct PeerManager {
         /* Refusals of others' connections, counted and logged with a bound (peer_note()).
          * note_timer says what a kind left unsaid once its interval has passed;
          * listen_retry switches the listen source back on after an accept() that ran
-         * out of fds (PEER_ACCEPT_RETRY_USEC). Both serve the listen source and go with
-         * it (its destroy callback). */
+         * out of fds (PEER_ACCEPT_RETRY_USEC). Both go in peer_manager_free()
+         * (peer_notes_done()). */
         PeerNote notes[_PEER_NOTE_MAX];
         usec_t note_interval_usec; /* 0: PEER_NOTE_INTERVAL_USEC (tests shorten it) */
         sd_event_source *note_timer;
@@ -211,6 +211,9 @@ struct PeerManager {
  * logs it now if its kind said nothing for pm->note_interval_usec, else later, with the
  * count of those it stands for. */
 void peer_note(PeerManager *pm, PeerNoteKind kind, const char *fmt, ...) _printf_(3, 4);
+/* What the notes left unsaid is said, and their timer and the accept retry go (at
+ * peer_manager_free()). */
+void peer_notes_done(PeerManager *pm);
 /* "ADDR:PORT" of an accepted connection, for the log. */
 const char *peer_conn_from(const Conn *c, char buf[static 64]);
 /* The acceptor's side of a supersede: the old session's dialer is told (BYE superseded)

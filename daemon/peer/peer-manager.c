@@ -58,6 +58,7 @@ PeerManager *peer_manager_free(PeerManager *pm) {
                 peer_free(pm->peers[i]);
         free(pm->peers);
         hashmap_free(pm->by_host_id);
+        peer_notes_done(pm);
         sd_event_source_disable_unref(pm->listen_source);
         safe_close(pm->listen_fd);
         peer_auth_key_free(pm->key);

@@ -73,7 +73,9 @@ static PeerManager *listening_manager(sd_event **ret_event) {
         char key[64], listen_at[64];
         PeerManager *pm;
 
-        snprintf(key, sizeof key, "/tmp/epd-test-peer-listen-XXXXXX");
+        /* In the run's directory, which check_run() removes even after a failed test. */
+        const char *run = getenv("EPD_TEST_RUN_DIR");
+        snprintf(key, sizeof key, "%s/peer-listen-key-XXXXXX", run ? run : "/tmp");
         int kfd = mkstemp(key);
         ck_assert_int_ge(kfd, 0);
         ck_assert_int_eq(write(kfd, "0123456789abcdef0123456789abcdef", 32), 32);

@@ -60,7 +60,9 @@ static int tcp_to(unsigned short port) {
 
 /* A key file (mkstemp: mode 0600); loaded by peer_manager_new(), then removed. */
 static void key_file(char path[static 64]) {
-        snprintf(path, 64, "/tmp/epd-test-peer-session-XXXXXX");
+        /* In the run's directory, which check_run() removes even after a failed test. */
+        const char *run = getenv("EPD_TEST_RUN_DIR");
+        snprintf(path, 64, "%s/peer-session-key-XXXXXX", run ? run : "/tmp");
         int fd = mkstemp(path);
         ck_assert_int_ge(fd, 0);
         ck_assert_int_eq(write(fd, KEY, strlen(KEY)), (ssize_t)strlen(KEY));
