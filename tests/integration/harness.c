@@ -429,6 +429,23 @@ bool harness_telemetry_lists(sd_bus *bus, const char *peer) {
         return found;
 }
 
+uint64_t harness_handoff_counter(sd_bus *bus, const char *name) {
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        uint64_t found = UINT64_MAX;
+        ck_assert_int_ge(sd_bus_get_property(bus, NULL, "/org/epd1/handoffs", "org.epd1.Handoffs", "Counters", &e,
+                                             &reply, "a{st}"), 0);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "{st}"), 0);
+        const char *k;
+        uint64_t v;
+        while (sd_bus_message_read(reply, "{st}", &k, &v) > 0)
+                if (strcmp(k, name) == 0)
+                        found = v;
+        sd_bus_message_unref(reply);
+        ck_assert_msg(found != UINT64_MAX, "no counter %s", name);
+        return found;
+}
+
 int harness_direct_bus(Harness *h, sd_bus **ret) {
         sd_bus *bus = NULL;
         char addr[320];

@@ -93,6 +93,10 @@ int harness_direct_bus(Harness *h, sd_bus **ret);
 /* Whether the daemon on bus lists peer in its telemetry (org.epd1.Telemetry.GetPeers). */
 bool harness_telemetry_lists(sd_bus *bus, const char *peer);
 
+/* The daemon's handoff counter `name` (org.epd1.Handoffs.Counters); fails the test if
+ * there is none of that name. */
+uint64_t harness_handoff_counter(sd_bus *bus, const char *name);
+
 /* Compares the interface defined in xml_file with the same interface in the live
  * introspection of `path`; whitespace-insensitive. Returns 0 if equal; otherwise
  * prints both and returns -EBADMSG. */

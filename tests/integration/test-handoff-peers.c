@@ -1175,23 +1175,6 @@ START_TEST(test_remote_refusal_named) {
 }
 END_TEST
 
-static uint64_t handoff_counter(epd_client *c, const char *name) {
-        sd_bus_error e = SD_BUS_ERROR_NULL;
-        sd_bus_message *reply = NULL;
-        uint64_t found = UINT64_MAX;
-        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/handoffs", "org.epd1.Handoffs", "Counters", &e,
-                                             &reply, "a{st}"), 0);
-        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "{st}"), 0);
-        const char *k;
-        uint64_t v;
-        while (sd_bus_message_read(reply, "{st}", &k, &v) > 0)
-                if (strcmp(k, name) == 0)
-                        found = v;
-        sd_bus_message_unref(reply);
-        ck_assert_msg(found != UINT64_MAX, "no counter %s", name);
-        return found;
-}
-
 /* 16 one-layer groups of 4 KiB pages (a write a page a group), every group ready at
  * Prepare, from alpha to charlie: two handoffs of 4097 and 3000 pages are 113552 writes,
  * past the 65536 a peer takes in flight. The groups past that bound wait for room
@@ -1259,7 +1242,7 @@ START_TEST(test_many_writes_wait_for_room) {
                 free(seq[h]);
                 free(src[h]);
         }
-        ck_assert_uint_gt(handoff_counter(p, "write-stalls"), 0);
+        ck_assert_uint_gt(harness_handoff_counter(p->bus, "write-stalls"), 0);
         ck_assert_uint_eq(arena_live(p), 0);
         ck_assert_uint_eq(arena_live(d), 0);
         epd_disconnect(p);

@@ -126,20 +126,7 @@ static uint64_t arena_live(epd_client *c, const char *arena) {
 }
 
 static uint64_t counter(epd_client *c, const char *name) {
-        sd_bus_error e = SD_BUS_ERROR_NULL;
-        sd_bus_message *reply = NULL;
-        uint64_t found = UINT64_MAX;
-        ck_assert_int_ge(sd_bus_get_property(c->bus, NULL, "/org/epd1/handoffs", "org.epd1.Handoffs", "Counters", &e,
-                                             &reply, "a{st}"), 0);
-        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "{st}"), 0);
-        const char *k;
-        uint64_t v;
-        while (sd_bus_message_read(reply, "{st}", &k, &v) > 0)
-                if (strcmp(k, name) == 0)
-                        found = v;
-        sd_bus_message_unref(reply);
-        ck_assert_msg(found != UINT64_MAX, "no counter %s", name);
-        return found;
+        return harness_handoff_counter(c->bus, name);
 }
 
 /* Handoffs.Paths: the row of (peer, transport), its counts and its duration histogram. */
