@@ -503,9 +503,17 @@ static int open_log_for_append(Wal *w, uint64_t end) {
  * daemon died, whose later records can only be ones no sync covered, and zeros written
  * ahead); damage in the middle of the log does: those records may have been
  * acknowledged. Cheap tests first (the header's zero fields, an LSN past the last good
- * one), so that garbage costs no CRC at every offset. */
-static uint64_t records_after_damage(const uint8_t *p, size_t n, uint64_t last_lsn, uint64_t *ret_lsn) {
-        uint64_t found = 0;
+ * one), so that garbage costs no CRC at every offset. The CRCs are bounded too
+ * (DAMAGE_SCAN_BUDGET): bytes crafted to pass the cheap tests every 24 bytes, each
+ * claiming a payload of 1 MiB, would otherwise cost ~44000 times their size of CRC
+ * (days for a log of a GiB) before the daemon starts. Past the bound *ret_incomplete is
+ * set and the scan stops: what follows is not known to hold no records, so the caller
+ * keeps the bytes as if it did. */
+#define DAMAGE_SCAN_BUDGET(n) (2 * (uint64_t)(n) + 2 * (uint64_t)WAL_RECORD_PAYLOAD_MAX)
+static uint64_t records_after_damage(const uint8_t *p, size_t n, uint64_t last_lsn, uint64_t *ret_lsn,
+                                     bool *ret_incomplete) {
+        uint64_t found = 0, budget = DAMAGE_SCAN_BUDGET(n);
+        *ret_incomplete = false;
         /* A zeroed header is where the writer cut records whose callers heard they failed
          * and whose cut the file system refused (cut_failed()): the end, not damage. */
         if (n >= WAL_RECORD_HEADER_SIZE && all_zero(p, WAL_RECORD_HEADER_SIZE))
@@ -513,15 +521,26 @@ static uint64_t records_after_damage(const uint8_t *p, size_t n, uint64_t last_l
         for (size_t off = 8; off + WAL_RECORD_HEADER_SIZE <= n;) {
                 const uint8_t *q = p + off;
                 uint64_t lsn = unaligned_read_le64(q + 8);
+                uint32_t len = unaligned_read_le32(q);
                 WalRecord rec;
                 size_t size;
                 if (unaligned_read_le32(q + 20) == 0 && unaligned_read_le16(q + 18) == 0 && lsn > last_lsn &&
-                    lsn - last_lsn <= n / WAL_RECORD_HEADER_SIZE + 1 && wal_record_parse(q, n - off, &rec, &size) == 0) {
-                        found++;
-                        *ret_lsn = rec.lsn;
-                        off += size;
-                } else
-                        off += 8;
+                    lsn - last_lsn <= n / WAL_RECORD_HEADER_SIZE + 1 && len <= WAL_RECORD_PAYLOAD_MAX &&
+                    wal_record_size(len) <= n - off) {
+                        /* wal_record_parse() CRCs the header and the payload. */
+                        if (wal_record_size(len) > budget) {
+                                *ret_incomplete = true;
+                                break;
+                        }
+                        budget -= wal_record_size(len);
+                        if (wal_record_parse(q, n - off, &rec, &size) == 0) {
+                                found++;
+                                *ret_lsn = rec.lsn;
+                                off += size;
+                                continue;
+                        }
+                }
+                off += 8;
         }
         return found;
 }
@@ -643,9 +662,11 @@ int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
                         w->stats.cut_bytes = log_size - pr.good_bytes;
                         uint64_t after_lsn = 0;
                         const uint8_t *cut = (const uint8_t *)log + pr.good_bytes;
+                        bool incomplete;
                         w->stats.cut_records = records_after_damage(cut, log_size - pr.good_bytes, pr.last_lsn,
-                                                                    &after_lsn);
-                        if (w->stats.cut_records > 0) {
+                                                                    &after_lsn, &incomplete);
+                        w->stats.cut_scan_incomplete = incomplete;
+                        if (w->stats.cut_records > 0 || incomplete) {
                                 char name[64];
                                 r = keep_cut_bytes(w, cut, log_size - pr.good_bytes, pr.last_lsn, name, sizeof name);
                                 if (r < 0)
@@ -655,12 +676,22 @@ int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
                                                                "refusing to cut them.",
                                                                w->dir, WAL_LOG_NAME, pr.last_lsn,
                                                                w->stats.cut_records);
-                                log_error("WAL %s/%s is damaged after LSN %" PRIu64 ": %" PRIu64
-                                          " well-formed records (up to LSN %" PRIu64 ") follow the damage and "
-                                          "are not replayed; changes they hold may have been acknowledged. "
-                                          "The cut bytes are kept in %s/%s.",
-                                          w->dir, WAL_LOG_NAME, pr.last_lsn, w->stats.cut_records, after_lsn, w->dir,
-                                          name);
+                                if (incomplete)
+                                        log_error("WAL %s/%s is damaged after LSN %" PRIu64 ": the %zu bytes "
+                                                  "after the damage were not all examined (the scan for "
+                                                  "well-formed records stopped at its bound, %" PRIu64
+                                                  " found), and nothing after the damage is replayed; changes "
+                                                  "they hold may have been acknowledged. The cut bytes are kept "
+                                                  "in %s/%s.",
+                                                  w->dir, WAL_LOG_NAME, pr.last_lsn, log_size - pr.good_bytes,
+                                                  w->stats.cut_records, w->dir, name);
+                                else
+                                        log_error("WAL %s/%s is damaged after LSN %" PRIu64 ": %" PRIu64
+                                                  " well-formed records (up to LSN %" PRIu64 ") follow the damage "
+                                                  "and are not replayed; changes they hold may have been "
+                                                  "acknowledged. The cut bytes are kept in %s/%s.",
+                                                  w->dir, WAL_LOG_NAME, pr.last_lsn, w->stats.cut_records,
+                                                  after_lsn, w->dir, name);
                         }
                         log_warning("WAL %s/%s: %s record at byte %zu after LSN %" PRIu64
                                     "; cutting %zu bytes.",

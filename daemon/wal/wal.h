@@ -80,6 +80,8 @@ typedef struct WalStats {
         uint64_t corrupt;       /* replays that found a corrupt record */
         uint64_t cut_records;   /* well-formed records after the damage the last replay cut
                                  * (kept in wal.log.cut-LSN): 0 for a torn tail */
+        bool cut_scan_incomplete; /* the last replay's scan of the cut bytes stopped at its
+                                   * bound (crafted bytes): they are kept as if records follow */
         uint64_t compactions;
         uint64_t log_bytes;     /* current size of wal.log */
 } WalStats;
