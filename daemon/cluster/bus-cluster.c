@@ -16,23 +16,28 @@
  *  share_permille, published_here) */
 #define MEMBER_STRUCT "(sssssssssuut)"
 
+/* owner: whether the host may own directory shards (this host, a peer with a session up).
+ * The others own nothing, and asking the directory (a scan of its owners) for each of
+ * them made ListMembers O(peers ever known x owners). */
 static int append_member(sd_bus_message *reply, Manager *m, const char *host, const char *address, const char *source,
-                         const char *lease, const char *session, const char *error, const MemberInfo *info) {
+                         const char *lease, const char *session, const char *error, const MemberInfo *info,
+                         bool owner) {
         return sd_bus_message_append(reply, MEMBER_STRUCT, host, address, source, lease, session, error,
                                      info ? info->transports : "", info ? info->arenas : "", info ? info->nics : "",
-                                     info ? info->gpus : 0, directory_forward_share_permille(m->directory_forward, host),
-                                     directory_forward_entries_owned_by(m->directory_forward, host));
+                                     info ? info->gpus : 0,
+                                     owner ? directory_forward_share_permille(m->directory_forward, host) : 0,
+                                     owner ? directory_forward_entries_owned_by(m->directory_forward, host) : 0);
 }
 
 /* A member whose record in etcd was refused (not signed with the cluster key): lease
  * "refused", and why in last_error (the address it claims, never dialed, too). */
 static int append_refused(sd_bus_message *reply, Manager *m, const MemberRefusal *f, const char *address,
-                          const char *session) {
+                          const char *session, bool owner) {
         char why[256];
 
         snprintf(why, sizeof why, "record in etcd refused: %s (it says %s: not dialed)",
                  cluster_refusal_reason(f->error), f->address);
-        return append_member(reply, m, f->host_id, address, "etcd", "refused", session, why, NULL);
+        return append_member(reply, m, f->host_id, address, "etcd", "refused", session, why, NULL, owner);
 }
 
 static int method_list_members(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
@@ -47,7 +52,7 @@ static int method_list_members(sd_bus_message *msg, void *userdata, sd_bus_error
                 r = sd_bus_message_open_container(reply, 'a', MEMBER_STRUCT);
         if (r >= 0)
                 r = append_member(reply, m, m->config.host_id, m->config.listen_address ?: "", "self", "self", "self",
-                                  "", cm && cm->etcd ? &cm->self : NULL);
+                                  "", cm && cm->etcd ? &cm->self : NULL, true);
         for (size_t i = 0; r >= 0 && (p = peer_manager_peer(m->peers, i)); i++) {
                 const Member *mb = cm && cm->etcd ? membership_get(cm->members, peer_host_id(p)) : NULL;
                 const MemberRefusal *f = cm && cm->etcd ? cluster_refusal(cm, peer_host_id(p)) : NULL;
@@ -56,18 +61,19 @@ static int method_list_members(sd_bus_message *msg, void *userdata, sd_bus_error
                                                                 : member_state_to_string(mb->state);
                 if (peer_is_member(p) && (peer_is_retired(p) || !mb) && f) {
                         /* Its latest record is refused: its member left for that. */
-                        r = append_refused(reply, m, f, peer_address(p), peer_state_to_string(peer_state(p)));
+                        r = append_refused(reply, m, f, peer_address(p), peer_state_to_string(peer_state(p)),
+                                           peer_is_up(p));
                         continue;
                 }
                 r = append_member(reply, m, peer_host_id(p), peer_address(p), peer_is_member(p) ? "etcd" : "static",
                                   lease, peer_state_to_string(peer_state(p)), peer_last_error(p),
-                                  mb ? &mb->info : NULL);
+                                  mb ? &mb->info : NULL, peer_is_up(p));
         }
         /* Hosts known from refused records alone: never peers. */
         const MemberRefusal *f;
         for (size_t i = 0; r >= 0 && cm && cm->etcd && (f = cluster_refusal_at(cm, i)); i++)
                 if (!peer_manager_find(m->peers, f->host_id))
-                        r = append_refused(reply, m, f, f->address, "down");
+                        r = append_refused(reply, m, f, f->address, "down", false);
         if (r >= 0)
                 r = sd_bus_message_close_container(reply);
         if (r < 0)

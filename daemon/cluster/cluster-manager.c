@@ -307,7 +307,8 @@ static void on_member(void *userdata, MembershipEvent ev, const Member *mb, cons
                 else if (ev == MEMBERSHIP_JOIN)
                         log_info("cluster: member %s joined at %s (%s)", host, mb->info.address, why);
                 /* Once for a resync's burst of joins, not once per member (each
-                 * refresh resolves every peer's path: quadratic on the loop). */
+                 * refresh resolves every live peer's path: quadratic on the loop). A
+                 * member that comes back is resolved again there. */
                 topology_refresh_soon(m->topology);
                 break;
         case MEMBERSHIP_LEAVE:
@@ -315,6 +316,8 @@ static void on_member(void *userdata, MembershipEvent ev, const Member *mb, cons
                 r = peer_manager_retire_member(m->peers, host);
                 if (r < 0 && r != -ENOENT && r != -EPERM)
                         log_warning_errno(r, "cluster: cannot retire member %s: %m", host);
+                /* Its path says it left (and is no longer resolved) from then on. */
+                topology_refresh_soon(m->topology);
                 break;
         }
         bus_cluster_emit_member(m, host,

@@ -157,33 +157,49 @@ static void collect_workers(Manager *m, MetricsWriter *w) {
         }
 }
 
+/* Peers, but not members that left the membership: a target that went away is gone
+ * from the exposition (Prometheus marks its series stale), and a daemon that saw hosts
+ * come and go under new ids for months does not export five series for each of them.
+ * A member that comes back is exported again, its counters where they were. */
 static void collect_peers(Manager *m, MetricsWriter *w) {
         PeerManager *pm = m->peers;
+        size_t n = pm ? peer_manager_n_peers(pm) : 0, n_live = 0;
+        _cleanup_(freep) Peer **live = NULL;
         Peer *p;
-        size_t n = pm ? peer_manager_n_peers(pm) : 0;
+
+        /* Once through every peer ever known, then five times through the live ones. */
+        if (n > 0) {
+                live = malloc(n * sizeof *live);
+                if (!live)
+                        n = 0; /* the families alone */
+        }
+        for (size_t i = 0; i < n && (p = peer_manager_peer(pm, i)); i++)
+                if (!peer_is_retired(p))
+                        live[n_live++] = p;
 
         metrics_family(w, "epd_peer_up", METRIC_GAUGE, NULL,
                        "1 when the peer's control connection is up and authenticated; the transport its bytes take.");
-        for (size_t i = 0; i < n && (p = peer_manager_peer(pm, i)); i++) {
-                Transport *t = peer_manager_transport_for(pm, p);
-                metrics_sample_u64(w, L({ "peer", peer_host_id(p) }, { "transport", t ? t->ops->name : "tcp" }),
-                                   peer_is_up(p));
+        for (size_t i = 0; i < n_live; i++) {
+                Transport *t = peer_manager_transport_for(pm, live[i]);
+                metrics_sample_u64(w, L({ "peer", peer_host_id(live[i]) }, { "transport", t ? t->ops->name : "tcp" }),
+                                   peer_is_up(live[i]));
         }
         metrics_family(w, "epd_peer_connects", METRIC_COUNTER, NULL, "Times the peer came up.");
-        for (size_t i = 0; i < n && (p = peer_manager_peer(pm, i)); i++)
-                metrics_sample_u64(w, L({ "peer", peer_host_id(p) }), peer_stats(p)->connects);
+        for (size_t i = 0; i < n_live; i++)
+                metrics_sample_u64(w, L({ "peer", peer_host_id(live[i]) }), peer_stats(live[i])->connects);
         metrics_family(w, "epd_peer_disconnects", METRIC_COUNTER, NULL, "Times the peer went down.");
-        for (size_t i = 0; i < n && (p = peer_manager_peer(pm, i)); i++)
-                metrics_sample_u64(w, L({ "peer", peer_host_id(p) }), peer_stats(p)->disconnects);
+        for (size_t i = 0; i < n_live; i++)
+                metrics_sample_u64(w, L({ "peer", peer_host_id(live[i]) }), peer_stats(live[i])->disconnects);
         metrics_family(w, "epd_peer_heartbeats_missed", METRIC_COUNTER, NULL,
                        "Times the peer was declared down for missed heartbeats.");
-        for (size_t i = 0; i < n && (p = peer_manager_peer(pm, i)); i++)
-                metrics_sample_u64(w, L({ "peer", peer_host_id(p) }), peer_stats(p)->heartbeats_missed);
+        for (size_t i = 0; i < n_live; i++)
+                metrics_sample_u64(w, L({ "peer", peer_host_id(live[i]) }), peer_stats(live[i])->heartbeats_missed);
         metrics_family(w, "epd_peer_control_bytes", METRIC_COUNTER, "bytes",
                        "Bytes of control frames to (out) and from (in) the peer.");
-        for (size_t i = 0; i < n && (p = peer_manager_peer(pm, i)); i++) {
-                metrics_sample_u64(w, L({ "peer", peer_host_id(p) }, { "direction", "out" }), peer_stats(p)->bytes_out);
-                metrics_sample_u64(w, L({ "peer", peer_host_id(p) }, { "direction", "in" }), peer_stats(p)->bytes_in);
+        for (size_t i = 0; i < n_live; i++) {
+                const PeerStats *st = peer_stats(live[i]);
+                metrics_sample_u64(w, L({ "peer", peer_host_id(live[i]) }, { "direction", "out" }), st->bytes_out);
+                metrics_sample_u64(w, L({ "peer", peer_host_id(live[i]) }, { "direction", "in" }), st->bytes_in);
         }
 }
 
@@ -202,7 +218,10 @@ static void collect_paths(Manager *m, MetricsWriter *w) {
                 }
                 if (telemetry_iterate_peers(m->telemetry, &it, &s[n]) <= 0)
                         break;
-                n++;
+                /* A member that left keeps its entry until the table needs the room (its
+                 * level reads "disconnected"): not exported, as in collect_peers(). */
+                if (!peer_is_retired(peer_manager_find(m->peers, s[n].name)))
+                        n++;
         }
         metrics_family(w, "epd_peer_backpressure_level", METRIC_GAUGE, NULL,
                        "Backpressure of the path to the peer: 0 none, 1 elevated, 2 high, 3 stalled.");

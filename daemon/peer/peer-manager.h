@@ -123,7 +123,10 @@ Transport *peer_manager_rdma(PeerManager *pm);
 Transport *peer_manager_transport_for(PeerManager *pm, Peer *p);
 
 Peer *peer_manager_find(PeerManager *pm, const char *host_id);
-/* Iteration over all configured peers: `for (size_t i = 0; (p = peer_manager_peer(pm, i)); i++)`. */
+/* Iteration over every peer ever known, configured ones and members, retired members
+ * included (skip them with peer_is_retired() where only live peers matter): `for (size_t
+ * i = 0; (p = peer_manager_peer(pm, i)); i++)`. Peers are only ever appended: an index
+ * names the same peer for the manager's life. */
 Peer *peer_manager_peer(PeerManager *pm, size_t i);
 size_t peer_manager_n_peers(PeerManager *pm);
 const char *peer_manager_host_id(PeerManager *pm);
@@ -155,7 +158,10 @@ int peer_control_fd(Peer *p);
  * handlers hear "down": handoffs roll back), and the peer is no longer dialed and its
  * connections are refused until it is added again. A retired Peer stays allocated
  * (transports and handoffs may still name it) and is reused when the same host comes
- * back. -ENOENT for an unknown host id, -EPERM for a configured peer. */
+ * back: it stays in peer_manager_peer()'s iteration and in ListPeers (state "left"),
+ * but topology does not resolve its path (no netlink work per member that ever left)
+ * and /metrics does not export it. -ENOENT for an unknown host id, -EPERM for a
+ * configured peer. */
 #define PEER_MEMBERS_MAX 1024
 #define PEER_OBJECTS_MAX 65536 /* a retired Peer stays: bounds memory under endless churn */
 int peer_manager_add_member(PeerManager *pm, const char *host_id, const char *address, Peer **ret);

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hashmap.h"
 #include "log.h"
 #include "macro.h"
 #include "peer/peer-manager.h"
@@ -30,8 +31,13 @@ struct Topology {
         struct nl_sock *monitor;    /* multicast: link, address, route changes */
         sd_event_source *monitor_source;
         sd_event_source *refresh_timer;
+        /* One path per peer, in the PeerManager's order (peers are only ever appended),
+         * and by host id: keys point into paths[i].host_id, so the map is rebuilt
+         * whenever the array moves. */
         TopologyPath *paths;
-        size_t n_paths;
+        size_t n_paths, n_paths_allocated;
+        Hashmap *by_host_id;
+        size_t resolved; /* paths the last refresh asked the kernel about */
         TopologyGpu *gpus;
         size_t n_gpus;
         uint64_t events;
@@ -300,7 +306,7 @@ static void resolve_path(Topology *t, Peer *p, TopologyPath *path) {
         }
 finish:
         if (strcmp(old.ifname, path->ifname) != 0 || old.link_up != path->link_up) {
-                if (old.host_id[0])
+                if (old.reason[0]) /* resolved before (or said left): not the first time */
                         log_info("topology: path to %s changed: %s", path->host_id, path->reason);
                 path->changes++;
         }
@@ -312,20 +318,86 @@ finish:
                 nl_addr_put(dst);
 }
 
-int topology_refresh(Topology *t) {
-        size_t n = peer_manager_n_peers(t->pm);
+/* A member that left the membership: nothing is asked of the kernel (a daemon may have
+ * known tens of thousands of them), its path says why; it is resolved again at the first
+ * refresh after it comes back (the cluster asks for one when a member joins). */
+static void path_left(TopologyPath *path) {
+        TopologyPath old = *path;
 
-        if (n != t->n_paths) {
-                TopologyPath *np = calloc(MAX(n, (size_t)1), sizeof *np);
+        if (old.retired)
+                return; /* said already */
+        *path = (TopologyPath){ .numa_node = -1, .transport = TRANSPORT_TCP, .changes = old.changes, .retired = true };
+        memcpy(path->host_id, old.host_id, sizeof path->host_id);
+        snprintf(path->reason, sizeof path->reason, "left the cluster membership: no path resolved");
+        if (old.ifname[0] || old.link_up)
+                path->changes++;
+}
+
+/* One path per peer: new peers get theirs (unresolved yet) and their entry by host id. */
+static int paths_update(Topology *t) {
+        size_t n = peer_manager_n_peers(t->pm);
+        bool moved = false;
+        int r;
+
+        if (n < t->n_paths) {
+                /* Peers are never removed; were they, the indices would no longer match. */
+                hashmap_clear(t->by_host_id);
+                t->n_paths = 0;
+        }
+        if (n > t->n_paths_allocated) {
+                size_t a = MAX(MAX(n, t->n_paths_allocated * 2), (size_t)16);
+                TopologyPath *np = reallocarray(t->paths, a, sizeof *np);
+
                 if (!np)
                         return -ENOMEM;
-                free(t->paths);
+                moved = np != t->paths;
                 t->paths = np;
-                t->n_paths = n;
+                t->n_paths_allocated = a;
         }
+        if (moved) {
+                hashmap_clear(t->by_host_id);
+                for (size_t i = 0; i < t->n_paths; i++) {
+                        r = hashmap_put(t->by_host_id, t->paths[i].host_id, t->paths + i);
+                        if (r < 0)
+                                goto fail;
+                }
+        }
+        for (size_t i = t->n_paths; i < n; i++) {
+                TopologyPath *path = t->paths + i;
+
+                *path = (TopologyPath){ .numa_node = -1, .transport = TRANSPORT_TCP };
+                copy_str(path->host_id, sizeof path->host_id, peer_host_id(peer_manager_peer(t->pm, i)));
+                r = hashmap_put(t->by_host_id, path->host_id, path);
+                if (r < 0)
+                        goto fail;
+                t->n_paths = i + 1;
+        }
+        return 0;
+fail:
+        /* The map and the array disagree: start over at the next refresh. */
+        hashmap_clear(t->by_host_id);
+        t->n_paths = 0;
+        return r;
+}
+
+int topology_refresh(Topology *t) {
+        int r;
+
+        r = paths_update(t);
+        if (r < 0)
+                return r;
         discover_rdma(t);
-        for (size_t i = 0; i < n; i++)
-                resolve_path(t, peer_manager_peer(t->pm, i), t->paths + i);
+        t->resolved = 0;
+        for (size_t i = 0; i < t->n_paths; i++) {
+                Peer *p = peer_manager_peer(t->pm, i);
+
+                if (peer_is_retired(p)) {
+                        path_left(t->paths + i);
+                        continue;
+                }
+                resolve_path(t, p, t->paths + i);
+                t->resolved++;
+        }
         /* A port or route that went away ends RDMA sessions over it (the next refresh
          * shows it); one that came back offers RDMA again. */
         rdma_transport_links_changed(peer_manager_rdma(t->pm));
@@ -411,6 +483,7 @@ Topology *topology_free(Topology *t) {
                 nl_socket_free(t->monitor);
         if (t->query)
                 nl_socket_free(t->query);
+        hashmap_free(t->by_host_id);
         free(t->paths);
         free(t->gpus);
         sd_event_unref(t->event);
@@ -429,6 +502,9 @@ int topology_new(Topology **ret, sd_event *e, PeerManager *pm) {
                 return -ENOMEM;
         t->event = sd_event_ref(e);
         t->pm = pm;
+        t->by_host_id = hashmap_new(HASHMAP_KEY_STRING, 0);
+        if (!t->by_host_id)
+                return -ENOMEM;
         t->query = nl_socket_alloc();
         t->monitor = nl_socket_alloc();
         if (!t->query || !t->monitor)
@@ -473,10 +549,11 @@ int topology_new(Topology **ret, sd_event *e, PeerManager *pm) {
 const TopologyPath *topology_path(Topology *t, const char *host_id) {
         if (!t || !host_id)
                 return NULL;
-        for (size_t i = 0; i < t->n_paths; i++)
-                if (strcmp(t->paths[i].host_id, host_id) == 0)
-                        return t->paths + i;
-        return NULL;
+        return hashmap_get(t->by_host_id, host_id);
+}
+
+size_t topology_paths_resolved(Topology *t) {
+        return t ? t->resolved : 0;
 }
 
 size_t topology_n_gpus(Topology *t) {

@@ -1,13 +1,20 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-/* daemon/metrics/metrics.c: the exposition formats, byte for byte. */
+/* daemon/metrics/metrics.c: the exposition formats, byte for byte; and what
+ * metrics-collect.c exports of the peers. */
 #include <check.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <systemd/sd-event.h>
 
+#include "core/manager.h"
+#include "macro.h"
+#include "metrics/metrics-collect.h"
 #include "metrics/metrics.h"
+#include "peer/peer-manager.h"
+#include "telemetry/telemetry.h"
 #include "../check-main.h"
 
 static char *buf;
@@ -120,6 +127,98 @@ START_TEST(test_accept) {
 }
 END_TEST
 
+/* A member that left the membership has no epd_peer_* series: it is gone from the
+ * exposition as a target that went away (before, five series per peer ever known stayed
+ * for the daemon's life); live members (and configured peers) stay, and a member that
+ * comes back is there again. A Manager with nothing but its peers. */
+static Manager *collect_manager;
+
+static const char *collect(void) {
+        MetricsWriter w = start(METRICS_FORMAT_TEXT);
+        metrics_collect(collect_manager, &w, 1);
+        return finish(&w, 0);
+}
+
+static size_t count(const char *text, const char *needle) {
+        size_t n = 0;
+        for (const char *q = text; (q = strstr(q, needle)); q++)
+                n++;
+        return n;
+}
+
+START_TEST(test_retired_member_not_exported) {
+        static const char *const families[] = {
+                "epd_peer_up{", "epd_peer_connects_total{", "epd_peer_disconnects_total{",
+                "epd_peer_heartbeats_missed_total{", "epd_peer_control_bytes_total{",
+        };
+        sd_event *e;
+        PeerManager *pm;
+        Telemetry *t;
+        const char *out;
+
+        ck_assert_int_ge(sd_event_new(&e), 0);
+        PeerManagerConfig c = { .host_id = "self" };
+        ck_assert_int_eq(peer_manager_new(&pm, e, &c), 0);
+        ck_assert_int_eq(peer_manager_add_member(pm, "stays", "127.0.0.1:9", NULL), 0);
+        ck_assert_int_eq(peer_manager_add_member(pm, "gone", "127.0.0.1:9", NULL), 0);
+        /* Telemetry (no BPF) keeps an entry per peer it heard of, past the peer's
+         * session: its backpressure level is an epd_peer_* series too. */
+        ck_assert_int_eq(telemetry_new(&t, e, NULL), 0);
+        ck_assert_int_eq(telemetry_set_peer_load(t, "gone", 0, 0, 0), 0);
+        ck_assert_int_eq(telemetry_set_peer_load(t, "stays", 0, 0, 0), 0);
+        collect_manager = calloc(1, sizeof *collect_manager);
+        ck_assert_ptr_nonnull(collect_manager);
+        collect_manager->config.host_id = (char *)"self";
+        collect_manager->peers = pm;
+        collect_manager->telemetry = t;
+
+        out = collect();
+        ck_assert_ptr_nonnull(strstr(out, "epd_peer_up{peer=\"gone\",transport=\"tcp\"} 0\n"));
+        ck_assert_ptr_nonnull(strstr(out, "epd_peer_backpressure_level{peer=\"gone\","));
+        /* five families (control bytes twice), and the backpressure level */
+        ck_assert_uint_eq(count(out, "peer=\"gone\""), 7);
+        free(buf);
+
+        ck_assert_int_eq(peer_manager_retire_member(pm, "gone"), 0);
+        out = collect();
+        const char *left = strstr(out, "peer=\"gone\"");
+        ck_assert_msg(!left, "a member that left is still exported: ...%.60s", left ? left : "");
+        for (size_t i = 0; i < ELEMENTSOF(families); i++) {
+                char want[128];
+                /* A live member keeps every family. */
+                snprintf(want, sizeof want, "%speer=\"stays\"", families[i]);
+                ck_assert_msg(strstr(out, want), "%s missing", want);
+        }
+        ck_assert_ptr_nonnull(strstr(out, "epd_peer_backpressure_level{peer=\"stays\","));
+        /* Names telemetry knows that are no peer at all (a client's TrackSocket) stay. */
+        ck_assert_int_eq(telemetry_set_peer_load(t, "not-a-peer", 0, 0, 0), 0);
+        free(buf);
+        out = collect();
+        ck_assert_ptr_nonnull(strstr(out, "epd_peer_backpressure_level{peer=\"not-a-peer\","));
+        /* The families themselves stay, with or without samples. */
+        ck_assert_ptr_nonnull(strstr(out, "# TYPE epd_peer_up gauge\n"));
+        free(buf);
+
+        /* Everyone leaves: the families print without a sample. */
+        ck_assert_int_eq(peer_manager_retire_member(pm, "stays"), 0);
+        out = collect();
+        ck_assert_ptr_null(strstr(out, "epd_peer_up{"));
+        ck_assert_ptr_nonnull(strstr(out, "# TYPE epd_peer_control_bytes_total counter\n"));
+        free(buf);
+
+        /* It comes back: exported again. */
+        ck_assert_int_eq(peer_manager_add_member(pm, "gone", "127.0.0.1:9", NULL), 0);
+        out = collect();
+        ck_assert_uint_eq(count(out, "peer=\"gone\""), 7);
+        free(buf);
+
+        free(collect_manager);
+        telemetry_free(t);
+        peer_manager_free(pm);
+        sd_event_unref(e);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("metrics");
         TCase *tc = tcase_create("metrics");
@@ -127,6 +226,9 @@ int main(void) {
         tcase_add_test(tc, test_openmetrics);
         tcase_add_test(tc, test_misuse);
         tcase_add_test(tc, test_accept);
+        suite_add_tcase(s, tc);
+        tc = tcase_create("collect");
+        tcase_add_test(tc, test_retired_member_not_exported);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }

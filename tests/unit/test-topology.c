@@ -1,10 +1,16 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
+/* topology-pci.c (the nearest NIC of a GPU, pure), and topology.c's paths per peer on a
+ * PeerManager that is never started (nothing dialed; the kernel is only asked routes). */
 #include <check.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <systemd/sd-event.h>
 
+#include "peer/peer-manager.h"
 #include "peer/topology-pci.h"
+#include "peer/topology.h"
 #include "../check-main.h"
 
 #define ROOT "/sys/devices/pci0000:00"
@@ -100,6 +106,121 @@ START_TEST(test_pick_nic) {
 }
 END_TEST
 
+/* Members that left are never resolved again, however many a daemon saw: a refresh asks
+ * the kernel about the live peers alone (before, every peer ever known, on the event
+ * loop at every route change), a member that comes back is resolved again, and every
+ * path is found by host id, after the path array grew and moved too. */
+#define ROUNDS 4       /* 3600 members ever known, in rounds: at most PEER_MEMBERS_MAX at once */
+#define PER_ROUND 900
+#define LIVE_EVERY 40  /* of each round, these stay (23 per round) */
+
+static void member_id(char *buf, size_t n, unsigned round, unsigned i) {
+        snprintf(buf, n, "m%u-%u", round, i);
+}
+
+static bool stays(unsigned i) {
+        return i % LIVE_EVERY == 0;
+}
+
+static void assert_left(Topology *t, const char *id) {
+        const TopologyPath *path = topology_path(t, id);
+        ck_assert_msg(path, "no path for %s", id);
+        ck_assert_str_eq(path->host_id, id);
+        ck_assert(path->retired);
+        ck_assert_str_eq(path->ifname, "");
+        ck_assert(!path->link_up);
+        ck_assert_ptr_nonnull(strstr(path->reason, "left the cluster membership"));
+}
+
+static void assert_resolved(Topology *t, const char *id) {
+        const TopologyPath *path = topology_path(t, id);
+        ck_assert_msg(path, "no path for %s", id);
+        ck_assert_str_eq(path->host_id, id);
+        ck_assert_msg(!path->retired, "%s: %s", id, path->reason);
+        ck_assert(path->reason[0]);
+        ck_assert_ptr_null(strstr(path->reason, "left the cluster membership"));
+}
+
+START_TEST(test_retired_members_not_resolved) {
+        sd_event *e;
+        PeerManager *pm;
+        Topology *t;
+        char id[64];
+        size_t live = 0;
+        int r;
+
+        ck_assert_int_ge(sd_event_new(&e), 0);
+        PeerManagerConfig c = { .host_id = "self" };
+        ck_assert_int_eq(peer_manager_new(&pm, e, &c), 0);
+        r = topology_new(&t, e, pm);
+        if (r == -EOPNOTSUPP) {
+                /* Built without libnl: topology-nolibnl.c has no paths at all. */
+                ck_assert_ptr_null(topology_path(NULL, "x"));
+                ck_assert_uint_eq(topology_paths_resolved(NULL), 0);
+                peer_manager_free(pm);
+                sd_event_unref(e);
+                return;
+        }
+        ck_assert_int_eq(r, 0);
+        ck_assert_uint_eq(topology_paths_resolved(t), 0); /* no peer yet */
+
+        /* ROUNDS x PER_ROUND members join; all but every LIVE_EVERY-th leave again. */
+        for (unsigned k = 0; k < ROUNDS; k++) {
+                for (unsigned i = 0; i < PER_ROUND; i++) {
+                        member_id(id, sizeof id, k, i);
+                        ck_assert_int_eq(peer_manager_add_member(pm, id, "127.0.0.1:9", NULL), 0);
+                }
+                for (unsigned i = 0; i < PER_ROUND; i++) {
+                        member_id(id, sizeof id, k, i);
+                        if (stays(i))
+                                live++;
+                        else
+                                ck_assert_int_eq(peer_manager_retire_member(pm, id), 0);
+                }
+                if (k == 0) {
+                        /* A refresh halfway: the array grows (and moves) afterwards. */
+                        ck_assert_int_eq(topology_refresh(t), 0);
+                        ck_assert_uint_eq(topology_paths_resolved(t), live);
+                }
+        }
+        ck_assert_uint_eq(peer_manager_n_peers(pm), ROUNDS * PER_ROUND);
+        ck_assert_int_eq(topology_refresh(t), 0);
+        ck_assert_uint_eq(topology_paths_resolved(t), live);
+        for (unsigned k = 0; k < ROUNDS; k++)
+                for (unsigned i = 0; i < PER_ROUND; i++) {
+                        member_id(id, sizeof id, k, i);
+                        if (stays(i))
+                                assert_resolved(t, id);
+                        else
+                                assert_left(t, id);
+                }
+        ck_assert_ptr_null(topology_path(t, "never-seen"));
+        ck_assert_ptr_null(topology_path(t, "self"));
+
+        /* One comes back: resolved again at the next refresh, the one the cluster asks
+         * for when a member joins (topology_refresh_soon(): a timer on the loop). */
+        member_id(id, sizeof id, 1, 7);
+        ck_assert_int_eq(peer_manager_add_member(pm, id, "127.0.0.1:9", NULL), 0);
+        topology_refresh_soon(t);
+        for (int i = 0; i < 200 && topology_path(t, id)->retired; i++)
+                ck_assert_int_ge(sd_event_run(e, 10 * USEC_PER_MSEC), 0);
+        assert_resolved(t, id);
+        ck_assert_ptr_nonnull(strstr(topology_path(t, id)->reason, "loopback"));
+        ck_assert_uint_eq(topology_paths_resolved(t), live + 1);
+
+        /* A live one leaves: its path says so from the next refresh on, unresolved. */
+        member_id(id, sizeof id, 2, 40);
+        ck_assert_int_eq(peer_manager_retire_member(pm, id), 0);
+        ck_assert_int_eq(topology_refresh(t), 0);
+        assert_left(t, id);
+        ck_assert_uint_eq(topology_paths_resolved(t), live);
+
+        topology_free(t);
+        peer_manager_free(pm);
+        sd_event_unref(e);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("topology");
         TCase *tc = tcase_create("pci");
@@ -107,6 +228,9 @@ int main(void) {
         tcase_add_test(tc, test_common_depth);
         tcase_add_test(tc, test_address_of_path);
         tcase_add_test(tc, test_pick_nic);
+        suite_add_tcase(s, tc);
+        tc = tcase_create("paths");
+        tcase_add_test(tc, test_retired_members_not_resolved);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
