@@ -570,6 +570,61 @@ static int keep_cut_bytes(Wal *w, const void *p, size_t n, uint64_t last_lsn, ch
         return -EEXIST;
 }
 
+/* The log's tail from pr->good_bytes on is damaged (torn or corrupt): counted, kept
+ * aside when records may follow the damage (keep_cut_bytes()), then cut. */
+static int cut_damaged_tail(Wal *w, const void *log, size_t log_size, const WalParseResult *pr) {
+        _cleanup_(closep) int fd = -EBADF;
+        int r;
+
+        if (pr->tail == -EAGAIN)
+                w->stats.torn++;
+        else
+                w->stats.corrupt++;
+        w->stats.cut_bytes = log_size - pr->good_bytes;
+        uint64_t after_lsn = 0;
+        const uint8_t *cut = (const uint8_t *)log + pr->good_bytes;
+        bool incomplete;
+        w->stats.cut_records = records_after_damage(cut, log_size - pr->good_bytes, pr->last_lsn,
+                                                    &after_lsn, &incomplete);
+        w->stats.cut_scan_incomplete = incomplete;
+        if (w->stats.cut_records > 0 || incomplete) {
+                char name[64];
+                r = keep_cut_bytes(w, cut, log_size - pr->good_bytes, pr->last_lsn, name, sizeof name);
+                if (r < 0)
+                        return log_error_errno(r, "WAL %s/%s is damaged after LSN %" PRIu64
+                                               ", with %" PRIu64 " well-formed records after the "
+                                               "damage, and they cannot be kept aside (%m): "
+                                               "refusing to cut them.",
+                                               w->dir, WAL_LOG_NAME, pr->last_lsn,
+                                               w->stats.cut_records);
+                if (incomplete)
+                        log_error("WAL %s/%s is damaged after LSN %" PRIu64 ": the %zu bytes "
+                                  "after the damage were not all examined (the scan for "
+                                  "well-formed records stopped at its bound, %" PRIu64
+                                  " found), and nothing after the damage is replayed; changes "
+                                  "they hold may have been acknowledged. The cut bytes are kept "
+                                  "in %s/%s.",
+                                  w->dir, WAL_LOG_NAME, pr->last_lsn, log_size - pr->good_bytes,
+                                  w->stats.cut_records, w->dir, name);
+                else
+                        log_error("WAL %s/%s is damaged after LSN %" PRIu64 ": %" PRIu64
+                                  " well-formed records (up to LSN %" PRIu64 ") follow the damage "
+                                  "and are not replayed; changes they hold may have been "
+                                  "acknowledged. The cut bytes are kept in %s/%s.",
+                                  w->dir, WAL_LOG_NAME, pr->last_lsn, w->stats.cut_records,
+                                  after_lsn, w->dir, name);
+        }
+        log_warning("WAL %s/%s: %s record at byte %zu after LSN %" PRIu64
+                    "; cutting %zu bytes.",
+                    w->dir, WAL_LOG_NAME, pr->tail == -EAGAIN ? "torn" : "corrupt",
+                    pr->good_bytes, pr->last_lsn, log_size - pr->good_bytes);
+        fd = openat(w->dir_fd, WAL_LOG_NAME, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0 || ftruncate(fd, (off_t)pr->good_bytes) < 0 || fsync(fd) < 0)
+                return log_error_errno(errno, "Failed to cut %s/%s: %m", w->dir,
+                                       WAL_LOG_NAME);
+        return 0;
+}
+
 int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
         _cleanup_(freep) void *snap = NULL, *log = NULL;
         size_t snap_size = 0, log_size = 0;
@@ -653,54 +708,9 @@ int wal_replay(Wal *w, WalApplyFn apply, void *userdata) {
                         log_debug("WAL %s/%s: %zu bytes written ahead after LSN %" PRIu64 ".", w->dir,
                                   WAL_LOG_NAME, log_size - pr.good_bytes, pr.last_lsn);
                 else if (pr.good_bytes < log_size) {
-                        _cleanup_(closep) int fd = -EBADF;
-
-                        if (pr.tail == -EAGAIN)
-                                w->stats.torn++;
-                        else
-                                w->stats.corrupt++;
-                        w->stats.cut_bytes = log_size - pr.good_bytes;
-                        uint64_t after_lsn = 0;
-                        const uint8_t *cut = (const uint8_t *)log + pr.good_bytes;
-                        bool incomplete;
-                        w->stats.cut_records = records_after_damage(cut, log_size - pr.good_bytes, pr.last_lsn,
-                                                                    &after_lsn, &incomplete);
-                        w->stats.cut_scan_incomplete = incomplete;
-                        if (w->stats.cut_records > 0 || incomplete) {
-                                char name[64];
-                                r = keep_cut_bytes(w, cut, log_size - pr.good_bytes, pr.last_lsn, name, sizeof name);
-                                if (r < 0)
-                                        return log_error_errno(r, "WAL %s/%s is damaged after LSN %" PRIu64
-                                                               ", with %" PRIu64 " well-formed records after the "
-                                                               "damage, and they cannot be kept aside (%m): "
-                                                               "refusing to cut them.",
-                                                               w->dir, WAL_LOG_NAME, pr.last_lsn,
-                                                               w->stats.cut_records);
-                                if (incomplete)
-                                        log_error("WAL %s/%s is damaged after LSN %" PRIu64 ": the %zu bytes "
-                                                  "after the damage were not all examined (the scan for "
-                                                  "well-formed records stopped at its bound, %" PRIu64
-                                                  " found), and nothing after the damage is replayed; changes "
-                                                  "they hold may have been acknowledged. The cut bytes are kept "
-                                                  "in %s/%s.",
-                                                  w->dir, WAL_LOG_NAME, pr.last_lsn, log_size - pr.good_bytes,
-                                                  w->stats.cut_records, w->dir, name);
-                                else
-                                        log_error("WAL %s/%s is damaged after LSN %" PRIu64 ": %" PRIu64
-                                                  " well-formed records (up to LSN %" PRIu64 ") follow the damage "
-                                                  "and are not replayed; changes they hold may have been "
-                                                  "acknowledged. The cut bytes are kept in %s/%s.",
-                                                  w->dir, WAL_LOG_NAME, pr.last_lsn, w->stats.cut_records,
-                                                  after_lsn, w->dir, name);
-                        }
-                        log_warning("WAL %s/%s: %s record at byte %zu after LSN %" PRIu64
-                                    "; cutting %zu bytes.",
-                                    w->dir, WAL_LOG_NAME, pr.tail == -EAGAIN ? "torn" : "corrupt",
-                                    pr.good_bytes, pr.last_lsn, log_size - pr.good_bytes);
-                        fd = openat(w->dir_fd, WAL_LOG_NAME, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
-                        if (fd < 0 || ftruncate(fd, (off_t)pr.good_bytes) < 0 || fsync(fd) < 0)
-                                return log_error_errno(errno, "Failed to cut %s/%s: %m", w->dir,
-                                                       WAL_LOG_NAME);
+                        r = cut_damaged_tail(w, log, log_size, &pr);
+                        if (r < 0)
+                                return r;
                 }
         }
 
