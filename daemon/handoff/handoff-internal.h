@@ -198,6 +198,30 @@ void handoff_slot_forget(HandoffObject *d);
 void handoff_unstall_forget(HandoffObject *o);
 /* Queues o until writes to its peer complete (once). */
 void handoff_stall(HandoffObject *o);
+/* Writes to other hosts completed: the sources that waited for room post again, first
+ * come first, each once (past the dispatch's writes they yield instead). */
+void handoff_unstall(HandoffManager *hm);
+/* The remote writes posted in this dispatch are below HANDOFF_TURN_WRITES_MAX;
+ * handoff_turn_count() adds n to them. */
+bool handoff_turn_has_room(HandoffManager *hm);
+void handoff_turn_count(HandoffManager *hm, size_t n);
+/* o's next groups wait for the next dispatch (true), behind the sources that yielded
+ * before it; false when no wakeup could be armed (they go now). */
+bool handoff_yield(HandoffObject *o);
+/* After every dispatch of manager_run()'s loop: yielded sources that waited
+ * HANDOFF_YIELD_TURNS dispatches go next. */
+void handoff_yield_after_dispatch(HandoffManager *hm);
+#define HANDOFF_YIELD_TURNS 16
+/* Remote writes the pumps post in one dispatch of the loop: past them a source's next
+ * groups wait (hm->yielded, pumped by a defer source below the normal priority, so that
+ * what was pending meanwhile goes first), so that a handoff of tens of
+ * thousands of page writes does not hold the loop (heartbeats, other handoffs, bus
+ * calls) for the whole of it: 65536 posts took 51 ms of one dispatch in a release build
+ * on the development VM. A group is never split: a dispatch posts at most this plus
+ * one group. */
+#define HANDOFF_TURN_WRITES_MAX 8192
+/* Completions of writes to other hosts taken in one dispatch (the rest at the next turn). */
+#define HANDOFF_TURN_COMPLETIONS_MAX 8192
 /* Staged: the peer writes of the groups in the staging buffer go, in group order, until
  * one finds no room (o is stalled) or one is still being staged; once o has ended,
  * those waiting complete cancelled. */

@@ -605,6 +605,7 @@ size_t handoff_manager_counters(HandoffManager *hm, const char **names, uint64_t
         PUT("pipelined", c->pipelined);
         PUT("journal-waits", c->journal_waits);
         PUT("write-stalls", c->stalls);
+        PUT("post-yields", c->post_yields);
         PUT("live", hashmap_size(hm->by_handle));
         PUT("writes-in-flight", hashmap_size(hm->writes) + hashmap_size(hm->incoming));
         uint64_t staging, staging_busy;
@@ -791,6 +792,7 @@ static void handoff_done(Manager *m) {
         sd_event_source_disable_unref(hm->local_source);
         hm->signal_source = sd_event_source_disable_unref(hm->signal_source);
         hm->kick_source = sd_event_source_disable_unref(hm->kick_source);
+        hm->yield_source = sd_event_source_disable_unref(hm->yield_source);
         sd_event_source_disable_unref(hm->peer_source);
         sd_event_source_disable_unref(hm->rdma_source);
         sd_event_source_disable_unref(hm->gpu_source);
@@ -829,6 +831,7 @@ static const SubsystemJournal handoff_journal_hooks = {
 
 static void handoff_after_dispatch(Manager *m) {
         handoff_rings_kick_pending(m->handoffs);
+        handoff_yield_after_dispatch(m->handoffs);
 }
 
 /* A decode worker is gone: the handoffs meant for it alone (Prepare's target) that it

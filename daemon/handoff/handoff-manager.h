@@ -114,9 +114,12 @@ struct HandoffObject {
         unsigned signals;        /* HANDOFF_SIG_*: signals to send at the end of this loop
                                   * iteration (coalesced: the latest state and progress) */
         LIST_FIELDS(HandoffObject, signal);
-        bool stalled;            /* remote source: a group's post found the transport's
-                                  * writes to the peer at their bound; queued in
-                                  * hm->stalled until writes complete (handoff_pump()) */
+        bool stalled;            /* remote source waiting to post: a group's post found the
+                                  * transport's writes to the peer at their bound (queued in
+                                  * hm->stalled until writes complete), or, yielded, the
+                                  * dispatch's writes were posted (in hm->yielded until the
+                                  * next): handoff-window.c */
+        bool yielded;
         LIST_FIELDS(HandoffObject, stall);
         /* The whole host id: the handoff window is left by this name (handoff-window.c),
          * so a cut one would never drain its peer's window. */
@@ -184,6 +187,11 @@ struct HandoffManager {
         QUEUE_HEAD(HandoffObject, stalled);       /* remote sources waiting for room in
                                                    * their transport's writes in flight */
         sd_event_source *signal_source;           /* sends them (a defer source) */
+        QUEUE_HEAD(HandoffObject, yielded);       /* remote sources waiting for the next dispatch */
+        sd_event_source *yield_source;            /* pumps those (a defer source, below normal) */
+        uint64_t yield_armed;                     /* the iteration it was armed in */
+        uint64_t turn;            /* the loop iteration turn_writes counts */
+        uint32_t turn_writes;     /* remote writes posted by pumps in that iteration */
         LIST_HEAD(struct ClientRing, kick_pending); /* rings with records to announce */
         sd_event_source *kick_source;             /* announces them outside manager_run() (a defer source) */
         Hashmap *windows;         /* PeerWindow* by peer host id: handoffs in flight */

@@ -188,6 +188,8 @@ static int post_group(HandoffObject *o, uint32_t g) {
         }
         free(ow);
         free(c.w);
+        if (o->peer)
+                handoff_turn_count(hm, c.n);
         (void)handoff_group_posted(h, g, (uint32_t)c.n);
         if (o->twin && c.n > 0)
                 (void)handoff_writes_landing(o->twin->h, g, (uint32_t)c.n);
@@ -421,6 +423,8 @@ void handoff_pump(HandoffObject *o) {
         if (plugged)
                 net->ops->plug(net, peer);
         while (!o->stalled && handoff_next_to_post(o->h, &g) == 0) {
+                if (o->peer && !handoff_turn_has_room(o->hm) && handoff_yield(o))
+                        break;
                 int r = post_group(o, g);
                 if (r == -ENOBUFS && o->peer) {
                         /* The writes in flight to the peer are at the transport's bound
@@ -496,46 +500,13 @@ static void touched_room(Touched *t) {
                 touched_flush(t);
 }
 
-void handoff_stall(HandoffObject *o) {
-        if (o->stalled)
-                return;
-        o->stalled = true;
-        QUEUE_PUSH_BACK(stall, o->hm->stalled, o);
-        o->hm->counters.stalls++;
-}
-
-void handoff_unstall_forget(HandoffObject *o) {
-        if (!o->stalled)
-                return;
-        QUEUE_REMOVE(stall, o->hm->stalled, o);
-        o->stalled = false;
-}
-
-/* Writes completed: the sources that waited for room post again, first come first, each
- * once (one that finds no room yet goes to the back and waits for the next
- * completions). */
-static void handoff_unstall(HandoffManager *hm) {
-        size_t n = 0;
-        for (HandoffObject *i = hm->stalled.first; i; i = i->stall_next)
-                n++;
-        while (n-- > 0 && hm->stalled.first) {
-                HandoffObject *o = hm->stalled.first;
-                handoff_unstall_forget(o);
-                handoff_obj_hold(o);
-                if (o->staged)
-                        handoff_stage_send_landed(o); /* its staged groups first, in order */
-                if (!handoff_is_ended(o->h) && !o->stalled)
-                        handoff_pump(o);
-                handoff_after_event(o);
-                handoff_obj_unhold(o);
-        }
-}
-
-static void on_completions(HandoffManager *hm, Transport *t) {
+/* max: completions taken in this call; the transport's completion fd stays readable for
+ * the rest (transport_done_take()), taken at the loop's next turn. */
+static void on_completions(HandoffManager *hm, Transport *t, size_t max) {
         TransportCompletion c[256];
         Touched touched = {};
         size_t n, seen = 0;
-        while ((n = t->ops->poll(t, c, ELEMENTSOF(c))) > 0) {
+        while (seen < max && (n = t->ops->poll(t, c, MIN(ELEMENTSOF(c), max - seen))) > 0) {
                 seen += n;
                 for (size_t i = 0; i < n; i++) {
                         touched_room(&touched);
@@ -604,7 +575,7 @@ static void on_completions(HandoffManager *hm, Transport *t) {
 
 int handoff_on_local_completion(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         HandoffManager *hm = userdata;
-        on_completions(hm, hm->local);
+        on_completions(hm, hm->local, SIZE_MAX);
         return 0;
 }
 
@@ -612,7 +583,7 @@ int handoff_on_gpu_completion(sd_event_source *s, int fd, uint32_t revents, void
         HandoffManager *hm = userdata;
         Transport *t = handoff_gpu_transport(hm);
         if (t)
-                on_completions(hm, t);
+                on_completions(hm, t, SIZE_MAX);
         return 0;
 }
 
@@ -620,7 +591,7 @@ int handoff_on_peer_completion(sd_event_source *s, int fd, uint32_t revents, voi
         HandoffManager *hm = userdata;
         Transport *t = peer_manager_transport(hm->manager->peers);
         if (t)
-                on_completions(hm, t);
+                on_completions(hm, t, HANDOFF_TURN_COMPLETIONS_MAX);
         return 0;
 }
 
@@ -628,7 +599,7 @@ int handoff_on_rdma_completion(sd_event_source *s, int fd, uint32_t revents, voi
         HandoffManager *hm = userdata;
         Transport *t = peer_manager_rdma(hm->manager->peers);
         if (t)
-                on_completions(hm, t);
+                on_completions(hm, t, HANDOFF_TURN_COMPLETIONS_MAX);
         return 0;
 }
 

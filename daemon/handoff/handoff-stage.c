@@ -265,6 +265,8 @@ static int stage_send(HandoffObject *o, uint32_t g, int error) {
                 handoff_mark_group_end(o, g, &w[n - 1]);
         if (r >= 0)
                 r = nt->ops->post(nt, o->peer, w, n);
+        if (r >= 0)
+                handoff_turn_count(hm, n);
         if (r < 0)
                 for (size_t k = 0; k < i; k++)
                         free(hashmap_remove(hm->writes, &ow[k]->cookie));
@@ -294,6 +296,10 @@ void handoff_stage_send_landed(HandoffObject *o) {
                                 break; /* in order: the groups after it wait for it */
                         continue;      /* it is cancelled when it lands */
                 }
+                /* This dispatch's writes to other hosts posted: the next dispatch goes
+                 * on from g (cancelled ones post nothing). */
+                if (live && !handoff_turn_has_room(o->hm) && handoff_yield(o))
+                        break;
                 if (stage_send(o, g, live ? 0 : -ECANCELED) == -ENOBUFS) {
                         handoff_stall(o);
                         break;

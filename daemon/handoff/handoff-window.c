@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* The handoff window per peer (docs/telemetry.md): handoffs and bytes in flight to a
  * host, bounded by its backpressure level, and the telemetry subscription that posts
- * level changes to every worker's ring. */
+ * level changes to every worker's ring. The sources that wait to post writes to other
+ * hosts: for room in the transport's writes in flight, or for the loop's next turn. */
 #include "handoff/handoff-internal.h"
 
 /* ---- the backpressure window per peer ---- */
@@ -76,5 +77,147 @@ void handoff_on_backpressure(Telemetry *t, const char *peer, BackpressureLevel l
                 if (ring_post(cr->ring, &rec) < 0)
                         hm->counters.ring_fallbacks++; /* the D-Bus signal carries it too */
                 handoff_ring_kick_later(cr);
+        }
+}
+
+/* ---- sources waiting to post: for room, or for the next dispatch ---- */
+
+/* A source waits in one of two queues: hm->stalled when its post found the writes in
+ * flight to its peer at the transport's bound (completions wake it), hm->yielded when
+ * the dispatch had posted its HANDOFF_TURN_WRITES_MAX writes (the yield source wakes it,
+ * behind whatever else was pending then). o->stalled is set in either. */
+static void wait_in(HandoffObject *o, bool yielded) {
+        HandoffManager *hm = o->hm;
+        o->stalled = true;
+        o->yielded = yielded;
+        if (yielded)
+                QUEUE_PUSH_BACK(stall, hm->yielded, o);
+        else
+                QUEUE_PUSH_BACK(stall, hm->stalled, o);
+}
+
+void handoff_stall(HandoffObject *o) {
+        if (o->stalled)
+                return;
+        wait_in(o, false);
+        o->hm->counters.stalls++;
+}
+
+void handoff_unstall_forget(HandoffObject *o) {
+        if (!o->stalled)
+                return;
+        if (o->yielded)
+                QUEUE_REMOVE(stall, o->hm->yielded, o);
+        else
+                QUEUE_REMOVE(stall, o->hm->stalled, o);
+        o->stalled = o->yielded = false;
+}
+
+/* The remote writes posted in this dispatch are below HANDOFF_TURN_WRITES_MAX (a
+ * dispatch is an iteration of the loop: sd_event_prepare() counts them). */
+bool handoff_turn_has_room(HandoffManager *hm) {
+        uint64_t it = 0;
+        (void)sd_event_get_iteration(hm->manager->event, &it);
+        if (it != hm->turn) {
+                hm->turn = it;
+                hm->turn_writes = 0;
+        }
+        return hm->turn_writes < HANDOFF_TURN_WRITES_MAX;
+}
+
+void handoff_turn_count(HandoffManager *hm, size_t n) {
+        (void)handoff_turn_has_room(hm); /* a new iteration starts from 0 */
+        hm->turn_writes = (uint32_t)MIN((uint64_t)hm->turn_writes + n, (uint64_t)UINT32_MAX);
+}
+
+static void pump_waiting(HandoffManager *hm, HandoffObject *o) {
+        handoff_unstall_forget(o);
+        handoff_obj_hold(o);
+        if (o->staged)
+                handoff_stage_send_landed(o); /* its staged groups first, in order */
+        if (!handoff_is_ended(o->h) && !o->stalled)
+                handoff_pump(o);
+        handoff_after_event(o);
+        handoff_obj_unhold(o);
+}
+
+static int on_yield(sd_event_source *s, void *userdata) {
+        HandoffManager *hm = userdata;
+        /* The ones that yielded, first come first, each once (one that posts this
+         * dispatch's writes and has more goes to the back again). */
+        size_t n = 0;
+        for (HandoffObject *i = hm->yielded.first; i; i = i->stall_next)
+                n++;
+        while (n-- > 0 && hm->yielded.first)
+                pump_waiting(hm, hm->yielded.first);
+        return 0;
+}
+
+/* The yield source runs below the normal priority: the bus calls, completions,
+ * heartbeats and data streams pending meanwhile go first (a defer source of the same
+ * priority would not let them: its pending mark, from the dispatch that armed it, is
+ * older than theirs, so it would win every dispatch while sources keep yielding). So
+ * that a loop never idle does not keep the yielded sources waiting for ever, it is
+ * raised to the normal priority HANDOFF_YIELD_TURNS dispatches after it was armed
+ * (handoff_yield_after_dispatch()), where that old mark puts it first. */
+static int yield_arm(HandoffManager *hm) {
+        if (hm->yield_source && sd_event_source_get_enabled(hm->yield_source, NULL) > 0)
+                return 0; /* armed already */
+        int r = 0;
+        if (!hm->yield_source)
+                r = sd_event_add_defer(hm->manager->event, &hm->yield_source, on_yield, hm);
+        if (r >= 0)
+                r = sd_event_source_set_priority(hm->yield_source, SD_EVENT_PRIORITY_NORMAL + 1);
+        if (r >= 0)
+                r = sd_event_source_set_enabled(hm->yield_source, SD_EVENT_ONESHOT);
+        if (r >= 0)
+                (void)sd_event_get_iteration(hm->manager->event, &hm->yield_armed);
+        return r;
+}
+
+void handoff_yield_after_dispatch(HandoffManager *hm) {
+        uint64_t it = 0;
+        int64_t prio = 0;
+        if (!hm || !hm->yielded.first || !hm->yield_source)
+                return;
+        (void)sd_event_get_iteration(hm->manager->event, &it);
+        if (it - hm->yield_armed >= HANDOFF_YIELD_TURNS &&
+            sd_event_source_get_priority(hm->yield_source, &prio) >= 0 && prio != SD_EVENT_PRIORITY_NORMAL)
+                (void)sd_event_source_set_priority(hm->yield_source, SD_EVENT_PRIORITY_NORMAL);
+}
+
+bool handoff_yield(HandoffObject *o) {
+        HandoffManager *hm = o->hm;
+        if (o->stalled)
+                return true;
+        int r = yield_arm(hm);
+        if (r < 0) {
+                /* Not left waiting with nothing to wake it: the groups go now. */
+                log_debug_errno(r, "handoff %s: cannot yield the loop, posting on: %m", o->request_str);
+                hm->turn_writes = 0;
+                return false;
+        }
+        wait_in(o, true);
+        hm->counters.post_yields++;
+        return true;
+}
+
+/* Writes to other hosts completed: the sources that waited for room post again, first
+ * come first, each once (one that finds no room yet goes to the back and waits for the
+ * next completions). Once this dispatch's writes are posted, the rest wait for the
+ * next dispatch instead (handoff_yield(): not planned again only to be put back). */
+void handoff_unstall(HandoffManager *hm) {
+        size_t n = 0;
+        for (HandoffObject *i = hm->stalled.first; i; i = i->stall_next)
+                n++;
+        while (n-- > 0 && hm->stalled.first) {
+                HandoffObject *o = hm->stalled.first;
+                if (!handoff_turn_has_room(hm)) {
+                        handoff_unstall_forget(o);
+                        if (!handoff_yield(o))
+                                pump_waiting(hm, o);
+                        continue;
+                }
+                pump_waiting(hm, o);
         }
 }

@@ -228,6 +228,8 @@ typedef struct HandoffCounters {
         uint64_t pipelined;        /* to another host without a round trip before the data */
         uint64_t journal_waits;    /* writes held until the record that freed their pages was durable */
         uint64_t stalls;           /* a remote group held back: the writes in flight to its peer at their bound */
+        uint64_t post_yields;      /* a remote source's groups left for the next loop turn: that turn's
+                                    * posts were at HANDOFF_TURN_WRITES_MAX writes */
         uint64_t failures[_HANDOFF_CAUSE_MAX];
 } HandoffCounters;
 

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -21,6 +22,8 @@
 
 /* Bytes one stream moves per wakeup before it yields to the rest of the loop. */
 #define STREAM_BUDGET (16U * 1024U * 1024U)
+/* And slices: 16 MiB of 4 KiB ones, 4096 writes begun or ended, took 31 ms (release). */
+#define STREAM_SLICES_BUDGET 2048U
 #define MAX_REGIONS 1024
 #define MAX_POST 65536
 #define SCRATCH_SIZE (256U * 1024U)
@@ -371,7 +374,8 @@ static void batch_fill(TcpStream *s) {
 }
 
 static int stream_send_budget(TcpStream *s, size_t budget) {
-        while (budget > 0) {
+        unsigned slices = 0;
+        while (budget > 0 && slices < STREAM_SLICES_BUDGET) {
                 struct iovec iov[2 * SEND_BATCH];
                 size_t n_iov = 0;
                 ssize_t n;
@@ -411,6 +415,7 @@ static int stream_send_budget(TcpStream *s, size_t budget) {
                         if (b->hdr_done < sizeof b->hdr || b->data_done < b->length)
                                 break;
                         b->w->slices_sending--;
+                        slices++;
                         s->b_bytes -= b->length;
                         s->b_head = (s->b_head + 1) % SEND_BATCH;
                         s->b_n--;
@@ -762,16 +767,19 @@ static int on_stream_again(sd_event_source *es, void *userdata) {
         return stream_io(NULL, s->fd, EPOLLIN, s);
 }
 
-/* Bytes wait in rbuf that no socket wakeup will bring back (the socket may be empty):
- * read them in the next loop iteration. */
+/* Bytes wait in rbuf, or a whole header in r_hdr (read with the last payload): read
+ * them in the next loop iteration. Bytes in the socket wake the stream as any other
+ * (level-triggered): a defer source, whose pending mark is older than theirs, would
+ * read on ahead of the streams, control connections and bus calls that waited. */
 static void stream_again(TcpStream *s) {
-        if (s->parked || s->rpos >= s->rlen)
+        if (s->parked || (s->rpos >= s->rlen && (s->rw || s->r_hdr_have < sizeof s->r_hdr)))
                 return;
-        if (!s->again) {
-                if (sd_event_add_defer(s->t->event, &s->again, on_stream_again, s) < 0) {
-                        log_debug("tcp: cannot queue a stream's buffered bytes");
-                        return;
-                }
+        int avail = 0;
+        if (ioctl(s->fd, FIONREAD, &avail) == 0 && avail > 0)
+                return;
+        if (!s->again && sd_event_add_defer(s->t->event, &s->again, on_stream_again, s) < 0) {
+                log_debug("tcp: cannot queue a stream's buffered bytes");
+                return;
         }
         (void)sd_event_source_set_enabled(s->again, SD_EVENT_ONESHOT);
 }
@@ -819,13 +827,14 @@ static void slice_took(TcpStream *s, uint64_t n) {
  * the loop again; bytes left in rbuf do not, so stream_again() queues them. */
 static int stream_recv(TcpStream *s) {
         size_t budget = STREAM_BUDGET;
+        unsigned slices = 0;
         bool drained = false;
         int r;
 
         if (s->parked)
                 return 0;
 
-        while (budget > 0) {
+        while (budget > 0 && slices < STREAM_SLICES_BUDGET) {
                 ssize_t n;
 
                 if (!s->rw) {
@@ -900,11 +909,12 @@ static int stream_recv(TcpStream *s) {
                         r = stream_slice_end(s);
                         if (r != 0)
                                 return r;
+                        slices++;
                 }
                 if (drained && s->rpos >= s->rlen && (s->rw || s->r_hdr_have < sizeof s->r_hdr))
                         return 0;
         }
-        stream_again(s); /* out of budget with bytes read ahead */
+        stream_again(s); /* out of budget with bytes read ahead, or a header */
         return 0;
 }
 

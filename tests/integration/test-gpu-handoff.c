@@ -1775,15 +1775,15 @@ START_TEST(test_gpu_to_other_host) {
 END_TEST
 
 /* Staged groups past the bound of writes in flight to a peer (65536) wait for room, in
- * group order, instead of failing the handoff: a handoff of GPU pages to bravo, 2100
- * pages of 8 KiB in 32 one-layer groups of 256 bytes all ready at Prepare (67200 peer
+ * group order, instead of failing the handoff: a handoff of GPU pages to bravo, 2300
+ * pages of 8 KiB in 32 one-layer groups of 256 bytes all ready at Prepare (73600 peer
  * writes, a page a group), bravo stopped for a moment once it answered the Prepare (no
  * acknowledgement comes back while alpha stages and sends), lands with exact bytes and
  * leaves nothing behind. It was rolled back (transfer-failed) at the first staged group
  * that did not fit. (Under ASan bravo takes seconds over that many writes once it runs
  * again: the pair's heartbeat bound is 4 x 2 s, not 4 x 500 ms, for it.) */
 START_TEST(test_staged_writes_wait_for_room) {
-        enum { G = 32, N = 2100, PAGE = 8192 };
+        enum { G = 32, N = 2300, PAGE = 8192 };
         static const epd_kv_layout kv32 = { .layers = G, .tokens_per_block = 1, .k_bytes_per_token = 128,
                                             .v_bytes_per_token = 128, .dtype = "bfloat16" };
         const char *rid_s = "000000000000000000000000000005a1";
@@ -1813,7 +1813,13 @@ START_TEST(test_staged_writes_wait_for_room) {
                         usleep(20000);
         ck_assert_int_eq(kill(hb.epdd_pid, SIGSTOP), 0);
         ck_assert_msg(r == 0, "Prepare to bravo: %s", epd_last_error_message(p));
-        usleep(400000); /* well within the heartbeat bound */
+        /* bravo held up until the source's writes reach the bound (posted 8192 a
+         * dispatch at most, they may take longer than a fixed pause under ASan), at
+         * most 3 s: well within the heartbeat bound (4 x 2 s). bravo may have taken
+         * some before it stopped (1812 of them once, when this was 67200 writes, and
+         * the bound was never reached): 8064 past the bound. */
+        for (int i = 0; i < 150 && counter(p, "write-stalls") == 0; i++)
+                usleep(20000);
         ck_assert_int_eq(kill(hb.epdd_pid, SIGCONT), 0);
         epd_handoff_accepted acc;
         ck_assert_int_eq(epd_handoff_accept(d, rid_s, &acc), 0);
@@ -1830,6 +1836,8 @@ START_TEST(test_staged_writes_wait_for_room) {
         ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
         wait_state(p, path, "committed");
         ck_assert_uint_gt(counter(p, "write-stalls"), 0);
+        /* 2300 writes a group: the staged groups' posts, 8192 a dispatch at most. */
+        ck_assert_uint_gt(counter(p, "post-yields"), 0);
         ck_assert_int_eq(epd_handoff_release(p, path), 0);
         ck_assert_int_eq(epd_handoff_release(d, acc.path), 0);
         release_sequence(d, dseq);

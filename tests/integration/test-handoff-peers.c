@@ -1178,7 +1178,8 @@ END_TEST
 /* 16 one-layer groups of 4 KiB pages (a write a page a group), every group ready at
  * Prepare, from alpha to charlie: two handoffs of 4097 and 3000 pages are 113552 writes,
  * past the 65536 a peer takes in flight. The groups past that bound wait for room
- * (`write-stalls`) and both handoffs land, bytes exact. They were rolled back as
+ * (`write-stalls`), alpha's loop posts at most 8192 of them a turn (`post-yields`), and
+ * both handoffs land, bytes exact. They were rolled back as
  * transfer-failed, the first alone too (65552 writes), and a retry failed the same way. */
 START_TEST(test_many_writes_wait_for_room) {
         enum { G = 16, N1 = 4097, N2 = 3000 };
@@ -1216,6 +1217,13 @@ START_TEST(test_many_writes_wait_for_room) {
                                 usleep(20000);
                 ck_assert_msg(r == 0, "Prepare %d: %s", h, epd_last_error_message(p));
         }
+        /* charlie's loop held up until alpha's posts (8192 a dispatch at most) reach
+         * the bound, whatever charlie took before (113552 writes, 65536 in flight at
+         * most), at most 3 s: well within the heartbeat bound (4 x 2 s). */
+        ck_assert_int_eq(kill(hc.epdd_pid, SIGSTOP), 0);
+        for (int i = 0; i < 150 && harness_handoff_counter(p->bus, "write-stalls") == 0; i++)
+                usleep(20000);
+        ck_assert_int_eq(kill(hc.epdd_pid, SIGCONT), 0);
         for (int h = 0; h < 2; h++) {
                 epd_handoff_accepted acc;
                 ck_assert_int_eq(epd_handoff_accept(d, rids[h], &acc), 0);
@@ -1243,6 +1251,8 @@ START_TEST(test_many_writes_wait_for_room) {
                 free(src[h]);
         }
         ck_assert_uint_gt(harness_handoff_counter(p->bus, "write-stalls"), 0);
+        /* 4097 pages a group: every turn of alpha's loop posted at most 8192 writes. */
+        ck_assert_uint_gt(harness_handoff_counter(p->bus, "post-yields"), 0);
         ck_assert_uint_eq(arena_live(p), 0);
         ck_assert_uint_eq(arena_live(d), 0);
         epd_disconnect(p);
