@@ -21,6 +21,7 @@
 #include "transport/rdma.h"
 
 #define REFRESH_DELAY_USEC (20 * USEC_PER_MSEC)
+#define REFRESH_DELAY_MAX_USEC (200 * USEC_PER_MSEC)
 #define MAX_GPUS 64
 #define MAX_NICS 64
 
@@ -38,6 +39,7 @@ struct Topology {
         size_t n_paths, n_paths_allocated;
         Hashmap *by_host_id;
         size_t resolved; /* paths the last refresh asked the kernel about */
+        usec_t refresh_first; /* when the armed refresh_timer was first armed */
         TopologyGpu *gpus;
         size_t n_gpus;
         uint64_t events;
@@ -369,7 +371,7 @@ static int paths_update(Topology *t) {
                 copy_str(path->host_id, sizeof path->host_id, peer_host_id(peer_manager_peer(t->pm, i)));
                 r = hashmap_put(t->by_host_id, path->host_id, path);
                 if (r < 0)
-                        goto fail;
+                        return r; /* the first i are in the map: resolved; the rest at a retry */
                 t->n_paths = i + 1;
         }
         return 0;
@@ -380,12 +382,19 @@ fail:
         return r;
 }
 
+static void schedule_refresh(Topology *t);
+
 int topology_refresh(Topology *t) {
         int r;
 
         r = paths_update(t);
-        if (r < 0)
-                return r;
+        if (r < 0) {
+                /* No memory for a new peer's path: those known are resolved still, and
+                 * the new ones at a retry (nothing else may ask for one soon). */
+                log_warning_errno(r, "topology: cannot track every peer's path, retrying: %m");
+                if (t->refresh_timer)
+                        schedule_refresh(t);
+        }
         discover_rdma(t);
         t->resolved = 0;
         for (size_t i = 0; i < t->n_paths; i++) {
@@ -404,7 +413,15 @@ int topology_refresh(Topology *t) {
         return 0;
 }
 
+/* Once a burst of changes is over (each call moves the timer on), but no later than
+ * REFRESH_DELAY_MAX_USEC after the burst's first: changes that keep coming (members
+ * joining and leaving every few ms) do not hold the refresh off for as long as they do. */
 static void schedule_refresh(Topology *t) {
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        if (sd_event_source_get_enabled(t->refresh_timer, NULL) <= 0)
+                t->refresh_first = now;
+        else if (now - t->refresh_first >= REFRESH_DELAY_MAX_USEC)
+                return; /* armed, and due soon enough */
         (void)sd_event_source_set_time_relative(t->refresh_timer, REFRESH_DELAY_USEC);
         (void)sd_event_source_set_enabled(t->refresh_timer, SD_EVENT_ONESHOT);
 }
