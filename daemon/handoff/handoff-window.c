@@ -141,15 +141,26 @@ static void pump_waiting(HandoffManager *hm, HandoffObject *o) {
         handoff_obj_unhold(o);
 }
 
+static int yield_arm(HandoffManager *hm);
+
 static int on_yield(sd_event_source *s, void *userdata) {
         HandoffManager *hm = userdata;
-        /* The ones that yielded, first come first, each once (one that posts this
-         * dispatch's writes and has more goes to the back again). */
+        /* The ones that yielded, first come first, while this dispatch has writes left
+         * (one that posts them and has more goes to the back): pumping the rest once the
+         * writes are posted would only send each to the back again, in the same order,
+         * and the first would have every dispatch. */
         size_t n = 0;
         for (HandoffObject *i = hm->yielded.first; i; i = i->stall_next)
                 n++;
-        while (n-- > 0 && hm->yielded.first)
+        while (n-- > 0 && hm->yielded.first && handoff_turn_has_room(hm))
                 pump_waiting(hm, hm->yielded.first);
+        if (hm->yielded.first && yield_arm(hm) < 0)
+                /* Nothing would wake them: they go now (handoff_yield() cannot arm
+                 * either, so they post on rather than wait). */
+                while (hm->yielded.first) {
+                        hm->turn_writes = 0;
+                        pump_waiting(hm, hm->yielded.first);
+                }
         return 0;
 }
 
