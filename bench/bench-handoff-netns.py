@@ -3,7 +3,7 @@
 """Inter-host HANDOFF throughput between two epdd in network namespaces (a veth pair
 through a bridge), against iperf3 between the same namespaces in the same run.
 
-    bench-handoff-netns.py BUILD_ROOT [--quick] [--max-size SIZE_MIB]
+    bench-handoff-netns.py BUILD_ROOT [--quick] [--max-size SIZE_MIB] [--prefault]
 
 For DataStreams=1 (vs iperf3 -P 1) and DataStreams=4 (vs iperf3 -P 4): a prefill
 client (libepd, tests/integration/handoff-client in bench mode: no pattern fill or
@@ -12,7 +12,8 @@ once; BENCH_GROUPS=n for another count) off to a decode
 client on "bravo"; the time is from LayerGroupReady to the source's handoff reaching
 "transferred" (every byte acknowledged by the destination daemon), waited for on the
 prefill client's ring (its eventfd), not polled. Sizes 64 KiB to 1 GiB; the small ones repeat and take the median, the large
-ones run twice (cold arenas, then warm; the warm one is the figure). Prints
+ones run twice (cold arenas, then warm; the warm one is the figure; --prefault
+configures both daemons' arena Prefault=yes, so that "cold" pages are allocated at start). Prints
 handoff MiB/s, iperf3 MiB/s and the ratio. Needs root (ip netns) and iperf3; exits 77
 (skip) otherwise. Keep it short: this is a small shared machine.
 
@@ -102,7 +103,7 @@ def iperf3(net, streams, seconds):
 
 
 class Pair:
-    def __init__(self, build, tmp, net, streams, arena_mb, extra=""):
+    def __init__(self, build, tmp, net, streams, arena_mb, extra="", prefault=False):
         self.build, self.tmp, self.net = build, tmp, net
         self.client = os.path.join(build, "tests", "integration", "handoff-client")
         key = key_file(tmp, "key", "b" * 64)
@@ -113,7 +114,8 @@ class Pair:
             with open(conf, "w") as f:
                 f.write(f"[Daemon]\nHostId={names[i]}\nSystemBus=no\nLogLevel=warning\n"
                         f"StateDirectory={tmp}/{names[i]}-{streams}.state\n"
-                        f"[Arena:kv0]\nSize={arena_mb}M\nHugePages=try\n" + extra +
+                        f"[Arena:kv0]\nSize={arena_mb}M\nHugePages=try\n" +
+                        ("Prefault=yes\n" if prefault else "") + extra +
                         f"[Cluster]\nListen={net.ip(i)}:7500\nClusterKeyFile={key}\nDataStreams={streams}\n"
                         f"HandoffTimeout=300s\n"
                         f"[Peer:{names[1 - i]}]\nAddress={net.ip(1 - i)}:7500\nHostId={names[1 - i]}\n")
@@ -476,15 +478,16 @@ def main():
     if quick:
         sizes = [s for s in sizes if s <= 16 * MiB]
     arena_mb = max(sizes) // MiB + 64
+    prefault = "--prefault" in sys.argv
     print(f"bench-handoff-netns: epdd handoffs alpha -> bravo (network namespaces, veth + bridge) vs iperf3, "
-          f"same run; 4 layer groups, pages of 64 KiB")
+          f"same run; 4 layer groups, pages of 64 KiB" + ("; arena kv0 Prefault=yes" if prefault else ""))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         net = Net(2)
         try:
             for streams in (1, 4):
                 limit = iperf3(net, streams, 1 if quick else 2)
-                pair = Pair(build, tmp, net, streams, arena_mb)
+                pair = Pair(build, tmp, net, streams, arena_mb, prefault=prefault)
                 try:
                     pair.handoff(MiB)  # warm up: connections, pages, page cache
                     for size in sizes:

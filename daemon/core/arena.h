@@ -51,6 +51,7 @@ typedef struct ArenaConfig {
         int numa_node;          /* -1: any */
         int gpu;                /* for MEMORY_GPU: ordinal */
         uint64_t page_size;     /* for feature arenas: chunk size; KV: from layout */
+        bool prefault;          /* host: allocate (and map in epdd) every page at start */
 } ArenaConfig;
 
 typedef struct Arena {

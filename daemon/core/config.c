@@ -500,6 +500,7 @@ static const ConfigItem items[] = {
         { "Arena", "Size", p_size, A(size) },
         { "Arena", "HugePages", p_hugepages, A(hugepages) },
         { "Arena", "NumaNode", p_int_node, A(numa_node) },
+        { "Arena", "Prefault", p_bool, A(prefault) },
         { "Arena", "Gpu", p_int_node, A(gpu) },
         { "Arena", "PageSize", p_size, A(page_size) },
         { "Cluster", "Listen", p_address, C(listen_address) },
@@ -843,6 +844,9 @@ static void check_complete(ParseState *s) {
                         perr(s, "[Arena:%s] Domain=gpu needs Gpu=N", a->name);
                 if (a->domain == MEMORY_GPU && a->hugepages != HUGEPAGES_NO)
                         perr(s, "[Arena:%s] HugePages= applies to host arenas only", a->name);
+                if (a->domain == MEMORY_GPU && a->prefault)
+                        perr(s, "[Arena:%s] Prefault= applies to host arenas only (a GPU arena's memory is allocated at start)",
+                             a->name);
                 if (a->domain == MEMORY_GPU && a->numa_node >= 0)
                         perr(s, "[Arena:%s] NumaNode= applies to host arenas only (a GPU arena lives on its GPU)",
                              a->name);
@@ -1062,6 +1066,7 @@ unsigned config_restart_notices(const Config *c, const Config *n) {
                 arenas_same = strcmp(n->arenas[i].name, c->arenas[i].name) == 0 && n->arenas[i].size == c->arenas[i].size &&
                               n->arenas[i].domain == c->arenas[i].domain && n->arenas[i].usage == c->arenas[i].usage &&
                               n->arenas[i].hugepages == c->arenas[i].hugepages &&
+                              n->arenas[i].prefault == c->arenas[i].prefault &&
                               n->arenas[i].numa_node == c->arenas[i].numa_node && n->arenas[i].gpu == c->arenas[i].gpu &&
                               n->arenas[i].page_size == c->arenas[i].page_size;
         bool etcd_same = n->etcd_lease_ttl_usec == c->etcd_lease_ttl_usec && n->max_members == c->max_members &&

@@ -64,10 +64,10 @@ int manager_setup_arenas(Manager *m) {
                 }
                 m->n_arenas++;
                 char sz[32];
-                log_info("Arena %s: %s %s, %s%s%s.", c->name, memory_domain_to_string(c->domain),
+                log_info("Arena %s: %s %s, %s%s%s%s.", c->name, memory_domain_to_string(c->domain),
                          arena_usage_to_string(c->usage),
                          format_size(sz, sizeof sz, m->arenas[i]->size),
-                         m->arenas[i]->hugepages ? ", huge pages" : "",
+                         m->arenas[i]->hugepages ? ", huge pages" : "", c->prefault ? ", prefaulted" : "",
                          adopted ? ", taken back from the fd store" : "");
         }
         return 0;

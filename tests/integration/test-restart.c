@@ -400,6 +400,20 @@ static void write_arenas(const char *arenas) {
         ck_assert_int_eq(fclose(f), 0);
 }
 
+/* Bytes of memory the stored fd of arena `name` holds (its memfd's allocated blocks). */
+static uint64_t arena_allocated(const char *name) {
+        char want[256];
+        struct stat st;
+        snprintf(want, sizeof want, "arena-%s", name);
+        for (size_t i = 0; i < store_n; i++)
+                if (strcmp(store_names[i], want) == 0) {
+                        ck_assert_int_eq(fstat(store_fds[i], &st), 0);
+                        return (uint64_t)st.st_blocks * 512;
+                }
+        ck_abort_msg("arena %s is not in the store", name);
+        return 0;
+}
+
 /* A stored arena comes back only into the slot and size it had: the WAL's records name
  * arenas by index, so an arena taken back at another index (sections reordered) would
  * get another arena's sequences and directory entries over its bytes, and one whose
@@ -433,6 +447,14 @@ START_TEST(test_restart_arena_moved_or_resized) {
         worker_touch("a", false, 3, len, false);
         worker_touch("b", false, 4, len, true);
         ck_assert_uint_eq(arenas_stored(), 2); /* a's old fd left the store, its new one is there */
+        kill9_epdd();
+        /* Prefault=yes is not a change of shape: b is taken back with its bytes, and
+         * every page of it is allocated now (only those written were before). */
+        ck_assert_uint_lt(arena_allocated("b"), 16 << 20);
+        write_arenas("[Arena:b]\nSize=16M\nPrefault=yes\n[Arena:a]\nSize=32M\n");
+        start_epdd(true);
+        ck_assert_uint_ge(arena_allocated("b"), 16 << 20);
+        worker_touch("b", false, 4, len, true);
         ck_assert_int_eq(harness_stop_epdd(&h), 0);
         close_notify();
 }

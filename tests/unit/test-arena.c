@@ -1,5 +1,9 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <check.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <errno.h>
@@ -105,6 +109,62 @@ START_TEST(test_hugepages_fallback) {
 }
 END_TEST
 
+/* Prefault=yes: the memfd's pages are allocated at start (st_blocks covers the whole
+ * arena), for a new arena and for one taken back after a restart; without it only the
+ * header page is. */
+static uint64_t allocated_bytes(int fd) {
+        struct stat st;
+        ck_assert_int_eq(fstat(fd, &st), 0);
+        return (uint64_t)st.st_blocks * 512;
+}
+
+/* Rss of the mapping that starts at base, in bytes (/proc/self/smaps). */
+static uint64_t mapping_rss(const void *base) {
+        char start[32], line[256];
+        bool in = false;
+        uint64_t kb = 0;
+        FILE *f = fopen("/proc/self/smaps", "re");
+        ck_assert_ptr_nonnull(f);
+        snprintf(start, sizeof start, "%lx-", (unsigned long)(uintptr_t)base);
+        while (fgets(line, sizeof line, f)) {
+                if (strchr(line, '-') && strchr(line, ' ') && strchr(line, '-') < strchr(line, ' '))
+                        in = strncmp(line, start, strlen(start)) == 0;
+                else if (in && sscanf(line, "Rss: %" SCNu64 " kB", &kb) == 1)
+                        break;
+        }
+        fclose(f);
+        return kb * 1024;
+}
+
+START_TEST(test_prefault) {
+        ArenaConfig c = { .name = (char *)"tp", .domain = MEMORY_HOST, .usage = ARENA_USAGE_KV,
+                          .size = 8 << 20, .hugepages = HUGEPAGES_NO, .numa_node = -1, .gpu = -1 };
+        Arena *a;
+        ck_assert_int_eq(arena_new_host(&c, 0, "h", &a), 0);
+        ck_assert_uint_le(allocated_bytes(a->fd), 64 << 10);
+        int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 3);
+        arena_free(a);
+
+        c.prefault = true;
+        ck_assert_int_eq(arena_adopt_host(&c, 0, fd, "h", &a), 0);
+        ck_assert_uint_ge(allocated_bytes(a->fd), a->size);
+        arena_free(a);
+
+        ck_assert_int_eq(arena_new_host(&c, 0, "h", &a), 0);
+        ck_assert_uint_ge(allocated_bytes(a->fd), a->size);
+        /* The daemon's own mapping is populated too (its page table: Rss of the
+         * mapping), where the kernel has MADV_POPULATE_WRITE: no page of it faults on
+         * first use. */
+        void *probe = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        ck_assert_ptr_ne(probe, MAP_FAILED);
+        bool populate = madvise(probe, 4096, 23 /* MADV_POPULATE_WRITE */) == 0;
+        munmap(probe, 4096);
+        if (populate)
+                ck_assert_uint_ge(mapping_rss(a->base), a->size);
+        arena_free(a);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("arena");
         TCase *tc = tcase_create("arena");
@@ -112,6 +172,7 @@ int main(void) {
         tcase_add_test(tc, test_host_arena);
         tcase_add_test(tc, test_numa_policy_kept);
         tcase_add_test(tc, test_hugepages_fallback);
+        tcase_add_test(tc, test_prefault);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }

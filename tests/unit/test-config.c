@@ -37,7 +37,7 @@ START_TEST(test_good) {
                                              "# comment\n; another\n"
                                              "[Daemon]\nHostId = node-1\nSocket=/tmp/x/bus\nSocketGroup=_epd-work.1\nSystemBus=no\nLogLevel=debug\n"
                                              "[Limits]\nMaxWorkers=8\nMaxRequestSize=16M\nAttachGrace=90s\n"
-                                             "[Arena:kv0]\nSize=1G\nHugePages=try\nNumaNode=0\n"
+                                             "[Arena:kv0]\nSize=1G\nHugePages=try\nNumaNode=0\nPrefault=yes\n"
                                              "[Arena:feat]\nUsage=feature\nSize=128M\nPageSize=64K\n"
                                              "[Arena:gpu0]\nDomain=gpu\nGpu=0\nSize=4G\n"
                                              "[Cluster]\nListen=0.0.0.0:7100\nClusterKeyFile=/etc/epd/key\nHeartbeatInterval=500ms\nTransport=rdma\n"
@@ -64,6 +64,8 @@ START_TEST(test_good) {
         ck_assert_str_eq(c.arenas[0].name, "kv0");
         ck_assert_uint_eq(c.arenas[0].size, 1ULL << 30);
         ck_assert_int_eq(c.arenas[0].hugepages, HUGEPAGES_TRY);
+        ck_assert(c.arenas[0].prefault);
+        ck_assert(!c.arenas[1].prefault);
         ck_assert_int_eq(c.arenas[1].usage, ARENA_USAGE_FEATURE);
         ck_assert_uint_eq(c.arenas[1].page_size, 64 << 10);
         ck_assert_int_eq(c.arenas[2].domain, MEMORY_GPU);
@@ -111,6 +113,8 @@ static const struct {
         { "[Arena:a]\nSize=1G\nDomain=gpu\n", "[Arena:a] Domain=gpu needs Gpu=N" },
         { "[Arena:a]\nSize=1G\nDomain=gpu\nGpu=0\nHugePages=yes\n", "HugePages= applies to host arenas only" },
         { "[Arena:a]\nSize=1G\nDomain=gpu\nGpu=0\nNumaNode=3\n", "NumaNode= applies to host arenas only" },
+        { "[Arena:a]\nSize=1G\nPrefault=always\n", "Prefault=always: expected a boolean" },
+        { "[Arena:a]\nSize=1G\nDomain=gpu\nGpu=0\nPrefault=yes\n", "Prefault= applies to host arenas only" },
         { "[Arena:a]\nSize=1G\nGpu=0\n", "Gpu= applies to GPU arenas only" },
         { "[Arena:a]\nSize=1G\nPageSize=3000\n", "PageSize= must be a power of two" },
         { "[Gpu]\nCopyKernel=maybe\n", "CopyKernel=maybe: expected never, small or always" },
@@ -194,6 +198,26 @@ START_TEST(test_metrics_and_window) {
         ck_assert_int_eq(config_parse_string(&c, "[Metrics]\nListen=9464\n", "m.conf", &errors), -EINVAL);
         ck_assert_ptr_nonnull(strstr(errors, "Listen=9464: expected HOST:PORT"));
         free(errors);
+        config_done(&c);
+}
+END_TEST
+
+/* A reload that turns an arena's Prefault= on is named as needing a restart (the arena
+ * was made at start), like any other arena key; the same file again is no change. */
+START_TEST(test_prefault_reload) {
+        Config c, n;
+        char *errors = NULL;
+        ck_assert_int_eq(config_defaults(&c), 0);
+        ck_assert_int_eq(config_defaults(&n), 0);
+        ck_assert_int_eq(config_parse_string(&c, "[Arena:kv]\nSize=16M\n", "a.conf", &errors), 0);
+        ck_assert_int_eq(config_parse_string(&n, "[Arena:kv]\nSize=16M\n", "a.conf", &errors), 0);
+        ck_assert_uint_eq(config_restart_notices(&c, &n), 0);
+        config_done(&n);
+        ck_assert_int_eq(config_defaults(&n), 0);
+        ck_assert_int_eq(config_parse_string(&n, "[Arena:kv]\nSize=16M\nPrefault=yes\n", "a.conf", &errors), 0);
+        ck_assert_ptr_null(errors);
+        ck_assert_uint_ge(config_restart_notices(&c, &n), 1);
+        config_done(&n);
         config_done(&c);
 }
 END_TEST
@@ -403,6 +427,7 @@ int main(void) {
         tcase_add_test(tc, test_all_errors_reported);
         tcase_add_test(tc, test_etcd);
         tcase_add_test(tc, test_file);
+        tcase_add_test(tc, test_prefault_reload);
         tcase_add_test(tc, test_pools);
         tcase_add_test(tc, test_pool_select);
         suite_add_tcase(s, tc);
