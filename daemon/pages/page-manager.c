@@ -945,6 +945,16 @@ int page_manager_attach(PageManager *pm, Sequence *s, Client *c) {
         return client_object_link(c, &s->object, CLIENT_OBJECT_SEQUENCE, sequence_object_release);
 }
 
+int page_manager_attach_head(PageManager *pm, Sequence *s, Client *c) {
+        if (!pm || !s || !c)
+                return -EINVAL;
+        if (s->object.owner == c)
+                return 0;
+        if (s->object.owner)
+                return -EBUSY;
+        return client_object_link(c, &s->object, CLIENT_OBJECT_SEQUENCE, sequence_object_release);
+}
+
 Sequence *page_manager_get(PageManager *pm, const char *id_or_path) {
         if (!pm || !id_or_path)
                 return NULL;

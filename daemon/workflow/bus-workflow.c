@@ -90,6 +90,21 @@ static int get_own(Manager *m, Client *c, const char *id, Workflow **ret, sd_bus
         return 0;
 }
 
+/* Fork and Advance make the branch's next head in its head's arena, and Advance counts
+ * the shared prefix in the caller's blocks: so the caller must map that arena, as Create
+ * and Attach ask (a client that registered again may map other arenas, in another
+ * layout, and still own the workflow). A branch or head that is not there is left to
+ * the workflow's own answer. */
+static int require_head_arena(Manager *m, Worker *wk, Workflow *w, uint32_t branch, sd_bus_error *error) {
+        char id[EPD_ID_STRING_MAX];
+        Sequence *s;
+
+        if (branch >= w->n_branches || !w->branches[branch].alive || !m->page_manager)
+                return 0;
+        s = page_manager_get(m->page_manager, epd_id_to_string(&w->branches[branch].head, id));
+        return s ? bus_sequence_require_arena(m, wk, s, error) : 0;
+}
+
 static void head_path(char *buf, size_t n, const EpdId *id) {
         char s[EPD_ID_STRING_MAX];
         snprintf(buf, n, SEQUENCE_PATH_PREFIX "/%s", epd_id_to_string(id, s));
@@ -170,6 +185,7 @@ static int method_fork(sd_bus_message *msg, void *userdata, sd_bus_error *error)
         const char *id;
         uint32_t branch, nb;
         Client *c;
+        Worker *wk;
         Workflow *w = NULL;
         char head[128];
         int r;
@@ -177,7 +193,8 @@ static int method_fork(sd_bus_message *msg, void *userdata, sd_bus_error *error)
         r = sd_bus_message_read(msg, "su", &id, &branch);
         if (r < 0)
                 return r;
-        if ((r = begin(m, msg, &c, error)) < 0 || (r = get_own(m, c, id, &w, error)) < 0)
+        if ((r = begin_worker(m, msg, &c, &wk, error)) < 0 || (r = get_own(m, c, id, &w, error)) < 0 ||
+            (r = require_head_arena(m, wk, w, branch, error)) < 0)
                 return r;
         r = workflow_fork(m->workflows, w, branch, &nb);
         if (r < 0)
@@ -212,14 +229,15 @@ static int method_advance(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 r = sd_bus_message_read(msg, "b", &segments);
         if (r < 0)
                 return r;
-        if ((r = begin(m, msg, &c, error)) < 0 || (r = get_own(m, c, id, &w, error)) < 0)
-                return r;
         Worker *caller = NULL;
-        if (manager_require_worker(m, msg, &caller, error) >= 0 && caller->kv.tokens_per_block == 0)
+        if ((r = begin_worker(m, msg, &c, &caller, error)) < 0 || (r = get_own(m, c, id, &w, error)) < 0 ||
+            (r = require_head_arena(m, caller, w, branch, error)) < 0)
+                return r;
+        if (caller->kv.tokens_per_block == 0)
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "Advance: the caller registered no KV layout, so the block size (tokens per "
                                      "page) that decides which pages are shared is unknown.");
-        if (caller && segments && caller->kv.tokens_per_block > WORKFLOW_MATCH_BLOCK_MAX)
+        if (segments && caller->kv.tokens_per_block > WORKFLOW_MATCH_BLOCK_MAX)
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
                                      "Advance: segments are matched in blocks of at most %u tokens; the caller's "
                                      "KV layout has %" PRIu32 " tokens per page (ask for the shared prefix alone: "
@@ -302,6 +320,32 @@ static int method_release(sd_bus_message *msg, void *userdata, sd_bus_error *err
         return simple(msg, m, r, "Release", error);
 }
 
+/* The live heads come back with the workflow, to its client, as they were before the
+ * restart: the worker goes on writing into the head it was given (Pages.Attach refuses
+ * a head, so this is the only way back to it). All or none. */
+static int attach_heads(Manager *m, Workflow *w, Client *c) {
+        Sequence *linked[WORKFLOW_BRANCHES_MAX];
+        size_t n = 0;
+        int r = 0;
+
+        for (uint32_t i = 0; i < w->n_branches && m->page_manager; i++) {
+                char sid[EPD_ID_STRING_MAX];
+                Sequence *s = w->branches[i].alive
+                                      ? page_manager_get(m->page_manager, epd_id_to_string(&w->branches[i].head, sid))
+                                      : NULL;
+                if (!s || s->object.owner == c)
+                        continue;
+                r = page_manager_attach_head(m->page_manager, s, c);
+                if (r < 0)
+                        break;
+                linked[n++] = s;
+        }
+        if (r < 0)
+                while (n > 0)
+                        client_object_unlink(&linked[--n]->object);
+        return r;
+}
+
 static int method_attach(sd_bus_message *msg, void *userdata, sd_bus_error *error) {
         Manager *m = userdata;
         const char *id;
@@ -337,6 +381,11 @@ static int method_attach(sd_bus_message *msg, void *userdata, sd_bus_error *erro
                 break;
         }
         r = workflows_bind(m, w, c);
+        if (r >= 0) {
+                r = attach_heads(m, w, c);
+                if (r < 0)
+                        workflows_unbind(w);
+        }
         if (r == -EDQUOT)
                 return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED, "Too many objects for this client.");
         if (r < 0)

@@ -578,6 +578,28 @@ START_TEST(test_layouts) {
         ck_assert_str_eq(epd_last_error_name(d), "org.epd1.Error.PermissionDenied");
         ck_assert_ptr_nonnull(strstr(epd_last_error_message(d), "did not map the sequence's arena"));
         ck_assert_msg(epd_workflow_create(c, seq, tokens, 32, &wf, &head) == 0, "%s", epd_last_error_message(c));
+        /* The workflow's client registered again, now mapping only the feature arena
+         * (in another layout): its workflow stays its own, but Fork and Advance would
+         * make heads in an arena it does not map, counted in blocks of another size. */
+        ck_assert_int_eq(epd_unregister(c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &other, feat), 0);
+        uint32_t nb = 0, prefix = 0;
+        char *h2 = NULL;
+        ck_assert_int_eq(epd_workflow_fork(c, wf, 0, &nb, &h2), -EPERM);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.PermissionDenied");
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(c), "did not map the sequence's arena"));
+        ck_assert_int_eq(epd_workflow_advance(c, wf, 0, tokens, 32, false, &h2, &prefix, NULL, NULL), -EPERM);
+        ck_assert_str_eq(epd_last_error_name(c), "org.epd1.Error.PermissionDenied");
+        ck_assert_ptr_null(h2);
+        /* Registered on the arena again: both go through. */
+        ck_assert_int_eq(epd_unregister(c), 0);
+        ck_assert_int_eq(epd_register(c, "prefill", "m", "cpu", &kv, NULL), 0);
+        ck_assert_msg(epd_workflow_fork(c, wf, 0, &nb, &h2) == 0, "%s", epd_last_error_message(c));
+        free(h2);
+        h2 = NULL;
+        ck_assert_msg(epd_workflow_advance(c, wf, 0, tokens, 32, false, &h2, &prefix, NULL, NULL) == 0, "%s",
+                      epd_last_error_message(c));
+        free(h2);
         free(wf);
         free(head);
         free(seq);

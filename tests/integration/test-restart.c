@@ -2991,6 +2991,13 @@ START_TEST(test_refused_fork_journals_nothing) {
                       br[1].head, forked);
         ck_assert_uint_eq(br[1].n_tokens, N_TOKENS);
         epd_workflow_branches_free(br, n);
+        /* The heads came back with it: the worker writes on into the head it was given
+         * before the restart, as before it (docs/wal.md "Ownership after a restart"). */
+        uint32_t wp = UINT32_MAX;
+        ck_assert_msg(epd_sequence_prepare_write(c, forked, 0, 1, &wp) >= 0, "%s: %s", epd_last_error_name(c),
+                      epd_last_error_message(c));
+        ck_assert_uint_ne(wp, UINT32_MAX);
+        ck_assert_int_eq(epd_sequence_append(c, forked, 1, NULL, NULL), 0);
         ck_assert_uint_eq(log_count("not applicable"), 0);
         ck_assert_int_eq(epd_workflow_release(c, wf), 0);
         pool_counts("host0", pc);
