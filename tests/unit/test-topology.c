@@ -3,10 +3,15 @@
  * PeerManager that is never started (nothing dialed; the kernel is only asked routes). */
 #include <check.h>
 #include <errno.h>
+#include <net/if.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <systemd/sd-event.h>
+#include <unistd.h>
 
 #include "peer/peer-manager.h"
 #include "peer/topology-pci.h"
@@ -132,6 +137,15 @@ static void assert_left(Topology *t, const char *id) {
         ck_assert_ptr_nonnull(strstr(path->reason, "left the cluster membership"));
 }
 
+static bool loopback_up(void) {
+        struct ifreq ifr = { .ifr_name = "lo" };
+        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        bool up = fd >= 0 && ioctl(fd, SIOCGIFFLAGS, &ifr) == 0 && (ifr.ifr_flags & IFF_UP);
+        if (fd >= 0)
+                close(fd);
+        return up;
+}
+
 static void assert_resolved(Topology *t, const char *id) {
         const TopologyPath *path = topology_path(t, id);
         ck_assert_msg(path, "no path for %s", id);
@@ -205,7 +219,9 @@ START_TEST(test_retired_members_not_resolved) {
         for (int i = 0; i < 200 && topology_path(t, id)->retired; i++)
                 ck_assert_int_ge(sd_event_run(e, 10 * USEC_PER_MSEC), 0);
         assert_resolved(t, id);
-        ck_assert_ptr_nonnull(strstr(topology_path(t, id)->reason, "loopback"));
+        /* Through lo, where it is up (not so in a bare network namespace: then no route). */
+        ck_assert_msg(strstr(topology_path(t, id)->reason, loopback_up() ? "loopback" : "no route to"), "%s",
+                      topology_path(t, id)->reason);
         ck_assert_uint_eq(topology_paths_resolved(t), live + 1);
 
         /* A live one leaves: its path says so from the next refresh on, unresolved. */
