@@ -90,6 +90,17 @@ static int method_admit(sd_bus_message *msg, void *userdata, sd_bus_error *error
                 return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
                                      "This client has %u requests outstanding, the most [Limits] "
                                      "MaxRequestsPerClient= allows.", c->n_objects[CLIENT_OBJECT_REQUEST]);
+        /* The request would be a new object of the caller's: asked before the scheduler
+         * decides anything. Admitted, then cancelled when it could not be the caller's,
+         * it moved everyone's pool counters and rho and pushed other requests back. */
+        r = outstanding ? 0 : client_object_room(c);
+        if (r == -EDQUOT)
+                return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
+                                     "This client holds %u objects, the most [Limits] MaxObjectsPerClient= allows; "
+                                     "request %s is not admitted.", m->config.max_objects_per_client, request_id);
+        if (r < 0)
+                return epd_bus_error(error, EPD_ERROR_FAILED, "This client is going away; request %s is not admitted.",
+                                     request_id);
         t = task_type_from_string(type);
         if (t < 0)
                 return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
@@ -111,7 +122,7 @@ static int method_admit(sd_bus_message *msg, void *userdata, sd_bus_error *error
         /* Newly outstanding (admitted): it belongs to the caller from now on. */
         if (!outstanding && scheduler_request_owner(m, request_id, &owner) >= 0 && !owner) {
                 r = scheduler_own_request(m, request_id, c);
-                if (r == -EDQUOT)
+                if (r == -EDQUOT) /* room was asked above: not expected */
                         return epd_bus_error(error, EPD_ERROR_LIMIT_EXCEEDED,
                                              "This client holds as many objects as [Limits] allows.");
                 if (r < 0) /* the request was cancelled: nobody would own it */

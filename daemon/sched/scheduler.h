@@ -225,6 +225,9 @@ unsigned sched_expire(Scheduler *s, usec_t now);
 
 void sched_pool_metrics(Scheduler *s, TaskType type, usec_t now, SchedPoolMetrics *ret);
 unsigned sched_outstanding(const Scheduler *s);
+/* Queue entries visited so far giving back the pushes of requests that left (the work
+ * behind Complete, Cancel, expiry and worker removal; the tests bound it). */
+uint64_t sched_give_back_steps(const Scheduler *s);
 
 const char *task_type_to_string(TaskType t);
 TaskType task_type_from_string(const char *s);

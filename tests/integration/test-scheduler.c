@@ -747,8 +747,98 @@ START_TEST(test_configure_refused_changes_nothing) {
 }
 END_TEST
 
+/* A pool's counters, as the Pools property has them. */
+typedef struct PoolCounts {
+        uint32_t queue, queue_peak;
+        uint64_t admitted, deferred, rejected, completed, failed;
+} PoolCounts;
+
+static void pool_counts(const char *pool, PoolCounts *ret) {
+        sd_bus *bus;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        sd_bus_message *reply = NULL;
+        const char *name;
+        uint32_t q, peak;
+        double rate[4];
+        uint64_t v[7];
+        bool found = false;
+        int r;
+
+        ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
+        r = sd_bus_get_property(bus, NULL, "/org/epd1", "org.epd1.Scheduler", "Pools", &e, &reply,
+                                "a(suuddddttttttt)");
+        ck_assert_msg(r >= 0, "Pools: %s", e.message);
+        ck_assert_int_ge(sd_bus_message_enter_container(reply, 'a', "(suuddddttttttt)"), 0);
+        while ((r = sd_bus_message_read(reply, "(suuddddttttttt)", &name, &q, &peak, &rate[0], &rate[1], &rate[2],
+                                        &rate[3], &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6])) > 0)
+                if (strcmp(name, pool) == 0) {
+                        *ret = (PoolCounts){ .queue = q, .queue_peak = peak, .admitted = v[0], .deferred = v[1],
+                                             .rejected = v[2], .completed = v[3], .failed = v[4] };
+                        found = true;
+                }
+        ck_assert_int_ge(r, 0);
+        ck_assert(found);
+        sd_bus_message_unref(reply);
+        sd_bus_flush_close_unref(bus);
+}
+
+/* A client at [Limits] MaxObjectsPerClient= (2 here) is refused a new request before the
+ * scheduler decides anything: it used to be admitted (counted, its predicted end pushing
+ * others back), then cancelled when it could not be made the client's (counted failed),
+ * so its refused calls moved every client's pool counters and rho. */
+START_TEST(test_objects_full_refused_before_admit) {
+        epd_client *p, *d, *tool;
+        epd_admission a;
+        PoolCounts before, after;
+
+        ck_assert_int_eq(epd_connect(address, &p), 0);
+        ck_assert_int_eq(epd_register(p, "prefill", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_connect(address, &d), 0);
+        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_configure_worker(d, 64, 0, 1000), 0);
+        ck_assert_int_eq(epd_connect(address, &tool), 0);
+        ck_assert_int_eq(epd_admit(tool, "q1", "interactive", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        ck_assert_int_eq(epd_admit(tool, "q2", "interactive", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+
+        /* Full: refused with the reason, and nothing of the scheduler moved. */
+        pool_counts("interactive", &before);
+        ck_assert_int_lt(epd_admit(tool, "q3", "interactive", 0, 1, false, &a), 0);
+        ck_assert_str_eq(epd_last_error_name(tool), "org.epd1.Error.LimitExceeded");
+        pool_counts("interactive", &after);
+        ck_assert_uint_eq(after.admitted, before.admitted);
+        ck_assert_uint_eq(after.failed, before.failed);
+        ck_assert_uint_eq(after.deferred, before.deferred);
+        ck_assert_uint_eq(after.rejected, before.rejected);
+        ck_assert_uint_eq(after.queue, 2);
+        ck_assert_uint_eq(after.queue_peak, before.queue_peak);
+        ck_assert_uint_eq(outstanding(), 2);
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(tool), "MaxObjectsPerClient="));
+        /* Its own outstanding request again is no new object: answered as it stands. */
+        ck_assert_int_eq(epd_admit(tool, "q1", "interactive", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+
+        /* Room again once one ends. */
+        ck_assert_int_eq(epd_complete(p, "q1", "prefill", 1000, true), 0);
+        ck_assert_int_eq(epd_complete(d, "q1", "decode", 1000, true), 0);
+        ck_assert_int_eq(epd_admit(tool, "q3", "interactive", 0, 1, false, &a), 0);
+        ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        ck_assert_uint_eq(outstanding(), 2);
+        epd_disconnect(tool);
+        epd_disconnect(d);
+        epd_disconnect(p);
+}
+END_TEST
+
 static void setup_bounded(void) {
         ck_assert_int_eq(harness_init(&h, "[Limits]\nMaxRequestsPerClient=3\n"), 0);
+        harness_direct_address(&h, address, sizeof address);
+        ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
+}
+
+static void setup_objects(void) {
+        ck_assert_int_eq(harness_init(&h, "[Limits]\nMaxObjectsPerClient=2\n"), 0);
         harness_direct_address(&h, address, sizeof address);
         ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
 }
@@ -770,6 +860,11 @@ int main(void) {
         tcase_add_test(to, test_stage_worker_not_root);
         tcase_add_test(to, test_stage_repeat_not_outstanding);
         suite_add_tcase(s, to);
+        TCase *tb = tcase_create("objects");
+        tcase_add_checked_fixture(tb, setup_objects, teardown);
+        tcase_set_timeout(tb, 60);
+        tcase_add_test(tb, test_objects_full_refused_before_admit);
+        suite_add_tcase(s, tb);
         TCase *tp = tcase_create("pool-config");
         tcase_set_timeout(tp, 60);
         tcase_add_test(tp, test_pool_config);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <check.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1270,6 +1271,308 @@ START_TEST(test_capacity_keeps_queue_limit) {
 }
 END_TEST
 
+/* Many requests leaving together (their worker removed, or expired in one tick) cost
+ * one walk of each queue they leave per priority among them, not a walk each: every
+ * one used to walk the whole rest of each queue it left to give back its push, O(q^2)
+ * (60,000 outstanding stalled the loop 9.9 s when their worker went). ~20k requests on
+ * one prefill/decode pair, the limits raised as epd.conf allows (QueueMax=,
+ * QueueLimit=); the work is counted, not timed. */
+START_TEST(test_leaving_together_linear) {
+        enum { N = 20000 };
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        SchedPoolMetrics m;
+        usec_t now = 1000 * SEC, te;
+        uint64_t steps;
+        uint64_t failed = 0, expired = 0;
+        char id[32];
+
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                c.pools[t].queue_max = 65536;
+                c.pools[t].high_watermark = 65536;
+                c.pools[t].low_watermark = 32768;
+        }
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p", SCHED_STAGE_PREFILL, 65536, 1u << 20, 0);
+        add(s, "d", SCHED_STAGE_DECODE, 65536, 1u << 20, 1000);
+        for (unsigned i = 0; i < N; i++) {
+                snprintf(id, sizeof id, "r%u", i);
+                /* Every other one is due first; all three pools, so that the later ones
+                 * push the earlier lower-priority ones back. */
+                usec_t dl = now + (i % 2 ? 7200 : 1800) * SEC;
+                ck_assert_int_eq(sched_admit(s, id, (TaskType)(i % 3), dl, NULL, now, &d), 0);
+                ck_assert_msg(d.verdict == SCHED_ADMIT, "r%u: %s", i, sched_reason_to_string(d.reason));
+        }
+
+        /* Half of them expire in one tick: both queues (N each) walked at most once per
+         * priority (3). */
+        te = now + 1800 * SEC + c.expire_grace + 1;
+        steps = sched_give_back_steps(s);
+        ck_assert_uint_eq(sched_expire(s, te), N / 2);
+        steps = sched_give_back_steps(s) - steps;
+        ck_assert_msg(steps <= 6 * (uint64_t)N, "expiring %u of %u requests visited %" PRIu64 " queue entries",
+                      N / 2, N, steps);
+        ck_assert_uint_eq(sched_outstanding(s), N / 2);
+
+        /* The prefill worker goes with the other half: the decode queue (N / 2) walked at
+         * most once per priority. */
+        steps = sched_give_back_steps(s);
+        ck_assert_int_eq(sched_worker_remove(s, "p", SCHED_STAGE_PREFILL, te + SEC), 0);
+        steps = sched_give_back_steps(s) - steps;
+        ck_assert_msg(steps <= 3 * (uint64_t)N / 2, "removing a worker with %u requests visited %" PRIu64
+                      " queue entries", N / 2, steps);
+        ck_assert_uint_eq(sched_outstanding(s), 0);
+        ck_assert_uint_eq(sched_worker_reserved_pages(s, "d"), 0);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                sched_pool_metrics(s, (TaskType)t, te + SEC, &m);
+                ck_assert_uint_eq(m.queue, 0);
+                failed += m.failed;
+                expired += m.expired;
+        }
+        ck_assert_uint_eq(failed, N / 2);
+        ck_assert_uint_eq(expired, N / 2);
+        sched_free(s);
+}
+END_TEST
+
+/* Two interactive requests leaving together give back to the thinking request queued
+ * before them on the decode worker what each would alone: the whole of their pushes
+ * (750 ms / 4 each), their decode not begun. Removed with their prefill worker, or
+ * expired in one tick. */
+START_TEST(test_leaving_together_gives_back) {
+        for (int how = 0; how < 2; how++) {
+                SchedConfig c = test_config();
+                Scheduler *s;
+                SchedDecision d, t;
+                SchedPoolMetrics m;
+                usec_t now = 1000 * SEC, then;
+
+                c.expire_grace = 1 * SEC;
+                ck_assert_int_eq(sched_new(&c, &s), 0);
+                /* A prefill worker per pool, so that the interactive ones can go alone. */
+                ck_assert_int_eq(sched_worker_add(s, &(SchedWorkerInfo){ .id = "pt", .stage = SCHED_STAGE_PREFILL,
+                                                                          .pools = 1u << TASK_THINKING, .slots = 2 }),
+                                 0);
+                ck_assert_int_eq(sched_worker_add(s, &(SchedWorkerInfo){ .id = "pi", .stage = SCHED_STAGE_PREFILL,
+                                                                          .pools = 1u << TASK_INTERACTIVE, .slots = 2 }),
+                                 0);
+                add(s, "d", SCHED_STAGE_DECODE, 4, 0, 1000);
+                ck_assert_int_eq(sched_admit(s, "t", TASK_THINKING, now + 100 * SEC, NULL, now, &t), 0);
+                ck_assert_int_eq(t.verdict, SCHED_ADMIT);
+                ck_assert_uint_eq(t.predicted, 300 * MS + 15 * SEC);
+                ck_assert_int_eq(sched_admit(s, "i0", TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+                ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+                ck_assert_int_eq(sched_admit(s, "i1", TASK_INTERACTIVE, 0, NULL, now, &d), 0);
+                ck_assert_int_eq(d.verdict, SCHED_ADMIT);
+                ck_assert_str_eq(d.worker[SCHED_STAGE_PREFILL], "pi");
+                ck_assert_int_eq(sched_admit(s, "t", TASK_THINKING, 0, NULL, now, &t), 0);
+                ck_assert_uint_eq(t.predicted, 300 * MS + 15 * SEC + 2 * 187500);
+
+                if (how == 0) {
+                        then = now + MS;
+                        ck_assert_int_eq(sched_worker_remove(s, "pi", SCHED_STAGE_PREFILL, then), 0);
+                } else {
+                        then = now + c.pools[TASK_INTERACTIVE].default_deadline + c.expire_grace + 1;
+                        ck_assert_uint_eq(sched_expire(s, then), 2);
+                }
+                ck_assert_uint_eq(sched_outstanding(s), 1);
+                ck_assert_int_eq(sched_admit(s, "t", TASK_THINKING, 0, NULL, then, &t), 0);
+                ck_assert_uint_eq(then + t.predicted, now + 300 * MS + 15 * SEC);
+                sched_pool_metrics(s, TASK_INTERACTIVE, then, &m);
+                ck_assert_uint_eq(m.queue, 0);
+                ck_assert_uint_eq(m.failed, how == 0 ? 2 : 0);
+                ck_assert_uint_eq(m.expired, how == 0 ? 0 : 2);
+                sched_free(s);
+        }
+}
+END_TEST
+
+/* A mixed load on two prefill and two decode workers, built alike in two schedulers. */
+#define MIXED_N 240
+#define MIXED_STEP (2 * MS)
+
+static Scheduler *mixed_scheduler(usec_t now) {
+        SchedConfig c = test_config();
+        Scheduler *s;
+        SchedDecision d;
+        char id[32];
+
+        c.expire_grace = 1 * SEC;
+        ck_assert_int_eq(sched_new(&c, &s), 0);
+        add(s, "p1", SCHED_STAGE_PREFILL, 32, 1024, 0);
+        add(s, "p2", SCHED_STAGE_PREFILL, 32, 1024, 0);
+        add(s, "d1", SCHED_STAGE_DECODE, 64, 1024, 100000);
+        add(s, "d2", SCHED_STAGE_DECODE, 64, 1024, 100000);
+        for (unsigned i = 0; i < MIXED_N; i++) {
+                usec_t t = now + i * MIXED_STEP;
+                SchedHints h = { .pages_needed = i % 5 };
+                snprintf(id, sizeof id, "m%u", i);
+                /* A quarter of them due soon (expired below; not thinking ones, whose
+                 * decode alone takes longer), the rest later. */
+                ck_assert_int_eq(sched_admit(s, id, (TaskType)(i % 3), t + (i % 4 == 0 ? 5 : 600) * SEC, &h, t, &d),
+                                 0);
+                if (d.verdict != SCHED_ADMIT)
+                        continue;
+                /* Some have their prefill done (at the decode, under way since), some
+                 * interactive ones end (in about the time estimated). */
+                if (i % 5 == 1)
+                        ck_assert_int_eq(sched_complete(s, id, SCHED_STAGE_PREFILL, 150 * MS, true, t + MS), 0);
+                if (i % 30 == 1)
+                        ck_assert_int_eq(sched_complete(s, id, SCHED_STAGE_DECODE, 500 * MS, true, t + MS), 0);
+        }
+        return s;
+}
+
+static bool mixed_outstanding(Scheduler *s, unsigned i) {
+        char id[32];
+        void *o;
+        snprintf(id, sizeof id, "m%u", i);
+        return sched_request_get_owner(s, id, &o) >= 0;
+}
+
+static usec_t mixed_predicted(Scheduler *s, unsigned i, usec_t now) {
+        SchedDecision d;
+        char id[32];
+        snprintf(id, sizeof id, "m%u", i);
+        ck_assert_int_eq(sched_admit(s, id, (TaskType)(i % 3), 0, NULL, now, &d), 0);
+        return d.predicted;
+}
+
+static void assert_same_str(const char *a, const char *b) {
+        ck_assert_msg((!a && !b) || (a && b && strcmp(a, b) == 0), "%s != %s", a ? a : "(null)", b ? b : "(null)");
+}
+
+static void assert_same_decision(const SchedDecision *a, const SchedDecision *b) {
+        ck_assert_int_eq(a->verdict, b->verdict);
+        ck_assert_int_eq(a->reason, b->reason);
+        ck_assert_uint_eq(a->retry_after, b->retry_after);
+        ck_assert_uint_eq(a->deadline, b->deadline);
+        ck_assert_uint_eq(a->predicted, b->predicted);
+        ck_assert_int_eq(a->priority, b->priority);
+        for (int st = 0; st < _SCHED_STAGE_MAX; st++)
+                assert_same_str(a->worker[st], b->worker[st]);
+}
+
+/* Everything observable of a and b alike at now: the requests outstanding and each
+ * one's decision as it stands (its predicted end), the pools' metrics, the decode
+ * workers' reserved pages. expired_as_failed: b cancelled the requests a expired. */
+static void assert_same_state(Scheduler *a, Scheduler *b, unsigned n, usec_t now, bool expired_as_failed) {
+        ck_assert_uint_eq(sched_outstanding(a), sched_outstanding(b));
+        for (unsigned i = 0; i < n; i++) {
+                SchedDecision da, db;
+                char id[32];
+                ck_assert_int_eq(mixed_outstanding(a, i), mixed_outstanding(b, i));
+                if (!mixed_outstanding(a, i))
+                        continue;
+                snprintf(id, sizeof id, "m%u", i);
+                ck_assert_int_eq(sched_admit(a, id, (TaskType)(i % 3), 0, NULL, now, &da), 0);
+                ck_assert_int_eq(sched_admit(b, id, (TaskType)(i % 3), 0, NULL, now, &db), 0);
+                assert_same_decision(&da, &db);
+        }
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                SchedPoolMetrics ma, mb;
+                sched_pool_metrics(a, (TaskType)t, now, &ma);
+                sched_pool_metrics(b, (TaskType)t, now, &mb);
+                if (expired_as_failed) {
+                        ck_assert_uint_ge(mb.failed, ma.failed);
+                        ck_assert_uint_eq(mb.failed - ma.failed, ma.expired - mb.expired);
+                        mb.deadline_misses += mb.failed - ma.failed;
+                        mb.expired = ma.expired;
+                        mb.failed = ma.failed;
+                }
+                ck_assert_uint_eq(ma.queue, mb.queue);
+                ck_assert_uint_eq(ma.queue_peak, mb.queue_peak);
+                ck_assert_int_eq(ma.throttled, mb.throttled);
+                ck_assert_msg(ma.arrival_rate == mb.arrival_rate && ma.service_rate == mb.service_rate &&
+                              ma.capacity == mb.capacity && ma.rho == mb.rho,
+                              "pool %d: rates %g %g %g %g, %g %g %g %g", t, ma.arrival_rate, ma.service_rate,
+                              ma.capacity, ma.rho, mb.arrival_rate, mb.service_rate, mb.capacity, mb.rho);
+                ck_assert_uint_eq(ma.admitted, mb.admitted);
+                ck_assert_uint_eq(ma.deferred, mb.deferred);
+                ck_assert_uint_eq(ma.rejected, mb.rejected);
+                ck_assert_uint_eq(ma.completed, mb.completed);
+                ck_assert_uint_eq(ma.failed, mb.failed);
+                ck_assert_uint_eq(ma.deadline_misses, mb.deadline_misses);
+                ck_assert_uint_eq(ma.expired, mb.expired);
+                for (int k = 0; k < _SCHED_REASON_MAX; k++)
+                        ck_assert_uint_eq(ma.by_reason[k], mb.by_reason[k]);
+        }
+        ck_assert_uint_eq(sched_worker_reserved_pages(a, "d1"), sched_worker_reserved_pages(b, "d1"));
+        ck_assert_uint_eq(sched_worker_reserved_pages(a, "d2"), sched_worker_reserved_pages(b, "d2"));
+}
+
+/* Removing a worker, or expiring many requests in one tick, leaves everything as ending
+ * its requests one at a time would (sched_cancel(), newest first as the removal went):
+ * counters, the predicted ends of the requests that stay (pushes given back, never to
+ * before now), reserved pages, estimates, and so the decisions that follow. */
+START_TEST(test_leaving_together_same_results) {
+        usec_t now = 1000 * SEC, tr = now + MIXED_N * MIXED_STEP + 100 * MS, te;
+        usec_t before[MIXED_N];
+        Scheduler *a = mixed_scheduler(now), *b = mixed_scheduler(now);
+        unsigned on_p1 = 0, back = 0, n;
+        char id[32];
+
+        assert_same_state(a, b, MIXED_N, tr, false);
+        for (unsigned i = 0; i < MIXED_N; i++)
+                before[i] = mixed_outstanding(a, i) ? mixed_predicted(a, i, tr) : 0;
+
+        ck_assert_int_eq(sched_worker_remove(a, "p1", SCHED_STAGE_PREFILL, tr), 0);
+        for (unsigned i = MIXED_N; i-- > 0;) {
+                const char *w;
+                snprintf(id, sizeof id, "m%u", i);
+                w = sched_request_stage_worker(b, id, SCHED_STAGE_PREFILL);
+                if (w && strcmp(w, "p1") == 0) {
+                        ck_assert_int_eq(sched_cancel(b, id, tr), 0);
+                        on_p1++;
+                }
+        }
+        ck_assert_int_eq(sched_worker_remove(b, "p1", SCHED_STAGE_PREFILL, tr), 0);
+        ck_assert_uint_gt(on_p1, 10);
+        assert_same_state(a, b, MIXED_N, tr, false);
+        /* Not vacuous: requests that stay got pushes back. */
+        for (unsigned i = 0; i < MIXED_N; i++)
+                if (mixed_outstanding(a, i) && mixed_predicted(a, i, tr) < before[i])
+                        back++;
+        ck_assert_uint_gt(back, 0);
+
+        /* A quarter were due 5 s after their admission: expired in one tick in a,
+         * cancelled one by one in b. */
+        te = now + MIXED_N * MIXED_STEP + 5 * SEC + 2 * SEC;
+        for (unsigned i = 0; i < MIXED_N; i++)
+                before[i] = mixed_outstanding(a, i) ? mixed_predicted(a, i, te) : 0;
+        n = sched_expire(a, te);
+        ck_assert_uint_gt(n, 10);
+        for (unsigned i = 0; i < MIXED_N; i += 4) {
+                snprintf(id, sizeof id, "m%u", i);
+                if (mixed_outstanding(b, i)) {
+                        ck_assert_int_eq(sched_cancel(b, id, te), 0);
+                        n--;
+                }
+        }
+        ck_assert_uint_eq(n, 0);
+        assert_same_state(a, b, MIXED_N, te, true);
+        back = 0;
+        for (unsigned i = 0; i < MIXED_N; i++)
+                if (mixed_outstanding(a, i) && mixed_predicted(a, i, te) < before[i])
+                        back++;
+        ck_assert_uint_gt(back, 0);
+
+        /* What follows is decided alike. */
+        for (unsigned i = MIXED_N; i < MIXED_N + 60; i++) {
+                usec_t t = te + (i - MIXED_N) * MIXED_STEP;
+                SchedDecision da, db;
+                snprintf(id, sizeof id, "m%u", i);
+                ck_assert_int_eq(sched_admit(a, id, (TaskType)(i % 3), t + 600 * SEC, NULL, t, &da), 0);
+                ck_assert_int_eq(sched_admit(b, id, (TaskType)(i % 3), t + 600 * SEC, NULL, t, &db), 0);
+                assert_same_decision(&da, &db);
+        }
+        assert_same_state(a, b, MIXED_N + 60, te + 60 * MIXED_STEP, true);
+        sched_free(a);
+        sched_free(b);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("sched");
         TCase *tc = tcase_create("sched");
@@ -1293,6 +1596,9 @@ int main(void) {
         tcase_add_test(tc, test_watermarks_expire);
         tcase_add_test(tc, test_poisson_overload);
         tcase_add_test(tc, test_set_pools);
+        tcase_add_test(tc, test_leaving_together_gives_back);
+        tcase_add_test(tc, test_leaving_together_same_results);
+        tcase_add_test(tc, test_leaving_together_linear);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
         srunner_run_all(sr, CK_NORMAL);
