@@ -118,13 +118,17 @@ static int on_prepared(sd_bus_message *m, void *userdata, sd_bus_error *ret_erro
 
         if (e)
                 r = epd__error(c, sd_bus_error_get_errno(e) > 0 ? -sd_bus_error_get_errno(e) : -EIO, e);
-        else {
-                r = sd_bus_message_read(m, "ot", &path, &token);
-                if (r < 0)
-                        r = epd__error(c, r, NULL);
-                else
-                        epd__clear_error(c);
-        }
+        else if ((r = sd_bus_message_read(m, "o", &path)) < 0)
+                r = epd__error(c, r, NULL);
+        else if ((r = sd_bus_message_read(m, "t", &token)) < 0) {
+                /* Past the path the daemon made the handoff, and fn gets no path to give it
+                 * back by: given back here, as the synchronous prepare does (not while
+                 * disconnecting: the connection's end lets go of it). */
+                r = epd__error(c, r, NULL);
+                if (!c->closing)
+                        (void)epd__undo(c, r, path, IFACE_HANDOFF, "Release", NULL);
+        } else
+                epd__clear_error(c);
         if (!c->closing) /* epd_disconnect() drops it without calling fn */
                 call->fn(c, r < 0 ? r : 0, r < 0 ? NULL : path, r < 0 ? 0 : token, call->userdata);
         return 0;
@@ -168,7 +172,14 @@ static int read_accepted(epd_client *c, sd_bus_message *reply, epd_handoff_accep
         const char *path, *arena;
         const void *offs;
         size_t sz;
-        int r = sd_bus_message_read(reply, "ots", &path, &ret->token, &arena);
+        /* The path first and alone: past it the handoff is this client's, which a failure
+         * below gives back (Release: rolled back), as Prepare's is. */
+        int r = sd_bus_message_read(reply, "o", &path);
+        if (r < 0) {
+                sd_bus_message_unref(reply);
+                return epd__error(c, r, NULL);
+        }
+        r = sd_bus_message_read(reply, "ts", &ret->token, &arena);
         if (r >= 0)
                 r = sd_bus_message_read_array(reply, 't', &offs, &sz);
         if (r >= 0)
@@ -183,12 +194,12 @@ static int read_accepted(epd_client *c, sd_bus_message *reply, epd_handoff_accep
                 else
                         memcpy(ret->offsets, offs, sz);
         }
-        sd_bus_message_unref(reply);
         if (r < 0) {
                 epd_handoff_accepted_done(ret);
-                return epd__error(c, r, NULL);
+                r = epd__undo(c, epd__error(c, r, NULL), path, IFACE_HANDOFF, "Release", NULL);
         }
-        return 0;
+        sd_bus_message_unref(reply); /* path is the reply's */
+        return r < 0 ? r : 0;
 }
 
 int epd_handoff_accept(epd_client *c, const char *request_id, epd_handoff_accepted *ret) {
@@ -233,9 +244,13 @@ static int commit(epd_client *c, const char *handoff, const char *method, char *
         if (r < 0)
                 return r;
         r = sd_bus_message_read(reply, "o", &seq);
-        if (r >= 0 && ret_sequence)
+        if (r >= 0 && ret_sequence) {
+                /* The commit made the decode sequence, this client's: given back when it
+                 * cannot be handed over. */
                 r = dup_string(c, seq, ret_sequence);
-        else if (r < 0)
+                if (r < 0)
+                        (void)epd__undo(c, r, seq, "org.epd1.Sequence", "Release", NULL);
+        } else if (r < 0)
                 r = epd__error(c, r, NULL);
         sd_bus_message_unref(reply);
         return r < 0 ? r : 0;
@@ -484,6 +499,10 @@ int epd_ring_daemon_fd(const epd_ring_client *r) {
         if (!r)
                 return -EINVAL;
         return r->daemon_fd >= 0 ? r->daemon_fd : -ENODATA;
+}
+
+uint32_t epd_ring_overflows(const epd_ring_client *r) {
+        return r ? __atomic_load_n(r->ring.cq_overflow, __ATOMIC_ACQUIRE) : 0;
 }
 
 int epd_ring_fd(const epd_ring_client *r) {

@@ -223,16 +223,21 @@ class Client(_lib.Closing):
                  labels: Optional[Sequence[str]] = None) -> str:
         """name and labels: what epd.conf's [Pool:NAME] worker selectors match."""
         kvp = ctypes.byref(kv._c()) if kv else None
-        self._new_registration()
         arr = None
         if arenas is not None:
             arr = (ctypes.c_char_p * (len(arenas) + 1))(*[a.encode() for a in arenas], None)
         lab = None
         if labels is not None:
             lab = (ctypes.c_char_p * (len(labels) + 1))(*[x.encode() for x in labels], None)
-        self._check(self._l.epd_register_named(self._c, role.encode(), model.encode(), device.encode(), kvp, arr,
-                                               name.encode() if name is not None else None, lab),
-                    f"register {role} worker")
+        before = self._l.epd_worker_path(self._c) if self._c else None
+        r = self._l.epd_register_named(self._c, role.encode(), model.encode(), device.encode(), kvp, arr,
+                                       name.encode() if name is not None else None, lab)
+        # The arenas change only with the registration: one refused (EALREADY on a client
+        # registered already, a refusal of the daemon's) leaves the one there, its views
+        # and its mappings as they were.
+        if r >= 0 or (self._c and self._l.epd_worker_path(self._c) != before):
+            self._new_registration()
+        self._check(r, f"register {role} worker")
         return self.worker_path
 
     def unregister(self):

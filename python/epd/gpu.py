@@ -161,17 +161,39 @@ class GpuArena(_lib.Closing):
         self._torch_base = None  # the whole arena as one torch uint8 tensor, once asked for
         self._typed = {}  # the same by dtype name (typed())
 
+    @property
+    def closed(self) -> bool:
+        """close() was called: no new view or page table (epd.workers.connector.gpu_arena
+        maps the arena anew)."""
+        return self._map is None
+
     def page_table(self, pages: Seq[int], page_size: int, stream: int = 0) -> "PageTable":
         """The page table of these pages (page ids of this arena) for the KV copies. It
         keeps the mapping alive while it lives; close() of the arena closes it first."""
         if self._map is None:
             raise ValueError(f"GPU arena {self.name} is unmapped")
-        base = self.device_pointer + self.data_offset
         n = (self.size - self.data_offset) // page_size if page_size > 0 else 0
         bad = [p for p in pages if not 0 <= p < n]
         if bad:  # a kernel would write past the mapping: a device fault, or another's memory
             raise ValueError(f"page ids {bad[:4]} outside GPU arena {self.name} ({n} pages of {page_size} bytes)")
-        t = PageTable(self._gpu, self.ordinal, [base + p * page_size for p in pages], page_size, stream,
+        return self._table([self.data_offset + p * page_size for p in pages], page_size, stream)
+
+    def page_table_at(self, offsets: Seq[int], page_size: int, stream: int = 0) -> "PageTable":
+        """page_table() of the pages at these byte offsets of the arena (as the daemon gives
+        them: Accepted.offsets, a sequence's data_offset + page * page_size), each a whole
+        page inside its data area."""
+        if self._map is None:
+            raise ValueError(f"GPU arena {self.name} is unmapped")
+        bad = [o for o in offsets if not self.data_offset <= o <= self.size - page_size]
+        if bad or page_size <= 0:
+            raise ValueError(f"pages at {bad[:4]} (+{page_size}) outside GPU arena {self.name} "
+                             f"[{self.data_offset}, {self.size})")
+        return self._table(offsets, page_size, stream)
+
+    def _table(self, offsets: Seq[int], page_size: int, stream: int) -> "PageTable":
+        if self._map is None:
+            raise ValueError(f"GPU arena {self.name} is unmapped")
+        t = PageTable(self._gpu, self.ordinal, [self.device_pointer + o for o in offsets], page_size, stream,
                       owner=self)
         self._tables.add(t)
         return t
@@ -312,6 +334,10 @@ class Notifier(_lib.Closing):
         ring._users.add(self)  # Ring.close() stops this notifier's thread first
         ring._notifiers += 1  # and the collector's close of the ring waits for close()
 
+    @property
+    def closed(self) -> bool:
+        return not self._n
+
     def _handle(self):
         if not self._n:
             raise ValueError("the notifier is closed (or its ring was)")
@@ -338,6 +364,10 @@ class Notifier(_lib.Closing):
             r = _lib_gpu().epd_gpu_notifier_flush(self._handle(), t)
             if r != -_errno.ETIMEDOUT:
                 break
+        if r == -_errno.ECONNRESET:
+            raise EpdError(-r, None, "the daemon let go of the ring: the groups not submitted by then are not "
+                           "reported (their handoffs roll back at their timeout)", "layer groups reported ready "
+                           "from the GPU")
         if r < 0:
             raise EpdError(-r, None, None, "layer groups reported ready from the GPU")
 

@@ -117,6 +117,7 @@ def _lib_handoffs():
         "epd_ring_close": (c_void_p, [c_void_p]),
         "epd_ring_layer_group_ready": (c_int, [c_void_p, c_char_p, c_uint64, c_uint32, c_uint64]),
         "epd_ring_next": (c_int, [c_void_p, _P(RingRecord), c_uint64]),
+        "epd_ring_overflows": (c_uint32, [c_void_p]),
         "epd_ring_release": (c_int, [c_void_p, c_void_p]),
     }
     _lib.declare(lib, decls)
@@ -134,13 +135,28 @@ class Ring(_lib.Closing):
     a worker waiting for one request never drops another request's events, and a worker
     that only submits (prefill) can drain its events with poll() and never fill the ring
     (a full ring makes the daemon hold its events back, and past 4 x its size fall back
-    to D-Bus signals)."""
+    to D-Bus signals, which this binding does not read: overflows() counts them, and a
+    handoff whose records may be among them asks the bus, see Handoff.finished and
+    Accepted.wait_groups).
+
+    The daemon may let go of a ring while it lives on (CloseRing, a corrupt queue, its
+    client dropped for not reading its bus connection): its waits and submissions then
+    end with EpdError(ECONNRESET), `let_go` is set, the handoffs' calls given it ask the
+    bus, and reopen() opens another in its place."""
+
+    let_go = False  # the daemon let go of it (ECONNRESET): reopen() opens another
+    _lost = 0       # added to the daemon's overflow count: moved past it by reopen()
 
     def __init__(self, client, sq_entries: int = 256, cq_entries: int = 1024):
         self._client, self._lib = client, _lib_handoffs()
         p = ctypes.c_void_p()
         client._check(self._lib.epd_ring_open(client._c, sq_entries, cq_entries, ctypes.byref(p)), "open ring")
         self._r = p
+        self._sizes = (sq_entries, cq_entries)
+        # The client's ring (a client has one): a handoff made on the client starts from
+        # its overflows() then (_overflows_now), not from 0, which would cost every
+        # handoff a status call once the ring ever lost a record.
+        client._ring_ref = weakref.ref(self)
         # Objects that use the ring from a thread of their own (epd.gpu.Notifier): closed
         # before the ring is, so that no thread submits to a ring that was freed.
         self._users = weakref.WeakSet()
@@ -169,8 +185,44 @@ class Ring(_lib.Closing):
         setup), and the connection's last error belongs to that other call."""
         if r < 0:
             from . import EpdError
+            if r == -_errno.ECONNRESET:
+                self.let_go = True
+                raise EpdError(-r, None, "the daemon let go of the ring (CloseRing, a corrupt queue, its client "
+                               "dropped, or it exited): nothing more comes on it; the handoffs' states are on the "
+                               "bus, and reopen() opens another ring", what)
             raise EpdError(-r, None, None, what)
         return r
+
+    def overflows(self) -> int:
+        """How many records the daemon could not post on this ring (the CQ and its backlog
+        were full: a worker that did not read it) and sent as D-Bus signals instead
+        (epd_ring_overflows), and past that once more for every reopen() (what was sent
+        while the daemon had let go of it went the same way). Never goes back: a handoff
+        that saw it move since its last look asks the bus (Handoff.finished,
+        Accepted.wait_groups), its records may be among those lost."""
+        return self._lost + self._lib.epd_ring_overflows(self._handle())
+
+    def reopen(self):
+        """Opens another ring in this one's place, of the same sizes, once the daemon let go
+        of this one (let_go): the same object, its tables kept. Its notifiers are closed
+        first (ask for new ones: connector._notifier does); overflows() moves on, so that
+        every handoff asks the bus once for what went as signals meanwhile. On a client
+        whose connection is gone this raises as opening a ring does."""
+        lost = self._lost + (self._lib.epd_ring_overflows(self._r) if self._r else 0) + 1
+        for u in list(self._users):
+            u.close()
+        self.gpu_notifiers.clear()
+        if self._r:
+            old, self._r = self._r, None
+            if getattr(self._client, "_c", None):
+                self._lib.epd_ring_release(self._client._c, old)  # -ENOENT when the daemon has none; closes old
+            else:
+                self._lib.epd_ring_close(old)
+        self._lost = lost
+        p = ctypes.c_void_p()
+        self._client._check(self._lib.epd_ring_open(self._client._c, *self._sizes, ctypes.byref(p)), "reopen ring")
+        self._r = p
+        self.let_go = False
 
     def _handle(self):
         if not self._r:
@@ -196,14 +248,29 @@ class Ring(_lib.Closing):
         tables as poll() puts them) and returns the decode sequence's path; EpdError with
         Commit's errno on a refusal (EBUSY groups missing, ESTALE rolled back, EPERM
         another client's, ENOENT none)."""
-        from . import EpdError
+        return self._commit_wait(request_id, token, release, self._commit_submit(request_id, token, release),
+                                 timeout_s)
+
+    def _commit_submit(self, request_id: str, token: int, release: bool) -> int:
+        """The commit's submission (raises, nothing submitted, when the ring refuses it);
+        its user_data."""
         self._serial += 1
         user_data = _COMMIT_USER_DATA | self._serial
         self._check(self._lib.epd_ring_commit(self._handle(), request_id.encode(), token, int(release), user_data),
                     "ring: commit")
+        return user_data
+
+    def _commit_wait(self, request_id: str, token: int, release: bool, user_data: int, timeout_s: float) -> str:
+        from . import EpdError
         deadline = time.monotonic() + timeout_s
         while True:
-            rec = self.next(max(0.0, deadline - time.monotonic()))
+            try:
+                rec = self.next(max(0.0, deadline - time.monotonic()))
+            except EpdError as e:
+                if e.errno != _errno.ECONNRESET:
+                    raise
+                raise EpdError(e.errno, None, f"the daemon let go of the ring before it answered the commit of "
+                               f"{request_id}: whether it committed, the handoff's status says", "ring: commit")
             if rec is None:
                 raise EpdError(_errno.ETIMEDOUT, "org.epd1.Error.Timeout", f"no answer to the commit of {request_id}",
                                "ring: commit")
@@ -276,6 +343,28 @@ class Ring(_lib.Closing):
         ring's state records, or None when none came."""
         return self.state.get((request_id.lower(), token))
 
+    def _lost_since(self, seen: int):
+        """(whether this ring's tables may miss records of a handoff that last looked when
+        overflows() was `seen`, overflows() now): it moved since, or the daemon let go of
+        the ring (then nothing more comes on it: the bus it is, every time). Read before
+        the caller asks the bus, so that a record lost after that is seen next time."""
+        if self.let_go:
+            return True, seen
+        n = self.overflows()
+        return n != seen, n
+
+    def _poll_quietly(self, timeout_s: float = 0.0) -> None:
+        """poll(), where a ring the daemon let go of (ECONNRESET) only sets let_go: the
+        handoffs' calls then ask the bus."""
+        from . import EpdError
+        if self.let_go:
+            return
+        try:
+            self.poll(timeout_s)
+        except EpdError as e:
+            if e.errno != _errno.ECONNRESET:
+                raise
+
     def forget(self, request_id: str, token: int):
         """Drops what the ring remembers of a handoff this process is done with (its
         progress, state and accept answer): a long-running worker's tables stay as large
@@ -323,6 +412,18 @@ class Ring(_lib.Closing):
             pass
 
 
+def _overflows_now(client) -> int:
+    """The overflows() of the client's ring, read before a Prepare or Accept: records of
+    the handoff it makes can only be lost after it, so a handoff that starts from it asks
+    the bus only if the count moves later. 0 (asks once) where there is no ring or the
+    daemon let go of it."""
+    ref = getattr(client, "_ring_ref", None)
+    ring = ref() if ref is not None else None
+    if ring is None or not ring._r or ring.let_go:
+        return 0
+    return ring.overflows()
+
+
 def watch(client, enable: bool = True):
     """This client gets every handoff's Progress and StateChanged signals (a monitor)."""
     client._check(_lib_handoffs().epd_handoff_watch(client._c, enable), "watch")
@@ -330,6 +431,8 @@ def watch(client, enable: bool = True):
 
 class Handoff:
     """The prefill side of one handoff."""
+
+    _overflows_seen = 0  # Ring.overflows() at this handoff's last look at a ring (finished())
 
     def __init__(self, client, path: str, token: int, request_id: str, release_on_commit: bool = False):
         self._client, self._lib = client, _lib_handoffs()
@@ -349,11 +452,14 @@ class Handoff:
         opts = _Options(arena.encode() if arena else None, target.encode() if target else None,
                         int(timeout_s * 1e6), ready, release_on_commit)
         path, token = ctypes.c_void_p(), ctypes.c_uint64()
+        seen = _overflows_now(client)
         client._check(lib.epd_handoff_prepare(client._c, request_id.encode(), destination.encode(),
                                               sequence.encode(), groups, len(layer_groups), ctypes.byref(opts),
                                               ctypes.byref(path), ctypes.byref(token)),
                       f"prepare handoff {request_id}")
-        return cls(client, _lib.take_string(lib, path), token.value, request_id, release_on_commit)
+        h = cls(client, _lib.take_string(lib, path), token.value, request_id, release_on_commit)
+        h._overflows_seen = seen
+        return h
 
     def layer_group_ready(self, group: int, ring: Optional[Ring] = None):
         """Group computed: ship it now (through the ring when given: no bus round trip)."""
@@ -372,14 +478,30 @@ class Handoff:
 
     def finished(self, ring: Optional[Ring] = None) -> bool:
         """Whether the destination is done with this handoff (committed or rolled back): from
-        the ring's state records when given (no bus round trip), else from its status."""
+        the ring's state records when given (no bus round trip), else from its status. With
+        a ring that may have lost one of its records (its overflows() moved since this
+        handoff last looked: the daemon sent them as D-Bus signals; or the daemon let go of
+        it), from its status too: a bus call, on the client's thread."""
+        from . import EpdError
         if self._finished:
             return True
         if ring is not None:
-            ring.poll(0)
+            ring._poll_quietly()
             st = ring.handoff_state(self.request_id, self.token)
             self._finished = st is not None and st[0] in (HANDOFF_STATE_COMMITTED, HANDOFF_STATE_ROLLED_BACK)
-            if self._finished and self.release_on_commit and st[0] == HANDOFF_STATE_COMMITTED:
+            committed = self._finished and st[0] == HANDOFF_STATE_COMMITTED
+            if not self._finished:
+                lost, self._overflows_seen = ring._lost_since(self._overflows_seen)
+                if lost:
+                    try:
+                        state = self.status()["state"]
+                    except EpdError as e:
+                        if e.errno != _errno.ENOENT or not self.release_on_commit:
+                            raise
+                        state = "committed"  # released at commit: gone from the bus
+                    self._finished = state in ("committed", "rolled-back")
+                    committed = state == "committed"
+            if committed and self.release_on_commit:
                 ring.forget(self.request_id, self.token)  # released at commit: no release() will forget it
             return self._finished
         return self.status()["state"] in ("committed", "rolled-back")
@@ -395,6 +517,8 @@ class Handoff:
 
 class Accepted:
     """The decode side of one handoff: where the KV lands, and its progress."""
+
+    _overflows_seen = 0  # Ring.overflows() at this handoff's last look at a ring (wait_groups())
 
     def __init__(self, client, a: _Accepted, request_id: str):
         self._client, self._lib = client, _lib_handoffs()
@@ -412,13 +536,16 @@ class Accepted:
         prepared here yet is waited for (AcceptWait: no polling) and taken the moment it
         arrives; EpdError with errno ETIMEDOUT (org.epd1.Error.Timeout) when none came."""
         lib, a = _lib_handoffs(), _Accepted()
+        seen = _overflows_now(client)
         if wait_s > 0:
             r = lib.epd_handoff_accept_wait(client._c, request_id.encode(), int(wait_s * 1e6), ctypes.byref(a))
         else:
             r = lib.epd_handoff_accept(client._c, request_id.encode(), ctypes.byref(a))
         client._check(r, f"accept handoff {request_id}")
         try:
-            return cls(client, a, request_id)
+            acc = cls(client, a, request_id)
+            acc._overflows_seen = seen
+            return acc
         finally:
             lib.epd_handoff_accepted_done(ctypes.byref(a))
 
@@ -437,9 +564,42 @@ class Accepted:
         return {"state": st.state.decode(), "cause": st.cause.decode(), "groups_done": st.groups_done,
                 "n_groups": st.n_groups, "bytes": st.bytes}
 
+    def _look(self, ring: Optional[Ring]) -> None:
+        """groups_done from what has arrived: the ring's tables, and the handoff's status
+        (a bus call) without a ring or where the ring may have lost one of its records (its
+        overflows() moved since this handoff last looked, or the daemon let go of it).
+        Raises EpdError(ECANCELED) once the handoff was rolled back or released."""
+        from . import EpdError
+        if ring is not None:
+            self.groups_done = max(self.groups_done, ring.groups_landed(self.request_id, self.token))
+            st = ring.handoff_state(self.request_id, self.token)
+            if st is not None and st[0] == HANDOFF_STATE_ROLLED_BACK:
+                raise EpdError(_errno.ECANCELED, None, f"the handoff was rolled back (cause {st[1]})",
+                               "wait for layer groups")
+            lost, self._overflows_seen = ring._lost_since(self._overflows_seen)
+            if not lost:
+                return
+        done = self.groups_done
+        st = self.status()
+        self.groups_done = max(done, self.groups_done)
+        if st["state"] in ("rolled-back", "released"):
+            raise EpdError(_errno.ECANCELED, None, f"handoff {st['state']} ({st['cause']})",
+                           "wait for layer groups")
+
+    def landed(self, ring: Optional[Ring] = None) -> int:
+        """The groups landed so far, without waiting (what the ring has is taken first):
+        wait_groups' look."""
+        if ring is not None:
+            ring._poll_quietly()
+        self._look(ring)
+        return self.groups_done
+
     def wait_groups(self, n: int, ring: Optional[Ring] = None, timeout_s: float = 30.0) -> int:
         """Blocks until groups [0, n) have landed; progress records from the ring, or the
-        handoff's state when there is no ring. Raises EpdError on rollback or timeout."""
+        handoff's state when there is no ring, or where the ring may have lost one of its
+        records (its overflows() moved since this handoff last looked: the daemon sent them
+        as D-Bus signals; or the daemon let go of it): a bus call, on the client's thread.
+        Raises EpdError on rollback or timeout."""
         from . import EpdError
         deadline = time.monotonic() + timeout_s
         while self.groups_done < n:
@@ -447,20 +607,11 @@ class Accepted:
             if left <= 0:
                 raise EpdError(_errno.ETIMEDOUT, "org.epd1.Error.Timeout", f"groups {self.groups_done}/{n}",
                                "wait for layer groups")
-            if ring is not None:
-                self.groups_done = max(self.groups_done, ring.groups_landed(self.request_id, self.token))
-                st = ring.handoff_state(self.request_id, self.token)
-                if st is not None and st[0] == HANDOFF_STATE_ROLLED_BACK:
-                    raise EpdError(_errno.ECANCELED, None, f"the handoff was rolled back (cause {st[1]})",
-                                   "wait for layer groups")
-                if self.groups_done < n:
-                    ring.poll(min(left, 1.0))
-            else:
-                st = self.status()
-                if st["state"] in ("rolled-back", "released"):
-                    raise EpdError(_errno.ECANCELED, None, f"handoff {st['state']} ({st['cause']})",
-                                   "wait for layer groups")
-                if self.groups_done < n:
+            self._look(ring)
+            if self.groups_done < n:
+                if ring is not None and not ring.let_go:
+                    ring._poll_quietly(min(left, 1.0))
+                else:
                     time.sleep(0.0005)
         return self.groups_done
 
@@ -469,11 +620,21 @@ class Accepted:
         (one round trip, one sync): call no release() after it. With the ring this client
         accepted on: the commit goes on it (Ring.commit, no bus round trip) and the ring
         forgets the handoff when released."""
-        if ring is not None:
-            return ring.commit(self.request_id, self.token, release)
+        from . import EpdError
+        if ring is not None and not ring.let_go:
+            try:
+                user_data = ring._commit_submit(self.request_id, self.token, release)
+            except EpdError as e:
+                if e.errno != _errno.ECONNRESET:
+                    raise
+                user_data = None  # the daemon let go of the ring, nothing submitted: on the bus
+            if user_data is not None:
+                return ring._commit_wait(self.request_id, self.token, release, user_data, 30.0)
         p = ctypes.c_void_p()
         fn = self._lib.epd_handoff_commit_and_release if release else self._lib.epd_handoff_commit
         self._client._check(fn(self._client._c, self.path.encode(), ctypes.byref(p)), "commit handoff")
+        if ring is not None and release:
+            ring.forget(self.request_id, self.token)
         return _lib.take_string(self._lib, p)
 
     def rollback(self):

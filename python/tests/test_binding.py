@@ -115,7 +115,8 @@ class RingRecordTest(unittest.TestCase):
                                  RING_EV_HANDOFF_ACCEPTED, HANDOFF_STATE_ROLLED_BACK)
         ring = object.__new__(Ring)
         ring.progress, ring.state, ring.other, ring.accepted = {}, {}, [], {}
-        ring.poll = lambda timeout_s=0.0: 0  # no mapping behind it: the tables alone
+        ring.poll = lambda timeout_s=0.0: 0  # no mapping behind it: the tables alone,
+        ring.overflows = lambda: 0            # and nothing lost
         a_rid, b_rid, token = "a" * 32, "b" * 32, 1764900000000000
 
         def record(opcode, rid, group=0, arg0=0, arg1=0):
@@ -290,6 +291,163 @@ class BindingTest(unittest.TestCase):
                 a.release(dring)
                 h.release(pring)
                 seq.release()
+
+    def test_ring_overflow_falls_back_to_the_bus(self):
+        """Records the daemon could not post (the CQ and its backlog full: a worker that
+        did not read its ring) are counted in the ring's overflow word (Ring.overflows())
+        and go out as D-Bus signals, which the binding does not read: a handoff whose
+        progress or "committed" record was lost so asks the bus once the count moved.
+        Before, its wait_groups() ran to its timeout and finished() never said yes (the
+        prefill held its pages)."""
+        import copy
+        from epd.handoff import Accepted, Handoff, Ring
+        from epd.sequence import Sequence
+        n = 24  # a few records each: far past 8 + 4 x 8 on either ring
+        with self.prefill_and_decode() as (p, d):
+            with Ring(d, cq_entries=8) as dring, Ring(p, cq_entries=8) as pring:
+                self.assertEqual((dring.overflows(), pring.overflows()), (0, 0))
+                seqs, hs, accs = [], [], []
+                for i in range(n):
+                    rid = "%032x" % (0x5180 + i)
+                    seqs.append(Sequence.create(p, "host0", 2))
+                    hs.append(Handoff.prepare(p, rid, "", seqs[-1].path, [2, 2]))
+                    accs.append(Accepted.accept(d, rid, wait_s=1))
+                    for g in range(2):
+                        hs[-1].layer_group_ready(g)  # on the bus: neither ring is read meanwhile
+                for a in accs:  # landed (asked of a copy: `a` knows only what its ring says)
+                    deadline = time.monotonic() + 5
+                    while copy.copy(a).status()["groups_done"] < 2 and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                self.assertGreater(dring.overflows(), 0)
+                for a in accs:
+                    self.assertEqual(a.wait_groups(2, dring, timeout_s=2), 2, a.request_id)
+                    Sequence(d, a.commit(), a.arena).release()
+                    a.release(dring)
+                self.assertGreater(pring.overflows(), 0)
+                left, deadline = list(hs), time.monotonic() + 5
+                while left and time.monotonic() < deadline:
+                    left = [h for h in left if not h.finished(pring)]
+                    time.sleep(0.01)
+                self.assertEqual([h.request_id for h in left], [], "committed, never seen finished")
+                for h, seq in zip(hs, seqs):
+                    h.release(pring)
+                    seq.release()
+
+    def test_ring_let_go_falls_back_to_the_bus(self):
+        """A ring the daemon let go of (here CloseRing on its client; also a corrupt queue,
+        or a client dropped for not reading its bus connection) ends its waits with
+        ECONNRESET, saying so: a handoff's finished(), wait_groups() and commit(ring=) then
+        ask the bus, and Ring.reopen() opens another in its place, whose handoffs ask the
+        bus once (their notices went as D-Bus signals meanwhile)."""
+        from epd.handoff import Accepted, Handoff, Ring, _lib_handoffs
+        from epd.sequence import Sequence
+        lib = _lib_handoffs()
+        with self.prefill_and_decode() as (p, d):
+            with Ring(d) as dring, Ring(p) as pring:
+                seq = Sequence.create(p, "host0", 2)
+                rid = "%032x" % 0x51a0
+                h = Handoff.prepare(p, rid, "", seq.path, [2, 2])
+                a = Accepted.accept(d, rid, wait_s=1)
+                for c in (p, d):
+                    self.assertEqual(lib.epd_ring_release(c._c, None), 0)  # the daemon's side only
+                with self.assertRaises(epd.EpdError) as e:
+                    pring.next(1)
+                self.assertEqual(e.exception.errno, errno.ECONNRESET)
+                self.assertIn("let go of the ring", str(e.exception))
+                with self.assertRaises(epd.EpdError) as e:
+                    h.layer_group_ready(0, pring)
+                self.assertIn("let go of the ring", str(e.exception))
+                for g in range(2):
+                    h.layer_group_ready(g)
+                self.assertEqual(a.wait_groups(2, dring, timeout_s=5), 2)
+                Sequence(d, a.commit(ring=dring), a.arena).release()
+                for _ in range(200):
+                    if h.finished(pring):
+                        break
+                    time.sleep(0.01)
+                self.assertTrue(h.finished(pring))
+                a.release(dring)
+                h.release(pring)
+                # Reopened in place: the same object, a new ring at the daemon.
+                for r in (pring, dring):
+                    seen = r.overflows()
+                    r.reopen()
+                    self.assertIsNone(r.next(0))
+                    self.assertGreater(r.overflows(), seen)  # what was sent meanwhile went as signals
+                rid = "%032x" % 0x51a1
+                h = Handoff.prepare(p, rid, "", seq.path, [2, 2])
+                a = Accepted.accept(d, rid, wait_s=1)
+                for g in range(2):
+                    h.layer_group_ready(g, pring)
+                self.assertEqual(a.wait_groups(2, dring, timeout_s=5), 2)
+                Sequence(d, a.commit(release=True, ring=dring), a.arena).release()
+                for _ in range(200):
+                    if h.finished(pring):
+                        break
+                    time.sleep(0.01)
+                self.assertTrue(h.finished(pring))
+                h.release(pring)
+                seq.release()
+
+    def test_second_register_keeps_the_first(self):
+        """register() on a client registered already is refused by libepd (EALREADY)
+        without changing anything: the first registration's arenas and views stay (they
+        were dropped before the call, and its Arena objects refused)."""
+        with epd.Client(self.d.address) as c:
+            c.register("prefill", "m", "cpu")
+            a = c.arena("host0")
+            path = c.worker_path
+            with self.assertRaises(epd.EpdError) as e:
+                c.register("prefill", "m", "cpu")
+            self.assertEqual(e.exception.errno, errno.EALREADY)
+            self.assertEqual(c.worker_path, path)
+            self.assertEqual(bytes(a.buffer(0, 8)), b"EPDARENA")
+
+    def test_flush_waits_through_signals(self):
+        """Client.flush() without a timeout waits in slices (docs/api.md): a signal whose
+        handler returns lets it go on until the answers come (no EpdError(EINTR)), one
+        whose handler raises ends it with that exception."""
+        import signal
+        import threading
+        import epd.feature as ef
+
+        class Alarm(Exception):
+            pass
+        handled = []
+        old = signal.signal(signal.SIGALRM, lambda s, f: handled.append(s))
+        pid = self.d.proc.pid
+        try:
+            with epd.Client(self.d.address) as c:
+                c.register("encoder", "m", "cpu")
+                for raising in (False, True):
+                    f = ef.Feature.acquire(c, f"img:flush-{int(raising)}", may_produce=True)
+                    f.produce(64, [ef.Tensor("x", "u8", (64,), 0)])
+                    os.kill(pid, signal.SIGSTOP)  # the answers wait until SIGCONT
+                    resume = threading.Timer(0.8, os.kill, (pid, signal.SIGCONT))
+                    try:
+                        f.publish_release(1)
+                        if raising:
+                            signal.signal(signal.SIGALRM, lambda s, f: (_ for _ in ()).throw(Alarm()))
+                        resume.start()
+                        signal.setitimer(signal.ITIMER_REAL, 0.2)
+                        t0 = time.monotonic()
+                        if raising:
+                            with self.assertRaises(Alarm):
+                                c.flush()
+                            self.assertLess(time.monotonic() - t0, 0.7)
+                            resume.join()
+                            self.assertIsNone(c.flush(5))
+                        else:
+                            self.assertIsNone(c.flush())
+                            self.assertGreaterEqual(time.monotonic() - t0, 0.7)
+                            self.assertEqual(handled, [signal.SIGALRM])
+                    finally:
+                        signal.setitimer(signal.ITIMER_REAL, 0)
+                        resume.cancel()
+                        resume.join()
+                        os.kill(pid, signal.SIGCONT)
+        finally:
+            signal.signal(signal.SIGALRM, old)
 
     def test_released_at_commit(self):
         """release_on_commit and commit(release=True): no release() on either side; the

@@ -658,3 +658,88 @@ class KvCopyTest(unittest.TestCase):
             with self.assertRaises(ValueError):
                 m.page_table([0], L.page_size)
             g.close()
+
+    @unittest.skipUnless(FAKE, "FAKE_LIBCUDA (the stand-in driver) not given")
+    def test_kv_pages_follow_their_arena_closed(self):
+        """KvPages' page tables are the GPU arena's (GpuArena.page_table_at): made only
+        while it is mapped, and closed by its close(), like the arena's own; and
+        connector.gpu_arena() maps anew once its cached arena was closed. Before, a
+        KvPages built its tables at the arena's device addresses on its own: after the
+        arena's close its copies went to memory no longer its mapping (here a view keeps
+        the range mapped, so that they land somewhere instead of faulting)."""
+        import types
+        import numpy as np
+        from epd.workers.connector import KvPages, _feature_gpu_arena, gpu_arena
+        with self.gpu_prefill() as (c, L):
+            m = gpu_arena(c, "kvgpu")
+            in_kvgpu = types.SimpleNamespace(arena=c.arena("kvgpu").index)  # a feature there
+            self.assertIs(_feature_gpu_arena(c, in_kvgpu), m)
+            keep = m.view(0, (m.size,))  # the range stays mapped, whatever is closed
+            offsets = [m.data_offset + p * L.page_size for p in (3, 1, 4)]
+            built, fresh = KvPages(c, "kvgpu", L, offsets), KvPages(c, "kvgpu", L, offsets)
+            built._table(0)  # a table made while the arena was mapped
+            k, v = self.tensors(0, 40)
+            m.close()
+            for pg in (built, fresh):
+                with self.assertRaises(ValueError):
+                    pg.write(0, k, v)
+            self.assertFalse(np.frombuffer(ctypes.string_at(m.device_pointer + offsets[0], 64), np.uint8).any())
+            m2 = gpu_arena(c, "kvgpu")
+            self.assertIsNot(m2, m, "gpu_arena() kept a closed arena")
+            self.assertIs(_feature_gpu_arena(c, in_kvgpu), m2)
+            pg = KvPages(c, "kvgpu", L, offsets)
+            pg.write(0, k, v)
+            k2, v2 = np.zeros_like(k), np.zeros_like(v)
+            pg._table(0).read(pg._rows(0, k2, v2, 40), 0)
+            self.assertTrue((k2.view(np.uint16) == k.view(np.uint16)).all())
+            # Pages outside the arena are refused by the arena as well.
+            with self.assertRaises(ValueError):
+                m2.page_table_at([m2.size - L.page_size // 2], L.page_size)
+            with self.assertRaises(ValueError):
+                m2.page_table_at([m2.data_offset - 1], L.page_size)
+            pg.close()
+            del keep
+
+    @unittest.skipUnless(FAKE, "FAKE_LIBCUDA (the stand-in driver) not given")
+    def test_kv_reads_land_on_the_arena_gpu(self):
+        """KvPages.read()/read_layers() of a GPU arena allocate their tensors on the arena's
+        GPU (cuda:ORDINAL), not on torch's current device ("cuda"), where the gather would
+        write another GPU's memory; a device the caller names is kept. torch is not needed:
+        a stand-in records where the tensors were asked for (on the GPU machine,
+        device_gpu_torch.py runs the real thing)."""
+        import types
+        from unittest import mock
+        from epd.workers import connector as C
+
+        class Asked(Exception):
+            pass
+        asked = []
+
+        def empty(*shape, dtype=None, device=None):
+            asked.append(device)
+            raise Asked()
+        fake = types.SimpleNamespace(empty=empty, float16="float16", bfloat16="bfloat16")
+        env = dict(gpu_env("gpu"), FAKE_CUDA_DEVICES="2")
+        os.environ.update(env)
+        d = Daemon(ARENA.replace("Gpu=0", "Gpu=1"), env=env)
+        try:
+            with epd.Client(d.address) as c:
+                c.register("decode", "m", "cuda:1", kv=epd.KvLayout(4, 16, 2 * 64 * 2, 2 * 64 * 2))
+                L = self.layout()
+                a = c.arena("kvgpu")
+                with mock.patch.dict(C._GPU, clear=True):  # a driver opened with both GPUs
+                    pg = C.KvPages(c, "kvgpu", L, [a.data_offset])
+                self.assertEqual(pg._m.ordinal, 1)
+                with mock.patch.dict(sys.modules, {"torch": fake}):
+                    for call in (lambda dev: pg.read(0, 16, "float16", dev),
+                                 lambda dev: pg.read_layers([0, 1], 16, "float16", dev)):
+                        for dev, want in ((None, "cuda:1"), ("cuda:0", "cuda:0")):
+                            asked.clear()
+                            with self.assertRaises(Asked):
+                                call(dev)
+                            self.assertEqual(asked, [want])
+                pg.close()
+        finally:
+            for k in env:
+                os.environ.pop(k)
+            self.assertEqual(d.stop(), 0)

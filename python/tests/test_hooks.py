@@ -477,6 +477,52 @@ print("ok")
         self.assertEqual(prod.request_finished(rid), (False, None))
         self.assert_nothing_held()
 
+    def test_rings_let_go_mid_transfer(self):
+        """The daemon lets go of both workers' rings in the middle of a transfer (here
+        CloseRing; also a corrupt queue, or a client dropped for not reading its bus
+        connection) while it lives on: the connectors carry on over the bus (the groups
+        reported, landed and finished asked there) and open their rings again at the
+        step's end, instead of raising ECONNRESET at every call from then on."""
+        from epd.handoff import _lib_handoffs
+        from epd.workers import hooks as H
+        prod = H.EpdKvConnector(self.p, self.layout, "producer", group_size=2, ring=self.rp, dtype="float16",
+                                background_setup=True)
+        cons = H.EpdKvConnector(self.c, self.layout, "consumer", group_size=2, ring=self.rc, dtype="float16")
+        prod.register_kv_caches(names())
+        cons.register_kv_caches(names())
+        rid = "e1" * 16
+        prod.bind_connector_metadata(prod.build_connector_meta(saves=[H.KvTransfer(rid, TOKENS)]))
+        cons.bind_connector_metadata(cons.build_connector_meta(loads=[H.KvTransfer(rid, TOKENS)]))
+        cons.start_load_kv()
+        for layer in range(2):  # group 0, on the ring
+            prod.save_kv_layer(layer, self.kv(layer))
+        np.testing.assert_array_equal(cons.wait_for_layer_load(0)[rid][0], self.kv(0)[0])
+        lib = _lib_handoffs()
+        for c in (self.p, self.c):
+            self.assertEqual(lib.epd_ring_release(c._c, None), 0)  # the daemon's side only
+        for layer in range(2, LAYERS):
+            prod.save_kv_layer(layer, self.kv(layer))
+        prod.wait_for_save()
+        prod.clear_connector_metadata()
+        self.assertTrue(prod.request_finished(rid)[0])
+        for layer in range(1, LAYERS):
+            np.testing.assert_array_equal(cons.wait_for_layer_load(layer)[rid][0], self.kv(layer)[0])
+        cons.clear_connector_metadata()
+        self.assertEqual(cons.get_finished(set()), (None, {rid}))
+        sent, deadline = None, time.monotonic() + 10
+        while sent is None and time.monotonic() < deadline:
+            sent, _ = prod.get_finished({rid})
+            if sent is None:
+                time.sleep(0.05)
+        self.assertEqual(sent, {rid})
+        for r in (self.rp, self.rc):
+            self.assertFalse(r.let_go)
+            self.assertIsNone(r.next(0))  # open again
+        prod.shutdown()
+        cons.shutdown()
+        self.assert_nothing_held()
+        self._save_load("e2" * 16, background=True)  # on the rings opened again
+
     def test_load_times_out_named(self):
         from epd import EpdError
         from epd.workers import hooks as H

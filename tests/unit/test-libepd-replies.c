@@ -145,6 +145,22 @@ static int on_call(sd_bus_message *m, void *userdata, sd_bus_error *e) {
                 r = sd_bus_message_new_method_return(m, &reply);
                 if (r >= 0)
                         r = sd_bus_message_append(reply, "ot", "/org/epd1/handoff/nomem", (uint64_t)7);
+        } else if (strcmp(member, "Accept") == 0 || strcmp(member, "AcceptWait") == 0) {
+                /* The handoff's path, then (short) a string where the token was due. */
+                static const uint64_t offsets[] = { 4096, 8192 };
+                r = sd_bus_message_new_method_return(m, &reply);
+                if (r >= 0 && shortened)
+                        r = sd_bus_message_append(reply, "os", "/org/epd1/handoff/a1", "not the token");
+                else if (r >= 0)
+                        r = sd_bus_message_append(reply, "ots", "/org/epd1/handoff/accepted", (uint64_t)7, "host0");
+                if (r >= 0 && !shortened)
+                        r = sd_bus_message_append_array(reply, 't', offsets, sizeof offsets);
+                if (r >= 0 && !shortened)
+                        r = sd_bus_message_append(reply, "uu", 2u, 0u);
+        } else if (strcmp(member, "Commit") == 0 || strcmp(member, "CommitAndRelease") == 0) {
+                r = sd_bus_message_new_method_return(m, &reply);
+                if (r >= 0)
+                        r = sd_bus_message_append(reply, "o", "/org/epd1/sequence/committed");
         } else if (strcmp(member, "Create") == 0) {
                 r = sd_bus_message_new_method_return(m, &reply);
                 if (r >= 0)
@@ -562,6 +578,34 @@ START_TEST(test_unreadable_objects_released) {
                                              NULL, &path, NULL), 0);
         ck_assert_ptr_null(path);
         ck_assert(logged(&canned, "Release /org/epd1/handoff/h1"));
+        /* An accepted handoff is this client's: given back (rolled back) as well. */
+        epd_handoff_accepted acc;
+        memset(canned.log, 0, sizeof canned.log);
+        ck_assert_int_lt(epd_handoff_accept(c, "0123456789abcdef0123456789abcdef", &acc), 0);
+        ck_assert_ptr_null(acc.path);
+        ck_assert(logged(&canned, "Release /org/epd1/handoff/a1"));
+        memset(canned.log, 0, sizeof canned.log);
+        ck_assert_int_lt(epd_handoff_accept_wait(c, "0123456789abcdef0123456789abcdef", 1000, &acc), 0);
+        ck_assert_ptr_null(acc.path);
+        ck_assert(logged(&canned, "Release /org/epd1/handoff/a1"));
+        epd_disconnect(c);
+}
+END_TEST
+
+/* The same for a Prepare sent without waiting: a reply that cannot be read past the
+ * handoff's path gives the handoff back before the callback hears of the error (the
+ * callback has no path to release it by). */
+START_TEST(test_unreadable_async_prepare_released) {
+        atomic_store(&canned.short_replies, true);
+        epd_client *c = connect_canned();
+        Prepared p = { 0 };
+        ck_assert_int_eq(epd_handoff_prepare_async(c, "0123456789abcdef0123456789abcdef", "", "/org/epd1/sequence/x",
+                                                   NULL, 0, NULL, on_prepared_lost, &p), 0);
+        ck_assert_int_eq(epd_flush(c, 5 * 1000000ULL), 0);
+        ck_assert_int_eq(p.calls, 1);
+        ck_assert_int_lt(p.error, 0);
+        ck_assert_str_ne(p.name, "");
+        ck_assert(logged(&canned, "Release /org/epd1/handoff/h1"));
         epd_disconnect(c);
 }
 END_TEST
@@ -605,6 +649,21 @@ START_TEST(test_nomem_objects_released) {
         ck_assert_int_eq(epd_handoff_prepare(c, "0123456789abcdef0123456789abcdef", "", "/org/epd1/sequence/x", NULL,
                                              0, NULL, &path, NULL), -ENOMEM);
         ck_assert(logged(&canned, "Release /org/epd1/handoff/nomem"));
+
+        epd_handoff_accepted acc;
+        atomic_store(&strdup_fails_for, "/org/epd1/handoff/accepted");
+        ck_assert_int_eq(epd_handoff_accept(c, "0123456789abcdef0123456789abcdef", &acc), -ENOMEM);
+        ck_assert_ptr_null(acc.path);
+        ck_assert_ptr_null(acc.offsets);
+        ck_assert(logged(&canned, "Release /org/epd1/handoff/accepted"));
+        memset(canned.log, 0, sizeof canned.log);
+        /* The decode sequence a commit made. */
+        atomic_store(&strdup_fails_for, "/org/epd1/sequence/committed");
+        ck_assert_int_eq(epd_handoff_commit(c, "/org/epd1/handoff/accepted", &path), -ENOMEM);
+        ck_assert(logged(&canned, "Release /org/epd1/sequence/committed"));
+        memset(canned.log, 0, sizeof canned.log);
+        ck_assert_int_eq(epd_handoff_commit_and_release(c, "/org/epd1/handoff/accepted", &path), -ENOMEM);
+        ck_assert(logged(&canned, "Release /org/epd1/sequence/committed"));
         atomic_store(&strdup_fails_for, NULL);
         epd_disconnect(c);
 }
@@ -627,6 +686,7 @@ int main(void) {
         tcase_add_test(tc, test_local_timeout_named);
         tcase_add_test(tc, test_refusals_named);
         tcase_add_test(tc, test_unreadable_objects_released);
+        tcase_add_test(tc, test_unreadable_async_prepare_released);
         tcase_add_test(tc, test_nomem_objects_released);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);

@@ -158,6 +158,12 @@ int epd_ring_daemon_fd(const epd_ring_client *r);
 /* Takes the next completion or event, waiting up to timeout_usec (UINT64_MAX: forever;
  * 0: do not wait). -EAGAIN when none came in time. */
 int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t timeout_usec);
+/* How many records the daemon could not post on this ring since it was opened (the CQ and
+ * its backlog were full: EPD_RING_OFF_CQ_OVERFLOW). It sent them as D-Bus signals
+ * instead (Progress, StateChanged), which a caller that only reads its ring never sees:
+ * when the count moved since a handoff's last look, the ring's records may miss some of
+ * that handoff's progress or state, and epd_handoff_get() says where it is. 0 for NULL. */
+uint32_t epd_ring_overflows(const epd_ring_client *r);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,7 @@ reported ready when a CUDA event says its writes have landed, never by a host sy
 
 import contextlib
 import ctypes
+import errno as _errno
 import time
 from typing import Callable, Dict, List, Optional, Sequence as Seq, Tuple
 
@@ -238,13 +239,14 @@ def _copy_all(dst: List[object], src: List[object]) -> None:
 def _feature_gpu_arena(client, f: Feature):
     """The mapping of the GPU arena that holds f, or None (a host arena); looked up once
     per arena of this client's registration (kept on the client by (registration,
-    index): an index of an earlier registration may be another arena)."""
+    index): an index of an earlier registration may be another arena; one closed
+    meanwhile is mapped anew, as gpu_arena() does)."""
     i = f.arena
     if i < 0:
         return None
     key = (client._generation, i)
     seen = client._feature_gpu_arenas
-    if key not in seen:
+    if key not in seen or (seen[key] is not None and seen[key].closed):
         a = Arena(client, i)
         seen[key] = gpu_arena(client, a.name) if a.domain == "gpu" else None
     return seen[key]
@@ -355,10 +357,10 @@ def gpu_arena(client, name: str):
     """The GPU arena `name` of client's registration, mapped once per registration: kept
     on the client by (registration, name), dropped when it registers again, unregisters
     or closes, and unmapped once nothing made from it (views, page tables, KvPages) is
-    left."""
+    left. One closed meanwhile (GpuArena.close()) is mapped anew."""
     key = (client._generation, name)
     m = client._gpu_arenas.get(key)
-    if m is None:
+    if m is None or m.closed:
         if not client._c:
             raise ValueError(f"GPU arena {name}: the client is closed")
         m = client._gpu_arenas[key] = _gpu().map_arena(client, name)
@@ -458,10 +460,11 @@ class KvPages:
         one) the first time it is asked for."""
         t = self._tables.get(first)
         if t is None:
-            from .. import gpu as G
-            addrs = [self._m.device_pointer + o for o in self.offsets[first:]]
-            t = self._tables[first] = G.PageTable(_gpu(), self._m.ordinal, addrs, self.layout.page_size,
-                                                  _stream() if stream is None else stream)
+            # The arena's own: made only while it is mapped (ValueError once it was
+            # closed), and closed by its close(), so that no copy goes through a table
+            # of pages no longer mapped.
+            t = self._tables[first] = self._m.page_table_at(self.offsets[first:], self.layout.page_size,
+                                                            _stream() if stream is None else stream)
         return t
 
     def prepare(self) -> None:
@@ -565,8 +568,11 @@ class KvPages:
         if self.on_gpu:
             import torch
             dt = getattr(torch, dtype)
-            k = torch.empty(shape, dtype=dt, device=device or "cuda")
-            v = torch.empty(shape, dtype=dt, device=device or "cuda")
+            # On the arena's GPU unless told: "cuda" alone is torch's current device, and
+            # the gather would write into another GPU's memory.
+            device = device or f"cuda:{self._m.ordinal}"
+            k = torch.empty(shape, dtype=dt, device=device)
+            v = torch.empty(shape, dtype=dt, device=device)
             rows = self._cached_gpu_rows(layer, k, v, tokens)
             if rows is None:
                 rows = self._gpu_rows(layer, k, v, tokens)
@@ -655,7 +661,7 @@ class KvPages:
         L = self.layout
         layers = list(layers)
         buf = torch.empty((len(layers), 2, 1, L.kv_heads, tokens, L.head_dim), dtype=getattr(torch, dtype),
-                          device=device or "cuda")
+                          device=device or f"cuda:{self._m.ordinal}")  # the arena's GPU, as read()
         out = [tuple(kv.unbind(0)) for kv in buf.unbind(0)]
         # Views of one contiguous buffer: the first layer's rows checked, every other
         # layer's K and V at fixed distances from it (no per-layer torch calls).
@@ -782,8 +788,11 @@ class EpdKvSink:
             # GPU arena and a ring: libepd's notifier reports each group ready once its
             # writes have run on the GPU, from its own thread (no polling, no host sync).
             # (One per ring and GPU, kept for the next sinks: nothing to undo if Prepare fails.)
+            # Not on a ring the daemon let go of (until it is opened again): the groups
+            # are then reported from CUDA events, on the bus (_ready).
             ring = self.ring
-            notifier = _notifier(ring, kv._m.ordinal) if ring is not None and kv.on_gpu else None
+            notifier = _notifier(ring, kv._m.ordinal) if ring is not None and not ring.let_go and kv.on_gpu \
+                else None
             # Last: nothing after it can fail, so a prepared handoff is never left behind.
             handoff = Handoff.prepare(self.client, request_id, destination, seq.path, group_sizes, target=target)
         except BaseException:
@@ -873,7 +882,21 @@ class EpdKvSink:
         self.seconds += t_end - t_start
 
     def _ready(self, group: int) -> None:
-        self.handoff.layer_group_ready(group, self.ring)
+        ring = self.ring
+        if ring is not None and not ring.let_go:
+            try:
+                self.handoff.layer_group_ready(group, ring)
+                self.groups_sent += 1
+                return
+            except EpdError as e:
+                if e.errno != _errno.ECONNRESET:  # the daemon let go of the ring: nothing submitted
+                    raise
+        if ring is not None and _SETUP_EXECUTOR:
+            # On the bus, from this thread: first every background setup asked for (the
+            # executor's one thread runs them in order) is let finish, the client is one
+            # thread's at a time.
+            _SETUP_EXECUTOR[0].submit(lambda: None).result()
+        self.handoff.layer_group_ready(group)
         self.groups_sent += 1
 
     def _write_deferred(self) -> None:
@@ -920,7 +943,8 @@ class EpdKvSink:
         if self._deferred:
             self._settle()
             self._write_deferred()
-        if block and self._notifier is not None:
+        if block and self._notifier is not None and not self._notifier.closed:
+            # (closed: with its ring, reopened at a step's end, after this sink's flush)
             t0 = time.perf_counter()
             self._notifier.flush(30.0)
             self.wait_s += time.perf_counter() - t0
@@ -1010,8 +1034,7 @@ class EpdKvSource:
             a = self.accepted
             if self.kv.on_gpu and self._loaded is None and a.groups_done < a.n_groups and self.ring is not None:
                 # What the ring says already (no wait): the groups may all have landed.
-                self.ring.poll(0)
-                a.groups_done = max(a.groups_done, self.ring.groups_landed(a.request_id, a.token))
+                a.landed(self.ring)
             if self.kv.on_gpu and self._loaded is None and a.groups_done >= a.n_groups:
                 rest = list(range(layer_idx, self.layout.layers))
                 self._loaded = dict(zip(rest, self.kv.read_layers(rest, self.tokens, self.dtype, self.device)))

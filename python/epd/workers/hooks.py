@@ -173,7 +173,22 @@ class EpdKvConnector:
             for s in self._sinks.values():
                 s.setup_error()
 
+    def _reopen_ring(self) -> None:
+        """The daemon let go of the ring (Ring.let_go: ECONNRESET, while it lives on): until
+        now the groups went, and the handoffs were asked, on the bus; another ring is opened
+        in its place (Ring.reopen: the same object, wherever it is held) at a step's edge,
+        where no save has groups in flight on it and no background setup uses the client.
+        One that cannot be opened leaves the bus in use; the next step tries again."""
+        if self.ring is None or not self.ring.let_go:
+            return
+        self._settle_setups()
+        try:
+            self.ring.reopen()
+        except EpdError:
+            pass
+
     def bind_connector_metadata(self, meta: EpdKvMetadata) -> None:
+        self._reopen_ring()
         self._meta = meta
         # The scheduler side's request_finished() decisions (delay_free True): reported
         # by get_finished() once their sends are done.
@@ -304,6 +319,7 @@ class EpdKvConnector:
         before it was complete is let go, not reported."""
         self._finished_reqs |= set(finished_req_ids)
         self._settle_setups()  # the releases below are bus calls
+        self._reopen_ring()
         sent, received = set(), set()
         for rid in list(self._sinks):
             if rid not in self._finished_reqs:
