@@ -546,11 +546,14 @@ static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, sd_bus_messag
                 feature_handle_release(h);
                 return r;
         }
+        /* Counted once answered: a claim refused (its handle, or AcquireOrReserve's
+         * reservation) was never told to produce. */
+        feature_manager_count_acquire(w, res);
         return 1;
 }
 
 /* Acquire's and AcquireOrReserve's common part: the calling worker, its reference on
- * key (counted in its stats) and what to do with it. */
+ * key and what to do with it (counted in its stats once answered: acquire_answer()). */
 static int acquire_for(Manager *m, sd_bus_message *msg, const char *key, bool may_produce, Worker **ret_w,
                        FeatureRef **ret_ref, FeatureAcquireResult *ret_res, sd_bus_error *error) {
         int r = manager_require_worker(m, msg, ret_w, error);
@@ -564,7 +567,6 @@ static int acquire_for(Manager *m, sd_bus_message *msg, const char *key, bool ma
         r = feature_acquire(m->features, key, may_produce, now_usec(CLOCK_MONOTONIC), ret_ref, ret_res);
         if (r < 0)
                 return cache_error(m, r, key, error);
-        feature_manager_count_acquire(*ret_w, *ret_res);
         if (*ret_res == FEATURE_ACQUIRE_PRODUCE)
                 feature_manager_arm_timer(feature_manager_get(m)); /* its produce deadline */
         return 0;
@@ -789,6 +791,10 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
         r = sd_bus_message_read(msg, "st", &id, &encode_usec);
         if (r < 0)
                 return r;
+        if (encode_usec > FEATURE_ENCODE_USEC_MAX)
+                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                     "encode_usec must be at most %" PRIu64 " (one hour).",
+                                     (uint64_t)FEATURE_ENCODE_USEC_MAX);
         r = handle_lookup(fm, msg, id, &h, error);
         if (r < 0)
                 return r;

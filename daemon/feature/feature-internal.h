@@ -64,8 +64,9 @@ typedef struct FeaturePriv {
         bool load_prefetched; /* a Prefetch started that read: its hit once it lands */
         bool fenced; /* replayed, kept off the LRU until feature_cache_unfence() */
         /* Failed past its produce deadline with its producer still there (maybe still
-         * writing): its region stays allocated until the last reference goes. */
-        bool region_held;
+         * writing): its region stays allocated until this reference, the producer's (a
+         * reader of the failed feature now), goes; not until the waiters' go too. */
+        FeatureRef *region_holder;
 } FeaturePriv;
 
 #define PRIV(f) container_of(f, FeaturePriv, pub)

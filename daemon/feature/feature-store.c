@@ -559,7 +559,11 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
         r = feature_store_name(key, name);
         if (r < 0)
                 return r;
-        fd = openat2_beneath(s->root_fd, name, O_RDONLY, 0);
+        /* Non-blocking: a FIFO (or a device) planted under the name would block the
+         * open (the load thread's, or the event loop's) until a writer came, for ever;
+         * it opens at once instead and the fstat() below refuses it. Nor does a
+         * terminal there become the daemon's. */
+        fd = openat2_beneath(s->root_fd, name, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0);
         if (fd < 0 && fd != -ENOMEM && fd != -EMFILE && fd != -ENFILE && fd != -EINTR && fd != -EAGAIN) {
                 /* Gone behind the store's back, or not a file it can open (a symlink
                  * planted, its mode changed): forgotten, so that the next Acquire is a
@@ -576,9 +580,17 @@ int feature_store_lookup(FeatureStore *s, const char *key, FeatureStoreEntry *re
         if (fstat(fd, &st) < 0)
                 return negative_errno();
         if (!S_ISREG(st.st_mode)) {
+                /* Not a file the store wrote (a FIFO, a socket, a device): removed, as a
+                 * damaged copy is, and the name leaves the index. */
                 r = -EBADMSG;
                 goto bad;
         }
+        /* Blocking again for its reads: a regular file ignores O_NONBLOCK on local file
+         * systems, but one that honoured it must not have a good copy taken for a short
+         * one (-EAGAIN) and removed. */
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+                return negative_errno();
         r = read_all(fd, header, sizeof header);
         if (r < 0)
                 goto bad;

@@ -306,10 +306,10 @@ void feature_region_release(FeatureCache *c, Feature *f) {
 
 /* Frees a feature that left the table once nothing refers to it any more. */
 void feature_entry_maybe_destroy(Feature *f) {
+        /* (A region held for a timed-out producer went with that producer's reference,
+         * a reader's, before: feature_ref_release().) */
         if (PRIV(f)->in_table || f->n_readers > 0 || f->n_pins > 0 || f->producer)
                 return;
-        if (PRIV(f)->region_held)
-                feature_region_release(f->cache, f); /* its timed-out producer is gone now */
         feature_entry_destroy(f);
 }
 
@@ -397,6 +397,15 @@ uint64_t feature_cache_flush(FeatureCache *c) {
         return n;
 }
 
+/* EncoderTimeSavedUSec: n hits of f, each worth its encode time. Saturating: that time
+ * is the producer's word (the bus glue bounds it) or a stored file's. */
+static void count_saved(FeatureCache *c, const Feature *f, uint64_t n) {
+        uint64_t add;
+        if (MUL_OVERFLOW(n, f->encode_usec, &add))
+                add = UINT64_MAX;
+        c->stats.encoder_usec_saved = usec_add(c->stats.encoder_usec_saved, add);
+}
+
 static void notify(FeatureCache *c, Feature *f) {
         if (c->cb)
                 c->cb(c, f, c->userdata);
@@ -406,7 +415,7 @@ static void notify(FeatureCache *c, Feature *f) {
  * Acquire starts over), waiters are told. */
 static void set_failed(FeatureCache *c, Feature *f, int error) {
         producing_remove(c, f);
-        if (!PRIV(f)->region_held)
+        if (!PRIV(f)->region_holder)
                 feature_region_release(c, f);
         f->state = FEATURE_FAILED;
         f->error = error < 0 ? error : -EIO;
@@ -793,7 +802,7 @@ void feature_load_done(Feature *f, int error) {
         f->n_pins++;
         /* Its readers' Acquires are hits once the bytes are back; a failed read saved nothing. */
         c->stats.hits += error >= 0 ? PRIV(f)->load_readers : 0;
-        c->stats.encoder_usec_saved += error >= 0 ? (uint64_t)PRIV(f)->load_readers * f->encode_usec : 0;
+        count_saved(c, f, error >= 0 ? PRIV(f)->load_readers : 0);
         PRIV(f)->load_readers = 0;
         c->stats.prefetch_hits += error >= 0 && PRIV(f)->load_prefetched;
         PRIV(f)->load_prefetched = false;
@@ -831,7 +840,7 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
                 return k;
         if (f && f->state == FEATURE_READY) {
                 c->stats.hits++;
-                c->stats.encoder_usec_saved += f->encode_usec;
+                count_saved(c, f, 1);
                 ref_link(c, r, f, FEATURE_REF_READER);
                 *result = FEATURE_ACQUIRE_HIT;
         } else if (f && PRIV(f)->loading) {
@@ -856,7 +865,7 @@ int feature_acquire(FeatureCache *c, const char *key, bool may_produce, usec_t n
         } else if ((k = load(c, key, true, &f)) >= 0) {
                 PRIV(f)->load_readers += k > 0; /* read off the loop: a hit once it lands */
                 c->stats.hits += k == 0;
-                c->stats.encoder_usec_saved += k == 0 ? f->encode_usec : 0;
+                count_saved(c, f, k == 0);
                 ref_link(c, r, f, FEATURE_REF_READER);
                 *result = k > 0 ? FEATURE_ACQUIRE_LOADING : FEATURE_ACQUIRE_HIT;
         } else {
@@ -1056,6 +1065,19 @@ FeatureRef *feature_ref_release(FeatureRef *r) {
                 break;
         }
         c->stats.n_refs--;
+        if (PRIV(f)->region_holder == r) {
+                /* The producer that timed out is done: its client released its handle,
+                 * or was freed (once its process exited, or after client_gone()'s wait
+                 * for it, as a departing producer's held region). Its region is free
+                 * again, whoever else still holds the failed feature, and safe to hand
+                 * out at once: its producer was the only one that could write there,
+                 * and nobody reads it: the feature never became READY (its waiters
+                 * were told it failed, and a reader reads only a READY feature), and no
+                 * READY record of it was journaled, so no GONE has to be durable first.
+                 * As for a producer that releases its handle before its deadline. */
+                PRIV(f)->region_holder = NULL;
+                feature_region_release(c, f);
+        }
         free(r);
 
         if (f->state == FEATURE_RESERVED && kind == FEATURE_REF_PRODUCER)
@@ -1073,13 +1095,26 @@ FeatureRef *feature_ref_unclaim(FeatureRef *r) {
                 return NULL;
         Feature *f = r->feature;
         FeatureCache *c = f->cache;
-        if (r->kind != FEATURE_REF_PRODUCER || f->state != FEATURE_RESERVED || f->has_region || f->deadline == 0 ||
-            (f->n_readers == 0 && f->n_pins == 0))
+        if (r->kind != FEATURE_REF_PRODUCER || f->state != FEATURE_RESERVED)
                 return feature_ref_release(r);
+        /* Its caller is not told to produce: its Acquire is no miss (the claim counted
+         * one; all in one dispatch of the daemon's loop, so nobody sees it come and go). */
+        c->stats.misses -= MIN(c->stats.misses, (uint64_t)1);
+        bool fresh = f->deadline == 0, alone = f->n_readers == 0 && f->n_pins == 0;
+        if ((!fresh && f->has_region) || (fresh && !alone))
+                return feature_ref_release(r); /* its holders hear that it failed */
         producing_remove(c, f);
         f->producer = NULL;
         c->stats.n_refs--;
         free(r);
+        if (fresh) {
+                /* Made by this claim, and nobody else has seen it: gone as if never made,
+                 * as a refused Reserve's (no failure counted, nobody to tell). */
+                feature_region_release(c, f);
+                feature_entry_unlink(c, f);
+                feature_entry_destroy(f);
+                return NULL;
+        }
         /* Back among the announced, in deadline order (feature_cache_expire() fails it
          * when that passes, as if nobody had claimed it). */
         Feature *before = c->announced.first;
@@ -1119,8 +1154,9 @@ int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefet
                 *ret = FEATURE_PREFETCH_PENDING;
                 return 0;
         }
-        /* a Prefetch never evicts: a stored key without free room for it is no-space
-         * (an Acquire loads it then), not announced for an encoder to redo */
+        /* A Prefetch never evicts: a stored key without free room for it is no-space
+         * (an Acquire loads it then), not announced for an encoder to redo; so is one
+         * that no mapped arena can hold (-E2BIG). */
         r = load(c, key, false, &f);
         if (r >= 0) {
                 /* Read back already (0), or being read off the loop (1): a hit once the
@@ -1132,7 +1168,11 @@ int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefet
                 *ret = FEATURE_PREFETCH_LOADED;
                 return 0;
         }
-        if (r == -ENOSPC)
+        /* Only a key with no stored copy is announced (one found to be another key's
+         * is none). Anything else is said: no room (-ENOSPC, -E2BIG), or a copy that
+         * could not be read (damaged and removed, out of memory or file descriptors,
+         * the loader's refusal), which the Acquire that comes produces. */
+        if (r != -ENOENT)
                 return r;
         if (c->stats.n_announced >= c->config.max_announced ||
             c->stats.n_features >= c->config.max_features)
@@ -1154,8 +1194,9 @@ usec_t feature_cache_expire(FeatureCache *c, usec_t now) {
         while (c->producing.first && c->producing.first->produce_deadline <= now) {
                 Feature *f = c->producing.first;
                 c->stats.produce_timeouts++;
-                /* Its producer may still write there: the region goes with its handle. */
-                PRIV(f)->region_held = f->has_region;
+                /* Its producer may still write there: the region goes with its
+                 * reference (feature_ref_release()), a reader's from here. */
+                PRIV(f)->region_holder = f->has_region ? f->producer : NULL;
                 set_failed(c, f, -ETIMEDOUT); /* out of the queue */
         }
         usec_t a = c->announced.first ? c->announced.first->deadline : USEC_INFINITY;

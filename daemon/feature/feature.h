@@ -285,6 +285,10 @@ int feature_reserve_in(FeatureCache *c, const char *key, uint64_t bytes, uint64_
 int feature_ref_reserve_in(FeatureRef *r, uint64_t bytes, uint64_t arena_mask, FeatureDesc **desc,
                            const EpdId *request_id, FeatureDescIssue *issue);
 
+/* The most encoder time a Publish may report (the bus glue refuses more): one encode
+ * that took longer is no encode, and every hit adds it to EncoderTimeSavedUSec. */
+#define FEATURE_ENCODE_USEC_MAX (3600 * USEC_PER_SEC)
+
 /* Producer: marks the feature READY (the ref becomes a reader). -EBADSLT if the ref is
  * not the producer of a feature with a region; the journal's error if its READY record
  * was not taken (the feature then stays RESERVED, the ref its producer). */
@@ -308,9 +312,11 @@ int feature_pin(FeatureCache *c, const char *key, FeatureRef **ret);
 /* Releases a reference of any kind. A producer that releases before Publish fails the
  * feature with -EPIPE (the same path as a producer whose client dies). NULL is fine. */
 FeatureRef *feature_ref_release(FeatureRef *r);
-/* A producer reference whose claim came to nothing (its reservation or its handle was
- * refused): an announced feature that others wait for goes back to waiting for a
- * producer, until its deadline; anything else as feature_ref_release(). */
+/* A producer reference from feature_acquire() (PRODUCE) whose claim came to nothing
+ * (its reservation or its handle was refused), as a refused Reserve: its Acquire is
+ * not counted as a miss; an announced feature goes back to waiting for a producer,
+ * until its deadline; a fresh one that nobody else holds is dropped (not failed: no
+ * failure counted, nobody told). Anything else as feature_ref_release(). */
 FeatureRef *feature_ref_unclaim(FeatureRef *r);
 
 typedef enum FeaturePrefetchResult {
@@ -323,7 +329,9 @@ typedef enum FeaturePrefetchResult {
 /* Announces that key will be needed, so that an encoder can start on it before a
  * prefill asks. Neither an announcement nor a read-back from the store evicts a cached
  * feature: past max_announced, with the key table full, or with a stored key that does
- * not fit in free space, it is -ENOSPC. */
+ * not fit in free space, it is -ENOSPC; a stored key that no mapped arena can hold is
+ * -E2BIG. A stored copy that cannot be read is its error (-EBADMSG: damaged, removed;
+ * -ENOMEM, ...): never announced. */
 int feature_prefetch(FeatureCache *c, const char *key, usec_t now, FeaturePrefetchResult *ret);
 
 /* Fails announced features whose deadline passed, and features whose producer has not

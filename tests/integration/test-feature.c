@@ -186,6 +186,15 @@ START_TEST(test_publish_then_hit) {
         ck_assert_int_ge(p->arena, 0);
         ck_assert_ptr_nonnull(p->data);
         fill(p->data, bytes, 7);
+        /* An encode time past an hour is refused by name (it would swell
+         * EncoderTimeSavedUSec with every hit); the feature stays reserved. */
+        ck_assert_int_eq(epd_feature_publish(enc, p, UINT64_MAX), -EINVAL);
+        ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.InvalidArgument");
+        ck_assert_msg(strstr(epd_last_error_message(enc), "encode_usec"), "%s", epd_last_error_message(enc));
+        ck_assert_int_eq(epd_feature_publish(enc, p, 3600ULL * 1000000 + 1), -EINVAL);
+        ck_assert_int_eq(epd_feature_refresh(enc, p), 0);
+        ck_assert_str_eq(p->state, "reserved");
+        ck_assert_uint_eq(stat_u64(enc, "Produced"), 0);
         ck_assert_int_eq(epd_feature_publish(enc, p, 4321), 0);
 
         ck_assert_int_eq(epd_feature_acquire(pre, "sha256:aa|qwen3-vl|pp1", false, &r), 0);
@@ -388,11 +397,19 @@ START_TEST(test_acquire_or_reserve) {
         ck_assert_uint_eq(stat_u64(pre, "Produced"), 1);
         ck_assert_uint_eq(stat_u64(pre, "BytesReserved"), 0);
 
-        /* A reservation refused: the call's error, named; no feature left to wait for. */
+        /* A reservation refused: the call's error, named; no feature left to wait for,
+         * and, as for a refused Reserve, no failure or miss counted (nobody was told to
+         * produce). */
         uint64_t features = stat_u64(pre, "Features");
+        uint64_t failed = stat_u64(pre, "Failed"), misses = stat_u64(pre, "Misses");
         ck_assert_int_eq(epd_feature_acquire_or_reserve(enc, "sha256:aor-big", 64ULL << 20, t, n, NULL, &p),
                          -ENOSPC);
         ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.NoSpace");
+        ck_assert_uint_eq(stat_u64(pre, "Failed"), failed);
+        ck_assert_uint_eq(stat_u64(pre, "Misses"), misses);
+        ck_assert_int_eq(epd_feature_reserve(enc, "sha256:aor-big", 64ULL << 20, t, n, NULL, &p), -ENOSPC);
+        ck_assert_uint_eq(stat_u64(pre, "Failed"), failed);
+        ck_assert_uint_eq(stat_u64(pre, "Misses"), misses);
         ck_assert_int_eq(epd_feature_acquire_or_reserve(enc, "sha256:aor-big", bytes, t, n, "x", &p), -EINVAL);
         ck_assert_str_eq(epd_last_error_name(enc), "org.epd1.Error.InvalidArgument");
         ck_assert_uint_eq(stat_u64(pre, "Handles"), 0);

@@ -2,6 +2,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +176,44 @@ START_TEST(test_planted_symlink) {
         fclose(f);
         ck_assert_str_eq(buf, "secret");
         ck_assert_int_eq(feature_store_lookup(s, "victim", &e), 0);
+        feature_store_entry_done(&e);
+}
+END_TEST
+
+static void on_alarm(int sig) {
+        (void)sig;
+}
+
+/* A FIFO planted under the file name of a stored key: the lookup does not wait for a
+ * writer (before, its open blocked the load thread for ever, and with it every later
+ * read back and the daemon's shutdown), refuses it as a file that is not one, and the
+ * name leaves the index, as for a planted symlink. */
+START_TEST(test_planted_fifo) {
+        _cleanup_(feature_store_freep) FeatureStore *s = store_open();
+        _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(3);
+        char name[FEATURE_STORE_NAME_MAX], p[256];
+        FeatureStoreEntry e = { .fd = -EBADF };
+        struct stat st;
+
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "piped", .size = 3, .desc = d }, "abc"), 0);
+        ck_assert(feature_store_has(s, "piped", NULL));
+        ck_assert_int_eq(feature_store_name("piped", name), 0);
+        snprintf(p, sizeof p, "%s/%s", root, name);
+        ck_assert_int_eq(unlink(p), 0);
+        ck_assert_int_eq(mkfifo(p, 0600), 0);
+        /* A blocked open is interrupted (-EINTR, no SA_RESTART): the test fails
+         * instead of hanging. */
+        ck_assert_int_eq(sigaction(SIGALRM, &(struct sigaction){ .sa_handler = on_alarm }, NULL), 0);
+        alarm(2);
+        int r = feature_store_lookup(s, "piped", &e);
+        alarm(0);
+        ck_assert_int_eq(r, -EBADMSG);
+        ck_assert_int_lt(e.fd, 0);
+        ck_assert(!feature_store_has(s, "piped", NULL));
+        /* not a file the store wrote: gone, and a save puts a real one there */
+        ck_assert_int_eq(lstat(p, &st), -1);
+        ck_assert_int_eq(feature_store_save(s, &(FeatureStoreRecord){ .key = "piped", .size = 3, .desc = d }, "new"), 0);
+        ck_assert_int_eq(feature_store_lookup(s, "piped", &e), 0);
         feature_store_entry_done(&e);
 }
 END_TEST
@@ -656,6 +695,7 @@ int main(void) {
         tcase_add_test(tc, test_evil_keys_round_trip_inside);
         tcase_add_test(tc, test_openat_beneath);
         tcase_add_test(tc, test_planted_symlink);
+        tcase_add_test(tc, test_planted_fifo);
         tcase_add_test(tc, test_bad_files);
         tcase_add_test(tc, test_bounded);
         tcase_add_test(tc, test_index);

@@ -118,6 +118,79 @@ START_TEST(test_refused_claim_of_announced) {
 }
 END_TEST
 
+/* A claim refused for want of room (AcquireOrReserve's NoSpace) changes no counter, as
+ * a refused Reserve changes none: a fresh feature nobody else saw is dropped, not failed
+ * (no failure counted, nobody told), and its Acquire is no miss (the caller was never
+ * told to produce). An announced one nobody waits for stays announced, as a refused
+ * Reserve leaves it. */
+START_TEST(test_refused_claim_counts_nothing) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
+        FeaturePrefetchResult pr;
+        FeatureAcquireResult res;
+        FeatureRef *held, *p, *x = NULL;
+        FeatureDesc *d;
+
+        held = produce(c, "everything", ARENA_CHUNKS * CHUNK, 1); /* no room left, none to evict */
+        FeatureStats before = *feature_cache_stats(c);
+        unsigned failed_events = n_failed_events;
+
+        /* A plain Reserve refused: nothing changes. */
+        d = desc_bytes(CHUNK);
+        ck_assert_int_eq(feature_reserve(c, "fresh", CHUNK, &d, NULL, &x, NULL), -ENOSPC);
+        feature_desc_free(d);
+        ck_assert_ptr_null(feature_cache_get(c, "fresh"));
+        ck_assert_uint_eq(feature_cache_stats(c)->failed, before.failed);
+        ck_assert_uint_eq(feature_cache_stats(c)->misses, before.misses);
+
+        /* The same refusal through Acquire (produce) and its Reserve. */
+        ck_assert_int_eq(feature_acquire(c, "fresh", true, 0, &p, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        d = desc_bytes(CHUNK);
+        ck_assert_int_eq(feature_ref_reserve(p, CHUNK, &d, NULL, NULL), -ENOSPC);
+        feature_desc_free(d);
+        feature_ref_unclaim(p);
+        ck_assert_ptr_null(feature_cache_get(c, "fresh"));
+        ck_assert_uint_eq(feature_cache_stats(c)->failed, before.failed);
+        ck_assert_uint_eq(feature_cache_stats(c)->misses, before.misses);
+        ck_assert_uint_eq(n_failed_events, failed_events);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_features, before.n_features);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_refs, before.n_refs);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 0);
+
+        /* Announced, nobody waiting: back among the announced, as after a refused Reserve. */
+        ck_assert_int_eq(feature_prefetch(c, "ann", 0, &pr), 0);
+        ck_assert_int_eq(pr, FEATURE_PREFETCH_ANNOUNCED);
+        d = desc_bytes(CHUNK);
+        ck_assert_int_eq(feature_reserve(c, "ann", CHUNK, &d, NULL, &x, NULL), -ENOSPC);
+        feature_desc_free(d);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_announced, 1);
+        ck_assert_int_eq(feature_acquire(c, "ann", true, 0, &p, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        d = desc_bytes(CHUNK);
+        ck_assert_int_eq(feature_ref_reserve(p, CHUNK, &d, NULL, NULL), -ENOSPC);
+        feature_desc_free(d);
+        feature_ref_unclaim(p);
+        ck_assert_ptr_nonnull(feature_cache_get(c, "ann"));
+        ck_assert_uint_eq(feature_cache_stats(c)->n_announced, 1);
+        ck_assert_uint_eq(feature_cache_stats(c)->failed, before.failed);
+        ck_assert_uint_eq(feature_cache_stats(c)->misses, before.misses);
+        ck_assert_uint_eq(n_failed_events, failed_events);
+        /* Its deadline holds: it fails then, as an announcement nobody claimed. */
+        (void)feature_cache_expire(c, USEC_INFINITY - 1);
+        ck_assert_ptr_null(feature_cache_get(c, "ann"));
+        ck_assert_uint_eq(feature_cache_stats(c)->n_announced, 0);
+
+        /* Told to produce and reserved: that Acquire is a miss. */
+        feature_ref_release(held);
+        ck_assert_int_eq(feature_acquire(c, "fresh", true, 0, &p, &res), 0);
+        d = desc_bytes(CHUNK);
+        ck_assert_int_eq(feature_ref_reserve(p, CHUNK, &d, NULL, NULL), 0);
+        ck_assert_uint_eq(feature_cache_stats(c)->misses, before.misses + 1);
+        feature_ref_release(p);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
+}
+END_TEST
+
 START_TEST(test_coalesce_and_publish) {
         _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
         FeatureRef *p, *w1, *w2, *h;
@@ -294,6 +367,50 @@ START_TEST(test_produce_timeout) {
         ck_assert_uint_eq(feature_cache_expire(c, UINT64_MAX - 1), USEC_INFINITY);
         feature_ref_release(p);
         ck_assert_uint_eq(feature_cache_stats(c)->produce_timeouts, 2);
+        ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
+}
+END_TEST
+
+/* A producer past its produce deadline whose waiter still holds the failed feature: the
+ * region is the producer's alone, and goes with the producer's reference, not with the
+ * last reference to the feature (docs/features.md: "until its handle goes"). Before,
+ * it stayed allocated, and counted in BytesReserved, until the waiter went too. */
+START_TEST(test_produce_timeout_region_goes_with_producer) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
+        FeatureRef *p, *w, *pin, *q;
+        FeatureAcquireResult res;
+
+        feature_cache_set_produce_timeout(c, 1000);
+        ck_assert_int_eq(feature_acquire(c, "slow", true, 10, &p, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        FeatureDesc *d = desc_bytes(3 * CHUNK);
+        ck_assert_int_eq(feature_ref_reserve(p, 3 * CHUNK, &d, NULL, NULL), 0);
+        ck_assert_int_eq(feature_acquire(c, "slow", false, 20, &w, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_WAIT);
+        ck_assert_int_eq(feature_pin(c, "slow", &pin), 0);
+        ck_assert_uint_eq(feature_cache_expire(c, 1010), USEC_INFINITY);
+        ck_assert_int_eq(w->feature->state, FEATURE_FAILED);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 3 * CHUNK);
+        ck_assert_uint_eq(feature_allocator_used(c->arenas[0].alloc), 3 * CHUNK);
+        /* The producer goes first: its region with it, the waiter and the pin kept. */
+        feature_ref_release(p);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 0);
+        ck_assert_int_eq(feature_allocator_check(c->arenas[0].alloc), 0);
+        ck_assert_uint_eq(feature_allocator_used(c->arenas[0].alloc), 0);
+        ck_assert_int_eq(w->feature->state, FEATURE_FAILED);
+        ck_assert_int_eq(w->feature->error, -ETIMEDOUT);
+        ck_assert(!w->feature->has_region);
+        /* Its chunks are handed out again while the failed feature is still held. */
+        ck_assert_int_eq(feature_acquire(c, "slow", true, 1020, &q, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        d = desc_bytes(ARENA_CHUNKS * CHUNK);
+        ck_assert_int_eq(feature_ref_reserve(q, ARENA_CHUNKS * CHUNK, &d, NULL, NULL), 0);
+        ck_assert_int_eq(feature_publish(q, 1), 0);
+        feature_ref_release(w);
+        feature_ref_release(pin);
+        feature_ref_release(q);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_reserved, 0);
+        ck_assert_uint_eq(feature_cache_stats(c)->bytes_cached, ARENA_CHUNKS * CHUNK);
         ck_assert_uint_eq(feature_cache_stats(c)->n_refs, 0);
 }
 END_TEST
@@ -780,6 +897,30 @@ START_TEST(test_prefetch) {
                 ck_assert_uint_eq(feature_cache_stats(c3)->evictions, 1);
                 ck_assert_ptr_null(feature_cache_get(c3, "r0"));
                 feature_ref_release(q);
+
+                /* A stored copy that cannot be read (damaged: removed) is failed, not
+                 * announced: no encoder is sent for it, and the Acquire that comes
+                 * produces it (the key is absent now: a later Prefetch announces it). */
+                char name[FEATURE_STORE_NAME_MAX];
+                save(st, "s2", CHUNK, 0x12);
+                ck_assert_int_eq(feature_store_name("s2", name), 0);
+                int fd = feature_store_openat(st, name, O_WRONLY, 0);
+                ck_assert_int_ge(fd, 0);
+                ck_assert_int_eq(ftruncate(fd, 100), 0);
+                safe_close(fd);
+                ck_assert_int_eq(feature_prefetch(c3, "s2", 0, &pr), -EBADMSG);
+                ck_assert_ptr_null(feature_cache_get(c3, "s2"));
+                ck_assert_uint_eq(feature_cache_stats(c3)->n_announced, 0);
+                ck_assert_int_eq(feature_prefetch(c3, "s2", 0, &pr), 0);
+                ck_assert_int_eq(pr, FEATURE_PREFETCH_ANNOUNCED);
+                /* One that no mapped arena can ever hold (past the budget) does not
+                 * fit either: no-space, never announced. */
+                save(st, "s3", 17 * CHUNK, 0x13);
+                ck_assert_int_eq(feature_prefetch(c3, "s3", 0, &pr), -E2BIG);
+                ck_assert_ptr_null(feature_cache_get(c3, "s3"));
+                ck_assert_uint_eq(feature_cache_stats(c3)->n_announced, 1);
+                ck_assert_uint_eq(feature_cache_stats(c3)->evictions, 1);
+                (void)feature_cache_expire(c3, USEC_INFINITY - 1);
                 tmp_store_close(c3, st, dir);
         }
         /* an announce that nobody waits on just goes */
@@ -1397,6 +1538,62 @@ static int test_prober(FeatureCache *c, Feature *f, void *userdata) {
  * to the loader; a key the store's index does not have is a miss without a probe, and
  * so is one the arenas have no room for; a lookup that finds the copy gone, or larger
  * than the index said, FAILS the feature (its waiters told) and leaves the key free. */
+/* EncoderTimeSavedUSec saturates instead of wrapping: Publish's encode_usec comes from
+ * the producer (the bus glue bounds it) and a stored copy's from its file. Before,
+ * Publish(UINT64_MAX) then three hits read 18446744073709551613. */
+START_TEST(test_encoder_time_saturates) {
+        _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
+        FeatureAcquireResult res;
+        FeatureRef *p, *r[3];
+        FeatureDesc *d = desc_bytes(100);
+
+        ck_assert_int_eq(feature_reserve(c, "huge", 100, &d, NULL, &p, NULL), 0);
+        ck_assert_int_eq(feature_publish(p, UINT64_MAX), 0);
+        for (int i = 0; i < 3; i++) {
+                ck_assert_int_eq(feature_acquire(c, "huge", false, 0, &r[i], &res), 0);
+                ck_assert_int_eq(res, FEATURE_ACQUIRE_HIT);
+        }
+        ck_assert_uint_eq(feature_cache_stats(c)->hits, 3);
+        ck_assert_uint_eq(feature_cache_stats(c)->encoder_usec_saved, UINT64_MAX);
+        for (int i = 0; i < 3; i++)
+                feature_ref_release(r[i]);
+        feature_ref_release(p);
+
+        /* Read back from the store, a copy whose header says more than half of it: once
+         * synchronously (the counter near its top already), then off the loop with two
+         * Acquires waiting for the read (from 0). */
+        _cleanup_(feature_desc_freep) FeatureDesc *sd = desc_bytes(CHUNK);
+        _cleanup_(freep) uint8_t *data = calloc(1, CHUNK);
+        char dir[sizeof TMP_STORE];
+        FeatureStore *st = tmp_store_open(c, dir);
+        for (int i = 0; i < 2; i++)
+                ck_assert_int_eq(feature_store_save(st,
+                                                    &(FeatureStoreRecord){ .key = i ? "async" : "sync", .size = CHUNK,
+                                                                           .desc = sd,
+                                                                           .encode_usec = UINT64_MAX / 2 + 1 },
+                                                    data), 0);
+        c->stats.encoder_usec_saved = UINT64_MAX - 1;
+        ck_assert_int_eq(feature_acquire(c, "sync", false, 0, &r[0], &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_HIT);
+        ck_assert_uint_eq(feature_cache_stats(c)->encoder_usec_saved, UINT64_MAX);
+        feature_ref_release(r[0]);
+        c->stats.encoder_usec_saved = 0;
+        feature_cache_set_loader(c, test_loader, NULL);
+        job.refuse = 0;
+        ck_assert_int_eq(feature_acquire(c, "async", false, 0, &r[0], &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        ck_assert_int_eq(feature_acquire(c, "async", false, 0, &r[1], &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_LOADING);
+        job_land();
+        ck_assert_int_eq(r[0]->feature->state, FEATURE_READY);
+        ck_assert_uint_eq(feature_cache_stats(c)->hits, 6);
+        ck_assert_uint_eq(feature_cache_stats(c)->encoder_usec_saved, UINT64_MAX);
+        feature_ref_release(r[0]);
+        feature_ref_release(r[1]);
+        tmp_store_close(c, st, dir);
+}
+END_TEST
+
 START_TEST(test_async_probe) {
         _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(ARENA_CHUNKS * CHUNK);
         char dir[sizeof TMP_STORE];
@@ -1635,6 +1832,7 @@ int main(void) {
         tcase_add_test(tc, test_coalesce_and_publish);
         tcase_add_test(tc, test_fail_wakes_waiters);
         tcase_add_test(tc, test_produce_timeout);
+        tcase_add_test(tc, test_produce_timeout_region_goes_with_producer);
         tcase_add_test(tc, test_reserve_errors);
         tcase_add_test(tc, test_publish_refused_without_its_record);
         tcase_add_test(tc, test_lru_budget);
@@ -1650,8 +1848,10 @@ int main(void) {
         tcase_add_test(tc, test_replay_skipped_is_gone);
         tcase_add_test(tc, test_restart_fence);
         tcase_add_test(tc, test_refused_claim_of_announced);
+        tcase_add_test(tc, test_refused_claim_counts_nothing);
         tcase_add_test(tc, test_journal_longest_key);
         tcase_add_test(tc, test_async_load);
+        tcase_add_test(tc, test_encoder_time_saturates);
         tcase_add_test(tc, test_async_probe);
         tcase_add_test(tc, test_probe_races);
         suite_add_tcase(s, tc);
