@@ -306,8 +306,6 @@ void feature_region_release(FeatureCache *c, Feature *f) {
 
 /* Frees a feature that left the table once nothing refers to it any more. */
 void feature_entry_maybe_destroy(Feature *f) {
-        /* (A region held for a timed-out producer went with that producer's reference,
-         * a reader's, before: feature_ref_release().) */
         if (PRIV(f)->in_table || f->n_readers > 0 || f->n_pins > 0 || f->producer)
                 return;
         feature_entry_destroy(f);
@@ -1066,15 +1064,11 @@ FeatureRef *feature_ref_release(FeatureRef *r) {
         }
         c->stats.n_refs--;
         if (PRIV(f)->region_holder == r) {
-                /* The producer that timed out is done: its client released its handle,
-                 * or was freed (once its process exited, or after client_gone()'s wait
-                 * for it, as a departing producer's held region). Its region is free
-                 * again, whoever else still holds the failed feature, and safe to hand
-                 * out at once: its producer was the only one that could write there,
-                 * and nobody reads it: the feature never became READY (its waiters
-                 * were told it failed, and a reader reads only a READY feature), and no
-                 * READY record of it was journaled, so no GONE has to be durable first.
-                 * As for a producer that releases its handle before its deadline. */
+                /* The producer that timed out let go (its handle released, or its
+                 * client freed once its process exited). Its region is free at once,
+                 * whoever still holds the failed feature: only that producer could
+                 * write there, nobody reads it (never READY), and no READY record was
+                 * journaled, so no GONE must be durable first. */
                 PRIV(f)->region_holder = NULL;
                 feature_region_release(c, f);
         }

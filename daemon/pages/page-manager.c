@@ -928,7 +928,7 @@ fail:
         return r;
 }
 
-int page_manager_attach(PageManager *pm, Sequence *s, Client *c) {
+static int attach(PageManager *pm, Sequence *s, Client *c, bool head) {
         if (!pm || !s || !c)
                 return -EINVAL;
         if (s->object.owner == c)
@@ -940,19 +940,17 @@ int page_manager_attach(PageManager *pm, Sequence *s, Client *c) {
         /* A branch's head is the workflow's: attached to a client of its own, it would be
          * released under that client by the workflow's next transition, or with the
          * workflow at the grace's end, while the client still wrote into its pages. */
-        if (pm->keeps && pm->keeps(pm->keeps_userdata, &s->id))
+        if (!head && pm->keeps && pm->keeps(pm->keeps_userdata, &s->id))
                 return -EADDRINUSE;
         return client_object_link(c, &s->object, CLIENT_OBJECT_SEQUENCE, sequence_object_release);
 }
 
+int page_manager_attach(PageManager *pm, Sequence *s, Client *c) {
+        return attach(pm, s, c, false);
+}
+
 int page_manager_attach_head(PageManager *pm, Sequence *s, Client *c) {
-        if (!pm || !s || !c)
-                return -EINVAL;
-        if (s->object.owner == c)
-                return 0;
-        if (s->object.owner)
-                return -EBUSY;
-        return client_object_link(c, &s->object, CLIENT_OBJECT_SEQUENCE, sequence_object_release);
+        return attach(pm, s, c, true);
 }
 
 Sequence *page_manager_get(PageManager *pm, const char *id_or_path) {

@@ -196,8 +196,7 @@ int page_manager_snapshot(PageManager *pm, int (*add)(void *userdata, uint16_t t
 int page_manager_attach(PageManager *pm, Sequence *s, Client *c);
 /* A restored head of a live workflow branch, taken back with its workflow by the
  * workflow's client (Workflow.Attach): as page_manager_attach() without the refusal of
- * heads, whose purpose is to keep them from a client other than the workflow's. 0 when
- * already c's; -EBUSY another's. */
+ * heads, whose purpose is to keep them from a client other than the workflow's. */
 int page_manager_attach_head(PageManager *pm, Sequence *s, Client *c);
 
 /* Grants a worker read access (Grant) / takes it back (Revoke: -ENOENT if absent). */

@@ -494,19 +494,13 @@ unsigned sched_worker_get_pools(Scheduler *s, const char *id, SchedStage stage) 
 
 /* ---- requests ---- */
 
-/* r's stage st leaves its worker w (its stage there done, or the request over) having
- * used `used` of the service predicted for it there. Its admission pushed the
- * lower-priority requests already queued on w back by ref->pushed (its service over the
- * slots then): they get back the share of that push it did not use (all of it when it
- * leaves before its stage began, none when it took its whole prediction), never to
- * before now or their admission. Without this, a request that ended early or was
- * cancelled kept their predicted ends late for good, and admissions that would not make
- * them late were refused for their sake.
- *
- * The give-back is left on the ref, still linked, and w on *touched: give_backs() then
- * walks each queue once for all the stages leaving it together. A walk per stage made
- * ending q requests at once (their worker removed, an expiry tick) O(q^2): expiring
- * 10,000 of 20,000 visited 150 million queue entries (test_leaving_together_linear). */
+/* r's stage st leaves its worker w (done there, or the request over) having used `used`
+ * of its predicted service. Its admission pushed the lower-priority requests already
+ * queued on w back by ref->pushed: they get back the share it did not use, never to
+ * before now or their admission (else a request that ended early kept their predicted
+ * ends late for good). The give-back is left on the ref, still linked, and w on
+ * *touched: give_backs() walks each queue once for all the stages leaving together (a
+ * walk each made ending q requests at once O(q^2): test_leaving_together_linear). */
 static void stage_leave(Scheduler *s, SchedRequest *r, SchedStage st, usec_t used, usec_t now,
                         SchedWorker **touched) {
         StageRef *ref = &r->stages[st];
