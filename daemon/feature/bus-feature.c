@@ -504,6 +504,7 @@ static int acquire_answer(FeatureManager *fm, sd_bus_message *msg, sd_bus_messag
         r = feature_handle_new(fm, w->object.owner, ref, &h);
         if (r < 0) {
                 feature_ref_unclaim(ref); /* a producer's: the announced waiters keep waiting */
+                feature_manager_arm_timer(fm); /* back among the announced: its deadline */
                 return client_error(r, error);
         }
         if (res == FEATURE_ACQUIRE_LOADING) {
