@@ -95,13 +95,17 @@ static int get_own(Manager *m, Client *c, const char *id, Workflow **ret, sd_bus
  * and Attach ask (a client that registered again may map other arenas, in another
  * layout, and still own the workflow). A branch or head that is not there is left to
  * the workflow's own answer. */
-static int require_head_arena(Manager *m, Worker *wk, Workflow *w, uint32_t branch, sd_bus_error *error) {
+/* Branch b's head sequence, if the branch is alive and its head here. */
+static Sequence *branch_head(Manager *m, Workflow *w, uint32_t b) {
         char id[EPD_ID_STRING_MAX];
-        Sequence *s;
 
-        if (branch >= w->n_branches || !w->branches[branch].alive || !m->page_manager)
-                return 0;
-        s = page_manager_get(m->page_manager, epd_id_to_string(&w->branches[branch].head, id));
+        if (b >= w->n_branches || !w->branches[b].alive || !m->page_manager)
+                return NULL;
+        return page_manager_get(m->page_manager, epd_id_to_string(&w->branches[b].head, id));
+}
+
+static int require_head_arena(Manager *m, Worker *wk, Workflow *w, uint32_t branch, sd_bus_error *error) {
+        Sequence *s = branch_head(m, w, branch);
         return s ? bus_sequence_require_arena(m, wk, s, error) : 0;
 }
 
@@ -328,11 +332,8 @@ static int attach_heads(Manager *m, Workflow *w, Client *c) {
         size_t n = 0;
         int r = 0;
 
-        for (uint32_t i = 0; i < w->n_branches && m->page_manager; i++) {
-                char sid[EPD_ID_STRING_MAX];
-                Sequence *s = w->branches[i].alive
-                                      ? page_manager_get(m->page_manager, epd_id_to_string(&w->branches[i].head, sid))
-                                      : NULL;
+        for (uint32_t i = 0; i < w->n_branches; i++) {
+                Sequence *s = branch_head(m, w, i);
                 if (!s || s->object.owner == c)
                         continue;
                 r = page_manager_attach_head(m->page_manager, s, c);
@@ -367,12 +368,8 @@ static int method_attach(sd_bus_message *msg, void *userdata, sd_bus_error *erro
                 return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
                                      "Workflow %s belongs to uid %u.", id, (unsigned)w->uid);
         /* Its heads all lie in one arena: the first live one says which. */
-        for (uint32_t i = 0; i < w->n_branches && m->page_manager; i++) {
-                char sid[EPD_ID_STRING_MAX];
-                const Sequence *s = w->branches[i].alive
-                                            ? page_manager_get(m->page_manager,
-                                                               epd_id_to_string(&w->branches[i].head, sid))
-                                            : NULL;
+        for (uint32_t i = 0; i < w->n_branches; i++) {
+                const Sequence *s = branch_head(m, w, i);
                 if (!s)
                         continue;
                 r = bus_sequence_require_arena(m, wk, s, error);
