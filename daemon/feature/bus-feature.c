@@ -1034,6 +1034,23 @@ STAT_PROPERTY(property_bytes_fenced, bytes_fenced)
 STAT_PROPERTY(property_features, n_features)
 STAT_PROPERTY(property_handles, n_refs)
 
+/* The spill thread's counters (zeros without a store): what was written, failed to be
+ * written, or dropped at eviction for want of room in its queue (or memory), and the
+ * bytes queued now. */
+#define SPILL_PROPERTY(fn, field)                                                                \
+        BUS_PROPERTY_GETTER(fn, Manager, m, {                                                    \
+                FeatureSpillerStats st = {};                                                     \
+                FeatureManager *fm = feature_manager_get(m);                                     \
+                if (fm && fm->spiller)                                                           \
+                        feature_spiller_stats(fm->spiller, &st);                                 \
+                return sd_bus_message_append(reply, "t", st.field);                              \
+        })
+
+SPILL_PROPERTY(property_spill_written, written)
+SPILL_PROPERTY(property_spill_failed, failed)
+SPILL_PROPERTY(property_spill_dropped, dropped)
+SPILL_PROPERTY(property_spill_pending, pending_bytes)
+
 static int property_budget(sd_bus *bus, const char *path, const char *interface,
                            const char *property, sd_bus_message *reply, void *userdata,
                            sd_bus_error *error) {
@@ -1062,6 +1079,10 @@ static const sd_bus_vtable feature_vtable[] = {
         STAT("Failed", property_failed),
         STAT("Evictions", property_evictions),
         STAT("Spilled", property_spilled),
+        STAT("SpillWritten", property_spill_written),
+        STAT("SpillFailed", property_spill_failed),
+        STAT("SpillDropped", property_spill_dropped),
+        STAT("SpillPendingBytes", property_spill_pending),
         STAT("Loaded", property_loaded),
         STAT("ReadBackTimeouts", property_read_back_timeouts),
         STAT("ProduceTimeouts", property_produce_timeouts),

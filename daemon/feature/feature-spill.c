@@ -130,6 +130,14 @@ void feature_spiller_set_max_pending(FeatureSpiller *s, uint64_t max_pending_byt
         pthread_mutex_unlock(&s->lock);
 }
 
+/* A feature not spilled for want of memory to copy it: dropped, as past the bound. */
+static int count_dropped(FeatureSpiller *s, int error) {
+        pthread_mutex_lock(&s->lock);
+        s->stats.dropped++;
+        pthread_mutex_unlock(&s->lock);
+        return error;
+}
+
 int feature_spiller_queue(FeatureCache *c, const Feature *f, const void *data, void *userdata) {
         FeatureSpiller *s = userdata;
         SpillJob *j;
@@ -144,13 +152,13 @@ int feature_spiller_queue(FeatureCache *c, const Feature *f, const void *data, v
 
         j = calloc(1, sizeof *j);
         if (!j)
-                return -ENOMEM;
+                return count_dropped(s, -ENOMEM);
         j->key = strdup(f->key);
         j->desc = feature_desc_dup(f->desc);
         j->data = malloc(f->bytes ? f->bytes : 1);
         if (!j->key || !j->desc || !j->data) {
                 job_free(j);
-                return -ENOMEM;
+                return count_dropped(s, -ENOMEM);
         }
         memcpy(j->data, data, f->bytes);
         j->size = f->bytes;

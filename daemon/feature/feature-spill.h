@@ -26,6 +26,9 @@ void feature_spiller_set_max_pending(FeatureSpiller *s, uint64_t max_pending_byt
 /* A feature_spill_fn: copies f and queues it. -ENOBUFS past the bound. */
 int feature_spiller_queue(FeatureCache *c, const Feature *f, const void *data, void *userdata);
 
+/* queued: features copied and queued; written, failed: what their writes did; dropped:
+ * not queued (past the bound, or no memory to copy them); pending_bytes: queued, not
+ * yet written. org.epd1.Feature's Spill* properties and the epd_feature_spill_* metrics. */
 typedef struct FeatureSpillerStats {
         uint64_t queued, written, failed, dropped, pending_bytes;
 } FeatureSpillerStats;

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "core/worker.h"
+#include "feature/feature-manager.h"
+#include "feature/feature-spill.h"
 #include "feature/feature.h"
 #include "gpu/gpu-manager.h"
 #include "handoff/handoff-manager.h"
@@ -353,7 +355,8 @@ static void collect_features(Manager *m, MetricsWriter *w) {
                 { "epd_feature_failed", "Features that failed (producer gone, Fail, announce timeout).",
                   offsetof(FeatureStats, failed) },
                 { "epd_feature_evictions", "Features evicted from memory.", offsetof(FeatureStats, evictions) },
-                { "epd_feature_spilled", "Features written to the store before eviction.", offsetof(FeatureStats, spilled) },
+                { "epd_feature_spilled", "Features queued for the store at their eviction (written: "
+                  "epd_feature_spill_written_total).", offsetof(FeatureStats, spilled) },
                 { "epd_feature_loaded", "Features read back from the store.", offsetof(FeatureStats, loaded) },
                 { "epd_feature_read_back_timeouts", "Acquires refused while their feature was still being read back.",
                   offsetof(FeatureStats, read_back_timeouts) },
@@ -368,6 +371,22 @@ static void collect_features(Manager *m, MetricsWriter *w) {
                 metrics_family(w, counters[i].name, METRIC_COUNTER, NULL, counters[i].help);
                 metrics_sample_u64(w, METRIC_NO_LABELS, *(const uint64_t *)((const char *)s + counters[i].offset));
         }
+        FeatureSpillerStats sp = {};
+        FeatureManager *fm = feature_manager_get(m);
+        if (fm && fm->spiller)
+                feature_spiller_stats(fm->spiller, &sp);
+        metrics_family(w, "epd_feature_spill_written", METRIC_COUNTER, NULL, "Evicted features written to the store.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, sp.written);
+        metrics_family(w, "epd_feature_spill_failed", METRIC_COUNTER, NULL,
+                       "Evicted features whose write to the store failed (not kept).");
+        metrics_sample_u64(w, METRIC_NO_LABELS, sp.failed);
+        metrics_family(w, "epd_feature_spill_dropped", METRIC_COUNTER, NULL,
+                       "Evicted features not written to the store: the spill queue was full (its bound is the "
+                       "smaller of 256 MiB and CacheSize=) or memory to copy them was short.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, sp.dropped);
+        metrics_family(w, "epd_feature_spill_pending_bytes", METRIC_GAUGE, "bytes",
+                       "Bytes of evicted features queued for the store, not yet written.");
+        metrics_sample_u64(w, METRIC_NO_LABELS, sp.pending_bytes);
         metrics_family(w, "epd_feature_encoder_saved_seconds", METRIC_COUNTER, "seconds",
                        "Encoder time the hits saved (the producers' reported encode time, summed over hits).");
         metrics_sample(w, METRIC_NO_LABELS, (double)s->encoder_usec_saved / 1e6);

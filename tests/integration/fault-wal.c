@@ -16,7 +16,8 @@
  * 0). Also a slow disk to read from: with $EPD_FAULT_READ_SLOW ("MS:BYTES:SUBSTRING"),
  * every read() of BYTES or more from a regular file whose path contains SUBSTRING takes
  * MS milliseconds longer (the feature store's read back of a feature's data, not of its
- * header: test-feature's slow-store case). With $EPD_FAULT_CLOCK_SHIFT_SEC (S), the wall
+ * header: test-feature's slow-store case); $EPD_FAULT_WRITE_SLOW, of the same form, does
+ * the same to write() (the spill thread's: test-feature's spill-drop case). With $EPD_FAULT_CLOCK_SHIFT_SEC (S), the wall
  * clock (CLOCK_REALTIME) reads S seconds later than it is: a run whose clock was ahead of
  * the next one's. Test builds only: nothing in epdd knows of it. */
 #include <dlfcn.h>
@@ -149,7 +150,19 @@ static ssize_t faulty(int fd, const void *buf, size_t count, off_t off, bool pos
 #undef REAL
 }
 
+/* $var ("MS:BYTES:SUBSTRING"): a read or write of BYTES or more on a regular file whose
+ * path contains SUBSTRING takes MS milliseconds longer. */
+static void slow_down(const char *var, int fd, size_t count) {
+        const char *slow = getenv(var), *colon = slow ? strchr(slow, ':') : NULL,
+                   *path = colon ? strchr(colon + 1, ':') : NULL;
+        char target[4096];
+        if (path && path[1] && count >= strtoull(colon + 1, NULL, 10) &&
+            regular_file_path(fd, target, sizeof target) && strstr(target, path + 1))
+                usleep((useconds_t)strtoul(slow, NULL, 10) * 1000);
+}
+
 ssize_t write(int fd, const void *buf, size_t count) {
+        slow_down("EPD_FAULT_WRITE_SLOW", fd, count);
         return faulty(fd, buf, count, -1, false);
 }
 
@@ -162,12 +175,7 @@ ssize_t read(int fd, void *buf, size_t count) {
         static ssize_t (*real_read)(int, void *, size_t);
         if (!real_read)
                 real_read = (ssize_t (*)(int, void *, size_t))dlsym(RTLD_NEXT, "read");
-        const char *slow = getenv("EPD_FAULT_READ_SLOW"), *colon = slow ? strchr(slow, ':') : NULL,
-                   *path = colon ? strchr(colon + 1, ':') : NULL;
-        char target[4096];
-        if (path && path[1] && count >= strtoull(colon + 1, NULL, 10) &&
-            regular_file_path(fd, target, sizeof target) && strstr(target, path + 1))
-                usleep((useconds_t)strtoul(slow, NULL, 10) * 1000);
+        slow_down("EPD_FAULT_READ_SLOW", fd, count);
         return real_read(fd, buf, count);
 }
 

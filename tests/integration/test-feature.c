@@ -41,8 +41,9 @@ static char address[512];
 static char store_dir[300];
 
 /* A 16 MiB cache and a store in the test's directory, with `extra` [Features] lines;
- * `slow`: the fault library's EPD_FAULT_READ_SLOW for epdd, or NULL. */
-static void start_with_store(const char *extra, const char *slow) {
+ * `slow`: the fault library's `var` (EPD_FAULT_READ_SLOW, EPD_FAULT_WRITE_SLOW) for epdd,
+ * "MS:BYTES:" (the store's directory is the path it applies to), or NULL. */
+static void start_with_store_fault(const char *extra, const char *var, const char *slow) {
         ck_assert_int_eq(harness_init(&h, NULL), 0);
         snprintf(store_dir, sizeof store_dir, "%s/store", h.dir);
         ck_assert_int_eq(mkdir(store_dir, 0700), 0);
@@ -61,7 +62,11 @@ static void start_with_store(const char *extra, const char *slow) {
         ck_assert_ptr_nonnull(real);
         snprintf(value, sizeof value, "%s%s/", slow, real);
         free(real);
-        harness_start_preloaded(&h, OVER_BUS_MODE, address, sizeof address, lib, "EPD_FAULT_READ_SLOW", value);
+        harness_start_preloaded(&h, OVER_BUS_MODE, address, sizeof address, lib, var, value);
+}
+
+static void start_with_store(const char *extra, const char *slow) {
+        start_with_store_fault(extra, "EPD_FAULT_READ_SLOW", slow);
 }
 
 static void setup(void) {
@@ -1917,6 +1922,52 @@ static bool reloaded_to_16m(void *userdata) {
         return harness_log_has(&h, "Configuration reloaded") && stat_u64(NULL, "CacheBytes") == 16 << 20;
 }
 
+/* Evictions the spill queue has no room for are dropped, and the counters say so: with
+ * a 2 MiB cache (and so a 2 MiB queue) and a store that takes 1.5 s to write a feature's
+ * data, the first eviction of a 1.25 MiB feature is queued and the second, meanwhile,
+ * dropped; once written, the first is in the store and the second is a miss. */
+static void setup_slow_writes(void) {
+        start_with_store_fault("CacheSize=2M\n", "EPD_FAULT_WRITE_SLOW", "1500:1000000:");
+}
+
+static bool spill_idle(void *userdata) {
+        return stat_u64(NULL, "SpillPendingBytes") == 0 && stat_u64(NULL, "SpillWritten") == 1;
+}
+
+START_TEST(test_spill_drops_counted) {
+        epd_client *enc = worker("encoder"), *pre = worker("prefill");
+        epd_feature_tensor t[2];
+        uint64_t bytes;
+        size_t n = bundle(10 * 1024, t, &bytes); /* 1.25 MiB + 24 */
+        epd_feature *p, *w;
+        char key[32];
+
+        for (int i = 0; i < 3; i++) {
+                snprintf(key, sizeof key, "mid:%d", i);
+                ck_assert_int_eq(epd_feature_reserve(enc, key, bytes, t, n, NULL, &p), 0);
+                fill(p->data, bytes, (uint8_t)(i + 1));
+                ck_assert_int_eq(epd_feature_publish(enc, p, 10), 0);
+                epd_feature_release(enc, p);
+                if (i == 1) /* mid:0 evicted and queued; its data's write takes 1.5 s */
+                        ck_assert_uint_eq(stat_u64(NULL, "SpillPendingBytes"), bytes);
+        }
+        ck_assert_uint_eq(stat_u64(NULL, "Evictions"), 2);
+        ck_assert_uint_eq(stat_u64(NULL, "Spilled"), 1);
+        ck_assert_uint_eq(stat_u64(NULL, "SpillDropped"), 1);
+        ck_assert(harness_wait_for(spill_idle, NULL, 20000));
+        ck_assert_uint_eq(stat_u64(NULL, "SpillFailed"), 0);
+        ck_assert(stored((void *)"mid:0"));
+        ck_assert(!stored((void *)"mid:1"));
+        ck_assert_int_eq(epd_feature_acquire(pre, "mid:1", false, &w), -ENOENT);
+        ck_assert_int_eq(epd_feature_acquire(pre, "mid:0", false, &w), 0);
+        ck_assert_str_eq(w->result, "hit");
+        ck_assert(same(w->data, bytes, 1));
+        epd_feature_release(pre, w);
+        epd_disconnect(enc);
+        epd_disconnect(pre);
+}
+END_TEST
+
 START_TEST(test_spill_bound_follows_cache_size) {
         epd_client *enc = worker("encoder"), *pre = worker("prefill");
         epd_feature_tensor t[2];
@@ -2009,5 +2060,10 @@ int main(void) {
         tcase_set_timeout(tg, 60);
         tcase_add_test(tg, test_spill_bound_follows_cache_size);
         suite_add_tcase(s, tg);
+        TCase *tw = tcase_create("slow-writes");
+        tcase_add_checked_fixture(tw, setup_slow_writes, teardown);
+        tcase_set_timeout(tw, 60);
+        tcase_add_test(tw, test_spill_drops_counted);
+        suite_add_tcase(s, tw);
         return check_run(s, CK_FORK_GETENV);
 }

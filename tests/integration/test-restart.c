@@ -860,6 +860,19 @@ END_TEST
 /* The same for a region handed to a feature read back from the store: the read waits for
  * the evicted feature's GONE to be durable before it writes into the region, or a kill -9
  * right after the load could leave the evicted feature's READY over the loaded bytes. */
+/* A counter of org.epd1.Feature. */
+static uint64_t feature_stat(const char *name) {
+        sd_bus *bus;
+        sd_bus_error e = SD_BUS_ERROR_NULL;
+        uint64_t v = UINT64_MAX;
+        ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
+        ck_assert_int_ge(sd_bus_get_property_trivial(bus, NULL, "/org/epd1/feature", "org.epd1.Feature", name, &e, 't',
+                                                     &v),
+                         0);
+        sd_bus_flush_close_unref(bus);
+        return v;
+}
+
 static unsigned store_files(const char *dir, bool remove) {
         DIR *d = opendir(dir);
         unsigned k = 0;
@@ -896,20 +909,30 @@ START_TEST(test_loaded_region_reused_before_crash) {
                 snprintf(ka, sizeof ka, "image:A%u", round);
                 snprintf(kb, sizeof kb, "image:B%u", round);
                 epd_feature *a = NULL, *b = NULL;
-                /* B, then A in B's place (B is spilled to the store). */
+                /* B, then A in B's place (B is spilled to the store). B's reservation may
+                 * evict the last round's A, kept over the restart: its spill is waited
+                 * for, so that B's finds the spill queue (CacheSize=, 64 KiB) empty and
+                 * is written, not dropped; the store's file is then B's. */
                 ck_assert_int_eq(epd_feature_reserve(c, kb, 48 * 1024, &t, 1, NULL, &b), 0);
                 memset(b->data, 0xbb, 48 * 1024);
                 ck_assert_int_eq(epd_feature_publish(c, b, 1), 0);
                 ck_assert_int_eq(epd_feature_release(c, b), 0);
+                for (unsigned i = 0; feature_stat("SpillPendingBytes") > 0; i++) {
+                        ck_assert_msg(i < 1000, "round %u: the last round's A was never spilled", round);
+                        usleep(10000);
+                }
+                uint64_t written = feature_stat("SpillWritten");
                 ck_assert_int_eq(epd_feature_reserve(c, ka, 48 * 1024, &t, 1, NULL, &a), 0);
                 memset(a->data, 0xaa, 48 * 1024);
                 ck_assert_int_eq(epd_feature_publish(c, a, 1), 0);
                 uint64_t off = a->offset;
                 ck_assert_int_eq(epd_feature_release(c, a), 0);
-                for (unsigned i = 0; store_files(store, false) < 1; i++) {
+                for (unsigned i = 0; feature_stat("SpillWritten") == written; i++) {
                         ck_assert_msg(i < 1000, "round %u: B was never spilled", round);
                         usleep(10000);
                 }
+                ck_assert_uint_eq(feature_stat("SpillDropped"), 0);
+                ck_assert_uint_ge(store_files(store, false), 1);
                 usleep(50000); /* B's GONE is durable by now (lazy bound: milliseconds) */
                 /* Reading B back evicts A and takes A's region. */
                 ck_assert_int_eq(epd_feature_acquire(c, kb, false, &b), 0);
@@ -3010,18 +3033,6 @@ START_TEST(test_refused_fork_journals_nothing) {
         close_notify();
 }
 END_TEST
-
-static uint64_t feature_stat(const char *name) {
-        sd_bus *bus;
-        sd_bus_error e = SD_BUS_ERROR_NULL;
-        uint64_t v = UINT64_MAX;
-        ck_assert_int_ge(harness_direct_bus(&h, &bus), 0);
-        ck_assert_int_ge(sd_bus_get_property_trivial(bus, NULL, "/org/epd1/feature", "org.epd1.Feature", name, &e, 't',
-                                                     &v),
-                         0);
-        sd_bus_flush_close_unref(bus);
-        return v;
-}
 
 /* A worker process of before the restart, still running: registered, holding a feature
  * it reserved and writes (not journaled), then waiting to be killed. */
