@@ -262,15 +262,53 @@ static void request_finished(void *userdata, const char *request_id, void *owner
         free(x);
 }
 
-/* Its client goes (disconnect, UnregisterWorker of a worker's connection): the request
- * ends with it, so nothing it admitted holds the scheduler's capacity. */
-static void owned_release(ClientObject *o) {
+/* One request ends with its owned object. */
+static void owned_end(ClientObject *o) {
         SchedOwned *x = container_of(o, SchedOwned, object);
         Manager *m = x->manager;
         if (m->scheduler && sched_cancel(m->scheduler, x->id, now_usec(CLOCK_MONOTONIC)) >= 0)
                 return; /* request_finished() freed x */
         client_object_unlink(o);
         free(x);
+}
+
+static void owned_release(ClientObject *o);
+
+/* Every request client c admitted ends, together (sched_cancel_many()): one walk of each
+ * queue they leave per priority, not one per request (ended one by one, each walked the
+ * rest of both queues it left: ~n^2 entries on the loop for a client at
+ * MaxRequestsPerClient=), with the results of ending them one at a time in the order of
+ * c's objects, newest first, as client_free() releases them. Each one's object goes
+ * with it (request_finished()); any left (its request not outstanding, no scheduler, or
+ * no memory for the list) goes alone. */
+static void client_requests_end(Manager *m, Client *c) {
+        unsigned n = c->n_objects[CLIENT_OBJECT_REQUEST];
+        _cleanup_(freep) const char **ids = NULL;
+        size_t k = 0;
+
+        if (n == 0)
+                return;
+        if (m->scheduler && (ids = calloc(n, sizeof *ids))) {
+                LIST_FOREACH(objects, o, c->objects)
+                        if (o->release == owned_release && k < n)
+                                ids[k++] = container_of(o, SchedOwned, object)->id;
+                (void)sched_cancel_many(m->scheduler, ids, k, now_usec(CLOCK_MONOTONIC));
+        }
+        LIST_FOREACH_SAFE(objects, o, next, c->objects)
+                if (o->release == owned_release)
+                        owned_end(o);
+}
+
+/* Its client goes (disconnect, UnregisterWorker of a worker's connection): the request
+ * ends with it, so nothing it admitted holds the scheduler's capacity. client_free()
+ * releases the objects one by one; the first request of a dying client takes all of
+ * that client's with it (a release may release others: client_release_objects()). */
+static void owned_release(ClientObject *o) {
+        Client *c = o->owner;
+        if (c && c->dying)
+                client_requests_end(container_of(o, SchedOwned, object)->manager, c);
+        else
+                owned_end(o);
 }
 
 int scheduler_request_owner(Manager *m, const char *request_id, Client **ret) {
@@ -475,11 +513,8 @@ static void scheduler_worker_gone(Manager *m, Worker *w) {
 static void scheduler_worker_departing(Manager *m, Worker *w) {
         Client *c = w->object.owner;
         scheduler_worker_gone(m, w);
-        if (!c)
-                return;
-        LIST_FOREACH_SAFE(objects, o, next, c->objects)
-                if (o->release == owned_release)
-                        owned_release(o);
+        if (c)
+                client_requests_end(m, c);
 }
 
 /* [Pool:NAME] is reloadable: policies apply to the next Admit, and every registered

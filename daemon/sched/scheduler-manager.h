@@ -71,7 +71,8 @@ SchedPressure scheduler_pair_pressure(const char *prefill_host, const char *deco
                                       void *userdata);
 
 /* Admitted requests belong to the client that admitted them (a ClientObject of type
- * CLIENT_OBJECT_REQUEST): cancelled when it goes, ended by Complete only from it or root.
+ * CLIENT_OBJECT_REQUEST): cancelled when it goes (all of them together, in one batch:
+ * sched_cancel_many()), ended by Complete only from it or root.
  * scheduler_request_owner(): 0 and *ret the owning client (NULL: none), or -ENOENT when
  * the request is not outstanding. scheduler_own_request(): links an outstanding request
  * to c (-EDQUOT/-ESHUTDOWN from the client's limits: the request is then cancelled). */

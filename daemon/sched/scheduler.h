@@ -27,6 +27,7 @@
  * scheduling policy). Nothing here is unbounded: requests, workers, request ids. */
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "macro.h"
@@ -214,6 +215,12 @@ int sched_complete(Scheduler *s, const char *request_id, SchedStage stage, usec_
 uint64_t sched_request_pages_taken(Scheduler *s, const char *request_id, int64_t n);
 /* Ends an outstanding request at once, as failed (its owner went away). -ENOENT. */
 int sched_cancel(Scheduler *s, const char *request_id, usec_t now);
+/* The same for n requests that go together (a client's, when it goes): one walk of each
+ * queue they leave per priority among them, not one per request, with the results of
+ * ending them one at a time in the order given. Ids not outstanding, and repeats, are
+ * skipped; each id is read before any owner is told (ops->finished may free them).
+ * Returns how many ended. */
+unsigned sched_cancel_many(Scheduler *s, const char *const *request_ids, size_t n, usec_t now);
 /* What the caller attaches to an outstanding request (ops->finished gets it back at the
  * end), and reads back; -ENOENT when the request is not outstanding. */
 int sched_request_set_owner(Scheduler *s, const char *request_id, void *owner);

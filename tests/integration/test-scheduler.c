@@ -831,6 +831,69 @@ START_TEST(test_objects_full_refused_before_admit) {
 }
 END_TEST
 
+/* A client at [Limits] MaxRequestsPerClient= (1024 by default), its requests in all
+ * three pools, disconnects: they all end with it, at once (counted failed in their
+ * pools; one batch in epdd, not one queue walk each: tests/unit/test-scheduler.c
+ * counts that), and another client's requests on the same workers stay and complete. */
+START_TEST(test_client_leaving_with_many_requests) {
+        enum { N = 1024 };
+        static const char *const pools[] = { "thinking", "interactive", "hybrid" };
+        epd_client *p, *d, *tool, *other;
+        epd_admission a;
+        PoolCounts before[3], after[3];
+        char rid[32];
+
+        ck_assert_int_eq(epd_connect(address, &p), 0);
+        ck_assert_int_eq(epd_register(p, "prefill", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_configure_worker(p, 2048, 0, 0), 0);
+        ck_assert_int_eq(epd_connect(address, &d), 0);
+        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", NULL, NULL), 0);
+        ck_assert_int_eq(epd_configure_worker(d, 2048, 0, 100000), 0);
+        ck_assert_int_eq(epd_connect(address, &other), 0);
+        for (int t = 0; t < 3; t++) {
+                snprintf(rid, sizeof rid, "k%d", t);
+                ck_assert_int_eq(epd_admit(other, rid, pools[t], 3600ULL * 1000000, 1, false, &a), 0);
+                ck_assert_int_eq(a.verdict, EPD_ADMIT);
+        }
+        ck_assert_int_eq(epd_connect(address, &tool), 0);
+        for (unsigned i = 0; i < N; i++) {
+                snprintf(rid, sizeof rid, "l%u", i);
+                ck_assert_int_eq(epd_admit(tool, rid, pools[i % 3], 3600ULL * 1000000, 1, false, &a), 0);
+                ck_assert_msg(a.verdict == EPD_ADMIT, "%s: %s", rid, a.reason);
+        }
+        ck_assert_int_lt(epd_admit(tool, "l-past", "interactive", 3600ULL * 1000000, 1, false, &a), 0);
+        ck_assert_str_eq(epd_last_error_name(tool), "org.epd1.Error.LimitExceeded");
+        ck_assert_uint_eq(outstanding(), N + 3);
+        for (int t = 0; t < 3; t++)
+                pool_counts(pools[t], &before[t]);
+
+        epd_disconnect(tool);
+        for (int i = 0; i < 400 && outstanding() != 3; i++)
+                usleep(5000);
+        ck_assert_uint_eq(outstanding(), 3);
+        for (int t = 0; t < 3; t++) {
+                pool_counts(pools[t], &after[t]);
+                ck_assert_uint_eq(after[t].queue, 1);
+                ck_assert_uint_eq(after[t].failed - before[t].failed, N / 3 + ((unsigned)t < N % 3));
+                ck_assert_uint_eq(after[t].completed, before[t].completed);
+        }
+
+        /* The other client's stay theirs, and end as usual. */
+        for (int t = 0; t < 3; t++) {
+                snprintf(rid, sizeof rid, "k%d", t);
+                ck_assert_int_eq(epd_complete(p, rid, "prefill", 1000, true), 0);
+                ck_assert_int_eq(epd_complete(d, rid, "decode", 1000, true), 0);
+                pool_counts(pools[t], &after[t]);
+                ck_assert_uint_eq(after[t].completed, before[t].completed + 1);
+                ck_assert_uint_eq(after[t].queue, 0);
+        }
+        ck_assert_uint_eq(outstanding(), 0);
+        epd_disconnect(other);
+        epd_disconnect(d);
+        epd_disconnect(p);
+}
+END_TEST
+
 static void setup_bounded(void) {
         ck_assert_int_eq(harness_init(&h, "[Limits]\nMaxRequestsPerClient=3\n"), 0);
         harness_direct_address(&h, address, sizeof address);
@@ -852,6 +915,7 @@ int main(void) {
         tcase_add_test(tc, test_configure_keeps_admitted);
         tcase_add_test(tc, test_feature_affinity);
         tcase_add_test(tc, test_introspection);
+        tcase_add_test(tc, test_client_leaving_with_many_requests);
         suite_add_tcase(s, tc);
         TCase *to = tcase_create("ownership");
         tcase_add_checked_fixture(to, setup_bounded, teardown);

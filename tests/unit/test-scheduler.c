@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/client.h"
+#include "core/worker.h"
 #include "telemetry/backpressure.h"
 #include "sched/scheduler-manager.h"
 #include "sched/scheduler.h"
@@ -1573,6 +1575,206 @@ START_TEST(test_leaving_together_same_results) {
 }
 END_TEST
 
+/* A client's requests ending together (sched_cancel_many(), as its disconnect ends them)
+ * leave everything as ending them one at a time in the same order would (sched_cancel(),
+ * newest first as client_free() releases them): counters, the predicted ends of the
+ * requests that stay (pushes given back, never to before now), reserved pages, and so
+ * the decisions that follow. Its requests are in all three pools, on every worker, some
+ * with their prefill done; ids not outstanding and repeats are skipped. */
+START_TEST(test_client_leaving_same_results) {
+        usec_t now = 1000 * SEC, tr = now + MIXED_N * MIXED_STEP + 100 * MS;
+        usec_t before[MIXED_N];
+        Scheduler *a = mixed_scheduler(now), *b = mixed_scheduler(now);
+        char ids[MIXED_N][32];
+        const char *list[MIXED_N + 3];
+        unsigned ended = 0, back = 0;
+        size_t n = 0;
+
+        assert_same_state(a, b, MIXED_N, tr, false);
+        for (unsigned i = 0; i < MIXED_N; i++)
+                before[i] = mixed_outstanding(a, i) ? mixed_predicted(a, i, tr) : 0;
+        /* The client's: 3 in 7 (i % 3 is the pool), newest first; those completed or
+         * never admitted are listed too (not outstanding: skipped). */
+        for (unsigned i = MIXED_N; i-- > 0;)
+                if (i % 7 < 3) {
+                        snprintf(ids[n], sizeof ids[n], "m%u", i);
+                        list[n] = ids[n];
+                        n++;
+                        if (i == 7) { /* repeated at once (an interactive one, outstanding) */
+                                list[n] = list[n - 1];
+                                n++;
+                        }
+                }
+        ck_assert(mixed_outstanding(a, 7));
+        list[n++] = list[1]; /* and later */
+        list[n++] = "m-unknown";
+
+        for (size_t i = 0; i < n; i++)
+                if (sched_cancel(b, list[i], tr) >= 0)
+                        ended++;
+        ck_assert_uint_gt(ended, 30);
+        ck_assert_uint_eq(sched_cancel_many(a, list, n, tr), ended);
+        assert_same_state(a, b, MIXED_N, tr, false);
+        /* Not vacuous: requests that stay got pushes back. */
+        for (unsigned i = 0; i < MIXED_N; i++)
+                if (mixed_outstanding(a, i) && mixed_predicted(a, i, tr) < before[i])
+                        back++;
+        ck_assert_uint_gt(back, 0);
+        ck_assert_uint_eq(sched_cancel_many(a, list, n, tr), 0);
+        ck_assert_uint_eq(sched_cancel_many(a, NULL, 0, tr), 0);
+
+        /* What follows is decided alike. */
+        for (unsigned i = MIXED_N; i < MIXED_N + 60; i++) {
+                usec_t t = tr + (i - MIXED_N) * MIXED_STEP;
+                SchedDecision da, db;
+                char id[32];
+                snprintf(id, sizeof id, "m%u", i);
+                ck_assert_int_eq(sched_admit(a, id, (TaskType)(i % 3), t + 600 * SEC, NULL, t, &da), 0);
+                ck_assert_int_eq(sched_admit(b, id, (TaskType)(i % 3), t + 600 * SEC, NULL, t, &db), 0);
+                assert_same_decision(&da, &db);
+        }
+        assert_same_state(a, b, MIXED_N + 60, tr + 60 * MIXED_STEP, false);
+        sched_free(a);
+        sched_free(b);
+}
+END_TEST
+
+/* ---- a client leaving, through the subsystem (scheduler-manager.c) ---- */
+
+/* A Manager with nothing but the scheduler subsystem, as epdd inits it, one client
+ * allowed `per_client` requests; two prefill and two decode workers. */
+static Manager *client_manager(unsigned per_client) {
+        Manager *m = calloc(1, sizeof *m);
+
+        ck_assert_ptr_nonnull(m);
+        ck_assert_int_eq(config_defaults(&m->config), 0);
+        m->config.max_requests_per_client = m->config.max_objects_per_client = per_client;
+        ck_assert_int_ge(sd_event_new(&m->event), 0);
+        ck_assert_int_eq(scheduler_subsystem.init(m), 0);
+        add(m->scheduler, "p1", SCHED_STAGE_PREFILL, 4096, 1u << 20, 0);
+        add(m->scheduler, "p2", SCHED_STAGE_PREFILL, 4096, 1u << 20, 0);
+        add(m->scheduler, "d1", SCHED_STAGE_DECODE, 4096, 1u << 20, UINT64_C(1) << 30);
+        add(m->scheduler, "d2", SCHED_STAGE_DECODE, 4096, 1u << 20, UINT64_C(1) << 30);
+        return m;
+}
+
+static void client_manager_free(Manager *m) {
+        scheduler_subsystem.done(m);
+        config_done(&m->config);
+        sd_event_unref(m->event);
+        free(m);
+}
+
+static Client *test_client(Manager *m) {
+        Client *c = calloc(1, sizeof *c);
+
+        ck_assert_ptr_nonnull(c);
+        c->manager = m;
+        c->exit_pidfd = -EBADF;
+        return c;
+}
+
+/* Admits n requests "c<i>" at now, in all three pools (i % 3), PagesNeeded i % 5: one in
+ * ten made other's, the rest mine. other's are counted per pool into stay_per_pool and
+ * their pages summed into *ret_pages. */
+static void client_load(Manager *m, unsigned n, Client *mine, Client *other, usec_t now, unsigned stay_per_pool[],
+                        uint64_t *ret_pages) {
+        char id[32];
+
+        *ret_pages = 0;
+        for (unsigned i = 0; i < n; i++) {
+                SchedHints h = { .pages_needed = i % 5 };
+                SchedDecision d;
+                Client *c = i % 10 == 0 ? other : mine;
+
+                snprintf(id, sizeof id, "c%u", i);
+                ck_assert_int_eq(sched_admit(m->scheduler, id, (TaskType)(i % 3), now + 3600 * SEC, &h, now, &d), 0);
+                ck_assert_msg(d.verdict == SCHED_ADMIT, "c%u: %s", i, sched_reason_to_string(d.reason));
+                ck_assert_int_eq(scheduler_own_request(m, id, c), 0);
+                if (c == other) {
+                        stay_per_pool[i % 3]++;
+                        *ret_pages += h.pages_needed;
+                }
+        }
+}
+
+/* A client with 2,000 requests outstanding (three pools, on two prefill and two decode
+ * workers, another client's among them) disconnects: its requests end with one walk of
+ * each queue per priority, not a walk each (the disconnect ended them one at a time,
+ * each walking the rest of both queues it left: ~N^2 entries). Counted, not timed. */
+START_TEST(test_client_leaving_linear) {
+        enum { N = 2000 };
+        Manager *m = client_manager(4096);
+        Client *c = test_client(m), *o = test_client(m);
+        unsigned stay[_TASK_TYPE_MAX] = {};
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        uint64_t pages, steps;
+        SchedPoolMetrics pm;
+
+        /* Admitted now, on the clock the subsystem ends them by: their pushes are
+         * given back (none would be for requests that ran past their estimates). */
+        client_load(m, N, c, o, now, stay, &pages);
+        ck_assert_uint_eq(c->n_objects[CLIENT_OBJECT_REQUEST], N - N / 10);
+        steps = sched_give_back_steps(m->scheduler);
+        c = client_free(c);
+        steps = sched_give_back_steps(m->scheduler) - steps;
+        ck_assert_msg(steps <= 6 * (uint64_t)N, "a client leaving with %u requests visited %" PRIu64
+                      " queue entries", N - N / 10, steps);
+        ck_assert_uint_eq(sched_outstanding(m->scheduler), N / 10);
+        for (int t = 0; t < _TASK_TYPE_MAX; t++) {
+                unsigned total = N / 3 + ((unsigned)t < N % 3);
+                sched_pool_metrics(m->scheduler, (TaskType)t, now, &pm);
+                ck_assert_uint_eq(pm.queue, stay[t]);
+                ck_assert_uint_eq(pm.failed, total - stay[t]);
+        }
+        ck_assert_uint_eq(sched_worker_reserved_pages(m->scheduler, "d1") +
+                                  sched_worker_reserved_pages(m->scheduler, "d2"),
+                          pages);
+        ck_assert_uint_eq(o->n_objects[CLIENT_OBJECT_REQUEST], N / 10);
+        o = client_free(o);
+        ck_assert_uint_eq(sched_outstanding(m->scheduler), 0);
+        client_manager_free(m);
+}
+END_TEST
+
+static void worker_unlink(ClientObject *o) {
+        client_object_unlink(o);
+}
+
+/* A worker's client leaves while its process runs (Subsystem.worker_departing): its
+ * registration goes from the scheduler (the requests given to it end, together) and so
+ * do the 2,000 requests the client admitted, together too, not one at a time. */
+START_TEST(test_departing_worker_linear) {
+        enum { N = 2000 };
+        Manager *m = client_manager(4096);
+        Client *c = test_client(m), *o = test_client(m);
+        Worker *w = calloc(1, sizeof *w);
+        unsigned stay[_TASK_TYPE_MAX] = {};
+        usec_t now = now_usec(CLOCK_MONOTONIC);
+        uint64_t pages, steps;
+
+        ck_assert_ptr_nonnull(w);
+        snprintf(w->id_str, sizeof w->id_str, "p1");
+        ck_assert_int_eq(client_object_link(c, &w->object, CLIENT_OBJECT_WORKER, worker_unlink), 0);
+        client_load(m, N, c, o, now, stay, &pages);
+        steps = sched_give_back_steps(m->scheduler);
+        scheduler_subsystem.worker_departing(m, w);
+        steps = sched_give_back_steps(m->scheduler) - steps;
+        /* Two batches (the worker's queue, then the client's requests), each at most a
+         * walk of each queue per priority. */
+        ck_assert_msg(steps <= 12 * (uint64_t)N, "a departing worker's client with %u requests visited %" PRIu64
+                      " queue entries", N - N / 10, steps);
+        ck_assert_uint_eq(c->n_objects[CLIENT_OBJECT_REQUEST], 0);
+        ck_assert_uint_le(sched_outstanding(m->scheduler), N / 10);
+        ck_assert_uint_eq(sched_worker_get_pools(m->scheduler, "p1", SCHED_STAGE_PREFILL), 0);
+        c = client_free(c);
+        o = client_free(o);
+        ck_assert_uint_eq(sched_outstanding(m->scheduler), 0);
+        free(w);
+        client_manager_free(m);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("sched");
         TCase *tc = tcase_create("sched");
@@ -1599,6 +1801,9 @@ int main(void) {
         tcase_add_test(tc, test_leaving_together_gives_back);
         tcase_add_test(tc, test_leaving_together_same_results);
         tcase_add_test(tc, test_leaving_together_linear);
+        tcase_add_test(tc, test_client_leaving_same_results);
+        tcase_add_test(tc, test_client_leaving_linear);
+        tcase_add_test(tc, test_departing_worker_linear);
         suite_add_tcase(s, tc);
         SRunner *sr = srunner_create(s);
         srunner_run_all(sr, CK_NORMAL);
