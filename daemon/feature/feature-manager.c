@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include "feature/feature-manager.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -35,14 +36,16 @@ static void on_state(FeatureCache *c, Feature *f, void *userdata) {
                                 h->in_failed_producers = true;
                         }
         bus_feature_emit_ready(fm->manager, f);
+        /* f's own waiting handles. An answer may release its own handle (never another:
+         * `next` stays), and with the last one f's holders: not touched after. */
+        int error = f->state == FEATURE_READY ? 0 : (f->error < 0 ? f->error : -EIO);
+        g = feature_manager_holders(fm, f);
         FeatureHandle *next;
-        for (FeatureHandle *h = fm->pending; h; h = next) {
-                next = h->pending_next;
-                if (h->ref->feature != f)
-                        continue;
+        for (FeatureHandle *h = g ? g->waiting : NULL; h; h = next) {
+                next = h->waiting_next;
                 FeatureLoadWaiter *w = TAKE_PTR(h->waiter);
-                LIST_REMOVE(pending, fm->pending, h);
-                w->done(w, h, f->state == FEATURE_READY ? 0 : (f->error < 0 ? f->error : -EIO));
+                LIST_REMOVE(waiting, g->waiting, h);
+                w->done(w, h, error);
         }
 }
 
@@ -117,11 +120,9 @@ FeatureHandle *feature_manager_failed_producer(FeatureManager *fm, const Client 
 }
 
 void feature_handle_release(FeatureHandle *h) {
-        if (h->waiter) {
-                FeatureLoadWaiter *w = TAKE_PTR(h->waiter);
-                LIST_REMOVE(pending, h->fm->pending, h);
+        FeatureLoadWaiter *w = feature_handle_unwait(h);
+        if (w)
                 w->done(w, h, -ECANCELED);
-        }
         client_object_unlink(&h->object);
         hashmap_remove(h->fm->handles, &h->id);
         /* Before the reference goes: a producer's release fails the feature, whose
@@ -217,14 +218,15 @@ int feature_handle_lookup(FeatureManager *fm, Client *caller, const char *id_str
 }
 
 void feature_handle_wait_load(FeatureHandle *h, FeatureLoadWaiter *w) {
+        assert(h->holders && !h->waiter); /* a live handle is among its feature's holders */
         h->waiter = w;
-        LIST_PREPEND(pending, h->fm->pending, h);
+        LIST_PREPEND(waiting, h->holders->waiting, h);
 }
 
 FeatureLoadWaiter *feature_handle_unwait(FeatureHandle *h) {
         FeatureLoadWaiter *w = TAKE_PTR(h->waiter);
         if (w)
-                LIST_REMOVE(pending, h->fm->pending, h);
+                LIST_REMOVE(waiting, h->holders->waiting, h);
         return w;
 }
 

@@ -43,7 +43,6 @@ typedef struct FeatureManager {
         Hashmap *handles;        /* FeatureHandle* by id bytes */
         sd_event_source *timer;  /* announce deadlines */
         FeatureLoader *loader;   /* reads spilled features back off the event loop */
-        LIST_HEAD(FeatureHandle, pending); /* handles whose Acquire waits for a load */
         uint64_t gone_lsn;       /* the last eviction's GONE record while not known durable
                                   * (0: none pending; UINT64_MAX: refused) */
         usec_t rerun_deadline;   /* while an Acquire asked again is dispatched: its first
@@ -62,6 +61,10 @@ struct FeatureHolders {
         Feature *feature; /* the key of FeatureManager.holders */
         LIST_HEAD(FeatureHandle, handles);
         size_t n_handles;
+        /* Those of its handles whose Acquire waits for its load, or whose Wait for its
+         * Publish or failure: a state change answers its own, not a walk over every
+         * waiting handle of every feature. */
+        LIST_HEAD(FeatureHandle, waiting);
 };
 
 struct FeatureHandle {
@@ -71,7 +74,7 @@ struct FeatureHandle {
         FeatureRef *ref;
         FeatureLoadWaiter *waiter; /* while its feature is read back */
         FeatureHeldRegion held;    /* a departing producer's region, freed with the handle */
-        LIST_FIELDS(FeatureHandle, pending);
+        LIST_FIELDS(FeatureHandle, waiting); /* in holders->waiting while it has a waiter */
         FeatureHolders *holders;   /* its feature's handles, this one among them */
         LIST_FIELDS(FeatureHandle, holders);
         /* Made for a producer (told to produce, or its Reserve made the feature), and
