@@ -477,7 +477,15 @@ int handoff_on_peer_message(Peer *p, uint16_t type, const void *payload, size_t 
                 }
                 if (!o)
                         break;
-                if (handoff_commit(o->h, 0) == 1 && handoff_counts(o))
+                /* Still TRANSFERRING: more completions waited than one turn takes
+                 * (HANDOFF_TURN_COMPLETIONS_MAX, every handoff's together); the rest come
+                 * at the next turns, and the COMMIT applies then (handoff_after_event()),
+                 * not dropped: the source would wait for it until its timeout, pages held,
+                 * and report a committed handoff rolled back. */
+                r = handoff_commit(o->h, 0);
+                if (r == -EBUSY && o->h->state == HANDOFF_TRANSFERRING)
+                        o->commit_received = true;
+                else if (r == 1 && handoff_counts(o))
                         hm->counters.committed++;
                 handoff_after_event(o);
                 break;

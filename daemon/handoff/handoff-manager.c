@@ -503,6 +503,12 @@ void handoff_after_event(HandoffObject *o) {
          * again (both rolled back on their own, say): the nested call tells and frees
          * nothing of o's; the outermost one, still using o, decides whether it goes. */
         o->in_event++;
+        /* A COMMIT that came before this side's completions were all taken. */
+        if (o->commit_received && h->state != HANDOFF_TRANSFERRING) {
+                o->commit_received = false;
+                if (handoff_commit(h, 0) == 1 && handoff_counts(o))
+                        o->hm->counters.committed++;
+        }
         /* Progress is not journaled: a handoff in flight comes back rolled back after a
          * restart anyway (docs/wal.md). */
         if (handoff_take_progress(h, &from, &to) > 0)

@@ -108,6 +108,9 @@ struct HandoffObject {
         Peer *peer;              /* the other daemon; NULL for a local handoff */
         Transport *net;          /* remote: the transport its writes take (chosen at Prepare) */
         bool imm;                /* remote: group completions ride the data (no GROUP_SENT) */
+        bool commit_received;    /* source: the destination's COMMIT came while this side's
+                                  * write completions were still queued (past a turn's
+                                  * bound): applied once they are taken (TRANSFERRED) */
         uint64_t slot;           /* remote, pipelined: the slot its writes name (0: none) */
         SlotKey slot_key;        /* destination: its key in hm->slots */
         HandoffObject *twin;     /* local handoff: the other side */

@@ -1260,6 +1260,96 @@ START_TEST(test_many_writes_wait_for_room) {
 }
 END_TEST
 
+/* A COMMIT that reaches the source with more than HANDOFF_TURN_COMPLETIONS_MAX write
+ * completions still queued there: the source takes 8192 of them before it, is still
+ * TRANSFERRING, and applies the COMMIT once the rest are taken at the next turns. It
+ * was dropped (handoff_commit(): -EBUSY, nothing retried): the source waited for it
+ * until its deadline, pages held, and reported the committed handoff rolled back
+ * (timeout). Set up: alpha's writes (64 one-layer groups of 64 bytes x 200 pages =
+ * 12800 writes, pipelined) sit in the kernel's buffers while charlie is stopped; alpha
+ * is stopped while charlie lands them, acknowledges and commits; alpha then reads the
+ * acknowledgements and the COMMIT in one go. */
+START_TEST(test_commit_behind_many_acks) {
+        enum { G = 64, N = 200 };
+        static const epd_kv_layout kv64 = { .layers = G, .tokens_per_block = 1, .k_bytes_per_token = 32,
+                                            .v_bytes_per_token = 32, .dtype = "bfloat16" };
+        static const char *rid = "000000000000000000000000000000f7";
+        uint32_t groups[G];
+        for (uint32_t g = 0; g < G; g++)
+                groups[g] = 1;
+        epd_client *p = NULL, *d = NULL;
+        ck_assert_int_eq(epd_connect(addr_a, &p), 0);
+        ck_assert_int_eq(epd_register(p, "prefill", "model", "cpu", &kv64, NULL), 0);
+        ck_assert_int_eq(epd_connect(addr_c, &d), 0);
+        ck_assert_int_eq(epd_register(d, "decode", "model", "cpu", &kv64, NULL), 0);
+        char *seq = make_sequence(p, N, NULL), *path = NULL;
+        uint64_t token;
+        /* Peers up first: a small handoff to charlie lands. */
+        {
+                epd_handoff_options w = { .ready = G };
+                char *wseq = make_sequence(p, 1, NULL), *wpath = NULL;
+                int q = -EHOSTUNREACH;
+                for (int i = 0; i < 500 && q == -EHOSTUNREACH; i++)
+                        if ((q = epd_handoff_prepare(p, "000000000000000000000000000000f6", "charlie", wseq, groups, G,
+                                                     &w, &wpath, &token)) == -EHOSTUNREACH)
+                                usleep(20000);
+                ck_assert_msg(q == 0, "warm-up Prepare: %s", epd_last_error_message(p));
+                epd_handoff_accepted wacc;
+                q = -ENOENT;
+                for (int i = 0; i < 200 && q < 0; i++)
+                        if ((q = epd_handoff_accept(d, "000000000000000000000000000000f6", &wacc)) < 0)
+                                usleep(10000);
+                ck_assert_int_eq(q, 0);
+                Cond wt = { d, wacc.path, "transferred" };
+                ck_assert(harness_wait_for(state_is, &wt, 5000));
+                ck_assert_int_eq(epd_handoff_release(d, wacc.path), 0);
+                ck_assert_int_eq(epd_handoff_release(p, wpath), 0);
+                epd_handoff_accepted_done(&wacc);
+                free(wpath);
+                free(wseq);
+        }
+        epd_handoff_options o = { .ready = 0, .timeout_usec = 12 * USEC_PER_SEC };
+        ck_assert_int_eq(kill(hc.epdd_pid, SIGSTOP), 0);
+        int r = -EHOSTUNREACH;
+        for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++)
+                if ((r = epd_handoff_prepare(p, rid, "charlie", seq, groups, G, &o, &path, &token)) == -EHOSTUNREACH)
+                        usleep(20000);
+        ck_assert_msg(r == 0, "Prepare: %s", epd_last_error_message(p));
+        for (uint32_t g = 0; g < G; g++)
+                ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
+        usleep(1000000); /* alpha pushes every write into the sockets */
+        ck_assert_int_eq(kill(ha.epdd_pid, SIGSTOP), 0);
+        ck_assert_int_eq(kill(hc.epdd_pid, SIGCONT), 0);
+        epd_handoff_accepted acc;
+        r = -ENOENT;
+        for (int i = 0; i < 200 && r < 0; i++)
+                if ((r = epd_handoff_accept(d, rid, &acc)) < 0)
+                        usleep(10000);
+        ck_assert_msg(r == 0, "Accept: %s", epd_last_error_message(d));
+        Cond t = { d, acc.path, "transferred" };
+        bool landed = harness_wait_for(state_is, &t, 6000);
+        char *dseq = NULL;
+        if (landed)
+                ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
+        ck_assert_int_eq(kill(ha.epdd_pid, SIGCONT), 0);
+        ck_assert_msg(landed, "setup: not every write was in the sockets while alpha was stopped");
+        Cond dc = { d, acc.path, "committed" };
+        ck_assert(state_is(&dc));
+        /* The destination committed: the source says so too, long before its deadline. */
+        Cond c = { p, path, "committed" };
+        bool ok = harness_wait_for(state_is, &c, 3000);
+        epd_handoff_status st;
+        ck_assert_int_ge(epd_handoff_get(p, path, &st), 0);
+        ck_assert_msg(ok, "destination committed, source is '%s' after 3 s", st.state);
+        epd_handoff_accepted_done(&acc);
+        free(dseq);
+        free(path);
+        free(seq);
+        epd_disconnect(p);
+        epd_disconnect(d);
+}
+END_TEST
+
 START_TEST(test_prepared_record_refused) {
         epd_client *p = worker(addr_a, "prefill"), *d = worker(addr_b, "decode");
         char *seq = make_sequence(p, N_PAGES, NULL);
@@ -1327,6 +1417,7 @@ int main(void) {
         tcase_add_checked_fixture(tw, setup_slow_heartbeat, teardown);
         tcase_set_timeout(tw, 120);
         tcase_add_test(tw, test_many_writes_wait_for_room);
+        tcase_add_test(tw, test_commit_behind_many_acks);
         suite_add_tcase(s, tw);
         return check_run(s, CK_FORK_GETENV);
 }
