@@ -227,15 +227,20 @@ static int method_create_from_prefix(sd_bus_message *msg, void *userdata, sd_bus
         r = read_prefix_args(m, msg, &w, &a, &hashes, &n, error);
         if (r < 0)
                 return r;
-        r = check_pages(m, n, "CreateFromPrefix", error);
-        if (r < 0)
-                return r;
         pins = malloc(MAX(n, (size_t)1) * sizeof(PageId));
         if (!pins)
                 return -ENOMEM;
         r = directory_lookup(pm->directory, a->pages, hashes, n, pins, &len);
         if (r < 0)
                 return pages_error(error, r, "CreateFromPrefix");
+        /* The sequence is as long as what matched, not as the chain asked about (up to
+         * DIRECTORY_CHAIN_MAX hashes, as MatchPrefix takes). */
+        r = check_pages(m, len, "CreateFromPrefix", error);
+        if (r < 0) {
+                for (size_t i = 0; i < len; i++)
+                        (void)page_unref(a->pages, pins[i]);
+                return r;
+        }
         /* The pins become the sequence's references. */
         r = sequence_new_from_pages(a->pages, pins, len, &s);
         for (size_t i = 0; i < len; i++)
