@@ -546,7 +546,8 @@ static void help(void) {
                "  -j --json                  print the summary as one JSON object\n"
                "  -h --help                  show this help\n"
                "     --version               show the version\n\n"
-               "Exit status: 0 when every request completed and every byte checked out, 1 otherwise.\n",
+               "Exit status: 0 when every request completed and every byte checked out, 2 for a bad\n"
+               "command line, 1 otherwise.\n",
                IMAGES_MAX, CONCURRENCY_MAX);
 }
 

@@ -6,14 +6,22 @@
 #include <string.h>
 
 #include "epdctl.h"
+#include "macro.h"
 
 int verb_handoffs(epd_client *c, int argc, char **argv);
 
 int verb_handoffs(epd_client *c, int argc, char **argv) {
-        sd_bus_message *reply = NULL;
+        sd_bus_message *reply = NULL, *counters = NULL;
+        /* Both read before anything is printed: a failure prints no half of the output
+         * (with --json, no JSON cut short). */
         int r = epdctl_get_property(c, "/org/epd1/handoffs", "org.epd1.Handoffs", "Handoffs", "a(ossssuuts)", &reply);
         if (r < 0)
                 return epdctl_fail(c, r, "Handoffs");
+        r = epdctl_get_property(c, "/org/epd1/handoffs", "org.epd1.Handoffs", "Counters", "a{st}", &counters);
+        if (r < 0) {
+                sd_bus_message_unref(reply);
+                return epdctl_fail(c, r, "Counters");
+        }
         r = sd_bus_message_enter_container(reply, 'a', "(ossssuuts)");
         if (r < 0)
                 goto fail;
@@ -54,11 +62,7 @@ int verb_handoffs(epd_client *c, int argc, char **argv) {
         if (r < 0)
                 goto fail;
         sd_bus_message_unref(reply);
-        reply = NULL;
-
-        r = epdctl_get_property(c, "/org/epd1/handoffs", "org.epd1.Handoffs", "Counters", "a{st}", &reply);
-        if (r < 0)
-                return epdctl_fail(c, r, "Counters");
+        reply = TAKE_PTR(counters);
         r = sd_bus_message_enter_container(reply, 'a', "{st}");
         if (r < 0)
                 goto fail;
@@ -83,6 +87,7 @@ int verb_handoffs(epd_client *c, int argc, char **argv) {
         return 0;
 fail:
         sd_bus_message_unref(reply);
+        sd_bus_message_unref(counters);
         fprintf(stderr, "Bad reply: %s\n", strerror(-r));
         return r;
 }

@@ -44,7 +44,9 @@ _printf_(2, 3) static void perr(ParseState *s, const char *fmt, ...) {
         vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
         char line[640];
-        int n = snprintf(line, sizeof line, "%s:%u: %s\n", s->file, s->line, msg);
+        /* Line 0: a rule between keys or sections, or a key not given (check_complete()). */
+        int n = s->line > 0 ? snprintf(line, sizeof line, "%s:%u: %s\n", s->file, s->line, msg)
+                            : snprintf(line, sizeof line, "%s: %s\n", s->file, msg);
         if (n < 0)
                 return;
         if ((size_t)n >= sizeof line) { /* cut short, still one line */
@@ -867,6 +869,9 @@ static void check_complete(ParseState *s) {
                 perr(s, "peers are configured but [Cluster] ClusterKeyFile= is not set");
         if (c->heartbeat_usec < 100 * USEC_PER_MSEC)
                 perr(s, "[Cluster] HeartbeatInterval= must be at least 100ms");
+        if (c->feature_cache_bytes == 0)
+                perr(s, "[Features] CacheSize= must be more than 0 (0 would refuse every feature's Reserve, and a "
+                        "reload to it evict every feature)");
         if (c->max_request_bytes == 0)
                 perr(s, "[Limits] MaxRequestSize= must be at least 1 byte (0 would refuse every sized request)");
         if (c->wal_compact_bytes < 4096)

@@ -174,7 +174,12 @@ static const struct {
         { "[Pool:thinking]\nDefaultDeadline=18446744073709551615us\n", "DefaultDeadline=18446744073709551615us: at most a day" },
         { "[Cluster]\nHeartbeatInterval=25h\n", "HeartbeatInterval=25h: at most a day" },
         { "[Arena:kv]\nSize=64M\nPageSize=1G\n", "PageSize=1073741824 is larger than the arena's Size=67108864" },
-        { "[Limits]\nMaxRequestSize=0\n", "MaxRequestSize= must be at least 1 byte" },
+        /* A rule checked once the whole file is read has no line of its own: "file:
+         * message", not "file:0: message"; a key's error has its line. */
+        { "[Limits]\nMaxRequestSize=0\n", "bad.conf: [Limits] MaxRequestSize= must be at least 1 byte" },
+        { "[Daemon]\nLogLevel=info\nColour=blue\n", "bad.conf:3: unknown key Colour=" },
+        /* A budget of 0 refused every Reserve (and a reload to it evicted everything). */
+        { "[Features]\nCacheSize=0\n", "bad.conf: [Features] CacheSize= must be more than 0" },
 };
 
 /* [Metrics] and the window keys of [Backpressure] (docs/telemetry.md), which the
