@@ -233,9 +233,15 @@ void cluster_on_resync(ClusterManager *cm, int64_t revision, const MemberInfo *i
                             "cluster key); %zu of them kept for ListMembers",
                             refused_total, kept);
 
+        /* Another epdd's record under this host id, only in a read made after this one's
+         * own put: a read before it (the watch's first, racing the session's lease and
+         * put) finds the record of the epdd this one replaced, killed or crashed, its
+         * lease still alive, which is no other epdd. */
+        bool after_own_put = cm->session_up && cm->put_revision > 0 && revision >= cm->put_revision;
         membership_resync_begin(cm->members, revision);
         for (size_t i = 0; i < n; i++) {
-                check_own_key(cm, infos + i);
+                if (after_own_put)
+                        check_own_key(cm, infos + i);
                 own = own || strcmp(infos[i].host_id, cm->self.host_id) == 0;
         }
         if (!own)
