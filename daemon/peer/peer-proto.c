@@ -268,7 +268,8 @@ int peer_auth_ok_decode(const void *buf, size_t n, PeerAuthOk *ret) {
         o.n_streams = get16(&p);
         if (get16(&p) != 0)
                 return -EBADMSG;
-        if (o.session_id == 0 || o.n_streams > PEER_MAX_STREAMS || o.heartbeat_ms == 0)
+        if (o.session_id == 0 || o.n_streams > PEER_MAX_STREAMS || o.heartbeat_ms < PEER_HEARTBEAT_MS_MIN ||
+            o.heartbeat_ms > PEER_HEARTBEAT_MS_MAX)
                 return -EBADMSG;
         *ret = o;
         return 0;

@@ -255,6 +255,21 @@ START_TEST(test_small_messages) {
         o.heartbeat_ms = 0;
         n = peer_auth_ok_encode(&o, buf, sizeof buf);
         ck_assert_int_eq(peer_auth_ok_decode(buf, (size_t)n, &od), -EBADMSG);
+        /* An acceptor's interval outside HeartbeatInterval='s range: the dialer beat
+         * every 250 µs (1 ms) or never judged it dead (UINT32_MAX). */
+        static const uint32_t bad_hb[] = { 1, 99, PEER_HEARTBEAT_MS_MAX + 1, UINT32_MAX };
+        for (size_t k = 0; k < ELEMENTSOF(bad_hb); k++) {
+                o.heartbeat_ms = bad_hb[k];
+                n = peer_auth_ok_encode(&o, buf, sizeof buf);
+                ck_assert_int_eq(peer_auth_ok_decode(buf, (size_t)n, &od), -EBADMSG);
+        }
+        o.heartbeat_ms = PEER_HEARTBEAT_MS_MIN;
+        n = peer_auth_ok_encode(&o, buf, sizeof buf);
+        ck_assert_int_eq(peer_auth_ok_decode(buf, (size_t)n, &od), 0);
+        o.heartbeat_ms = PEER_HEARTBEAT_MS_MAX;
+        n = peer_auth_ok_encode(&o, buf, sizeof buf);
+        ck_assert_int_eq(peer_auth_ok_decode(buf, (size_t)n, &od), 0);
+        ck_assert_uint_eq(od.heartbeat_ms, PEER_HEARTBEAT_MS_MAX);
 
         n = peer_reason_encode(&rr, buf, sizeof buf);
         ck_assert_int_eq(peer_reason_decode(buf, (size_t)n, &rd), 0);
