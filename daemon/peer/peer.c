@@ -121,9 +121,12 @@ static void peer_end(Peer *p, int error, const char *why, bool superseded) {
         if (p->control && p->control->flush_due)
                 (void)peer_conn_flush(p->control);
         p->control = peer_conn_free(p->control);
-        /* Handshakes of this peer's data streams (either direction) end with it. */
+        /* Handshakes of this peer's data streams (either direction) end with it, and
+         * our own dial; a control connection it dialed to us, waiting for AUTH, is a new
+         * session (the host restarted and dials again while the old one stood): spared,
+         * as a supersede spares it (peer_conn_unpend()). */
         LIST_FOREACH_SAFE(pending, c, n, p->pm->pending)
-                if (c->peer == p)
+                if (c->peer == p && !(c->role == PEER_ROLE_CONTROL && !c->dialer))
                         peer_conn_free(c);
         sd_event_source_set_enabled(p->heartbeat_timer, SD_EVENT_OFF);
         p->state = PEER_DOWN;

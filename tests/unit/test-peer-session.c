@@ -342,40 +342,58 @@ START_TEST(test_superseded_waits_longest) {
 END_TEST
 
 /* The other side as dialer "aa-m": the test's own frames against the daemon's acceptor.
- * Returns the control connection, authenticated (AUTH_OK read). */
-static int dial_as_member(sd_event *e, unsigned short port, const PeerAuthKey *key) {
+ * A handshake's first half: HELLO sent, CHALLENGE read (the acceptor waits for AUTH). */
+typedef struct MemberHandshake {
+        int fd;
+        PeerHello h;
+        PeerChallenge ch;
+} MemberHandshake;
+
+static void hello_as_member(sd_event *e, unsigned short port, MemberHandshake *m) {
         uint8_t buf[512];
         size_t len;
         uint16_t type;
-        PeerHello h = { .role = PEER_ROLE_CONTROL, .min_version = PEER_PROTOCOL_VERSION,
-                        .max_version = PEER_PROTOCOL_VERSION, .n_streams = 0 };
-        PeerChallenge ch;
+        m->h = (PeerHello){ .role = PEER_ROLE_CONTROL, .min_version = PEER_PROTOCOL_VERSION,
+                            .max_version = PEER_PROTOCOL_VERSION, .n_streams = 0 };
+        m->fd = tcp_to(port);
+        ck_assert_int_eq(peer_auth_random(m->h.nonce, PEER_NONCE_SIZE), 0);
+        snprintf(m->h.host_id, sizeof m->h.host_id, "aa-m");
+        int n = peer_hello_encode(&m->h, buf, sizeof buf);
+        ck_assert_int_gt(n, 0);
+        ck_assert_int_eq(send_frame(m->fd, PEER_MSG_HELLO, buf, (size_t)n), 0);
+        run_loop(e);
+        ck_assert_int_eq(recv_frame(m->fd, &type, buf, &len), 0);
+        ck_assert_uint_eq(type, PEER_MSG_CHALLENGE);
+        ck_assert_int_eq(peer_challenge_decode(buf, len, &m->ch), 0);
+}
+
+/* Its second half: AUTH sent, AUTH_OK read. Returns the control connection. */
+static int auth_as_member(sd_event *e, MemberHandshake *m, const PeerAuthKey *key) {
+        uint8_t buf[512];
+        size_t len;
+        uint16_t type;
         PeerAuth a;
         PeerAuthOk ok;
-
-        int fd = tcp_to(port);
-        ck_assert_int_eq(peer_auth_random(h.nonce, PEER_NONCE_SIZE), 0);
-        snprintf(h.host_id, sizeof h.host_id, "aa-m");
-        int n = peer_hello_encode(&h, buf, sizeof buf);
-        ck_assert_int_gt(n, 0);
-        ck_assert_int_eq(send_frame(fd, PEER_MSG_HELLO, buf, (size_t)n), 0);
-        run_loop(e);
-        ck_assert_int_eq(recv_frame(fd, &type, buf, &len), 0);
-        ck_assert_uint_eq(type, PEER_MSG_CHALLENGE);
-        ck_assert_int_eq(peer_challenge_decode(buf, len, &ch), 0);
-        PeerAuthTranscript t = { .dialer_id = "aa-m", .acceptor_id = ch.host_id, .role = PEER_ROLE_CONTROL };
-        memcpy(t.nonce_dialer, h.nonce, PEER_NONCE_SIZE);
-        memcpy(t.nonce_acceptor, ch.nonce, PEER_NONCE_SIZE);
-        ck_assert(peer_auth_verify(key, PEER_AUTH_ACCEPTOR, &t, ch.mac));
+        PeerAuthTranscript t = { .dialer_id = "aa-m", .acceptor_id = m->ch.host_id, .role = PEER_ROLE_CONTROL };
+        memcpy(t.nonce_dialer, m->h.nonce, PEER_NONCE_SIZE);
+        memcpy(t.nonce_acceptor, m->ch.nonce, PEER_NONCE_SIZE);
+        ck_assert(peer_auth_verify(key, PEER_AUTH_ACCEPTOR, &t, m->ch.mac));
         ck_assert_int_eq(peer_auth_mac(key, PEER_AUTH_DIALER, &t, a.mac), 0);
-        n = peer_auth_msg_encode(&a, buf, sizeof buf);
+        int n = peer_auth_msg_encode(&a, buf, sizeof buf);
         ck_assert_int_gt(n, 0);
-        ck_assert_int_eq(send_frame(fd, PEER_MSG_AUTH, buf, (size_t)n), 0);
+        ck_assert_int_eq(send_frame(m->fd, PEER_MSG_AUTH, buf, (size_t)n), 0);
         run_loop(e);
-        ck_assert_int_eq(recv_frame(fd, &type, buf, &len), 0);
+        ck_assert_msg(recv_frame(m->fd, &type, buf, &len) == 0, "the handshake was closed before AUTH_OK");
         ck_assert_uint_eq(type, PEER_MSG_AUTH_OK);
         ck_assert_int_eq(peer_auth_ok_decode(buf, len, &ok), 0);
-        return fd;
+        return m->fd;
+}
+
+/* Returns the control connection, authenticated (AUTH_OK read). */
+static int dial_as_member(sd_event *e, unsigned short port, const PeerAuthKey *key) {
+        MemberHandshake m;
+        hello_as_member(e, port, &m);
+        return auth_as_member(e, &m, key);
 }
 
 /* An acceptor that takes a newer control connection of an up peer tells the old one why
@@ -426,6 +444,49 @@ START_TEST(test_acceptor_tells_superseded) {
 }
 END_TEST
 
+static bool peer_down_now(void *arg) {
+        return !peer_is_up(arg);
+}
+
+/* A host that restarts dials again while its old session still stands: the old one's
+ * end (its socket's EOF here; a heartbeat timeout as well) spares the new control
+ * handshake waiting for AUTH, which then completes. It was closed with the data
+ * streams' handshakes, and the host backed off before trying again. */
+START_TEST(test_session_end_spares_new_handshake) {
+        char key[64], listen_at[64];
+        sd_event *e;
+        PeerManager *pm;
+        PeerAuthKey *k;
+
+        key_file(key);
+        ck_assert_int_ge(sd_event_new(&e), 0);
+        PeerManagerConfig c = { .host_id = "bb-self", .listen_address = free_listen_address(listen_at),
+                                .cluster_key_file = key, .heartbeat_usec = 60 * USEC_PER_SEC };
+        ck_assert_int_eq(peer_manager_new(&pm, e, &c), 0);
+        unlink(key);
+        ck_assert_int_eq(peer_manager_start(pm), 0);
+        ck_assert_int_eq(peer_manager_add_member(pm, "aa-m", "127.0.0.1:9", NULL), 0);
+        ck_assert_int_eq(peer_auth_key_from_bytes(KEY, strlen(KEY), &k), 0);
+        unsigned short port = port_of(pm->listen_fd);
+        Peer *p = peer_manager_find(pm, "aa-m");
+
+        int old = dial_as_member(e, port, k);
+        ck_assert(peer_is_up(p));
+        MemberHandshake fresh;
+        hello_as_member(e, port, &fresh);
+        close(old);
+        ck_assert(run_until(e, peer_down_now, p, 5));
+        int fd = auth_as_member(e, &fresh, k);
+        ck_assert(peer_is_up(p));
+        ck_assert_uint_eq(peer_stats(p)->connects, 2);
+
+        close(fd);
+        peer_auth_key_free(k);
+        peer_manager_free(pm);
+        sd_event_unref(e);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("peer-session");
         TCase *tc = tcase_create("peer-session");
@@ -433,6 +494,7 @@ int main(void) {
         tcase_add_test(tc, test_short_sessions_back_off);
         tcase_add_test(tc, test_superseded_waits_longest);
         tcase_add_test(tc, test_acceptor_tells_superseded);
+        tcase_add_test(tc, test_session_end_spares_new_handshake);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
