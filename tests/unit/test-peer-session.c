@@ -396,25 +396,46 @@ static int dial_as_member(sd_event *e, unsigned short port, const PeerAuthKey *k
         return auth_as_member(e, &m, key);
 }
 
-/* An acceptor that takes a newer control connection of an up peer tells the old one why
- * (BYE superseded) before it closes it (before: closed, nothing said). */
-START_TEST(test_acceptor_tells_superseded) {
-        char key[64], listen_at[64];
+/* The daemon's side as acceptor "bb-self", member "aa-m" known (dialing it itself goes
+ * nowhere: port 9), and the cluster key the test signs with. */
+typedef struct Acceptor {
         sd_event *e;
         PeerManager *pm;
         PeerAuthKey *k;
+        unsigned short port;
+        Peer *p;
+} Acceptor;
 
+static void acceptor_start(Acceptor *a) {
+        char key[64], listen_at[64];
         key_file(key);
-        ck_assert_int_ge(sd_event_new(&e), 0);
+        ck_assert_int_ge(sd_event_new(&a->e), 0);
         PeerManagerConfig c = { .host_id = "bb-self", .listen_address = free_listen_address(listen_at),
                                 .cluster_key_file = key, .heartbeat_usec = 60 * USEC_PER_SEC };
-        ck_assert_int_eq(peer_manager_new(&pm, e, &c), 0);
+        ck_assert_int_eq(peer_manager_new(&a->pm, a->e, &c), 0);
         unlink(key);
-        ck_assert_int_eq(peer_manager_start(pm), 0);
-        ck_assert_int_eq(peer_manager_add_member(pm, "aa-m", "127.0.0.1:9", NULL), 0);
-        ck_assert_int_eq(peer_auth_key_from_bytes(KEY, strlen(KEY), &k), 0);
-        unsigned short port = port_of(pm->listen_fd);
-        Peer *p = peer_manager_find(pm, "aa-m");
+        ck_assert_int_eq(peer_manager_start(a->pm), 0);
+        ck_assert_int_eq(peer_manager_add_member(a->pm, "aa-m", "127.0.0.1:9", NULL), 0);
+        ck_assert_int_eq(peer_auth_key_from_bytes(KEY, strlen(KEY), &a->k), 0);
+        a->port = port_of(a->pm->listen_fd);
+        a->p = peer_manager_find(a->pm, "aa-m");
+}
+
+static void acceptor_stop(Acceptor *a) {
+        peer_auth_key_free(a->k);
+        peer_manager_free(a->pm);
+        sd_event_unref(a->e);
+}
+
+/* An acceptor that takes a newer control connection of an up peer tells the old one why
+ * (BYE superseded) before it closes it (before: closed, nothing said). */
+START_TEST(test_acceptor_tells_superseded) {
+        Acceptor acc;
+        acceptor_start(&acc);
+        sd_event *e = acc.e;
+        PeerAuthKey *k = acc.k;
+        unsigned short port = acc.port;
+        Peer *p = acc.p;
 
         int old = dial_as_member(e, port, k);
         ck_assert(peer_is_up(p));
@@ -438,9 +459,7 @@ START_TEST(test_acceptor_tells_superseded) {
 
         close(old);
         close(new);
-        peer_auth_key_free(k);
-        peer_manager_free(pm);
-        sd_event_unref(e);
+        acceptor_stop(&acc);
 }
 END_TEST
 
@@ -453,22 +472,12 @@ static bool peer_down_now(void *arg) {
  * handshake waiting for AUTH, which then completes. It was closed with the data
  * streams' handshakes, and the host backed off before trying again. */
 START_TEST(test_session_end_spares_new_handshake) {
-        char key[64], listen_at[64];
-        sd_event *e;
-        PeerManager *pm;
-        PeerAuthKey *k;
-
-        key_file(key);
-        ck_assert_int_ge(sd_event_new(&e), 0);
-        PeerManagerConfig c = { .host_id = "bb-self", .listen_address = free_listen_address(listen_at),
-                                .cluster_key_file = key, .heartbeat_usec = 60 * USEC_PER_SEC };
-        ck_assert_int_eq(peer_manager_new(&pm, e, &c), 0);
-        unlink(key);
-        ck_assert_int_eq(peer_manager_start(pm), 0);
-        ck_assert_int_eq(peer_manager_add_member(pm, "aa-m", "127.0.0.1:9", NULL), 0);
-        ck_assert_int_eq(peer_auth_key_from_bytes(KEY, strlen(KEY), &k), 0);
-        unsigned short port = port_of(pm->listen_fd);
-        Peer *p = peer_manager_find(pm, "aa-m");
+        Acceptor acc;
+        acceptor_start(&acc);
+        sd_event *e = acc.e;
+        PeerAuthKey *k = acc.k;
+        unsigned short port = acc.port;
+        Peer *p = acc.p;
 
         int old = dial_as_member(e, port, k);
         ck_assert(peer_is_up(p));
@@ -481,9 +490,7 @@ START_TEST(test_session_end_spares_new_handshake) {
         ck_assert_uint_eq(peer_stats(p)->connects, 2);
 
         close(fd);
-        peer_auth_key_free(k);
-        peer_manager_free(pm);
-        sd_event_unref(e);
+        acceptor_stop(&acc);
 }
 END_TEST
 

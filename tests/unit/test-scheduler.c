@@ -1504,6 +1504,21 @@ static void assert_same_state(Scheduler *a, Scheduler *b, unsigned n, usec_t now
         ck_assert_uint_eq(sched_worker_reserved_pages(a, "d2"), sched_worker_reserved_pages(b, "d2"));
 }
 
+/* The next 60 admissions (from t0, MIXED_STEP apart) are decided alike by a and b, and
+ * leave them in the same state. */
+static void next_decided_alike(Scheduler *a, Scheduler *b, usec_t t0, bool expired_as_failed) {
+        for (unsigned i = MIXED_N; i < MIXED_N + 60; i++) {
+                usec_t t = t0 + (i - MIXED_N) * MIXED_STEP;
+                SchedDecision da, db;
+                char id[32];
+                snprintf(id, sizeof id, "m%u", i);
+                ck_assert_int_eq(sched_admit(a, id, (TaskType)(i % 3), t + 600 * SEC, NULL, t, &da), 0);
+                ck_assert_int_eq(sched_admit(b, id, (TaskType)(i % 3), t + 600 * SEC, NULL, t, &db), 0);
+                assert_same_decision(&da, &db);
+        }
+        assert_same_state(a, b, MIXED_N + 60, t0 + 60 * MIXED_STEP, expired_as_failed);
+}
+
 /* Removing a worker, or expiring many requests in one tick, leaves everything as ending
  * its requests one at a time would (sched_cancel(), newest first as the removal went):
  * counters, the predicted ends of the requests that stay (pushes given back, never to
@@ -1560,16 +1575,7 @@ START_TEST(test_leaving_together_same_results) {
                         back++;
         ck_assert_uint_gt(back, 0);
 
-        /* What follows is decided alike. */
-        for (unsigned i = MIXED_N; i < MIXED_N + 60; i++) {
-                usec_t t = te + (i - MIXED_N) * MIXED_STEP;
-                SchedDecision da, db;
-                snprintf(id, sizeof id, "m%u", i);
-                ck_assert_int_eq(sched_admit(a, id, (TaskType)(i % 3), t + 600 * SEC, NULL, t, &da), 0);
-                ck_assert_int_eq(sched_admit(b, id, (TaskType)(i % 3), t + 600 * SEC, NULL, t, &db), 0);
-                assert_same_decision(&da, &db);
-        }
-        assert_same_state(a, b, MIXED_N + 60, te + 60 * MIXED_STEP, true);
+        next_decided_alike(a, b, te, true);
         sched_free(a);
         sched_free(b);
 }
@@ -1623,17 +1629,7 @@ START_TEST(test_client_leaving_same_results) {
         ck_assert_uint_eq(sched_cancel_many(a, list, n, tr), 0);
         ck_assert_uint_eq(sched_cancel_many(a, NULL, 0, tr), 0);
 
-        /* What follows is decided alike. */
-        for (unsigned i = MIXED_N; i < MIXED_N + 60; i++) {
-                usec_t t = tr + (i - MIXED_N) * MIXED_STEP;
-                SchedDecision da, db;
-                char id[32];
-                snprintf(id, sizeof id, "m%u", i);
-                ck_assert_int_eq(sched_admit(a, id, (TaskType)(i % 3), t + 600 * SEC, NULL, t, &da), 0);
-                ck_assert_int_eq(sched_admit(b, id, (TaskType)(i % 3), t + 600 * SEC, NULL, t, &db), 0);
-                assert_same_decision(&da, &db);
-        }
-        assert_same_state(a, b, MIXED_N + 60, tr + 60 * MIXED_STEP, false);
+        next_decided_alike(a, b, tr, false);
         sched_free(a);
         sched_free(b);
 }
