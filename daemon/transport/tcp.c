@@ -552,7 +552,7 @@ static int on_in_watch(sd_event_source *es, uint64_t usec, void *userdata) {
         TcpPeer *tp = userdata;
         TcpTransport *t = tp->t;
         uint64_t stalled = 0;
-        bool any = false;
+        bool any = false, progressed = false;
         size_t i = 0;
         void *v;
 
@@ -561,10 +561,22 @@ static int on_in_watch(sd_event_source *es, uint64_t usec, void *userdata) {
                 if (w->progress != w->seen) {
                         w->seen = w->progress;
                         w->idle_checks = 0;
+                        progressed = true;
                 } else if (++w->idle_checks >= 2 && !any) {
                         any = true; /* (write id 0 is a valid id) */
                         stalled = w->write_id;
                 }
+        }
+        /* A write waits its turn while others move: the sender starts every queued write
+         * before it finishes any and sends a slice of each in turn, so with much queued
+         * to this peer a write's next slice can come a long while after its last. Only
+         * a peer none of whose writes moved for the bound has stopped sending; a write
+         * the sender left while sending others ends with its handoff's deadline. */
+        if (progressed) {
+                i = 0;
+                while (hashmap_iterate(tp->in, &i, &v, NULL))
+                        ((InWrite *)v)->idle_checks = 0;
+                any = false;
         }
         if (any) {
                 log_warning("tcp: peer %s: incoming write %" PRIu64 " got no byte for %" PRIu64 " s or more: its "

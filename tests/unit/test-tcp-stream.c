@@ -461,6 +461,41 @@ START_TEST(test_stalled_write_ends_session) {
 }
 END_TEST
 
+/* A write waiting its turn while another of the same peer moves is not stalled: the
+ * sender's round robin gives each queued write a slice in turn, and with much queued a
+ * write's next slice comes long after its last. Write 921 gets its first slice, then
+ * nothing for three times the bound while 920's slices keep coming; the session stays.
+ * Once nothing moves at all, it ends after the bound (it ended while 920 was moving). */
+START_TEST(test_waiting_write_not_stalled) {
+        enum { SLICE = 64 * 1024 };
+        static uint8_t f[PEER_FRAME_HEADER_SIZE + PEER_DATA_HEADER_SIZE + SLICE];
+        int sv[2];
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        ck_assert_int_eq(tcp_transport_attach_stream(tb, &to_a, sv[1], 1), 0);
+        tcp_transport_set_in_stall(tb, 400 * USEC_PER_MSEC);
+        failure_expected = true;
+        raw_writes = true;
+
+        size_t n = data_frame(f, 921, 2 * SLICE, SLICE, 0);
+        ck_assert_int_eq(write(sv[0], f, n), (ssize_t)n);
+        for (uint64_t k = 0; k < 12; k++) {
+                n = data_frame(f, 920, 12 * SLICE, SLICE, k);
+                ck_assert_int_eq(write(sv[0], f, n), (ssize_t)n);
+                usec_t t0 = now_usec(CLOCK_MONOTONIC);
+                while (now_usec(CLOCK_MONOTONIC) - t0 < 100 * USEC_PER_MSEC)
+                        run_idle(20);
+        }
+        ck_assert_uint_eq(landed, 1);
+        ck_assert_msg(failures == 0, "the session ended while a write of it was moving");
+
+        usec_t t0 = now_usec(CLOCK_MONOTONIC);
+        while (failures == 0 && now_usec(CLOCK_MONOTONIC) - t0 < 3 * USEC_PER_SEC)
+                run_idle(20);
+        ck_assert_msg(failures >= 1, "write 921, alone and stalled, did not end the session");
+        close(sv[0]);
+}
+END_TEST
+
 /* Tiny frames that each name a new, huge write (refused: a region nobody registered)
  * cannot make the receiver allocate without bound: past TCP_IN_MAPS_MAX of slice maps
  * (128 KiB each here, a bit per 4 KiB slice of 4 GiB), the next is a protocol error. */
@@ -507,6 +542,7 @@ int main(void) {
         tcase_add_test(tc, test_held_post_on_writable_stream);
         tcase_add_test(tc, test_park_deadline_survives_resumes);
         tcase_add_test(tc, test_stalled_write_ends_session);
+        tcase_add_test(tc, test_waiting_write_not_stalled);
         tcase_add_test(tc, test_slice_maps_bounded);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
