@@ -73,8 +73,6 @@ struct InWrite {
         int error;                     /* refused: bytes are discarded, ack carries it */
         SliceTracker tracker;
         uint64_t map_bytes;            /* the tracker's bitmap: of TcpPeer.in_map_bytes */
-        uint64_t progress, seen;       /* bumped as bytes land; as the stall watch saw it */
-        unsigned idle_checks;          /* stall watch checks in a row without progress */
 };
 
 typedef struct TcpPeer TcpPeer;
@@ -125,6 +123,8 @@ struct TcpPeer {
         Hashmap *in;                   /* InWrite* by write_id */
         uint64_t in_map_bytes;         /* their slice maps (bound: TCP_IN_MAPS_MAX) */
         sd_event_source *in_watch;     /* while writes come in: the stall watch */
+        uint64_t in_moves, in_seen;    /* bumped as slices begin and bytes land; as the watch saw it */
+        unsigned in_idle_checks;       /* its checks in a row that saw no write move */
         uint64_t next_write_id;
         uint64_t bytes_in;
         uint64_t *acked;               /* writes landed this wakeup: one WRITE_ACKS */
@@ -544,44 +544,25 @@ static int in_write_admit(TcpTransport *t, TcpPeer *tp, InWrite *w) {
         return 0;
 }
 
-/* The stall watch: every half of the bound while writes come in from tp, each write
- * that saw no byte since the check before counts an idle check; two in a row (the bound,
- * and at most half as long again, without a byte) end the session, with every write in
- * flight both ways. */
+/* The stall watch: every half of the bound while writes come in from tp, a check that
+ * saw no slice begin nor byte land from it since the check before is idle; two in a row
+ * (the bound, and at most half as long again, without a byte) end the session, with
+ * every write in flight both ways. A write waits its turn while others move (the sender
+ * sends a slice of each queued write in turn: with much queued, its next slice comes
+ * long after its last); one the sender left while sending others ends with its
+ * handoff's deadline. */
 static int on_in_watch(sd_event_source *es, uint64_t usec, void *userdata) {
         TcpPeer *tp = userdata;
         TcpTransport *t = tp->t;
-        uint64_t stalled = 0;
-        bool any = false, progressed = false;
         size_t i = 0;
-        void *v;
+        InWrite *w = NULL;
 
-        while (hashmap_iterate(tp->in, &i, &v, NULL)) {
-                InWrite *w = v;
-                if (w->progress != w->seen) {
-                        w->seen = w->progress;
-                        w->idle_checks = 0;
-                        progressed = true;
-                } else if (++w->idle_checks >= 2 && !any) {
-                        any = true; /* (write id 0 is a valid id) */
-                        stalled = w->write_id;
-                }
-        }
-        /* A write waits its turn while others move: the sender starts every queued write
-         * before it finishes any and sends a slice of each in turn, so with much queued
-         * to this peer a write's next slice can come a long while after its last. Only
-         * a peer none of whose writes moved for the bound has stopped sending; a write
-         * the sender left while sending others ends with its handoff's deadline. */
-        if (progressed) {
-                i = 0;
-                while (hashmap_iterate(tp->in, &i, &v, NULL))
-                        ((InWrite *)v)->idle_checks = 0;
-                any = false;
-        }
-        if (any) {
-                log_warning("tcp: peer %s: incoming write %" PRIu64 " got no byte for %" PRIu64 " s or more: its "
-                            "sender stopped in the middle; ending the session.",
-                            t->peers_ops.name(tp->peer), stalled, t->in_stall_usec / USEC_PER_SEC);
+        tp->in_idle_checks = tp->in_moves != tp->in_seen ? 0 : tp->in_idle_checks + 1;
+        tp->in_seen = tp->in_moves;
+        if (hashmap_iterate(tp->in, &i, (void **)&w, NULL) && tp->in_idle_checks >= 2) {
+                log_warning("tcp: peer %s: no byte of its incoming writes (write %" PRIu64 " among them) for %" PRIu64
+                            " s or more: its sender stopped in the middle; ending the session.",
+                            t->peers_ops.name(tp->peer), w->write_id, t->in_stall_usec / USEC_PER_SEC);
                 tp->in_watch = sd_event_source_disable_unref(tp->in_watch);
                 t->peers_ops.stream_failed(tp->peer, -ETIMEDOUT, "incoming write stalled");
                 return 0;
@@ -599,6 +580,7 @@ static int on_in_watch(sd_event_source *es, uint64_t usec, void *userdata) {
 static void in_watch_arm(TcpPeer *tp) {
         if (tp->in_watch)
                 return;
+        tp->in_idle_checks = 0;
         if (sd_event_add_time_relative(tp->t->event, &tp->in_watch, CLOCK_MONOTONIC, tp->t->in_stall_usec / 2,
                                        USEC_PER_SEC / 10, on_in_watch, tp) < 0)
                 log_debug("tcp: cannot arm the incoming writes' stall watch");
@@ -681,7 +663,7 @@ static int stream_slice_begin(TcpStream *s) {
         r = slice_tracker_claim(&w->tracker, dh.slice_offset / dh.slice_size);
         if (r < 0)
                 return -EBADMSG;
-        w->progress++;
+        tp->in_moves++;
         s->rw = w;
         s->r_remaining = s->r_slice_len = fh.length - PEER_DATA_HEADER_SIZE;
         if (w->error == 0)
@@ -827,7 +809,7 @@ static int rbuf_fill(TcpStream *s, bool *drained) {
 /* The slice's bytes arrived (from rbuf or the socket): `n` of them, at r_dst. */
 static void slice_took(TcpStream *s, uint64_t n) {
         s->tp->bytes_in += n;
-        s->rw->progress++;
+        s->tp->in_moves++;
         s->r_remaining -= n;
         if (s->r_dst)
                 s->r_dst += n;
