@@ -95,17 +95,22 @@ void telemetry_path_stats_add(TelemetryPathStats *p, const struct epd_conn_stats
         p->n_conns++;
         if (c->state == EPD_TCP_ESTABLISHED)
                 p->n_established++;
-        p->srtt_usec = MAX(p->srtt_usec, c->srtt_us);
-        if (c->min_rtt_us > 0 && c->min_rtt_us != UINT32_MAX &&
-            (p->min_rtt_usec == 0 || c->min_rtt_us < p->min_rtt_usec))
-                p->min_rtt_usec = c->min_rtt_us;
-        p->cwnd += c->snd_cwnd;
         p->bytes_sent += c->bytes_sent;
         p->bytes_acked += c->bytes_acked;
         p->bytes_received += c->bytes_received;
         p->bytes_retrans += c->bytes_retrans;
         p->segs_out += c->segs_out;
         p->retransmits += c->total_retrans;
+        /* A closed connection (reset, or gone): its queue, window and RTT are the last it
+         * had, not the path's (a socket reset with bytes queued kept the path "high" for
+         * as long as a client kept it tracked). Its counts stay. */
+        if (c->state == EPD_TCP_CLOSE)
+                return;
+        p->srtt_usec = MAX(p->srtt_usec, c->srtt_us);
+        if (c->min_rtt_us > 0 && c->min_rtt_us != UINT32_MAX &&
+            (p->min_rtt_usec == 0 || c->min_rtt_us < p->min_rtt_usec))
+                p->min_rtt_usec = c->min_rtt_us;
+        p->cwnd += c->snd_cwnd;
         p->send_queue += c->send_queue;
         p->inflight += c->inflight_bytes;
         p->last_probe_nsec = MAX(p->last_probe_nsec, c->last_probe_ns);

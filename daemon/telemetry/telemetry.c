@@ -222,20 +222,34 @@ static bool peer_reclaim_one(Telemetry *t) {
         return false;
 }
 
-static int peer_get(Telemetry *t, const char *name, bool create, TelemetryPeer **ret) {
+/* How many of MaxPeers= entries clients' TrackSocket names may fill: the rest are the
+ * daemon's own peers' (made-up names must not leave a real peer without telemetry and
+ * backpressure). */
+static size_t client_peers_max(const Telemetry *t) {
+        return t->config.max_peers - t->config.max_peers / 4;
+}
+
+typedef enum PeerCreate {
+        PEER_FIND,
+        PEER_CREATE,        /* the daemon's own: every entry */
+        PEER_CREATE_CLIENT, /* a client's TrackSocket: client_peers_max() */
+} PeerCreate;
+
+static int peer_get(Telemetry *t, const char *name, PeerCreate create, TelemetryPeer **ret) {
         TelemetryPeer *p = hashmap_get(t->peers, name);
         if (p) {
                 *ret = p;
                 return 0;
         }
-        if (!create)
+        if (create == PEER_FIND)
                 return -ENOENT;
         /* A peer is named by its host id (up to 63 characters, HostId=); the BPF map
          * keeps a truncated copy for tools (EPD_TELEMETRY_PEER_MAX), not a key. */
         size_t len = strlen(name);
         if (len == 0 || len > TELEMETRY_PEER_NAME_MAX)
                 return -EINVAL;
-        if (hashmap_size(t->peers) >= t->config.max_peers && !peer_reclaim_one(t))
+        size_t cap = create == PEER_CREATE_CLIENT ? client_peers_max(t) : t->config.max_peers;
+        if (hashmap_size(t->peers) >= cap && !peer_reclaim_one(t))
                 return -ENOSPC;
 
         size_t id = 0;
@@ -523,7 +537,7 @@ static int track(Telemetry *t, int fd, const char *peer, bool client) {
         if (hashmap_contains(t->conns, &cookie))
                 return -EEXIST;
 
-        r = peer_get(t, peer, true, &p);
+        r = peer_get(t, peer, client ? PEER_CREATE_CLIENT : PEER_CREATE, &p);
         if (r < 0)
                 return r;
         if (p->n_conns >= TELEMETRY_CONNS_PER_PEER)
@@ -615,7 +629,7 @@ int telemetry_untrack_all(Telemetry *t, const char *peer) {
         TelemetryPeer *p;
         if (!t || !peer)
                 return -EINVAL;
-        int r = peer_get(t, peer, false, &p);
+        int r = peer_get(t, peer, PEER_FIND, &p);
         if (r < 0)
                 return r;
         for (unsigned i = p->n_conns; i-- > 0;) {
@@ -638,7 +652,7 @@ int telemetry_set_peer_load(Telemetry *t, const char *peer, unsigned handoffs_in
         TelemetryPeer *p;
         if (!t || !peer || destination_free_pages > destination_total_pages)
                 return -EINVAL;
-        int r = peer_get(t, peer, true, &p);
+        int r = peer_get(t, peer, PEER_CREATE, &p);
         if (r < 0)
                 return r;
         p->handoffs_in_flight = handoffs_in_flight;
@@ -669,7 +683,7 @@ int telemetry_get_peer(Telemetry *t, const char *peer, TelemetryPeerStats *ret) 
         TelemetryPeer *p;
         if (!t || !peer || !ret)
                 return -EINVAL;
-        int r = peer_get(t, peer, false, &p);
+        int r = peer_get(t, peer, PEER_FIND, &p);
         if (r < 0)
                 return r;
         peer_fill(t, p, ret);
@@ -689,7 +703,7 @@ int telemetry_iterate_peers(Telemetry *t, size_t *state, TelemetryPeerStats *ret
 
 BackpressureLevel telemetry_get_level(Telemetry *t, const char *peer) {
         TelemetryPeer *p;
-        if (!t || !peer || peer_get(t, peer, false, &p) < 0)
+        if (!t || !peer || peer_get(t, peer, PEER_FIND, &p) < 0)
                 return BACKPRESSURE_NONE;
         return p->bp.level;
 }

@@ -103,10 +103,12 @@ START_TEST(test_path_aggregate) {
                 .bytes_sent = 1000, .bytes_acked = 900, .segs_out = 10, .total_retrans = 1,
                 .send_queue = 100, .inflight_bytes = 50, .last_probe_ns = 5,
         };
+        /* Closed (state 7, TCP_CLOSE): its counts stay in the path's, not its queue,
+         * window, RTT or last probe. */
         struct epd_conn_stats b = {
-                .state = 7, .srtt_us = 500, .min_rtt_us = 0, .snd_cwnd = 4,
+                .state = 7, .srtt_us = 5000, .min_rtt_us = 0, .snd_cwnd = 4,
                 .bytes_sent = 10, .bytes_acked = 10, .segs_out = 2, .total_retrans = 3,
-                .last_probe_ns = 9,
+                .send_queue = 1 << 20, .inflight_bytes = 4096, .last_probe_ns = 9,
         };
         struct epd_conn_stats c = { .state = 1, .srtt_us = 100, .min_rtt_us = 80 };
         telemetry_path_stats_add(&p, &a);
@@ -115,11 +117,13 @@ START_TEST(test_path_aggregate) {
         ck_assert_uint_eq(p.n_established, 1);
         ck_assert_uint_eq(p.srtt_usec, 900);
         ck_assert_uint_eq(p.min_rtt_usec, 300); /* zero means "no sample", not a minimum */
-        ck_assert_uint_eq(p.cwnd, 14);
+        ck_assert_uint_eq(p.cwnd, 10);
+        ck_assert_uint_eq(p.send_queue, 100);
+        ck_assert_uint_eq(p.inflight, 50);
         ck_assert_uint_eq(p.bytes_sent, 1010);
         ck_assert_uint_eq(p.retransmits, 4);
         ck_assert_uint_eq(p.segs_out, 12);
-        ck_assert_uint_eq(p.last_probe_nsec, 9);
+        ck_assert_uint_eq(p.last_probe_nsec, 5);
         telemetry_path_stats_add(&p, &c);
         ck_assert_uint_eq(p.min_rtt_usec, 80);
 }

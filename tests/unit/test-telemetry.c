@@ -5,7 +5,9 @@
 #include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <stdio.h>
 #include <systemd/sd-event.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -101,11 +103,116 @@ START_TEST(test_counters_carry_on_past_the_kernels_32_bit_wrap) {
 }
 END_TEST
 
+/* Clients' TrackSocket names fill at most three quarters of MaxPeers= (192 of 256):
+ * the daemon's own peer still gets an entry (its telemetry, backpressure and handoff
+ * load). A client that tracked sockets under 256 made-up names left it none (-ENOSPC
+ * for both). */
+START_TEST(test_clients_leave_room_for_own_peers) {
+        sd_event *e;
+        Telemetry *t;
+        int fds[256];
+        unsigned tracked = 0, refused = 0;
+        ck_assert_int_ge(sd_event_new(&e), 0);
+        ck_assert_int_eq(telemetry_new(&t, e, NULL), 0);
+        for (int i = 0; i < 256; i++) {
+                char name[32];
+                snprintf(name, sizeof name, "made-up-%d", i);
+                fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                ck_assert_int_ge(fds[i], 0);
+                int r = telemetry_track_client(t, fds[i], name);
+                ck_assert(r == 0 || r == -ENOSPC);
+                tracked += r == 0;
+                refused += r == -ENOSPC;
+        }
+        ck_assert_uint_eq(tracked, 192);
+        ck_assert_uint_eq(refused, 64);
+        int own[2];
+        tcp_pair(&own[0], &own[1]);
+        ck_assert_int_eq(telemetry_track(t, own[0], "real-peer"), 0);
+        ck_assert_int_eq(telemetry_set_peer_load(t, "real-peer", 5, 0, 0), 0);
+        for (int i = 0; i < 256; i++)
+                close(fds[i]);
+        close(own[0]);
+        close(own[1]);
+        telemetry_free(t);
+        sd_event_unref(e);
+}
+END_TEST
+
+/* A tracked client socket reset with bytes queued: its last send queue stays out of
+ * the path's figures, and the level goes back to none while the daemon's own
+ * connection to the peer moves (it stayed high, send-queue, as long as the client kept
+ * the socket tracked). Needs the kernel telemetry (BPF): skipped without it. */
+START_TEST(test_dead_socket_leaves_the_path) {
+        sd_event *e;
+        Telemetry *t;
+        TelemetryConfig cfg;
+        ck_assert_int_ge(sd_event_new(&e), 0);
+        ck_assert_int_eq(telemetry_config_defaults(&cfg), 0);
+        cfg.backpressure.hold_usec = 100 * USEC_PER_MSEC;
+        ck_assert_int_eq(telemetry_new(&t, e, &cfg), 0);
+        telemetry_config_done(&cfg);
+        ck_assert_int_eq(telemetry_start(t), 0);
+        TelemetryCounters k;
+        telemetry_get_counters(t, &k);
+        if (!k.bpf_loaded) {
+                printf("SKIP test_dead_socket_leaves_the_path: no kernel telemetry (%s)\n",
+                       k.bpf_unavailable ? k.bpf_unavailable : "?");
+                telemetry_free(t);
+                sd_event_unref(e);
+                return;
+        }
+        int own[2], c[2];
+        tcp_pair(&own[0], &own[1]);
+        tcp_pair(&c[0], &c[1]);
+        ck_assert_int_eq(telemetry_track(t, own[0], "hostB"), 0);
+        ck_assert_int_eq(telemetry_track_client(t, c[0], "hostB"), 0);
+        int big = 64 << 20, small = 4096;
+        ck_assert_int_eq(setsockopt(c[0], SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof big), 0);
+        (void)setsockopt(c[1], SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+        ck_assert_int_eq(fcntl(c[0], F_SETFL, O_NONBLOCK), 0);
+        static char buf[1 << 20];
+        size_t queued = 0;
+        for (int i = 0; i < 200; i++) {
+                ssize_t n = write(c[0], buf, sizeof buf);
+                if (n < 0)
+                        break;
+                queued += (size_t)n;
+        }
+        ck_assert_uint_gt(queued, 1 << 20);
+        usleep(50000);
+        telemetry_evaluate(t);
+        close(c[1]); /* unread bytes: a reset; the client's socket is dead, still tracked */
+        usleep(100000);
+        TelemetryPeerStats st = {};
+        for (int i = 0; i < 30; i++) {
+                ck_assert_int_eq(write(own[0], "ping", 4), 4);
+                ck_assert_int_eq(read(own[1], buf, 4), 4);
+                telemetry_evaluate(t);
+                ck_assert_int_eq(telemetry_get_peer(t, "hostB", &st), 0);
+                if (i >= 10 && st.level == BACKPRESSURE_NONE)
+                        break;
+                usleep(100000);
+        }
+        ck_assert_msg(st.level == BACKPRESSURE_NONE, "level %s (%s), send queue %llu, established %u of %u",
+                      backpressure_level_to_string(st.level), backpressure_reason_to_string(st.reason),
+                      (unsigned long long)st.path.send_queue, st.path.n_established, st.path.n_conns);
+        ck_assert_uint_lt(st.path.send_queue, 1 << 20);
+        close(c[0]);
+        close(own[0]);
+        close(own[1]);
+        telemetry_free(t);
+        sd_event_unref(e);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("telemetry");
         TCase *tc = tcase_create("telemetry");
         tcase_add_test(tc, test_peer_down_keeps_clients_connections);
         tcase_add_test(tc, test_counters_carry_on_past_the_kernels_32_bit_wrap);
+        tcase_add_test(tc, test_clients_leave_room_for_own_peers);
+        tcase_add_test(tc, test_dead_socket_leaves_the_path);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
