@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include <errno.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -55,10 +58,10 @@ static void totals_add(TelemetryPeerTotals *a, const TelemetryPeerTotals *b) {
 void telemetry_conn_reading_update(TelemetryConnReading *r, uint64_t bytes_sent, uint64_t bytes_acked,
                                    uint64_t bytes_received, uint64_t bytes_retrans, uint32_t segs_out,
                                    uint32_t total_retrans) {
-        r->totals.bytes_sent = bytes_sent;
-        r->totals.bytes_acked = bytes_acked;
-        r->totals.bytes_received = bytes_received;
-        r->totals.bytes_retrans = bytes_retrans;
+        r->totals.bytes_sent = bytes_sent - MIN(bytes_sent, r->base.bytes_sent);
+        r->totals.bytes_acked = bytes_acked - MIN(bytes_acked, r->base.bytes_acked);
+        r->totals.bytes_received = bytes_received - MIN(bytes_received, r->base.bytes_received);
+        r->totals.bytes_retrans = bytes_retrans - MIN(bytes_retrans, r->base.bytes_retrans);
         if (r->have_raw) {
                 r->totals.segs_out += (uint32_t)(segs_out - r->raw_segs_out);
                 r->totals.retransmits += (uint32_t)(total_retrans - r->raw_retrans);
@@ -69,6 +72,18 @@ void telemetry_conn_reading_update(TelemetryConnReading *r, uint64_t bytes_sent,
         r->raw_segs_out = segs_out;
         r->raw_retrans = total_retrans;
         r->have_raw = true;
+}
+
+void telemetry_conn_reading_start(TelemetryConnReading *r, uint64_t bytes_sent, uint64_t bytes_acked,
+                                  uint64_t bytes_received, uint64_t bytes_retrans, uint32_t segs_out,
+                                  uint32_t total_retrans) {
+        *r = (TelemetryConnReading){
+                .base = { .bytes_sent = bytes_sent, .bytes_acked = bytes_acked, .bytes_received = bytes_received,
+                          .bytes_retrans = bytes_retrans },
+                .raw_segs_out = segs_out,
+                .raw_retrans = total_retrans,
+                .have_raw = true,
+        };
 }
 
 void telemetry_totals_merge_max(TelemetryPeerTotals *kept, const TelemetryPeerTotals *now) {
@@ -566,6 +581,12 @@ static int track(Telemetry *t, int fd, const char *peer, bool client) {
         c->cookie = cookie;
         c->peer = p;
         c->client = client;
+        struct tcp_info ti = {};
+        socklen_t til = sizeof ti;
+        if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &til) >= 0 &&
+            til >= offsetof(struct tcp_info, tcpi_bytes_retrans) + sizeof ti.tcpi_bytes_retrans)
+                telemetry_conn_reading_start(&c->last, ti.tcpi_bytes_sent, ti.tcpi_bytes_acked, ti.tcpi_bytes_received,
+                                             ti.tcpi_bytes_retrans, ti.tcpi_segs_out, ti.tcpi_total_retrans);
         r = hashmap_put(t->conns, &c->cookie, c);
         if (r < 0) {
                 free(c);

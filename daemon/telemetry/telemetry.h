@@ -45,9 +45,17 @@ typedef struct TelemetryPeerTotals {
  * and keep growing past a wrap. The first reading (have_raw false) is taken as it is. */
 typedef struct TelemetryConnReading {
         TelemetryPeerTotals totals;
+        TelemetryPeerTotals base; /* its byte counts when tracked (TCP_INFO): not counted */
         uint32_t raw_segs_out, raw_retrans;
         bool have_raw;
 } TelemetryConnReading;
+
+/* Where a connection's counts stand when it is tracked (the kernel counts from the
+ * socket's creation): only what follows counts. A socket tracked again (untracked, or
+ * under another peer's name) counted its whole history twice. */
+void telemetry_conn_reading_start(TelemetryConnReading *r, uint64_t bytes_sent, uint64_t bytes_acked,
+                                  uint64_t bytes_received, uint64_t bytes_retrans, uint32_t segs_out,
+                                  uint32_t total_retrans);
 
 void telemetry_conn_reading_update(TelemetryConnReading *r, uint64_t bytes_sent, uint64_t bytes_acked,
                                    uint64_t bytes_received, uint64_t bytes_retrans, uint32_t segs_out,

@@ -206,6 +206,57 @@ START_TEST(test_dead_socket_leaves_the_path) {
 }
 END_TEST
 
+/* A socket untracked and tracked again counts from where it stood when tracked: its
+ * history is in the peer's totals once (the kernel counts from the socket's creation;
+ * a re-track counted the first 1 MiB twice). Needs the kernel telemetry (BPF). */
+START_TEST(test_retrack_counts_once) {
+        sd_event *e;
+        Telemetry *t;
+        int c[2];
+        ck_assert_int_ge(sd_event_new(&e), 0);
+        ck_assert_int_eq(telemetry_new(&t, e, NULL), 0);
+        ck_assert_int_eq(telemetry_start(t), 0);
+        TelemetryCounters k;
+        telemetry_get_counters(t, &k);
+        if (!k.bpf_loaded) {
+                printf("SKIP test_retrack_counts_once: no kernel telemetry (%s)\n",
+                       k.bpf_unavailable ? k.bpf_unavailable : "?");
+                telemetry_free(t);
+                sd_event_unref(e);
+                return;
+        }
+        tcp_pair(&c[0], &c[1]);
+        ck_assert_int_eq(telemetry_track_client(t, c[0], "hostB"), 0);
+        static char buf[1 << 20];
+        ck_assert_int_eq(write(c[0], buf, sizeof buf), (ssize_t)sizeof buf);
+        for (size_t got = 0; got < sizeof buf;) {
+                ssize_t n = read(c[1], buf, sizeof buf - got);
+                ck_assert_int_gt(n, 0);
+                got += (size_t)n;
+        }
+        usleep(100000);
+        telemetry_evaluate(t);
+        TelemetryPeerStats st;
+        ck_assert_int_eq(telemetry_get_peer(t, "hostB", &st), 0);
+        uint64_t first = st.totals.bytes_acked;
+        ck_assert_uint_ge(first, 900000); /* most of it acknowledged by now */
+
+        ck_assert_int_eq(telemetry_untrack(t, c[0]), 0);
+        ck_assert_int_eq(telemetry_track_client(t, c[0], "hostB"), 0);
+        ck_assert_int_eq(write(c[0], "x", 1), 1); /* so that the kernel reports it again */
+        ck_assert_int_eq(read(c[1], buf, 1), 1);
+        usleep(100000);
+        telemetry_evaluate(t);
+        ck_assert_int_eq(telemetry_get_peer(t, "hostB", &st), 0);
+        ck_assert_msg(st.totals.bytes_acked <= first + 1000, "acked %llu after 1 byte more than %llu",
+                      (unsigned long long)st.totals.bytes_acked, (unsigned long long)first);
+        close(c[0]);
+        close(c[1]);
+        telemetry_free(t);
+        sd_event_unref(e);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("telemetry");
         TCase *tc = tcase_create("telemetry");
@@ -213,6 +264,7 @@ int main(void) {
         tcase_add_test(tc, test_counters_carry_on_past_the_kernels_32_bit_wrap);
         tcase_add_test(tc, test_clients_leave_room_for_own_peers);
         tcase_add_test(tc, test_dead_socket_leaves_the_path);
+        tcase_add_test(tc, test_retrack_counts_once);
         suite_add_tcase(s, tc);
         return check_run(s, CK_FORK_GETENV);
 }
