@@ -139,29 +139,36 @@ START_TEST(test_clients_leave_room_for_own_peers) {
 }
 END_TEST
 
+/* Telemetry started with its BPF programs loaded, or NULL (SKIP printed, nothing left)
+ * where this kernel or user cannot load them. */
+static Telemetry *start_kernel_telemetry(sd_event **e, const TelemetryConfig *cfg, const char *test) {
+        Telemetry *t;
+        TelemetryCounters k;
+        ck_assert_int_ge(sd_event_new(e), 0);
+        ck_assert_int_eq(telemetry_new(&t, *e, cfg), 0);
+        ck_assert_int_eq(telemetry_start(t), 0);
+        telemetry_get_counters(t, &k);
+        if (k.bpf_loaded)
+                return t;
+        printf("SKIP %s: no kernel telemetry (%s)\n", test, k.bpf_unavailable ? k.bpf_unavailable : "?");
+        telemetry_free(t);
+        *e = sd_event_unref(*e);
+        return NULL;
+}
+
 /* A tracked client socket reset with bytes queued: its last send queue stays out of
  * the path's figures, and the level goes back to none while the daemon's own
  * connection to the peer moves (it stayed high, send-queue, as long as the client kept
  * the socket tracked). Needs the kernel telemetry (BPF): skipped without it. */
 START_TEST(test_dead_socket_leaves_the_path) {
         sd_event *e;
-        Telemetry *t;
         TelemetryConfig cfg;
-        ck_assert_int_ge(sd_event_new(&e), 0);
         ck_assert_int_eq(telemetry_config_defaults(&cfg), 0);
         cfg.backpressure.hold_usec = 100 * USEC_PER_MSEC;
-        ck_assert_int_eq(telemetry_new(&t, e, &cfg), 0);
+        Telemetry *t = start_kernel_telemetry(&e, &cfg, "test_dead_socket_leaves_the_path");
         telemetry_config_done(&cfg);
-        ck_assert_int_eq(telemetry_start(t), 0);
-        TelemetryCounters k;
-        telemetry_get_counters(t, &k);
-        if (!k.bpf_loaded) {
-                printf("SKIP test_dead_socket_leaves_the_path: no kernel telemetry (%s)\n",
-                       k.bpf_unavailable ? k.bpf_unavailable : "?");
-                telemetry_free(t);
-                sd_event_unref(e);
+        if (!t)
                 return;
-        }
         int own[2], c[2];
         tcp_pair(&own[0], &own[1]);
         tcp_pair(&c[0], &c[1]);
@@ -211,20 +218,10 @@ END_TEST
  * a re-track counted the first 1 MiB twice). Needs the kernel telemetry (BPF). */
 START_TEST(test_retrack_counts_once) {
         sd_event *e;
-        Telemetry *t;
         int c[2];
-        ck_assert_int_ge(sd_event_new(&e), 0);
-        ck_assert_int_eq(telemetry_new(&t, e, NULL), 0);
-        ck_assert_int_eq(telemetry_start(t), 0);
-        TelemetryCounters k;
-        telemetry_get_counters(t, &k);
-        if (!k.bpf_loaded) {
-                printf("SKIP test_retrack_counts_once: no kernel telemetry (%s)\n",
-                       k.bpf_unavailable ? k.bpf_unavailable : "?");
-                telemetry_free(t);
-                sd_event_unref(e);
+        Telemetry *t = start_kernel_telemetry(&e, NULL, "test_retrack_counts_once");
+        if (!t)
                 return;
-        }
         tcp_pair(&c[0], &c[1]);
         ck_assert_int_eq(telemetry_track_client(t, c[0], "hostB"), 0);
         static char buf[1 << 20];
