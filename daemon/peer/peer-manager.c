@@ -208,7 +208,9 @@ int peer_manager_new(PeerManager **ret, sd_event *e, const PeerManagerConfig *c)
                         return -ENOMEM;
         }
         pm->heartbeat_usec = c->heartbeat_usec ? c->heartbeat_usec : PEER_HEARTBEAT_DEFAULT_USEC;
-        if (pm->heartbeat_usec < 40 * USEC_PER_MSEC)
+        /* The range AUTH_OK carries (peer-proto.h), as HeartbeatInterval= is checked. */
+        if (pm->heartbeat_usec < PEER_HEARTBEAT_MS_MIN * USEC_PER_MSEC ||
+            pm->heartbeat_usec > (usec_t)PEER_HEARTBEAT_MS_MAX * USEC_PER_MSEC)
                 return -EINVAL;
         pm->n_streams = c->n_streams ? c->n_streams : PEER_STREAMS_DEFAULT;
         if (pm->n_streams > PEER_MAX_STREAMS)
@@ -481,7 +483,7 @@ usec_t peer_manager_heartbeat_usec(PeerManager *pm) {
 /* ---- subsystem glue ---- */
 
 void peer_manager_set_heartbeat(PeerManager *pm, usec_t usec) {
-        if (usec < 40 * USEC_PER_MSEC)
+        if (usec < PEER_HEARTBEAT_MS_MIN * USEC_PER_MSEC || usec > (usec_t)PEER_HEARTBEAT_MS_MAX * USEC_PER_MSEC)
                 return;
         pm->heartbeat_usec = usec;
 }

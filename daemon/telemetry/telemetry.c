@@ -237,11 +237,11 @@ static bool peer_reclaim_one(Telemetry *t) {
         return false;
 }
 
-/* How many of MaxPeers= entries clients' TrackSocket names may fill: the rest are the
- * daemon's own peers' (made-up names must not leave a real peer without telemetry and
- * backpressure). */
+/* How many of MaxPeers= entries clients' TrackSocket names may fill: the rest (a
+ * quarter, at least one) are the daemon's own peers' (made-up names must not leave a
+ * real peer without telemetry and backpressure). */
 static size_t client_peers_max(const Telemetry *t) {
-        return t->config.max_peers - t->config.max_peers / 4;
+        return t->config.max_peers - MAX(t->config.max_peers / 4, 1u);
 }
 
 typedef enum PeerCreate {
@@ -263,9 +263,13 @@ static int peer_get(Telemetry *t, const char *name, PeerCreate create, Telemetry
         size_t len = strlen(name);
         if (len == 0 || len > TELEMETRY_PEER_NAME_MAX)
                 return -EINVAL;
+        /* A client's name reclaims until the table is under its cap, not one entry for
+         * one: reclaiming the daemon's idle entries one for one let clients' names take
+         * the whole table while the daemon's peers were down. */
         size_t cap = create == PEER_CREATE_CLIENT ? client_peers_max(t) : t->config.max_peers;
-        if (hashmap_size(t->peers) >= cap && !peer_reclaim_one(t))
-                return -ENOSPC;
+        while (hashmap_size(t->peers) >= cap)
+                if (!peer_reclaim_one(t))
+                        return -ENOSPC;
 
         size_t id = 0;
         while (id < t->n_peer_ids && t->peer_by_id[id])

@@ -254,12 +254,58 @@ START_TEST(test_retrack_counts_once) {
 }
 END_TEST
 
+/* Clients' names stay within their share while the daemon's peers are down: 240 own
+ * peers tracked, all their connections then gone (their entries idle), clients' new
+ * names take no more than 192 entries in all, and 64 own peers get one back. Each
+ * client name used to reclaim one idle entry for itself: clients ended with 240 and
+ * only 16 own peers got one. */
+START_TEST(test_client_names_stay_in_their_share) {
+        sd_event *e;
+        Telemetry *t;
+        static int own[240], cl[512];
+        char name[32];
+        unsigned clients = 0, back = 0;
+        ck_assert_int_ge(sd_event_new(&e), 0);
+        ck_assert_int_eq(telemetry_new(&t, e, NULL), 0);
+        for (int i = 0; i < 240; i++) {
+                snprintf(name, sizeof name, "own-%d", i);
+                own[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                ck_assert_int_eq(telemetry_track(t, own[i], name), 0);
+        }
+        for (int i = 0; i < 512; i++) {
+                if (i == 256) /* every own peer's connections gone (a partition): idle entries */
+                        for (int j = 0; j < 240; j++) {
+                                snprintf(name, sizeof name, "own-%d", j);
+                                ck_assert_int_eq(telemetry_untrack_all(t, name), 0);
+                        }
+                snprintf(name, sizeof name, "made-up-%d", i);
+                cl[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                clients += telemetry_track_client(t, cl[i], name) == 0;
+        }
+        ck_assert_uint_le(clients, 192);
+        for (int i = 0; i < 240; i++) {
+                snprintf(name, sizeof name, "own-%d", i);
+                int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                back += telemetry_track(t, fd, name) == 0;
+                close(fd);
+        }
+        ck_assert_uint_ge(back, 64);
+        for (int i = 0; i < 240; i++)
+                close(own[i]);
+        for (int i = 0; i < 512; i++)
+                close(cl[i]);
+        telemetry_free(t);
+        sd_event_unref(e);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("telemetry");
         TCase *tc = tcase_create("telemetry");
         tcase_add_test(tc, test_peer_down_keeps_clients_connections);
         tcase_add_test(tc, test_counters_carry_on_past_the_kernels_32_bit_wrap);
         tcase_add_test(tc, test_clients_leave_room_for_own_peers);
+        tcase_add_test(tc, test_client_names_stay_in_their_share);
         tcase_add_test(tc, test_dead_socket_leaves_the_path);
         tcase_add_test(tc, test_retrack_counts_once);
         suite_add_tcase(s, tc);
