@@ -1923,11 +1923,11 @@ static bool reloaded_to_16m(void *userdata) {
 }
 
 /* Evictions the spill queue has no room for are dropped, and the counters say so: with
- * a 2 MiB cache (and so a 2 MiB queue) and a store that takes 1.5 s to write a feature's
+ * a 2 MiB cache (and so a 2 MiB queue) and a store that takes 4 s to write a feature's
  * data, the first eviction of a 1.25 MiB feature is queued and the second, meanwhile,
  * dropped; once written, the first is in the store and the second is a miss. */
 static void setup_slow_writes(void) {
-        start_with_store_fault("CacheSize=2M\n", "EPD_FAULT_WRITE_SLOW", "1500:1000000:");
+        start_with_store_fault("CacheSize=2M\n", "EPD_FAULT_WRITE_SLOW", "4000:1000000:");
 }
 
 static bool spill_idle(void *userdata) {
@@ -1948,7 +1948,7 @@ START_TEST(test_spill_drops_counted) {
                 fill(p->data, bytes, (uint8_t)(i + 1));
                 ck_assert_int_eq(epd_feature_publish(enc, p, 10), 0);
                 epd_feature_release(enc, p);
-                if (i == 1) /* mid:0 evicted and queued; its data's write takes 1.5 s */
+                if (i == 1) /* mid:0 evicted and queued; its data's write takes 4 s */
                         ck_assert_uint_eq(stat_u64(NULL, "SpillPendingBytes"), bytes);
         }
         ck_assert_uint_eq(stat_u64(NULL, "Evictions"), 2);

@@ -1308,7 +1308,7 @@ START_TEST(test_commit_behind_many_acks) {
                 free(wpath);
                 free(wseq);
         }
-        epd_handoff_options o = { .ready = 0, .timeout_usec = 12 * USEC_PER_SEC };
+        epd_handoff_options o = { .ready = 0, .timeout_usec = 20 * USEC_PER_SEC };
         ck_assert_int_eq(kill(hc.epdd_pid, SIGSTOP), 0);
         int r = -EHOSTUNREACH;
         for (int i = 0; i < 500 && r == -EHOSTUNREACH; i++)
@@ -1317,7 +1317,7 @@ START_TEST(test_commit_behind_many_acks) {
         ck_assert_msg(r == 0, "Prepare: %s", epd_last_error_message(p));
         for (uint32_t g = 0; g < G; g++)
                 ck_assert_int_eq(epd_handoff_layer_group_ready(p, path, g), 0);
-        usleep(1000000); /* alpha pushes every write into the sockets */
+        usleep(2000000); /* alpha pushes every write into the sockets */
         ck_assert_int_eq(kill(ha.epdd_pid, SIGSTOP), 0);
         ck_assert_int_eq(kill(hc.epdd_pid, SIGCONT), 0);
         epd_handoff_accepted acc;
@@ -1327,7 +1327,7 @@ START_TEST(test_commit_behind_many_acks) {
                         usleep(10000);
         ck_assert_msg(r == 0, "Accept: %s", epd_last_error_message(d));
         Cond t = { d, acc.path, "transferred" };
-        bool landed = harness_wait_for(state_is, &t, 6000);
+        bool landed = harness_wait_for(state_is, &t, 10000);
         char *dseq = NULL;
         if (landed)
                 ck_assert_int_eq(epd_handoff_commit(d, acc.path, &dseq), 0);
