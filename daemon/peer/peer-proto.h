@@ -101,7 +101,7 @@ typedef struct PeerAuth {
 } PeerAuth;
 
 /* The acceptor's heartbeat interval an AUTH_OK may name: HeartbeatInterval='s range
- * (100 ms to a day). Out of it the dialer would beat every 25 µs or never judge the
+ * (100 ms to a day). Out of it the dialer would beat every 250 µs or never judge the
  * peer dead: refused (-EBADMSG). */
 #define PEER_HEARTBEAT_MS_MIN 100u
 #define PEER_HEARTBEAT_MS_MAX (24u * 3600u * 1000u)
