@@ -18,6 +18,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import epd  # noqa: E402
 
 
+def finished_soon(h, ring, polls: int = 200) -> bool:
+    """Whether handoff h is finished (Handoff.finished through ring) within `polls` waits
+    of 10 ms on the ring."""
+    for _ in range(polls):
+        if h.finished(ring):
+            return True
+        ring.poll(0.01)
+    return h.finished(ring)
+
+
 class Daemon:
     def __init__(self, extra_conf: str = "", env=None, state: bool = True):
         """Every daemon gets its own socket and its own StateDirectory (the WAL) in a
@@ -361,11 +371,7 @@ class BindingTest(unittest.TestCase):
                     h.layer_group_ready(g)
                 self.assertEqual(a.wait_groups(2, dring, timeout_s=5), 2)
                 Sequence(d, a.commit(ring=dring), a.arena).release()
-                for _ in range(200):
-                    if h.finished(pring):
-                        break
-                    time.sleep(0.01)
-                self.assertTrue(h.finished(pring))
+                self.assertTrue(finished_soon(h, pring))
                 a.release(dring)
                 h.release(pring)
                 # Reopened in place: the same object, a new ring at the daemon.
@@ -381,11 +387,7 @@ class BindingTest(unittest.TestCase):
                     h.layer_group_ready(g, pring)
                 self.assertEqual(a.wait_groups(2, dring, timeout_s=5), 2)
                 Sequence(d, a.commit(release=True, ring=dring), a.arena).release()
-                for _ in range(200):
-                    if h.finished(pring):
-                        break
-                    time.sleep(0.01)
-                self.assertTrue(h.finished(pring))
+                self.assertTrue(finished_soon(h, pring))
                 h.release(pring)
                 seq.release()
 
@@ -474,11 +476,7 @@ class BindingTest(unittest.TestCase):
                     self.fail("the source side was not released at commit")
                 # The prefill's ring says committed, then forgets the handoff (no release()
                 # will): a long-running worker's tables do not grow.
-                for _ in range(200):
-                    if h.finished(pring):
-                        break
-                    pring.poll(0.01)
-                self.assertTrue(h.finished(pring))
+                self.assertTrue(finished_soon(h, pring))
                 self.assertIsNone(pring.handoff_state(rid, h.token))
                 self.assertNotIn((rid, h.token), pring.progress)
                 Sequence(d, dseq, a.arena).release()

@@ -45,6 +45,14 @@ static unsigned outstanding(void) {
         return n;
 }
 
+/* A new connection registered as a worker of `role` (model "m", cpu). */
+static epd_client *registered(const char *role) {
+        epd_client *c;
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, role, "m", "cpu", NULL, NULL), 0);
+        return c;
+}
+
 /* The types and details of request rid's trace, in order ("type detail;" each). */
 static void trace_of(epd_client *c, const char *rid, char *buf, size_t size) {
         epd_trace_event *ev = NULL;
@@ -66,10 +74,8 @@ START_TEST(test_admit_complete) {
         ck_assert_int_eq(a.verdict, EPD_REJECT);
         ck_assert_str_eq(a.reason, "no-workers");
 
-        ck_assert_int_eq(epd_connect(address, &p), 0);
-        ck_assert_int_eq(epd_register(p, "prefill", "m", "cpu", NULL, NULL), 0);
-        ck_assert_int_eq(epd_connect(address, &d), 0);
-        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", NULL, NULL), 0);
+        p = registered("prefill");
+        d = registered("decode");
         ck_assert_int_eq(epd_configure_worker(d, 4, 0, 100), 0);
         ck_assert_int_eq(epd_configure_worker(tool, 4, 0, 100), -ENOTCONN);
 
@@ -143,10 +149,8 @@ START_TEST(test_configure_keeps_admitted) {
         epd_admission a;
 
         ck_assert_int_eq(epd_connect(address, &tool), 0);
-        ck_assert_int_eq(epd_connect(address, &p), 0);
-        ck_assert_int_eq(epd_register(p, "prefill", "m", "cpu", NULL, NULL), 0);
-        ck_assert_int_eq(epd_connect(address, &d), 0);
-        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", NULL, NULL), 0);
+        p = registered("prefill");
+        d = registered("decode");
         ck_assert_int_eq(epd_configure_worker(d, 4, 0, 100), 0);
         ck_assert_int_eq(epd_admit(tool, "c1", "interactive", 5 * 1000000, 10, false, &a), 0);
         ck_assert_int_eq(a.verdict, EPD_ADMIT);
@@ -205,10 +209,8 @@ END_TEST
  * nobody produces). */
 START_TEST(test_feature_affinity) {
         epd_client *p, *d;
-        ck_assert_int_eq(epd_connect(address, &p), 0);
-        ck_assert_int_eq(epd_register(p, "prefill", "m", "cpu", NULL, NULL), 0);
-        ck_assert_int_eq(epd_connect(address, &d), 0);
-        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", NULL, NULL), 0);
+        p = registered("prefill");
+        d = registered("decode");
 
         sd_bus *bus;
         sd_bus_error err = SD_BUS_ERROR_NULL;
@@ -512,10 +514,8 @@ START_TEST(test_requests_belong_to_their_client) {
         epd_admission a;
         char name[200];
 
-        ck_assert_int_eq(epd_connect(address, &p), 0);
-        ck_assert_int_eq(epd_register(p, "prefill", "m", "cpu", NULL, NULL), 0);
-        ck_assert_int_eq(epd_connect(address, &d), 0);
-        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", NULL, NULL), 0);
+        p = registered("prefill");
+        d = registered("decode");
         ck_assert_int_eq(epd_configure_worker(d, 64, 0, 1000), 0);
         ck_assert_int_eq(epd_connect(address, &tool), 0);
         ck_assert_int_eq(epd_admit(tool, "o1", "interactive", 0, 1, false, &a), 0);
@@ -637,8 +637,7 @@ START_TEST(test_stage_worker_not_root) {
         nobody_worker_start(&n, "decode", "s1", (const char *const[]){ "prefill", "decode" }, false);
         epd_client *p, *tool;
         epd_admission a;
-        ck_assert_int_eq(epd_connect(address, &p), 0);
-        ck_assert_int_eq(epd_register(p, "prefill", "m", "cpu", NULL, NULL), 0);
+        p = registered("prefill");
         ck_assert_int_eq(epd_connect(address, &tool), 0);
         ck_assert_int_eq(epd_admit(tool, "s1", "interactive", 3600ULL * 1000000, 1, false, &a), 0);
         ck_assert_int_eq(a.verdict, EPD_ADMIT);
@@ -666,8 +665,7 @@ START_TEST(test_stage_repeat_not_outstanding) {
         nobody_worker_start(&n, "prefill", "s2", (const char *const[]){ "prefill", "prefill" }, true);
         epd_client *d, *tool;
         epd_admission a;
-        ck_assert_int_eq(epd_connect(address, &d), 0);
-        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", NULL, NULL), 0);
+        d = registered("decode");
         ck_assert_int_eq(epd_configure_worker(d, 64, 0, 1000), 0);
         ck_assert_int_eq(epd_connect(address, &tool), 0);
         ck_assert_int_eq(epd_admit(tool, "s2", "interactive", 3600ULL * 1000000, 1, false, &a), 0);
@@ -791,10 +789,8 @@ START_TEST(test_objects_full_refused_before_admit) {
         epd_admission a;
         PoolCounts before, after;
 
-        ck_assert_int_eq(epd_connect(address, &p), 0);
-        ck_assert_int_eq(epd_register(p, "prefill", "m", "cpu", NULL, NULL), 0);
-        ck_assert_int_eq(epd_connect(address, &d), 0);
-        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", NULL, NULL), 0);
+        p = registered("prefill");
+        d = registered("decode");
         ck_assert_int_eq(epd_configure_worker(d, 64, 0, 1000), 0);
         ck_assert_int_eq(epd_connect(address, &tool), 0);
         ck_assert_int_eq(epd_admit(tool, "q1", "interactive", 0, 1, false, &a), 0);
@@ -843,11 +839,9 @@ START_TEST(test_client_leaving_with_many_requests) {
         PoolCounts before[3], after[3];
         char rid[32];
 
-        ck_assert_int_eq(epd_connect(address, &p), 0);
-        ck_assert_int_eq(epd_register(p, "prefill", "m", "cpu", NULL, NULL), 0);
+        p = registered("prefill");
         ck_assert_int_eq(epd_configure_worker(p, 2048, 0, 0), 0);
-        ck_assert_int_eq(epd_connect(address, &d), 0);
-        ck_assert_int_eq(epd_register(d, "decode", "m", "cpu", NULL, NULL), 0);
+        d = registered("decode");
         ck_assert_int_eq(epd_configure_worker(d, 2048, 0, 100000), 0);
         ck_assert_int_eq(epd_connect(address, &other), 0);
         for (int t = 0; t < 3; t++) {

@@ -299,6 +299,18 @@ START_TEST(test_fail_wakes_waiters) {
 }
 END_TEST
 
+/* A produce timeout of 1000 and key "slow" reserved (3 chunks) at 10 by its producer. */
+static FeatureRef *slow_producer(FeatureCache *c) {
+        FeatureRef *p;
+        FeatureAcquireResult res;
+        feature_cache_set_produce_timeout(c, 1000);
+        ck_assert_int_eq(feature_acquire(c, "slow", true, 10, &p, &res), 0);
+        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
+        FeatureDesc *d = desc_bytes(3 * CHUNK);
+        ck_assert_int_eq(feature_ref_reserve(p, 3 * CHUNK, &d, NULL, NULL), 0);
+        return p;
+}
+
 /* A producer that does not publish within the produce timeout fails the feature with
  * -ETIMEDOUT: its waiters hear it and the next Acquire produces; its region stays
  * allocated (it may still be writing) until its reference goes. One that publishes in
@@ -308,11 +320,7 @@ START_TEST(test_produce_timeout) {
         FeatureRef *p, *w, *q;
         FeatureAcquireResult res;
 
-        feature_cache_set_produce_timeout(c, 1000);
-        ck_assert_int_eq(feature_acquire(c, "slow", true, 10, &p, &res), 0);
-        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
-        FeatureDesc *d = desc_bytes(3 * CHUNK);
-        ck_assert_int_eq(feature_ref_reserve(p, 3 * CHUNK, &d, NULL, NULL), 0);
+        p = slow_producer(c);
         ck_assert_int_eq(feature_acquire(c, "slow", true, 20, &w, &res), 0);
         ck_assert_int_eq(res, FEATURE_ACQUIRE_WAIT);
         ck_assert_uint_eq(feature_cache_expire(c, 500), 1010);
@@ -334,7 +342,7 @@ START_TEST(test_produce_timeout) {
         ck_assert_uint_eq(feature_allocator_used(c->arenas[0].alloc), 0);
 
         /* In time: published, out of the queue. */
-        d = desc_bytes(100);
+        FeatureDesc *d = desc_bytes(100);
         ck_assert_int_eq(feature_ref_reserve(q, 100, &d, NULL, NULL), 0);
         ck_assert_int_eq(feature_publish(q, 1), 0);
         ck_assert_uint_eq(feature_cache_expire(c, 5000), USEC_INFINITY);
@@ -380,11 +388,7 @@ START_TEST(test_produce_timeout_region_goes_with_producer) {
         FeatureRef *p, *w, *pin, *q;
         FeatureAcquireResult res;
 
-        feature_cache_set_produce_timeout(c, 1000);
-        ck_assert_int_eq(feature_acquire(c, "slow", true, 10, &p, &res), 0);
-        ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
-        FeatureDesc *d = desc_bytes(3 * CHUNK);
-        ck_assert_int_eq(feature_ref_reserve(p, 3 * CHUNK, &d, NULL, NULL), 0);
+        p = slow_producer(c);
         ck_assert_int_eq(feature_acquire(c, "slow", false, 20, &w, &res), 0);
         ck_assert_int_eq(res, FEATURE_ACQUIRE_WAIT);
         ck_assert_int_eq(feature_pin(c, "slow", &pin), 0);
@@ -403,7 +407,7 @@ START_TEST(test_produce_timeout_region_goes_with_producer) {
         /* Its chunks are handed out again while the failed feature is still held. */
         ck_assert_int_eq(feature_acquire(c, "slow", true, 1020, &q, &res), 0);
         ck_assert_int_eq(res, FEATURE_ACQUIRE_PRODUCE);
-        d = desc_bytes(ARENA_CHUNKS * CHUNK);
+        FeatureDesc *d = desc_bytes(ARENA_CHUNKS * CHUNK);
         ck_assert_int_eq(feature_ref_reserve(q, ARENA_CHUNKS * CHUNK, &d, NULL, NULL), 0);
         ck_assert_int_eq(feature_publish(q, 1), 0);
         feature_ref_release(w);

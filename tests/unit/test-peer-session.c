@@ -433,14 +433,12 @@ START_TEST(test_acceptor_tells_superseded) {
         Acceptor acc;
         acceptor_start(&acc);
         sd_event *e = acc.e;
-        PeerAuthKey *k = acc.k;
-        unsigned short port = acc.port;
         Peer *p = acc.p;
 
-        int old = dial_as_member(e, port, k);
+        int old = dial_as_member(e, acc.port, acc.k);
         ck_assert(peer_is_up(p));
         uint64_t sid = peer_session_id(p);
-        int new = dial_as_member(e, port, k);
+        int new = dial_as_member(e, acc.port, acc.k);
         ck_assert(peer_is_up(p));
         ck_assert(peer_session_id(p) != sid);
         ck_assert_uint_eq(peer_stats(p)->connects, 2);
@@ -475,17 +473,15 @@ START_TEST(test_session_end_spares_new_handshake) {
         Acceptor acc;
         acceptor_start(&acc);
         sd_event *e = acc.e;
-        PeerAuthKey *k = acc.k;
-        unsigned short port = acc.port;
         Peer *p = acc.p;
 
-        int old = dial_as_member(e, port, k);
+        int old = dial_as_member(e, acc.port, acc.k);
         ck_assert(peer_is_up(p));
         MemberHandshake fresh;
-        hello_as_member(e, port, &fresh);
+        hello_as_member(e, acc.port, &fresh);
         close(old);
         ck_assert(run_until(e, peer_down_now, p, 5));
-        int fd = auth_as_member(e, &fresh, k);
+        int fd = auth_as_member(e, &fresh, acc.k);
         ck_assert(peer_is_up(p));
         ck_assert_uint_eq(peer_stats(p)->connects, 2);
 
