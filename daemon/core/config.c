@@ -92,8 +92,11 @@ static int p_path(ParseState *s, const char *key, const char *value, void *dst) 
                 perr(s, "%s=%s: expected an absolute path", key, value);
                 return -EINVAL;
         }
-        if (strlen(value) >= 108 && strcmp(key, "Socket") == 0) {
-                perr(s, "%s=%s: a unix socket path must be shorter than 108 bytes", key, value);
+        /* sun_path holds 108 bytes; the socket is bound as <path>.<pid> first (a pid has at
+         * most 7 digits), then renamed: manager_listen_direct(). */
+        if (strlen(value) >= 100 && strcmp(key, "Socket") == 0) {
+                perr(s, "%s=%s: a unix socket path must be shorter than 100 bytes (it is bound as "
+                     "<path>.<pid>, then renamed)", key, value);
                 return -EINVAL;
         }
         return p_string(s, key, value, dst);

@@ -310,39 +310,61 @@ static int manager_chgrp_socket(Manager *m, const char *path) {
         return log_error_errno(errno, "Cannot give %s group %s: %m", path, name);
 }
 
+/* The direct socket appears at its path only once it listens: it is bound under a
+ * temporary name in the same directory (<path>.<pid>), given its group, put to listen,
+ * and renamed onto the path. A client (or a script) that sees the path can connect
+ * at once; bound at the path itself, a connect() between bind() and listen() was
+ * refused (ECONNREFUSED), and a caller waiting for the file raced the daemon. A
+ * stale socket at the path (a previous run's) is replaced by the rename; any other
+ * kind of file there is an error, never removed. */
 static int manager_listen_direct(Manager *m) {
         const char *path = m->config.socket_path;
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        char tmp[sizeof sa.sun_path];
+        struct stat st;
+
         if (strlen(path) >= sizeof sa.sun_path)
                 return log_error_errno(ENAMETOOLONG, "Socket path %s is too long.", path);
-        strcpy(sa.sun_path, path);
+        int n = snprintf(tmp, sizeof tmp, "%s.%d", path, (int)getpid());
+        if (n < 0 || (size_t)n >= sizeof tmp)
+                return log_error_errno(ENAMETOOLONG, "Socket path %s is too long for its temporary name %s.<pid> "
+                                       "(at most %zu characters with it).", path, path, sizeof tmp - 1);
+        strcpy(sa.sun_path, tmp);
 
         int r = mkdir_parents(path, 0755);
         if (r < 0)
                 return log_error_errno(r, "Cannot create the directory of %s: %m", path);
+        if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+                return log_error_errno(EEXIST, "Cannot serve the direct socket %s: a file that is not a socket "
+                                       "is there.", path);
         _cleanup_(closep) int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)
                 return log_error_errno(errno, "socket(): %m");
-        /* A stale socket from a previous run would make bind() fail. Only a socket is
-         * removed, never another kind of file. */
-        struct stat st;
-        if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
-                (void)unlink(path);
+        /* A temporary name left by a daemon of this pid that died between bind() and
+         * rename(): only a socket is removed. */
+        if (lstat(tmp, &st) == 0 && S_ISSOCK(st.st_mode))
+                (void)unlink(tmp);
         mode_t old = umask(0117); /* rw for owner and group (epd) */
         r = bind(fd, (struct sockaddr *)&sa, sizeof sa);
         umask(old);
         if (r < 0)
-                return log_error_errno(errno, "Cannot bind the direct socket %s: %m", path);
+                return log_error_errno(errno, "Cannot bind the direct socket %s: %m", tmp);
         /* The group whose members may connect (docs/security.md), however epdd was
          * started: as root by hand the socket would otherwise be root's. */
-        r = manager_chgrp_socket(m, path);
-        if (r < 0)
+        r = manager_chgrp_socket(m, tmp);
+        if (r >= 0 && listen(fd, SOMAXCONN) < 0)
+                r = log_error_errno(errno, "listen() on %s: %m", tmp);
+        if (r >= 0 && rename(tmp, path) < 0)
+                r = log_error_errno(errno, "Cannot rename the direct socket %s to %s: %m", tmp, path);
+        if (r < 0) {
+                (void)unlink(tmp);
                 return r;
-        if (listen(fd, SOMAXCONN) < 0)
-                return log_error_errno(errno, "listen() on %s: %m", path);
+        }
         r = sd_event_add_io(m->event, &m->direct_source, fd, EPOLLIN, on_direct_connection, m);
-        if (r < 0)
+        if (r < 0) {
+                (void)unlink(path);
                 return log_error_errno(r, "Cannot watch the direct socket: %m");
+        }
         m->direct_fd = TAKE_FD(fd);
         log_info("Serving the direct socket %s.", path);
         return 0;

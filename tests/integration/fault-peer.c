@@ -9,7 +9,10 @@
  * With a sixth field WAL_FULL of 1, every write() or pwrite() of a record to a file named
  * wal.log fails with ENOSPC, writing nothing (a full disk, from a chosen moment on; the
  * zeros the log writes ahead still go). Any other process, or without the file, the calls
- * are the real ones. Test builds only: nothing in epdd knows of it. */
+ * are the real ones. Also, in any process, with $EPD_FAULT_LISTEN_SLOW_MS: a listen() on
+ * a Unix socket takes that much longer before it listens (a daemon slow between bind()
+ * and listen(): test-single-daemon's direct socket case). Test builds only: nothing in
+ * epdd knows of it. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
@@ -18,6 +21,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PEER_FRAME_HEADER 16u
@@ -139,4 +144,19 @@ ssize_t pwrite(int fd, const void *buf, size_t count, off_t off) {
         if (!real)
                 real = (ssize_t (*)(int, const void *, size_t, off_t))dlsym(RTLD_NEXT, "pwrite64");
         return wal_refused(fd, buf, count) ? -1 : real(fd, buf, count, off);
+}
+
+int listen(int fd, int backlog) {
+        static int (*real)(int, int);
+        if (!real)
+                real = (int (*)(int, int))dlsym(RTLD_NEXT, "listen");
+        const char *ms = getenv("EPD_FAULT_LISTEN_SLOW_MS");
+        struct sockaddr_un sa;
+        socklen_t len = sizeof sa;
+        if (ms && getsockname(fd, (struct sockaddr *)&sa, &len) == 0 && sa.sun_family == AF_UNIX) {
+                long v = strtol(ms, NULL, 10);
+                struct timespec ts = { .tv_sec = v / 1000, .tv_nsec = v % 1000 * 1000000L };
+                (void)nanosleep(&ts, NULL);
+        }
+        return real(fd, backlog);
 }

@@ -58,6 +58,8 @@ class Daemon:
         return "direct:" + self.socket
 
     def start(self, args=()):
+        if getattr(self, "log", None):
+            self.log.close()
         self.log = open(self.log_path, "a")
         self.proc = subprocess.Popen([tool("epdd"), f"--config={self.conf}", *args], stdout=self.log,
                                      stderr=subprocess.STDOUT)

@@ -95,6 +95,9 @@ static const struct {
         { "[Cluster]\nTransport=infiniband\n", "Transport=infiniband: expected auto, tcp or rdma" },
         { "[Daemon]\nLogLevel=loud\n", "LogLevel=loud: expected one of" },
         { "[Daemon]\nSocket=relative/bus\n", "Socket=relative/bus: expected an absolute path" },
+        /* 100 bytes: bound as <path>.<pid> (up to 8 more) it would not fit sun_path's 108. */
+        { "[Daemon]\nSocket=/run/xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n",
+          "a unix socket path must be shorter than 100 bytes" },
         { "[Daemon]\nHostId=has space\n", "HostId=has space: only letters" },
         { "[Limits]\nMaxWorkers=0\n", "MaxWorkers=0: expected a number from 1 to 1000000" },
         { "[Limits]\nMaxWorkers=-3\n", "MaxWorkers=-3: expected a number" },
