@@ -169,9 +169,22 @@ static int method_register_memory(sd_bus_message *msg, void *userdata, sd_bus_er
                                              "The memory behind this fd is not on GPU %s (the CUDA driver "
                                              "places it on another GPU or in host memory): name the GPU "
                                              "that allocated it.", pci);
-                return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
-                                     "Cannot import %" PRIu64 " bytes of GPU memory from this fd: %s.",
-                                     size, strerror(-r));
+                if (r == -EINVAL || r == -EBADF || r == -ERANGE || r == -ENOENT)
+                        return epd_bus_error(error, EPD_ERROR_INVALID_ARGUMENT,
+                                             "Cannot import %" PRIu64 " bytes of GPU memory from this fd: %s.",
+                                             size, strerror(-r));
+                /* The daemon's side, not the caller's: no room to map it, a driver that
+                 * cannot, a driver in trouble. */
+                if (r == -ENOMEM || r == -ENOSPC)
+                        return epd_bus_error(error, EPD_ERROR_NO_SPACE,
+                                             "No room on GPU %s to map %" PRIu64 " bytes of this worker's memory "
+                                             "here: %s.", pci, size, strerror(-r));
+                if (r == -EOPNOTSUPP)
+                        return epd_bus_error(error, EPD_ERROR_UNSUPPORTED,
+                                             "The CUDA driver cannot import this memory here: %s.", strerror(-r));
+                return epd_bus_error(error, EPD_ERROR_FAILED,
+                                     "Cannot import %" PRIu64 " bytes of GPU memory from this fd: %s.", size,
+                                     strerror(-r));
         }
         log_debug("Worker %s registered %" PRIu64 " bytes of its GPU memory on %s as region %u.",
                   w->id_str, size, pci, g->external->region.id);

@@ -26,6 +26,11 @@
 
 /* Maps the errno of a pages operation to a named error. */
 static int pages_error(sd_bus_error *error, int r, const char *what) {
+        int copy = page_copy_errno(r);
+        if (copy < 0)
+                return epd_bus_error(error, EPD_ERROR_FAILED,
+                                     "%s: the copy-on-write of shared pages failed (%s); nothing changed.", what,
+                                     strerror(-copy));
         switch (r) {
         case -ENOSPC:
                 return epd_bus_error(error, EPD_ERROR_NO_SPACE, "%s: not enough free KV pages.", what);
@@ -551,7 +556,17 @@ static void prepare_write_ready(void *userdata, Sequence *s, int error, size_t c
 
         if (error == -ECANCELED)
                 goto done; /* the daemon is stopping: the caller hears of it by the disconnect */
-        if (error == -ENOENT)
+        int copy = page_copy_errno(error);
+        if (copy < 0 && copied > 0)
+                r = epd_bus_error(&e, EPD_ERROR_FAILED,
+                                  "PrepareWrite: the copy-on-write of shared pages failed (%s); the %zu pages "
+                                  "copied in an earlier round (the range was shared again meanwhile) stay copied.",
+                                  strerror(-copy), copied);
+        else if (copy < 0)
+                r = epd_bus_error(&e, EPD_ERROR_FAILED,
+                                  "PrepareWrite: the copy-on-write of shared pages failed (%s); nothing changed.",
+                                  strerror(-copy));
+        else if (error == -ENOENT)
                 r = epd_bus_error(&e, EPD_ERROR_NOT_FOUND,
                                   "PrepareWrite: the sequence was released while its pages were being copied.");
         else if (error == -EBUSY)

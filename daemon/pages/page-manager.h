@@ -157,9 +157,25 @@ int page_manager_prepare_write(PageManager *pm, Sequence *s, size_t first, size_
  * runs exactly once on the loop: with the sequence looked up again and the number of
  * pages swapped in, or an error with the pages an earlier round swapped in (0: the
  * table unchanged; more: journaled before ready() runs) (-ENOENT: the sequence was
- * released meanwhile, s NULL; -ECANCELED: the daemon is stopping, reply to nobody; the
- * copy's own error). Its pages are then [first, first + count) of s, if still there. */
+ * released meanwhile, s NULL; -ECANCELED: the daemon is stopping, reply to nobody; a
+ * copy's or the journal's own failure, wrapped by page_copy_failed()). Its pages are
+ * then [first, first + count) of s, if still there. The synchronous return wraps such
+ * failures too. */
 typedef void (*PageWriteReadyFn)(void *userdata, Sequence *s, int error, size_t copied);
+
+/* A copy's failure (the driver's errno: CUDA_ERROR_INVALID_VALUE reads -EINVAL, an
+ * out-of-resources launch -ENOSPC) or the journal's, as against a refusal of the plan
+ * (-ENOSPC: no free page; -EINVAL: a range outside the sequence...): the same errno
+ * means different things, so a copy's is moved out of the errno range, and callers name
+ * it Failed with page_copy_errno()'s text. */
+#define PAGE_COPY_FAILED_BASE 4096
+static inline int page_copy_failed(int r) {
+        return r < 0 && r > -PAGE_COPY_FAILED_BASE ? r - PAGE_COPY_FAILED_BASE : r;
+}
+/* The wrapped errno of a copy's failure (negative), or 0 for any other r. */
+static inline int page_copy_errno(int r) {
+        return r <= -PAGE_COPY_FAILED_BASE ? r + PAGE_COPY_FAILED_BASE : 0;
+}
 int page_manager_prepare_write_async(PageManager *pm, Sequence *s, size_t first, size_t count,
                                      size_t *ret_copied, PageWriteReadyFn ready, void *userdata);
 

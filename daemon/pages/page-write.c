@@ -91,6 +91,10 @@ static void pending_write_done(void *userdata, int error) {
         pm->writes_pending--;
         free(p->dst);
         free(p->src);
+        /* Every error that comes here is the copies' (their completion, their
+         * submission) or the journal's (a removal's durability), never the plan's. */
+        if (error != -ECANCELED)
+                error = page_copy_failed(error);
         if (pm->manager->stopping)
                 error = -ECANCELED; /* the table stays as journaled */
         else if (error >= 0 && !s)
@@ -185,7 +189,9 @@ static int prepare_write_round(PageManager *pm, Sequence *s, size_t first, size_
                 r = wal_manager_after_durable(pm->manager, pending_write_go, p);
                 p->in_call = false;
                 if (r >= 0 && p->answered && p->call_error < 0)
-                        r = p->call_error;
+                        r = p->call_error == -ECANCELED ? -ECANCELED : page_copy_failed(p->call_error);
+                else if (r < 0 && r != -ECANCELED)
+                        r = page_copy_failed(r); /* the journal's */
                 if (r < 0) {
                         c = TAKE_PTR(p->cow); /* dropped with the plan */
                         free(p->dst);
@@ -209,8 +215,8 @@ static int prepare_write_round(PageManager *pm, Sequence *s, size_t first, size_
                 free(p);
                 for (size_t j = 0; j < c->n; j++) {
                         r = copy(pm->copy_userdata[s->arena], dst[j], src[j], page_size);
-                        if (r < 0)
-                                return r;
+                        if (r < 0) /* no copy path (-EOPNOTSUPP) is a refusal; a copy's error is not */
+                                return pm->copy[s->arena] ? page_copy_failed(r) : r;
                 }
                 *ret_copied = sequence_cow_commit(s, TAKE_PTR(c));
                 return 0;
@@ -219,7 +225,7 @@ static int prepare_write_round(PageManager *pm, Sequence *s, size_t first, size_
                pending_write_done, p);
         if (r < 0) {
                 free(p);
-                return r;
+                return page_copy_failed(r); /* the driver refused the submission */
         }
         TAKE_PTR(c); /* the pending write's now */
         pm->writes_pending++;

@@ -107,10 +107,15 @@ static void start(const char *fail_copies) {
         }
         ck_assert_int_eq(harness_init(&h, CONFIG), 0);
         harness_direct_address(&h, address, sizeof address);
+        char no_room[300];
+        snprintf(no_room, sizeof no_room, "%s/no-room", h.dir);
+        if (fake)
+                ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_RESERVE_FILE", no_room, 1), 0);
         ck_assert_int_eq(harness_start_epdd(&h, NULL), 0);
         /* Only epdd fails (or waits for) its copies; this process's own (filling,
          * checking) work at once. */
         if (fake) {
+                ck_assert_int_eq(unsetenv("FAKE_CUDA_FAIL_RESERVE_FILE"), 0);
                 ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_COPIES", "0", 1), 0);
                 ck_assert_int_eq(setenv("FAKE_CUDA_COPY_DELAY_MS", "0", 1), 0);
                 ck_assert_int_eq(setenv("FAKE_CUDA_IMPORT_DELAY_MS", "0", 1), 0);
@@ -1432,6 +1437,58 @@ static void setup_second_copy_refused(void) {
         copy_delay_ms = "0";
 }
 
+/* The driver refuses the first copy as it is enqueued: with CUDA_ERROR_INVALID_VALUE
+ * (-EINVAL) the caller heard InvalidArgument "invalid argument", with
+ * CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (-ENOSPC) NoSpace "not enough free KV pages", with
+ * CUDA_ERROR_NOT_FOUND (-ENOENT) NotFound: the driver's errno read as a refusal of the
+ * plan. It is Failed, naming the driver's error, and nothing changed. */
+static const char *refused_error;
+static void setup_first_copy_refused(void) {
+        ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_ASYNC_AFTER", "0", 1), 0);
+        ck_assert_int_eq(setenv("FAKE_CUDA_ASYNC_ERROR", refused_error, 1), 0);
+        start("0");
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_FAIL_ASYNC_AFTER"), 0);
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_ASYNC_ERROR"), 0);
+}
+static void setup_first_copy_invalid(void) {
+        refused_error = "1"; /* CUDA_ERROR_INVALID_VALUE */
+        setup_first_copy_refused();
+}
+static void setup_first_copy_no_resources(void) {
+        refused_error = "701"; /* CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES */
+        setup_first_copy_refused();
+}
+static void setup_first_copy_not_found(void) {
+        refused_error = "500"; /* CUDA_ERROR_NOT_FOUND */
+        setup_first_copy_refused();
+}
+
+START_TEST(test_cow_first_copy_refused) {
+        if (!fake)
+                return;
+        epd_client *c = worker("decode");
+        uint64_t offs[N_PAGES], after[N_PAGES];
+        char *seq = make_sequence(c, "gpu0", N_PAGES, offs);
+        sd_bus_message *reply = NULL;
+        char *clone = clone_sequence(c, seq);
+        int r = epd__call(c, clone, "org.epd1.Sequence", "PrepareWrite", &reply, "uu", 5, 1);
+        ck_assert_int_lt(r, 0);
+        ck_assert_msg(strcmp(epd_last_error_name(c), "org.epd1.Error.Failed") == 0, "%s: %s",
+                      epd_last_error_name(c), epd_last_error_message(c));
+        const char *want = strcmp(refused_error, "701") == 0 ? strerror(ENOSPC)
+                           : strcmp(refused_error, "500") == 0 ? strerror(ENOENT)
+                                                               : strerror(EINVAL);
+        ck_assert_msg(strstr(epd_last_error_message(c), want) &&
+                      strstr(epd_last_error_message(c), "nothing changed"), "%s", epd_last_error_message(c));
+        sequence_offsets(c, clone, after, N_PAGES);
+        ck_assert(memcmp(offs, after, sizeof offs) == 0);
+        ck_assert_uint_eq(arena_live(c, "gpu0"), N_PAGES);
+        ck_assert_uint_eq(counter(c, "writes-in-flight"), 0);
+        release_all(c, (char *[]){ clone, seq }, 2);
+        epd_disconnect(c);
+}
+END_TEST
+
 START_TEST(test_cow_later_round_fails) {
         if (!fake) {
                 printf("real driver: copies are not refused here\n");
@@ -1567,6 +1624,40 @@ START_TEST(test_unregister_releases_memory) {
         ck_assert_int_eq(epd_gpu_register_memory(c, g, 0, own->base, own->size, &more[30]), 0);
         ck_assert_int_eq(epd_unregister(c), 0);
         ck_assert_int_eq(epd_gpu_release_memory(c, region), -ENOENT);
+        epd_gpu_close(g);
+        gpu_arena_unref(own);
+        epd_disconnect(c);
+}
+END_TEST
+
+/* The daemon finds no room to map a worker's memory (the fake driver's reservations
+ * fail once the file is there): NoSpace with the driver's error, not InvalidArgument
+ * "cannot import ... from this fd", which blamed the caller; nothing is held. */
+START_TEST(test_register_memory_no_room) {
+        if (!fake)
+                return;
+        epd_client *c = worker("decode");
+        GpuArena *own = NULL;
+        EpdGpu *g = NULL;
+        uint32_t region;
+        char no_room[300];
+        snprintf(no_room, sizeof no_room, "%s/no-room", h.dir);
+        ck_assert_int_eq(gpu_arena_new(sys, 0, 4 << 20, &own), 0);
+        ck_assert_int_eq(epd_gpu_open(&g), 0);
+        FILE *f = fopen(no_room, "we");
+        ck_assert_ptr_nonnull(f);
+        fclose(f);
+        ck_assert_int_lt(epd_gpu_register_memory(c, g, 0, own->base, own->size, &region), 0);
+        ck_assert_msg(strcmp(epd_last_error_name(c), "org.epd1.Error.NoSpace") == 0, "%s: %s",
+                      epd_last_error_name(c), epd_last_error_message(c));
+        ck_assert_ptr_nonnull(strstr(epd_last_error_message(c), strerror(ENOMEM)));
+        ck_assert_int_eq(unlink(no_room), 0);
+        /* Nothing was held: 32 registrations still fit. */
+        uint32_t regions[32];
+        for (int i = 0; i < 32; i++)
+                ck_assert_int_eq(epd_gpu_register_memory(c, g, 0, own->base, own->size, &regions[i]), 0);
+        for (int i = 0; i < 32; i++)
+                ck_assert_int_eq(epd_gpu_release_memory(c, regions[i]), 0);
         epd_gpu_close(g);
         gpu_arena_unref(own);
         epd_disconnect(c);
@@ -1952,6 +2043,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_departing_gpu_client_on_the_bus);
         tcase_add_test(tc, test_departed_worker_not_counted);
         tcase_add_test(tc, test_register_memory_over_max_request);
+        tcase_add_test(tc, test_register_memory_no_room);
         tcase_add_test(tc, test_cow);
         tcase_add_test(tc, test_notifier);
         tcase_add_test(tc, test_sliced_batches);
@@ -1985,6 +2077,19 @@ static Suite *suite(void) {
         tcase_add_test(tf, test_cow_copy_fails);
         tcase_set_timeout(tf, 120);
         suite_add_tcase(s, tf);
+        const struct {
+                const char *name;
+                void (*setup)(void);
+        } refused[] = { { "first-copy-invalid", setup_first_copy_invalid },
+                        { "first-copy-no-resources", setup_first_copy_no_resources },
+                        { "first-copy-not-found", setup_first_copy_not_found } };
+        for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+                TCase *t = tcase_create(refused[i].name);
+                tcase_add_checked_fixture(t, refused[i].setup, teardown);
+                tcase_add_test(t, test_cow_first_copy_refused);
+                tcase_set_timeout(t, 120);
+                suite_add_tcase(s, t);
+        }
         TCase *tl = tcase_create("second-copy-refused");
         tcase_add_checked_fixture(tl, setup_second_copy_refused, teardown);
         tcase_add_test(tl, test_cow_later_round_fails);

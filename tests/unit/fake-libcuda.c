@@ -160,11 +160,25 @@ static CUresult f_release(int dev) {
         __atomic_sub_fetch(&retained[dev], 1, __ATOMIC_RELAXED);
         return OK;
 }
-/* The calling thread's current context, as the driver keeps it. */
-static __thread void *current_ctx;
+/* The calling thread's current context, as the driver keeps it: a pthread key, not
+ * __thread, whose block in this dlopen()ed library is dynamic TLS, which LeakSanitizer's
+ * leak check at a sanitized test's exit read at a bogus address and crashed on ("Tracer
+ * caught signal 11", "DTLS 7 at 0x128"), failing every later case of test-gpu-handoff
+ * once three more were added. */
+static pthread_key_t ctx_key;
+static pthread_once_t ctx_once = PTHREAD_ONCE_INIT;
+static void ctx_key_make(void) {
+        (void)pthread_key_create(&ctx_key, NULL);
+}
+static void *current_ctx_get(void) {
+        (void)pthread_once(&ctx_once, ctx_key_make);
+        return pthread_getspecific(ctx_key);
+}
+#define current_ctx current_ctx_get()
 static CUresult f_ctx_set(void *ctx) {
         const char *fail = getenv("FAKE_CUDA_FAIL_CTX_SET");
-        current_ctx = ctx;
+        (void)pthread_once(&ctx_once, ctx_key_make);
+        (void)pthread_setspecific(ctx_key, ctx);
         return ctx && fail && strcmp(fail, "1") == 0 ? 201 /* CUDA_ERROR_INVALID_CONTEXT */ : OK;
 }
 /* cuMemAlloc allocations and events not freed: fake_cuda_live(). */
@@ -260,7 +274,13 @@ static CUresult f_props(Prop *p, unsigned long long h) {
         *p = (Prop) { .type = 1, .handle_types = 1, .location = { .type = 1, .id = x->device } };
         return OK;
 }
+/* FAKE_CUDA_FAIL_RESERVE_FILE=PATH: while PATH exists, address reservations fail with
+ * CUDA_ERROR_OUT_OF_MEMORY (a GPU whose address space is spent; a test makes the file
+ * once the daemon's own arenas are up). */
 static CUresult f_reserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long fl) {
+        const char *fail = getenv("FAKE_CUDA_FAIL_RESERVE_FILE");
+        if (fail && access(fail, F_OK) == 0)
+                return 2;
         void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (m == MAP_FAILED)
                 return 2;
@@ -388,24 +408,29 @@ static CUresult f_copy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
         return f_copy_now(dst, src, n);
 }
 /* FAKE_CUDA_FAIL_ASYNC_AFTER=N: the asynchronous copy calls after the first N (counted
- * while it is set) fail as they are enqueued, as a driver refusing work does. */
-static int async_refused(void) {
+ * while it is set) fail as they are enqueued, as a driver refusing work does; with the
+ * CUresult FAKE_CUDA_ASYNC_ERROR (default CUDA_ERROR_INVALID_VALUE). */
+static CUresult async_refused(void) {
         static unsigned long calls;
-        const char *after = getenv("FAKE_CUDA_FAIL_ASYNC_AFTER");
+        const char *after = getenv("FAKE_CUDA_FAIL_ASYNC_AFTER"), *error = getenv("FAKE_CUDA_ASYNC_ERROR");
         if (!after) {
                 calls = 0;
                 return 0;
         }
-        return calls++ >= strtoul(after, NULL, 10);
+        if (calls++ < strtoul(after, NULL, 10))
+                return 0;
+        return error ? (CUresult)strtoul(error, NULL, 10) : E_INVALID;
 }
 static CUresult f_copy_async(CUdeviceptr dst, CUdeviceptr src, size_t n, void *stream) {
-        if (async_refused())
-                return E_INVALID;
+        CUresult refused = async_refused();
+        if (refused)
+                return refused;
         return f_copy_now(dst, src, n);
 }
 static CUresult f_copy_peer_async(CUdeviceptr dst, void *dc, CUdeviceptr src, void *sc, size_t n, void *s) {
-        if (async_refused())
-                return E_INVALID;
+        CUresult refused = async_refused();
+        if (refused)
+                return refused;
         return f_copy_now(dst, src, n);
 }
 static CUresult f_batch_async(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
@@ -413,8 +438,9 @@ static CUresult f_batch_async(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *size
         /* FAKE_CUDA_SUBMIT_DELAY_MS: a submission that holds its caller (a host busy
          * preparing a large batch). */
         env_delay("FAKE_CUDA_SUBMIT_DELAY_MS");
-        if (async_refused())
-                return E_INVALID;
+        CUresult refused = async_refused();
+        if (refused)
+                return refused;
         for (size_t i = 0; i < count; i++)
                 f_copy_now(dsts[i], srcs[i], sizes[i]);
         return OK;
@@ -442,8 +468,9 @@ static CUresult f_copy_2d_async(const CUDA_MEMCPY2D *c, void *stream) {
         const char *no = getenv("FAKE_CUDA_NO_2D");
         if (no && *no == '1')
                 return 801; /* CUDA_ERROR_NOT_SUPPORTED: a driver without them */
-        if (async_refused())
-                return E_INVALID;
+        CUresult refused = async_refused();
+        if (refused)
+                return refused;
         if (c->WidthInBytes > c->srcPitch || c->WidthInBytes > c->dstPitch)
                 return E_INVALID; /* as the driver: rows may not overlap on either side */
         const uint8_t *src = c->srcMemoryType == CU_MEMORYTYPE_HOST ? c->srcHost
