@@ -47,15 +47,19 @@ class KvLayout:
     dtype: str = "bf16"
 
     def _c(self):
-        return _lib.EpdKvLayout(self.layers, self.tokens_per_block, self.k_bytes_per_token,
-                                self.v_bytes_per_token, self.dtype.encode())
+        return _lib.EpdKvLayout(_lib.u32(self.layers, "layers"), _lib.u32(self.tokens_per_block, "tokens_per_block"),
+                                _lib.u64(self.k_bytes_per_token, "k_bytes_per_token"),
+                                _lib.u64(self.v_bytes_per_token, "v_bytes_per_token"), self.dtype.encode())
 
 
 class Arena:
     """One arena the daemon passed to this worker (by fd) at registration."""
 
     def __init__(self, client: "Client", index: int):
-        a = _lib.lib().epd_arena_get(client._c, index).contents
+        a = _lib.lib().epd_arena_get(client._open(), index)
+        if not a:
+            raise ValueError(f"no arena {index} in this registration")
+        a = a.contents
         self._client = client
         self._generation = client._generation  # of the registration it belongs to
         self.index = index
@@ -67,10 +71,18 @@ class Arena:
         self.gpu = a.gpu
         self.fd = a.fd
 
+    def _current(self):
+        """Refuses an Arena of an earlier registration (or of a closed client): its index
+        is another arena's, or none, in the registration there is now."""
+        if self._generation != self._client._generation:
+            raise ValueError(f"arena {self.name} belongs to an earlier registration of this client")
+
     def address(self) -> int:
         """Maps a host arena (once) and returns its address in this process: libepd's
         mapping, valid until unregister() or close() unmaps it (buffer(), numpy() and
-        torch() views hold mappings of their own and stay valid)."""
+        torch() views hold mappings of their own and stay valid). Refused (ValueError)
+        for an Arena of an earlier registration, as buffer() is."""
+        self._current()
         p = ctypes.c_void_p()
         self._client._check(_lib.lib().epd_arena_map(self._client._c, self.index, ctypes.byref(p)),
                             f"map arena {self.name}")
@@ -84,8 +96,7 @@ class Arena:
             length = self.size - offset
         if offset < 0 or length < 0 or offset + length > self.size:
             raise ValueError(f"range {offset}+{length} outside arena {self.name} of {self.size} bytes")
-        if self._generation != self._client._generation:
-            raise ValueError(f"arena {self.name} belongs to an earlier registration of this client")
+        self._current()
         v = self._client._arena_view(self.index)
         if offset + length > len(v):
             raise ValueError(f"range {offset}+{length} outside arena {self.name} of {len(v)} bytes")
@@ -117,7 +128,9 @@ class Client(_lib.Closing):
         c = ctypes.c_void_p()
         r = self._l.epd_connect(address.encode() if address else None, ctypes.byref(c))
         if r < 0:
-            raise EpdError(-r, None, None, f"connect to epdd ({address or 'default'})")
+            # No client, so no last error to read: the refusal is libepd's own (no
+            # daemon was asked), named as libepd names those.
+            raise EpdError(-r, f"errno.{-r}", None, f"connect to epdd ({address or 'default'})")
         self._c = c
         # Handles whose Python objects were collected, to give back on this client's
         # next call: (release function, handle). The collector may run in any thread,
@@ -143,6 +156,13 @@ class Client(_lib.Closing):
         self._gpu_arenas = {}
         self._feature_gpu_arenas = {}
         self._generation = 0  # bumped by register(), unregister() and close(): Arena objects check it
+
+    def _open(self):
+        """The libepd client, or ValueError once closed (a NULL client would make libepd
+        refuse the call with a misleading errno, or answer as if nothing were there)."""
+        if not self._c:
+            raise ValueError("the client is closed")
+        return self._c
 
     def _check(self, r: int, what: str) -> int:
         if r < 0:
@@ -170,9 +190,7 @@ class Client(_lib.Closing):
         now: fd, size and domain of the current registration, never a stale copy."""
         v = self._views.get(index)
         if v is None:
-            if not self._c:
-                raise ValueError("the client is closed")
-            a = self._l.epd_arena_get(self._c, index)
+            a = self._l.epd_arena_get(self._open(), index)
             if not a:
                 raise ValueError(f"no arena {index} in this registration")
             a = a.contents
@@ -251,32 +269,36 @@ class Client(_lib.Closing):
 
     @property
     def worker_path(self) -> Optional[str]:
-        p = self._l.epd_worker_path(self._c)
+        """The worker's object path; None while not registered. ValueError once closed."""
+        p = self._l.epd_worker_path(self._open())
         return p.decode() if p else None
 
     def arenas(self):
-        return [Arena(self, i) for i in range(self._l.epd_arena_count(self._c))]
+        """This registration's arenas ([] while not registered). ValueError once closed."""
+        return [Arena(self, i) for i in range(self._l.epd_arena_count(self._open()))]
 
     def arena(self, name: str) -> Arena:
-        i = self._l.epd_arena_find(self._c, name.encode())
+        """The arena `name` of this registration: EpdError NotFound if it has none of that
+        name, ValueError once closed."""
+        i = self._l.epd_arena_find(self._open(), name.encode())
         if i < 0:
             raise EpdError(_errno.ENOENT, "org.epd1.Error.NotFound", f"no arena {name} mapped", "arena")
         return Arena(self, i)
 
     def fileno(self) -> int:
-        if not self._c:
-            raise ValueError("the client is closed")
-        return self._check(self._l.epd_get_fd(self._c), "fileno")
+        return self._check(self._l.epd_get_fd(self._open()), "fileno")
 
     def wait(self, timeout_s: Optional[float] = None) -> int:
-        """Blocks until something arrives from the daemon (or the timeout) and processes it."""
-        t = 2**64 - 1 if timeout_s is None else max(0, int(timeout_s * 1e6))  # past: do not wait
+        """Blocks until something arrives from the daemon (or the timeout; None or
+        infinity: none, a past one: do not wait) and processes it."""
+        t = _lib.usec(timeout_s, "timeout_s", past=True)
         return self._check(self._l.epd_wait(self._c, t), "wait")
 
     def flush(self, timeout_s: Optional[float] = None) -> None:
         """Waits until every call sent without waiting (Feature.publish_release) is
         answered; raises the first refusal among them (EpdError, naming the call), or
-        EpdError(ETIMEDOUT) if some are still unanswered after timeout_s (None: no end).
+        EpdError(ETIMEDOUT) if some are still unanswered after timeout_s (None or
+        infinity: no end).
         The wait is one libepd call per slice of at most 0.2 s (_lib.wait_slices): Python's
         signal handlers run between them (Ctrl-C ends it with KeyboardInterrupt; a C wait
         without end does not return for a signal with every libsystemd)."""

@@ -3,8 +3,12 @@
 
 import ctypes
 import ctypes.util
+import math
+import numbers
+import operator
 import os
 import time
+from typing import Optional
 
 c_char_p = ctypes.c_char_p
 c_int = ctypes.c_int
@@ -112,6 +116,89 @@ def declare(lib, decls):
         f.argtypes = argtypes
 
 
+def unsigned(value, bits: int, what: str) -> int:
+    """value as a C unsigned integer of `bits` bits: an int (or an object with __index__,
+    numpy's integers) in [0, 2**bits), else ValueError naming `what` and the range.
+    Every count, index, page number, layer group, token, branch, hash and size the
+    binding passes to libepd goes through here (or u32_array/u64_array): ctypes takes
+    any Python int and keeps its low bits, so 2**32 + 3 pages were 3 and -1 was
+    2**32 - 1, silently."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be an integer in [0, 2**{bits}), not {value!r}") from None
+    if not 0 <= v < 1 << bits:
+        raise ValueError(f"{what} must be in [0, 2**{bits}), not {v}")
+    return v
+
+
+def u32(value, what: str) -> int:
+    """A uint32_t argument (unsigned())."""
+    return unsigned(value, 32, what)
+
+
+def u64(value, what: str) -> int:
+    """A uint64_t argument (unsigned())."""
+    return unsigned(value, 64, what)
+
+
+def _array(ctype, bits: int, values, what: str):
+    values = values if isinstance(values, (list, tuple)) else list(values)
+    try:
+        arr = (ctype * max(len(values), 1))(*values)
+    except TypeError:
+        arr = None
+    # min() and max() run in C: the loop that names the culprit only for a bad list.
+    if arr is None or (values and (min(values) < 0 or max(values) >= 1 << bits)):
+        for i, v in enumerate(values):
+            unsigned(v, bits, f"{what}[{i}]")
+    return arr, len(values)
+
+
+def u32_array(values, what: str):
+    """(a uint32_t array of values, their count): every element checked as u32() does,
+    ValueError naming `what`[i]. At least one element long (ctypes has no empty array)."""
+    return _array(c_uint32, 32, values, what)
+
+
+def u64_array(values, what: str):
+    """u32_array() of uint64_t."""
+    return _array(c_uint64, 64, values, what)
+
+
+UINT64_MAX = 2**64 - 1
+
+
+def timeout(value, what: str, past: bool = False) -> Optional[float]:
+    """A timeout in seconds as the binding's calls take it: None or infinity is no end
+    (None); NaN, or what is not a number, is ValueError; below 0, ValueError, or 0
+    with `past` (the waits: a deadline already passed only looks)."""
+    if value is None:
+        return None
+    try:
+        v = float(value) if isinstance(value, numbers.Real) else None
+    except OverflowError:  # an int past any float
+        v = None
+    if v is None:
+        raise ValueError(f"{what} must be a number of seconds, not {value!r}")
+    if math.isnan(v):
+        raise ValueError(f"{what} is NaN: a number of seconds, or None (no end)")
+    if v == math.inf:
+        return None
+    if v < 0:
+        if not past:
+            raise ValueError(f"{what} must not be negative, not {value!r}")
+        return 0.0
+    return v
+
+
+def usec(value, what: str, past: bool = False) -> int:
+    """timeout() in microseconds, for libepd: no end is UINT64_MAX (libepd's "forever");
+    one past what a uint64_t holds is ValueError."""
+    v = timeout(value, what, past)
+    return UINT64_MAX if v is None else u64(int(v * 1e6), f"{what} in microseconds")
+
+
 def take_string(lib, p: ctypes.c_void_p) -> str:
     """A string libepd allocated for the caller, which it then frees."""
     s = ctypes.string_at(p.value).decode()
@@ -128,12 +215,17 @@ def take_string(lib, p: ctypes.c_void_p) -> str:
 WAIT_SLICE_USEC = 200_000
 
 
-def wait_slices(timeout_s):
+def wait_slices(timeout_s, what: str = "timeout_s"):
     """The timeouts, in microseconds, of the libepd calls that make one wait of
-    timeout_s seconds (None: no end), each at most WAIT_SLICE_USEC: the caller makes
-    one call per value until one is answered, and the handlers of signals caught
-    meanwhile run between them. At least one value (0 when timeout_s is 0 or past:
-    only look)."""
+    timeout_s seconds (None or infinity: no end), each at most WAIT_SLICE_USEC: the
+    caller makes one call per value until one is answered, and the handlers of signals
+    caught meanwhile run between them. At least one value (0 when timeout_s is 0 or
+    past: only look). timeout_s is checked here, before the first value (NaN:
+    ValueError naming `what`)."""
+    return _slices(timeout(timeout_s, what, past=True))
+
+
+def _slices(timeout_s):
     if timeout_s is None:
         while True:
             yield WAIT_SLICE_USEC

@@ -119,10 +119,11 @@ def _c_tensors(tensors: Sequence[Tensor]):
             raise ValueError(f"tensor {t.name}: bad rank or strides")
         name, dtype = t.name.encode(), str(t.dtype).replace("torch.", "").encode()
         keep += [name, dtype]
-        arr[i].name, arr[i].dtype, arr[i].rank, arr[i].offset = name, dtype, len(t.shape), t.offset
+        arr[i].name, arr[i].dtype, arr[i].rank = name, dtype, len(t.shape)
+        arr[i].offset = _lib.u64(t.offset, f"tensor {t.name} offset")
         for j, d in enumerate(t.shape):
-            arr[i].shape[j] = d
-            arr[i].strides[j] = t.strides[j] if t.strides else 0
+            arr[i].shape[j] = _lib.u64(d, f"tensor {t.name} shape[{j}]")
+            arr[i].strides[j] = _lib.u64(t.strides[j], f"tensor {t.name} strides[{j}]") if t.strides else 0
     return arr, keep
 
 
@@ -167,6 +168,7 @@ class Feature(_lib.Closing):
         """Encoder: a writable region for key (publish() when written)."""
         lib, p = _lib_features(), _Fp()
         arr, _keep = _c_tensors(tensors)
+        nbytes = _lib.u64(nbytes, "nbytes")
         client._check(lib.epd_feature_reserve(client._c, key.encode(), nbytes, arr, len(tensors),
                                               request_id.encode() if request_id else None, ctypes.byref(p)),
                       f"reserve feature {key!r}")
@@ -179,6 +181,7 @@ class Feature(_lib.Closing):
         result "hit", "wait" or "produce" (reserved: write, then publish)."""
         lib, p = _lib_features(), _Fp()
         arr, _keep = _c_tensors(tensors)
+        nbytes = _lib.u64(nbytes, "nbytes")
         client._check(lib.epd_feature_acquire_or_reserve(client._c, key.encode(), nbytes, arr, len(tensors),
                                                          request_id.encode() if request_id else None,
                                                          ctypes.byref(p)),
@@ -193,6 +196,7 @@ class Feature(_lib.Closing):
         two overlaps the round trip (an encoder uploads its inputs, say)."""
         lib, call = _lib_features(), ctypes.c_void_p()
         arr, _keep = _c_tensors(tensors)
+        nbytes = _lib.u64(nbytes, "nbytes")
         client._check(lib.epd_feature_acquire_or_reserve_send(client._c, key.encode(), nbytes, arr, len(tensors),
                                                               request_id.encode() if request_id else None,
                                                               ctypes.byref(call)),
@@ -236,11 +240,13 @@ class Feature(_lib.Closing):
     def produce(self, nbytes: int, tensors: Sequence[Tensor], request_id: Optional[str] = None):
         """After acquire() answered "produce": reserve the region through this handle."""
         arr, _keep = _c_tensors(tensors)
+        nbytes = _lib.u64(nbytes, "nbytes")
         self._client._check(self._lib.epd_feature_produce(self._client._c, self._p, nbytes, arr, len(tensors),
                                                           request_id.encode() if request_id else None),
                             f"produce feature {self.key!r}")
 
     def publish(self, encode_usec: int = 0):
+        encode_usec = _lib.u64(encode_usec, "encode_usec")
         self._client._check(self._lib.epd_feature_publish(self._client._c, self._p, encode_usec),
                             f"publish feature {self.key!r}")
 
@@ -249,7 +255,9 @@ class Feature(_lib.Closing):
         Publish's waits for the journal's sync): the feature is READY for readers as soon
         as epdd has read the call. A refusal comes back from client.flush(). The handle
         is gone from this object whatever the result: libepd frees it on every path (a
-        closed client's call, refused with ValueError, included)."""
+        closed client's call, refused with ValueError, included); a bad encode_usec is
+        refused (ValueError) before anything, the handle kept."""
+        encode_usec = _lib.u64(encode_usec, "encode_usec")
         key = self.key
         p, self._p = self._p, None  # freed by the call, sent or not
         self._client._check(self._lib.epd_feature_publish_release(self._client._c, p, encode_usec),
@@ -261,8 +269,10 @@ class Feature(_lib.Closing):
 
     # -- reader --------------------------------------------------------------------
     def wait(self, timeout_s: Optional[float] = None) -> bool:
-        """Blocks until ready (True) or the timeout (False; None: no timeout); raises
-        EpdError(EPIPE) if the producer failed or went away (self.error says which).
+        """Blocks until ready (True) or the timeout (False; None or infinity: no timeout,
+        a past one: only look); raises EpdError(EPIPE) if the producer failed or went
+        away, with libepd's name (errno.32) and sentence, which says the reason (so does
+        self.error: "producer-gone", "producer-failed", ...).
         The wait is one Wait call per slice of at most 0.2 s (_lib.wait_slices; a later
         Wait of a handle takes the place of the one given up on), so that Python's
         signal handlers run during it: Ctrl-C raises KeyboardInterrupt here, and a
@@ -277,9 +287,10 @@ class Feature(_lib.Closing):
             self._lib.epd_process(self._client._c)
         else:
             return False
-        if r == -_errno.EPIPE:
-            raise EpdError(_errno.EPIPE, None, self.error, f"feature {self.key!r} failed")
-        self._client._check(r, f"wait for feature {self.key!r}")
+        # The EPIPE of a failed feature is named and worded by libepd as any refusal is
+        # (nothing ran since: epd_process() only between slices that timed out).
+        self._client._check(r, f"feature {self.key!r} failed" if r == -_errno.EPIPE else
+                            f"wait for feature {self.key!r}")
         return True
 
     def refresh(self):
@@ -422,17 +433,19 @@ class FeatureCall(_lib.Closing):
         self._client, self._call, self._key, self._lib = client, call, key, _lib_features()
 
     def finish(self, timeout_s: Optional[float] = None) -> Feature:
-        """The answer, as acquire_or_reserve() returns it (None: no time limit). Raises
-        EpdError for a refusal, or ETIMEDOUT when none came in time (a handle its answer
-        brings later is released when it comes); the call is used up either way. Waits
-        in slices (_lib.wait_slices), so that Python's signal handlers run meanwhile: an
-        exception one raises gives the call up too."""
+        """The answer, as acquire_or_reserve() returns it (None or infinity: no time
+        limit). Raises EpdError for a refusal, or ETIMEDOUT when none came in time (a
+        handle its answer brings later is released when it comes); the call is used up
+        either way (but for a timeout_s refused, NaN: ValueError). Waits in slices
+        (_lib.wait_slices), so that Python's signal handlers run meanwhile: an exception
+        one raises gives the call up too."""
         if not self._call:
             raise ValueError("feature call already finished or given up")
         p = _Fp()
         lib = self._lib
+        slices = _lib.wait_slices(timeout_s)  # a bad timeout_s (NaN): ValueError, the call kept
         try:
-            for t in _lib.wait_slices(timeout_s):
+            for t in slices:
                 # Read each slice: a signal handler run between two may have closed the client.
                 r = lib.epd_feature_call_finish(self._client._c, self._call, t, ctypes.byref(p))
                 if r not in (-_errno.ETIMEDOUT, -_errno.EINTR) or lib.epd_feature_call_taken(self._call):

@@ -51,23 +51,34 @@ class KvRows(ctypes.Structure):
 
 
 def _addresses(pages: Seq[int]):
-    return (ctypes.c_uint64 * max(len(pages), 1))(*pages), len(pages)
+    return _lib.u64_array(pages, "pages")
+
+
+def _refused(r: int, what: str, message: Optional[str] = None) -> EpdError:
+    """A refusal of libepd's GPU side: its calls take no client, so there is no last
+    error to read; the refusal is libepd's own, named as libepd names those (errno.N)."""
+    return EpdError(-r, f"errno.{-r}", message, what)
+
+
+def _ordinal(ordinal: int) -> int:
+    """A GPU ordinal (a C int): in [0, 2**31), else ValueError."""
+    return _lib.unsigned(ordinal, 31, "ordinal")
 
 
 def kv_write_host(pages: Seq[int], page_size: int, rows: KvRows) -> None:
     """Host memory: writes the layer's K and V rows into the pages at these addresses."""
     a, n = _addresses(pages)
-    r = _lib_gpu().epd_kv_write_host(a, n, page_size, ctypes.byref(rows))
+    r = _lib_gpu().epd_kv_write_host(a, n, _lib.u64(page_size, "page_size"), ctypes.byref(rows))
     if r < 0:
-        raise EpdError(-r, None, None, "write KV rows")
+        raise _refused(r, "write KV rows")
 
 
 def kv_read_host(pages: Seq[int], page_size: int, rows: KvRows) -> None:
     """Host memory: reads the layer's K and V rows from the pages into the tensors."""
     a, n = _addresses(pages)
-    r = _lib_gpu().epd_kv_read_host(a, n, page_size, ctypes.byref(rows))
+    r = _lib_gpu().epd_kv_read_host(a, n, _lib.u64(page_size, "page_size"), ctypes.byref(rows))
     if r < 0:
-        raise EpdError(-r, None, None, "read KV rows")
+        raise _refused(r, "read KV rows")
 
 
 def _lib_gpu():
@@ -271,9 +282,10 @@ class PageTable(_lib.Closing):
         self._p = None
         a, n = _addresses(addresses)
         p = ctypes.c_void_p()
-        r = _lib_gpu().epd_gpu_pages_new(gpu._g, ordinal, a, n, page_size, stream, ctypes.byref(p))
+        r = _lib_gpu().epd_gpu_pages_new(gpu._g, _ordinal(ordinal), a, n, _lib.u64(page_size, "page_size"),
+                                         _lib.u64(stream, "stream"), ctypes.byref(p))
         if r < 0:
-            raise EpdError(-r, None, None, "page table")
+            raise _refused(r, "page table")
         # owner: the mapping the addresses are in, kept mapped while the table lives
         self._p, self._gpu, self._owner, self.n_pages, self.page_size = p, gpu, owner, n, page_size
         self._write, self._read = _lib_gpu().epd_gpu_kv_write, _lib_gpu().epd_gpu_kv_read
@@ -285,29 +297,29 @@ class PageTable(_lib.Closing):
 
     def write(self, rows: KvRows, stream: int = 0) -> None:
         """Enqueues tensors -> pages on `stream`."""
-        r = self._write(self._handle(), ctypes.byref(rows), stream)
+        r = self._write(self._handle(), ctypes.byref(rows), _lib.u64(stream, "stream"))
         if r < 0:
-            raise EpdError(-r, None, None, "write KV rows")
+            raise _refused(r, "write KV rows")
 
     def read(self, rows: KvRows, stream: int = 0) -> None:
         """Enqueues pages -> tensors on `stream`."""
-        r = self._read(self._handle(), ctypes.byref(rows), stream)
+        r = self._read(self._handle(), ctypes.byref(rows), _lib.u64(stream, "stream"))
         if r < 0:
-            raise EpdError(-r, None, None, "read KV rows")
+            raise _refused(r, "read KV rows")
 
     def read_many(self, rows, stream: int = 0) -> None:
         """pages -> tensors for every KvRows of the ctypes array `rows` (one layer each),
         in one call: all checked first, then enqueued on `stream` (one launch for up to
         64 layers of one geometry)."""
-        r = _lib_gpu().epd_gpu_kv_read_many(self._handle(), rows, len(rows), stream)
+        r = _lib_gpu().epd_gpu_kv_read_many(self._handle(), rows, len(rows), _lib.u64(stream, "stream"))
         if r < 0:
-            raise EpdError(-r, None, None, "read KV rows")
+            raise _refused(r, "read KV rows")
 
     def write_many(self, rows, stream: int = 0) -> None:
         """tensors -> pages for every KvRows of the ctypes array `rows`, in one call."""
-        r = _lib_gpu().epd_gpu_kv_write_many(self._handle(), rows, len(rows), stream)
+        r = _lib_gpu().epd_gpu_kv_write_many(self._handle(), rows, len(rows), _lib.u64(stream, "stream"))
         if r < 0:
-            raise EpdError(-r, None, None, "write KV rows")
+            raise _refused(r, "write KV rows")
 
     def close(self):
         if self._p:
@@ -326,9 +338,9 @@ class Notifier(_lib.Closing):
 
     def __init__(self, gpu: "Gpu", ordinal: int, ring):
         p = ctypes.c_void_p()
-        r = _lib_gpu().epd_gpu_notifier_new(gpu._g, ordinal, ring._handle(), ctypes.byref(p))
+        r = _lib_gpu().epd_gpu_notifier_new(gpu._g, _ordinal(ordinal), ring._handle(), ctypes.byref(p))
         if r < 0:
-            raise EpdError(-r, None, None, "GPU notifier")
+            raise _refused(r, "GPU notifier")
         self._n, self._gpu, self._ring = p, gpu, ring
         self._ready_after = _lib_gpu().epd_gpu_notifier_ready_after
         ring._users.add(self)  # Ring.close() stops this notifier's thread first
@@ -345,31 +357,33 @@ class Notifier(_lib.Closing):
 
     def ready_after(self, stream: int, request_id: bytes, token: int, group: int) -> None:
         """request_id: the handoff's request id, 32 hex digits, as bytes."""
-        r = self._ready_after(self._handle(), stream, request_id, token, group)
+        r = self._ready_after(self._handle(), _lib.u64(stream, "stream"), request_id, _lib.u64(token, "token"),
+                              _lib.u32(group, "group"))
         if r < 0:
-            raise EpdError(-r, None, None, f"layer group {group} ready after the stream's work")
+            raise _refused(r, f"layer group {group} ready after the stream's work")
 
     def ready_after_range(self, stream: int, request_id: bytes, token: int, first: int, count: int) -> None:
         """Groups [first, first + count) ready after one event (every layer written in one
         launch: one notice for all of its groups)."""
-        r = _lib_gpu().epd_gpu_notifier_ready_after_range(self._handle(), stream, request_id, token, first, count)
+        r = _lib_gpu().epd_gpu_notifier_ready_after_range(self._handle(), _lib.u64(stream, "stream"), request_id,
+                                                          _lib.u64(token, "token"), _lib.u32(first, "first"),
+                                                          _lib.u32(count, "count"))
         if r < 0:
-            raise EpdError(-r, None, None, f"layer groups {first}..{first + count - 1} ready after the stream's work")
+            raise _refused(r, f"layer groups {first}..{first + count - 1} ready after the stream's work")
 
     def flush(self, timeout_s: Optional[float] = None) -> None:
         """Waits until every group asked for so far is on the ring, at most
-        timeout_s (None: no timeout); EpdError(ETIMEDOUT) past it. In slices of at most
-        0.2 s (_lib.wait_slices): Python's signal handlers run during the wait."""
+        timeout_s (None or infinity: no timeout); EpdError(ETIMEDOUT) past it. In slices
+        of at most 0.2 s (_lib.wait_slices): Python's signal handlers run during the wait."""
         for t in _lib.wait_slices(timeout_s):
             r = _lib_gpu().epd_gpu_notifier_flush(self._handle(), t)
             if r != -_errno.ETIMEDOUT:
                 break
         if r == -_errno.ECONNRESET:
-            raise EpdError(-r, None, "the daemon let go of the ring: the groups not submitted by then are not "
-                           "reported (their handoffs roll back at their timeout)", "layer groups reported ready "
-                           "from the GPU")
+            raise _refused(r, "layer groups reported ready from the GPU", "the daemon let go of the ring: the groups "
+                           "not submitted by then are not reported (their handoffs roll back at their timeout)")
         if r < 0:
-            raise EpdError(-r, None, None, "layer groups reported ready from the GPU")
+            raise _refused(r, "layer groups reported ready from the GPU")
 
     @property
     def pending(self) -> int:
@@ -395,12 +409,13 @@ class Gpu(_lib.Closing):
         p = ctypes.c_void_p()
         r = self._lib.epd_gpu_open(ctypes.byref(p))
         if r < 0:
-            raise EpdError(-r, None, self._lib.epd_gpu_strerror(r).decode(), "open the GPU driver")
+            raise _refused(r, "open the GPU driver", self._lib.epd_gpu_strerror(r).decode())
         self._g = p
 
     def map_arena(self, client, name: str) -> GpuArena:
-        """Maps the GPU arena `name` the daemon passed at registration."""
-        i = client._l.epd_arena_find(client._c, name.encode())
+        """Maps the GPU arena `name` the daemon passed at registration (ValueError on a
+        closed client)."""
+        i = client._l.epd_arena_find(client._open(), name.encode())
         if i < 0:
             raise EpdError(_errno.ENOENT, "org.epd1.Error.NotFound", f"no arena {name} mapped", "GPU arena")
         m = ctypes.c_void_p()

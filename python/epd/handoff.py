@@ -15,6 +15,7 @@ See docs/handoff.md for the states and the guarantees."""
 
 import ctypes
 import errno as _errno
+import math
 import time
 import weakref
 from typing import List, NamedTuple, Optional, Sequence as Seq
@@ -33,6 +34,10 @@ _COMMIT_USER_DATA = 0x434F4D4D << 32  # "COMM": Ring.commit()'s answers
 HANDOFF_STATE_COMMITTED = 4
 HANDOFF_STATE_RELEASED = 5
 HANDOFF_STATE_ROLLED_BACK = 6
+# The longest the daemon waits for a handoff to be prepared here (an accept's wait,
+# handoff.h: "at most an hour"; a longer one is refused): Ring.accept's infinite
+# timeout, and the slices of Accepted.accept's.
+ACCEPT_WAIT_MAX_S = 3600
 
 
 class _Options(ctypes.Structure):
@@ -149,6 +154,7 @@ class Ring(_lib.Closing):
 
     def __init__(self, client, sq_entries: int = 256, cq_entries: int = 1024):
         self._client, self._lib = client, _lib_handoffs()
+        sq_entries, cq_entries = _lib.u32(sq_entries, "sq_entries"), _lib.u32(cq_entries, "cq_entries")
         p = ctypes.c_void_p()
         client._check(self._lib.epd_ring_open(client._c, sq_entries, cq_entries, ctypes.byref(p)), "open ring")
         self._r = p
@@ -230,42 +236,53 @@ class Ring(_lib.Closing):
         return self._r
 
     def layer_group_ready(self, request_id: str, token: int, group: int, user_data: int = 0):
-        self._check(self._lib.epd_ring_layer_group_ready(self._handle(), request_id.encode(), token, group, user_data),
+        token, group = _lib.u64(token, "token"), _lib.u32(group, "group")
+        self._check(self._lib.epd_ring_layer_group_ready(self._handle(), request_id.encode(), token, group,
+                                                         _lib.u64(user_data, "user_data")),
                     "ring: layer group ready")
 
-    def accept(self, request_id: str, timeout_s: float = 0, user_data: int = 0):
+    def accept(self, request_id: str, timeout_s: Optional[float] = 0, user_data: int = 0):
         """Asks the daemon to accept the handoff of request_id for this client as soon as it
-        is prepared here (waiting up to timeout_s; 0: the daemon's HandoffTimeout=). The
-        answer is a RING_EV_HANDOFF_ACCEPTED record (kept in `accepted`, by request id) or a
-        completion with the error (in `other`); Accepted.accept() then gives the offsets."""
-        self._check(self._lib.epd_ring_accept(self._handle(), request_id.encode(), int(timeout_s * 1e6), user_data),
+        is prepared here (waiting up to timeout_s; 0: the daemon's HandoffTimeout=; None
+        or infinity: the longest the daemon waits, ACCEPT_WAIT_MAX_S; negative or NaN:
+        ValueError). The answer is a RING_EV_HANDOFF_ACCEPTED record (kept in `accepted`,
+        by request id) or a completion with the error (in `other`); Accepted.accept() then
+        gives the offsets."""
+        t = _lib.timeout(timeout_s, "timeout_s")
+        usec = _lib.u64(int((ACCEPT_WAIT_MAX_S if t is None else t) * 1e6), "timeout_s in microseconds")
+        self._check(self._lib.epd_ring_accept(self._handle(), request_id.encode(), usec,
+                                              _lib.u64(user_data, "user_data")),
                     "ring: accept")
 
-    def commit(self, request_id: str, token: int, release: bool = False, timeout_s: float = 30.0) -> str:
+    def commit(self, request_id: str, token: int, release: bool = False, timeout_s: Optional[float] = 30.0) -> str:
         """Commits the handoff (request_id, token) this client accepted, and releases it
         too with release (CommitAndRelease), on the ring: no bus round trip. Waits for the
         answer (sent once the records are durable; other events met meanwhile go to the
-        tables as poll() puts them) and returns the decode sequence's path; EpdError with
-        Commit's errno on a refusal (EBUSY groups missing, ESTALE rolled back, EPERM
-        another client's, ENOENT none)."""
+        tables as poll() puts them; None or infinity: no time limit) and returns the
+        decode sequence's path; EpdError with Commit's errno on a refusal (EBUSY groups
+        missing, ESTALE rolled back, EPERM another client's, ENOENT none)."""
+        timeout_s = _lib.timeout(timeout_s, "timeout_s", past=True)  # before anything is submitted
         return self._commit_wait(request_id, token, release, self._commit_submit(request_id, token, release),
                                  timeout_s)
 
     def _commit_submit(self, request_id: str, token: int, release: bool) -> int:
         """The commit's submission (raises, nothing submitted, when the ring refuses it);
         its user_data."""
+        token = _lib.u64(token, "token")
         self._serial += 1
         user_data = _COMMIT_USER_DATA | self._serial
         self._check(self._lib.epd_ring_commit(self._handle(), request_id.encode(), token, int(release), user_data),
                     "ring: commit")
         return user_data
 
-    def _commit_wait(self, request_id: str, token: int, release: bool, user_data: int, timeout_s: float) -> str:
+    def _commit_wait(self, request_id: str, token: int, release: bool, user_data: int,
+                     timeout_s: Optional[float]) -> str:
+        """timeout_s: as _lib.timeout() gives it (None: no end)."""
         from . import EpdError
-        deadline = time.monotonic() + timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             try:
-                rec = self.next(max(0.0, deadline - time.monotonic()))
+                rec = self.next(None if deadline is None else max(0.0, deadline - time.monotonic()))
             except EpdError as e:
                 if e.errno != _errno.ECONNRESET:
                     raise
@@ -445,16 +462,19 @@ class Handoff:
                 arena: Optional[str] = None, target: Optional[str] = None, timeout_s: float = 0,
                 ready: int = 0, release_on_commit: bool = False) -> "Handoff":
         """ready: layer groups [0, ready) are computed already and ship with Prepare.
-        release_on_commit: the source side is released once the destination commits (no
-        release() call; its ring says committed first)."""
+        timeout_s: how long the handoff may take (0: the daemon's HandoffTimeout=, also its
+        most: None or infinity asks for that; negative or NaN: ValueError). Each layer
+        group's count, and ready, in [0, 2**32) (ValueError: checked here, ctypes would
+        pass the low bits). release_on_commit: the source side is released once the
+        destination commits (no release() call; its ring says committed first)."""
         lib = _lib_handoffs()
-        groups = (ctypes.c_uint32 * len(layer_groups))(*layer_groups)
+        groups, n_groups = _lib.u32_array(layer_groups, "layer_groups")
         opts = _Options(arena.encode() if arena else None, target.encode() if target else None,
-                        int(timeout_s * 1e6), ready, release_on_commit)
+                        _lib.usec(timeout_s, "timeout_s"), _lib.u32(ready, "ready"), release_on_commit)
         path, token = ctypes.c_void_p(), ctypes.c_uint64()
         seen = _overflows_now(client)
         client._check(lib.epd_handoff_prepare(client._c, request_id.encode(), destination.encode(),
-                                              sequence.encode(), groups, len(layer_groups), ctypes.byref(opts),
+                                              sequence.encode(), groups, n_groups, ctypes.byref(opts),
                                               ctypes.byref(path), ctypes.byref(token)),
                       f"prepare handoff {request_id}")
         h = cls(client, _lib.take_string(lib, path), token.value, request_id, release_on_commit)
@@ -463,6 +483,7 @@ class Handoff:
 
     def layer_group_ready(self, group: int, ring: Optional[Ring] = None):
         """Group computed: ship it now (through the ring when given: no bus round trip)."""
+        group = _lib.u32(group, "group")
         if ring is not None:
             ring.layer_group_ready(self.request_id, self.token, group)
         else:
@@ -531,14 +552,25 @@ class Accepted:
         self.groups_done = a.groups_done
 
     @classmethod
-    def accept(cls, client, request_id: str, wait_s: float = 0) -> "Accepted":
+    def accept(cls, client, request_id: str, wait_s: Optional[float] = 0) -> "Accepted":
         """Takes the handoff of request_id on this host. With wait_s > 0, one that is not
         prepared here yet is waited for (AcceptWait: no polling) and taken the moment it
-        arrives; EpdError with errno ETIMEDOUT (org.epd1.Error.Timeout) when none came."""
+        arrives; EpdError with errno ETIMEDOUT (org.epd1.Error.Timeout) when none came.
+        None or infinity waits without end (AcceptWaits of ACCEPT_WAIT_MAX_S, the
+        daemon's most, one after another); a negative wait_s does not wait; NaN is
+        ValueError."""
+        wait_s = _lib.timeout(wait_s, "wait_s", past=True)
         lib, a = _lib_handoffs(), _Accepted()
         seen = _overflows_now(client)
-        if wait_s > 0:
-            r = lib.epd_handoff_accept_wait(client._c, request_id.encode(), int(wait_s * 1e6), ctypes.byref(a))
+        if wait_s is None:
+            while True:
+                r = lib.epd_handoff_accept_wait(client._c, request_id.encode(), ACCEPT_WAIT_MAX_S * 1000000,
+                                                ctypes.byref(a))
+                if r != -_errno.ETIMEDOUT:
+                    break
+        elif wait_s > 0:
+            r = lib.epd_handoff_accept_wait(client._c, request_id.encode(), _lib.usec(wait_s, "wait_s"),
+                                            ctypes.byref(a))
         else:
             r = lib.epd_handoff_accept(client._c, request_id.encode(), ctypes.byref(a))
         client._check(r, f"accept handoff {request_id}")
@@ -550,11 +582,14 @@ class Accepted:
             lib.epd_handoff_accepted_done(ctypes.byref(a))
 
     @classmethod
-    def accept_wait(cls, client, request_id: str, timeout_s: float = 30.0, ring: Optional[Ring] = None) -> "Accepted":
+    def accept_wait(cls, client, request_id: str, timeout_s: Optional[float] = 30.0,
+                    ring: Optional[Ring] = None) -> "Accepted":
         """Accepts the handoff of request_id, waiting up to timeout_s for the prefill to
         prepare it (a decode worker may be told of a request before its handoff exists):
-        one AcceptWait call that the daemon answers when the handoff is prepared here."""
-        return cls.accept(client, request_id, wait_s=max(timeout_s, 1e-6))
+        one AcceptWait call that the daemon answers when the handoff is prepared here
+        (None or infinity: no time limit, as accept())."""
+        timeout_s = _lib.timeout(timeout_s, "timeout_s", past=True)
+        return cls.accept(client, request_id, wait_s=None if timeout_s is None else max(timeout_s, 1e-6))
 
     def status(self) -> dict:
         st = _Status()
@@ -594,14 +629,15 @@ class Accepted:
         self._look(ring)
         return self.groups_done
 
-    def wait_groups(self, n: int, ring: Optional[Ring] = None, timeout_s: float = 30.0) -> int:
+    def wait_groups(self, n: int, ring: Optional[Ring] = None, timeout_s: Optional[float] = 30.0) -> int:
         """Blocks until groups [0, n) have landed; progress records from the ring, or the
         handoff's state when there is no ring, or where the ring may have lost one of its
         records (its overflows() moved since this handoff last looked: the daemon sent them
         as D-Bus signals; or the daemon let go of it): a bus call, on the client's thread.
-        Raises EpdError on rollback or timeout."""
+        Raises EpdError on rollback or timeout (None or infinity: no time limit)."""
         from . import EpdError
-        deadline = time.monotonic() + timeout_s
+        timeout_s = _lib.timeout(timeout_s, "timeout_s", past=True)
+        deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
         while self.groups_done < n:
             left = deadline - time.monotonic()
             if left <= 0:

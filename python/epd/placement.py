@@ -64,11 +64,11 @@ def _lib_placement():
 def locate_prefix(client, hashes: Seq[int]) -> Placement:
     """Which host, arena and worker hold the longest cached prefix of hashes. Raises
     epd.EpdError (org.epd1.Error.InvalidArgument for an empty list, LimitExceeded past
-    65536 hashes)."""
+    65536 hashes); ValueError for a hash outside [0, 2**64)."""
     lib = _lib_placement()
-    arr = (ctypes.c_uint64 * max(len(hashes), 1))(*hashes)
+    arr, n = _lib.u64_array(hashes, "hashes")  # each in [0, 2**64): none is masked (ValueError)
     p = _Placement()
-    client._check(lib.epd_locate_prefix(client._c, arr, len(hashes), ctypes.byref(p)), "locate prefix")
+    client._check(lib.epd_locate_prefix(client._c, arr, n, ctypes.byref(p)), "locate prefix")
     try:
         cands = [Candidate(p.candidates[i].host.decode(), p.candidates[i].arena.decode(),
                            p.candidates[i].worker.decode(), p.candidates[i].n_blocks)

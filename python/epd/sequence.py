@@ -68,7 +68,9 @@ def _take_pages(lib, p, n: int) -> List[int]:
 
 
 def _hashes(hashes: Seq[int]):
-    return (ctypes.c_uint64 * max(len(hashes), 1))(*hashes), len(hashes)
+    """The chain as a uint64_t array: each hash an int in [0, 2**64) (none is masked to
+    64 bits: one outside is ValueError)."""
+    return _lib.u64_array(hashes, "hashes")
 
 
 def prefix_match(client, arena: str, hashes: Seq[int]) -> int:
@@ -79,7 +81,9 @@ def prefix_match(client, arena: str, hashes: Seq[int]) -> int:
 
 
 class Sequence:
-    """One sequence, by object path. Methods raise epd.EpdError with the D-Bus error name."""
+    """One sequence, by object path. Methods raise epd.EpdError with the D-Bus error name,
+    and ValueError for a count or page number outside [0, 2**32) or a hash outside
+    [0, 2**64) (checked here: ctypes would pass its low bits)."""
 
     def __init__(self, client, path: str, arena: Optional[str] = None):
         self._client = client
@@ -98,6 +102,7 @@ class Sequence:
     def create(cls, client, arena: str, n_pages: int) -> "Sequence":
         lib = _lib_sequences()
         path, pages, n = ctypes.c_void_p(), _u32p(), ctypes.c_size_t()
+        n_pages = _lib.u32(n_pages, "n_pages")
         client._check(lib.epd_sequence_create(client._c, arena.encode(), n_pages, ctypes.byref(path),
                                               ctypes.byref(pages), ctypes.byref(n)), "create sequence")
         _take_pages(lib, pages, n.value)
@@ -142,13 +147,16 @@ class Sequence:
         return self._page_size
 
     def append(self, n_pages: int) -> List[int]:
+        n_pages = _lib.u32(n_pages, "n_pages")
         pages, n = _u32p(), ctypes.c_size_t()
         self._client._check(self._lib.epd_sequence_append(self._client._c, self._p(), n_pages, ctypes.byref(pages),
                                                           ctypes.byref(n)), "append")
         return _take_pages(self._lib, pages, n.value)
 
     def truncate(self, n_pages: int):
-        self._client._check(self._lib.epd_sequence_truncate(self._client._c, self._p(), n_pages), "truncate")
+        """Keeps the first n_pages pages."""
+        self._client._check(self._lib.epd_sequence_truncate(self._client._c, self._p(), _lib.u32(n_pages, "n_pages")),
+                            "truncate")
 
     def clone(self) -> "Sequence":
         path = ctypes.c_void_p()
@@ -157,6 +165,7 @@ class Sequence:
 
     def prepare_write(self, first: int, count: int) -> Tuple[List[int], int]:
         """The pages of [first, first+count) that may be written, and how many the daemon copied."""
+        first, count = _lib.u32(first, "first"), _lib.u32(count, "count")
         out = (ctypes.c_uint32 * max(count, 1))()
         copied = self._client._check(self._lib.epd_sequence_prepare_write(self._client._c, self._p(), first, count,
                                                                           out), "prepare write")
@@ -164,6 +173,7 @@ class Sequence:
 
     def publish(self, first: int, hashes: Seq[int]) -> int:
         arr, n = _hashes(hashes)
+        first = _lib.u32(first, "first")
         return self._client._check(self._lib.epd_sequence_publish(self._client._c, self._p(), first, arr, n),
                                    "publish")
 

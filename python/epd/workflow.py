@@ -88,11 +88,12 @@ def _lib_workflows():
 
 
 def _tokens(tokens: Seq[int]):
-    return (ctypes.c_uint32 * max(len(tokens), 1))(*tokens), len(tokens)
+    return _lib.u32_array(tokens, "tokens")
 
 
 class Workflow:
-    """One workflow of this client, by id (32 hex digits)."""
+    """One workflow of this client, by id (32 hex digits). A branch number or token
+    outside [0, 2**32) is ValueError (checked here: ctypes would pass its low bits)."""
 
     def __init__(self, client, workflow_id: str, arena: Optional[str] = None):
         self._client, self._lib = client, _lib_workflows()
@@ -121,6 +122,7 @@ class Workflow:
     def fork(self, branch: int = 0) -> Tuple[int, Sequence]:
         """A new branch on a CoW clone of `branch`'s head: (its number, its head)."""
         nb, head = ctypes.c_uint32(), ctypes.c_void_p()
+        branch = _lib.u32(branch, "branch")
         self._client._check(self._lib.epd_workflow_fork(self._client._c, self._id(), branch, ctypes.byref(nb),
                                                         ctypes.byref(head)), f"fork branch {branch}")
         return nb.value, Sequence(self._client, _lib.take_string(self._lib, head), self._arena)
@@ -129,6 +131,7 @@ class Workflow:
         """Moves `branch` to a new step over `tokens`; the new head shares the
         predecessor's longest block-aligned common prefix, the rest is the caller's to
         append and compute. The predecessor head is released by the daemon."""
+        branch = _lib.u32(branch, "branch")
         arr, n = _tokens(tokens)
         head, prefix = ctypes.c_void_p(), ctypes.c_uint32()
         segs, nseg = _P(_CSegment)(), ctypes.c_size_t()
@@ -144,10 +147,12 @@ class Workflow:
 
     def merge(self, source: int, into: int):
         """`into` adopts `source`'s head; `source` is gone."""
+        source, into = _lib.u32(source, "source"), _lib.u32(into, "into")
         self._client._check(self._lib.epd_workflow_merge(self._client._c, self._id(), source, into),
                             f"merge branch {source} into {into}")
 
     def drop(self, branch: int):
+        branch = _lib.u32(branch, "branch")
         self._client._check(self._lib.epd_workflow_drop(self._client._c, self._id(), branch), f"drop branch {branch}")
 
     def release(self):

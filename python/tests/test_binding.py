@@ -159,6 +159,40 @@ class RingRecordTest(unittest.TestCase):
         self.assertEqual((ring.accepted, ring.progress, ring.state), ({}, {}, {}))
 
 
+class ArgumentCheckTest(unittest.TestCase):
+    """epd._lib's checks of what goes to libepd: pure. ctypes keeps the low bits of any
+    Python int it is given, and float('inf') has no microseconds."""
+
+    def test_unsigned(self):
+        from epd import _lib
+        self.assertEqual((_lib.u32(2**32 - 1, "n"), _lib.u64(2**64 - 1, "n")), (2**32 - 1, 2**64 - 1))
+        for f, v in ((_lib.u32, 2**32 + 3), (_lib.u32, -1), (_lib.u64, 2**64), (_lib.u32, 1.0), (_lib.u32, "3")):
+            with self.assertRaises(ValueError) as e:
+                f(v, "n_pages")
+            self.assertIn("n_pages", str(e.exception))
+            self.assertIn("[0, 2**", str(e.exception))
+        arr, n = _lib.u32_array([1, 2, 3], "tokens")
+        self.assertEqual((arr[:n], n), ([1, 2, 3], 3))
+        self.assertEqual(_lib.u32_array([], "tokens")[1], 0)
+        for bad in ([1, 2**32 + 2], [1, -2], [1, 0.5]):
+            with self.assertRaises(ValueError) as e:
+                _lib.u32_array(bad, "layer_groups")
+            self.assertIn("layer_groups[1]", str(e.exception))
+
+    def test_timeouts(self):
+        from epd import _lib
+        inf, nan = float("inf"), float("nan")
+        self.assertEqual([_lib.timeout(v, "t") for v in (None, inf, 0, 1.5)], [None, None, 0.0, 1.5])
+        self.assertEqual(_lib.usec(inf, "t"), 2**64 - 1)  # libepd's "forever"
+        self.assertEqual(_lib.timeout(-1, "t", past=True), 0.0)  # a wait's passed deadline: only look
+        for v, past in ((-1, False), (nan, False), (nan, True), ("1", True)):
+            with self.assertRaises(ValueError):
+                _lib.timeout(v, "timeout_s", past)
+        self.assertEqual(next(_lib.wait_slices(inf)), _lib.WAIT_SLICE_USEC)
+        with self.assertRaises(ValueError):
+            _lib.wait_slices(nan)  # at once, not at the first slice
+
+
 class BindingTest(unittest.TestCase):
     @contextlib.contextmanager
     def prefill_and_decode(self):
@@ -232,6 +266,86 @@ class BindingTest(unittest.TestCase):
         c.close()
         with self.assertRaises(ValueError):
             new.buffer(0, 8)
+
+    def test_stale_arena_address_refused(self):
+        """address() of an Arena of an earlier registration is refused as buffer() is: its
+        index is another arena's in the new registration (it returned host0's mapping for
+        an old feat0 object, and a write through it landed in host0)."""
+        with epd.Client(self.d.address) as c:
+            c.register("prefill", "m", "cpu", arenas=["feat0"])
+            old = c.arena("feat0")
+            self.assertEqual(old.index, 0)
+            c.unregister()
+            c.register("prefill", "m", "cpu", arenas=["host0", "feat0"])
+            self.assertEqual(c.arena("host0").index, 0)
+            with self.assertRaises(ValueError) as e:
+                old.address()
+            self.assertIn("earlier registration", str(e.exception))
+            new = c.arena("feat0")
+            self.assertTrue(new.address())
+            c.close()
+            with self.assertRaises(ValueError):
+                new.address()
+
+    def test_out_of_range_arguments_refused(self):
+        """A count, layer group, token or size outside its C type is ValueError naming it,
+        before libepd: ctypes kept the low bits (layer_groups [2**32 + 2, 2] was prepared
+        as [2, 2], timeout_s=-1 as a timeout of 2**64 - 10**6 us)."""
+        from epd.handoff import Handoff, Ring
+        from epd.sequence import Sequence
+        kv = epd.KvLayout(layers=2**32 + 4, tokens_per_block=16, k_bytes_per_token=256, v_bytes_per_token=256)
+        with epd.Client(self.d.address) as c:
+            with self.assertRaises(ValueError) as e:
+                c.register("prefill", "m", "cpu", kv=kv)
+            self.assertIn("layers", str(e.exception))
+            self.assertIsNone(c.worker_path)
+        with self.prefill_and_decode() as (p, d):
+            seq = Sequence.create(p, "host0", 2)
+            for groups, kw, word in (([2**32 + 2, 2], {}, "layer_groups[0]"), ([2, -2], {}, "layer_groups[1]"),
+                                     ([2, 2], {"timeout_s": -1}, "timeout_s"),
+                                     ([2, 2], {"timeout_s": float("nan")}, "timeout_s"),
+                                     ([2, 2], {"ready": 2**32 + 1}, "ready")):
+                with self.assertRaises(ValueError) as e:
+                    Handoff.prepare(p, "%032x" % 0x7171, "", seq.path, groups, **kw)
+                self.assertIn(word, str(e.exception))
+            with self.assertRaises(ValueError):
+                Ring(p, sq_entries=2**32 + 256)
+            h = Handoff.prepare(p, "%032x" % 0x7171, "", seq.path, [2, 2])
+            self.assertEqual(h.status()["n_groups"], 2)
+            with Ring(p) as ring:
+                for group, token in ((2**32, h.token), (0, -1), (0, 2**64 + h.token)):
+                    with self.assertRaises(ValueError):
+                        ring.layer_group_ready(h.request_id, token, group)
+                for ring_or_bus in (ring, None):
+                    with self.assertRaises(ValueError) as e:
+                        h.layer_group_ready(2**32, ring_or_bus)  # was group 0
+                    self.assertIn("group", str(e.exception))
+                with self.assertRaises(ValueError):
+                    ring.accept("%032x" % 0x7172, timeout_s=-1)
+            self.assertEqual(h.status()["groups_done"], 0)
+            h.rollback()
+            h.release()
+            seq.release()
+
+    def test_infinite_timeouts(self):
+        """float('inf') is no timeout (it raised OverflowError); NaN is ValueError."""
+        from epd.handoff import Accepted, Handoff
+        from epd.sequence import Sequence
+        inf, nan = float("inf"), float("nan")
+        rid = "%032x" % 0x7373
+        with self.prefill_and_decode() as (p, d):
+            p.flush(inf)
+            for call in (lambda: p.flush(nan), lambda: p.wait(nan), lambda: Accepted.accept(d, rid, wait_s=nan)):
+                with self.assertRaises(ValueError):
+                    call()
+            seq = Sequence.create(p, "host0", 2)
+            h = Handoff.prepare(p, rid, "", seq.path, [2, 2], timeout_s=inf)  # the daemon's HandoffTimeout=
+            a = Accepted.accept(d, rid, wait_s=inf)
+            self.assertEqual(a.token, h.token)
+            a.rollback()
+            a.release()
+            h.release()
+            seq.release()
 
     def test_numpy_view(self):
         try:
@@ -637,11 +751,11 @@ class BindingTest(unittest.TestCase):
         c.register("prefill", "m", "cpu")
         c.close()
         for call in (c.fileno, lambda: c.wait(0), lambda: c.flush(0), c.unregister,
-                     lambda: c.register("prefill", "m", "cpu")):
+                     lambda: c.register("prefill", "m", "cpu"), lambda: c.arena("host0"), c.arenas,
+                     lambda: c.worker_path):
             with self.assertRaises(ValueError) as e:
                 call()
             self.assertIn("closed", str(e.exception))
-        self.assertIsNone(c.worker_path)
 
     def test_local_refusal_not_named_after_an_earlier_error(self):
         with epd.Client(self.d.address) as c:
@@ -668,8 +782,10 @@ class BindingTest(unittest.TestCase):
                 c.arena("nosuch")
             with self.assertRaises(ValueError):
                 c.arena("host0").buffer(0, 1 << 40)
-        with self.assertRaises(epd.EpdError):
+        with self.assertRaises(epd.EpdError) as e:
             epd.Client("direct:/nonexistent/socket")
+        # libepd's own refusal (no daemon asked, no client to read a name from): errno.N
+        self.assertEqual(e.exception.name, f"errno.{e.exception.errno}")
 
 
 if __name__ == "__main__":

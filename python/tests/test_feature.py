@@ -501,6 +501,79 @@ class FeatureTest(unittest.TestCase):
         self.assertGreater(freed, n * ctypes.sizeof(ef._CFeature) // 2,
                            f"{freed} bytes freed for {n} handles of {ctypes.sizeof(ef._CFeature)} bytes")
 
+    def test_failed_feature_carries_libepd_error(self):
+        """wait() on a feature its producer failed raises EpdError with libepd's error name
+        (errno.32) and sentence, as every refusal does (it had name None and the reason
+        alone)."""
+        with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
+            a.register("encoder", "m", "cpu")
+            b.register("prefill", "m", "cpu")
+            p = ef.Feature.acquire(a, "img:failed", may_produce=True)
+            w = ef.Feature.acquire(b, "img:failed")
+            self.assertEqual((p.result, w.result), ("produce", "wait"))
+            p.fail("bad-input")
+            with self.assertRaises(epd.EpdError) as e:
+                w.wait(5)
+            self.assertEqual(e.exception.errno, errno.EPIPE)
+            self.assertEqual(e.exception.name, f"errno.{errno.EPIPE}")
+            self.assertEqual(e.exception.name, b._l.epd_last_error_name(b._c).decode())
+            self.assertIn(b._l.epd_last_error_message(b._c).decode(), str(e.exception))
+            self.assertIn("feature 'img:failed' failed", str(e.exception))
+            self.assertIn(w.error, str(e.exception))  # the reason ("producer-failed") is kept
+            w.release()
+            p.release()
+
+    def test_out_of_range_sizes_refused(self):
+        """A size, tensor dimension, offset or time outside uint64_t is ValueError naming
+        it, before libepd: ctypes kept the low bits (nbytes 2**64 + 24 was 24, a dimension
+        -1 was 2**64 - 1)."""
+        with epd.Client(self.d.address) as a:
+            a.register("encoder", "m", "cpu")
+            for nbytes, tensors, word in ((2**64 + NBYTES, BUNDLE, "nbytes"), (-1, BUNDLE, "nbytes"),
+                                          (NBYTES, [ef.Tensor("x", "u8", (-1,))], "shape[0]"),
+                                          (NBYTES, [ef.Tensor("x", "u8", (4,), offset=2**64)], "offset"),
+                                          (NBYTES, [ef.Tensor("x", "u8", (4, 2), strides=(2, -1))], "strides[1]")):
+                for make in (ef.Feature.reserve, ef.Feature.acquire_or_reserve, ef.Feature.acquire_or_reserve_send):
+                    with self.assertRaises(ValueError) as e:
+                        make(a, "img:range", nbytes, tensors)
+                    self.assertIn(word, str(e.exception))
+            p = ef.Feature.acquire(a, "img:range", may_produce=True)
+            with self.assertRaises(ValueError):
+                p.produce(2**64, BUNDLE)
+            p.produce(NBYTES, BUNDLE)
+            for call in (p.publish, p.publish_release):
+                with self.assertRaises(ValueError) as e:
+                    call(-1)
+                self.assertIn("encode_usec", str(e.exception))
+            self.assertEqual(p.state, "reserved")  # the handle kept, nothing sent
+            p.publish(1)
+            self.assertEqual(p.state, "ready")
+            p.release()
+
+    def test_infinite_and_nan_timeouts(self):
+        """float('inf') is no timeout (it raised OverflowError), NaN is ValueError; a
+        FeatureCall whose finish() was given NaN is not used up."""
+        inf, nan = float("inf"), float("nan")
+        with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
+            a.register("encoder", "m", "cpu")
+            b.register("prefill", "m", "cpu")
+            p = ef.Feature.acquire(a, "img:inf", may_produce=True)
+            w = ef.Feature.acquire(b, "img:inf")
+            with self.assertRaises(ValueError):
+                w.wait(nan)
+            p.produce(NBYTES, BUNDLE)
+            p.publish(1)
+            self.assertTrue(w.wait(inf))
+            w.release()
+            p.release()
+            call = ef.Feature.acquire_or_reserve_send(b, "img:inf", NBYTES, BUNDLE)
+            with self.assertRaises(ValueError):
+                call.finish(nan)
+            h = call.finish(inf)
+            self.assertEqual(h.result, "hit")
+            h.release()
+            a.flush(inf)
+
     def test_producer_gone_and_errors(self):
         with epd.Client(self.d.address) as a, epd.Client(self.d.address) as b:
             a.register("encoder", "m", "cpu")
@@ -512,6 +585,8 @@ class FeatureTest(unittest.TestCase):
             with self.assertRaises(epd.EpdError) as e:
                 w.wait(10)
             self.assertEqual(e.exception.errno, errno.EPIPE)
+            self.assertEqual(e.exception.name, f"errno.{errno.EPIPE}")  # libepd's, as for every refusal
+            self.assertIn("producer-gone", str(e.exception))
             self.assertEqual(w.error, "producer-gone")
             w.release()
             bad = [ef.Tensor("a", "f32", (4,)), ef.Tensor("b", "f32", (4,), offset=8)]

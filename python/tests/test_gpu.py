@@ -48,6 +48,8 @@ class NoGpuTest(unittest.TestCase):
             with self.assertRaises(epd.EpdError) as e:
                 epd.gpu.Gpu()
             self.assertIn("GPU", str(e.exception))
+            # libepd's own refusal (its GPU calls take no client): named errno.N
+            self.assertEqual(e.exception.name, f"errno.{e.exception.errno}")
         finally:
             os.environ.pop("EPD_LIBCUDA")
             os.environ.pop("FAKE_CUDA_MODE")
@@ -58,6 +60,7 @@ class NoGpuTest(unittest.TestCase):
             with self.assertRaises(epd.EpdError) as e:
                 epd.gpu.Gpu()
             self.assertIn("driver", str(e.exception))
+            self.assertEqual(e.exception.name, f"errno.{e.exception.errno}")
         finally:
             os.environ.pop("EPD_LIBCUDA")
 
@@ -352,6 +355,50 @@ class GpuArenaTest(unittest.TestCase):
             self.assertEqual(e.exception.name, "org.epd1.Error.NotFound")
             g.close()
 
+    def test_closed_client_refused(self):
+        """map_arena() on a closed client is ValueError("the client is closed"), as the
+        client's own calls are (it was EpdError NotFound: no arena of that name)."""
+        c = epd.Client(self.d.address)
+        c.register("prefill", "m", "cuda:0", kv=KV)
+        g = epd.gpu.Gpu()
+        g.map_arena(c, "kvgpu").close()
+        c.close()
+        with self.assertRaises(ValueError) as e:
+            g.map_arena(c, "kvgpu")
+        self.assertIn("the client is closed", str(e.exception))
+        g.close()
+
+    def test_out_of_range_arguments_refused(self):
+        """A stream, token, layer group, page size or ordinal outside its C type is
+        ValueError naming it, before libepd (ctypes kept the low bits: group 2**32 + 1
+        was reported as group 1)."""
+        from epd.handoff import Ring
+        with epd.Client(self.d.address) as p:
+            p.register("prefill", "m", "cuda:0", kv=KV)
+            g = epd.gpu.Gpu()
+            with Ring(p) as ring:
+                with self.assertRaises(ValueError):
+                    epd.gpu.Notifier(g, 2**32, ring)
+                n = epd.gpu.Notifier(g, 0, ring)
+                rid = ("%032x" % 0x6a6a).encode()
+                for args, word in (((0, rid, 1, 2**32 + 1), "group"), ((0, rid, -1, 0), "token"),
+                                   ((-1, rid, 1, 0), "stream")):
+                    with self.assertRaises(ValueError) as e:
+                        n.ready_after(*args)
+                    self.assertIn(word, str(e.exception))
+                with self.assertRaises(ValueError) as e:
+                    n.ready_after_range(0, rid, 1, 0, 2**32 + 2)
+                self.assertIn("count", str(e.exception))
+                self.assertEqual(n.submitted, 0)
+                n.close()
+            m = g.map_arena(p, "kvgpu")
+            with self.assertRaises(ValueError):
+                m.page_table([0], 4096, stream=-1)
+            with self.assertRaises(ValueError):
+                epd.gpu.PageTable(g, 0, [m.device_pointer + m.data_offset], 2**64 + 4096)
+            m.close()
+            g.close()
+
 
 if __name__ == "__main__":
     unittest.main()
@@ -491,8 +538,16 @@ class KvCopyTest(unittest.TestCase):
         arena = np.zeros(2 * L.page_size, dtype=np.uint8)
         rows = epd.gpu.KvRows(k=k.ctypes.data, v=k.ctypes.data, tokens=40, heads=2, tokens_per_page=16,
                               row_bytes=128, k_offset=L.k_offset(0), v_offset=L.v_offset(0))
-        with self.assertRaises(epd.EpdError):  # 40 tokens need 3 pages
-            epd.gpu.kv_write_host([arena.ctypes.data, arena.ctypes.data + L.page_size], L.page_size, rows)
+        addrs = [arena.ctypes.data, arena.ctypes.data + L.page_size]
+        with self.assertRaises(epd.EpdError) as e:  # 40 tokens need 3 pages
+            epd.gpu.kv_write_host(addrs, L.page_size, rows)
+        self.assertEqual(e.exception.name, f"errno.{e.exception.errno}")  # libepd's own refusal
+        # A page size or address outside uint64_t: ValueError, not its low 64 bits.
+        for call in (lambda: epd.gpu.kv_write_host(addrs, 2**64 + L.page_size, rows),
+                     lambda: epd.gpu.kv_read_host([addrs[0] + 2**64, addrs[1]], L.page_size, rows),
+                     lambda: epd.gpu.kv_read_host(addrs, -1, rows)):
+            with self.assertRaises(ValueError):
+                call()
 
     @contextlib.contextmanager
     def gpu_prefill(self):

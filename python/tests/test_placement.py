@@ -52,6 +52,12 @@ class PlacementTest(unittest.TestCase):
             with self.assertRaises(epd.EpdError) as e:
                 epd.placement.locate_prefix(c, list(range(65537)))
             self.assertEqual(e.exception.name, "org.epd1.Error.LimitExceeded")
+            # A hash outside uint64_t is refused, not cut to its low 64 bits (which found
+            # the chain of 101 for 2**64 + 101).
+            for bad in ([2**64 + 101], [101, -1]):
+                with self.assertRaises(ValueError) as e:
+                    epd.placement.locate_prefix(c, bad)
+                self.assertIn("hashes[", str(e.exception))
 
     def test_reload_keeps_the_live_owners(self):
         """The directory's owners are this host and the peers that are up. A reload

@@ -48,6 +48,38 @@ class SequenceTest(unittest.TestCase):
                 epd.sequence.Sequence.create(c, "host0", 200000)
             self.assertEqual(e.exception.name, "org.epd1.Error.NoSpace")
 
+    def test_out_of_range_counts_refused(self):
+        """A page count, page number or hash outside its C type is ValueError naming it,
+        before libepd: ctypes kept the low bits (create(2**32 + 3) made 3 pages,
+        truncate(2**32) dropped every page, prepare_write(2**32 + 1, 1) copied page 1, a
+        hash 2**64 + 11 matched the block of hash 11)."""
+        with epd.Client(self.d.address) as c:
+            c.register("prefill", "m", "cpu", kv=KV)
+            for n in (2**32 + 3, -1, 2.0):
+                with self.assertRaises(ValueError) as e:
+                    epd.sequence.Sequence.create(c, "host0", n)
+                self.assertIn("n_pages", str(e.exception))
+            s = epd.sequence.Sequence.create(c, "host0", 4)
+            pages = s.pages
+            for call, word in ((lambda: s.truncate(2**32), "n_pages"), (lambda: s.truncate(-1), "n_pages"),
+                               (lambda: s.append(2**32 + 1), "n_pages"),
+                               (lambda: s.prepare_write(2**32 + 1, 1), "first"),
+                               (lambda: s.prepare_write(0, 2**32), "count"),
+                               (lambda: s.publish(2**32, [11]), "first"),
+                               (lambda: s.publish(0, [11, 2**64 + 12]), "hashes[1]"),
+                               (lambda: s.publish(0, [-1]), "hashes[0]")):
+                with self.assertRaises(ValueError) as e:
+                    call()
+                self.assertIn(word, str(e.exception))
+            self.assertEqual(s.pages, pages)  # nothing reached the daemon
+            self.assertEqual(s.publish(0, [11]), 1)
+            with self.assertRaises(ValueError):
+                epd.sequence.prefix_match(c, "host0", [2**64 + 11])
+            with self.assertRaises(ValueError):
+                epd.sequence.Sequence.from_prefix(c, "host0", [2**64 + 11])
+            self.assertEqual(epd.sequence.prefix_match(c, "host0", [11]), 1)
+            s.release()
+
     def test_arena_of_a_sequence_by_path(self):
         """A Sequence made from its path alone (a granted one, say) finds its arena from
         the daemon: page_buffer() views the pages where they are, not in host0."""

@@ -113,6 +113,28 @@ class WorkflowTest(unittest.TestCase):
             free, total = self.free_pages()
             self.assertEqual(free, total)
 
+    def test_out_of_range_branches_refused(self):
+        """A branch number or token outside uint32_t is ValueError naming it, before
+        libepd: ctypes kept the low bits (fork(2**32) forked branch 0, drop(2**32) dropped
+        it, a token 2**32 + 5 was token 5)."""
+        with epd.Client(self.d.address) as c:
+            c.register("decode", "qwen3-vl-test", "cpu", kv=KV)
+            root = epd.sequence.Sequence.create(c, "host0", 1)
+            with self.assertRaises(ValueError) as e:
+                ew.Workflow.create(c, root.path, list(range(T - 1)) + [-1], arena="host0")
+            self.assertIn("tokens[15]", str(e.exception))
+            wf = ew.Workflow.create(c, root.path, list(range(T)), arena="host0")
+            root.release()
+            for call, word in ((lambda: wf.fork(2**32), "branch"), (lambda: wf.drop(2**32), "branch"),
+                               (lambda: wf.advance(2**32, list(range(T))), "branch"),
+                               (lambda: wf.advance(0, [2**32 + 5] * T), "tokens[0]"),
+                               (lambda: wf.merge(2**32, 0), "source"), (lambda: wf.merge(0, -1), "into")):
+                with self.assertRaises(ValueError) as e:
+                    call()
+                self.assertIn(word, str(e.exception))
+            self.assertEqual([(b.branch, b.alive, b.steps) for b in wf.branches()], [(0, True, 0)])
+            wf.release()
+
     def test_branch_ids_limit_named(self):
         """Branch ids are not reused: after 63 forks (dropped or not) a workflow takes no
         more, and the refusal says which limit it hit."""
