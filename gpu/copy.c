@@ -829,6 +829,10 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                         Watch tl = { .enter_usec = enter, .group_bytes = bytes, .segs = m };
                         if (e->timeline_fd >= 0)
                                 timeline_start(e, (int)dev, streams[0], &tl);
+                        /* Whether part of the group may be on the streams when a call
+                         * fails: a kernel or batch call may have made some of its
+                         * launches; segment by segment, those before the failed one. */
+                        bool partial = true;
                         r = group_try_strided(e, (int)dev, p, segs, order + start, m);
                         if (r == 0)
                                 r = group_try_kernel(e, j, (int)dev, p, segs, order + start, m, bytes);
@@ -838,17 +842,29 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
                         if (r == 0) {
                                 if (p == GPU_COPY_SAME_GPU || p == GPU_COPY_PEER)
                                         used = MIN((size_t)e->d2d_streams, m);
-                                for (size_t k = 0; r >= 0 && k < m; k++)
+                                size_t k = 0;
+                                for (; r >= 0 && k < m; k++)
                                         r = seg_enqueue(e, p, &segs[order[start + k]], streams[k % used]);
+                                partial = k > 1;
                         }
                         if (r < 0) {
                                 if (tl.start)
                                         (void)CU(e->system->driver, cuEventDestroy, tl.start);
-                                /* Part of the group may be on the streams already: let it
-                                 * drain before the job (and its references) can go. */
-                                for (size_t k = 0; k < used; k++)
-                                        (void)CU(e->system->driver, cuStreamSynchronize, streams[k]);
                                 err = r;
+                                /* Part of the group may be on the streams already: the job
+                                 * (and its references) may go only once it drained. Its
+                                 * streams' events say when, on the completion threads, the
+                                 * job ending with the error; a synchronize here would hold
+                                 * the loop behind every other job queued on these shared
+                                 * streams (seconds of other handoffs' groups, or for ever on
+                                 * a GPU that hangs). Only a stream whose event cannot be
+                                 * recorded is waited for here. */
+                                for (size_t k = 0; partial && k < used; k++) {
+                                        if (watch_add(e, (int)dev, (GpuCopyPath)p, streams[k], j, 0, NULL) >= 0)
+                                                n_groups++;
+                                        else
+                                                (void)CU(e->system->driver, cuStreamSynchronize, streams[k]);
+                                }
                                 break;
                         }
                         for (size_t k = 0; k < used; k++) {
@@ -877,7 +893,7 @@ int gpu_copy_submit(GpuCopyEngine *e, const GpuCopySeg *segs, size_t n, uint64_t
         if (err < 0 && j->error == 0)
                 j->error = err;
         if (n_groups == 0) {
-                /* Nothing reached a stream: nothing was queued. */
+                /* Nothing reached a stream (or what did has drained): nothing is queued. */
                 for (size_t i = 0; i < j->n_slots; i++)
                         e->lanes[j->slot_dev[i]].slot_busy[j->slot_idx[i]] = false;
                 pthread_mutex_unlock(&e->lock);

@@ -191,6 +191,12 @@ static CUresult f_ctx_get(void **ctx) {
         *ctx = current_ctx;
         return OK;
 }
+/* Read by tests (dlsym): cuStreamSynchronize calls (the loop waiting on a stream). */
+unsigned long fake_cuda_stream_syncs;
+static CUresult f_stream_sync(void *stream) {
+        __atomic_add_fetch(&fake_cuda_stream_syncs, 1, __ATOMIC_RELAXED);
+        return OK;
+}
 static CUresult f_ok_ptr(void *p) {
         return OK;
 }
@@ -699,7 +705,7 @@ static const struct {
         { "cuMemsetD32Async", (void *)f_memset32_async },
         { "cuStreamCreate", (void *)f_stream_create },
         { "cuStreamDestroy", (void *)f_ok_ptr },
-        { "cuStreamSynchronize", (void *)f_ok_ptr },
+        { "cuStreamSynchronize", (void *)f_stream_sync },
         { "cuStreamAddCallback", (void *)f_add_callback },
         { "cuEventCreate", (void *)f_event_create },
         { "cuEventDestroy", (void *)f_event_destroy },

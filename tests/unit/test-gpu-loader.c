@@ -438,6 +438,62 @@ START_TEST(test_fake_engine_lanes_on_use) {
 }
 END_TEST
 
+/* The driver refuses a group's second copy as it is enqueued, the first on a stream
+ * already: the job ends with the error once that stream drains, on the completion
+ * thread. It was a cuStreamSynchronize on the caller's thread (epdd's loop), which
+ * waited for every other job queued on that shared stream too. A refusal of the first
+ * copy leaves nothing queued: an error at once, and no wait either. */
+START_TEST(test_fake_part_refused_no_sync) {
+        GpuSystem *s = NULL;
+        GpuCopyEngine *e = NULL;
+        GpuArena *a = NULL;
+        GpuCopyDone done;
+        static char host[65536];
+
+        fake_gpu(false);
+        ck_assert_int_eq(gpu_system_open(fake(), &s), 0);
+        void *lib = dlopen(fake(), RTLD_NOW | RTLD_NOLOAD);
+        ck_assert_ptr_nonnull(lib);
+        unsigned long *syncs = dlsym(lib, "fake_cuda_stream_syncs");
+        ck_assert_ptr_nonnull(syncs);
+        ck_assert_int_eq(gpu_copy_engine_new(s, &e), 0);
+        ck_assert_int_eq(gpu_arena_new(s, 0, 4 << 20, &a), 0);
+        ck_assert_int_eq(gpu_host_register(s, host, sizeof host), 0);
+        /* GPU to host, irregular: copied segment by segment. */
+        GpuCopySeg segs[3] = {
+                { .src = a, .src_offset = 0, .dst_host = host, .dst_offset = 0, .length = 4096 },
+                { .src = a, .src_offset = 8192, .dst_host = host, .dst_offset = 4096, .length = 4096 },
+                { .src = a, .src_offset = 20480, .dst_host = host, .dst_offset = 12288, .length = 8192 },
+        };
+        unsigned long before = *syncs;
+        ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_ASYNC_AFTER", "1", 1), 0);
+        int r = gpu_copy_submit(e, segs, 3, 7);
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_FAIL_ASYNC_AFTER"), 0);
+        ck_assert_int_eq(r, 0);
+        ck_assert_uint_eq(*syncs, before);
+        ck_assert_int_eq(gpu_copy_wait(e, 5000), 1);
+        ck_assert_uint_eq(gpu_copy_reap(e, &done, 1), 1);
+        ck_assert_uint_eq(done.cookie, 7);
+        ck_assert_int_eq(done.error, -EINVAL);
+        /* The first copy refused: nothing queued, the error at once, no wait. */
+        ck_assert_int_eq(setenv("FAKE_CUDA_FAIL_ASYNC_AFTER", "0", 1), 0);
+        r = gpu_copy_submit(e, segs, 3, 8);
+        ck_assert_int_eq(unsetenv("FAKE_CUDA_FAIL_ASYNC_AFTER"), 0);
+        ck_assert_int_eq(r, -EINVAL);
+        ck_assert_uint_eq(*syncs, before);
+        /* And the engine goes on. */
+        ck_assert_int_eq(gpu_copy_submit(e, segs, 3, 9), 0);
+        ck_assert_int_eq(gpu_copy_wait(e, 5000), 1);
+        ck_assert_uint_eq(gpu_copy_reap(e, &done, 1), 1);
+        ck_assert_int_eq(done.error, 0);
+        ck_assert_int_eq(gpu_host_unregister(s, host), 0);
+        gpu_arena_unref(a);
+        gpu_copy_engine_free(e);
+        gpu_system_unref(s);
+        dlclose(lib);
+}
+END_TEST
+
 START_TEST(test_fake_arena_fd) {
         GpuContext *g = NULL;
         GpuArena *imp = NULL;
@@ -1077,6 +1133,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_fake_system);
         tcase_add_test(tc, test_fake_contexts_on_use);
         tcase_add_test(tc, test_fake_engine_lanes_on_use);
+        tcase_add_test(tc, test_fake_part_refused_no_sync);
         tcase_add_test(tc, test_fake_arena_fd);
         tcase_add_test(tc, test_fake_transport);
         tcase_add_test(tc, test_fake_transport_parts);
