@@ -17,7 +17,8 @@ typedef struct CacheArena {
         uint32_t index;
         uint8_t *base;
         FeatureAllocator *alloc;
-        uint64_t evictable; /* eviction_could_help()'s count, valid during its call */
+        QUEUE_HEAD(Feature, arena_lru); /* this arena's features of the cache's lru, in its order */
+        uint64_t evictable;             /* their bytes (kept as they come and go) */
         /* The fence after a restart (feature_cache_fence()): the runs that were free,
          * taken from the allocator until feature_cache_unfence(). */
         uint64_t *fence_offsets;
@@ -31,6 +32,8 @@ struct FeatureCache {
         CacheArena *arenas;
         size_t n_arenas;
         QUEUE_HEAD(Feature, lru);                 /* first: coldest */
+        uint64_t lru_seq;                         /* the next lru_seq given */
+        uint64_t evictable;                       /* bytes of the features in lru */
         QUEUE_HEAD(Feature, announced); /* first: earliest deadline */
         QUEUE_HEAD(Feature, producing); /* first: earliest produce deadline (one timeout: in order) */
         FeatureStats stats;
@@ -81,6 +84,9 @@ void feature_entry_destroy(Feature *f);
 void feature_entry_maybe_destroy(Feature *f);
 /* In the LRU exactly when READY and unreferenced. */
 void feature_lru_update(FeatureCache *c, Feature *f);
+/* The journal's READY of f (0 without a journal; its error, logged) and GONE (feature-replay.c). */
+int feature_journal_ready(FeatureCache *c, Feature *f);
+void feature_journal_gone(FeatureCache *c, Feature *f);
 /* Its region back to the arena (a READY one's GONE journaled first). */
 void feature_region_release(FeatureCache *c, Feature *f);
 /* feature-replay.c: the keys whose READY the replay skipped, journaled GONE (once the

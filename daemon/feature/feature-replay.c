@@ -300,3 +300,37 @@ void feature_cache_unfence(FeatureCache *c) {
 bool feature_cache_fenced(const FeatureCache *c) {
         return c && c->fenced;
 }
+
+/* -- records written (the READY record's format: feature-record.c) -- */
+
+int feature_journal_ready(FeatureCache *c, Feature *f) {
+        _cleanup_(freep) void *buf = NULL;
+        size_t len;
+        int r;
+
+        if (!c->journal_fn)
+                return 0;
+        r = feature_record_ready_encode(f, &buf, &len);
+        if (r >= 0)
+                r = c->journal_fn(c, FEATURE_REC_READY, buf, len, c->journal_userdata);
+        if (r < 0)
+                log_warning_errno(r, "Cannot journal feature %.64s as ready: %m", f->key);
+        return r;
+}
+
+void feature_journal_gone(FeatureCache *c, Feature *f) {
+        int r;
+
+        if (!c->journal_fn)
+                return;
+        r = c->journal_fn(c, FEATURE_REC_GONE, f->key, strlen(f->key), c->journal_userdata);
+        if (r < 0)
+                log_warning_errno(r, "Cannot journal an evicted feature: %m");
+}
+
+void feature_cache_set_journal(FeatureCache *c, feature_journal_fn fn, void *userdata) {
+        c->journal_fn = fn;
+        c->journal_userdata = userdata;
+        /* The replay is over: what it skipped is gone for good, said in the log. */
+        feature_replay_skipped_journal(c);
+}

@@ -235,6 +235,36 @@ void feature_cache_set_produce_timeout(FeatureCache *c, usec_t timeout) {
                 c->config.produce_timeout_usec = timeout;
 }
 
+/* The cold list, and its arena's (with the bytes each could free by evicting). */
+static void lru_push(FeatureCache *c, Feature *f) {
+        CacheArena *a = f->has_region ? feature_arena_of(c, f->arena) : NULL;
+
+        QUEUE_PUSH_BACK(lru, c->lru, f);
+        f->in_lru = true;
+        f->lru_seq = c->lru_seq++;
+        f->lru_bytes = f->size;
+        c->evictable += f->size;
+        f->lru_arena = a ? (size_t)(a - c->arenas) + 1 : 0;
+        if (a) {
+                QUEUE_PUSH_BACK(arena_lru, a->arena_lru, f);
+                a->evictable += f->size;
+        }
+}
+
+static void lru_remove(FeatureCache *c, Feature *f) {
+        if (!f->in_lru)
+                return;
+        QUEUE_REMOVE(lru, c->lru, f);
+        f->in_lru = false;
+        c->evictable -= f->lru_bytes;
+        if (f->lru_arena > 0) {
+                CacheArena *a = &c->arenas[f->lru_arena - 1];
+                QUEUE_REMOVE(arena_lru, a->arena_lru, f);
+                a->evictable -= f->lru_bytes;
+                f->lru_arena = 0;
+        }
+}
+
 void feature_entry_unlink(FeatureCache *c, Feature *f) {
         producing_remove(c, f);
         if (PRIV(f)->in_table) {
@@ -242,49 +272,12 @@ void feature_entry_unlink(FeatureCache *c, Feature *f) {
                 PRIV(f)->in_table = false;
                 c->stats.n_features--;
         }
-        if (f->in_lru) {
-                QUEUE_REMOVE(lru, c->lru, f);
-                f->in_lru = false;
-        }
+        lru_remove(c, f);
         if (f->in_announced) {
                 QUEUE_REMOVE(announced, c->announced, f);
                 f->in_announced = false;
                 c->stats.n_announced--;
         }
-}
-
-/* -- journal (docs/wal.md; the READY record's format: feature-record.c) -- */
-
-static int journal_ready(FeatureCache *c, Feature *f) {
-        _cleanup_(freep) void *buf = NULL;
-        size_t len;
-        int r;
-
-        if (!c->journal_fn)
-                return 0;
-        r = feature_record_ready_encode(f, &buf, &len);
-        if (r >= 0)
-                r = c->journal_fn(c, FEATURE_REC_READY, buf, len, c->journal_userdata);
-        if (r < 0)
-                log_warning_errno(r, "Cannot journal feature %.64s as ready: %m", f->key);
-        return r;
-}
-
-static void journal_gone(FeatureCache *c, Feature *f) {
-        int r;
-
-        if (!c->journal_fn)
-                return;
-        r = c->journal_fn(c, FEATURE_REC_GONE, f->key, strlen(f->key), c->journal_userdata);
-        if (r < 0)
-                log_warning_errno(r, "Cannot journal an evicted feature: %m");
-}
-
-void feature_cache_set_journal(FeatureCache *c, feature_journal_fn fn, void *userdata) {
-        c->journal_fn = fn;
-        c->journal_userdata = userdata;
-        /* The replay is over: what it skipped is gone for good, said in the log. */
-        feature_replay_skipped_journal(c);
 }
 
 void feature_region_release(FeatureCache *c, Feature *f) {
@@ -293,7 +286,7 @@ void feature_region_release(FeatureCache *c, Feature *f) {
         if (!f->has_region)
                 return;
         if (f->state == FEATURE_READY)
-                journal_gone(c, f);
+                feature_journal_gone(c, f);
         a = feature_arena_of(c, f->arena);
         if (a)
                 (void)feature_allocator_release(a->alloc, f->offset);
@@ -314,20 +307,17 @@ void feature_entry_maybe_destroy(Feature *f) {
 void feature_lru_update(FeatureCache *c, Feature *f) {
         bool want = f->state == FEATURE_READY && f->n_readers == 0 && f->n_pins == 0 && !PRIV(f)->fenced;
 
-        if (want && !f->in_lru) {
-                QUEUE_PUSH_BACK(lru, c->lru, f);
-                f->in_lru = true;
-        } else if (!want && f->in_lru) {
-                QUEUE_REMOVE(lru, c->lru, f);
-                f->in_lru = false;
-        }
+        if (want && !f->in_lru)
+                lru_push(c, f);
+        else if (!want && f->in_lru)
+                lru_remove(c, f);
 }
 
 static void lru_touch(FeatureCache *c, Feature *f) {
         if (!f->in_lru)
                 return;
-        QUEUE_REMOVE(lru, c->lru, f);
-        QUEUE_PUSH_BACK(lru, c->lru, f);
+        lru_remove(c, f);
+        lru_push(c, f);
 }
 
 static void spill(FeatureCache *c, Feature *f) {
@@ -455,19 +445,11 @@ static bool arena_fits(const FeatureCache *c, const CacheArena *a, uint64_t byte
  * enough for the region as that arena rounds it (a fragmented arena may still refuse).
  * Marks those arenas (helps). A request that this says no to evicts nothing. */
 static bool eviction_could_help(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t mask) {
-        uint64_t evictable = 0;
         bool any = false;
 
-        /* One pass over the cold list, counted per arena as well. */
-        for (size_t i = 0; i < c->n_arenas; i++)
-                c->arenas[i].evictable = 0;
-        LIST_FOREACH(lru, f, c->lru.first) {
-                evictable += f->size;
-                CacheArena *a = f->has_region ? feature_arena_of(c, f->arena) : NULL;
-                if (a)
-                        a->evictable += f->size;
-        }
-        uint64_t held = c->stats.bytes_cached + c->stats.bytes_reserved - evictable;
+        /* The counts are kept as features come and go: a walk of the cold list here
+         * cost every Reserve of a full cache 1.5 ms at 60,000 features (review). */
+        uint64_t held = c->stats.bytes_cached + c->stats.bytes_reserved - c->evictable;
         for (size_t i = 0; i < c->n_arenas; i++) {
                 CacheArena *a = &c->arenas[i];
                 uint64_t need = arena_need(a, bytes);
@@ -482,12 +464,17 @@ static bool eviction_could_help(FeatureCache *c, uint64_t bytes, bool need_map, 
 /* The coldest unreferenced feature in an arena where evicting can make the region
  * (eviction_could_help() marked them): one elsewhere would go for nothing. */
 static Feature *coldest_in(FeatureCache *c) {
-        LIST_FOREACH(lru, f, c->lru.first) {
-                const CacheArena *a = feature_arena_of(c, f->arena);
-                if (f->has_region && a && a->helps)
-                        return f;
+        Feature *best = NULL;
+
+        /* Each arena's coldest, the coldest of those: one walk past every feature of
+         * the arenas that cannot help, for each eviction, made a Reserve of half a
+         * 16,384-feature arena beside a 32,768-feature one take 2.8 s (review). */
+        for (size_t i = 0; i < c->n_arenas; i++) {
+                Feature *f = c->arenas[i].arena_lru.first;
+                if (c->arenas[i].helps && f && (!best || f->lru_seq < best->lru_seq))
+                        best = f;
         }
-        return NULL;
+        return best;
 }
 
 /* Allocates a region of bytes in some arena (mapped ones only, if need_map; of those,
@@ -619,7 +606,7 @@ static void load_finish(FeatureCache *c, Feature *f) {
         f->state = FEATURE_READY;
         PRIV(f)->on_disk = true;
         c->stats.loaded++;
-        (void)journal_ready(c, f); /* in the store: a restart without its record loads it again */
+        (void)feature_journal_ready(c, f); /* in the store: a restart without its record loads it again */
         feature_lru_update(c, f);
 }
 
@@ -969,7 +956,7 @@ int feature_publish(FeatureRef *r, usec_t encode_usec) {
         usec_t was = f->encode_usec;
         f->encode_usec = encode_usec;
         f->state = FEATURE_READY; /* what the record says */
-        int e = journal_ready(c, f);
+        int e = feature_journal_ready(c, f);
         if (e < 0) {
                 f->state = FEATURE_RESERVED;
                 f->encode_usec = was;

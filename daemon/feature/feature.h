@@ -79,6 +79,13 @@ struct Feature {
         unsigned n_pins;
         bool in_lru;
         LIST_FIELDS(Feature, lru);
+        /* While in_lru: also in its arena's cold list (lru_arena: that arena's index in
+         * the cache, + 1; 0: none, no region), in the same order, lru_seq counting
+         * its place among all arenas' (feature.c: the coldest feature of the arenas
+         * that can help, and what each could free, without walking the whole list). */
+        LIST_FIELDS(Feature, arena_lru);
+        size_t lru_arena;
+        uint64_t lru_seq, lru_bytes;
         bool in_announced;      /* waits for a producer, in deadline order */
         LIST_FIELDS(Feature, announced);
         /* A producer at work, until this time (FeatureCacheConfig.produce_timeout_usec):

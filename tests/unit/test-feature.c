@@ -681,6 +681,63 @@ START_TEST(test_evict_where_it_helps) {
 }
 END_TEST
 
+/* Eviction beside a large arena that cannot help: the cold end holds 32,768 features
+ * of arena 4, a Reserve allowed in arena 3 only (16,384 features, full) evicts half of
+ * it. Each eviction walked the cold list past all of arena 4's (2.8 s at -O2, on the
+ * loop; review), and every Reserve that had to evict walked it whole once more. Now
+ * each arena keeps its own cold list and evictable bytes: the coldest of arena 3 go, in
+ * order, none of arena 4's, well within a second even sanitized. */
+static double mono_s(void) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+START_TEST(test_evict_beside_large_arena) {
+        enum { OTHER = 32768, MINE = 16384 };
+        FeatureCache *c;
+        FeatureCacheConfig cfg = { .budget_bytes = UINT64_MAX / 4, .max_refs = 1u << 20 };
+        FeatureRef *r;
+        FeatureDesc *d;
+        char key[32];
+
+        ck_assert_int_eq(feature_cache_new(&cfg, &c), 0);
+        /* Arenas the daemon does not map (a GPU's): no base. */
+        ck_assert_int_eq(feature_cache_add_arena(c, 3, NULL, 0, (uint64_t)MINE * CHUNK, CHUNK), 0);
+        ck_assert_int_eq(feature_cache_add_arena(c, 4, NULL, 0, (uint64_t)OTHER * CHUNK, CHUNK), 0);
+        for (unsigned i = 0; i < OTHER + MINE; i++) {
+                bool other = i < OTHER; /* the colder */
+                snprintf(key, sizeof key, "%s%u", other ? "other-" : "mine-", other ? i : i - OTHER);
+                d = desc_bytes(CHUNK);
+                ck_assert_int_eq(feature_reserve_in(c, key, CHUNK, 1ULL << (other ? 4 : 3), &d, NULL, &r, NULL), 0);
+                ck_assert_int_eq(feature_publish(r, 1), 0);
+                feature_ref_release(r);
+        }
+        /* mine-1 warmed: the coldest of arena 3 are mine-0, mine-2, mine-3... */
+        FeatureAcquireResult res;
+        ck_assert_int_eq(feature_acquire(c, "mine-1", false, 0, &r, &res), 0);
+        feature_ref_release(r);
+        d = desc_bytes((uint64_t)MINE / 2 * CHUNK);
+        double t0 = mono_s();
+        ck_assert_int_eq(feature_reserve_in(c, "big", (uint64_t)MINE / 2 * CHUNK, 1ULL << 3, &d, NULL, &r, NULL), 0);
+        double took = mono_s() - t0;
+        printf("half of arena 3 beside %u features of arena 4: %u evictions in %.1f ms\n", OTHER,
+               (unsigned)feature_cache_stats(c)->evictions, took * 1e3);
+        /* A run of MINE / 2 chunks past the warm mine-1: mine-0, then mine-2 to
+         * mine-(MINE / 2 + 1). */
+        ck_assert_uint_eq(feature_cache_stats(c)->evictions, MINE / 2 + 1);
+        ck_assert_ptr_null(feature_cache_get(c, "mine-0"));
+        ck_assert_ptr_nonnull(feature_cache_get(c, "mine-1"));
+        snprintf(key, sizeof key, "mine-%u", MINE / 2 + 1);
+        ck_assert_ptr_null(feature_cache_get(c, key));
+        snprintf(key, sizeof key, "mine-%u", MINE / 2 + 2);
+        ck_assert_ptr_nonnull(feature_cache_get(c, key));
+        ck_assert_ptr_nonnull(feature_cache_get(c, "other-0"));
+        ck_assert_msg(took < 1.0, "%.3f s", took);
+        feature_ref_release(r);
+        feature_cache_free(c);
+}
+END_TEST
+
 START_TEST(test_lru_budget) {
         /* budget of 4 features of 4 chunks each */
         _cleanup_(feature_cache_freep) FeatureCache *c = cache_new(16 * CHUNK);
@@ -1842,6 +1899,7 @@ int main(void) {
         tcase_add_test(tc, test_lru_budget);
         tcase_add_test(tc, test_evict_counts_chunk_rounding);
         tcase_add_test(tc, test_evict_where_it_helps);
+        tcase_add_test(tc, test_evict_beside_large_arena);
         tcase_add_test(tc, test_stored_copy_without_room);
         tcase_add_test(tc, test_evict_in_allowed_arenas);
         tcase_add_test(tc, test_pins);
