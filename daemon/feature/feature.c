@@ -447,8 +447,8 @@ static bool arena_fits(const FeatureCache *c, const CacheArena *a, uint64_t byte
 static bool eviction_could_help(FeatureCache *c, uint64_t bytes, bool need_map, uint64_t mask) {
         bool any = false;
 
-        /* The counts are kept as features come and go: a walk of the cold list here
-         * cost every Reserve of a full cache 1.5 ms at 60,000 features (review). */
+        /* The counts are kept as features come and go: no walk of the cold list for
+         * each Reserve that has to evict. */
         uint64_t held = c->stats.bytes_cached + c->stats.bytes_reserved - c->evictable;
         for (size_t i = 0; i < c->n_arenas; i++) {
                 CacheArena *a = &c->arenas[i];
