@@ -233,6 +233,13 @@ static int scan(FeatureStore *s, bool remove_tmp, uint64_t target) {
                         continue;
                 if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
                         continue;
+                if ((uint64_t)st.st_size <= HEADER_SIZE) {
+                        /* No feature fits (files are renamed into place whole): damaged,
+                         * removed, or the index would give it a size of 0, which a read
+                         * back refuses before it could parse and remove it. */
+                        (void)unlinkat(dirfd(d), de->d_name, 0);
+                        continue;
+                }
                 if (n == cap) {
                         TrimEntry *nv = reallocarray(v, cap ? cap * 2 : 64, sizeof *nv);
                         if (!nv) {

@@ -340,6 +340,27 @@ static bool has_entry(FeatureStore *s, const char *key) {
 /* The index of stored names: a key without a file is answered without the disk, and
  * the index follows saves, removals, trims, damaged files, files removed behind the
  * store's back, and what a new open finds. */
+/* A file under a key's name no longer than the header holds no feature: the scan at
+ * open removes it. It entered the index with a size bound of 0, which a Prefetch's
+ * read-back refused (-EINVAL) before the file was ever parsed and removed: the key
+ * answered "failed" at every Prefetch, for ever (review). */
+START_TEST(test_header_only_file_removed) {
+        char name[FEATURE_STORE_NAME_MAX], p[256];
+        FeatureStore *s = store_open();
+        feature_store_free(s);
+        feature_store_name("keyZ", name);
+        snprintf(p, sizeof p, "%s/%s", root, name);
+        int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(write(fd, "partial", 7), 7);
+        close(fd);
+        s = store_open();
+        ck_assert(!feature_store_has(s, "keyZ", NULL));
+        ck_assert_int_eq(access(p, F_OK), -1);
+        feature_store_free(s);
+}
+END_TEST
+
 START_TEST(test_index) {
         _cleanup_(feature_desc_freep) FeatureDesc *d = desc_bytes(1000);
         char buf[1000] = {}, key[32], name[FEATURE_STORE_NAME_MAX], p[256];
@@ -699,6 +720,7 @@ int main(void) {
         tcase_add_test(tc, test_bad_files);
         tcase_add_test(tc, test_bounded);
         tcase_add_test(tc, test_index);
+        tcase_add_test(tc, test_header_only_file_removed);
         tcase_add_test(tc, test_remove_the_file_read);
         tcase_add_test(tc, test_cache_spill_load);
         tcase_add_test(tc, test_spill_thread);
