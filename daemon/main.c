@@ -62,8 +62,9 @@ static int parse_argv(int argc, char *argv[]) {
                         arg_system_bus = 0;
                         break;
                 case 's':
-                        if (optarg[0] != '/' || strlen(optarg) >= 108) {
-                                log_error("--socket= needs an absolute path shorter than 108 bytes.");
+                        if (optarg[0] != '/' || strlen(optarg) >= CONFIG_SOCKET_PATH_MAX) {
+                                log_error("--socket= needs an absolute path shorter than %u bytes (it is bound "
+                                          "as <path>.<pid>, then renamed).", CONFIG_SOCKET_PATH_MAX);
                                 return -EINVAL;
                         }
                         arg_socket = optarg;

@@ -92,11 +92,9 @@ static int p_path(ParseState *s, const char *key, const char *value, void *dst) 
                 perr(s, "%s=%s: expected an absolute path", key, value);
                 return -EINVAL;
         }
-        /* sun_path holds 108 bytes; the socket is bound as <path>.<pid> first (a pid has at
-         * most 7 digits), then renamed: manager_listen_direct(). */
-        if (strlen(value) >= 100 && strcmp(key, "Socket") == 0) {
-                perr(s, "%s=%s: a unix socket path must be shorter than 100 bytes (it is bound as "
-                     "<path>.<pid>, then renamed)", key, value);
+        if (strlen(value) >= CONFIG_SOCKET_PATH_MAX && strcmp(key, "Socket") == 0) {
+                perr(s, "%s=%s: a unix socket path must be shorter than %u bytes (it is bound as "
+                     "<path>.<pid>, then renamed)", key, value, CONFIG_SOCKET_PATH_MAX);
                 return -EINVAL;
         }
         return p_string(s, key, value, dst);

@@ -11,6 +11,10 @@
 #include <stdio.h>
 
 #define CONFIG_GPU_BATCHES_MAX 16U
+/* Socket= and --socket=: shorter than this. sun_path holds 108 bytes, and the socket is
+ * bound as <path>.<pid> first (a pid has at most 7 digits), then renamed
+ * (manager_listen_direct()). */
+#define CONFIG_SOCKET_PATH_MAX 100U
 
 #include "core/arena.h"
 #include "sched/scheduler.h"

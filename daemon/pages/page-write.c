@@ -92,8 +92,11 @@ static void pending_write_done(void *userdata, int error) {
         free(p->dst);
         free(p->src);
         /* Every error that comes here is the copies' (their completion, their
-         * submission) or the journal's (a removal's durability), never the plan's. */
-        if (error != -ECANCELED)
+         * submission) or the journal's (a removal's durability), never the plan's; but
+         * an arena with no copy path at all (no_copy()) is a refusal, as when it is
+         * found without waiting. */
+        bool no_path = !pm->copy[p->arena] && !pm->copy_async[p->arena] && error == -EOPNOTSUPP;
+        if (error != -ECANCELED && !no_path)
                 error = page_copy_failed(error);
         if (pm->manager->stopping)
                 error = -ECANCELED; /* the table stays as journaled */

@@ -123,6 +123,20 @@ else
         ok "--host-id='bad id' refused: $(head -c 160 "$W/host-id.err")"
 fi
 
+# --socket= is bounded like Socket= (the socket is bound as <path>.<pid>, then renamed):
+# a 104-byte path passed --check-config and failed the start only after the WAL replay,
+# or not, by the number of digits of the pid.
+sock104="/$(printf 's%.0s' $(seq 1 103))"
+rm -rf "$W/run" "$W/state"
+if "$EPDD" --check-config --no-system-bus --socket="$sock104" --state-directory="$W/state" >/dev/null \
+        2>"$W/socket-long.err"; then
+        bad "--socket= of 104 bytes passed --check-config"
+elif ! grep -qF -- "--socket= needs an absolute path shorter than 100 bytes" "$W/socket-long.err"; then
+        cat "$W/socket-long.err"; bad "--socket= of 104 bytes: no reason given"
+else
+        ok "--socket= of 104 bytes refused: $(head -c 160 "$W/socket-long.err")"
+fi
+
 # A configuration start-up takes passes, and --check-config still creates nothing.
 { cluster "$W/key-good"; printf '[Peer:b]\nAddress=127.0.0.2:7199\nHostId=node-b\n'; } > "$W/good.conf"
 rm -rf "$W/run" "$W/state"
