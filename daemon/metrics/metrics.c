@@ -6,15 +6,63 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+
+#include "macro.h"
 
 const char *metrics_format_content_type(MetricsFormat format) {
         return format == METRICS_FORMAT_OPENMETRICS ? "application/openmetrics-text; version=1.0.0; charset=utf-8"
                                                     : "text/plain; version=0.0.4; charset=utf-8";
 }
 
+/* The q of one media range's parameters (";q=0.5"): 1 without one, 0 for one that does
+ * not read as a number from 0 to 1 (RFC 9110: at most three decimals). */
+static double accept_q(const char *params, size_t len) {
+        for (size_t i = 0; i < len; i++) {
+                if (params[i] != ';')
+                        continue;
+                size_t j = i + 1;
+                while (j < len && (params[j] == ' ' || params[j] == '\t'))
+                        j++;
+                if (j + 1 < len && (params[j] == 'q' || params[j] == 'Q') && params[j + 1] == '=') {
+                        char buf[8] = "";
+                        size_t n = MIN(len - (j + 2), sizeof buf - 1);
+                        memcpy(buf, params + j + 2, n);
+                        char *end;
+                        double q = strtod(buf, &end);
+                        return end != buf && q >= 0 && q <= 1 ? q : 0;
+                }
+        }
+        return 1;
+}
+
+/* OpenMetrics when the scraper weighs it above zero and not below the text format
+ * (text/plain, or a wildcard range that takes it): Prometheus asks for OpenMetrics first,
+ * q=1. A range that names it with q=0 ("not acceptable") is no request for it. */
 MetricsFormat metrics_format_from_accept(const char *accept) {
-        return accept && strstr(accept, "application/openmetrics-text") ? METRICS_FORMAT_OPENMETRICS
-                                                                         : METRICS_FORMAT_TEXT;
+        double q_om = 0, q_text = 0;
+        const char *p = accept;
+
+        while (p && *p) {
+                size_t len = strcspn(p, ",");
+                const char *t = p;
+                while (t < p + len && (*t == ' ' || *t == '\t'))
+                        t++;
+                size_t type_len = strcspn(t, ";,");
+                while (type_len > 0 && (t[type_len - 1] == ' ' || t[type_len - 1] == '\t'))
+                        type_len--;
+                double q = accept_q(t + type_len, len - (size_t)(t - p) - type_len);
+#define IS(x) (type_len == strlen(x) && strncasecmp(t, x, type_len) == 0)
+                if (IS("application/openmetrics-text"))
+                        q_om = MAX(q_om, q);
+                else if (IS("text/plain") || IS("text/*") || IS("*/*"))
+                        q_text = MAX(q_text, q);
+#undef IS
+                p += len;
+                if (*p == ',')
+                        p++;
+        }
+        return q_om > 0 && q_om >= q_text ? METRICS_FORMAT_OPENMETRICS : METRICS_FORMAT_TEXT;
 }
 
 void metrics_writer_init(MetricsWriter *w, FILE *f, MetricsFormat format) {

@@ -123,6 +123,24 @@ START_TEST(test_accept) {
         ck_assert_int_eq(metrics_format_from_accept("application/openmetrics-text;version=1.0.0,"
                                                     "text/plain;version=0.0.4;q=0.5"),
                          METRICS_FORMAT_OPENMETRICS);
+        /* Prometheus's own header. */
+        ck_assert_int_eq(metrics_format_from_accept("application/openmetrics-text;version=1.0.0,application/"
+                                                    "openmetrics-text;version=0.0.1;q=0.75,text/plain;"
+                                                    "version=0.0.4;q=0.5,*/*;q=0.1"),
+                         METRICS_FORMAT_OPENMETRICS);
+        /* Named, but not acceptable (q=0), or weighed below the text format: text. Any
+         * mention of it gave OpenMetrics. */
+        ck_assert_int_eq(metrics_format_from_accept("application/openmetrics-text;q=0, text/plain"),
+                         METRICS_FORMAT_TEXT);
+        ck_assert_int_eq(metrics_format_from_accept("text/plain;q=0.9,application/openmetrics-text; q=0.2"),
+                         METRICS_FORMAT_TEXT);
+        ck_assert_int_eq(metrics_format_from_accept("*/*, application/openmetrics-text;q=0.5"), METRICS_FORMAT_TEXT);
+        ck_assert_int_eq(metrics_format_from_accept("Application/OpenMetrics-Text ; q=1.0 , text/plain;q=0.5"),
+                         METRICS_FORMAT_OPENMETRICS);
+        ck_assert_int_eq(metrics_format_from_accept("application/openmetrics-text;q=bogus"), METRICS_FORMAT_TEXT);
+        ck_assert_int_eq(metrics_format_from_accept("application/openmetrics-textual"), METRICS_FORMAT_TEXT);
+        ck_assert_int_eq(metrics_format_from_accept(""), METRICS_FORMAT_TEXT);
+        ck_assert_int_eq(metrics_format_from_accept(",,;q=,"), METRICS_FORMAT_TEXT);
         ck_assert_ptr_nonnull(strstr(metrics_format_content_type(METRICS_FORMAT_TEXT), "version=0.0.4"));
 }
 END_TEST
