@@ -363,7 +363,9 @@ static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
                 (void)bus_glue_reply_errno(msg, r, "Cannot build the reply.");
         } else
                 (void)sd_bus_reply_method_errorf(msg, EPD_ERROR_FAILED,
-                                                 "Feature '%.64s' could not be read back from the store (%s); the stored copy was removed, acquire it again to produce it.",
+                                                 "Feature '%.64s' could not be read back from the store (%s); "
+                                                 "acquire it again (a damaged copy is removed from the store, and "
+                                                 "the next Acquire produces it).",
                                                  h->ref->feature->key, strerror(-error));
         /* The caller never learnt this handle. */
         feature_handle_release(h);

@@ -280,7 +280,11 @@ static void held_load_go(void *userdata, int error) {
                 return;
         }
         if (r < 0) {
-                log_warning_errno(r, "Feature %.64s: cannot read it back from the store: %m", l->feature->key);
+                if (error < 0) /* the journal refused the GONE of the region's evicted features */
+                        log_warning_errno(r, "Feature %.64s: not read back from the store: the journal refused "
+                                          "the record of what its region held before: %m", l->feature->key);
+                else
+                        log_warning_errno(r, "Feature %.64s: cannot read it back from the store: %m", l->feature->key);
                 feature_load_done(l->feature, r);
         }
         free(l);
