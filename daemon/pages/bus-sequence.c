@@ -556,17 +556,10 @@ static void prepare_write_ready(void *userdata, Sequence *s, int error, size_t c
 
         if (error == -ECANCELED)
                 goto done; /* the daemon is stopping: the caller hears of it by the disconnect */
+        /* A copy's failure is wrapped (page_copy_failed()): none of the plan's errnos
+         * below, the Failed at the end, with the driver's errno. */
         int copy = page_copy_errno(error);
-        if (copy < 0 && copied > 0)
-                r = epd_bus_error(&e, EPD_ERROR_FAILED,
-                                  "PrepareWrite: the copy-on-write of shared pages failed (%s); the %zu pages "
-                                  "copied in an earlier round (the range was shared again meanwhile) stay copied.",
-                                  strerror(-copy), copied);
-        else if (copy < 0)
-                r = epd_bus_error(&e, EPD_ERROR_FAILED,
-                                  "PrepareWrite: the copy-on-write of shared pages failed (%s); nothing changed.",
-                                  strerror(-copy));
-        else if (error == -ENOENT)
+        if (error == -ENOENT)
                 r = epd_bus_error(&e, EPD_ERROR_NOT_FOUND,
                                   "PrepareWrite: the sequence was released while its pages were being copied.");
         else if (error == -EBUSY)
@@ -592,11 +585,11 @@ static void prepare_write_ready(void *userdata, Sequence *s, int error, size_t c
                 r = epd_bus_error(&e, EPD_ERROR_FAILED,
                                   "PrepareWrite: the copy-on-write of shared pages failed (%s); the %zu pages "
                                   "copied in an earlier round (the range was shared again meanwhile) stay copied.",
-                                  strerror(-error), copied);
+                                  strerror(-(copy ?: error)), copied);
         else if (error < 0)
                 r = epd_bus_error(&e, EPD_ERROR_FAILED,
                                   "PrepareWrite: the copy-on-write of shared pages failed (%s); nothing changed.",
-                                  strerror(-error));
+                                  strerror(-(copy ?: error)));
         else
                 r = prepare_write_reply(s, call->msg, call->first, call->count, copied, &e);
         if (r < 0) {
