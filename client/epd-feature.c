@@ -57,8 +57,15 @@ static int read_info(epd_client *c, sd_bus_message *reply, epd_feature *f) {
                         return epd__error(c, -EBADMSG, &SD_BUS_ERROR_MAKE_CONST(
                                                   "org.epd1.Error.Failed",
                                                   "The daemon placed the feature outside its arena."));
-                if (epd_arena_map(c, (size_t)f->arena, &base) >= 0)
-                        f->data = (uint8_t *)base + f->offset;
+                /* Host arenas only (a GPU feature arena's bytes are reached through
+                 * epd_gpu_arena_map()): the call succeeds either way, and must not leave
+                 * a refusal of this optional mapping as its last error. */
+                if (a && strcmp(a->domain, "host") == 0) {
+                        if (epd_arena_map(c, (size_t)f->arena, &base) >= 0)
+                                f->data = (uint8_t *)base + f->offset;
+                        else
+                                epd__clear_error(c);
+                }
         }
         f->n_tensors = 0;
         if (bin_len > 0 && feature_desc_parse(bin, bin_len, f->bytes, &d, NULL) >= 0) {
@@ -504,7 +511,10 @@ int epd_feature_publish_release(epd_client *c, epd_feature *f, uint64_t encode_u
                  * the waiting way (else it pins the feature until the connection goes).
                  * The Publish stands, so this is a success for the caller. */
                 r = epd_feature_release(c, f);
-                return r == -ENOTCONN || r == -ECONNRESET ? r : 0;
+                if (r == -ENOTCONN || r == -ECONNRESET)
+                        return r;
+                epd__clear_error(c); /* a success: not the Release's refusal */
+                return 0;
         }
         free(f);
         return 0;
@@ -620,6 +630,7 @@ int epd_feature_wait(epd_client *c, epd_feature *f, uint64_t timeout_usec) {
 
         if (!c || !f)
                 return epd__error(c, -EINVAL, NULL);
+        epd__clear_error(c); /* settled already: no call made, no earlier call's error left */
         if ((r = settled(c, f)) != 0)
                 return r > 0 ? 0 : r;
         deadline = usec_add(now_usec(CLOCK_MONOTONIC), timeout_usec);

@@ -523,7 +523,11 @@ int epd_ring_next(epd_ring_client *r, struct epd_ring_record *rec, uint64_t time
                  * its own loop does not spin on stale wakeups. The daemon posts a record
                  * before its wakeup, so a count of 0 means no record is missed. */
                 uint64_t v;
-                if (read(r->complete_fd, &v, sizeof v) > 0) {
+                /* Polled first: the O_NONBLOCK checked at open belongs to the file
+                 * description the daemon shares, which it may have cleared since; a read
+                 * of a count of 0 would then block, a wait of 0 included. */
+                struct pollfd ready = { .fd = r->complete_fd, .events = POLLIN };
+                if (poll(&ready, 1, 0) > 0 && (ready.revents & POLLIN) && read(r->complete_fd, &v, sizeof v) > 0) {
                         e = epd_ring_consume(&r->ring.cq, rec);
                         if (e != -EAGAIN)
                                 return e;

@@ -1242,6 +1242,36 @@ START_TEST(test_departed_worker_not_counted) {
 }
 END_TEST
 
+/* A feature in a GPU feature arena: Reserve and Acquire succeed with no host pointer
+ * (its bytes are reached through epd_gpu_arena_map()), and leave no error behind. The
+ * client's optional mapping of the arena, refused for a GPU arena (-EOPNOTSUPP), stayed
+ * as the successful call's last error (review). */
+START_TEST(test_gpu_feature_arena_no_stale_error) {
+        ck_assert_int_eq(harness_restart(&h, CONFIG "[Arena:featgpu]\nDomain=gpu\nGpu=0\nUsage=feature\nSize=32M\n",
+                                         address, sizeof address),
+                         0);
+        const char *arenas[] = { "featgpu", "host0", NULL };
+        epd_client *c = NULL;
+        epd_feature *f = NULL, *g = NULL;
+        epd_feature_tensor t = { .name = "x", .dtype = "f32", .rank = 1, .shape = { 256 } };
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_eq(epd_register(c, "encoder", "model", "cuda:0", &kv, arenas), 0);
+        ck_assert_int_eq(epd_feature_reserve(c, "sha256:gpu-feature", 1024, &t, 1, NULL, &f), 0);
+        ck_assert_msg(!epd_last_error_name(c), "%s: %s", epd_last_error_name(c), epd_last_error_message(c));
+        ck_assert_int_eq(f->arena, epd_arena_find(c, "featgpu"));
+        ck_assert_ptr_null(f->data);
+        ck_assert_int_eq(epd_feature_publish(c, f, 1), 0);
+        ck_assert_int_eq(epd_feature_acquire(c, "sha256:gpu-feature", false, &g), 0);
+        ck_assert_str_eq(g->result, "hit");
+        ck_assert_msg(!epd_last_error_name(c), "%s: %s", epd_last_error_name(c), epd_last_error_message(c));
+        ck_assert_int_eq(epd_feature_wait(c, g, 0), 0); /* settled: no call, no error */
+        ck_assert_ptr_null(epd_last_error_name(c));
+        ck_assert_int_eq(epd_feature_release(c, g), 0);
+        ck_assert_int_eq(epd_feature_release(c, f), 0);
+        epd_disconnect(c);
+}
+END_TEST
+
 START_TEST(test_departing_encoder_fails_its_features_at_once) {
         ck_assert_int_eq(harness_restart(&h, CONFIG "[Arena:feat0]\nUsage=feature\nSize=16M\nPageSize=64K\n", address,
                                          sizeof address),
@@ -2027,6 +2057,7 @@ static Suite *suite(void) {
         tcase_add_test(tc, test_decode_dies);
         tcase_add_test(tc, test_gpu_pages_wait_for_the_process);
         tcase_add_test(tc, test_departing_encoder_fails_its_features_at_once);
+        tcase_add_test(tc, test_gpu_feature_arena_no_stale_error);
         tcase_add_test(tc, test_departing_gpu_client_on_the_bus);
         tcase_add_test(tc, test_departed_worker_not_counted);
         tcase_add_test(tc, test_register_memory_over_max_request);

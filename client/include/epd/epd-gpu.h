@@ -15,7 +15,11 @@
  * Threads: one EpdGpu may be used from several threads at once (mappings, page tables
  * and notifiers made and freed on any of them); one mapping, page table or notifier is
  * used by one thread at a time. epd_gpu_close() ends the handle once its last mapping,
- * page table and notifier are gone; after it, nothing new is made from it (-EINVAL). */
+ * page table and notifier are gone (they may still be used and freed after it); with
+ * none left it frees the handle at once. So no call may use the handle itself after
+ * epd_gpu_close() has been called, nor race it from another thread: a call that does
+ * while a mapping still holds it is refused (-EINVAL), but one that does after the last
+ * is a use after free. */
 
 #include <stdint.h>
 

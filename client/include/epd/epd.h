@@ -75,7 +75,8 @@ const char *epd_worker_path(const epd_client *c);
 
 size_t epd_arena_count(const epd_client *c);
 const epd_arena *epd_arena_get(const epd_client *c, size_t i);
-/* Index of the arena called `name`, or -ENOENT. */
+/* Index of the arena called `name`, or -ENOENT. These three read the client's own
+ * list: they neither set nor clear the last error. */
 int epd_arena_find(const epd_client *c, const char *name);
 /* Maps a host arena (read-write, shared) once; later calls return the same mapping. */
 int epd_arena_map(epd_client *c, size_t i, void **ret);
