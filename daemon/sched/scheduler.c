@@ -635,13 +635,20 @@ static void eval_stage(Scheduler *s, SchedStage st, TaskType t, int prio, const 
                 /* Work ahead of us: equal or higher priority. Lower-priority requests
                  * (n_low) hold at most n_low slots and are not preempted: with a slot
                  * free of them, the others drain the work ahead; without, the longest
-                 * of them may have to end first. */
+                 * of them may have to end first. In the same pass: whether admitting
+                 * here would delay lower-priority work past its deadline (one past it
+                 * already is not protected: nothing keeps it on time any more, and it
+                 * would shut the higher pools out until it expires). One walk of the
+                 * queue, not two. */
                 LIST_FOREACH(queue, ref, w->queue) {
                         if (ref->req->priority >= prio)
                                 sum += ref->service;
                         else {
                                 n_low++;
                                 max_low = MAX(max_low, ref->service);
+                                const SchedRequest *lr = ref->req;
+                                if (lr->deadline > now && lr->predicted_end + svc / w->slots > lr->deadline)
+                                        ok = false;
                         }
                 }
                 if (w->outstanding > 0) {
@@ -656,23 +663,12 @@ static void eval_stage(Scheduler *s, SchedStage st, TaskType t, int prio, const 
                         ev->no_pages = true;
                         continue;
                 }
+                if (!ok)
+                        continue;
                 if (n_low < w->slots)
                         wait = sum / (w->slots - n_low);
                 else
                         wait = max_low + sum / w->slots;
-
-                /* We would delay lower-priority work that is admitted here: it must still
-                 * meet its deadline (one past it already is not protected: nothing keeps
-                 * it on time any more, and it would shut the higher pools out until it
-                 * expires). */
-                LIST_FOREACH(queue, ref, w->queue)
-                        if (ref->req->priority < prio && ref->req->deadline > now &&
-                            ref->req->predicted_end + svc / w->slots > ref->req->deadline) {
-                                ok = false;
-                                break;
-                        }
-                if (!ok)
-                        continue;
 
                 time = wait + svc;
                 /* Keep the best few, sorted by time. */
