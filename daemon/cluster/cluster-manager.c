@@ -2,10 +2,13 @@
 #include "cluster/cluster-manager.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cluster/bus-cluster.h"
 #include "log.h"
@@ -407,8 +410,29 @@ const char *cluster_etcd_reason(ClusterManager *cm) {
         return membership_link_reason(cm->members);
 }
 
+/* [Cluster] EtcdKeyFile= is a TLS private key, checked as ClusterKeyFile= is
+ * (peer-auth.c): a regular file nobody but its owner may read or write. Start-up,
+ * --check-config and a reload refuse another (curl took any). */
+static int cluster_verify(Manager *m) {
+        const char *path = m->config.etcd_key_file;
+        struct stat st;
+
+        if (!path || !m->config.etcd_endpoints)
+                return 0;
+        _cleanup_(closep) int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        if (fd < 0 || fstat(fd, &st) < 0)
+                return log_error_errno(errno, "cluster: cannot read [Cluster] EtcdKeyFile= %s: %m", path);
+        if (!S_ISREG(st.st_mode))
+                return log_error_errno(EINVAL, "cluster: [Cluster] EtcdKeyFile= %s is not a regular file.", path);
+        if (st.st_mode & 0077)
+                return log_error_errno(EPERM, "cluster: [Cluster] EtcdKeyFile= %s is readable or writable by group "
+                                       "or others; chmod 600 it.", path);
+        return 0;
+}
+
 const Subsystem cluster_subsystem = {
         .name = "cluster",
+        .verify = cluster_verify,
         .init = cluster_init,
         .done = cluster_done,
         .add_bus = bus_cluster_add,

@@ -80,6 +80,10 @@ check_refused() {
 
 cluster "$W/key-0644" > "$W/key-mode.conf"
 check_refused key-mode "cannot load the cluster key $W/key-0644: it is readable or writable by group or others; chmod 600 it"
+# The etcd client's TLS key likewise (curl took any file).
+{ cluster "$W/key-good"; printf 'Etcd=http://127.0.0.1:2379\nEtcdCertFile=%s\nEtcdKeyFile=%s\n' "$W/key-good" \
+        "$W/key-0644"; } > "$W/etcd-key-mode.conf"
+check_refused etcd-key-mode "[Cluster] EtcdKeyFile= $W/key-0644 is readable or writable by group or others; chmod 600 it"
 cluster "$W/key-short" > "$W/key-length.conf"
 check_refused key-length "cannot load the cluster key $W/key-short: it holds fewer than 16 bytes"
 cluster "$W/key-empty" > "$W/key-empty.conf"
