@@ -203,15 +203,17 @@ static int check_key(const char *key, sd_bus_error *error) {
 /* A step of a request in its trace (docs/telemetry.md): under the request id the caller
  * gave (Reserve, AcquireOrReserve) or the feature's producer gave (Publish, Fail);
  * nothing without one. */
-static void trace_step(Manager *m, const EpdId *req, TraceEventType type, const char *key, uint64_t bytes,
-                       usec_t duration, const char *what) {
+static void trace_step(Manager *m, const Client *by, const EpdId *req, TraceEventType type, const char *key,
+                       uint64_t bytes, usec_t duration, const char *what) {
         char id[EPD_ID_STRING_MAX], detail[TRACE_DETAIL_MAX];
 
         if (!req || epd_id_is_null(req))
                 return;
         snprintf(detail, sizeof detail, "%.40s%skey=%.48s", what ?: "", what ? " " : "", key);
+        /* by: the client whose call it was; its uid may read the trace. */
         (void)telemetry_trace(m, epd_id_to_string(req, id), type,
-                              &(TraceDetail) { .bytes = bytes, .duration_usec = duration, .detail = detail });
+                              &(TraceDetail) { .bytes = bytes, .duration_usec = duration, .detail = detail,
+                                               .has_uid = by != NULL, .uid = by ? (uint32_t)by->uid : 0 });
 }
 
 /* (handle, state, error, arena, offset, bytes, descriptor, request id) */
@@ -355,7 +357,7 @@ static void acquire_loaded(FeatureLoadWaiter *w, FeatureHandle *h, int error) {
                 if (r >= 0)
                         r = sd_bus_send(NULL, reply, NULL);
                 if (r >= 0 && trace)
-                        trace_step(h->fm->manager, &req, TRACE_ACQUIRE_HIT, h->ref->feature->key,
+                        trace_step(h->fm->manager, h->object.owner, &req, TRACE_ACQUIRE_HIT, h->ref->feature->key,
                                    h->ref->feature->bytes, 0, "read-back");
                 if (r >= 0)
                         return;
@@ -675,10 +677,10 @@ static int method_acquire_or_reserve(sd_bus_message *msg, void *userdata, sd_bus
         uint64_t have = ref->feature->bytes;
         r = acquire_answer(fm, msg, method_acquire_or_reserve, w, ref, res, &req, error);
         if (r >= 0 && res == FEATURE_ACQUIRE_PRODUCE) {
-                trace_step(m, &req, TRACE_ACQUIRE_MISS, key, bytes, 0, NULL);
-                trace_step(m, &req, TRACE_ENCODE_START, key, bytes, 0, NULL);
+                trace_step(m, w->object.owner, &req, TRACE_ACQUIRE_MISS, key, bytes, 0, NULL);
+                trace_step(m, w->object.owner, &req, TRACE_ENCODE_START, key, bytes, 0, NULL);
         } else if (r >= 0 && res != FEATURE_ACQUIRE_LOADING) /* a read back's: when its bytes are back */
-                trace_step(m, &req, TRACE_ACQUIRE_HIT, key, have, 0, acquire_results[res]);
+                trace_step(m, w->object.owner, &req, TRACE_ACQUIRE_HIT, key, have, 0, acquire_results[res]);
         return r;
 }
 
@@ -766,7 +768,7 @@ static int method_reserve(sd_bus_message *msg, void *userdata, sd_bus_error *err
                 feature_handle_release(h); /* the caller is refused: it never learns the handle */
         if (r < 0)
                 return r;
-        trace_step(m, &req, TRACE_ENCODE_START, key, bytes, 0, NULL);
+        trace_step(m, w->object.owner, &req, TRACE_ENCODE_START, key, bytes, 0, NULL);
         return 1;
 }
 
@@ -805,7 +807,8 @@ static int method_publish(sd_bus_message *msg, void *userdata, sd_bus_error *err
         if (r >= 0) {
                 Feature *f = h->ref->feature;
                 feature_manager_count_publish(h);
-                trace_step(fm->manager, &f->request_id, TRACE_PUBLISH, f->key, f->bytes, encode_usec, NULL);
+                trace_step(fm->manager, h->object.owner, &f->request_id, TRACE_PUBLISH, f->key, f->bytes,
+                           encode_usec, NULL);
         }
         return producer_ended(fm, msg, id, r, error);
 }
@@ -825,6 +828,7 @@ static int method_fail(sd_bus_message *msg, void *userdata, sd_bus_error *error)
         /* Taken before: a failed fresh feature may leave the cache with its handle. */
         bool producer = h->ref->kind == FEATURE_REF_PRODUCER;
         EpdId req = h->ref->feature->request_id;
+        Client *by = h->object.owner; /* the client stays; the handle may go with the feature */
         char key[64], what[TRACE_DETAIL_MAX];
         snprintf(key, sizeof key, "%.63s", h->ref->feature->key);
         snprintf(what, sizeof what, "failed: %.32s", reason);
@@ -832,7 +836,7 @@ static int method_fail(sd_bus_message *msg, void *userdata, sd_bus_error *error)
                 log_debug("Feature '%.64s' failed: %.200s", h->ref->feature->key, reason);
         r = feature_fail(h->ref, -ECANCELED);
         if (r >= 0 && producer)
-                trace_step(fm->manager, &req, TRACE_ERROR, key, 0, 0, what);
+                trace_step(fm->manager, by, &req, TRACE_ERROR, key, 0, 0, what);
         return producer_ended(fm, msg, id, r, error);
 }
 

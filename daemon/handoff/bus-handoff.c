@@ -70,16 +70,18 @@ typedef struct PrepareCall {
         Manager *manager;
         sd_bus_message *msg;
         char request_id[TRACE_REQUEST_ID_MAX + 1];
+        uint32_t uid; /* the caller's: it may read the trace */
 } PrepareCall;
 
 /* A refused Prepare in its request's trace, with the reason the caller hears (a
  * backpressure deferral has its own event: prepare_admit()). */
-static void trace_refused(Manager *m, const char *request_id, int error, const char *why) {
+static void trace_refused(Manager *m, const char *request_id, uint32_t uid, int error, const char *why) {
         char what[TRACE_DETAIL_MAX];
         if (error == -EAGAIN)
                 return;
         snprintf(what, sizeof what, "prepare refused: %.70s", why && why[0] ? why : strerror(-error));
-        (void)telemetry_trace(m, request_id, TRACE_ERROR, &(TraceDetail) { .detail = what });
+        (void)telemetry_trace(m, request_id, TRACE_ERROR,
+                              &(TraceDetail) { .detail = what, .has_uid = true, .uid = uid });
 }
 
 static PrepareCall *prepare_call_free(PrepareCall *c) {
@@ -94,7 +96,7 @@ static void prepare_done(HandoffPrepareWaiter *w, HandoffObject *o, int error, c
         PrepareCall *c = container_of(w, PrepareCall, waiter);
         int r;
         if (error < 0) {
-                trace_refused(c->manager, c->request_id, error, why);
+                trace_refused(c->manager, c->request_id, c->uid, error, why);
                 r = bus_glue_reply_errno(c->msg, error, why);
         } else
                 r = reply_journaled_object(c->manager, c->msg, o);
@@ -140,14 +142,15 @@ static int method_prepare(sd_bus_message *msg, void *userdata, sd_bus_error *err
         PrepareCall *call = calloc(1, sizeof *call);
         if (!call)
                 return -ENOMEM;
-        *call = (PrepareCall) { .waiter.done = prepare_done, .manager = m, .msg = sd_bus_message_ref(msg) };
+        *call = (PrepareCall) { .waiter.done = prepare_done, .manager = m, .msg = sd_bus_message_ref(msg),
+                                .uid = (uint32_t)w->object.owner->uid };
         snprintf(call->request_id, sizeof call->request_id, "%.64s", a.request_id);
         r = handoff_manager_prepare(hm_of(userdata), w, &a, &call->waiter, &o, &why);
         if (r == HANDOFF_PREPARE_PENDING)
                 return 1; /* prepare_done() answers and frees the call */
         prepare_call_free(call);
         if (r < 0) {
-                trace_refused(m, a.request_id, r, why.text);
+                trace_refused(m, a.request_id, (uint32_t)w->object.owner->uid, r, why.text);
                 return epd_bus_error_errno(error, r, why.text);
         }
         /* Also for a repeated Prepare: the first one's record may not be durable yet. */

@@ -18,6 +18,11 @@ _Static_assert(HANDOFF_GPU_MERGE_MAX <= CUDA_COOKIES_MERGED,
 
 /* The request's trace (daemon/telemetry/telemetry.h): every step of a handoff under its request id. */
 static void trace_fill(HandoffObject *o, TraceDetail *x) {
+        /* Its owner (the prefill's client, the accepting decode's) may read the trace. */
+        if (!x->has_uid && o->object.owner) {
+                x->has_uid = true;
+                x->uid = (uint32_t)o->object.owner->uid;
+        }
         if (!x->transport && o->peer) {
                 Transport *t = peer_manager_transport_for(o->hm->manager->peers, o->peer);
                 x->transport = t ? t->ops->name : "tcp";

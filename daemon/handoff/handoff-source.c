@@ -788,7 +788,9 @@ static int prepare_admit(HandoffManager *hm, const HandoffPrepareArgs *a, Prepar
         char what[TRACE_DETAIL_MAX];
         snprintf(what, sizeof what, "prepare deferred: %s (%s)", backpressure_level_to_string(level), reason);
         (void)telemetry_trace(m, a->request_id, TRACE_BACKPRESSURE,
-                              &(TraceDetail){ .peer = a->destination, .detail = what, .duration_usec = retry });
+                              &(TraceDetail){ .peer = a->destination, .detail = what, .duration_usec = retry,
+                                              .has_uid = x->client != NULL,
+                                              .uid = x->client ? (uint32_t)x->client->uid : 0 });
         log_debug("handoff %s: deferred: peer %s at %s (%s), %u handoffs / %" PRIu64 " bytes in flight", a->request_id,
                   a->destination, backpressure_level_to_string(level), reason, win->handoffs, win->bytes);
         if (backpressure_window_closed(level, st.reason))

@@ -140,7 +140,8 @@ static int method_admit(sd_bus_message *msg, void *userdata, sd_bus_error *error
         (void)telemetry_trace(m, request_id, d.reason == SCHED_REASON_BACKPRESSURE ? TRACE_BACKPRESSURE : TRACE_ADMIT,
                               &(TraceDetail) { .detail = what,
                                                .duration_usec = d.verdict == SCHED_ADMIT ? d.predicted
-                                                                                                : d.retry_after });
+                                                                                                : d.retry_after,
+                                               .has_uid = true, .uid = (uint32_t)c->uid });
 
         char p[_SCHED_STAGE_MAX][128];
         for (int st = 0; st < _SCHED_STAGE_MAX; st++)
@@ -193,7 +194,8 @@ static int method_complete(sd_bus_message *msg, void *userdata, sd_bus_error *er
         char what[TRACE_DETAIL_MAX];
         snprintf(what, sizeof what, "%s %s", stage, ok ? "done" : "failed");
         (void)telemetry_trace(m, request_id, ok ? TRACE_STAGE_DONE : TRACE_ERROR,
-                              &(TraceDetail) { .detail = what, .duration_usec = service });
+                              &(TraceDetail) { .detail = what, .duration_usec = service, .has_uid = true,
+                                               .uid = (uint32_t)c->uid });
         return sd_bus_reply_method_return(msg, NULL);
 }
 

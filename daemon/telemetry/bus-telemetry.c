@@ -151,6 +151,16 @@ static int method_get_trace(sd_bus_message *msg, void *userdata, sd_bus_error *e
         const TraceRequest *t = m->telemetry ? telemetry_get_trace(m->telemetry, id) : NULL;
         if (!t)
                 return epd_bus_error(error, EPD_ERROR_NOT_FOUND, "No trace for request '%s'", id);
+        /* A trace names its request's feature keys and sizes: the uids whose calls made
+         * it, and root, read it (docs/security.md). */
+        Client *c;
+        r = manager_client_require(m, msg, &c, error);
+        if (r < 0)
+                return r;
+        if (!trace_request_readable(t, (uint32_t)c->uid))
+                return epd_bus_error(error, EPD_ERROR_PERMISSION_DENIED,
+                                     "The trace of request '%s' is readable by the uids whose calls made it, and "
+                                     "root; not by uid %u.", id, (unsigned)c->uid);
 
         r = sd_bus_message_new_method_return(msg, &reply);
         if (r < 0)

@@ -224,6 +224,9 @@ int trace_store_add_n(TraceStore *t, const char *request_id, usec_t ts, TraceEve
 
         r->first_usec = MIN(r->first_usec, ts);
         r->last_usec = MAX(r->last_usec, ts);
+        for (size_t i = 0; i < n; i++)
+                if (d[i].has_uid && !trace_request_readable(r, d[i].uid) && r->n_uids < TRACE_UIDS_MAX)
+                        r->uids[r->n_uids++] = d[i].uid;
         for (size_t i = 0; i < n; i++) {
                 if (r->n_events >= t->max_events && !make_room(r, type)) {
                         r->n_dropped += n - i;
@@ -252,6 +255,15 @@ int trace_store_add_n(TraceStore *t, const char *request_id, usec_t ts, TraceEve
                 copy_field(e->detail, sizeof e->detail, d[i].detail);
         }
         return 0;
+}
+
+bool trace_request_readable(const TraceRequest *r, uint32_t uid) {
+        if (uid == 0)
+                return true;
+        for (size_t i = 0; r && i < r->n_uids; i++)
+                if (r->uids[i] == uid)
+                        return true;
+        return false;
 }
 
 int trace_store_add(TraceStore *t, const char *request_id, usec_t ts, TraceEventType type,

@@ -49,6 +49,10 @@ typedef struct TraceDetail {
         const char *transport;    /* "tcp", "memcpy", "cuda", ... */
         const char *peer;
         const char *detail;       /* free text: why a rollback happened, the key, ... */
+        /* The uid of the client whose call this event records (has_uid): it may read
+         * the request's trace (docs/security.md); the daemon's own events have none. */
+        bool has_uid;
+        uint32_t uid;
 } TraceDetail;
 
 typedef struct TraceEvent {
@@ -62,6 +66,7 @@ typedef struct TraceEvent {
         char detail[TRACE_DETAIL_MAX];
 } TraceEvent;
 
+#define TRACE_UIDS_MAX 4
 typedef struct TraceRequest TraceRequest;
 struct TraceRequest {
         char id[TRACE_REQUEST_ID_MAX + 1];
@@ -69,8 +74,14 @@ struct TraceRequest {
         TraceEvent *events;
         size_t n_events, n_allocated;
         uint64_t n_dropped;
+        /* The uids whose calls recorded its events, the first TRACE_UIDS_MAX: they (and
+         * root) may read it. */
+        uint32_t uids[TRACE_UIDS_MAX];
+        uint8_t n_uids;
         LIST_FIELDS(TraceRequest, age);
 };
+/* Whether uid may read r: root, or a uid whose calls recorded its events. */
+bool trace_request_readable(const TraceRequest *r, uint32_t uid);
 
 typedef struct TraceStore TraceStore;
 

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "epd/epd-telemetry.h"
@@ -207,6 +208,65 @@ START_TEST(test_introspection) {
 }
 END_TEST
 
+/* A request's trace in the scheduler's words: an Admit (no workers here: a Reject,
+ * traced all the same) under request_id by client c. */
+static int admit(const char *request_id) {
+        sd_bus *bus = NULL;
+        sd_bus_message *verdict = NULL;
+        int r = harness_direct_bus(&h, &bus);
+        if (r >= 0)
+                r = sd_bus_call_method(bus, NULL, "/org/epd1", "org.epd1.Scheduler", "Admit", NULL, &verdict,
+                                       "ssta{sv}", request_id, "interactive", (uint64_t)0, 0);
+        sd_bus_message_unref(verdict);
+        sd_bus_flush_close_unref(bus);
+        return r;
+}
+
+/* A trace names its request's steps, sizes and feature keys: the uids whose calls made
+ * it, and root, read it. Before, any member of the socket's group who knew (or guessed)
+ * a request id read every trace (review). */
+START_TEST(test_trace_readers) {
+        static const char mine[] = "00000000000000000000000000000a01", theirs[] = "00000000000000000000000000000a02";
+        epd_client *c;
+        epd_trace_event *ev = NULL;
+        size_t n = 0;
+
+        ck_assert_int_eq(epd_connect(address, &c), 0);
+        ck_assert_int_ge(admit(mine), 0);
+        ck_assert_int_eq(epd_trace_get(c, mine, &ev, &n, NULL), 0);
+        ck_assert_uint_ge(n, 1);
+        free(ev);
+        harness_let_others_in(&h);
+        pid_t pid = harness_fork_as(65534);
+        if (pid == 0) {
+                epd_client *o = NULL;
+                epd_trace_event *e = NULL;
+                size_t k = 0;
+                if (epd_connect(address, &o) < 0)
+                        _exit(3);
+                if (epd_trace_get(o, mine, &e, &k, NULL) != -EPERM ||
+                    strcmp(epd_last_error_name(o) ?: "", "org.epd1.Error.PermissionDenied") != 0) {
+                        fprintf(stderr, "uid 65534 read root's trace: %s\n", epd_last_error_name(o) ?: "(read)");
+                        _exit(4);
+                }
+                if (admit(theirs) < 0)
+                        _exit(6);
+                if (epd_trace_get(o, theirs, &e, &k, NULL) < 0 || k < 1)
+                        _exit(5); /* its own */
+                free(e);
+                epd_disconnect(o);
+                _exit(0);
+        }
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "uid 65534: exit %d", WEXITSTATUS(status));
+        ck_assert_int_eq(epd_trace_get(c, theirs, &ev, &n, NULL), 0); /* root reads every trace */
+        ck_assert_uint_ge(n, 1);
+        free(ev);
+        epd_disconnect(c);
+}
+END_TEST
+
 START_TEST(test_calls_and_errors) {
         sd_bus *bus;
         epd_client *c;
@@ -338,6 +398,7 @@ int main(void) {
         tcase_add_test(tc, test_client_tracking_bounded);
         tcase_add_test(tc, test_introspection);
         tcase_add_test(tc, test_calls_and_errors);
+        tcase_add_test(tc, test_trace_readers);
         tcase_add_test(tc, test_totals_survive_untrack);
         suite_add_tcase(s, tc);
         return check_run(s, CK_NOFORK);

@@ -240,6 +240,34 @@ START_TEST(test_add_n) {
 }
 END_TEST
 
+/* Who may read a trace: root, and the first TRACE_UIDS_MAX uids whose calls recorded
+ * its events (an event without one, the daemon's own, adds none); a request evicted
+ * and its memory reused starts with none. */
+START_TEST(test_readers) {
+        _cleanup_(trace_store_freep) TraceStore *t = trace_store_new(1, 16);
+        ck_assert_int_eq(trace_store_add(t, "r1", 1, TRACE_ADMIT, NULL), 0);
+        const TraceRequest *r = trace_store_get(t, "r1");
+        ck_assert(trace_request_readable(r, 0));
+        ck_assert(!trace_request_readable(r, 1000));
+        for (uint32_t uid = 1000; uid < 1000 + TRACE_UIDS_MAX + 1; uid++)
+                for (int twice = 0; twice < 2; twice++)
+                        ck_assert_int_eq(trace_store_add(t, "r1", 2, TRACE_PUBLISH,
+                                                         &(TraceDetail){ .has_uid = true, .uid = uid }),
+                                         0);
+        r = trace_store_get(t, "r1");
+        ck_assert_uint_eq(r->n_uids, TRACE_UIDS_MAX);
+        for (uint32_t uid = 1000; uid < 1000 + TRACE_UIDS_MAX; uid++)
+                ck_assert(trace_request_readable(r, uid));
+        ck_assert(!trace_request_readable(r, 1000 + TRACE_UIDS_MAX));
+        /* r1 evicted; its memory serves r2. */
+        ck_assert_int_eq(trace_store_add(t, "r2", 3, TRACE_ADMIT, &(TraceDetail){ .has_uid = true, .uid = 7 }), 0);
+        r = trace_store_get(t, "r2");
+        ck_assert_uint_eq(r->n_uids, 1);
+        ck_assert(trace_request_readable(r, 7));
+        ck_assert(!trace_request_readable(r, 1000));
+}
+END_TEST
+
 START_TEST(test_type_names) {
         for (int i = 0; i < _TRACE_EVENT_TYPE_MAX; i++) {
                 const char *s = trace_event_type_to_string(i);
@@ -258,6 +286,7 @@ int main(void) {
         tcase_add_test(tc, test_record_and_format);
         tcase_add_test(tc, test_bounds);
         tcase_add_test(tc, test_many);
+        tcase_add_test(tc, test_readers);
         tcase_add_test(tc, test_evicted_memory_reused);
         tcase_add_test(tc, test_add_n);
         tcase_add_test(tc, test_type_names);
