@@ -231,6 +231,10 @@ START_TEST(test_trace_readers) {
         epd_trace_event *ev = NULL;
         size_t n = 0;
 
+        if (geteuid() != 0) {
+                printf("not root: no other uid to read as\n");
+                return;
+        }
         ck_assert_int_eq(epd_connect(address, &c), 0);
         ck_assert_int_ge(admit(mine), 0);
         ck_assert_int_eq(epd_trace_get(c, mine, &ev, &n, NULL), 0);
