@@ -415,7 +415,9 @@ static int method_get_branches(sd_bus_message *msg, void *userdata, sd_bus_error
                 r = sd_bus_message_close_container(rep);
         if (r < 0)
                 return r;
-        return sd_bus_send(NULL, rep, NULL);
+        /* Once the records appended before it are durable, as a transition's own reply:
+         * it never lists a Fork, Advance or Drop a crash could still undo. */
+        return wal_manager_reply(m, msg, rep);
 }
 
 static int property_count(sd_bus *bus, const char *path, const char *interface, const char *property,

@@ -300,6 +300,75 @@ START_TEST(test_errors_introspection) {
 }
 END_TEST
 
+/* Replies to the test's two pipelined calls, in arrival order. */
+static struct {
+        char order[2][16];
+        unsigned n, branches;
+} arrived;
+
+static int on_reply(sd_bus_message *m, void *userdata, sd_bus_error *e) {
+        const char *what = userdata;
+        ck_assert_msg(!sd_bus_message_is_method_error(m, NULL), "%s: %s", what, sd_bus_message_get_error(m)->message);
+        if (strcmp(what, "GetBranches") == 0) {
+                uint32_t b, nt;
+                int alive;
+                const char *head;
+                uint64_t steps;
+                ck_assert_int_ge(sd_bus_message_enter_container(m, 'a', "(ubotu)"), 0);
+                while (sd_bus_message_read(m, "(ubotu)", &b, &alive, &head, &steps, &nt) > 0)
+                        arrived.branches++;
+        }
+        snprintf(arrived.order[arrived.n++], sizeof arrived.order[0], "%s", what);
+        return 0;
+}
+
+/* GetBranches shows no transition before it is durable: its reply waits for the records
+ * appended before it, as the transition's own reply does. It answered at once, listing a
+ * Fork whose record a crash could still lose (the Fork's caller not yet told). fdatasync
+ * made 400 ms slow (fault-peer.c), a Fork and a GetBranches pipelined: the Fork's reply
+ * comes first, and GetBranches lists its branch. */
+START_TEST(test_reads_after_durable) {
+        char fault[400];
+        ck_assert_int_eq(harness_init(&h, "[Wal]\nSync=batch\n"), 0);
+        snprintf(fault, sizeof fault, "%s/fault", h.dir);
+        ck_assert_int_eq(harness_start_epdd_preloaded(&h, getenv("FAULT_PEER"), "EPD_FAULT_PEER_FILE", fault), 0);
+        sd_bus *bus = worker();
+        char *seq = new_sequence(bus, 4);
+        uint32_t tokens[64];
+        for (unsigned i = 0; i < 64; i++)
+                tokens[i] = i;
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        const char *id, *head;
+        ck_assert_int_ge(call_tokens(bus, "Create", &reply, NULL, 0, tokens, 64, seq), 0);
+        ck_assert_int_ge(sd_bus_message_read(reply, "so", &id, &head), 0);
+        FILE *f = fopen(fault, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "%d 0 400\n", (int)h.epdd_pid); /* slow fdatasync, no other fault */
+        fclose(f);
+        arrived.n = arrived.branches = 0;
+        ck_assert_int_ge(sd_bus_call_method_async(bus, NULL, NULL, "/org/epd1", "org.epd1.Workflow", "Fork", on_reply,
+                                                  (void *)"Fork", "su", id, 0),
+                         0);
+        ck_assert_int_ge(sd_bus_call_method_async(bus, NULL, NULL, "/org/epd1", "org.epd1.Workflow", "GetBranches",
+                                                  on_reply, (void *)"GetBranches", "s", id),
+                         0);
+        for (int i = 0; i < 500 && arrived.n < 2; i++) {
+                int r = sd_bus_process(bus, NULL);
+                ck_assert_int_ge(r, 0);
+                if (r == 0)
+                        ck_assert_int_ge(sd_bus_wait(bus, 20000), 0);
+        }
+        ck_assert_uint_eq(arrived.n, 2);
+        ck_assert_msg(strcmp(arrived.order[0], "Fork") == 0, "GetBranches answered before the Fork was durable");
+        ck_assert_uint_eq(arrived.branches, 2);
+        ck_assert_int_eq(unlink(fault), 0);
+        free(seq);
+        sd_bus_flush_close_unref(bus);
+        ck_assert_int_eq(harness_stop_epdd(&h), 0);
+        harness_done(&h);
+}
+END_TEST
+
 /* The same through libepd, as a worker would. */
 START_TEST(test_libepd) {
         static const epd_kv_layout kv = { .layers = 2, .tokens_per_block = 16, .k_bytes_per_token = 64,
@@ -375,6 +444,7 @@ int main(void) {
         tcase_set_timeout(tc, 240);
         tcase_add_test(tc, test_errors_introspection);
         tcase_add_test(tc, test_libepd);
+        tcase_add_test(tc, test_reads_after_durable);
         tcase_add_test(tc, test_crash_loop);
         suite_add_tcase(s, tc);
         return check_run(s, CK_NOFORK);
