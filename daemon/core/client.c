@@ -142,6 +142,15 @@ int manager_client_require(Manager *m, sd_bus_message *msg, Client **ret, sd_bus
 }
 
 int manager_reader(Manager *m, sd_bus_message *msg, bool *ret_root, Client **ret_client) {
+        uid_t uid;
+        int r = manager_reader_uid(m, msg, &uid, ret_client);
+        if (r < 0)
+                return r;
+        *ret_root = uid == 0;
+        return 0;
+}
+
+int manager_reader_uid(Manager *m, sd_bus_message *msg, uid_t *ret_uid, Client **ret_client) {
         Client *c = msg ? manager_client_lookup_message(m, msg) : NULL;
         uid_t uid = (uid_t)-1;
         if (c)
@@ -160,8 +169,9 @@ int manager_reader(Manager *m, sd_bus_message *msg, bool *ret_root, Client **ret
         }
         if (uid == (uid_t)-1)
                 return -EACCES;
-        *ret_root = uid == 0;
-        *ret_client = c;
+        *ret_uid = uid;
+        if (ret_client)
+                *ret_client = c;
         return 0;
 }
 

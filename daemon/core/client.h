@@ -79,6 +79,8 @@ Client *manager_client_lookup_message(Manager *m, sd_bus_message *msg);
  * nothing). -EACCES when its uid cannot be read: the reader is never taken for root. Makes
  * no client. */
 int manager_reader(Manager *m, sd_bus_message *msg, bool *ret_root, Client **ret_client);
+/* The same with the reader's effective uid (ret_client optional). */
+int manager_reader_uid(Manager *m, sd_bus_message *msg, uid_t *ret_uid, Client **ret_client);
 /* The same for property getters: the refusal is PermissionDenied naming `what`. */
 int manager_reader_require(Manager *m, sd_bus_message *msg, const char *what, bool *ret_root,
                            Client **ret_client, sd_bus_error *error);

@@ -71,6 +71,8 @@ static void trace_groups(HandoffObject *o, TraceEventType type, uint32_t from, u
                         else {
                                 x[i].transport = x[0].transport;
                                 x[i].peer = x[0].peer;
+                                x[i].has_uid = x[0].has_uid;
+                                x[i].uid = x[0].uid;
                         }
                 }
                 (void)telemetry_trace_n(o->hm->manager, o->request_str, type, x, n);

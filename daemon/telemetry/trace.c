@@ -224,9 +224,6 @@ int trace_store_add_n(TraceStore *t, const char *request_id, usec_t ts, TraceEve
 
         r->first_usec = MIN(r->first_usec, ts);
         r->last_usec = MAX(r->last_usec, ts);
-        for (size_t i = 0; i < n; i++)
-                if (d[i].has_uid && !trace_request_readable(r, d[i].uid) && r->n_uids < TRACE_UIDS_MAX)
-                        r->uids[r->n_uids++] = d[i].uid;
         for (size_t i = 0; i < n; i++) {
                 if (r->n_events >= t->max_events && !make_room(r, type)) {
                         r->n_dropped += n - i;
@@ -249,6 +246,8 @@ int trace_store_add_n(TraceStore *t, const char *request_id, usec_t ts, TraceEve
                         .group = d[i].has_group ? d[i].group : -1,
                         .bytes = d[i].bytes,
                         .duration_usec = d[i].duration_usec,
+                        .has_uid = d[i].has_uid,
+                        .uid = d[i].uid,
                 };
                 copy_field(e->transport, sizeof e->transport, d[i].transport);
                 copy_field(e->peer, sizeof e->peer, d[i].peer);
@@ -257,13 +256,8 @@ int trace_store_add_n(TraceStore *t, const char *request_id, usec_t ts, TraceEve
         return 0;
 }
 
-bool trace_request_readable(const TraceRequest *r, uint32_t uid) {
-        if (uid == 0)
-                return true;
-        for (size_t i = 0; r && i < r->n_uids; i++)
-                if (r->uids[i] == uid)
-                        return true;
-        return false;
+bool trace_event_readable(const TraceEvent *e, uint32_t uid) {
+        return uid == 0 || (e->has_uid && e->uid == uid);
 }
 
 int trace_store_add(TraceStore *t, const char *request_id, usec_t ts, TraceEventType type,

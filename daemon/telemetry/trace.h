@@ -49,8 +49,9 @@ typedef struct TraceDetail {
         const char *transport;    /* "tcp", "memcpy", "cuda", ... */
         const char *peer;
         const char *detail;       /* free text: why a rollback happened, the key, ... */
-        /* The uid of the client whose call this event records (has_uid): it may read
-         * the request's trace (docs/security.md); the daemon's own events have none. */
+        /* The uid of the client whose call (or object) this event records (has_uid):
+         * that uid reads the event (docs/security.md); the daemon's own events have
+         * none (root's alone). */
         bool has_uid;
         uint32_t uid;
 } TraceDetail;
@@ -64,9 +65,15 @@ typedef struct TraceEvent {
         char transport[TRACE_TRANSPORT_MAX];
         char peer[32];
         char detail[TRACE_DETAIL_MAX];
+        bool has_uid;             /* TraceDetail's */
+        uint32_t uid;
 } TraceEvent;
 
-#define TRACE_UIDS_MAX 4
+/* Whether uid may read e: root reads every event, another uid those its own calls (or
+ * objects) recorded. A request id is the caller's choice, so anyone may record events
+ * under anyone's: a trace is never shown whole to a uid for having an event in it. */
+bool trace_event_readable(const TraceEvent *e, uint32_t uid);
+
 typedef struct TraceRequest TraceRequest;
 struct TraceRequest {
         char id[TRACE_REQUEST_ID_MAX + 1];
@@ -74,14 +81,8 @@ struct TraceRequest {
         TraceEvent *events;
         size_t n_events, n_allocated;
         uint64_t n_dropped;
-        /* The uids whose calls recorded its events, the first TRACE_UIDS_MAX: they (and
-         * root) may read it. */
-        uint32_t uids[TRACE_UIDS_MAX];
-        uint8_t n_uids;
         LIST_FIELDS(TraceRequest, age);
 };
-/* Whether uid may read r: root, or a uid whose calls recorded its events. */
-bool trace_request_readable(const TraceRequest *r, uint32_t uid);
 
 typedef struct TraceStore TraceStore;
 

@@ -240,31 +240,22 @@ START_TEST(test_add_n) {
 }
 END_TEST
 
-/* Who may read a trace: root, and the first TRACE_UIDS_MAX uids whose calls recorded
- * its events (an event without one, the daemon's own, adds none); a request evicted
- * and its memory reused starts with none. */
+/* Who reads which event: root every one, another uid those recorded with its own (an
+ * event without one, the daemon's own, is root's alone). */
 START_TEST(test_readers) {
         _cleanup_(trace_store_freep) TraceStore *t = trace_store_new(1, 16);
         ck_assert_int_eq(trace_store_add(t, "r1", 1, TRACE_ADMIT, NULL), 0);
+        ck_assert_int_eq(trace_store_add(t, "r1", 2, TRACE_PUBLISH, &(TraceDetail){ .has_uid = true, .uid = 1000 }), 0);
+        ck_assert_int_eq(trace_store_add(t, "r1", 3, TRACE_COMMIT, &(TraceDetail){ .has_uid = true, .uid = 1001 }), 0);
         const TraceRequest *r = trace_store_get(t, "r1");
-        ck_assert(trace_request_readable(r, 0));
-        ck_assert(!trace_request_readable(r, 1000));
-        for (uint32_t uid = 1000; uid < 1000 + TRACE_UIDS_MAX + 1; uid++)
-                for (int twice = 0; twice < 2; twice++)
-                        ck_assert_int_eq(trace_store_add(t, "r1", 2, TRACE_PUBLISH,
-                                                         &(TraceDetail){ .has_uid = true, .uid = uid }),
-                                         0);
-        r = trace_store_get(t, "r1");
-        ck_assert_uint_eq(r->n_uids, TRACE_UIDS_MAX);
-        for (uint32_t uid = 1000; uid < 1000 + TRACE_UIDS_MAX; uid++)
-                ck_assert(trace_request_readable(r, uid));
-        ck_assert(!trace_request_readable(r, 1000 + TRACE_UIDS_MAX));
-        /* r1 evicted; its memory serves r2. */
-        ck_assert_int_eq(trace_store_add(t, "r2", 3, TRACE_ADMIT, &(TraceDetail){ .has_uid = true, .uid = 7 }), 0);
-        r = trace_store_get(t, "r2");
-        ck_assert_uint_eq(r->n_uids, 1);
-        ck_assert(trace_request_readable(r, 7));
-        ck_assert(!trace_request_readable(r, 1000));
+        ck_assert_uint_eq(r->n_events, 3);
+        for (size_t i = 0; i < 3; i++)
+                ck_assert(trace_event_readable(&r->events[i], 0));
+        ck_assert(!trace_event_readable(&r->events[0], 1000));
+        ck_assert(trace_event_readable(&r->events[1], 1000));
+        ck_assert(!trace_event_readable(&r->events[2], 1000));
+        ck_assert(trace_event_readable(&r->events[2], 1001));
+        ck_assert(!trace_event_readable(&r->events[1], 1001));
 }
 END_TEST
 
