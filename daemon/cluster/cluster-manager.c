@@ -2,13 +2,10 @@
 #include "cluster/cluster-manager.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "cluster/bus-cluster.h"
 #include "log.h"
@@ -414,19 +411,16 @@ const char *cluster_etcd_reason(ClusterManager *cm) {
  * (peer-auth.c): a regular file nobody but its owner may read or write. Start-up,
  * --check-config and a reload refuse another (curl took any). */
 static int cluster_verify(Manager *m) {
-        const char *path = m->config.etcd_key_file;
-        struct stat st;
+        const char *path = m->config.etcd_key_file, *why = NULL;
 
         if (!path || !m->config.etcd_endpoints)
                 return 0;
-        _cleanup_(closep) int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-        if (fd < 0 || fstat(fd, &st) < 0)
-                return log_error_errno(errno, "cluster: cannot read [Cluster] EtcdKeyFile= %s: %m", path);
-        if (!S_ISREG(st.st_mode))
-                return log_error_errno(EINVAL, "cluster: [Cluster] EtcdKeyFile= %s is not a regular file.", path);
-        if (st.st_mode & 0077)
-                return log_error_errno(EPERM, "cluster: [Cluster] EtcdKeyFile= %s is readable or writable by group "
-                                       "or others; chmod 600 it.", path);
+        _cleanup_(closep) int fd = config_secret_file_open(path, &why);
+        if (fd < 0 && why) /* "it is ...": said of the file by name */
+                return log_error_errno(fd, "cluster: [Cluster] EtcdKeyFile= %s %s.", path,
+                                       strncmp(why, "it ", 3) == 0 ? why + 3 : why);
+        if (fd < 0)
+                return log_error_errno(fd, "cluster: cannot read [Cluster] EtcdKeyFile= %s: %m", path);
         return 0;
 }
 

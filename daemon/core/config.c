@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "copy.h"
@@ -1117,4 +1119,31 @@ unsigned config_restart_notices(const Config *c, const Config *n) {
                         k++;
                 }
         return k;
+}
+
+int config_secret_file_open(const char *path, const char **ret_why) {
+        const char *why_dummy;
+        struct stat st;
+
+        if (!ret_why)
+                ret_why = &why_dummy;
+        *ret_why = NULL;
+        if (!path)
+                return -EINVAL;
+        /* O_NONBLOCK: a FIFO given as the key opens at once and is refused below. */
+        _cleanup_(closep) int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        if (fd < 0)
+                return -errno;
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        if (!S_ISREG(st.st_mode)) {
+                *ret_why = S_ISDIR(st.st_mode) ? "it is a directory, not a file"
+                                               : "it is not a regular file (a device, FIFO or socket)";
+                return -EINVAL;
+        }
+        if (st.st_mode & 0077) {
+                *ret_why = "it is readable or writable by group or others; chmod 600 it";
+                return -EPERM;
+        }
+        return TAKE_FD(fd);
 }

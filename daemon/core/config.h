@@ -113,6 +113,10 @@ int config_defaults(Config *c);
 const char *config_host_id_problem(const char *value);
 /* Parses a whole file (or a string, for tests) over the defaults. On error, *errors
  * receives a newline-separated list of "file:line: message" and nothing is applied. */
+/* Opens a file holding a secret (ClusterKeyFile=, EtcdKeyFile=) for reading: a regular
+ * file neither group nor others may read or write. Its fd, or a negative errno, with
+ * *ret_why (when not NULL) saying what is wrong with the file when that is the cause. */
+int config_secret_file_open(const char *path, const char **ret_why);
 int config_parse_file(Config *c, const char *path, char **errors);
 int config_parse_string(Config *c, const char *text, const char *name, char **errors);
 void config_done(Config *c);

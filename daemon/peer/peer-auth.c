@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/config.h"
 #include "peer/peer-auth.h"
 
 struct PeerAuthKey {
@@ -44,33 +45,16 @@ PeerAuthKey *peer_auth_key_free(PeerAuthKey *k) {
 }
 
 int peer_auth_key_load(const char *path, PeerAuthKey **ret, const char **ret_why) {
-        _cleanup_(closep) int fd = -EBADF;
         uint8_t buf[PEER_AUTH_KEY_MAX + 2];
-        struct stat st;
         const char *why_dummy;
         size_t n = 0;
         int r;
 
         if (!ret_why)
                 ret_why = &why_dummy;
-        *ret_why = NULL;
-        if (!path)
-                return -EINVAL;
-        /* O_NONBLOCK: a FIFO given as the key opens at once and is refused below. */
-        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        _cleanup_(closep) int fd = config_secret_file_open(path, ret_why);
         if (fd < 0)
-                return -errno;
-        if (fstat(fd, &st) < 0)
-                return -errno;
-        if (!S_ISREG(st.st_mode)) {
-                *ret_why = S_ISDIR(st.st_mode) ? "it is a directory, not a file"
-                                               : "it is not a regular file (a device, FIFO or socket)";
-                return -EINVAL;
-        }
-        if (st.st_mode & 0077) {
-                *ret_why = "it is readable or writable by group or others; chmod 600 it";
-                return -EPERM;
-        }
+                return fd;
         for (;;) {
                 ssize_t l = read(fd, buf + n, sizeof buf - n);
                 if (l < 0) {
