@@ -466,9 +466,8 @@ static bool eviction_could_help(FeatureCache *c, uint64_t bytes, bool need_map, 
 static Feature *coldest_in(FeatureCache *c) {
         Feature *best = NULL;
 
-        /* Each arena's coldest, the coldest of those: one walk past every feature of
-         * the arenas that cannot help, for each eviction, made a Reserve of half a
-         * 16,384-feature arena beside a 32,768-feature one take 2.8 s (review). */
+        /* Each arena's coldest, the coldest of those: not a walk past every feature of
+         * the arenas that cannot help, for each eviction. */
         for (size_t i = 0; i < c->n_arenas; i++) {
                 Feature *f = c->arenas[i].arena_lru.first;
                 if (c->arenas[i].helps && f && (!best || f->lru_seq < best->lru_seq))
